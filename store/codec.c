@@ -1,0 +1,537 @@
+/* Table-driven msgpack codec for stored records (contract in records.h).
+ *
+ * Encoding uses msgpack-c's packer. Decoding uses a small strict reader over the raw bytes
+ * rather than msgpack_unpack_next(): the unpacker allocates a container's element array
+ * before reading its elements, so a corrupt length header could ask for gigabytes; here
+ * every length is checked against the bytes that remain before anything is allocated. */
+#include <msgpack.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec_internal.h"
+
+/* ---------------------------------------------------------------- encoding */
+
+static int pack_to_buf(void *data, const char *bytes, size_t len) {
+  cph_buf *b = data;
+  cph_buf_append(b, bytes, len);
+  return b->failed ? -1 : 0;
+}
+
+static void pack_str(msgpack_packer *pk, const char *s) {
+  size_t n = strlen(s);
+  msgpack_pack_str(pk, n);
+  msgpack_pack_str_body(pk, s, n);
+}
+
+static void pack_field(msgpack_packer *pk, const cph_field *f, const char *rec) {
+  const void *at = rec + f->offset;
+  switch (f->type) {
+  case CPH_F_U8:
+    msgpack_pack_uint8(pk, *(const uint8_t *)at);
+    break;
+  case CPH_F_BOOL:
+    if (*(const bool *)at)
+      msgpack_pack_true(pk);
+    else
+      msgpack_pack_false(pk);
+    break;
+  case CPH_F_U32:
+    msgpack_pack_uint32(pk, *(const uint32_t *)at);
+    break;
+  case CPH_F_U64:
+    msgpack_pack_uint64(pk, *(const uint64_t *)at);
+    break;
+  case CPH_F_I64:
+    msgpack_pack_int64(pk, *(const int64_t *)at);
+    break;
+  case CPH_F_F64:
+    msgpack_pack_double(pk, *(const double *)at);
+    break;
+  case CPH_F_STR: {
+    const char *s = *(char *const *)at;
+    pack_str(pk, s ? s : ""); /* a required string is never nil on disk */
+    break;
+  }
+  case CPH_F_OPT_STR: {
+    const char *s = *(char *const *)at;
+    if (s)
+      pack_str(pk, s);
+    else
+      msgpack_pack_nil(pk);
+    break;
+  }
+  case CPH_F_STR_ARRAY: {
+    char *const *items = *(char **const *)at;
+    uint32_t n = *(const uint32_t *)(rec + f->count_offset);
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++)
+      pack_str(pk, items[i] ? items[i] : "");
+    break;
+  }
+  case CPH_F_U64_ARRAY: {
+    const uint64_t *items = *(uint64_t *const *)at;
+    uint32_t n = *(const uint32_t *)(rec + f->count_offset);
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++)
+      msgpack_pack_uint64(pk, items[i]);
+    break;
+  }
+  case CPH_F_BYTES:
+    msgpack_pack_bin(pk, f->limit);
+    msgpack_pack_bin_body(pk, at, f->limit);
+    break;
+  }
+}
+
+int cph_record_encode(const cph_record_desc *d, const void *rec, cph_buf *out) {
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, out, pack_to_buf);
+  msgpack_pack_array(&pk, d->n_fields + 1);
+  msgpack_pack_uint32(&pk, d->version);
+  for (size_t i = 0; i < d->n_fields; i++)
+    pack_field(&pk, &d->fields[i], rec);
+  return cph_buf_error(out);
+}
+
+/* ---------------------------------------------------------------- strict reader */
+
+typedef struct mp_reader {
+  const uint8_t *p;
+  const uint8_t *end;
+} mp_reader;
+
+static size_t mp_left(const mp_reader *r) { return (size_t)(r->end - r->p); }
+
+/* Big-endian fixed-width reads; the caller has checked the length. */
+static uint64_t mp_be(const uint8_t *p, int width) {
+  uint64_t v = 0;
+  for (int i = 0; i < width; i++)
+    v = (v << 8) | p[i];
+  return v;
+}
+
+/* What the next value is, in words, for error messages. */
+static const char *mp_kind_name(const mp_reader *r) {
+  if (r->p >= r->end)
+    return "the end of the data";
+  uint8_t b = *r->p;
+  if (b <= 0x7f || (b >= 0xcc && b <= 0xcf))
+    return "an unsigned integer";
+  if (b >= 0xe0 || (b >= 0xd0 && b <= 0xd3))
+    return "a signed integer";
+  if ((b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf)
+    return "a map";
+  if ((b >= 0x90 && b <= 0x9f) || b == 0xdc || b == 0xdd)
+    return "an array";
+  if ((b >= 0xa0 && b <= 0xbf) || (b >= 0xd9 && b <= 0xdb))
+    return "a string";
+  switch (b) {
+  case 0xc0:
+    return "nil";
+  case 0xc2:
+  case 0xc3:
+    return "a boolean";
+  case 0xc4:
+  case 0xc5:
+  case 0xc6:
+    return "binary data";
+  case 0xca:
+  case 0xcb:
+    return "a float";
+  case 0xc1:
+    return "the reserved byte 0xc1";
+  default:
+    return "an extension type";
+  }
+}
+
+/* Reads `width` bytes of payload after a one-byte header, if present. */
+static bool mp_take(mp_reader *r, size_t width, const uint8_t **at) {
+  if (mp_left(r) < width)
+    return false;
+  *at = r->p;
+  r->p += width;
+  return true;
+}
+
+/* Integer of any msgpack integer format. *is_signed_neg is set when the value is < 0. */
+static bool mp_read_integer(mp_reader *r, uint64_t *u, int64_t *s, bool *negative) {
+  if (mp_left(r) < 1)
+    return false;
+  uint8_t b = *r->p;
+  const uint8_t *at;
+  mp_reader save = *r;
+  r->p++;
+  *negative = false;
+  if (b <= 0x7f) {
+    *u = b;
+  } else if (b >= 0xe0) {
+    *s = (int8_t)b;
+    *negative = true;
+  } else if (b >= 0xcc && b <= 0xcf) {
+    int width = 1 << (b - 0xcc);
+    if (!mp_take(r, (size_t)width, &at))
+      goto fail;
+    *u = mp_be(at, width);
+  } else if (b >= 0xd0 && b <= 0xd3) {
+    int width = 1 << (b - 0xd0);
+    if (!mp_take(r, (size_t)width, &at))
+      goto fail;
+    uint64_t raw = mp_be(at, width);
+    int64_t v;
+    switch (width) {
+    case 1: v = (int8_t)raw; break;
+    case 2: v = (int16_t)raw; break;
+    case 4: v = (int32_t)raw; break;
+    default: v = (int64_t)raw; break;
+    }
+    if (v < 0) {
+      *s = v;
+      *negative = true;
+    } else {
+      *u = (uint64_t)v;
+    }
+  } else {
+    goto fail;
+  }
+  if (!*negative)
+    *s = (int64_t)*u; /* callers check range before trusting *s */
+  return true;
+fail:
+  *r = save;
+  return false;
+}
+
+static bool mp_read_u64(mp_reader *r, uint64_t *out) {
+  mp_reader save = *r;
+  int64_t s;
+  bool neg;
+  if (!mp_read_integer(r, out, &s, &neg) || neg) {
+    *r = save;
+    return false;
+  }
+  return true;
+}
+
+static bool mp_read_i64(mp_reader *r, int64_t *out) {
+  mp_reader save = *r;
+  uint64_t u;
+  bool neg;
+  if (!mp_read_integer(r, &u, out, &neg) || (!neg && u > (uint64_t)INT64_MAX)) {
+    *r = save;
+    return false;
+  }
+  return true;
+}
+
+static bool mp_read_double(mp_reader *r, double *out) {
+  if (mp_left(r) < 1)
+    return false;
+  uint8_t b = *r->p;
+  if (b == 0xcb && mp_left(r) >= 9) {
+    uint64_t bits = mp_be(r->p + 1, 8);
+    memcpy(out, &bits, sizeof *out);
+    r->p += 9;
+    return true;
+  }
+  if (b == 0xca && mp_left(r) >= 5) {
+    uint32_t bits = (uint32_t)mp_be(r->p + 1, 4);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    *out = f;
+    r->p += 5;
+    return true;
+  }
+  return false;
+}
+
+static bool mp_read_bool(mp_reader *r, bool *out) {
+  if (mp_left(r) < 1 || (*r->p != 0xc2 && *r->p != 0xc3))
+    return false;
+  *out = *r->p == 0xc3;
+  r->p++;
+  return true;
+}
+
+static bool mp_read_nil(mp_reader *r) {
+  if (mp_left(r) < 1 || *r->p != 0xc0)
+    return false;
+  r->p++;
+  return true;
+}
+
+/* A header of the given families: fixed (mask/base), then 1/2/4-byte lengths at base8. */
+static bool mp_read_len(mp_reader *r, uint8_t fix_base, uint8_t fix_count, int first_sized,
+                        int widths[3], size_t *len) {
+  if (mp_left(r) < 1)
+    return false;
+  uint8_t b = *r->p;
+  if (b >= fix_base && b < fix_base + fix_count) {
+    *len = b - fix_base;
+    r->p++;
+    return true;
+  }
+  for (int i = 0; i < 3; i++) {
+    if (widths[i] && b == first_sized + i) {
+      if (mp_left(r) < 1 + (size_t)widths[i])
+        return false;
+      *len = (size_t)mp_be(r->p + 1, widths[i]);
+      r->p += 1 + widths[i];
+      return true;
+    }
+  }
+  return false;
+}
+
+/* str payload (pointer into the input) — length already checked against the input. */
+static bool mp_read_str(mp_reader *r, const char **s, size_t *len) {
+  mp_reader save = *r;
+  int widths[3] = {1, 2, 4};
+  if (!mp_read_len(r, 0xa0, 32, 0xd9, widths, len))
+    return false;
+  if (*len > mp_left(r)) {
+    *r = save;
+    return false;
+  }
+  *s = (const char *)r->p;
+  r->p += *len;
+  return true;
+}
+
+static bool mp_read_bin(mp_reader *r, const uint8_t **p, size_t *len) {
+  mp_reader save = *r;
+  int widths[3] = {1, 2, 4};
+  if (!mp_read_len(r, 0, 0, 0xc4, widths, len))
+    return false;
+  if (*len > mp_left(r)) {
+    *r = save;
+    return false;
+  }
+  *p = r->p;
+  r->p += *len;
+  return true;
+}
+
+/* Array header. Every element takes at least one byte, so a count larger than what is left
+ * is corrupt and is refused before the caller allocates for it. */
+static bool mp_read_array(mp_reader *r, size_t *n) {
+  mp_reader save = *r;
+  int widths[3] = {0, 2, 4};
+  if (!mp_read_len(r, 0x90, 16, 0xdb, widths, n))
+    return false;
+  if (*n > mp_left(r)) {
+    *r = save;
+    return false;
+  }
+  return true;
+}
+
+/* ---------------------------------------------------------------- decoding */
+
+typedef struct decode_ctx {
+  const cph_record_desc *d;
+  cph_err *err;
+} decode_ctx;
+
+static int field_error(decode_ctx *c, const cph_field *f, const char *expected,
+                       const mp_reader *r) {
+  return cph_err_set(c->err, CPH_ECORRUPT, "%s field '%s': expected %s, got %s", c->d->name,
+                     f->name, expected, mp_kind_name(r));
+}
+
+static int dup_string(decode_ctx *c, const cph_field *f, const char *s, size_t len,
+                      char **out) {
+  if (memchr(s, '\0', len))
+    return cph_err_set(c->err, CPH_ECORRUPT, "%s field '%s': string contains a NUL byte",
+                       c->d->name, f->name);
+  char *copy = malloc(len + 1);
+  if (!copy)
+    return cph_err_set(c->err, CPH_ENOMEM, "%s field '%s': out of memory", c->d->name, f->name);
+  memcpy(copy, s, len);
+  copy[len] = '\0';
+  *out = copy;
+  return CPH_OK;
+}
+
+static int decode_str_array(decode_ctx *c, const cph_field *f, mp_reader *r, char *rec) {
+  size_t n;
+  if (!mp_read_array(r, &n))
+    return field_error(c, f, "an array of strings", r);
+  if (n > UINT32_MAX)
+    return field_error(c, f, "at most 2^32-1 items", r);
+  char **items = n ? calloc(n, sizeof *items) : NULL;
+  if (n && !items)
+    return cph_err_set(c->err, CPH_ENOMEM, "%s field '%s': out of memory", c->d->name, f->name);
+  /* Owned by the record from here on, so cph_record_free releases a partial array. */
+  *(char ***)(rec + f->offset) = items;
+  *(uint32_t *)(rec + f->count_offset) = (uint32_t)n;
+  for (size_t i = 0; i < n; i++) {
+    const char *s;
+    size_t len;
+    if (!mp_read_str(r, &s, &len))
+      return field_error(c, f, "a string item", r);
+    int rc = dup_string(c, f, s, len, &items[i]);
+    if (rc)
+      return rc;
+  }
+  return CPH_OK;
+}
+
+static int decode_u64_array(decode_ctx *c, const cph_field *f, mp_reader *r, char *rec) {
+  size_t n;
+  if (!mp_read_array(r, &n))
+    return field_error(c, f, "an array of unsigned integers", r);
+  if (n > UINT32_MAX)
+    return field_error(c, f, "at most 2^32-1 items", r);
+  uint64_t *items = n ? calloc(n, sizeof *items) : NULL;
+  if (n && !items)
+    return cph_err_set(c->err, CPH_ENOMEM, "%s field '%s': out of memory", c->d->name, f->name);
+  *(uint64_t **)(rec + f->offset) = items;
+  *(uint32_t *)(rec + f->count_offset) = (uint32_t)n;
+  for (size_t i = 0; i < n; i++)
+    if (!mp_read_u64(r, &items[i]))
+      return field_error(c, f, "an unsigned integer item", r);
+  return CPH_OK;
+}
+
+static int decode_field(decode_ctx *c, const cph_field *f, mp_reader *r, char *rec) {
+  void *at = rec + f->offset;
+  uint64_t u;
+  switch (f->type) {
+  case CPH_F_U8:
+    if (!mp_read_u64(r, &u) || u > UINT8_MAX)
+      return field_error(c, f, "a small unsigned integer", r);
+    if (f->limit && u >= f->limit)
+      return cph_err_set(c->err, CPH_ECORRUPT, "%s field '%s': value %llu is out of range",
+                         c->d->name, f->name, (unsigned long long)u);
+    *(uint8_t *)at = (uint8_t)u;
+    return CPH_OK;
+  case CPH_F_BOOL:
+    if (!mp_read_bool(r, (bool *)at))
+      return field_error(c, f, "a boolean", r);
+    return CPH_OK;
+  case CPH_F_U32:
+    if (!mp_read_u64(r, &u) || u > UINT32_MAX)
+      return field_error(c, f, "a 32-bit unsigned integer", r);
+    *(uint32_t *)at = (uint32_t)u;
+    return CPH_OK;
+  case CPH_F_U64:
+    if (!mp_read_u64(r, (uint64_t *)at))
+      return field_error(c, f, "an unsigned integer", r);
+    return CPH_OK;
+  case CPH_F_I64:
+    if (!mp_read_i64(r, (int64_t *)at))
+      return field_error(c, f, "a 64-bit integer", r);
+    return CPH_OK;
+  case CPH_F_F64:
+    if (!mp_read_double(r, (double *)at))
+      return field_error(c, f, "a float", r);
+    return CPH_OK;
+  case CPH_F_STR:
+  case CPH_F_OPT_STR: {
+    if (f->type == CPH_F_OPT_STR && mp_read_nil(r))
+      return CPH_OK;
+    const char *s;
+    size_t len;
+    if (!mp_read_str(r, &s, &len))
+      return field_error(c, f, f->type == CPH_F_STR ? "a string" : "a string or nil", r);
+    return dup_string(c, f, s, len, (char **)at);
+  }
+  case CPH_F_STR_ARRAY:
+    return decode_str_array(c, f, r, rec);
+  case CPH_F_U64_ARRAY:
+    return decode_u64_array(c, f, r, rec);
+  case CPH_F_BYTES: {
+    const uint8_t *p;
+    size_t len;
+    if (!mp_read_bin(r, &p, &len))
+      return field_error(c, f, "binary data", r);
+    if (len != f->limit)
+      return cph_err_set(c->err, CPH_ECORRUPT, "%s field '%s': %zu bytes, expected %u",
+                         c->d->name, f->name, len, f->limit);
+    memcpy(at, p, len);
+    return CPH_OK;
+  }
+  }
+  return cph_err_set(c->err, CPH_ECORRUPT, "%s: bad field table", c->d->name);
+}
+
+int cph_record_decode(const cph_record_desc *d, const void *data, size_t len, void *rec,
+                      cph_err *err) {
+  mp_reader r = {data, (const uint8_t *)data + len};
+  decode_ctx c = {d, err};
+  memset(rec, 0, d->size);
+  size_t n;
+  int rc = CPH_OK;
+  uint64_t version;
+  if (len == 0) {
+    rc = cph_err_set(err, CPH_ECORRUPT, "%s: empty value", d->name);
+    goto fail;
+  }
+  if (!mp_read_array(&r, &n)) {
+    rc = cph_err_set(err, CPH_ECORRUPT, "%s: expected a record array, got %s", d->name,
+                     mp_kind_name(&r));
+    goto fail;
+  }
+  if (n == 0 || !mp_read_u64(&r, &version)) {
+    rc = cph_err_set(err, CPH_ECORRUPT, "%s: expected a record version first, got %s", d->name,
+                     n ? mp_kind_name(&r) : "an empty array");
+    goto fail;
+  }
+  if (version != d->version) {
+    rc = cph_err_set(err, CPH_ECORRUPT, "%s: record version %llu, this build reads version %u",
+                     d->name, (unsigned long long)version, d->version);
+    goto fail;
+  }
+  if (n != d->n_fields + 1) {
+    rc = cph_err_set(err, CPH_ECORRUPT, "%s: %zu fields, expected %zu", d->name, n - 1,
+                     d->n_fields);
+    goto fail;
+  }
+  for (size_t i = 0; i < d->n_fields; i++) {
+    rc = decode_field(&c, &d->fields[i], &r, rec);
+    if (rc)
+      goto fail;
+  }
+  if (r.p != r.end) {
+    rc = cph_err_set(err, CPH_ECORRUPT, "%s: %zu unexpected bytes after the record", d->name,
+                     mp_left(&r));
+    goto fail;
+  }
+  return CPH_OK;
+fail:
+  cph_record_free(d, rec);
+  return rc;
+}
+
+void cph_record_free(const cph_record_desc *d, void *rec) {
+  char *base = rec;
+  for (size_t i = 0; i < d->n_fields; i++) {
+    const cph_field *f = &d->fields[i];
+    void *at = base + f->offset;
+    switch (f->type) {
+    case CPH_F_STR:
+    case CPH_F_OPT_STR:
+      free(*(char **)at);
+      break;
+    case CPH_F_STR_ARRAY: {
+      char **items = *(char ***)at;
+      uint32_t n = *(uint32_t *)(base + f->count_offset);
+      for (uint32_t j = 0; items && j < n; j++)
+        free(items[j]);
+      free(items);
+      break;
+    }
+    case CPH_F_U64_ARRAY:
+      free(*(uint64_t **)at);
+      break;
+    default:
+      break;
+    }
+  }
+  memset(rec, 0, d->size);
+}
+
+const char *cph_record_name(const cph_record_desc *d) { return d->name; }
+uint32_t cph_record_version(const cph_record_desc *d) { return d->version; }

@@ -1,0 +1,268 @@
+/* The LMDB environment: open/close, named databases, schema check, error mapping. */
+#include <errno.h>
+#include <fcntl.h>
+#include <lmdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store_internal.h"
+
+static const char *const db_names[CPH_DB_COUNT] = {
+#define CPH__DB_NAME(name, label) label,
+    CPH_DB_LIST(CPH__DB_NAME)
+#undef CPH__DB_NAME
+};
+
+const char *cph_db_name(cph_db db) {
+  return (unsigned)db < CPH_DB_COUNT ? db_names[db] : "unknown";
+}
+
+int cph_store_map_error(int rc) {
+  switch (rc) {
+  case MDB_SUCCESS:
+    return CPH_OK;
+  case MDB_NOTFOUND:
+    return CPH_ENOTFOUND;
+  case MDB_KEYEXIST:
+    return CPH_EEXISTS;
+  case MDB_MAP_FULL:
+  case ENOSPC:
+  case EDQUOT:
+    return CPH_EFULL;
+  case MDB_TXN_FULL:
+  case MDB_BAD_VALSIZE:
+  case MDB_DBS_FULL:
+    return CPH_ELIMIT;
+  case MDB_CORRUPTED:
+  case MDB_PAGE_NOTFOUND:
+  case MDB_INVALID:
+  case MDB_INCOMPATIBLE:
+    return CPH_ECORRUPT;
+  case MDB_VERSION_MISMATCH:
+    return CPH_ESCHEMA;
+  case MDB_READERS_FULL:
+  case EAGAIN:
+  case EBUSY:
+    return CPH_EBUSY;
+  case ENOMEM:
+    return CPH_ENOMEM;
+  case EIO:
+  case EACCES:
+  case EPERM:
+  case ENOENT:
+  case ENOTDIR:
+  case EROFS:
+    return CPH_EIO;
+  default:
+    return CPH_ESTORE;
+  }
+}
+
+/* Creates dir and its parents, like mkdir -p. */
+static int make_dirs(const char *dir) {
+  char path[4096];
+  size_t n = strlen(dir);
+  if (n == 0 || n >= sizeof path)
+    return ENAMETOOLONG;
+  memcpy(path, dir, n + 1);
+  for (char *p = path + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      return errno;
+    *p = '/';
+  }
+  if (mkdir(path, 0755) != 0 && errno != EEXIST)
+    return errno;
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return errno;
+  return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+}
+
+/* One process at a time owns a data dir: LMDB alone would let two daemons share it, and two
+ * schedulers over one store would hand the same turn out twice. */
+static int lock_dir(const char *dir, int *fd_out, cph_err *err) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/cephalon.lock", dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return cph_err_set(err, CPH_EIO, "data dir '%s': cannot create %s: %s", dir, path,
+                       strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    close(fd);
+    if (e == EWOULDBLOCK)
+      return cph_err_set(err, CPH_EBUSY, "data dir '%s' is in use by another process", dir);
+    return cph_err_set(err, CPH_EIO, "data dir '%s': cannot lock: %s", dir, strerror(e));
+  }
+  *fd_out = fd;
+  return CPH_OK;
+}
+
+/* Opens every named database and checks (or, on a new environment, writes) the schema
+ * version. */
+static int open_databases(cph_store *s, cph_err *err) {
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+  if (rc)
+    return cph_err_set(err, cph_store_map_error(rc), "data dir '%s': cannot begin: %s", s->dir,
+                       mdb_strerror(rc));
+  for (int i = 0; i < CPH_DB_COUNT; i++) {
+    rc = mdb_dbi_open(txn, db_names[i], MDB_CREATE, &s->dbi[i]);
+    if (rc) {
+      cph_err_set(err, cph_store_map_error(rc), "data dir '%s': cannot open database \"%s\": %s",
+                  s->dir, db_names[i], mdb_strerror(rc));
+      goto fail;
+    }
+  }
+  MDB_val key = {sizeof CPH_META_SCHEMA_KEY - 1, (void *)CPH_META_SCHEMA_KEY};
+  MDB_val val;
+  rc = mdb_get(txn, s->dbi[CPH_DB_META], &key, &val);
+  if (rc == MDB_NOTFOUND) {
+    uint8_t be[4];
+    cph_be32_put(be, CPH_STORE_SCHEMA_VERSION);
+    val.mv_size = sizeof be;
+    val.mv_data = be;
+    rc = mdb_put(txn, s->dbi[CPH_DB_META], &key, &val, 0);
+    if (rc) {
+      cph_err_set(err, cph_store_map_error(rc), "data dir '%s': cannot write schema version: %s",
+                  s->dir, mdb_strerror(rc));
+      goto fail;
+    }
+  } else if (rc) {
+    cph_err_set(err, cph_store_map_error(rc), "data dir '%s': cannot read schema version: %s",
+                s->dir, mdb_strerror(rc));
+    goto fail;
+  } else if (val.mv_size != 4) {
+    cph_err_set(err, CPH_ECORRUPT,
+                "data dir '%s': corrupt record in database \"meta\" at key \"%s\": %zu bytes, "
+                "expected 4",
+                s->dir, CPH_META_SCHEMA_KEY, val.mv_size);
+    goto fail;
+  } else {
+    uint32_t found = cph_be32_get(val.mv_data);
+    if (found != CPH_STORE_SCHEMA_VERSION) {
+      cph_err_set(err, CPH_ESCHEMA,
+                  "data dir '%s' has storage schema version %u, but this build reads version %u; "
+                  "use a build that matches, or move the data dir away to start fresh",
+                  s->dir, found, CPH_STORE_SCHEMA_VERSION);
+      goto fail;
+    }
+  }
+  rc = mdb_txn_commit(txn);
+  if (rc)
+    return cph_err_set(err, cph_store_map_error(rc), "data dir '%s': cannot commit: %s", s->dir,
+                       mdb_strerror(rc));
+  return CPH_OK;
+fail:
+  mdb_txn_abort(txn);
+  return err ? err->code : CPH_ESTORE;
+}
+
+static unsigned env_flags_for(cph_sync_mode mode) {
+  return mode == CPH_SYNC_ALWAYS ? 0 : MDB_NOSYNC;
+}
+
+int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err) {
+  *out = NULL;
+  cph_store *s = calloc(1, sizeof *s);
+  if (!s)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory opening the store");
+  s->lock_fd = -1;
+  s->sync = o->sync;
+  s->dir = strdup(o->dir);
+  int rc;
+  if (!s->dir) {
+    rc = cph_err_set(err, CPH_ENOMEM, "out of memory opening the store");
+    goto fail;
+  }
+  int e = make_dirs(o->dir);
+  if (e) {
+    rc = cph_err_set(err, CPH_EIO, "data dir '%s': cannot create: %s", o->dir, strerror(e));
+    goto fail;
+  }
+  rc = lock_dir(o->dir, &s->lock_fd, err);
+  if (rc)
+    goto fail;
+  e = mdb_env_create(&s->env);
+  if (e) {
+    rc = cph_err_set(err, cph_store_map_error(e), "cannot create LMDB environment: %s",
+                     mdb_strerror(e));
+    goto fail;
+  }
+  mdb_env_set_maxdbs(s->env, CPH_DB_COUNT);
+  e = mdb_env_set_mapsize(s->env, o->map_size);
+  if (e) {
+    rc = cph_err_set(err, cph_store_map_error(e), "data dir '%s': map size %zu refused: %s",
+                     o->dir, o->map_size, mdb_strerror(e));
+    goto fail;
+  }
+  /* MDB_NOTLS: read transactions are tied to our cph_txn, not to a thread. */
+  e = mdb_env_open(s->env, o->dir, MDB_NOTLS | env_flags_for(o->sync), 0644);
+  if (e) {
+    rc = cph_err_set(err, cph_store_map_error(e), "data dir '%s': cannot open LMDB: %s", o->dir,
+                     mdb_strerror(e));
+    goto fail;
+  }
+  rc = open_databases(s, err);
+  if (rc)
+    goto fail;
+  *out = s;
+  return CPH_OK;
+fail:
+  cph_store_close(s);
+  return rc;
+}
+
+void cph_store_close(cph_store *s) {
+  if (!s)
+    return;
+  if (s->env)
+    mdb_env_close(s->env);
+  if (s->lock_fd >= 0)
+    close(s->lock_fd); /* releases the flock */
+  free(s->dir);
+  free(s);
+}
+
+int cph_store_sync(cph_store *s, cph_err *err) {
+  int e = mdb_env_sync(s->env, 1);
+  if (e)
+    return cph_err_set(err, cph_store_map_error(e), "data dir '%s': sync failed: %s", s->dir,
+                       mdb_strerror(e));
+  return CPH_OK;
+}
+
+int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
+  int e = mdb_env_set_flags(s->env, MDB_NOSYNC, mode != CPH_SYNC_ALWAYS);
+  if (e)
+    return cph_err_set(err, cph_store_map_error(e), "cannot change sync mode: %s",
+                       mdb_strerror(e));
+  /* Going to :always must not leave earlier unsynced commits behind. */
+  if (s->sync != CPH_SYNC_ALWAYS && mode == CPH_SYNC_ALWAYS) {
+    int rc = cph_store_sync(s, err);
+    if (rc)
+      return rc;
+  }
+  s->sync = mode;
+  return CPH_OK;
+}
+
+int cph_store_stats_get(cph_store *s, cph_store_stats *out) {
+  MDB_envinfo info;
+  MDB_stat st;
+  int e = mdb_env_info(s->env, &info);
+  if (!e)
+    e = mdb_env_stat(s->env, &st);
+  if (e)
+    return cph_store_map_error(e);
+  out->map_size = info.me_mapsize;
+  out->used_bytes = (size_t)(info.me_last_pgno + 1) * st.ms_psize;
+  return CPH_OK;
+}

@@ -1,0 +1,75 @@
+/* Key encodings. Integers are big-endian so LMDB's byte order is numeric order; strings in
+ * composite keys end with a NUL byte so "a" sorts before, and never prefixes, "ab". */
+#ifndef CEPHALON_STORE_KEYS_H
+#define CEPHALON_STORE_KEYS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* LMDB's default maximum key size. */
+#define CPH_KEY_MAX 511
+
+static inline void cph_be64_put(uint8_t *p, uint64_t v) {
+  for (int i = 7; i >= 0; i--) {
+    p[i] = (uint8_t)v;
+    v >>= 8;
+  }
+}
+
+static inline uint64_t cph_be64_get(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = (v << 8) | p[i];
+  return v;
+}
+
+static inline void cph_be32_put(uint8_t *p, uint32_t v) {
+  for (int i = 3; i >= 0; i--) {
+    p[i] = (uint8_t)v;
+    v >>= 8;
+  }
+}
+
+static inline uint32_t cph_be32_get(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++)
+    v = (v << 8) | p[i];
+  return v;
+}
+
+/* A key under construction. Appending past CPH_KEY_MAX sets `overflow`; the txn refuses such
+ * a key with CPH_ELIMIT rather than truncating it. */
+typedef struct cph_key {
+  uint8_t data[CPH_KEY_MAX];
+  size_t len;
+  bool overflow;
+} cph_key;
+
+static inline void cph_key_reset(cph_key *k) {
+  k->len = 0;
+  k->overflow = false;
+}
+
+static inline void cph_key_u64(cph_key *k, uint64_t v) {
+  if (k->len + 8 > CPH_KEY_MAX) {
+    k->overflow = true;
+    return;
+  }
+  cph_be64_put(k->data + k->len, v);
+  k->len += 8;
+}
+
+/* Appends s and a terminating NUL. */
+static inline void cph_key_str(cph_key *k, const char *s) {
+  size_t n = strlen(s);
+  if (k->len + n + 1 > CPH_KEY_MAX) {
+    k->overflow = true;
+    return;
+  }
+  memcpy(k->data + k->len, s, n + 1);
+  k->len += n + 1;
+}
+
+#endif

@@ -1,0 +1,192 @@
+/* Field tables: the on-disk layout of every record kind. The order of entries IS the wire
+ * order; changing a table means bumping that record's version in DESC(). */
+#include <stddef.h>
+
+#include "cephalon/lane.h"
+#include "codec_internal.h"
+
+#define FIELD(rec, type, member) {#member, type, offsetof(rec, member), 0, 0}
+#define ENUM(rec, member, count) {#member, CPH_F_U8, offsetof(rec, member), 0, (count)}
+#define BYTES(rec, member) \
+  {#member, CPH_F_BYTES, offsetof(rec, member), 0, sizeof(((rec *)0)->member)}
+#define ARRAY(rec, type, member, counter) \
+  {#member, type, offsetof(rec, member), offsetof(rec, counter), 0}
+#define DESC(var, label, version, rec, table) \
+  const cph_record_desc var = {label, version, sizeof(rec), table, sizeof table / sizeof table[0]}
+
+#define R cph_session_rec
+static const cph_field session_fields[] = {
+    FIELD(R, CPH_F_STR, id),
+    ENUM(R, lane, CPH_LANE_COUNT),
+    ENUM(R, state, CPH_SESSION_STATE_COUNT),
+    FIELD(R, CPH_F_F64, credits),
+    FIELD(R, CPH_F_I64, credits_at_ms),
+    FIELD(R, CPH_F_U64, episode),
+    ARRAY(R, CPH_F_STR_ARRAY, subscribe, n_subscribe),
+    ARRAY(R, CPH_F_STR_ARRAY, member, n_member),
+    FIELD(R, CPH_F_U32, autonomy_interval_s),
+    FIELD(R, CPH_F_U32, report_interval_s),
+    FIELD(R, CPH_F_U32, context_window_tokens),
+    FIELD(R, CPH_F_OPT_STR, system),
+    ARRAY(R, CPH_F_STR_ARRAY, tools, n_tools),
+    FIELD(R, CPH_F_I64, created_ms),
+    FIELD(R, CPH_F_I64, updated_ms),
+};
+DESC(cph_session_desc, "session", 1, R, session_fields);
+#undef R
+
+#define R cph_event_rec
+static const cph_field event_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    FIELD(R, CPH_F_STR, channel),
+    FIELD(R, CPH_F_STR, sender),
+    FIELD(R, CPH_F_OPT_STR, body),
+    FIELD(R, CPH_F_OPT_STR, session),
+    ARRAY(R, CPH_F_STR_ARRAY, mentions, n_mentions),
+    FIELD(R, CPH_F_OPT_STR, kind),
+    FIELD(R, CPH_F_OPT_STR, key),
+    FIELD(R, CPH_F_I64, ts_ms),
+    FIELD(R, CPH_F_I64, received_ms),
+    ENUM(R, status, CPH_EVENT_STATUS_COUNT),
+    BYTES(R, body_sha256),
+    FIELD(R, CPH_F_U64, simhash),
+    FIELD(R, CPH_F_U64, family),
+};
+DESC(cph_event_desc, "event", 1, R, event_fields);
+#undef R
+
+#define R cph_inbox_rec
+static const cph_field inbox_fields[] = {
+    FIELD(R, CPH_F_STR, session),
+    FIELD(R, CPH_F_U64, seq),
+    FIELD(R, CPH_F_U64, event_id),
+    ENUM(R, status, CPH_INBOX_STATUS_COUNT),
+    FIELD(R, CPH_F_BOOL, mentioned),
+    FIELD(R, CPH_F_U64, turn_id),
+    FIELD(R, CPH_F_U32, attempts),
+    FIELD(R, CPH_F_I64, created_ms),
+};
+DESC(cph_inbox_desc, "inbox message", 1, R, inbox_fields);
+#undef R
+
+#define R cph_turn_rec
+static const cph_field turn_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    FIELD(R, CPH_F_STR, session),
+    ENUM(R, lane, CPH_LANE_COUNT),
+    ENUM(R, kind, CPH_TURN_KIND_COUNT),
+    ENUM(R, state, CPH_TURN_STATE_COUNT),
+    BYTES(R, lease),
+    FIELD(R, CPH_F_OPT_STR, worker),
+    ARRAY(R, CPH_F_U64_ARRAY, inbox_seqs, n_inbox_seqs),
+    FIELD(R, CPH_F_U64, job_id),
+    FIELD(R, CPH_F_U64, episode),
+    FIELD(R, CPH_F_U32, attempts),
+    FIELD(R, CPH_F_OPT_STR, input),
+    FIELD(R, CPH_F_I64, created_ms),
+    FIELD(R, CPH_F_I64, deadline_ms),
+    FIELD(R, CPH_F_I64, completed_ms),
+    FIELD(R, CPH_F_U64, cost_tokens),
+    FIELD(R, CPH_F_U64, tool_calls),
+    FIELD(R, CPH_F_OPT_STR, error),
+};
+DESC(cph_turn_desc, "turn", 1, R, turn_fields);
+#undef R
+
+#define R cph_reply_rec
+static const cph_field reply_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    FIELD(R, CPH_F_STR, session),
+    FIELD(R, CPH_F_STR, channel),
+    FIELD(R, CPH_F_STR, body),
+    ARRAY(R, CPH_F_U64_ARRAY, source_inbox_ids, n_source_inbox_ids),
+    FIELD(R, CPH_F_U64, turn_id),
+    FIELD(R, CPH_F_I64, ts_ms),
+};
+DESC(cph_reply_desc, "reply", 1, R, reply_fields);
+#undef R
+
+#define R cph_memory_rec
+static const cph_field memory_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    FIELD(R, CPH_F_STR, session),
+    ENUM(R, kind, CPH_MEMORY_KIND_COUNT),
+    FIELD(R, CPH_F_STR, text),
+    ARRAY(R, CPH_F_STR_ARRAY, tags, n_tags),
+    FIELD(R, CPH_F_U32, tokens_est),
+    FIELD(R, CPH_F_I64, created_ms),
+    FIELD(R, CPH_F_I64, last_access_ms),
+    FIELD(R, CPH_F_U64, access_count),
+    FIELD(R, CPH_F_BOOL, deleted),
+    ENUM(R, embed_status, CPH_EMBED_STATUS_COUNT),
+    FIELD(R, CPH_F_U64, replaced_by),
+    FIELD(R, CPH_F_U64, source_event_id),
+    FIELD(R, CPH_F_U64, gc_group),
+};
+DESC(cph_memory_desc, "memory", 1, R, memory_fields);
+#undef R
+
+#define R cph_job_rec
+static const cph_field job_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    FIELD(R, CPH_F_STR, session),
+    ENUM(R, kind, CPH_JOB_KIND_COUNT),
+    ENUM(R, state, CPH_JOB_STATE_COUNT),
+    FIELD(R, CPH_F_OPT_STR, args),
+    FIELD(R, CPH_F_U64, group_id),
+    FIELD(R, CPH_F_U32, attempts),
+    FIELD(R, CPH_F_I64, created_ms),
+    FIELD(R, CPH_F_I64, run_after_ms),
+    FIELD(R, CPH_F_I64, finished_ms),
+    FIELD(R, CPH_F_OPT_STR, error),
+};
+DESC(cph_job_desc, "job", 1, R, job_fields);
+#undef R
+
+#define R cph_outbox_rec
+static const cph_field outbox_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    ENUM(R, op, CPH_OUTBOX_OP_COUNT),
+    ENUM(R, status, CPH_OUTBOX_STATUS_COUNT),
+    FIELD(R, CPH_F_U64, memory_id),
+    FIELD(R, CPH_F_STR, model),
+    FIELD(R, CPH_F_U32, shard),
+    FIELD(R, CPH_F_U32, attempts),
+    FIELD(R, CPH_F_I64, created_ms),
+    FIELD(R, CPH_F_I64, next_attempt_ms),
+    FIELD(R, CPH_F_I64, done_ms),
+    FIELD(R, CPH_F_OPT_STR, last_error),
+};
+DESC(cph_outbox_desc, "outbox item", 1, R, outbox_fields);
+#undef R
+
+#define R cph_gc_group_rec
+static const cph_field gc_group_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    FIELD(R, CPH_F_STR, session),
+    ENUM(R, state, CPH_GC_STATE_COUNT),
+    ARRAY(R, CPH_F_U64_ARRAY, source_ids, n_source_ids),
+    FIELD(R, CPH_F_I64, newest_ts_ms),
+    FIELD(R, CPH_F_U64, total_tokens_est),
+    FIELD(R, CPH_F_STR, group_hash),
+    FIELD(R, CPH_F_OPT_STR, summary_text),
+    FIELD(R, CPH_F_U64, summary_id),
+    FIELD(R, CPH_F_I64, created_ms),
+    FIELD(R, CPH_F_I64, updated_ms),
+};
+DESC(cph_gc_group_desc, "gc group", 1, R, gc_group_fields);
+#undef R
+
+#define R cph_aggregate_rec
+static const cph_field aggregate_fields[] = {
+    FIELD(R, CPH_F_U64, family),
+    FIELD(R, CPH_F_U64, dup_count),
+    FIELD(R, CPH_F_STR, sample),
+    ARRAY(R, CPH_F_STR_ARRAY, channels, n_channels),
+    FIELD(R, CPH_F_I64, first_ms),
+    FIELD(R, CPH_F_I64, last_ms),
+    FIELD(R, CPH_F_U64, simhash),
+    BYTES(R, body_sha256),
+};
+DESC(cph_aggregate_desc, "aggregate", 1, R, aggregate_fields);
+#undef R

@@ -1,0 +1,146 @@
+/* store/ — the LMDB environment, its named databases and a transaction wrapper.
+ *
+ * One environment holds every record kind in its own named database (DESIGN §11). The
+ * schema version lives in `meta` and is checked at open: a mismatch refuses to open.
+ *
+ * Transactions carry a sticky error (as in Knot DNS): after the first failure every later
+ * call on the transaction does nothing and returns that error, and cph_txn_commit() aborts
+ * and returns it. So a writer can issue a sequence of puts and check once, at commit.
+ * CPH_ENOTFOUND from a get is an answer, not a failure, and is not sticky. */
+#ifndef CEPHALON_STORE_STORE_H
+#define CEPHALON_STORE_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/buf.h"
+#include "cephalon/error.h"
+#include "keys.h"
+#include "records.h"
+
+/* Bump when any database's key layout or any record version changes. */
+#define CPH_STORE_SCHEMA_VERSION 1u
+
+/* X(enum suffix, database name) */
+#define CPH_DB_LIST(X)                                                                    \
+  X(META, "meta")             /* schema version, id counters */                          \
+  X(SESSIONS, "sessions")     /* id -> session */                                        \
+  X(EVENTS, "events")         /* u64 event id -> event */                                \
+  X(CHANNEL_LOG, "channel_log") /* channel\0 u64 seq -> u64 event id (channel history) */ \
+  X(IDEM_KEYS, "idem_keys")   /* idempotency key -> u64 event id + u64 time */           \
+  X(INBOX, "inbox")           /* session\0 u64 seq -> inbox message */                   \
+  X(TURNS, "turns")           /* u64 turn id -> turn */                                  \
+  X(REPLIES, "replies")       /* u64 reply id -> reply */                                \
+  X(MEMORIES, "memories")     /* u64 memory id -> memory */                              \
+  X(JOBS, "jobs")             /* u64 job id -> job */                                    \
+  X(OUTBOX, "outbox")         /* u64 item id -> outbox item */                           \
+  X(GC_GROUPS, "gc_groups")   /* u64 group id -> gc group */                             \
+  X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
+  X(CONTEXT, "context")       /* session\0 u64 node id -> context node */                \
+  X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
+  X(VECTORS, "vectors")       /* u64 memory id -> embedding */
+
+typedef enum cph_db {
+#define CPH__DB_ENUM(name, label) CPH_DB_##name,
+  CPH_DB_LIST(CPH__DB_ENUM)
+#undef CPH__DB_ENUM
+      CPH_DB_COUNT
+} cph_db;
+
+const char *cph_db_name(cph_db db);
+
+typedef enum cph_sync_mode {
+  CPH_SYNC_ALWAYS, /* fsync on every commit */
+  CPH_SYNC_BATCH,  /* no fsync on commit; cph_store_sync() is called on a timer */
+  CPH_SYNC_NONE    /* never fsync; the OS writes back when it likes */
+} cph_sync_mode;
+
+typedef struct cph_store_options {
+  const char *dir;     /* created if missing */
+  size_t map_size;     /* bytes; the most the data may grow to */
+  cph_sync_mode sync;
+} cph_store_options;
+
+typedef struct cph_store cph_store;
+
+/* Opens (creating if needed) the environment in o->dir. Errors: CPH_ESCHEMA when the data
+ * was written by a different schema version, CPH_EIO / CPH_ESTORE otherwise; err->msg says
+ * which directory and why. */
+int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err);
+void cph_store_close(cph_store *s);
+
+/* Flushes committed data to disk (for CPH_SYNC_BATCH). */
+int cph_store_sync(cph_store *s, cph_err *err);
+int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err);
+
+typedef struct cph_store_stats {
+  size_t map_size;   /* bytes reserved */
+  size_t used_bytes; /* pages in use * page size */
+} cph_store_stats;
+int cph_store_stats_get(cph_store *s, cph_store_stats *out);
+
+/* Maps an LMDB return code or errno to a project code (MDB_MAP_FULL/ENOSPC -> CPH_EFULL,
+ * MDB_NOTFOUND -> CPH_ENOTFOUND, MDB_CORRUPTED -> CPH_ECORRUPT, ...). */
+int cph_store_map_error(int mdb_rc);
+
+/* ---- transactions ---- */
+
+typedef struct cph_val {
+  const void *data;
+  size_t len;
+} cph_val;
+
+typedef struct cph_txn {
+  cph_store *store;
+  void *mdb; /* MDB_txn *; NULL once committed or aborted */
+  bool write;
+  int ret;     /* sticky: the first error, CPH_OK while none */
+  cph_err err; /* what the first error was, and where */
+} cph_txn;
+
+int cph_txn_begin(cph_store *s, bool write, cph_txn *t);
+/* Commits a write transaction (a read one just ends). If the txn already failed, aborts it
+ * and returns its sticky error; on a failed commit (e.g. disk full) everything the txn wrote
+ * is discarded and the error returned. */
+int cph_txn_commit(cph_txn *t);
+void cph_txn_abort(cph_txn *t);
+
+int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len);
+/* Values from get and cursors point into the map: valid until the txn ends or writes. */
+int cph_txn_get(cph_txn *t, cph_db db, const cph_key *k, cph_val *out);
+/* CPH_ENOTFOUND (not sticky) when the key is absent. */
+int cph_txn_del(cph_txn *t, cph_db db, const cph_key *k);
+
+/* Encodes rec with desc and puts it. */
+int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
+                       const void *rec);
+/* Gets and decodes. A value that fails to decode is CPH_ECORRUPT (sticky) with a message
+ * naming the database and the key: `corrupt record in database "sessions" at key "s1": ...`. */
+int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
+                       void *rec);
+
+/* Next id from a named counter in meta (starts at 1), persisted with the txn. */
+int cph_txn_next_id(cph_txn *t, const char *counter, uint64_t *out);
+
+/* ---- cursors: ordered iteration ---- */
+
+typedef struct cph_cursor {
+  cph_txn *txn;
+  void *mdb; /* MDB_cursor * */
+  cph_db db;
+} cph_cursor;
+
+int cph_cursor_open(cph_txn *t, cph_db db, cph_cursor *c);
+void cph_cursor_close(cph_cursor *c);
+/* Positions at the first key >= k (or the first key when k is NULL). CPH_ENOTFOUND at end. */
+int cph_cursor_seek(cph_cursor *c, const cph_key *k, cph_val *key, cph_val *val);
+int cph_cursor_next(cph_cursor *c, cph_val *key, cph_val *val);
+/* Deletes the entry under the cursor. */
+int cph_cursor_del(cph_cursor *c);
+
+/* Writes a readable form of a key into buf: printable segments quoted, 8-byte segments as
+ * decimal numbers, anything else as hex — e.g. "s1"/42. */
+void cph_key_describe(const void *key, size_t len, char *buf, size_t bufsize);
+
+#endif

@@ -1,0 +1,304 @@
+/* Transactions with a sticky error, typed record access and cursors (contract in store.h). */
+#include <ctype.h>
+#include <stdarg.h>
+#include <lmdb.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+/* Records the first failure; later ones keep the first message. */
+static int txn_fail(cph_txn *t, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int txn_fail(cph_txn *t, int code, const char *fmt, ...) {
+  if (t->ret == CPH_OK) {
+    va_list ap;
+    va_start(ap, fmt);
+    cph_err_vset(&t->err, code, fmt, ap);
+    va_end(ap);
+    t->ret = code;
+  }
+  return t->ret;
+}
+
+/* An LMDB failure on (db, key), worded for the person who has to fix it. */
+static int txn_fail_mdb(cph_txn *t, int rc, const char *op, cph_db db, const cph_key *k) {
+  char key[160];
+  cph_key_describe(k->data, k->len, key, sizeof key);
+  int code = cph_store_map_error(rc);
+  if (code == CPH_EFULL) {
+    MDB_envinfo info;
+    mdb_env_info(t->store->env, &info);
+    return txn_fail(t, code,
+                    "storage full: %s in database \"%s\" at key %s found no room in the %zu MiB "
+                    "map of data dir '%s' (raise :server :map-size-mb and restart)",
+                    op, cph_db_name(db), key, info.me_mapsize >> 20, t->store->dir);
+  }
+  return txn_fail(t, code, "%s in database \"%s\" at key %s failed: %s", op, cph_db_name(db),
+                  key, mdb_strerror(rc));
+}
+
+static int check_key(cph_txn *t, cph_db db, const cph_key *k) {
+  if (k->overflow || k->len == 0)
+    return txn_fail(t, CPH_ELIMIT, "key for database \"%s\" is %s", cph_db_name(db),
+                    k->overflow ? "longer than 511 bytes" : "empty");
+  return CPH_OK;
+}
+
+int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
+  memset(t, 0, sizeof *t);
+  t->store = s;
+  t->write = write;
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(s->env, NULL, write ? 0 : MDB_RDONLY, &txn);
+  if (rc)
+    return txn_fail(t, cph_store_map_error(rc), "cannot begin a %s transaction in '%s': %s",
+                    write ? "write" : "read", s->dir, mdb_strerror(rc));
+  t->mdb = txn;
+  return CPH_OK;
+}
+
+void cph_txn_abort(cph_txn *t) {
+  if (t->mdb)
+    mdb_txn_abort(t->mdb);
+  t->mdb = NULL;
+}
+
+int cph_txn_commit(cph_txn *t) {
+  if (!t->mdb)
+    return t->ret ? t->ret : txn_fail(t, CPH_ESTATE, "transaction already ended");
+  if (t->ret) {
+    /* After MDB_MAP_FULL and friends LMDB requires an abort; nothing of this txn lands. */
+    cph_txn_abort(t);
+    return t->ret;
+  }
+  int rc = mdb_txn_commit(t->mdb);
+  t->mdb = NULL; /* LMDB frees the txn whether or not the commit succeeded */
+  if (rc) {
+    int code = cph_store_map_error(rc);
+    if (code == CPH_EFULL)
+      return txn_fail(t, code, "storage full: commit to data dir '%s' failed: %s",
+                      t->store->dir, mdb_strerror(rc));
+    return txn_fail(t, code, "commit to data dir '%s' failed: %s", t->store->dir,
+                    mdb_strerror(rc));
+  }
+  return CPH_OK;
+}
+
+int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len) {
+  if (t->ret)
+    return t->ret;
+  if (!t->mdb || !t->write)
+    return txn_fail(t, CPH_ESTATE, "put into database \"%s\" outside a write transaction",
+                    cph_db_name(db));
+  if (check_key(t, db, k))
+    return t->ret;
+  MDB_val mk = {k->len, (void *)k->data};
+  MDB_val mv = {len, (void *)val};
+  int rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, 0);
+  return rc ? txn_fail_mdb(t, rc, "put", db, k) : CPH_OK;
+}
+
+int cph_txn_get(cph_txn *t, cph_db db, const cph_key *k, cph_val *out) {
+  if (t->ret)
+    return t->ret;
+  if (!t->mdb)
+    return txn_fail(t, CPH_ESTATE, "get from database \"%s\" outside a transaction",
+                    cph_db_name(db));
+  if (check_key(t, db, k))
+    return t->ret;
+  MDB_val mk = {k->len, (void *)k->data};
+  MDB_val mv;
+  int rc = mdb_get(t->mdb, t->store->dbi[db], &mk, &mv);
+  if (rc == MDB_NOTFOUND)
+    return CPH_ENOTFOUND;
+  if (rc)
+    return txn_fail_mdb(t, rc, "get", db, k);
+  out->data = mv.mv_data;
+  out->len = mv.mv_size;
+  return CPH_OK;
+}
+
+int cph_txn_del(cph_txn *t, cph_db db, const cph_key *k) {
+  if (t->ret)
+    return t->ret;
+  if (!t->mdb || !t->write)
+    return txn_fail(t, CPH_ESTATE, "delete from database \"%s\" outside a write transaction",
+                    cph_db_name(db));
+  if (check_key(t, db, k))
+    return t->ret;
+  MDB_val mk = {k->len, (void *)k->data};
+  int rc = mdb_del(t->mdb, t->store->dbi[db], &mk, NULL);
+  if (rc == MDB_NOTFOUND)
+    return CPH_ENOTFOUND;
+  return rc ? txn_fail_mdb(t, rc, "delete", db, k) : CPH_OK;
+}
+
+int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
+                       const void *rec) {
+  if (t->ret)
+    return t->ret;
+  /* Records are small; a stack buffer covers most, the heap the rest. */
+  cph_buf b = CPH_BUF_INIT;
+  if (cph_record_encode(desc, rec, &b) != CPH_OK) {
+    cph_buf_free(&b);
+    return txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
+  }
+  int rc = cph_txn_put(t, db, k, b.data, b.len);
+  cph_buf_free(&b);
+  return rc;
+}
+
+int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
+                       void *rec) {
+  cph_val v;
+  int rc = cph_txn_get(t, db, k, &v);
+  if (rc)
+    return rc;
+  cph_err derr;
+  rc = cph_record_decode(desc, v.data, v.len, rec, &derr);
+  if (rc) {
+    char key[160];
+    cph_key_describe(k->data, k->len, key, sizeof key);
+    return txn_fail(t, rc, "corrupt record in database \"%s\" at key %s: %s", cph_db_name(db),
+                    key, derr.msg);
+  }
+  return CPH_OK;
+}
+
+int cph_txn_next_id(cph_txn *t, const char *counter, uint64_t *out) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, "next_id");
+  cph_key_str(&k, counter);
+  cph_val v;
+  uint64_t next = 1;
+  int rc = cph_txn_get(t, CPH_DB_META, &k, &v);
+  if (rc == CPH_OK) {
+    if (v.len != 8)
+      return txn_fail(t, CPH_ECORRUPT,
+                      "corrupt record in database \"meta\" at key \"next_id\"/\"%s\": %zu bytes, "
+                      "expected 8",
+                      counter, v.len);
+    next = cph_be64_get(v.data);
+  } else if (rc != CPH_ENOTFOUND) {
+    return rc;
+  }
+  uint8_t be[8];
+  cph_be64_put(be, next + 1);
+  rc = cph_txn_put(t, CPH_DB_META, &k, be, sizeof be);
+  if (rc)
+    return rc;
+  *out = next;
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- cursors */
+
+int cph_cursor_open(cph_txn *t, cph_db db, cph_cursor *c) {
+  c->txn = t;
+  c->db = db;
+  c->mdb = NULL;
+  if (t->ret)
+    return t->ret;
+  if (!t->mdb)
+    return txn_fail(t, CPH_ESTATE, "cursor on database \"%s\" outside a transaction",
+                    cph_db_name(db));
+  MDB_cursor *cur;
+  int rc = mdb_cursor_open(t->mdb, t->store->dbi[db], &cur);
+  if (rc)
+    return txn_fail(t, cph_store_map_error(rc), "cannot open a cursor on database \"%s\": %s",
+                    cph_db_name(db), mdb_strerror(rc));
+  c->mdb = cur;
+  return CPH_OK;
+}
+
+void cph_cursor_close(cph_cursor *c) {
+  if (c->mdb)
+    mdb_cursor_close(c->mdb);
+  c->mdb = NULL;
+}
+
+static int cursor_step(cph_cursor *c, MDB_val *mk, MDB_cursor_op op, cph_val *key,
+                       cph_val *val) {
+  cph_txn *t = c->txn;
+  if (t->ret)
+    return t->ret;
+  if (!c->mdb)
+    return txn_fail(t, CPH_ESTATE, "cursor on database \"%s\" is closed", cph_db_name(c->db));
+  MDB_val mv;
+  int rc = mdb_cursor_get(c->mdb, mk, &mv, op);
+  if (rc == MDB_NOTFOUND)
+    return CPH_ENOTFOUND;
+  if (rc)
+    return txn_fail(t, cph_store_map_error(rc), "cursor on database \"%s\" failed: %s",
+                    cph_db_name(c->db), mdb_strerror(rc));
+  if (key) {
+    key->data = mk->mv_data;
+    key->len = mk->mv_size;
+  }
+  if (val) {
+    val->data = mv.mv_data;
+    val->len = mv.mv_size;
+  }
+  return CPH_OK;
+}
+
+int cph_cursor_seek(cph_cursor *c, const cph_key *k, cph_val *key, cph_val *val) {
+  MDB_val mk = {0, NULL};
+  if (!k)
+    return cursor_step(c, &mk, MDB_FIRST, key, val);
+  if (check_key(c->txn, c->db, k))
+    return c->txn->ret;
+  mk.mv_size = k->len;
+  mk.mv_data = (void *)k->data;
+  return cursor_step(c, &mk, MDB_SET_RANGE, key, val);
+}
+
+int cph_cursor_next(cph_cursor *c, cph_val *key, cph_val *val) {
+  MDB_val mk = {0, NULL};
+  return cursor_step(c, &mk, MDB_NEXT, key, val);
+}
+
+int cph_cursor_del(cph_cursor *c) {
+  cph_txn *t = c->txn;
+  if (t->ret)
+    return t->ret;
+  if (!t->write || !c->mdb)
+    return txn_fail(t, CPH_ESTATE, "cursor delete in database \"%s\" outside a write txn",
+                    cph_db_name(c->db));
+  int rc = mdb_cursor_del(c->mdb, 0);
+  if (rc)
+    return txn_fail(t, cph_store_map_error(rc), "cursor delete in database \"%s\" failed: %s",
+                    cph_db_name(c->db), mdb_strerror(rc));
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- key description */
+
+void cph_key_describe(const void *key, size_t len, char *buf, size_t bufsize) {
+  const uint8_t *p = key;
+  cph_buf out = CPH_BUF_INIT;
+  size_t i = 0;
+  while (i < len) {
+    if (out.len)
+      cph_buf_putc(&out, '/');
+    size_t j = i;
+    while (j < len && isprint(p[j]))
+      j++;
+    if (j > i && (j == len || p[j] == '\0')) {
+      /* A printable string segment (NUL-terminated inside composite keys). */
+      cph_buf_printf(&out, "\"%.*s\"", (int)(j - i), (const char *)p + i);
+      i = j < len ? j + 1 : j;
+    } else if (len - i >= 8 && (len - i == 8 || len - i == 16)) {
+      cph_buf_printf(&out, "%llu", (unsigned long long)cph_be64_get(p + i));
+      i += 8;
+    } else {
+      cph_buf_puts(&out, "0x");
+      for (; i < len; i++)
+        cph_buf_printf(&out, "%02x", p[i]);
+    }
+  }
+  snprintf(buf, bufsize, "%s", out.data ? out.data : "(empty)");
+  cph_buf_free(&out);
+}

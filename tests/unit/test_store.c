@@ -1,0 +1,680 @@
+/* store/: record round trips, strict decoding, the storage-full path, schema checks. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <lmdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store.h"
+#include "tests/support/testutil.h"
+
+typedef struct fixture {
+  char *dir;
+  cph_store *store;
+} fixture;
+
+static cph_store *open_store(const char *dir, size_t map_size) {
+  cph_store_options o = {dir, map_size, CPH_SYNC_ALWAYS};
+  cph_store *s = NULL;
+  cph_err err = {0};
+  int rc = cph_store_open(&o, &s, &err);
+  if (rc)
+    fail_msg("open %s: %s", dir, err.msg);
+  return s;
+}
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->dir = cph_test_tmpdir("store");
+  f->store = open_store(f->dir, 64u << 20);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  cph_store_close(f->store);
+  cph_test_rmtree(f->dir);
+  free(f->dir);
+  free(f);
+  return 0;
+}
+
+static cph_key key_str(const char *s) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, s);
+  return k;
+}
+
+static cph_key key_u64(uint64_t v) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, v);
+  return k;
+}
+
+/* Puts rec under key in its own committed txn, then reads it back in a new txn. */
+static void put_then_get(cph_store *s, cph_db db, const cph_key *k, const cph_record_desc *d,
+                         const void *rec, void *out) {
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(s, true, &t), CPH_OK);
+  assert_int_equal(cph_txn_put_record(&t, db, k, d, rec), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  assert_int_equal(cph_txn_begin(s, false, &t), CPH_OK);
+  int rc = cph_txn_get_record(&t, db, k, d, out);
+  if (rc)
+    fail_msg("get_record: %s", t.err.msg);
+  cph_txn_abort(&t);
+}
+
+static char *strs3[] = {"general", "ops:alerts", "ünïcödé ✓"};
+
+static void test_session_round_trips_every_field(void **state) {
+  fixture *f = *state;
+  cph_session_rec in = {0}, out = {0};
+  in.id = "agent.alpha@team-1:x";
+  in.lane = 1;
+  in.state = CPH_SESSION_PAUSED;
+  in.credits = -12.75;
+  in.credits_at_ms = 1763712000123;
+  in.episode = UINT64_MAX;
+  in.subscribe = strs3;
+  in.n_subscribe = 3;
+  in.member = strs3 + 1;
+  in.n_member = 1;
+  in.autonomy_interval_s = 60;
+  in.report_interval_s = UINT32_MAX;
+  in.context_window_tokens = 8192;
+  in.system = NULL;
+  in.tools = strs3;
+  in.n_tools = 2;
+  in.created_ms = -5;
+  in.updated_ms = INT64_MAX;
+  cph_key k = key_str(in.id);
+  put_then_get(f->store, CPH_DB_SESSIONS, &k, &cph_session_desc, &in, &out);
+  assert_string_equal(out.id, in.id);
+  assert_int_equal(out.lane, 1);
+  assert_int_equal(out.state, CPH_SESSION_PAUSED);
+  assert_true(out.credits == -12.75);
+  assert_int_equal(out.credits_at_ms, 1763712000123);
+  assert_true(out.episode == UINT64_MAX);
+  assert_int_equal(out.n_subscribe, 3);
+  assert_string_equal(out.subscribe[2], "ünïcödé ✓");
+  assert_int_equal(out.n_member, 1);
+  assert_string_equal(out.member[0], "ops:alerts");
+  assert_int_equal(out.autonomy_interval_s, 60);
+  assert_true(out.report_interval_s == UINT32_MAX);
+  assert_int_equal(out.context_window_tokens, 8192);
+  assert_null(out.system);
+  assert_int_equal(out.n_tools, 2);
+  assert_string_equal(out.tools[1], "ops:alerts");
+  assert_true(out.created_ms == -5);
+  assert_true(out.updated_ms == INT64_MAX);
+  cph_record_free(&cph_session_desc, &out);
+}
+
+static void test_event_round_trips_with_redacted_body(void **state) {
+  fixture *f = *state;
+  cph_event_rec in = {0}, out = {0};
+  in.id = 42;
+  in.channel = "367156652140658699";
+  in.sender = "user:7";
+  in.body = NULL; /* redacted */
+  in.session = "s1";
+  in.mentions = strs3;
+  in.n_mentions = 2;
+  in.kind = "message";
+  in.key = "idem-1";
+  in.ts_ms = 1700000000000;
+  in.received_ms = 1700000000001;
+  in.status = CPH_EVENT_AGGREGATED;
+  for (int i = 0; i < 32; i++)
+    in.body_sha256[i] = (uint8_t)(i * 7 + 1);
+  in.simhash = 0xdeadbeefcafef00dull;
+  in.family = 9;
+  cph_key k = key_u64(in.id);
+  put_then_get(f->store, CPH_DB_EVENTS, &k, &cph_event_desc, &in, &out);
+  assert_int_equal(out.id, 42);
+  assert_string_equal(out.channel, in.channel);
+  assert_string_equal(out.sender, "user:7");
+  assert_null(out.body);
+  assert_string_equal(out.session, "s1");
+  assert_int_equal(out.n_mentions, 2);
+  assert_string_equal(out.mentions[0], "general");
+  assert_string_equal(out.kind, "message");
+  assert_string_equal(out.key, "idem-1");
+  assert_true(out.ts_ms == 1700000000000);
+  assert_true(out.received_ms == 1700000000001);
+  assert_int_equal(out.status, CPH_EVENT_AGGREGATED);
+  assert_memory_equal(out.body_sha256, in.body_sha256, 32);
+  assert_true(out.simhash == 0xdeadbeefcafef00dull);
+  assert_int_equal(out.family, 9);
+  cph_record_free(&cph_event_desc, &out);
+}
+
+static void test_inbox_turn_reply_round_trip(void **state) {
+  fixture *f = *state;
+  cph_inbox_rec ib = {"s1", 7, 42, CPH_INBOX_STAGED, true, 0, 2, 123}, ibo = {0};
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, "s1");
+  cph_key_u64(&k, 7);
+  put_then_get(f->store, CPH_DB_INBOX, &k, &cph_inbox_desc, &ib, &ibo);
+  assert_string_equal(ibo.session, "s1");
+  assert_int_equal(ibo.seq, 7);
+  assert_int_equal(ibo.event_id, 42);
+  assert_int_equal(ibo.status, CPH_INBOX_STAGED);
+  assert_true(ibo.mentioned);
+  assert_int_equal(ibo.attempts, 2);
+  assert_int_equal(ibo.created_ms, 123);
+  cph_record_free(&cph_inbox_desc, &ibo);
+
+  uint64_t seqs[] = {7, 8, 1u << 20};
+  cph_turn_rec t = {0}, to = {0};
+  t.id = 5;
+  t.session = "s1";
+  t.lane = 0;
+  t.kind = CPH_TURN_INBOX;
+  t.state = CPH_TURN_LEASED;
+  memset(t.lease, 0xab, sizeof t.lease);
+  t.worker = "w-1";
+  t.inbox_seqs = seqs;
+  t.n_inbox_seqs = 3;
+  t.episode = 3;
+  t.attempts = 1;
+  t.input = "inbox:hello\nworld";
+  t.deadline_ms = 999;
+  t.cost_tokens = 1234;
+  t.tool_calls = 3;
+  t.error = NULL;
+  k = key_u64(5);
+  put_then_get(f->store, CPH_DB_TURNS, &k, &cph_turn_desc, &t, &to);
+  assert_int_equal(to.kind, CPH_TURN_INBOX);
+  assert_memory_equal(to.lease, t.lease, 16);
+  assert_string_equal(to.worker, "w-1");
+  assert_int_equal(to.n_inbox_seqs, 3);
+  assert_int_equal(to.inbox_seqs[2], 1u << 20);
+  assert_string_equal(to.input, "inbox:hello\nworld");
+  assert_int_equal(to.deadline_ms, 999);
+  assert_int_equal(to.cost_tokens, 1234);
+  assert_int_equal(to.tool_calls, 3);
+  assert_null(to.error);
+  cph_record_free(&cph_turn_desc, &to);
+
+  cph_reply_rec r = {11, "s1", "general", "hi there", seqs, 2, 5, 77}, ro = {0};
+  k = key_u64(11);
+  put_then_get(f->store, CPH_DB_REPLIES, &k, &cph_reply_desc, &r, &ro);
+  assert_string_equal(ro.body, "hi there");
+  assert_int_equal(ro.n_source_inbox_ids, 2);
+  assert_int_equal(ro.source_inbox_ids[1], 8);
+  assert_int_equal(ro.turn_id, 5);
+  assert_int_equal(ro.ts_ms, 77);
+  cph_record_free(&cph_reply_desc, &ro);
+}
+
+static void test_memory_job_outbox_gc_aggregate_round_trip(void **state) {
+  fixture *f = *state;
+  cph_memory_rec m = {0}, mo = {0};
+  m.id = 3;
+  m.session = "s1";
+  m.kind = CPH_MEMORY_SUMMARY;
+  m.text = "the user prefers short answers";
+  m.tags = strs3;
+  m.n_tags = 1;
+  m.tokens_est = 8;
+  m.created_ms = 10;
+  m.last_access_ms = 20;
+  m.access_count = 4;
+  m.deleted = true;
+  m.embed_status = CPH_EMBED_DELETED;
+  m.replaced_by = 99;
+  m.source_event_id = 42;
+  m.gc_group = 6;
+  cph_key k = key_u64(3);
+  put_then_get(f->store, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m, &mo);
+  assert_int_equal(mo.kind, CPH_MEMORY_SUMMARY);
+  assert_string_equal(mo.text, m.text);
+  assert_string_equal(mo.tags[0], "general");
+  assert_int_equal(mo.access_count, 4);
+  assert_true(mo.deleted);
+  assert_int_equal(mo.embed_status, CPH_EMBED_DELETED);
+  assert_int_equal(mo.replaced_by, 99);
+  assert_int_equal(mo.gc_group, 6);
+  cph_record_free(&cph_memory_desc, &mo);
+
+  cph_job_rec j = {8, "janitor", CPH_JOB_GC_COMMIT, CPH_JOB_QUEUED, "group=6", 6, 1, 5, 6, 0,
+                   NULL},
+              jo = {0};
+  k = key_u64(8);
+  put_then_get(f->store, CPH_DB_JOBS, &k, &cph_job_desc, &j, &jo);
+  assert_int_equal(jo.kind, CPH_JOB_GC_COMMIT);
+  assert_string_equal(jo.args, "group=6");
+  assert_int_equal(jo.group_id, 6);
+  assert_null(jo.error);
+  cph_record_free(&cph_job_desc, &jo);
+
+  cph_outbox_rec o = {4, CPH_OUTBOX_VECTOR_DELETE, CPH_OUTBOX_PENDING, 3, "builtin-hash-256",
+                      2, 3, 100, 200, 0, "HTTP 500"},
+                 oo = {0};
+  k = key_u64(4);
+  put_then_get(f->store, CPH_DB_OUTBOX, &k, &cph_outbox_desc, &o, &oo);
+  assert_int_equal(oo.memory_id, 3);
+  assert_string_equal(oo.model, "builtin-hash-256");
+  assert_int_equal(oo.shard, 2);
+  assert_int_equal(oo.attempts, 3);
+  assert_int_equal(oo.next_attempt_ms, 200);
+  assert_string_equal(oo.last_error, "HTTP 500");
+  cph_record_free(&cph_outbox_desc, &oo);
+
+  uint64_t src[] = {1, 2, 10};
+  cph_gc_group_rec g = {6, "s1", CPH_GC_SUMMARIZED, src, 3, 5000, 300,
+                        "a3f1000000000000000000000000000000000000000000000000000000000000",
+                        "summary text", 0, 1, 2},
+                   go = {0};
+  k = key_u64(6);
+  put_then_get(f->store, CPH_DB_GC_GROUPS, &k, &cph_gc_group_desc, &g, &go);
+  assert_int_equal(go.state, CPH_GC_SUMMARIZED);
+  assert_int_equal(go.n_source_ids, 3);
+  assert_int_equal(go.source_ids[2], 10);
+  assert_int_equal(go.newest_ts_ms, 5000);
+  assert_int_equal(go.total_tokens_est, 300);
+  assert_string_equal(go.group_hash, g.group_hash);
+  assert_string_equal(go.summary_text, "summary text");
+  cph_record_free(&cph_gc_group_desc, &go);
+
+  cph_aggregate_rec a = {0}, ao = {0};
+  a.family = 12;
+  a.dup_count = 1000000;
+  a.sample = "BUY NOW!!!";
+  a.channels = strs3;
+  a.n_channels = 3;
+  a.first_ms = 1;
+  a.last_ms = 2;
+  a.simhash = 77;
+  a.body_sha256[31] = 0xff;
+  k = key_u64(12);
+  put_then_get(f->store, CPH_DB_AGGREGATES, &k, &cph_aggregate_desc, &a, &ao);
+  assert_int_equal(ao.dup_count, 1000000);
+  assert_string_equal(ao.sample, "BUY NOW!!!");
+  assert_int_equal(ao.n_channels, 3);
+  assert_int_equal(ao.body_sha256[31], 0xff);
+  cph_record_free(&cph_aggregate_desc, &ao);
+}
+
+/* Every truncation of a valid record, and every single-byte corruption, decodes to a clean
+ * error or a valid record — never a crash (ASan watches) and never a leak. */
+static void test_truncated_and_flipped_bytes_never_crash(void **state) {
+  (void)state;
+  cph_session_rec in = {0};
+  in.id = "s1";
+  in.subscribe = strs3;
+  in.n_subscribe = 3;
+  in.system = "be brief";
+  cph_buf b = CPH_BUF_INIT;
+  assert_int_equal(cph_record_encode(&cph_session_desc, &in, &b), CPH_OK);
+  for (size_t cut = 0; cut < b.len; cut++) {
+    cph_session_rec out;
+    cph_err err = {0};
+    assert_int_equal(cph_record_decode(&cph_session_desc, b.data, cut, &out, &err),
+                     CPH_ECORRUPT);
+    assert_true(strlen(err.msg) > 0);
+  }
+  char *copy = malloc(b.len);
+  for (size_t i = 0; i < b.len; i++) {
+    for (int bit = 0; bit < 8; bit++) {
+      memcpy(copy, b.data, b.len);
+      copy[i] ^= (char)(1 << bit);
+      cph_session_rec out;
+      cph_err err = {0};
+      int rc = cph_record_decode(&cph_session_desc, copy, b.len, &out, &err);
+      assert_true(rc == CPH_OK || rc == CPH_ECORRUPT);
+      cph_record_free(&cph_session_desc, &out);
+    }
+  }
+  free(copy);
+  cph_buf_free(&b);
+}
+
+static void expect_corrupt(const void *bytes, size_t len, const char *fragment) {
+  cph_event_rec out;
+  cph_err err = {0};
+  assert_int_equal(cph_record_decode(&cph_event_desc, bytes, len, &out, &err), CPH_ECORRUPT);
+  if (!strstr(err.msg, fragment))
+    fail_msg("message '%s' lacks '%s'", err.msg, fragment);
+}
+
+static void test_garbage_values_give_specific_errors(void **state) {
+  (void)state;
+  expect_corrupt("", 0, "empty value");
+  expect_corrupt("\xa3" "abc", 4, "expected a record array, got a string");
+  expect_corrupt("\x90", 1, "expected a record version first, got an empty array");
+  expect_corrupt("\x92\x07\x01", 3, "record version 7, this build reads version 1");
+  expect_corrupt("\x92\x01\x01", 3, "1 fields, expected 14");
+  /* array32 claiming 4 billion elements in 5 bytes: refused before any allocation */
+  expect_corrupt("\xdd\xff\xff\xff\xff", 5, "expected a record array");
+  /* a valid event followed by a stray byte */
+  cph_event_rec ev = {0};
+  ev.channel = "c";
+  ev.sender = "u";
+  cph_buf b = CPH_BUF_INIT;
+  cph_record_encode(&cph_event_desc, &ev, &b);
+  cph_buf_putc(&b, '\x00');
+  expect_corrupt(b.data, b.len, "1 unexpected bytes after the record");
+  /* status (field 11) set past the enum's range */
+  cph_buf_reset(&b);
+  ev.status = CPH_EVENT_STATUS_COUNT;
+  cph_record_encode(&cph_event_desc, &ev, &b);
+  expect_corrupt(b.data, b.len, "event field 'status': value 3 is out of range");
+  cph_buf_free(&b);
+}
+
+static void test_corrupt_value_in_store_names_database_and_key(void **state) {
+  fixture *f = *state;
+  cph_key k = key_str("agent-7");
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &k, "\x93\x01\xc3\xc3", 4), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+
+  assert_int_equal(cph_txn_begin(f->store, false, &t), CPH_OK);
+  cph_session_rec out;
+  assert_int_equal(cph_txn_get_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &out),
+                   CPH_ECORRUPT);
+  assert_string_equal(t.err.msg, "corrupt record in database \"sessions\" at key \"agent-7\": "
+                                 "session: 2 fields, expected 15");
+  /* The error is sticky: the txn refuses further work with the same error. */
+  cph_val v;
+  assert_int_equal(cph_txn_get(&t, CPH_DB_SESSIONS, &k, &v), CPH_ECORRUPT);
+  cph_txn_abort(&t);
+
+  cph_key ek = key_u64(1234);
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(cph_txn_put(&t, CPH_DB_EVENTS, &ek, "\xc1", 1), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  assert_int_equal(cph_txn_begin(f->store, false, &t), CPH_OK);
+  cph_event_rec ev;
+  assert_int_equal(cph_txn_get_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev),
+                   CPH_ECORRUPT);
+  assert_non_null(strstr(t.err.msg, "database \"events\" at key 1234:"));
+  assert_non_null(strstr(t.err.msg, "the reserved byte 0xc1"));
+  cph_txn_abort(&t);
+}
+
+static void test_missing_key_is_notfound_and_not_sticky(void **state) {
+  fixture *f = *state;
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  cph_key k = key_str("nobody");
+  cph_session_rec out;
+  assert_int_equal(cph_txn_get_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &out),
+                   CPH_ENOTFOUND);
+  assert_int_equal(cph_txn_del(&t, CPH_DB_SESSIONS, &k), CPH_ENOTFOUND);
+  assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &k, "x", 1), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+}
+
+static void test_sticky_error_discards_the_whole_transaction(void **state) {
+  fixture *f = *state;
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  cph_key a = key_str("a");
+  assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &a, "1", 1), CPH_OK);
+  cph_key big;
+  cph_key_reset(&big);
+  char long_id[600];
+  memset(long_id, 'x', sizeof long_id - 1);
+  long_id[sizeof long_id - 1] = '\0';
+  cph_key_str(&big, long_id);
+  assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &big, "2", 1), CPH_ELIMIT);
+  cph_key b = key_str("b");
+  assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &b, "3", 1), CPH_ELIMIT);
+  assert_int_equal(cph_txn_commit(&t), CPH_ELIMIT);
+  assert_string_equal(t.err.msg, "key for database \"sessions\" is longer than 511 bytes");
+
+  assert_int_equal(cph_txn_begin(f->store, false, &t), CPH_OK);
+  cph_val v;
+  assert_int_equal(cph_txn_get(&t, CPH_DB_SESSIONS, &a, &v), CPH_ENOTFOUND);
+  cph_txn_abort(&t);
+}
+
+static void test_counters_are_monotonic_and_persist(void **state) {
+  fixture *f = *state;
+  cph_txn t;
+  uint64_t id = 0;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(cph_txn_next_id(&t, "event", &id), CPH_OK);
+  assert_int_equal(id, 1);
+  assert_int_equal(cph_txn_next_id(&t, "event", &id), CPH_OK);
+  assert_int_equal(id, 2);
+  assert_int_equal(cph_txn_next_id(&t, "turn", &id), CPH_OK);
+  assert_int_equal(id, 1);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  /* An aborted txn does not consume ids. */
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(cph_txn_next_id(&t, "event", &id), CPH_OK);
+  cph_txn_abort(&t);
+  cph_store_close(f->store);
+  f->store = open_store(f->dir, 64u << 20);
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(cph_txn_next_id(&t, "event", &id), CPH_OK);
+  assert_int_equal(id, 3);
+  cph_txn_abort(&t);
+}
+
+static void test_cursor_walks_composite_keys_in_order(void **state) {
+  fixture *f = *state;
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  const char *sessions[] = {"a", "ab", "b"};
+  uint64_t seqs[] = {300, 2, 1u << 16};
+  for (int s = 0; s < 3; s++)
+    for (int i = 0; i < 3; i++) {
+      cph_key k;
+      cph_key_reset(&k);
+      cph_key_str(&k, sessions[s]);
+      cph_key_u64(&k, seqs[i]);
+      assert_int_equal(cph_txn_put(&t, CPH_DB_INBOX, &k, "v", 1), CPH_OK);
+    }
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  assert_int_equal(cph_txn_begin(f->store, false, &t), CPH_OK);
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_INBOX, &c), CPH_OK);
+  cph_key prefix = key_str("a");
+  cph_val k, v;
+  uint64_t got[3];
+  int n = 0;
+  for (int rc = cph_cursor_seek(&c, &prefix, &k, &v); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    if (k.len != prefix.len + 8 || memcmp(k.data, prefix.data, prefix.len) != 0)
+      break; /* "ab" keys must not be mistaken for "a" keys */
+    got[n++] = cph_be64_get((const uint8_t *)k.data + prefix.len);
+  }
+  assert_int_equal(n, 3);
+  assert_int_equal(got[0], 2);
+  assert_int_equal(got[1], 300);
+  assert_int_equal(got[2], 1u << 16);
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+}
+
+/* The storage-full contract: the failing txn is aborted with a clear error, everything
+ * committed before is intact, reads still work, and the store reopens with all of it. */
+static void test_tiny_map_fills_up_cleanly_and_reopens_intact(void **state) {
+  (void)state;
+  char *dir = cph_test_tmpdir("full");
+  const size_t tiny = 256u << 10; /* 256 KiB */
+  cph_store *s = open_store(dir, tiny);
+  char value[2000];
+  memset(value, 'v', sizeof value);
+  uint64_t committed = 0;
+  int rc = CPH_OK;
+  cph_txn t;
+  char errmsg[512] = "";
+  for (uint64_t batch = 0; batch < 1000 && rc == CPH_OK; batch++) {
+    assert_int_equal(cph_txn_begin(s, true, &t), CPH_OK);
+    for (uint64_t i = 0; i < 10; i++) {
+      cph_key k = key_u64(batch * 10 + i);
+      cph_txn_put(&t, CPH_DB_EVENTS, &k, value, sizeof value);
+    }
+    rc = cph_txn_commit(&t);
+    if (rc == CPH_OK)
+      committed = batch * 10 + 10;
+    else
+      snprintf(errmsg, sizeof errmsg, "%s", t.err.msg);
+  }
+  assert_int_equal(rc, CPH_EFULL);
+  assert_true(committed > 0);
+  assert_string_equal(cph_strerror(rc), "storage full");
+  assert_non_null(strstr(errmsg, "storage full"));
+  assert_non_null(strstr(errmsg, ":server :map-size-mb"));
+
+  /* The environment is still usable: reads see every committed record and nothing of the
+   * failed txn. */
+  assert_int_equal(cph_txn_begin(s, false, &t), CPH_OK);
+  for (uint64_t i = 0; i < committed; i++) {
+    cph_key k = key_u64(i);
+    cph_val v;
+    assert_int_equal(cph_txn_get(&t, CPH_DB_EVENTS, &k, &v), CPH_OK);
+    assert_int_equal(v.len, sizeof value);
+  }
+  cph_key first_lost = key_u64(committed);
+  cph_val v;
+  assert_int_equal(cph_txn_get(&t, CPH_DB_EVENTS, &first_lost, &v), CPH_ENOTFOUND);
+  cph_txn_abort(&t);
+  /* and a write that frees space still commits */
+  assert_int_equal(cph_txn_begin(s, true, &t), CPH_OK);
+  cph_key k0 = key_u64(0);
+  assert_int_equal(cph_txn_del(&t, CPH_DB_EVENTS, &k0), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  cph_store_close(s);
+
+  /* Reopen with a larger map: all data present, writes work again. */
+  s = open_store(dir, 8u << 20);
+  assert_int_equal(cph_txn_begin(s, true, &t), CPH_OK);
+  for (uint64_t i = 1; i < committed; i++) {
+    cph_key k = key_u64(i);
+    assert_int_equal(cph_txn_get(&t, CPH_DB_EVENTS, &k, &v), CPH_OK);
+  }
+  cph_key more = key_u64(committed + 1);
+  assert_int_equal(cph_txn_put(&t, CPH_DB_EVENTS, &more, value, sizeof value), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  cph_store_close(s);
+  cph_test_rmtree(dir);
+  free(dir);
+}
+
+static void test_schema_version_mismatch_refuses_to_open(void **state) {
+  (void)state;
+  char *dir = cph_test_tmpdir("schema");
+  cph_store *s = open_store(dir, 1u << 20);
+  cph_store_close(s);
+  /* Rewrite the version behind the store's back, as an older or newer build would. */
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi dbi;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0644), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+  uint8_t v99[4] = {0, 0, 0, 99};
+  MDB_val key = {strlen("schema_version"), "schema_version"}, val = {4, v99};
+  assert_int_equal(mdb_put(txn, dbi, &key, &val, 0), 0);
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+
+  cph_store_options o = {dir, 1u << 20, CPH_SYNC_ALWAYS};
+  cph_err err = {0};
+  assert_int_equal(cph_store_open(&o, &s, &err), CPH_ESCHEMA);
+  assert_null(s);
+  char expected[1024];
+  snprintf(expected, sizeof expected,
+           "data dir '%s' has storage schema version 99, but this build reads version 1; use a "
+           "build that matches, or move the data dir away to start fresh",
+           dir);
+  assert_string_equal(err.msg, expected);
+  cph_test_rmtree(dir);
+  free(dir);
+}
+
+static void test_second_open_of_a_data_dir_is_refused(void **state) {
+  fixture *f = *state;
+  cph_store_options o = {f->dir, 1u << 20, CPH_SYNC_ALWAYS};
+  cph_store *s2 = NULL;
+  cph_err err = {0};
+  assert_int_equal(cph_store_open(&o, &s2, &err), CPH_EBUSY);
+  assert_non_null(strstr(err.msg, "is in use by another process"));
+}
+
+static void test_unopenable_data_dir_says_where_and_why(void **state) {
+  (void)state;
+  char *path = cph_test_write_tmpfile(".notadir", "x");
+  cph_store_options o = {path, 1u << 20, CPH_SYNC_ALWAYS};
+  cph_store *s = NULL;
+  cph_err err = {0};
+  assert_int_equal(cph_store_open(&o, &s, &err), CPH_EIO);
+  assert_non_null(strstr(err.msg, path));
+  assert_non_null(strstr(err.msg, "Not a directory"));
+  remove(path);
+  free(path);
+}
+
+static void test_error_mapping_covers_lmdb_codes(void **state) {
+  (void)state;
+  assert_int_equal(cph_store_map_error(MDB_MAP_FULL), CPH_EFULL);
+  assert_int_equal(cph_store_map_error(MDB_NOTFOUND), CPH_ENOTFOUND);
+  assert_int_equal(cph_store_map_error(MDB_CORRUPTED), CPH_ECORRUPT);
+  assert_int_equal(cph_store_map_error(MDB_KEYEXIST), CPH_EEXISTS);
+  assert_int_equal(cph_store_map_error(MDB_READERS_FULL), CPH_EBUSY);
+  assert_int_equal(cph_store_map_error(28 /* ENOSPC */), CPH_EFULL);
+  assert_int_equal(cph_store_map_error(0), CPH_OK);
+  assert_string_equal(cph_strerror(CPH_ECORRUPT), "corrupt record");
+  assert_string_equal(cph_errname(CPH_EFULL), "FULL");
+  assert_string_equal(cph_strerror(-9999), "unknown error");
+}
+
+static void test_key_description_is_readable(void **state) {
+  (void)state;
+  char buf[128];
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, "s1");
+  cph_key_u64(&k, 42);
+  cph_key_describe(k.data, k.len, buf, sizeof buf);
+  assert_string_equal(buf, "\"s1\"/42");
+  cph_key_describe("\x01\x02", 2, buf, sizeof buf);
+  assert_string_equal(buf, "0x0102");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_session_round_trips_every_field, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_event_round_trips_with_redacted_body, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_inbox_turn_reply_round_trip, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_memory_job_outbox_gc_aggregate_round_trip, setup,
+                                      teardown),
+      cmocka_unit_test(test_truncated_and_flipped_bytes_never_crash),
+      cmocka_unit_test(test_garbage_values_give_specific_errors),
+      cmocka_unit_test_setup_teardown(test_corrupt_value_in_store_names_database_and_key, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_missing_key_is_notfound_and_not_sticky, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_sticky_error_discards_the_whole_transaction, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_counters_are_monotonic_and_persist, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cursor_walks_composite_keys_in_order, setup, teardown),
+      cmocka_unit_test(test_tiny_map_fills_up_cleanly_and_reopens_intact),
+      cmocka_unit_test(test_schema_version_mismatch_refuses_to_open),
+      cmocka_unit_test_setup_teardown(test_second_open_of_a_data_dir_is_refused, setup, teardown),
+      cmocka_unit_test(test_unopenable_data_dir_says_where_and_why),
+      cmocka_unit_test(test_error_mapping_covers_lmdb_codes),
+      cmocka_unit_test(test_key_description_is_readable),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
