@@ -1,0 +1,51 @@
+/* The one clock interface (STYLE: time comes from one place so tests and simulations can run
+ * a virtual clock). Time is int64 nanoseconds on a monotonic scale; the origin is arbitrary,
+ * so only differences mean anything. Wall-clock timestamps for records come from
+ * cph_wall_ms(), which is not used for scheduling. */
+#ifndef CEPHALON_COMMON_CLOCK_H
+#define CEPHALON_COMMON_CLOCK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#define CPH_NS_PER_MS INT64_C(1000000)
+#define CPH_NS_PER_S INT64_C(1000000000)
+
+typedef struct cph_clock {
+  bool is_virtual;
+  int64_t virtual_ns; /* the current time of a virtual clock */
+} cph_clock;
+
+static inline void cph_clock_init_monotonic(cph_clock *c) {
+  c->is_virtual = false;
+  c->virtual_ns = 0;
+}
+
+static inline void cph_clock_init_virtual(cph_clock *c, int64_t start_ns) {
+  c->is_virtual = true;
+  c->virtual_ns = start_ns;
+}
+
+static inline int64_t cph_clock_now(const cph_clock *c) {
+  if (c->is_virtual)
+    return c->virtual_ns;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * CPH_NS_PER_S + ts.tv_nsec;
+}
+
+/* Virtual clocks only; time never goes backwards (a negative step is ignored). */
+static inline void cph_clock_advance(cph_clock *c, int64_t ns) {
+  if (c->is_virtual && ns > 0)
+    c->virtual_ns += ns;
+}
+
+/* Milliseconds since the Unix epoch, for timestamps stored in records. */
+static inline int64_t cph_wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#endif
