@@ -85,6 +85,9 @@ typedef struct cph_edn_options {
 } cph_edn_options;
 
 #define CPH_EDN_DEFAULT_MAX_DEPTH 128
+/* The parser itself never recurses, but cph_edn_free/equal/write recurse once per level, so
+ * max_depth is clamped to this to keep their stack use bounded. */
+#define CPH_EDN_MAX_DEPTH_LIMIT 10000
 
 /* Parses exactly one EDN value from text[0..len) (whitespace, commas, comments and discards
  * around it are allowed). On success returns CPH_OK and *out (free with cph_edn_free). On
