@@ -1,0 +1,123 @@
+/* cephalonctl [--url URL] [--token TOKEN] [--json] COMMAND ...
+ *
+ * Global options come before the command; the command table below dispatches the rest.
+ * Later commands (status, sessions, lanes, events, turns, ...) are one row each. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static int cmd_help(const cli_ctx *ctx, int argc, char **argv);
+
+static const cli_command commands[] = {
+    {"policy", cli_cmd_policy, "policy check FILE",
+     "validate a policy file and print the effective policy (no daemon needed)"},
+    {"help", cmd_help, "help", "show this help"},
+};
+
+#define COMMAND_COUNT (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: cephalonctl [--url URL] [--token TOKEN] [--json] COMMAND ...\n"
+          "\n"
+          "options:\n"
+          "  --url URL      cephalond address (default $CEPHALON_URL or %s)\n"
+          "  --token TOKEN  bearer token (default $CEPHALON_TOKEN)\n"
+          "  --json         print the daemon's JSON answers as they are\n"
+          "  -h, --help     show this help\n"
+          "\n"
+          "commands:\n",
+          CLI_DEFAULT_URL);
+  for (size_t i = 0; i < COMMAND_COUNT; i++)
+    fprintf(out, "  %-24s %s\n", commands[i].usage, commands[i].summary);
+}
+
+static int cmd_help(const cli_ctx *ctx, int argc, char **argv) {
+  (void)ctx;
+  (void)argv;
+  if (argc != 1) {
+    usage(stderr);
+    return CLI_EXIT_USAGE;
+  }
+  usage(stdout);
+  return CLI_EXIT_OK;
+}
+
+/* Matches "--name VALUE" (advancing *i) or "--name=VALUE". Returns 1 on a match with *value
+ * set, 0 if arg is another option, -1 if the value is missing. */
+static int option_value(int argc, char **argv, int *i, const char *name, const char **value) {
+  size_t n = strlen(name);
+  const char *arg = argv[*i];
+  if (strncmp(arg, name, n) != 0)
+    return 0;
+  if (arg[n] == '=') {
+    *value = arg + n + 1;
+    return 1;
+  }
+  if (arg[n] != '\0')
+    return 0;
+  if (*i + 1 >= argc)
+    return -1;
+  *value = argv[++*i];
+  return 1;
+}
+
+static const char *env_or(const char *name, const char *fallback) {
+  const char *v = getenv(name);
+  return v && v[0] ? v : fallback;
+}
+
+int main(int argc, char **argv) {
+  cli_ctx ctx = {
+      .url = env_or("CEPHALON_URL", CLI_DEFAULT_URL),
+      .token = env_or("CEPHALON_TOKEN", NULL),
+      .json = false,
+  };
+  int i = 1;
+  for (; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strcmp(arg, "--") == 0) {
+      i++;
+      break;
+    }
+    if (arg[0] != '-' || arg[1] == '\0')
+      break;
+    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+      usage(stdout);
+      return CLI_EXIT_OK;
+    }
+    if (strcmp(arg, "--json") == 0) {
+      ctx.json = true;
+      continue;
+    }
+    const char *value = NULL;
+    int r = option_value(argc, argv, &i, "--url", &value);
+    if (r > 0) {
+      ctx.url = value;
+      continue;
+    }
+    if (r == 0 && (r = option_value(argc, argv, &i, "--token", &value)) > 0) {
+      ctx.token = value;
+      continue;
+    }
+    if (r < 0)
+      fprintf(stderr, "cephalonctl: %s needs a value\n", arg);
+    else
+      fprintf(stderr, "cephalonctl: unknown option %s\n", arg);
+    usage(stderr);
+    return CLI_EXIT_USAGE;
+  }
+  if (i >= argc) {
+    fprintf(stderr, "cephalonctl: no command given\n");
+    usage(stderr);
+    return CLI_EXIT_USAGE;
+  }
+  for (size_t c = 0; c < COMMAND_COUNT; c++)
+    if (strcmp(argv[i], commands[c].name) == 0)
+      return commands[c].run(&ctx, argc - i, argv + i);
+  fprintf(stderr, "cephalonctl: unknown command '%s'\n", argv[i]);
+  usage(stderr);
+  return CLI_EXIT_USAGE;
+}

@@ -1,0 +1,279 @@
+/* The Cephalon policy: one EDN file (DESIGN §8) read into a plain struct.
+ *
+ * Contract:
+ * - A cph_policy is always complete: every field holds either the file's value or the
+ *   documented default (see cephalon.policy.edn.example, which lists every key). Readers may
+ *   use any field directly; nothing is lazily defaulted.
+ * - A policy is immutable once loaded; reload builds a new one and swaps it in, so a rejected
+ *   file leaves the old policy in force.
+ * - Loading fails on the first problem, in source order, with err->msg of the form
+ *   `FILE:LINE:COL: <key path>: <what was expected>, got <what was found>`; the key path is
+ *   the keywords (and quoted channel ids, vector indexes) from the root to the value.
+ *   Unknown keys are errors (with a did-you-mean), so a typo never silently means "default".
+ * - Strings are owned by the policy (freed by cph_policy_free); never NULL after a load or
+ *   cph_policy_new_default. */
+#ifndef CEPHALON_POLICY_H
+#define CEPHALON_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cephalon/error.h"
+#include "cephalon/lane.h"
+
+typedef struct cph_buf cph_buf; /* common/buf.h */
+
+typedef enum cph_policy_log_level {
+  CPH_POLICY_LOG_DEBUG = 0,
+  CPH_POLICY_LOG_INFO = 1,
+  CPH_POLICY_LOG_WARN = 2,
+  CPH_POLICY_LOG_ERROR = 3
+} cph_policy_log_level;
+
+/* :store :sync — when commits are fsynced (DESIGN §4 Durability). */
+typedef enum cph_policy_sync {
+  CPH_POLICY_SYNC_ALWAYS = 0, /* fsync every commit */
+  CPH_POLICY_SYNC_BATCH = 1,  /* fsync at most every :sync-interval-ms */
+  CPH_POLICY_SYNC_NONE = 2    /* leave it to the OS */
+} cph_policy_sync;
+
+typedef enum cph_policy_provider_kind {
+  CPH_POLICY_PROVIDER_BUILTIN = 0, /* in-process, no network */
+  CPH_POLICY_PROVIDER_OPENAI = 1   /* OpenAI-compatible HTTP endpoint at :url */
+} cph_policy_provider_kind;
+
+typedef enum cph_policy_index_kind {
+  CPH_POLICY_INDEX_EMBEDDED = 0, /* vectors in the LMDB environment */
+  CPH_POLICY_INDEX_HTTP = 1      /* external index at :url */
+} cph_policy_index_kind;
+
+/* Auth scopes, as a bitmask in cph_policy_token.scopes. */
+enum {
+  CPH_POLICY_SCOPE_INGEST = 1u << 0,
+  CPH_POLICY_SCOPE_WORKER = 1u << 1,
+  CPH_POLICY_SCOPE_ADMIN = 1u << 2,
+  CPH_POLICY_SCOPE_READ = 1u << 3
+};
+
+typedef struct cph_policy_server {
+  char *listen;                       /* HOST:PORT ("[v6addr]:PORT" for IPv6) */
+  char *data_dir;                     /* LMDB environment directory */
+  int64_t map_size_mb;                /* LMDB map size */
+  int64_t max_body_bytes;             /* largest accepted request body */
+  int64_t max_events_per_request;     /* POST /v1/events batch cap */
+  int64_t max_string_bytes;           /* longest accepted string field */
+  int64_t max_long_polls_per_client;  /* concurrent lease/replies long-polls per client */
+  int64_t max_wait_ms;                /* cap on a long-poll's wait_ms */
+  int64_t timeout_seconds;            /* idle HTTP connection timeout */
+  cph_policy_log_level log_level;
+} cph_policy_server;
+
+typedef struct cph_policy_token {
+  char *name;      /* who holds it; shown in logs */
+  char *sha256;    /* hex SHA-256 of the bearer token: 64 lower-case hex characters */
+  unsigned scopes; /* CPH_POLICY_SCOPE_* bits; never 0 */
+} cph_policy_token;
+
+typedef struct cph_policy_auth {
+  cph_policy_token *tokens; /* token_count >= 1 when cph_policy.auth_enabled */
+  size_t token_count;
+} cph_policy_auth;
+
+typedef struct cph_policy_store {
+  cph_policy_sync sync;
+  int64_t sync_interval_ms; /* used by CPH_POLICY_SYNC_BATCH */
+} cph_policy_store;
+
+typedef struct cph_policy_lane_budget {
+  int64_t turns;      /* turns started per minute (token bucket capacity, DESIGN §3.1) */
+  int64_t tool_calls; /* tool calls per minute */
+} cph_policy_lane_budget;
+
+typedef struct cph_policy_credits {
+  double refill_per_second;
+  double max;                  /* > 0; a new session starts here */
+  double min;                  /* <= max; -max unless given */
+  double cost[CPH_LANE_COUNT]; /* charged per completed turn, indexed by cph_lane */
+} cph_policy_credits;
+
+typedef struct cph_policy_scheduler {
+  int64_t concurrency; /* turns running at once, over all lanes */
+  int64_t tick_ms;     /* scheduler pass timer */
+  cph_policy_lane_budget lanes[CPH_LANE_COUNT]; /* indexed by cph_lane */
+  cph_policy_credits credits;
+} cph_policy_scheduler;
+
+typedef struct cph_policy_leases {
+  int64_t ttl_seconds;
+  int64_t max_attempts; /* failed attempts on one input before the turn is parked */
+} cph_policy_leases;
+
+typedef struct cph_policy_sessions {
+  int64_t max_queue;             /* pending inbox messages per session */
+  int64_t max_batch;             /* staged messages per inbox turn */
+  int64_t context_window_tokens; /* default for sessions that set none */
+  bool janitor;                  /* :janitor? — create the built-in maintenance session */
+} cph_policy_sessions;
+
+typedef struct cph_policy_dedupe {
+  int64_t window_seconds;
+  int64_t key_window_seconds;
+  int64_t min_length;
+  int64_t near_distance;
+  int64_t shingle_words;
+} cph_policy_dedupe;
+
+typedef struct cph_policy_gc {
+  double min_age_hours;
+  int64_t max_access;
+  int64_t group_max_tokens;
+  int64_t plan_interval_s;
+  int64_t max_groups_per_plan;
+} cph_policy_gc;
+
+typedef struct cph_policy_outbox {
+  int64_t min_batches_per_minute; /* guaranteed trickle (DESIGN §3.5) */
+  int64_t batch_size;
+  int64_t backoff_base_ms; /* <= backoff_max_ms */
+  int64_t backoff_max_ms;
+  int64_t drain_interval_s;
+} cph_policy_outbox;
+
+typedef struct cph_policy_embedding_queue {
+  int64_t max_queue;
+  bool pause_on_backpressure; /* :pause-on-backpressure? */
+  int64_t batch_size;
+} cph_policy_embedding_queue;
+
+/* Retention for one channel (or the :events defaults, channel == NULL). */
+typedef struct cph_policy_retention {
+  char *channel;
+  int64_t payload_keep_days;
+  int64_t metadata_keep_days; /* >= payload_keep_days */
+} cph_policy_retention;
+
+typedef struct cph_policy_retention_section {
+  cph_policy_retention events;    /* defaults for every channel */
+  cph_policy_retention *channels; /* overrides, already merged over `events`, sorted by id */
+  size_t channel_count;
+  int64_t interval_s;
+} cph_policy_retention_section;
+
+typedef struct cph_policy_maintenance {
+  int64_t workers;
+  cph_policy_outbox outbox;
+  cph_policy_embedding_queue embeddings;
+  cph_policy_retention_section retention;
+} cph_policy_maintenance;
+
+/* Backpressure settings for one channel (or the :defaults, channel == NULL). */
+typedef struct cph_policy_channel {
+  char *channel;
+  int64_t max_events_per_minute;        /* 0 = no limit */
+  int64_t max_family_growth_per_minute; /* 0 = no limit */
+  bool degrade_to_aggregate_only;       /* :degrade-to-aggregate-only? — start at step 1 */
+  int64_t max_step;                     /* deepest degrade step, 0..5 (DESIGN §5) */
+} cph_policy_channel;
+
+typedef struct cph_policy_backpressure {
+  int64_t interval_s;        /* one degrade step per interval while a trigger holds */
+  int64_t recover_intervals; /* calm intervals before stepping back (hysteresis) */
+  cph_policy_channel defaults;
+  cph_policy_channel *channels; /* overrides, already merged over `defaults`, sorted by id */
+  size_t channel_count;
+} cph_policy_backpressure;
+
+typedef struct cph_policy_embedder {
+  cph_policy_provider_kind kind;
+  char *url; /* non-empty when kind is OPENAI */
+  char *model;
+  char *api_key_env; /* name of the environment variable holding the key, never the key */
+  int64_t dimensions;
+  int64_t timeout_ms;
+} cph_policy_embedder;
+
+typedef struct cph_policy_summarizer {
+  cph_policy_provider_kind kind;
+  char *url; /* non-empty when kind is OPENAI */
+  char *model;
+  char *api_key_env;
+  int64_t timeout_ms;
+  int64_t max_tokens;
+} cph_policy_summarizer;
+
+typedef struct cph_policy_providers {
+  cph_policy_embedder embeddings;
+  cph_policy_summarizer summarizer;
+} cph_policy_providers;
+
+typedef struct cph_policy_vector_index {
+  cph_policy_index_kind kind;
+  char *url; /* non-empty when kind is HTTP */
+  int64_t shards;
+  int64_t timeout_ms;
+} cph_policy_vector_index;
+
+typedef struct cph_policy_metrics {
+  bool enabled;         /* :enabled? */
+  int64_t top_families; /* families exported as aggregate_dup_count{family} */
+} cph_policy_metrics;
+
+typedef struct cph_policy {
+  char *source; /* the file (or name) it was loaded from; "(defaults)" for new_default */
+  cph_policy_server server;
+  bool auth_enabled; /* an :auth section was given; without it only loopback is served */
+  cph_policy_auth auth;
+  cph_policy_store store;
+  cph_policy_scheduler scheduler;
+  cph_policy_leases leases;
+  cph_policy_sessions sessions;
+  cph_policy_dedupe dedupe;
+  cph_policy_gc gc;
+  cph_policy_maintenance maintenance;
+  cph_policy_backpressure backpressure;
+  cph_policy_providers providers;
+  cph_policy_vector_index vector_index;
+  cph_policy_metrics metrics;
+} cph_policy;
+
+/* Reads and validates the policy file at path. On success returns CPH_OK and *out (free with
+ * cph_policy_free). On failure *out = NULL and returns CPH_EIO (file unreadable; err->msg is
+ * "PATH: <strerror>"), CPH_EPOLICY (syntax or schema error, message as above) or
+ * CPH_ENOMEM. */
+int cph_policy_load_file(const char *path, cph_policy **out, cph_err *err);
+
+/* As cph_policy_load_file for text[0..len) (need not be NUL-terminated); name stands for the
+ * file in messages and becomes p->source. */
+int cph_policy_load_text(const char *name, const char *text, size_t len, cph_policy **out,
+                         cph_err *err);
+
+/* A policy holding every default (auth off); NULL on out-of-memory. */
+cph_policy *cph_policy_new_default(void);
+
+void cph_policy_free(cph_policy *p); /* NULL is fine */
+
+/* Appends the effective policy as pretty-printed EDN: one key per line, nested maps indented,
+ * every key present (an absent :auth is written as a comment), ending in a newline. Loading
+ * the text back gives a policy equal to p (cph_policy_equal). Out-of-memory is reported
+ * through the buffer (cph_buf_error). */
+void cph_policy_write_edn(const cph_policy *p, cph_buf *out);
+
+/* True when every setting is the same (source is ignored). */
+bool cph_policy_equal(const cph_policy *a, const cph_policy *b);
+
+/* The effective backpressure settings for a channel: its override (merged over :defaults)
+ * if it has one, else &p->backpressure.defaults. Never NULL. O(log channels). */
+const cph_policy_channel *cph_policy_backpressure_for(const cph_policy *p, const char *channel);
+
+/* The effective retention for a channel: its override (merged over :events) if it has one,
+ * else &p->maintenance.retention.events. Never NULL. O(log channels). */
+const cph_policy_retention *cph_policy_retention_for(const cph_policy *p, const char *channel);
+
+/* Keyword names (without ':') for the enum values: "info", "batch", "openai", "http". */
+const char *cph_policy_log_level_name(cph_policy_log_level v);
+const char *cph_policy_sync_name(cph_policy_sync v);
+const char *cph_policy_provider_kind_name(cph_policy_provider_kind v);
+const char *cph_policy_index_kind_name(cph_policy_index_kind v);
+
+#endif

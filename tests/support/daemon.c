@@ -1,0 +1,255 @@
+#define _GNU_SOURCE
+#include "daemon.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static char *bin_path(const char *name) {
+  const char *dir = getenv("CPH_BIN_DIR");
+  char *p;
+  if (asprintf(&p, "%s/%s", dir && *dir ? dir : "build/bin", name) < 0)
+    abort();
+  return p;
+}
+
+char *cph_test_daemon_log(const cph_test_daemon *d) {
+  char *s = cph_test_read_file(d->log_path, NULL);
+  return s ? s : strdup("");
+}
+
+bool cph_test_daemon_log_wait(const cph_test_daemon *d, const char *needle, int timeout_ms) {
+  for (int waited = 0; waited <= timeout_ms; waited += 20) {
+    char *log = cph_test_daemon_log(d);
+    bool found = strstr(log, needle) != NULL;
+    free(log);
+    if (found)
+      return true;
+    sleep_ms(20);
+  }
+  return false;
+}
+
+int cph_test_daemon_start(cph_test_daemon *d, const char *policy_path, const char *data_dir,
+                          const char *const *extra_args) {
+  memset(d, 0, sizeof *d);
+  d->keep_data = data_dir != NULL;
+  d->data_dir = data_dir ? strdup(data_dir) : cph_test_tmpdir("daemon");
+  if (asprintf(&d->log_path, "%s.log", d->data_dir) < 0)
+    abort();
+  char *exe = bin_path("cephalond");
+  const char *argv[32];
+  int n = 0;
+  argv[n++] = exe;
+  argv[n++] = "--policy";
+  argv[n++] = policy_path;
+  argv[n++] = "--data";
+  argv[n++] = d->data_dir;
+  argv[n++] = "--listen";
+  argv[n++] = "127.0.0.1:0";
+  for (int i = 0; extra_args && extra_args[i] && n < 31; i++)
+    argv[n++] = extra_args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(d->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 2);
+      dup2(fd, 1);
+      close(fd);
+    }
+    execv(exe, (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", exe, strerror(errno));
+    _exit(127);
+  }
+  free(exe);
+  d->pid = pid;
+  for (int waited = 0; waited < 10000; waited += 20) {
+    char *log = cph_test_daemon_log(d);
+    const char *ready = strstr(log, "cephalond ready listen=");
+    if (ready) {
+      const char *colon = strchr(ready + strlen("cephalond ready listen="), ' ');
+      /* the port is the digits before the first space after the last ':' */
+      const char *p = colon;
+      while (p > ready && p[-1] != ':')
+        p--;
+      d->port = atoi(p);
+      free(log);
+      return 0;
+    }
+    free(log);
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      d->pid = 0;
+      char *l = cph_test_daemon_log(d);
+      fprintf(stderr, "cephalond exited before ready:\n%s\n", l);
+      free(l);
+      return -1;
+    }
+    sleep_ms(20);
+  }
+  char *l = cph_test_daemon_log(d);
+  fprintf(stderr, "cephalond not ready after 10 s:\n%s\n", l);
+  free(l);
+  return -1;
+}
+
+int cph_test_daemon_signal_wait(cph_test_daemon *d, int sig) {
+  if (d->pid <= 0)
+    return -1;
+  kill(d->pid, sig);
+  int status = 0;
+  for (int waited = 0; waited < 30000; waited += 10) {
+    pid_t r = waitpid(d->pid, &status, WNOHANG);
+    if (r == d->pid) {
+      d->pid = 0;
+      if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+      return 128 + WTERMSIG(status);
+    }
+    sleep_ms(10);
+  }
+  kill(d->pid, SIGKILL);
+  waitpid(d->pid, &status, 0);
+  d->pid = 0;
+  return -1;
+}
+
+int cph_test_daemon_stop(cph_test_daemon *d) {
+  int rc = d->pid > 0 ? cph_test_daemon_signal_wait(d, SIGTERM) : 0;
+  if (!d->keep_data)
+    cph_test_rmtree(d->data_dir);
+  unlink(d->log_path);
+  free(d->data_dir);
+  free(d->log_path);
+  d->data_dir = d->log_path = NULL;
+  return rc;
+}
+
+cph_test_response cph_test_http(int port, const char *method, const char *path,
+                                const char *extra_headers, const char *body) {
+  cph_test_response r = {-1, NULL, 0, NULL};
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return r;
+  struct sockaddr_in sin = {0};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons((uint16_t)port);
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&sin, sizeof sin) != 0) {
+    close(fd);
+    return r;
+  }
+  char *req;
+  size_t blen = body ? strlen(body) : 0;
+  int n = asprintf(&req,
+                   "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s"
+                   "Content-Length: %zu\r\n\r\n",
+                   method, path, extra_headers ? extra_headers : "", blen);
+  if (n < 0)
+    abort();
+  if (write(fd, req, (size_t)n) != n || (blen && write(fd, body, blen) != (ssize_t)blen)) {
+    free(req);
+    close(fd);
+    return r;
+  }
+  free(req);
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  ssize_t got;
+  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
+    len += (size_t)got;
+    if (cap - len - 1 == 0)
+      buf = realloc(buf, cap *= 2);
+  }
+  close(fd);
+  buf[len] = '\0';
+  char *sep = strstr(buf, "\r\n\r\n");
+  if (strncmp(buf, "HTTP/1.", 7) != 0 || !sep) {
+    free(buf);
+    return r;
+  }
+  r.status = atoi(buf + 9);
+  *sep = '\0';
+  r.headers = strdup(buf);
+  r.body_len = len - (size_t)(sep + 4 - buf);
+  r.body = malloc(r.body_len + 1);
+  memcpy(r.body, sep + 4, r.body_len);
+  r.body[r.body_len] = '\0';
+  free(buf);
+  return r;
+}
+
+void cph_test_response_free(cph_test_response *r) {
+  free(r->body);
+  free(r->headers);
+  r->body = r->headers = NULL;
+}
+
+static char *drain_fd(int fd) {
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  ssize_t got;
+  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
+    len += (size_t)got;
+    if (cap - len - 1 == 0)
+      buf = realloc(buf, cap *= 2);
+  }
+  buf[len] = '\0';
+  return buf;
+}
+
+int cph_test_run(const char *const *argv, char **out, char **err) {
+  char *out_path = cph_test_write_tmpfile(".out", "");
+  char *err_path = cph_test_write_tmpfile(".err", "");
+  pid_t pid = fork();
+  if (pid == 0) {
+    int o = open(out_path, O_WRONLY | O_TRUNC);
+    int e = open(err_path, O_WRONLY | O_TRUNC);
+    dup2(o, 1);
+    dup2(e, 2);
+    close(o);
+    close(e);
+    execv(argv[0], (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  int status = -1;
+  if (pid > 0)
+    waitpid(pid, &status, 0);
+  int fo = open(out_path, O_RDONLY), fe = open(err_path, O_RDONLY);
+  char *o = drain_fd(fo), *e = drain_fd(fe);
+  close(fo);
+  close(fe);
+  unlink(out_path);
+  unlink(err_path);
+  free(out_path);
+  free(err_path);
+  if (out)
+    *out = o;
+  else
+    free(o);
+  if (err)
+    *err = e;
+  else
+    free(e);
+  if (pid < 0 || !WIFEXITED(status))
+    return -1;
+  return WEXITSTATUS(status);
+}
