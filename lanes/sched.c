@@ -20,7 +20,12 @@
  * stays small and the cost per pick barely grows with the number of sessions.
  *
  * Removal is lazy: a session that leaves a set (picked, paused, out of work, removed) bumps
- * its generation; entries with a stale generation are dropped when they reach a head. */
+ * its generation; entries with a stale generation are dropped when they reach a head.
+ *
+ * A stale entry is still compared while it sits in a ring or heap (as the ring's back, inside
+ * heap sifts), and the comparison reads its session's id. So a removed session's slot keeps
+ * its id and is not reused until no set holds an entry naming it (`refs`); otherwise the
+ * entry's order would change under it (a reused id) or crash (a freed one). */
 #include "sched.h"
 
 #include "pass.h"
@@ -71,6 +76,8 @@ typedef struct session {
   bool paused;
   bool running;
   bool trickle;
+  bool removed;      /* removed by the caller; the slot is freed when refs reaches 0 */
+  uint32_t refs;     /* entries in sets, live or stale, that name this slot */
 } session;
 
 typedef struct bucket {
@@ -101,10 +108,10 @@ struct cph_sched {
   uint32_t n_sessions, cap_sessions;
   cph_sid *free_sids;
   uint32_t n_free, cap_free;
+  uint32_t n_removed;    /* removed slots still named by set entries */
   cph_sid *trickle_sids; /* sessions with a due outbox batch; few (usually the janitor) */
   uint32_t n_trickle, cap_trickle;
-  int64_t trickle_last_ns;
-  bool trickle_ever;
+  int64_t trickle_due_ns; /* when the next outbox batch is due (§3.5) */
   uint32_t running;
 };
 
@@ -122,6 +129,15 @@ static int entry_cmp(const cph_sched *s, const entry *a, const entry *b) {
 
 static bool entry_live(const cph_sched *s, const entry *e) {
   return s->sessions[e->sid].gen == e->gen;
+}
+
+static void release_slot(cph_sched *s, cph_sid sid);
+
+/* An entry naming sid has left its set. */
+static void drop_ref(cph_sched *s, cph_sid sid) {
+  session *se = &s->sessions[sid];
+  if (--se->refs == 0 && se->removed)
+    release_slot(s, sid);
 }
 
 static bool ring_push(ring *r, entry e) {
@@ -190,20 +206,28 @@ static void heap_pop(const cph_sched *s, heap *h) {
     h->items[i] = last;
 }
 
-static bool oset_push(const cph_sched *s, oset *o, entry e) {
+static bool oset_push(cph_sched *s, oset *o, entry e) {
   entry *back = ring_back(&o->ring);
-  if (!back || entry_cmp(s, back, &e) < 0)
-    return ring_push(&o->ring, e);
-  return heap_push(s, &o->heap, e);
+  bool ok = !back || entry_cmp(s, back, &e) < 0 ? ring_push(&o->ring, e)
+                                                 : heap_push(s, &o->heap, e);
+  if (ok)
+    s->sessions[e.sid].refs++;
+  return ok;
 }
 
 /* The set's first live entry, dropping stale ones on the way; NULL when empty. */
-static entry *oset_head(const cph_sched *s, oset *o) {
+static entry *oset_head(cph_sched *s, oset *o) {
   entry *r;
-  while ((r = ring_front(&o->ring)) && !entry_live(s, r))
+  while ((r = ring_front(&o->ring)) && !entry_live(s, r)) {
+    cph_sid sid = r->sid;
     ring_pop(&o->ring);
-  while (o->heap.len && !entry_live(s, &o->heap.items[0]))
+    drop_ref(s, sid);
+  }
+  while (o->heap.len && !entry_live(s, &o->heap.items[0])) {
+    cph_sid sid = o->heap.items[0].sid;
     heap_pop(s, &o->heap);
+    drop_ref(s, sid);
+  }
   entry *h = o->heap.len ? &o->heap.items[0] : NULL;
   if (!r)
     return h;
@@ -212,16 +236,18 @@ static entry *oset_head(const cph_sched *s, oset *o) {
   return entry_cmp(s, r, h) <= 0 ? r : h;
 }
 
-static void oset_pop_head(const cph_sched *s, oset *o, const entry *head) {
+static void oset_pop_head(cph_sched *s, oset *o, const entry *head) {
+  cph_sid sid = head->sid;
   if (head == ring_front(&o->ring))
     ring_pop(&o->ring);
   else
     heap_pop(s, &o->heap);
+  drop_ref(s, sid);
 }
 
 /* Drops stale entries once they outnumber live ones, so a session that keeps gaining and
  * losing work cannot grow a set without bound. Amortised O(1) per push. */
-static void oset_compact(const cph_sched *s, oset *o, uint64_t live) {
+static void oset_compact(cph_sched *s, oset *o, uint64_t live) {
   uint64_t size = (uint64_t)o->ring.len + o->heap.len;
   if (size < 1024 || size < 4 * live)
     return;
@@ -230,13 +256,18 @@ static void oset_compact(const cph_sched *s, oset *o, uint64_t live) {
     entry e = o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)];
     if (entry_live(s, &e))
       o->ring.items[(o->ring.head + kept++) & (o->ring.cap - 1)] = e;
+    else
+      drop_ref(s, e.sid);
   }
   o->ring.len = kept;
   heap old = o->heap;
   o->heap.len = 0;
-  for (uint32_t i = 0; i < old.len; i++)
+  for (uint32_t i = 0; i < old.len; i++) {
     if (entry_live(s, &old.items[i]))
       o->heap.items[o->heap.len++] = old.items[i];
+    else
+      drop_ref(s, old.items[i].sid);
+  }
   /* Re-heapify in place: sift each kept entry up from a prefix that is a heap. */
   uint32_t n = o->heap.len;
   o->heap.len = 0;
@@ -244,7 +275,11 @@ static void oset_compact(const cph_sched *s, oset *o, uint64_t live) {
     heap_push(s, &o->heap, o->heap.items[i]);
 }
 
-static void oset_clear(oset *o) {
+static void oset_clear(cph_sched *s, oset *o) {
+  for (uint32_t i = 0; i < o->ring.len; i++)
+    drop_ref(s, o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)].sid);
+  for (uint32_t i = 0; i < o->heap.len; i++)
+    drop_ref(s, o->heap.items[i].sid);
   o->ring.len = o->ring.head = 0;
   o->heap.len = 0;
 }
@@ -288,6 +323,11 @@ static void bucket_charge(bucket *b, int64_t tokens) {
  * above 0. */
 static bool lane_has_budget(const lane_state *l) {
   return l->turns.level >= CPH_BUCKET_UNITS_PER_TOKEN && l->tools.level > 0;
+}
+
+/* §3.5: the spacing of guaranteed outbox batches; trickle_per_minute > 0. */
+static int64_t trickle_interval(const cph_sched *s) {
+  return 60 * CPH_NS_PER_S / s->cfg.trickle_per_minute;
 }
 
 /* ---------------------------------------------------------------- sessions in sets */
@@ -417,6 +457,7 @@ cph_sched *cph_sched_new(const cph_sched_config *cfg, const cph_clock *clock) {
   s->cfg = *cfg;
   apply_credit_config(s, cfg);
   int64_t now = cph_clock_now(clock);
+  s->trickle_due_ns = now;
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     lane_state *l = &s->lanes[i];
     l->turns = (bucket){0, cfg->turns_per_minute[i], now};
@@ -471,20 +512,20 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
      * new ones: K depends on the rate and at_max on the cap. O(n log n), on reload only. */
     for (uint32_t i = 0; i < s->n_sessions; i++) {
       session *se = &s->sessions[i];
-      if (se->id) {
+      if (se->id && !se->removed) {
         se->c0 = credits_at(s, se, now);
         se->t0 = now;
       }
     }
     apply_credit_config(s, cfg);
     for (int i = 0; i < CPH_LANE_COUNT; i++) {
-      oset_clear(&s->lanes[i].at_max);
-      oset_clear(&s->lanes[i].below);
+      oset_clear(s, &s->lanes[i].at_max);
+      oset_clear(s, &s->lanes[i].below);
       s->lanes[i].runnable = 0;
     }
     for (uint32_t i = 0; i < s->n_sessions; i++) {
       session *se = &s->sessions[i];
-      if (!se->id)
+      if (!se->id || se->removed)
         continue;
       se->c0 = se->c0 > s->c_max ? s->c_max : se->c0 < s->c_min ? s->c_min : se->c0;
       if (se->where != WHERE_NONE) {
@@ -497,6 +538,8 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
     apply_credit_config(s, cfg); /* costs */
   }
   s->cfg = *cfg;
+  if (cfg->trickle_per_minute && s->trickle_due_ns > now + trickle_interval(s))
+    s->trickle_due_ns = now + trickle_interval(s); /* a faster trickle applies at once */
   return CPH_OK;
 }
 
@@ -549,11 +592,22 @@ int cph_sched_restore(cph_sched *s, const char *id, cph_lane lane, double credit
   return add_session(s, id, lane, credits_units(credits), out);
 }
 
+/* The slot of a removed session that no set names any more becomes free. */
+static void release_slot(cph_sched *s, cph_sid sid) {
+  session *se = &s->sessions[sid];
+  free(se->id);
+  se->id = NULL;
+  se->removed = false;
+  s->n_removed--;
+  s->free_sids[s->n_free++] = sid; /* room reserved by cph_sched_remove */
+}
+
 int cph_sched_remove(cph_sched *s, cph_sid sid) {
   session *se = &s->sessions[sid];
   if (se->running)
     return CPH_ESTATE;
-  if (s->n_free == s->cap_free) {
+  /* Room on the free list for every removed slot, so releasing one never allocates. */
+  if (s->n_free + s->n_removed + 1 > s->cap_free) {
     uint32_t cap = s->cap_free ? s->cap_free * 2 : 64;
     cph_sid *p = realloc(s->free_sids, (size_t)cap * sizeof *p);
     if (!p)
@@ -563,10 +617,11 @@ int cph_sched_remove(cph_sched *s, cph_sid sid) {
   }
   cph_sched_set_trickle(s, sid, false);
   dequeue(s, se);
-  free(se->id);
-  se->id = NULL;
   se->gen++;
-  s->free_sids[s->n_free++] = sid;
+  se->removed = true;
+  s->n_removed++;
+  if (se->refs == 0)
+    release_slot(s, sid);
   return CPH_OK;
 }
 
@@ -585,6 +640,9 @@ void cph_sched_set_trickle(cph_sched *s, cph_sid sid, bool pending) {
   if (se->trickle == pending)
     return;
   if (pending) {
+    int64_t now = cph_clock_now(s->clock);
+    if (s->n_trickle == 0 && s->trickle_due_ns < now)
+      s->trickle_due_ns = now; /* nothing was owed while no batch was pending */
     if (s->n_trickle == s->cap_trickle) {
       uint32_t cap = s->cap_trickle ? s->cap_trickle * 2 : 4;
       cph_sid *p = realloc(s->trickle_sids, (size_t)cap * sizeof *p);
@@ -604,10 +662,23 @@ void cph_sched_set_trickle(cph_sched *s, cph_sid sid, bool pending) {
   se->trickle = pending;
 }
 
-void cph_sched_trickle_ran(cph_sched *s) {
-  s->trickle_last_ns = cph_clock_now(s->clock);
-  s->trickle_ever = true;
+/* An outbox batch started at now. The next is due one interval after this one was due, not
+ * after it started: a batch that waited for a free slot does not push the schedule back (that
+ * drift gave fewer than trickle_per_minute batches a minute under saturation), and batches
+ * owed are caught up at the next free slots. Clamped to [now - 1 min, now + interval]: the
+ * schedule falls at most a minute behind (older debt is forgiven) and batches run early by
+ * normal picks bank nothing. */
+static void trickle_started(cph_sched *s, int64_t now) {
+  if (s->cfg.trickle_per_minute == 0) {
+    s->trickle_due_ns = now;
+    return;
+  }
+  int64_t interval = trickle_interval(s), lag = 60 * CPH_NS_PER_S;
+  int64_t next = s->trickle_due_ns + interval;
+  s->trickle_due_ns = next < now - lag ? now - lag : next > now + interval ? now + interval : next;
 }
+
+void cph_sched_trickle_ran(cph_sched *s) { trickle_started(s, cph_clock_now(s->clock)); }
 
 /* ---------------------------------------------------------------- the pick */
 
@@ -621,8 +692,7 @@ static void refill_all(cph_sched *s, int64_t now) {
 static bool trickle_due(const cph_sched *s, int64_t now) {
   if (s->cfg.trickle_per_minute == 0 || s->n_trickle == 0)
     return false;
-  int64_t interval = 60 * CPH_NS_PER_S / s->cfg.trickle_per_minute;
-  return !s->trickle_ever || now - s->trickle_last_ns >= interval;
+  return now >= s->trickle_due_ns;
 }
 
 /* §3.5: the trickle session to run now, if one is due; the smallest id among those ready. */
@@ -662,8 +732,7 @@ int cph_sched_pick(cph_sched *s, cph_pick *out) {
     out->sid = t;
     out->trickle = true;
     start(s, &s->sessions[t], out, now);
-    s->trickle_last_ns = now;
-    s->trickle_ever = true;
+    trickle_started(s, now);
     return CPH_OK;
   }
   for (int i = 0; i < CPH_LANE_COUNT; i++) {

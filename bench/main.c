@@ -1,0 +1,87 @@
+/* cephalon-bench SCENARIO [options]: in-process and side-by-side benchmarks (DESIGN §12).
+ * Scenarios live in a table; a new one is a function in its own file plus one row here. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+
+typedef struct scenario {
+  const char *name;
+  const char *summary;
+  int (*run)(int argc, char **argv);
+} scenario;
+
+static const scenario scenarios[] = {
+    {"sched", "pick + finish cycles in process on N saturated sessions (--sessions N [--ops M])",
+     cph_bench_sched},
+};
+
+#define N_SCENARIOS (sizeof scenarios / sizeof scenarios[0])
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: cephalon-bench SCENARIO [options]\n"
+             "       cephalon-bench SCENARIO --help\n\n"
+             "Each scenario ends with one line `SCENARIO key=value ...`.\n\nscenarios:\n");
+  for (size_t i = 0; i < N_SCENARIOS; i++)
+    fprintf(f, "  %-10s %s\n", scenarios[i].name, scenarios[i].summary);
+}
+
+int cph_bench_opt_u64(int argc, char **argv, int *i, const char *name, uint64_t min,
+                      uint64_t max, uint64_t *out) {
+  const char *arg = argv[*i];
+  size_t len = strlen(name);
+  const char *value;
+  if (strncmp(arg, name, len) != 0)
+    return 0;
+  if (arg[len] == '=') {
+    value = arg + len + 1;
+  } else if (arg[len] == '\0') {
+    if (*i + 1 >= argc) {
+      fprintf(stderr, "cephalon-bench: %s needs a value\n", name);
+      return -1;
+    }
+    value = argv[++*i];
+  } else {
+    return 0;
+  }
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(value, &end, 10);
+  if (errno || end == value || *end || value[0] == '-' || v < min || v > max) {
+    fprintf(stderr, "cephalon-bench: %s: expected a number from %" PRIu64 " to %" PRIu64
+                    ", got \"%s\"\n",
+            name, min, max, value);
+    return -1;
+  }
+  *out = v;
+  (*i)++;
+  return 1;
+}
+
+int64_t cph_bench_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+      strcmp(argv[1], "help") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  for (size_t i = 0; i < N_SCENARIOS; i++)
+    if (strcmp(argv[1], scenarios[i].name) == 0)
+      return scenarios[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "cephalon-bench: unknown scenario \"%s\"\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}
