@@ -1,16 +1,215 @@
-/* The engine handle: policy in force + store. */
+/* The engine: lifecycle, recovery, the operation queue and the pass (contract in cephalon.h).
+ *
+ *   run_pass: begin one write txn
+ *             -> apply queued operations (each in its own child txn, so one failure — say a
+ *                full disk — fails only its own request)
+ *             -> the scheduler pass of §3.6 (agent_turn, poll_inbox, check_credits,
+ *                top_up_credits, reconcile)
+ *             -> commit (fsync per :store :sync)
+ *             -> call back every operation of the pass: nothing is acknowledged before it is
+ *                committed. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cephalon/cephalon.h"
-#include "store/store.h"
+#include "common/log.h"
+#include "engine_internal.h"
+#include "lanes/pass.h"
 
-struct cph_engine {
-  cph_policy *policy;
-  uint64_t policy_generation;
-  cph_store *store;
-  char *data_dir;
-};
+/* Most operations one pass applies; the rest wait for the next pass (cap work per callback). */
+#define OPS_PER_PASS 512
+/* Most operations queued at once before submit answers CPH_EBUSY (503). */
+#define OPS_QUEUE_MAX 65536
+
+int op_fail(cph_op *op, int rc, const char *field, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  cph_err_vset(&op->err, rc, fmt, ap);
+  va_end(ap);
+  op->rc = rc;
+  snprintf(op->field, sizeof op->field, "%s", field ? field : "");
+  return rc;
+}
+
+int64_t engine_now(cph_engine *e) { return cph_clock_now(e->clock_ref); }
+
+/* ---------------------------------------------------------------- queues */
+
+static int queue_push(op_queue *q, cph_op *op) {
+  if (q->len == q->cap) {
+    size_t cap = q->cap ? q->cap * 2 : 64;
+    cph_op **items = malloc(cap * sizeof *items);
+    if (!items)
+      return CPH_ENOMEM;
+    for (size_t i = 0; i < q->len; i++)
+      items[i] = q->items[(q->head + i) % q->cap];
+    free(q->items);
+    q->items = items;
+    q->head = 0;
+    q->cap = cap;
+  }
+  q->items[(q->head + q->len) % q->cap] = op;
+  q->len++;
+  return CPH_OK;
+}
+
+static cph_op *queue_pop(op_queue *q) {
+  if (!q->len)
+    return NULL;
+  cph_op *op = q->items[q->head];
+  q->head = (q->head + 1) % q->cap;
+  q->len--;
+  return op;
+}
+
+/* Removes op from anywhere in q; true if it was there. */
+static bool queue_remove(op_queue *q, cph_op *op) {
+  for (size_t i = 0; i < q->len; i++) {
+    if (q->items[(q->head + i) % q->cap] != op)
+      continue;
+    for (size_t j = i; j + 1 < q->len; j++)
+      q->items[(q->head + j) % q->cap] = q->items[(q->head + j + 1) % q->cap];
+    q->len--;
+    return true;
+  }
+  return false;
+}
+
+/* ---------------------------------------------------------------- lookups */
+
+csession *engine_session(cph_engine *e, const char *id) { return cph_hmap_get(&e->sessions, id); }
+
+channel *engine_channel(cph_engine *e, const char *name, bool create) {
+  channel *c = cph_hmap_get(&e->channels, name);
+  if (c || !create)
+    return c;
+  c = calloc(1, sizeof *c);
+  if (!c || !(c->name = strdup(name)) || cph_hmap_put(&e->channels, c->name, c) != CPH_OK) {
+    if (c)
+      free(c->name);
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+void engine_mark_pending(cph_engine *e, csession *s) {
+  if (s->in_pending_list)
+    return;
+  if (e->n_pending_sessions == e->cap_pending_sessions) {
+    size_t cap = e->cap_pending_sessions ? e->cap_pending_sessions * 2 : 64;
+    csession **p = realloc(e->pending_sessions, cap * sizeof *p);
+    if (!p)
+      return; /* staged on a later mark; pending state is in LMDB either way */
+    e->pending_sessions = p;
+    e->cap_pending_sessions = cap;
+  }
+  e->pending_sessions[e->n_pending_sessions++] = s;
+  s->in_pending_list = true;
+}
+
+/* A session has work when it has staged input or a due autonomy tick (§3.3). */
+void engine_update_work(cph_engine *e, csession *s) {
+  cph_sched_set_paused(e->sched, s->sid, s->paused);
+  cph_sched_set_work(e->sched, s->sid, s->n_staged > 0 || s->tick_due);
+}
+
+/* ---------------------------------------------------------------- autonomy ticks */
+
+static bool tick_less(const csession *a, const csession *b) {
+  return a->next_tick_ns < b->next_tick_ns;
+}
+
+static void tick_swap(cph_engine *e, size_t i, size_t j) {
+  csession *t = e->tick_heap[i];
+  e->tick_heap[i] = e->tick_heap[j];
+  e->tick_heap[j] = t;
+  e->tick_heap[i]->tick_heap_pos = i + 1;
+  e->tick_heap[j]->tick_heap_pos = j + 1;
+}
+
+static void tick_sift(cph_engine *e, size_t i) {
+  while (i > 0 && tick_less(e->tick_heap[i], e->tick_heap[(i - 1) / 2])) {
+    tick_swap(e, i, (i - 1) / 2);
+    i = (i - 1) / 2;
+  }
+  for (;;) {
+    size_t l = 2 * i + 1, best = i;
+    if (l < e->n_ticks && tick_less(e->tick_heap[l], e->tick_heap[best]))
+      best = l;
+    if (l + 1 < e->n_ticks && tick_less(e->tick_heap[l + 1], e->tick_heap[best]))
+      best = l + 1;
+    if (best == i)
+      return;
+    tick_swap(e, i, best);
+    i = best;
+  }
+}
+
+static void tick_remove(cph_engine *e, csession *s) {
+  if (!s->tick_heap_pos)
+    return;
+  size_t i = s->tick_heap_pos - 1;
+  s->tick_heap_pos = 0;
+  e->n_ticks--;
+  if (i != e->n_ticks) {
+    e->tick_heap[i] = e->tick_heap[e->n_ticks];
+    e->tick_heap[i]->tick_heap_pos = i + 1;
+    tick_sift(e, i);
+  }
+}
+
+/* (Re)arms the session's next autonomy tick at now + interval, or disarms it. */
+void engine_tick_schedule(cph_engine *e, csession *s) {
+  tick_remove(e, s);
+  s->tick_due = false;
+  if (!s->autonomy_interval_s) {
+    s->next_tick_ns = 0;
+    return;
+  }
+  s->next_tick_ns = engine_now(e) + (int64_t)s->autonomy_interval_s * CPH_NS_PER_S;
+  if (e->n_ticks == e->cap_ticks) {
+    size_t cap = e->cap_ticks ? e->cap_ticks * 2 : 64;
+    csession **p = realloc(e->tick_heap, cap * sizeof *p);
+    if (!p)
+      return;
+    e->tick_heap = p;
+    e->cap_ticks = cap;
+  }
+  e->tick_heap[e->n_ticks] = s;
+  s->tick_heap_pos = ++e->n_ticks;
+  tick_sift(e, e->n_ticks - 1);
+}
+
+/* Marks every session whose tick is due; called from reconcile. */
+static void ticks_fire(cph_engine *e) {
+  int64_t now = engine_now(e);
+  while (e->n_ticks && e->tick_heap[0]->next_tick_ns <= now) {
+    csession *s = e->tick_heap[0];
+    tick_remove(e, s);
+    s->tick_due = true;
+    engine_update_work(e, s);
+  }
+}
+
+/* ---------------------------------------------------------------- scheduler config */
+
+static void sched_config_from_policy(const cph_policy *p, cph_sched_config *c) {
+  memset(c, 0, sizeof *c);
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    c->turns_per_minute[i] = p->scheduler.lanes[i].turns;
+    c->tool_calls_per_minute[i] = p->scheduler.lanes[i].tool_calls;
+    c->cost[i] = p->scheduler.credits.cost[i];
+  }
+  c->refill_per_second = p->scheduler.credits.refill_per_second;
+  c->credit_max = p->scheduler.credits.max;
+  c->credit_min = p->scheduler.credits.min;
+  c->concurrency = (uint32_t)p->scheduler.concurrency;
+  c->trickle_per_minute = (uint32_t)p->maintenance.outbox.min_batches_per_minute;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
 
 static cph_sync_mode sync_mode_of(const cph_policy *p) {
   switch (p->store.sync) {
@@ -23,6 +222,77 @@ static cph_sync_mode sync_mode_of(const cph_policy *p) {
   }
 }
 
+/* Frees every in-memory structure built from the store (not the store, policy or queues). */
+static void memory_clear(cph_engine *e) {
+  for (size_t i = 0; i < e->sessions.cap; i++)
+    if (e->sessions.slots[i].key)
+      csession_free(e, e->sessions.slots[i].value);
+  cph_hmap_free(&e->sessions);
+  for (size_t i = 0; i < e->channels.cap; i++) {
+    channel *c = e->channels.slots[i].value;
+    if (!e->channels.slots[i].key)
+      continue;
+    free(c->subscribers);
+    free(c->members);
+    free(c->name);
+    free(c);
+  }
+  cph_hmap_free(&e->channels);
+  for (size_t i = 0; i < e->leases.cap; i++)
+    if (e->leases.slots[i].key)
+      lease_free(e->leases.slots[i].value);
+  cph_hmap_free(&e->leases);
+  free(e->by_sid);
+  e->by_sid = NULL;
+  e->cap_by_sid = 0;
+  free(e->pending_sessions);
+  e->pending_sessions = NULL;
+  e->n_pending_sessions = e->cap_pending_sessions = 0;
+  free(e->tick_heap);
+  e->tick_heap = NULL;
+  e->n_ticks = e->cap_ticks = 0;
+  cph_sched_free(e->sched);
+  e->sched = NULL;
+}
+
+static uint64_t last_key_u64(cph_engine *e, cph_db db) {
+  cph_txn t;
+  uint64_t last = 0;
+  if (cph_txn_begin(e->store, false, &t) != CPH_OK)
+    return 0;
+  cph_cursor c;
+  cph_val k;
+  if (cph_cursor_open(&t, db, &c) == CPH_OK) {
+    for (int rc = cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+         rc = cph_cursor_next(&c, &k, NULL))
+      if (k.len == 8)
+        last = cph_be64_get(k.data); /* keys ascend; a last-key op would be O(1) */
+    cph_cursor_close(&c);
+  }
+  cph_txn_abort(&t);
+  return last;
+}
+
+/* Builds the in-memory state from the store (open, and after a failed commit). */
+static int memory_load(cph_engine *e, cph_err *err) {
+  cph_sched_config sc;
+  sched_config_from_policy(e->policy, &sc);
+  const char *why = NULL;
+  if (cph_sched_config_check(&sc, &why))
+    return cph_err_set(err, CPH_EPOLICY, "%s: scheduler settings: %s", e->policy->source, why);
+  e->sched = cph_sched_new(&sc, e->clock_ref);
+  if (!e->sched)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory creating the scheduler");
+  int rc = sessions_load(e, err);
+  if (rc)
+    return rc;
+  rc = turns_recover(e, err);
+  if (rc)
+    return rc;
+  e->last_reply_id = last_key_u64(e, CPH_DB_REPLIES);
+  return CPH_OK;
+}
+
 int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engine **out,
                     cph_err *err) {
   *out = NULL;
@@ -33,16 +303,20 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   }
   e->policy = policy;
   e->policy_generation = 1;
+  cph_clock_init_monotonic(&e->own_clock);
+  e->clock_ref = opts && opts->clock ? opts->clock : &e->own_clock;
   const char *dir = opts && opts->data_dir ? opts->data_dir : policy->server.data_dir;
-  e->data_dir = strdup(dir);
   int rc;
-  if (!e->data_dir) {
+  if (!(e->data_dir = strdup(dir))) {
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory opening the engine");
     goto fail;
   }
   cph_store_options so = {e->data_dir, (size_t)policy->server.map_size_mb << 20,
                           sync_mode_of(policy)};
   rc = cph_store_open(&so, &e->store, err);
+  if (rc)
+    goto fail;
+  rc = memory_load(e, err);
   if (rc)
     goto fail;
   *out = e;
@@ -52,9 +326,25 @@ fail:
   return rc;
 }
 
+static void fail_queue(op_queue *q, int rc, const char *msg) {
+  cph_op *op;
+  while ((op = queue_pop(q))) {
+    op_fail(op, rc, NULL, "%s", msg);
+    if (op->done)
+      op->done(op, op->ctx);
+  }
+}
+
 void cph_engine_close(cph_engine *e) {
   if (!e)
     return;
+  /* Operations still queued were never applied: say so rather than leave callers hanging. */
+  fail_queue(&e->ops, CPH_ESTATE, "cephalond is shutting down");
+  fail_queue(&e->waiters, CPH_ETIMEDOUT, "cephalond is shutting down");
+  free(e->ops.items);
+  free(e->waiters.items);
+  free(e->done.items);
+  memory_clear(e);
   cph_store_close(e->store);
   cph_policy_free(e->policy);
   free(e->data_dir);
@@ -63,6 +353,14 @@ void cph_engine_close(cph_engine *e) {
 
 int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err) {
   cph_err_clear(err);
+  cph_sched_config sc;
+  sched_config_from_policy(policy, &sc);
+  const char *why = NULL;
+  if (cph_sched_config_check(&sc, &why)) {
+    cph_err_set(err, CPH_EPOLICY, "%s: scheduler settings: %s", policy->source, why);
+    cph_policy_free(policy);
+    return CPH_EPOLICY;
+  }
   int rc = cph_store_set_sync_mode(e->store, sync_mode_of(policy), err);
   if (rc) {
     cph_policy_free(policy);
@@ -77,11 +375,179 @@ int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err) {
   cph_policy_free(e->policy);
   e->policy = policy;
   e->policy_generation++;
+  e->sched_config_dirty = true; /* applied at the start of the next pass (issue: live reload) */
   return CPH_OK;
 }
 
 const cph_policy *cph_engine_policy(const cph_engine *e) { return e->policy; }
 uint64_t cph_engine_policy_generation(const cph_engine *e) { return e->policy_generation; }
+
+void cph_engine_set_hooks(cph_engine *e, const cph_engine_hooks *h) { e->hooks = *h; }
+
+/* ---------------------------------------------------------------- operations */
+
+int cph_engine_submit(cph_engine *e, cph_op *op) {
+  if (e->ops.len >= OPS_QUEUE_MAX)
+    return op_fail(op, CPH_EBUSY, NULL, "too many requests queued; retry shortly");
+  op->rc = CPH_OK;
+  cph_err_clear(&op->err);
+  op->field[0] = '\0';
+  return queue_push(&e->ops, op) ? op_fail(op, CPH_ENOMEM, NULL, "out of memory") : CPH_OK;
+}
+
+bool cph_engine_cancel_lease(cph_engine *e, cph_op *op) {
+  return queue_remove(&e->waiters, op) || queue_remove(&e->ops, op);
+}
+
+bool cph_engine_pass_wanted(const cph_engine *e) { return e->ops.len > 0 || e->staged_last_pass; }
+
+int64_t cph_engine_next_wakeup_ns(cph_engine *e) {
+  int64_t next = INT64_MAX;
+  for (size_t i = 0; i < e->leases.cap; i++) {
+    const lease *l = e->leases.slots[i].value;
+    if (e->leases.slots[i].key && l->deadline_ns < next)
+      next = l->deadline_ns;
+  }
+  if (e->n_ticks && e->tick_heap[0]->next_tick_ns < next)
+    next = e->tick_heap[0]->next_tick_ns;
+  for (size_t i = 0; i < e->waiters.len; i++) {
+    const cph_op *w = e->waiters.items[(e->waiters.head + i) % e->waiters.cap];
+    if (w->u.lease.deadline_ns < next)
+      next = w->u.lease.deadline_ns;
+  }
+  return next;
+}
+
+/* Applies one non-lease operation inside the pass transaction. */
+static void apply_op(cph_engine *e, cph_op *op) {
+  switch (op->kind) {
+  case CPH_OP_SESSION_CREATE:
+  case CPH_OP_SESSION_UPDATE:
+  case CPH_OP_SESSION_DELETE:
+    sessions_apply(e, op);
+    break;
+  case CPH_OP_INGEST:
+    ingest_apply(e, op);
+    break;
+  case CPH_OP_HEARTBEAT:
+  case CPH_OP_COMPLETE:
+  case CPH_OP_FAIL:
+  case CPH_OP_REQUEUE:
+    turns_apply(e, op);
+    break;
+  case CPH_OP_LEASE:
+    break; /* waiters are served by agent_turn */
+  }
+}
+
+/* ---- the pass hooks (§3.6) ---- */
+
+static uint32_t hook_agent_turn(void *ctx) { return turns_serve_waiters(ctx); }
+
+static uint64_t hook_poll_inbox(void *ctx) { return inbox_poll(ctx); }
+
+static void hook_reconcile(void *ctx) {
+  cph_engine *e = ctx;
+  ticks_fire(e);
+  turns_reconcile(e);
+}
+
+int cph_engine_run_pass(cph_engine *e) {
+  if (e->sched_config_dirty) {
+    cph_sched_config sc;
+    sched_config_from_policy(e->policy, &sc);
+    cph_sched_configure(e->sched, &sc);
+    e->sched_config_dirty = false;
+  }
+  int rc = cph_txn_begin(e->store, true, &e->txn);
+  if (rc) {
+    cph_error("pass: %s", e->txn.err.msg);
+    return rc;
+  }
+  uint64_t replies_before = e->last_reply_id;
+  for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
+    cph_op *op = queue_pop(&e->ops);
+    if (op->kind == CPH_OP_LEASE) {
+      if (queue_push(&e->waiters, op) != CPH_OK) {
+        op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+        queue_push(&e->done, op);
+      }
+      continue;
+    }
+    apply_op(e, op);
+    queue_push(&e->done, op);
+  }
+
+  cph_pass_hooks hooks = {0};
+  hooks.ctx = e;
+  hooks.agent_turn = hook_agent_turn;
+  hooks.poll_inbox = hook_poll_inbox;
+  hooks.reconcile = hook_reconcile;
+  cph_pass_result res;
+  cph_sched_pass(e->sched, &hooks, &res);
+  e->staged_last_pass = res.staged > 0;
+
+  rc = cph_txn_commit(&e->txn);
+  if (rc) {
+    /* Nothing of this pass landed: every operation of it fails, and memory (changed as the
+     * operations applied) is rebuilt from what the store holds. */
+    cph_error("pass commit failed: %s", e->txn.err.msg);
+    char msg[sizeof e->txn.err.msg];
+    snprintf(msg, sizeof msg, "%s", e->txn.err.msg);
+    for (size_t i = 0; i < e->done.len; i++) {
+      cph_op *op = e->done.items[(e->done.head + i) % e->done.cap];
+      cph_op_clear_results(op);
+      op_fail(op, rc, NULL, "%s", msg);
+    }
+    memory_clear(e);
+    cph_err err;
+    if (memory_load(e, &err) != CPH_OK)
+      cph_error("rebuilding state after a failed commit: %s", err.msg);
+    e->last_reply_id = replies_before;
+  }
+  cph_op *op;
+  while ((op = queue_pop(&e->done)))
+    if (op->done)
+      op->done(op, op->ctx);
+  if (e->last_reply_id != replies_before && e->hooks.replies_appended)
+    e->hooks.replies_appended(e->hooks.ctx, e->last_reply_id);
+  return rc;
+}
+
+/* Queues a served or failed waiter for its callback after commit. */
+void engine_waiter_done(cph_engine *e, cph_op *op) {
+  if (queue_push(&e->done, op) != CPH_OK && op->done)
+    op->done(op, op->ctx); /* cannot defer: answer now (rc already set) */
+}
+
+cph_op *engine_waiter_at(cph_engine *e, size_t i) {
+  return i < e->waiters.len ? e->waiters.items[(e->waiters.head + i) % e->waiters.cap] : NULL;
+}
+
+void engine_waiter_remove(cph_engine *e, cph_op *op) { queue_remove(&e->waiters, op); }
+
+int cph_engine_sync(cph_engine *e) { return cph_store_sync(e->store, NULL); }
+
+/* ---------------------------------------------------------------- reads */
+
+void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t *limit,
+                      uint32_t *in_use) {
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    cph_lane_stats st;
+    cph_sched_lane_stats(e->sched, (cph_lane)i, &st);
+    out[i] = (cph_lane_info){(cph_lane)i,
+                             st.turns_left,
+                             st.tool_calls_left,
+                             st.runnable,
+                             st.running,
+                             e->policy->scheduler.lanes[i].turns,
+                             e->policy->scheduler.lanes[i].tool_calls};
+  }
+  *limit = cph_sched_concurrency(e->sched);
+  *in_use = cph_sched_running(e->sched);
+}
+
+uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->last_reply_id; }
 
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out) {
   cph_store_stats st;

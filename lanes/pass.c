@@ -17,12 +17,16 @@ void cph_sched_pass(cph_sched *s, const cph_pass_hooks *h, cph_pass_result *out)
   out->staged = 0;
 
   trace(h, CPH_PASS_AGENT_TURN);
-  uint32_t waiting = h->workers_waiting ? h->workers_waiting(h->ctx) : 0;
-  cph_pick pick;
-  while (out->started < waiting && cph_sched_pick(s, &pick) == 0) {
-    if (h->start_turn)
-      h->start_turn(h->ctx, &pick);
-    out->started++;
+  if (h->agent_turn) {
+    out->started = h->agent_turn(h->ctx);
+  } else {
+    uint32_t waiting = h->workers_waiting ? h->workers_waiting(h->ctx) : 0;
+    cph_pick pick;
+    while (out->started < waiting && cph_sched_pick(s, &pick) == 0) {
+      if (h->start_turn)
+        h->start_turn(h->ctx, &pick);
+      out->started++;
+    }
   }
 
   trace(h, CPH_PASS_POLL_INBOX);

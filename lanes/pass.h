@@ -33,6 +33,11 @@ typedef struct cph_pass_hooks {
   uint32_t (*workers_waiting)(void *ctx);
   /* agent_turn: a session was picked; the engine builds and leases its turn. */
   void (*start_turn)(void *ctx, const cph_pick *pick);
+  /* agent_turn, for drivers whose workers accept only some lanes: when set, the pass calls
+   * it instead of the workers_waiting/start_turn loop; it serves each waiting worker with
+   * cph_sched_pick_lanes (so the scheduler still decides who runs) and returns how many turns
+   * it started. */
+  uint32_t (*agent_turn)(void *ctx);
   /* poll_inbox: stage pending input; returns how many messages it staged. */
   uint64_t (*poll_inbox)(void *ctx);
   /* reconcile: expire leases and fix counters. */

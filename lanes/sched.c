@@ -722,13 +722,17 @@ static void start(cph_sched *s, session *se, cph_pick *out, int64_t now) {
 }
 
 int cph_sched_pick(cph_sched *s, cph_pick *out) {
+  return cph_sched_pick_lanes(s, CPH_LANES_ALL, out);
+}
+
+int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
   if (s->running >= s->cfg.concurrency)
     return CPH_ENOTFOUND;
   int64_t now = cph_clock_now(s->clock);
   refill_all(s, now);
 
   cph_sid t = trickle_candidate(s, now);
-  if (t != CPH_SID_NONE) {
+  if (t != CPH_SID_NONE && (lane_mask & (1u << s->sessions[t].lane))) {
     out->sid = t;
     out->trickle = true;
     start(s, &s->sessions[t], out, now);
@@ -737,7 +741,7 @@ int cph_sched_pick(cph_sched *s, cph_pick *out) {
   }
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     lane_state *l = &s->lanes[i];
-    if (!l->runnable || !lane_has_budget(l))
+    if (!(lane_mask & (1u << i)) || !l->runnable || !lane_has_budget(l))
       continue;
     oset *from;
     entry *e = lane_head(s, l, now, &from);

@@ -91,6 +91,12 @@ typedef struct cph_pick {
  * (not for trickle picks, which bypass the budget) and marks the session running. */
 int cph_sched_pick(cph_sched *s, cph_pick *out);
 
+#define CPH_LANES_ALL ((1u << CPH_LANE_COUNT) - 1)
+/* The pick restricted to the lanes in lane_mask (bit 1 << lane): the same rules among those
+ * lanes — a worker that only runs some lanes gets the session the scheduler would choose among
+ * them. The trickle applies only when the trickle session's lane is in the mask. */
+int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out);
+
 /* The turn of a running session ended. tool_calls are charged to the lane's tool-calls
  * bucket; when charge_credits, cost[lane] comes off the session's credits (floored at min).
  * The session queues again at now if it still has work. */

@@ -296,7 +296,8 @@ static uint64_t hook_poll(void *ctx) {
 }
 
 static void run_passes(sim *m) {
-  cph_pass_hooks h = {m, hook_workers, hook_start, hook_poll, NULL, NULL};
+  cph_pass_hooks h = {.ctx = m, .workers_waiting = hook_workers, .start_turn = hook_start,
+                      .poll_inbox = hook_poll};
   cph_pass_result r;
   /* A pass that staged input schedules the next one at once (§3.6). Arrivals only come from
    * events, so the second pass stages nothing and the loop ends. */

@@ -31,6 +31,8 @@
   X(IDEM_KEYS, "idem_keys")   /* idempotency key -> u64 event id + u64 time */           \
   X(INBOX, "inbox")           /* session\0 u64 seq -> inbox message */                   \
   X(TURNS, "turns")           /* u64 turn id -> turn */                                  \
+  X(ACTIVE_TURNS, "active_turns") /* u64 turn id -> "" while leased (restart expires them) */ \
+  X(PARKED_TURNS, "parked_turns") /* u64 turn id -> "" while parked */                   \
   X(REPLIES, "replies")       /* u64 reply id -> reply */                                \
   X(MEMORIES, "memories")     /* u64 memory id -> memory */                              \
   X(JOBS, "jobs")             /* u64 job id -> job */                                    \
@@ -100,6 +102,11 @@ typedef struct cph_txn {
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);
+/* A nested write transaction inside parent (LMDB child txn). Committing it folds its writes
+ * into the parent; aborting it (or a failure in it, e.g. storage full) discards only its own
+ * writes and leaves the parent usable — so one failing request does not sink the others of a
+ * group commit. The parent must not be used while the child is open. */
+int cph_txn_begin_child(cph_txn *parent, cph_txn *child);
 /* Commits a write transaction (a read one just ends). If the txn already failed, aborts it
  * and returns its sticky error; on a failed commit (e.g. disk full) everything the txn wrote
  * is discarded and the error returned. */
@@ -136,6 +143,9 @@ void cph_cursor_close(cph_cursor *c);
 /* Positions at the first key >= k (or the first key when k is NULL). CPH_ENOTFOUND at end. */
 int cph_cursor_seek(cph_cursor *c, const cph_key *k, cph_val *key, cph_val *val);
 int cph_cursor_next(cph_cursor *c, cph_val *key, cph_val *val);
+/* The entry before the cursor; after a seek that ran off the end (CPH_ENOTFOUND), the last
+ * entry of the database. CPH_ENOTFOUND before the first. */
+int cph_cursor_prev(cph_cursor *c, cph_val *key, cph_val *val);
 /* Deletes the entry under the cursor. */
 int cph_cursor_del(cph_cursor *c);
 

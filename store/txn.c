@@ -58,6 +58,23 @@ int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
   return CPH_OK;
 }
 
+int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
+  memset(child, 0, sizeof *child);
+  child->store = parent->store;
+  child->write = true;
+  if (parent->ret)
+    return txn_fail(child, parent->ret, "%s", parent->err.msg);
+  if (!parent->mdb || !parent->write)
+    return txn_fail(child, CPH_ESTATE, "nested transaction outside a write transaction");
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(parent->store->env, parent->mdb, 0, &txn);
+  if (rc)
+    return txn_fail(child, cph_store_map_error(rc), "cannot begin a nested transaction: %s",
+                    mdb_strerror(rc));
+  child->mdb = txn;
+  return CPH_OK;
+}
+
 void cph_txn_abort(cph_txn *t) {
   if (t->mdb)
     mdb_txn_abort(t->mdb);
@@ -258,6 +275,12 @@ int cph_cursor_seek(cph_cursor *c, const cph_key *k, cph_val *key, cph_val *val)
 int cph_cursor_next(cph_cursor *c, cph_val *key, cph_val *val) {
   MDB_val mk = {0, NULL};
   return cursor_step(c, &mk, MDB_NEXT, key, val);
+}
+
+int cph_cursor_prev(cph_cursor *c, cph_val *key, cph_val *val) {
+  MDB_val mk = {0, NULL};
+  /* MDB_PREV on a cursor that a failed MDB_SET_RANGE left unpositioned goes to the last item. */
+  return cursor_step(c, &mk, MDB_PREV, key, val);
 }
 
 int cph_cursor_del(cph_cursor *c) {

@@ -782,7 +782,8 @@ static void test_pass_runs_its_five_jobs_in_fixed_order(void **state) {
   fx_open(&f, &cfg);
   pass_probe pp = {.s = f.s};
   pp.inbox_sid = fx_add(&f, "a", CPH_LANE_INTERACTIVE, false);
-  cph_pass_hooks h = {&pp, probe_workers, probe_start, probe_poll, NULL, probe_trace};
+  cph_pass_hooks h = {.ctx = &pp, .workers_waiting = probe_workers, .start_turn = probe_start,
+                      .poll_inbox = probe_poll, .trace = probe_trace};
   cph_pass_result res;
   cph_sched_pass(f.s, &h, &res);
   assert_int_equal(pp.n_jobs, CPH_PASS_JOB_COUNT);
@@ -802,7 +803,8 @@ static void test_message_staged_by_poll_inbox_is_picked_only_in_next_pass(void *
   fx_open(&f, &cfg);
   pass_probe pp = {.s = f.s};
   pp.inbox_sid = fx_add(&f, "a", CPH_LANE_INTERACTIVE, false);
-  cph_pass_hooks h = {&pp, probe_workers, probe_start, probe_poll, NULL, probe_trace};
+  cph_pass_hooks h = {.ctx = &pp, .workers_waiting = probe_workers, .start_turn = probe_start,
+                      .poll_inbox = probe_poll, .trace = probe_trace};
   cph_pass_result res;
 
   pp.pending = 1; /* pending when the pass starts */

@@ -303,7 +303,8 @@ static void op_pass(prop *p) {
   if (n && chance(p, 50))
     c.stage_idx = candidates[rnd(p, (uint64_t)n)];
   note(p, "pass workers=%u stage=%s", c.waiting, c.stage_idx >= 0 ? ids[c.stage_idx] : "-");
-  cph_pass_hooks h = {&c, hook_waiting, hook_start, hook_poll, NULL, hook_trace};
+  cph_pass_hooks h = {.ctx = &c, .workers_waiting = hook_waiting, .start_turn = hook_start,
+                      .poll_inbox = hook_poll, .trace = hook_trace};
   cph_pass_result res;
   cph_sched_pass(p->s, &h, &res);
   CHECK(p, c.last_job == CPH_PASS_RECONCILE, "pass ended after job %d", c.last_job);

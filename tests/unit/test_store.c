@@ -499,6 +499,19 @@ static void test_cursor_walks_composite_keys_in_order(void **state) {
   assert_int_equal(got[0], 2);
   assert_int_equal(got[1], 300);
   assert_int_equal(got[2], 1u << 16);
+  /* Walking back from past the end of "a": the last "a" key, never an "ab" one. */
+  cph_key past;
+  cph_key_reset(&past);
+  cph_key_str(&past, "a");
+  cph_key_u64(&past, UINT64_MAX);
+  assert_int_equal(cph_cursor_seek(&c, &past, &k, &v), CPH_OK); /* lands on "ab"/2 */
+  assert_int_equal(cph_cursor_prev(&c, &k, &v), CPH_OK);
+  assert_int_equal(cph_be64_get((const uint8_t *)k.data + prefix.len), 1u << 16);
+  /* and past the end of the whole database: the last key */
+  cph_key z = key_str("zzz");
+  assert_int_equal(cph_cursor_seek(&c, &z, &k, &v), CPH_ENOTFOUND);
+  assert_int_equal(cph_cursor_prev(&c, &k, &v), CPH_OK);
+  assert_memory_equal(k.data, "b", 2);
   cph_cursor_close(&c);
   cph_txn_abort(&t);
 }
@@ -564,6 +577,50 @@ static void test_tiny_map_fills_up_cleanly_and_reopens_intact(void **state) {
   cph_key more = key_u64(committed + 1);
   assert_int_equal(cph_txn_put(&t, CPH_DB_EVENTS, &more, value, sizeof value), CPH_OK);
   assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  cph_store_close(s);
+  cph_test_rmtree(dir);
+  free(dir);
+}
+
+/* Group commit relies on this: a request that fills the map fails alone, the others of the
+ * same transaction commit. */
+static void test_full_child_txn_leaves_parent_usable(void **state) {
+  (void)state;
+  char *dir = cph_test_tmpdir("child");
+  cph_store *s = open_store(dir, 256u << 10);
+  cph_txn parent, child;
+  assert_int_equal(cph_txn_begin(s, true, &parent), CPH_OK);
+  cph_key before = key_str("before");
+  assert_int_equal(cph_txn_put(&parent, CPH_DB_SESSIONS, &before, "1", 1), CPH_OK);
+
+  assert_int_equal(cph_txn_begin_child(&parent, &child), CPH_OK);
+  char value[4000];
+  memset(value, 'x', sizeof value);
+  int rc = CPH_OK;
+  for (uint64_t i = 0; i < 1000 && rc == CPH_OK; i++) {
+    cph_key k = key_u64(i);
+    rc = cph_txn_put(&child, CPH_DB_EVENTS, &k, value, sizeof value);
+  }
+  assert_int_equal(rc, CPH_EFULL);
+  assert_int_equal(cph_txn_commit(&child), CPH_EFULL); /* aborts the child only */
+
+  assert_int_equal(cph_txn_begin_child(&parent, &child), CPH_OK);
+  cph_key small = key_str("small");
+  assert_int_equal(cph_txn_put(&child, CPH_DB_SESSIONS, &small, "2", 1), CPH_OK);
+  assert_int_equal(cph_txn_commit(&child), CPH_OK);
+  cph_key after = key_str("after");
+  assert_int_equal(cph_txn_put(&parent, CPH_DB_SESSIONS, &after, "3", 1), CPH_OK);
+  assert_int_equal(cph_txn_commit(&parent), CPH_OK);
+
+  cph_txn t;
+  cph_val v;
+  assert_int_equal(cph_txn_begin(s, false, &t), CPH_OK);
+  assert_int_equal(cph_txn_get(&t, CPH_DB_SESSIONS, &before, &v), CPH_OK);
+  assert_int_equal(cph_txn_get(&t, CPH_DB_SESSIONS, &small, &v), CPH_OK);
+  assert_int_equal(cph_txn_get(&t, CPH_DB_SESSIONS, &after, &v), CPH_OK);
+  cph_key k0 = key_u64(0);
+  assert_int_equal(cph_txn_get(&t, CPH_DB_EVENTS, &k0, &v), CPH_ENOTFOUND);
+  cph_txn_abort(&t);
   cph_store_close(s);
   cph_test_rmtree(dir);
   free(dir);
@@ -670,6 +727,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_counters_are_monotonic_and_persist, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cursor_walks_composite_keys_in_order, setup, teardown),
       cmocka_unit_test(test_tiny_map_fills_up_cleanly_and_reopens_intact),
+      cmocka_unit_test(test_full_child_txn_leaves_parent_usable),
       cmocka_unit_test(test_schema_version_mismatch_refuses_to_open),
       cmocka_unit_test_setup_teardown(test_second_open_of_a_data_dir_is_refused, setup, teardown),
       cmocka_unit_test(test_unopenable_data_dir_says_where_and_why),

@@ -1,0 +1,147 @@
+/* Private to core/: the engine's in-memory state.
+ *
+ * What is in memory and why: everything the scheduler pass touches on every pass — sessions
+ * (small structs, by id and by scheduler handle), each session's live inbox (pending and
+ * staged message ids only, bounded by :max-queue), channel subscriber lists, active leases and
+ * due autonomy ticks. Everything else (bodies, records, history, replies) stays in LMDB and is
+ * read when a turn is built or a read endpoint asks. The in-memory state is always what LMDB
+ * holds after the last commit; operations change memory only after their writes succeeded, and
+ * a failed commit rebuilds memory from LMDB (rare: I/O errors). */
+#ifndef CEPHALON_CORE_ENGINE_INTERNAL_H
+#define CEPHALON_CORE_ENGINE_INTERNAL_H
+
+#include "cephalon/cephalon.h"
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/hmap.h"
+#include "lanes/sched.h"
+#include "store/store.h"
+
+/* One live inbox message (pending or staged). */
+typedef struct inbox_item {
+  uint64_t id; /* global inbox message id, increasing with arrival */
+  uint64_t event_id;
+  uint8_t status; /* CPH_INBOX_PENDING or CPH_INBOX_STAGED */
+  bool mentioned;
+  uint32_t attempts; /* turns that carried it and did not complete */
+  uint64_t turn_id;  /* the running turn carrying it, 0 if none */
+  int64_t created_ms;
+} inbox_item;
+
+typedef struct csession {
+  char *id;
+  cph_sid sid;
+  cph_lane lane;
+  bool paused;
+  inbox_item *inbox; /* live messages in id order */
+  uint32_t n_inbox, cap_inbox;
+  uint32_t n_pending;
+  uint32_t n_staged;
+  uint64_t dropped;
+  bool in_pending_list; /* queued for the next poll_inbox */
+  uint64_t running_turn;  /* 0 when not running */
+  uint64_t episode;
+  uint32_t autonomy_interval_s;
+  int64_t next_tick_ns; /* when its next autonomy tick is due; 0 = none */
+  bool tick_due;
+  size_t tick_heap_pos; /* index in the tick heap + 1; 0 = not in it */
+} csession;
+
+typedef struct channel {
+  char *name;
+  csession **subscribers;
+  size_t n_subscribers, cap_subscribers;
+  csession **members;
+  size_t n_members, cap_members;
+} channel;
+
+/* An active lease. */
+typedef struct lease {
+  char *key; /* turn id in decimal: its key in engine.leases */
+  uint64_t turn_id;
+  csession *session;
+  uint8_t token[16];
+  int64_t deadline_ns;
+  cph_turn_kind_t kind;
+  uint64_t *inbox_ids; /* the staged messages it carries */
+  size_t n_inbox_ids;
+} lease;
+
+typedef struct op_queue {
+  cph_op **items;
+  size_t head, len, cap;
+} op_queue;
+
+struct cph_engine {
+  cph_policy *policy;
+  uint64_t policy_generation;
+  bool sched_config_dirty; /* a reload is waiting for the next pass */
+  cph_store *store;
+  char *data_dir;
+  cph_clock own_clock;
+  const cph_clock *clock_ref; /* own_clock, or the caller's virtual clock */
+  cph_sched *sched;
+  cph_engine_hooks hooks;
+
+  cph_hmap sessions; /* id -> csession */
+  csession **by_sid; /* scheduler handle -> session */
+  size_t cap_by_sid;
+  cph_hmap channels; /* name -> channel */
+  cph_hmap leases;   /* turn id as decimal string -> lease (key owned by the lease) */
+
+  csession **pending_sessions; /* sessions with pending messages, for poll_inbox */
+  size_t n_pending_sessions, cap_pending_sessions;
+  csession **tick_heap; /* min-heap on next_tick_ns */
+  size_t n_ticks, cap_ticks;
+
+  op_queue ops;     /* submitted, not yet applied */
+  op_queue waiters; /* lease requests waiting for a turn (FIFO) */
+  op_queue done;    /* applied in this pass: called back after commit */
+  bool staged_last_pass;
+  uint64_t last_reply_id;
+  uint64_t dropped_total;
+
+  cph_txn txn; /* the pass's write transaction, open only inside run_pass */
+};
+
+/* ---- engine.c ---- */
+csession *engine_session(cph_engine *e, const char *id);
+channel *engine_channel(cph_engine *e, const char *name, bool create);
+void engine_mark_pending(cph_engine *e, csession *s);
+void engine_update_work(cph_engine *e, csession *s);
+int64_t engine_now(cph_engine *e);
+void engine_tick_schedule(cph_engine *e, csession *s);
+int op_fail(cph_op *op, int rc, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+void engine_waiter_done(cph_engine *e, cph_op *op);
+cph_op *engine_waiter_at(cph_engine *e, size_t i);
+void engine_waiter_remove(cph_engine *e, cph_op *op);
+
+/* ---- sessions.c ---- */
+void sessions_apply(cph_engine *e, cph_op *op);
+int sessions_load(cph_engine *e, cph_err *err);
+csession *csession_new(cph_engine *e, const char *id, cph_lane lane, double credits,
+                       bool restore);
+void csession_free(cph_engine *e, csession *s);
+int csession_inbox_push(csession *s, const inbox_item *item);
+void csession_inbox_remove(csession *s, uint32_t index);
+int sessions_channels_attach(cph_engine *e, csession *s, const cph_session_rec *rec);
+void sessions_channels_detach(cph_engine *e, csession *s);
+int persist_session_credits(cph_engine *e, cph_txn *t, csession *s);
+int janitor_create(cph_engine *e, cph_err *err);
+bool session_id_valid(const char *id);
+
+/* ---- ingest.c ---- */
+void ingest_apply(cph_engine *e, cph_op *op);
+uint64_t inbox_poll(cph_engine *e); /* poll_inbox: pending -> staged */
+int history_append(cph_engine *e, cph_txn *t, const char *channel, uint64_t event_id);
+
+/* ---- turns.c ---- */
+void turns_apply(cph_engine *e, cph_op *op); /* heartbeat, complete, fail, requeue */
+uint32_t turns_serve_waiters(cph_engine *e); /* agent_turn */
+void turns_reconcile(cph_engine *e);         /* expire leases, due ticks, timed-out waiters */
+int turns_recover(cph_engine *e, cph_err *err);
+void lease_free(lease *l);
+
+#endif

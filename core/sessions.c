@@ -1,0 +1,698 @@
+/* Sessions: create, update (incl. pause), delete, load at open, and the session reads. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "engine_internal.h"
+
+#define ID_MAX 128
+
+bool session_id_valid(const char *id) {
+  size_t n = strlen(id);
+  if (n == 0 || n > ID_MAX)
+    return false;
+  for (const char *p = id; *p; p++) {
+    char c = *p;
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '@' || c == '-';
+    if (!ok)
+      return false;
+  }
+  return true;
+}
+
+static cph_key session_key(const char *id) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, id);
+  return k;
+}
+
+/* ---------------------------------------------------------------- in-memory sessions */
+
+csession *csession_new(cph_engine *e, const char *id, cph_lane lane, double credits,
+                       bool restore) {
+  csession *s = calloc(1, sizeof *s);
+  if (!s || !(s->id = strdup(id)))
+    goto fail;
+  s->lane = lane;
+  int rc = restore ? cph_sched_restore(e->sched, id, lane, credits, &s->sid)
+                   : cph_sched_add(e->sched, id, lane, &s->sid);
+  if (rc)
+    goto fail;
+  if (s->sid >= e->cap_by_sid) {
+    size_t cap = e->cap_by_sid ? e->cap_by_sid : 64;
+    while (cap <= s->sid)
+      cap *= 2;
+    csession **p = realloc(e->by_sid, cap * sizeof *p);
+    if (!p) {
+      cph_sched_remove(e->sched, s->sid);
+      goto fail;
+    }
+    memset(p + e->cap_by_sid, 0, (cap - e->cap_by_sid) * sizeof *p);
+    e->by_sid = p;
+    e->cap_by_sid = cap;
+  }
+  if (cph_hmap_put(&e->sessions, s->id, s) != CPH_OK) {
+    cph_sched_remove(e->sched, s->sid);
+    goto fail;
+  }
+  e->by_sid[s->sid] = s;
+  return s;
+fail:
+  if (s)
+    free(s->id);
+  free(s);
+  return NULL;
+}
+
+void csession_free(cph_engine *e, csession *s) {
+  if (e->by_sid && s->sid < e->cap_by_sid)
+    e->by_sid[s->sid] = NULL;
+  free(s->inbox);
+  free(s->id);
+  free(s);
+}
+
+int csession_inbox_push(csession *s, const inbox_item *item) {
+  if (s->n_inbox == s->cap_inbox) {
+    uint32_t cap = s->cap_inbox ? s->cap_inbox * 2 : 4;
+    inbox_item *p = realloc(s->inbox, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    s->inbox = p;
+    s->cap_inbox = cap;
+  }
+  /* Ids arrive in increasing order except on requeue: keep the array sorted. */
+  uint32_t at = s->n_inbox;
+  while (at > 0 && s->inbox[at - 1].id > item->id)
+    at--;
+  memmove(&s->inbox[at + 1], &s->inbox[at], (s->n_inbox - at) * sizeof *s->inbox);
+  s->inbox[at] = *item;
+  s->n_inbox++;
+  if (item->status == CPH_INBOX_PENDING)
+    s->n_pending++;
+  else
+    s->n_staged++;
+  return CPH_OK;
+}
+
+void csession_inbox_remove(csession *s, uint32_t index) {
+  if (s->inbox[index].status == CPH_INBOX_PENDING)
+    s->n_pending--;
+  else
+    s->n_staged--;
+  memmove(&s->inbox[index], &s->inbox[index + 1],
+          (s->n_inbox - index - 1) * sizeof *s->inbox);
+  s->n_inbox--;
+}
+
+/* ---------------------------------------------------------------- channel index */
+
+static int list_add(csession ***list, size_t *n, size_t *cap, csession *s) {
+  for (size_t i = 0; i < *n; i++)
+    if ((*list)[i] == s)
+      return CPH_OK;
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 4;
+    csession **p = realloc(*list, c * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    *list = p;
+    *cap = c;
+  }
+  (*list)[(*n)++] = s;
+  return CPH_OK;
+}
+
+static void list_del(csession **list, size_t *n, csession *s) {
+  for (size_t i = 0; i < *n; i++)
+    if (list[i] == s) {
+      list[i] = list[--*n];
+      return;
+    }
+}
+
+int sessions_channels_attach(cph_engine *e, csession *s, const cph_session_rec *rec) {
+  for (uint32_t i = 0; i < rec->n_subscribe; i++) {
+    channel *c = engine_channel(e, rec->subscribe[i], true);
+    if (!c || list_add(&c->subscribers, &c->n_subscribers, &c->cap_subscribers, s))
+      return CPH_ENOMEM;
+  }
+  for (uint32_t i = 0; i < rec->n_member; i++) {
+    channel *c = engine_channel(e, rec->member[i], true);
+    if (!c || list_add(&c->members, &c->n_members, &c->cap_members, s))
+      return CPH_ENOMEM;
+  }
+  return CPH_OK;
+}
+
+/* O(channels): on delete and update only. */
+void sessions_channels_detach(cph_engine *e, csession *s) {
+  for (size_t i = 0; i < e->channels.cap; i++) {
+    channel *c = e->channels.slots[i].value;
+    if (!e->channels.slots[i].key)
+      continue;
+    list_del(c->subscribers, &c->n_subscribers, s);
+    list_del(c->members, &c->n_members, s);
+  }
+}
+
+/* ---------------------------------------------------------------- records <-> info */
+
+static char **strv_dup(char *const *items, size_t n) {
+  char **out = calloc(n ? n : 1, sizeof *out);
+  if (!out)
+    return NULL;
+  for (size_t i = 0; i < n; i++)
+    if (!(out[i] = strdup(items[i]))) {
+      while (i--)
+        free(out[i]);
+      free(out);
+      return NULL;
+    }
+  return out;
+}
+
+static void strv_free(char **items, size_t n) {
+  for (size_t i = 0; items && i < n; i++)
+    free(items[i]);
+  free(items);
+}
+
+void cph_session_info_free(cph_session_info *s) {
+  free(s->id);
+  strv_free(s->subscribe.items, s->subscribe.count);
+  strv_free(s->member.items, s->member.count);
+  strv_free(s->tools.items, s->tools.count);
+  free(s->system);
+  memset(s, 0, sizeof *s);
+}
+
+const char *cph_session_state_name(cph_session_state_t st) {
+  switch (st) {
+  case CPH_STATE_IDLE: return "idle";
+  case CPH_STATE_QUEUED: return "queued";
+  case CPH_STATE_RUNNING: return "running";
+  case CPH_STATE_PAUSED: return "paused";
+  }
+  return "unknown";
+}
+
+static cph_session_state_t live_state(const csession *s) {
+  if (s->running_turn)
+    return CPH_STATE_RUNNING;
+  if (s->paused)
+    return CPH_STATE_PAUSED;
+  if (s->n_staged > 0 || s->tick_due)
+    return CPH_STATE_QUEUED;
+  return CPH_STATE_IDLE;
+}
+
+/* Info from the stored record plus the live state. */
+static int info_from(cph_engine *e, const cph_session_rec *r, const csession *s,
+                     cph_session_info *out) {
+  memset(out, 0, sizeof *out);
+  out->id = strdup(r->id);
+  out->lane = (cph_lane)r->lane;
+  out->state = live_state(s);
+  out->credits = cph_sched_credits(e->sched, s->sid);
+  out->episode = s->episode;
+  out->subscribe.items = strv_dup(r->subscribe, r->n_subscribe);
+  out->subscribe.count = r->n_subscribe;
+  out->member.items = strv_dup(r->member, r->n_member);
+  out->member.count = r->n_member;
+  out->tools.items = strv_dup(r->tools, r->n_tools);
+  out->tools.count = r->n_tools;
+  out->autonomy_interval_s = r->autonomy_interval_s;
+  out->report_interval_s = r->report_interval_s;
+  out->context_window_tokens = r->context_window_tokens;
+  out->system = r->system ? strdup(r->system) : NULL;
+  out->pending = s->n_pending;
+  out->staged = s->n_staged;
+  out->dropped = s->dropped;
+  if (!out->id || !out->subscribe.items || !out->member.items || !out->tools.items ||
+      (r->system && !out->system)) {
+    cph_session_info_free(out);
+    return CPH_ENOMEM;
+  }
+  return CPH_OK;
+}
+
+/* Validates a channel list; field is e.g. "subscribe". */
+static int check_channels(cph_op *op, const cph_strv *v, const char *field) {
+  for (size_t i = 0; i < v->count; i++) {
+    size_t n = v->items[i] ? strlen(v->items[i]) : 0;
+    if (n == 0 || n > 256) {
+      char f[64];
+      snprintf(f, sizeof f, "%s[%zu]", field, i);
+      return op_fail(op, CPH_EINVAL, f, "%s: a channel name is 1 to 256 bytes", f);
+    }
+  }
+  return CPH_OK;
+}
+
+/* Copies the settable fields of in (per `set`) into the record. Pointers are borrowed. */
+static void rec_apply(cph_session_rec *r, const cph_session_info *in, unsigned set) {
+  if (set & CPH_SET_SUBSCRIBE) {
+    r->subscribe = in->subscribe.items;
+    r->n_subscribe = (uint32_t)in->subscribe.count;
+  }
+  if (set & CPH_SET_MEMBER) {
+    r->member = in->member.items;
+    r->n_member = (uint32_t)in->member.count;
+  }
+  if (set & CPH_SET_AUTONOMY)
+    r->autonomy_interval_s = in->autonomy_interval_s;
+  if (set & CPH_SET_REPORT)
+    r->report_interval_s = in->report_interval_s;
+  if (set & CPH_SET_WINDOW)
+    r->context_window_tokens = in->context_window_tokens;
+  if (set & CPH_SET_SYSTEM)
+    r->system = in->system;
+  if (set & CPH_SET_TOOLS) {
+    r->tools = in->tools.items;
+    r->n_tools = (uint32_t)in->tools.count;
+  }
+  if (set & CPH_SET_PAUSED)
+    r->state = in->state == CPH_STATE_PAUSED ? CPH_SESSION_PAUSED : CPH_SESSION_IDLE;
+  if (set & CPH_SET_CLASS)
+    r->lane = (uint8_t)in->lane;
+}
+
+static int validate_fields(cph_op *op, const cph_session_info *in, unsigned set) {
+  if ((set & CPH_SET_SUBSCRIBE) && check_channels(op, &in->subscribe, "subscribe"))
+    return op->rc;
+  if ((set & CPH_SET_MEMBER) && check_channels(op, &in->member, "member"))
+    return op->rc;
+  if ((set & CPH_SET_CLASS) && (unsigned)in->lane >= CPH_LANE_COUNT)
+    return op_fail(op, CPH_EINVAL, "class",
+                   "class: expected interactive, operational or maintenance");
+  if ((set & CPH_SET_WINDOW) && in->context_window_tokens &&
+      (in->context_window_tokens < 256 || in->context_window_tokens > 10000000))
+    return op_fail(op, CPH_EINVAL, "context_window_tokens",
+                   "context_window_tokens: expected 256 to 10000000");
+  return CPH_OK;
+}
+
+/* Writes rec for s and (re)derives the in-memory settings that come from it. */
+int persist_session_credits(cph_engine *e, cph_txn *t, csession *s) {
+  cph_key k = session_key(s->id);
+  cph_session_rec r;
+  int rc = cph_txn_get_record(t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
+  if (rc)
+    return rc;
+  r.credits = cph_sched_credits(e->sched, s->sid);
+  r.credits_at_ms = cph_wall_ms();
+  r.episode = s->episode;
+  r.updated_ms = r.credits_at_ms;
+  rc = cph_txn_put_record(t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
+  cph_record_free(&cph_session_desc, &r);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- operations */
+
+static void session_create(cph_engine *e, cph_op *op) {
+  cph_session_info *in = &op->u.session.in;
+  if (!in->id || !session_id_valid(in->id)) {
+    op_fail(op, CPH_EINVAL, "id", "id: 1 to 128 characters of A-Z a-z 0-9 . _ : @ -");
+    return;
+  }
+  unsigned all = CPH_SET_SUBSCRIBE | CPH_SET_MEMBER | CPH_SET_AUTONOMY | CPH_SET_REPORT |
+                 CPH_SET_WINDOW | CPH_SET_SYSTEM | CPH_SET_TOOLS | CPH_SET_CLASS |
+                 (op->u.session.set & CPH_SET_PAUSED);
+  if (validate_fields(op, in, all))
+    return;
+  if (engine_session(e, in->id)) {
+    op_fail(op, CPH_EEXISTS, "id", "session '%s' already exists", in->id);
+    return;
+  }
+  cph_session_rec r = {0};
+  r.id = in->id;
+  r.credits = e->policy->scheduler.credits.max; /* a new session starts at max (§3.2) */
+  r.credits_at_ms = r.created_ms = r.updated_ms = cph_wall_ms();
+  rec_apply(&r, in, all);
+  if (!r.context_window_tokens)
+    r.context_window_tokens = (uint32_t)e->policy->sessions.context_window_tokens;
+  cph_txn t;
+  cph_key k = session_key(in->id);
+  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_put_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
+  if (cph_txn_commit(&t)) {
+    op_fail(op, t.ret, NULL, "%s", t.err.msg);
+    return;
+  }
+  csession *s = csession_new(e, in->id, in->lane, 0, false);
+  if (!s || sessions_channels_attach(e, s, &r)) {
+    op_fail(op, CPH_ENOMEM, NULL, "out of memory creating session '%s'", in->id);
+    return;
+  }
+  s->paused = r.state == CPH_SESSION_PAUSED;
+  s->autonomy_interval_s = r.autonomy_interval_s;
+  engine_tick_schedule(e, s);
+  engine_update_work(e, s);
+  if (info_from(e, &r, s, &op->u.session.out))
+    op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+}
+
+static void session_update(cph_engine *e, cph_op *op) {
+  cph_session_info *in = &op->u.session.in;
+  unsigned set = op->u.session.set;
+  csession *s = in->id ? engine_session(e, in->id) : NULL;
+  if (!s) {
+    op_fail(op, CPH_ENOTFOUND, "id", "no session '%s'", in->id ? in->id : "");
+    return;
+  }
+  if (validate_fields(op, in, set))
+    return;
+  if ((set & CPH_SET_CLASS) && in->lane != s->lane && s->running_turn) {
+    op_fail(op, CPH_ESTATE, "class", "session '%s' has a running turn; change its class later",
+            s->id);
+    return;
+  }
+  cph_txn t;
+  cph_key k = session_key(s->id);
+  cph_session_rec r;
+  cph_txn_begin_child(&e->txn, &t);
+  if (cph_txn_get_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r) != CPH_OK) {
+    op_fail(op, t.ret ? t.ret : CPH_ENOTFOUND, NULL, "%s", t.err.msg);
+    cph_txn_abort(&t);
+    return;
+  }
+  /* Keep the record's own arrays to free them after the borrowed ones were written. */
+  cph_session_rec own = r;
+  rec_apply(&r, in, set);
+  r.updated_ms = cph_wall_ms();
+  r.episode = s->episode;
+  r.credits = cph_sched_credits(e->sched, s->sid);
+  r.credits_at_ms = r.updated_ms;
+  cph_txn_put_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
+  if (cph_txn_commit(&t)) {
+    op_fail(op, t.ret, NULL, "%s", t.err.msg);
+    cph_record_free(&cph_session_desc, &own);
+    return;
+  }
+  if (set & (CPH_SET_SUBSCRIBE | CPH_SET_MEMBER)) {
+    sessions_channels_detach(e, s);
+    sessions_channels_attach(e, s, &r);
+  }
+  if ((set & CPH_SET_CLASS) && in->lane != s->lane) {
+    /* A new lane: re-register with the scheduler, keeping its credits. */
+    double credits = cph_sched_credits(e->sched, s->sid);
+    cph_sid old = s->sid;
+    if (cph_sched_restore(e->sched, s->id, in->lane, credits, &s->sid) == CPH_OK) {
+      e->by_sid[old] = NULL;
+      cph_sched_remove(e->sched, old);
+      s->lane = in->lane;
+      if (s->sid >= e->cap_by_sid) {
+        size_t cap = e->cap_by_sid * 2;
+        while (cap <= s->sid)
+          cap *= 2;
+        csession **p = realloc(e->by_sid, cap * sizeof *p);
+        if (p) {
+          memset(p + e->cap_by_sid, 0, (cap - e->cap_by_sid) * sizeof *p);
+          e->by_sid = p;
+          e->cap_by_sid = cap;
+        }
+      }
+      if (s->sid < e->cap_by_sid)
+        e->by_sid[s->sid] = s;
+    }
+  }
+  if (set & CPH_SET_PAUSED)
+    s->paused = r.state == CPH_SESSION_PAUSED;
+  if (set & CPH_SET_AUTONOMY) {
+    s->autonomy_interval_s = r.autonomy_interval_s;
+    engine_tick_schedule(e, s);
+  }
+  engine_update_work(e, s);
+  if (info_from(e, &r, s, &op->u.session.out))
+    op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+  cph_record_free(&cph_session_desc, &own);
+}
+
+static void session_delete(cph_engine *e, cph_op *op) {
+  const char *id = op->u.session.in.id;
+  csession *s = id ? engine_session(e, id) : NULL;
+  if (!s) {
+    op_fail(op, CPH_ENOTFOUND, "id", "no session '%s'", id ? id : "");
+    return;
+  }
+  if (s->running_turn) {
+    op_fail(op, CPH_ESTATE, NULL, "session '%s' has a running turn; delete it after the turn",
+            s->id);
+    return;
+  }
+  cph_txn t;
+  cph_key k = session_key(s->id);
+  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_del(&t, CPH_DB_SESSIONS, &k);
+  /* Its live inbox goes with it; events stay in their channels' history. */
+  for (uint32_t i = 0; i < s->n_inbox; i++) {
+    cph_key ik;
+    cph_key_reset(&ik);
+    cph_key_str(&ik, s->id);
+    cph_key_u64(&ik, s->inbox[i].id);
+    cph_txn_del(&t, CPH_DB_INBOX, &ik);
+  }
+  if (cph_txn_commit(&t)) {
+    op_fail(op, t.ret, NULL, "%s", t.err.msg);
+    return;
+  }
+  sessions_channels_detach(e, s);
+  cph_sched_remove(e->sched, s->sid);
+  engine_tick_schedule(e, (s->autonomy_interval_s = 0, s));
+  for (size_t i = 0; i < e->n_pending_sessions; i++)
+    if (e->pending_sessions[i] == s)
+      e->pending_sessions[i] = e->pending_sessions[--e->n_pending_sessions];
+  cph_hmap_del(&e->sessions, s->id);
+  csession_free(e, s);
+}
+
+void sessions_apply(cph_engine *e, cph_op *op) {
+  switch (op->kind) {
+  case CPH_OP_SESSION_CREATE:
+    session_create(e, op);
+    break;
+  case CPH_OP_SESSION_UPDATE:
+    session_update(e, op);
+    break;
+  default:
+    session_delete(e, op);
+    break;
+  }
+}
+
+/* ---------------------------------------------------------------- load at open */
+
+/* Credits carry over a restart: refilled for the time the daemon was down, capped at max. */
+static double restored_credits(const cph_engine *e, const cph_session_rec *r) {
+  const cph_policy_credits *c = &e->policy->scheduler.credits;
+  double down_s = (double)(cph_wall_ms() - r->credits_at_ms) / 1000.0;
+  double credits = r->credits + (down_s > 0 ? down_s * c->refill_per_second : 0);
+  if (!isfinite(credits) || credits > c->max)
+    credits = c->max;
+  return credits < c->min ? c->min : credits;
+}
+
+static int load_inbox(cph_engine *e, cph_txn *t, cph_err *err) {
+  cph_cursor c;
+  cph_val k, v;
+  int rc = cph_cursor_open(t, CPH_DB_INBOX, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    cph_inbox_rec r;
+    cph_err derr;
+    if (cph_record_decode(&cph_inbox_desc, v.data, v.len, &r, &derr)) {
+      char key[160];
+      cph_key_describe(k.data, k.len, key, sizeof key);
+      cph_cursor_close(&c);
+      return cph_err_set(err, CPH_ECORRUPT, "corrupt record in database \"inbox\" at key %s: %s",
+                         key, derr.msg);
+    }
+    csession *s = engine_session(e, r.session);
+    if (s && (r.status == CPH_INBOX_PENDING || r.status == CPH_INBOX_STAGED)) {
+      /* The inbox id is the key's trailing u64. */
+      inbox_item it = {cph_be64_get((const uint8_t *)k.data + k.len - 8), r.event_id, r.status,
+                       r.mentioned, r.attempts, 0, r.created_ms};
+      if (csession_inbox_push(s, &it)) {
+        cph_record_free(&cph_inbox_desc, &r);
+        cph_cursor_close(&c);
+        return cph_err_set(err, CPH_ENOMEM, "out of memory loading inboxes");
+      }
+      if (r.status == CPH_INBOX_PENDING)
+        engine_mark_pending(e, s);
+    }
+    cph_record_free(&cph_inbox_desc, &r);
+  }
+  cph_cursor_close(&c);
+  if (rc != CPH_ENOTFOUND)
+    return cph_err_set(err, rc, "%s", t->err.msg);
+  return CPH_OK;
+}
+
+int sessions_load(cph_engine *e, cph_err *err) {
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, false, &t);
+  if (rc)
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  cph_cursor c;
+  cph_val k, v;
+  rc = cph_cursor_open(&t, CPH_DB_SESSIONS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    cph_session_rec r;
+    cph_err derr;
+    if (cph_record_decode(&cph_session_desc, v.data, v.len, &r, &derr)) {
+      char key[160];
+      cph_key_describe(k.data, k.len, key, sizeof key);
+      rc = cph_err_set(err, CPH_ECORRUPT,
+                       "corrupt record in database \"sessions\" at key %s: %s", key, derr.msg);
+      goto out;
+    }
+    csession *s = csession_new(e, r.id, (cph_lane)r.lane, restored_credits(e, &r), true);
+    if (!s || sessions_channels_attach(e, s, &r)) {
+      cph_record_free(&cph_session_desc, &r);
+      rc = cph_err_set(err, CPH_ENOMEM, "out of memory loading sessions");
+      goto out;
+    }
+    s->paused = r.state == CPH_SESSION_PAUSED;
+    s->episode = r.episode;
+    s->autonomy_interval_s = r.autonomy_interval_s;
+    engine_tick_schedule(e, s);
+    cph_record_free(&cph_session_desc, &r);
+  }
+  if (rc != CPH_ENOTFOUND) {
+    rc = cph_err_set(err, rc, "%s", t.err.msg);
+    goto out;
+  }
+  cph_cursor_close(&c);
+  rc = load_inbox(e, &t, err);
+  for (size_t i = 0; rc == CPH_OK && i < e->sessions.cap; i++)
+    if (e->sessions.slots[i].key)
+      engine_update_work(e, e->sessions.slots[i].value);
+out:
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  if (rc == CPH_OK && e->policy->sessions.janitor && !engine_session(e, "janitor"))
+    rc = janitor_create(e, err);
+  return rc;
+}
+
+/* The built-in maintenance session (DESIGN §2), created once. */
+int janitor_create(cph_engine *e, cph_err *err) {
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, true, &t);
+  cph_session_rec r = {0};
+  r.id = "janitor";
+  r.lane = CPH_LANE_MAINTENANCE;
+  r.credits = e->policy->scheduler.credits.max;
+  r.credits_at_ms = r.created_ms = r.updated_ms = cph_wall_ms();
+  r.context_window_tokens = (uint32_t)e->policy->sessions.context_window_tokens;
+  cph_key k = session_key("janitor");
+  if (rc == CPH_OK)
+    cph_txn_put_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
+  if (cph_txn_commit(&t))
+    return cph_err_set(err, t.ret, "creating the janitor session: %s", t.err.msg);
+  csession *s = csession_new(e, "janitor", CPH_LANE_MAINTENANCE, 0, false);
+  return s ? CPH_OK : cph_err_set(err, CPH_ENOMEM, "out of memory creating the janitor");
+}
+
+/* ---------------------------------------------------------------- reads */
+
+int cph_engine_get_session(cph_engine *e, const char *id, cph_session_info *out, cph_err *err) {
+  csession *s = engine_session(e, id);
+  if (!s)
+    return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", id);
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, false, &t);
+  cph_key k = session_key(id);
+  cph_session_rec r;
+  if (rc == CPH_OK)
+    rc = cph_txn_get_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
+  if (rc) {
+    cph_err_set(err, rc, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+    cph_txn_abort(&t);
+    return rc;
+  }
+  rc = info_from(e, &r, s, out);
+  cph_record_free(&cph_session_desc, &r);
+  cph_txn_abort(&t);
+  return rc ? cph_err_set(err, rc, "out of memory") : CPH_OK;
+}
+
+int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_session_info **out,
+                             size_t *n, cph_err *err) {
+  size_t limit = f && f->limit ? f->limit : 100;
+  if (limit > 1000)
+    limit = 1000;
+  *out = calloc(limit, sizeof **out);
+  *n = 0;
+  if (!*out)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, false, &t);
+  cph_cursor c;
+  cph_val k, v;
+  cph_key start;
+  cph_key_reset(&start);
+  if (f && f->after) {
+    cph_key_str(&start, f->after);
+    start.data[start.len - 1] = 1; /* just past "after\0": the next id */
+  }
+  if (rc == CPH_OK)
+    rc = cph_cursor_open(&t, CPH_DB_SESSIONS, &c);
+  if (rc == CPH_OK)
+    rc = cph_cursor_seek(&c, start.len ? &start : NULL, &k, &v);
+  for (; rc == CPH_OK && *n < limit; rc = cph_cursor_next(&c, &k, &v)) {
+    cph_session_rec r;
+    cph_err derr;
+    if (cph_record_decode(&cph_session_desc, v.data, v.len, &r, &derr)) {
+      cph_warn("sessions list: skipping a corrupt session record: %s", derr.msg);
+      continue;
+    }
+    csession *s = engine_session(e, r.id);
+    bool keep = s && (!f || !f->by_lane || (cph_lane)r.lane == f->lane) &&
+                (!f || !f->by_state || live_state(s) == f->state);
+    if (keep && info_from(e, &r, s, &(*out)[*n]) == CPH_OK)
+      (*n)++;
+    cph_record_free(&cph_session_desc, &r);
+  }
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
+    for (size_t i = 0; i < *n; i++)
+      cph_session_info_free(&(*out)[i]);
+    free(*out);
+    *out = NULL;
+    *n = 0;
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  }
+  return CPH_OK;
+}
+
+int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *err) {
+  csession *s = engine_session(e, id);
+  if (!s)
+    return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", id);
+  cph_why w;
+  cph_sched_why(e->sched, s->sid, &w);
+  memset(out, 0, sizeof *out);
+  out->reason = cph_why_reason_name(w.reason);
+  out->lane = w.lane;
+  out->credits = w.credits;
+  out->waiting_s = (double)w.waiting_ns / 1e9;
+  if (w.reason == CPH_WHY_LANE_NO_BUDGET)
+    out->until_ms = w.until_ns == INT64_MAX
+                        ? 0
+                        : cph_wall_ms() + (w.until_ns - engine_now(e)) / CPH_NS_PER_MS;
+  out->rank = w.rank;
+  out->lane_runnable = w.lane_runnable;
+  out->ahead_in_higher_lanes = w.ahead_in_higher_lanes;
+  out->staged = s->n_staged;
+  out->pending = s->n_pending;
+  return CPH_OK;
+}

@@ -1,0 +1,941 @@
+/* Turns (DESIGN §4): serving lease requests (agent_turn), building a turn's input and sections,
+ * heartbeat, complete (idempotent per lease), fail, lease expiry with attempt counting and
+ * parking, requeue, restart recovery, and the replies / parked-turn reads. */
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "engine_internal.h"
+
+#define HISTORY_MAX 20       /* conversation_history entries per turn (step 5 refines this) */
+#define HISTORY_SCAN_MAX 200 /* channel-log entries looked at to find them */
+
+const char *cph_turn_kind_name(cph_turn_kind_t k) {
+  switch (k) {
+  case CPH_KIND_INBOX: return "inbox";
+  case CPH_KIND_AUTONOMY_TICK: return "autonomy_tick";
+  case CPH_KIND_JOB: return "job";
+  case CPH_KIND_REPORT: return "report";
+  }
+  return "unknown";
+}
+
+/* ---------------------------------------------------------------- freeing values */
+
+void cph_turn_info_free(cph_turn_info *t) {
+  free(t->session);
+  free(t->input);
+  for (size_t i = 0; i < t->n_staged; i++) {
+    free(t->staged[i].channel);
+    free(t->staged[i].sender);
+    free(t->staged[i].body);
+  }
+  free(t->staged);
+  for (size_t i = 0; i < t->n_history; i++) {
+    free(t->history[i].channel);
+    free(t->history[i].sender);
+    free(t->history[i].body);
+  }
+  free(t->history);
+  for (size_t i = 0; i < t->n_tools; i++)
+    free(t->tools[i].name);
+  free(t->tools);
+  for (size_t i = 0; i < t->n_messages; i++) {
+    free(t->messages[i].role);
+    free(t->messages[i].content);
+    free(t->messages[i].coord);
+  }
+  free(t->messages);
+  memset(t, 0, sizeof *t);
+}
+
+void cph_reply_info_free(cph_reply_info *r) {
+  free(r->session);
+  free(r->channel);
+  free(r->body);
+  free(r->source_inbox_ids);
+  memset(r, 0, sizeof *r);
+}
+
+void cph_parked_turn_free(cph_parked_turn *p) {
+  free(p->session);
+  free(p->inbox_ids);
+  free(p->error);
+  memset(p, 0, sizeof *p);
+}
+
+void cph_op_clear_results(cph_op *op) {
+  switch (op->kind) {
+  case CPH_OP_SESSION_CREATE:
+  case CPH_OP_SESSION_UPDATE:
+  case CPH_OP_SESSION_DELETE:
+    cph_session_info_free(&op->u.session.out);
+    break;
+  case CPH_OP_INGEST:
+    for (size_t i = 0; op->u.ingest.results && i < op->u.ingest.n_events; i++) {
+      cph_event_result *r = &op->u.ingest.results[i];
+      for (size_t j = 0; j < r->sessions.count; j++)
+        free(r->sessions.items[j]);
+      free(r->sessions.items);
+      free(r->reason);
+      free(r->field);
+    }
+    free(op->u.ingest.results);
+    op->u.ingest.results = NULL;
+    break;
+  case CPH_OP_LEASE:
+    cph_turn_info_free(&op->u.lease.turn);
+    break;
+  default:
+    break;
+  }
+}
+
+void lease_free(lease *l) {
+  if (!l)
+    return;
+  free(l->inbox_ids);
+  free(l->key);
+  free(l);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static void hex_encode(const uint8_t *bytes, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[bytes[i] >> 4];
+    out[2 * i + 1] = digits[bytes[i] & 15];
+  }
+  out[2 * n] = '\0';
+}
+
+/* Parses 32 hex chars into 16 bytes. */
+static bool hex_decode16(const char *hex, uint8_t out[16]) {
+  if (!hex || strlen(hex) != 32)
+    return false;
+  for (int i = 0; i < 16; i++) {
+    unsigned v = 0;
+    for (int j = 0; j < 2; j++) {
+      char c = hex[2 * i + j];
+      unsigned d = c >= '0' && c <= '9'   ? (unsigned)(c - '0')
+                   : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
+                   : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10)
+                                          : 16;
+      if (d > 15)
+        return false;
+      v = v * 16 + d;
+    }
+    out[i] = (uint8_t)v;
+  }
+  return true;
+}
+
+static bool token_matches(const uint8_t a[16], const char *hex) {
+  uint8_t b[16];
+  return hex_decode16(hex, b) && CRYPTO_memcmp(a, b, 16) == 0; /* constant time */
+}
+
+static cph_key u64_key(uint64_t v) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, v);
+  return k;
+}
+
+static cph_key inbox_key(const char *session, uint64_t id) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, session);
+  cph_key_u64(&k, id);
+  return k;
+}
+
+static lease *lease_find(cph_engine *e, uint64_t turn_id) {
+  char key[24];
+  snprintf(key, sizeof key, "%llu", (unsigned long long)turn_id);
+  return cph_hmap_get(&e->leases, key);
+}
+
+static int inbox_index(const csession *s, uint64_t id) {
+  for (uint32_t i = 0; i < s->n_inbox; i++)
+    if (s->inbox[i].id == id)
+      return (int)i;
+  return -1;
+}
+
+static int put_inbox_status(cph_txn *t, const csession *s, const inbox_item *it, uint8_t status,
+                            uint64_t turn_id) {
+  cph_inbox_rec r = {s->id, it->id, it->event_id, status, it->mentioned, turn_id,
+                     it->attempts, it->created_ms};
+  cph_key k = inbox_key(s->id, it->id);
+  return cph_txn_put_record(t, CPH_DB_INBOX, &k, &cph_inbox_desc, &r);
+}
+
+static char *dup_or_empty(const char *s) { return strdup(s ? s : ""); }
+
+/* ---------------------------------------------------------------- building a turn */
+
+static int staged_order(const void *a, const void *b) {
+  const inbox_item *x = *(inbox_item *const *)a, *y = *(inbox_item *const *)b;
+  if (x->mentioned != y->mentioned)
+    return x->mentioned ? -1 : 1; /* mentions first (§4) */
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* conversation_history: recent entries in the channels of the staged messages, from their
+ * senders or from the session itself, older than the staged messages. */
+static void build_history(cph_engine *e, cph_txn *t, csession *s, cph_turn_info *ti) {
+  if (!ti->n_staged)
+    return; /* "none" on an autonomy tick (§6) */
+  ti->history = calloc(HISTORY_MAX, sizeof *ti->history);
+  if (!ti->history)
+    return;
+  uint64_t first_staged = ti->staged[0].event_id;
+  for (size_t i = 1; i < ti->n_staged; i++)
+    if (ti->staged[i].event_id < first_staged)
+      first_staged = ti->staged[i].event_id;
+  const char *chan = ti->staged[0].channel;
+  cph_cursor c;
+  if (cph_cursor_open(t, CPH_DB_CHANNEL_LOG, &c) != CPH_OK)
+    return;
+  cph_key end;
+  cph_key_reset(&end);
+  cph_key_str(&end, chan);
+  cph_key_u64(&end, UINT64_MAX);
+  cph_val k, v;
+  int rc = cph_cursor_seek(&c, &end, &k, &v);
+  rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&c, &k, &v) : rc;
+  size_t prefix = strlen(chan) + 1;
+  for (int scanned = 0; rc == CPH_OK && scanned < HISTORY_SCAN_MAX && ti->n_history < HISTORY_MAX;
+       scanned++, rc = cph_cursor_prev(&c, &k, &v)) {
+    if (k.len != prefix + 8 || memcmp(k.data, chan, prefix) != 0 || v.len != 8)
+      break;
+    uint64_t event_id = cph_be64_get(v.data);
+    if (event_id >= first_staged)
+      continue;
+    cph_key ek = u64_key(event_id);
+    cph_event_rec ev;
+    if (cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev) != CPH_OK)
+      break;
+    bool relevant = strcmp(ev.sender, s->id) == 0;
+    for (size_t i = 0; i < ti->n_staged && !relevant; i++)
+      relevant = strcmp(ev.sender, ti->staged[i].sender) == 0;
+    if (relevant && ev.body) {
+      cph_history_entry *h = &ti->history[ti->n_history++];
+      h->event_id = event_id;
+      h->channel = strdup(ev.channel);
+      h->sender = strdup(ev.sender);
+      h->body = strdup(ev.body);
+      h->ts_ms = ev.ts_ms;
+    }
+    cph_record_free(&cph_event_desc, &ev);
+  }
+  cph_cursor_close(&c);
+  /* Collected newest first; the section lists oldest first. */
+  for (size_t i = 0; i < ti->n_history / 2; i++) {
+    cph_history_entry tmp = ti->history[i];
+    ti->history[i] = ti->history[ti->n_history - 1 - i];
+    ti->history[ti->n_history - 1 - i] = tmp;
+  }
+}
+
+static void add_message(cph_turn_info *ti, const char *role, const char *content,
+                        const char *coord) {
+  cph_message *m = &ti->messages[ti->n_messages++];
+  m->role = strdup(role);
+  m->content = strdup(content);
+  m->coord = strdup(coord);
+}
+
+/* Fills ti from the session record, the staged items and the scheduler; reads through t. */
+static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items, size_t n,
+                      cph_turn_info *ti) {
+  cph_session_rec rec;
+  cph_key sk;
+  cph_key_reset(&sk);
+  cph_key_str(&sk, s->id);
+  int rc = cph_txn_get_record(t, CPH_DB_SESSIONS, &sk, &cph_session_desc, &rec);
+  if (rc)
+    return rc;
+  ti->session = strdup(s->id);
+  ti->lane = s->lane;
+  ti->kind = n ? CPH_KIND_INBOX : CPH_KIND_AUTONOMY_TICK;
+  ti->episode = s->episode;
+  ti->staged = calloc(n ? n : 1, sizeof *ti->staged);
+  cph_buf input = CPH_BUF_INIT;
+  cph_buf_puts(&input, n ? "inbox:" : "autonomy_tick");
+  for (size_t i = 0; i < n && ti->staged; i++) {
+    cph_key ek = u64_key(items[i]->event_id);
+    cph_event_rec ev;
+    rc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    if (rc)
+      break;
+    cph_staged_msg *m = &ti->staged[ti->n_staged++];
+    m->id = items[i]->id;
+    m->event_id = ev.id;
+    m->channel = strdup(ev.channel);
+    m->sender = strdup(ev.sender);
+    m->body = dup_or_empty(ev.body);
+    m->mentioned = items[i]->mentioned;
+    m->ts_ms = ev.ts_ms;
+    if (i)
+      cph_buf_putc(&input, '\n');
+    cph_buf_puts(&input, m->body);
+    cph_record_free(&cph_event_desc, &ev);
+  }
+  ti->input = cph_buf_steal(&input);
+  if (rc == CPH_OK) {
+    cph_lane_stats st;
+    cph_sched_lane_stats(e->sched, s->lane, &st);
+    ti->current_state.credits = cph_sched_credits(e->sched, s->sid);
+    ti->current_state.turns_left = st.turns_left;
+    ti->current_state.tool_calls_left = st.tool_calls_left;
+    ti->current_state.state = CPH_STATE_RUNNING;
+    ti->current_state.time_ms = cph_wall_ms();
+    build_history(e, t, s, ti);
+    ti->tools = calloc(rec.n_tools ? rec.n_tools : 1, sizeof *ti->tools);
+    for (uint32_t i = 0; ti->tools && i < rec.n_tools; i++)
+      ti->tools[ti->n_tools++].name = strdup(rec.tools[i]);
+    /* messages: the system prompt and the current input; step 5 renders the full tree. */
+    ti->messages = calloc(2, sizeof *ti->messages);
+    if (ti->messages) {
+      if (rec.system)
+        add_message(ti, "system", rec.system, "d-1, 0, 0");
+      add_message(ti, "user", ti->input ? ti->input : "", "d0, 0, 0");
+    }
+  }
+  cph_record_free(&cph_session_desc, &rec);
+  return rc;
+}
+
+/* Starts a turn for the picked session and hands it to waiter w. false: could not (the pick
+ * is undone and the waiter keeps waiting). */
+static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
+  csession *s = pick->sid < e->cap_by_sid ? e->by_sid[pick->sid] : NULL;
+  if (!s) {
+    cph_sched_finish(e->sched, pick->sid, 0, false);
+    return false;
+  }
+  size_t max_batch = (size_t)e->policy->sessions.max_batch;
+  inbox_item **items = calloc(s->n_inbox ? s->n_inbox : 1, sizeof *items);
+  if (!items) {
+    cph_sched_finish(e->sched, pick->sid, 0, false);
+    return false;
+  }
+  size_t n = 0;
+  for (uint32_t i = 0; i < s->n_inbox; i++)
+    if (s->inbox[i].status == CPH_INBOX_STAGED)
+      items[n++] = &s->inbox[i];
+  qsort(items, n, sizeof *items, staged_order);
+  if (n > max_batch)
+    n = max_batch;
+  if (n == 0 && !s->tick_due) {
+    free(items);
+    cph_sched_finish(e->sched, pick->sid, 0, false);
+    engine_update_work(e, s);
+    return false;
+  }
+
+  cph_turn_info *ti = &w->u.lease.turn;
+  memset(ti, 0, sizeof *ti);
+  cph_txn t;
+  cph_txn_begin_child(&e->txn, &t);
+  uint64_t turn_id = 0;
+  cph_txn_next_id(&t, "turn", &turn_id);
+  int rc = build_turn(e, &t, s, items, n, ti);
+  uint8_t token[16];
+  if (RAND_bytes(token, sizeof token) != 1)
+    rc = rc ? rc : CPH_EIO;
+  int64_t now_ns = engine_now(e);
+  int64_t ttl_ns = e->policy->leases.ttl_seconds * CPH_NS_PER_S;
+  uint32_t attempts = 0;
+  uint64_t *ids = calloc(n ? n : 1, sizeof *ids);
+  for (size_t i = 0; i < n && ids; i++) {
+    ids[i] = items[i]->id;
+    if (items[i]->attempts > attempts)
+      attempts = items[i]->attempts;
+  }
+  if (rc == CPH_OK && ids) {
+    cph_turn_rec tr = {0};
+    tr.id = turn_id;
+    tr.session = s->id;
+    tr.lane = (uint8_t)s->lane;
+    tr.kind = n ? CPH_TURN_INBOX : CPH_TURN_AUTONOMY_TICK;
+    tr.state = CPH_TURN_LEASED;
+    memcpy(tr.lease, token, sizeof token);
+    tr.worker = w->u.lease.worker;
+    tr.inbox_seqs = ids;
+    tr.n_inbox_seqs = (uint32_t)n;
+    tr.episode = s->episode;
+    tr.attempts = attempts + 1;
+    tr.input = ti->input;
+    tr.created_ms = cph_wall_ms();
+    tr.deadline_ms = tr.created_ms + ttl_ns / CPH_NS_PER_MS;
+    cph_key tk = u64_key(turn_id);
+    cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    cph_txn_put(&t, CPH_DB_ACTIVE_TURNS, &tk, "", 0);
+    ti->deadline_ms = tr.deadline_ms;
+  }
+  lease *l = calloc(1, sizeof *l);
+  char key[24];
+  snprintf(key, sizeof key, "%llu", (unsigned long long)turn_id);
+  char *key_copy = strdup(key);
+  if (rc || !ids || !l || !key_copy || cph_txn_commit(&t) != CPH_OK ||
+      cph_hmap_put(&e->leases, key_copy, l) != CPH_OK) {
+    if (t.mdb)
+      cph_txn_abort(&t);
+    cph_log(CPH_LOG_WARN, "could not start a turn for '%s': %s", s->id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(rc ? rc : CPH_ENOMEM));
+    free(ids);
+    free(l);
+    free(key_copy);
+    free(items);
+    cph_turn_info_free(ti);
+    cph_sched_finish(e->sched, pick->sid, 0, false);
+    return false;
+  }
+  l->turn_id = turn_id;
+  l->session = s;
+  memcpy(l->token, token, sizeof token);
+  l->deadline_ns = now_ns + ttl_ns;
+  l->kind = ti->kind;
+  l->inbox_ids = ids;
+  l->n_inbox_ids = n;
+  l->key = key_copy;
+  for (size_t i = 0; i < n; i++)
+    items[i]->turn_id = turn_id;
+  free(items);
+  s->running_turn = turn_id;
+  if (!n)
+    s->tick_due = false; /* this tick is being served; the next is armed at completion */
+  ti->id = turn_id;
+  hex_encode(token, sizeof token, ti->lease);
+  ti->attempts = attempts + 1;
+  return true;
+}
+
+/* agent_turn (§3.6 job 0): each waiting worker, oldest first, gets the scheduler's pick among
+ * the lanes it accepts. */
+uint32_t turns_serve_waiters(cph_engine *e) {
+  uint32_t started = 0;
+  for (size_t i = 0; e->waiters.len && i < e->waiters.len;) {
+    if (cph_sched_running(e->sched) >= cph_sched_concurrency(e->sched))
+      break;
+    cph_op *w = engine_waiter_at(e, i);
+    unsigned mask = w->u.lease.lanes ? w->u.lease.lanes : (1u << CPH_LANE_COUNT) - 1;
+    cph_pick pick;
+    if (cph_sched_pick_lanes(e->sched, mask, &pick) != CPH_OK) {
+      i++;
+      continue;
+    }
+    if (!start_turn(e, w, &pick))
+      continue; /* the same waiter tries the next pick */
+    engine_waiter_remove(e, w);
+    w->rc = CPH_OK;
+    engine_waiter_done(e, w);
+    started++;
+  }
+  return started;
+}
+
+/* ---------------------------------------------------------------- ending a lease */
+
+/* Ends lease l without completing it (worker failure or expiry): the carried messages stay
+ * staged with one more attempt; when an item reaches :max-attempts the turn is parked with
+ * its messages. */
+static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) {
+  csession *s = l->session;
+  uint32_t max_attempts = (uint32_t)e->policy->leases.max_attempts;
+  bool park = false;
+  cph_txn t;
+  cph_txn_begin_child(&e->txn, &t);
+  for (size_t i = 0; i < l->n_inbox_ids; i++) {
+    int idx = inbox_index(s, l->inbox_ids[i]);
+    if (idx < 0)
+      continue;
+    inbox_item it = s->inbox[idx];
+    it.attempts++;
+    if (it.attempts >= max_attempts)
+      park = true;
+  }
+  for (size_t i = 0; i < l->n_inbox_ids; i++) {
+    int idx = inbox_index(s, l->inbox_ids[i]);
+    if (idx < 0)
+      continue;
+    inbox_item it = s->inbox[idx];
+    it.attempts++;
+    put_inbox_status(&t, s, &it, park ? CPH_INBOX_PARKED : CPH_INBOX_STAGED, park ? l->turn_id : 0);
+  }
+  cph_key tk = u64_key(l->turn_id);
+  cph_turn_rec tr;
+  if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
+    tr.state = park ? CPH_TURN_PARKED : state;
+    char *old_error = tr.error;
+    tr.error = (char *)error;
+    tr.completed_ms = cph_wall_ms();
+    cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    tr.error = old_error;
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  cph_txn_del(&t, CPH_DB_ACTIVE_TURNS, &tk);
+  if (park)
+    cph_txn_put(&t, CPH_DB_PARKED_TURNS, &tk, "", 0);
+  int rc = cph_txn_commit(&t);
+  if (rc)
+    return rc;
+  for (size_t i = 0; i < l->n_inbox_ids; i++) {
+    int idx = inbox_index(s, l->inbox_ids[i]);
+    if (idx < 0)
+      continue;
+    s->inbox[idx].attempts++;
+    s->inbox[idx].turn_id = 0;
+    if (park)
+      csession_inbox_remove(s, (uint32_t)idx);
+  }
+  s->running_turn = 0;
+  cph_sched_finish(e->sched, s->sid, 0, false);
+  if (l->kind == CPH_KIND_AUTONOMY_TICK)
+    engine_tick_schedule(e, s);
+  engine_update_work(e, s);
+  if (park)
+    cph_log(CPH_LOG_WARN, "turn %llu of '%s' parked after %u attempts: %s",
+            (unsigned long long)l->turn_id, s->id, max_attempts, error);
+  lease_free(cph_hmap_del(&e->leases, l->key));
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- operations */
+
+/* The lease the op names: CPH_OK with *out, or the op's error already set. */
+static int check_lease(cph_engine *e, cph_op *op, lease **out) {
+  lease *l = lease_find(e, op->u.turn.turn_id);
+  if (l) {
+    if (!token_matches(l->token, op->u.turn.lease))
+      return op_fail(op, CPH_ECONFLICT, "lease", "lease does not match turn %llu",
+                     (unsigned long long)op->u.turn.turn_id);
+    *out = l;
+    return CPH_OK;
+  }
+  /* Not active: find out why, so the worker gets the right answer. */
+  cph_key tk = u64_key(op->u.turn.turn_id);
+  cph_turn_rec tr;
+  int rc = cph_txn_get_record(&e->txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  if (rc == CPH_ENOTFOUND)
+    return op_fail(op, CPH_ENOTFOUND, "id", "no turn %llu",
+                   (unsigned long long)op->u.turn.turn_id);
+  if (rc)
+    return op_fail(op, rc, NULL, "%s", e->txn.err.msg);
+  bool same = token_matches(tr.lease, op->u.turn.lease);
+  uint8_t state = tr.state;
+  cph_record_free(&cph_turn_desc, &tr);
+  if (!same)
+    return op_fail(op, CPH_ECONFLICT, "lease", "lease does not match turn %llu",
+                   (unsigned long long)op->u.turn.turn_id);
+  if (state == CPH_TURN_COMPLETED && op->kind == CPH_OP_COMPLETE) {
+    op->u.turn.already = true; /* complete is idempotent for the same lease */
+    return CPH_ENOTFOUND;
+  }
+  return op_fail(op, CPH_ECONFLICT, "lease", "the lease of turn %llu has ended (%s)",
+                 (unsigned long long)op->u.turn.turn_id,
+                 state == CPH_TURN_COMPLETED ? "completed"
+                 : state == CPH_TURN_PARKED  ? "parked"
+                                             : "expired or failed");
+}
+
+static void turn_heartbeat(cph_engine *e, cph_op *op) {
+  lease *l;
+  if (check_lease(e, op, &l))
+    return;
+  int64_t ttl_ms = e->policy->leases.ttl_seconds * 1000;
+  cph_txn t;
+  cph_txn_begin_child(&e->txn, &t);
+  cph_key tk = u64_key(l->turn_id);
+  cph_turn_rec tr;
+  if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
+    tr.deadline_ms = cph_wall_ms() + ttl_ms;
+    op->u.turn.deadline_ms = tr.deadline_ms;
+    cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  if (cph_txn_commit(&t)) {
+    op_fail(op, t.ret, NULL, "%s", t.err.msg);
+    return;
+  }
+  l->deadline_ns = engine_now(e) + ttl_ms * CPH_NS_PER_MS;
+}
+
+static void turn_complete(cph_engine *e, cph_op *op) {
+  lease *l;
+  int rc = check_lease(e, op, &l);
+  if (rc) {
+    if (op->u.turn.already)
+      op->rc = CPH_OK;
+    return;
+  }
+  csession *s = l->session;
+  if (op->u.turn.reply_channel && strlen(op->u.turn.reply_channel) > 256) {
+    op_fail(op, CPH_EINVAL, "reply.channel", "reply.channel: a channel name is 1 to 256 bytes");
+    return;
+  }
+  cph_txn t;
+  cph_txn_begin_child(&e->txn, &t);
+  int64_t now_ms = cph_wall_ms();
+  /* The reply goes to its channel, else the channel of the turn's first staged message. */
+  char *first_channel = NULL;
+  for (size_t i = 0; i < l->n_inbox_ids; i++) {
+    int idx = inbox_index(s, l->inbox_ids[i]);
+    if (idx < 0)
+      continue;
+    put_inbox_status(&t, s, &s->inbox[idx], CPH_INBOX_CONSUMED, l->turn_id);
+    if (!first_channel) {
+      cph_key ek = u64_key(s->inbox[idx].event_id);
+      cph_event_rec ev;
+      if (cph_txn_get_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev) == CPH_OK) {
+        first_channel = strdup(ev.channel);
+        cph_record_free(&cph_event_desc, &ev);
+      }
+    }
+  }
+  uint64_t reply_id = 0;
+  if (op->u.turn.reply_body) {
+    char direct[160];
+    snprintf(direct, sizeof direct, "direct:%s", s->id);
+    const char *chan = op->u.turn.reply_channel ? op->u.turn.reply_channel
+                       : first_channel          ? first_channel
+                                                : direct;
+    uint64_t event_id = 0;
+    cph_txn_next_id(&t, "event", &event_id);
+    cph_txn_next_id(&t, "reply", &reply_id);
+    cph_event_rec ev = {0};
+    ev.id = event_id;
+    ev.channel = (char *)chan;
+    ev.sender = s->id;
+    ev.body = op->u.turn.reply_body;
+    ev.kind = "reply";
+    ev.ts_ms = ev.received_ms = now_ms;
+    ev.status = CPH_EVENT_STORED;
+    cph_key ek = u64_key(event_id);
+    cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    history_append(e, &t, chan, event_id);
+    cph_reply_rec rr = {reply_id, s->id, (char *)chan, op->u.turn.reply_body, l->inbox_ids,
+                        (uint32_t)l->n_inbox_ids, l->turn_id, now_ms};
+    cph_key rk = u64_key(reply_id);
+    cph_txn_put_record(&t, CPH_DB_REPLIES, &rk, &cph_reply_desc, &rr);
+  }
+  free(first_channel);
+  cph_key tk = u64_key(l->turn_id);
+  cph_turn_rec tr;
+  if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
+    tr.state = CPH_TURN_COMPLETED;
+    tr.completed_ms = now_ms;
+    tr.cost_tokens = op->u.turn.tokens;
+    tr.tool_calls = op->u.turn.tool_calls;
+    cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  cph_txn_del(&t, CPH_DB_ACTIVE_TURNS, &tk);
+  /* Charge first (in memory) so the stored credits are the charged ones; undone below if
+   * the write fails. */
+  double credits_before = cph_sched_credits(e->sched, s->sid);
+  cph_sched_finish(e->sched, s->sid, op->u.turn.tool_calls, true);
+  s->episode++;
+  persist_session_credits(e, &t, s);
+  if (cph_txn_commit(&t)) {
+    /* Put the session back as it was: running, same credits, same episode. */
+    s->episode--;
+    cph_sid sid = s->sid;
+    cph_sched_remove(e->sched, sid);
+    cph_sched_restore(e->sched, s->id, s->lane, credits_before, &s->sid);
+    e->by_sid[s->sid] = s;
+    op_fail(op, t.ret, NULL, "%s", t.err.msg);
+    cph_pick unused;
+    (void)unused;
+    s->running_turn = 0; /* the lease stays; expiry will stage the input again */
+    return;
+  }
+  for (size_t i = 0; i < l->n_inbox_ids; i++) {
+    int idx = inbox_index(s, l->inbox_ids[i]);
+    if (idx >= 0)
+      csession_inbox_remove(s, (uint32_t)idx);
+  }
+  if (reply_id > e->last_reply_id)
+    e->last_reply_id = reply_id;
+  s->running_turn = 0;
+  if (l->kind == CPH_KIND_AUTONOMY_TICK || s->autonomy_interval_s)
+    engine_tick_schedule(e, s); /* the next tick is an interval after this turn */
+  engine_update_work(e, s);
+  lease_free(cph_hmap_del(&e->leases, l->key));
+}
+
+static void turn_fail(cph_engine *e, cph_op *op) {
+  lease *l;
+  if (check_lease(e, op, &l))
+    return;
+  int rc = end_lease(e, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed");
+  if (rc)
+    op_fail(op, rc, NULL, "%s", cph_strerror(rc));
+}
+
+static void turn_requeue(cph_engine *e, cph_op *op) {
+  cph_txn t;
+  cph_txn_begin_child(&e->txn, &t);
+  cph_key tk = u64_key(op->u.turn.turn_id);
+  cph_turn_rec tr;
+  int rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  if (rc) {
+    cph_txn_abort(&t);
+    if (rc == CPH_ENOTFOUND)
+      op_fail(op, rc, "id", "no turn %llu", (unsigned long long)op->u.turn.turn_id);
+    else
+      op_fail(op, rc, NULL, "%s", t.err.msg);
+    return;
+  }
+  csession *s = engine_session(e, tr.session);
+  if (tr.state != CPH_TURN_PARKED || !s) {
+    op_fail(op, CPH_ECONFLICT, "id", "turn %llu is not parked%s",
+            (unsigned long long)tr.id, s ? "" : " (its session was deleted)");
+    cph_record_free(&cph_turn_desc, &tr);
+    cph_txn_abort(&t);
+    return;
+  }
+  inbox_item *back = calloc(tr.n_inbox_seqs ? tr.n_inbox_seqs : 1, sizeof *back);
+  size_t n = 0;
+  for (uint32_t i = 0; back && i < tr.n_inbox_seqs; i++) {
+    cph_key ik = inbox_key(s->id, tr.inbox_seqs[i]);
+    cph_inbox_rec ir;
+    if (cph_txn_get_record(&t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir) != CPH_OK)
+      continue;
+    inbox_item it = {tr.inbox_seqs[i], ir.event_id, CPH_INBOX_STAGED, ir.mentioned, 0, 0,
+                     ir.created_ms};
+    put_inbox_status(&t, s, &it, CPH_INBOX_STAGED, 0);
+    back[n++] = it;
+    cph_record_free(&cph_inbox_desc, &ir);
+  }
+  tr.state = CPH_TURN_REQUEUED;
+  cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  cph_txn_del(&t, CPH_DB_PARKED_TURNS, &tk);
+  cph_record_free(&cph_turn_desc, &tr);
+  if (!back || cph_txn_commit(&t)) {
+    if (t.mdb)
+      cph_txn_abort(&t);
+    op_fail(op, t.ret ? t.ret : CPH_ENOMEM, NULL, "%s", t.err.msg);
+    free(back);
+    return;
+  }
+  for (size_t i = 0; i < n; i++)
+    csession_inbox_push(s, &back[i]);
+  free(back);
+  engine_update_work(e, s);
+}
+
+void turns_apply(cph_engine *e, cph_op *op) {
+  switch (op->kind) {
+  case CPH_OP_HEARTBEAT:
+    turn_heartbeat(e, op);
+    break;
+  case CPH_OP_COMPLETE:
+    turn_complete(e, op);
+    break;
+  case CPH_OP_FAIL:
+    turn_fail(e, op);
+    break;
+  default:
+    turn_requeue(e, op);
+    break;
+  }
+}
+
+/* ---------------------------------------------------------------- reconcile */
+
+/* §3.6 job 4: leases past their deadline end; waiting lease requests past theirs time out. */
+void turns_reconcile(cph_engine *e) {
+  int64_t now = engine_now(e);
+  /* Collect first: ending a lease changes the map. */
+  lease **expired = NULL;
+  size_t n = 0, cap = 0;
+  for (size_t i = 0; i < e->leases.cap; i++) {
+    lease *l = e->leases.slots[i].value;
+    if (!e->leases.slots[i].key || l->deadline_ns > now)
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 8;
+      lease **p = realloc(expired, cap * sizeof *p);
+      if (!p)
+        break;
+      expired = p;
+    }
+    expired[n++] = l;
+  }
+  for (size_t i = 0; i < n; i++)
+    end_lease(e, expired[i], CPH_TURN_EXPIRED, "lease expired");
+  free(expired);
+  for (size_t i = 0; i < e->waiters.len;) {
+    cph_op *w = engine_waiter_at(e, i);
+    if (w->u.lease.deadline_ns > now) {
+      i++;
+      continue;
+    }
+    engine_waiter_remove(e, w);
+    op_fail(w, CPH_ETIMEDOUT, NULL, "no turn within wait_ms");
+    engine_waiter_done(e, w);
+  }
+}
+
+/* ---------------------------------------------------------------- recovery */
+
+/* At open: leases in flight when the daemon stopped are expired (a crash is not the worker's
+ * attempt, so attempts do not grow) and their input stays staged for the next turn. */
+int turns_recover(cph_engine *e, cph_err *err) {
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, true, &t);
+  cph_cursor c;
+  cph_val k;
+  uint64_t *ids = NULL;
+  size_t n = 0, cap = 0;
+  if (rc == CPH_OK)
+    rc = cph_cursor_open(&t, CPH_DB_ACTIVE_TURNS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, NULL)) {
+    if (k.len != 8)
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      uint64_t *p = realloc(ids, cap * sizeof *p);
+      if (!p) {
+        rc = CPH_ENOMEM;
+        break;
+      }
+      ids = p;
+    }
+    ids[n++] = cph_be64_get(k.data);
+  }
+  cph_cursor_close(&c);
+  if (rc != CPH_ENOTFOUND && rc != CPH_OK) {
+    free(ids);
+    cph_txn_abort(&t);
+    return cph_err_set(err, rc, "recovering leases: %s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  }
+  for (size_t i = 0; i < n; i++) {
+    cph_key tk = u64_key(ids[i]);
+    cph_turn_rec tr;
+    if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
+      tr.state = CPH_TURN_EXPIRED;
+      char *old = tr.error;
+      tr.error = "lease ended by a restart";
+      cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+      tr.error = old;
+      cph_record_free(&cph_turn_desc, &tr);
+    }
+    cph_txn_del(&t, CPH_DB_ACTIVE_TURNS, &tk);
+  }
+  free(ids);
+  rc = cph_txn_commit(&t);
+  if (rc)
+    return cph_err_set(err, rc, "recovering leases: %s", t.err.msg);
+  if (n)
+    cph_log(CPH_LOG_INFO, "expired %zu lease(s) left from before the restart; their input is "
+                          "staged again", n);
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- reads */
+
+int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_info **out,
+                       size_t *n, uint64_t *next, cph_err *err) {
+  if (!limit || limit > 1000)
+    limit = 1000;
+  *n = 0;
+  *next = after;
+  *out = calloc(limit, sizeof **out);
+  if (!*out)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  if (after >= e->last_reply_id)
+    return CPH_OK;
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, false, &t);
+  cph_cursor c;
+  cph_val k, v;
+  cph_key start = u64_key(after + 1);
+  if (rc == CPH_OK)
+    rc = cph_cursor_open(&t, CPH_DB_REPLIES, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, &start, &k, &v); rc == CPH_OK && *n < limit;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    cph_reply_rec r;
+    cph_err derr;
+    if (cph_record_decode(&cph_reply_desc, v.data, v.len, &r, &derr)) {
+      cph_log(CPH_LOG_WARN, "replies: skipping a corrupt record: %s", derr.msg);
+      continue;
+    }
+    cph_reply_info *ri = &(*out)[(*n)++];
+    ri->id = r.id;
+    ri->session = r.session;
+    ri->channel = r.channel;
+    ri->body = r.body;
+    ri->source_inbox_ids = r.source_inbox_ids;
+    ri->n_source_inbox_ids = r.n_source_inbox_ids;
+    ri->ts_ms = r.ts_ms;
+    *next = r.id;
+    /* ownership moved to ri */
+  }
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND)
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  return CPH_OK;
+}
+
+int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err) {
+  *out = NULL;
+  *n = 0;
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, false, &t);
+  cph_cursor c;
+  cph_val k;
+  size_t cap = 0;
+  if (rc == CPH_OK)
+    rc = cph_cursor_open(&t, CPH_DB_PARKED_TURNS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, NULL)) {
+    cph_key tk;
+    cph_key_reset(&tk);
+    memcpy(tk.data, k.data, k.len < CPH_KEY_MAX ? k.len : CPH_KEY_MAX);
+    tk.len = k.len;
+    cph_turn_rec tr;
+    if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) != CPH_OK)
+      break;
+    if (*n == cap) {
+      cap = cap ? cap * 2 : 16;
+      cph_parked_turn *p = realloc(*out, cap * sizeof *p);
+      if (!p) {
+        cph_record_free(&cph_turn_desc, &tr);
+        rc = CPH_ENOMEM;
+        break;
+      }
+      *out = p;
+    }
+    cph_parked_turn *p = &(*out)[(*n)++];
+    p->id = tr.id;
+    p->session = tr.session;
+    p->attempts = tr.attempts;
+    p->inbox_ids = tr.inbox_seqs;
+    p->n_inbox_ids = tr.n_inbox_seqs;
+    p->error = tr.error;
+    tr.session = NULL;
+    tr.inbox_seqs = NULL;
+    tr.n_inbox_seqs = 0;
+    tr.error = NULL;
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  cph_cursor_close(&c);
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
+    cph_err_set(err, rc, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+    cph_txn_abort(&t);
+    return rc;
+  }
+  cph_txn_abort(&t);
+  return CPH_OK;
+}

@@ -1,0 +1,518 @@
+/* The engine through its public API, on a virtual clock and a temp LMDB: the inbox timelines,
+ * routing, the queue cap, idempotency, leases, parking, replies and restart recovery
+ * (DESIGN §3.6, §4). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "common/clock.h"
+#include "tests/support/testutil.h"
+
+static const char *POLICY = "{:scheduler {:concurrency 4}\n"
+                            " :leases {:ttl-seconds 5 :max-attempts 2}\n"
+                            " :sessions {:max-queue 3 :max-batch 64 :janitor? false}\n"
+                            " :store {:sync :none}}\n";
+
+typedef struct fixture {
+  char *dir;
+  cph_clock clock;
+  cph_engine *e;
+} fixture;
+
+static void open_engine(fixture *f) {
+  cph_policy *p = NULL;
+  cph_err err = {0};
+  if (cph_policy_load_text("test.edn", POLICY, strlen(POLICY), &p, &err))
+    fail_msg("policy: %s", err.msg);
+  cph_engine_options o = {f->dir, &f->clock};
+  if (cph_engine_open(p, &o, &f->e, &err))
+    fail_msg("open: %s", err.msg);
+}
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->dir = cph_test_tmpdir("engine");
+  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
+  open_engine(f);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  cph_engine_close(f->e);
+  cph_test_rmtree(f->dir);
+  free(f->dir);
+  free(f);
+  return 0;
+}
+
+static void count_done(cph_op *op, void *ctx) {
+  (void)op;
+  (*(int *)ctx)++;
+}
+
+/* Submits op, runs one pass, and checks it was answered. */
+static int run(fixture *f, cph_op *op) {
+  int called = 0;
+  op->done = count_done;
+  op->ctx = &called;
+  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
+  cph_engine_run_pass(f->e);
+  assert_int_equal(called, 1);
+  return op->rc;
+}
+
+static void create_session(fixture *f, const char *id, cph_lane lane, const char *subscribe,
+                           uint32_t autonomy_s) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_CREATE;
+  op.u.session.in.id = (char *)id;
+  op.u.session.in.lane = lane;
+  char *subs[1] = {(char *)subscribe};
+  if (subscribe) {
+    op.u.session.in.subscribe.items = subs;
+    op.u.session.in.subscribe.count = 1;
+  }
+  op.u.session.in.autonomy_interval_s = autonomy_s;
+  if (run(f, &op))
+    fail_msg("create %s: %s", id, op.err.msg);
+  cph_op_clear_results(&op);
+}
+
+typedef struct post_spec {
+  const char *channel, *sender, *body, *session, *mention, *key;
+} post_spec;
+
+/* Posts events in one request; returns the first result's status, fills ids. */
+static void post_many(fixture *f, const post_spec *specs, size_t n, uint64_t *ids,
+                      cph_ingest_status *statuses) {
+  cph_event_in *evs = calloc(n, sizeof *evs);
+  char **mentions = calloc(n, sizeof *mentions);
+  for (size_t i = 0; i < n; i++) {
+    evs[i].channel = (char *)specs[i].channel;
+    evs[i].sender = (char *)(specs[i].sender ? specs[i].sender : "user");
+    evs[i].body = (char *)specs[i].body;
+    evs[i].session = (char *)specs[i].session;
+    evs[i].key = (char *)specs[i].key;
+    if (specs[i].mention) {
+      mentions[i] = (char *)specs[i].mention;
+      evs[i].mentions.items = &mentions[i];
+      evs[i].mentions.count = 1;
+    }
+  }
+  cph_op op = {0};
+  op.kind = CPH_OP_INGEST;
+  op.u.ingest.events = evs;
+  op.u.ingest.n_events = n;
+  if (run(f, &op))
+    fail_msg("ingest: %s", op.err.msg);
+  for (size_t i = 0; i < n; i++) {
+    if (ids)
+      ids[i] = op.u.ingest.results[i].id;
+    if (statuses)
+      statuses[i] = op.u.ingest.results[i].status;
+  }
+  cph_op_clear_results(&op);
+  free(evs);
+  free(mentions);
+}
+
+static uint64_t post(fixture *f, const char *channel, const char *body) {
+  post_spec s = {channel, NULL, body, NULL, NULL, NULL};
+  uint64_t id;
+  post_many(f, &s, 1, &id, NULL);
+  return id;
+}
+
+/* A lease request that waits up to wait_s of virtual time; the caller frees with
+ * cph_op_clear_results. Returns the op's rc after one pass. */
+static int lease(fixture *f, cph_op *op, int64_t wait_s) {
+  memset(op, 0, sizeof *op);
+  op->kind = CPH_OP_LEASE;
+  op->u.lease.worker = "w1";
+  op->u.lease.deadline_ns = cph_clock_now(&f->clock) + wait_s * CPH_NS_PER_S;
+  return run(f, op);
+}
+
+static int turn_op(fixture *f, cph_op_kind kind, const cph_turn_info *t, const char *lease_hex,
+                   const char *reply, uint64_t tool_calls, cph_op *out) {
+  memset(out, 0, sizeof *out);
+  out->kind = kind;
+  out->u.turn.turn_id = t->id;
+  snprintf(out->u.turn.lease, sizeof out->u.turn.lease, "%s", lease_hex ? lease_hex : t->lease);
+  out->u.turn.reply_body = (char *)reply;
+  out->u.turn.tool_calls = tool_calls;
+  return run(f, out);
+}
+
+static void get_session(fixture *f, const char *id, cph_session_info *out) {
+  cph_err err;
+  if (cph_engine_get_session(f->e, id, out, &err))
+    fail_msg("get %s: %s", id, err.msg);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_message_pending_at_pass_start_waits_for_the_next_pass(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  post(f, "general", "first"); /* pass 1 stages it */
+
+  /* Pass 2 gets a lease request and a second message together: agent_turn runs first and
+   * hands out a turn with only the first message; poll_inbox stages the second after. */
+  cph_op lease_op = {0}, ing = {0};
+  lease_op.kind = CPH_OP_LEASE;
+  lease_op.u.lease.worker = "w1";
+  lease_op.u.lease.deadline_ns = cph_clock_now(&f->clock) + 10 * CPH_NS_PER_S;
+  int called = 0;
+  lease_op.done = count_done;
+  lease_op.ctx = &called;
+  cph_event_in ev = {"general", "user", "second", NULL, {NULL, 0}, NULL, NULL, 0};
+  ing.kind = CPH_OP_INGEST;
+  ing.u.ingest.events = &ev;
+  ing.u.ingest.n_events = 1;
+  ing.done = count_done;
+  ing.ctx = &called;
+  assert_int_equal(cph_engine_submit(f->e, &ing), CPH_OK);
+  assert_int_equal(cph_engine_submit(f->e, &lease_op), CPH_OK);
+  cph_engine_run_pass(f->e);
+  assert_int_equal(called, 2);
+  assert_int_equal(lease_op.rc, CPH_OK);
+  cph_turn_info *t = &lease_op.u.lease.turn;
+  assert_int_equal(t->kind, CPH_KIND_INBOX);
+  assert_string_equal(t->input, "inbox:first");
+  assert_int_equal(t->n_staged, 1);
+  assert_true(cph_engine_pass_wanted(f->e)); /* it staged: the next pass runs at once */
+
+  cph_op done;
+  assert_int_equal(turn_op(f, CPH_OP_COMPLETE, t, NULL, NULL, 0, &done), CPH_OK);
+  cph_op next;
+  assert_int_equal(lease(f, &next, 10), CPH_OK);
+  assert_string_equal(next.u.lease.turn.input, "inbox:second");
+  cph_op_clear_results(&lease_op);
+  cph_op_clear_results(&ing);
+  cph_op_clear_results(&next);
+}
+
+static void test_autonomy_tick_has_its_input_and_no_obligations(void **state) {
+  fixture *f = *state;
+  create_session(f, "auto", CPH_LANE_OPERATIONAL, NULL, 60);
+  cph_op op;
+  assert_int_equal(lease(f, &op, 0), CPH_ETIMEDOUT); /* nothing due yet */
+  cph_clock_advance(&f->clock, 60 * CPH_NS_PER_S);
+  cph_engine_run_pass(f->e); /* reconcile finds the tick due */
+  assert_int_equal(lease(f, &op, 10), CPH_OK);
+  cph_turn_info *t = &op.u.lease.turn;
+  assert_int_equal(t->kind, CPH_KIND_AUTONOMY_TICK);
+  assert_string_equal(t->input, "autonomy_tick");
+  assert_int_equal(t->n_staged, 0);  /* pending_obligations: none */
+  assert_int_equal(t->n_history, 0); /* conversation_history: none */
+  cph_op_clear_results(&op);
+}
+
+static void test_mentions_are_staged_first(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  create_session(f, "bystander", CPH_LANE_INTERACTIVE, NULL, 0);
+  post_spec specs[] = {{"general", NULL, "a", NULL, NULL, NULL},
+                       {"general", NULL, "b", NULL, NULL, NULL},
+                       {"general", NULL, "c", NULL, "s1", NULL},
+                       {"general", NULL, "d", NULL, "bystander", NULL}};
+  cph_ingest_status st[4];
+  post_many(f, specs, 4, NULL, st);
+  assert_int_equal(st[0], CPH_EV_QUEUED);
+  cph_op op;
+  assert_int_equal(lease(f, &op, 10), CPH_OK);
+  cph_turn_info *t = &op.u.lease.turn;
+  if (strcmp(t->session, "s1") == 0) {
+    assert_string_equal(t->input, "inbox:c\na\nb\nd");
+    assert_true(t->staged[0].mentioned);
+    assert_false(t->staged[1].mentioned);
+  } else {
+    /* the mentioned member got exactly the message that named it */
+    assert_string_equal(t->input, "inbox:d");
+  }
+  cph_op_clear_results(&op);
+}
+
+static void test_queue_cap_drops_oldest_unmentioned_and_counts_it(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  /* max-queue 3: the 4th and 5th pending messages push out u1, then u2 (never the mention) */
+  post_spec specs[] = {{"general", NULL, "m1", NULL, "s1", NULL},
+                       {"general", NULL, "u1", NULL, NULL, NULL},
+                       {"general", NULL, "u2", NULL, NULL, NULL},
+                       {"general", NULL, "u3", NULL, NULL, NULL},
+                       {"general", NULL, "u4", NULL, NULL, NULL}};
+  post_many(f, specs, 5, NULL, NULL);
+  cph_session_info s;
+  get_session(f, "s1", &s);
+  assert_int_equal(s.dropped, 2);
+  assert_int_equal(s.pending + s.staged, 3);
+  cph_session_info_free(&s);
+  cph_op op;
+  assert_int_equal(lease(f, &op, 10), CPH_OK);
+  assert_string_equal(op.u.lease.turn.input, "inbox:m1\nu3\nu4");
+  cph_op_clear_results(&op);
+}
+
+static void test_idempotency_key_stores_once(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  post_spec one = {"general", NULL, "hello", NULL, NULL, "key-1"};
+  uint64_t id1, id2;
+  cph_ingest_status st1, st2;
+  post_many(f, &one, 1, &id1, &st1);
+  post_many(f, &one, 1, &id2, &st2);
+  assert_int_equal(st1, CPH_EV_QUEUED);
+  assert_int_equal(st2, CPH_EV_DUPLICATE);
+  assert_int_equal(id1, id2);
+  cph_session_info s;
+  get_session(f, "s1", &s);
+  assert_int_equal(s.pending + s.staged, 1);
+  cph_session_info_free(&s);
+}
+
+static void test_event_without_route_is_stored_and_bad_ones_rejected(void **state) {
+  fixture *f = *state;
+  post_spec specs[] = {{"nobody-here", NULL, "x", NULL, NULL, NULL},
+                       {NULL, NULL, "x", NULL, NULL, NULL},
+                       {"c", NULL, "x", "ghost", NULL, NULL}};
+  cph_event_in ev[3] = {{0}};
+  for (int i = 0; i < 3; i++) {
+    ev[i].channel = (char *)specs[i].channel;
+    ev[i].sender = "u";
+    ev[i].body = (char *)specs[i].body;
+    ev[i].session = (char *)specs[i].session;
+  }
+  cph_op op = {0};
+  op.kind = CPH_OP_INGEST;
+  op.u.ingest.events = ev;
+  op.u.ingest.n_events = 3;
+  assert_int_equal(run(f, &op), CPH_OK);
+  assert_int_equal(op.u.ingest.results[0].status, CPH_EV_STORED);
+  assert_true(op.u.ingest.results[0].id > 0);
+  assert_int_equal(op.u.ingest.results[1].status, CPH_EV_REJECTED);
+  assert_string_equal(op.u.ingest.results[1].field, "channel");
+  assert_int_equal(op.u.ingest.results[2].status, CPH_EV_REJECTED);
+  assert_string_equal(op.u.ingest.results[2].field, "session");
+  cph_op_clear_results(&op);
+}
+
+static void test_expired_lease_stages_input_again_for_the_next_worker(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  post(f, "general", "work");
+  cph_op first;
+  assert_int_equal(lease(f, &first, 10), CPH_OK);
+  assert_int_equal(first.u.lease.turn.attempts, 1);
+  cph_clock_advance(&f->clock, 6 * CPH_NS_PER_S); /* past the 5 s ttl */
+  cph_engine_run_pass(f->e);
+  cph_op second;
+  assert_int_equal(lease(f, &second, 10), CPH_OK);
+  assert_string_equal(second.u.lease.turn.input, "inbox:work");
+  assert_int_equal(second.u.lease.turn.attempts, 2);
+  /* the first worker is too late */
+  cph_op late;
+  assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &first.u.lease.turn, NULL, NULL, 0, &late),
+                   CPH_ECONFLICT);
+  cph_op_clear_results(&first);
+  cph_op_clear_results(&second);
+}
+
+static void test_complete_is_idempotent_and_a_wrong_lease_conflicts(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  post(f, "general", "ask");
+  cph_op l;
+  assert_int_equal(lease(f, &l, 10), CPH_OK);
+  cph_op c;
+  assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, "00000000000000000000000000000000",
+                           "no", 0, &c),
+                   CPH_ECONFLICT);
+  assert_string_equal(c.field, "lease");
+  assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, NULL, "answer", 2, &c), CPH_OK);
+  assert_false(c.u.turn.already);
+  assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, NULL, "answer", 2, &c), CPH_OK);
+  assert_true(c.u.turn.already);
+  /* one reply, not two */
+  cph_reply_info *r;
+  size_t n;
+  uint64_t next;
+  cph_err err;
+  assert_int_equal(cph_engine_replies(f->e, 0, 10, &r, &n, &next, &err), CPH_OK);
+  assert_int_equal(n, 1);
+  assert_string_equal(r[0].body, "answer");
+  assert_string_equal(r[0].channel, "general");
+  assert_int_equal(r[0].n_source_inbox_ids, 1);
+  assert_int_equal(r[0].source_inbox_ids[0], l.u.lease.turn.staged[0].id);
+  assert_int_equal(next, r[0].id);
+  cph_reply_info_free(&r[0]);
+  free(r);
+  /* credits charged once: max 30 - cost 2 */
+  cph_session_info s;
+  get_session(f, "s1", &s);
+  assert_true(s.credits > 27.999 && s.credits < 28.001);
+  assert_int_equal(s.episode, 1);
+  assert_int_equal(s.staged + s.pending, 0);
+  cph_session_info_free(&s);
+  cph_op_clear_results(&l);
+}
+
+static void test_turn_is_parked_after_max_attempts_and_requeue_brings_it_back(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  post(f, "general", "poison");
+  for (int attempt = 0; attempt < 2; attempt++) {
+    cph_op l, fl;
+    assert_int_equal(lease(f, &l, 10), CPH_OK);
+    assert_int_equal(turn_op(f, CPH_OP_FAIL, &l.u.lease.turn, NULL, NULL, 0, &fl), CPH_OK);
+    cph_op_clear_results(&l);
+  }
+  cph_parked_turn *p;
+  size_t n;
+  cph_err err;
+  assert_int_equal(cph_engine_parked_turns(f->e, &p, &n, &err), CPH_OK);
+  assert_int_equal(n, 1);
+  assert_string_equal(p[0].session, "s1");
+  assert_int_equal(p[0].n_inbox_ids, 1);
+  uint64_t parked_id = p[0].id;
+  cph_parked_turn_free(&p[0]);
+  free(p);
+  cph_op none;
+  assert_int_equal(lease(f, &none, 0), CPH_ETIMEDOUT); /* nothing left to run */
+
+  cph_op rq = {0};
+  rq.kind = CPH_OP_REQUEUE;
+  rq.u.turn.turn_id = parked_id;
+  assert_int_equal(run(f, &rq), CPH_OK);
+  assert_int_equal(run(f, &rq), CPH_ECONFLICT); /* not parked any more */
+  assert_int_equal(cph_engine_parked_turns(f->e, &p, &n, &err), CPH_OK);
+  assert_int_equal(n, 0);
+  free(p);
+  cph_op again;
+  assert_int_equal(lease(f, &again, 10), CPH_OK);
+  assert_string_equal(again.u.lease.turn.input, "inbox:poison");
+  cph_op_clear_results(&again);
+}
+
+static void test_restart_keeps_sessions_inbox_credits_and_expires_leases(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  create_session(f, "s2", CPH_LANE_OPERATIONAL, "ops", 0);
+  post(f, "general", "one");
+  cph_op l, c;
+  assert_int_equal(lease(f, &l, 10), CPH_OK);
+  assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, NULL, "done", 0, &c), CPH_OK);
+  cph_op_clear_results(&l);
+  post(f, "general", "two");
+  post(f, "ops", "three");
+  cph_op inflight;
+  assert_int_equal(lease(f, &inflight, 10), CPH_OK); /* leased when the daemon stops */
+  char leased_session[16];
+  snprintf(leased_session, sizeof leased_session, "%s", inflight.u.lease.turn.session);
+  cph_op_clear_results(&inflight);
+
+  cph_engine_close(f->e);
+  open_engine(f);
+
+  cph_session_info s;
+  get_session(f, "s1", &s);
+  assert_int_equal(s.episode, 1);
+  assert_true(s.credits > 27.9 && s.credits <= 30.0);
+  assert_int_equal(s.subscribe.count, 1);
+  cph_session_info_free(&s);
+  /* both messages are staged: the one in flight was given back */
+  cph_op a, b;
+  assert_int_equal(lease(f, &a, 10), CPH_OK);
+  assert_int_equal(lease(f, &b, 10), CPH_OK);
+  const char *inputs[2] = {a.u.lease.turn.input, b.u.lease.turn.input};
+  bool saw_two = false, saw_three = false;
+  for (int i = 0; i < 2; i++) {
+    saw_two |= strcmp(inputs[i], "inbox:two") == 0;
+    saw_three |= strcmp(inputs[i], "inbox:three") == 0;
+  }
+  assert_true(saw_two && saw_three);
+  cph_reply_info *r;
+  size_t n;
+  uint64_t next;
+  cph_err err;
+  assert_int_equal(cph_engine_replies(f->e, 0, 10, &r, &n, &next, &err), CPH_OK);
+  assert_int_equal(n, 1);
+  cph_reply_info_free(&r[0]);
+  free(r);
+  cph_op_clear_results(&a);
+  cph_op_clear_results(&b);
+}
+
+static void test_session_update_pause_and_delete(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  cph_op up = {0};
+  up.kind = CPH_OP_SESSION_UPDATE;
+  up.u.session.in.id = "s1";
+  up.u.session.in.state = CPH_STATE_PAUSED;
+  up.u.session.set = CPH_SET_PAUSED;
+  assert_int_equal(run(f, &up), CPH_OK);
+  assert_int_equal(up.u.session.out.state, CPH_STATE_PAUSED);
+  cph_op_clear_results(&up);
+  post(f, "general", "while paused");
+  cph_op l;
+  assert_int_equal(lease(f, &l, 0), CPH_ETIMEDOUT);
+  cph_why_info w;
+  cph_err err;
+  assert_int_equal(cph_engine_why(f->e, "s1", &w, &err), CPH_OK);
+  assert_string_equal(w.reason, "paused");
+  up.u.session.in.state = CPH_STATE_IDLE;
+  assert_int_equal(run(f, &up), CPH_OK);
+  cph_op_clear_results(&up);
+  assert_int_equal(lease(f, &l, 10), CPH_OK);
+  cph_op del = {0};
+  del.kind = CPH_OP_SESSION_DELETE;
+  del.u.session.in.id = "s1";
+  assert_int_equal(run(f, &del), CPH_ESTATE); /* a running turn */
+  cph_op c;
+  assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, NULL, NULL, 0, &c), CPH_OK);
+  assert_int_equal(run(f, &del), CPH_OK);
+  cph_session_info s;
+  assert_int_equal(cph_engine_get_session(f->e, "s1", &s, &err), CPH_ENOTFOUND);
+  cph_op dup = {0};
+  dup.kind = CPH_OP_SESSION_CREATE;
+  dup.u.session.in.id = "bad id!";
+  assert_int_equal(run(f, &dup), CPH_EINVAL);
+  assert_string_equal(dup.field, "id");
+  cph_op_clear_results(&l);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_message_pending_at_pass_start_waits_for_the_next_pass,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_autonomy_tick_has_its_input_and_no_obligations, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_mentions_are_staged_first, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_queue_cap_drops_oldest_unmentioned_and_counts_it,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_idempotency_key_stores_once, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_event_without_route_is_stored_and_bad_ones_rejected,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_expired_lease_stages_input_again_for_the_next_worker,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_complete_is_idempotent_and_a_wrong_lease_conflicts,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_turn_is_parked_after_max_attempts_and_requeue_brings_it_back, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_restart_keeps_sessions_inbox_credits_and_expires_leases, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_session_update_pause_and_delete, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
