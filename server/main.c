@@ -167,7 +167,7 @@ int main(int argc, char **argv) {
   int status = 1;
   daemon_state d = {0};
   d.policy_path = policy_path;
-  cph_engine_options eo = {data_dir};
+  cph_engine_options eo = {.data_dir = data_dir};
   if (cph_engine_open(policy, &eo, &d.engine, &err) != CPH_OK) {
     fprintf(stderr, "cephalond: %s\n", err.msg);
     return 1;
