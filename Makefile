@@ -25,6 +25,10 @@ build-asan: deps
 
 run: build
 	@mkdir -p $(DATA)
+	@echo "try: curl -s $(LISTEN)/v1/sessions -d '{\"id\":\"s1\",\"class\":\"interactive\",\"subscribe\":[\"general\"]}'"
+	@echo "     curl -s $(LISTEN)/v1/events -d '{\"events\":[{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"hello\"}]}'"
+	@echo "     curl -s $(LISTEN)/v1/turns/lease -d '{\"worker\":\"w1\",\"wait_ms\":5000}'   then with its id and lease:  curl -s $(LISTEN)/v1/turns/ID/complete -d '{\"lease\":\"LEASE\",\"cost\":{\"tokens\":1,\"tool_calls\":0},\"reply\":{\"body\":\"hi ann\"}}'"
+	@echo "     curl -s '$(LISTEN)/v1/replies?after=0&wait_ms=5000'"
 	$(BUILD)/bin/cephalond --policy $(POLICY) --data $(DATA) --listen $(LISTEN)
 
 # Both builds must pass: the normal one, then ASan+UBSan.

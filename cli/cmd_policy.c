@@ -8,8 +8,12 @@
 
 static void policy_usage(FILE *out) {
   fprintf(out, "usage: cephalonctl policy check FILE\n"
-               "  Prints the effective policy (every key, defaults filled in) and exits 0,\n"
-               "  or prints FILE:LINE:COL: <key path>: <problem> to stderr and exits 1.\n");
+               "       cephalonctl policy reload\n"
+               "  check   prints the effective policy (every key, defaults filled in) and exits\n"
+               "          0, or prints FILE:LINE:COL: <key path>: <problem> to stderr and exits 1;\n"
+               "          needs no daemon\n"
+               "  reload  asks cephalond to reload its policy file; an invalid file is rejected\n"
+               "          and the old policy stays in force\n");
 }
 
 /* Prints the effective policy to stdout, or the load error to stderr. */
@@ -38,8 +42,38 @@ static int policy_check(const char *path) {
   return CLI_EXIT_OK;
 }
 
+/* POST /v1/admin/policy/reload: prints the new generation and any note from the daemon
+ * (settings that wait for a restart). */
+static int policy_reload(const cli_ctx *ctx) {
+  cli_reply r;
+  int rc = cli_call(ctx, "POST", "/v1/admin/policy/reload", NULL, CLI_TIMEOUT_MS, 0, &r);
+  if (rc != 0 || ctx->json) {
+    if (rc == 0)
+      rc = cli_print_reply_json(&r);
+    cli_reply_free(&r);
+    return rc;
+  }
+  double generation;
+  fputs("policy reloaded", stdout);
+  if (cli_json_number(r.json, "policy_generation", &generation) ||
+      cli_json_number(r.json, "generation", &generation))
+    printf(", generation %.0f", generation);
+  fputc('\n', stdout);
+  static const char *const notes[] = {"message", "note", "warning"};
+  for (size_t i = 0; i < sizeof notes / sizeof notes[0]; i++) {
+    const char *note = cli_json_string(r.json, notes[i]);
+    if (note && note[0]) {
+      fputs("note: ", stdout);
+      cli_put_clean(stdout, note);
+      fputc('\n', stdout);
+    }
+  }
+  cli_reply_free(&r);
+  return cli_finish_output();
+}
+
 int cli_cmd_policy(const cli_ctx *ctx, int argc, char **argv) {
-  (void)ctx; /* --json does not apply: the policy is EDN and needs no daemon */
+  /* check: --json does not apply, the policy is EDN and needs no daemon */
   if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
                     strcmp(argv[1], "help") == 0)) {
     policy_usage(stdout);
@@ -47,6 +81,8 @@ int cli_cmd_policy(const cli_ctx *ctx, int argc, char **argv) {
   }
   if (argc == 3 && strcmp(argv[1], "check") == 0)
     return policy_check(argv[2]);
+  if (argc == 2 && strcmp(argv[1], "reload") == 0)
+    return policy_reload(ctx);
   policy_usage(stderr);
   return CLI_EXIT_USAGE;
 }

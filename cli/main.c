@@ -1,7 +1,8 @@
 /* cephalonctl [--url URL] [--token TOKEN] [--json] COMMAND ...
  *
- * Global options come before the command; the command table below dispatches the rest.
- * Later commands (status, sessions, lanes, events, turns, ...) are one row each. */
+ * Global options come before the command; the command table below dispatches the rest, one
+ * row per command. Every command but `policy check` is a client of cephalond's HTTP API
+ * (DESIGN §9) and never calls the engine directly. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +12,24 @@
 static int cmd_help(const cli_ctx *ctx, int argc, char **argv);
 
 static const cli_command commands[] = {
-    {"policy", cli_cmd_policy, "policy check FILE",
-     "validate a policy file and print the effective policy (no daemon needed)"},
+    {"status", cli_cmd_status, "status",
+     "reachability, policy generation, concurrency and lane budgets"},
+    {"sessions", cli_cmd_sessions,
+     "sessions list [--class C] [--state S] [--after ID] [--limit N]\n"
+     "sessions show ID\n"
+     "sessions why ID",
+     "list sessions, show one, say why one is (not) running"},
+    {"lanes", cli_cmd_lanes, "lanes", "lane budgets left, runnable and running sessions"},
+    {"events", cli_cmd_events, "events post --channel C [--sender S] [--session ID] "
+                               "[--mention ID]... [--key K] BODY",
+     "post one event as a connector would"},
+    {"turns", cli_cmd_turns,
+     "turns lease --worker W [--lanes L1,L2] [--wait-ms N]\n"
+     "turns complete ID --lease L [--tokens N] [--tool-calls N] [--reply TEXT] "
+     "[--reply-channel C]",
+     "lease and complete a turn by hand (exit 3: no turn)"},
+    {"policy", cli_cmd_policy, "policy check FILE\npolicy reload",
+     "validate a policy file (no daemon needed); make cephalond reload its policy"},
     {"help", cmd_help, "help", "show this help"},
 };
 
@@ -30,8 +47,17 @@ static void usage(FILE *out) {
           "\n"
           "commands:\n",
           CLI_DEFAULT_URL);
-  for (size_t i = 0; i < COMMAND_COUNT; i++)
-    fprintf(out, "  %-24s %s\n", commands[i].usage, commands[i].summary);
+  /* Each form of a command on its own line, then what it does, indented. */
+  for (size_t i = 0; i < COMMAND_COUNT; i++) {
+    for (const char *u = commands[i].usage; *u;) {
+      size_t n = strcspn(u, "\n");
+      fprintf(out, "  %.*s\n", (int)n, u);
+      u += n + (u[n] == '\n');
+    }
+    fprintf(out, "      %s\n", commands[i].summary);
+  }
+  fprintf(out, "\n"
+               "exit status: 0 ok, 1 error, 2 usage, 3 no turn (turns lease)\n");
 }
 
 static int cmd_help(const cli_ctx *ctx, int argc, char **argv) {

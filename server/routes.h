@@ -1,0 +1,44 @@
+/* Route handlers (DESIGN §9). The table that maps method + path to them is in http.c; each
+ * handler follows the request lifetime described in http.h. Shapes of the JSON answers are
+ * in the files that build them; the field names DESIGN §9 fixes are kept exactly. */
+#ifndef CEPHALON_SERVER_ROUTES_H
+#define CEPHALON_SERVER_ROUTES_H
+
+#include "http.h"
+
+/* routes_sessions.c */
+void cph_route_session_create(cph_req *r);
+void cph_route_session_list(cph_req *r);
+void cph_route_session_get(cph_req *r);
+void cph_route_session_update(cph_req *r);
+void cph_route_session_delete(cph_req *r);
+void cph_route_session_why(cph_req *r);
+
+/* routes_events.c */
+void cph_route_events_post(cph_req *r);
+
+/* routes_turns.c */
+void cph_route_turn_lease(cph_req *r);
+void cph_route_turn_heartbeat(cph_req *r);
+void cph_route_turn_complete(cph_req *r);
+void cph_route_turn_fail(cph_req *r);
+void cph_route_turn_requeue(cph_req *r);
+void cph_route_turns_list(cph_req *r);
+/* Withdraws a waiting lease long-poll (client gone, fallback deadline, shutdown): when the
+ * engine gives the op back the request is answered 204 and ends here; when the op was
+ * already served its `done` answers instead. */
+void cph_lease_abandon(cph_req *r);
+
+/* routes_replies.c */
+void cph_route_replies(cph_req *r);
+/* Answers a waiting replies long-poll now with whatever is there, and ends it. */
+void cph_replies_answer(cph_req *r);
+
+/* routes_admin.c */
+void cph_route_healthz(cph_req *r);
+void cph_route_readyz(cph_req *r);
+void cph_route_lanes(cph_req *r);
+void cph_route_policy_get(cph_req *r);
+void cph_route_policy_reload(cph_req *r);
+
+#endif

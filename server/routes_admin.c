@@ -1,0 +1,93 @@
+/* Health, lanes and policy administration (DESIGN §8, §9).
+ *
+ *   GET  /healthz                  -> 200 {"status": "ok"}                       (no auth)
+ *   GET  /readyz                   -> 200 {"status": "ready", "policy_generation"} (no auth);
+ *                                     503 {"status": "stopping", ...} while shutting down
+ *   GET  /v1/lanes                 -> 200 {"lanes": [...], "concurrency": {"limit", "in_use"}}
+ *   GET  /v1/admin/policy          -> 200 {"edn", "generation", "source"}
+ *   POST /v1/admin/policy/reload   -> 200 {"generation", "note"} | 400 with file:line:col
+ */
+#include <stdlib.h>
+
+#include "common/buf.h"
+#include "routes.h"
+#include "server.h"
+
+void cph_route_healthz(cph_req *r) {
+  json_t *body = json_object();
+  json_object_set_new(body, "status", json_string("ok"));
+  cph_reply_json(r, 200, body);
+}
+
+void cph_route_readyz(cph_req *r) {
+  json_t *body = json_object();
+  json_object_set_new(body, "status", json_string(r->srv->stopping ? "stopping" : "ready"));
+  json_object_set_new(body, "policy_generation",
+                      cph_json_u64(cph_engine_policy_generation(r->srv->engine)));
+  cph_reply_json(r, r->srv->stopping ? 503 : 200, body);
+}
+
+void cph_route_lanes(cph_req *r) {
+  cph_lane_info lanes[CPH_LANE_COUNT];
+  uint32_t limit = 0, in_use = 0;
+  cph_engine_lanes(r->srv->engine, lanes, &limit, &in_use);
+  json_t *arr = json_array();
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    const cph_lane_info *l = &lanes[i];
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(cph_lane_name(l->lane)));
+    json_object_set_new(o, "turns_left", json_real(l->turns_left));
+    json_object_set_new(o, "tool_calls_left", json_real(l->tool_calls_left));
+    json_object_set_new(o, "runnable", cph_json_u64(l->runnable));
+    json_object_set_new(o, "running", cph_json_u64(l->running));
+    json_t *budget = json_object();
+    json_object_set_new(budget, "turns", json_integer(l->budget_turns));
+    json_object_set_new(budget, "tool_calls", json_integer(l->budget_tool_calls));
+    json_object_set_new(o, "budget", budget);
+    json_array_append_new(arr, o);
+  }
+  json_t *conc = json_object();
+  json_object_set_new(conc, "limit", json_integer(limit));
+  json_object_set_new(conc, "in_use", json_integer(in_use));
+  json_t *body = json_object();
+  json_object_set_new(body, "lanes", arr);
+  json_object_set_new(body, "concurrency", conc);
+  cph_reply_json(r, 200, body);
+}
+
+void cph_route_policy_get(cph_req *r) {
+  const cph_policy *p = cph_engine_policy(r->srv->engine);
+  cph_buf buf = CPH_BUF_INIT;
+  cph_policy_write_edn(p, &buf);
+  if (cph_buf_error(&buf) != CPH_OK) {
+    cph_buf_free(&buf);
+    cph_reply_error(r, 500, "internal", NULL, "out of memory writing the policy");
+    return;
+  }
+  json_t *body = json_object();
+  json_object_set_new(body, "edn", json_string(buf.data ? buf.data : ""));
+  json_object_set_new(body, "generation",
+                      cph_json_u64(cph_engine_policy_generation(r->srv->engine)));
+  json_object_set_new(body, "source", cph_json_str(p->source));
+  cph_buf_free(&buf);
+  cph_reply_json(r, 200, body);
+}
+
+void cph_route_policy_reload(cph_req *r) {
+  cph_err err = {0};
+  int rc = cph_srv_reload(r->srv, &err);
+  if (rc == CPH_EPOLICY || rc == CPH_EPARSE || rc == CPH_EINVAL) {
+    /* The file is wrong: the client's problem to fix; the old policy stays in force. */
+    cph_reply_error(r, 400, "bad_request", NULL, "%s", err.msg);
+    return;
+  }
+  if (rc != CPH_OK) {
+    cph_reply_rc(r, rc, err.msg, NULL);
+    return;
+  }
+  json_t *body = json_object();
+  json_object_set_new(body, "generation",
+                      cph_json_u64(cph_engine_policy_generation(r->srv->engine)));
+  json_object_set_new(body, "note", err.msg[0] ? json_string(err.msg) : json_null());
+  cph_reply_json(r, 200, body);
+}

@@ -1,0 +1,82 @@
+/* The daemon's shared state and the few functions the route files call back into.
+ *
+ * One thread: everything here runs on the libevent loop of main.c. The engine is driven only
+ * from that loop (cph_srv_schedule_pass), never from inside a route handler. */
+#ifndef CEPHALON_SERVER_SERVER_H
+#define CEPHALON_SERVER_SERVER_H
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cephalon/cephalon.h"
+#include "common/clock.h"
+#include "common/hmap.h"
+#include "http.h"
+
+struct cph_srv {
+  struct event_base *base;
+  struct evhttp *http;
+  struct evhttp_bound_socket *bound; /* NULL once we stop accepting */
+  cph_engine *engine;
+  const char *policy_path;
+  bool listen_loopback; /* decides whether a reload may drop :auth */
+  bool log_level_fixed; /* --log-level given: reloads keep it */
+  cph_clock clock;      /* monotonic; the engine's scale (lease deadlines) */
+
+  /* Driving the engine (main.c). */
+  struct event *ev_pass;   /* zero-delay timer: one pass, coalesced */
+  struct event *ev_tick;   /* :scheduler :tick-ms */
+  struct event *ev_wakeup; /* cph_engine_next_wakeup_ns */
+  struct event *ev_sync;   /* :store :sync :batch */
+  struct event *ev_replies; /* zero-delay timer: wake replies long-polls */
+  bool pass_scheduled;
+  bool replies_scheduled;
+  uint64_t last_reply_seen; /* newest reply id when the replies long-polls last looked */
+  int64_t tick_ms, sync_ms; /* what the timers are armed with */
+  uint64_t passes;
+  uint64_t pass_errors;
+
+  /* Requests. */
+  cph_req *reqs;       /* every live request */
+  size_t open_reqs;    /* dispatched and not yet answered */
+  size_t unflushed;    /* answered, reply not yet fully written */
+  cph_req *leases;     /* pending lease long-polls */
+  cph_req *repliers;   /* pending replies long-polls */
+  cph_hmap lp_clients; /* peer address -> lp_client: open long-polls per client */
+
+  /* Shutdown. */
+  bool stopping;
+  bool flush_grace; /* only unflushed replies are left; the deadline was shortened */
+  struct event *ev_stop_deadline;
+};
+
+/* Schedules one engine pass soon (a zero-delay timer, so I/O is served in between); calls
+ * coalesce while one is pending. */
+void cph_srv_schedule_pass(cph_srv *s);
+/* Re-reads the --policy file and swaps it in (SIGHUP and POST /v1/admin/policy/reload).
+ * On failure the old policy stays; err says why (file:line:col for a bad file). On success
+ * err->msg may carry a note (settings that need a restart). */
+int cph_srv_reload(cph_srv *s, cph_err *err);
+/* Called once per dispatched request when its answer is handed to libevent, and once per
+ * such answer when libevent has written it: lets a shutdown complete. */
+void cph_srv_request_closed(cph_srv *s);
+void cph_srv_reply_flushed(cph_srv *s);
+/* Schedules cph_replies_wake soon (a zero-delay timer; calls coalesce). */
+void cph_srv_wake_replies_later(cph_srv *s);
+
+/* ---- long-polls (routes_turns.c, routes_replies.c) ---- */
+
+/* Counts a long-poll against its client's :max-long-polls-per-client; false when over. */
+bool cph_lp_acquire(cph_srv *s, cph_req *r);
+void cph_lp_release(cph_srv *s, cph_req *r);
+void cph_lp_clients_free(cph_srv *s);
+/* Wakes every replies long-poll whose `after` is below the newest reply (capped per call;
+ * reschedules itself for the rest). */
+void cph_replies_wake(cph_srv *s);
+/* Stop: answers every replies long-poll now and withdraws every lease long-poll (204). */
+void cph_longpolls_stop(cph_srv *s);
+
+#endif
