@@ -261,7 +261,8 @@ static void send_reply(cph_req *r, int status, json_t *body) {
       data = cph_mpjson_write(body, &len);
       evhttp_add_header(h, "Content-Type", "application/msgpack");
     } else {
-      data = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+      /* 15 significant digits: 28.023587389, not 28.023587388999999 */
+      data = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(15));
       len = data ? strlen(data) : 0;
       evhttp_add_header(h, "Content-Type", "application/json");
     }

@@ -289,7 +289,9 @@ struct cph_op {
 };
 
 /* Queues op; the engine owns it until op->done. CPH_OK, or CPH_EBUSY when too many
- * operations are queued (the caller answers 503 and nothing is lost). */
+ * operations are queued (the caller answers 503 and nothing is lost). When submit returns an
+ * error, done is never called. Input pointers in op (strings, event arrays) are borrowed:
+ * the engine reads them until done and never writes through them. */
 int cph_engine_submit(cph_engine *e, cph_op *op);
 /* Withdraws a queued lease that has not been served (client went away or timed out).
  * Returns true if it was withdrawn (done will not be called), false if already served. */
