@@ -279,6 +279,23 @@ static void test_long_poll_times_out_with_204_and_wakes_on_ingest(void **state) 
   json_decref(t);
 }
 
+static void test_autonomy_tick_over_http_has_no_obligations(void **state) {
+  fixture *f = *state;
+  expect(f, 200, "POST", "/v1/sessions",
+         "{\"id\":\"ticker\",\"class\":\"operational\",\"autonomy_interval_s\":1}");
+  json_t *t = lease(f, 5000);
+  assert_non_null(t);
+  assert_string_equal(str(t, "kind"), "autonomy_tick");
+  assert_string_equal(str(t, "input"), "autonomy_tick");
+  assert_int_equal(json_array_size(json_object_get(t, "staged")), 0);
+  json_t *sections = json_object_get(t, "sections");
+  json_t *obligations = json_object_get(sections, "pending_obligations");
+  assert_int_equal(num(obligations, "staged_count"), 0);
+  assert_string_equal(json_string_value(json_object_get(sections, "conversation_history")), "none");
+  assert_int_equal(complete(f, t, NULL, NULL, NULL), 200);
+  json_decref(t);
+}
+
 /* Every event acknowledged before a kill -9 is there after the restart, exactly once. */
 static void test_kill_9_after_acknowledged_ingest_loses_nothing(void **state) {
   fixture *f = *state;
@@ -335,6 +352,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotency_key_is_stored_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_long_poll_times_out_with_204_and_wakes_on_ingest, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_autonomy_tick_over_http_has_no_obligations, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_kill_9_after_acknowledged_ingest_loses_nothing, setup,
                                       teardown),
