@@ -102,6 +102,11 @@ struct cph_engine {
   uint64_t dropped_total;
 
   cph_txn txn; /* the pass's write transaction, open only inside run_pass */
+
+  struct cph_dedupe *dedupe;     /* dedupe.c: exact/near dedupe and families */
+  struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
+  uint64_t embed_queue_len;      /* memories waiting for an embedding */
+  struct cph_maint *maint;       /* maint.c: maintenance jobs */
 };
 
 /* ---- engine.c ---- */
@@ -136,6 +141,16 @@ bool session_id_valid(const char *id);
 void ingest_apply(cph_engine *e, cph_op *op);
 uint64_t inbox_poll(cph_engine *e); /* poll_inbox: pending -> staged */
 int history_append(cph_engine *e, cph_txn *t, const char *channel, uint64_t event_id);
+
+/* ---- memory.c ---- */
+/* Scope of a channel-wide memory (minted from an event): "#" + channel; '#' never appears in
+ * a session id, so scopes cannot collide. */
+#define CPH_CHANNEL_SCOPE_PREFIX '#'
+/* Mints a memory in t (DESIGN §7): kind raw/summary/aggregate, tokens_est = ceil(bytes/4).
+ * With embed, its embedding is queued (embed_status pending, database embed_queue); without,
+ * embed_status is none. */
+int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, const char *text,
+                uint64_t source_event_id, bool embed, uint64_t *id_out);
 
 /* ---- turns.c ---- */
 void turns_apply(cph_engine *e, cph_op *op); /* heartbeat, complete, fail, requeue */

@@ -41,7 +41,10 @@
   X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
   X(CONTEXT, "context")       /* session\0 u64 node id -> context node */                \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
-  X(VECTORS, "vectors")       /* u64 memory id -> embedding */
+  X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
+  X(EMBED_QUEUE, "embed_queue") /* u64 memory id -> "" while its embedding is pending */  \
+  X(CHANNELS, "channels")     /* channel -> backpressure state (dedupe/backpressure) */   \
+  X(DEDUPE, "dedupe")         /* channel\0 hash -> family + time (exact dedupe window) */
 
 typedef enum cph_db {
 #define CPH__DB_ENUM(name, label) CPH_DB_##name,

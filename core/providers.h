@@ -1,0 +1,85 @@
+/* Embedders, summarisers and the vector index — the pieces a maintenance job calls.
+ *
+ * Contract: every function here is pure with respect to the engine (no engine state, no LMDB
+ * write transaction held by the caller across them). The network ones block and are called
+ * only from maintenance worker threads, never from the event loop (DESIGN §7, issue: no LMDB
+ * write transaction across a summariser, embedder or network call). Thread-safe. */
+#ifndef CEPHALON_CORE_PROVIDERS_H
+#define CEPHALON_CORE_PROVIDERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cephalon/error.h"
+#include "cephalon/policy.h"
+#include "store/store.h"
+
+/* ---- embeddings ---- */
+
+/* The built-in embedder: feature hashing of lower-cased word unigrams and bigrams into `dims`
+ * floats, signed by a second hash bit, L2-normalised (an all-zero vector for empty text).
+ * Deterministic; no network. */
+void cph_embed_builtin(const char *text, uint32_t dims, float *out);
+
+/* An OpenAI-compatible embeddings endpoint: POST cfg->url with {"model", "input": [texts]},
+ * Authorization from the environment variable cfg->api_key_env (if set), timeout
+ * cfg->timeout_ms. out holds n * cfg->dimensions floats (a response of another width is an
+ * error). Blocking. */
+int cph_embed_openai(const cph_policy_embedder *cfg, const char *const *texts, size_t n,
+                     float *out, cph_err *err);
+
+/* ---- summaries ---- */
+
+/* The built-in extractive summariser: the most informative sentences of texts (scored by
+ * word frequency across all texts, first sentences win ties), in their original order, within
+ * max_tokens (token = ceil(bytes/4)). Never empty for non-empty input. Returns malloc'd text. */
+char *cph_summarize_extractive(const char *const *texts, size_t n, size_t max_tokens);
+
+/* An OpenAI-compatible chat endpoint: POST cfg->url with {"model", "messages": [system
+ * "Summarise ...", user <texts joined>], "max_tokens"}; the summary is
+ * choices[0].message.content. Blocking. */
+int cph_summarize_openai(const cph_policy_summarizer *cfg, const char *const *texts, size_t n,
+                         char **out, cph_err *err);
+
+/* ---- the embedded vector index (in LMDB, database "vectors") ----
+ * Key: scope\0 + u64 memory id. Value: u32 dims + dims float32 (little-endian). */
+
+int cph_vindex_put(cph_txn *t, const char *scope, uint64_t memory_id, const float *v,
+                   uint32_t dims);
+/* CPH_ENOTFOUND when absent (not an error for deletes that already happened). */
+int cph_vindex_del(cph_txn *t, const char *scope, uint64_t memory_id);
+
+typedef struct cph_vhit {
+  uint64_t memory_id;
+  float score; /* cosine similarity */
+} cph_vhit;
+
+/* The k best hits in scope by cosine similarity, best first; *n <= k. Brute force over the
+ * scope's vectors. */
+int cph_vindex_search(cph_txn *t, const char *scope, const float *q, uint32_t dims, size_t k,
+                      cph_vhit *out, size_t *n);
+
+/* ---- the HTTP vector index (REST contract in docs/vector-index.md) ---- */
+
+typedef struct cph_vitem {
+  uint64_t memory_id;
+  const char *scope;
+  const float *vector; /* NULL for deletes */
+  uint32_t dims;
+} cph_vitem;
+
+/* POST {url}/upsert {"shard", "items": [{"id", "scope", "vector"}]} -> 200 {"upserted": n}.
+ * Blocking. */
+int cph_vindex_http_upsert(const cph_policy_vector_index *cfg, uint32_t shard,
+                           const cph_vitem *items, size_t n, cph_err *err);
+/* POST {url}/delete {"shard", "model", "ids": [id...]} -> 200 {"deleted": [id...]}: only the
+ * ids the index confirms are reported in confirmed[] (true per item). Blocking. */
+int cph_vindex_http_delete(const cph_policy_vector_index *cfg, uint32_t shard,
+                           const char *model, const uint64_t *ids, size_t n, bool *confirmed,
+                           cph_err *err);
+/* POST {url}/search {"scope", "vector", "k"} -> 200 {"hits": [{"id", "score"}]}. Blocking. */
+int cph_vindex_http_search(const cph_policy_vector_index *cfg, const char *scope,
+                           const float *q, uint32_t dims, size_t k, cph_vhit *out, size_t *n,
+                           cph_err *err);
+
+#endif
