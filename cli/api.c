@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/http_client.h"
+#include "common/http_client.h"
 
 /* ---------------------------------------------------------------- calls */
 
@@ -75,38 +75,39 @@ static int bad_url(const char *url, const char *why) {
 int cli_call(const cli_ctx *ctx, const char *method, const char *path, const json_t *body,
              int timeout_ms, int flags, cli_reply *out) {
   memset(out, 0, sizeof *out);
-  cli_url url;
+  cph_httpc_url url;
   const char *why = NULL;
-  if (cli_url_parse(ctx->url, &url, &why) != 0) {
-    cli_url_free(&url);
+  if (cph_httpc_url_parse(ctx->url, &url, &why) != 0) {
+    cph_httpc_url_free(&url);
     return bad_url(ctx->url, why);
   }
   char *text = NULL;
   if (body && !(text = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY))) {
-    cli_url_free(&url);
+    cph_httpc_url_free(&url);
     fprintf(stderr, "cephalonctl: out of memory\n");
     return CLI_EXIT_FAIL;
   }
-  cli_http_request req = {
+  cph_httpc_request req = {
       .method = method,
       .path = path,
       .token = ctx->token,
+      .user_agent = "cephalonctl",
       .body = text,
       .body_len = text ? strlen(text) : 0,
       .timeout_ms = timeout_ms,
   };
-  cli_http_response resp;
+  cph_httpc_response resp;
   char err[512];
-  int rc = cli_http_do(&url, &req, &resp, err, sizeof err);
+  int rc = cph_httpc_do(&url, &req, &resp, err, sizeof err);
   free(text);
-  cli_url_free(&url);
+  cph_httpc_url_free(&url);
 
   switch (rc) {
-  case CLI_HTTP_OK: break;
-  case CLI_HTTP_ECONNECT:
+  case CPH_HTTPC_OK: break;
+  case CPH_HTTPC_ECONNECT:
     fprintf(stderr, "cephalonctl: cannot reach cephalond at %s: %s\n", ctx->url, err);
     return CLI_EXIT_FAIL;
-  case CLI_HTTP_EINVAL: fprintf(stderr, "cephalonctl: %s\n", err); return CLI_EXIT_USAGE;
+  case CPH_HTTPC_EINVAL: fprintf(stderr, "cephalonctl: %s\n", err); return CLI_EXIT_USAGE;
   default:
     fprintf(stderr, "cephalonctl: %s %s at %s: %s\n", method, path, ctx->url, err);
     return CLI_EXIT_FAIL;

@@ -19,7 +19,7 @@ enum {
 };
 
 #define CLI_DEFAULT_URL "http://127.0.0.1:7070"
-#define CLI_TIMEOUT_MS 30000 /* per connect/send/recv; long-polls add their wait to it */
+#define CLI_TIMEOUT_MS 30000 /* one whole request; long-polls add their wait to it */
 
 /* Global options, parsed once before the command runs. */
 typedef struct cli_ctx {
@@ -59,8 +59,8 @@ typedef struct cli_reply {
 /* cli_call flags. */
 enum { CLI_CALL_ANY_STATUS = 1 }; /* hand back every HTTP answer; the caller judges it */
 
-/* Sends `method path` with an optional JSON body to ctx->url, waiting up to timeout_ms per
- * socket operation. Returns CLI_EXIT_OK with *out filled when the daemon answered 2xx (any
+/* Sends `method path` with an optional JSON body to ctx->url, waiting up to timeout_ms for
+ * the whole exchange. Returns CLI_EXIT_OK with *out filled when the daemon answered 2xx (any
  * status with CLI_CALL_ANY_STATUS). Otherwise prints exactly one line on stderr — cannot
  * reach, timed out, or the server's error code, message and field — and returns
  * CLI_EXIT_FAIL (CLI_EXIT_USAGE for a malformed --url or token). A non-empty 2xx body that

@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backpressure.h"
 #include "common/log.h"
+#include "dedupe.h"
 #include "engine_internal.h"
 #include "lanes/pass.h"
 
@@ -33,6 +35,8 @@ int op_fail(cph_op *op, int rc, const char *field, const char *fmt, ...) {
 }
 
 int64_t engine_now(cph_engine *e) { return cph_clock_now(e->clock_ref); }
+
+static void job_enqueue_apply(cph_engine *e, cph_op *op);
 
 /* ---------------------------------------------------------------- queues */
 
@@ -112,7 +116,7 @@ void engine_mark_pending(cph_engine *e, csession *s) {
 /* A session has work when it has staged input or a due autonomy tick (§3.3). */
 void engine_update_work(cph_engine *e, csession *s) {
   cph_sched_set_paused(e->sched, s->sid, s->paused);
-  cph_sched_set_work(e->sched, s->sid, s->n_staged > 0 || s->tick_due);
+  cph_sched_set_work(e->sched, s->sid, s->n_staged > 0 || s->tick_due || s->n_jobs > 0);
 }
 
 /* ---------------------------------------------------------------- autonomy ticks */
@@ -253,6 +257,9 @@ static void memory_clear(cph_engine *e) {
   e->n_ticks = e->cap_ticks = 0;
   cph_sched_free(e->sched);
   e->sched = NULL;
+  maint_close(e);
+  backpressure_close(e);
+  dedupe_close(e);
 }
 
 static uint64_t last_key_u64(cph_engine *e, cph_db db) {
@@ -287,6 +294,15 @@ static int memory_load(cph_engine *e, cph_err *err) {
   if (rc)
     return rc;
   rc = turns_recover(e, err);
+  if (rc)
+    return rc;
+  rc = maint_open(e, err);
+  if (rc)
+    return rc;
+  rc = dedupe_open(e, err); /* before backpressure: it provides the clock */
+  if (rc)
+    return rc;
+  rc = backpressure_open(e, err);
   if (rc)
     return rc;
   e->last_reply_id = last_key_u64(e, CPH_DB_REPLIES);
@@ -435,6 +451,12 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_REQUEUE:
     turns_apply(e, op);
     break;
+  case CPH_OP_JOB_ENQUEUE:
+    job_enqueue_apply(e, op);
+    break;
+  case CPH_OP_MEMORY_SEARCH:
+    search_apply(e, op);
+    break;
   case CPH_OP_LEASE:
     break; /* waiters are served by agent_turn */
   }
@@ -450,6 +472,8 @@ static void hook_reconcile(void *ctx) {
   cph_engine *e = ctx;
   ticks_fire(e);
   turns_reconcile(e);
+  maint_tick(e);
+  backpressure_tick(e);
 }
 
 int cph_engine_run_pass(cph_engine *e) {
@@ -527,6 +551,30 @@ cph_op *engine_waiter_at(cph_engine *e, size_t i) {
 void engine_waiter_remove(cph_engine *e, cph_op *op) { queue_remove(&e->waiters, op); }
 
 int cph_engine_sync(cph_engine *e) { return cph_store_sync(e->store, NULL); }
+
+/* POST /v1/maintenance/jobs */
+static void job_enqueue_apply(cph_engine *e, cph_op *op) {
+  cph_job_kind_t kind;
+  if (cph_job_kind_parse(op->u.job.in.job, &kind) != CPH_OK) {
+    op_fail(op, CPH_EINVAL, "job",
+            "job: expected one of embed_memory, aggregate_upsert, gc_plan, gc_summarize, "
+            "gc_commit, outbox_drain, retention_redact_events");
+    return;
+  }
+  const char *args = op->u.job.in.args;
+  uint64_t group = 0;
+  if ((kind == CPH_JOBK_GC_SUMMARIZE || kind == CPH_JOBK_GC_COMMIT)) {
+    if (!args || strncmp(args, "group=", 6) != 0 || !(group = strtoull(args + 6, NULL, 10))) {
+      op_fail(op, CPH_EINVAL, "args", "args: %s needs \"group=<id>\"", cph_job_kind_name(kind));
+      return;
+    }
+  }
+  int rc = maint_enqueue(e, kind, args, group, &op->u.job.job_id);
+  if (rc)
+    op_fail(op, rc, rc == CPH_ESTATE ? "job" : NULL, "%s",
+            rc == CPH_ESTATE ? "no maintenance session: enable :sessions :janitor?"
+                             : cph_strerror(rc));
+}
 
 /* ---------------------------------------------------------------- reads */
 

@@ -45,6 +45,9 @@ typedef struct csession {
   int64_t next_tick_ns; /* when its next autonomy tick is due; 0 = none */
   bool tick_due;
   size_t tick_heap_pos; /* index in the tick heap + 1; 0 = not in it */
+  uint64_t *jobs; /* queued maintenance jobs, oldest first (maintenance sessions) */
+  uint32_t n_jobs, cap_jobs;
+  uint64_t running_job; /* the job its running turn executes, 0 if none */
 } csession;
 
 typedef struct channel {
@@ -65,6 +68,7 @@ typedef struct lease {
   cph_turn_kind_t kind;
   uint64_t *inbox_ids; /* the staged messages it carries */
   size_t n_inbox_ids;
+  uint64_t job_id; /* job turns: the job it runs */
 } lease;
 
 typedef struct op_queue {
@@ -106,7 +110,7 @@ struct cph_engine {
   struct cph_dedupe *dedupe;     /* dedupe.c: exact/near dedupe and families */
   struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
   uint64_t embed_queue_len;      /* memories waiting for an embedding */
-  struct cph_maint *maint;       /* maint.c: maintenance jobs */
+  struct cph_maint *maint;       /* maint.c: schedules, counters */
 };
 
 /* ---- engine.c ---- */
@@ -151,6 +155,46 @@ int history_append(cph_engine *e, cph_txn *t, const char *channel, uint64_t even
  * embed_status is none. */
 int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, const char *text,
                 uint64_t source_event_id, bool embed, uint64_t *id_out);
+
+/* ---- maint.c ---- */
+int maint_open(cph_engine *e, cph_err *err);
+void maint_close(cph_engine *e);
+/* Writes a queued job record in t on the janitor; memory follows with maint_job_queued()
+ * after t commits. CPH_ESTATE when there is no janitor. */
+int maint_job_write(cph_engine *e, cph_txn *t, cph_job_kind_t kind, const char *args,
+                    uint64_t group_id, uint64_t *id_out, csession **session_out);
+void maint_job_queued(cph_engine *e, csession *s, uint64_t job_id, cph_job_kind_t kind);
+/* After the transaction holding maint_job_write()s commits / aborts. */
+void maint_pending_apply(cph_engine *e);
+void maint_pending_drop(cph_engine *e);
+/* Enqueues in its own child txn of the pass (for reconcile and job steps). */
+int maint_enqueue(cph_engine *e, cph_job_kind_t kind, const char *args, uint64_t group_id,
+                  uint64_t *id_out);
+/* A job turn is starting: chooses the job (the outbox batch for a trickle pick), prepares its
+ * work in t and marks it running. CPH_ENOTFOUND when the session has no runnable job. */
+int maint_job_start(cph_engine *e, cph_txn *t, csession *s, bool trickle, uint64_t turn_id,
+                    cph_job_work **work_out, uint64_t *job_id_out);
+void maint_job_started(cph_engine *e, csession *s, uint64_t job_id);
+/* The job turn completed with executed work: applies it in t (the completion's child txn). */
+int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w);
+void maint_job_finished(cph_engine *e, csession *s, uint64_t job_id);
+/* The job turn's lease ended without completion: the job is queued again (or failed after
+ * :leases :max-attempts). Writes in t. */
+int maint_job_retry(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, const char *error,
+                    bool *failed);
+/* Schedules (gc_plan, outbox_drain, embed_memory, retention) and the trickle flag; from
+ * reconcile. */
+void maint_tick(cph_engine *e);
+/* gc.c: the gc steps' apply phase */
+int gc_plan_apply(cph_engine *e, cph_txn *t, const char *args);
+int gc_summarize_prepare(cph_engine *e, cph_txn *t, uint64_t group_id, cph_job_work *w);
+int gc_summarize_apply(cph_engine *e, cph_txn *t, uint64_t group_id, const cph_job_work *w);
+int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id);
+void gc_group_hash(const uint64_t *sorted_ids, size_t n, int64_t newest_ts_ms,
+                   uint64_t total_tokens, char out[65]);
+void maint_note_commit(cph_engine *e, uint64_t deleted, uint64_t outbox_items, int64_t now_ms);
+/* search.c */
+void search_apply(cph_engine *e, cph_op *op);
 
 /* ---- turns.c ---- */
 void turns_apply(cph_engine *e, cph_op *op); /* heartbeat, complete, fail, requeue */

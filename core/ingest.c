@@ -1,12 +1,17 @@
-/* Ingest (DESIGN §4): validation, idempotency keys, routing, the per-session queue cap, the
- * channel history, and poll_inbox (pending -> staged). */
+/* Ingest (DESIGN §4, §5, §7): validation, idempotency keys, content dedupe and families,
+ * per-channel backpressure effects, routing, the per-session queue cap, the channel history,
+ * memories minted from events, and poll_inbox (pending -> staged). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backpressure.h"
+#include "dedupe.h"
 #include "engine_internal.h"
 
 #define CHANNEL_MAX 256
+#define NOTICE_SENDER "cephalon"
+#define NOTICE_KIND "aggregate"
 
 const char *cph_ingest_status_name(cph_ingest_status s) {
   switch (s) {
@@ -56,6 +61,7 @@ static int put_inbox(cph_txn *t, const char *session, const inbox_item *it, uint
 typedef struct target {
   csession *session;
   bool mentioned;
+  bool direct; /* named by the event (explicit session or mention), not only subscribed */
   uint64_t inbox_id;
   int32_t drop_index; /* inbox index to drop for the queue cap, -1 none */
 } target;
@@ -66,15 +72,17 @@ static void reject(cph_event_result *res, const char *field, const char *why) {
   res->reason = strdup(why);
 }
 
-static bool add_target(target *ts, size_t *n, size_t cap, csession *s, bool mentioned) {
+static bool add_target(target *ts, size_t *n, size_t cap, csession *s, bool mentioned,
+                       bool direct) {
   for (size_t i = 0; i < *n; i++)
     if (ts[i].session == s) {
       ts[i].mentioned |= mentioned;
+      ts[i].direct |= direct;
       return true;
     }
   if (*n == cap)
     return false;
-  ts[(*n)++] = (target){s, mentioned, 0, -1};
+  ts[(*n)++] = (target){s, mentioned, direct, 0, -1};
   return true;
 }
 
@@ -93,6 +101,43 @@ static int32_t pick_drop(const csession *s) {
   return oldest_pending;
 }
 
+/* Writes one pending inbox message per target (and the queue cap's drops) in t. */
+static void targets_write(cph_engine *e, cph_txn *t, target *ts, size_t n, uint64_t event_id,
+                          int64_t now_ms) {
+  int64_t max_queue = e->policy->sessions.max_queue;
+  for (size_t i = 0; i < n; i++) {
+    csession *s = ts[i].session;
+    cph_txn_next_id(t, "inbox", &ts[i].inbox_id);
+    inbox_item it = {ts[i].inbox_id, event_id, CPH_INBOX_PENDING, ts[i].mentioned, 0, 0, now_ms};
+    put_inbox(t, s->id, &it, CPH_INBOX_PENDING);
+    if ((int64_t)s->n_pending + 1 > max_queue) {
+      ts[i].drop_index = pick_drop(s);
+      if (ts[i].drop_index >= 0)
+        put_inbox(t, s->id, &s->inbox[ts[i].drop_index], CPH_INBOX_DROPPED);
+    }
+  }
+}
+
+/* After commit: the sessions' live inboxes follow what targets_write stored. */
+static void targets_apply(cph_engine *e, const target *ts, size_t n, uint64_t event_id,
+                          int64_t now_ms, cph_event_result *res) {
+  if (res)
+    res->sessions.items = calloc(n ? n : 1, sizeof(char *));
+  for (size_t i = 0; i < n; i++) {
+    csession *s = ts[i].session;
+    if (ts[i].drop_index >= 0) {
+      csession_inbox_remove(s, (uint32_t)ts[i].drop_index);
+      s->dropped++;
+      e->dropped_total++;
+    }
+    inbox_item it = {ts[i].inbox_id, event_id, CPH_INBOX_PENDING, ts[i].mentioned, 0, 0, now_ms};
+    csession_inbox_push(s, &it);
+    engine_mark_pending(e, s);
+    if (res && res->sessions.items)
+      res->sessions.items[res->sessions.count++] = strdup(s->id);
+  }
+}
+
 /* Looks up an idempotency key: its event id if seen within the window. */
 static bool idem_seen(cph_engine *e, cph_txn *t, const char *key, uint64_t *id) {
   cph_key k;
@@ -108,8 +153,38 @@ static bool idem_seen(cph_engine *e, cph_txn *t, const char *key, uint64_t *id) 
   return true;
 }
 
+/* Mints the memories an event gives (DESIGN §7): a raw memory scoped to its channel for a
+ * non-duplicate on a channel that is not aggregate-only; one aggregate memory per family,
+ * when the family is created. Embeddings per backpressure_embed_allowed(). */
+static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, int step, bool raw,
+                          const dedupe_verdict *v, const char *body, uint64_t event_id) {
+  char scope[CHANNEL_MAX + 2];
+  snprintf(scope, sizeof scope, "%c%s", CPH_CHANNEL_SCOPE_PREFIX, channel_name);
+  if (raw && *body)
+    memory_mint(e, t, scope, CPH_MEMORY_RAW, body, event_id,
+                backpressure_embed_allowed(e, step, false), NULL);
+  if (v->family_created && v->sample) {
+    size_t len = strlen(v->sample) + strlen(channel_name) + 48;
+    char *text = malloc(len);
+    if (!text)
+      return;
+    snprintf(text, len, "[aggregate] repeated in #%s: %s", channel_name, v->sample);
+    memory_mint(e, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
+                backpressure_embed_allowed(e, step, true), NULL);
+    free(text);
+  }
+}
+
 /* One event in its own child txn. Returns CPH_OK (the result says accepted or rejected), or
- * the store's error when the write itself failed (then err says why). */
+ * the store's error when the write itself failed (then err says why).
+ *
+ * Order: validation -> idempotency key (`duplicate`, stored once) -> content dedupe
+ * (`aggregated`: stored with its hash, joins a family, staged to nobody, kept out of the
+ * channel history so contexts do not fill with repeats) -> the channel's backpressure step:
+ * aggregate-only stages only to explicit targets and mentions and counts the event into the
+ * subscribers' next aggregate notice; step 5 stores an event staged to nobody without its
+ * body. Everything is written in the child txn; memory (sessions, dedupe rings, rates)
+ * follows only after it committed. */
 static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cph_err *err) {
   memset(res, 0, sizeof *res);
   if (!in->body) {
@@ -157,7 +232,21 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
     return CPH_OK;
   }
 
-  /* Routing: the explicit session, else the channel's subscribers; plus every mention. */
+  int step = backpressure_step(e, channel_name);
+  int64_t dd_now = dedupe_now_ms(e);
+  dedupe_verdict v;
+  if (dedupe_classify(e, &t, channel_name, in->sender, in->body, dd_now,
+                      step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1, &v) != CPH_OK) {
+    dedupe_verdict_free(&v);
+    cph_txn_abort(&t);
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  }
+  bool dup = v.kind != DEDUPE_NONE;
+  bool aggregate_only = step >= BP_STEP_AGGREGATE_ONLY;
+
+  /* Routing: the explicit session, else the channel's subscribers; plus every mention. A
+   * duplicate goes to nobody; on an aggregate-only channel only the sessions the event names
+   * get it now. */
   size_t cap = 64;
   channel *ch = engine_channel(e, channel_name, false);
   if (!explicit_target && ch)
@@ -166,28 +255,42 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
   target *ts = malloc(cap * sizeof *ts);
   size_t n = 0;
   if (!ts) {
+    dedupe_verdict_free(&v);
     cph_txn_abort(&t);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
-  if (explicit_target)
-    add_target(ts, &n, cap, explicit_target, false);
-  else if (ch)
-    for (size_t i = 0; i < ch->n_subscribers; i++)
-      add_target(ts, &n, cap, ch->subscribers[i], false);
-  for (size_t i = 0; i < in->mentions.count; i++) {
-    csession *m = in->mentions.items[i] ? engine_session(e, in->mentions.items[i]) : NULL;
-    if (m)
-      add_target(ts, &n, cap, m, true); /* mentions of unknown sessions reach nobody */
+  if (!dup) {
+    if (explicit_target)
+      add_target(ts, &n, cap, explicit_target, false, true);
+    else if (ch && !aggregate_only)
+      for (size_t i = 0; i < ch->n_subscribers; i++) /* a subscriber list has no repeats */
+        ts[n++] = (target){ch->subscribers[i], false, false, 0, -1};
+    for (size_t i = 0; i < in->mentions.count; i++) {
+      csession *m = in->mentions.items[i] ? engine_session(e, in->mentions.items[i]) : NULL;
+      if (m)
+        add_target(ts, &n, cap, m, true, true); /* mentions of unknown sessions reach nobody */
+    }
   }
+  /* The subscribers hear of it through the channel's next aggregate notice instead. */
+  bool coalesce = aggregate_only && !explicit_target && ch && ch->n_subscribers;
+  bool aggregated = !n && (dup || aggregate_only);
 
   uint64_t event_id = 0;
   int64_t now_ms = cph_wall_ms();
+  uint64_t embed_queue_before = e->embed_queue_len;
   cph_txn_next_id(&t, "event", &event_id);
+  int rc = dedupe_write(e, &t, channel_name, in->body, event_id, dd_now, &v);
+  if (rc && !t.ret) { /* out of memory building the family: nothing of this event lands */
+    cph_txn_abort(&t);
+    dedupe_verdict_free(&v);
+    free(ts);
+    return cph_err_set(err, rc, "out of memory");
+  }
   cph_event_rec ev = {0};
   ev.id = event_id;
   ev.channel = (char *)channel_name;
   ev.sender = in->sender;
-  ev.body = in->body;
+  ev.body = step >= BP_STEP_DROP_PAYLOADS && !n ? NULL : in->body; /* hash + metadata stay */
   ev.session = in->session;
   ev.mentions = in->mentions.items;
   ev.n_mentions = (uint32_t)in->mentions.count;
@@ -195,57 +298,45 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
   ev.key = in->key;
   ev.ts_ms = in->ts_ms ? in->ts_ms : now_ms;
   ev.received_ms = now_ms;
-  ev.status = n ? CPH_EVENT_QUEUED : CPH_EVENT_STORED;
+  ev.status = n ? CPH_EVENT_QUEUED : aggregated ? CPH_EVENT_AGGREGATED : CPH_EVENT_STORED;
+  memcpy(ev.body_sha256, v.sha256, sizeof ev.body_sha256);
+  ev.simhash = v.simhash;
+  ev.family = v.family;
   cph_key ek;
   cph_key_reset(&ek);
   cph_key_u64(&ek, event_id);
   cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
-  history_append(e, &t, channel_name, event_id);
+  if (!aggregated)
+    history_append(e, &t, channel_name, event_id);
   if (in->key) {
     cph_key kk;
     cph_key_reset(&kk);
     cph_key_str(&kk, in->key);
-    uint8_t v[16];
-    cph_be64_put(v, event_id);
-    cph_be64_put(v + 8, (uint64_t)now_ms);
-    cph_txn_put(&t, CPH_DB_IDEM_KEYS, &kk, v, sizeof v);
+    uint8_t kv[16];
+    cph_be64_put(kv, event_id);
+    cph_be64_put(kv + 8, (uint64_t)now_ms);
+    cph_txn_put(&t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
   }
-  int64_t max_queue = e->policy->sessions.max_queue;
-  for (size_t i = 0; i < n; i++) {
-    csession *s = ts[i].session;
-    cph_txn_next_id(&t, "inbox", &ts[i].inbox_id);
-    inbox_item it = {ts[i].inbox_id, event_id, CPH_INBOX_PENDING, ts[i].mentioned, 0, 0, now_ms};
-    put_inbox(&t, s->id, &it, CPH_INBOX_PENDING);
-    if ((int64_t)s->n_pending + 1 > max_queue) {
-      ts[i].drop_index = pick_drop(s);
-      if (ts[i].drop_index >= 0)
-        put_inbox(&t, s->id, &s->inbox[ts[i].drop_index], CPH_INBOX_DROPPED);
-    }
-  }
+  mint_memories(e, &t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id);
+  targets_write(e, &t, ts, n, event_id, now_ms);
   if (cph_txn_commit(&t)) {
     /* Storage full and friends: this event is not stored and the request fails with the
      * store's error (507 for a full map); events before it in the request are committed. */
+    e->embed_queue_len = embed_queue_before; /* memory_mint counted what did not land */
+    dedupe_verdict_free(&v);
     free(ts);
     return cph_err_set(err, t.ret, "%s", t.err.msg);
   }
 
   /* Committed into the pass txn: now memory follows. */
+  dedupe_commit(e, channel_name, event_id, dd_now, &v);
+  backpressure_note_event(e, channel_name, dup ? v.family : 0);
+  if (coalesce)
+    backpressure_coalesce(e, channel_name, dup ? v.family : 0, in->body, dd_now);
   res->id = event_id;
-  res->status = n ? CPH_EV_QUEUED : CPH_EV_STORED;
-  res->sessions.items = calloc(n ? n : 1, sizeof(char *));
-  for (size_t i = 0; i < n; i++) {
-    csession *s = ts[i].session;
-    if (ts[i].drop_index >= 0) {
-      csession_inbox_remove(s, (uint32_t)ts[i].drop_index);
-      s->dropped++;
-      e->dropped_total++;
-    }
-    inbox_item it = {ts[i].inbox_id, event_id, CPH_INBOX_PENDING, ts[i].mentioned, 0, 0, now_ms};
-    csession_inbox_push(s, &it);
-    engine_mark_pending(e, s);
-    if (res->sessions.items)
-      res->sessions.items[res->sessions.count++] = strdup(s->id);
-  }
+  res->status = n ? CPH_EV_QUEUED : aggregated ? CPH_EV_AGGREGATED : CPH_EV_STORED;
+  targets_apply(e, ts, n, event_id, now_ms, res);
+  dedupe_verdict_free(&v);
   free(ts);
   return CPH_OK;
 }
@@ -265,6 +356,45 @@ void ingest_apply(cph_engine *e, cph_op *op) {
       return;
     }
   }
+}
+
+/* A backpressure notice (backpressure.h): an event from "cephalon" in the channel's history,
+ * staged for every subscriber (members are triggered only by mentions). Not deduplicated,
+ * not counted in the channel's rate, no memory. */
+int ingest_notice(cph_engine *e, const char *channel_name, const char *body) {
+  channel *ch = engine_channel(e, channel_name, false);
+  if (!ch || !ch->n_subscribers)
+    return CPH_OK;
+  target *ts = malloc(ch->n_subscribers * sizeof *ts);
+  if (!ts)
+    return CPH_ENOMEM;
+  size_t n = 0;
+  for (size_t i = 0; i < ch->n_subscribers; i++) /* subscriber lists hold no repeats */
+    ts[n++] = (target){ch->subscribers[i], false, false, 0, -1};
+  cph_txn t;
+  cph_txn_begin_child(&e->txn, &t);
+  uint64_t event_id = 0;
+  int64_t now_ms = cph_wall_ms();
+  cph_txn_next_id(&t, "event", &event_id);
+  cph_event_rec ev = {0};
+  ev.id = event_id;
+  ev.channel = (char *)channel_name;
+  ev.sender = NOTICE_SENDER;
+  ev.body = (char *)body;
+  ev.kind = NOTICE_KIND;
+  ev.ts_ms = ev.received_ms = now_ms;
+  ev.status = CPH_EVENT_QUEUED;
+  cph_key ek;
+  cph_key_reset(&ek);
+  cph_key_u64(&ek, event_id);
+  cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  history_append(e, &t, channel_name, event_id);
+  targets_write(e, &t, ts, n, event_id, now_ms);
+  int rc = cph_txn_commit(&t);
+  if (rc == CPH_OK)
+    targets_apply(e, ts, n, event_id, now_ms, NULL);
+  free(ts);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- poll_inbox */

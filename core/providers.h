@@ -44,6 +44,8 @@ int cph_summarize_openai(const cph_policy_summarizer *cfg, const char *const *te
 /* ---- the embedded vector index (in LMDB, database "vectors") ----
  * Key: scope\0 + u64 memory id. Value: u32 dims + dims float32 (little-endian). */
 
+/* Replaces any vector of the id. CPH_EINVAL (not sticky) for no vector, 0 dims or a NaN or
+ * infinite value. */
 int cph_vindex_put(cph_txn *t, const char *scope, uint64_t memory_id, const float *v,
                    uint32_t dims);
 /* CPH_ENOTFOUND when absent (not an error for deletes that already happened). */
@@ -54,12 +56,15 @@ typedef struct cph_vhit {
   float score; /* cosine similarity */
 } cph_vhit;
 
-/* The k best hits in scope by cosine similarity, best first; *n <= k. Brute force over the
- * scope's vectors. */
+/* The k best hits in scope by cosine similarity, best first (equal scores: lower id first);
+ * *n <= k. Brute force over the scope's vectors. Vectors of another width and zero vectors are
+ * skipped; a zero query finds nothing. A malformed stored value is CPH_ECORRUPT, sticky on t,
+ * with t->err naming the key. */
 int cph_vindex_search(cph_txn *t, const char *scope, const float *q, uint32_t dims, size_t k,
                       cph_vhit *out, size_t *n);
 
-/* ---- the HTTP vector index (REST contract in docs/vector-index.md) ---- */
+/* ---- the HTTP vector index (REST contract in docs/vector-index.md) ----
+ * The network calls here speak http:// only (common/http_client.h); errors name the URL. */
 
 typedef struct cph_vitem {
   uint64_t memory_id;

@@ -72,6 +72,7 @@ void csession_free(cph_engine *e, csession *s) {
   if (e->by_sid && s->sid < e->cap_by_sid)
     e->by_sid[s->sid] = NULL;
   free(s->inbox);
+  free(s->jobs);
   free(s->id);
   free(s);
 }

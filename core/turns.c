@@ -89,6 +89,16 @@ void cph_op_clear_results(cph_op *op) {
   case CPH_OP_LEASE:
     cph_turn_info_free(&op->u.lease.turn);
     break;
+  case CPH_OP_MEMORY_SEARCH:
+    for (size_t i = 0; i < op->u.search.n_hits; i++) {
+      free(op->u.search.hits[i].kind);
+      free(op->u.search.hits[i].text);
+      free(op->u.search.hits[i].session);
+    }
+    free(op->u.search.hits);
+    op->u.search.hits = NULL;
+    op->u.search.n_hits = 0;
+    break;
   default:
     break;
   }
@@ -327,13 +337,14 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     return false;
   }
   size_t n = 0;
-  for (uint32_t i = 0; i < s->n_inbox; i++)
+  bool job_turn = s->n_jobs > 0 && (s->lane == CPH_LANE_MAINTENANCE || pick->trickle);
+  for (uint32_t i = 0; i < s->n_inbox && !job_turn; i++)
     if (s->inbox[i].status == CPH_INBOX_STAGED)
       items[n++] = &s->inbox[i];
   qsort(items, n, sizeof *items, staged_order);
   if (n > max_batch)
     n = max_batch;
-  if (n == 0 && !s->tick_due) {
+  if (n == 0 && !s->tick_due && !job_turn) {
     free(items);
     cph_sched_finish(e->sched, pick->sid, 0, false);
     engine_update_work(e, s);
@@ -347,6 +358,14 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   uint64_t turn_id = 0;
   cph_txn_next_id(&t, "turn", &turn_id);
   int rc = build_turn(e, &t, s, items, n, ti);
+  uint64_t job_id = 0;
+  cph_job_work *work = NULL;
+  if (rc == CPH_OK && job_turn) {
+    rc = maint_job_start(e, &t, s, pick->trickle, turn_id, &work, &job_id);
+    ti->kind = CPH_KIND_JOB;
+    free(ti->input);
+    ti->input = strdup(work ? cph_job_kind_name(work->kind) : "job");
+  }
   uint8_t token[16];
   if (RAND_bytes(token, sizeof token) != 1)
     rc = rc ? rc : CPH_EIO;
@@ -364,7 +383,8 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     tr.id = turn_id;
     tr.session = s->id;
     tr.lane = (uint8_t)s->lane;
-    tr.kind = n ? CPH_TURN_INBOX : CPH_TURN_AUTONOMY_TICK;
+    tr.kind = job_turn ? CPH_TURN_JOB : n ? CPH_TURN_INBOX : CPH_TURN_AUTONOMY_TICK;
+    tr.job_id = job_id;
     tr.state = CPH_TURN_LEASED;
     memcpy(tr.lease, token, sizeof token);
     tr.worker = w->u.lease.worker;
@@ -395,6 +415,8 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     free(key_copy);
     free(items);
     cph_turn_info_free(ti);
+    cph_job_work_free(work);
+    maint_pending_drop(e);
     cph_sched_finish(e->sched, pick->sid, 0, false);
     return false;
   }
@@ -406,11 +428,16 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   l->inbox_ids = ids;
   l->n_inbox_ids = n;
   l->key = key_copy;
+  l->job_id = job_id;
+  if (job_turn) {
+    maint_job_started(e, s, job_id);
+    ti->job = work;
+  }
   for (size_t i = 0; i < n; i++)
     items[i]->turn_id = turn_id;
   free(items);
   s->running_turn = turn_id;
-  if (!n)
+  if (!n && !job_turn)
     s->tick_due = false; /* this tick is being served; the next is armed at completion */
   ti->id = turn_id;
   hex_encode(token, sizeof token, ti->lease);
@@ -426,14 +453,20 @@ uint32_t turns_serve_waiters(cph_engine *e) {
     if (cph_sched_running(e->sched) >= cph_sched_concurrency(e->sched))
       break;
     cph_op *w = engine_waiter_at(e, i);
-    unsigned mask = w->u.lease.lanes ? w->u.lease.lanes : (1u << CPH_LANE_COUNT) - 1;
+    /* Jobs are cephalond's own work: its maintenance workers take the maintenance lane and
+     * nothing else; external workers never get it. */
+    unsigned mask = w->u.lease.internal ? 1u << CPH_LANE_MAINTENANCE
+                    : w->u.lease.lanes  ? w->u.lease.lanes & ~(1u << CPH_LANE_MAINTENANCE)
+                                        : CPH_LANES_ALL & ~(1u << CPH_LANE_MAINTENANCE);
     cph_pick pick;
     if (cph_sched_pick_lanes(e->sched, mask, &pick) != CPH_OK) {
       i++;
       continue;
     }
-    if (!start_turn(e, w, &pick))
-      continue; /* the same waiter tries the next pick */
+    if (!start_turn(e, w, &pick)) {
+      i++; /* the session went back to the scheduler; a retry now would pick it again */
+      continue;
+    }
     engine_waiter_remove(e, w);
     w->rc = CPH_OK;
     engine_waiter_done(e, w);
@@ -484,9 +517,17 @@ static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) 
   cph_txn_del(&t, CPH_DB_ACTIVE_TURNS, &tk);
   if (park)
     cph_txn_put(&t, CPH_DB_PARKED_TURNS, &tk, "", 0);
+  bool job_failed = false;
+  if (l->job_id)
+    maint_job_retry(e, &t, s, l->job_id, error, &job_failed);
   int rc = cph_txn_commit(&t);
   if (rc)
     return rc;
+  if (l->job_id) {
+    s->running_job = 0;
+    if (job_failed)
+      maint_job_finished(e, s, l->job_id); /* out of attempts: the job leaves the queue */
+  }
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx < 0)
@@ -547,7 +588,7 @@ static int check_lease(cph_engine *e, cph_op *op, lease **out) {
 }
 
 static void turn_heartbeat(cph_engine *e, cph_op *op) {
-  lease *l;
+  lease *l = NULL;
   if (check_lease(e, op, &l))
     return;
   int64_t ttl_ms = e->policy->leases.ttl_seconds * 1000;
@@ -568,8 +609,17 @@ static void turn_heartbeat(cph_engine *e, cph_op *op) {
   l->deadline_ns = engine_now(e) + ttl_ms * CPH_NS_PER_MS;
 }
 
+static void turn_complete_work(cph_engine *e, cph_op *op);
+
+/* The engine owns a job turn's work from lease to completion, whatever the outcome. */
 static void turn_complete(cph_engine *e, cph_op *op) {
-  lease *l;
+  turn_complete_work(e, op);
+  cph_job_work_free(op->u.turn.job);
+  op->u.turn.job = NULL;
+}
+
+static void turn_complete_work(cph_engine *e, cph_op *op) {
+  lease *l = NULL;
   int rc = check_lease(e, op, &l);
   if (rc) {
     if (op->u.turn.already)
@@ -627,6 +677,30 @@ static void turn_complete(cph_engine *e, cph_op *op) {
     cph_txn_put_record(&t, CPH_DB_REPLIES, &rk, &cph_reply_desc, &rr);
   }
   free(first_channel);
+  /* memories the worker minted, scoped to the session (DESIGN §7) */
+  for (size_t i = 0; i < op->u.turn.n_memories; i++)
+    if (op->u.turn.memories[i].text && *op->u.turn.memories[i].text)
+      memory_mint(e, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true, NULL);
+  for (size_t i = 0; i < op->u.turn.n_enqueue; i++) {
+    cph_job_kind_t kind;
+    const cph_job_in *ji = &op->u.turn.enqueue[i];
+    if (cph_job_kind_parse(ji->job, &kind) != CPH_OK) {
+      char f[48];
+      snprintf(f, sizeof f, "enqueue[%zu].job", i);
+      cph_txn_abort(&t);
+      maint_pending_drop(e);
+      op_fail(op, CPH_EINVAL, f, "%s: unknown job '%s'", f, ji->job ? ji->job : "");
+      return;
+    }
+    uint64_t jid;
+    csession *js;
+    uint64_t group = ji->args && strncmp(ji->args, "group=", 6) == 0
+                         ? strtoull(ji->args + 6, NULL, 10)
+                         : 0;
+    maint_job_write(e, &t, kind, ji->args, group, &jid, &js);
+  }
+  if (l->job_id)
+    maint_job_apply(e, &t, s, l->job_id, op->u.turn.job);
   cph_key tk = u64_key(l->turn_id);
   cph_turn_rec tr;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
@@ -652,11 +726,13 @@ static void turn_complete(cph_engine *e, cph_op *op) {
     cph_sched_restore(e->sched, s->id, s->lane, credits_before, &s->sid);
     e->by_sid[s->sid] = s;
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
-    cph_pick unused;
-    (void)unused;
+    maint_pending_drop(e);
     s->running_turn = 0; /* the lease stays; expiry will stage the input again */
     return;
   }
+  maint_pending_apply(e);
+  if (l->job_id)
+    maint_job_finished(e, s, l->job_id);
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx >= 0)
@@ -672,7 +748,7 @@ static void turn_complete(cph_engine *e, cph_op *op) {
 }
 
 static void turn_fail(cph_engine *e, cph_op *op) {
-  lease *l;
+  lease *l = NULL;
   if (check_lease(e, op, &l))
     return;
   int rc = end_lease(e, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed");

@@ -197,9 +197,9 @@ static const ps_field dedupe_fields[] = {
         "how long an idempotency key is remembered"),
     INT(cph_policy_dedupe, "min-length", min_length, 0, 1000000, 12,
         "bodies shorter than this (bytes) are never deduplicated"),
-    INT(cph_policy_dedupe, "near-distance", near_distance, 0, 64, 3,
+    INT(cph_policy_dedupe, "near-distance", near_distance, 0, 64, 10,
         "simhash Hamming distance that still counts as a near duplicate"),
-    INT(cph_policy_dedupe, "shingle-words", shingle_words, 1, 16, 3,
+    INT(cph_policy_dedupe, "shingle-words", shingle_words, 1, 16, 1,
         "words per shingle for the simhash"),
 };
 static const ps_table dedupe_table = TABLE(cph_policy_dedupe, dedupe_fields, PS_NO_ID);

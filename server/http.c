@@ -50,8 +50,18 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/v1/turns", SCOPE_READ, 0, cph_route_turns_list},
     {EVHTTP_REQ_GET, "/v1/replies", SCOPE_WORKER | SCOPE_READ, 0, cph_route_replies},
     {EVHTTP_REQ_GET, "/v1/lanes", SCOPE_READ, 0, cph_route_lanes},
+    {EVHTTP_REQ_GET, "/v1/channels/{id}", SCOPE_READ, 0, cph_route_channel_get},
+    {EVHTTP_REQ_GET, "/v1/aggregates", SCOPE_READ, 0, cph_route_aggregates},
     {EVHTTP_REQ_GET, "/v1/admin/policy", SCOPE_ADMIN | SCOPE_READ, 0, cph_route_policy_get},
     {EVHTTP_REQ_POST, "/v1/admin/policy/reload", SCOPE_ADMIN, 0, cph_route_policy_reload},
+    {EVHTTP_REQ_POST, "/v1/maintenance/jobs", SCOPE_ADMIN, CPH_ROUTE_BODY, cph_route_job_post},
+    {EVHTTP_REQ_GET, "/v1/maintenance/jobs", SCOPE_READ, 0, cph_route_jobs_list},
+    {EVHTTP_REQ_GET, "/v1/gc/groups", SCOPE_READ, 0, cph_route_gc_groups},
+    {EVHTTP_REQ_GET, "/v1/gc/groups/{id}", SCOPE_READ, 0, cph_route_gc_group},
+    {EVHTTP_REQ_GET, "/v1/outbox", SCOPE_READ, 0, cph_route_outbox},
+    {EVHTTP_REQ_GET, "/v1/events/{id}", SCOPE_READ, 0, cph_route_event_get},
+    /* a search counts as an access to what it returns, but a reader may search */
+    {EVHTTP_REQ_GET, "/v1/memories/search", SCOPE_READ, 0, cph_route_memories_search},
 };
 
 #define MAX_SEGMENTS 8

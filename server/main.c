@@ -25,6 +25,7 @@
 #include "cephalon/cephalon.h"
 #include "common/log.h"
 #include "listen.h"
+#include "maint_workers.h"
 #include "routes.h"
 #include "server.h"
 
@@ -287,6 +288,7 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound, uint16_t fallback)
 
 /* After the loop: answer what can be answered, then free everything (ASan runs the tests). */
 static void shutdown_all(cph_srv *s) {
+  cph_maint_workers_stop(s);
   if (s->engine && s->http) {
     cph_longpolls_stop(s);
     /* Flush what is still queued so no acknowledged-looking op is left half done. */
@@ -416,6 +418,10 @@ int main(int argc, char **argv) {
   if (!ev_term || !ev_int || !ev_hup || evsignal_add(ev_term, NULL) ||
       evsignal_add(ev_int, NULL) || evsignal_add(ev_hup, NULL)) {
     cph_error("cannot install signal handlers");
+    goto out;
+  }
+  if (cph_maint_workers_start(&s, (int)cph_engine_policy(s.engine)->maintenance.workers)) {
+    cph_error("cannot start the maintenance workers");
     goto out;
   }
   cph_srv_schedule_pass(&s); /* recovery may have left work (expired leases restaged) */

@@ -41,4 +41,20 @@ void cph_route_lanes(cph_req *r);
 void cph_route_policy_get(cph_req *r);
 void cph_route_policy_reload(cph_req *r);
 
+/* routes_maint.c */
+void cph_route_job_post(cph_req *r);
+void cph_route_jobs_list(cph_req *r);
+void cph_route_gc_groups(cph_req *r);
+void cph_route_gc_group(cph_req *r);
+void cph_route_outbox(cph_req *r);
+void cph_route_memories_search(cph_req *r);
+void cph_route_event_get(cph_req *r);
+/* A job's args object as the engine's "key=value" text (request-owned), NULL when absent or
+ * after recording a 400. */
+const char *cph_job_args_text(cph_req *r, json_t *args, const char *path);
+
+/* routes_channels.c */
+void cph_route_aggregates(cph_req *r);
+void cph_route_channel_get(cph_req *r);
+
 #endif

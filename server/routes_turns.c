@@ -346,9 +346,40 @@ void cph_route_turn_complete(cph_req *r) {
     cph_in_u64(r, stats, "tool_stats", "guard_denies", 0, INT64_MAX,
                &op->u.turn.tool_stats.guard_denies);
   }
-  /* memories? and enqueue? are checked for shape; cph_op has no place for them yet. */
   check_list_of(r, "memories", "text", "tags");
   check_list_of(r, "enqueue", "job", NULL);
+  json_t *mems = NULL, *jobs = NULL;
+  cph_in_arr(r, r->body, "", "memories", 0, &mems);
+  cph_in_arr(r, r->body, "", "enqueue", 0, &jobs);
+  if (mems && !r->error.set && json_array_size(mems)) {
+    op->u.turn.memories = cph_req_alloc(r, json_array_size(mems) * sizeof *op->u.turn.memories);
+    for (size_t i = 0; op->u.turn.memories && i < json_array_size(mems); i++) {
+      char path[48];
+      snprintf(path, sizeof path, "memories[%zu]", i);
+      json_t *m = json_array_get(mems, i);
+      const char *text = NULL;
+      cph_in_str(r, m, path, "text", CPH_IN_REQUIRED, &text);
+      cph_in_strv(r, m, path, "tags", 0, &op->u.turn.memories[i].tags);
+      op->u.turn.memories[i].text = (char *)text;
+      op->u.turn.n_memories++;
+    }
+  }
+  if (jobs && !r->error.set && json_array_size(jobs)) {
+    op->u.turn.enqueue = cph_req_alloc(r, json_array_size(jobs) * sizeof *op->u.turn.enqueue);
+    for (size_t i = 0; op->u.turn.enqueue && i < json_array_size(jobs); i++) {
+      char path[48];
+      snprintf(path, sizeof path, "enqueue[%zu]", i);
+      json_t *j = json_array_get(jobs, i), *args = NULL;
+      const char *kind = NULL;
+      cph_in_str(r, j, path, "job", CPH_IN_REQUIRED, &kind);
+      cph_in_obj(r, j, path, "args", 0, &args);
+      char apath[64];
+      snprintf(apath, sizeof apath, "%s.args", path);
+      op->u.turn.enqueue[i].job = (char *)kind;
+      op->u.turn.enqueue[i].args = (char *)cph_job_args_text(r, args, apath);
+      op->u.turn.n_enqueue++;
+    }
+  }
   if (r->error.set) {
     cph_reply_failure(r);
     return;

@@ -17,6 +17,7 @@
 #include "http.h"
 
 struct cph_srv {
+  struct cph_maint_pool *maint; /* maint_workers.c */
   struct event_base *base;
   struct evhttp *http;
   struct evhttp_bound_socket *bound; /* NULL once we stop accepting */

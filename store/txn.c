@@ -168,7 +168,7 @@ int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record
 
 int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
                        void *rec) {
-  cph_val v;
+  cph_val v = {NULL, 0};
   int rc = cph_txn_get(t, db, k, &v);
   if (rc)
     return rc;

@@ -207,6 +207,7 @@ typedef struct cph_turn_info {
   size_t n_tools;
   cph_message *messages;
   size_t n_messages;
+  struct cph_job_work *job; /* job turns: the work to execute (owned by the engine) */
 } cph_turn_info;
 void cph_turn_info_free(cph_turn_info *t);
 
@@ -231,6 +232,59 @@ typedef struct cph_parked_turn {
 } cph_parked_turn;
 void cph_parked_turn_free(cph_parked_turn *p);
 
+/* ---------------------------------------------------------------- maintenance jobs
+ *
+ * Jobs (DESIGN §2, §7) queue on maintenance sessions (the built-in "janitor"), run in the
+ * maintenance lane, and are executed by cephalond's own maintenance workers: a worker leases
+ * with `internal` set, gets a turn whose `job` holds the prepared work, runs cph_job_execute()
+ * on its own thread (the only step that may call an embedder, summariser or the network; no
+ * LMDB transaction is open then), and completes the turn with the same `job` carrying the
+ * results, which the next pass applies. External workers never get job turns. */
+
+typedef enum cph_job_kind_t {
+  CPH_JOBK_EMBED_MEMORY,
+  CPH_JOBK_AGGREGATE_UPSERT,
+  CPH_JOBK_GC_PLAN,
+  CPH_JOBK_GC_SUMMARIZE,
+  CPH_JOBK_GC_COMMIT,
+  CPH_JOBK_OUTBOX_DRAIN,
+  CPH_JOBK_RETENTION_REDACT_EVENTS,
+  CPH_JOBK_COUNT
+} cph_job_kind_t;
+const char *cph_job_kind_name(cph_job_kind_t k); /* "embed_memory", "gc_plan", ... */
+int cph_job_kind_parse(const char *name, cph_job_kind_t *out); /* CPH_OK or CPH_EINVAL */
+
+/* Prepared work and its results. Inputs are filled by the engine when the job turn starts;
+ * outputs by cph_job_execute. Owned by the turn; freed by the engine at completion. */
+typedef struct cph_job_work {
+  uint64_t job_id;
+  cph_job_kind_t kind;
+  uint64_t group_id; /* gc jobs */
+  /* embed_memory: texts to embed -> vectors (n_items * dims) */
+  size_t n_items;
+  uint64_t *memory_ids;
+  char **texts;
+  char **scopes;
+  uint32_t dims;
+  float *vectors;
+  /* gc_summarize: sources -> summary */
+  char *summary;
+  /* outbox_drain: one batch of one model and shard -> which deletes the index confirmed */
+  uint64_t *outbox_ids;
+  char *model;
+  uint32_t shard;
+  bool remote_index; /* the HTTP index: execute calls it; else the pass deletes locally */
+  bool *confirmed;
+  /* result of execute */
+  int rc;
+  char error[256];
+} cph_job_work;
+
+/* Runs the slow part of a job (embedder, summariser, HTTP index) with the policy in force.
+ * Thread-safe; touches no engine state; may block on the network. Sets work->rc. */
+void cph_job_execute(const cph_policy *policy, cph_job_work *work);
+void cph_job_work_free(cph_job_work *w);
+
 /* ---------------------------------------------------------------- operations */
 
 typedef enum cph_op_kind {
@@ -242,8 +296,29 @@ typedef enum cph_op_kind {
   CPH_OP_HEARTBEAT,
   CPH_OP_COMPLETE,
   CPH_OP_FAIL,
-  CPH_OP_REQUEUE
+  CPH_OP_REQUEUE,
+  CPH_OP_JOB_ENQUEUE,   /* POST /v1/maintenance/jobs */
+  CPH_OP_MEMORY_SEARCH  /* GET /v1/memories/search: a write, since inclusion counts access */
 } cph_op_kind;
+
+typedef struct cph_memory_in {
+  char *text;
+  cph_strv tags;
+} cph_memory_in;
+
+typedef struct cph_job_in {
+  char *job;  /* a job kind name */
+  char *args; /* optional, kind-specific: "group=12", "sources=3,4,5", "memories=1,2" */
+} cph_job_in;
+
+typedef struct cph_memory_hit {
+  uint64_t id;
+  char *kind; /* "raw", "summary", "aggregate" */
+  char *text;
+  double score;
+  char *session; /* its scope: a session id or "#channel" */
+  int64_t created_ms;
+} cph_memory_hit;
 
 typedef struct cph_op cph_op;
 typedef void (*cph_op_done)(cph_op *op, void *ctx);
@@ -269,7 +344,8 @@ struct cph_op {
     } ingest;
     struct {
       char *worker;
-      unsigned lanes; /* bit per cph_lane; 0 = all */
+      bool internal;  /* a cephalond maintenance worker: maintenance lane, job turns only */
+      unsigned lanes; /* bit per cph_lane; 0 = all (external workers: never maintenance) */
       int64_t deadline_ns; /* give up (rc CPH_ETIMEDOUT) at this monotonic time */
       cph_turn_info turn; /* filled on success */
     } lease;
@@ -284,7 +360,23 @@ struct cph_op {
       struct { uint64_t valid, invalid, repairs, guard_denies; } tool_stats;
       int64_t deadline_ms; /* heartbeat: the new deadline */
       bool already;        /* complete: it had been completed before (idempotent answer) */
+      cph_memory_in *memories; /* complete: memories to mint, scoped to the session */
+      size_t n_memories;
+      cph_job_in *enqueue; /* complete: maintenance jobs to queue */
+      size_t n_enqueue;
+      cph_job_work *job;   /* complete of a job turn: the executed work (engine frees it) */
     } turn;
+    struct {
+      cph_job_in in;
+      uint64_t job_id; /* out */
+    } job;
+    struct {
+      char *session;
+      char *query;
+      size_t k;
+      cph_memory_hit *hits; /* out */
+      size_t n_hits;
+    } search;
   } u;
 };
 
@@ -356,6 +448,144 @@ typedef struct cph_engine_storage {
   uint64_t used_bytes;
 } cph_engine_storage;
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out);
+
+/* ---- maintenance reads ---- */
+
+typedef struct cph_gc_group_info {
+  uint64_t group_id;
+  const char *state; /* "planned", "summarized", "committed", "aborted" */
+  uint64_t *source_ids;
+  size_t n_source_ids;
+  int64_t newest_ts_ms;
+  uint64_t total_tokens_est;
+  char group_hash[65];
+  uint64_t summary_id;
+  char *session;
+} cph_gc_group_info;
+void cph_gc_group_info_free(cph_gc_group_info *g);
+/* state NULL = all; newest first, at most limit (0 = 100). */
+int cph_engine_gc_groups(cph_engine *e, const char *state, size_t limit, cph_gc_group_info **out,
+                         size_t *n, cph_err *err);
+int cph_engine_gc_group(cph_engine *e, uint64_t id, cph_gc_group_info *out, cph_err *err);
+
+typedef struct cph_outbox_info {
+  uint64_t id;
+  const char *op;     /* "vector_delete" */
+  const char *status; /* "pending", "done" */
+  uint64_t memory_id;
+  char *model;
+  uint32_t shard;
+  uint32_t attempts;
+  int64_t created_ms;
+  int64_t next_attempt_ms;
+  int64_t done_ms;
+  char *last_error;
+} cph_outbox_info;
+void cph_outbox_info_free(cph_outbox_info *o);
+int cph_engine_outbox(cph_engine *e, const char *status, size_t limit, cph_outbox_info **out,
+                      size_t *n, cph_err *err);
+
+typedef struct cph_job_info {
+  uint64_t id;
+  const char *kind;
+  const char *state; /* "queued", "running", "done", "failed" */
+  char *session;
+  char *args;
+  uint64_t group_id;
+  uint32_t attempts;
+  int64_t created_ms;
+  int64_t finished_ms;
+  char *error;
+} cph_job_info;
+void cph_job_info_free(cph_job_info *j);
+/* Newest first. */
+int cph_engine_jobs(cph_engine *e, const char *state, size_t limit, cph_job_info **out, size_t *n,
+                    cph_err *err);
+
+typedef struct cph_maint_stats {
+  uint64_t outbox_pending;
+  double outbox_oldest_age_seconds;
+  uint64_t embed_queue;
+  uint64_t groups_committed_total;
+  uint64_t memories_deleted_total;
+  uint64_t summaries_created_total;
+} cph_maint_stats;
+void cph_engine_maint_stats(cph_engine *e, cph_maint_stats *out);
+
+typedef struct cph_event_info {
+  uint64_t id;
+  char *channel;
+  char *sender;
+  char *body; /* NULL once retention (or backpressure step 5) dropped the payload */
+  char *kind;
+  char *session;
+  int64_t ts_ms;
+  int64_t received_ms;
+  const char *status; /* "queued", "stored", "aggregated" */
+  char body_sha256[65]; /* hex; kept after the payload is gone */
+  uint64_t family;
+} cph_event_info;
+void cph_event_info_free(cph_event_info *ev);
+/* GET /v1/events/{id}: a stored event as it is now (CPH_ENOTFOUND once retention removed it). */
+int cph_engine_get_event(cph_engine *e, uint64_t id, cph_event_info *out, cph_err *err);
+
+/* ---- duplicate families and channel backpressure (DESIGN §5) ---- */
+
+/* A family (aggregate): events whose content repeated, exactly or nearly, within the dedupe
+ * window. It appears with the first duplicate; dup_count counts every occurrence including
+ * the original (so 2 at creation). */
+typedef struct cph_aggregate_info {
+  uint64_t family;
+  uint64_t dup_count;
+  char *sample; /* the original's body (first bytes) */
+  cph_strv channels;
+  int64_t first_ms; /* the original's arrival, wall-clock ms */
+  int64_t last_ms;  /* the newest duplicate */
+  uint64_t simhash;
+} cph_aggregate_info;
+void cph_aggregate_info_free(cph_aggregate_info *a);
+/* The top families by dup_count, largest first (ties: older family first): at most top
+ * (0 = 10; capped at 256). *out is malloc'd (free each entry, then the array). */
+int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, size_t *n,
+                          cph_err *err);
+
+/* Backpressure triggers, as bits of cph_channel_info.triggers. */
+enum {
+  CPH_BP_TRIGGER_EVENTS = 1u << 0,        /* :max-events-per-minute exceeded */
+  CPH_BP_TRIGGER_FAMILY_GROWTH = 1u << 1, /* a family grew faster than allowed */
+  CPH_BP_TRIGGER_EMBED_QUEUE = 1u << 2,   /* embedding queue over :max-queue */
+  CPH_BP_TRIGGER_MAINTENANCE = 1u << 3    /* maintenance budget exhausted repeatedly */
+};
+/* "events_per_minute", "family_growth", "embedding_queue", "maintenance_budget". */
+const char *cph_bp_trigger_name(unsigned bit);
+/* Step names: 0 "normal", 1 "aggregate_only", 2 "skip_aggregate_embeddings",
+ * 3 "widen_dedupe_window", 4 "delay_reports", 5 "drop_payloads". */
+const char *cph_bp_step_name(uint32_t step);
+
+typedef struct cph_channel_info {
+  char *id;
+  uint32_t step; /* effective degrade step, 0..5 */
+  const char *step_name;
+  uint64_t events_per_minute;        /* events in the last 60 s */
+  uint64_t family_growth_per_minute; /* the fastest family's duplicates in the last 60 s */
+  unsigned triggers;                 /* CPH_BP_TRIGGER_* holding at the last check */
+  int64_t since_ms;                  /* wall-clock ms the current step began; 0 = never moved */
+  uint32_t calm_intervals;           /* calm intervals counted towards the next step back */
+  uint32_t subscribers, members;
+  struct {
+    int64_t max_events_per_minute;
+    int64_t max_family_growth_per_minute;
+    bool degrade_to_aggregate_only;
+    int64_t max_step;
+    int64_t interval_s;
+    int64_t recover_intervals;
+    int64_t dedupe_window_seconds; /* as applied now (x4 from step 3) */
+  } settings; /* the effective policy for this channel */
+} cph_channel_info;
+void cph_channel_info_free(cph_channel_info *c);
+/* A channel's backpressure state. CPH_ENOTFOUND when the engine knows nothing of the channel
+ * (no subscriber or member, no history, no policy override); CPH_EINVAL for a bad name. */
+int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph_err *err);
 
 /* Hooks the daemon sets to wake long-polls. */
 typedef struct cph_engine_hooks {

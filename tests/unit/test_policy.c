@@ -165,8 +165,8 @@ static void assert_non_seed_defaults(const cph_policy *p) {
   assert_int_equal(p->dedupe.window_seconds, 300);
   assert_int_equal(p->dedupe.key_window_seconds, 86400);
   assert_int_equal(p->dedupe.min_length, 12);
-  assert_int_equal(p->dedupe.near_distance, 3);
-  assert_int_equal(p->dedupe.shingle_words, 3);
+  assert_int_equal(p->dedupe.near_distance, 10);
+  assert_int_equal(p->dedupe.shingle_words, 1);
   assert_true(p->gc.min_age_hours == 24.0);
   assert_int_equal(p->gc.max_access, 1);
   assert_int_equal(p->gc.group_max_tokens, 2000);

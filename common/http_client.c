@@ -1,5 +1,6 @@
-/* cephalonctl's HTTP/1.1 client: one blocking request per connection. See http_client.h. */
-#include "cli/http_client.h"
+/* The blocking HTTP/1.1 client of cephalonctl and the network providers: one request per
+ * connection, the whole exchange bounded by one deadline. See http_client.h. */
+#include "common/http_client.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
 #define MAX_LINE 8192          /* one status, header or chunk-size line */
@@ -31,7 +33,7 @@ static char *dup_range(const char *s, size_t n) {
   return p;
 }
 
-void cli_url_free(cli_url *u) {
+void cph_httpc_url_free(cph_httpc_url *u) {
   free(u->host);
   free(u->port);
   free(u->host_header);
@@ -39,11 +41,11 @@ void cli_url_free(cli_url *u) {
   memset(u, 0, sizeof *u);
 }
 
-int cli_url_parse(const char *text, cli_url *out, const char **why) {
+int cph_httpc_url_parse(const char *text, cph_httpc_url *out, const char **why) {
   memset(out, 0, sizeof *out);
   static const char scheme[] = "http://";
   if (strncasecmp(text, "https://", 8) == 0) {
-    *why = "https is not supported (http:// only)";
+    *why = CPH_HTTPC_NO_HTTPS;
     return -1;
   }
   if (strncasecmp(text, scheme, sizeof scheme - 1) != 0) {
@@ -123,7 +125,7 @@ int cli_url_parse(const char *text, cli_url *out, const char **why) {
   out->host_header = dup_range(auth, auth_len);
   out->prefix = dup_range(rest, prefix_len);
   if (!out->host || !out->port || !out->host_header || !out->prefix) {
-    cli_url_free(out);
+    cph_httpc_url_free(out);
     *why = "out of memory";
     return -1;
   }
@@ -132,10 +134,31 @@ int cli_url_parse(const char *text, cli_url *out, const char **why) {
 
 /* ---------------------------------------------------------------- connecting and sending */
 
-static double seconds(int timeout_ms) { return timeout_ms / 1000.0; }
+/* The whole exchange shares one deadline. Before every blocking socket call the socket's
+ * SO_SNDTIMEO/SO_RCVTIMEO are set to the time left, so no single call can overrun it. */
+typedef struct deadline {
+  cph_clock clock;
+  int64_t end_ns;
+  int timeout_ms; /* as given, for messages */
+} deadline;
 
-static int set_timeouts(int fd, int timeout_ms) {
-  struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+static void deadline_start(deadline *d, int timeout_ms) {
+  cph_clock_init_monotonic(&d->clock);
+  d->timeout_ms = timeout_ms;
+  d->end_ns = cph_clock_now(&d->clock) + (int64_t)timeout_ms * CPH_NS_PER_MS;
+}
+
+static double seconds(const deadline *d) { return d->timeout_ms / 1000.0; }
+
+/* Sets the socket timeouts to the time left. Returns 0, 1 when the deadline has passed, or -1
+ * (errno set) when setsockopt fails. */
+static int arm(int fd, const deadline *d) {
+  int64_t left_ns = d->end_ns - cph_clock_now(&d->clock);
+  if (left_ns <= 0)
+    return 1;
+  int64_t left_us = (left_ns + 999) / 1000; /* never 0: a zero timeval means "no timeout" */
+  struct timeval tv = {.tv_sec = (time_t)(left_us / 1000000),
+                       .tv_usec = (suseconds_t)(left_us % 1000000)};
   if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
       setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
     return -1;
@@ -144,7 +167,7 @@ static int set_timeouts(int fd, int timeout_ms) {
 
 /* Tries every address of the host in order. On failure err holds the reason of the last
  * attempt — for a single loopback address that is exactly "Connection refused". */
-static int connect_to(const cli_url *url, int timeout_ms, int *fd_out, char *err,
+static int connect_to(const cph_httpc_url *url, const deadline *d, int *fd_out, char *err,
                       size_t err_len) {
   struct addrinfo hints = {0}, *res = NULL;
   hints.ai_family = AF_UNSPEC;
@@ -154,9 +177,10 @@ static int connect_to(const cli_url *url, int timeout_ms, int *fd_out, char *err
   if (gai != 0) {
     snprintf(err, err_len, "cannot resolve host '%s': %s", url->host,
              gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
-    return CLI_HTTP_ECONNECT;
+    return CPH_HTTPC_ECONNECT;
   }
-  int rc = CLI_HTTP_ECONNECT;
+  /* Every failure here, a connect timeout included, means "cannot reach" (ECONNECT). */
+  int rc = CPH_HTTPC_ECONNECT;
   snprintf(err, err_len, "no address for host '%s'", url->host);
   for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
@@ -165,21 +189,27 @@ static int connect_to(const cli_url *url, int timeout_ms, int *fd_out, char *err
       continue;
     }
     /* On Linux SO_SNDTIMEO also bounds a blocking connect (it fails with EINPROGRESS). */
-    if (set_timeouts(fd, timeout_ms) != 0) {
-      snprintf(err, err_len, "%s", strerror(errno));
+    int armed = arm(fd, d);
+    if (armed != 0) {
+      if (armed > 0) {
+        snprintf(err, err_len, "%s (no answer within %g s)", strerror(ETIMEDOUT), seconds(d));
+      } else {
+        snprintf(err, err_len, "%s", strerror(errno));
+      }
       close(fd);
+      if (armed > 0)
+        break;
       continue;
     }
     if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
       *fd_out = fd;
-      rc = CLI_HTTP_OK;
+      rc = CPH_HTTPC_OK;
       break;
     }
     int e = errno;
     close(fd);
     if (e == EINPROGRESS || e == EAGAIN || e == EWOULDBLOCK || e == ETIMEDOUT)
-      snprintf(err, err_len, "%s (no answer within %g s)", strerror(ETIMEDOUT),
-               seconds(timeout_ms));
+      snprintf(err, err_len, "%s (no answer within %g s)", strerror(ETIMEDOUT), seconds(d));
     else
       snprintf(err, err_len, "%s", strerror(e));
   }
@@ -187,24 +217,29 @@ static int connect_to(const cli_url *url, int timeout_ms, int *fd_out, char *err
   return rc;
 }
 
-static int send_all(int fd, const char *data, size_t len, int timeout_ms, char *err,
+static int send_all(int fd, const char *data, size_t len, const deadline *d, char *err,
                     size_t err_len) {
   while (len > 0) {
-    ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
+    int armed = arm(fd, d);
+    if (armed < 0) {
+      snprintf(err, err_len, "sending the request: %s", strerror(errno));
+      return CPH_HTTPC_EIO;
+    }
+    ssize_t n = armed > 0 ? -1 : send(fd, data, len, MSG_NOSIGNAL);
     if (n < 0) {
-      if (errno == EINTR)
+      if (armed == 0 && errno == EINTR)
         continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        snprintf(err, err_len, "could not send the request within %g s", seconds(timeout_ms));
-        return CLI_HTTP_ETIMEOUT;
+      if (armed > 0 || errno == EAGAIN || errno == EWOULDBLOCK) {
+        snprintf(err, err_len, "could not send the request within %g s", seconds(d));
+        return CPH_HTTPC_ETIMEOUT;
       }
       snprintf(err, err_len, "sending the request: %s", strerror(errno));
-      return CLI_HTTP_EIO;
+      return CPH_HTTPC_EIO;
     }
     data += n;
     len -= (size_t)n;
   }
-  return CLI_HTTP_OK;
+  return CPH_HTTPC_OK;
 }
 
 /* A header value may not carry CR, LF or other control characters (header injection). */
@@ -215,12 +250,17 @@ static bool header_safe(const char *s) {
   return true;
 }
 
-static void build_request(cph_buf *b, const cli_url *url, const cli_http_request *req) {
-  cph_buf_printf(b, "%s %s%s HTTP/1.1\r\n", req->method, url->prefix, req->path);
+static void build_request(cph_buf *b, const cph_httpc_url *url, const cph_httpc_request *req) {
+  /* An empty target (base URL without a path, empty path) is the root. */
+  bool root = url->prefix[0] == '\0' && req->path[0] == '\0';
+  cph_buf_printf(b, "%s %s%s HTTP/1.1\r\n", req->method, root ? "/" : url->prefix, req->path);
   cph_buf_printf(b, "Host: %s\r\n", url->host_header);
-  cph_buf_puts(b, "User-Agent: cephalonctl\r\nAccept: application/json\r\nConnection: close\r\n");
+  cph_buf_printf(b, "User-Agent: %s\r\n", req->user_agent ? req->user_agent : "cephalon");
+  cph_buf_puts(b, "Accept: application/json\r\nConnection: close\r\n");
   if (req->token)
     cph_buf_printf(b, "Authorization: Bearer %s\r\n", req->token);
+  for (const char *const *h = req->headers; h && *h; h++)
+    cph_buf_printf(b, "%s\r\n", *h);
   bool has_body = req->body != NULL;
   if (has_body)
     cph_buf_printf(b, "Content-Type: %s\r\n",
@@ -237,36 +277,41 @@ static void build_request(cph_buf *b, const cli_url *url, const cli_http_request
 
 typedef struct reader {
   int fd;
-  int timeout_ms;
+  const deadline *deadline;
   size_t pos, len; /* unread bytes are buf[pos, len) */
   char buf[16384];
 } reader;
 
 /* Makes unread bytes available. Returns 1 if there are some, 0 at end of stream, or a
- * CLI_HTTP_E* code with err filled. */
+ * CPH_HTTPC_E* code with err filled. */
 static int reader_fill(reader *r, char *err, size_t err_len) {
   if (r->pos < r->len)
     return 1;
   r->pos = r->len = 0;
   for (;;) {
-    ssize_t n = recv(r->fd, r->buf, sizeof r->buf, 0);
+    int armed = arm(r->fd, r->deadline);
+    if (armed < 0) {
+      snprintf(err, err_len, "connection lost: %s", strerror(errno));
+      return CPH_HTTPC_EIO;
+    }
+    ssize_t n = armed > 0 ? -1 : recv(r->fd, r->buf, sizeof r->buf, 0);
     if (n >= 0) {
       r->len = (size_t)n;
       return n > 0;
     }
-    if (errno == EINTR)
+    if (armed == 0 && errno == EINTR)
       continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      snprintf(err, err_len, "no answer within %g s", seconds(r->timeout_ms));
-      return CLI_HTTP_ETIMEOUT;
+    if (armed > 0 || errno == EAGAIN || errno == EWOULDBLOCK) {
+      snprintf(err, err_len, "no complete answer within %g s", seconds(r->deadline));
+      return CPH_HTTPC_ETIMEOUT;
     }
     snprintf(err, err_len, "connection lost: %s", strerror(errno));
-    return CLI_HTTP_EIO;
+    return CPH_HTTPC_EIO;
   }
 }
 
 /* Reads one line (LF or CRLF terminated, terminator dropped) into line. Returns 0, 1 when the
- * stream ended first (line holds what came), or a CLI_HTTP_E* code. */
+ * stream ended first (line holds what came), or a CPH_HTTPC_E* code. */
 static int read_line(reader *r, cph_buf *line, char *err, size_t err_len) {
   cph_buf_reset(line);
   cph_buf_append(line, "", 0); /* data is never NULL after a successful read */
@@ -276,7 +321,7 @@ static int read_line(reader *r, cph_buf *line, char *err, size_t err_len) {
       return f;
     if (f == 0 && cph_buf_error(line) != 0) {
       snprintf(err, err_len, "out of memory");
-      return CLI_HTTP_ENOMEM;
+      return CPH_HTTPC_ENOMEM;
     }
     if (f == 0)
       return 1;
@@ -288,12 +333,12 @@ static int read_line(reader *r, cph_buf *line, char *err, size_t err_len) {
     r->pos += take + (nl ? 1 : 0);
     if (line->len > MAX_LINE) {
       snprintf(err, err_len, "bad answer: a line longer than %d bytes", MAX_LINE);
-      return CLI_HTTP_EPROTO;
+      return CPH_HTTPC_EPROTO;
     }
     if (nl) {
       if (cph_buf_error(line) != 0) {
         snprintf(err, err_len, "out of memory");
-        return CLI_HTTP_ENOMEM;
+        return CPH_HTTPC_ENOMEM;
       }
       if (line->len > 0 && line->data[line->len - 1] == '\r')
         line->data[--line->len] = '\0';
@@ -303,13 +348,13 @@ static int read_line(reader *r, cph_buf *line, char *err, size_t err_len) {
 }
 
 static int body_too_big(char *err, size_t err_len) {
-  snprintf(err, err_len, "bad answer: the body is larger than %zu MiB", CLI_HTTP_MAX_BODY >> 20);
-  return CLI_HTTP_EPROTO;
+  snprintf(err, err_len, "bad answer: the body is larger than %zu MiB", CPH_HTTPC_MAX_BODY >> 20);
+  return CPH_HTTPC_EPROTO;
 }
 
 /* Appends exactly n bytes to out. */
 static int read_exact(reader *r, size_t n, cph_buf *out, char *err, size_t err_len) {
-  if (n > CLI_HTTP_MAX_BODY - out->len)
+  if (n > CPH_HTTPC_MAX_BODY - out->len)
     return body_too_big(err, err_len);
   while (n > 0) {
     int f = reader_fill(r, err, err_len);
@@ -317,14 +362,14 @@ static int read_exact(reader *r, size_t n, cph_buf *out, char *err, size_t err_l
       return f;
     if (f == 0) {
       snprintf(err, err_len, "bad answer: the body ended %zu bytes early", n);
-      return CLI_HTTP_EPROTO;
+      return CPH_HTTPC_EPROTO;
     }
     size_t take = r->len - r->pos < n ? r->len - r->pos : n;
     cph_buf_append(out, r->buf + r->pos, take);
     r->pos += take;
     n -= take;
   }
-  return CLI_HTTP_OK;
+  return CPH_HTTPC_OK;
 }
 
 static int read_to_eof(reader *r, cph_buf *out, char *err, size_t err_len) {
@@ -333,9 +378,9 @@ static int read_to_eof(reader *r, cph_buf *out, char *err, size_t err_len) {
     if (f < 0)
       return f;
     if (f == 0)
-      return CLI_HTTP_OK;
+      return CPH_HTTPC_OK;
     size_t take = r->len - r->pos;
-    if (take > CLI_HTTP_MAX_BODY - out->len)
+    if (take > CPH_HTTPC_MAX_BODY - out->len)
       return body_too_big(err, err_len);
     cph_buf_append(out, r->buf + r->pos, take);
     r->pos = r->len;
@@ -359,14 +404,14 @@ static int read_chunked(reader *r, cph_buf *out, cph_buf *line, char *err, size_
         v = *p - 'A' + 10;
       else
         break;
-      if (size > CLI_HTTP_MAX_BODY)
+      if (size > CPH_HTTPC_MAX_BODY)
         return body_too_big(err, err_len);
       size = size * 16 + (size_t)v;
     }
     /* After the digits only chunk extensions (";name=value") or whitespace may follow. */
     if (rc == 1 || digits == 0 || (*p && *p != ';' && *p != ' ' && *p != '\t')) {
       snprintf(err, err_len, "bad answer: invalid chunk size line");
-      return CLI_HTTP_EPROTO;
+      return CPH_HTTPC_EPROTO;
     }
     if (size == 0)
       break;
@@ -377,7 +422,7 @@ static int read_chunked(reader *r, cph_buf *out, cph_buf *line, char *err, size_
       return rc;
     if (rc == 1 || line->len != 0) {
       snprintf(err, err_len, "bad answer: a chunk is not followed by CRLF");
-      return CLI_HTTP_EPROTO;
+      return CPH_HTTPC_EPROTO;
     }
   }
   /* Trailer fields until the empty line; the stream ending instead is tolerated since the
@@ -387,12 +432,12 @@ static int read_chunked(reader *r, cph_buf *out, cph_buf *line, char *err, size_
     if (rc < 0)
       return rc;
     if (rc == 1 || line->len == 0)
-      return CLI_HTTP_OK;
+      return CPH_HTTPC_OK;
   }
 }
 
 /* Parses "HTTP/1.x SSS reason". */
-static int parse_status_line(const char *s, cli_http_response *resp) {
+static int parse_status_line(const char *s, cph_httpc_response *resp) {
   if (strncmp(s, "HTTP/1.", 7) != 0 || (s[7] != '0' && s[7] != '1') || s[8] != ' ')
     return -1;
   const char *c = s + 9;
@@ -430,7 +475,7 @@ typedef struct framing {
   size_t length;
 } framing;
 
-static int read_head(reader *r, cli_http_response *resp, framing *fr, cph_buf *line, char *err,
+static int read_head(reader *r, cph_httpc_response *resp, framing *fr, cph_buf *line, char *err,
                      size_t err_len) {
   for (;;) { /* loops over interim 1xx answers */
     int rc = read_line(r, line, err, err_len);
@@ -439,11 +484,11 @@ static int read_head(reader *r, cli_http_response *resp, framing *fr, cph_buf *l
     if (rc == 1) {
       snprintf(err, err_len, line->len ? "bad answer: the connection closed in the status line"
                                        : "the connection closed without an answer");
-      return line->len ? CLI_HTTP_EPROTO : CLI_HTTP_EIO;
+      return line->len ? CPH_HTTPC_EPROTO : CPH_HTTPC_EIO;
     }
     if (parse_status_line(line->data, resp) != 0) {
       snprintf(err, err_len, "bad answer: not an HTTP/1.x status line");
-      return CLI_HTTP_EPROTO;
+      return CPH_HTTPC_EPROTO;
     }
     memset(fr, 0, sizeof *fr);
     size_t header_bytes = 0;
@@ -452,7 +497,7 @@ static int read_head(reader *r, cli_http_response *resp, framing *fr, cph_buf *l
         return rc;
       if (rc == 1) {
         snprintf(err, err_len, "bad answer: the connection closed in the headers");
-        return CLI_HTTP_EPROTO;
+        return CPH_HTTPC_EPROTO;
       }
       if (line->len == 0)
         break;
@@ -461,7 +506,7 @@ static int read_head(reader *r, cli_http_response *resp, framing *fr, cph_buf *l
       if (header_bytes > MAX_HEADER_BYTES || !colon || colon == line->data) {
         snprintf(err, err_len, header_bytes > MAX_HEADER_BYTES ? "bad answer: headers too large"
                                                                 : "bad answer: malformed header");
-        return CLI_HTTP_EPROTO;
+        return CPH_HTTPC_EPROTO;
       }
       *colon = '\0';
       const char *value = trim(colon + 1);
@@ -475,7 +520,7 @@ static int read_head(reader *r, cli_http_response *resp, framing *fr, cph_buf *l
         size_t n = valid ? (size_t)strtoull(value, NULL, 10) : 0;
         if (!valid || (fr->has_length && n != fr->length)) {
           snprintf(err, err_len, "bad answer: invalid Content-Length");
-          return CLI_HTTP_EPROTO;
+          return CPH_HTTPC_EPROTO;
         }
         fr->has_length = true;
         fr->length = n;
@@ -483,14 +528,14 @@ static int read_head(reader *r, cli_http_response *resp, framing *fr, cph_buf *l
     }
     if (resp->status == 101) {
       snprintf(err, err_len, "bad answer: unexpected protocol switch");
-      return CLI_HTTP_EPROTO;
+      return CPH_HTTPC_EPROTO;
     }
     if (resp->status >= 200)
-      return CLI_HTTP_OK;
+      return CPH_HTTPC_OK;
   }
 }
 
-static int read_response(reader *r, const cli_http_request *req, cli_http_response *resp,
+static int read_response(reader *r, const cph_httpc_request *req, cph_httpc_response *resp,
                          char *err, size_t err_len) {
   cph_buf line = CPH_BUF_INIT, body = CPH_BUF_INIT;
   framing fr;
@@ -499,7 +544,7 @@ static int read_response(reader *r, const cli_http_request *req, cli_http_respon
     goto out;
   bool no_body = strcmp(req->method, "HEAD") == 0 || resp->status == 204 || resp->status == 304;
   if (no_body)
-    rc = CLI_HTTP_OK;
+    rc = CPH_HTTPC_OK;
   else if (fr.chunked)
     rc = read_chunked(r, &body, &line, err, err_len);
   else if (fr.has_length && !fr.has_te)
@@ -510,14 +555,14 @@ static int read_response(reader *r, const cli_http_request *req, cli_http_respon
     goto out;
   if (cph_buf_error(&body) != 0 || cph_buf_error(&line) != 0) {
     snprintf(err, err_len, "out of memory");
-    rc = CLI_HTTP_ENOMEM;
+    rc = CPH_HTTPC_ENOMEM;
     goto out;
   }
   resp->body_len = body.len;
   resp->body = body.data ? cph_buf_steal(&body) : calloc(1, 1);
   if (!resp->body) {
     snprintf(err, err_len, "out of memory");
-    rc = CLI_HTTP_ENOMEM;
+    rc = CPH_HTTPC_ENOMEM;
   }
 out:
   cph_buf_free(&line);
@@ -527,60 +572,186 @@ out:
 
 /* ---------------------------------------------------------------- one request */
 
-void cli_http_response_free(cli_http_response *resp) {
+void cph_httpc_response_free(cph_httpc_response *resp) {
   free(resp->body);
   memset(resp, 0, sizeof *resp);
 }
 
-int cli_http_do(const cli_url *url, const cli_http_request *req, cli_http_response *resp,
-                char *err, size_t err_len) {
+/* An extra header line is "Name: value" with a token name and no control characters. */
+static bool extra_header_ok(const char *h) {
+  size_t name = strcspn(h, ":");
+  if (name == 0 || h[name] != ':' || !header_safe(h))
+    return false;
+  for (size_t i = 0; i < name; i++)
+    if (h[i] == ' ' || h[i] == '\t' || h[i] == '(' || h[i] == ')' || h[i] == ',' ||
+        h[i] == '/' || h[i] == ';' || h[i] == '"')
+      return false;
+  return true;
+}
+
+static const char *unsafe_part(const cph_httpc_request *req) {
+  if (req->token && !header_safe(req->token))
+    return "the token";
+  if (!header_safe(req->path))
+    return "the request path";
+  if (req->user_agent && !header_safe(req->user_agent))
+    return "the user agent";
+  for (const char *const *h = req->headers; h && *h; h++)
+    if (!extra_header_ok(*h))
+      return "an extra header";
+  return NULL;
+}
+
+int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
+                 cph_httpc_response *resp, char *err, size_t err_len) {
   memset(resp, 0, sizeof *resp);
   err[0] = '\0';
-  int timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : DEFAULT_TIMEOUT_MS;
-  if ((req->token && !header_safe(req->token)) || !header_safe(req->path)) {
-    snprintf(err, err_len, "%s contains control characters",
-             req->token && !header_safe(req->token) ? "the token" : "the request path");
-    return CLI_HTTP_EINVAL;
+  const char *unsafe = unsafe_part(req);
+  if (unsafe) {
+    /* A header line is not echoed: it may be a credential. */
+    snprintf(err, err_len, "%s contains control characters or is malformed", unsafe);
+    return CPH_HTTPC_EINVAL;
   }
+  deadline d;
+  deadline_start(&d, req->timeout_ms > 0 ? req->timeout_ms : DEFAULT_TIMEOUT_MS);
 
   cph_buf out = CPH_BUF_INIT;
   build_request(&out, url, req);
   if (cph_buf_error(&out) != 0) {
     cph_buf_free(&out);
     snprintf(err, err_len, "out of memory");
-    return CLI_HTTP_ENOMEM;
+    return CPH_HTTPC_ENOMEM;
   }
   int fd = -1;
-  int rc = connect_to(url, timeout_ms, &fd, err, err_len);
+  int rc = connect_to(url, &d, &fd, err, err_len);
   if (rc != 0) {
     cph_buf_free(&out);
     return rc;
   }
-  rc = send_all(fd, out.data, out.len, timeout_ms, err, err_len);
+  rc = send_all(fd, out.data, out.len, &d, err, err_len);
   cph_buf_free(&out);
 
   /* No shutdown(SHUT_WR) after sending: a server may take the half-close for a client that
    * went away and drop a long-poll (turns lease) it was holding for us. */
   reader r;
   r.fd = fd;
-  r.timeout_ms = timeout_ms;
+  r.deadline = &d;
   r.pos = r.len = 0;
-  if (rc == CLI_HTTP_EIO) {
+  if (rc == CPH_HTTPC_EIO) {
     /* The server may have answered (413, 401) and closed before reading all we sent: prefer
      * its answer to our send error. */
     char send_err[256];
     snprintf(send_err, sizeof send_err, "%s", err);
-    if (read_response(&r, req, resp, err, err_len) == CLI_HTTP_OK) {
-      rc = CLI_HTTP_OK;
+    if (read_response(&r, req, resp, err, err_len) == CPH_HTTPC_OK) {
+      rc = CPH_HTTPC_OK;
     } else {
-      cli_http_response_free(resp);
+      cph_httpc_response_free(resp);
       snprintf(err, err_len, "%s", send_err);
     }
-  } else if (rc == CLI_HTTP_OK) {
+  } else if (rc == CPH_HTTPC_OK) {
     rc = read_response(&r, req, resp, err, err_len);
     if (rc != 0)
-      cli_http_response_free(resp);
+      cph_httpc_response_free(resp);
   }
   close(fd);
   return rc;
+}
+
+int cph_httpc_errcode(int httpc_rc) {
+  switch (httpc_rc) {
+  case CPH_HTTPC_OK: return CPH_OK;
+  case CPH_HTTPC_ETIMEOUT: return CPH_ETIMEDOUT;
+  case CPH_HTTPC_ENOMEM: return CPH_ENOMEM;
+  case CPH_HTTPC_EINVAL: return CPH_EINVAL;
+  case CPH_HTTPC_EPROTO: return CPH_EPARSE;
+  default: return CPH_EIO;
+  }
+}
+
+/* ---------------------------------------------------------------- the providers' helpers */
+
+int cph_httpc_post_json(const char *base_url, const char *path, const char *body,
+                        size_t body_len, const char *bearer, int timeout_ms,
+                        cph_httpc_response *resp, cph_err *err) {
+  memset(resp, 0, sizeof *resp);
+  /* Messages name the URL as configured plus the path: userinfo is refused by the parser,
+   * so the text holds no credential. */
+  const char *shown = base_url ? base_url : "";
+  int shown_len = (int)strlen(shown);
+  while (shown_len > 0 && path[0] == '/' && shown[shown_len - 1] == '/')
+    shown_len--; /* the parser drops it too: "http://h/x/" + "/op" is http://h/x/op */
+  cph_httpc_url url;
+  const char *why = NULL;
+  if (cph_httpc_url_parse(shown, &url, &why) != 0) {
+    cph_httpc_url_free(&url);
+    return cph_err_set(err, CPH_EINVAL, "POST %.*s%s: bad URL: %s", shown_len, shown, path,
+                       why);
+  }
+  cph_httpc_request req = {
+      .method = "POST",
+      .path = path,
+      .token = bearer,
+      .body = body,
+      .body_len = body_len,
+      .timeout_ms = timeout_ms,
+  };
+  char detail[400];
+  int rc = cph_httpc_do(&url, &req, resp, detail, sizeof detail);
+  cph_httpc_url_free(&url);
+  if (rc != CPH_HTTPC_OK)
+    return cph_err_set(err, cph_httpc_errcode(rc), "POST %.*s%s: %s%s", shown_len, shown, path,
+                       rc == CPH_HTTPC_ECONNECT ? "cannot connect: " : "", detail);
+  return CPH_OK;
+}
+
+static int status_code(int status) {
+  switch (status) {
+  case 401: return CPH_EAUTH;
+  case 403: return CPH_EFORBIDDEN;
+  case 404: return CPH_ENOTFOUND;
+  case 408:
+  case 504: return CPH_ETIMEDOUT;
+  case 429:
+  case 503: return CPH_EBUSY;
+  default: return status >= 400 && status < 500 ? CPH_EINVAL : CPH_EIO;
+  }
+}
+
+int cph_httpc_check_status(const cph_httpc_response *resp, const char *what, const char *url,
+                           cph_err *err) {
+  if (resp->status >= 200 && resp->status < 300)
+    return CPH_OK;
+  /* The first line of the body, trimmed, control characters replaced: servers put their
+   * error there, and a log line must stay one line. */
+  char excerpt[201] = "";
+  if (resp->body) {
+    const char *b = resp->body + strspn(resp->body, " \t\r\n");
+    size_t n = strcspn(b, "\r\n");
+    if (n > 200)
+      n = 200;
+    for (size_t i = 0; i < n; i++) {
+      unsigned char c = (unsigned char)b[i];
+      excerpt[i] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+    }
+    excerpt[n] = '\0';
+  }
+  return cph_err_set(err, status_code(resp->status), "%s %s: HTTP %d%s%s%s%s", what, url,
+                     resp->status, resp->reason[0] ? " " : "", resp->reason,
+                     excerpt[0] ? ": " : "", excerpt);
+}
+
+int cph_httpc_bearer_from_env(const char *env_name, const char **token, cph_err *err) {
+  *token = NULL;
+  if (!env_name || !env_name[0])
+    return CPH_OK;
+  const char *v = getenv(env_name);
+  if (!v || !v[0])
+    return cph_err_set(err, CPH_EAUTH, "environment variable %s (api-key-env) is not set",
+                       env_name);
+  if (!header_safe(v))
+    return cph_err_set(err, CPH_EAUTH,
+                       "environment variable %s (api-key-env) holds control characters",
+                       env_name);
+  *token = v;
+  return CPH_OK;
 }

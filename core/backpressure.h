@@ -1,0 +1,107 @@
+/* Per-channel backpressure (DESIGN §5). Private to core/.
+ *
+ * Per channel the engine keeps events per minute (a sliding 60 s window of one-second buckets
+ * on the engine clock) and, per family, duplicates joining it per minute (a sliding minute of
+ * five-second slots, for the BP_FAMILIES_TRACKED fastest families of the channel). The check —
+ * backpressure_tick(), from the pass's reconcile, at most once a second — evaluates the
+ * triggers:
+ *   events       events in the last 60 s > :max-events-per-minute (0 = no limit);
+ *   family       one family grew by more than :max-family-growth-per-minute (0 = no limit);
+ *   embed_queue  e->embed_queue_len > :maintenance :embeddings :max-queue;
+ *   maintenance  the maintenance lane had no budget while work waited at BP_MAINT_STREAK
+ *                consecutive checks.
+ * The last two are engine-wide; they apply only to loud channels (at least BP_LOUD_MIN_EPM
+ * events in the last minute and at least 1/BP_LOUD_SHARE of all events), so quiet channels
+ * are never degraded for load they did not cause.
+ *
+ * Steps: while a trigger holds the channel degrades one step per :backpressure :interval-s —
+ * the first step at once, the next ones an interval apart — never beyond its :max-step:
+ *   1 aggregate-only   events are stored (metadata + hash), families updated, no raw memory;
+ *                      subscribers get one aggregate notice per family per interval instead
+ *                      of the events (mentions and explicit targets still go through at once);
+ *   2 skip embeddings  aggregate memories are minted without an embedding;
+ *   3 widen dedupe     the dedupe window is x4;
+ *   4 delay reports    backpressure_reports_delayed() is true (for the report scheduler);
+ *   5 drop payloads    events staged to nobody are stored with body NULL (hash + metadata).
+ * Recovery (hysteresis): after :recover-intervals consecutive calm intervals — counted from
+ * the first calm check — the channel steps back one, and so on down to its floor.
+ * :degrade-to-aggregate-only? true makes step 1 the channel's floor: the channel is
+ * aggregate-only whenever it carries traffic (also before any trigger; triggers take it
+ * further, recovery stops at 1). An idle channel has nothing to coalesce, so "floor while the
+ * channel is busy" and "always" coincide; the read reports step 1 for it.
+ *
+ * Notices (aggregate-only): each event not staged to the channel's subscribers is counted
+ * against its family, or against the channel's "other messages" when it is no duplicate (a
+ * flood of distinct messages must coalesce too). At the check, a family with news that had
+ * no notice for an interval gets one, as an inbox event from "cephalon" (kind "aggregate") in
+ * the channel's history, staged to every subscriber:
+ *   [aggregate] 37 similar messages in #chan since 14:05 UTC: <family sample>
+ *   [aggregate] 12 messages in #chan since 14:05 UTC, latest: <latest message>
+ * "since" is the first event counted in it. So a subscriber sees at most one notice per
+ * family (plus one "other") per interval; the first comes at the next check (<= 1 s).
+ *
+ * The step persists in CPH_DB_CHANNELS (channel -> 10 bytes: version 1, step, since_ms; no
+ * record = step 0), written in a child txn of the pass; memory follows only after it
+ * committed. The hysteresis counters are not persisted: a restart starts them afresh. */
+#ifndef CEPHALON_CORE_BACKPRESSURE_H
+#define CEPHALON_CORE_BACKPRESSURE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cephalon/error.h"
+
+struct cph_engine;
+
+enum {
+  BP_STEP_NORMAL = 0,
+  BP_STEP_AGGREGATE_ONLY = 1,
+  BP_STEP_SKIP_AGGREGATE_EMBEDDINGS = 2,
+  BP_STEP_WIDEN_DEDUPE = 3,
+  BP_STEP_DELAY_REPORTS = 4,
+  BP_STEP_DROP_PAYLOADS = 5,
+  BP_STEP_MAX = 5
+};
+
+#define BP_DEDUPE_WIDEN 4        /* step 3 multiplies the dedupe window by this */
+#define BP_MAINT_STREAK 3        /* checks in a row without maintenance budget */
+#define BP_LOUD_MIN_EPM 60       /* engine-wide triggers: a channel's events per minute ... */
+#define BP_LOUD_SHARE 4          /* ... and at least 1/4 of all events */
+#define BP_FAMILIES_TRACKED 8    /* families per channel whose growth is tracked */
+#define BP_NOTICE_SAMPLE_MAX 200 /* bytes of sample in a notice */
+/* Families per channel with a notice of their own; more roll into the channel's "other
+ * messages" notice. */
+#define BP_NOTICES_MAX 16
+
+int backpressure_open(struct cph_engine *e, cph_err *err); /* from memory_load */
+void backpressure_close(struct cph_engine *e);             /* from memory_clear */
+
+/* The channel's effective step now (floor and :max-step applied). O(1) + O(log overrides). */
+int backpressure_step(struct cph_engine *e, const char *chan);
+/* Whether a memory minted from this channel at `step` gets an embedding: not for aggregates
+ * from step 2, and not at all while degraded when :pause-on-backpressure? is set. */
+bool backpressure_embed_allowed(const struct cph_engine *e, int step, bool aggregate);
+/* Step 4: reports of sessions on this channel should wait (the report scheduler asks). */
+bool backpressure_reports_delayed(struct cph_engine *e, const char *chan);
+
+/* After an event's txn committed: counts it (family_joined != 0: it grew that family). */
+void backpressure_note_event(struct cph_engine *e, const char *chan, uint64_t family_joined);
+/* After commit, aggregate-only: the event was not staged to the channel's subscribers; it is
+ * counted into the next notice of its family (0 = a distinct message: the channel's "other
+ * messages" notice). sample is copied. */
+void backpressure_coalesce(struct cph_engine *e, const char *chan, uint64_t family,
+                           const char *sample, int64_t now_ms);
+
+/* The check, from reconcile (engine clock; works at most once a second): triggers, steps,
+ * persistence, due aggregate notices, and dedupe upkeep. */
+void backpressure_tick(struct cph_engine *e);
+
+/* Every channel the engine tracks with its effective step (for the per-channel metric). */
+void backpressure_foreach(struct cph_engine *e, void (*fn)(void *ctx, const char *chan, int step),
+                          void *ctx);
+
+/* ingest.c: stores a notice event (sender "cephalon", kind "aggregate") in the channel's
+ * history and stages it for the channel's subscribers, in its own child txn of the pass. */
+int ingest_notice(struct cph_engine *e, const char *chan, const char *body);
+
+#endif

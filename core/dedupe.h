@@ -1,0 +1,115 @@
+/* Content dedupe and duplicate families (DESIGN §5). Private to core/.
+ *
+ * Exact dedupe: SHA-256 of (channel, sender, normalised body) — normalised = ASCII lower-case,
+ * every whitespace run collapsed to one space, trimmed — seen within :dedupe :window-seconds of
+ * its last occurrence (a sliding window: a message repeated more often than the window stays a
+ * duplicate). The index lives in LMDB (CPH_DB_DEDUPE), so it survives a restart.
+ *
+ * Near dedupe: a 64-bit simhash over shingles of :shingle-words consecutive normalised words;
+ * an event within Hamming distance :near-distance of a recent event of the same channel (any
+ * sender) is a near duplicate. Recent simhashes are kept in memory only, per channel, in a ring
+ * of at most DEDUPE_RING_MAX entries that are inside the window; a restart forgets them (exact
+ * dedupe still works). Cost per event: one LMDB get and at most DEDUPE_RING_MAX XOR+popcounts.
+ *
+ * Bodies whose normalised form is shorter than :min-length bytes are never deduplicated
+ * ("ok" twice is chat), and a :window-seconds of 0 turns content dedupe off.
+ *
+ * Families: a family appears when the first duplicate arrives; its dup_count then counts the
+ * original and every duplicate (2 at creation). Its sample is the original's body, first_ms
+ * the original's arrival, last_ms the newest duplicate. The same normalised content keeps one
+ * family across channels and windows: a new family is looked up by the SHA-256 of the
+ * normalised body alone first, and joining it adds the original and the duplicate (+2) and the
+ * channel. An event that repeats after the window expired is an original again (not counted).
+ *
+ * Protocol per event (ingest.c): dedupe_classify() reads; dedupe_write() writes in the event's
+ * child txn; dedupe_commit() updates memory after that txn committed (never before). */
+#ifndef CEPHALON_CORE_DEDUPE_H
+#define CEPHALON_CORE_DEDUPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cephalon/error.h"
+
+struct cph_engine;
+struct cph_txn;
+
+#define DEDUPE_RING_MAX 1024   /* recent simhashes kept per channel */
+#define DEDUPE_TOP_MAX 256     /* families kept in the in-memory top list */
+#define DEDUPE_SAMPLE_MAX 1024 /* bytes of the first body kept as a family's sample */
+
+/* ---- pure helpers (unit-tested directly) ---- */
+
+/* The normalised body (malloc'd, NUL-terminated; NULL on out of memory); *len its length. */
+char *dedupe_normalise(const char *body, size_t *len);
+/* Simhash of an already normalised text over shingles of `shingle_words` words (a text with
+ * fewer words is one shingle). 0 for an empty text. */
+uint64_t dedupe_simhash(const char *normalised, size_t len, int shingle_words);
+int dedupe_hamming(uint64_t a, uint64_t b);
+
+/* ---- per event ---- */
+
+typedef enum dedupe_kind { DEDUPE_NONE, DEDUPE_EXACT, DEDUPE_NEAR } dedupe_kind;
+
+typedef struct dedupe_verdict {
+  dedupe_kind kind;
+  bool eligible;           /* long enough and dedupe on: indexed whatever the verdict */
+  uint8_t sha256[32];      /* of (channel, sender, normalised body); set for every event */
+  uint64_t simhash;        /* 0 when not eligible */
+  uint64_t original_event; /* duplicate: the event it repeats */
+  int64_t original_first_ms;
+  int distance;       /* near: Hamming distance to the original */
+  int32_t ring_index; /* the ring entry matched, -1 none */
+  /* Filled by dedupe_write for a duplicate. */
+  uint64_t family;
+  uint64_t dup_count;  /* the family's count after this event */
+  bool family_created; /* a new family (not one joined from another channel/window) */
+  char *sample;        /* the family's sample (owned) when family_created */
+  /* Internal. */
+  char *norm;
+  size_t norm_len;
+} dedupe_verdict;
+
+/* Classifies body for channel/sender at now_ms (dedupe_now_ms) with the window multiplied by
+ * window_mult (backpressure step 3 widens it). Reads through t only. CPH_OK, or CPH_ENOMEM. */
+int dedupe_classify(struct cph_engine *e, struct cph_txn *t, const char *chan, const char *sender,
+                    const char *body, int64_t now_ms, uint32_t window_mult, dedupe_verdict *v);
+/* Writes the exact-dedupe entry and, for a duplicate, creates or updates its family (setting
+ * v->family and v->dup_count). Writes through t; errors are t's sticky error. */
+int dedupe_write(struct cph_engine *e, struct cph_txn *t, const char *chan, const char *body,
+                 uint64_t event_id, int64_t now_ms, dedupe_verdict *v);
+/* After t committed: the ring, the counters and the top list follow. */
+void dedupe_commit(struct cph_engine *e, const char *chan, uint64_t event_id, int64_t now_ms,
+                   const dedupe_verdict *v);
+void dedupe_verdict_free(dedupe_verdict *v);
+
+/* ---- lifecycle and upkeep ---- */
+
+/* Builds the in-memory state (family count, top list) from the store; called from
+ * memory_load, so a failed commit rebuilds it too (the rings start empty then). */
+int dedupe_open(struct cph_engine *e, cph_err *err);
+void dedupe_close(struct cph_engine *e);
+/* From the backpressure check (about once a second): deletes at most a bounded number of
+ * expired exact-dedupe entries in a child txn of the pass, and frees idle rings. */
+void dedupe_tick(struct cph_engine *e, int64_t now_ms);
+
+/* Wall-clock milliseconds that advance with the engine clock (the real wall time at open plus
+ * engine-clock time since), so windows follow a virtual clock in tests and stored times stay
+ * meaningful across restarts. */
+int64_t dedupe_now_ms(const struct cph_engine *e);
+
+/* ---- counters for metrics (DESIGN §10) ---- */
+
+typedef struct dedupe_stats {
+  uint64_t exact_hits_total; /* cephalon_dedupe_exact_hits_total */
+  uint64_t near_hits_total;  /* cephalon_dedupe_near_hits_total */
+  uint64_t aggregate_count;  /* cephalon_aggregate_count: families stored */
+} dedupe_stats;
+void dedupe_stats_get(const struct cph_engine *e, dedupe_stats *out);
+
+/* The top families by dup_count, largest first (at most max): for
+ * cephalon_aggregate_dup_count{family}. Returns how many were written. */
+size_t dedupe_top(const struct cph_engine *e, uint64_t *families, uint64_t *dup_counts, size_t max);
+
+#endif

@@ -1,0 +1,484 @@
+/* Compaction (DESIGN §7): gc_plan -> gc_summarize -> gc_commit, with plan locks and the
+ * group-hash gate. Every step runs in a pass (the summariser itself runs on a worker thread
+ * between gc_summarize's prepare and apply), and each step enqueues the next. */
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "engine_internal.h"
+
+#define SCOPES_PER_PLAN 256
+
+static cph_key u64_key(uint64_t v) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, v);
+  return k;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* group_hash = hex(sha256(join(sorted(source_ids), ",") + "|" + newest_ts_ms + "|" +
+ * total_tokens_est)), ids ascending as numbers, every number in decimal, lower-case hex. */
+void gc_group_hash(const uint64_t *sorted_ids, size_t n, int64_t newest_ts_ms,
+                   uint64_t total_tokens, char out[65]) {
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  unsigned char digest[32];
+  unsigned len = 0;
+  char num[32];
+  EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+  for (size_t i = 0; i < n; i++) {
+    int w = snprintf(num, sizeof num, "%s%llu", i ? "," : "", (unsigned long long)sorted_ids[i]);
+    EVP_DigestUpdate(ctx, num, (size_t)w);
+  }
+  int w = snprintf(num, sizeof num, "|%lld|", (long long)newest_ts_ms);
+  EVP_DigestUpdate(ctx, num, (size_t)w);
+  w = snprintf(num, sizeof num, "%llu", (unsigned long long)total_tokens);
+  EVP_DigestUpdate(ctx, num, (size_t)w);
+  EVP_DigestFinal_ex(ctx, digest, &len);
+  EVP_MD_CTX_free(ctx);
+  static const char hex[] = "0123456789abcdef";
+  for (int i = 0; i < 32; i++) {
+    out[2 * i] = hex[digest[i] >> 4];
+    out[2 * i + 1] = hex[digest[i] & 15];
+  }
+  out[64] = '\0';
+}
+
+/* ---------------------------------------------------------------- plan */
+
+typedef struct builder {
+  char *scope;
+  uint64_t *ids;
+  size_t n, cap;
+  int64_t newest_ms;
+  uint64_t tokens;
+} builder;
+
+/* Writes one planned group over ids (taking their plan locks) and queues its gc_summarize. */
+static int write_group(cph_engine *e, cph_txn *t, const char *scope, uint64_t *ids, size_t n,
+                       int64_t newest_ms, uint64_t tokens) {
+  qsort(ids, n, sizeof *ids, cmp_u64);
+  uint64_t gid = 0;
+  int rc = cph_txn_next_id(t, "gc_group", &gid);
+  if (rc)
+    return rc;
+  cph_gc_group_rec g = {0};
+  char hash[65];
+  gc_group_hash(ids, n, newest_ms, tokens, hash);
+  g.id = gid;
+  g.session = (char *)scope;
+  g.state = CPH_GC_PLANNED;
+  g.source_ids = ids;
+  g.n_source_ids = (uint32_t)n;
+  g.newest_ts_ms = newest_ms;
+  g.total_tokens_est = tokens;
+  g.group_hash = hash;
+  g.created_ms = g.updated_ms = cph_wall_ms();
+  cph_key gk = u64_key(gid);
+  rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+    cph_key mk = u64_key(ids[i]);
+    cph_memory_rec m;
+    rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    if (rc)
+      break;
+    m.gc_group = gid; /* the plan lock */
+    rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  uint64_t job;
+  csession *s;
+  if (rc == CPH_OK)
+    rc = maint_job_write(e, t, CPH_JOBK_GC_SUMMARIZE, NULL, gid, &job, &s);
+  return rc;
+}
+
+/* "sources=3,4,5": an explicit plan of chosen memories (an operator's compaction, and how two
+ * overlapping plans can exist: an explicit plan takes its sources' locks even when another
+ * planned group holds them, and the commit gate decides which group wins). */
+static int plan_explicit(cph_engine *e, cph_txn *t, const char *list) {
+  uint64_t ids[1024];
+  size_t n = 0;
+  for (const char *p = list; *p && n < 1024;) {
+    char *end;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (end == p)
+      return cph_err_set(&t->err, CPH_EINVAL, "gc_plan: sources must be memory ids, e.g. 3,4,5");
+    ids[n++] = v;
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (n < 2)
+    return cph_err_set(&t->err, CPH_EINVAL, "gc_plan: a group needs at least two sources");
+  int64_t newest = 0;
+  uint64_t tokens = 0;
+  char *scope = NULL;
+  int rc = CPH_OK;
+  for (size_t i = 0; i < n && rc == CPH_OK; i++) {
+    cph_key mk = u64_key(ids[i]);
+    cph_memory_rec m;
+    rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    if (rc == CPH_ENOTFOUND)
+      rc = cph_err_set(&t->err, CPH_EINVAL, "gc_plan: no memory %llu", (unsigned long long)ids[i]);
+    if (rc)
+      break;
+    if (m.deleted)
+      rc = cph_err_set(&t->err, CPH_EINVAL, "gc_plan: memory %llu is deleted",
+                       (unsigned long long)ids[i]);
+    if (m.created_ms > newest)
+      newest = m.created_ms;
+    tokens += m.tokens_est;
+    if (!scope)
+      scope = strdup(m.session);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  if (rc == CPH_OK)
+    rc = write_group(e, t, scope ? scope : "", ids, n, newest, tokens);
+  free(scope);
+  return rc;
+}
+
+/* The automatic plan: raw, undeleted, unlocked memories older than :gc :min-age-hours with
+ * access_count <= :gc :max-access, grouped per scope in creation order, at most
+ * :group-max-tokens a group and :max-groups-per-plan groups. */
+static int plan_auto(cph_engine *e, cph_txn *t) {
+  const cph_policy_gc *g = &e->policy->gc;
+  int64_t cutoff = cph_wall_ms() - (int64_t)(g->min_age_hours * 3600000.0);
+  builder *bs = calloc(SCOPES_PER_PLAN, sizeof *bs);
+  size_t nb = 0;
+  int64_t groups = 0;
+  int rc = bs ? CPH_OK : CPH_ENOMEM;
+  cph_cursor c;
+  cph_val k, v;
+  if (rc == CPH_OK)
+    rc = cph_cursor_open(t, CPH_DB_MEMORIES, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK && groups < g->max_groups_per_plan;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    cph_memory_rec m;
+    cph_err derr;
+    if (cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &derr))
+      continue;
+    bool candidate = m.kind == CPH_MEMORY_RAW && !m.deleted && !m.gc_group &&
+                     m.created_ms <= cutoff && m.access_count <= (uint64_t)g->max_access;
+    if (!candidate) {
+      cph_record_free(&cph_memory_desc, &m);
+      if (m.created_ms > cutoff)
+        break; /* ids follow creation time: nothing later is old enough */
+      continue;
+    }
+    builder *b = NULL;
+    for (size_t i = 0; i < nb; i++)
+      if (strcmp(bs[i].scope, m.session) == 0)
+        b = &bs[i];
+    if (!b && nb < SCOPES_PER_PLAN) {
+      b = &bs[nb++];
+      b->scope = strdup(m.session);
+    }
+    if (b && b->n && b->tokens + m.tokens_est > (uint64_t)g->group_max_tokens) {
+      /* full: a group of at least two goes; a lone oversized memory just restarts */
+      if (b->n >= 2) {
+        rc = write_group(e, t, b->scope, b->ids, b->n, b->newest_ms, b->tokens);
+        groups++;
+      }
+      b->n = 0;
+      b->tokens = 0;
+      b->newest_ms = 0;
+    }
+    if (b && rc == CPH_OK) {
+      if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 16;
+        uint64_t *p = realloc(b->ids, cap * sizeof *p);
+        if (p) {
+          b->ids = p;
+          b->cap = cap;
+        }
+      }
+      if (b->n < b->cap) {
+        b->ids[b->n++] = m.id;
+        b->tokens += m.tokens_est;
+        if (m.created_ms > b->newest_ms)
+          b->newest_ms = m.created_ms;
+      }
+    }
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  if (bs)
+    cph_cursor_close(&c);
+  if (rc == CPH_ENOTFOUND)
+    rc = CPH_OK;
+  for (size_t i = 0; i < nb; i++) {
+    if (rc == CPH_OK && bs[i].n >= 2 && groups < g->max_groups_per_plan) {
+      rc = write_group(e, t, bs[i].scope, bs[i].ids, bs[i].n, bs[i].newest_ms, bs[i].tokens);
+      groups++;
+    }
+    free(bs[i].scope);
+    free(bs[i].ids);
+  }
+  free(bs);
+  if (groups)
+    cph_log(CPH_LOG_INFO, "gc_plan: %lld group(s) planned", (long long)groups);
+  return rc;
+}
+
+int gc_plan_apply(cph_engine *e, cph_txn *t, const char *args) {
+  if (args && strncmp(args, "sources=", 8) == 0)
+    return plan_explicit(e, t, args + 8);
+  return plan_auto(e, t);
+}
+
+/* ---------------------------------------------------------------- summarize */
+
+int gc_summarize_prepare(cph_engine *e, cph_txn *t, uint64_t group_id, cph_job_work *w) {
+  (void)e;
+  cph_key gk = u64_key(group_id);
+  cph_gc_group_rec g;
+  int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  if (g.state == CPH_GC_PLANNED) {
+    w->texts = calloc(g.n_source_ids ? g.n_source_ids : 1, sizeof *w->texts);
+    for (uint32_t i = 0; w->texts && i < g.n_source_ids; i++) {
+      cph_key mk = u64_key(g.source_ids[i]);
+      cph_memory_rec m;
+      if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
+        continue;
+      w->texts[w->n_items++] = strdup(m.text);
+      cph_record_free(&cph_memory_desc, &m);
+    }
+  }
+  cph_record_free(&cph_gc_group_desc, &g);
+  return CPH_OK;
+}
+
+int gc_summarize_apply(cph_engine *e, cph_txn *t, uint64_t group_id, const cph_job_work *w) {
+  cph_key gk = u64_key(group_id);
+  cph_gc_group_rec g;
+  int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  if (g.state == CPH_GC_PLANNED && w->summary) {
+    char *old = g.summary_text;
+    g.summary_text = w->summary;
+    g.state = CPH_GC_SUMMARIZED;
+    g.updated_ms = cph_wall_ms();
+    rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
+    g.summary_text = old;
+    uint64_t job;
+    csession *s;
+    if (rc == CPH_OK)
+      rc = maint_job_write(e, t, CPH_JOBK_GC_COMMIT, NULL, group_id, &job, &s);
+  }
+  cph_record_free(&cph_gc_group_desc, &g);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- commit */
+
+/* Aborts group g: releases the plan locks it holds and queues a new gc_plan. */
+static int abort_group(cph_engine *e, cph_txn *t, cph_gc_group_rec *g, const char *why) {
+  for (uint32_t i = 0; i < g->n_source_ids; i++) {
+    cph_key mk = u64_key(g->source_ids[i]);
+    cph_memory_rec m;
+    if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
+      continue;
+    if (m.gc_group == g->id) {
+      m.gc_group = 0;
+      cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    }
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  g->state = CPH_GC_ABORTED;
+  g->updated_ms = cph_wall_ms();
+  cph_key gk = u64_key(g->id);
+  int rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, g);
+  uint64_t job;
+  csession *s;
+  if (rc == CPH_OK)
+    rc = maint_job_write(e, t, CPH_JOBK_GC_PLAN, NULL, 0, &job, &s);
+  cph_log(CPH_LOG_INFO, "gc_commit: group %llu aborted (%s); planning again",
+          (unsigned long long)g->id, why);
+  return rc;
+}
+
+/* In one transaction (the completion's): the gate — group exists and is summarised, no source
+ * deleted, recomputed hash equal — then the summary memory, the tombstones and one outbox
+ * vector delete per embedded source. Any mismatch aborts the group instead. */
+int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
+  cph_key gk = u64_key(group_id);
+  cph_gc_group_rec g;
+  int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc; /* the group is gone: nothing to commit */
+  if (g.state != CPH_GC_SUMMARIZED || !g.summary_text) {
+    rc = g.state == CPH_GC_PLANNED ? abort_group(e, t, &g, "not summarised") : CPH_OK;
+    cph_record_free(&cph_gc_group_desc, &g);
+    return rc;
+  }
+  /* Recompute the gate from the sources as they are now. */
+  uint64_t *ids = malloc((g.n_source_ids ? g.n_source_ids : 1) * sizeof *ids);
+  memcpy(ids, g.source_ids, g.n_source_ids * sizeof *ids);
+  qsort(ids, g.n_source_ids, sizeof *ids, cmp_u64);
+  int64_t newest = 0;
+  uint64_t tokens = 0;
+  const char *why = NULL;
+  for (uint32_t i = 0; i < g.n_source_ids && !why; i++) {
+    cph_key mk = u64_key(ids[i]);
+    cph_memory_rec m;
+    if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK) {
+      why = "a source no longer exists";
+      break;
+    }
+    if (m.deleted)
+      why = "a source was deleted by another group";
+    if (m.created_ms > newest)
+      newest = m.created_ms;
+    tokens += m.tokens_est;
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  char hash[65];
+  gc_group_hash(ids, g.n_source_ids, newest, tokens, hash);
+  if (!why && strcmp(hash, g.group_hash) != 0)
+    why = "the group hash changed";
+  free(ids);
+  if (why) {
+    rc = abort_group(e, t, &g, why);
+    cph_record_free(&cph_gc_group_desc, &g);
+    return rc;
+  }
+
+  uint64_t summary_id = 0;
+  rc = memory_mint(e, t, g.session, CPH_MEMORY_SUMMARY, g.summary_text, 0, true, &summary_id);
+  uint64_t outbox_items = 0;
+  int64_t now = cph_wall_ms();
+  for (uint32_t i = 0; rc == CPH_OK && i < g.n_source_ids; i++) {
+    cph_key mk = u64_key(g.source_ids[i]);
+    cph_memory_rec m;
+    rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    if (rc)
+      break;
+    m.deleted = true; /* the tombstone: the record stays, its text is never served again */
+    m.replaced_by = summary_id;
+    if (m.embed_status == CPH_EMBED_READY) {
+      uint64_t oid = 0;
+      rc = cph_txn_next_id(t, "outbox", &oid);
+      cph_outbox_rec o = {0};
+      o.id = oid;
+      o.op = CPH_OUTBOX_VECTOR_DELETE;
+      o.status = CPH_OUTBOX_PENDING;
+      o.memory_id = m.id;
+      o.model = e->policy->providers.embeddings.model;
+      o.created_ms = o.next_attempt_ms = now;
+      cph_key ok = u64_key(oid);
+      if (rc == CPH_OK)
+        rc = cph_txn_put_record(t, CPH_DB_OUTBOX, &ok, &cph_outbox_desc, &o);
+      outbox_items++;
+    } else if (m.embed_status == CPH_EMBED_PENDING) {
+      cph_txn_del(t, CPH_DB_EMBED_QUEUE, &mk); /* never embed what is already gone */
+      m.embed_status = CPH_EMBED_DELETED;
+      if (e->embed_queue_len)
+        e->embed_queue_len--;
+    }
+    if (rc == CPH_OK)
+      rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  if (rc == CPH_OK) {
+    g.state = CPH_GC_COMMITTED;
+    g.summary_id = summary_id;
+    g.updated_ms = now;
+    rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
+  }
+  if (rc == CPH_OK) {
+    maint_note_commit(e, g.n_source_ids, outbox_items, now);
+    cph_log(CPH_LOG_INFO, "gc_commit: group %llu committed: %u memories -> summary %llu",
+            (unsigned long long)g.id, g.n_source_ids, (unsigned long long)summary_id);
+  }
+  cph_record_free(&cph_gc_group_desc, &g);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- reads */
+
+static const char *gc_state_name(uint8_t s) {
+  static const char *const names[] = {"planned", "summarized", "committed", "aborted"};
+  return s < 4 ? names[s] : "unknown";
+}
+
+void cph_gc_group_info_free(cph_gc_group_info *g) {
+  free(g->source_ids);
+  free(g->session);
+  memset(g, 0, sizeof *g);
+}
+
+static void group_info_take(cph_gc_group_rec *r, cph_gc_group_info *out) {
+  out->group_id = r->id;
+  out->state = gc_state_name(r->state);
+  out->source_ids = r->source_ids;
+  out->n_source_ids = r->n_source_ids;
+  out->newest_ts_ms = r->newest_ts_ms;
+  out->total_tokens_est = r->total_tokens_est;
+  snprintf(out->group_hash, sizeof out->group_hash, "%s", r->group_hash);
+  out->summary_id = r->summary_id;
+  out->session = r->session;
+  r->source_ids = NULL;
+  r->n_source_ids = 0;
+  r->session = NULL;
+}
+
+int cph_engine_gc_group(cph_engine *e, uint64_t id, cph_gc_group_info *out, cph_err *err) {
+  memset(out, 0, sizeof *out);
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, false, &t);
+  cph_key k = u64_key(id);
+  cph_gc_group_rec r;
+  if (rc == CPH_OK)
+    rc = cph_txn_get_record(&t, CPH_DB_GC_GROUPS, &k, &cph_gc_group_desc, &r);
+  if (rc == CPH_OK) {
+    group_info_take(&r, out);
+    cph_record_free(&cph_gc_group_desc, &r);
+  } else if (rc == CPH_ENOTFOUND) {
+    cph_err_set(err, rc, "no gc group %llu", (unsigned long long)id);
+  } else {
+    cph_err_set(err, rc, "%s", t.err.msg);
+  }
+  cph_txn_abort(&t);
+  return rc;
+}
+
+int cph_engine_gc_groups(cph_engine *e, const char *state, size_t limit, cph_gc_group_info **out,
+                         size_t *n, cph_err *err) {
+  if (!limit || limit > 1000)
+    limit = limit ? 1000 : 100;
+  *n = 0;
+  *out = calloc(limit, sizeof **out);
+  if (!*out)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, false, &t);
+  cph_cursor c;
+  cph_val k, v;
+  cph_key end = u64_key(UINT64_MAX);
+  if (rc == CPH_OK)
+    rc = cph_cursor_open(&t, CPH_DB_GC_GROUPS, &c);
+  if (rc == CPH_OK) {
+    rc = cph_cursor_seek(&c, &end, &k, &v);
+    rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&c, &k, &v) : rc;
+  }
+  for (; rc == CPH_OK && *n < limit; rc = cph_cursor_prev(&c, &k, &v)) {
+    cph_gc_group_rec r;
+    cph_err derr;
+    if (cph_record_decode(&cph_gc_group_desc, v.data, v.len, &r, &derr))
+      continue;
+    if (!state || strcmp(state, gc_state_name(r.state)) == 0)
+      group_info_take(&r, &(*out)[(*n)++]);
+    cph_record_free(&cph_gc_group_desc, &r);
+  }
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  return rc == CPH_OK || rc == CPH_ENOTFOUND ? CPH_OK : cph_err_set(err, rc, "%s", t.err.msg);
+}

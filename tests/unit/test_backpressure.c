@@ -1,0 +1,489 @@
+/* Per-channel backpressure (DESIGN §5) through the public API, on a virtual clock: a spam
+ * burst degrades its channel one step per interval, quiet channels are untouched, recovery is
+ * one step per :recover-intervals calm intervals, aggregate-only coalesces subscribers'
+ * traffic into one notice per family per interval, mentions still go through, and step 5
+ * stores events without payload. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "common/clock.h"
+#include "tests/support/testutil.h"
+
+#define INTERVAL_S 10
+#define RECOVER 2
+#define SPAM_PER_S 12 /* 720 a minute against a limit of 600 */
+#define LIMIT 600
+#define BP_STEPS 6
+
+static const char *POLICY =
+    "{:scheduler {:concurrency 4}\n"
+    " :sessions {:max-queue 100000 :janitor? false}\n"
+    " :store {:sync :none}\n"
+    " :dedupe {:window-seconds 300 :min-length 12}\n"
+    " :backpressure {:interval-s 10 :recover-intervals 2\n"
+    "                :channels {\"spam\" {:max-events-per-minute 600}\n"
+    "                           \"growth\" {:max-family-growth-per-minute 30}\n"
+    "                           \"bots\" {:degrade-to-aggregate-only? true}}}}\n";
+
+static const char *SPAM_A = "BUY CHEAP PILLS NOW at pills dot example";
+static const char *SPAM_B = "free crypto giveaway click the link below";
+
+/* The engine-wide embedding-queue trigger: nothing drains the queue (no janitor). */
+static const char *POLICY_EMBED =
+    "{:sessions {:max-queue 100000 :janitor? false}\n"
+    " :store {:sync :none}\n"
+    " :maintenance {:embeddings {:max-queue 5}}\n"
+    " :backpressure {:interval-s 10 :recover-intervals 2}}\n";
+
+typedef struct fixture {
+  char *dir;
+  cph_clock clock;
+  cph_engine *e;
+  const char *policy;
+} fixture;
+
+static void open_engine(fixture *f) {
+  cph_policy *p = NULL;
+  cph_err err = {0};
+  if (cph_policy_load_text("test.edn", f->policy, strlen(f->policy), &p, &err))
+    fail_msg("policy: %s", err.msg);
+  cph_engine_options o = {f->dir, &f->clock};
+  if (cph_engine_open(p, &o, &f->e, &err))
+    fail_msg("open: %s", err.msg);
+}
+
+static int setup_with(void **state, const char *policy) {
+  fixture *f = calloc(1, sizeof *f);
+  f->policy = policy;
+  f->dir = cph_test_tmpdir("backpressure");
+  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
+  open_engine(f);
+  *state = f;
+  return 0;
+}
+
+static int setup(void **state) { return setup_with(state, POLICY); }
+static int setup_embed(void **state) { return setup_with(state, POLICY_EMBED); }
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  cph_engine_close(f->e);
+  cph_test_rmtree(f->dir);
+  free(f->dir);
+  free(f);
+  return 0;
+}
+
+static void count_done(cph_op *op, void *ctx) {
+  (void)op;
+  (*(int *)ctx)++;
+}
+
+static int run(fixture *f, cph_op *op) {
+  int called = 0;
+  op->done = count_done;
+  op->ctx = &called;
+  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
+  cph_engine_run_pass(f->e);
+  assert_int_equal(called, 1);
+  return op->rc;
+}
+
+static void create_session(fixture *f, const char *id, cph_lane lane, const char *subscribe) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_CREATE;
+  op.u.session.in.id = (char *)id;
+  op.u.session.in.lane = lane;
+  char *subs[1] = {(char *)subscribe};
+  if (subscribe) {
+    op.u.session.in.subscribe.items = subs;
+    op.u.session.in.subscribe.count = 1;
+  }
+  if (run(f, &op))
+    fail_msg("create %s: %s", id, op.err.msg);
+  cph_op_clear_results(&op);
+}
+
+typedef struct ev_spec {
+  const char *channel, *body, *mention;
+} ev_spec;
+
+/* Posts events in one request (one pass); statuses and ids optional. */
+static void post_many(fixture *f, const ev_spec *specs, size_t n, cph_ingest_status *st,
+                      uint64_t *ids) {
+  cph_event_in *evs = calloc(n, sizeof *evs);
+  char **mentions = calloc(n, sizeof *mentions);
+  for (size_t i = 0; i < n; i++) {
+    evs[i].channel = (char *)specs[i].channel;
+    evs[i].sender = "bot";
+    evs[i].body = (char *)specs[i].body;
+    if (specs[i].mention) {
+      mentions[i] = (char *)specs[i].mention;
+      evs[i].mentions.items = &mentions[i];
+      evs[i].mentions.count = 1;
+    }
+  }
+  cph_op op = {0};
+  op.kind = CPH_OP_INGEST;
+  op.u.ingest.events = evs;
+  op.u.ingest.n_events = n;
+  if (run(f, &op))
+    fail_msg("ingest: %s", op.err.msg);
+  for (size_t i = 0; i < n; i++) {
+    if (st)
+      st[i] = op.u.ingest.results[i].status;
+    if (ids)
+      ids[i] = op.u.ingest.results[i].id;
+  }
+  cph_op_clear_results(&op);
+  free(evs);
+  free(mentions);
+}
+
+static cph_ingest_status post1(fixture *f, const char *channel, const char *body,
+                               const char *mention, uint64_t *id) {
+  ev_spec s = {channel, body, mention};
+  cph_ingest_status st;
+  post_many(f, &s, 1, &st, id);
+  return st;
+}
+
+static uint32_t inbox_size(fixture *f, const char *id) {
+  cph_session_info s;
+  cph_err err;
+  if (cph_engine_get_session(f->e, id, &s, &err))
+    fail_msg("get %s: %s", id, err.msg);
+  uint32_t n = s.pending + s.staged;
+  cph_session_info_free(&s);
+  return n;
+}
+
+static cph_channel_info channel(fixture *f, const char *id) {
+  cph_channel_info c;
+  cph_err err;
+  if (cph_engine_channel(f->e, id, &c, &err))
+    fail_msg("channel %s: %s", id, err.msg);
+  return c;
+}
+
+static uint32_t step_of(fixture *f, const char *id) {
+  cph_channel_info c = channel(f, id);
+  uint32_t s = c.step;
+  cph_channel_info_free(&c);
+  return s;
+}
+
+/* One virtual second of spam: half family A, half family B, in one request. */
+static void spam_second(fixture *f) {
+  ev_spec specs[SPAM_PER_S];
+  for (int i = 0; i < SPAM_PER_S; i++)
+    specs[i] = (ev_spec){"spam", i % 2 ? SPAM_B : SPAM_A, NULL};
+  post_many(f, specs, SPAM_PER_S, NULL, NULL);
+}
+
+/* Leases the next turn of the operational lane and returns how many of its staged messages
+ * are aggregate notices; completes it. */
+static int lease_count_notices(fixture *f, const char *session, char *first_body, size_t size) {
+  cph_op op = {0};
+  op.kind = CPH_OP_LEASE;
+  op.u.lease.worker = "w";
+  op.u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
+  op.u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
+  assert_int_equal(run(f, &op), CPH_OK);
+  cph_turn_info *t = &op.u.lease.turn;
+  assert_string_equal(t->session, session);
+  int notices = 0;
+  for (size_t i = 0; i < t->n_staged; i++)
+    if (strncmp(t->staged[i].body, "[aggregate] ", 12) == 0)
+      notices++;
+  if (first_body && t->n_staged)
+    snprintf(first_body, size, "%s", t->staged[0].body);
+  cph_op c = {0};
+  c.kind = CPH_OP_COMPLETE;
+  c.u.turn.turn_id = t->id;
+  snprintf(c.u.turn.lease, sizeof c.u.turn.lease, "%s", t->lease);
+  assert_int_equal(run(f, &c), CPH_OK);
+  cph_op_clear_results(&op);
+  return notices;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_spam_burst_degrades_one_step_per_interval_and_recovers(void **state) {
+  fixture *f = *state;
+  create_session(f, "spam-sub", CPH_LANE_OPERATIONAL, "spam");
+  create_session(f, "quiet-sub", CPH_LANE_INTERACTIVE, "quiet");
+  create_session(f, "helper", CPH_LANE_INTERACTIVE, NULL);
+
+  /* Phase 1+2: 100 s of spam at 720/min; the quiet channel posts every 10 s. */
+  int up_at[BP_STEPS] = {0};
+  uint32_t prev = 0, quiet_posted = 0;
+  uint32_t inbox_prev = inbox_size(f, "spam-sub");
+  int delta_at[16], delta[16], n_deltas = 0;
+  uint64_t dropped_id = 0;
+  for (int s = 1; s <= 100; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    spam_second(f); /* this pass runs the once-a-second check */
+    if (s % 10 == 0) {
+      char body[32];
+      snprintf(body, sizeof body, "quiet %d", s);
+      assert_int_equal(post1(f, "quiet", body, NULL, NULL), CPH_EV_QUEUED);
+      quiet_posted++;
+    }
+    if (s == 75) { /* aggregate-only: a mention still goes through at once */
+      assert_int_equal(post1(f, "spam", "helper can you look at the failing build", "helper",
+                             NULL),
+                       CPH_EV_QUEUED);
+      assert_int_equal(inbox_size(f, "helper"), 1);
+    }
+    if (s == 95) /* step 5: a message staged to nobody loses its payload */
+      assert_int_equal(post1(f, "spam", "a distinct message that nobody repeats", NULL,
+                             &dropped_id),
+                       CPH_EV_AGGREGATED);
+    uint32_t st = step_of(f, "spam");
+    assert_true(st == prev || st == prev + 1); /* one step at a time */
+    if (st != prev)
+      up_at[st] = s;
+    prev = st;
+    uint32_t inbox = inbox_size(f, "spam-sub");
+    if (inbox != inbox_prev && n_deltas < 16) {
+      delta_at[n_deltas] = s;
+      delta[n_deltas++] = (int)(inbox - inbox_prev);
+    }
+    inbox_prev = inbox;
+    assert_int_equal(step_of(f, "quiet"), 0);
+    assert_int_equal(inbox_size(f, "quiet-sub"), quiet_posted);
+  }
+  /* 12 events a second pass 600 in the sliding minute at s = 51: step 1 at once, then one
+   * step per 10 s interval while the trigger holds. */
+  assert_int_equal(up_at[1], 51);
+  for (int k = 2; k <= 5; k++)
+    assert_int_equal(up_at[k], up_at[k - 1] + INTERVAL_S);
+
+  /* What the subscriber saw: the two originals at s = 1 (the rest were duplicates); from
+   * aggregate-only on, one notice per family per interval (families A and B: +2 every 10 s
+   * from the first check after step 1), and the "other messages" notice for the mention
+   * (s = 75, announced at the next check) and the distinct message (s = 95). */
+  const int want_at[] = {1, 52, 62, 72, 76, 82, 92, 96};
+  const int want_delta[] = {2, 2, 2, 2, 1, 2, 2, 1};
+  assert_int_equal(n_deltas, 8);
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(delta_at[i], want_at[i]);
+    assert_int_equal(delta[i], want_delta[i]);
+  }
+  char first[256];
+  assert_int_equal(lease_count_notices(f, "spam-sub", first, sizeof first), 12);
+  assert_string_equal(first, SPAM_A); /* the original, staged at s = 1 */
+
+  cph_channel_info c = channel(f, "spam");
+  assert_int_equal(c.step, 5);
+  assert_string_equal(c.step_name, "drop_payloads");
+  assert_true(c.triggers & CPH_BP_TRIGGER_EVENTS);
+  assert_true(c.events_per_minute >= 60 * SPAM_PER_S);
+  assert_int_equal(c.settings.max_events_per_minute, LIMIT);
+  assert_int_equal(c.settings.dedupe_window_seconds, 4 * 300); /* step 3 widened it */
+  assert_true(c.since_ms > 0);
+  cph_channel_info_free(&c);
+
+  cph_event_info ev;
+  cph_err err;
+  assert_int_equal(cph_engine_get_event(f->e, dropped_id, &ev, &err), CPH_OK);
+  assert_null(ev.body);
+  assert_string_equal(ev.status, "aggregated");
+  assert_string_equal(ev.channel, "spam");
+  assert_string_equal(ev.sender, "bot");
+  assert_true(strspn(ev.body_sha256, "0") < 64); /* the hash is kept */
+  assert_int_equal(strlen(ev.body_sha256), 64);
+  cph_event_info_free(&ev);
+
+  /* Phase 3: the spam stops. Once the minute is calm, one step back per 2 calm intervals. */
+  int down_at[BP_STEPS] = {0}, calm_from = 0;
+  for (int s = 101; s <= 260; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    if (s % 10 == 0) {
+      char body[32];
+      snprintf(body, sizeof body, "quiet %d", s);
+      assert_int_equal(post1(f, "quiet", body, NULL, NULL), CPH_EV_QUEUED);
+      quiet_posted++;
+    } else {
+      cph_engine_run_pass(f->e);
+    }
+    cph_channel_info ci = channel(f, "spam");
+    if (!calm_from && !ci.triggers)
+      calm_from = s;
+    assert_true(ci.step == prev || ci.step + 1 == prev);
+    if (ci.step != prev)
+      down_at[ci.step] = s;
+    prev = ci.step;
+    cph_channel_info_free(&ci);
+    assert_int_equal(step_of(f, "quiet"), 0);
+    assert_int_equal(inbox_size(f, "quiet-sub"), quiet_posted);
+  }
+  assert_int_equal(prev, 0);
+  assert_int_equal(calm_from, 111); /* 12 * (160 - s) + 2 singles <= 600 from s = 111 */
+  assert_int_equal(down_at[4], calm_from + RECOVER * INTERVAL_S);
+  for (int k = 3; k >= 0; k--)
+    assert_int_equal(down_at[k], down_at[k + 1] + RECOVER * INTERVAL_S);
+}
+
+static void test_step_survives_a_restart(void **state) {
+  fixture *f = *state;
+  create_session(f, "spam-sub", CPH_LANE_OPERATIONAL, "spam");
+  for (int s = 1; s <= 61; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    spam_second(f);
+  }
+  assert_int_equal(step_of(f, "spam"), 2);
+  cph_channel_info before = channel(f, "spam");
+  cph_engine_close(f->e);
+  open_engine(f);
+  cph_channel_info after = channel(f, "spam");
+  assert_int_equal(after.step, 2);
+  assert_int_equal(after.since_ms, before.since_ms);
+  cph_channel_info_free(&before);
+  cph_channel_info_free(&after);
+  /* still aggregate-only: a new distinct message is not staged to the subscriber; the
+   * subscriber gets the notice for it (the pass's check, right after the ingest) */
+  assert_int_equal(post1(f, "spam", "something entirely new after the restart", NULL, NULL),
+                   CPH_EV_AGGREGATED);
+  cph_engine_run_pass(f->e); /* stages the notice */
+  cph_op op = {0};
+  op.kind = CPH_OP_LEASE;
+  op.u.lease.worker = "w";
+  op.u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
+  op.u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
+  assert_int_equal(run(f, &op), CPH_OK);
+  const cph_turn_info *t = &op.u.lease.turn;
+  assert_true(t->n_staged > 0);
+  const char *last = t->staged[t->n_staged - 1].body;
+  assert_true(strncmp(last, "[aggregate] 1 message in #spam since ", 37) == 0);
+  assert_non_null(strstr(last, "latest: something entirely new after the restart"));
+  for (size_t i = 0; i < t->n_staged; i++)
+    assert_string_not_equal(t->staged[i].body, "something entirely new after the restart");
+  cph_op_clear_results(&op);
+}
+
+static void test_aggregate_only_floor_coalesces_into_one_notice(void **state) {
+  fixture *f = *state;
+  create_session(f, "bots-sub", CPH_LANE_OPERATIONAL, "bots");
+  create_session(f, "helper", CPH_LANE_INTERACTIVE, NULL);
+  /* :degrade-to-aggregate-only? true: aggregate-only from the first event, no trigger */
+  assert_int_equal(step_of(f, "bots"), 1);
+  ev_spec specs[] = {{"bots", "build 101 passed on the main branch", NULL},
+                     {"bots", "coverage report uploaded for build 101", NULL},
+                     {"bots", "artifact storage cleanup removed 12 files", NULL}};
+  cph_ingest_status st[3];
+  post_many(f, specs, 3, st, NULL);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(st[i], CPH_EV_AGGREGATED);
+  assert_int_equal(inbox_size(f, "bots-sub"), 0);
+  assert_int_equal(post1(f, "bots", "helper please rerun build 101", "helper", NULL),
+                   CPH_EV_QUEUED);
+  assert_int_equal(inbox_size(f, "helper"), 1);
+
+  cph_clock_advance(&f->clock, CPH_NS_PER_S);
+  cph_engine_run_pass(f->e); /* the check: one notice for the four distinct messages */
+  cph_engine_run_pass(f->e); /* stages it */
+  assert_int_equal(inbox_size(f, "bots-sub"), 1);
+  char body[512];
+  assert_int_equal(lease_count_notices(f, "bots-sub", body, sizeof body), 1);
+  assert_true(strncmp(body, "[aggregate] 4 messages in #bots since ", 38) == 0);
+  assert_non_null(strstr(body, " UTC, latest: helper please rerun build 101"));
+
+  /* nothing new, nothing announced; quiet for long, the floor holds */
+  for (int s = 0; s < 120; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    cph_engine_run_pass(f->e);
+  }
+  assert_int_equal(inbox_size(f, "bots-sub"), 0);
+  assert_int_equal(step_of(f, "bots"), 1);
+}
+
+static void test_family_growth_triggers_without_an_event_limit(void **state) {
+  fixture *f = *state;
+  create_session(f, "growth-sub", CPH_LANE_OPERATIONAL, "growth");
+  int stepped = 0;
+  for (int s = 1; s <= 60 && !stepped; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    post1(f, "growth", "the same alert text over and over again", NULL, NULL);
+    if (step_of(f, "growth") == 1)
+      stepped = s;
+  }
+  /* one duplicate a second: the family grows past 30 a minute after 31 duplicates (the
+   * original is not growth) */
+  assert_int_equal(stepped, 32);
+  cph_channel_info c = channel(f, "growth");
+  assert_true(c.triggers & CPH_BP_TRIGGER_FAMILY_GROWTH);
+  assert_false(c.triggers & CPH_BP_TRIGGER_EVENTS);
+  assert_true(c.family_growth_per_minute > 30);
+  cph_channel_info_free(&c);
+}
+
+static void test_embedding_queue_degrades_only_the_loud_channel(void **state) {
+  fixture *f = *state;
+  create_session(f, "loud-sub", CPH_LANE_OPERATIONAL, "loud");
+  create_session(f, "soft-sub", CPH_LANE_INTERACTIVE, "soft");
+  uint32_t soft_posted = 0;
+  for (int s = 1; s <= 40; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    char a[64], b[64];
+    snprintf(a, sizeof a, "loud update %d alpha", s);
+    snprintf(b, sizeof b, "loud update %d beta", s);
+    ev_spec specs[] = {{"loud", a, NULL}, {"loud", b, NULL}};
+    post_many(f, specs, 2, NULL, NULL); /* 120 a minute, each minting a raw memory */
+    if (s % 10 == 0) {
+      char q[32];
+      snprintf(q, sizeof q, "soft %d", s);
+      assert_int_equal(post1(f, "soft", q, NULL, NULL), CPH_EV_QUEUED);
+      soft_posted++;
+    }
+  }
+  /* the queue passed :max-queue 5 at once, but "loud" is loud (>= 60/min and >= 1/4 of all
+   * events) only from s = 30 */
+  cph_channel_info c = channel(f, "loud");
+  assert_true(c.step >= 1);
+  assert_true(c.triggers & CPH_BP_TRIGGER_EMBED_QUEUE);
+  cph_channel_info_free(&c);
+  c = channel(f, "soft");
+  assert_int_equal(c.step, 0);
+  assert_int_equal(c.triggers, 0);
+  cph_channel_info_free(&c);
+  assert_int_equal(inbox_size(f, "soft-sub"), soft_posted);
+}
+
+static void test_unknown_channel_is_not_found(void **state) {
+  fixture *f = *state;
+  cph_channel_info c;
+  cph_err err;
+  assert_int_equal(cph_engine_channel(f->e, "never-seen", &c, &err), CPH_ENOTFOUND);
+  assert_int_equal(cph_engine_channel(f->e, "", &c, &err), CPH_EINVAL);
+  /* a channel the policy names is known before any traffic */
+  assert_int_equal(cph_engine_channel(f->e, "spam", &c, &err), CPH_OK);
+  assert_int_equal(c.step, 0);
+  assert_string_equal(c.step_name, "normal");
+  cph_channel_info_free(&c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_spam_burst_degrades_one_step_per_interval_and_recovers,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_step_survives_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_aggregate_only_floor_coalesces_into_one_notice, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_family_growth_triggers_without_an_event_limit, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_embedding_queue_degrades_only_the_loud_channel,
+                                      setup_embed, teardown),
+      cmocka_unit_test_setup_teardown(test_unknown_channel_is_not_found, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

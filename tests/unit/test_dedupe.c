@@ -1,0 +1,467 @@
+/* Content dedupe and duplicate families (DESIGN §5) through the public API, on a virtual
+ * clock and a temp LMDB; plus the simhash itself. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "common/clock.h"
+#include "core/dedupe.h"
+#include "store/store.h"
+#include "tests/support/testutil.h"
+
+/* One-word shingles and a wider near distance than the defaults: with :shingle-words 3 and
+ * :near-distance 3 a one-word change in a 12-word body is ~13 bits away on average (see
+ * test_simhash_distances), so the defaults only catch near duplicates in long bodies. */
+static const char *POLICY = "{:scheduler {:concurrency 4}\n"
+                            " :sessions {:max-queue 1000 :janitor? false}\n"
+                            " :store {:sync :none}\n"
+                            " :dedupe {:window-seconds 60 :min-length 12 :shingle-words 1\n"
+                            "          :near-distance 10}}\n";
+
+static const char *BACKUP =
+    "nightly backup job failed on storage node seven please check the logs";
+static const char *BACKUP_8 =
+    "nightly backup job failed on storage node eight please check the logs";
+static const char *LUNCH = "lunch is ready in the kitchen come and get it before it gets cold";
+
+typedef struct fixture {
+  char *dir;
+  cph_clock clock;
+  cph_engine *e;
+} fixture;
+
+static void open_engine(fixture *f) {
+  cph_policy *p = NULL;
+  cph_err err = {0};
+  if (cph_policy_load_text("test.edn", POLICY, strlen(POLICY), &p, &err))
+    fail_msg("policy: %s", err.msg);
+  cph_engine_options o = {f->dir, &f->clock};
+  if (cph_engine_open(p, &o, &f->e, &err))
+    fail_msg("open: %s", err.msg);
+}
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->dir = cph_test_tmpdir("dedupe");
+  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
+  open_engine(f);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  cph_engine_close(f->e);
+  cph_test_rmtree(f->dir);
+  free(f->dir);
+  free(f);
+  return 0;
+}
+
+static void count_done(cph_op *op, void *ctx) {
+  (void)op;
+  (*(int *)ctx)++;
+}
+
+static int run(fixture *f, cph_op *op) {
+  int called = 0;
+  op->done = count_done;
+  op->ctx = &called;
+  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
+  cph_engine_run_pass(f->e);
+  assert_int_equal(called, 1);
+  return op->rc;
+}
+
+static void create_session(fixture *f, const char *id, const char *subscribe) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_CREATE;
+  op.u.session.in.id = (char *)id;
+  op.u.session.in.lane = CPH_LANE_INTERACTIVE;
+  char *subs[1] = {(char *)subscribe};
+  if (subscribe) {
+    op.u.session.in.subscribe.items = subs;
+    op.u.session.in.subscribe.count = 1;
+  }
+  if (run(f, &op))
+    fail_msg("create %s: %s", id, op.err.msg);
+  cph_op_clear_results(&op);
+}
+
+/* Posts one event; returns its status, *id its id, *routed how many sessions got it. */
+static cph_ingest_status post(fixture *f, const char *channel, const char *sender,
+                              const char *body, const char *key, uint64_t *id, size_t *routed) {
+  cph_event_in ev = {0};
+  ev.channel = (char *)channel;
+  ev.sender = (char *)sender;
+  ev.body = (char *)body;
+  ev.key = (char *)key;
+  cph_op op = {0};
+  op.kind = CPH_OP_INGEST;
+  op.u.ingest.events = &ev;
+  op.u.ingest.n_events = 1;
+  if (run(f, &op))
+    fail_msg("ingest: %s", op.err.msg);
+  cph_ingest_status st = op.u.ingest.results[0].status;
+  if (id)
+    *id = op.u.ingest.results[0].id;
+  if (routed)
+    *routed = op.u.ingest.results[0].sessions.count;
+  cph_op_clear_results(&op);
+  return st;
+}
+
+static uint32_t inbox_size(fixture *f, const char *id) {
+  cph_session_info s;
+  cph_err err;
+  if (cph_engine_get_session(f->e, id, &s, &err))
+    fail_msg("get %s: %s", id, err.msg);
+  uint32_t n = s.pending + s.staged;
+  cph_session_info_free(&s);
+  return n;
+}
+
+static uint64_t event_family(fixture *f, uint64_t id) {
+  cph_event_info ev;
+  cph_err err;
+  if (cph_engine_get_event(f->e, id, &ev, &err))
+    fail_msg("event %llu: %s", (unsigned long long)id, err.msg);
+  uint64_t fam = ev.family;
+  cph_event_info_free(&ev);
+  return fam;
+}
+
+static void get_aggregates(fixture *f, size_t top, cph_aggregate_info **list, size_t *n) {
+  cph_err err;
+  if (cph_engine_aggregates(f->e, top, list, n, &err))
+    fail_msg("aggregates: %s", err.msg);
+}
+
+static void free_aggregates(cph_aggregate_info *list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    cph_aggregate_info_free(&list[i]);
+  free(list);
+}
+
+static uint64_t embed_queue(fixture *f) {
+  cph_maint_stats st;
+  cph_engine_maint_stats(f->e, &st);
+  return st.embed_queue;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_exact_duplicate_within_window_is_aggregated_and_not_staged(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  uint64_t first, second, third;
+  size_t routed;
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &first, &routed), CPH_EV_QUEUED);
+  assert_int_equal(routed, 1);
+  cph_clock_advance(&f->clock, 30 * CPH_NS_PER_S);
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &second, &routed),
+                   CPH_EV_AGGREGATED);
+  assert_int_equal(routed, 0);
+  /* normalisation: case and whitespace runs do not make a new message */
+  assert_int_equal(post(f, "general", "alice",
+                        "  Nightly BACKUP job failed\ton storage node seven  please check the "
+                        "logs\n",
+                        NULL, &third, &routed),
+                   CPH_EV_AGGREGATED);
+  assert_true(second > first && third > second);
+  assert_int_equal(inbox_size(f, "s1"), 1);
+
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 10, &list, &n);
+  assert_int_equal(n, 1);
+  assert_int_equal(list[0].dup_count, 3); /* the original and two duplicates */
+  assert_string_equal(list[0].sample, BACKUP);
+  assert_int_equal(list[0].channels.count, 1);
+  assert_string_equal(list[0].channels.items[0], "general");
+  assert_true(list[0].last_ms - list[0].first_ms >= 30000);
+  assert_int_equal(event_family(f, second), list[0].family);
+  assert_int_equal(event_family(f, third), list[0].family);
+  free_aggregates(list, n);
+
+  dedupe_stats st; /* what the metrics export */
+  dedupe_stats_get(f->e, &st);
+  assert_int_equal(st.exact_hits_total, 2);
+  assert_int_equal(st.near_hits_total, 0);
+  assert_int_equal(st.aggregate_count, 1);
+}
+
+static void test_duplicate_after_the_window_is_queued_again(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_QUEUED);
+  cph_clock_advance(&f->clock, 61 * CPH_NS_PER_S); /* :window-seconds 60 */
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(inbox_size(f, "s1"), 2);
+  /* the window slides from the last occurrence: a repeat within it is caught again */
+  cph_clock_advance(&f->clock, 59 * CPH_NS_PER_S);
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_AGGREGATED);
+  assert_int_equal(inbox_size(f, "s1"), 2);
+}
+
+static void test_short_bodies_are_never_deduplicated(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  assert_int_equal(post(f, "general", "alice", "ok", NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "general", "alice", "ok", NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "general", "alice", "sounds good", NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "general", "alice", "sounds good", NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(inbox_size(f, "s1"), 4);
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 10, &list, &n);
+  assert_int_equal(n, 0);
+  free(list);
+}
+
+static void test_near_duplicate_across_senders_joins_the_same_family(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  uint64_t orig, near, exact, other;
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &orig, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "general", "bob", BACKUP_8, NULL, &near, NULL), CPH_EV_AGGREGATED);
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &exact, NULL), CPH_EV_AGGREGATED);
+  assert_int_equal(post(f, "general", "carol", LUNCH, NULL, &other, NULL), CPH_EV_QUEUED);
+  /* the same words from another sender are a near duplicate at distance 0 */
+  uint64_t same_other_sender;
+  assert_int_equal(post(f, "general", "dave", BACKUP, NULL, &same_other_sender, NULL),
+                   CPH_EV_AGGREGATED);
+  assert_int_equal(inbox_size(f, "s1"), 2);
+
+  uint64_t fam = event_family(f, near);
+  assert_true(fam > 0);
+  assert_int_equal(event_family(f, exact), fam);
+  assert_int_equal(event_family(f, same_other_sender), fam);
+  assert_int_equal(event_family(f, other), 0);
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 10, &list, &n);
+  assert_int_equal(n, 1);
+  assert_int_equal(list[0].family, fam);
+  assert_int_equal(list[0].dup_count, 4);
+  assert_string_equal(list[0].sample, BACKUP); /* the original, not the variant */
+  free_aggregates(list, n);
+  dedupe_stats st;
+  dedupe_stats_get(f->e, &st);
+  assert_int_equal(st.near_hits_total, 2);
+  assert_int_equal(st.exact_hits_total, 1);
+
+  /* near dedupe is per channel: the variant elsewhere is new */
+  assert_int_equal(post(f, "ops", "bob", BACKUP_8, NULL, NULL, NULL), CPH_EV_STORED);
+}
+
+static void test_top_families_are_ordered_by_dup_count(void **state) {
+  fixture *f = *state;
+  const char *bodies[3] = {"disk usage on db-1 is above ninety percent",
+                           "certificate for api.example.com expires in three days",
+                           "deploy of release 42 to production finished"};
+  const int repeats[3] = {2, 4, 3};
+  for (int b = 0; b < 3; b++)
+    for (int i = 0; i < repeats[b]; i++)
+      post(f, "alerts", "monitor", bodies[b], NULL, NULL, NULL);
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 10, &list, &n);
+  assert_int_equal(n, 3);
+  assert_int_equal(list[0].dup_count, 4);
+  assert_string_equal(list[0].sample, bodies[1]);
+  assert_int_equal(list[1].dup_count, 3);
+  assert_string_equal(list[1].sample, bodies[2]);
+  assert_int_equal(list[2].dup_count, 2);
+  free_aggregates(list, n);
+  get_aggregates(f, 2, &list, &n);
+  assert_int_equal(n, 2);
+  assert_int_equal(list[1].dup_count, 3);
+  free_aggregates(list, n);
+}
+
+static void test_idempotency_key_answers_duplicate_before_content_dedupe(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  uint64_t a, b;
+  assert_int_equal(post(f, "general", "alice", BACKUP, "k-1", &a, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "general", "alice", BACKUP, "k-1", &b, NULL), CPH_EV_DUPLICATE);
+  assert_int_equal(a, b);
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 10, &list, &n);
+  assert_int_equal(n, 0); /* a key duplicate is not a content duplicate */
+  free(list);
+}
+
+static void test_memories_are_minted_from_non_duplicates_and_once_per_family(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  uint64_t before = embed_queue(f);
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
+  post(f, "general", "carol", LUNCH, NULL, NULL, NULL);
+  assert_int_equal(embed_queue(f), before + 2); /* one raw memory each, embeddings queued */
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL); /* creates the family */
+  assert_int_equal(embed_queue(f), before + 3);          /* its one aggregate memory */
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
+  post(f, "general", "bob", BACKUP_8, NULL, NULL, NULL);
+  assert_int_equal(embed_queue(f), before + 3); /* duplicates mint nothing more */
+}
+
+static void test_families_and_exact_dedupe_survive_a_restart(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
+  cph_engine_close(f->e);
+  open_engine(f);
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_AGGREGATED);
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 10, &list, &n);
+  assert_int_equal(n, 1);
+  assert_int_equal(list[0].dup_count, 3);
+  free_aggregates(list, n);
+}
+
+/* Counts exact-dedupe entries (not family-index ones) in the closed engine's store. */
+static size_t count_exact_entries(const char *dir) {
+  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
+  cph_store *st;
+  cph_err err;
+  if (cph_store_open(&o, &st, &err))
+    fail_msg("store: %s", err.msg);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_DEDUPE, &c), CPH_OK);
+  size_t n = 0;
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v))
+    if (((const uint8_t *)k.data)[0] != 0)
+      n++;
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  cph_store_close(st);
+  return n;
+}
+
+static void test_expired_exact_entries_are_pruned(void **state) {
+  fixture *f = *state;
+  const char *bodies[4] = {"first message long enough to index", BACKUP, LUNCH,
+                           "another distinct message for the index"};
+  for (int i = 0; i < 4; i++)
+    post(f, "general", "alice", bodies[i], NULL, NULL, NULL);
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL); /* a family: its index entry stays */
+  cph_clock_advance(&f->clock, 30 * CPH_NS_PER_S);
+  post(f, "general", "bob", "a late message that is still inside the window", NULL, NULL, NULL);
+  /* past 4 x the 60 s window of the first five, not of the last one */
+  cph_clock_advance(&f->clock, 241 * CPH_NS_PER_S - 30 * CPH_NS_PER_S);
+  cph_engine_run_pass(f->e); /* the once-a-second check prunes */
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(count_exact_entries(f->dir), 1);
+  open_engine(f);
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 10, &list, &n);
+  assert_int_equal(n, 1); /* families are not pruned */
+  free_aggregates(list, n);
+}
+
+/* ---------------------------------------------------------------- simhash */
+
+static void make_words(char *out, size_t size, unsigned *seed, int n, const char *prefix) {
+  out[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    char w[32];
+    snprintf(w, sizeof w, "%s%s%u", i ? " " : "", prefix, (unsigned)(rand_r(seed) % 100000));
+    strncat(out, w, size - strlen(out) - 1);
+  }
+}
+
+static uint64_t sim(const char *text, int k) {
+  size_t len;
+  char *norm = dedupe_normalise(text, &len);
+  uint64_t h = dedupe_simhash(norm, len, k);
+  free(norm);
+  return h;
+}
+
+static void test_simhash_distances(void **state) {
+  (void)state;
+  /* identical text, identical hash; normalisation first */
+  assert_int_equal(sim(BACKUP, 3), sim(BACKUP, 3));
+  assert_int_equal(sim("Hello   World,\tthis is  me", 3), sim("hello world, this is me", 3));
+  assert_int_equal(dedupe_hamming(sim(BACKUP, 1), sim(BACKUP_8, 1)), 7);
+  assert_true(dedupe_hamming(sim(BACKUP, 1), sim(LUNCH, 1)) >= 24);
+
+  /* over many 12-word bodies: one changed word is close, unrelated text is ~32 bits away */
+  unsigned seed = 12345;
+  const int trials = 500;
+  for (int k = 1; k <= 3; k++) {
+    long one_word = 0, unrelated = 0;
+    int unrelated_min = 64;
+    for (int t = 0; t < trials; t++) {
+      char a[512], b[512], c[512];
+      make_words(a, sizeof a, &seed, 12, "w");
+      /* b = a with one word replaced */
+      snprintf(b, sizeof b, "%s", a);
+      char *words[12];
+      int nw = 0;
+      for (char *tok = strtok(b, " "); tok && nw < 12; tok = strtok(NULL, " "))
+        words[nw++] = tok;
+      int at = (int)(rand_r(&seed) % 12);
+      char changed[512] = "";
+      for (int i = 0; i < nw; i++) {
+        if (i)
+          strcat(changed, " ");
+        strcat(changed, i == at ? "replacedword" : words[i]);
+      }
+      make_words(c, sizeof c, &seed, 12, "z");
+      int d1 = dedupe_hamming(sim(a, k), sim(changed, k));
+      int d2 = dedupe_hamming(sim(a, k), sim(c, k));
+      one_word += d1;
+      unrelated += d2;
+      if (d2 < unrelated_min)
+        unrelated_min = d2;
+    }
+    double mean1 = (double)one_word / trials, mean2 = (double)unrelated / trials;
+    print_message("simhash k=%d: one-word change mean %.1f bits, unrelated mean %.1f (min %d)\n",
+                  k, mean1, mean2, unrelated_min);
+    assert_true(mean2 > 26.0);
+    assert_true(mean1 < mean2 / 2);
+    if (k == 1)
+      assert_true(mean1 < 9.0);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(
+          test_exact_duplicate_within_window_is_aggregated_and_not_staged, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_duplicate_after_the_window_is_queued_again, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_short_bodies_are_never_deduplicated, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_near_duplicate_across_senders_joins_the_same_family,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_top_families_are_ordered_by_dup_count, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(
+          test_idempotency_key_answers_duplicate_before_content_dedupe, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_memories_are_minted_from_non_duplicates_and_once_per_family, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_families_and_exact_dedupe_survive_a_restart, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_expired_exact_entries_are_pruned, setup, teardown),
+      cmocka_unit_test(test_simhash_distances),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
