@@ -20,6 +20,10 @@ static const cli_command commands[] = {
      "sessions why ID",
      "list sessions, show one, say why one is (not) running"},
     {"lanes", cli_cmd_lanes, "lanes", "lane budgets left, runnable and running sessions"},
+    {"context", cli_cmd_context,
+     "context show SESSION [--select SEL]\n"
+     "context step SESSION [--episodes N]",
+     "a session's PACT context tree, and what the next episodes would do to it"},
     {"events", cli_cmd_events, "events post --channel C [--sender S] [--session ID] "
                                "[--mention ID]... [--key K] BODY",
      "post one event as a connector would"},

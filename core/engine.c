@@ -457,6 +457,11 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_MEMORY_SEARCH:
     search_apply(e, op);
     break;
+  case CPH_OP_CONTEXT_INSERT:
+  case CPH_OP_CONTEXT_DELETE:
+  case CPH_OP_CONTEXT_SEAL:
+    context_ops_apply(e, op);
+    break;
   case CPH_OP_LEASE:
     break; /* waiters are served by agent_turn */
   }

@@ -11,6 +11,7 @@
 #define CEPHALON_CORE_ENGINE_INTERNAL_H
 
 #include "cephalon/cephalon.h"
+#include "core/pact.h"
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/hmap.h"
@@ -69,6 +70,11 @@ typedef struct lease {
   uint64_t *inbox_ids; /* the staged messages it carries */
   size_t n_inbox_ids;
   uint64_t job_id; /* job turns: the job it runs */
+  /* Channel views (core/context.h): per channel of the staged messages, the newest channel
+   * index the turn saw; completion moves the session's cursor there. Owned. */
+  char **view_channels;
+  uint64_t *view_seen;
+  size_t n_views;
 } lease;
 
 typedef struct op_queue {
@@ -193,6 +199,11 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id);
 void gc_group_hash(const uint64_t *sorted_ids, size_t n, int64_t newest_ts_ms,
                    uint64_t total_tokens, char out[65]);
 void maint_note_commit(cph_engine *e, uint64_t deleted, uint64_t outbox_items, int64_t now_ms);
+/* pact_store.c: a session's PACT tree in LMDB (database context) */
+int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out);
+int pact_save(cph_engine *e, cph_txn *t, const char *session, const cph_pact_tree *tree);
+int pact_delete_all(cph_engine *e, cph_txn *t, const char *session);
+void context_ops_apply(cph_engine *e, cph_op *op);
 /* search.c */
 void search_apply(cph_engine *e, cph_op *op);
 

@@ -451,6 +451,7 @@ static void session_delete(cph_engine *e, cph_op *op) {
   cph_key k = session_key(s->id);
   cph_txn_begin_child(&e->txn, &t);
   cph_txn_del(&t, CPH_DB_SESSIONS, &k);
+  pact_delete_all(e, &t, s->id);
   /* Its live inbox goes with it; events stay in their channels' history. */
   for (uint32_t i = 0; i < s->n_inbox; i++) {
     cph_key ik;

@@ -704,6 +704,16 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   cph_key tk = u64_key(l->turn_id);
   cph_turn_rec tr;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
+    if (tr.kind != CPH_TURN_JOB) {
+      /* The episode (DESIGN §6): the input and reply join the session's PACT tree as message
+       * cores, then TTL -> cadence -> lifecycle -> ODI. */
+      cph_pact_tree tree;
+      if (pact_load(e, &t, s->id, &tree) == CPH_OK &&
+          cph_pact_complete_turn(&tree, tr.input ? tr.input : "", op->u.turn.reply_body) ==
+              CPH_OK)
+        pact_save(e, &t, s->id, &tree);
+      cph_pact_tree_free(&tree);
+    }
     tr.state = CPH_TURN_COMPLETED;
     tr.completed_ms = now_ms;
     tr.cost_tokens = op->u.turn.tokens;

@@ -41,6 +41,14 @@ void cph_route_lanes(cph_req *r);
 void cph_route_policy_get(cph_req *r);
 void cph_route_policy_reload(cph_req *r);
 
+/* routes_context.c */
+void cph_route_context_insert(cph_req *r);
+void cph_route_context_get(cph_req *r);
+void cph_route_context_delete(cph_req *r);
+void cph_route_context_step(cph_req *r);
+void cph_route_seal(cph_req *r);
+void cph_route_seals(cph_req *r);
+
 /* routes_maint.c */
 void cph_route_job_post(cph_req *r);
 void cph_route_jobs_list(cph_req *r);

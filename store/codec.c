@@ -77,6 +77,14 @@ static void pack_field(msgpack_packer *pk, const cph_field *f, const char *rec) 
       msgpack_pack_uint64(pk, items[i]);
     break;
   }
+  case CPH_F_I64_ARRAY: {
+    const int64_t *items = *(int64_t *const *)at;
+    uint32_t n = *(const uint32_t *)(rec + f->count_offset);
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++)
+      msgpack_pack_int64(pk, items[i]);
+    break;
+  }
   case CPH_F_BYTES:
     msgpack_pack_bin(pk, f->limit);
     msgpack_pack_bin_body(pk, at, f->limit);
@@ -395,6 +403,23 @@ static int decode_u64_array(decode_ctx *c, const cph_field *f, mp_reader *r, cha
   return CPH_OK;
 }
 
+static int decode_i64_array(decode_ctx *c, const cph_field *f, mp_reader *r, char *rec) {
+  size_t n;
+  if (!mp_read_array(r, &n))
+    return field_error(c, f, "an array of integers", r);
+  if (n > UINT32_MAX)
+    return field_error(c, f, "at most 2^32-1 items", r);
+  int64_t *items = n ? calloc(n, sizeof *items) : NULL;
+  if (n && !items)
+    return cph_err_set(c->err, CPH_ENOMEM, "%s field '%s': out of memory", c->d->name, f->name);
+  *(int64_t **)(rec + f->offset) = items;
+  *(uint32_t *)(rec + f->count_offset) = (uint32_t)n;
+  for (size_t i = 0; i < n; i++)
+    if (!mp_read_i64(r, &items[i]))
+      return field_error(c, f, "an integer item", r);
+  return CPH_OK;
+}
+
 static int decode_field(decode_ctx *c, const cph_field *f, mp_reader *r, char *rec) {
   void *at = rec + f->offset;
   uint64_t u;
@@ -442,6 +467,8 @@ static int decode_field(decode_ctx *c, const cph_field *f, mp_reader *r, char *r
     return decode_str_array(c, f, r, rec);
   case CPH_F_U64_ARRAY:
     return decode_u64_array(c, f, r, rec);
+  case CPH_F_I64_ARRAY:
+    return decode_i64_array(c, f, r, rec);
   case CPH_F_BYTES: {
     const uint8_t *p;
     size_t len;
@@ -525,6 +552,9 @@ void cph_record_free(const cph_record_desc *d, void *rec) {
     }
     case CPH_F_U64_ARRAY:
       free(*(uint64_t **)at);
+      break;
+    case CPH_F_I64_ARRAY:
+      free(*(int64_t **)at);
       break;
     default:
       break;

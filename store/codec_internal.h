@@ -15,6 +15,7 @@ typedef enum cph_field_type {
   CPH_F_OPT_STR,   /* char *, NULL <-> nil */
   CPH_F_STR_ARRAY, /* char **, count (uint32_t) at count_offset */
   CPH_F_U64_ARRAY, /* uint64_t *, count (uint32_t) at count_offset */
+  CPH_F_I64_ARRAY, /* int64_t *, count (uint32_t) at count_offset */
   CPH_F_BYTES      /* uint8_t[limit]: fixed-size binary */
 } cph_field_type;
 

@@ -190,3 +190,41 @@ static const cph_field aggregate_fields[] = {
 };
 DESC(cph_aggregate_desc, "aggregate", 1, R, aggregate_fields);
 #undef R
+
+#define R cph_ctxnode_rec
+static const cph_field ctxnode_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    FIELD(R, CPH_F_I64, depth),
+    FIELD(R, CPH_F_I64, position),
+    FIELD(R, CPH_F_I64, offset),
+    FIELD(R, CPH_F_STR, content),
+    FIELD(R, CPH_F_OPT_STR, role),
+    FIELD(R, CPH_F_I64, ttl),
+    FIELD(R, CPH_F_I64, cadence),
+    ARRAY(R, CPH_F_I64_ARRAY, lc_depth, n_lc_depth),
+    ARRAY(R, CPH_F_I64_ARRAY, lc_position, n_lc_position),
+    ARRAY(R, CPH_F_I64_ARRAY, lc_offset, n_lc_offset),
+    ARRAY(R, CPH_F_I64_ARRAY, lc_ttl, n_lc_ttl),
+    FIELD(R, CPH_F_U32, stage),
+    FIELD(R, CPH_F_OPT_STR, key),
+    ARRAY(R, CPH_F_STR_ARRAY, tags, n_tags),
+    FIELD(R, CPH_F_U64, created_at_episode),
+    FIELD(R, CPH_F_U64, seq),
+    FIELD(R, CPH_F_BOOL, waiting),
+};
+DESC(cph_ctxnode_desc, "context node", 1, R, ctxnode_fields);
+#undef R
+
+#define R cph_seal_rec
+static const cph_field seal_fields[] = {
+    FIELD(R, CPH_F_U64, id),
+    FIELD(R, CPH_F_STR, session),
+    FIELD(R, CPH_F_STR, trigger),
+    FIELD(R, CPH_F_U64, episode),
+    FIELD(R, CPH_F_I64, created_ms),
+    ARRAY(R, CPH_F_STR_ARRAY, roles, n_roles),
+    ARRAY(R, CPH_F_STR_ARRAY, contents, n_contents),
+    ARRAY(R, CPH_F_STR_ARRAY, coords, n_coords),
+};
+DESC(cph_seal_desc, "seal", 1, R, seal_fields);
+#undef R

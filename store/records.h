@@ -216,6 +216,40 @@ typedef struct cph_aggregate_rec {
   uint8_t body_sha256[32];
 } cph_aggregate_rec;
 
+/* A PACT context node (DESIGN §6; core/pact.h). Lifecycle stages are parallel arrays. */
+typedef struct cph_ctxnode_rec {
+  uint64_t id;
+  int64_t depth, position, offset;
+  char *content;
+  char *role; /* optional: "user"/"assistant" message cores */
+  int64_t ttl;     /* -1 = none */
+  int64_t cadence; /* 0 = none */
+  int64_t *lc_depth, *lc_position, *lc_offset, *lc_ttl;
+  uint32_t n_lc_depth, n_lc_position, n_lc_offset, n_lc_ttl;
+  uint32_t stage;
+  char *key; /* optional */
+  char **tags;
+  uint32_t n_tags;
+  uint64_t created_at_episode;
+  uint64_t seq;
+  bool waiting;
+} cph_ctxnode_rec;
+
+/* A sealed snapshot of a session's rendered context (`seal`). */
+typedef struct cph_seal_rec {
+  uint64_t id;
+  char *session;
+  char *trigger;
+  uint64_t episode;
+  int64_t created_ms;
+  char **roles;
+  uint32_t n_roles;
+  char **contents;
+  uint32_t n_contents;
+  char **coords;
+  uint32_t n_coords;
+} cph_seal_rec;
+
 /* ---- generic codec over field tables ---- */
 
 typedef struct cph_record_desc cph_record_desc; /* opaque: a named field table */
@@ -230,6 +264,8 @@ extern const cph_record_desc cph_job_desc;
 extern const cph_record_desc cph_outbox_desc;
 extern const cph_record_desc cph_gc_group_desc;
 extern const cph_record_desc cph_aggregate_desc;
+extern const cph_record_desc cph_ctxnode_desc;
+extern const cph_record_desc cph_seal_desc;
 
 const char *cph_record_name(const cph_record_desc *d); /* "session", "event", ... */
 uint32_t cph_record_version(const cph_record_desc *d);

@@ -39,7 +39,8 @@
   X(OUTBOX, "outbox")         /* u64 item id -> outbox item */                           \
   X(GC_GROUPS, "gc_groups")   /* u64 group id -> gc group */                             \
   X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
-  X(CONTEXT, "context")       /* session\0 u64 node id -> context node */                \
+  X(CONTEXT, "context")       /* session\0 u64 node id -> context node; id 0: tree header */ \
+  X(SEALS, "seals")           /* session\0 u64 seal id -> sealed rendered context */    \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
   X(EMBED_QUEUE, "embed_queue") /* u64 memory id -> "" while its embedding is pending */  \

@@ -166,6 +166,44 @@ typedef struct cph_tool_usage {
   uint64_t calls_this_minute;
 } cph_tool_usage;
 
+/* pending_obligations: one per staged message listed (core/context.h says when some are not). */
+typedef struct cph_obligation {
+  uint64_t id; /* inbox message id */
+  char *sender;
+  char *preview; /* the body's first bytes, cut on a UTF-8 boundary, "..." when cut */
+} cph_obligation;
+
+/* recent_memory: a memory included in the turn (each inclusion counts as an access). */
+typedef struct cph_memory_item {
+  uint64_t id;
+  char *kind;  /* "raw", "summary", "aggregate" */
+  char *text;
+  char *scope; /* a session id or "#channel" */
+  int64_t created_ms;
+  uint64_t access_count; /* including this inclusion */
+} cph_memory_item;
+
+/* A channel view (multi-agent, DESIGN §6): where the session's cursor stood and what the turn
+ * saw; completing the turn moves the cursor to seen_index. */
+typedef struct cph_channel_view {
+  char *channel;
+  uint64_t cursor;     /* last processed channel index before this turn (0 = from the start) */
+  bool had_cursor;     /* false: the session had none; `cursor` is where it was started */
+  uint64_t seen_index; /* the newest channel index the turn saw */
+  uint32_t away;       /* messages in the away block from this channel */
+} cph_channel_view;
+
+/* Token use of a turn's context: estimate ceil(bytes/4) per text + 4 per item (DESIGN §6). */
+typedef struct cph_context_tokens {
+  uint32_t window; /* the session's context_window_tokens */
+  uint32_t current_state, pending_obligations, conversation_history, recent_memory,
+      available_tools;
+  uint32_t sections;      /* the five together: never above window */
+  uint32_t messages;      /* the messages array */
+  uint32_t history_cut;   /* conversation_history entries left out, oldest first */
+  uint32_t messages_cut;  /* history messages (or away-block lines) left out, oldest first */
+} cph_context_tokens;
+
 typedef struct cph_message {
   char *role; /* "system", "user", "assistant" */
   char *content;
@@ -207,6 +245,13 @@ typedef struct cph_turn_info {
   size_t n_tools;
   cph_message *messages;
   size_t n_messages;
+  cph_obligation *obligations; /* pending_obligations; n_staged is its staged_count */
+  size_t n_obligations;        /* < n_staged only when the budget could not list them all */
+  cph_memory_item *memories;   /* recent_memory: raw first, then summaries/aggregates */
+  size_t n_memories;
+  cph_channel_view *views;     /* inbox turns: one per channel of the staged messages */
+  size_t n_views;
+  cph_context_tokens tokens;
   struct cph_job_work *job; /* job turns: the work to execute (owned by the engine) */
 } cph_turn_info;
 void cph_turn_info_free(cph_turn_info *t);
@@ -298,6 +343,9 @@ typedef enum cph_op_kind {
   CPH_OP_FAIL,
   CPH_OP_REQUEUE,
   CPH_OP_JOB_ENQUEUE,   /* POST /v1/maintenance/jobs */
+  CPH_OP_CONTEXT_INSERT, /* POST /v1/sessions/{id}/context */
+  CPH_OP_CONTEXT_DELETE, /* DELETE /v1/sessions/{id}/context/{node} */
+  CPH_OP_CONTEXT_SEAL,   /* POST /v1/sessions/{id}/seal */
   CPH_OP_MEMORY_SEARCH  /* GET /v1/memories/search: a write, since inclusion counts access */
 } cph_op_kind;
 
@@ -310,6 +358,23 @@ typedef struct cph_job_in {
   char *job;  /* a job kind name */
   char *args; /* optional, kind-specific: "group=12", "sources=3,4,5", "memories=1,2" */
 } cph_job_in;
+
+/* A PACT node to insert (DESIGN §6). */
+typedef struct cph_context_stage_in {
+  char *at;
+  int64_t ttl; /* 0 = none (allowed on the last stage only: permanent) */
+} cph_context_stage_in;
+
+typedef struct cph_context_node_in {
+  char *at;      /* "d0, 1, 0" */
+  char *content;
+  int64_t ttl;     /* 0 = none: permanent */
+  int64_t cadence; /* 0 = none */
+  cph_context_stage_in *lifecycle;
+  size_t n_lifecycle;
+  char *key;
+  cph_strv tags;
+} cph_context_node_in;
 
 typedef struct cph_memory_hit {
   uint64_t id;
@@ -370,6 +435,13 @@ struct cph_op {
       cph_job_in in;
       uint64_t job_id; /* out */
     } job;
+    struct {
+      char *session;
+      cph_context_node_in node; /* insert */
+      uint64_t node_id;         /* delete; insert: out */
+      char *trigger;            /* seal */
+      uint64_t seal_id;         /* seal: out */
+    } context;
     struct {
       char *session;
       char *query;
@@ -586,6 +658,56 @@ void cph_channel_info_free(cph_channel_info *c);
 /* A channel's backpressure state. CPH_ENOTFOUND when the engine knows nothing of the channel
  * (no subscriber or member, no history, no policy override); CPH_EINVAL for a bad name. */
 int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph_err *err);
+
+/* ---- context (DESIGN §6) ---- */
+
+typedef struct cph_context_stage_info {
+  char at[48];
+  int64_t ttl; /* -1 = none */
+} cph_context_stage_info;
+
+typedef struct cph_context_node_info {
+  uint64_t id;
+  char at[48]; /* "d0, 1, 0" */
+  char *content;
+  char *role; /* message cores: "user" / "assistant"; NULL otherwise */
+  int64_t ttl;     /* -1 = none */
+  int64_t cadence; /* 0 = none */
+  cph_context_stage_info *lifecycle;
+  size_t n_lifecycle;
+  char *key;
+  cph_strv tags;
+  uint64_t created_at_episode;
+} cph_context_node_info;
+void cph_context_nodes_free(cph_context_node_info *nodes, size_t n);
+
+/* The session's live nodes in render order, those matching selector (NULL: all). CPH_EINVAL
+ * with err naming the problem for a bad selector. */
+int cph_engine_context(cph_engine *e, const char *session, const char *selector,
+                       cph_context_node_info **out, size_t *n, uint64_t *episode, cph_err *err);
+
+/* What the next `episodes` episodes would do to the tree, without changing anything: the
+ * live nodes after each step (turns that add no messages: delta 0). out[i] holds n[i] nodes. */
+typedef struct cph_context_step {
+  uint64_t episode;
+  cph_context_node_info *nodes;
+  size_t n;
+} cph_context_step;
+int cph_engine_context_step(cph_engine *e, const char *session, size_t episodes,
+                            cph_context_step **out, cph_err *err);
+void cph_context_steps_free(cph_context_step *steps, size_t n);
+
+typedef struct cph_seal_info {
+  uint64_t id;
+  char *trigger;
+  uint64_t episode;
+  int64_t created_ms;
+  cph_message *messages;
+  size_t n_messages;
+} cph_seal_info;
+int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, size_t *n,
+                     cph_err *err);
+void cph_seals_free(cph_seal_info *seals, size_t n);
 
 /* Hooks the daemon sets to wake long-polls. */
 typedef struct cph_engine_hooks {

@@ -1,0 +1,236 @@
+/* The PACT context over HTTP and through cephalonctl (DESIGN §6, §9): a reminder with a TTL
+ * expires as turns complete, nodes are selected and deleted, bad coordinates and selectors get
+ * 400s naming the field, seals snapshot the rendered context, and `context step` is a dry run. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/support/daemon.h"
+#include "tests/support/testutil.h"
+
+typedef struct fixture {
+  char *policy;
+  cph_test_daemon d;
+} fixture;
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->policy = cph_test_write_tmpfile(".edn", "{:sessions {:janitor? false}}\n");
+  if (cph_test_daemon_start(&f->d, f->policy, NULL, NULL) != 0)
+    return -1;
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  cph_test_daemon_stop(&f->d);
+  unlink(f->policy);
+  free(f->policy);
+  free(f);
+  return 0;
+}
+
+static json_t *call(fixture *f, int *status, const char *method, const char *path,
+                    const char *body) {
+  cph_test_response r = cph_test_http(f->d.port, method, path,
+                                      body ? "Content-Type: application/json\r\n" : NULL, body);
+  *status = r.status;
+  json_t *j = r.body_len ? json_loads(r.body, 0, NULL) : NULL;
+  cph_test_response_free(&r);
+  return j;
+}
+
+static json_t *ok(fixture *f, const char *method, const char *path, const char *body) {
+  int st;
+  json_t *j = call(f, &st, method, path, body);
+  if (st != 200) {
+    char *dump = j ? json_dumps(j, 0) : NULL;
+    fail_msg("%s %s: %d %s", method, path, st, dump ? dump : "");
+  }
+  return j;
+}
+
+/* One inbox turn: post, lease, complete with a reply. */
+static void run_turn(fixture *f, const char *body, const char *reply) {
+  char json[512];
+  snprintf(json, sizeof json, "{\"events\":[{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"%s\"}]}",
+           body);
+  json_decref(ok(f, "POST", "/v1/events", json));
+  json_t *l = ok(f, "POST", "/v1/turns/lease", "{\"worker\":\"w\",\"wait_ms\":5000}");
+  json_t *t = json_object_get(l, "turn");
+  char path[64];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(t, "id")));
+  snprintf(json, sizeof json,
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},\"reply\":{\"body\":\"%s\"}}",
+           json_string_value(json_object_get(t, "lease")), reply);
+  json_decref(ok(f, "POST", path, json));
+  json_decref(l);
+}
+
+/* The nodes of the session's context matching sel (NULL = all). */
+static json_t *nodes(fixture *f, const char *sel, json_int_t *episode) {
+  char path[256] = "/v1/sessions/s1/context";
+  if (sel) { /* percent-encode what a query string cannot carry as is */
+    char *o = path + strlen(path);
+    o += sprintf(o, "?select=");
+    for (const char *p = sel; *p; p++)
+      o += strchr(" ,{}=", *p) ? sprintf(o, "%%%02X", (unsigned char)*p) : sprintf(o, "%c", *p);
+  }
+  json_t *j = ok(f, "GET", path, NULL);
+  if (episode)
+    *episode = json_integer_value(json_object_get(j, "episode"));
+  json_t *n = json_incref(json_object_get(j, "nodes"));
+  json_decref(j);
+  return n;
+}
+
+static bool has_content(json_t *list, const char *content) {
+  size_t i;
+  json_t *n;
+  json_array_foreach(list, i, n) if (strcmp(json_string_value(json_object_get(n, "content")), content) == 0) return true;
+  return false;
+}
+
+static void test_reminder_with_ttl_expires_as_turns_complete(void **state) {
+  fixture *f = *state;
+  json_decref(ok(f, "POST", "/v1/sessions",
+                 "{\"id\":\"s1\",\"class\":\"interactive\",\"subscribe\":[\"general\"]}"));
+  json_t *node = ok(f, "POST", "/v1/sessions/s1/context",
+                    "{\"at\":\"d0, 1, 0\",\"content\":\"remind: standup at 10\",\"ttl\":2,"
+                    "\"key\":\"standup\",\"tags\":[\"reminder\"]}");
+  assert_string_equal(json_string_value(json_object_get(node, "at")), "d0, 1, 0");
+  assert_int_equal(json_integer_value(json_object_get(node, "ttl")), 2);
+  assert_int_equal(json_integer_value(json_object_get(node, "created_at_episode")), 0);
+  json_decref(node);
+
+  json_int_t episode;
+  json_t *n = nodes(f, NULL, &episode);
+  assert_int_equal(episode, 0);
+  assert_true(has_content(n, "remind: standup at 10"));
+  json_decref(n);
+
+  run_turn(f, "hello", "hi ann");
+  n = nodes(f, NULL, &episode);
+  assert_int_equal(episode, 1);
+  assert_true(has_content(n, "remind: standup at 10")); /* age 1 < ttl 2 */
+  assert_true(has_content(n, "inbox:hello"));           /* the turn's input, a user core */
+  assert_true(has_content(n, "hi ann"));                /* its reply, an assistant core */
+  json_decref(n);
+
+  run_turn(f, "still there?", "yes");
+  n = nodes(f, NULL, &episode);
+  assert_int_equal(episode, 2);
+  assert_false(has_content(n, "remind: standup at 10")); /* age 2 >= ttl 2: expired */
+  assert_true(has_content(n, "hi ann"));                  /* history stays */
+  json_decref(n);
+}
+
+static void test_selectors_delete_and_errors_name_the_field(void **state) {
+  fixture *f = *state;
+  json_decref(ok(f, "POST", "/v1/sessions", "{\"id\":\"s1\",\"class\":\"interactive\"}"));
+  json_t *a = ok(f, "POST", "/v1/sessions/s1/context",
+                 "{\"at\":\"d-1, 0, 0\",\"content\":\"you are terse\",\"key\":\"persona\"}");
+  json_t *b = ok(f, "POST", "/v1/sessions/s1/context",
+                 "{\"at\":\"d0, 2, 1\",\"content\":\"a note\",\"tags\":[\"note\"]}");
+  json_int_t b_id = json_integer_value(json_object_get(b, "id"));
+  json_decref(a);
+  json_decref(b);
+
+  json_t *n = nodes(f, "{key=persona}", NULL);
+  assert_int_equal(json_array_size(n), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(n, 0), "content")), "you are terse");
+  json_decref(n);
+  n = nodes(f, "d0, 1..3, *", NULL);
+  assert_int_equal(json_array_size(n), 1);
+  json_decref(n);
+  n = nodes(f, "{tag=note}", NULL);
+  assert_int_equal(json_array_size(n), 1);
+  json_decref(n);
+
+  int st;
+  json_t *err = call(f, &st, "POST", "/v1/sessions/s1/context", "{\"at\":\"x0, 0, 0\",\"content\":\"bad\"}");
+  assert_int_equal(st, 400);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "field")), "at");
+  json_decref(err);
+  err = call(f, &st, "GET", "/v1/sessions/s1/context?select=d1..%2C", NULL);
+  assert_int_equal(st, 400);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "field")), "select");
+  json_decref(err);
+
+  char path[96];
+  snprintf(path, sizeof path, "/v1/sessions/s1/context/%lld", (long long)b_id);
+  json_decref(ok(f, "DELETE", path, NULL));
+  json_t *gone = call(f, &st, "DELETE", path, NULL);
+  assert_int_equal(st, 404);
+  json_decref(gone);
+  n = nodes(f, "{tag=note}", NULL);
+  assert_int_equal(json_array_size(n), 0);
+  json_decref(n);
+}
+
+static void test_seal_snapshots_and_step_is_a_dry_run(void **state) {
+  fixture *f = *state;
+  json_decref(ok(f, "POST", "/v1/sessions", "{\"id\":\"s1\",\"class\":\"interactive\"}"));
+  json_decref(ok(f, "POST", "/v1/sessions/s1/context",
+                 "{\"at\":\"d0, 1, 0\",\"content\":\"short-lived\",\"ttl\":1}"));
+  json_t *seal = ok(f, "POST", "/v1/sessions/s1/seal", "{\"trigger\":\"handoff\"}");
+  assert_true(json_integer_value(json_object_get(seal, "seal_id")) >= 1);
+  json_decref(seal);
+  json_t *seals = ok(f, "GET", "/v1/sessions/s1/seals", NULL);
+  json_t *one = json_array_get(json_object_get(seals, "seals"), 0);
+  assert_string_equal(json_string_value(json_object_get(one, "trigger")), "handoff");
+  json_t *msg = json_array_get(json_object_get(one, "messages"), 0);
+  assert_string_equal(json_string_value(json_object_get(msg, "content")), "short-lived");
+  assert_string_equal(json_string_value(json_object_get(msg, "coord")), "d0, 1, 0");
+  json_decref(seals);
+
+  json_t *steps = ok(f, "GET", "/v1/sessions/s1/context/step?episodes=2", NULL);
+  json_t *first = json_array_get(json_object_get(steps, "steps"), 0);
+  assert_int_equal(json_integer_value(json_object_get(first, "episode")), 1);
+  assert_int_equal(json_array_size(json_object_get(first, "nodes")), 0); /* ttl 1: gone at 1 */
+  json_decref(steps);
+  json_int_t episode;
+  json_t *n = nodes(f, NULL, &episode); /* ...but nothing changed */
+  assert_int_equal(episode, 0);
+  assert_true(has_content(n, "short-lived"));
+  json_decref(n);
+
+  /* the same through cephalonctl */
+  char *exe, url[64];
+  assert_true(asprintf(&exe, "%s/cephalonctl", getenv("CPH_BIN_DIR")) > 0);
+  snprintf(url, sizeof url, "http://127.0.0.1:%d", f->d.port);
+  const char *show[] = {exe, "--url", url, "context", "show", "s1", NULL};
+  char *out, *err;
+  assert_int_equal(cph_test_run(show, &out, &err), 0);
+  assert_non_null(strstr(out, "s1 at episode 0"));
+  assert_non_null(strstr(out, "short-lived"));
+  free(out);
+  free(err);
+  const char *step[] = {exe, "--url", url, "context", "step", "s1", "--episodes", "1", NULL};
+  assert_int_equal(cph_test_run(step, &out, &err), 0);
+  assert_non_null(strstr(out, "episode 1:"));
+  assert_null(strstr(out, "short-lived"));
+  free(out);
+  free(err);
+  free(exe);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_reminder_with_ttl_expires_as_turns_complete, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_selectors_delete_and_errors_name_the_field, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_seal_snapshots_and_step_is_a_dry_run, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
