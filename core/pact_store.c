@@ -312,7 +312,23 @@ static void context_insert(cph_engine *e, cph_op *op, csession *s) {
     return;
   }
   cph_err err = {0};
-  if (tree.n >= TREE_NODES_MAX) {
+  /* A node with the key of a live node updates that node in place (same id): "insert or
+   * update" by key, so a worker can keep one reminder fresh instead of stacking copies. */
+  cph_pact_node *existing = NULL;
+  for (size_t i = 0; proto.key && i < tree.n && !existing; i++)
+    if (tree.nodes[i].key && !tree.nodes[i].waiting && strcmp(tree.nodes[i].key, proto.key) == 0)
+      existing = &tree.nodes[i];
+  if (existing && !proto.n_lifecycle) {
+    op->u.context.node_id = existing->id;
+    op->u.context.updated = true;
+    unsigned mask = CPH_PACT_SET_CONTENT | CPH_PACT_SET_TTL | CPH_PACT_SET_CADENCE |
+                    CPH_PACT_SET_TAGS | CPH_PACT_SET_AT;
+    rc = cph_pact_update(&tree, existing->id, &proto, mask, &err);
+    if (rc)
+      op_fail(op, rc == CPH_EPARSE ? CPH_EINVAL : rc, "at", "%s", err.msg);
+    else if ((rc = pact_save(e, &t, s->id, &tree)) != CPH_OK || cph_txn_commit(&t) != CPH_OK)
+      op_fail(op, t.ret ? t.ret : rc, NULL, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  } else if (tree.n >= TREE_NODES_MAX) {
     op_fail(op, CPH_ELIMIT, NULL, "the context of '%s' holds %d nodes, the most it may", s->id,
             TREE_NODES_MAX);
   } else if ((rc = cph_pact_insert(&tree, &proto, &op->u.context.node_id, &err)) != CPH_OK) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "context.h"
 #include "engine_internal.h"
 
 #define ID_MAX 128
@@ -452,6 +453,7 @@ static void session_delete(cph_engine *e, cph_op *op) {
   cph_txn_begin_child(&e->txn, &t);
   cph_txn_del(&t, CPH_DB_SESSIONS, &k);
   pact_delete_all(e, &t, s->id);
+  context_cursors_delete(e, &t, s->id); /* a new session with this id starts fresh */
   /* Its live inbox goes with it; events stay in their channels' history. */
   for (uint32_t i = 0; i < s->n_inbox; i++) {
     cph_key ik;

@@ -8,10 +8,8 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "context.h"
 #include "engine_internal.h"
-
-#define HISTORY_MAX 20       /* conversation_history entries per turn (step 5 refines this) */
-#define HISTORY_SCAN_MAX 200 /* channel-log entries looked at to find them */
 
 const char *cph_turn_kind_name(cph_turn_kind_t k) {
   switch (k) {
@@ -49,6 +47,7 @@ void cph_turn_info_free(cph_turn_info *t) {
     free(t->messages[i].coord);
   }
   free(t->messages);
+  context_turn_free(t);
   memset(t, 0, sizeof *t);
 }
 
@@ -108,6 +107,7 @@ void lease_free(lease *l) {
   if (!l)
     return;
   free(l->inbox_ids);
+  context_lease_views_free(l);
   free(l->key);
   free(l);
 }
@@ -196,72 +196,8 @@ static int staged_order(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* conversation_history: recent entries in the channels of the staged messages, from their
- * senders or from the session itself, older than the staged messages. */
-static void build_history(cph_engine *e, cph_txn *t, csession *s, cph_turn_info *ti) {
-  if (!ti->n_staged)
-    return; /* "none" on an autonomy tick (§6) */
-  ti->history = calloc(HISTORY_MAX, sizeof *ti->history);
-  if (!ti->history)
-    return;
-  uint64_t first_staged = ti->staged[0].event_id;
-  for (size_t i = 1; i < ti->n_staged; i++)
-    if (ti->staged[i].event_id < first_staged)
-      first_staged = ti->staged[i].event_id;
-  const char *chan = ti->staged[0].channel;
-  cph_cursor c;
-  if (cph_cursor_open(t, CPH_DB_CHANNEL_LOG, &c) != CPH_OK)
-    return;
-  cph_key end;
-  cph_key_reset(&end);
-  cph_key_str(&end, chan);
-  cph_key_u64(&end, UINT64_MAX);
-  cph_val k, v;
-  int rc = cph_cursor_seek(&c, &end, &k, &v);
-  rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&c, &k, &v) : rc;
-  size_t prefix = strlen(chan) + 1;
-  for (int scanned = 0; rc == CPH_OK && scanned < HISTORY_SCAN_MAX && ti->n_history < HISTORY_MAX;
-       scanned++, rc = cph_cursor_prev(&c, &k, &v)) {
-    if (k.len != prefix + 8 || memcmp(k.data, chan, prefix) != 0 || v.len != 8)
-      break;
-    uint64_t event_id = cph_be64_get(v.data);
-    if (event_id >= first_staged)
-      continue;
-    cph_key ek = u64_key(event_id);
-    cph_event_rec ev;
-    if (cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev) != CPH_OK)
-      break;
-    bool relevant = strcmp(ev.sender, s->id) == 0;
-    for (size_t i = 0; i < ti->n_staged && !relevant; i++)
-      relevant = strcmp(ev.sender, ti->staged[i].sender) == 0;
-    if (relevant && ev.body) {
-      cph_history_entry *h = &ti->history[ti->n_history++];
-      h->event_id = event_id;
-      h->channel = strdup(ev.channel);
-      h->sender = strdup(ev.sender);
-      h->body = strdup(ev.body);
-      h->ts_ms = ev.ts_ms;
-    }
-    cph_record_free(&cph_event_desc, &ev);
-  }
-  cph_cursor_close(&c);
-  /* Collected newest first; the section lists oldest first. */
-  for (size_t i = 0; i < ti->n_history / 2; i++) {
-    cph_history_entry tmp = ti->history[i];
-    ti->history[i] = ti->history[ti->n_history - 1 - i];
-    ti->history[ti->n_history - 1 - i] = tmp;
-  }
-}
-
-static void add_message(cph_turn_info *ti, const char *role, const char *content,
-                        const char *coord) {
-  cph_message *m = &ti->messages[ti->n_messages++];
-  m->role = strdup(role);
-  m->content = strdup(content);
-  m->coord = strdup(coord);
-}
-
-/* Fills ti from the session record, the staged items and the scheduler; reads through t. */
+/* Fills ti from the session record, the staged items and the scheduler; reads (and counts
+ * memory accesses) through t. The sections and messages are core/context.c's. */
 static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items, size_t n,
                       cph_turn_info *ti) {
   cph_session_rec rec;
@@ -273,7 +209,11 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
     return rc;
   ti->session = strdup(s->id);
   ti->lane = s->lane;
-  ti->kind = n ? CPH_KIND_INBOX : CPH_KIND_AUTONOMY_TICK;
+  /* A maintenance session with queued jobs runs a job (start_turn's job_turn); knowing it
+   * here spares a job turn the conversation and memory (and their access counts). */
+  ti->kind = n                                                   ? CPH_KIND_INBOX
+             : s->n_jobs > 0 && s->lane == CPH_LANE_MAINTENANCE ? CPH_KIND_JOB
+                                                                 : CPH_KIND_AUTONOMY_TICK;
   ti->episode = s->episode;
   ti->staged = calloc(n ? n : 1, sizeof *ti->staged);
   cph_buf input = CPH_BUF_INIT;
@@ -298,26 +238,8 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
     cph_record_free(&cph_event_desc, &ev);
   }
   ti->input = cph_buf_steal(&input);
-  if (rc == CPH_OK) {
-    cph_lane_stats st;
-    cph_sched_lane_stats(e->sched, s->lane, &st);
-    ti->current_state.credits = cph_sched_credits(e->sched, s->sid);
-    ti->current_state.turns_left = st.turns_left;
-    ti->current_state.tool_calls_left = st.tool_calls_left;
-    ti->current_state.state = CPH_STATE_RUNNING;
-    ti->current_state.time_ms = cph_wall_ms();
-    build_history(e, t, s, ti);
-    ti->tools = calloc(rec.n_tools ? rec.n_tools : 1, sizeof *ti->tools);
-    for (uint32_t i = 0; ti->tools && i < rec.n_tools; i++)
-      ti->tools[ti->n_tools++].name = strdup(rec.tools[i]);
-    /* messages: the system prompt and the current input; step 5 renders the full tree. */
-    ti->messages = calloc(2, sizeof *ti->messages);
-    if (ti->messages) {
-      if (rec.system)
-        add_message(ti, "system", rec.system, "d-1, 0, 0");
-      add_message(ti, "user", ti->input ? ti->input : "", "d0, 0, 0");
-    }
-  }
+  if (rc == CPH_OK)
+    rc = context_assemble(e, t, s, &rec, ti);
   cph_record_free(&cph_session_desc, &rec);
   return rc;
 }
@@ -429,6 +351,9 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   l->n_inbox_ids = n;
   l->key = key_copy;
   l->job_id = job_id;
+  if (context_lease_views(l, ti) != CPH_OK) /* the cursors then stay where they are */
+    cph_log(CPH_LOG_WARN, "turn %llu of '%s': out of memory for its channel views",
+            (unsigned long long)turn_id, s->id);
   if (job_turn) {
     maint_job_started(e, s, job_id);
     ti->job = work;
@@ -728,6 +653,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   cph_sched_finish(e->sched, s->sid, op->u.turn.tool_calls, true);
   s->episode++;
   persist_session_credits(e, &t, s);
+  context_cursors_advance(e, &t, l); /* channel views: the cursors move to what the turn saw */
   if (cph_txn_commit(&t)) {
     /* Put the session back as it was: running, same credits, same episode. */
     s->episode--;

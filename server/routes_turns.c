@@ -22,24 +22,23 @@
 /* A lease long-poll normally ends by the engine's timeout at its deadline; this much later,
  * the server withdraws it itself, so a client never waits past its wait_ms by more. */
 #define LEASE_FALLBACK_GRACE_MS 250
-#define PREVIEW_BYTES 120
 
 /* ---------------------------------------------------------------- turn JSON */
 
-/* At most max bytes of s, cut on a UTF-8 character boundary, "..." appended when cut. */
-static json_t *preview(const char *s) {
-  if (!s)
-    return json_null();
-  size_t len = strlen(s);
-  if (len <= PREVIEW_BYTES)
-    return json_string(s);
-  size_t cut = PREVIEW_BYTES;
-  while (cut > 0 && ((unsigned char)s[cut] & 0xc0) == 0x80)
-    cut--;
-  char buf[PREVIEW_BYTES + 4];
-  memcpy(buf, s, cut);
-  memcpy(buf + cut, "...", 4);
-  return json_string(buf);
+/* "tokens": what each section of the context used, inside the session's window. */
+static json_t *tokens_json(const cph_context_tokens *k) {
+  json_t *o = json_object();
+  json_object_set_new(o, "window", json_integer(k->window));
+  json_object_set_new(o, "current_state", json_integer(k->current_state));
+  json_object_set_new(o, "pending_obligations", json_integer(k->pending_obligations));
+  json_object_set_new(o, "conversation_history", json_integer(k->conversation_history));
+  json_object_set_new(o, "recent_memory", json_integer(k->recent_memory));
+  json_object_set_new(o, "available_tools", json_integer(k->available_tools));
+  json_object_set_new(o, "sections", json_integer(k->sections));
+  json_object_set_new(o, "messages", json_integer(k->messages));
+  json_object_set_new(o, "history_cut", json_integer(k->history_cut));
+  json_object_set_new(o, "messages_cut", json_integer(k->messages_cut));
+  return o;
 }
 
 static json_t *turn_json(const cph_turn_info *t) {
@@ -55,7 +54,6 @@ static json_t *turn_json(const cph_turn_info *t) {
   json_object_set_new(o, "attempts", json_integer(t->attempts));
 
   json_t *staged = json_array();
-  json_t *obligations = json_array();
   for (size_t i = 0; i < t->n_staged; i++) {
     const cph_staged_msg *m = &t->staged[i];
     json_t *sm = json_object();
@@ -67,11 +65,6 @@ static json_t *turn_json(const cph_turn_info *t) {
     json_object_set_new(sm, "mentioned", json_boolean(m->mentioned));
     json_object_set_new(sm, "ts_ms", json_integer(m->ts_ms));
     json_array_append_new(staged, sm);
-    json_t *ob = json_object();
-    json_object_set_new(ob, "id", cph_json_u64(m->id));
-    json_object_set_new(ob, "sender", cph_json_str(m->sender));
-    json_object_set_new(ob, "preview", preview(m->body));
-    json_array_append_new(obligations, ob);
   }
   json_object_set_new(o, "staged", staged);
 
@@ -87,15 +80,25 @@ static json_t *turn_json(const cph_turn_info *t) {
   json_object_set_new(cs, "time_ms", json_integer(t->current_state.time_ms));
   json_object_set_new(sections, "current_state", cs);
 
-  /* DESIGN §6: "per staged message, id, sender, preview (or none)". */
+  /* DESIGN §6: "per staged message, id, sender, preview (or none)". The window may hold
+   * fewer than staged_count ("omitted" says how many are not listed). */
   json_t *po = json_object();
   json_object_set_new(po, "staged_count", json_integer((json_int_t)t->n_staged));
-  if (t->n_staged)
+  if (t->n_obligations) {
+    json_t *obligations = json_array();
+    for (size_t i = 0; i < t->n_obligations; i++) {
+      json_t *ob = json_object();
+      json_object_set_new(ob, "id", cph_json_u64(t->obligations[i].id));
+      json_object_set_new(ob, "sender", cph_json_str(t->obligations[i].sender));
+      json_object_set_new(ob, "preview", cph_json_str(t->obligations[i].preview));
+      json_array_append_new(obligations, ob);
+    }
     json_object_set_new(po, "messages", obligations);
-  else {
-    json_decref(obligations);
+  } else {
     json_object_set_new(po, "messages", json_string("none"));
   }
+  if (t->n_obligations < t->n_staged)
+    json_object_set_new(po, "omitted", json_integer((json_int_t)(t->n_staged - t->n_obligations)));
   json_object_set_new(sections, "pending_obligations", po);
 
   /* DESIGN §6: conversation_history is `none` on an autonomy tick (n_history == 0). */
@@ -115,8 +118,19 @@ static json_t *turn_json(const cph_turn_info *t) {
   } else {
     json_object_set_new(sections, "conversation_history", json_string("none"));
   }
-  /* cph_turn_info carries no memories yet: an empty section until the engine fills one. */
-  json_object_set_new(sections, "recent_memory", json_array());
+  json_t *mem = json_array();
+  for (size_t i = 0; i < t->n_memories; i++) {
+    const cph_memory_item *m = &t->memories[i];
+    json_t *mo = json_object();
+    json_object_set_new(mo, "id", cph_json_u64(m->id));
+    json_object_set_new(mo, "kind", cph_json_str(m->kind));
+    json_object_set_new(mo, "text", cph_json_str(m->text));
+    json_object_set_new(mo, "session", cph_json_str(m->scope));
+    json_object_set_new(mo, "created_ms", json_integer(m->created_ms));
+    json_object_set_new(mo, "access_count", cph_json_u64(m->access_count));
+    json_array_append_new(mem, mo);
+  }
+  json_object_set_new(sections, "recent_memory", mem);
   json_t *tools = json_array();
   for (size_t i = 0; i < t->n_tools; i++) {
     json_t *tu = json_object();
@@ -137,6 +151,20 @@ static json_t *turn_json(const cph_turn_info *t) {
     json_array_append_new(msgs, m);
   }
   json_object_set_new(o, "messages", msgs);
+
+  json_t *views = json_array();
+  for (size_t i = 0; i < t->n_views; i++) {
+    const cph_channel_view *v = &t->views[i];
+    json_t *vo = json_object();
+    json_object_set_new(vo, "channel", cph_json_str(v->channel));
+    json_object_set_new(vo, "cursor", cph_json_u64(v->cursor));
+    json_object_set_new(vo, "had_cursor", json_boolean(v->had_cursor));
+    json_object_set_new(vo, "seen_index", cph_json_u64(v->seen_index));
+    json_object_set_new(vo, "away", json_integer(v->away));
+    json_array_append_new(views, vo);
+  }
+  json_object_set_new(o, "channel_views", views);
+  json_object_set_new(o, "tokens", tokens_json(&t->tokens));
   return o;
 }
 

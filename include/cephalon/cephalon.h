@@ -200,8 +200,10 @@ typedef struct cph_context_tokens {
       available_tools;
   uint32_t sections;      /* the five together: never above window */
   uint32_t messages;      /* the messages array */
-  uint32_t history_cut;   /* conversation_history entries left out, oldest first */
-  uint32_t messages_cut;  /* history messages (or away-block lines) left out, oldest first */
+  uint32_t history_cut;   /* history entries read and left out, oldest first (a lower bound:
+                           * reading stops once the budget is covered) */
+  uint32_t messages_cut;  /* history messages (or away-block lines) left out, oldest first;
+                           * a lower bound likewise */
 } cph_context_tokens;
 
 typedef struct cph_message {
@@ -439,6 +441,7 @@ struct cph_op {
       char *session;
       cph_context_node_in node; /* insert */
       uint64_t node_id;         /* delete; insert: out */
+      bool updated;             /* insert: out — the key matched a live node, updated in place */
       char *trigger;            /* seal */
       uint64_t seal_id;         /* seal: out */
     } context;

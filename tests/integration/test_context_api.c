@@ -168,6 +168,18 @@ static void test_selectors_delete_and_errors_name_the_field(void **state) {
   assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "field")), "select");
   json_decref(err);
 
+  /* the same key again updates the node in place: same id, new content */
+  json_t *again = ok(f, "POST", "/v1/sessions/s1/context",
+                     "{\"at\":\"d-1, 0, 0\",\"content\":\"you are verbose\",\"key\":\"persona\"}");
+  n = nodes(f, "{key=persona}", NULL);
+  assert_int_equal(json_array_size(n), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(n, 0), "content")),
+                      "you are verbose");
+  assert_int_equal(json_integer_value(json_object_get(again, "id")),
+                   json_integer_value(json_object_get(json_array_get(n, 0), "id")));
+  json_decref(n);
+  json_decref(again);
+
   char path[96];
   snprintf(path, sizeof path, "/v1/sessions/s1/context/%lld", (long long)b_id);
   json_decref(ok(f, "DELETE", path, NULL));

@@ -1,0 +1,1198 @@
+/* Turn context assembly (DESIGN §6): current_state, pending_obligations, conversation_history,
+ * recent_memory and available_tools inside the session's window, the channel views with their
+ * cursors, and `messages` (the PACT tree merged with the channel view). The contract, the
+ * budget split and the channel-view rules are in context.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "context.h"
+
+#define ITEM_OVERHEAD 4u /* per listed item: its id / role / coordinate and punctuation */
+
+/* Shares of A = window - current_state, in percent, in flow order (context.h). */
+#define SHARE_OBLIGATIONS 25u
+#define SHARE_TOOLS 5u
+#define SHARE_HISTORY 40u
+#define SHARE_MEMORY 30u
+#define RAW_SHARE 60u /* of the memory budget: raw memories; the rest goes to summaries */
+
+/* Work per turn, whatever the window: channel-log entries read over all the turn's channels
+ * (split evenly, at least HISTORY_READS_MIN each), memory records read, memories listed. */
+#define HISTORY_READS_MAX 512
+#define HISTORY_READS_MIN 64
+#define MEMORY_SCAN_MAX 1024
+#define RAW_ITEMS_MAX 32
+#define OTHER_ITEMS_MAX 16
+#define REPLACED_HOPS_MAX 8  /* replaced_by links followed to find a stand-in */
+
+#define AWAY_HEADER "MESSAGES WHILE YOU WERE AWAY"
+#define CORE_COORD_MAX 48
+
+/* Obligation previews shrink through these lengths (bytes) until the list fits. */
+static const size_t PREVIEW_STEPS[] = {120, 80, 48, 24, 0};
+
+/* ---------------------------------------------------------------- small helpers */
+
+static uint64_t tok_len(size_t bytes) { return bytes / 4 + (bytes % 4 != 0); }
+static uint64_t tok(const char *s) { return tok_len(s ? strlen(s) : 0); }
+static uint32_t clamp32(uint64_t v) { return v > UINT32_MAX ? UINT32_MAX : (uint32_t)v; }
+
+static cph_key u64_key(uint64_t v) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, v);
+  return k;
+}
+
+static cph_key cursor_key(const char *session, const char *chan) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, session);
+  cph_key_str(&k, chan);
+  return k;
+}
+
+static char *concat3(const char *a, const char *b, const char *c) {
+  size_t n = strlen(a) + strlen(b) + strlen(c) + 1;
+  char *s = malloc(n);
+  if (s)
+    snprintf(s, n, "%s%s%s", a, b, c);
+  return s;
+}
+
+/* A message's content: another agent speaks as "[name] body"; anyone else as the body. */
+static char *say(bool agent, const char *sender, const char *body) {
+  if (!agent)
+    return strdup(body);
+  size_t n = strlen(sender) + strlen(body) + 4;
+  char *s = malloc(n);
+  if (s)
+    snprintf(s, n, "[%s] %s", sender, body);
+  return s;
+}
+
+/* A set of u64 ids: append, then sort once, then look up. */
+typedef struct idset {
+  uint64_t *v;
+  size_t n, cap;
+} idset;
+
+static int u64_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int idset_add(idset *s, uint64_t id) {
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 16;
+    uint64_t *p = realloc(s->v, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    s->v = p;
+    s->cap = cap;
+  }
+  s->v[s->n++] = id;
+  return CPH_OK;
+}
+
+static void idset_sort(idset *s) {
+  if (s->n)
+    qsort(s->v, s->n, sizeof *s->v, u64_cmp);
+}
+
+static bool idset_has(const idset *s, uint64_t id) {
+  return s->n && bsearch(&id, s->v, s->n, sizeof *s->v, u64_cmp) != NULL;
+}
+
+static void idset_free(idset *s) {
+  free(s->v);
+  memset(s, 0, sizeof *s);
+}
+
+/* ---------------------------------------------------------------- the assembly state */
+
+/* One channel-log entry the turn may show (staged and inbox messages are never entries). */
+typedef struct hentry {
+  uint64_t event_id;
+  uint64_t index; /* in its channel */
+  size_t view;    /* its channel: index into ti->views */
+  char *sender;
+  char *body;
+  int64_t ts_ms;
+  bool own;         /* the session's own message */
+  bool agent;       /* from another session */
+  bool away;        /* after the cursor and from others: the away block */
+  bool for_section; /* a staged message's sender or the session: conversation_history */
+  bool in_section, in_messages;
+} hentry;
+
+/* Per channel view, what ti->views does not carry. */
+typedef struct vstate {
+  bool subscribed;
+  bool mentioned;
+  bool staged_found;
+  uint64_t oldest_staged_index;
+} vstate;
+
+/* A message to render, with the coordinate it sorts by. */
+typedef struct ritem {
+  cph_coord at;
+  const char *role;
+  char *content; /* owned */
+} ritem;
+
+typedef struct ctx {
+  cph_engine *e;
+  cph_txn *t;
+  csession *s;
+  const cph_session_rec *rec;
+  cph_turn_info *ti;
+  bool inbox;
+  uint64_t window;
+  uint64_t avail; /* window - current_state */
+  uint64_t carry; /* unused share flowing to the next section */
+  uint64_t history_budget;
+  idset staged_events; /* this turn's staged messages */
+  idset inbox_events;  /* every live inbox message of the session (pending or staged) */
+  idset shown_events;  /* what the turn shows: staged, history, channel view */
+  vstate *vs;
+  hentry *entries;
+  size_t n_entries, cap_entries;
+  cph_pact_tree tree;
+  bool tree_loaded;
+  int64_t now_ms;
+} ctx;
+
+static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100; }
+
+/* ---------------------------------------------------------------- 1. current_state */
+
+static void build_state(ctx *c) {
+  cph_turn_info *ti = c->ti;
+  cph_lane_stats st;
+  cph_sched_lane_stats(c->e->sched, c->s->lane, &st);
+  ti->current_state.credits = cph_sched_credits(c->e->sched, c->s->sid);
+  ti->current_state.turns_left = st.turns_left;
+  ti->current_state.tool_calls_left = st.tool_calls_left;
+  ti->current_state.state = CPH_STATE_RUNNING;
+  ti->current_state.time_ms = c->now_ms;
+  /* What a worker renders for it, to price it. */
+  char line[320];
+  snprintf(line, sizeof line,
+           "lane=%s credits=%.2f turns_left=%.2f tool_calls_left=%.2f state=%s episode=%llu "
+           "turn_kind=%s time_ms=%lld",
+           cph_lane_name(ti->lane), ti->current_state.credits, ti->current_state.turns_left,
+           ti->current_state.tool_calls_left, cph_session_state_name(ti->current_state.state),
+           (unsigned long long)ti->episode, cph_turn_kind_name(ti->kind),
+           (long long)ti->current_state.time_ms);
+  uint64_t cost = tok(line) + ITEM_OVERHEAD;
+  ti->tokens.current_state = clamp32(cost);
+  c->avail = c->window > cost ? c->window - cost : 0;
+}
+
+/* ---------------------------------------------------------------- 2. pending_obligations */
+
+/* Bytes of body kept in a preview of at most max bytes (cut on a UTF-8 boundary), and the
+ * preview's length ("..." appended when cut). */
+static size_t preview_cut(const char *body, size_t max, size_t *len_out) {
+  size_t len = strlen(body);
+  if (len <= max) {
+    *len_out = len;
+    return len;
+  }
+  size_t cut = max;
+  while (cut > 0 && ((unsigned char)body[cut] & 0xc0) == 0x80)
+    cut--;
+  *len_out = cut + 3;
+  return cut;
+}
+
+static uint64_t obligation_cost(const cph_staged_msg *m, size_t max) {
+  size_t len;
+  preview_cut(m->body ? m->body : "", max, &len);
+  return tok(m->sender) + tok_len(len) + ITEM_OVERHEAD;
+}
+
+static int build_obligations(ctx *c) {
+  cph_turn_info *ti = c->ti;
+  uint64_t budget = share(c, SHARE_OBLIGATIONS) + c->carry;
+  size_t steps = sizeof PREVIEW_STEPS / sizeof PREVIEW_STEPS[0];
+  size_t max = 0, keep = 0;
+  uint64_t used = 0;
+  for (size_t i = 0; i < steps && keep == 0 && ti->n_staged; i++) {
+    uint64_t total = 0;
+    for (size_t j = 0; j < ti->n_staged; j++)
+      total += obligation_cost(&ti->staged[j], PREVIEW_STEPS[i]);
+    if (total <= budget) {
+      max = PREVIEW_STEPS[i];
+      keep = ti->n_staged;
+      used = total;
+    }
+  }
+  if (keep == 0) /* not even without previews: the first ones that fit (mentions first) */
+    for (size_t j = 0; j < ti->n_staged; j++) {
+      uint64_t cost = obligation_cost(&ti->staged[j], 0);
+      if (used + cost > budget)
+        break;
+      used += cost;
+      keep++;
+    }
+  if (keep) {
+    ti->obligations = calloc(keep, sizeof *ti->obligations);
+    if (!ti->obligations)
+      return CPH_ENOMEM;
+  }
+  for (size_t j = 0; j < keep; j++) {
+    const cph_staged_msg *m = &ti->staged[j];
+    const char *body = m->body ? m->body : "";
+    size_t len, cut = preview_cut(body, max, &len);
+    cph_obligation *o = &ti->obligations[ti->n_obligations++];
+    o->id = m->id;
+    o->sender = strdup(m->sender);
+    o->preview = malloc(len + 1);
+    if (!o->sender || !o->preview)
+      return CPH_ENOMEM;
+    memcpy(o->preview, body, cut);
+    memcpy(o->preview + cut, "...", len - cut); /* 0 or 3 bytes */
+    o->preview[len] = '\0';
+  }
+  if (keep < ti->n_staged)
+    cph_log(CPH_LOG_DEBUG, "turn of '%s': %zu of %zu obligations fit the window", c->s->id,
+            keep, ti->n_staged);
+  ti->tokens.pending_obligations = clamp32(used);
+  c->carry = budget - used;
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- 5. available_tools */
+
+/* Per-tool counts: completions report tool calls as totals only, so both counts are 0 (see
+ * context.h). */
+static int build_tools(ctx *c) {
+  cph_turn_info *ti = c->ti;
+  uint64_t budget = share(c, SHARE_TOOLS) + c->carry, used = 0;
+  const cph_session_rec *rec = c->rec;
+  if (rec->n_tools) {
+    ti->tools = calloc(rec->n_tools, sizeof *ti->tools);
+    if (!ti->tools)
+      return CPH_ENOMEM;
+  }
+  for (uint32_t i = 0; i < rec->n_tools; i++) {
+    uint64_t cost = tok(rec->tools[i]) + ITEM_OVERHEAD;
+    if (used + cost > budget)
+      break;
+    cph_tool_usage *u = &ti->tools[ti->n_tools];
+    if (!(u->name = strdup(rec->tools[i])))
+      return CPH_ENOMEM;
+    ti->n_tools++;
+    used += cost;
+  }
+  ti->tokens.available_tools = clamp32(used);
+  c->carry = budget - used;
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- channel views */
+
+static bool is_subscriber(cph_engine *e, const char *channel_name, const csession *s) {
+  channel *ch = engine_channel(e, channel_name, false);
+  for (size_t i = 0; ch && i < ch->n_subscribers; i++)
+    if (ch->subscribers[i] == s)
+      return true;
+  return false;
+}
+
+/* One view per distinct channel of the staged messages, in order of first appearance. */
+static int views_init(ctx *c) {
+  cph_turn_info *ti = c->ti;
+  ti->views = calloc(ti->n_staged, sizeof *ti->views);
+  c->vs = calloc(ti->n_staged, sizeof *c->vs);
+  if (!ti->views || !c->vs)
+    return CPH_ENOMEM;
+  for (size_t i = 0; i < ti->n_staged; i++) {
+    const cph_staged_msg *m = &ti->staged[i];
+    size_t v = 0;
+    while (v < ti->n_views && strcmp(ti->views[v].channel, m->channel) != 0)
+      v++;
+    if (v == ti->n_views) {
+      if (!(ti->views[v].channel = strdup(m->channel)))
+        return CPH_ENOMEM;
+      ti->n_views++;
+      c->vs[v].subscribed = is_subscriber(c->e, m->channel, c->s);
+    }
+    c->vs[v].mentioned |= m->mentioned;
+  }
+  for (size_t v = 0; v < ti->n_views; v++) {
+    cph_key k = cursor_key(c->s->id, ti->views[v].channel);
+    cph_val val;
+    int rc = cph_txn_get(c->t, CPH_DB_CURSORS, &k, &val);
+    if (rc == CPH_OK && val.len == 8) {
+      ti->views[v].cursor = cph_be64_get(val.data);
+      ti->views[v].had_cursor = true;
+    } else if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
+      return rc;
+    }
+  }
+  return CPH_OK;
+}
+
+static int entry_push(ctx *c, const hentry *h) {
+  if (c->n_entries == c->cap_entries) {
+    size_t cap = c->cap_entries ? c->cap_entries * 2 : 32;
+    hentry *p = realloc(c->entries, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    c->entries = p;
+    c->cap_entries = cap;
+  }
+  c->entries[c->n_entries++] = *h;
+  return CPH_OK;
+}
+
+/* Bytes of "[sender] body". */
+static size_t prefixed_len(const hentry *h) { return strlen(h->sender) + 3 + strlen(h->body); }
+
+/* What a history message of the view costs (the away block's lines cost less each, and the
+ * block once its header; see select_view). */
+static uint64_t view_cost(const hentry *h) {
+  return tok_len(h->agent ? prefixed_len(h) : strlen(h->body)) + ITEM_OVERHEAD;
+}
+
+static uint64_t section_cost(const hentry *h, const char *channel_name) {
+  return tok(channel_name) + tok(h->sender) + tok(h->body) + ITEM_OVERHEAD;
+}
+
+static bool is_section_sender(const ctx *c, const char *sender) {
+  if (strcmp(sender, c->s->id) == 0)
+    return true;
+  for (size_t i = 0; i < c->ti->n_staged; i++)
+    if (strcmp(sender, c->ti->staged[i].sender) == 0)
+      return true;
+  return false;
+}
+
+/* Reads view v's channel from its newest entry back, until the entries read cover both the
+ * section's and the messages' history budgets (or max_reads). */
+static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_reads) {
+  cph_channel_view *view = &c->ti->views[v];
+  const char *chan = view->channel;
+  size_t prefix = strlen(chan) + 1;
+  cph_cursor cur;
+  int rc = cph_cursor_open(c->t, CPH_DB_CHANNEL_LOG, &cur);
+  if (rc)
+    return rc;
+  cph_key end;
+  cph_key_reset(&end);
+  cph_key_str(&end, chan);
+  cph_key_u64(&end, UINT64_MAX);
+  cph_val k, val;
+  rc = cph_cursor_seek(&cur, &end, &k, &val);
+  rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&cur, &k, &val) : rc;
+  uint64_t section_seen = 0, messages_seen = 0; /* lower bounds of what was read */
+  for (int scanned = 0; rc == CPH_OK && scanned < max_reads;
+       scanned++, rc = cph_cursor_prev(&cur, &k, &val)) {
+    if (k.len != prefix + 8 || memcmp(k.data, chan, prefix) != 0 || val.len != 8)
+      break;
+    uint64_t index = cph_be64_get((const uint8_t *)k.data + prefix);
+    uint64_t event_id = cph_be64_get(val.data);
+    if (!view->seen_index)
+      view->seen_index = index; /* the newest entry: what the turn saw */
+    if (idset_has(&c->staged_events, event_id)) {
+      c->vs[v].staged_found = true;
+      c->vs[v].oldest_staged_index = index; /* read newest first: the last one is the oldest */
+      continue;
+    }
+    if (idset_has(&c->inbox_events, event_id))
+      continue; /* a later turn's trigger */
+    if (section_seen >= c->history_budget && messages_seen >= messages_budget)
+      break;
+    cph_key ek = u64_key(event_id);
+    cph_event_rec ev;
+    int erc = cph_txn_get_record(c->t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    if (erc == CPH_ENOTFOUND)
+      continue; /* retention removed it */
+    if (erc) {
+      rc = erc;
+      break;
+    }
+    if (ev.body) { /* a redacted payload has nothing to show */
+      hentry h = {0};
+      h.event_id = event_id;
+      h.index = index;
+      h.view = v;
+      h.sender = ev.sender;
+      h.body = ev.body;
+      h.ts_ms = ev.ts_ms;
+      h.own = strcmp(ev.sender, c->s->id) == 0;
+      h.agent = !h.own && engine_session(c->e, ev.sender) != NULL;
+      h.for_section = is_section_sender(c, ev.sender);
+      if (entry_push(c, &h) == CPH_OK) {
+        ev.sender = ev.body = NULL; /* moved into the entry */
+        messages_seen += tok(h.body);
+        if (h.for_section)
+          section_seen += tok(h.body);
+      } else {
+        rc = CPH_ENOMEM;
+      }
+    }
+    cph_record_free(&cph_event_desc, &ev);
+    if (rc == CPH_ENOMEM)
+      break;
+  }
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+static int entry_cmp(const void *a, const void *b) {
+  const hentry *x = a, *y = b;
+  return x->event_id < y->event_id ? -1 : x->event_id > y->event_id;
+}
+
+/* Where each view starts (context.h) and which entries are in the away block. */
+static void classify(ctx *c) {
+  cph_turn_info *ti = c->ti;
+  for (size_t v = 0; v < ti->n_views; v++) {
+    cph_channel_view *view = &ti->views[v];
+    if (view->had_cursor)
+      continue;
+    if (c->vs[v].mentioned && !c->vs[v].subscribed)
+      view->cursor = 0; /* first mentioned mid-conversation: it sees all history */
+    else if (c->vs[v].staged_found)
+      view->cursor = c->vs[v].oldest_staged_index - 1;
+    else
+      view->cursor = 0; /* its oldest staged message is older than everything read */
+  }
+  for (size_t i = 0; i < c->n_entries; i++) {
+    hentry *h = &c->entries[i];
+    h->away = !h->own && h->index > ti->views[h->view].cursor;
+  }
+}
+
+/* conversation_history: the newest section entries that fit, listed oldest first. */
+static int select_section(ctx *c) {
+  cph_turn_info *ti = c->ti;
+  uint64_t used = 0;
+  size_t n = 0;
+  uint32_t cut = 0;
+  bool full = false;
+  for (size_t i = c->n_entries; i-- > 0;) {
+    hentry *h = &c->entries[i];
+    if (!h->for_section)
+      continue;
+    uint64_t cost = section_cost(h, ti->views[h->view].channel);
+    if (full || used + cost > c->history_budget) {
+      full = true; /* oldest cut first: nothing older gets in after a cut */
+      cut++;
+      continue;
+    }
+    used += cost;
+    h->in_section = true;
+    n++;
+  }
+  if (n) {
+    ti->history = calloc(n, sizeof *ti->history);
+    if (!ti->history)
+      return CPH_ENOMEM;
+  }
+  for (size_t i = 0; i < c->n_entries; i++) {
+    const hentry *h = &c->entries[i];
+    if (!h->in_section)
+      continue;
+    cph_history_entry *he = &ti->history[ti->n_history++];
+    he->event_id = h->event_id;
+    he->channel = strdup(ti->views[h->view].channel);
+    he->sender = strdup(h->sender);
+    he->body = strdup(h->body);
+    he->ts_ms = h->ts_ms;
+    if (!he->channel || !he->sender || !he->body)
+      return CPH_ENOMEM;
+  }
+  ti->tokens.conversation_history = clamp32(used);
+  ti->tokens.history_cut = cut;
+  c->carry = c->history_budget - used;
+  return CPH_OK;
+}
+
+/* The messages' history part: the newest entries that fit budget, oldest cut first. */
+static void select_view(ctx *c, uint64_t budget) {
+  uint64_t used = 0;
+  bool away_started = false, full = false;
+  uint32_t cut = 0;
+  for (size_t i = c->n_entries; i-- > 0;) {
+    hentry *h = &c->entries[i];
+    uint64_t cost = h->away ? tok_len(prefixed_len(h) + 1) : view_cost(h);
+    if (h->away && !away_started)
+      cost += tok(AWAY_HEADER) + ITEM_OVERHEAD;
+    if (full || used + cost > budget) {
+      full = true;
+      cut++;
+      continue;
+    }
+    used += cost;
+    away_started |= h->away;
+    h->in_messages = true;
+    if (h->away)
+      c->ti->views[h->view].away++;
+  }
+  c->ti->tokens.messages_cut += cut;
+}
+
+static int note_shown(ctx *c) {
+  for (size_t i = 0; i < c->ti->n_staged; i++)
+    if (idset_add(&c->shown_events, c->ti->staged[i].event_id))
+      return CPH_ENOMEM;
+  for (size_t i = 0; i < c->n_entries; i++)
+    if ((c->entries[i].in_section || c->entries[i].in_messages) &&
+        idset_add(&c->shown_events, c->entries[i].event_id))
+      return CPH_ENOMEM;
+  idset_sort(&c->shown_events);
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- 4. recent_memory */
+
+static const char *memory_kind_name(uint8_t k) {
+  static const char *const names[] = {"raw", "summary", "aggregate"};
+  return k < 3 ? names[k] : "unknown";
+}
+
+typedef struct mcand {
+  cph_memory_rec m;
+  uint64_t cost;
+  bool take;
+} mcand;
+
+typedef struct mlist {
+  mcand *v;
+  size_t n, cap;
+  uint64_t cost; /* sum */
+} mlist;
+
+static int mlist_push(mlist *l, cph_memory_rec *m) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 16;
+    mcand *p = realloc(l->v, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    l->v = p;
+    l->cap = cap;
+  }
+  mcand *mc = &l->v[l->n++];
+  mc->m = *m;
+  memset(m, 0, sizeof *m); /* moved */
+  mc->cost = tok(mc->m.text) + ITEM_OVERHEAD;
+  mc->take = false;
+  l->cost += mc->cost;
+  return CPH_OK;
+}
+
+static bool mlist_has(const mlist *l, uint64_t id) {
+  for (size_t i = 0; i < l->n; i++)
+    if (l->v[i].m.id == id)
+      return true;
+  return false;
+}
+
+static void mlist_free(mlist *l) {
+  for (size_t i = 0; i < l->n; i++)
+    cph_record_free(&cph_memory_desc, &l->v[i].m);
+  free(l->v);
+  memset(l, 0, sizeof *l);
+}
+
+static int mcand_newest_first(const void *a, const void *b) {
+  const mcand *x = a, *y = b;
+  return x->m.id > y->m.id ? -1 : x->m.id < y->m.id;
+}
+
+/* The scopes the section reads: the session's own, and its channels' ("#channel"). */
+static int memory_scopes(ctx *c, char ***out, size_t *n) {
+  const cph_turn_info *ti = c->ti;
+  const cph_session_rec *rec = c->rec;
+  size_t cap = 1 + (c->inbox ? ti->n_views : (size_t)rec->n_subscribe + rec->n_member);
+  char **sc = calloc(cap, sizeof *sc);
+  if (!sc)
+    return CPH_ENOMEM;
+  *out = sc;
+  *n = 0;
+  if (!(sc[(*n)++] = strdup(c->s->id)))
+    return CPH_ENOMEM;
+  for (size_t i = 0; c->inbox && i < ti->n_views; i++)
+    if (!(sc[(*n)++] = concat3("#", ti->views[i].channel, "")))
+      return CPH_ENOMEM;
+  for (uint32_t i = 0; !c->inbox && i < rec->n_subscribe; i++)
+    if (!(sc[(*n)++] = concat3("#", rec->subscribe[i], "")))
+      return CPH_ENOMEM;
+  for (uint32_t i = 0; !c->inbox && i < rec->n_member; i++)
+    if (!(sc[(*n)++] = concat3("#", rec->member[i], "")))
+      return CPH_ENOMEM;
+  return CPH_OK;
+}
+
+static bool scope_in(const char *scope, char **scopes, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(scope, scopes[i]) == 0)
+      return true;
+  return false;
+}
+
+static bool memory_gone(const cph_memory_rec *m) {
+  return m->deleted || m->embed_status == CPH_EMBED_DELETED;
+}
+
+/* The live memory standing in for a deleted one: its replaced_by chain followed. CPH_ENOTFOUND
+ * when the chain ends without one. */
+static int stand_in(ctx *c, uint64_t id, cph_memory_rec *out) {
+  for (int hops = 0; id && hops < REPLACED_HOPS_MAX; hops++) {
+    cph_key mk = u64_key(id);
+    int rc = cph_txn_get_record(c->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, out);
+    if (rc)
+      return rc;
+    if (!memory_gone(out))
+      return CPH_OK;
+    id = out->replaced_by;
+    cph_record_free(&cph_memory_desc, out);
+  }
+  return CPH_ENOTFOUND;
+}
+
+/* Reads memories newest first (at most MEMORY_SCAN_MAX) into raw and other candidates, until
+ * both lists could fill their budgets or item caps. */
+static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_budget,
+                         uint64_t budget, mlist *raw, mlist *other) {
+  idset replaced = {0};
+  cph_cursor cur;
+  int rc = cph_cursor_open(c->t, CPH_DB_MEMORIES, &cur);
+  if (rc)
+    return rc;
+  cph_key end = u64_key(UINT64_MAX);
+  cph_val k, v;
+  rc = cph_cursor_seek(&cur, &end, &k, &v);
+  rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&cur, &k, &v) : rc;
+  for (int scanned = 0; rc == CPH_OK && scanned < MEMORY_SCAN_MAX;
+       scanned++, rc = cph_cursor_prev(&cur, &k, &v)) {
+    if ((raw->cost >= raw_budget || raw->n >= RAW_ITEMS_MAX) &&
+        (other->cost >= budget || other->n >= OTHER_ITEMS_MAX))
+      break;
+    cph_memory_rec m;
+    cph_err derr;
+    if (cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &derr)) {
+      char key[64];
+      cph_key_describe(k.data, k.len, key, sizeof key);
+      cph_log(CPH_LOG_WARN, "recent_memory: skipping memory %s: %s", key, derr.msg);
+      continue;
+    }
+    if (!scope_in(m.session, scopes, n_scopes)) {
+      cph_record_free(&cph_memory_desc, &m);
+      continue;
+    }
+    if (memory_gone(&m)) { /* never shown; its summary stands in for it */
+      if (m.replaced_by && idset_add(&replaced, m.replaced_by))
+        rc = CPH_ENOMEM;
+      cph_record_free(&cph_memory_desc, &m);
+      if (rc)
+        break;
+      continue;
+    }
+    bool shown = m.kind == CPH_MEMORY_RAW && m.source_event_id &&
+                 idset_has(&c->shown_events, m.source_event_id);
+    if (shown) {
+      cph_record_free(&cph_memory_desc, &m);
+      continue;
+    }
+    mlist *to = m.kind == CPH_MEMORY_RAW ? raw : other;
+    if (to->n < (to == raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX))
+      rc = mlist_push(to, &m);
+    cph_record_free(&cph_memory_desc, &m);
+    if (rc)
+      break;
+  }
+  cph_cursor_close(&cur);
+  if (rc == CPH_ENOTFOUND)
+    rc = CPH_OK;
+  /* Summaries are newer than their sources, so most stand-ins were read already; the rest
+   * (a chain, or a summary past the scan) are fetched. */
+  for (size_t i = 0; rc == CPH_OK && i < replaced.n; i++) {
+    if (mlist_has(raw, replaced.v[i]) || mlist_has(other, replaced.v[i]))
+      continue;
+    cph_memory_rec m;
+    int grc = stand_in(c, replaced.v[i], &m);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    mlist *to = m.kind == CPH_MEMORY_RAW ? raw : other;
+    if (mlist_has(raw, m.id) || mlist_has(other, m.id) ||
+        !scope_in(m.session, scopes, n_scopes) ||
+        to->n >= (to == raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX)) {
+      cph_record_free(&cph_memory_desc, &m);
+      continue;
+    }
+    rc = mlist_push(to, &m);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  idset_free(&replaced);
+  if (other->n)
+    qsort(other->v, other->n, sizeof *other->v, mcand_newest_first);
+  return rc;
+}
+
+static int memory_include(ctx *c, mcand *mc) {
+  mc->m.access_count++; /* inclusion counts as an access (DESIGN §7) */
+  mc->m.last_access_ms = c->now_ms;
+  cph_key mk = u64_key(mc->m.id);
+  int rc = cph_txn_put_record(c->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &mc->m);
+  if (rc)
+    return rc;
+  cph_memory_item *it = &c->ti->memories[c->ti->n_memories++];
+  it->id = mc->m.id;
+  it->kind = strdup(memory_kind_name(mc->m.kind));
+  it->text = strdup(mc->m.text);
+  it->scope = strdup(mc->m.session);
+  it->created_ms = mc->m.created_ms;
+  it->access_count = mc->m.access_count;
+  return it->kind && it->text && it->scope ? CPH_OK : CPH_ENOMEM;
+}
+
+static int build_memory(ctx *c) {
+  cph_turn_info *ti = c->ti;
+  uint64_t budget = share(c, SHARE_MEMORY) + c->carry;
+  uint64_t raw_budget = budget * RAW_SHARE / 100;
+  char **scopes = NULL;
+  size_t n_scopes = 0;
+  mlist raw = {0}, other = {0};
+  int rc = memory_scopes(c, &scopes, &n_scopes);
+  if (rc == CPH_OK)
+    rc = scan_memories(c, scopes, n_scopes, raw_budget, budget, &raw, &other);
+  /* Raw first, newest first, inside the raw budget; then summaries and aggregates in what
+   * the memory budget has left. Greedy: one that does not fit leaves room for a smaller. */
+  uint64_t raw_used = 0, used = 0;
+  size_t n = 0;
+  for (size_t i = 0; rc == CPH_OK && i < raw.n; i++)
+    if (raw_used + raw.v[i].cost <= raw_budget) {
+      raw_used += raw.v[i].cost;
+      raw.v[i].take = true;
+      n++;
+    }
+  used = raw_used;
+  for (size_t i = 0; rc == CPH_OK && i < other.n; i++)
+    if (used + other.v[i].cost <= budget) {
+      used += other.v[i].cost;
+      other.v[i].take = true;
+      n++;
+    }
+  if (rc == CPH_OK && n && !(ti->memories = calloc(n, sizeof *ti->memories)))
+    rc = CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < raw.n; i++)
+    if (raw.v[i].take)
+      rc = memory_include(c, &raw.v[i]);
+  for (size_t i = 0; rc == CPH_OK && i < other.n; i++)
+    if (other.v[i].take)
+      rc = memory_include(c, &other.v[i]);
+  ti->tokens.recent_memory = clamp32(used);
+  c->carry = budget >= used ? budget - used : 0;
+  mlist_free(&raw);
+  mlist_free(&other);
+  for (size_t i = 0; i < n_scopes; i++)
+    free(scopes[i]);
+  free(scopes);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- messages */
+
+static int depth_rank(int32_t d) { return d < 0 ? 0 : d == 0 ? 2 : 1; }
+
+/* PACT render order on coordinates: depth -1; history deepest (oldest) first; depth 0; then
+ * position, then offset. */
+static int coord_cmp(const cph_coord *a, const cph_coord *b) {
+  int ra = depth_rank(a->depth), rb = depth_rank(b->depth);
+  if (ra != rb)
+    return ra < rb ? -1 : 1;
+  if (a->depth != b->depth)
+    return a->depth > b->depth ? -1 : 1;
+  if (a->position != b->position)
+    return a->position < b->position ? -1 : 1;
+  return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+static uint64_t message_cost(const char *content) { return tok(content) + ITEM_OVERHEAD; }
+
+/* A tree core the channel view replaces (inbox turns) — not rendered at all. */
+static bool tree_core(const cph_pact_node *n) { return n->role != NULL; }
+
+/* A tree core that is cut-able history (other turns). */
+static bool tree_history_core(const cph_pact_node *n) { return n->role && n->at.depth >= 1; }
+
+static void ritems_free(ritem *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    free(v[i].content);
+  free(v);
+}
+
+static int add_ritem(ritem *v, size_t *n, int32_t depth, const char *role, char *content) {
+  if (!content)
+    return CPH_ENOMEM;
+  v[(*n)++] = (ritem){{depth, 0, 0}, role, content};
+  return CPH_OK;
+}
+
+static const char *role_of(const ctx *c, const char *sender, bool *agent) {
+  if (strcmp(sender, c->s->id) == 0) {
+    *agent = false;
+    return "assistant";
+  }
+  *agent = engine_session(c->e, sender) != NULL;
+  return *agent ? "system" : "user";
+}
+
+/* The channel view as core messages in render order: history (depth k..1, the away block the
+ * newest), then the triggers at depth 0. */
+static int view_items(ctx *c, ritem **out, size_t *n_out) {
+  cph_turn_info *ti = c->ti;
+  size_t seen = 0, away = 0;
+  for (size_t i = 0; i < c->n_entries; i++)
+    if (c->entries[i].in_messages)
+      c->entries[i].away ? away++ : seen++;
+  size_t cap = seen + 1 + ti->n_staged;
+  ritem *v = calloc(cap, sizeof *v);
+  if (!v)
+    return CPH_ENOMEM;
+  size_t n = 0;
+  int rc = CPH_OK;
+  int32_t depth = (int32_t)(seen + (away ? 1 : 0));
+  for (size_t i = 0; rc == CPH_OK && i < c->n_entries; i++) {
+    const hentry *h = &c->entries[i];
+    if (!h->in_messages || h->away)
+      continue;
+    const char *role = h->own ? "assistant" : h->agent ? "system" : "user";
+    rc = add_ritem(v, &n, depth--, role, say(h->agent, h->sender, h->body));
+  }
+  if (rc == CPH_OK && away) {
+    cph_buf b = CPH_BUF_INIT;
+    cph_buf_puts(&b, AWAY_HEADER);
+    for (size_t i = 0; i < c->n_entries; i++) {
+      const hentry *h = &c->entries[i];
+      if (h->in_messages && h->away)
+        cph_buf_printf(&b, "\n[%s] %s", h->sender, h->body);
+    }
+    rc = add_ritem(v, &n, depth--, "system", cph_buf_steal(&b));
+  }
+  for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++) {
+    const cph_staged_msg *m = &ti->staged[i];
+    bool agent;
+    const char *role = role_of(c, m->sender, &agent);
+    rc = add_ritem(v, &n, 0, role, say(agent, m->sender, m->body ? m->body : ""));
+  }
+  if (rc) {
+    ritems_free(v, n);
+    return rc;
+  }
+  *out = v;
+  *n_out = n;
+  return CPH_OK;
+}
+
+static int push_message(cph_turn_info *ti, const char *role, const char *content,
+                        const cph_coord *at) {
+  char coord[CORE_COORD_MAX];
+  cph_coord_format(at, coord);
+  cph_message *m = &ti->messages[ti->n_messages++];
+  m->role = strdup(role);
+  m->content = strdup(content ? content : "");
+  m->coord = strdup(coord);
+  ti->tokens.messages = clamp32((uint64_t)ti->tokens.messages + message_cost(m->content));
+  return m->role && m->content && m->coord ? CPH_OK : CPH_ENOMEM;
+}
+
+/* The cost of what messages never cut: the system prompt, tree nodes that are not history
+ * (or, on an inbox turn, not cores), and the current message(s). */
+static uint64_t fixed_messages_cost(ctx *c) {
+  uint64_t cost = c->rec->system ? message_cost(c->rec->system) : 0;
+  for (size_t i = 0; c->tree_loaded && i < c->tree.n; i++) {
+    const cph_pact_node *nd = &c->tree.nodes[i];
+    if (nd->waiting || (c->inbox ? tree_core(nd) : tree_history_core(nd)))
+      continue;
+    cost += message_cost(nd->content);
+  }
+  if (c->inbox) {
+    for (size_t i = 0; i < c->ti->n_staged; i++) {
+      const cph_staged_msg *m = &c->ti->staged[i];
+      bool agent;
+      role_of(c, m->sender, &agent);
+      cost += tok_len((m->body ? strlen(m->body) : 0) + (agent ? strlen(m->sender) + 3 : 0)) +
+              ITEM_OVERHEAD;
+    }
+  } else {
+    cost += message_cost(c->ti->input);
+  }
+  return cost;
+}
+
+/* Fills ti->messages: the system prompt, then the tree's nodes merged with the channel view
+ * (inbox) or the input (other turns), history cut to messages_budget. */
+static int build_messages(ctx *c, uint64_t messages_budget) {
+  cph_turn_info *ti = c->ti;
+  size_t *idx = calloc(c->tree.n ? c->tree.n : 1, sizeof *idx);
+  if (!idx)
+    return CPH_ENOMEM;
+  size_t live = cph_pact_render_order(&c->tree, idx);
+  /* Which tree nodes render: on an inbox turn all but the cores; otherwise all, with the
+   * history cores cut oldest (deepest) first to the budget. */
+  size_t kept = 0;
+  uint64_t used = 0;
+  bool full = false;
+  for (size_t i = live; i-- > 0;) {
+    const cph_pact_node *nd = &c->tree.nodes[idx[i]];
+    bool keep;
+    if (c->inbox) {
+      keep = !tree_core(nd);
+    } else if (tree_history_core(nd)) {
+      uint64_t cost = message_cost(nd->content);
+      keep = !full && used + cost <= messages_budget;
+      if (keep)
+        used += cost;
+      else
+        ti->tokens.messages_cut++;
+      full |= !keep;
+    } else {
+      keep = true;
+    }
+    if (!keep)
+      idx[i] = SIZE_MAX;
+    else
+      kept++;
+  }
+  ritem *extra = NULL;
+  size_t n_extra = 0;
+  int rc = CPH_OK;
+  if (c->inbox) {
+    rc = view_items(c, &extra, &n_extra);
+  } else {
+    extra = calloc(1, sizeof *extra);
+    rc = extra ? add_ritem(extra, &n_extra, 0, "user", strdup(ti->input ? ti->input : ""))
+               : CPH_ENOMEM;
+  }
+  size_t cap = 1 + kept + n_extra;
+  if (rc == CPH_OK && !(ti->messages = calloc(cap, sizeof *ti->messages)))
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK && c->rec->system) {
+    cph_coord sys = {-1, 0, 0};
+    rc = push_message(ti, "system", c->rec->system, &sys);
+  }
+  /* Merge two lists already in render order; a channel-view core goes first on a tie. */
+  size_t i = 0, j = 0;
+  while (rc == CPH_OK && (i < live || j < n_extra)) {
+    if (i < live && idx[i] == SIZE_MAX) {
+      i++;
+      continue;
+    }
+    const cph_pact_node *nd = i < live ? &c->tree.nodes[idx[i]] : NULL;
+    if (j < n_extra && (!nd || coord_cmp(&extra[j].at, &nd->at) <= 0)) {
+      rc = push_message(ti, extra[j].role, extra[j].content, &extra[j].at);
+      j++;
+    } else {
+      rc = push_message(ti, nd->role ? nd->role : "system", nd->content, &nd->at);
+      i++;
+    }
+  }
+  ritems_free(extra, n_extra);
+  free(idx);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- assembly */
+
+static void ctx_free(ctx *c) {
+  for (size_t i = 0; i < c->n_entries; i++) {
+    free(c->entries[i].sender);
+    free(c->entries[i].body);
+  }
+  free(c->entries);
+  free(c->vs);
+  idset_free(&c->staged_events);
+  idset_free(&c->inbox_events);
+  idset_free(&c->shown_events);
+  if (c->tree_loaded)
+    cph_pact_tree_free(&c->tree);
+}
+
+static int assemble(ctx *c) {
+  cph_turn_info *ti = c->ti;
+  build_state(c);
+  if (ti->kind == CPH_KIND_JOB)
+    return build_tools(c); /* cephalond's own work: no conversation, no memory */
+  int rc = build_obligations(c);
+  if (rc == CPH_OK)
+    rc = build_tools(c);
+  for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++)
+    rc = idset_add(&c->staged_events, ti->staged[i].event_id);
+  for (uint32_t i = 0; rc == CPH_OK && i < c->s->n_inbox; i++)
+    rc = idset_add(&c->inbox_events, c->s->inbox[i].event_id);
+  idset_sort(&c->staged_events);
+  idset_sort(&c->inbox_events);
+  if (rc == CPH_OK) {
+    rc = pact_load(c->e, c->t, c->s->id, &c->tree);
+    c->tree_loaded = true; /* pact_load leaves a tree to free whatever the outcome */
+    if (rc && rc != CPH_ENOMEM && !c->t->ret) {
+      /* A tree that cannot be read must not stop the session's turns: render without it. */
+      cph_log(CPH_LOG_WARN, "turn of '%s' rendered without its context tree: %s", c->s->id,
+              c->t->err.msg[0] ? c->t->err.msg : cph_strerror(rc));
+      rc = CPH_OK;
+    }
+  }
+  /* conversation_history and the messages' history part share one budget; messages also
+   * stay inside the window with their fixed part. */
+  c->history_budget = share(c, SHARE_HISTORY) + c->carry;
+  uint64_t fixed = rc == CPH_OK ? fixed_messages_cost(c) : 0;
+  uint64_t messages_budget = c->window > fixed ? c->window - fixed : 0;
+  if (messages_budget > c->history_budget)
+    messages_budget = c->history_budget;
+  if (rc == CPH_OK && c->inbox) {
+    rc = views_init(c);
+    int reads = ti->n_views ? HISTORY_READS_MAX / (int)ti->n_views : 0;
+    if (reads < HISTORY_READS_MIN)
+      reads = HISTORY_READS_MIN;
+    for (size_t v = 0; rc == CPH_OK && v < ti->n_views; v++)
+      rc = scan_channel(c, v, messages_budget, reads);
+    if (rc == CPH_OK) {
+      if (c->n_entries)
+        qsort(c->entries, c->n_entries, sizeof *c->entries, entry_cmp);
+      classify(c);
+      rc = select_section(c);
+      select_view(c, messages_budget);
+    }
+  } else {
+    c->carry = c->history_budget; /* `none` on an autonomy tick: its share flows to memory */
+  }
+  if (rc == CPH_OK)
+    rc = note_shown(c);
+  if (rc == CPH_OK)
+    rc = build_memory(c);
+  if (rc == CPH_OK)
+    rc = build_messages(c, messages_budget);
+  return rc;
+}
+
+int context_assemble(cph_engine *e, cph_txn *t, csession *s, const cph_session_rec *rec,
+                     cph_turn_info *ti) {
+  ctx c;
+  memset(&c, 0, sizeof c);
+  c.e = e;
+  c.t = t;
+  c.s = s;
+  c.rec = rec;
+  c.ti = ti;
+  c.inbox = ti->kind == CPH_KIND_INBOX && ti->n_staged > 0;
+  c.window = rec->context_window_tokens ? rec->context_window_tokens
+                                        : (uint64_t)e->policy->sessions.context_window_tokens;
+  c.now_ms = cph_wall_ms();
+  ti->tokens.window = clamp32(c.window);
+  int rc = assemble(&c);
+  ti->tokens.sections = clamp32((uint64_t)ti->tokens.current_state +
+                                ti->tokens.pending_obligations + ti->tokens.conversation_history +
+                                ti->tokens.recent_memory + ti->tokens.available_tools);
+  ctx_free(&c);
+  if (rc && !t->ret && rc != CPH_ENOMEM)
+    cph_err_set(&t->err, rc, "assembling the context of '%s': %s", s->id, cph_strerror(rc));
+  return rc;
+}
+
+void context_turn_free(cph_turn_info *ti) {
+  for (size_t i = 0; i < ti->n_obligations; i++) {
+    free(ti->obligations[i].sender);
+    free(ti->obligations[i].preview);
+  }
+  free(ti->obligations);
+  for (size_t i = 0; i < ti->n_memories; i++) {
+    free(ti->memories[i].kind);
+    free(ti->memories[i].text);
+    free(ti->memories[i].scope);
+  }
+  free(ti->memories);
+  for (size_t i = 0; i < ti->n_views; i++)
+    free(ti->views[i].channel);
+  free(ti->views);
+  ti->obligations = NULL;
+  ti->memories = NULL;
+  ti->views = NULL;
+  ti->n_obligations = ti->n_memories = ti->n_views = 0;
+}
+
+/* ---------------------------------------------------------------- cursors */
+
+int context_lease_views(lease *l, const cph_turn_info *ti) {
+  if (!ti->n_views)
+    return CPH_OK;
+  l->view_channels = calloc(ti->n_views, sizeof *l->view_channels);
+  l->view_seen = calloc(ti->n_views, sizeof *l->view_seen);
+  if (!l->view_channels || !l->view_seen) {
+    context_lease_views_free(l);
+    return CPH_ENOMEM;
+  }
+  for (size_t i = 0; i < ti->n_views; i++) {
+    if (!(l->view_channels[i] = strdup(ti->views[i].channel))) {
+      context_lease_views_free(l);
+      return CPH_ENOMEM;
+    }
+    l->view_seen[i] = ti->views[i].seen_index;
+    l->n_views = i + 1;
+  }
+  return CPH_OK;
+}
+
+void context_lease_views_free(lease *l) {
+  for (size_t i = 0; l->view_channels && i < l->n_views; i++)
+    free(l->view_channels[i]);
+  free(l->view_channels);
+  free(l->view_seen);
+  l->view_channels = NULL;
+  l->view_seen = NULL;
+  l->n_views = 0;
+}
+
+int context_cursors_advance(cph_engine *e, cph_txn *t, const lease *l) {
+  (void)e;
+  for (size_t i = 0; i < l->n_views; i++) {
+    if (!l->view_seen[i])
+      continue;
+    cph_key k = cursor_key(l->session->id, l->view_channels[i]);
+    cph_val old;
+    int rc = cph_txn_get(t, CPH_DB_CURSORS, &k, &old);
+    if (rc == CPH_OK && old.len == 8 && cph_be64_get(old.data) >= l->view_seen[i])
+      continue; /* never backwards */
+    if (rc != CPH_OK && rc != CPH_ENOTFOUND)
+      return rc;
+    uint8_t v[8];
+    cph_be64_put(v, l->view_seen[i]);
+    if ((rc = cph_txn_put(t, CPH_DB_CURSORS, &k, v, sizeof v)))
+      return rc;
+  }
+  return CPH_OK;
+}
+
+int context_cursors_delete(cph_engine *e, cph_txn *t, const char *session) {
+  (void)e;
+  cph_key start;
+  cph_key_reset(&start);
+  cph_key_str(&start, session);
+  size_t prefix = start.len;
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, CPH_DB_CURSORS, &cur);
+  if (rc)
+    return rc;
+  cph_val k;
+  for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_seek(&cur, &start, &k, NULL)) {
+    if (k.len < prefix || memcmp(k.data, start.data, prefix) != 0)
+      break;
+    if ((rc = cph_cursor_del(&cur)))
+      break;
+  }
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}

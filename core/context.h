@@ -1,0 +1,121 @@
+/* Turn context assembly (DESIGN §6): the five sections, the channel views and the rendered
+ * `messages` of every leased turn, inside the session's context_window_tokens.
+ *
+ * ---- Token estimate ----
+ * tok(text) = ceil(bytes/4). Every listed item (an obligation, a history entry, a memory, a
+ * tool, a message) costs tok(its texts) + 4, the 4 standing for its id, role or coordinate
+ * and punctuation. current_state costs tok of its one-line rendering + 4.
+ *
+ * ---- Budget split (W = context_window_tokens) ----
+ * current_state is always included and comes off the top: A = W - current_state. The rest
+ * is shared in this order, each section getting its share of A plus whatever the sections
+ * before it left unused (unused share flows on):
+ *   pending_obligations 25%  -> available_tools 5%  -> conversation_history 40%
+ *                            -> recent_memory 30% (+ everything left over).
+ * So the five sections together never exceed W. Each section's use is in ti->tokens.
+ *   - pending_obligations: every staged message is listed with its id and sender; previews
+ *     shrink (120, 80, 48, 24, 0 bytes, "..." marking a cut) until the list fits; if it does
+ *     not fit even without previews, the list keeps the first messages (mentions first) and
+ *     `staged_count` still counts all of them (ti->n_obligations < ti->n_staged).
+ *   - available_tools: the session's tools in their order while they fit. calls_this_turn is
+ *     0 (a turn starts with none) and calls_this_minute is 0: completions report tool calls
+ *     only as totals (cost.tool_calls, tool_stats valid/invalid/...), never per tool, so
+ *     nothing attributes a call to a tool.
+ *   - conversation_history: entries of the channels of this turn's staged messages whose
+ *     sender is one of the staged messages' senders or the session itself, excluding the
+ *     staged messages and messages still waiting in the session's inbox; the newest that fit,
+ *     oldest cut first (a contiguous newest run), listed oldest first. `none` (n_history 0)
+ *     on an autonomy tick, or when nothing qualifies.
+ *   - recent_memory: memories in the session's scopes (its own id and "#channel" for the
+ *     channels of the staged messages; on other turns its subscribed and member channels),
+ *     newest first. Raw memories first, inside the raw budget = 60% of the memory budget;
+ *     then summaries and aggregates in what the memory budget has left (at most 32 raw and
+ *     16 others: see the cost bounds). With a small window
+ *     the raw budget holds only a few raw memories while the summaries, which condense many,
+ *     still get theirs — raw memory gives way to summaries. A deleted memory never appears;
+ *     its summary (replaced_by, followed) stands in for it, once. A raw memory minted from an
+ *     event this turn already shows (staged, history or channel view) is skipped: the same
+ *     text twice helps nobody. Every memory included counts as an access: access_count += 1
+ *     and last_access = now, written in the caller's transaction.
+ *
+ * ---- messages: the rendered PACT tree combined with the channel view ----
+ * The PACT tree (core/pact.h) holds the session's system nodes (depth -1), components
+ * (position >= 1 or offset != 0, or any node without a role) and message cores (nodes with a
+ * role: the input and reply of every completed turn). The rule that avoids duplication:
+ *   - On an inbox turn the channel view supplies the message cores and the tree's message
+ *     cores are not rendered. The cores are the session's own past inputs and replies; the
+ *     channel log holds the same conversation message by message with the right speakers,
+ *     plus what other users and agents said, so it replaces them. Everything else in the
+ *     tree (system nodes, components) is rendered at its coordinates.
+ *   - On any other turn (autonomy tick, report) there is no channel view: the tree is
+ *     rendered whole, cores included, and the turn's input is the current message.
+ * Channel-view messages get core coordinates (position 0, offset 0): the triggering staged
+ * messages are at depth 0, the history counts back from the newest at depth 1 (the away block
+ * is the newest history message when present). Tree nodes and channel-view messages are
+ * merged in PACT render order (depth -1; history oldest -> newest; depth 0; then position,
+ * offset), a channel-view core first on a tie, so a component at "d2, 1, 0" follows the
+ * second-newest history message. The session's `system` prompt, when set, comes first as
+ * "d-1, 0, 0". Nodes without a role are rendered as role "system".
+ *
+ * messages are held to the window on their own: their fixed part (system prompt, tree nodes
+ * other than history cores, the current message(s)) is never cut; their history part (the
+ * channel view on an inbox turn; tree cores at depth >= 1 otherwise) gets
+ * min(conversation_history budget, W - fixed part) and is cut oldest first.
+ *
+ * ---- Channel views (multi-agent) ----
+ * For each channel of the turn's staged messages the session has a cursor, the channel index
+ * (CPH_DB_CHANNEL_LOG key channel\0 + u64 index) of the last message it processed, in
+ * CPH_DB_CURSORS (session\0 channel\0 -> u64 big-endian), so it survives restarts. The view
+ * reads the channel up to its newest index (`seen_index`) and renders:
+ *   - the session's own messages -> `assistant` (wherever they sit relative to the cursor:
+ *     its replies land after the cursor the turn left, and are never "missed");
+ *   - messages at or before the cursor: users -> `user`, other agents (a sender that is
+ *     another session's id) -> `system` with content "[name] body";
+ *   - messages after the cursor from others -> ONE `system` message "MESSAGES WHILE YOU WERE
+ *     AWAY" followed by a "[sender] body" line each, oldest first;
+ *   - then the triggering staged message(s) at depth 0 (users `user`, agents `system`
+ *     "[name] body"), in staged order (mentions first, then oldest).
+ * This turn's staged messages never appear in the history or away block; messages waiting
+ * in the session's inbox (pending, or staged beyond this turn's batch) are left out entirely:
+ * they will come as triggers of a later turn.
+ * Where a session without a cursor starts:
+ *   - mentioned in the channel and not subscribed to it (a member, or an outsider): index 0,
+ *     so the whole history is new to it and comes as the away block (§6: "sees all history");
+ *     mentioned on the channel's first message there is nothing before it: it starts fresh;
+ *   - otherwise (a subscriber, or a session named explicitly): just before its oldest staged
+ *     message in the channel. What came before it arrived predates the session's part in the
+ *     channel: it is shown as ordinary history, not as missed messages; later messages were
+ *     all routed to it, so nothing is "away" on its first turn except other agents' replies.
+ * Completing the turn moves each cursor to the view's seen_index (never backwards). The
+ * seen indexes ride in the lease (view_channels / view_seen); a failed or expired turn moves
+ * nothing, so its input is seen the same way again.
+ *
+ * ---- Cost bounds (per turn, whatever the window) ----
+ * At most 512 channel-log entries read over the turn's channels (split evenly, at least 64
+ * per channel; reading stops earlier once the history budgets are covered), at most 1024
+ * memory records read, at most 32 raw and 16 other memories listed (one write each), one
+ * tree load. History or memory beyond these is treated as cut. */
+#ifndef CEPHALON_CORE_CONTEXT_H
+#define CEPHALON_CORE_CONTEXT_H
+
+#include "engine_internal.h"
+
+/* Builds ti's sections, channel views and messages. The caller has filled ti->session, lane,
+ * kind, episode, input and staged (in staged order) from rec, the session's record. Reads and
+ * writes (memory accesses) through t. Job turns get current_state and tools only. CPH_OK, or
+ * a store / allocation error (t's sticky error says which). */
+int context_assemble(cph_engine *e, cph_txn *t, csession *s, const cph_session_rec *rec,
+                     cph_turn_info *ti);
+/* Frees what context_assemble added to ti (cph_turn_info_free calls it). */
+void context_turn_free(cph_turn_info *ti);
+
+/* Copies ti's channel views (channel, seen_index) into the lease. CPH_ENOMEM leaves the lease
+ * with none: completing it then moves no cursor. */
+int context_lease_views(lease *l, const cph_turn_info *ti);
+void context_lease_views_free(lease *l);
+/* At completion, in the completion's txn: each cursor of l's views moves to its seen index. */
+int context_cursors_advance(cph_engine *e, cph_txn *t, const lease *l);
+/* Deletes every cursor of a session (for session deletion). */
+int context_cursors_delete(cph_engine *e, cph_txn *t, const char *session);
+
+#endif

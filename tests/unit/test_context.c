@@ -1,0 +1,733 @@
+/* Turn context assembly through the engine's public API, on a virtual clock and a temp LMDB
+ * (DESIGN §6): the five sections inside the window, history cut oldest first, raw memory
+ * giving way to summaries, memory accesses, and the multi-agent channel views with their
+ * cursors (agents as "[name]" system messages, the away block, mid-conversation mentions,
+ * cursors across a restart). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "common/clock.h"
+#include "tests/support/testutil.h"
+
+/* Content dedupe off (similar test bodies must stay distinct messages); short summaries. */
+static const char *POLICY = "{:sessions {:janitor? false :max-batch 64}\n"
+                            " :dedupe {:min-length 1000000}\n"
+                            " :store {:sync :none}}\n";
+
+static const char *POLICY_MAINT = "{:sessions {:janitor? true :max-batch 64}\n"
+                                  " :gc {:min-age-hours 1000}\n"
+                                  " :dedupe {:min-length 1000000}\n"
+                                  " :providers {:summarizer {:max-tokens 16}}\n"
+                                  " :store {:sync :none}}\n";
+
+typedef struct fixture {
+  char *dir;
+  const char *policy;
+  cph_clock clock;
+  cph_engine *e;
+} fixture;
+
+static void open_engine(fixture *f) {
+  cph_policy *p = NULL;
+  cph_err err = {0};
+  if (cph_policy_load_text("context.edn", f->policy, strlen(f->policy), &p, &err))
+    fail_msg("policy: %s", err.msg);
+  cph_engine_options o = {f->dir, &f->clock};
+  if (cph_engine_open(p, &o, &f->e, &err))
+    fail_msg("open: %s", err.msg);
+}
+
+static int setup_with(void **state, const char *policy) {
+  fixture *f = calloc(1, sizeof *f);
+  f->dir = cph_test_tmpdir("context");
+  f->policy = policy;
+  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
+  open_engine(f);
+  *state = f;
+  return 0;
+}
+
+static int setup(void **state) { return setup_with(state, POLICY); }
+static int setup_maint(void **state) { return setup_with(state, POLICY_MAINT); }
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  cph_engine_close(f->e);
+  cph_test_rmtree(f->dir);
+  free(f->dir);
+  free(f);
+  return 0;
+}
+
+static void count_done(cph_op *op, void *ctx) {
+  (void)op;
+  (*(int *)ctx)++;
+}
+
+/* Submits op, runs one pass, and checks it was answered. */
+static int run(fixture *f, cph_op *op) {
+  int called = 0;
+  op->done = count_done;
+  op->ctx = &called;
+  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
+  cph_engine_run_pass(f->e);
+  assert_int_equal(called, 1);
+  return op->rc;
+}
+
+typedef struct session_spec {
+  const char *id;
+  const char *subscribe; /* one channel or NULL */
+  const char *member;    /* one channel or NULL */
+  uint32_t autonomy_s;
+  uint32_t window; /* 0 = the policy default */
+  const char *tool;
+} session_spec;
+
+static void create(fixture *f, session_spec sp) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_CREATE;
+  op.u.session.in.id = (char *)sp.id;
+  op.u.session.in.lane = CPH_LANE_INTERACTIVE;
+  char *sub[1] = {(char *)sp.subscribe}, *mem[1] = {(char *)sp.member}, *tools[1] = {(char *)sp.tool};
+  if (sp.subscribe)
+    op.u.session.in.subscribe = (cph_strv){sub, 1};
+  if (sp.member)
+    op.u.session.in.member = (cph_strv){mem, 1};
+  if (sp.tool)
+    op.u.session.in.tools = (cph_strv){tools, 1};
+  op.u.session.in.autonomy_interval_s = sp.autonomy_s;
+  op.u.session.in.context_window_tokens = sp.window;
+  if (run(f, &op))
+    fail_msg("create %s: %s", sp.id, op.err.msg);
+  cph_op_clear_results(&op);
+}
+
+static void update(fixture *f, const char *id, unsigned set, cph_session_state_t state,
+                   uint32_t window) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_UPDATE;
+  op.u.session.in.id = (char *)id;
+  op.u.session.in.state = state;
+  op.u.session.in.context_window_tokens = window;
+  op.u.session.set = set;
+  if (run(f, &op))
+    fail_msg("update %s: %s", id, op.err.msg);
+  cph_op_clear_results(&op);
+}
+
+static void pause_session(fixture *f, const char *id) {
+  update(f, id, CPH_SET_PAUSED, CPH_STATE_PAUSED, 0);
+}
+static void resume_session(fixture *f, const char *id) {
+  update(f, id, CPH_SET_PAUSED, CPH_STATE_IDLE, 0);
+}
+
+/* Posts one event (sender "ann" when NULL), mentioning `mention` when set. */
+static void post(fixture *f, const char *channel, const char *sender, const char *body,
+                 const char *mention) {
+  char *mentions[1] = {(char *)mention};
+  cph_event_in ev = {0};
+  ev.channel = (char *)channel;
+  ev.sender = (char *)(sender ? sender : "ann");
+  ev.body = (char *)body;
+  if (mention)
+    ev.mentions = (cph_strv){mentions, 1};
+  cph_op op = {0};
+  op.kind = CPH_OP_INGEST;
+  op.u.ingest.events = &ev;
+  op.u.ingest.n_events = 1;
+  if (run(f, &op) || op.u.ingest.results[0].status == CPH_EV_REJECTED)
+    fail_msg("ingest: %s", op.err.msg);
+  cph_op_clear_results(&op);
+  cph_engine_run_pass(f->e); /* stage it (§3.6: visible from the next pass) */
+}
+
+/* Leases the next turn (it must exist); the caller frees with cph_op_clear_results. */
+static cph_turn_info *lease(fixture *f, cph_op *op) {
+  memset(op, 0, sizeof *op);
+  op->kind = CPH_OP_LEASE;
+  op->u.lease.worker = "w1";
+  op->u.lease.deadline_ns = cph_clock_now(&f->clock) + 10 * CPH_NS_PER_S;
+  if (run(f, op))
+    fail_msg("lease: %s", op->err.msg);
+  return &op->u.lease.turn;
+}
+
+static void complete(fixture *f, const cph_turn_info *t, const char *reply,
+                     const char *const *memories, size_t n_memories) {
+  cph_memory_in mems[8] = {{0}};
+  for (size_t i = 0; i < n_memories; i++)
+    mems[i].text = (char *)memories[i];
+  cph_op op = {0};
+  op.kind = CPH_OP_COMPLETE;
+  op.u.turn.turn_id = t->id;
+  memcpy(op.u.turn.lease, t->lease, sizeof op.u.turn.lease);
+  op.u.turn.reply_body = (char *)reply;
+  op.u.turn.memories = mems;
+  op.u.turn.n_memories = n_memories;
+  if (run(f, &op))
+    fail_msg("complete: %s", op.err.msg);
+}
+
+/* Makes the session's autonomy tick due (interval 1 s) and leases it. */
+static cph_turn_info *lease_tick(fixture *f, cph_op *op) {
+  cph_clock_advance(&f->clock, 2 * CPH_NS_PER_S);
+  cph_engine_run_pass(f->e);
+  cph_turn_info *t = lease(f, op);
+  assert_int_equal(t->kind, CPH_KIND_AUTONOMY_TICK);
+  return t;
+}
+
+/* Index of the message with this role and content, -1 if none. */
+static int find_message(const cph_turn_info *t, const char *role, const char *content) {
+  for (size_t i = 0; i < t->n_messages; i++)
+    if (strcmp(t->messages[i].role, role) == 0 && strcmp(t->messages[i].content, content) == 0)
+      return (int)i;
+  return -1;
+}
+
+/* The away block, or NULL. */
+static const cph_message *away_block(const cph_turn_info *t) {
+  const cph_message *found = NULL;
+  for (size_t i = 0; i < t->n_messages; i++)
+    if (strncmp(t->messages[i].content, "MESSAGES WHILE YOU WERE AWAY", 28) == 0) {
+      assert_null(found); /* one block */
+      found = &t->messages[i];
+    }
+  if (found)
+    assert_string_equal(found->role, "system");
+  return found;
+}
+
+/* The away block's content; the block must be there. */
+static const char *away_text(const cph_turn_info *t) {
+  const cph_message *m = away_block(t);
+  assert_non_null(m);
+  return m->content;
+}
+
+static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+static void assert_inside_window(const cph_turn_info *t) {
+  uint32_t sum = t->tokens.current_state + t->tokens.pending_obligations +
+                 t->tokens.conversation_history + t->tokens.recent_memory +
+                 t->tokens.available_tools;
+  assert_int_equal(t->tokens.sections, sum);
+  assert_true(t->tokens.sections <= t->tokens.window);
+  assert_true(t->tokens.messages <= t->tokens.window);
+}
+
+/* Inserts a permanent PACT node into the session's tree. */
+static void insert_node(fixture *f, const char *session, const char *at, const char *content) {
+  cph_op op = {0};
+  op.kind = CPH_OP_CONTEXT_INSERT;
+  op.u.context.session = (char *)session;
+  op.u.context.node.at = (char *)at;
+  op.u.context.node.content = (char *)content;
+  if (run(f, &op))
+    fail_msg("insert %s: %s", at, op.err.msg);
+}
+
+/* ---------------------------------------------------------------- sections */
+
+static void test_inbox_turn_lists_obligations_and_only_its_senders_history(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1", .subscribe = "general", .tool = "search"});
+  post(f, "general", "ann", "hello from ann", NULL);
+  post(f, "general", "bob", "bob talks about something else", NULL);
+  post(f, "random", "ann", "ann in another channel", NULL); /* reaches nobody: stored */
+  cph_op l1;
+  cph_turn_info *t = lease(f, &l1);
+  assert_int_equal(t->n_staged, 2);
+  complete(f, t, "hi ann and bob", NULL, 0);
+  cph_op_clear_results(&l1);
+
+  post(f, "general", "ann", "ann again, a question", NULL);
+  cph_op l2;
+  t = lease(f, &l2);
+  assert_int_equal(t->kind, CPH_KIND_INBOX);
+  /* pending_obligations: staged_count and id, sender, preview per staged message */
+  assert_int_equal(t->n_staged, 1);
+  assert_int_equal(t->n_obligations, 1);
+  assert_int_equal(t->obligations[0].id, t->staged[0].id);
+  assert_string_equal(t->obligations[0].sender, "ann");
+  assert_string_equal(t->obligations[0].preview, "ann again, a question");
+  /* conversation_history: ann's and the session's own entries in general, oldest first —
+   * not bob's, not ann's in random, not the staged message itself */
+  assert_int_equal(t->n_history, 2);
+  assert_string_equal(t->history[0].body, "hello from ann");
+  assert_string_equal(t->history[1].body, "hi ann and bob");
+  assert_string_equal(t->history[1].sender, "s1");
+  for (size_t i = 0; i < t->n_history; i++)
+    assert_string_equal(t->history[i].channel, "general");
+  /* available_tools: per-tool counts are not reported by completions: 0 */
+  assert_int_equal(t->n_tools, 1);
+  assert_string_equal(t->tools[0].name, "search");
+  assert_int_equal(t->tools[0].calls_this_turn, 0);
+  assert_int_equal(t->tools[0].calls_this_minute, 0);
+  /* messages: the channel view (users -> user, own -> assistant), the trigger at depth 0 */
+  assert_true(find_message(t, "user", "hello from ann") >= 0);
+  assert_true(find_message(t, "user", "bob talks about something else") >= 0);
+  assert_true(find_message(t, "assistant", "hi ann and bob") >= 0);
+  assert_int_equal(find_message(t, "user", "ann in another channel"), -1);
+  const cph_message *last = &t->messages[t->n_messages - 1];
+  assert_string_equal(last->role, "user");
+  assert_string_equal(last->content, "ann again, a question");
+  assert_string_equal(last->coord, "d0, 0, 0");
+  assert_null(away_block(t)); /* a subscriber misses nothing its inbox had */
+  /* the tree's cores ("inbox:..." input) are replaced by the channel view, not repeated */
+  for (size_t i = 0; i < t->n_messages; i++)
+    assert_false(contains(t->messages[i].content, "inbox:"));
+  assert_int_equal(t->n_views, 1);
+  assert_string_equal(t->views[0].channel, "general");
+  assert_true(t->views[0].had_cursor);
+  assert_inside_window(t);
+  cph_op_clear_results(&l2);
+}
+
+static void test_autonomy_tick_has_no_obligations_and_no_history(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "auto", .subscribe = "general", .autonomy_s = 1});
+  post(f, "general", "ann", "earlier chatter", NULL);
+  cph_op l1;
+  cph_turn_info *t = lease(f, &l1);
+  assert_int_equal(t->kind, CPH_KIND_INBOX);
+  complete(f, t, "noted", NULL, 0);
+  cph_op_clear_results(&l1);
+
+  cph_op l2;
+  t = lease_tick(f, &l2);
+  assert_int_equal(t->n_staged, 0);       /* staged_count 0 */
+  assert_int_equal(t->n_obligations, 0);  /* obligations: none */
+  assert_int_equal(t->n_history, 0);      /* history: none */
+  assert_int_equal(t->n_views, 0);
+  assert_int_equal(t->tokens.conversation_history, 0);
+  /* messages: the tree whole (the last turn's cores), then the tick at depth 0 */
+  assert_true(find_message(t, "user", "inbox:earlier chatter") >= 0);
+  assert_true(find_message(t, "assistant", "noted") >= 0);
+  const cph_message *last = &t->messages[t->n_messages - 1];
+  assert_string_equal(last->content, "autonomy_tick");
+  assert_string_equal(last->coord, "d0, 0, 0");
+  assert_inside_window(t);
+  cph_op_clear_results(&l2);
+}
+
+static void test_small_window_cuts_history_oldest_first(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1", .subscribe = "general", .window = 256});
+  static const char *const words[] = {"alpha", "bravo", "charlie", "delta", "echo", "foxtrot",
+                                      "golf", "hotel", "india", "juliet", "kilo", "lima"};
+  char body[12][96];
+  for (int i = 0; i < 12; i++) {
+    snprintf(body[i], sizeof body[i], "message %02d about %s, long enough to weigh a few tokens",
+             i, words[i]);
+    post(f, "general", "ann", body[i], NULL);
+  }
+  cph_op l1;
+  cph_turn_info *t = lease(f, &l1);
+  assert_int_equal(t->n_staged, 12);
+  /* previews shrink to nothing, then only the first obligations fit: staged_count says 12 */
+  assert_true(t->n_obligations >= 1 && t->n_obligations < 12);
+  assert_int_equal(t->obligations[0].id, t->staged[0].id);
+  assert_string_equal(t->obligations[0].preview, "...");
+  assert_inside_window(t);
+  complete(f, t, NULL, NULL, 0);
+  cph_op_clear_results(&l1);
+
+  post(f, "general", "ann", "and now?", NULL);
+  cph_op l2;
+  t = lease(f, &l2);
+  assert_true(t->n_history > 0);
+  assert_true(t->n_history < 12);
+  assert_true(t->tokens.history_cut > 0);
+  /* the newest survive, contiguous, oldest first */
+  for (size_t i = 0; i < t->n_history; i++)
+    assert_string_equal(t->history[i].body, body[12 - t->n_history + i]);
+  /* the messages' history part is cut the same way: the oldest go */
+  assert_true(t->tokens.messages_cut > 0);
+  assert_int_equal(find_message(t, "user", body[0]), -1);
+  assert_true(find_message(t, "user", body[11]) >= 0);
+  assert_inside_window(t);
+  cph_op_clear_results(&l2);
+}
+
+static void test_tree_nodes_render_around_the_channel_view_without_its_cores(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1", .subscribe = "general"});
+  post(f, "general", "ann", "first", NULL);
+  cph_op l;
+  cph_turn_info *t = lease(f, &l);
+  complete(f, t, "reply one", NULL, 0); /* the tree now has cores "inbox:first", "reply one" */
+  cph_op_clear_results(&l);
+  insert_node(f, "s1", "d-1, 0, 0", "persona: terse");
+  insert_node(f, "s1", "d1, 1, 0", "note on the newest history message");
+  insert_node(f, "s1", "d0, 0, 1", "reminder after the current message");
+  post(f, "general", "ann", "second", NULL);
+  t = lease(f, &l);
+  static const char *const want[][3] = {
+      {"system", "persona: terse", "d-1, 0, 0"},
+      {"user", "first", "d2, 0, 0"},
+      {"assistant", "reply one", "d1, 0, 0"},
+      {"system", "note on the newest history message", "d1, 1, 0"},
+      {"user", "second", "d0, 0, 0"},
+      {"system", "reminder after the current message", "d0, 0, 1"},
+  };
+  assert_int_equal(t->n_messages, 6); /* the tree's own cores are not repeated */
+  for (size_t i = 0; i < 6; i++) {
+    assert_string_equal(t->messages[i].role, want[i][0]);
+    assert_string_equal(t->messages[i].content, want[i][1]);
+    assert_string_equal(t->messages[i].coord, want[i][2]);
+  }
+  assert_inside_window(t);
+  cph_op_clear_results(&l);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static const char *const MEMS[] = {
+    "one: the deployment pipeline for the billing service runs every night at two and emails "
+    "the on-call engineer when a stage fails, which happened three times last week alone ok.",
+    "two: the customer asked for invoices as PDF attachments rather than links, and prefers "
+    "them to arrive on the first business day of every month with the usual cost breakdown.",
+    "three: the staging database was migrated to the new cluster on tuesday; the old replicas "
+    "stay read-only for a fortnight in case a rollback is needed by the payments team there.",
+    "four: the team agreed to freeze feature work during the audit and to review every open "
+    "pull request touching authentication before friday, with two approvals required on each.",
+    "five: latency alerts fire when the p99 of the checkout endpoint passes eight hundred ms "
+    "for five minutes; they page the platform rotation rather than the product engineers ok.",
+    "six: the new hire starts monday and needs read access to the analytics warehouse, a "
+    "laptop with the standard image, and an introduction to the incident response runbook.",
+};
+
+/* Runs cephalond's maintenance turns until three leases in a row find nothing. */
+static void run_maintenance(fixture *f) {
+  int idle = 0, ran = 0;
+  while (idle < 3 && ran < 200) {
+    cph_op l = {0};
+    l.kind = CPH_OP_LEASE;
+    l.u.lease.worker = "maint";
+    l.u.lease.internal = true;
+    l.u.lease.deadline_ns = cph_clock_now(&f->clock);
+    if (run(f, &l) != CPH_OK) {
+      idle++;
+      continue;
+    }
+    idle = 0;
+    ran++;
+    cph_job_work *job = l.u.lease.turn.job;
+    l.u.lease.turn.job = NULL;
+    if (job)
+      cph_job_execute(cph_engine_policy(f->e), job);
+    cph_op done = {0};
+    done.kind = CPH_OP_COMPLETE;
+    done.u.turn.turn_id = l.u.lease.turn.id;
+    memcpy(done.u.turn.lease, l.u.lease.turn.lease, sizeof done.u.turn.lease);
+    done.u.turn.job = job;
+    if (run(f, &done) != CPH_OK)
+      fail_msg("completing a maintenance turn: %s", done.err.msg);
+    cph_op_clear_results(&l);
+  }
+}
+
+static void enqueue(fixture *f, const char *job, const char *args) {
+  cph_op op = {0};
+  op.kind = CPH_OP_JOB_ENQUEUE;
+  op.u.job.in.job = (char *)job;
+  op.u.job.in.args = (char *)args;
+  if (run(f, &op))
+    fail_msg("enqueue %s: %s", job, op.err.msg);
+}
+
+static const cph_memory_item *find_memory(const cph_turn_info *t, uint64_t id) {
+  for (size_t i = 0; i < t->n_memories; i++)
+    if (t->memories[i].id == id)
+      return &t->memories[i];
+  return NULL;
+}
+
+static void test_every_included_memory_counts_as_an_access(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1", .autonomy_s = 1});
+  cph_op l;
+  cph_turn_info *t = lease_tick(f, &l);
+  assert_int_equal(t->n_memories, 0);
+  complete(f, t, NULL, MEMS, 2); /* memories 1 and 2 */
+  cph_op_clear_results(&l);
+
+  t = lease_tick(f, &l);
+  assert_int_equal(t->n_memories, 2);
+  assert_int_equal(t->memories[0].id, 2); /* newest first */
+  assert_string_equal(t->memories[0].kind, "raw");
+  assert_string_equal(t->memories[0].scope, "s1");
+  assert_int_equal(t->memories[0].access_count, 1);
+  assert_int_equal(t->memories[1].access_count, 1);
+  complete(f, t, NULL, NULL, 0);
+  cph_op_clear_results(&l);
+
+  /* the count was written, and grows with every inclusion */
+  t = lease_tick(f, &l);
+  assert_int_equal(find_memory(t, 1)->access_count, 2);
+  assert_int_equal(find_memory(t, 2)->access_count, 2);
+  complete(f, t, NULL, NULL, 0);
+  cph_op_clear_results(&l);
+}
+
+static void test_small_window_raw_memory_gives_way_to_summaries(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1", .autonomy_s = 1});
+  cph_op l;
+  cph_turn_info *t = lease_tick(f, &l);
+  complete(f, t, NULL, MEMS, 6); /* raw memories 1..6 */
+  cph_op_clear_results(&l);
+  pause_session(f, "s1"); /* its ticks stay out of the maintenance turns' way */
+  run_maintenance(f);
+  enqueue(f, "gc_plan", "sources=1,2,3"); /* compaction: a summary (7) replaces 1..3 */
+  run_maintenance(f);
+  cph_gc_group_info *groups;
+  size_t n;
+  cph_err err;
+  assert_int_equal(cph_engine_gc_groups(f->e, "committed", 10, &groups, &n, &err), CPH_OK);
+  assert_int_equal(n, 1);
+  uint64_t summary = groups[0].summary_id;
+  cph_gc_group_info_free(&groups[0]);
+  free(groups);
+  resume_session(f, "s1");
+
+  /* a large window: every live raw memory and the summary; the deleted sources never */
+  t = lease_tick(f, &l);
+  assert_non_null(find_memory(t, 4));
+  assert_non_null(find_memory(t, 5));
+  assert_non_null(find_memory(t, 6));
+  assert_non_null(find_memory(t, summary));
+  assert_string_equal(find_memory(t, summary)->kind, "summary");
+  for (uint64_t id = 1; id <= 3; id++)
+    assert_null(find_memory(t, id));
+  assert_string_equal(t->memories[0].kind, "raw"); /* raw first */
+  assert_string_equal(t->memories[t->n_memories - 1].kind, "summary");
+  complete(f, t, NULL, NULL, 0);
+  cph_op_clear_results(&l);
+
+  /* a small window: raw memory gives way — fewer raw, the summary still in */
+  update(f, "s1", CPH_SET_WINDOW, CPH_STATE_IDLE, 256);
+  t = lease_tick(f, &l);
+  size_t raw = 0;
+  for (size_t i = 0; i < t->n_memories; i++)
+    raw += strcmp(t->memories[i].kind, "raw") == 0;
+  assert_true(raw >= 1);
+  assert_true(raw < 3);
+  assert_non_null(find_memory(t, 6)); /* the newest raw ones keep their place */
+  assert_non_null(find_memory(t, summary));
+  for (uint64_t id = 1; id <= 3; id++)
+    assert_null(find_memory(t, id));
+  assert_inside_window(t);
+  complete(f, t, NULL, NULL, 0);
+  cph_op_clear_results(&l);
+}
+
+/* ---------------------------------------------------------------- channel views */
+
+static void test_agents_see_each_other_as_system_and_users_as_user(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "A", .subscribe = "room"});
+  create(f, (session_spec){.id = "B", .subscribe = "room"});
+  pause_session(f, "B");
+  post(f, "room", "ann", "hello agents", NULL);
+  cph_op la;
+  cph_turn_info *t = lease(f, &la);
+  assert_string_equal(t->session, "A");
+  complete(f, t, "A here", NULL, 0);
+  cph_op_clear_results(&la);
+  resume_session(f, "B");
+
+  cph_op lb;
+  t = lease(f, &lb);
+  assert_string_equal(t->session, "B");
+  /* A's reply came after B's start: it is what B missed, as "[A] ..." */
+  const cph_message *away = away_block(t);
+  assert_non_null(away);
+  assert_string_equal(away->content, "MESSAGES WHILE YOU WERE AWAY\n[A] A here");
+  assert_string_equal(t->messages[t->n_messages - 1].content, "hello agents");
+  assert_string_equal(t->messages[t->n_messages - 1].role, "user");
+  assert_int_equal(t->views[0].away, 1);
+  complete(f, t, "B here", NULL, 0);
+  cph_op_clear_results(&lb);
+
+  /* a second round: A goes first again, then B */
+  pause_session(f, "B");
+  post(f, "room", "ann", "second question", NULL);
+  t = lease(f, &la);
+  assert_string_equal(t->session, "A");
+  assert_true(find_message(t, "assistant", "A here") >= 0);
+  assert_true(find_message(t, "user", "hello agents") >= 0);
+  assert_string_equal(away_text(t), "MESSAGES WHILE YOU WERE AWAY\n[B] B here");
+  complete(f, t, "A again", NULL, 0);
+  cph_op_clear_results(&la);
+  resume_session(f, "B");
+
+  t = lease(f, &lb);
+  assert_string_equal(t->session, "B");
+  /* before its cursor: the user as user, the other agent as a system message with its name */
+  int user = find_message(t, "user", "hello agents");
+  int agent = find_message(t, "system", "[A] A here");
+  int own = find_message(t, "assistant", "B here");
+  assert_true(user >= 0 && agent > user && own > agent);
+  assert_string_equal(away_text(t), "MESSAGES WHILE YOU WERE AWAY\n[A] A again");
+  const cph_message *last = &t->messages[t->n_messages - 1];
+  assert_string_equal(last->role, "user");
+  assert_string_equal(last->content, "second question");
+  assert_string_equal(last->coord, "d0, 0, 0");
+  assert_inside_window(t);
+  cph_op_clear_results(&lb);
+}
+
+static void test_agent_mentioned_mid_conversation_sees_all_history(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "C"}); /* neither subscribed nor a member */
+  create(f, (session_spec){.id = "D"});
+  post(f, "room", "ann", "first thing ann said", NULL);
+  post(f, "room", "bob", "bob replied to it", NULL);
+  post(f, "room", "ann", "C, can you help?", "C");
+  cph_op l;
+  cph_turn_info *t = lease(f, &l);
+  assert_string_equal(t->session, "C");
+  assert_false(t->views[0].had_cursor);
+  assert_int_equal(t->views[0].cursor, 0);
+  assert_string_equal(away_text(t), "MESSAGES WHILE YOU WERE AWAY\n"
+                                              "[ann] first thing ann said\n"
+                                              "[bob] bob replied to it");
+  assert_string_equal(t->messages[t->n_messages - 1].content, "C, can you help?");
+  complete(f, t, NULL, NULL, 0);
+  cph_op_clear_results(&l);
+
+  /* mentioned on a channel's first message: it starts fresh, nothing before */
+  post(f, "fresh", "ann", "D, a brand new topic", "D");
+  t = lease(f, &l);
+  assert_string_equal(t->session, "D");
+  assert_null(away_block(t));
+  assert_int_equal(t->n_history, 0);
+  assert_int_equal(t->n_messages, 1);
+  assert_string_equal(t->messages[0].content, "D, a brand new topic");
+  cph_op_clear_results(&l);
+}
+
+static void test_returning_agent_gets_exactly_what_it_missed(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "A", .subscribe = "room"});
+  create(f, (session_spec){.id = "C", .member = "room"});
+  pause_session(f, "A");
+  post(f, "room", "ann", "q1 for C", "C");
+  cph_op l;
+  cph_turn_info *t = lease(f, &l);
+  assert_string_equal(t->session, "C");
+  complete(f, t, "C answers q1", NULL, 0);
+  cph_op_clear_results(&l);
+  resume_session(f, "A");
+  t = lease(f, &l);
+  assert_string_equal(t->session, "A");
+  complete(f, t, "A chimes in", NULL, 0);
+  cph_op_clear_results(&l);
+  pause_session(f, "A"); /* A's inbox fills; C is the one to run */
+
+  post(f, "room", "ann", "chat while C is away", NULL);
+  post(f, "room", "bob", "more chat from bob", NULL);
+  post(f, "room", "ann", "q2 for C", "C");
+  t = lease(f, &l);
+  assert_string_equal(t->session, "C");
+  assert_true(t->views[0].had_cursor);
+  /* exactly the messages it missed: not its own reply, not the staged mention */
+  assert_string_equal(away_text(t), "MESSAGES WHILE YOU WERE AWAY\n"
+                                              "[A] A chimes in\n"
+                                              "[ann] chat while C is away\n"
+                                              "[bob] more chat from bob");
+  assert_true(find_message(t, "user", "q1 for C") >= 0);
+  assert_true(find_message(t, "assistant", "C answers q1") >= 0);
+  assert_string_equal(t->messages[t->n_messages - 1].content, "q2 for C");
+  assert_int_equal(t->n_staged, 1);
+  cph_op_clear_results(&l);
+}
+
+static void test_cursors_survive_a_restart(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "C", .member = "room"});
+  post(f, "room", "ann", "before C was asked", NULL);
+  post(f, "room", "ann", "C, first question", "C");
+  cph_op l;
+  cph_turn_info *t = lease(f, &l);
+  assert_string_equal(away_text(t),
+                      "MESSAGES WHILE YOU WERE AWAY\n[ann] before C was asked");
+  uint64_t seen = t->views[0].seen_index;
+  complete(f, t, NULL, NULL, 0);
+  cph_op_clear_results(&l);
+  post(f, "room", "bob", "said after C's turn", NULL);
+
+  cph_engine_close(f->e);
+  open_engine(f);
+
+  post(f, "room", "ann", "C, second question", "C");
+  t = lease(f, &l);
+  assert_true(t->views[0].had_cursor);
+  assert_int_equal(t->views[0].cursor, seen);
+  assert_string_equal(away_text(t),
+                      "MESSAGES WHILE YOU WERE AWAY\n[bob] said after C's turn");
+  /* what it had processed is ordinary history now */
+  assert_true(find_message(t, "user", "before C was asked") >= 0);
+  assert_true(find_message(t, "user", "C, first question") >= 0);
+  cph_op_clear_results(&l);
+}
+
+static void test_failed_turn_does_not_move_the_cursor(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "C", .member = "room"});
+  post(f, "room", "ann", "context C should see", NULL);
+  post(f, "room", "ann", "C, please look", "C");
+  cph_op l;
+  cph_turn_info *t = lease(f, &l);
+  assert_non_null(away_block(t));
+  cph_op fail = {0};
+  fail.kind = CPH_OP_FAIL;
+  fail.u.turn.turn_id = t->id;
+  memcpy(fail.u.turn.lease, t->lease, sizeof fail.u.turn.lease);
+  assert_int_equal(run(f, &fail), CPH_OK);
+  cph_op_clear_results(&l);
+  t = lease(f, &l); /* the same input again, seen the same way */
+  assert_false(t->views[0].had_cursor);
+  assert_string_equal(away_text(t),
+                      "MESSAGES WHILE YOU WERE AWAY\n[ann] context C should see");
+  cph_op_clear_results(&l);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(
+          test_inbox_turn_lists_obligations_and_only_its_senders_history, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_autonomy_tick_has_no_obligations_and_no_history,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_small_window_cuts_history_oldest_first, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(
+          test_tree_nodes_render_around_the_channel_view_without_its_cores, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_every_included_memory_counts_as_an_access, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_small_window_raw_memory_gives_way_to_summaries,
+                                      setup_maint, teardown),
+      cmocka_unit_test_setup_teardown(test_agents_see_each_other_as_system_and_users_as_user,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_agent_mentioned_mid_conversation_sees_all_history,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_returning_agent_gets_exactly_what_it_missed, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cursors_survive_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_failed_turn_does_not_move_the_cursor, setup,
+                                      teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
