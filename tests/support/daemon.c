@@ -82,12 +82,13 @@ int cph_test_daemon_start(cph_test_daemon *d, const char *policy_path, const cha
   d->pid = pid;
   for (int waited = 0; waited < 10000; waited += 20) {
     char *log = cph_test_daemon_log(d);
-    const char *ready = strstr(log, "cephalond ready listen=");
-    if (ready) {
-      const char *colon = strchr(ready + strlen("cephalond ready listen="), ' ');
-      /* the port is the digits before the first space after the last ':' */
-      const char *p = colon;
-      while (p > ready && p[-1] != ':')
+    /* the ready record: msg="cephalond ready" listen=HOST:PORT ... */
+    const char *ready = strstr(log, "msg=\"cephalond ready\"");
+    const char *listen = ready ? strstr(ready, " listen=") : NULL;
+    if (listen) {
+      const char *end = strchr(listen + 1, ' ');
+      const char *p = end ? end : listen + strlen(listen);
+      while (p > listen && p[-1] != ':') /* the port: the digits after the last ':' */
         p--;
       d->port = atoi(p);
       free(log);
