@@ -6,7 +6,7 @@ LISTEN     ?= 127.0.0.1:7070
 DATA       ?= var
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build build-asan run test test-unit test-asan clean
+.PHONY: all deps build build-asan run test test-unit test-asan test-valgrind clean
 
 all: build
 
@@ -40,6 +40,16 @@ test-unit: build
 test-asan: build-asan
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+# The tests that start the real daemon, with the daemon under valgrind: any memory error or
+# definite leak makes it exit 99, which the tests see as a failed stop.
+VALGRIND_TESTS ?= test_daemon|test_api_flow|test_api_errors|test_context_api|test_channels_api|test_cli
+test-valgrind:
+	@./scripts/install-deps.sh valgrind
+	cmake -S . -B build-vg -DCMAKE_BUILD_TYPE=Debug
+	cmake --build build-vg -j $(JOBS)
+	cd build-vg && CPH_DAEMON_WRAPPER="valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite --quiet" \
+	  ctest --output-on-failure --timeout 1800 -R '$(VALGRIND_TESTS)'
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

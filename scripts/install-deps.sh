@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Cephalon builds and tests with — only the ones missing.
 # Idempotent: a second run installs nothing and exits 0. Needs root (or sudo) only when
-# something is actually missing.
+# something is actually missing. Extra package names given as arguments are installed too
+# (e.g. `install-deps.sh valgrind` for make test-valgrind).
 set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
   libevent-dev liblmdb-dev libmsgpack-dev libjansson-dev libssl-dev libcmocka-dev
 )
+packages+=("$@")
 
 missing=()
 for p in "${packages[@]}"; do
