@@ -5,8 +5,12 @@ POLICY     ?= cephalon.policy.edn.example
 LISTEN     ?= 127.0.0.1:7070
 DATA       ?= var
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME  ?= 60
+FUZZ_SMOKE ?= 10
 
-.PHONY: all deps build build-asan run test test-unit test-asan test-valgrind clean
+.PHONY: all deps build build-asan run test test-unit test-asan test-valgrind clean \
+        build-fuzz fuzz fuzz-smoke
 
 all: build
 
@@ -31,8 +35,9 @@ run: build
 	@echo "     curl -s '$(LISTEN)/v1/replies?after=0&wait_ms=5000'"
 	$(BUILD)/bin/cephalond --policy $(POLICY) --data $(DATA) --listen $(LISTEN)
 
-# Both builds must pass: the normal one, then ASan+UBSan.
+# Both builds must pass: the normal one, then ASan+UBSan; then every fuzzer for a short while.
 test: test-unit test-asan
+	@$(MAKE) --no-print-directory fuzz-smoke
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -51,5 +56,29 @@ test-valgrind:
 	cd build-vg && CPH_DAEMON_WRAPPER="valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite --quiet" \
 	  ctest --output-on-failure --timeout 1800 -R '$(VALGRIND_TESTS)'
 
+# libFuzzer targets (tests/fuzz/README.md): clang, its own build dir, never the gcc builds.
+build-fuzz: deps
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCPH_FUZZ=ON
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
+
+# Each fuzzer FUZZ_TIME seconds, JOBS at once; what they find accumulates in $(FUZZ_BUILD)/fuzz-work.
+fuzz: build-fuzz
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_TIME) $(JOBS) keep
+
+# Each fuzzer FUZZ_SMOKE seconds from its seed corpus; any finding fails `make test`.
+fuzz-smoke: build-fuzz
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SMOKE) $(JOBS) smoke
+
+# Benchmarks (DESIGN §12): a RelWithDebInfo build of its own (BENCH_BUILD, so the figures
+# never come from a Debug or sanitizer build), the anchors (scripts/bench-deps.sh), every
+# scenario side by side, then bench/results/latest.md and its plots. A few minutes.
+BENCH_BUILD ?= build-bench
+.PHONY: bench
+bench: deps
+	@./scripts/bench-deps.sh
+	cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BENCH_BUILD) -j $(JOBS) --target cephalon-bench cephalond
+	./bench/run.sh $(BENCH_BUILD)/bin
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

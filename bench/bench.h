@@ -7,7 +7,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <stddef.h>
+
 int cph_bench_sched(int argc, char **argv);
+int cph_bench_ingest(int argc, char **argv);
+int cph_bench_cycle(int argc, char **argv);
+int cph_bench_beanstalkd(int argc, char **argv);
+int cph_bench_redis(int argc, char **argv);
+int cph_bench_memory(int argc, char **argv);
+int cph_bench_fairness(int argc, char **argv);
+int cph_bench_spam(int argc, char **argv);
+int cph_bench_maintenance(int argc, char **argv);
 
 /* Option helpers for scenarios: `--name VALUE` or `--name=VALUE`. If argv[*i] is the option,
  * parses its value (advancing *i past it) and returns 1; returns 0 if argv[*i] is another
@@ -17,5 +27,12 @@ int cph_bench_opt_u64(int argc, char **argv, int *i, const char *name, uint64_t 
 
 /* A monotonic wall-clock reading in nanoseconds, for measuring. */
 int64_t cph_bench_now_ns(void);
+
+/* splitmix64 over *state: the bench's deterministic pseudo-random numbers. */
+uint64_t cph_bench_rand(uint64_t *state);
+/* Writes a NUL-terminated body of `len` bytes into out (len + 1 bytes): a unique hex tag,
+ * then pseudo-words from rng, so bodies are neither exact nor near duplicates (DESIGN §5).
+ * JSON-safe (letters, digits, spaces). Returns its length. */
+size_t cph_bench_body(char *out, size_t len, uint64_t tag, uint64_t *rng);
 
 #endif

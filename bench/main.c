@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "proc.h"
 
 typedef struct scenario {
   const char *name;
@@ -18,6 +19,21 @@ typedef struct scenario {
 static const scenario scenarios[] = {
     {"sched", "pick + finish cycles in process on N saturated sessions (--sessions N [--ops M])",
      cph_bench_sched},
+    {"ingest", "durable ingest over HTTP against cephalond, 1,000 events per request",
+     cph_bench_ingest},
+    {"cycle", "post 1 event -> lease -> complete over HTTP, 8 clients (--sync always|none)",
+     cph_bench_cycle},
+    {"beanstalkd", "anchor: put -> reserve -> delete, 8 clients (--mode memory|fsync)",
+     cph_bench_beanstalkd},
+    {"redis", "anchor: LPUSH -> RPOP, 8 clients (--mode none|always)", cph_bench_redis},
+    {"fairness", "Jain's index over equal saturated sessions (lanes/sim, virtual time)",
+     cph_bench_fairness},
+    {"spam", "one channel at 100x: quiet sessions' p99 pick wait vs no spam (lanes/sim)",
+     cph_bench_spam},
+    {"maintenance", "outbox trickle under full interactive load and compaction (lanes/sim)",
+     cph_bench_maintenance},
+    {"memory", "RSS per idle session and restart to ready (--sessions N --events M)",
+     cph_bench_memory},
 };
 
 #define N_SCENARIOS (sizeof scenarios / sizeof scenarios[0])
@@ -79,8 +95,11 @@ int main(int argc, char **argv) {
     return 0;
   }
   for (size_t i = 0; i < N_SCENARIOS; i++)
-    if (strcmp(argv[1], scenarios[i].name) == 0)
+    if (strcmp(argv[1], scenarios[i].name) == 0) {
+      cph_bench_proc_init();
+      setvbuf(stdout, NULL, _IOLBF, 0);
       return scenarios[i].run(argc - 1, argv + 1);
+    }
   fprintf(stderr, "cephalon-bench: unknown scenario \"%s\"\n\n", argv[1]);
   usage(stderr);
   return 2;

@@ -45,6 +45,7 @@ int cli_cmd_sessions(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_events(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_turns(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_context(const cli_ctx *ctx, int argc, char **argv);
+int cli_cmd_top(const cli_ctx *ctx, int argc, char **argv);
 
 /* ---------------------------------------------------------------- talking to cephalond (api.c) */
 

@@ -20,6 +20,8 @@ static const cli_command commands[] = {
      "sessions why ID",
      "list sessions, show one, say why one is (not) running"},
     {"lanes", cli_cmd_lanes, "lanes", "lane budgets left, runnable and running sessions"},
+    {"top", cli_cmd_top, "top [--interval SECONDS] [--limit N] [--once]",
+     "live view of lanes, busiest sessions, outbox and backpressure (Ctrl-C quits)"},
     {"context", cli_cmd_context,
      "context show SESSION [--select SEL]\n"
      "context step SESSION [--episodes N]",

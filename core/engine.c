@@ -18,6 +18,7 @@
 #include "dedupe.h"
 #include "engine_internal.h"
 #include "lanes/pass.h"
+#include "metrics.h"
 
 /* Most operations one pass applies; the rest wait for the next pass (cap work per callback). */
 #define OPS_PER_PASS 512
@@ -332,6 +333,10 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   rc = cph_store_open(&so, &e->store, err);
   if (rc)
     goto fail;
+  if ((rc = metrics_open(e)) != CPH_OK) { /* before memory_load: recovery counts expiries */
+    cph_err_set(err, rc, "out of memory opening the engine");
+    goto fail;
+  }
   rc = memory_load(e, err);
   if (rc)
     goto fail;
@@ -364,6 +369,7 @@ void cph_engine_close(cph_engine *e) {
   cph_store_close(e->store);
   cph_policy_free(e->policy);
   free(e->data_dir);
+  metrics_close(e);
   free(e);
 }
 
@@ -493,6 +499,7 @@ int cph_engine_run_pass(cph_engine *e) {
     cph_error("pass: %s", e->txn.err.msg);
     return rc;
   }
+  metrics_pass_begin(e);
   uint64_t replies_before = e->last_reply_id;
   for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
     cph_op *op = queue_pop(&e->ops);
@@ -521,6 +528,7 @@ int cph_engine_run_pass(cph_engine *e) {
     /* Nothing of this pass landed: every operation of it fails, and memory (changed as the
      * operations applied) is rebuilt from what the store holds. */
     cph_error("pass commit failed: %s", e->txn.err.msg);
+    metrics_pass_rollback(e, rc); /* nothing of this pass is counted either */
     char msg[sizeof e->txn.err.msg];
     snprintf(msg, sizeof msg, "%s", e->txn.err.msg);
     for (size_t i = 0; i < e->done.len; i++) {

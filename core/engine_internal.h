@@ -117,6 +117,7 @@ struct cph_engine {
   struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
   uint64_t embed_queue_len;      /* memories waiting for an embedding */
   struct cph_maint *maint;       /* maint.c: schedules, counters */
+  struct cph_metrics *metrics;   /* metrics.c: live counters; kept across memory rebuilds */
 };
 
 /* ---- engine.c ---- */

@@ -8,6 +8,7 @@
 #include "backpressure.h"
 #include "dedupe.h"
 #include "engine_internal.h"
+#include "metrics.h"
 
 #define CHANNEL_MAX 256
 #define NOTICE_SENDER "cephalon"
@@ -341,6 +342,31 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
   return CPH_OK;
 }
 
+/* Ingest stops while less than 1/INGEST_RESERVE_DIV of the map (at least INGEST_RESERVE_MIN,
+ * at most half the map) is free, so that on a full store leases, completions and maintenance
+ * still find room to write (DESIGN §11: a full disk fails ingest, not workers). A completion
+ * of a full 64-message turn writes some 100 KiB, copies on write included. */
+#define INGEST_RESERVE_DIV 16
+#define INGEST_RESERVE_MIN ((size_t)8 << 20)
+
+static int ingest_room(cph_engine *e, cph_err *err) {
+  size_t live = 0, map = 0;
+  int rc = cph_txn_space(&e->txn, &live, &map);
+  if (rc)
+    return cph_err_set(err, rc, "cannot tell how full data dir '%s' is: %s", e->data_dir,
+                       cph_strerror(rc));
+  size_t reserve = map / INGEST_RESERVE_DIV;
+  if (reserve < INGEST_RESERVE_MIN)
+    reserve = INGEST_RESERVE_MIN < map / 2 ? INGEST_RESERVE_MIN : map / 2;
+  if (live + reserve <= map)
+    return CPH_OK;
+  return cph_err_set(err, CPH_EFULL,
+                     "storage full: %zu KiB of the %zu MiB map of data dir '%s' hold data and "
+                     "ingest keeps the last %zu KiB for workers (raise :server :map-size-mb and "
+                     "restart)",
+                     live >> 10, map >> 20, e->data_dir, reserve >> 10);
+}
+
 void ingest_apply(cph_engine *e, cph_op *op) {
   size_t n = op->u.ingest.n_events;
   op->u.ingest.results = calloc(n ? n : 1, sizeof *op->u.ingest.results);
@@ -350,11 +376,16 @@ void ingest_apply(cph_engine *e, cph_op *op) {
   }
   for (size_t i = 0; i < n; i++) {
     cph_err err;
-    int rc = ingest_one(e, &op->u.ingest.events[i], &op->u.ingest.results[i], &err);
+    int rc = ingest_room(e, &err);
+    if (rc == CPH_OK)
+      rc = ingest_one(e, &op->u.ingest.events[i], &op->u.ingest.results[i], &err);
     if (rc) {
+      if (rc == CPH_EFULL)
+        metrics_storage_full(e);
       op_fail(op, rc, "events", "%s", err.msg);
       return;
     }
+    metrics_event(e, op->u.ingest.results[i].status);
   }
 }
 

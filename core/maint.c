@@ -407,6 +407,28 @@ static int apply_embed(cph_engine *e, cph_txn *t, const cph_job_work *w) {
   return t->ret;
 }
 
+/* created_ms of the oldest pending outbox item as t sees it, 0 if none: after a drain the
+ * oldest may have gone, and cephalon_outbox_oldest_age_seconds must not keep counting from it.
+ * Ids ascend with creation; the scan costs what prepare_outbox's own scan from the start does. */
+static int64_t outbox_oldest_pending_ms(cph_txn *t) {
+  cph_cursor c;
+  cph_val k, v;
+  int64_t oldest = 0;
+  int rc = cph_cursor_open(t, CPH_DB_OUTBOX, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK && !oldest;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    cph_outbox_rec o;
+    cph_err derr;
+    if (cph_record_decode(&cph_outbox_desc, v.data, v.len, &o, &derr))
+      continue;
+    if (o.status == CPH_OUTBOX_PENDING)
+      oldest = o.created_ms ? o.created_ms : 1;
+    cph_record_free(&cph_outbox_desc, &o);
+  }
+  cph_cursor_close(&c);
+  return oldest;
+}
+
 static int apply_outbox(cph_engine *e, cph_txn *t, const cph_job_work *w, uint64_t *done_out) {
   int64_t now = cph_wall_ms();
   uint64_t done = 0;
@@ -575,6 +597,8 @@ int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph
   if (j.kind == CPH_JOBK_OUTBOX_DRAIN && rc == CPH_OK)
     e->maint->outbox_pending -= outbox_done < e->maint->outbox_pending ? outbox_done
                                                                        : e->maint->outbox_pending;
+  if (j.kind == CPH_JOBK_OUTBOX_DRAIN && rc == CPH_OK && outbox_done)
+    e->maint->outbox_oldest_ms = outbox_oldest_pending_ms(t);
   if (j.kind == CPH_JOBK_EMBED_MEMORY && rc == CPH_OK && w && !w->rc)
     e->embed_queue_len -= w->n_items < e->embed_queue_len ? w->n_items : e->embed_queue_len;
   if (j.kind == CPH_JOBK_EMBED_MEMORY && w && w->rc)

@@ -8,6 +8,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libevent-dev liblmdb-dev libmsgpack-dev libjansson-dev libssl-dev libcmocka-dev
+  clang libclang-rt-14-dev
+  prometheus # promtool checks the /metrics scrape; the server scrapes cephalond in a test
 )
 packages+=("$@")
 
@@ -30,6 +32,40 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
   fi
 fi
+
+# No service starts: Debian's postinst scripts start their daemons (prometheus) through
+# invoke-rc.d / deb-systemd-invoke, and while installing /usr/sbin/policy-rc.d answers 101
+# ("action forbidden"). The tests start their own servers on free loopback ports. An existing
+# policy-rc.d is put back exactly as it was afterwards.
+policy=/usr/sbin/policy-rc.d
+backup=""
+if [ -e "$policy" ]; then
+  backup=$($sudo mktemp /tmp/policy-rc.d.XXXXXX)
+  $sudo cp -p "$policy" "$backup"
+fi
+restore_policy() {
+  if [ -n "$backup" ]; then
+    $sudo cp -p "$backup" "$policy"
+    $sudo rm -f "$backup"
+  else
+    $sudo rm -f "$policy"
+  fi
+}
+trap restore_policy EXIT
+printf '#!/bin/sh\n# install-deps.sh: no service starts while Cephalon installs its packages\nexit 101\n' |
+  $sudo tee "$policy" >/dev/null
+$sudo chmod 755 "$policy"
+
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# Where systemd runs, the package also enabled its unit for the next boot: undo that for the
+# services this run installed (a Prometheus the machine already had is left alone).
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  for p in "${missing[@]}"; do
+    if [ "$p" = prometheus ]; then
+      $sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
+  done
+fi

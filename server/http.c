@@ -59,6 +59,8 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/v1/turns", SCOPE_READ, 0, cph_route_turns_list},
     {EVHTTP_REQ_GET, "/v1/replies", SCOPE_WORKER | SCOPE_READ, 0, cph_route_replies},
     {EVHTTP_REQ_GET, "/v1/lanes", SCOPE_READ, 0, cph_route_lanes},
+    {EVHTTP_REQ_GET, "/metrics", SCOPE_READ, 0, cph_route_metrics},
+    {EVHTTP_REQ_GET, "/v1/top", SCOPE_READ, 0, cph_route_top},
     {EVHTTP_REQ_GET, "/v1/channels/{id}", SCOPE_READ, 0, cph_route_channel_get},
     {EVHTTP_REQ_GET, "/v1/aggregates", SCOPE_READ, 0, cph_route_aggregates},
     {EVHTTP_REQ_GET, "/v1/admin/policy", SCOPE_ADMIN | SCOPE_READ, 0, cph_route_policy_get},
@@ -264,6 +266,25 @@ static void on_reply_written(struct evhttp_request *ev, void *arg) {
   cph_srv_reply_flushed(arg);
 }
 
+/* The common end of every answer: headers every answer gets, the send, and the shutdown
+ * bookkeeping. Frees buf. */
+static void send_buffer(cph_req *r, struct evhttp_request *ev, int status, struct evbuffer *buf) {
+  struct evkeyvalq *h = evhttp_request_get_output_headers(ev);
+  if (status == 401)
+    evhttp_add_header(h, "WWW-Authenticate", "Bearer");
+  if (r->srv->stopping)
+    evhttp_add_header(h, "Connection", "close");
+  /* A detached request (no connection) is freed by evhttp_send_reply without a callback. */
+  if (evhttp_request_get_connection(ev)) {
+    r->srv->unflushed++;
+    evhttp_request_set_on_complete_cb(ev, on_reply_written, r->srv);
+  }
+  evhttp_send_reply(ev, status, status_phrase(status), buf);
+  if (buf)
+    evbuffer_free(buf);
+  cph_srv_request_closed(r->srv);
+}
+
 static void send_reply(cph_req *r, int status, json_t *body) {
   struct evhttp_request *ev = r->ev;
   if (!ev) { /* answered already: one reply per request */
@@ -297,22 +318,28 @@ static void send_reply(cph_req *r, int status, json_t *body) {
     }
   }
   json_decref(body);
-  if (status == 401)
-    evhttp_add_header(h, "WWW-Authenticate", "Bearer");
-  if (r->srv->stopping)
-    evhttp_add_header(h, "Connection", "close");
-  /* A detached request (no connection) is freed by evhttp_send_reply without a callback. */
-  if (evhttp_request_get_connection(ev)) {
-    r->srv->unflushed++;
-    evhttp_request_set_on_complete_cb(ev, on_reply_written, r->srv);
-  }
-  evhttp_send_reply(ev, status, status_phrase(status), buf);
-  if (buf)
-    evbuffer_free(buf);
-  cph_srv_request_closed(r->srv);
+  send_buffer(r, ev, status, buf);
 }
 
 void cph_reply_json(cph_req *r, int status, json_t *body) { send_reply(r, status, body); }
+
+void cph_reply_text(cph_req *r, int status, const char *content_type, const char *data,
+                    size_t len) {
+  struct evhttp_request *ev = r->ev;
+  if (!ev)
+    return; /* answered already: one reply per request */
+  r->ev = NULL;
+  struct evbuffer *buf = evbuffer_new();
+  if (!buf || evbuffer_add(buf, data, len) != 0) {
+    status = 500;
+    content_type = "application/json";
+    if (buf)
+      evbuffer_add_printf(buf, "{\"error\":{\"code\":\"internal\",\"message\":\"out of "
+                               "memory\",\"field\":null}}\n");
+  }
+  evhttp_add_header(evhttp_request_get_output_headers(ev), "Content-Type", content_type);
+  send_buffer(r, ev, status, buf);
+}
 
 void cph_reply_empty(cph_req *r, int status) { send_reply(r, status, NULL); }
 

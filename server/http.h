@@ -95,6 +95,9 @@ void cph_http_dispatch(struct evhttp_request *ev, void *arg);
 void cph_reply_json(cph_req *r, int status, json_t *body);
 /* 204 No Content. */
 void cph_reply_empty(cph_req *r, int status);
+/* Sends data[0..len) as is, with this Content-Type (GET /metrics: Prometheus text). */
+void cph_reply_text(cph_req *r, int status, const char *content_type, const char *data,
+                    size_t len);
 /* Records the error (first one wins) without answering; fmt describes it for the client. */
 void cph_req_fail(cph_req *r, int status, const char *code, const char *field, const char *fmt,
                   ...) __attribute__((format(printf, 5, 6)));

@@ -208,6 +208,7 @@ int cph_srv_reload(cph_srv *s, cph_err *err) {
   int rc = cph_policy_load_file(s->policy_path, &p, err);
   if (rc != CPH_OK) {
     cph_error("policy reload rejected, the old policy stays in force: %s", err->msg);
+    cph_engine_note_reload_failure(s->engine);
     return rc;
   }
   if (!p->auth_enabled && !s->listen_loopback) {
@@ -217,11 +218,13 @@ int cph_srv_reload(cph_srv *s, cph_err *err) {
                      "keep :auth tokens or restart on a loopback address",
                      s->policy_path);
     cph_error("policy reload rejected, the old policy stays in force: %s", err->msg);
+    cph_engine_note_reload_failure(s->engine);
     return rc;
   }
   rc = cph_engine_reload(s->engine, p, err);
   if (rc != CPH_OK) {
     cph_error("policy reload failed, the old policy stays in force: %s", err->msg);
+    cph_engine_note_reload_failure(s->engine);
     return rc;
   }
   apply_policy(s);

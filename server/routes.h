@@ -41,6 +41,9 @@ void cph_route_lanes(cph_req *r);
 void cph_route_policy_get(cph_req *r);
 void cph_route_policy_reload(cph_req *r);
 
+/* routes_metrics.c: GET /metrics, the Prometheus exposition */
+void cph_route_metrics(cph_req *r);
+
 /* routes_context.c */
 void cph_route_context_insert(cph_req *r);
 void cph_route_context_get(cph_req *r);
@@ -60,6 +63,9 @@ void cph_route_event_get(cph_req *r);
 /* A job's args object as the engine's "key=value" text (request-owned), NULL when absent or
  * after recording a 400. */
 const char *cph_job_args_text(cph_req *r, json_t *args, const char *path);
+
+/* routes_top.c: GET /v1/top, the live operations view */
+void cph_route_top(cph_req *r);
 
 /* routes_channels.c */
 void cph_route_aggregates(cph_req *r);

@@ -259,10 +259,10 @@ void cph_route_turn_lease(cph_req *r) {
 /* The {id} segment as a turn id, and the body's "lease" (32 hex characters). */
 static bool turn_target(cph_req *r, bool need_lease) {
   const char *id = r->params[0];
-  char *end;
+  char *end = NULL; /* stays NULL when strtoull is not called ("-1", "+1") */
   errno = 0;
   unsigned long long n = id && *id != '-' && *id != '+' ? strtoull(id, &end, 10) : 0;
-  if (!id || !*id || *end != '\0' || errno == ERANGE || n == 0) {
+  if (!id || !*id || !end || *end != '\0' || errno == ERANGE || n == 0) {
     cph_req_fail(r, 404, "not_found", "id", "no turn \"%s\": turn ids are positive integers",
                  id ? id : "");
     return false;

@@ -131,6 +131,13 @@ int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record
 int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
                        void *rec);
 
+/* What the data holds as t sees it (its own uncommitted writes included): the pages of every
+ * named database's tree and of the catalogue, times the page size — not the pages LMDB freed
+ * for reuse, nor the free-page list itself. *map_bytes gets the map size. O(databases); a
+ * failure returns the code without making the txn fail. Lets a writer keep headroom before
+ * MDB_MAP_FULL (ingest does, DESIGN §11). */
+int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes);
+
 /* Next id from a named counter in meta (starts at 1), persisted with the txn. */
 int cph_txn_next_id(cph_txn *t, const char *counter, uint64_t *out);
 

@@ -94,7 +94,9 @@ int cph_txn_commit(cph_txn *t) {
   if (rc) {
     int code = cph_store_map_error(rc);
     if (code == CPH_EFULL)
-      return txn_fail(t, code, "storage full: commit to data dir '%s' failed: %s",
+      return txn_fail(t, code,
+                      "storage full: commit to data dir '%s' failed: %s (raise :server "
+                      ":map-size-mb and restart)",
                       t->store->dir, mdb_strerror(rc));
     return txn_fail(t, code, "commit to data dir '%s' failed: %s", t->store->dir,
                     mdb_strerror(rc));
@@ -180,6 +182,31 @@ int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record
     return txn_fail(t, rc, "corrupt record in database \"%s\" at key %s: %s", cph_db_name(db),
                     key, derr.msg);
   }
+  return CPH_OK;
+}
+
+int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes) {
+  if (t->ret)
+    return t->ret;
+  if (!t->mdb)
+    return CPH_ESTATE;
+  MDB_envinfo info;
+  int rc = mdb_env_info(t->store->env, &info);
+  size_t pages = 0, psize = 0;
+  /* MAIN_DBI (1) is the catalogue of named databases; the free list (0) is not readable. */
+  for (int i = -1; rc == MDB_SUCCESS && i < CPH_DB_COUNT; i++) {
+    MDB_stat st;
+    rc = mdb_stat(t->mdb, i < 0 ? 1 : t->store->dbi[i], &st);
+    if (rc == MDB_SUCCESS) {
+      pages += st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+      psize = st.ms_psize;
+    }
+  }
+  if (rc) /* not sticky: a failed look at the sizes spoils none of the txn's writes */
+    return cph_store_map_error(rc);
+  *live_bytes = pages * psize;
+  if (map_bytes)
+    *map_bytes = info.me_mapsize;
   return CPH_OK;
 }
 

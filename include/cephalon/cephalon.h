@@ -662,6 +662,31 @@ void cph_channel_info_free(cph_channel_info *c);
  * (no subscriber or member, no history, no policy override); CPH_EINVAL for a bad name. */
 int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph_err *err);
 
+/* ---- the live operations view (GET /v1/top; core/top.c) ----
+ * On-demand admin reads of in-memory state; never called from the scheduler pass. */
+
+#define CPH_TOP_SESSIONS_DEFAULT 10
+#define CPH_TOP_SESSIONS_MAX 100
+
+/* The n busiest sessions (0 = CPH_TOP_SESSIONS_DEFAULT, capped at CPH_TOP_SESSIONS_MAX):
+ * those with staged + pending > 0, most first, ties by id. Each entry is what
+ * cph_engine_get_session() answers. Cost: O(sessions · log n) over the in-memory sessions,
+ * plus one LMDB read per chosen session. *out is malloc'd (free each entry with
+ * cph_session_info_free, then the array); NULL when *n_out is 0. */
+int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, size_t *n_out,
+                            cph_err *err);
+
+typedef struct cph_channel_step {
+  char *channel;
+  uint32_t step;         /* effective degrade step, 0..5 (floor and :max-step applied) */
+  const char *step_name; /* cph_bp_step_name(step) */
+} cph_channel_step;
+/* Every channel the backpressure tracker knows whose effective step is >= min_step (1 = the
+ * degraded ones), deepest step first, then by name. O(tracked channels). */
+int cph_engine_channel_steps(cph_engine *e, uint32_t min_step, cph_channel_step **out, size_t *n,
+                             cph_err *err);
+void cph_channel_steps_free(cph_channel_step *steps, size_t n);
+
 /* ---- context (DESIGN §6) ---- */
 
 typedef struct cph_context_stage_info {
@@ -711,6 +736,18 @@ typedef struct cph_seal_info {
 int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, size_t *n,
                      cph_err *err);
 void cph_seals_free(cph_seal_info *seals, size_t n);
+
+/* ---- metrics (DESIGN §10) ---- */
+
+/* Every cephalon_* metric in the Prometheus text exposition format 0.0.4 (serve it as
+ * "text/plain; version=0.0.4; charset=utf-8"): malloc'd and NUL-terminated, *len its length
+ * (len may be NULL); NULL on out of memory. Never O(sessions): credits are sampled (at most
+ * 10,000 sessions a scrape) and per-channel and per-family series are capped. Whether to serve
+ * it (:metrics :enabled?) is the caller's decision. */
+char *cph_engine_metrics_text(cph_engine *e, size_t *len);
+/* Counts a rejected policy reload (cephalon_policy_reload_failures_total): the daemon calls
+ * it when a SIGHUP or API reload fails, whatever the step that refused it. */
+void cph_engine_note_reload_failure(cph_engine *e);
 
 /* Hooks the daemon sets to wake long-polls. */
 typedef struct cph_engine_hooks {

@@ -118,6 +118,10 @@ int cph_test_daemon_start(cph_test_daemon *d, const char *policy_path, const cha
   char *l = cph_test_daemon_log(d);
   fprintf(stderr, "cephalond not ready after %d s:\n%s\n", ready_ms / 1000, l);
   free(l);
+  /* never leave it running behind a failed start */
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  d->pid = 0;
   return -1;
 }
 

@@ -1,0 +1,453 @@
+/* cephalon-bench ingest and cycle: a real cephalond on loopback, driven over HTTP/1.1 by
+ * client threads with their own kept-alive connections (DESIGN §12).
+ *
+ *   ingest: durable ingest, 1,000 events per request, :store :sync :always; events/s.
+ *   cycle:  post one event -> lease -> complete, per client; cycles/s at :sync :always or
+ *           :none (the anchors in bench_anchor.c run the same shape).
+ *
+ * Both start cephalond on a free port with a temp dir (proc.h), create one interactive
+ * session per client subscribed to its own channel, run the load (load.h), and stop it. */
+#define _GNU_SOURCE /* asprintf */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "load.h"
+#include "net.h"
+#include "proc.h"
+
+/* ---------------------------------------------------------------- shared */
+
+/* splitmix64: the bench's deterministic pseudo-random stream. */
+uint64_t cph_bench_rand(uint64_t *state) {
+  uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+  return z ^ (z >> 31);
+}
+
+static const char *const syllables[] = {"ka", "lo", "mi", "ne", "ru", "sa", "to", "vi",
+                                        "da", "fe", "gu", "ho", "ji", "pe", "qu", "zo"};
+
+/* Writes a body of about `len` bytes: a unique tag, then pseudo-words, so no two bodies are
+ * exact or near duplicates (§5) and each takes the full ingest path. Returns its length. */
+size_t cph_bench_body(char *out, size_t len, uint64_t tag, uint64_t *rng) {
+  int n = snprintf(out, len + 1, "m%" PRIx64, tag);
+  size_t at = n > 0 ? (size_t)n : 0;
+  while (at + 1 < len) {
+    uint64_t r = cph_bench_rand(rng);
+    out[at++] = ' ';
+    for (int s = 0; s < 3 && at < len; s++, r >>= 4) {
+      const char *syl = syllables[r & 15];
+      out[at++] = syl[0];
+      if (at < len)
+        out[at++] = syl[1];
+    }
+  }
+  out[at] = '\0';
+  return at;
+}
+
+/* POST with a fresh connection for setup calls; 0 when the answer is `want`. */
+static int post_expect(int port, const char *path, const char *body, int want) {
+  cph_bench_conn c = CPH_BENCH_CONN_INIT;
+  cph_bench_resp r;
+  int rc = -1;
+  if (cph_bench_conn_open(&c, port) == 0 &&
+      cph_bench_http(&c, "POST", path, body, strlen(body), &r) == 0) {
+    rc = r.status == want ? 0 : -1;
+    if (rc)
+      fprintf(stderr, "cephalon-bench: POST %s -> %d %s\n", path, r.status, r.body);
+  }
+  cph_bench_conn_free(&c);
+  return rc;
+}
+
+/* One interactive session per client, "PREFIX-<i>", subscribed to channel "PREFIX-chan-<i>";
+ * window > 0 sets its context_window_tokens (else the policy default). */
+static int create_sessions(int port, int n, const char *prefix, uint64_t window) {
+  char body[320], win[48] = "";
+  if (window)
+    snprintf(win, sizeof win, ",\"context_window_tokens\":%" PRIu64, window);
+  for (int i = 0; i < n; i++) {
+    snprintf(body, sizeof body,
+             "{\"id\":\"%s-%d\",\"class\":\"interactive\",\"subscribe\":[\"%s-chan-%d\"]%s}",
+             prefix, i, prefix, i, win);
+    if (post_expect(port, "/v1/sessions", body, 200) &&
+        post_expect(port, "/v1/sessions", body, 201))
+      return -1;
+  }
+  return 0;
+}
+
+typedef struct http_ctx {
+  int port;
+  int events_per_request;
+  size_t body_bytes;
+  const char *prefix;
+  int subscribed; /* ingest: events go to the clients' subscribed channels, else unrouted */
+  /* Totals over the clients, added by client_teardown (main thread, after the run). */
+  uint64_t queued, stored, aggregated, other, empty_leases, turns, turn_bytes;
+} http_ctx;
+
+typedef struct http_client {
+  http_ctx *ctx;
+  int id;
+  cph_bench_conn conn;
+  uint64_t rng;
+  char *req;
+  size_t req_cap;
+  uint64_t queued, stored, aggregated, other; /* ingest statuses seen */
+  uint64_t empty_leases;                     /* cycle: 204s before a turn came */
+  uint64_t turns, turn_bytes;                /* cycle: lease answers and their size */
+} http_client;
+
+static int client_setup(void *ctx, int id, void **state) {
+  http_client *c = calloc(1, sizeof *c);
+  if (!c)
+    return -1;
+  c->ctx = ctx;
+  c->id = id;
+  c->conn = (cph_bench_conn)CPH_BENCH_CONN_INIT;
+  c->rng = UINT64_C(0x5EED0000) + (uint64_t)id;
+  const http_ctx *h = ctx;
+  c->req_cap = (size_t)h->events_per_request * (h->body_bytes + 128) + 64;
+  c->req = malloc(c->req_cap);
+  if (!c->req || cph_bench_conn_open(&c->conn, h->port)) {
+    free(c->req);
+    free(c);
+    return -1;
+  }
+  *state = c;
+  return 0;
+}
+
+static void client_teardown(void *state) {
+  http_client *c = state;
+  http_ctx *h = c->ctx;
+  h->queued += c->queued;
+  h->stored += c->stored;
+  h->aggregated += c->aggregated;
+  h->other += c->other;
+  h->empty_leases += c->empty_leases;
+  h->turns += c->turns;
+  h->turn_bytes += c->turn_bytes;
+  cph_bench_conn_free(&c->conn);
+  free(c->req);
+  free(c);
+}
+
+/* Builds {"events":[...]} with n events for this client into c->req. */
+static size_t build_events(http_client *c, int n, uint64_t seq) {
+  const http_ctx *h = c->ctx;
+  size_t at = (size_t)snprintf(c->req, c->req_cap, "{\"events\":[");
+  char body[1024];
+  size_t blen = h->body_bytes < sizeof body - 1 ? h->body_bytes : sizeof body - 1;
+  for (int i = 0; i < n; i++) {
+    uint64_t tag = ((uint64_t)c->id << 48) ^ (seq * (uint64_t)n + (uint64_t)i);
+    cph_bench_body(body, blen, tag, &c->rng);
+    int w;
+    if (h->subscribed)
+      w = snprintf(c->req + at, c->req_cap - at,
+                   "%s{\"channel\":\"%s-chan-%d\",\"sender\":\"user-%d\",\"body\":\"%s\"}",
+                   i ? "," : "", h->prefix, c->id, c->id, body);
+    else
+      w = snprintf(c->req + at, c->req_cap - at,
+                   "%s{\"channel\":\"%s-open-%d\",\"sender\":\"user-%d\",\"body\":\"%s\"}",
+                   i ? "," : "", h->prefix, c->id, c->id, body);
+    at += (size_t)w;
+  }
+  at += (size_t)snprintf(c->req + at, c->req_cap - at, "]}");
+  return at;
+}
+
+static uint64_t count_of(const char *s, const char *needle) {
+  uint64_t n = 0;
+  size_t len = strlen(needle);
+  while ((s = strstr(s, needle)) != NULL) {
+    n++;
+    s += len;
+  }
+  return n;
+}
+
+/* ---------------------------------------------------------------- ingest */
+
+static int ingest_op(void *state, uint64_t seq) {
+  http_client *c = state;
+  size_t len = build_events(c, c->ctx->events_per_request, seq);
+  cph_bench_resp r;
+  if (cph_bench_http(&c->conn, "POST", "/v1/events", c->req, len, &r) || r.status != 200) {
+    fprintf(stderr, "cephalon-bench ingest: POST /v1/events -> %d %.300s\n", r.status,
+            r.body ? r.body : "");
+    return -1;
+  }
+  uint64_t q = count_of(r.body, "\"status\":\"queued\"");
+  uint64_t s = count_of(r.body, "\"status\":\"stored\"");
+  uint64_t a = count_of(r.body, "\"status\":\"aggregated\"");
+  c->queued += q;
+  c->stored += s;
+  c->aggregated += a;
+  c->other += (uint64_t)c->ctx->events_per_request - q - s - a;
+  return 0;
+}
+
+static void ingest_usage(FILE *f) {
+  fprintf(f, "usage: cephalon-bench ingest [--clients N] [--events E] [--seconds S] "
+             "[--sync always|batch|none] [--body-bytes B] [--unrouted]\n"
+             "  --clients N     client threads, each with its own connection (default 8)\n"
+             "  --events E      events per request (default 1000)\n"
+             "  --seconds S     measured seconds (default 10; 1 s warm-up before)\n"
+             "  --sync MODE     :store :sync (default always)\n"
+             "  --body-bytes B  event body size (default 64)\n"
+             "  --unrouted      post to channels nobody subscribes to (status stored)\n");
+}
+
+static const char *sync_arg(int argc, char **argv, int *i) {
+  if (strcmp(argv[*i], "--sync") == 0 && *i + 1 < argc) {
+    const char *v = argv[*i + 1];
+    if (strcmp(v, "always") && strcmp(v, "batch") && strcmp(v, "none"))
+      return NULL;
+    *i += 2;
+    return v;
+  }
+  return NULL;
+}
+
+int cph_bench_ingest(int argc, char **argv) {
+  uint64_t clients = 8, events = 1000, seconds = 10, body_bytes = 64;
+  const char *sync = "always";
+  bool unrouted = false;
+  for (int i = 1; i < argc;) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      ingest_usage(stdout);
+      return 0;
+    }
+    if (strcmp(argv[i], "--unrouted") == 0) {
+      unrouted = true;
+      i++;
+      continue;
+    }
+    const char *s = sync_arg(argc, argv, &i);
+    if (s) {
+      sync = s;
+      continue;
+    }
+    int r;
+    if ((r = cph_bench_opt_u64(argc, argv, &i, "--clients", 1, 256, &clients)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--events", 1, 100000, &events)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--seconds", 1, 600, &seconds)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--body-bytes", 16, 1000, &body_bytes))) {
+      if (r < 0)
+        return 2;
+      continue;
+    }
+    fprintf(stderr, "cephalon-bench ingest: bad option \"%s\"\n", argv[i]);
+    ingest_usage(stderr);
+    return 2;
+  }
+
+  if (events > 1000) {
+    fprintf(stderr, "cephalon-bench ingest: at most 1000 events per request "
+                    "(:server :max-events-per-request in the bench policy)\n");
+    return 2;
+  }
+  char policy[2048];
+  if (cph_bench_policy(policy, sizeof policy, sync, 64, 10, 1, NULL))
+    return 1;
+  cph_bench_daemon d;
+  if (cph_bench_daemon_start(&d, policy, NULL, 20000)) {
+    cph_bench_daemon_free(&d);
+    return 1;
+  }
+  int status = 1;
+  http_ctx h = {.port = d.port,
+                .events_per_request = (int)events,
+                .body_bytes = (size_t)body_bytes,
+                .prefix = "ingest",
+                .subscribed = !unrouted};
+  if (create_sessions(d.port, (int)clients, "ingest", 0))
+    goto out;
+  cph_bench_load l = {(int)clients, 1.0, (double)seconds, 0, client_setup, ingest_op,
+                      client_teardown, &h};
+  cph_bench_load_result res;
+  if (cph_bench_load_run(&l, &res))
+    goto out;
+  int64_t rss_anon;
+  int64_t rss = cph_bench_rss(d.pid, &rss_anon);
+  double eps = res.ops_per_s * (double)events;
+  printf("cephalond          :store :sync :%s, %s events, %" PRIu64 "-byte bodies\n", sync,
+         unrouted ? "unrouted" : "routed (one subscriber each)", body_bytes);
+  printf("clients            %" PRIu64 " (one connection each), %" PRIu64
+         " events per request\n",
+         clients, events);
+  printf("requests           %" PRIu64 " in %.2f s (errors %" PRIu64 ")\n", res.ops,
+         res.seconds, res.errors);
+  printf("request latency    p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", res.lat_p50_us / 1e3,
+         res.lat_p99_us / 1e3, res.lat_max_us / 1e3);
+  printf("statuses           queued %" PRIu64 ", stored %" PRIu64 ", aggregated %" PRIu64
+         ", other %" PRIu64 " (all requests, warm-up included)\n",
+         h.queued, h.stored, h.aggregated, h.other);
+  printf("events/s           %.0f\n", eps);
+  printf("daemon rss         %.1f MiB at the end\n", (double)rss / 1048576.0);
+  printf("ingest events_per_s=%.0f requests_per_s=%.1f events_per_request=%" PRIu64
+         " clients=%" PRIu64 " sync=%s p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
+         eps, res.ops_per_s, events, clients, sync, res.lat_p50_us / 1e3, res.lat_p99_us / 1e3,
+         res.errors);
+  status = res.errors ? 1 : 0;
+out:
+  cph_bench_daemon_free(&d);
+  return status;
+}
+
+/* ---------------------------------------------------------------- cycle */
+
+/* A lease waits up to LEASE_WAIT_MS; the cycle fails after LEASE_MAX_EMPTY empty answers in
+ * a row. One turn may carry several events of its session (§4: every staged message), so
+ * there can be fewer turns than events: a client may find no turn left once the others
+ * stopped, and then gives up quietly (cph_bench_load_stopping). */
+#define LEASE_MAX_EMPTY 50
+#define LEASE_WAIT_MS 200
+
+static int cycle_op(void *state, uint64_t seq) {
+  http_client *c = state;
+  /* 1. post one event to this client's channel */
+  size_t len = build_events(c, 1, seq);
+  cph_bench_resp r;
+  if (cph_bench_http(&c->conn, "POST", "/v1/events", c->req, len, &r) || r.status != 200) {
+    fprintf(stderr, "cephalon-bench cycle: POST /v1/events -> %d %.300s\n", r.status,
+            r.body ? r.body : "");
+    return -1;
+  }
+  /* 2. lease a turn (any session's: the scheduler decides) */
+  char lease_req[96];
+  int lease_len = snprintf(lease_req, sizeof lease_req, "{\"worker\":\"w-%d\",\"wait_ms\":%d}",
+                           c->id, LEASE_WAIT_MS);
+  for (int tries = 0;; tries++) {
+    if (cph_bench_http(&c->conn, "POST", "/v1/turns/lease", lease_req, (size_t)lease_len, &r)) {
+      fprintf(stderr, "cephalon-bench cycle: lease failed (connection)\n");
+      return -1;
+    }
+    if (r.status == 200)
+      break;
+    if (r.status == 204 && cph_bench_load_stopping())
+      return 0;
+    if (r.status != 204 || tries + 1 >= LEASE_MAX_EMPTY) {
+      fprintf(stderr, "cephalon-bench cycle: lease -> %d %.300s\n", r.status,
+              r.body ? r.body : "");
+      return -1;
+    }
+    c->empty_leases++;
+  }
+  c->turns++;
+  c->turn_bytes += r.body_len;
+  const char *turn = cph_bench_json_find(r.body, "turn");
+  uint64_t id;
+  char lease[40];
+  if (!turn || cph_bench_json_u64(turn, "id", &id) ||
+      cph_bench_json_str(turn, "lease", lease, sizeof lease)) {
+    fprintf(stderr, "cephalon-bench cycle: no turn id or lease in %.300s\n", r.body);
+    return -1;
+  }
+  /* 3. complete it */
+  char path[64], body[160];
+  snprintf(path, sizeof path, "/v1/turns/%" PRIu64 "/complete", id);
+  int blen = snprintf(body, sizeof body,
+                      "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}", lease);
+  if (cph_bench_http(&c->conn, "POST", path, body, (size_t)blen, &r) || r.status != 200) {
+    fprintf(stderr, "cephalon-bench cycle: complete -> %d %.300s\n", r.status,
+            r.body ? r.body : "");
+    return -1;
+  }
+  return 0;
+}
+
+static void cycle_usage(FILE *f) {
+  fprintf(f, "usage: cephalon-bench cycle [--sync always|batch|none] [--clients N] "
+             "[--seconds S] [--body-bytes B] [--window T]\n"
+             "  --sync MODE     :store :sync (default always)\n"
+             "  --clients N     client threads, each with its own connection and session "
+             "(default 8)\n"
+             "  --seconds S     measured seconds (default 10; 1 s warm-up before)\n"
+             "  --body-bytes B  event body size (default 64; the anchors put the same)\n"
+             "  --window T      the sessions' context_window_tokens (default: the policy's)\n");
+}
+
+int cph_bench_cycle(int argc, char **argv) {
+  uint64_t clients = 8, seconds = 10, body_bytes = 64, window = 0;
+  const char *sync = "always";
+  for (int i = 1; i < argc;) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      cycle_usage(stdout);
+      return 0;
+    }
+    const char *s = sync_arg(argc, argv, &i);
+    if (s) {
+      sync = s;
+      continue;
+    }
+    int r;
+    if ((r = cph_bench_opt_u64(argc, argv, &i, "--clients", 1, 256, &clients)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--seconds", 1, 600, &seconds)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--body-bytes", 16, 1000, &body_bytes)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--window", 64, 10000000, &window))) {
+      if (r < 0)
+        return 2;
+      continue;
+    }
+    fprintf(stderr, "cephalon-bench cycle: bad option \"%s\"\n", argv[i]);
+    cycle_usage(stderr);
+    return 2;
+  }
+  char policy[2048];
+  /* Concurrency at least the clients: every client may hold a turn at once. */
+  if (cph_bench_policy(policy, sizeof policy, sync, (int)clients < 64 ? 64 : (int)clients, 10, 1,
+                       NULL))
+    return 1;
+  cph_bench_daemon d;
+  if (cph_bench_daemon_start(&d, policy, NULL, 20000)) {
+    cph_bench_daemon_free(&d);
+    return 1;
+  }
+  int status = 1;
+  http_ctx h = {.port = d.port,
+                .events_per_request = 1,
+                .body_bytes = (size_t)body_bytes,
+                .prefix = "cycle",
+                .subscribed = 1};
+  if (create_sessions(d.port, (int)clients, "cycle", window))
+    goto out;
+  cph_bench_load l = {(int)clients, 1.0, (double)seconds, 0, client_setup, cycle_op,
+                      client_teardown, &h};
+  cph_bench_load_result res;
+  if (cph_bench_load_run(&l, &res))
+    goto out;
+  printf("cephalond          :store :sync :%s; context window %s tokens\n", sync,
+         window ? "per --window" : "the default");
+  if (window)
+    printf("context window     %" PRIu64 " tokens\n", window);
+  printf("clients            %" PRIu64 " (one connection and one session each), %" PRIu64
+         "-byte bodies\n",
+         clients, body_bytes);
+  printf("cycle              POST /v1/events (1 event) -> POST /v1/turns/lease -> "
+         "POST /v1/turns/{id}/complete\n");
+  printf("cycles             %" PRIu64 " in %.2f s (errors %" PRIu64 ")\n", res.ops,
+         res.seconds, res.errors);
+  printf("cycle latency      p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", res.lat_p50_us / 1e3,
+         res.lat_p99_us / 1e3, res.lat_max_us / 1e3);
+  printf("lease answers      %" PRIu64 " turns, mean %.0f bytes; %" PRIu64
+         " empty (204) before a turn\n",
+         h.turns, h.turns ? (double)h.turn_bytes / (double)h.turns : 0.0, h.empty_leases);
+  printf("cycles/s           %.0f\n", res.ops_per_s);
+  printf("cycle cycles_per_s=%.0f sync=%s clients=%" PRIu64 " body_bytes=%" PRIu64
+         " window=%" PRIu64 " turn_bytes=%.0f p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
+         res.ops_per_s, sync, clients, body_bytes, window,
+         h.turns ? (double)h.turn_bytes / (double)h.turns : 0.0, res.lat_p50_us / 1e3,
+         res.lat_p99_us / 1e3, res.errors);
+  status = res.errors ? 1 : 0;
+out:
+  cph_bench_daemon_free(&d);
+  return status;
+}

@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# bench/run.sh — runs every cephalon-bench scenario and anchor once, side by side on this
+# machine, and writes bench/results/latest.md (figures, each DESIGN §12 target with its
+# measured value, ratio and pass/fail), latest.log (every scenario's full output) and the
+# PNG plots (gnuplot). `make bench` builds first and then calls this.
+#
+#   bench/run.sh [BIN_DIR]      (default: $CPH_BIN_DIR, else build/bin)
+#
+# Contract: bounded — each scenario runs under `timeout`, the whole run takes a few minutes;
+# every server is started by cephalon-bench on 127.0.0.1 and stopped by it; every temp dir
+# lives under one work dir ($TMPDIR for the bench) removed on exit, also on Ctrl-C.
+# Exits 0 when every scenario ran (a missed target is reported, not an error), 1 otherwise.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${1:-${CPH_BIN_DIR:-$root/build/bin}}
+bin=$(cd "$bin" && pwd)
+out=$root/bench/results
+bench=$bin/cephalon-bench
+[ -x "$bench" ] || { echo "run.sh: no $bench (build first: make bench)" >&2; exit 1; }
+
+# Scale knobs (defaults: DESIGN §12 where it fits in the time budget).
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
+MEMORY_SESSIONS=${MEMORY_SESSIONS:-1000000}
+MEMORY_EVENTS=${MEMORY_EVENTS:-200000}
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/cephalon-bench-run.XXXXXX")
+cleanup() { rm -rf "$work"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+export TMPDIR=$work CPH_BIN_DIR=$bin
+mkdir -p "$out" "$work/data"
+log=$work/latest.log # moved into $out at the end: an interrupted run leaves the last results
+: >"$log"
+failed=()
+start=$(date +%s)
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# run NAME LIMIT_S ARGS... : runs one scenario, keeps its output in $work/NAME.out.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  local t0
+  t0=$(date +%s.%N)
+  echo "== $name: cephalon-bench $*" | tee -a "$log" >&2
+  timeout --kill-after=10 "$limit" "$bench" "$@" >"$work/$name.out" 2>"$work/$name.err"
+  local rc=$?
+  local t1
+  t1=$(date +%s.%N)
+  { echo "\$ cephalon-bench $*"; cat "$work/$name.out"; cat "$work/$name.err";
+    awk -v rc="$rc" -v a="$t0" -v b="$t1" 'BEGIN { printf "(exit %d, %.1f s)\n\n", rc, b - a }'; } >>"$log"
+  tail -1 "$work/$name.out" >&2
+  if [ $rc -ne 0 ]; then
+    failed+=("$name (exit $rc)")
+  fi
+}
+
+# val NAME KEY : the value of KEY in NAME's summary line (its last line), or "n/a".
+val() {
+  local line
+  line=$(tail -1 "$work/$1.out" 2>/dev/null)
+  local v
+  v=$(printf '%s\n' "$line" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1)
+  echo "${v:-n/a}"
+}
+
+run sched-10k 120 sched --sessions 10000
+run sched-100k 120 sched --sessions 100000
+run sched-1m 180 sched --sessions 1000000
+run ingest 120 ingest --seconds "$SECONDS_PER_RUN"
+run cycle-always 120 cycle --sync always --seconds "$SECONDS_PER_RUN"
+run cycle-none 120 cycle --sync none --seconds "$SECONDS_PER_RUN"
+run beanstalkd-fsync 120 beanstalkd --mode fsync --seconds "$SECONDS_PER_RUN"
+run beanstalkd-memory 120 beanstalkd --mode memory --seconds "$SECONDS_PER_RUN"
+run redis-always 120 redis --mode always --seconds "$SECONDS_PER_RUN"
+run redis-none 120 redis --mode none --seconds "$SECONDS_PER_RUN"
+run fairness 60 fairness --data "$work/data"
+run spam 60 spam --data "$work/data"
+run maintenance 60 maintenance --data "$work/data"
+run memory 300 memory --sessions "$MEMORY_SESSIONS" --events "$MEMORY_EVENTS"
+
+# ---------------------------------------------------------------- targets
+
+# row LABEL MEASURED TARGET_TEXT RATIO PASS
+rows=()
+row() { rows+=("| $1 | $2 | $3 | $4 | $5 |"); }
+# judge A OP B : "pass"/"FAIL"/"n/a" for A OP B (awk float comparison).
+judge() {
+  if [ "$1" = "n/a" ] || [ "$3" = "n/a" ]; then echo "n/a"; return; fi
+  awk -v a="$1" -v b="$3" -v op="$2" 'BEGIN {
+    ok = (op == ">=") ? (a >= b) : (a <= b); print ok ? "pass" : "FAIL" }'
+}
+ratio() {
+  if [ "$1" = "n/a" ] || [ "$2" = "n/a" ]; then echo "n/a"; return; fi
+  awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "n/a"; else printf "%.3f", a / b }'
+}
+
+s10k=$(val sched-10k ops_per_s); s100k=$(val sched-100k ops_per_s); s1m=$(val sched-1m ops_per_s)
+n10k=$(val sched-10k ns_per_op); n1m=$(val sched-1m ns_per_op)
+ing=$(val ingest events_per_s)
+ca=$(val cycle-always cycles_per_s); cn=$(val cycle-none cycles_per_s)
+bf=$(val beanstalkd-fsync cycles_per_s); bm=$(val beanstalkd-memory cycles_per_s)
+ra=$(val redis-always cycles_per_s); rn=$(val redis-none cycles_per_s)
+jain=$(val fairness jain)
+spam_ratio=$(val spam quiet_p99_ratio)
+held=$(val maintenance trickle_held)
+rss=$(val memory rss_per_session_bytes); anon=$(val memory anon_per_session_bytes)
+ready_s=$(val memory ready_sessions_s); ready_ev=$(val memory ready_events_s)
+ready10m=$(val memory ready_10m_events_extrapolated_s)
+
+r=$(ratio "$s100k" 2000000)
+row "sched: pick + complete in process at 100k runnable sessions" "$s100k ops/s" ">= 2,000,000 ops/s" "$r" "$(judge "$r" ">=" 1)"
+r=$(ratio "$n1m" "$n10k")
+row "sched: per-pick cost at 1M vs 10k sessions" "$n1m ns vs $n10k ns" "<= 2x" "$r" "$(judge "$r" "<=" 2)"
+r=$(ratio "$ing" 200000)
+row "ingest: durable over HTTP, 1,000 events/request, :sync :always" "$ing events/s" ">= 200,000 events/s" "$r" "$(judge "$r" ">=" 1)"
+r=$(ratio "$ca" "$bf")
+row "cycle :sync :always vs beanstalkd -b -f 0" "$ca vs $bf cycles/s" ">= 5x" "$r" "$(judge "$r" ">=" 5)"
+r=$(ratio "$ca" "$ra")
+row "cycle :sync :always vs Redis appendfsync always" "$ca vs $ra cycles/s" ">= 1x" "$r" "$(judge "$r" ">=" 1)"
+r=$(ratio "$cn" "$bm")
+row "cycle :sync :none vs beanstalkd in memory" "$cn vs $bm cycles/s" ">= 1x" "$r" "$(judge "$r" ">=" 1)"
+row "fairness: Jain's index, equal saturated sessions" "$jain" ">= 0.99" "$(ratio "$jain" 0.99)" "$(judge "$jain" ">=" 0.99)"
+row "spam: quiet p99 pick wait, 100x channel vs no spam" "${spam_ratio}x" "<= 2x" "$spam_ratio" "$(judge "$spam_ratio" "<=" 2)"
+row "maintenance: outbox trickle under full load" "held: $held ($(val maintenance batches_per_min)/min, fewest $(val maintenance fewest_per_min))" ">= :min-batches-per-minute (1)" "$(val maintenance fewest_per_min)" "$([ "$held" = yes ] && echo pass || echo FAIL)"
+r=$(ratio "$rss" 256)
+row "memory: RSS per idle session at $MEMORY_SESSIONS sessions" "$rss B (anon $anon B)" "<= 256 B" "$r" "$(judge "$rss" "<=" 256)"
+r=$(ratio "$ready10m" 3)
+row "restart to ready, $MEMORY_SESSIONS sessions + 10M events (EXTRAPOLATED from $MEMORY_EVENTS events)" "$ready10m s (measured: ${ready_s} s with 0 events, ${ready_ev} s with $MEMORY_EVENTS)" "<= 3 s" "$r" "$(judge "$ready10m" "<=" 3) (extrapolated)"
+
+# ---------------------------------------------------------------- plots
+
+plots=()
+if command -v gnuplot >/dev/null 2>&1; then
+  # sched: throughput against sessions
+  printf '10000\t%s\n100000\t%s\n1000000\t%s\n' "$s10k" "$s100k" "$s1m" >"$work/data/sched.tsv"
+  gnuplot <<EOF 2>>"$log" && plots+=("sched_sessions.png")
+set terminal pngcairo size 800,500 noenhanced
+set output '$out/sched_sessions.png'
+set title 'sched: pick + complete in process, saturated sessions'
+set logscale x
+set xlabel 'sessions'
+set ylabel 'ops/s'
+set yrange [0:*]
+set grid
+set key bottom right
+plot '$work/data/sched.tsv' using 1:2 with linespoints lw 2 pt 7 title 'measured', \
+     2000000 with lines dt 2 title 'target at 100k: 2,000,000/s'
+EOF
+  if [ -s "$work/data/spam_share.tsv" ]; then
+    gnuplot <<EOF 2>>"$log" && plots+=("spam_lane_share.png")
+set terminal pngcairo size 900,500 noenhanced
+set output '$out/spam_lane_share.png'
+set title 'spam (one channel at 100x): share of turns started per minute'
+set xlabel 'minute (virtual time, lanes/sim)'
+set ylabel 'share of turns'
+set yrange [0:1]
+set grid
+set key outside right
+plot '$work/data/spam_share.tsv' using 1:2 with lines lw 2 title 'interactive', \
+     '' using 1:3 with lines lw 2 title 'operational', \
+     '' using 1:4 with lines lw 2 title 'maintenance', \
+     '' using 1:5 with lines lw 1 dt 2 title 'the spam session', \
+     '' using 1:6 with lines lw 2 dt 3 lc rgb '#888888' title 'interactive, no spam'
+EOF
+  fi
+  if [ -s "$work/data/spam_wait.tsv" ]; then
+    gnuplot <<EOF 2>>"$log" && plots+=("pick_wait.png")
+set terminal pngcairo size 1000,500 noenhanced
+set output '$out/pick_wait.png'
+set title 'pick wait percentiles per lane, with and without spam (lanes/sim)'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set ylabel 'seconds'
+set xtics rotate by -30
+set grid ytics
+set key top left
+plot '$work/data/spam_wait.tsv' using 2:xtic(1) title 'p50', '' using 3 title 'p90', '' using 4 title 'p99'
+EOF
+  fi
+else
+  echo "run.sh: gnuplot missing (scripts/bench-deps.sh installs it): no plots" >&2
+fi
+
+# ---------------------------------------------------------------- report
+
+end=$(date +%s)
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+{
+  echo "# Cephalon benchmarks — latest run"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n): $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB;"
+  echo "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$root" diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)');"
+  echo "run took $((end - start)) s. Every figure comes from this one run; the anchors ran on the same"
+  echo "machine with the same client count (8 threads, one kept-alive connection each) and payload"
+  echo "size (64 bytes). Full output of every scenario: \`latest.log\`."
+  echo
+  echo "Load average (1, 5, 15 min) at the start: $load_start; at the end: $load_end. On a"
+  echo "$(nproc)-core machine anything above ~1 besides the bench means other processes shared the"
+  echo "CPU and the disk: absolute figures then move from run to run; compare the ratios."
+  echo
+  echo "## DESIGN §12 targets"
+  echo
+  echo "| target | measured | §12 | ratio | result |"
+  echo "|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  echo
+  echo "Ratios: cephalon / anchor for the cycles, measured / target otherwise (for the sched 1M vs"
+  echo "10k row: cost at 1M / cost at 10k; memory: bytes / 256; restart: seconds / 3)."
+  echo
+  echo "## Figures"
+  echo
+  echo "| scenario | summary line |"
+  echo "|---|---|"
+  for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none beanstalkd-fsync \
+           beanstalkd-memory redis-always redis-none fairness spam maintenance memory; do
+    echo "| $f | \`$(tail -1 "$work/$f.out" 2>/dev/null)\` |"
+  done
+  echo
+  echo "## How each was measured"
+  echo
+  echo "- **sched**: \`cephalon-bench sched --sessions N\` — the scheduler in process (lanes/), N"
+  echo "  saturated sessions over three lanes, budgets that never bind, 64 picks then their finishes."
+  echo "- **ingest**: \`cephalon-bench ingest\` — cephalond on 127.0.0.1, :store :sync :always, 8"
+  echo "  client threads each POSTing 1,000 events (64-byte unique bodies) per request to its own"
+  echo "  channel, subscribed by one session; dedupe on, backpressure steps off (:max-step 0)."
+  echo "- **cycle**: \`cephalon-bench cycle --sync always|none\` — 8 clients, each with its own"
+  echo "  session and channel: POST one event, POST /v1/turns/lease (any session's turn), POST"
+  echo "  complete. Sessions keep their default context window (8192 tokens), so steady-state"
+  echo "  turns carry a full context."
+  echo "- **anchors**: \`cephalon-bench beanstalkd --mode fsync|memory\` (put -> reserve -> delete,"
+  echo "  one tube; \`-b DIR -f 0\` fsyncs every write) and \`cephalon-bench redis --mode always|none\`"
+  echo "  (LPUSH -> RPOP, one list; \`appendonly yes\` + \`appendfsync always\`, or no persistence)."
+  echo "- **fairness / spam / maintenance**: the real scheduler on a virtual clock (lanes/sim)."
+  echo "- **memory**: \`cephalon-bench memory --sessions $MEMORY_SESSIONS --events $MEMORY_EVENTS\`"
+  echo "  — sessions created in process through the public API, then cephalond restarted on the"
+  echo "  store: RSS (VmRSS minus an empty cephalond's) per session and spawn-to-ready time; events"
+  echo "  added and restarted again; 10M events EXTRAPOLATED linearly from the two restarts."
+  echo
+  echo "## Plots"
+  echo
+  for p in "${plots[@]}"; do echo "![$p]($p)"; echo; done
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "## Scenarios that did not complete"
+    echo
+    for f in "${failed[@]}"; do echo "- $f"; done
+  fi
+} >"$work/latest.md"
+cp "$log" "$out/latest.log"
+mv "$work/latest.md" "$out/latest.md"
+
+echo "run.sh: wrote $out/latest.md ($((end - start)) s)" >&2
+[ ${#failed[@]} -eq 0 ]
