@@ -204,6 +204,8 @@ void maint_note_commit(cph_engine *e, uint64_t deleted, uint64_t outbox_items, i
 int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out);
 int pact_save(cph_engine *e, cph_txn *t, const char *session, const cph_pact_tree *tree);
 int pact_delete_all(cph_engine *e, cph_txn *t, const char *session);
+/* Drops message cores deeper than the history bound; returns how many. */
+size_t pact_prune_history(cph_pact_tree *tree);
 void context_ops_apply(cph_engine *e, cph_op *op);
 /* search.c */
 void search_apply(cph_engine *e, cph_op *op);

@@ -8,6 +8,23 @@
 #include "engine_internal.h"
 
 #define TREE_NODES_MAX 4096 /* a session's tree; inserts beyond it are refused (413) */
+/* Message cores deeper than this are dropped after each episode: the conversation itself stays
+ * in the channel history (LMDB), and without a bound every turn would load and rewrite a tree
+ * that grows by one or two nodes per turn forever. */
+#define HISTORY_CORES_MAX_DEPTH 128
+
+size_t pact_prune_history(cph_pact_tree *tree) {
+  size_t dropped = 0;
+  for (size_t i = 0; i < tree->n;) {
+    const cph_pact_node *n = &tree->nodes[i];
+    if (n->role && n->at.depth > HISTORY_CORES_MAX_DEPTH && cph_pact_delete(tree, n->id) == CPH_OK) {
+      dropped++;
+      continue; /* the array shifted: look at index i again */
+    }
+    i++;
+  }
+  return dropped;
+}
 
 static cph_key node_key(const char *session, uint64_t id) {
   cph_key k;

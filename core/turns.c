@@ -638,8 +638,10 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
       cph_pact_tree tree;
       if (pact_load(e, &t, s->id, &tree) == CPH_OK &&
           cph_pact_complete_turn(&tree, tr.input ? tr.input : "", op->u.turn.reply_body) ==
-              CPH_OK)
+              CPH_OK) {
+        pact_prune_history(&tree);
         pact_save(e, &t, s->id, &tree);
+      }
       cph_pact_tree_free(&tree);
     }
     tr.state = CPH_TURN_COMPLETED;

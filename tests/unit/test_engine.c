@@ -492,6 +492,41 @@ static void test_session_update_pause_and_delete(void **state) {
   cph_op_clear_results(&l);
 }
 
+/* Each completed turn adds message cores to the session's PACT tree; the tree stays bounded
+ * (deep history lives in the channel log), so a long-lived session does not slow down. */
+static void test_context_tree_stays_bounded_over_many_turns(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  for (int i = 0; i < 150; i++) {
+    char body[32];
+    snprintf(body, sizeof body, "message %d", i);
+    cph_clock_advance(&f->clock, CPH_NS_PER_S); /* the lane refills a turn a second */
+    post(f, "general", body);
+    cph_op l, c;
+    assert_int_equal(lease(f, &l, 10), CPH_OK);
+    assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, NULL, "ok", 0, &c), CPH_OK);
+    cph_op_clear_results(&l);
+  }
+  cph_context_node_info *nodes;
+  size_t n;
+  uint64_t episode;
+  cph_err err;
+  assert_int_equal(cph_engine_context(f->e, "s1", NULL, &nodes, &n, &episode, &err), CPH_OK);
+  assert_int_equal(episode, 150);
+  if (n > 130 || n < 100)
+    fail_msg("%zu nodes (first at %s, last at %s)", n, n ? nodes[0].at : "-", n ? nodes[n - 1].at : "-");
+  assert_true(n <= 130); /* 300 cores were added; at most 128 depths of history are kept */
+  assert_true(n >= 100);
+  for (size_t i = 0; i < n; i++)
+    assert_true(atoi(nodes[i].at + 1) <= 128);
+  /* the newest exchange is there */
+  bool newest = false;
+  for (size_t i = 0; i < n; i++)
+    newest |= strcmp(nodes[i].content, "inbox:message 149") == 0;
+  assert_true(newest);
+  cph_context_nodes_free(nodes, n);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_message_pending_at_pass_start_waits_for_the_next_pass,
@@ -513,6 +548,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(
           test_restart_keeps_sessions_inbox_credits_and_expires_leases, setup, teardown),
       cmocka_unit_test_setup_teardown(test_session_update_pause_and_delete, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_context_tree_stays_bounded_over_many_turns, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
