@@ -61,7 +61,7 @@ build-fuzz: deps
 	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCPH_FUZZ=ON
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
 
-# Each fuzzer FUZZ_TIME seconds, JOBS at once; what they find accumulates in $(FUZZ_BUILD)/fuzz-work.
+# Each fuzzer FUZZ_TIME seconds, JOBS at once; their corpora grow in $(FUZZ_BUILD)/fuzz-work.
 fuzz: build-fuzz
 	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_TIME) $(JOBS) keep
 
@@ -79,6 +79,19 @@ bench: deps
 	cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BENCH_BUILD) -j $(JOBS) --target cephalon-bench cephalond
 	./bench/run.sh $(BENCH_BUILD)/bin
+
+# Soak (not part of `make test`): 10,000 sessions under sustained ingest and turn traffic for
+# 5 minutes against the RelWithDebInfo cephalond; prints memory, descriptors and lease latency
+# and fails if they grow or drift. SOAK_ARGS passes options, e.g. SOAK_ARGS="--duration 600".
+SOAK_ARGS ?=
+SOAK_SRC   = tests/soak/soak.c tests/support/daemon.c tests/support/testutil.c \
+             tests/support/hclient.c
+.PHONY: soak
+soak: build
+	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+	  -Wno-unused-parameter -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -I. $(SOAK_SRC) \
+	  $$(pkg-config --cflags --libs jansson) -lpthread -o $(BUILD)/bin/cephalon-soak
+	CPH_BIN_DIR=$(abspath $(BUILD))/bin $(BUILD)/bin/cephalon-soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

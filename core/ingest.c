@@ -348,8 +348,13 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
  * of a full 64-message turn writes some 100 KiB, copies on write included. */
 #define INGEST_RESERVE_DIV 16
 #define INGEST_RESERVE_MIN ((size_t)8 << 20)
+/* What one event may write besides twice its body (event and memory): its vector, keys and
+ * the other records. Only an estimate, to space out the looks at the store. */
+#define INGEST_EVENT_OVERHEAD 4096
 
-static int ingest_room(cph_engine *e, cph_err *err) {
+/* CPH_OK with *room = how many bytes ingest may still write before the reserve, or
+ * CPH_EFULL. O(databases). */
+static int ingest_room(cph_engine *e, size_t *room, cph_err *err) {
   size_t live = 0, map = 0;
   int rc = cph_txn_space(&e->txn, &live, &map);
   if (rc)
@@ -358,8 +363,10 @@ static int ingest_room(cph_engine *e, cph_err *err) {
   size_t reserve = map / INGEST_RESERVE_DIV;
   if (reserve < INGEST_RESERVE_MIN)
     reserve = INGEST_RESERVE_MIN < map / 2 ? INGEST_RESERVE_MIN : map / 2;
-  if (live + reserve <= map)
+  if (live + reserve <= map) {
+    *room = map - reserve - live;
     return CPH_OK;
+  }
   return cph_err_set(err, CPH_EFULL,
                      "storage full: %zu KiB of the %zu MiB map of data dir '%s' hold data and "
                      "ingest keeps the last %zu KiB for workers (raise :server :map-size-mb and "
@@ -374,9 +381,13 @@ void ingest_apply(cph_engine *e, cph_op *op) {
     op_fail(op, CPH_ENOMEM, NULL, "out of memory");
     return;
   }
+  size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
   for (size_t i = 0; i < n; i++) {
     cph_err err;
-    int rc = ingest_room(e, &err);
+    const char *body = op->u.ingest.events[i].body;
+    size_t need = 2 * (body ? strlen(body) : 0) + INGEST_EVENT_OVERHEAD;
+    int rc = room < need ? ingest_room(e, &room, &err) : CPH_OK;
+    room = room > need ? room - need : 0;
     if (rc == CPH_OK)
       rc = ingest_one(e, &op->u.ingest.events[i], &op->u.ingest.results[i], &err);
     if (rc) {

@@ -429,12 +429,17 @@ int main(int argc, char **argv) {
   }
   cph_srv_schedule_pass(&s); /* recovery may have left work (expired leases restaged) */
   char qdata[512], qpolicy[512];
+  /* The ready record is a contract (DESIGN §1: supervisors and tests wait for it), written
+   * whatever :log-level says. */
+  if (level > CPH_LOG_INFO)
+    cph_log_set_level(CPH_LOG_INFO);
   cph_log_kv(CPH_LOG_INFO, "cephalond ready", "listen=%s:%u data=%s policy=%s auth=%s", addr.host,
              addr.port,
              cph_log_quote(data_dir ? data_dir : cph_engine_policy(s.engine)->server.data_dir,
                            qdata, sizeof qdata),
              cph_log_quote(policy_path, qpolicy, sizeof qpolicy),
              cph_engine_policy(s.engine)->auth_enabled ? "on" : "off");
+  cph_log_set_level(level);
   event_base_dispatch(s.base);
   status = 0;
   cph_info("cephalond stopped after %llu passes", (unsigned long long)s.passes);

@@ -24,6 +24,10 @@ const char *cph_job_args_text(cph_req *r, json_t *args, const char *path) {
   json_object_foreach(args, key, v) {
     char buf[4096];
     size_t len = (size_t)snprintf(buf, sizeof buf, "%s=", key);
+    if (len >= sizeof buf) { /* the key alone fills buf: appending the value would overrun it */
+      cph_req_fail(r, 413, "too_large", path, "%s is too long", path);
+      return NULL;
+    }
     if (json_is_integer(v)) {
       len += (size_t)snprintf(buf + len, sizeof buf - len, "%lld", (long long)json_integer_value(v));
     } else if (json_is_string(v)) {

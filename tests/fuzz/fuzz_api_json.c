@@ -5,8 +5,9 @@
  * decoding (JSON, or msgpack through server/mpjson.c), the :max-string-bytes walk, the route
  * handler's field validation into a cph_op, the engine applying the op in a pass over a real
  * LMDB environment (a temp dir), the op's `done` building the answer, and the answer's
- * encoding. Only server/main.c is left out (it owns the listening socket and the event loop);
- * its five callbacks are below. Input format: tests/fuzz/fuzz_api.h.
+ * encoding; maintenance jobs a body queued are then run as cephalond's maintenance workers
+ * run them (run_maintenance). Only server/main.c is left out (it owns the listening socket
+ * and the event loop); its five callbacks are below. Input format: tests/fuzz/fuzz_api.h.
  *
  * The seam: a libevent request built without a connection. event2/http_struct.h (a public,
  * if deprecated, libevent header) lets the harness set the method, URI, headers and body
@@ -51,10 +52,12 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* Small limits, so the size checks are within the fuzzer's reach; budgets and credits so
- * large they never stop a turn; short leases so leased turns do not pile up. */
+/* Limits the fuzzer can cross (run.sh gives it -max_len=20000), with :max-string-bytes
+ * above the fixed buffers the handlers format strings into (4096 bytes), so what overflows
+ * them at the default limit (65536) overflows them here too; budgets and credits so large
+ * they never stop a turn; short leases so leased turns do not pile up. */
 static const char FUZZ_POLICY[] =
-    "{:server {:max-body-bytes 16384 :max-events-per-request 8 :max-string-bytes 512\n"
+    "{:server {:max-body-bytes 16384 :max-events-per-request 8 :max-string-bytes 6000\n"
     "          :max-long-polls-per-client 2 :max-wait-ms 1000 :map-size-mb 256\n"
     "          :log-level :error}\n"
     " :store {:sync :none}\n"
@@ -166,12 +169,15 @@ static void op_done(cph_op *op, void *ctx) {
   *(bool *)ctx = true;
 }
 
-/* Applies an op of the harness's own (setup, the live turn); returns its rc. */
-static int run_op(cph_op *op) {
+/* Applies an op of the harness's own (setup, the live turn, maintenance); returns its rc.
+ * *taken (may be NULL) says whether the engine accepted it (and so owns what it hands over). */
+static int run_op_taken(cph_op *op, bool *taken) {
   bool done = false;
   op->done = op_done;
   op->ctx = &done;
   int rc = cph_engine_submit(H.srv.engine, op);
+  if (taken)
+    *taken = rc == CPH_OK;
   if (rc != CPH_OK)
     return rc;
   run_passes();
@@ -179,6 +185,8 @@ static int run_op(cph_op *op) {
     fuzz_fail("an op of the harness was never answered");
   return op->rc;
 }
+
+static int run_op(cph_op *op) { return run_op_taken(op, NULL); }
 
 static void create_session(const char *id, cph_lane lane, const char *channel) {
   cph_op op = {.kind = CPH_OP_SESSION_CREATE};
@@ -269,6 +277,42 @@ static void ensure_live_turn(void) {
     memcpy(H.live_lease, lease.u.lease.turn.lease, sizeof H.live_lease);
   }
   cph_op_clear_results(&lease);
+}
+
+/* Runs up to n queued maintenance jobs the way cephalond's maintenance workers do
+ * (server/maint_workers.c), but synchronously: lease an internal turn, execute its job with
+ * the policy in force, complete the turn with the results. Jobs posted (or enqueued by a
+ * completion) with fuzzed args are thereby carried out, not just queued. */
+static void run_maintenance(int n) {
+  for (int i = 0; i < n; i++) {
+    cph_op lease = {.kind = CPH_OP_LEASE};
+    lease.u.lease.worker = "fuzz-maint";
+    lease.u.lease.internal = true;
+    lease.u.lease.deadline_ns = cph_clock_now(&H.srv.clock); /* now or never */
+    if (run_op(&lease) != CPH_OK) {
+      cph_op_clear_results(&lease);
+      return;
+    }
+    cph_op complete = {.kind = CPH_OP_COMPLETE};
+    complete.u.turn.turn_id = lease.u.lease.turn.id;
+    memcpy(complete.u.turn.lease, lease.u.lease.turn.lease, sizeof complete.u.turn.lease);
+    cph_job_work *work = lease.u.lease.turn.job;
+    lease.u.lease.turn.job = NULL;
+    cph_op_clear_results(&lease);
+    const char *kind = work ? cph_job_kind_name(work->kind) : "no job";
+    if (work)
+      cph_job_execute(cph_engine_policy(H.srv.engine), work);
+    complete.u.turn.job = work; /* the engine frees it once it took the op */
+    bool taken;
+    int rc = run_op_taken(&complete, &taken);
+    if (H.verbose)
+      fprintf(stderr, "  maintenance turn %llu (%s): %s\n",
+              (unsigned long long)complete.u.turn.turn_id,
+              kind, rc ? complete.err.msg : "done");
+    if (!taken)
+      cph_job_work_free(work);
+    cph_op_clear_results(&complete);
+  }
 }
 
 /* ================================================================ checking an answer */
@@ -402,7 +446,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   run_passes();
   if (H.srv.leases) {
     /* A lease long-poll: let its wait run out on the engine's clock, as in the daemon. */
-    cph_clock_advance(&H.srv.clock, (cph_engine_policy(H.srv.engine)->server.max_wait_ms + 1) * CPH_NS_PER_MS);
+    int64_t wait_ms = cph_engine_policy(H.srv.engine)->server.max_wait_ms;
+    cph_clock_advance(&H.srv.clock, (wait_ms + 1) * CPH_NS_PER_MS);
     cph_srv_schedule_pass(&H.srv);
     run_passes();
     cph_longpolls_stop(&H.srv); /* whatever still waits is withdrawn (204) */
@@ -413,6 +458,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (H.verbose) /* FUZZ_API_VERBOSE=1: what each input did (for seeds and debugging) */
     fprintf(stderr, "%s %s -> %d %.300s\n", route->name, path, answer.status,
             flags & FUZZ_API_MSGPACK_OUT ? "(msgpack)" : answer.body);
+
+  if (strcmp(route->name, "job") == 0 || strcmp(route->name, "complete") == 0)
+    run_maintenance(4);
 
   /* The live turn ends when the route ended it, or when the engine no longer knows its lease. */
   if (live_request && (answer.status == 404 || answer.status == 409 ||

@@ -146,14 +146,17 @@ static const struct {
      "{\"at\":\"d0, 1, 0\",\"content\":\"be brief\",\"ttl\":3,\"cadence\":2,\"key\":\"style\","
      "\"tags\":[\"rules\"]}"},
     {"context_insert", 0,
-     "{\"content\":\"moves\",\"lifecycle\":[{\"at\":\"d-1, 0, 1\",\"ttl\":2},{\"at\":\"d2, 0, 0\"}]}"},
+     "{\"content\":\"moves\",\"lifecycle\":[{\"at\":\"d-1, 0, 1\",\"ttl\":2},"
+     "{\"at\":\"d2, 0, 0\"}]}"},
     {"seal", 0, "{\"trigger\":\"manual\"}"},
     {"events", 0,
-     "{\"events\":[{\"channel\":\"general\",\"sender\":\"bob\",\"body\":\"What is the capital of "
-     "France?\"},{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"hi @s1\",\"mentions\":[\"s1\"],"
+     "{\"events\":[{\"channel\":\"general\",\"sender\":\"bob\","
+     "\"body\":\"What is the capital of France?\"},"
+     "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"hi @s1\",\"mentions\":[\"s1\"],"
      "\"kind\":\"message\",\"ts_ms\":1700000000000,\"key\":\"ev-1\"},{\"session\":\"s2\","
      "\"sender\":\"ops\",\"body\":\"direct\"}]}"},
-    {"lease", 0, "{\"worker\":\"w1\",\"lanes\":[\"interactive\",\"operational\"],\"wait_ms\":5000}"},
+    {"lease", 0,
+     "{\"worker\":\"w1\",\"lanes\":[\"interactive\",\"operational\"],\"wait_ms\":5000}"},
     {"lease", 0, "{\"worker\":\"w2\"}"},
     {"heartbeat", 0, "{\"lease\":\"" FUZZ_API_LEASE_MARK "\"}"},
     {"complete", 0,
@@ -170,6 +173,10 @@ static const struct {
     {"job", 0, "{\"job\":\"gc_plan\"}"},
     {"job", 0, "{\"job\":\"gc_summarize\",\"args\":{\"group\":12}}"},
     {"job", 0, "{\"job\":\"outbox_drain\",\"args\":{\"model\":\"builtin\"}}"},
+    {"job", 0, "{\"job\":\"gc_plan\",\"args\":{\"sources\":[1,2,3]}}"},
+    {"job", 0, "{\"job\":\"aggregate_upsert\",\"args\":{\"family\":1}}"},
+    {"job", 0, "{\"job\":\"gc_commit\",\"args\":{\"group\":1}}"},
+    {"job", 0, "{\"job\":\"retention_redact_events\"}"},
 };
 
 static int route_index(const char *name) {

@@ -5,7 +5,8 @@
  * - a client that sends half a request and stalls is dropped after :server :timeout-seconds,
  *   while other clients are served and long-polls longer than the timeout are not cut;
  * - tokens never reach the log, even at :debug, nor an error answer;
- * - long-polls are capped per client (:max-long-polls-per-client) and the places come back. */
+ * - long-polls are capped per client (:max-long-polls-per-client) and the places come back;
+ * - at :log-level :warn the ready record is still written. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -479,6 +480,23 @@ static void test_long_polls_are_capped_per_client_and_given_back(void **state) {
   stop(f);
 }
 
+/* ---------------------------------------------------------------- quiet logs */
+
+/* A hardened deployment logs at :warn; the ready record (what supervisors and these tests
+ * wait for) is still written, and nothing else at info is. */
+static void test_ready_record_is_written_even_at_log_level_warn(void **state) {
+  (void)state;
+  fixture *f = start("{:server {:log-level :warn}}\n");
+  char *log = cph_test_daemon_log(&f->d);
+  assert_non_null(strstr(log, "msg=\"cephalond ready\""));
+  assert_null(strstr(log, "maintenance worker(s) started")); /* an info record */
+  free(log);
+  int st;
+  json_decref(cph_hc_call(f->d.port, NULL, &st, "GET", "/healthz", NULL));
+  assert_int_equal(st, 200);
+  stop(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_every_route_but_health_needs_a_token_with_its_scope, teardown),
@@ -487,6 +505,7 @@ int main(void) {
       cmocka_unit_test_teardown(
           test_slow_clients_are_dropped_after_the_timeout_and_long_polls_are_not, teardown),
       cmocka_unit_test_teardown(test_long_polls_are_capped_per_client_and_given_back, teardown),
+      cmocka_unit_test_teardown(test_ready_record_is_written_even_at_log_level_warn, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
