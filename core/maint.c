@@ -587,10 +587,18 @@ int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph
       break;
     }
   }
-  j.state = w && w->rc ? CPH_JOB_FAILED : CPH_JOB_DONE;
+  /* The job itself failed without spoiling the txn (a gc_plan naming a deleted or unknown
+   * memory): it ends failed with the reason. Returning the error instead left it "running"
+   * for ever — the completion ignores it — and ran it again at every restart. */
+  const char *own_error = NULL;
+  if (rc != CPH_OK && !t->ret) {
+    own_error = t->err.code == rc && t->err.msg[0] ? t->err.msg : cph_strerror(rc);
+    rc = CPH_OK;
+  }
+  j.state = (w && w->rc) || own_error ? CPH_JOB_FAILED : CPH_JOB_DONE;
   j.finished_ms = cph_wall_ms();
   char *old = j.error;
-  j.error = w && w->rc ? w->error : NULL;
+  j.error = w && w->rc ? w->error : (char *)own_error;
   if (rc == CPH_OK)
     rc = cph_txn_put_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
   j.error = old;

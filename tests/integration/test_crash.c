@@ -10,9 +10,11 @@
  *              no inbox message is the source of two replies; nothing consumed is handed out
  *              again; after draining, every acknowledged event was consumed exactly once;
  *   gc_commit  no compaction group is half applied: a committed group has its summary and
- *              none of its sources can be found any more, a group not committed has every
- *              source still findable; every acknowledged job is there; and every group ends
- *              committed or aborted once maintenance runs on.
+ *              none of its sources can be found any more, a source that cannot be found
+ *              belongs to a committed group, no source is in two committed groups (one plan
+ *              per iteration overlaps three others, so commit gates abort groups too); every
+ *              acknowledged job is there; and once maintenance runs on, every plan ends and
+ *              every group ends committed or aborted.
  *
  * 20 + 20 + 10 iterations; CPH_CRASH_ITERATIONS scales them (e.g. 0.2 for a quick look). */
 #define _GNU_SOURCE
@@ -50,7 +52,9 @@ static const char *POLICY =
     " :store {:sync :always}}\n";
 
 enum { INGEST_ITERATIONS = 20, COMPLETE_ITERATIONS = 20, GC_ITERATIONS = 10 };
-enum { GC_GROUPS = 6, GC_GROUP_SIZE = 3, GC_MEMORIES = GC_GROUPS * GC_GROUP_SIZE };
+/* Six disjoint groups of three, and a seventh that takes one source from each of three of them:
+ * whichever of two overlapping groups commits first wins, the other aborts at its gate. */
+enum { GC_GROUPS = 6, GC_GROUP_SIZE = 3, GC_MEMORIES = GC_GROUPS * GC_GROUP_SIZE, GC_PLANS = 7 };
 
 static uint64_t g_seed;
 static cph_hc_rng g_rng;
@@ -891,6 +895,17 @@ static size_t check_groups(crash_run *r, const gc_mem *mems, size_t n_mems, int 
       if (!is_committed && before[g].summary_id)
         fail_with_log(r, "group %lld is %s with summary_id %lld", (long long)before[g].id,
                       before[g].state, (long long)before[g].summary_id);
+      if (is_committed) { /* the group's own page says the same */
+        char path[64];
+        snprintf(path, sizeof path, "/v1/gc/groups/%lld", (long long)before[g].id);
+        json_t *one = get_ok(r, path);
+        if (strcmp(cph_hc_str(one, "state"), "committed") != 0 ||
+            cph_hc_int(one, "summary_id") != before[g].summary_id)
+          fail_with_log(r, "GET %s: state %s summary_id %lld, the list said committed with %lld",
+                        path, cph_hc_str(one, "state"), (long long)cph_hc_int(one, "summary_id"),
+                        (long long)before[g].summary_id);
+        json_decref(one);
+      }
       for (size_t k = 0; k < before[g].n_sources; k++) {
         const char *text = text_of(mems, n_mems, before[g].sources[k]);
         json_t *hits = search(r, text);
@@ -900,15 +915,18 @@ static size_t check_groups(crash_run *r, const gc_mem *mems, size_t n_mems, int 
           fail_with_log(r, "group %lld is committed but its source %lld is still found",
                         (long long)before[g].id, (long long)before[g].sources[k]);
         if (!is_committed && !source_found) {
-          /* deleted without the group committing — unless it committed just now */
+          /* gone: only a committed group (this one just now, or another that shares the
+           * source) may have deleted it */
           gc_group now[GC_GROUPS * 2];
           size_t m = groups_of(r, mems, n_mems, now, GC_GROUPS * 2);
-          bool moved = false;
+          bool accounted = false;
           for (size_t x = 0; x < m; x++)
-            moved |= now[x].id == before[g].id && strcmp(now[x].state, "committed") == 0;
-          if (!moved)
-            fail_with_log(r, "group %lld is %s but its source %lld cannot be found (deleted "
-                          "without its summary)",
+            for (size_t y = 0; y < now[x].n_sources; y++)
+              accounted |= now[x].sources[y] == before[g].sources[k] &&
+                           strcmp(now[x].state, "committed") == 0;
+          if (!accounted)
+            fail_with_log(r, "group %lld is %s but its source %lld cannot be found, and no "
+                          "committed group holds it (deleted without a summary)",
                           (long long)before[g].id, before[g].state,
                           (long long)before[g].sources[k]);
         }
@@ -929,6 +947,17 @@ static size_t check_groups(crash_run *r, const gc_mem *mems, size_t n_mems, int 
                         (long long)before[g].id, (long long)before[g].summary_id);
       }
     }
+    /* a source is in at most one committed group */
+    for (size_t g = 0; g < n; g++)
+      for (size_t h = g + 1; h < n; h++)
+        for (size_t a = 0; a < before[g].n_sources; a++)
+          for (size_t b = 0; b < before[h].n_sources; b++)
+            if (before[g].sources[a] == before[h].sources[b] &&
+                strcmp(before[g].state, "committed") == 0 &&
+                strcmp(before[h].state, "committed") == 0)
+              fail_with_log(r, "memory %lld was compacted by groups %lld and %lld",
+                            (long long)before[g].sources[a], (long long)before[g].id,
+                            (long long)before[h].id);
     /* a stable picture: nobody committed while we looked */
     size_t n2 = groups_of(r, mems, n_mems, after, GC_GROUPS * 2);
     bool stable = n2 == n;
@@ -1024,10 +1053,20 @@ static void test_kill_9_during_gc_commit_leaves_no_group_half_applied(void **sta
     }
     char plans[512];
     size_t pu = 0;
-    for (int g = 0; g < GC_GROUPS; g++)
-      pu += (size_t)snprintf(plans + pu, sizeof plans - pu, "%s%lld,%lld,%lld", g ? ";" : "",
-                             (long long)mems[order[3 * g]].id, (long long)mems[order[3 * g + 1]].id,
-                             (long long)mems[order[3 * g + 2]].id);
+    int overlap_at = (int)cph_hc_rand_range(&g_rng, 0, GC_GROUPS);
+    for (int g = 0, p = 0; p < GC_PLANS; p++) {
+      if (p == overlap_at) /* one source each from the groups 0, 1 and 2 */
+        pu += (size_t)snprintf(plans + pu, sizeof plans - pu, "%s%lld,%lld,%lld", p ? ";" : "",
+                               (long long)mems[order[0]].id, (long long)mems[order[4]].id,
+                               (long long)mems[order[8]].id);
+      else {
+        pu += (size_t)snprintf(plans + pu, sizeof plans - pu, "%s%lld,%lld,%lld", p ? ";" : "",
+                               (long long)mems[order[3 * g]].id,
+                               (long long)mems[order[3 * g + 1]].id,
+                               (long long)mems[order[3 * g + 2]].id);
+        g++;
+      }
+    }
     setenv("CPH_CRASH_GC_PLANS", plans, 1);
     spawn(r, gc_driver, 0);
     /* kill while commits are under way: once a first group is summarised (its gc_commit is
@@ -1041,7 +1080,7 @@ static void test_kill_9_during_gc_commit_leaves_no_group_half_applied(void **sta
       if (!ready)
         cph_hc_sleep_ms(2);
     }
-    int delay = (int)cph_hc_rand_range(&g_rng, 0, 150);
+    int delay = (int)cph_hc_rand_range(&g_rng, 0, 50);
     cph_hc_sleep_ms(delay);
     crash(r);
     char *acks = collect_acks(r);
@@ -1068,13 +1107,18 @@ static void test_kill_9_during_gc_commit_leaves_no_group_half_applied(void **sta
     /* every acknowledged job is there */
     json_t *jobs = get_ok(r, "/v1/maintenance/jobs?limit=1000");
     size_t acked_jobs = 0;
+    long long job_ids[GC_PLANS];
+    char job_sources[GC_PLANS][96];
     char *save = NULL;
     for (char *line = strtok_r(acks, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
       if (line[0] == 'X')
         fail_with_log(r, "the driver saw %s", line + 2);
       long long job;
-      if (line[0] != 'J' || sscanf(line, "J %lld", &job) != 1)
+      char src[96];
+      if (line[0] != 'J' || sscanf(line, "J %lld %95s", &job, src) != 2 || acked_jobs == GC_PLANS)
         continue;
+      job_ids[acked_jobs] = job;
+      sort_csv(src, job_sources[acked_jobs], sizeof job_sources[acked_jobs]);
       acked_jobs++;
       bool found = false;
       json_t *list = json_object_get(jobs, "jobs");
@@ -1085,30 +1129,127 @@ static void test_kill_9_during_gc_commit_leaves_no_group_half_applied(void **sta
     }
     json_decref(jobs);
     free(acks);
-    /* maintenance runs on: every group of this iteration ends committed or aborted */
+    /* maintenance runs on: every acknowledged plan ends (done; or failed, when another group
+     * compacted one of its sources first) and every group of this iteration ends committed or
+     * aborted */
+    char job_state[GC_PLANS][16], job_error[GC_PLANS][160];
     deadline = cph_hc_now_ms() + 60000;
     for (bool settled = false; !settled;) {
       n = groups_of(r, mems, GC_MEMORIES, gs, GC_GROUPS * 2);
-      settled = n >= acked_jobs;
+      settled = true;
       for (size_t g = 0; g < n; g++)
         settled &= strcmp(gs[g].state, "committed") == 0 || strcmp(gs[g].state, "aborted") == 0;
-      if (!settled) {
-        if (cph_hc_now_ms() > deadline)
-          fail_with_log(r, "gc groups did not settle after the restart (%zu groups, %zu jobs "
-                        "acknowledged)", n, acked_jobs);
-        cph_hc_sleep_ms(50);
+      json_t *now = get_ok(r, "/v1/maintenance/jobs?limit=1000");
+      json_t *list = json_object_get(now, "jobs");
+      for (size_t a = 0; a < acked_jobs; a++) {
+        job_state[a][0] = '\0';
+        for (size_t k = 0; k < json_array_size(list); k++) {
+          json_t *jb = json_array_get(list, k);
+          if (cph_hc_int(jb, "id") != job_ids[a])
+            continue;
+          snprintf(job_state[a], sizeof job_state[a], "%s", cph_hc_str(jb, "state"));
+          snprintf(job_error[a], sizeof job_error[a], "%s", cph_hc_str(jb, "error"));
+        }
+        settled &= strcmp(job_state[a], "done") == 0 || strcmp(job_state[a], "failed") == 0;
       }
+      if (!settled && cph_hc_now_ms() > deadline) {
+        char *dump = json_dumps(list, JSON_COMPACT);
+        fprintf(stderr, "jobs: %s\n", dump);
+        free(dump);
+        fail_with_log(r, "gc groups or jobs did not settle after the restart (%zu groups, %zu "
+                      "jobs acknowledged)", n, acked_jobs);
+      }
+      json_decref(now);
+      if (!settled)
+        cph_hc_sleep_ms(50);
+    }
+    /* a plan that ran made its group; one that failed lost a source to a committed group */
+    for (size_t a = 0; a < acked_jobs; a++) {
+      bool made = false, lost_to_committed = false;
+      for (size_t g = 0; g < n; g++) {
+        char raw_got[96], got[96];
+        snprintf(raw_got, sizeof raw_got, "%lld,%lld,%lld", (long long)gs[g].sources[0],
+                 (long long)gs[g].sources[1], (long long)gs[g].sources[2]);
+        sort_csv(raw_got, got, sizeof got);
+        bool same = strcmp(got, job_sources[a]) == 0;
+        made |= same;
+        if (same || strcmp(gs[g].state, "committed") != 0)
+          continue;
+        for (size_t x = 0; x < gs[g].n_sources; x++) {
+          char id[24];
+          snprintf(id, sizeof id, "%lld", (long long)gs[g].sources[x]);
+          char padded[128], needle[28];
+          snprintf(padded, sizeof padded, ",%.96s,", job_sources[a]);
+          snprintf(needle, sizeof needle, ",%s,", id);
+          lost_to_committed |= strstr(padded, needle) != NULL;
+        }
+      }
+      if (strcmp(job_state[a], "done") == 0 && !made)
+        fail_with_log(r, "acknowledged gc_plan job %lld (%s) is done but made no group",
+                      job_ids[a], job_sources[a]);
+      if (strcmp(job_state[a], "failed") == 0 &&
+          (!lost_to_committed || !strstr(job_error[a], "deleted")))
+        fail_with_log(r, "acknowledged gc_plan job %lld (%s) failed: %s", job_ids[a],
+                      job_sources[a], job_error[a]);
     }
     size_t final_committed = check_groups(r, mems, GC_MEMORIES, 20000);
     print_message("gc %2d: kill %2d ms after the first summary; after the restart %zu planned, "
                   "%zu summarized, %zu committed (%zu checked), %zu aborted; %zu of %zu jobs "
                   "acknowledged; %zu committed in the end\n",
                   it, delay, counts[0], counts[1], counts[2], committed, counts[3], acked_jobs,
-                  (size_t)GC_GROUPS, final_committed);
+                  (size_t)GC_PLANS, final_committed);
   }
   print_message("gc: over %d kills, groups found after the restart: %zu planned, %zu summarized, "
                 "%zu committed, %zu aborted; none half applied\n",
                 n_iter, at_crash[0], at_crash[1], at_crash[2], at_crash[3]);
+  run_end(r);
+}
+
+/* Found by the overlapping plans above: a gc_plan whose explicit sources are unknown (or were
+ * compacted already) ends failed with the reason — it used to stay "running" for ever and run
+ * again at every restart. */
+static void test_gc_plan_of_missing_memories_fails_once_and_stays_failed(void **state) {
+  (void)state;
+  crash_run *r = run_start("crash-badplan");
+  int st;
+  json_t *j = cph_hc_call(r->d.port, NULL, &st, "POST", "/v1/maintenance/jobs",
+                          "{\"job\":\"gc_plan\",\"args\":{\"sources\":[999,1000]}}");
+  assert_int_equal(st, 202);
+  int64_t job = cph_hc_int(j, "job_id");
+  json_decref(j);
+  char state_seen[16] = "";
+  for (int64_t deadline = cph_hc_now_ms() + 20000; cph_hc_now_ms() < deadline;) {
+    json_t *list = get_ok(r, "/v1/maintenance/jobs?limit=1000");
+    json_t *jobs = json_object_get(list, "jobs");
+    for (size_t k = 0; k < json_array_size(jobs); k++) {
+      json_t *jb = json_array_get(jobs, k);
+      if (cph_hc_int(jb, "id") != job)
+        continue;
+      snprintf(state_seen, sizeof state_seen, "%s", cph_hc_str(jb, "state"));
+      if (strcmp(state_seen, "failed") == 0 && !strstr(cph_hc_str(jb, "error"), "999"))
+        fail_msg("the failed plan's error does not name the memory: %s", cph_hc_str(jb, "error"));
+    }
+    json_decref(list);
+    if (strcmp(state_seen, "failed") == 0)
+      break;
+    cph_hc_sleep_ms(20);
+  }
+  if (strcmp(state_seen, "failed") != 0)
+    fail_msg("gc_plan of unknown memories: state '%s', want failed", state_seen);
+  /* a restart leaves it failed, with its one attempt */
+  assert_int_equal(cph_test_daemon_signal_wait(&r->d, SIGTERM), 0);
+  run_restart(r);
+  cph_hc_sleep_ms(300);
+  json_t *list = get_ok(r, "/v1/maintenance/jobs?limit=1000");
+  json_t *jobs = json_object_get(list, "jobs");
+  for (size_t k = 0; k < json_array_size(jobs); k++) {
+    json_t *jb = json_array_get(jobs, k);
+    if (cph_hc_int(jb, "id") == job) {
+      assert_string_equal(cph_hc_str(jb, "state"), "failed");
+      assert_int_equal(cph_hc_int(jb, "attempts"), 1);
+    }
+  }
+  json_decref(list);
   run_end(r);
 }
 
@@ -1124,6 +1265,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_kill_9_during_completions_loses_no_acknowledged_completion,
                                 teardown),
       cmocka_unit_test_teardown(test_kill_9_during_gc_commit_leaves_no_group_half_applied,
+                                teardown),
+      cmocka_unit_test_teardown(test_gc_plan_of_missing_memories_fails_once_and_stays_failed,
                                 teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
