@@ -618,16 +618,9 @@ int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph
 }
 
 void maint_job_finished(cph_engine *e, csession *s, uint64_t job_id) {
-  cph_key k = u64_key(job_id);
-  (void)k;
-  for (uint32_t i = 0; i < s->n_jobs; i++)
-    if (s->jobs[i] == job_id) {
-      remove_job(s, job_id);
-      break;
-    }
+  (void)e; /* the per-kind counts are recomputed by maint_tick from the queue */
+  remove_job(s, job_id);
   s->running_job = 0;
-  /* the per-kind counter is recomputed lazily by maint_tick from the queue */
-  (void)e;
 }
 
 int maint_job_retry(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, const char *error,
@@ -651,22 +644,6 @@ int maint_job_retry(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, con
 }
 
 /* ---------------------------------------------------------------- schedules */
-
-static void count_queued(cph_engine *e, csession *s, uint64_t counts[CPH_JOBK_COUNT]) {
-  memset(counts, 0, CPH_JOBK_COUNT * sizeof *counts);
-  cph_txn t;
-  if (cph_txn_begin(e->store, false, &t) != CPH_OK)
-    return;
-  for (uint32_t i = 0; i < s->n_jobs; i++) {
-    cph_key k = u64_key(s->jobs[i]);
-    cph_job_rec j;
-    if (cph_txn_get_record(&t, CPH_DB_JOBS, &k, &cph_job_desc, &j) == CPH_OK) {
-      counts[j.kind]++;
-      cph_record_free(&cph_job_desc, &j);
-    }
-  }
-  cph_txn_abort(&t);
-}
 
 void maint_tick(cph_engine *e) {
   csession *janitor = engine_session(e, "janitor");
@@ -788,7 +765,6 @@ int maint_open(cph_engine *e, cph_err *err) {
   for (size_t i = 0; i < e->sessions.cap; i++)
     if (e->sessions.slots[i].key)
       engine_update_work(e, e->sessions.slots[i].value);
-  (void)count_queued;
   return CPH_OK;
 }
 
