@@ -658,60 +658,114 @@ static int stand_in(ctx *c, uint64_t id, cph_memory_rec *out) {
   return CPH_ENOTFOUND;
 }
 
-/* Reads memories newest first (at most MEMORY_SCAN_MAX) into raw and other candidates, until
- * both lists could fill their budgets or item caps. */
-static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_budget,
-                         uint64_t budget, mlist *raw, mlist *other) {
-  idset replaced = {0};
+/* One scope's entries of one class in the memory index (memory_scope_prefix), newest first. */
+typedef struct scope_walk {
   cph_cursor cur;
-  int rc = cph_cursor_open(c->t, CPH_DB_MEMORIES, &cur);
+  cph_key prefix;
+  uint64_t id; /* the entry under the cursor; 0 when the walk is over */
+} scope_walk;
+
+static void scope_walk_step(scope_walk *w, int rc, const cph_val *k) {
+  w->id = 0;
+  if (rc == CPH_OK && k->len == w->prefix.len + 8 &&
+      memcmp(k->data, w->prefix.data, w->prefix.len) == 0)
+    w->id = cph_be64_get((const uint8_t *)k->data + w->prefix.len);
+}
+
+static int scope_walk_open(cph_txn *t, const char *scope, bool raw, scope_walk *w) {
+  memory_scope_prefix(&w->prefix, scope, raw);
+  cph_key end = w->prefix;
+  cph_key_u64(&end, UINT64_MAX);
+  int rc = cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &w->cur);
   if (rc)
     return rc;
-  cph_key end = u64_key(UINT64_MAX);
   cph_val k, v;
-  rc = cph_cursor_seek(&cur, &end, &k, &v);
-  rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&cur, &k, &v) : rc;
-  for (int scanned = 0; rc == CPH_OK && scanned < MEMORY_SCAN_MAX;
-       scanned++, rc = cph_cursor_prev(&cur, &k, &v)) {
-    if ((raw->cost >= raw_budget || raw->n >= RAW_ITEMS_MAX) &&
-        (other->cost >= budget || other->n >= OTHER_ITEMS_MAX))
+  rc = cph_cursor_seek(&w->cur, &end, &k, &v);
+  rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&w->cur, &k, &v) : rc;
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
+    cph_cursor_close(&w->cur);
+    return rc;
+  }
+  scope_walk_step(w, rc, &k);
+  return CPH_OK;
+}
+
+/* The newest memory id not yet taken over all walks (merging them), 0 when none is left. */
+static uint64_t scope_walks_next(scope_walk *w, size_t n) {
+  size_t best = n;
+  for (size_t i = 0; i < n; i++)
+    if (w[i].id && (best == n || w[i].id > w[best].id))
+      best = i;
+  if (best == n)
+    return 0;
+  uint64_t id = w[best].id;
+  cph_val k, v;
+  int rc = cph_cursor_prev(&w[best].cur, &k, &v);
+  scope_walk_step(&w[best], rc, &k);
+  return id;
+}
+
+/* Reads the turn's scopes' memories of one class (raw, or summaries and aggregates) newest
+ * first into `to` until it could fill `budget` or its item cap, reading at most
+ * MEMORY_SCAN_MAX records. Through the index, other sessions' memories and the other class
+ * cost nothing. Gone memories add their replaced_by to `replaced`. */
+static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t budget,
+                      mlist *to, idset *replaced) {
+  size_t cap = raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX;
+  scope_walk *walks = calloc(n_scopes ? n_scopes : 1, sizeof *walks);
+  if (!walks)
+    return CPH_ENOMEM;
+  size_t n_walks = 0;
+  int rc = CPH_OK;
+  while (n_walks < n_scopes && (rc = scope_walk_open(c->t, scopes[n_walks], raw,
+                                                     &walks[n_walks])) == CPH_OK)
+    n_walks++;
+  uint64_t id;
+  for (int scanned = 0; rc == CPH_OK && scanned < MEMORY_SCAN_MAX && to->cost < budget &&
+                        to->n < cap && (id = scope_walks_next(walks, n_walks)) != 0;
+       scanned++) {
+    cph_key mk = u64_key(id);
+    cph_val v;
+    int grc = cph_txn_get(c->t, CPH_DB_MEMORIES, &mk, &v);
+    if (grc == CPH_ENOTFOUND) {
+      cph_log(CPH_LOG_WARN, "recent_memory: memory %llu is in the scope index but not stored",
+              (unsigned long long)id);
+      continue;
+    }
+    if (grc) {
+      rc = grc;
       break;
+    }
     cph_memory_rec m;
     cph_err derr;
     if (cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &derr)) {
-      char key[64];
-      cph_key_describe(k.data, k.len, key, sizeof key);
-      cph_log(CPH_LOG_WARN, "recent_memory: skipping memory %s: %s", key, derr.msg);
-      continue;
-    }
-    if (!scope_in(m.session, scopes, n_scopes)) {
-      cph_record_free(&cph_memory_desc, &m);
+      cph_log(CPH_LOG_WARN, "recent_memory: skipping memory %llu: %s", (unsigned long long)id,
+              derr.msg);
       continue;
     }
     if (memory_gone(&m)) { /* never shown; its summary stands in for it */
-      if (m.replaced_by && idset_add(&replaced, m.replaced_by))
+      if (m.replaced_by && idset_add(replaced, m.replaced_by))
         rc = CPH_ENOMEM;
-      cph_record_free(&cph_memory_desc, &m);
-      if (rc)
-        break;
-      continue;
-    }
-    bool shown = m.kind == CPH_MEMORY_RAW && m.source_event_id &&
-                 idset_has(&c->shown_events, m.source_event_id);
-    if (shown) {
-      cph_record_free(&cph_memory_desc, &m);
-      continue;
-    }
-    mlist *to = m.kind == CPH_MEMORY_RAW ? raw : other;
-    if (to->n < (to == raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX))
+    } else if (!(m.kind == CPH_MEMORY_RAW && m.source_event_id &&
+                 idset_has(&c->shown_events, m.source_event_id))) { /* not shown already */
       rc = mlist_push(to, &m);
+    }
     cph_record_free(&cph_memory_desc, &m);
-    if (rc)
-      break;
   }
-  cph_cursor_close(&cur);
-  if (rc == CPH_ENOTFOUND)
-    rc = CPH_OK;
+  for (size_t i = 0; i < n_walks; i++)
+    cph_cursor_close(&walks[i].cur);
+  free(walks);
+  return rc;
+}
+
+/* Fills raw and other candidates (DESIGN §6 recent_memory): each class newest first until it
+ * could fill its budget, then the stand-ins of gone memories the scans met. */
+static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_budget,
+                         uint64_t budget, mlist *raw, mlist *other) {
+  idset replaced = {0};
+  int rc = scan_class(c, scopes, n_scopes, true, raw_budget, raw, &replaced);
+  if (rc == CPH_OK)
+    rc = scan_class(c, scopes, n_scopes, false, budget, other, &replaced);
   /* Summaries are newer than their sources, so most stand-ins were read already; the rest
    * (a chain, or a summary past the scan) are fetched. */
   for (size_t i = 0; rc == CPH_OK && i < replaced.n; i++) {

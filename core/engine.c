@@ -370,6 +370,7 @@ void cph_engine_close(cph_engine *e) {
   cph_policy_free(e->policy);
   free(e->data_dir);
   metrics_close(e);
+  cph_buf_free(&e->scratch);
   free(e);
 }
 

@@ -118,6 +118,7 @@ struct cph_engine {
   uint64_t embed_queue_len;      /* memories waiting for an embedding */
   struct cph_maint *maint;       /* maint.c: schedules, counters */
   struct cph_metrics *metrics;   /* metrics.c: live counters; kept across memory rebuilds */
+  cph_buf scratch;               /* encoding space reused on the pass thread (pact_save) */
 };
 
 /* ---- engine.c ---- */
@@ -162,6 +163,14 @@ int history_append(cph_engine *e, cph_txn *t, const char *channel, uint64_t even
  * embed_status is none. */
 int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, const char *text,
                 uint64_t source_event_id, bool embed, uint64_t *id_out);
+/* The index of memories by scope (database memory_scopes) keeps raw memories apart from the
+ * others (summaries, aggregates), so a turn can fill each part of its memory budget without
+ * reading through the other: key = scope\0 "raw"|"other"\0 u64 memory id. This is the prefix. */
+static inline void memory_scope_prefix(cph_key *k, const char *scope, bool raw) {
+  cph_key_reset(k);
+  cph_key_str(k, scope);
+  cph_key_str(k, raw ? "raw" : "other");
+}
 
 /* ---- maint.c ---- */
 int maint_open(cph_engine *e, cph_err *err);

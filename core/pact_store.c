@@ -105,59 +105,86 @@ static void rec_from_node(const cph_pact_node *n, cph_ctxnode_rec *r, int64_t *l
 
 /* ---------------------------------------------------------------- load / save */
 
+/* A session's tree is one value in database "context", key = the session id:
+ *   be64 episode, be64 next node id, be64 next seq, be32 node count,
+ *   then per node: be32 length + the node record (msgpack, cph_ctxnode_desc).
+ * The tree is always read and written whole (every episode may shift every node's depth), so
+ * one value costs one B-tree lookup and one write per turn instead of one per node. */
+#define TREE_HEADER_BYTES 28u
+
+static cph_key tree_key(const char *session) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, session);
+  return k;
+}
+
+static int tree_corrupt(cph_txn *t, const char *session, const char *what) {
+  return cph_err_set(&t->err, CPH_ECORRUPT,
+                     "corrupt record in database \"context\" at key \"%s\": %s", session, what);
+}
+
+static int tree_push(cph_pact_tree *tree, const cph_ctxnode_rec *r) {
+  if (tree->n == tree->cap) {
+    size_t cap = tree->cap ? tree->cap * 2 : 16;
+    cph_pact_node *p = realloc(tree->nodes, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    tree->nodes = p;
+    tree->cap = cap;
+  }
+  int rc = node_from_rec(r, &tree->nodes[tree->n]);
+  tree->n++; /* counted even when incomplete, so cph_pact_tree_free releases it */
+  return rc;
+}
+
+static int tree_decode(cph_txn *t, const char *session, const uint8_t *p, size_t len,
+                       cph_pact_tree *out) {
+  if (len < TREE_HEADER_BYTES)
+    return tree_corrupt(t, session, "shorter than the tree header");
+  out->episode = cph_be64_get(p);
+  out->next_id = cph_be64_get(p + 8);
+  out->next_seq = cph_be64_get(p + 16);
+  uint32_t count = cph_be32_get(p + 24);
+  size_t at = TREE_HEADER_BYTES;
+  for (uint32_t i = 0; i < count; i++) {
+    if (len - at < 4)
+      return tree_corrupt(t, session, "node length past the end");
+    uint32_t n = cph_be32_get(p + at);
+    at += 4;
+    if (len - at < n)
+      return tree_corrupt(t, session, "node record past the end");
+    cph_ctxnode_rec r;
+    cph_err derr;
+    if (cph_record_decode(&cph_ctxnode_desc, p + at, n, &r, &derr)) {
+      char what[sizeof derr.msg + 32];
+      snprintf(what, sizeof what, "node %u: %s", i, derr.msg);
+      return tree_corrupt(t, session, what);
+    }
+    int rc = tree_push(out, &r);
+    cph_record_free(&cph_ctxnode_desc, &r);
+    if (rc)
+      return rc;
+    at += n;
+  }
+  if (at != len)
+    return tree_corrupt(t, session, "bytes after the last node");
+  return CPH_OK;
+}
+
 int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out) {
   (void)e;
   cph_pact_tree_init(out);
-  cph_cursor c;
-  cph_val k, v;
-  cph_key start = node_key(session, 0);
-  size_t prefix = strlen(session) + 1;
-  int rc = cph_cursor_open(t, CPH_DB_CONTEXT, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, &start, &k, &v); rc == CPH_OK;
-       rc = cph_cursor_next(&c, &k, &v)) {
-    if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
-      break;
-    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix);
-    if (id == 0) {
-      if (v.len == 24) {
-        out->episode = cph_be64_get(v.data);
-        out->next_id = cph_be64_get((const uint8_t *)v.data + 8);
-        out->next_seq = cph_be64_get((const uint8_t *)v.data + 16);
-      }
-      continue;
-    }
-    cph_ctxnode_rec r;
-    cph_err derr;
-    if (cph_record_decode(&cph_ctxnode_desc, v.data, v.len, &r, &derr)) {
-      char key[160];
-      cph_key_describe(k.data, k.len, key, sizeof key);
-      cph_cursor_close(&c);
-      cph_pact_tree_free(out);
-      cph_pact_tree_init(out); /* callers free the tree whatever the outcome */
-      return cph_err_set(&t->err, CPH_ECORRUPT,
-                         "corrupt record in database \"context\" at key %s: %s", key, derr.msg);
-    }
-    if (out->n == out->cap) {
-      size_t cap = out->cap ? out->cap * 2 : 16;
-      cph_pact_node *p = realloc(out->nodes, cap * sizeof *p);
-      if (!p) {
-        cph_record_free(&cph_ctxnode_desc, &r);
-        rc = CPH_ENOMEM;
-        break;
-      }
-      out->nodes = p;
-      out->cap = cap;
-    }
-    rc = node_from_rec(&r, &out->nodes[out->n]);
-    out->n++;
-    cph_record_free(&cph_ctxnode_desc, &r);
-    if (rc)
-      break;
-  }
-  cph_cursor_close(&c);
-  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
+  cph_key k = tree_key(session);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_CONTEXT, &k, &v);
+  if (rc == CPH_OK)
+    rc = tree_decode(t, session, v.data, v.len, out);
+  else if (rc == CPH_ENOTFOUND)
+    rc = CPH_OK; /* a session without context nodes yet */
+  if (rc) {
     cph_pact_tree_free(out);
-    cph_pact_tree_init(out);
+    cph_pact_tree_init(out); /* callers free the tree whatever the outcome */
     return rc;
   }
   if (!out->next_id)
@@ -169,44 +196,43 @@ int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out
 
 int pact_delete_all(cph_engine *e, cph_txn *t, const char *session) {
   (void)e;
-  cph_cursor c;
-  cph_val k;
-  cph_key start = node_key(session, 0);
-  size_t prefix = strlen(session) + 1;
-  int rc = cph_cursor_open(t, CPH_DB_CONTEXT, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, &start, &k, NULL); rc == CPH_OK;) {
-    if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
-      break;
-    rc = cph_cursor_del(&c);
-    if (rc == CPH_OK)
-      rc = cph_cursor_seek(&c, &start, &k, NULL); /* after a delete: find the next again */
-  }
-  cph_cursor_close(&c);
-  return rc == CPH_OK || rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  cph_key k = tree_key(session);
+  int rc = cph_txn_del(t, CPH_DB_CONTEXT, &k);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
-/* Rewrites the tree (trees are small: tens of nodes). */
 int pact_save(cph_engine *e, cph_txn *t, const char *session, const cph_pact_tree *tree) {
-  int rc = pact_delete_all(e, t, session);
-  uint8_t header[24];
+  cph_buf *b = &e->scratch; /* reused across saves: no allocation per turn at steady state */
+  cph_buf_reset(b);
+  uint8_t header[TREE_HEADER_BYTES];
   cph_be64_put(header, tree->episode);
   cph_be64_put(header + 8, tree->next_id);
   cph_be64_put(header + 16, tree->next_seq);
-  cph_key hk = node_key(session, 0);
-  if (rc == CPH_OK)
-    rc = cph_txn_put(t, CPH_DB_CONTEXT, &hk, header, sizeof header);
-  for (size_t i = 0; rc == CPH_OK && i < tree->n; i++) {
+  cph_be32_put(header + 24, (uint32_t)tree->n);
+  cph_buf_append(b, header, sizeof header);
+  int64_t lc_fixed[4 * 8];
+  for (size_t i = 0; i < tree->n && !cph_buf_error(b); i++) {
     const cph_pact_node *n = &tree->nodes[i];
-    int64_t *lc = calloc(4 * (n->n_lifecycle ? n->n_lifecycle : 1), sizeof *lc);
+    size_t lc_n = 4 * (n->n_lifecycle ? n->n_lifecycle : 1);
+    int64_t *lc = lc_n <= 4 * 8 ? lc_fixed : calloc(lc_n, sizeof *lc);
     if (!lc)
       return CPH_ENOMEM;
     cph_ctxnode_rec r;
     rec_from_node(n, &r, lc);
-    cph_key k = node_key(session, n->id);
-    rc = cph_txn_put_record(t, CPH_DB_CONTEXT, &k, &cph_ctxnode_desc, &r);
-    free(lc);
+    size_t len_at = b->len;
+    uint8_t len_be[4] = {0};
+    cph_buf_append(b, len_be, sizeof len_be);
+    int rc = cph_record_encode(&cph_ctxnode_desc, &r, b);
+    if (lc != lc_fixed)
+      free(lc);
+    if (rc)
+      return rc;
+    cph_be32_put((uint8_t *)b->data + len_at, (uint32_t)(b->len - len_at - 4));
   }
-  return rc;
+  if (cph_buf_error(b))
+    return CPH_ENOMEM;
+  cph_key k = tree_key(session);
+  return cph_txn_put(t, CPH_DB_CONTEXT, &k, b->data, b->len);
 }
 
 /* ---------------------------------------------------------------- node info */

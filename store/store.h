@@ -20,7 +20,8 @@
 #include "records.h"
 
 /* Bump when any database's key layout or any record version changes. */
-#define CPH_STORE_SCHEMA_VERSION 1u
+/* 2: "context" holds one tree value per session; "memory_scopes" indexes memories by scope. */
+#define CPH_STORE_SCHEMA_VERSION 2u
 
 /* X(enum suffix, database name) */
 #define CPH_DB_LIST(X)                                                                    \
@@ -35,11 +36,12 @@
   X(PARKED_TURNS, "parked_turns") /* u64 turn id -> "" while parked */                   \
   X(REPLIES, "replies")       /* u64 reply id -> reply */                                \
   X(MEMORIES, "memories")     /* u64 memory id -> memory */                              \
+  X(MEMORY_SCOPES, "memory_scopes") /* scope\0 class\0 u64 memory id -> "" (memory.c) */ \
   X(JOBS, "jobs")             /* u64 job id -> job */                                    \
   X(OUTBOX, "outbox")         /* u64 item id -> outbox item */                           \
   X(GC_GROUPS, "gc_groups")   /* u64 group id -> gc group */                             \
   X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
-  X(CONTEXT, "context")       /* session\0 u64 node id -> context node; id 0: tree header */ \
+  X(CONTEXT, "context")       /* session -> its PACT tree (core/pact_store.c) */      \
   X(SEALS, "seals")           /* session\0 u64 seal id -> sealed rendered context */    \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \

@@ -15,6 +15,7 @@
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
+#include "store/store.h"
 #include "tests/support/testutil.h"
 
 /* Content dedupe off (similar test bodies must stay distinct messages); short summaries. */
@@ -705,6 +706,153 @@ static void test_failed_turn_does_not_move_the_cursor(void **state) {
   cph_op_clear_results(&l);
 }
 
+/* A session's memories are found through its scope, however many other sessions minted since:
+ * more than a turn's scan limit (1024 records) of someone else's memories must not hide it. */
+static void test_own_memory_found_behind_many_of_other_sessions(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1", .autonomy_s = 1});
+  create(f, (session_spec){.id = "s2", .autonomy_s = 1});
+  pause_session(f, "s2");
+  cph_op l;
+  cph_turn_info *t = lease_tick(f, &l);
+  assert_string_equal(t->session, "s1");
+  static const char *const MINE[] = {"s1 keeps this one"};
+  complete(f, t, NULL, MINE, 1);
+  uint64_t mine = 1; /* the first memory minted */
+  cph_op_clear_results(&l);
+
+  pause_session(f, "s1");
+  resume_session(f, "s2");
+  static const char *const THEIRS[] = {"x", "x", "x", "x", "x", "x", "x", "x"};
+  for (int i = 0; i < 1100 / 8 + 1; i++) {
+    t = lease_tick(f, &l);
+    assert_string_equal(t->session, "s2");
+    complete(f, t, NULL, THEIRS, 8);
+    cph_op_clear_results(&l);
+  }
+  pause_session(f, "s2");
+  resume_session(f, "s1");
+  t = lease_tick(f, &l);
+  assert_string_equal(t->session, "s1");
+  assert_int_equal(t->n_memories, 1);
+  assert_int_equal(t->memories[0].id, mine);
+  assert_string_equal(t->memories[0].text, "s1 keeps this one");
+  cph_op_clear_results(&l);
+}
+
+/* The tree is stored whole per session: every field of every node survives a restart. */
+static void test_tree_survives_a_restart_field_by_field(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1"});
+  insert_node(f, "s1", "d-1, 0, 0", "you are s1");
+  cph_context_stage_in stages[2] = {{"d0, 0, 1", 2}, {"d0, 0, -1", 0}};
+  char *tags[2] = {"a", "b"};
+  cph_op op = {0};
+  op.kind = CPH_OP_CONTEXT_INSERT;
+  op.u.context.session = "s1";
+  op.u.context.node.content = "reminder";
+  op.u.context.node.lifecycle = stages;
+  op.u.context.node.n_lifecycle = 2;
+  op.u.context.node.key = "r1";
+  op.u.context.node.tags = (cph_strv){tags, 2};
+  op.u.context.node.at = "d0, 0, 1";
+  if (run(f, &op))
+    fail_msg("insert: %s", op.err.msg);
+  memset(&op, 0, sizeof op);
+  op.kind = CPH_OP_CONTEXT_INSERT;
+  op.u.context.session = "s1";
+  op.u.context.node.at = "d1, 2, 0";
+  op.u.context.node.content = "every fifth";
+  op.u.context.node.ttl = 2;
+  op.u.context.node.cadence = 5;
+  assert_int_equal(run(f, &op), CPH_OK);
+
+  cph_context_node_info *before, *after;
+  size_t n_before, n_after;
+  uint64_t ep_before, ep_after;
+  cph_err err;
+  assert_int_equal(cph_engine_context(f->e, "s1", NULL, &before, &n_before, &ep_before, &err),
+                   CPH_OK);
+  assert_int_equal(n_before, 3);
+  cph_engine_close(f->e);
+  open_engine(f);
+  assert_int_equal(cph_engine_context(f->e, "s1", NULL, &after, &n_after, &ep_after, &err),
+                   CPH_OK);
+  assert_int_equal(n_after, n_before);
+  assert_int_equal(ep_after, ep_before);
+  for (size_t i = 0; i < n_before; i++) {
+    const cph_context_node_info *a = &before[i], *b = &after[i];
+    assert_int_equal(a->id, b->id);
+    assert_string_equal(a->at, b->at);
+    assert_string_equal(a->content, b->content);
+    assert_int_equal(a->ttl, b->ttl);
+    assert_int_equal(a->cadence, b->cadence);
+    assert_int_equal(a->n_lifecycle, b->n_lifecycle);
+    for (size_t j = 0; j < a->n_lifecycle; j++) {
+      assert_string_equal(a->lifecycle[j].at, b->lifecycle[j].at);
+      assert_int_equal(a->lifecycle[j].ttl, b->lifecycle[j].ttl);
+    }
+    assert_true((a->key == NULL) == (b->key == NULL));
+    if (a->key)
+      assert_string_equal(a->key, b->key);
+    assert_int_equal(a->tags.count, b->tags.count);
+    for (size_t j = 0; j < a->tags.count; j++)
+      assert_string_equal(a->tags.items[j], b->tags.items[j]);
+  }
+  const cph_context_node_info *r = NULL;
+  for (size_t i = 0; i < n_after; i++)
+    if (after[i].key && strcmp(after[i].key, "r1") == 0)
+      r = &after[i];
+  assert_non_null(r);
+  assert_int_equal(r->n_lifecycle, 2);
+  assert_int_equal(r->tags.count, 2);
+  cph_context_nodes_free(before, n_before);
+  cph_context_nodes_free(after, n_after);
+}
+
+/* A damaged tree value is reported, naming the database and the session; nothing crashes and
+ * other sessions are untouched. */
+static void test_corrupt_tree_is_named_and_contained(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1"});
+  create(f, (session_spec){.id = "s2"});
+  insert_node(f, "s1", "d-1, 0, 0", "you are s1");
+  insert_node(f, "s2", "d-1, 0, 0", "you are s2");
+  cph_engine_close(f->e);
+  f->e = NULL;
+
+  cph_store *st;
+  cph_store_options so = {f->dir, 64u << 20, CPH_SYNC_NONE};
+  cph_err err = {0};
+  if (cph_store_open(&so, &st, &err))
+    fail_msg("store: %s", err.msg);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, "s1");
+  cph_val v;
+  assert_int_equal(cph_txn_get(&t, CPH_DB_CONTEXT, &k, &v), CPH_OK);
+  uint8_t *cut = malloc(v.len);
+  memcpy(cut, v.data, v.len);
+  assert_int_equal(cph_txn_put(&t, CPH_DB_CONTEXT, &k, cut, v.len - 3), CPH_OK); /* truncated */
+  free(cut);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  cph_store_close(st);
+
+  open_engine(f);
+  cph_context_node_info *nodes;
+  size_t n;
+  uint64_t ep;
+  assert_int_equal(cph_engine_context(f->e, "s1", NULL, &nodes, &n, &ep, &err), CPH_ECORRUPT);
+  assert_non_null(strstr(err.msg, "database \"context\""));
+  assert_non_null(strstr(err.msg, "\"s1\""));
+  assert_int_equal(cph_engine_context(f->e, "s2", NULL, &nodes, &n, &ep, &err), CPH_OK);
+  assert_int_equal(n, 1);
+  assert_string_equal(nodes[0].content, "you are s2");
+  cph_context_nodes_free(nodes, n);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(
@@ -728,6 +876,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cursors_survive_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_failed_turn_does_not_move_the_cursor, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_own_memory_found_behind_many_of_other_sessions, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_tree_survives_a_restart_field_by_field, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_corrupt_tree_is_named_and_contained, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

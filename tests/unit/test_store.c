@@ -652,9 +652,9 @@ static void test_schema_version_mismatch_refuses_to_open(void **state) {
   assert_null(s);
   char expected[1024];
   snprintf(expected, sizeof expected,
-           "data dir '%s' has storage schema version 99, but this build reads version 1; use a "
+           "data dir '%s' has storage schema version 99, but this build reads version %u; use a "
            "build that matches, or move the data dir away to start fresh",
-           dir);
+           dir, CPH_STORE_SCHEMA_VERSION);
   assert_string_equal(err.msg, expected);
   cph_test_rmtree(dir);
   free(dir);
