@@ -323,6 +323,39 @@ static void send_reply(cph_req *r, int status, json_t *body) {
 
 void cph_reply_json(cph_req *r, int status, json_t *body) { send_reply(r, status, body); }
 
+static void free_body(const void *data, size_t len, void *arg) {
+  (void)len;
+  (void)arg;
+  free((void *)data);
+}
+
+void cph_reply_emitted(cph_req *r, int status, cph_buf *body) {
+  struct evhttp_request *ev = r->ev;
+  if (!ev) { /* answered already: one reply per request */
+    cph_buf_free(body);
+    return;
+  }
+  r->ev = NULL;
+  if (!r->msgpack_out)
+    cph_buf_putc(body, '\n');
+  struct evbuffer *buf = evbuffer_new();
+  size_t len = body->len;
+  char *data = cph_buf_error(body) ? NULL : cph_buf_steal(body);
+  cph_buf_free(body);
+  if (buf && data && evbuffer_add_reference(buf, data, len, free_body, NULL) == 0) {
+    evhttp_add_header(evhttp_request_get_output_headers(ev), "Content-Type",
+                      r->msgpack_out ? "application/msgpack" : "application/json");
+  } else {
+    free(data);
+    status = 500;
+    if (buf)
+      evbuffer_add_printf(buf, "{\"error\":{\"code\":\"internal\",\"message\":\"out of "
+                               "memory\",\"field\":null}}\n");
+    evhttp_add_header(evhttp_request_get_output_headers(ev), "Content-Type", "application/json");
+  }
+  send_buffer(r, ev, status, buf);
+}
+
 void cph_reply_text(cph_req *r, int status, const char *content_type, const char *data,
                     size_t len) {
   struct evhttp_request *ev = r->ev;

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "cephalon/cephalon.h"
+#include "common/buf.h"
 
 typedef struct cph_srv cph_srv;
 typedef struct cph_req cph_req;
@@ -93,6 +94,10 @@ void cph_http_dispatch(struct evhttp_request *ev, void *arg);
 
 /* Sends body (stolen; NULL = no body) as JSON, or msgpack when the client asked for it. */
 void cph_reply_json(cph_req *r, int status, json_t *body);
+/* Sends a body written with cph_emit (server/emit.h) for this request's format
+ * (r->msgpack_out): the bytes are handed to libevent without a copy and body is left empty.
+ * A failed (out of memory) buffer answers 500. */
+void cph_reply_emitted(cph_req *r, int status, cph_buf *body);
 /* 204 No Content. */
 void cph_reply_empty(cph_req *r, int status);
 /* Sends data[0..len) as is, with this Content-Type (GET /metrics: Prometheus text). */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "emit.h"
 #include "longpoll.h"
 #include "routes.h"
 #include "server.h"
@@ -25,147 +26,251 @@
 
 /* ---------------------------------------------------------------- turn JSON */
 
+/* The leased turn is the largest and most frequent body the daemon writes (it carries the
+ * assembled context), so it is written with cph_emit rather than built as a jansson tree.
+ * Member counts are declared before each container (emit.h). */
+
 /* "tokens": what each section of the context used, inside the session's window. */
-static json_t *tokens_json(const cph_context_tokens *k) {
-  json_t *o = json_object();
-  json_object_set_new(o, "window", json_integer(k->window));
-  json_object_set_new(o, "current_state", json_integer(k->current_state));
-  json_object_set_new(o, "pending_obligations", json_integer(k->pending_obligations));
-  json_object_set_new(o, "conversation_history", json_integer(k->conversation_history));
-  json_object_set_new(o, "recent_memory", json_integer(k->recent_memory));
-  json_object_set_new(o, "available_tools", json_integer(k->available_tools));
-  json_object_set_new(o, "sections", json_integer(k->sections));
-  json_object_set_new(o, "messages", json_integer(k->messages));
-  json_object_set_new(o, "history_cut", json_integer(k->history_cut));
-  json_object_set_new(o, "messages_cut", json_integer(k->messages_cut));
-  return o;
+static void tokens_emit(cph_emit *w, const cph_context_tokens *k) {
+  cph_emit_object(w, 10);
+  cph_emit_key(w, "window");
+  cph_emit_i64(w, k->window);
+  cph_emit_key(w, "current_state");
+  cph_emit_i64(w, k->current_state);
+  cph_emit_key(w, "pending_obligations");
+  cph_emit_i64(w, k->pending_obligations);
+  cph_emit_key(w, "conversation_history");
+  cph_emit_i64(w, k->conversation_history);
+  cph_emit_key(w, "recent_memory");
+  cph_emit_i64(w, k->recent_memory);
+  cph_emit_key(w, "available_tools");
+  cph_emit_i64(w, k->available_tools);
+  cph_emit_key(w, "sections");
+  cph_emit_i64(w, k->sections);
+  cph_emit_key(w, "messages");
+  cph_emit_i64(w, k->messages);
+  cph_emit_key(w, "history_cut");
+  cph_emit_i64(w, k->history_cut);
+  cph_emit_key(w, "messages_cut");
+  cph_emit_i64(w, k->messages_cut);
+  cph_emit_end(w);
 }
 
-static json_t *turn_json(const cph_turn_info *t) {
-  json_t *o = json_object();
-  json_object_set_new(o, "id", cph_json_u64(t->id));
-  json_object_set_new(o, "lease", json_string(t->lease));
-  json_object_set_new(o, "session", cph_json_str(t->session));
-  json_object_set_new(o, "lane", json_string(cph_lane_name(t->lane)));
-  json_object_set_new(o, "kind", json_string(cph_turn_kind_name(t->kind)));
-  json_object_set_new(o, "input", cph_json_str(t->input));
-  json_object_set_new(o, "episode", cph_json_u64(t->episode));
-  json_object_set_new(o, "deadline_ms", json_integer(t->deadline_ms));
-  json_object_set_new(o, "attempts", json_integer(t->attempts));
-
-  json_t *staged = json_array();
+static void staged_emit(cph_emit *w, const cph_turn_info *t) {
+  cph_emit_array(w, t->n_staged);
   for (size_t i = 0; i < t->n_staged; i++) {
     const cph_staged_msg *m = &t->staged[i];
-    json_t *sm = json_object();
-    json_object_set_new(sm, "id", cph_json_u64(m->id));
-    json_object_set_new(sm, "event_id", cph_json_u64(m->event_id));
-    json_object_set_new(sm, "channel", cph_json_str(m->channel));
-    json_object_set_new(sm, "sender", cph_json_str(m->sender));
-    json_object_set_new(sm, "body", cph_json_str(m->body));
-    json_object_set_new(sm, "mentioned", json_boolean(m->mentioned));
-    json_object_set_new(sm, "ts_ms", json_integer(m->ts_ms));
-    json_array_append_new(staged, sm);
+    cph_emit_object(w, 7);
+    cph_emit_key(w, "id");
+    cph_emit_u64(w, m->id);
+    cph_emit_key(w, "event_id");
+    cph_emit_u64(w, m->event_id);
+    cph_emit_key(w, "channel");
+    cph_emit_str(w, m->channel);
+    cph_emit_key(w, "sender");
+    cph_emit_str(w, m->sender);
+    cph_emit_key(w, "body");
+    cph_emit_str(w, m->body);
+    cph_emit_key(w, "mentioned");
+    cph_emit_bool(w, m->mentioned);
+    cph_emit_key(w, "ts_ms");
+    cph_emit_i64(w, m->ts_ms);
+    cph_emit_end(w);
   }
-  json_object_set_new(o, "staged", staged);
+  cph_emit_end(w);
+}
 
-  json_t *sections = json_object();
-  json_t *cs = json_object();
-  json_object_set_new(cs, "lane", json_string(cph_lane_name(t->lane)));
-  json_object_set_new(cs, "credits", json_real(t->current_state.credits));
-  json_object_set_new(cs, "turns_left", json_real(t->current_state.turns_left));
-  json_object_set_new(cs, "tool_calls_left", json_real(t->current_state.tool_calls_left));
-  json_object_set_new(cs, "state", json_string(cph_session_state_name(t->current_state.state)));
-  json_object_set_new(cs, "episode", cph_json_u64(t->episode));
-  json_object_set_new(cs, "turn_kind", json_string(cph_turn_kind_name(t->kind)));
-  json_object_set_new(cs, "time_ms", json_integer(t->current_state.time_ms));
-  json_object_set_new(sections, "current_state", cs);
+static void current_state_emit(cph_emit *w, const cph_turn_info *t) {
+  cph_emit_object(w, 8);
+  cph_emit_key(w, "lane");
+  cph_emit_str(w, cph_lane_name(t->lane));
+  cph_emit_key(w, "credits");
+  cph_emit_real(w, t->current_state.credits);
+  cph_emit_key(w, "turns_left");
+  cph_emit_real(w, t->current_state.turns_left);
+  cph_emit_key(w, "tool_calls_left");
+  cph_emit_real(w, t->current_state.tool_calls_left);
+  cph_emit_key(w, "state");
+  cph_emit_str(w, cph_session_state_name(t->current_state.state));
+  cph_emit_key(w, "episode");
+  cph_emit_u64(w, t->episode);
+  cph_emit_key(w, "turn_kind");
+  cph_emit_str(w, cph_turn_kind_name(t->kind));
+  cph_emit_key(w, "time_ms");
+  cph_emit_i64(w, t->current_state.time_ms);
+  cph_emit_end(w);
+}
 
-  /* DESIGN §6: "per staged message, id, sender, preview (or none)". The window may hold
-   * fewer than staged_count ("omitted" says how many are not listed). */
-  json_t *po = json_object();
-  json_object_set_new(po, "staged_count", json_integer((json_int_t)t->n_staged));
+/* DESIGN §6: "per staged message, id, sender, preview (or none)". The window may hold fewer
+ * than staged_count ("omitted" says how many are not listed). */
+static void obligations_emit(cph_emit *w, const cph_turn_info *t) {
+  bool omitted = t->n_obligations < t->n_staged;
+  cph_emit_object(w, 2 + omitted);
+  cph_emit_key(w, "staged_count");
+  cph_emit_u64(w, t->n_staged);
+  cph_emit_key(w, "messages");
   if (t->n_obligations) {
-    json_t *obligations = json_array();
+    cph_emit_array(w, t->n_obligations);
     for (size_t i = 0; i < t->n_obligations; i++) {
-      json_t *ob = json_object();
-      json_object_set_new(ob, "id", cph_json_u64(t->obligations[i].id));
-      json_object_set_new(ob, "sender", cph_json_str(t->obligations[i].sender));
-      json_object_set_new(ob, "preview", cph_json_str(t->obligations[i].preview));
-      json_array_append_new(obligations, ob);
+      cph_emit_object(w, 3);
+      cph_emit_key(w, "id");
+      cph_emit_u64(w, t->obligations[i].id);
+      cph_emit_key(w, "sender");
+      cph_emit_str(w, t->obligations[i].sender);
+      cph_emit_key(w, "preview");
+      cph_emit_str(w, t->obligations[i].preview);
+      cph_emit_end(w);
     }
-    json_object_set_new(po, "messages", obligations);
+    cph_emit_end(w);
   } else {
-    json_object_set_new(po, "messages", json_string("none"));
+    cph_emit_str(w, "none");
   }
-  if (t->n_obligations < t->n_staged)
-    json_object_set_new(po, "omitted", json_integer((json_int_t)(t->n_staged - t->n_obligations)));
-  json_object_set_new(sections, "pending_obligations", po);
+  if (omitted) {
+    cph_emit_key(w, "omitted");
+    cph_emit_u64(w, t->n_staged - t->n_obligations);
+  }
+  cph_emit_end(w);
+}
 
-  /* DESIGN §6: conversation_history is `none` on an autonomy tick (n_history == 0). */
-  if (t->n_history) {
-    json_t *h = json_array();
-    for (size_t i = 0; i < t->n_history; i++) {
-      const cph_history_entry *e = &t->history[i];
-      json_t *he = json_object();
-      json_object_set_new(he, "event_id", cph_json_u64(e->event_id));
-      json_object_set_new(he, "channel", cph_json_str(e->channel));
-      json_object_set_new(he, "sender", cph_json_str(e->sender));
-      json_object_set_new(he, "body", cph_json_str(e->body));
-      json_object_set_new(he, "ts_ms", json_integer(e->ts_ms));
-      json_array_append_new(h, he);
-    }
-    json_object_set_new(sections, "conversation_history", h);
-  } else {
-    json_object_set_new(sections, "conversation_history", json_string("none"));
+/* DESIGN §6: conversation_history is `none` on an autonomy tick (n_history == 0). */
+static void history_emit(cph_emit *w, const cph_turn_info *t) {
+  if (!t->n_history) {
+    cph_emit_str(w, "none");
+    return;
   }
-  json_t *mem = json_array();
+  cph_emit_array(w, t->n_history);
+  for (size_t i = 0; i < t->n_history; i++) {
+    const cph_history_entry *e = &t->history[i];
+    cph_emit_object(w, 5);
+    cph_emit_key(w, "event_id");
+    cph_emit_u64(w, e->event_id);
+    cph_emit_key(w, "channel");
+    cph_emit_str(w, e->channel);
+    cph_emit_key(w, "sender");
+    cph_emit_str(w, e->sender);
+    cph_emit_key(w, "body");
+    cph_emit_str(w, e->body);
+    cph_emit_key(w, "ts_ms");
+    cph_emit_i64(w, e->ts_ms);
+    cph_emit_end(w);
+  }
+  cph_emit_end(w);
+}
+
+static void memories_emit(cph_emit *w, const cph_turn_info *t) {
+  cph_emit_array(w, t->n_memories);
   for (size_t i = 0; i < t->n_memories; i++) {
     const cph_memory_item *m = &t->memories[i];
-    json_t *mo = json_object();
-    json_object_set_new(mo, "id", cph_json_u64(m->id));
-    json_object_set_new(mo, "kind", cph_json_str(m->kind));
-    json_object_set_new(mo, "text", cph_json_str(m->text));
-    json_object_set_new(mo, "session", cph_json_str(m->scope));
-    json_object_set_new(mo, "created_ms", json_integer(m->created_ms));
-    json_object_set_new(mo, "access_count", cph_json_u64(m->access_count));
-    json_array_append_new(mem, mo);
+    cph_emit_object(w, 6);
+    cph_emit_key(w, "id");
+    cph_emit_u64(w, m->id);
+    cph_emit_key(w, "kind");
+    cph_emit_str(w, m->kind);
+    cph_emit_key(w, "text");
+    cph_emit_str(w, m->text);
+    cph_emit_key(w, "session");
+    cph_emit_str(w, m->scope);
+    cph_emit_key(w, "created_ms");
+    cph_emit_i64(w, m->created_ms);
+    cph_emit_key(w, "access_count");
+    cph_emit_u64(w, m->access_count);
+    cph_emit_end(w);
   }
-  json_object_set_new(sections, "recent_memory", mem);
-  json_t *tools = json_array();
+  cph_emit_end(w);
+}
+
+static void tools_emit(cph_emit *w, const cph_turn_info *t) {
+  cph_emit_array(w, t->n_tools);
   for (size_t i = 0; i < t->n_tools; i++) {
-    json_t *tu = json_object();
-    json_object_set_new(tu, "name", cph_json_str(t->tools[i].name));
-    json_object_set_new(tu, "calls_this_turn", cph_json_u64(t->tools[i].calls_this_turn));
-    json_object_set_new(tu, "calls_this_minute", cph_json_u64(t->tools[i].calls_this_minute));
-    json_array_append_new(tools, tu);
+    cph_emit_object(w, 3);
+    cph_emit_key(w, "name");
+    cph_emit_str(w, t->tools[i].name);
+    cph_emit_key(w, "calls_this_turn");
+    cph_emit_u64(w, t->tools[i].calls_this_turn);
+    cph_emit_key(w, "calls_this_minute");
+    cph_emit_u64(w, t->tools[i].calls_this_minute);
+    cph_emit_end(w);
   }
-  json_object_set_new(sections, "available_tools", tools);
-  json_object_set_new(o, "sections", sections);
+  cph_emit_end(w);
+}
 
-  json_t *msgs = json_array();
+static void messages_emit(cph_emit *w, const cph_turn_info *t) {
+  cph_emit_array(w, t->n_messages);
   for (size_t i = 0; i < t->n_messages; i++) {
-    json_t *m = json_object();
-    json_object_set_new(m, "role", cph_json_str(t->messages[i].role));
-    json_object_set_new(m, "content", cph_json_str(t->messages[i].content));
-    json_object_set_new(m, "coord", cph_json_str(t->messages[i].coord));
-    json_array_append_new(msgs, m);
+    cph_emit_object(w, 3);
+    cph_emit_key(w, "role");
+    cph_emit_str(w, t->messages[i].role);
+    cph_emit_key(w, "content");
+    cph_emit_str(w, t->messages[i].content);
+    cph_emit_key(w, "coord");
+    cph_emit_str(w, t->messages[i].coord);
+    cph_emit_end(w);
   }
-  json_object_set_new(o, "messages", msgs);
+  cph_emit_end(w);
+}
 
-  json_t *views = json_array();
+static void views_emit(cph_emit *w, const cph_turn_info *t) {
+  cph_emit_array(w, t->n_views);
   for (size_t i = 0; i < t->n_views; i++) {
     const cph_channel_view *v = &t->views[i];
-    json_t *vo = json_object();
-    json_object_set_new(vo, "channel", cph_json_str(v->channel));
-    json_object_set_new(vo, "cursor", cph_json_u64(v->cursor));
-    json_object_set_new(vo, "had_cursor", json_boolean(v->had_cursor));
-    json_object_set_new(vo, "seen_index", cph_json_u64(v->seen_index));
-    json_object_set_new(vo, "away", json_integer(v->away));
-    json_array_append_new(views, vo);
+    cph_emit_object(w, 5);
+    cph_emit_key(w, "channel");
+    cph_emit_str(w, v->channel);
+    cph_emit_key(w, "cursor");
+    cph_emit_u64(w, v->cursor);
+    cph_emit_key(w, "had_cursor");
+    cph_emit_bool(w, v->had_cursor);
+    cph_emit_key(w, "seen_index");
+    cph_emit_u64(w, v->seen_index);
+    cph_emit_key(w, "away");
+    cph_emit_i64(w, v->away);
+    cph_emit_end(w);
   }
-  json_object_set_new(o, "channel_views", views);
-  json_object_set_new(o, "tokens", tokens_json(&t->tokens));
-  return o;
+  cph_emit_end(w);
+}
+
+static void turn_emit(cph_emit *w, const cph_turn_info *t) {
+  cph_emit_object(w, 14);
+  cph_emit_key(w, "id");
+  cph_emit_u64(w, t->id);
+  cph_emit_key(w, "lease");
+  cph_emit_str(w, t->lease);
+  cph_emit_key(w, "session");
+  cph_emit_str(w, t->session);
+  cph_emit_key(w, "lane");
+  cph_emit_str(w, cph_lane_name(t->lane));
+  cph_emit_key(w, "kind");
+  cph_emit_str(w, cph_turn_kind_name(t->kind));
+  cph_emit_key(w, "input");
+  cph_emit_str(w, t->input);
+  cph_emit_key(w, "episode");
+  cph_emit_u64(w, t->episode);
+  cph_emit_key(w, "deadline_ms");
+  cph_emit_i64(w, t->deadline_ms);
+  cph_emit_key(w, "attempts");
+  cph_emit_i64(w, t->attempts);
+  cph_emit_key(w, "staged");
+  staged_emit(w, t);
+  cph_emit_key(w, "sections");
+  cph_emit_object(w, 5);
+  cph_emit_key(w, "current_state");
+  current_state_emit(w, t);
+  cph_emit_key(w, "pending_obligations");
+  obligations_emit(w, t);
+  cph_emit_key(w, "conversation_history");
+  history_emit(w, t);
+  cph_emit_key(w, "recent_memory");
+  memories_emit(w, t);
+  cph_emit_key(w, "available_tools");
+  tools_emit(w, t);
+  cph_emit_end(w);
+  cph_emit_key(w, "messages");
+  messages_emit(w, t);
+  cph_emit_key(w, "channel_views");
+  views_emit(w, t);
+  cph_emit_key(w, "tokens");
+  tokens_emit(w, &t->tokens);
+  cph_emit_end(w);
 }
 
 /* ---------------------------------------------------------------- lease */
@@ -174,9 +279,14 @@ static void lease_done(cph_req *r) {
   cph_lp_finish(&r->srv->leases, r);
   cph_op *op = &r->op;
   if (op->rc == CPH_OK) {
-    json_t *body = json_object();
-    json_object_set_new(body, "turn", turn_json(&op->u.lease.turn));
-    cph_reply_json(r, 200, body);
+    cph_buf body = CPH_BUF_INIT;
+    cph_emit w;
+    cph_emit_init(&w, &body, r->msgpack_out);
+    cph_emit_object(&w, 1);
+    cph_emit_key(&w, "turn");
+    turn_emit(&w, &op->u.lease.turn);
+    cph_emit_end(&w);
+    cph_reply_emitted(r, 200, &body);
   } else if (op->rc == CPH_ETIMEDOUT) {
     cph_reply_empty(r, 204);
   } else {

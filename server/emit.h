@@ -1,0 +1,47 @@
+/* cph_emit — writes a response body straight into a buffer, as JSON text or as msgpack, from
+ * one sequence of calls. For large, hot bodies (a leased turn carries its whole context) this
+ * replaces building a jansson tree and serialising it: no node per value, no second pass.
+ *
+ * Contract:
+ * - Containers declare how many members they will hold (msgpack writes the count first); the
+ *   caller must then write exactly that many (an object member = cph_emit_key + one value).
+ *   A mismatch is a programming error: debug builds assert on it.
+ * - Strings are written as valid UTF-8: JSON escapes '"', '\\' and control characters; bytes
+ *   that are not UTF-8 become U+FFFD in both forms. A NULL string is written as null.
+ * - Doubles use 15 significant digits in JSON (as the jansson path does) and always carry a
+ *   decimal point or exponent, so they read back as reals.
+ * - Allocation failure is sticky in the buffer (cph_buf_error). */
+#ifndef CEPHALON_SERVER_EMIT_H
+#define CEPHALON_SERVER_EMIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/buf.h"
+
+#define CPH_EMIT_DEPTH_MAX 16
+
+typedef struct cph_emit {
+  cph_buf *out;
+  bool msgpack;
+  int depth;
+  bool first[CPH_EMIT_DEPTH_MAX];     /* JSON: no comma before this container's next member */
+  size_t left[CPH_EMIT_DEPTH_MAX];    /* members still to write (checked in debug builds) */
+  bool in_object[CPH_EMIT_DEPTH_MAX]; /* keys expected at this depth */
+} cph_emit;
+
+void cph_emit_init(cph_emit *w, cph_buf *out, bool msgpack);
+
+void cph_emit_object(cph_emit *w, size_t n_members);
+void cph_emit_array(cph_emit *w, size_t n_items);
+void cph_emit_end(cph_emit *w); /* closes the innermost object or array */
+
+void cph_emit_key(cph_emit *w, const char *key);
+void cph_emit_str(cph_emit *w, const char *s); /* NULL: null */
+void cph_emit_u64(cph_emit *w, uint64_t v);    /* above INT64_MAX: INT64_MAX, as cph_json_u64 */
+void cph_emit_i64(cph_emit *w, int64_t v);
+void cph_emit_real(cph_emit *w, double v);
+void cph_emit_bool(cph_emit *w, bool v);
+
+#endif

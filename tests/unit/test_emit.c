@@ -1,0 +1,131 @@
+/* server/emit.c: the same calls written as JSON and as msgpack read back (jansson, and the
+ * daemon's own msgpack reader) to the same document, built here by hand; JSON escapes, and
+ * ill-formed UTF-8 repaired to U+FFFD in both forms. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/emit.h"
+#include "server/mpjson.h"
+
+#define FFFD "\xef\xbf\xbd"
+
+/* The strings written, and what a reader must get back. */
+static const struct {
+  const char *in, *out;
+} STRINGS[] = {
+    {"plain", "plain"},
+    {"quote\" back\\ nl\n cr\r tab\t ctrl\x01 del\x7f", "quote\" back\\ nl\n cr\r tab\t ctrl\x01 del\x7f"},
+    {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+    {"bad \xff end", "bad " FFFD " end"},
+    {"cut \xe2\x82", "cut " FFFD FFFD},
+    {"overlong \xc0\xaf", "overlong " FFFD FFFD},
+    {"surrogate \xed\xa0\x80", "surrogate " FFFD FFFD FFFD},
+    {"", ""},
+};
+#define N_STRINGS (sizeof STRINGS / sizeof STRINGS[0])
+
+static void write_doc(cph_emit *w) {
+  cph_emit_object(w, 4);
+  cph_emit_key(w, "strings");
+  cph_emit_array(w, N_STRINGS + 1);
+  for (size_t i = 0; i < N_STRINGS; i++)
+    cph_emit_str(w, STRINGS[i].in);
+  cph_emit_str(w, NULL);
+  cph_emit_end(w);
+  cph_emit_key(w, "numbers");
+  cph_emit_object(w, 6);
+  cph_emit_key(w, "big");
+  cph_emit_u64(w, UINT64_MAX);
+  cph_emit_key(w, "neg");
+  cph_emit_i64(w, -42);
+  cph_emit_key(w, "half");
+  cph_emit_real(w, 0.5);
+  cph_emit_key(w, "three");
+  cph_emit_real(w, 3.0);
+  cph_emit_key(w, "huge");
+  cph_emit_real(w, 1e300);
+  cph_emit_key(w, "tenth");
+  cph_emit_real(w, 0.1);
+  cph_emit_end(w);
+  cph_emit_key(w, "flags");
+  cph_emit_array(w, 2);
+  cph_emit_bool(w, true);
+  cph_emit_bool(w, false);
+  cph_emit_end(w);
+  cph_emit_key(w, "key \"quoted\"");
+  cph_emit_array(w, 0);
+  cph_emit_end(w);
+  cph_emit_end(w);
+}
+
+static json_t *expected_doc(void) {
+  json_t *strings = json_array();
+  for (size_t i = 0; i < N_STRINGS; i++)
+    json_array_append_new(strings, json_string(STRINGS[i].out));
+  json_array_append_new(strings, json_null());
+  return json_pack("{s:o, s:{s:I, s:I, s:f, s:f, s:f, s:f}, s:[b,b], s:[]}", "strings", strings,
+                   "numbers", "big", (json_int_t)INT64_MAX, "neg", (json_int_t)-42, "half", 0.5,
+                   "three", 3.0, "huge", 1e300, "tenth", 0.1, "flags", 1, 0, "key \"quoted\"");
+}
+
+static void test_json_reads_back_to_the_document(void **state) {
+  (void)state;
+  cph_buf b = CPH_BUF_INIT;
+  cph_emit w;
+  cph_emit_init(&w, &b, false);
+  write_doc(&w);
+  assert_int_equal(cph_buf_error(&b), 0);
+  json_error_t jerr;
+  json_t *got = json_loadb(b.data, b.len, JSON_DECODE_ANY, &jerr);
+  if (!got)
+    fail_msg("not JSON (%s) at %d: %s", jerr.text, jerr.position, b.data);
+  json_t *want = expected_doc();
+  assert_non_null(want);
+  if (!json_equal(got, want)) {
+    char *g = json_dumps(got, JSON_COMPACT), *x = json_dumps(want, JSON_COMPACT);
+    fail_msg("got  %s\nwant %s", g, x);
+  }
+  /* reals stay reals, control characters use the short or \u form */
+  assert_true(json_is_real(json_object_get(json_object_get(got, "numbers"), "three")));
+  assert_non_null(strstr(b.data, "ctrl\\u0001"));
+  assert_non_null(strstr(b.data, "nl\\n cr\\r tab\\t"));
+  json_decref(got);
+  json_decref(want);
+  cph_buf_free(&b);
+}
+
+static void test_msgpack_reads_back_to_the_same_document(void **state) {
+  (void)state;
+  cph_buf b = CPH_BUF_INIT;
+  cph_emit w;
+  cph_emit_init(&w, &b, true);
+  write_doc(&w);
+  assert_int_equal(cph_buf_error(&b), 0);
+  char err[256];
+  json_t *got = cph_mpjson_read(b.data, b.len, err, sizeof err);
+  if (!got)
+    fail_msg("not msgpack: %s", err);
+  json_t *want = expected_doc();
+  if (!json_equal(got, want)) {
+    char *g = json_dumps(got, JSON_COMPACT), *x = json_dumps(want, JSON_COMPACT);
+    fail_msg("got  %s\nwant %s", g, x);
+  }
+  json_decref(got);
+  json_decref(want);
+  cph_buf_free(&b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_json_reads_back_to_the_document),
+      cmocka_unit_test(test_msgpack_reads_back_to_the_same_document),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
