@@ -38,16 +38,22 @@ static cph_key node_key(const char *session, uint64_t id) {
 
 static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
 
-static int node_from_rec(const cph_ctxnode_rec *r, cph_pact_node *n) {
+/* Moves r's strings into n (r keeps what is left to free). */
+static int node_from_rec(cph_ctxnode_rec *r, cph_pact_node *n) {
   memset(n, 0, sizeof *n);
   n->id = r->id;
   n->at = (cph_coord){(int32_t)r->depth, (int32_t)r->position, (int32_t)r->offset};
-  n->content = strdup(r->content);
-  n->role = dup_opt(r->role);
+  n->content = r->content;
+  n->role = r->role;
+  n->key = r->key;
+  n->tags = r->tags;
+  n->n_tags = r->n_tags;
+  r->content = r->role = r->key = NULL;
+  r->tags = NULL;
+  r->n_tags = 0;
   n->ttl = (int32_t)r->ttl;
   n->cadence = (int32_t)r->cadence;
   n->stage = r->stage;
-  n->key = dup_opt(r->key);
   n->created_at_episode = r->created_at_episode;
   n->seq = r->seq;
   n->waiting = r->waiting;
@@ -62,13 +68,7 @@ static int node_from_rec(const cph_ctxnode_rec *r, cph_pact_node *n) {
                                          (int32_t)r->lc_ttl[i]};
     n->n_lifecycle = stages;
   }
-  if (r->n_tags) {
-    n->tags = calloc(r->n_tags, sizeof *n->tags);
-    for (uint32_t i = 0; n->tags && i < r->n_tags; i++)
-      n->tags[i] = strdup(r->tags[i]);
-    n->n_tags = n->tags ? r->n_tags : 0;
-  }
-  return n->content ? CPH_OK : CPH_ENOMEM;
+  return CPH_OK;
 }
 
 /* Borrowing view of n as a record; *lc holds 4 * n_lifecycle int64s owned by the caller. */
@@ -124,7 +124,7 @@ static int tree_corrupt(cph_txn *t, const char *session, const char *what) {
                      "corrupt record in database \"context\" at key \"%s\": %s", session, what);
 }
 
-static int tree_push(cph_pact_tree *tree, const cph_ctxnode_rec *r) {
+static int tree_push(cph_pact_tree *tree, cph_ctxnode_rec *r) {
   if (tree->n == tree->cap) {
     size_t cap = tree->cap ? tree->cap * 2 : 16;
     cph_pact_node *p = realloc(tree->nodes, cap * sizeof *p);

@@ -230,9 +230,16 @@ void cph_emit_i64(cph_emit *w, int64_t v) {
     msgpack_pack_int64(&pk, v);
     return;
   }
-  char num[24];
-  int n = snprintf(num, sizeof num, "%" PRId64, v);
-  cph_buf_append(w->out, num, (size_t)n);
+  char num[24]; /* digits written from the end: no printf on this hot path */
+  char *p = num + sizeof num;
+  uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+  do {
+    *--p = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (v < 0)
+    *--p = '-';
+  cph_buf_append(w->out, p, (size_t)(num + sizeof num - p));
 }
 
 void cph_emit_u64(cph_emit *w, uint64_t v) {

@@ -40,7 +40,13 @@ static void write_doc(cph_emit *w) {
   cph_emit_str(w, NULL);
   cph_emit_end(w);
   cph_emit_key(w, "numbers");
-  cph_emit_object(w, 6);
+  cph_emit_object(w, 9);
+  cph_emit_key(w, "zero");
+  cph_emit_i64(w, 0);
+  cph_emit_key(w, "min");
+  cph_emit_i64(w, INT64_MIN);
+  cph_emit_key(w, "seven");
+  cph_emit_u64(w, 7);
   cph_emit_key(w, "big");
   cph_emit_u64(w, UINT64_MAX);
   cph_emit_key(w, "neg");
@@ -70,8 +76,8 @@ static json_t *expected_doc(void) {
   for (size_t i = 0; i < N_STRINGS; i++)
     json_array_append_new(strings, json_string(STRINGS[i].out));
   json_array_append_new(strings, json_null());
-  return json_pack("{s:o, s:{s:I, s:I, s:f, s:f, s:f, s:f}, s:[b,b], s:[]}", "strings", strings,
-                   "numbers", "big", (json_int_t)INT64_MAX, "neg", (json_int_t)-42, "half", 0.5,
+  return json_pack("{s:o, s:{s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f}, s:[b,b], s:[]}", "strings", strings,
+                   "numbers", "zero", (json_int_t)0, "min", (json_int_t)INT64_MIN, "seven", (json_int_t)7, "big", (json_int_t)INT64_MAX, "neg", (json_int_t)-42, "half", 0.5,
                    "three", 3.0, "huge", 1e300, "tenth", 0.1, "flags", 1, 0, "key \"quoted\"");
 }
 
