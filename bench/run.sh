@@ -70,6 +70,10 @@ run sched-1m 180 sched --sessions 1000000
 run ingest 120 ingest --seconds "$SECONDS_PER_RUN"
 run cycle-always 120 cycle --sync always --seconds "$SECONDS_PER_RUN"
 run cycle-none 120 cycle --sync none --seconds "$SECONDS_PER_RUN"
+# The same cycle with a 256-token window: turns of ~3 KB instead of ~50 KB, to show how much
+# of the cycle is the context it carries (not a §12 row; reported below the targets).
+run cycle-small-always 120 cycle --sync always --window 256 --seconds "$SECONDS_PER_RUN"
+run cycle-small-none 120 cycle --sync none --window 256 --seconds "$SECONDS_PER_RUN"
 run beanstalkd-fsync 120 beanstalkd --mode fsync --seconds "$SECONDS_PER_RUN"
 run beanstalkd-memory 120 beanstalkd --mode memory --seconds "$SECONDS_PER_RUN"
 run redis-always 120 redis --mode always --seconds "$SECONDS_PER_RUN"
@@ -209,11 +213,25 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "Ratios: cephalon / anchor for the cycles, measured / target otherwise (for the sched 1M vs"
   echo "10k row: cost at 1M / cost at 10k; memory: bytes / 256; restart: seconds / 3)."
   echo
+  echo "### The cycle and the size of the turn"
+  echo
+  echo "The §12 cycle rows use the sessions' default window (8192 tokens): every lease answer"
+  echo "carries the assembled context, about $(val cycle-always turn_bytes) bytes, while the anchors move"
+  echo "64 bytes. The same cycle with a 256-token window (turns of about $(val cycle-small-always turn_bytes) bytes):"
+  echo
+  echo "| cycle, 256-token window | cycles/s | anchor | ratio |"
+  echo "|---|---|---|---|"
+  csa=$(val cycle-small-always cycles_per_s); csn=$(val cycle-small-none cycles_per_s)
+  echo "| :sync :always vs beanstalkd -b -f 0 | $csa | $bf | $(ratio "$csa" "$bf") |"
+  echo "| :sync :always vs Redis appendfsync always | $csa | $ra | $(ratio "$csa" "$ra") |"
+  echo "| :sync :none vs beanstalkd in memory | $csn | $bm | $(ratio "$csn" "$bm") |"
+  echo
   echo "## Figures"
   echo
   echo "| scenario | summary line |"
   echo "|---|---|"
-  for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none beanstalkd-fsync \
+  for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none cycle-small-always \
+           cycle-small-none beanstalkd-fsync \
            beanstalkd-memory redis-always redis-none fairness spam maintenance memory; do
     echo "| $f | \`$(tail -1 "$work/$f.out" 2>/dev/null)\` |"
   done
