@@ -66,6 +66,12 @@ typedef struct cph_dedupe {
   size_t prune_key_len;
   uint64_t added_since_prune;
   int64_t next_sweep_ms;
+  /* dedupe_savepoint(): the counters and the top list as they were. */
+  struct {
+    uint64_t exact_hits, near_hits, families, added_since_prune;
+    top_entry top[DEDUPE_TOP_MAX];
+    size_t n_top;
+  } saved;
 } cph_dedupe;
 
 /* ---------------------------------------------------------------- pure helpers */
@@ -637,6 +643,38 @@ void dedupe_commit(cph_engine *e, const char *chan, uint64_t event_id, int64_t n
   }
 }
 
+void dedupe_savepoint(cph_engine *e) {
+  cph_dedupe *d = e->dedupe;
+  if (!d)
+    return;
+  d->saved.exact_hits = d->exact_hits;
+  d->saved.near_hits = d->near_hits;
+  d->saved.families = d->families;
+  d->saved.added_since_prune = d->added_since_prune;
+  memcpy(d->saved.top, d->top, d->n_top * sizeof *d->top);
+  d->saved.n_top = d->n_top;
+}
+
+static void rings_free_all(cph_dedupe *d) {
+  for (size_t i = 0; i < d->channels.cap; i++)
+    if (d->channels.slots[i].key)
+      ring_free(d->channels.slots[i].value);
+  cph_hmap_free(&d->channels);
+}
+
+void dedupe_rollback(cph_engine *e) {
+  cph_dedupe *d = e->dedupe;
+  if (!d)
+    return;
+  d->exact_hits = d->saved.exact_hits;
+  d->near_hits = d->saved.near_hits;
+  d->families = d->saved.families;
+  d->added_since_prune = d->saved.added_since_prune;
+  memcpy(d->top, d->saved.top, d->saved.n_top * sizeof *d->top);
+  d->n_top = d->saved.n_top;
+  rings_free_all(d);
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 int dedupe_open(cph_engine *e, cph_err *err) {
@@ -688,10 +726,7 @@ void dedupe_close(cph_engine *e) {
   cph_dedupe *d = e->dedupe;
   if (!d)
     return;
-  for (size_t i = 0; i < d->channels.cap; i++)
-    if (d->channels.slots[i].key)
-      ring_free(d->channels.slots[i].value);
-  cph_hmap_free(&d->channels);
+  rings_free_all(d);
   EVP_MD_CTX_free(d->md);
   free(d);
   e->dedupe = NULL;
