@@ -17,11 +17,13 @@
 #include "common/log.h"
 #include "dedupe.h"
 #include "engine_internal.h"
+#include "simidx.h"
 
 #define ENTRY_VERSION 1
 #define ENTRY_LEN 41
 #define INDEX_LEN 9
 #define RING_MIN 4 /* rings start small: most channels see few distinct messages */
+#define INDEX_MIN_LEN 64 /* below this many entries a linear scan is as fast as the index */
 /* Expired exact entries looked at per check: this, plus twice the entries added since the
  * last check, so pruning keeps up with any ingest rate (amortised O(1) per event). */
 #define PRUNE_BASE 512
@@ -36,15 +38,17 @@ typedef struct ring_entry {
 
 /* Recent simhashes of one channel: a circular buffer that grows from RING_MIN to
  * DEDUPE_RING_MAX; when full the oldest entry is overwritten. The hashes sit in their own
- * array so the per-event scan reads 8 bytes per entry and touches an entry's rest only when
- * it is near enough to matter. */
+ * array so a scan reads 8 bytes per entry and touches an entry's rest only when it is near
+ * enough to matter. From INDEX_MIN_LEN entries on, a banded index (simidx.h) over the ring's
+ * slots narrows the lookup to the entries that share a band with the query. */
 typedef struct dd_channel {
   char *name;
   uint64_t *hashes;
   ring_entry *ring;
-  uint32_t cap, len;
-  uint32_t next; /* where the next push goes: the oldest entry once full */
+  uint32_t cap, len; /* occupied slots: 0..len-1 (all of them once full) */
+  uint32_t next;     /* where the next push goes: the oldest entry once full */
   int64_t last_ms;
+  simidx idx; /* bands == 0: none (built by dedupe_classify, for :near-distance + 1 bands) */
 } dd_channel;
 
 typedef struct top_entry {
@@ -66,6 +70,12 @@ typedef struct cph_dedupe {
   size_t prune_key_len;
   uint64_t added_since_prune;
   int64_t next_sweep_ms;
+  /* dedupe_savepoint(): the counters and the top list as they were. */
+  struct {
+    uint64_t exact_hits, near_hits, families, added_since_prune;
+    top_entry top[DEDUPE_TOP_MAX];
+    size_t n_top;
+  } saved;
 } cph_dedupe;
 
 /* ---------------------------------------------------------------- pure helpers */
@@ -315,6 +325,7 @@ static void ring_push(dd_channel *dc, uint64_t hash, const ring_entry *r) {
       dc->hashes = hashes;
       dc->cap = cap;
       dc->next = dc->len;
+      simidx_free(&dc->idx); /* slots moved: the next lookup rebuilds it */
     } else {
       free(grown);
       free(hashes);
@@ -322,6 +333,10 @@ static void ring_push(dd_channel *dc, uint64_t hash, const ring_entry *r) {
   }
   if (!dc->cap)
     return; /* out of memory before the first entry: near dedupe misses this one */
+  if (dc->idx.bands && dc->len == dc->cap)
+    simidx_remove(&dc->idx, dc->next, dc->hashes[dc->next]);
+  if (dc->idx.bands)
+    simidx_insert(&dc->idx, dc->next, hash);
   dc->hashes[dc->next] = hash;
   dc->ring[dc->next] = *r;
   dc->next = (dc->next + 1) % dc->cap;
@@ -344,6 +359,7 @@ static dd_channel *ring_of(cph_dedupe *d, const char *chan, bool create) {
 }
 
 static void ring_free(dd_channel *dc) {
+  simidx_free(&dc->idx);
   free(dc->hashes);
   free(dc->ring);
   free(dc->name);
@@ -390,6 +406,42 @@ int64_t dedupe_now_ms(const cph_engine *e) {
   return d->base_wall_ms + (cph_clock_now(e->clock_ref) - d->base_ns) / CPH_NS_PER_MS;
 }
 
+/* (Re)builds the ring's banded index for `distance`; on failure (a distance too wide for
+ * bands, out of memory) the ring has none and lookups scan it. O(len * bands). */
+static void ring_index(dd_channel *dc, int distance) {
+  simidx_free(&dc->idx);
+  if (simidx_init(&dc->idx, dc->cap, distance) != CPH_OK)
+    return;
+  for (uint32_t i = 0; i < dc->len; i++)
+    simidx_insert(&dc->idx, i, dc->hashes[i]);
+}
+
+typedef struct near_best {
+  int limit; /* :near-distance */
+  int best;  /* the best distance so far, limit + 1 while none */
+  int32_t best_i;
+} near_best;
+
+/* Slot i against the best so far. The order — nearer, then more recent, then the later slot —
+ * is total, so the indexed lookup (slots in any order, some twice) and the scan pick the same
+ * entry. */
+static inline void near_consider(const dd_channel *dc, uint32_t i, uint64_t hash, int64_t now_ms,
+                                 int64_t window_ms, near_best *nb) {
+  int dist = dedupe_hamming(dc->hashes[i], hash);
+  if (dist > nb->limit || dist > nb->best)
+    return;
+  const ring_entry *r = &dc->ring[i];
+  if (now_ms - r->last_ms > window_ms)
+    return;
+  if (nb->best_i >= 0 && dist == nb->best) {
+    const ring_entry *b = &dc->ring[nb->best_i];
+    if (r->last_ms < b->last_ms || (r->last_ms == b->last_ms && (int32_t)i <= nb->best_i))
+      return;
+  }
+  nb->best = dist;
+  nb->best_i = (int32_t)i;
+}
+
 int dedupe_classify(cph_engine *e, cph_txn *t, const char *chan, const char *sender,
                     const char *body, int64_t now_ms, uint32_t window_mult, dedupe_verdict *v) {
   memset(v, 0, sizeof *v);
@@ -417,20 +469,20 @@ int dedupe_classify(cph_engine *e, cph_txn *t, const char *chan, const char *sen
 
   /* The nearest live simhash of the channel within :near-distance (ties: the most recent). */
   dd_channel *dc = ring_of(d, chan, false);
-  int limit = (int)p->near_distance, best = limit + 1;
-  int32_t best_i = -1;
-  for (uint32_t i = 0; dc && i < dc->len; i++) {
-    int dist = dedupe_hamming(dc->hashes[i], v->simhash);
-    if (dist > limit || dist > best)
-      continue;
-    const ring_entry *r = &dc->ring[i];
-    if (now_ms - r->last_ms > window_ms)
-      continue;
-    if (best_i < 0 || dist < best || r->last_ms >= dc->ring[best_i].last_ms) {
-      best = dist;
-      best_i = (int32_t)i;
-    }
+  near_best nb = {(int)p->near_distance, (int)p->near_distance + 1, -1};
+  if (dc && dc->len >= INDEX_MIN_LEN && dc->idx.bands != nb.limit + 1)
+    ring_index(dc, nb.limit);
+  if (dc && dc->idx.bands && dc->idx.bands == nb.limit + 1) {
+    for (int b = 0; b < dc->idx.bands; b++)
+      for (uint32_t i = simidx_first(&dc->idx, b, v->simhash); i != SIMIDX_NIL;
+           i = simidx_next(&dc->idx, b, i))
+        near_consider(dc, i, v->simhash, now_ms, window_ms, &nb);
+  } else {
+    for (uint32_t i = 0; dc && i < dc->len; i++)
+      near_consider(dc, i, v->simhash, now_ms, window_ms, &nb);
   }
+  int best = nb.best;
+  int32_t best_i = nb.best_i;
   if (v->kind == DEDUPE_EXACT) {
     if (best_i >= 0 && best == 0) {
       v->ring_index = best_i; /* refreshed on commit */
@@ -637,6 +689,38 @@ void dedupe_commit(cph_engine *e, const char *chan, uint64_t event_id, int64_t n
   }
 }
 
+void dedupe_savepoint(cph_engine *e) {
+  cph_dedupe *d = e->dedupe;
+  if (!d)
+    return;
+  d->saved.exact_hits = d->exact_hits;
+  d->saved.near_hits = d->near_hits;
+  d->saved.families = d->families;
+  d->saved.added_since_prune = d->added_since_prune;
+  memcpy(d->saved.top, d->top, d->n_top * sizeof *d->top);
+  d->saved.n_top = d->n_top;
+}
+
+static void rings_free_all(cph_dedupe *d) {
+  for (size_t i = 0; i < d->channels.cap; i++)
+    if (d->channels.slots[i].key)
+      ring_free(d->channels.slots[i].value);
+  cph_hmap_free(&d->channels);
+}
+
+void dedupe_rollback(cph_engine *e) {
+  cph_dedupe *d = e->dedupe;
+  if (!d)
+    return;
+  d->exact_hits = d->saved.exact_hits;
+  d->near_hits = d->saved.near_hits;
+  d->families = d->saved.families;
+  d->added_since_prune = d->saved.added_since_prune;
+  memcpy(d->top, d->saved.top, d->saved.n_top * sizeof *d->top);
+  d->n_top = d->saved.n_top;
+  rings_free_all(d);
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 int dedupe_open(cph_engine *e, cph_err *err) {
@@ -688,10 +772,7 @@ void dedupe_close(cph_engine *e) {
   cph_dedupe *d = e->dedupe;
   if (!d)
     return;
-  for (size_t i = 0; i < d->channels.cap; i++)
-    if (d->channels.slots[i].key)
-      ring_free(d->channels.slots[i].value);
-  cph_hmap_free(&d->channels);
+  rings_free_all(d);
   EVP_MD_CTX_free(d->md);
   free(d);
   e->dedupe = NULL;

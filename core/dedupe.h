@@ -21,8 +21,10 @@
  * normalised body alone first, and joining it adds the original and the duplicate (+2) and the
  * channel. An event that repeats after the window expired is an original again (not counted).
  *
- * Protocol per event (ingest.c): dedupe_classify() reads; dedupe_write() writes in the event's
- * child txn; dedupe_commit() updates memory after that txn committed (never before). */
+ * Protocol per event (ingest.c): dedupe_classify() reads; dedupe_write() writes in the
+ * request's child txn; dedupe_commit() updates memory once the event's writes are in (the
+ * next event of the request must see it). A request that fails after that calls
+ * dedupe_rollback(), which returns to its dedupe_savepoint(). */
 #ifndef CEPHALON_CORE_DEDUPE_H
 #define CEPHALON_CORE_DEDUPE_H
 
@@ -79,9 +81,14 @@ int dedupe_classify(struct cph_engine *e, struct cph_txn *t, const char *chan, c
  * v->family and v->dup_count). Writes through t; errors are t's sticky error. */
 int dedupe_write(struct cph_engine *e, struct cph_txn *t, const char *chan, const char *body,
                  uint64_t event_id, int64_t now_ms, dedupe_verdict *v);
-/* After t committed: the ring, the counters and the top list follow. */
+/* After the event's writes: the ring, the counters and the top list follow. */
 void dedupe_commit(struct cph_engine *e, const char *chan, uint64_t event_id, int64_t now_ms,
                    const dedupe_verdict *v);
+/* Remembers the counters and the top list (O(DEDUPE_TOP_MAX)); dedupe_rollback() restores
+ * them and forgets every ring — the rings are a cache a restart forgets too, so near dedupe
+ * only misses the repeats of what came before the failure. For the rare failed request. */
+void dedupe_savepoint(struct cph_engine *e);
+void dedupe_rollback(struct cph_engine *e);
 void dedupe_verdict_free(dedupe_verdict *v);
 
 /* ---- lifecycle and upkeep ---- */

@@ -110,6 +110,7 @@ struct cph_engine {
   bool staged_last_pass;
   uint64_t last_reply_id;
   uint64_t dropped_total;
+  bool ingest_full; /* ingest found the store full; it resumes past a margin (ingest.c) */
 
   cph_txn txn; /* the pass's write transaction, open only inside run_pass */
 

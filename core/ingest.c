@@ -119,14 +119,45 @@ static void targets_write(cph_engine *e, cph_txn *t, target *ts, size_t n, uint6
   }
 }
 
-/* After commit: the sessions' live inboxes follow what targets_write stored. */
-static void targets_apply(cph_engine *e, const target *ts, size_t n, uint64_t event_id,
-                          int64_t now_ms, cph_event_result *res) {
+/* What targets_apply changed in one session, so that a failed request can put it back. */
+typedef struct target_undo {
+  csession *session;
+  uint64_t inbox_id; /* the message pushed */
+  bool dropped;      /* and the one the queue cap dropped for it */
+  inbox_item drop;
+} target_undo;
+
+typedef struct undo_log {
+  target_undo *items;
+  size_t n, cap;
+} undo_log;
+
+/* After the writes of targets_write: the sessions' live inboxes follow. With undo, every
+ * change is logged first (CPH_ENOMEM, changing nothing, when the log cannot grow). */
+static int targets_apply(cph_engine *e, const target *ts, size_t n, uint64_t event_id,
+                         int64_t now_ms, cph_event_result *res, undo_log *undo) {
+  if (undo && undo->n + n > undo->cap) {
+    size_t cap = undo->cap ? undo->cap : 64;
+    while (cap < undo->n + n)
+      cap *= 2;
+    target_undo *items = realloc(undo->items, cap * sizeof *items);
+    if (!items)
+      return CPH_ENOMEM;
+    undo->items = items;
+    undo->cap = cap;
+  }
   if (res)
     res->sessions.items = calloc(n ? n : 1, sizeof(char *));
   for (size_t i = 0; i < n; i++) {
     csession *s = ts[i].session;
+    target_undo *u = undo ? &undo->items[undo->n++] : NULL;
+    if (u)
+      *u = (target_undo){s, ts[i].inbox_id, false, {0}};
     if (ts[i].drop_index >= 0) {
+      if (u) {
+        u->dropped = true;
+        u->drop = s->inbox[ts[i].drop_index];
+      }
       csession_inbox_remove(s, (uint32_t)ts[i].drop_index);
       s->dropped++;
       e->dropped_total++;
@@ -136,6 +167,26 @@ static void targets_apply(cph_engine *e, const target *ts, size_t n, uint64_t ev
     engine_mark_pending(e, s);
     if (res && res->sessions.items)
       res->sessions.items[res->sessions.count++] = strdup(s->id);
+  }
+  return CPH_OK;
+}
+
+/* Puts the live inboxes back as they were before the logged changes, newest first. A session
+ * left in the pending list finds nothing to stage: harmless. */
+static void targets_undo(cph_engine *e, undo_log *undo) {
+  while (undo->n) {
+    target_undo *u = &undo->items[--undo->n];
+    csession *s = u->session;
+    for (uint32_t j = s->n_inbox; j-- > 0;)
+      if (s->inbox[j].id == u->inbox_id) {
+        csession_inbox_remove(s, j);
+        break;
+      }
+    if (u->dropped) {
+      csession_inbox_push(s, &u->drop); /* keeps id order: back where it was */
+      s->dropped--;
+      e->dropped_total--;
+    }
   }
 }
 
@@ -176,17 +227,38 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
   }
 }
 
-/* One event in its own child txn. Returns CPH_OK (the result says accepted or rejected), or
- * the store's error when the write itself failed (then err says why).
+/* What the backpressure bookkeeping learns of an accepted event, once its request
+ * committed. */
+typedef struct ingest_after {
+  const char *chan; /* the event's channel (borrowed) or chan_owned */
+  char *chan_owned; /* "direct:<session>" */
+  uint64_t family;  /* the family it joined, 0 none */
+  bool coalesce;
+  const char *body;
+  int64_t dd_now;
+} ingest_after;
+
+/* One request's ingest: its events' writes share one child txn of the pass; memory follows
+ * each event as soon as its writes are in (the next event of the request must see it: near
+ * duplicates, the queue cap) and is put back if the request fails. */
+typedef struct ingest_req {
+  cph_txn t;
+  undo_log undo;
+  ingest_after *after; /* per event */
+  uint64_t embed_queue_before;
+} ingest_req;
+
+/* One event, written in the request's txn. Returns CPH_OK (the result says accepted or
+ * rejected), or the error that fails the whole request (then err says why).
  *
  * Order: validation -> idempotency key (`duplicate`, stored once) -> content dedupe
  * (`aggregated`: stored with its hash, joins a family, staged to nobody, kept out of the
  * channel history so contexts do not fill with repeats) -> the channel's backpressure step:
  * aggregate-only stages only to explicit targets and mentions and counts the event into the
  * subscribers' next aggregate notice; step 5 stores an event staged to nobody without its
- * body. Everything is written in the child txn; memory (sessions, dedupe rings, rates)
- * follows only after it committed. */
-static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cph_err *err) {
+ * body. Memory (sessions, dedupe rings) follows only once every write of the event is in. */
+static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event_result *res,
+                      ingest_after *after, cph_err *err) {
   memset(res, 0, sizeof *res);
   if (!in->body) {
     reject(res, "body", "body is required");
@@ -223,11 +295,9 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
     return CPH_OK;
   }
 
-  cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn *t = &rq->t;
   uint64_t original;
-  if (in->key && idem_seen(e, &t, in->key, &original)) {
-    cph_txn_abort(&t);
+  if (in->key && idem_seen(e, t, in->key, &original)) {
     res->status = CPH_EV_DUPLICATE;
     res->id = original;
     return CPH_OK;
@@ -236,10 +306,9 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
   int step = backpressure_step(e, channel_name);
   int64_t dd_now = dedupe_now_ms(e);
   dedupe_verdict v;
-  if (dedupe_classify(e, &t, channel_name, in->sender, in->body, dd_now,
+  if (dedupe_classify(e, t, channel_name, in->sender, in->body, dd_now,
                       step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1, &v) != CPH_OK) {
     dedupe_verdict_free(&v);
-    cph_txn_abort(&t);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
   bool dup = v.kind != DEDUPE_NONE;
@@ -253,11 +322,11 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
   if (!explicit_target && ch)
     cap += ch->n_subscribers;
   cap += in->mentions.count;
-  target *ts = malloc(cap * sizeof *ts);
+  target local[8];
+  target *ts = cap <= 8 ? local : malloc(cap * sizeof *ts);
   size_t n = 0;
   if (!ts) {
     dedupe_verdict_free(&v);
-    cph_txn_abort(&t);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
   if (!dup) {
@@ -278,14 +347,11 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
 
   uint64_t event_id = 0;
   int64_t now_ms = cph_wall_ms();
-  uint64_t embed_queue_before = e->embed_queue_len;
-  cph_txn_next_id(&t, "event", &event_id);
-  int rc = dedupe_write(e, &t, channel_name, in->body, event_id, dd_now, &v);
-  if (rc && !t.ret) { /* out of memory building the family: nothing of this event lands */
-    cph_txn_abort(&t);
-    dedupe_verdict_free(&v);
-    free(ts);
-    return cph_err_set(err, rc, "out of memory");
+  cph_txn_next_id(t, "event", &event_id);
+  int rc = dedupe_write(e, t, channel_name, in->body, event_id, dd_now, &v);
+  if (rc && !t->ret) { /* out of memory building the family */
+    rc = cph_err_set(err, rc, "out of memory");
+    goto done;
   }
   cph_event_rec ev = {0};
   ev.id = event_id;
@@ -306,9 +372,9 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
   cph_key ek;
   cph_key_reset(&ek);
   cph_key_u64(&ek, event_id);
-  cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
   if (!aggregated)
-    history_append(e, &t, channel_name, event_id);
+    history_append(e, t, channel_name, event_id);
   if (in->key) {
     cph_key kk;
     cph_key_reset(&kk);
@@ -316,30 +382,40 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
     uint8_t kv[16];
     cph_be64_put(kv, event_id);
     cph_be64_put(kv + 8, (uint64_t)now_ms);
-    cph_txn_put(&t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
+    cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
   }
-  mint_memories(e, &t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id);
-  targets_write(e, &t, ts, n, event_id, now_ms);
-  if (cph_txn_commit(&t)) {
-    /* Storage full and friends: this event is not stored and the request fails with the
-     * store's error (507 for a full map); events before it in the request are committed. */
-    e->embed_queue_len = embed_queue_before; /* memory_mint counted what did not land */
-    dedupe_verdict_free(&v);
-    free(ts);
-    return cph_err_set(err, t.ret, "%s", t.err.msg);
+  mint_memories(e, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id);
+  targets_write(e, t, ts, n, event_id, now_ms);
+  if (t->ret) {
+    /* Storage full and friends: the request fails with the store's error (507 for a full
+     * map) and none of its events is stored. */
+    rc = cph_err_set(err, t->ret, "%s", t->err.msg);
+    goto done;
+  }
+  if (channel_name == direct && !(after->chan_owned = strdup(direct))) {
+    rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
+    goto done;
+  }
+  rc = targets_apply(e, ts, n, event_id, now_ms, res, &rq->undo);
+  if (rc) {
+    rc = cph_err_set(err, rc, "out of memory");
+    goto done;
   }
 
-  /* Committed into the pass txn: now memory follows. */
+  /* Every write of the event is in: memory follows (put back if the request fails). */
   dedupe_commit(e, channel_name, event_id, dd_now, &v);
-  backpressure_note_event(e, channel_name, dup ? v.family : 0);
-  if (coalesce)
-    backpressure_coalesce(e, channel_name, dup ? v.family : 0, in->body, dd_now);
+  after->chan = after->chan_owned ? after->chan_owned : channel_name;
+  after->family = dup ? v.family : 0;
+  after->coalesce = coalesce;
+  after->body = in->body;
+  after->dd_now = dd_now;
   res->id = event_id;
   res->status = n ? CPH_EV_QUEUED : aggregated ? CPH_EV_AGGREGATED : CPH_EV_STORED;
-  targets_apply(e, ts, n, event_id, now_ms, res);
+done:
   dedupe_verdict_free(&v);
-  free(ts);
-  return CPH_OK;
+  if (ts != local)
+    free(ts);
+  return rc;
 }
 
 /* Ingest stops while less than 1/INGEST_RESERVE_DIV of the map (at least INGEST_RESERVE_MIN,
@@ -352,21 +428,33 @@ static int ingest_one(cph_engine *e, cph_event_in *in, cph_event_result *res, cp
  * the other records. Only an estimate, to space out the looks at the store. */
 #define INGEST_EVENT_OVERHEAD 4096
 
+/* Once ingest found the store full, it resumes only when this much more than the reserve is
+ * free: a failed request gives back what it wrote, and without a margin the next, smaller
+ * request would slip in and ingest would flap at the edge. */
+#define INGEST_RESUME_DIV 64
+#define INGEST_RESUME_MIN ((size_t)64 << 10)
+
 /* CPH_OK with *room = how many bytes ingest may still write before the reserve, or
  * CPH_EFULL. O(databases). */
-static int ingest_room(cph_engine *e, size_t *room, cph_err *err) {
+static int ingest_room(cph_engine *e, cph_txn *t, size_t *room, cph_err *err) {
   size_t live = 0, map = 0;
-  int rc = cph_txn_space(&e->txn, &live, &map);
+  int rc = cph_txn_space(t, &live, &map);
   if (rc)
     return cph_err_set(err, rc, "cannot tell how full data dir '%s' is: %s", e->data_dir,
                        cph_strerror(rc));
   size_t reserve = map / INGEST_RESERVE_DIV;
   if (reserve < INGEST_RESERVE_MIN)
     reserve = INGEST_RESERVE_MIN < map / 2 ? INGEST_RESERVE_MIN : map / 2;
-  if (live + reserve <= map) {
+  size_t margin = 0;
+  if (e->ingest_full)
+    margin = map / INGEST_RESUME_DIV > INGEST_RESUME_MIN ? map / INGEST_RESUME_DIV
+                                                          : INGEST_RESUME_MIN;
+  if (live + reserve + margin <= map) {
     *room = map - reserve - live;
+    e->ingest_full = false;
     return CPH_OK;
   }
+  e->ingest_full = true;
   return cph_err_set(err, CPH_EFULL,
                      "storage full: %zu KiB of the %zu MiB map of data dir '%s' hold data and "
                      "ingest keeps the last %zu KiB for workers (raise :server :map-size-mb and "
@@ -374,30 +462,71 @@ static int ingest_room(cph_engine *e, size_t *room, cph_err *err) {
                      live >> 10, map >> 20, e->data_dir, reserve >> 10);
 }
 
+/* The request failed: none of its writes land and memory goes back to before it. */
+static void request_rollback(cph_engine *e, ingest_req *rq) {
+  cph_txn_abort(&rq->t);
+  targets_undo(e, &rq->undo);
+  dedupe_rollback(e);
+  e->embed_queue_len = rq->embed_queue_before; /* memory_mint counted what did not land */
+}
+
+/* A request's events in one child txn of the pass (group commit): one failing request — a
+ * full store, say — fails alone and stores none of its events; the other requests of the
+ * pass still commit. */
 void ingest_apply(cph_engine *e, cph_op *op) {
   size_t n = op->u.ingest.n_events;
   op->u.ingest.results = calloc(n ? n : 1, sizeof *op->u.ingest.results);
-  if (!op->u.ingest.results) {
+  ingest_req rq = {0};
+  rq.after = calloc(n ? n : 1, sizeof *rq.after);
+  if (!op->u.ingest.results || !rq.after) {
+    free(rq.after);
     op_fail(op, CPH_ENOMEM, NULL, "out of memory");
     return;
   }
-  size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
-  for (size_t i = 0; i < n; i++) {
-    cph_err err;
-    const char *body = op->u.ingest.events[i].body;
-    size_t need = 2 * (body ? strlen(body) : 0) + INGEST_EVENT_OVERHEAD;
-    int rc = room < need ? ingest_room(e, &room, &err) : CPH_OK;
-    room = room > need ? room - need : 0;
-    if (rc == CPH_OK)
-      rc = ingest_one(e, &op->u.ingest.events[i], &op->u.ingest.results[i], &err);
-    if (rc) {
-      if (rc == CPH_EFULL)
-        metrics_storage_full(e);
-      op_fail(op, rc, "events", "%s", err.msg);
-      return;
+  cph_err err;
+  int rc = cph_txn_begin_child(&e->txn, &rq.t);
+  if (rc)
+    cph_err_set(&err, rc, "%s", rq.t.err.msg);
+  if (rc == CPH_OK) {
+    rq.embed_queue_before = e->embed_queue_len;
+    dedupe_savepoint(e);
+    size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
+    for (size_t i = 0; i < n && rc == CPH_OK; i++) {
+      const char *body = op->u.ingest.events[i].body;
+      size_t need = 2 * (body ? strlen(body) : 0) + INGEST_EVENT_OVERHEAD;
+      if (room < need)
+        rc = ingest_room(e, &rq.t, &room, &err);
+      room = room > need ? room - need : 0;
+      if (rc == CPH_OK)
+        rc = ingest_one(e, &rq, &op->u.ingest.events[i], &op->u.ingest.results[i], &rq.after[i],
+                        &err);
     }
-    metrics_event(e, op->u.ingest.results[i].status);
+    if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)
+      rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
+    if (rc)
+      request_rollback(e, &rq);
   }
+  if (rc) {
+    if (rc == CPH_EFULL) {
+      e->ingest_full = true;
+      metrics_storage_full(e);
+    }
+    op_fail(op, rc, "events", "%s", err.msg);
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      const ingest_after *a = &rq.after[i];
+      if (a->chan) {
+        backpressure_note_event(e, a->chan, a->family);
+        if (a->coalesce)
+          backpressure_coalesce(e, a->chan, a->family, a->body, a->dd_now);
+      }
+      metrics_event(e, op->u.ingest.results[i].status);
+    }
+  }
+  for (size_t i = 0; i < n; i++)
+    free(rq.after[i].chan_owned);
+  free(rq.after);
+  free(rq.undo.items);
 }
 
 /* A backpressure notice (backpressure.h): an event from "cephalon" in the channel's history,
@@ -434,38 +563,58 @@ int ingest_notice(cph_engine *e, const char *channel_name, const char *body) {
   targets_write(e, &t, ts, n, event_id, now_ms);
   int rc = cph_txn_commit(&t);
   if (rc == CPH_OK)
-    targets_apply(e, ts, n, event_id, now_ms, NULL);
+    targets_apply(e, ts, n, event_id, now_ms, NULL, NULL);
   free(ts);
   return rc;
 }
 
 /* ---------------------------------------------------------------- poll_inbox */
 
-/* Stages every pending message of the sessions that received some (§3.6 job 1). */
+/* The live inbox indexes of s's pending messages, newest last, into idx (s->n_pending of
+ * them). New messages arrive at the end and every pass stages them, so the scan walks back
+ * from the end and stops once it found them all: O(new messages), not O(inbox). */
+static void pending_indexes(const csession *s, uint32_t *idx) {
+  uint32_t left = s->n_pending;
+  for (uint32_t j = s->n_inbox; j-- > 0 && left;)
+    if (s->inbox[j].status == CPH_INBOX_PENDING)
+      idx[--left] = j;
+}
+
+/* Stages every pending message of the sessions that received some (§3.6 job 1), in one
+ * child txn of the pass; if it fails, they stay pending and are tried again next pass. */
 uint64_t inbox_poll(cph_engine *e) {
-  uint64_t staged = 0;
-  size_t kept = 0;
+  if (!e->n_pending_sessions)
+    return 0;
+  size_t most = 0;
+  for (size_t i = 0; i < e->n_pending_sessions; i++)
+    if (e->pending_sessions[i]->n_pending > most)
+      most = e->pending_sessions[i]->n_pending;
+  uint32_t *idx = malloc((most ? most : 1) * sizeof *idx);
+  if (!idx)
+    return 0;
+  cph_txn t;
+  cph_txn_begin_child(&e->txn, &t);
   for (size_t i = 0; i < e->n_pending_sessions; i++) {
     csession *s = e->pending_sessions[i];
-    cph_txn t;
-    cph_txn_begin_child(&e->txn, &t);
-    for (uint32_t j = 0; j < s->n_inbox; j++)
-      if (s->inbox[j].status == CPH_INBOX_PENDING)
-        put_inbox(&t, s->id, &s->inbox[j], CPH_INBOX_STAGED);
-    if (cph_txn_commit(&t)) {
-      e->pending_sessions[kept++] = s; /* try again next pass */
-      continue;
-    }
-    for (uint32_t j = 0; j < s->n_inbox; j++)
-      if (s->inbox[j].status == CPH_INBOX_PENDING) {
-        s->inbox[j].status = CPH_INBOX_STAGED;
-        s->n_pending--;
-        s->n_staged++;
-        staged++;
-      }
-    s->in_pending_list = false;
-    engine_update_work(e, s);
+    pending_indexes(s, idx);
+    for (uint32_t j = 0; j < s->n_pending; j++)
+      put_inbox(&t, s->id, &s->inbox[idx[j]], CPH_INBOX_STAGED);
   }
-  e->n_pending_sessions = kept;
+  uint64_t staged = 0;
+  if (cph_txn_commit(&t) == CPH_OK) {
+    for (size_t i = 0; i < e->n_pending_sessions; i++) {
+      csession *s = e->pending_sessions[i];
+      pending_indexes(s, idx);
+      for (uint32_t j = 0; j < s->n_pending; j++)
+        s->inbox[idx[j]].status = CPH_INBOX_STAGED;
+      staged += s->n_pending;
+      s->n_staged += s->n_pending;
+      s->n_pending = 0;
+      s->in_pending_list = false;
+      engine_update_work(e, s);
+    }
+    e->n_pending_sessions = 0;
+  }
+  free(idx);
   return staged;
 }

@@ -227,6 +227,7 @@ void cph_store_close(cph_store *s) {
     mdb_env_close(s->env);
   if (s->lock_fd >= 0)
     close(s->lock_fd); /* releases the flock */
+  cph_counters_free(&s->counters);
   free(s->dir);
   free(s);
 }

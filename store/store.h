@@ -99,12 +99,18 @@ typedef struct cph_val {
   size_t len;
 } cph_val;
 
+struct cph_counter_undo;
+
 typedef struct cph_txn {
   cph_store *store;
   void *mdb; /* MDB_txn *; NULL once committed or aborted */
+  struct cph_txn *parent; /* the enclosing txn of a child, NULL for a top-level one */
   bool write;
   int ret;     /* sticky: the first error, CPH_OK while none */
   cph_err err; /* what the first error was, and where */
+  /* The counters this txn took ids from, with their values before it (cph_txn_next_id). */
+  struct cph_counter_undo *undo;
+  size_t n_undo, cap_undo;
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);
@@ -140,7 +146,14 @@ int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record
  * MDB_MAP_FULL (ingest does, DESIGN §11). */
 int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes);
 
-/* Next id from a named counter in meta (starts at 1), persisted with the txn. */
+/* Next id from a named counter in meta (starts at 1), persisted with the txn.
+ *
+ * Counters live in memory once looked up (one get per counter until the store evicts it),
+ * and a top-level txn writes each counter it used once, just before it commits — not once
+ * per id. An aborted txn (child or top-level), or a failed commit, gives its ids back: the
+ * counter returns to its value before that txn. So ids are never issued twice, and the
+ * stored counter is always past every id in committed data. O(1) per id. The store must be
+ * the only writer of the environment (cph_store_open locks the directory). */
 int cph_txn_next_id(cph_txn *t, const char *counter, uint64_t *out);
 
 /* ---- cursors: ordered iteration ---- */

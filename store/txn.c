@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <lmdb.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "store_internal.h"
@@ -61,6 +62,7 @@ int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
 int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
   memset(child, 0, sizeof *child);
   child->store = parent->store;
+  child->parent = parent;
   child->write = true;
   if (parent->ret)
     return txn_fail(child, parent->ret, "%s", parent->err.msg);
@@ -75,15 +77,21 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
   return CPH_OK;
 }
 
+static void counters_end(cph_txn *t, bool landed);
+static int counters_write(cph_txn *t);
+
 void cph_txn_abort(cph_txn *t) {
   if (t->mdb)
     mdb_txn_abort(t->mdb);
   t->mdb = NULL;
+  counters_end(t, false);
 }
 
 int cph_txn_commit(cph_txn *t) {
   if (!t->mdb)
     return t->ret ? t->ret : txn_fail(t, CPH_ESTATE, "transaction already ended");
+  if (!t->parent && t->n_undo)
+    counters_write(t);
   if (t->ret) {
     /* After MDB_MAP_FULL and friends LMDB requires an abort; nothing of this txn lands. */
     cph_txn_abort(t);
@@ -91,6 +99,7 @@ int cph_txn_commit(cph_txn *t) {
   }
   int rc = mdb_txn_commit(t->mdb);
   t->mdb = NULL; /* LMDB frees the txn whether or not the commit succeeded */
+  counters_end(t, rc == MDB_SUCCESS);
   if (rc) {
     int code = cph_store_map_error(rc);
     if (code == CPH_EFULL)
@@ -210,11 +219,85 @@ int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes) {
   return CPH_OK;
 }
 
-int cph_txn_next_id(cph_txn *t, const char *counter, uint64_t *out) {
+/* ---------------------------------------------------------------- id counters */
+
+/* Beyond this many cached counters, a top-level txn's end forgets them all (each one costs
+ * a get again when next used); per-channel counters would otherwise grow without bound. */
+#define COUNTERS_KEEP 4096
+
+typedef struct cph_counter_undo {
+  cph_counter *c;
+  uint64_t next;        /* the counter before the txn took ids from it */
+  const cph_txn *owner; /* and its owner then */
+} cph_counter_undo;
+
+static uint64_t counter_hash(const char *name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+    h ^= *p;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+static cph_counter *counter_find(const cph_counter_table *ct, const char *name) {
+  if (!ct->cap)
+    return NULL;
+  for (size_t i = counter_hash(name) & (ct->cap - 1);; i = (i + 1) & (ct->cap - 1)) {
+    cph_counter *c = ct->slots[i];
+    if (!c || strcmp(c->name, name) == 0)
+      return c;
+  }
+}
+
+static int counter_insert(cph_counter_table *ct, cph_counter *c) {
+  if ((ct->len + 1) * 4 >= ct->cap * 3) {
+    size_t cap = ct->cap ? ct->cap * 2 : 16;
+    cph_counter **slots = calloc(cap, sizeof *slots);
+    if (!slots)
+      return CPH_ENOMEM;
+    for (size_t i = 0; i < ct->cap; i++) {
+      if (!ct->slots[i])
+        continue;
+      size_t j = counter_hash(ct->slots[i]->name) & (cap - 1);
+      while (slots[j])
+        j = (j + 1) & (cap - 1);
+      slots[j] = ct->slots[i];
+    }
+    free(ct->slots);
+    ct->slots = slots;
+    ct->cap = cap;
+  }
+  size_t j = counter_hash(c->name) & (ct->cap - 1);
+  while (ct->slots[j])
+    j = (j + 1) & (ct->cap - 1);
+  ct->slots[j] = c;
+  ct->len++;
+  return CPH_OK;
+}
+
+void cph_counters_free(cph_counter_table *ct) {
+  for (size_t i = 0; i < ct->cap; i++)
+    if (ct->slots[i]) {
+      free(ct->slots[i]->name);
+      free(ct->slots[i]);
+    }
+  free(ct->slots);
+  memset(ct, 0, sizeof *ct);
+}
+
+static cph_key counter_key(const char *name) {
   cph_key k;
   cph_key_reset(&k);
   cph_key_str(&k, "next_id");
-  cph_key_str(&k, counter);
+  cph_key_str(&k, name);
+  return k;
+}
+
+/* Reads the stored counter through t (nobody took ids from it since it was last written,
+ * else it would be cached). */
+static int counter_load(cph_txn *t, const char *name, cph_counter **out) {
+  cph_key k = counter_key(name);
   cph_val v;
   uint64_t next = 1;
   int rc = cph_txn_get(t, CPH_DB_META, &k, &v);
@@ -223,17 +306,102 @@ int cph_txn_next_id(cph_txn *t, const char *counter, uint64_t *out) {
       return txn_fail(t, CPH_ECORRUPT,
                       "corrupt record in database \"meta\" at key \"next_id\"/\"%s\": %zu bytes, "
                       "expected 8",
-                      counter, v.len);
+                      name, v.len);
     next = cph_be64_get(v.data);
   } else if (rc != CPH_ENOTFOUND) {
     return rc;
   }
-  uint8_t be[8];
-  cph_be64_put(be, next + 1);
-  rc = cph_txn_put(t, CPH_DB_META, &k, be, sizeof be);
+  cph_counter *c = calloc(1, sizeof *c);
+  if (!c || !(c->name = strdup(name)) || counter_insert(&t->store->counters, c)) {
+    if (c)
+      free(c->name);
+    free(c);
+    return txn_fail(t, CPH_ENOMEM, "out of memory caching counter \"%s\"", name);
+  }
+  c->next = next;
+  *out = c;
+  return CPH_OK;
+}
+
+static int undo_push(cph_txn *t, cph_counter *c, uint64_t next, const cph_txn *owner) {
+  if (t->n_undo == t->cap_undo) {
+    size_t cap = t->cap_undo ? t->cap_undo * 2 : 8;
+    cph_counter_undo *u = realloc(t->undo, cap * sizeof *u);
+    if (!u)
+      return txn_fail(t, CPH_ENOMEM, "out of memory taking an id from counter \"%s\"", c->name);
+    t->undo = u;
+    t->cap_undo = cap;
+  }
+  t->undo[t->n_undo++] = (cph_counter_undo){c, next, owner};
+  c->owner = t;
+  return CPH_OK;
+}
+
+/* The txn ended without its writes landing: its counters go back, newest change first. */
+static void counters_rollback(cph_txn *t) {
+  while (t->n_undo) {
+    cph_counter_undo *u = &t->undo[--t->n_undo];
+    u->c->next = u->next;
+    u->c->owner = u->owner;
+  }
+}
+
+/* A child's writes joined its parent: so do its undo records (the parent keeps its own,
+ * older record of a counter both used). */
+static void counters_merge_into_parent(cph_txn *t) {
+  cph_txn *p = t->parent;
+  for (size_t i = 0; i < t->n_undo; i++) {
+    cph_counter_undo *u = &t->undo[i];
+    if (u->owner == p)
+      u->c->owner = p;
+    else if (undo_push(p, u->c, u->next, u->owner) != CPH_OK)
+      u->c->owner = u->owner; /* the parent failed (sticky): its commit will not land */
+  }
+  t->n_undo = 0;
+}
+
+/* Before a top-level commit: every counter the txn used is written once. */
+static int counters_write(cph_txn *t) {
+  for (size_t i = 0; i < t->n_undo && !t->ret; i++) {
+    cph_key k = counter_key(t->undo[i].c->name);
+    uint8_t be[8];
+    cph_be64_put(be, t->undo[i].c->next);
+    cph_txn_put(t, CPH_DB_META, &k, be, sizeof be);
+  }
+  return t->ret;
+}
+
+/* Ends the counter bookkeeping of a txn that just ended: `landed` says whether its writes
+ * joined the parent (or the disk, for a top-level txn). */
+static void counters_end(cph_txn *t, bool landed) {
+  if (!t->write)
+    return; /* a read txn takes no ids, and a write txn may be open beside it */
+  if (!landed)
+    counters_rollback(t);
+  else if (t->parent)
+    counters_merge_into_parent(t);
+  else
+    for (size_t i = 0; i < t->n_undo; i++)
+      t->undo[i].c->owner = NULL;
+  free(t->undo);
+  t->undo = NULL;
+  t->n_undo = t->cap_undo = 0;
+  if (!t->parent && t->store->counters.len > COUNTERS_KEEP)
+    cph_counters_free(&t->store->counters); /* none is owned: no write txn is open */
+}
+
+int cph_txn_next_id(cph_txn *t, const char *counter, uint64_t *out) {
+  if (t->ret)
+    return t->ret;
+  if (!t->mdb || !t->write)
+    return txn_fail(t, CPH_ESTATE, "counter \"%s\" used outside a write transaction", counter);
+  cph_counter *c = counter_find(&t->store->counters, counter);
+  int rc = c ? CPH_OK : counter_load(t, counter, &c);
   if (rc)
     return rc;
-  *out = next;
+  if (c->owner != t && (rc = undo_push(t, c, c->next, c->owner)) != CPH_OK)
+    return rc;
+  *out = c->next++;
   return CPH_OK;
 }
 

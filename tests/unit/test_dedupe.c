@@ -13,6 +13,7 @@
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
 #include "core/dedupe.h"
+#include "core/simidx.h"
 #include "store/store.h"
 #include "tests/support/testutil.h"
 
@@ -443,6 +444,107 @@ static void test_simhash_distances(void **state) {
   }
 }
 
+static uint64_t rand64(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* hash with `flips` distinct random bits flipped */
+static uint64_t flip_bits(uint64_t hash, int flips, uint64_t *rng) {
+  uint64_t mask = 0;
+  while (__builtin_popcountll(mask) < flips)
+    mask |= 1ull << (rand64(rng) % 64);
+  return hash ^ mask;
+}
+
+/* The banded index finds every slot within the distance (compared with a linear scan), also
+ * after slots were overwritten, on clustered random hashes; and on uniform ones it visits far
+ * fewer slots than the scan would. */
+static void test_banded_simhash_index_finds_every_pair_within_distance(void **state) {
+  (void)state;
+  enum { CAP = 1024, CENTERS = 48, QUERIES = 400 };
+  static const int distances[] = {0, 3, 7, 10, 15};
+  uint64_t rng = 42;
+  for (size_t di = 0; di < sizeof distances / sizeof *distances; di++) {
+    int d = distances[di];
+    simidx x;
+    assert_int_equal(simidx_init(&x, CAP, d), CPH_OK);
+    uint64_t centers[CENTERS], hashes[CAP];
+    for (int c = 0; c < CENTERS; c++)
+      centers[c] = rand64(&rng);
+    for (int i = 0; i < CAP; i++) {
+      hashes[i] = flip_bits(centers[rand64(&rng) % CENTERS], (int)(rand64(&rng) % (d + 5)), &rng);
+      simidx_insert(&x, (uint32_t)i, hashes[i]);
+    }
+    for (int k = 0; k < 600; k++) { /* a ring overwriting its oldest slots */
+      uint32_t i = (uint32_t)(rand64(&rng) % CAP);
+      simidx_remove(&x, i, hashes[i]);
+      hashes[i] = flip_bits(centers[rand64(&rng) % CENTERS], (int)(rand64(&rng) % (d + 5)), &rng);
+      simidx_insert(&x, i, hashes[i]);
+    }
+    long within = 0;
+    for (int q = 0; q < QUERIES; q++) {
+      uint64_t h = flip_bits(centers[rand64(&rng) % CENTERS], (int)(rand64(&rng) % (d + 3)), &rng);
+      static uint8_t seen[CAP];
+      memset(seen, 0, sizeof seen);
+      for (int b = 0; b < x.bands; b++)
+        for (uint32_t i = simidx_first(&x, b, h); i != SIMIDX_NIL; i = simidx_next(&x, b, i))
+          seen[i] = 1;
+      for (int i = 0; i < CAP; i++)
+        if (dedupe_hamming(hashes[i], h) <= d) {
+          within++;
+          if (!seen[i])
+            fail_msg("d=%d: slot %d at distance %d not found", d, i,
+                     dedupe_hamming(hashes[i], h));
+        }
+    }
+    assert_true(within > QUERIES); /* the clusters put many pairs within reach */
+    simidx_free(&x);
+  }
+
+  /* uniform hashes, the default :near-distance 10: about a fifth of the slots are visited */
+  simidx x;
+  assert_int_equal(simidx_init(&x, CAP, 10), CPH_OK);
+  for (int i = 0; i < CAP; i++)
+    simidx_insert(&x, (uint32_t)i, rand64(&rng));
+  long visited = 0;
+  for (int q = 0; q < QUERIES; q++) {
+    uint64_t h = rand64(&rng);
+    for (int b = 0; b < x.bands; b++)
+      for (uint32_t i = simidx_first(&x, b, h); i != SIMIDX_NIL; i = simidx_next(&x, b, i))
+        visited++;
+  }
+  print_message("banded index, d=10: %.0f of %d slots visited per lookup\n",
+                (double)visited / QUERIES, CAP);
+  assert_true(visited / QUERIES < CAP / 3);
+  simidx_free(&x);
+
+  /* bands under 4 bits filter too little: the caller scans instead */
+  assert_int_equal(simidx_init(&x, CAP, 16), CPH_EINVAL);
+  assert_int_equal(simidx_init(&x, CAP, 64), CPH_EINVAL);
+}
+
+/* Through the engine: with more recent messages than the index threshold, a near duplicate of
+ * an older one is still found (the indexed path), and unrelated messages stay queued. */
+static void test_near_duplicate_found_among_many_recent_messages(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  unsigned seed = 777;
+  char body[512];
+  for (int i = 0; i < 300; i++) {
+    make_words(body, sizeof body, &seed, 12, "u");
+    assert_int_equal(post(f, "general", "filler", body, NULL, NULL, NULL), CPH_EV_QUEUED);
+    if (i == 100)
+      assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_QUEUED);
+  }
+  assert_int_equal(post(f, "general", "bob", BACKUP_8, NULL, NULL, NULL), CPH_EV_AGGREGATED);
+  dedupe_stats st;
+  dedupe_stats_get(f->e, &st);
+  assert_int_equal(st.near_hits_total, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(
@@ -462,6 +564,9 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_expired_exact_entries_are_pruned, setup, teardown),
       cmocka_unit_test(test_simhash_distances),
+      cmocka_unit_test(test_banded_simhash_index_finds_every_pair_within_distance),
+      cmocka_unit_test_setup_teardown(test_near_duplicate_found_among_many_recent_messages, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -467,6 +467,98 @@ static void test_counters_are_monotonic_and_persist(void **state) {
   cph_txn_abort(&t);
 }
 
+static uint64_t next_of(cph_txn *t, const char *counter) {
+  uint64_t id = 0;
+  if (cph_txn_next_id(t, counter, &id) != CPH_OK)
+    fail_msg("next_id %s: %s", counter, t->err.msg);
+  return id;
+}
+
+/* The stored value of a counter (what a crash right now would restart from). */
+static uint64_t stored_counter(cph_store *s, const char *counter) {
+  cph_txn t;
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, "next_id");
+  cph_key_str(&k, counter);
+  cph_val v;
+  uint64_t next = 0;
+  assert_int_equal(cph_txn_begin(s, false, &t), CPH_OK);
+  if (cph_txn_get(&t, CPH_DB_META, &k, &v) == CPH_OK && v.len == 8)
+    next = cph_be64_get(v.data);
+  cph_txn_abort(&t);
+  return next;
+}
+
+/* Counters are kept in memory and written once per top-level commit: a child that aborts
+ * gives its ids back, one that commits hands them to its parent, and only a committed
+ * top-level txn moves the stored counter — so a reopen (or a crash) never reissues an id
+ * that committed data holds. */
+static void test_counters_in_memory_follow_nested_txns_and_survive_reopen(void **state) {
+  fixture *f = *state;
+  cph_txn t, c;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(next_of(&t, "event"), 1);
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_int_equal(next_of(&c, "event"), 2);
+  assert_int_equal(next_of(&c, "chan:a"), 1);
+  cph_txn_abort(&c); /* gives 2 and chan:a 1 back */
+  assert_int_equal(next_of(&t, "event"), 2);
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_int_equal(next_of(&c, "event"), 3);
+  assert_int_equal(next_of(&c, "chan:a"), 1);
+  assert_int_equal(next_of(&c, "chan:a"), 2);
+  assert_int_equal(cph_txn_commit(&c), CPH_OK);
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_int_equal(next_of(&c, "event"), 4);
+  assert_int_equal(cph_txn_commit(&c), CPH_OK);
+  assert_int_equal(stored_counter(f->store, "event"), 0); /* nothing written before commit */
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  assert_int_equal(stored_counter(f->store, "event"), 5);
+  assert_int_equal(stored_counter(f->store, "chan:a"), 3);
+
+  /* A child's ids go back when its parent aborts after the child committed. */
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_int_equal(next_of(&c, "event"), 5);
+  assert_int_equal(cph_txn_commit(&c), CPH_OK);
+  cph_txn_abort(&t);
+  /* ... and when a top-level commit fails (sticky error). */
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(next_of(&t, "event"), 5);
+  cph_key empty;
+  cph_key_reset(&empty);
+  assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &empty, "x", 1), CPH_ELIMIT);
+  assert_int_equal(cph_txn_commit(&t), CPH_ELIMIT);
+  assert_int_equal(stored_counter(f->store, "event"), 5);
+
+  cph_store_close(f->store);
+  f->store = open_store(f->dir, 64u << 20);
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(next_of(&t, "event"), 5);
+  assert_int_equal(next_of(&t, "chan:a"), 3);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+}
+
+/* More counters than the cache keeps: they are forgotten after the commit and read back
+ * from meta, continuing where they were. */
+static void test_counters_beyond_the_cache_reload_without_reuse(void **state) {
+  fixture *f = *state;
+  enum { N = 5000 };
+  char name[32];
+  cph_txn t;
+  for (int round = 1; round <= 2; round++) {
+    assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+    for (int i = 0; i < N; i++) {
+      snprintf(name, sizeof name, "chan:c%d", i);
+      assert_int_equal(next_of(&t, name), (uint64_t)round);
+    }
+    assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  }
+  snprintf(name, sizeof name, "chan:c%d", N - 1);
+  assert_int_equal(stored_counter(f->store, name), 3);
+}
+
 static void test_cursor_walks_composite_keys_in_order(void **state) {
   fixture *f = *state;
   cph_txn t;
@@ -725,6 +817,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sticky_error_discards_the_whole_transaction, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_counters_are_monotonic_and_persist, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_counters_in_memory_follow_nested_txns_and_survive_reopen,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_counters_beyond_the_cache_reload_without_reuse, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cursor_walks_composite_keys_in_order, setup, teardown),
       cmocka_unit_test(test_tiny_map_fills_up_cleanly_and_reopens_intact),
       cmocka_unit_test(test_full_child_txn_leaves_parent_usable),
