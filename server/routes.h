@@ -38,6 +38,9 @@ void cph_replies_answer(cph_req *r);
 void cph_route_healthz(cph_req *r);
 void cph_route_readyz(cph_req *r);
 void cph_route_lanes(cph_req *r);
+/* The lanes array and the concurrency object of GET /v1/lanes (DESIGN §9), shared with
+ * /v1/top so the two never drift apart. */
+json_t *cph_lanes_json(cph_engine *e, json_t **concurrency);
 void cph_route_policy_get(cph_req *r);
 void cph_route_policy_reload(cph_req *r);
 

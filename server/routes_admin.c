@@ -27,10 +27,10 @@ void cph_route_readyz(cph_req *r) {
   cph_reply_json(r, r->srv->stopping ? 503 : 200, body);
 }
 
-void cph_route_lanes(cph_req *r) {
+json_t *cph_lanes_json(cph_engine *e, json_t **concurrency) {
   cph_lane_info lanes[CPH_LANE_COUNT];
   uint32_t limit = 0, in_use = 0;
-  cph_engine_lanes(r->srv->engine, lanes, &limit, &in_use);
+  cph_engine_lanes(e, lanes, &limit, &in_use);
   json_t *arr = json_array();
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     const cph_lane_info *l = &lanes[i];
@@ -46,9 +46,15 @@ void cph_route_lanes(cph_req *r) {
     json_object_set_new(o, "budget", budget);
     json_array_append_new(arr, o);
   }
-  json_t *conc = json_object();
-  json_object_set_new(conc, "limit", json_integer(limit));
-  json_object_set_new(conc, "in_use", json_integer(in_use));
+  *concurrency = json_object();
+  json_object_set_new(*concurrency, "limit", json_integer(limit));
+  json_object_set_new(*concurrency, "in_use", json_integer(in_use));
+  return arr;
+}
+
+void cph_route_lanes(cph_req *r) {
+  json_t *conc;
+  json_t *arr = cph_lanes_json(r->srv->engine, &conc);
   json_t *body = json_object();
   json_object_set_new(body, "lanes", arr);
   json_object_set_new(body, "concurrency", conc);

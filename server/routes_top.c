@@ -26,32 +26,6 @@
 /* Degraded channels listed at most: the view stays small when a flood degrades thousands. */
 #define TOP_CHANNELS_MAX 100
 
-/* The same objects as GET /v1/lanes (routes_admin.c): field names fixed by DESIGN §9. */
-static json_t *lanes_json(cph_engine *e, json_t **concurrency) {
-  cph_lane_info lanes[CPH_LANE_COUNT];
-  uint32_t limit = 0, in_use = 0;
-  cph_engine_lanes(e, lanes, &limit, &in_use);
-  json_t *arr = json_array();
-  for (int i = 0; i < CPH_LANE_COUNT; i++) {
-    const cph_lane_info *l = &lanes[i];
-    json_t *budget = json_object();
-    json_object_set_new(budget, "turns", json_integer(l->budget_turns));
-    json_object_set_new(budget, "tool_calls", json_integer(l->budget_tool_calls));
-    json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(cph_lane_name(l->lane)));
-    json_object_set_new(o, "turns_left", json_real(l->turns_left));
-    json_object_set_new(o, "tool_calls_left", json_real(l->tool_calls_left));
-    json_object_set_new(o, "runnable", cph_json_u64(l->runnable));
-    json_object_set_new(o, "running", cph_json_u64(l->running));
-    json_object_set_new(o, "budget", budget);
-    json_array_append_new(arr, o);
-  }
-  *concurrency = json_object();
-  json_object_set_new(*concurrency, "limit", json_integer(limit));
-  json_object_set_new(*concurrency, "in_use", json_integer(in_use));
-  return arr;
-}
-
 static json_t *maintenance_json(cph_engine *e) {
   cph_maint_stats m;
   cph_engine_maint_stats(e, &m);
@@ -119,7 +93,7 @@ void cph_route_top(cph_req *r) {
   cph_channel_steps_free(steps, n_steps);
 
   json_t *concurrency = NULL;
-  json_t *lanes = lanes_json(e, &concurrency);
+  json_t *lanes = cph_lanes_json(e, &concurrency);
   json_t *body = json_object();
   json_object_set_new(body, "ts_ms", json_integer(cph_wall_ms()));
   json_object_set_new(body, "policy_generation", cph_json_u64(cph_engine_policy_generation(e)));
