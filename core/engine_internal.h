@@ -33,7 +33,7 @@ typedef struct inbox_item {
 
 /* One session in memory. A million idle ones must fit in 256 bytes of RSS each (DESIGN §12),
  * so: the struct lives in the engine's session slab (no malloc header), its fields are ordered
- * to leave no padding (120 bytes), and its id is not a copy of its own but the scheduler's
+ * to leave no padding (112 bytes), and its id is not a copy of its own but the scheduler's
  * (one copy per session). */
 typedef struct csession {
   /* Borrowed: cph_sched_id(sid), valid while the session is registered under sid — that is,
