@@ -268,6 +268,24 @@ int64_t cph_bench_rss(pid_t pid, int64_t *anon_out) {
 
 /* ---------------------------------------------------------------- cephalond */
 
+/* User + system CPU time of pid from /proc/PID/stat, or -1. */
+static int64_t cpu_ns(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  char *s = read_file(path);
+  /* the command name (field 2) may hold spaces: count fields from its closing paren */
+  const char *p = s ? strrchr(s, ')') : NULL;
+  unsigned long long utime = 0, stime = 0;
+  int got = p ? sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime,
+                       &stime)
+              : 0;
+  free(s);
+  long hz = sysconf(_SC_CLK_TCK);
+  if (got != 2 || hz <= 0)
+    return -1;
+  return (int64_t)((utime + stime) * (1000000000ull / (unsigned long long)hz));
+}
+
 static void print_log(const char *what, const char *log_path) {
   char *log = read_file(log_path);
   fprintf(stderr, "cephalon-bench: %s; its log:\n%s\n", what, log ? log : "(none)");
@@ -297,6 +315,7 @@ static int daemon_spawn(cph_bench_daemon *d, int timeout_ms) {
     const char *listen = ready ? strstr(ready, " listen=") : NULL;
     if (listen) {
       d->ready_ns = cph_bench_now_ns() - t0;
+      d->ready_cpu_ns = cpu_ns(d->pid);
       const char *end = strchr(listen + 1, ' ');
       const char *p = end ? end : listen + strlen(listen);
       while (p > listen && p[-1] != ':')

@@ -46,6 +46,9 @@ typedef struct cph_bench_daemon {
   char *data_dir; /* dir/data unless given */
   char *log_path;
   int64_t ready_ns; /* from spawn to its ready line */
+  /* Its CPU time (user + system, 10 ms ticks) when the ready line was seen: what the start
+   * cost, much less moved by other load on the machine than ready_ns; -1 if unknown. */
+  int64_t ready_cpu_ns;
 } cph_bench_daemon;
 
 /* Writes policy_text to DIR/policy.edn and starts cephalond on 127.0.0.1:0 with data in

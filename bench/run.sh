@@ -22,7 +22,9 @@ bench=$bin/cephalon-bench
 # Scale knobs (defaults: DESIGN §12 where it fits in the time budget).
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 MEMORY_SESSIONS=${MEMORY_SESSIONS:-1000000}
-MEMORY_EVENTS=${MEMORY_EVENTS:-200000}
+# 10M events do not fit: filling them in process takes 5-8 minutes here (the ingest rate), more
+# than the scenario's limit; 1M (about a minute) is extrapolated x10 (see bench_memory.c).
+MEMORY_EVENTS=${MEMORY_EVENTS:-1000000}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/cephalon-bench-run.XXXXXX")
 cleanup() { rm -rf "$work"; }
@@ -110,7 +112,8 @@ spam_ratio=$(val spam quiet_p99_ratio)
 held=$(val maintenance trickle_held)
 rss=$(val memory rss_per_session_bytes); anon=$(val memory anon_per_session_bytes)
 ready_s=$(val memory ready_sessions_s); ready_ev=$(val memory ready_events_s)
-ready10m=$(val memory ready_10m_events_extrapolated_s)
+ready10m=$(val memory ready_10m_events_s); extrap=$(val memory ready_10m_extrapolated)
+cpu_s=$(val memory ready_sessions_cpu_s); cpu_ev=$(val memory ready_events_cpu_s)
 
 r=$(ratio "$s100k" 2000000)
 row "sched: pick + complete in process at 100k runnable sessions" "$s100k ops/s" ">= 2,000,000 ops/s" "$r" "$(judge "$r" ">=" 1)"
@@ -130,7 +133,11 @@ row "maintenance: outbox trickle under full load" "held: $held ($(val maintenanc
 r=$(ratio "$rss" 256)
 row "memory: RSS per idle session at $MEMORY_SESSIONS sessions" "$rss B (anon $anon B)" "<= 256 B" "$r" "$(judge "$rss" "<=" 256)"
 r=$(ratio "$ready10m" 3)
-row "restart to ready, $MEMORY_SESSIONS sessions + 10M events (EXTRAPOLATED from $MEMORY_EVENTS events)" "$ready10m s (measured: ${ready_s} s with 0 events, ${ready_ev} s with $MEMORY_EVENTS)" "<= 3 s" "$r" "$(judge "$ready10m" "<=" 3) (extrapolated)"
+if [ "$extrap" = no ]; then
+  row "restart to ready, $MEMORY_SESSIONS sessions + $MEMORY_EVENTS events" "$ready10m s (cpu ${cpu_ev} s; ${ready_s} s with 0 events)" "<= 3 s" "$r" "$(judge "$ready10m" "<=" 3)"
+else
+  row "restart to ready, $MEMORY_SESSIONS sessions + 10M events (EXTRAPOLATED from $MEMORY_EVENTS events)" "$ready10m s (measured: ${ready_s} s with 0 events, ${ready_ev} s with $MEMORY_EVENTS; cpu ${cpu_s} s and ${cpu_ev} s)" "<= 3 s" "$r" "$(judge "$ready10m" "<=" 3) (extrapolated)"
+fi
 
 # ---------------------------------------------------------------- plots
 

@@ -15,6 +15,8 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/hmap.h"
+#include "common/idmap.h"
+#include "common/slab.h"
 #include "lanes/sched.h"
 #include "store/store.h"
 
@@ -29,26 +31,33 @@ typedef struct inbox_item {
   int64_t created_ms;
 } inbox_item;
 
+/* One session in memory. A million idle ones must fit in 256 bytes of RSS each (DESIGN §12),
+ * so: the struct lives in the engine's session slab (no malloc header), its fields are ordered
+ * to leave no padding (112 bytes), and its id is not a copy of its own but the scheduler's
+ * (one copy per session). */
 typedef struct csession {
+  /* Borrowed: cph_sched_id(sid), valid while the session is registered under sid — that is,
+   * always (csession_resched() moves it with the sid). Never written or freed through this
+   * pointer; not const only because records borrow it for encoding. */
   char *id;
-  cph_sid sid;
-  cph_lane lane;
-  bool paused;
   inbox_item *inbox; /* live messages in id order */
   uint32_t n_inbox, cap_inbox;
   uint32_t n_pending;
   uint32_t n_staged;
   uint64_t dropped;
-  bool in_pending_list; /* queued for the next poll_inbox */
   uint64_t running_turn;  /* 0 when not running */
   uint64_t episode;
-  uint32_t autonomy_interval_s;
   int64_t next_tick_ns; /* when its next autonomy tick is due; 0 = none */
-  bool tick_due;
-  size_t tick_heap_pos; /* index in the tick heap + 1; 0 = not in it */
   uint64_t *jobs; /* queued maintenance jobs, oldest first (maintenance sessions) */
   uint32_t n_jobs, cap_jobs;
   uint64_t running_job; /* the job its running turn executes, 0 if none */
+  cph_sid sid;
+  cph_lane lane;
+  uint32_t autonomy_interval_s;
+  uint32_t tick_heap_pos; /* index in the tick heap + 1; 0 = not in it */
+  bool paused;
+  bool in_pending_list; /* queued for the next poll_inbox */
+  bool tick_due;
 } csession;
 
 typedef struct channel {
@@ -93,8 +102,12 @@ struct cph_engine {
   cph_sched *sched;
   cph_engine_hooks hooks;
 
-  cph_hmap sessions; /* id -> csession */
-  csession **by_sid; /* scheduler handle -> session */
+  /* Sessions: the structs in session_slab; by_sid maps a scheduler handle to its session
+   * (NULL for a free handle) and is the way to visit every session; sessions indexes them by
+   * id (id -> sid, the key read back through by_sid). */
+  cph_slab session_slab;
+  cph_idmap sessions;
+  csession **by_sid;
   size_t cap_by_sid;
   cph_hmap channels; /* name -> channel */
   cph_hmap leases;   /* turn id as decimal string -> lease (key owned by the lease) */
@@ -127,6 +140,7 @@ csession *engine_session(cph_engine *e, const char *id);
 channel *engine_channel(cph_engine *e, const char *name, bool create);
 void engine_mark_pending(cph_engine *e, csession *s);
 void engine_update_work(cph_engine *e, csession *s);
+void engine_update_work_all(cph_engine *e); /* every session, in sid order */
 int64_t engine_now(cph_engine *e);
 void engine_tick_schedule(cph_engine *e, csession *s);
 int op_fail(cph_op *op, int rc, const char *field, const char *fmt, ...)
@@ -137,11 +151,18 @@ cph_op *engine_waiter_at(cph_engine *e, size_t i);
 void engine_waiter_remove(cph_engine *e, cph_op *op);
 
 /* ---- sessions.c ---- */
+void sessions_init(cph_engine *e); /* the empty slab and index, before sessions_load */
 void sessions_apply(cph_engine *e, cph_op *op);
 int sessions_load(cph_engine *e, cph_err *err);
 csession *csession_new(cph_engine *e, const char *id, cph_lane lane, double credits,
                        bool restore);
 void csession_free(cph_engine *e, csession *s);
+/* Registers s with the scheduler again, in lane with credits (class change, a failed commit's
+ * rollback): a new sid, its id moved to the new registration, the old one removed. CPH_OK or
+ * CPH_ENOMEM (s unchanged then). */
+int csession_resched(cph_engine *e, csession *s, cph_lane lane, double credits);
+/* Presizes the session index, by_sid and the scheduler for n sessions in all. */
+int sessions_reserve(cph_engine *e, size_t n);
 int csession_inbox_push(csession *s, const inbox_item *item);
 void csession_inbox_remove(csession *s, uint32_t index);
 int sessions_channels_attach(cph_engine *e, csession *s, const cph_session_rec *rec);

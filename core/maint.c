@@ -754,17 +754,15 @@ int maint_open(cph_engine *e, cph_err *err) {
     cph_record_free(&cph_outbox_desc, &o);
   }
   cph_cursor_close(&c);
-  rc = cph_cursor_open(&t, CPH_DB_EMBED_QUEUE, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
-       rc = cph_cursor_next(&c, &k, NULL))
-    e->embed_queue_len++;
-  cph_cursor_close(&c);
+  /* One entry per memory waiting for its embedding: the count LMDB keeps, not a scan (ten
+   * million events mean ten million entries here; restart must not walk them). */
+  size_t queued = 0;
+  if (cph_txn_count(&t, CPH_DB_EMBED_QUEUE, &queued) == CPH_OK)
+    e->embed_queue_len = queued;
   rc = cph_txn_commit(&t);
   if (rc)
     return cph_err_set(err, rc, "loading maintenance jobs: %s", t.err.msg);
-  for (size_t i = 0; i < e->sessions.cap; i++)
-    if (e->sessions.slots[i].key)
-      engine_update_work(e, e->sessions.slots[i].value);
+  engine_update_work_all(e);
   return CPH_OK;
 }
 

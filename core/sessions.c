@@ -33,49 +33,98 @@ static cph_key session_key(const char *id) {
 
 /* ---------------------------------------------------------------- in-memory sessions */
 
+/* The struct's size is part of the memory budget per idle session (DESIGN §12): keep it. */
+_Static_assert(sizeof(csession) <= 112, "csession grew: mind the RSS per idle session");
+
+/* The index's key for a handle: the id of the session registered under that sid. */
+static const char *session_key_of(const void *ctx, uint32_t sid) {
+  const cph_engine *e = ctx;
+  return e->by_sid[sid]->id;
+}
+
+void sessions_init(cph_engine *e) {
+  cph_slab_init(&e->session_slab, sizeof(csession));
+  cph_idmap_init(&e->sessions, session_key_of, e);
+}
+
+/* Makes by_sid cover sid. */
+static int by_sid_fit(cph_engine *e, size_t n) {
+  if (n <= e->cap_by_sid)
+    return CPH_OK;
+  size_t cap = e->cap_by_sid ? e->cap_by_sid : 64;
+  while (cap < n)
+    cap *= 2;
+  csession **p = realloc(e->by_sid, cap * sizeof *p);
+  if (!p)
+    return CPH_ENOMEM;
+  memset(p + e->cap_by_sid, 0, (cap - e->cap_by_sid) * sizeof *p);
+  e->by_sid = p;
+  e->cap_by_sid = cap;
+  return CPH_OK;
+}
+
+int sessions_reserve(cph_engine *e, size_t n) {
+  if (cph_idmap_reserve(&e->sessions, n) || cph_sched_reserve(e->sched, n) ||
+      by_sid_fit(e, n))
+    return CPH_ENOMEM;
+  return CPH_OK;
+}
+
 csession *csession_new(cph_engine *e, const char *id, cph_lane lane, double credits,
                        bool restore) {
-  csession *s = calloc(1, sizeof *s);
-  if (!s || !(s->id = strdup(id)))
-    goto fail;
+  csession *s = cph_slab_alloc(&e->session_slab);
+  if (!s)
+    return NULL;
   s->lane = lane;
   int rc = restore ? cph_sched_restore(e->sched, id, lane, credits, &s->sid)
                    : cph_sched_add(e->sched, id, lane, &s->sid);
   if (rc)
     goto fail;
-  if (s->sid >= e->cap_by_sid) {
-    size_t cap = e->cap_by_sid ? e->cap_by_sid : 64;
-    while (cap <= s->sid)
-      cap *= 2;
-    csession **p = realloc(e->by_sid, cap * sizeof *p);
-    if (!p) {
-      cph_sched_remove(e->sched, s->sid);
-      goto fail;
-    }
-    memset(p + e->cap_by_sid, 0, (cap - e->cap_by_sid) * sizeof *p);
-    e->by_sid = p;
-    e->cap_by_sid = cap;
-  }
-  if (cph_hmap_put(&e->sessions, s->id, s) != CPH_OK) {
-    cph_sched_remove(e->sched, s->sid);
-    goto fail;
-  }
+  if (by_sid_fit(e, (size_t)s->sid + 1) != CPH_OK)
+    goto fail_sched;
+  s->id = (char *)cph_sched_id(e->sched, s->sid);
   e->by_sid[s->sid] = s;
+  if (cph_idmap_put(&e->sessions, s->id, s->sid) != CPH_OK) {
+    e->by_sid[s->sid] = NULL;
+    goto fail_sched;
+  }
   return s;
+fail_sched:
+  cph_sched_remove(e->sched, s->sid);
 fail:
-  if (s)
-    free(s->id);
-  free(s);
+  cph_slab_free(&e->session_slab, s);
   return NULL;
 }
 
+/* Frees s; the caller took it out of the index and the scheduler. */
 void csession_free(cph_engine *e, csession *s) {
   if (e->by_sid && s->sid < e->cap_by_sid)
     e->by_sid[s->sid] = NULL;
   free(s->inbox);
   free(s->jobs);
-  free(s->id);
-  free(s);
+  cph_slab_free(&e->session_slab, s);
+}
+
+int csession_resched(cph_engine *e, csession *s, cph_lane lane, double credits) {
+  cph_sid old = s->sid, sid;
+  /* The new registration first, from the id the old one still holds. */
+  if (cph_sched_restore(e->sched, s->id, lane, credits, &sid) != CPH_OK)
+    return CPH_ENOMEM;
+  if (by_sid_fit(e, (size_t)sid + 1) != CPH_OK) {
+    cph_sched_remove(e->sched, sid);
+    return CPH_ENOMEM;
+  }
+  e->by_sid[sid] = s;
+  cph_idmap_put(&e->sessions, s->id, sid); /* a present key: cannot fail */
+  e->by_sid[old] = NULL;
+  s->sid = sid;
+  s->lane = lane;
+  /* Frees the old id copy (unless the remove fails for lack of memory: then the old
+   * registration lingers, not runnable, and its id with it). */
+  cph_sched_set_work(e->sched, old, false);
+  cph_sched_remove(e->sched, old);
+  s->id = (char *)cph_sched_id(e->sched, sid);
+  return CPH_OK;
 }
 
 int csession_inbox_push(csession *s, const inbox_item *item) {
@@ -401,29 +450,9 @@ static void session_update(cph_engine *e, cph_op *op) {
     sessions_channels_detach(e, s);
     sessions_channels_attach(e, s, &r);
   }
-  if ((set & CPH_SET_CLASS) && in->lane != s->lane) {
+  if ((set & CPH_SET_CLASS) && in->lane != s->lane)
     /* A new lane: re-register with the scheduler, keeping its credits. */
-    double credits = cph_sched_credits(e->sched, s->sid);
-    cph_sid old = s->sid;
-    if (cph_sched_restore(e->sched, s->id, in->lane, credits, &s->sid) == CPH_OK) {
-      e->by_sid[old] = NULL;
-      cph_sched_remove(e->sched, old);
-      s->lane = in->lane;
-      if (s->sid >= e->cap_by_sid) {
-        size_t cap = e->cap_by_sid * 2;
-        while (cap <= s->sid)
-          cap *= 2;
-        csession **p = realloc(e->by_sid, cap * sizeof *p);
-        if (p) {
-          memset(p + e->cap_by_sid, 0, (cap - e->cap_by_sid) * sizeof *p);
-          e->by_sid = p;
-          e->cap_by_sid = cap;
-        }
-      }
-      if (s->sid < e->cap_by_sid)
-        e->by_sid[s->sid] = s;
-    }
-  }
+    csession_resched(e, s, in->lane, cph_sched_credits(e->sched, s->sid));
   if (set & CPH_SET_PAUSED)
     s->paused = r.state == CPH_SESSION_PAUSED;
   if (set & CPH_SET_AUTONOMY) {
@@ -467,12 +496,12 @@ static void session_delete(cph_engine *e, cph_op *op) {
     return;
   }
   sessions_channels_detach(e, s);
+  cph_idmap_del(&e->sessions, s->id); /* before the scheduler frees the id */
   cph_sched_remove(e->sched, s->sid);
   engine_tick_schedule(e, (s->autonomy_interval_s = 0, s));
   for (size_t i = 0; i < e->n_pending_sessions; i++)
     if (e->pending_sessions[i] == s)
       e->pending_sessions[i] = e->pending_sessions[--e->n_pending_sessions];
-  cph_hmap_del(&e->sessions, s->id);
   csession_free(e, s);
 }
 
@@ -492,10 +521,11 @@ void sessions_apply(cph_engine *e, cph_op *op) {
 
 /* ---------------------------------------------------------------- load at open */
 
-/* Credits carry over a restart: refilled for the time the daemon was down, capped at max. */
-static double restored_credits(const cph_engine *e, const cph_session_rec *r) {
+/* Credits carry over a restart: refilled for the time the daemon was down (until now_ms),
+ * capped at max. */
+static double restored_credits(const cph_engine *e, const cph_session_rec *r, int64_t now_ms) {
   const cph_policy_credits *c = &e->policy->scheduler.credits;
-  double down_s = (double)(cph_wall_ms() - r->credits_at_ms) / 1000.0;
+  double down_s = (double)(now_ms - r->credits_at_ms) / 1000.0;
   double credits = r->credits + (down_s > 0 ? down_s * c->refill_per_second : 0);
   if (!isfinite(credits) || credits > c->max)
     credits = c->max;
@@ -543,6 +573,12 @@ int sessions_load(cph_engine *e, cph_err *err) {
   int rc = cph_txn_begin(e->store, false, &t);
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
+  /* Sized once for what is stored (+1: the janitor, if new): no rehash, no regrowth. Failing
+   * here is not fatal; the structures grow as sessions load. */
+  size_t count = 0;
+  if (cph_txn_count(&t, CPH_DB_SESSIONS, &count) == CPH_OK)
+    sessions_reserve(e, count + 1);
+  int64_t now_ms = cph_wall_ms(); /* once: a million clock reads add up */
   cph_cursor c;
   cph_val k, v;
   rc = cph_cursor_open(&t, CPH_DB_SESSIONS, &c);
@@ -557,7 +593,7 @@ int sessions_load(cph_engine *e, cph_err *err) {
                        "corrupt record in database \"sessions\" at key %s: %s", key, derr.msg);
       goto out;
     }
-    csession *s = csession_new(e, r.id, (cph_lane)r.lane, restored_credits(e, &r), true);
+    csession *s = csession_new(e, r.id, (cph_lane)r.lane, restored_credits(e, &r, now_ms), true);
     if (!s || sessions_channels_attach(e, s, &r)) {
       cph_record_free(&cph_session_desc, &r);
       rc = cph_err_set(err, CPH_ENOMEM, "out of memory loading sessions");
@@ -575,9 +611,8 @@ int sessions_load(cph_engine *e, cph_err *err) {
   }
   cph_cursor_close(&c);
   rc = load_inbox(e, &t, err);
-  for (size_t i = 0; rc == CPH_OK && i < e->sessions.cap; i++)
-    if (e->sessions.slots[i].key)
-      engine_update_work(e, e->sessions.slots[i].value);
+  if (rc == CPH_OK)
+    engine_update_work_all(e);
 out:
   cph_cursor_close(&c);
   cph_txn_abort(&t);

@@ -73,9 +73,9 @@ int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, siz
   if (!heap)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   size_t len = 0;
-  for (size_t i = 0; i < e->sessions.cap; i++) {
-    const csession *s = e->sessions.slots[i].value;
-    if (!e->sessions.slots[i].key || !s)
+  for (size_t i = 0; i < e->cap_by_sid; i++) {
+    const csession *s = e->by_sid[i];
+    if (!s)
       continue;
     top_cand c = {s, (uint64_t)s->n_staged + s->n_pending};
     if (c.load == 0)

@@ -662,10 +662,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   if (cph_txn_commit(&t)) {
     /* Put the session back as it was: running, same credits, same episode. */
     s->episode--;
-    cph_sid sid = s->sid;
-    cph_sched_remove(e->sched, sid);
-    cph_sched_restore(e->sched, s->id, s->lane, credits_before, &s->sid);
-    e->by_sid[s->sid] = s;
+    csession_resched(e, s, s->lane, credits_before);
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     maint_pending_drop(e);
     s->running_turn = 0; /* the lease stays; expiry will stage the input again */

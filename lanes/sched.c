@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "cephalon/error.h"
+#include "common/slab.h"
 
 typedef __int128 i128;
 
@@ -65,7 +66,7 @@ typedef struct oset {
 enum { WHERE_NONE, WHERE_AT_MAX, WHERE_BELOW };
 
 typedef struct session {
-  char *id;          /* NULL for a free slot */
+  char *id;          /* from the sched's id slab; NULL for a free slot */
   int64_t c0;        /* credits (units) as of t0 */
   int64_t t0;
   int64_t queued_ns; /* when it last became runnable */
@@ -106,6 +107,7 @@ struct cph_sched {
   lane_state lanes[CPH_LANE_COUNT];
   session *sessions;
   uint32_t n_sessions, cap_sessions;
+  cph_strslab ids;       /* session ids: one copy each, no malloc header */
   cph_sid *free_sids;
   uint32_t n_free, cap_free;
   uint32_t n_removed;    /* removed slots still named by set entries */
@@ -455,6 +457,7 @@ cph_sched *cph_sched_new(const cph_sched_config *cfg, const cph_clock *clock) {
     return NULL;
   s->clock = clock;
   s->cfg = *cfg;
+  cph_strslab_init(&s->ids);
   apply_credit_config(s, cfg);
   int64_t now = cph_clock_now(clock);
   s->trickle_due_ns = now;
@@ -472,7 +475,8 @@ void cph_sched_free(cph_sched *s) {
   if (!s)
     return;
   for (uint32_t i = 0; i < s->n_sessions; i++)
-    free(s->sessions[i].id);
+    cph_strslab_free(&s->ids, s->sessions[i].id);
+  cph_strslab_destroy(&s->ids);
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     oset_free(&s->lanes[i].at_max);
     oset_free(&s->lanes[i].below);
@@ -549,23 +553,16 @@ static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t cred
                        cph_sid *out) {
   if ((unsigned)lane >= CPH_LANE_COUNT || !id)
     return CPH_EINVAL;
-  char *copy = strdup(id);
+  if (!s->n_free && s->n_sessions == s->cap_sessions &&
+      cph_sched_reserve(s, s->cap_sessions ? (size_t)s->cap_sessions * 2 : 64) != CPH_OK)
+    return CPH_ENOMEM;
+  char *copy = cph_strslab_dup(&s->ids, id);
   if (!copy)
     return CPH_ENOMEM;
   cph_sid sid;
   if (s->n_free) {
     sid = s->free_sids[--s->n_free];
   } else {
-    if (s->n_sessions == s->cap_sessions) {
-      uint32_t cap = s->cap_sessions ? s->cap_sessions * 2 : 64;
-      session *p = realloc(s->sessions, (size_t)cap * sizeof *p);
-      if (!p) {
-        free(copy);
-        return CPH_ENOMEM;
-      }
-      s->sessions = p;
-      s->cap_sessions = cap;
-    }
     sid = s->n_sessions++;
     s->sessions[sid].gen = 0;
   }
@@ -578,6 +575,19 @@ static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t cred
   se->c0 = credits > s->c_max ? s->c_max : credits < s->c_min ? s->c_min : credits;
   se->t0 = cph_clock_now(s->clock);
   *out = sid;
+  return CPH_OK;
+}
+
+int cph_sched_reserve(cph_sched *s, size_t n) {
+  if (n <= s->cap_sessions)
+    return CPH_OK;
+  if (n >= CPH_SID_NONE)
+    return CPH_ENOMEM;
+  session *p = realloc(s->sessions, n * sizeof *p);
+  if (!p)
+    return CPH_ENOMEM;
+  s->sessions = p;
+  s->cap_sessions = (uint32_t)n;
   return CPH_OK;
 }
 
@@ -595,7 +605,7 @@ int cph_sched_restore(cph_sched *s, const char *id, cph_lane lane, double credit
 /* The slot of a removed session that no set names any more becomes free. */
 static void release_slot(cph_sched *s, cph_sid sid) {
   session *se = &s->sessions[sid];
-  free(se->id);
+  cph_strslab_free(&s->ids, se->id);
   se->id = NULL;
   se->removed = false;
   s->n_removed--;

@@ -60,12 +60,19 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg);
 
 /* ---- sessions ---- */
 
-/* Adds a session with credits = max (a new session, §3.2). id is copied; ids are unique. */
+/* Adds a session with credits = max (a new session, §3.2). id is copied; ids are unique.
+ * The copy, cph_sched_id(sid), keeps its address until cph_sched_remove(sid) or
+ * cph_sched_free: a caller may borrow it as its own key for the session instead of keeping a
+ * second copy (the engine does). */
 int cph_sched_add(cph_sched *s, const char *id, cph_lane lane, cph_sid *out);
 /* Adds a session with given credits (restart recovery); clamped into [min, max]. */
 int cph_sched_restore(cph_sched *s, const char *id, cph_lane lane, double credits,
                       cph_sid *out);
-/* Removes a session that is not running (CPH_ESTATE if it is). The sid may be reused. */
+/* Room for n sessions in all without growing (a restart knows how many it loads). */
+int cph_sched_reserve(cph_sched *s, size_t n);
+/* Removes a session that is not running (CPH_ESTATE if it is). The sid may be reused, and the
+ * id string cph_sched_id(sid) returned may be freed at once: a caller that borrows it must stop
+ * using it first (to re-register a session, add the new sid from the old id, then remove). */
 int cph_sched_remove(cph_sched *s, cph_sid sid);
 
 /* The engine says whether the session has work (staged input, a due tick or a queued job).

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -253,6 +254,67 @@ int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
   }
   s->sync = mode;
   return CPH_OK;
+}
+
+/* The start and length of the mapping that holds p, from /proc/self/maps. LMDB does not
+ * say where its map is (mdb_env_info's me_mapaddr is only the address asked for with
+ * MDB_FIXEDMAP), but every value a read transaction returns points into it. */
+static int mapping_of(const void *p, uintptr_t *start, size_t *len) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f)
+    return CPH_EIO;
+  char line[512];
+  int rc = CPH_ENOTFOUND;
+  uintptr_t a = (uintptr_t)p;
+  while (rc == CPH_ENOTFOUND && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
+      *start = lo;
+      *len = hi - lo;
+      rc = CPH_OK;
+    }
+    /* a line longer than the buffer: skip its rest, so it is not read as a line */
+    while (!strchr(line, '\n') && fgets(line, sizeof line, f))
+      ;
+  }
+  fclose(f);
+  return rc;
+}
+
+int cph_store_release_pages(cph_store *s) {
+  MDB_envinfo info;
+  MDB_stat st;
+  int e = mdb_env_info(s->env, &info);
+  if (!e)
+    e = mdb_env_stat(s->env, &st);
+  if (e)
+    return cph_store_map_error(e);
+  /* A pointer into the map: the schema version, always there. */
+  MDB_txn *txn;
+  e = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
+  if (e)
+    return cph_store_map_error(e);
+  MDB_val key = {sizeof CPH_META_SCHEMA_KEY - 1, (void *)CPH_META_SCHEMA_KEY}, val;
+  e = mdb_get(txn, s->dbi[CPH_DB_META], &key, &val);
+  const void *inside = e ? NULL : val.mv_data;
+  mdb_txn_abort(txn);
+  if (e)
+    return cph_store_map_error(e);
+  uintptr_t start;
+  size_t len;
+  int rc = mapping_of(inside, &start, &len);
+  if (rc)
+    return rc;
+  if (len != info.me_mapsize) /* not LMDB's one mapping of the whole map: touch nothing */
+    return CPH_ENOTFOUND;
+  size_t used = (size_t)(info.me_last_pgno + 1) * st.ms_psize;
+  if (used < len)
+    len = used;
+  long sys_page = sysconf(_SC_PAGESIZE);
+  size_t page = sys_page > 0 ? (size_t)sys_page : 4096;
+  len = (len + page - 1) / page * page;
+  return madvise((void *)start, len, MADV_DONTNEED) == 0 ? CPH_OK
+                                                        : cph_store_map_error(errno);
 }
 
 int cph_store_stats_get(cph_store *s, cph_store_stats *out) {

@@ -88,6 +88,13 @@ typedef struct cph_store_stats {
 } cph_store_stats;
 int cph_store_stats_get(cph_store *s, cph_store_stats *out);
 
+/* Unmaps from this process the map pages it has touched so far (madvise MADV_DONTNEED over
+ * the used part of the map). The data stays in the page cache and on disk; LMDB faults a page
+ * back in on its next read. Call it after a full scan (loading at open) so pages read once do
+ * not count in the process's RSS. Safe with transactions open: the map is a shared file
+ * mapping, so nothing is lost. Returns CPH_OK or the madvise failure (nothing changed then). */
+int cph_store_release_pages(cph_store *s);
+
 /* Maps an LMDB return code or errno to a project code (MDB_MAP_FULL/ENOSPC -> CPH_EFULL,
  * MDB_NOTFOUND -> CPH_ENOTFOUND, MDB_CORRUPTED -> CPH_ECORRUPT, ...). */
 int cph_store_map_error(int mdb_rc);
@@ -146,6 +153,10 @@ int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record
  * MDB_MAP_FULL (ingest does, DESIGN §11). */
 int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes);
 
+/* How many entries db holds as t sees it. O(1) (LMDB keeps the count); a failure returns
+ * the code without making the txn fail. */
+int cph_txn_count(cph_txn *t, cph_db db, size_t *n);
+
 /* Next id from a named counter in meta (starts at 1), persisted with the txn.
  *
  * Counters live in memory once looked up (one get per counter until the store evicts it),
@@ -172,6 +183,8 @@ int cph_cursor_next(cph_cursor *c, cph_val *key, cph_val *val);
 /* The entry before the cursor; after a seek that ran off the end (CPH_ENOTFOUND), the last
  * entry of the database. CPH_ENOTFOUND before the first. */
 int cph_cursor_prev(cph_cursor *c, cph_val *key, cph_val *val);
+/* Positions at the last entry; CPH_ENOTFOUND when the database is empty. O(log n). */
+int cph_cursor_last(cph_cursor *c, cph_val *key, cph_val *val);
 /* Deletes the entry under the cursor. */
 int cph_cursor_del(cph_cursor *c);
 

@@ -219,6 +219,19 @@ int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes) {
   return CPH_OK;
 }
 
+int cph_txn_count(cph_txn *t, cph_db db, size_t *n) {
+  if (t->ret)
+    return t->ret;
+  if (!t->mdb)
+    return CPH_ESTATE;
+  MDB_stat st;
+  int rc = mdb_stat(t->mdb, t->store->dbi[db], &st);
+  if (rc)
+    return cph_store_map_error(rc);
+  *n = st.ms_entries;
+  return CPH_OK;
+}
+
 /* ---------------------------------------------------------------- id counters */
 
 /* Beyond this many cached counters, a top-level txn's end forgets them all (each one costs
@@ -476,6 +489,11 @@ int cph_cursor_prev(cph_cursor *c, cph_val *key, cph_val *val) {
   MDB_val mk = {0, NULL};
   /* MDB_PREV on a cursor that a failed MDB_SET_RANGE left unpositioned goes to the last item. */
   return cursor_step(c, &mk, MDB_PREV, key, val);
+}
+
+int cph_cursor_last(cph_cursor *c, cph_val *key, cph_val *val) {
+  MDB_val mk = {0, NULL};
+  return cursor_step(c, &mk, MDB_LAST, key, val);
 }
 
 int cph_cursor_del(cph_cursor *c) {

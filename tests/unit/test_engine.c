@@ -527,6 +527,174 @@ static void test_context_tree_stays_bounded_over_many_turns(void **state) {
   cph_context_nodes_free(nodes, n);
 }
 
+/* ---- many sessions: the slab, the id index and the scheduler's shared ids ---- */
+
+#define MANY 3000
+
+/* Ids of many lengths (every string size class up to 48 bytes) that sort unlike their
+ * creation order. */
+static void many_id(int i, char *out, size_t cap) {
+  snprintf(out, cap, "%.*s%d", i % 41, "ppppppppppppppppppppppppppppppppppppppppp", MANY - i);
+}
+
+typedef struct many_ops {
+  cph_op op;
+  char id[64];
+  int called;
+} many_ops;
+
+/* Submits n session ops at once and runs passes until every one is answered; all must pass. */
+static void run_batch(fixture *f, many_ops *ops, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    ops[i].op.done = count_done;
+    ops[i].op.ctx = &ops[i].called;
+    assert_int_equal(cph_engine_submit(f->e, &ops[i].op), CPH_OK);
+  }
+  for (int pass = 0; pass < 100 && cph_engine_pass_wanted(f->e); pass++)
+    cph_engine_run_pass(f->e);
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(ops[i].called, 1);
+    if (ops[i].op.rc)
+      fail_msg("%s: %s", ops[i].id, ops[i].op.err.msg);
+    cph_op_clear_results(&ops[i].op);
+    memset(&ops[i], 0, sizeof ops[i]);
+  }
+}
+
+/* What each session i should be after the steps of the test: 0 = deleted, else its lane + 1. */
+static int many_expected(int i) {
+  if (i % 3 == 0)
+    return i % 6 == 0 ? CPH_LANE_OPERATIONAL + 1 : 0; /* deleted; every other one re-created */
+  if (i % 5 == 0)
+    return CPH_LANE_MAINTENANCE + 1; /* class changed */
+  return CPH_LANE_INTERACTIVE + 1;
+}
+
+static void many_check(fixture *f) {
+  char id[64];
+  size_t live = 0;
+  for (int i = 0; i < MANY; i++) {
+    many_id(i, id, sizeof id);
+    cph_session_info s;
+    cph_err err;
+    int rc = cph_engine_get_session(f->e, id, &s, &err);
+    if (!many_expected(i)) {
+      assert_int_equal(rc, CPH_ENOTFOUND);
+      continue;
+    }
+    live++;
+    if (rc)
+      fail_msg("get %s: %s", id, err.msg);
+    assert_string_equal(s.id, id);
+    assert_int_equal(s.lane, many_expected(i) - 1);
+    cph_session_info_free(&s);
+    cph_why_info w;
+    assert_int_equal(cph_engine_why(f->e, id, &w, &err), CPH_OK);
+    assert_string_equal(w.reason, "no_input");
+    assert_int_equal(w.lane, many_expected(i) - 1);
+  }
+  cph_session_filter all = {.limit = 1000};
+  size_t listed = 0;
+  char after[64] = "";
+  for (;;) {
+    cph_session_info *list;
+    size_t n;
+    cph_err err;
+    all.after = after[0] ? after : NULL;
+    assert_int_equal(cph_engine_list_sessions(f->e, &all, &list, &n, &err), CPH_OK);
+    if (n)
+      snprintf(after, sizeof after, "%s", list[n - 1].id);
+    for (size_t i = 0; i < n; i++)
+      cph_session_info_free(&list[i]);
+    free(list);
+    listed += n;
+    if (n < all.limit)
+      break;
+  }
+  assert_int_equal(listed, live);
+}
+
+/* Three inputs at once to interactive sessions: picked by id among equals (§3.3 d). The ids
+ * are the scheduler's copies the engine borrows; the order proves they are intact. */
+static void many_check_pick_order(fixture *f, int a, int b, int c) {
+  char ids[3][64];
+  many_id(a, ids[0], sizeof ids[0]);
+  many_id(b, ids[1], sizeof ids[1]);
+  many_id(c, ids[2], sizeof ids[2]);
+  post_spec specs[3];
+  for (int i = 0; i < 3; i++)
+    specs[i] = (post_spec){NULL, NULL, "hello there", ids[i], NULL, NULL};
+  post_many(f, specs, 3, NULL, NULL);
+  cph_engine_run_pass(f->e); /* staged */
+  const char *sorted[3] = {ids[0], ids[1], ids[2]};
+  for (int i = 0; i < 3; i++)
+    for (int j = i + 1; j < 3; j++)
+      if (strcmp(sorted[j], sorted[i]) < 0) {
+        const char *t = sorted[i];
+        sorted[i] = sorted[j];
+        sorted[j] = t;
+      }
+  for (int i = 0; i < 3; i++) {
+    cph_op l, c2;
+    assert_int_equal(lease(f, &l, 10), CPH_OK);
+    assert_string_equal(l.u.lease.turn.session, sorted[i]);
+    assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, NULL, NULL, 0, &c2), CPH_OK);
+    cph_op_clear_results(&c2);
+    cph_op_clear_results(&l);
+  }
+}
+
+static void test_many_sessions_keep_ids_and_state_across_delete_class_change_and_reload(
+    void **state) {
+  fixture *f = *state;
+  many_ops *ops = calloc(MANY, sizeof *ops);
+  size_t n = 0;
+  for (int i = 0; i < MANY; i++, n++) {
+    many_id(i, ops[n].id, sizeof ops[n].id);
+    ops[n].op.kind = CPH_OP_SESSION_CREATE;
+    ops[n].op.u.session.in.id = ops[n].id;
+    ops[n].op.u.session.in.lane = CPH_LANE_INTERACTIVE;
+  }
+  run_batch(f, ops, n);
+  n = 0;
+  for (int i = 0; i < MANY; i++) {
+    if (i % 3 && i % 5)
+      continue;
+    many_id(i, ops[n].id, sizeof ops[n].id);
+    ops[n].op.u.session.in.id = ops[n].id;
+    if (i % 3 == 0) {
+      ops[n].op.kind = CPH_OP_SESSION_DELETE;
+    } else {
+      ops[n].op.kind = CPH_OP_SESSION_UPDATE;
+      ops[n].op.u.session.in.lane = CPH_LANE_MAINTENANCE;
+      ops[n].op.u.session.set = CPH_SET_CLASS;
+    }
+    n++;
+  }
+  run_batch(f, ops, n);
+  n = 0;
+  for (int i = 0; i < MANY; i += 6, n++) { /* ids back, into freed slots and slab objects */
+    many_id(i, ops[n].id, sizeof ops[n].id);
+    ops[n].op.kind = CPH_OP_SESSION_CREATE;
+    ops[n].op.u.session.in.id = ops[n].id;
+    ops[n].op.u.session.in.lane = CPH_LANE_OPERATIONAL;
+  }
+  run_batch(f, ops, n);
+  free(ops);
+
+  many_check(f);
+  many_check_pick_order(f, 1, 2, 4); /* ids "p" + 2999, "pp" + 2998, "pppp" + 2996 */
+  cph_engine_close(f->e);
+  open_engine(f);
+  many_check(f);
+  many_check_pick_order(f, 7, 41, 43); /* "p"*7 + 2993, "" + 2959, "pp" + 2957 */
+  cph_session_info s;
+  get_session(f, "p2999", &s); /* episode and credits came back */
+  assert_int_equal(s.episode, 1);
+  assert_true(s.credits >= 27.9 && s.credits <= 30.0);
+  cph_session_info_free(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_message_pending_at_pass_start_waits_for_the_next_pass,
@@ -548,6 +716,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(
           test_restart_keeps_sessions_inbox_credits_and_expires_leases, setup, teardown),
       cmocka_unit_test_setup_teardown(test_session_update_pause_and_delete, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_many_sessions_keep_ids_and_state_across_delete_class_change_and_reload, setup,
+          teardown),
       cmocka_unit_test_setup_teardown(test_context_tree_stays_bounded_over_many_turns, setup,
                                       teardown),
   };
