@@ -662,14 +662,18 @@ static int stand_in(ctx *c, uint64_t id, cph_memory_rec *out) {
 typedef struct scope_walk {
   cph_cursor cur;
   cph_key prefix;
-  uint64_t id; /* the entry under the cursor; 0 when the walk is over */
+  uint64_t id;     /* the entry under the cursor; 0 when the walk is over */
+  uint64_t source; /* its memory's source event, 0 if none (or an index value of old shape) */
 } scope_walk;
 
-static void scope_walk_step(scope_walk *w, int rc, const cph_val *k) {
-  w->id = 0;
+static void scope_walk_step(scope_walk *w, int rc, const cph_val *k, const cph_val *v) {
+  w->id = w->source = 0;
   if (rc == CPH_OK && k->len == w->prefix.len + 8 &&
-      memcmp(k->data, w->prefix.data, w->prefix.len) == 0)
+      memcmp(k->data, w->prefix.data, w->prefix.len) == 0) {
     w->id = cph_be64_get((const uint8_t *)k->data + w->prefix.len);
+    if (v->len == 8)
+      w->source = cph_be64_get(v->data);
+  }
 }
 
 static int scope_walk_open(cph_txn *t, const char *scope, bool raw, scope_walk *w) {
@@ -686,12 +690,13 @@ static int scope_walk_open(cph_txn *t, const char *scope, bool raw, scope_walk *
     cph_cursor_close(&w->cur);
     return rc;
   }
-  scope_walk_step(w, rc, &k);
+  scope_walk_step(w, rc, &k, &v);
   return CPH_OK;
 }
 
-/* The newest memory id not yet taken over all walks (merging them), 0 when none is left. */
-static uint64_t scope_walks_next(scope_walk *w, size_t n) {
+/* The newest memory id not yet taken over all walks (merging them), 0 when none is left;
+ * *source is its source event. */
+static uint64_t scope_walks_next(scope_walk *w, size_t n, uint64_t *source) {
   size_t best = n;
   for (size_t i = 0; i < n; i++)
     if (w[i].id && (best == n || w[i].id > w[best].id))
@@ -699,9 +704,10 @@ static uint64_t scope_walks_next(scope_walk *w, size_t n) {
   if (best == n)
     return 0;
   uint64_t id = w[best].id;
+  *source = w[best].source;
   cph_val k, v;
   int rc = cph_cursor_prev(&w[best].cur, &k, &v);
-  scope_walk_step(&w[best], rc, &k);
+  scope_walk_step(&w[best], rc, &k, &v);
   return id;
 }
 
@@ -720,10 +726,12 @@ static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t
   while (n_walks < n_scopes && (rc = scope_walk_open(c->t, scopes[n_walks], raw,
                                                      &walks[n_walks])) == CPH_OK)
     n_walks++;
-  uint64_t id;
+  uint64_t id, source = 0;
   for (int scanned = 0; rc == CPH_OK && scanned < MEMORY_SCAN_MAX && to->cost < budget &&
-                        to->n < cap && (id = scope_walks_next(walks, n_walks)) != 0;
+                        to->n < cap && (id = scope_walks_next(walks, n_walks, &source)) != 0;
        scanned++) {
+    if (raw && source && idset_has(&c->shown_events, source))
+      continue; /* its event is in the turn already: not read at all */
     cph_key mk = u64_key(id);
     cph_val v;
     int grc = cph_txn_get(c->t, CPH_DB_MEMORIES, &mk, &v);

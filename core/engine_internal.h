@@ -187,7 +187,9 @@ int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, cons
                 uint64_t source_event_id, bool embed, uint64_t *id_out);
 /* The index of memories by scope (database memory_scopes) keeps raw memories apart from the
  * others (summaries, aggregates), so a turn can fill each part of its memory budget without
- * reading through the other: key = scope\0 "raw"|"other"\0 u64 memory id. This is the prefix. */
+ * reading through the other: key = scope\0 "raw"|"other"\0 u64 memory id -> be64 source event
+ * id (0 = none), so a turn skips memories of events it already shows without reading them.
+ * This is the key prefix. */
 static inline void memory_scope_prefix(cph_key *k, const char *scope, bool raw) {
   cph_key_reset(k);
   cph_key_str(k, scope);

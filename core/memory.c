@@ -33,7 +33,9 @@ int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, cons
     cph_key sk;
     memory_scope_prefix(&sk, scope, kind == CPH_MEMORY_RAW);
     cph_key_u64(&sk, id);
-    rc = cph_txn_put(t, CPH_DB_MEMORY_SCOPES, &sk, "", 0);
+    uint8_t source[8];
+    cph_be64_put(source, source_event_id);
+    rc = cph_txn_put(t, CPH_DB_MEMORY_SCOPES, &sk, source, sizeof source);
   }
   if (rc == CPH_OK && embed) {
     rc = cph_txn_put(t, CPH_DB_EMBED_QUEUE, &k, "", 0);

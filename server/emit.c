@@ -120,11 +120,26 @@ void cph_emit_end(cph_emit *w) {
 
 /* ---------------------------------------------------------------- strings */
 
+/* Whether any of the 8 bytes in x needs a look: >= 0x80, < 0x20, '"' or '\\' (bit tricks
+ * on a word: a zero byte in v shows as the high bit of (v - 0x01..) & ~v). */
+static bool word_needs_look(uint64_t x) {
+  const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+  uint64_t ctrl = (x - 0x20 * ones) & ~x;
+  uint64_t quote = x ^ (0x22 * ones), backslash = x ^ (0x5c * ones);
+  uint64_t eq = ((quote - ones) & ~quote) | ((backslash - ones) & ~backslash);
+  return ((x | ctrl | eq) & highs) != 0;
+}
+
 static void json_string(cph_buf *b, const uint8_t *p, size_t len) {
   static const char HEX[] = "0123456789abcdef";
   cph_buf_putc(b, '"');
   size_t run = 0; /* start of the pending run of bytes copied as they are */
   for (size_t i = 0; i < len;) {
+    uint64_t word;
+    if (len - i >= 8 && (memcpy(&word, p + i, 8), !word_needs_look(word))) {
+      i += 8; /* plain ASCII: the common case, a word at a time */
+      continue;
+    }
     uint8_t c = p[i];
     if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
       i++;

@@ -36,7 +36,7 @@
   X(PARKED_TURNS, "parked_turns") /* u64 turn id -> "" while parked */                   \
   X(REPLIES, "replies")       /* u64 reply id -> reply */                                \
   X(MEMORIES, "memories")     /* u64 memory id -> memory */                              \
-  X(MEMORY_SCOPES, "memory_scopes") /* scope\0 class\0 u64 memory id -> "" (memory.c) */ \
+  X(MEMORY_SCOPES, "memory_scopes") /* scope\0 class\0 u64 id -> u64 source event (memory.c) */ \
   X(JOBS, "jobs")             /* u64 job id -> job */                                    \
   X(OUTBOX, "outbox")         /* u64 item id -> outbox item */                           \
   X(GC_GROUPS, "gc_groups")   /* u64 group id -> gc group */                             \

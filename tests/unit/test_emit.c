@@ -28,6 +28,11 @@ static const struct {
     {"overlong \xc0\xaf", "overlong " FFFD FFFD},
     {"surrogate \xed\xa0\x80", "surrogate " FFFD FFFD FFFD},
     {"", ""},
+    /* every special byte at every offset of a word, among plain ones */
+    {"abcdefg\"hijklmn\\opqrstu\x1fvwxyz01\xc3\xa9" "234567\x7f" "89abcdef",
+     "abcdefg\"hijklmn\\opqrstu\x1fvwxyz01\xc3\xa9" "234567\x7f" "89abcdef"},
+    {"0123456\n0123456\xff" "0123456\"", "0123456\n0123456" FFFD "0123456\""},
+    {"\"1234567\\1234567\x01", "\"1234567\\1234567\x01"},
 };
 #define N_STRINGS (sizeof STRINGS / sizeof STRINGS[0])
 
