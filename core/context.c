@@ -959,13 +959,14 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
   return CPH_OK;
 }
 
-static int push_message(cph_turn_info *ti, const char *role, const char *content,
+/* Appends a message; `owned`, when set, is content handed over (no copy). */
+static int push_message(cph_turn_info *ti, const char *role, const char *content, char *owned,
                         const cph_coord *at) {
   char coord[CORE_COORD_MAX];
   cph_coord_format(at, coord);
   cph_message *m = &ti->messages[ti->n_messages++];
   m->role = strdup(role);
-  m->content = strdup(content ? content : "");
+  m->content = owned ? owned : strdup(content ? content : "");
   m->coord = strdup(coord);
   ti->tokens.messages = clamp32((uint64_t)ti->tokens.messages + message_cost(m->content));
   return m->role && m->content && m->coord ? CPH_OK : CPH_ENOMEM;
@@ -1044,7 +1045,7 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     rc = CPH_ENOMEM;
   if (rc == CPH_OK && c->rec->system) {
     cph_coord sys = {-1, 0, 0};
-    rc = push_message(ti, "system", c->rec->system, &sys);
+    rc = push_message(ti, "system", c->rec->system, NULL, &sys);
   }
   /* Merge two lists already in render order; a channel-view core goes first on a tie. */
   size_t i = 0, j = 0;
@@ -1055,10 +1056,11 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     }
     const cph_pact_node *nd = i < live ? &c->tree.nodes[idx[i]] : NULL;
     if (j < n_extra && (!nd || coord_cmp(&extra[j].at, &nd->at) <= 0)) {
-      rc = push_message(ti, extra[j].role, extra[j].content, &extra[j].at);
+      rc = push_message(ti, extra[j].role, NULL, extra[j].content, &extra[j].at);
+      extra[j].content = NULL; /* the message owns it now */
       j++;
     } else {
-      rc = push_message(ti, nd->role ? nd->role : "system", nd->content, &nd->at);
+      rc = push_message(ti, nd->role ? nd->role : "system", nd->content, NULL, &nd->at);
       i++;
     }
   }

@@ -148,8 +148,34 @@ int cph_coord_parse(const char *s, cph_coord *out, cph_err *err) {
   return CPH_OK;
 }
 
+/* Writes v in decimal at p; returns the end. (Coordinates render for every message of every
+ * turn: no printf here.) */
+static char *put_i32(char *p, int32_t v) {
+  char digits[11];
+  int n = 0;
+  uint32_t u = v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
+  do {
+    digits[n++] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (v < 0)
+    *p++ = '-';
+  while (n)
+    *p++ = digits[--n];
+  return p;
+}
+
 void cph_coord_format(const cph_coord *c, char buf[48]) {
-  snprintf(buf, 48, "d%d, %d, %d", (int)c->depth, (int)c->position, (int)c->offset);
+  char *p = buf;
+  *p++ = 'd';
+  p = put_i32(p, c->depth);
+  *p++ = ',';
+  *p++ = ' ';
+  p = put_i32(p, c->position);
+  *p++ = ',';
+  *p++ = ' ';
+  p = put_i32(p, c->offset);
+  *p = '\0';
 }
 
 /* ---------------------------------------------------------------- selectors */

@@ -214,6 +214,29 @@ static void write_string(cph_emit *w, const char *s) {
 
 void cph_emit_key(cph_emit *w, const char *key) {
   assert(w->in_object[w->depth] && "a key outside an object");
+  size_t len = strlen(key);
+  if (!w->msgpack && len <= 48) { /* our keys: short and plain, one append with its comma */
+    bool plain = true;
+    for (size_t i = 0; plain && i < len; i++)
+      plain = key[i] >= 0x20 && key[i] != '"' && key[i] != '\\' && (unsigned char)key[i] < 0x80;
+    if (plain) {
+      char out[48 + 4];
+      size_t n = 0;
+      int d = w->depth;
+      assert(w->left[d] > 0 && "more members than declared");
+      w->left[d]--;
+      if (!w->first[d])
+        out[n++] = ',';
+      w->first[d] = false;
+      out[n++] = '"';
+      memcpy(out + n, key, len);
+      n += len;
+      out[n++] = '"';
+      out[n++] = ':';
+      cph_buf_append(w->out, out, n);
+      return;
+    }
+  }
   before_value(w, true);
   write_string(w, key);
   if (!w->msgpack)
