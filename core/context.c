@@ -163,6 +163,7 @@ typedef struct ctx {
   cph_pact_tree tree;
   bool tree_loaded;
   int64_t now_ms;
+  uint64_t event_fields; /* what history entries read of an event: sender, body, ts_ms */
 } ctx;
 
 static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100; }
@@ -410,7 +411,8 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
       break;
     cph_key ek = u64_key(event_id);
     cph_event_rec ev;
-    int erc = cph_txn_get_record(c->t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    int erc = cph_txn_get_record_some(c->t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev,
+                                      c->event_fields);
     if (erc == CPH_ENOTFOUND)
       continue; /* retention removed it */
     if (erc) {
@@ -1155,6 +1157,8 @@ int context_assemble(cph_engine *e, cph_txn *t, csession *s, const cph_session_r
   c.window = rec->context_window_tokens ? rec->context_window_tokens
                                         : (uint64_t)e->policy->sessions.context_window_tokens;
   c.now_ms = cph_wall_ms();
+  static const char *const EVENT_FIELDS[] = {"sender", "body", "ts_ms"};
+  c.event_fields = cph_record_field_mask(&cph_event_desc, EVENT_FIELDS, 3);
   ti->tokens.window = clamp32(c.window);
   int rc = assemble(&c);
   ti->tokens.sections = clamp32((uint64_t)ti->tokens.current_state +

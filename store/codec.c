@@ -484,8 +484,63 @@ static int decode_field(decode_ctx *c, const cph_field *f, mp_reader *r, char *r
   return cph_err_set(c->err, CPH_ECORRUPT, "%s: bad field table", c->d->name);
 }
 
+/* Reads past a field this caller did not ask for: checked like a decoded one, but its strings
+ * and arrays are not copied. Scalars are decoded as usual (no allocation). */
+static int skip_field(decode_ctx *c, const cph_field *f, mp_reader *r, char *rec) {
+  const char *s;
+  size_t len, n;
+  uint64_t u;
+  int64_t i64;
+  switch (f->type) {
+  case CPH_F_STR:
+  case CPH_F_OPT_STR:
+    if (f->type == CPH_F_OPT_STR && mp_read_nil(r))
+      return CPH_OK;
+    if (!mp_read_str(r, &s, &len))
+      return field_error(c, f, f->type == CPH_F_STR ? "a string" : "a string or nil", r);
+    return CPH_OK;
+  case CPH_F_STR_ARRAY:
+    if (!mp_read_array(r, &n))
+      return field_error(c, f, "an array of strings", r);
+    for (size_t i = 0; i < n; i++)
+      if (!mp_read_str(r, &s, &len))
+        return field_error(c, f, "a string item", r);
+    return CPH_OK;
+  case CPH_F_U64_ARRAY:
+    if (!mp_read_array(r, &n))
+      return field_error(c, f, "an array of unsigned integers", r);
+    for (size_t i = 0; i < n; i++)
+      if (!mp_read_u64(r, &u))
+        return field_error(c, f, "an unsigned integer item", r);
+    return CPH_OK;
+  case CPH_F_I64_ARRAY:
+    if (!mp_read_array(r, &n))
+      return field_error(c, f, "an array of integers", r);
+    for (size_t i = 0; i < n; i++)
+      if (!mp_read_i64(r, &i64))
+        return field_error(c, f, "an integer item", r);
+    return CPH_OK;
+  default:
+    return decode_field(c, f, r, rec);
+  }
+}
+
+uint64_t cph_record_field_mask(const cph_record_desc *d, const char *const *names, size_t n) {
+  uint64_t mask = 0;
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < d->n_fields && j < 64; j++)
+      if (strcmp(d->fields[j].name, names[i]) == 0)
+        mask |= 1ull << j;
+  return mask;
+}
+
 int cph_record_decode(const cph_record_desc *d, const void *data, size_t len, void *rec,
                       cph_err *err) {
+  return cph_record_decode_some(d, data, len, rec, UINT64_MAX, err);
+}
+
+int cph_record_decode_some(const cph_record_desc *d, const void *data, size_t len, void *rec,
+                           uint64_t fields, cph_err *err) {
   mp_reader r = {data, (const uint8_t *)data + len};
   decode_ctx c = {d, err};
   memset(rec, 0, d->size);
@@ -517,7 +572,9 @@ int cph_record_decode(const cph_record_desc *d, const void *data, size_t len, vo
     goto fail;
   }
   for (size_t i = 0; i < d->n_fields; i++) {
-    rc = decode_field(&c, &d->fields[i], &r, rec);
+    bool wanted = i >= 64 || (fields >> i & 1);
+    rc = wanted ? decode_field(&c, &d->fields[i], &r, rec)
+                : skip_field(&c, &d->fields[i], &r, rec);
     if (rc)
       goto fail;
   }

@@ -279,6 +279,14 @@ int cph_record_encode(const cph_record_desc *d, const void *rec, cph_buf *out);
 int cph_record_decode(const cph_record_desc *d, const void *data, size_t len, void *rec,
                       cph_err *err);
 
+/* As cph_record_decode, but the strings and arrays of fields not in `fields` (bit i = the
+ * record's i-th field, see cph_record_field_mask) are checked and left NULL/empty rather than
+ * copied: for hot reads that need a few fields of a large record. Scalars are always set. */
+int cph_record_decode_some(const cph_record_desc *d, const void *data, size_t len, void *rec,
+                           uint64_t fields, cph_err *err);
+/* The field bits of the named fields (names not in the record add nothing). */
+uint64_t cph_record_field_mask(const cph_record_desc *d, const char *const *names, size_t n);
+
 /* Frees everything rec owns and zeroes it. */
 void cph_record_free(const cph_record_desc *d, void *rec);
 

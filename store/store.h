@@ -145,6 +145,9 @@ int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record
  * naming the database and the key: `corrupt record in database "sessions" at key "s1": ...`. */
 int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
                        void *rec);
+/* The same, copying only the strings and arrays of `fields` (cph_record_decode_some). */
+int cph_txn_get_record_some(cph_txn *t, cph_db db, const cph_key *k,
+                            const cph_record_desc *desc, void *rec, uint64_t fields);
 
 /* What the data holds as t sees it (its own uncommitted writes included): the pages of every
  * named database's tree and of the catalogue, times the page size — not the pages LMDB freed

@@ -179,12 +179,17 @@ int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record
 
 int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
                        void *rec) {
+  return cph_txn_get_record_some(t, db, k, desc, rec, UINT64_MAX);
+}
+
+int cph_txn_get_record_some(cph_txn *t, cph_db db, const cph_key *k,
+                            const cph_record_desc *desc, void *rec, uint64_t fields) {
   cph_val v = {NULL, 0};
   int rc = cph_txn_get(t, db, k, &v);
   if (rc)
     return rc;
   cph_err derr;
-  rc = cph_record_decode(desc, v.data, v.len, rec, &derr);
+  rc = cph_record_decode_some(desc, v.data, v.len, rec, fields, &derr);
   if (rc) {
     char key[160];
     cph_key_describe(k->data, k->len, key, sizeof key);

@@ -890,8 +890,55 @@ static void test_released_pages_leave_rss_and_read_back_intact(void **state) {
   cph_txn_abort(&t);
 }
 
+/* A partial decode copies only the fields asked for, checks the rest, and sets scalars. */
+static void test_decode_some_copies_only_the_fields_asked_for(void **state) {
+  (void)state;
+  char *mentions[2] = {"ann", "bob"};
+  cph_event_rec ev = {0};
+  ev.id = 7;
+  ev.channel = "room";
+  ev.sender = "ann";
+  ev.body = "hello";
+  ev.mentions = mentions;
+  ev.n_mentions = 2;
+  ev.key = "k1";
+  ev.ts_ms = 1234;
+  cph_buf b = CPH_BUF_INIT;
+  assert_int_equal(cph_record_encode(&cph_event_desc, &ev, &b), CPH_OK);
+  static const char *const WANT[] = {"sender", "body", "no such field"};
+  uint64_t mask = cph_record_field_mask(&cph_event_desc, WANT, 3);
+  cph_event_rec got;
+  cph_err err = {0};
+  assert_int_equal(cph_record_decode_some(&cph_event_desc, b.data, b.len, &got, mask, &err),
+                   CPH_OK);
+  assert_string_equal(got.sender, "ann");
+  assert_string_equal(got.body, "hello");
+  assert_null(got.channel);
+  assert_null(got.mentions);
+  assert_int_equal(got.n_mentions, 0);
+  assert_null(got.key);
+  assert_int_equal(got.id, 7);      /* scalars always */
+  assert_int_equal(got.ts_ms, 1234);
+  cph_record_free(&cph_event_desc, &got);
+  /* a skipped field is still checked: corrupt it (the channel string's type byte) */
+  char *bad = malloc(b.len);
+  memcpy(bad, b.data, b.len);
+  char *at = NULL;
+  for (size_t i = 0; !at && i + 5 <= b.len; i++)
+    if (memcmp(bad + i, "\xa4room", 5) == 0)
+      at = bad + i;
+  assert_non_null(at);
+  *at = (char)0xc3; /* true, not a string */
+  assert_int_equal(cph_record_decode_some(&cph_event_desc, bad, b.len, &got, mask, &err),
+                   CPH_ECORRUPT);
+  assert_non_null(strstr(err.msg, "'channel'"));
+  free(bad);
+  cph_buf_free(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_decode_some_copies_only_the_fields_asked_for),
       cmocka_unit_test_setup_teardown(test_session_round_trips_every_field, setup, teardown),
       cmocka_unit_test_setup_teardown(test_count_and_last_answer_without_a_scan, setup, teardown),
       cmocka_unit_test_setup_teardown(test_released_pages_leave_rss_and_read_back_intact, setup,
