@@ -15,8 +15,49 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "emit.h"
 #include "routes.h"
 #include "server.h"
+
+/* Writes {"results": [...]} with cph_emit: one result object per event, in request order,
+ * members id, status, sessions, then reason and field when set. The same shape the jansson
+ * path used to build; writing it straight into the buffer saves a node per value. */
+static void results_reply(cph_req *r, const cph_event_result *results, size_t n) {
+  cph_buf body = CPH_BUF_INIT;
+  cph_emit w;
+  cph_emit_init(&w, &body, r->msgpack_out);
+  cph_emit_object(&w, 1);
+  cph_emit_key(&w, "results");
+  cph_emit_array(&w, results ? n : 0);
+  for (size_t i = 0; results && i < n; i++) {
+    const cph_event_result *res = &results[i];
+    cph_emit_object(&w, 3 + (res->reason != NULL) + (res->field != NULL));
+    cph_emit_key(&w, "id");
+    if (res->id)
+      cph_emit_u64(&w, res->id);
+    else
+      cph_emit_str(&w, NULL);
+    cph_emit_key(&w, "status");
+    cph_emit_str(&w, cph_ingest_status_name(res->status));
+    cph_emit_key(&w, "sessions");
+    cph_emit_array(&w, res->sessions.count);
+    for (size_t j = 0; j < res->sessions.count; j++)
+      cph_emit_str(&w, res->sessions.items[j]);
+    cph_emit_end(&w);
+    if (res->reason) {
+      cph_emit_key(&w, "reason");
+      cph_emit_str(&w, res->reason);
+    }
+    if (res->field) {
+      cph_emit_key(&w, "field");
+      cph_emit_str(&w, res->field);
+    }
+    cph_emit_end(&w);
+  }
+  cph_emit_end(&w);
+  cph_emit_end(&w);
+  cph_reply_emitted(r, 200, &body);
+}
 
 static void ingest_done(cph_req *r) {
   cph_op *op = &r->op;
@@ -24,22 +65,7 @@ static void ingest_done(cph_req *r) {
     cph_reply_rc(r, op->rc, op->err.msg, op->field);
     return;
   }
-  json_t *results = json_array();
-  for (size_t i = 0; op->u.ingest.results && i < op->u.ingest.n_events; i++) {
-    const cph_event_result *res = &op->u.ingest.results[i];
-    json_t *o = json_object();
-    json_object_set_new(o, "id", res->id ? cph_json_u64(res->id) : json_null());
-    json_object_set_new(o, "status", json_string(cph_ingest_status_name(res->status)));
-    json_object_set_new(o, "sessions", cph_json_strv(&res->sessions));
-    if (res->reason)
-      json_object_set_new(o, "reason", json_string(res->reason));
-    if (res->field)
-      json_object_set_new(o, "field", json_string(res->field));
-    json_array_append_new(results, o);
-  }
-  json_t *body = json_object();
-  json_object_set_new(body, "results", results);
-  cph_reply_json(r, 200, body);
+  results_reply(r, op->u.ingest.results, op->u.ingest.n_events);
 }
 
 void cph_route_events_post(cph_req *r) {
@@ -57,9 +83,7 @@ void cph_route_events_post(cph_req *r) {
     return;
   }
   if (n == 0) {
-    json_t *body = json_object();
-    json_object_set_new(body, "results", json_array());
-    cph_reply_json(r, 200, body);
+    results_reply(r, NULL, 0);
     return;
   }
   cph_event_in *in = cph_req_alloc(r, n * sizeof *in);

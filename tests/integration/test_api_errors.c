@@ -379,6 +379,124 @@ static void test_msgpack_request_and_response_round_trip(void **state) {
   cph_test_response_free(&r);
 }
 
+/* A msgpack value as a jansson tree (the kinds an answer holds), NULL for any other kind. */
+static json_t *mp_to_json(const msgpack_object *o) {
+  switch (o->type) {
+  case MSGPACK_OBJECT_NIL: return json_null();
+  case MSGPACK_OBJECT_BOOLEAN: return json_boolean(o->via.boolean);
+  case MSGPACK_OBJECT_POSITIVE_INTEGER: return json_integer((json_int_t)o->via.u64);
+  case MSGPACK_OBJECT_NEGATIVE_INTEGER: return json_integer((json_int_t)o->via.i64);
+  case MSGPACK_OBJECT_STR: return json_stringn(o->via.str.ptr, o->via.str.size);
+  case MSGPACK_OBJECT_ARRAY: {
+    json_t *a = json_array();
+    for (uint32_t i = 0; i < o->via.array.size; i++)
+      json_array_append_new(a, mp_to_json(&o->via.array.ptr[i]));
+    return a;
+  }
+  case MSGPACK_OBJECT_MAP: {
+    json_t *m = json_object();
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+      const msgpack_object *k = &o->via.map.ptr[i].key;
+      assert_int_equal(k->type, MSGPACK_OBJECT_STR);
+      char key[64];
+      snprintf(key, sizeof key, "%.*s", (int)k->via.str.size, k->via.str.ptr);
+      json_object_set_new(m, key, mp_to_json(&o->via.map.ptr[i].val));
+    }
+    return m;
+  }
+  default: return NULL;
+  }
+}
+
+/* One batch that meets every per-event status: queued, duplicate (key seen in the same
+ * batch), stored (nobody subscribed), rejected (with reason and field), aggregated. */
+static const char *STATUS_BATCH =
+    "{\"events\":["
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"hello there everyone\",\"key\":\"k1\"},"
+    "{\"channel\":\"general\",\"sender\":\"bob\",\"body\":\"another body here\",\"key\":\"k1\"},"
+    "{\"channel\":\"quiet\",\"sender\":\"ann\",\"body\":\"nobody listens here\"},"
+    "{\"sender\":\"ann\",\"body\":\"neither channel nor session\"},"
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"hello there everyone\"}]}";
+
+/* The ingest answer (POST /v1/events) for STATUS_BATCH on a fresh daemon, as JSON text
+ * (msgpack in and out converted back to compact JSON): member order and shape are fixed. */
+static char *status_batch_answer(fixture *f, bool msgpack) {
+  cph_test_response r = cph_test_api(f->d.port, "POST", "/v1/sessions", NULL,
+                                     "{\"id\":\"s1\",\"class\":\"operational\","
+                                     "\"subscribe\":[\"general\"]}");
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  if (!msgpack) {
+    r = cph_test_api(f->d.port, "POST", "/v1/events", NULL, STATUS_BATCH);
+    assert_int_equal(r.status, 200);
+    assert_true(r.body_len > 0 && r.body[r.body_len - 1] == '\n');
+    char *text = strndup(r.body, r.body_len - 1);
+    cph_test_response_free(&r);
+    return text;
+  }
+  json_t *in = json_loads(STATUS_BATCH, 0, NULL);
+  assert_non_null(in);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  json_t *events = json_object_get(in, "events");
+  msgpack_pack_map(&pk, 1);
+  pack_str(&pk, "events");
+  msgpack_pack_array(&pk, json_array_size(events));
+  size_t i;
+  json_t *ev;
+  json_array_foreach(events, i, ev) {
+    msgpack_pack_map(&pk, json_object_size(ev));
+    const char *k;
+    json_t *v;
+    json_object_foreach(ev, k, v) {
+      pack_str(&pk, k);
+      pack_str(&pk, json_string_value(v));
+    }
+  }
+  json_decref(in);
+  r = cph_test_http_raw(f->d.port, "POST", "/v1/events", MP_HEADERS, sb.data, sb.size);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(r.status, 200);
+  char ct[64];
+  assert_non_null(cph_test_header(&r, "Content-Type", ct, sizeof ct));
+  assert_string_equal(ct, "application/msgpack");
+  msgpack_unpacked up;
+  msgpack_unpacked_init(&up);
+  size_t off = 0;
+  assert_int_equal(msgpack_unpack_next(&up, r.body, r.body_len, &off), MSGPACK_UNPACK_SUCCESS);
+  assert_int_equal(off, r.body_len);
+  json_t *j = mp_to_json(&up.data);
+  assert_non_null(j);
+  char *text = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  msgpack_unpacked_destroy(&up);
+  cph_test_response_free(&r);
+  return text;
+}
+
+static void test_ingest_answer_has_one_shape_in_json_and_msgpack(void **state) {
+  fixture *f = *state;
+  char *json_text = status_batch_answer(f, false);
+  assert_string_equal(
+      json_text,
+      "{\"results\":["
+      "{\"id\":1,\"status\":\"queued\",\"sessions\":[\"s1\"]},"
+      "{\"id\":1,\"status\":\"duplicate\",\"sessions\":[]},"
+      "{\"id\":2,\"status\":\"stored\",\"sessions\":[]},"
+      "{\"id\":null,\"status\":\"rejected\",\"sessions\":[],"
+      "\"reason\":\"an event needs a channel or a session\",\"field\":\"channel\"},"
+      "{\"id\":3,\"status\":\"aggregated\",\"sessions\":[]}]}");
+  /* The same batch on a fresh daemon, in msgpack: the same answer value for value. */
+  assert_int_equal(cph_test_daemon_stop(&f->d), 0);
+  assert_int_equal(cph_test_daemon_start(&f->d, f->policy, NULL, NULL), 0);
+  char *mp_text = status_batch_answer(f, true);
+  assert_string_equal(mp_text, json_text);
+  free(mp_text);
+  free(json_text);
+}
+
 static void expect_msgpack_400(fixture *f, const void *body, size_t len, const char *needle) {
   cph_test_response r = cph_test_http_raw(f->d.port, "POST", "/v1/sessions",
                                           "Content-Type: application/msgpack\r\n", body, len);
@@ -667,6 +785,7 @@ int main(void) {
       T(test_conflicts_are_409),
       T(test_oversize_requests_are_413),
       T(test_msgpack_request_and_response_round_trip),
+      T(test_ingest_answer_has_one_shape_in_json_and_msgpack),
       T(test_forged_msgpack_lengths_are_refused_without_allocating),
       cmocka_unit_test_setup_teardown(test_tokens_and_scopes, setup_auth, teardown),
       T(test_lease_long_poll_times_out_with_204_and_wakes_on_ingest),
