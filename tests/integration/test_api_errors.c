@@ -497,6 +497,120 @@ static void test_ingest_answer_has_one_shape_in_json_and_msgpack(void **state) {
   free(json_text);
 }
 
+/* ---------------------------------------------------------------- fast event decoding */
+
+/* One event each (JSON text of the object), meant to cross the edges of the fast decoder in
+ * routes_events.c: escapes, \u escapes, raw UTF-8, nulls, repeated keys, bad types and
+ * sizes. */
+static const char *const DECODE_CASES[] = {
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"tab\\tnl\\nq\\\"bs\\\\sl\\/end\","
+    "\"ts_ms\":1700000000000}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"caf\\u00e9 au lait ok\",\"ts_ms\":1}",
+    "{\"channel\":\"general\",\"sender\":\"bob\",\"body\":\"d\xc3\xa9j\xc3\xa0 vu \xe2\x80\x94 "
+    "\xf0\x9f\x99\x82 ok\",\"ts_ms\":2,\"mentions\":[\"s2\"],\"kind\":\"chat\",\"key\":\"k-1\"}",
+    "{\"channel\":null,\"session\":\"s1\",\"sender\":\"ann\",\"body\":\"direct message body\","
+    "\"ts_ms\":3,\"mentions\":[],\"kind\":null}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"x\",\"body\":\"y\"}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"real ts\",\"ts_ms\":1.5}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"negative ts\",\"ts_ms\":-1}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"big ts\","
+    "\"ts_ms\":9223372036854775808}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"12345678901234567890123456789012345"
+    "678901234567890123456789012345\"}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"bad \xff byte\"}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"mention types\","
+    "\"mentions\":[\"s2\",5]}",
+    "{\"channel\":\"general\",\"sender\":7,\"body\":\"sender type\"}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"unclosed\"",
+    "{}",
+};
+
+/* What POST /v1/events answers for `event` (generic: with an unknown key first, which only the
+ * generic decoder takes), and the stored event without its receive time, as one string. */
+static char *decode_case_answer(fixture *f, const char *event, bool generic) {
+  char body[1024];
+  snprintf(body, sizeof body, "{\"events\":[%s%s]}", generic ? "{\"zz\":0," : "",
+           generic ? event + 1 : event);
+  if (generic && strcmp(event, "{}") == 0)
+    snprintf(body, sizeof body, "{\"events\":[{\"zz\":0}]}");
+  cph_test_response r = cph_test_api(f->d.port, "POST", "/v1/events", NULL, body);
+  json_t *j = cph_test_json(&r);
+  char *out = NULL;
+  if (r.status != 200) { /* messages may quote a byte position: status, code, field */
+    json_t *e = json_object_get(j, "error");
+    const char *field = json_string_value(json_object_get(e, "field"));
+    if (asprintf(&out, "%d %s %s", r.status, json_string_value(json_object_get(e, "code")),
+                 field ? field : "null") < 0)
+      abort();
+  } else {
+    char *results = json_dumps(j, JSON_COMPACT);
+    json_t *res = json_array_get(json_object_get(j, "results"), 0);
+    char *stored = NULL;
+    if (json_integer_value(json_object_get(res, "id")) > 0) {
+      char path[64];
+      snprintf(path, sizeof path, "/v1/events/%lld",
+               (long long)json_integer_value(json_object_get(res, "id")));
+      cph_test_response g = cph_test_api(f->d.port, "GET", path, NULL, NULL);
+      assert_int_equal(g.status, 200);
+      json_t *ev = cph_test_json(&g);
+      json_object_del(ev, "received_ms");
+      stored = json_dumps(ev, JSON_COMPACT | JSON_SORT_KEYS);
+      json_decref(ev);
+      cph_test_response_free(&g);
+    }
+    if (asprintf(&out, "200 %s %s", results, stored ? stored : "-") < 0)
+      abort();
+    free(results);
+    free(stored);
+  }
+  json_decref(j);
+  cph_test_response_free(&r);
+  return out;
+}
+
+static void decode_cases_run(fixture *f, bool generic, char **answers) {
+  cph_test_response r = cph_test_api(f->d.port, "POST", "/v1/sessions", NULL,
+                                     "{\"id\":\"s1\",\"class\":\"operational\","
+                                     "\"subscribe\":[\"general\"]}");
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  r = cph_test_api(f->d.port, "POST", "/v1/sessions", NULL,
+                   "{\"id\":\"s2\",\"class\":\"operational\"}");
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  size_t n = sizeof DECODE_CASES / sizeof *DECODE_CASES;
+  for (size_t i = 0; i < n; i++)
+    answers[i] = decode_case_answer(f, DECODE_CASES[i], generic);
+  /* more events than :max-events-per-request (5), and none */
+  const char *ev = "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"many\"}";
+  char body[1024];
+  snprintf(body, sizeof body, "{\"events\":[%s,%s,%s,%s,%s,%s]}", ev, ev, ev, ev, ev, ev);
+  r = cph_test_api(f->d.port, "POST", "/v1/events", NULL, body);
+  cph_test_expect_error(&r, 413, "too_large", "events");
+  cph_test_response_free(&r);
+  r = cph_test_api(f->d.port, "POST", "/v1/events", NULL, "{\"events\":[]}");
+  assert_int_equal(r.status, 200);
+  assert_true(r.body_len > 0 && strncmp(r.body, "{\"results\":[]}\n", r.body_len) == 0);
+  cph_test_response_free(&r);
+}
+
+static void test_fast_and_generic_event_decoding_answer_and_store_the_same(void **state) {
+  fixture *f = *state;
+  enum { N = sizeof DECODE_CASES / sizeof *DECODE_CASES };
+  char *fast[N], *generic[N];
+  decode_cases_run(f, false, fast);
+  /* a fresh daemon, so that ids and dedupe verdicts line up */
+  assert_int_equal(cph_test_daemon_stop(&f->d), 0);
+  assert_int_equal(cph_test_daemon_start(&f->d, f->policy, NULL, NULL), 0);
+  decode_cases_run(f, true, generic);
+  for (size_t i = 0; i < N; i++) {
+    if (strcmp(fast[i], generic[i]) != 0)
+      fail_msg("case %zu: fast \"%s\" but generic \"%s\"", i, fast[i], generic[i]);
+    free(fast[i]);
+    free(generic[i]);
+  }
+}
+
 static void expect_msgpack_400(fixture *f, const void *body, size_t len, const char *needle) {
   cph_test_response r = cph_test_http_raw(f->d.port, "POST", "/v1/sessions",
                                           "Content-Type: application/msgpack\r\n", body, len);
@@ -786,6 +900,7 @@ int main(void) {
       T(test_oversize_requests_are_413),
       T(test_msgpack_request_and_response_round_trip),
       T(test_ingest_answer_has_one_shape_in_json_and_msgpack),
+      T(test_fast_and_generic_event_decoding_answer_and_store_the_same),
       T(test_forged_msgpack_lengths_are_refused_without_allocating),
       cmocka_unit_test_setup_teardown(test_tokens_and_scopes, setup_auth, teardown),
       T(test_lease_long_poll_times_out_with_204_and_wakes_on_ingest),
