@@ -1,6 +1,6 @@
 /* Ingest (DESIGN §4, §5, §7): validation, idempotency keys, content dedupe and families,
  * per-channel backpressure effects, routing, the per-session queue cap, the channel history,
- * memories minted from events, and poll_inbox (pending -> staged). */
+ * memories minted from events, and poll_inbox (pending -> staged, in memory). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +102,15 @@ static int32_t pick_drop(const csession *s) {
   return oldest_pending;
 }
 
-/* Writes one pending inbox message per target (and the queue cap's drops) in t. */
+/* Writes one inbox message per target (and the queue cap's drops) in t.
+ *
+ * A new message is pending in memory until poll_inbox stages it, but it is written `staged`
+ * at once: poll_inbox runs later in the same pass, inside the same pass transaction, so no
+ * committed state ever held it pending, and writing it a second time only to flip its status
+ * cost one put per message. A message that ingest_notice adds after this pass's poll
+ * (reconcile runs last) is staged in memory by the next pass; a crash before then brings it
+ * back staged, as if that poll had run before the crash. Records written `pending` by older
+ * versions still load pending and are staged by the first pass. */
 static void targets_write(cph_engine *e, cph_txn *t, target *ts, size_t n, uint64_t event_id,
                           int64_t now_ms) {
   int64_t max_queue = e->policy->sessions.max_queue;
@@ -110,7 +118,7 @@ static void targets_write(cph_engine *e, cph_txn *t, target *ts, size_t n, uint6
     csession *s = ts[i].session;
     cph_txn_next_id(t, "inbox", &ts[i].inbox_id);
     inbox_item it = {ts[i].inbox_id, event_id, CPH_INBOX_PENDING, ts[i].mentioned, 0, 0, now_ms};
-    put_inbox(t, s->id, &it, CPH_INBOX_PENDING);
+    put_inbox(t, s->id, &it, CPH_INBOX_STAGED);
     if ((int64_t)s->n_pending + 1 > max_queue) {
       ts[i].drop_index = pick_drop(s);
       if (ts[i].drop_index >= 0)
@@ -570,51 +578,26 @@ int ingest_notice(cph_engine *e, const char *channel_name, const char *body) {
 
 /* ---------------------------------------------------------------- poll_inbox */
 
-/* The live inbox indexes of s's pending messages, newest last, into idx (s->n_pending of
- * them). New messages arrive at the end and every pass stages them, so the scan walks back
- * from the end and stops once it found them all: O(new messages), not O(inbox). */
-static void pending_indexes(const csession *s, uint32_t *idx) {
-  uint32_t left = s->n_pending;
-  for (uint32_t j = s->n_inbox; j-- > 0 && left;)
-    if (s->inbox[j].status == CPH_INBOX_PENDING)
-      idx[--left] = j;
-}
-
-/* Stages every pending message of the sessions that received some (§3.6 job 1), in one
- * child txn of the pass; if it fails, they stay pending and are tried again next pass. */
+/* Stages every pending message of the sessions that received some (§3.6 job 1). Memory
+ * only: targets_write already wrote them `staged`, in this pass's transaction. New messages
+ * arrive at the end and every pass stages them, so each scan walks back from the end and
+ * stops once it found them all: O(new messages), not O(inbox). */
 uint64_t inbox_poll(cph_engine *e) {
-  if (!e->n_pending_sessions)
-    return 0;
-  size_t most = 0;
-  for (size_t i = 0; i < e->n_pending_sessions; i++)
-    if (e->pending_sessions[i]->n_pending > most)
-      most = e->pending_sessions[i]->n_pending;
-  uint32_t *idx = malloc((most ? most : 1) * sizeof *idx);
-  if (!idx)
-    return 0;
-  cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  uint64_t staged = 0;
   for (size_t i = 0; i < e->n_pending_sessions; i++) {
     csession *s = e->pending_sessions[i];
-    pending_indexes(s, idx);
-    for (uint32_t j = 0; j < s->n_pending; j++)
-      put_inbox(&t, s->id, &s->inbox[idx[j]], CPH_INBOX_STAGED);
+    uint32_t left = s->n_pending;
+    for (uint32_t j = s->n_inbox; j-- > 0 && left;)
+      if (s->inbox[j].status == CPH_INBOX_PENDING) {
+        s->inbox[j].status = CPH_INBOX_STAGED;
+        left--;
+      }
+    staged += s->n_pending;
+    s->n_staged += s->n_pending;
+    s->n_pending = 0;
+    s->in_pending_list = false;
+    engine_update_work(e, s);
   }
-  uint64_t staged = 0;
-  if (cph_txn_commit(&t) == CPH_OK) {
-    for (size_t i = 0; i < e->n_pending_sessions; i++) {
-      csession *s = e->pending_sessions[i];
-      pending_indexes(s, idx);
-      for (uint32_t j = 0; j < s->n_pending; j++)
-        s->inbox[idx[j]].status = CPH_INBOX_STAGED;
-      staged += s->n_pending;
-      s->n_staged += s->n_pending;
-      s->n_pending = 0;
-      s->in_pending_list = false;
-      engine_update_work(e, s);
-    }
-    e->n_pending_sessions = 0;
-  }
-  free(idx);
+  e->n_pending_sessions = 0;
   return staged;
 }

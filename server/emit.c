@@ -11,9 +11,7 @@ static const char REPLACEMENT[] = "\xef\xbf\xbd"; /* U+FFFD */
 
 /* ---------------------------------------------------------------- UTF-8 */
 
-/* Length of the well-formed UTF-8 sequence at p (at most `avail` bytes), 0 if ill-formed:
- * no overlongs, no surrogates, nothing above U+10FFFF. */
-static size_t utf8_seq(const uint8_t *p, size_t avail) {
+size_t cph_utf8_seq(const uint8_t *p, size_t avail) {
   uint8_t c = p[0];
   size_t n;
   uint8_t lo = 0x80, hi = 0xbf; /* the allowed range of the second byte */
@@ -47,7 +45,7 @@ static bool utf8_valid(const uint8_t *p, size_t len) {
       i++;
       continue;
     }
-    size_t n = utf8_seq(p + i, len - i);
+    size_t n = cph_utf8_seq(p + i, len - i);
     if (!n)
       return false;
     i += n;
@@ -146,7 +144,7 @@ static void json_string(cph_buf *b, const uint8_t *p, size_t len) {
       continue;
     }
     if (c >= 0x80) {
-      size_t n = utf8_seq(p + i, len - i);
+      size_t n = cph_utf8_seq(p + i, len - i);
       if (n) {
         i += n;
         continue;
@@ -186,7 +184,7 @@ static void mp_string(cph_emit *w, const uint8_t *p, size_t len) {
   }
   cph_buf fixed = CPH_BUF_INIT;
   for (size_t i = 0; i < len;) {
-    size_t n = p[i] < 0x80 ? 1 : utf8_seq(p + i, len - i);
+    size_t n = p[i] < 0x80 ? 1 : cph_utf8_seq(p + i, len - i);
     if (n) {
       cph_buf_append(&fixed, p + i, n);
       i += n;

@@ -44,4 +44,9 @@ void cph_emit_i64(cph_emit *w, int64_t v);
 void cph_emit_real(cph_emit *w, double v);
 void cph_emit_bool(cph_emit *w, bool v);
 
+/* Length of the well-formed UTF-8 sequence that starts with the non-ASCII byte p[0] (at most
+ * `avail` bytes), 0 if ill-formed: no overlongs, no surrogates, nothing above U+10FFFF —
+ * what jansson accepts in a JSON string. */
+size_t cph_utf8_seq(const uint8_t *p, size_t avail);
+
 #endif

@@ -47,7 +47,8 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_POST, "/v1/sessions/{id}/seal", SCOPE_ADMIN | SCOPE_WORKER, CPH_ROUTE_BODY,
      cph_route_seal},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}/seals", SCOPE_READ, 0, cph_route_seals},
-    {EVHTTP_REQ_POST, "/v1/events", SCOPE_INGEST, CPH_ROUTE_BODY, cph_route_events_post},
+    {EVHTTP_REQ_POST, "/v1/events", SCOPE_INGEST, CPH_ROUTE_BODY | CPH_ROUTE_LAZY_BODY,
+     cph_route_events_post},
     {EVHTTP_REQ_POST, "/v1/turns/lease", SCOPE_WORKER, CPH_ROUTE_BODY, cph_route_turn_lease},
     {EVHTTP_REQ_POST, "/v1/turns/{id}/heartbeat", SCOPE_WORKER, CPH_ROUTE_BODY,
      cph_route_turn_heartbeat},
@@ -730,7 +731,18 @@ static bool is_msgpack_type(const char *ct) {
          strncasecmp(ct, "application/x-msgpack", 21) == 0;
 }
 
-static bool decode_body(cph_req *r) {
+const char *cph_req_raw_json(cph_req *r, size_t *len) {
+  const cph_policy *p = cph_engine_policy(r->srv->engine);
+  struct evbuffer *in = evhttp_request_get_input_buffer(r->ev);
+  *len = evbuffer_get_length(in);
+  if (*len == 0 || (int64_t)*len > p->server.max_body_bytes ||
+      is_msgpack_type(evhttp_find_header(evhttp_request_get_input_headers(r->ev),
+                                         "Content-Type")))
+    return NULL;
+  return (const char *)evbuffer_pullup(in, -1);
+}
+
+bool cph_req_decode_body(cph_req *r) {
   const cph_policy *p = cph_engine_policy(r->srv->engine);
   struct evbuffer *in = evhttp_request_get_input_buffer(r->ev);
   size_t len = evbuffer_get_length(in);
@@ -879,7 +891,8 @@ void cph_http_dispatch(struct evhttp_request *ev, void *arg) {
     cph_reply_failure(r);
     goto finish;
   }
-  if ((found->flags & CPH_ROUTE_BODY) && !decode_body(r)) {
+  if ((found->flags & CPH_ROUTE_BODY) && !(found->flags & CPH_ROUTE_LAZY_BODY) &&
+      !cph_req_decode_body(r)) {
     cph_reply_failure(r);
     goto finish;
   }

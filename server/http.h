@@ -35,6 +35,9 @@ typedef void (*cph_route_fn)(cph_req *r);
 
 enum {
   CPH_ROUTE_BODY = 1u << 0, /* decode the body as a JSON object (an empty body reads as {}) */
+  /* With CPH_ROUTE_BODY: the body is not decoded before the route runs; the route may read
+   * it raw (cph_req_raw_json) and calls cph_req_decode_body when it wants the object. */
+  CPH_ROUTE_LAZY_BODY = 1u << 1,
 };
 
 typedef struct cph_route {
@@ -106,6 +109,12 @@ void cph_reply_text(cph_req *r, int status, const char *content_type, const char
 /* Records the error (first one wins) without answering; fmt describes it for the client. */
 void cph_req_fail(cph_req *r, int status, const char *code, const char *field, const char *fmt,
                   ...) __attribute__((format(printf, 5, 6)));
+/* The request body as received, contiguous, when it is JSON (not msgpack), non-empty and
+ * within :max-body-bytes; else NULL. Valid until the request is freed. */
+const char *cph_req_raw_json(cph_req *r, size_t *len);
+/* Decodes the body into r->body as CPH_ROUTE_BODY does (a CPH_ROUTE_LAZY_BODY route calls
+ * it); false with the error recorded. */
+bool cph_req_decode_body(cph_req *r);
 /* Answers the recorded error (500 if none was recorded). */
 void cph_reply_failure(cph_req *r);
 /* Records and answers at once. */

@@ -379,6 +379,238 @@ static void test_msgpack_request_and_response_round_trip(void **state) {
   cph_test_response_free(&r);
 }
 
+/* A msgpack value as a jansson tree (the kinds an answer holds), NULL for any other kind. */
+static json_t *mp_to_json(const msgpack_object *o) {
+  switch (o->type) {
+  case MSGPACK_OBJECT_NIL: return json_null();
+  case MSGPACK_OBJECT_BOOLEAN: return json_boolean(o->via.boolean);
+  case MSGPACK_OBJECT_POSITIVE_INTEGER: return json_integer((json_int_t)o->via.u64);
+  case MSGPACK_OBJECT_NEGATIVE_INTEGER: return json_integer((json_int_t)o->via.i64);
+  case MSGPACK_OBJECT_STR: return json_stringn(o->via.str.ptr, o->via.str.size);
+  case MSGPACK_OBJECT_ARRAY: {
+    json_t *a = json_array();
+    for (uint32_t i = 0; i < o->via.array.size; i++)
+      json_array_append_new(a, mp_to_json(&o->via.array.ptr[i]));
+    return a;
+  }
+  case MSGPACK_OBJECT_MAP: {
+    json_t *m = json_object();
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+      const msgpack_object *k = &o->via.map.ptr[i].key;
+      assert_int_equal(k->type, MSGPACK_OBJECT_STR);
+      char key[64];
+      snprintf(key, sizeof key, "%.*s", (int)k->via.str.size, k->via.str.ptr);
+      json_object_set_new(m, key, mp_to_json(&o->via.map.ptr[i].val));
+    }
+    return m;
+  }
+  default: return NULL;
+  }
+}
+
+/* One batch that meets every per-event status: queued, duplicate (key seen in the same
+ * batch), stored (nobody subscribed), rejected (with reason and field), aggregated. */
+static const char *STATUS_BATCH =
+    "{\"events\":["
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"hello there everyone\",\"key\":\"k1\"},"
+    "{\"channel\":\"general\",\"sender\":\"bob\",\"body\":\"another body here\",\"key\":\"k1\"},"
+    "{\"channel\":\"quiet\",\"sender\":\"ann\",\"body\":\"nobody listens here\"},"
+    "{\"sender\":\"ann\",\"body\":\"neither channel nor session\"},"
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"hello there everyone\"}]}";
+
+/* The ingest answer (POST /v1/events) for STATUS_BATCH on a fresh daemon, as JSON text
+ * (msgpack in and out converted back to compact JSON): member order and shape are fixed. */
+static char *status_batch_answer(fixture *f, bool msgpack) {
+  cph_test_response r = cph_test_api(f->d.port, "POST", "/v1/sessions", NULL,
+                                     "{\"id\":\"s1\",\"class\":\"operational\","
+                                     "\"subscribe\":[\"general\"]}");
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  if (!msgpack) {
+    r = cph_test_api(f->d.port, "POST", "/v1/events", NULL, STATUS_BATCH);
+    assert_int_equal(r.status, 200);
+    assert_true(r.body_len > 0 && r.body[r.body_len - 1] == '\n');
+    char *text = strndup(r.body, r.body_len - 1);
+    cph_test_response_free(&r);
+    return text;
+  }
+  json_t *in = json_loads(STATUS_BATCH, 0, NULL);
+  assert_non_null(in);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  json_t *events = json_object_get(in, "events");
+  msgpack_pack_map(&pk, 1);
+  pack_str(&pk, "events");
+  msgpack_pack_array(&pk, json_array_size(events));
+  size_t i;
+  json_t *ev;
+  json_array_foreach(events, i, ev) {
+    msgpack_pack_map(&pk, json_object_size(ev));
+    const char *k;
+    json_t *v;
+    json_object_foreach(ev, k, v) {
+      pack_str(&pk, k);
+      pack_str(&pk, json_string_value(v));
+    }
+  }
+  json_decref(in);
+  r = cph_test_http_raw(f->d.port, "POST", "/v1/events", MP_HEADERS, sb.data, sb.size);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(r.status, 200);
+  char ct[64];
+  assert_non_null(cph_test_header(&r, "Content-Type", ct, sizeof ct));
+  assert_string_equal(ct, "application/msgpack");
+  msgpack_unpacked up;
+  msgpack_unpacked_init(&up);
+  size_t off = 0;
+  assert_int_equal(msgpack_unpack_next(&up, r.body, r.body_len, &off), MSGPACK_UNPACK_SUCCESS);
+  assert_int_equal(off, r.body_len);
+  json_t *j = mp_to_json(&up.data);
+  assert_non_null(j);
+  char *text = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  msgpack_unpacked_destroy(&up);
+  cph_test_response_free(&r);
+  return text;
+}
+
+static void test_ingest_answer_has_one_shape_in_json_and_msgpack(void **state) {
+  fixture *f = *state;
+  char *json_text = status_batch_answer(f, false);
+  assert_string_equal(
+      json_text,
+      "{\"results\":["
+      "{\"id\":1,\"status\":\"queued\",\"sessions\":[\"s1\"]},"
+      "{\"id\":1,\"status\":\"duplicate\",\"sessions\":[]},"
+      "{\"id\":2,\"status\":\"stored\",\"sessions\":[]},"
+      "{\"id\":null,\"status\":\"rejected\",\"sessions\":[],"
+      "\"reason\":\"an event needs a channel or a session\",\"field\":\"channel\"},"
+      "{\"id\":3,\"status\":\"aggregated\",\"sessions\":[]}]}");
+  /* The same batch on a fresh daemon, in msgpack: the same answer value for value. */
+  assert_int_equal(cph_test_daemon_stop(&f->d), 0);
+  assert_int_equal(cph_test_daemon_start(&f->d, f->policy, NULL, NULL), 0);
+  char *mp_text = status_batch_answer(f, true);
+  assert_string_equal(mp_text, json_text);
+  free(mp_text);
+  free(json_text);
+}
+
+/* ---------------------------------------------------------------- fast event decoding */
+
+/* One event each (JSON text of the object), meant to cross the edges of the fast decoder in
+ * routes_events.c: escapes, \u escapes, raw UTF-8, nulls, repeated keys, bad types and
+ * sizes. */
+static const char *const DECODE_CASES[] = {
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"tab\\tnl\\nq\\\"bs\\\\sl\\/end\","
+    "\"ts_ms\":1700000000000}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"caf\\u00e9 au lait ok\",\"ts_ms\":1}",
+    "{\"channel\":\"general\",\"sender\":\"bob\",\"body\":\"d\xc3\xa9j\xc3\xa0 vu \xe2\x80\x94 "
+    "\xf0\x9f\x99\x82 ok\",\"ts_ms\":2,\"mentions\":[\"s2\"],\"kind\":\"chat\",\"key\":\"k-1\"}",
+    "{\"channel\":null,\"session\":\"s1\",\"sender\":\"ann\",\"body\":\"direct message body\","
+    "\"ts_ms\":3,\"mentions\":[],\"kind\":null}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"x\",\"body\":\"y\"}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"real ts\",\"ts_ms\":1.5}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"negative ts\",\"ts_ms\":-1}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"big ts\","
+    "\"ts_ms\":9223372036854775808}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"12345678901234567890123456789012345"
+    "678901234567890123456789012345\"}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"bad \xff byte\"}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"mention types\","
+    "\"mentions\":[\"s2\",5]}",
+    "{\"channel\":\"general\",\"sender\":7,\"body\":\"sender type\"}",
+    "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"unclosed\"",
+    "{}",
+};
+
+/* What POST /v1/events answers for `event` (generic: with an unknown key first, which only the
+ * generic decoder takes), and the stored event without its receive time, as one string. */
+static char *decode_case_answer(fixture *f, const char *event, bool generic) {
+  char body[1024];
+  snprintf(body, sizeof body, "{\"events\":[%s%s]}", generic ? "{\"zz\":0," : "",
+           generic ? event + 1 : event);
+  if (generic && strcmp(event, "{}") == 0)
+    snprintf(body, sizeof body, "{\"events\":[{\"zz\":0}]}");
+  cph_test_response r = cph_test_api(f->d.port, "POST", "/v1/events", NULL, body);
+  json_t *j = cph_test_json(&r);
+  char *out = NULL;
+  if (r.status != 200) { /* messages may quote a byte position: status, code, field */
+    json_t *e = json_object_get(j, "error");
+    const char *field = json_string_value(json_object_get(e, "field"));
+    if (asprintf(&out, "%d %s %s", r.status, json_string_value(json_object_get(e, "code")),
+                 field ? field : "null") < 0)
+      abort();
+  } else {
+    char *results = json_dumps(j, JSON_COMPACT);
+    json_t *res = json_array_get(json_object_get(j, "results"), 0);
+    char *stored = NULL;
+    if (json_integer_value(json_object_get(res, "id")) > 0) {
+      char path[64];
+      snprintf(path, sizeof path, "/v1/events/%lld",
+               (long long)json_integer_value(json_object_get(res, "id")));
+      cph_test_response g = cph_test_api(f->d.port, "GET", path, NULL, NULL);
+      assert_int_equal(g.status, 200);
+      json_t *ev = cph_test_json(&g);
+      json_object_del(ev, "received_ms");
+      stored = json_dumps(ev, JSON_COMPACT | JSON_SORT_KEYS);
+      json_decref(ev);
+      cph_test_response_free(&g);
+    }
+    if (asprintf(&out, "200 %s %s", results, stored ? stored : "-") < 0)
+      abort();
+    free(results);
+    free(stored);
+  }
+  json_decref(j);
+  cph_test_response_free(&r);
+  return out;
+}
+
+static void decode_cases_run(fixture *f, bool generic, char **answers) {
+  cph_test_response r = cph_test_api(f->d.port, "POST", "/v1/sessions", NULL,
+                                     "{\"id\":\"s1\",\"class\":\"operational\","
+                                     "\"subscribe\":[\"general\"]}");
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  r = cph_test_api(f->d.port, "POST", "/v1/sessions", NULL,
+                   "{\"id\":\"s2\",\"class\":\"operational\"}");
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  size_t n = sizeof DECODE_CASES / sizeof *DECODE_CASES;
+  for (size_t i = 0; i < n; i++)
+    answers[i] = decode_case_answer(f, DECODE_CASES[i], generic);
+  /* more events than :max-events-per-request (5), and none */
+  const char *ev = "{\"channel\":\"general\",\"sender\":\"ann\",\"body\":\"many\"}";
+  char body[1024];
+  snprintf(body, sizeof body, "{\"events\":[%s,%s,%s,%s,%s,%s]}", ev, ev, ev, ev, ev, ev);
+  r = cph_test_api(f->d.port, "POST", "/v1/events", NULL, body);
+  cph_test_expect_error(&r, 413, "too_large", "events");
+  cph_test_response_free(&r);
+  r = cph_test_api(f->d.port, "POST", "/v1/events", NULL, "{\"events\":[]}");
+  assert_int_equal(r.status, 200);
+  assert_true(r.body_len > 0 && strncmp(r.body, "{\"results\":[]}\n", r.body_len) == 0);
+  cph_test_response_free(&r);
+}
+
+static void test_fast_and_generic_event_decoding_answer_and_store_the_same(void **state) {
+  fixture *f = *state;
+  enum { N = sizeof DECODE_CASES / sizeof *DECODE_CASES };
+  char *fast[N], *generic[N];
+  decode_cases_run(f, false, fast);
+  /* a fresh daemon, so that ids and dedupe verdicts line up */
+  assert_int_equal(cph_test_daemon_stop(&f->d), 0);
+  assert_int_equal(cph_test_daemon_start(&f->d, f->policy, NULL, NULL), 0);
+  decode_cases_run(f, true, generic);
+  for (size_t i = 0; i < N; i++) {
+    if (strcmp(fast[i], generic[i]) != 0)
+      fail_msg("case %zu: fast \"%s\" but generic \"%s\"", i, fast[i], generic[i]);
+    free(fast[i]);
+    free(generic[i]);
+  }
+}
+
 static void expect_msgpack_400(fixture *f, const void *body, size_t len, const char *needle) {
   cph_test_response r = cph_test_http_raw(f->d.port, "POST", "/v1/sessions",
                                           "Content-Type: application/msgpack\r\n", body, len);
@@ -667,6 +899,8 @@ int main(void) {
       T(test_conflicts_are_409),
       T(test_oversize_requests_are_413),
       T(test_msgpack_request_and_response_round_trip),
+      T(test_ingest_answer_has_one_shape_in_json_and_msgpack),
+      T(test_fast_and_generic_event_decoding_answer_and_store_the_same),
       T(test_forged_msgpack_lengths_are_refused_without_allocating),
       cmocka_unit_test_setup_teardown(test_tokens_and_scopes, setup_auth, teardown),
       T(test_lease_long_poll_times_out_with_204_and_wakes_on_ingest),

@@ -320,6 +320,15 @@ static void test_kill_9_after_acknowledged_ingest_loses_nothing(void **state) {
   assert_int_equal(cph_test_daemon_signal_wait(&f->d, SIGKILL), 128 + SIGKILL);
   cph_test_daemon_stop(&f->d); /* keeps the data dir: it was given */
   assert_int_equal(cph_test_daemon_start(&f->d, f->policy, dir, NULL), 0);
+  /* Every acknowledged message comes back staged (written so in the pass that took it). */
+  for (int i = 0; i < 2; i++) {
+    int st;
+    json_t *s = call(f, &st, "GET", i ? "/v1/sessions/s2" : "/v1/sessions/s1", NULL);
+    assert_int_equal(st, 200);
+    assert_int_equal(json_integer_value(json_object_get(s, "staged")), N / 2);
+    assert_int_equal(json_integer_value(json_object_get(s, "pending")), 0);
+    json_decref(s);
+  }
 
   int seen[N] = {0};
   json_t *t;

@@ -13,6 +13,9 @@
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
+#include "store/records.h"
+#include "store/keys.h"
+#include "store/store.h"
 #include "tests/support/testutil.h"
 
 static const char *POLICY = "{:scheduler {:concurrency 4}\n"
@@ -453,6 +456,93 @@ static void test_restart_keeps_sessions_inbox_credits_and_expires_leases(void **
   cph_op_clear_results(&b);
 }
 
+/* Counts the inbox records in f's data dir by status (the engine must be closed). */
+static void inbox_on_disk(fixture *f, uint32_t counts[CPH_INBOX_STATUS_COUNT]) {
+  memset(counts, 0, CPH_INBOX_STATUS_COUNT * sizeof *counts);
+  cph_store_options so = {f->dir, (size_t)64 << 20, CPH_SYNC_NONE};
+  cph_store *st;
+  cph_err err;
+  if (cph_store_open(&so, &st, &err))
+    fail_msg("store: %s", err.msg);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
+  cph_cursor c;
+  cph_val k, v;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_INBOX, &c), CPH_OK);
+  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
+    cph_inbox_rec r;
+    assert_int_equal(cph_record_decode(&cph_inbox_desc, v.data, v.len, &r, &err), CPH_OK);
+    assert_true(r.status < CPH_INBOX_STATUS_COUNT);
+    counts[r.status]++;
+    cph_record_free(&cph_inbox_desc, &r);
+  }
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  cph_store_close(st);
+}
+
+/* Writes an inbox record `pending`, as earlier versions did between ingest and poll_inbox
+ * (a data dir they left after a failed staging). */
+static void put_pending_inbox_record(fixture *f, const char *session, uint64_t seq,
+                                     uint64_t event_id) {
+  cph_store_options so = {f->dir, (size_t)64 << 20, CPH_SYNC_NONE};
+  cph_store *st;
+  cph_err err;
+  if (cph_store_open(&so, &st, &err))
+    fail_msg("store: %s", err.msg);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
+  cph_inbox_rec r = {(char *)session, seq, event_id, CPH_INBOX_PENDING, false, 0, 0, 1};
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, session);
+  cph_key_u64(&k, seq);
+  assert_int_equal(cph_txn_put_record(&t, CPH_DB_INBOX, &k, &cph_inbox_desc, &r), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  cph_store_close(st);
+}
+
+static void test_inbox_message_is_written_staged_once_and_reopens_staged(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
+  post_spec specs[2] = {{"general", NULL, "alpha", NULL, NULL, NULL},
+                        {"general", NULL, "beta", NULL, NULL, NULL}};
+  uint64_t ids[2];
+  post_many(f, specs, 2, ids, NULL);
+  cph_session_info s;
+  get_session(f, "s1", &s);
+  assert_int_equal(s.pending, 0);
+  assert_int_equal(s.staged, 2);
+  cph_session_info_free(&s);
+
+  /* On disk: written staged in the pass that staged them (no pending record was committed). */
+  cph_engine_close(f->e);
+  uint32_t counts[CPH_INBOX_STATUS_COUNT];
+  inbox_on_disk(f, counts);
+  assert_int_equal(counts[CPH_INBOX_STAGED], 2);
+  assert_int_equal(counts[CPH_INBOX_PENDING], 0);
+
+  /* A record left pending by an older version still loads pending and the first pass stages
+   * it. */
+  put_pending_inbox_record(f, "s1", 1000, ids[0]);
+  open_engine(f);
+  get_session(f, "s1", &s);
+  assert_int_equal(s.pending, 1);
+  assert_int_equal(s.staged, 2);
+  cph_session_info_free(&s);
+  cph_engine_run_pass(f->e);
+  get_session(f, "s1", &s);
+  assert_int_equal(s.pending, 0);
+  assert_int_equal(s.staged, 3);
+  cph_session_info_free(&s);
+
+  cph_op l;
+  assert_int_equal(lease(f, &l, 10), CPH_OK);
+  assert_int_equal(l.u.lease.turn.n_staged, 3);
+  assert_string_equal(l.u.lease.turn.input, "inbox:alpha\nbeta\nalpha");
+  cph_op_clear_results(&l);
+}
+
 static void test_session_update_pause_and_delete(void **state) {
   fixture *f = *state;
   create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
@@ -715,6 +805,8 @@ int main(void) {
           test_turn_is_parked_after_max_attempts_and_requeue_brings_it_back, setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_restart_keeps_sessions_inbox_credits_and_expires_leases, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_inbox_message_is_written_staged_once_and_reopens_staged, setup, teardown),
       cmocka_unit_test_setup_teardown(test_session_update_pause_and_delete, setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_many_sessions_keep_ids_and_state_across_delete_class_change_and_reload, setup,
