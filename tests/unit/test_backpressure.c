@@ -15,6 +15,7 @@
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
+#include "tests/support/engine_fixture.h"
 #include "tests/support/testutil.h"
 
 #define INTERVAL_S 10
@@ -43,30 +44,10 @@ static const char *POLICY_EMBED =
     " :maintenance {:embeddings {:max-queue 5}}\n"
     " :backpressure {:interval-s 10 :recover-intervals 2}}\n";
 
-typedef struct fixture {
-  char *dir;
-  cph_clock clock;
-  cph_engine *e;
-  const char *policy;
-} fixture;
-
-static void open_engine(fixture *f) {
-  cph_policy *p = NULL;
-  cph_err err = {0};
-  if (cph_policy_load_text("test.edn", f->policy, strlen(f->policy), &p, &err))
-    fail_msg("policy: %s", err.msg);
-  cph_engine_options o = {f->dir, &f->clock};
-  if (cph_engine_open(p, &o, &f->e, &err))
-    fail_msg("open: %s", err.msg);
-}
+typedef cph_fixture fixture;
 
 static int setup_with(void **state, const char *policy) {
-  fixture *f = calloc(1, sizeof *f);
-  f->policy = policy;
-  f->dir = cph_test_tmpdir("backpressure");
-  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
-  open_engine(f);
-  *state = f;
+  *state = cph_fixture_new("backpressure", policy);
   return 0;
 }
 
@@ -74,27 +55,8 @@ static int setup(void **state) { return setup_with(state, POLICY); }
 static int setup_embed(void **state) { return setup_with(state, POLICY_EMBED); }
 
 static int teardown(void **state) {
-  fixture *f = *state;
-  cph_engine_close(f->e);
-  cph_test_rmtree(f->dir);
-  free(f->dir);
-  free(f);
+  cph_fixture_free(*state);
   return 0;
-}
-
-static void count_done(cph_op *op, void *ctx) {
-  (void)op;
-  (*(int *)ctx)++;
-}
-
-static int run(fixture *f, cph_op *op) {
-  int called = 0;
-  op->done = count_done;
-  op->ctx = &called;
-  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
-  cph_engine_run_pass(f->e);
-  assert_int_equal(called, 1);
-  return op->rc;
 }
 
 static void create_session(fixture *f, const char *id, cph_lane lane, const char *subscribe) {
@@ -107,7 +69,7 @@ static void create_session(fixture *f, const char *id, cph_lane lane, const char
     op.u.session.in.subscribe.items = subs;
     op.u.session.in.subscribe.count = 1;
   }
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("create %s: %s", id, op.err.msg);
   cph_op_clear_results(&op);
 }
@@ -135,7 +97,7 @@ static void post_many(fixture *f, const ev_spec *specs, size_t n, cph_ingest_sta
   op.kind = CPH_OP_INGEST;
   op.u.ingest.events = evs;
   op.u.ingest.n_events = n;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("ingest: %s", op.err.msg);
   for (size_t i = 0; i < n; i++) {
     if (st)
@@ -197,7 +159,7 @@ static int lease_count_notices(fixture *f, const char *session, char *first_body
   op.u.lease.worker = "w";
   op.u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
   op.u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
-  assert_int_equal(run(f, &op), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
   cph_turn_info *t = &op.u.lease.turn;
   assert_string_equal(t->session, session);
   int notices = 0;
@@ -210,7 +172,7 @@ static int lease_count_notices(fixture *f, const char *session, char *first_body
   c.kind = CPH_OP_COMPLETE;
   c.u.turn.turn_id = t->id;
   snprintf(c.u.turn.lease, sizeof c.u.turn.lease, "%s", t->lease);
-  assert_int_equal(run(f, &c), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &c), CPH_OK);
   cph_op_clear_results(&op);
   return notices;
 }
@@ -344,7 +306,7 @@ static void test_step_survives_a_restart(void **state) {
   assert_int_equal(step_of(f, "spam"), 2);
   cph_channel_info before = channel(f, "spam");
   cph_engine_close(f->e);
-  open_engine(f);
+  cph_fixture_open(f);
   cph_channel_info after = channel(f, "spam");
   assert_int_equal(after.step, 2);
   assert_int_equal(after.since_ms, before.since_ms);
@@ -360,7 +322,7 @@ static void test_step_survives_a_restart(void **state) {
   op.u.lease.worker = "w";
   op.u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
   op.u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
-  assert_int_equal(run(f, &op), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
   const cph_turn_info *t = &op.u.lease.turn;
   assert_true(t->n_staged > 0);
   const char *last = t->staged[t->n_staged - 1].body;

@@ -16,6 +16,7 @@
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
 #include "store/store.h"
+#include "tests/support/engine_fixture.h"
 #include "tests/support/testutil.h"
 
 /* Content dedupe off (similar test bodies must stay distinct messages); short summaries. */
@@ -29,30 +30,10 @@ static const char *POLICY_MAINT = "{:sessions {:janitor? true :max-batch 64}\n"
                                   " :providers {:summarizer {:max-tokens 16}}\n"
                                   " :store {:sync :none}}\n";
 
-typedef struct fixture {
-  char *dir;
-  const char *policy;
-  cph_clock clock;
-  cph_engine *e;
-} fixture;
-
-static void open_engine(fixture *f) {
-  cph_policy *p = NULL;
-  cph_err err = {0};
-  if (cph_policy_load_text("context.edn", f->policy, strlen(f->policy), &p, &err))
-    fail_msg("policy: %s", err.msg);
-  cph_engine_options o = {f->dir, &f->clock};
-  if (cph_engine_open(p, &o, &f->e, &err))
-    fail_msg("open: %s", err.msg);
-}
+typedef cph_fixture fixture;
 
 static int setup_with(void **state, const char *policy) {
-  fixture *f = calloc(1, sizeof *f);
-  f->dir = cph_test_tmpdir("context");
-  f->policy = policy;
-  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
-  open_engine(f);
-  *state = f;
+  *state = cph_fixture_new("context", policy);
   return 0;
 }
 
@@ -60,28 +41,8 @@ static int setup(void **state) { return setup_with(state, POLICY); }
 static int setup_maint(void **state) { return setup_with(state, POLICY_MAINT); }
 
 static int teardown(void **state) {
-  fixture *f = *state;
-  cph_engine_close(f->e);
-  cph_test_rmtree(f->dir);
-  free(f->dir);
-  free(f);
+  cph_fixture_free(*state);
   return 0;
-}
-
-static void count_done(cph_op *op, void *ctx) {
-  (void)op;
-  (*(int *)ctx)++;
-}
-
-/* Submits op, runs one pass, and checks it was answered. */
-static int run(fixture *f, cph_op *op) {
-  int called = 0;
-  op->done = count_done;
-  op->ctx = &called;
-  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
-  cph_engine_run_pass(f->e);
-  assert_int_equal(called, 1);
-  return op->rc;
 }
 
 typedef struct session_spec {
@@ -107,7 +68,7 @@ static void create(fixture *f, session_spec sp) {
     op.u.session.in.tools = (cph_strv){tools, 1};
   op.u.session.in.autonomy_interval_s = sp.autonomy_s;
   op.u.session.in.context_window_tokens = sp.window;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("create %s: %s", sp.id, op.err.msg);
   cph_op_clear_results(&op);
 }
@@ -120,7 +81,7 @@ static void update(fixture *f, const char *id, unsigned set, cph_session_state_t
   op.u.session.in.state = state;
   op.u.session.in.context_window_tokens = window;
   op.u.session.set = set;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("update %s: %s", id, op.err.msg);
   cph_op_clear_results(&op);
 }
@@ -146,7 +107,7 @@ static void post(fixture *f, const char *channel, const char *sender, const char
   op.kind = CPH_OP_INGEST;
   op.u.ingest.events = &ev;
   op.u.ingest.n_events = 1;
-  if (run(f, &op) || op.u.ingest.results[0].status == CPH_EV_REJECTED)
+  if (cph_fixture_run(f, &op) || op.u.ingest.results[0].status == CPH_EV_REJECTED)
     fail_msg("ingest: %s", op.err.msg);
   cph_op_clear_results(&op);
   cph_engine_run_pass(f->e); /* stage it (§3.6: visible from the next pass) */
@@ -158,7 +119,7 @@ static cph_turn_info *lease(fixture *f, cph_op *op) {
   op->kind = CPH_OP_LEASE;
   op->u.lease.worker = "w1";
   op->u.lease.deadline_ns = cph_clock_now(&f->clock) + 10 * CPH_NS_PER_S;
-  if (run(f, op))
+  if (cph_fixture_run(f, op))
     fail_msg("lease: %s", op->err.msg);
   return &op->u.lease.turn;
 }
@@ -175,7 +136,7 @@ static void complete(fixture *f, const cph_turn_info *t, const char *reply,
   op.u.turn.reply_body = (char *)reply;
   op.u.turn.memories = mems;
   op.u.turn.n_memories = n_memories;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("complete: %s", op.err.msg);
 }
 
@@ -234,7 +195,7 @@ static void insert_node(fixture *f, const char *session, const char *at, const c
   op.u.context.session = (char *)session;
   op.u.context.node.at = (char *)at;
   op.u.context.node.content = (char *)content;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("insert %s: %s", at, op.err.msg);
 }
 
@@ -418,7 +379,7 @@ static void run_maintenance(fixture *f) {
     l.u.lease.worker = "maint";
     l.u.lease.internal = true;
     l.u.lease.deadline_ns = cph_clock_now(&f->clock);
-    if (run(f, &l) != CPH_OK) {
+    if (cph_fixture_run(f, &l) != CPH_OK) {
       idle++;
       continue;
     }
@@ -433,7 +394,7 @@ static void run_maintenance(fixture *f) {
     done.u.turn.turn_id = l.u.lease.turn.id;
     memcpy(done.u.turn.lease, l.u.lease.turn.lease, sizeof done.u.turn.lease);
     done.u.turn.job = job;
-    if (run(f, &done) != CPH_OK)
+    if (cph_fixture_run(f, &done) != CPH_OK)
       fail_msg("completing a maintenance turn: %s", done.err.msg);
     cph_op_clear_results(&l);
   }
@@ -444,7 +405,7 @@ static void enqueue(fixture *f, const char *job, const char *args) {
   op.kind = CPH_OP_JOB_ENQUEUE;
   op.u.job.in.job = (char *)job;
   op.u.job.in.args = (char *)args;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("enqueue %s: %s", job, op.err.msg);
 }
 
@@ -671,7 +632,7 @@ static void test_cursors_survive_a_restart(void **state) {
   post(f, "room", "bob", "said after C's turn", NULL);
 
   cph_engine_close(f->e);
-  open_engine(f);
+  cph_fixture_open(f);
 
   post(f, "room", "ann", "C, second question", "C");
   t = lease(f, &l);
@@ -697,7 +658,7 @@ static void test_failed_turn_does_not_move_the_cursor(void **state) {
   fail.kind = CPH_OP_FAIL;
   fail.u.turn.turn_id = t->id;
   memcpy(fail.u.turn.lease, t->lease, sizeof fail.u.turn.lease);
-  assert_int_equal(run(f, &fail), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &fail), CPH_OK);
   cph_op_clear_results(&l);
   t = lease(f, &l); /* the same input again, seen the same way */
   assert_false(t->views[0].had_cursor);
@@ -756,7 +717,7 @@ static void test_tree_survives_a_restart_field_by_field(void **state) {
   op.u.context.node.key = "r1";
   op.u.context.node.tags = (cph_strv){tags, 2};
   op.u.context.node.at = "d0, 0, 1";
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("insert: %s", op.err.msg);
   memset(&op, 0, sizeof op);
   op.kind = CPH_OP_CONTEXT_INSERT;
@@ -765,7 +726,7 @@ static void test_tree_survives_a_restart_field_by_field(void **state) {
   op.u.context.node.content = "every fifth";
   op.u.context.node.ttl = 2;
   op.u.context.node.cadence = 5;
-  assert_int_equal(run(f, &op), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
 
   cph_context_node_info *before, *after;
   size_t n_before, n_after;
@@ -775,7 +736,7 @@ static void test_tree_survives_a_restart_field_by_field(void **state) {
                    CPH_OK);
   assert_int_equal(n_before, 3);
   cph_engine_close(f->e);
-  open_engine(f);
+  cph_fixture_open(f);
   assert_int_equal(cph_engine_context(f->e, "s1", NULL, &after, &n_after, &ep_after, &err),
                    CPH_OK);
   assert_int_equal(n_after, n_before);
@@ -840,7 +801,7 @@ static void test_corrupt_tree_is_named_and_contained(void **state) {
   assert_int_equal(cph_txn_commit(&t), CPH_OK);
   cph_store_close(st);
 
-  open_engine(f);
+  cph_fixture_open(f);
   cph_context_node_info *nodes;
   size_t n;
   uint64_t ep;

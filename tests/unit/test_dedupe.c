@@ -15,6 +15,7 @@
 #include "core/dedupe.h"
 #include "core/simidx.h"
 #include "store/store.h"
+#include "tests/support/engine_fixture.h"
 #include "tests/support/testutil.h"
 
 /* One-word shingles and a wider near distance than the defaults: with :shingle-words 3 and
@@ -32,53 +33,16 @@ static const char *BACKUP_8 =
     "nightly backup job failed on storage node eight please check the logs";
 static const char *LUNCH = "lunch is ready in the kitchen come and get it before it gets cold";
 
-typedef struct fixture {
-  char *dir;
-  cph_clock clock;
-  cph_engine *e;
-} fixture;
-
-static void open_engine(fixture *f) {
-  cph_policy *p = NULL;
-  cph_err err = {0};
-  if (cph_policy_load_text("test.edn", POLICY, strlen(POLICY), &p, &err))
-    fail_msg("policy: %s", err.msg);
-  cph_engine_options o = {f->dir, &f->clock};
-  if (cph_engine_open(p, &o, &f->e, &err))
-    fail_msg("open: %s", err.msg);
-}
+typedef cph_fixture fixture;
 
 static int setup(void **state) {
-  fixture *f = calloc(1, sizeof *f);
-  f->dir = cph_test_tmpdir("dedupe");
-  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
-  open_engine(f);
-  *state = f;
+  *state = cph_fixture_new("dedupe", POLICY);
   return 0;
 }
 
 static int teardown(void **state) {
-  fixture *f = *state;
-  cph_engine_close(f->e);
-  cph_test_rmtree(f->dir);
-  free(f->dir);
-  free(f);
+  cph_fixture_free(*state);
   return 0;
-}
-
-static void count_done(cph_op *op, void *ctx) {
-  (void)op;
-  (*(int *)ctx)++;
-}
-
-static int run(fixture *f, cph_op *op) {
-  int called = 0;
-  op->done = count_done;
-  op->ctx = &called;
-  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
-  cph_engine_run_pass(f->e);
-  assert_int_equal(called, 1);
-  return op->rc;
 }
 
 static void create_session(fixture *f, const char *id, const char *subscribe) {
@@ -91,7 +55,7 @@ static void create_session(fixture *f, const char *id, const char *subscribe) {
     op.u.session.in.subscribe.items = subs;
     op.u.session.in.subscribe.count = 1;
   }
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("create %s: %s", id, op.err.msg);
   cph_op_clear_results(&op);
 }
@@ -108,7 +72,7 @@ static cph_ingest_status post(fixture *f, const char *channel, const char *sende
   op.kind = CPH_OP_INGEST;
   op.u.ingest.events = &ev;
   op.u.ingest.n_events = 1;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("ingest: %s", op.err.msg);
   cph_ingest_status st = op.u.ingest.results[0].status;
   if (id)
@@ -322,7 +286,7 @@ static void test_families_and_exact_dedupe_survive_a_restart(void **state) {
   post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
   post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
   cph_engine_close(f->e);
-  open_engine(f);
+  cph_fixture_open(f);
   assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_AGGREGATED);
   cph_aggregate_info *list;
   size_t n;
@@ -369,7 +333,7 @@ static void test_expired_exact_entries_are_pruned(void **state) {
   cph_engine_close(f->e);
   f->e = NULL;
   assert_int_equal(count_exact_entries(f->dir), 1);
-  open_engine(f);
+  cph_fixture_open(f);
   cph_aggregate_info *list;
   size_t n;
   get_aggregates(f, 10, &list, &n);

@@ -16,6 +16,7 @@
 #include "store/records.h"
 #include "store/keys.h"
 #include "store/store.h"
+#include "tests/support/engine_fixture.h"
 #include "tests/support/testutil.h"
 
 static const char *POLICY = "{:scheduler {:concurrency 4}\n"
@@ -23,54 +24,16 @@ static const char *POLICY = "{:scheduler {:concurrency 4}\n"
                             " :sessions {:max-queue 3 :max-batch 64 :janitor? false}\n"
                             " :store {:sync :none}}\n";
 
-typedef struct fixture {
-  char *dir;
-  cph_clock clock;
-  cph_engine *e;
-} fixture;
-
-static void open_engine(fixture *f) {
-  cph_policy *p = NULL;
-  cph_err err = {0};
-  if (cph_policy_load_text("test.edn", POLICY, strlen(POLICY), &p, &err))
-    fail_msg("policy: %s", err.msg);
-  cph_engine_options o = {f->dir, &f->clock};
-  if (cph_engine_open(p, &o, &f->e, &err))
-    fail_msg("open: %s", err.msg);
-}
+typedef cph_fixture fixture;
 
 static int setup(void **state) {
-  fixture *f = calloc(1, sizeof *f);
-  f->dir = cph_test_tmpdir("engine");
-  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
-  open_engine(f);
-  *state = f;
+  *state = cph_fixture_new("engine", POLICY);
   return 0;
 }
 
 static int teardown(void **state) {
-  fixture *f = *state;
-  cph_engine_close(f->e);
-  cph_test_rmtree(f->dir);
-  free(f->dir);
-  free(f);
+  cph_fixture_free(*state);
   return 0;
-}
-
-static void count_done(cph_op *op, void *ctx) {
-  (void)op;
-  (*(int *)ctx)++;
-}
-
-/* Submits op, runs one pass, and checks it was answered. */
-static int run(fixture *f, cph_op *op) {
-  int called = 0;
-  op->done = count_done;
-  op->ctx = &called;
-  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
-  cph_engine_run_pass(f->e);
-  assert_int_equal(called, 1);
-  return op->rc;
 }
 
 static void create_session(fixture *f, const char *id, cph_lane lane, const char *subscribe,
@@ -85,7 +48,7 @@ static void create_session(fixture *f, const char *id, cph_lane lane, const char
     op.u.session.in.subscribe.count = 1;
   }
   op.u.session.in.autonomy_interval_s = autonomy_s;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("create %s: %s", id, op.err.msg);
   cph_op_clear_results(&op);
 }
@@ -115,7 +78,7 @@ static void post_many(fixture *f, const post_spec *specs, size_t n, uint64_t *id
   op.kind = CPH_OP_INGEST;
   op.u.ingest.events = evs;
   op.u.ingest.n_events = n;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("ingest: %s", op.err.msg);
   for (size_t i = 0; i < n; i++) {
     if (ids)
@@ -142,7 +105,7 @@ static int lease(fixture *f, cph_op *op, int64_t wait_s) {
   op->kind = CPH_OP_LEASE;
   op->u.lease.worker = "w1";
   op->u.lease.deadline_ns = cph_clock_now(&f->clock) + wait_s * CPH_NS_PER_S;
-  return run(f, op);
+  return cph_fixture_run(f, op);
 }
 
 static int turn_op(fixture *f, cph_op_kind kind, const cph_turn_info *t, const char *lease_hex,
@@ -153,7 +116,7 @@ static int turn_op(fixture *f, cph_op_kind kind, const cph_turn_info *t, const c
   snprintf(out->u.turn.lease, sizeof out->u.turn.lease, "%s", lease_hex ? lease_hex : t->lease);
   out->u.turn.reply_body = (char *)reply;
   out->u.turn.tool_calls = tool_calls;
-  return run(f, out);
+  return cph_fixture_run(f, out);
 }
 
 static void get_session(fixture *f, const char *id, cph_session_info *out) {
@@ -176,13 +139,13 @@ static void test_message_pending_at_pass_start_waits_for_the_next_pass(void **st
   lease_op.u.lease.worker = "w1";
   lease_op.u.lease.deadline_ns = cph_clock_now(&f->clock) + 10 * CPH_NS_PER_S;
   int called = 0;
-  lease_op.done = count_done;
+  lease_op.done = cph_fixture_count_done;
   lease_op.ctx = &called;
   cph_event_in ev = {"general", "user", "second", NULL, {NULL, 0}, NULL, NULL, 0};
   ing.kind = CPH_OP_INGEST;
   ing.u.ingest.events = &ev;
   ing.u.ingest.n_events = 1;
-  ing.done = count_done;
+  ing.done = cph_fixture_count_done;
   ing.ctx = &called;
   assert_int_equal(cph_engine_submit(f->e, &ing), CPH_OK);
   assert_int_equal(cph_engine_submit(f->e, &lease_op), CPH_OK);
@@ -300,7 +263,7 @@ static void test_event_without_route_is_stored_and_bad_ones_rejected(void **stat
   op.kind = CPH_OP_INGEST;
   op.u.ingest.events = ev;
   op.u.ingest.n_events = 3;
-  assert_int_equal(run(f, &op), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
   assert_int_equal(op.u.ingest.results[0].status, CPH_EV_STORED);
   assert_true(op.u.ingest.results[0].id > 0);
   assert_int_equal(op.u.ingest.results[1].status, CPH_EV_REJECTED);
@@ -396,8 +359,8 @@ static void test_turn_is_parked_after_max_attempts_and_requeue_brings_it_back(vo
   cph_op rq = {0};
   rq.kind = CPH_OP_REQUEUE;
   rq.u.turn.turn_id = parked_id;
-  assert_int_equal(run(f, &rq), CPH_OK);
-  assert_int_equal(run(f, &rq), CPH_ECONFLICT); /* not parked any more */
+  assert_int_equal(cph_fixture_run(f, &rq), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &rq), CPH_ECONFLICT); /* not parked any more */
   assert_int_equal(cph_engine_parked_turns(f->e, &p, &n, &err), CPH_OK);
   assert_int_equal(n, 0);
   free(p);
@@ -425,7 +388,7 @@ static void test_restart_keeps_sessions_inbox_credits_and_expires_leases(void **
   cph_op_clear_results(&inflight);
 
   cph_engine_close(f->e);
-  open_engine(f);
+  cph_fixture_open(f);
 
   cph_session_info s;
   get_session(f, "s1", &s);
@@ -525,7 +488,7 @@ static void test_inbox_message_is_written_staged_once_and_reopens_staged(void **
   /* A record left pending by an older version still loads pending and the first pass stages
    * it. */
   put_pending_inbox_record(f, "s1", 1000, ids[0]);
-  open_engine(f);
+  cph_fixture_open(f);
   get_session(f, "s1", &s);
   assert_int_equal(s.pending, 1);
   assert_int_equal(s.staged, 2);
@@ -551,7 +514,7 @@ static void test_session_update_pause_and_delete(void **state) {
   up.u.session.in.id = "s1";
   up.u.session.in.state = CPH_STATE_PAUSED;
   up.u.session.set = CPH_SET_PAUSED;
-  assert_int_equal(run(f, &up), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &up), CPH_OK);
   assert_int_equal(up.u.session.out.state, CPH_STATE_PAUSED);
   cph_op_clear_results(&up);
   post(f, "general", "while paused");
@@ -562,22 +525,22 @@ static void test_session_update_pause_and_delete(void **state) {
   assert_int_equal(cph_engine_why(f->e, "s1", &w, &err), CPH_OK);
   assert_string_equal(w.reason, "paused");
   up.u.session.in.state = CPH_STATE_IDLE;
-  assert_int_equal(run(f, &up), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &up), CPH_OK);
   cph_op_clear_results(&up);
   assert_int_equal(lease(f, &l, 10), CPH_OK);
   cph_op del = {0};
   del.kind = CPH_OP_SESSION_DELETE;
   del.u.session.in.id = "s1";
-  assert_int_equal(run(f, &del), CPH_ESTATE); /* a running turn */
+  assert_int_equal(cph_fixture_run(f, &del), CPH_ESTATE); /* a running turn */
   cph_op c;
   assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, NULL, NULL, 0, &c), CPH_OK);
-  assert_int_equal(run(f, &del), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &del), CPH_OK);
   cph_session_info s;
   assert_int_equal(cph_engine_get_session(f->e, "s1", &s, &err), CPH_ENOTFOUND);
   cph_op dup = {0};
   dup.kind = CPH_OP_SESSION_CREATE;
   dup.u.session.in.id = "bad id!";
-  assert_int_equal(run(f, &dup), CPH_EINVAL);
+  assert_int_equal(cph_fixture_run(f, &dup), CPH_EINVAL);
   assert_string_equal(dup.field, "id");
   cph_op_clear_results(&l);
 }
@@ -636,7 +599,7 @@ typedef struct many_ops {
 /* Submits n session ops at once and runs passes until every one is answered; all must pass. */
 static void run_batch(fixture *f, many_ops *ops, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    ops[i].op.done = count_done;
+    ops[i].op.done = cph_fixture_count_done;
     ops[i].op.ctx = &ops[i].called;
     assert_int_equal(cph_engine_submit(f->e, &ops[i].op), CPH_OK);
   }
@@ -775,7 +738,7 @@ static void test_many_sessions_keep_ids_and_state_across_delete_class_change_and
   many_check(f);
   many_check_pick_order(f, 1, 2, 4); /* ids "p" + 2999, "pp" + 2998, "pppp" + 2996 */
   cph_engine_close(f->e);
-  open_engine(f);
+  cph_fixture_open(f);
   many_check(f);
   many_check_pick_order(f, 7, 41, 43); /* "p"*7 + 2993, "" + 2959, "pp" + 2957 */
   cph_session_info s;

@@ -17,6 +17,7 @@
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
 #include "tests/support/httpd_double.h"
+#include "tests/support/engine_fixture.h"
 #include "tests/support/testutil.h"
 
 static const char *POLICY =
@@ -25,26 +26,12 @@ static const char *POLICY =
     " :maintenance {:retention {:events {:payload-keep-days 0 :metadata-keep-days 1}}}\n"
     " :store {:sync :none}}\n";
 
-typedef struct fixture {
-  char *dir;
-  cph_clock clock;
-  cph_engine *e;
-} fixture;
+typedef cph_fixture fixture;
 
 static cph_httpd *g_index; /* the HTTP vector index double, for the tests that use one */
 
 static int setup_with(void **state, const char *policy_text) {
-  fixture *f = calloc(1, sizeof *f);
-  f->dir = cph_test_tmpdir("maint");
-  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
-  cph_policy *p = NULL;
-  cph_err err = {0};
-  if (cph_policy_load_text("maint.edn", policy_text, strlen(policy_text), &p, &err))
-    fail_msg("policy: %s", err.msg);
-  cph_engine_options o = {f->dir, &f->clock};
-  if (cph_engine_open(p, &o, &f->e, &err))
-    fail_msg("open: %s", err.msg);
-  *state = f;
+  *state = cph_fixture_new("maint", policy_text);
   return 0;
 }
 
@@ -79,31 +66,12 @@ static int setup_tight_budget(void **state) {
 }
 
 static int teardown(void **state) {
-  fixture *f = *state;
   if (g_index) {
     cph_httpd_stop(g_index);
     g_index = NULL;
   }
-  cph_engine_close(f->e);
-  cph_test_rmtree(f->dir);
-  free(f->dir);
-  free(f);
+  cph_fixture_free(*state);
   return 0;
-}
-
-static void count_done(cph_op *op, void *ctx) {
-  (void)op;
-  (*(int *)ctx)++;
-}
-
-static int run(fixture *f, cph_op *op) {
-  int called = 0;
-  op->done = count_done;
-  op->ctx = &called;
-  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
-  cph_engine_run_pass(f->e);
-  assert_int_equal(called, 1);
-  return op->rc;
 }
 
 /* Runs maintenance turns until three leases in a row find nothing; returns how many ran. */
@@ -115,7 +83,7 @@ static int run_maintenance(fixture *f) {
     lease.u.lease.worker = "test-maint";
     lease.u.lease.internal = true;
     lease.u.lease.deadline_ns = cph_clock_now(&f->clock);
-    if (run(f, &lease) != CPH_OK) {
+    if (cph_fixture_run(f, &lease) != CPH_OK) {
       idle++;
       continue;
     }
@@ -130,7 +98,7 @@ static int run_maintenance(fixture *f) {
     done.u.turn.turn_id = lease.u.lease.turn.id;
     memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
     done.u.turn.job = job;
-    if (run(f, &done) != CPH_OK)
+    if (cph_fixture_run(f, &done) != CPH_OK)
       fail_msg("completing maintenance turn: %s", done.err.msg);
     cph_op_clear_results(&lease);
   }
@@ -142,7 +110,7 @@ static void enqueue(fixture *f, const char *job, const char *args) {
   op.kind = CPH_OP_JOB_ENQUEUE;
   op.u.job.in.job = (char *)job;
   op.u.job.in.args = (char *)args;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("enqueue %s: %s", job, op.err.msg);
 }
 
@@ -153,7 +121,7 @@ static void mint_memories(fixture *f, const char *const *texts, size_t n) {
   create.u.session.in.id = "s1";
   create.u.session.in.lane = CPH_LANE_INTERACTIVE;
   create.u.session.in.autonomy_interval_s = 1;
-  assert_int_equal(run(f, &create), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &create), CPH_OK);
   cph_op_clear_results(&create);
   cph_clock_advance(&f->clock, 2 * CPH_NS_PER_S);
   cph_engine_run_pass(f->e);
@@ -161,7 +129,7 @@ static void mint_memories(fixture *f, const char *const *texts, size_t n) {
   lease.kind = CPH_OP_LEASE;
   lease.u.lease.worker = "w";
   lease.u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
-  assert_int_equal(run(f, &lease), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &lease), CPH_OK);
   cph_memory_in mems[8] = {{0}};
   for (size_t i = 0; i < n; i++)
     mems[i].text = (char *)texts[i];
@@ -171,7 +139,7 @@ static void mint_memories(fixture *f, const char *const *texts, size_t n) {
   memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
   done.u.turn.memories = mems;
   done.u.turn.n_memories = n;
-  assert_int_equal(run(f, &done), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &done), CPH_OK);
   cph_op_clear_results(&lease);
   /* pause it so its autonomy ticks stay out of the way */
   cph_op up = {0};
@@ -179,7 +147,7 @@ static void mint_memories(fixture *f, const char *const *texts, size_t n) {
   up.u.session.in.id = "s1";
   up.u.session.in.state = CPH_STATE_PAUSED;
   up.u.session.set = CPH_SET_PAUSED;
-  assert_int_equal(run(f, &up), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &up), CPH_OK);
   cph_op_clear_results(&up);
 }
 
@@ -189,7 +157,7 @@ static cph_memory_hit *search(fixture *f, const char *q, size_t *n, cph_op *op) 
   op->u.search.session = "s1";
   op->u.search.query = (char *)q;
   op->u.search.k = 10;
-  if (run(f, op))
+  if (cph_fixture_run(f, op))
     fail_msg("search: %s", op->err.msg);
   *n = op->u.search.n_hits;
   return op->u.search.hits;
@@ -301,7 +269,7 @@ static void test_retention_drops_payloads_and_keeps_hash_and_metadata(void **sta
   ing.kind = CPH_OP_INGEST;
   ing.u.ingest.events = &ev;
   ing.u.ingest.n_events = 1;
-  assert_int_equal(run(f, &ing), CPH_OK);
+  assert_int_equal(cph_fixture_run(f, &ing), CPH_OK);
   uint64_t id = ing.u.ingest.results[0].id;
   cph_op_clear_results(&ing);
   cph_event_info before, after;
@@ -440,11 +408,11 @@ static void test_jobs_need_known_kinds_and_group_args(void **state) {
   cph_op op = {0};
   op.kind = CPH_OP_JOB_ENQUEUE;
   op.u.job.in.job = "defragment";
-  assert_int_equal(run(f, &op), CPH_EINVAL);
+  assert_int_equal(cph_fixture_run(f, &op), CPH_EINVAL);
   assert_string_equal(op.field, "job");
   op.u.job.in.job = "gc_commit";
   op.u.job.in.args = NULL;
-  assert_int_equal(run(f, &op), CPH_EINVAL);
+  assert_int_equal(cph_fixture_run(f, &op), CPH_EINVAL);
   assert_string_equal(op.field, "args");
 }
 
