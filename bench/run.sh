@@ -219,6 +219,7 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
   echo "Ratios: cephalon / anchor for the cycles, measured / target otherwise (for the sched 1M vs"
   echo "10k row: cost at 1M / cost at 10k; memory: bytes / 256; restart: seconds / 3)."
+  echo "What bounds the rows that fail, from perf profiles: \`bench/PROFILE.md\`."
   echo
   echo "### The cycle and the size of the turn"
   echo
