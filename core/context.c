@@ -409,15 +409,29 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
       continue; /* a later turn's trigger */
     if (section_seen >= c->history_budget && messages_seen >= messages_budget)
       break;
-    cph_key ek = u64_key(event_id);
-    cph_event_rec ev;
-    int erc = cph_txn_get_record_some(c->t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev,
-                                      c->event_fields);
-    if (erc == CPH_ENOTFOUND)
-      continue; /* retention removed it */
-    if (erc) {
-      rc = erc;
-      break;
+    /* sender, body and time: from the event cache, else the store (then cached) */
+    const cph_evcache_entry *ce = cph_evcache_get(&c->e->evcache, event_id);
+    cph_event_rec ev = {0};
+    if (ce) {
+      ev.ts_ms = ce->ts_ms;
+      ev.sender = strdup(ce->sender);
+      ev.body = ce->body ? strdup(ce->body) : NULL;
+      if (!ev.sender || (ce->body && !ev.body)) {
+        cph_record_free(&cph_event_desc, &ev);
+        rc = CPH_ENOMEM;
+        break;
+      }
+    } else {
+      cph_key ek = u64_key(event_id);
+      int erc = cph_txn_get_record_some(c->t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev,
+                                        c->event_fields);
+      if (erc == CPH_ENOTFOUND)
+        continue; /* retention removed it */
+      if (erc) {
+        rc = erc;
+        break;
+      }
+      cph_evcache_put(&c->e->evcache, event_id, ev.ts_ms, ev.sender, ev.body);
     }
     if (ev.body) { /* a redacted payload has nothing to show */
       hentry h = {0};

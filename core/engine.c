@@ -20,6 +20,10 @@
 #include "lanes/pass.h"
 #include "metrics.h"
 
+/* Recent events kept for turn histories: at most this many (a 64-byte body and a short sender
+ * cost about 120 bytes each, so some 8 MB when full). A history reads at most 512 entries. */
+#define EVCACHE_SLOTS 65536
+
 /* Most operations one pass applies; the rest wait for the next pass (cap work per callback). */
 #define OPS_PER_PASS 512
 /* Most operations queued at once before submit answers CPH_EBUSY (503). */
@@ -273,6 +277,7 @@ static void memory_clear(cph_engine *e) {
   maint_close(e);
   backpressure_close(e);
   dedupe_close(e);
+  cph_evcache_clear(&e->evcache); /* it mirrors the store: rebuilt lazily like the rest */
 }
 
 /* The largest 8-byte key of db (its keys are big-endian u64s), 0 if none. O(log n): keys
@@ -336,6 +341,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   }
   e->policy = policy;
   e->policy_generation = 1;
+  cph_evcache_init(&e->evcache, EVCACHE_SLOTS);
   cph_clock_init_monotonic(&e->own_clock);
   e->clock_ref = opts && opts->clock ? opts->clock : &e->own_clock;
   const char *dir = opts && opts->data_dir ? opts->data_dir : policy->server.data_dir;
@@ -391,6 +397,7 @@ void cph_engine_close(cph_engine *e) {
   free(e->data_dir);
   metrics_close(e);
   cph_buf_free(&e->scratch);
+  cph_evcache_free(&e->evcache);
   free(e);
 }
 

@@ -11,6 +11,7 @@
 #define CEPHALON_CORE_ENGINE_INTERNAL_H
 
 #include "cephalon/cephalon.h"
+#include "core/evcache.h"
 #include "core/pact.h"
 #include "common/buf.h"
 #include "common/clock.h"
@@ -133,6 +134,7 @@ struct cph_engine {
   struct cph_maint *maint;       /* maint.c: schedules, counters */
   struct cph_metrics *metrics;   /* metrics.c: live counters; kept across memory rebuilds */
   cph_buf scratch;               /* encoding space reused on the pass thread (pact_save) */
+  cph_evcache evcache;           /* evcache.h: recent events as turn histories show them */
 };
 
 /* ---- engine.c ---- */

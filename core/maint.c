@@ -497,6 +497,7 @@ static int apply_retention(cph_engine *e, cph_txn *t) {
     int64_t age_ms = now - ev.received_ms;
     if (age_ms > keep->metadata_keep_days * 86400000LL) {
       cph_record_free(&cph_event_desc, &ev);
+      cph_evcache_drop(&e->evcache, last); /* the cache never shows what the store lost */
       rc = cph_cursor_del(&c);
       if (rc)
         break;
@@ -507,6 +508,7 @@ static int apply_retention(cph_engine *e, cph_txn *t) {
       free(ev.body);
       ev.body = NULL;
       cph_key ek = u64_key(ev.id);
+      cph_evcache_drop(&e->evcache, ev.id);
       rc = cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
       cph_record_free(&cph_event_desc, &ev);
       if (rc)

@@ -416,9 +416,73 @@ static void test_jobs_need_known_kinds_and_group_args(void **state) {
   assert_string_equal(op.field, "args");
 }
 
+/* Retention's redaction reaches turn histories at once: the engine keeps recent events in
+ * memory for histories (core/evcache.h), and a redacted payload must leave it with the store. */
+static void post_news(fixture *f, const char *body) {
+  cph_event_in ev = {"news", "ann", (char *)body, NULL, {NULL, 0}, NULL, NULL, 0};
+  cph_op ing = {0};
+  ing.kind = CPH_OP_INGEST;
+  ing.u.ingest.events = &ev;
+  ing.u.ingest.n_events = 1;
+  assert_int_equal(cph_fixture_run(f, &ing), CPH_OK);
+  cph_op_clear_results(&ing);
+  cph_engine_run_pass(f->e); /* staged from the next pass on */
+}
+
+/* Leases the reader's inbox turn and reports whether its conversation_history shows `text`
+ * (the staged message itself is not history); completes the turn. */
+static bool turn_shows(fixture *f, const char *text) {
+  cph_op l = {0};
+  l.kind = CPH_OP_LEASE;
+  l.u.lease.worker = "w1";
+  l.u.lease.deadline_ns = cph_clock_now(&f->clock) + 10 * CPH_NS_PER_S;
+  if (cph_fixture_run(f, &l) != CPH_OK)
+    fail_msg("lease: %s", l.err.msg);
+  const cph_turn_info *t = &l.u.lease.turn;
+  assert_string_equal(t->session, "reader");
+  bool shown = false;
+  for (size_t i = 0; i < t->n_history; i++)
+    shown |= t->history[i].body && strstr(t->history[i].body, text) != NULL;
+  cph_op done = {0};
+  done.kind = CPH_OP_COMPLETE;
+  done.u.turn.turn_id = t->id;
+  memcpy(done.u.turn.lease, t->lease, sizeof done.u.turn.lease);
+  if (cph_fixture_run(f, &done) != CPH_OK)
+    fail_msg("complete: %s", done.err.msg);
+  cph_op_clear_results(&l);
+  return shown;
+}
+
+static void test_redacted_payload_leaves_turn_histories_at_once(void **state) {
+  fixture *f = *state;
+  char *sub[1] = {"news"};
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_CREATE;
+  op.u.session.in.id = "reader";
+  op.u.session.in.lane = CPH_LANE_INTERACTIVE;
+  op.u.session.in.subscribe = (cph_strv){sub, 1};
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op_clear_results(&op);
+
+  post_news(f, "first: a payload retention will remove");
+  assert_false(turn_shows(f, "first:")); /* staged, not history */
+  post_news(f, "second message");
+  assert_true(turn_shows(f, "first:")); /* history now (and in the event cache) */
+
+  struct timespec ms = {0, 5 * 1000 * 1000};
+  nanosleep(&ms, NULL); /* payload-keep-days 0: anything older than now */
+  enqueue(f, "retention_redact_events", NULL);
+  run_maintenance(f);
+
+  post_news(f, "third message");
+  assert_false(turn_shows(f, "first:"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_overlapping_plans_one_commits_the_other_aborts, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_redacted_payload_leaves_turn_histories_at_once, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_retention_drops_payloads_and_keeps_hash_and_metadata,
                                       setup, teardown),
