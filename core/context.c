@@ -162,6 +162,7 @@ typedef struct ctx {
   size_t n_entries, cap_entries;
   cph_pact_tree tree;
   bool tree_loaded;
+  bool tree_ok; /* loaded from the store (or its cache) without error */
   int64_t now_ms;
   uint64_t event_fields; /* what history entries read of an event: sender, body, ts_ms */
 } ctx;
@@ -1097,6 +1098,8 @@ static void ctx_free(ctx *c) {
   idset_free(&c->staged_events);
   idset_free(&c->inbox_events);
   idset_free(&c->shown_events);
+  if (c->tree_ok) /* read, never changed: it still matches the store as t sees it */
+    pact_keep(c->e, c->s->id, &c->tree);
   if (c->tree_loaded)
     cph_pact_tree_free(&c->tree);
 }
@@ -1118,6 +1121,7 @@ static int assemble(ctx *c) {
   if (rc == CPH_OK) {
     rc = pact_load(c->e, c->t, c->s->id, &c->tree);
     c->tree_loaded = true; /* pact_load leaves a tree to free whatever the outcome */
+    c->tree_ok = rc == CPH_OK;
     if (rc && rc != CPH_ENOMEM && !c->t->ret) {
       /* A tree that cannot be read must not stop the session's turns: render without it. */
       cph_log(CPH_LOG_WARN, "turn of '%s' rendered without its context tree: %s", c->s->id,

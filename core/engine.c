@@ -277,7 +277,8 @@ static void memory_clear(cph_engine *e) {
   maint_close(e);
   backpressure_close(e);
   dedupe_close(e);
-  cph_evcache_clear(&e->evcache); /* it mirrors the store: rebuilt lazily like the rest */
+  cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
+  pact_cache_clear(e);
 }
 
 /* The largest 8-byte key of db (its keys are big-endian u64s), 0 if none. O(log n): keys
@@ -398,6 +399,7 @@ void cph_engine_close(cph_engine *e) {
   metrics_close(e);
   cph_buf_free(&e->scratch);
   cph_evcache_free(&e->evcache);
+  free(e->trees);
   free(e);
 }
 

@@ -135,6 +135,7 @@ struct cph_engine {
   struct cph_metrics *metrics;   /* metrics.c: live counters; kept across memory rebuilds */
   cph_buf scratch;               /* encoding space reused on the pass thread (pact_save) */
   cph_evcache evcache;           /* evcache.h: recent events as turn histories show them */
+  struct pact_cached *trees;     /* pact_store.c: decoded trees of recent turns (PACT_CACHE_SLOTS) */
 };
 
 /* ---- engine.c ---- */
@@ -235,10 +236,21 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id);
 void gc_group_hash(const uint64_t *sorted_ids, size_t n, int64_t newest_ts_ms,
                    uint64_t total_tokens, char out[65]);
 void maint_note_commit(cph_engine *e, uint64_t deleted, uint64_t outbox_items, int64_t now_ms);
-/* pact_store.c: a session's PACT tree in LMDB (database context) */
+/* pact_store.c: a session's PACT tree in LMDB (database context).
+ *
+ * Recently used trees are also kept decoded in memory (a bounded cache), because every turn
+ * reads its session's tree at lease and again at completion:
+ * - pact_load takes the session's tree out of the cache when it is there (else decodes it);
+ * - pact_keep puts a tree back; callers do so only with a tree that matches what their
+ *   transaction's parent holds: unchanged after a read, or saved and its child committed;
+ * - pact_save and pact_delete_all drop the cached tree, and pact_cache_clear (a failed pass
+ *   commit, engine close) empties the cache, so it never holds what the store does not. */
 int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out);
 int pact_save(cph_engine *e, cph_txn *t, const char *session, const cph_pact_tree *tree);
 int pact_delete_all(cph_engine *e, cph_txn *t, const char *session);
+/* Moves *tree into the cache (it is left empty, to free or not); see above for when. */
+void pact_keep(cph_engine *e, const char *session, cph_pact_tree *tree);
+void pact_cache_clear(cph_engine *e);
 /* Drops message cores deeper than the history bound; returns how many. */
 size_t pact_prune_history(cph_pact_tree *tree);
 void context_ops_apply(cph_engine *e, cph_op *op);

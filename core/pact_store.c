@@ -172,9 +172,68 @@ static int tree_decode(cph_txn *t, const char *session, const uint8_t *p, size_t
   return CPH_OK;
 }
 
+/* ---------------------------------------------------------------- the tree cache */
+
+/* Trees kept decoded: direct-mapped on a hash of the session id. A full tree of 130 nodes of
+ * ~150 bytes is ~20 KB, so the cache holds at most ~10 MB. */
+#define PACT_CACHE_SLOTS 512
+
+struct pact_cached {
+  char *session; /* NULL: empty */
+  cph_pact_tree tree;
+};
+
+static struct pact_cached *cache_slot(cph_engine *e, const char *session) {
+  if (!e->trees && !(e->trees = calloc(PACT_CACHE_SLOTS, sizeof *e->trees)))
+    return NULL;
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+  for (const unsigned char *p = (const unsigned char *)session; *p; p++)
+    h = (h ^ *p) * 0x100000001b3ull;
+  return &e->trees[h % PACT_CACHE_SLOTS];
+}
+
+static void cached_clear(struct pact_cached *c) {
+  free(c->session);
+  c->session = NULL;
+  cph_pact_tree_free(&c->tree);
+  cph_pact_tree_init(&c->tree);
+}
+
+static void cache_drop(cph_engine *e, const char *session) {
+  struct pact_cached *c = e->trees ? cache_slot(e, session) : NULL;
+  if (c && c->session && strcmp(c->session, session) == 0)
+    cached_clear(c);
+}
+
+void pact_keep(cph_engine *e, const char *session, cph_pact_tree *tree) {
+  struct pact_cached *c = cache_slot(e, session);
+  char *copy = c ? strdup(session) : NULL;
+  if (!copy) {
+    free(copy);
+    return; /* out of memory: the tree stays with the caller, uncached */
+  }
+  cached_clear(c);
+  c->session = copy;
+  c->tree = *tree;
+  cph_pact_tree_init(tree);
+}
+
+void pact_cache_clear(cph_engine *e) {
+  for (size_t i = 0; e->trees && i < PACT_CACHE_SLOTS; i++)
+    if (e->trees[i].session)
+      cached_clear(&e->trees[i]);
+}
+
 int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out) {
-  (void)e;
   cph_pact_tree_init(out);
+  struct pact_cached *c = e->trees ? cache_slot(e, session) : NULL;
+  if (c && c->session && strcmp(c->session, session) == 0) {
+    *out = c->tree; /* taken: the caller keeps it back, or it is read again next time */
+    cph_pact_tree_init(&c->tree);
+    free(c->session);
+    c->session = NULL;
+    return CPH_OK;
+  }
   cph_key k = tree_key(session);
   cph_val v;
   int rc = cph_txn_get(t, CPH_DB_CONTEXT, &k, &v);
@@ -195,13 +254,14 @@ int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out
 }
 
 int pact_delete_all(cph_engine *e, cph_txn *t, const char *session) {
-  (void)e;
+  cache_drop(e, session);
   cph_key k = tree_key(session);
   int rc = cph_txn_del(t, CPH_DB_CONTEXT, &k);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
 int pact_save(cph_engine *e, cph_txn *t, const char *session, const cph_pact_tree *tree) {
+  cache_drop(e, session); /* the caller keeps the new tree once its transaction committed */
   cph_buf *b = &e->scratch; /* reused across saves: no allocation per turn at steady state */
   cph_buf_reset(b);
   uint8_t header[TREE_HEADER_BYTES];

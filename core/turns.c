@@ -631,18 +631,19 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     maint_job_apply(e, &t, s, l->job_id, op->u.turn.job);
   cph_key tk = u64_key(l->turn_id);
   cph_turn_rec tr;
+  cph_pact_tree tree; /* the episode's tree: kept decoded (pact_keep) once t committed */
+  cph_pact_tree_init(&tree);
+  bool tree_saved = false;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
     if (tr.kind != CPH_TURN_JOB) {
       /* The episode (DESIGN §6): the input and reply join the session's PACT tree as message
        * cores, then TTL -> cadence -> lifecycle -> ODI. */
-      cph_pact_tree tree;
       if (pact_load(e, &t, s->id, &tree) == CPH_OK &&
           cph_pact_complete_turn(&tree, tr.input ? tr.input : "", op->u.turn.reply_body) ==
               CPH_OK) {
         pact_prune_history(&tree);
-        pact_save(e, &t, s->id, &tree);
+        tree_saved = pact_save(e, &t, s->id, &tree) == CPH_OK;
       }
-      cph_pact_tree_free(&tree);
     }
     tr.state = CPH_TURN_COMPLETED;
     tr.completed_ms = now_ms;
@@ -659,7 +660,11 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   s->episode++;
   persist_session_credits(e, &t, s);
   context_cursors_advance(e, &t, l); /* channel views: the cursors move to what the turn saw */
-  if (cph_txn_commit(&t)) {
+  int commit_rc = cph_txn_commit(&t);
+  if (commit_rc == CPH_OK && tree_saved)
+    pact_keep(e, s->id, &tree);
+  cph_pact_tree_free(&tree);
+  if (commit_rc) {
     /* Put the session back as it was: running, same credits, same episode. */
     s->episode--;
     csession_resched(e, s, s->lane, credits_before);

@@ -814,6 +814,49 @@ static void test_corrupt_tree_is_named_and_contained(void **state) {
   cph_context_nodes_free(nodes, n);
 }
 
+/* Trees are kept decoded between turns (pact_keep): what turns and reads see must be what the
+ * store holds — across lease, completion, an insert between turns, and a restart. */
+static void test_kept_trees_match_the_store(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1", .autonomy_s = 1});
+  insert_node(f, "s1", "d-1, 1, 0", "rule one");
+  cph_op l;
+  for (int i = 0; i < 3; i++) {
+    cph_turn_info *t = lease_tick(f, &l);
+    assert_true(find_message(t, "system", "rule one") >= 0);
+    char reply[32];
+    snprintf(reply, sizeof reply, "reply %d", i);
+    complete(f, t, reply, NULL, 0);
+    cph_op_clear_results(&l);
+  }
+  insert_node(f, "s1", "d-1, 2, 0", "rule two"); /* between turns: the next one shows it */
+  cph_turn_info *t = lease_tick(f, &l);
+  assert_true(find_message(t, "system", "rule two") >= 0);
+  assert_true(find_message(t, "assistant", "reply 2") >= 0);
+  complete(f, t, "reply 3", NULL, 0);
+  cph_op_clear_results(&l);
+
+  cph_context_node_info *mem, *disk;
+  size_t n_mem, n_disk;
+  uint64_t ep_mem, ep_disk;
+  cph_err err;
+  assert_int_equal(cph_engine_context(f->e, "s1", NULL, &mem, &n_mem, &ep_mem, &err), CPH_OK);
+  cph_engine_close(f->e);
+  cph_fixture_open(f); /* nothing cached: read from the store */
+  assert_int_equal(cph_engine_context(f->e, "s1", NULL, &disk, &n_disk, &ep_disk, &err),
+                   CPH_OK);
+  assert_int_equal(ep_mem, 4);
+  assert_int_equal(ep_disk, ep_mem);
+  assert_int_equal(n_disk, n_mem);
+  for (size_t i = 0; i < n_mem; i++) {
+    assert_int_equal(mem[i].id, disk[i].id);
+    assert_string_equal(mem[i].at, disk[i].at);
+    assert_string_equal(mem[i].content, disk[i].content);
+  }
+  cph_context_nodes_free(mem, n_mem);
+  cph_context_nodes_free(disk, n_disk);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(
@@ -842,6 +885,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_tree_survives_a_restart_field_by_field, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_corrupt_tree_is_named_and_contained, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_kept_trees_match_the_store, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
