@@ -16,6 +16,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "core/metrics.h"
+#include "tests/support/engine_fixture.h"
 #include "tests/support/testutil.h"
 
 /* ---------------------------------------------------------------- the writer */
@@ -141,49 +142,16 @@ static const char *POLICY = "{:scheduler {:concurrency 4\n"
                             " :sessions {:janitor? false}\n"
                             " :store {:sync :none}}\n";
 
-typedef struct fixture {
-  char *dir;
-  cph_clock clock;
-  cph_engine *e;
-} fixture;
+typedef cph_fixture fixture;
 
 static int setup(void **state) {
-  fixture *f = calloc(1, sizeof *f);
-  f->dir = cph_test_tmpdir("metrics");
-  cph_clock_init_virtual(&f->clock, 1000 * CPH_NS_PER_S);
-  cph_policy *p = NULL;
-  cph_err err = {0};
-  if (cph_policy_load_text("test.edn", POLICY, strlen(POLICY), &p, &err))
-    fail_msg("policy: %s", err.msg);
-  cph_engine_options o = {f->dir, &f->clock};
-  if (cph_engine_open(p, &o, &f->e, &err))
-    fail_msg("open: %s", err.msg);
-  *state = f;
+  *state = cph_fixture_new("metrics", POLICY);
   return 0;
 }
 
 static int teardown(void **state) {
-  fixture *f = *state;
-  cph_engine_close(f->e);
-  cph_test_rmtree(f->dir);
-  free(f->dir);
-  free(f);
+  cph_fixture_free(*state);
   return 0;
-}
-
-static void count_done(cph_op *op, void *ctx) {
-  (void)op;
-  (*(int *)ctx)++;
-}
-
-static int run(fixture *f, cph_op *op) {
-  int called = 0;
-  op->done = count_done;
-  op->ctx = &called;
-  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
-  cph_engine_run_pass(f->e);
-  assert_int_equal(called, 1);
-  return op->rc;
 }
 
 static void create_session(fixture *f, const char *id, const char *subscribe) {
@@ -194,7 +162,7 @@ static void create_session(fixture *f, const char *id, const char *subscribe) {
   char *subs[1] = {(char *)subscribe};
   op.u.session.in.subscribe.items = subs;
   op.u.session.in.subscribe.count = subscribe ? 1 : 0;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("create %s: %s", id, op.err.msg);
   cph_op_clear_results(&op);
 }
@@ -206,7 +174,7 @@ static cph_ingest_status post(fixture *f, const char *channel, const char *body,
   op.kind = CPH_OP_INGEST;
   op.u.ingest.events = &ev;
   op.u.ingest.n_events = 1;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("ingest: %s", op.err.msg);
   cph_ingest_status st = op.u.ingest.results[0].status;
   cph_op_clear_results(&op);
@@ -218,7 +186,7 @@ static void lease(fixture *f, cph_op *op) {
   op->kind = CPH_OP_LEASE;
   op->u.lease.worker = "w1";
   op->u.lease.deadline_ns = cph_clock_now(&f->clock) + 10 * CPH_NS_PER_S;
-  if (run(f, op))
+  if (cph_fixture_run(f, op))
     fail_msg("lease: %s", op->err.msg);
 }
 
@@ -233,7 +201,7 @@ static void end_turn(fixture *f, cph_op_kind kind, const cph_turn_info *t, uint6
   op.u.turn.tool_stats.invalid = invalid;
   op.u.turn.tool_stats.repairs = repairs;
   op.u.turn.tool_stats.guard_denies = denies;
-  if (run(f, &op))
+  if (cph_fixture_run(f, &op))
     fail_msg("end turn: %s", op.err.msg);
 }
 
@@ -335,7 +303,7 @@ static void test_credits_are_sampled_within_the_cap(void **state) {
       ops[i].kind = CPH_OP_SESSION_CREATE;
       ops[i].u.session.in.id = ids[i];
       ops[i].u.session.in.lane = CPH_LANE_OPERATIONAL;
-      ops[i].done = count_done;
+      ops[i].done = cph_fixture_count_done;
       ops[i].ctx = &called;
       assert_int_equal(cph_engine_submit(f->e, &ops[i]), CPH_OK);
     }
