@@ -60,12 +60,31 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 
-# Where systemd runs, the package also enabled its unit for the next boot: undo that for the
-# services this run installed (a Prometheus the machine already had is left alone).
-if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-  for p in "${missing[@]}"; do
-    if [ "$p" = prometheus ]; then
-      $sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+# Packages that bring a daemon, and its unit and pid file: only those installed by this run are
+# stopped and disabled below (a service the machine already had is left alone).
+service_of() {
+  case "$1" in
+  prometheus) echo "prometheus.service /run/prometheus.pid" ;;
+  redis-server) echo "redis-server.service /run/redis/redis-server.pid" ;;
+  beanstalkd) echo "beanstalkd.service /run/beanstalkd.pid" ;;
+  esac
+}
+for p in "${missing[@]}"; do
+  svc=$(service_of "$p")
+  [ -n "$svc" ] || continue
+  unit=${svc% *}
+  pidfile=${svc#* }
+  # Belt and braces: where a service manager ignored policy-rc.d, stop what the install
+  # started (by the pid file the package uses, never by process name).
+  if [ -s "$pidfile" ]; then
+    pid=$(cat "$pidfile")
+    if [ -n "$pid" ] && $sudo kill -0 "$pid" 2>/dev/null; then
+      echo "install-deps: stopping the $p service the install started (pid $pid)" >&2
+      $sudo kill "$pid" || true
     fi
-  done
-fi
+  fi
+  # Where systemd runs, the package also enabled its unit for the next boot: undo that.
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $sudo systemctl disable --now "$unit" >/dev/null 2>&1 || true
+  fi
+done
