@@ -1162,6 +1162,17 @@ static int assemble(ctx *c) {
   return rc;
 }
 
+/* What a history entry reads of an event (the record's field table does not change: worked out
+ * once). */
+static uint64_t history_event_fields(void) {
+  static uint64_t mask;
+  if (!mask) {
+    static const char *const NAMES[] = {"sender", "body", "ts_ms"};
+    mask = cph_record_field_mask(&cph_event_desc, NAMES, 3);
+  }
+  return mask;
+}
+
 int context_assemble(cph_engine *e, cph_txn *t, csession *s, const cph_session_rec *rec,
                      cph_turn_info *ti) {
   ctx c;
@@ -1175,8 +1186,7 @@ int context_assemble(cph_engine *e, cph_txn *t, csession *s, const cph_session_r
   c.window = rec->context_window_tokens ? rec->context_window_tokens
                                         : (uint64_t)e->policy->sessions.context_window_tokens;
   c.now_ms = cph_wall_ms();
-  static const char *const EVENT_FIELDS[] = {"sender", "body", "ts_ms"};
-  c.event_fields = cph_record_field_mask(&cph_event_desc, EVENT_FIELDS, 3);
+  c.event_fields = history_event_fields();
   ti->tokens.window = clamp32(c.window);
   int rc = assemble(&c);
   ti->tokens.sections = clamp32((uint64_t)ti->tokens.current_state +

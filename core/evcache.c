@@ -21,12 +21,9 @@ static void entry_clear(cph_evcache_entry *s) {
 const cph_evcache_entry *cph_evcache_get(cph_evcache *c, uint64_t id) {
   if (c->slots && id) {
     const cph_evcache_entry *s = &c->slots[id & (c->n_slots - 1)];
-    if (s->id == id) {
-      c->hits++;
+    if (s->id == id)
       return s;
-    }
   }
-  c->misses++;
   return NULL;
 }
 

@@ -577,6 +577,8 @@ int cph_engine_context(cph_engine *e, const char *session, const char *selector,
   if (rc == CPH_OK) {
     *episode = tree.episode;
     rc = tree_nodes(&tree, sel, out, n);
+    /* read between passes, so it is the committed tree: kept for the session's next turn */
+    pact_keep(e, session, &tree);
     cph_pact_tree_free(&tree);
   }
   cph_selector_free(sel);
