@@ -286,6 +286,12 @@ static void send_buffer(cph_req *r, struct evhttp_request *ev, int status, struc
   cph_srv_request_closed(r->srv);
 }
 
+/* The body of a 500 when the real one could not be built (allocation failed). */
+static void add_oom_body(struct evbuffer *buf) {
+  evbuffer_add_printf(buf, "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\","
+                           "\"field\":null}}\n");
+}
+
 static void send_reply(cph_req *r, int status, json_t *body) {
   struct evhttp_request *ev = r->ev;
   if (!ev) { /* answered already: one reply per request */
@@ -314,8 +320,7 @@ static void send_reply(cph_req *r, int status, json_t *body) {
       free(data);
     } else {
       status = 500;
-      evbuffer_add_printf(buf, "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\","
-                               "\"field\":null}}\n");
+      add_oom_body(buf);
     }
   }
   json_decref(body);
@@ -350,8 +355,7 @@ void cph_reply_emitted(cph_req *r, int status, cph_buf *body) {
     free(data);
     status = 500;
     if (buf)
-      evbuffer_add_printf(buf, "{\"error\":{\"code\":\"internal\",\"message\":\"out of "
-                               "memory\",\"field\":null}}\n");
+      add_oom_body(buf);
     evhttp_add_header(evhttp_request_get_output_headers(ev), "Content-Type", "application/json");
   }
   send_buffer(r, ev, status, buf);
@@ -368,8 +372,7 @@ void cph_reply_text(cph_req *r, int status, const char *content_type, const char
     status = 500;
     content_type = "application/json";
     if (buf)
-      evbuffer_add_printf(buf, "{\"error\":{\"code\":\"internal\",\"message\":\"out of "
-                               "memory\",\"field\":null}}\n");
+      add_oom_body(buf);
   }
   evhttp_add_header(evhttp_request_get_output_headers(ev), "Content-Type", content_type);
   send_buffer(r, ev, status, buf);
