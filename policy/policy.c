@@ -92,6 +92,16 @@ static void free_array(const ps_field *f, void *base) {
   set_size(base, f->count_off, 0);
 }
 
+static void free_strings(const ps_field *f, void *base) {
+  char **arr = get_ptr(base, f->off);
+  size_t n = get_size(base, f->count_off);
+  for (size_t i = 0; i < n; i++)
+    free(arr[i]);
+  free(arr);
+  set_ptr(base, f->off, NULL);
+  set_size(base, f->count_off, 0);
+}
+
 /* Frees what the struct owns (strings, arrays) and leaves those pointers NULL. */
 static void free_fields(const ps_table *t, void *base) {
   for (size_t i = 0; i < t->count; i++) {
@@ -107,6 +117,9 @@ static void free_fields(const ps_table *t, void *base) {
     case PS_CHANNELS:
     case PS_VECTOR:
       free_array(f, base);
+      break;
+    case PS_STRINGS:
+      free_strings(f, base);
       break;
     default:
       break;
@@ -165,6 +178,7 @@ static int init_fields(const ps_table *t, void *base) {
       break;
     case PS_CHANNELS:
     case PS_VECTOR:
+    case PS_STRINGS:
       set_ptr(base, f->off, NULL);
       set_size(base, f->count_off, 0);
       break;
@@ -230,6 +244,22 @@ static int copy_fields(const ps_table *t, void *dst, const void *src) {
           return CPH_ENOMEM;
       break;
     }
+    case PS_STRINGS: {
+      size_t n = get_size(src, f->count_off);
+      if (n == 0)
+        break;
+      char **arr = calloc(n, sizeof *arr);
+      if (!arr)
+        return CPH_ENOMEM;
+      /* Published at once: NULL entries are safe to free if a strdup below fails. */
+      set_ptr(dst, f->off, arr);
+      set_size(dst, f->count_off, n);
+      char *const *src_arr = get_ptr(src, f->off);
+      for (size_t j = 0; j < n; j++)
+        if (dup_str(src_arr[j], &arr[j]) != CPH_OK)
+          return CPH_ENOMEM;
+      break;
+    }
     }
   }
   if (t->id_off != PS_NO_ID) {
@@ -283,6 +313,17 @@ static bool equal_fields(const ps_table *t, const void *a, const void *b) {
       const void *aa = get_ptr(a, f->off), *ba = get_ptr(b, f->off);
       for (size_t j = 0; j < n && same; j++)
         same = equal_fields(f->child, celement(aa, f->child, j), celement(ba, f->child, j));
+      break;
+    }
+    case PS_STRINGS: {
+      /* In order: the list is kept as written, so a reordered list counts as a change
+       * (harmless for reload, which at worst re-applies the same set). */
+      size_t n = get_size(a, f->count_off);
+      if (n != get_size(b, f->count_off))
+        return false;
+      char *const *aa = get_ptr(a, f->off), *const *ba = get_ptr(b, f->off);
+      for (size_t j = 0; j < n && same; j++)
+        same = str_equal(aa[j], ba[j]);
       break;
     }
     }
@@ -686,9 +727,11 @@ static int parse_vector(pctx *c, const ps_field *f, void *base, const cph_edn *v
   return CPH_OK;
 }
 
+/* A string in a collection (a channel id key, a PS_STRINGS element) and where it stood, so
+ * sorting finds duplicates and source order still picks which one to report. */
 typedef struct channel_key {
-  const cph_edn *key;
-  size_t index; /* source order */
+  const cph_edn *key; /* a plain string (no NUL inside), so strcmp compares all of it */
+  size_t index;       /* source order */
 } channel_key;
 
 static int channel_key_cmp(const void *pa, const void *pb) {
@@ -780,6 +823,105 @@ done:
   return rc;
 }
 
+/* The complaint about one PS_STRINGS element, or NULL when it is fine. */
+static const char *string_item_problem(const ps_field *f, const cph_edn *item, char *buf,
+                                       size_t cap) {
+  if (item->type != CPH_EDN_STRING)
+    return "a string";
+  if (!is_plain_string(item))
+    return "a string without NUL characters";
+  if (item->u.str.len < (size_t)f->imin || item->u.str.len > (size_t)f->imax) {
+    snprintf(buf, cap, "a string of %" PRId64 " to %" PRId64 " bytes", f->imin, f->imax);
+    return buf;
+  }
+  return NULL;
+}
+
+/* A set or vector of strings, stored in source order. A vector's repeats are dropped (the
+ * first stays); a set's are an error, as EDN forbids them (the reader lets them through so
+ * that this message can name the key path). Problems are reported in source order: the
+ * search for repeats covers only the elements before the first bad one. O(n log n). */
+static int parse_strings(pctx *c, const ps_field *f, void *base, const cph_edn *v) {
+  char got[SHOW_CAP], what[64];
+  bool is_set = v->type == CPH_EDN_SET;
+  if (!is_set && v->type != CPH_EDN_VECTOR)
+    return perr(c, v->pos, "expected a set or vector of strings, got %s", show(v, got));
+  const cph_edn *items = v->u.coll.items;
+  size_t n = v->u.coll.count, bad = 0;
+  while (bad < n && !string_item_problem(f, &items[bad], what, sizeof what))
+    bad++;
+
+  int rc = CPH_OK;
+  channel_key *sorted = NULL;
+  bool *keep = NULL;
+  char **arr = NULL;
+  size_t kept = 0;
+  if (bad > 0) {
+    sorted = malloc(bad * sizeof *sorted);
+    keep = malloc(bad * sizeof *keep);
+    if (!sorted || !keep) {
+      rc = oom(c);
+      goto done;
+    }
+    for (size_t i = 0; i < bad; i++) {
+      sorted[i] = (channel_key){&items[i], i};
+      keep[i] = true;
+    }
+    qsort(sorted, bad, sizeof *sorted, channel_key_cmp);
+    /* Equal strings sort together in source order: all but the first of a run repeat it. */
+    const channel_key *dup = NULL, *first = NULL;
+    for (size_t r = 1, run = 0; r < bad; r++) {
+      if (strcmp(sorted[r].key->u.str.ptr, sorted[run].key->u.str.ptr) != 0) {
+        run = r;
+        continue;
+      }
+      keep[sorted[r].index] = false;
+      if (!dup || sorted[r].index < dup->index) {
+        dup = &sorted[r];
+        first = &sorted[run];
+      }
+    }
+    if (is_set && dup) {
+      push(c, SEG_INDEX, NULL, dup->index);
+      rc = perr(c, dup->key->pos, "duplicate set element, first given at line %u column %u",
+                (unsigned)first->key->pos.line, (unsigned)first->key->pos.column);
+      pop(c);
+      goto done;
+    }
+  }
+  if (bad < n) {
+    const char *problem = string_item_problem(f, &items[bad], what, sizeof what);
+    push(c, SEG_INDEX, NULL, bad);
+    rc = perr(c, items[bad].pos, "expected %s, got %s", problem, show(&items[bad], got));
+    pop(c);
+    goto done;
+  }
+
+  free_strings(f, base);
+  if (n == 0)
+    goto done;
+  arr = calloc(n, sizeof *arr);
+  if (!arr) {
+    rc = oom(c);
+    goto done;
+  }
+  /* Published at once, the count growing with each copy, so every exit leaves it owned. */
+  set_ptr(base, f->off, arr);
+  for (size_t i = 0; i < n; i++) {
+    if (!keep[i])
+      continue;
+    if (!(arr[kept] = strdup(items[i].u.str.ptr))) {
+      rc = oom(c);
+      goto done;
+    }
+    set_size(base, f->count_off, ++kept);
+  }
+done:
+  free(sorted);
+  free(keep);
+  return rc;
+}
+
 static int parse_value(pctx *c, const ps_field *f, void *base, const cph_edn *v) {
   char got[SHOW_CAP], lo[40], hi[40], list[256];
   switch (f->kind) {
@@ -837,6 +979,8 @@ static int parse_value(pctx *c, const ps_field *f, void *base, const cph_edn *v)
     return parse_section(c, f->child, at(base, f->off), v, false);
   case PS_VECTOR:
     return parse_vector(c, f, base, v);
+  case PS_STRINGS:
+    return parse_strings(c, f, base, v);
   case PS_CHANNELS: /* read by parse_section once its seed is complete */
     break;
   }
@@ -1049,6 +1193,19 @@ static void write_value(cph_buf *b, const ps_field *f, const void *base, size_t 
     cph_buf_putc(b, ']');
     break;
   }
+  case PS_STRINGS: {
+    /* A vector, not a set: it keeps the stored (first-seen) order, so printing is stable. */
+    char *const *arr = get_ptr(base, f->off);
+    size_t n = get_size(base, f->count_off);
+    cph_buf_putc(b, '[');
+    for (size_t i = 0; i < n; i++) {
+      if (i)
+        cph_buf_putc(b, ' ');
+      write_string(b, arr[i], strlen(arr[i]));
+    }
+    cph_buf_putc(b, ']');
+    break;
+  }
   }
 }
 
@@ -1242,6 +1399,15 @@ const cph_policy_retention *cph_policy_retention_for(const cph_policy *p, const 
                              offsetof(cph_policy_retention, channel), channel)
               : NULL;
   return r ? r : &rs->events;
+}
+
+bool cph_policy_dedupe_is_bulk(const cph_policy *p, const char *channel, const char *sender) {
+  const cph_policy_dedupe *d = &p->dedupe;
+  for (size_t i = 0; i < d->bulk_count; i++)
+    if ((channel && strcmp(d->bulk[i], channel) == 0) ||
+        (sender && strcmp(d->bulk[i], sender) == 0))
+      return true;
+  return false;
 }
 
 static const char *enum_name(const char *const *names, size_t count, int v) {

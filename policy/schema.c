@@ -42,6 +42,9 @@ static const char *const scope_names[] = {"ingest", "worker", "admin", "read", N
 #define CHANNELS(ST, key, m, n, table, seed_key, text)                                     \
   {.name = key, .kind = PS_CHANNELS, .off = offsetof(ST, m), .count_off = offsetof(ST, n), \
    .child = &(table), .seed = seed_key, .doc = text}
+#define STRINGS(ST, key, m, n, lo, hi, text)                                               \
+  {.name = key, .kind = PS_STRINGS, .off = offsetof(ST, m), .count_off = offsetof(ST, n),  \
+   .imin = (lo), .imax = (hi), .doc = text}
 #define TABLE(ST, f, id)                                                                   \
   {.fields = f, .count = COUNT(f), .size = sizeof(ST), .id_off = (id)}
 #define TABLE_CHECKED(ST, f, id, c)                                                        \
@@ -201,6 +204,9 @@ static const ps_field dedupe_fields[] = {
         "simhash Hamming distance that still counts as a near duplicate"),
     INT(cph_policy_dedupe, "shingle-words", shingle_words, 1, 16, 1,
         "words per shingle for the simhash"),
+    STRINGS(cph_policy_dedupe, "bulk", bulk, bulk_count, 1, 256,
+            "channels and senders whose traffic is bulk (monitors, bots, feeds): near-duplicate "
+            "folding applies to them (DESIGN §5)"),
 };
 static const ps_table dedupe_table = TABLE(cph_policy_dedupe, dedupe_fields, PS_NO_ID);
 
@@ -303,6 +309,8 @@ static const ps_field backpressure_fields[] = {
         "one degrade step per interval while a trigger holds"),
     INT(cph_policy_backpressure, "recover-intervals", recover_intervals, 1, 1000, 3,
         "calm intervals before stepping back one step (hysteresis)"),
+    INT(cph_policy_backpressure, "report-delay-factor", report_delay_factor, 1, 1000, 4,
+        "backpressure step 4 multiplies the interval of reports covering the channel by this"),
     SECTION(cph_policy_backpressure, "defaults", defaults, channel_table,
             "settings for every channel"),
     CHANNELS(cph_policy_backpressure, "channels", channels, channel_count, channel_table,

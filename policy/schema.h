@@ -27,8 +27,12 @@ typedef enum ps_kind {
                   channel id string to a child map; entries start as a copy of the sibling
                   section named by seed, are kept sorted by id, and hold the id at
                   child->id_off */
-  PS_VECTOR    /* array of child structs at off, size_t count at count_off; EDN vector of
+  PS_VECTOR,   /* array of child structs at off, size_t count at count_off; EDN vector of
                   maps, at least imin of them */
+  PS_STRINGS   /* char ** array at off (array and each string owned), size_t count at
+                  count_off; EDN set or vector of strings of imin..imax bytes. A vector's
+                  duplicates collapse to the first; a set's are an error (EDN forbids them).
+                  Kept in first-seen order; default empty (NULL, 0) */
 } ps_kind;
 
 enum {
@@ -48,9 +52,10 @@ typedef struct ps_field {
   ps_kind kind;
   unsigned flags;
   size_t off;         /* offset of the value in the table's struct */
-  size_t count_off;   /* PS_CHANNELS, PS_VECTOR: offset of the size_t count */
+  size_t count_off;   /* PS_CHANNELS, PS_VECTOR, PS_STRINGS: offset of the size_t count */
   size_t present_off; /* PS_OPTIONAL: offset of the bool "was given" */
-  int64_t imin, imax; /* PS_INT range; PS_VECTOR: imin = fewest elements */
+  int64_t imin, imax; /* PS_INT range; PS_VECTOR: imin = fewest elements; PS_STRINGS:
+                         bytes per string */
   int64_t idef;       /* PS_INT default; PS_BOOL default (0/1); PS_CHOICE default index */
   double dmin, dmax, ddef;     /* PS_NUM range and default */
   const char *sdef;            /* PS_STR default; NULL only with PS_REQUIRED */

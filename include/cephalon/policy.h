@@ -122,6 +122,11 @@ typedef struct cph_policy_dedupe {
   int64_t min_length;
   int64_t near_distance;
   int64_t shingle_words;
+  /* :bulk — channel ids and sender names (1..256 bytes each, no duplicates, in the order
+   * first written) whose traffic is bulk: near-duplicate folding applies to them (DESIGN §5).
+   * bulk is NULL when bulk_count is 0. Ask cph_policy_dedupe_is_bulk rather than scanning. */
+  char **bulk;
+  size_t bulk_count;
 } cph_policy_dedupe;
 
 typedef struct cph_policy_gc {
@@ -179,6 +184,8 @@ typedef struct cph_policy_channel {
 typedef struct cph_policy_backpressure {
   int64_t interval_s;        /* one degrade step per interval while a trigger holds */
   int64_t recover_intervals; /* calm intervals before stepping back (hysteresis) */
+  int64_t report_delay_factor; /* 1..1000: step 4 multiplies the interval of reports covering
+                                  the channel by this */
   cph_policy_channel defaults;
   cph_policy_channel *channels; /* overrides, already merged over `defaults`, sorted by id */
   size_t channel_count;
@@ -269,6 +276,12 @@ const cph_policy_channel *cph_policy_backpressure_for(const cph_policy *p, const
 /* The effective retention for a channel: its override (merged over :events) if it has one,
  * else &p->maintenance.retention.events. Never NULL. O(log channels). */
 const cph_policy_retention *cph_policy_retention_for(const cph_policy *p, const char *channel);
+
+/* True when channel or sender is listed in :dedupe :bulk (exact, case-sensitive byte
+ * match). Either may be NULL, which matches nothing. O(bulk_count) string compares: the list
+ * is short (a few monitors and bots) and kept in the order written, so a linear scan beats
+ * keeping a second, sorted copy. */
+bool cph_policy_dedupe_is_bulk(const cph_policy *p, const char *channel, const char *sender);
 
 /* Keyword names (without ':') for the enum values: "info", "batch", "openai", "http". */
 const char *cph_policy_log_level_name(cph_policy_log_level v);

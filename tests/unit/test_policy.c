@@ -167,6 +167,8 @@ static void assert_non_seed_defaults(const cph_policy *p) {
   assert_int_equal(p->dedupe.min_length, 12);
   assert_int_equal(p->dedupe.near_distance, 10);
   assert_int_equal(p->dedupe.shingle_words, 1);
+  assert_null(p->dedupe.bulk);
+  assert_int_equal(p->dedupe.bulk_count, 0);
   assert_true(p->gc.min_age_hours == 24.0);
   assert_int_equal(p->gc.max_access, 1);
   assert_int_equal(p->gc.group_max_tokens, 2000);
@@ -181,6 +183,7 @@ static void assert_non_seed_defaults(const cph_policy *p) {
   assert_int_equal(p->maintenance.retention.interval_s, 3600);
   assert_int_equal(p->backpressure.interval_s, 10);
   assert_int_equal(p->backpressure.recover_intervals, 3);
+  assert_int_equal(p->backpressure.report_delay_factor, 4);
   assert_null(p->backpressure.defaults.channel);
   assert_int_equal(p->backpressure.defaults.max_events_per_minute, 0);
   assert_int_equal(p->backpressure.defaults.max_family_growth_per_minute, 0);
@@ -447,6 +450,182 @@ static void test_keyword_choices_and_scopes(void **state) {
   cph_policy_free(p);
 }
 
+/* ---- string lists (:dedupe :bulk) and :backpressure :report-delay-factor ----------------- */
+
+static void test_bulk_reads_a_vector_keeping_first_seen_order(void **state) {
+  (void)state;
+  cph_policy *p =
+      must_load("{:dedupe {:bulk [\"nagios\" \"alerts\" \"nagios\" \"bot-7\" \"alerts\"]}\n"
+                " :backpressure {:report-delay-factor 12}}");
+  assert_int_equal(p->dedupe.bulk_count, 3);
+  assert_string_equal(p->dedupe.bulk[0], "nagios");
+  assert_string_equal(p->dedupe.bulk[1], "alerts");
+  assert_string_equal(p->dedupe.bulk[2], "bot-7");
+  assert_int_equal(p->backpressure.report_delay_factor, 12);
+  /* The rest of :dedupe keeps its defaults. */
+  assert_int_equal(p->dedupe.window_seconds, 300);
+  cph_policy_free(p);
+
+  p = must_load("{:dedupe {:bulk []} :backpressure {:report-delay-factor 1}}");
+  assert_int_equal(p->dedupe.bulk_count, 0);
+  assert_null(p->dedupe.bulk);
+  assert_int_equal(p->backpressure.report_delay_factor, 1);
+  cph_policy *d = cph_policy_new_default();
+  d->backpressure.report_delay_factor = 1;
+  assert_true(cph_policy_equal(p, d));
+  cph_policy_free(d);
+  cph_policy_free(p);
+
+  /* Bounds: 1 and 256 bytes, 1000. */
+  char doc[400];
+  snprintf(doc, sizeof doc,
+           "{:dedupe {:bulk [\"x\" \"%0256d\"]} :backpressure {:report-delay-factor 1000}}", 0);
+  p = must_load(doc);
+  assert_int_equal(p->dedupe.bulk_count, 2);
+  assert_string_equal(p->dedupe.bulk[0], "x");
+  assert_int_equal(strlen(p->dedupe.bulk[1]), 256);
+  assert_int_equal(p->backpressure.report_delay_factor, 1000);
+  cph_policy_free(p);
+}
+
+static void test_bulk_reads_a_set(void **state) {
+  (void)state;
+  cph_policy *p = must_load("{:dedupe {:bulk #{\"feed\" \"Alerts\" \"é\"}}}");
+  assert_int_equal(p->dedupe.bulk_count, 3);
+  /* A set has no order in EDN; the stored order is the order written. */
+  assert_string_equal(p->dedupe.bulk[0], "feed");
+  assert_string_equal(p->dedupe.bulk[1], "Alerts");
+  assert_string_equal(p->dedupe.bulk[2], "é");
+  cph_policy_free(p);
+}
+
+static void test_dedupe_is_bulk_matches_channel_or_sender_exactly(void **state) {
+  (void)state;
+  cph_policy *p = must_load("{:dedupe {:bulk [\"alerts\" \"nagios\"]}}");
+  assert_true(cph_policy_dedupe_is_bulk(p, "alerts", "alice"));
+  assert_true(cph_policy_dedupe_is_bulk(p, "general", "nagios"));
+  assert_true(cph_policy_dedupe_is_bulk(p, "alerts", "nagios"));
+  assert_true(cph_policy_dedupe_is_bulk(p, NULL, "nagios"));
+  assert_true(cph_policy_dedupe_is_bulk(p, "alerts", NULL));
+  assert_false(cph_policy_dedupe_is_bulk(p, "general", "alice"));
+  assert_false(cph_policy_dedupe_is_bulk(p, "Alerts", "NAGIOS")); /* case-sensitive */
+  assert_false(cph_policy_dedupe_is_bulk(p, "alert", "nagios2")); /* whole names only */
+  assert_false(cph_policy_dedupe_is_bulk(p, "", ""));
+  assert_false(cph_policy_dedupe_is_bulk(p, NULL, NULL));
+  cph_policy_free(p);
+  cph_policy *d = cph_policy_new_default();
+  assert_false(cph_policy_dedupe_is_bulk(d, "alerts", "nagios"));
+  cph_policy_free(d);
+}
+
+static void test_bulk_element_errors_name_the_index(void **state) {
+  (void)state;
+  /* The DESIGN §8 shape: line 4 is 4 spaces, :bulk 5-9, [ 11, "a" 12-14, "b" 16-18,
+   * :foo at 20 (index 2). */
+  cph_policy *p = (cph_policy *)1;
+  cph_err err = {0};
+  static const char doc[] = "{:server {:log-level :info}\n"
+                            " :store {:sync :always}\n"
+                            " :dedupe {:min-length 12\n"
+                            "    :bulk [\"a\" \"b\" :foo]}}";
+  assert_int_equal(load_exact("policy.edn", doc, &p, &err), CPH_EPOLICY);
+  assert_null(p);
+  assert_string_equal(err.msg, "policy.edn:4:20: :dedupe :bulk 2: expected a string, got :foo");
+
+  /* { 1, :dedupe 2-8, { 10, :bulk 11-15, #{ 17-18, 42 at 19 */
+  expect_error("{:dedupe {:bulk #{42}}}",
+               "p.edn:1:19: :dedupe :bulk 0: expected a string, got 42");
+  /* [ 17, "a" 18-20, "" at 22 */
+  expect_error("{:dedupe {:bulk [\"a\" \"\"]}}",
+               "p.edn:1:22: :dedupe :bulk 1: expected a string of 1 to 256 bytes, got \"\"");
+  /* [ 17, the 257-byte string at 18, shown cut after 40 bytes */
+  char doc257[400];
+  snprintf(doc257, sizeof doc257, "{:dedupe {:bulk [\"%0257d\"]}}", 0);
+  expect_error(doc257, "p.edn:1:18: :dedupe :bulk 0: expected a string of 1 to 256 bytes, got "
+                       "\"000000000000000000000000000000000000000...");
+  /* [ 17, "a\u0000b" at 18 */
+  expect_error("{:dedupe {:bulk [\"a\\u0000b\"]}}",
+               "p.edn:1:18: :dedupe :bulk 0: expected a string without NUL characters, got "
+               "\"a\\u0000b\"");
+  /* Not a collection: "alerts" at 17; a map at 17. */
+  expect_error("{:dedupe {:bulk \"alerts\"}}",
+               "p.edn:1:17: :dedupe :bulk: expected a set or vector of strings, got \"alerts\"");
+  expect_error("{:dedupe {:bulk (\"alerts\")}}",
+               "p.edn:1:17: :dedupe :bulk: expected a set or vector of strings, got (\"alerts\")");
+  /* A repeat in a set is an error (EDN forbids it); #{ 17-18, "a" 19-21, "b" 23-25,
+   * "a" at 27 */
+  expect_error("{:dedupe {:bulk #{\"a\" \"b\" \"a\"}}}",
+               "p.edn:1:27: :dedupe :bulk 2: duplicate set element, first given at line 1 "
+               "column 19");
+  /* Source order decides which problem is reported: the bad element at 23 comes before the
+   * repeat at 26... */
+  expect_error("{:dedupe {:bulk #{\"a\" 1 \"a\"}}}",
+               "p.edn:1:23: :dedupe :bulk 1: expected a string, got 1");
+  /* ...and the repeat at 23 before the bad element at 27. */
+  expect_error("{:dedupe {:bulk #{\"a\" \"a\" 1}}}",
+               "p.edn:1:23: :dedupe :bulk 1: duplicate set element, first given at line 1 "
+               "column 19");
+  /* A typo gets a did-you-mean. { 10, :bulks at 11 */
+  expect_error("{:dedupe {:bulks []}}",
+               "p.edn:1:11: :dedupe :bulks: unknown key, did you mean :bulk?");
+}
+
+static void test_report_delay_factor_range(void **state) {
+  (void)state;
+  /* { 1, :backpressure 2-14, { 16, :report-delay-factor 17-36, value at 38 */
+  expect_error("{:backpressure {:report-delay-factor 0}}",
+               "p.edn:1:38: :backpressure :report-delay-factor: expected an integer from 1 to "
+               "1000, got 0");
+  expect_error("{:backpressure {:report-delay-factor 1001}}",
+               "p.edn:1:38: :backpressure :report-delay-factor: expected an integer from 1 to "
+               "1000, got 1001");
+  expect_error("{:backpressure {:report-delay-factor 2.5}}",
+               "p.edn:1:38: :backpressure :report-delay-factor: expected a positive integer, got "
+               "2.5");
+  /* Top level of :backpressure only, not per channel (whatever the did-you-mean guesses).
+   * { 16, :defaults 17-25, { 27, :report-delay-factor at 28 */
+  static const char unknown[] = "p.edn:1:28: :backpressure :defaults :report-delay-factor: "
+                                "unknown key";
+  cph_policy *p = (cph_policy *)1;
+  cph_err err = {0};
+  assert_int_equal(load_exact("p.edn", "{:backpressure {:defaults {:report-delay-factor 2}}}", &p,
+                              &err),
+                   CPH_EPOLICY);
+  assert_null(p);
+  assert_memory_equal(err.msg, unknown, sizeof unknown - 1);
+}
+
+/* A reload compares the new policy with the old one: a change in :bulk must show. */
+static void test_equal_sees_a_change_in_bulk(void **state) {
+  (void)state;
+  cph_policy *a = must_load("{:dedupe {:bulk [\"alerts\" \"nagios\"]}}");
+  cph_policy *same_set = must_load("{:dedupe {:bulk #{\"alerts\" \"nagios\"}}}");
+  cph_policy *repeated = must_load("{:dedupe {:bulk [\"alerts\" \"nagios\" \"alerts\"]}}");
+  cph_policy *added = must_load("{:dedupe {:bulk [\"alerts\" \"nagios\" \"rss\"]}}");
+  cph_policy *removed = must_load("{:dedupe {:bulk [\"alerts\"]}}");
+  cph_policy *renamed = must_load("{:dedupe {:bulk [\"alerts\" \"Nagios\"]}}");
+  cph_policy *none = must_load("{}");
+  cph_policy *factor = must_load("{:dedupe {:bulk [\"alerts\" \"nagios\"]}\n"
+                                 " :backpressure {:report-delay-factor 5}}");
+  assert_true(cph_policy_equal(a, same_set));
+  assert_true(cph_policy_equal(a, repeated));
+  assert_false(cph_policy_equal(a, added));
+  assert_false(cph_policy_equal(added, a));
+  assert_false(cph_policy_equal(a, removed));
+  assert_false(cph_policy_equal(a, renamed));
+  assert_false(cph_policy_equal(a, none));
+  assert_false(cph_policy_equal(none, a));
+  assert_false(cph_policy_equal(a, factor));
+  cph_policy_free(factor);
+  cph_policy_free(none);
+  cph_policy_free(renamed);
+  cph_policy_free(removed);
+  cph_policy_free(added);
+  cph_policy_free(repeated);
+  cph_policy_free(same_set);
+  cph_policy_free(a);
+}
+
 /* ---- per-channel settings ------------------------------------------------------------------ */
 
 static void test_channel_settings_merge_over_defaults(void **state) {
@@ -497,11 +676,17 @@ static void test_written_policy_loads_back_equal(void **state) {
       " :auth {:tokens [{:name \"ops\" :sha256 \"" SHA_CHANGE_ME "\" :scopes #{:admin :ingest}}]}\n"
       " :scheduler {:credits {:refill-per-second 0.1 :max 1e-3 :min -1000000}}\n"
       " :gc {:min-age-hours 1.25}\n"
-      " :backpressure {:channels {\"z\" {:max-step 0} \"é-chan\" {:max-events-per-minute 7}}}\n"
+      " :dedupe {:bulk #{\"nagios\" \"q\\\"uote\" \"tab\\there\" \"é\"}}\n"
+      " :backpressure {:report-delay-factor 9\n"
+      "                :channels {\"z\" {:max-step 0} \"é-chan\" {:max-events-per-minute 7}}}\n"
       " :maintenance {:retention {:channels {\"q\" {:metadata-keep-days 400}}}}}");
   char *text = write_policy(p);
   assert_true(text[0] == '{');
   assert_non_null(strstr(text, "\n :scheduler {:concurrency 4\n")); /* one key per line */
+  /* A string list prints as a vector in the stored order. */
+  assert_non_null(
+      strstr(text, "\n          :bulk [\"nagios\" \"q\\\"uote\" \"tab\\there\" \"é\"]}\n"));
+  assert_non_null(strstr(text, "\n                :report-delay-factor 9\n"));
   cph_policy *again = NULL;
   cph_err err = {0};
   if (load_exact("again.edn", text, &again, &err) != CPH_OK)
@@ -514,6 +699,12 @@ static void test_written_policy_loads_back_equal(void **state) {
   assert_true(again->scheduler.credits.max == 1e-3);
   assert_true(again->scheduler.credits.min == -1e6);
   assert_true(again->gc.min_age_hours == 1.25);
+  assert_int_equal(again->dedupe.bulk_count, 4);
+  assert_string_equal(again->dedupe.bulk[0], "nagios");
+  assert_string_equal(again->dedupe.bulk[1], "q\"uote");
+  assert_string_equal(again->dedupe.bulk[2], "tab\there");
+  assert_string_equal(again->dedupe.bulk[3], "é");
+  assert_int_equal(again->backpressure.report_delay_factor, 9);
   assert_int_equal(again->auth.tokens[0].scopes, CPH_POLICY_SCOPE_ADMIN | CPH_POLICY_SCOPE_INGEST);
   assert_int_equal(cph_policy_backpressure_for(again, "é-chan")->max_events_per_minute, 7);
   assert_int_equal(cph_policy_backpressure_for(again, "z")->max_step, 0);
@@ -534,6 +725,9 @@ static void test_written_policy_loads_back_equal(void **state) {
   assert_true(cph_policy_equal(d, d2));
   d2->backpressure.defaults.max_step = 4;
   assert_false(cph_policy_equal(d, d2));
+  d2->backpressure.defaults.max_step = d->backpressure.defaults.max_step;
+  assert_true(cph_policy_equal(d, d2));
+  assert_non_null(strstr(dtext, "\n          :bulk []}\n")); /* the default prints as [] */
   cph_policy_free(d2);
   free(dtext);
   cph_policy_free(d);
@@ -719,6 +913,12 @@ int main(void) {
       cmocka_unit_test(test_credits_min_defaults_to_minus_max),
       cmocka_unit_test(test_numbers_take_integers_and_floats),
       cmocka_unit_test(test_keyword_choices_and_scopes),
+      cmocka_unit_test(test_bulk_reads_a_vector_keeping_first_seen_order),
+      cmocka_unit_test(test_bulk_reads_a_set),
+      cmocka_unit_test(test_dedupe_is_bulk_matches_channel_or_sender_exactly),
+      cmocka_unit_test(test_bulk_element_errors_name_the_index),
+      cmocka_unit_test(test_report_delay_factor_range),
+      cmocka_unit_test(test_equal_sees_a_change_in_bulk),
       cmocka_unit_test(test_channel_settings_merge_over_defaults),
       cmocka_unit_test(test_written_policy_loads_back_equal),
       cmocka_unit_test(test_wrong_type_names_path_and_value),
