@@ -1,6 +1,6 @@
 #define _GNU_SOURCE /* asprintf */
-/* Per-channel backpressure (DESIGN §5): rates, triggers, degrade steps with hysteresis, the
- * coalesced aggregate notices of aggregate-only channels, and GET /v1/channels/{id}.
+/* Per-channel backpressure (DESIGN §5): rates, triggers, degrade steps with hysteresis, and
+ * GET /v1/channels/{id}.
  * Contract in backpressure.h. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,22 +27,9 @@ typedef struct bp_family {
   uint64_t sum;
 } bp_family;
 
-/* One pending notice: `count` events of `family` (0 = distinct messages) not shown to the
- * subscribers since since_ms. */
-typedef struct bp_notice {
-  uint64_t family;
-  uint64_t count;
-  int64_t since_ms;
-  int64_t last_emit_ns; /* 0 = never emitted */
-  char *sample;
-} bp_notice;
-
-/* Family growth and notices, allocated only for channels that have duplicates or coalesce. */
+/* Family growth, allocated only for channels that have duplicates. */
 typedef struct bp_extra {
   bp_family fams[BP_FAMILIES_TRACKED];
-  bp_notice notices[BP_NOTICES_MAX];
-  uint32_t n_notices;
-  bp_notice other; /* distinct messages and families beyond BP_NOTICES_MAX */
 } bp_extra;
 
 typedef struct bp_channel {
@@ -86,18 +73,8 @@ const char *cph_bp_trigger_name(unsigned bit) {
 
 /* ---------------------------------------------------------------- channel state */
 
-static void notice_clear(bp_notice *n) {
-  free(n->sample);
-  memset(n, 0, sizeof *n);
-}
-
 static void channel_free(bp_channel *c) {
-  if (c->x) {
-    for (uint32_t i = 0; i < c->x->n_notices; i++)
-      notice_clear(&c->x->notices[i]);
-    notice_clear(&c->x->other);
-    free(c->x);
-  }
+  free(c->x);
   free(c->name);
   free(c);
 }
@@ -238,46 +215,6 @@ void backpressure_note_event(cph_engine *e, const char *chan, uint64_t family_jo
     family_grew(c, family_joined, sec);
 }
 
-void backpressure_coalesce(cph_engine *e, const char *chan, uint64_t family, const char *sample,
-                           int64_t now_ms) {
-  if (!e->bp)
-    return;
-  bp_channel *c = channel_get(e->bp, chan, true, engine_now(e) / CPH_NS_PER_S);
-  bp_extra *x = c ? extra_of(c) : NULL;
-  if (!x)
-    return;
-  bp_notice *n = NULL;
-  for (uint32_t i = 0; family && i < x->n_notices && !n; i++)
-    if (x->notices[i].family == family)
-      n = &x->notices[i];
-  if (!n && family && x->n_notices < BP_NOTICES_MAX) {
-    n = &x->notices[x->n_notices++];
-    memset(n, 0, sizeof *n);
-    n->family = family;
-  }
-  if (!n)
-    n = &x->other;
-  if (!n->count)
-    n->since_ms = now_ms;
-  n->count++;
-  /* a family notice shows its first sample; the "other" notice the latest message */
-  if (sample && (!n->sample || n == &x->other)) {
-    size_t len = strlen(sample);
-    if (len > BP_NOTICE_SAMPLE_MAX) {
-      len = BP_NOTICE_SAMPLE_MAX;
-      while (len > 0 && ((unsigned char)sample[len] & 0xC0) == 0x80)
-        len--; /* never cut a UTF-8 character */
-    }
-    char *copy = malloc(len + 1);
-    if (copy) {
-      memcpy(copy, sample, len);
-      copy[len] = '\0';
-      free(n->sample);
-      n->sample = copy;
-    }
-  }
-}
-
 /* ---------------------------------------------------------------- the check */
 
 static int persist_step(cph_engine *e, const char *name, int step, int64_t since_ms) {
@@ -351,74 +288,8 @@ static int next_step(cph_engine *e, bp_channel *c, unsigned trig, int64_t now) {
   return step;
 }
 
-static void format_hhmm(int64_t ms, char out[8]) {
-  time_t secs = (time_t)(ms / 1000);
-  struct tm tm;
-  if (!gmtime_r(&secs, &tm)) {
-    snprintf(out, 8, "--:--");
-    return;
-  }
-  snprintf(out, 8, "%02d:%02d", tm.tm_hour % 100, tm.tm_min % 100);
-}
-
-/* Emits n as an inbox notice when it has news and its family had none for an interval. */
-static void notice_flush(cph_engine *e, bp_channel *c, bp_notice *n, bool other, int64_t now,
-                         int64_t interval) {
-  if (!n->count || (n->last_emit_ns && now - n->last_emit_ns < interval))
-    return;
-  channel *ch = engine_channel(e, c->name, false);
-  if (ch && ch->n_subscribers) {
-    char when[8];
-    format_hhmm(n->since_ms, when);
-    char *body = NULL;
-    int len;
-    if (other)
-      len = asprintf(&body, "[aggregate] %llu message%s in #%s since %s UTC, latest: %s",
-                     (unsigned long long)n->count, n->count == 1 ? "" : "s", c->name, when,
-                     n->sample ? n->sample : "");
-    else
-      len = asprintf(&body, "[aggregate] %llu similar message%s in #%s since %s UTC: %s",
-                     (unsigned long long)n->count, n->count == 1 ? "" : "s", c->name, when,
-                     n->sample ? n->sample : "");
-    if (len < 0)
-      return; /* out of memory: tried again at the next check */
-    int rc = ingest_notice(e, c->name, body);
-    free(body);
-    if (rc)
-      return; /* not stored: the count stays for the next check */
-  }
-  n->count = 0; /* without subscribers there is nobody to tell */
-  n->last_emit_ns = now;
-}
-
-static void notices_flush(cph_engine *e, bp_channel *c, int64_t now, int64_t interval) {
-  bp_extra *x = c->x;
-  if (!x)
-    return;
-  for (uint32_t i = 0; i < x->n_notices; i++)
-    notice_flush(e, c, &x->notices[i], false, now, interval);
-  notice_flush(e, c, &x->other, true, now, interval);
-  /* A family quiet for a whole interval gives its slot back; its next event is announced at
-   * the next check. */
-  uint32_t kept = 0;
-  for (uint32_t i = 0; i < x->n_notices; i++) {
-    bp_notice *n = &x->notices[i];
-    if (!n->count && now - n->last_emit_ns >= interval)
-      notice_clear(n);
-    else
-      x->notices[kept++] = *n;
-  }
-  for (uint32_t i = kept; i < x->n_notices; i++)
-    memset(&x->notices[i], 0, sizeof x->notices[i]);
-  x->n_notices = kept;
-}
-
 static bool idle(const bp_channel *c, int64_t now) {
-  if (c->step || c->epm || now - c->last_event_ns < IDLE_EVICT_S * CPH_NS_PER_S)
-    return false;
-  if (c->x && (c->x->n_notices || c->x->other.count))
-    return false;
-  return true;
+  return !c->step && !c->epm && now - c->last_event_ns >= IDLE_EVICT_S * CPH_NS_PER_S;
 }
 
 void backpressure_tick(cph_engine *e) {
@@ -447,7 +318,6 @@ void backpressure_tick(cph_engine *e) {
       advance(c, sec);
       total += c->epm;
     }
-  int64_t interval = p->backpressure.interval_s * CPH_NS_PER_S;
   size_t n_idle = 0;
   bp_channel **gone = malloc((bp->channels.len ? bp->channels.len : 1) * sizeof *gone);
   for (size_t i = 0; i < bp->channels.cap; i++) {
@@ -464,7 +334,6 @@ void backpressure_tick(cph_engine *e) {
       c->step = (uint8_t)step;
       c->since_ms = now_ms;
     }
-    notices_flush(e, c, now, interval);
     if (gone && idle(c, now))
       gone[n_idle++] = c;
   }

@@ -17,8 +17,8 @@
  * Steps: while a trigger holds the channel degrades one step per :backpressure :interval-s —
  * the first step at once, the next ones an interval apart — never beyond its :max-step:
  *   1 aggregate-only   events are stored (metadata + hash), families updated, no raw memory;
- *                      subscribers get one aggregate notice per family per interval instead
- *                      of the events (mentions and explicit targets still go through at once);
+ *                      near duplicates of any sender fold into one counted inbox entry per
+ *                      family (events that name a session are never near-folded);
  *   2 skip embeddings  aggregate memories are minted without an embedding;
  *   3 widen dedupe     the dedupe window is x4;
  *   4 delay reports    backpressure_reports_delayed() is true (for the report scheduler);
@@ -30,15 +30,8 @@
  * further, recovery stops at 1). An idle channel has nothing to coalesce, so "floor while the
  * channel is busy" and "always" coincide; the read reports step 1 for it.
  *
- * Notices (aggregate-only): each event not staged to the channel's subscribers is counted
- * against its family, or against the channel's "other messages" when it is no duplicate (a
- * flood of distinct messages must coalesce too). At the check, a family with news that had
- * no notice for an interval gets one, as an inbox event from "cephalon" (kind "aggregate") in
- * the channel's history, staged to every subscriber:
- *   [aggregate] 37 similar messages in #chan since 14:05 UTC: <family sample>
- *   [aggregate] 12 messages in #chan since 14:05 UTC, latest: <latest message>
- * "since" is the first event counted in it. So a subscriber sees at most one notice per
- * family (plus one "other") per interval; the first comes at the next check (<= 1 s).
+ * Aggregate-only does not hide the channel's traffic from its sessions: near duplicates fold
+ * into counted inbox entries there (ingest.c, DESIGN §5), and nothing routed vanishes.
  *
  * The step persists in CPH_DB_CHANNELS (channel -> 10 bytes: version 1, step, since_ms; no
  * record = step 0), written in a child txn of the pass; memory follows only after it
@@ -68,10 +61,6 @@ enum {
 #define BP_LOUD_MIN_EPM 60       /* engine-wide triggers: a channel's events per minute ... */
 #define BP_LOUD_SHARE 4          /* ... and at least 1/4 of all events */
 #define BP_FAMILIES_TRACKED 8    /* families per channel whose growth is tracked */
-#define BP_NOTICE_SAMPLE_MAX 200 /* bytes of sample in a notice */
-/* Families per channel with a notice of their own; more roll into the channel's "other
- * messages" notice. */
-#define BP_NOTICES_MAX 16
 
 int backpressure_open(struct cph_engine *e, cph_err *err); /* from memory_load */
 void backpressure_close(struct cph_engine *e);             /* from memory_clear */
@@ -86,12 +75,6 @@ bool backpressure_reports_delayed(struct cph_engine *e, const char *chan);
 
 /* After an event's txn committed: counts it (family_joined != 0: it grew that family). */
 void backpressure_note_event(struct cph_engine *e, const char *chan, uint64_t family_joined);
-/* After commit, aggregate-only: the event was not staged to the channel's subscribers; it is
- * counted into the next notice of its family (0 = a distinct message: the channel's "other
- * messages" notice). sample is copied. */
-void backpressure_coalesce(struct cph_engine *e, const char *chan, uint64_t family,
-                           const char *sample, int64_t now_ms);
-
 /* The check, from reconcile (engine clock; works at most once a second): triggers, steps,
  * persistence, due aggregate notices, and dedupe upkeep. */
 void backpressure_tick(struct cph_engine *e);
@@ -99,9 +82,5 @@ void backpressure_tick(struct cph_engine *e);
 /* Every channel the engine tracks with its effective step (for the per-channel metric). */
 void backpressure_foreach(struct cph_engine *e, void (*fn)(void *ctx, const char *chan, int step),
                           void *ctx);
-
-/* ingest.c: stores a notice event (sender "cephalon", kind "aggregate") in the channel's
- * history and stages it for the channel's subscribers, in its own child txn of the pass. */
-int ingest_notice(struct cph_engine *e, const char *chan, const char *body);
 
 #endif

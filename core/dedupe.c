@@ -34,6 +34,8 @@ typedef struct ring_entry {
   uint64_t event_id;
   int64_t first_ms;
   int64_t last_ms; /* the window slides from here */
+  uint64_t idsig;  /* dedupe_idsig() of its text: near duplicates must agree on it */
+  uint64_t sender; /* fnv1a64 of its sender: sender-only bulk folds within one sender */
 } ring_entry;
 
 /* Recent simhashes of one channel: a circular buffer that grows from RING_MIN to
@@ -171,6 +173,48 @@ int dedupe_hamming(uint64_t a, uint64_t b) {
   x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
   x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
   return (int)((x * 0x0101010101010101ull) >> 56);
+}
+
+static bool is_alnum(unsigned char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
+}
+
+/* A word is identifier-like when, trimmed of leading and trailing punctuation, it holds a
+ * digit or one of _ . / : @ # - between its characters ("build-41", "db_main", "10.0.0.5",
+ * "host:beta", "#4411"). Its signature hashes those words in order, so two texts that differ
+ * in a number or an identifier never share one. */
+uint64_t dedupe_idsig(const char *norm, size_t len) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  bool any = false;
+  for (size_t i = 0; i < len;) {
+    size_t start = i;
+    while (i < len && norm[i] != ' ')
+      i++;
+    size_t a = start, b = i;
+    i++;
+    while (a < b && !is_alnum((unsigned char)norm[a]) && norm[a] != '#')
+      a++;
+    while (b > a && !is_alnum((unsigned char)norm[b - 1]))
+      b--;
+    bool ident = false;
+    for (size_t j = a; j < b && !ident; j++) {
+      unsigned char c = (unsigned char)norm[j];
+      ident = (c >= '0' && c <= '9') ||
+              ((c == '_' || c == '.' || c == '/' || c == ':' || c == '@' || c == '#' ||
+                c == '-') &&
+               j + 1 < b);
+    }
+    if (!ident)
+      continue;
+    any = true;
+    for (size_t j = a; j < b; j++) {
+      h ^= (uint8_t)norm[j];
+      h *= 0x100000001b3ull;
+    }
+    h ^= 0xff; /* word separator */
+    h *= 0x100000001b3ull;
+  }
+  return any ? h : 0;
 }
 
 /* ---------------------------------------------------------------- keys and values */
@@ -420,6 +464,8 @@ typedef struct near_best {
   int limit; /* :near-distance */
   int best;  /* the best distance so far, limit + 1 while none */
   int32_t best_i;
+  uint64_t idsig;  /* the query's: an entry must carry the same */
+  uint64_t sender; /* 0: any sender; else an entry must be from this sender */
 } near_best;
 
 /* Slot i against the best so far. The order — nearer, then more recent, then the later slot —
@@ -431,7 +477,8 @@ static inline void near_consider(const dd_channel *dc, uint32_t i, uint64_t hash
   if (dist > nb->limit || dist > nb->best)
     return;
   const ring_entry *r = &dc->ring[i];
-  if (now_ms - r->last_ms > window_ms)
+  if (now_ms - r->last_ms > window_ms || r->idsig != nb->idsig ||
+      (nb->sender && r->sender != nb->sender))
     return;
   if (nb->best_i >= 0 && dist == nb->best) {
     const ring_entry *b = &dc->ring[nb->best_i];
@@ -443,7 +490,8 @@ static inline void near_consider(const dd_channel *dc, uint32_t i, uint64_t hash
 }
 
 int dedupe_classify(cph_engine *e, cph_txn *t, const char *chan, const char *sender,
-                    const char *body, int64_t now_ms, uint32_t window_mult, dedupe_verdict *v) {
+                    const char *body, int64_t now_ms, uint32_t window_mult, dedupe_near near,
+                    dedupe_verdict *v) {
   memset(v, 0, sizeof *v);
   v->ring_index = -1;
   cph_dedupe *d = e->dedupe;
@@ -456,6 +504,8 @@ int dedupe_classify(cph_engine *e, cph_txn *t, const char *chan, const char *sen
     return CPH_OK;
   v->eligible = true;
   v->simhash = dedupe_simhash(v->norm, v->norm_len, (int)p->shingle_words);
+  v->idsig = dedupe_idsig(v->norm, v->norm_len);
+  v->sender_hash = fnv1a64(sender, strlen(sender)) | 1; /* never 0: 0 means any sender */
   int64_t window_ms = p->window_seconds * 1000 * (int64_t)(window_mult ? window_mult : 1);
 
   cph_key k = entry_key(chan, v->sha256);
@@ -469,10 +519,16 @@ int dedupe_classify(cph_engine *e, cph_txn *t, const char *chan, const char *sen
 
   /* The nearest live simhash of the channel within :near-distance (ties: the most recent). */
   dd_channel *dc = ring_of(d, chan, false);
-  near_best nb = {(int)p->near_distance, (int)p->near_distance + 1, -1};
-  if (dc && dc->len >= INDEX_MIN_LEN && dc->idx.bands != nb.limit + 1)
-    ring_index(dc, nb.limit);
-  if (dc && dc->idx.bands && dc->idx.bands == nb.limit + 1) {
+  near_best nb = {(int)p->near_distance, (int)p->near_distance + 1, -1, v->idsig,
+                  near == DEDUPE_NEAR_SENDER ? v->sender_hash : 0};
+  if (near == DEDUPE_NEAR_OFF)
+    nb.limit = 0; /* only the identical simhash, to refresh an exact repeat's ring entry */
+  int want_bands = (int)p->near_distance + 1; /* built for the near lookups, whatever `near` */
+  if (dc && dc->len >= INDEX_MIN_LEN && dc->idx.bands != want_bands)
+    ring_index(dc, (int)p->near_distance);
+  /* An index for a wider distance finds every nearer entry too (identical hashes share every
+   * band), so one built for :near-distance serves the exact-only lookup as well. */
+  if (dc && dc->idx.bands && dc->idx.bands == want_bands) {
     for (int b = 0; b < dc->idx.bands; b++)
       for (uint32_t i = simidx_first(&dc->idx, b, v->simhash); i != SIMIDX_NIL;
            i = simidx_next(&dc->idx, b, i))
@@ -489,7 +545,7 @@ int dedupe_classify(cph_engine *e, cph_txn *t, const char *chan, const char *sen
       if (!v->family)
         v->family = dc->ring[best_i].family;
     }
-  } else if (best_i >= 0) {
+  } else if (best_i >= 0 && near != DEDUPE_NEAR_OFF) {
     const ring_entry *r = &dc->ring[best_i];
     v->kind = DEDUPE_NEAR;
     v->original_event = r->event_id;
@@ -680,7 +736,7 @@ void dedupe_commit(cph_engine *e, const char *chan, uint64_t event_id, int64_t n
     push = v->kind == DEDUPE_NEAR && v->distance > 0;
   }
   if (push) {
-    ring_entry r = {v->family, event_id, now_ms, now_ms};
+    ring_entry r = {v->family, event_id, now_ms, now_ms, v->idsig, v->sender_hash};
     if (v->kind == DEDUPE_EXACT) {
       r.event_id = v->original_event;
       r.first_ms = v->original_first_ms;

@@ -49,16 +49,28 @@ char *dedupe_normalise(const char *body, size_t *len);
  * fewer words is one shingle). 0 for an empty text. */
 uint64_t dedupe_simhash(const char *normalised, size_t len, int shingle_words);
 int dedupe_hamming(uint64_t a, uint64_t b);
+/* Signature of a normalised text's identifier-like words (numbers, ids, hosts, versions) in
+ * order; 0 when it has none. Near duplicates must have equal signatures (DESIGN §5: never
+ * fold two texts that differ in a number or an identifier-like token). */
+uint64_t dedupe_idsig(const char *normalised, size_t len);
 
 /* ---- per event ---- */
 
 typedef enum dedupe_kind { DEDUPE_NONE, DEDUPE_EXACT, DEDUPE_NEAR } dedupe_kind;
+
+/* Where near-duplicate folding applies (DESIGN §5): only to bulk traffic, never to an event
+ * that names a session. OFF: exact repeats only; CHANNEL: near duplicates of any sender in the
+ * channel (a bulk channel, or one at backpressure step >= 1); SENDER: near duplicates of the
+ * same sender only (a bulk sender on an ordinary channel). */
+typedef enum dedupe_near { DEDUPE_NEAR_OFF, DEDUPE_NEAR_CHANNEL, DEDUPE_NEAR_SENDER } dedupe_near;
 
 typedef struct dedupe_verdict {
   dedupe_kind kind;
   bool eligible;           /* long enough and dedupe on: indexed whatever the verdict */
   uint8_t sha256[32];      /* of (channel, sender, normalised body); set for every event */
   uint64_t simhash;        /* 0 when not eligible */
+  uint64_t idsig;          /* dedupe_idsig(), when eligible */
+  uint64_t sender_hash;    /* when eligible */
   uint64_t original_event; /* duplicate: the event it repeats */
   int64_t original_first_ms;
   int distance;       /* near: Hamming distance to the original */
@@ -74,9 +86,11 @@ typedef struct dedupe_verdict {
 } dedupe_verdict;
 
 /* Classifies body for channel/sender at now_ms (dedupe_now_ms) with the window multiplied by
- * window_mult (backpressure step 3 widens it). Reads through t only. CPH_OK, or CPH_ENOMEM. */
+ * window_mult (backpressure step 3 widens it); near says whether and how near duplicates
+ * count. Reads through t only. CPH_OK, or CPH_ENOMEM. */
 int dedupe_classify(struct cph_engine *e, struct cph_txn *t, const char *chan, const char *sender,
-                    const char *body, int64_t now_ms, uint32_t window_mult, dedupe_verdict *v);
+                    const char *body, int64_t now_ms, uint32_t window_mult, dedupe_near near,
+                    dedupe_verdict *v);
 /* Writes the exact-dedupe entry and, for a duplicate, creates or updates its family (setting
  * v->family and v->dup_count). Writes through t; errors are t's sticky error. */
 int dedupe_write(struct cph_engine *e, struct cph_txn *t, const char *chan, const char *body,

@@ -21,15 +21,21 @@
 #include "lanes/sched.h"
 #include "store/store.h"
 
-/* One live inbox message (pending or staged). */
+/* One live inbox entry (pending or staged): one event, or several counted in one (DESIGN §5:
+ * repeats of a family and the queue cap's overflow fold into an entry instead of vanishing).
+ * event_id is its first event; the others are member rows in CPH_DB_INBOX_FOLDS (inbox.h). */
 typedef struct inbox_item {
   uint64_t id; /* global inbox message id, increasing with arrival */
   uint64_t event_id;
   uint8_t status; /* CPH_INBOX_PENDING or CPH_INBOX_STAGED */
   bool mentioned;
+  uint8_t fold;      /* inbox_fold (inbox.h): why events are folded into it */
   uint32_t attempts; /* turns that carried it and did not complete */
   uint64_t turn_id;  /* the running turn carrying it, 0 if none */
   int64_t created_ms;
+  uint32_t count;    /* events it stands for, >= 1 */
+  uint64_t fold_key; /* INBOX_FOLD_REPEAT: the family whose repeats join it */
+  int64_t last_ms;   /* arrival of its newest event */
 } inbox_item;
 
 /* One session in memory. A million idle ones must fit in 256 bytes of RSS each (DESIGN §12),
@@ -45,7 +51,7 @@ typedef struct csession {
   uint32_t n_inbox, cap_inbox;
   uint32_t n_pending;
   uint32_t n_staged;
-  uint64_t dropped;
+  uint64_t folded; /* events the queue cap folded into its overflow entries */
   uint64_t running_turn;  /* 0 when not running */
   uint64_t episode;
   int64_t next_tick_ns; /* when its next autonomy tick is due; 0 = none */
@@ -123,7 +129,7 @@ struct cph_engine {
   op_queue done;    /* applied in this pass: called back after commit */
   bool staged_last_pass;
   uint64_t last_reply_id;
-  uint64_t dropped_total;
+  uint64_t folded_total; /* over all sessions: cephalon_inbox_overflow_folded_total */
   bool ingest_full; /* ingest found the store full; it resumes past a margin (ingest.c) */
 
   cph_txn txn; /* the pass's write transaction, open only inside run_pass */
@@ -188,6 +194,12 @@ int history_append(cph_engine *e, cph_txn *t, const char *channel, uint64_t even
  * embed_status is none. */
 int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, const char *text,
                 uint64_t source_event_id, bool embed, uint64_t *id_out);
+/* An aggregate memory is tagged with its family ("family:<id>", out holds 32 bytes), so the
+ * family keeps one memory that aggregate_upsert updates in place (DESIGN §5). */
+void memory_family_tag(uint64_t family, char out[32]);
+int memory_add_tag(cph_txn *t, uint64_t id, const char *tag);
+/* Replaces a memory's text (and token estimate); an embedded one is queued to embed again. */
+int memory_set_text(cph_engine *e, cph_txn *t, uint64_t id, const char *text);
 /* The index of memories by scope (database memory_scopes) keeps raw memories apart from the
  * others (summaries, aggregates), so a turn can fill each part of its memory budget without
  * reading through the other: key = scope\0 "raw"|"other"\0 u64 memory id -> be64 source event

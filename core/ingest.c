@@ -8,11 +8,10 @@
 #include "backpressure.h"
 #include "dedupe.h"
 #include "engine_internal.h"
+#include "inbox.h"
 #include "metrics.h"
 
 #define CHANNEL_MAX 256
-#define NOTICE_SENDER "cephalon"
-#define NOTICE_KIND "aggregate"
 
 const char *cph_ingest_status_name(cph_ingest_status s) {
   switch (s) {
@@ -58,13 +57,11 @@ static int put_inbox(cph_txn *t, const char *session, const inbox_item *it, uint
   return cph_txn_put_record(t, CPH_DB_INBOX, &k, &cph_inbox_desc, &r);
 }
 
-/* The engine-side record of where this event goes. */
+/* Where this event goes. */
 typedef struct target {
   csession *session;
   bool mentioned;
   bool direct; /* named by the event (explicit session or mention), not only subscribed */
-  uint64_t inbox_id;
-  int32_t drop_index; /* inbox index to drop for the queue cap, -1 none */
 } target;
 
 static void reject(cph_event_result *res, const char *field, const char *why) {
@@ -83,119 +80,232 @@ static bool add_target(target *ts, size_t *n, size_t cap, csession *s, bool ment
     }
   if (*n == cap)
     return false;
-  ts[(*n)++] = (target){s, mentioned, direct, 0, -1};
+  ts[(*n)++] = (target){s, mentioned, direct};
   return true;
 }
 
-/* §4 queue cap: the oldest un-mentioned pending message goes (or, when every pending message
- * is a mention, the oldest pending one). */
-static int32_t pick_drop(const csession *s) {
-  int32_t oldest_pending = -1;
-  for (uint32_t i = 0; i < s->n_inbox; i++) {
-    if (s->inbox[i].status != CPH_INBOX_PENDING)
-      continue;
-    if (!s->inbox[i].mentioned)
-      return (int32_t)i;
-    if (oldest_pending < 0)
-      oldest_pending = (int32_t)i;
-  }
-  return oldest_pending;
-}
+/* ---------------------------------------------------------------- delivery and its undo */
 
-/* Writes one inbox message per target (and the queue cap's drops) in t.
- *
- * A new message is pending in memory until poll_inbox stages it, but it is written `staged`
- * at once: poll_inbox runs later in the same pass, inside the same pass transaction, so no
- * committed state ever held it pending, and writing it a second time only to flip its status
- * cost one put per message. A message that ingest_notice adds after this pass's poll
- * (reconcile runs last) is staged in memory by the next pass; a crash before then brings it
- * back staged, as if that poll had run before the crash. Records written `pending` by older
- * versions still load pending and are staged by the first pass. */
-static void targets_write(cph_engine *e, cph_txn *t, target *ts, size_t n, uint64_t event_id,
-                          int64_t now_ms) {
-  int64_t max_queue = e->policy->sessions.max_queue;
-  for (size_t i = 0; i < n; i++) {
-    csession *s = ts[i].session;
-    cph_txn_next_id(t, "inbox", &ts[i].inbox_id);
-    inbox_item it = {ts[i].inbox_id, event_id, CPH_INBOX_PENDING, ts[i].mentioned, 0, 0, now_ms};
-    put_inbox(t, s->id, &it, CPH_INBOX_STAGED);
-    if ((int64_t)s->n_pending + 1 > max_queue) {
-      ts[i].drop_index = pick_drop(s);
-      if (ts[i].drop_index >= 0)
-        put_inbox(t, s->id, &s->inbox[ts[i].drop_index], CPH_INBOX_DROPPED);
-    }
-  }
-}
+/* What delivery changed in a session's live inbox, so that a failed request can put it back:
+ * an entry pushed (undone by removing it), changed (by restoring `before`) or removed (by
+ * pushing `before` back). `folded` is what the change added to the overflow counters. */
+typedef enum { UNDO_PUSHED, UNDO_CHANGED, UNDO_REMOVED } undo_kind;
 
-/* What targets_apply changed in one session, so that a failed request can put it back. */
-typedef struct target_undo {
+typedef struct inbox_undo {
   csession *session;
-  uint64_t inbox_id; /* the message pushed */
-  bool dropped;      /* and the one the queue cap dropped for it */
-  inbox_item drop;
-} target_undo;
+  undo_kind kind;
+  inbox_item before;
+  uint32_t folded;
+} inbox_undo;
 
 typedef struct undo_log {
-  target_undo *items;
+  inbox_undo *items;
   size_t n, cap;
 } undo_log;
 
-/* After the writes of targets_write: the sessions' live inboxes follow. With undo, every
- * change is logged first (CPH_ENOMEM, changing nothing, when the log cannot grow). */
-static int targets_apply(cph_engine *e, const target *ts, size_t n, uint64_t event_id,
-                         int64_t now_ms, cph_event_result *res, undo_log *undo) {
-  if (undo && undo->n + n > undo->cap) {
-    size_t cap = undo->cap ? undo->cap : 64;
-    while (cap < undo->n + n)
-      cap *= 2;
-    target_undo *items = realloc(undo->items, cap * sizeof *items);
-    if (!items)
+static int undo_note(undo_log *u, csession *s, undo_kind kind, const inbox_item *it,
+                     uint32_t folded) {
+  if (!u)
+    return CPH_OK;
+  if (u->n == u->cap) {
+    size_t cap = u->cap ? u->cap * 2 : 64;
+    inbox_undo *p = realloc(u->items, cap * sizeof *p);
+    if (!p)
       return CPH_ENOMEM;
-    undo->items = items;
-    undo->cap = cap;
+    u->items = p;
+    u->cap = cap;
   }
-  if (res)
-    res->sessions.items = calloc(n ? n : 1, sizeof(char *));
-  for (size_t i = 0; i < n; i++) {
-    csession *s = ts[i].session;
-    target_undo *u = undo ? &undo->items[undo->n++] : NULL;
-    if (u)
-      *u = (target_undo){s, ts[i].inbox_id, false, {0}};
-    if (ts[i].drop_index >= 0) {
-      if (u) {
-        u->dropped = true;
-        u->drop = s->inbox[ts[i].drop_index];
-      }
-      csession_inbox_remove(s, (uint32_t)ts[i].drop_index);
-      s->dropped++;
-      e->dropped_total++;
-    }
-    inbox_item it = {ts[i].inbox_id, event_id, CPH_INBOX_PENDING, ts[i].mentioned, 0, 0, now_ms};
-    csession_inbox_push(s, &it);
-    engine_mark_pending(e, s);
-    if (res && res->sessions.items)
-      res->sessions.items[res->sessions.count++] = strdup(s->id);
-  }
+  u->items[u->n++] = (inbox_undo){s, kind, *it, folded};
   return CPH_OK;
+}
+
+static int32_t inbox_find(const csession *s, uint64_t id) {
+  for (uint32_t j = s->n_inbox; j-- > 0;)
+    if (s->inbox[j].id == id)
+      return (int32_t)j;
+  return -1;
 }
 
 /* Puts the live inboxes back as they were before the logged changes, newest first. A session
  * left in the pending list finds nothing to stage: harmless. */
 static void targets_undo(cph_engine *e, undo_log *undo) {
   while (undo->n) {
-    target_undo *u = &undo->items[--undo->n];
+    inbox_undo *u = &undo->items[--undo->n];
     csession *s = u->session;
-    for (uint32_t j = s->n_inbox; j-- > 0;)
-      if (s->inbox[j].id == u->inbox_id) {
-        csession_inbox_remove(s, j);
-        break;
-      }
-    if (u->dropped) {
-      csession_inbox_push(s, &u->drop); /* keeps id order: back where it was */
-      s->dropped--;
-      e->dropped_total--;
+    int32_t at = inbox_find(s, u->before.id);
+    switch (u->kind) {
+    case UNDO_PUSHED:
+      if (at >= 0)
+        csession_inbox_remove(s, (uint32_t)at);
+      break;
+    case UNDO_CHANGED:
+      if (at >= 0)
+        s->inbox[at] = u->before;
+      break;
+    case UNDO_REMOVED:
+      if (at < 0)
+        csession_inbox_push(s, &u->before); /* keeps id order: back where it was */
+      break;
     }
+    s->folded -= u->folded;
+    e->folded_total -= u->folded;
   }
+}
+
+/* The entry a repeat folds into: the session's entry, not yet carried by a turn, that holds
+ * the original or already gathers the family's repeats. -1: none (the repeat is staged anew,
+ * DESIGN §5). Newest first: a family's entry is usually among the last. */
+static int32_t fold_target(const csession *s, const dedupe_verdict *v) {
+  for (uint32_t j = s->n_inbox; j-- > 0;) {
+    const inbox_item *it = &s->inbox[j];
+    if (it->turn_id)
+      continue;
+    if (it->event_id == v->original_event ||
+        (v->family && it->fold == INBOX_FOLD_REPEAT && it->fold_key == v->family))
+      return (int32_t)j;
+  }
+  return -1;
+}
+
+/* Folds event into the un-leased entry at index at. */
+static int fold_into(cph_txn *t, csession *s, int32_t at, uint64_t event_id, bool mentioned,
+                     const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
+  inbox_item *it = &s->inbox[at];
+  if (undo_note(undo, s, UNDO_CHANGED, it, 0))
+    return CPH_ENOMEM;
+  bool was_mentioned = it->mentioned;
+  if (it->fold == INBOX_FOLD_NONE && v && v->family) {
+    it->fold = INBOX_FOLD_REPEAT;
+    it->fold_key = v->family;
+  }
+  it->count++;
+  it->mentioned |= mentioned;
+  if (now_ms > it->last_ms)
+    it->last_ms = now_ms;
+  inbox_fold_add(t, s->id, it->id, event_id);
+  inbox_fold_put(t, s->id, it);
+  if (it->mentioned != was_mentioned)
+    put_inbox(t, s->id, it, CPH_INBOX_STAGED);
+  return t->ret;
+}
+
+/* Entries of s not carried by a running turn: what the queue cap counts. */
+static uint32_t queued_entries(const csession *s) {
+  uint32_t n = 0;
+  for (uint32_t j = 0; j < s->n_inbox; j++)
+    n += s->inbox[j].turn_id == 0;
+  return n;
+}
+
+/* The oldest entry the queue cap may fold away: un-leased, not the overflow entry, preferring
+ * one not mentioned (DESIGN §4). -1: none. */
+static int32_t overflow_victim(const csession *s) {
+  int32_t oldest = -1;
+  for (uint32_t j = 0; j < s->n_inbox; j++) {
+    const inbox_item *it = &s->inbox[j];
+    if (it->turn_id || it->fold == INBOX_FOLD_OVERFLOW)
+      continue;
+    if (!it->mentioned)
+      return (int32_t)j;
+    if (oldest < 0)
+      oldest = (int32_t)j;
+  }
+  return oldest;
+}
+
+static int32_t overflow_entry(const csession *s) {
+  for (uint32_t j = 0; j < s->n_inbox; j++)
+    if (!s->inbox[j].turn_id && s->inbox[j].fold == INBOX_FOLD_OVERFLOW)
+      return (int32_t)j;
+  return -1;
+}
+
+/* §4 queue cap: makes room for one more entry by folding the oldest queued entry into the
+ * session's overflow entry (the first time, the oldest entry becomes the overflow entry and
+ * the next oldest folds into it). Its events stay counted there: nothing is dropped. */
+static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo) {
+  int32_t ov = overflow_entry(s);
+  if (ov < 0) {
+    int32_t v = overflow_victim(s);
+    if (v < 0)
+      return CPH_OK; /* everything queued is in the running turn */
+    inbox_item *it = &s->inbox[v];
+    if (undo_note(undo, s, UNDO_CHANGED, it, it->count))
+      return CPH_ENOMEM;
+    it->fold = INBOX_FOLD_OVERFLOW;
+    it->fold_key = 0;
+    s->folded += it->count;
+    e->folded_total += it->count;
+    inbox_fold_put(t, s->id, it);
+    ov = v;
+  }
+  int32_t v = overflow_victim(s);
+  if (v < 0)
+    return t->ret;
+  inbox_item victim = s->inbox[v];
+  if (undo_note(undo, s, UNDO_CHANGED, &s->inbox[ov], 0) ||
+      undo_note(undo, s, UNDO_REMOVED, &victim, victim.count))
+    return CPH_ENOMEM;
+  inbox_item *o = &s->inbox[ov];
+  o->count += victim.count;
+  o->mentioned |= victim.mentioned;
+  if (victim.last_ms > o->last_ms)
+    o->last_ms = victim.last_ms;
+  if (victim.count > 1)
+    inbox_fold_move(t, s->id, victim.id, o->id);
+  inbox_fold_add(t, s->id, o->id, victim.event_id);
+  inbox_fold_put(t, s->id, o);
+  put_inbox(t, s->id, o, CPH_INBOX_STAGED); /* its mentioned flag may have changed */
+  put_inbox(t, s->id, &victim, CPH_INBOX_FOLDED);
+  csession_inbox_remove(s, (uint32_t)v);
+  s->folded += victim.count;
+  e->folded_total += victim.count;
+  return t->ret;
+}
+
+/* Delivers event_id to target session s (the accounting rule, DESIGN §5): a repeat (v given)
+ * folds into its family's queued entry when the session has one; anything else is a new entry
+ * — pending in memory until poll_inbox stages it, but written `staged` at once: poll_inbox
+ * runs later in the same pass, inside the same pass transaction, so no committed state ever
+ * held it pending. A message that arrives after this pass's poll is staged in memory by the
+ * next pass; a crash before then brings it back staged, as if that poll had run. Memory
+ * follows each write at once (the request's next event must see it) and undo can put it back. */
+static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bool mentioned,
+                   const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
+  if (v) {
+    int32_t at = fold_target(s, v);
+    if (at >= 0)
+      return fold_into(t, s, at, event_id, mentioned, v, now_ms, undo);
+  }
+  int64_t max_queue = e->policy->sessions.max_queue;
+  if ((int64_t)s->n_inbox >= max_queue && (int64_t)queued_entries(s) >= max_queue) {
+    int rc = overflow_fold(e, t, s, undo);
+    if (rc)
+      return rc;
+  }
+  inbox_item it = {0};
+  cph_txn_next_id(t, "inbox", &it.id);
+  it.event_id = event_id;
+  it.status = CPH_INBOX_PENDING;
+  it.mentioned = mentioned;
+  it.created_ms = it.last_ms = now_ms;
+  it.count = 1;
+  if (v && v->family) {
+    it.fold = INBOX_FOLD_REPEAT; /* staged anew: the family's next repeats join it */
+    it.fold_key = v->family;
+    inbox_fold_put(t, s->id, &it);
+  }
+  put_inbox(t, s->id, &it, CPH_INBOX_STAGED);
+  if (t->ret)
+    return t->ret;
+  if (csession_inbox_push(s, &it))
+    return CPH_ENOMEM;
+  if (undo_note(undo, s, UNDO_PUSHED, &it, 0)) {
+    csession_inbox_remove(s, (uint32_t)inbox_find(s, it.id));
+    return CPH_ENOMEM;
+  }
+  engine_mark_pending(e, s);
+  return CPH_OK;
 }
 
 /* Looks up an idempotency key: its event id if seen within the window. */
@@ -229,8 +339,12 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
     if (!text)
       return;
     snprintf(text, len, "[aggregate] repeated in #%s: %s", channel_name, v->sample);
-    memory_mint(e, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
-                backpressure_embed_allowed(e, step, true), NULL);
+    uint64_t id = 0;
+    char tag[32];
+    memory_family_tag(v->family, tag);
+    if (memory_mint(e, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
+                    backpressure_embed_allowed(e, step, true), &id) == CPH_OK)
+      memory_add_tag(t, id, tag); /* aggregate_upsert finds and updates this one */
     free(text);
   }
 }
@@ -241,9 +355,6 @@ typedef struct ingest_after {
   const char *chan; /* the event's channel (borrowed) or chan_owned */
   char *chan_owned; /* "direct:<session>" */
   uint64_t family;  /* the family it joined, 0 none */
-  bool coalesce;
-  const char *body;
-  int64_t dd_now;
 } ingest_after;
 
 /* One request's ingest: its events' writes share one child txn of the pass; memory follows
@@ -256,15 +367,30 @@ typedef struct ingest_req {
   uint64_t embed_queue_before;
 } ingest_req;
 
+/* Near-duplicate folding applies to bulk traffic only (DESIGN §5): a bulk channel or one at
+ * backpressure step >= 1 (any sender), a bulk sender (its own messages); never an event that
+ * names a session. */
+static dedupe_near near_scope(const cph_engine *e, const cph_event_in *in, const char *chan,
+                              int step) {
+  if (in->session || in->mentions.count)
+    return DEDUPE_NEAR_OFF;
+  if (step >= BP_STEP_AGGREGATE_ONLY || cph_policy_dedupe_is_bulk(e->policy, chan, NULL))
+    return DEDUPE_NEAR_CHANNEL;
+  return cph_policy_dedupe_is_bulk(e->policy, NULL, in->sender) ? DEDUPE_NEAR_SENDER
+                                                                 : DEDUPE_NEAR_OFF;
+}
+
 /* One event, written in the request's txn. Returns CPH_OK (the result says accepted or
  * rejected), or the error that fails the whole request (then err says why).
  *
- * Order: validation -> idempotency key (`duplicate`, stored once) -> content dedupe
- * (`aggregated`: stored with its hash, joins a family, staged to nobody, kept out of the
- * channel history so contexts do not fill with repeats) -> the channel's backpressure step:
- * aggregate-only stages only to explicit targets and mentions and counts the event into the
- * subscribers' next aggregate notice; step 5 stores an event staged to nobody without its
- * body. Memory (sessions, dedupe rings) follows only once every write of the event is in. */
+ * Order: validation -> idempotency key (`duplicate`, stored once) -> content dedupe (a repeat
+ * is `aggregated`: stored with its hash, joins its family, mints no memory, stays out of the
+ * channel history, and folds into each target's queued entry of its family — or is staged
+ * anew, counted, once that entry was consumed) -> routing -> delivery to every target (the
+ * accounting rule: nothing routed vanishes). Aggregate-only (backpressure step >= 1) mints no
+ * raw memory and lets near duplicates fold; step 5 stores an event that reached nobody
+ * without its body. Memory (sessions, dedupe rings) follows each write at once and is put
+ * back if the request fails. */
 static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event_result *res,
                       ingest_after *after, cph_err *err) {
   memset(res, 0, sizeof *res);
@@ -315,16 +441,15 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   int64_t dd_now = dedupe_now_ms(e);
   dedupe_verdict v;
   if (dedupe_classify(e, t, channel_name, in->sender, in->body, dd_now,
-                      step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1, &v) != CPH_OK) {
+                      step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1,
+                      near_scope(e, in, channel_name, step), &v) != CPH_OK) {
     dedupe_verdict_free(&v);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
   bool dup = v.kind != DEDUPE_NONE;
   bool aggregate_only = step >= BP_STEP_AGGREGATE_ONLY;
 
-  /* Routing: the explicit session, else the channel's subscribers; plus every mention. A
-   * duplicate goes to nobody; on an aggregate-only channel only the sessions the event names
-   * get it now. */
+  /* Routing: the explicit session, else the channel's subscribers; plus every mention. */
   size_t cap = 64;
   channel *ch = engine_channel(e, channel_name, false);
   if (!explicit_target && ch)
@@ -337,21 +462,16 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     dedupe_verdict_free(&v);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
-  if (!dup) {
-    if (explicit_target)
-      add_target(ts, &n, cap, explicit_target, false, true);
-    else if (ch && !aggregate_only)
-      for (size_t i = 0; i < ch->n_subscribers; i++) /* a subscriber list has no repeats */
-        ts[n++] = (target){ch->subscribers[i], false, false, 0, -1};
-    for (size_t i = 0; i < in->mentions.count; i++) {
-      csession *m = in->mentions.items[i] ? engine_session(e, in->mentions.items[i]) : NULL;
-      if (m)
-        add_target(ts, &n, cap, m, true, true); /* mentions of unknown sessions reach nobody */
-    }
+  if (explicit_target)
+    add_target(ts, &n, cap, explicit_target, false, true);
+  else if (ch)
+    for (size_t i = 0; i < ch->n_subscribers; i++) /* a subscriber list has no repeats */
+      ts[n++] = (target){ch->subscribers[i], false, false};
+  for (size_t i = 0; i < in->mentions.count; i++) {
+    csession *m = in->mentions.items[i] ? engine_session(e, in->mentions.items[i]) : NULL;
+    if (m)
+      add_target(ts, &n, cap, m, true, true); /* mentions of unknown sessions reach nobody */
   }
-  /* The subscribers hear of it through the channel's next aggregate notice instead. */
-  bool coalesce = aggregate_only && !explicit_target && ch && ch->n_subscribers;
-  bool aggregated = !n && (dup || aggregate_only);
 
   uint64_t event_id = 0;
   int64_t now_ms = cph_wall_ms();
@@ -365,7 +485,9 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   ev.id = event_id;
   ev.channel = (char *)channel_name;
   ev.sender = in->sender;
-  ev.body = step >= BP_STEP_DROP_PAYLOADS && !n ? NULL : in->body; /* hash + metadata stay */
+  /* Step 5: hash + metadata stay; the payload goes where nobody loses its text — an event
+   * that reached nobody, or an exact repeat (its family and its entry keep the text). */
+  ev.body = step >= BP_STEP_DROP_PAYLOADS && (!n || v.kind == DEDUPE_EXACT) ? NULL : in->body;
   ev.session = in->session;
   ev.mentions = in->mentions.items;
   ev.n_mentions = (uint32_t)in->mentions.count;
@@ -373,7 +495,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   ev.key = in->key;
   ev.ts_ms = in->ts_ms ? in->ts_ms : now_ms;
   ev.received_ms = now_ms;
-  ev.status = n ? CPH_EVENT_QUEUED : aggregated ? CPH_EVENT_AGGREGATED : CPH_EVENT_STORED;
+  ev.status = dup ? CPH_EVENT_AGGREGATED : n ? CPH_EVENT_QUEUED : CPH_EVENT_STORED;
   memcpy(ev.body_sha256, v.sha256, sizeof ev.body_sha256);
   ev.simhash = v.simhash;
   ev.family = v.family;
@@ -381,7 +503,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   cph_key_reset(&ek);
   cph_key_u64(&ek, event_id);
   cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
-  if (!aggregated)
+  if (!dup)
     history_append(e, t, channel_name, event_id);
   if (in->key) {
     cph_key kk;
@@ -393,7 +515,6 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
   }
   mint_memories(e, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id);
-  targets_write(e, t, ts, n, event_id, now_ms);
   if (t->ret) {
     /* Storage full and friends: the request fails with the store's error (507 for a full
      * map) and none of its events is stored. */
@@ -404,21 +525,30 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
     goto done;
   }
-  rc = targets_apply(e, ts, n, event_id, now_ms, res, &rq->undo);
-  if (rc) {
-    rc = cph_err_set(err, rc, "out of memory");
+  res->sessions.items = calloc(n ? n : 1, sizeof(char *));
+  if (!res->sessions.items) {
+    rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
     goto done;
+  }
+  for (size_t i = 0; i < n; i++) {
+    rc = deliver(e, t, ts[i].session, event_id, ts[i].mentioned, dup ? &v : NULL, now_ms,
+                 &rq->undo);
+    if (rc == CPH_OK && !(res->sessions.items[res->sessions.count] = strdup(ts[i].session->id)))
+      rc = CPH_ENOMEM;
+    if (rc) {
+      rc = t->ret ? cph_err_set(err, t->ret, "%s", t->err.msg)
+                  : cph_err_set(err, rc, "out of memory");
+      goto done;
+    }
+    res->sessions.count++;
   }
 
   /* Every write of the event is in: memory follows (put back if the request fails). */
   dedupe_commit(e, channel_name, event_id, dd_now, &v);
   after->chan = after->chan_owned ? after->chan_owned : channel_name;
   after->family = dup ? v.family : 0;
-  after->coalesce = coalesce;
-  after->body = in->body;
-  after->dd_now = dd_now;
   res->id = event_id;
-  res->status = n ? CPH_EV_QUEUED : aggregated ? CPH_EV_AGGREGATED : CPH_EV_STORED;
+  res->status = dup ? CPH_EV_AGGREGATED : n ? CPH_EV_QUEUED : CPH_EV_STORED;
 done:
   dedupe_verdict_free(&v);
   if (ts != local)
@@ -523,11 +653,8 @@ void ingest_apply(cph_engine *e, cph_op *op) {
   } else {
     for (size_t i = 0; i < n; i++) {
       const ingest_after *a = &rq.after[i];
-      if (a->chan) {
+      if (a->chan)
         backpressure_note_event(e, a->chan, a->family);
-        if (a->coalesce)
-          backpressure_coalesce(e, a->chan, a->family, a->body, a->dd_now);
-      }
       metrics_event(e, op->u.ingest.results[i].status);
     }
   }
@@ -537,49 +664,10 @@ void ingest_apply(cph_engine *e, cph_op *op) {
   free(rq.undo.items);
 }
 
-/* A backpressure notice (backpressure.h): an event from "cephalon" in the channel's history,
- * staged for every subscriber (members are triggered only by mentions). Not deduplicated,
- * not counted in the channel's rate, no memory. */
-int ingest_notice(cph_engine *e, const char *channel_name, const char *body) {
-  channel *ch = engine_channel(e, channel_name, false);
-  if (!ch || !ch->n_subscribers)
-    return CPH_OK;
-  target *ts = malloc(ch->n_subscribers * sizeof *ts);
-  if (!ts)
-    return CPH_ENOMEM;
-  size_t n = 0;
-  for (size_t i = 0; i < ch->n_subscribers; i++) /* subscriber lists hold no repeats */
-    ts[n++] = (target){ch->subscribers[i], false, false, 0, -1};
-  cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
-  uint64_t event_id = 0;
-  int64_t now_ms = cph_wall_ms();
-  cph_txn_next_id(&t, "event", &event_id);
-  cph_event_rec ev = {0};
-  ev.id = event_id;
-  ev.channel = (char *)channel_name;
-  ev.sender = NOTICE_SENDER;
-  ev.body = (char *)body;
-  ev.kind = NOTICE_KIND;
-  ev.ts_ms = ev.received_ms = now_ms;
-  ev.status = CPH_EVENT_QUEUED;
-  cph_key ek;
-  cph_key_reset(&ek);
-  cph_key_u64(&ek, event_id);
-  cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
-  history_append(e, &t, channel_name, event_id);
-  targets_write(e, &t, ts, n, event_id, now_ms);
-  int rc = cph_txn_commit(&t);
-  if (rc == CPH_OK)
-    targets_apply(e, ts, n, event_id, now_ms, NULL, NULL);
-  free(ts);
-  return rc;
-}
-
 /* ---------------------------------------------------------------- poll_inbox */
 
 /* Stages every pending message of the sessions that received some (§3.6 job 1). Memory
- * only: targets_write already wrote them `staged`, in this pass's transaction. New messages
+ * only: deliver() already wrote them `staged`, in this pass's transaction. New messages
  * arrive at the end and every pass stages them, so each scan walks back from the end and
  * stops once it found them all: O(new messages), not O(inbox). */
 uint64_t inbox_poll(cph_engine *e) {

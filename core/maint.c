@@ -529,7 +529,38 @@ static int apply_retention(cph_engine *e, cph_txn *t) {
   return CPH_OK;
 }
 
-/* aggregate_upsert: the family's aggregate memory reflects its current count. */
+/* The aggregate memory of a family carries the tag "family:<id>" (memory_tag_family). Looked
+ * for among the "other" (non-raw) memories of the scope: O(summaries and aggregates of one
+ * channel), for a maintenance job. 0 when there is none. */
+static uint64_t family_memory_find(cph_txn *t, const char *scope, const char *tag) {
+  cph_key prefix;
+  memory_scope_prefix(&prefix, scope, false);
+  cph_cursor c;
+  if (cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &c))
+    return 0;
+  uint64_t found = 0;
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, &prefix, &k, &v); rc == CPH_OK && !found;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    if (k.len != prefix.len + 8 || memcmp(k.data, prefix.data, prefix.len) != 0)
+      break;
+    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix.len);
+    cph_key mk = u64_key(id);
+    cph_memory_rec m;
+    if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
+      continue;
+    for (uint32_t i = 0; i < m.n_tags && !found; i++)
+      if (!m.deleted && m.kind == CPH_MEMORY_AGGREGATE && strcmp(m.tags[i], tag) == 0)
+        found = id;
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  cph_cursor_close(&c);
+  return found;
+}
+
+/* aggregate_upsert: the family's one aggregate memory reflects its current count — updated in
+ * place (DESIGN §5: one memory per family, never a new one per run); minted only when the
+ * family has none yet. */
 static int apply_aggregate_upsert(cph_engine *e, cph_txn *t, const char *args) {
   uint64_t family = args && strncmp(args, "family=", 7) == 0 ? strtoull(args + 7, NULL, 10) : 0;
   if (!family)
@@ -543,10 +574,19 @@ static int apply_aggregate_upsert(cph_engine *e, cph_txn *t, const char *args) {
   if (asprintf(&text, "[aggregate] %llu similar messages in %s: %s",
                (unsigned long long)a.dup_count, a.n_channels ? a.channels[0] : "?", a.sample) < 0)
     text = NULL;
-  char scope[300];
+  char scope[300], tag[32];
   snprintf(scope, sizeof scope, "#%s", a.n_channels ? a.channels[0] : "");
-  if (text)
-    rc = memory_mint(e, t, scope, CPH_MEMORY_AGGREGATE, text, 0, false, NULL);
+  memory_family_tag(family, tag);
+  uint64_t id = family_memory_find(t, scope, tag);
+  if (!text) {
+    rc = CPH_ENOMEM;
+  } else if (id) {
+    rc = memory_set_text(e, t, id, text);
+  } else {
+    rc = memory_mint(e, t, scope, CPH_MEMORY_AGGREGATE, text, 0, false, &id);
+    if (rc == CPH_OK)
+      rc = memory_add_tag(t, id, tag);
+  }
   free(text);
   cph_record_free(&cph_aggregate_desc, &a);
   return rc;

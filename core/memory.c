@@ -1,4 +1,5 @@
 /* Memories (DESIGN §7): minting, and the embed queue they join. Retrieval is in search.c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,5 +45,58 @@ int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, cons
   }
   if (rc == CPH_OK && id_out)
     *id_out = id;
+  return rc;
+}
+
+void memory_family_tag(uint64_t family, char out[32]) {
+  snprintf(out, 32, "family:%llu", (unsigned long long)family);
+}
+
+int memory_add_tag(cph_txn *t, uint64_t id, const char *tag) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, id);
+  cph_memory_rec m;
+  int rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+  if (rc)
+    return rc;
+  char **tags = realloc(m.tags, (m.n_tags + 1) * sizeof *tags);
+  if (!tags) {
+    cph_record_free(&cph_memory_desc, &m);
+    return CPH_ENOMEM;
+  }
+  m.tags = tags;
+  if (!(tags[m.n_tags] = strdup(tag))) {
+    cph_record_free(&cph_memory_desc, &m);
+    return CPH_ENOMEM;
+  }
+  m.n_tags++;
+  rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+  cph_record_free(&cph_memory_desc, &m);
+  return rc;
+}
+
+int memory_set_text(cph_engine *e, cph_txn *t, uint64_t id, const char *text) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, id);
+  cph_memory_rec m;
+  int rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+  if (rc)
+    return rc;
+  char *old = m.text;
+  m.text = (char *)text;
+  m.tokens_est = tokens_estimate(text);
+  bool reembed = m.embed_status == CPH_EMBED_READY;
+  if (reembed)
+    m.embed_status = CPH_EMBED_PENDING; /* its vector describes the old text */
+  rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+  m.text = old;
+  cph_record_free(&cph_memory_desc, &m);
+  if (rc == CPH_OK && reembed) {
+    rc = cph_txn_put(t, CPH_DB_EMBED_QUEUE, &k, "", 0);
+    if (rc == CPH_OK)
+      e->embed_queue_len++;
+  }
   return rc;
 }

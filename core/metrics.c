@@ -568,10 +568,10 @@ static void add_ingest(cph_engine *e, metric_registry *r) {
   for (int s = 0; s < N_STATUS; s++)
     metric_counter_set(metric_series_add(f, cph_ingest_status_name((cph_ingest_status)s)),
                        l->events[s]);
-  metric_add_counter(r, "cephalon_inbox_dropped_total",
-                     "Pending inbox messages dropped by the per-session queue cap "
-                     "(:sessions :max-queue).",
-                     e->dropped_total);
+  metric_add_counter(r, "cephalon_inbox_overflow_folded_total",
+                     "Events the per-session queue cap (:sessions :max-queue) folded into an "
+                     "overflow entry; they stay counted there, nothing is dropped.",
+                     e->folded_total);
 }
 
 static void add_dedupe(cph_engine *e, metric_registry *r) {

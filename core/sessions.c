@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "context.h"
 #include "engine_internal.h"
+#include "inbox.h"
 
 #define ID_MAX 128
 
@@ -283,7 +284,7 @@ static int info_from(cph_engine *e, const cph_session_rec *r, const csession *s,
   out->system = r->system ? strdup(r->system) : NULL;
   out->pending = s->n_pending;
   out->staged = s->n_staged;
-  out->dropped = s->dropped;
+  out->folded = s->folded;
   if (!out->id || !out->subscribe.items || !out->member.items || !out->tools.items ||
       (r->system && !out->system)) {
     cph_session_info_free(out);
@@ -550,8 +551,22 @@ static int load_inbox(cph_engine *e, cph_txn *t, cph_err *err) {
     csession *s = engine_session(e, r.session);
     if (s && (r.status == CPH_INBOX_PENDING || r.status == CPH_INBOX_STAGED)) {
       /* The inbox id is the key's trailing u64. */
-      inbox_item it = {cph_be64_get((const uint8_t *)k.data + k.len - 8), r.event_id, r.status,
-                       r.mentioned, r.attempts, 0, r.created_ms};
+      inbox_item it = {0};
+      it.id = cph_be64_get((const uint8_t *)k.data + k.len - 8);
+      it.event_id = r.event_id;
+      it.status = r.status;
+      it.mentioned = r.mentioned;
+      it.attempts = r.attempts;
+      it.created_ms = r.created_ms;
+      int frc = inbox_fold_get(t, s->id, &it); /* what is folded into it: O(1) per live entry */
+      if (frc) {
+        char key[160];
+        cph_key_describe(k.data, k.len, key, sizeof key);
+        cph_record_free(&cph_inbox_desc, &r);
+        cph_cursor_close(&c);
+        return cph_err_set(err, frc, "inbox entry %s: cannot read what is folded into it: %s",
+                           key, cph_strerror(frc));
+      }
       if (csession_inbox_push(s, &it)) {
         cph_record_free(&cph_inbox_desc, &r);
         cph_cursor_close(&c);

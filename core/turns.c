@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "context.h"
 #include "engine_internal.h"
+#include "inbox.h"
 #include "metrics.h"
 
 const char *cph_turn_kind_name(cph_turn_kind_t k) {
@@ -31,6 +33,7 @@ void cph_turn_info_free(cph_turn_info *t) {
     free(t->staged[i].channel);
     free(t->staged[i].sender);
     free(t->staged[i].body);
+    free(t->staged[i].event_ids);
   }
   free(t->staged);
   for (size_t i = 0; i < t->n_history; i++) {
@@ -197,6 +200,156 @@ static int staged_order(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* "HH:MM" (UTC) of a wall-clock time in ms. */
+static void hhmm(int64_t ms, char out[8]) {
+  time_t secs = (time_t)(ms / 1000);
+  struct tm tm;
+  if (!gmtime_r(&secs, &tm))
+    snprintf(out, 8, "--:--");
+  else
+    snprintf(out, 8, "%02d:%02d", tm.tm_hour % 100, tm.tm_min % 100);
+}
+
+#define FOLD_READ_MAX 64   /* events of a folded entry read for its distinct texts */
+#define FOLD_TEXTS_MAX 16  /* distinct texts shown for one folded entry */
+
+typedef struct fold_text {
+  char *sender;
+  char *body;
+  uint32_t count;
+} fold_text;
+
+/* The distinct (sender, text) pairs of a folded entry's events, read from at most
+ * FOLD_READ_MAX of them (its first and newest halves), into the entry's body:
+ *   one text:  "<text> (×N, last HH:MM)"
+ *   several:   "N messages, HH:MM–HH:MM:" (overflow: "N older messages folded by the queue
+ *              cap, HH:MM–HH:MM:") then one line per text "- sender: text (×k)", and a last
+ *              line saying how many events are not shown when the entry holds more. */
+static int fold_describe(cph_txn *t, const uint64_t *ids, size_t n_ids, const inbox_item *it,
+                         cph_staged_msg *m) {
+  fold_text texts[FOLD_TEXTS_MAX];
+  size_t n_texts = 0, read = 0, shown = 0, removed = 0;
+  int rc = CPH_OK;
+  for (size_t k = 0; k < n_ids && read < FOLD_READ_MAX && rc == CPH_OK; k++) {
+    size_t j = k < FOLD_READ_MAX / 2 || n_ids <= FOLD_READ_MAX ? k
+               : k < FOLD_READ_MAX   ? n_ids - (FOLD_READ_MAX - k)
+                                     : n_ids;
+    if (j >= n_ids)
+      break;
+    cph_key ek = u64_key(ids[j]);
+    cph_event_rec ev;
+    int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    if (grc == CPH_ENOTFOUND)
+      continue; /* retention deleted it: still counted in `count` */
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    read++;
+    if (!ev.body && it->fold == INBOX_FOLD_REPEAT) {
+      cph_record_free(&cph_event_desc, &ev);
+      removed++; /* an exact repeat whose payload step 5 dropped: the family's text */
+      continue;
+    }
+    const char *body = ev.body ? ev.body : "(payload removed)";
+    size_t at = 0;
+    while (at < n_texts && (strcmp(texts[at].body, body) || strcmp(texts[at].sender, ev.sender)))
+      at++;
+    if (at < n_texts) {
+      texts[at].count++;
+      shown++;
+    } else if (n_texts < FOLD_TEXTS_MAX) {
+      texts[n_texts].sender = strdup(ev.sender);
+      texts[n_texts].body = strdup(body);
+      texts[n_texts].count = 1;
+      if (!texts[n_texts].sender || !texts[n_texts].body) {
+        free(texts[n_texts].sender);
+        free(texts[n_texts].body);
+        rc = CPH_ENOMEM;
+      } else {
+        n_texts++;
+        shown++;
+      }
+    }
+    cph_record_free(&cph_event_desc, &ev);
+  }
+  char first[8], last[8];
+  hhmm(m->ts_ms, first);
+  hhmm(it->last_ms, last);
+  cph_buf b = CPH_BUF_INIT;
+  if (rc == CPH_OK) {
+    bool one = n_texts == 1 && read == n_ids;
+    bool same = n_texts == 1 && !one; /* sampled (or payloads removed), all read said the same */
+    shown += removed;
+    if (n_texts == 0) {
+      cph_buf_printf(&b, "(%u messages whose payloads were removed, %s–%s)", it->count, first,
+                     last);
+    } else if (one || (same && it->fold == INBOX_FOLD_REPEAT)) {
+      cph_buf_printf(&b, "%s (×%u, last %s)", texts[0].body, it->count, last);
+    } else {
+      if (it->fold == INBOX_FOLD_OVERFLOW)
+        cph_buf_printf(&b, "%u older messages folded by the queue cap, %s–%s:", it->count,
+                       first, last);
+      else
+        cph_buf_printf(&b, "%u messages, %s–%s:", it->count, first, last);
+      for (size_t k = 0; k < n_texts; k++) {
+        cph_buf_printf(&b, "\n- %s: %s", texts[k].sender, texts[k].body);
+        if (texts[k].count > 1)
+          cph_buf_printf(&b, " (×%u)", texts[k].count);
+      }
+      if (shown < it->count)
+        cph_buf_printf(&b, "\n- … and %u more not shown", (unsigned)(it->count - shown));
+    }
+  }
+  for (size_t k = 0; k < n_texts; k++) {
+    free(texts[k].sender);
+    free(texts[k].body);
+  }
+  if (rc == CPH_OK) {
+    free(m->body);
+    m->body = cph_buf_steal(&b);
+    if (!m->body)
+      rc = CPH_ENOMEM;
+  }
+  cph_buf_free(&b);
+  return rc;
+}
+
+/* One staged entry of a turn: its first event, and for a folded entry every event id and the
+ * body that shows them counted (fold_describe). */
+static int staged_fill(cph_txn *t, const csession *s, const inbox_item *it, cph_staged_msg *m) {
+  cph_key ek = u64_key(it->event_id);
+  cph_event_rec ev;
+  int rc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  if (rc)
+    return rc;
+  m->id = it->id;
+  m->event_id = ev.id;
+  m->channel = strdup(ev.channel);
+  m->sender = strdup(ev.sender);
+  m->body = dup_or_empty(ev.body);
+  m->mentioned = it->mentioned;
+  m->ts_ms = ev.ts_ms;
+  m->count = it->count;
+  m->last_ms = it->last_ms;
+  m->fold = inbox_fold_name(it->fold);
+  cph_record_free(&cph_event_desc, &ev);
+  if (!m->channel || !m->sender || !m->body)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK)
+    rc = inbox_fold_events(t, s->id, it, &m->event_ids, &m->n_event_ids);
+  if (rc == CPH_OK && it->count > 1)
+    rc = fold_describe(t, m->event_ids, m->n_event_ids, it, m);
+  if (rc) {
+    free(m->channel);
+    free(m->sender);
+    free(m->body);
+    free(m->event_ids);
+    memset(m, 0, sizeof *m);
+  }
+  return rc;
+}
+
 /* Fills ti from the session record, the staged items and the scheduler; reads (and counts
  * memory accesses) through t. The sections and messages are core/context.c's. */
 static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items, size_t n,
@@ -220,23 +373,14 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
   cph_buf input = CPH_BUF_INIT;
   cph_buf_puts(&input, n ? "inbox:" : "autonomy_tick");
   for (size_t i = 0; i < n && ti->staged; i++) {
-    cph_key ek = u64_key(items[i]->event_id);
-    cph_event_rec ev;
-    rc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    cph_staged_msg *m = &ti->staged[ti->n_staged];
+    rc = staged_fill(t, s, items[i], m);
     if (rc)
       break;
-    cph_staged_msg *m = &ti->staged[ti->n_staged++];
-    m->id = items[i]->id;
-    m->event_id = ev.id;
-    m->channel = strdup(ev.channel);
-    m->sender = strdup(ev.sender);
-    m->body = dup_or_empty(ev.body);
-    m->mentioned = items[i]->mentioned;
-    m->ts_ms = ev.ts_ms;
+    ti->n_staged++;
     if (i)
       cph_buf_putc(&input, '\n');
     cph_buf_puts(&input, m->body);
-    cph_record_free(&cph_event_desc, &ev);
   }
   ti->input = cph_buf_steal(&input);
   if (rc == CPH_OK)
@@ -729,8 +873,13 @@ static void turn_requeue(cph_engine *e, cph_op *op) {
     cph_inbox_rec ir;
     if (cph_txn_get_record(&t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir) != CPH_OK)
       continue;
-    inbox_item it = {tr.inbox_seqs[i], ir.event_id, CPH_INBOX_STAGED, ir.mentioned, 0, 0,
-                     ir.created_ms};
+    inbox_item it = {0};
+    it.id = tr.inbox_seqs[i];
+    it.event_id = ir.event_id;
+    it.status = CPH_INBOX_STAGED;
+    it.mentioned = ir.mentioned;
+    it.created_ms = ir.created_ms;
+    inbox_fold_get(&t, s->id, &it); /* its count comes back with it (a bad record: count 1) */
     put_inbox_status(&t, s, &it, CPH_INBOX_STAGED, 0);
     back[n++] = it;
     cph_record_free(&cph_inbox_desc, &ir);

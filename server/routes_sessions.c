@@ -9,7 +9,7 @@
  *
  * session: {"id", "class", "state", "credits", "episode", "subscribe", "member",
  *           "autonomy_interval_s", "report_interval_s", "context_window_tokens", "system",
- *           "tools", "paused", "pending", "staged", "dropped"}
+ *           "tools", "paused", "pending", "staged", "folded"}
  * Settable: class, subscribe, member, autonomy_interval_s, report_interval_s (null or 0 =
  * none), context_window_tokens (null or 0 = the policy default), system (null = none), tools,
  * and "paused": true|false. id, state, credits, episode and the counters are read-only and
@@ -41,7 +41,7 @@ static json_t *session_json(const cph_session_info *s) {
   json_object_set_new(o, "paused", json_boolean(s->state == CPH_STATE_PAUSED));
   json_object_set_new(o, "pending", json_integer(s->pending));
   json_object_set_new(o, "staged", json_integer(s->staged));
-  json_object_set_new(o, "dropped", cph_json_u64(s->dropped));
+  json_object_set_new(o, "folded", cph_json_u64(s->folded));
   return o;
 }
 

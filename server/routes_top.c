@@ -4,7 +4,7 @@
  *     "ts_ms": wall-clock ms of the answer,
  *     "policy_generation": n,
  *     "lanes": [...], "concurrency": {"limit", "in_use"}       exactly as GET /v1/lanes,
- *     "sessions": [{"id", "class", "state", "credits", "staged", "pending", "dropped",
+ *     "sessions": [{"id", "class", "state", "credits", "staged", "pending", "folded",
  *                   "episode"}]                                the N busiest (staged + pending,
  *                                                              most first; N defaults to 10,
  *                                                              at most 100; idle ones omitted),
@@ -75,7 +75,7 @@ void cph_route_top(cph_req *r) {
     json_object_set_new(o, "credits", json_real(s->credits));
     json_object_set_new(o, "staged", json_integer(s->staged));
     json_object_set_new(o, "pending", json_integer(s->pending));
-    json_object_set_new(o, "dropped", cph_json_u64(s->dropped));
+    json_object_set_new(o, "folded", cph_json_u64(s->folded));
     json_object_set_new(o, "episode", cph_json_u64(s->episode));
     json_array_append_new(sess, o);
     cph_session_info_free(&sessions[i]);

@@ -60,7 +60,7 @@ static void staged_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_array(w, t->n_staged);
   for (size_t i = 0; i < t->n_staged; i++) {
     const cph_staged_msg *m = &t->staged[i];
-    cph_emit_object(w, 7);
+    cph_emit_object(w, 11);
     cph_emit_key(w, "id");
     cph_emit_u64(w, m->id);
     cph_emit_key(w, "event_id");
@@ -75,6 +75,17 @@ static void staged_emit(cph_emit *w, const cph_turn_info *t) {
     cph_emit_bool(w, m->mentioned);
     cph_emit_key(w, "ts_ms");
     cph_emit_i64(w, m->ts_ms);
+    cph_emit_key(w, "count");
+    cph_emit_u64(w, m->count);
+    cph_emit_key(w, "event_ids");
+    cph_emit_array(w, m->n_event_ids);
+    for (size_t j = 0; j < m->n_event_ids; j++)
+      cph_emit_u64(w, m->event_ids[j]);
+    cph_emit_end(w);
+    cph_emit_key(w, "last_ms");
+    cph_emit_i64(w, m->last_ms);
+    cph_emit_key(w, "fold");
+    cph_emit_str(w, m->fold);
     cph_emit_end(w);
   }
   cph_emit_end(w);

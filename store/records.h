@@ -25,7 +25,8 @@
 typedef enum { CPH_SESSION_IDLE, CPH_SESSION_QUEUED, CPH_SESSION_RUNNING, CPH_SESSION_PAUSED,
                CPH_SESSION_STATE_COUNT } cph_session_state;
 
-typedef enum { CPH_INBOX_PENDING, CPH_INBOX_STAGED, CPH_INBOX_CONSUMED, CPH_INBOX_DROPPED,
+/* FOLDED: merged into the session's overflow entry, which counts its events (DESIGN §5). */
+typedef enum { CPH_INBOX_PENDING, CPH_INBOX_STAGED, CPH_INBOX_CONSUMED, CPH_INBOX_FOLDED,
                CPH_INBOX_PARKED,
                CPH_INBOX_STATUS_COUNT } cph_inbox_status;
 

@@ -97,7 +97,7 @@ typedef struct cph_session_info {
   cph_strv tools;
   uint32_t pending; /* inbox messages not yet staged */
   uint32_t staged;
-  uint64_t dropped; /* pending messages dropped by the queue cap */
+  uint64_t folded; /* events the queue cap folded into an overflow entry (never dropped) */
 } cph_session_info;
 void cph_session_info_free(cph_session_info *s);
 
@@ -142,14 +142,23 @@ typedef struct cph_event_result {
   char *field;       /* rejected: which field */
 } cph_event_result;
 
+/* One staged inbox entry of a turn. An entry may stand for several events (DESIGN §5: repeats
+ * of a family, or the queue cap's overflow): event_ids lists every one, count says how many,
+ * and body is what the model reads — for a folded entry the text with its count and last time
+ * ("×3, last 12:04") or, when the texts differ, each distinct text on its own line. */
 typedef struct cph_staged_msg {
   uint64_t id; /* inbox message id */
-  uint64_t event_id;
+  uint64_t event_id; /* its first event */
   char *channel;
   char *sender;
   char *body;
   bool mentioned;
   int64_t ts_ms;
+  uint32_t count;      /* events it stands for, >= 1 */
+  uint64_t *event_ids; /* n_event_ids == count: every event, first first */
+  size_t n_event_ids;
+  int64_t last_ms;  /* arrival of its newest event */
+  const char *fold; /* static: "none", "repeat" (a family's repeats), "overflow" (queue cap) */
 } cph_staged_msg;
 
 typedef struct cph_history_entry {

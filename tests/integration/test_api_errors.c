@@ -487,7 +487,7 @@ static void test_ingest_answer_has_one_shape_in_json_and_msgpack(void **state) {
       "{\"id\":2,\"status\":\"stored\",\"sessions\":[]},"
       "{\"id\":null,\"status\":\"rejected\",\"sessions\":[],"
       "\"reason\":\"an event needs a channel or a session\",\"field\":\"channel\"},"
-      "{\"id\":3,\"status\":\"aggregated\",\"sessions\":[]}]}");
+      "{\"id\":3,\"status\":\"aggregated\",\"sessions\":[\"s1\"]}]}");
   /* The same batch on a fresh daemon, in msgpack: the same answer value for value. */
   assert_int_equal(cph_test_daemon_stop(&f->d), 0);
   assert_int_equal(cph_test_daemon_start(&f->d, f->policy, NULL, NULL), 0);

@@ -216,7 +216,7 @@ static void test_parked_after_max_attempts_and_requeue(void **state) {
   json_decref(t);
 }
 
-static void test_mentions_jump_the_queue_and_cap_drops_oldest_unmentioned(void **state) {
+static void test_mentions_jump_the_queue_and_cap_folds_oldest_unmentioned(void **state) {
   fixture *f = *state;
   create(f, "s1", "general");
   expect(f, 200, "POST", "/v1/events",
@@ -227,8 +227,17 @@ static void test_mentions_jump_the_queue_and_cap_drops_oldest_unmentioned(void *
          "{\"channel\":\"general\",\"sender\":\"u\",\"body\":\"u3\"}]}");
   json_t *t = lease(f, 5000);
   assert_non_null(t);
-  /* max-queue 3: u1 was dropped; the mention comes first */
-  assert_string_equal(str(t, "input"), "inbox:m1\nu2\nu3");
+  /* max-queue 3: u1 and u2 were folded into one overflow entry, counted; the mention first */
+  const char *input = str(t, "input");
+  const char *head = "inbox:m1\n2 older messages folded by the queue cap, ";
+  assert_true(strncmp(input, head, strlen(head)) == 0);
+  assert_non_null(strstr(input, "\n- u: u1\n- u: u2\nu3"));
+  json_t *staged = json_object_get(t, "staged");
+  assert_int_equal(json_array_size(staged), 3);
+  json_t *ovf = json_array_get(staged, 1);
+  assert_int_equal(num(ovf, "count"), 2);
+  assert_string_equal(str(ovf, "fold"), "overflow");
+  assert_int_equal(json_array_size(json_object_get(ovf, "event_ids")), 2);
   json_decref(t);
   int st;
   json_t *s = call(f, &st, "GET", "/v1/sessions/s1", NULL);
@@ -357,7 +366,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_wrong_lease_is_409_and_expired_lease_restages_input, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_parked_after_max_attempts_and_requeue, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_mentions_jump_the_queue_and_cap_drops_oldest_unmentioned,
+      cmocka_unit_test_setup_teardown(test_mentions_jump_the_queue_and_cap_folds_oldest_unmentioned,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotency_key_is_stored_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_long_poll_times_out_with_204_and_wakes_on_ingest, setup,

@@ -1,8 +1,8 @@
 /* Per-channel backpressure (DESIGN §5) through the public API, on a virtual clock: a spam
  * burst degrades its channel one step per interval, quiet channels are untouched, recovery is
- * one step per :recover-intervals calm intervals, aggregate-only coalesces subscribers'
- * traffic into one notice per family per interval, mentions still go through, and step 5
- * stores events without payload. */
+ * one step per :recover-intervals calm intervals; whatever the step, every event still reaches
+ * the subscribers — repeats counted in their family's entry, distinct messages one by one —
+ * and step 5 stores repeats and events that reach nobody without payload. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -151,30 +151,25 @@ static void spam_second(fixture *f) {
   post_many(f, specs, SPAM_PER_S, NULL, NULL);
 }
 
-/* Leases the next turn of the operational lane and returns how many of its staged messages
- * are aggregate notices; completes it. */
-static int lease_count_notices(fixture *f, const char *session, char *first_body, size_t size) {
-  cph_op op = {0};
-  op.kind = CPH_OP_LEASE;
-  op.u.lease.worker = "w";
-  op.u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
-  op.u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
-  cph_turn_info *t = &op.u.lease.turn;
-  assert_string_equal(t->session, session);
-  int notices = 0;
-  for (size_t i = 0; i < t->n_staged; i++)
-    if (strncmp(t->staged[i].body, "[aggregate] ", 12) == 0)
-      notices++;
-  if (first_body && t->n_staged)
-    snprintf(first_body, size, "%s", t->staged[0].body);
+/* Leases the next turn of the operational lane (it must be session's) into *op. */
+static const cph_turn_info *lease_op(fixture *f, const char *session, cph_op *op) {
+  memset(op, 0, sizeof *op);
+  op->kind = CPH_OP_LEASE;
+  op->u.lease.worker = "w";
+  op->u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
+  op->u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
+  assert_int_equal(cph_fixture_run(f, op), CPH_OK);
+  assert_string_equal(op->u.lease.turn.session, session);
+  return &op->u.lease.turn;
+}
+
+static void complete_op(fixture *f, cph_op *op) {
   cph_op c = {0};
   c.kind = CPH_OP_COMPLETE;
-  c.u.turn.turn_id = t->id;
-  snprintf(c.u.turn.lease, sizeof c.u.turn.lease, "%s", t->lease);
+  c.u.turn.turn_id = op->u.lease.turn.id;
+  snprintf(c.u.turn.lease, sizeof c.u.turn.lease, "%s", op->u.lease.turn.lease);
   assert_int_equal(cph_fixture_run(f, &c), CPH_OK);
-  cph_op_clear_results(&op);
-  return notices;
+  cph_op_clear_results(op);
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -206,10 +201,8 @@ static void test_spam_burst_degrades_one_step_per_interval_and_recovers(void **s
                        CPH_EV_QUEUED);
       assert_int_equal(inbox_size(f, "helper"), 1);
     }
-    if (s == 95) /* step 5: a message staged to nobody loses its payload */
-      assert_int_equal(post1(f, "spam", "a distinct message that nobody repeats", NULL,
-                             &dropped_id),
-                       CPH_EV_AGGREGATED);
+    if (s == 95) /* step 5: a repeat loses its payload (its family keeps the text) */
+      assert_int_equal(post1(f, "spam", SPAM_A, NULL, &dropped_id), CPH_EV_AGGREGATED);
     uint32_t st = step_of(f, "spam");
     assert_true(st == prev || st == prev + 1); /* one step at a time */
     if (st != prev)
@@ -230,20 +223,32 @@ static void test_spam_burst_degrades_one_step_per_interval_and_recovers(void **s
   for (int k = 2; k <= 5; k++)
     assert_int_equal(up_at[k], up_at[k - 1] + INTERVAL_S);
 
-  /* What the subscriber saw: the two originals at s = 1 (the rest were duplicates); from
-   * aggregate-only on, one notice per family per interval (families A and B: +2 every 10 s
-   * from the first check after step 1), and the "other messages" notice for the mention
-   * (s = 75, announced at the next check) and the distinct message (s = 95). */
-  const int want_at[] = {1, 52, 62, 72, 76, 82, 92, 96};
-  const int want_delta[] = {2, 2, 2, 2, 1, 2, 2, 1};
-  assert_int_equal(n_deltas, 8);
-  for (int i = 0; i < 8; i++) {
+  /* What the subscriber has: the two originals at s = 1, every repeat counted in its family's
+   * entry (never a new entry, never lost), and the mention at s = 75 as its own entry. */
+  const int want_at[] = {1, 75};
+  const int want_delta[] = {2, 1};
+  assert_int_equal(n_deltas, 2);
+  for (int i = 0; i < 2; i++) {
     assert_int_equal(delta_at[i], want_at[i]);
     assert_int_equal(delta[i], want_delta[i]);
   }
-  char first[256];
-  assert_int_equal(lease_count_notices(f, "spam-sub", first, sizeof first), 12);
-  assert_string_equal(first, SPAM_A); /* the original, staged at s = 1 */
+  cph_op op;
+  const cph_turn_info *t = lease_op(f, "spam-sub", &op);
+  assert_int_equal(t->n_staged, 3);
+  assert_int_equal(t->staged[0].count, 100 * SPAM_PER_S / 2 + 1); /* and the one at s = 95 */
+  assert_int_equal(t->staged[1].count, 100 * SPAM_PER_S / 2);
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(t->staged[k].n_event_ids, t->staged[k].count);
+    assert_string_equal(t->staged[k].fold, "repeat");
+    for (size_t i = 1; i < t->staged[k].n_event_ids; i++)
+      assert_true(t->staged[k].event_ids[i] > t->staged[k].event_ids[i - 1]);
+  }
+  char want[128];
+  snprintf(want, sizeof want, "%s (×%d, last ", SPAM_A, 100 * SPAM_PER_S / 2 + 1);
+  assert_true(strncmp(t->staged[0].body, want, strlen(want)) == 0);
+  assert_string_equal(t->staged[2].body, "helper can you look at the failing build");
+  assert_int_equal(t->staged[2].count, 1);
+  complete_op(f, &op);
 
   cph_channel_info c = channel(f, "spam");
   assert_int_equal(c.step, 5);
@@ -312,28 +317,21 @@ static void test_step_survives_a_restart(void **state) {
   assert_int_equal(after.since_ms, before.since_ms);
   cph_channel_info_free(&before);
   cph_channel_info_free(&after);
-  /* still aggregate-only: a new distinct message is not staged to the subscriber; the
-   * subscriber gets the notice for it (the pass's check, right after the ingest) */
+  /* still aggregate-only: a new distinct message reaches the subscriber with its own text,
+   * and a repeat after the restart still folds into its family's entry */
   assert_int_equal(post1(f, "spam", "something entirely new after the restart", NULL, NULL),
-                   CPH_EV_AGGREGATED);
-  cph_engine_run_pass(f->e); /* stages the notice */
-  cph_op op = {0};
-  op.kind = CPH_OP_LEASE;
-  op.u.lease.worker = "w";
-  op.u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
-  op.u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
-  const cph_turn_info *t = &op.u.lease.turn;
-  assert_true(t->n_staged > 0);
-  const char *last = t->staged[t->n_staged - 1].body;
-  assert_true(strncmp(last, "[aggregate] 1 message in #spam since ", 37) == 0);
-  assert_non_null(strstr(last, "latest: something entirely new after the restart"));
-  for (size_t i = 0; i < t->n_staged; i++)
-    assert_string_not_equal(t->staged[i].body, "something entirely new after the restart");
-  cph_op_clear_results(&op);
+                   CPH_EV_QUEUED);
+  assert_int_equal(post1(f, "spam", SPAM_B, NULL, NULL), CPH_EV_AGGREGATED);
+  cph_op op;
+  const cph_turn_info *t = lease_op(f, "spam-sub", &op);
+  assert_int_equal(t->n_staged, 3);
+  assert_int_equal(t->staged[0].count, 61 * SPAM_PER_S / 2);
+  assert_int_equal(t->staged[1].count, 61 * SPAM_PER_S / 2 + 1);
+  assert_string_equal(t->staged[2].body, "something entirely new after the restart");
+  complete_op(f, &op);
 }
 
-static void test_aggregate_only_floor_coalesces_into_one_notice(void **state) {
+static void test_aggregate_only_floor_still_delivers_every_message_counted(void **state) {
   fixture *f = *state;
   create_session(f, "bots-sub", CPH_LANE_OPERATIONAL, "bots");
   create_session(f, "helper", CPH_LANE_INTERACTIVE, NULL);
@@ -341,26 +339,33 @@ static void test_aggregate_only_floor_coalesces_into_one_notice(void **state) {
   assert_int_equal(step_of(f, "bots"), 1);
   ev_spec specs[] = {{"bots", "build 101 passed on the main branch", NULL},
                      {"bots", "coverage report uploaded for build 101", NULL},
-                     {"bots", "artifact storage cleanup removed 12 files", NULL}};
-  cph_ingest_status st[3];
-  post_many(f, specs, 3, st, NULL);
-  for (int i = 0; i < 3; i++)
-    assert_int_equal(st[i], CPH_EV_AGGREGATED);
-  assert_int_equal(inbox_size(f, "bots-sub"), 0);
+                     {"bots", "artifact storage cleanup removed 12 files", NULL},
+                     {"bots", "build 102 passed on the main branch", NULL},
+                     {"bots", "build 101 passed on the main branch", NULL}};
+  cph_ingest_status st[5];
+  post_many(f, specs, 5, st, NULL);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(st[i], CPH_EV_QUEUED); /* distinct: a number differs, never folded */
+  assert_int_equal(st[4], CPH_EV_AGGREGATED); /* the repeat: counted in build 101's entry */
+  assert_int_equal(inbox_size(f, "bots-sub"), 4);
   assert_int_equal(post1(f, "bots", "helper please rerun build 101", "helper", NULL),
                    CPH_EV_QUEUED);
   assert_int_equal(inbox_size(f, "helper"), 1);
+  assert_int_equal(inbox_size(f, "bots-sub"), 5);
 
-  cph_clock_advance(&f->clock, CPH_NS_PER_S);
-  cph_engine_run_pass(f->e); /* the check: one notice for the four distinct messages */
-  cph_engine_run_pass(f->e); /* stages it */
-  assert_int_equal(inbox_size(f, "bots-sub"), 1);
-  char body[512];
-  assert_int_equal(lease_count_notices(f, "bots-sub", body, sizeof body), 1);
-  assert_true(strncmp(body, "[aggregate] 4 messages in #bots since ", 38) == 0);
-  assert_non_null(strstr(body, " UTC, latest: helper please rerun build 101"));
+  cph_op op;
+  const cph_turn_info *t = lease_op(f, "bots-sub", &op);
+  assert_int_equal(t->n_staged, 5);
+  assert_true(strncmp(t->staged[0].body, "build 101 passed on the main branch (×2, last ", 46) ==
+              0);
+  assert_int_equal(t->staged[0].count, 2);
+  assert_string_equal(t->staged[1].body, "coverage report uploaded for build 101");
+  assert_string_equal(t->staged[3].body, "build 102 passed on the main branch");
+  assert_string_equal(t->staged[4].body, "helper please rerun build 101");
+  assert_string_equal(t->staged[4].sender, "bot");
+  complete_op(f, &op);
 
-  /* nothing new, nothing announced; quiet for long, the floor holds */
+  /* nothing new, nothing staged; quiet for long, the floor holds */
   for (int s = 0; s < 120; s++) {
     cph_clock_advance(&f->clock, CPH_NS_PER_S);
     cph_engine_run_pass(f->e);
@@ -439,7 +444,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_spam_burst_degrades_one_step_per_interval_and_recovers,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_step_survives_a_restart, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_aggregate_only_floor_coalesces_into_one_notice, setup,
+      cmocka_unit_test_setup_teardown(test_aggregate_only_floor_still_delivers_every_message_counted, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_family_growth_triggers_without_an_event_limit, setup,
                                       teardown),

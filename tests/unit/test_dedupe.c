@@ -25,7 +25,7 @@ static const char *POLICY = "{:scheduler {:concurrency 4}\n"
                             " :sessions {:max-queue 1000 :janitor? false}\n"
                             " :store {:sync :none}\n"
                             " :dedupe {:window-seconds 60 :min-length 12 :shingle-words 1\n"
-                            "          :near-distance 10}}\n";
+                            "          :near-distance 10 :bulk [\"alerts\" \"feedbot\"]}}\n";
 
 static const char *BACKUP =
     "nightly backup job failed on storage node seven please check the logs";
@@ -123,7 +123,7 @@ static uint64_t embed_queue(fixture *f) {
 
 /* ---------------------------------------------------------------- tests */
 
-static void test_exact_duplicate_within_window_is_aggregated_and_not_staged(void **state) {
+static void test_exact_duplicate_within_window_is_aggregated_and_folded_not_lost(void **state) {
   fixture *f = *state;
   create_session(f, "s1", "general");
   uint64_t first, second, third;
@@ -133,7 +133,7 @@ static void test_exact_duplicate_within_window_is_aggregated_and_not_staged(void
   cph_clock_advance(&f->clock, 30 * CPH_NS_PER_S);
   assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &second, &routed),
                    CPH_EV_AGGREGATED);
-  assert_int_equal(routed, 0);
+  assert_int_equal(routed, 1); /* it still reaches s1: counted in the queued entry */
   /* normalisation: case and whitespace runs do not make a new message */
   assert_int_equal(post(f, "general", "alice",
                         "  Nightly BACKUP job failed\ton storage node seven  please check the "
@@ -191,19 +191,20 @@ static void test_short_bodies_are_never_deduplicated(void **state) {
   free(list);
 }
 
-static void test_near_duplicate_across_senders_joins_the_same_family(void **state) {
+static void test_near_duplicate_across_senders_joins_the_same_family_on_a_bulk_channel(
+    void **state) {
   fixture *f = *state;
-  create_session(f, "s1", "general");
+  create_session(f, "s1", "alerts");
   uint64_t orig, near, exact, other;
-  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &orig, NULL), CPH_EV_QUEUED);
-  assert_int_equal(post(f, "general", "bob", BACKUP_8, NULL, &near, NULL), CPH_EV_AGGREGATED);
-  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &exact, NULL), CPH_EV_AGGREGATED);
-  assert_int_equal(post(f, "general", "carol", LUNCH, NULL, &other, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "alerts", "alice", BACKUP, NULL, &orig, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "alerts", "bob", BACKUP_8, NULL, &near, NULL), CPH_EV_AGGREGATED);
+  assert_int_equal(post(f, "alerts", "alice", BACKUP, NULL, &exact, NULL), CPH_EV_AGGREGATED);
+  assert_int_equal(post(f, "alerts", "carol", LUNCH, NULL, &other, NULL), CPH_EV_QUEUED);
   /* the same words from another sender are a near duplicate at distance 0 */
   uint64_t same_other_sender;
-  assert_int_equal(post(f, "general", "dave", BACKUP, NULL, &same_other_sender, NULL),
+  assert_int_equal(post(f, "alerts", "dave", BACKUP, NULL, &same_other_sender, NULL),
                    CPH_EV_AGGREGATED);
-  assert_int_equal(inbox_size(f, "s1"), 2);
+  assert_int_equal(inbox_size(f, "s1"), 2); /* the family's entry (4 events) and LUNCH */
 
   uint64_t fam = event_family(f, near);
   assert_true(fam > 0);
@@ -225,6 +226,35 @@ static void test_near_duplicate_across_senders_joins_the_same_family(void **stat
 
   /* near dedupe is per channel: the variant elsewhere is new */
   assert_int_equal(post(f, "ops", "bob", BACKUP_8, NULL, NULL, NULL), CPH_EV_STORED);
+}
+
+/* DESIGN §5: on an ordinary channel people are heard one by one — a near variant is its own
+ * message; and even on a bulk channel two texts that differ in a number or an identifier are
+ * never folded. */
+static void test_near_dedupe_folds_only_bulk_traffic_and_never_across_numbers(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  create_session(f, "mon", "alerts");
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "general", "bob", BACKUP_8, NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(inbox_size(f, "s1"), 2);
+  const char *depth[] = {"queue depth on worker pool is now 3 items waiting",
+                         "queue depth on worker pool is now 12 items waiting",
+                         "queue depth on worker pool is now 40 items waiting"};
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(post(f, "alerts", "nagios", depth[i], NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "alerts", "nagios", "deploy build-41 to staging cluster now", NULL,
+                        NULL, NULL),
+                   CPH_EV_QUEUED);
+  assert_int_equal(post(f, "alerts", "nagios", "deploy build-42 to staging cluster now", NULL,
+                        NULL, NULL),
+                   CPH_EV_QUEUED);
+  assert_int_equal(inbox_size(f, "mon"), 5);
+  /* a bulk sender on an ordinary channel folds only its own near repeats */
+  assert_int_equal(post(f, "general", "feedbot", BACKUP, NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(post(f, "general", "feedbot", BACKUP_8, NULL, NULL, NULL), CPH_EV_AGGREGATED);
+  assert_int_equal(post(f, "general", "feedbot", LUNCH, NULL, NULL, NULL), CPH_EV_QUEUED);
+  assert_int_equal(inbox_size(f, "s1"), 4); /* alice, bob, feedbot's folded pair, lunch */
 }
 
 static void test_top_families_are_ordered_by_dup_count(void **state) {
@@ -276,8 +306,10 @@ static void test_memories_are_minted_from_non_duplicates_and_once_per_family(voi
   post(f, "general", "alice", BACKUP, NULL, NULL, NULL); /* creates the family */
   assert_int_equal(embed_queue(f), before + 3);          /* its one aggregate memory */
   post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
-  post(f, "general", "bob", BACKUP_8, NULL, NULL, NULL);
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
   assert_int_equal(embed_queue(f), before + 3); /* duplicates mint nothing more */
+  post(f, "general", "bob", BACKUP_8, NULL, NULL, NULL); /* not bulk: a message of its own */
+  assert_int_equal(embed_queue(f), before + 4);
 }
 
 static void test_families_and_exact_dedupe_survive_a_restart(void **state) {
@@ -494,16 +526,16 @@ static void test_banded_simhash_index_finds_every_pair_within_distance(void **st
  * an older one is still found (the indexed path), and unrelated messages stay queued. */
 static void test_near_duplicate_found_among_many_recent_messages(void **state) {
   fixture *f = *state;
-  create_session(f, "s1", "general");
+  create_session(f, "s1", "alerts");
   unsigned seed = 777;
   char body[512];
   for (int i = 0; i < 300; i++) {
     make_words(body, sizeof body, &seed, 12, "u");
-    assert_int_equal(post(f, "general", "filler", body, NULL, NULL, NULL), CPH_EV_QUEUED);
+    assert_int_equal(post(f, "alerts", "filler", body, NULL, NULL, NULL), CPH_EV_QUEUED);
     if (i == 100)
-      assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_QUEUED);
+      assert_int_equal(post(f, "alerts", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_QUEUED);
   }
-  assert_int_equal(post(f, "general", "bob", BACKUP_8, NULL, NULL, NULL), CPH_EV_AGGREGATED);
+  assert_int_equal(post(f, "alerts", "bob", BACKUP_8, NULL, NULL, NULL), CPH_EV_AGGREGATED);
   dedupe_stats st;
   dedupe_stats_get(f->e, &st);
   assert_int_equal(st.near_hits_total, 1);
@@ -512,11 +544,14 @@ static void test_near_duplicate_found_among_many_recent_messages(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(
-          test_exact_duplicate_within_window_is_aggregated_and_not_staged, setup, teardown),
+          test_exact_duplicate_within_window_is_aggregated_and_folded_not_lost, setup, teardown),
       cmocka_unit_test_setup_teardown(test_duplicate_after_the_window_is_queued_again, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_short_bodies_are_never_deduplicated, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_near_duplicate_across_senders_joins_the_same_family,
+      cmocka_unit_test_setup_teardown(
+          test_near_dedupe_folds_only_bulk_traffic_and_never_across_numbers, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_near_duplicate_across_senders_joins_the_same_family_on_a_bulk_channel,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_top_families_are_ordered_by_dup_count, setup,
                                       teardown),

@@ -209,24 +209,38 @@ static void test_mentions_are_staged_first(void **state) {
   cph_op_clear_results(&op);
 }
 
-static void test_queue_cap_drops_oldest_unmentioned_and_counts_it(void **state) {
+static void test_queue_cap_folds_oldest_unmentioned_into_one_counted_entry(void **state) {
   fixture *f = *state;
   create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
-  /* max-queue 3: the 4th and 5th pending messages push out u1, then u2 (never the mention) */
+  /* max-queue 3: the 4th message turns u1 into the overflow entry and folds u2 into it, the
+   * 5th folds u3 — never the mention; every event stays counted (DESIGN §4, §5) */
   post_spec specs[] = {{"general", NULL, "m1", NULL, "s1", NULL},
                        {"general", NULL, "u1", NULL, NULL, NULL},
                        {"general", NULL, "u2", NULL, NULL, NULL},
                        {"general", NULL, "u3", NULL, NULL, NULL},
                        {"general", NULL, "u4", NULL, NULL, NULL}};
-  post_many(f, specs, 5, NULL, NULL);
+  uint64_t ids[5];
+  post_many(f, specs, 5, ids, NULL);
   cph_session_info s;
   get_session(f, "s1", &s);
-  assert_int_equal(s.dropped, 2);
+  assert_int_equal(s.folded, 3);
   assert_int_equal(s.pending + s.staged, 3);
   cph_session_info_free(&s);
   cph_op op;
   assert_int_equal(lease(f, &op, 10), CPH_OK);
-  assert_string_equal(op.u.lease.turn.input, "inbox:m1\nu3\nu4");
+  cph_turn_info *t = &op.u.lease.turn;
+  assert_int_equal(t->n_staged, 3);
+  assert_string_equal(t->staged[0].body, "m1");
+  assert_int_equal(t->staged[1].count, 3);
+  assert_string_equal(t->staged[1].fold, "overflow");
+  assert_int_equal(t->staged[1].n_event_ids, 3);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(t->staged[1].event_ids[i], ids[1 + i]);
+  assert_non_null(strstr(t->staged[1].body, "3 older messages folded by the queue cap"));
+  assert_non_null(strstr(t->staged[1].body, ": u1"));
+  assert_non_null(strstr(t->staged[1].body, ": u3"));
+  assert_string_equal(t->staged[2].body, "u4");
+  assert_true(strncmp(t->input, "inbox:m1\n3 older messages", 25) == 0);
   cph_op_clear_results(&op);
 }
 
@@ -755,7 +769,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_autonomy_tick_has_its_input_and_no_obligations, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_mentions_are_staged_first, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_queue_cap_drops_oldest_unmentioned_and_counts_it,
+      cmocka_unit_test_setup_teardown(test_queue_cap_folds_oldest_unmentioned_into_one_counted_entry,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotency_key_stores_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_event_without_route_is_stored_and_bad_ones_rejected,

@@ -1,0 +1,151 @@
+/* Folded inbox entries in the store (inbox.h). */
+#include "inbox.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+#define INBOX_FOLD_VERSION 1
+#define INBOX_FOLD_LEN 22 /* version, fold, be64 fold_key, be32 count, be64 last_ms */
+
+const char *inbox_fold_name(uint8_t fold) {
+  switch (fold) {
+  case INBOX_FOLD_REPEAT: return "repeat";
+  case INBOX_FOLD_OVERFLOW: return "overflow";
+  default: return "none";
+  }
+}
+
+static cph_key entry_key(const char *session, uint64_t inbox_id) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, session);
+  cph_key_u64(&k, inbox_id);
+  return k;
+}
+
+int inbox_fold_put(cph_txn *t, const char *session, const inbox_item *it) {
+  uint8_t v[INBOX_FOLD_LEN];
+  v[0] = INBOX_FOLD_VERSION;
+  v[1] = it->fold;
+  cph_be64_put(v + 2, it->fold_key);
+  cph_be32_put(v + 10, it->count);
+  cph_be64_put(v + 14, (uint64_t)it->last_ms);
+  cph_key k = entry_key(session, it->id);
+  return cph_txn_put(t, CPH_DB_INBOX_FOLDS, &k, v, sizeof v);
+}
+
+int inbox_fold_add(cph_txn *t, const char *session, uint64_t inbox_id, uint64_t event_id) {
+  cph_key k = entry_key(session, inbox_id);
+  cph_key_u64(&k, event_id);
+  return cph_txn_put(t, CPH_DB_INBOX_FOLDS, &k, "", 0);
+}
+
+/* Calls fn for every member row of the entry (in event-id order); stops at the first error. */
+static int members_each(cph_txn *t, const char *session, uint64_t inbox_id,
+                        int (*fn)(void *ctx, uint64_t event_id), void *ctx) {
+  cph_key prefix = entry_key(session, inbox_id);
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_INBOX_FOLDS, &c);
+  if (rc)
+    return rc;
+  cph_val k, v;
+  for (rc = cph_cursor_seek(&c, &prefix, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
+    if (k.len < prefix.len || memcmp(k.data, prefix.data, prefix.len) != 0)
+      break;
+    if (k.len != prefix.len + 8)
+      continue; /* the fold record itself */
+    rc = fn(ctx, cph_be64_get((const uint8_t *)k.data + prefix.len));
+    if (rc)
+      break;
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+typedef struct id_list {
+  uint64_t *ids;
+  size_t n, cap;
+} id_list;
+
+static int id_list_add(void *ctx, uint64_t id) {
+  id_list *l = ctx;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 16;
+    uint64_t *p = realloc(l->ids, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    l->ids = p;
+    l->cap = cap;
+  }
+  l->ids[l->n++] = id;
+  return CPH_OK;
+}
+
+int inbox_fold_move(cph_txn *t, const char *session, uint64_t from, uint64_t to) {
+  /* Collected first: the cursor must not walk rows this very loop writes. */
+  id_list l = {0};
+  int rc = members_each(t, session, from, id_list_add, &l);
+  for (size_t i = 0; rc == CPH_OK && i < l.n; i++) {
+    cph_key k = entry_key(session, from);
+    cph_key_u64(&k, l.ids[i]);
+    cph_txn_del(t, CPH_DB_INBOX_FOLDS, &k);
+    rc = inbox_fold_add(t, session, to, l.ids[i]);
+  }
+  free(l.ids);
+  if (rc == CPH_OK) {
+    cph_key k = entry_key(session, from);
+    rc = cph_txn_del(t, CPH_DB_INBOX_FOLDS, &k);
+    if (rc == CPH_ENOTFOUND)
+      rc = CPH_OK;
+  }
+  return rc;
+}
+
+int inbox_fold_get(cph_txn *t, const char *session, inbox_item *it) {
+  it->count = 1;
+  it->fold = INBOX_FOLD_NONE;
+  it->fold_key = 0;
+  it->last_ms = it->created_ms;
+  cph_key k = entry_key(session, it->id);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_INBOX_FOLDS, &k, &v);
+  if (rc == CPH_ENOTFOUND)
+    return CPH_OK;
+  if (rc)
+    return rc;
+  const uint8_t *p = v.data;
+  if (v.len != INBOX_FOLD_LEN || p[0] != INBOX_FOLD_VERSION || p[1] > INBOX_FOLD_OVERFLOW ||
+      cph_be32_get(p + 10) == 0) {
+    char key[200];
+    cph_key_describe(k.data, k.len, key, sizeof key);
+    cph_log(CPH_LOG_ERROR,
+            "corrupt record in database \"inbox_folds\" at key %s: expected %d bytes of "
+            "version %d, got %zu bytes",
+            key, INBOX_FOLD_LEN, INBOX_FOLD_VERSION, v.len);
+    return CPH_ECORRUPT;
+  }
+  it->fold = p[1];
+  it->fold_key = cph_be64_get(p + 2);
+  it->count = cph_be32_get(p + 10);
+  it->last_ms = (int64_t)cph_be64_get(p + 14);
+  return CPH_OK;
+}
+
+int inbox_fold_events(cph_txn *t, const char *session, const inbox_item *it, uint64_t **ids,
+                      size_t *n) {
+  id_list l = {0};
+  int rc = id_list_add(&l, it->event_id);
+  if (rc == CPH_OK && it->count > 1)
+    rc = members_each(t, session, it->id, id_list_add, &l);
+  if (rc) {
+    free(l.ids);
+    *ids = NULL;
+    *n = 0;
+    return rc;
+  }
+  *ids = l.ids;
+  *n = l.n;
+  return CPH_OK;
+}
