@@ -8,7 +8,7 @@
  *   file leaves the old policy in force.
  * - Loading fails on the first problem, in source order, with err->msg of the form
  *   `FILE:LINE:COL: <key path>: <what was expected>, got <what was found>`; the key path is
- *   the keywords (and quoted channel ids, vector indexes) from the root to the value.
+ *   the keywords (and quoted channel ids, vector and set indexes) from the root to the value.
  *   Unknown keys are errors (with a did-you-mean), so a typo never silently means "default".
  * - Strings are owned by the policy (freed by cph_policy_free); never NULL after a load or
  *   cph_policy_new_default. */
