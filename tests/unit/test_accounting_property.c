@@ -1,0 +1,351 @@
+/* The accounting rule (DESIGN §5), as a property: whatever mix of people, bots, mentions,
+ * direct messages, idempotency retries, repeats, floods, backpressure, queue overflow, failed
+ * and expired leases and restarts, every event accepted for a session reaches it exactly once
+ * — as its own staged entry or counted inside one — over the turns it completes.
+ *
+ * Each case draws a policy, sessions and an operation sequence from one seed, runs it through
+ * the engine's public API on a virtual clock and a fresh LMDB, drains every session, and checks
+ * for each session that the event ids of all its completed turns' entries are exactly the
+ * events routed to it (the model below says which: its explicit session, else the channel's
+ * subscribers, plus every mention), each once, and that every entry's count equals its ids.
+ *
+ * CPH_PROPERTY_SEED=<n> runs from that seed; CPH_PROPERTY_CASES=<n> sets how many cases. A
+ * failure prints the case's seed: rerun with CPH_PROPERTY_SEED=<seed> CPH_PROPERTY_CASES=1. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "tests/support/engine_fixture.h"
+#include "tests/support/testutil.h"
+
+#define MAX_SESSIONS 5
+#define N_CHANNELS 4
+#define MAX_EVENTS 4096
+#define DEFAULT_CASES 2000
+
+typedef struct rng {
+  uint64_t s;
+} rng;
+
+static uint64_t next(rng *r) { /* splitmix64 */
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint32_t below(rng *r, uint32_t n) { return (uint32_t)(next(r) % n); }
+
+static const char *const CHANNELS[N_CHANNELS] = {"general", "ops", "alerts", "floor"};
+static const char *const SENDERS[] = {"alice", "bob", "carol", "nagios", "feedbot"};
+/* Repeats, near variants (one word apart), number variants, short chat. */
+static const char *const TEXTS[] = {
+    "restart the web service on host alpha",
+    "restart the web service on host beta",
+    "nightly backup job failed on storage node seven please check",
+    "nightly backup job failed on storage node eight please check",
+    "queue depth on worker pool is now 3 items waiting",
+    "queue depth on worker pool is now 12 items waiting",
+    "deploy build 41 to staging",
+    "ok",
+    "sounds good",
+    "can you check why the nightly backup of the users database failed again",
+};
+#define N_TEXTS (sizeof TEXTS / sizeof TEXTS[0])
+
+/* What the test knows: which sessions exist, what they listen to, and per session the events
+ * routed to it and the events its completed turns carried. */
+typedef struct model {
+  int n_sessions;
+  char ids[MAX_SESSIONS][8];
+  bool subscribed[MAX_SESSIONS][N_CHANNELS];
+  uint8_t *routed[MAX_SESSIONS];   /* routed[s][event id] = 1 */
+  uint32_t *carried[MAX_SESSIONS]; /* times a completed turn carried it */
+  uint64_t max_event;
+  uint64_t seed;
+} model;
+
+static int session_index(const model *m, const char *id) {
+  for (int i = 0; i < m->n_sessions; i++)
+    if (strcmp(m->ids[i], id) == 0)
+      return i;
+  return -1;
+}
+
+static void create_sessions(cph_fixture *f, model *m, rng *r) {
+  m->n_sessions = 2 + (int)below(r, MAX_SESSIONS - 1);
+  for (int i = 0; i < m->n_sessions; i++) {
+    snprintf(m->ids[i], sizeof m->ids[i], "s%d", i);
+    char *subs[N_CHANNELS];
+    size_t n = 0;
+    for (int c = 0; c < N_CHANNELS; c++)
+      if ((m->subscribed[i][c] = below(r, 2)))
+        subs[n++] = (char *)CHANNELS[c];
+    cph_op op = {0};
+    op.kind = CPH_OP_SESSION_CREATE;
+    op.u.session.in.id = m->ids[i];
+    op.u.session.in.lane = below(r, 2) ? CPH_LANE_INTERACTIVE : CPH_LANE_OPERATIONAL;
+    op.u.session.in.subscribe.items = subs;
+    op.u.session.in.subscribe.count = n;
+    if (cph_fixture_run(f, &op))
+      fail_msg("seed %llu: create %s: %s", (unsigned long long)m->seed, m->ids[i], op.err.msg);
+    cph_op_clear_results(&op);
+  }
+}
+
+/* One request of 1..6 events. The model routes each accepted event itself and checks the
+ * engine's `sessions` against it. */
+static void post_request(cph_fixture *f, model *m, rng *r) {
+  cph_event_in evs[6];
+  char *mentions[6][2];
+  char bodies[6][128], keys[6][16];
+  size_t n = 1 + below(r, 6);
+  memset(evs, 0, sizeof evs);
+  bool flood = below(r, 8) == 0; /* a bot repeating one alert */
+  for (size_t i = 0; i < n; i++) {
+    cph_event_in *e = &evs[i];
+    e->sender = (char *)SENDERS[flood ? 3 : below(r, 5)];
+    uint32_t pick = flood ? 2 : below(r, N_TEXTS + 3);
+    if (pick < N_TEXTS)
+      snprintf(bodies[i], sizeof bodies[i], "%s", TEXTS[pick]);
+    else
+      snprintf(bodies[i], sizeof bodies[i], "a distinct message number %llu",
+               (unsigned long long)next(r) % 100000);
+    e->body = bodies[i];
+    if (!flood && below(r, 6) == 0)
+      e->session = m->ids[below(r, (uint32_t)m->n_sessions)]; /* a direct message */
+    else
+      e->channel = (char *)CHANNELS[flood ? 2 : below(r, N_CHANNELS)];
+    if (!flood && below(r, 4) == 0) {
+      size_t k = 1 + below(r, 2);
+      for (size_t j = 0; j < k; j++)
+        mentions[i][j] = below(r, 5) == 0 ? "ghost" : m->ids[below(r, (uint32_t)m->n_sessions)];
+      e->mentions.items = mentions[i];
+      e->mentions.count = k;
+    }
+    if (below(r, 5) == 0) { /* an idempotency key from a small pool: some are retries */
+      snprintf(keys[i], sizeof keys[i], "k%u", below(r, 6));
+      e->key = keys[i];
+    }
+  }
+  cph_op op = {0};
+  op.kind = CPH_OP_INGEST;
+  op.u.ingest.events = evs;
+  op.u.ingest.n_events = n;
+  if (cph_fixture_run(f, &op))
+    fail_msg("seed %llu: ingest: %s", (unsigned long long)m->seed, op.err.msg);
+  for (size_t i = 0; i < n; i++) {
+    const cph_event_result *res = &op.u.ingest.results[i];
+    if (res->status == CPH_EV_REJECTED || res->status == CPH_EV_DUPLICATE)
+      continue; /* a retry of a stored event, or nothing stored */
+    if (res->id >= MAX_EVENTS)
+      fail_msg("seed %llu: event id %llu past the test's table", (unsigned long long)m->seed,
+               (unsigned long long)res->id);
+    if (res->id > m->max_event)
+      m->max_event = res->id;
+    bool want[MAX_SESSIONS] = {0};
+    const cph_event_in *e = &evs[i];
+    if (e->session) {
+      want[session_index(m, e->session)] = true;
+    } else {
+      int c = 0;
+      while (strcmp(CHANNELS[c], e->channel))
+        c++;
+      for (int s = 0; s < m->n_sessions; s++)
+        want[s] = m->subscribed[s][c];
+    }
+    for (size_t j = 0; j < e->mentions.count; j++) {
+      int s = session_index(m, e->mentions.items[j]);
+      if (s >= 0)
+        want[s] = true;
+    }
+    bool got[MAX_SESSIONS] = {0};
+    for (size_t j = 0; j < res->sessions.count; j++) {
+      int s = session_index(m, res->sessions.items[j]);
+      if (s < 0 || got[s])
+        fail_msg("seed %llu: event %llu answered session '%s' twice or unknown",
+                 (unsigned long long)m->seed, (unsigned long long)res->id,
+                 res->sessions.items[j]);
+      got[s] = true;
+    }
+    for (int s = 0; s < m->n_sessions; s++) {
+      if (want[s] != got[s])
+        fail_msg("seed %llu: event %llu (%s) routed to %s: model %d, engine %d",
+                 (unsigned long long)m->seed, (unsigned long long)res->id, e->body, m->ids[s],
+                 want[s], got[s]);
+      if (want[s])
+        m->routed[s][res->id] = 1;
+    }
+  }
+  cph_op_clear_results(&op);
+}
+
+/* Checks one turn's entries and, when completed, counts what it carried. */
+static void note_turn(model *m, const cph_turn_info *t, bool completed) {
+  int s = session_index(m, t->session);
+  if (s < 0)
+    fail_msg("seed %llu: turn of unknown session %s", (unsigned long long)m->seed, t->session);
+  for (size_t i = 0; i < t->n_staged; i++) {
+    const cph_staged_msg *e = &t->staged[i];
+    if (e->count != e->n_event_ids || e->count == 0 || e->event_ids[0] != e->event_id)
+      fail_msg("seed %llu: entry %llu of %s: count %u, %zu ids", (unsigned long long)m->seed,
+               (unsigned long long)e->id, t->session, e->count, e->n_event_ids);
+    if (!completed)
+      continue;
+    for (size_t j = 0; j < e->n_event_ids; j++) {
+      if (e->event_ids[j] >= MAX_EVENTS)
+        fail_msg("seed %llu: event id %llu out of range", (unsigned long long)m->seed,
+                 (unsigned long long)e->event_ids[j]);
+      m->carried[s][e->event_ids[j]]++;
+    }
+  }
+}
+
+/* Leases one turn (any lane); then completes it, fails it, or leaves it to expire. false when
+ * nothing was ready. */
+static bool run_turn(cph_fixture *f, model *m, rng *r, int how) {
+  cph_op op = {0};
+  op.kind = CPH_OP_LEASE;
+  op.u.lease.worker = "w";
+  op.u.lease.deadline_ns = cph_clock_now(&f->clock);
+  if (cph_fixture_run(f, &op) != CPH_OK) {
+    cph_op_clear_results(&op);
+    return false;
+  }
+  const cph_turn_info *t = &op.u.lease.turn;
+  if (how < 0)
+    how = (int)below(r, 10);
+  if (how >= 2) {
+    cph_op c = {0};
+    c.kind = CPH_OP_COMPLETE;
+    c.u.turn.turn_id = t->id;
+    snprintf(c.u.turn.lease, sizeof c.u.turn.lease, "%s", t->lease);
+    c.u.turn.reply_body = below(r, 2) ? "on it" : NULL;
+    int rc = cph_fixture_run(f, &c);
+    if (rc)
+      fail_msg("seed %llu: complete turn %llu: %s", (unsigned long long)m->seed,
+               (unsigned long long)t->id, c.err.msg);
+    note_turn(m, t, true);
+    cph_op_clear_results(&c);
+  } else if (how == 1) {
+    cph_op c = {0};
+    c.kind = CPH_OP_FAIL;
+    c.u.turn.turn_id = t->id;
+    snprintf(c.u.turn.lease, sizeof c.u.turn.lease, "%s", t->lease);
+    c.u.turn.error = "model error";
+    cph_fixture_run(f, &c);
+    note_turn(m, t, false);
+    cph_op_clear_results(&c);
+  } else {
+    note_turn(m, t, false); /* left to expire */
+  }
+  cph_op_clear_results(&op);
+  return true;
+}
+
+static const char *policy_for(rng *r, char *buf, size_t size) {
+  static const int queues[] = {2, 3, 5, 1000};
+  static const int batches[] = {1, 2, 64};
+  snprintf(buf, size,
+           "{:scheduler {:concurrency 2\n"
+           "             :lanes {:interactive {:turns 100000 :tool-calls 100000}\n"
+           "                     :operational {:turns 100000 :tool-calls 100000}}}\n"
+           " :leases {:ttl-seconds 5 :max-attempts 1000}\n"
+           " :sessions {:max-queue %d :max-batch %d :janitor? false}\n"
+           " :store {:sync :none}\n"
+           " :server {:map-size-mb 64}\n"
+           " :dedupe {:window-seconds %d :min-length 12 :near-distance 10\n"
+           "          :bulk [\"alerts\" \"feedbot\"]}\n"
+           " :backpressure {:interval-s 10 :recover-intervals 2\n"
+           "                :channels {\"floor\" {:degrade-to-aggregate-only? true}\n"
+           "                           \"ops\" {:max-events-per-minute %d}}}}\n",
+           queues[below(r, 4)], batches[below(r, 3)], below(r, 2) ? 300 : 5,
+           below(r, 2) ? 0 : 20);
+  return buf;
+}
+
+static void run_case(uint64_t seed) {
+  rng r = {seed};
+  model m = {0};
+  m.seed = seed;
+  char policy[1024];
+  cph_fixture *f = cph_fixture_new("accounting", policy_for(&r, policy, sizeof policy));
+  for (int s = 0; s < MAX_SESSIONS; s++) {
+    m.routed[s] = calloc(MAX_EVENTS, 1);
+    m.carried[s] = calloc(MAX_EVENTS, sizeof(uint32_t));
+  }
+  create_sessions(f, &m, &r);
+  int ops = 20 + (int)below(&r, 60);
+  for (int i = 0; i < ops; i++) {
+    uint32_t what = below(&r, 100);
+    if (what < 50)
+      post_request(f, &m, &r);
+    else if (what < 80)
+      run_turn(f, &m, &r, -1);
+    else if (what < 95)
+      cph_clock_advance(&f->clock, (int64_t)below(&r, 8000) * CPH_NS_PER_MS);
+    else {
+      cph_engine_close(f->e); /* a restart: leases in flight expire, inboxes come back */
+      cph_fixture_open(f);
+    }
+  }
+  /* Drain: every lease left open expires; then complete until nothing is left. */
+  for (int rounds = 0; rounds < 10000; rounds++) {
+    if (!run_turn(f, &m, &r, 2)) {
+      cph_clock_advance(&f->clock, 6 * CPH_NS_PER_S);
+      cph_engine_run_pass(f->e);
+      if (!run_turn(f, &m, &r, 2))
+        break;
+    }
+  }
+  for (int s = 0; s < m.n_sessions; s++) {
+    cph_session_info info;
+    cph_err err;
+    if (cph_engine_get_session(f->e, m.ids[s], &info, &err))
+      fail_msg("seed %llu: get %s: %s", (unsigned long long)seed, m.ids[s], err.msg);
+    if (info.pending + info.staged)
+      fail_msg("seed %llu: %s still holds %u entries after the drain",
+               (unsigned long long)seed, m.ids[s], info.pending + info.staged);
+    cph_session_info_free(&info);
+    for (uint64_t id = 1; id <= m.max_event; id++)
+      if (m.carried[s][id] != m.routed[s][id])
+        fail_msg("seed %llu: session %s, event %llu: routed %u, carried by completed turns "
+                 "%u times",
+                 (unsigned long long)seed, m.ids[s], (unsigned long long)id, m.routed[s][id],
+                 m.carried[s][id]);
+  }
+  for (int s = 0; s < MAX_SESSIONS; s++) {
+    free(m.routed[s]);
+    free(m.carried[s]);
+  }
+  cph_fixture_free(f);
+}
+
+static void test_every_routed_event_reaches_its_session_exactly_once(void **state) {
+  (void)state;
+  const char *seed_env = getenv("CPH_PROPERTY_SEED");
+  const char *cases_env = getenv("CPH_PROPERTY_CASES");
+  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 20261125;
+  long cases = cases_env ? strtol(cases_env, NULL, 10) : DEFAULT_CASES;
+  print_message("accounting property: %ld cases from seed %llu\n", cases,
+                (unsigned long long)seed);
+  for (long i = 0; i < cases; i++)
+    run_case(seed + (uint64_t)i);
+}
+
+int main(void) {
+  cph_log_set_level(CPH_LOG_ERROR);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_routed_event_reaches_its_session_exactly_once),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
