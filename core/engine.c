@@ -19,6 +19,7 @@
 #include "engine_internal.h"
 #include "lanes/pass.h"
 #include "metrics.h"
+#include "reports.h"
 
 /* Recent events kept for turn histories: at most this many (a 64-byte body and a short sender
  * cost about 120 bytes each, so some 8 MB when full). A history reads at most 512 entries. */
@@ -121,10 +122,12 @@ void engine_mark_pending(cph_engine *e, csession *s) {
   s->in_pending_list = true;
 }
 
-/* A session has work when it has staged input or a due autonomy tick (§3.3). */
+/* A session has work when it has staged input or a due autonomy tick (§3.3); a reporter's
+ * held input counts only once its report is due (reports.h). */
 void engine_update_work(cph_engine *e, csession *s) {
   cph_sched_set_paused(e->sched, s->sid, s->paused);
-  cph_sched_set_work(e->sched, s->sid, s->n_staged > 0 || s->tick_due || s->n_jobs > 0);
+  bool input = s->n_staged > 0 && (!s->reports || s->report_due || reports_has_unheld(s));
+  cph_sched_set_work(e->sched, s->sid, input || s->tick_due || s->n_jobs > 0);
 }
 
 /* In sid order, so the scheduler's slots and the slab are walked (nearly) in address order:
@@ -276,6 +279,7 @@ static void memory_clear(cph_engine *e) {
   e->sched = NULL;
   maint_close(e);
   backpressure_close(e);
+  reports_close(e);
   dedupe_close(e);
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
   pact_cache_clear(e);
@@ -312,6 +316,8 @@ static int memory_load(cph_engine *e, cph_err *err) {
   e->sched = cph_sched_new(&sc, e->clock_ref);
   if (!e->sched)
     return cph_err_set(err, CPH_ENOMEM, "out of memory creating the scheduler");
+  if (reports_open(e) != CPH_OK) /* before the sessions: loading one registers its reports */
+    return cph_err_set(err, CPH_ENOMEM, "out of memory opening the engine");
   sessions_init(e);
   int rc = sessions_load(e, err);
   if (rc)
@@ -515,6 +521,7 @@ static void hook_reconcile(void *ctx) {
   turns_reconcile(e);
   maint_tick(e);
   backpressure_tick(e);
+  reports_tick(e);
 }
 
 int cph_engine_run_pass(cph_engine *e) {

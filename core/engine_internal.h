@@ -29,6 +29,7 @@ typedef struct inbox_item {
   uint64_t event_id;
   uint8_t status; /* CPH_INBOX_PENDING or CPH_INBOX_STAGED */
   bool mentioned;
+  bool direct;       /* named by an event (mention or explicit session): never held (reports.h) */
   uint8_t fold;      /* inbox_fold (inbox.h): why events are folded into it */
   uint32_t attempts; /* turns that carried it and did not complete */
   uint64_t turn_id;  /* the running turn carrying it, 0 if none */
@@ -65,6 +66,8 @@ typedef struct csession {
   bool paused;
   bool in_pending_list; /* queued for the next poll_inbox */
   bool tick_due;
+  bool reports;    /* report_interval_s > 0: reports.h holds its channel traffic */
+  bool report_due; /* its report is due and it holds something */
 } csession;
 
 typedef struct channel {
@@ -136,6 +139,7 @@ struct cph_engine {
 
   struct cph_dedupe *dedupe;     /* dedupe.c: exact/near dedupe and families */
   struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
+  struct cph_reports *reports;   /* reports.c: report turns of reporter sessions */
   uint64_t embed_queue_len;      /* memories waiting for an embedding */
   struct cph_maint *maint;       /* maint.c: schedules, counters */
   struct cph_metrics *metrics;   /* metrics.c: live counters; kept across memory rebuilds */

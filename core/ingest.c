@@ -169,7 +169,7 @@ static int32_t fold_target(const csession *s, const dedupe_verdict *v) {
 
 /* Folds event into the un-leased entry at index at. */
 static int fold_into(cph_txn *t, csession *s, int32_t at, uint64_t event_id, bool mentioned,
-                     const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
+                     bool direct, const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
   inbox_item *it = &s->inbox[at];
   if (undo_note(undo, s, UNDO_CHANGED, it, 0))
     return CPH_ENOMEM;
@@ -180,6 +180,7 @@ static int fold_into(cph_txn *t, csession *s, int32_t at, uint64_t event_id, boo
   }
   it->count++;
   it->mentioned |= mentioned;
+  it->direct |= direct;
   if (now_ms > it->last_ms)
     it->last_ms = now_ms;
   inbox_fold_add(t, s->id, it->id, event_id);
@@ -249,6 +250,7 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo)
   inbox_item *o = &s->inbox[ov];
   o->count += victim.count;
   o->mentioned |= victim.mentioned;
+  o->direct |= victim.direct;
   if (victim.last_ms > o->last_ms)
     o->last_ms = victim.last_ms;
   if (victim.count > 1)
@@ -271,11 +273,11 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo)
  * next pass; a crash before then brings it back staged, as if that poll had run. Memory
  * follows each write at once (the request's next event must see it) and undo can put it back. */
 static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bool mentioned,
-                   const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
+                   bool direct, const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
   if (v) {
     int32_t at = fold_target(s, v);
     if (at >= 0)
-      return fold_into(t, s, at, event_id, mentioned, v, now_ms, undo);
+      return fold_into(t, s, at, event_id, mentioned, direct, v, now_ms, undo);
   }
   int64_t max_queue = e->policy->sessions.max_queue;
   if ((int64_t)s->n_inbox >= max_queue && (int64_t)queued_entries(s) >= max_queue) {
@@ -288,6 +290,7 @@ static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bo
   it.event_id = event_id;
   it.status = CPH_INBOX_PENDING;
   it.mentioned = mentioned;
+  it.direct = direct;
   it.created_ms = it.last_ms = now_ms;
   it.count = 1;
   if (v && v->family) {
@@ -531,8 +534,8 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     goto done;
   }
   for (size_t i = 0; i < n; i++) {
-    rc = deliver(e, t, ts[i].session, event_id, ts[i].mentioned, dup ? &v : NULL, now_ms,
-                 &rq->undo);
+    rc = deliver(e, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,
+                 now_ms, &rq->undo);
     if (rc == CPH_OK && !(res->sessions.items[res->sessions.count] = strdup(ts[i].session->id)))
       rc = CPH_ENOMEM;
     if (rc) {

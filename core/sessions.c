@@ -8,6 +8,7 @@
 #include "context.h"
 #include "engine_internal.h"
 #include "inbox.h"
+#include "reports.h"
 
 #define ID_MAX 128
 
@@ -405,6 +406,8 @@ static void session_create(cph_engine *e, cph_op *op) {
   s->paused = r.state == CPH_SESSION_PAUSED;
   s->autonomy_interval_s = r.autonomy_interval_s;
   engine_tick_schedule(e, s);
+  if (reports_set(e, s, r.report_interval_s) != CPH_OK)
+    cph_warn("session '%s': out of memory for its reports; they wait for a restart", s->id);
   engine_update_work(e, s);
   if (info_from(e, &r, s, &op->u.session.out))
     op_fail(op, CPH_ENOMEM, NULL, "out of memory");
@@ -460,6 +463,8 @@ static void session_update(cph_engine *e, cph_op *op) {
     s->autonomy_interval_s = r.autonomy_interval_s;
     engine_tick_schedule(e, s);
   }
+  if ((set & CPH_SET_REPORT) && reports_set(e, s, r.report_interval_s) != CPH_OK)
+    cph_warn("session '%s': out of memory for its reports; they wait for a restart", s->id);
   engine_update_work(e, s);
   if (info_from(e, &r, s, &op->u.session.out))
     op_fail(op, CPH_ENOMEM, NULL, "out of memory");
@@ -500,6 +505,7 @@ static void session_delete(cph_engine *e, cph_op *op) {
   cph_idmap_del(&e->sessions, s->id); /* before the scheduler frees the id */
   cph_sched_remove(e->sched, s->sid);
   engine_tick_schedule(e, (s->autonomy_interval_s = 0, s));
+  reports_forget(e, s->id);
   for (size_t i = 0; i < e->n_pending_sessions; i++)
     if (e->pending_sessions[i] == s)
       e->pending_sessions[i] = e->pending_sessions[--e->n_pending_sessions];
@@ -533,6 +539,22 @@ static double restored_credits(const cph_engine *e, const cph_session_rec *r, in
   return credits < c->min ? c->min : credits;
 }
 
+/* Whether event id was posted to session id explicitly (its `session`): a reporter's entry
+ * that names it is never held for a report. Read for reporters' live entries at open only. */
+static bool event_names_session(cph_txn *t, uint64_t id, const char *session) {
+  static const char *const fields[] = {"session"};
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, id);
+  cph_event_rec ev;
+  uint64_t mask = cph_record_field_mask(&cph_event_desc, fields, 1);
+  if (cph_txn_get_record_some(t, CPH_DB_EVENTS, &k, &cph_event_desc, &ev, mask) != CPH_OK)
+    return false;
+  bool named = ev.session && strcmp(ev.session, session) == 0;
+  cph_record_free(&cph_event_desc, &ev);
+  return named;
+}
+
 static int load_inbox(cph_engine *e, cph_txn *t, cph_err *err) {
   cph_cursor c;
   cph_val k, v;
@@ -559,6 +581,8 @@ static int load_inbox(cph_engine *e, cph_txn *t, cph_err *err) {
       it.attempts = r.attempts;
       it.created_ms = r.created_ms;
       int frc = inbox_fold_get(t, s->id, &it); /* what is folded into it: O(1) per live entry */
+      if (frc == CPH_OK && s->reports && !it.mentioned)
+        it.direct = event_names_session(t, it.event_id, s->id);
       if (frc) {
         char key[160];
         cph_key_describe(k.data, k.len, key, sizeof key);
@@ -618,6 +642,11 @@ int sessions_load(cph_engine *e, cph_err *err) {
     s->episode = r.episode;
     s->autonomy_interval_s = r.autonomy_interval_s;
     engine_tick_schedule(e, s);
+    if (reports_set(e, s, r.report_interval_s) != CPH_OK) {
+      cph_record_free(&cph_session_desc, &r);
+      rc = cph_err_set(err, CPH_ENOMEM, "out of memory loading sessions");
+      goto out;
+    }
     cph_record_free(&cph_session_desc, &r);
   }
   if (rc != CPH_ENOTFOUND) {
@@ -748,5 +777,8 @@ int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *er
   out->ahead_in_higher_lanes = w.ahead_in_higher_lanes;
   out->staged = s->n_staged;
   out->pending = s->n_pending;
+  out->next_report_in_s = reports_next_in_s(e, s);
+  if (w.reason == CPH_WHY_NO_INPUT && s->reports && s->n_staged + s->n_pending > 0)
+    out->reason = "waiting_for_report";
   return CPH_OK;
 }

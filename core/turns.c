@@ -13,6 +13,7 @@
 #include "engine_internal.h"
 #include "inbox.h"
 #include "metrics.h"
+#include "reports.h"
 
 const char *cph_turn_kind_name(cph_turn_kind_t k) {
   switch (k) {
@@ -353,7 +354,7 @@ static int staged_fill(cph_txn *t, const csession *s, const inbox_item *it, cph_
 /* Fills ti from the session record, the staged items and the scheduler; reads (and counts
  * memory accesses) through t. The sections and messages are core/context.c's. */
 static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items, size_t n,
-                      cph_turn_info *ti) {
+                      bool report, cph_turn_info *ti) {
   cph_session_rec rec;
   cph_key sk;
   cph_key_reset(&sk);
@@ -365,7 +366,8 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
   ti->lane = s->lane;
   /* A maintenance session with queued jobs runs a job (start_turn's job_turn); knowing it
    * here spares a job turn the conversation and memory (and their access counts). */
-  ti->kind = n                                                   ? CPH_KIND_INBOX
+  ti->kind = report                                              ? CPH_KIND_REPORT
+             : n                                                 ? CPH_KIND_INBOX
              : s->n_jobs > 0 && s->lane == CPH_LANE_MAINTENANCE ? CPH_KIND_JOB
                                                                  : CPH_KIND_AUTONOMY_TICK;
   ti->episode = s->episode;
@@ -382,7 +384,14 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
       cph_buf_putc(&input, '\n');
     cph_buf_puts(&input, m->body);
   }
-  ti->input = cph_buf_steal(&input);
+  if (report && rc == CPH_OK) { /* what arrived, per channel and family (reports.h) */
+    cph_buf_free(&input);
+    ti->input = reports_input(ti->staged, ti->n_staged);
+  } else {
+    ti->input = cph_buf_steal(&input);
+  }
+  if (!ti->input && rc == CPH_OK)
+    rc = CPH_ENOMEM;
   if (rc == CPH_OK)
     rc = context_assemble(e, t, s, &rec, ti);
   cph_record_free(&cph_session_desc, &rec);
@@ -408,6 +417,11 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   for (uint32_t i = 0; i < s->n_inbox && !job_turn; i++)
     if (s->inbox[i].status == CPH_INBOX_STAGED)
       items[n++] = &s->inbox[i];
+  /* A reporter's held input waits for its report unless something names it (reports.h). */
+  bool unheld = s->reports && reports_has_unheld(s);
+  if (s->reports && !unheld && !s->report_due)
+    n = 0;
+  bool report_turn = s->reports && n > 0 && !unheld;
   qsort(items, n, sizeof *items, staged_order);
   if (n > max_batch)
     n = max_batch;
@@ -424,7 +438,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   cph_txn_begin_child(&e->txn, &t);
   uint64_t turn_id = 0;
   cph_txn_next_id(&t, "turn", &turn_id);
-  int rc = build_turn(e, &t, s, items, n, ti);
+  int rc = build_turn(e, &t, s, items, n, report_turn, ti);
   uint64_t job_id = 0;
   cph_job_work *work = NULL;
   if (rc == CPH_OK && job_turn) {
@@ -450,7 +464,10 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     tr.id = turn_id;
     tr.session = s->id;
     tr.lane = (uint8_t)s->lane;
-    tr.kind = job_turn ? CPH_TURN_JOB : n ? CPH_TURN_INBOX : CPH_TURN_AUTONOMY_TICK;
+    tr.kind = job_turn      ? CPH_TURN_JOB
+              : report_turn ? CPH_TURN_REPORT
+              : n           ? CPH_TURN_INBOX
+                            : CPH_TURN_AUTONOMY_TICK;
     tr.job_id = job_id;
     tr.state = CPH_TURN_LEASED;
     memcpy(tr.lease, token, sizeof token);
@@ -829,6 +846,8 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   if (reply_id > e->last_reply_id)
     e->last_reply_id = reply_id;
   s->running_turn = 0;
+  if (l->kind == CPH_KIND_REPORT)
+    reports_done(e, s); /* the next report is an interval from now */
   if (l->kind == CPH_KIND_AUTONOMY_TICK || s->autonomy_interval_s)
     engine_tick_schedule(e, s); /* the next tick is an interval after this turn */
   engine_update_work(e, s);

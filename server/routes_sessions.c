@@ -239,5 +239,7 @@ void cph_route_session_why(cph_req *r) {
   json_object_set_new(o, "ahead_in_higher_lanes", cph_json_u64(w.ahead_in_higher_lanes));
   json_object_set_new(o, "staged", json_integer(w.staged));
   json_object_set_new(o, "pending", json_integer(w.pending));
+  json_object_set_new(o, "next_report_in_s",
+                      w.next_report_in_s >= 0 ? json_integer(w.next_report_in_s) : json_null());
   cph_reply_json(r, 200, o);
 }

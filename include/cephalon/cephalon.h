@@ -494,7 +494,8 @@ int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_ses
 
 typedef struct cph_why_info {
   const char *reason; /* "no_input", "paused", "running", "lane_out_of_budget",
-                         "concurrency_full", "runnable" */
+                         "concurrency_full", "runnable", "waiting_for_report" (a reporter whose
+                         staged input is held until its next report, DESIGN §4) */
   cph_lane lane;
   double credits;
   double waiting_s;
@@ -503,6 +504,7 @@ typedef struct cph_why_info {
   uint64_t lane_runnable;
   uint64_t ahead_in_higher_lanes;
   uint32_t staged, pending;
+  int64_t next_report_in_s; /* reporters: seconds until the next report may run; -1 otherwise */
 } cph_why_info;
 int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *err);
 

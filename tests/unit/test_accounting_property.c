@@ -96,6 +96,8 @@ static void create_sessions(cph_fixture *f, model *m, rng *r) {
     op.u.session.in.lane = below(r, 2) ? CPH_LANE_INTERACTIVE : CPH_LANE_OPERATIONAL;
     op.u.session.in.subscribe.items = subs;
     op.u.session.in.subscribe.count = n;
+    static const uint32_t report_every[] = {0, 0, 2, 5}; /* some hold for report turns */
+    op.u.session.in.report_interval_s = report_every[below(r, 4)];
     if (cph_fixture_run(f, &op))
       fail_msg("seed %llu: create %s: %s", (unsigned long long)m->seed, m->ids[i], op.err.msg);
     cph_op_clear_results(&op);
@@ -298,23 +300,30 @@ static void run_case(uint64_t seed) {
       cph_fixture_open(f);
     }
   }
-  /* Drain: every lease left open expires; then complete until nothing is left. */
+  /* Drain: every lease left open expires and every report falls due (a delayed one within
+   * 4 x 5 s); then complete until nothing is left. */
   for (int rounds = 0; rounds < 10000; rounds++) {
-    if (!run_turn(f, &m, &r, 2)) {
+    bool ran = run_turn(f, &m, &r, 2);
+    for (int wait = 0; !ran && wait < 10; wait++) {
       cph_clock_advance(&f->clock, 6 * CPH_NS_PER_S);
       cph_engine_run_pass(f->e);
-      if (!run_turn(f, &m, &r, 2))
-        break;
+      ran = run_turn(f, &m, &r, 2);
     }
+    if (!ran)
+      break;
   }
   for (int s = 0; s < m.n_sessions; s++) {
     cph_session_info info;
     cph_err err;
     if (cph_engine_get_session(f->e, m.ids[s], &info, &err))
       fail_msg("seed %llu: get %s: %s", (unsigned long long)seed, m.ids[s], err.msg);
-    if (info.pending + info.staged)
-      fail_msg("seed %llu: %s still holds %u entries after the drain",
-               (unsigned long long)seed, m.ids[s], info.pending + info.staged);
+    if (info.pending + info.staged) {
+      cph_why_info w;
+      cph_engine_why(f->e, m.ids[s], &w, &err);
+      fail_msg("seed %llu: %s still holds %u entries after the drain (why: %s, report in %lld s)",
+               (unsigned long long)seed, m.ids[s], info.pending + info.staged, w.reason,
+               (long long)w.next_report_in_s);
+    }
     cph_session_info_free(&info);
     for (uint64_t id = 1; id <= m.max_event; id++)
       if (m.carried[s][id] != m.routed[s][id])

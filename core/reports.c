@@ -1,0 +1,211 @@
+/* Report turns (reports.h). */
+#include "reports.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backpressure.h"
+#include "common/buf.h"
+
+#define CHECK_PERIOD_NS CPH_NS_PER_S
+#define REPORT_LINES_MAX 20 /* entries listed per channel; the rest are counted */
+
+typedef struct report_state {
+  char *id; /* owned: the map's key */
+  uint32_t interval_s;
+  int64_t last_ns; /* engine clock: the last report (or registration, or open) */
+} report_state;
+
+typedef struct cph_reports {
+  cph_hmap by_id;
+  int64_t next_check_ns;
+} cph_reports;
+
+int reports_open(cph_engine *e) {
+  e->reports = calloc(1, sizeof *e->reports);
+  return e->reports ? CPH_OK : CPH_ENOMEM;
+}
+
+void reports_close(cph_engine *e) {
+  if (!e->reports)
+    return;
+  cph_hmap *m = &e->reports->by_id;
+  for (size_t i = 0; i < m->cap; i++)
+    if (m->slots[i].key) {
+      report_state *r = m->slots[i].value;
+      free(r->id);
+      free(r);
+    }
+  cph_hmap_free(m);
+  free(e->reports);
+  e->reports = NULL;
+}
+
+void reports_forget(cph_engine *e, const char *id) {
+  report_state *r = e->reports ? cph_hmap_del(&e->reports->by_id, id) : NULL;
+  if (r) {
+    free(r->id);
+    free(r);
+  }
+}
+
+int reports_set(cph_engine *e, csession *s, uint32_t interval_s) {
+  s->report_due = false;
+  s->reports = false;
+  if (!interval_s) {
+    reports_forget(e, s->id);
+    return CPH_OK;
+  }
+  report_state *r = cph_hmap_get(&e->reports->by_id, s->id);
+  if (!r) {
+    r = calloc(1, sizeof *r);
+    if (!r || !(r->id = strdup(s->id)) || cph_hmap_put(&e->reports->by_id, r->id, r)) {
+      if (r)
+        free(r->id);
+      free(r);
+      return CPH_ENOMEM;
+    }
+  }
+  r->interval_s = interval_s;
+  r->last_ns = engine_now(e);
+  s->reports = true;
+  return CPH_OK;
+}
+
+bool reports_has_unheld(const csession *s) {
+  for (uint32_t i = 0; i < s->n_inbox; i++)
+    if (s->inbox[i].status == CPH_INBOX_STAGED && !reports_holds(s, &s->inbox[i]))
+      return true;
+  return false;
+}
+
+/* Whether the channel of event id (read through t) is at backpressure step 4 or more. */
+static bool event_channel_delayed(cph_engine *e, cph_txn *t, uint64_t id) {
+  static const char *const fields[] = {"channel"};
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, id);
+  cph_event_rec ev;
+  uint64_t mask = cph_record_field_mask(&cph_event_desc, fields, 1);
+  if (cph_txn_get_record_some(t, CPH_DB_EVENTS, &k, &cph_event_desc, &ev, mask) != CPH_OK)
+    return false;
+  bool delayed = ev.channel && backpressure_reports_delayed(e, ev.channel);
+  cph_record_free(&cph_event_desc, &ev);
+  return delayed;
+}
+
+/* The interval in force: stretched when a channel of the held entries is at step 4. O(inbox)
+ * event reads, once a second per reporter holding something. */
+static int64_t interval_ns(cph_engine *e, cph_txn *t, const csession *s, const report_state *r) {
+  int64_t ns = (int64_t)r->interval_s * CPH_NS_PER_S;
+  for (uint32_t i = 0; i < s->n_inbox; i++) {
+    const inbox_item *it = &s->inbox[i];
+    if (reports_holds(s, it) && !it->turn_id && event_channel_delayed(e, t, it->event_id))
+      return ns * e->policy->backpressure.report_delay_factor;
+  }
+  return ns;
+}
+
+void reports_tick(cph_engine *e) {
+  cph_reports *rp = e->reports;
+  int64_t now = engine_now(e);
+  if (!rp || now < rp->next_check_ns)
+    return;
+  rp->next_check_ns = now + CHECK_PERIOD_NS;
+  for (size_t i = 0; i < rp->by_id.cap; i++) {
+    if (!rp->by_id.slots[i].key)
+      continue;
+    report_state *r = rp->by_id.slots[i].value;
+    csession *s = engine_session(e, r->id);
+    if (!s || s->report_due || !s->n_staged || s->running_turn)
+      continue;
+    if (now - r->last_ns >= interval_ns(e, &e->txn, s, r)) {
+      s->report_due = true;
+      engine_update_work(e, s);
+    }
+  }
+}
+
+void reports_done(cph_engine *e, csession *s) {
+  report_state *r = e->reports ? cph_hmap_get(&e->reports->by_id, s->id) : NULL;
+  if (r)
+    r->last_ns = engine_now(e);
+  s->report_due = false;
+}
+
+int64_t reports_next_in_s(cph_engine *e, const csession *s) {
+  report_state *r = e->reports ? cph_hmap_get(&e->reports->by_id, s->id) : NULL;
+  if (!r)
+    return -1;
+  if (s->report_due)
+    return 0;
+  cph_txn t;
+  if (cph_txn_begin(e->store, false, &t) != CPH_OK)
+    return 0;
+  int64_t left = r->last_ns + interval_ns(e, &t, s, r) - engine_now(e);
+  cph_txn_abort(&t);
+  return left > 0 ? (left + CPH_NS_PER_S - 1) / CPH_NS_PER_S : 0;
+}
+
+static void hhmm(int64_t ms, char out[8]) {
+  time_t secs = (time_t)(ms / 1000);
+  struct tm tm;
+  if (!gmtime_r(&secs, &tm))
+    snprintf(out, 8, "--:--");
+  else
+    snprintf(out, 8, "%02d:%02d", tm.tm_hour % 100, tm.tm_min % 100);
+}
+
+/* The first line of a folded body (fold_describe): the entry's own text for a single event. */
+static void first_line(const char *body, cph_buf *b) {
+  const char *nl = strchr(body, '\n');
+  cph_buf_append(b, body, nl ? (size_t)(nl - body) : strlen(body));
+}
+
+char *reports_input(const cph_staged_msg *staged, size_t n) {
+  cph_buf b = CPH_BUF_INIT;
+  cph_buf_puts(&b, "report:");
+  bool *done = calloc(n ? n : 1, sizeof *done);
+  if (!done)
+    return NULL;
+  for (size_t i = 0; i < n; i++) {
+    if (done[i])
+      continue;
+    /* One channel: its totals, then its entries (each a family or one message). */
+    uint64_t total = 0;
+    int64_t first = staged[i].ts_ms, last = staged[i].last_ms;
+    for (size_t j = i; j < n; j++)
+      if (strcmp(staged[j].channel, staged[i].channel) == 0) {
+        total += staged[j].count;
+        if (staged[j].ts_ms < first)
+          first = staged[j].ts_ms;
+        if (staged[j].last_ms > last)
+          last = staged[j].last_ms;
+      }
+    char f[8], l[8];
+    hhmm(first, f);
+    hhmm(last, l);
+    cph_buf_printf(&b, "\n#%s: %llu message%s, %s–%s", staged[i].channel,
+                   (unsigned long long)total, total == 1 ? "" : "s", f, l);
+    size_t listed = 0;
+    uint64_t unlisted = 0;
+    for (size_t j = i; j < n; j++) {
+      if (done[j] || strcmp(staged[j].channel, staged[i].channel) != 0)
+        continue;
+      done[j] = true;
+      if (listed == REPORT_LINES_MAX) {
+        unlisted += staged[j].count;
+        continue;
+      }
+      listed++;
+      cph_buf_printf(&b, "\n- ×%u %s: ", staged[j].count, staged[j].sender);
+      first_line(staged[j].body, &b);
+    }
+    if (unlisted)
+      cph_buf_printf(&b, "\n- … and %llu more", (unsigned long long)unlisted);
+  }
+  free(done);
+  return cph_buf_steal(&b);
+}
