@@ -351,6 +351,14 @@ typedef enum cph_op_kind {
   CPH_OP_MEMORY_SEARCH  /* GET /v1/memories/search: a write, since inclusion counts access */
 } cph_op_kind;
 
+/* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
+ * arguments, calls that ran and failed (errors). invalid + errors <= calls is not enforced;
+ * the metrics saturate. */
+typedef struct cph_tool_stat_in {
+  char *name; /* 1..128 bytes */
+  uint64_t calls, invalid, errors;
+} cph_tool_stat_in;
+
 typedef struct cph_memory_in {
   char *text;
   cph_strv tags;
@@ -424,7 +432,11 @@ struct cph_op {
       char *reply_body;    /* NULL: no reply */
       char *reply_channel; /* NULL: the channel of the turn's first staged message */
       char *error;         /* fail: reason */
-      struct { uint64_t valid, invalid, repairs, guard_denies; } tool_stats;
+      struct {
+        uint64_t valid, invalid, repairs, guard_denies; /* the aggregate fields */
+        cph_tool_stat_in *tools; /* per tool (complete only); the engine reads them only */
+        size_t n_tools;
+      } tool_stats;
       int64_t deadline_ms; /* heartbeat: the new deadline */
       bool already;        /* complete: it had been completed before (idempotent answer) */
       cph_memory_in *memories; /* complete: memories to mint, scoped to the session */
