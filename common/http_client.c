@@ -279,6 +279,13 @@ static size_t on_header(char *data, size_t size, size_t n, void *arg) {
   return len;
 }
 
+static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow) {
+  const cph_httpc_request *req = arg;
+  (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+  return req->cancel(req->cancel_arg) ? 1 : 0;
+}
+
 static int map_curl_error(CURLcode c) {
   switch (c) {
   case CURLE_COULDNT_RESOLVE_HOST:
@@ -385,6 +392,11 @@ int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  if (req->cancel) {
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, (void *)req);
+  }
   const char *ca_file = req->ca_file ? req->ca_file : ca;
   if (ca_file && ca_file[0])
     curl_easy_setopt(h, CURLOPT_CAINFO, ca_file);
@@ -407,7 +419,10 @@ int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
 
   CURLcode c = curl_easy_perform(h);
   if (c != CURLE_OK) {
-    if (t.too_big) {
+    if (c == CURLE_ABORTED_BY_CALLBACK) {
+      rc = CPH_HTTPC_ECANCELED;
+      snprintf(err, err_len, "canceled");
+    } else if (t.too_big) {
       rc = CPH_HTTPC_EPROTO;
       snprintf(err, err_len, "the answer is larger than %zu bytes", (size_t)CPH_HTTPC_MAX_BODY);
     } else if (c == CURLE_WRITE_ERROR || c == CURLE_OUT_OF_MEMORY) {

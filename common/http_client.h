@@ -47,6 +47,10 @@ typedef struct cph_httpc_request {
   size_t body_len;
   int timeout_ms; /* the whole exchange; <= 0 means 30 s */
   const char *ca_file; /* https: the CA to trust; NULL means the process default */
+  /* NULL, or asked about once per second or more often while the exchange runs: a non-zero
+   * answer abandons it (CPH_HTTPC_ECANCELED). */
+  int (*cancel)(void *arg);
+  void *cancel_arg;
 } cph_httpc_request;
 
 typedef struct cph_httpc_response {
@@ -65,7 +69,8 @@ enum {
   CPH_HTTPC_EPROTO = -4,   /* the answer is not HTTP/1.x we can read */
   CPH_HTTPC_ENOMEM = -5,
   CPH_HTTPC_EINVAL = -6, /* the request itself is unsendable (e.g. a header with a newline) */
-  CPH_HTTPC_ETLS = -7    /* the TLS handshake failed: unknown CA, wrong name, bad CA file */
+  CPH_HTTPC_ETLS = -7,   /* the TLS handshake failed: unknown CA, wrong name, bad CA file */
+  CPH_HTTPC_ECANCELED = -8 /* the request's cancel callback said stop */
 };
 
 /* Largest answer body accepted; bigger answers fail with CPH_HTTPC_EPROTO. */

@@ -232,7 +232,7 @@ static void views_emit(cph_emit *w, const cph_turn_info *t) {
 }
 
 static void turn_emit(cph_emit *w, const cph_turn_info *t) {
-  cph_emit_object(w, 14);
+  cph_emit_object(w, 15);
   cph_emit_key(w, "id");
   cph_emit_u64(w, t->id);
   cph_emit_key(w, "lease");
@@ -251,6 +251,8 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_i64(w, t->deadline_ms);
   cph_emit_key(w, "attempts");
   cph_emit_i64(w, t->attempts);
+  cph_emit_key(w, "tools_named"); /* > 0: narrow the tools offered to available_tools */
+  cph_emit_u64(w, t->n_tools_named);
   cph_emit_key(w, "staged");
   staged_emit(w, t);
   cph_emit_key(w, "sections");

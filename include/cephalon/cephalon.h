@@ -243,8 +243,10 @@ typedef struct cph_turn_info {
   } current_state;
   cph_history_entry *history; /* conversation_history; n_history == 0 means "none" */
   size_t n_history;
-  cph_tool_usage *tools;
+  cph_tool_usage *tools; /* available_tools: the session's tools that fit the window */
   size_t n_tools;
+  size_t n_tools_named;  /* the session's whole tools list: a worker narrows its tools to
+                            available_tools whenever this is > 0 (even if none fit) */
   cph_message *messages;
   size_t n_messages;
   cph_obligation *obligations; /* pending_obligations; n_staged is its staged_count */
