@@ -44,6 +44,7 @@ struct cph_md {
   conn *conns[MAX_CONNS];
   size_t n_conns;
   size_t count;
+  size_t accepted;
 };
 
 static void die(const char *what) {
@@ -266,6 +267,7 @@ static void *accept_main(void *arg) {
     if (pthread_create(&c->thread, NULL, conn_main, c) != 0)
       die("pthread_create");
     m->conns[m->n_conns++] = c;
+    m->accepted++;
     pthread_mutex_unlock(&m->mu);
   }
   return NULL;
@@ -325,6 +327,13 @@ const char *cph_md_url(const cph_md *m) { return m->url; }
 size_t cph_md_count(cph_md *m) {
   pthread_mutex_lock(&m->mu);
   size_t n = m->count;
+  pthread_mutex_unlock(&m->mu);
+  return n;
+}
+
+size_t cph_md_connections(cph_md *m) {
+  pthread_mutex_lock(&m->mu);
+  size_t n = m->accepted;
   pthread_mutex_unlock(&m->mu);
   return n;
 }

@@ -49,6 +49,8 @@ int cph_md_port(const cph_md *m);
 const char *cph_md_url(const cph_md *m); /* "http[s]://127.0.0.1:PORT" */
 /* Requests answered or being answered so far. */
 size_t cph_md_count(cph_md *m);
+/* Connections accepted so far (a client that keeps its connection alive opens one). */
+size_t cph_md_connections(cph_md *m);
 
 /* OpenAI chat-completion bodies (malloc'd JSON text). */
 char *cph_md_chat_text(const char *content, int total_tokens);
