@@ -15,12 +15,13 @@ static const char usage_text[] =
     "         [--token-env VAR] [--mcp 'NAME=COMMAND ARGS...']... [--concurrency N]\n"
     "         [--lanes L,...] [--max-tool-rounds N] [--config FILE.edn] [--check]\n"
     "         [--name WORKER] [--ca-file PEM] [--lease-wait-ms MS] [--llm-timeout-ms MS]\n"
-    "         [--tool-timeout-ms MS]\n"
+    "         [--tool-timeout-ms MS] [--check-config]\n"
     "\n"
     "Leases turns from cephalond, sends their messages to {llm}/chat/completions (OpenAI\n"
     "format) with the tools of the MCP servers, runs the tool calls and completes the turn.\n"
     "Keys come only from environment variables: --api-key-env for the model, --token-env\n"
-    "for the daemon. --check probes the daemon, the model and each MCP server and exits.\n";
+    "for the daemon. --check probes the daemon, the model and each MCP server and exits;\n"
+    "--check-config prints the effective options and exits.\n";
 
 static void set_str(char **dst, const char *v) {
   free(*dst);
@@ -243,7 +244,7 @@ static int load_file(wk_config *cfg, const char *path) {
 enum {
   OPT_DAEMON = 256, OPT_LLM, OPT_MODEL, OPT_API_KEY_ENV, OPT_TOKEN_ENV, OPT_MCP,
   OPT_CONCURRENCY, OPT_LANES, OPT_ROUNDS, OPT_CONFIG, OPT_CHECK, OPT_NAME, OPT_CA,
-  OPT_LEASE_WAIT, OPT_LLM_TIMEOUT, OPT_TOOL_TIMEOUT, OPT_HELP
+  OPT_LEASE_WAIT, OPT_LLM_TIMEOUT, OPT_TOOL_TIMEOUT, OPT_HELP, OPT_CHECK_CONFIG
 };
 
 static const struct option options[] = {
@@ -264,6 +265,7 @@ static const struct option options[] = {
     {"llm-timeout-ms", required_argument, NULL, OPT_LLM_TIMEOUT},
     {"tool-timeout-ms", required_argument, NULL, OPT_TOOL_TIMEOUT},
     {"help", no_argument, NULL, OPT_HELP},
+    {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
     {NULL, 0, NULL, 0},
 };
 
@@ -318,6 +320,7 @@ int wk_config_load(wk_config *cfg, int argc, char **argv) {
     case OPT_LANES: set_str(&cfg->lanes, optarg); break;
     case OPT_CONFIG: break;
     case OPT_CHECK: cfg->check = true; break;
+    case OPT_CHECK_CONFIG: cfg->check_config = true; break;
     case OPT_MCP:
       if (add_mcp_spec(cfg, optarg, &why) != 0)
         return usage_error("--mcp: %s", why);
@@ -360,6 +363,52 @@ int wk_config_load(wk_config *cfg, int argc, char **argv) {
     set_str(&cfg->worker_name, name);
   }
   return 0;
+}
+
+static void print_quoted(FILE *out, const char *v) {
+  fputc('"', out);
+  for (const char *p = v ? v : ""; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      fputc('\\', out);
+    fputc(*p, out);
+  }
+  fputc('"', out);
+}
+
+static void print_str(FILE *out, const char *key, const char *v) {
+  fprintf(out, " :%s ", key);
+  print_quoted(out, v);
+  fputc('\n', out);
+}
+
+void wk_config_print(const wk_config *cfg, FILE *out) {
+  fputs("{", out);
+  print_str(out, "daemon", cfg->daemon);
+  print_str(out, "llm", cfg->llm);
+  print_str(out, "model", cfg->model);
+  print_str(out, "api-key-env", cfg->api_key_env);
+  print_str(out, "token-env", cfg->token_env);
+  print_str(out, "name", cfg->worker_name);
+  print_str(out, "ca-file", cfg->ca_file);
+  fputs(" :mcp {", out);
+  for (size_t i = 0; i < cfg->n_mcp; i++) {
+    fprintf(out, "%s", i ? "\n       " : "");
+    print_quoted(out, cfg->mcp[i].name);
+    fputc(' ', out);
+    print_quoted(out, cfg->mcp[i].command);
+  }
+  fputs("}\n :lanes [", out);
+  char copy[256];
+  snprintf(copy, sizeof copy, "%s", cfg->lanes ? cfg->lanes : "interactive,operational");
+  char *save = NULL;
+  int k = 0;
+  for (char *l = strtok_r(copy, ",", &save); l; l = strtok_r(NULL, ",", &save))
+    fprintf(out, "%s:%s", k++ ? " " : "", l);
+  fprintf(out,
+          "]\n :concurrency %d\n :max-tool-rounds %d\n :lease-wait-ms %d\n :llm-timeout-ms %d\n"
+          " :tool-timeout-ms %d}\n",
+          cfg->concurrency, cfg->max_tool_rounds, cfg->lease_wait_ms, cfg->llm_timeout_ms,
+          cfg->tool_timeout_ms);
 }
 
 void wk_config_free(wk_config *cfg) {

@@ -180,6 +180,11 @@ int main(int argc, char **argv) {
     wk_config_free(&cfg);
     return rc == 1 ? 0 : 2;
   }
+  if (cfg.check_config) {
+    wk_config_print(&cfg, stdout);
+    wk_config_free(&cfg);
+    return 0;
+  }
   wk_ctx ctx = {.cfg = &cfg, .stop = &stop_flag};
   if (key_from_env(cfg.api_key_env, "--api-key-env", &ctx.api_key) != 0 ||
       key_from_env(cfg.token_env, "--token-env", &ctx.daemon_token) != 0) {

@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/http_client.h"
 
@@ -45,12 +46,15 @@ typedef struct wk_config {
   int llm_timeout_ms;  /* one model call (default 300000) */
   int tool_timeout_ms; /* one tool call (default 120000) */
   bool check;          /* --check: probe everything and exit */
+  bool check_config;   /* --check-config: print the effective options and exit (no network) */
 } wk_config;
 
 /* Fills cfg from argv (a --config file first, then the flags over it). Returns 0; or 2 after
  * printing the usage error (file:line:col for the EDN file) to stderr; or 1 for --help
  * (usage printed to stdout). */
 int wk_config_load(wk_config *cfg, int argc, char **argv);
+/* The effective options as EDN (env var names only, never their values). */
+void wk_config_print(const wk_config *cfg, FILE *out);
 void wk_config_free(wk_config *cfg);
 
 /* ---------------------------------------------------------------- MCP */
