@@ -34,6 +34,8 @@ static const scenario scenarios[] = {
      cph_bench_maintenance},
     {"memory", "RSS per idle session and restart to ready (--sessions N --events M)",
      cph_bench_memory},
+    {"worker", "cephalon-worker's own cost per turn against an instant model (--concurrency N)",
+     cph_bench_worker},
 };
 
 #define N_SCENARIOS (sizeof scenarios / sizeof scenarios[0])

@@ -1,26 +1,22 @@
-/* The blocking HTTP/1.1 client of cephalonctl and the network providers: one request per
- * connection, the whole exchange bounded by one deadline. See http_client.h. */
+/* The blocking HTTP client of cephalonctl, the network providers and cephalon-worker, over
+ * libcurl's easy interface: one request per call, the whole exchange bounded by one timeout,
+ * connections kept alive through a pool of easy handles. See http_client.h. */
 #include "common/http_client.h"
 
+#include <curl/curl.h>
 #include <errno.h>
-#include <netdb.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #include "common/buf.h"
-#include "common/clock.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
-#define MAX_LINE 8192          /* one status, header or chunk-size line */
-#define MAX_HEADER_BYTES 65536 /* all header lines of one answer together */
+#define POOL_MAX 16 /* idle easy handles kept (each holds its kept-alive connections) */
 
 /* ---------------------------------------------------------------- URL */
 
@@ -43,13 +39,13 @@ void cph_httpc_url_free(cph_httpc_url *u) {
 
 int cph_httpc_url_parse(const char *text, cph_httpc_url *out, const char **why) {
   memset(out, 0, sizeof *out);
-  static const char scheme[] = "http://";
+  size_t scheme_len;
   if (strncasecmp(text, "https://", 8) == 0) {
-    *why = CPH_HTTPC_NO_HTTPS;
-    return -1;
-  }
-  if (strncasecmp(text, scheme, sizeof scheme - 1) != 0) {
-    *why = "expected http://HOST[:PORT][/PREFIX]";
+    scheme_len = 8;
+  } else if (strncasecmp(text, "http://", 7) == 0) {
+    scheme_len = 7;
+  } else {
+    *why = "expected http[s]://HOST[:PORT][/PREFIX]";
     return -1;
   }
   for (const char *p = text; *p; p++) {
@@ -58,7 +54,7 @@ int cph_httpc_url_parse(const char *text, cph_httpc_url *out, const char **why) 
       return -1;
     }
   }
-  const char *auth = text + sizeof scheme - 1;
+  const char *auth = text + scheme_len;
   size_t auth_len = strcspn(auth, "/?#");
   const char *rest = auth + auth_len;
   if (strpbrk(rest, "?#")) {
@@ -101,7 +97,7 @@ int cph_httpc_url_parse(const char *text, cph_httpc_url *out, const char **why) 
     *why = "missing host";
     return -1;
   }
-  unsigned long port_num = 80;
+  unsigned long port_num = scheme_len == 8 ? 443 : 80;
   if (port && port < rest) { /* "host:" with an empty port means the default, as in RFC 3986 */
     size_t plen = (size_t)(rest - port);
     if (plen > 5 || strspn(port, "0123456789") < plen) {
@@ -124,6 +120,7 @@ int cph_httpc_url_parse(const char *text, cph_httpc_url *out, const char **why) 
   out->port = dup_range(port_text, strlen(port_text));
   out->host_header = dup_range(auth, auth_len);
   out->prefix = dup_range(rest, prefix_len);
+  out->https = scheme_len == 8;
   if (!out->host || !out->port || !out->host_header || !out->prefix) {
     cph_httpc_url_free(out);
     *why = "out of memory";
@@ -132,115 +129,75 @@ int cph_httpc_url_parse(const char *text, cph_httpc_url *out, const char **why) 
   return 0;
 }
 
-/* ---------------------------------------------------------------- connecting and sending */
+/* ---------------------------------------------------------------- libcurl and the pool */
 
-/* The whole exchange shares one deadline. Before every blocking socket call the socket's
- * SO_SNDTIMEO/SO_RCVTIMEO are set to the time left, so no single call can overrun it. */
-typedef struct deadline {
-  cph_clock clock;
-  int64_t end_ns;
-  int timeout_ms; /* as given, for messages */
-} deadline;
+/* Idle easy handles, newest last. A handle keeps its connection cache across
+ * curl_easy_reset, so taking the newest one back is what makes keep-alive work. */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static CURL *pool[POOL_MAX];
+static size_t pool_n;
+static char *default_ca; /* under pool_lock */
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+static CURLcode global_rc = CURLE_FAILED_INIT;
 
-static void deadline_start(deadline *d, int timeout_ms) {
-  cph_clock_init_monotonic(&d->clock);
-  d->timeout_ms = timeout_ms;
-  d->end_ns = cph_clock_now(&d->clock) + (int64_t)timeout_ms * CPH_NS_PER_MS;
+static void global_init(void) { global_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+int cph_httpc_set_ca_file(const char *path) {
+  char *copy = NULL;
+  if (path && path[0] && !(copy = strdup(path)))
+    return CPH_ENOMEM;
+  pthread_mutex_lock(&pool_lock);
+  free(default_ca);
+  default_ca = copy;
+  pthread_mutex_unlock(&pool_lock);
+  return CPH_OK;
 }
 
-static double seconds(const deadline *d) { return d->timeout_ms / 1000.0; }
-
-/* Sets the socket timeouts to the time left. Returns 0, 1 when the deadline has passed, or -1
- * (errno set) when setsockopt fails. */
-static int arm(int fd, const deadline *d) {
-  int64_t left_ns = d->end_ns - cph_clock_now(&d->clock);
-  if (left_ns <= 0)
-    return 1;
-  int64_t left_us = (left_ns + 999) / 1000; /* never 0: a zero timeval means "no timeout" */
-  struct timeval tv = {.tv_sec = (time_t)(left_us / 1000000),
-                       .tv_usec = (suseconds_t)(left_us % 1000000)};
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
-      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
-    return -1;
-  return 0;
+void cph_httpc_global_cleanup(void) {
+  pthread_mutex_lock(&pool_lock);
+  for (size_t i = 0; i < pool_n; i++)
+    curl_easy_cleanup(pool[i]);
+  pool_n = 0;
+  free(default_ca);
+  default_ca = NULL;
+  pthread_mutex_unlock(&pool_lock);
+  if (global_rc == CURLE_OK)
+    curl_global_cleanup();
 }
 
-/* Tries every address of the host in order. On failure err holds the reason of the last
- * attempt — for a single loopback address that is exactly "Connection refused". */
-static int connect_to(const cph_httpc_url *url, const deadline *d, int *fd_out, char *err,
-                      size_t err_len) {
-  struct addrinfo hints = {0}, *res = NULL;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  int gai = getaddrinfo(url->host, url->port, &hints, &res);
-  if (gai != 0) {
-    snprintf(err, err_len, "cannot resolve host '%s': %s", url->host,
-             gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
-    return CPH_HTTPC_ECONNECT;
+/* A handle from the pool, or a new one; NULL when libcurl cannot start. *ca gets a copy of the
+ * default CA file (or NULL); free it after the transfer. */
+static CURL *handle_take(char **ca) {
+  pthread_once(&global_once, global_init);
+  *ca = NULL;
+  if (global_rc != CURLE_OK)
+    return NULL;
+  CURL *h = NULL;
+  pthread_mutex_lock(&pool_lock);
+  if (pool_n > 0)
+    h = pool[--pool_n];
+  if (default_ca)
+    *ca = strdup(default_ca);
+  pthread_mutex_unlock(&pool_lock);
+  if (h)
+    curl_easy_reset(h);
+  else
+    h = curl_easy_init();
+  return h;
+}
+
+static void handle_give_back(CURL *h) {
+  pthread_mutex_lock(&pool_lock);
+  if (pool_n < POOL_MAX) {
+    pool[pool_n++] = h;
+    h = NULL;
   }
-  /* Every failure here, a connect timeout included, means "cannot reach" (ECONNECT). */
-  int rc = CPH_HTTPC_ECONNECT;
-  snprintf(err, err_len, "no address for host '%s'", url->host);
-  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      snprintf(err, err_len, "%s", strerror(errno));
-      continue;
-    }
-    /* On Linux SO_SNDTIMEO also bounds a blocking connect (it fails with EINPROGRESS). */
-    int armed = arm(fd, d);
-    if (armed != 0) {
-      if (armed > 0) {
-        snprintf(err, err_len, "%s (no answer within %g s)", strerror(ETIMEDOUT), seconds(d));
-      } else {
-        snprintf(err, err_len, "%s", strerror(errno));
-      }
-      close(fd);
-      if (armed > 0)
-        break;
-      continue;
-    }
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-      *fd_out = fd;
-      rc = CPH_HTTPC_OK;
-      break;
-    }
-    int e = errno;
-    close(fd);
-    if (e == EINPROGRESS || e == EAGAIN || e == EWOULDBLOCK || e == ETIMEDOUT)
-      snprintf(err, err_len, "%s (no answer within %g s)", strerror(ETIMEDOUT), seconds(d));
-    else
-      snprintf(err, err_len, "%s", strerror(e));
-  }
-  freeaddrinfo(res);
-  return rc;
+  pthread_mutex_unlock(&pool_lock);
+  if (h)
+    curl_easy_cleanup(h);
 }
 
-static int send_all(int fd, const char *data, size_t len, const deadline *d, char *err,
-                    size_t err_len) {
-  while (len > 0) {
-    int armed = arm(fd, d);
-    if (armed < 0) {
-      snprintf(err, err_len, "sending the request: %s", strerror(errno));
-      return CPH_HTTPC_EIO;
-    }
-    ssize_t n = armed > 0 ? -1 : send(fd, data, len, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (armed == 0 && errno == EINTR)
-        continue;
-      if (armed > 0 || errno == EAGAIN || errno == EWOULDBLOCK) {
-        snprintf(err, err_len, "could not send the request within %g s", seconds(d));
-        return CPH_HTTPC_ETIMEOUT;
-      }
-      snprintf(err, err_len, "sending the request: %s", strerror(errno));
-      return CPH_HTTPC_EIO;
-    }
-    data += n;
-    len -= (size_t)n;
-  }
-  return CPH_HTTPC_OK;
-}
+/* ---------------------------------------------------------------- one request */
 
 /* A header value may not carry CR, LF or other control characters (header injection). */
 static bool header_safe(const char *s) {
@@ -248,333 +205,6 @@ static bool header_safe(const char *s) {
     if ((unsigned char)*s < 0x20 || *s == 0x7f)
       return false;
   return true;
-}
-
-static void build_request(cph_buf *b, const cph_httpc_url *url, const cph_httpc_request *req) {
-  /* An empty target (base URL without a path, empty path) is the root. */
-  bool root = url->prefix[0] == '\0' && req->path[0] == '\0';
-  cph_buf_printf(b, "%s %s%s HTTP/1.1\r\n", req->method, root ? "/" : url->prefix, req->path);
-  cph_buf_printf(b, "Host: %s\r\n", url->host_header);
-  cph_buf_printf(b, "User-Agent: %s\r\n", req->user_agent ? req->user_agent : "cephalon");
-  cph_buf_puts(b, "Accept: application/json\r\nConnection: close\r\n");
-  if (req->token)
-    cph_buf_printf(b, "Authorization: Bearer %s\r\n", req->token);
-  for (const char *const *h = req->headers; h && *h; h++)
-    cph_buf_printf(b, "%s\r\n", *h);
-  bool has_body = req->body != NULL;
-  if (has_body)
-    cph_buf_printf(b, "Content-Type: %s\r\n",
-                   req->content_type ? req->content_type : "application/json");
-  /* Always frame POST/PUT: some servers answer 411 to a body-less POST without a length. */
-  if (has_body || strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0)
-    cph_buf_printf(b, "Content-Length: %zu\r\n", has_body ? req->body_len : 0);
-  cph_buf_puts(b, "\r\n");
-  if (has_body)
-    cph_buf_append(b, req->body, req->body_len);
-}
-
-/* ---------------------------------------------------------------- reading the answer */
-
-typedef struct reader {
-  int fd;
-  const deadline *deadline;
-  size_t pos, len; /* unread bytes are buf[pos, len) */
-  char buf[16384];
-} reader;
-
-/* Makes unread bytes available. Returns 1 if there are some, 0 at end of stream, or a
- * CPH_HTTPC_E* code with err filled. */
-static int reader_fill(reader *r, char *err, size_t err_len) {
-  if (r->pos < r->len)
-    return 1;
-  r->pos = r->len = 0;
-  for (;;) {
-    int armed = arm(r->fd, r->deadline);
-    if (armed < 0) {
-      snprintf(err, err_len, "connection lost: %s", strerror(errno));
-      return CPH_HTTPC_EIO;
-    }
-    ssize_t n = armed > 0 ? -1 : recv(r->fd, r->buf, sizeof r->buf, 0);
-    if (n >= 0) {
-      r->len = (size_t)n;
-      return n > 0;
-    }
-    if (armed == 0 && errno == EINTR)
-      continue;
-    if (armed > 0 || errno == EAGAIN || errno == EWOULDBLOCK) {
-      snprintf(err, err_len, "no complete answer within %g s", seconds(r->deadline));
-      return CPH_HTTPC_ETIMEOUT;
-    }
-    snprintf(err, err_len, "connection lost: %s", strerror(errno));
-    return CPH_HTTPC_EIO;
-  }
-}
-
-/* Reads one line (LF or CRLF terminated, terminator dropped) into line. Returns 0, 1 when the
- * stream ended first (line holds what came), or a CPH_HTTPC_E* code. */
-static int read_line(reader *r, cph_buf *line, char *err, size_t err_len) {
-  cph_buf_reset(line);
-  cph_buf_append(line, "", 0); /* data is never NULL after a successful read */
-  for (;;) {
-    int f = reader_fill(r, err, err_len);
-    if (f < 0)
-      return f;
-    if (f == 0 && cph_buf_error(line) != 0) {
-      snprintf(err, err_len, "out of memory");
-      return CPH_HTTPC_ENOMEM;
-    }
-    if (f == 0)
-      return 1;
-    char *start = r->buf + r->pos;
-    size_t avail = r->len - r->pos;
-    char *nl = memchr(start, '\n', avail);
-    size_t take = nl ? (size_t)(nl - start) : avail;
-    cph_buf_append(line, start, take);
-    r->pos += take + (nl ? 1 : 0);
-    if (line->len > MAX_LINE) {
-      snprintf(err, err_len, "bad answer: a line longer than %d bytes", MAX_LINE);
-      return CPH_HTTPC_EPROTO;
-    }
-    if (nl) {
-      if (cph_buf_error(line) != 0) {
-        snprintf(err, err_len, "out of memory");
-        return CPH_HTTPC_ENOMEM;
-      }
-      if (line->len > 0 && line->data[line->len - 1] == '\r')
-        line->data[--line->len] = '\0';
-      return 0;
-    }
-  }
-}
-
-static int body_too_big(char *err, size_t err_len) {
-  snprintf(err, err_len, "bad answer: the body is larger than %zu MiB", CPH_HTTPC_MAX_BODY >> 20);
-  return CPH_HTTPC_EPROTO;
-}
-
-/* Appends exactly n bytes to out. */
-static int read_exact(reader *r, size_t n, cph_buf *out, char *err, size_t err_len) {
-  if (n > CPH_HTTPC_MAX_BODY - out->len)
-    return body_too_big(err, err_len);
-  while (n > 0) {
-    int f = reader_fill(r, err, err_len);
-    if (f < 0)
-      return f;
-    if (f == 0) {
-      snprintf(err, err_len, "bad answer: the body ended %zu bytes early", n);
-      return CPH_HTTPC_EPROTO;
-    }
-    size_t take = r->len - r->pos < n ? r->len - r->pos : n;
-    cph_buf_append(out, r->buf + r->pos, take);
-    r->pos += take;
-    n -= take;
-  }
-  return CPH_HTTPC_OK;
-}
-
-static int read_to_eof(reader *r, cph_buf *out, char *err, size_t err_len) {
-  for (;;) {
-    int f = reader_fill(r, err, err_len);
-    if (f < 0)
-      return f;
-    if (f == 0)
-      return CPH_HTTPC_OK;
-    size_t take = r->len - r->pos;
-    if (take > CPH_HTTPC_MAX_BODY - out->len)
-      return body_too_big(err, err_len);
-    cph_buf_append(out, r->buf + r->pos, take);
-    r->pos = r->len;
-  }
-}
-
-static int read_chunked(reader *r, cph_buf *out, cph_buf *line, char *err, size_t err_len) {
-  for (;;) {
-    int rc = read_line(r, line, err, err_len);
-    if (rc < 0)
-      return rc;
-    const char *p = line->data;
-    size_t size = 0, digits = 0;
-    for (;; p++, digits++) {
-      int v;
-      if (*p >= '0' && *p <= '9')
-        v = *p - '0';
-      else if (*p >= 'a' && *p <= 'f')
-        v = *p - 'a' + 10;
-      else if (*p >= 'A' && *p <= 'F')
-        v = *p - 'A' + 10;
-      else
-        break;
-      if (size > CPH_HTTPC_MAX_BODY)
-        return body_too_big(err, err_len);
-      size = size * 16 + (size_t)v;
-    }
-    /* After the digits only chunk extensions (";name=value") or whitespace may follow. */
-    if (rc == 1 || digits == 0 || (*p && *p != ';' && *p != ' ' && *p != '\t')) {
-      snprintf(err, err_len, "bad answer: invalid chunk size line");
-      return CPH_HTTPC_EPROTO;
-    }
-    if (size == 0)
-      break;
-    if ((rc = read_exact(r, size, out, err, err_len)) != 0)
-      return rc;
-    rc = read_line(r, line, err, err_len);
-    if (rc < 0)
-      return rc;
-    if (rc == 1 || line->len != 0) {
-      snprintf(err, err_len, "bad answer: a chunk is not followed by CRLF");
-      return CPH_HTTPC_EPROTO;
-    }
-  }
-  /* Trailer fields until the empty line; the stream ending instead is tolerated since the
-   * body is already complete. */
-  for (;;) {
-    int rc = read_line(r, line, err, err_len);
-    if (rc < 0)
-      return rc;
-    if (rc == 1 || line->len == 0)
-      return CPH_HTTPC_OK;
-  }
-}
-
-/* Parses "HTTP/1.x SSS reason". */
-static int parse_status_line(const char *s, cph_httpc_response *resp) {
-  if (strncmp(s, "HTTP/1.", 7) != 0 || (s[7] != '0' && s[7] != '1') || s[8] != ' ')
-    return -1;
-  const char *c = s + 9;
-  if (c[0] < '1' || c[0] > '5' || c[1] < '0' || c[1] > '9' || c[2] < '0' || c[2] > '9' ||
-      (c[3] != ' ' && c[3] != '\0'))
-    return -1;
-  resp->status = (c[0] - '0') * 100 + (c[1] - '0') * 10 + (c[2] - '0');
-  snprintf(resp->reason, sizeof resp->reason, "%s", c[3] ? c + 4 : "");
-  return 0;
-}
-
-static const char *trim(char *s) {
-  while (*s == ' ' || *s == '\t')
-    s++;
-  size_t n = strlen(s);
-  while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
-    s[--n] = '\0';
-  return s;
-}
-
-/* True when the last transfer coding in a Transfer-Encoding value is "chunked". */
-static bool last_coding_is_chunked(const char *value) {
-  const char *last = strrchr(value, ',');
-  last = last ? last + 1 : value;
-  while (*last == ' ' || *last == '\t')
-    last++;
-  return strncasecmp(last, "chunked", 7) == 0 && (last[7] == '\0' || last[7] == ' ' ||
-                                                  last[7] == '\t' || last[7] == ';');
-}
-
-typedef struct framing {
-  bool chunked;
-  bool has_te; /* some Transfer-Encoding, chunked or not */
-  bool has_length;
-  size_t length;
-} framing;
-
-static int read_head(reader *r, cph_httpc_response *resp, framing *fr, cph_buf *line, char *err,
-                     size_t err_len) {
-  for (;;) { /* loops over interim 1xx answers */
-    int rc = read_line(r, line, err, err_len);
-    if (rc < 0)
-      return rc;
-    if (rc == 1) {
-      snprintf(err, err_len, line->len ? "bad answer: the connection closed in the status line"
-                                       : "the connection closed without an answer");
-      return line->len ? CPH_HTTPC_EPROTO : CPH_HTTPC_EIO;
-    }
-    if (parse_status_line(line->data, resp) != 0) {
-      snprintf(err, err_len, "bad answer: not an HTTP/1.x status line");
-      return CPH_HTTPC_EPROTO;
-    }
-    memset(fr, 0, sizeof *fr);
-    size_t header_bytes = 0;
-    for (;;) {
-      if ((rc = read_line(r, line, err, err_len)) < 0)
-        return rc;
-      if (rc == 1) {
-        snprintf(err, err_len, "bad answer: the connection closed in the headers");
-        return CPH_HTTPC_EPROTO;
-      }
-      if (line->len == 0)
-        break;
-      header_bytes += line->len;
-      char *colon = strchr(line->data, ':');
-      if (header_bytes > MAX_HEADER_BYTES || !colon || colon == line->data) {
-        snprintf(err, err_len, header_bytes > MAX_HEADER_BYTES ? "bad answer: headers too large"
-                                                                : "bad answer: malformed header");
-        return CPH_HTTPC_EPROTO;
-      }
-      *colon = '\0';
-      const char *value = trim(colon + 1);
-      if (strcasecmp(line->data, "Transfer-Encoding") == 0) {
-        fr->has_te = true;
-        fr->chunked = last_coding_is_chunked(value);
-      } else if (strcasecmp(line->data, "Content-Length") == 0) {
-        /* Digits only; a repeated header must agree (RFC 9112 §6.3). */
-        size_t len = strlen(value);
-        bool valid = len > 0 && len <= 19 && strspn(value, "0123456789") == len;
-        size_t n = valid ? (size_t)strtoull(value, NULL, 10) : 0;
-        if (!valid || (fr->has_length && n != fr->length)) {
-          snprintf(err, err_len, "bad answer: invalid Content-Length");
-          return CPH_HTTPC_EPROTO;
-        }
-        fr->has_length = true;
-        fr->length = n;
-      }
-    }
-    if (resp->status == 101) {
-      snprintf(err, err_len, "bad answer: unexpected protocol switch");
-      return CPH_HTTPC_EPROTO;
-    }
-    if (resp->status >= 200)
-      return CPH_HTTPC_OK;
-  }
-}
-
-static int read_response(reader *r, const cph_httpc_request *req, cph_httpc_response *resp,
-                         char *err, size_t err_len) {
-  cph_buf line = CPH_BUF_INIT, body = CPH_BUF_INIT;
-  framing fr;
-  int rc = read_head(r, resp, &fr, &line, err, err_len);
-  if (rc != 0)
-    goto out;
-  bool no_body = strcmp(req->method, "HEAD") == 0 || resp->status == 204 || resp->status == 304;
-  if (no_body)
-    rc = CPH_HTTPC_OK;
-  else if (fr.chunked)
-    rc = read_chunked(r, &body, &line, err, err_len);
-  else if (fr.has_length && !fr.has_te)
-    rc = read_exact(r, fr.length, &body, err, err_len);
-  else /* no framing, or a coding we do not decode: the body runs to the end of the stream */
-    rc = read_to_eof(r, &body, err, err_len);
-  if (rc != 0)
-    goto out;
-  if (cph_buf_error(&body) != 0 || cph_buf_error(&line) != 0) {
-    snprintf(err, err_len, "out of memory");
-    rc = CPH_HTTPC_ENOMEM;
-    goto out;
-  }
-  resp->body_len = body.len;
-  resp->body = body.data ? cph_buf_steal(&body) : calloc(1, 1);
-  if (!resp->body) {
-    snprintf(err, err_len, "out of memory");
-    rc = CPH_HTTPC_ENOMEM;
-  }
-out:
-  cph_buf_free(&line);
-  cph_buf_free(&body);
-  return rc;
-}
-
-/* ---------------------------------------------------------------- one request */
-
-void cph_httpc_response_free(cph_httpc_response *resp) {
-  free(resp->body);
-  memset(resp, 0, sizeof *resp);
 }
 
 /* An extra header line is "Name: value" with a token name and no control characters. */
@@ -596,10 +226,93 @@ static const char *unsafe_part(const cph_httpc_request *req) {
     return "the request path";
   if (req->user_agent && !header_safe(req->user_agent))
     return "the user agent";
+  if (req->content_type && !header_safe(req->content_type))
+    return "the content type";
   for (const char *const *h = req->headers; h && *h; h++)
     if (!extra_header_ok(*h))
       return "an extra header";
   return NULL;
+}
+
+void cph_httpc_response_free(cph_httpc_response *resp) {
+  free(resp->body);
+  memset(resp, 0, sizeof *resp);
+}
+
+/* What the callbacks fill while a transfer runs. */
+typedef struct transfer {
+  cph_buf body;
+  bool too_big;
+  cph_httpc_response *resp;
+} transfer;
+
+static size_t on_body(char *data, size_t size, size_t n, void *arg) {
+  transfer *t = arg;
+  size_t len = size * n;
+  if (t->body.len + len > CPH_HTTPC_MAX_BODY) {
+    t->too_big = true;
+    return 0; /* aborts the transfer (CURLE_WRITE_ERROR) */
+  }
+  cph_buf_append(&t->body, data, len);
+  return cph_buf_error(&t->body) ? 0 : len;
+}
+
+/* The status line of each answer (interim 1xx ones too: the last one wins) gives the reason
+ * phrase, which libcurl does not keep. */
+static size_t on_header(char *data, size_t size, size_t n, void *arg) {
+  transfer *t = arg;
+  size_t len = size * n;
+  if (len > 5 && strncmp(data, "HTTP/", 5) == 0) {
+    const char *sp = memchr(data, ' ', len); /* before the status */
+    const char *end = data + len;
+    while (end > data && (end[-1] == '\r' || end[-1] == '\n'))
+      end--;
+    t->resp->reason[0] = '\0';
+    if (sp && end - sp > 5 && sp[4] == ' ') {
+      size_t rn = (size_t)(end - (sp + 5));
+      if (rn >= sizeof t->resp->reason)
+        rn = sizeof t->resp->reason - 1;
+      memcpy(t->resp->reason, sp + 5, rn);
+      t->resp->reason[rn] = '\0';
+    }
+  }
+  return len;
+}
+
+static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow) {
+  const cph_httpc_request *req = arg;
+  (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+  return req->cancel(req->cancel_arg) ? 1 : 0;
+}
+
+static int map_curl_error(CURLcode c) {
+  switch (c) {
+  case CURLE_COULDNT_RESOLVE_HOST:
+  case CURLE_COULDNT_RESOLVE_PROXY:
+  case CURLE_COULDNT_CONNECT: return CPH_HTTPC_ECONNECT;
+  case CURLE_OPERATION_TIMEDOUT: return CPH_HTTPC_ETIMEOUT;
+  case CURLE_OUT_OF_MEMORY: return CPH_HTTPC_ENOMEM;
+  case CURLE_UNSUPPORTED_PROTOCOL:
+  case CURLE_URL_MALFORMAT: return CPH_HTTPC_EINVAL;
+  case CURLE_SSL_CONNECT_ERROR:
+  case CURLE_PEER_FAILED_VERIFICATION:
+  case CURLE_SSL_CERTPROBLEM:
+  case CURLE_SSL_CIPHER:
+  case CURLE_SSL_CACERT_BADFILE:
+  case CURLE_SSL_ENGINE_NOTFOUND:
+  case CURLE_SSL_ENGINE_SETFAILED: return CPH_HTTPC_ETLS;
+  case CURLE_WEIRD_SERVER_REPLY:
+  case CURLE_BAD_CONTENT_ENCODING: return CPH_HTTPC_EPROTO;
+  default: return CPH_HTTPC_EIO;
+  }
+}
+
+/* The full URL: scheme, the authority as written, the prefix and the path. */
+static void build_url(cph_buf *b, const cph_httpc_url *url, const cph_httpc_request *req) {
+  bool root = url->prefix[0] == '\0' && req->path[0] == '\0';
+  cph_buf_printf(b, "%s://%s%s%s", url->https ? "https" : "http", url->host_header,
+                 root ? "/" : url->prefix, req->path);
 }
 
 int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
@@ -612,48 +325,155 @@ int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
     snprintf(err, err_len, "%s contains control characters or is malformed", unsafe);
     return CPH_HTTPC_EINVAL;
   }
-  deadline d;
-  deadline_start(&d, req->timeout_ms > 0 ? req->timeout_ms : DEFAULT_TIMEOUT_MS);
-
-  cph_buf out = CPH_BUF_INIT;
-  build_request(&out, url, req);
-  if (cph_buf_error(&out) != 0) {
-    cph_buf_free(&out);
-    snprintf(err, err_len, "out of memory");
+  char *ca = NULL;
+  CURL *h = handle_take(&ca);
+  if (!h) {
+    snprintf(err, err_len, "libcurl could not start");
     return CPH_HTTPC_ENOMEM;
   }
-  int fd = -1;
-  int rc = connect_to(url, &d, &fd, err, err_len);
-  if (rc != 0) {
-    cph_buf_free(&out);
-    return rc;
-  }
-  rc = send_all(fd, out.data, out.len, &d, err, err_len);
-  cph_buf_free(&out);
+  int rc = CPH_HTTPC_OK;
+  transfer t = {.body = CPH_BUF_INIT, .resp = resp};
+  cph_buf target = CPH_BUF_INIT, line = CPH_BUF_INIT;
+  struct curl_slist *headers = NULL, *more;
+  char curl_err[CURL_ERROR_SIZE] = "";
+  int timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : DEFAULT_TIMEOUT_MS;
 
-  /* No shutdown(SHUT_WR) after sending: a server may take the half-close for a client that
-   * went away and drop a long-poll (turns lease) it was holding for us. */
-  reader r;
-  r.fd = fd;
-  r.deadline = &d;
-  r.pos = r.len = 0;
-  if (rc == CPH_HTTPC_EIO) {
-    /* The server may have answered (413, 401) and closed before reading all we sent: prefer
-     * its answer to our send error. */
-    char send_err[256];
-    snprintf(send_err, sizeof send_err, "%s", err);
-    if (read_response(&r, req, resp, err, err_len) == CPH_HTTPC_OK) {
-      rc = CPH_HTTPC_OK;
-    } else {
-      cph_httpc_response_free(resp);
-      snprintf(err, err_len, "%s", send_err);
-    }
-  } else if (rc == CPH_HTTPC_OK) {
-    rc = read_response(&r, req, resp, err, err_len);
-    if (rc != 0)
-      cph_httpc_response_free(resp);
+  build_url(&target, url, req);
+  cph_buf_putc(&target, '\0');
+  /* The caller's extra headers, then ours: Accept and Content-Type only when the caller did
+   * not give them (a list with both would send both). */
+  bool has_accept = false, has_type = false;
+  for (const char *const *x = req->headers; x && *x; x++) {
+    has_accept |= strncasecmp(*x, "Accept:", 7) == 0;
+    has_type |= strncasecmp(*x, "Content-Type:", 13) == 0;
+    if (!(more = curl_slist_append(headers, *x)))
+      goto nomem;
+    headers = more;
   }
-  close(fd);
+  if (!has_accept && !(more = curl_slist_append(headers, "Accept: application/json")))
+    goto nomem;
+  headers = has_accept ? headers : more;
+  if (req->token) {
+    cph_buf_reset(&line);
+    cph_buf_printf(&line, "Authorization: Bearer %s", req->token);
+    cph_buf_putc(&line, '\0');
+    if (cph_buf_error(&line) || !(more = curl_slist_append(headers, line.data)))
+      goto nomem;
+    headers = more;
+  }
+  bool has_body = req->body != NULL;
+  if (has_body && !has_type) {
+    cph_buf_reset(&line);
+    cph_buf_printf(&line, "Content-Type: %s",
+                   req->content_type ? req->content_type : "application/json");
+    cph_buf_putc(&line, '\0');
+    if (cph_buf_error(&line) || !(more = curl_slist_append(headers, line.data)))
+      goto nomem;
+    headers = more;
+  }
+  /* No "Expect: 100-continue" round trip before bigger bodies. */
+  if (!(more = curl_slist_append(headers, "Expect:")))
+    goto nomem;
+  headers = more;
+  if (cph_buf_error(&target))
+    goto nomem;
+
+  curl_easy_setopt(h, CURLOPT_URL, target.data);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
+  curl_easy_setopt(h, CURLOPT_USERAGENT, req->user_agent ? req->user_agent : "cephalon");
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, curl_err);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  if (req->cancel) {
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, (void *)req);
+  }
+  const char *ca_file = req->ca_file ? req->ca_file : ca;
+  if (ca_file && ca_file[0])
+    curl_easy_setopt(h, CURLOPT_CAINFO, ca_file);
+  const char *m = req->method;
+  if (strcmp(m, "GET") == 0) {
+    curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+  } else if (strcmp(m, "HEAD") == 0) {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else {
+    /* POST framing for every method with a body; POST and PUT are always framed (some
+     * servers answer 411 to a body-less POST without a length). */
+    if (has_body || strcmp(m, "POST") == 0 || strcmp(m, "PUT") == 0) {
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
+                       (curl_off_t)(has_body ? req->body_len : 0));
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, has_body ? req->body : "");
+    }
+    if (strcmp(m, "POST") != 0)
+      curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, m);
+  }
+
+  CURLcode c = curl_easy_perform(h);
+  if (c != CURLE_OK) {
+    if (c == CURLE_ABORTED_BY_CALLBACK) {
+      rc = CPH_HTTPC_ECANCELED;
+      snprintf(err, err_len, "canceled");
+    } else if (t.too_big) {
+      rc = CPH_HTTPC_EPROTO;
+      snprintf(err, err_len, "the answer is larger than %zu bytes", (size_t)CPH_HTTPC_MAX_BODY);
+    } else if (c == CURLE_WRITE_ERROR || c == CURLE_OUT_OF_MEMORY) {
+      rc = CPH_HTTPC_ENOMEM;
+      snprintf(err, err_len, "out of memory");
+    } else {
+      rc = map_curl_error(c);
+      long os_errno = 0;
+      curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &os_errno);
+      if (c == CURLE_OPERATION_TIMEDOUT)
+        snprintf(err, err_len, "timed out after %.3g s", timeout_ms / 1000.0);
+      else if (c == CURLE_COULDNT_CONNECT && os_errno != 0)
+        snprintf(err, err_len, "%s", strerror((int)os_errno)); /* "Connection refused" */
+      else
+        snprintf(err, err_len, "%s", curl_err[0] ? curl_err : curl_easy_strerror(c));
+    }
+    goto out;
+  }
+  long status = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+  if (status < 100 || status > 599) {
+    rc = CPH_HTTPC_EPROTO;
+    snprintf(err, err_len, "the answer has no HTTP status");
+    goto out;
+  }
+  resp->status = (int)status;
+  resp->body_len = t.body.len;
+  resp->body = t.body.data ? cph_buf_steal(&t.body) : calloc(1, 1);
+  if (!resp->body) {
+    rc = CPH_HTTPC_ENOMEM;
+    snprintf(err, err_len, "out of memory");
+  }
+  goto out;
+
+nomem:
+  rc = CPH_HTTPC_ENOMEM;
+  snprintf(err, err_len, "out of memory");
+out:
+  /* The handle must not keep pointers into this call's memory. */
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
+  handle_give_back(h);
+  curl_slist_free_all(headers);
+  cph_buf_free(&t.body);
+  cph_buf_free(&target);
+  cph_buf_free(&line);
+  free(ca);
+  if (rc != CPH_HTTPC_OK) {
+    free(resp->body);
+    memset(resp, 0, sizeof *resp);
+  }
   return rc;
 }
 
@@ -664,7 +484,7 @@ int cph_httpc_errcode(int httpc_rc) {
   case CPH_HTTPC_ENOMEM: return CPH_ENOMEM;
   case CPH_HTTPC_EINVAL: return CPH_EINVAL;
   case CPH_HTTPC_EPROTO: return CPH_EPARSE;
-  default: return CPH_EIO;
+  default: return CPH_EIO; /* ECONNECT, EIO, ETLS */
   }
 }
 

@@ -1,18 +1,20 @@
-/* A small blocking HTTP/1.1 client, shared by cephalonctl (cli/) and the network providers of
- * core/ (OpenAI-compatible embeddings and chat, the HTTP vector index).
+/* A small blocking HTTP client over libcurl, shared by cephalonctl (cli/), the network
+ * providers of core/ (OpenAI-compatible embeddings and chat, the HTTP vector index) and
+ * cephalon-worker.
  *
- * One request per connection: the request says `Connection: close` and the answer is read to
- * its framing (Content-Length, chunked, or end of stream).
+ * http:// and https://. For https the peer is verified against the system CA bundle, or against
+ * one CA file: the request's ca_file, else the process default (cph_httpc_set_ca_file, which
+ * cephalond sets from :providers :ca-file).
  *
- * http:// only. https:// URLs are refused with "https is not supported (http:// only); put a
- * TLS-terminating proxy on loopback": cephalond and cephalonctl talk to services on loopback or a
- * trusted network, and a local proxy (stunnel, nginx, envoy) adds TLS where it is needed.
+ * Keep-alive: finished transfers return their libcurl handle to a small process-wide pool, so
+ * the next request to the same host reuses the open connection. Proxies: libcurl's environment
+ * variables (http_proxy, HTTPS_PROXY, NO_PROXY) are honoured.
  *
- * Timeout: timeout_ms bounds the whole exchange — name lookup aside, connecting, sending and
- * reading the complete answer must all finish within it. A long-poll caller passes its wait plus
- * a margin.
+ * Timeout: timeout_ms bounds the whole exchange — connecting, sending and reading the complete
+ * answer must all finish within it. A long-poll caller passes its wait plus a margin.
  *
- * Thread-safe: no global state; SIGPIPE is never raised (MSG_NOSIGNAL). */
+ * Thread-safe: the handle pool is locked; libcurl is initialised once (pthread_once); no
+ * signal is ever raised (CURLOPT_NOSIGNAL; SIGPIPE is ignored by libcurl around its writes). */
 #ifndef CEPHALON_COMMON_HTTP_CLIENT_H
 #define CEPHALON_COMMON_HTTP_CLIENT_H
 
@@ -20,17 +22,14 @@
 
 #include "cephalon/error.h"
 
-/* A parsed base URL: http://HOST[:PORT][/PREFIX]. */
+/* A parsed base URL: http[s]://HOST[:PORT][/PREFIX]. */
 typedef struct cph_httpc_url {
   char *host;        /* as given, without the brackets of an IPv6 literal */
-  char *port;        /* decimal; "80" when the URL has none */
+  char *port;        /* decimal; "80" (http) or "443" (https) when the URL has none */
   char *host_header; /* the Host header value: HOST[:PORT] exactly as written */
   char *prefix;      /* path prefix without a trailing '/'; "" when none */
+  int https;         /* 1 for https:// */
 } cph_httpc_url;
-
-/* The message for an https:// URL (also used by callers that check URLs up front). */
-#define CPH_HTTPC_NO_HTTPS \
-  "https is not supported (http:// only); put a TLS-terminating proxy on loopback"
 
 /* Parses text into *out. Returns 0, or -1 with *why set to a static description (and *out
  * left empty). Free with cph_httpc_url_free in both cases. */
@@ -47,6 +46,11 @@ typedef struct cph_httpc_request {
   const char *body;           /* NULL: no body (POST and PUT still send Content-Length: 0) */
   size_t body_len;
   int timeout_ms; /* the whole exchange; <= 0 means 30 s */
+  const char *ca_file; /* https: the CA to trust; NULL means the process default */
+  /* NULL, or asked about once per second or more often while the exchange runs: a non-zero
+   * answer abandons it (CPH_HTTPC_ECANCELED). */
+  int (*cancel)(void *arg);
+  void *cancel_arg;
 } cph_httpc_request;
 
 typedef struct cph_httpc_response {
@@ -64,7 +68,9 @@ enum {
   CPH_HTTPC_EIO = -3,      /* the connection failed after it was made */
   CPH_HTTPC_EPROTO = -4,   /* the answer is not HTTP/1.x we can read */
   CPH_HTTPC_ENOMEM = -5,
-  CPH_HTTPC_EINVAL = -6 /* the request itself is unsendable (e.g. a header with a newline) */
+  CPH_HTTPC_EINVAL = -6, /* the request itself is unsendable (e.g. a header with a newline) */
+  CPH_HTTPC_ETLS = -7,   /* the TLS handshake failed: unknown CA, wrong name, bad CA file */
+  CPH_HTTPC_ECANCELED = -8 /* the request's cancel callback said stop */
 };
 
 /* Largest answer body accepted; bigger answers fail with CPH_HTTPC_EPROTO. */
@@ -81,10 +87,18 @@ void cph_httpc_response_free(cph_httpc_response *resp);
  * CPH_ENOMEM, EINVAL -> CPH_EINVAL, EPROTO -> CPH_EPARSE, the rest -> CPH_EIO. */
 int cph_httpc_errcode(int httpc_rc);
 
+/* The CA file https requests trust when theirs is NULL; NULL or "" means the system bundle.
+ * Copied; safe to call while other threads send. Returns CPH_OK or CPH_ENOMEM. */
+int cph_httpc_set_ca_file(const char *path);
+
+/* Closes the pooled connections and frees libcurl's global state. Call at most once, at exit,
+ * when no request is running (optional: it only makes leak checkers quiet). */
+void cph_httpc_global_cleanup(void);
+
 /* ---- the convenience the providers use ---- */
 
 /* POSTs body (a JSON text) to base_url + path with an optional bearer token and reads the
- * answer. Every failure — a bad or https URL, a transport error — is a project code with a
+ * answer. Every failure — a bad URL, a transport error — is a project code with a
  * message that names the URL: `POST http://host:1234/v1/embeddings: connection refused`.
  * The HTTP status is not judged here (see cph_httpc_check_status). */
 int cph_httpc_post_json(const char *base_url, const char *path, const char *body,

@@ -276,6 +276,7 @@ static int build_tools(ctx *c) {
   cph_turn_info *ti = c->ti;
   uint64_t budget = share(c, SHARE_TOOLS) + c->carry, used = 0;
   const cph_session_rec *rec = c->rec;
+  ti->n_tools_named = rec->n_tools;
   if (rec->n_tools) {
     ti->tools = calloc(rec->n_tools, sizeof *ti->tools);
     if (!ti->tools)

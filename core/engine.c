@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "backpressure.h"
+#include "common/http_client.h"
 #include "common/log.h"
 #include "dedupe.h"
 #include "engine_internal.h"
@@ -348,6 +349,8 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   }
   e->policy = policy;
   e->policy_generation = 1;
+  /* The providers' https trust (:providers :ca-file) is the HTTP client's process default. */
+  cph_httpc_set_ca_file(policy->providers.ca_file);
   cph_evcache_init(&e->evcache, EVCACHE_SLOTS);
   cph_clock_init_monotonic(&e->own_clock);
   e->clock_ref = opts && opts->clock ? opts->clock : &e->own_clock;
@@ -433,6 +436,7 @@ int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err) {
   cph_policy_free(e->policy);
   e->policy = policy;
   e->policy_generation++;
+  cph_httpc_set_ca_file(policy->providers.ca_file);
   e->sched_config_dirty = true; /* applied at the start of the next pass (issue: live reload) */
   return CPH_OK;
 }

@@ -16,6 +16,8 @@
 
 struct metric_series {
   char *label_value; /* NULL: the family has no label */
+  const char *extra_name; /* NULL, or one more label before the family's (borrowed) */
+  char *extra_value;
   uint64_t counter;
   double gauge;
   metric_hist *hist; /* histograms only */
@@ -68,6 +70,7 @@ void metric_registry_free(metric_registry *r) {
     metric_family *f = r->families[i];
     for (size_t j = 0; j < f->n_series; j++) {
       free(f->series[j].label_value);
+      free(f->series[j].extra_value);
       free(f->series[j].hist);
     }
     free(f->series);
@@ -135,6 +138,24 @@ metric_series *metric_series_add(metric_family *f, const char *label_value) {
   }
   f->series[f->n_series] = s;
   return &f->series[f->n_series++];
+}
+
+metric_series *metric_series_add_extra(metric_family *f, const char *label_value,
+                                       const char *extra_name, const char *extra_value) {
+  char *copy = strdup(extra_value ? extra_value : "");
+  if (!copy) {
+    if (f)
+      f->failed = true;
+    return NULL;
+  }
+  metric_series *s = metric_series_add(f, label_value);
+  if (!s) {
+    free(copy);
+    return NULL;
+  }
+  s->extra_name = extra_name;
+  s->extra_value = copy;
+  return s;
 }
 
 void metric_counter_set(metric_series *s, uint64_t v) {
@@ -254,9 +275,15 @@ static void put_sample_name(cph_buf *out, const metric_family *f, const char *su
   cph_buf_puts(out, f->name);
   if (suffix)
     cph_buf_puts(out, suffix);
-  if (!f->label && !le)
+  if (!f->label && !le && !s->extra_name)
     return;
   cph_buf_putc(out, '{');
+  if (s->extra_name) {
+    cph_buf_puts(out, s->extra_name);
+    cph_buf_puts(out, "=\"");
+    put_escaped(out, s->extra_value, true);
+    cph_buf_puts(out, f->label || le ? "\"," : "\"");
+  }
   if (f->label) {
     cph_buf_puts(out, f->label);
     cph_buf_puts(out, "=\"");
@@ -338,13 +365,31 @@ typedef struct metrics_live {
   metric_hist inclusion;
   uint64_t events[N_STATUS];
   uint64_t tool_valid, tool_invalid, tool_repairs, guard_denies;
+  uint64_t tokens[CPH_LANE_COUNT]; /* completions' cost.tokens */
   uint64_t passes, storage_full, reload_failures;
 } metrics_live;
+
+/* Per-tool counts from completions' tool_stats.tools, by result. Kept beside `live` (too big
+ * to copy every pass): a pass that touches them saves a copy first (tools_saved), and a
+ * rollback puts it back. Names beyond METRICS_TOOLS_MAX distinct ones count as "_other". */
+#define METRICS_TOOLS_MAX 128
+enum { TOOL_VALID, TOOL_INVALID, TOOL_ERROR, TOOL_RESULTS };
+static const char *const tool_result_names[TOOL_RESULTS] = {"valid", "invalid", "error"};
+
+typedef struct tool_count {
+  char name[129];
+  uint64_t n[TOOL_RESULTS];
+} tool_count;
 
 typedef struct cph_metrics {
   metrics_live live;
   metrics_live saved; /* at the start of the current pass */
   uint64_t scrapes;   /* rotates the credits sample (see add_credits) */
+  tool_count tools[METRICS_TOOLS_MAX];
+  size_t n_tools;
+  tool_count tools_saved[METRICS_TOOLS_MAX]; /* valid while tools_dirty */
+  size_t n_tools_saved;
+  bool tools_dirty; /* this pass changed tools[] */
 } cph_metrics;
 
 static void add_sat(uint64_t *c, uint64_t n) { *c = *c > UINT64_MAX - n ? UINT64_MAX : *c + n; }
@@ -372,6 +417,7 @@ void metrics_pass_begin(cph_engine *e) {
     return;
   m->live.passes++;
   m->saved = m->live;
+  m->tools_dirty = false;
 }
 
 void metrics_pass_rollback(cph_engine *e, int rc) {
@@ -383,6 +429,29 @@ void metrics_pass_rollback(cph_engine *e, int rc) {
   m->live.passes = now.passes;
   m->live.storage_full = now.storage_full + (rc == CPH_EFULL);
   m->live.reload_failures = now.reload_failures;
+  if (m->tools_dirty) {
+    memcpy(m->tools, m->tools_saved, m->n_tools_saved * sizeof m->tools[0]);
+    m->n_tools = m->n_tools_saved;
+    m->tools_dirty = false;
+  }
+}
+
+/* The slot of a tool name, added when new; the "_other" slot once the table is full. */
+static tool_count *tool_slot(cph_metrics *m, const char *name) {
+  char shown[129];
+  snprintf(shown, sizeof shown, "%s", name);
+  for (size_t i = 0; i < m->n_tools; i++)
+    if (strcmp(m->tools[i].name, shown) == 0)
+      return &m->tools[i];
+  if (m->n_tools == METRICS_TOOLS_MAX - 1) /* the last slot is "_other" */
+    snprintf(shown, sizeof shown, "_other");
+  for (size_t i = 0; i < m->n_tools; i++)
+    if (strcmp(m->tools[i].name, shown) == 0)
+      return &m->tools[i];
+  tool_count *t = &m->tools[m->n_tools++];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", shown);
+  return t;
 }
 
 void metrics_event(cph_engine *e, cph_ingest_status status) {
@@ -416,6 +485,22 @@ void metrics_turn_completed(cph_engine *e, cph_lane lane, const cph_op *op) {
   add_sat(&m->live.tool_invalid, op->u.turn.tool_stats.invalid);
   add_sat(&m->live.tool_repairs, op->u.turn.tool_stats.repairs);
   add_sat(&m->live.guard_denies, op->u.turn.tool_stats.guard_denies);
+  add_sat(&m->live.tokens[lane], op->u.turn.tokens);
+  if (op->u.turn.tool_stats.n_tools && !m->tools_dirty) {
+    memcpy(m->tools_saved, m->tools, m->n_tools * sizeof m->tools[0]);
+    m->n_tools_saved = m->n_tools;
+    m->tools_dirty = true;
+  }
+  for (size_t i = 0; i < op->u.turn.tool_stats.n_tools; i++) {
+    const cph_tool_stat_in *in = &op->u.turn.tool_stats.tools[i];
+    tool_count *t = tool_slot(m, in->name);
+    /* A partition of the calls: refused for their arguments, ran and failed, ran fine. */
+    uint64_t bad = in->invalid > in->calls ? in->calls : in->invalid;
+    uint64_t err = in->errors > in->calls - bad ? in->calls - bad : in->errors;
+    add_sat(&t->n[TOOL_INVALID], bad);
+    add_sat(&t->n[TOOL_ERROR], err);
+    add_sat(&t->n[TOOL_VALID], in->calls - bad - err);
+  }
 }
 
 void metrics_turn_ended(cph_engine *e, cph_lane lane, bool expired) {
@@ -541,11 +626,23 @@ static void add_credits(cph_engine *e, metric_registry *r, double bounds[10]) {
 
 static void add_turn_outcomes(cph_engine *e, metric_registry *r) {
   const metrics_live *l = &e->metrics->live;
-  metric_family *f = metric_family_add(r, "cephalon_tool_calls_total", METRIC_COUNTER,
-                                       "Tool calls reported in completions' tool_stats.",
-                                       "result", NULL, 0);
+  const cph_metrics *m = e->metrics;
+  metric_family *f = metric_family_add(
+      r, "cephalon_tool_calls_total", METRIC_COUNTER,
+      "Tool calls reported in completions' tool_stats: without a tool label the totals of "
+      "tool_stats.valid/invalid; with one, tool_stats.tools per tool (valid = ran fine, "
+      "invalid = refused for its arguments, error = ran and failed).",
+      "result", NULL, 0);
   metric_counter_set(metric_series_add(f, "valid"), l->tool_valid);
   metric_counter_set(metric_series_add(f, "invalid"), l->tool_invalid);
+  for (size_t i = 0; i < m->n_tools; i++)
+    for (int k = 0; k < TOOL_RESULTS; k++)
+      metric_counter_set(
+          metric_series_add_extra(f, tool_result_names[k], "tool", m->tools[i].name),
+          m->tools[i].n[k]);
+  add_lane_counter(r, "cephalon_turn_tokens_total",
+                   "Tokens charged by completed turns (complete's cost.tokens), by lane.",
+                   l->tokens);
   metric_add_counter(r, "cephalon_tool_call_repairs_total",
                      "Tool-call repairs reported in completions' tool_stats.", l->tool_repairs);
   metric_add_counter(r, "cephalon_guard_denies_total",

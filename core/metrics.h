@@ -73,6 +73,11 @@ metric_family *metric_family_add(metric_registry *r, const char *name, metric_ty
  * keeps series in the order added and does not look for repeats: each label value once.
  * NULL on out of memory. */
 metric_series *metric_series_add(metric_family *f, const char *label_value);
+/* The same with one more label written before the family's: name{extra="v",label="w"}.
+ * extra_name is borrowed (like the family's label), extra_value copied. A family may mix
+ * series with and without it (cephalon_tool_calls_total: the totals and the per-tool ones). */
+metric_series *metric_series_add_extra(metric_family *f, const char *label_value,
+                                       const char *extra_name, const char *extra_value);
 
 /* Sample values; each applies to the series' type only (a mismatch is ignored). */
 void metric_counter_set(metric_series *s, uint64_t v);

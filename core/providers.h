@@ -64,7 +64,7 @@ int cph_vindex_search(cph_txn *t, const char *scope, const float *q, uint32_t di
                       cph_vhit *out, size_t *n);
 
 /* ---- the HTTP vector index (REST contract in docs/vector-index.md) ----
- * The network calls here speak http:// only (common/http_client.h); errors name the URL. */
+ * The network calls go through common/http_client.h (http and https); errors name the URL. */
 
 typedef struct cph_vitem {
   uint64_t memory_id;

@@ -360,6 +360,8 @@ static const ps_field providers_fields[] = {
             "embedding provider"),
     SECTION(cph_policy_providers, "summarizer", summarizer, summarizer_table,
             "summariser used by gc_summarize"),
+    STR(cph_policy_providers, "ca-file", ca_file, "", 0,
+        "PEM CA file trusted for https provider URLs (\"\" = the system bundle)"),
 };
 static const ps_table providers_table = TABLE(cph_policy_providers, providers_fields, PS_NO_ID);
 

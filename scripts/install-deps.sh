@@ -8,6 +8,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libevent-dev liblmdb-dev libmsgpack-dev libjansson-dev libssl-dev libcmocka-dev
+  libcurl4-openssl-dev # outgoing HTTP: the providers, cephalonctl and cephalon-worker
+  nodejs npm # tests only: the worker's tests install an MCP server from npm (tests/mcp)
   clang libclang-rt-14-dev
   prometheus # promtool checks the /metrics scrape; the server scrapes cephalond in a test
 )

@@ -3,6 +3,8 @@
  *   POST /v1/turns/lease            {worker, lanes?, wait_ms?} -> 200 {"turn": turn} | 204
  *   POST /v1/turns/{id}/heartbeat   {lease}                    -> 200 {"id", "deadline_ms"}
  *   POST /v1/turns/{id}/complete    {lease, cost, reply?, memories?, tool_stats?, enqueue?}
+ *     tool_stats: {valid, invalid, repairs, guard_denies, tools?: {NAME: {calls, invalid,
+ *     errors}}} — the per-tool map feeds cephalon_tool_calls_total{tool,result}
  *                                                              -> 200 {"id", "status", "already"}
  *   POST /v1/turns/{id}/fail        {lease, error?}            -> 200 {"id", "status"}
  *   POST /v1/turns/{id}/requeue     {}                         -> 200 {"id", "status"}
@@ -241,7 +243,7 @@ static void views_emit(cph_emit *w, const cph_turn_info *t) {
 }
 
 static void turn_emit(cph_emit *w, const cph_turn_info *t) {
-  cph_emit_object(w, 14);
+  cph_emit_object(w, 15);
   cph_emit_key(w, "id");
   cph_emit_u64(w, t->id);
   cph_emit_key(w, "lease");
@@ -260,6 +262,8 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_i64(w, t->deadline_ms);
   cph_emit_key(w, "attempts");
   cph_emit_i64(w, t->attempts);
+  cph_emit_key(w, "tools_named"); /* > 0: narrow the tools offered to available_tools */
+  cph_emit_u64(w, t->n_tools_named);
   cph_emit_key(w, "staged");
   staged_emit(w, t);
   cph_emit_key(w, "sections");
@@ -466,6 +470,54 @@ static void check_list_of(cph_req *r, const char *key, const char *required,
   }
 }
 
+/* tool_stats.tools: {"NAME": {"calls", "invalid", "errors"}} — at most 256 tools, names of
+ * 1..128 bytes. */
+static void tool_stats_tools(cph_req *r, json_t *stats) {
+  json_t *tools = NULL;
+  cph_in_obj(r, stats, "tool_stats", "tools", 0, &tools);
+  if (!tools || r->error.set)
+    return;
+  if (!json_is_object(tools)) {
+    cph_req_fail(r, 400, "bad_request", "tool_stats.tools",
+                 "tool_stats.tools must be an object of tool name to counts");
+    return;
+  }
+  size_t n = json_object_size(tools);
+  if (n > 256) {
+    cph_req_fail(r, 400, "bad_request", "tool_stats.tools", "at most 256 tools, got %zu", n);
+    return;
+  }
+  if (n == 0)
+    return;
+  cph_tool_stat_in *out = cph_req_alloc(r, n * sizeof *out);
+  if (!out)
+    return;
+  const char *name;
+  json_t *v;
+  size_t i = 0;
+  json_object_foreach(tools, name, v) {
+    char path[160];
+    snprintf(path, sizeof path, "tool_stats.tools.%.128s", name);
+    size_t len = strlen(name);
+    if (len == 0 || len > 128) {
+      cph_req_fail(r, 400, "bad_request", "tool_stats.tools",
+                   "a tool name must be 1 to 128 bytes");
+      return;
+    }
+    if (!json_is_object(v)) {
+      cph_req_fail(r, 400, "bad_request", path, "%s must be an object", path);
+      return;
+    }
+    out[i].name = (char *)name; /* lives as long as the request body */
+    cph_in_u64(r, v, path, "calls", 0, INT64_MAX, &out[i].calls);
+    cph_in_u64(r, v, path, "invalid", 0, INT64_MAX, &out[i].invalid);
+    cph_in_u64(r, v, path, "errors", 0, INT64_MAX, &out[i].errors);
+    i++;
+  }
+  r->op.u.turn.tool_stats.tools = out;
+  r->op.u.turn.tool_stats.n_tools = i;
+}
+
 void cph_route_turn_complete(cph_req *r) {
   cph_op *op = &r->op;
   if (!turn_target(r, true)) {
@@ -494,6 +546,7 @@ void cph_route_turn_complete(cph_req *r) {
     cph_in_u64(r, stats, "tool_stats", "repairs", 0, INT64_MAX, &op->u.turn.tool_stats.repairs);
     cph_in_u64(r, stats, "tool_stats", "guard_denies", 0, INT64_MAX,
                &op->u.turn.tool_stats.guard_denies);
+    tool_stats_tools(r, stats);
   }
   check_list_of(r, "memories", "text", "tags");
   check_list_of(r, "enqueue", "job", NULL);

@@ -252,8 +252,10 @@ typedef struct cph_turn_info {
   } current_state;
   cph_history_entry *history; /* conversation_history; n_history == 0 means "none" */
   size_t n_history;
-  cph_tool_usage *tools;
+  cph_tool_usage *tools; /* available_tools: the session's tools that fit the window */
   size_t n_tools;
+  size_t n_tools_named;  /* the session's whole tools list: a worker narrows its tools to
+                            available_tools whenever this is > 0 (even if none fit) */
   cph_message *messages;
   size_t n_messages;
   cph_obligation *obligations; /* pending_obligations; n_staged is its staged_count */
@@ -360,6 +362,14 @@ typedef enum cph_op_kind {
   CPH_OP_MEMORY_SEARCH  /* GET /v1/memories/search: a write, since inclusion counts access */
 } cph_op_kind;
 
+/* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
+ * arguments, calls that ran and failed (errors). invalid + errors <= calls is not enforced;
+ * the metrics saturate. */
+typedef struct cph_tool_stat_in {
+  char *name; /* 1..128 bytes */
+  uint64_t calls, invalid, errors;
+} cph_tool_stat_in;
+
 typedef struct cph_memory_in {
   char *text;
   cph_strv tags;
@@ -433,7 +443,11 @@ struct cph_op {
       char *reply_body;    /* NULL: no reply */
       char *reply_channel; /* NULL: the channel of the turn's first staged message */
       char *error;         /* fail: reason */
-      struct { uint64_t valid, invalid, repairs, guard_denies; } tool_stats;
+      struct {
+        uint64_t valid, invalid, repairs, guard_denies; /* the aggregate fields */
+        cph_tool_stat_in *tools; /* per tool (complete only); the engine reads them only */
+        size_t n_tools;
+      } tool_stats;
       int64_t deadline_ms; /* heartbeat: the new deadline */
       bool already;        /* complete: it had been completed before (idempotent answer) */
       cph_memory_in *memories; /* complete: memories to mint, scoped to the session */

@@ -212,6 +212,7 @@ typedef struct cph_policy_summarizer {
 typedef struct cph_policy_providers {
   cph_policy_embedder embeddings;
   cph_policy_summarizer summarizer;
+  char *ca_file; /* "" = the system CA bundle; else the PEM CA https provider URLs must chain to */
 } cph_policy_providers;
 
 typedef struct cph_policy_vector_index {

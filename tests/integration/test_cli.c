@@ -315,9 +315,9 @@ static void test_bad_usage_exits_2_with_usage_on_stderr(void **state) {
   }
   /* A URL we cannot use is bad usage too, and says why. */
   ctl_result r;
-  ctl(&r, "https://127.0.0.1:7070", (const char *const[]){"status", NULL});
-  expect_exit(&r, 2, "https URL");
-  expect_contains(r.err, "http:// only", "https URL");
+  ctl(&r, "ftp://127.0.0.1:7070", (const char *const[]){"status", NULL});
+  expect_exit(&r, 2, "ftp URL");
+  expect_contains(r.err, "expected http[s]://", "ftp URL");
   ctl_free(&r);
   close(fd);
 }
@@ -371,7 +371,6 @@ static void test_client_sends_token_and_reads_a_chunked_answer(void **state) {
   snprintf(host, sizeof host, "\r\nHost: 127.0.0.1:%d\r\n", f.port);
   expect_contains(req, host, "request");
   expect_contains(req, "\r\nAuthorization: Bearer sekret\r\n", "request");
-  expect_contains(req, "\r\nConnection: close\r\n", "request");
   assert_null(strstr(r.out, "sekret"));
   free(req);
   free(chunked);

@@ -417,36 +417,28 @@ static void test_unit_has_the_required_keys(void **state) {
 
 static bool executable(const char *path) { return access(path, X_OK) == 0; }
 
-/* Where systemd-analyze exists, the unit must verify without a single complaint about it.
- * verify insists that ExecStart's binary exists, so a copy points it at the cephalond just
- * built; everything else is the file as shipped. Without the tool the test says so (the
- * keys are asserted by test_unit_has_the_required_keys either way). */
-static void test_unit_passes_systemd_analyze_verify(void **state) {
-  (void)state;
-  const char *tool = executable("/usr/bin/systemd-analyze") ? "/usr/bin/systemd-analyze"
-                     : executable("/bin/systemd-analyze")   ? "/bin/systemd-analyze"
-                                                            : NULL;
-  if (!tool) {
-    print_message("systemd-analyze not installed: cephalond.service checked by its keys only\n");
-    return;
-  }
-  char *src = cph_test_source_path("deploy/cephalond.service");
+/* Verifies deploy/<unit> with ExecStart's binary (/usr/local/bin/<binary>) pointed at the one
+ * just built. */
+static void verify_unit(const char *tool, const char *unit, const char *binary) {
+  char *rel;
+  assert_true(asprintf(&rel, "deploy/%s", unit) > 0);
+  char *src = cph_test_source_path(rel);
   char *text = cph_test_read_file(src, NULL);
   assert_non_null(text);
   const char *bin_dir = getenv("CPH_BIN_DIR");
   assert_non_null(bin_dir);
-  char *daemon;
-  assert_true(asprintf(&daemon, "%s/cephalond", bin_dir) > 0);
-  assert_true(executable(daemon));
-  const char *needle = "ExecStart=/usr/local/bin/cephalond ";
+  char *built, *needle;
+  assert_true(asprintf(&built, "%s/%s", bin_dir, binary) > 0);
+  assert_true(executable(built));
+  assert_true(asprintf(&needle, "ExecStart=/usr/local/bin/%s ", binary) > 0);
   char *at = strstr(text, needle);
   assert_non_null(at);
   char *copy;
-  assert_true(asprintf(&copy, "%.*sExecStart=%s %s", (int)(at - text), text, daemon,
+  assert_true(asprintf(&copy, "%.*sExecStart=%s %s", (int)(at - text), text, built,
                        at + strlen(needle)) > 0);
   char *dir = cph_test_tmpdir("unit");
   char *unit_path;
-  assert_true(asprintf(&unit_path, "%s/cephalond.service", dir) > 0);
+  assert_true(asprintf(&unit_path, "%s/%s", dir, unit) > 0);
   FILE *f = fopen(unit_path, "w");
   assert_non_null(f);
   assert_true(fputs(copy, f) >= 0);
@@ -455,18 +447,80 @@ static void test_unit_passes_systemd_analyze_verify(void **state) {
   char *out = NULL, *err = NULL;
   int status = cph_test_run((const char *const[]){tool, "verify", "--man=no", unit_path, NULL},
                             &out, &err);
-  if (status != 0 || strstr(err, "cephalond.service") || strstr(out, "cephalond.service"))
-    fail_msg("systemd-analyze verify cephalond.service: exit %d\nstdout: %s\nstderr: %s", status,
-             out, err);
+  if (status != 0 || strstr(err, unit) || strstr(out, unit))
+    fail_msg("systemd-analyze verify %s: exit %d\nstdout: %s\nstderr: %s", unit, status, out,
+             err);
   free(out);
   free(err);
   cph_test_rmtree(dir);
   free(dir);
   free(unit_path);
   free(copy);
-  free(daemon);
+  free(needle);
+  free(built);
   free(text);
   free(src);
+  free(rel);
+}
+
+/* Where systemd-analyze exists, the units must verify without a single complaint about them.
+ * verify insists that ExecStart's binary exists, so a copy points it at the binary just
+ * built; everything else is the file as shipped. Without the tool the test says so (the
+ * keys are asserted by test_unit_has_the_required_keys either way). */
+static void test_unit_passes_systemd_analyze_verify(void **state) {
+  (void)state;
+  const char *tool = executable("/usr/bin/systemd-analyze") ? "/usr/bin/systemd-analyze"
+                     : executable("/bin/systemd-analyze")   ? "/bin/systemd-analyze"
+                                                            : NULL;
+  if (!tool) {
+    print_message("systemd-analyze not installed: the units are checked by their keys only\n");
+    return;
+  }
+  verify_unit(tool, "cephalond.service", "cephalond");
+  verify_unit(tool, "cephalon-worker.service", "cephalon-worker");
+}
+
+/* The worker's unit: its config, its environment file for keys, a clean SIGTERM stop. */
+static void test_worker_unit_has_the_required_keys(void **state) {
+  (void)state;
+  char *path = cph_test_source_path("deploy/cephalon-worker.service");
+  char *text = cph_test_read_file(path, NULL);
+  if (!text)
+    fail_msg("cannot read %s", path);
+  unit_file *u = malloc(sizeof *u);
+  assert_non_null(u);
+  unit_parse(text, u);
+  expect_unit_key(u, "Service", "Type", "simple");
+  expect_unit_key(u, "Service", "ExecStart",
+                  "/usr/local/bin/cephalon-worker --config /etc/cephalon/worker.edn");
+  expect_unit_key(u, "Service", "EnvironmentFile", "-/etc/cephalon/worker.env");
+  expect_unit_key(u, "Service", "User", "cephalon");
+  expect_unit_key(u, "Service", "Restart", "on-failure");
+  expect_unit_key(u, "Service", "KillMode", "mixed");
+  expect_unit_key(u, "Service", "NoNewPrivileges", "yes");
+  expect_unit_key(u, "Service", "ProtectSystem", "strict");
+  expect_unit_key(u, "Service", "CapabilityBoundingSet", "");
+  expect_unit_key(u, "Install", "WantedBy", "multi-user.target");
+  free(u);
+  free(text);
+  free(path);
+  /* The example config it points at is one the worker reads. */
+  char *example = cph_test_source_path("deploy/worker.edn.example");
+  const char *bin_dir = getenv("CPH_BIN_DIR");
+  char *exe;
+  assert_true(asprintf(&exe, "%s/cephalon-worker", bin_dir) > 0);
+  char *out = NULL, *err = NULL;
+  /* --check-config reads it and prints the effective options; nothing is started. */
+  int status =
+      cph_test_run((const char *const[]){exe, "--config", example, "--check-config", NULL}, &out,
+                   &err);
+  if (status != 0 || !strstr(out, ":model \"llama3.2\"") || !strstr(out, ":concurrency 4") ||
+      !strstr(out, "\"fs\" \"npx -y @modelcontextprotocol/server-filesystem"))
+    fail_msg("worker.edn.example: exit %d\n%s%s", status, out, err);
+  free(out);
+  free(err);
+  free(exe);
+  free(example);
 }
 
 /* ---------------------------------------------------------------- the Prometheus config */
@@ -509,6 +563,7 @@ static void test_readme_describes_each_file(void **state) {
   if (!text)
     fail_msg("cannot read %s", path);
   assert_non_null(strstr(text, "cephalond.service"));
+  assert_non_null(strstr(text, "cephalon-worker.service"));
   assert_non_null(strstr(text, "prometheus.yml"));
   assert_non_null(strstr(text, "grafana-dashboard.json"));
   free(text);
@@ -523,6 +578,7 @@ int main(void) {
       cmocka_unit_test(test_dashboard_queries_only_exported_metrics),
       cmocka_unit_test(test_unit_has_the_required_keys),
       cmocka_unit_test(test_unit_passes_systemd_analyze_verify),
+      cmocka_unit_test(test_worker_unit_has_the_required_keys),
       cmocka_unit_test(test_prometheus_config_scrapes_cephalond),
       cmocka_unit_test(test_readme_describes_each_file),
   };

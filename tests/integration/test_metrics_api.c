@@ -128,14 +128,16 @@ static void run_turn(fixture *f, unsigned valid, unsigned invalid, unsigned repa
   json_t *j = call_ok(f, "POST", "/v1/turns/lease", "{\"worker\":\"w1\",\"wait_ms\":5000}", 200);
   json_t *turn = json_object_get(j, "turn");
   assert_string_equal(json_string_value(json_object_get(turn, "lane")), "interactive");
-  char path[96], body[320];
+  char path[96], body[512];
   snprintf(path, sizeof path, "/v1/turns/%lld/complete",
            (long long)json_integer_value(json_object_get(turn, "id")));
   snprintf(body, sizeof body,
            "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":%u},"
-           "\"tool_stats\":{\"valid\":%u,\"invalid\":%u,\"repairs\":%u,\"guard_denies\":%u}}",
+           "\"tool_stats\":{\"valid\":%u,\"invalid\":%u,\"repairs\":%u,\"guard_denies\":%u,"
+           "\"tools\":{\"read_file\":{\"calls\":%u,\"invalid\":%u,\"errors\":0},"
+           "\"web \\\"search\\\"\":{\"calls\":1,\"errors\":1}}}}",
            json_string_value(json_object_get(turn, "lease")), valid + invalid, valid, invalid,
-           repairs, denies);
+           repairs, denies, valid + invalid, invalid);
   json_decref(j);
   json_decref(call_ok(f, "POST", path, body, 200));
 }
@@ -195,6 +197,21 @@ static void test_scrape_passes_promtool_and_counts_the_traffic(void **state) {
   assert_int_equal(sample(t, "cephalon_tool_calls_total{result=\"valid\"}"), valid_sum);
   assert_int_equal(sample(t, "cephalon_tool_calls_total{result=\"invalid\"}"), invalid_sum);
   assert_int_equal(sample(t, "cephalon_tool_call_repairs_total"), repairs_sum);
+  /* the per-tool map: a series per tool and result, the label value escaped */
+  assert_int_equal(sample(t, "cephalon_tool_calls_total{tool=\"read_file\",result=\"valid\"}"),
+                   valid_sum);
+  assert_int_equal(
+      sample(t, "cephalon_tool_calls_total{tool=\"read_file\",result=\"invalid\"}"),
+      invalid_sum);
+  assert_int_equal(sample(t, "cephalon_tool_calls_total{tool=\"read_file\",result=\"error\"}"),
+                   0);
+  assert_int_equal(
+      sample(t, "cephalon_tool_calls_total{tool=\"web \\\"search\\\"\",result=\"error\"}"),
+      ROUNDS);
+  assert_int_equal(
+      sample(t, "cephalon_tool_calls_total{tool=\"web \\\"search\\\"\",result=\"valid\"}"),
+      0);
+  assert_int_equal(lane_sample(t, "cephalon_turn_tokens_total", "interactive"), 10 * ROUNDS);
   assert_int_equal(sample(t, "cephalon_guard_denies_total"), denies_sum);
   assert_true(sample(t, "cephalon_context_inclusion_count_count") >= ROUNDS);
   assert_true(sample(t, "cephalon_sessions") >= 1);

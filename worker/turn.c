@@ -1,0 +1,531 @@
+/* One leased turn: model rounds with the MCP tools, heartbeats while anything runs, then
+ * complete (reply, cost, per-tool stats) or fail (the reason; the daemon retries it). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/buf.h"
+#include "common/log.h"
+#include "worker/worker.h"
+
+#define DAEMON_TIMEOUT_MS 10000
+#define MAX_STATS 256 /* distinct tool names counted per turn (the daemon takes 256) */
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---------------------------------------------------------------- the daemon */
+
+int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
+                   int timeout_ms, json_t **resp_json, char *err, size_t err_len) {
+  if (resp_json)
+    *resp_json = NULL;
+  cph_httpc_url url;
+  const char *why = NULL;
+  if (cph_httpc_url_parse(ctx->cfg->daemon, &url, &why) != 0) {
+    cph_httpc_url_free(&url);
+    snprintf(err, err_len, "bad daemon URL: %s", why);
+    return -1;
+  }
+  char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+  cph_httpc_request req = {.method = method,
+                           .path = path,
+                           .token = ctx->daemon_token,
+                           .user_agent = "cephalon-worker",
+                           .body = text,
+                           .body_len = text ? strlen(text) : 0,
+                           .timeout_ms = timeout_ms};
+  cph_httpc_response resp;
+  char detail[400];
+  int rc = cph_httpc_do(&url, &req, &resp, detail, sizeof detail);
+  free(text);
+  cph_httpc_url_free(&url);
+  if (rc != CPH_HTTPC_OK) {
+    snprintf(err, err_len, "%s %s: %s", method, path, detail);
+    return -1;
+  }
+  if (resp_json && resp.body_len)
+    *resp_json = json_loadb(resp.body, resp.body_len, 0, NULL);
+  if (resp.status >= 300) {
+    json_t *j = json_loadb(resp.body, resp.body_len, 0, NULL);
+    const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    snprintf(err, err_len, "%s %s: HTTP %d: %.200s", method, path, resp.status,
+             m ? m : resp.body);
+    json_decref(j);
+  }
+  int status = resp.status;
+  cph_httpc_response_free(&resp);
+  return status;
+}
+
+/* ---------------------------------------------------------------- heartbeats */
+
+typedef struct beat {
+  const wk_ctx *ctx;
+  char path[96];
+  const char *lease;
+  int interval_ms;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  atomic_bool lost; /* the daemon said the lease is gone (409, 404): stop working */
+  pthread_t th;
+  bool started;
+} beat;
+
+static void *beat_main(void *arg) {
+  beat *b = arg;
+  pthread_mutex_lock(&b->mu);
+  while (!b->done) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += b->interval_ms / 1000;
+    ts.tv_nsec += (long)(b->interval_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    while (!b->done && pthread_cond_timedwait(&b->cv, &b->mu, &ts) == 0) {
+    }
+    if (b->done)
+      break;
+    pthread_mutex_unlock(&b->mu);
+    json_t *body = json_pack("{s:s}", "lease", b->lease);
+    char err[512];
+    int status = wk_daemon_call(b->ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, NULL, err,
+                                sizeof err);
+    json_decref(body);
+    if (status == 404 || status == 409 || status == 410) {
+      atomic_store(&b->lost, true);
+      cph_log_kv(CPH_LOG_WARN, "lease lost", "path=%s status=%d", b->path, status);
+    } else if (status != 200) {
+      cph_log_kv(CPH_LOG_WARN, "heartbeat failed", "path=%s status=%d", b->path, status);
+    }
+    pthread_mutex_lock(&b->mu);
+  }
+  pthread_mutex_unlock(&b->mu);
+  return NULL;
+}
+
+static void beat_start(beat *b, const wk_ctx *ctx, uint64_t id, const char *lease,
+                       int64_t deadline_ms) {
+  memset(b, 0, sizeof *b);
+  b->ctx = ctx;
+  b->lease = lease;
+  snprintf(b->path, sizeof b->path, "/v1/turns/%llu/heartbeat", (unsigned long long)id);
+  int64_t ttl = deadline_ms - wall_ms();
+  /* A third of the lease's time: two heartbeats may be lost before it ends. */
+  b->interval_ms = ttl > 300 ? (int)(ttl / 3 > 600000 ? 600000 : ttl / 3) : 100;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&b->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&b->mu, NULL);
+  atomic_init(&b->lost, false);
+  b->started = pthread_create(&b->th, NULL, beat_main, b) == 0;
+}
+
+static void beat_stop(beat *b) {
+  pthread_mutex_lock(&b->mu);
+  b->done = true;
+  pthread_cond_signal(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+  if (b->started)
+    pthread_join(b->th, NULL);
+  pthread_cond_destroy(&b->cv);
+  pthread_mutex_destroy(&b->mu);
+}
+
+/* ---------------------------------------------------------------- per-tool counts */
+
+typedef struct tool_stat {
+  char *name;
+  uint64_t calls, invalid, errors;
+} tool_stat;
+
+typedef struct stats {
+  tool_stat items[MAX_STATS];
+  size_t n;
+  uint64_t calls, invalid;
+} stats;
+
+static tool_stat *stat_for(stats *s, const char *name) {
+  for (size_t i = 0; i < s->n; i++)
+    if (strcmp(s->items[i].name, name) == 0)
+      return &s->items[i];
+  if (s->n == MAX_STATS)
+    return &s->items[MAX_STATS - 1]; /* the last one takes the rest */
+  tool_stat *t = &s->items[s->n++];
+  t->name = strndup(name[0] ? name : "_unnamed", 128);
+  return t;
+}
+
+static json_t *stats_json(const stats *s) {
+  json_t *tools = json_object();
+  for (size_t i = 0; i < s->n; i++)
+    if (s->items[i].name)
+      json_object_set_new(tools, s->items[i].name,
+                          json_pack("{s:I, s:I, s:I}", "calls", (json_int_t)s->items[i].calls,
+                                    "invalid", (json_int_t)s->items[i].invalid, "errors",
+                                    (json_int_t)s->items[i].errors));
+  return json_pack("{s:I, s:I, s:i, s:i, s:o}", "valid", (json_int_t)(s->calls - s->invalid),
+                   "invalid", (json_int_t)s->invalid, "repairs", 0, "guard_denies", 0, "tools",
+                   tools);
+}
+
+static void stats_free(stats *s) {
+  for (size_t i = 0; i < s->n; i++)
+    free(s->items[i].name);
+}
+
+/* ---------------------------------------------------------------- the model */
+
+typedef struct cancel_arg {
+  const atomic_bool *stop;
+  atomic_bool *lost;
+} cancel_arg;
+
+static int should_cancel(void *arg) {
+  cancel_arg *c = arg;
+  return atomic_load(c->stop) || atomic_load(c->lost);
+}
+
+/* POST {llm}/chat/completions. 0 with *answer (the parsed body), or -1 with why. */
+static int model_call(const wk_ctx *ctx, json_t *request, cancel_arg *cancel, json_t **answer,
+                      char *why, size_t why_len) {
+  *answer = NULL;
+  cph_httpc_url url;
+  const char *bad = NULL;
+  if (cph_httpc_url_parse(ctx->cfg->llm, &url, &bad) != 0) {
+    cph_httpc_url_free(&url);
+    snprintf(why, why_len, "model: bad URL: %s", bad);
+    return -1;
+  }
+  char *text = json_dumps(request, JSON_COMPACT);
+  cph_httpc_request req = {.method = "POST",
+                           .path = "/chat/completions",
+                           .token = ctx->api_key,
+                           .user_agent = "cephalon-worker",
+                           .body = text,
+                           .body_len = text ? strlen(text) : 0,
+                           .timeout_ms = ctx->cfg->llm_timeout_ms,
+                           .cancel = should_cancel,
+                           .cancel_arg = cancel};
+  cph_httpc_response resp;
+  char detail[400];
+  int rc = text ? cph_httpc_do(&url, &req, &resp, detail, sizeof detail) : CPH_HTTPC_ENOMEM;
+  free(text);
+  cph_httpc_url_free(&url);
+  if (rc == CPH_HTTPC_ECANCELED) {
+    snprintf(why, why_len, "%s", atomic_load(cancel->stop) ? "worker stopping" : "lease lost");
+    return -1;
+  }
+  if (rc != CPH_HTTPC_OK) {
+    snprintf(why, why_len, "model: %s", rc == CPH_HTTPC_ENOMEM ? "out of memory" : detail);
+    return -1;
+  }
+  json_error_t jerr;
+  json_t *j = json_loadb(resp.body, resp.body_len, 0, &jerr);
+  if (resp.status < 200 || resp.status >= 300) {
+    const json_t *e = json_object_get(j, "error");
+    const char *m = json_is_string(e) ? json_string_value(e)
+                                      : json_string_value(json_object_get(e, "message"));
+    snprintf(why, why_len, "model: HTTP %d%s%.300s", resp.status, m || resp.body_len ? ": " : "",
+             m ? m : resp.body);
+    for (char *p = why; *p; p++)
+      if ((unsigned char)*p < 0x20)
+        *p = ' ';
+    json_decref(j);
+    cph_httpc_response_free(&resp);
+    return -1;
+  }
+  cph_httpc_response_free(&resp);
+  if (!json_is_object(j)) {
+    snprintf(why, why_len, "model: the answer is not a JSON object (%s)", jerr.text);
+    json_decref(j);
+    return -1;
+  }
+  *answer = j;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- tools */
+
+/* The tools the turn may use: every MCP tool, or when the session names tools (tools_named
+ * > 0), those of them in sections.available_tools. */
+static void narrow_tools(json_t *turn, wk_tool **tools, size_t *n) {
+  if (json_integer_value(json_object_get(turn, "tools_named")) <= 0)
+    return;
+  json_t *avail = json_object_get(json_object_get(turn, "sections"), "available_tools");
+  size_t kept = 0;
+  for (size_t i = 0; i < *n; i++) {
+    bool named = false;
+    size_t k;
+    json_t *a;
+    json_array_foreach(avail, k, a) {
+      const char *name = json_string_value(json_object_get(a, "name"));
+      if (!name)
+        name = json_string_value(a);
+      if (name && strcmp(name, (*tools)[i].name) == 0)
+        named = true;
+    }
+    if (named) {
+      (*tools)[kept++] = (*tools)[i];
+    } else {
+      free((*tools)[i].name);
+      free((*tools)[i].description);
+      json_decref((*tools)[i].schema);
+    }
+  }
+  *n = kept;
+}
+
+static json_t *tools_json(const wk_tool *tools, size_t n) {
+  json_t *arr = json_array();
+  for (size_t i = 0; i < n; i++)
+    json_array_append_new(arr, json_pack("{s:s, s:{s:s, s:s, s:O}}", "type", "function",
+                                         "function", "name", tools[i].name, "description",
+                                         tools[i].description, "parameters", tools[i].schema));
+  return arr;
+}
+
+static const wk_tool *find_tool(const wk_tool *tools, size_t n, const char *name) {
+  for (size_t i = 0; name && i < n; i++)
+    if (strcmp(tools[i].name, name) == 0)
+      return &tools[i];
+  return NULL;
+}
+
+/* Runs one tool call of the model; appends its `tool` message. -1 with why when the turn must
+ * fail (the server is gone, the worker stops). */
+static int run_tool_call(const wk_ctx *ctx, const wk_tool *tools, size_t n_tools, json_t *call,
+                         json_t *messages, stats *st, cancel_arg *cancel, char *why,
+                         size_t why_len) {
+  json_t *fn = json_object_get(call, "function");
+  const char *id = json_string_value(json_object_get(call, "id"));
+  const char *name = json_string_value(json_object_get(fn, "name"));
+  json_t *raw = json_object_get(fn, "arguments");
+  tool_stat *ts = stat_for(st, name ? name : "");
+  ts->calls++;
+  st->calls++;
+  char *output = NULL;
+  char problem[300] = "";
+  const wk_tool *tool = find_tool(tools, n_tools, name);
+  json_t *args = NULL;
+  if (!tool) {
+    snprintf(problem, sizeof problem, "unknown tool \"%.100s\"", name ? name : "");
+  } else if (json_is_object(raw)) { /* some servers send the object itself */
+    args = json_incref(raw);
+  } else if (json_is_string(raw)) {
+    const char *s = json_string_value(raw);
+    json_error_t jerr;
+    args = s[strspn(s, " \t\r\n")] ? json_loads(s, JSON_DECODE_ANY, &jerr) : json_object();
+    if (!args)
+      snprintf(problem, sizeof problem, "arguments are not JSON: %s", jerr.text);
+  } else if (!raw || json_is_null(raw)) {
+    args = json_object();
+  } else {
+    snprintf(problem, sizeof problem, "arguments must be a JSON string");
+  }
+  if (!problem[0] && wk_schema_check(tool->schema, args, problem, sizeof problem) != 0) {
+    /* problem says what */
+  }
+  if (problem[0]) {
+    ts->invalid++;
+    st->invalid++;
+    size_t len = strlen(problem) + 64;
+    output = malloc(len);
+    if (output)
+      snprintf(output, len, "invalid arguments: %s", problem);
+  } else {
+    wk_call_result r = wk_mcp_call(ctx->mcp, tool->server, tool->name, args,
+                                   ctx->cfg->tool_timeout_ms, cancel->stop, &output);
+    if (r == WK_CALL_FAILED) {
+      snprintf(why, why_len, "tool %s: %s", tool->name, output ? output : "failed");
+      free(output);
+      json_decref(args);
+      return -1;
+    }
+    if (r == WK_CALL_TOOL_ERR)
+      ts->errors++;
+  }
+  json_decref(args);
+  json_array_append_new(messages,
+                        json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", id ? id : "",
+                                  "content", output ? output : ""));
+  free(output);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- the turn */
+
+/* The turn's messages as the model takes them: role, content, name (coord dropped). */
+static json_t *initial_messages(json_t *turn) {
+  json_t *out = json_array();
+  size_t i;
+  json_t *m;
+  json_array_foreach(json_object_get(turn, "messages"), i, m) {
+    json_t *o = json_object();
+    json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content"),
+           *name = json_object_get(m, "name");
+    json_object_set_new(o, "role", role ? json_incref(role) : json_string("user"));
+    json_object_set_new(o, "content", content ? json_incref(content) : json_string(""));
+    if (json_is_string(name))
+      json_object_set(o, "name", name);
+    json_array_append_new(out, o);
+  }
+  if (json_array_size(out) == 0) { /* no context: the input is the question */
+    const char *input = json_string_value(json_object_get(turn, "input"));
+    json_array_append_new(out, json_pack("{s:s, s:s}", "role", "user", "content",
+                                         input ? input : ""));
+  }
+  return out;
+}
+
+/* Completes or fails with a few retries when the daemon cannot be reached: the lease must not
+ * be left to expire for a hiccup. */
+static int finish(const wk_ctx *ctx, const char *path, json_t *body, char *err, size_t len) {
+  int status = -1;
+  for (int attempt = 0; attempt < 5; attempt++) {
+    status = wk_daemon_call(ctx, "POST", path, body, DAEMON_TIMEOUT_MS, NULL, err, len);
+    if (status >= 0 && status != 503)
+      break;
+    struct timespec ts = {0, 200000000L * (attempt + 1)};
+    nanosleep(&ts, NULL);
+  }
+  return status;
+}
+
+void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
+  int64_t started = mono_ms();
+  uint64_t id = (uint64_t)json_integer_value(json_object_get(turn, "id"));
+  const char *lease = json_string_value(json_object_get(turn, "lease"));
+  const char *session = json_string_value(json_object_get(turn, "session"));
+  const char *lane = json_string_value(json_object_get(turn, "lane"));
+  int64_t deadline = json_integer_value(json_object_get(turn, "deadline_ms"));
+  if (!lease || !session)
+    return;
+
+  wk_tool *tools = NULL;
+  size_t n_tools = 0;
+  wk_mcp_tools(ctx->mcp, &tools, &n_tools);
+  narrow_tools(turn, &tools, &n_tools);
+  json_t *offered = tools_json(tools, n_tools);
+  json_t *messages = initial_messages(turn);
+  stats st;
+  memset(&st, 0, sizeof st);
+  uint64_t tokens = 0;
+  int rounds = 0;
+  char why[600] = "";
+  char *reply = NULL;
+
+  beat b;
+  beat_start(&b, ctx, id, lease, deadline);
+  cancel_arg cancel = {.stop = ctx->stop, .lost = &b.lost};
+  for (int round = 0;; round++) {
+    if (atomic_load(ctx->stop)) {
+      snprintf(why, sizeof why, "worker stopping");
+      break;
+    }
+    if (atomic_load(&b.lost)) {
+      snprintf(why, sizeof why, "lease lost");
+      break;
+    }
+    bool offer = n_tools > 0 && round < ctx->cfg->max_tool_rounds;
+    json_t *req = json_pack("{s:s, s:O}", "model", ctx->cfg->model, "messages", messages);
+    if (offer) {
+      json_object_set(req, "tools", offered);
+      json_object_set_new(req, "tool_choice", json_string("auto"));
+    }
+    json_t *answer = NULL;
+    int rc = model_call(ctx, req, &cancel, &answer, why, sizeof why);
+    json_decref(req);
+    if (rc != 0)
+      break;
+    rounds++;
+    json_t *usage = json_object_get(answer, "usage");
+    json_int_t total = json_integer_value(json_object_get(usage, "total_tokens"));
+    if (total <= 0) /* some servers give only the parts */
+      total = json_integer_value(json_object_get(usage, "prompt_tokens")) +
+              json_integer_value(json_object_get(usage, "completion_tokens"));
+    if (total > 0)
+      tokens += (uint64_t)total;
+    json_t *msg = json_object_get(json_array_get(json_object_get(answer, "choices"), 0), "message");
+    if (!json_is_object(msg)) {
+      snprintf(why, sizeof why, "model: the answer has no choices[0].message");
+      json_decref(answer);
+      break;
+    }
+    json_t *calls = json_object_get(msg, "tool_calls");
+    const char *content = json_string_value(json_object_get(msg, "content"));
+    if (!offer || !json_is_array(calls) || json_array_size(calls) == 0) {
+      reply = strdup(content ? content : "");
+      json_decref(answer);
+      break;
+    }
+    json_array_append_new(messages,
+                          json_pack("{s:s, s:O, s:O}", "role", "assistant", "content",
+                                    content ? json_object_get(msg, "content") : json_null(),
+                                    "tool_calls", calls));
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call) {
+      rc = run_tool_call(ctx, tools, n_tools, call, messages, &st, &cancel, why, sizeof why);
+      if (rc != 0)
+        break;
+    }
+    json_decref(answer);
+    if (rc != 0)
+      break;
+  }
+  beat_stop(&b);
+
+  char path[96], err[512];
+  const char *outcome;
+  int status;
+  if (reply && !atomic_load(&b.lost)) {
+    snprintf(path, sizeof path, "/v1/turns/%llu/complete", (unsigned long long)id);
+    json_t *body = json_pack("{s:s, s:{s:I, s:I}, s:o}", "lease", lease, "cost", "tokens",
+                             (json_int_t)tokens, "tool_calls", (json_int_t)st.calls,
+                             "tool_stats", stats_json(&st));
+    if (reply[0])
+      json_object_set_new(body, "reply", json_pack("{s:s}", "body", reply));
+    status = finish(ctx, path, body, err, sizeof err);
+    json_decref(body);
+    outcome = status == 200 ? "completed" : "complete_refused";
+  } else {
+    if (!why[0])
+      snprintf(why, sizeof why, "lease lost");
+    snprintf(path, sizeof path, "/v1/turns/%llu/fail", (unsigned long long)id);
+    json_t *body = json_pack("{s:s, s:s}", "lease", lease, "error", why);
+    status = finish(ctx, path, body, err, sizeof err);
+    json_decref(body);
+    outcome = status == 200 ? "failed" : "fail_refused";
+  }
+  char q_session[300], q_why[700], q_err[700];
+  cph_log_kv(status == 200 ? CPH_LOG_INFO : CPH_LOG_WARN, "turn", 
+             "turn=%llu session=%s lane=%s outcome=%s rounds=%d tokens=%llu tool_calls=%llu "
+             "tool_invalid=%llu ms=%lld reason=%s status=%d%s%s",
+             (unsigned long long)id, cph_log_quote(session, q_session, sizeof q_session),
+             lane ? lane : "?", outcome, rounds, (unsigned long long)tokens,
+             (unsigned long long)st.calls, (unsigned long long)st.invalid,
+             (long long)(mono_ms() - started), cph_log_quote(why, q_why, sizeof q_why), status,
+             status == 200 ? "" : " error=", status == 200 ? "" : cph_log_quote(err, q_err, sizeof q_err));
+  free(reply);
+  stats_free(&st);
+  json_decref(messages);
+  json_decref(offered);
+  wk_tools_free(tools, n_tools);
+}

@@ -1,0 +1,127 @@
+/* cephalon-worker, the reference LLM worker (DESIGN §13): leases turns from cephalond, runs
+ * the model (OpenAI chat completions) with the tools of its MCP servers, completes or fails
+ * each turn. One internal header for its files:
+ *
+ *   config.c  options from argv and an EDN file (wk_config_*)
+ *   mcp.c     MCP stdio clients: spawn, initialize, tools/list, tools/call, restart (wk_mcp_*)
+ *   schema.c  tool arguments against a tool's input schema (wk_schema_check)
+ *   turn.c    one turn: model rounds, tool calls, heartbeats, complete/fail (wk_turn_run)
+ *   main.c    threads, leasing, signals, --check
+ *
+ * Calls go one way: main -> turn -> mcp, schema -> config. JSON is jansson; HTTP is
+ * common/http_client.h (libcurl). No key or token is ever logged. */
+#ifndef CEPHALON_WORKER_H
+#define CEPHALON_WORKER_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/http_client.h"
+
+/* ---------------------------------------------------------------- configuration */
+
+typedef struct wk_mcp_spec {
+  char *name;    /* the server's name, from NAME=COMMAND */
+  char *command; /* run with /bin/sh -c (so ARGS are split as a shell would) */
+} wk_mcp_spec;
+
+typedef struct wk_config {
+  char *daemon;       /* base URL of cephalond */
+  char *llm;          /* base URL of the OpenAI-compatible API ({llm}/chat/completions) */
+  char *model;
+  char *api_key_env;  /* env var with the model's key; NULL: no Authorization */
+  char *token_env;    /* env var with the daemon's bearer token; NULL: none */
+  char *worker_name;  /* the lease's `worker`; default cephalon-worker-<host>-<pid> */
+  char *lanes;        /* "interactive,operational" or NULL (all) */
+  char *ca_file;      /* https CA for the daemon and the model; NULL: system bundle */
+  wk_mcp_spec *mcp;
+  size_t n_mcp;
+  int concurrency;     /* turns at once, 1..256 (default 1) */
+  int max_tool_rounds; /* default 8 */
+  int lease_wait_ms;   /* long-poll wait per lease request (default 5000) */
+  int llm_timeout_ms;  /* one model call (default 300000) */
+  int tool_timeout_ms; /* one tool call (default 120000) */
+  bool check;          /* --check: probe everything and exit */
+  bool check_config;   /* --check-config: print the effective options and exit (no network) */
+} wk_config;
+
+/* Fills cfg from argv (a --config file first, then the flags over it). Returns 0; or 2 after
+ * printing the usage error (file:line:col for the EDN file) to stderr; or 1 for --help
+ * (usage printed to stdout). */
+int wk_config_load(wk_config *cfg, int argc, char **argv);
+/* The effective options as EDN (env var names only, never their values). */
+void wk_config_print(const wk_config *cfg, FILE *out);
+void wk_config_free(wk_config *cfg);
+
+/* ---------------------------------------------------------------- MCP */
+
+typedef struct wk_tool {
+  char *name;
+  char *description;
+  json_t *schema; /* inputSchema (an object; {"type":"object"} when the server gave none) */
+  size_t server;  /* index into the servers */
+} wk_tool;
+
+typedef struct wk_mcp wk_mcp;
+
+/* Starts every server (initialize + tools/list). Returns NULL only on out of memory; a
+ * server that fails to start is reported in err (one line per server) and retried at its
+ * first call. */
+wk_mcp *wk_mcp_start(const wk_config *cfg, char *err, size_t err_len);
+void wk_mcp_stop(wk_mcp *m);
+
+/* A snapshot of the tools of every live server, in server order (first name wins). The
+ * caller frees it with wk_tools_free. */
+int wk_mcp_tools(wk_mcp *m, wk_tool **out, size_t *n);
+void wk_tools_free(wk_tool *t, size_t n);
+
+/* Outcome of one tools/call. */
+typedef enum wk_call_result {
+  WK_CALL_OK,       /* *text is the tool's output */
+  WK_CALL_TOOL_ERR, /* isError or a JSON-RPC error: *text says what; the model sees it */
+  WK_CALL_FAILED    /* transport: the server died, timed out or cannot start; fail the turn */
+} wk_call_result;
+
+/* Calls tool `name` of server `server` with args (an object). *text is malloc'd (free it).
+ * Blocks up to timeout_ms; gives up early when *stop becomes true. A dead server is
+ * restarted (once per call). */
+wk_call_result wk_mcp_call(wk_mcp *m, size_t server, const char *name, json_t *args,
+                           int timeout_ms, const atomic_bool *stop, char **text);
+
+/* --check: initialize + tools/list for server i, with a one-line summary in out. */
+int wk_mcp_probe(wk_mcp *m, size_t i, char *out, size_t out_len);
+size_t wk_mcp_count(const wk_mcp *m);
+const char *wk_mcp_name(const wk_mcp *m, size_t i);
+
+/* ---------------------------------------------------------------- arguments */
+
+/* 0 when args (already parsed) satisfy schema at its top level: an object, every required
+ * property present, each given property of the declared JSON type(s). Otherwise -1 with why
+ * ("missing required property \"path\"", "property \"n\" must be integer"). */
+int wk_schema_check(const json_t *schema, const json_t *args, char *why, size_t why_len);
+
+/* ---------------------------------------------------------------- a turn */
+
+typedef struct wk_ctx {
+  const wk_config *cfg;
+  wk_mcp *mcp;
+  const char *daemon_token; /* from token_env, or NULL */
+  const char *api_key;      /* from api_key_env, or NULL */
+  atomic_bool *stop;        /* SIGTERM: stop leasing, fail what is running */
+} wk_ctx;
+
+/* Runs the leased turn (the lease answer's "turn" object) to its end: completes it, or fails
+ * it with the reason. Logs one line. Never returns with the lease still open unless the
+ * daemon cannot be reached at all. */
+void wk_turn_run(const wk_ctx *ctx, json_t *turn);
+
+/* A call to the daemon: method path with an optional JSON body; *resp_json gets the answer's
+ * JSON (or NULL). Returns the HTTP status, or -1 with err filled. */
+int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
+                   int timeout_ms, json_t **resp_json, char *err, size_t err_len);
+
+#endif
