@@ -25,7 +25,7 @@
 
 /* A lease that waits this long and answers 204 means the inbox is empty: every pass that
  * could stage something runs well within it. */
-#define EMPTY_WAIT_MS 400
+#define EMPTY_WAIT_MS 1000
 
 typedef struct fixture {
   char *policy; /* temp policy file */
@@ -390,8 +390,10 @@ static void test_alert_flood_folds_into_an_entry_counting_every_event(void **sta
 }
 
 /* On a bulk channel near duplicates fold, but never two alerts that differ in a number
- * (DESIGN §5): each queue depth reaches the turn as its own entry. A control: the same depth
- * posted again folds into that depth's entry. */
+ * (DESIGN §5): each queue depth reaches the turn as its own entry. Controls: the same depth
+ * posted again folds into that depth's entry, and the same alert naming another consumer
+ * group (a word, not a number) is near enough to fold — so what keeps the depths apart is the
+ * number, not their distance. */
 static void test_bulk_alerts_differing_in_a_number_never_fold_together(void **state) {
   fixture *f = *state;
   boot(f, "{:dedupe {:bulk [\"alerts\"]}}\n", false);
@@ -399,7 +401,7 @@ static void test_bulk_alerts_differing_in_a_number_never_fold_together(void **st
   static const int depths[] = {3, 12, 7, 40, 41, 5, 99, 120, 8, 64};
   enum { N = sizeof depths / sizeof depths[0] };
   char texts[N][160];
-  json_int_t ids[N + 1];
+  json_int_t ids[N + 3];
   for (size_t i = 0; i < N; i++) {
     snprintf(texts[i], sizeof texts[i],
              "ALERT the primary message broker reports queue depth %d for the orders consumer "
@@ -419,13 +421,32 @@ static void test_bulk_alerts_differing_in_a_number_never_fold_together(void **st
   expect_result(json_array_get(results, 0), "aggregated");
   ids[N] = num(json_array_get(results, 0), "id");
   json_decref(results);
+  /* the near-duplicate control: two groups named by words fold into one entry */
+  static const char *const worded[] = {
+      "ALERT the primary message broker reports queue depth high for the orders consumer group",
+      "ALERT the primary message broker reports queue depth high for the billing consumer group"};
+  for (size_t i = 0; i < 2; i++) {
+    events = json_array();
+    json_array_append_new(events, event("alerts", "monitor-bot", worded[i]));
+    results = post(f, events);
+    expect_result(json_array_get(results, 0), i ? "aggregated" : "queued");
+    ids[N + 1 + i] = num(json_array_get(results, 0), "id");
+    json_decref(results);
+  }
 
   json_t *entries = drain(f);
-  expect_accounted(entries, ids, N + 1);
-  assert_int_equal(json_array_size(entries), N);
+  expect_accounted(entries, ids, N + 3);
+  assert_int_equal(json_array_size(entries), N + 1);
+  size_t k;
+  const json_t *m, *near = NULL;
+  json_array_foreach(entries, k, m) if (num(m, "event_id") == ids[N + 1]) near = m;
+  assert_non_null(near);
+  assert_int_equal(num(near, "count"), 2);
+  assert_string_equal(str(near, "fold"), "repeat");
+  if (!strstr(str(near, "body"), worded[0]) || !strstr(str(near, "body"), worded[1]))
+    fail_msg("near-duplicate entry \"%s\" does not show both texts", str(near, "body"));
   for (size_t i = 0; i < N; i++) {
-    size_t k;
-    const json_t *m, *hit = NULL;
+    const json_t *hit = NULL;
     json_array_foreach(entries, k, m) if (num(m, "event_id") == ids[i]) hit = m;
     if (!hit)
       fail_msg("queue depth %d has no entry of its own", depths[i]);
