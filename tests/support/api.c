@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "api.h"
+#include "testutil.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -163,6 +164,23 @@ char *cph_test_sha256_hex(const char *s) {
   for (unsigned i = 0; i < 32; i++)
     snprintf(hex + 2 * i, 3, "%02x", md[i]);
   return hex;
+}
+
+void cph_test_promtool_check(const char *text) {
+  char *path = cph_test_write_tmpfile(".prom", text);
+  const char *argv[] = {"/bin/sh", "-c",
+                        "command -v promtool >/dev/null || { echo 'promtool not found: run "
+                        "scripts/install-deps.sh (Debian package prometheus)' >&2; exit 127; }; "
+                        "exec promtool check metrics < \"$1\"",
+                        "sh", path, NULL};
+  char *out = NULL, *err = NULL;
+  int rc = cph_test_run(argv, &out, &err);
+  unlink(path);
+  free(path);
+  if (rc != 0)
+    fail_msg("promtool check metrics exited %d:\n%s%s\n--- the scrape:\n%s", rc, out, err, text);
+  free(out);
+  free(err);
 }
 
 int64_t cph_test_now_ms(void) {

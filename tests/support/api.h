@@ -37,6 +37,11 @@ const char *cph_test_header(const cph_test_response *r, const char *name, char *
 /* Lower-case hex SHA-256 of s (65 bytes with the NUL); free() it. */
 char *cph_test_sha256_hex(const char *s);
 
+/* Runs the real `promtool check metrics` (Debian package prometheus) on text, fed on its
+ * standard input; fails the running cmocka test, with promtool's answer and the text, unless
+ * it passes (also when promtool is missing). */
+void cph_test_promtool_check(const char *text);
+
 /* Monotonic milliseconds. */
 int64_t cph_test_now_ms(void);
 
