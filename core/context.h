@@ -75,6 +75,12 @@
  *     AWAY" followed by a "[sender] body" line each, oldest first;
  *   - then the triggering staged message(s) at depth 0 (users `user`, agents `system`
  *     "[name] body"), in staged order (mentions first, then oldest).
+ * Every `user` message carries its sender as `name` (OpenAI's participant field, so the
+ * sender sanitised to ^[a-zA-Z0-9_-]{1,64}$: any other character becomes '_'). When several
+ * distinct people (users, not agents) speak in the turn's view — history, away block and
+ * triggers together — each user message's content is "sender: body" with the real sender;
+ * with one person it is the body. Budgets count that prefix for every user message (it may
+ * be there), so the choice, made after the history is cut, never breaks the window.
  * This turn's staged messages never appear in the history or away block; messages waiting
  * in the session's inbox (pending, or staged beyond this turn's batch) are left out entirely:
  * they will come as triggers of a later turn.

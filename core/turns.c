@@ -46,6 +46,7 @@ void cph_turn_info_free(cph_turn_info *t) {
     free(t->messages[i].role);
     free(t->messages[i].content);
     free(t->messages[i].coord);
+    free(t->messages[i].name);
   }
   free(t->messages);
   context_turn_free(t);

@@ -210,6 +210,8 @@ typedef struct cph_message {
   char *role; /* "system", "user", "assistant" */
   char *content;
   char *coord; /* "d0, 0, 0" */
+  char *name;  /* a user message's sender as OpenAI's `name` (^[a-zA-Z0-9_-]{1,64}$); NULL for
+                * other messages */
 } cph_message;
 
 typedef enum cph_turn_kind_t {
