@@ -41,7 +41,8 @@
  * ---- messages: the rendered PACT tree combined with the channel view ----
  * The PACT tree (core/pact.h) holds the session's system nodes (depth -1), components
  * (position >= 1 or offset != 0, or any node without a role) and message cores (nodes with a
- * role: the input and reply of every completed turn). The rule that avoids duplication:
+ * role: the input and reply of every completed turn; an inbox turn's input as its words, the
+ * wire's "inbox:" marker left off, an autonomy tick's as "autonomy_tick"). The rule that avoids duplication:
  *   - On an inbox turn the channel view supplies the message cores and the tree's message
  *     cores are not rendered. The cores are the session's own past inputs and replies; the
  *     channel log holds the same conversation message by message with the right speakers,

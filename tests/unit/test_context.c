@@ -252,7 +252,8 @@ static void test_inbox_turn_lists_obligations_and_only_its_senders_history(void 
   assert_string_equal(last->name, "ann");
   assert_string_equal(last->coord, "d0, 0, 0");
   assert_null(away_block(t)); /* a subscriber misses nothing its inbox had */
-  /* the tree's cores ("inbox:..." input) are replaced by the channel view, not repeated */
+  /* the tree's cores (the inputs) are replaced by the channel view, not repeated; the wire's
+   * "inbox:" marker is nowhere in the messages */
   for (size_t i = 0; i < t->n_messages; i++)
     assert_false(contains(t->messages[i].content, "inbox:"));
   assert_int_equal(t->n_views, 1);
@@ -279,14 +280,26 @@ static void test_autonomy_tick_has_no_obligations_and_no_history(void **state) {
   assert_int_equal(t->n_history, 0);      /* history: none */
   assert_int_equal(t->n_views, 0);
   assert_int_equal(t->tokens.conversation_history, 0);
-  /* messages: the tree whole (the last turn's cores), then the tick at depth 0 */
-  assert_true(find_message(t, "user", "inbox:earlier chatter") >= 0);
+  /* messages: the tree whole (the last turn's cores: its input's words, without the wire's
+   * "inbox:" marker), then the tick at depth 0 */
+  assert_true(find_message(t, "user", "earlier chatter") >= 0);
   assert_true(find_message(t, "assistant", "noted") >= 0);
+  for (size_t i = 0; i < t->n_messages; i++)
+    assert_false(contains(t->messages[i].content, "inbox:"));
   const cph_message *last = &t->messages[t->n_messages - 1];
   assert_string_equal(last->content, "autonomy_tick");
   assert_string_equal(last->coord, "d0, 0, 0");
   assert_inside_window(t);
+  complete(f, t, NULL, NULL, 0);
   cph_op_clear_results(&l2);
+
+  /* the tick's own core keeps its name */
+  cph_op l3;
+  t = lease_tick(f, &l3);
+  assert_true(find_message(t, "user", "autonomy_tick") >= 0 &&
+              find_message(t, "user", "autonomy_tick") < (int)t->n_messages - 1);
+  assert_true(find_message(t, "user", "earlier chatter") >= 0);
+  cph_op_clear_results(&l3);
 }
 
 static void test_small_window_cuts_history_oldest_first(void **state) {
@@ -334,7 +347,7 @@ static void test_tree_nodes_render_around_the_channel_view_without_its_cores(voi
   post(f, "general", "ann", "first", NULL);
   cph_op l;
   cph_turn_info *t = lease(f, &l);
-  complete(f, t, "reply one", NULL, 0); /* the tree now has cores "inbox:first", "reply one" */
+  complete(f, t, "reply one", NULL, 0); /* the tree now has cores "first", "reply one" */
   cph_op_clear_results(&l);
   insert_node(f, "s1", "d-1, 0, 0", "persona: terse");
   insert_node(f, "s1", "d1, 1, 0", "note on the newest history message");
