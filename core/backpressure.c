@@ -13,8 +13,10 @@
 #include "engine_internal.h"
 
 #define CHECK_PERIOD_NS CPH_NS_PER_S
-#define CHANNEL_REC_VERSION 1
-#define CHANNEL_REC_LEN 10 /* version, step, since_ms */
+#define CHANNEL_REC_V1 1
+#define CHANNEL_REC_V1_LEN 10 /* version, step, since_ms */
+#define CHANNEL_REC_VERSION 2
+#define CHANNEL_REC_LEN 27 /* version, step, since_ms, cause, figure, limit */
 #define IDLE_EVICT_S 120   /* a quiet channel at step 0 is forgotten after this */
 #define BUCKETS 60
 #define FAM_SLOT_S 5 /* family growth: a sliding minute of 12 five-second slots */
@@ -32,16 +34,37 @@ typedef struct bp_extra {
   bp_family fams[BP_FAMILIES_TRACKED];
 } bp_extra;
 
+/* What put a channel at its step: the trigger (its figure over its limit at that check), or
+ * the policy's floor or cap. Kept while the channel steps back down; cleared at step 0. */
+enum {
+  BP_CAUSE_NONE,
+  BP_CAUSE_EVENTS,
+  BP_CAUSE_FAMILY,
+  BP_CAUSE_EMBED_QUEUE,
+  BP_CAUSE_MAINTENANCE,
+  BP_CAUSE_POLICY,
+  BP_CAUSE_UNKNOWN, /* a v1 record: stored before causes were */
+  BP_CAUSE_COUNT
+};
+
+typedef struct bp_cause {
+  uint8_t kind; /* BP_CAUSE_* */
+  uint64_t figure, limit;
+} bp_cause;
+
 typedef struct bp_channel {
   char *name;
   uint8_t step;      /* as persisted */
+  bp_cause cause;    /* as persisted: why it is at `step` */
   unsigned triggers; /* CPH_BP_TRIGGER_* at the last check */
   uint32_t calm;     /* consecutive calm intervals */
   int64_t since_ms;  /* when `step` began (dedupe_now_ms scale); 0 = never changed */
   int64_t next_eval_ns;
   uint32_t buckets[BUCKETS]; /* events per engine-clock second, by second % 60 */
+  uint32_t fresh[BUCKETS];   /* of those, the new ones: not a repeat of a tracked family */
   int64_t last_sec;          /* the newest second the buckets hold */
   uint64_t epm;              /* sum of buckets */
+  uint64_t fresh_epm;        /* sum of fresh */
   int64_t last_event_ns;
   bp_extra *x;
 } bp_channel;
@@ -59,6 +82,44 @@ const char *cph_bp_step_name(uint32_t step) {
       "normal",        "aggregate_only", "skip_aggregate_embeddings", "widen_dedupe_window",
       "delay_reports", "drop_payloads"};
   return step <= BP_STEP_MAX ? names[step] : "unknown";
+}
+
+/* NULL for BP_CAUSE_NONE. */
+static const char *cause_name(uint8_t kind) {
+  switch (kind) {
+  case BP_CAUSE_EVENTS: return cph_bp_trigger_name(CPH_BP_TRIGGER_EVENTS);
+  case BP_CAUSE_FAMILY: return cph_bp_trigger_name(CPH_BP_TRIGGER_FAMILY_GROWTH);
+  case BP_CAUSE_EMBED_QUEUE: return cph_bp_trigger_name(CPH_BP_TRIGGER_EMBED_QUEUE);
+  case BP_CAUSE_MAINTENANCE: return cph_bp_trigger_name(CPH_BP_TRIGGER_MAINTENANCE);
+  case BP_CAUSE_POLICY: return "policy";
+  case BP_CAUSE_UNKNOWN: return "unknown";
+  }
+  return NULL;
+}
+
+/* "family_growth 57/min > 50", for the log. */
+static void cause_describe(const bp_cause *c, const cph_policy_channel *cfg, char *buf,
+                           size_t size) {
+  unsigned long long fig = (unsigned long long)c->figure, lim = (unsigned long long)c->limit;
+  switch (c->kind) {
+  case BP_CAUSE_EVENTS:
+  case BP_CAUSE_FAMILY:
+    snprintf(buf, size, "%s %llu/min > %llu", cause_name(c->kind), fig, lim);
+    break;
+  case BP_CAUSE_EMBED_QUEUE:
+    snprintf(buf, size, "%s %llu queued > %llu", cause_name(c->kind), fig, lim);
+    break;
+  case BP_CAUSE_MAINTENANCE:
+    snprintf(buf, size, "%s exhausted at %llu checks in a row > %llu", cause_name(c->kind), fig,
+             lim);
+    break;
+  case BP_CAUSE_POLICY:
+    snprintf(buf, size, "policy: :degrade-to-aggregate-only? %s, :max-step %lld",
+             cfg->degrade_to_aggregate_only ? "true" : "false", (long long)cfg->max_step);
+    break;
+  default:
+    snprintf(buf, size, "%s", cause_name(c->kind) ? cause_name(c->kind) : "none");
+  }
 }
 
 const char *cph_bp_trigger_name(unsigned bit) {
@@ -107,11 +168,14 @@ static void advance(bp_channel *c, int64_t sec) {
     return;
   if (sec - c->last_sec >= BUCKETS) {
     memset(c->buckets, 0, sizeof c->buckets);
-    c->epm = 0;
+    memset(c->fresh, 0, sizeof c->fresh);
+    c->epm = c->fresh_epm = 0;
   } else {
     for (int64_t s = c->last_sec + 1; s <= sec; s++) {
       c->epm -= c->buckets[s % BUCKETS];
+      c->fresh_epm -= c->fresh[s % BUCKETS];
       c->buckets[s % BUCKETS] = 0;
+      c->fresh[s % BUCKETS] = 0;
     }
   }
   c->last_sec = sec;
@@ -135,10 +199,12 @@ static uint64_t family_rate(bp_family *f, int64_t sec) {
   return f->sum;
 }
 
-static void family_grew(bp_channel *c, uint64_t family, int64_t sec) {
+/* Counts a repeat joining family; true when the family was not tracked (new to the channel,
+ * or back after its slot went to a faster one). */
+static bool family_grew(bp_channel *c, uint64_t family, int64_t sec) {
   bp_extra *x = extra_of(c);
   if (!x)
-    return;
+    return true;
   bp_family *f = NULL, *slowest = &x->fams[0];
   for (int i = 0; i < BP_FAMILIES_TRACKED; i++) {
     if (x->fams[i].family == family) {
@@ -148,6 +214,7 @@ static void family_grew(bp_channel *c, uint64_t family, int64_t sec) {
     if (family_rate(&x->fams[i], sec) < family_rate(slowest, sec))
       slowest = &x->fams[i];
   }
+  bool untracked = !f;
   if (!f) {
     f = slowest; /* replaces the slowest-growing (or a free) slot */
     memset(f, 0, sizeof *f);
@@ -157,6 +224,7 @@ static void family_grew(bp_channel *c, uint64_t family, int64_t sec) {
   family_rate(f, sec);
   f->counts[f->slot % FAM_SLOTS]++;
   f->sum++;
+  return untracked;
 }
 
 static uint64_t family_growth(bp_channel *c, int64_t sec) {
@@ -211,13 +279,18 @@ void backpressure_note_event(cph_engine *e, const char *chan, uint64_t family_jo
   c->buckets[sec % BUCKETS]++;
   c->epm++;
   c->last_event_ns = now;
-  if (family_joined)
-    family_grew(c, family_joined, sec);
+  /* New work: a distinct message (a raw memory), or the repeat that starts a family (its
+   * aggregate memory); later repeats of a tracked family make none. */
+  if (!family_joined || family_grew(c, family_joined, sec)) {
+    c->fresh[sec % BUCKETS]++;
+    c->fresh_epm++;
+  }
 }
 
 /* ---------------------------------------------------------------- the check */
 
-static int persist_step(cph_engine *e, const char *name, int step, int64_t since_ms) {
+static int persist_step(cph_engine *e, const char *name, int step, int64_t since_ms,
+                        const bp_cause *cause) {
   cph_txn t;
   int rc = cph_txn_begin_child(&e->txn, &t);
   if (rc)
@@ -232,6 +305,9 @@ static int persist_step(cph_engine *e, const char *name, int step, int64_t since
     v[0] = CHANNEL_REC_VERSION;
     v[1] = (uint8_t)step;
     cph_be64_put(v + 2, (uint64_t)since_ms);
+    v[10] = cause->kind;
+    cph_be64_put(v + 11, cause->figure);
+    cph_be64_put(v + 19, cause->limit);
     cph_txn_put(&t, CPH_DB_CHANNELS, &k, v, sizeof v);
   }
   rc = cph_txn_commit(&t);
@@ -240,19 +316,44 @@ static int persist_step(cph_engine *e, const char *name, int step, int64_t since
   return rc;
 }
 
+/* The engine-wide figures a check compares, taken once per check. */
+typedef struct bp_engine_load {
+  uint64_t total_fresh;   /* new events (no repeats) in the last minute over all channels */
+  uint64_t embed_queue;   /* memories waiting for an embedding */
+  uint64_t embed_limit;   /* :maintenance :embeddings :max-queue */
+  uint64_t maint_streak;  /* checks in a row without maintenance budget while work waited */
+} bp_engine_load;
+
+/* Records a trigger that holds; the first one (in bit order) is the cause. */
+static void trigger_hold(unsigned *t, bp_cause *first, unsigned bit, uint8_t kind,
+                         uint64_t figure, uint64_t limit) {
+  if (!*t)
+    *first = (bp_cause){kind, figure, limit};
+  *t |= bit;
+}
+
+/* The triggers holding for c. Each holds only while its figure is over its limit; a limit of
+ * 0 in the policy is no limit. *first is the first that holds, with its figure and limit. */
 static unsigned triggers_of(bp_channel *c, const cph_policy_channel *cfg, int64_t sec,
-                            uint64_t total_epm, bool embed_full, bool maint_exhausted) {
+                            const bp_engine_load *load, bp_cause *first) {
   unsigned t = 0;
   if (cfg->max_events_per_minute > 0 && c->epm > (uint64_t)cfg->max_events_per_minute)
-    t |= CPH_BP_TRIGGER_EVENTS;
+    trigger_hold(&t, first, CPH_BP_TRIGGER_EVENTS, BP_CAUSE_EVENTS, c->epm,
+                 (uint64_t)cfg->max_events_per_minute);
+  uint64_t growth = family_growth(c, sec);
   if (cfg->max_family_growth_per_minute > 0 &&
-      family_growth(c, sec) > (uint64_t)cfg->max_family_growth_per_minute)
-    t |= CPH_BP_TRIGGER_FAMILY_GROWTH;
-  bool loud = c->epm >= BP_LOUD_MIN_EPM && c->epm * BP_LOUD_SHARE >= total_epm;
-  if (loud && embed_full)
-    t |= CPH_BP_TRIGGER_EMBED_QUEUE;
-  if (loud && maint_exhausted)
-    t |= CPH_BP_TRIGGER_MAINTENANCE;
+      growth > (uint64_t)cfg->max_family_growth_per_minute)
+    trigger_hold(&t, first, CPH_BP_TRIGGER_FAMILY_GROWTH, BP_CAUSE_FAMILY, growth,
+                 (uint64_t)cfg->max_family_growth_per_minute);
+  /* Repeats mint and embed nothing: only a channel's new events make engine-wide work. */
+  bool loud = c->fresh_epm >= BP_LOUD_MIN_EPM &&
+              c->fresh_epm * BP_LOUD_SHARE >= load->total_fresh;
+  if (loud && load->embed_queue > load->embed_limit)
+    trigger_hold(&t, first, CPH_BP_TRIGGER_EMBED_QUEUE, BP_CAUSE_EMBED_QUEUE, load->embed_queue,
+                 load->embed_limit);
+  if (loud && load->maint_streak > BP_MAINT_STREAK_MAX)
+    trigger_hold(&t, first, CPH_BP_TRIGGER_MAINTENANCE, BP_CAUSE_MAINTENANCE,
+                 load->maint_streak, BP_MAINT_STREAK_MAX);
   return t;
 }
 
@@ -292,6 +393,43 @@ static bool idle(const bp_channel *c, int64_t now) {
   return !c->step && !c->epm && now - c->last_event_ns >= IDLE_EVICT_S * CPH_NS_PER_S;
 }
 
+/* Moves c to `step` (persisted first) and says why in one log line. raised: the trigger that
+ * holds, if one does. Up with a trigger: that trigger is the cause. Up without one (the
+ * floor), or down past a lowered :max-step: the policy. Down by recovery: the trigger that
+ * raised it stays the cause, except at the floor (the policy holds it there) and at 0. */
+static void step_change(cph_engine *e, bp_channel *c, const cph_policy_channel *cfg, int step,
+                        const bp_cause *raised, int64_t now_ms) {
+  const bp_cause none = {BP_CAUSE_NONE, 0, 0}, policy = {BP_CAUSE_POLICY, 0, 0};
+  int floor, cap;
+  step_bounds(cfg, &floor, &cap);
+  bool recovery = step < c->step && c->step <= cap;
+  bp_cause cause;
+  if (step > c->step)
+    cause = raised ? *raised : policy;
+  else if (step == 0)
+    cause = none;
+  else if (!recovery || step == floor)
+    cause = policy;
+  else
+    cause = c->cause;
+  if (persist_step(e, c->name, step, now_ms, &cause) != CPH_OK)
+    return; /* tried again at the next check */
+  char why[256], was[128];
+  if (recovery) {
+    cause_describe(&c->cause, cfg, was, sizeof was);
+    snprintf(why, sizeof why, "recovery: calm for %lld intervals of %lld s; raised by %s",
+             (long long)e->policy->backpressure.recover_intervals,
+             (long long)e->policy->backpressure.interval_s, was);
+  } else {
+    cause_describe(&cause, cfg, why, sizeof why);
+  }
+  cph_info("backpressure: channel #%s: step %d -> %d %s (%s)", c->name, c->step, step,
+           cph_bp_step_name((uint32_t)step), why);
+  c->step = (uint8_t)step;
+  c->cause = cause;
+  c->since_ms = now_ms;
+}
+
 void backpressure_tick(cph_engine *e) {
   cph_backpressure *bp = e->bp;
   if (!bp)
@@ -307,16 +445,15 @@ void backpressure_tick(cph_engine *e) {
   cph_lane_stats st;
   cph_sched_lane_stats(e->sched, CPH_LANE_MAINTENANCE, &st);
   bp->maint_streak = !st.has_budget && st.runnable > 0 ? bp->maint_streak + 1 : 0;
-  bool maint_exhausted = bp->maint_streak >= BP_MAINT_STREAK;
-  bool embed_full = e->embed_queue_len > (uint64_t)p->maintenance.embeddings.max_queue;
+  bp_engine_load load = {0, e->embed_queue_len, (uint64_t)p->maintenance.embeddings.max_queue,
+                         bp->maint_streak};
 
   /* O(tracked channels) once a second: channels quiet for IDLE_EVICT_S at step 0 leave. */
-  uint64_t total = 0;
   for (size_t i = 0; i < bp->channels.cap; i++)
     if (bp->channels.slots[i].key) {
       bp_channel *c = bp->channels.slots[i].value;
       advance(c, sec);
-      total += c->epm;
+      load.total_fresh += c->fresh_epm;
     }
   size_t n_idle = 0;
   bp_channel **gone = malloc((bp->channels.len ? bp->channels.len : 1) * sizeof *gone);
@@ -325,15 +462,12 @@ void backpressure_tick(cph_engine *e) {
       continue;
     bp_channel *c = bp->channels.slots[i].value;
     const cph_policy_channel *cfg = cph_policy_backpressure_for(p, c->name);
-    unsigned trig = triggers_of(c, cfg, sec, total, embed_full, maint_exhausted);
+    bp_cause first = {0};
+    unsigned trig = triggers_of(c, cfg, sec, &load, &first);
     int step = next_step(e, c, trig, now);
     c->triggers = trig;
-    if (step != c->step && persist_step(e, c->name, step, now_ms) == CPH_OK) {
-      cph_info("backpressure: channel \"%s\" step %d -> %d (%s)", c->name, c->step, step,
-               cph_bp_step_name((uint32_t)step));
-      c->step = (uint8_t)step;
-      c->since_ms = now_ms;
-    }
+    if (step != c->step)
+      step_change(e, c, cfg, step, trig ? &first : NULL, now_ms);
     if (gone && idle(c, now))
       gone[n_idle++] = c;
   }
@@ -364,14 +498,17 @@ int backpressure_open(cph_engine *e, cph_err *err) {
     for (rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
       const uint8_t *d = v.data;
       const char *name = k.data;
+      bool v1 = v.len == CHANNEL_REC_V1_LEN && d[0] == CHANNEL_REC_V1;
+      bool v2 = v.len == CHANNEL_REC_LEN && d[0] == CHANNEL_REC_VERSION &&
+                d[10] < BP_CAUSE_COUNT;
       if (k.len < 2 || name[k.len - 1] != '\0' || memchr(name, '\0', k.len - 1) ||
-          v.len != CHANNEL_REC_LEN || d[0] != CHANNEL_REC_VERSION || d[1] > BP_STEP_MAX) {
+          !(v1 || v2) || d[1] > BP_STEP_MAX) {
         char desc[160];
         cph_key_describe(k.data, k.len, desc, sizeof desc);
         cph_err_set(err, CPH_ECORRUPT,
                     "corrupt record in database \"channels\" at key %s: %zu bytes, expected a "
-                    "v%d channel step",
-                    desc, v.len, CHANNEL_REC_VERSION);
+                    "v%d or v%d channel step",
+                    desc, v.len, CHANNEL_REC_V1, CHANNEL_REC_VERSION);
         rc = CPH_ECORRUPT;
         break;
       }
@@ -382,6 +519,10 @@ int backpressure_open(cph_engine *e, cph_err *err) {
       }
       ch->step = d[1];
       ch->since_ms = (int64_t)cph_be64_get(d + 2);
+      if (v2)
+        ch->cause = (bp_cause){d[10], cph_be64_get(d + 11), cph_be64_get(d + 19)};
+      else
+        ch->cause = (bp_cause){ch->step ? BP_CAUSE_UNKNOWN : BP_CAUSE_NONE, 0, 0};
       ch->last_event_ns = now;
       ch->next_eval_ns = now + e->policy->backpressure.interval_s * CPH_NS_PER_S;
     }
@@ -416,6 +557,31 @@ void backpressure_foreach(cph_engine *e, void (*fn)(void *ctx, const char *chan,
       const bp_channel *c = e->bp->channels.slots[i].value;
       fn(ctx, c->name, effective_step(e->policy, c->name, c));
     }
+}
+
+/* Why the channel is at its effective step: its stored cause, or the policy when the floor or
+ * :max-step makes the effective step differ from the stored one (before the next check). */
+static cph_bp_cause cause_info(const cph_policy *p, const char *name, const bp_channel *c) {
+  cph_bp_cause out = {0};
+  int step = effective_step(p, name, c);
+  if (step == 0)
+    return out;
+  uint8_t kind = c && c->step == step ? c->cause.kind : BP_CAUSE_POLICY;
+  if (kind == BP_CAUSE_NONE)
+    kind = BP_CAUSE_UNKNOWN; /* not written so; never without a reason */
+  out.name = cause_name(kind);
+  out.has_figure = kind != BP_CAUSE_POLICY && kind != BP_CAUSE_UNKNOWN;
+  if (out.has_figure) {
+    out.figure = c->cause.figure;
+    out.limit = c->cause.limit;
+  }
+  return out;
+}
+
+const char *backpressure_trigger(cph_engine *e, const char *chan) {
+  const bp_channel *c = e->bp ? cph_hmap_get(&e->bp->channels, chan) : NULL;
+  const char *name = cause_info(e->policy, chan, c).name;
+  return name ? name : "none";
 }
 
 /* ---------------------------------------------------------------- GET /v1/channels/{id} */
@@ -464,6 +630,7 @@ int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph
   int64_t sec = engine_now(e) / CPH_NS_PER_S;
   out->step = (uint32_t)effective_step(p, id, c);
   out->step_name = cph_bp_step_name(out->step);
+  out->trigger = cause_info(p, id, c);
   if (c) {
     advance(c, sec);
     out->events_per_minute = c->epm;

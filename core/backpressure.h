@@ -8,11 +8,14 @@
  *   events       events in the last 60 s > :max-events-per-minute (0 = no limit);
  *   family       one family grew by more than :max-family-growth-per-minute (0 = no limit);
  *   embed_queue  e->embed_queue_len > :maintenance :embeddings :max-queue;
- *   maintenance  the maintenance lane had no budget while work waited at BP_MAINT_STREAK
- *                consecutive checks.
- * The last two are engine-wide; they apply only to loud channels (at least BP_LOUD_MIN_EPM
- * events in the last minute and at least 1/BP_LOUD_SHARE of all events), so quiet channels
- * are never degraded for load they did not cause.
+ *   maintenance  the maintenance lane had no budget while work waited at more than
+ *                BP_MAINT_STREAK_MAX consecutive checks.
+ * A trigger holds only while its figure is over its limit. The last two are engine-wide; they
+ * apply only to loud channels: at least BP_LOUD_MIN_EPM new events in the last minute and at
+ * least 1/BP_LOUD_SHARE of all new events, where new means anything but a further repeat of a
+ * family the channel tracks (such a repeat mints and embeds nothing; the repeat that starts a
+ * family mints its aggregate memory and counts). So channels are never degraded for load they
+ * did not cause — quiet ones, and ones whose traffic is one alert repeated.
  *
  * Steps: while a trigger holds the channel degrades one step per :backpressure :interval-s —
  * the first step at once, the next ones an interval apart — never beyond its :max-step:
@@ -33,9 +36,17 @@
  * Aggregate-only does not hide the channel's traffic from its sessions: near duplicates fold
  * into counted inbox entries there (ingest.c, DESIGN §5), and nothing routed vanishes.
  *
- * The step persists in CPH_DB_CHANNELS (channel -> 10 bytes: version 1, step, since_ms; no
- * record = step 0), written in a child txn of the pass; memory follows only after it
- * committed. The hysteresis counters are not persisted: a restart starts them afresh. */
+ * Causes: every step change names why, in one log line ("backpressure: channel #ops: step
+ * 0 -> 1 aggregate_only (family_growth 57/min > 50)"), and the channel keeps it as its cause
+ * (cph_channel_info.trigger, the metric's trigger label): the first trigger holding at that
+ * check (events, family, embed_queue, maintenance) with its figure and limit; "policy" when
+ * the floor raised it or a lowered :max-step capped it, or when recovery reached the floor.
+ * Recovering above the floor keeps the trigger that raised it; step 0 has none.
+ *
+ * The step persists in CPH_DB_CHANNELS (channel -> 27 bytes: version 2, step, since_ms, cause,
+ * figure, limit; version 1 had the first three, its cause reads "unknown"; no record = step
+ * 0), written in a child txn of the pass; memory follows only after it committed. The
+ * hysteresis counters are not persisted: a restart starts them afresh. */
 #ifndef CEPHALON_CORE_BACKPRESSURE_H
 #define CEPHALON_CORE_BACKPRESSURE_H
 
@@ -57,7 +68,7 @@ enum {
 };
 
 #define BP_DEDUPE_WIDEN 4        /* step 3 multiplies the dedupe window by this */
-#define BP_MAINT_STREAK 3        /* checks in a row without maintenance budget */
+#define BP_MAINT_STREAK_MAX 2    /* checks in a row without maintenance budget tolerated */
 #define BP_LOUD_MIN_EPM 60       /* engine-wide triggers: a channel's events per minute ... */
 #define BP_LOUD_SHARE 4          /* ... and at least 1/4 of all events */
 #define BP_FAMILIES_TRACKED 8    /* families per channel whose growth is tracked */
@@ -78,6 +89,10 @@ void backpressure_note_event(struct cph_engine *e, const char *chan, uint64_t fa
 /* The check, from reconcile (engine clock; works at most once a second): triggers, steps,
  * persistence, due aggregate notices, and dedupe upkeep. */
 void backpressure_tick(struct cph_engine *e);
+
+/* The name of what holds the channel at its effective step (cph_channel_info.trigger.name),
+ * "none" at step 0: the per-channel metric's trigger label. O(1). */
+const char *backpressure_trigger(struct cph_engine *e, const char *chan);
 
 /* Every channel the engine tracks with its effective step (for the per-channel metric). */
 void backpressure_foreach(struct cph_engine *e, void (*fn)(void *ctx, const char *chan, int step),

@@ -62,15 +62,51 @@ static char *concat3(const char *a, const char *b, const char *c) {
   return s;
 }
 
-/* A message's content: another agent speaks as "[name] body"; anyone else as the body. */
-static char *say(bool agent, const char *sender, const char *body) {
-  if (!agent)
+/* How a sender speaks in a message (DESIGN §6 channel views). */
+typedef enum speaker { SPEAKER_OWN, SPEAKER_AGENT, SPEAKER_USER } speaker;
+
+/* A message's content: another agent speaks as "[name] body"; a user as "name: body" when
+ * several people speak in the turn (`several`), else as the body; the session as the body. */
+static char *say(speaker who, bool several, const char *sender, const char *body) {
+  const char *fmt = who == SPEAKER_AGENT               ? "[%s] %s"
+                    : who == SPEAKER_USER && several ? "%s: %s"
+                                                     : NULL;
+  if (!fmt)
     return strdup(body);
   size_t n = strlen(sender) + strlen(body) + 4;
   char *s = malloc(n);
   if (s)
-    snprintf(s, n, "[%s] %s", sender, body);
+    snprintf(s, n, fmt, sender, body);
   return s;
+}
+
+/* Bytes say() writes at most for a user's message whatever `several` (the budget counts the
+ * prefix whenever it may be there). */
+static size_t said_len(speaker who, const char *sender, const char *body) {
+  size_t prefix = who == SPEAKER_AGENT ? strlen(sender) + 3
+                  : who == SPEAKER_USER ? strlen(sender) + 2
+                                        : 0;
+  return prefix + strlen(body);
+}
+
+/* A sender as OpenAI's message `name` (^[a-zA-Z0-9_-]{1,64}$): every other character (one
+ * UTF-8 sequence, or one stray byte) becomes '_', cut at 64 bytes; an empty sender is
+ * "user". The text keeps the real sender. */
+static char *openai_name(const char *sender) {
+  char out[65];
+  size_t o = 0;
+  const unsigned char *p = (const unsigned char *)sender;
+  while (*p && o < 64) {
+    unsigned char ch = *p++;
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '-';
+    out[o++] = ok ? (char)ch : '_';
+    if (ch >= 0xC0)
+      while ((*p & 0xC0) == 0x80)
+        p++; /* the rest of that character */
+  }
+  out[o] = '\0';
+  return strdup(o ? out : "user");
 }
 
 /* A set of u64 ids: append, then sort once, then look up. */
@@ -141,6 +177,7 @@ typedef struct ritem {
   cph_coord at;
   const char *role;
   char *content; /* owned */
+  char *name;    /* owned; user messages only */
 } ritem;
 
 typedef struct ctx {
@@ -357,10 +394,14 @@ static int entry_push(ctx *c, const hentry *h) {
 /* Bytes of "[sender] body". */
 static size_t prefixed_len(const hentry *h) { return strlen(h->sender) + 3 + strlen(h->body); }
 
+static speaker speaker_of(const hentry *h) {
+  return h->own ? SPEAKER_OWN : h->agent ? SPEAKER_AGENT : SPEAKER_USER;
+}
+
 /* What a history message of the view costs (the away block's lines cost less each, and the
  * block once its header; see select_view). */
 static uint64_t view_cost(const hentry *h) {
-  return tok_len(h->agent ? prefixed_len(h) : strlen(h->body)) + ITEM_OVERHEAD;
+  return tok_len(said_len(speaker_of(h), h->sender, h->body)) + ITEM_OVERHEAD;
 }
 
 static uint64_t section_cost(const hentry *h, const char *channel_name) {
@@ -909,25 +950,62 @@ static bool tree_core(const cph_pact_node *n) { return n->role != NULL; }
 static bool tree_history_core(const cph_pact_node *n) { return n->role && n->at.depth >= 1; }
 
 static void ritems_free(ritem *v, size_t n) {
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     free(v[i].content);
+    free(v[i].name);
+  }
   free(v);
 }
 
+static const char *role_name(speaker who) {
+  return who == SPEAKER_OWN ? "assistant" : who == SPEAKER_AGENT ? "system" : "user";
+}
+
+/* Appends one core message; content is handed over (NULL: out of memory). */
 static int add_ritem(ritem *v, size_t *n, int32_t depth, const char *role, char *content) {
   if (!content)
     return CPH_ENOMEM;
-  v[(*n)++] = (ritem){{depth, 0, 0}, role, content};
+  v[(*n)++] = (ritem){{depth, 0, 0}, role, content, NULL};
   return CPH_OK;
 }
 
-static const char *role_of(const ctx *c, const char *sender, bool *agent) {
-  if (strcmp(sender, c->s->id) == 0) {
-    *agent = false;
-    return "assistant";
+/* Appends what sender said (content handed over) in its role; a user's message carries the
+ * sender as its name. */
+static int add_said(ritem *v, size_t *n, int32_t depth, speaker who, const char *sender,
+                    char *content) {
+  int rc = add_ritem(v, n, depth, role_name(who), content);
+  if (rc == CPH_OK && who == SPEAKER_USER && !(v[*n - 1].name = openai_name(sender)))
+    rc = CPH_ENOMEM;
+  return rc;
+}
+
+static speaker speaker_by_name(const ctx *c, const char *sender) {
+  if (strcmp(sender, c->s->id) == 0)
+    return SPEAKER_OWN;
+  return engine_session(c->e, sender) ? SPEAKER_AGENT : SPEAKER_USER;
+}
+
+/* Whether several distinct people (users: neither the session nor another agent) speak in
+ * the turn's channel-view messages: the history shown, the away block and the triggers. */
+static bool several_people(const ctx *c) {
+  const char *first = NULL;
+  for (size_t i = 0; i < c->n_entries; i++) {
+    const hentry *h = &c->entries[i];
+    if (!h->in_messages || speaker_of(h) != SPEAKER_USER)
+      continue;
+    if (first && strcmp(first, h->sender) != 0)
+      return true;
+    first = h->sender;
   }
-  *agent = engine_session(c->e, sender) != NULL;
-  return *agent ? "system" : "user";
+  for (size_t i = 0; i < c->ti->n_staged; i++) {
+    const char *sender = c->ti->staged[i].sender;
+    if (speaker_by_name(c, sender) != SPEAKER_USER)
+      continue;
+    if (first && strcmp(first, sender) != 0)
+      return true;
+    first = sender;
+  }
+  return false;
 }
 
 /* The channel view as core messages in render order: history (depth k..1, the away block the
@@ -944,13 +1022,14 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
     return CPH_ENOMEM;
   size_t n = 0;
   int rc = CPH_OK;
+  bool several = several_people(c);
   int32_t depth = (int32_t)(seen + (away ? 1 : 0));
   for (size_t i = 0; rc == CPH_OK && i < c->n_entries; i++) {
     const hentry *h = &c->entries[i];
     if (!h->in_messages || h->away)
       continue;
-    const char *role = h->own ? "assistant" : h->agent ? "system" : "user";
-    rc = add_ritem(v, &n, depth--, role, say(h->agent, h->sender, h->body));
+    speaker who = speaker_of(h);
+    rc = add_said(v, &n, depth--, who, h->sender, say(who, several, h->sender, h->body));
   }
   if (rc == CPH_OK && away) {
     cph_buf b = CPH_BUF_INIT;
@@ -964,9 +1043,8 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
   }
   for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++) {
     const cph_staged_msg *m = &ti->staged[i];
-    bool agent;
-    const char *role = role_of(c, m->sender, &agent);
-    rc = add_ritem(v, &n, 0, role, say(agent, m->sender, m->body ? m->body : ""));
+    speaker who = speaker_by_name(c, m->sender);
+    rc = add_said(v, &n, 0, who, m->sender, say(who, several, m->sender, m->body ? m->body : ""));
   }
   if (rc) {
     ritems_free(v, n);
@@ -977,15 +1055,17 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
   return CPH_OK;
 }
 
-/* Appends a message; `owned`, when set, is content handed over (no copy). */
+/* Appends a message; `owned`, when set, is content handed over (no copy); name (may be NULL)
+ * is handed over. */
 static int push_message(cph_turn_info *ti, const char *role, const char *content, char *owned,
-                        const cph_coord *at) {
+                        char *name, const cph_coord *at) {
   char coord[CORE_COORD_MAX];
   cph_coord_format(at, coord);
   cph_message *m = &ti->messages[ti->n_messages++];
   m->role = strdup(role);
   m->content = owned ? owned : strdup(content ? content : "");
   m->coord = strdup(coord);
+  m->name = name;
   ti->tokens.messages = clamp32((uint64_t)ti->tokens.messages + message_cost(m->content));
   return m->role && m->content && m->coord ? CPH_OK : CPH_ENOMEM;
 }
@@ -1003,9 +1083,7 @@ static uint64_t fixed_messages_cost(ctx *c) {
   if (c->inbox) {
     for (size_t i = 0; i < c->ti->n_staged; i++) {
       const cph_staged_msg *m = &c->ti->staged[i];
-      bool agent;
-      role_of(c, m->sender, &agent);
-      cost += tok_len((m->body ? strlen(m->body) : 0) + (agent ? strlen(m->sender) + 3 : 0)) +
+      cost += tok_len(said_len(speaker_by_name(c, m->sender), m->sender, m->body ? m->body : "")) +
               ITEM_OVERHEAD;
     }
   } else {
@@ -1063,7 +1141,7 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     rc = CPH_ENOMEM;
   if (rc == CPH_OK && c->rec->system) {
     cph_coord sys = {-1, 0, 0};
-    rc = push_message(ti, "system", c->rec->system, NULL, &sys);
+    rc = push_message(ti, "system", c->rec->system, NULL, NULL, &sys);
   }
   /* Merge two lists already in render order; a channel-view core goes first on a tie. */
   size_t i = 0, j = 0;
@@ -1074,11 +1152,11 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     }
     const cph_pact_node *nd = i < live ? &c->tree.nodes[idx[i]] : NULL;
     if (j < n_extra && (!nd || coord_cmp(&extra[j].at, &nd->at) <= 0)) {
-      rc = push_message(ti, extra[j].role, NULL, extra[j].content, &extra[j].at);
-      extra[j].content = NULL; /* the message owns it now */
+      rc = push_message(ti, extra[j].role, NULL, extra[j].content, extra[j].name, &extra[j].at);
+      extra[j].content = extra[j].name = NULL; /* the message owns them now */
       j++;
     } else {
-      rc = push_message(ti, nd->role ? nd->role : "system", nd->content, NULL, &nd->at);
+      rc = push_message(ti, nd->role ? nd->role : "system", nd->content, NULL, NULL, &nd->at);
       i++;
     }
   }

@@ -41,7 +41,8 @@
  * ---- messages: the rendered PACT tree combined with the channel view ----
  * The PACT tree (core/pact.h) holds the session's system nodes (depth -1), components
  * (position >= 1 or offset != 0, or any node without a role) and message cores (nodes with a
- * role: the input and reply of every completed turn). The rule that avoids duplication:
+ * role: the input and reply of every completed turn; an inbox turn's input as its words, the
+ * wire's "inbox:" marker left off, an autonomy tick's as "autonomy_tick"). The rule that avoids duplication:
  *   - On an inbox turn the channel view supplies the message cores and the tree's message
  *     cores are not rendered. The cores are the session's own past inputs and replies; the
  *     channel log holds the same conversation message by message with the right speakers,
@@ -75,6 +76,12 @@
  *     AWAY" followed by a "[sender] body" line each, oldest first;
  *   - then the triggering staged message(s) at depth 0 (users `user`, agents `system`
  *     "[name] body"), in staged order (mentions first, then oldest).
+ * Every `user` message carries its sender as `name` (OpenAI's participant field, so the
+ * sender sanitised to ^[a-zA-Z0-9_-]{1,64}$: any other character becomes '_'). When several
+ * distinct people (users, not agents) speak in the turn's view — history, away block and
+ * triggers together — each user message's content is "sender: body" with the real sender;
+ * with one person it is the body. Budgets count that prefix for every user message (it may
+ * be there), so the choice, made after the history is cut, never breaks the window.
  * This turn's staged messages never appear in the history or away block; messages waiting
  * in the session's inbox (pending, or staged beyond this turn's batch) are left out entirely:
  * they will come as triggers of a later turn.

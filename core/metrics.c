@@ -15,16 +15,16 @@
 /* ================================================================ registry */
 
 struct metric_series {
-  char *label_value; /* NULL: the family has no label */
-  const char *extra_name; /* NULL, or one more label before the family's (borrowed) */
-  char *extra_value;
+  char *label_values[METRIC_LABELS_MAX]; /* one per label of the family */
   uint64_t counter;
   double gauge;
   metric_hist *hist; /* histograms only */
 };
 
 struct metric_family {
-  const char *name, *help, *label;
+  const char *name, *help;
+  const char *labels[METRIC_LABELS_MAX];
+  size_t n_labels;
   metric_type type;
   const double *bounds;
   size_t n_bounds;
@@ -69,8 +69,8 @@ void metric_registry_free(metric_registry *r) {
   for (size_t i = 0; i < r->n; i++) {
     metric_family *f = r->families[i];
     for (size_t j = 0; j < f->n_series; j++) {
-      free(f->series[j].label_value);
-      free(f->series[j].extra_value);
+      for (size_t k = 0; k < f->n_labels; k++)
+        free(f->series[j].label_values[k]);
       free(f->series[j].hist);
     }
     free(f->series);
@@ -100,7 +100,8 @@ metric_family *metric_family_add(metric_registry *r, const char *name, metric_ty
   }
   f->name = name;
   f->help = help;
-  f->label = label;
+  if (label)
+    f->labels[f->n_labels++] = label;
   f->type = type;
   if (type == METRIC_HISTOGRAM) {
     f->bounds = bounds;
@@ -110,7 +111,18 @@ metric_family *metric_family_add(metric_registry *r, const char *name, metric_ty
   return f;
 }
 
+bool metric_family_add_label(metric_family *f, const char *label) {
+  if (!f || f->n_series || f->n_labels == METRIC_LABELS_MAX)
+    return false;
+  f->labels[f->n_labels++] = label;
+  return true;
+}
+
 metric_series *metric_series_add(metric_family *f, const char *label_value) {
+  return metric_series_addv(f, &label_value);
+}
+
+metric_series *metric_series_addv(metric_family *f, const char *const *label_values) {
   if (!f)
     return NULL;
   if (f->n_series == f->cap_series) {
@@ -124,13 +136,17 @@ metric_series *metric_series_add(metric_family *f, const char *label_value) {
     f->cap_series = cap;
   }
   metric_series s = {0};
-  if (f->label && !(s.label_value = strdup(label_value ? label_value : ""))) {
-    f->failed = true;
-    return NULL;
-  }
+  for (size_t k = 0; k < f->n_labels; k++)
+    if (!(s.label_values[k] = strdup(label_values[k] ? label_values[k] : ""))) {
+      while (k-- > 0)
+        free(s.label_values[k]);
+      f->failed = true;
+      return NULL;
+    }
   if (f->type == METRIC_HISTOGRAM) {
     if (!(s.hist = malloc(sizeof *s.hist))) {
-      free(s.label_value);
+      for (size_t k = 0; k < f->n_labels; k++)
+        free(s.label_values[k]);
       f->failed = true;
       return NULL;
     }
@@ -138,24 +154,6 @@ metric_series *metric_series_add(metric_family *f, const char *label_value) {
   }
   f->series[f->n_series] = s;
   return &f->series[f->n_series++];
-}
-
-metric_series *metric_series_add_extra(metric_family *f, const char *label_value,
-                                       const char *extra_name, const char *extra_value) {
-  char *copy = strdup(extra_value ? extra_value : "");
-  if (!copy) {
-    if (f)
-      f->failed = true;
-    return NULL;
-  }
-  metric_series *s = metric_series_add(f, label_value);
-  if (!s) {
-    free(copy);
-    return NULL;
-  }
-  s->extra_name = extra_name;
-  s->extra_value = copy;
-  return s;
 }
 
 void metric_counter_set(metric_series *s, uint64_t v) {
@@ -269,33 +267,31 @@ static const char *type_name(metric_type t) {
   return "untyped";
 }
 
-/* name[suffix]{label="value",le="bound"} — the braces only when there is a label. */
+/* name[suffix]{label="value",...,le="bound"} — the braces only when there is a label. */
 static void put_sample_name(cph_buf *out, const metric_family *f, const char *suffix,
                             const metric_series *s, const char *le) {
   cph_buf_puts(out, f->name);
   if (suffix)
     cph_buf_puts(out, suffix);
-  if (!f->label && !le && !s->extra_name)
-    return;
-  cph_buf_putc(out, '{');
-  if (s->extra_name) {
-    cph_buf_puts(out, s->extra_name);
+  /* A label whose value is empty is left out: Prometheus reads an empty label as absent, so
+   * one family may hold series with and without it (cephalon_tool_calls_total's totals). */
+  size_t written = 0;
+  for (size_t k = 0; k < f->n_labels; k++) {
+    if (!s->label_values[k] || !*s->label_values[k])
+      continue;
+    cph_buf_putc(out, written++ ? ',' : '{');
+    cph_buf_puts(out, f->labels[k]);
     cph_buf_puts(out, "=\"");
-    put_escaped(out, s->extra_value, true);
-    cph_buf_puts(out, f->label || le ? "\"," : "\"");
-  }
-  if (f->label) {
-    cph_buf_puts(out, f->label);
-    cph_buf_puts(out, "=\"");
-    put_escaped(out, s->label_value ? s->label_value : "", true);
+    put_escaped(out, s->label_values[k], true);
     cph_buf_putc(out, '"');
   }
   if (le) {
-    cph_buf_puts(out, f->label ? ",le=\"" : "le=\"");
+    cph_buf_puts(out, written++ ? ",le=\"" : "{le=\"");
     cph_buf_puts(out, le);
     cph_buf_putc(out, '"');
   }
-  cph_buf_putc(out, '}');
+  if (written)
+    cph_buf_putc(out, '}');
 }
 
 static void put_u64_line(cph_buf *out, uint64_t v) {
@@ -632,14 +628,16 @@ static void add_turn_outcomes(cph_engine *e, metric_registry *r) {
       "Tool calls reported in completions' tool_stats: without a tool label the totals of "
       "tool_stats.valid/invalid; with one, tool_stats.tools per tool (valid = ran fine, "
       "invalid = refused for its arguments, error = ran and failed).",
-      "result", NULL, 0);
-  metric_counter_set(metric_series_add(f, "valid"), l->tool_valid);
-  metric_counter_set(metric_series_add(f, "invalid"), l->tool_invalid);
+      "tool", NULL, 0);
+  metric_family_add_label(f, "result");
+  const char *totals[2][2] = {{NULL, "valid"}, {NULL, "invalid"}}; /* no tool label */
+  metric_counter_set(metric_series_addv(f, totals[0]), l->tool_valid);
+  metric_counter_set(metric_series_addv(f, totals[1]), l->tool_invalid);
   for (size_t i = 0; i < m->n_tools; i++)
-    for (int k = 0; k < TOOL_RESULTS; k++)
-      metric_counter_set(
-          metric_series_add_extra(f, tool_result_names[k], "tool", m->tools[i].name),
-          m->tools[i].n[k]);
+    for (int k = 0; k < TOOL_RESULTS; k++) {
+      const char *values[2] = {m->tools[i].name, tool_result_names[k]};
+      metric_counter_set(metric_series_addv(f, values), m->tools[i].n[k]);
+    }
   add_lane_counter(r, "cephalon_turn_tokens_total",
                    "Tokens charged by completed turns (complete's cost.tokens), by lane.",
                    l->tokens);
@@ -701,11 +699,18 @@ static void add_dedupe(cph_engine *e, metric_registry *r) {
 }
 
 typedef struct bp_scan {
+  cph_engine *e;
   const cph_policy *policy;
   metric_family *family;
   size_t exported;
   uint64_t degraded;
 } bp_scan;
+
+/* One channel's step, labelled with what holds it there (backpressure_trigger). */
+static void bp_series(cph_engine *e, metric_family *f, const char *chan, int step) {
+  const char *labels[2] = {chan, backpressure_trigger(e, chan)};
+  metric_gauge_set(metric_series_addv(f, labels), step);
+}
 
 static void bp_visit(void *ctx, const char *chan, int step) {
   bp_scan *b = ctx;
@@ -714,7 +719,7 @@ static void bp_visit(void *ctx, const char *chan, int step) {
   if (step > 0)
     b->degraded++;
   if (step > 0 && b->exported < METRICS_BP_CHANNELS_MAX) {
-    metric_gauge_set(metric_series_add(b->family, chan), step);
+    bp_series(b->e, b->family, chan, step);
     b->exported++;
   }
 }
@@ -724,16 +729,18 @@ static void bp_visit(void *ctx, const char *chan, int step) {
  * minutes or a persisted step — which its own once-a-second check walks anyway. */
 static void add_backpressure(cph_engine *e, metric_registry *r) {
   const cph_policy *p = e->policy;
-  bp_scan b = {p, NULL, 0, 0};
+  bp_scan b = {e, p, NULL, 0, 0};
   b.family = metric_family_add(
       r, "cephalon_backpressure_step", METRIC_GAUGE,
       "Backpressure degrade step (0 normal .. 5 drop payloads) of channels with a policy "
-      "override, and of at most 200 other degraded channels.",
+      "override, and of at most 200 other degraded channels; trigger: what holds the channel "
+      "at its step (a trigger's name, policy, or none at step 0).",
       "channel", NULL, 0);
+  metric_family_add_label(b.family, "trigger");
   for (size_t i = 0; i < p->backpressure.channel_count; i++) {
     const char *chan = p->backpressure.channels[i].channel;
     int step = backpressure_step(e, chan);
-    metric_gauge_set(metric_series_add(b.family, chan), step);
+    bp_series(e, b.family, chan, step);
     b.degraded += step > 0;
   }
   backpressure_foreach(e, bp_visit, &b);

@@ -2,8 +2,8 @@
  *
  * 1. A small registry and the Prometheus text exposition writer (format 0.0.4). A registry
  *    holds families in the order they were added; a family has a name (units in it:
- *    `_seconds`, `_bytes`, counters end in `_total`), a HELP text, a type and at most one
- *    label; a series is one label value's sample. Counters hold exact integers (uint64,
+ *    `_seconds`, `_bytes`, counters end in `_total`), a HELP text, a type and up to
+ *    METRIC_LABELS_MAX labels; a series is one sample, with a value for each label. Counters hold exact integers (uint64,
  *    saturating), gauges doubles, histograms fixed buckets (metric_hist). The writer emits
  *    `# HELP` and `# TYPE` for every family — also one without series — then its samples;
  *    histograms as cumulative `_bucket{le=...}` lines ending in `le="+Inf"`, then `_sum` and
@@ -62,6 +62,8 @@ typedef struct metric_series metric_series;
 metric_registry *metric_registry_new(void);
 void metric_registry_free(metric_registry *r);
 
+#define METRIC_LABELS_MAX 2
+
 /* Adds a family. name, help and label (NULL: no label) are borrowed: they must outlive the
  * registry. For a histogram, bounds/n_bounds give its buckets (borrowed likewise; ignored
  * otherwise). NULL on out of memory (the registry then reports it at write). */
@@ -69,15 +71,16 @@ metric_family *metric_family_add(metric_registry *r, const char *name, metric_ty
                                  const char *help, const char *label, const double *bounds,
                                  size_t n_bounds);
 
+/* Appends a label name (borrowed) to a family that has no series yet; false when it has or
+ * already has METRIC_LABELS_MAX labels. */
+bool metric_family_add_label(metric_family *f, const char *label);
+
 /* Appends a series. label_value is copied (NULL for a family without a label). A family
  * keeps series in the order added and does not look for repeats: each label value once.
  * NULL on out of memory. */
 metric_series *metric_series_add(metric_family *f, const char *label_value);
-/* The same with one more label written before the family's: name{extra="v",label="w"}.
- * extra_name is borrowed (like the family's label), extra_value copied. A family may mix
- * series with and without it (cephalon_tool_calls_total: the totals and the per-tool ones). */
-metric_series *metric_series_add_extra(metric_family *f, const char *label_value,
-                                       const char *extra_name, const char *extra_value);
+/* The same for a family with several labels: one value per label, in the labels' order. */
+metric_series *metric_series_addv(metric_family *f, const char *const *label_values);
 
 /* Sample values; each applies to the series' type only (a mismatch is ignored). */
 void metric_counter_set(metric_series *s, uint64_t v);

@@ -619,6 +619,7 @@ void cph_seals_free(cph_seal_info *seals, size_t n) {
       free(seals[i].messages[j].role);
       free(seals[i].messages[j].content);
       free(seals[i].messages[j].coord);
+      free(seals[i].messages[j].name);
     }
     free(seals[i].messages);
   }

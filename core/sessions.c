@@ -440,6 +440,8 @@ static void session_update(cph_engine *e, cph_op *op) {
   /* Keep the record's own arrays to free them after the borrowed ones were written. */
   cph_session_rec own = r;
   rec_apply(&r, in, set);
+  if ((set & CPH_SET_WINDOW) && !r.context_window_tokens) /* null or 0: as on create */
+    r.context_window_tokens = (uint32_t)e->policy->sessions.context_window_tokens;
   r.updated_ms = cph_wall_ms();
   r.episode = s->episode;
   r.credits = cph_sched_credits(e->sched, s->sid);

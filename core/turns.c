@@ -50,6 +50,7 @@ void cph_turn_info_free(cph_turn_info *t) {
     free(t->messages[i].role);
     free(t->messages[i].content);
     free(t->messages[i].coord);
+    free(t->messages[i].name);
   }
   free(t->messages);
   context_turn_free(t);
@@ -351,6 +352,19 @@ static int staged_fill(cph_txn *t, const csession *s, const inbox_item *it, cph_
   return rc;
 }
 
+/* An inbox turn's `input` on the wire: this marker, then the staged bodies (DESIGN §4). */
+#define INBOX_INPUT_MARK "inbox:"
+
+/* What a completed turn's input leaves in the session's tree as its user core (DESIGN §6):
+ * the words, without the wire's "inbox:" marker; any other input as it is ("autonomy_tick"). */
+static const char *input_core_text(const cph_turn_rec *tr) {
+  const char *in = tr->input ? tr->input : "";
+  size_t mark = sizeof INBOX_INPUT_MARK - 1;
+  if (tr->kind == CPH_TURN_INBOX && strncmp(in, INBOX_INPUT_MARK, mark) == 0)
+    return in + mark;
+  return in;
+}
+
 /* Fills ti from the session record, the staged items and the scheduler; reads (and counts
  * memory accesses) through t. The sections and messages are core/context.c's. */
 static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items, size_t n,
@@ -373,7 +387,7 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
   ti->episode = s->episode;
   ti->staged = calloc(n ? n : 1, sizeof *ti->staged);
   cph_buf input = CPH_BUF_INIT;
-  cph_buf_puts(&input, n ? "inbox:" : "autonomy_tick");
+  cph_buf_puts(&input, n ? INBOX_INPUT_MARK : "autonomy_tick");
   for (size_t i = 0; i < n && ti->staged; i++) {
     cph_staged_msg *m = &ti->staged[ti->n_staged];
     rc = staged_fill(t, s, items[i], m);
@@ -800,7 +814,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
       /* The episode (DESIGN §6): the input and reply join the session's PACT tree as message
        * cores, then TTL -> cadence -> lifecycle -> ODI. */
       if (pact_load(e, &t, s->id, &tree) == CPH_OK &&
-          cph_pact_complete_turn(&tree, tr.input ? tr.input : "", op->u.turn.reply_body) ==
+          cph_pact_complete_turn(&tree, input_core_text(&tr), op->u.turn.reply_body) ==
               CPH_OK) {
         pact_prune_history(&tree);
         tree_saved = pact_save(e, &t, s->id, &tree) == CPH_OK;

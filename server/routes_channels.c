@@ -3,14 +3,19 @@
  *   GET /v1/aggregates?top=N  -> 200 {"aggregates": [{"family", "dup_count", "sample",
  *                                 "channels", "first_ms", "last_ms"}]}, largest dup_count
  *                                 first; top defaults to 10, at most 256
- *   GET /v1/channels/{id}     -> 200 {"id", "step", "step_name", "events_per_minute",
- *                                 "family_growth_per_minute", "triggers": [name], "since_ms",
+ *   GET /v1/channels/{id}     -> 200 {"id", "step", "step_name", "trigger",
+ *                                 "events_per_minute", "family_growth_per_minute",
+ *                                 "triggers": [name], "since_ms",
  *                                 "calm_intervals", "subscribers", "members",
  *                                 "settings": {"max_events_per_minute",
  *                                 "max_family_growth_per_minute", "degrade_to_aggregate_only",
  *                                 "max_step", "interval_s", "recover_intervals",
  *                                 "dedupe_window_seconds"}}
  *                                | 404 when the engine knows nothing of the channel
+ * "trigger" says what put the channel at its step (null at step 0): {"name", "figure",
+ * "limit"} — a trigger's name with the figure that went over its limit when it fired, or
+ * "policy" (:degrade-to-aggregate-only? / :max-step; figure and limit null). "triggers" lists
+ * the triggers holding at the last check (at most a second ago). 
  * Both are reads of committed state: answered at once, no engine operation. */
 #include <stdlib.h>
 
@@ -77,10 +82,20 @@ void cph_route_channel_get(cph_req *r) {
   json_object_set_new(settings, "recover_intervals", json_integer(c.settings.recover_intervals));
   json_object_set_new(settings, "dedupe_window_seconds",
                       json_integer(c.settings.dedupe_window_seconds));
+  json_t *trigger = json_null();
+  if (c.trigger.name) {
+    trigger = json_object();
+    json_object_set_new(trigger, "name", json_string(c.trigger.name));
+    json_object_set_new(trigger, "figure",
+                        c.trigger.has_figure ? cph_json_u64(c.trigger.figure) : json_null());
+    json_object_set_new(trigger, "limit",
+                        c.trigger.has_figure ? cph_json_u64(c.trigger.limit) : json_null());
+  }
   json_t *body = json_object();
   json_object_set_new(body, "id", cph_json_str(c.id));
   json_object_set_new(body, "step", json_integer(c.step));
   json_object_set_new(body, "step_name", cph_json_str(c.step_name));
+  json_object_set_new(body, "trigger", trigger);
   json_object_set_new(body, "events_per_minute", cph_json_u64(c.events_per_minute));
   json_object_set_new(body, "family_growth_per_minute", cph_json_u64(c.family_growth_per_minute));
   json_object_set_new(body, "triggers", triggers);

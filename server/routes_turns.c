@@ -210,13 +210,18 @@ static void tools_emit(cph_emit *w, const cph_turn_info *t) {
 static void messages_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_array(w, t->n_messages);
   for (size_t i = 0; i < t->n_messages; i++) {
-    cph_emit_object(w, 3);
+    const cph_message *m = &t->messages[i];
+    cph_emit_object(w, m->name ? 4 : 3);
     cph_emit_key(w, "role");
-    cph_emit_str(w, t->messages[i].role);
+    cph_emit_str(w, m->role);
     cph_emit_key(w, "content");
-    cph_emit_str(w, t->messages[i].content);
+    cph_emit_str(w, m->content);
     cph_emit_key(w, "coord");
-    cph_emit_str(w, t->messages[i].coord);
+    cph_emit_str(w, m->coord);
+    if (m->name) { /* OpenAI's participant name: user messages only */
+      cph_emit_key(w, "name");
+      cph_emit_str(w, m->name);
+    }
     cph_emit_end(w);
   }
   cph_emit_end(w);

@@ -219,6 +219,8 @@ typedef struct cph_message {
   char *role; /* "system", "user", "assistant" */
   char *content;
   char *coord; /* "d0, 0, 0" */
+  char *name;  /* a user message's sender as OpenAI's `name` (^[a-zA-Z0-9_-]{1,64}$); NULL for
+                * other messages */
 } cph_message;
 
 typedef enum cph_turn_kind_t {
@@ -662,10 +664,24 @@ const char *cph_bp_trigger_name(unsigned bit);
  * 3 "widen_dedupe_window", 4 "delay_reports", 5 "drop_payloads". */
 const char *cph_bp_step_name(uint32_t step);
 
+/* What put a channel at its step (cph_channel_info.trigger). name: the trigger's name
+ * (cph_bp_trigger_name) when a trigger raised it, with the figure that went over its limit
+ * at that check; "policy" when :degrade-to-aggregate-only? holds it at step 1 (or :max-step
+ * capped it), without a figure; "unknown" for a step stored by an older cephalond; NULL at
+ * step 0. While a channel recovers step by step it keeps the trigger that raised it. */
+typedef struct cph_bp_cause {
+  const char *name;
+  bool has_figure; /* figure and limit are set (not for "policy" / "unknown") */
+  uint64_t figure; /* events/min, a family's growth/min, embeddings queued, or checks in a row
+                    * without maintenance budget */
+  uint64_t limit;  /* the figure was over this: the policy's limit for it */
+} cph_bp_cause;
+
 typedef struct cph_channel_info {
   char *id;
   uint32_t step; /* effective degrade step, 0..5 */
   const char *step_name;
+  cph_bp_cause trigger; /* why it is at `step` */
   uint64_t events_per_minute;        /* events in the last 60 s */
   uint64_t family_growth_per_minute; /* the fastest family's duplicates in the last 60 s */
   unsigned triggers;                 /* CPH_BP_TRIGGER_* holding at the last check */

@@ -379,35 +379,6 @@ static void test_msgpack_request_and_response_round_trip(void **state) {
   cph_test_response_free(&r);
 }
 
-/* A msgpack value as a jansson tree (the kinds an answer holds), NULL for any other kind. */
-static json_t *mp_to_json(const msgpack_object *o) {
-  switch (o->type) {
-  case MSGPACK_OBJECT_NIL: return json_null();
-  case MSGPACK_OBJECT_BOOLEAN: return json_boolean(o->via.boolean);
-  case MSGPACK_OBJECT_POSITIVE_INTEGER: return json_integer((json_int_t)o->via.u64);
-  case MSGPACK_OBJECT_NEGATIVE_INTEGER: return json_integer((json_int_t)o->via.i64);
-  case MSGPACK_OBJECT_STR: return json_stringn(o->via.str.ptr, o->via.str.size);
-  case MSGPACK_OBJECT_ARRAY: {
-    json_t *a = json_array();
-    for (uint32_t i = 0; i < o->via.array.size; i++)
-      json_array_append_new(a, mp_to_json(&o->via.array.ptr[i]));
-    return a;
-  }
-  case MSGPACK_OBJECT_MAP: {
-    json_t *m = json_object();
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-      const msgpack_object *k = &o->via.map.ptr[i].key;
-      assert_int_equal(k->type, MSGPACK_OBJECT_STR);
-      char key[64];
-      snprintf(key, sizeof key, "%.*s", (int)k->via.str.size, k->via.str.ptr);
-      json_object_set_new(m, key, mp_to_json(&o->via.map.ptr[i].val));
-    }
-    return m;
-  }
-  default: return NULL;
-  }
-}
-
 /* One batch that meets every per-event status: queued, duplicate (key seen in the same
  * batch), stored (nobody subscribed), rejected (with reason and field), aggregated. */
 static const char *STATUS_BATCH =
@@ -462,16 +433,10 @@ static char *status_batch_answer(fixture *f, bool msgpack) {
   char ct[64];
   assert_non_null(cph_test_header(&r, "Content-Type", ct, sizeof ct));
   assert_string_equal(ct, "application/msgpack");
-  msgpack_unpacked up;
-  msgpack_unpacked_init(&up);
-  size_t off = 0;
-  assert_int_equal(msgpack_unpack_next(&up, r.body, r.body_len, &off), MSGPACK_UNPACK_SUCCESS);
-  assert_int_equal(off, r.body_len);
-  json_t *j = mp_to_json(&up.data);
+  json_t *j = cph_test_msgpack_json(r.body, r.body_len);
   assert_non_null(j);
   char *text = json_dumps(j, JSON_COMPACT);
   json_decref(j);
-  msgpack_unpacked_destroy(&up);
   cph_test_response_free(&r);
   return text;
 }

@@ -305,6 +305,60 @@ static void test_autonomy_tick_over_http_has_no_obligations(void **state) {
   json_decref(t);
 }
 
+/* context_window_tokens set by PUT is stored, read back, and bounds the next leased turn;
+ * PUT null puts the policy default (8192) back, as POST does for a session that sets none. */
+static void test_put_context_window_is_stored_and_bounds_the_next_turn(void **state) {
+  fixture *f = *state;
+  create(f, "s1", "general");
+  int st;
+  json_t *s = call(f, &st, "PUT", "/v1/sessions/s1", "{\"context_window_tokens\":300}");
+  assert_int_equal(st, 200);
+  assert_int_equal(num(s, "context_window_tokens"), 300);
+  json_decref(s);
+  s = call(f, &st, "GET", "/v1/sessions/s1", NULL);
+  assert_int_equal(st, 200);
+  assert_int_equal(num(s, "context_window_tokens"), 300);
+  json_decref(s);
+
+  /* 12 messages of 200 bytes: listed whole they would take ~600 tokens of obligations */
+  char body[201];
+  memset(body, 'x', 200);
+  body[200] = '\0';
+  for (int i = 0; i < 12; i++) {
+    body[0] = (char)('a' + i); /* distinct: no dedupe */
+    post_event(f, "general", body, NULL);
+  }
+  json_t *turn = lease(f, 5000);
+  assert_non_null(turn);
+  /* max-queue 3: the oldest ten are one overflow entry, counted; all twelve are carried */
+  json_t *staged = json_object_get(turn, "staged");
+  assert_int_equal(json_array_size(staged), 3);
+  json_int_t carried = 0;
+  for (size_t i = 0; i < json_array_size(staged); i++)
+    carried += num(json_array_get(staged, i), "count");
+  assert_int_equal(carried, 12);
+  json_t *tokens = json_object_get(turn, "tokens");
+  assert_int_equal(num(tokens, "window"), 300);
+  assert_true(num(tokens, "sections") <= 300);
+  /* the obligations had to shrink to fit: no preview holds a whole body */
+  json_t *obl = json_object_get(json_object_get(json_object_get(turn, "sections"),
+                                                "pending_obligations"),
+                                "messages");
+  assert_true(json_array_size(obl) > 0);
+  for (size_t i = 0; i < json_array_size(obl); i++)
+    assert_true(strlen(str(json_array_get(obl, i), "preview")) < 200);
+  assert_int_equal(complete(f, turn, NULL, NULL, NULL), 200);
+  json_decref(turn);
+
+  s = call(f, &st, "PUT", "/v1/sessions/s1", "{\"context_window_tokens\":null}");
+  assert_int_equal(st, 200);
+  assert_int_equal(num(s, "context_window_tokens"), 8192);
+  json_decref(s);
+  s = call(f, &st, "GET", "/v1/sessions/s1", NULL);
+  assert_int_equal(num(s, "context_window_tokens"), 8192);
+  json_decref(s);
+}
+
 /* Every event acknowledged before a kill -9 is there after the restart, exactly once. */
 static void test_kill_9_after_acknowledged_ingest_loses_nothing(void **state) {
   fixture *f = *state;
@@ -371,6 +425,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_idempotency_key_is_stored_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_long_poll_times_out_with_204_and_wakes_on_ingest, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_put_context_window_is_stored_and_bounds_the_next_turn,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(test_autonomy_tick_over_http_has_no_obligations, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_kill_9_after_acknowledged_ingest_loses_nothing, setup,

@@ -22,7 +22,8 @@ static const char *POLICY =
     " :dedupe {:window-seconds 300 :min-length 12}\n"
     " :backpressure {:interval-s 10 :recover-intervals 3\n"
     "                :channels {\"367156652140658699\" {:max-events-per-minute 600\n"
-    "                                                 :degrade-to-aggregate-only? true}}}}\n";
+    "                                                 :degrade-to-aggregate-only? true}\n"
+    "                           \"alerts\" {:max-family-growth-per-minute 30}}}}\n";
 
 typedef struct fixture {
   char *policy;
@@ -173,12 +174,111 @@ static void test_channel_state_shows_step_rates_and_settings(void **state) {
   cph_test_response_free(&r);
 }
 
+/* Waits up to timeout_ms for GET /v1/channels/{id} to show `step`; returns the last answer. */
+static json_t *channel_wait_step(fixture *f, const char *id, json_int_t step, int timeout_ms) {
+  char path[128];
+  snprintf(path, sizeof path, "/v1/channels/%s", id);
+  int64_t until = cph_test_now_ms() + timeout_ms;
+  for (;;) {
+    int st;
+    json_t *j = call(f, &st, "GET", path, NULL);
+    assert_int_equal(st, 200);
+    if (num(j, "step") == step || cph_test_now_ms() >= until)
+      return j;
+    json_decref(j);
+    usleep(50 * 1000);
+  }
+}
+
+/* A JSON array of n copies of one monitor's alert in `channel`; free() it. */
+static char *repeated_alert_json(const char *channel, int n) {
+  char one[160];
+  snprintf(one, sizeof one,
+           "{\"channel\":\"%s\",\"sender\":\"monitor\","
+           "\"body\":\"ALERT disk usage above 90%% on host alpha\"}",
+           channel);
+  size_t len = strlen(one) + 1;
+  char *out = malloc((size_t)n * len + 2);
+  assert_non_null(out);
+  char *p = out;
+  *p++ = '[';
+  for (int i = 0; i < n; i++)
+    p += sprintf(p, "%s%s", i ? "," : "", one);
+  strcpy(p, "]");
+  return out;
+}
+
+/* 50 identical alerts (issue 14): with the default policy (0 = no limit) the channel stays
+ * at step 0 with no trigger; where the policy limits family growth to 30 a minute the channel
+ * goes to step 1 and says why — in /v1/channels/{id}, in one log line and as the metric's
+ * trigger label — while a channel held at step 1 by :degrade-to-aggregate-only? names the
+ * policy. */
+static void test_repeated_alert_degrades_only_under_a_limit_and_names_its_trigger(void **state) {
+  fixture *f = *state;
+  int st;
+  json_decref(call(f, &st, "POST", "/v1/sessions",
+                   "{\"id\":\"oncall\",\"class\":\"operational\","
+                   "\"subscribe\":[\"ops\",\"alerts\"]}"));
+  assert_int_equal(st, 200);
+  char *ops = repeated_alert_json("ops", 50), *alerts = repeated_alert_json("alerts", 50);
+  free(post(f, ops));
+  free(post(f, alerts));
+  free(ops);
+  free(alerts);
+
+  json_t *j = channel_wait_step(f, "alerts", 1, 5000);
+  assert_int_equal(num(j, "step"), 1);
+  assert_string_equal(str(j, "step_name"), "aggregate_only");
+  json_t *trig = json_object_get(j, "trigger");
+  assert_string_equal(str(trig, "name"), "family_growth");
+  assert_int_equal(num(trig, "figure"), 49); /* the original is no growth */
+  assert_int_equal(num(trig, "limit"), 30);
+  json_t *list = json_object_get(j, "triggers");
+  assert_int_equal(json_array_size(list), 1);
+  assert_string_equal(json_string_value(json_array_get(list, 0)), "family_growth");
+  json_decref(j);
+  assert_true(cph_test_daemon_log_wait(
+      &f->d, "backpressure: channel #alerts: step 0 -> 1 aggregate_only (family_growth 49/min > 30)",
+      2000));
+
+  /* by now the check ran over "ops" too (same check, same figures): still normal */
+  j = channel_wait_step(f, "ops", 0, 0);
+  assert_int_equal(num(j, "step"), 0);
+  assert_true(json_is_null(json_object_get(j, "trigger")));
+  assert_int_equal(json_array_size(json_object_get(j, "triggers")), 0);
+  assert_int_equal(num(j, "events_per_minute"), 50);
+  assert_int_equal(num(j, "family_growth_per_minute"), 49);
+  json_decref(j);
+  char *log = cph_test_daemon_log(&f->d);
+  assert_null(strstr(log, "channel #ops:"));
+  free(log);
+
+  j = call(f, &st, "GET", "/v1/channels/367156652140658699", NULL);
+  assert_int_equal(num(j, "step"), 1);
+  trig = json_object_get(j, "trigger");
+  assert_string_equal(str(trig, "name"), "policy");
+  assert_true(json_is_null(json_object_get(trig, "figure")));
+  json_decref(j);
+
+  cph_test_response r = cph_test_api(f->d.port, "GET", "/metrics", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  assert_non_null(
+      strstr(r.body, "cephalon_backpressure_step{channel=\"alerts\",trigger=\"family_growth\"} 1\n"));
+  assert_non_null(strstr(
+      r.body, "cephalon_backpressure_step{channel=\"367156652140658699\",trigger=\"policy\"} 1\n"));
+  assert_null(strstr(r.body, "cephalon_backpressure_step{channel=\"ops\""));
+  cph_test_promtool_check(r.body);
+  cph_test_response_free(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_aggregates_lists_top_families_by_dup_count, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_channel_state_shows_step_rates_and_settings, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(
+          test_repeated_alert_degrades_only_under_a_limit_and_names_its_trigger, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/support/api.h"
 #include "tests/support/daemon.h"
 #include "tests/support/testutil.h"
 
@@ -124,7 +125,7 @@ static void test_reminder_with_ttl_expires_as_turns_complete(void **state) {
   n = nodes(f, NULL, &episode);
   assert_int_equal(episode, 1);
   assert_true(has_content(n, "remind: standup at 10")); /* age 1 < ttl 2 */
-  assert_true(has_content(n, "inbox:hello"));           /* the turn's input, a user core */
+  assert_true(has_content(n, "hello")); /* the turn's input, a user core (no "inbox:") */
   assert_true(has_content(n, "hi ann"));                /* its reply, an assistant core */
   json_decref(n);
 
@@ -238,11 +239,150 @@ static void test_seal_snapshots_and_step_is_a_dry_run(void **state) {
   free(exe);
 }
 
+/* The message of `list` with this role and content, or NULL. */
+static json_t *message(json_t *list, const char *role, const char *content) {
+  size_t i;
+  json_t *m;
+  json_array_foreach(list, i, m) {
+    if (strcmp(json_string_value(json_object_get(m, "role")), role) == 0 &&
+        strcmp(json_string_value(json_object_get(m, "content")), content) == 0)
+      return m;
+  }
+  return NULL;
+}
+
+static const char *name_of(json_t *m) { return json_string_value(json_object_get(m, "name")); }
+
+/* Completes a leased turn (a JSON turn object) with a reply. */
+static void complete_turn(fixture *f, json_t *t, const char *reply) {
+  char path[64], json[256];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(t, "id")));
+  snprintf(json, sizeof json,
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},\"reply\":{\"body\":\"%s\"}}",
+           json_string_value(json_object_get(t, "lease")), reply);
+  json_decref(ok(f, "POST", path, json));
+}
+
+/* DESIGN §6 channel views, over HTTP in JSON and msgpack: who said what. Each user message
+ * carries its sender as `name`; alice and bob both speaking, each text starts "sender: ". */
+static void test_turn_messages_name_their_senders_in_json_and_msgpack(void **state) {
+  fixture *f = *state;
+  json_decref(ok(f, "POST", "/v1/sessions",
+                 "{\"id\":\"s1\",\"class\":\"interactive\",\"subscribe\":[\"ops\"]}"));
+  json_decref(ok(f, "POST", "/v1/events",
+                 "{\"events\":[{\"channel\":\"ops\",\"sender\":\"alice\","
+                 "\"body\":\"restart the web service on host alpha\"},"
+                 "{\"channel\":\"ops\",\"sender\":\"bob\",\"body\":\"what time is standup?\"}]}"));
+  json_t *l = ok(f, "POST", "/v1/turns/lease", "{\"worker\":\"w\",\"wait_ms\":5000}");
+  json_t *t = json_object_get(l, "turn");
+  json_t *msgs = json_object_get(t, "messages");
+  json_t *a = message(msgs, "user", "alice: restart the web service on host alpha");
+  json_t *b = message(msgs, "user", "bob: what time is standup?");
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_string_equal(name_of(a), "alice");
+  assert_string_equal(name_of(b), "bob");
+  complete_turn(f, t, "restarted; standup is at 10");
+  json_decref(l);
+
+  /* the next turn in msgpack: the same fields, the history named too */
+  json_decref(ok(f, "POST", "/v1/events",
+                 "{\"events\":[{\"channel\":\"ops\",\"sender\":\"alice\",\"body\":\"thanks\"}]}"));
+  cph_test_response r =
+      cph_test_http(f->d.port, "POST", "/v1/turns/lease",
+                    "Content-Type: application/json\r\nAccept: application/msgpack\r\n",
+                    "{\"worker\":\"w\",\"wait_ms\":5000}");
+  assert_int_equal(r.status, 200);
+  l = cph_test_msgpack_json(r.body, r.body_len);
+  cph_test_response_free(&r);
+  assert_non_null(l);
+  t = json_object_get(l, "turn");
+  msgs = json_object_get(t, "messages");
+  assert_string_equal(name_of(message(msgs, "user", "alice: thanks")), "alice");
+  assert_string_equal(name_of(message(msgs, "user", "bob: what time is standup?")), "bob");
+  json_t *own = message(msgs, "assistant", "restarted; standup is at 10");
+  assert_non_null(own);
+  assert_null(json_object_get(own, "name")); /* only user messages are named */
+  complete_turn(f, t, "you're welcome");
+  json_decref(l);
+}
+
+/* True when some entry of list has a "content" starting with prefix. */
+static bool any_content_starts(json_t *list, const char *prefix) {
+  size_t i;
+  json_t *n;
+  json_array_foreach(list, i, n) {
+    if (strncmp(json_string_value(json_object_get(n, "content")), prefix, strlen(prefix)) == 0)
+      return true;
+  }
+  return false;
+}
+
+/* Issue 14: the turn's `input` keeps the wire's "inbox:" marker, but the user core completion
+ * leaves in the session's tree — and so its seals and the messages of later turns — holds
+ * the words alone; an autonomy tick's core stays "autonomy_tick". */
+static void test_inbox_marker_stays_on_the_wire_and_out_of_the_tree(void **state) {
+  fixture *f = *state;
+  json_decref(ok(f, "POST", "/v1/sessions",
+                 "{\"id\":\"s1\",\"class\":\"interactive\",\"subscribe\":[\"ops\"]}"));
+  json_decref(ok(f, "POST", "/v1/events",
+                 "{\"events\":[{\"channel\":\"ops\",\"sender\":\"alice\","
+                 "\"body\":\"restart the web service on host alpha\"},"
+                 "{\"channel\":\"ops\",\"sender\":\"bob\",\"body\":\"what time is standup?\"}]}"));
+  json_t *l = ok(f, "POST", "/v1/turns/lease", "{\"worker\":\"w\",\"wait_ms\":5000}");
+  json_t *t = json_object_get(l, "turn");
+  assert_string_equal(json_string_value(json_object_get(t, "input")),
+                      "inbox:restart the web service on host alpha\nwhat time is standup?");
+  json_t *msgs = json_object_get(t, "messages");
+  assert_string_equal(name_of(message(msgs, "user", "alice: restart the web service on host alpha")),
+                      "alice");
+  assert_string_equal(name_of(message(msgs, "user", "bob: what time is standup?")), "bob");
+  complete_turn(f, t, "restarted; standup is at 10");
+  json_decref(l);
+
+  const char *words = "restart the web service on host alpha\nwhat time is standup?";
+  json_t *n = nodes(f, NULL, NULL);
+  assert_true(has_content(n, words));
+  assert_true(has_content(n, "restarted; standup is at 10"));
+  assert_false(any_content_starts(n, "inbox:"));
+  json_decref(n);
+  json_decref(ok(f, "POST", "/v1/sessions/s1/seal", "{\"trigger\":\"check\"}"));
+  json_t *seals = ok(f, "GET", "/v1/sessions/s1/seals", NULL);
+  json_t *sealed = json_object_get(json_array_get(json_object_get(seals, "seals"), 0), "messages");
+  assert_non_null(message(sealed, "user", words));
+  assert_false(any_content_starts(sealed, "inbox:"));
+  json_decref(seals);
+
+  /* the next turn, an autonomy tick, renders the tree whole: the words, no marker */
+  json_decref(ok(f, "PUT", "/v1/sessions/s1", "{\"autonomy_interval_s\":1}"));
+  l = ok(f, "POST", "/v1/turns/lease", "{\"worker\":\"w\",\"wait_ms\":5000}");
+  t = json_object_get(l, "turn");
+  assert_string_equal(json_string_value(json_object_get(t, "kind")), "autonomy_tick");
+  msgs = json_object_get(t, "messages");
+  assert_non_null(message(msgs, "user", words));
+  assert_non_null(message(msgs, "assistant", "restarted; standup is at 10"));
+  assert_false(any_content_starts(msgs, "inbox:"));
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  assert_string_equal(json_string_value(json_object_get(last, "content")), "autonomy_tick");
+  complete_turn(f, t, "all quiet");
+  json_decref(l);
+  json_decref(ok(f, "PUT", "/v1/sessions/s1", "{\"autonomy_interval_s\":null}"));
+  n = nodes(f, NULL, NULL);
+  assert_true(has_content(n, "autonomy_tick")); /* a tick's core keeps its name */
+  assert_true(has_content(n, words));
+  json_decref(n);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_reminder_with_ttl_expires_as_turns_complete, setup, teardown),
       cmocka_unit_test_setup_teardown(test_selectors_delete_and_errors_name_the_field, setup, teardown),
       cmocka_unit_test_setup_teardown(test_seal_snapshots_and_step_is_a_dry_run, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_turn_messages_name_their_senders_in_json_and_msgpack,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_inbox_marker_stays_on_the_wire_and_out_of_the_tree,
+                                      setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -88,24 +88,6 @@ static char *scrape(fixture *f) {
   return body;
 }
 
-/* Runs the real `promtool check metrics` on text, fed on its standard input. */
-static void promtool_check(const char *text) {
-  char *path = cph_test_write_tmpfile(".prom", text);
-  const char *argv[] = {"/bin/sh", "-c",
-                        "command -v promtool >/dev/null || { echo 'promtool not found: run "
-                        "scripts/install-deps.sh (Debian package prometheus)' >&2; exit 127; }; "
-                        "exec promtool check metrics < \"$1\"",
-                        "sh", path, NULL};
-  char *out = NULL, *err = NULL;
-  int rc = cph_test_run(argv, &out, &err);
-  if (rc != 0)
-    fail_msg("promtool check metrics exited %d:\n%s%s\n--- the scrape:\n%s", rc, out, err, text);
-  free(out);
-  free(err);
-  unlink(path);
-  free(path);
-}
-
 /* The value of the sample line that starts with `series ` ("name{labels}" as written). */
 static double sample(const char *text, const char *series) {
   size_t n = strlen(series);
@@ -145,7 +127,7 @@ static void run_turn(fixture *f, unsigned valid, unsigned invalid, unsigned repa
 static void test_scrape_passes_promtool_and_counts_the_traffic(void **state) {
   fixture *f = *state;
   char *before = scrape(f);
-  promtool_check(before);
+  cph_test_promtool_check(before);
   assert_int_equal(lane_sample(before, "cephalon_turns_started_total", "interactive"), 0);
   assert_int_equal(sample(before, "cephalon_events_total{status=\"queued\"}"), 0);
   free(before);
@@ -180,7 +162,7 @@ static void test_scrape_passes_promtool_and_counts_the_traffic(void **state) {
                       200));
 
   char *t = scrape(f);
-  promtool_check(t);
+  cph_test_promtool_check(t);
   assert_true(lane_sample(t, "cephalon_turns_started_total", "interactive") >= ROUNDS);
   assert_int_equal(lane_sample(t, "cephalon_turns_started_total", "interactive"), ROUNDS);
   assert_int_equal(lane_sample(t, "cephalon_turns_completed_total", "interactive"), ROUNDS);
@@ -258,7 +240,7 @@ static void test_rejected_reloads_are_counted_and_a_valid_one_shows_its_budget(v
   write_policy(f, POLICY_RELOADED);
   json_decref(call_ok(f, "POST", "/v1/admin/policy/reload", NULL, 200));
   t = scrape(f);
-  promtool_check(t);
+  cph_test_promtool_check(t);
   assert_int_equal(sample(t, "cephalon_policy_generation"), 2);
   assert_int_equal(sample(t, "cephalon_policy_reload_failures_total"), 2);
   assert_int_equal(lane_sample(t, "cephalon_lane_budget_turns_per_minute", "interactive"), 90);
@@ -306,7 +288,7 @@ static void test_metrics_need_the_read_scope(void **state) {
   cph_test_response_free(&r);
   r = cph_test_api(f->d.port, "GET", "/metrics", TOK_READ, NULL);
   assert_int_equal(r.status, 200);
-  promtool_check(r.body);
+  cph_test_promtool_check(r.body);
   cph_test_response_free(&r);
 }
 

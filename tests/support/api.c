@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "api.h"
+#include "testutil.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +9,7 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <msgpack.h>
 #include <netinet/in.h>
 #include <openssl/evp.h>
 #include <stdbool.h>
@@ -163,6 +165,63 @@ char *cph_test_sha256_hex(const char *s) {
   for (unsigned i = 0; i < 32; i++)
     snprintf(hex + 2 * i, 3, "%02x", md[i]);
   return hex;
+}
+
+/* A msgpack value as a jansson tree (the kinds an answer holds), NULL for any other kind. */
+static json_t *mp_to_json(const msgpack_object *o) {
+  switch (o->type) {
+  case MSGPACK_OBJECT_NIL: return json_null();
+  case MSGPACK_OBJECT_BOOLEAN: return json_boolean(o->via.boolean);
+  case MSGPACK_OBJECT_POSITIVE_INTEGER: return json_integer((json_int_t)o->via.u64);
+  case MSGPACK_OBJECT_NEGATIVE_INTEGER: return json_integer((json_int_t)o->via.i64);
+  case MSGPACK_OBJECT_STR: return json_stringn(o->via.str.ptr, o->via.str.size);
+  case MSGPACK_OBJECT_ARRAY: {
+    json_t *a = json_array();
+    for (uint32_t i = 0; i < o->via.array.size; i++)
+      json_array_append_new(a, mp_to_json(&o->via.array.ptr[i]));
+    return a;
+  }
+  case MSGPACK_OBJECT_MAP: {
+    json_t *m = json_object();
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+      const msgpack_object *k = &o->via.map.ptr[i].key;
+      assert_int_equal(k->type, MSGPACK_OBJECT_STR);
+      char key[64];
+      snprintf(key, sizeof key, "%.*s", (int)k->via.str.size, k->via.str.ptr);
+      json_object_set_new(m, key, mp_to_json(&o->via.map.ptr[i].val));
+    }
+    return m;
+  }
+  default: return NULL;
+  }
+}
+
+json_t *cph_test_msgpack_json(const void *body, size_t len) {
+  msgpack_unpacked up;
+  msgpack_unpacked_init(&up);
+  size_t off = 0;
+  assert_int_equal(msgpack_unpack_next(&up, body, len, &off), MSGPACK_UNPACK_SUCCESS);
+  assert_int_equal(off, len); /* one value, nothing after it */
+  json_t *j = mp_to_json(&up.data);
+  msgpack_unpacked_destroy(&up);
+  return j;
+}
+
+void cph_test_promtool_check(const char *text) {
+  char *path = cph_test_write_tmpfile(".prom", text);
+  const char *argv[] = {"/bin/sh", "-c",
+                        "command -v promtool >/dev/null || { echo 'promtool not found: run "
+                        "scripts/install-deps.sh (Debian package prometheus)' >&2; exit 127; }; "
+                        "exec promtool check metrics < \"$1\"",
+                        "sh", path, NULL};
+  char *out = NULL, *err = NULL;
+  int rc = cph_test_run(argv, &out, &err);
+  unlink(path);
+  free(path);
+  if (rc != 0)
+    fail_msg("promtool check metrics exited %d:\n%s%s\n--- the scrape:\n%s", rc, out, err, text);
+  free(out);
+  free(err);
 }
 
 int64_t cph_test_now_ms(void) {

@@ -37,6 +37,16 @@ const char *cph_test_header(const cph_test_response *r, const char *name, char *
 /* Lower-case hex SHA-256 of s (65 bytes with the NUL); free() it. */
 char *cph_test_sha256_hex(const char *s);
 
+/* A msgpack body holding exactly one value (asserted) as a jansson tree (new reference): the
+ * kinds an answer holds (nil, booleans, integers, strings, arrays, maps with string keys);
+ * NULL when it holds any other kind. */
+json_t *cph_test_msgpack_json(const void *body, size_t len);
+
+/* Runs the real `promtool check metrics` (Debian package prometheus) on text, fed on its
+ * standard input; fails the running cmocka test, with promtool's answer and the text, unless
+ * it passes (also when promtool is missing). */
+void cph_test_promtool_check(const char *text);
+
 /* Monotonic milliseconds. */
 int64_t cph_test_now_ms(void);
 

@@ -2,13 +2,15 @@
  * burst degrades its channel one step per interval, quiet channels are untouched, recovery is
  * one step per :recover-intervals calm intervals; whatever the step, every event still reaches
  * the subscribers — repeats counted in their family's entry, distinct messages one by one —
- * and step 5 stores repeats and events that reach nobody without payload. */
+ * and step 5 stores repeats and events that reach nobody without payload; every step names
+ * the trigger (or the policy) that put the channel there, with its figure and limit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,9 @@ static const char *POLICY =
     "                           \"growth\" {:max-family-growth-per-minute 30}\n"
     "                           \"bots\" {:degrade-to-aggregate-only? true}}}}\n";
 
+/* Everything at its default: no channel has a limit (0 = no limit). */
+static const char *POLICY_DEFAULT = "{:store {:sync :none}}\n";
+
 static const char *SPAM_A = "BUY CHEAP PILLS NOW at pills dot example";
 static const char *SPAM_B = "free crypto giveaway click the link below";
 
@@ -53,6 +58,7 @@ static int setup_with(void **state, const char *policy) {
 
 static int setup(void **state) { return setup_with(state, POLICY); }
 static int setup_embed(void **state) { return setup_with(state, POLICY_EMBED); }
+static int setup_default(void **state) { return setup_with(state, POLICY_DEFAULT); }
 
 static int teardown(void **state) {
   cph_fixture_free(*state);
@@ -172,6 +178,24 @@ static void complete_op(fixture *f, cph_op *op) {
   cph_op_clear_results(op);
 }
 
+/* Message n of a stream of messages that share no family: six words made by a fixed PRNG,
+ * none shared between messages, so no two are even near-duplicates (each mints a raw
+ * memory). */
+static void distinct_text(char *buf, size_t size, uint64_t n) {
+  uint64_t x = n * 0x9E3779B97F4A7C15ull + 1;
+  size_t o = 0;
+  for (int i = 0; i < 6 && o < size; i++) {
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    char w[8];
+    for (int k = 0; k < 7; k++)
+      w[k] = (char)('a' + (x >> (5 * k)) % 26);
+    w[7] = '\0';
+    o += (size_t)snprintf(buf + o, size - o, "%s%s", i ? " " : "", w);
+  }
+}
+
 /* ---------------------------------------------------------------- tests */
 
 static void test_spam_burst_degrades_one_step_per_interval_and_recovers(void **state) {
@@ -254,6 +278,11 @@ static void test_spam_burst_degrades_one_step_per_interval_and_recovers(void **s
   assert_int_equal(c.step, 5);
   assert_string_equal(c.step_name, "drop_payloads");
   assert_true(c.triggers & CPH_BP_TRIGGER_EVENTS);
+  /* the last step up was made by the event rate, over its limit at that check */
+  assert_string_equal(c.trigger.name, "events_per_minute");
+  assert_true(c.trigger.has_figure);
+  assert_int_equal(c.trigger.limit, LIMIT);
+  assert_true(c.trigger.figure > LIMIT);
   assert_true(c.events_per_minute >= 60 * SPAM_PER_S);
   assert_int_equal(c.settings.max_events_per_minute, LIMIT);
   assert_int_equal(c.settings.dedupe_window_seconds, 4 * 300); /* step 3 widened it */
@@ -287,6 +316,10 @@ static void test_spam_burst_degrades_one_step_per_interval_and_recovers(void **s
     if (!calm_from && !ci.triggers)
       calm_from = s;
     assert_true(ci.step == prev || ci.step + 1 == prev);
+    if (ci.step > 0) /* recovering: still the trigger that raised it */
+      assert_string_equal(ci.trigger.name, "events_per_minute");
+    else
+      assert_null(ci.trigger.name);
     if (ci.step != prev)
       down_at[ci.step] = s;
     prev = ci.step;
@@ -315,6 +348,10 @@ static void test_step_survives_a_restart(void **state) {
   cph_channel_info after = channel(f, "spam");
   assert_int_equal(after.step, 2);
   assert_int_equal(after.since_ms, before.since_ms);
+  assert_string_equal(before.trigger.name, "events_per_minute");
+  assert_string_equal(after.trigger.name, "events_per_minute");
+  assert_int_equal(after.trigger.figure, before.trigger.figure);
+  assert_int_equal(after.trigger.limit, LIMIT);
   cph_channel_info_free(&before);
   cph_channel_info_free(&after);
   /* still aggregate-only: a new distinct message reaches the subscriber with its own text,
@@ -335,8 +372,14 @@ static void test_aggregate_only_floor_still_delivers_every_message_counted(void 
   fixture *f = *state;
   create_session(f, "bots-sub", CPH_LANE_OPERATIONAL, "bots");
   create_session(f, "helper", CPH_LANE_INTERACTIVE, NULL);
-  /* :degrade-to-aggregate-only? true: aggregate-only from the first event, no trigger */
+  /* :degrade-to-aggregate-only? true: aggregate-only from the first event, no trigger; the
+   * policy holds it there and says so */
   assert_int_equal(step_of(f, "bots"), 1);
+  cph_channel_info floor = channel(f, "bots");
+  assert_string_equal(floor.trigger.name, "policy");
+  assert_false(floor.trigger.has_figure);
+  assert_int_equal(floor.triggers, 0);
+  cph_channel_info_free(&floor);
   ev_spec specs[] = {{"bots", "build 101 passed on the main branch", NULL},
                      {"bots", "coverage report uploaded for build 101", NULL},
                      {"bots", "artifact storage cleanup removed 12 files", NULL},
@@ -372,6 +415,14 @@ static void test_aggregate_only_floor_still_delivers_every_message_counted(void 
   }
   assert_int_equal(inbox_size(f, "bots-sub"), 0);
   assert_int_equal(step_of(f, "bots"), 1);
+  floor = channel(f, "bots");
+  assert_string_equal(floor.trigger.name, "policy");
+  cph_channel_info_free(&floor);
+  size_t len;
+  char *text = cph_engine_metrics_text(f->e, &len);
+  assert_non_null(strstr(text, "cephalon_backpressure_step{channel=\"bots\",trigger=\"policy\"} 1\n"));
+  assert_non_null(strstr(text, "cephalon_backpressure_step{channel=\"spam\",trigger=\"none\"} 0\n"));
+  free(text);
 }
 
 static void test_family_growth_triggers_without_an_event_limit(void **state) {
@@ -391,6 +442,43 @@ static void test_family_growth_triggers_without_an_event_limit(void **state) {
   assert_true(c.triggers & CPH_BP_TRIGGER_FAMILY_GROWTH);
   assert_false(c.triggers & CPH_BP_TRIGGER_EVENTS);
   assert_true(c.family_growth_per_minute > 30);
+  assert_string_equal(c.trigger.name, "family_growth");
+  assert_true(c.trigger.has_figure);
+  assert_int_equal(c.trigger.figure, 31); /* 31 duplicates in the minute of that check */
+  assert_int_equal(c.trigger.limit, 30);
+  cph_channel_info_free(&c);
+  size_t len;
+  char *text = cph_engine_metrics_text(f->e, &len);
+  assert_non_null(
+      strstr(text, "cephalon_backpressure_step{channel=\"growth\",trigger=\"family_growth\"} 1\n"));
+  free(text);
+}
+
+/* With every limit at its default (0 = no limit) no trigger holds, however often one alert
+ * repeats: not at 50 repeats, and not at 20 a second for a minute (a loud channel, for the
+ * engine-wide triggers, whose figures stay under their limits). */
+static void test_default_policy_never_degrades_a_repeated_alert(void **state) {
+  fixture *f = *state;
+  create_session(f, "ops-sub", CPH_LANE_OPERATIONAL, "ops");
+  for (int i = 0; i < 50; i++)
+    post1(f, "ops", "ALERT disk usage above 90% on host alpha", NULL, NULL);
+  for (int s = 1; s <= 70; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    ev_spec specs[20];
+    for (int i = 0; i < 20; i++)
+      specs[i] = (ev_spec){"ops", "ALERT disk usage above 90% on host alpha", NULL};
+    post_many(f, specs, 20, NULL, NULL);
+    cph_channel_info c = channel(f, "ops");
+    assert_int_equal(c.step, 0);
+    assert_int_equal(c.triggers, 0);
+    assert_null(c.trigger.name);
+    cph_channel_info_free(&c);
+  }
+  cph_channel_info c = channel(f, "ops");
+  assert_true(c.events_per_minute >= 60 * 20);
+  assert_true(c.family_growth_per_minute >= 1000); /* 55 to 60 s of 20 a second */
+  assert_int_equal(c.settings.max_events_per_minute, 0);
+  assert_int_equal(c.settings.max_family_growth_per_minute, 0);
   cph_channel_info_free(&c);
 }
 
@@ -401,11 +489,17 @@ static void test_embedding_queue_degrades_only_the_loud_channel(void **state) {
   uint32_t soft_posted = 0;
   for (int s = 1; s <= 40; s++) {
     cph_clock_advance(&f->clock, CPH_NS_PER_S);
-    char a[64], b[64];
-    snprintf(a, sizeof a, "loud update %d alpha", s);
-    snprintf(b, sizeof b, "loud update %d beta", s);
+    char a[96], b[96];
+    distinct_text(a, sizeof a, 2 * (uint64_t)s);
+    distinct_text(b, sizeof b, 2 * (uint64_t)s + 1);
     ev_spec specs[] = {{"loud", a, NULL}, {"loud", b, NULL}};
-    post_many(f, specs, 2, NULL, NULL); /* 120 a minute, each minting a raw memory */
+    cph_ingest_status st[2];
+    bool normal = step_of(f, "loud") == 0;
+    post_many(f, specs, 2, st, NULL); /* 120 a minute, each minting a raw memory */
+    if (normal) { /* no duplicates: both are staged while the channel is normal */
+      assert_int_equal(st[0], CPH_EV_QUEUED);
+      assert_int_equal(st[1], CPH_EV_QUEUED);
+    }
     if (s % 10 == 0) {
       char q[32];
       snprintf(q, sizeof q, "soft %d", s);
@@ -413,17 +507,52 @@ static void test_embedding_queue_degrades_only_the_loud_channel(void **state) {
       soft_posted++;
     }
   }
-  /* the queue passed :max-queue 5 at once, but "loud" is loud (>= 60/min and >= 1/4 of all
-   * events) only from s = 30 */
+  /* the queue passed :max-queue 5 at once, but "loud" is loud (>= 60 new events a minute and
+   * >= 1/4 of all) only from s = 30 */
   cph_channel_info c = channel(f, "loud");
   assert_true(c.step >= 1);
   assert_true(c.triggers & CPH_BP_TRIGGER_EMBED_QUEUE);
+  assert_string_equal(c.trigger.name, "embedding_queue");
+  assert_int_equal(c.trigger.limit, 5);
+  assert_true(c.trigger.figure > 5);
   cph_channel_info_free(&c);
   c = channel(f, "soft");
   assert_int_equal(c.step, 0);
   assert_int_equal(c.triggers, 0);
+  assert_null(c.trigger.name);
   cph_channel_info_free(&c);
   assert_int_equal(inbox_size(f, "soft-sub"), soft_posted);
+}
+
+/* The engine-wide triggers degrade the channels whose events make that work. A repeat joins
+ * its family and mints and embeds nothing, so a channel repeating one alert three times a
+ * second stays normal while the embedding queue is over its limit, and the channel whose new
+ * messages fill the queue is degraded, naming the queue. */
+static void test_repeats_alone_never_degrade_a_channel_for_the_embedding_queue(void **state) {
+  fixture *f = *state;
+  create_session(f, "loud-sub", CPH_LANE_OPERATIONAL, "loud");
+  create_session(f, "alerts-sub", CPH_LANE_OPERATIONAL, "alerts");
+  for (int s = 1; s <= 70; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    char a[96], b[96];
+    distinct_text(a, sizeof a, 2 * (uint64_t)s);
+    distinct_text(b, sizeof b, 2 * (uint64_t)s + 1);
+    const char *alert = "ALERT disk usage above 90% on host alpha";
+    ev_spec specs[] = {{"loud", a, NULL}, {"loud", b, NULL}, {"alerts", alert, NULL},
+                       {"alerts", alert, NULL}, {"alerts", alert, NULL}};
+    post_many(f, specs, 5, NULL, NULL); /* loud: 120 new a minute; alerts: 180, all repeats */
+    cph_channel_info c = channel(f, "alerts");
+    assert_int_equal(c.step, 0);
+    assert_int_equal(c.triggers, 0);
+    cph_channel_info_free(&c);
+  }
+  cph_channel_info c = channel(f, "alerts");
+  assert_true(c.events_per_minute >= 180); /* the loudest channel by raw count */
+  cph_channel_info_free(&c);
+  c = channel(f, "loud");
+  assert_true(c.step >= 1);
+  assert_string_equal(c.trigger.name, "embedding_queue");
+  cph_channel_info_free(&c);
 }
 
 static void test_unknown_channel_is_not_found(void **state) {
@@ -450,7 +579,12 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_embedding_queue_degrades_only_the_loud_channel,
                                       setup_embed, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_repeats_alone_never_degrade_a_channel_for_the_embedding_queue, setup_embed,
+          teardown),
       cmocka_unit_test_setup_teardown(test_unknown_channel_is_not_found, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_default_policy_never_degrades_a_repeated_alert,
+                                      setup_default, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

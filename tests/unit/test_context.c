@@ -236,17 +236,24 @@ static void test_inbox_turn_lists_obligations_and_only_its_senders_history(void 
   assert_string_equal(t->tools[0].name, "search");
   assert_int_equal(t->tools[0].calls_this_turn, 0);
   assert_int_equal(t->tools[0].calls_this_minute, 0);
-  /* messages: the channel view (users -> user, own -> assistant), the trigger at depth 0 */
-  assert_true(find_message(t, "user", "hello from ann") >= 0);
-  assert_true(find_message(t, "user", "bob talks about something else") >= 0);
-  assert_true(find_message(t, "assistant", "hi ann and bob") >= 0);
-  assert_int_equal(find_message(t, "user", "ann in another channel"), -1);
+  /* messages: the channel view (users -> user named by their sender, own -> assistant), the
+   * trigger at depth 0; ann and bob both speak, so each user message says who */
+  int ann = find_message(t, "user", "ann: hello from ann");
+  int bob = find_message(t, "user", "bob: bob talks about something else");
+  int own = find_message(t, "assistant", "hi ann and bob");
+  assert_true(ann >= 0 && bob >= 0 && own >= 0);
+  assert_string_equal(t->messages[ann].name, "ann");
+  assert_string_equal(t->messages[bob].name, "bob");
+  assert_null(t->messages[own].name);
+  assert_int_equal(find_message(t, "user", "ann: ann in another channel"), -1);
   const cph_message *last = &t->messages[t->n_messages - 1];
   assert_string_equal(last->role, "user");
-  assert_string_equal(last->content, "ann again, a question");
+  assert_string_equal(last->content, "ann: ann again, a question");
+  assert_string_equal(last->name, "ann");
   assert_string_equal(last->coord, "d0, 0, 0");
   assert_null(away_block(t)); /* a subscriber misses nothing its inbox had */
-  /* the tree's cores ("inbox:..." input) are replaced by the channel view, not repeated */
+  /* the tree's cores (the inputs) are replaced by the channel view, not repeated; the wire's
+   * "inbox:" marker is nowhere in the messages */
   for (size_t i = 0; i < t->n_messages; i++)
     assert_false(contains(t->messages[i].content, "inbox:"));
   assert_int_equal(t->n_views, 1);
@@ -273,14 +280,26 @@ static void test_autonomy_tick_has_no_obligations_and_no_history(void **state) {
   assert_int_equal(t->n_history, 0);      /* history: none */
   assert_int_equal(t->n_views, 0);
   assert_int_equal(t->tokens.conversation_history, 0);
-  /* messages: the tree whole (the last turn's cores), then the tick at depth 0 */
-  assert_true(find_message(t, "user", "inbox:earlier chatter") >= 0);
+  /* messages: the tree whole (the last turn's cores: its input's words, without the wire's
+   * "inbox:" marker), then the tick at depth 0 */
+  assert_true(find_message(t, "user", "earlier chatter") >= 0);
   assert_true(find_message(t, "assistant", "noted") >= 0);
+  for (size_t i = 0; i < t->n_messages; i++)
+    assert_false(contains(t->messages[i].content, "inbox:"));
   const cph_message *last = &t->messages[t->n_messages - 1];
   assert_string_equal(last->content, "autonomy_tick");
   assert_string_equal(last->coord, "d0, 0, 0");
   assert_inside_window(t);
+  complete(f, t, NULL, NULL, 0);
   cph_op_clear_results(&l2);
+
+  /* the tick's own core keeps its name */
+  cph_op l3;
+  t = lease_tick(f, &l3);
+  assert_true(find_message(t, "user", "autonomy_tick") >= 0 &&
+              find_message(t, "user", "autonomy_tick") < (int)t->n_messages - 1);
+  assert_true(find_message(t, "user", "earlier chatter") >= 0);
+  cph_op_clear_results(&l3);
 }
 
 static void test_small_window_cuts_history_oldest_first(void **state) {
@@ -328,7 +347,7 @@ static void test_tree_nodes_render_around_the_channel_view_without_its_cores(voi
   post(f, "general", "ann", "first", NULL);
   cph_op l;
   cph_turn_info *t = lease(f, &l);
-  complete(f, t, "reply one", NULL, 0); /* the tree now has cores "inbox:first", "reply one" */
+  complete(f, t, "reply one", NULL, 0); /* the tree now has cores "first", "reply one" */
   cph_op_clear_results(&l);
   insert_node(f, "s1", "d-1, 0, 0", "persona: terse");
   insert_node(f, "s1", "d1, 1, 0", "note on the newest history message");
@@ -517,8 +536,11 @@ static void test_agents_see_each_other_as_system_and_users_as_user(void **state)
   const cph_message *away = away_block(t);
   assert_non_null(away);
   assert_string_equal(away->content, "MESSAGES WHILE YOU WERE AWAY\n[A] A here");
+  assert_null(away->name);
+  /* one person speaks: her text as is, her name on the message */
   assert_string_equal(t->messages[t->n_messages - 1].content, "hello agents");
   assert_string_equal(t->messages[t->n_messages - 1].role, "user");
+  assert_string_equal(t->messages[t->n_messages - 1].name, "ann");
   assert_int_equal(t->views[0].away, 1);
   complete(f, t, "B here", NULL, 0);
   cph_op_clear_results(&lb);
@@ -542,6 +564,7 @@ static void test_agents_see_each_other_as_system_and_users_as_user(void **state)
   int agent = find_message(t, "system", "[A] A here");
   int own = find_message(t, "assistant", "B here");
   assert_true(user >= 0 && agent > user && own > agent);
+  assert_null(t->messages[agent].name); /* agents speak through the "[name]" prefix */
   assert_string_equal(away_text(t), "MESSAGES WHILE YOU WERE AWAY\n[A] A again");
   const cph_message *last = &t->messages[t->n_messages - 1];
   assert_string_equal(last->role, "user");
@@ -549,6 +572,51 @@ static void test_agents_see_each_other_as_system_and_users_as_user(void **state)
   assert_string_equal(last->coord, "d0, 0, 0");
   assert_inside_window(t);
   cph_op_clear_results(&lb);
+}
+
+/* DESIGN §6 channel views: a user message carries its sender as OpenAI's `name` (sanitised to
+ * ^[a-zA-Z0-9_-]{1,64}$, the real sender kept in the text), and with several people in the
+ * turn each user message starts "sender: ". */
+static void test_users_are_named_and_prefixed_when_several_speak(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "ops-agent", .subscribe = "ops"});
+  post(f, "ops", "alice", "restart the web service on host alpha", NULL);
+  post(f, "ops", "bob", "and check the disk on beta", NULL);
+  cph_op l;
+  cph_turn_info *t = lease(f, &l);
+  assert_int_equal(t->n_staged, 2);
+  assert_int_equal(t->n_messages, 2);
+  assert_string_equal(t->messages[0].role, "user");
+  assert_string_equal(t->messages[0].name, "alice");
+  assert_string_equal(t->messages[0].content, "alice: restart the web service on host alpha");
+  assert_string_equal(t->messages[1].name, "bob");
+  assert_string_equal(t->messages[1].content, "bob: and check the disk on beta");
+  assert_inside_window(t);
+  complete(f, t, "on it", NULL, 0);
+  cph_op_clear_results(&l);
+
+  /* a sender OpenAI would refuse as a name: one '_' per other character, cut at 64 */
+  const char *odd = "Zo\xC3\xAB Smith <zoe@example.com>";
+  post(f, "ops", odd, "is it back up?", NULL);
+  t = lease(f, &l);
+  const cph_message *last = &t->messages[t->n_messages - 1];
+  assert_string_equal(last->name, "Zo__Smith__zoe_example_com_");
+  /* alice and bob are in the history: several people, the real sender in the text */
+  assert_string_equal(last->content, "Zo\xC3\xAB Smith <zoe@example.com>: is it back up?");
+  assert_true(find_message(t, "user", "alice: restart the web service on host alpha") >= 0);
+  assert_true(find_message(t, "assistant", "on it") >= 0);
+  complete(f, t, NULL, NULL, 0);
+  cph_op_clear_results(&l);
+
+  char longest[101];
+  memset(longest, 'x', 100);
+  longest[100] = '\0';
+  post(f, "ops", longest, "one more", NULL);
+  t = lease(f, &l);
+  last = &t->messages[t->n_messages - 1];
+  assert_int_equal(strlen(last->name), 64);
+  assert_int_equal(strspn(last->name, "x"), 64);
+  cph_op_clear_results(&l);
 }
 
 static void test_agent_mentioned_mid_conversation_sees_all_history(void **state) {
@@ -566,7 +634,9 @@ static void test_agent_mentioned_mid_conversation_sees_all_history(void **state)
   assert_string_equal(away_text(t), "MESSAGES WHILE YOU WERE AWAY\n"
                                               "[ann] first thing ann said\n"
                                               "[bob] bob replied to it");
-  assert_string_equal(t->messages[t->n_messages - 1].content, "C, can you help?");
+  /* ann and bob speak in this turn (the away block counts): the trigger says who */
+  assert_string_equal(t->messages[t->n_messages - 1].content, "ann: C, can you help?");
+  assert_string_equal(t->messages[t->n_messages - 1].name, "ann");
   complete(f, t, NULL, NULL, 0);
   cph_op_clear_results(&l);
 
@@ -577,7 +647,8 @@ static void test_agent_mentioned_mid_conversation_sees_all_history(void **state)
   assert_null(away_block(t));
   assert_int_equal(t->n_history, 0);
   assert_int_equal(t->n_messages, 1);
-  assert_string_equal(t->messages[0].content, "D, a brand new topic");
+  assert_string_equal(t->messages[0].content, "D, a brand new topic"); /* one person */
+  assert_string_equal(t->messages[0].name, "ann");
   cph_op_clear_results(&l);
 }
 
@@ -610,9 +681,9 @@ static void test_returning_agent_gets_exactly_what_it_missed(void **state) {
                                               "[A] A chimes in\n"
                                               "[ann] chat while C is away\n"
                                               "[bob] more chat from bob");
-  assert_true(find_message(t, "user", "q1 for C") >= 0);
+  assert_true(find_message(t, "user", "ann: q1 for C") >= 0);
   assert_true(find_message(t, "assistant", "C answers q1") >= 0);
-  assert_string_equal(t->messages[t->n_messages - 1].content, "q2 for C");
+  assert_string_equal(t->messages[t->n_messages - 1].content, "ann: q2 for C");
   assert_int_equal(t->n_staged, 1);
   cph_op_clear_results(&l);
 }
@@ -641,8 +712,8 @@ static void test_cursors_survive_a_restart(void **state) {
   assert_string_equal(away_text(t),
                       "MESSAGES WHILE YOU WERE AWAY\n[bob] said after C's turn");
   /* what it had processed is ordinary history now */
-  assert_true(find_message(t, "user", "before C was asked") >= 0);
-  assert_true(find_message(t, "user", "C, first question") >= 0);
+  assert_true(find_message(t, "user", "ann: before C was asked") >= 0); /* bob spoke too */
+  assert_true(find_message(t, "user", "ann: C, first question") >= 0);
   cph_op_clear_results(&l);
 }
 
@@ -873,6 +944,8 @@ int main(void) {
                                       setup_maint, teardown),
       cmocka_unit_test_setup_teardown(test_agents_see_each_other_as_system_and_users_as_user,
                                       setup, teardown),
+      cmocka_unit_test_setup_teardown(test_users_are_named_and_prefixed_when_several_speak, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_agent_mentioned_mid_conversation_sees_all_history,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_returning_agent_gets_exactly_what_it_missed, setup,

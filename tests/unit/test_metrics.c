@@ -78,6 +78,34 @@ static void test_label_values_escape_quote_backslash_newline_and_bad_utf8(void *
 #undef R
 }
 
+static void test_two_labels_are_written_in_order_and_escaped(void **state) {
+  (void)state;
+  metric_registry *r = metric_registry_new();
+  metric_family *f =
+      metric_family_add(r, "x_step", METRIC_GAUGE, "Step per channel.", "channel", NULL, 0);
+  assert_true(metric_family_add_label(f, "trigger"));
+  assert_false(metric_family_add_label(f, "third")); /* METRIC_LABELS_MAX */
+  const char *a[2] = {"ops", "family_growth"}, *b[2] = {"say \"hi\"", NULL};
+  metric_gauge_set(metric_series_addv(f, a), 1);
+  metric_gauge_set(metric_series_addv(f, b), 0);
+  assert_false(metric_family_add_label(f, "late")); /* it has series */
+  metric_family *h = metric_family_add(r, "x_wait_seconds", METRIC_HISTOGRAM, "Waits.", "lane",
+                                       (const double[]){1}, 1);
+  assert_true(metric_family_add_label(h, "tenant"));
+  const char *c[2] = {"interactive", "acme"};
+  metric_hist_observe(metric_series_hist(metric_series_addv(h, c)), 0.5);
+  expect_text(write_text(r), "# HELP x_step Step per channel.\n"
+                             "# TYPE x_step gauge\n"
+                             "x_step{channel=\"ops\",trigger=\"family_growth\"} 1\n"
+                             "x_step{channel=\"say \\\"hi\\\"\"} 0\n" /* empty = absent */
+                             "# HELP x_wait_seconds Waits.\n"
+                             "# TYPE x_wait_seconds histogram\n"
+                             "x_wait_seconds_bucket{lane=\"interactive\",tenant=\"acme\",le=\"1\"} 1\n"
+                             "x_wait_seconds_bucket{lane=\"interactive\",tenant=\"acme\",le=\"+Inf\"} 1\n"
+                             "x_wait_seconds_sum{lane=\"interactive\",tenant=\"acme\"} 0.5\n"
+                             "x_wait_seconds_count{lane=\"interactive\",tenant=\"acme\"} 1\n");
+}
+
 static void test_histogram_buckets_are_cumulative_and_end_in_inf(void **state) {
   (void)state;
   static const double bounds[] = {0.5, 1, 2.5};
@@ -337,6 +365,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_family_gets_help_and_type_and_escapes_help),
       cmocka_unit_test(test_label_values_escape_quote_backslash_newline_and_bad_utf8),
+      cmocka_unit_test(test_two_labels_are_written_in_order_and_escaped),
       cmocka_unit_test(test_histogram_buckets_are_cumulative_and_end_in_inf),
       cmocka_unit_test(test_numbers_are_exact_and_shortest),
       cmocka_unit_test_setup_teardown(
