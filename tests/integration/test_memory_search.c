@@ -623,6 +623,100 @@ static void test_openai_embedder_found_at_once_and_degraded_when_it_fails(void *
              g_emb.last_bad);
 }
 
+/* Outbox items carry their shard (memory id mod :vector-index :shards), shown by
+ * GET /v1/outbox; and once compacted, the sources never come back from search: their summary
+ * answers for them, once. */
+static int setup_sharded(void **state) {
+  return start(state,
+               "{:dedupe {:min-length 1000000}\n"
+               " :vector-index {:shards 4}\n"
+               " :maintenance {:outbox {:drain-interval-s 1}}\n"
+               " :store {:sync :none}}\n",
+               NULL);
+}
+
+static void test_outbox_items_carry_their_shard(void **state) {
+  fixture *f = *state;
+  create(f, "s1", "\"ops\"", "");
+  turn_writing(f, "s1", "ops",
+               "[{\"text\":\"heron count at the north pond was twelve\"},"
+               "{\"text\":\"heron nest found near the boathouse\"},"
+               "{\"text\":\"heron chicks hatched in late spring\"},"
+               "{\"text\":\"heron feeding times are dawn and dusk\"},"
+               "{\"text\":\"heron survey volunteers meet on saturdays\"}]");
+  /* the five ids, once embedded (the outbox only deletes embedded vectors) */
+  int64_t ids[5] = {0};
+  size_t n_ids = 0;
+  int64_t deadline = cph_hc_now_ms() + 15000;
+  for (;;) {
+    int st;
+    char *raw = NULL;
+    json_decref(cph_hc_call_raw(f->d.port, NULL, &st, &raw, "GET", "/metrics", NULL));
+    bool drained = raw && strstr(raw, "cephalon_embed_queue_length 0\n");
+    free(raw);
+    if (drained)
+      break;
+    if (cph_hc_now_ms() > deadline)
+      fail_msg("the memories were never embedded");
+    cph_hc_sleep_ms(20);
+  }
+  json_t *a = search_ok(f, "s1", "heron");
+  json_t *mems = json_object_get(a, "memories");
+  for (size_t i = 0; i < json_array_size(mems); i++)
+    if (strcmp(cph_hc_str(json_array_get(mems, i), "session"), "s1") == 0 && n_ids < 5)
+      ids[n_ids++] = cph_hc_int(json_array_get(mems, i), "id");
+  json_decref(a);
+  assert_int_equal(n_ids, 5);
+
+  char body[256];
+  snprintf(body, sizeof body,
+           "{\"job\":\"gc_plan\",\"args\":{\"sources\":[%lld,%lld,%lld,%lld,%lld]}}",
+           (long long)ids[0], (long long)ids[1], (long long)ids[2], (long long)ids[3],
+           (long long)ids[4]);
+  int st;
+  json_decref(cph_hc_call(f->d.port, NULL, &st, "POST", "/v1/maintenance/jobs", "%s", body));
+  assert_int_equal(st, 202);
+
+  json_t *items = NULL;
+  deadline = cph_hc_now_ms() + 15000;
+  for (;;) {
+    json_t *o = cph_hc_call(f->d.port, NULL, &st, "GET", "/v1/outbox", NULL);
+    assert_int_equal(st, 200);
+    if (json_array_size(json_object_get(o, "items")) == 5) {
+      items = json_incref(json_object_get(o, "items"));
+      json_decref(o);
+      break;
+    }
+    json_decref(o);
+    if (cph_hc_now_ms() > deadline)
+      fail_msg("the compaction never queued its five vector deletes");
+    cph_hc_sleep_ms(20);
+  }
+  int shards_seen[4] = {0};
+  for (size_t i = 0; i < json_array_size(items); i++) {
+    const json_t *it = json_array_get(items, i);
+    int64_t id = cph_hc_int(it, "memory_id"), shard = cph_hc_int(it, "shard");
+    assert_int_equal(shard, id % 4);
+    shards_seen[shard] = 1;
+  }
+  assert_true(shards_seen[0] + shards_seen[1] + shards_seen[2] + shards_seen[3] >= 3);
+  json_decref(items);
+
+  /* the sources are gone; the summary answers for them, once */
+  a = search_ok(f, "s1", "heron");
+  mems = json_object_get(a, "memories");
+  size_t summaries = 0;
+  for (size_t i = 0; i < json_array_size(mems); i++) {
+    const json_t *h = json_array_get(mems, i);
+    for (size_t j = 0; j < 5; j++)
+      assert_true(cph_hc_int(h, "id") != ids[j]);
+    summaries += strcmp(cph_hc_str(h, "kind"), "summary") == 0;
+  }
+  assert_int_equal(summaries, 1);
+  assert_hits_sane(a);
+  json_decref(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(
@@ -643,6 +737,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(
           test_openai_embedder_found_at_once_and_degraded_when_it_fails, setup_openai,
           teardown),
+      cmocka_unit_test_setup_teardown(test_outbox_items_carry_their_shard, setup_sharded,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
