@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "engine_internal.h"
+#include "providers.h"
 
 #define SCOPES_PER_PLAN 256
 
@@ -372,6 +373,7 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
       o.status = CPH_OUTBOX_PENDING;
       o.memory_id = m.id;
       o.model = e->policy->providers.embeddings.model;
+      o.shard = cph_vindex_shard(m.id, e->policy->vector_index.shards);
       o.created_ms = o.next_attempt_ms = now;
       cph_key ok = u64_key(oid);
       if (rc == CPH_OK)

@@ -76,6 +76,28 @@ void cph_job_work_free(cph_job_work *w) {
 
 /* ---------------------------------------------------------------- execute (worker thread) */
 
+/* The batch's vectors to the HTTP index, one upsert per shard (cph_vindex_shard), shards in
+ * ascending order: one request touches one partition. The first failure fails the batch (it
+ * is embedded and sent again whole: upserts are idempotent). */
+static int upsert_by_shard(const cph_policy *p, const cph_job_work *w, cph_err *err) {
+  cph_vitem *items = calloc(w->n_items, sizeof *items);
+  if (!items)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  int64_t shards = p->vector_index.shards;
+  int rc = CPH_OK;
+  for (int64_t shard = 0; rc == CPH_OK && shard < (shards > 1 ? shards : 1); shard++) {
+    size_t n = 0;
+    for (size_t i = 0; i < w->n_items; i++)
+      if (cph_vindex_shard(w->memory_ids[i], shards) == (uint32_t)shard)
+        items[n++] =
+            (cph_vitem){w->memory_ids[i], w->scopes[i], w->vectors + i * w->dims, w->dims};
+    if (n)
+      rc = cph_vindex_http_upsert(&p->vector_index, (uint32_t)shard, items, n, err);
+  }
+  free(items);
+  return rc;
+}
+
 void cph_job_execute(const cph_policy *p, cph_job_work *w) {
   cph_err err = {0};
   w->rc = CPH_OK;
@@ -90,17 +112,8 @@ void cph_job_execute(const cph_policy *p, cph_job_work *w) {
       w->rc = cph_embed_openai(&p->providers.embeddings, (const char *const *)w->texts,
                                w->n_items, w->vectors, &err);
     }
-    if (w->rc == CPH_OK && w->remote_index) {
-      cph_vitem *items = calloc(w->n_items, sizeof *items);
-      if (!items) {
-        w->rc = CPH_ENOMEM;
-        break;
-      }
-      for (size_t i = 0; i < w->n_items; i++)
-        items[i] = (cph_vitem){w->memory_ids[i], w->scopes[i], w->vectors + i * w->dims, w->dims};
-      w->rc = cph_vindex_http_upsert(&p->vector_index, 0, items, w->n_items, &err);
-      free(items);
-    }
+    if (w->rc == CPH_OK && w->remote_index)
+      w->rc = upsert_by_shard(p, w, &err);
     break;
   case CPH_JOBK_GC_SUMMARIZE:
     if (p->providers.summarizer.kind == CPH_POLICY_PROVIDER_BUILTIN)

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cephalon/cephalon.h"
 #include "cephalon/error.h"
 #include "cephalon/policy.h"
 #include "store/store.h"
@@ -51,10 +52,7 @@ int cph_vindex_put(cph_txn *t, const char *scope, uint64_t memory_id, const floa
 /* CPH_ENOTFOUND when absent (not an error for deletes that already happened). */
 int cph_vindex_del(cph_txn *t, const char *scope, uint64_t memory_id);
 
-typedef struct cph_vhit {
-  uint64_t memory_id;
-  float score; /* cosine similarity */
-} cph_vhit;
+/* cph_vhit (memory id, cosine similarity) is public: cephalon/cephalon.h. */
 
 /* The k best hits in scope by cosine similarity, best first (equal scores: lower id first);
  * *n <= k. Brute force over the scope's vectors. Vectors of another width and zero vectors are
@@ -62,6 +60,18 @@ typedef struct cph_vhit {
  * with t->err naming the key. */
 int cph_vindex_search(cph_txn *t, const char *scope, const float *q, uint32_t dims, size_t k,
                       cph_vhit *out, size_t *n);
+
+/* ---- shards ----
+ * The shard a memory's vector belongs to: memory id mod :vector-index :shards (0 with one
+ * shard). The id is the only key an index item has (docs/vector-index.md: "an id is identified
+ * by id alone"), so the rule needs nothing else and gives every shard the same share of ids.
+ * Upserts and outbox deletes are batched per shard; the embedded index, a single partition,
+ * records the shard on outbox items all the same, so the batches do not change when the index
+ * moves to HTTP. An item keeps the shard it was given when :shards is changed later (a shard is
+ * a routing hint; the index must find an id whatever shard names it). */
+static inline uint32_t cph_vindex_shard(uint64_t memory_id, int64_t shards) {
+  return shards > 1 ? (uint32_t)(memory_id % (uint64_t)shards) : 0;
+}
 
 /* ---- the HTTP vector index (REST contract in docs/vector-index.md) ----
  * The network calls go through common/http_client.h (http and https); errors name the URL. */

@@ -27,10 +27,14 @@
 #include "listen.h"
 #include "maint_workers.h"
 #include "routes.h"
+#include "search_prep.h"
 #include "server.h"
 
 /* How long a shutdown waits for in-flight work before exiting anyway. */
 #define STOP_DEADLINE_S 10
+/* Threads embedding search queries through an external provider (search_prep.c). They mostly
+ * wait on the network; two keep one slow call from holding up every search. */
+#define SEARCH_THREADS 2
 /* How long it waits for answers already handed to libevent to be written. */
 #define FLUSH_GRACE_MS 1000
 /* Largest request head libevent reads (request line + headers). */
@@ -291,6 +295,7 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound, uint16_t fallback)
 
 /* After the loop: answer what can be answered, then free everything (ASan runs the tests). */
 static void shutdown_all(cph_srv *s) {
+  cph_search_prep_stop(s);
   cph_maint_workers_stop(s);
   if (s->engine && s->http) {
     cph_longpolls_stop(s);
@@ -425,6 +430,10 @@ int main(int argc, char **argv) {
   }
   if (cph_maint_workers_start(&s, (int)cph_engine_policy(s.engine)->maintenance.workers)) {
     cph_error("cannot start the maintenance workers");
+    goto out;
+  }
+  if (cph_search_prep_start(&s, SEARCH_THREADS)) {
+    cph_error("cannot start the memory search threads");
     goto out;
   }
   cph_srv_schedule_pass(&s); /* recovery may have left work (expired leases restaged) */

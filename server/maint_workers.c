@@ -52,8 +52,8 @@ struct cph_maint_pool {
 
 static void lease_next(worker *w);
 
-/* Only the settings cph_job_execute reads, deep-copied. */
-static cph_policy *provider_snapshot(const cph_policy *p) {
+/* Only the settings cph_job_execute and cph_search_prepare read, deep-copied. */
+cph_policy *cph_provider_snapshot(const cph_policy *p) {
   cph_policy *c = cph_policy_new_default();
   if (!c)
     return NULL;
@@ -163,7 +163,7 @@ static void lease_done(cph_op *op, void *ctx) {
     complete_turn(w, NULL);
     return;
   }
-  cph_policy *snap = provider_snapshot(cph_engine_policy(pool->srv->engine));
+  cph_policy *snap = cph_provider_snapshot(cph_engine_policy(pool->srv->engine));
   pthread_mutex_lock(&pool->mu);
   cph_policy_free(w->policy);
   w->policy = snap;

@@ -5,6 +5,12 @@
 #include <stdbool.h>
 
 typedef struct cph_srv cph_srv;
+struct cph_policy;
+
+/* A private copy of the provider settings of p (:providers, :vector-index) for a thread that
+ * calls providers while the loop may reload the policy; NULL on out of memory. Free with
+ * cph_policy_free. */
+struct cph_policy *cph_provider_snapshot(const struct cph_policy *p);
 
 /* Starts n workers (:maintenance :workers) after the engine is open and the loop exists. */
 int cph_maint_workers_start(cph_srv *s, int n);

@@ -5,13 +5,15 @@
  *   GET  /v1/gc/groups/{id}                  -> group
  *   GET  /v1/outbox?status=&limit=           -> {"items": [...], "pending", "oldest_age_seconds"}
  *   GET  /v1/memories/search?session=&q=&k=  -> {"memories": [{id, kind, text, score, session,
- *                                                created_ms}]} (counts as an access) */
+ *                                                created_ms}], "degraded"?: true}
+ *                                                (counts as an access; core/search.c ranks) */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "routes.h"
+#include "search_prep.h"
 #include "server.h"
 
 /* A job's args object as the engine's "key=value" text: {"group": 12} -> "group=12",
@@ -249,17 +251,45 @@ static void search_done(cph_req *r) {
   }
   json_t *body = json_object();
   json_object_set_new(body, "memories", arr);
+  /* Only when it holds: the vector half is missing (the embedder or index failed or timed
+   * out), so these are the lexical hits alone. */
+  if (r->op.u.search.degraded)
+    json_object_set_new(body, "degraded", json_true());
   cph_reply_json(r, 200, body);
 }
 
+/* k: absent, empty or 0 = CPH_SEARCH_K_DEFAULT; above CPH_SEARCH_K_MAX it is clamped (a
+ * client asking for "as many as you have" gets the most we give); anything but a
+ * non-negative integer is a 400 naming k. */
+static bool search_k(cph_req *r, size_t *out) {
+  const char *v = cph_req_query(r, "k");
+  *out = CPH_SEARCH_K_DEFAULT;
+  if (!v || !*v)
+    return true;
+  if (strspn(v, "0123456789") != strlen(v)) {
+    cph_reply_error(r, 400, "bad_request", "k",
+                    "k: expected a non-negative integer (0 means %d; above %d counts as %d), "
+                    "got \"%.40s\"",
+                    CPH_SEARCH_K_DEFAULT, CPH_SEARCH_K_MAX, CPH_SEARCH_K_MAX, v);
+    return false;
+  }
+  /* digits only: compare by length first, so a number of any size is clamped */
+  size_t len = strlen(v);
+  while (len > 1 && *v == '0') {
+    v++;
+    len--;
+  }
+  unsigned long k = len > 6 ? CPH_SEARCH_K_MAX : strtoul(v, NULL, 10);
+  *out = k == 0 ? CPH_SEARCH_K_DEFAULT : k > CPH_SEARCH_K_MAX ? CPH_SEARCH_K_MAX : (size_t)k;
+  return true;
+}
+
 void cph_route_memories_search(cph_req *r) {
-  uint64_t k;
+  size_t k;
   const char *session = cph_req_query(r, "session");
   const char *q = cph_req_query(r, "q");
-  if (!cph_query_u64(r, "k", 10, 100, &k)) {
-    cph_reply_failure(r);
+  if (!search_k(r, &k))
     return;
-  }
   if (!session || !*session) {
     cph_reply_error(r, 400, "bad_request", "session", "session: required");
     return;
@@ -270,7 +300,24 @@ void cph_route_memories_search(cph_req *r) {
   }
   r->op.u.search.session = (char *)session;
   r->op.u.search.query = (char *)q;
-  r->op.u.search.k = (size_t)k;
+  r->op.u.search.k = k;
+  cph_engine *e = r->srv->engine;
+  if (cph_search_needs_prepare(cph_engine_policy(e))) {
+    /* The query goes through the embedder (and the HTTP index) on a search thread first;
+     * never in the pass. */
+    cph_strv scopes = {0};
+    cph_err err = {0};
+    int rc = cph_engine_memory_scopes(e, session, &scopes, &err);
+    if (rc) {
+      cph_strv_free(&scopes);
+      cph_reply_rc(r, rc, err.msg, rc == CPH_ENOTFOUND ? "session" : NULL);
+      return;
+    }
+    if (cph_search_prep_submit(r->srv, r, &scopes, search_done))
+      return;
+    cph_strv_free(&scopes);
+    r->op.u.search.degraded = true; /* no thread could take it: lexical at once */
+  }
   cph_req_submit(r, CPH_OP_MEMORY_SEARCH, search_done);
 }
 

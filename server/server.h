@@ -18,6 +18,7 @@
 
 struct cph_srv {
   struct cph_maint_pool *maint; /* maint_workers.c */
+  struct cph_search_pool *search; /* search_prep.c */
   struct event_base *base;
   struct evhttp *http;
   struct evhttp_bound_socket *bound; /* NULL once we stop accepting */

@@ -399,6 +399,50 @@ typedef struct cph_context_node_in {
   cph_strv tags;
 } cph_context_node_in;
 
+/* ---------------------------------------------------------------- memory search
+ *
+ * GET /v1/memories/search (DESIGN §7). The answer merges two kinds of hits over the session's
+ * readable scopes (its own and its channels'), by the rule stated in core/search.c:
+ * - vector hits: the query's embedding against the vector index;
+ * - lexical hits: query terms against the texts of the newest memories of each scope, which
+ *   always covers memories whose embedding is still queued — so a memory is found as soon as
+ *   the request that wrote it answered, whatever the embedder.
+ * The vector half may need the network (an OpenAI-compatible embedder, the HTTP index). That
+ * is never done in a pass: the caller runs cph_search_prepare on a thread of its own before it
+ * submits the op, and hands the results in (query_vector, index_hits, degraded). */
+
+#define CPH_SEARCH_K_DEFAULT 10
+#define CPH_SEARCH_K_MAX 100
+
+/* One vector hit: cosine similarity, higher is closer. */
+typedef struct cph_vhit {
+  uint64_t memory_id;
+  float score;
+} cph_vhit;
+
+/* The vector half of a search, computed by cph_search_prepare. */
+typedef struct cph_search_prep {
+  float *query_vector; /* dims floats; NULL when the embedder failed or is not needed */
+  uint32_t dims;
+  cph_vhit *index_hits; /* HTTP index: the hits of every scope, best first per scope */
+  size_t n_index_hits;
+  bool degraded;   /* the embedder or the index failed (or timed out): lexical answer only */
+  char error[256]; /* why, when degraded */
+} cph_search_prep;
+
+/* True when the vector half of a search needs cph_search_prepare under policy p (an
+ * OpenAI-compatible embedder or the HTTP index); false for the built-in embedder with the
+ * embedded index, which the engine runs in the pass (no network, microseconds). */
+bool cph_search_needs_prepare(const cph_policy *p);
+/* Embeds query through the configured embedder and, with the HTTP index, asks it for the k
+ * (clamped as the op's k) best of each scope in scopes[0..n_scopes). Never fails: a provider
+ * error or timeout (each call bounded by its :timeout-ms; the first failure stops the rest)
+ * sets out->degraded and out->error. Thread-safe; touches no engine state; blocks on the
+ * network. Free with cph_search_prep_free. */
+void cph_search_prepare(const cph_policy *p, const char *query, const char *const *scopes,
+                        size_t n_scopes, size_t k, cph_search_prep *out);
+void cph_search_prep_free(cph_search_prep *prep);
+
 typedef struct cph_memory_hit {
   uint64_t id;
   char *kind; /* "raw", "summary", "aggregate" */
@@ -473,7 +517,15 @@ struct cph_op {
     struct {
       char *session;
       char *query;
-      size_t k;
+      size_t k; /* 0 = CPH_SEARCH_K_DEFAULT; above CPH_SEARCH_K_MAX it is clamped */
+      /* Inputs prepared off the pass by cph_search_prepare (borrowed, all optional; see
+       * there). Without them the engine searches vectors itself only when the built-in
+       * embedder and the embedded index are configured, and answers lexically otherwise. */
+      const float *query_vector; /* :providers :embeddings :dimensions floats, or NULL */
+      uint32_t dims;
+      const cph_vhit *index_hits; /* the HTTP index's hits over the session's scopes */
+      size_t n_index_hits;
+      bool degraded; /* in: preparing failed; out: the vector half of the answer is missing */
       cph_memory_hit *hits; /* out */
       size_t n_hits;
     } search;
@@ -495,6 +547,12 @@ void cph_op_clear_results(cph_op *op);
 /* ---------------------------------------------------------------- reads */
 
 int cph_engine_get_session(cph_engine *e, const char *id, cph_session_info *out, cph_err *err);
+
+/* The memory scopes session may read, as stored now: its own id first, then "#channel" for
+ * each channel it subscribes to, then each it is a member of (at most 64 in all). out->items
+ * are malloc'd (free with cph_strv_free). CPH_ENOTFOUND for an unknown session. */
+int cph_engine_memory_scopes(cph_engine *e, const char *session, cph_strv *out, cph_err *err);
+void cph_strv_free(cph_strv *v);
 
 typedef struct cph_session_filter {
   bool by_lane;

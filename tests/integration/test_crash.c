@@ -1026,7 +1026,8 @@ static void test_kill_9_during_gc_commit_leaves_no_group_half_applied(void **sta
     json_decref(cph_hc_call(r->d.port, NULL, &st, "POST", path, "%s", body));
     assert_int_equal(st, 200);
     json_decref(j);
-    /* wait until each is embedded and searchable: that gives its id */
+    /* wait until each is searchable (at once: queued embeddings match lexically); that gives
+     * its id */
     int64_t deadline = cph_hc_now_ms() + 60000;
     for (int m = 0; m < GC_MEMORIES; m++) {
       while (!mems[m].id) {

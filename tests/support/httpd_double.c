@@ -40,6 +40,8 @@ struct cph_httpd {
   reply_copy *script;
   size_t script_len, script_next;
   reply_copy dflt;
+  cph_httpd_handler handler; /* answers instead of dflt when set */
+  void *handler_ctx;
   size_t count;
 };
 
@@ -220,16 +222,30 @@ static void serve(cph_httpd *d, int fd) {
     return;
   }
   record(d, &r);
-  free(r.buf);
 
   reply_copy rep;
   pthread_mutex_lock(&d->mu);
   d->count++;
-  const reply_copy *src = d->script_next < d->script_len ? &d->script[d->script_next++] : &d->dflt;
+  bool scripted = d->script_next < d->script_len;
+  const reply_copy *src = scripted ? &d->script[d->script_next++] : &d->dflt;
   rep.status = src->status;
   rep.delay_ms = src->delay_ms;
-  rep.body = xstrdup(src->body);
+  rep.body = scripted || !d->handler ? xstrdup(src->body) : NULL;
+  cph_httpd_handler fn = scripted ? NULL : d->handler;
+  void *ctx = d->handler_ctx;
   pthread_mutex_unlock(&d->mu);
+  if (fn) {
+    char method[32] = "", target[2048] = "";
+    sscanf(r.buf, "%31s %2047s", method, target);
+    cph_httpd_reply out = {200, NULL, 0};
+    char *body = r.buf + r.head_len;
+    body[r.body_len] = '\0'; /* read_request leaves a byte spare */
+    fn(method, target, body, r.body_len, ctx, &out);
+    rep = (reply_copy){out.status, (char *)out.body, out.delay_ms};
+    if (!rep.body)
+      rep.body = xstrdup("");
+  }
+  free(r.buf);
 
   if (rep.delay_ms > 0 && !delay(d, fd, rep.delay_ms)) {
     free(rep.body);
@@ -349,6 +365,13 @@ void cph_httpd_set_default(cph_httpd *d, cph_httpd_reply reply) {
   pthread_mutex_lock(&d->mu);
   free(d->dflt.body);
   d->dflt = (reply_copy){reply.status, body, reply.delay_ms};
+  pthread_mutex_unlock(&d->mu);
+}
+
+void cph_httpd_set_handler(cph_httpd *d, cph_httpd_handler fn, void *ctx) {
+  pthread_mutex_lock(&d->mu);
+  d->handler = fn;
+  d->handler_ctx = ctx;
   pthread_mutex_unlock(&d->mu);
 }
 

@@ -51,6 +51,15 @@ void cph_httpd_script(cph_httpd *d, const cph_httpd_reply *replies, size_t n);
 /* The reply used once the script is empty. */
 void cph_httpd_set_default(cph_httpd *d, cph_httpd_reply reply);
 
+/* A computed answer, for doubles whose reply depends on the request (an embeddings endpoint
+ * that embeds what it is sent). Called on the server thread with the request's method, target
+ * and body; it fills *out (body: malloc'd or NULL, freed by the double). */
+typedef void (*cph_httpd_handler)(const char *method, const char *path, const char *body,
+                                  size_t body_len, void *ctx, cph_httpd_reply *out);
+/* Once the script is empty, fn answers instead of the default reply; NULL goes back to the
+ * default. ctx is passed to fn, which may run until cph_httpd_stop or the next set_handler. */
+void cph_httpd_set_handler(cph_httpd *d, cph_httpd_handler fn, void *ctx);
+
 /* Requests recorded so far. */
 size_t cph_httpd_count(cph_httpd *d);
 

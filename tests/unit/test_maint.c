@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 /* Maintenance through the engine's public API on a virtual clock and a temp LMDB: compaction
  * (plan locks, the group-hash gate), retrieval with summary substitution, the outbox, and
  * retention (DESIGN §7). The test plays cephalond's maintenance worker: lease (internal) ->
@@ -8,7 +9,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <jansson.h>
+#include <math.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -478,6 +482,348 @@ static void test_redacted_payload_leaves_turn_histories_at_once(void **state) {
   assert_false(turn_shows(f, "first:"));
 }
 
+/* ---------------------------------------------------------------- memory search */
+
+static bool hits_have(const cph_memory_hit *hits, size_t n, uint64_t id) {
+  for (size_t i = 0; i < n; i++)
+    if (hits[i].id == id)
+      return true;
+  return false;
+}
+
+static void assert_scores_positive_best_first(const cph_memory_hit *hits, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    assert_true(hits[i].score > 0);
+    assert_true(i == 0 || hits[i].score <= hits[i - 1].score);
+  }
+}
+
+/* DESIGN §7 "reads see writes": no embedding job has run, every embedding is still queued, and
+ * the memories are found all the same (lexically), the best match first. */
+static void test_queued_memories_are_found_before_their_embedding(void **state) {
+  fixture *f = *state;
+  mint_memories(f, TEXTS, 4);
+  cph_maint_stats st;
+  cph_engine_maint_stats(f->e, &st);
+  assert_int_equal(st.embed_queue, 4);
+  assert_false(cph_search_needs_prepare(cph_engine_policy(f->e)));
+
+  cph_op op;
+  size_t n;
+  cph_memory_hit *hits = search(f, "rust compiler upgrade", &n, &op);
+  assert_int_equal(n, 3);         /* 1 (rust, compilers), 2 (rust), 3 (all three) */
+  assert_int_equal(hits[0].id, 3); /* every term */
+  assert_true(hits[0].score > 0.99);
+  assert_int_equal(hits[1].id, 1); /* two of three: "compilers" counts as "compiler" */
+  assert_false(hits_have(hits, n, 4)); /* gardening shares nothing */
+  assert_scores_positive_best_first(hits, n);
+  assert_false(op.u.search.degraded);
+  cph_op_clear_results(&op);
+
+  hits = search(f, "zebra violin", &n, &op);
+  assert_int_equal(n, 0);
+  cph_op_clear_results(&op);
+  hits = search(f, "the of and", &n, &op); /* stop words only: they are the terms then */
+  assert_true(n >= 1);
+  assert_scores_positive_best_first(hits, n);
+  cph_op_clear_results(&op);
+
+  /* embedded now: the same answer, vector and lexical merged */
+  run_maintenance(f);
+  cph_engine_maint_stats(f->e, &st);
+  assert_int_equal(st.embed_queue, 0);
+  hits = search(f, "rust compiler upgrade", &n, &op);
+  assert_true(n >= 3);
+  assert_int_equal(hits[0].id, 3);
+  assert_false(hits_have(hits, n, 4)); /* hash collisions alone never make a hit */
+  assert_scores_positive_best_first(hits, n);
+  cph_op_clear_results(&op);
+}
+
+/* An external embedder the op was not prepared for: the engine never calls it in the pass; the
+ * answer is lexical and says so. */
+static int setup_external_embedder(void **state) {
+  return setup_with(state, "{:sessions {:janitor? true}\n"
+                           " :gc {:min-age-hours 1000}\n"
+                           " :providers {:embeddings {:kind :openai\n"
+                           "                          :url \"http://127.0.0.1:9/v1/embeddings\"}}\n"
+                           " :store {:sync :none}}\n");
+}
+
+static void test_unprepared_search_with_external_embedder_is_lexical_and_degraded(void **state) {
+  fixture *f = *state;
+  assert_true(cph_search_needs_prepare(cph_engine_policy(f->e)));
+  mint_memories(f, TEXTS, 4);
+  cph_op op;
+  size_t n;
+  cph_memory_hit *hits = search(f, "tomatoes morning", &n, &op);
+  assert_int_equal(n, 1);
+  assert_int_equal(hits[0].id, 4);
+  assert_true(op.u.search.degraded);
+  cph_op_clear_results(&op);
+}
+
+/* An HTTP vector index double that keeps what it is sent: /upsert stores, /delete removes,
+ * /search ranks a scope's vectors by cosine. It checks that every id it is sent lies in the
+ * shard the request names (id mod SHARDS). */
+#define SHARDS 3
+#define VDOUBLE_MAX 32
+
+typedef struct vdouble {
+  pthread_mutex_t mu;
+  size_t n;
+  uint64_t ids[VDOUBLE_MAX];
+  char scopes[VDOUBLE_MAX][32];
+  double vec[VDOUBLE_MAX][256];
+  size_t dims[VDOUBLE_MAX];
+  bool down;
+  int wrong_shard;
+  int upserts_per_shard[SHARDS];
+} vdouble;
+
+static vdouble g_vd = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void vd_check_shard(vdouble *d, json_int_t shard, json_int_t id) {
+  if (shard < 0 || shard >= SHARDS || id % SHARDS != shard)
+    d->wrong_shard++;
+}
+
+static char *vd_upsert(vdouble *d, json_t *req) {
+  json_int_t shard = json_integer_value(json_object_get(req, "shard"));
+  json_t *items = json_object_get(req, "items");
+  if (shard >= 0 && shard < SHARDS)
+    d->upserts_per_shard[shard]++;
+  for (size_t i = 0; i < json_array_size(items); i++) {
+    json_t *it = json_array_get(items, i);
+    json_int_t id = json_integer_value(json_object_get(it, "id"));
+    vd_check_shard(d, shard, id);
+    size_t slot = d->n;
+    for (size_t j = 0; j < d->n; j++)
+      if (d->ids[j] == (uint64_t)id)
+        slot = j;
+    if (slot == VDOUBLE_MAX)
+      continue;
+    if (slot == d->n)
+      d->n++;
+    d->ids[slot] = (uint64_t)id;
+    snprintf(d->scopes[slot], sizeof d->scopes[slot], "%s",
+             json_string_value(json_object_get(it, "scope")));
+    json_t *v = json_object_get(it, "vector");
+    d->dims[slot] = json_array_size(v) < 256 ? json_array_size(v) : 256;
+    for (size_t k = 0; k < d->dims[slot]; k++)
+      d->vec[slot][k] = json_number_value(json_array_get(v, k));
+  }
+  char *out = NULL;
+  if (asprintf(&out, "{\"upserted\":%zu}", json_array_size(items)) < 0)
+    abort();
+  return out;
+}
+
+static char *vd_delete(vdouble *d, json_t *req) {
+  json_int_t shard = json_integer_value(json_object_get(req, "shard"));
+  json_t *ids = json_object_get(req, "ids");
+  for (size_t i = 0; i < json_array_size(ids); i++) {
+    uint64_t id = (uint64_t)json_integer_value(json_array_get(ids, i));
+    vd_check_shard(d, shard, (json_int_t)id);
+    for (size_t j = 0; j < d->n; j++)
+      if (d->ids[j] == id)
+        d->ids[j] = 0; /* gone: never found again */
+  }
+  json_t *ans = json_pack("{s:O}", "deleted", ids);
+  char *out = json_dumps(ans, JSON_COMPACT);
+  json_decref(ans);
+  return out;
+}
+
+static char *vd_search(vdouble *d, json_t *req) {
+  const char *scope = json_string_value(json_object_get(req, "scope"));
+  json_t *q = json_object_get(req, "vector");
+  json_int_t k = json_integer_value(json_object_get(req, "k"));
+  json_t *hits = json_array();
+  bool taken[VDOUBLE_MAX] = {0};
+  for (json_int_t r = 0; r < k; r++) { /* selection: best remaining first */
+    size_t best = VDOUBLE_MAX;
+    double best_score = -2;
+    for (size_t j = 0; j < d->n; j++) {
+      if (taken[j] || !d->ids[j] || !scope || strcmp(d->scopes[j], scope) != 0 ||
+          d->dims[j] != json_array_size(q))
+        continue;
+      double dot = 0, a = 0, b = 0;
+      for (size_t x = 0; x < d->dims[j]; x++) {
+        double qx = json_number_value(json_array_get(q, x));
+        dot += qx * d->vec[j][x];
+        a += qx * qx;
+        b += d->vec[j][x] * d->vec[j][x];
+      }
+      double score = a > 0 && b > 0 ? dot / (sqrt(a) * sqrt(b)) : 0;
+      if (score > best_score) {
+        best = j;
+        best_score = score;
+      }
+    }
+    if (best == VDOUBLE_MAX)
+      break;
+    taken[best] = true;
+    json_array_append_new(hits, json_pack("{s:I, s:f}", "id", (json_int_t)d->ids[best], "score",
+                                          best_score));
+  }
+  json_t *ans = json_pack("{s:o}", "hits", hits);
+  char *out = json_dumps(ans, JSON_COMPACT);
+  json_decref(ans);
+  return out;
+}
+
+static void vd_handler(const char *method, const char *path, const char *body, size_t len,
+                       void *ctx, cph_httpd_reply *out) {
+  (void)method;
+  vdouble *d = ctx;
+  json_t *req = json_loadb(body, len, 0, NULL);
+  pthread_mutex_lock(&d->mu);
+  char *answer = NULL;
+  if (d->down || !req)
+    *out = (cph_httpd_reply){500, strdup("{\"error\":{\"message\":\"index down\"}}"), 0};
+  else if (strcmp(path, "/upsert") == 0)
+    answer = vd_upsert(d, req);
+  else if (strcmp(path, "/delete") == 0)
+    answer = vd_delete(d, req);
+  else if (strcmp(path, "/search") == 0)
+    answer = vd_search(d, req);
+  else
+    *out = (cph_httpd_reply){404, strdup("{}"), 0};
+  pthread_mutex_unlock(&d->mu);
+  if (answer)
+    *out = (cph_httpd_reply){200, answer, 0};
+  json_decref(req);
+}
+
+static int setup_sharded_http_index(void **state) {
+  pthread_mutex_lock(&g_vd.mu);
+  memset(g_vd.ids, 0, sizeof g_vd.ids);
+  memset(g_vd.upserts_per_shard, 0, sizeof g_vd.upserts_per_shard);
+  g_vd.n = 0;
+  g_vd.down = false;
+  g_vd.wrong_shard = 0;
+  pthread_mutex_unlock(&g_vd.mu);
+  g_index = cph_httpd_start();
+  cph_httpd_set_handler(g_index, vd_handler, &g_vd);
+  char policy[1024];
+  snprintf(policy, sizeof policy,
+           "{:sessions {:janitor? true}\n"
+           " :gc {:min-age-hours 1000}\n"
+           " :vector-index {:kind :http :url \"%s\" :shards %d}\n"
+           " :maintenance {:outbox {:backoff-base-ms 1 :backoff-max-ms 20 :drain-interval-s 1}}\n"
+           " :store {:sync :none}}\n",
+           cph_httpd_url(g_index), SHARDS);
+  return setup_with(state, policy);
+}
+
+/* A search op carrying what cph_search_prepare found for q (as cephalond's search threads do). */
+static cph_memory_hit *prepared_search(fixture *f, const char *q, cph_search_prep *prep,
+                                       size_t *n, cph_op *op) {
+  cph_strv scopes;
+  cph_err err;
+  assert_int_equal(cph_engine_memory_scopes(f->e, "s1", &scopes, &err), CPH_OK);
+  assert_int_equal(scopes.count, 1);
+  assert_string_equal(scopes.items[0], "s1");
+  cph_search_prepare(cph_engine_policy(f->e), q, (const char *const *)scopes.items, scopes.count,
+                     10, prep);
+  cph_strv_free(&scopes);
+  memset(op, 0, sizeof *op);
+  op->kind = CPH_OP_MEMORY_SEARCH;
+  op->u.search.session = "s1";
+  op->u.search.query = (char *)q;
+  op->u.search.query_vector = prep->query_vector;
+  op->u.search.dims = prep->dims;
+  op->u.search.index_hits = prep->index_hits;
+  op->u.search.n_index_hits = prep->n_index_hits;
+  op->u.search.degraded = prep->degraded;
+  if (cph_fixture_run(f, op))
+    fail_msg("search: %s", op->err.msg);
+  *n = op->u.search.n_hits;
+  return op->u.search.hits;
+}
+
+/* DESIGN §7: search works with the HTTP index (the query's hits come from it, asked off the
+ * pass), and falls back to the lexical answer, degraded, when it is down. Index work is
+ * batched per shard = memory id mod :shards, outbox items included. */
+static void test_http_index_search_and_shards(void **state) {
+  fixture *f = *state;
+  mint_memories(f, TEXTS, 4); /* ids 1..4 */
+  run_maintenance(f);         /* embedded: upserted, one request per shard */
+  pthread_mutex_lock(&g_vd.mu);
+  assert_int_equal(g_vd.n, 4);
+  for (int s = 0; s < SHARDS; s++)
+    assert_int_equal(g_vd.upserts_per_shard[s], 1);
+  pthread_mutex_unlock(&g_vd.mu);
+
+  cph_search_prep prep;
+  cph_op op;
+  size_t n;
+  cph_memory_hit *hits = prepared_search(f, "rust compiler upgrade friday", &prep, &n, &op);
+  assert_false(prep.degraded);
+  assert_true(prep.n_index_hits >= 1);
+  assert_int_equal(prep.index_hits[0].memory_id, 3); /* the index ranked it first */
+  assert_true(n >= 1);
+  assert_int_equal(hits[0].id, 3);
+  assert_false(op.u.search.degraded);
+  assert_false(hits_have(hits, n, 4));
+  assert_scores_positive_best_first(hits, n);
+  cph_op_clear_results(&op);
+  cph_search_prep_free(&prep);
+
+  /* the index is down: 200-equivalent answer, lexical, degraded */
+  pthread_mutex_lock(&g_vd.mu);
+  g_vd.down = true;
+  pthread_mutex_unlock(&g_vd.mu);
+  hits = prepared_search(f, "rust compiler upgrade friday", &prep, &n, &op);
+  assert_true(prep.degraded);
+  assert_non_null(strstr(prep.error, "vector index"));
+  assert_true(op.u.search.degraded);
+  assert_true(n >= 1);
+  assert_int_equal(hits[0].id, 3);
+  assert_scores_positive_best_first(hits, n);
+  cph_op_clear_results(&op);
+  cph_search_prep_free(&prep);
+  pthread_mutex_lock(&g_vd.mu);
+  g_vd.down = false;
+  pthread_mutex_unlock(&g_vd.mu);
+
+  /* compaction: the sources' deletes go through the outbox, each item in its shard */
+  enqueue(f, "gc_plan", "sources=1,2,3,4");
+  run_maintenance(f);
+  cph_maint_stats st;
+  cph_engine_maint_stats(f->e, &st);
+  for (int round = 0; round < 10 && st.outbox_pending; round++) { /* a drain per shard */
+    cph_clock_advance(&f->clock, 2 * CPH_NS_PER_S);
+    run_maintenance(f);
+    cph_engine_maint_stats(f->e, &st);
+  }
+  cph_outbox_info *items;
+  cph_err err;
+  assert_int_equal(cph_engine_outbox(f->e, NULL, 10, &items, &n, &err), CPH_OK);
+  assert_int_equal(n, 4);
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(items[i].shard, items[i].memory_id % SHARDS);
+    assert_string_equal(items[i].status, "done");
+    cph_outbox_info_free(&items[i]);
+  }
+  free(items);
+  pthread_mutex_lock(&g_vd.mu);
+  assert_int_equal(g_vd.wrong_shard, 0);
+  pthread_mutex_unlock(&g_vd.mu);
+
+  /* the sources are gone from search; their summary answers, once */
+  hits = prepared_search(f, "rust compiler", &prep, &n, &op);
+  assert_true(n >= 1);
+  for (size_t i = 0; i < n; i++) {
+    assert_true(hits[i].id > 4);
+    assert_string_equal(hits[i].kind, "summary");
+  }
+  assert_int_equal(n, 1);
+  cph_op_clear_results(&op);
+  cph_search_prep_free(&prep);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_overlapping_plans_one_commits_the_other_aborts, setup,
@@ -492,6 +838,13 @@ int main(void) {
           teardown),
       cmocka_unit_test_setup_teardown(test_outbox_trickle_runs_with_the_maintenance_budget_spent,
                                       setup_tight_budget, teardown),
+      cmocka_unit_test_setup_teardown(test_queued_memories_are_found_before_their_embedding,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_unprepared_search_with_external_embedder_is_lexical_and_degraded,
+          setup_external_embedder, teardown),
+      cmocka_unit_test_setup_teardown(test_http_index_search_and_shards,
+                                      setup_sharded_http_index, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
