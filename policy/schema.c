@@ -182,7 +182,8 @@ static const ps_table leases_table = TABLE(cph_policy_leases, leases_fields, PS_
 /* ---- :sessions ---- */
 static const ps_field sessions_fields[] = {
     INT(cph_policy_sessions, "max-queue", max_queue, 1, 10000000, 1000,
-        "pending inbox messages per session; beyond it the oldest un-mentioned is dropped"),
+        "queued inbox entries per session; beyond it the oldest un-mentioned fold into one "
+        "counted overflow entry (never dropped)"),
     INT(cph_policy_sessions, "max-batch", max_batch, 1, 10000, 64,
         "staged messages carried by one inbox turn"),
     INT(cph_policy_sessions, "context-window-tokens", context_window_tokens, 256, 10000000, 8192,

@@ -9,10 +9,15 @@ packages=(
   build-essential cmake pkg-config
   libevent-dev liblmdb-dev libmsgpack-dev libjansson-dev libssl-dev libcmocka-dev
   libcurl4-openssl-dev # outgoing HTTP: the providers, cephalonctl and cephalon-worker
-  nodejs npm # tests only: the worker's tests install an MCP server from npm (tests/mcp)
+  nodejs # tests only: the worker's tests install an MCP server from npm (tests/mcp)
   clang libclang-rt-14-dev
   prometheus # promtool checks the /metrics scrape; the server scrapes cephalond in a test
 )
+# npm: Debian's package, unless a Node.js build that bundles its own npm is there already (a
+# nodejs package from another archive conflicts with Debian's npm).
+if ! command -v npm >/dev/null 2>&1; then
+  packages+=(npm)
+fi
 packages+=("$@")
 
 missing=()
