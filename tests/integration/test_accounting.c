@@ -581,6 +581,52 @@ static void test_repeats_during_a_leased_turn_are_staged_anew(void **state) {
   json_decref(e2);
 }
 
+/* DESIGN §4 report turns over HTTP: a reporter's channel traffic waits for its report (a lease
+ * in between gets nothing, /why says when), then one `report` turn carries every event counted,
+ * and the next report comes no sooner than an interval later. */
+static void test_report_turns_arrive_at_the_interval_with_every_event(void **state) {
+  fixture *f = *state;
+  boot(f, "{:store {:sync :none} :sessions {:janitor? false}}\n", false);
+  json_decref(call(f, 200, "POST", "/v1/sessions",
+                   "{\"id\":\"s1\",\"class\":\"operational\",\"subscribe\":[\"alerts\"],"
+                   "\"report_interval_s\":3}"));
+  int64_t t0 = cph_test_now_ms();
+  json_int_t ids[40];
+  size_t n_ids = 0;
+  post_repeats(f, "alerts", "nagios", "disk usage on db-1 is above ninety percent", 30, 10, 1,
+               ids, &n_ids);
+  post_repeats(f, "alerts", "nagios", "certificate for api.example.com expires soon", 10, 10, 1,
+               ids, &n_ids);
+  json_t *why = call(f, 200, "GET", "/v1/sessions/s1/why", NULL);
+  assert_string_equal(str(why, "reason"), "waiting_for_report");
+  assert_true(num(why, "next_report_in_s") >= 1 && num(why, "next_report_in_s") <= 3);
+  json_decref(why);
+  assert_null(lease(f, 1000)); /* held: nothing runs before the report is due */
+  json_t *turn = lease(f, 5000);
+  assert_non_null(turn);
+  assert_true(cph_test_now_ms() - t0 >= 2900); /* not before its interval */
+  assert_string_equal(str(turn, "kind"), "report");
+  const char *head = "report:\n#alerts: 40 messages, ";
+  assert_true(strncmp(str(turn, "input"), head, strlen(head)) == 0);
+  assert_non_null(strstr(str(turn, "input"), "\n- ×30 nagios: disk usage on db-1"));
+  expect_accounted(json_object_get(turn, "staged"), ids, n_ids);
+  complete(f, turn);
+  int64_t done = cph_test_now_ms();
+  json_decref(turn);
+  /* the next one: only once something arrived, and an interval after the last */
+  json_int_t more[1];
+  size_t n_more = 0;
+  post_repeats(f, "alerts", "nagios", "replication lag on db-2 above threshold", 1, 1, 1, more,
+               &n_more);
+  turn = lease(f, 6000);
+  assert_non_null(turn);
+  assert_true(cph_test_now_ms() - done >= 2900);
+  assert_string_equal(str(turn, "kind"), "report");
+  expect_accounted(json_object_get(turn, "staged"), more, n_more);
+  complete(f, turn);
+  json_decref(turn);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_similar_messages_from_people_each_reach_the_turn, setup,
@@ -599,6 +645,8 @@ int main(void) {
           test_flood_across_kill_9_counts_every_acknowledged_event_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_repeats_during_a_leased_turn_are_staged_anew, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_report_turns_arrive_at_the_interval_with_every_event,
+                                      setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -66,7 +66,7 @@ static const char *const TEXTS[] = {
  * routed to it and the events its completed turns carried. */
 typedef struct model {
   int n_sessions;
-  char ids[MAX_SESSIONS][8];
+  char ids[MAX_SESSIONS][16];
   bool subscribed[MAX_SESSIONS][N_CHANNELS];
   uint8_t *routed[MAX_SESSIONS];   /* routed[s][event id] = 1 */
   uint32_t *carried[MAX_SESSIONS]; /* times a completed turn carried it */

@@ -20,6 +20,7 @@
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
+#include "store/store.h"
 #include "tests/support/httpd_double.h"
 #include "tests/support/engine_fixture.h"
 #include "tests/support/testutil.h"
@@ -824,8 +825,64 @@ static void test_http_index_search_and_shards(void **state) {
   cph_search_prep_free(&prep);
 }
 
+/* DESIGN §5: a family keeps one aggregate memory, updated in place — aggregate_upsert refreshes
+ * its count, never mints a new memory per run. Counted in the closed engine's store. */
+static size_t aggregate_memories(const char *dir, char *text, size_t size) {
+  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
+  cph_store *st;
+  cph_err err;
+  if (cph_store_open(&o, &st, &err))
+    fail_msg("store: %s", err.msg);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_MEMORIES, &c), CPH_OK);
+  size_t n = 0;
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
+    cph_memory_rec m;
+    assert_int_equal(cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &err), CPH_OK);
+    if (m.kind == CPH_MEMORY_AGGREGATE && !m.deleted) {
+      n++;
+      snprintf(text, size, "%s", m.text);
+    }
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  cph_store_close(st);
+  return n;
+}
+
+static void test_aggregate_upsert_updates_the_familys_one_memory(void **state) {
+  fixture *f = *state;
+  cph_event_in ev = {0};
+  ev.channel = "alerts";
+  ev.sender = "nagios";
+  ev.body = "disk usage on db-1 is above ninety percent";
+  for (int i = 0; i < 3; i++) {
+    cph_op op = {0};
+    op.kind = CPH_OP_INGEST;
+    op.u.ingest.events = &ev;
+    op.u.ingest.n_events = 1;
+    assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+    cph_op_clear_results(&op);
+  }
+  for (int run = 0; run < 3; run++) {
+    enqueue(f, "aggregate_upsert", "family=1");
+    run_maintenance(f);
+  }
+  cph_engine_close(f->e);
+  char text[512] = "";
+  assert_int_equal(aggregate_memories(f->dir, text, sizeof text), 1);
+  assert_non_null(strstr(text, "3 similar messages in alerts"));
+  cph_fixture_open(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_aggregate_upsert_updates_the_familys_one_memory, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_overlapping_plans_one_commits_the_other_aborts, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_redacted_payload_leaves_turn_histories_at_once, setup,
