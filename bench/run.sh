@@ -84,6 +84,8 @@ run fairness 60 fairness --data "$work/data"
 run spam 60 spam --data "$work/data"
 run maintenance 60 maintenance --data "$work/data"
 run memory 300 memory --sessions "$MEMORY_SESSIONS" --events "$MEMORY_EVENTS"
+# cephalon-worker's own overhead per turn against an instant model (DESIGN §13; not a §12 row)
+run worker 120 worker --seconds "$SECONDS_PER_RUN"
 
 # ---------------------------------------------------------------- targets
 
@@ -234,13 +236,20 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "| :sync :always vs Redis appendfsync always | $csa | $ra | $(ratio "$csa" "$ra") |"
   echo "| :sync :none vs beanstalkd in memory | $csn | $bm | $(ratio "$csn" "$bm") |"
   echo
+  echo "### The reference worker"
+  echo
+  echo "cephalon-worker against an instant OpenAI-compatible model on loopback, --concurrency 8:"
+  echo "$(val worker turns_per_s) turns/s, $(val worker worker_cpu_us_per_turn) µs of worker CPU per turn"
+  echo "(the daemon's cycle above is the bound; the worker is not the bottleneck while its turns/s"
+  echo "exceed the cycle's)."
+  echo
   echo "## Figures"
   echo
   echo "| scenario | summary line |"
   echo "|---|---|"
   for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none cycle-small-always \
            cycle-small-none beanstalkd-fsync \
-           beanstalkd-memory redis-always redis-none fairness spam maintenance memory; do
+           beanstalkd-memory redis-always redis-none fairness spam maintenance memory worker; do
     echo "| $f | \`$(tail -1 "$work/$f.out" 2>/dev/null)\` |"
   done
   echo
