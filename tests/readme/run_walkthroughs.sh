@@ -42,11 +42,13 @@ STEP_TIMEOUT_S=25 # all the walkthroughs together; ctest's own timeout is longer
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/cph-readme.XXXXXX") || die "mktemp failed"
 daemon=""
+walker="" # `timeout` running the steps: a signal to it reaches its whole process group
 cleanup() {
-  if [ -n "$daemon" ]; then
-    kill "$daemon" 2>/dev/null
-    wait "$daemon" 2>/dev/null
-  fi
+  local pid
+  for pid in $walker $daemon; do
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -57,7 +59,7 @@ trap 'exit 130' INT TERM HUP
 steps=0
 declare -a st_block st_line st_cmd st_exp st_exp_line
 nblocks=0
-mode=out # out | head (after ```sh) | run (a walkthrough) | other (any other fenced block)
+mode=out # out | opened (after ```sh) | run (a walkthrough) | other (any other fenced block)
 prev=blank # in a walkthrough: blank | prose | cmd | out
 block=""
 lineno=0
@@ -65,9 +67,9 @@ while IFS= read -r line || [ -n "$line" ]; do
   lineno=$((lineno + 1))
   case $mode in
   out)
-    if [ "$line" = '```sh' ]; then mode=head; elif [[ $line == '```'* ]]; then mode=other; fi
+    if [ "$line" = '```sh' ]; then mode=opened; elif [[ $line == '```'* ]]; then mode=other; fi
     ;;
-  head)
+  opened)
     if [[ $line =~ ^#\ walkthrough:\ *([^ ]+) ]]; then
       mode=run
       block=${BASH_REMATCH[1]}
@@ -150,8 +152,12 @@ localize() { # the README's address -> the test's
   done
 } >"$tmp/walkthroughs.sh"
 started=$(date +%s)
-(cd "$tmp/cwd" && CEPHALON_URL=http://$addr timeout -k 2 "$STEP_TIMEOUT_S" \
-  bash --noprofile --norc "$tmp/walkthroughs.sh" </dev/null)
+# In the background, so that a signal to this script is handled at once (by `wait`).
+(cd "$tmp/cwd" && CEPHALON_URL=http://$addr exec timeout -k 2 "$STEP_TIMEOUT_S" \
+  bash --noprofile --norc "$tmp/walkthroughs.sh") </dev/null &
+walker=$!
+wait "$walker"
+walker=""
 elapsed=$(($(date +%s) - started))
 
 # ---------------------------------------------------------------- compare
@@ -220,7 +226,7 @@ for ((i = 0; i < steps; i++)); do
     fi
     expected=$(printf '%s\n' "$expected" | sed 's/[[:space:]]*$//')
     if ! matches "$actual" "$expected"; then
-      problem="output differs from README.md:${st_exp_line[i]}: no match for \"$(clip "$missing")\""
+      problem="output differs from $where:${st_exp_line[i]}: no match for \"$(clip "$missing")\""
     fi
   fi
   if [ -n "$problem" ]; then
