@@ -12,6 +12,7 @@ packages=(
   nodejs # tests only: the worker's tests install an MCP server from npm (tests/mcp)
   clang libclang-rt-14-dev
   prometheus # promtool checks the /metrics scrape; the server scrapes cephalond in a test
+  curl jq # the README's walkthroughs use both; tests/readme runs them
 )
 # npm: Debian's package, unless a Node.js build that bundles its own npm is there already (a
 # nodejs package from another archive conflicts with Debian's npm).
