@@ -58,7 +58,7 @@ typedef struct bp_channel {
   bp_cause cause;    /* as persisted: why it is at `step` */
   unsigned triggers; /* CPH_BP_TRIGGER_* at the last check */
   uint32_t calm;     /* consecutive calm intervals */
-  int64_t since_ms;  /* when `step` began (dedupe_now_ms scale); 0 = never changed */
+  int64_t since_ms;  /* when `step` began (engine_wall_ms scale); 0 = never changed */
   int64_t next_eval_ns;
   uint32_t buckets[BUCKETS]; /* events per engine-clock second, by second % 60 */
   uint32_t fresh[BUCKETS];   /* of those, the new ones: not a repeat of a tracked family */
@@ -439,7 +439,7 @@ void backpressure_tick(cph_engine *e) {
     return;
   bp->next_check_ns = now + CHECK_PERIOD_NS;
   int64_t sec = now / CPH_NS_PER_S;
-  int64_t now_ms = dedupe_now_ms(e);
+  int64_t now_ms = engine_wall_ms(e);
   const cph_policy *p = e->policy;
 
   cph_lane_stats st;
@@ -476,7 +476,6 @@ void backpressure_tick(cph_engine *e) {
     channel_free(gone[i]);
   }
   free(gone);
-  dedupe_tick(e, now_ms);
 }
 
 /* ---------------------------------------------------------------- lifecycle */

@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backpressure.h"
+#include "common/hmap.h"
 #include "common/log.h"
 #include "dedupe.h"
-#include "engine_internal.h"
 #include "simidx.h"
+#include "store/store.h"
 
 #define ENTRY_VERSION 1
 #define ENTRY_LEN 41
@@ -28,6 +28,7 @@
  * last check, so pruning keeps up with any ingest rate (amortised O(1) per event). */
 #define PRUNE_BASE 512
 #define SWEEP_PERIOD_MS 10000 /* how often idle rings are freed */
+#define PRUNE_PERIOD_MS 1000  /* how often expired exact entries are pruned */
 
 typedef struct ring_entry {
   uint64_t family; /* 0 = none yet */
@@ -61,7 +62,7 @@ typedef struct top_entry {
 typedef struct cph_dedupe {
   cph_hmap channels; /* name -> dd_channel */
   EVP_MD_CTX *md;
-  int64_t base_wall_ms, base_ns;
+  int64_t next_prune_ms; /* dedupe_tick prunes at most once a second */
   uint64_t exact_hits, near_hits, families;
   /* The top families by count, largest first. Exact, not an estimate: counts only grow and
    * every increment passes through top_note, so a family outside the list can never exceed
@@ -443,13 +444,6 @@ void dedupe_verdict_free(dedupe_verdict *v) {
   v->norm = v->sample = NULL;
 }
 
-int64_t dedupe_now_ms(const cph_engine *e) {
-  const cph_dedupe *d = e->dedupe;
-  if (!d)
-    return cph_wall_ms();
-  return d->base_wall_ms + (cph_clock_now(e->clock_ref) - d->base_ns) / CPH_NS_PER_MS;
-}
-
 /* (Re)builds the ring's banded index for `distance`; on failure (a distance too wide for
  * bands, out of memory) the ring has none and lookups scan it. O(len * bands). */
 static void ring_index(dd_channel *dc, int distance) {
@@ -489,17 +483,15 @@ static inline void near_consider(const dd_channel *dc, uint32_t i, uint64_t hash
   nb->best_i = (int32_t)i;
 }
 
-int dedupe_classify(cph_engine *e, cph_txn *t, const char *chan, const char *sender,
-                    const char *body, int64_t now_ms, uint32_t window_mult, dedupe_near near,
-                    dedupe_verdict *v) {
+int dedupe_classify(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *t, const char *chan,
+                    const char *sender, const char *body, int64_t now_ms, uint32_t window_mult,
+                    dedupe_near near, dedupe_verdict *v) {
   memset(v, 0, sizeof *v);
   v->ring_index = -1;
-  cph_dedupe *d = e->dedupe;
   v->norm = dedupe_normalise(body, &v->norm_len);
   if (!v->norm)
     return CPH_ENOMEM;
   exact_sha(d, chan, sender, v->norm, v->norm_len, v->sha256);
-  const cph_policy_dedupe *p = &e->policy->dedupe;
   if (p->window_seconds <= 0 || (int64_t)v->norm_len < p->min_length)
     return CPH_OK;
   v->eligible = true;
@@ -594,9 +586,8 @@ static int family_bump(cph_txn *t, uint64_t family, uint64_t add, const char *ch
 
 /* The duplicate in v has no (live) family: found one for the original's content (another
  * channel, an earlier window) or create it. Either way the original is now a member. */
-static int family_start(cph_engine *e, cph_txn *t, const char *chan, const char *body,
+static int family_start(cph_dedupe *d, cph_txn *t, const char *chan, const char *body,
                         int64_t now_ms, dedupe_verdict *v) {
-  cph_dedupe *d = e->dedupe;
   cph_event_rec orig = {0};
   cph_key ek = family_key(v->original_event); /* same layout: one u64 */
   bool have_orig = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &orig) == CPH_OK;
@@ -676,8 +667,8 @@ done:
   return rc ? rc : t->ret;
 }
 
-int dedupe_write(cph_engine *e, cph_txn *t, const char *chan, const char *body, uint64_t event_id,
-                 int64_t now_ms, dedupe_verdict *v) {
+int dedupe_write(cph_dedupe *d, cph_txn *t, const char *chan, const char *body,
+                 uint64_t event_id, int64_t now_ms, dedupe_verdict *v) {
   if (!v->eligible)
     return CPH_OK;
   dd_entry en = {0, event_id, now_ms, now_ms, v->simhash};
@@ -691,7 +682,7 @@ int dedupe_write(cph_engine *e, cph_txn *t, const char *chan, const char *body, 
     if (rc == CPH_ENOTFOUND) {
       /* no family yet — or one that vanished (pruned, or left in memory by a failed pass) */
       v->family = 0;
-      rc = family_start(e, t, chan, body, now_ms, v);
+      rc = family_start(d, t, chan, body, now_ms, v);
       if (rc)
         return rc;
     }
@@ -705,9 +696,8 @@ int dedupe_write(cph_engine *e, cph_txn *t, const char *chan, const char *body, 
   return entry_put(t, &k, &en);
 }
 
-void dedupe_commit(cph_engine *e, const char *chan, uint64_t event_id, int64_t now_ms,
+void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t now_ms,
                    const dedupe_verdict *v) {
-  cph_dedupe *d = e->dedupe;
   if (!v->eligible || !d)
     return;
   if (v->kind == DEDUPE_EXACT)
@@ -745,8 +735,7 @@ void dedupe_commit(cph_engine *e, const char *chan, uint64_t event_id, int64_t n
   }
 }
 
-void dedupe_savepoint(cph_engine *e) {
-  cph_dedupe *d = e->dedupe;
+void dedupe_savepoint(cph_dedupe *d) {
   if (!d)
     return;
   d->saved.exact_hits = d->exact_hits;
@@ -764,8 +753,7 @@ static void rings_free_all(cph_dedupe *d) {
   cph_hmap_free(&d->channels);
 }
 
-void dedupe_rollback(cph_engine *e) {
-  cph_dedupe *d = e->dedupe;
+void dedupe_rollback(cph_dedupe *d) {
   if (!d)
     return;
   d->exact_hits = d->saved.exact_hits;
@@ -779,23 +767,17 @@ void dedupe_rollback(cph_engine *e) {
 
 /* ---------------------------------------------------------------- lifecycle */
 
-int dedupe_open(cph_engine *e, cph_err *err) {
+int dedupe_open(cph_txn *t, cph_dedupe **out, cph_err *err) {
+  *out = NULL;
   cph_dedupe *d = calloc(1, sizeof *d);
   if (!d || !(d->md = EVP_MD_CTX_new())) {
     free(d);
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening dedupe");
   }
-  d->base_wall_ms = cph_wall_ms();
-  d->base_ns = cph_clock_now(e->clock_ref);
-  e->dedupe = d;
 
   /* Family count and the top list: one pass over the families at open. */
-  cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
-  if (rc)
-    return cph_err_set(err, rc, "%s", t.err.msg);
   cph_cursor c;
-  rc = cph_cursor_open(&t, CPH_DB_AGGREGATES, &c);
+  int rc = cph_cursor_open(t, CPH_DB_AGGREGATES, &c);
   if (rc == CPH_OK) {
     cph_val k, v;
     for (rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
@@ -816,34 +798,31 @@ int dedupe_open(cph_engine *e, cph_err *err) {
     cph_cursor_close(&c);
   }
   if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
-    cph_err_set(err, rc, "loading families: %s", t.err.msg);
-    cph_txn_abort(&t);
+    cph_err_set(err, rc, "loading families: %s", t->err.msg);
+    dedupe_close(d);
     return rc;
   }
-  cph_txn_abort(&t);
+  *out = d;
   return CPH_OK;
 }
 
-void dedupe_close(cph_engine *e) {
-  cph_dedupe *d = e->dedupe;
+void dedupe_close(cph_dedupe *d) {
   if (!d)
     return;
   rings_free_all(d);
   EVP_MD_CTX_free(d->md);
   free(d);
-  e->dedupe = NULL;
 }
 
 /* Deletes expired exact entries, resuming where the last scan stopped. */
-static void prune(cph_engine *e, int64_t now_ms) {
-  cph_dedupe *d = e->dedupe;
-  const cph_policy_dedupe *p = &e->policy->dedupe;
+static void prune(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, int64_t now_ms,
+                  uint32_t widest) {
   /* keep entries for the widest window a channel may use (backpressure step 3) */
-  int64_t keep_ms = p->window_seconds * 1000 * BP_DEDUPE_WIDEN;
+  int64_t keep_ms = p->window_seconds * 1000 * (int64_t)widest;
   uint64_t budget = PRUNE_BASE + 2 * d->added_since_prune;
   d->added_since_prune = 0;
   cph_txn t;
-  if (cph_txn_begin_child(&e->txn, &t) != CPH_OK)
+  if (cph_txn_begin_child(parent, &t) != CPH_OK)
     return;
   cph_cursor c;
   if (cph_cursor_open(&t, CPH_DB_DEDUPE, &c) != CPH_OK) {
@@ -875,15 +854,16 @@ static void prune(cph_engine *e, int64_t now_ms) {
     cph_warn("dedupe prune: %s", t.err.msg);
 }
 
-void dedupe_tick(cph_engine *e, int64_t now_ms) {
-  cph_dedupe *d = e->dedupe;
-  if (!d)
+void dedupe_tick(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, int64_t now_ms,
+                 const dedupe_widening *widen) {
+  if (!d || now_ms < d->next_prune_ms)
     return;
-  prune(e, now_ms);
+  d->next_prune_ms = now_ms + PRUNE_PERIOD_MS;
+  prune(d, p, parent, now_ms, widen->factor);
   if (now_ms < d->next_sweep_ms)
     return;
   d->next_sweep_ms = now_ms + SWEEP_PERIOD_MS;
-  int64_t window_ms = e->policy->dedupe.window_seconds * 1000;
+  int64_t window_ms = p->window_seconds * 1000;
   /* Free rings whose newest entry left the channel's window (x4 at backpressure step 3);
    * collected first because deleting from the map while walking its slots could skip
    * entries. */
@@ -895,8 +875,7 @@ void dedupe_tick(cph_engine *e, int64_t now_ms) {
     dd_channel *dc = d->channels.slots[i].value;
     if (!d->channels.slots[i].key)
       continue;
-    int64_t keep_ms =
-        window_ms * (backpressure_step(e, dc->name) >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1);
+    int64_t keep_ms = window_ms * (widen->widened(widen->ctx, dc->name) ? widen->factor : 1);
     if (now_ms - dc->last_ms > keep_ms)
       idle[n++] = dc;
   }
@@ -909,8 +888,7 @@ void dedupe_tick(cph_engine *e, int64_t now_ms) {
 
 /* ---------------------------------------------------------------- reads */
 
-void dedupe_stats_get(const cph_engine *e, dedupe_stats *out) {
-  const cph_dedupe *d = e->dedupe;
+void dedupe_stats_get(const cph_dedupe *d, dedupe_stats *out) {
   memset(out, 0, sizeof *out);
   if (!d)
     return;
@@ -919,8 +897,7 @@ void dedupe_stats_get(const cph_engine *e, dedupe_stats *out) {
   out->aggregate_count = d->families;
 }
 
-size_t dedupe_top(const cph_engine *e, uint64_t *families, uint64_t *dup_counts, size_t max) {
-  const cph_dedupe *d = e->dedupe;
+size_t dedupe_top(const cph_dedupe *d, uint64_t *families, uint64_t *dup_counts, size_t max) {
   size_t n = 0;
   for (; d && n < d->n_top && n < max; n++) {
     families[n] = d->top[n].family;
@@ -939,11 +916,10 @@ void cph_aggregate_info_free(cph_aggregate_info *a) {
   memset(a, 0, sizeof *a);
 }
 
-int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, size_t *n,
-                          cph_err *err) {
+int dedupe_aggregates(const cph_dedupe *d, cph_txn *t, size_t top, cph_aggregate_info **out,
+                      size_t *n, cph_err *err) {
   *out = NULL;
   *n = 0;
-  cph_dedupe *d = e->dedupe;
   if (!top)
     top = 10;
   if (top > DEDUPE_TOP_MAX)
@@ -953,20 +929,15 @@ int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, s
   cph_aggregate_info *list = calloc(top < d->n_top ? top : d->n_top, sizeof *list);
   if (!list)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
-  cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
-  if (rc) {
-    free(list);
-    return cph_err_set(err, rc, "%s", t.err.msg);
-  }
+  int rc = CPH_OK;
   for (size_t i = 0; i < d->n_top && *n < top; i++) {
     cph_key fk = family_key(d->top[i].family);
     cph_aggregate_rec a = {0};
-    rc = cph_txn_get_record(&t, CPH_DB_AGGREGATES, &fk, &cph_aggregate_desc, &a);
+    rc = cph_txn_get_record(t, CPH_DB_AGGREGATES, &fk, &cph_aggregate_desc, &a);
     if (rc == CPH_ENOTFOUND)
       continue; /* removed since (a top entry outlives its family until the next open) */
     if (rc) {
-      cph_err_set(err, rc, "%s", t.err.msg);
+      cph_err_set(err, rc, "%s", t->err.msg);
       break;
     }
     cph_aggregate_info *ai = &list[(*n)++];
@@ -983,7 +954,6 @@ int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, s
     a.n_channels = 0;
     cph_record_free(&cph_aggregate_desc, &a);
   }
-  cph_txn_abort(&t);
   if (rc && rc != CPH_ENOTFOUND) {
     for (size_t i = 0; i < *n; i++)
       cph_aggregate_info_free(&list[i]);

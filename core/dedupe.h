@@ -34,8 +34,14 @@
 
 #include "cephalon/error.h"
 
-struct cph_engine;
+#include "cephalon/cephalon.h"
+#include "cephalon/policy.h"
+
 struct cph_txn;
+/* The state this module owns: the recent simhash rings per channel, the family count and the
+ * top families, the hash context. Handed to it by the engine; it reaches nothing else: the
+ * policy section, the time and the transaction come in as arguments. */
+typedef struct cph_dedupe cph_dedupe;
 
 #define DEDUPE_RING_MAX 1024   /* recent simhashes kept per channel */
 #define DEDUPE_TOP_MAX 256     /* families kept in the in-memory top list */
@@ -85,40 +91,48 @@ typedef struct dedupe_verdict {
   size_t norm_len;
 } dedupe_verdict;
 
-/* Classifies body for channel/sender at now_ms (dedupe_now_ms) with the window multiplied by
+/* Classifies body for channel/sender at now_ms (engine_wall_ms) with the window multiplied by
  * window_mult (backpressure step 3 widens it); near says whether and how near duplicates
  * count. Reads through t only. CPH_OK, or CPH_ENOMEM. */
-int dedupe_classify(struct cph_engine *e, struct cph_txn *t, const char *chan, const char *sender,
-                    const char *body, int64_t now_ms, uint32_t window_mult, dedupe_near near,
-                    dedupe_verdict *v);
+int dedupe_classify(cph_dedupe *d, const cph_policy_dedupe *p, struct cph_txn *t,
+                    const char *chan, const char *sender, const char *body, int64_t now_ms,
+                    uint32_t window_mult, dedupe_near near, dedupe_verdict *v);
 /* Writes the exact-dedupe entry and, for a duplicate, creates or updates its family (setting
  * v->family and v->dup_count). Writes through t; errors are t's sticky error. */
-int dedupe_write(struct cph_engine *e, struct cph_txn *t, const char *chan, const char *body,
+int dedupe_write(cph_dedupe *d, struct cph_txn *t, const char *chan, const char *body,
                  uint64_t event_id, int64_t now_ms, dedupe_verdict *v);
 /* After the event's writes: the ring, the counters and the top list follow. */
-void dedupe_commit(struct cph_engine *e, const char *chan, uint64_t event_id, int64_t now_ms,
+void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t now_ms,
                    const dedupe_verdict *v);
 /* Remembers the counters and the top list (O(DEDUPE_TOP_MAX)); dedupe_rollback() restores
  * them and forgets every ring — the rings are a cache a restart forgets too, so near dedupe
  * only misses the repeats of what came before the failure. For the rare failed request. */
-void dedupe_savepoint(struct cph_engine *e);
-void dedupe_rollback(struct cph_engine *e);
+void dedupe_savepoint(cph_dedupe *d);
+void dedupe_rollback(cph_dedupe *d);
 void dedupe_verdict_free(dedupe_verdict *v);
 
 /* ---- lifecycle and upkeep ---- */
 
-/* Builds the in-memory state (family count, top list) from the store; called from
- * memory_load, so a failed commit rebuilds it too (the rings start empty then). */
-int dedupe_open(struct cph_engine *e, cph_err *err);
-void dedupe_close(struct cph_engine *e);
-/* From the backpressure check (about once a second): deletes at most a bounded number of
- * expired exact-dedupe entries in a child txn of the pass, and frees idle rings. */
-void dedupe_tick(struct cph_engine *e, int64_t now_ms);
+/* Builds the in-memory state (family count, top list) from the store, read through t; the
+ * engine calls it from memory_load, so a failed commit rebuilds it too (the rings start empty
+ * then). */
+int dedupe_open(struct cph_txn *t, cph_dedupe **out, cph_err *err);
+void dedupe_close(cph_dedupe *d);
 
-/* Wall-clock milliseconds that advance with the engine clock (the real wall time at open plus
- * engine-clock time since), so windows follow a virtual clock in tests and stored times stay
- * meaningful across restarts. */
-int64_t dedupe_now_ms(const struct cph_engine *e);
+/* Which channels use the widened window (backpressure step 3): backpressure owns the step,
+ * the engine hands dedupe this question and the factor. */
+typedef struct dedupe_widening {
+  bool (*widened)(void *ctx, const char *chan);
+  void *ctx;
+  uint32_t factor; /* the widest window is window-seconds x factor */
+} dedupe_widening;
+/* Upkeep, from reconcile (works at most once a second): deletes a bounded number of expired
+ * exact-dedupe entries in a child txn of parent, and frees idle rings. */
+void dedupe_tick(cph_dedupe *d, const cph_policy_dedupe *p, struct cph_txn *parent,
+                 int64_t now_ms, const dedupe_widening *widen);
+
+/* The engine's dedupe (engine.c): for tests that read the counters directly. */
+const cph_dedupe *cph__engine_dedupe(const cph_engine *e);
 
 /* ---- counters for metrics (DESIGN §10) ---- */
 
@@ -127,10 +141,13 @@ typedef struct dedupe_stats {
   uint64_t near_hits_total;  /* cephalon_dedupe_near_hits_total */
   uint64_t aggregate_count;  /* cephalon_aggregate_count: families stored */
 } dedupe_stats;
-void dedupe_stats_get(const struct cph_engine *e, dedupe_stats *out);
+void dedupe_stats_get(const cph_dedupe *d, dedupe_stats *out);
 
 /* The top families by dup_count, largest first (at most max): for
  * cephalon_aggregate_dup_count{family}. Returns how many were written. */
-size_t dedupe_top(const struct cph_engine *e, uint64_t *families, uint64_t *dup_counts, size_t max);
+size_t dedupe_top(const cph_dedupe *d, uint64_t *families, uint64_t *dup_counts, size_t max);
+/* GET /v1/aggregates: the top families (at most top, 10 when 0), read through t. */
+int dedupe_aggregates(const cph_dedupe *d, struct cph_txn *t, size_t top,
+                      cph_aggregate_info **out, size_t *n, cph_err *err);
 
 #endif

@@ -43,6 +43,31 @@ int op_fail(cph_op *op, int rc, const char *field, const char *fmt, ...) {
 
 int64_t engine_now(cph_engine *e) { return cph_clock_now(e->clock_ref); }
 
+int64_t engine_wall_ms(const cph_engine *e) {
+  return e->wall_base_ms + (cph_clock_now(e->clock_ref) - e->wall_base_ns) / CPH_NS_PER_MS;
+}
+
+const cph_dedupe *cph__engine_dedupe(const cph_engine *e) { return e->dedupe; }
+
+int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, size_t *n,
+                          cph_err *err) {
+  cph_txn t;
+  int rc = cph_txn_begin(e->store, false, &t);
+  if (rc) {
+    *out = NULL;
+    *n = 0;
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  }
+  rc = dedupe_aggregates(e->dedupe, &t, top, out, n, err);
+  cph_txn_abort(&t);
+  return rc;
+}
+
+/* backpressure owns the step; dedupe asks through this (dedupe_widening). */
+static bool dedupe_window_widened(void *ctx, const char *chan) {
+  return backpressure_step(ctx, chan) >= BP_STEP_WIDEN_DEDUPE;
+}
+
 static void job_enqueue_apply(cph_engine *e, cph_op *op);
 
 /* ---------------------------------------------------------------- queues */
@@ -281,7 +306,8 @@ static void memory_clear(cph_engine *e) {
   maint_close(e);
   backpressure_close(e);
   reports_close(e);
-  dedupe_close(e);
+  dedupe_close(e->dedupe);
+  e->dedupe = NULL;
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
   pact_cache_clear(e);
 }
@@ -329,7 +355,12 @@ static int memory_load(cph_engine *e, cph_err *err) {
   rc = maint_open(e, err);
   if (rc)
     return rc;
-  rc = dedupe_open(e, err); /* before backpressure: it provides the clock */
+  cph_txn t;
+  rc = cph_txn_begin(e->store, false, &t);
+  if (rc)
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  rc = dedupe_open(&t, &e->dedupe, err);
+  cph_txn_abort(&t);
   if (rc)
     return rc;
   rc = backpressure_open(e, err);
@@ -354,6 +385,10 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   cph_evcache_init(&e->evcache, EVCACHE_SLOTS);
   cph_clock_init_monotonic(&e->own_clock);
   e->clock_ref = opts && opts->clock ? opts->clock : &e->own_clock;
+  /* The engine's wall clock: real time at open, advancing with the engine clock (so windows
+   * follow a virtual clock in tests and stored times stay meaningful across restarts). */
+  e->wall_base_ms = cph_wall_ms();
+  e->wall_base_ns = cph_clock_now(e->clock_ref);
   const char *dir = opts && opts->data_dir ? opts->data_dir : policy->server.data_dir;
   int rc;
   if (!(e->data_dir = strdup(dir))) {
@@ -525,6 +560,8 @@ static void hook_reconcile(void *ctx) {
   turns_reconcile(e);
   maint_tick(e);
   backpressure_tick(e);
+  dedupe_widening widen = {dedupe_window_widened, e, BP_DEDUPE_WIDEN};
+  dedupe_tick(e->dedupe, &e->policy->dedupe, &e->txn, engine_wall_ms(e), &widen);
   reports_tick(e);
 }
 

@@ -138,6 +138,7 @@ struct cph_engine {
   cph_txn txn; /* the pass's write transaction, open only inside run_pass */
 
   struct cph_dedupe *dedupe;     /* dedupe.c: exact/near dedupe and families */
+  int64_t wall_base_ms, wall_base_ns; /* engine_wall_ms(): wall time at open, engine clock */
   struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
   struct cph_reports *reports;   /* reports.c: report turns of reporter sessions */
   uint64_t embed_queue_len;      /* memories waiting for an embedding */
@@ -155,6 +156,9 @@ void engine_mark_pending(cph_engine *e, csession *s);
 void engine_update_work(cph_engine *e, csession *s);
 void engine_update_work_all(cph_engine *e); /* every session, in sid order */
 int64_t engine_now(cph_engine *e);
+/* Wall-clock milliseconds that advance with the engine clock: the real time at open plus
+ * engine-clock time since (stored times, dedupe windows). */
+int64_t engine_wall_ms(const cph_engine *e);
 void engine_tick_schedule(cph_engine *e, csession *s);
 int op_fail(cph_op *op, int rc, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -441,9 +441,9 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   }
 
   int step = backpressure_step(e, channel_name);
-  int64_t dd_now = dedupe_now_ms(e);
+  int64_t dd_now = engine_wall_ms(e);
   dedupe_verdict v;
-  if (dedupe_classify(e, t, channel_name, in->sender, in->body, dd_now,
+  if (dedupe_classify(e->dedupe, &e->policy->dedupe, t, channel_name, in->sender, in->body, dd_now,
                       step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1,
                       near_scope(e, in, channel_name, step), &v) != CPH_OK) {
     dedupe_verdict_free(&v);
@@ -479,7 +479,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   uint64_t event_id = 0;
   int64_t now_ms = cph_wall_ms();
   cph_txn_next_id(t, "event", &event_id);
-  int rc = dedupe_write(e, t, channel_name, in->body, event_id, dd_now, &v);
+  int rc = dedupe_write(e->dedupe, t, channel_name, in->body, event_id, dd_now, &v);
   if (rc && !t->ret) { /* out of memory building the family */
     rc = cph_err_set(err, rc, "out of memory");
     goto done;
@@ -547,7 +547,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   }
 
   /* Every write of the event is in: memory follows (put back if the request fails). */
-  dedupe_commit(e, channel_name, event_id, dd_now, &v);
+  dedupe_commit(e->dedupe, channel_name, event_id, dd_now, &v);
   after->chan = after->chan_owned ? after->chan_owned : channel_name;
   after->family = dup ? v.family : 0;
   res->id = event_id;
@@ -607,7 +607,7 @@ static int ingest_room(cph_engine *e, cph_txn *t, size_t *room, cph_err *err) {
 static void request_rollback(cph_engine *e, ingest_req *rq) {
   cph_txn_abort(&rq->t);
   targets_undo(e, &rq->undo);
-  dedupe_rollback(e);
+  dedupe_rollback(e->dedupe);
   e->embed_queue_len = rq->embed_queue_before; /* memory_mint counted what did not land */
 }
 
@@ -630,7 +630,7 @@ void ingest_apply(cph_engine *e, cph_op *op) {
     cph_err_set(&err, rc, "%s", rq.t.err.msg);
   if (rc == CPH_OK) {
     rq.embed_queue_before = e->embed_queue_len;
-    dedupe_savepoint(e);
+    dedupe_savepoint(e->dedupe);
     size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
     for (size_t i = 0; i < n && rc == CPH_OK; i++) {
       const char *body = op->u.ingest.events[i].body;

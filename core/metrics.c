@@ -671,7 +671,7 @@ static void add_ingest(cph_engine *e, metric_registry *r) {
 
 static void add_dedupe(cph_engine *e, metric_registry *r) {
   dedupe_stats st = {0};
-  dedupe_stats_get(e, &st);
+  dedupe_stats_get(e->dedupe, &st);
   metric_add_counter(r, "cephalon_dedupe_exact_hits_total", "Events found exact duplicates.",
                      st.exact_hits_total);
   metric_add_counter(r, "cephalon_dedupe_near_hits_total",
@@ -685,7 +685,7 @@ static void add_dedupe(cph_engine *e, metric_registry *r) {
   if (top > DEDUPE_TOP_MAX)
     top = DEDUPE_TOP_MAX;
   uint64_t families[DEDUPE_TOP_MAX], counts[DEDUPE_TOP_MAX];
-  size_t n = top ? dedupe_top(e, families, counts, top) : 0;
+  size_t n = top ? dedupe_top(e->dedupe, families, counts, top) : 0;
   metric_family *f = metric_family_add(
       r, "cephalon_aggregate_dups", METRIC_GAUGE,
       "Events in each of the top families by count (:metrics :top-families, at most 256), "

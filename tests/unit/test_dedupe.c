@@ -157,7 +157,7 @@ static void test_exact_duplicate_within_window_is_aggregated_and_folded_not_lost
   free_aggregates(list, n);
 
   dedupe_stats st; /* what the metrics export */
-  dedupe_stats_get(f->e, &st);
+  dedupe_stats_get(cph__engine_dedupe(f->e), &st);
   assert_int_equal(st.exact_hits_total, 2);
   assert_int_equal(st.near_hits_total, 0);
   assert_int_equal(st.aggregate_count, 1);
@@ -220,7 +220,7 @@ static void test_near_duplicate_across_senders_joins_the_same_family_on_a_bulk_c
   assert_string_equal(list[0].sample, BACKUP); /* the original, not the variant */
   free_aggregates(list, n);
   dedupe_stats st;
-  dedupe_stats_get(f->e, &st);
+  dedupe_stats_get(cph__engine_dedupe(f->e), &st);
   assert_int_equal(st.near_hits_total, 2);
   assert_int_equal(st.exact_hits_total, 1);
 
@@ -537,7 +537,7 @@ static void test_near_duplicate_found_among_many_recent_messages(void **state) {
   }
   assert_int_equal(post(f, "alerts", "bob", BACKUP_8, NULL, NULL, NULL), CPH_EV_AGGREGATED);
   dedupe_stats st;
-  dedupe_stats_get(f->e, &st);
+  dedupe_stats_get(cph__engine_dedupe(f->e), &st);
   assert_int_equal(st.near_hits_total, 1);
 }
 
