@@ -29,6 +29,7 @@
 #include "bench.h"
 #include "cephalon/cephalon.h"
 #include "proc.h"
+#include "providers/providers.h"
 
 #define OPS_PER_PASS 2000
 #define EVENTS_PER_OP 1000
@@ -169,7 +170,7 @@ static int fill(const char *policy_text, const char *data, uint64_t n, uint64_t 
     fprintf(stderr, "cephalon-bench memory: %s\n", err.msg);
     return -1;
   }
-  cph_engine_options eo = {.data_dir = data, .clock = NULL};
+  cph_engine_options eo = {.data_dir = data, .clock = NULL, .providers = cph_providers_network()};
   cph_engine *e = NULL;
   if (cph_engine_open(policy, &eo, &e, &err)) {
     fprintf(stderr, "cephalon-bench memory: %s\n", err.msg);

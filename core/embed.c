@@ -1,14 +1,10 @@
-/* Embedders: the built-in feature-hashing embedder and an OpenAI-compatible client
- * (core/providers.h). */
-#include <jansson.h>
+/* The built-in embedder: feature hashing (core/providers.h). The OpenAI-compatible one is a
+ * network provider (providers/embed_openai.c), reached through the engine's cph_providers. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
-#include "common/http_client.h"
 #include "core/providers.h"
 
 /* ---------------------------------------------------------------- built-in */
@@ -83,143 +79,13 @@ void cph_embed_builtin(const char *text, uint32_t dims, float *out) {
     out[i] = (float)(out[i] * inv);
 }
 
-/* ---------------------------------------------------------------- OpenAI-compatible */
+/* ---------------------------------------------------------------- network (the table) */
 
-static int bad_answer(cph_err *err, const char *url, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* "embeddings URL: the answer ...: <what>" — CPH_EPARSE: the server broke the contract. */
-static int bad_answer(cph_err *err, const char *url, const char *fmt, ...) {
-  char what[400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  return cph_err_set(err, CPH_EPARSE, "embeddings %s: bad answer: %s", url, what);
-}
-
-/* Fills out[] from {"data": [{"embedding": [...], "index": i}, ...]}. Items are placed by
- * their "index" when present (the API allows any order), else by position; every input
- * must get exactly one embedding of exactly dims numbers. */
-static int parse_embeddings(const json_t *root, const char *url, size_t n, uint32_t dims,
-                            float *out, cph_err *err) {
-  const json_t *data = json_is_object(root) ? json_object_get(root, "data") : NULL;
-  if (!json_is_array(data))
-    return bad_answer(err, url, "expected an object with a \"data\" array");
-  if (json_array_size(data) != n)
-    return bad_answer(err, url, "\"data\" has %zu items for %zu inputs", json_array_size(data),
-                      n);
-  bool *seen = calloc(n, sizeof *seen);
-  if (!seen)
-    return cph_err_set(err, CPH_ENOMEM, "embeddings %s: out of memory", url);
-  int rc = CPH_OK;
-  for (size_t i = 0; i < n && rc == CPH_OK; i++) {
-    const json_t *item = json_array_get(data, i);
-    const json_t *emb = json_is_object(item) ? json_object_get(item, "embedding") : NULL;
-    const json_t *index = json_is_object(item) ? json_object_get(item, "index") : NULL;
-    size_t slot = i;
-    if (index) {
-      json_int_t ix = json_is_integer(index) ? json_integer_value(index) : -1;
-      if (ix < 0 || (uint64_t)ix >= n) {
-        rc = bad_answer(err, url, "data[%zu].index is not an integer from 0 to %zu", i, n - 1);
-        break;
-      }
-      slot = (size_t)ix;
-    }
-    if (seen[slot]) {
-      rc = bad_answer(err, url, "two embeddings for input %zu", slot);
-      break;
-    }
-    seen[slot] = true;
-    if (!json_is_array(emb)) {
-      rc = bad_answer(err, url, "data[%zu].embedding is not an array", i);
-      break;
-    }
-    if (json_array_size(emb) != dims) {
-      rc = bad_answer(err, url,
-                      "data[%zu].embedding has %zu dimensions, expected %u "
-                      "(:providers :embeddings :dimensions)",
-                      i, json_array_size(emb), dims);
-      break;
-    }
-    float *dst = out + slot * dims;
-    for (uint32_t d = 0; d < dims; d++) {
-      const json_t *x = json_array_get(emb, d);
-      double v = json_is_number(x) ? json_number_value(x) : NAN;
-      if (!isfinite(v) || fabs(v) > 3.0e38) {
-        rc = bad_answer(err, url, "data[%zu].embedding[%u] is not a finite number", i, d);
-        break;
-      }
-      dst[d] = (float)v;
-    }
-  }
-  free(seen);
-  return rc;
-}
-
-int cph_embed_openai(const cph_policy_embedder *cfg, const char *const *texts, size_t n,
-                     float *out, cph_err *err) {
-  const char *url = cfg->url ? cfg->url : "";
-  if (!url[0])
-    return cph_err_set(err, CPH_EINVAL, "embeddings: no :url configured");
-  if (cfg->dimensions <= 0 || cfg->dimensions > UINT32_MAX)
-    return cph_err_set(err, CPH_EINVAL, "embeddings %s: :dimensions %lld is out of range", url,
-                       (long long)cfg->dimensions);
-  if (n == 0)
-    return CPH_OK;
-  uint32_t dims = (uint32_t)cfg->dimensions;
-  const char *bearer;
-  int rc = cph_httpc_bearer_from_env(cfg->api_key_env, &bearer, err);
-  if (rc)
-    return rc;
-
-  json_t *root = NULL, *answer = NULL;
-  char *body = NULL;
-  cph_httpc_response resp = {0};
-  json_t *input = json_array();
-  root = json_object();
-  if (!input || !root || json_object_set_new(root, "model", json_string(cfg->model ? cfg->model
-                                                                                   : "")) ||
-      json_object_set(root, "input", input)) {
-    rc = cph_err_set(err, CPH_ENOMEM, "embeddings %s: out of memory", url);
-    goto out;
-  }
-  for (size_t i = 0; i < n; i++) {
-    json_t *s = json_string(texts[i] ? texts[i] : "");
-    if (!s) { /* jansson refuses invalid UTF-8 */
-      rc = cph_err_set(err, CPH_EINVAL, "embeddings %s: input %zu is not valid UTF-8", url, i);
-      goto out;
-    }
-    if (json_array_append_new(input, s)) {
-      rc = cph_err_set(err, CPH_ENOMEM, "embeddings %s: out of memory", url);
-      goto out;
-    }
-  }
-  if (!(body = json_dumps(root, JSON_COMPACT))) {
-    rc = cph_err_set(err, CPH_ENOMEM, "embeddings %s: out of memory", url);
-    goto out;
-  }
-  /* cfg->url is the endpoint itself (e.g. http://127.0.0.1:8080/v1/embeddings). */
-  if ((rc = cph_httpc_post_json(url, "", body, strlen(body), bearer, (int)cfg->timeout_ms, &resp,
-                                err)) != 0) {
-    cph_err tmp = *err;
-    rc = cph_err_set(err, rc, "embeddings: %s", tmp.msg);
-    goto out;
-  }
-  if ((rc = cph_httpc_check_status(&resp, "embeddings", url, err)) != 0)
-    goto out;
-  json_error_t jerr;
-  if (!(answer = json_loadb(resp.body, resp.body_len, 0, &jerr))) {
-    rc = bad_answer(err, url, "not JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                    jerr.column);
-    goto out;
-  }
-  rc = parse_embeddings(answer, url, n, dims, out, err);
-out:
-  json_decref(input);
-  json_decref(root);
-  json_decref(answer);
-  free(body);
-  cph_httpc_response_free(&resp);
-  return rc;
+int cph_embed_remote(const cph_providers *prov, const cph_policy_embedder *cfg,
+                     const char *const *texts, size_t n, float *out, cph_err *err) {
+  if (!prov || !prov->embed)
+    return cph_err_set(err, CPH_ESTATE,
+                       "embeddings: :providers :embeddings :kind :openai is not available: the "
+                       "engine was opened without network providers");
+  return prov->embed(prov->ctx, cfg, texts, n, out, err);
 }

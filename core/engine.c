@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "backpressure.h"
-#include "common/http_client.h"
+#include "cephalon/providers.h"
 #include "common/log.h"
 #include "dedupe.h"
 #include "engine_internal.h"
@@ -380,8 +380,10 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   }
   e->policy = policy;
   e->policy_generation = 1;
-  /* The providers' https trust (:providers :ca-file) is the HTTP client's process default. */
-  cph_httpc_set_ca_file(policy->providers.ca_file);
+  e->providers = opts ? opts->providers : NULL;
+  /* Settings the network providers share (:providers :ca-file: their https trust). */
+  if (e->providers && e->providers->configure)
+    e->providers->configure(e->providers->ctx, &policy->providers);
   cph_evcache_init(&e->evcache, EVCACHE_SLOTS);
   cph_clock_init_monotonic(&e->own_clock);
   e->clock_ref = opts && opts->clock ? opts->clock : &e->own_clock;
@@ -471,12 +473,14 @@ int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err) {
   cph_policy_free(e->policy);
   e->policy = policy;
   e->policy_generation++;
-  cph_httpc_set_ca_file(policy->providers.ca_file);
+  if (e->providers && e->providers->configure)
+    e->providers->configure(e->providers->ctx, &policy->providers);
   e->sched_config_dirty = true; /* applied at the start of the next pass (issue: live reload) */
   return CPH_OK;
 }
 
 const cph_policy *cph_engine_policy(const cph_engine *e) { return e->policy; }
+const cph_providers *cph_engine_providers(const cph_engine *e) { return e->providers; }
 uint64_t cph_engine_policy_generation(const cph_engine *e) { return e->policy_generation; }
 
 void cph_engine_set_hooks(cph_engine *e, const cph_engine_hooks *h) { e->hooks = *h; }

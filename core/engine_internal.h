@@ -109,6 +109,7 @@ struct cph_engine {
   char *data_dir;
   cph_clock own_clock;
   const cph_clock *clock_ref; /* own_clock, or the caller's virtual clock */
+  const struct cph_providers *providers; /* given at open (cephalon/providers.h); NULL = none */
   cph_sched *sched;
   cph_engine_hooks hooks;
 

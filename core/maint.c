@@ -92,7 +92,8 @@ static int upsert_by_shard(const cph_policy *p, const cph_job_work *w, cph_err *
         items[n++] =
             (cph_vitem){w->memory_ids[i], w->scopes[i], w->vectors + i * w->dims, w->dims};
     if (n)
-      rc = cph_vindex_http_upsert(&p->vector_index, (uint32_t)shard, items, n, err);
+      rc = cph_vindex_remote_upsert(w->providers, &p->vector_index, (uint32_t)shard, items, n,
+                                    err);
   }
   free(items);
   return rc;
@@ -109,8 +110,8 @@ void cph_job_execute(const cph_policy *p, cph_job_work *w) {
       for (size_t i = 0; i < w->n_items; i++)
         cph_embed_builtin(w->texts[i], w->dims, w->vectors + i * w->dims);
     } else {
-      w->rc = cph_embed_openai(&p->providers.embeddings, (const char *const *)w->texts,
-                               w->n_items, w->vectors, &err);
+      w->rc = cph_embed_remote(w->providers, &p->providers.embeddings,
+                               (const char *const *)w->texts, w->n_items, w->vectors, &err);
     }
     if (w->rc == CPH_OK && w->remote_index)
       w->rc = upsert_by_shard(p, w, &err);
@@ -120,15 +121,15 @@ void cph_job_execute(const cph_policy *p, cph_job_work *w) {
       w->summary = cph_summarize_extractive((const char *const *)w->texts, w->n_items,
                                             (size_t)p->providers.summarizer.max_tokens);
     else
-      w->rc = cph_summarize_openai(&p->providers.summarizer, (const char *const *)w->texts,
-                                   w->n_items, &w->summary, &err);
+      w->rc = cph_summarize_remote(w->providers, &p->providers.summarizer,
+                                   (const char *const *)w->texts, w->n_items, &w->summary, &err);
     if (w->rc == CPH_OK && !w->summary)
       w->rc = CPH_ENOMEM;
     break;
   case CPH_JOBK_OUTBOX_DRAIN:
     if (w->remote_index && w->n_items)
-      w->rc = cph_vindex_http_delete(&p->vector_index, w->shard, w->model, w->memory_ids,
-                                     w->n_items, w->confirmed, &err);
+      w->rc = cph_vindex_remote_delete(w->providers, &p->vector_index, w->shard, w->model,
+                                       w->memory_ids, w->n_items, w->confirmed, &err);
     /* the embedded index is deleted from in the apply pass: it lives in LMDB */
     break;
   default:
@@ -355,6 +356,7 @@ int maint_job_start(cph_engine *e, cph_txn *t, csession *s, bool trickle, uint64
   w->job_id = job_id;
   w->kind = (cph_job_kind_t)j.kind;
   w->group_id = j.group_id;
+  w->providers = e->providers;
   switch (w->kind) {
   case CPH_JOBK_EMBED_MEMORY:
     rc = prepare_embed(e, t, w);

@@ -1,5 +1,11 @@
 /* Embedders, summarisers and the vector index — the pieces a maintenance job calls.
  *
+ * The built-in ones live here (core/embed.c, core/summarize.c, core/vindex.c): pure, no JSON,
+ * no network. The network ones (OpenAI-compatible embedder and summariser, the HTTP vector
+ * index) are not core's: the engine is handed them as a cph_providers table at open
+ * (cephalon/providers.h) and reaches them only through the *_remote functions below, which
+ * say so clearly when the table lacks one.
+ *
  * Contract: every function here is pure with respect to the engine (no engine state, no LMDB
  * write transaction held by the caller across them). The network ones block and are called
  * only from maintenance worker threads, never from the event loop (DESIGN §7, issue: no LMDB
@@ -7,12 +13,14 @@
 #ifndef CEPHALON_CORE_PROVIDERS_H
 #define CEPHALON_CORE_PROVIDERS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "cephalon/cephalon.h"
 #include "cephalon/error.h"
 #include "cephalon/policy.h"
+#include "cephalon/providers.h"
 #include "store/store.h"
 
 /* ---- embeddings ---- */
@@ -22,12 +30,10 @@
  * Deterministic; no network. */
 void cph_embed_builtin(const char *text, uint32_t dims, float *out);
 
-/* An OpenAI-compatible embeddings endpoint: POST cfg->url with {"model", "input": [texts]},
- * Authorization from the environment variable cfg->api_key_env (if set), timeout
- * cfg->timeout_ms. out holds n * cfg->dimensions floats (a response of another width is an
- * error). Blocking. */
-int cph_embed_openai(const cph_policy_embedder *cfg, const char *const *texts, size_t n,
-                     float *out, cph_err *err);
+/* The network embedder (:kind :openai) through prov->embed: out holds n * cfg->dimensions
+ * floats. CPH_ESTATE, naming the policy key, when prov has none. Blocking. */
+int cph_embed_remote(const cph_providers *prov, const cph_policy_embedder *cfg,
+                     const char *const *texts, size_t n, float *out, cph_err *err);
 
 /* ---- summaries ---- */
 
@@ -36,11 +42,10 @@ int cph_embed_openai(const cph_policy_embedder *cfg, const char *const *texts, s
  * max_tokens (token = ceil(bytes/4)). Never empty for non-empty input. Returns malloc'd text. */
 char *cph_summarize_extractive(const char *const *texts, size_t n, size_t max_tokens);
 
-/* An OpenAI-compatible chat endpoint: POST cfg->url with {"model", "messages": [system
- * "Summarise ...", user <texts joined>], "max_tokens"}; the summary is
- * choices[0].message.content. Blocking. */
-int cph_summarize_openai(const cph_policy_summarizer *cfg, const char *const *texts, size_t n,
-                         char **out, cph_err *err);
+/* The network summariser (:kind :openai) through prov->summarize: *out is malloc'd.
+ * CPH_ESTATE, naming the policy key, when prov has none. Blocking. */
+int cph_summarize_remote(const cph_providers *prov, const cph_policy_summarizer *cfg,
+                         const char *const *texts, size_t n, char **out, cph_err *err);
 
 /* ---- the embedded vector index (in LMDB, database "vectors") ----
  * Key: scope\0 + u64 memory id. Value: u32 dims + dims float32 (little-endian). */
@@ -73,28 +78,17 @@ static inline uint32_t cph_vindex_shard(uint64_t memory_id, int64_t shards) {
   return shards > 1 ? (uint32_t)(memory_id % (uint64_t)shards) : 0;
 }
 
-/* ---- the HTTP vector index (REST contract in docs/vector-index.md) ----
- * The network calls go through common/http_client.h (http and https); errors name the URL. */
+/* ---- the HTTP vector index (:vector-index {:kind :http}), through prov->index_* ----
+ * Each is CPH_ESTATE, naming the policy key, when prov has none. Blocking. */
 
-typedef struct cph_vitem {
-  uint64_t memory_id;
-  const char *scope;
-  const float *vector; /* NULL for deletes */
-  uint32_t dims;
-} cph_vitem;
-
-/* POST {url}/upsert {"shard", "items": [{"id", "scope", "vector"}]} -> 200 {"upserted": n}.
- * Blocking. */
-int cph_vindex_http_upsert(const cph_policy_vector_index *cfg, uint32_t shard,
-                           const cph_vitem *items, size_t n, cph_err *err);
-/* POST {url}/delete {"shard", "model", "ids": [id...]} -> 200 {"deleted": [id...]}: only the
- * ids the index confirms are reported in confirmed[] (true per item). Blocking. */
-int cph_vindex_http_delete(const cph_policy_vector_index *cfg, uint32_t shard,
-                           const char *model, const uint64_t *ids, size_t n, bool *confirmed,
-                           cph_err *err);
-/* POST {url}/search {"scope", "vector", "k"} -> 200 {"hits": [{"id", "score"}]}. Blocking. */
-int cph_vindex_http_search(const cph_policy_vector_index *cfg, const char *scope,
-                           const float *q, uint32_t dims, size_t k, cph_vhit *out, size_t *n,
-                           cph_err *err);
+int cph_vindex_remote_upsert(const cph_providers *prov, const cph_policy_vector_index *cfg,
+                             uint32_t shard, const cph_vitem *items, size_t n, cph_err *err);
+/* confirmed[i] is true only for the ids the index confirmed (all false on error). */
+int cph_vindex_remote_delete(const cph_providers *prov, const cph_policy_vector_index *cfg,
+                             uint32_t shard, const char *model, const uint64_t *ids, size_t n,
+                             bool *confirmed, cph_err *err);
+int cph_vindex_remote_search(const cph_providers *prov, const cph_policy_vector_index *cfg,
+                             const char *scope, const float *q, uint32_t dims, size_t k,
+                             cph_vhit *out, size_t *n, cph_err *err);
 
 #endif

@@ -248,8 +248,9 @@ static void prep_degrade(cph_search_prep *out, const char *why) {
   snprintf(out->error, sizeof out->error, "%.255s", why);
 }
 
-void cph_search_prepare(const cph_policy *p, const char *query, const char *const *scopes,
-                        size_t n_scopes, size_t k, cph_search_prep *out) {
+void cph_search_prepare(const cph_policy *p, const cph_providers *providers,
+                        const char *query, const char *const *scopes, size_t n_scopes, size_t k,
+                        cph_search_prep *out) {
   memset(out, 0, sizeof *out);
   uint32_t dims = (uint32_t)p->providers.embeddings.dimensions;
   float *q = calloc(dims ? dims : 1, sizeof *q);
@@ -262,7 +263,7 @@ void cph_search_prepare(const cph_policy *p, const char *query, const char *cons
   if (p->providers.embeddings.kind == CPH_POLICY_PROVIDER_BUILTIN)
     cph_embed_builtin(query, dims, q);
   else
-    rc = cph_embed_openai(&p->providers.embeddings, &query, 1, q, &err);
+    rc = cph_embed_remote(providers, &p->providers.embeddings, &query, 1, q, &err);
   if (rc) {
     free(q);
     prep_degrade(out, err.msg[0] ? err.msg : cph_strerror(rc));
@@ -281,8 +282,8 @@ void cph_search_prepare(const cph_policy *p, const char *query, const char *cons
    * rest, so a hung index costs one :timeout-ms, not one per scope. */
   for (size_t i = 0; i < n_scopes; i++) {
     size_t got = 0;
-    rc = cph_vindex_http_search(&p->vector_index, scopes[i], q, dims, want,
-                                out->index_hits + out->n_index_hits, &got, &err);
+    rc = cph_vindex_remote_search(providers, &p->vector_index, scopes[i], q, dims, want,
+                                  out->index_hits + out->n_index_hits, &got, &err);
     if (rc) {
       prep_degrade(out, err.msg[0] ? err.msg : cph_strerror(rc));
       return;

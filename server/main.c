@@ -25,6 +25,7 @@
 #include "cephalon/cephalon.h"
 #include "common/log.h"
 #include "listen.h"
+#include "providers/providers.h"
 #include "maint_workers.h"
 #include "routes.h"
 #include "search_prep.h"
@@ -377,7 +378,8 @@ int main(int argc, char **argv) {
   s.log_level_fixed = level_arg != NULL;
   cph_clock_init_monotonic(&s.clock);
   /* One clock for both: lease long-poll deadlines are on the engine's scale. */
-  cph_engine_options eo = {.data_dir = data_dir, .clock = &s.clock};
+  cph_engine_options eo = {
+      .data_dir = data_dir, .clock = &s.clock, .providers = cph_providers_network()};
   if (cph_engine_open(policy, &eo, &s.engine, &err) != CPH_OK) {
     fprintf(stderr, "cephalond: %s\n", err.msg);
     return 1;

@@ -34,6 +34,7 @@ typedef struct sjob {
   cph_req *r; /* touched on the loop only */
   void (*on_done)(cph_req *r);
   cph_policy *policy; /* the thread's copy of the provider settings */
+  const struct cph_providers *providers; /* the engine's table (static: outlives the job) */
   char *query;
   cph_strv scopes;
   size_t k;
@@ -115,8 +116,8 @@ static void *prep_main(void *arg) {
       snprintf(j->prep.error, sizeof j->prep.error,
                "waited past the provider's :timeout-ms for a search thread");
     } else {
-      cph_search_prepare(j->policy, j->query, (const char *const *)j->scopes.items,
-                         j->scopes.count, j->k, &j->prep);
+      cph_search_prepare(j->policy, j->providers, j->query,
+                         (const char *const *)j->scopes.items, j->scopes.count, j->k, &j->prep);
     }
     pthread_mutex_lock(&pool->mu);
     list_push(&pool->done, j);
@@ -188,6 +189,7 @@ bool cph_search_prep_submit(cph_srv *s, cph_req *r, cph_strv *scopes,
   if (!j)
     return false;
   j->policy = cph_provider_snapshot(cph_engine_policy(s->engine));
+  j->providers = cph_engine_providers(s->engine);
   j->query = strdup(r->op.u.search.query ? r->op.u.search.query : "");
   if (!j->policy || !j->query) {
     job_free(j);

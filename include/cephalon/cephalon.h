@@ -27,13 +27,18 @@ typedef struct cph_engine cph_engine;
 
 /* ---------------------------------------------------------------- lifecycle */
 
-struct cph_clock; /* common/clock.h */
+struct cph_clock;     /* common/clock.h */
+struct cph_providers; /* cephalon/providers.h */
 
 typedef struct cph_engine_options {
   const char *data_dir; /* overrides :server :data-dir when non-NULL */
   /* The clock for scheduling and lease deadlines; NULL = the real monotonic clock. Tests and
    * simulations pass a virtual one (it must outlive the engine). */
   const struct cph_clock *clock;
+  /* The network providers (embedder, summariser, HTTP vector index); NULL = built-in only, and
+   * a policy that asks for a network provider gets CPH_ESTATE where it is used. The daemon
+   * passes cph_providers_network() (providers/providers.h). Must outlive the engine. */
+  const struct cph_providers *providers;
 } cph_engine_options;
 
 /* Opens the engine on a policy (taking ownership of it, also on failure) and recovers the
@@ -50,6 +55,8 @@ void cph_engine_close(cph_engine *e);
 int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err);
 
 const cph_policy *cph_engine_policy(const cph_engine *e);
+/* The table given at open (cph_engine_options.providers); NULL when none was. */
+const struct cph_providers *cph_engine_providers(const cph_engine *e);
 uint64_t cph_engine_policy_generation(const cph_engine *e); /* 1 after open, +1 per reload */
 
 /* ---------------------------------------------------------------- driving the engine */
@@ -335,13 +342,16 @@ typedef struct cph_job_work {
   uint32_t shard;
   bool remote_index; /* the HTTP index: execute calls it; else the pass deletes locally */
   bool *confirmed;
+  /* the engine's network providers (cph_engine_options.providers), which execute calls */
+  const struct cph_providers *providers;
   /* result of execute */
   int rc;
   char error[256];
 } cph_job_work;
 
-/* Runs the slow part of a job (embedder, summariser, HTTP index) with the policy in force.
- * Thread-safe; touches no engine state; may block on the network. Sets work->rc. */
+/* Runs the slow part of a job (embedder, summariser, HTTP index) with the policy in force,
+ * through work->providers for the network ones. Thread-safe; touches no engine state; may
+ * block on the network. Sets work->rc. */
 void cph_job_execute(const cph_policy *policy, cph_job_work *work);
 void cph_job_work_free(cph_job_work *w);
 
@@ -435,12 +445,14 @@ typedef struct cph_search_prep {
  * embedded index, which the engine runs in the pass (no network, microseconds). */
 bool cph_search_needs_prepare(const cph_policy *p);
 /* Embeds query through the configured embedder and, with the HTTP index, asks it for the k
- * (clamped as the op's k) best of each scope in scopes[0..n_scopes). Never fails: a provider
- * error or timeout (each call bounded by its :timeout-ms; the first failure stops the rest)
- * sets out->degraded and out->error. Thread-safe; touches no engine state; blocks on the
- * network. Free with cph_search_prep_free. */
-void cph_search_prepare(const cph_policy *p, const char *query, const char *const *scopes,
-                        size_t n_scopes, size_t k, cph_search_prep *out);
+ * (clamped as the op's k) best of each scope in scopes[0..n_scopes). The network ones are
+ * called through providers (cph_engine_providers; NULL = none). Never fails: a provider error,
+ * timeout (each call bounded by its :timeout-ms; the first failure stops the rest) or missing
+ * provider sets out->degraded and out->error. Thread-safe; touches no engine state; blocks on
+ * the network. Free with cph_search_prep_free. */
+void cph_search_prepare(const cph_policy *p, const struct cph_providers *providers,
+                        const char *query, const char *const *scopes, size_t n_scopes, size_t k,
+                        cph_search_prep *out);
 void cph_search_prep_free(cph_search_prep *prep);
 
 typedef struct cph_memory_hit {

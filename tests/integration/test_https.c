@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "common/http_client.h"
-#include "core/providers.h"
+#include "providers/providers.h"
 #include "tests/support/engine_fixture.h"
 #include "tests/support/model_double.h"
 #include "tests/support/testutil.h"

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine_fixture.h"
+#include "providers/providers.h"
 #include "testutil.h"
 
 cph_fixture *cph_fixture_new(const char *tag, const char *policy_edn) {
@@ -25,7 +26,7 @@ void cph_fixture_open(cph_fixture *f) {
   cph_err err = {0};
   if (cph_policy_load_text("fixture.edn", f->policy, strlen(f->policy), &p, &err))
     fail_msg("policy: %s", err.msg);
-  cph_engine_options o = {f->dir, &f->clock};
+  cph_engine_options o = {f->dir, &f->clock, cph_providers_network()};
   if (cph_engine_open(p, &o, &f->e, &err))
     fail_msg("open: %s", err.msg);
 }

@@ -1,7 +1,7 @@
-/* core/providers.h: the built-in embedder and extractive summariser, the embedded vector index
- * in a temp LMDB, and the network providers (OpenAI-compatible embeddings and chat, the HTTP
- * vector index) against the HTTP test double — success, server errors, malformed answers and
- * refused URLs (DESIGN §7). */
+/* core/providers.h (the built-in embedder and extractive summariser, the embedded vector
+ * index in a temp LMDB) and providers/providers.h (the network providers: OpenAI-compatible
+ * embeddings and chat, the HTTP vector index) against the HTTP test double — success, server
+ * errors, malformed answers and refused URLs (DESIGN §7). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +17,7 @@
 
 #include "common/http_client.h"
 #include "core/providers.h"
+#include "providers/providers.h"
 #include "tests/support/httpd_double.h"
 #include "tests/support/testutil.h"
 
