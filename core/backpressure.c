@@ -8,9 +8,10 @@
 #include <time.h>
 
 #include "backpressure.h"
+#include "common/clock.h"
+#include "common/hmap.h"
 #include "common/log.h"
-#include "dedupe.h"
-#include "engine_internal.h"
+#include "store/store.h"
 
 #define CHECK_PERIOD_NS CPH_NS_PER_S
 #define CHANNEL_REC_V1 1
@@ -253,26 +254,28 @@ static int effective_step(const cph_policy *p, const char *name, const bp_channe
 
 /* ---------------------------------------------------------------- ingest side */
 
-int backpressure_step(cph_engine *e, const char *chan) {
-  const bp_channel *c = e->bp ? cph_hmap_get(&e->bp->channels, chan) : NULL;
-  return effective_step(e->policy, chan, c);
+int backpressure_step(const cph_backpressure *bp, const cph_policy *p, const char *chan) {
+  const bp_channel *c = bp ? cph_hmap_get(&bp->channels, chan) : NULL;
+  return effective_step(p, chan, c);
 }
 
-bool backpressure_embed_allowed(const cph_engine *e, int step, bool aggregate) {
+bool backpressure_embed_allowed(const cph_policy *p, int step, bool aggregate) {
   if (aggregate && step >= BP_STEP_SKIP_AGGREGATE_EMBEDDINGS)
     return false;
-  return !(e->policy->maintenance.embeddings.pause_on_backpressure && step > BP_STEP_NORMAL);
+  return !(p->maintenance.embeddings.pause_on_backpressure && step > BP_STEP_NORMAL);
 }
 
-bool backpressure_reports_delayed(cph_engine *e, const char *chan) {
-  return backpressure_step(e, chan) >= BP_STEP_DELAY_REPORTS;
+bool backpressure_reports_delayed(const cph_backpressure *bp, const cph_policy *p,
+                                  const char *chan) {
+  return backpressure_step(bp, p, chan) >= BP_STEP_DELAY_REPORTS;
 }
 
-void backpressure_note_event(cph_engine *e, const char *chan, uint64_t family_joined) {
-  if (!e->bp)
+void backpressure_note_event(cph_backpressure *bp, const char *chan, uint64_t family_joined,
+                             int64_t now) {
+  if (!bp)
     return;
-  int64_t now = engine_now(e), sec = now / CPH_NS_PER_S;
-  bp_channel *c = channel_get(e->bp, chan, true, sec);
+  int64_t sec = now / CPH_NS_PER_S;
+  bp_channel *c = channel_get(bp, chan, true, sec);
   if (!c)
     return; /* out of memory: this event goes uncounted */
   advance(c, sec);
@@ -289,10 +292,10 @@ void backpressure_note_event(cph_engine *e, const char *chan, uint64_t family_jo
 
 /* ---------------------------------------------------------------- the check */
 
-static int persist_step(cph_engine *e, const char *name, int step, int64_t since_ms,
+static int persist_step(cph_txn *parent, const char *name, int step, int64_t since_ms,
                         const bp_cause *cause) {
   cph_txn t;
-  int rc = cph_txn_begin_child(&e->txn, &t);
+  int rc = cph_txn_begin_child(parent, &t);
   if (rc)
     return rc;
   cph_key k;
@@ -323,6 +326,12 @@ typedef struct bp_engine_load {
   uint64_t embed_limit;   /* :maintenance :embeddings :max-queue */
   uint64_t maint_streak;  /* checks in a row without maintenance budget while work waited */
 } bp_engine_load;
+
+/* The pass's transaction (persistence) and the policy in force, for one check. */
+typedef struct bp_check {
+  const cph_policy *p;
+  cph_txn *parent;
+} bp_check;
 
 /* Records a trigger that holds; the first one (in bit order) is the cause. */
 static void trigger_hold(unsigned *t, bp_cause *first, unsigned bit, uint8_t kind,
@@ -359,8 +368,7 @@ static unsigned triggers_of(bp_channel *c, const cph_policy_channel *cfg, int64_
 
 /* One step per interval while a trigger holds (the first at once), back one step per
  * :recover-intervals calm intervals; returns the new step. */
-static int next_step(cph_engine *e, bp_channel *c, unsigned trig, int64_t now) {
-  const cph_policy *p = e->policy;
+static int next_step(const cph_policy *p, bp_channel *c, unsigned trig, int64_t now) {
   int floor, cap;
   step_bounds(cph_policy_backpressure_for(p, c->name), &floor, &cap);
   int step = c->step < floor ? floor : c->step > cap ? cap : c->step;
@@ -397,8 +405,8 @@ static bool idle(const bp_channel *c, int64_t now) {
  * holds, if one does. Up with a trigger: that trigger is the cause. Up without one (the
  * floor), or down past a lowered :max-step: the policy. Down by recovery: the trigger that
  * raised it stays the cause, except at the floor (the policy holds it there) and at 0. */
-static void step_change(cph_engine *e, bp_channel *c, const cph_policy_channel *cfg, int step,
-                        const bp_cause *raised, int64_t now_ms) {
+static void step_change(const bp_check *k, bp_channel *c, const cph_policy_channel *cfg,
+                        int step, const bp_cause *raised, int64_t now_ms) {
   const bp_cause none = {BP_CAUSE_NONE, 0, 0}, policy = {BP_CAUSE_POLICY, 0, 0};
   int floor, cap;
   step_bounds(cfg, &floor, &cap);
@@ -412,14 +420,14 @@ static void step_change(cph_engine *e, bp_channel *c, const cph_policy_channel *
     cause = policy;
   else
     cause = c->cause;
-  if (persist_step(e, c->name, step, now_ms, &cause) != CPH_OK)
+  if (persist_step(k->parent, c->name, step, now_ms, &cause) != CPH_OK)
     return; /* tried again at the next check */
   char why[256], was[128];
   if (recovery) {
     cause_describe(&c->cause, cfg, was, sizeof was);
     snprintf(why, sizeof why, "recovery: calm for %lld intervals of %lld s; raised by %s",
-             (long long)e->policy->backpressure.recover_intervals,
-             (long long)e->policy->backpressure.interval_s, was);
+             (long long)k->p->backpressure.recover_intervals,
+             (long long)k->p->backpressure.interval_s, was);
   } else {
     cause_describe(&cause, cfg, why, sizeof why);
   }
@@ -430,23 +438,16 @@ static void step_change(cph_engine *e, bp_channel *c, const cph_policy_channel *
   c->since_ms = now_ms;
 }
 
-void backpressure_tick(cph_engine *e) {
-  cph_backpressure *bp = e->bp;
-  if (!bp)
-    return;
-  int64_t now = engine_now(e);
-  if (now < bp->next_check_ns)
+void backpressure_tick(cph_backpressure *bp, const cph_policy *p, cph_txn *parent, int64_t now,
+                       int64_t now_ms, const backpressure_load *engine_load) {
+  if (!bp || now < bp->next_check_ns)
     return;
   bp->next_check_ns = now + CHECK_PERIOD_NS;
   int64_t sec = now / CPH_NS_PER_S;
-  int64_t now_ms = engine_wall_ms(e);
-  const cph_policy *p = e->policy;
-
-  cph_lane_stats st;
-  cph_sched_lane_stats(e->sched, CPH_LANE_MAINTENANCE, &st);
-  bp->maint_streak = !st.has_budget && st.runnable > 0 ? bp->maint_streak + 1 : 0;
-  bp_engine_load load = {0, e->embed_queue_len, (uint64_t)p->maintenance.embeddings.max_queue,
-                         bp->maint_streak};
+  bp_check k = {p, parent};
+  bp->maint_streak = engine_load->maintenance_starved ? bp->maint_streak + 1 : 0;
+  bp_engine_load load = {0, engine_load->embed_queue,
+                         (uint64_t)p->maintenance.embeddings.max_queue, bp->maint_streak};
 
   /* O(tracked channels) once a second: channels quiet for IDLE_EVICT_S at step 0 leave. */
   for (size_t i = 0; i < bp->channels.cap; i++)
@@ -464,10 +465,10 @@ void backpressure_tick(cph_engine *e) {
     const cph_policy_channel *cfg = cph_policy_backpressure_for(p, c->name);
     bp_cause first = {0};
     unsigned trig = triggers_of(c, cfg, sec, &load, &first);
-    int step = next_step(e, c, trig, now);
+    int step = next_step(p, c, trig, now);
     c->triggers = trig;
     if (step != c->step)
-      step_change(e, c, cfg, step, trig ? &first : NULL, now_ms);
+      step_change(&k, c, cfg, step, trig ? &first : NULL, now_ms);
     if (gone && idle(c, now))
       gone[n_idle++] = c;
   }
@@ -480,18 +481,14 @@ void backpressure_tick(cph_engine *e) {
 
 /* ---------------------------------------------------------------- lifecycle */
 
-int backpressure_open(cph_engine *e, cph_err *err) {
+int backpressure_open(cph_txn *t, const cph_policy *p, int64_t now, cph_backpressure **out,
+                      cph_err *err) {
   cph_backpressure *bp = calloc(1, sizeof *bp);
+  *out = bp;
   if (!bp)
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening backpressure");
-  e->bp = bp;
-  int64_t now = engine_now(e);
-  cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
-  if (rc)
-    return cph_err_set(err, rc, "%s", t.err.msg);
   cph_cursor c;
-  rc = cph_cursor_open(&t, CPH_DB_CHANNELS, &c);
+  int rc = cph_cursor_open(t, CPH_DB_CHANNELS, &c);
   if (rc == CPH_OK) {
     cph_val k, v;
     for (rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
@@ -523,20 +520,18 @@ int backpressure_open(cph_engine *e, cph_err *err) {
       else
         ch->cause = (bp_cause){ch->step ? BP_CAUSE_UNKNOWN : BP_CAUSE_NONE, 0, 0};
       ch->last_event_ns = now;
-      ch->next_eval_ns = now + e->policy->backpressure.interval_s * CPH_NS_PER_S;
+      ch->next_eval_ns = now + p->backpressure.interval_s * CPH_NS_PER_S;
     }
     cph_cursor_close(&c);
   }
-  cph_txn_abort(&t);
   if (rc == CPH_ENOTFOUND)
     return CPH_OK;
   if (rc && !err->msg[0])
-    cph_err_set(err, rc, "loading channel steps: %s", t.err.msg);
+    cph_err_set(err, rc, "loading channel steps: %s", t->err.msg);
   return rc;
 }
 
-void backpressure_close(cph_engine *e) {
-  cph_backpressure *bp = e->bp;
+void backpressure_close(cph_backpressure *bp) {
   if (!bp)
     return;
   for (size_t i = 0; i < bp->channels.cap; i++)
@@ -544,17 +539,16 @@ void backpressure_close(cph_engine *e) {
       channel_free(bp->channels.slots[i].value);
   cph_hmap_free(&bp->channels);
   free(bp);
-  e->bp = NULL;
 }
 
-void backpressure_foreach(cph_engine *e, void (*fn)(void *ctx, const char *chan, int step),
-                          void *ctx) {
-  if (!e->bp)
+void backpressure_foreach(const cph_backpressure *bp, const cph_policy *p,
+                          void (*fn)(void *ctx, const char *chan, int step), void *ctx) {
+  if (!bp)
     return;
-  for (size_t i = 0; i < e->bp->channels.cap; i++)
-    if (e->bp->channels.slots[i].key) {
-      const bp_channel *c = e->bp->channels.slots[i].value;
-      fn(ctx, c->name, effective_step(e->policy, c->name, c));
+  for (size_t i = 0; i < bp->channels.cap; i++)
+    if (bp->channels.slots[i].key) {
+      const bp_channel *c = bp->channels.slots[i].value;
+      fn(ctx, c->name, effective_step(p, c->name, c));
     }
 }
 
@@ -577,9 +571,10 @@ static cph_bp_cause cause_info(const cph_policy *p, const char *name, const bp_c
   return out;
 }
 
-const char *backpressure_trigger(cph_engine *e, const char *chan) {
-  const bp_channel *c = e->bp ? cph_hmap_get(&e->bp->channels, chan) : NULL;
-  const char *name = cause_info(e->policy, chan, c).name;
+const char *backpressure_trigger(const cph_backpressure *bp, const cph_policy *p,
+                                 const char *chan) {
+  const bp_channel *c = bp ? cph_hmap_get(&bp->channels, chan) : NULL;
+  const char *name = cause_info(p, chan, c).name;
   return name ? name : "none";
 }
 
@@ -592,41 +587,12 @@ void cph_channel_info_free(cph_channel_info *c) {
   memset(c, 0, sizeof *c);
 }
 
-/* True when the channel has at least one history entry. */
-static bool has_history(cph_engine *e, const char *name) {
-  cph_txn t;
-  if (cph_txn_begin(e->store, false, &t) != CPH_OK)
-    return false;
-  bool found = false;
-  cph_cursor c;
-  if (cph_cursor_open(&t, CPH_DB_CHANNEL_LOG, &c) == CPH_OK) {
-    cph_key k;
-    cph_key_reset(&k);
-    cph_key_str(&k, name);
-    cph_val kv;
-    size_t prefix = strlen(name) + 1;
-    found = !k.overflow && cph_cursor_seek(&c, &k, &kv, NULL) == CPH_OK && kv.len >= prefix &&
-            memcmp(kv.data, k.data, prefix) == 0;
-    cph_cursor_close(&c);
-  }
-  cph_txn_abort(&t);
-  return found;
-}
-
-int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph_err *err) {
-  memset(out, 0, sizeof *out);
-  if (!id || !*id || strlen(id) > 256)
-    return cph_err_set(err, CPH_EINVAL, "a channel name is 1 to 256 bytes");
-  const cph_policy *p = e->policy;
+bool backpressure_channel_info(cph_backpressure *bp, const cph_policy *p, const char *id,
+                               int64_t now, cph_channel_info *out) {
   const cph_policy_channel *cfg = cph_policy_backpressure_for(p, id);
-  bp_channel *c = e->bp ? cph_hmap_get(&e->bp->channels, id) : NULL;
-  channel *ch = engine_channel(e, id, false);
+  bp_channel *c = bp ? cph_hmap_get(&bp->channels, id) : NULL;
   bool configured = cfg != &p->backpressure.defaults;
-  if (!c && !ch && !configured && !has_history(e, id))
-    return cph_err_set(err, CPH_ENOTFOUND, "no such channel: %s", id);
-  if (!(out->id = strdup(id)))
-    return cph_err_set(err, CPH_ENOMEM, "out of memory");
-  int64_t sec = engine_now(e) / CPH_NS_PER_S;
+  int64_t sec = now / CPH_NS_PER_S;
   out->step = (uint32_t)effective_step(p, id, c);
   out->step_name = cph_bp_step_name(out->step);
   out->trigger = cause_info(p, id, c);
@@ -638,10 +604,6 @@ int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph
     out->since_ms = c->since_ms;
     out->calm_intervals = c->calm;
   }
-  if (ch) {
-    out->subscribers = (uint32_t)ch->n_subscribers;
-    out->members = (uint32_t)ch->n_members;
-  }
   out->settings.max_events_per_minute = cfg->max_events_per_minute;
   out->settings.max_family_growth_per_minute = cfg->max_family_growth_per_minute;
   out->settings.degrade_to_aggregate_only = cfg->degrade_to_aggregate_only;
@@ -650,5 +612,5 @@ int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph
   out->settings.recover_intervals = p->backpressure.recover_intervals;
   out->settings.dedupe_window_seconds =
       p->dedupe.window_seconds * (out->step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1);
-  return CPH_OK;
+  return c || configured;
 }

@@ -55,7 +55,12 @@
 
 #include "cephalon/error.h"
 
-struct cph_engine;
+#include "cephalon/cephalon.h"
+#include "cephalon/policy.h"
+
+struct cph_txn;
+/* The state this module owns: per channel its rates, family growth, step and why. */
+typedef struct cph_backpressure cph_backpressure;
 
 enum {
   BP_STEP_NORMAL = 0,
@@ -73,29 +78,45 @@ enum {
 #define BP_LOUD_SHARE 4          /* ... and at least 1/4 of all events */
 #define BP_FAMILIES_TRACKED 8    /* families per channel whose growth is tracked */
 
-int backpressure_open(struct cph_engine *e, cph_err *err); /* from memory_load */
-void backpressure_close(struct cph_engine *e);             /* from memory_clear */
+/* Builds the state (persisted steps) reading through t. */
+int backpressure_open(struct cph_txn *t, const cph_policy *p, int64_t now_ns,
+                      cph_backpressure **out, cph_err *err);
+void backpressure_close(cph_backpressure *bp);
 
 /* The channel's effective step now (floor and :max-step applied). O(1) + O(log overrides). */
-int backpressure_step(struct cph_engine *e, const char *chan);
+int backpressure_step(const cph_backpressure *bp, const cph_policy *p, const char *chan);
 /* Whether a memory minted from this channel at `step` gets an embedding: not for aggregates
  * from step 2, and not at all while degraded when :pause-on-backpressure? is set. */
-bool backpressure_embed_allowed(const struct cph_engine *e, int step, bool aggregate);
-/* Step 4: reports of sessions on this channel should wait (the report scheduler asks). */
-bool backpressure_reports_delayed(struct cph_engine *e, const char *chan);
+bool backpressure_embed_allowed(const cph_policy *p, int step, bool aggregate);
+/* Step 4: reports of sessions on this channel wait :report-delay-factor times longer. */
+bool backpressure_reports_delayed(const cph_backpressure *bp, const cph_policy *p,
+                                  const char *chan);
 
-/* After an event's txn committed: counts it (family_joined != 0: it grew that family). */
-void backpressure_note_event(struct cph_engine *e, const char *chan, uint64_t family_joined);
-/* The check, from reconcile (engine clock; works at most once a second): triggers, steps,
- * persistence, due aggregate notices, and dedupe upkeep. */
-void backpressure_tick(struct cph_engine *e);
+/* After an event's txn committed: counts it at now_ns (family_joined != 0: it grew that
+ * family). */
+void backpressure_note_event(cph_backpressure *bp, const char *chan, uint64_t family_joined,
+                             int64_t now_ns);
 
-/* The name of what holds the channel at its effective step (cph_channel_info.trigger.name),
- * "none" at step 0: the per-channel metric's trigger label. O(1). */
-const char *backpressure_trigger(struct cph_engine *e, const char *chan);
+/* The engine-wide load a check compares: the owners of these facts hand them in. */
+typedef struct backpressure_load {
+  uint64_t embed_queue;     /* memories waiting for an embedding (memory) */
+  bool maintenance_starved; /* the maintenance lane had no budget while work waited (lanes) */
+} backpressure_load;
+/* The check, from reconcile (engine clock now_ns, wall now_ms; works at most once a second):
+ * triggers, steps, persistence in a child txn of parent. */
+void backpressure_tick(cph_backpressure *bp, const cph_policy *p, struct cph_txn *parent,
+                       int64_t now_ns, int64_t now_ms, const backpressure_load *load);
 
-/* Every channel the engine tracks with its effective step (for the per-channel metric). */
-void backpressure_foreach(struct cph_engine *e, void (*fn)(void *ctx, const char *chan, int step),
-                          void *ctx);
+/* Every channel tracked with its effective step (for the per-channel metric). */
+void backpressure_foreach(const cph_backpressure *bp, const cph_policy *p,
+                          void (*fn)(void *ctx, const char *chan, int step), void *ctx);
+/* What holds the channel at its step ("none" at step 0): the metric's trigger label. */
+const char *backpressure_trigger(const cph_backpressure *bp, const cph_policy *p,
+                                 const char *chan);
+/* Fills out's step, rates, triggers and settings for channel id (not its subscribers, which
+ * the sessions registry knows). True when backpressure knows the channel (traffic or a
+ * policy override). */
+bool backpressure_channel_info(cph_backpressure *bp, const cph_policy *p, const char *id,
+                               int64_t now_ns, cph_channel_info *out);
 
 #endif

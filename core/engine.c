@@ -49,6 +49,48 @@ int64_t engine_wall_ms(const cph_engine *e) {
 
 const cph_dedupe *cph__engine_dedupe(const cph_engine *e) { return e->dedupe; }
 
+/* True when the channel has at least one history entry. */
+static bool has_history(cph_engine *e, const char *name) {
+  cph_txn t;
+  if (cph_txn_begin(e->store, false, &t) != CPH_OK)
+    return false;
+  bool found = false;
+  cph_cursor c;
+  if (cph_cursor_open(&t, CPH_DB_CHANNEL_LOG, &c) == CPH_OK) {
+    cph_key k;
+    cph_key_reset(&k);
+    cph_key_str(&k, name);
+    cph_val kv;
+    size_t prefix = strlen(name) + 1;
+    found = !k.overflow && cph_cursor_seek(&c, &k, &kv, NULL) == CPH_OK && kv.len >= prefix &&
+            memcmp(kv.data, k.data, prefix) == 0;
+    cph_cursor_close(&c);
+  }
+  cph_txn_abort(&t);
+  return found;
+}
+
+/* GET /v1/channels/{id}: backpressure's view, the registry's subscribers; 404 for a channel
+ * nobody knows (no traffic, no override, no subscriber, no history). */
+int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph_err *err) {
+  memset(out, 0, sizeof *out);
+  if (!id || !*id || strlen(id) > 256)
+    return cph_err_set(err, CPH_EINVAL, "a channel name is 1 to 256 bytes");
+  if (!(out->id = strdup(id)))
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  bool known = backpressure_channel_info(e->bp, e->policy, id, engine_now(e), out);
+  channel *ch = engine_channel(e, id, false);
+  if (ch) {
+    out->subscribers = (uint32_t)ch->n_subscribers;
+    out->members = (uint32_t)ch->n_members;
+  }
+  if (!known && !ch && !has_history(e, id)) {
+    cph_channel_info_free(out);
+    return cph_err_set(err, CPH_ENOTFOUND, "no such channel: %s", id);
+  }
+  return CPH_OK;
+}
+
 int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, size_t *n,
                           cph_err *err) {
   cph_txn t;
@@ -65,7 +107,8 @@ int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, s
 
 /* backpressure owns the step; dedupe asks through this (dedupe_widening). */
 static bool dedupe_window_widened(void *ctx, const char *chan) {
-  return backpressure_step(ctx, chan) >= BP_STEP_WIDEN_DEDUPE;
+  const cph_engine *e = ctx;
+  return backpressure_step(e->bp, e->policy, chan) >= BP_STEP_WIDEN_DEDUPE;
 }
 
 static void job_enqueue_apply(cph_engine *e, cph_op *op);
@@ -304,7 +347,8 @@ static void memory_clear(cph_engine *e) {
   cph_sched_free(e->sched);
   e->sched = NULL;
   maint_close(e);
-  backpressure_close(e);
+  backpressure_close(e->bp);
+  e->bp = NULL;
   reports_close(e);
   dedupe_close(e->dedupe);
   e->dedupe = NULL;
@@ -360,10 +404,9 @@ static int memory_load(cph_engine *e, cph_err *err) {
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
   rc = dedupe_open(&t, &e->dedupe, err);
+  if (rc == CPH_OK)
+    rc = backpressure_open(&t, e->policy, engine_now(e), &e->bp, err);
   cph_txn_abort(&t);
-  if (rc)
-    return rc;
-  rc = backpressure_open(e, err);
   if (rc)
     return rc;
   e->last_reply_id = last_key_u64(e, CPH_DB_REPLIES);
@@ -563,7 +606,10 @@ static void hook_reconcile(void *ctx) {
   ticks_fire(e);
   turns_reconcile(e);
   maint_tick(e);
-  backpressure_tick(e);
+  cph_lane_stats maint;
+  cph_sched_lane_stats(e->sched, CPH_LANE_MAINTENANCE, &maint);
+  backpressure_load load = {e->embed_queue_len, !maint.has_budget && maint.runnable > 0};
+  backpressure_tick(e->bp, e->policy, &e->txn, engine_now(e), engine_wall_ms(e), &load);
   dedupe_widening widen = {dedupe_window_widened, e, BP_DEDUPE_WIDEN};
   dedupe_tick(e->dedupe, &e->policy->dedupe, &e->txn, engine_wall_ms(e), &widen);
   reports_tick(e);

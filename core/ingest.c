@@ -335,7 +335,7 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
   snprintf(scope, sizeof scope, "%c%s", CPH_CHANNEL_SCOPE_PREFIX, channel_name);
   if (raw && *body)
     memory_mint(e, t, scope, CPH_MEMORY_RAW, body, event_id,
-                backpressure_embed_allowed(e, step, false), NULL);
+                backpressure_embed_allowed(e->policy, step, false), NULL);
   if (v->family_created && v->sample) {
     size_t len = strlen(v->sample) + strlen(channel_name) + 48;
     char *text = malloc(len);
@@ -346,7 +346,7 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
     char tag[32];
     memory_family_tag(v->family, tag);
     if (memory_mint(e, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
-                    backpressure_embed_allowed(e, step, true), &id) == CPH_OK)
+                    backpressure_embed_allowed(e->policy, step, true), &id) == CPH_OK)
       memory_add_tag(t, id, tag); /* aggregate_upsert finds and updates this one */
     free(text);
   }
@@ -440,7 +440,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     return CPH_OK;
   }
 
-  int step = backpressure_step(e, channel_name);
+  int step = backpressure_step(e->bp, e->policy, channel_name);
   int64_t dd_now = engine_wall_ms(e);
   dedupe_verdict v;
   if (dedupe_classify(e->dedupe, &e->policy->dedupe, t, channel_name, in->sender, in->body, dd_now,
@@ -657,7 +657,7 @@ void ingest_apply(cph_engine *e, cph_op *op) {
     for (size_t i = 0; i < n; i++) {
       const ingest_after *a = &rq.after[i];
       if (a->chan)
-        backpressure_note_event(e, a->chan, a->family);
+        backpressure_note_event(e->bp, a->chan, a->family, engine_now(e));
       metrics_event(e, op->u.ingest.results[i].status);
     }
   }

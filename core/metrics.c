@@ -708,7 +708,7 @@ typedef struct bp_scan {
 
 /* One channel's step, labelled with what holds it there (backpressure_trigger). */
 static void bp_series(cph_engine *e, metric_family *f, const char *chan, int step) {
-  const char *labels[2] = {chan, backpressure_trigger(e, chan)};
+  const char *labels[2] = {chan, backpressure_trigger(e->bp, e->policy, chan)};
   metric_gauge_set(metric_series_addv(f, labels), step);
 }
 
@@ -739,11 +739,11 @@ static void add_backpressure(cph_engine *e, metric_registry *r) {
   metric_family_add_label(b.family, "trigger");
   for (size_t i = 0; i < p->backpressure.channel_count; i++) {
     const char *chan = p->backpressure.channels[i].channel;
-    int step = backpressure_step(e, chan);
+    int step = backpressure_step(e->bp, e->policy, chan);
     bp_series(e, b.family, chan, step);
     b.degraded += step > 0;
   }
-  backpressure_foreach(e, bp_visit, &b);
+  backpressure_foreach(e->bp, e->policy, bp_visit, &b);
   metric_add_gauge(r, "cephalon_backpressure_degraded_channels",
                    "Channels whose degrade step is above 0: those with a policy override and "
                    "those backpressure tracks (traffic in the last minutes or a stored step); "

@@ -91,7 +91,7 @@ static bool event_channel_delayed(cph_engine *e, cph_txn *t, uint64_t id) {
   uint64_t mask = cph_record_field_mask(&cph_event_desc, fields, 1);
   if (cph_txn_get_record_some(t, CPH_DB_EVENTS, &k, &cph_event_desc, &ev, mask) != CPH_OK)
     return false;
-  bool delayed = ev.channel && backpressure_reports_delayed(e, ev.channel);
+  bool delayed = ev.channel && backpressure_reports_delayed(e->bp, e->policy, ev.channel);
   cph_record_free(&cph_event_desc, &ev);
   return delayed;
 }

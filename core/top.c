@@ -167,7 +167,7 @@ void cph_channel_steps_free(cph_channel_step *steps, size_t n) {
 int cph_engine_channel_steps(cph_engine *e, uint32_t min_step, cph_channel_step **out, size_t *n,
                              cph_err *err) {
   steps_acc a = {.min_step = min_step};
-  backpressure_foreach(e, steps_collect, &a);
+  backpressure_foreach(e->bp, e->policy, steps_collect, &a);
   if (a.oom) {
     cph_channel_steps_free(a.items, a.n);
     *out = NULL;
