@@ -105,6 +105,9 @@ int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, s
   return rc;
 }
 
+/* A reporter's report fell due (reports_tick): it has work now. */
+static void report_due(void *ctx, csession *s) { engine_update_work(ctx, s); }
+
 /* backpressure owns the step; dedupe asks through this (dedupe_widening). */
 static bool dedupe_window_widened(void *ctx, const char *chan) {
   const cph_engine *e = ctx;
@@ -349,7 +352,8 @@ static void memory_clear(cph_engine *e) {
   maint_close(e);
   backpressure_close(e->bp);
   e->bp = NULL;
-  reports_close(e);
+  reports_close(e->reports);
+  e->reports = NULL;
   dedupe_close(e->dedupe);
   e->dedupe = NULL;
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
@@ -387,7 +391,7 @@ static int memory_load(cph_engine *e, cph_err *err) {
   e->sched = cph_sched_new(&sc, e->clock_ref);
   if (!e->sched)
     return cph_err_set(err, CPH_ENOMEM, "out of memory creating the scheduler");
-  if (reports_open(e) != CPH_OK) /* before the sessions: loading one registers its reports */
+  if (reports_open(&e->reports) != CPH_OK) /* before the sessions: loading one registers */
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening the engine");
   sessions_init(e);
   int rc = sessions_load(e, err);
@@ -612,7 +616,8 @@ static void hook_reconcile(void *ctx) {
   backpressure_tick(e->bp, e->policy, &e->txn, engine_now(e), engine_wall_ms(e), &load);
   dedupe_widening widen = {dedupe_window_widened, e, BP_DEDUPE_WIDEN};
   dedupe_tick(e->dedupe, &e->policy->dedupe, &e->txn, engine_wall_ms(e), &widen);
-  reports_tick(e);
+  reports_env renv = {e->policy, e->bp, &e->txn, engine_now(e)};
+  reports_tick(e->reports, &renv, report_due, e);
 }
 
 int cph_engine_run_pass(cph_engine *e) {

@@ -19,7 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine_internal.h"
+#include "session.h"
+#include "store/store.h"
 
 typedef enum inbox_fold {
   INBOX_FOLD_NONE,    /* one event (count may still grow by an exact repeat) */

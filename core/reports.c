@@ -8,12 +8,15 @@
 
 #include "backpressure.h"
 #include "common/buf.h"
+#include "common/clock.h"
+#include "common/hmap.h"
 
 #define CHECK_PERIOD_NS CPH_NS_PER_S
 #define REPORT_LINES_MAX 20 /* entries listed per channel; the rest are counted */
 
 typedef struct report_state {
   char *id; /* owned: the map's key */
+  csession *s; /* the registry's: stable until the session is deleted (reports_forget) */
   uint32_t interval_s;
   int64_t last_ns; /* engine clock: the last report (or registration, or open) */
 } report_state;
@@ -23,15 +26,15 @@ typedef struct cph_reports {
   int64_t next_check_ns;
 } cph_reports;
 
-int reports_open(cph_engine *e) {
-  e->reports = calloc(1, sizeof *e->reports);
-  return e->reports ? CPH_OK : CPH_ENOMEM;
+int reports_open(cph_reports **out) {
+  *out = calloc(1, sizeof **out);
+  return *out ? CPH_OK : CPH_ENOMEM;
 }
 
-void reports_close(cph_engine *e) {
-  if (!e->reports)
+void reports_close(cph_reports *rp) {
+  if (!rp)
     return;
-  cph_hmap *m = &e->reports->by_id;
+  cph_hmap *m = &rp->by_id;
   for (size_t i = 0; i < m->cap; i++)
     if (m->slots[i].key) {
       report_state *r = m->slots[i].value;
@@ -39,37 +42,37 @@ void reports_close(cph_engine *e) {
       free(r);
     }
   cph_hmap_free(m);
-  free(e->reports);
-  e->reports = NULL;
+  free(rp);
 }
 
-void reports_forget(cph_engine *e, const char *id) {
-  report_state *r = e->reports ? cph_hmap_del(&e->reports->by_id, id) : NULL;
+void reports_forget(cph_reports *rp, const char *id) {
+  report_state *r = rp ? cph_hmap_del(&rp->by_id, id) : NULL;
   if (r) {
     free(r->id);
     free(r);
   }
 }
 
-int reports_set(cph_engine *e, csession *s, uint32_t interval_s) {
+int reports_set(cph_reports *rp, csession *s, uint32_t interval_s, int64_t now_ns) {
   s->report_due = false;
   s->reports = false;
   if (!interval_s) {
-    reports_forget(e, s->id);
+    reports_forget(rp, s->id);
     return CPH_OK;
   }
-  report_state *r = cph_hmap_get(&e->reports->by_id, s->id);
+  report_state *r = cph_hmap_get(&rp->by_id, s->id);
   if (!r) {
     r = calloc(1, sizeof *r);
-    if (!r || !(r->id = strdup(s->id)) || cph_hmap_put(&e->reports->by_id, r->id, r)) {
+    if (!r || !(r->id = strdup(s->id)) || cph_hmap_put(&rp->by_id, r->id, r)) {
       if (r)
         free(r->id);
       free(r);
       return CPH_ENOMEM;
     }
   }
+  r->s = s;
   r->interval_s = interval_s;
-  r->last_ns = engine_now(e);
+  r->last_ns = now_ns;
   s->reports = true;
   return CPH_OK;
 }
@@ -82,35 +85,35 @@ bool reports_has_unheld(const csession *s) {
 }
 
 /* Whether the channel of event id (read through t) is at backpressure step 4 or more. */
-static bool event_channel_delayed(cph_engine *e, cph_txn *t, uint64_t id) {
+static bool event_channel_delayed(const reports_env *env, uint64_t id) {
   static const char *const fields[] = {"channel"};
   cph_key k;
   cph_key_reset(&k);
   cph_key_u64(&k, id);
   cph_event_rec ev;
   uint64_t mask = cph_record_field_mask(&cph_event_desc, fields, 1);
-  if (cph_txn_get_record_some(t, CPH_DB_EVENTS, &k, &cph_event_desc, &ev, mask) != CPH_OK)
+  if (cph_txn_get_record_some(env->t, CPH_DB_EVENTS, &k, &cph_event_desc, &ev, mask) != CPH_OK)
     return false;
-  bool delayed = ev.channel && backpressure_reports_delayed(e->bp, e->policy, ev.channel);
+  bool delayed = ev.channel && backpressure_reports_delayed(env->bp, env->p, ev.channel);
   cph_record_free(&cph_event_desc, &ev);
   return delayed;
 }
 
 /* The interval in force: stretched when a channel of the held entries is at step 4. O(inbox)
  * event reads, once a second per reporter holding something. */
-static int64_t interval_ns(cph_engine *e, cph_txn *t, const csession *s, const report_state *r) {
+static int64_t interval_ns(const reports_env *env, const csession *s, const report_state *r) {
   int64_t ns = (int64_t)r->interval_s * CPH_NS_PER_S;
   for (uint32_t i = 0; i < s->n_inbox; i++) {
     const inbox_item *it = &s->inbox[i];
-    if (reports_holds(s, it) && !it->turn_id && event_channel_delayed(e, t, it->event_id))
-      return ns * e->policy->backpressure.report_delay_factor;
+    if (reports_holds(s, it) && !it->turn_id && event_channel_delayed(env, it->event_id))
+      return ns * env->p->backpressure.report_delay_factor;
   }
   return ns;
 }
 
-void reports_tick(cph_engine *e) {
-  cph_reports *rp = e->reports;
-  int64_t now = engine_now(e);
+void reports_tick(cph_reports *rp, const reports_env *env, void (*on_due)(void *ctx, csession *s),
+                  void *ctx) {
+  int64_t now = env->now_ns;
   if (!rp || now < rp->next_check_ns)
     return;
   rp->next_check_ns = now + CHECK_PERIOD_NS;
@@ -118,34 +121,30 @@ void reports_tick(cph_engine *e) {
     if (!rp->by_id.slots[i].key)
       continue;
     report_state *r = rp->by_id.slots[i].value;
-    csession *s = engine_session(e, r->id);
-    if (!s || s->report_due || !s->n_staged || s->running_turn)
+    csession *s = r->s;
+    if (s->report_due || !s->n_staged || s->running_turn)
       continue;
-    if (now - r->last_ns >= interval_ns(e, &e->txn, s, r)) {
+    if (now - r->last_ns >= interval_ns(env, s, r)) {
       s->report_due = true;
-      engine_update_work(e, s);
+      on_due(ctx, s);
     }
   }
 }
 
-void reports_done(cph_engine *e, csession *s) {
-  report_state *r = e->reports ? cph_hmap_get(&e->reports->by_id, s->id) : NULL;
+void reports_done(cph_reports *rp, csession *s, int64_t now_ns) {
+  report_state *r = rp ? cph_hmap_get(&rp->by_id, s->id) : NULL;
   if (r)
-    r->last_ns = engine_now(e);
+    r->last_ns = now_ns;
   s->report_due = false;
 }
 
-int64_t reports_next_in_s(cph_engine *e, const csession *s) {
-  report_state *r = e->reports ? cph_hmap_get(&e->reports->by_id, s->id) : NULL;
+int64_t reports_next_in_s(const cph_reports *rp, const csession *s, const reports_env *env) {
+  report_state *r = rp ? cph_hmap_get(&rp->by_id, s->id) : NULL;
   if (!r)
     return -1;
   if (s->report_due)
     return 0;
-  cph_txn t;
-  if (cph_txn_begin(e->store, false, &t) != CPH_OK)
-    return 0;
-  int64_t left = r->last_ns + interval_ns(e, &t, s, r) - engine_now(e);
-  cph_txn_abort(&t);
+  int64_t left = r->last_ns + interval_ns(env, s, r) - env->now_ns;
   return left > 0 ? (left + CPH_NS_PER_S - 1) / CPH_NS_PER_S : 0;
 }
 

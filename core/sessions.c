@@ -406,7 +406,7 @@ static void session_create(cph_engine *e, cph_op *op) {
   s->paused = r.state == CPH_SESSION_PAUSED;
   s->autonomy_interval_s = r.autonomy_interval_s;
   engine_tick_schedule(e, s);
-  if (reports_set(e, s, r.report_interval_s) != CPH_OK)
+  if (reports_set(e->reports, s, r.report_interval_s, engine_now(e)) != CPH_OK)
     cph_warn("session '%s': out of memory for its reports; they wait for a restart", s->id);
   engine_update_work(e, s);
   if (info_from(e, &r, s, &op->u.session.out))
@@ -465,7 +465,8 @@ static void session_update(cph_engine *e, cph_op *op) {
     s->autonomy_interval_s = r.autonomy_interval_s;
     engine_tick_schedule(e, s);
   }
-  if ((set & CPH_SET_REPORT) && reports_set(e, s, r.report_interval_s) != CPH_OK)
+  if ((set & CPH_SET_REPORT) &&
+      reports_set(e->reports, s, r.report_interval_s, engine_now(e)) != CPH_OK)
     cph_warn("session '%s': out of memory for its reports; they wait for a restart", s->id);
   engine_update_work(e, s);
   if (info_from(e, &r, s, &op->u.session.out))
@@ -507,7 +508,7 @@ static void session_delete(cph_engine *e, cph_op *op) {
   cph_idmap_del(&e->sessions, s->id); /* before the scheduler frees the id */
   cph_sched_remove(e->sched, s->sid);
   engine_tick_schedule(e, (s->autonomy_interval_s = 0, s));
-  reports_forget(e, s->id);
+  reports_forget(e->reports, s->id);
   for (size_t i = 0; i < e->n_pending_sessions; i++)
     if (e->pending_sessions[i] == s)
       e->pending_sessions[i] = e->pending_sessions[--e->n_pending_sessions];
@@ -644,7 +645,7 @@ int sessions_load(cph_engine *e, cph_err *err) {
     s->episode = r.episode;
     s->autonomy_interval_s = r.autonomy_interval_s;
     engine_tick_schedule(e, s);
-    if (reports_set(e, s, r.report_interval_s) != CPH_OK) {
+    if (reports_set(e->reports, s, r.report_interval_s, engine_now(e)) != CPH_OK) {
       cph_record_free(&cph_session_desc, &r);
       rc = cph_err_set(err, CPH_ENOMEM, "out of memory loading sessions");
       goto out;
@@ -779,7 +780,13 @@ int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *er
   out->ahead_in_higher_lanes = w.ahead_in_higher_lanes;
   out->staged = s->n_staged;
   out->pending = s->n_pending;
-  out->next_report_in_s = reports_next_in_s(e, s);
+  cph_txn t;
+  out->next_report_in_s = -1;
+  if (s->reports && cph_txn_begin(e->store, false, &t) == CPH_OK) {
+    reports_env env = {e->policy, e->bp, &t, engine_now(e)};
+    out->next_report_in_s = reports_next_in_s(e->reports, s, &env);
+    cph_txn_abort(&t);
+  }
   if (w.reason == CPH_WHY_NO_INPUT && s->reports && s->n_staged + s->n_pending > 0)
     out->reason = "waiting_for_report";
   return CPH_OK;

@@ -861,7 +861,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     e->last_reply_id = reply_id;
   s->running_turn = 0;
   if (l->kind == CPH_KIND_REPORT)
-    reports_done(e, s); /* the next report is an interval from now */
+    reports_done(e->reports, s, engine_now(e)); /* the next: an interval from now */
   if (l->kind == CPH_KIND_AUTONOMY_TICK || s->autonomy_interval_s)
     engine_tick_schedule(e, s); /* the next tick is an interval after this turn */
   engine_update_work(e, s);
