@@ -612,7 +612,7 @@ static void hook_reconcile(void *ctx) {
   maint_tick(e);
   cph_lane_stats maint;
   cph_sched_lane_stats(e->sched, CPH_LANE_MAINTENANCE, &maint);
-  backpressure_load load = {e->embed_queue_len, !maint.has_budget && maint.runnable > 0};
+  backpressure_load load = {memory_embed_queue(&e->memory), !maint.has_budget && maint.runnable > 0};
   backpressure_tick(e->bp, e->policy, &e->txn, engine_now(e), engine_wall_ms(e), &load);
   dedupe_widening widen = {dedupe_window_widened, e, BP_DEDUPE_WIDEN};
   dedupe_tick(e->dedupe, &e->policy->dedupe, &e->txn, engine_wall_ms(e), &widen);

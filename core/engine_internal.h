@@ -18,6 +18,7 @@
 #include "common/hmap.h"
 #include "common/idmap.h"
 #include "common/slab.h"
+#include "core/memory.h"
 #include "core/session.h"
 #include "lanes/sched.h"
 #include "store/store.h"
@@ -86,7 +87,7 @@ struct cph_engine {
   int64_t wall_base_ms, wall_base_ns; /* engine_wall_ms(): wall time at open, engine clock */
   struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
   struct cph_reports *reports;   /* reports.c: report turns of reporter sessions */
-  uint64_t embed_queue_len;      /* memories waiting for an embedding */
+  cph_memory memory;             /* memory.h: what memories keep in memory (the embed queue) */
   struct cph_maint *maint;       /* maint.c: schedules, counters */
   struct cph_metrics *metrics;   /* metrics.c: live counters; kept across memory rebuilds */
   cph_buf scratch;               /* encoding space reused on the pass thread (pact_save) */
@@ -135,32 +136,6 @@ bool session_id_valid(const char *id);
 void ingest_apply(cph_engine *e, cph_op *op);
 uint64_t inbox_poll(cph_engine *e); /* poll_inbox: pending -> staged */
 int history_append(cph_engine *e, cph_txn *t, const char *channel, uint64_t event_id);
-
-/* ---- memory.c ---- */
-/* Scope of a channel-wide memory (minted from an event): "#" + channel; '#' never appears in
- * a session id, so scopes cannot collide. */
-#define CPH_CHANNEL_SCOPE_PREFIX '#'
-/* Mints a memory in t (DESIGN §7): kind raw/summary/aggregate, tokens_est = ceil(bytes/4).
- * With embed, its embedding is queued (embed_status pending, database embed_queue); without,
- * embed_status is none. */
-int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, const char *text,
-                uint64_t source_event_id, bool embed, uint64_t *id_out);
-/* An aggregate memory is tagged with its family ("family:<id>", out holds 32 bytes), so the
- * family keeps one memory that aggregate_upsert updates in place (DESIGN §5). */
-void memory_family_tag(uint64_t family, char out[32]);
-int memory_add_tag(cph_txn *t, uint64_t id, const char *tag);
-/* Replaces a memory's text (and token estimate); an embedded one is queued to embed again. */
-int memory_set_text(cph_engine *e, cph_txn *t, uint64_t id, const char *text);
-/* The index of memories by scope (database memory_scopes) keeps raw memories apart from the
- * others (summaries, aggregates), so a turn can fill each part of its memory budget without
- * reading through the other: key = scope\0 "raw"|"other"\0 u64 memory id -> be64 source event
- * id (0 = none), so a turn skips memories of events it already shows without reading them.
- * This is the key prefix. */
-static inline void memory_scope_prefix(cph_key *k, const char *scope, bool raw) {
-  cph_key_reset(k);
-  cph_key_str(k, scope);
-  cph_key_str(k, raw ? "raw" : "other");
-}
 
 /* ---- maint.c ---- */
 int maint_open(cph_engine *e, cph_err *err);

@@ -353,7 +353,7 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
   }
 
   uint64_t summary_id = 0;
-  rc = memory_mint(e, t, g.session, CPH_MEMORY_SUMMARY, g.summary_text, 0, true, &summary_id);
+  rc = memory_mint(&e->memory, t, g.session, CPH_MEMORY_SUMMARY, g.summary_text, 0, true, &summary_id);
   uint64_t outbox_items = 0;
   int64_t now = cph_wall_ms();
   for (uint32_t i = 0; rc == CPH_OK && i < g.n_source_ids; i++) {
@@ -382,8 +382,7 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
     } else if (m.embed_status == CPH_EMBED_PENDING) {
       cph_txn_del(t, CPH_DB_EMBED_QUEUE, &mk); /* never embed what is already gone */
       m.embed_status = CPH_EMBED_DELETED;
-      if (e->embed_queue_len)
-        e->embed_queue_len--;
+      memory_embed_queue_done(&e->memory, 1);
     }
     if (rc == CPH_OK)
       rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);

@@ -1,7 +1,7 @@
 /* A session's inbox entries and the events folded into them (DESIGN §4, §5). Private to core/.
  *
  * The accounting rule: every event routed to a session reaches it as its own entry or counted
- * inside one. An entry (inbox_item, engine_internal.h) stands for `count` events: its first,
+ * inside one. An entry (inbox_item, session.h) stands for `count` events: its first,
  * event_id, and the others folded in later — repeats of one family (INBOX_FOLD_REPEAT) or the
  * older messages the queue cap folded into the session's overflow entry (INBOX_FOLD_OVERFLOW).
  *

@@ -334,7 +334,7 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
   char scope[CHANNEL_MAX + 2];
   snprintf(scope, sizeof scope, "%c%s", CPH_CHANNEL_SCOPE_PREFIX, channel_name);
   if (raw && *body)
-    memory_mint(e, t, scope, CPH_MEMORY_RAW, body, event_id,
+    memory_mint(&e->memory, t, scope, CPH_MEMORY_RAW, body, event_id,
                 backpressure_embed_allowed(e->policy, step, false), NULL);
   if (v->family_created && v->sample) {
     size_t len = strlen(v->sample) + strlen(channel_name) + 48;
@@ -345,7 +345,7 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
     uint64_t id = 0;
     char tag[32];
     memory_family_tag(v->family, tag);
-    if (memory_mint(e, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
+    if (memory_mint(&e->memory, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
                     backpressure_embed_allowed(e->policy, step, true), &id) == CPH_OK)
       memory_add_tag(t, id, tag); /* aggregate_upsert finds and updates this one */
     free(text);
@@ -608,7 +608,8 @@ static void request_rollback(cph_engine *e, ingest_req *rq) {
   cph_txn_abort(&rq->t);
   targets_undo(e, &rq->undo);
   dedupe_rollback(e->dedupe);
-  e->embed_queue_len = rq->embed_queue_before; /* memory_mint counted what did not land */
+  /* memory_mint counted what did not land */
+  memory_embed_queue_set(&e->memory, rq->embed_queue_before);
 }
 
 /* A request's events in one child txn of the pass (group commit): one failing request — a
@@ -629,7 +630,7 @@ void ingest_apply(cph_engine *e, cph_op *op) {
   if (rc)
     cph_err_set(&err, rc, "%s", rq.t.err.msg);
   if (rc == CPH_OK) {
-    rq.embed_queue_before = e->embed_queue_len;
+    rq.embed_queue_before = memory_embed_queue(&e->memory);
     dedupe_savepoint(e->dedupe);
     size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
     for (size_t i = 0; i < n && rc == CPH_OK; i++) {

@@ -596,9 +596,9 @@ static int apply_aggregate_upsert(cph_engine *e, cph_txn *t, const char *args) {
   if (!text) {
     rc = CPH_ENOMEM;
   } else if (id) {
-    rc = memory_set_text(e, t, id, text);
+    rc = memory_set_text(&e->memory, t, id, text);
   } else {
-    rc = memory_mint(e, t, scope, CPH_MEMORY_AGGREGATE, text, 0, false, &id);
+    rc = memory_mint(&e->memory, t, scope, CPH_MEMORY_AGGREGATE, text, 0, false, &id);
     if (rc == CPH_OK)
       rc = memory_add_tag(t, id, tag);
   }
@@ -665,7 +665,7 @@ int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph
   if (j.kind == CPH_JOBK_OUTBOX_DRAIN && rc == CPH_OK && outbox_done)
     e->maint->outbox_oldest_ms = outbox_oldest_pending_ms(t);
   if (j.kind == CPH_JOBK_EMBED_MEMORY && rc == CPH_OK && w && !w->rc)
-    e->embed_queue_len -= w->n_items < e->embed_queue_len ? w->n_items : e->embed_queue_len;
+    memory_embed_queue_done(&e->memory, w->n_items);
   if (j.kind == CPH_JOBK_EMBED_MEMORY && w && w->rc)
     /* the embedder or index is failing: try again after a drain interval, not every pass */
     e->maint->next_embed_ns =
@@ -734,7 +734,7 @@ void maint_tick(cph_engine *e) {
     maint_enqueue(e, CPH_JOBK_OUTBOX_DRAIN, NULL, 0, NULL);
     m->next_drain_ns = now + p->maintenance.outbox.drain_interval_s * CPH_NS_PER_S;
   }
-  if (e->embed_queue_len && !counts[CPH_JOBK_EMBED_MEMORY] && now >= m->next_embed_ns)
+  if (memory_embed_queue(&e->memory) && !counts[CPH_JOBK_EMBED_MEMORY] && now >= m->next_embed_ns)
     maint_enqueue(e, CPH_JOBK_EMBED_MEMORY, NULL, 0, NULL);
   /* §3.5: the trickle is owed while the outbox has work; dropping the flag between batches
    * would forfeit the catch-up of batches the scheduler owes. */
@@ -815,7 +815,7 @@ int maint_open(cph_engine *e, cph_err *err) {
    * million events mean ten million entries here; restart must not walk them). */
   size_t queued = 0;
   if (cph_txn_count(&t, CPH_DB_EMBED_QUEUE, &queued) == CPH_OK)
-    e->embed_queue_len = queued;
+    memory_embed_queue_set(&e->memory, queued);
   rc = cph_txn_commit(&t);
   if (rc)
     return cph_err_set(err, rc, "loading maintenance jobs: %s", t.err.msg);
@@ -947,7 +947,7 @@ void cph_engine_maint_stats(cph_engine *e, cph_maint_stats *out) {
       e->maint->outbox_pending && e->maint->outbox_oldest_ms
           ? (double)(cph_wall_ms() - e->maint->outbox_oldest_ms) / 1000.0
           : 0;
-  out->embed_queue = e->embed_queue_len;
+  out->embed_queue = memory_embed_queue(&e->memory);
   out->groups_committed_total = e->maint->groups_committed_total;
   out->memories_deleted_total = e->maint->memories_deleted_total;
   out->summaries_created_total = e->maint->summaries_created_total;

@@ -3,7 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_internal.h"
+#include "common/clock.h"
+#include "memory.h"
 
 static uint32_t tokens_estimate(const char *text) {
   size_t n = strlen(text);
@@ -11,7 +12,7 @@ static uint32_t tokens_estimate(const char *text) {
   return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 }
 
-int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, const char *text,
+int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, const char *text,
                 uint64_t source_event_id, bool embed, uint64_t *id_out) {
   uint64_t id = 0;
   int rc = cph_txn_next_id(t, "memory", &id);
@@ -41,7 +42,7 @@ int memory_mint(cph_engine *e, cph_txn *t, const char *scope, uint8_t kind, cons
   if (rc == CPH_OK && embed) {
     rc = cph_txn_put(t, CPH_DB_EMBED_QUEUE, &k, "", 0);
     if (rc == CPH_OK)
-      e->embed_queue_len++; /* recounted from the database at open */
+      mem->embed_queue_len++; /* recounted from the database at open */
   }
   if (rc == CPH_OK && id_out)
     *id_out = id;
@@ -76,7 +77,7 @@ int memory_add_tag(cph_txn *t, uint64_t id, const char *tag) {
   return rc;
 }
 
-int memory_set_text(cph_engine *e, cph_txn *t, uint64_t id, const char *text) {
+int memory_set_text(cph_memory *mem, cph_txn *t, uint64_t id, const char *text) {
   cph_key k;
   cph_key_reset(&k);
   cph_key_u64(&k, id);
@@ -96,7 +97,7 @@ int memory_set_text(cph_engine *e, cph_txn *t, uint64_t id, const char *text) {
   if (rc == CPH_OK && reembed) {
     rc = cph_txn_put(t, CPH_DB_EMBED_QUEUE, &k, "", 0);
     if (rc == CPH_OK)
-      e->embed_queue_len++;
+      mem->embed_queue_len++;
   }
   return rc;
 }

@@ -783,7 +783,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   /* memories the worker minted, scoped to the session (DESIGN §7) */
   for (size_t i = 0; i < op->u.turn.n_memories; i++)
     if (op->u.turn.memories[i].text && *op->u.turn.memories[i].text)
-      memory_mint(e, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true, NULL);
+      memory_mint(&e->memory, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true, NULL);
   for (size_t i = 0; i < op->u.turn.n_enqueue; i++) {
     cph_job_kind_t kind;
     const cph_job_in *ji = &op->u.turn.enqueue[i];
