@@ -49,14 +49,14 @@ allow=scripts/layering-allow.txt
 modules="common store policy lanes providers core include server cli bench worker tests"
 dirs=""
 for m in $modules; do
-  [ -d "$m" ] && dirs="$dirs $m"
+  if [ -d "$m" ]; then dirs="$dirs $m"; fi
 done
 # shellcheck disable=SC2086
-files=$(find $dirs -type f \( -name '*.c' -o -name '*.h' \) -not -path '*/node_modules/*' | LC_ALL=C sort)
+files=$(find $dirs -type f \( -name '*.c' -o -name '*.h' \) ! -path '*/node_modules/*' | LC_ALL=C sort)
 
 # Input: the allowlist, then a "@@FILES@@" line and the file list; awk reads the files itself.
 check() {
-{ cat "$allow"; echo "@@FILES@@"; echo "$files"; } | awk -v mode="$mode" -v allow_path="$allow" '
+  { cat "$allow"; echo "@@FILES@@"; echo "$files"; } | awk -v mode="$mode" -v allow_path="$allow" '
 function module_of(p,   parts, n) {
   n = split(p, parts, "/")
   if (parts[1] == "include")
@@ -125,18 +125,19 @@ function impl_of(h,   stem, c) {
 }
 # Adds the edges from core file f for every core header reachable from h through core headers;
 # via is how f reaches h ("core/a.h -> core/b.h").
-function reach(f, h, via,   list, n, i, impl) {
+function reach(f, h, via, line,   list, n, i, impl) {
   if ((f SUBSEP h) in seen_from) return
   seen_from[f, h] = 1
   impl = impl_of(h)
   if (impl != "" && impl != f && !((f SUBSEP impl) in edge)) {
     edge[f, impl] = via
+    edge_line[f, impl] = line
     edges_out[f] = edges_out[f] " " impl
     edge_list[++n_edges] = f SUBSEP impl
   }
   n = split(core_incs[h], list, " ")
   for (i = 1; i <= n; i++)
-    reach(f, list[i], via " -> " list[i])
+    reach(f, list[i], via " -> " list[i], line)
 }
 # One path from a to b over the current edges, as "a -> ... -> b", or "".
 function path(a, b,   queue, head, tail, parent, u, list, n, i, v, p) {
@@ -234,8 +235,10 @@ END {
       n_includes++
       shown = "#include " (angle ? "<" t ">" : "\"" t "\"")
       tgt = module_of(r)
-      if (src == "core" && r ~ /^core\//)
+      if (src == "core" && r ~ /^core\//) {
         core_incs[f] = core_incs[f] " " r
+        if (!((f SUBSEP r) in inc_line)) inc_line[f, r] = lineno
+      }
       if (r == "core/engine_internal.h")
         has_ei[f] = lineno
       if (src == "" || tgt == "") continue
@@ -284,7 +287,7 @@ END {
     if (f !~ /^core\/[^\/]*\.c$/) continue
     n = split(core_incs[f], list, " ")
     for (i = 1; i <= n; i++)
-      reach(f, list[i], list[i])
+      reach(f, list[i], list[i], inc_line[f, list[i]])
   }
   if (mode == "edges") {
     for (i = 1; i <= n_edges; i++) {
@@ -300,14 +303,24 @@ END {
       problem(allow_path ":" allow_edge[k] ": the core edge " w[1] " -> " w[2] " no longer exists: delete the line (the list only shrinks) [rule c]")
     }
   }
+  # One message per circle: the edges of a circle already reported are not reported again.
   accepted = 0
   for (i = 1; i <= n_edges; i++) {
     k = edge_list[i]
     if (k in allow_edge) { accepted++; continue }
+    if (k in reported) continue
     split(k, w, SUBSEP)
     p = path(w[2], w[1])
-    if (p != "")
-      problem(w[1] ": a new core edge " w[1] " -> " w[2] " (it includes " edge[k] ", implemented by " w[2] ") closes a circle: " w[1] " -> " p " [rule c: include cycle in core]")
+    if (p == "") continue
+    n = split(w[1] " -> " p, list, / -> /)
+    unlisted = ""
+    for (j = 1; j < n; j++) {
+      e = list[j] SUBSEP list[j + 1]
+      reported[e] = 1
+      if (!(e in allow_edge))
+        unlisted = unlisted (unlisted == "" ? "" : "; ") list[j] ":" edge_line[e] " includes " edge[e] " (implemented by " list[j + 1] ")"
+    }
+    problem(w[1] ":" edge_line[k] ": a circle in core: " w[1] " -> " p "; edges not in [core edges] of " allow_path ": " unlisted " [rule c: include cycle in core]")
   }
 
   if (failures) {
