@@ -29,7 +29,7 @@
 #include "bench.h"
 #include "cephalon/cephalon.h"
 #include "proc.h"
-#include "providers/providers.h"
+#include "cephalon/providers.h"
 
 #define OPS_PER_PASS 2000
 #define EVENTS_PER_OP 1000

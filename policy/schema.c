@@ -6,7 +6,8 @@
 
 #include "cephalon/policy.h"
 
-/* Choice fields are read and written as int (policy.c); these hold by the enums' values. */
+/* Choice fields are read and written as int (get_choice, policy_internal.h); these hold by the
+ * enums' values. */
 _Static_assert(sizeof(cph_policy_log_level) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_sync) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_provider_kind) == sizeof(int), "enum is int-sized");

@@ -1,10 +1,10 @@
 /* The policy schema: one descriptor per key (private to policy/).
  *
  * Every policy key is one ps_field in a ps_table; a table describes one C struct and a
- * nested section points at its child table. policy.c walks these tables — and nothing
- * else — to set defaults, validate, print, compare, copy and free, and to find
- * did-you-mean candidates, so adding a key is one line here plus the struct field in
- * include/cephalon/policy.h. */
+ * nested section points at its child table. The policy_*.c files (policy_internal.h) walk
+ * these tables — and nothing else — to set defaults, validate, print, compare, copy and
+ * free, and to find did-you-mean candidates, so adding a key is one line here plus the
+ * struct field in include/cephalon/policy.h. */
 #ifndef CEPHALON_POLICY_SCHEMA_H
 #define CEPHALON_POLICY_SCHEMA_H
 

@@ -17,9 +17,9 @@
 #include "cephalon/policy.h"
 #include "cephalon/providers.h"
 
-/* The table of the functions below (ctx unused), with configure setting the HTTP client's
- * process-wide CA file from :providers :ca-file. Static: valid for the life of the process. */
-const cph_providers *cph_providers_network(void);
+/* cph_providers_network() (public: cephalon/providers.h) is the table of the functions below
+ * (ctx unused), with configure setting the HTTP client's process-wide CA file from
+ * :providers :ca-file. */
 
 /* ---- embeddings ---- */
 

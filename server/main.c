@@ -25,7 +25,7 @@
 #include "cephalon/cephalon.h"
 #include "common/log.h"
 #include "listen.h"
-#include "providers/providers.h"
+#include "cephalon/providers.h"
 #include "maint_workers.h"
 #include "routes.h"
 #include "search_prep.h"

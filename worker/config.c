@@ -1,13 +1,14 @@
 /* cephalon-worker's options: flags, and the same options from an EDN file (--config), read
- * with the policy's EDN reader. Flags override the file; --mcp adds to the file's servers. */
+ * with the policy's EDN reader (include/cephalon/edn.h). Flags override the file; --mcp adds
+ * to the file's servers. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cephalon/edn.h"
 #include "common/buf.h"
-#include "policy/edn.h"
 #include "worker/worker.h"
 
 static const char usage_text[] =

@@ -62,4 +62,9 @@ typedef struct cph_providers {
   void *ctx;
 } cph_providers;
 
+/* The network providers (providers/: OpenAI-compatible embedder and summariser, the HTTP
+ * vector index; libcurl and jansson), for cph_engine_options.providers. Static: valid for the
+ * life of the process. A program that links cph_providers has it; the engine never calls it. */
+const cph_providers *cph_providers_network(void);
+
 #endif
