@@ -35,8 +35,6 @@
 /* Threads embedding search queries through an external provider (search_prep.c). They mostly
  * wait on the network; two keep one slow call from holding up every search. */
 #define SEARCH_THREADS 2
-/* How long it waits for answers already handed to libevent to be written. */
-#define FLUSH_GRACE_MS 1000
 /* Largest request head libevent reads (request line + headers). */
 #define MAX_HEADERS_BYTES (64 * 1024)
 
@@ -54,51 +52,6 @@ static struct timeval tv_of_ns(int64_t ns) {
 }
 
 /* ================================================================ driving the engine */
-
-void cph_srv_schedule_pass(cph_srv *s) {
-  if (s->pass_scheduled)
-    return;
-  /* A zero-delay timer, not event_active: the loop polls sockets before running it, so a
-   * stream of passes that each want another never starves I/O. */
-  struct timeval zero = {0, 0};
-  if (evtimer_add(s->ev_pass, &zero) == 0)
-    s->pass_scheduled = true;
-}
-
-void cph_srv_wake_replies_later(cph_srv *s) {
-  if (s->replies_scheduled)
-    return;
-  struct timeval zero = {0, 0};
-  if (evtimer_add(s->ev_replies, &zero) == 0)
-    s->replies_scheduled = true;
-}
-
-/* A shutdown ends when every request was answered, the engine holds no queued operation,
- * and every answer was written. A failed write never reports, so once only unwritten answers
- * are left the wait is cut to FLUSH_GRACE_MS. */
-static void maybe_finish_stop(cph_srv *s) {
-  if (!s->stopping || s->open_reqs > 0 || cph_engine_pass_wanted(s->engine))
-    return;
-  if (s->unflushed == 0) {
-    event_base_loopexit(s->base, NULL);
-  } else if (!s->flush_grace) {
-    s->flush_grace = true;
-    struct timeval tv = {0, FLUSH_GRACE_MS * 1000};
-    evtimer_add(s->ev_stop_deadline, &tv);
-  }
-}
-
-void cph_srv_request_closed(cph_srv *s) {
-  if (s->open_reqs > 0)
-    s->open_reqs--;
-  maybe_finish_stop(s);
-}
-
-void cph_srv_reply_flushed(cph_srv *s) {
-  if (s->unflushed > 0)
-    s->unflushed--;
-  maybe_finish_stop(s);
-}
 
 static void arm_wakeup(cph_srv *s) {
   int64_t next = cph_engine_next_wakeup_ns(s->engine);
@@ -140,7 +93,7 @@ static void on_pass(evutil_socket_t fd, short what, void *arg) {
     if (s->repliers)
       cph_srv_wake_replies_later(s);
   }
-  maybe_finish_stop(s);
+  cph_srv_maybe_finish_stop(s);
 }
 
 static void on_timer_pass(evutil_socket_t fd, short what, void *arg) {
@@ -207,7 +160,8 @@ static void apply_policy(cph_srv *s) {
 
 /* ================================================================ reload */
 
-int cph_srv_reload(cph_srv *s, cph_err *err) {
+/* s->reload: POST /v1/admin/policy/reload reaches it through cph_srv_reload. */
+static int reload_policy(cph_srv *s, cph_err *err) {
   cph_policy *p = NULL;
   int rc = cph_policy_load_file(s->policy_path, &p, err);
   if (rc != CPH_OK) {
@@ -269,14 +223,14 @@ static void on_stop(evutil_socket_t sig, short events, void *arg) {
   struct timeval tv = {STOP_DEADLINE_S, 0};
   evtimer_add(s->ev_stop_deadline, &tv);
   cph_srv_schedule_pass(s);
-  maybe_finish_stop(s);
+  cph_srv_maybe_finish_stop(s);
 }
 
 static void on_reload(evutil_socket_t sig, short events, void *arg) {
   (void)sig;
   (void)events;
   cph_err err = {0};
-  cph_srv_reload(arg, &err); /* logs either way */
+  reload_policy(arg, &err); /* logs either way */
 }
 
 /* ================================================================ main */
@@ -375,6 +329,7 @@ int main(int argc, char **argv) {
   s.policy_path = policy_path;
   s.listen_loopback = loopback;
   s.log_level_fixed = level_arg != NULL;
+  s.reload = reload_policy;
   cph_clock_init_monotonic(&s.clock);
   /* One clock for both: lease long-poll deadlines are on the engine's scale. */
   cph_engine_options eo = {.data_dir = data_dir, .clock = &s.clock};
