@@ -81,10 +81,11 @@ struct cph_req {
 
   /* Long-polls (lease, replies). */
   bool lp_counted;         /* counted against the client's long-poll limit */
-  bool lp_listed;          /* on srv's lease or replies list */
+  bool lp_listed;          /* on a cph_longpolls list (leases or repliers) */
   struct event *lp_timer;  /* replies: the wait; lease: a fallback past the deadline */
   struct event *lp_watch;  /* read event on the client's socket (see longpoll.h) */
   void (*lp_gone)(cph_req *r); /* the client closed its connection while r waited */
+  void (*lp_stop)(cph_req *r); /* ends r at shutdown (cph_longpolls_stop) */
   cph_req *lp_prev, *lp_next;
   uint64_t lp_after;       /* replies: answer once a reply id exceeds this */
   size_t lp_limit;         /* replies: page size */

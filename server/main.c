@@ -25,6 +25,7 @@
 #include "cephalon/cephalon.h"
 #include "common/log.h"
 #include "listen.h"
+#include "longpoll.h"
 #include "maint_workers.h"
 #include "routes.h"
 #include "search_prep.h"
@@ -90,7 +91,7 @@ static void on_pass(evutil_socket_t fd, short what, void *arg) {
   uint64_t last = cph_engine_last_reply_id(s->engine);
   if (last != s->last_reply_seen) {
     s->last_reply_seen = last;
-    if (s->repliers)
+    if (cph_longpolls_replies_waiting(s->lp))
       cph_srv_wake_replies_later(s);
   }
   cph_srv_maybe_finish_stop(s);
@@ -124,7 +125,7 @@ static void on_replies(evutil_socket_t fd, short what, void *arg) {
 static void hook_replies_appended(void *ctx, uint64_t last_reply_id) {
   (void)last_reply_id;
   cph_srv *s = ctx;
-  if (s->repliers)
+  if (cph_longpolls_replies_waiting(s->lp))
     cph_srv_wake_replies_later(s);
 }
 
@@ -219,7 +220,7 @@ static void on_stop(evutil_socket_t sig, short events, void *arg) {
     evhttp_del_accept_socket(s->http, s->bound);
     s->bound = NULL;
   }
-  cph_longpolls_stop(s);
+  cph_longpolls_stop(s->lp);
   struct timeval tv = {STOP_DEADLINE_S, 0};
   evtimer_add(s->ev_stop_deadline, &tv);
   cph_srv_schedule_pass(s);
@@ -252,7 +253,7 @@ static void shutdown_all(cph_srv *s) {
   cph_search_prep_stop(s);
   cph_maint_workers_stop(s);
   if (s->engine && s->http) {
-    cph_longpolls_stop(s);
+    cph_longpolls_stop(s->lp);
     /* Flush what is still queued so no acknowledged-looking op is left half done. */
     for (int i = 0; i < 100 && cph_engine_pass_wanted(s->engine); i++)
       cph_engine_run_pass(s->engine);
@@ -267,7 +268,8 @@ static void shutdown_all(cph_srv *s) {
       event_free(*evs[i]);
       *evs[i] = NULL;
     }
-  cph_lp_clients_free(s);
+  cph_longpolls_free(s->lp);
+  s->lp = NULL;
 }
 
 int main(int argc, char **argv) {
@@ -355,8 +357,9 @@ int main(int argc, char **argv) {
   s.ev_sync = event_new(s.base, -1, EV_PERSIST, on_sync, &s);
   s.ev_replies = evtimer_new(s.base, on_replies, &s);
   s.ev_stop_deadline = evtimer_new(s.base, on_stop_deadline, &s);
+  s.lp = cph_longpolls_new(s.base);
   if (!s.ev_pass || !s.ev_tick || !s.ev_wakeup || !s.ev_sync || !s.ev_replies ||
-      !s.ev_stop_deadline) {
+      !s.ev_stop_deadline || !s.lp) {
     cph_error("cannot create timers");
     goto out;
   }

@@ -33,6 +33,9 @@ void cph_lease_abandon(cph_req *r);
 void cph_route_replies(cph_req *r);
 /* Answers a waiting replies long-poll now with whatever is there, and ends it. */
 void cph_replies_answer(cph_req *r);
+/* Wakes every replies long-poll whose `after` is below the newest reply (capped per call;
+ * reschedules itself for the rest). main.c calls it from s->ev_replies. */
+void cph_replies_wake(cph_srv *s);
 
 /* routes_admin.c */
 void cph_route_healthz(cph_req *r);

@@ -14,10 +14,10 @@
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
-#include "common/hmap.h"
 #include "http.h"
 
 struct cph_srv {
+  struct cph_longpolls *lp;     /* longpoll.c */
   struct cph_maint_pool *maint; /* maint_workers.c */
   struct cph_search_pool *search; /* search_prep.c */
   struct event_base *base;
@@ -48,9 +48,6 @@ struct cph_srv {
   cph_req *reqs;       /* every live request */
   size_t open_reqs;    /* dispatched and not yet answered */
   size_t unflushed;    /* answered, reply not yet fully written */
-  cph_req *leases;     /* pending lease long-polls */
-  cph_req *repliers;   /* pending replies long-polls */
-  cph_hmap lp_clients; /* peer address -> lp_client: open long-polls per client */
 
   /* Shutdown. */
   bool stopping;
@@ -75,17 +72,5 @@ void cph_srv_reply_flushed(cph_srv *s);
 void cph_srv_maybe_finish_stop(cph_srv *s);
 /* Fires s->ev_replies soon (main.c's wake of the replies long-polls; calls coalesce). */
 void cph_srv_wake_replies_later(cph_srv *s);
-
-/* ---- long-polls (routes_turns.c, routes_replies.c) ---- */
-
-/* Counts a long-poll against its client's :max-long-polls-per-client; false when over. */
-bool cph_lp_acquire(cph_srv *s, cph_req *r);
-void cph_lp_release(cph_srv *s, cph_req *r);
-void cph_lp_clients_free(cph_srv *s);
-/* Wakes every replies long-poll whose `after` is below the newest reply (capped per call;
- * reschedules itself for the rest). */
-void cph_replies_wake(cph_srv *s);
-/* Stop: answers every replies long-poll now and withdraws every lease long-poll (204). */
-void cph_longpolls_stop(cph_srv *s);
 
 #endif
