@@ -250,8 +250,10 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound, uint16_t fallback)
 
 /* After the loop: answer what can be answered, then free everything (ASan runs the tests). */
 static void shutdown_all(cph_srv *s) {
-  cph_search_prep_stop(s);
-  cph_maint_workers_stop(s);
+  cph_search_prep_stop(s->search);
+  s->search = NULL;
+  cph_maint_workers_stop(s->maint);
+  s->maint = NULL;
   if (s->engine && s->http) {
     cph_longpolls_stop(s->lp);
     /* Flush what is still queued so no acknowledged-looking op is left half done. */
@@ -386,11 +388,12 @@ int main(int argc, char **argv) {
     cph_error("cannot install signal handlers");
     goto out;
   }
-  if (cph_maint_workers_start(&s, (int)cph_engine_policy(s.engine)->maintenance.workers)) {
+  if (cph_maint_workers_start(&s, (int)cph_engine_policy(s.engine)->maintenance.workers,
+                              &s.maint)) {
     cph_error("cannot start the maintenance workers");
     goto out;
   }
-  if (cph_search_prep_start(&s, SEARCH_THREADS)) {
+  if (cph_search_prep_start(&s, SEARCH_THREADS, &s.search)) {
     cph_error("cannot start the memory search threads");
     goto out;
   }
