@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
-#include "http.h"
+#include "request.h"
 
 /* ---------------------------------------------------------------- the state */
 

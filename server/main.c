@@ -24,6 +24,7 @@
 
 #include "cephalon/cephalon.h"
 #include "common/log.h"
+#include "http.h"
 #include "listen.h"
 #include "longpoll.h"
 #include "maint_workers.h"

@@ -4,7 +4,8 @@
 #ifndef CEPHALON_SERVER_ROUTES_H
 #define CEPHALON_SERVER_ROUTES_H
 
-#include "http.h"
+#include "reply.h"
+#include "request.h"
 
 /* routes_sessions.c */
 void cph_route_session_create(cph_req *r);

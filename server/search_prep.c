@@ -24,6 +24,8 @@
 
 #include "common/log.h"
 #include "maint_workers.h"
+#include "reply.h"
+#include "request.h"
 #include "search_prep.h"
 #include "server.h"
 

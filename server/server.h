@@ -14,7 +14,9 @@
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
-#include "http.h"
+
+typedef struct cph_srv cph_srv;
+typedef struct cph_req cph_req;
 
 struct cph_srv {
   struct cph_longpolls *lp;     /* longpoll.c */
