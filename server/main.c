@@ -9,7 +9,23 @@
  * the engine holds no queued operation (so in-flight commits finish and their clients are
  * answered), replies are flushed, and it exits 0. A second signal exits at once.
  *
- * This file: arguments, lifecycle, signals, and driving the engine (passes, timers). */
+ * This file: arguments, lifecycle, signals, and driving the engine (passes, timers). It owns
+ * the cph_srv (server.h) and hands it down.
+ *
+ * main.c wires: listen -> http -> routes -> services -> reply -> request -> server -> engine.
+ * Includes and calls between server files go down that list only; nothing calls main.c
+ * (what a lower file needs of it is in server.c, or handed down as s->reload).
+ *   listen.c         the --listen address
+ *   http.c           transport: routing table, auth, dispatch to the routes
+ *   routes_*.c       the API, one area per file (routes.h)
+ *   services         long-polls (longpoll.c, s->lp), maintenance workers (maint_workers.c,
+ *                    s->maint), memory-search threads (search_prep.c, s->search): started
+ *                    and stopped here, used by the routes; they call neither routes nor main
+ *                    (search_prep uses maint_workers' provider snapshot)
+ *   reply.c          answering: replies, the error format, answers after an engine op
+ *   request.c        the request context: memory, lifetime, query, body, fields
+ *   server.c         a pass soon, a replies wake soon, the answer accounting of a shutdown
+ *   leaves           auth.c (http), emit.c (routes), mpjson.c (request, reply) */
 #include <arpa/inet.h>
 #include <event2/event.h>
 #include <event2/http.h>

@@ -7,7 +7,8 @@
  * LMDB environment (a temp dir), the op's `done` building the answer, and the answer's
  * encoding; maintenance jobs a body queued are then run as cephalond's maintenance workers
  * run them (run_maintenance). Only server/main.c is left out (it owns the listening socket
- * and the event loop); its five callbacks are below. Input format: tests/fuzz/fuzz_api.h.
+ * and the event loop); the five functions of server/server.c that need its loop are below
+ * (so that archive member is never linked). Input format: tests/fuzz/fuzz_api.h.
  *
  * The seam: a libevent request built without a connection. event2/http_struct.h (a public,
  * if deprecated, libevent header) lets the harness set the method, URI, headers and body
@@ -82,7 +83,7 @@ static const char *const session_params[8] = {
 static const char *const turn_params[8] = {NULL /* the live turn */, "1", "2", "0", "-1",
                                            "18446744073709551616", "abc", "3"};
 
-/* ================================================================ what main.c provides */
+/* ================================================================ what server.c provides */
 
 void cph_srv_schedule_pass(cph_srv *s) { s->pass_scheduled = true; }
 void cph_srv_wake_replies_later(cph_srv *s) { s->replies_scheduled = true; }
