@@ -168,7 +168,7 @@ static void apply_policy(cph_srv *s) {
   evhttp_set_timeout(s->http, (int)p->server.timeout_seconds);
   /* libevent answers a body over its own limit with a bare 413 before reading it. Its limit
    * is twice ours, so a body somewhat over :max-body-bytes still gets the JSON 413 (from
-   * http.c) while a huge one is refused unread. */
+   * request.c) while a huge one is refused unread. */
   int64_t max_body = p->server.max_body_bytes;
   evhttp_set_max_body_size(s->http, max_body > INT64_MAX / 2 ? -1 : (ev_ssize_t)(max_body * 2));
   evhttp_set_max_headers_size(s->http, MAX_HEADERS_BYTES);

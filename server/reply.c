@@ -37,7 +37,7 @@ static const char *status_phrase(int status) {
 }
 
 /* evhttp has written the whole reply (never called when the write fails: the shutdown then
- * waits a bounded grace instead, see main.c). */
+ * waits a bounded grace instead, see server.c). */
 static void on_reply_written(struct evhttp_request *ev, void *arg) {
   (void)ev;
   cph_srv_reply_flushed(arg);

@@ -1,5 +1,5 @@
 /* Route handlers (DESIGN §9). The table that maps method + path to them is in http.c; each
- * handler follows the request lifetime described in http.h. Shapes of the JSON answers are
+ * handler follows the request lifetime described in request.h. Shapes of the JSON answers are
  * in the files that build them; the field names DESIGN §9 fixes are kept exactly. */
 #ifndef CEPHALON_SERVER_ROUTES_H
 #define CEPHALON_SERVER_ROUTES_H
