@@ -9,7 +9,18 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
-#include "routes.h"
+#include "request.h"
+
+/* ---------------------------------------------------------------- the state */
+
+cph_longpolls *cph_longpolls_new(struct event_base *base) {
+  cph_longpolls *lp = calloc(1, sizeof *lp);
+  if (lp)
+    lp->base = base;
+  return lp;
+}
+
+bool cph_longpolls_replies_waiting(const cph_longpolls *lp) { return lp && lp->repliers; }
 
 /* ---------------------------------------------------------------- per-client cap */
 
@@ -18,15 +29,14 @@ typedef struct lp_client {
   int64_t open;
 } lp_client;
 
-bool cph_lp_acquire(cph_srv *s, cph_req *r) {
-  int64_t cap = cph_engine_policy(s->engine)->server.max_long_polls_per_client;
-  lp_client *c = cph_hmap_get(&s->lp_clients, r->peer);
+bool cph_lp_acquire(cph_longpolls *lp, cph_req *r, int64_t cap) {
+  lp_client *c = cph_hmap_get(&lp->clients, r->peer);
   if (!c) {
     c = calloc(1, sizeof *c);
     if (!c)
       return false;
     snprintf(c->key, sizeof c->key, "%s", r->peer);
-    if (cph_hmap_put(&s->lp_clients, c->key, c) != CPH_OK) {
+    if (cph_hmap_put(&lp->clients, c->key, c) != CPH_OK) {
       free(c);
       return false;
     }
@@ -38,29 +48,33 @@ bool cph_lp_acquire(cph_srv *s, cph_req *r) {
   return true;
 }
 
-void cph_lp_release(cph_srv *s, cph_req *r) {
+void cph_lp_release(cph_longpolls *lp, cph_req *r) {
   if (!r->lp_counted)
     return;
   r->lp_counted = false;
-  lp_client *c = cph_hmap_get(&s->lp_clients, r->peer);
+  lp_client *c = cph_hmap_get(&lp->clients, r->peer);
   if (!c)
     return;
   if (--c->open <= 0) { /* forget idle clients: the map holds only clients that wait */
-    cph_hmap_del(&s->lp_clients, c->key);
+    cph_hmap_del(&lp->clients, c->key);
     free(c);
   }
 }
 
-void cph_lp_clients_free(cph_srv *s) {
-  for (size_t i = 0; i < s->lp_clients.cap; i++)
-    if (s->lp_clients.slots[i].key)
-      free(s->lp_clients.slots[i].value);
-  cph_hmap_free(&s->lp_clients);
+void cph_longpolls_free(cph_longpolls *lp) {
+  if (!lp)
+    return;
+  for (size_t i = 0; i < lp->clients.cap; i++)
+    if (lp->clients.slots[i].key)
+      free(lp->clients.slots[i].value);
+  cph_hmap_free(&lp->clients);
+  free(lp);
 }
 
 /* ---------------------------------------------------------------- lists */
 
-void cph_lp_list_add(cph_req **head, cph_req *r) {
+void cph_lp_list_add(cph_req **head, cph_req *r, void (*stop)(cph_req *r)) {
+  r->lp_stop = stop;
   r->lp_prev = NULL;
   r->lp_next = *head;
   if (*head)
@@ -100,13 +114,13 @@ static void on_peer_readable(evutil_socket_t fd, short what, void *arg) {
     gone(r);
 }
 
-void cph_lp_watch(cph_req *r, void (*gone)(cph_req *r)) {
+void cph_lp_watch(cph_longpolls *lp, cph_req *r, void (*gone)(cph_req *r)) {
   struct evhttp_connection *conn = r->ev ? evhttp_request_get_connection(r->ev) : NULL;
   struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
   evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
   if (fd < 0)
     return;
-  r->lp_watch = event_new(r->srv->base, fd, EV_READ | EV_PERSIST, on_peer_readable, r);
+  r->lp_watch = event_new(lp->base, fd, EV_READ | EV_PERSIST, on_peer_readable, r);
   if (!r->lp_watch || event_add(r->lp_watch, NULL) != 0) {
     if (r->lp_watch)
       event_free(r->lp_watch);
@@ -124,10 +138,10 @@ void cph_lp_unwatch(cph_req *r) {
   r->lp_gone = NULL;
 }
 
-void cph_lp_finish(cph_req **head, cph_req *r) {
+void cph_lp_finish(cph_longpolls *lp, cph_req **head, cph_req *r) {
   cph_lp_list_remove(head, r);
   cph_lp_unwatch(r);
-  cph_lp_release(r->srv, r);
+  cph_lp_release(lp, r);
   if (r->lp_timer) {
     event_free(r->lp_timer);
     r->lp_timer = NULL;
@@ -136,12 +150,14 @@ void cph_lp_finish(cph_req **head, cph_req *r) {
 
 /* ---------------------------------------------------------------- shutdown */
 
-void cph_longpolls_stop(cph_srv *s) {
+void cph_longpolls_stop(cph_longpolls *lp) {
+  if (!lp)
+    return;
   /* Each call removes r from its list (or leaves it waiting for its `done`, marked). */
-  for (cph_req *r = s->leases, *next; r; r = next) {
-    next = r->lp_next;
-    cph_lease_abandon(r);
-  }
-  while (s->repliers)
-    cph_replies_answer(s->repliers);
+  cph_req **lists[] = {&lp->leases, &lp->repliers};
+  for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++)
+    for (cph_req *r = *lists[i], *next; r; r = next) {
+      next = r->lp_next;
+      r->lp_stop(r);
+    }
 }

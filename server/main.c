@@ -9,7 +9,23 @@
  * the engine holds no queued operation (so in-flight commits finish and their clients are
  * answered), replies are flushed, and it exits 0. A second signal exits at once.
  *
- * This file: arguments, lifecycle, signals, and driving the engine (passes, timers). */
+ * This file: arguments, lifecycle, signals, and driving the engine (passes, timers). It owns
+ * the cph_srv (server.h) and hands it down.
+ *
+ * main.c wires: listen -> http -> routes -> services -> reply -> request -> server -> engine.
+ * Includes and calls between server files go down that list only; nothing calls main.c
+ * (what a lower file needs of it is in server.c, or handed down as s->reload).
+ *   listen.c         the --listen address
+ *   http.c           transport: routing table, auth, dispatch to the routes
+ *   routes_*.c       the API, one area per file (routes.h)
+ *   services         long-polls (longpoll.c, s->lp), maintenance workers (maint_workers.c,
+ *                    s->maint), memory-search threads (search_prep.c, s->search): started
+ *                    and stopped here, used by the routes; they call neither routes nor main
+ *                    (search_prep uses maint_workers' provider snapshot)
+ *   reply.c          answering: replies, the error format, answers after an engine op
+ *   request.c        the request context: memory, lifetime, query, body, fields
+ *   server.c         a pass soon, a replies wake soon, the answer accounting of a shutdown
+ *   leaves           auth.c (http), emit.c (routes), mpjson.c (request, reply) */
 #include <arpa/inet.h>
 #include <event2/event.h>
 #include <event2/http.h>
@@ -24,8 +40,10 @@
 
 #include "cephalon/cephalon.h"
 #include "common/log.h"
+#include "http.h"
 #include "listen.h"
 #include "cephalon/providers.h"
+#include "longpoll.h"
 #include "maint_workers.h"
 #include "routes.h"
 #include "search_prep.h"
@@ -36,8 +54,6 @@
 /* Threads embedding search queries through an external provider (search_prep.c). They mostly
  * wait on the network; two keep one slow call from holding up every search. */
 #define SEARCH_THREADS 2
-/* How long it waits for answers already handed to libevent to be written. */
-#define FLUSH_GRACE_MS 1000
 /* Largest request head libevent reads (request line + headers). */
 #define MAX_HEADERS_BYTES (64 * 1024)
 
@@ -55,51 +71,6 @@ static struct timeval tv_of_ns(int64_t ns) {
 }
 
 /* ================================================================ driving the engine */
-
-void cph_srv_schedule_pass(cph_srv *s) {
-  if (s->pass_scheduled)
-    return;
-  /* A zero-delay timer, not event_active: the loop polls sockets before running it, so a
-   * stream of passes that each want another never starves I/O. */
-  struct timeval zero = {0, 0};
-  if (evtimer_add(s->ev_pass, &zero) == 0)
-    s->pass_scheduled = true;
-}
-
-void cph_srv_wake_replies_later(cph_srv *s) {
-  if (s->replies_scheduled)
-    return;
-  struct timeval zero = {0, 0};
-  if (evtimer_add(s->ev_replies, &zero) == 0)
-    s->replies_scheduled = true;
-}
-
-/* A shutdown ends when every request was answered, the engine holds no queued operation,
- * and every answer was written. A failed write never reports, so once only unwritten answers
- * are left the wait is cut to FLUSH_GRACE_MS. */
-static void maybe_finish_stop(cph_srv *s) {
-  if (!s->stopping || s->open_reqs > 0 || cph_engine_pass_wanted(s->engine))
-    return;
-  if (s->unflushed == 0) {
-    event_base_loopexit(s->base, NULL);
-  } else if (!s->flush_grace) {
-    s->flush_grace = true;
-    struct timeval tv = {0, FLUSH_GRACE_MS * 1000};
-    evtimer_add(s->ev_stop_deadline, &tv);
-  }
-}
-
-void cph_srv_request_closed(cph_srv *s) {
-  if (s->open_reqs > 0)
-    s->open_reqs--;
-  maybe_finish_stop(s);
-}
-
-void cph_srv_reply_flushed(cph_srv *s) {
-  if (s->unflushed > 0)
-    s->unflushed--;
-  maybe_finish_stop(s);
-}
 
 static void arm_wakeup(cph_srv *s) {
   int64_t next = cph_engine_next_wakeup_ns(s->engine);
@@ -138,10 +109,10 @@ static void on_pass(evutil_socket_t fd, short what, void *arg) {
   uint64_t last = cph_engine_last_reply_id(s->engine);
   if (last != s->last_reply_seen) {
     s->last_reply_seen = last;
-    if (s->repliers)
+    if (cph_longpolls_replies_waiting(s->lp))
       cph_srv_wake_replies_later(s);
   }
-  maybe_finish_stop(s);
+  cph_srv_maybe_finish_stop(s);
 }
 
 static void on_timer_pass(evutil_socket_t fd, short what, void *arg) {
@@ -172,7 +143,7 @@ static void on_replies(evutil_socket_t fd, short what, void *arg) {
 static void hook_replies_appended(void *ctx, uint64_t last_reply_id) {
   (void)last_reply_id;
   cph_srv *s = ctx;
-  if (s->repliers)
+  if (cph_longpolls_replies_waiting(s->lp))
     cph_srv_wake_replies_later(s);
 }
 
@@ -198,7 +169,7 @@ static void apply_policy(cph_srv *s) {
   evhttp_set_timeout(s->http, (int)p->server.timeout_seconds);
   /* libevent answers a body over its own limit with a bare 413 before reading it. Its limit
    * is twice ours, so a body somewhat over :max-body-bytes still gets the JSON 413 (from
-   * http.c) while a huge one is refused unread. */
+   * request.c) while a huge one is refused unread. */
   int64_t max_body = p->server.max_body_bytes;
   evhttp_set_max_body_size(s->http, max_body > INT64_MAX / 2 ? -1 : (ev_ssize_t)(max_body * 2));
   evhttp_set_max_headers_size(s->http, MAX_HEADERS_BYTES);
@@ -208,7 +179,8 @@ static void apply_policy(cph_srv *s) {
 
 /* ================================================================ reload */
 
-int cph_srv_reload(cph_srv *s, cph_err *err) {
+/* s->reload: POST /v1/admin/policy/reload reaches it through cph_srv_reload. */
+static int reload_policy(cph_srv *s, cph_err *err) {
   cph_policy *p = NULL;
   int rc = cph_policy_load_file(s->policy_path, &p, err);
   if (rc != CPH_OK) {
@@ -266,18 +238,18 @@ static void on_stop(evutil_socket_t sig, short events, void *arg) {
     evhttp_del_accept_socket(s->http, s->bound);
     s->bound = NULL;
   }
-  cph_longpolls_stop(s);
+  cph_longpolls_stop(s->lp);
   struct timeval tv = {STOP_DEADLINE_S, 0};
   evtimer_add(s->ev_stop_deadline, &tv);
   cph_srv_schedule_pass(s);
-  maybe_finish_stop(s);
+  cph_srv_maybe_finish_stop(s);
 }
 
 static void on_reload(evutil_socket_t sig, short events, void *arg) {
   (void)sig;
   (void)events;
   cph_err err = {0};
-  cph_srv_reload(arg, &err); /* logs either way */
+  reload_policy(arg, &err); /* logs either way */
 }
 
 /* ================================================================ main */
@@ -296,10 +268,12 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound, uint16_t fallback)
 
 /* After the loop: answer what can be answered, then free everything (ASan runs the tests). */
 static void shutdown_all(cph_srv *s) {
-  cph_search_prep_stop(s);
-  cph_maint_workers_stop(s);
+  cph_search_prep_stop(s->search);
+  s->search = NULL;
+  cph_maint_workers_stop(s->maint);
+  s->maint = NULL;
   if (s->engine && s->http) {
-    cph_longpolls_stop(s);
+    cph_longpolls_stop(s->lp);
     /* Flush what is still queued so no acknowledged-looking op is left half done. */
     for (int i = 0; i < 100 && cph_engine_pass_wanted(s->engine); i++)
       cph_engine_run_pass(s->engine);
@@ -314,7 +288,8 @@ static void shutdown_all(cph_srv *s) {
       event_free(*evs[i]);
       *evs[i] = NULL;
     }
-  cph_lp_clients_free(s);
+  cph_longpolls_free(s->lp);
+  s->lp = NULL;
 }
 
 int main(int argc, char **argv) {
@@ -376,6 +351,7 @@ int main(int argc, char **argv) {
   s.policy_path = policy_path;
   s.listen_loopback = loopback;
   s.log_level_fixed = level_arg != NULL;
+  s.reload = reload_policy;
   cph_clock_init_monotonic(&s.clock);
   /* One clock for both: lease long-poll deadlines are on the engine's scale. */
   cph_engine_options eo = {
@@ -402,8 +378,9 @@ int main(int argc, char **argv) {
   s.ev_sync = event_new(s.base, -1, EV_PERSIST, on_sync, &s);
   s.ev_replies = evtimer_new(s.base, on_replies, &s);
   s.ev_stop_deadline = evtimer_new(s.base, on_stop_deadline, &s);
+  s.lp = cph_longpolls_new(s.base);
   if (!s.ev_pass || !s.ev_tick || !s.ev_wakeup || !s.ev_sync || !s.ev_replies ||
-      !s.ev_stop_deadline) {
+      !s.ev_stop_deadline || !s.lp) {
     cph_error("cannot create timers");
     goto out;
   }
@@ -430,11 +407,12 @@ int main(int argc, char **argv) {
     cph_error("cannot install signal handlers");
     goto out;
   }
-  if (cph_maint_workers_start(&s, (int)cph_engine_policy(s.engine)->maintenance.workers)) {
+  if (cph_maint_workers_start(&s, (int)cph_engine_policy(s.engine)->maintenance.workers,
+                              &s.maint)) {
     cph_error("cannot start the maintenance workers");
     goto out;
   }
-  if (cph_search_prep_start(&s, SEARCH_THREADS)) {
+  if (cph_search_prep_start(&s, SEARCH_THREADS, &s.search)) {
     cph_error("cannot start the memory search threads");
     goto out;
   }

@@ -214,15 +214,15 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg) {
   }
 }
 
-int cph_maint_workers_start(cph_srv *s, int n) {
+int cph_maint_workers_start(cph_srv *s, int n, cph_maint_pool **out) {
   struct cph_maint_pool *pool = calloc(1, sizeof *pool);
+  *out = pool;
   if (!pool)
     return CPH_ENOMEM;
   pool->srv = s;
   pool->pipe_fd[0] = pool->pipe_fd[1] = -1;
   pthread_mutex_init(&pool->mu, NULL);
   pthread_cond_init(&pool->cv, NULL);
-  s->maint = pool;
   if (pipe2(pool->pipe_fd, O_NONBLOCK | O_CLOEXEC) != 0)
     return CPH_EIO;
   pool->ev_pipe = event_new(s->base, pool->pipe_fd[0], EV_READ | EV_PERSIST, on_pipe, pool);
@@ -246,8 +246,7 @@ int cph_maint_workers_start(cph_srv *s, int n) {
 /* Withdraws waiting leases and joins the threads (a job in flight finishes first: the
  * providers' timeouts bound the wait). Turns they held expire or are completed by the last
  * passes. */
-void cph_maint_workers_stop(cph_srv *s) {
-  struct cph_maint_pool *pool = s->maint;
+void cph_maint_workers_stop(cph_maint_pool *pool) {
   if (!pool)
     return;
   pthread_mutex_lock(&pool->mu);
@@ -257,7 +256,7 @@ void cph_maint_workers_stop(cph_srv *s) {
   for (int i = 0; i < pool->n; i++) {
     worker *w = &pool->workers[i];
     pthread_join(w->thread, NULL);
-    if (w->leasing && cph_engine_cancel_lease(s->engine, &w->lease_op))
+    if (w->leasing && cph_engine_cancel_lease(pool->srv->engine, &w->lease_op))
       w->leasing = false;
     cph_job_work_free(w->work);
     cph_policy_free(w->policy);
@@ -271,11 +270,9 @@ void cph_maint_workers_stop(cph_srv *s) {
   pthread_cond_destroy(&pool->cv);
   free(pool->workers);
   free(pool);
-  s->maint = NULL;
 }
 
-bool cph_maint_workers_busy(const cph_srv *s) {
-  const struct cph_maint_pool *pool = s->maint;
+bool cph_maint_workers_busy(const cph_maint_pool *pool) {
   for (int i = 0; pool && i < pool->n; i++)
     if (pool->workers[i].completing)
       return true;

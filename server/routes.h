@@ -1,10 +1,11 @@
 /* Route handlers (DESIGN §9). The table that maps method + path to them is in http.c; each
- * handler follows the request lifetime described in http.h. Shapes of the JSON answers are
+ * handler follows the request lifetime described in request.h. Shapes of the JSON answers are
  * in the files that build them; the field names DESIGN §9 fixes are kept exactly. */
 #ifndef CEPHALON_SERVER_ROUTES_H
 #define CEPHALON_SERVER_ROUTES_H
 
-#include "http.h"
+#include "reply.h"
+#include "request.h"
 
 /* routes_sessions.c */
 void cph_route_session_create(cph_req *r);
@@ -33,6 +34,9 @@ void cph_lease_abandon(cph_req *r);
 void cph_route_replies(cph_req *r);
 /* Answers a waiting replies long-poll now with whatever is there, and ends it. */
 void cph_replies_answer(cph_req *r);
+/* Wakes every replies long-poll whose `after` is below the newest reply (capped per call;
+ * reschedules itself for the rest). main.c calls it from s->ev_replies. */
+void cph_replies_wake(cph_srv *s);
 
 /* routes_admin.c */
 void cph_route_healthz(cph_req *r);

@@ -313,7 +313,7 @@ void cph_route_memories_search(cph_req *r) {
       cph_reply_rc(r, rc, err.msg, rc == CPH_ENOTFOUND ? "session" : NULL);
       return;
     }
-    if (cph_search_prep_submit(r->srv, r, &scopes, search_done))
+    if (cph_search_prep_submit(r->srv->search, r, &scopes, search_done))
       return;
     cph_strv_free(&scopes);
     r->op.u.search.degraded = true; /* no thread could take it: lexical at once */

@@ -56,7 +56,7 @@ static void answer_now(cph_req *r) {
 }
 
 void cph_replies_answer(cph_req *r) {
-  cph_lp_finish(&r->srv->repliers, r);
+  cph_lp_finish(r->srv->lp, &r->srv->lp->repliers, r);
   answer_now(r);
   cph_req_end(r);
 }
@@ -70,7 +70,7 @@ static void replies_timeout(evutil_socket_t fd, short what, void *arg) {
 void cph_replies_wake(cph_srv *s) {
   uint64_t last = cph_engine_last_reply_id(s->engine);
   int answered = 0;
-  for (cph_req *r = s->repliers, *next; r; r = next) {
+  for (cph_req *r = s->lp->repliers, *next; r; r = next) {
     next = r->lp_next;
     if (r->lp_after >= last)
       continue;
@@ -101,7 +101,7 @@ void cph_route_replies(cph_req *r) {
     answer_now(r);
     return;
   }
-  if (!cph_lp_acquire(s, r)) {
+  if (!cph_lp_acquire(s->lp, r, p->server.max_long_polls_per_client)) {
     cph_reply_error(r, 429, "too_many_requests", NULL,
                     "this client already holds %" PRId64 " long-polls "
                     "(:server :max-long-polls-per-client)",
@@ -111,11 +111,11 @@ void cph_route_replies(cph_req *r) {
   r->lp_timer = evtimer_new(s->base, replies_timeout, r);
   struct timeval tv = {(time_t)(wait_ms / 1000), (suseconds_t)(wait_ms % 1000) * 1000};
   if (!r->lp_timer || evtimer_add(r->lp_timer, &tv) != 0) {
-    cph_lp_release(s, r);
+    cph_lp_release(s->lp, r);
     cph_reply_error(r, 500, "internal", NULL, "cannot arm the long-poll timer");
     return;
   }
   r->async = true;
-  cph_lp_list_add(&s->repliers, r);
-  cph_lp_watch(r, cph_replies_answer);
+  cph_lp_list_add(&s->lp->repliers, r, cph_replies_answer);
+  cph_lp_watch(s->lp, r, cph_replies_answer);
 }

@@ -296,7 +296,7 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
 /* ---------------------------------------------------------------- lease */
 
 static void lease_done(cph_req *r) {
-  cph_lp_finish(&r->srv->leases, r);
+  cph_lp_finish(r->srv->lp, &r->srv->lp->leases, r);
   cph_op *op = &r->op;
   if (op->rc == CPH_OK) {
     cph_buf body = CPH_BUF_INIT;
@@ -320,7 +320,7 @@ void cph_lease_abandon(cph_req *r) {
   if (!cph_engine_cancel_lease(r->srv->engine, &r->op))
     return; /* served already: its `done` answers */
   r->op_pending = false;
-  cph_lp_finish(&r->srv->leases, r);
+  cph_lp_finish(r->srv->lp, &r->srv->lp->leases, r);
   cph_reply_empty(r, 204);
   cph_req_end(r);
 }
@@ -359,7 +359,7 @@ void cph_route_turn_lease(cph_req *r) {
   }
   if ((int64_t)wait_ms > p->server.max_wait_ms)
     wait_ms = (uint64_t)p->server.max_wait_ms;
-  if (!cph_lp_acquire(s, r)) {
+  if (!cph_lp_acquire(s->lp, r, p->server.max_long_polls_per_client)) {
     cph_reply_error(r, 429, "too_many_requests", NULL,
                     "this client already holds %" PRId64 " long-polls "
                     "(:server :max-long-polls-per-client)",
@@ -371,11 +371,11 @@ void cph_route_turn_lease(cph_req *r) {
   op->u.lease.lanes = mask;
   op->u.lease.deadline_ns = cph_clock_now(&s->clock) + (int64_t)wait_ms * CPH_NS_PER_MS;
   if (!cph_req_submit(r, CPH_OP_LEASE, lease_done)) {
-    cph_lp_release(s, r);
+    cph_lp_release(s->lp, r);
     return;
   }
-  cph_lp_list_add(&s->leases, r);
-  cph_lp_watch(r, cph_lease_abandon);
+  cph_lp_list_add(&s->lp->leases, r, cph_lease_abandon);
+  cph_lp_watch(s->lp, r, cph_lease_abandon);
   r->lp_timer = evtimer_new(s->base, lease_fallback, r);
   if (r->lp_timer) {
     uint64_t ms = wait_ms + LEASE_FALLBACK_GRACE_MS;

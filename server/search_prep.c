@@ -24,6 +24,8 @@
 
 #include "common/log.h"
 #include "maint_workers.h"
+#include "reply.h"
+#include "request.h"
 #include "search_prep.h"
 #include "server.h"
 
@@ -175,9 +177,8 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg) {
   }
 }
 
-bool cph_search_prep_submit(cph_srv *s, cph_req *r, cph_strv *scopes,
+bool cph_search_prep_submit(cph_search_pool *pool, cph_req *r, cph_strv *scopes,
                             void (*on_done)(cph_req *r)) {
-  struct cph_search_pool *pool = s->search;
   if (!pool || !pool->n_threads)
     return false;
   pthread_mutex_lock(&pool->mu);
@@ -188,8 +189,8 @@ bool cph_search_prep_submit(cph_srv *s, cph_req *r, cph_strv *scopes,
   sjob *j = calloc(1, sizeof *j);
   if (!j)
     return false;
-  j->policy = cph_provider_snapshot(cph_engine_policy(s->engine));
-  j->providers = cph_engine_providers(s->engine);
+  j->policy = cph_provider_snapshot(cph_engine_policy(pool->srv->engine));
+  j->providers = cph_engine_providers(pool->srv->engine);
   j->query = strdup(r->op.u.search.query ? r->op.u.search.query : "");
   if (!j->policy || !j->query) {
     job_free(j);
@@ -200,7 +201,7 @@ bool cph_search_prep_submit(cph_srv *s, cph_req *r, cph_strv *scopes,
   j->k = r->op.u.search.k;
   j->scopes = *scopes;
   *scopes = (cph_strv){0};
-  j->queued_ns = cph_clock_now(&s->clock);
+  j->queued_ns = cph_clock_now(&pool->srv->clock);
   r->async = true; /* answered from the op's done, after the thread */
   pthread_mutex_lock(&pool->mu);
   list_push(&pool->queued, j);
@@ -209,15 +210,15 @@ bool cph_search_prep_submit(cph_srv *s, cph_req *r, cph_strv *scopes,
   return true;
 }
 
-int cph_search_prep_start(cph_srv *s, int n) {
+int cph_search_prep_start(cph_srv *s, int n, cph_search_pool **out) {
   struct cph_search_pool *pool = calloc(1, sizeof *pool);
+  *out = pool;
   if (!pool)
     return CPH_ENOMEM;
   pool->srv = s;
   pool->pipe_fd[0] = pool->pipe_fd[1] = -1;
   pthread_mutex_init(&pool->mu, NULL);
   pthread_cond_init(&pool->cv, NULL);
-  s->search = pool;
   if (pipe2(pool->pipe_fd, O_NONBLOCK | O_CLOEXEC) != 0)
     return CPH_EIO;
   pool->ev_pipe = event_new(s->base, pool->pipe_fd[0], EV_READ | EV_PERSIST, on_pipe, pool);
@@ -232,8 +233,7 @@ int cph_search_prep_start(cph_srv *s, int n) {
   return CPH_OK;
 }
 
-void cph_search_prep_stop(cph_srv *s) {
-  struct cph_search_pool *pool = s->search;
+void cph_search_prep_stop(cph_search_pool *pool) {
   if (!pool)
     return;
   pthread_mutex_lock(&pool->mu);
@@ -255,5 +255,4 @@ void cph_search_prep_stop(cph_srv *s) {
   pthread_cond_destroy(&pool->cv);
   free(pool->threads);
   free(pool);
-  s->search = NULL;
 }

@@ -1,4 +1,5 @@
-/* The daemon's shared state and the few functions the route files call back into.
+/* The daemon's shared state, owned by main.c and handed down to every other server file, and
+ * the few operations on it those files may call (server.c; they never call main.c).
  *
  * One thread: everything here runs on the libevent loop of main.c. The engine is driven only
  * from that loop (cph_srv_schedule_pass), never from inside a route handler. */
@@ -13,10 +14,12 @@
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
-#include "common/hmap.h"
-#include "http.h"
+
+typedef struct cph_srv cph_srv;
+typedef struct cph_req cph_req;
 
 struct cph_srv {
+  struct cph_longpolls *lp;     /* longpoll.c */
   struct cph_maint_pool *maint; /* maint_workers.c */
   struct cph_search_pool *search; /* search_prep.c */
   struct event_base *base;
@@ -27,6 +30,8 @@ struct cph_srv {
   bool listen_loopback; /* decides whether a reload may drop :auth */
   bool log_level_fixed; /* --log-level given: reloads keep it */
   cph_clock clock;      /* monotonic; the engine's scale (lease deadlines) */
+  /* Set by main.c before the first request: re-reads the --policy file (cph_srv_reload). */
+  int (*reload)(cph_srv *s, cph_err *err);
 
   /* Driving the engine (main.c). */
   struct event *ev_pass;   /* zero-delay timer: one pass, coalesced */
@@ -45,9 +50,6 @@ struct cph_srv {
   cph_req *reqs;       /* every live request */
   size_t open_reqs;    /* dispatched and not yet answered */
   size_t unflushed;    /* answered, reply not yet fully written */
-  cph_req *leases;     /* pending lease long-polls */
-  cph_req *repliers;   /* pending replies long-polls */
-  cph_hmap lp_clients; /* peer address -> lp_client: open long-polls per client */
 
   /* Shutdown. */
   bool stopping;
@@ -55,30 +57,22 @@ struct cph_srv {
   struct event *ev_stop_deadline;
 };
 
+/* ---- server.c ---- */
+
 /* Schedules one engine pass soon (a zero-delay timer, so I/O is served in between); calls
  * coalesce while one is pending. */
 void cph_srv_schedule_pass(cph_srv *s);
-/* Re-reads the --policy file and swaps it in (SIGHUP and POST /v1/admin/policy/reload).
- * On failure the old policy stays; err says why (file:line:col for a bad file). On success
- * err->msg may carry a note (settings that need a restart). */
+/* Re-reads the --policy file and swaps it in (SIGHUP and POST /v1/admin/policy/reload) via
+ * s->reload. On failure the old policy stays; err says why (file:line:col for a bad file).
+ * On success err->msg may carry a note (settings that need a restart). */
 int cph_srv_reload(cph_srv *s, cph_err *err);
 /* Called once per dispatched request when its answer is handed to libevent, and once per
  * such answer when libevent has written it: lets a shutdown complete. */
 void cph_srv_request_closed(cph_srv *s);
 void cph_srv_reply_flushed(cph_srv *s);
-/* Schedules cph_replies_wake soon (a zero-delay timer; calls coalesce). */
+/* Ends the loop once a shutdown has nothing left to wait for (see server.c). */
+void cph_srv_maybe_finish_stop(cph_srv *s);
+/* Fires s->ev_replies soon (main.c's wake of the replies long-polls; calls coalesce). */
 void cph_srv_wake_replies_later(cph_srv *s);
-
-/* ---- long-polls (routes_turns.c, routes_replies.c) ---- */
-
-/* Counts a long-poll against its client's :max-long-polls-per-client; false when over. */
-bool cph_lp_acquire(cph_srv *s, cph_req *r);
-void cph_lp_release(cph_srv *s, cph_req *r);
-void cph_lp_clients_free(cph_srv *s);
-/* Wakes every replies long-poll whose `after` is below the newest reply (capped per call;
- * reschedules itself for the rest). */
-void cph_replies_wake(cph_srv *s);
-/* Stop: answers every replies long-poll now and withdraws every lease long-poll (204). */
-void cph_longpolls_stop(cph_srv *s);
 
 #endif

@@ -7,7 +7,8 @@
  * LMDB environment (a temp dir), the op's `done` building the answer, and the answer's
  * encoding; maintenance jobs a body queued are then run as cephalond's maintenance workers
  * run them (run_maintenance). Only server/main.c is left out (it owns the listening socket
- * and the event loop); its five callbacks are below. Input format: tests/fuzz/fuzz_api.h.
+ * and the event loop); the five functions of server/server.c that need its loop are below
+ * (so that archive member is never linked). Input format: tests/fuzz/fuzz_api.h.
  *
  * The seam: a libevent request built without a connection. event2/http_struct.h (a public,
  * if deprecated, libevent header) lets the harness set the method, URI, headers and body
@@ -46,6 +47,7 @@
 #include "common/log.h"
 #include "fuzz_api.h"
 #include "server/http.h"
+#include "server/longpoll.h"
 #include "server/mpjson.h"
 #include "server/routes.h"
 #include "server/server.h"
@@ -81,7 +83,7 @@ static const char *const session_params[8] = {
 static const char *const turn_params[8] = {NULL /* the live turn */, "1", "2", "0", "-1",
                                            "18446744073709551616", "abc", "3"};
 
-/* ================================================================ what main.c provides */
+/* ================================================================ what server.c provides */
 
 void cph_srv_schedule_pass(cph_srv *s) { s->pass_scheduled = true; }
 void cph_srv_wake_replies_later(cph_srv *s) { s->replies_scheduled = true; }
@@ -205,10 +207,10 @@ static void create_session(const char *id, cph_lane lane, const char *channel) {
 static void engine_down(void) {
   if (!H.up)
     return;
-  cph_longpolls_stop(&H.srv);
+  cph_longpolls_stop(H.srv.lp);
   run_passes();
   cph_http_release_all(&H.srv);
-  cph_lp_clients_free(&H.srv);
+  cph_longpolls_free(H.srv.lp);
   cph_engine_close(H.srv.engine);
   event_base_free(H.srv.base);
   nftw(H.dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
@@ -241,7 +243,8 @@ static void engine_up(void) {
     abort();
   }
   H.srv.base = event_base_new();
-  if (!H.srv.base)
+  H.srv.lp = H.srv.base ? cph_longpolls_new(H.srv.base) : NULL;
+  if (!H.srv.lp)
     abort();
   cph_log_set_level(CPH_LOG_ERROR);
   H.up = true;
@@ -444,13 +447,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   answer.status = 0;
   cph_http_dispatch(ev, &H.srv);
   run_passes();
-  if (H.srv.leases) {
+  if (H.srv.lp->leases) {
     /* A lease long-poll: let its wait run out on the engine's clock, as in the daemon. */
     int64_t wait_ms = cph_engine_policy(H.srv.engine)->server.max_wait_ms;
     cph_clock_advance(&H.srv.clock, (wait_ms + 1) * CPH_NS_PER_MS);
     cph_srv_schedule_pass(&H.srv);
     run_passes();
-    cph_longpolls_stop(&H.srv); /* whatever still waits is withdrawn (204) */
+    cph_longpolls_stop(H.srv.lp); /* whatever still waits is withdrawn (204) */
   }
   if (H.srv.reqs || H.srv.open_reqs)
     fuzz_fail("a request is still alive after it was answered");
