@@ -88,8 +88,12 @@ typedef struct http_ctx {
   size_t body_bytes;
   const char *prefix;
   int subscribed; /* ingest: events go to the clients' subscribed channels, else unrouted */
+  size_t reply_bytes; /* cycle: the reply each complete carries (0: none) */
   /* Totals over the clients, added by client_teardown (main thread, after the run). */
   uint64_t queued, stored, aggregated, other, empty_leases, turns, turn_bytes;
+  /* cycle: the daemon over the measured window (cycle_window), -1 where unknown */
+  pid_t pid;
+  int64_t cpu_ns[2], passes[2];
 } http_ctx;
 
 typedef struct http_client {
@@ -270,8 +274,13 @@ int cph_bench_ingest(int argc, char **argv) {
                 .subscribed = !unrouted};
   if (create_sessions(d.port, (int)clients, "ingest", 0))
     goto out;
-  cph_bench_load l = {(int)clients, 1.0, (double)seconds, 0, client_setup, ingest_op,
-                      client_teardown, &h};
+  cph_bench_load l = {.clients = (int)clients,
+                      .warmup_s = 1.0,
+                      .seconds = (double)seconds,
+                      .setup = client_setup,
+                      .op = ingest_op,
+                      .teardown = client_teardown,
+                      .ctx = &h};
   cph_bench_load_result res;
   if (cph_bench_load_run(&l, &res))
     goto out;
@@ -351,11 +360,22 @@ static int cycle_op(void *state, uint64_t seq) {
     fprintf(stderr, "cephalon-bench cycle: no turn id or lease in %.300s\n", r.body);
     return -1;
   }
-  /* 3. complete it */
-  char path[64], body[160];
+  /* 3. complete it, with a reply (it joins the session's history, as the Redis agent app's
+   * RPUSH of event and reply does) */
+  char path[64], body[1280], reply[1024] = "";
   snprintf(path, sizeof path, "/v1/turns/%" PRIu64 "/complete", id);
-  int blen = snprintf(body, sizeof body,
-                      "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}", lease);
+  int blen;
+  if (c->ctx->reply_bytes) {
+    cph_bench_body(reply, c->ctx->reply_bytes,
+                   (UINT64_C(1) << 63) | (((uint64_t)c->id << 48) ^ seq), &c->rng);
+    blen = snprintf(body, sizeof body,
+                    "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
+                    "\"reply\":{\"body\":\"%s\"}}",
+                    lease, reply);
+  } else {
+    blen = snprintf(body, sizeof body,
+                    "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}", lease);
+  }
   if (cph_bench_http(&c->conn, "POST", path, body, (size_t)blen, &r) || r.status != 200) {
     fprintf(stderr, "cephalon-bench cycle: complete -> %d %.300s\n", r.status,
             r.body ? r.body : "");
@@ -366,17 +386,43 @@ static int cycle_op(void *state, uint64_t seq) {
 
 static void cycle_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench cycle [--sync always|batch|none] [--clients N] "
-             "[--seconds S] [--body-bytes B] [--window T]\n"
-             "  --sync MODE     :store :sync (default always)\n"
-             "  --clients N     client threads, each with its own connection and session "
+             "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T]\n"
+             "  --sync MODE      :store :sync (default always)\n"
+             "  --clients N      client threads, each with its own connection and session "
              "(default 8)\n"
-             "  --seconds S     measured seconds (default 10; 1 s warm-up before)\n"
-             "  --body-bytes B  event body size (default 64; the anchors put the same)\n"
-             "  --window T      the sessions' context_window_tokens (default: the policy's)\n");
+             "  --seconds S      measured seconds (default 10; 1 s warm-up before)\n"
+             "  --body-bytes B   event body size (default 64; the anchors put the same)\n"
+             "  --reply-bytes R  the reply body each complete carries (default 64, as the "
+             "Redis agent app's; 0: none)\n"
+             "  --window T       the sessions' context_window_tokens (default: the policy's)\n");
+}
+
+/* The value of an unlabelled counter or gauge in cephalond's GET /metrics, or -1. */
+static int64_t metric_value(int port, const char *name) {
+  cph_bench_conn c = CPH_BENCH_CONN_INIT;
+  cph_bench_resp r;
+  int64_t v = -1;
+  size_t len = strlen(name);
+  if (cph_bench_conn_open(&c, port) == 0 &&
+      cph_bench_http(&c, "GET", "/metrics", NULL, 0, &r) == 0 && r.status == 200)
+    for (const char *at = r.body; at && *at; at = strchr(at, '\n'), at = at ? at + 1 : NULL)
+      if (strncmp(at, name, len) == 0 && at[len] == ' ') {
+        v = (int64_t)strtod(at + len + 1, NULL);
+        break;
+      }
+  cph_bench_conn_free(&c);
+  return v;
+}
+
+/* The daemon's CPU time and scheduler passes at both ends of the measured window. */
+static void cycle_window(void *ctx, bool end) {
+  http_ctx *h = ctx;
+  h->cpu_ns[end] = cph_bench_cpu_ns(h->pid);
+  h->passes[end] = metric_value(h->port, "cephalon_scheduler_passes_total");
 }
 
 int cph_bench_cycle(int argc, char **argv) {
-  uint64_t clients = 8, seconds = 10, body_bytes = 64, window = 0;
+  uint64_t clients = 8, seconds = 10, body_bytes = 64, reply_bytes = 64, window = 0;
   const char *sync = "always";
   for (int i = 1; i < argc;) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -392,6 +438,7 @@ int cph_bench_cycle(int argc, char **argv) {
     if ((r = cph_bench_opt_u64(argc, argv, &i, "--clients", 1, 256, &clients)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--seconds", 1, 600, &seconds)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--body-bytes", 16, 1000, &body_bytes)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--reply-bytes", 0, 1000, &reply_bytes)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--window", 64, 10000000, &window))) {
       if (r < 0)
         return 2;
@@ -416,11 +463,21 @@ int cph_bench_cycle(int argc, char **argv) {
                 .events_per_request = 1,
                 .body_bytes = (size_t)body_bytes,
                 .prefix = "cycle",
-                .subscribed = 1};
+                .subscribed = 1,
+                .reply_bytes = (size_t)reply_bytes,
+                .pid = d.pid,
+                .cpu_ns = {-1, -1},
+                .passes = {-1, -1}};
   if (create_sessions(d.port, (int)clients, "cycle", window))
     goto out;
-  cph_bench_load l = {(int)clients, 1.0, (double)seconds, 0, client_setup, cycle_op,
-                      client_teardown, &h};
+  cph_bench_load l = {.clients = (int)clients,
+                      .warmup_s = 1.0,
+                      .seconds = (double)seconds,
+                      .setup = client_setup,
+                      .op = cycle_op,
+                      .teardown = client_teardown,
+                      .ctx = &h,
+                      .window = cycle_window};
   cph_bench_load_result res;
   if (cph_bench_load_run(&l, &res))
     goto out;
@@ -441,11 +498,38 @@ int cph_bench_cycle(int argc, char **argv) {
          " empty (204) before a turn\n",
          h.turns, h.turns ? (double)h.turn_bytes / (double)h.turns : 0.0, h.empty_leases);
   printf("cycles/s           %.0f\n", res.ops_per_s);
+
+  /* The daemon's cost per cycle over the measured window. /metrics counts no fsyncs; every
+   * scheduler pass is one LMDB write transaction, and under :sync :always each commit that
+   * wrote something is durable: one fdatasync of the data file (plus the meta page, written
+   * O_DSYNC). So fsyncs = passes under :always (an upper bound: a pass that wrote nothing
+   * commits without a sync), none under :none; :batch syncs on a timer, not counted. */
+  char cpu[32] = "n/a", fsyncs[32] = "n/a", passes[32] = "n/a";
+  double lease_bytes = h.turns ? (double)h.turn_bytes / (double)h.turns : 0.0;
+  if (res.ops && h.cpu_ns[0] >= 0 && h.cpu_ns[1] >= 0)
+    snprintf(cpu, sizeof cpu, "%.1f", (double)(h.cpu_ns[1] - h.cpu_ns[0]) / 1e3 / (double)res.ops);
+  if (res.ops && h.passes[0] >= 0 && h.passes[1] >= 0)
+    snprintf(passes, sizeof passes, "%.3f", (double)(h.passes[1] - h.passes[0]) / (double)res.ops);
+  if (strcmp(sync, "always") == 0)
+    snprintf(fsyncs, sizeof fsyncs, "%s", passes);
+  else if (strcmp(sync, "none") == 0)
+    snprintf(fsyncs, sizeof fsyncs, "0");
+  printf("daemon cpu         %s us per cycle (/proc/%d/stat utime+stime over the window, "
+         "10 ms ticks)\n",
+         cpu, (int)d.pid);
+  printf("passes             %s per cycle (cephalon_scheduler_passes_total over the window)\n",
+         passes);
+  printf("fsyncs             %s per cycle (%s)\n", fsyncs,
+         strcmp(sync, "always") == 0 ? "= passes: each pass commits one LMDB txn with "
+                                       "fdatasync; /metrics has no sync counter; upper bound"
+         : strcmp(sync, "none") == 0 ? "MDB_NOSYNC: commits never sync"
+                                     : ":batch syncs on a timer, not counted");
   printf("cycle cycles_per_s=%.0f sync=%s clients=%" PRIu64 " body_bytes=%" PRIu64
-         " window=%" PRIu64 " turn_bytes=%.0f p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
-         res.ops_per_s, sync, clients, body_bytes, window,
-         h.turns ? (double)h.turn_bytes / (double)h.turns : 0.0, res.lat_p50_us / 1e3,
-         res.lat_p99_us / 1e3, res.errors);
+         " reply_bytes=%" PRIu64 " window=%" PRIu64
+         " lease_bytes=%.0f cpu_us_per_cycle=%s fsyncs_per_cycle=%s passes_per_cycle=%s"
+         " p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
+         res.ops_per_s, sync, clients, body_bytes, reply_bytes, window, lease_bytes, cpu, fsyncs,
+         passes, res.lat_p50_us / 1e3, res.lat_p99_us / 1e3, res.errors);
   status = res.errors ? 1 : 0;
 out:
   cph_bench_daemon_free(&d);

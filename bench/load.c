@@ -110,6 +110,8 @@ int cph_bench_load_run(const cph_bench_load *l, cph_bench_load_result *out) {
       goto out;
     }
   sleep_ns((int64_t)(l->warmup_s * 1e9));
+  if (l->window)
+    l->window(l->ctx, false);
   atomic_store(&phase, PHASE_MEASURE);
   int64_t t0 = cph_bench_now_ns();
   int64_t end = t0 + (int64_t)(l->seconds * 1e9);
@@ -118,6 +120,8 @@ int cph_bench_load_run(const cph_bench_load *l, cph_bench_load_result *out) {
   atomic_store(&phase, PHASE_STOP);
   atomic_store(&g_stopping, true);
   int64_t t1 = cph_bench_now_ns();
+  if (l->window)
+    l->window(l->ctx, true);
   for (int i = 0; i < l->clients; i++)
     pthread_join(ws[i].thread, NULL);
 

@@ -21,6 +21,10 @@ typedef struct cph_bench_load {
   int (*op)(void *state, uint64_t seq);
   void (*teardown)(void *state);
   void *ctx;
+  /* Optional, on the main thread: called with end false just before the measured window
+   * opens and with end true just after it closed (clients may still be finishing an op), so
+   * a scenario can read a server's CPU time or counters over the window. */
+  void (*window)(void *ctx, bool end);
 } cph_bench_load;
 
 typedef struct cph_bench_load_result {

@@ -268,8 +268,7 @@ int64_t cph_bench_rss(pid_t pid, int64_t *anon_out) {
 
 /* ---------------------------------------------------------------- cephalond */
 
-/* User + system CPU time of pid from /proc/PID/stat, or -1. */
-static int64_t cpu_ns(pid_t pid) {
+int64_t cph_bench_cpu_ns(pid_t pid) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   char *s = read_file(path);
@@ -315,7 +314,7 @@ static int daemon_spawn(cph_bench_daemon *d, int timeout_ms) {
     const char *listen = ready ? strstr(ready, " listen=") : NULL;
     if (listen) {
       d->ready_ns = cph_bench_now_ns() - t0;
-      d->ready_cpu_ns = cpu_ns(d->pid);
+      d->ready_cpu_ns = cph_bench_cpu_ns(d->pid);
       const char *end = strchr(listen + 1, ' ');
       const char *p = end ? end : listen + strlen(listen);
       while (p > listen && p[-1] != ':')

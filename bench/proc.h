@@ -64,6 +64,9 @@ int cph_bench_daemon_stop(cph_bench_daemon *d);
 void cph_bench_daemon_free(cph_bench_daemon *d);
 /* Resident set of a process in bytes (VmRSS; anon_out: RssAnon), from /proc. -1 on failure. */
 int64_t cph_bench_rss(pid_t pid, int64_t *anon_out);
+/* User + system CPU time of a process, all its threads, in ns (10 ms ticks), from
+ * /proc/PID/stat; -1 on failure. */
+int64_t cph_bench_cpu_ns(pid_t pid);
 
 /* The policy the daemon scenarios run with (EDN, written into buf; -1 if it does not fit):
  * :store :sync `sync` ("always", "batch" or "none"); :concurrency `concurrency`; interactive

@@ -80,6 +80,9 @@ run beanstalkd-fsync 120 beanstalkd --mode fsync --seconds "$SECONDS_PER_RUN"
 run beanstalkd-memory 120 beanstalkd --mode memory --seconds "$SECONDS_PER_RUN"
 run redis-always 120 redis --mode always --seconds "$SECONDS_PER_RUN"
 run redis-none 120 redis --mode none --seconds "$SECONDS_PER_RUN"
+# The agent app on Redis doing the cycle's turn work: the anchor of §12's cycle rows.
+run redis-agent-always 120 redis --mode always --work agent --seconds "$SECONDS_PER_RUN"
+run redis-agent-none 120 redis --mode none --work agent --seconds "$SECONDS_PER_RUN"
 run fairness 60 fairness --data "$work/data"
 run spam 60 spam --data "$work/data"
 run maintenance 60 maintenance --data "$work/data"
@@ -109,6 +112,11 @@ ing=$(val ingest events_per_s)
 ca=$(val cycle-always cycles_per_s); cn=$(val cycle-none cycles_per_s)
 bf=$(val beanstalkd-fsync cycles_per_s); bm=$(val beanstalkd-memory cycles_per_s)
 ra=$(val redis-always cycles_per_s); rn=$(val redis-none cycles_per_s)
+raa=$(val redis-agent-always cycles_per_s); ran=$(val redis-agent-none cycles_per_s)
+# cost NAME ANCHOR : what a cycle scenario spent per cycle, beside the anchor's CPU
+cost() {
+  echo "daemon $(val "$1" cpu_us_per_cycle) µs CPU, $(val "$1" fsyncs_per_cycle) fsyncs, $(val "$1" lease_bytes)-byte lease per cycle; $2 $(val "$3" cpu_us_per_cycle) µs CPU"
+}
 jain=$(val fairness jain)
 spam_ratio=$(val spam quiet_p99_ratio)
 held=$(val maintenance trickle_held)
@@ -123,12 +131,14 @@ r=$(ratio "$n1m" "$n10k")
 row "sched: per-pick cost at 1M vs 10k sessions" "$n1m ns vs $n10k ns" "<= 2x" "$r" "$(judge "$r" "<=" 2)"
 r=$(ratio "$ing" 200000)
 row "ingest: durable over HTTP, 1,000 events/request, :sync :always" "$ing events/s" ">= 200,000 events/s" "$r" "$(judge "$r" ">=" 1)"
+r=$(ratio "$ca" "$raa")
+row "cycle :sync :always vs the Redis agent app, appendfsync always" "$ca vs $raa cycles/s ($(cost cycle-always Redis redis-agent-always))" ">= 1x" "$r" "$(judge "$r" ">=" 1)"
 r=$(ratio "$ca" "$bf")
-row "cycle :sync :always vs beanstalkd -b -f 0" "$ca vs $bf cycles/s" ">= 5x" "$r" "$(judge "$r" ">=" 5)"
-r=$(ratio "$ca" "$ra")
-row "cycle :sync :always vs Redis appendfsync always" "$ca vs $ra cycles/s" ">= 1x" "$r" "$(judge "$r" ">=" 1)"
+row "cycle :sync :always vs beanstalkd -b -f 0" "$ca vs $bf cycles/s ($(cost cycle-always beanstalkd beanstalkd-fsync))" ">= 5x" "$r" "$(judge "$r" ">=" 5)"
+r=$(ratio "$cn" "$ran")
+row "cycle :sync :none vs the Redis agent app in memory" "$cn vs $ran cycles/s ($(cost cycle-none Redis redis-agent-none))" ">= 0.5x" "$r" "$(judge "$r" ">=" 0.5)"
 r=$(ratio "$cn" "$bm")
-row "cycle :sync :none vs beanstalkd in memory" "$cn vs $bm cycles/s" ">= 1x" "$r" "$(judge "$r" ">=" 1)"
+row "cycle :sync :none vs beanstalkd in memory" "$cn vs $bm cycles/s ($(cost cycle-none beanstalkd beanstalkd-memory))" ">= 1x" "$r" "$(judge "$r" ">=" 1)"
 row "fairness: Jain's index, equal saturated sessions" "$jain" ">= 0.99" "$(ratio "$jain" 0.99)" "$(judge "$jain" ">=" 0.99)"
 row "spam: quiet p99 pick wait, 100x channel vs no spam" "${spam_ratio}x" "<= 2x" "$spam_ratio" "$(judge "$spam_ratio" "<=" 2)"
 row "maintenance: outbox trickle under full load" "held: $held ($(val maintenance batches_per_min)/min, fewest $(val maintenance fewest_per_min))" ">= :min-batches-per-minute (1)" "$(val maintenance fewest_per_min)" "$([ "$held" = yes ] && echo pass || echo FAIL)"
@@ -221,20 +231,33 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
   echo "Ratios: cephalon / anchor for the cycles, measured / target otherwise (for the sched 1M vs"
   echo "10k row: cost at 1M / cost at 10k; memory: bytes / 256; restart: seconds / 3)."
+  echo "The cycle rows give the cost per cycle beside the rate: the daemon's (and the anchor's) CPU"
+  echo "time (/proc/PID/stat utime + stime over the measured window ÷ cycles), fsyncs per cycle"
+  echo "and the lease answer's size. /metrics counts no fsyncs: under :sync :always every"
+  echo "scheduler pass commits one LMDB write transaction with one fdatasync, so fsyncs per cycle"
+  echo "= cephalon_scheduler_passes_total over the window ÷ cycles (an upper bound: a pass that"
+  echo "wrote nothing commits without a sync); :sync :none never syncs. The Redis agent app with"
+  echo "\`appendfsync always\` fsyncs its AOF once per event-loop round that wrote."
   echo "What bounds the rows that fail, from perf profiles: \`bench/PROFILE.md\`."
   echo
   echo "### The cycle and the size of the turn"
   echo
   echo "The §12 cycle rows use the sessions' default window (8192 tokens): every lease answer"
-  echo "carries the assembled context, about $(val cycle-always turn_bytes) bytes, while the anchors move"
-  echo "64 bytes. The same cycle with a 256-token window (turns of about $(val cycle-small-always turn_bytes) bytes):"
+  echo "carries the assembled context, about $(val cycle-always lease_bytes) bytes, while the Redis agent app reads"
+  echo "its last 40 history entries, about $(val redis-agent-always context_bytes) bytes, and the queue anchors move 64 bytes."
+  echo "The same cycle with a 256-token window (lease answers of about $(val cycle-small-always lease_bytes) bytes):"
   echo
-  echo "| cycle, 256-token window | cycles/s | anchor | ratio |"
-  echo "|---|---|---|---|"
+  echo "| cycle, 256-token window | cycles/s | daemon µs CPU / cycle | anchor | ratio |"
+  echo "|---|---|---|---|---|"
   csa=$(val cycle-small-always cycles_per_s); csn=$(val cycle-small-none cycles_per_s)
-  echo "| :sync :always vs beanstalkd -b -f 0 | $csa | $bf | $(ratio "$csa" "$bf") |"
-  echo "| :sync :always vs Redis appendfsync always | $csa | $ra | $(ratio "$csa" "$ra") |"
-  echo "| :sync :none vs beanstalkd in memory | $csn | $bm | $(ratio "$csn" "$bm") |"
+  cpa=$(val cycle-small-always cpu_us_per_cycle); cpn=$(val cycle-small-none cpu_us_per_cycle)
+  echo "| :sync :always vs the Redis agent app, appendfsync always | $csa | $cpa | $raa | $(ratio "$csa" "$raa") |"
+  echo "| :sync :always vs beanstalkd -b -f 0 | $csa | $cpa | $bf | $(ratio "$csa" "$bf") |"
+  echo "| :sync :none vs the Redis agent app in memory | $csn | $cpn | $ran | $(ratio "$csn" "$ran") |"
+  echo "| :sync :none vs beanstalkd in memory | $csn | $cpn | $bm | $(ratio "$csn" "$bm") |"
+  echo
+  echo "The queue-only Redis anchor (LPUSH -> RPOP, no history), kept for reference: $ra cycles/s"
+  echo "with appendfsync always, $rn in memory (Figures)."
   echo
   echo "### The reference worker"
   echo
@@ -249,7 +272,8 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "|---|---|"
   for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none cycle-small-always \
            cycle-small-none beanstalkd-fsync \
-           beanstalkd-memory redis-always redis-none fairness spam maintenance memory worker; do
+           beanstalkd-memory redis-always redis-none redis-agent-always redis-agent-none \
+           fairness spam maintenance memory worker; do
     echo "| $f | \`$(tail -1 "$work/$f.out" 2>/dev/null)\` |"
   done
   echo
@@ -262,8 +286,13 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "  channel, subscribed by one session; dedupe on, backpressure steps off (:max-step 0)."
   echo "- **cycle**: \`cephalon-bench cycle --sync always|none\` — 8 clients, each with its own"
   echo "  session and channel: POST one event, POST /v1/turns/lease (any session's turn), POST"
-  echo "  complete. Sessions keep their default context window (8192 tokens), so steady-state"
-  echo "  turns carry a full context."
+  echo "  complete with a 64-byte reply. Sessions keep their default context window (8192 tokens),"
+  echo "  so steady-state turns carry a full context."
+  echo "- **the Redis agent app**: \`cephalon-bench redis --mode always|none --work agent\` — the"
+  echo "  same 8 client threads, one connection each, doing the cycle's turn work on Redis: LPUSH"
+  echo "  the event to inbox:<c>, BRPOP it, LRANGE history:<c> -40 -1 (the context), then RPUSH"
+  echo "  event and reply to history:<c> and LTRIM it to 1,000 entries (one pipelined round trip);"
+  echo "  \`appendonly yes\` + \`appendfsync always\`, or in memory (\`--save \"\" --appendonly no\`)."
   echo "- **anchors**: \`cephalon-bench beanstalkd --mode fsync|memory\` (put -> reserve -> delete,"
   echo "  one tube; \`-b DIR -f 0\` fsyncs every write) and \`cephalon-bench redis --mode always|none\`"
   echo "  (LPUSH -> RPOP, one list; \`appendonly yes\` + \`appendfsync always\`, or no persistence)."
