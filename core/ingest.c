@@ -630,7 +630,7 @@ void ingest_apply(cph_engine *e, cph_op *op) {
     cph_err_set(&err, rc, "%s", rq.t.err.msg);
   if (rc == CPH_OK) {
     rq.embed_queue_before = e->embed_queue_len;
-    dedupe_savepoint(e->dedupe);
+    dedupe_savepoint(e->dedupe, n);
     size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
     for (size_t i = 0; i < n && rc == CPH_OK; i++) {
       const char *body = op->u.ingest.events[i].body;

@@ -48,7 +48,7 @@
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
   X(EMBED_QUEUE, "embed_queue") /* u64 memory id -> "" while its embedding is pending */  \
   X(CHANNELS, "channels")     /* channel -> backpressure state (dedupe/backpressure) */   \
-  X(DEDUPE, "dedupe")         /* channel\0 hash -> family + time (exact dedupe window) */
+  X(DEDUPE, "dedupe")         /* 0xFF u64 time hash -> exact entry (time-ordered); \0 hash -> family */
 
 typedef enum cph_db {
 #define CPH__DB_ENUM(name, label) CPH_DB_##name,
