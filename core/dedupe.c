@@ -103,6 +103,7 @@ typedef struct cph_dedupe {
   xundo *undo;
   size_t n_undo, cap_undo;
   EVP_MD_CTX *md;
+  EVP_MD *sha256; /* fetched once: EVP_sha256() in a digest init fetches it on every call */
   int64_t next_prune_ms; /* dedupe_tick prunes at most once a second */
   uint64_t exact_hits, near_hits, families;
   /* The top families by count, largest first. Exact, not an estimate: counts only grow and
@@ -166,10 +167,45 @@ static uint64_t mix64(uint64_t x) {
   return x;
 }
 
-static void simhash_add(int32_t v[64], const char *p, size_t n) {
+/* SPREAD[x]: byte j is bit j of x. Adding SPREAD[one byte of a hash] to a word of 8 byte-wide
+ * counters counts that byte's 8 bits at once. */
+#define SPREAD_(x)                                                                              \
+  ((uint64_t)((x) & 1) | (uint64_t)(((x) >> 1) & 1) << 8 | (uint64_t)(((x) >> 2) & 1) << 16 |  \
+   (uint64_t)(((x) >> 3) & 1) << 24 | (uint64_t)(((x) >> 4) & 1) << 32 |                       \
+   (uint64_t)(((x) >> 5) & 1) << 40 | (uint64_t)(((x) >> 6) & 1) << 48 |                       \
+   (uint64_t)(((x) >> 7) & 1) << 56)
+#define SPREAD4_(n) SPREAD_(n), SPREAD_(n + 1), SPREAD_(n + 2), SPREAD_(n + 3)
+#define SPREAD16_(n) SPREAD4_(n), SPREAD4_(n + 4), SPREAD4_(n + 8), SPREAD4_(n + 12)
+#define SPREAD64_(n) SPREAD16_(n), SPREAD16_(n + 16), SPREAD16_(n + 32), SPREAD16_(n + 48)
+static const uint64_t SPREAD[256] = {SPREAD64_(0), SPREAD64_(64), SPREAD64_(128),
+                                     SPREAD64_(192)};
+
+/* The votes of Charikar's simhash, kept as counts of 1 bits per hash bit: +1/-1 per shingle
+ * on bit b is positive exactly when ones[b] * 2 > shingles. Byte-wide counters in `lanes`
+ * (bit 8i+j of the hashes in byte j of lanes[i]) take up to 255 shingles before they are
+ * flushed into `ones`: 8 additions per shingle, not 64. */
+typedef struct sim_votes {
+  uint64_t lanes[8];
+  uint32_t ones[64];
+  uint32_t in_lanes, shingles;
+} sim_votes;
+
+static void votes_flush(sim_votes *sv) {
+  for (int i = 0; i < 8; i++) {
+    for (int j = 0; j < 8; j++)
+      sv->ones[8 * i + j] += (uint32_t)(sv->lanes[i] >> (8 * j)) & 0xFF;
+    sv->lanes[i] = 0;
+  }
+  sv->in_lanes = 0;
+}
+
+static void simhash_add(sim_votes *sv, const char *p, size_t n) {
   uint64_t h = mix64(fnv1a64(p, n));
-  for (int b = 0; b < 64; b++)
-    v[b] += (h >> b) & 1 ? 1 : -1;
+  for (int i = 0; i < 8; i++)
+    sv->lanes[i] += SPREAD[(h >> (8 * i)) & 0xFF];
+  sv->shingles++;
+  if (++sv->in_lanes == 255)
+    votes_flush(sv);
 }
 
 /* Charikar's simhash: each shingle votes +1/-1 on every bit by its hash; a bit is set when
@@ -181,7 +217,8 @@ uint64_t dedupe_simhash(const char *s, size_t len, int k) {
     k = 1;
   if (k > 64)
     k = 64;
-  int32_t v[64] = {0};
+  sim_votes v;
+  memset(&v, 0, sizeof v);
   size_t starts[64]; /* the last k word starts, circular */
   size_t nw = 0;
   for (size_t i = 0; i < len;) {
@@ -192,15 +229,16 @@ uint64_t dedupe_simhash(const char *s, size_t len, int k) {
     nw++;
     if (nw >= (size_t)k) {
       size_t from = starts[(nw - (size_t)k) % (size_t)k];
-      simhash_add(v, s + from, i - from);
+      simhash_add(&v, s + from, i - from);
     }
     i++; /* the space */
   }
   if (nw < (size_t)k)
-    simhash_add(v, s, len); /* fewer words than a shingle: the whole text is one */
+    simhash_add(&v, s, len); /* fewer words than a shingle: the whole text is one */
+  votes_flush(&v);
   uint64_t h = 0;
   for (int b = 0; b < 64; b++)
-    if (v[b] > 0)
+    if ((uint64_t)v.ones[b] * 2 > v.shingles)
       h |= 1ull << b;
   return h;
 }
@@ -353,7 +391,7 @@ static int entry_put(cph_txn *t, const cph_key *k, const dd_entry *d) {
 static void sha256_of(cph_dedupe *d, const char *const *parts, const size_t *lens, int n,
                       uint8_t out[32]) {
   unsigned int len = 0;
-  if (d->md && EVP_DigestInit_ex(d->md, EVP_sha256(), NULL) == 1) {
+  if (d->md && EVP_DigestInit_ex(d->md, d->sha256 ? d->sha256 : EVP_sha256(), NULL) == 1) {
     for (int i = 0; i < n; i++)
       EVP_DigestUpdate(d->md, parts[i], lens[i]);
     if (EVP_DigestFinal_ex(d->md, out, &len) == 1 && len == 32)
@@ -1043,6 +1081,7 @@ int dedupe_open(cph_txn *t, cph_dedupe **out, cph_err *err) {
     free(d);
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening dedupe");
   }
+  d->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL); /* NULL: sha256_of falls back */
 
   /* A store from before the time-ordered layout: its entries move, once, in a write txn of
    * our own (the store opens with MDB_NOTLS, so the caller's read txn may stay open); the
@@ -1121,6 +1160,7 @@ void dedupe_close(cph_dedupe *d) {
     return;
   rings_free_all(d);
   EVP_MD_CTX_free(d->md);
+  EVP_MD_free(d->sha256);
   free(d->xs);
   free(d->undo);
   free(d);

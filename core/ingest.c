@@ -198,6 +198,32 @@ static uint32_t queued_entries(const csession *s) {
   return n;
 }
 
+/* queued_entries() of the sessions a request delivers to, counted once and then kept as the
+ * request delivers (while it runs, only the request changes inboxes): the queue cap's check
+ * is O(1) per event instead of a walk of the inbox. Discarded with the request. */
+#define QUEUED_MEMO_MAX 8
+
+typedef struct queued_memo {
+  csession *session;
+  uint32_t queued;
+} queued_memo;
+
+typedef struct queued_memos {
+  queued_memo m[QUEUED_MEMO_MAX];
+  size_t n;
+} queued_memos;
+
+/* s's memo; once the memos are full, scratch (counted afresh each time). */
+static queued_memo *queued_of(queued_memos *qm, csession *s, queued_memo *scratch) {
+  for (size_t i = 0; i < qm->n; i++)
+    if (qm->m[i].session == s)
+      return &qm->m[i];
+  queued_memo *q = qm->n < QUEUED_MEMO_MAX ? &qm->m[qm->n++] : scratch;
+  q->session = s;
+  q->queued = queued_entries(s);
+  return q;
+}
+
 /* The oldest entry the queue cap may fold away: un-leased, not the overflow entry, preferring
  * one not mentioned (DESIGN §4). -1: none. */
 static int32_t overflow_victim(const csession *s) {
@@ -224,7 +250,9 @@ static int32_t overflow_entry(const csession *s) {
 /* §4 queue cap: makes room for one more entry by folding the oldest queued entry into the
  * session's overflow entry (the first time, the oldest entry becomes the overflow entry and
  * the next oldest folds into it). Its events stay counted there: nothing is dropped. */
-static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo) {
+static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo,
+                         bool *removed) {
+  *removed = false;
   int32_t ov = overflow_entry(s);
   if (ov < 0) {
     int32_t v = overflow_victim(s);
@@ -248,6 +276,7 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo)
       undo_note(undo, s, UNDO_REMOVED, &victim, victim.count))
     return CPH_ENOMEM;
   inbox_item *o = &s->inbox[ov];
+  bool was_mentioned = o->mentioned;
   o->count += victim.count;
   o->mentioned |= victim.mentioned;
   o->direct |= victim.direct;
@@ -257,9 +286,11 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo)
     inbox_fold_move(t, s->id, victim.id, o->id);
   inbox_fold_add(t, s->id, o->id, victim.event_id);
   inbox_fold_put(t, s->id, o);
-  put_inbox(t, s->id, o, CPH_INBOX_STAGED); /* its mentioned flag may have changed */
+  if (o->mentioned != was_mentioned) /* the rest of its record is as stored */
+    put_inbox(t, s->id, o, CPH_INBOX_STAGED);
   put_inbox(t, s->id, &victim, CPH_INBOX_FOLDED);
   csession_inbox_remove(s, (uint32_t)v);
+  *removed = true;
   s->folded += victim.count;
   e->folded_total += victim.count;
   return t->ret;
@@ -273,17 +304,28 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo)
  * next pass; a crash before then brings it back staged, as if that poll had run. Memory
  * follows each write at once (the request's next event must see it) and undo can put it back. */
 static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bool mentioned,
-                   bool direct, const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
+                   bool direct, const dedupe_verdict *v, int64_t now_ms, undo_log *undo,
+                   queued_memos *qm) {
   if (v) {
     int32_t at = fold_target(s, v);
     if (at >= 0)
       return fold_into(t, s, at, event_id, mentioned, direct, v, now_ms, undo);
   }
   int64_t max_queue = e->policy->sessions.max_queue;
-  if ((int64_t)s->n_inbox >= max_queue && (int64_t)queued_entries(s) >= max_queue) {
-    int rc = overflow_fold(e, t, s, undo);
-    if (rc)
-      return rc;
+  queued_memo scratch, *q = NULL;
+  if ((int64_t)s->n_inbox >= max_queue) {
+    q = queued_of(qm, s, &scratch);
+    if ((int64_t)q->queued >= max_queue) {
+      bool removed;
+      int rc = overflow_fold(e, t, s, undo, &removed);
+      if (rc)
+        return rc;
+      q->queued -= removed;
+    }
+  } else {
+    for (size_t i = 0; i < qm->n && !q; i++) /* a memo of s, if any, must follow the push */
+      if (qm->m[i].session == s)
+        q = &qm->m[i];
   }
   inbox_item it = {0};
   cph_txn_next_id(t, "inbox", &it.id);
@@ -303,6 +345,8 @@ static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bo
     return t->ret;
   if (csession_inbox_push(s, &it))
     return CPH_ENOMEM;
+  if (q)
+    q->queued++;
   if (undo_note(undo, s, UNDO_PUSHED, &it, 0)) {
     csession_inbox_remove(s, (uint32_t)inbox_find(s, it.id));
     return CPH_ENOMEM;
@@ -366,6 +410,7 @@ typedef struct ingest_after {
 typedef struct ingest_req {
   cph_txn t;
   undo_log undo;
+  queued_memos queued;
   ingest_after *after; /* per event */
   uint64_t embed_queue_before;
 } ingest_req;
@@ -535,7 +580,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   }
   for (size_t i = 0; i < n; i++) {
     rc = deliver(e, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,
-                 now_ms, &rq->undo);
+                 now_ms, &rq->undo, &rq->queued);
     if (rc == CPH_OK && !(res->sessions.items[res->sessions.count] = strdup(ts[i].session->id)))
       rc = CPH_ENOMEM;
     if (rc) {
