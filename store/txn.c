@@ -166,14 +166,18 @@ int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record
                        const void *rec) {
   if (t->ret)
     return t->ret;
-  /* Records are small; a stack buffer covers most, the heap the rest. */
-  cph_buf b = CPH_BUF_INIT;
-  if (cph_record_encode(desc, rec, &b) != CPH_OK) {
-    cph_buf_free(&b);
-    return txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
-  }
-  int rc = cph_txn_put(t, db, k, b.data, b.len);
-  cph_buf_free(&b);
+  if (!t->mdb || !t->write) /* before touching the writer's scratch space */
+    return txn_fail(t, CPH_ESTATE, "put into database \"%s\" outside a write transaction",
+                    cph_db_name(db));
+  cph_buf *b = &t->store->scratch;
+  cph_buf_reset(b);
+  int rc = cph_record_encode(desc, rec, b);
+  if (rc == CPH_OK)
+    rc = cph_txn_put(t, db, k, b->data, b->len);
+  else
+    rc = txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
+  if (b->cap > CPH_STORE_SCRATCH_KEEP)
+    cph_buf_free(b);
   return rc;
 }
 
