@@ -604,7 +604,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   cph_key ek;
   cph_key_reset(&ek);
   cph_key_u64(&ek, event_id);
-  cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  cph_txn_append_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev); /* ids ascend */
   if (!dup)
     history_append(e, t, channel_name, event_id);
   if (in->key) {
