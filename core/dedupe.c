@@ -1,13 +1,27 @@
 /* Exact and near content dedupe and duplicate families (DESIGN §5); contract in dedupe.h.
  *
  * Stored (CPH_DB_DEDUPE), values encoded by hand, big-endian, led by a version byte:
- *   channel\0 sha256(channel, sender, normalised body)  -> v1, family, original event id,
- *                                                           first_ms, last_ms, simhash (41 B)
- *   ""\0 sha256(normalised body)                        -> v1, family (9 B): the family
- *                                                           index, content -> family
- * A channel name is never empty, so the two key kinds cannot collide. A value that does not
- * decode is logged with its key and treated as absent (it is an index: the next write
- * replaces it). */
+ *   0xFF be64(last_ms) sha256(channel, sender, normalised body)
+ *                                -> v1, family, original event id, first_ms, last_ms,
+ *                                   simhash (41 B): an exact entry, time-ordered
+ *   ""\0 sha256(normalised body) -> v1, family (9 B): the family index, content -> family
+ *
+ * Exact entries are keyed by the time of their last occurrence, so an ingest pass writes them
+ * at the B-tree's end (a few pages) rather than on a random page each, and pruning deletes
+ * from the front. A repeat writes a new copy under its new time and leaves the older copy,
+ * which is stale from then on, for the pruning to delete: the newest copy of a hash is the
+ * entry. Which copy that is lives in memory (the filter below), rebuilt at open by reading the
+ * copies oldest first; so an event whose hash is new reads nothing from LMDB.
+ *
+ * Migration: up to schema version 2 without this layout, exact entries were keyed
+ * channel\0 sha256(...). dedupe_open moves such entries into the time-ordered layout (same
+ * value) in one write transaction, once; a store written before keeps working, no schema
+ * bump. A channel name is never empty, so the family index (a key starting \0) never
+ * collided with them; the time-ordered keys start with 0xFF, which no UTF-8 channel name
+ * does.
+ *
+ * A value that does not decode is logged with its key and treated as absent (it is an
+ * index: the next write replaces it). */
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +36,10 @@
 #define ENTRY_VERSION 1
 #define ENTRY_LEN 41
 #define INDEX_LEN 9
+#define XKEY_TAG 0xFF /* first byte of a time-ordered exact entry's key */
+#define XKEY_LEN 41   /* XKEY_TAG, be64 last_ms, sha256 */
+#define XS_MIN_CAP 1024 /* the filter's smallest table */
+#define XS_NONE SIZE_MAX
 #define RING_MIN 4 /* rings start small: most channels see few distinct messages */
 #define INDEX_MIN_LEN 64 /* below this many entries a linear scan is as fast as the index */
 /* Expired exact entries looked at per check: this, plus twice the entries added since the
@@ -59,9 +77,33 @@ typedef struct top_entry {
   uint64_t count;
 } top_entry;
 
+/* One slot of the exact-entry filter: a hash's first 8 bytes (never 0: 0 marks an empty
+ * slot) and the time of its newest stored copy — together they name that copy's key, where
+ * the entry itself is read (only for a slot whose tag matches: a repeat, or one tag collision
+ * in 2^64). */
+typedef struct xslot {
+  uint64_t tag;
+  int64_t last_ms;
+} xslot;
+
+/* A slot as it was before a request changed it (dedupe_rollback puts it back). */
+typedef struct xundo {
+  size_t pos;
+  xslot before;
+} xundo;
+
 typedef struct cph_dedupe {
   cph_hmap channels; /* name -> dd_channel */
+  /* The exact entries of the window: open addressing, linear probing, a power-of-two table at
+   * most 3/4 full; deletes (pruning only) shift the probe chain back, so there are no
+   * tombstones. A request never grows the table (dedupe_savepoint reserves its room) and
+   * never deletes, so its undo log of slot positions stays valid. */
+  xslot *xs;
+  size_t xs_cap, xs_len;
+  xundo *undo;
+  size_t n_undo, cap_undo;
   EVP_MD_CTX *md;
+  EVP_MD *sha256; /* fetched once: EVP_sha256() in a digest init fetches it on every call */
   int64_t next_prune_ms; /* dedupe_tick prunes at most once a second */
   uint64_t exact_hits, near_hits, families;
   /* The top families by count, largest first. Exact, not an estimate: counts only grow and
@@ -69,8 +111,6 @@ typedef struct cph_dedupe {
    * its smallest member. */
   top_entry top[DEDUPE_TOP_MAX];
   size_t n_top;
-  uint8_t prune_key[CPH_KEY_MAX]; /* where the prune scan resumes; len 0 = from the start */
-  size_t prune_key_len;
   uint64_t added_since_prune;
   int64_t next_sweep_ms;
   /* dedupe_savepoint(): the counters and the top list as they were. */
@@ -127,10 +167,45 @@ static uint64_t mix64(uint64_t x) {
   return x;
 }
 
-static void simhash_add(int32_t v[64], const char *p, size_t n) {
+/* SPREAD[x]: byte j is bit j of x. Adding SPREAD[one byte of a hash] to a word of 8 byte-wide
+ * counters counts that byte's 8 bits at once. */
+#define SPREAD_(x)                                                                              \
+  ((uint64_t)((x) & 1) | (uint64_t)(((x) >> 1) & 1) << 8 | (uint64_t)(((x) >> 2) & 1) << 16 |  \
+   (uint64_t)(((x) >> 3) & 1) << 24 | (uint64_t)(((x) >> 4) & 1) << 32 |                       \
+   (uint64_t)(((x) >> 5) & 1) << 40 | (uint64_t)(((x) >> 6) & 1) << 48 |                       \
+   (uint64_t)(((x) >> 7) & 1) << 56)
+#define SPREAD4_(n) SPREAD_(n), SPREAD_(n + 1), SPREAD_(n + 2), SPREAD_(n + 3)
+#define SPREAD16_(n) SPREAD4_(n), SPREAD4_(n + 4), SPREAD4_(n + 8), SPREAD4_(n + 12)
+#define SPREAD64_(n) SPREAD16_(n), SPREAD16_(n + 16), SPREAD16_(n + 32), SPREAD16_(n + 48)
+static const uint64_t SPREAD[256] = {SPREAD64_(0), SPREAD64_(64), SPREAD64_(128),
+                                     SPREAD64_(192)};
+
+/* The votes of Charikar's simhash, kept as counts of 1 bits per hash bit: +1/-1 per shingle
+ * on bit b is positive exactly when ones[b] * 2 > shingles. Byte-wide counters in `lanes`
+ * (bit 8i+j of the hashes in byte j of lanes[i]) take up to 255 shingles before they are
+ * flushed into `ones`: 8 additions per shingle, not 64. */
+typedef struct sim_votes {
+  uint64_t lanes[8];
+  uint32_t ones[64];
+  uint32_t in_lanes, shingles;
+} sim_votes;
+
+static void votes_flush(sim_votes *sv) {
+  for (int i = 0; i < 8; i++) {
+    for (int j = 0; j < 8; j++)
+      sv->ones[8 * i + j] += (uint32_t)(sv->lanes[i] >> (8 * j)) & 0xFF;
+    sv->lanes[i] = 0;
+  }
+  sv->in_lanes = 0;
+}
+
+static void simhash_add(sim_votes *sv, const char *p, size_t n) {
   uint64_t h = mix64(fnv1a64(p, n));
-  for (int b = 0; b < 64; b++)
-    v[b] += (h >> b) & 1 ? 1 : -1;
+  for (int i = 0; i < 8; i++)
+    sv->lanes[i] += SPREAD[(h >> (8 * i)) & 0xFF];
+  sv->shingles++;
+  if (++sv->in_lanes == 255)
+    votes_flush(sv);
 }
 
 /* Charikar's simhash: each shingle votes +1/-1 on every bit by its hash; a bit is set when
@@ -142,7 +217,8 @@ uint64_t dedupe_simhash(const char *s, size_t len, int k) {
     k = 1;
   if (k > 64)
     k = 64;
-  int32_t v[64] = {0};
+  sim_votes v;
+  memset(&v, 0, sizeof v);
   size_t starts[64]; /* the last k word starts, circular */
   size_t nw = 0;
   for (size_t i = 0; i < len;) {
@@ -153,15 +229,16 @@ uint64_t dedupe_simhash(const char *s, size_t len, int k) {
     nw++;
     if (nw >= (size_t)k) {
       size_t from = starts[(nw - (size_t)k) % (size_t)k];
-      simhash_add(v, s + from, i - from);
+      simhash_add(&v, s + from, i - from);
     }
     i++; /* the space */
   }
   if (nw < (size_t)k)
-    simhash_add(v, s, len); /* fewer words than a shingle: the whole text is one */
+    simhash_add(&v, s, len); /* fewer words than a shingle: the whole text is one */
+  votes_flush(&v);
   uint64_t h = 0;
   for (int b = 0; b < 64; b++)
-    if (v[b] > 0)
+    if ((uint64_t)v.ones[b] * 2 > v.shingles)
       h |= 1ull << b;
   return h;
 }
@@ -229,11 +306,14 @@ static void key_bytes(cph_key *k, const uint8_t *p, size_t n) {
   k->len += n;
 }
 
-static cph_key entry_key(const char *chan, const uint8_t sha[32]) {
+/* A time-ordered exact entry's key. */
+static cph_key xkey(int64_t last_ms, const uint8_t sha[32]) {
   cph_key k;
-  cph_key_reset(&k);
-  cph_key_str(&k, chan);
-  key_bytes(&k, sha, 32);
+  k.data[0] = XKEY_TAG;
+  cph_be64_put(k.data + 1, (uint64_t)last_ms);
+  memcpy(k.data + 9, sha, 32);
+  k.len = XKEY_LEN;
+  k.overflow = false;
   return k;
 }
 
@@ -311,7 +391,7 @@ static int entry_put(cph_txn *t, const cph_key *k, const dd_entry *d) {
 static void sha256_of(cph_dedupe *d, const char *const *parts, const size_t *lens, int n,
                       uint8_t out[32]) {
   unsigned int len = 0;
-  if (d->md && EVP_DigestInit_ex(d->md, EVP_sha256(), NULL) == 1) {
+  if (d->md && EVP_DigestInit_ex(d->md, d->sha256 ? d->sha256 : EVP_sha256(), NULL) == 1) {
     for (int i = 0; i < n; i++)
       EVP_DigestUpdate(d->md, parts[i], lens[i]);
     if (EVP_DigestFinal_ex(d->md, out, &len) == 1 && len == 32)
@@ -348,6 +428,155 @@ static char *sample_dup(const char *s, size_t max) {
     out[n] = '\0';
   }
   return out;
+}
+
+/* ---------------------------------------------------------------- the exact-entry filter */
+
+static uint64_t xs_tag(const uint8_t sha[32]) {
+  uint64_t tag = cph_be64_get(sha);
+  return tag ? tag : 1;
+}
+
+/* Rehashes into cap slots (a power of two, room for every slot). CPH_ENOMEM leaves the table
+ * as it was. O(old cap + cap). */
+static int xs_resize(cph_dedupe *d, size_t cap) {
+  xslot *xs = calloc(cap, sizeof *xs);
+  if (!xs)
+    return CPH_ENOMEM;
+  size_t mask = cap - 1;
+  for (size_t i = 0; i < d->xs_cap; i++) {
+    if (!d->xs[i].tag)
+      continue;
+    size_t j = (size_t)d->xs[i].tag & mask; /* a hash's bytes are uniform: no mixing needed */
+    while (xs[j].tag)
+      j = (j + 1) & mask;
+    xs[j] = d->xs[i];
+  }
+  free(d->xs);
+  d->xs = xs;
+  d->xs_cap = cap;
+  return CPH_OK;
+}
+
+/* Room for n more slots without passing 3/4 full. */
+static int xs_reserve(cph_dedupe *d, size_t n) {
+  size_t want = d->xs_len + n;
+  if (d->xs_cap && want <= d->xs_cap / 4 * 3)
+    return CPH_OK;
+  size_t cap = d->xs_cap ? d->xs_cap : XS_MIN_CAP;
+  while (want > cap / 4 * 3)
+    cap *= 2;
+  return xs_resize(d, cap);
+}
+
+/* The slot of sha's newest stored copy, with that entry read through t; XS_NONE when sha has
+ * none. A hash never seen reads nothing from the store. */
+static size_t xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_entry *en) {
+  if (!d->xs_cap)
+    return XS_NONE;
+  uint64_t tag = xs_tag(sha);
+  size_t mask = d->xs_cap - 1;
+  for (size_t i = (size_t)tag & mask; d->xs[i].tag; i = (i + 1) & mask) {
+    if (d->xs[i].tag != tag)
+      continue;
+    cph_key k = xkey(d->xs[i].last_ms, sha);
+    if (entry_get(t, &k, en) == CPH_OK)
+      return i; /* else another hash with the same first 8 bytes, or an undecodable value */
+  }
+  return XS_NONE;
+}
+
+/* sha's newest copy is now the one at last_ms: its slot pos (xs_find's answer) follows, or a
+ * new slot is taken. Logged for dedupe_rollback. Within a request the room was reserved by
+ * dedupe_savepoint; without it (out of memory) the hash is left out — its repeats go
+ * unnoticed, nothing worse. */
+static void xs_set(cph_dedupe *d, size_t pos, const uint8_t sha[32], int64_t last_ms) {
+  uint64_t tag = xs_tag(sha);
+  if (pos == XS_NONE || pos >= d->xs_cap || d->xs[pos].tag != tag) {
+    /* growing moves slots: only while no position is logged */
+    if (d->xs_len + 1 > d->xs_cap / 4 * 3 && (d->n_undo || xs_reserve(d, 1)))
+      return;
+    size_t mask = d->xs_cap - 1;
+    for (pos = (size_t)tag & mask; d->xs[pos].tag; pos = (pos + 1) & mask)
+      ;
+  }
+  if (d->n_undo == d->cap_undo) {
+    size_t cap = d->cap_undo ? d->cap_undo * 2 : 64;
+    xundo *u = realloc(d->undo, cap * sizeof *u);
+    if (!u)
+      return;
+    d->undo = u;
+    d->cap_undo = cap;
+  }
+  d->undo[d->n_undo++] = (xundo){pos, d->xs[pos]};
+  if (!d->xs[pos].tag)
+    d->xs_len++;
+  d->xs[pos] = (xslot){tag, last_ms};
+}
+
+/* Pruning deleted the copy (tag, last_ms): its slot goes if it names that copy (a newer copy
+ * keeps it). Backward-shift deletion: the entries after it in the probe chain that may move
+ * up, do. */
+static void xs_forget(cph_dedupe *d, uint64_t tag, int64_t last_ms) {
+  if (!d->xs_cap)
+    return;
+  size_t mask = d->xs_cap - 1, i = (size_t)tag & mask;
+  for (; d->xs[i].tag; i = (i + 1) & mask)
+    if (d->xs[i].tag == tag && d->xs[i].last_ms == last_ms)
+      break;
+  if (!d->xs[i].tag)
+    return;
+  for (size_t j = (i + 1) & mask; d->xs[j].tag; j = (j + 1) & mask) {
+    size_t home = (size_t)d->xs[j].tag & mask;
+    bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+    if (!stays) {
+      d->xs[i] = d->xs[j];
+      i = j;
+    }
+  }
+  d->xs[i].tag = 0;
+  d->xs_len--;
+}
+
+/* Builds the filter from the stored time-ordered entries, read through t: oldest first, so
+ * a hash's newer copy takes over its older copy's slot. Telling a newer copy from another
+ * hash with the same tag reads the store, only when tags match (a repeat). O(entries). */
+static int xs_load(cph_dedupe *d, cph_txn *t) {
+  size_t n = 0;
+  if (cph_txn_count(t, CPH_DB_DEDUPE, &n) != CPH_OK)
+    n = 0;
+  if (xs_reserve(d, n))
+    return CPH_ENOMEM;
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_DEDUPE, &c);
+  if (rc)
+    return rc;
+  cph_key from = {.data = {XKEY_TAG}, .len = 1};
+  cph_val k, v;
+  for (rc = cph_cursor_seek(&c, &from, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
+    const uint8_t *kp = k.data;
+    if (k.len != XKEY_LEN)
+      continue; /* not an entry: pruning deletes it */
+    const uint8_t *sha = kp + 9;
+    int64_t last_ms = (int64_t)cph_be64_get(kp + 1);
+    uint64_t tag = xs_tag(sha);
+    if (d->xs_len + 1 > d->xs_cap / 4 * 3 && xs_reserve(d, 1)) {
+      rc = CPH_ENOMEM;
+      break;
+    }
+    size_t mask = d->xs_cap - 1, i = (size_t)tag & mask;
+    for (; d->xs[i].tag; i = (i + 1) & mask) {
+      cph_val old;
+      cph_key ok = xkey(d->xs[i].last_ms, sha);
+      if (d->xs[i].tag == tag && cph_txn_get(t, CPH_DB_DEDUPE, &ok, &old) == CPH_OK)
+        break; /* an older copy of the same hash */
+    }
+    if (!d->xs[i].tag)
+      d->xs_len++;
+    d->xs[i] = (xslot){tag, last_ms};
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
 /* ---------------------------------------------------------------- rings and the top list */
@@ -500,33 +729,39 @@ int dedupe_classify(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *t, const
   v->sender_hash = fnv1a64(sender, strlen(sender)) | 1; /* never 0: 0 means any sender */
   int64_t window_ms = p->window_seconds * 1000 * (int64_t)(window_mult ? window_mult : 1);
 
-  cph_key k = entry_key(chan, v->sha256);
   dd_entry en;
-  if (entry_get(t, &k, &en) == CPH_OK && now_ms - en.last_ms <= window_ms) {
+  v->xslot = xs_find(d, t, v->sha256, &en);
+  if (v->xslot != XS_NONE && now_ms - en.last_ms <= window_ms) {
     v->kind = DEDUPE_EXACT;
     v->original_event = en.event_id;
     v->original_first_ms = en.first_ms;
     v->family = en.family;
   }
 
-  /* The nearest live simhash of the channel within :near-distance (ties: the most recent). */
+  /* The nearest live simhash of the channel within :near-distance (ties: the most recent).
+   * Without near folding only an exact repeat looks, for its identical simhash (to refresh
+   * its ring entry); anything else has nothing to find. */
   dd_channel *dc = ring_of(d, chan, false);
+  if (!dc || (near == DEDUPE_NEAR_OFF && v->kind != DEDUPE_EXACT))
+    return CPH_OK;
   near_best nb = {(int)p->near_distance, (int)p->near_distance + 1, -1, v->idsig,
                   near == DEDUPE_NEAR_SENDER ? v->sender_hash : 0};
-  if (near == DEDUPE_NEAR_OFF)
-    nb.limit = 0; /* only the identical simhash, to refresh an exact repeat's ring entry */
-  int want_bands = (int)p->near_distance + 1; /* built for the near lookups, whatever `near` */
-  if (dc && dc->len >= INDEX_MIN_LEN && dc->idx.bands != want_bands)
-    ring_index(dc, (int)p->near_distance);
-  /* An index for a wider distance finds every nearer entry too (identical hashes share every
-   * band), so one built for :near-distance serves the exact-only lookup as well. */
-  if (dc && dc->idx.bands && dc->idx.bands == want_bands) {
-    for (int b = 0; b < dc->idx.bands; b++)
+  int want_bands = (int)p->near_distance + 1;
+  int walk_bands = want_bands;
+  if (near == DEDUPE_NEAR_OFF) {
+    nb.limit = 0;
+    walk_bands = 1; /* identical hashes share every band: one band finds them all */
+  } else if (dc->len >= INDEX_MIN_LEN && dc->idx.bands != want_bands) {
+    ring_index(dc, (int)p->near_distance); /* built for near lookups only: pushes to a ring
+                                              without one cost no index upkeep */
+  }
+  if (dc->idx.bands && dc->idx.bands == want_bands) {
+    for (int b = 0; b < walk_bands; b++)
       for (uint32_t i = simidx_first(&dc->idx, b, v->simhash); i != SIMIDX_NIL;
            i = simidx_next(&dc->idx, b, i))
         near_consider(dc, i, v->simhash, now_ms, window_ms, &nb);
   } else {
-    for (uint32_t i = 0; dc && i < dc->len; i++)
+    for (uint32_t i = 0; i < dc->len; i++)
       near_consider(dc, i, v->simhash, now_ms, window_ms, &nb);
   }
   int best = nb.best;
@@ -653,12 +888,15 @@ static int family_start(cph_dedupe *d, cph_txn *t, const char *chan, const char 
     v->sample = a.sample; /* handed to the caller (aggregate memory, notices) */
   }
   v->family = family;
-  /* The original's own exact entry joins too, so its sender's next repeat lands here. */
-  if (rc == CPH_OK && have_orig) {
-    cph_key ok = entry_key(chan, orig.body_sha256);
+  /* The original's own exact entry joins too, so its sender's next repeat lands here (in
+   * place: its newest copy). An exact repeat's original has the repeat's hash: the copy
+   * dedupe_write adds next carries the family and supersedes it. */
+  if (rc == CPH_OK && have_orig && memcmp(orig.body_sha256, v->sha256, 32) != 0) {
     dd_entry en;
-    if (entry_get(t, &ok, &en) == CPH_OK && en.event_id == v->original_event && !en.family) {
+    if (xs_find(d, t, orig.body_sha256, &en) != XS_NONE && en.event_id == v->original_event &&
+        !en.family) {
       en.family = family;
+      cph_key ok = xkey(en.last_ms, orig.body_sha256);
       rc = entry_put(t, &ok, &en);
     }
   }
@@ -692,7 +930,7 @@ int dedupe_write(cph_dedupe *d, cph_txn *t, const char *chan, const char *body,
       en.first_ms = v->original_first_ms;
     }
   }
-  cph_key k = entry_key(chan, v->sha256);
+  cph_key k = xkey(now_ms, v->sha256); /* at the end: the older copy, if any, goes stale */
   return entry_put(t, &k, &en);
 }
 
@@ -704,8 +942,8 @@ void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t n
     d->exact_hits++;
   else if (v->kind == DEDUPE_NEAR)
     d->near_hits++;
-  else
-    d->added_since_prune++;
+  d->added_since_prune++; /* every eligible event writes a copy, to be pruned one day */
+  xs_set(d, v->xslot, v->sha256, now_ms);
   if (v->family_created)
     d->families++;
   if (v->kind != DEDUPE_NONE && v->family)
@@ -735,9 +973,17 @@ void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t n
   }
 }
 
-void dedupe_savepoint(cph_dedupe *d) {
+void dedupe_savepoint(cph_dedupe *d, size_t n_events) {
   if (!d)
     return;
+  d->n_undo = 0;
+  if (xs_reserve(d, n_events) == CPH_OK && d->cap_undo < n_events) {
+    xundo *u = realloc(d->undo, n_events * sizeof *u);
+    if (u) {
+      d->undo = u;
+      d->cap_undo = n_events;
+    }
+  }
   d->saved.exact_hits = d->exact_hits;
   d->saved.near_hits = d->near_hits;
   d->saved.families = d->families;
@@ -762,10 +1008,71 @@ void dedupe_rollback(cph_dedupe *d) {
   d->added_since_prune = d->saved.added_since_prune;
   memcpy(d->top, d->saved.top, d->saved.n_top * sizeof *d->top);
   d->n_top = d->saved.n_top;
+  for (size_t i = d->n_undo; i-- > 0;) { /* newest first: the table as it was, exactly */
+    const xundo *u = &d->undo[i];
+    if (d->xs[u->pos].tag && !u->before.tag)
+      d->xs_len--;
+    d->xs[u->pos] = u->before;
+  }
+  d->n_undo = 0;
   rings_free_all(d);
 }
 
 /* ---------------------------------------------------------------- lifecycle */
+
+/* True when the store holds exact entries of the old layout (channel\0 sha256): keys from
+ * 0x01 up to the time-ordered ones. O(log n). */
+static bool has_old_entries(cph_txn *t) {
+  cph_cursor c;
+  if (cph_cursor_open(t, CPH_DB_DEDUPE, &c) != CPH_OK)
+    return false;
+  cph_key from = {.data = {0x01}, .len = 1};
+  cph_val k, v;
+  bool old = cph_cursor_seek(&c, &from, &k, &v) == CPH_OK &&
+             ((const uint8_t *)k.data)[0] != XKEY_TAG;
+  cph_cursor_close(&c);
+  return old;
+}
+
+/* Moves every old-layout exact entry to its time-ordered key (same value), in w; *moved
+ * counts them. One seek per entry: a one-off, bounded by the window the old pruning kept. */
+static int migrate_old_entries(cph_txn *w, size_t *moved) {
+  *moved = 0;
+  for (;;) {
+    cph_cursor c;
+    int rc = cph_cursor_open(w, CPH_DB_DEDUPE, &c);
+    if (rc)
+      return rc;
+    cph_key from = {.data = {0x01}, .len = 1};
+    cph_val k, v;
+    rc = cph_cursor_seek(&c, &from, &k, &v);
+    if (rc == CPH_OK && ((const uint8_t *)k.data)[0] == XKEY_TAG)
+      rc = CPH_ENOTFOUND;
+    cph_key old;
+    dd_entry en;
+    bool ok = false;
+    if (rc == CPH_OK) {
+      cph_key_reset(&old);
+      key_bytes(&old, k.data, k.len);
+      ok = k.len >= 34 && entry_decode(&v, &en);
+      if (!ok)
+        log_bad_value(&old, v.len);
+    }
+    cph_cursor_close(&c);
+    if (rc == CPH_ENOTFOUND)
+      return CPH_OK;
+    if (rc)
+      return rc;
+    rc = cph_txn_del(w, CPH_DB_DEDUPE, &old);
+    if (rc == CPH_OK && ok) {
+      cph_key nk = xkey(en.last_ms, old.data + old.len - 32);
+      rc = entry_put(w, &nk, &en);
+      (*moved)++;
+    }
+    if (rc)
+      return rc;
+  }
+}
 
 int dedupe_open(cph_txn *t, cph_dedupe **out, cph_err *err) {
   *out = NULL;
@@ -774,10 +1081,32 @@ int dedupe_open(cph_txn *t, cph_dedupe **out, cph_err *err) {
     free(d);
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening dedupe");
   }
+  d->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL); /* NULL: sha256_of falls back */
+
+  /* A store from before the time-ordered layout: its entries move, once, in a write txn of
+   * our own (the store opens with MDB_NOTLS, so the caller's read txn may stay open); the
+   * state is then read through that txn, which sees the move. */
+  cph_txn w;
+  bool migrating = has_old_entries(t);
+  size_t moved = 0;
+  int rc = CPH_OK;
+  if (migrating) {
+    rc = cph_txn_begin(t->store, true, &w);
+    if (rc == CPH_OK)
+      rc = migrate_old_entries(&w, &moved);
+    if (rc) {
+      cph_err_set(err, rc, "moving exact-dedupe entries to the time-ordered layout: %s",
+                  w.err.msg);
+      cph_txn_abort(&w);
+      dedupe_close(d);
+      return rc;
+    }
+    t = &w;
+  }
 
   /* Family count and the top list: one pass over the families at open. */
   cph_cursor c;
-  int rc = cph_cursor_open(t, CPH_DB_AGGREGATES, &c);
+  rc = cph_cursor_open(t, CPH_DB_AGGREGATES, &c);
   if (rc == CPH_OK) {
     cph_val k, v;
     for (rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
@@ -799,11 +1128,31 @@ int dedupe_open(cph_txn *t, cph_dedupe **out, cph_err *err) {
   }
   if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
     cph_err_set(err, rc, "loading families: %s", t->err.msg);
-    dedupe_close(d);
-    return rc;
+    goto fail;
+  }
+  rc = xs_load(d, t);
+  if (rc) {
+    cph_err_set(err, rc, "loading exact-dedupe entries: %s",
+                rc == CPH_ENOMEM ? "out of memory" : t->err.msg);
+    goto fail;
+  }
+  if (migrating) {
+    rc = cph_txn_commit(&w);
+    if (rc) {
+      cph_err_set(err, rc, "moving exact-dedupe entries to the time-ordered layout: %s",
+                  w.err.msg);
+      dedupe_close(d);
+      return rc;
+    }
+    cph_info("dedupe: moved %zu exact-dedupe entries to the time-ordered layout", moved);
   }
   *out = d;
   return CPH_OK;
+fail:
+  if (migrating)
+    cph_txn_abort(&w);
+  dedupe_close(d);
+  return rc;
 }
 
 void dedupe_close(cph_dedupe *d) {
@@ -811,10 +1160,14 @@ void dedupe_close(cph_dedupe *d) {
     return;
   rings_free_all(d);
   EVP_MD_CTX_free(d->md);
+  EVP_MD_free(d->sha256);
+  free(d->xs);
+  free(d->undo);
   free(d);
 }
 
-/* Deletes expired exact entries, resuming where the last scan stopped. */
+/* Deletes expired exact entries (and stale copies) from the front of the time-ordered range,
+ * at most the budget per call, and forgets their filter slots. */
 static void prune(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, int64_t now_ms,
                   uint32_t widest) {
   /* keep entries for the widest window a channel may use (backpressure step 3) */
@@ -829,26 +1182,24 @@ static void prune(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, in
     cph_txn_abort(&t);
     return;
   }
-  cph_key from;
-  cph_key_reset(&from);
-  key_bytes(&from, d->prune_key, d->prune_key_len);
+  cph_key from = {.data = {XKEY_TAG}, .len = 1};
   cph_val k, v;
-  int rc = cph_cursor_seek(&c, d->prune_key_len ? &from : NULL, &k, &v);
-  uint64_t seen = 0;
-  for (; rc == CPH_OK && seen < budget; seen++) {
-    memcpy(d->prune_key, k.data, k.len < CPH_KEY_MAX ? k.len : CPH_KEY_MAX);
-    d->prune_key_len = k.len < CPH_KEY_MAX ? k.len : CPH_KEY_MAX;
-    dd_entry en;
-    bool is_index = k.len > 0 && ((const uint8_t *)k.data)[0] == '\0';
-    if (!is_index && (!entry_decode(&v, &en) || now_ms - en.last_ms > keep_ms)) {
-      if (cph_cursor_del(&c) != CPH_OK)
-        break;
-      /* after a delete LMDB's cursor already stands on the next entry; MDB_NEXT returns it */
-    }
+  int rc = cph_cursor_seek(&c, &from, &k, &v);
+  for (uint64_t seen = 0; rc == CPH_OK && seen < budget; seen++) {
+    const uint8_t *kp = k.data;
+    if (k.len == XKEY_LEN) {
+      int64_t last_ms = (int64_t)cph_be64_get(kp + 1);
+      if (now_ms - last_ms <= keep_ms)
+        break; /* the rest is newer */
+      /* If the commit below fails, the slot is gone while its expired entry stays: a miss
+       * either way. */
+      xs_forget(d, xs_tag(kp + 9), last_ms);
+    } /* else not an entry of ours: deleted too */
+    if (cph_cursor_del(&c) != CPH_OK)
+      break;
+    /* after a delete LMDB's cursor already stands on the next entry; MDB_NEXT returns it */
     rc = cph_cursor_next(&c, &k, &v);
   }
-  if (rc == CPH_ENOTFOUND)
-    d->prune_key_len = 0; /* reached the end: start over next time */
   cph_cursor_close(&c);
   if (cph_txn_commit(&t) != CPH_OK)
     cph_warn("dedupe prune: %s", t.err.msg);
@@ -863,6 +1214,13 @@ void dedupe_tick(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, int
   if (now_ms < d->next_sweep_ms)
     return;
   d->next_sweep_ms = now_ms + SWEEP_PERIOD_MS;
+  /* After a burst the filter may hold far fewer entries than its table: give memory back. */
+  if (d->xs_cap > XS_MIN_CAP && d->xs_len < d->xs_cap / 8) {
+    size_t cap = XS_MIN_CAP;
+    while (d->xs_len > cap / 8 * 3)
+      cap *= 2;
+    xs_resize(d, cap); /* out of memory: keeps the larger table */
+  }
   int64_t window_ms = p->window_seconds * 1000;
   /* Free rings whose newest entry left the channel's window (x4 at backpressure step 3);
    * collected first because deleting from the map while walking its slots could skip

@@ -3,13 +3,20 @@
  * Exact dedupe: SHA-256 of (channel, sender, normalised body) — normalised = ASCII lower-case,
  * every whitespace run collapsed to one space, trimmed — seen within :dedupe :window-seconds of
  * its last occurrence (a sliding window: a message repeated more often than the window stays a
- * duplicate). The index lives in LMDB (CPH_DB_DEDUPE), so it survives a restart.
+ * duplicate). The index lives in memory — a hash table of the window's hashes, each with the
+ * time of its entry's newest copy, bounded by the window — and in LMDB (CPH_DB_DEDUPE), where
+ * entries are written time-ordered (appended at the B-tree's end) and pruned from the front;
+ * it is rebuilt from there at open, so it survives a restart. A hash never seen reads nothing
+ * from LMDB; a repeat reads its entry.
  *
  * Near dedupe: a 64-bit simhash over shingles of :shingle-words consecutive normalised words;
  * an event within Hamming distance :near-distance of a recent event of the same channel (any
  * sender) is a near duplicate. Recent simhashes are kept in memory only, per channel, in a ring
  * of at most DEDUPE_RING_MAX entries that are inside the window; a restart forgets them (exact
- * dedupe still works). Cost per event: one LMDB get and at most DEDUPE_RING_MAX XOR+popcounts.
+ * dedupe still works). Every eligible event joins its channel's ring, near dedupe or not, so a
+ * channel entering backpressure folds at once. Cost per event: a probe of the exact filter
+ * (an LMDB get only for a repeat) and, where near folding applies, the banded ring lookup
+ * (at most DEDUPE_RING_MAX XOR+popcounts).
  *
  * Bodies whose normalised form is shorter than :min-length bytes are never deduplicated
  * ("ok" twice is chat), and a :window-seconds of 0 turns content dedupe off.
@@ -89,6 +96,7 @@ typedef struct dedupe_verdict {
   /* Internal. */
   char *norm;
   size_t norm_len;
+  size_t xslot; /* the exact filter's slot of this hash, SIZE_MAX none */
 } dedupe_verdict;
 
 /* Classifies body for channel/sender at now_ms (engine_wall_ms) with the window multiplied by
@@ -104,18 +112,23 @@ int dedupe_write(cph_dedupe *d, struct cph_txn *t, const char *chan, const char 
 /* After the event's writes: the ring, the counters and the top list follow. */
 void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t now_ms,
                    const dedupe_verdict *v);
-/* Remembers the counters and the top list (O(DEDUPE_TOP_MAX)); dedupe_rollback() restores
- * them and forgets every ring — the rings are a cache a restart forgets too, so near dedupe
- * only misses the repeats of what came before the failure. For the rare failed request. */
-void dedupe_savepoint(cph_dedupe *d);
+/* Opens a request of at most n_events events: remembers the counters and the top list
+ * (O(DEDUPE_TOP_MAX)) and reserves the exact filter's room for them (it grows here, never in
+ * the request, so the request's changes can be undone by position); dedupe_rollback()
+ * restores the counters and the filter and forgets every ring — the rings are a cache a
+ * restart forgets too, so near dedupe only misses the repeats of what came before the
+ * failure. For the rare failed request. Every dedupe_commit belongs to such a request. */
+void dedupe_savepoint(cph_dedupe *d, size_t n_events);
 void dedupe_rollback(cph_dedupe *d);
 void dedupe_verdict_free(dedupe_verdict *v);
 
 /* ---- lifecycle and upkeep ---- */
 
-/* Builds the in-memory state (family count, top list) from the store, read through t; the
- * engine calls it from memory_load, so a failed commit rebuilds it too (the rings start empty
- * then). */
+/* Builds the in-memory state (family count, top list, the exact filter) from the store, read
+ * through t; the engine calls it from memory_load, so a failed commit rebuilds it too (the
+ * rings start empty then). O(families + stored exact entries). A store holding exact entries
+ * of the layout before the time-ordered one has them moved first, in a write txn of its own
+ * (no other write txn may be open). */
 int dedupe_open(struct cph_txn *t, cph_dedupe **out, cph_err *err);
 void dedupe_close(cph_dedupe *d);
 
@@ -127,7 +140,8 @@ typedef struct dedupe_widening {
   uint32_t factor; /* the widest window is window-seconds x factor */
 } dedupe_widening;
 /* Upkeep, from reconcile (works at most once a second): deletes a bounded number of expired
- * exact-dedupe entries in a child txn of parent, and frees idle rings. */
+ * exact-dedupe entries from the front of the time-ordered range in a child txn of parent
+ * (and their filter slots), frees idle rings and shrinks an oversized filter. */
 void dedupe_tick(cph_dedupe *d, const cph_policy_dedupe *p, struct cph_txn *parent,
                  int64_t now_ms, const dedupe_widening *widen);
 

@@ -98,12 +98,51 @@ typedef struct inbox_undo {
   uint32_t folded;
 } inbox_undo;
 
-typedef struct undo_log {
+/* queued_entries() of the sessions a request delivers to, counted once and then kept as the
+ * request delivers (while it runs, only the request changes inboxes): the queue cap's check
+ * is O(1) per event instead of a walk of the inbox. Discarded with the request. */
+#define QUEUED_MEMO_MAX 8
+
+typedef struct queued_memo {
+  csession *session;
+  uint32_t queued;
+} queued_memo;
+
+typedef struct queued_memos {
+  queued_memo m[QUEUED_MEMO_MAX];
+  size_t n;
+} queued_memos;
+
+/* s's memo; once the memos are full, scratch (counted afresh each time). */
+static uint32_t queued_entries(const csession *s);
+static queued_memo *queued_of(queued_memos *qm, csession *s, queued_memo *scratch) {
+  for (size_t i = 0; i < qm->n; i++)
+    if (qm->m[i].session == s)
+      return &qm->m[i];
+  queued_memo *q = qm->n < QUEUED_MEMO_MAX ? &qm->m[qm->n++] : scratch;
+  q->session = s;
+  q->queued = queued_entries(s);
+  return q;
+}
+
+/* A fold record (inbox_fold_put) as the request left it: written once, when the request's
+ * events are all in, not once per event folded into it. */
+typedef struct fold_write {
+  csession *session; /* NULL: dropped (inbox_fold_move deleted the record) */
+  inbox_item it;
+} fold_write;
+
+/* What a request's deliveries did, for the rest of the request: the undo log (a failed
+ * request puts the live inboxes back), the queue cap's counts, the fold records to write. */
+typedef struct delivery_log {
   inbox_undo *items;
   size_t n, cap;
-} undo_log;
+  queued_memos queued;
+  fold_write *folds;
+  size_t n_folds, cap_folds;
+} delivery_log;
 
-static int undo_note(undo_log *u, csession *s, undo_kind kind, const inbox_item *it,
+static int undo_note(delivery_log *u, csession *s, undo_kind kind, const inbox_item *it,
                      uint32_t folded) {
   if (!u)
     return CPH_OK;
@@ -119,6 +158,45 @@ static int undo_note(undo_log *u, csession *s, undo_kind kind, const inbox_item 
   return CPH_OK;
 }
 
+/* it's fold record is to be written as it is now (at fold_writes_flush). Out of memory: written
+ * at once instead. */
+static void fold_note(cph_txn *t, delivery_log *u, csession *s, const inbox_item *it) {
+  /* an entry folding repeat after repeat is among the last noted */
+  for (size_t i = u->n_folds, back = 0; i-- > 0 && back < 8; back++)
+    if (u->folds[i].session == s && u->folds[i].it.id == it->id) {
+      u->folds[i].it = *it;
+      return;
+    }
+  if (u->n_folds == u->cap_folds) {
+    size_t cap = u->cap_folds ? u->cap_folds * 2 : 16;
+    fold_write *p = realloc(u->folds, cap * sizeof *p);
+    if (!p) {
+      inbox_fold_put(t, s->id, it);
+      return;
+    }
+    u->folds = p;
+    u->cap_folds = cap;
+  }
+  u->folds[u->n_folds++] = (fold_write){s, *it};
+}
+
+/* inbox_fold_move is deleting entry id's fold record: what was noted for it must not bring it
+ * back. */
+static void fold_drop(delivery_log *u, const csession *s, uint64_t id) {
+  for (size_t i = 0; i < u->n_folds; i++)
+    if (u->folds[i].session == s && u->folds[i].it.id == id)
+      u->folds[i].session = NULL;
+}
+
+/* Writes the noted fold records, in the order noted (a record noted twice: the later wins). */
+static int fold_writes_flush(cph_txn *t, delivery_log *u) {
+  for (size_t i = 0; i < u->n_folds; i++)
+    if (u->folds[i].session)
+      inbox_fold_put(t, u->folds[i].session->id, &u->folds[i].it);
+  u->n_folds = 0;
+  return t->ret;
+}
+
 static int32_t inbox_find(const csession *s, uint64_t id) {
   for (uint32_t j = s->n_inbox; j-- > 0;)
     if (s->inbox[j].id == id)
@@ -128,9 +206,9 @@ static int32_t inbox_find(const csession *s, uint64_t id) {
 
 /* Puts the live inboxes back as they were before the logged changes, newest first. A session
  * left in the pending list finds nothing to stage: harmless. */
-static void targets_undo(cph_engine *e, undo_log *undo) {
-  while (undo->n) {
-    inbox_undo *u = &undo->items[--undo->n];
+static void targets_undo(cph_engine *e, delivery_log *dl) {
+  while (dl->n) {
+    inbox_undo *u = &dl->items[--dl->n];
     csession *s = u->session;
     int32_t at = inbox_find(s, u->before.id);
     switch (u->kind) {
@@ -169,9 +247,9 @@ static int32_t fold_target(const csession *s, const dedupe_verdict *v) {
 
 /* Folds event into the un-leased entry at index at. */
 static int fold_into(cph_txn *t, csession *s, int32_t at, uint64_t event_id, bool mentioned,
-                     bool direct, const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
+                     bool direct, const dedupe_verdict *v, int64_t now_ms, delivery_log *dl) {
   inbox_item *it = &s->inbox[at];
-  if (undo_note(undo, s, UNDO_CHANGED, it, 0))
+  if (undo_note(dl, s, UNDO_CHANGED, it, 0))
     return CPH_ENOMEM;
   bool was_mentioned = it->mentioned;
   if (it->fold == INBOX_FOLD_NONE && v && v->family) {
@@ -184,7 +262,7 @@ static int fold_into(cph_txn *t, csession *s, int32_t at, uint64_t event_id, boo
   if (now_ms > it->last_ms)
     it->last_ms = now_ms;
   inbox_fold_add(t, s->id, it->id, event_id);
-  inbox_fold_put(t, s->id, it);
+  fold_note(t, dl, s, it);
   if (it->mentioned != was_mentioned)
     put_inbox(t, s->id, it, CPH_INBOX_STAGED);
   return t->ret;
@@ -224,42 +302,49 @@ static int32_t overflow_entry(const csession *s) {
 /* §4 queue cap: makes room for one more entry by folding the oldest queued entry into the
  * session's overflow entry (the first time, the oldest entry becomes the overflow entry and
  * the next oldest folds into it). Its events stay counted there: nothing is dropped. */
-static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo) {
+static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, delivery_log *dl,
+                         bool *removed) {
+  *removed = false;
   int32_t ov = overflow_entry(s);
   if (ov < 0) {
     int32_t v = overflow_victim(s);
     if (v < 0)
       return CPH_OK; /* everything queued is in the running turn */
     inbox_item *it = &s->inbox[v];
-    if (undo_note(undo, s, UNDO_CHANGED, it, it->count))
+    if (undo_note(dl, s, UNDO_CHANGED, it, it->count))
       return CPH_ENOMEM;
     it->fold = INBOX_FOLD_OVERFLOW;
     it->fold_key = 0;
     s->folded += it->count;
     e->folded_total += it->count;
-    inbox_fold_put(t, s->id, it);
+    fold_note(t, dl, s, it);
     ov = v;
   }
   int32_t v = overflow_victim(s);
   if (v < 0)
     return t->ret;
   inbox_item victim = s->inbox[v];
-  if (undo_note(undo, s, UNDO_CHANGED, &s->inbox[ov], 0) ||
-      undo_note(undo, s, UNDO_REMOVED, &victim, victim.count))
+  if (undo_note(dl, s, UNDO_CHANGED, &s->inbox[ov], 0) ||
+      undo_note(dl, s, UNDO_REMOVED, &victim, victim.count))
     return CPH_ENOMEM;
   inbox_item *o = &s->inbox[ov];
+  bool was_mentioned = o->mentioned;
   o->count += victim.count;
   o->mentioned |= victim.mentioned;
   o->direct |= victim.direct;
   if (victim.last_ms > o->last_ms)
     o->last_ms = victim.last_ms;
-  if (victim.count > 1)
+  if (victim.count > 1) {
+    fold_drop(dl, s, victim.id);
     inbox_fold_move(t, s->id, victim.id, o->id);
+  }
   inbox_fold_add(t, s->id, o->id, victim.event_id);
-  inbox_fold_put(t, s->id, o);
-  put_inbox(t, s->id, o, CPH_INBOX_STAGED); /* its mentioned flag may have changed */
+  fold_note(t, dl, s, o);
+  if (o->mentioned != was_mentioned) /* the rest of its record is as stored */
+    put_inbox(t, s->id, o, CPH_INBOX_STAGED);
   put_inbox(t, s->id, &victim, CPH_INBOX_FOLDED);
   csession_inbox_remove(s, (uint32_t)v);
+  *removed = true;
   s->folded += victim.count;
   e->folded_total += victim.count;
   return t->ret;
@@ -271,19 +356,31 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, undo_log *undo)
  * runs later in the same pass, inside the same pass transaction, so no committed state ever
  * held it pending. A message that arrives after this pass's poll is staged in memory by the
  * next pass; a crash before then brings it back staged, as if that poll had run. Memory
- * follows each write at once (the request's next event must see it) and undo can put it back. */
+ * follows each write at once (the request's next event must see it) and dl can put it back;
+ * fold records (count, last time) are noted in dl and written once at the request's end. */
 static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bool mentioned,
-                   bool direct, const dedupe_verdict *v, int64_t now_ms, undo_log *undo) {
+                   bool direct, const dedupe_verdict *v, int64_t now_ms, delivery_log *dl) {
+  queued_memos *qm = &dl->queued;
   if (v) {
     int32_t at = fold_target(s, v);
     if (at >= 0)
-      return fold_into(t, s, at, event_id, mentioned, direct, v, now_ms, undo);
+      return fold_into(t, s, at, event_id, mentioned, direct, v, now_ms, dl);
   }
   int64_t max_queue = e->policy->sessions.max_queue;
-  if ((int64_t)s->n_inbox >= max_queue && (int64_t)queued_entries(s) >= max_queue) {
-    int rc = overflow_fold(e, t, s, undo);
-    if (rc)
-      return rc;
+  queued_memo scratch, *q = NULL;
+  if ((int64_t)s->n_inbox >= max_queue) {
+    q = queued_of(qm, s, &scratch);
+    if ((int64_t)q->queued >= max_queue) {
+      bool removed;
+      int rc = overflow_fold(e, t, s, dl, &removed);
+      if (rc)
+        return rc;
+      q->queued -= removed;
+    }
+  } else {
+    for (size_t i = 0; i < qm->n && !q; i++) /* a memo of s, if any, must follow the push */
+      if (qm->m[i].session == s)
+        q = &qm->m[i];
   }
   inbox_item it = {0};
   cph_txn_next_id(t, "inbox", &it.id);
@@ -296,14 +393,16 @@ static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bo
   if (v && v->family) {
     it.fold = INBOX_FOLD_REPEAT; /* staged anew: the family's next repeats join it */
     it.fold_key = v->family;
-    inbox_fold_put(t, s->id, &it);
+    fold_note(t, dl, s, &it);
   }
   put_inbox(t, s->id, &it, CPH_INBOX_STAGED);
   if (t->ret)
     return t->ret;
   if (csession_inbox_push(s, &it))
     return CPH_ENOMEM;
-  if (undo_note(undo, s, UNDO_PUSHED, &it, 0)) {
+  if (q)
+    q->queued++;
+  if (undo_note(dl, s, UNDO_PUSHED, &it, 0)) {
     csession_inbox_remove(s, (uint32_t)inbox_find(s, it.id));
     return CPH_ENOMEM;
   }
@@ -365,7 +464,7 @@ typedef struct ingest_after {
  * duplicates, the queue cap) and is put back if the request fails. */
 typedef struct ingest_req {
   cph_txn t;
-  undo_log undo;
+  delivery_log dl;
   ingest_after *after; /* per event */
   uint64_t embed_queue_before;
 } ingest_req;
@@ -505,7 +604,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   cph_key ek;
   cph_key_reset(&ek);
   cph_key_u64(&ek, event_id);
-  cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  cph_txn_append_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev); /* ids ascend */
   if (!dup)
     history_append(e, t, channel_name, event_id);
   if (in->key) {
@@ -535,7 +634,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   }
   for (size_t i = 0; i < n; i++) {
     rc = deliver(e, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,
-                 now_ms, &rq->undo);
+                 now_ms, &rq->dl);
     if (rc == CPH_OK && !(res->sessions.items[res->sessions.count] = strdup(ts[i].session->id)))
       rc = CPH_ENOMEM;
     if (rc) {
@@ -606,7 +705,7 @@ static int ingest_room(cph_engine *e, cph_txn *t, size_t *room, cph_err *err) {
 /* The request failed: none of its writes land and memory goes back to before it. */
 static void request_rollback(cph_engine *e, ingest_req *rq) {
   cph_txn_abort(&rq->t);
-  targets_undo(e, &rq->undo);
+  targets_undo(e, &rq->dl);
   dedupe_rollback(e->dedupe);
   /* memory_mint counted what did not land */
   memory_embed_queue_set(&e->memory, rq->embed_queue_before);
@@ -631,7 +730,7 @@ void ingest_apply(cph_engine *e, cph_op *op) {
     cph_err_set(&err, rc, "%s", rq.t.err.msg);
   if (rc == CPH_OK) {
     rq.embed_queue_before = memory_embed_queue(&e->memory);
-    dedupe_savepoint(e->dedupe);
+    dedupe_savepoint(e->dedupe, n);
     size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
     for (size_t i = 0; i < n && rc == CPH_OK; i++) {
       const char *body = op->u.ingest.events[i].body;
@@ -643,6 +742,8 @@ void ingest_apply(cph_engine *e, cph_op *op) {
         rc = ingest_one(e, &rq, &op->u.ingest.events[i], &op->u.ingest.results[i], &rq.after[i],
                         &err);
     }
+    if (rc == CPH_OK && fold_writes_flush(&rq.t, &rq.dl) != CPH_OK)
+      rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc)
@@ -665,7 +766,8 @@ void ingest_apply(cph_engine *e, cph_op *op) {
   for (size_t i = 0; i < n; i++)
     free(rq.after[i].chan_owned);
   free(rq.after);
-  free(rq.undo.items);
+  free(rq.dl.items);
+  free(rq.dl.folds);
 }
 
 /* ---------------------------------------------------------------- poll_inbox */

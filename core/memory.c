@@ -30,7 +30,7 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
   cph_key k;
   cph_key_reset(&k);
   cph_key_u64(&k, id);
-  rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+  rc = cph_txn_append_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m); /* ids ascend */
   if (rc == CPH_OK) { /* turns read their scopes' memories through this index (context.c) */
     cph_key sk;
     memory_scope_prefix(&sk, scope, kind == CPH_MEMORY_RAW);
@@ -40,7 +40,7 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
     rc = cph_txn_put(t, CPH_DB_MEMORY_SCOPES, &sk, source, sizeof source);
   }
   if (rc == CPH_OK && embed) {
-    rc = cph_txn_put(t, CPH_DB_EMBED_QUEUE, &k, "", 0);
+    rc = cph_txn_append(t, CPH_DB_EMBED_QUEUE, &k, "", 0);
     if (rc == CPH_OK)
       mem->embed_queue_len++; /* recounted from the database at open */
   }

@@ -29,7 +29,13 @@ struct cph_store {
   int lock_fd;
   cph_sync_mode sync;
   cph_counter_table counters;
+  /* cph_txn_put_record's encoding space, kept between calls (no malloc per record). Only a
+   * write txn encodes, and LMDB lets one write txn chain exist at a time, so one is enough. */
+  cph_buf scratch;
 };
+
+/* Records up to this size reuse the scratch space; a larger one frees it afterwards. */
+#define CPH_STORE_SCRATCH_KEEP (64u << 10)
 
 void cph_counters_free(cph_counter_table *ct);
 

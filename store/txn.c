@@ -113,7 +113,8 @@ int cph_txn_commit(cph_txn *t) {
   return CPH_OK;
 }
 
-int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len) {
+static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len,
+                   bool append) {
   if (t->ret)
     return t->ret;
   if (!t->mdb || !t->write)
@@ -123,8 +124,20 @@ int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t
     return t->ret;
   MDB_val mk = {k->len, (void *)k->data};
   MDB_val mv = {len, (void *)val};
-  int rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, 0);
+  int rc = MDB_KEYEXIST;
+  if (append) /* LMDB answers MDB_KEYEXIST, and changes nothing, for a key not past the last */
+    rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, MDB_APPEND);
+  if (rc == MDB_KEYEXIST)
+    rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, 0);
   return rc ? txn_fail_mdb(t, rc, "put", db, k) : CPH_OK;
+}
+
+int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len) {
+  return txn_put(t, db, k, val, len, false);
+}
+
+int cph_txn_append(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len) {
+  return txn_put(t, db, k, val, len, true);
 }
 
 int cph_txn_get(cph_txn *t, cph_db db, const cph_key *k, cph_val *out) {
@@ -162,19 +175,33 @@ int cph_txn_del(cph_txn *t, cph_db db, const cph_key *k) {
   return rc ? txn_fail_mdb(t, rc, "delete", db, k) : CPH_OK;
 }
 
-int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
-                       const void *rec) {
+static int txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
+                          const void *rec, bool append) {
   if (t->ret)
     return t->ret;
-  /* Records are small; a stack buffer covers most, the heap the rest. */
-  cph_buf b = CPH_BUF_INIT;
-  if (cph_record_encode(desc, rec, &b) != CPH_OK) {
-    cph_buf_free(&b);
-    return txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
-  }
-  int rc = cph_txn_put(t, db, k, b.data, b.len);
-  cph_buf_free(&b);
+  if (!t->mdb || !t->write) /* before touching the writer's scratch space */
+    return txn_fail(t, CPH_ESTATE, "put into database \"%s\" outside a write transaction",
+                    cph_db_name(db));
+  cph_buf *b = &t->store->scratch;
+  cph_buf_reset(b);
+  int rc = cph_record_encode(desc, rec, b);
+  if (rc == CPH_OK)
+    rc = txn_put(t, db, k, b->data, b->len, append);
+  else
+    rc = txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
+  if (b->cap > CPH_STORE_SCRATCH_KEEP)
+    cph_buf_free(b);
   return rc;
+}
+
+int cph_txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
+                       const void *rec) {
+  return txn_put_record(t, db, k, desc, rec, false);
+}
+
+int cph_txn_append_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
+                          const void *rec) {
+  return txn_put_record(t, db, k, desc, rec, true);
 }
 
 int cph_txn_get_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,

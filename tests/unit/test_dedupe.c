@@ -373,6 +373,107 @@ static void test_expired_exact_entries_are_pruned(void **state) {
   free_aggregates(list, n);
 }
 
+/* A repeat writes a newer copy of its entry and leaves the older one for pruning: after a
+ * restart the newest copy is the entry, so the window slides from the last repeat. */
+static void test_the_newest_copy_of_an_exact_entry_wins_after_a_restart(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
+  cph_clock_advance(&f->clock, 50 * CPH_NS_PER_S);
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_AGGREGATED);
+  cph_engine_close(f->e);
+  cph_fixture_open(f); /* the engine's wall clock starts again near the first copy's time */
+  cph_clock_advance(&f->clock, 100 * CPH_NS_PER_S); /* 100 s after the first, 50 after the last */
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_AGGREGATED);
+}
+
+/* Counts the keys `match` accepts in the store's CPH_DB_DEDUPE in dir (closed engine). */
+static size_t count_keys(const char *dir, bool (*match)(const uint8_t *k, size_t len)) {
+  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
+  cph_store *st;
+  cph_err err;
+  if (cph_store_open(&o, &st, &err))
+    fail_msg("store: %s", err.msg);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_DEDUPE, &c), CPH_OK);
+  size_t n = 0;
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v))
+    n += match(k.data, k.len);
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  cph_store_close(st);
+  return n;
+}
+
+static bool is_old_layout(const uint8_t *k, size_t len) { return len && k[0] && k[0] != 0xFF; }
+static bool is_time_ordered(const uint8_t *k, size_t len) { return len == 41 && k[0] == 0xFF; }
+
+/* A store written before the time-ordered layout (exact entries keyed channel\0 hash) opens
+ * with its entries moved, and its repeats are still caught. */
+static void test_old_layout_exact_entries_are_moved_at_open_and_still_match(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  post(f, "general", "alice", BACKUP, NULL, NULL, NULL);
+  post(f, "general", "alice", LUNCH, NULL, NULL, NULL);
+  cph_engine_close(f->e);
+  f->e = NULL;
+
+  /* Rewrite every entry into the old layout, as a build from before would have left it. */
+  cph_store_options o = {f->dir, (size_t)64 << 20, CPH_SYNC_NONE};
+  cph_store *st;
+  cph_err err;
+  if (cph_store_open(&o, &st, &err))
+    fail_msg("store: %s", err.msg);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
+  for (int moved = 0;; moved++) {
+    cph_cursor c;
+    assert_int_equal(cph_cursor_open(&t, CPH_DB_DEDUPE, &c), CPH_OK);
+    cph_key from = {.data = {0xFF}, .len = 1};
+    cph_val k, v;
+    int rc = cph_cursor_seek(&c, &from, &k, &v);
+    cph_key nk, ok;
+    uint8_t val[64];
+    size_t vlen = v.len;
+    if (rc == CPH_OK) {
+      assert_int_equal(k.len, 41);
+      assert_true(vlen <= sizeof val);
+      memcpy(val, v.data, vlen);
+      cph_key_reset(&nk);
+      memcpy(nk.data, k.data, k.len);
+      nk.len = k.len;
+      cph_key_reset(&ok);
+      cph_key_str(&ok, "general");
+      memcpy(ok.data + ok.len, (const uint8_t *)k.data + 9, 32);
+      ok.len += 32;
+    }
+    cph_cursor_close(&c);
+    if (rc == CPH_ENOTFOUND) {
+      assert_int_equal(moved, 2);
+      break;
+    }
+    assert_int_equal(rc, CPH_OK);
+    assert_int_equal(cph_txn_del(&t, CPH_DB_DEDUPE, &nk), CPH_OK);
+    assert_int_equal(cph_txn_put(&t, CPH_DB_DEDUPE, &ok, val, vlen), CPH_OK);
+  }
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  cph_store_close(st);
+  assert_int_equal(count_keys(f->dir, is_old_layout), 2);
+
+  cph_fixture_open(f);
+  uint64_t id;
+  assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &id, NULL), CPH_EV_AGGREGATED);
+  assert_true(event_family(f, id) != 0); /* a family with the original */
+  assert_int_equal(post(f, "general", "alice", LUNCH, NULL, NULL, NULL), CPH_EV_AGGREGATED);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(count_keys(f->dir, is_old_layout), 0);
+  assert_true(count_keys(f->dir, is_time_ordered) >= 2);
+}
+
 /* ---------------------------------------------------------------- simhash */
 
 static void make_words(char *out, size_t size, unsigned *seed, int n, const char *prefix) {
@@ -562,6 +663,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_families_and_exact_dedupe_survive_a_restart, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_expired_exact_entries_are_pruned, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_the_newest_copy_of_an_exact_entry_wins_after_a_restart,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_old_layout_exact_entries_are_moved_at_open_and_still_match, setup, teardown),
       cmocka_unit_test(test_simhash_distances),
       cmocka_unit_test(test_banded_simhash_index_finds_every_pair_within_distance),
       cmocka_unit_test_setup_teardown(test_near_duplicate_found_among_many_recent_messages, setup,

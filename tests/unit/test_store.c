@@ -419,6 +419,35 @@ static void test_missing_key_is_notfound_and_not_sticky(void **state) {
   assert_int_equal(cph_txn_commit(&t), CPH_OK);
 }
 
+/* cph_txn_append puts whatever it is given: at the end without a search when the key sorts
+ * last, as cph_txn_put otherwise (before the last key, or replacing one), in a child txn too. */
+static void test_append_places_any_key_and_is_never_an_error(void **state) {
+  fixture *f = *state;
+  cph_txn t, c;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  cph_key k5 = key_u64(5), k3 = key_u64(3), k9 = key_u64(9);
+  assert_int_equal(cph_txn_append(&t, CPH_DB_EVENTS, &k5, "five", 4), CPH_OK);
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_int_equal(cph_txn_append(&c, CPH_DB_EVENTS, &k3, "three", 5), CPH_OK); /* before */
+  assert_int_equal(cph_txn_append(&c, CPH_DB_EVENTS, &k5, "FIVE", 4), CPH_OK);  /* replaces */
+  assert_int_equal(cph_txn_append(&c, CPH_DB_EVENTS, &k9, "nine", 4), CPH_OK);  /* after */
+  assert_int_equal(cph_txn_commit(&c), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+
+  assert_int_equal(cph_txn_begin(f->store, false, &t), CPH_OK);
+  size_t n = 0;
+  assert_int_equal(cph_txn_count(&t, CPH_DB_EVENTS, &n), CPH_OK);
+  assert_int_equal(n, 3);
+  cph_val v;
+  assert_int_equal(cph_txn_get(&t, CPH_DB_EVENTS, &k3, &v), CPH_OK);
+  assert_memory_equal(v.data, "three", 5);
+  assert_int_equal(cph_txn_get(&t, CPH_DB_EVENTS, &k5, &v), CPH_OK);
+  assert_memory_equal(v.data, "FIVE", 4);
+  assert_int_equal(cph_txn_get(&t, CPH_DB_EVENTS, &k9, &v), CPH_OK);
+  assert_memory_equal(v.data, "nine", 4);
+  cph_txn_abort(&t);
+}
+
 static void test_sticky_error_discards_the_whole_transaction(void **state) {
   fixture *f = *state;
   cph_txn t;
@@ -950,6 +979,8 @@ int main(void) {
       cmocka_unit_test(test_truncated_and_flipped_bytes_never_crash),
       cmocka_unit_test(test_garbage_values_give_specific_errors),
       cmocka_unit_test_setup_teardown(test_corrupt_value_in_store_names_database_and_key, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_append_places_any_key_and_is_never_an_error, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_missing_key_is_notfound_and_not_sticky, setup,
                                       teardown),
