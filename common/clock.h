@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
 
 #define CPH_NS_PER_MS INT64_C(1000000)
@@ -46,6 +47,17 @@ static inline int64_t cph_wall_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* "HH:MM" (UTC) of a wall-clock time in ms, as turn inputs show times to the model ("--:--"
+ * for a time gmtime cannot break down). */
+static inline void cph_hhmm_utc(int64_t ms, char out[8]) {
+  time_t secs = (time_t)(ms / 1000);
+  struct tm tm;
+  if (!gmtime_r(&secs, &tm))
+    snprintf(out, 8, "--:--");
+  else
+    snprintf(out, 8, "%02d:%02d", tm.tm_hour % 100, tm.tm_min % 100);
 }
 
 #endif

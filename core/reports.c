@@ -148,15 +148,6 @@ int64_t reports_next_in_s(const cph_reports *rp, const csession *s, const report
   return left > 0 ? (left + CPH_NS_PER_S - 1) / CPH_NS_PER_S : 0;
 }
 
-static void hhmm(int64_t ms, char out[8]) {
-  time_t secs = (time_t)(ms / 1000);
-  struct tm tm;
-  if (!gmtime_r(&secs, &tm))
-    snprintf(out, 8, "--:--");
-  else
-    snprintf(out, 8, "%02d:%02d", tm.tm_hour % 100, tm.tm_min % 100);
-}
-
 /* The first line of a folded body (fold_describe): the entry's own text for a single event. */
 static void first_line(const char *body, cph_buf *b) {
   const char *nl = strchr(body, '\n');
@@ -184,8 +175,8 @@ char *reports_input(const cph_staged_msg *staged, size_t n) {
           last = staged[j].last_ms;
       }
     char f[8], l[8];
-    hhmm(first, f);
-    hhmm(last, l);
+    cph_hhmm_utc(first, f);
+    cph_hhmm_utc(last, l);
     cph_buf_printf(&b, "\n#%s: %llu message%s, %s–%s", staged[i].channel,
                    (unsigned long long)total, total == 1 ? "" : "s", f, l);
     size_t listed = 0;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "context.h"
 #include "engine_internal.h"
@@ -202,16 +203,6 @@ static int staged_order(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* "HH:MM" (UTC) of a wall-clock time in ms. */
-static void hhmm(int64_t ms, char out[8]) {
-  time_t secs = (time_t)(ms / 1000);
-  struct tm tm;
-  if (!gmtime_r(&secs, &tm))
-    snprintf(out, 8, "--:--");
-  else
-    snprintf(out, 8, "%02d:%02d", tm.tm_hour % 100, tm.tm_min % 100);
-}
-
 #define FOLD_READ_MAX 64   /* events of a folded entry read for its distinct texts */
 #define FOLD_TEXTS_MAX 16  /* distinct texts shown for one folded entry */
 
@@ -276,8 +267,8 @@ static int fold_describe(cph_txn *t, const uint64_t *ids, size_t n_ids, const in
     cph_record_free(&cph_event_desc, &ev);
   }
   char first[8], last[8];
-  hhmm(m->ts_ms, first);
-  hhmm(it->last_ms, last);
+  cph_hhmm_utc(m->ts_ms, first);
+  cph_hhmm_utc(it->last_ms, last);
   cph_buf b = CPH_BUF_INIT;
   if (rc == CPH_OK) {
     bool one = n_texts == 1 && read == n_ids;
