@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include "engine_fixture.h"
-#include "providers/providers.h"
+#include "cephalon/providers.h"
+#include "store/store.h"
 #include "testutil.h"
 
 cph_fixture *cph_fixture_new(const char *tag, const char *policy_edn) {
@@ -54,4 +55,27 @@ int cph_fixture_run(cph_fixture *f, cph_op *op) {
   cph_engine_run_pass(f->e);
   assert_int_equal(called, 1);
   return op->rc;
+}
+
+size_t cph_fixture_store_each(const char *dir, int db,
+                              bool (*fn)(void *ctx, const void *key, size_t key_len,
+                                         const void *val, size_t val_len),
+                              void *ctx) {
+  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
+  cph_store *st;
+  cph_err err;
+  if (cph_store_open(&o, &st, &err))
+    fail_msg("store %s: %s", dir, err.msg);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(&t, (cph_db)db, &c), CPH_OK);
+  size_t n = 0;
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v))
+    n += fn(ctx, k.data, k.len, v.data, v.len);
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  cph_store_close(st);
+  return n;
 }

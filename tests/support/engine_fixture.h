@@ -4,6 +4,9 @@
 #ifndef CEPHALON_TESTS_ENGINE_FIXTURE_H
 #define CEPHALON_TESTS_ENGINE_FIXTURE_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
 
@@ -25,5 +28,12 @@ void cph_fixture_free(cph_fixture *f);
 int cph_fixture_run(cph_fixture *f, cph_op *op);
 /* An op `done` callback that counts calls in *(int *)ctx. */
 void cph_fixture_count_done(cph_op *op, void *ctx);
+
+/* Opens the store in dir (the engine closed) and calls fn for every entry of db, in key order;
+ * returns how many calls answered true. Fails the running test when the store will not open. */
+size_t cph_fixture_store_each(const char *dir, int db,
+                              bool (*fn)(void *ctx, const void *key, size_t key_len,
+                                         const void *val, size_t val_len),
+                              void *ctx);
 
 #endif

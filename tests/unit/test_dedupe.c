@@ -328,26 +328,15 @@ static void test_families_and_exact_dedupe_survive_a_restart(void **state) {
   free_aggregates(list, n);
 }
 
-/* Counts exact-dedupe entries (not family-index ones) in the closed engine's store. */
+/* Exact-dedupe entries, not family-index ones (whose keys start with a NUL). */
+static bool is_exact_entry(void *ctx, const void *k, size_t klen, const void *v, size_t vlen) {
+  (void)ctx, (void)klen, (void)v, (void)vlen;
+  return ((const uint8_t *)k)[0] != 0;
+}
+
+/* Counts exact-dedupe entries in the closed engine's store. */
 static size_t count_exact_entries(const char *dir) {
-  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
-  cph_store *st;
-  cph_err err;
-  if (cph_store_open(&o, &st, &err))
-    fail_msg("store: %s", err.msg);
-  cph_txn t;
-  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
-  cph_cursor c;
-  assert_int_equal(cph_cursor_open(&t, CPH_DB_DEDUPE, &c), CPH_OK);
-  size_t n = 0;
-  cph_val k, v;
-  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v))
-    if (((const uint8_t *)k.data)[0] != 0)
-      n++;
-  cph_cursor_close(&c);
-  cph_txn_abort(&t);
-  cph_store_close(st);
-  return n;
+  return cph_fixture_store_each(dir, CPH_DB_DEDUPE, is_exact_entry, NULL);
 }
 
 static void test_expired_exact_entries_are_pruned(void **state) {
@@ -387,25 +376,15 @@ static void test_the_newest_copy_of_an_exact_entry_wins_after_a_restart(void **s
   assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_AGGREGATED);
 }
 
+static bool key_matches(void *ctx, const void *k, size_t klen, const void *v, size_t vlen) {
+  (void)v, (void)vlen;
+  bool (*match)(const uint8_t *, size_t) = *(bool (**)(const uint8_t *, size_t))ctx;
+  return match(k, klen);
+}
+
 /* Counts the keys `match` accepts in the store's CPH_DB_DEDUPE in dir (closed engine). */
 static size_t count_keys(const char *dir, bool (*match)(const uint8_t *k, size_t len)) {
-  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
-  cph_store *st;
-  cph_err err;
-  if (cph_store_open(&o, &st, &err))
-    fail_msg("store: %s", err.msg);
-  cph_txn t;
-  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
-  cph_cursor c;
-  assert_int_equal(cph_cursor_open(&t, CPH_DB_DEDUPE, &c), CPH_OK);
-  size_t n = 0;
-  cph_val k, v;
-  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v))
-    n += match(k.data, k.len);
-  cph_cursor_close(&c);
-  cph_txn_abort(&t);
-  cph_store_close(st);
-  return n;
+  return cph_fixture_store_each(dir, CPH_DB_DEDUPE, key_matches, &match);
 }
 
 static bool is_old_layout(const uint8_t *k, size_t len) { return len && k[0] && k[0] != 0xFF; }

@@ -827,31 +827,29 @@ static void test_http_index_search_and_shards(void **state) {
 
 /* DESIGN §5: a family keeps one aggregate memory, updated in place — aggregate_upsert refreshes
  * its count, never mints a new memory per run. Counted in the closed engine's store. */
-static size_t aggregate_memories(const char *dir, char *text, size_t size) {
-  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
-  cph_store *st;
+typedef struct text_out {
+  char *text;
+  size_t size;
+} text_out;
+
+/* A live aggregate memory (its text kept in the text_out). */
+static bool is_aggregate_memory(void *ctx, const void *k, size_t klen, const void *v,
+                                size_t vlen) {
+  (void)k, (void)klen;
+  text_out *out = ctx;
+  cph_memory_rec m;
   cph_err err;
-  if (cph_store_open(&o, &st, &err))
-    fail_msg("store: %s", err.msg);
-  cph_txn t;
-  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
-  cph_cursor c;
-  assert_int_equal(cph_cursor_open(&t, CPH_DB_MEMORIES, &c), CPH_OK);
-  size_t n = 0;
-  cph_val k, v;
-  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
-    cph_memory_rec m;
-    assert_int_equal(cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &err), CPH_OK);
-    if (m.kind == CPH_MEMORY_AGGREGATE && !m.deleted) {
-      n++;
-      snprintf(text, size, "%s", m.text);
-    }
-    cph_record_free(&cph_memory_desc, &m);
-  }
-  cph_cursor_close(&c);
-  cph_txn_abort(&t);
-  cph_store_close(st);
-  return n;
+  assert_int_equal(cph_record_decode(&cph_memory_desc, v, vlen, &m, &err), CPH_OK);
+  bool yes = m.kind == CPH_MEMORY_AGGREGATE && !m.deleted;
+  if (yes)
+    snprintf(out->text, out->size, "%s", m.text);
+  cph_record_free(&cph_memory_desc, &m);
+  return yes;
+}
+
+static size_t aggregate_memories(const char *dir, char *text, size_t size) {
+  text_out out = {text, size};
+  return cph_fixture_store_each(dir, CPH_DB_MEMORIES, is_aggregate_memory, &out);
 }
 
 static void test_aggregate_upsert_updates_the_familys_one_memory(void **state) {
