@@ -211,8 +211,8 @@ static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100;
 static void build_state(ctx *c) {
   cph_turn_info *ti = c->ti;
   cph_lane_stats st;
-  cph_sched_lane_stats(c->e->sched, c->s->lane, &st);
-  ti->current_state.credits = cph_sched_credits(c->e->sched, c->s->sid);
+  cph_sched_lane_stats(c->e->env.sched, c->s->lane, &st);
+  ti->current_state.credits = cph_sched_credits(c->e->env.sched, c->s->sid);
   ti->current_state.turns_left = st.turns_left;
   ti->current_state.tool_calls_left = st.tool_calls_left;
   ti->current_state.state = CPH_STATE_RUNNING;
@@ -1263,7 +1263,7 @@ int context_assemble(cph_engine *e, cph_txn *t, csession *s, const cph_session_r
   c.ti = ti;
   c.inbox = ti->kind == CPH_KIND_INBOX && ti->n_staged > 0;
   c.window = rec->context_window_tokens ? rec->context_window_tokens
-                                        : (uint64_t)e->policy->sessions.context_window_tokens;
+                                        : (uint64_t)e->env.policy->sessions.context_window_tokens;
   c.now_ms = cph_wall_ms();
   c.event_fields = history_event_fields();
   ti->tokens.window = clamp32(c.window);

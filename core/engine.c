@@ -17,6 +17,7 @@
 #include "cephalon/providers.h"
 #include "common/log.h"
 #include "dedupe.h"
+#include "context.h"
 #include "engine_internal.h"
 #include "lanes/pass.h"
 #include "metrics.h"
@@ -31,28 +32,12 @@
 /* Most operations queued at once before submit answers CPH_EBUSY (503). */
 #define OPS_QUEUE_MAX 65536
 
-int op_fail(cph_op *op, int rc, const char *field, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  cph_err_vset(&op->err, rc, fmt, ap);
-  va_end(ap);
-  op->rc = rc;
-  snprintf(op->field, sizeof op->field, "%s", field ? field : "");
-  return rc;
-}
-
-int64_t engine_now(cph_engine *e) { return cph_clock_now(e->clock_ref); }
-
-int64_t engine_wall_ms(const cph_engine *e) {
-  return e->wall_base_ms + (cph_clock_now(e->clock_ref) - e->wall_base_ns) / CPH_NS_PER_MS;
-}
-
 const cph_dedupe *cph__engine_dedupe(const cph_engine *e) { return e->dedupe; }
 
 /* True when the channel has at least one history entry. */
 static bool has_history(cph_engine *e, const char *name) {
   cph_txn t;
-  if (cph_txn_begin(e->store, false, &t) != CPH_OK)
+  if (cph_txn_begin(e->env.store, false, &t) != CPH_OK)
     return false;
   bool found = false;
   cph_cursor c;
@@ -78,7 +63,7 @@ int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph
     return cph_err_set(err, CPH_EINVAL, "a channel name is 1 to 256 bytes");
   if (!(out->id = strdup(id)))
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
-  bool known = backpressure_channel_info(e->bp, e->policy, id, engine_now(e), out);
+  bool known = backpressure_channel_info(e->bp, e->env.policy, id, engine_now(e), out);
   channel *ch = engine_channel(e, id, false);
   if (ch) {
     out->subscribers = (uint32_t)ch->n_subscribers;
@@ -94,7 +79,7 @@ int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph
 int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, size_t *n,
                           cph_err *err) {
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   if (rc) {
     *out = NULL;
     *n = 0;
@@ -106,187 +91,25 @@ int cph_engine_aggregates(cph_engine *e, size_t top, cph_aggregate_info **out, s
 }
 
 /* A reporter's report fell due (reports_tick): it has work now. */
-static void report_due(void *ctx, csession *s) { engine_update_work(ctx, s); }
+static void report_due(void *ctx, csession *s) {
+  cph_engine *e = ctx;
+  sessions_update_work(&e->sessions, s);
+}
+
+/* A session is being deleted (sessions.h): its tree and its channel cursors go with it. */
+static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
+  cph_engine *e = ctx;
+  pact_delete_all(e, t, session);
+  return context_cursors_delete(e, t, session);
+}
 
 /* backpressure owns the step; dedupe asks through this (dedupe_widening). */
 static bool dedupe_window_widened(void *ctx, const char *chan) {
   const cph_engine *e = ctx;
-  return backpressure_step(e->bp, e->policy, chan) >= BP_STEP_WIDEN_DEDUPE;
+  return backpressure_step(e->bp, e->env.policy, chan) >= BP_STEP_WIDEN_DEDUPE;
 }
 
 static void job_enqueue_apply(cph_engine *e, cph_op *op);
-
-/* ---------------------------------------------------------------- queues */
-
-static int queue_push(op_queue *q, cph_op *op) {
-  if (q->len == q->cap) {
-    size_t cap = q->cap ? q->cap * 2 : 64;
-    cph_op **items = malloc(cap * sizeof *items);
-    if (!items)
-      return CPH_ENOMEM;
-    for (size_t i = 0; i < q->len; i++)
-      items[i] = q->items[(q->head + i) % q->cap];
-    free(q->items);
-    q->items = items;
-    q->head = 0;
-    q->cap = cap;
-  }
-  q->items[(q->head + q->len) % q->cap] = op;
-  q->len++;
-  return CPH_OK;
-}
-
-static cph_op *queue_pop(op_queue *q) {
-  if (!q->len)
-    return NULL;
-  cph_op *op = q->items[q->head];
-  q->head = (q->head + 1) % q->cap;
-  q->len--;
-  return op;
-}
-
-/* Removes op from anywhere in q; true if it was there. */
-static bool queue_remove(op_queue *q, cph_op *op) {
-  for (size_t i = 0; i < q->len; i++) {
-    if (q->items[(q->head + i) % q->cap] != op)
-      continue;
-    for (size_t j = i; j + 1 < q->len; j++)
-      q->items[(q->head + j) % q->cap] = q->items[(q->head + j + 1) % q->cap];
-    q->len--;
-    return true;
-  }
-  return false;
-}
-
-/* ---------------------------------------------------------------- lookups */
-
-csession *engine_session(cph_engine *e, const char *id) {
-  uint32_t sid = cph_idmap_get(&e->sessions, id);
-  return sid == CPH_IDMAP_NONE ? NULL : e->by_sid[sid];
-}
-
-channel *engine_channel(cph_engine *e, const char *name, bool create) {
-  channel *c = cph_hmap_get(&e->channels, name);
-  if (c || !create)
-    return c;
-  c = calloc(1, sizeof *c);
-  if (!c || !(c->name = strdup(name)) || cph_hmap_put(&e->channels, c->name, c) != CPH_OK) {
-    if (c)
-      free(c->name);
-    free(c);
-    return NULL;
-  }
-  return c;
-}
-
-void engine_mark_pending(cph_engine *e, csession *s) {
-  if (s->in_pending_list)
-    return;
-  if (e->n_pending_sessions == e->cap_pending_sessions) {
-    size_t cap = e->cap_pending_sessions ? e->cap_pending_sessions * 2 : 64;
-    csession **p = realloc(e->pending_sessions, cap * sizeof *p);
-    if (!p)
-      return; /* staged on a later mark; pending state is in LMDB either way */
-    e->pending_sessions = p;
-    e->cap_pending_sessions = cap;
-  }
-  e->pending_sessions[e->n_pending_sessions++] = s;
-  s->in_pending_list = true;
-}
-
-/* A session has work when it has staged input or a due autonomy tick (§3.3); a reporter's
- * held input counts only once its report is due (reports.h). */
-void engine_update_work(cph_engine *e, csession *s) {
-  cph_sched_set_paused(e->sched, s->sid, s->paused);
-  bool input = s->n_staged > 0 && (!s->reports || s->report_due || reports_has_unheld(s));
-  cph_sched_set_work(e->sched, s->sid, input || s->tick_due || s->n_jobs > 0);
-}
-
-/* In sid order, so the scheduler's slots and the slab are walked (nearly) in address order:
- * at a million sessions that is the difference between streaming and a cache miss each. */
-void engine_update_work_all(cph_engine *e) {
-  for (size_t i = 0; i < e->cap_by_sid; i++)
-    if (e->by_sid[i])
-      engine_update_work(e, e->by_sid[i]);
-}
-
-/* ---------------------------------------------------------------- autonomy ticks */
-
-static bool tick_less(const csession *a, const csession *b) {
-  return a->next_tick_ns < b->next_tick_ns;
-}
-
-static void tick_swap(cph_engine *e, size_t i, size_t j) {
-  csession *t = e->tick_heap[i];
-  e->tick_heap[i] = e->tick_heap[j];
-  e->tick_heap[j] = t;
-  e->tick_heap[i]->tick_heap_pos = i + 1;
-  e->tick_heap[j]->tick_heap_pos = j + 1;
-}
-
-static void tick_sift(cph_engine *e, size_t i) {
-  while (i > 0 && tick_less(e->tick_heap[i], e->tick_heap[(i - 1) / 2])) {
-    tick_swap(e, i, (i - 1) / 2);
-    i = (i - 1) / 2;
-  }
-  for (;;) {
-    size_t l = 2 * i + 1, best = i;
-    if (l < e->n_ticks && tick_less(e->tick_heap[l], e->tick_heap[best]))
-      best = l;
-    if (l + 1 < e->n_ticks && tick_less(e->tick_heap[l + 1], e->tick_heap[best]))
-      best = l + 1;
-    if (best == i)
-      return;
-    tick_swap(e, i, best);
-    i = best;
-  }
-}
-
-static void tick_remove(cph_engine *e, csession *s) {
-  if (!s->tick_heap_pos)
-    return;
-  size_t i = s->tick_heap_pos - 1;
-  s->tick_heap_pos = 0;
-  e->n_ticks--;
-  if (i != e->n_ticks) {
-    e->tick_heap[i] = e->tick_heap[e->n_ticks];
-    e->tick_heap[i]->tick_heap_pos = i + 1;
-    tick_sift(e, i);
-  }
-}
-
-/* (Re)arms the session's next autonomy tick at now + interval, or disarms it. */
-void engine_tick_schedule(cph_engine *e, csession *s) {
-  tick_remove(e, s);
-  s->tick_due = false;
-  if (!s->autonomy_interval_s) {
-    s->next_tick_ns = 0;
-    return;
-  }
-  s->next_tick_ns = engine_now(e) + (int64_t)s->autonomy_interval_s * CPH_NS_PER_S;
-  if (e->n_ticks == e->cap_ticks) {
-    size_t cap = e->cap_ticks ? e->cap_ticks * 2 : 64;
-    csession **p = realloc(e->tick_heap, cap * sizeof *p);
-    if (!p)
-      return;
-    e->tick_heap = p;
-    e->cap_ticks = cap;
-  }
-  e->tick_heap[e->n_ticks] = s;
-  s->tick_heap_pos = ++e->n_ticks;
-  tick_sift(e, e->n_ticks - 1);
-}
-
-/* Marks every session whose tick is due; called from reconcile. */
-static void ticks_fire(cph_engine *e) {
-  int64_t now = engine_now(e);
-  while (e->n_ticks && e->tick_heap[0]->next_tick_ns <= now) {
-    csession *s = e->tick_heap[0];
-    tick_remove(e, s);
-    s->tick_due = true;
-    engine_update_work(e, s);
-  }
-}
 
 /* ---------------------------------------------------------------- scheduler config */
 
@@ -319,36 +142,13 @@ static cph_sync_mode sync_mode_of(const cph_policy *p) {
 
 /* Frees every in-memory structure built from the store (not the store, policy or queues). */
 static void memory_clear(cph_engine *e) {
-  for (size_t i = 0; i < e->cap_by_sid; i++)
-    if (e->by_sid[i])
-      csession_free(e, e->by_sid[i]);
-  cph_idmap_free(&e->sessions);
-  cph_slab_destroy(&e->session_slab);
-  for (size_t i = 0; i < e->channels.cap; i++) {
-    channel *c = e->channels.slots[i].value;
-    if (!e->channels.slots[i].key)
-      continue;
-    free(c->subscribers);
-    free(c->members);
-    free(c->name);
-    free(c);
-  }
-  cph_hmap_free(&e->channels);
+  sessions_clear(&e->sessions);
   for (size_t i = 0; i < e->leases.cap; i++)
     if (e->leases.slots[i].key)
       lease_free(e->leases.slots[i].value);
   cph_hmap_free(&e->leases);
-  free(e->by_sid);
-  e->by_sid = NULL;
-  e->cap_by_sid = 0;
-  free(e->pending_sessions);
-  e->pending_sessions = NULL;
-  e->n_pending_sessions = e->cap_pending_sessions = 0;
-  free(e->tick_heap);
-  e->tick_heap = NULL;
-  e->n_ticks = e->cap_ticks = 0;
-  cph_sched_free(e->sched);
-  e->sched = NULL;
+  cph_sched_free(e->env.sched);
+  e->env.sched = NULL;
   maint_close(e);
   backpressure_close(e->bp);
   e->bp = NULL;
@@ -365,7 +165,7 @@ static void memory_clear(cph_engine *e) {
 static uint64_t last_key_u64(cph_engine *e, cph_db db) {
   cph_txn t;
   uint64_t last = 0;
-  if (cph_txn_begin(e->store, false, &t) != CPH_OK)
+  if (cph_txn_begin(e->env.store, false, &t) != CPH_OK)
     return 0;
   cph_cursor c;
   cph_val k;
@@ -384,33 +184,34 @@ static uint64_t last_key_u64(cph_engine *e, cph_db db) {
 /* Builds the in-memory state from the store (open, and after a failed commit). */
 static int memory_load(cph_engine *e, cph_err *err) {
   cph_sched_config sc;
-  sched_config_from_policy(e->policy, &sc);
+  sched_config_from_policy(e->env.policy, &sc);
   const char *why = NULL;
   if (cph_sched_config_check(&sc, &why))
-    return cph_err_set(err, CPH_EPOLICY, "%s: scheduler settings: %s", e->policy->source, why);
-  e->sched = cph_sched_new(&sc, e->clock_ref);
-  if (!e->sched)
+    return cph_err_set(err, CPH_EPOLICY, "%s: scheduler settings: %s", e->env.policy->source, why);
+  e->env.sched = cph_sched_new(&sc, e->env.clock);
+  if (!e->env.sched)
     return cph_err_set(err, CPH_ENOMEM, "out of memory creating the scheduler");
+  cph_txn t;
+  int rc = cph_txn_begin(e->env.store, false, &t);
+  if (rc)
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  rc = dedupe_open(&t, &e->dedupe, err);
+  if (rc == CPH_OK)
+    rc = backpressure_open(&t, e->env.policy, env_now(&e->env), &e->bp, err);
+  cph_txn_abort(&t);
+  if (rc)
+    return rc;
   if (reports_open(&e->reports) != CPH_OK) /* before the sessions: loading one registers */
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening the engine");
-  sessions_init(e);
-  int rc = sessions_load(e, err);
+  sessions_hooks sh = {e, session_state_delete};
+  sessions_init(&e->sessions, &e->env, e->reports, e->bp, &sh);
+  rc = sessions_load(&e->sessions, err);
   if (rc)
     return rc;
   rc = turns_recover(e, err);
   if (rc)
     return rc;
   rc = maint_open(e, err);
-  if (rc)
-    return rc;
-  cph_txn t;
-  rc = cph_txn_begin(e->store, false, &t);
-  if (rc)
-    return cph_err_set(err, rc, "%s", t.err.msg);
-  rc = dedupe_open(&t, &e->dedupe, err);
-  if (rc == CPH_OK)
-    rc = backpressure_open(&t, e->policy, engine_now(e), &e->bp, err);
-  cph_txn_abort(&t);
   if (rc)
     return rc;
   e->last_reply_id = last_key_u64(e, CPH_DB_REPLIES);
@@ -425,28 +226,28 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
     cph_policy_free(policy);
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening the engine");
   }
-  e->policy = policy;
-  e->policy_generation = 1;
-  e->providers = opts ? opts->providers : NULL;
+  e->env.policy = policy;
+  e->env.policy_generation = 1;
+  e->env.providers = opts ? opts->providers : NULL;
   /* Settings the network providers share (:providers :ca-file: their https trust). */
-  if (e->providers && e->providers->configure)
-    e->providers->configure(e->providers->ctx, &policy->providers);
+  if (e->env.providers && e->env.providers->configure)
+    e->env.providers->configure(e->env.providers->ctx, &policy->providers);
   cph_evcache_init(&e->evcache, EVCACHE_SLOTS);
   cph_clock_init_monotonic(&e->own_clock);
-  e->clock_ref = opts && opts->clock ? opts->clock : &e->own_clock;
+  e->env.clock = opts && opts->clock ? opts->clock : &e->own_clock;
   /* The engine's wall clock: real time at open, advancing with the engine clock (so windows
    * follow a virtual clock in tests and stored times stay meaningful across restarts). */
-  e->wall_base_ms = cph_wall_ms();
-  e->wall_base_ns = cph_clock_now(e->clock_ref);
+  e->env.wall_base_ms = cph_wall_ms();
+  e->env.wall_base_ns = cph_clock_now(e->env.clock);
   const char *dir = opts && opts->data_dir ? opts->data_dir : policy->server.data_dir;
   int rc;
-  if (!(e->data_dir = strdup(dir))) {
+  if (!(e->env.data_dir = strdup(dir))) {
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory opening the engine");
     goto fail;
   }
-  cph_store_options so = {e->data_dir, (size_t)policy->server.map_size_mb << 20,
+  cph_store_options so = {e->env.data_dir, (size_t)policy->server.map_size_mb << 20,
                           sync_mode_of(policy)};
-  rc = cph_store_open(&so, &e->store, err);
+  rc = cph_store_open(&so, &e->env.store, err);
   if (rc)
     goto fail;
   if ((rc = metrics_open(e)) != CPH_OK) { /* before memory_load: recovery counts expiries */
@@ -458,7 +259,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
     goto fail;
   /* Loading read every session record once; those pages need not stay in our RSS (they stay
    * in the page cache). */
-  if (cph_store_release_pages(e->store) != CPH_OK)
+  if (cph_store_release_pages(e->env.store) != CPH_OK)
     cph_warn("could not release the store pages read while loading (madvise)");
   *out = e;
   return CPH_OK;
@@ -469,7 +270,7 @@ fail:
 
 static void fail_queue(op_queue *q, int rc, const char *msg) {
   cph_op *op;
-  while ((op = queue_pop(q))) {
+  while ((op = op_queue_pop(q))) {
     op_fail(op, rc, NULL, "%s", msg);
     if (op->done)
       op->done(op, op->ctx);
@@ -486,9 +287,9 @@ void cph_engine_close(cph_engine *e) {
   free(e->waiters.items);
   free(e->done.items);
   memory_clear(e);
-  cph_store_close(e->store);
-  cph_policy_free(e->policy);
-  free(e->data_dir);
+  cph_store_close(e->env.store);
+  cph_policy_free(e->env.policy);
+  free((char *)e->env.data_dir);
   metrics_close(e);
   cph_buf_free(&e->scratch);
   cph_evcache_free(&e->evcache);
@@ -506,29 +307,29 @@ int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err) {
     cph_policy_free(policy);
     return CPH_EPOLICY;
   }
-  int rc = cph_store_set_sync_mode(e->store, sync_mode_of(policy), err);
+  int rc = cph_store_set_sync_mode(e->env.store, sync_mode_of(policy), err);
   if (rc) {
     cph_policy_free(policy);
     return rc;
   }
-  bool restart_needed = policy->server.map_size_mb != e->policy->server.map_size_mb ||
-                        strcmp(policy->server.data_dir, e->policy->server.data_dir) != 0 ||
-                        strcmp(policy->server.listen, e->policy->server.listen) != 0;
+  bool restart_needed = policy->server.map_size_mb != e->env.policy->server.map_size_mb ||
+                        strcmp(policy->server.data_dir, e->env.policy->server.data_dir) != 0 ||
+                        strcmp(policy->server.listen, e->env.policy->server.listen) != 0;
   if (restart_needed)
     cph_err_set(err, CPH_OK,
                 ":server :listen, :data-dir and :map-size-mb take effect at the next restart");
-  cph_policy_free(e->policy);
-  e->policy = policy;
-  e->policy_generation++;
-  if (e->providers && e->providers->configure)
-    e->providers->configure(e->providers->ctx, &policy->providers);
+  cph_policy_free(e->env.policy);
+  e->env.policy = policy;
+  e->env.policy_generation++;
+  if (e->env.providers && e->env.providers->configure)
+    e->env.providers->configure(e->env.providers->ctx, &policy->providers);
   e->sched_config_dirty = true; /* applied at the start of the next pass (issue: live reload) */
   return CPH_OK;
 }
 
-const cph_policy *cph_engine_policy(const cph_engine *e) { return e->policy; }
-const cph_providers *cph_engine_providers(const cph_engine *e) { return e->providers; }
-uint64_t cph_engine_policy_generation(const cph_engine *e) { return e->policy_generation; }
+const cph_policy *cph_engine_policy(const cph_engine *e) { return e->env.policy; }
+const cph_providers *cph_engine_providers(const cph_engine *e) { return e->env.providers; }
+uint64_t cph_engine_policy_generation(const cph_engine *e) { return e->env.policy_generation; }
 
 void cph_engine_set_hooks(cph_engine *e, const cph_engine_hooks *h) { e->hooks = *h; }
 
@@ -540,11 +341,11 @@ int cph_engine_submit(cph_engine *e, cph_op *op) {
   op->rc = CPH_OK;
   cph_err_clear(&op->err);
   op->field[0] = '\0';
-  return queue_push(&e->ops, op) ? op_fail(op, CPH_ENOMEM, NULL, "out of memory") : CPH_OK;
+  return op_queue_push(&e->ops, op) ? op_fail(op, CPH_ENOMEM, NULL, "out of memory") : CPH_OK;
 }
 
 bool cph_engine_cancel_lease(cph_engine *e, cph_op *op) {
-  return queue_remove(&e->waiters, op) || queue_remove(&e->ops, op);
+  return op_queue_remove(&e->waiters, op) || op_queue_remove(&e->ops, op);
 }
 
 bool cph_engine_pass_wanted(const cph_engine *e) { return e->ops.len > 0 || e->staged_last_pass; }
@@ -556,10 +357,11 @@ int64_t cph_engine_next_wakeup_ns(cph_engine *e) {
     if (e->leases.slots[i].key && l->deadline_ns < next)
       next = l->deadline_ns;
   }
-  if (e->n_ticks && e->tick_heap[0]->next_tick_ns < next)
-    next = e->tick_heap[0]->next_tick_ns;
+  int64_t tick = sessions_next_tick_ns(&e->sessions);
+  if (tick < next)
+    next = tick;
   for (size_t i = 0; i < e->waiters.len; i++) {
-    const cph_op *w = e->waiters.items[(e->waiters.head + i) % e->waiters.cap];
+    const cph_op *w = op_queue_at(&e->waiters, i);
     if (w->u.lease.deadline_ns < next)
       next = w->u.lease.deadline_ns;
   }
@@ -572,7 +374,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_SESSION_CREATE:
   case CPH_OP_SESSION_UPDATE:
   case CPH_OP_SESSION_DELETE:
-    sessions_apply(e, op);
+    sessions_apply(&e->sessions, op);
     break;
   case CPH_OP_INGEST:
     ingest_apply(e, op);
@@ -607,44 +409,44 @@ static uint64_t hook_poll_inbox(void *ctx) { return inbox_poll(ctx); }
 
 static void hook_reconcile(void *ctx) {
   cph_engine *e = ctx;
-  ticks_fire(e);
+  sessions_ticks_fire(&e->sessions);
   turns_reconcile(e);
   maint_tick(e);
   cph_lane_stats maint;
-  cph_sched_lane_stats(e->sched, CPH_LANE_MAINTENANCE, &maint);
+  cph_sched_lane_stats(e->env.sched, CPH_LANE_MAINTENANCE, &maint);
   backpressure_load load = {memory_embed_queue(&e->memory), !maint.has_budget && maint.runnable > 0};
-  backpressure_tick(e->bp, e->policy, &e->txn, engine_now(e), engine_wall_ms(e), &load);
+  backpressure_tick(e->bp, e->env.policy, &e->env.txn, engine_now(e), engine_wall_ms(e), &load);
   dedupe_widening widen = {dedupe_window_widened, e, BP_DEDUPE_WIDEN};
-  dedupe_tick(e->dedupe, &e->policy->dedupe, &e->txn, engine_wall_ms(e), &widen);
-  reports_env renv = {e->policy, e->bp, &e->txn, engine_now(e)};
+  dedupe_tick(e->dedupe, &e->env.policy->dedupe, &e->env.txn, engine_wall_ms(e), &widen);
+  reports_env renv = {e->env.policy, e->bp, &e->env.txn, engine_now(e)};
   reports_tick(e->reports, &renv, report_due, e);
 }
 
 int cph_engine_run_pass(cph_engine *e) {
   if (e->sched_config_dirty) {
     cph_sched_config sc;
-    sched_config_from_policy(e->policy, &sc);
-    cph_sched_configure(e->sched, &sc);
+    sched_config_from_policy(e->env.policy, &sc);
+    cph_sched_configure(e->env.sched, &sc);
     e->sched_config_dirty = false;
   }
-  int rc = cph_txn_begin(e->store, true, &e->txn);
+  int rc = cph_txn_begin(e->env.store, true, &e->env.txn);
   if (rc) {
-    cph_error("pass: %s", e->txn.err.msg);
+    cph_error("pass: %s", e->env.txn.err.msg);
     return rc;
   }
   metrics_pass_begin(e);
   uint64_t replies_before = e->last_reply_id;
   for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
-    cph_op *op = queue_pop(&e->ops);
+    cph_op *op = op_queue_pop(&e->ops);
     if (op->kind == CPH_OP_LEASE) {
-      if (queue_push(&e->waiters, op) != CPH_OK) {
+      if (op_queue_push(&e->waiters, op) != CPH_OK) {
         op_fail(op, CPH_ENOMEM, NULL, "out of memory");
-        queue_push(&e->done, op);
+        op_queue_push(&e->done, op);
       }
       continue;
     }
     apply_op(e, op);
-    queue_push(&e->done, op);
+    op_queue_push(&e->done, op);
   }
 
   cph_pass_hooks hooks = {0};
@@ -653,17 +455,17 @@ int cph_engine_run_pass(cph_engine *e) {
   hooks.poll_inbox = hook_poll_inbox;
   hooks.reconcile = hook_reconcile;
   cph_pass_result res;
-  cph_sched_pass(e->sched, &hooks, &res);
+  cph_sched_pass(e->env.sched, &hooks, &res);
   e->staged_last_pass = res.staged > 0;
 
-  rc = cph_txn_commit(&e->txn);
+  rc = cph_txn_commit(&e->env.txn);
   if (rc) {
     /* Nothing of this pass landed: every operation of it fails, and memory (changed as the
      * operations applied) is rebuilt from what the store holds. */
-    cph_error("pass commit failed: %s", e->txn.err.msg);
+    cph_error("pass commit failed: %s", e->env.txn.err.msg);
     metrics_pass_rollback(e, rc); /* nothing of this pass is counted either */
-    char msg[sizeof e->txn.err.msg];
-    snprintf(msg, sizeof msg, "%s", e->txn.err.msg);
+    char msg[sizeof e->env.txn.err.msg];
+    snprintf(msg, sizeof msg, "%s", e->env.txn.err.msg);
     for (size_t i = 0; i < e->done.len; i++) {
       cph_op *op = e->done.items[(e->done.head + i) % e->done.cap];
       cph_op_clear_results(op);
@@ -676,7 +478,7 @@ int cph_engine_run_pass(cph_engine *e) {
     e->last_reply_id = replies_before;
   }
   cph_op *op;
-  while ((op = queue_pop(&e->done)))
+  while ((op = op_queue_pop(&e->done)))
     if (op->done)
       op->done(op, op->ctx);
   if (e->last_reply_id != replies_before && e->hooks.replies_appended)
@@ -686,17 +488,15 @@ int cph_engine_run_pass(cph_engine *e) {
 
 /* Queues a served or failed waiter for its callback after commit. */
 void engine_waiter_done(cph_engine *e, cph_op *op) {
-  if (queue_push(&e->done, op) != CPH_OK && op->done)
+  if (op_queue_push(&e->done, op) != CPH_OK && op->done)
     op->done(op, op->ctx); /* cannot defer: answer now (rc already set) */
 }
 
-cph_op *engine_waiter_at(cph_engine *e, size_t i) {
-  return i < e->waiters.len ? e->waiters.items[(e->waiters.head + i) % e->waiters.cap] : NULL;
-}
+cph_op *engine_waiter_at(cph_engine *e, size_t i) { return op_queue_at(&e->waiters, i); }
 
-void engine_waiter_remove(cph_engine *e, cph_op *op) { queue_remove(&e->waiters, op); }
+void engine_waiter_remove(cph_engine *e, cph_op *op) { op_queue_remove(&e->waiters, op); }
 
-int cph_engine_sync(cph_engine *e) { return cph_store_sync(e->store, NULL); }
+int cph_engine_sync(cph_engine *e) { return cph_store_sync(e->env.store, NULL); }
 
 /* POST /v1/maintenance/jobs */
 static void job_enqueue_apply(cph_engine *e, cph_op *op) {
@@ -728,24 +528,37 @@ void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t
                       uint32_t *in_use) {
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     cph_lane_stats st;
-    cph_sched_lane_stats(e->sched, (cph_lane)i, &st);
+    cph_sched_lane_stats(e->env.sched, (cph_lane)i, &st);
     out[i] = (cph_lane_info){(cph_lane)i,
                              st.turns_left,
                              st.tool_calls_left,
                              st.runnable,
                              st.running,
-                             e->policy->scheduler.lanes[i].turns,
-                             e->policy->scheduler.lanes[i].tool_calls};
+                             e->env.policy->scheduler.lanes[i].turns,
+                             e->env.policy->scheduler.lanes[i].tool_calls};
   }
-  *limit = cph_sched_concurrency(e->sched);
-  *in_use = cph_sched_running(e->sched);
+  *limit = cph_sched_concurrency(e->env.sched);
+  *in_use = cph_sched_running(e->env.sched);
+}
+
+int cph_engine_get_session(cph_engine *e, const char *id, cph_session_info *out, cph_err *err) {
+  return sessions_info(&e->sessions, id, out, err);
+}
+
+int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_session_info **out,
+                             size_t *n, cph_err *err) {
+  return sessions_list(&e->sessions, f, out, n, err);
+}
+
+int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *err) {
+  return sessions_why(&e->sessions, id, out, err);
 }
 
 uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->last_reply_id; }
 
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out) {
   cph_store_stats st;
-  int rc = cph_store_stats_get(e->store, &st);
+  int rc = cph_store_stats_get(e->env.store, &st);
   if (rc)
     return rc;
   out->map_size_bytes = st.map_size;

@@ -22,6 +22,9 @@
 #include "core/session.h"
 #include "lanes/sched.h"
 #include "store/store.h"
+#include "core/env.h"
+#include "core/ops.h"
+#include "core/sessions.h"
 
 /* An active lease. */
 typedef struct lease {
@@ -41,37 +44,13 @@ typedef struct lease {
   size_t n_views;
 } lease;
 
-typedef struct op_queue {
-  cph_op **items;
-  size_t head, len, cap;
-} op_queue;
-
 struct cph_engine {
-  cph_policy *policy;
-  uint64_t policy_generation;
+  cph_core_env env; /* env.h: store, policy, clock, scheduler, providers, the pass txn */
   bool sched_config_dirty; /* a reload is waiting for the next pass */
-  cph_store *store;
-  char *data_dir;
   cph_clock own_clock;
-  const cph_clock *clock_ref; /* own_clock, or the caller's virtual clock */
-  const struct cph_providers *providers; /* given at open (cephalon/providers.h); NULL = none */
-  cph_sched *sched;
   cph_engine_hooks hooks;
-
-  /* Sessions: the structs in session_slab; by_sid maps a scheduler handle to its session
-   * (NULL for a free handle) and is the way to visit every session; sessions indexes them by
-   * id (id -> sid, the key read back through by_sid). */
-  cph_slab session_slab;
-  cph_idmap sessions;
-  csession **by_sid;
-  size_t cap_by_sid;
-  cph_hmap channels; /* name -> channel */
+  cph_sessions sessions; /* sessions.h: the registry, channels, pending list, tick heap */
   cph_hmap leases;   /* turn id as decimal string -> lease (key owned by the lease) */
-
-  csession **pending_sessions; /* sessions with pending messages, for poll_inbox */
-  size_t n_pending_sessions, cap_pending_sessions;
-  csession **tick_heap; /* min-heap on next_tick_ns */
-  size_t n_ticks, cap_ticks;
 
   op_queue ops;     /* submitted, not yet applied */
   op_queue waiters; /* lease requests waiting for a turn (FIFO) */
@@ -81,10 +60,7 @@ struct cph_engine {
   uint64_t folded_total; /* over all sessions: cephalon_inbox_overflow_folded_total */
   bool ingest_full; /* ingest found the store full; it resumes past a margin (ingest.c) */
 
-  cph_txn txn; /* the pass's write transaction, open only inside run_pass */
-
   struct cph_dedupe *dedupe;     /* dedupe.c: exact/near dedupe and families */
-  int64_t wall_base_ms, wall_base_ns; /* engine_wall_ms(): wall time at open, engine clock */
   struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
   struct cph_reports *reports;   /* reports.c: report turns of reporter sessions */
   cph_memory memory;             /* memory.h: what memories keep in memory (the embed queue) */
@@ -96,41 +72,28 @@ struct cph_engine {
 };
 
 /* ---- engine.c ---- */
-csession *engine_session(cph_engine *e, const char *id);
-channel *engine_channel(cph_engine *e, const char *name, bool create);
-void engine_mark_pending(cph_engine *e, csession *s);
-void engine_update_work(cph_engine *e, csession *s);
-void engine_update_work_all(cph_engine *e); /* every session, in sid order */
-int64_t engine_now(cph_engine *e);
-/* Wall-clock milliseconds that advance with the engine clock: the real time at open plus
- * engine-clock time since (stored times, dedupe windows). */
-int64_t engine_wall_ms(const cph_engine *e);
-void engine_tick_schedule(cph_engine *e, csession *s);
-int op_fail(cph_op *op, int rc, const char *field, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static inline csession *engine_session(cph_engine *e, const char *id) {
+  return sessions_get(&e->sessions, id);
+}
+static inline channel *engine_channel(cph_engine *e, const char *name, bool create) {
+  return sessions_channel(&e->sessions, name, create);
+}
+static inline void engine_mark_pending(cph_engine *e, csession *s) {
+  sessions_mark_pending(&e->sessions, s);
+}
+static inline void engine_update_work(cph_engine *e, csession *s) {
+  sessions_update_work(&e->sessions, s);
+}
+static inline void engine_update_work_all(cph_engine *e) { sessions_update_work_all(&e->sessions); }
+static inline void engine_tick_schedule(cph_engine *e, csession *s) {
+  sessions_tick_schedule(&e->sessions, s);
+}
+static inline int64_t engine_now(cph_engine *e) { return env_now(&e->env); }
+static inline int64_t engine_wall_ms(const cph_engine *e) { return env_wall_ms(&e->env); }
 
 void engine_waiter_done(cph_engine *e, cph_op *op);
 cph_op *engine_waiter_at(cph_engine *e, size_t i);
 void engine_waiter_remove(cph_engine *e, cph_op *op);
-
-/* ---- sessions.c ---- */
-void sessions_init(cph_engine *e); /* the empty slab and index, before sessions_load */
-void sessions_apply(cph_engine *e, cph_op *op);
-int sessions_load(cph_engine *e, cph_err *err);
-csession *csession_new(cph_engine *e, const char *id, cph_lane lane, double credits,
-                       bool restore);
-void csession_free(cph_engine *e, csession *s);
-/* Registers s with the scheduler again, in lane with credits (class change, a failed commit's
- * rollback): a new sid, its id moved to the new registration, the old one removed. CPH_OK or
- * CPH_ENOMEM (s unchanged then). */
-int csession_resched(cph_engine *e, csession *s, cph_lane lane, double credits);
-/* Presizes the session index, by_sid and the scheduler for n sessions in all. */
-int sessions_reserve(cph_engine *e, size_t n);
-int sessions_channels_attach(cph_engine *e, csession *s, const cph_session_rec *rec);
-void sessions_channels_detach(cph_engine *e, csession *s);
-int persist_session_credits(cph_engine *e, cph_txn *t, csession *s);
-int janitor_create(cph_engine *e, cph_err *err);
-bool session_id_valid(const char *id);
 
 /* ---- ingest.c ---- */
 void ingest_apply(cph_engine *e, cph_op *op);

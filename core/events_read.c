@@ -17,7 +17,7 @@ void cph_event_info_free(cph_event_info *ev) {
 int cph_engine_get_event(cph_engine *e, uint64_t id, cph_event_info *out, cph_err *err) {
   memset(out, 0, sizeof *out);
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   cph_key k;
   cph_key_reset(&k);
   cph_key_u64(&k, id);

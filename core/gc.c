@@ -148,7 +148,7 @@ static int plan_explicit(cph_engine *e, cph_txn *t, const char *list) {
  * access_count <= :gc :max-access, grouped per scope in creation order, at most
  * :group-max-tokens a group and :max-groups-per-plan groups. */
 static int plan_auto(cph_engine *e, cph_txn *t) {
-  const cph_policy_gc *g = &e->policy->gc;
+  const cph_policy_gc *g = &e->env.policy->gc;
   int64_t cutoff = cph_wall_ms() - (int64_t)(g->min_age_hours * 3600000.0);
   builder *bs = calloc(SCOPES_PER_PLAN, sizeof *bs);
   size_t nb = 0;
@@ -372,8 +372,8 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
       o.op = CPH_OUTBOX_VECTOR_DELETE;
       o.status = CPH_OUTBOX_PENDING;
       o.memory_id = m.id;
-      o.model = e->policy->providers.embeddings.model;
-      o.shard = cph_vindex_shard(m.id, e->policy->vector_index.shards);
+      o.model = e->env.policy->providers.embeddings.model;
+      o.shard = cph_vindex_shard(m.id, e->env.policy->vector_index.shards);
       o.created_ms = o.next_attempt_ms = now;
       cph_key ok = u64_key(oid);
       if (rc == CPH_OK)
@@ -434,7 +434,7 @@ static void group_info_take(cph_gc_group_rec *r, cph_gc_group_info *out) {
 int cph_engine_gc_group(cph_engine *e, uint64_t id, cph_gc_group_info *out, cph_err *err) {
   memset(out, 0, sizeof *out);
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   cph_key k = u64_key(id);
   cph_gc_group_rec r;
   if (rc == CPH_OK)
@@ -460,7 +460,7 @@ int cph_engine_gc_groups(cph_engine *e, const char *state, size_t limit, cph_gc_
   if (!*out)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   cph_cursor c;
   cph_val k, v;
   cph_key end = u64_key(UINT64_MAX);

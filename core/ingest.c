@@ -366,7 +366,7 @@ static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bo
     if (at >= 0)
       return fold_into(t, s, at, event_id, mentioned, direct, v, now_ms, dl);
   }
-  int64_t max_queue = e->policy->sessions.max_queue;
+  int64_t max_queue = e->env.policy->sessions.max_queue;
   queued_memo scratch, *q = NULL;
   if ((int64_t)s->n_inbox >= max_queue) {
     q = queued_of(qm, s, &scratch);
@@ -419,7 +419,7 @@ static bool idem_seen(cph_engine *e, cph_txn *t, const char *key, uint64_t *id) 
   if (k.overflow || cph_txn_get(t, CPH_DB_IDEM_KEYS, &k, &v) != CPH_OK || v.len != 16)
     return false;
   int64_t at = (int64_t)cph_be64_get((const uint8_t *)v.data + 8);
-  if (cph_wall_ms() - at > e->policy->dedupe.key_window_seconds * 1000)
+  if (cph_wall_ms() - at > e->env.policy->dedupe.key_window_seconds * 1000)
     return false;
   *id = cph_be64_get(v.data);
   return true;
@@ -434,7 +434,7 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
   snprintf(scope, sizeof scope, "%c%s", CPH_CHANNEL_SCOPE_PREFIX, channel_name);
   if (raw && *body)
     memory_mint(&e->memory, t, scope, CPH_MEMORY_RAW, body, event_id,
-                backpressure_embed_allowed(e->policy, step, false), NULL);
+                backpressure_embed_allowed(e->env.policy, step, false), NULL);
   if (v->family_created && v->sample) {
     size_t len = strlen(v->sample) + strlen(channel_name) + 48;
     char *text = malloc(len);
@@ -445,7 +445,7 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
     char tag[32];
     memory_family_tag(v->family, tag);
     if (memory_mint(&e->memory, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
-                    backpressure_embed_allowed(e->policy, step, true), &id) == CPH_OK)
+                    backpressure_embed_allowed(e->env.policy, step, true), &id) == CPH_OK)
       memory_add_tag(t, id, tag); /* aggregate_upsert finds and updates this one */
     free(text);
   }
@@ -476,9 +476,9 @@ static dedupe_near near_scope(const cph_engine *e, const cph_event_in *in, const
                               int step) {
   if (in->session || in->mentions.count)
     return DEDUPE_NEAR_OFF;
-  if (step >= BP_STEP_AGGREGATE_ONLY || cph_policy_dedupe_is_bulk(e->policy, chan, NULL))
+  if (step >= BP_STEP_AGGREGATE_ONLY || cph_policy_dedupe_is_bulk(e->env.policy, chan, NULL))
     return DEDUPE_NEAR_CHANNEL;
-  return cph_policy_dedupe_is_bulk(e->policy, NULL, in->sender) ? DEDUPE_NEAR_SENDER
+  return cph_policy_dedupe_is_bulk(e->env.policy, NULL, in->sender) ? DEDUPE_NEAR_SENDER
                                                                  : DEDUPE_NEAR_OFF;
 }
 
@@ -539,10 +539,10 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     return CPH_OK;
   }
 
-  int step = backpressure_step(e->bp, e->policy, channel_name);
+  int step = backpressure_step(e->bp, e->env.policy, channel_name);
   int64_t dd_now = engine_wall_ms(e);
   dedupe_verdict v;
-  if (dedupe_classify(e->dedupe, &e->policy->dedupe, t, channel_name, in->sender, in->body, dd_now,
+  if (dedupe_classify(e->dedupe, &e->env.policy->dedupe, t, channel_name, in->sender, in->body, dd_now,
                       step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1,
                       near_scope(e, in, channel_name, step), &v) != CPH_OK) {
     dedupe_verdict_free(&v);
@@ -680,7 +680,7 @@ static int ingest_room(cph_engine *e, cph_txn *t, size_t *room, cph_err *err) {
   size_t live = 0, map = 0;
   int rc = cph_txn_space(t, &live, &map);
   if (rc)
-    return cph_err_set(err, rc, "cannot tell how full data dir '%s' is: %s", e->data_dir,
+    return cph_err_set(err, rc, "cannot tell how full data dir '%s' is: %s", e->env.data_dir,
                        cph_strerror(rc));
   size_t reserve = map / INGEST_RESERVE_DIV;
   if (reserve < INGEST_RESERVE_MIN)
@@ -699,7 +699,7 @@ static int ingest_room(cph_engine *e, cph_txn *t, size_t *room, cph_err *err) {
                      "storage full: %zu KiB of the %zu MiB map of data dir '%s' hold data and "
                      "ingest keeps the last %zu KiB for workers (raise :server :map-size-mb and "
                      "restart)",
-                     live >> 10, map >> 20, e->data_dir, reserve >> 10);
+                     live >> 10, map >> 20, e->env.data_dir, reserve >> 10);
 }
 
 /* The request failed: none of its writes land and memory goes back to before it. */
@@ -725,7 +725,7 @@ void ingest_apply(cph_engine *e, cph_op *op) {
     return;
   }
   cph_err err;
-  int rc = cph_txn_begin_child(&e->txn, &rq.t);
+  int rc = cph_txn_begin_child(&e->env.txn, &rq.t);
   if (rc)
     cph_err_set(&err, rc, "%s", rq.t.err.msg);
   if (rc == CPH_OK) {
@@ -778,8 +778,10 @@ void ingest_apply(cph_engine *e, cph_op *op) {
  * stops once it found them all: O(new messages), not O(inbox). */
 uint64_t inbox_poll(cph_engine *e) {
   uint64_t staged = 0;
-  for (size_t i = 0; i < e->n_pending_sessions; i++) {
-    csession *s = e->pending_sessions[i];
+  size_t n;
+  csession **pending = sessions_take_pending(&e->sessions, &n);
+  for (size_t i = 0; i < n; i++) {
+    csession *s = pending[i];
     uint32_t left = s->n_pending;
     for (uint32_t j = s->n_inbox; j-- > 0 && left;)
       if (s->inbox[j].status == CPH_INBOX_PENDING) {
@@ -792,6 +794,5 @@ uint64_t inbox_poll(cph_engine *e) {
     s->in_pending_list = false;
     engine_update_work(e, s);
   }
-  e->n_pending_sessions = 0;
   return staged;
 }

@@ -224,14 +224,14 @@ void maint_job_queued(cph_engine *e, csession *s, uint64_t job_id, cph_job_kind_
   if (push_job(s, job_id) == CPH_OK)
     e->maint->queued[kind]++;
   if (kind == CPH_JOBK_OUTBOX_DRAIN)
-    cph_sched_set_trickle(e->sched, s->sid, true); /* §3.5: a batch is owed */
+    cph_sched_set_trickle(e->env.sched, s->sid, true); /* §3.5: a batch is owed */
   engine_update_work(e, s);
 }
 
 int maint_enqueue(cph_engine *e, cph_job_kind_t kind, const char *args, uint64_t group_id,
                   uint64_t *id_out) {
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   uint64_t id = 0;
   csession *s = NULL;
   int rc = maint_job_write(e, &t, kind, args, group_id, &id, &s);
@@ -254,14 +254,14 @@ int maint_enqueue(cph_engine *e, cph_job_kind_t kind, const char *args, uint64_t
 /* ---------------------------------------------------------------- prepare */
 
 static int prepare_embed(cph_engine *e, cph_txn *t, cph_job_work *w) {
-  size_t limit = (size_t)e->policy->maintenance.embeddings.batch_size;
+  size_t limit = (size_t)e->env.policy->maintenance.embeddings.batch_size;
   if (limit > EMBED_BATCH_MAX)
     limit = EMBED_BATCH_MAX;
-  w->dims = (uint32_t)e->policy->providers.embeddings.dimensions;
+  w->dims = (uint32_t)e->env.policy->providers.embeddings.dimensions;
   w->memory_ids = calloc(limit, sizeof *w->memory_ids);
   w->texts = calloc(limit, sizeof *w->texts);
   w->scopes = calloc(limit, sizeof *w->scopes);
-  w->remote_index = e->policy->vector_index.kind == CPH_POLICY_INDEX_HTTP;
+  w->remote_index = e->env.policy->vector_index.kind == CPH_POLICY_INDEX_HTTP;
   if (!w->memory_ids || !w->texts || !w->scopes)
     return CPH_ENOMEM;
   cph_cursor c;
@@ -291,12 +291,12 @@ static int prepare_embed(cph_engine *e, cph_txn *t, cph_job_work *w) {
 
 /* One batch of pending, due outbox items of a single model and shard, oldest first. */
 static int prepare_outbox(cph_engine *e, cph_txn *t, cph_job_work *w) {
-  size_t limit = (size_t)e->policy->maintenance.outbox.batch_size;
+  size_t limit = (size_t)e->env.policy->maintenance.outbox.batch_size;
   int64_t now = cph_wall_ms();
   w->outbox_ids = calloc(limit, sizeof *w->outbox_ids);
   w->memory_ids = calloc(limit, sizeof *w->memory_ids);
   w->confirmed = calloc(limit, sizeof *w->confirmed);
-  w->remote_index = e->policy->vector_index.kind == CPH_POLICY_INDEX_HTTP;
+  w->remote_index = e->env.policy->vector_index.kind == CPH_POLICY_INDEX_HTTP;
   if (!w->outbox_ids || !w->memory_ids || !w->confirmed)
     return CPH_ENOMEM;
   cph_cursor c;
@@ -356,7 +356,7 @@ int maint_job_start(cph_engine *e, cph_txn *t, csession *s, bool trickle, uint64
   w->job_id = job_id;
   w->kind = (cph_job_kind_t)j.kind;
   w->group_id = j.group_id;
-  w->providers = e->providers;
+  w->providers = e->env.providers;
   switch (w->kind) {
   case CPH_JOBK_EMBED_MEMORY:
     rc = prepare_embed(e, t, w);
@@ -474,7 +474,7 @@ static int apply_outbox(cph_engine *e, cph_txn *t, const cph_job_work *w, uint64
       }
     } else {
       o.attempts++;
-      o.next_attempt_ms = now + backoff_ms(e->policy, o.attempts);
+      o.next_attempt_ms = now + backoff_ms(e->env.policy, o.attempts);
       char *old = o.last_error;
       o.last_error = (char *)(w->rc ? w->error : "not confirmed by the index");
       cph_txn_put_record(t, CPH_DB_OUTBOX, &ok, &cph_outbox_desc, &o);
@@ -508,7 +508,7 @@ static int apply_retention(cph_engine *e, cph_txn *t) {
     if (k.len != 8 || cph_record_decode(&cph_event_desc, v.data, v.len, &ev, &derr))
       continue;
     last = ev.id;
-    const cph_policy_retention *keep = cph_policy_retention_for(e->policy, ev.channel);
+    const cph_policy_retention *keep = cph_policy_retention_for(e->env.policy, ev.channel);
     int64_t age_ms = now - ev.received_ms;
     if (age_ms > keep->metadata_keep_days * 86400000LL) {
       cph_record_free(&cph_event_desc, &ev);
@@ -669,7 +669,7 @@ int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph
   if (j.kind == CPH_JOBK_EMBED_MEMORY && w && w->rc)
     /* the embedder or index is failing: try again after a drain interval, not every pass */
     e->maint->next_embed_ns =
-        engine_now(e) + e->policy->maintenance.outbox.drain_interval_s * CPH_NS_PER_S;
+        engine_now(e) + e->env.policy->maintenance.outbox.drain_interval_s * CPH_NS_PER_S;
   cph_record_free(&cph_job_desc, &j);
   return rc;
 }
@@ -687,7 +687,7 @@ int maint_job_retry(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, con
   int rc = cph_txn_get_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
   if (rc)
     return rc;
-  *failed = j.attempts >= (uint32_t)e->policy->leases.max_attempts;
+  *failed = j.attempts >= (uint32_t)e->env.policy->leases.max_attempts;
   j.state = *failed ? CPH_JOB_FAILED : CPH_JOB_QUEUED;
   char *old = j.error;
   j.error = (char *)error;
@@ -713,13 +713,13 @@ void maint_tick(cph_engine *e) {
   for (uint32_t i = 0; i < janitor->n_jobs; i++) {
     cph_key k = u64_key(janitor->jobs[i]);
     cph_job_rec j;
-    if (cph_txn_get_record(&e->txn, CPH_DB_JOBS, &k, &cph_job_desc, &j) == CPH_OK) {
+    if (cph_txn_get_record(&e->env.txn, CPH_DB_JOBS, &k, &cph_job_desc, &j) == CPH_OK) {
       counts[j.kind]++;
       cph_record_free(&cph_job_desc, &j);
     }
   }
   memcpy(m->queued, counts, sizeof counts);
-  const cph_policy *p = e->policy;
+  const cph_policy *p = e->env.policy;
   if (now >= m->next_gc_plan_ns) {
     if (!counts[CPH_JOBK_GC_PLAN])
       maint_enqueue(e, CPH_JOBK_GC_PLAN, NULL, 0, NULL);
@@ -738,7 +738,7 @@ void maint_tick(cph_engine *e) {
     maint_enqueue(e, CPH_JOBK_EMBED_MEMORY, NULL, 0, NULL);
   /* §3.5: the trickle is owed while the outbox has work; dropping the flag between batches
    * would forfeit the catch-up of batches the scheduler owes. */
-  cph_sched_set_trickle(e->sched, janitor->sid, m->outbox_pending > 0 && counts[CPH_JOBK_OUTBOX_DRAIN] > 0);
+  cph_sched_set_trickle(e->env.sched, janitor->sid, m->outbox_pending > 0 && counts[CPH_JOBK_OUTBOX_DRAIN] > 0);
 }
 
 /* ---------------------------------------------------------------- open / close */
@@ -749,11 +749,11 @@ int maint_open(cph_engine *e, cph_err *err) {
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   e->maint = m;
   int64_t now = engine_now(e);
-  m->next_gc_plan_ns = now + e->policy->gc.plan_interval_s * CPH_NS_PER_S;
-  m->next_retention_ns = now + e->policy->maintenance.retention.interval_s * CPH_NS_PER_S;
+  m->next_gc_plan_ns = now + e->env.policy->gc.plan_interval_s * CPH_NS_PER_S;
+  m->next_retention_ns = now + e->env.policy->maintenance.retention.interval_s * CPH_NS_PER_S;
   m->next_drain_ns = now;
   cph_txn t;
-  int rc = cph_txn_begin(e->store, true, &t);
+  int rc = cph_txn_begin(e->env.store, true, &t);
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
   cph_cursor c;
@@ -853,7 +853,7 @@ int cph_engine_jobs(cph_engine *e, const char *state, size_t limit, cph_job_info
   if (!*out)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   cph_cursor c;
   cph_val k, v;
   if (rc == CPH_OK)
@@ -904,7 +904,7 @@ int cph_engine_outbox(cph_engine *e, const char *status, size_t limit, cph_outbo
   if (!*out)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   cph_cursor c;
   cph_val k, v;
   if (rc == CPH_OK)

@@ -584,7 +584,7 @@ static void add_scheduler(cph_engine *e, metric_registry *r) {
   metric_add_gauge(r, "cephalon_concurrency_limit", "At most this many turns run at once.",
                    limit);
   metric_add_counter(r, "cephalon_scheduler_passes_total", "Scheduler passes run.", l->passes);
-  metric_add_gauge(r, "cephalon_sessions", "Sessions that exist.", (double)e->sessions.len);
+  metric_add_gauge(r, "cephalon_sessions", "Sessions that exist.", (double)e->sessions.by_id.len);
 }
 
 /* Credits over sessions, sampled so a scrape stays cheap with a million sessions: at most
@@ -592,7 +592,7 @@ static void add_scheduler(cph_engine *e, metric_registry *r) {
  * with each scrape so successive scrapes cover every session. Buckets split the policy's
  * [min, max] into ten (they move with a reload; each scrape is a snapshot). */
 static void add_credits(cph_engine *e, metric_registry *r, double bounds[10]) {
-  const cph_policy *p = e->policy;
+  const cph_policy *p = e->env.policy;
   double lo = p->scheduler.credits.min, hi = p->scheduler.credits.max;
   size_t n_bounds = 1;
   bounds[0] = hi;
@@ -611,13 +611,13 @@ static void add_credits(cph_engine *e, metric_registry *r, double bounds[10]) {
   metric_hist *h = metric_series_hist(metric_series_add(f, NULL));
   if (!h)
     return;
-  size_t cap = e->cap_by_sid;
+  size_t cap = e->sessions.cap_by_sid;
   size_t stride = cap / METRICS_CREDITS_SAMPLE_MAX + (cap % METRICS_CREDITS_SAMPLE_MAX != 0);
   if (!stride)
     stride = 1;
   for (size_t i = e->metrics->scrapes % stride; i < cap; i += stride)
-    if (e->by_sid[i])
-      metric_hist_observe(h, cph_sched_credits(e->sched, e->by_sid[i]->sid));
+    if (e->sessions.by_sid[i])
+      metric_hist_observe(h, cph_sched_credits(e->env.sched, e->sessions.by_sid[i]->sid));
 }
 
 static void add_turn_outcomes(cph_engine *e, metric_registry *r) {
@@ -681,7 +681,7 @@ static void add_dedupe(cph_engine *e, metric_registry *r) {
   metric_add_gauge(r, "cephalon_aggregates",
                    "Duplicate families (aggregates) stored; DESIGN's aggregate_count.",
                    (double)st.aggregate_count);
-  size_t top = (size_t)e->policy->metrics.top_families;
+  size_t top = (size_t)e->env.policy->metrics.top_families;
   if (top > DEDUPE_TOP_MAX)
     top = DEDUPE_TOP_MAX;
   uint64_t families[DEDUPE_TOP_MAX], counts[DEDUPE_TOP_MAX];
@@ -708,7 +708,7 @@ typedef struct bp_scan {
 
 /* One channel's step, labelled with what holds it there (backpressure_trigger). */
 static void bp_series(cph_engine *e, metric_family *f, const char *chan, int step) {
-  const char *labels[2] = {chan, backpressure_trigger(e->bp, e->policy, chan)};
+  const char *labels[2] = {chan, backpressure_trigger(e->bp, e->env.policy, chan)};
   metric_gauge_set(metric_series_addv(f, labels), step);
 }
 
@@ -728,7 +728,7 @@ static void bp_visit(void *ctx, const char *chan, int step) {
  * degraded ones. The scan is O(channels backpressure tracks) — those with traffic in the last
  * minutes or a persisted step — which its own once-a-second check walks anyway. */
 static void add_backpressure(cph_engine *e, metric_registry *r) {
-  const cph_policy *p = e->policy;
+  const cph_policy *p = e->env.policy;
   bp_scan b = {e, p, NULL, 0, 0};
   b.family = metric_family_add(
       r, "cephalon_backpressure_step", METRIC_GAUGE,
@@ -739,11 +739,11 @@ static void add_backpressure(cph_engine *e, metric_registry *r) {
   metric_family_add_label(b.family, "trigger");
   for (size_t i = 0; i < p->backpressure.channel_count; i++) {
     const char *chan = p->backpressure.channels[i].channel;
-    int step = backpressure_step(e->bp, e->policy, chan);
+    int step = backpressure_step(e->bp, e->env.policy, chan);
     bp_series(e, b.family, chan, step);
     b.degraded += step > 0;
   }
-  backpressure_foreach(e->bp, e->policy, bp_visit, &b);
+  backpressure_foreach(e->bp, e->env.policy, bp_visit, &b);
   metric_add_gauge(r, "cephalon_backpressure_degraded_channels",
                    "Channels whose degrade step is above 0: those with a policy override and "
                    "those backpressure tracks (traffic in the last minutes or a stored step); "
@@ -783,7 +783,7 @@ static void add_storage_and_policy(cph_engine *e, metric_registry *r) {
                      e->metrics->live.storage_full);
   metric_add_gauge(r, "cephalon_policy_generation",
                    "Generation of the policy in force: 1 at start, +1 per reload.",
-                   (double)e->policy_generation);
+                   (double)e->env.policy_generation);
   metric_add_counter(r, "cephalon_policy_reload_failures_total",
                      "Policy reloads rejected (SIGHUP or POST /v1/admin/policy/reload); the "
                      "old policy stayed in force.",

@@ -406,7 +406,7 @@ static void context_insert(cph_engine *e, cph_op *op, csession *s) {
   if (parse_node(op, &proto, stages))
     return;
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   cph_pact_tree tree;
   int rc = pact_load(e, &t, s->id, &tree);
   if (rc) {
@@ -452,7 +452,7 @@ static void context_insert(cph_engine *e, cph_op *op, csession *s) {
 
 static void context_delete(cph_engine *e, cph_op *op, csession *s) {
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   cph_pact_tree tree;
   int rc = pact_load(e, &t, s->id, &tree);
   if (rc == CPH_OK && cph_pact_delete(&tree, op->u.context.node_id) != CPH_OK)
@@ -496,7 +496,7 @@ static void context_seal(cph_engine *e, cph_op *op, csession *s) {
     return;
   }
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   cph_pact_tree tree;
   int rc = pact_load(e, &t, s->id, &tree);
   if (rc) {
@@ -553,7 +553,7 @@ static int load_for_read(cph_engine *e, const char *session, cph_pact_tree *tree
   if (!engine_session(e, session))
     return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", session);
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   if (rc == CPH_OK)
     rc = pact_load(e, &t, session, tree);
   if (rc)
@@ -633,7 +633,7 @@ int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, si
   if (!engine_session(e, session))
     return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", session);
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   cph_cursor c;
   cph_val k, v;
   cph_key start = node_key(session, 0);

@@ -223,7 +223,7 @@ int cph_engine_memory_scopes(cph_engine *e, const char *session, cph_strv *out, 
   if (!out->items)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
   rc = session_scopes(&t, session ? session : "", out->items, SCOPES_MAX, &out->count);
@@ -559,7 +559,7 @@ void search_apply(cph_engine *e, cph_op *op) {
     op_fail(op, CPH_EINVAL, "q", "q: a query is required");
     return;
   }
-  const cph_policy *p = e->policy;
+  const cph_policy *p = e->env.policy;
   uint32_t dims = (uint32_t)p->providers.embeddings.dimensions;
   bool builtin = p->providers.embeddings.kind == CPH_POLICY_PROVIDER_BUILTIN;
   bool embedded = p->vector_index.kind == CPH_POLICY_INDEX_EMBEDDED;
@@ -569,7 +569,7 @@ void search_apply(cph_engine *e, cph_op *op) {
                            : NULL;
 
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   char *scopes[SCOPES_MAX] = {0};
   search_ctx s = {.t = &t, .scopes = scopes};
   float *own = NULL;

@@ -5,10 +5,10 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "context.h"
-#include "engine_internal.h"
 #include "inbox.h"
+#include "ops.h"
 #include "reports.h"
+#include "sessions.h"
 
 #define ID_MAX 128
 
@@ -40,92 +40,261 @@ _Static_assert(sizeof(csession) <= 112, "csession grew: mind the RSS per idle se
 
 /* The index's key for a handle: the id of the session registered under that sid. */
 static const char *session_key_of(const void *ctx, uint32_t sid) {
-  const cph_engine *e = ctx;
-  return e->by_sid[sid]->id;
+  const cph_sessions *ss = ctx;
+  return ss->by_sid[sid]->id;
 }
 
-void sessions_init(cph_engine *e) {
-  cph_slab_init(&e->session_slab, sizeof(csession));
-  cph_idmap_init(&e->sessions, session_key_of, e);
+void sessions_init(cph_sessions *ss, cph_core_env *env, struct cph_reports *reports,
+                   struct cph_backpressure *bp, const sessions_hooks *hooks) {
+  memset(ss, 0, sizeof *ss);
+  ss->env = env;
+  ss->reports = reports;
+  ss->bp = bp;
+  ss->hooks = *hooks;
+  cph_slab_init(&ss->slab, sizeof(csession));
+  cph_idmap_init(&ss->by_id, session_key_of, ss);
+}
+
+void sessions_clear(cph_sessions *ss) {
+  for (size_t i = 0; i < ss->cap_by_sid; i++)
+    if (ss->by_sid[i])
+      csession_free(ss, ss->by_sid[i]);
+  cph_idmap_free(&ss->by_id);
+  cph_slab_destroy(&ss->slab);
+  for (size_t i = 0; i < ss->channels.cap; i++) {
+    channel *c = ss->channels.slots[i].value;
+    if (!ss->channels.slots[i].key)
+      continue;
+    free(c->subscribers);
+    free(c->members);
+    free(c->name);
+    free(c);
+  }
+  cph_hmap_free(&ss->channels);
+  free(ss->by_sid);
+  free(ss->pending);
+  free(ss->tick_heap);
+  sessions_hooks hooks = ss->hooks;
+  *ss = (cph_sessions){.hooks = hooks};
+}
+
+/* ---------------------------------------------------------------- lookups */
+
+csession *sessions_get(const cph_sessions *ss, const char *id) {
+  uint32_t sid = cph_idmap_get(&ss->by_id, id);
+  return sid == CPH_IDMAP_NONE ? NULL : ss->by_sid[sid];
+}
+
+channel *sessions_channel(cph_sessions *ss, const char *name, bool create) {
+  channel *c = cph_hmap_get(&ss->channels, name);
+  if (c || !create)
+    return c;
+  c = calloc(1, sizeof *c);
+  if (!c || !(c->name = strdup(name)) || cph_hmap_put(&ss->channels, c->name, c) != CPH_OK) {
+    if (c)
+      free(c->name);
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+/* ---------------------------------------------------------------- scheduling state */
+
+void sessions_mark_pending(cph_sessions *ss, csession *s) {
+  if (s->in_pending_list)
+    return;
+  if (ss->n_pending == ss->cap_pending) {
+    size_t cap = ss->cap_pending ? ss->cap_pending * 2 : 64;
+    csession **p = realloc(ss->pending, cap * sizeof *p);
+    if (!p)
+      return; /* staged on a later mark; pending state is in LMDB either way */
+    ss->pending = p;
+    ss->cap_pending = cap;
+  }
+  ss->pending[ss->n_pending++] = s;
+  s->in_pending_list = true;
+}
+
+csession **sessions_take_pending(cph_sessions *ss, size_t *n) {
+  *n = ss->n_pending;
+  ss->n_pending = 0;
+  return ss->pending;
+}
+
+/* A session has work when it has staged input or a due autonomy tick (§3.3); a reporter's
+ * held input counts only once its report is due (reports.h). */
+void sessions_update_work(cph_sessions *ss, csession *s) {
+  cph_sched_set_paused(ss->env->sched, s->sid, s->paused);
+  bool input = s->n_staged > 0 && (!s->reports || s->report_due || reports_has_unheld(s));
+  cph_sched_set_work(ss->env->sched, s->sid, input || s->tick_due || s->n_jobs > 0);
+}
+
+/* In sid order, so the scheduler's slots and the slab are walked (nearly) in address order:
+ * at a million sessions that is the difference between streaming and a cache miss each. */
+void sessions_update_work_all(cph_sessions *ss) {
+  for (size_t i = 0; i < ss->cap_by_sid; i++)
+    if (ss->by_sid[i])
+      sessions_update_work(ss, ss->by_sid[i]);
+}
+
+/* ---- autonomy ticks: a min-heap on next_tick_ns; tick_heap_pos is a session's index + 1 */
+
+static bool tick_less(const csession *a, const csession *b) {
+  return a->next_tick_ns < b->next_tick_ns;
+}
+
+static void tick_swap(cph_sessions *ss, size_t i, size_t j) {
+  csession *t = ss->tick_heap[i];
+  ss->tick_heap[i] = ss->tick_heap[j];
+  ss->tick_heap[j] = t;
+  ss->tick_heap[i]->tick_heap_pos = i + 1;
+  ss->tick_heap[j]->tick_heap_pos = j + 1;
+}
+
+static void tick_sift(cph_sessions *ss, size_t i) {
+  while (i > 0 && tick_less(ss->tick_heap[i], ss->tick_heap[(i - 1) / 2])) {
+    tick_swap(ss, i, (i - 1) / 2);
+    i = (i - 1) / 2;
+  }
+  for (;;) {
+    size_t l = 2 * i + 1, best = i;
+    if (l < ss->n_ticks && tick_less(ss->tick_heap[l], ss->tick_heap[best]))
+      best = l;
+    if (l + 1 < ss->n_ticks && tick_less(ss->tick_heap[l + 1], ss->tick_heap[best]))
+      best = l + 1;
+    if (best == i)
+      return;
+    tick_swap(ss, i, best);
+    i = best;
+  }
+}
+
+static void tick_remove(cph_sessions *ss, csession *s) {
+  if (!s->tick_heap_pos)
+    return;
+  size_t i = s->tick_heap_pos - 1;
+  s->tick_heap_pos = 0;
+  ss->n_ticks--;
+  if (i != ss->n_ticks) {
+    ss->tick_heap[i] = ss->tick_heap[ss->n_ticks];
+    ss->tick_heap[i]->tick_heap_pos = i + 1;
+    tick_sift(ss, i);
+  }
+}
+
+void sessions_tick_schedule(cph_sessions *ss, csession *s) {
+  tick_remove(ss, s);
+  s->tick_due = false;
+  if (!s->autonomy_interval_s) {
+    s->next_tick_ns = 0;
+    return;
+  }
+  s->next_tick_ns = env_now(ss->env) + (int64_t)s->autonomy_interval_s * CPH_NS_PER_S;
+  if (ss->n_ticks == ss->cap_ticks) {
+    size_t cap = ss->cap_ticks ? ss->cap_ticks * 2 : 64;
+    csession **p = realloc(ss->tick_heap, cap * sizeof *p);
+    if (!p)
+      return;
+    ss->tick_heap = p;
+    ss->cap_ticks = cap;
+  }
+  ss->tick_heap[ss->n_ticks] = s;
+  s->tick_heap_pos = ++ss->n_ticks;
+  tick_sift(ss, ss->n_ticks - 1);
+}
+
+void sessions_ticks_fire(cph_sessions *ss) {
+  int64_t now = env_now(ss->env);
+  while (ss->n_ticks && ss->tick_heap[0]->next_tick_ns <= now) {
+    csession *s = ss->tick_heap[0];
+    tick_remove(ss, s);
+    s->tick_due = true;
+    sessions_update_work(ss, s);
+  }
+}
+
+int64_t sessions_next_tick_ns(const cph_sessions *ss) {
+  return ss->n_ticks ? ss->tick_heap[0]->next_tick_ns : INT64_MAX;
 }
 
 /* Makes by_sid cover sid. */
-static int by_sid_fit(cph_engine *e, size_t n) {
-  if (n <= e->cap_by_sid)
+static int by_sid_fit(cph_sessions *ss, size_t n) {
+  if (n <= ss->cap_by_sid)
     return CPH_OK;
-  size_t cap = e->cap_by_sid ? e->cap_by_sid : 64;
+  size_t cap = ss->cap_by_sid ? ss->cap_by_sid : 64;
   while (cap < n)
     cap *= 2;
-  csession **p = realloc(e->by_sid, cap * sizeof *p);
+  csession **p = realloc(ss->by_sid, cap * sizeof *p);
   if (!p)
     return CPH_ENOMEM;
-  memset(p + e->cap_by_sid, 0, (cap - e->cap_by_sid) * sizeof *p);
-  e->by_sid = p;
-  e->cap_by_sid = cap;
+  memset(p + ss->cap_by_sid, 0, (cap - ss->cap_by_sid) * sizeof *p);
+  ss->by_sid = p;
+  ss->cap_by_sid = cap;
   return CPH_OK;
 }
 
-int sessions_reserve(cph_engine *e, size_t n) {
-  if (cph_idmap_reserve(&e->sessions, n) || cph_sched_reserve(e->sched, n) ||
-      by_sid_fit(e, n))
+int sessions_reserve(cph_sessions *ss, size_t n) {
+  if (cph_idmap_reserve(&ss->by_id, n) || cph_sched_reserve(ss->env->sched, n) ||
+      by_sid_fit(ss, n))
     return CPH_ENOMEM;
   return CPH_OK;
 }
 
-csession *csession_new(cph_engine *e, const char *id, cph_lane lane, double credits,
+csession *csession_new(cph_sessions *ss, const char *id, cph_lane lane, double credits,
                        bool restore) {
-  csession *s = cph_slab_alloc(&e->session_slab);
+  csession *s = cph_slab_alloc(&ss->slab);
   if (!s)
     return NULL;
   s->lane = lane;
-  int rc = restore ? cph_sched_restore(e->sched, id, lane, credits, &s->sid)
-                   : cph_sched_add(e->sched, id, lane, &s->sid);
+  int rc = restore ? cph_sched_restore(ss->env->sched, id, lane, credits, &s->sid)
+                   : cph_sched_add(ss->env->sched, id, lane, &s->sid);
   if (rc)
     goto fail;
-  if (by_sid_fit(e, (size_t)s->sid + 1) != CPH_OK)
+  if (by_sid_fit(ss, (size_t)s->sid + 1) != CPH_OK)
     goto fail_sched;
-  s->id = (char *)cph_sched_id(e->sched, s->sid);
-  e->by_sid[s->sid] = s;
-  if (cph_idmap_put(&e->sessions, s->id, s->sid) != CPH_OK) {
-    e->by_sid[s->sid] = NULL;
+  s->id = (char *)cph_sched_id(ss->env->sched, s->sid);
+  ss->by_sid[s->sid] = s;
+  if (cph_idmap_put(&ss->by_id, s->id, s->sid) != CPH_OK) {
+    ss->by_sid[s->sid] = NULL;
     goto fail_sched;
   }
   return s;
 fail_sched:
-  cph_sched_remove(e->sched, s->sid);
+  cph_sched_remove(ss->env->sched, s->sid);
 fail:
-  cph_slab_free(&e->session_slab, s);
+  cph_slab_free(&ss->slab, s);
   return NULL;
 }
 
 /* Frees s; the caller took it out of the index and the scheduler. */
-void csession_free(cph_engine *e, csession *s) {
-  if (e->by_sid && s->sid < e->cap_by_sid)
-    e->by_sid[s->sid] = NULL;
+void csession_free(cph_sessions *ss, csession *s) {
+  if (ss->by_sid && s->sid < ss->cap_by_sid)
+    ss->by_sid[s->sid] = NULL;
   free(s->inbox);
   free(s->jobs);
-  cph_slab_free(&e->session_slab, s);
+  cph_slab_free(&ss->slab, s);
 }
 
-int csession_resched(cph_engine *e, csession *s, cph_lane lane, double credits) {
+int csession_resched(cph_sessions *ss, csession *s, cph_lane lane, double credits) {
   cph_sid old = s->sid, sid;
   /* The new registration first, from the id the old one still holds. */
-  if (cph_sched_restore(e->sched, s->id, lane, credits, &sid) != CPH_OK)
+  if (cph_sched_restore(ss->env->sched, s->id, lane, credits, &sid) != CPH_OK)
     return CPH_ENOMEM;
-  if (by_sid_fit(e, (size_t)sid + 1) != CPH_OK) {
-    cph_sched_remove(e->sched, sid);
+  if (by_sid_fit(ss, (size_t)sid + 1) != CPH_OK) {
+    cph_sched_remove(ss->env->sched, sid);
     return CPH_ENOMEM;
   }
-  e->by_sid[sid] = s;
-  cph_idmap_put(&e->sessions, s->id, sid); /* a present key: cannot fail */
-  e->by_sid[old] = NULL;
+  ss->by_sid[sid] = s;
+  cph_idmap_put(&ss->by_id, s->id, sid); /* a present key: cannot fail */
+  ss->by_sid[old] = NULL;
   s->sid = sid;
   s->lane = lane;
   /* Frees the old id copy (unless the remove fails for lack of memory: then the old
    * registration lingers, not runnable, and its id with it). */
-  cph_sched_set_work(e->sched, old, false);
-  cph_sched_remove(e->sched, old);
-  s->id = (char *)cph_sched_id(e->sched, sid);
+  cph_sched_set_work(ss->env->sched, old, false);
+  cph_sched_remove(ss->env->sched, old);
+  s->id = (char *)cph_sched_id(ss->env->sched, sid);
   return CPH_OK;
 }
 
@@ -188,14 +357,14 @@ static void list_del(csession **list, size_t *n, csession *s) {
     }
 }
 
-int sessions_channels_attach(cph_engine *e, csession *s, const cph_session_rec *rec) {
+static int sessions_channels_attach(cph_sessions *ss, csession *s, const cph_session_rec *rec) {
   for (uint32_t i = 0; i < rec->n_subscribe; i++) {
-    channel *c = engine_channel(e, rec->subscribe[i], true);
+    channel *c = sessions_channel(ss, rec->subscribe[i], true);
     if (!c || list_add(&c->subscribers, &c->n_subscribers, &c->cap_subscribers, s))
       return CPH_ENOMEM;
   }
   for (uint32_t i = 0; i < rec->n_member; i++) {
-    channel *c = engine_channel(e, rec->member[i], true);
+    channel *c = sessions_channel(ss, rec->member[i], true);
     if (!c || list_add(&c->members, &c->n_members, &c->cap_members, s))
       return CPH_ENOMEM;
   }
@@ -203,10 +372,10 @@ int sessions_channels_attach(cph_engine *e, csession *s, const cph_session_rec *
 }
 
 /* O(channels): on delete and update only. */
-void sessions_channels_detach(cph_engine *e, csession *s) {
-  for (size_t i = 0; i < e->channels.cap; i++) {
-    channel *c = e->channels.slots[i].value;
-    if (!e->channels.slots[i].key)
+static void sessions_channels_detach(cph_sessions *ss, csession *s) {
+  for (size_t i = 0; i < ss->channels.cap; i++) {
+    channel *c = ss->channels.slots[i].value;
+    if (!ss->channels.slots[i].key)
       continue;
     list_del(c->subscribers, &c->n_subscribers, s);
     list_del(c->members, &c->n_members, s);
@@ -265,13 +434,13 @@ static cph_session_state_t live_state(const csession *s) {
 }
 
 /* Info from the stored record plus the live state. */
-static int info_from(cph_engine *e, const cph_session_rec *r, const csession *s,
+static int info_from(cph_sessions *ss, const cph_session_rec *r, const csession *s,
                      cph_session_info *out) {
   memset(out, 0, sizeof *out);
   out->id = strdup(r->id);
   out->lane = (cph_lane)r->lane;
   out->state = live_state(s);
-  out->credits = cph_sched_credits(e->sched, s->sid);
+  out->credits = cph_sched_credits(ss->env->sched, s->sid);
   out->episode = s->episode;
   out->subscribe.items = strv_dup(r->subscribe, r->n_subscribe);
   out->subscribe.count = r->n_subscribe;
@@ -351,13 +520,13 @@ static int validate_fields(cph_op *op, const cph_session_info *in, unsigned set)
 }
 
 /* Writes rec for s and (re)derives the in-memory settings that come from it. */
-int persist_session_credits(cph_engine *e, cph_txn *t, csession *s) {
+int persist_session_credits(cph_sessions *ss, cph_txn *t, csession *s) {
   cph_key k = session_key(s->id);
   cph_session_rec r;
   int rc = cph_txn_get_record(t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
   if (rc)
     return rc;
-  r.credits = cph_sched_credits(e->sched, s->sid);
+  r.credits = cph_sched_credits(ss->env->sched, s->sid);
   r.credits_at_ms = cph_wall_ms();
   r.episode = s->episode;
   r.updated_ms = r.credits_at_ms;
@@ -368,7 +537,7 @@ int persist_session_credits(cph_engine *e, cph_txn *t, csession *s) {
 
 /* ---------------------------------------------------------------- operations */
 
-static void session_create(cph_engine *e, cph_op *op) {
+static void session_create(cph_sessions *ss, cph_op *op) {
   cph_session_info *in = &op->u.session.in;
   if (!in->id || !session_id_valid(in->id)) {
     op_fail(op, CPH_EINVAL, "id", "id: 1 to 128 characters of A-Z a-z 0-9 . _ : @ -");
@@ -379,44 +548,44 @@ static void session_create(cph_engine *e, cph_op *op) {
                  (op->u.session.set & CPH_SET_PAUSED);
   if (validate_fields(op, in, all))
     return;
-  if (engine_session(e, in->id)) {
+  if (sessions_get(ss, in->id)) {
     op_fail(op, CPH_EEXISTS, "id", "session '%s' already exists", in->id);
     return;
   }
   cph_session_rec r = {0};
   r.id = in->id;
-  r.credits = e->policy->scheduler.credits.max; /* a new session starts at max (§3.2) */
+  r.credits = ss->env->policy->scheduler.credits.max; /* a new session starts at max (§3.2) */
   r.credits_at_ms = r.created_ms = r.updated_ms = cph_wall_ms();
   rec_apply(&r, in, all);
   if (!r.context_window_tokens)
-    r.context_window_tokens = (uint32_t)e->policy->sessions.context_window_tokens;
+    r.context_window_tokens = (uint32_t)ss->env->policy->sessions.context_window_tokens;
   cph_txn t;
   cph_key k = session_key(in->id);
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&ss->env->txn, &t);
   cph_txn_put_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
   if (cph_txn_commit(&t)) {
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     return;
   }
-  csession *s = csession_new(e, in->id, in->lane, 0, false);
-  if (!s || sessions_channels_attach(e, s, &r)) {
+  csession *s = csession_new(ss, in->id, in->lane, 0, false);
+  if (!s || sessions_channels_attach(ss, s, &r)) {
     op_fail(op, CPH_ENOMEM, NULL, "out of memory creating session '%s'", in->id);
     return;
   }
   s->paused = r.state == CPH_SESSION_PAUSED;
   s->autonomy_interval_s = r.autonomy_interval_s;
-  engine_tick_schedule(e, s);
-  if (reports_set(e->reports, s, r.report_interval_s, engine_now(e)) != CPH_OK)
+  sessions_tick_schedule(ss, s);
+  if (reports_set(ss->reports, s, r.report_interval_s, env_now(ss->env)) != CPH_OK)
     cph_warn("session '%s': out of memory for its reports; they wait for a restart", s->id);
-  engine_update_work(e, s);
-  if (info_from(e, &r, s, &op->u.session.out))
+  sessions_update_work(ss, s);
+  if (info_from(ss, &r, s, &op->u.session.out))
     op_fail(op, CPH_ENOMEM, NULL, "out of memory");
 }
 
-static void session_update(cph_engine *e, cph_op *op) {
+static void session_update(cph_sessions *ss, cph_op *op) {
   cph_session_info *in = &op->u.session.in;
   unsigned set = op->u.session.set;
-  csession *s = in->id ? engine_session(e, in->id) : NULL;
+  csession *s = in->id ? sessions_get(ss, in->id) : NULL;
   if (!s) {
     op_fail(op, CPH_ENOTFOUND, "id", "no session '%s'", in->id ? in->id : "");
     return;
@@ -431,7 +600,7 @@ static void session_update(cph_engine *e, cph_op *op) {
   cph_txn t;
   cph_key k = session_key(s->id);
   cph_session_rec r;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&ss->env->txn, &t);
   if (cph_txn_get_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r) != CPH_OK) {
     op_fail(op, t.ret ? t.ret : CPH_ENOTFOUND, NULL, "%s", t.err.msg);
     cph_txn_abort(&t);
@@ -441,10 +610,10 @@ static void session_update(cph_engine *e, cph_op *op) {
   cph_session_rec own = r;
   rec_apply(&r, in, set);
   if ((set & CPH_SET_WINDOW) && !r.context_window_tokens) /* null or 0: as on create */
-    r.context_window_tokens = (uint32_t)e->policy->sessions.context_window_tokens;
+    r.context_window_tokens = (uint32_t)ss->env->policy->sessions.context_window_tokens;
   r.updated_ms = cph_wall_ms();
   r.episode = s->episode;
-  r.credits = cph_sched_credits(e->sched, s->sid);
+  r.credits = cph_sched_credits(ss->env->sched, s->sid);
   r.credits_at_ms = r.updated_ms;
   cph_txn_put_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
   if (cph_txn_commit(&t)) {
@@ -453,30 +622,30 @@ static void session_update(cph_engine *e, cph_op *op) {
     return;
   }
   if (set & (CPH_SET_SUBSCRIBE | CPH_SET_MEMBER)) {
-    sessions_channels_detach(e, s);
-    sessions_channels_attach(e, s, &r);
+    sessions_channels_detach(ss, s);
+    sessions_channels_attach(ss, s, &r);
   }
   if ((set & CPH_SET_CLASS) && in->lane != s->lane)
     /* A new lane: re-register with the scheduler, keeping its credits. */
-    csession_resched(e, s, in->lane, cph_sched_credits(e->sched, s->sid));
+    csession_resched(ss, s, in->lane, cph_sched_credits(ss->env->sched, s->sid));
   if (set & CPH_SET_PAUSED)
     s->paused = r.state == CPH_SESSION_PAUSED;
   if (set & CPH_SET_AUTONOMY) {
     s->autonomy_interval_s = r.autonomy_interval_s;
-    engine_tick_schedule(e, s);
+    sessions_tick_schedule(ss, s);
   }
   if ((set & CPH_SET_REPORT) &&
-      reports_set(e->reports, s, r.report_interval_s, engine_now(e)) != CPH_OK)
+      reports_set(ss->reports, s, r.report_interval_s, env_now(ss->env)) != CPH_OK)
     cph_warn("session '%s': out of memory for its reports; they wait for a restart", s->id);
-  engine_update_work(e, s);
-  if (info_from(e, &r, s, &op->u.session.out))
+  sessions_update_work(ss, s);
+  if (info_from(ss, &r, s, &op->u.session.out))
     op_fail(op, CPH_ENOMEM, NULL, "out of memory");
   cph_record_free(&cph_session_desc, &own);
 }
 
-static void session_delete(cph_engine *e, cph_op *op) {
+static void session_delete(cph_sessions *ss, cph_op *op) {
   const char *id = op->u.session.in.id;
-  csession *s = id ? engine_session(e, id) : NULL;
+  csession *s = id ? sessions_get(ss, id) : NULL;
   if (!s) {
     op_fail(op, CPH_ENOTFOUND, "id", "no session '%s'", id ? id : "");
     return;
@@ -488,10 +657,11 @@ static void session_delete(cph_engine *e, cph_op *op) {
   }
   cph_txn t;
   cph_key k = session_key(s->id);
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&ss->env->txn, &t);
   cph_txn_del(&t, CPH_DB_SESSIONS, &k);
-  pact_delete_all(e, &t, s->id);
-  context_cursors_delete(e, &t, s->id); /* a new session with this id starts fresh */
+  /* Its tree and cursors go too: a new session with this id starts fresh. */
+  if (ss->hooks.delete_state)
+    ss->hooks.delete_state(ss->hooks.ctx, &t, s->id);
   /* Its live inbox goes with it; events stay in their channels' history. */
   for (uint32_t i = 0; i < s->n_inbox; i++) {
     cph_key ik;
@@ -504,37 +674,39 @@ static void session_delete(cph_engine *e, cph_op *op) {
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     return;
   }
-  sessions_channels_detach(e, s);
-  cph_idmap_del(&e->sessions, s->id); /* before the scheduler frees the id */
-  cph_sched_remove(e->sched, s->sid);
-  engine_tick_schedule(e, (s->autonomy_interval_s = 0, s));
-  reports_forget(e->reports, s->id);
-  for (size_t i = 0; i < e->n_pending_sessions; i++)
-    if (e->pending_sessions[i] == s)
-      e->pending_sessions[i] = e->pending_sessions[--e->n_pending_sessions];
-  csession_free(e, s);
+  sessions_channels_detach(ss, s);
+  cph_idmap_del(&ss->by_id, s->id); /* before the scheduler frees the id */
+  cph_sched_remove(ss->env->sched, s->sid);
+  sessions_tick_schedule(ss, (s->autonomy_interval_s = 0, s));
+  reports_forget(ss->reports, s->id);
+  for (size_t i = 0; i < ss->n_pending; i++)
+    if (ss->pending[i] == s)
+      ss->pending[i] = ss->pending[--ss->n_pending];
+  csession_free(ss, s);
 }
 
-void sessions_apply(cph_engine *e, cph_op *op) {
+void sessions_apply(cph_sessions *ss, cph_op *op) {
   switch (op->kind) {
   case CPH_OP_SESSION_CREATE:
-    session_create(e, op);
+    session_create(ss, op);
     break;
   case CPH_OP_SESSION_UPDATE:
-    session_update(e, op);
+    session_update(ss, op);
     break;
   default:
-    session_delete(e, op);
+    session_delete(ss, op);
     break;
   }
 }
 
 /* ---------------------------------------------------------------- load at open */
 
+static int janitor_create(cph_sessions *ss, cph_err *err);
+
 /* Credits carry over a restart: refilled for the time the daemon was down (until now_ms),
  * capped at max. */
-static double restored_credits(const cph_engine *e, const cph_session_rec *r, int64_t now_ms) {
-  const cph_policy_credits *c = &e->policy->scheduler.credits;
+static double restored_credits(const cph_sessions *ss, const cph_session_rec *r, int64_t now_ms) {
+  const cph_policy_credits *c = &ss->env->policy->scheduler.credits;
   double down_s = (double)(now_ms - r->credits_at_ms) / 1000.0;
   double credits = r->credits + (down_s > 0 ? down_s * c->refill_per_second : 0);
   if (!isfinite(credits) || credits > c->max)
@@ -558,7 +730,7 @@ static bool event_names_session(cph_txn *t, uint64_t id, const char *session) {
   return named;
 }
 
-static int load_inbox(cph_engine *e, cph_txn *t, cph_err *err) {
+static int load_inbox(cph_sessions *ss, cph_txn *t, cph_err *err) {
   cph_cursor c;
   cph_val k, v;
   int rc = cph_cursor_open(t, CPH_DB_INBOX, &c);
@@ -573,7 +745,7 @@ static int load_inbox(cph_engine *e, cph_txn *t, cph_err *err) {
       return cph_err_set(err, CPH_ECORRUPT, "corrupt record in database \"inbox\" at key %s: %s",
                          key, derr.msg);
     }
-    csession *s = engine_session(e, r.session);
+    csession *s = sessions_get(ss, r.session);
     if (s && (r.status == CPH_INBOX_PENDING || r.status == CPH_INBOX_STAGED)) {
       /* The inbox id is the key's trailing u64. */
       inbox_item it = {0};
@@ -600,7 +772,7 @@ static int load_inbox(cph_engine *e, cph_txn *t, cph_err *err) {
         return cph_err_set(err, CPH_ENOMEM, "out of memory loading inboxes");
       }
       if (r.status == CPH_INBOX_PENDING)
-        engine_mark_pending(e, s);
+        sessions_mark_pending(ss, s);
     }
     cph_record_free(&cph_inbox_desc, &r);
   }
@@ -610,16 +782,16 @@ static int load_inbox(cph_engine *e, cph_txn *t, cph_err *err) {
   return CPH_OK;
 }
 
-int sessions_load(cph_engine *e, cph_err *err) {
+int sessions_load(cph_sessions *ss, cph_err *err) {
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(ss->env->store, false, &t);
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
   /* Sized once for what is stored (+1: the janitor, if new): no rehash, no regrowth. Failing
    * here is not fatal; the structures grow as sessions load. */
   size_t count = 0;
   if (cph_txn_count(&t, CPH_DB_SESSIONS, &count) == CPH_OK)
-    sessions_reserve(e, count + 1);
+    sessions_reserve(ss, count + 1);
   int64_t now_ms = cph_wall_ms(); /* once: a million clock reads add up */
   cph_cursor c;
   cph_val k, v;
@@ -635,8 +807,8 @@ int sessions_load(cph_engine *e, cph_err *err) {
                        "corrupt record in database \"sessions\" at key %s: %s", key, derr.msg);
       goto out;
     }
-    csession *s = csession_new(e, r.id, (cph_lane)r.lane, restored_credits(e, &r, now_ms), true);
-    if (!s || sessions_channels_attach(e, s, &r)) {
+    csession *s = csession_new(ss, r.id, (cph_lane)r.lane, restored_credits(ss, &r, now_ms), true);
+    if (!s || sessions_channels_attach(ss, s, &r)) {
       cph_record_free(&cph_session_desc, &r);
       rc = cph_err_set(err, CPH_ENOMEM, "out of memory loading sessions");
       goto out;
@@ -644,8 +816,8 @@ int sessions_load(cph_engine *e, cph_err *err) {
     s->paused = r.state == CPH_SESSION_PAUSED;
     s->episode = r.episode;
     s->autonomy_interval_s = r.autonomy_interval_s;
-    engine_tick_schedule(e, s);
-    if (reports_set(e->reports, s, r.report_interval_s, engine_now(e)) != CPH_OK) {
+    sessions_tick_schedule(ss, s);
+    if (reports_set(ss->reports, s, r.report_interval_s, env_now(ss->env)) != CPH_OK) {
       cph_record_free(&cph_session_desc, &r);
       rc = cph_err_set(err, CPH_ENOMEM, "out of memory loading sessions");
       goto out;
@@ -657,44 +829,44 @@ int sessions_load(cph_engine *e, cph_err *err) {
     goto out;
   }
   cph_cursor_close(&c);
-  rc = load_inbox(e, &t, err);
+  rc = load_inbox(ss, &t, err);
   if (rc == CPH_OK)
-    engine_update_work_all(e);
+    sessions_update_work_all(ss);
 out:
   cph_cursor_close(&c);
   cph_txn_abort(&t);
-  if (rc == CPH_OK && e->policy->sessions.janitor && !engine_session(e, "janitor"))
-    rc = janitor_create(e, err);
+  if (rc == CPH_OK && ss->env->policy->sessions.janitor && !sessions_get(ss, "janitor"))
+    rc = janitor_create(ss, err);
   return rc;
 }
 
 /* The built-in maintenance session (DESIGN §2), created once. */
-int janitor_create(cph_engine *e, cph_err *err) {
+static int janitor_create(cph_sessions *ss, cph_err *err) {
   cph_txn t;
-  int rc = cph_txn_begin(e->store, true, &t);
+  int rc = cph_txn_begin(ss->env->store, true, &t);
   cph_session_rec r = {0};
   r.id = "janitor";
   r.lane = CPH_LANE_MAINTENANCE;
-  r.credits = e->policy->scheduler.credits.max;
+  r.credits = ss->env->policy->scheduler.credits.max;
   r.credits_at_ms = r.created_ms = r.updated_ms = cph_wall_ms();
-  r.context_window_tokens = (uint32_t)e->policy->sessions.context_window_tokens;
+  r.context_window_tokens = (uint32_t)ss->env->policy->sessions.context_window_tokens;
   cph_key k = session_key("janitor");
   if (rc == CPH_OK)
     cph_txn_put_record(&t, CPH_DB_SESSIONS, &k, &cph_session_desc, &r);
   if (cph_txn_commit(&t))
     return cph_err_set(err, t.ret, "creating the janitor session: %s", t.err.msg);
-  csession *s = csession_new(e, "janitor", CPH_LANE_MAINTENANCE, 0, false);
+  csession *s = csession_new(ss, "janitor", CPH_LANE_MAINTENANCE, 0, false);
   return s ? CPH_OK : cph_err_set(err, CPH_ENOMEM, "out of memory creating the janitor");
 }
 
 /* ---------------------------------------------------------------- reads */
 
-int cph_engine_get_session(cph_engine *e, const char *id, cph_session_info *out, cph_err *err) {
-  csession *s = engine_session(e, id);
+int sessions_info(cph_sessions *ss, const char *id, cph_session_info *out, cph_err *err) {
+  csession *s = sessions_get(ss, id);
   if (!s)
     return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", id);
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(ss->env->store, false, &t);
   cph_key k = session_key(id);
   cph_session_rec r;
   if (rc == CPH_OK)
@@ -704,14 +876,14 @@ int cph_engine_get_session(cph_engine *e, const char *id, cph_session_info *out,
     cph_txn_abort(&t);
     return rc;
   }
-  rc = info_from(e, &r, s, out);
+  rc = info_from(ss, &r, s, out);
   cph_record_free(&cph_session_desc, &r);
   cph_txn_abort(&t);
   return rc ? cph_err_set(err, rc, "out of memory") : CPH_OK;
 }
 
-int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_session_info **out,
-                             size_t *n, cph_err *err) {
+int sessions_list(cph_sessions *ss, const cph_session_filter *f, cph_session_info **out,
+                  size_t *n, cph_err *err) {
   size_t limit = f && f->limit ? f->limit : 100;
   if (limit > 1000)
     limit = 1000;
@@ -720,7 +892,7 @@ int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_ses
   if (!*out)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(ss->env->store, false, &t);
   cph_cursor c;
   cph_val k, v;
   cph_key start;
@@ -740,10 +912,10 @@ int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_ses
       cph_warn("sessions list: skipping a corrupt session record: %s", derr.msg);
       continue;
     }
-    csession *s = engine_session(e, r.id);
+    csession *s = sessions_get(ss, r.id);
     bool keep = s && (!f || !f->by_lane || (cph_lane)r.lane == f->lane) &&
                 (!f || !f->by_state || live_state(s) == f->state);
-    if (keep && info_from(e, &r, s, &(*out)[*n]) == CPH_OK)
+    if (keep && info_from(ss, &r, s, &(*out)[*n]) == CPH_OK)
       (*n)++;
     cph_record_free(&cph_session_desc, &r);
   }
@@ -760,12 +932,12 @@ int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_ses
   return CPH_OK;
 }
 
-int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *err) {
-  csession *s = engine_session(e, id);
+int sessions_why(cph_sessions *ss, const char *id, cph_why_info *out, cph_err *err) {
+  csession *s = sessions_get(ss, id);
   if (!s)
     return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", id);
   cph_why w;
-  cph_sched_why(e->sched, s->sid, &w);
+  cph_sched_why(ss->env->sched, s->sid, &w);
   memset(out, 0, sizeof *out);
   out->reason = cph_why_reason_name(w.reason);
   out->lane = w.lane;
@@ -774,7 +946,7 @@ int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *er
   if (w.reason == CPH_WHY_LANE_NO_BUDGET)
     out->until_ms = w.until_ns == INT64_MAX
                         ? 0
-                        : cph_wall_ms() + (w.until_ns - engine_now(e)) / CPH_NS_PER_MS;
+                        : cph_wall_ms() + (w.until_ns - env_now(ss->env)) / CPH_NS_PER_MS;
   out->rank = w.rank;
   out->lane_runnable = w.lane_runnable;
   out->ahead_in_higher_lanes = w.ahead_in_higher_lanes;
@@ -782,9 +954,9 @@ int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *er
   out->pending = s->n_pending;
   cph_txn t;
   out->next_report_in_s = -1;
-  if (s->reports && cph_txn_begin(e->store, false, &t) == CPH_OK) {
-    reports_env env = {e->policy, e->bp, &t, engine_now(e)};
-    out->next_report_in_s = reports_next_in_s(e->reports, s, &env);
+  if (s->reports && cph_txn_begin(ss->env->store, false, &t) == CPH_OK) {
+    reports_env env = {ss->env->policy, ss->bp, &t, env_now(ss->env)};
+    out->next_report_in_s = reports_next_in_s(ss->reports, s, &env);
     cph_txn_abort(&t);
   }
   if (w.reason == CPH_WHY_NO_INPUT && s->reports && s->n_staged + s->n_pending > 0)

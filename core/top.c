@@ -73,8 +73,8 @@ int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, siz
   if (!heap)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   size_t len = 0;
-  for (size_t i = 0; i < e->cap_by_sid; i++) {
-    const csession *s = e->by_sid[i];
+  for (size_t i = 0; i < e->sessions.cap_by_sid; i++) {
+    const csession *s = e->sessions.by_sid[i];
     if (!s)
       continue;
     top_cand c = {s, (uint64_t)s->n_staged + s->n_pending};
@@ -167,7 +167,7 @@ void cph_channel_steps_free(cph_channel_step *steps, size_t n) {
 int cph_engine_channel_steps(cph_engine *e, uint32_t min_step, cph_channel_step **out, size_t *n,
                              cph_err *err) {
   steps_acc a = {.min_step = min_step};
-  backpressure_foreach(e->bp, e->policy, steps_collect, &a);
+  backpressure_foreach(e->bp, e->env.policy, steps_collect, &a);
   if (a.oom) {
     cph_channel_steps_free(a.items, a.n);
     *out = NULL;

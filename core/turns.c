@@ -406,15 +406,15 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
 /* Starts a turn for the picked session and hands it to waiter w. false: could not (the pick
  * is undone and the waiter keeps waiting). */
 static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
-  csession *s = pick->sid < e->cap_by_sid ? e->by_sid[pick->sid] : NULL;
+  csession *s = pick->sid < e->sessions.cap_by_sid ? e->sessions.by_sid[pick->sid] : NULL;
   if (!s) {
-    cph_sched_finish(e->sched, pick->sid, 0, false);
+    cph_sched_finish(e->env.sched, pick->sid, 0, false);
     return false;
   }
-  size_t max_batch = (size_t)e->policy->sessions.max_batch;
+  size_t max_batch = (size_t)e->env.policy->sessions.max_batch;
   inbox_item **items = calloc(s->n_inbox ? s->n_inbox : 1, sizeof *items);
   if (!items) {
-    cph_sched_finish(e->sched, pick->sid, 0, false);
+    cph_sched_finish(e->env.sched, pick->sid, 0, false);
     return false;
   }
   size_t n = 0;
@@ -432,7 +432,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     n = max_batch;
   if (n == 0 && !s->tick_due && !job_turn) {
     free(items);
-    cph_sched_finish(e->sched, pick->sid, 0, false);
+    cph_sched_finish(e->env.sched, pick->sid, 0, false);
     engine_update_work(e, s);
     return false;
   }
@@ -440,7 +440,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   cph_turn_info *ti = &w->u.lease.turn;
   memset(ti, 0, sizeof *ti);
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   uint64_t turn_id = 0;
   cph_txn_next_id(&t, "turn", &turn_id);
   int rc = build_turn(e, &t, s, items, n, report_turn, ti);
@@ -456,7 +456,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   if (RAND_bytes(token, sizeof token) != 1)
     rc = rc ? rc : CPH_EIO;
   int64_t now_ns = engine_now(e);
-  int64_t ttl_ns = e->policy->leases.ttl_seconds * CPH_NS_PER_S;
+  int64_t ttl_ns = e->env.policy->leases.ttl_seconds * CPH_NS_PER_S;
   uint32_t attempts = 0;
   uint64_t *ids = calloc(n ? n : 1, sizeof *ids);
   for (size_t i = 0; i < n && ids; i++) {
@@ -506,7 +506,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     cph_turn_info_free(ti);
     cph_job_work_free(work);
     maint_pending_drop(e);
-    cph_sched_finish(e->sched, pick->sid, 0, false);
+    cph_sched_finish(e->env.sched, pick->sid, 0, false);
     return false;
   }
   l->turn_id = turn_id;
@@ -542,7 +542,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
 uint32_t turns_serve_waiters(cph_engine *e) {
   uint32_t started = 0;
   for (size_t i = 0; e->waiters.len && i < e->waiters.len;) {
-    if (cph_sched_running(e->sched) >= cph_sched_concurrency(e->sched))
+    if (cph_sched_running(e->env.sched) >= cph_sched_concurrency(e->env.sched))
       break;
     cph_op *w = engine_waiter_at(e, i);
     /* Jobs are cephalond's own work: its maintenance workers take the maintenance lane and
@@ -551,7 +551,7 @@ uint32_t turns_serve_waiters(cph_engine *e) {
                     : w->u.lease.lanes  ? w->u.lease.lanes & ~(1u << CPH_LANE_MAINTENANCE)
                                         : CPH_LANES_ALL & ~(1u << CPH_LANE_MAINTENANCE);
     cph_pick pick;
-    if (cph_sched_pick_lanes(e->sched, mask, &pick) != CPH_OK) {
+    if (cph_sched_pick_lanes(e->env.sched, mask, &pick) != CPH_OK) {
       i++;
       continue;
     }
@@ -575,10 +575,10 @@ uint32_t turns_serve_waiters(cph_engine *e) {
  * its messages. */
 static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) {
   csession *s = l->session;
-  uint32_t max_attempts = (uint32_t)e->policy->leases.max_attempts;
+  uint32_t max_attempts = (uint32_t)e->env.policy->leases.max_attempts;
   bool park = false;
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx < 0)
@@ -632,7 +632,7 @@ static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) 
       csession_inbox_remove(s, (uint32_t)idx);
   }
   s->running_turn = 0;
-  cph_sched_finish(e->sched, s->sid, 0, false);
+  cph_sched_finish(e->env.sched, s->sid, 0, false);
   if (l->kind == CPH_KIND_AUTONOMY_TICK)
     engine_tick_schedule(e, s);
   engine_update_work(e, s);
@@ -658,12 +658,12 @@ static int check_lease(cph_engine *e, cph_op *op, lease **out) {
   /* Not active: find out why, so the worker gets the right answer. */
   cph_key tk = u64_key(op->u.turn.turn_id);
   cph_turn_rec tr;
-  int rc = cph_txn_get_record(&e->txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  int rc = cph_txn_get_record(&e->env.txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   if (rc == CPH_ENOTFOUND)
     return op_fail(op, CPH_ENOTFOUND, "id", "no turn %llu",
                    (unsigned long long)op->u.turn.turn_id);
   if (rc)
-    return op_fail(op, rc, NULL, "%s", e->txn.err.msg);
+    return op_fail(op, rc, NULL, "%s", e->env.txn.err.msg);
   bool same = token_matches(tr.lease, op->u.turn.lease);
   uint8_t state = tr.state;
   cph_record_free(&cph_turn_desc, &tr);
@@ -685,9 +685,9 @@ static void turn_heartbeat(cph_engine *e, cph_op *op) {
   lease *l = NULL;
   if (check_lease(e, op, &l))
     return;
-  int64_t ttl_ms = e->policy->leases.ttl_seconds * 1000;
+  int64_t ttl_ms = e->env.policy->leases.ttl_seconds * 1000;
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   cph_key tk = u64_key(l->turn_id);
   cph_turn_rec tr;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
@@ -726,7 +726,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     return;
   }
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   int64_t now_ms = cph_wall_ms();
   /* The reply goes to its channel, else the channel of the turn's first staged message. */
   char *first_channel = NULL;
@@ -821,10 +821,10 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   cph_txn_del(&t, CPH_DB_ACTIVE_TURNS, &tk);
   /* Charge first (in memory) so the stored credits are the charged ones; undone below if
    * the write fails. */
-  double credits_before = cph_sched_credits(e->sched, s->sid);
-  cph_sched_finish(e->sched, s->sid, op->u.turn.tool_calls, true);
+  double credits_before = cph_sched_credits(e->env.sched, s->sid);
+  cph_sched_finish(e->env.sched, s->sid, op->u.turn.tool_calls, true);
   s->episode++;
-  persist_session_credits(e, &t, s);
+  persist_session_credits(&e->sessions, &t, s);
   context_cursors_advance(e, &t, l); /* channel views: the cursors move to what the turn saw */
   int commit_rc = cph_txn_commit(&t);
   if (commit_rc == CPH_OK && tree_saved)
@@ -833,7 +833,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   if (commit_rc) {
     /* Put the session back as it was: running, same credits, same episode. */
     s->episode--;
-    csession_resched(e, s, s->lane, credits_before);
+    csession_resched(&e->sessions, s, s->lane, credits_before);
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     maint_pending_drop(e);
     s->running_turn = 0; /* the lease stays; expiry will stage the input again */
@@ -870,7 +870,7 @@ static void turn_fail(cph_engine *e, cph_op *op) {
 
 static void turn_requeue(cph_engine *e, cph_op *op) {
   cph_txn t;
-  cph_txn_begin_child(&e->txn, &t);
+  cph_txn_begin_child(&e->env.txn, &t);
   cph_key tk = u64_key(op->u.turn.turn_id);
   cph_turn_rec tr;
   int rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
@@ -984,7 +984,7 @@ void turns_reconcile(cph_engine *e) {
  * attempt, so attempts do not grow) and their input stays staged for the next turn. */
 int turns_recover(cph_engine *e, cph_err *err) {
   cph_txn t;
-  int rc = cph_txn_begin(e->store, true, &t);
+  int rc = cph_txn_begin(e->env.store, true, &t);
   cph_cursor c;
   cph_val k;
   uint64_t *ids = NULL;
@@ -1050,7 +1050,7 @@ int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_in
   if (after >= e->last_reply_id)
     return CPH_OK;
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   cph_cursor c;
   cph_val k, v;
   cph_key start = u64_key(after + 1);
@@ -1086,7 +1086,7 @@ int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph
   *out = NULL;
   *n = 0;
   cph_txn t;
-  int rc = cph_txn_begin(e->store, false, &t);
+  int rc = cph_txn_begin(e->env.store, false, &t);
   cph_cursor c;
   cph_val k;
   size_t cap = 0;

@@ -1,0 +1,41 @@
+/* What the engine hands every module of core/: the layers below core (store, policy,
+ * scheduler, clock, providers) and the pass's write transaction. Private to core/.
+ *
+ * The engine (engine.c) owns it and is its only writer: it replaces the policy on reload
+ * (between passes), rebuilds the scheduler with memory after a failed commit, and opens and
+ * commits txn around each pass. Modules keep a pointer to it and read it; they never keep a
+ * copy of a field, since each may change between passes. The clock is one value every module
+ * reads through env_now(): no module asks a sibling for the time. */
+#ifndef CEPHALON_CORE_ENV_H
+#define CEPHALON_CORE_ENV_H
+
+#include <stdint.h>
+
+#include "cephalon/cephalon.h"
+#include "common/clock.h"
+#include "lanes/sched.h"
+#include "store/store.h"
+
+struct cph_providers;
+
+typedef struct cph_core_env {
+  cph_policy *policy; /* the current policy */
+  uint64_t policy_generation;
+  cph_store *store;
+  const char *data_dir;
+  const cph_clock *clock; /* the engine clock (monotonic, or a test's virtual clock) */
+  int64_t wall_base_ms, wall_base_ns; /* env_wall_ms(): the wall time at open, engine clock */
+  const struct cph_providers *providers; /* given at open; NULL = none */
+  cph_sched *sched;                       /* the scheduler of the sessions in memory */
+  cph_txn txn; /* the pass's write transaction: open only inside a pass */
+} cph_core_env;
+
+static inline int64_t env_now(const cph_core_env *env) { return cph_clock_now(env->clock); }
+
+/* Wall-clock milliseconds that advance with the engine clock: the real time at open plus
+ * engine-clock time since (stored times, dedupe windows). */
+static inline int64_t env_wall_ms(const cph_core_env *env) {
+  return env->wall_base_ms + (cph_clock_now(env->clock) - env->wall_base_ns) / CPH_NS_PER_MS;
+}
+
+#endif
