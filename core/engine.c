@@ -250,7 +250,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   rc = cph_store_open(&so, &e->env.store, err);
   if (rc)
     goto fail;
-  if ((rc = metrics_open(e)) != CPH_OK) { /* before memory_load: recovery counts expiries */
+  if ((rc = metrics_open(&e->metrics)) != CPH_OK) { /* before memory_load: recovery counts expiries */
     cph_err_set(err, rc, "out of memory opening the engine");
     goto fail;
   }
@@ -290,7 +290,7 @@ void cph_engine_close(cph_engine *e) {
   cph_store_close(e->env.store);
   cph_policy_free(e->env.policy);
   free((char *)e->env.data_dir);
-  metrics_close(e);
+  metrics_close(e->metrics);
   cph_buf_free(&e->scratch);
   cph_evcache_free(&e->evcache);
   free(e->trees);
@@ -434,7 +434,7 @@ int cph_engine_run_pass(cph_engine *e) {
     cph_error("pass: %s", e->env.txn.err.msg);
     return rc;
   }
-  metrics_pass_begin(e);
+  metrics_pass_begin(e->metrics);
   uint64_t replies_before = e->last_reply_id;
   for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
     cph_op *op = op_queue_pop(&e->ops);
@@ -463,7 +463,7 @@ int cph_engine_run_pass(cph_engine *e) {
     /* Nothing of this pass landed: every operation of it fails, and memory (changed as the
      * operations applied) is rebuilt from what the store holds. */
     cph_error("pass commit failed: %s", e->env.txn.err.msg);
-    metrics_pass_rollback(e, rc); /* nothing of this pass is counted either */
+    metrics_pass_rollback(e->metrics, rc); /* nothing of this pass is counted either */
     char msg[sizeof e->env.txn.err.msg];
     snprintf(msg, sizeof msg, "%s", e->env.txn.err.msg);
     for (size_t i = 0; i < e->done.len; i++) {
@@ -555,6 +555,26 @@ int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *er
 }
 
 uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->last_reply_id; }
+
+void cph_engine_note_reload_failure(cph_engine *e) {
+  if (e)
+    metrics_reload_failure(e->metrics);
+}
+
+char *cph_engine_metrics_text(cph_engine *e, size_t *len) {
+  if (!e->metrics)
+    return NULL;
+  metrics_sources src = {.env = &e->env,
+                         .metrics = e->metrics,
+                         .sessions = &e->sessions,
+                         .bp = e->bp,
+                         .dedupe = e->dedupe,
+                         .folded_total = e->folded_total};
+  cph_engine_lanes(e, src.lanes, &src.concurrency_limit, &src.concurrency_in_use);
+  cph_engine_maint_stats(e, &src.maint);
+  src.have_storage = cph_engine_storage_stats(e, &src.storage) == CPH_OK;
+  return metrics_text(&src, len);
+}
 
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out) {
   cph_store_stats st;

@@ -752,7 +752,7 @@ void ingest_apply(cph_engine *e, cph_op *op) {
   if (rc) {
     if (rc == CPH_EFULL) {
       e->ingest_full = true;
-      metrics_storage_full(e);
+      metrics_storage_full(e->metrics);
     }
     op_fail(op, rc, "events", "%s", err.msg);
   } else {
@@ -760,7 +760,7 @@ void ingest_apply(cph_engine *e, cph_op *op) {
       const ingest_after *a = &rq.after[i];
       if (a->chan)
         backpressure_note_event(e->bp, a->chan, a->family, engine_now(e));
-      metrics_event(e, op->u.ingest.results[i].status);
+      metrics_event(e->metrics, op->u.ingest.results[i].status);
     }
   }
   for (size_t i = 0; i < n; i++)

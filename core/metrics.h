@@ -30,6 +30,7 @@
 
 #include "cephalon/cephalon.h"
 #include "common/buf.h"
+#include "env.h"
 
 /* ---------------------------------------------------------------- registry and writer */
 
@@ -103,38 +104,69 @@ const char *metric_format_double(double v, char buf[32]);
 
 /* ---------------------------------------------------------------- the engine's metrics */
 
-struct cph_engine;
+typedef struct cph_metrics cph_metrics;
 
 /* Buckets (upper bounds). Pick waits: 1 ms to 5 min. Context inclusion: items. */
 #define METRICS_PICK_WAIT_BOUNDS                                                              \
   {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 #define METRICS_INCLUSION_BOUNDS {0, 1, 2, 4, 8, 16, 32, 64, 128, 256}
-/* Sessions whose credits one scrape samples at most (see cph_engine_metrics_text). */
+/* Sessions whose credits one scrape samples at most (see metrics_text). */
 #define METRICS_CREDITS_SAMPLE_MAX 10000
 /* Degraded channels without a policy override exported as backpressure_step at most. */
 #define METRICS_BP_CHANNELS_MAX 200
 
-/* From cph_engine_open / cph_engine_close. */
-int metrics_open(struct cph_engine *e);
-void metrics_close(struct cph_engine *e);
+/* From cph_engine_open / cph_engine_close: the counters live as long as the engine (they are
+ * kept across memory rebuilds). */
+int metrics_open(cph_metrics **out);
+void metrics_close(cph_metrics *m);
 
 /* The pass (engine.c): begin counts the pass and saves the live values; rollback, after a
  * failed commit and before memory is rebuilt, restores them and counts a storage-full
  * commit (rc CPH_EFULL). */
-void metrics_pass_begin(struct cph_engine *e);
-void metrics_pass_rollback(struct cph_engine *e, int rc);
+void metrics_pass_begin(cph_metrics *m);
+void metrics_pass_rollback(cph_metrics *m, int rc);
 
 /* ingest.c: one event's result (after it landed in the pass txn, or was rejected). */
-void metrics_event(struct cph_engine *e, cph_ingest_status status);
+void metrics_event(cph_metrics *m, cph_ingest_status status);
 /* A write failed because the store is full (507 on ingest). */
-void metrics_storage_full(struct cph_engine *e);
+void metrics_storage_full(cph_metrics *m);
 
 /* turns.c: a turn started (the pick's wait; the context's memories + history entries, not
  * observed for job turns, which carry no context); a turn completed (its tool_stats); a
  * lease ended without completion (failed by the worker, or expired). */
-void metrics_turn_started(struct cph_engine *e, cph_lane lane, int64_t waited_ns,
+void metrics_turn_started(cph_metrics *m, cph_lane lane, int64_t waited_ns,
                           const cph_turn_info *ti);
-void metrics_turn_completed(struct cph_engine *e, cph_lane lane, const cph_op *op);
-void metrics_turn_ended(struct cph_engine *e, cph_lane lane, bool expired);
+void metrics_turn_completed(cph_metrics *m, cph_lane lane, const cph_op *op);
+void metrics_turn_ended(cph_metrics *m, cph_lane lane, bool expired);
+/* A policy reload was refused (cph_engine_note_reload_failure). */
+void metrics_reload_failure(cph_metrics *m);
+
+/* ---- the scrape (metrics_scrape.c) */
+
+struct cph_sessions;
+struct cph_backpressure;
+struct cph_dedupe;
+
+/* What a scrape reads: the counters, and the gauges of the modules that own them (the
+ * engine gathers the lanes, maintenance and storage figures through its public reads). */
+typedef struct metrics_sources {
+  const cph_core_env *env;
+  cph_metrics *metrics; /* the scrape rotates its credits sample here */
+  const struct cph_sessions *sessions;
+  struct cph_backpressure *bp;
+  struct cph_dedupe *dedupe;
+  uint64_t folded_total; /* cephalon_inbox_overflow_folded_total (ingest) */
+  cph_lane_info lanes[CPH_LANE_COUNT];
+  uint32_t concurrency_limit, concurrency_in_use;
+  cph_maint_stats maint;
+  bool have_storage;
+  cph_engine_storage storage;
+} metrics_sources;
+
+/* The Prometheus text (malloc'd; *len its length), NULL on out of memory. Cost: O(lanes +
+ * METRICS_CREDITS_SAMPLE_MAX + top families + policy overrides + channels backpressure
+ * tracks), never O(sessions); the text is a few KB plus one line per exported family and
+ * channel. */
+char *metrics_text(const metrics_sources *src, size_t *len);
 
 #endif

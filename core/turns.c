@@ -559,7 +559,7 @@ uint32_t turns_serve_waiters(cph_engine *e) {
       i++; /* the session went back to the scheduler; a retry now would pick it again */
       continue;
     }
-    metrics_turn_started(e, pick.lane, pick.waited_ns, &w->u.lease.turn);
+    metrics_turn_started(e->metrics, pick.lane, pick.waited_ns, &w->u.lease.turn);
     engine_waiter_remove(e, w);
     w->rc = CPH_OK;
     engine_waiter_done(e, w);
@@ -616,7 +616,7 @@ static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) 
   int rc = cph_txn_commit(&t);
   if (rc)
     return rc;
-  metrics_turn_ended(e, s->lane, state == CPH_TURN_EXPIRED);
+  metrics_turn_ended(e->metrics, s->lane, state == CPH_TURN_EXPIRED);
   if (l->job_id) {
     s->running_job = 0;
     if (job_failed)
@@ -840,7 +840,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     return;
   }
   maint_pending_apply(e);
-  metrics_turn_completed(e, s->lane, op); /* its tool_stats too */
+  metrics_turn_completed(e->metrics, s->lane, op); /* its tool_stats too */
   if (l->job_id)
     maint_job_finished(e, s, l->job_id);
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
@@ -1016,7 +1016,7 @@ int turns_recover(cph_engine *e, cph_err *err) {
     cph_key tk = u64_key(ids[i]);
     cph_turn_rec tr;
     if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
-      metrics_turn_ended(e, (cph_lane)tr.lane, true);
+      metrics_turn_ended(e->metrics, (cph_lane)tr.lane, true);
       tr.state = CPH_TURN_EXPIRED;
       char *old = tr.error;
       tr.error = "lease ended by a restart";
