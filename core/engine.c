@@ -19,9 +19,12 @@
 #include "dedupe.h"
 #include "context.h"
 #include "engine_internal.h"
+#include "events_read.h"
 #include "lanes/pass.h"
 #include "metrics.h"
 #include "reports.h"
+#include "search.h"
+#include "top.h"
 
 /* Recent events kept for turn histories: at most this many (a 64-byte body and a short sender
  * cost about 120 bytes each, so some 8 MB when full). A history reads at most 512 entries. */
@@ -389,7 +392,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
     job_enqueue_apply(e, op);
     break;
   case CPH_OP_MEMORY_SEARCH:
-    search_apply(e, op);
+    search_apply(&e->env, &e->sessions, op);
     break;
   case CPH_OP_CONTEXT_INSERT:
   case CPH_OP_CONTEXT_DELETE:
@@ -555,6 +558,24 @@ int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *er
 }
 
 uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->last_reply_id; }
+
+int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, size_t *n_out,
+                            cph_err *err) {
+  return top_sessions(&e->sessions, n, out, n_out, err);
+}
+
+int cph_engine_channel_steps(cph_engine *e, uint32_t min_step, cph_channel_step **out, size_t *n,
+                             cph_err *err) {
+  return top_channel_steps(e->bp, e->env.policy, min_step, out, n, err);
+}
+
+int cph_engine_get_event(cph_engine *e, uint64_t id, cph_event_info *out, cph_err *err) {
+  return events_get(e->env.store, id, out, err);
+}
+
+int cph_engine_memory_scopes(cph_engine *e, const char *session, cph_strv *out, cph_err *err) {
+  return search_memory_scopes(e->env.store, session, out, err);
+}
 
 void cph_engine_note_reload_failure(cph_engine *e) {
   if (e)

@@ -155,8 +155,6 @@ void pact_cache_clear(cph_engine *e);
 /* Drops message cores deeper than the history bound; returns how many. */
 size_t pact_prune_history(cph_pact_tree *tree);
 void context_ops_apply(cph_engine *e, cph_op *op);
-/* search.c */
-void search_apply(cph_engine *e, cph_op *op);
 
 /* ---- turns.c ---- */
 void turns_apply(cph_engine *e, cph_op *op); /* heartbeat, complete, fail, requeue */

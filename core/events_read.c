@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_internal.h"
+#include "events_read.h"
 
 void cph_event_info_free(cph_event_info *ev) {
   free(ev->channel);
@@ -14,10 +14,10 @@ void cph_event_info_free(cph_event_info *ev) {
   memset(ev, 0, sizeof *ev);
 }
 
-int cph_engine_get_event(cph_engine *e, uint64_t id, cph_event_info *out, cph_err *err) {
+int events_get(cph_store *store, uint64_t id, cph_event_info *out, cph_err *err) {
   memset(out, 0, sizeof *out);
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(store, false, &t);
   cph_key k;
   cph_key_reset(&k);
   cph_key_u64(&k, id);

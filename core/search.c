@@ -41,8 +41,11 @@
 #include <strings.h>
 
 #include "common/log.h"
-#include "engine_internal.h"
+#include "memory.h"
+#include "ops.h"
 #include "providers.h"
+#include "search.h"
+#include "sessions.h"
 
 #define SCOPES_MAX 64
 #define QUERY_TERMS_MAX 32
@@ -217,13 +220,13 @@ void cph_strv_free(cph_strv *v) {
   }
 }
 
-int cph_engine_memory_scopes(cph_engine *e, const char *session, cph_strv *out, cph_err *err) {
+int search_memory_scopes(cph_store *store, const char *session, cph_strv *out, cph_err *err) {
   out->items = calloc(SCOPES_MAX, sizeof *out->items);
   out->count = 0;
   if (!out->items)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(store, false, &t);
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
   rc = session_scopes(&t, session ? session : "", out->items, SCOPES_MAX, &out->count);
@@ -548,10 +551,10 @@ static int answer(search_ctx *s, cph_op *op, size_t k) {
   return CPH_OK;
 }
 
-void search_apply(cph_engine *e, cph_op *op) {
+void search_apply(cph_core_env *env, const cph_sessions *ss, cph_op *op) {
   const char *session = op->u.search.session;
   size_t k = clamp_k(op->u.search.k);
-  if (!session || !engine_session(e, session)) {
+  if (!session || !sessions_get(ss, session)) {
     op_fail(op, CPH_ENOTFOUND, "session", "no session '%s'", session ? session : "");
     return;
   }
@@ -559,7 +562,7 @@ void search_apply(cph_engine *e, cph_op *op) {
     op_fail(op, CPH_EINVAL, "q", "q: a query is required");
     return;
   }
-  const cph_policy *p = e->env.policy;
+  const cph_policy *p = env->policy;
   uint32_t dims = (uint32_t)p->providers.embeddings.dimensions;
   bool builtin = p->providers.embeddings.kind == CPH_POLICY_PROVIDER_BUILTIN;
   bool embedded = p->vector_index.kind == CPH_POLICY_INDEX_EMBEDDED;
@@ -569,7 +572,7 @@ void search_apply(cph_engine *e, cph_op *op) {
                            : NULL;
 
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&env->txn, &t);
   char *scopes[SCOPES_MAX] = {0};
   search_ctx s = {.t = &t, .scopes = scopes};
   float *own = NULL;

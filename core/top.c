@@ -2,14 +2,15 @@
  * channels under backpressure.
  *
  * These are on-demand admin reads, not part of the scheduler pass: each scans an in-memory
- * map once. cph_engine_top_sessions() is O(sessions · log n) for the scan plus n short LMDB
- * read transactions for the chosen sessions' records; cph_engine_channel_steps() is
+ * map once. top_sessions() is O(sessions · log n) for the scan plus n short LMDB
+ * read transactions for the chosen sessions' records; top_channel_steps() is
  * O(tracked channels · log channels). Neither writes anything. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backpressure.h"
-#include "engine_internal.h"
+#include "backpressure.h"
+#include "sessions.h"
+#include "top.h"
 
 /* ---------------------------------------------------------------- busiest sessions */
 
@@ -61,8 +62,8 @@ static int cand_cmp(const void *pa, const void *pb) {
   return top_before(a, b) ? -1 : top_before(b, a) ? 1 : 0;
 }
 
-int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, size_t *n_out,
-                            cph_err *err) {
+int top_sessions(cph_sessions *ss, size_t n, cph_session_info **out, size_t *n_out,
+                 cph_err *err) {
   *out = NULL;
   *n_out = 0;
   if (n == 0)
@@ -73,8 +74,8 @@ int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, siz
   if (!heap)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   size_t len = 0;
-  for (size_t i = 0; i < e->sessions.cap_by_sid; i++) {
-    const csession *s = e->sessions.by_sid[i];
+  for (size_t i = 0; i < sessions_sid_cap(ss); i++) {
+    const csession *s = sessions_at(ss, i);
     if (!s)
       continue;
     top_cand c = {s, (uint64_t)s->n_staged + s->n_pending};
@@ -98,7 +99,7 @@ int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, siz
   for (size_t i = 0; rc == CPH_OK && i < len; i++) {
     /* The full read (record + live state) reuses the session read's rules; the session
      * exists in memory, so its record does too unless the store fails. */
-    int grc = cph_engine_get_session(e, heap[i].s->id, &list[got], err);
+    int grc = sessions_info(ss, heap[i].s->id, &list[got], err);
     if (grc == CPH_OK)
       got++;
     else if (grc != CPH_ENOTFOUND)
@@ -164,10 +165,10 @@ void cph_channel_steps_free(cph_channel_step *steps, size_t n) {
   free(steps);
 }
 
-int cph_engine_channel_steps(cph_engine *e, uint32_t min_step, cph_channel_step **out, size_t *n,
-                             cph_err *err) {
+int top_channel_steps(struct cph_backpressure *bp, const cph_policy *policy, uint32_t min_step,
+                      cph_channel_step **out, size_t *n, cph_err *err) {
   steps_acc a = {.min_step = min_step};
-  backpressure_foreach(e->bp, e->env.policy, steps_collect, &a);
+  backpressure_foreach(bp, policy, steps_collect, &a);
   if (a.oom) {
     cph_channel_steps_free(a.items, a.n);
     *out = NULL;
