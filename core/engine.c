@@ -20,6 +20,7 @@
 #include "context.h"
 #include "engine_internal.h"
 #include "events_read.h"
+#include "ingest.h"
 #include "lanes/pass.h"
 #include "metrics.h"
 #include "reports.h"
@@ -211,6 +212,12 @@ static int memory_load(cph_engine *e, cph_err *err) {
   rc = sessions_load(&e->sessions, err);
   if (rc)
     return rc;
+  e->ingest.env = &e->env;
+  e->ingest.sessions = &e->sessions;
+  e->ingest.dedupe = e->dedupe;
+  e->ingest.bp = e->bp;
+  e->ingest.memory = &e->memory;
+  e->ingest.metrics = e->metrics;
   rc = turns_recover(e, err);
   if (rc)
     return rc;
@@ -380,7 +387,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
     sessions_apply(&e->sessions, op);
     break;
   case CPH_OP_INGEST:
-    ingest_apply(e, op);
+    ingest_apply(&e->ingest, op);
     break;
   case CPH_OP_HEARTBEAT:
   case CPH_OP_COMPLETE:
@@ -408,7 +415,10 @@ static void apply_op(cph_engine *e, cph_op *op) {
 
 static uint32_t hook_agent_turn(void *ctx) { return turns_serve_waiters(ctx); }
 
-static uint64_t hook_poll_inbox(void *ctx) { return inbox_poll(ctx); }
+static uint64_t hook_poll_inbox(void *ctx) {
+  cph_engine *e = ctx;
+  return sessions_stage_pending(&e->sessions);
+}
 
 static void hook_reconcile(void *ctx) {
   cph_engine *e = ctx;
@@ -590,7 +600,7 @@ char *cph_engine_metrics_text(cph_engine *e, size_t *len) {
                          .sessions = &e->sessions,
                          .bp = e->bp,
                          .dedupe = e->dedupe,
-                         .folded_total = e->folded_total};
+                         .folded_total = e->ingest.folded_total};
   cph_engine_lanes(e, src.lanes, &src.concurrency_limit, &src.concurrency_in_use);
   cph_engine_maint_stats(e, &src.maint);
   src.have_storage = cph_engine_storage_stats(e, &src.storage) == CPH_OK;

@@ -24,6 +24,7 @@
 #include "store/store.h"
 #include "core/env.h"
 #include "core/ops.h"
+#include "core/ingest.h"
 #include "core/sessions.h"
 
 /* An active lease. */
@@ -57,8 +58,7 @@ struct cph_engine {
   op_queue done;    /* applied in this pass: called back after commit */
   bool staged_last_pass;
   uint64_t last_reply_id;
-  uint64_t folded_total; /* over all sessions: cephalon_inbox_overflow_folded_total */
-  bool ingest_full; /* ingest found the store full; it resumes past a margin (ingest.c) */
+  cph_ingest ingest; /* ingest.h: events into sessions' inboxes */
 
   struct cph_dedupe *dedupe;     /* dedupe.c: exact/near dedupe and families */
   struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
@@ -94,11 +94,6 @@ static inline int64_t engine_wall_ms(const cph_engine *e) { return env_wall_ms(&
 void engine_waiter_done(cph_engine *e, cph_op *op);
 cph_op *engine_waiter_at(cph_engine *e, size_t i);
 void engine_waiter_remove(cph_engine *e, cph_op *op);
-
-/* ---- ingest.c ---- */
-void ingest_apply(cph_engine *e, cph_op *op);
-uint64_t inbox_poll(cph_engine *e); /* poll_inbox: pending -> staged */
-int history_append(cph_engine *e, cph_txn *t, const char *channel, uint64_t event_id);
 
 /* ---- maint.c ---- */
 int maint_open(cph_engine *e, cph_err *err);

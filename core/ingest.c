@@ -7,9 +7,9 @@
 
 #include "backpressure.h"
 #include "dedupe.h"
-#include "engine_internal.h"
 #include "inbox.h"
-#include "metrics.h"
+#include "ingest.h"
+#include "ops.h"
 
 #define CHANNEL_MAX 256
 
@@ -25,8 +25,7 @@ const char *cph_ingest_status_name(cph_ingest_status s) {
 }
 
 /* Appends event_id to the channel's history under the next per-channel index. */
-int history_append(cph_engine *e, cph_txn *t, const char *channel_name, uint64_t event_id) {
-  (void)e;
+int history_append(cph_txn *t, const char *channel_name, uint64_t event_id) {
   char counter[CHANNEL_MAX + 8];
   snprintf(counter, sizeof counter, "chan:%s", channel_name);
   uint64_t index;
@@ -206,7 +205,7 @@ static int32_t inbox_find(const csession *s, uint64_t id) {
 
 /* Puts the live inboxes back as they were before the logged changes, newest first. A session
  * left in the pending list finds nothing to stage: harmless. */
-static void targets_undo(cph_engine *e, delivery_log *dl) {
+static void targets_undo(cph_ingest *ig, delivery_log *dl) {
   while (dl->n) {
     inbox_undo *u = &dl->items[--dl->n];
     csession *s = u->session;
@@ -226,7 +225,7 @@ static void targets_undo(cph_engine *e, delivery_log *dl) {
       break;
     }
     s->folded -= u->folded;
-    e->folded_total -= u->folded;
+    ig->folded_total -= u->folded;
   }
 }
 
@@ -302,7 +301,7 @@ static int32_t overflow_entry(const csession *s) {
 /* §4 queue cap: makes room for one more entry by folding the oldest queued entry into the
  * session's overflow entry (the first time, the oldest entry becomes the overflow entry and
  * the next oldest folds into it). Its events stay counted there: nothing is dropped. */
-static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, delivery_log *dl,
+static int overflow_fold(cph_ingest *ig, cph_txn *t, csession *s, delivery_log *dl,
                          bool *removed) {
   *removed = false;
   int32_t ov = overflow_entry(s);
@@ -316,7 +315,7 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, delivery_log *d
     it->fold = INBOX_FOLD_OVERFLOW;
     it->fold_key = 0;
     s->folded += it->count;
-    e->folded_total += it->count;
+    ig->folded_total += it->count;
     fold_note(t, dl, s, it);
     ov = v;
   }
@@ -346,7 +345,7 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, delivery_log *d
   csession_inbox_remove(s, (uint32_t)v);
   *removed = true;
   s->folded += victim.count;
-  e->folded_total += victim.count;
+  ig->folded_total += victim.count;
   return t->ret;
 }
 
@@ -358,7 +357,7 @@ static int overflow_fold(cph_engine *e, cph_txn *t, csession *s, delivery_log *d
  * next pass; a crash before then brings it back staged, as if that poll had run. Memory
  * follows each write at once (the request's next event must see it) and dl can put it back;
  * fold records (count, last time) are noted in dl and written once at the request's end. */
-static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bool mentioned,
+static int deliver(cph_ingest *ig, cph_txn *t, csession *s, uint64_t event_id, bool mentioned,
                    bool direct, const dedupe_verdict *v, int64_t now_ms, delivery_log *dl) {
   queued_memos *qm = &dl->queued;
   if (v) {
@@ -366,13 +365,13 @@ static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bo
     if (at >= 0)
       return fold_into(t, s, at, event_id, mentioned, direct, v, now_ms, dl);
   }
-  int64_t max_queue = e->env.policy->sessions.max_queue;
+  int64_t max_queue = ig->env->policy->sessions.max_queue;
   queued_memo scratch, *q = NULL;
   if ((int64_t)s->n_inbox >= max_queue) {
     q = queued_of(qm, s, &scratch);
     if ((int64_t)q->queued >= max_queue) {
       bool removed;
-      int rc = overflow_fold(e, t, s, dl, &removed);
+      int rc = overflow_fold(ig, t, s, dl, &removed);
       if (rc)
         return rc;
       q->queued -= removed;
@@ -406,12 +405,12 @@ static int deliver(cph_engine *e, cph_txn *t, csession *s, uint64_t event_id, bo
     csession_inbox_remove(s, (uint32_t)inbox_find(s, it.id));
     return CPH_ENOMEM;
   }
-  engine_mark_pending(e, s);
+  sessions_mark_pending(ig->sessions,  s);
   return CPH_OK;
 }
 
 /* Looks up an idempotency key: its event id if seen within the window. */
-static bool idem_seen(cph_engine *e, cph_txn *t, const char *key, uint64_t *id) {
+static bool idem_seen(cph_ingest *ig, cph_txn *t, const char *key, uint64_t *id) {
   cph_key k;
   cph_key_reset(&k);
   cph_key_str(&k, key);
@@ -419,7 +418,7 @@ static bool idem_seen(cph_engine *e, cph_txn *t, const char *key, uint64_t *id) 
   if (k.overflow || cph_txn_get(t, CPH_DB_IDEM_KEYS, &k, &v) != CPH_OK || v.len != 16)
     return false;
   int64_t at = (int64_t)cph_be64_get((const uint8_t *)v.data + 8);
-  if (cph_wall_ms() - at > e->env.policy->dedupe.key_window_seconds * 1000)
+  if (cph_wall_ms() - at > ig->env->policy->dedupe.key_window_seconds * 1000)
     return false;
   *id = cph_be64_get(v.data);
   return true;
@@ -428,13 +427,13 @@ static bool idem_seen(cph_engine *e, cph_txn *t, const char *key, uint64_t *id) 
 /* Mints the memories an event gives (DESIGN §7): a raw memory scoped to its channel for a
  * non-duplicate on a channel that is not aggregate-only; one aggregate memory per family,
  * when the family is created. Embeddings per backpressure_embed_allowed(). */
-static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, int step, bool raw,
+static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, int step, bool raw,
                           const dedupe_verdict *v, const char *body, uint64_t event_id) {
   char scope[CHANNEL_MAX + 2];
   snprintf(scope, sizeof scope, "%c%s", CPH_CHANNEL_SCOPE_PREFIX, channel_name);
   if (raw && *body)
-    memory_mint(&e->memory, t, scope, CPH_MEMORY_RAW, body, event_id,
-                backpressure_embed_allowed(e->env.policy, step, false), NULL);
+    memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, body, event_id,
+                backpressure_embed_allowed(ig->env->policy, step, false), NULL);
   if (v->family_created && v->sample) {
     size_t len = strlen(v->sample) + strlen(channel_name) + 48;
     char *text = malloc(len);
@@ -444,8 +443,8 @@ static void mint_memories(cph_engine *e, cph_txn *t, const char *channel_name, i
     uint64_t id = 0;
     char tag[32];
     memory_family_tag(v->family, tag);
-    if (memory_mint(&e->memory, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
-                    backpressure_embed_allowed(e->env.policy, step, true), &id) == CPH_OK)
+    if (memory_mint(ig->memory, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
+                    backpressure_embed_allowed(ig->env->policy, step, true), &id) == CPH_OK)
       memory_add_tag(t, id, tag); /* aggregate_upsert finds and updates this one */
     free(text);
   }
@@ -472,13 +471,13 @@ typedef struct ingest_req {
 /* Near-duplicate folding applies to bulk traffic only (DESIGN §5): a bulk channel or one at
  * backpressure step >= 1 (any sender), a bulk sender (its own messages); never an event that
  * names a session. */
-static dedupe_near near_scope(const cph_engine *e, const cph_event_in *in, const char *chan,
+static dedupe_near near_scope(const cph_ingest *ig, const cph_event_in *in, const char *chan,
                               int step) {
   if (in->session || in->mentions.count)
     return DEDUPE_NEAR_OFF;
-  if (step >= BP_STEP_AGGREGATE_ONLY || cph_policy_dedupe_is_bulk(e->env.policy, chan, NULL))
+  if (step >= BP_STEP_AGGREGATE_ONLY || cph_policy_dedupe_is_bulk(ig->env->policy, chan, NULL))
     return DEDUPE_NEAR_CHANNEL;
-  return cph_policy_dedupe_is_bulk(e->env.policy, NULL, in->sender) ? DEDUPE_NEAR_SENDER
+  return cph_policy_dedupe_is_bulk(ig->env->policy, NULL, in->sender) ? DEDUPE_NEAR_SENDER
                                                                  : DEDUPE_NEAR_OFF;
 }
 
@@ -493,7 +492,7 @@ static dedupe_near near_scope(const cph_engine *e, const cph_event_in *in, const
  * raw memory and lets near duplicates fold; step 5 stores an event that reached nobody
  * without its body. Memory (sessions, dedupe rings) follows each write at once and is put
  * back if the request fails. */
-static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event_result *res,
+static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_event_result *res,
                       ingest_after *after, cph_err *err) {
   memset(res, 0, sizeof *res);
   if (!in->body) {
@@ -506,7 +505,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   }
   csession *explicit_target = NULL;
   if (in->session) {
-    explicit_target = engine_session(e, in->session);
+    explicit_target = sessions_get(ig->sessions,  in->session);
     if (!explicit_target) {
       reject(res, "session", "no such session");
       return CPH_OK;
@@ -533,18 +532,18 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
 
   cph_txn *t = &rq->t;
   uint64_t original;
-  if (in->key && idem_seen(e, t, in->key, &original)) {
+  if (in->key && idem_seen(ig, t, in->key, &original)) {
     res->status = CPH_EV_DUPLICATE;
     res->id = original;
     return CPH_OK;
   }
 
-  int step = backpressure_step(e->bp, e->env.policy, channel_name);
-  int64_t dd_now = engine_wall_ms(e);
+  int step = backpressure_step(ig->bp, ig->env->policy, channel_name);
+  int64_t dd_now = env_wall_ms(ig->env);
   dedupe_verdict v;
-  if (dedupe_classify(e->dedupe, &e->env.policy->dedupe, t, channel_name, in->sender, in->body, dd_now,
+  if (dedupe_classify(ig->dedupe, &ig->env->policy->dedupe, t, channel_name, in->sender, in->body, dd_now,
                       step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1,
-                      near_scope(e, in, channel_name, step), &v) != CPH_OK) {
+                      near_scope(ig, in, channel_name, step), &v) != CPH_OK) {
     dedupe_verdict_free(&v);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
@@ -553,7 +552,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
 
   /* Routing: the explicit session, else the channel's subscribers; plus every mention. */
   size_t cap = 64;
-  channel *ch = engine_channel(e, channel_name, false);
+  channel *ch = sessions_channel(ig->sessions,  channel_name, false);
   if (!explicit_target && ch)
     cap += ch->n_subscribers;
   cap += in->mentions.count;
@@ -570,7 +569,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     for (size_t i = 0; i < ch->n_subscribers; i++) /* a subscriber list has no repeats */
       ts[n++] = (target){ch->subscribers[i], false, false};
   for (size_t i = 0; i < in->mentions.count; i++) {
-    csession *m = in->mentions.items[i] ? engine_session(e, in->mentions.items[i]) : NULL;
+    csession *m = in->mentions.items[i] ? sessions_get(ig->sessions,  in->mentions.items[i]) : NULL;
     if (m)
       add_target(ts, &n, cap, m, true, true); /* mentions of unknown sessions reach nobody */
   }
@@ -578,7 +577,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   uint64_t event_id = 0;
   int64_t now_ms = cph_wall_ms();
   cph_txn_next_id(t, "event", &event_id);
-  int rc = dedupe_write(e->dedupe, t, channel_name, in->body, event_id, dd_now, &v);
+  int rc = dedupe_write(ig->dedupe, t, channel_name, in->body, event_id, dd_now, &v);
   if (rc && !t->ret) { /* out of memory building the family */
     rc = cph_err_set(err, rc, "out of memory");
     goto done;
@@ -606,7 +605,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   cph_key_u64(&ek, event_id);
   cph_txn_append_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev); /* ids ascend */
   if (!dup)
-    history_append(e, t, channel_name, event_id);
+    history_append(t, channel_name, event_id);
   if (in->key) {
     cph_key kk;
     cph_key_reset(&kk);
@@ -616,7 +615,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     cph_be64_put(kv + 8, (uint64_t)now_ms);
     cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
   }
-  mint_memories(e, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id);
+  mint_memories(ig, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id);
   if (t->ret) {
     /* Storage full and friends: the request fails with the store's error (507 for a full
      * map) and none of its events is stored. */
@@ -633,7 +632,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
     goto done;
   }
   for (size_t i = 0; i < n; i++) {
-    rc = deliver(e, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,
+    rc = deliver(ig, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,
                  now_ms, &rq->dl);
     if (rc == CPH_OK && !(res->sessions.items[res->sessions.count] = strdup(ts[i].session->id)))
       rc = CPH_ENOMEM;
@@ -646,7 +645,7 @@ static int ingest_one(cph_engine *e, ingest_req *rq, cph_event_in *in, cph_event
   }
 
   /* Every write of the event is in: memory follows (put back if the request fails). */
-  dedupe_commit(e->dedupe, channel_name, event_id, dd_now, &v);
+  dedupe_commit(ig->dedupe, channel_name, event_id, dd_now, &v);
   after->chan = after->chan_owned ? after->chan_owned : channel_name;
   after->family = dup ? v.family : 0;
   res->id = event_id;
@@ -676,45 +675,45 @@ done:
 
 /* CPH_OK with *room = how many bytes ingest may still write before the reserve, or
  * CPH_EFULL. O(databases). */
-static int ingest_room(cph_engine *e, cph_txn *t, size_t *room, cph_err *err) {
+static int ingest_room(cph_ingest *ig, cph_txn *t, size_t *room, cph_err *err) {
   size_t live = 0, map = 0;
   int rc = cph_txn_space(t, &live, &map);
   if (rc)
-    return cph_err_set(err, rc, "cannot tell how full data dir '%s' is: %s", e->env.data_dir,
+    return cph_err_set(err, rc, "cannot tell how full data dir '%s' is: %s", ig->env->data_dir,
                        cph_strerror(rc));
   size_t reserve = map / INGEST_RESERVE_DIV;
   if (reserve < INGEST_RESERVE_MIN)
     reserve = INGEST_RESERVE_MIN < map / 2 ? INGEST_RESERVE_MIN : map / 2;
   size_t margin = 0;
-  if (e->ingest_full)
+  if (ig->store_full)
     margin = map / INGEST_RESUME_DIV > INGEST_RESUME_MIN ? map / INGEST_RESUME_DIV
                                                           : INGEST_RESUME_MIN;
   if (live + reserve + margin <= map) {
     *room = map - reserve - live;
-    e->ingest_full = false;
+    ig->store_full = false;
     return CPH_OK;
   }
-  e->ingest_full = true;
+  ig->store_full = true;
   return cph_err_set(err, CPH_EFULL,
                      "storage full: %zu KiB of the %zu MiB map of data dir '%s' hold data and "
                      "ingest keeps the last %zu KiB for workers (raise :server :map-size-mb and "
                      "restart)",
-                     live >> 10, map >> 20, e->env.data_dir, reserve >> 10);
+                     live >> 10, map >> 20, ig->env->data_dir, reserve >> 10);
 }
 
 /* The request failed: none of its writes land and memory goes back to before it. */
-static void request_rollback(cph_engine *e, ingest_req *rq) {
+static void request_rollback(cph_ingest *ig, ingest_req *rq) {
   cph_txn_abort(&rq->t);
-  targets_undo(e, &rq->dl);
-  dedupe_rollback(e->dedupe);
+  targets_undo(ig, &rq->dl);
+  dedupe_rollback(ig->dedupe);
   /* memory_mint counted what did not land */
-  memory_embed_queue_set(&e->memory, rq->embed_queue_before);
+  memory_embed_queue_set(ig->memory, rq->embed_queue_before);
 }
 
 /* A request's events in one child txn of the pass (group commit): one failing request — a
  * full store, say — fails alone and stores none of its events; the other requests of the
  * pass still commit. */
-void ingest_apply(cph_engine *e, cph_op *op) {
+void ingest_apply(cph_ingest *ig, cph_op *op) {
   size_t n = op->u.ingest.n_events;
   op->u.ingest.results = calloc(n ? n : 1, sizeof *op->u.ingest.results);
   ingest_req rq = {0};
@@ -725,21 +724,21 @@ void ingest_apply(cph_engine *e, cph_op *op) {
     return;
   }
   cph_err err;
-  int rc = cph_txn_begin_child(&e->env.txn, &rq.t);
+  int rc = cph_txn_begin_child(&ig->env->txn, &rq.t);
   if (rc)
     cph_err_set(&err, rc, "%s", rq.t.err.msg);
   if (rc == CPH_OK) {
-    rq.embed_queue_before = memory_embed_queue(&e->memory);
-    dedupe_savepoint(e->dedupe, n);
+    rq.embed_queue_before = memory_embed_queue(ig->memory);
+    dedupe_savepoint(ig->dedupe, n);
     size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
     for (size_t i = 0; i < n && rc == CPH_OK; i++) {
       const char *body = op->u.ingest.events[i].body;
       size_t need = 2 * (body ? strlen(body) : 0) + INGEST_EVENT_OVERHEAD;
       if (room < need)
-        rc = ingest_room(e, &rq.t, &room, &err);
+        rc = ingest_room(ig, &rq.t, &room, &err);
       room = room > need ? room - need : 0;
       if (rc == CPH_OK)
-        rc = ingest_one(e, &rq, &op->u.ingest.events[i], &op->u.ingest.results[i], &rq.after[i],
+        rc = ingest_one(ig, &rq, &op->u.ingest.events[i], &op->u.ingest.results[i], &rq.after[i],
                         &err);
     }
     if (rc == CPH_OK && fold_writes_flush(&rq.t, &rq.dl) != CPH_OK)
@@ -747,20 +746,20 @@ void ingest_apply(cph_engine *e, cph_op *op) {
     if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc)
-      request_rollback(e, &rq);
+      request_rollback(ig, &rq);
   }
   if (rc) {
     if (rc == CPH_EFULL) {
-      e->ingest_full = true;
-      metrics_storage_full(e->metrics);
+      ig->store_full = true;
+      metrics_storage_full(ig->metrics);
     }
     op_fail(op, rc, "events", "%s", err.msg);
   } else {
     for (size_t i = 0; i < n; i++) {
       const ingest_after *a = &rq.after[i];
       if (a->chan)
-        backpressure_note_event(e->bp, a->chan, a->family, engine_now(e));
-      metrics_event(e->metrics, op->u.ingest.results[i].status);
+        backpressure_note_event(ig->bp, a->chan, a->family, env_now(ig->env));
+      metrics_event(ig->metrics, op->u.ingest.results[i].status);
     }
   }
   for (size_t i = 0; i < n; i++)
@@ -768,31 +767,4 @@ void ingest_apply(cph_engine *e, cph_op *op) {
   free(rq.after);
   free(rq.dl.items);
   free(rq.dl.folds);
-}
-
-/* ---------------------------------------------------------------- poll_inbox */
-
-/* Stages every pending message of the sessions that received some (§3.6 job 1). Memory
- * only: deliver() already wrote them `staged`, in this pass's transaction. New messages
- * arrive at the end and every pass stages them, so each scan walks back from the end and
- * stops once it found them all: O(new messages), not O(inbox). */
-uint64_t inbox_poll(cph_engine *e) {
-  uint64_t staged = 0;
-  size_t n;
-  csession **pending = sessions_take_pending(&e->sessions, &n);
-  for (size_t i = 0; i < n; i++) {
-    csession *s = pending[i];
-    uint32_t left = s->n_pending;
-    for (uint32_t j = s->n_inbox; j-- > 0 && left;)
-      if (s->inbox[j].status == CPH_INBOX_PENDING) {
-        s->inbox[j].status = CPH_INBOX_STAGED;
-        left--;
-      }
-    staged += s->n_pending;
-    s->n_staged += s->n_pending;
-    s->n_pending = 0;
-    s->in_pending_list = false;
-    engine_update_work(e, s);
-  }
-  return staged;
 }

@@ -116,10 +116,28 @@ void sessions_mark_pending(cph_sessions *ss, csession *s) {
   s->in_pending_list = true;
 }
 
-csession **sessions_take_pending(cph_sessions *ss, size_t *n) {
-  *n = ss->n_pending;
+/* Stages every pending message of the sessions that received some (§3.6 job 1). Memory
+ * only: ingest already wrote them `staged`, in this pass's transaction. New messages arrive
+ * at the end and every pass stages them, so each scan walks back from the end and stops once
+ * it found them all: O(new messages), not O(inbox). */
+uint64_t sessions_stage_pending(cph_sessions *ss) {
+  uint64_t staged = 0;
+  for (size_t i = 0; i < ss->n_pending; i++) {
+    csession *s = ss->pending[i];
+    uint32_t left = s->n_pending;
+    for (uint32_t j = s->n_inbox; j-- > 0 && left;)
+      if (s->inbox[j].status == CPH_INBOX_PENDING) {
+        s->inbox[j].status = CPH_INBOX_STAGED;
+        left--;
+      }
+    staged += s->n_pending;
+    s->n_staged += s->n_pending;
+    s->n_pending = 0;
+    s->in_pending_list = false;
+    sessions_update_work(ss, s);
+  }
   ss->n_pending = 0;
-  return ss->pending;
+  return staged;
 }
 
 /* A session has work when it has staged input or a due autonomy tick (§3.3); a reporter's

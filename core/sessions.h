@@ -68,9 +68,9 @@ bool session_id_valid(const char *id);
 /* ---- scheduling state */
 /* Queues s for the next poll_inbox (its pending messages become staged). */
 void sessions_mark_pending(cph_sessions *ss, csession *s);
-/* Hands over the sessions queued for poll_inbox (*n of them) and empties the list; the array
- * stays the registry's, valid until the next mark. */
-csession **sessions_take_pending(cph_sessions *ss, size_t *n);
+/* poll_inbox (§3.6): the marked sessions' pending messages become staged (in memory: ingest
+ * wrote them staged already); returns how many. */
+uint64_t sessions_stage_pending(cph_sessions *ss);
 /* Tells the scheduler whether s has work: staged input (a reporter's only once its report is
  * due), a due tick or a queued job. */
 void sessions_update_work(cph_sessions *ss, csession *s);

@@ -764,7 +764,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     ev.status = CPH_EVENT_STORED;
     cph_key ek = u64_key(event_id);
     cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
-    history_append(e, &t, chan, event_id);
+    history_append(&t, chan, event_id);
     cph_reply_rec rr = {reply_id, s->id, (char *)chan, op->u.turn.reply_body, l->inbox_ids,
                         (uint32_t)l->n_inbox_ids, l->turn_id, now_ms};
     cph_key rk = u64_key(reply_id);

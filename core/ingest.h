@@ -1,0 +1,41 @@
+/* Ingest (DESIGN §4, §5): a request's events stored, routed to their sessions' inboxes —
+ * deduplicated, folded and counted, never dropped — and minted as memories. Private to core/.
+ *
+ * It owns two facts: whether the store was last found full (ingest then resumes only past a
+ * margin) and how many events the queue caps folded over all sessions. It is handed the
+ * modules it uses; the engine wires them after every (re)load of memory, since the dedupe
+ * and backpressure states are rebuilt then. */
+#ifndef CEPHALON_CORE_INGEST_H
+#define CEPHALON_CORE_INGEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "env.h"
+#include "memory.h"
+#include "metrics.h"
+#include "sessions.h"
+
+struct cph_dedupe;
+struct cph_backpressure;
+
+typedef struct cph_ingest {
+  cph_core_env *env;
+  cph_sessions *sessions;
+  struct cph_dedupe *dedupe;
+  struct cph_backpressure *bp;
+  cph_memory *memory;
+  cph_metrics *metrics;
+  bool store_full;       /* the store was found full; ingest resumes past a margin */
+  uint64_t folded_total; /* cephalon_inbox_overflow_folded_total */
+} cph_ingest;
+
+/* CPH_OP_INGEST, inside the pass: the request's events in one child txn of env->txn — a
+ * failing request (a full store, say) stores none of its events and the others still
+ * commit. Memory (inboxes, dedupe, the embed queue) follows only what landed. */
+void ingest_apply(cph_ingest *ig, cph_op *op);
+
+/* Appends event_id to the channel's history (CPH_DB_CHANNEL_LOG) under its next index. */
+int history_append(cph_txn *t, const char *channel, uint64_t event_id);
+
+#endif
