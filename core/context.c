@@ -6,8 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 #include "context.h"
+#include "lanes/sched.h"
+#include "memory.h"
+#include "pact.h"
 
 #define ITEM_OVERHEAD 4u /* per listed item: its id / role / coordinate and punctuation */
 
@@ -181,7 +185,7 @@ typedef struct ritem {
 } ritem;
 
 typedef struct ctx {
-  cph_engine *e;
+  cph_context *cx;
   cph_txn *t;
   csession *s;
   const cph_session_rec *rec;
@@ -211,8 +215,8 @@ static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100;
 static void build_state(ctx *c) {
   cph_turn_info *ti = c->ti;
   cph_lane_stats st;
-  cph_sched_lane_stats(c->e->env.sched, c->s->lane, &st);
-  ti->current_state.credits = cph_sched_credits(c->e->env.sched, c->s->sid);
+  cph_sched_lane_stats(c->cx->env->sched, c->s->lane, &st);
+  ti->current_state.credits = cph_sched_credits(c->cx->env->sched, c->s->sid);
   ti->current_state.turns_left = st.turns_left;
   ti->current_state.tool_calls_left = st.tool_calls_left;
   ti->current_state.state = CPH_STATE_RUNNING;
@@ -336,8 +340,8 @@ static int build_tools(ctx *c) {
 
 /* ---------------------------------------------------------------- channel views */
 
-static bool is_subscriber(cph_engine *e, const char *channel_name, const csession *s) {
-  channel *ch = engine_channel(e, channel_name, false);
+static bool is_subscriber(cph_sessions *ss, const char *channel_name, const csession *s) {
+  channel *ch = sessions_channel(ss, channel_name, false);
   for (size_t i = 0; ch && i < ch->n_subscribers; i++)
     if (ch->subscribers[i] == s)
       return true;
@@ -360,7 +364,7 @@ static int views_init(ctx *c) {
       if (!(ti->views[v].channel = strdup(m->channel)))
         return CPH_ENOMEM;
       ti->n_views++;
-      c->vs[v].subscribed = is_subscriber(c->e, m->channel, c->s);
+      c->vs[v].subscribed = is_subscriber(c->cx->sessions, m->channel, c->s);
     }
     c->vs[v].mentioned |= m->mentioned;
   }
@@ -453,7 +457,7 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     if (section_seen >= c->history_budget && messages_seen >= messages_budget)
       break;
     /* sender, body and time: from the event cache, else the store (then cached) */
-    const cph_evcache_entry *ce = cph_evcache_get(&c->e->evcache, event_id);
+    const cph_evcache_entry *ce = cph_evcache_get(c->cx->evcache, event_id);
     cph_event_rec ev = {0};
     if (ce) {
       ev.ts_ms = ce->ts_ms;
@@ -474,7 +478,7 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
         rc = erc;
         break;
       }
-      cph_evcache_put(&c->e->evcache, event_id, ev.ts_ms, ev.sender, ev.body);
+      cph_evcache_put(c->cx->evcache, event_id, ev.ts_ms, ev.sender, ev.body);
     }
     if (ev.body) { /* a redacted payload has nothing to show */
       hentry h = {0};
@@ -485,7 +489,7 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
       h.body = ev.body;
       h.ts_ms = ev.ts_ms;
       h.own = strcmp(ev.sender, c->s->id) == 0;
-      h.agent = !h.own && engine_session(c->e, ev.sender) != NULL;
+      h.agent = !h.own && sessions_get(c->cx->sessions, ev.sender) != NULL;
       h.for_section = is_section_sender(c, ev.sender);
       if (entry_push(c, &h) == CPH_OK) {
         ev.sender = ev.body = NULL; /* moved into the entry */
@@ -982,7 +986,7 @@ static int add_said(ritem *v, size_t *n, int32_t depth, speaker who, const char 
 static speaker speaker_by_name(const ctx *c, const char *sender) {
   if (strcmp(sender, c->s->id) == 0)
     return SPEAKER_OWN;
-  return engine_session(c->e, sender) ? SPEAKER_AGENT : SPEAKER_USER;
+  return sessions_get(c->cx->sessions, sender) ? SPEAKER_AGENT : SPEAKER_USER;
 }
 
 /* Whether several distinct people (users: neither the session nor another agent) speak in
@@ -1178,7 +1182,7 @@ static void ctx_free(ctx *c) {
   idset_free(&c->inbox_events);
   idset_free(&c->shown_events);
   if (c->tree_ok) /* read, never changed: it still matches the store as t sees it */
-    pact_keep(c->e, c->s->id, &c->tree);
+    trees_keep(c->cx->trees, c->s->id, &c->tree);
   if (c->tree_loaded)
     cph_pact_tree_free(&c->tree);
 }
@@ -1198,8 +1202,8 @@ static int assemble(ctx *c) {
   idset_sort(&c->staged_events);
   idset_sort(&c->inbox_events);
   if (rc == CPH_OK) {
-    rc = pact_load(c->e, c->t, c->s->id, &c->tree);
-    c->tree_loaded = true; /* pact_load leaves a tree to free whatever the outcome */
+    rc = trees_load(c->cx->trees, c->t, c->s->id, &c->tree);
+    c->tree_loaded = true; /* trees_load leaves a tree to free whatever the outcome */
     c->tree_ok = rc == CPH_OK;
     if (rc && rc != CPH_ENOMEM && !c->t->ret) {
       /* A tree that cannot be read must not stop the session's turns: render without it. */
@@ -1252,18 +1256,23 @@ static uint64_t history_event_fields(void) {
   return mask;
 }
 
-int context_assemble(cph_engine *e, cph_txn *t, csession *s, const cph_session_rec *rec,
+void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
+                  cph_evcache *evcache) {
+  *cx = (cph_context){env, sessions, trees, evcache};
+}
+
+int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session_rec *rec,
                      cph_turn_info *ti) {
   ctx c;
   memset(&c, 0, sizeof c);
-  c.e = e;
+  c.cx = cx;
   c.t = t;
   c.s = s;
   c.rec = rec;
   c.ti = ti;
   c.inbox = ti->kind == CPH_KIND_INBOX && ti->n_staged > 0;
   c.window = rec->context_window_tokens ? rec->context_window_tokens
-                                        : (uint64_t)e->env.policy->sessions.context_window_tokens;
+                                        : (uint64_t)cx->env->policy->sessions.context_window_tokens;
   c.now_ms = cph_wall_ms();
   c.event_fields = history_event_fields();
   ti->tokens.window = clamp32(c.window);
@@ -1300,58 +1309,56 @@ void context_turn_free(cph_turn_info *ti) {
 
 /* ---------------------------------------------------------------- cursors */
 
-int context_lease_views(lease *l, const cph_turn_info *ti) {
+int context_views_copy(context_views *v, const cph_turn_info *ti) {
   if (!ti->n_views)
     return CPH_OK;
-  l->view_channels = calloc(ti->n_views, sizeof *l->view_channels);
-  l->view_seen = calloc(ti->n_views, sizeof *l->view_seen);
-  if (!l->view_channels || !l->view_seen) {
-    context_lease_views_free(l);
+  v->channels = calloc(ti->n_views, sizeof *v->channels);
+  v->seen = calloc(ti->n_views, sizeof *v->seen);
+  if (!v->channels || !v->seen) {
+    context_views_free(v);
     return CPH_ENOMEM;
   }
   for (size_t i = 0; i < ti->n_views; i++) {
-    if (!(l->view_channels[i] = strdup(ti->views[i].channel))) {
-      context_lease_views_free(l);
+    if (!(v->channels[i] = strdup(ti->views[i].channel))) {
+      context_views_free(v);
       return CPH_ENOMEM;
     }
-    l->view_seen[i] = ti->views[i].seen_index;
-    l->n_views = i + 1;
+    v->seen[i] = ti->views[i].seen_index;
+    v->n = i + 1;
   }
   return CPH_OK;
 }
 
-void context_lease_views_free(lease *l) {
-  for (size_t i = 0; l->view_channels && i < l->n_views; i++)
-    free(l->view_channels[i]);
-  free(l->view_channels);
-  free(l->view_seen);
-  l->view_channels = NULL;
-  l->view_seen = NULL;
-  l->n_views = 0;
+void context_views_free(context_views *v) {
+  for (size_t i = 0; v->channels && i < v->n; i++)
+    free(v->channels[i]);
+  free(v->channels);
+  free(v->seen);
+  v->channels = NULL;
+  v->seen = NULL;
+  v->n = 0;
 }
 
-int context_cursors_advance(cph_engine *e, cph_txn *t, const lease *l) {
-  (void)e;
-  for (size_t i = 0; i < l->n_views; i++) {
-    if (!l->view_seen[i])
+int context_cursors_advance(cph_txn *t, const char *session, const context_views *v) {
+  for (size_t i = 0; i < v->n; i++) {
+    if (!v->seen[i])
       continue;
-    cph_key k = cursor_key(l->session->id, l->view_channels[i]);
+    cph_key k = cursor_key(session, v->channels[i]);
     cph_val old;
     int rc = cph_txn_get(t, CPH_DB_CURSORS, &k, &old);
-    if (rc == CPH_OK && old.len == 8 && cph_be64_get(old.data) >= l->view_seen[i])
+    if (rc == CPH_OK && old.len == 8 && cph_be64_get(old.data) >= v->seen[i])
       continue; /* never backwards */
     if (rc != CPH_OK && rc != CPH_ENOTFOUND)
       return rc;
-    uint8_t v[8];
-    cph_be64_put(v, l->view_seen[i]);
-    if ((rc = cph_txn_put(t, CPH_DB_CURSORS, &k, v, sizeof v)))
+    uint8_t val[8];
+    cph_be64_put(val, v->seen[i]);
+    if ((rc = cph_txn_put(t, CPH_DB_CURSORS, &k, val, sizeof val)))
       return rc;
   }
   return CPH_OK;
 }
 
-int context_cursors_delete(cph_engine *e, cph_txn *t, const char *session) {
-  (void)e;
+int context_cursors_delete(cph_txn *t, const char *session) {
   cph_key start;
   cph_key_reset(&start);
   cph_key_str(&start, session);

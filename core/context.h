@@ -94,8 +94,8 @@
  *     channel: it is shown as ordinary history, not as missed messages; later messages were
  *     all routed to it, so nothing is "away" on its first turn except other agents' replies.
  * Completing the turn moves each cursor to the view's seen_index (never backwards). The
- * seen indexes ride in the lease (view_channels / view_seen); a failed or expired turn moves
- * nothing, so its input is seen the same way again.
+ * seen indexes ride in the lease (context_views); a failed or expired turn moves nothing, so
+ * its input is seen the same way again.
  *
  * ---- Cost bounds (per turn, whatever the window) ----
  * At most 512 channel-log entries read over the turn's channels (split evenly, at least 64
@@ -105,24 +105,55 @@
 #ifndef CEPHALON_CORE_CONTEXT_H
 #define CEPHALON_CORE_CONTEXT_H
 
-#include "engine_internal.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cephalon/cephalon.h"
+#include "env.h"
+#include "evcache.h"
+#include "session.h"
+#include "sessions.h"
+#include "store/store.h"
+#include "trees.h"
+
+/* What the context module is handed; the engine wires it at open. It keeps no state of its
+ * own: the cursors are in the store, the trees are the tree store's. context_edit.h takes it
+ * too. */
+typedef struct cph_context {
+  cph_core_env *env;      /* the default window, the scheduler (current_state), the store */
+  cph_sessions *sessions; /* which senders are sessions; the channels' subscribers */
+  cph_trees *trees;       /* the sessions' PACT trees */
+  cph_evcache *evcache;   /* recent events as histories show them (read and filled here) */
+} cph_context;
+
+void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
+                  cph_evcache *evcache);
 
 /* Builds ti's sections, channel views and messages. The caller has filled ti->session, lane,
  * kind, episode, input and staged (in staged order) from rec, the session's record. Reads and
  * writes (memory accesses) through t. Job turns get current_state and tools only. CPH_OK, or
  * a store / allocation error (t's sticky error says which). */
-int context_assemble(cph_engine *e, cph_txn *t, csession *s, const cph_session_rec *rec,
+int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session_rec *rec,
                      cph_turn_info *ti);
 /* Frees what context_assemble added to ti (cph_turn_info_free calls it). */
 void context_turn_free(cph_turn_info *ti);
 
-/* Copies ti's channel views (channel, seen_index) into the lease. CPH_ENOMEM leaves the lease
- * with none: completing it then moves no cursor. */
-int context_lease_views(lease *l, const cph_turn_info *ti);
-void context_lease_views_free(lease *l);
-/* At completion, in the completion's txn: each cursor of l's views moves to its seen index. */
-int context_cursors_advance(cph_engine *e, cph_txn *t, const lease *l);
+/* A turn's channel views as its lease carries them to completion: per channel of its staged
+ * messages, the newest channel index the turn saw (channels[i], seen[i]; both owned). */
+typedef struct context_views {
+  char **channels;
+  uint64_t *seen;
+  size_t n;
+} context_views;
+
+/* Copies ti's channel views (channel, seen_index) into v. CPH_ENOMEM leaves v with none:
+ * completing the turn then moves no cursor. */
+int context_views_copy(context_views *v, const cph_turn_info *ti);
+void context_views_free(context_views *v);
+/* At completion, in the completion's txn: each of the session's cursors in v moves to its
+ * seen index (never backwards). */
+int context_cursors_advance(cph_txn *t, const char *session, const context_views *v);
 /* Deletes every cursor of a session (for session deletion). */
-int context_cursors_delete(cph_engine *e, cph_txn *t, const char *session);
+int context_cursors_delete(cph_txn *t, const char *session);
 
 #endif

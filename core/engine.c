@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "dedupe.h"
 #include "context.h"
+#include "context_edit.h"
 #include "engine_internal.h"
 #include "events_read.h"
 #include "ingest.h"
@@ -103,8 +104,8 @@ static void report_due(void *ctx, csession *s) {
 /* A session is being deleted (sessions.h): its tree and its channel cursors go with it. */
 static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
   cph_engine *e = ctx;
-  pact_delete_all(e, t, session);
-  return context_cursors_delete(e, t, session);
+  trees_delete(&e->trees, t, session);
+  return context_cursors_delete(t, session);
 }
 
 /* backpressure owns the step; dedupe asks through this (dedupe_widening). */
@@ -161,7 +162,7 @@ static void memory_clear(cph_engine *e) {
   dedupe_close(e->dedupe);
   e->dedupe = NULL;
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
-  pact_cache_clear(e);
+  trees_cache_clear(&e->trees);
 }
 
 /* The largest 8-byte key of db (its keys are big-endian u64s), 0 if none. O(log n): keys
@@ -243,6 +244,8 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   if (e->env.providers && e->env.providers->configure)
     e->env.providers->configure(e->env.providers->ctx, &policy->providers);
   cph_evcache_init(&e->evcache, EVCACHE_SLOTS);
+  trees_init(&e->trees);
+  context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->evcache);
   cph_clock_init_monotonic(&e->own_clock);
   e->env.clock = opts && opts->clock ? opts->clock : &e->own_clock;
   /* The engine's wall clock: real time at open, advancing with the engine clock (so windows
@@ -301,9 +304,8 @@ void cph_engine_close(cph_engine *e) {
   cph_policy_free(e->env.policy);
   free((char *)e->env.data_dir);
   metrics_close(e->metrics);
-  cph_buf_free(&e->scratch);
   cph_evcache_free(&e->evcache);
-  free(e->trees);
+  trees_free(&e->trees);
   free(e);
 }
 
@@ -404,7 +406,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_CONTEXT_INSERT:
   case CPH_OP_CONTEXT_DELETE:
   case CPH_OP_CONTEXT_SEAL:
-    context_ops_apply(e, op);
+    context_ops_apply(&e->context, op);
     break;
   case CPH_OP_LEASE:
     break; /* waiters are served by agent_turn */
@@ -605,6 +607,21 @@ char *cph_engine_metrics_text(cph_engine *e, size_t *len) {
   cph_engine_maint_stats(e, &src.maint);
   src.have_storage = cph_engine_storage_stats(e, &src.storage) == CPH_OK;
   return metrics_text(&src, len);
+}
+
+int cph_engine_context(cph_engine *e, const char *session, const char *selector,
+                       cph_context_node_info **out, size_t *n, uint64_t *episode, cph_err *err) {
+  return context_nodes(&e->context, session, selector, out, n, episode, err);
+}
+
+int cph_engine_context_step(cph_engine *e, const char *session, size_t episodes,
+                            cph_context_step **out, cph_err *err) {
+  return context_step_preview(&e->context, session, episodes, out, err);
+}
+
+int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, size_t *n,
+                     cph_err *err) {
+  return context_seals(&e->context, session, out, n, err);
 }
 
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out) {

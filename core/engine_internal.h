@@ -11,6 +11,7 @@
 #define CEPHALON_CORE_ENGINE_INTERNAL_H
 
 #include "cephalon/cephalon.h"
+#include "core/context.h"
 #include "core/evcache.h"
 #include "core/pact.h"
 #include "common/buf.h"
@@ -26,6 +27,7 @@
 #include "core/ops.h"
 #include "core/ingest.h"
 #include "core/sessions.h"
+#include "core/trees.h"
 
 /* An active lease. */
 typedef struct lease {
@@ -40,9 +42,7 @@ typedef struct lease {
   uint64_t job_id; /* job turns: the job it runs */
   /* Channel views (core/context.h): per channel of the staged messages, the newest channel
    * index the turn saw; completion moves the session's cursor there. Owned. */
-  char **view_channels;
-  uint64_t *view_seen;
-  size_t n_views;
+  context_views views;
 } lease;
 
 struct cph_engine {
@@ -66,9 +66,9 @@ struct cph_engine {
   cph_memory memory;             /* memory.h: what memories keep in memory (the embed queue) */
   struct cph_maint *maint;       /* maint.c: schedules, counters */
   struct cph_metrics *metrics;   /* metrics.c: live counters; kept across memory rebuilds */
-  cph_buf scratch;               /* encoding space reused on the pass thread (pact_save) */
   cph_evcache evcache;           /* evcache.h: recent events as turn histories show them */
-  struct pact_cached *trees;     /* pact_store.c: decoded trees of recent turns (PACT_CACHE_SLOTS) */
+  cph_trees trees;               /* trees.h: the PACT tree store and its cache of decoded trees */
+  cph_context context;           /* context.h, context_edit.h: wired to the above at open */
 };
 
 /* ---- engine.c ---- */
@@ -132,24 +132,6 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id);
 void gc_group_hash(const uint64_t *sorted_ids, size_t n, int64_t newest_ts_ms,
                    uint64_t total_tokens, char out[65]);
 void maint_note_commit(cph_engine *e, uint64_t deleted, uint64_t outbox_items, int64_t now_ms);
-/* pact_store.c: a session's PACT tree in LMDB (database context).
- *
- * Recently used trees are also kept decoded in memory (a bounded cache), because every turn
- * reads its session's tree at lease and again at completion:
- * - pact_load takes the session's tree out of the cache when it is there (else decodes it);
- * - pact_keep puts a tree back; callers do so only with a tree that matches what their
- *   transaction's parent holds: unchanged after a read, or saved and its child committed;
- * - pact_save and pact_delete_all drop the cached tree, and pact_cache_clear (a failed pass
- *   commit, engine close) empties the cache, so it never holds what the store does not. */
-int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out);
-int pact_save(cph_engine *e, cph_txn *t, const char *session, const cph_pact_tree *tree);
-int pact_delete_all(cph_engine *e, cph_txn *t, const char *session);
-/* Moves *tree into the cache (it is left empty, to free or not); see above for when. */
-void pact_keep(cph_engine *e, const char *session, cph_pact_tree *tree);
-void pact_cache_clear(cph_engine *e);
-/* Drops message cores deeper than the history bound; returns how many. */
-size_t pact_prune_history(cph_pact_tree *tree);
-void context_ops_apply(cph_engine *e, cph_op *op);
 
 /* ---- turns.c ---- */
 void turns_apply(cph_engine *e, cph_op *op); /* heartbeat, complete, fail, requeue */

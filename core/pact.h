@@ -1,5 +1,5 @@
 /* The PACT context tree (DESIGN §6) as a pure in-memory module: coordinates, selectors, the
- * episode step and the render order. No storage, no engine: core/pact_store.c persists trees
+ * episode step and the render order. No storage, no engine: core/trees.c persists trees
  * and core/context.c renders them into turns.
  *
  * A node sits at (depth, position, offset): depth -1 = system (never moves), 0 = the current

@@ -114,7 +114,7 @@ void lease_free(lease *l) {
   if (!l)
     return;
   free(l->inbox_ids);
-  context_lease_views_free(l);
+  context_views_free(&l->views);
   free(l->key);
   free(l);
 }
@@ -398,7 +398,7 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
   if (!ti->input && rc == CPH_OK)
     rc = CPH_ENOMEM;
   if (rc == CPH_OK)
-    rc = context_assemble(e, t, s, &rec, ti);
+    rc = context_assemble(&e->context, t, s, &rec, ti);
   cph_record_free(&cph_session_desc, &rec);
   return rc;
 }
@@ -518,7 +518,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   l->n_inbox_ids = n;
   l->key = key_copy;
   l->job_id = job_id;
-  if (context_lease_views(l, ti) != CPH_OK) /* the cursors then stay where they are */
+  if (context_views_copy(&l->views, ti) != CPH_OK) /* the cursors then stay where they are */
     cph_log(CPH_LOG_WARN, "turn %llu of '%s': out of memory for its channel views",
             (unsigned long long)turn_id, s->id);
   if (job_turn) {
@@ -797,18 +797,18 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     maint_job_apply(e, &t, s, l->job_id, op->u.turn.job);
   cph_key tk = u64_key(l->turn_id);
   cph_turn_rec tr;
-  cph_pact_tree tree; /* the episode's tree: kept decoded (pact_keep) once t committed */
+  cph_pact_tree tree; /* the episode's tree: kept decoded (trees_keep) once t committed */
   cph_pact_tree_init(&tree);
   bool tree_saved = false;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
     if (tr.kind != CPH_TURN_JOB) {
       /* The episode (DESIGN §6): the input and reply join the session's PACT tree as message
        * cores, then TTL -> cadence -> lifecycle -> ODI. */
-      if (pact_load(e, &t, s->id, &tree) == CPH_OK &&
+      if (trees_load(&e->trees, &t, s->id, &tree) == CPH_OK &&
           cph_pact_complete_turn(&tree, input_core_text(&tr), op->u.turn.reply_body) ==
               CPH_OK) {
-        pact_prune_history(&tree);
-        tree_saved = pact_save(e, &t, s->id, &tree) == CPH_OK;
+        trees_prune_history(&tree);
+        tree_saved = trees_save(&e->trees, &t, s->id, &tree) == CPH_OK;
       }
     }
     tr.state = CPH_TURN_COMPLETED;
@@ -825,10 +825,10 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   cph_sched_finish(e->env.sched, s->sid, op->u.turn.tool_calls, true);
   s->episode++;
   persist_session_credits(&e->sessions, &t, s);
-  context_cursors_advance(e, &t, l); /* channel views: the cursors move to what the turn saw */
+  context_cursors_advance(&t, s->id, &l->views); /* channel views: the cursors move to what the turn saw */
   int commit_rc = cph_txn_commit(&t);
   if (commit_rc == CPH_OK && tree_saved)
-    pact_keep(e, s->id, &tree);
+    trees_keep(&e->trees, s->id, &tree);
   cph_pact_tree_free(&tree);
   if (commit_rc) {
     /* Put the session back as it was: running, same credits, same episode. */

@@ -42,7 +42,7 @@
   X(OUTBOX, "outbox")         /* u64 item id -> outbox item */                           \
   X(GC_GROUPS, "gc_groups")   /* u64 group id -> gc group */                             \
   X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
-  X(CONTEXT, "context")       /* session -> its PACT tree (core/pact_store.c) */      \
+  X(CONTEXT, "context")       /* session -> its PACT tree (core/trees.c) */              \
   X(SEALS, "seals")           /* session\0 u64 seal id -> sealed rendered context */    \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \

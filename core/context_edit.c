@@ -1,32 +1,15 @@
-/* A session's PACT tree in LMDB (database "context": session\0 + u64 node id -> node record;
- * node id 0 holds the tree header: episode, next id, next seq), the context operations
- * (insert, delete, seal) and the context reads (select, dry-run step, seals). */
+/* The context operations and reads (context_edit.h) over the tree store. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_internal.h"
+#include "context_edit.h"
+#include "ops.h"
 
 #define TREE_NODES_MAX 4096 /* a session's tree; inserts beyond it are refused (413) */
-/* Message cores deeper than this are dropped after each episode: the conversation itself stays
- * in the channel history (LMDB), and without a bound every turn would load and rewrite a tree
- * that grows by one or two nodes per turn forever. */
-#define HISTORY_CORES_MAX_DEPTH 128
 
-size_t pact_prune_history(cph_pact_tree *tree) {
-  size_t dropped = 0;
-  for (size_t i = 0; i < tree->n;) {
-    const cph_pact_node *n = &tree->nodes[i];
-    if (n->role && n->at.depth > HISTORY_CORES_MAX_DEPTH && cph_pact_delete(tree, n->id) == CPH_OK) {
-      dropped++;
-      continue; /* the array shifted: look at index i again */
-    }
-    i++;
-  }
-  return dropped;
-}
-
-static cph_key node_key(const char *session, uint64_t id) {
+/* A seal's key in database seals. */
+static cph_key seal_key(const char *session, uint64_t id) {
   cph_key k;
   cph_key_reset(&k);
   cph_key_str(&k, session);
@@ -34,266 +17,7 @@ static cph_key node_key(const char *session, uint64_t id) {
   return k;
 }
 
-/* ---------------------------------------------------------------- record <-> node */
-
 static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
-
-/* Moves r's strings into n (r keeps what is left to free). */
-static int node_from_rec(cph_ctxnode_rec *r, cph_pact_node *n) {
-  memset(n, 0, sizeof *n);
-  n->id = r->id;
-  n->at = (cph_coord){(int32_t)r->depth, (int32_t)r->position, (int32_t)r->offset};
-  n->content = r->content;
-  n->role = r->role;
-  n->key = r->key;
-  n->tags = r->tags;
-  n->n_tags = r->n_tags;
-  r->content = r->role = r->key = NULL;
-  r->tags = NULL;
-  r->n_tags = 0;
-  n->ttl = (int32_t)r->ttl;
-  n->cadence = (int32_t)r->cadence;
-  n->stage = r->stage;
-  n->created_at_episode = r->created_at_episode;
-  n->seq = r->seq;
-  n->waiting = r->waiting;
-  uint32_t stages = r->n_lc_depth;
-  if (stages && stages == r->n_lc_position && stages == r->n_lc_offset && stages == r->n_lc_ttl) {
-    n->lifecycle = calloc(stages, sizeof *n->lifecycle);
-    if (!n->lifecycle)
-      return CPH_ENOMEM;
-    for (uint32_t i = 0; i < stages; i++)
-      n->lifecycle[i] = (cph_pact_stage){{(int32_t)r->lc_depth[i], (int32_t)r->lc_position[i],
-                                          (int32_t)r->lc_offset[i]},
-                                         (int32_t)r->lc_ttl[i]};
-    n->n_lifecycle = stages;
-  }
-  return CPH_OK;
-}
-
-/* Borrowing view of n as a record; *lc holds 4 * n_lifecycle int64s owned by the caller. */
-static void rec_from_node(const cph_pact_node *n, cph_ctxnode_rec *r, int64_t *lc) {
-  memset(r, 0, sizeof *r);
-  r->id = n->id;
-  r->depth = n->at.depth;
-  r->position = n->at.position;
-  r->offset = n->at.offset;
-  r->content = n->content;
-  r->role = n->role;
-  r->ttl = n->ttl;
-  r->cadence = n->cadence;
-  uint32_t k = n->n_lifecycle;
-  for (uint32_t i = 0; i < k; i++) {
-    lc[i] = n->lifecycle[i].at.depth;
-    lc[k + i] = n->lifecycle[i].at.position;
-    lc[2 * k + i] = n->lifecycle[i].at.offset;
-    lc[3 * k + i] = n->lifecycle[i].ttl;
-  }
-  r->lc_depth = lc;
-  r->lc_position = lc + k;
-  r->lc_offset = lc + 2 * k;
-  r->lc_ttl = lc + 3 * k;
-  r->n_lc_depth = r->n_lc_position = r->n_lc_offset = r->n_lc_ttl = k;
-  r->stage = n->stage;
-  r->key = n->key;
-  r->tags = n->tags;
-  r->n_tags = n->n_tags;
-  r->created_at_episode = n->created_at_episode;
-  r->seq = n->seq;
-  r->waiting = n->waiting;
-}
-
-/* ---------------------------------------------------------------- load / save */
-
-/* A session's tree is one value in database "context", key = the session id:
- *   be64 episode, be64 next node id, be64 next seq, be32 node count,
- *   then per node: be32 length + the node record (msgpack, cph_ctxnode_desc).
- * The tree is always read and written whole (every episode may shift every node's depth), so
- * one value costs one B-tree lookup and one write per turn instead of one per node. */
-#define TREE_HEADER_BYTES 28u
-
-static cph_key tree_key(const char *session) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_str(&k, session);
-  return k;
-}
-
-static int tree_corrupt(cph_txn *t, const char *session, const char *what) {
-  return cph_err_set(&t->err, CPH_ECORRUPT,
-                     "corrupt record in database \"context\" at key \"%s\": %s", session, what);
-}
-
-static int tree_push(cph_pact_tree *tree, cph_ctxnode_rec *r) {
-  if (tree->n == tree->cap) {
-    size_t cap = tree->cap ? tree->cap * 2 : 16;
-    cph_pact_node *p = realloc(tree->nodes, cap * sizeof *p);
-    if (!p)
-      return CPH_ENOMEM;
-    tree->nodes = p;
-    tree->cap = cap;
-  }
-  int rc = node_from_rec(r, &tree->nodes[tree->n]);
-  tree->n++; /* counted even when incomplete, so cph_pact_tree_free releases it */
-  return rc;
-}
-
-static int tree_decode(cph_txn *t, const char *session, const uint8_t *p, size_t len,
-                       cph_pact_tree *out) {
-  if (len < TREE_HEADER_BYTES)
-    return tree_corrupt(t, session, "shorter than the tree header");
-  out->episode = cph_be64_get(p);
-  out->next_id = cph_be64_get(p + 8);
-  out->next_seq = cph_be64_get(p + 16);
-  uint32_t count = cph_be32_get(p + 24);
-  size_t at = TREE_HEADER_BYTES;
-  for (uint32_t i = 0; i < count; i++) {
-    if (len - at < 4)
-      return tree_corrupt(t, session, "node length past the end");
-    uint32_t n = cph_be32_get(p + at);
-    at += 4;
-    if (len - at < n)
-      return tree_corrupt(t, session, "node record past the end");
-    cph_ctxnode_rec r;
-    cph_err derr;
-    if (cph_record_decode(&cph_ctxnode_desc, p + at, n, &r, &derr)) {
-      char what[sizeof derr.msg + 32];
-      snprintf(what, sizeof what, "node %u: %s", i, derr.msg);
-      return tree_corrupt(t, session, what);
-    }
-    int rc = tree_push(out, &r);
-    cph_record_free(&cph_ctxnode_desc, &r);
-    if (rc)
-      return rc;
-    at += n;
-  }
-  if (at != len)
-    return tree_corrupt(t, session, "bytes after the last node");
-  return CPH_OK;
-}
-
-/* ---------------------------------------------------------------- the tree cache */
-
-/* Trees kept decoded: direct-mapped on a hash of the session id. A full tree of 130 nodes of
- * ~150 bytes is ~20 KB, so the cache holds at most ~10 MB. */
-#define PACT_CACHE_SLOTS 512
-
-struct pact_cached {
-  char *session; /* NULL: empty */
-  cph_pact_tree tree;
-};
-
-static struct pact_cached *cache_slot(cph_engine *e, const char *session) {
-  if (!e->trees && !(e->trees = calloc(PACT_CACHE_SLOTS, sizeof *e->trees)))
-    return NULL;
-  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-  for (const unsigned char *p = (const unsigned char *)session; *p; p++)
-    h = (h ^ *p) * 0x100000001b3ull;
-  return &e->trees[h % PACT_CACHE_SLOTS];
-}
-
-static void cached_clear(struct pact_cached *c) {
-  free(c->session);
-  c->session = NULL;
-  cph_pact_tree_free(&c->tree);
-  cph_pact_tree_init(&c->tree);
-}
-
-static void cache_drop(cph_engine *e, const char *session) {
-  struct pact_cached *c = e->trees ? cache_slot(e, session) : NULL;
-  if (c && c->session && strcmp(c->session, session) == 0)
-    cached_clear(c);
-}
-
-void pact_keep(cph_engine *e, const char *session, cph_pact_tree *tree) {
-  struct pact_cached *c = cache_slot(e, session);
-  char *copy = c ? strdup(session) : NULL;
-  if (!copy) {
-    free(copy);
-    return; /* out of memory: the tree stays with the caller, uncached */
-  }
-  cached_clear(c);
-  c->session = copy;
-  c->tree = *tree;
-  cph_pact_tree_init(tree);
-}
-
-void pact_cache_clear(cph_engine *e) {
-  for (size_t i = 0; e->trees && i < PACT_CACHE_SLOTS; i++)
-    if (e->trees[i].session)
-      cached_clear(&e->trees[i]);
-}
-
-int pact_load(cph_engine *e, cph_txn *t, const char *session, cph_pact_tree *out) {
-  cph_pact_tree_init(out);
-  struct pact_cached *c = e->trees ? cache_slot(e, session) : NULL;
-  if (c && c->session && strcmp(c->session, session) == 0) {
-    *out = c->tree; /* taken: the caller keeps it back, or it is read again next time */
-    cph_pact_tree_init(&c->tree);
-    free(c->session);
-    c->session = NULL;
-    return CPH_OK;
-  }
-  cph_key k = tree_key(session);
-  cph_val v;
-  int rc = cph_txn_get(t, CPH_DB_CONTEXT, &k, &v);
-  if (rc == CPH_OK)
-    rc = tree_decode(t, session, v.data, v.len, out);
-  else if (rc == CPH_ENOTFOUND)
-    rc = CPH_OK; /* a session without context nodes yet */
-  if (rc) {
-    cph_pact_tree_free(out);
-    cph_pact_tree_init(out); /* callers free the tree whatever the outcome */
-    return rc;
-  }
-  if (!out->next_id)
-    out->next_id = 1;
-  if (!out->next_seq)
-    out->next_seq = 1;
-  return CPH_OK;
-}
-
-int pact_delete_all(cph_engine *e, cph_txn *t, const char *session) {
-  cache_drop(e, session);
-  cph_key k = tree_key(session);
-  int rc = cph_txn_del(t, CPH_DB_CONTEXT, &k);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
-}
-
-int pact_save(cph_engine *e, cph_txn *t, const char *session, const cph_pact_tree *tree) {
-  cache_drop(e, session); /* the caller keeps the new tree once its transaction committed */
-  cph_buf *b = &e->scratch; /* reused across saves: no allocation per turn at steady state */
-  cph_buf_reset(b);
-  uint8_t header[TREE_HEADER_BYTES];
-  cph_be64_put(header, tree->episode);
-  cph_be64_put(header + 8, tree->next_id);
-  cph_be64_put(header + 16, tree->next_seq);
-  cph_be32_put(header + 24, (uint32_t)tree->n);
-  cph_buf_append(b, header, sizeof header);
-  int64_t lc_fixed[4 * 8];
-  for (size_t i = 0; i < tree->n && !cph_buf_error(b); i++) {
-    const cph_pact_node *n = &tree->nodes[i];
-    size_t lc_n = 4 * (n->n_lifecycle ? n->n_lifecycle : 1);
-    int64_t *lc = lc_n <= 4 * 8 ? lc_fixed : calloc(lc_n, sizeof *lc);
-    if (!lc)
-      return CPH_ENOMEM;
-    cph_ctxnode_rec r;
-    rec_from_node(n, &r, lc);
-    size_t len_at = b->len;
-    uint8_t len_be[4] = {0};
-    cph_buf_append(b, len_be, sizeof len_be);
-    int rc = cph_record_encode(&cph_ctxnode_desc, &r, b);
-    if (lc != lc_fixed)
-      free(lc);
-    if (rc)
-      return rc;
-    cph_be32_put((uint8_t *)b->data + len_at, (uint32_t)(b->len - len_at - 4));
-  }
-  if (cph_buf_error(b))
-    return CPH_ENOMEM;
-  cph_key k = tree_key(session);
-  return cph_txn_put(t, CPH_DB_CONTEXT, &k, b->data, b->len);
-}
 
 /* ---------------------------------------------------------------- node info */
 
@@ -396,7 +120,7 @@ static int parse_node(cph_op *op, cph_pact_node *proto, cph_pact_stage *stages) 
   return CPH_OK;
 }
 
-static void context_insert(cph_engine *e, cph_op *op, csession *s) {
+static void context_insert(cph_context *cx, cph_op *op, csession *s) {
   if (op->u.context.node.n_lifecycle > 32) {
     op_fail(op, CPH_ELIMIT, "lifecycle", "lifecycle: at most 32 stages");
     return;
@@ -406,9 +130,9 @@ static void context_insert(cph_engine *e, cph_op *op, csession *s) {
   if (parse_node(op, &proto, stages))
     return;
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&cx->env->txn, &t);
   cph_pact_tree tree;
-  int rc = pact_load(e, &t, s->id, &tree);
+  int rc = trees_load(cx->trees, &t, s->id, &tree);
   if (rc) {
     op_fail(op, rc, NULL, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
     cph_txn_abort(&t);
@@ -429,7 +153,7 @@ static void context_insert(cph_engine *e, cph_op *op, csession *s) {
     rc = cph_pact_update(&tree, existing->id, &proto, mask, &err);
     if (rc)
       op_fail(op, rc == CPH_EPARSE ? CPH_EINVAL : rc, "at", "%s", err.msg);
-    else if ((rc = pact_save(e, &t, s->id, &tree)) != CPH_OK || cph_txn_commit(&t) != CPH_OK)
+    else if ((rc = trees_save(cx->trees, &t, s->id, &tree)) != CPH_OK || cph_txn_commit(&t) != CPH_OK)
       op_fail(op, t.ret ? t.ret : rc, NULL, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
   } else if (tree.n >= TREE_NODES_MAX) {
     op_fail(op, CPH_ELIMIT, NULL, "the context of '%s' holds %d nodes, the most it may", s->id,
@@ -442,7 +166,7 @@ static void context_insert(cph_engine *e, cph_op *op, csession *s) {
                                                      : "at";
     op_fail(op, rc == CPH_EPARSE ? CPH_EINVAL : rc, rc == CPH_ENOMEM ? NULL : field, "%s",
             err.msg);
-  } else if ((rc = pact_save(e, &t, s->id, &tree)) != CPH_OK || cph_txn_commit(&t) != CPH_OK) {
+  } else if ((rc = trees_save(cx->trees, &t, s->id, &tree)) != CPH_OK || cph_txn_commit(&t) != CPH_OK) {
     op_fail(op, t.ret ? t.ret : rc, NULL, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
   }
   if (t.mdb)
@@ -450,16 +174,16 @@ static void context_insert(cph_engine *e, cph_op *op, csession *s) {
   cph_pact_tree_free(&tree);
 }
 
-static void context_delete(cph_engine *e, cph_op *op, csession *s) {
+static void context_delete(cph_context *cx, cph_op *op, csession *s) {
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&cx->env->txn, &t);
   cph_pact_tree tree;
-  int rc = pact_load(e, &t, s->id, &tree);
+  int rc = trees_load(cx->trees, &t, s->id, &tree);
   if (rc == CPH_OK && cph_pact_delete(&tree, op->u.context.node_id) != CPH_OK)
     rc = op_fail(op, CPH_ENOTFOUND, "node", "no context node %llu in '%s'",
                  (unsigned long long)op->u.context.node_id, s->id);
   else if (rc == CPH_OK)
-    rc = pact_save(e, &t, s->id, &tree);
+    rc = trees_save(cx->trees, &t, s->id, &tree);
   if (rc == CPH_OK && cph_txn_commit(&t))
     rc = op_fail(op, t.ret, NULL, "%s", t.err.msg);
   else if (rc && !op->rc)
@@ -489,16 +213,16 @@ static void render_messages(const cph_pact_tree *tree, cph_seal_rec *r) {
   free(idx);
 }
 
-static void context_seal(cph_engine *e, cph_op *op, csession *s) {
+static void context_seal(cph_context *cx, cph_op *op, csession *s) {
   const char *trigger = op->u.context.trigger;
   if (!trigger || !*trigger || strlen(trigger) > 128) {
     op_fail(op, CPH_EINVAL, "trigger", "trigger: a name of 1 to 128 bytes");
     return;
   }
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&cx->env->txn, &t);
   cph_pact_tree tree;
-  int rc = pact_load(e, &t, s->id, &tree);
+  int rc = trees_load(cx->trees, &t, s->id, &tree);
   if (rc) {
     op_fail(op, rc, NULL, "%s", t.err.msg);
     cph_txn_abort(&t);
@@ -513,7 +237,7 @@ static void context_seal(cph_engine *e, cph_op *op, csession *s) {
   r.episode = s->episode;
   r.created_ms = cph_wall_ms();
   render_messages(&tree, &r);
-  cph_key k = node_key(s->id, r.id);
+  cph_key k = seal_key(s->id, r.id);
   cph_txn_put_record(&t, CPH_DB_SEALS, &k, &cph_seal_desc, &r);
   r.session = r.trigger = NULL; /* borrowed */
   cph_record_free(&cph_seal_desc, &r);
@@ -527,43 +251,43 @@ static void context_seal(cph_engine *e, cph_op *op, csession *s) {
   op->u.context.seal_id = id;
 }
 
-void context_ops_apply(cph_engine *e, cph_op *op) {
+void context_ops_apply(cph_context *cx, cph_op *op) {
   const char *id = op->u.context.session;
-  csession *s = id ? engine_session(e, id) : NULL;
+  csession *s = id ? sessions_get(cx->sessions, id) : NULL;
   if (!s) {
     op_fail(op, CPH_ENOTFOUND, "id", "no session '%s'", id ? id : "");
     return;
   }
   switch (op->kind) {
   case CPH_OP_CONTEXT_INSERT:
-    context_insert(e, op, s);
+    context_insert(cx, op, s);
     break;
   case CPH_OP_CONTEXT_DELETE:
-    context_delete(e, op, s);
+    context_delete(cx, op, s);
     break;
   default:
-    context_seal(e, op, s);
+    context_seal(cx, op, s);
     break;
   }
 }
 
 /* ---------------------------------------------------------------- reads */
 
-static int load_for_read(cph_engine *e, const char *session, cph_pact_tree *tree, cph_err *err) {
-  if (!engine_session(e, session))
+static int load_for_read(cph_context *cx, const char *session, cph_pact_tree *tree, cph_err *err) {
+  if (!sessions_get(cx->sessions, session))
     return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", session);
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(cx->env->store, false, &t);
   if (rc == CPH_OK)
-    rc = pact_load(e, &t, session, tree);
+    rc = trees_load(cx->trees, &t, session, tree);
   if (rc)
     cph_err_set(err, rc, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
   cph_txn_abort(&t);
   return rc;
 }
 
-int cph_engine_context(cph_engine *e, const char *session, const char *selector,
-                       cph_context_node_info **out, size_t *n, uint64_t *episode, cph_err *err) {
+int context_nodes(cph_context *cx, const char *session, const char *selector,
+                  cph_context_node_info **out, size_t *n, uint64_t *episode, cph_err *err) {
   *out = NULL;
   *n = 0;
   cph_selector *sel = NULL;
@@ -573,25 +297,25 @@ int cph_engine_context(cph_engine *e, const char *session, const char *selector,
       return err->code = prc == CPH_EPARSE ? CPH_EINVAL : prc; /* a bad request, 400 */
   }
   cph_pact_tree tree;
-  int rc = load_for_read(e, session, &tree, err);
+  int rc = load_for_read(cx, session, &tree, err);
   if (rc == CPH_OK) {
     *episode = tree.episode;
     rc = tree_nodes(&tree, sel, out, n);
     /* read between passes, so it is the committed tree: kept for the session's next turn */
-    pact_keep(e, session, &tree);
+    trees_keep(cx->trees, session, &tree);
     cph_pact_tree_free(&tree);
   }
   cph_selector_free(sel);
   return rc;
 }
 
-int cph_engine_context_step(cph_engine *e, const char *session, size_t episodes,
-                            cph_context_step **out, cph_err *err) {
+int context_step_preview(cph_context *cx, const char *session, size_t episodes,
+                         cph_context_step **out, cph_err *err) {
   *out = NULL;
   if (episodes == 0 || episodes > 1000)
     return cph_err_set(err, CPH_EINVAL, "episodes: expected 1 to 1000");
   cph_pact_tree tree;
-  int rc = load_for_read(e, session, &tree, err);
+  int rc = load_for_read(cx, session, &tree, err);
   if (rc)
     return rc;
   *out = calloc(episodes, sizeof **out);
@@ -626,17 +350,17 @@ void cph_seals_free(cph_seal_info *seals, size_t n) {
   free(seals);
 }
 
-int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, size_t *n,
-                     cph_err *err) {
+int context_seals(cph_context *cx, const char *session, cph_seal_info **out, size_t *n,
+                  cph_err *err) {
   *out = NULL;
   *n = 0;
-  if (!engine_session(e, session))
+  if (!sessions_get(cx->sessions, session))
     return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", session);
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(cx->env->store, false, &t);
   cph_cursor c;
   cph_val k, v;
-  cph_key start = node_key(session, 0);
+  cph_key start = seal_key(session, 0);
   size_t prefix = strlen(session) + 1, cap = 0;
   if (rc == CPH_OK)
     rc = cph_cursor_open(&t, CPH_DB_SEALS, &c);
