@@ -21,8 +21,10 @@
 #include "context_edit.h"
 #include "engine_internal.h"
 #include "events_read.h"
+#include "gc.h"
 #include "ingest.h"
 #include "lanes/pass.h"
+#include "maint.h"
 #include "metrics.h"
 #include "reports.h"
 #include "search.h"
@@ -154,7 +156,8 @@ static void memory_clear(cph_engine *e) {
   cph_hmap_free(&e->leases);
   cph_sched_free(e->env.sched);
   e->env.sched = NULL;
-  maint_close(e);
+  maint_close(e->maint);
+  e->maint = NULL;
   backpressure_close(e->bp);
   e->bp = NULL;
   reports_close(e->reports);
@@ -222,7 +225,7 @@ static int memory_load(cph_engine *e, cph_err *err) {
   rc = turns_recover(e, err);
   if (rc)
     return rc;
-  rc = maint_open(e, err);
+  rc = maint_open(&e->env, &e->sessions, &e->memory, &e->evcache, &e->maint, err);
   if (rc)
     return rc;
   e->last_reply_id = last_key_u64(e, CPH_DB_REPLIES);
@@ -426,7 +429,7 @@ static void hook_reconcile(void *ctx) {
   cph_engine *e = ctx;
   sessions_ticks_fire(&e->sessions);
   turns_reconcile(e);
-  maint_tick(e);
+  maint_tick(e->maint);
   cph_lane_stats maint;
   cph_sched_lane_stats(e->env.sched, CPH_LANE_MAINTENANCE, &maint);
   backpressure_load load = {memory_embed_queue(&e->memory), !maint.has_budget && maint.runnable > 0};
@@ -530,7 +533,7 @@ static void job_enqueue_apply(cph_engine *e, cph_op *op) {
       return;
     }
   }
-  int rc = maint_enqueue(e, kind, args, group, &op->u.job.job_id);
+  int rc = maint_enqueue(e->maint, kind, args, group, &op->u.job.job_id);
   if (rc)
     op_fail(op, rc, rc == CPH_ESTATE ? "job" : NULL, "%s",
             rc == CPH_ESTATE ? "no maintenance session: enable :sessions :janitor?"
@@ -632,4 +635,25 @@ int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out) {
   out->map_size_bytes = st.map_size;
   out->used_bytes = st.used_bytes;
   return CPH_OK;
+}
+
+int cph_engine_jobs(cph_engine *e, const char *state, size_t limit, cph_job_info **out, size_t *n,
+                    cph_err *err) {
+  return maint_jobs(e->env.store, state, limit, out, n, err);
+}
+
+int cph_engine_outbox(cph_engine *e, const char *status, size_t limit, cph_outbox_info **out,
+                      size_t *n, cph_err *err) {
+  return maint_outbox(e->env.store, status, limit, out, n, err);
+}
+
+void cph_engine_maint_stats(cph_engine *e, cph_maint_stats *out) { maint_stats(e->maint, out); }
+
+int cph_engine_gc_group(cph_engine *e, uint64_t id, cph_gc_group_info *out, cph_err *err) {
+  return gc_group(e->env.store, id, out, err);
+}
+
+int cph_engine_gc_groups(cph_engine *e, const char *state, size_t limit, cph_gc_group_info **out,
+                         size_t *n, cph_err *err) {
+  return gc_groups(e->env.store, state, limit, out, n, err);
 }

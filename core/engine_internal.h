@@ -64,7 +64,7 @@ struct cph_engine {
   struct cph_backpressure *bp;   /* backpressure.c: per-channel degrade steps */
   struct cph_reports *reports;   /* reports.c: report turns of reporter sessions */
   cph_memory memory;             /* memory.h: what memories keep in memory (the embed queue) */
-  struct cph_maint *maint;       /* maint.c: schedules, counters */
+  struct cph_maint *maint;       /* maint.h: the job queue, schedules, counters; gc below it */
   struct cph_metrics *metrics;   /* metrics.c: live counters; kept across memory rebuilds */
   cph_evcache evcache;           /* evcache.h: recent events as turn histories show them */
   cph_trees trees;               /* trees.h: the PACT tree store and its cache of decoded trees */
@@ -94,44 +94,6 @@ static inline int64_t engine_wall_ms(const cph_engine *e) { return env_wall_ms(&
 void engine_waiter_done(cph_engine *e, cph_op *op);
 cph_op *engine_waiter_at(cph_engine *e, size_t i);
 void engine_waiter_remove(cph_engine *e, cph_op *op);
-
-/* ---- maint.c ---- */
-int maint_open(cph_engine *e, cph_err *err);
-void maint_close(cph_engine *e);
-/* Writes a queued job record in t on the janitor; memory follows with maint_job_queued()
- * after t commits. CPH_ESTATE when there is no janitor. */
-int maint_job_write(cph_engine *e, cph_txn *t, cph_job_kind_t kind, const char *args,
-                    uint64_t group_id, uint64_t *id_out, csession **session_out);
-void maint_job_queued(cph_engine *e, csession *s, uint64_t job_id, cph_job_kind_t kind);
-/* After the transaction holding maint_job_write()s commits / aborts. */
-void maint_pending_apply(cph_engine *e);
-void maint_pending_drop(cph_engine *e);
-/* Enqueues in its own child txn of the pass (for reconcile and job steps). */
-int maint_enqueue(cph_engine *e, cph_job_kind_t kind, const char *args, uint64_t group_id,
-                  uint64_t *id_out);
-/* A job turn is starting: chooses the job (the outbox batch for a trickle pick), prepares its
- * work in t and marks it running. CPH_ENOTFOUND when the session has no runnable job. */
-int maint_job_start(cph_engine *e, cph_txn *t, csession *s, bool trickle, uint64_t turn_id,
-                    cph_job_work **work_out, uint64_t *job_id_out);
-void maint_job_started(cph_engine *e, csession *s, uint64_t job_id);
-/* The job turn completed with executed work: applies it in t (the completion's child txn). */
-int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w);
-void maint_job_finished(cph_engine *e, csession *s, uint64_t job_id);
-/* The job turn's lease ended without completion: the job is queued again (or failed after
- * :leases :max-attempts). Writes in t. */
-int maint_job_retry(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, const char *error,
-                    bool *failed);
-/* Schedules (gc_plan, outbox_drain, embed_memory, retention) and the trickle flag; from
- * reconcile. */
-void maint_tick(cph_engine *e);
-/* gc.c: the gc steps' apply phase */
-int gc_plan_apply(cph_engine *e, cph_txn *t, const char *args);
-int gc_summarize_prepare(cph_engine *e, cph_txn *t, uint64_t group_id, cph_job_work *w);
-int gc_summarize_apply(cph_engine *e, cph_txn *t, uint64_t group_id, const cph_job_work *w);
-int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id);
-void gc_group_hash(const uint64_t *sorted_ids, size_t n, int64_t newest_ts_ms,
-                   uint64_t total_tokens, char out[65]);
-void maint_note_commit(cph_engine *e, uint64_t deleted, uint64_t outbox_items, int64_t now_ms);
 
 /* ---- turns.c ---- */
 void turns_apply(cph_engine *e, cph_op *op); /* heartbeat, complete, fail, requeue */

@@ -1,13 +1,12 @@
 /* Compaction (DESIGN §7): gc_plan -> gc_summarize -> gc_commit, with plan locks and the
- * group-hash gate. Every step runs in a pass (the summariser itself runs on a worker thread
- * between gc_summarize's prepare and apply), and each step enqueues the next. */
+ * group-hash gate. Contracts in gc.h. */
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "engine_internal.h"
+#include "gc.h"
 #include "providers.h"
 
 #define SCOPES_PER_PLAN 256
@@ -24,8 +23,6 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* group_hash = hex(sha256(join(sorted(source_ids), ",") + "|" + newest_ts_ms + "|" +
- * total_tokens_est)), ids ascending as numbers, every number in decimal, lower-case hex. */
 void gc_group_hash(const uint64_t *sorted_ids, size_t n, int64_t newest_ts_ms,
                    uint64_t total_tokens, char out[65]) {
   EVP_MD_CTX *ctx = EVP_MD_CTX_new();
@@ -62,7 +59,7 @@ typedef struct builder {
 } builder;
 
 /* Writes one planned group over ids (taking their plan locks) and queues its gc_summarize. */
-static int write_group(cph_engine *e, cph_txn *t, const char *scope, uint64_t *ids, size_t n,
+static int write_group(const cph_gc *gc, cph_txn *t, const char *scope, uint64_t *ids, size_t n,
                        int64_t newest_ms, uint64_t tokens) {
   qsort(ids, n, sizeof *ids, cmp_u64);
   uint64_t gid = 0;
@@ -93,17 +90,15 @@ static int write_group(cph_engine *e, cph_txn *t, const char *scope, uint64_t *i
     rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     cph_record_free(&cph_memory_desc, &m);
   }
-  uint64_t job;
-  csession *s;
   if (rc == CPH_OK)
-    rc = maint_job_write(e, t, CPH_JOBK_GC_SUMMARIZE, NULL, gid, &job, &s);
+    rc = gc->jobs.write(gc->jobs.ctx, t, CPH_JOBK_GC_SUMMARIZE, NULL, gid);
   return rc;
 }
 
 /* "sources=3,4,5": an explicit plan of chosen memories (an operator's compaction, and how two
  * overlapping plans can exist: an explicit plan takes its sources' locks even when another
  * planned group holds them, and the commit gate decides which group wins). */
-static int plan_explicit(cph_engine *e, cph_txn *t, const char *list) {
+static int plan_explicit(const cph_gc *gc, cph_txn *t, const char *list) {
   uint64_t ids[1024];
   size_t n = 0;
   for (const char *p = list; *p && n < 1024;) {
@@ -139,7 +134,7 @@ static int plan_explicit(cph_engine *e, cph_txn *t, const char *list) {
     cph_record_free(&cph_memory_desc, &m);
   }
   if (rc == CPH_OK)
-    rc = write_group(e, t, scope ? scope : "", ids, n, newest, tokens);
+    rc = write_group(gc, t, scope ? scope : "", ids, n, newest, tokens);
   free(scope);
   return rc;
 }
@@ -147,8 +142,8 @@ static int plan_explicit(cph_engine *e, cph_txn *t, const char *list) {
 /* The automatic plan: raw, undeleted, unlocked memories older than :gc :min-age-hours with
  * access_count <= :gc :max-access, grouped per scope in creation order, at most
  * :group-max-tokens a group and :max-groups-per-plan groups. */
-static int plan_auto(cph_engine *e, cph_txn *t) {
-  const cph_policy_gc *g = &e->env.policy->gc;
+static int plan_auto(const cph_gc *gc, cph_txn *t) {
+  const cph_policy_gc *g = &gc->env->policy->gc;
   int64_t cutoff = cph_wall_ms() - (int64_t)(g->min_age_hours * 3600000.0);
   builder *bs = calloc(SCOPES_PER_PLAN, sizeof *bs);
   size_t nb = 0;
@@ -183,7 +178,7 @@ static int plan_auto(cph_engine *e, cph_txn *t) {
     if (b && b->n && b->tokens + m.tokens_est > (uint64_t)g->group_max_tokens) {
       /* full: a group of at least two goes; a lone oversized memory just restarts */
       if (b->n >= 2) {
-        rc = write_group(e, t, b->scope, b->ids, b->n, b->newest_ms, b->tokens);
+        rc = write_group(gc, t, b->scope, b->ids, b->n, b->newest_ms, b->tokens);
         groups++;
       }
       b->n = 0;
@@ -214,7 +209,7 @@ static int plan_auto(cph_engine *e, cph_txn *t) {
     rc = CPH_OK;
   for (size_t i = 0; i < nb; i++) {
     if (rc == CPH_OK && bs[i].n >= 2 && groups < g->max_groups_per_plan) {
-      rc = write_group(e, t, bs[i].scope, bs[i].ids, bs[i].n, bs[i].newest_ms, bs[i].tokens);
+      rc = write_group(gc, t, bs[i].scope, bs[i].ids, bs[i].n, bs[i].newest_ms, bs[i].tokens);
       groups++;
     }
     free(bs[i].scope);
@@ -226,16 +221,16 @@ static int plan_auto(cph_engine *e, cph_txn *t) {
   return rc;
 }
 
-int gc_plan_apply(cph_engine *e, cph_txn *t, const char *args) {
+int gc_plan_apply(const cph_gc *gc, cph_txn *t, const char *args) {
   if (args && strncmp(args, "sources=", 8) == 0)
-    return plan_explicit(e, t, args + 8);
-  return plan_auto(e, t);
+    return plan_explicit(gc, t, args + 8);
+  return plan_auto(gc, t);
 }
 
 /* ---------------------------------------------------------------- summarize */
 
-int gc_summarize_prepare(cph_engine *e, cph_txn *t, uint64_t group_id, cph_job_work *w) {
-  (void)e;
+int gc_summarize_prepare(const cph_gc *gc, cph_txn *t, uint64_t group_id, cph_job_work *w) {
+  (void)gc;
   cph_key gk = u64_key(group_id);
   cph_gc_group_rec g;
   int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
@@ -256,7 +251,7 @@ int gc_summarize_prepare(cph_engine *e, cph_txn *t, uint64_t group_id, cph_job_w
   return CPH_OK;
 }
 
-int gc_summarize_apply(cph_engine *e, cph_txn *t, uint64_t group_id, const cph_job_work *w) {
+int gc_summarize_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, const cph_job_work *w) {
   cph_key gk = u64_key(group_id);
   cph_gc_group_rec g;
   int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
@@ -269,10 +264,8 @@ int gc_summarize_apply(cph_engine *e, cph_txn *t, uint64_t group_id, const cph_j
     g.updated_ms = cph_wall_ms();
     rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
     g.summary_text = old;
-    uint64_t job;
-    csession *s;
     if (rc == CPH_OK)
-      rc = maint_job_write(e, t, CPH_JOBK_GC_COMMIT, NULL, group_id, &job, &s);
+      rc = gc->jobs.write(gc->jobs.ctx, t, CPH_JOBK_GC_COMMIT, NULL, group_id);
   }
   cph_record_free(&cph_gc_group_desc, &g);
   return rc;
@@ -281,7 +274,7 @@ int gc_summarize_apply(cph_engine *e, cph_txn *t, uint64_t group_id, const cph_j
 /* ---------------------------------------------------------------- commit */
 
 /* Aborts group g: releases the plan locks it holds and queues a new gc_plan. */
-static int abort_group(cph_engine *e, cph_txn *t, cph_gc_group_rec *g, const char *why) {
+static int abort_group(const cph_gc *gc, cph_txn *t, cph_gc_group_rec *g, const char *why) {
   for (uint32_t i = 0; i < g->n_source_ids; i++) {
     cph_key mk = u64_key(g->source_ids[i]);
     cph_memory_rec m;
@@ -297,26 +290,22 @@ static int abort_group(cph_engine *e, cph_txn *t, cph_gc_group_rec *g, const cha
   g->updated_ms = cph_wall_ms();
   cph_key gk = u64_key(g->id);
   int rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, g);
-  uint64_t job;
-  csession *s;
   if (rc == CPH_OK)
-    rc = maint_job_write(e, t, CPH_JOBK_GC_PLAN, NULL, 0, &job, &s);
+    rc = gc->jobs.write(gc->jobs.ctx, t, CPH_JOBK_GC_PLAN, NULL, 0);
   cph_log(CPH_LOG_INFO, "gc_commit: group %llu aborted (%s); planning again",
           (unsigned long long)g->id, why);
   return rc;
 }
 
-/* In one transaction (the completion's): the gate — group exists and is summarised, no source
- * deleted, recomputed hash equal — then the summary memory, the tombstones and one outbox
- * vector delete per embedded source. Any mismatch aborts the group instead. */
-int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
+int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_result *out) {
+  *out = (gc_commit_result){0};
   cph_key gk = u64_key(group_id);
   cph_gc_group_rec g;
   int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
   if (rc)
     return rc == CPH_ENOTFOUND ? CPH_OK : rc; /* the group is gone: nothing to commit */
   if (g.state != CPH_GC_SUMMARIZED || !g.summary_text) {
-    rc = g.state == CPH_GC_PLANNED ? abort_group(e, t, &g, "not summarised") : CPH_OK;
+    rc = g.state == CPH_GC_PLANNED ? abort_group(gc, t, &g, "not summarised") : CPH_OK;
     cph_record_free(&cph_gc_group_desc, &g);
     return rc;
   }
@@ -347,13 +336,14 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
     why = "the group hash changed";
   free(ids);
   if (why) {
-    rc = abort_group(e, t, &g, why);
+    rc = abort_group(gc, t, &g, why);
     cph_record_free(&cph_gc_group_desc, &g);
     return rc;
   }
 
   uint64_t summary_id = 0;
-  rc = memory_mint(&e->memory, t, g.session, CPH_MEMORY_SUMMARY, g.summary_text, 0, true, &summary_id);
+  rc = memory_mint(gc->memory, t, g.session, CPH_MEMORY_SUMMARY, g.summary_text, 0, true,
+                   &summary_id);
   uint64_t outbox_items = 0;
   int64_t now = cph_wall_ms();
   for (uint32_t i = 0; rc == CPH_OK && i < g.n_source_ids; i++) {
@@ -372,8 +362,8 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
       o.op = CPH_OUTBOX_VECTOR_DELETE;
       o.status = CPH_OUTBOX_PENDING;
       o.memory_id = m.id;
-      o.model = e->env.policy->providers.embeddings.model;
-      o.shard = cph_vindex_shard(m.id, e->env.policy->vector_index.shards);
+      o.model = gc->env->policy->providers.embeddings.model;
+      o.shard = cph_vindex_shard(m.id, gc->env->policy->vector_index.shards);
       o.created_ms = o.next_attempt_ms = now;
       cph_key ok = u64_key(oid);
       if (rc == CPH_OK)
@@ -382,7 +372,7 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
     } else if (m.embed_status == CPH_EMBED_PENDING) {
       cph_txn_del(t, CPH_DB_EMBED_QUEUE, &mk); /* never embed what is already gone */
       m.embed_status = CPH_EMBED_DELETED;
-      memory_embed_queue_done(&e->memory, 1);
+      memory_embed_queue_done(gc->memory, 1);
     }
     if (rc == CPH_OK)
       rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
@@ -395,7 +385,7 @@ int gc_commit_apply(cph_engine *e, cph_txn *t, uint64_t group_id) {
     rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
   }
   if (rc == CPH_OK) {
-    maint_note_commit(e, g.n_source_ids, outbox_items, now);
+    *out = (gc_commit_result){true, g.n_source_ids, outbox_items, now};
     cph_log(CPH_LOG_INFO, "gc_commit: group %llu committed: %u memories -> summary %llu",
             (unsigned long long)g.id, g.n_source_ids, (unsigned long long)summary_id);
   }
@@ -431,10 +421,10 @@ static void group_info_take(cph_gc_group_rec *r, cph_gc_group_info *out) {
   r->session = NULL;
 }
 
-int cph_engine_gc_group(cph_engine *e, uint64_t id, cph_gc_group_info *out, cph_err *err) {
+int gc_group(cph_store *store, uint64_t id, cph_gc_group_info *out, cph_err *err) {
   memset(out, 0, sizeof *out);
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(store, false, &t);
   cph_key k = u64_key(id);
   cph_gc_group_rec r;
   if (rc == CPH_OK)
@@ -451,8 +441,8 @@ int cph_engine_gc_group(cph_engine *e, uint64_t id, cph_gc_group_info *out, cph_
   return rc;
 }
 
-int cph_engine_gc_groups(cph_engine *e, const char *state, size_t limit, cph_gc_group_info **out,
-                         size_t *n, cph_err *err) {
+int gc_groups(cph_store *store, const char *state, size_t limit, cph_gc_group_info **out,
+              size_t *n, cph_err *err) {
   if (!limit || limit > 1000)
     limit = limit ? 1000 : 100;
   *n = 0;
@@ -460,7 +450,7 @@ int cph_engine_gc_groups(cph_engine *e, const char *state, size_t limit, cph_gc_
   if (!*out)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(store, false, &t);
   cph_cursor c;
   cph_val k, v;
   cph_key end = u64_key(UINT64_MAX);

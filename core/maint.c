@@ -1,41 +1,17 @@
 #define _GNU_SOURCE
-/* Maintenance jobs (DESIGN §2, §7): the job queue on maintenance sessions, job turns
- * (prepare in the pass -> execute on a worker thread -> apply in a later pass), the
- * schedules from policy, embed_memory, outbox_drain with backoff and the trickle, and
- * retention_redact_events. The gc steps are in gc.c. */
+/* Maintenance jobs (DESIGN §2, §7); contracts in maint.h. The gc steps are in gc.c, below:
+ * they are handed gc_job_write to queue their next step and return what a commit changed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "engine_internal.h"
+#include "maint.h"
 #include "providers.h"
 
 #define EMBED_BATCH_MAX 256
 #define RETENTION_SCAN_PER_JOB 20000
-
-typedef struct cph_maint {
-  int64_t next_gc_plan_ns;
-  int64_t next_drain_ns;
-  int64_t next_retention_ns;
-  int64_t next_embed_ns; /* after a failed embed job: wait before the next (backoff) */
-  uint64_t outbox_pending;
-  int64_t outbox_oldest_ms; /* created_ms of the oldest pending item; 0 = none */
-  uint64_t queued[CPH_JOBK_COUNT]; /* jobs queued or running, per kind */
-  uint64_t groups_committed_total;
-  uint64_t memories_deleted_total;
-  uint64_t summaries_created_total;
-  uint64_t retention_cursor; /* next event id the retention scan looks at */
-  /* Jobs written in a transaction that has not committed yet: they join their session's
-   * queue in memory only when it does (maint_pending_apply), or are forgotten. */
-  struct pending_job {
-    csession *session;
-    uint64_t id;
-    cph_job_kind_t kind;
-  } *pending;
-  size_t n_pending, cap_pending;
-} cph_maint;
 
 static const char *const job_names[CPH_JOBK_COUNT] = {
     "embed_memory", "aggregate_upsert", "gc_plan", "gc_summarize", "gc_commit", "outbox_drain",
@@ -170,9 +146,9 @@ static void remove_job(csession *s, uint64_t id) {
     }
 }
 
-int maint_job_write(cph_engine *e, cph_txn *t, cph_job_kind_t kind, const char *args,
-                    uint64_t group_id, uint64_t *id_out, csession **session_out) {
-  csession *s = engine_session(e, "janitor");
+int maint_job_write(cph_maint *m, cph_txn *t, cph_job_kind_t kind, const char *args,
+                    uint64_t group_id, uint64_t *id_out) {
+  csession *s = sessions_get(m->sessions, "janitor");
   if (!s)
     return cph_err_set(&t->err, CPH_ESTATE,
                        "no maintenance session: enable :sessions :janitor? to run jobs");
@@ -192,60 +168,64 @@ int maint_job_write(cph_engine *e, cph_txn *t, cph_job_kind_t kind, const char *
   rc = cph_txn_put_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
   if (rc)
     return rc;
-  cph_maint *m = e->maint;
   if (m->n_pending == m->cap_pending) {
     size_t cap = m->cap_pending ? m->cap_pending * 2 : 16;
-    struct pending_job *p = realloc(m->pending, cap * sizeof *p);
+    maint_pending_job *p = realloc(m->pending, cap * sizeof *p);
     if (!p)
       return cph_err_set(&t->err, CPH_ENOMEM, "out of memory queueing a job");
     m->pending = p;
     m->cap_pending = cap;
   }
-  m->pending[m->n_pending++] = (struct pending_job){s, id, kind};
+  m->pending[m->n_pending++] = (maint_pending_job){s, id, kind};
   *id_out = id;
-  *session_out = s;
   return CPH_OK;
 }
 
-void maint_pending_apply(cph_engine *e) {
-  cph_maint *m = e->maint;
+/* gc's way to queue its next step (gc.h: gc_jobs). */
+static int gc_job_write(void *ctx, cph_txn *t, cph_job_kind_t kind, const char *args,
+                        uint64_t group_id) {
+  uint64_t id;
+  return maint_job_write(ctx, t, kind, args, group_id, &id);
+}
+
+/* A job whose record committed joins its session's queue. */
+static void job_queued(cph_maint *m, csession *s, uint64_t job_id, cph_job_kind_t kind) {
+  if (push_job(s, job_id) == CPH_OK)
+    m->queued[kind]++;
+  if (kind == CPH_JOBK_OUTBOX_DRAIN)
+    cph_sched_set_trickle(m->env->sched, s->sid, true); /* §3.5: a batch is owed */
+  sessions_update_work(m->sessions, s);
+}
+
+void maint_pending_apply(cph_maint *m) {
   for (size_t i = 0; m && i < m->n_pending; i++)
-    maint_job_queued(e, m->pending[i].session, m->pending[i].id, m->pending[i].kind);
+    job_queued(m, m->pending[i].session, m->pending[i].id, m->pending[i].kind);
   if (m)
     m->n_pending = 0;
 }
 
-void maint_pending_drop(cph_engine *e) {
-  if (e->maint)
-    e->maint->n_pending = 0;
+void maint_pending_drop(cph_maint *m) {
+  if (m)
+    m->n_pending = 0;
 }
 
-void maint_job_queued(cph_engine *e, csession *s, uint64_t job_id, cph_job_kind_t kind) {
-  if (push_job(s, job_id) == CPH_OK)
-    e->maint->queued[kind]++;
-  if (kind == CPH_JOBK_OUTBOX_DRAIN)
-    cph_sched_set_trickle(e->env.sched, s->sid, true); /* §3.5: a batch is owed */
-  engine_update_work(e, s);
-}
-
-int maint_enqueue(cph_engine *e, cph_job_kind_t kind, const char *args, uint64_t group_id,
+int maint_enqueue(cph_maint *m, cph_job_kind_t kind, const char *args, uint64_t group_id,
                   uint64_t *id_out) {
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&m->env->txn, &t);
   uint64_t id = 0;
-  csession *s = NULL;
-  int rc = maint_job_write(e, &t, kind, args, group_id, &id, &s);
+  int rc = maint_job_write(m, &t, kind, args, group_id, &id);
   if (rc) {
     cph_txn_abort(&t);
-    maint_pending_drop(e);
+    maint_pending_drop(m);
     return rc;
   }
   rc = cph_txn_commit(&t);
   if (rc) {
-    maint_pending_drop(e);
+    maint_pending_drop(m);
     return rc;
   }
-  maint_pending_apply(e);
+  maint_pending_apply(m);
   if (id_out)
     *id_out = id;
   return CPH_OK;
@@ -253,15 +233,15 @@ int maint_enqueue(cph_engine *e, cph_job_kind_t kind, const char *args, uint64_t
 
 /* ---------------------------------------------------------------- prepare */
 
-static int prepare_embed(cph_engine *e, cph_txn *t, cph_job_work *w) {
-  size_t limit = (size_t)e->env.policy->maintenance.embeddings.batch_size;
+static int prepare_embed(const cph_policy *p, cph_txn *t, cph_job_work *w) {
+  size_t limit = (size_t)p->maintenance.embeddings.batch_size;
   if (limit > EMBED_BATCH_MAX)
     limit = EMBED_BATCH_MAX;
-  w->dims = (uint32_t)e->env.policy->providers.embeddings.dimensions;
+  w->dims = (uint32_t)p->providers.embeddings.dimensions;
   w->memory_ids = calloc(limit, sizeof *w->memory_ids);
   w->texts = calloc(limit, sizeof *w->texts);
   w->scopes = calloc(limit, sizeof *w->scopes);
-  w->remote_index = e->env.policy->vector_index.kind == CPH_POLICY_INDEX_HTTP;
+  w->remote_index = p->vector_index.kind == CPH_POLICY_INDEX_HTTP;
   if (!w->memory_ids || !w->texts || !w->scopes)
     return CPH_ENOMEM;
   cph_cursor c;
@@ -290,13 +270,13 @@ static int prepare_embed(cph_engine *e, cph_txn *t, cph_job_work *w) {
 }
 
 /* One batch of pending, due outbox items of a single model and shard, oldest first. */
-static int prepare_outbox(cph_engine *e, cph_txn *t, cph_job_work *w) {
-  size_t limit = (size_t)e->env.policy->maintenance.outbox.batch_size;
+static int prepare_outbox(const cph_policy *p, cph_txn *t, cph_job_work *w) {
+  size_t limit = (size_t)p->maintenance.outbox.batch_size;
   int64_t now = cph_wall_ms();
   w->outbox_ids = calloc(limit, sizeof *w->outbox_ids);
   w->memory_ids = calloc(limit, sizeof *w->memory_ids);
   w->confirmed = calloc(limit, sizeof *w->confirmed);
-  w->remote_index = e->env.policy->vector_index.kind == CPH_POLICY_INDEX_HTTP;
+  w->remote_index = p->vector_index.kind == CPH_POLICY_INDEX_HTTP;
   if (!w->outbox_ids || !w->memory_ids || !w->confirmed)
     return CPH_ENOMEM;
   cph_cursor c;
@@ -325,7 +305,7 @@ static int prepare_outbox(cph_engine *e, cph_txn *t, cph_job_work *w) {
   return rc == CPH_OK || rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
-int maint_job_start(cph_engine *e, cph_txn *t, csession *s, bool trickle, uint64_t turn_id,
+int maint_job_start(cph_maint *m, cph_txn *t, csession *s, bool trickle, uint64_t turn_id,
                     cph_job_work **work_out, uint64_t *job_id_out) {
   (void)turn_id;
   if (!s->n_jobs)
@@ -356,16 +336,16 @@ int maint_job_start(cph_engine *e, cph_txn *t, csession *s, bool trickle, uint64
   w->job_id = job_id;
   w->kind = (cph_job_kind_t)j.kind;
   w->group_id = j.group_id;
-  w->providers = e->env.providers;
+  w->providers = m->env->providers;
   switch (w->kind) {
   case CPH_JOBK_EMBED_MEMORY:
-    rc = prepare_embed(e, t, w);
+    rc = prepare_embed(m->env->policy, t, w);
     break;
   case CPH_JOBK_OUTBOX_DRAIN:
-    rc = prepare_outbox(e, t, w);
+    rc = prepare_outbox(m->env->policy, t, w);
     break;
   case CPH_JOBK_GC_SUMMARIZE:
-    rc = gc_summarize_prepare(e, t, j.group_id, w);
+    rc = gc_summarize_prepare(&m->gc, t, j.group_id, w);
     break;
   default:
     rc = CPH_OK; /* applied in the completion pass */
@@ -386,8 +366,8 @@ int maint_job_start(cph_engine *e, cph_txn *t, csession *s, bool trickle, uint64
   return CPH_OK;
 }
 
-void maint_job_started(cph_engine *e, csession *s, uint64_t job_id) {
-  (void)e;
+void maint_job_started(cph_maint *m, csession *s, uint64_t job_id) {
+  (void)m;
   s->running_job = job_id;
 }
 
@@ -404,7 +384,7 @@ static int64_t backoff_ms(const cph_policy *p, uint32_t attempts) {
   return (int64_t)(d * jitter);
 }
 
-static int apply_embed(cph_engine *e, cph_txn *t, const cph_job_work *w) {
+static int apply_embed(cph_txn *t, const cph_job_work *w) {
   for (size_t i = 0; i < w->n_items; i++) {
     cph_key mk = u64_key(w->memory_ids[i]);
     cph_txn_del(t, CPH_DB_EMBED_QUEUE, &mk);
@@ -444,7 +424,8 @@ static int64_t outbox_oldest_pending_ms(cph_txn *t) {
   return oldest;
 }
 
-static int apply_outbox(cph_engine *e, cph_txn *t, const cph_job_work *w, uint64_t *done_out) {
+static int apply_outbox(const cph_policy *p, cph_txn *t, const cph_job_work *w,
+                        uint64_t *done_out) {
   int64_t now = cph_wall_ms();
   uint64_t done = 0;
   for (size_t i = 0; i < w->n_items; i++) {
@@ -474,7 +455,7 @@ static int apply_outbox(cph_engine *e, cph_txn *t, const cph_job_work *w, uint64
       }
     } else {
       o.attempts++;
-      o.next_attempt_ms = now + backoff_ms(e->env.policy, o.attempts);
+      o.next_attempt_ms = now + backoff_ms(p, o.attempts);
       char *old = o.last_error;
       o.last_error = (char *)(w->rc ? w->error : "not confirmed by the index");
       cph_txn_put_record(t, CPH_DB_OUTBOX, &ok, &cph_outbox_desc, &o);
@@ -492,11 +473,11 @@ static int apply_outbox(cph_engine *e, cph_txn *t, const cph_job_work *w, uint64
 
 /* One bounded slice of the events, oldest ids first, wrapping around: payloads past
  * :payload-keep-days go (hash and metadata stay), records past :metadata-keep-days go. */
-static int apply_retention(cph_engine *e, cph_txn *t) {
+static int apply_retention(cph_maint *m, cph_txn *t) {
   int64_t now = cph_wall_ms();
   cph_cursor c;
   cph_val k, v;
-  cph_key start = u64_key(e->maint->retention_cursor);
+  cph_key start = u64_key(m->retention_cursor);
   int rc = cph_cursor_open(t, CPH_DB_EVENTS, &c);
   int scanned = 0;
   uint64_t last = 0;
@@ -508,11 +489,11 @@ static int apply_retention(cph_engine *e, cph_txn *t) {
     if (k.len != 8 || cph_record_decode(&cph_event_desc, v.data, v.len, &ev, &derr))
       continue;
     last = ev.id;
-    const cph_policy_retention *keep = cph_policy_retention_for(e->env.policy, ev.channel);
+    const cph_policy_retention *keep = cph_policy_retention_for(m->env->policy, ev.channel);
     int64_t age_ms = now - ev.received_ms;
     if (age_ms > keep->metadata_keep_days * 86400000LL) {
       cph_record_free(&cph_event_desc, &ev);
-      cph_evcache_drop(&e->evcache, last); /* the cache never shows what the store lost */
+      cph_evcache_drop(m->evcache, last); /* the cache never shows what the store lost */
       rc = cph_cursor_del(&c);
       if (rc)
         break;
@@ -523,7 +504,7 @@ static int apply_retention(cph_engine *e, cph_txn *t) {
       free(ev.body);
       ev.body = NULL;
       cph_key ek = u64_key(ev.id);
-      cph_evcache_drop(&e->evcache, ev.id);
+      cph_evcache_drop(m->evcache, ev.id);
       rc = cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
       cph_record_free(&cph_event_desc, &ev);
       if (rc)
@@ -540,7 +521,7 @@ static int apply_retention(cph_engine *e, cph_txn *t) {
   if (rc != CPH_OK && rc != CPH_ENOTFOUND)
     return rc;
   /* wrap around at the end so old events behind a long-kept channel are seen again */
-  e->maint->retention_cursor = rc == CPH_ENOTFOUND ? 0 : last + 1;
+  m->retention_cursor = rc == CPH_ENOTFOUND ? 0 : last + 1;
   return CPH_OK;
 }
 
@@ -576,7 +557,7 @@ static uint64_t family_memory_find(cph_txn *t, const char *scope, const char *ta
 /* aggregate_upsert: the family's one aggregate memory reflects its current count — updated in
  * place (DESIGN §5: one memory per family, never a new one per run); minted only when the
  * family has none yet. */
-static int apply_aggregate_upsert(cph_engine *e, cph_txn *t, const char *args) {
+static int apply_aggregate_upsert(cph_maint *m, cph_txn *t, const char *args) {
   uint64_t family = args && strncmp(args, "family=", 7) == 0 ? strtoull(args + 7, NULL, 10) : 0;
   if (!family)
     return CPH_OK;
@@ -596,9 +577,9 @@ static int apply_aggregate_upsert(cph_engine *e, cph_txn *t, const char *args) {
   if (!text) {
     rc = CPH_ENOMEM;
   } else if (id) {
-    rc = memory_set_text(&e->memory, t, id, text);
+    rc = memory_set_text(m->memory, t, id, text);
   } else {
-    rc = memory_mint(&e->memory, t, scope, CPH_MEMORY_AGGREGATE, text, 0, false, &id);
+    rc = memory_mint(m->memory, t, scope, CPH_MEMORY_AGGREGATE, text, 0, false, &id);
     if (rc == CPH_OK)
       rc = memory_add_tag(t, id, tag);
   }
@@ -607,7 +588,17 @@ static int apply_aggregate_upsert(cph_engine *e, cph_txn *t, const char *args) {
   return rc;
 }
 
-int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w) {
+/* What a gc_commit changed, counted (the maintenance stats) and the outbox items it queued. */
+static void note_gc_commit(cph_maint *m, const gc_commit_result *r) {
+  m->groups_committed_total++;
+  m->summaries_created_total++;
+  m->memories_deleted_total += r->deleted;
+  if (r->outbox_items && !m->outbox_pending)
+    m->outbox_oldest_ms = r->now_ms;
+  m->outbox_pending += r->outbox_items;
+}
+
+int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w) {
   (void)s;
   cph_key k = u64_key(job_id);
   cph_job_rec j;
@@ -618,29 +609,33 @@ int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph
   if (w && w->rc) {
     rc = CPH_OK; /* the executed part failed: recorded on the job; outbox items back off */
     if (j.kind == CPH_JOBK_OUTBOX_DRAIN)
-      rc = apply_outbox(e, t, w, &outbox_done);
+      rc = apply_outbox(m->env->policy, t, w, &outbox_done);
   } else {
     switch (j.kind) {
     case CPH_JOBK_EMBED_MEMORY:
-      rc = w ? apply_embed(e, t, w) : CPH_OK;
+      rc = w ? apply_embed(t, w) : CPH_OK;
       break;
     case CPH_JOBK_OUTBOX_DRAIN:
-      rc = w ? apply_outbox(e, t, w, &outbox_done) : CPH_OK;
+      rc = w ? apply_outbox(m->env->policy, t, w, &outbox_done) : CPH_OK;
       break;
     case CPH_JOBK_GC_PLAN:
-      rc = gc_plan_apply(e, t, j.args);
+      rc = gc_plan_apply(&m->gc, t, j.args);
       break;
     case CPH_JOBK_GC_SUMMARIZE:
-      rc = w ? gc_summarize_apply(e, t, j.group_id, w) : CPH_OK;
+      rc = w ? gc_summarize_apply(&m->gc, t, j.group_id, w) : CPH_OK;
       break;
-    case CPH_JOBK_GC_COMMIT:
-      rc = gc_commit_apply(e, t, j.group_id);
+    case CPH_JOBK_GC_COMMIT: {
+      gc_commit_result res;
+      rc = gc_commit_apply(&m->gc, t, j.group_id, &res);
+      if (rc == CPH_OK && res.committed)
+        note_gc_commit(m, &res);
       break;
+    }
     case CPH_JOBK_RETENTION_REDACT_EVENTS:
-      rc = apply_retention(e, t);
+      rc = apply_retention(m, t);
       break;
     case CPH_JOBK_AGGREGATE_UPSERT:
-      rc = apply_aggregate_upsert(e, t, j.args);
+      rc = apply_aggregate_upsert(m, t, j.args);
       break;
     }
   }
@@ -660,34 +655,33 @@ int maint_job_apply(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, cph
     rc = cph_txn_put_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
   j.error = old;
   if (j.kind == CPH_JOBK_OUTBOX_DRAIN && rc == CPH_OK)
-    e->maint->outbox_pending -= outbox_done < e->maint->outbox_pending ? outbox_done
-                                                                       : e->maint->outbox_pending;
+    m->outbox_pending -= outbox_done < m->outbox_pending ? outbox_done : m->outbox_pending;
   if (j.kind == CPH_JOBK_OUTBOX_DRAIN && rc == CPH_OK && outbox_done)
-    e->maint->outbox_oldest_ms = outbox_oldest_pending_ms(t);
+    m->outbox_oldest_ms = outbox_oldest_pending_ms(t);
   if (j.kind == CPH_JOBK_EMBED_MEMORY && rc == CPH_OK && w && !w->rc)
-    memory_embed_queue_done(&e->memory, w->n_items);
+    memory_embed_queue_done(m->memory, w->n_items);
   if (j.kind == CPH_JOBK_EMBED_MEMORY && w && w->rc)
     /* the embedder or index is failing: try again after a drain interval, not every pass */
-    e->maint->next_embed_ns =
-        engine_now(e) + e->env.policy->maintenance.outbox.drain_interval_s * CPH_NS_PER_S;
+    m->next_embed_ns =
+        env_now(m->env) + m->env->policy->maintenance.outbox.drain_interval_s * CPH_NS_PER_S;
   cph_record_free(&cph_job_desc, &j);
   return rc;
 }
 
-void maint_job_finished(cph_engine *e, csession *s, uint64_t job_id) {
-  (void)e; /* the per-kind counts are recomputed by maint_tick from the queue */
+void maint_job_finished(cph_maint *m, csession *s, uint64_t job_id) {
+  (void)m; /* the per-kind counts are recomputed by maint_tick from the queue */
   remove_job(s, job_id);
   s->running_job = 0;
 }
 
-int maint_job_retry(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, const char *error,
+int maint_job_retry(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, const char *error,
                     bool *failed) {
   cph_key k = u64_key(job_id);
   cph_job_rec j;
   int rc = cph_txn_get_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
   if (rc)
     return rc;
-  *failed = j.attempts >= (uint32_t)e->env.policy->leases.max_attempts;
+  *failed = j.attempts >= (uint32_t)m->env->policy->leases.max_attempts;
   j.state = *failed ? CPH_JOB_FAILED : CPH_JOB_QUEUED;
   char *old = j.error;
   j.error = (char *)error;
@@ -702,58 +696,64 @@ int maint_job_retry(cph_engine *e, cph_txn *t, csession *s, uint64_t job_id, con
 
 /* ---------------------------------------------------------------- schedules */
 
-void maint_tick(cph_engine *e) {
-  csession *janitor = engine_session(e, "janitor");
-  if (!janitor || !e->maint)
+void maint_tick(cph_maint *m) {
+  csession *janitor = m ? sessions_get(m->sessions, "janitor") : NULL;
+  if (!janitor)
     return;
-  int64_t now = engine_now(e);
-  cph_maint *m = e->maint;
+  int64_t now = env_now(m->env);
   /* Reading the pass txn's view: jobs queued in this pass are visible to it. */
   uint64_t counts[CPH_JOBK_COUNT] = {0};
   for (uint32_t i = 0; i < janitor->n_jobs; i++) {
     cph_key k = u64_key(janitor->jobs[i]);
     cph_job_rec j;
-    if (cph_txn_get_record(&e->env.txn, CPH_DB_JOBS, &k, &cph_job_desc, &j) == CPH_OK) {
+    if (cph_txn_get_record(&m->env->txn, CPH_DB_JOBS, &k, &cph_job_desc, &j) == CPH_OK) {
       counts[j.kind]++;
       cph_record_free(&cph_job_desc, &j);
     }
   }
   memcpy(m->queued, counts, sizeof counts);
-  const cph_policy *p = e->env.policy;
+  const cph_policy *p = m->env->policy;
   if (now >= m->next_gc_plan_ns) {
     if (!counts[CPH_JOBK_GC_PLAN])
-      maint_enqueue(e, CPH_JOBK_GC_PLAN, NULL, 0, NULL);
+      maint_enqueue(m, CPH_JOBK_GC_PLAN, NULL, 0, NULL);
     m->next_gc_plan_ns = now + p->gc.plan_interval_s * CPH_NS_PER_S;
   }
   if (now >= m->next_retention_ns) {
     if (!counts[CPH_JOBK_RETENTION_REDACT_EVENTS])
-      maint_enqueue(e, CPH_JOBK_RETENTION_REDACT_EVENTS, NULL, 0, NULL);
+      maint_enqueue(m, CPH_JOBK_RETENTION_REDACT_EVENTS, NULL, 0, NULL);
     m->next_retention_ns = now + p->maintenance.retention.interval_s * CPH_NS_PER_S;
   }
   if (m->outbox_pending && !counts[CPH_JOBK_OUTBOX_DRAIN] && now >= m->next_drain_ns) {
-    maint_enqueue(e, CPH_JOBK_OUTBOX_DRAIN, NULL, 0, NULL);
+    maint_enqueue(m, CPH_JOBK_OUTBOX_DRAIN, NULL, 0, NULL);
     m->next_drain_ns = now + p->maintenance.outbox.drain_interval_s * CPH_NS_PER_S;
   }
-  if (memory_embed_queue(&e->memory) && !counts[CPH_JOBK_EMBED_MEMORY] && now >= m->next_embed_ns)
-    maint_enqueue(e, CPH_JOBK_EMBED_MEMORY, NULL, 0, NULL);
+  if (memory_embed_queue(m->memory) && !counts[CPH_JOBK_EMBED_MEMORY] && now >= m->next_embed_ns)
+    maint_enqueue(m, CPH_JOBK_EMBED_MEMORY, NULL, 0, NULL);
   /* §3.5: the trickle is owed while the outbox has work; dropping the flag between batches
    * would forfeit the catch-up of batches the scheduler owes. */
-  cph_sched_set_trickle(e->env.sched, janitor->sid, m->outbox_pending > 0 && counts[CPH_JOBK_OUTBOX_DRAIN] > 0);
+  cph_sched_set_trickle(m->env->sched, janitor->sid,
+                        m->outbox_pending > 0 && counts[CPH_JOBK_OUTBOX_DRAIN] > 0);
 }
 
 /* ---------------------------------------------------------------- open / close */
 
-int maint_open(cph_engine *e, cph_err *err) {
+int maint_open(cph_core_env *env, cph_sessions *sessions, cph_memory *memory,
+               cph_evcache *evcache, cph_maint **out, cph_err *err) {
   cph_maint *m = calloc(1, sizeof *m);
+  *out = m;
   if (!m)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
-  e->maint = m;
-  int64_t now = engine_now(e);
-  m->next_gc_plan_ns = now + e->env.policy->gc.plan_interval_s * CPH_NS_PER_S;
-  m->next_retention_ns = now + e->env.policy->maintenance.retention.interval_s * CPH_NS_PER_S;
+  m->env = env;
+  m->sessions = sessions;
+  m->memory = memory;
+  m->evcache = evcache;
+  m->gc = (cph_gc){env, memory, {m, gc_job_write}};
+  int64_t now = env_now(env);
+  m->next_gc_plan_ns = now + env->policy->gc.plan_interval_s * CPH_NS_PER_S;
+  m->next_retention_ns = now + env->policy->maintenance.retention.interval_s * CPH_NS_PER_S;
   m->next_drain_ns = now;
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, true, &t);
+  int rc = cph_txn_begin(env->store, true, &t);
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
   cph_cursor c;
@@ -769,7 +769,7 @@ int maint_open(cph_engine *e, cph_err *err) {
     if (cph_record_decode(&cph_job_desc, v.data, v.len, &j, &derr))
       continue;
     if (j.state == CPH_JOB_QUEUED || j.state == CPH_JOB_RUNNING) {
-      csession *s = engine_session(e, j.session);
+      csession *s = sessions_get(sessions, j.session);
       if (s && push_job(s, j.id) == CPH_OK) {
         m->queued[j.kind]++;
         if (j.state == CPH_JOB_RUNNING && n_requeue == cap) {
@@ -815,19 +815,18 @@ int maint_open(cph_engine *e, cph_err *err) {
    * million events mean ten million entries here; restart must not walk them). */
   size_t queued = 0;
   if (cph_txn_count(&t, CPH_DB_EMBED_QUEUE, &queued) == CPH_OK)
-    memory_embed_queue_set(&e->memory, queued);
+    memory_embed_queue_set(memory, queued);
   rc = cph_txn_commit(&t);
   if (rc)
     return cph_err_set(err, rc, "loading maintenance jobs: %s", t.err.msg);
-  engine_update_work_all(e);
+  sessions_update_work_all(sessions);
   return CPH_OK;
 }
 
-void maint_close(cph_engine *e) {
-  if (e->maint)
-    free(e->maint->pending);
-  free(e->maint);
-  e->maint = NULL;
+void maint_close(cph_maint *m) {
+  if (m)
+    free(m->pending);
+  free(m);
 }
 
 /* ---------------------------------------------------------------- reads */
@@ -844,8 +843,8 @@ void cph_job_info_free(cph_job_info *j) {
   memset(j, 0, sizeof *j);
 }
 
-int cph_engine_jobs(cph_engine *e, const char *state, size_t limit, cph_job_info **out, size_t *n,
-                    cph_err *err) {
+int maint_jobs(cph_store *store, const char *state, size_t limit, cph_job_info **out, size_t *n,
+               cph_err *err) {
   if (!limit || limit > 1000)
     limit = limit ? 1000 : 100;
   *n = 0;
@@ -853,7 +852,7 @@ int cph_engine_jobs(cph_engine *e, const char *state, size_t limit, cph_job_info
   if (!*out)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(store, false, &t);
   cph_cursor c;
   cph_val k, v;
   if (rc == CPH_OK)
@@ -895,8 +894,8 @@ void cph_outbox_info_free(cph_outbox_info *o) {
   memset(o, 0, sizeof *o);
 }
 
-int cph_engine_outbox(cph_engine *e, const char *status, size_t limit, cph_outbox_info **out,
-                      size_t *n, cph_err *err) {
+int maint_outbox(cph_store *store, const char *status, size_t limit, cph_outbox_info **out,
+                 size_t *n, cph_err *err) {
   if (!limit || limit > 1000)
     limit = limit ? 1000 : 100;
   *n = 0;
@@ -904,7 +903,7 @@ int cph_engine_outbox(cph_engine *e, const char *status, size_t limit, cph_outbo
   if (!*out)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(store, false, &t);
   cph_cursor c;
   cph_val k, v;
   if (rc == CPH_OK)
@@ -938,27 +937,16 @@ int cph_engine_outbox(cph_engine *e, const char *status, size_t limit, cph_outbo
   return rc == CPH_OK || rc == CPH_ENOTFOUND ? CPH_OK : cph_err_set(err, rc, "%s", t.err.msg);
 }
 
-void cph_engine_maint_stats(cph_engine *e, cph_maint_stats *out) {
+void maint_stats(const cph_maint *m, cph_maint_stats *out) {
   memset(out, 0, sizeof *out);
-  if (!e->maint)
+  if (!m)
     return;
-  out->outbox_pending = e->maint->outbox_pending;
-  out->outbox_oldest_age_seconds =
-      e->maint->outbox_pending && e->maint->outbox_oldest_ms
-          ? (double)(cph_wall_ms() - e->maint->outbox_oldest_ms) / 1000.0
-          : 0;
-  out->embed_queue = memory_embed_queue(&e->memory);
-  out->groups_committed_total = e->maint->groups_committed_total;
-  out->memories_deleted_total = e->maint->memories_deleted_total;
-  out->summaries_created_total = e->maint->summaries_created_total;
-}
-
-/* For gc.c: counters and the outbox. */
-void maint_note_commit(cph_engine *e, uint64_t deleted, uint64_t outbox_items, int64_t now_ms) {
-  e->maint->groups_committed_total++;
-  e->maint->summaries_created_total++;
-  e->maint->memories_deleted_total += deleted;
-  if (outbox_items && !e->maint->outbox_pending)
-    e->maint->outbox_oldest_ms = now_ms;
-  e->maint->outbox_pending += outbox_items;
+  out->outbox_pending = m->outbox_pending;
+  out->outbox_oldest_age_seconds = m->outbox_pending && m->outbox_oldest_ms
+                                       ? (double)(cph_wall_ms() - m->outbox_oldest_ms) / 1000.0
+                                       : 0;
+  out->embed_queue = memory_embed_queue(m->memory);
+  out->groups_committed_total = m->groups_committed_total;
+  out->memories_deleted_total = m->memories_deleted_total;
+  out->summaries_created_total = m->summaries_created_total;
 }

@@ -13,6 +13,7 @@
 #include "context.h"
 #include "engine_internal.h"
 #include "inbox.h"
+#include "maint.h"
 #include "metrics.h"
 #include "reports.h"
 
@@ -447,7 +448,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   uint64_t job_id = 0;
   cph_job_work *work = NULL;
   if (rc == CPH_OK && job_turn) {
-    rc = maint_job_start(e, &t, s, pick->trickle, turn_id, &work, &job_id);
+    rc = maint_job_start(e->maint, &t, s, pick->trickle, turn_id, &work, &job_id);
     ti->kind = CPH_KIND_JOB;
     free(ti->input);
     ti->input = strdup(work ? cph_job_kind_name(work->kind) : "job");
@@ -505,7 +506,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     free(items);
     cph_turn_info_free(ti);
     cph_job_work_free(work);
-    maint_pending_drop(e);
+    maint_pending_drop(e->maint);
     cph_sched_finish(e->env.sched, pick->sid, 0, false);
     return false;
   }
@@ -522,7 +523,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     cph_log(CPH_LOG_WARN, "turn %llu of '%s': out of memory for its channel views",
             (unsigned long long)turn_id, s->id);
   if (job_turn) {
-    maint_job_started(e, s, job_id);
+    maint_job_started(e->maint, s, job_id);
     ti->job = work;
   }
   for (size_t i = 0; i < n; i++)
@@ -612,7 +613,7 @@ static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) 
     cph_txn_put(&t, CPH_DB_PARKED_TURNS, &tk, "", 0);
   bool job_failed = false;
   if (l->job_id)
-    maint_job_retry(e, &t, s, l->job_id, error, &job_failed);
+    maint_job_retry(e->maint, &t, s, l->job_id, error, &job_failed);
   int rc = cph_txn_commit(&t);
   if (rc)
     return rc;
@@ -620,7 +621,7 @@ static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) 
   if (l->job_id) {
     s->running_job = 0;
     if (job_failed)
-      maint_job_finished(e, s, l->job_id); /* out of attempts: the job leaves the queue */
+      maint_job_finished(e->maint, s, l->job_id); /* out of attempts: the job leaves the queue */
   }
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
@@ -782,19 +783,18 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
       char f[48];
       snprintf(f, sizeof f, "enqueue[%zu].job", i);
       cph_txn_abort(&t);
-      maint_pending_drop(e);
+      maint_pending_drop(e->maint);
       op_fail(op, CPH_EINVAL, f, "%s: unknown job '%s'", f, ji->job ? ji->job : "");
       return;
     }
     uint64_t jid;
-    csession *js;
     uint64_t group = ji->args && strncmp(ji->args, "group=", 6) == 0
                          ? strtoull(ji->args + 6, NULL, 10)
                          : 0;
-    maint_job_write(e, &t, kind, ji->args, group, &jid, &js);
+    maint_job_write(e->maint, &t, kind, ji->args, group, &jid);
   }
   if (l->job_id)
-    maint_job_apply(e, &t, s, l->job_id, op->u.turn.job);
+    maint_job_apply(e->maint, &t, s, l->job_id, op->u.turn.job);
   cph_key tk = u64_key(l->turn_id);
   cph_turn_rec tr;
   cph_pact_tree tree; /* the episode's tree: kept decoded (trees_keep) once t committed */
@@ -835,14 +835,14 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     s->episode--;
     csession_resched(&e->sessions, s, s->lane, credits_before);
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
-    maint_pending_drop(e);
+    maint_pending_drop(e->maint);
     s->running_turn = 0; /* the lease stays; expiry will stage the input again */
     return;
   }
-  maint_pending_apply(e);
+  maint_pending_apply(e->maint);
   metrics_turn_completed(e->metrics, s->lane, op); /* its tool_stats too */
   if (l->job_id)
-    maint_job_finished(e, s, l->job_id);
+    maint_job_finished(e->maint, s, l->job_id);
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx >= 0)
