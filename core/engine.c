@@ -19,7 +19,8 @@
 #include "dedupe.h"
 #include "context.h"
 #include "context_edit.h"
-#include "engine_internal.h"
+#include "env.h"
+#include "evcache.h"
 #include "events_read.h"
 #include "gc.h"
 #include "ingest.h"
@@ -28,7 +29,10 @@
 #include "metrics.h"
 #include "reports.h"
 #include "search.h"
+#include "sessions.h"
 #include "top.h"
+#include "trees.h"
+#include "turns.h"
 
 /* Recent events kept for turn histories: at most this many (a 64-byte body and a short sender
  * cost about 120 bytes each, so some 8 MB when full). A history reads at most 512 entries. */
@@ -38,6 +42,42 @@
 #define OPS_PER_PASS 512
 /* Most operations queued at once before submit answers CPH_EBUSY (503). */
 #define OPS_QUEUE_MAX 65536
+
+/* The engine's state: the modules, each owning its part (core/README.md gives their order),
+ * and what only the engine keeps — the environment it hands them, the operation queues and
+ * the hooks.
+ *
+ * What is in memory and why: everything the scheduler pass touches on every pass — sessions
+ * (small structs, by id and by scheduler handle), each session's live inbox (pending and
+ * staged message ids only, bounded by :max-queue), channel subscriber lists, active leases and
+ * due autonomy ticks. Everything else (bodies, records, history, replies) stays in LMDB and is
+ * read when a turn is built or a read endpoint asks. The in-memory state is always what LMDB
+ * holds after the last commit; operations change memory only after their writes succeeded, and
+ * a failed commit rebuilds memory from LMDB (rare: I/O errors). */
+struct cph_engine {
+  cph_core_env env; /* handed to every module: store, policy, clock, scheduler, the pass txn */
+  bool sched_config_dirty; /* a reload is waiting for the next pass */
+  cph_clock own_clock;
+  cph_engine_hooks hooks;
+  op_queue ops;  /* submitted, not yet applied */
+  op_queue done; /* applied in this pass: called back after commit */
+  bool staged_last_pass;
+
+  /* Kept across memory rebuilds (opened with the engine). */
+  cph_metrics *metrics;   /* metrics.h: live counters */
+  cph_evcache evcache;    /* evcache.h: recent events as turn histories show them */
+  cph_trees trees;        /* trees.h: the PACT tree store and its cache of decoded trees */
+  cph_context context;    /* context.h, context_edit.h: assembly over the modules below */
+  cph_memory memory;      /* memory.h: the embed queue's length */
+  cph_turns turns;        /* turns.h: leases, lease waiters (these survive a rebuild) */
+  cph_ingest ingest;      /* ingest.h: store_full, folded_total */
+  /* Rebuilt from the store by memory_load (open, a failed commit). */
+  cph_sessions sessions;        /* sessions.h: the registry, channels, pending list, ticks */
+  struct cph_dedupe *dedupe;    /* dedupe.h: exact/near dedupe and families */
+  struct cph_backpressure *bp;  /* backpressure.h: per-channel degrade steps */
+  struct cph_reports *reports;  /* reports.h: report turns of reporter sessions */
+  cph_maint *maint;             /* maint.h: the job queue, schedules, counters; gc below it */
+};
 
 const cph_dedupe *cph__engine_dedupe(const cph_engine *e) { return e->dedupe; }
 
@@ -70,8 +110,8 @@ int cph_engine_channel(cph_engine *e, const char *id, cph_channel_info *out, cph
     return cph_err_set(err, CPH_EINVAL, "a channel name is 1 to 256 bytes");
   if (!(out->id = strdup(id)))
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
-  bool known = backpressure_channel_info(e->bp, e->env.policy, id, engine_now(e), out);
-  channel *ch = engine_channel(e, id, false);
+  bool known = backpressure_channel_info(e->bp, e->env.policy, id, env_now(&e->env), out);
+  channel *ch = sessions_channel(&e->sessions, id, false);
   if (ch) {
     out->subscribers = (uint32_t)ch->n_subscribers;
     out->members = (uint32_t)ch->n_members;
@@ -150,10 +190,7 @@ static cph_sync_mode sync_mode_of(const cph_policy *p) {
 /* Frees every in-memory structure built from the store (not the store, policy or queues). */
 static void memory_clear(cph_engine *e) {
   sessions_clear(&e->sessions);
-  for (size_t i = 0; i < e->leases.cap; i++)
-    if (e->leases.slots[i].key)
-      lease_free(e->leases.slots[i].value);
-  cph_hmap_free(&e->leases);
+  turns_clear_leases(&e->turns);
   cph_sched_free(e->env.sched);
   e->env.sched = NULL;
   maint_close(e->maint);
@@ -166,27 +203,6 @@ static void memory_clear(cph_engine *e) {
   e->dedupe = NULL;
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
   trees_cache_clear(&e->trees);
-}
-
-/* The largest 8-byte key of db (its keys are big-endian u64s), 0 if none. O(log n): keys
- * ascend, so it is the last one (a key of another length, never written, is stepped over). */
-static uint64_t last_key_u64(cph_engine *e, cph_db db) {
-  cph_txn t;
-  uint64_t last = 0;
-  if (cph_txn_begin(e->env.store, false, &t) != CPH_OK)
-    return 0;
-  cph_cursor c;
-  cph_val k;
-  if (cph_cursor_open(&t, db, &c) == CPH_OK) {
-    int rc = cph_cursor_last(&c, &k, NULL);
-    for (int n = 0; rc == CPH_OK && k.len != 8 && n < 64; n++)
-      rc = cph_cursor_prev(&c, &k, NULL);
-    if (rc == CPH_OK && k.len == 8)
-      last = cph_be64_get(k.data);
-    cph_cursor_close(&c);
-  }
-  cph_txn_abort(&t);
-  return last;
 }
 
 /* Builds the in-memory state from the store (open, and after a failed commit). */
@@ -222,13 +238,22 @@ static int memory_load(cph_engine *e, cph_err *err) {
   e->ingest.bp = e->bp;
   e->ingest.memory = &e->memory;
   e->ingest.metrics = e->metrics;
-  rc = turns_recover(e, err);
+  e->turns.env = &e->env;
+  e->turns.sessions = &e->sessions;
+  e->turns.context = &e->context;
+  e->turns.trees = &e->trees;
+  e->turns.maint = NULL;
+  e->turns.memory = &e->memory;
+  e->turns.reports = e->reports;
+  e->turns.metrics = e->metrics;
+  e->turns.done = &e->done;
+  rc = turns_recover(&e->turns, err);
   if (rc)
     return rc;
   rc = maint_open(&e->env, &e->sessions, &e->memory, &e->evcache, &e->maint, err);
   if (rc)
     return rc;
-  e->last_reply_id = last_key_u64(e, CPH_DB_REPLIES);
+  e->turns.maint = e->maint;
   return CPH_OK;
 }
 
@@ -248,6 +273,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
     e->env.providers->configure(e->env.providers->ctx, &policy->providers);
   cph_evcache_init(&e->evcache, EVCACHE_SLOTS);
   trees_init(&e->trees);
+  turns_init(&e->turns);
   context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->evcache);
   cph_clock_init_monotonic(&e->own_clock);
   e->env.clock = opts && opts->clock ? opts->clock : &e->own_clock;
@@ -298,9 +324,8 @@ void cph_engine_close(cph_engine *e) {
     return;
   /* Operations still queued were never applied: say so rather than leave callers hanging. */
   fail_queue(&e->ops, CPH_ESTATE, "cephalond is shutting down");
-  fail_queue(&e->waiters, CPH_ETIMEDOUT, "cephalond is shutting down");
+  turns_fail_waiters(&e->turns, CPH_ETIMEDOUT, "cephalond is shutting down");
   free(e->ops.items);
-  free(e->waiters.items);
   free(e->done.items);
   memory_clear(e);
   cph_store_close(e->env.store);
@@ -309,6 +334,7 @@ void cph_engine_close(cph_engine *e) {
   metrics_close(e->metrics);
   cph_evcache_free(&e->evcache);
   trees_free(&e->trees);
+  turns_free(&e->turns);
   free(e);
 }
 
@@ -360,27 +386,15 @@ int cph_engine_submit(cph_engine *e, cph_op *op) {
 }
 
 bool cph_engine_cancel_lease(cph_engine *e, cph_op *op) {
-  return op_queue_remove(&e->waiters, op) || op_queue_remove(&e->ops, op);
+  return turns_cancel_wait(&e->turns, op) || op_queue_remove(&e->ops, op);
 }
 
 bool cph_engine_pass_wanted(const cph_engine *e) { return e->ops.len > 0 || e->staged_last_pass; }
 
 int64_t cph_engine_next_wakeup_ns(cph_engine *e) {
-  int64_t next = INT64_MAX;
-  for (size_t i = 0; i < e->leases.cap; i++) {
-    const lease *l = e->leases.slots[i].value;
-    if (e->leases.slots[i].key && l->deadline_ns < next)
-      next = l->deadline_ns;
-  }
+  int64_t next = turns_next_deadline_ns(&e->turns);
   int64_t tick = sessions_next_tick_ns(&e->sessions);
-  if (tick < next)
-    next = tick;
-  for (size_t i = 0; i < e->waiters.len; i++) {
-    const cph_op *w = op_queue_at(&e->waiters, i);
-    if (w->u.lease.deadline_ns < next)
-      next = w->u.lease.deadline_ns;
-  }
-  return next;
+  return tick < next ? tick : next;
 }
 
 /* Applies one non-lease operation inside the pass transaction. */
@@ -398,7 +412,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_COMPLETE:
   case CPH_OP_FAIL:
   case CPH_OP_REQUEUE:
-    turns_apply(e, op);
+    turns_apply(&e->turns, op);
     break;
   case CPH_OP_JOB_ENQUEUE:
     job_enqueue_apply(e, op);
@@ -418,7 +432,10 @@ static void apply_op(cph_engine *e, cph_op *op) {
 
 /* ---- the pass hooks (§3.6) ---- */
 
-static uint32_t hook_agent_turn(void *ctx) { return turns_serve_waiters(ctx); }
+static uint32_t hook_agent_turn(void *ctx) {
+  cph_engine *e = ctx;
+  return turns_serve_waiters(&e->turns);
+}
 
 static uint64_t hook_poll_inbox(void *ctx) {
   cph_engine *e = ctx;
@@ -428,15 +445,15 @@ static uint64_t hook_poll_inbox(void *ctx) {
 static void hook_reconcile(void *ctx) {
   cph_engine *e = ctx;
   sessions_ticks_fire(&e->sessions);
-  turns_reconcile(e);
+  turns_reconcile(&e->turns);
   maint_tick(e->maint);
   cph_lane_stats maint;
   cph_sched_lane_stats(e->env.sched, CPH_LANE_MAINTENANCE, &maint);
   backpressure_load load = {memory_embed_queue(&e->memory), !maint.has_budget && maint.runnable > 0};
-  backpressure_tick(e->bp, e->env.policy, &e->env.txn, engine_now(e), engine_wall_ms(e), &load);
+  backpressure_tick(e->bp, e->env.policy, &e->env.txn, env_now(&e->env), env_wall_ms(&e->env), &load);
   dedupe_widening widen = {dedupe_window_widened, e, BP_DEDUPE_WIDEN};
-  dedupe_tick(e->dedupe, &e->env.policy->dedupe, &e->env.txn, engine_wall_ms(e), &widen);
-  reports_env renv = {e->env.policy, e->bp, &e->env.txn, engine_now(e)};
+  dedupe_tick(e->dedupe, &e->env.policy->dedupe, &e->env.txn, env_wall_ms(&e->env), &widen);
+  reports_env renv = {e->env.policy, e->bp, &e->env.txn, env_now(&e->env)};
   reports_tick(e->reports, &renv, report_due, e);
 }
 
@@ -453,11 +470,11 @@ int cph_engine_run_pass(cph_engine *e) {
     return rc;
   }
   metrics_pass_begin(e->metrics);
-  uint64_t replies_before = e->last_reply_id;
+  uint64_t replies_before = e->turns.last_reply_id;
   for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
     cph_op *op = op_queue_pop(&e->ops);
     if (op->kind == CPH_OP_LEASE) {
-      if (op_queue_push(&e->waiters, op) != CPH_OK) {
+      if (turns_wait(&e->turns, op) != CPH_OK) {
         op_fail(op, CPH_ENOMEM, NULL, "out of memory");
         op_queue_push(&e->done, op);
       }
@@ -493,26 +510,16 @@ int cph_engine_run_pass(cph_engine *e) {
     cph_err err;
     if (memory_load(e, &err) != CPH_OK)
       cph_error("rebuilding state after a failed commit: %s", err.msg);
-    e->last_reply_id = replies_before;
   }
   cph_op *op;
   while ((op = op_queue_pop(&e->done)))
     if (op->done)
       op->done(op, op->ctx);
-  if (e->last_reply_id != replies_before && e->hooks.replies_appended)
-    e->hooks.replies_appended(e->hooks.ctx, e->last_reply_id);
+  uint64_t replies_now = e->turns.last_reply_id;
+  if (replies_now != replies_before && e->hooks.replies_appended)
+    e->hooks.replies_appended(e->hooks.ctx, replies_now);
   return rc;
 }
-
-/* Queues a served or failed waiter for its callback after commit. */
-void engine_waiter_done(cph_engine *e, cph_op *op) {
-  if (op_queue_push(&e->done, op) != CPH_OK && op->done)
-    op->done(op, op->ctx); /* cannot defer: answer now (rc already set) */
-}
-
-cph_op *engine_waiter_at(cph_engine *e, size_t i) { return op_queue_at(&e->waiters, i); }
-
-void engine_waiter_remove(cph_engine *e, cph_op *op) { op_queue_remove(&e->waiters, op); }
 
 int cph_engine_sync(cph_engine *e) { return cph_store_sync(e->env.store, NULL); }
 
@@ -572,7 +579,16 @@ int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *er
   return sessions_why(&e->sessions, id, out, err);
 }
 
-uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->last_reply_id; }
+int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_info **out,
+                       size_t *n, uint64_t *next, cph_err *err) {
+  return turns_replies(&e->turns, after, limit, out, n, next, err);
+}
+
+int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err) {
+  return turns_parked(e->env.store, out, n, err);
+}
+
+uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->turns.last_reply_id; }
 
 int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, size_t *n_out,
                             cph_err *err) {

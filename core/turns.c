@@ -10,12 +10,26 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "context.h"
-#include "engine_internal.h"
 #include "inbox.h"
-#include "maint.h"
-#include "metrics.h"
+#include "ingest.h"
 #include "reports.h"
+#include "turns.h"
+
+/* An active lease. */
+typedef struct lease {
+  char *key; /* turn id in decimal: its key in cph_turns.leases */
+  uint64_t turn_id;
+  csession *session;
+  uint8_t token[16];
+  int64_t deadline_ns;
+  cph_turn_kind_t kind;
+  uint64_t *inbox_ids; /* the staged messages it carries */
+  size_t n_inbox_ids;
+  uint64_t job_id; /* job turns: the job it runs */
+  /* Channel views (core/context.h): per channel of the staged messages, the newest channel
+   * index the turn saw; completion moves the session's cursor there. Owned. */
+  context_views views;
+} lease;
 
 const char *cph_turn_kind_name(cph_turn_kind_t k) {
   switch (k) {
@@ -111,13 +125,67 @@ void cph_op_clear_results(cph_op *op) {
   }
 }
 
-void lease_free(lease *l) {
+static void lease_free(lease *l) {
   if (!l)
     return;
   free(l->inbox_ids);
   context_views_free(&l->views);
   free(l->key);
   free(l);
+}
+
+/* ---------------------------------------------------------------- lifecycle and waiters */
+
+void turns_init(cph_turns *tu) {
+  memset(&tu->leases, 0, sizeof tu->leases);
+  tu->waiters = (op_queue){0};
+  tu->last_reply_id = 0;
+}
+
+void turns_clear_leases(cph_turns *tu) {
+  for (size_t i = 0; i < tu->leases.cap; i++)
+    if (tu->leases.slots[i].key)
+      lease_free(tu->leases.slots[i].value);
+  cph_hmap_free(&tu->leases);
+}
+
+void turns_free(cph_turns *tu) {
+  turns_clear_leases(tu);
+  op_queue_free(&tu->waiters);
+}
+
+int turns_wait(cph_turns *tu, cph_op *op) { return op_queue_push(&tu->waiters, op); }
+
+bool turns_cancel_wait(cph_turns *tu, cph_op *op) { return op_queue_remove(&tu->waiters, op); }
+
+void turns_fail_waiters(cph_turns *tu, int rc, const char *msg) {
+  cph_op *op;
+  while ((op = op_queue_pop(&tu->waiters))) {
+    op_fail(op, rc, NULL, "%s", msg);
+    if (op->done)
+      op->done(op, op->ctx);
+  }
+}
+
+int64_t turns_next_deadline_ns(const cph_turns *tu) {
+  int64_t next = INT64_MAX;
+  for (size_t i = 0; i < tu->leases.cap; i++) {
+    const lease *l = tu->leases.slots[i].value;
+    if (tu->leases.slots[i].key && l->deadline_ns < next)
+      next = l->deadline_ns;
+  }
+  for (size_t i = 0; i < tu->waiters.len; i++) {
+    const cph_op *w = op_queue_at(&tu->waiters, i);
+    if (w->u.lease.deadline_ns < next)
+      next = w->u.lease.deadline_ns;
+  }
+  return next;
+}
+
+/* A served or failed waiter is answered after the pass commits (the done queue). */
+static void waiter_done(cph_turns *tu, cph_op *op) {
+  if (op_queue_push(tu->done, op) != CPH_OK && op->done)
+    op->done(op, op->ctx); /* cannot defer: answer now (rc already set) */
 }
 
 /* ---------------------------------------------------------------- helpers */
@@ -172,10 +240,10 @@ static cph_key inbox_key(const char *session, uint64_t id) {
   return k;
 }
 
-static lease *lease_find(cph_engine *e, uint64_t turn_id) {
+static lease *lease_find(cph_turns *tu, uint64_t turn_id) {
   char key[24];
   snprintf(key, sizeof key, "%llu", (unsigned long long)turn_id);
-  return cph_hmap_get(&e->leases, key);
+  return cph_hmap_get(&tu->leases, key);
 }
 
 static int inbox_index(const csession *s, uint64_t id) {
@@ -359,7 +427,7 @@ static const char *input_core_text(const cph_turn_rec *tr) {
 
 /* Fills ti from the session record, the staged items and the scheduler; reads (and counts
  * memory accesses) through t. The sections and messages are core/context.c's. */
-static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items, size_t n,
+static int build_turn(cph_turns *tu, cph_txn *t, csession *s, inbox_item **items, size_t n,
                       bool report, cph_turn_info *ti) {
   cph_session_rec rec;
   cph_key sk;
@@ -399,23 +467,23 @@ static int build_turn(cph_engine *e, cph_txn *t, csession *s, inbox_item **items
   if (!ti->input && rc == CPH_OK)
     rc = CPH_ENOMEM;
   if (rc == CPH_OK)
-    rc = context_assemble(&e->context, t, s, &rec, ti);
+    rc = context_assemble(tu->context, t, s, &rec, ti);
   cph_record_free(&cph_session_desc, &rec);
   return rc;
 }
 
 /* Starts a turn for the picked session and hands it to waiter w. false: could not (the pick
  * is undone and the waiter keeps waiting). */
-static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
-  csession *s = pick->sid < e->sessions.cap_by_sid ? e->sessions.by_sid[pick->sid] : NULL;
+static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
+  csession *s = pick->sid < sessions_sid_cap(tu->sessions) ? sessions_at(tu->sessions, pick->sid) : NULL;
   if (!s) {
-    cph_sched_finish(e->env.sched, pick->sid, 0, false);
+    cph_sched_finish(tu->env->sched, pick->sid, 0, false);
     return false;
   }
-  size_t max_batch = (size_t)e->env.policy->sessions.max_batch;
+  size_t max_batch = (size_t)tu->env->policy->sessions.max_batch;
   inbox_item **items = calloc(s->n_inbox ? s->n_inbox : 1, sizeof *items);
   if (!items) {
-    cph_sched_finish(e->env.sched, pick->sid, 0, false);
+    cph_sched_finish(tu->env->sched, pick->sid, 0, false);
     return false;
   }
   size_t n = 0;
@@ -433,22 +501,22 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     n = max_batch;
   if (n == 0 && !s->tick_due && !job_turn) {
     free(items);
-    cph_sched_finish(e->env.sched, pick->sid, 0, false);
-    engine_update_work(e, s);
+    cph_sched_finish(tu->env->sched, pick->sid, 0, false);
+    sessions_update_work(tu->sessions, s);
     return false;
   }
 
   cph_turn_info *ti = &w->u.lease.turn;
   memset(ti, 0, sizeof *ti);
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&tu->env->txn, &t);
   uint64_t turn_id = 0;
   cph_txn_next_id(&t, "turn", &turn_id);
-  int rc = build_turn(e, &t, s, items, n, report_turn, ti);
+  int rc = build_turn(tu, &t, s, items, n, report_turn, ti);
   uint64_t job_id = 0;
   cph_job_work *work = NULL;
   if (rc == CPH_OK && job_turn) {
-    rc = maint_job_start(e->maint, &t, s, pick->trickle, turn_id, &work, &job_id);
+    rc = maint_job_start(tu->maint, &t, s, pick->trickle, turn_id, &work, &job_id);
     ti->kind = CPH_KIND_JOB;
     free(ti->input);
     ti->input = strdup(work ? cph_job_kind_name(work->kind) : "job");
@@ -456,8 +524,8 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   uint8_t token[16];
   if (RAND_bytes(token, sizeof token) != 1)
     rc = rc ? rc : CPH_EIO;
-  int64_t now_ns = engine_now(e);
-  int64_t ttl_ns = e->env.policy->leases.ttl_seconds * CPH_NS_PER_S;
+  int64_t now_ns = env_now(tu->env);
+  int64_t ttl_ns = tu->env->policy->leases.ttl_seconds * CPH_NS_PER_S;
   uint32_t attempts = 0;
   uint64_t *ids = calloc(n ? n : 1, sizeof *ids);
   for (size_t i = 0; i < n && ids; i++) {
@@ -495,7 +563,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
   snprintf(key, sizeof key, "%llu", (unsigned long long)turn_id);
   char *key_copy = strdup(key);
   if (rc || !ids || !l || !key_copy || cph_txn_commit(&t) != CPH_OK ||
-      cph_hmap_put(&e->leases, key_copy, l) != CPH_OK) {
+      cph_hmap_put(&tu->leases, key_copy, l) != CPH_OK) {
     if (t.mdb)
       cph_txn_abort(&t);
     cph_log(CPH_LOG_WARN, "could not start a turn for '%s': %s", s->id,
@@ -506,8 +574,8 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     free(items);
     cph_turn_info_free(ti);
     cph_job_work_free(work);
-    maint_pending_drop(e->maint);
-    cph_sched_finish(e->env.sched, pick->sid, 0, false);
+    maint_pending_drop(tu->maint);
+    cph_sched_finish(tu->env->sched, pick->sid, 0, false);
     return false;
   }
   l->turn_id = turn_id;
@@ -523,7 +591,7 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
     cph_log(CPH_LOG_WARN, "turn %llu of '%s': out of memory for its channel views",
             (unsigned long long)turn_id, s->id);
   if (job_turn) {
-    maint_job_started(e->maint, s, job_id);
+    maint_job_started(tu->maint, s, job_id);
     ti->job = work;
   }
   for (size_t i = 0; i < n; i++)
@@ -540,30 +608,30 @@ static bool start_turn(cph_engine *e, cph_op *w, const cph_pick *pick) {
 
 /* agent_turn (§3.6 job 0): each waiting worker, oldest first, gets the scheduler's pick among
  * the lanes it accepts. */
-uint32_t turns_serve_waiters(cph_engine *e) {
+uint32_t turns_serve_waiters(cph_turns *tu) {
   uint32_t started = 0;
-  for (size_t i = 0; e->waiters.len && i < e->waiters.len;) {
-    if (cph_sched_running(e->env.sched) >= cph_sched_concurrency(e->env.sched))
+  for (size_t i = 0; tu->waiters.len && i < tu->waiters.len;) {
+    if (cph_sched_running(tu->env->sched) >= cph_sched_concurrency(tu->env->sched))
       break;
-    cph_op *w = engine_waiter_at(e, i);
+    cph_op *w = op_queue_at(&tu->waiters, i);
     /* Jobs are cephalond's own work: its maintenance workers take the maintenance lane and
      * nothing else; external workers never get it. */
     unsigned mask = w->u.lease.internal ? 1u << CPH_LANE_MAINTENANCE
                     : w->u.lease.lanes  ? w->u.lease.lanes & ~(1u << CPH_LANE_MAINTENANCE)
                                         : CPH_LANES_ALL & ~(1u << CPH_LANE_MAINTENANCE);
     cph_pick pick;
-    if (cph_sched_pick_lanes(e->env.sched, mask, &pick) != CPH_OK) {
+    if (cph_sched_pick_lanes(tu->env->sched, mask, &pick) != CPH_OK) {
       i++;
       continue;
     }
-    if (!start_turn(e, w, &pick)) {
+    if (!start_turn(tu, w, &pick)) {
       i++; /* the session went back to the scheduler; a retry now would pick it again */
       continue;
     }
-    metrics_turn_started(e->metrics, pick.lane, pick.waited_ns, &w->u.lease.turn);
-    engine_waiter_remove(e, w);
+    metrics_turn_started(tu->metrics, pick.lane, pick.waited_ns, &w->u.lease.turn);
+    op_queue_remove(&tu->waiters, w);
     w->rc = CPH_OK;
-    engine_waiter_done(e, w);
+    waiter_done(tu, w);
     started++;
   }
   return started;
@@ -574,12 +642,12 @@ uint32_t turns_serve_waiters(cph_engine *e) {
 /* Ends lease l without completing it (worker failure or expiry): the carried messages stay
  * staged with one more attempt; when an item reaches :max-attempts the turn is parked with
  * its messages. */
-static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) {
+static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error) {
   csession *s = l->session;
-  uint32_t max_attempts = (uint32_t)e->env.policy->leases.max_attempts;
+  uint32_t max_attempts = (uint32_t)tu->env->policy->leases.max_attempts;
   bool park = false;
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&tu->env->txn, &t);
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx < 0)
@@ -613,15 +681,15 @@ static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) 
     cph_txn_put(&t, CPH_DB_PARKED_TURNS, &tk, "", 0);
   bool job_failed = false;
   if (l->job_id)
-    maint_job_retry(e->maint, &t, s, l->job_id, error, &job_failed);
+    maint_job_retry(tu->maint, &t, s, l->job_id, error, &job_failed);
   int rc = cph_txn_commit(&t);
   if (rc)
     return rc;
-  metrics_turn_ended(e->metrics, s->lane, state == CPH_TURN_EXPIRED);
+  metrics_turn_ended(tu->metrics, s->lane, state == CPH_TURN_EXPIRED);
   if (l->job_id) {
     s->running_job = 0;
     if (job_failed)
-      maint_job_finished(e->maint, s, l->job_id); /* out of attempts: the job leaves the queue */
+      maint_job_finished(tu->maint, s, l->job_id); /* out of attempts: the job leaves the queue */
   }
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
@@ -633,22 +701,22 @@ static int end_lease(cph_engine *e, lease *l, uint8_t state, const char *error) 
       csession_inbox_remove(s, (uint32_t)idx);
   }
   s->running_turn = 0;
-  cph_sched_finish(e->env.sched, s->sid, 0, false);
+  cph_sched_finish(tu->env->sched, s->sid, 0, false);
   if (l->kind == CPH_KIND_AUTONOMY_TICK)
-    engine_tick_schedule(e, s);
-  engine_update_work(e, s);
+    sessions_tick_schedule(tu->sessions, s);
+  sessions_update_work(tu->sessions, s);
   if (park)
     cph_log(CPH_LOG_WARN, "turn %llu of '%s' parked after %u attempts: %s",
             (unsigned long long)l->turn_id, s->id, max_attempts, error);
-  lease_free(cph_hmap_del(&e->leases, l->key));
+  lease_free(cph_hmap_del(&tu->leases, l->key));
   return CPH_OK;
 }
 
 /* ---------------------------------------------------------------- operations */
 
 /* The lease the op names: CPH_OK with *out, or the op's error already set. */
-static int check_lease(cph_engine *e, cph_op *op, lease **out) {
-  lease *l = lease_find(e, op->u.turn.turn_id);
+static int check_lease(cph_turns *tu, cph_op *op, lease **out) {
+  lease *l = lease_find(tu, op->u.turn.turn_id);
   if (l) {
     if (!token_matches(l->token, op->u.turn.lease))
       return op_fail(op, CPH_ECONFLICT, "lease", "lease does not match turn %llu",
@@ -659,12 +727,12 @@ static int check_lease(cph_engine *e, cph_op *op, lease **out) {
   /* Not active: find out why, so the worker gets the right answer. */
   cph_key tk = u64_key(op->u.turn.turn_id);
   cph_turn_rec tr;
-  int rc = cph_txn_get_record(&e->env.txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  int rc = cph_txn_get_record(&tu->env->txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   if (rc == CPH_ENOTFOUND)
     return op_fail(op, CPH_ENOTFOUND, "id", "no turn %llu",
                    (unsigned long long)op->u.turn.turn_id);
   if (rc)
-    return op_fail(op, rc, NULL, "%s", e->env.txn.err.msg);
+    return op_fail(op, rc, NULL, "%s", tu->env->txn.err.msg);
   bool same = token_matches(tr.lease, op->u.turn.lease);
   uint8_t state = tr.state;
   cph_record_free(&cph_turn_desc, &tr);
@@ -682,13 +750,13 @@ static int check_lease(cph_engine *e, cph_op *op, lease **out) {
                                              : "expired or failed");
 }
 
-static void turn_heartbeat(cph_engine *e, cph_op *op) {
+static void turn_heartbeat(cph_turns *tu, cph_op *op) {
   lease *l = NULL;
-  if (check_lease(e, op, &l))
+  if (check_lease(tu, op, &l))
     return;
-  int64_t ttl_ms = e->env.policy->leases.ttl_seconds * 1000;
+  int64_t ttl_ms = tu->env->policy->leases.ttl_seconds * 1000;
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&tu->env->txn, &t);
   cph_key tk = u64_key(l->turn_id);
   cph_turn_rec tr;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
@@ -701,21 +769,21 @@ static void turn_heartbeat(cph_engine *e, cph_op *op) {
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     return;
   }
-  l->deadline_ns = engine_now(e) + ttl_ms * CPH_NS_PER_MS;
+  l->deadline_ns = env_now(tu->env) + ttl_ms * CPH_NS_PER_MS;
 }
 
-static void turn_complete_work(cph_engine *e, cph_op *op);
+static void turn_complete_work(cph_turns *tu, cph_op *op);
 
 /* The engine owns a job turn's work from lease to completion, whatever the outcome. */
-static void turn_complete(cph_engine *e, cph_op *op) {
-  turn_complete_work(e, op);
+static void turn_complete(cph_turns *tu, cph_op *op) {
+  turn_complete_work(tu, op);
   cph_job_work_free(op->u.turn.job);
   op->u.turn.job = NULL;
 }
 
-static void turn_complete_work(cph_engine *e, cph_op *op) {
+static void turn_complete_work(cph_turns *tu, cph_op *op) {
   lease *l = NULL;
-  int rc = check_lease(e, op, &l);
+  int rc = check_lease(tu, op, &l);
   if (rc) {
     if (op->u.turn.already)
       op->rc = CPH_OK;
@@ -727,7 +795,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     return;
   }
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&tu->env->txn, &t);
   int64_t now_ms = cph_wall_ms();
   /* The reply goes to its channel, else the channel of the turn's first staged message. */
   char *first_channel = NULL;
@@ -775,7 +843,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   /* memories the worker minted, scoped to the session (DESIGN §7) */
   for (size_t i = 0; i < op->u.turn.n_memories; i++)
     if (op->u.turn.memories[i].text && *op->u.turn.memories[i].text)
-      memory_mint(&e->memory, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true, NULL);
+      memory_mint(tu->memory, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true, NULL);
   for (size_t i = 0; i < op->u.turn.n_enqueue; i++) {
     cph_job_kind_t kind;
     const cph_job_in *ji = &op->u.turn.enqueue[i];
@@ -783,7 +851,7 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
       char f[48];
       snprintf(f, sizeof f, "enqueue[%zu].job", i);
       cph_txn_abort(&t);
-      maint_pending_drop(e->maint);
+      maint_pending_drop(tu->maint);
       op_fail(op, CPH_EINVAL, f, "%s: unknown job '%s'", f, ji->job ? ji->job : "");
       return;
     }
@@ -791,10 +859,10 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     uint64_t group = ji->args && strncmp(ji->args, "group=", 6) == 0
                          ? strtoull(ji->args + 6, NULL, 10)
                          : 0;
-    maint_job_write(e->maint, &t, kind, ji->args, group, &jid);
+    maint_job_write(tu->maint, &t, kind, ji->args, group, &jid);
   }
   if (l->job_id)
-    maint_job_apply(e->maint, &t, s, l->job_id, op->u.turn.job);
+    maint_job_apply(tu->maint, &t, s, l->job_id, op->u.turn.job);
   cph_key tk = u64_key(l->turn_id);
   cph_turn_rec tr;
   cph_pact_tree tree; /* the episode's tree: kept decoded (trees_keep) once t committed */
@@ -804,11 +872,11 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
     if (tr.kind != CPH_TURN_JOB) {
       /* The episode (DESIGN §6): the input and reply join the session's PACT tree as message
        * cores, then TTL -> cadence -> lifecycle -> ODI. */
-      if (trees_load(&e->trees, &t, s->id, &tree) == CPH_OK &&
+      if (trees_load(tu->trees, &t, s->id, &tree) == CPH_OK &&
           cph_pact_complete_turn(&tree, input_core_text(&tr), op->u.turn.reply_body) ==
               CPH_OK) {
         trees_prune_history(&tree);
-        tree_saved = trees_save(&e->trees, &t, s->id, &tree) == CPH_OK;
+        tree_saved = trees_save(tu->trees, &t, s->id, &tree) == CPH_OK;
       }
     }
     tr.state = CPH_TURN_COMPLETED;
@@ -821,56 +889,56 @@ static void turn_complete_work(cph_engine *e, cph_op *op) {
   cph_txn_del(&t, CPH_DB_ACTIVE_TURNS, &tk);
   /* Charge first (in memory) so the stored credits are the charged ones; undone below if
    * the write fails. */
-  double credits_before = cph_sched_credits(e->env.sched, s->sid);
-  cph_sched_finish(e->env.sched, s->sid, op->u.turn.tool_calls, true);
+  double credits_before = cph_sched_credits(tu->env->sched, s->sid);
+  cph_sched_finish(tu->env->sched, s->sid, op->u.turn.tool_calls, true);
   s->episode++;
-  persist_session_credits(&e->sessions, &t, s);
+  persist_session_credits(tu->sessions, &t, s);
   context_cursors_advance(&t, s->id, &l->views); /* channel views: the cursors move to what the turn saw */
   int commit_rc = cph_txn_commit(&t);
   if (commit_rc == CPH_OK && tree_saved)
-    trees_keep(&e->trees, s->id, &tree);
+    trees_keep(tu->trees, s->id, &tree);
   cph_pact_tree_free(&tree);
   if (commit_rc) {
     /* Put the session back as it was: running, same credits, same episode. */
     s->episode--;
-    csession_resched(&e->sessions, s, s->lane, credits_before);
+    csession_resched(tu->sessions, s, s->lane, credits_before);
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
-    maint_pending_drop(e->maint);
+    maint_pending_drop(tu->maint);
     s->running_turn = 0; /* the lease stays; expiry will stage the input again */
     return;
   }
-  maint_pending_apply(e->maint);
-  metrics_turn_completed(e->metrics, s->lane, op); /* its tool_stats too */
+  maint_pending_apply(tu->maint);
+  metrics_turn_completed(tu->metrics, s->lane, op); /* its tool_stats too */
   if (l->job_id)
-    maint_job_finished(e->maint, s, l->job_id);
+    maint_job_finished(tu->maint, s, l->job_id);
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx >= 0)
       csession_inbox_remove(s, (uint32_t)idx);
   }
-  if (reply_id > e->last_reply_id)
-    e->last_reply_id = reply_id;
+  if (reply_id > tu->last_reply_id)
+    tu->last_reply_id = reply_id;
   s->running_turn = 0;
   if (l->kind == CPH_KIND_REPORT)
-    reports_done(e->reports, s, engine_now(e)); /* the next: an interval from now */
+    reports_done(tu->reports, s, env_now(tu->env)); /* the next: an interval from now */
   if (l->kind == CPH_KIND_AUTONOMY_TICK || s->autonomy_interval_s)
-    engine_tick_schedule(e, s); /* the next tick is an interval after this turn */
-  engine_update_work(e, s);
-  lease_free(cph_hmap_del(&e->leases, l->key));
+    sessions_tick_schedule(tu->sessions, s); /* the next tick is an interval after this turn */
+  sessions_update_work(tu->sessions, s);
+  lease_free(cph_hmap_del(&tu->leases, l->key));
 }
 
-static void turn_fail(cph_engine *e, cph_op *op) {
+static void turn_fail(cph_turns *tu, cph_op *op) {
   lease *l = NULL;
-  if (check_lease(e, op, &l))
+  if (check_lease(tu, op, &l))
     return;
-  int rc = end_lease(e, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed");
+  int rc = end_lease(tu, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed");
   if (rc)
     op_fail(op, rc, NULL, "%s", cph_strerror(rc));
 }
 
-static void turn_requeue(cph_engine *e, cph_op *op) {
+static void turn_requeue(cph_turns *tu, cph_op *op) {
   cph_txn t;
-  cph_txn_begin_child(&e->env.txn, &t);
+  cph_txn_begin_child(&tu->env->txn, &t);
   cph_key tk = u64_key(op->u.turn.turn_id);
   cph_turn_rec tr;
   int rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
@@ -882,7 +950,7 @@ static void turn_requeue(cph_engine *e, cph_op *op) {
       op_fail(op, rc, NULL, "%s", t.err.msg);
     return;
   }
-  csession *s = engine_session(e, tr.session);
+  csession *s = sessions_get(tu->sessions, tr.session);
   if (tr.state != CPH_TURN_PARKED || !s) {
     op_fail(op, CPH_ECONFLICT, "id", "turn %llu is not parked%s",
             (unsigned long long)tr.id, s ? "" : " (its session was deleted)");
@@ -922,22 +990,22 @@ static void turn_requeue(cph_engine *e, cph_op *op) {
   for (size_t i = 0; i < n; i++)
     csession_inbox_push(s, &back[i]);
   free(back);
-  engine_update_work(e, s);
+  sessions_update_work(tu->sessions, s);
 }
 
-void turns_apply(cph_engine *e, cph_op *op) {
+void turns_apply(cph_turns *tu, cph_op *op) {
   switch (op->kind) {
   case CPH_OP_HEARTBEAT:
-    turn_heartbeat(e, op);
+    turn_heartbeat(tu, op);
     break;
   case CPH_OP_COMPLETE:
-    turn_complete(e, op);
+    turn_complete(tu, op);
     break;
   case CPH_OP_FAIL:
-    turn_fail(e, op);
+    turn_fail(tu, op);
     break;
   default:
-    turn_requeue(e, op);
+    turn_requeue(tu, op);
     break;
   }
 }
@@ -945,14 +1013,14 @@ void turns_apply(cph_engine *e, cph_op *op) {
 /* ---------------------------------------------------------------- reconcile */
 
 /* §3.6 job 4: leases past their deadline end; waiting lease requests past theirs time out. */
-void turns_reconcile(cph_engine *e) {
-  int64_t now = engine_now(e);
+void turns_reconcile(cph_turns *tu) {
+  int64_t now = env_now(tu->env);
   /* Collect first: ending a lease changes the map. */
   lease **expired = NULL;
   size_t n = 0, cap = 0;
-  for (size_t i = 0; i < e->leases.cap; i++) {
-    lease *l = e->leases.slots[i].value;
-    if (!e->leases.slots[i].key || l->deadline_ns > now)
+  for (size_t i = 0; i < tu->leases.cap; i++) {
+    lease *l = tu->leases.slots[i].value;
+    if (!tu->leases.slots[i].key || l->deadline_ns > now)
       continue;
     if (n == cap) {
       cap = cap ? cap * 2 : 8;
@@ -964,27 +1032,49 @@ void turns_reconcile(cph_engine *e) {
     expired[n++] = l;
   }
   for (size_t i = 0; i < n; i++)
-    end_lease(e, expired[i], CPH_TURN_EXPIRED, "lease expired");
+    end_lease(tu, expired[i], CPH_TURN_EXPIRED, "lease expired");
   free(expired);
-  for (size_t i = 0; i < e->waiters.len;) {
-    cph_op *w = engine_waiter_at(e, i);
+  for (size_t i = 0; i < tu->waiters.len;) {
+    cph_op *w = op_queue_at(&tu->waiters, i);
     if (w->u.lease.deadline_ns > now) {
       i++;
       continue;
     }
-    engine_waiter_remove(e, w);
+    op_queue_remove(&tu->waiters, w);
     op_fail(w, CPH_ETIMEDOUT, NULL, "no turn within wait_ms");
-    engine_waiter_done(e, w);
+    waiter_done(tu, w);
   }
 }
 
 /* ---------------------------------------------------------------- recovery */
 
+/* The largest 8-byte key of db (its keys are big-endian u64s), 0 if none. O(log n): keys
+ * ascend, so it is the last one (a key of another length, never written, is stepped over). */
+static uint64_t last_key_u64(cph_store *store, cph_db db) {
+  cph_txn t;
+  uint64_t last = 0;
+  if (cph_txn_begin(store, false, &t) != CPH_OK)
+    return 0;
+  cph_cursor c;
+  cph_val k;
+  if (cph_cursor_open(&t, db, &c) == CPH_OK) {
+    int rc = cph_cursor_last(&c, &k, NULL);
+    for (int n = 0; rc == CPH_OK && k.len != 8 && n < 64; n++)
+      rc = cph_cursor_prev(&c, &k, NULL);
+    if (rc == CPH_OK && k.len == 8)
+      last = cph_be64_get(k.data);
+    cph_cursor_close(&c);
+  }
+  cph_txn_abort(&t);
+  return last;
+}
+
 /* At open: leases in flight when the daemon stopped are expired (a crash is not the worker's
  * attempt, so attempts do not grow) and their input stays staged for the next turn. */
-int turns_recover(cph_engine *e, cph_err *err) {
+int turns_recover(cph_turns *tu, cph_err *err) {
+  tu->last_reply_id = last_key_u64(tu->env->store, CPH_DB_REPLIES);
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, true, &t);
+  int rc = cph_txn_begin(tu->env->store, true, &t);
   cph_cursor c;
   cph_val k;
   uint64_t *ids = NULL;
@@ -1016,7 +1106,7 @@ int turns_recover(cph_engine *e, cph_err *err) {
     cph_key tk = u64_key(ids[i]);
     cph_turn_rec tr;
     if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
-      metrics_turn_ended(e->metrics, (cph_lane)tr.lane, true);
+      metrics_turn_ended(tu->metrics, (cph_lane)tr.lane, true);
       tr.state = CPH_TURN_EXPIRED;
       char *old = tr.error;
       tr.error = "lease ended by a restart";
@@ -1038,8 +1128,8 @@ int turns_recover(cph_engine *e, cph_err *err) {
 
 /* ---------------------------------------------------------------- reads */
 
-int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_info **out,
-                       size_t *n, uint64_t *next, cph_err *err) {
+int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **out, size_t *n,
+                  uint64_t *next, cph_err *err) {
   if (!limit || limit > 1000)
     limit = 1000;
   *n = 0;
@@ -1047,10 +1137,10 @@ int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_in
   *out = calloc(limit, sizeof **out);
   if (!*out)
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
-  if (after >= e->last_reply_id)
+  if (after >= tu->last_reply_id)
     return CPH_OK;
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(tu->env->store, false, &t);
   cph_cursor c;
   cph_val k, v;
   cph_key start = u64_key(after + 1);
@@ -1082,11 +1172,11 @@ int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_in
   return CPH_OK;
 }
 
-int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err) {
+int turns_parked(cph_store *store, cph_parked_turn **out, size_t *n, cph_err *err) {
   *out = NULL;
   *n = 0;
   cph_txn t;
-  int rc = cph_txn_begin(e->env.store, false, &t);
+  int rc = cph_txn_begin(store, false, &t);
   cph_cursor c;
   cph_val k;
   size_t cap = 0;

@@ -19,14 +19,14 @@
 #   A public header (include/cephalon/) includes only public headers. tests/ may include
 #   anything. Including a header of a module above, or skipping the public API, breaks it.
 # Rule b, private headers. A sibling's headers are private to it (store may not include
-#   policy/*.h). core/engine_internal.h, the engine's state, may be included only by the
-#   files in the [engine_internal] section of scripts/layering-allow.txt, and every file
-#   listed there must still include it.
+#   policy/*.h). Inside core, a module's private header core/X_internal.h (the state the
+#   files of one module share) may be included only by that module's files: core/X.c,
+#   core/X.h and core/X_*.{c,h}. No core file reaches into another module's state.
 # Rule c, no new include cycles in core. Graph: core/a.c -> core/b.c when a.c includes,
 #   directly or through other core headers, a header that b.c implements (core/b.h, or
 #   core/b_internal.h; a header with no such .c, like providers.h, adds no edge). An edge that
-#   lies on a circle must be listed in the [core edges] section of the allowlist (today's
-#   circle); a new one fails with the circle as a path, and a listed edge that no longer
+#   lies on a circle must be listed in the [core edges] section of the allowlist (empty
+#   today: core has no circle); a new one fails with the circle as a path, and a listed edge that no longer
 #   exists fails too, so the list only shrinks. Edges on no circle need no listing.
 # Includes that break rule a or b and are accepted for now are in the [exceptions] section.
 #
@@ -62,6 +62,17 @@ function module_of(p,   parts, n) {
   if (parts[1] == "include")
     return (n >= 3 && parts[2] == "cephalon") ? "api" : ""
   return (parts[1] in rank) ? parts[1] : ""
+}
+# "core/dedupe_internal.h" -> "core/dedupe": the module a private header belongs to.
+function internal_owner(r,   o) {
+  o = r
+  sub(/_internal\.h$/, "", o)
+  return o
+}
+# True when file f belongs to the module of header r: core/X.c, core/X.h or core/X_*.
+function same_module(f, r,   o) {
+  o = internal_owner(r)
+  return f == o ".c" || f == o ".h" || index(f, o "_") == 1
 }
 function norm(p,   parts, n, i, out, k, j, s) {
   n = split(p, parts, "/")
@@ -195,9 +206,7 @@ stage == "allow" {
   line = trim(line)
   if (line == "") next
   if (line ~ /^\[.*\]$/) { section = line; next }
-  if (section == "[engine_internal]") {
-    allow_ei[line] = FNR
-  } else if (section == "[exceptions]" || section == "[core edges]") {
+  if (section == "[exceptions]" || section == "[core edges]") {
     if (split(line, w, /[ \t]*->[ \t]*/) != 2) {
       problem(allow_path ":" FNR ": expected \"FILE -> FILE\", got \"" line "\"")
       next
@@ -205,7 +214,7 @@ stage == "allow" {
     if (section == "[exceptions]") allow_exc[w[1], w[2]] = FNR
     else allow_edge[w[1], w[2]] = FNR
   } else {
-    problem(allow_path ":" FNR ": an entry outside [engine_internal], [exceptions] or [core edges]: \"" line "\"")
+    problem(allow_path ":" FNR ": an entry outside [exceptions] or [core edges]: \"" line "\"")
   }
   next
 }
@@ -239,8 +248,6 @@ END {
         core_incs[f] = core_incs[f] " " r
         if (!((f SUBSEP r) in inc_line)) inc_line[f, r] = lineno
       }
-      if (r == "core/engine_internal.h")
-        has_ei[f] = lineno
       if (src == "" || tgt == "") continue
       msg = ""
       if (!may_depend(src, tgt)) {
@@ -252,8 +259,8 @@ END {
           msg = src " may not depend on " tgt ", which is above it (server, cli, bench, worker -> include/cephalon -> core -> lanes, store, policy, providers -> common) [rule a: module order]"
         else
           msg = r " is private to " tgt ": " allowed_text(src) " [rule a: module order]"
-      } else if (r == "core/engine_internal.h" && !(f in allow_ei)) {
-        msg = "core/engine_internal.h is private to the core files listed under [engine_internal] in " allow_path ", and " f " is not one of them [rule b: private header]"
+      } else if (r ~ /^core\/[a-z0-9_]+_internal\.h$/ && !same_module(f, r)) {
+        msg = r " is private to the files of its module (" internal_owner(r) ".c, " internal_owner(r) "_*.c) [rule b: private header]"
       }
       if (msg == "") continue
       if ((f SUBSEP r) in allow_exc) {
@@ -266,14 +273,6 @@ END {
   }
 
   # ---- the allowlist only shrinks
-  for (f in allow_ei) {
-    if (!(f in exists))
-      problem(allow_path ":" allow_ei[f] ": " f " does not exist: delete the line (the [engine_internal] list only shrinks) [rule b]")
-    else if (f !~ /^core\//)
-      problem(allow_path ":" allow_ei[f] ": " f " is not in core/: only core files may include core/engine_internal.h [rule b]")
-    else if (!(f in has_ei))
-      problem(allow_path ":" allow_ei[f] ": " f " no longer includes core/engine_internal.h: delete the line (the list only shrinks) [rule b]")
-  }
   for (k in allow_exc) {
     if (!(k in exc_used)) {
       split(k, w, SUBSEP)

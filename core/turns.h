@@ -1,0 +1,73 @@
+/* Turns (DESIGN §4): lease requests waiting for a turn, the leases in flight, and every step
+ * of a turn's life — start (agent_turn), heartbeat, complete, fail, requeue, expiry with
+ * attempt counting and parking, restart recovery — and the replies and parked-turn reads.
+ * Private to core/.
+ *
+ * It owns the leases (in memory only: at a restart those in flight are expired, §4), the
+ * waiting lease requests and the newest reply id. It is handed the modules a turn touches:
+ * the sessions registry, context assembly and the tree store, maintenance (job turns),
+ * memory (a completion's memories), reports and the metrics. A served or failed waiter is
+ * answered after the pass commits: it goes onto the engine's done queue. */
+#ifndef CEPHALON_CORE_TURNS_H
+#define CEPHALON_CORE_TURNS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/hmap.h"
+#include "context.h"
+#include "env.h"
+#include "maint.h"
+#include "memory.h"
+#include "metrics.h"
+#include "ops.h"
+#include "sessions.h"
+#include "trees.h"
+
+struct cph_reports;
+
+typedef struct cph_turns {
+  cph_core_env *env;
+  cph_sessions *sessions;
+  cph_context *context;
+  cph_trees *trees;
+  cph_maint *maint; /* NULL until maintenance opened */
+  cph_memory *memory;
+  struct cph_reports *reports;
+  cph_metrics *metrics;
+  op_queue *done;         /* the engine's: called back after the pass commits */
+  cph_hmap leases;        /* turn id as decimal string -> lease (key owned by the lease) */
+  op_queue waiters;       /* lease requests waiting for a turn, oldest first */
+  uint64_t last_reply_id; /* the newest reply stored */
+} cph_turns;
+
+/* The waiters survive a rebuild of memory; the leases do not (turns_clear_leases, then
+ * turns_recover). turns_free ends both (answer the waiters first: turns_fail_waiters). */
+void turns_init(cph_turns *tu);
+void turns_clear_leases(cph_turns *tu);
+void turns_free(cph_turns *tu);
+/* At open and after a failed commit: leases in flight are expired (a crash is not the
+ * worker's attempt) and their input stays staged; last_reply_id is read back. */
+int turns_recover(cph_turns *tu, cph_err *err);
+
+/* ---- waiting lease requests */
+/* CPH_OK, or CPH_ENOMEM (the caller answers op). */
+int turns_wait(cph_turns *tu, cph_op *op);
+/* Removes a waiting request (its client went away); true if it was waiting. */
+bool turns_cancel_wait(cph_turns *tu, cph_op *op);
+/* Answers every waiter with rc and msg, now (shutdown). */
+void turns_fail_waiters(cph_turns *tu, int rc, const char *msg);
+/* The earliest lease or waiter deadline; INT64_MAX when none. */
+int64_t turns_next_deadline_ns(const cph_turns *tu);
+
+/* ---- the pass */
+uint32_t turns_serve_waiters(cph_turns *tu);     /* agent_turn (§3.6 job 0) */
+void turns_apply(cph_turns *tu, cph_op *op);     /* heartbeat, complete, fail, requeue */
+void turns_reconcile(cph_turns *tu);             /* expire leases, time out waiters */
+
+/* ---- reads */
+int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **out, size_t *n,
+                  uint64_t *next, cph_err *err);
+int turns_parked(cph_store *store, cph_parked_turn **out, size_t *n, cph_err *err);
+
+#endif
