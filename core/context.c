@@ -158,8 +158,9 @@ typedef struct hentry {
   uint64_t event_id;
   uint64_t index; /* in its channel */
   size_t view;    /* its channel: index into ti->views */
-  char *sender;
+  char *sender; /* borrowed from the channel's tail (chantail.h), like body, unless owned */
   char *body;
+  bool owned; /* read from the store for this turn alone (scan_channel_store): freed here */
   int64_t ts_ms;
   bool own;         /* the session's own message */
   bool agent;       /* from another session */
@@ -205,7 +206,6 @@ typedef struct ctx {
   bool tree_loaded;
   bool tree_ok; /* loaded from the store (or its cache) without error */
   int64_t now_ms;
-  uint64_t event_fields; /* what history entries read of an event: sender, body, ts_ms */
 } ctx;
 
 static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100; }
@@ -421,9 +421,11 @@ static bool is_section_sender(const ctx *c, const char *sender) {
   return false;
 }
 
-/* Reads view v's channel from its newest entry back, until the entries read cover both the
- * section's and the messages' history budgets (or max_reads). */
-static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_reads) {
+/* scan_channel without warm tails (:sessions :warm-channels 0): walks the channel log in the
+ * store and reads each event shown, every turn — the context rebuilt from the store, which
+ * the warm one must equal (tests/unit/test_warm_context_property.c). Its entries own their
+ * strings. */
+static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int max_reads) {
   cph_channel_view *view = &c->ti->views[v];
   const char *chan = view->channel;
   size_t prefix = strlen(chan) + 1;
@@ -457,7 +459,7 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     if (section_seen >= c->history_budget && messages_seen >= messages_budget)
       break;
     /* sender, body and time: from the event cache, else the store (then cached) */
-    const cph_evcache_entry *ce = cph_evcache_get(c->cx->evcache, event_id);
+    const cph_evcache_entry *ce = cph_evcache_get(c->cx->tails->evcache, event_id);
     cph_event_rec ev = {0};
     if (ce) {
       ev.ts_ms = ce->ts_ms;
@@ -471,14 +473,14 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     } else {
       cph_key ek = u64_key(event_id);
       int erc = cph_txn_get_record_some(c->t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev,
-                                        c->event_fields);
+                                        c->cx->tails->event_fields);
       if (erc == CPH_ENOTFOUND)
         continue; /* retention removed it */
       if (erc) {
         rc = erc;
         break;
       }
-      cph_evcache_put(c->cx->evcache, event_id, ev.ts_ms, ev.sender, ev.body);
+      cph_evcache_put(c->cx->tails->evcache, event_id, ev.ts_ms, ev.sender, ev.body);
     }
     if (ev.body) { /* a redacted payload has nothing to show */
       hentry h = {0};
@@ -488,6 +490,7 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
       h.sender = ev.sender;
       h.body = ev.body;
       h.ts_ms = ev.ts_ms;
+      h.owned = true;
       h.own = strcmp(ev.sender, c->s->id) == 0;
       h.agent = !h.own && sessions_get(c->cx->sessions, ev.sender) != NULL;
       h.for_section = is_section_sender(c, ev.sender);
@@ -506,6 +509,56 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
   }
   cph_cursor_close(&cur);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* Reads view v's channel from its newest entry back, until the entries read cover both the
+ * section's and the messages' history budgets (or max_reads). The entries and their events
+ * come from the channel's warm tail (chantail.h); the history entries borrow its strings. */
+static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_reads) {
+  if (!c->cx->env->policy->sessions.warm_channels)
+    return scan_channel_store(c, v, messages_budget, max_reads);
+  cph_channel_view *view = &c->ti->views[v];
+  chantail *tl;
+  int rc = chantails_get(c->cx->tails, c->t, view->channel, &tl);
+  if (rc)
+    return rc;
+  uint64_t section_seen = 0, messages_seen = 0; /* lower bounds of what was read */
+  chantail_entry *e;
+  for (int scanned = 0;
+       scanned < max_reads && (e = chantail_newest(tl, c->t, (size_t)scanned, &rc)) != NULL;
+       scanned++) {
+    if (!view->seen_index)
+      view->seen_index = e->index; /* the newest entry: what the turn saw */
+    if (idset_has(&c->staged_events, e->event_id)) {
+      c->vs[v].staged_found = true;
+      c->vs[v].oldest_staged_index = e->index; /* read newest first: the last is the oldest */
+      continue;
+    }
+    if (idset_has(&c->inbox_events, e->event_id))
+      continue; /* a later turn's trigger */
+    if (section_seen >= c->history_budget && messages_seen >= messages_budget)
+      break;
+    if ((rc = chantail_load(c->cx->tails, c->t, e)) != CPH_OK)
+      break;
+    if (!e->sender || !e->body)
+      continue; /* retention removed the event, or redacted its payload: nothing to show */
+    hentry h = {0};
+    h.event_id = e->event_id;
+    h.index = e->index;
+    h.view = v;
+    h.sender = e->sender;
+    h.body = e->body;
+    h.ts_ms = e->ts_ms;
+    h.own = strcmp(e->sender, c->s->id) == 0;
+    h.agent = !h.own && sessions_get(c->cx->sessions, e->sender) != NULL;
+    h.for_section = is_section_sender(c, e->sender);
+    if ((rc = entry_push(c, &h)) != CPH_OK)
+      break;
+    messages_seen += tok(h.body);
+    if (h.for_section)
+      section_seen += tok(h.body);
+  }
+  return rc;
 }
 
 static int entry_cmp(const void *a, const void *b) {
@@ -1172,10 +1225,11 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
 /* ---------------------------------------------------------------- assembly */
 
 static void ctx_free(ctx *c) {
-  for (size_t i = 0; i < c->n_entries; i++) {
-    free(c->entries[i].sender);
-    free(c->entries[i].body);
-  }
+  for (size_t i = 0; i < c->n_entries; i++)
+    if (c->entries[i].owned) { /* the others' strings are the tails' (chantails_release) */
+      free(c->entries[i].sender);
+      free(c->entries[i].body);
+    }
   free(c->entries);
   free(c->vs);
   idset_free(&c->staged_events);
@@ -1247,18 +1301,9 @@ static int assemble(ctx *c) {
 
 /* What a history entry reads of an event (the record's field table does not change: worked out
  * once). */
-static uint64_t history_event_fields(void) {
-  static uint64_t mask;
-  if (!mask) {
-    static const char *const NAMES[] = {"sender", "body", "ts_ms"};
-    mask = cph_record_field_mask(&cph_event_desc, NAMES, 3);
-  }
-  return mask;
-}
-
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
-                  cph_evcache *evcache) {
-  *cx = (cph_context){env, sessions, trees, evcache};
+                  cph_chantails *tails) {
+  *cx = (cph_context){env, sessions, trees, tails};
 }
 
 int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session_rec *rec,
@@ -1274,13 +1319,14 @@ int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session
   c.window = rec->context_window_tokens ? rec->context_window_tokens
                                         : (uint64_t)cx->env->policy->sessions.context_window_tokens;
   c.now_ms = cph_wall_ms();
-  c.event_fields = history_event_fields();
   ti->tokens.window = clamp32(c.window);
   int rc = assemble(&c);
   ti->tokens.sections = clamp32((uint64_t)ti->tokens.current_state +
                                 ti->tokens.pending_obligations + ti->tokens.conversation_history +
                                 ti->tokens.recent_memory + ti->tokens.available_tools);
   ctx_free(&c);
+  /* The tails the turn borrowed from are free to go now; the policy bounds how many stay. */
+  chantails_release(cx->tails, (size_t)cx->env->policy->sessions.warm_channels);
   if (rc && !t->ret && rc != CPH_ENOMEM)
     cph_err_set(&t->err, rc, "assembling the context of '%s': %s", s->id, cph_strerror(rc));
   return rc;

@@ -110,7 +110,7 @@
 
 #include "cephalon/cephalon.h"
 #include "env.h"
-#include "evcache.h"
+#include "chantail.h"
 #include "session.h"
 #include "sessions.h"
 #include "store/store.h"
@@ -123,11 +123,11 @@ typedef struct cph_context {
   cph_core_env *env;      /* the default window, the scheduler (current_state), the store */
   cph_sessions *sessions; /* which senders are sessions; the channels' subscribers */
   cph_trees *trees;       /* the sessions' PACT trees */
-  cph_evcache *evcache;   /* recent events as histories show them (read and filled here) */
+  cph_chantails *tails;   /* channels' recent history kept warm (chantail.h) */
 } cph_context;
 
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
-                  cph_evcache *evcache);
+                  cph_chantails *tails);
 
 /* Builds ti's sections, channel views and messages. The caller has filled ti->session, lane,
  * kind, episode, input and staged (in staged order) from rec, the session's record. Reads and

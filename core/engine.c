@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "dedupe.h"
 #include "context.h"
+#include "chantail.h"
 #include "context_edit.h"
 #include "env.h"
 #include "evcache.h"
@@ -66,6 +67,7 @@ struct cph_engine {
   /* Kept across memory rebuilds (opened with the engine). */
   cph_metrics *metrics;   /* metrics.h: live counters */
   cph_evcache evcache;    /* evcache.h: recent events as turn histories show them */
+  cph_chantails tails;    /* chantail.h: channels' recent history, warm */
   cph_trees trees;        /* trees.h: the PACT tree store and its cache of decoded trees */
   cph_context context;    /* context.h, context_edit.h: assembly over the modules below */
   cph_memory memory;      /* memory.h: the embed queue's length */
@@ -202,6 +204,7 @@ static void memory_clear(cph_engine *e) {
   dedupe_close(e->dedupe);
   e->dedupe = NULL;
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
+  chantails_clear(&e->tails);
   trees_cache_clear(&e->trees);
 }
 
@@ -274,7 +277,8 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   cph_evcache_init(&e->evcache, EVCACHE_SLOTS);
   trees_init(&e->trees);
   turns_init(&e->turns);
-  context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->evcache);
+  chantails_init(&e->tails, &e->evcache);
+  context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->tails);
   cph_clock_init_monotonic(&e->own_clock);
   e->env.clock = opts && opts->clock ? opts->clock : &e->own_clock;
   /* The engine's wall clock: real time at open, advancing with the engine clock (so windows
@@ -334,6 +338,7 @@ void cph_engine_close(cph_engine *e) {
   metrics_close(e->metrics);
   cph_evcache_free(&e->evcache);
   trees_free(&e->trees);
+  chantails_free(&e->tails);
   turns_free(&e->turns);
   free(e);
 }

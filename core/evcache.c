@@ -5,7 +5,7 @@
 #include <string.h>
 
 void cph_evcache_init(cph_evcache *c, uint64_t n_slots) {
-  memset(c, 0, sizeof *c);
+  memset(c, 0, sizeof *c); /* generation 0 */
   uint64_t n = 1;
   while (n < n_slots)
     n <<= 1;
@@ -46,6 +46,7 @@ void cph_evcache_put(cph_evcache *c, uint64_t id, int64_t ts_ms, const char *sen
 }
 
 void cph_evcache_drop(cph_evcache *c, uint64_t id) {
+  c->generation++;
   if (!c->slots || !id)
     return;
   cph_evcache_entry *s = &c->slots[id & (c->n_slots - 1)];
@@ -54,6 +55,7 @@ void cph_evcache_drop(cph_evcache *c, uint64_t id) {
 }
 
 void cph_evcache_clear(cph_evcache *c) {
+  c->generation++;
   if (!c->slots)
     return;
   for (uint64_t i = 0; i < c->n_slots; i++)

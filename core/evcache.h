@@ -23,6 +23,8 @@ typedef struct cph_evcache_entry {
 typedef struct cph_evcache {
   cph_evcache_entry *slots; /* allocated on first put: an idle engine pays nothing */
   uint64_t n_slots;         /* a power of two */
+  uint64_t generation; /* +1 on every drop and clear: what holds events elsewhere (chantail.h)
+                        * learns from it that one may have changed */
 } cph_evcache;
 
 void cph_evcache_init(cph_evcache *c, uint64_t n_slots);

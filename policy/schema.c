@@ -189,6 +189,9 @@ static const ps_field sessions_fields[] = {
         "staged messages carried by one inbox turn"),
     INT(cph_policy_sessions, "context-window-tokens", context_window_tokens, 256, 10000000, 8192,
         "context budget of sessions that set none"),
+    INT(cph_policy_sessions, "warm-channels", warm_channels, 0, 1000000, 1024,
+        "channels whose recent history (up to 512 entries each) stays in memory for turns, "
+        "least recently used evicted; 0 reads it from the store every turn"),
     BOOL(cph_policy_sessions, "janitor?", janitor, 1,
          "create the built-in janitor maintenance session"),
 };

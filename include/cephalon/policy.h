@@ -113,6 +113,7 @@ typedef struct cph_policy_sessions {
   int64_t max_queue;             /* pending inbox messages per session */
   int64_t max_batch;             /* staged messages per inbox turn */
   int64_t context_window_tokens; /* default for sessions that set none */
+  int64_t warm_channels;         /* channels whose recent history stays in memory (chantail.h) */
   bool janitor;                  /* :janitor? — create the built-in maintenance session */
 } cph_policy_sessions;
 

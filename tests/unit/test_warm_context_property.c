@@ -1,0 +1,408 @@
+/* Warm context = rebuilt context (issue #17 item 1), as a property: a turn assembled from the
+ * warm channel tails (core/chantail.h) is exactly the turn assembled from the store.
+ *
+ * Each case runs two engines side by side on the same seeded operations: one keeps few or
+ * many channels warm (:sessions :warm-channels 1, 2, 3 or 1024, so tails are evicted and
+ * rebuilt all the time or never), the other none (0: every turn reads its history from the
+ * store). Operations: sessions with random windows and subscriptions; users and agents posting
+ * to channels, with mentions; turns leased and completed with replies (which land in the
+ * channel as the session's own messages), failed, or left to expire; context nodes with TTLs
+ * and cadences; restarts of both engines. Every leased turn of the two must be the same: its
+ * sections, channel views, messages and token accounts, compared field by field in one
+ * canonical text. The engines opened at different real times, so what follows the wall clock
+ * is kept out of the comparison: times are left out, credits do not move (no refill, no cost:
+ * a restart refills for the real time it took) and content dedupe is off (its window is
+ * wall-clock time).
+ *
+ * CPH_PROPERTY_SEED=<n> runs from that seed; CPH_PROPERTY_CASES=<n> sets how many cases. A
+ * failure prints the case's seed: rerun with CPH_PROPERTY_SEED=<seed> CPH_PROPERTY_CASES=1. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "common/buf.h"
+#include "common/clock.h"
+#include "tests/support/engine_fixture.h"
+
+#define DEFAULT_CASES 400
+#define STEPS 60
+#define MAX_SESSIONS 4
+#define N_CHANNELS 3
+
+typedef struct rng {
+  uint64_t s;
+} rng;
+
+static uint64_t next(rng *r) { /* splitmix64 */
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint32_t below(rng *r, uint32_t n) { return (uint32_t)(next(r) % n); }
+
+static const char *const CHANNELS[N_CHANNELS] = {"general", "ops", "random"};
+static const char *const USERS[] = {"alice", "bob", "carol"};
+static const char *const TEXTS[] = {
+    "can someone look at the failing deploy of the api service",
+    "the nightly backup finished without errors",
+    "ok",
+    "please summarise what happened in this channel since yesterday, with the open questions "
+    "first and who asked them, then the decisions, then everything else worth knowing",
+    "restart the worker pool on host alpha",
+    "restart the worker pool on host beta",
+};
+#define N_TEXTS (sizeof TEXTS / sizeof TEXTS[0])
+
+typedef struct pair {
+  cph_fixture *warm, *cold;
+  uint64_t seed;
+  int n_sessions;
+  char ids[MAX_SESSIONS][16];
+} pair;
+
+/* ---------------------------------------------------------------- the canonical text */
+
+/* Times of day ("12:04") in texts come from each engine's wall clock: masked. */
+static void put_text(cph_buf *b, const char *s) {
+  if (!s) {
+    cph_buf_append(b, "(null)", 6);
+    return;
+  }
+  for (const char *p = s; *p; p++) {
+    bool hhmm = p[0] >= '0' && p[0] <= '9' && p[1] >= '0' && p[1] <= '9' && p[2] == ':' &&
+                p[3] >= '0' && p[3] <= '9' && p[4] >= '0' && p[4] <= '9';
+    if (hhmm) {
+      cph_buf_append(b, "HH:MM", 5);
+      p += 4;
+    } else {
+      cph_buf_putc(b, *p);
+    }
+  }
+}
+
+static void put(cph_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(cph_buf *b, const char *fmt, ...) {
+  char line[256];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  cph_buf_append(b, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+/* Everything a worker sees of a turn but its lease token and wall-clock times. */
+static char *canonical(const cph_turn_info *t) {
+  cph_buf b = CPH_BUF_INIT;
+  put(&b, "turn %llu session %s lane %d kind %d episode %llu attempts %u\ninput ",
+      (unsigned long long)t->id, t->session, (int)t->lane, (int)t->kind,
+      (unsigned long long)t->episode, t->attempts);
+  put_text(&b, t->input);
+  put(&b, "\nstate credits %.6f turns %.6f tools %.6f state %d\n", t->current_state.credits,
+      t->current_state.turns_left, t->current_state.tool_calls_left, (int)t->current_state.state);
+  for (size_t i = 0; i < t->n_staged; i++) {
+    const cph_staged_msg *m = &t->staged[i];
+    put(&b, "staged %llu count %u fold %s mentioned %d from ", (unsigned long long)m->event_id,
+        m->count, m->fold, m->mentioned);
+    put_text(&b, m->sender);
+    put(&b, " in %s: ", m->channel);
+    put_text(&b, m->body);
+    cph_buf_putc(&b, '\n');
+  }
+  for (size_t i = 0; i < t->n_obligations; i++) {
+    put(&b, "obligation %llu ", (unsigned long long)t->obligations[i].id);
+    put_text(&b, t->obligations[i].sender);
+    cph_buf_putc(&b, ' ');
+    put_text(&b, t->obligations[i].preview);
+    cph_buf_putc(&b, '\n');
+  }
+  for (size_t i = 0; i < t->n_history; i++) {
+    const cph_history_entry *h = &t->history[i];
+    put(&b, "history %llu %s ", (unsigned long long)h->event_id, h->channel);
+    put_text(&b, h->sender);
+    cph_buf_putc(&b, ' ');
+    put_text(&b, h->body);
+    cph_buf_putc(&b, '\n');
+  }
+  for (size_t i = 0; i < t->n_memories; i++) {
+    const cph_memory_item *m = &t->memories[i];
+    put(&b, "memory %llu %s %s accesses %llu ", (unsigned long long)m->id, m->kind, m->scope,
+        (unsigned long long)m->access_count);
+    put_text(&b, m->text);
+    cph_buf_putc(&b, '\n');
+  }
+  for (size_t i = 0; i < t->n_tools; i++)
+    put(&b, "tool %s\n", t->tools[i].name);
+  for (size_t i = 0; i < t->n_views; i++) {
+    const cph_channel_view *v = &t->views[i];
+    put(&b, "view %s cursor %llu had %d seen %llu away %u\n", v->channel,
+        (unsigned long long)v->cursor, v->had_cursor, (unsigned long long)v->seen_index, v->away);
+  }
+  for (size_t i = 0; i < t->n_messages; i++) {
+    const cph_message *m = &t->messages[i];
+    put(&b, "message %s %s name %s: ", m->coord, m->role, m->name ? m->name : "-");
+    put_text(&b, m->content);
+    cph_buf_putc(&b, '\n');
+  }
+  const cph_context_tokens *k = &t->tokens;
+  put(&b, "tokens window %u state %u obligations %u history %u memory %u tools %u sections %u "
+          "messages %u history_cut %u messages_cut %u\n",
+      k->window, k->current_state, k->pending_obligations, k->conversation_history,
+      k->recent_memory, k->available_tools, k->sections, k->messages, k->history_cut,
+      k->messages_cut);
+  cph_buf_putc(&b, '\0');
+  return cph_buf_steal(&b);
+}
+
+/* ---------------------------------------------------------------- both engines at once */
+
+/* Runs a copy of op on each engine; both must answer alike. Returns the warm one's rc. */
+static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
+  int rw = cph_fixture_run(p->warm, warm_op);
+  int rc = cph_fixture_run(p->cold, cold_op);
+  if (rw != rc)
+    fail_msg("seed %llu: the engines answered differently: %d (%s) vs %d (%s)",
+             (unsigned long long)p->seed, rw, warm_op->err.msg, rc, cold_op->err.msg);
+  return rw;
+}
+
+static void pass_both(pair *p) {
+  cph_engine_run_pass(p->warm->e);
+  cph_engine_run_pass(p->cold->e);
+}
+
+static void advance_both(pair *p, int64_t ns) {
+  cph_clock_advance(&p->warm->clock, ns);
+  cph_clock_advance(&p->cold->clock, ns);
+}
+
+static void create_sessions(pair *p, rng *r) {
+  static const uint32_t windows[] = {256, 400, 1024, 8192};
+  p->n_sessions = 1 + (int)below(r, MAX_SESSIONS);
+  for (int i = 0; i < p->n_sessions; i++) {
+    snprintf(p->ids[i], sizeof p->ids[i], "agent%d", i);
+    char *subs[N_CHANNELS];
+    size_t n = 0;
+    for (int c = 0; c < N_CHANNELS; c++)
+      if (below(r, 2))
+        subs[n++] = (char *)CHANNELS[c];
+    uint32_t window = windows[below(r, 4)];
+    uint32_t tick = below(r, 4) == 0 ? 3 : 0;
+    cph_op ops[2] = {{0}};
+    for (int k = 0; k < 2; k++) {
+      ops[k].kind = CPH_OP_SESSION_CREATE;
+      ops[k].u.session.in.id = p->ids[i];
+      ops[k].u.session.in.lane = CPH_LANE_INTERACTIVE;
+      ops[k].u.session.in.subscribe.items = subs;
+      ops[k].u.session.in.subscribe.count = n;
+      ops[k].u.session.in.context_window_tokens = window;
+      ops[k].u.session.in.autonomy_interval_s = tick;
+    }
+    if (run_both(p, &ops[0], &ops[1]))
+      fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i],
+               ops[0].err.msg);
+    cph_op_clear_results(&ops[0]);
+    cph_op_clear_results(&ops[1]);
+  }
+}
+
+static void post(pair *p, rng *r) {
+  cph_event_in evs[3];
+  char *mention[3][1];
+  size_t n = 1 + below(r, 3);
+  memset(evs, 0, sizeof evs);
+  for (size_t i = 0; i < n; i++) {
+    bool agent = below(r, 4) == 0; /* another agent speaking in the channel */
+    evs[i].channel = (char *)CHANNELS[below(r, N_CHANNELS)];
+    evs[i].sender = agent ? p->ids[below(r, (uint32_t)p->n_sessions)] : (char *)USERS[below(r, 3)];
+    evs[i].body = (char *)TEXTS[below(r, N_TEXTS)];
+    if (below(r, 5) == 0) {
+      mention[i][0] = p->ids[below(r, (uint32_t)p->n_sessions)];
+      evs[i].mentions = (cph_strv){mention[i], 1};
+    }
+  }
+  cph_op ops[2] = {{0}};
+  for (int k = 0; k < 2; k++) {
+    ops[k].kind = CPH_OP_INGEST;
+    ops[k].u.ingest.events = evs;
+    ops[k].u.ingest.n_events = n;
+  }
+  if (run_both(p, &ops[0], &ops[1]))
+    fail_msg("seed %llu: ingest: %s", (unsigned long long)p->seed, ops[0].err.msg);
+  for (size_t i = 0; i < n; i++)
+    if (ops[0].u.ingest.results[i].status != ops[1].u.ingest.results[i].status ||
+        ops[0].u.ingest.results[i].id != ops[1].u.ingest.results[i].id)
+      fail_msg("seed %llu: event %zu: status %d id %llu vs status %d id %llu",
+               (unsigned long long)p->seed, i, (int)ops[0].u.ingest.results[i].status,
+               (unsigned long long)ops[0].u.ingest.results[i].id,
+               (int)ops[1].u.ingest.results[i].status,
+               (unsigned long long)ops[1].u.ingest.results[i].id);
+  cph_op_clear_results(&ops[0]);
+  cph_op_clear_results(&ops[1]);
+}
+
+static void insert_node(pair *p, rng *r) {
+  static const char *const AT[] = {"d-1, 1, 0", "d0, 1, 0", "d1, 1, 0", "d2, 0, 1"};
+  static const char *const CONTENT[] = {"remember: the api deploy is frozen",
+                                        "tone: short answers", "open question from alice"};
+  cph_op ops[2] = {{0}};
+  uint32_t ttl = below(r, 3) ? 1 + below(r, 4) : 0;
+  uint32_t cadence = ttl && below(r, 2) ? 2 + below(r, 3) : 0;
+  const char *session = p->ids[below(r, (uint32_t)p->n_sessions)];
+  const char *at = AT[below(r, 4)];
+  const char *content = CONTENT[below(r, 3)];
+  for (int k = 0; k < 2; k++) {
+    ops[k].kind = CPH_OP_CONTEXT_INSERT;
+    ops[k].u.context.session = (char *)session;
+    ops[k].u.context.node.at = (char *)at;
+    ops[k].u.context.node.content = (char *)content;
+    ops[k].u.context.node.ttl = ttl;
+    ops[k].u.context.node.cadence = cadence;
+  }
+  run_both(p, &ops[0], &ops[1]); /* a refused node is refused by both */
+  cph_op_clear_results(&ops[0]);
+  cph_op_clear_results(&ops[1]);
+}
+
+/* Leases a turn on both; they must be the same turn. Then completes (with a reply, and a
+ * memory now and then), fails, or leaves it to expire — the same on both. */
+static bool turn(pair *p, rng *r) {
+  cph_op l[2] = {{0}};
+  cph_fixture *f[2] = {p->warm, p->cold};
+  for (int k = 0; k < 2; k++) {
+    l[k].kind = CPH_OP_LEASE;
+    l[k].u.lease.worker = "w";
+    l[k].u.lease.deadline_ns = cph_clock_now(&f[k]->clock);
+  }
+  if (run_both(p, &l[0], &l[1]) != CPH_OK) {
+    cph_op_clear_results(&l[0]);
+    cph_op_clear_results(&l[1]);
+    return false;
+  }
+  char *a = canonical(&l[0].u.lease.turn), *b = canonical(&l[1].u.lease.turn);
+  if (strcmp(a, b) != 0) {
+    fprintf(stderr, "---- warm\n%s---- rebuilt\n%s", a, b);
+    fail_msg("seed %llu: turn %llu: the warm context differs from the rebuilt one",
+             (unsigned long long)p->seed, (unsigned long long)l[0].u.lease.turn.id);
+  }
+  free(a);
+  free(b);
+  uint32_t how = below(r, 10);
+  char reply[96];
+  snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session,
+           TEXTS[below(r, N_TEXTS)]);
+  cph_memory_in mem = {.text = "the api deploy is frozen until friday"};
+  bool with_memory = below(r, 4) == 0;
+  bool with_reply = below(r, 5) != 0; /* drawn once: both engines get the same completion */
+  if (how >= 2) {
+    cph_op c[2] = {{0}};
+    for (int k = 0; k < 2; k++) {
+      c[k].kind = CPH_OP_COMPLETE;
+      c[k].u.turn.turn_id = l[k].u.lease.turn.id;
+      snprintf(c[k].u.turn.lease, sizeof c[k].u.turn.lease, "%s", l[k].u.lease.turn.lease);
+      c[k].u.turn.reply_body = with_reply ? reply : NULL;
+      c[k].u.turn.memories = with_memory ? &mem : NULL;
+      c[k].u.turn.n_memories = with_memory;
+    }
+    if (run_both(p, &c[0], &c[1]))
+      fail_msg("seed %llu: complete: %s", (unsigned long long)p->seed, c[0].err.msg);
+    cph_op_clear_results(&c[0]);
+    cph_op_clear_results(&c[1]);
+  } else if (how == 1) {
+    cph_op c[2] = {{0}};
+    for (int k = 0; k < 2; k++) {
+      c[k].kind = CPH_OP_FAIL;
+      c[k].u.turn.turn_id = l[k].u.lease.turn.id;
+      snprintf(c[k].u.turn.lease, sizeof c[k].u.turn.lease, "%s", l[k].u.lease.turn.lease);
+      c[k].u.turn.error = "model error";
+    }
+    run_both(p, &c[0], &c[1]);
+    cph_op_clear_results(&c[0]);
+    cph_op_clear_results(&c[1]);
+  } /* else: left to expire */
+  cph_op_clear_results(&l[0]);
+  cph_op_clear_results(&l[1]);
+  return true;
+}
+
+static void restart_both(pair *p) {
+  cph_engine_close(p->warm->e);
+  p->warm->e = NULL;
+  cph_engine_close(p->cold->e);
+  p->cold->e = NULL;
+  cph_fixture_open(p->warm);
+  cph_fixture_open(p->cold);
+}
+
+static const char *policy(char *buf, size_t size, int warm_channels) {
+  snprintf(buf, size,
+           "{:scheduler {:concurrency 2\n"
+           "             :lanes {:interactive {:turns 100000 :tool-calls 100000}}\n"
+           "             :credits {:refill-per-second 0 :cost {:interactive 0}}}\n"
+           " :dedupe {:window-seconds 0}\n"
+           " :leases {:ttl-seconds 5 :max-attempts 3}\n"
+           " :sessions {:warm-channels %d :janitor? false :max-batch 2}\n"
+           " :store {:sync :none}\n"
+           " :server {:map-size-mb 64}}\n",
+           warm_channels);
+  return buf;
+}
+
+static void run_case(uint64_t seed) {
+  rng r = {seed};
+  static const int warm_choices[] = {1, 2, 3, 1024};
+  char wp[512], cp[512];
+  pair p = {0};
+  p.seed = seed;
+  p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, warm_choices[below(&r, 4)]));
+  p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0));
+  create_sessions(&p, &r);
+  for (int step = 0; step < STEPS; step++) {
+    uint32_t what = below(&r, 20);
+    if (what == 0) /* a busy channel: tails past one read step (64 entries) and past 512 */
+      for (uint32_t n = 20 + below(&r, 60); n > 0; n--)
+        post(&p, &r);
+    else if (what < 8)
+      post(&p, &r);
+    else if (what < 15)
+      turn(&p, &r);
+    else if (what < 17)
+      insert_node(&p, &r);
+    else if (what < 19)
+      advance_both(&p, (int64_t)(1 + below(&r, 6)) * CPH_NS_PER_S); /* expiries, ticks */
+    else
+      restart_both(&p);
+    pass_both(&p);
+  }
+  while (turn(&p, &r)) /* drain: every remaining turn compared too */
+    pass_both(&p);
+  cph_fixture_free(p.warm);
+  cph_fixture_free(p.cold);
+}
+
+static void test_warm_context_equals_rebuilt_context(void **state) {
+  (void)state;
+  const char *seed_env = getenv("CPH_PROPERTY_SEED");
+  const char *cases_env = getenv("CPH_PROPERTY_CASES");
+  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 17001;
+  long cases = cases_env ? strtol(cases_env, NULL, 10) : DEFAULT_CASES;
+  print_message("warm context property: %ld cases from seed %llu\n", cases,
+                (unsigned long long)seed);
+  for (long i = 0; i < cases; i++)
+    run_case(seed + (uint64_t)i);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_warm_context_equals_rebuilt_context),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
