@@ -386,7 +386,7 @@ static int cycle_op(void *state, uint64_t seq) {
 
 static void cycle_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench cycle [--sync always|batch|none] [--clients N] "
-             "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T]\n"
+             "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T] [--warm-channels N]\n"
              "  --sync MODE      :store :sync (default always)\n"
              "  --clients N      client threads, each with its own connection and session "
              "(default 8)\n"
@@ -394,7 +394,9 @@ static void cycle_usage(FILE *f) {
              "  --body-bytes B   event body size (default 64; the anchors put the same)\n"
              "  --reply-bytes R  the reply body each complete carries (default 64, as the "
              "Redis agent app's; 0: none)\n"
-             "  --window T       the sessions' context_window_tokens (default: the policy's)\n");
+             "  --window T       the sessions' context_window_tokens (default: the policy's)\n"
+             "  --warm-channels N  :sessions :warm-channels (default: the policy's; 0: every lease "
+             "reads its history from the store)\n");
 }
 
 /* The value of an unlabelled counter or gauge in cephalond's GET /metrics, or -1. */
@@ -423,6 +425,7 @@ static void cycle_window(void *ctx, bool end) {
 
 int cph_bench_cycle(int argc, char **argv) {
   uint64_t clients = 8, seconds = 10, body_bytes = 64, reply_bytes = 64, window = 0;
+  uint64_t warm_channels = UINT64_MAX; /* the policy's default */
   const char *sync = "always";
   for (int i = 1; i < argc;) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -439,7 +442,8 @@ int cph_bench_cycle(int argc, char **argv) {
         (r = cph_bench_opt_u64(argc, argv, &i, "--seconds", 1, 600, &seconds)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--body-bytes", 16, 1000, &body_bytes)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--reply-bytes", 0, 1000, &reply_bytes)) ||
-        (r = cph_bench_opt_u64(argc, argv, &i, "--window", 64, 10000000, &window))) {
+        (r = cph_bench_opt_u64(argc, argv, &i, "--window", 64, 10000000, &window)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--warm-channels", 0, 1000000, &warm_channels))) {
       if (r < 0)
         return 2;
       continue;
@@ -448,10 +452,12 @@ int cph_bench_cycle(int argc, char **argv) {
     cycle_usage(stderr);
     return 2;
   }
-  char policy[2048];
+  char policy[2048], extra[64] = "";
+  if (warm_channels != UINT64_MAX)
+    snprintf(extra, sizeof extra, ":sessions {:warm-channels %" PRIu64 "}", warm_channels);
   /* Concurrency at least the clients: every client may hold a turn at once. */
   if (cph_bench_policy(policy, sizeof policy, sync, (int)clients < 64 ? 64 : (int)clients, 10, 1,
-                       NULL))
+                       extra))
     return 1;
   cph_bench_daemon d;
   if (cph_bench_daemon_start(&d, policy, NULL, 20000)) {
