@@ -46,6 +46,7 @@ int cli_cmd_events(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_turns(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_context(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_top(const cli_ctx *ctx, int argc, char **argv);
+int cli_cmd_backup(const cli_ctx *ctx, int argc, char **argv);
 
 /* ---------------------------------------------------------------- talking to cephalond (api.c) */
 

@@ -34,6 +34,8 @@ static const cli_command commands[] = {
      "turns complete ID --lease L [--tokens N] [--tool-calls N] [--reply TEXT] "
      "[--reply-channel C]",
      "lease and complete a turn by hand (exit 3: no turn)"},
+    {"backup", cli_cmd_backup, "backup DIR",
+     "copy the store into DIR while cephalond serves (restore: start a daemon on DIR)"},
     {"policy", cli_cmd_policy, "policy check FILE\npolicy reload",
      "validate a policy file (no daemon needed); make cephalond reload its policy"},
     {"help", cmd_help, "help", "show this help"},

@@ -64,6 +64,8 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/v1/aggregates", SCOPE_READ, 0, cph_route_aggregates},
     {EVHTTP_REQ_GET, "/v1/admin/policy", SCOPE_ADMIN | SCOPE_READ, 0, cph_route_policy_get},
     {EVHTTP_REQ_POST, "/v1/admin/policy/reload", SCOPE_ADMIN, 0, cph_route_policy_reload},
+    {EVHTTP_REQ_POST, "/v1/admin/backup", SCOPE_ADMIN, CPH_ROUTE_BODY, cph_route_backup_start},
+    {EVHTTP_REQ_GET, "/v1/admin/backup", SCOPE_ADMIN | SCOPE_READ, 0, cph_route_backup_status},
     {EVHTTP_REQ_POST, "/v1/maintenance/jobs", SCOPE_ADMIN, CPH_ROUTE_BODY, cph_route_job_post},
     {EVHTTP_REQ_GET, "/v1/maintenance/jobs", SCOPE_READ, 0, cph_route_jobs_list},
     {EVHTTP_REQ_GET, "/v1/gc/groups", SCOPE_READ, 0, cph_route_gc_groups},

@@ -44,6 +44,7 @@
 #include "listen.h"
 #include "cephalon/providers.h"
 #include "longpoll.h"
+#include "backup.h"
 #include "maint_workers.h"
 #include "routes.h"
 #include "search_prep.h"
@@ -268,6 +269,8 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound, uint16_t fallback)
 
 /* After the loop: answer what can be answered, then free everything (ASan runs the tests). */
 static void shutdown_all(cph_srv *s) {
+  cph_backup_free(s->backup); /* a running copy finishes first: it reads the engine's store */
+  s->backup = NULL;
   cph_search_prep_stop(s->search);
   s->search = NULL;
   cph_maint_workers_stop(s->maint);
@@ -414,6 +417,10 @@ int main(int argc, char **argv) {
   }
   if (cph_search_prep_start(&s, SEARCH_THREADS, &s.search)) {
     cph_error("cannot start the memory search threads");
+    goto out;
+  }
+  if (!(s.backup = cph_backup_new())) {
+    cph_error("out of memory starting the backup service");
     goto out;
   }
   cph_srv_schedule_pass(&s); /* recovery may have left work (expired leases restaged) */

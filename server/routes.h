@@ -47,6 +47,8 @@ void cph_route_lanes(cph_req *r);
 json_t *cph_lanes_json(cph_engine *e, json_t **concurrency);
 void cph_route_policy_get(cph_req *r);
 void cph_route_policy_reload(cph_req *r);
+void cph_route_backup_start(cph_req *r);  /* POST /v1/admin/backup */
+void cph_route_backup_status(cph_req *r); /* GET /v1/admin/backup */
 
 /* routes_metrics.c: GET /metrics, the Prometheus exposition */
 void cph_route_metrics(cph_req *r);

@@ -6,10 +6,17 @@
  *   GET  /v1/lanes                 -> 200 {"lanes": [...], "concurrency": {"limit", "in_use"}}
  *   GET  /v1/admin/policy          -> 200 {"edn", "generation", "source"}
  *   POST /v1/admin/policy/reload   -> 200 {"generation", "note"} | 400 with file:line:col
+ *   POST /v1/admin/backup {"dir"}  -> 202 the backup's status (it runs on its own thread) |
+ *                                     400 a dir that is not absolute | 409 a dir not empty, or
+ *                                     a backup running
+ *   GET  /v1/admin/backup          -> 200 {"state": "none"|"running"|"done"|"failed", "dir",
+ *                                     "bytes", "started_ms", "finished_ms", "error"}
  */
 #include <stdlib.h>
 
+#include "backup.h"
 #include "common/buf.h"
+#include "common/log.h"
 #include "routes.h"
 #include "server.h"
 
@@ -97,3 +104,35 @@ void cph_route_policy_reload(cph_req *r) {
   json_object_set_new(body, "note", err.msg[0] ? json_string(err.msg) : json_null());
   cph_reply_json(r, 200, body);
 }
+
+static json_t *backup_json(cph_backup *b) {
+  cph_backup_status st;
+  cph_backup_status_get(b, &st);
+  json_t *o = json_object();
+  json_object_set_new(o, "state", json_string(st.state));
+  json_object_set_new(o, "dir", st.dir[0] ? json_string(st.dir) : json_null());
+  json_object_set_new(o, "bytes", cph_json_u64(st.bytes));
+  json_object_set_new(o, "started_ms", st.started_ms ? json_integer(st.started_ms) : json_null());
+  json_object_set_new(o, "finished_ms",
+                      st.finished_ms ? json_integer(st.finished_ms) : json_null());
+  json_object_set_new(o, "error", st.error[0] ? json_string(st.error) : json_null());
+  return o;
+}
+
+void cph_route_backup_start(cph_req *r) {
+  const char *dir = NULL;
+  if (!cph_in_str(r, r->body, "", "dir", CPH_IN_REQUIRED, &dir)) {
+    cph_reply_failure(r);
+    return;
+  }
+  cph_err err = {0};
+  int rc = cph_backup_start(r->srv->backup, r->srv->engine, dir, &err);
+  if (rc) {
+    cph_reply_rc(r, rc, err.msg, rc == CPH_EINVAL || rc == CPH_EEXISTS ? "dir" : NULL);
+    return;
+  }
+  cph_info("backup to %s started", dir);
+  cph_reply_json(r, 202, backup_json(r->srv->backup));
+}
+
+void cph_route_backup_status(cph_req *r) { cph_reply_json(r, 200, backup_json(r->srv->backup)); }

@@ -1,7 +1,9 @@
 /* The LMDB environment: open/close, named databases, schema check, error mapping. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <lmdb.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,6 +234,27 @@ void cph_store_close(cph_store *s) {
   cph_buf_free(&s->scratch);
   free(s->dir);
   free(s);
+}
+
+int cph_store_copy(cph_store *s, const char *dir, cph_err *err) {
+  int e = make_dirs(dir);
+  if (e)
+    return cph_err_set(err, CPH_EIO, "backup dir '%s': cannot create: %s", dir, strerror(e));
+  DIR *d = opendir(dir);
+  if (!d)
+    return cph_err_set(err, CPH_EIO, "backup dir '%s': %s", dir, strerror(errno));
+  bool empty = true;
+  for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
+    empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
+  closedir(d);
+  if (!empty)
+    return cph_err_set(err, CPH_EEXISTS, "backup dir '%s' is not empty: give a new directory",
+                       dir);
+  e = mdb_env_copy2(s->env, dir, MDB_CP_COMPACT);
+  if (e)
+    return cph_err_set(err, cph_store_map_error(e), "backup to '%s' failed: %s", dir,
+                       mdb_strerror(e));
+  return CPH_OK;
 }
 
 int cph_store_sync(cph_store *s, cph_err *err) {

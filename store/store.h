@@ -83,6 +83,12 @@ void cph_store_close(cph_store *s);
 int cph_store_sync(cph_store *s, cph_err *err);
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err);
 
+/* A consistent, compacted copy of the store into dir (LMDB's copy with compaction, through a
+ * read transaction of its own): callable from any thread while writers keep writing; the copy
+ * holds what was committed when it began. dir is created; it must not exist yet, or be empty.
+ * Starting a store on the copy gives that state back. */
+int cph_store_copy(cph_store *s, const char *dir, cph_err *err);
+
 typedef struct cph_store_stats {
   size_t map_size;   /* bytes reserved */
   size_t used_bytes; /* pages in use * page size */

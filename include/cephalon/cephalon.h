@@ -621,6 +621,13 @@ typedef struct cph_engine_storage {
 } cph_engine_storage;
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out);
 
+/* Online backup (POST /v1/admin/backup, cephalonctl backup): a consistent, compacted copy of
+ * the store into dir, a directory that must not exist or be empty. Unlike every other call
+ * here it may run on any thread while the engine serves — it reads the store through a
+ * transaction of its own and writers keep going — but not past cph_engine_close. The copy
+ * holds everything committed when it began; a daemon started on dir serves that state. */
+int cph_engine_backup(cph_engine *e, const char *dir, cph_err *err);
+
 /* ---- maintenance reads ---- */
 
 typedef struct cph_gc_group_info {
