@@ -294,12 +294,16 @@ static void sections_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_end(w);
 }
 
+/* id, lease, session, lane, kind, episode, deadline_ms, attempts, tools_named: in every
+ * answer, whatever `include` says. */
+#define TURN_IDENTITY_MEMBERS 9
+
 /* The turn: the identity fields always, each part unless the lease left it out; members in
  * the same order either way, so the default answer is the whole turn as it always was. */
 static void turn_emit(cph_emit *w, const cph_turn_info *t) {
   bool sections = (t->omit & CPH_PART_SECTIONS) != CPH_PART_SECTIONS;
-  cph_emit_object(w, 9 + has(t, CPH_PART_INPUT) + has(t, CPH_PART_STAGED) + sections +
-                         has(t, CPH_PART_MESSAGES) + has(t, CPH_PART_VIEWS) +
+  cph_emit_object(w, TURN_IDENTITY_MEMBERS + has(t, CPH_PART_INPUT) + has(t, CPH_PART_STAGED) +
+                         sections + has(t, CPH_PART_MESSAGES) + has(t, CPH_PART_VIEWS) +
                          has(t, CPH_PART_TOKENS));
   cph_emit_key(w, "id");
   cph_emit_u64(w, t->id);

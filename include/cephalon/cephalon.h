@@ -296,9 +296,9 @@ typedef struct cph_turn_info {
   size_t n_views;
   cph_context_tokens tokens;
   struct cph_job_work *job; /* job turns: the work to execute (owned by the engine) */
-  unsigned omit; /* cph_turn_part bits the lease left out (0: none); the fields of a part
-                  * left out are empty, except those the engine needs itself (input, staged,
-                  * views, current_state) */
+  unsigned omit; /* cph_turn_part bits the lease left out (0: none): those sections and the
+                  * messages are left empty; input, staged, views and current_state are
+                  * always filled (the engine keeps them) */
 } cph_turn_info;
 void cph_turn_info_free(cph_turn_info *t);
 
