@@ -89,6 +89,7 @@ typedef struct http_ctx {
   const char *prefix;
   int subscribed; /* ingest: events go to the clients' subscribed channels, else unrouted */
   size_t reply_bytes; /* cycle: the reply each complete carries (0: none) */
+  const char *include; /* cycle: the lease's `,"include":[...]` member, "" for the whole turn */
   /* Totals over the clients, added by client_teardown (main thread, after the run). */
   uint64_t queued, stored, aggregated, other, empty_leases, turns, turn_bytes;
   /* cycle: the daemon over the measured window (cycle_window), -1 where unknown */
@@ -331,9 +332,10 @@ static int cycle_op(void *state, uint64_t seq) {
     return -1;
   }
   /* 2. lease a turn (any session's: the scheduler decides) */
-  char lease_req[96];
-  int lease_len = snprintf(lease_req, sizeof lease_req, "{\"worker\":\"w-%d\",\"wait_ms\":%d}",
-                           c->id, LEASE_WAIT_MS);
+  char lease_req[512];
+  int lease_len = snprintf(lease_req, sizeof lease_req,
+                           "{\"worker\":\"w-%d\",\"wait_ms\":%d%s}", c->id, LEASE_WAIT_MS,
+                           c->ctx->include);
   for (int tries = 0;; tries++) {
     if (cph_bench_http(&c->conn, "POST", "/v1/turns/lease", lease_req, (size_t)lease_len, &r)) {
       fprintf(stderr, "cephalon-bench cycle: lease failed (connection)\n");
@@ -386,7 +388,8 @@ static int cycle_op(void *state, uint64_t seq) {
 
 static void cycle_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench cycle [--sync always|batch|none] [--clients N] "
-             "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T] [--warm-channels N]\n"
+             "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T] "
+             "[--include P,...] [--warm-channels N]\n"
              "  --sync MODE      :store :sync (default always)\n"
              "  --clients N      client threads, each with its own connection and session "
              "(default 8)\n"
@@ -395,8 +398,34 @@ static void cycle_usage(FILE *f) {
              "  --reply-bytes R  the reply body each complete carries (default 64, as the "
              "Redis agent app's; 0: none)\n"
              "  --window T       the sessions' context_window_tokens (default: the policy's)\n"
+             "  --include P,...  lease only these parts of the turn (the lease's `include`, e.g.\n"
+             "                   messages,sections.available_tools as cephalon-worker asks);\n"
+             "                   default: the whole turn\n"
              "  --warm-channels N  :sessions :warm-channels (default: the policy's; 0: every lease "
              "reads its history from the store)\n");
+}
+
+/* --include a,b,c as the lease body's member `,"include":["a","b","c"]` in out; -1 when a
+ * name is empty or is not made of [A-Za-z0-9_.] (the daemon answers 400 to an unknown one). */
+static int include_member(const char *list, char *out, size_t size) {
+  size_t n = (size_t)snprintf(out, size, ",\"include\":[");
+  for (const char *p = list; n < size;) {
+    size_t len = strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.");
+    if (len == 0 || (p[len] != ',' && p[len] != '\0')) {
+      fprintf(stderr, "cephalon-bench cycle: --include: bad part list \"%s\"\n", list);
+      return -1;
+    }
+    n += (size_t)snprintf(out + n, size - n, "%s\"%.*s\"", p == list ? "" : ",", (int)len, p);
+    if (p[len] == '\0')
+      break;
+    p += len + 1;
+  }
+  if (n + 2 > size) {
+    fprintf(stderr, "cephalon-bench cycle: --include: list too long\n");
+    return -1;
+  }
+  memcpy(out + n, "]", 2);
+  return 0;
 }
 
 /* The value of an unlabelled counter or gauge in cephalond's GET /metrics, or -1. */
@@ -426,11 +455,19 @@ static void cycle_window(void *ctx, bool end) {
 int cph_bench_cycle(int argc, char **argv) {
   uint64_t clients = 8, seconds = 10, body_bytes = 64, reply_bytes = 64, window = 0;
   uint64_t warm_channels = UINT64_MAX; /* the policy's default */
-  const char *sync = "always";
+  const char *sync = "always", *include = NULL;
+  char include_json[384] = "";
   for (int i = 1; i < argc;) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       cycle_usage(stdout);
       return 0;
+    }
+    if (strcmp(argv[i], "--include") == 0 && i + 1 < argc) {
+      include = argv[i + 1];
+      if (include_member(include, include_json, sizeof include_json))
+        return 2;
+      i += 2;
+      continue;
     }
     const char *s = sync_arg(argc, argv, &i);
     if (s) {
@@ -471,6 +508,7 @@ int cph_bench_cycle(int argc, char **argv) {
                 .prefix = "cycle",
                 .subscribed = 1,
                 .reply_bytes = (size_t)reply_bytes,
+                .include = include_json,
                 .pid = d.pid,
                 .cpu_ns = {-1, -1},
                 .passes = {-1, -1}};
@@ -494,6 +532,7 @@ int cph_bench_cycle(int argc, char **argv) {
   printf("clients            %" PRIu64 " (one connection and one session each), %" PRIu64
          "-byte bodies\n",
          clients, body_bytes);
+  printf("lease include      %s\n", include ? include : "(none: the whole turn)");
   printf("cycle              POST /v1/events (1 event) -> POST /v1/turns/lease -> "
          "POST /v1/turns/{id}/complete\n");
   printf("cycles             %" PRIu64 " in %.2f s (errors %" PRIu64 ")\n", res.ops,
@@ -532,10 +571,10 @@ int cph_bench_cycle(int argc, char **argv) {
                                      : ":batch syncs on a timer, not counted");
   printf("cycle cycles_per_s=%.0f sync=%s clients=%" PRIu64 " body_bytes=%" PRIu64
          " reply_bytes=%" PRIu64 " window=%" PRIu64
-         " lease_bytes=%.0f cpu_us_per_cycle=%s fsyncs_per_cycle=%s passes_per_cycle=%s"
-         " p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
-         res.ops_per_s, sync, clients, body_bytes, reply_bytes, window, lease_bytes, cpu, fsyncs,
-         passes, res.lat_p50_us / 1e3, res.lat_p99_us / 1e3, res.errors);
+         " include=%s lease_bytes=%.0f cpu_us_per_cycle=%s fsyncs_per_cycle=%s"
+         " passes_per_cycle=%s p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
+         res.ops_per_s, sync, clients, body_bytes, reply_bytes, window, include ? include : "all",
+         lease_bytes, cpu, fsyncs, passes, res.lat_p50_us / 1e3, res.lat_p99_us / 1e3, res.errors);
   status = res.errors ? 1 : 0;
 out:
   cph_bench_daemon_free(&d);

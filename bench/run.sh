@@ -72,6 +72,11 @@ run sched-1m 180 sched --sessions 1000000
 run ingest 120 ingest --seconds "$SECONDS_PER_RUN"
 run cycle-always 120 cycle --sync always --seconds "$SECONDS_PER_RUN"
 run cycle-none 120 cycle --sync none --seconds "$SECONDS_PER_RUN"
+# The same cycle leasing only what cephalon-worker asks for (worker/main.c's `include`): the
+# §12 rows above keep the whole turn; these are reported beside them, not judged.
+WORKER_INCLUDE=messages,sections.available_tools
+run cycle-worker-always 120 cycle --sync always --include "$WORKER_INCLUDE" --seconds "$SECONDS_PER_RUN"
+run cycle-worker-none 120 cycle --sync none --include "$WORKER_INCLUDE" --seconds "$SECONDS_PER_RUN"
 # The same cycle with a 256-token window: turns of ~3 KB instead of ~50 KB, to show how much
 # of the cycle is the context it carries (not a §12 row; reported below the targets).
 run cycle-small-always 120 cycle --sync always --window 256 --seconds "$SECONDS_PER_RUN"
@@ -256,6 +261,18 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "| :sync :none vs the Redis agent app in memory | $csn | $cpn | $ran | $(ratio "$csn" "$ran") |"
   echo "| :sync :none vs beanstalkd in memory | $csn | $cpn | $bm | $(ratio "$csn" "$bm") |"
   echo
+  echo "### The lease answer: the whole turn vs what the reference worker asks for"
+  echo
+  echo "The same cycle, leasing with \`\"include\": [\"${WORKER_INCLUDE//,/\", \"}\"]\` as cephalon-worker does"
+  echo "(the other sections are then neither copied nor written, and no memory is read for them):"
+  echo
+  echo "| cycle | lease | cycles/s | daemon µs CPU / cycle | lease bytes | vs the whole turn |"
+  echo "|---|---|---|---|---|---|"
+  for m in always none; do
+    echo "| :sync :$m | whole turn (cycle-$m) | $(val cycle-$m cycles_per_s) | $(val cycle-$m cpu_us_per_cycle) | $(val cycle-$m lease_bytes) | 1 |"
+    echo "| :sync :$m | worker's include (cycle-worker-$m) | $(val cycle-worker-$m cycles_per_s) | $(val cycle-worker-$m cpu_us_per_cycle) | $(val cycle-worker-$m lease_bytes) | $(ratio "$(val cycle-worker-$m cycles_per_s)" "$(val cycle-$m cycles_per_s)") |"
+  done
+  echo
   echo "The queue-only Redis anchor (LPUSH -> RPOP, no history), kept for reference: $ra cycles/s"
   echo "with appendfsync always, $rn in memory (Figures)."
   echo
@@ -270,8 +287,8 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
   echo "| scenario | summary line |"
   echo "|---|---|"
-  for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none cycle-small-always \
-           cycle-small-none beanstalkd-fsync \
+  for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none cycle-worker-always \
+           cycle-worker-none cycle-small-always cycle-small-none beanstalkd-fsync \
            beanstalkd-memory redis-always redis-none redis-agent-always redis-agent-none \
            fairness spam maintenance memory worker; do
     echo "| $f | \`$(tail -1 "$work/$f.out" 2>/dev/null)\` |"
@@ -287,7 +304,8 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "- **cycle**: \`cephalon-bench cycle --sync always|none\` — 8 clients, each with its own"
   echo "  session and channel: POST one event, POST /v1/turns/lease (any session's turn), POST"
   echo "  complete with a 64-byte reply. Sessions keep their default context window (8192 tokens),"
-  echo "  so steady-state turns carry a full context."
+  echo "  so steady-state turns carry a full context. cycle-worker-*: the same with"
+  echo "  \`--include $WORKER_INCLUDE\` (the lease's \`include\`, as cephalon-worker leases)."
   echo "- **the Redis agent app**: \`cephalon-bench redis --mode always|none --work agent\` — the"
   echo "  same 8 client threads, one connection each, doing the cycle's turn work on Redis: LPUSH"
   echo "  the event to inbox:<c>, BRPOP it, LRANGE history:<c> -40 -1 (the context), then RPUSH"

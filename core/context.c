@@ -210,6 +210,10 @@ typedef struct ctx {
 
 static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100; }
 
+/* Whether the lease answer carries `part` (cph_turn_part): a section left out is still priced,
+ * since the budgets flow on from it, but not copied into ti. */
+static bool wanted(const ctx *c, unsigned part) { return !(c->ti->omit & part); }
+
 /* ---------------------------------------------------------------- 1. current_state */
 
 static void build_state(ctx *c) {
@@ -282,12 +286,13 @@ static int build_obligations(ctx *c) {
       used += cost;
       keep++;
     }
-  if (keep) {
-    ti->obligations = calloc(keep, sizeof *ti->obligations);
+  size_t listed = wanted(c, CPH_PART_OBLIGATIONS) ? keep : 0;
+  if (listed) {
+    ti->obligations = calloc(listed, sizeof *ti->obligations);
     if (!ti->obligations)
       return CPH_ENOMEM;
   }
-  for (size_t j = 0; j < keep; j++) {
+  for (size_t j = 0; j < listed; j++) {
     const cph_staged_msg *m = &ti->staged[j];
     const char *body = m->body ? m->body : "";
     size_t len, cut = preview_cut(body, max, &len);
@@ -317,8 +322,9 @@ static int build_tools(ctx *c) {
   cph_turn_info *ti = c->ti;
   uint64_t budget = share(c, SHARE_TOOLS) + c->carry, used = 0;
   const cph_session_rec *rec = c->rec;
+  bool listed = wanted(c, CPH_PART_TOOLS);
   ti->n_tools_named = rec->n_tools;
-  if (rec->n_tools) {
+  if (rec->n_tools && listed) {
     ti->tools = calloc(rec->n_tools, sizeof *ti->tools);
     if (!ti->tools)
       return CPH_ENOMEM;
@@ -327,11 +333,13 @@ static int build_tools(ctx *c) {
     uint64_t cost = tok(rec->tools[i]) + ITEM_OVERHEAD;
     if (used + cost > budget)
       break;
+    used += cost;
+    if (!listed)
+      continue;
     cph_tool_usage *u = &ti->tools[ti->n_tools];
     if (!(u->name = strdup(rec->tools[i])))
       return CPH_ENOMEM;
     ti->n_tools++;
-    used += cost;
   }
   ti->tokens.available_tools = clamp32(used);
   c->carry = budget - used;
@@ -607,12 +615,14 @@ static int select_section(ctx *c) {
     h->in_section = true;
     n++;
   }
+  if (!wanted(c, CPH_PART_HISTORY))
+    n = 0; /* selected all the same: the memory section skips what the history shows */
   if (n) {
     ti->history = calloc(n, sizeof *ti->history);
     if (!ti->history)
       return CPH_ENOMEM;
   }
-  for (size_t i = 0; i < c->n_entries; i++) {
+  for (size_t i = 0; n && i < c->n_entries; i++) {
     const hentry *h = &c->entries[i];
     if (!h->in_section)
       continue;
@@ -1290,11 +1300,13 @@ static int assemble(ctx *c) {
   } else {
     c->carry = c->history_budget; /* `none` on an autonomy tick: its share flows to memory */
   }
-  if (rc == CPH_OK)
+  /* Nothing after this point feeds the other parts: what is left out is skipped whole (and
+   * a memory not shown is not an access). */
+  if (rc == CPH_OK && wanted(c, CPH_PART_MEMORY))
     rc = note_shown(c);
-  if (rc == CPH_OK)
+  if (rc == CPH_OK && wanted(c, CPH_PART_MEMORY))
     rc = build_memory(c);
-  if (rc == CPH_OK)
+  if (rc == CPH_OK && wanted(c, CPH_PART_MESSAGES))
     rc = build_messages(c, messages_budget);
   return rc;
 }

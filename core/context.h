@@ -97,6 +97,14 @@
  * seen indexes ride in the lease (context_views); a failed or expired turn moves nothing, so
  * its input is seen the same way again.
  *
+ * ---- Parts left out (ti->omit, the lease's `include`) ----
+ * The budgets, the channel views and both history selections are computed whatever the
+ * lease asked for: messages are cut against budgets the sections' pricing sets, and the
+ * memory section skips what the history and the messages show, so the parts returned are
+ * byte for byte those of a whole answer. Left out, pending_obligations, available_tools and
+ * conversation_history are priced but not copied into ti; recent_memory is not read at all
+ * (no memory counts an access); messages are not rendered.
+ *
  * ---- Cost bounds (per turn, whatever the window) ----
  * At most 512 channel-log entries read over the turn's channels (split evenly, at least 64
  * per channel; reading stops earlier once the history budgets are covered), at most 1024

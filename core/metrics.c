@@ -421,7 +421,8 @@ void metrics_turn_started(cph_metrics *m, cph_lane lane, int64_t waited_ns,
   m->live.started[lane]++;
   metric_hist_observe(&m->live.pick_wait[lane],
                       (double)(waited_ns > 0 ? waited_ns : 0) / (double)CPH_NS_PER_S);
-  if (ti && ti->kind != CPH_KIND_JOB)
+  /* A lease that left the history or the memory out built none of it: nothing to count. */
+  if (ti && ti->kind != CPH_KIND_JOB && !(ti->omit & (CPH_PART_HISTORY | CPH_PART_MEMORY)))
     metric_hist_observe(&m->live.inclusion, (double)(ti->n_memories + ti->n_history));
 }
 

@@ -140,7 +140,8 @@ static void add_turn_outcomes(const metrics_sources *src, metric_registry *r) {
   metric_hist *h = metric_series_hist(metric_series_add(
       metric_family_add(r, "cephalon_context_inclusion_count", METRIC_HISTOGRAM,
                         "Items (memories + conversation history entries) a started turn's "
-                        "context included; job turns carry no context and are not counted.",
+                        "context included; job turns (no context) and turns leased without "
+                        "conversation_history or recent_memory (not built) are not counted.",
                         NULL, metrics_inclusion_bounds, N_OF(metrics_inclusion_bounds)),
       NULL));
   if (h)

@@ -508,6 +508,7 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
 
   cph_turn_info *ti = &w->u.lease.turn;
   memset(ti, 0, sizeof *ti);
+  ti->omit = w->u.lease.omit; /* context assembly skips what is left out */
   cph_txn t;
   cph_txn_begin_child(&tu->env->txn, &t);
   uint64_t turn_id = 0;

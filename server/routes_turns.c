@@ -1,6 +1,8 @@
 /* Turns: lease (long-poll), heartbeat, complete, fail, parked list, requeue (DESIGN §4, §9).
  *
- *   POST /v1/turns/lease            {worker, lanes?, wait_ms?} -> 200 {"turn": turn} | 204
+ *   POST /v1/turns/lease            {worker, lanes?, wait_ms?, include?}
+ *                                                              -> 200 {"turn": turn} | 204
+ *     include: the parts of the turn the worker uses (LEASE_PARTS); absent: all of them
  *   POST /v1/turns/{id}/heartbeat   {lease}                    -> 200 {"id", "deadline_ms"}
  *   POST /v1/turns/{id}/complete    {lease, cost, reply?, memories?, tool_stats?, enqueue?}
  *     tool_stats: {valid, invalid, repairs, guard_denies, tools?: {NAME: {calls, invalid,
@@ -32,29 +34,43 @@
  * assembled context), so it is written with cph_emit rather than built as a jansson tree.
  * Member counts are declared before each container (emit.h). */
 
-/* "tokens": what each section of the context used, inside the session's window. */
-static void tokens_emit(cph_emit *w, const cph_context_tokens *k) {
+/* Whether the answer carries part (cph_turn_part). */
+static bool has(const cph_turn_info *t, unsigned part) { return !(t->omit & part); }
+
+/* "tokens": what each section of the context used, inside the session's window. They count
+ * what the answer carries: a part left out counts 0 (its cut too), "sections" sums those
+ * carried. */
+static void tokens_emit(cph_emit *w, const cph_turn_info *t) {
+  const cph_context_tokens *k = &t->tokens;
+  uint32_t state = has(t, CPH_PART_CURRENT_STATE) ? k->current_state : 0;
+  uint32_t obligations = has(t, CPH_PART_OBLIGATIONS) ? k->pending_obligations : 0;
+  uint32_t history = has(t, CPH_PART_HISTORY) ? k->conversation_history : 0;
+  uint32_t memory = has(t, CPH_PART_MEMORY) ? k->recent_memory : 0;
+  uint32_t tools = has(t, CPH_PART_TOOLS) ? k->available_tools : 0;
+  bool messages = has(t, CPH_PART_MESSAGES);
   cph_emit_object(w, 10);
   cph_emit_key(w, "window");
   cph_emit_i64(w, k->window);
   cph_emit_key(w, "current_state");
-  cph_emit_i64(w, k->current_state);
+  cph_emit_i64(w, state);
   cph_emit_key(w, "pending_obligations");
-  cph_emit_i64(w, k->pending_obligations);
+  cph_emit_i64(w, obligations);
   cph_emit_key(w, "conversation_history");
-  cph_emit_i64(w, k->conversation_history);
+  cph_emit_i64(w, history);
   cph_emit_key(w, "recent_memory");
-  cph_emit_i64(w, k->recent_memory);
+  cph_emit_i64(w, memory);
   cph_emit_key(w, "available_tools");
-  cph_emit_i64(w, k->available_tools);
+  cph_emit_i64(w, tools);
   cph_emit_key(w, "sections");
-  cph_emit_i64(w, k->sections);
+  cph_emit_i64(w, t->omit & CPH_PART_SECTIONS
+                      ? (int64_t)state + obligations + history + memory + tools
+                      : k->sections);
   cph_emit_key(w, "messages");
-  cph_emit_i64(w, k->messages);
+  cph_emit_i64(w, messages ? k->messages : 0);
   cph_emit_key(w, "history_cut");
-  cph_emit_i64(w, k->history_cut);
+  cph_emit_i64(w, has(t, CPH_PART_HISTORY) ? k->history_cut : 0);
   cph_emit_key(w, "messages_cut");
-  cph_emit_i64(w, k->messages_cut);
+  cph_emit_i64(w, messages ? k->messages_cut : 0);
   cph_emit_end(w);
 }
 
@@ -247,8 +263,48 @@ static void views_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_end(w);
 }
 
+/* The sections the answer carries, in their order (an object of 1 to 5 members). */
+static void sections_emit(cph_emit *w, const cph_turn_info *t) {
+  static const unsigned PARTS[] = {CPH_PART_CURRENT_STATE, CPH_PART_OBLIGATIONS,
+                                   CPH_PART_HISTORY, CPH_PART_MEMORY, CPH_PART_TOOLS};
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof PARTS / sizeof PARTS[0]; i++)
+    n += has(t, PARTS[i]);
+  cph_emit_object(w, n);
+  if (has(t, CPH_PART_CURRENT_STATE)) {
+    cph_emit_key(w, "current_state");
+    current_state_emit(w, t);
+  }
+  if (has(t, CPH_PART_OBLIGATIONS)) {
+    cph_emit_key(w, "pending_obligations");
+    obligations_emit(w, t);
+  }
+  if (has(t, CPH_PART_HISTORY)) {
+    cph_emit_key(w, "conversation_history");
+    history_emit(w, t);
+  }
+  if (has(t, CPH_PART_MEMORY)) {
+    cph_emit_key(w, "recent_memory");
+    memories_emit(w, t);
+  }
+  if (has(t, CPH_PART_TOOLS)) {
+    cph_emit_key(w, "available_tools");
+    tools_emit(w, t);
+  }
+  cph_emit_end(w);
+}
+
+/* id, lease, session, lane, kind, episode, deadline_ms, attempts, tools_named: in every
+ * answer, whatever `include` says. */
+#define TURN_IDENTITY_MEMBERS 9
+
+/* The turn: the identity fields always, each part unless the lease left it out; members in
+ * the same order either way, so the default answer is the whole turn as it always was. */
 static void turn_emit(cph_emit *w, const cph_turn_info *t) {
-  cph_emit_object(w, 15);
+  bool sections = (t->omit & CPH_PART_SECTIONS) != CPH_PART_SECTIONS;
+  cph_emit_object(w, TURN_IDENTITY_MEMBERS + has(t, CPH_PART_INPUT) + has(t, CPH_PART_STAGED) +
+                         sections + has(t, CPH_PART_MESSAGES) + has(t, CPH_PART_VIEWS) +
+                         has(t, CPH_PART_TOKENS));
   cph_emit_key(w, "id");
   cph_emit_u64(w, t->id);
   cph_emit_key(w, "lease");
@@ -259,8 +315,10 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_str(w, cph_lane_name(t->lane));
   cph_emit_key(w, "kind");
   cph_emit_str(w, cph_turn_kind_name(t->kind));
-  cph_emit_key(w, "input");
-  cph_emit_str(w, t->input);
+  if (has(t, CPH_PART_INPUT)) {
+    cph_emit_key(w, "input");
+    cph_emit_str(w, t->input);
+  }
   cph_emit_key(w, "episode");
   cph_emit_u64(w, t->episode);
   cph_emit_key(w, "deadline_ms");
@@ -269,27 +327,26 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_i64(w, t->attempts);
   cph_emit_key(w, "tools_named"); /* > 0: narrow the tools offered to available_tools */
   cph_emit_u64(w, t->n_tools_named);
-  cph_emit_key(w, "staged");
-  staged_emit(w, t);
-  cph_emit_key(w, "sections");
-  cph_emit_object(w, 5);
-  cph_emit_key(w, "current_state");
-  current_state_emit(w, t);
-  cph_emit_key(w, "pending_obligations");
-  obligations_emit(w, t);
-  cph_emit_key(w, "conversation_history");
-  history_emit(w, t);
-  cph_emit_key(w, "recent_memory");
-  memories_emit(w, t);
-  cph_emit_key(w, "available_tools");
-  tools_emit(w, t);
-  cph_emit_end(w);
-  cph_emit_key(w, "messages");
-  messages_emit(w, t);
-  cph_emit_key(w, "channel_views");
-  views_emit(w, t);
-  cph_emit_key(w, "tokens");
-  tokens_emit(w, &t->tokens);
+  if (has(t, CPH_PART_STAGED)) {
+    cph_emit_key(w, "staged");
+    staged_emit(w, t);
+  }
+  if (sections) {
+    cph_emit_key(w, "sections");
+    sections_emit(w, t);
+  }
+  if (has(t, CPH_PART_MESSAGES)) {
+    cph_emit_key(w, "messages");
+    messages_emit(w, t);
+  }
+  if (has(t, CPH_PART_VIEWS)) {
+    cph_emit_key(w, "channel_views");
+    views_emit(w, t);
+  }
+  if (has(t, CPH_PART_TOKENS)) {
+    cph_emit_key(w, "tokens");
+    tokens_emit(w, t);
+  }
   cph_emit_end(w);
 }
 
@@ -331,13 +388,66 @@ static void lease_fallback(evutil_socket_t fd, short what, void *arg) {
   cph_lease_abandon(arg);
 }
 
+/* The names `include` takes: a top-level member of the turn, or one section ("sections" is
+ * all five). */
+static const struct {
+  const char *name;
+  unsigned parts;
+} LEASE_PARTS[] = {
+    {"input", CPH_PART_INPUT},
+    {"staged", CPH_PART_STAGED},
+    {"sections", CPH_PART_SECTIONS},
+    {"sections.current_state", CPH_PART_CURRENT_STATE},
+    {"sections.pending_obligations", CPH_PART_OBLIGATIONS},
+    {"sections.conversation_history", CPH_PART_HISTORY},
+    {"sections.recent_memory", CPH_PART_MEMORY},
+    {"sections.available_tools", CPH_PART_TOOLS},
+    {"messages", CPH_PART_MESSAGES},
+    {"channel_views", CPH_PART_VIEWS},
+    {"tokens", CPH_PART_TOKENS},
+};
+#define N_LEASE_PARTS (sizeof LEASE_PARTS / sizeof LEASE_PARTS[0])
+
+/* `include` (an array of part names, absent = every part) as the parts left out; false with
+ * a 400 naming the field "include" recorded. */
+static bool lease_omit(cph_req *r, unsigned *omit) {
+  json_t *include = NULL;
+  *omit = 0;
+  if (!cph_in_arr(r, r->body, "", "include", 0, &include))
+    return false;
+  if (!include)
+    return true;
+  unsigned all = 0, parts = 0;
+  for (size_t k = 0; k < N_LEASE_PARTS; k++)
+    all |= LEASE_PARTS[k].parts;
+  for (size_t i = 0; i < json_array_size(include); i++) {
+    const char *name = json_string_value(json_array_get(include, i));
+    size_t k = 0;
+    while (name && k < N_LEASE_PARTS && strcmp(name, LEASE_PARTS[k].name) != 0)
+      k++;
+    if (!name || k == N_LEASE_PARTS) {
+      char names[320] = "";
+      for (size_t j = 0; j < N_LEASE_PARTS; j++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s\"%s\"", j ? ", " : "",
+                 LEASE_PARTS[j].name);
+      cph_req_fail(r, 400, "bad_request", "include", "include[%zu] must be one of %s", i, names);
+      return false;
+    }
+    parts |= LEASE_PARTS[k].parts;
+  }
+  *omit = all & ~parts;
+  return true;
+}
+
 void cph_route_turn_lease(cph_req *r) {
   cph_srv *s = r->srv;
   const cph_policy *p = cph_engine_policy(s->engine);
   const char *worker = NULL;
   json_t *lanes = NULL;
   uint64_t wait_ms = 0;
+  unsigned omit = 0;
   cph_in_str(r, r->body, "", "worker", CPH_IN_REQUIRED, &worker);
+  lease_omit(r, &omit);
   cph_in_arr(r, r->body, "", "lanes", 0, &lanes);
   cph_in_u64(r, r->body, "", "wait_ms", 0, UINT32_MAX, &wait_ms);
   unsigned mask = 0;
@@ -369,6 +479,7 @@ void cph_route_turn_lease(cph_req *r) {
   cph_op *op = &r->op;
   op->u.lease.worker = (char *)worker; /* an input: the engine reads it only */
   op->u.lease.lanes = mask;
+  op->u.lease.omit = omit;
   op->u.lease.deadline_ns = cph_clock_now(&s->clock) + (int64_t)wait_ms * CPH_NS_PER_MS;
   if (!cph_req_submit(r, CPH_OP_LEASE, lease_done)) {
     cph_lp_release(s->lp, r);

@@ -32,9 +32,13 @@ static void *signal_main(void *arg) {
 
 /* ---------------------------------------------------------------- leasing */
 
+/* The lease asks only for what turn.c reads besides the identity fields: the messages it
+ * sends the model and available_tools, which narrows its tools (the daemon then neither copies
+ * nor writes the other sections, and reads no memories for them). */
 static json_t *lease_body(const wk_config *cfg) {
-  json_t *body = json_pack("{s:s, s:i}", "worker", cfg->worker_name, "wait_ms",
-                           cfg->lease_wait_ms);
+  json_t *body = json_pack("{s:s, s:i, s:[s, s]}", "worker", cfg->worker_name, "wait_ms",
+                           cfg->lease_wait_ms, "include", "messages",
+                           "sections.available_tools");
   if (cfg->lanes) {
     json_t *lanes = json_array();
     char copy[256];

@@ -371,7 +371,8 @@ static int run_tool_call(const wk_ctx *ctx, const wk_tool *tools, size_t n_tools
 
 /* ---------------------------------------------------------------- the turn */
 
-/* The turn's messages as the model takes them: role, content, name (coord dropped). */
+/* The turn's messages as the model takes them: role, content, name (coord dropped). They
+ * always end with the current message(s) (core/context.h), so the lease asks for no `input`. */
 static json_t *initial_messages(json_t *turn) {
   json_t *out = json_array();
   size_t i;
@@ -385,11 +386,6 @@ static json_t *initial_messages(json_t *turn) {
     if (json_is_string(name))
       json_object_set(o, "name", name);
     json_array_append_new(out, o);
-  }
-  if (json_array_size(out) == 0) { /* no context: the input is the question */
-    const char *input = json_string_value(json_object_get(turn, "input"));
-    json_array_append_new(out, json_pack("{s:s, s:s}", "role", "user", "content",
-                                         input ? input : ""));
   }
   return out;
 }

@@ -238,6 +238,27 @@ typedef enum cph_turn_kind_t {
 } cph_turn_kind_t;
 const char *cph_turn_kind_name(cph_turn_kind_t k);
 
+/* The parts of a lease answer a worker may leave out (`include` on POST /v1/turns/lease):
+ * id, lease, session, lane, kind, episode, deadline_ms, attempts and tools_named are always
+ * there; each of these is there unless left out. A part left out is never written, and not
+ * built either where its only use is the answer (core/context.h says what is still
+ * computed); what the rest of the turn depends on is computed whatever is left out. */
+typedef enum cph_turn_part {
+  CPH_PART_INPUT = 1u << 0,
+  CPH_PART_STAGED = 1u << 1,
+  CPH_PART_CURRENT_STATE = 1u << 2,
+  CPH_PART_OBLIGATIONS = 1u << 3, /* sections.pending_obligations */
+  CPH_PART_HISTORY = 1u << 4,     /* sections.conversation_history */
+  CPH_PART_MEMORY = 1u << 5,      /* sections.recent_memory */
+  CPH_PART_TOOLS = 1u << 6,       /* sections.available_tools */
+  CPH_PART_MESSAGES = 1u << 7,
+  CPH_PART_VIEWS = 1u << 8, /* channel_views */
+  CPH_PART_TOKENS = 1u << 9
+} cph_turn_part;
+#define CPH_PART_SECTIONS                                                                      \
+  (CPH_PART_CURRENT_STATE | CPH_PART_OBLIGATIONS | CPH_PART_HISTORY | CPH_PART_MEMORY |        \
+   CPH_PART_TOOLS)
+
 /* A leased turn as a worker sees it (DESIGN §4, §6, §9). */
 typedef struct cph_turn_info {
   uint64_t id;
@@ -275,6 +296,9 @@ typedef struct cph_turn_info {
   size_t n_views;
   cph_context_tokens tokens;
   struct cph_job_work *job; /* job turns: the work to execute (owned by the engine) */
+  unsigned omit; /* cph_turn_part bits the lease left out (0: none): those sections and the
+                  * messages are left empty; input, staged, views and current_state are
+                  * always filled (the engine keeps them) */
 } cph_turn_info;
 void cph_turn_info_free(cph_turn_info *t);
 
@@ -491,7 +515,8 @@ struct cph_op {
       bool internal;  /* a cephalond maintenance worker: maintenance lane, job turns only */
       unsigned lanes; /* bit per cph_lane; 0 = all (external workers: never maintenance) */
       int64_t deadline_ns; /* give up (rc CPH_ETIMEDOUT) at this monotonic time */
-      cph_turn_info turn; /* filled on success */
+      unsigned omit; /* cph_turn_part bits the worker does not use (0: the whole answer) */
+      cph_turn_info turn; /* filled on success; turn.omit = omit */
     } lease;
     struct {
       uint64_t turn_id;
