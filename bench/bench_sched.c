@@ -76,6 +76,12 @@ int cph_bench_sched(int argc, char **argv) {
                           -30,
                           {2, 1, 1},
                           (uint32_t)conc,
+                          0,
+                          {0},
+                          CPH_CHARGE_TURN,
+                          0,
+                          {0},
+                          NULL,
                           0};
   cph_clock clock;
   cph_clock_init_virtual(&clock, 0);

@@ -162,18 +162,31 @@ static void job_enqueue_apply(cph_engine *e, cph_op *op);
 
 /* ---------------------------------------------------------------- scheduler config */
 
+/* The caller frees c->tenants (an array borrowing the policy's names) once the scheduler has
+ * read it. Out of memory for it, tenants keep weight 1 until the next reload. */
 static void sched_config_from_policy(const cph_policy *p, cph_sched_config *c) {
   memset(c, 0, sizeof *c);
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     c->turns_per_minute[i] = p->scheduler.lanes[i].turns;
     c->tool_calls_per_minute[i] = p->scheduler.lanes[i].tool_calls;
     c->cost[i] = p->scheduler.credits.cost[i];
+    c->tokens_per_minute[i] = p->scheduler.lanes[i].tokens; /* §3.8 */
+    c->seats[i] = (uint32_t)p->scheduler.lanes[i].seats;    /* §3.10 */
   }
   c->refill_per_second = p->scheduler.credits.refill_per_second;
   c->credit_max = p->scheduler.credits.max;
   c->credit_min = p->scheduler.credits.min;
   c->concurrency = (uint32_t)p->scheduler.concurrency;
   c->trickle_per_minute = (uint32_t)p->maintenance.outbox.min_batches_per_minute;
+  c->charge = p->scheduler.credits.charge == CPH_POLICY_CHARGE_TOKENS ? CPH_CHARGE_TOKENS
+                                                                      : CPH_CHARGE_TURN;
+  c->tokens_per_unit = p->scheduler.credits.tokens_per_unit;
+  size_t n = p->scheduler.tenant_count; /* §3.9 */
+  cph_sched_tenant_weight *w = n ? malloc(n * sizeof *w) : NULL;
+  for (size_t i = 0; w && i < n; i++)
+    w[i] = (cph_sched_tenant_weight){p->scheduler.tenants[i].name, p->scheduler.tenants[i].weight};
+  c->tenants = w;
+  c->n_tenants = w ? n : 0;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -213,9 +226,12 @@ static int memory_load(cph_engine *e, cph_err *err) {
   cph_sched_config sc;
   sched_config_from_policy(e->env.policy, &sc);
   const char *why = NULL;
-  if (cph_sched_config_check(&sc, &why))
+  if (cph_sched_config_check(&sc, &why)) {
+    free((void *)sc.tenants);
     return cph_err_set(err, CPH_EPOLICY, "%s: scheduler settings: %s", e->env.policy->source, why);
+  }
   e->env.sched = cph_sched_new(&sc, e->env.clock);
+  free((void *)sc.tenants);
   if (!e->env.sched)
     return cph_err_set(err, CPH_ENOMEM, "out of memory creating the scheduler");
   cph_txn t;
@@ -348,7 +364,9 @@ int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err) {
   cph_sched_config sc;
   sched_config_from_policy(policy, &sc);
   const char *why = NULL;
-  if (cph_sched_config_check(&sc, &why)) {
+  int bad = cph_sched_config_check(&sc, &why);
+  free((void *)sc.tenants);
+  if (bad) {
     cph_err_set(err, CPH_EPOLICY, "%s: scheduler settings: %s", policy->source, why);
     cph_policy_free(policy);
     return CPH_EPOLICY;
@@ -467,6 +485,7 @@ int cph_engine_run_pass(cph_engine *e) {
     cph_sched_config sc;
     sched_config_from_policy(e->env.policy, &sc);
     cph_sched_configure(e->env.sched, &sc);
+    free((void *)sc.tenants);
     e->sched_config_dirty = false;
   }
   int rc = cph_txn_begin(e->env.store, true, &e->env.txn);

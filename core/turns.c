@@ -891,7 +891,9 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   /* Charge first (in memory) so the stored credits are the charged ones; undone below if
    * the write fails. */
   double credits_before = cph_sched_credits(tu->env->sched, s->sid);
-  cph_sched_finish(tu->env->sched, s->sid, op->u.turn.tool_calls, true);
+  /* §3.8: tokens feed the lane's tokens bucket and, under :charge :tokens, the credits. */
+  cph_sched_cost cost = {op->u.turn.tool_calls, op->u.turn.tokens};
+  cph_sched_finish_cost(tu->env->sched, s->sid, &cost, true);
   s->episode++;
   persist_session_credits(tu->sessions, &t, s);
   context_cursors_advance(&t, s->id, &l->views); /* channel views: the cursors move to what the turn saw */

@@ -22,6 +22,12 @@
  * Removal is lazy: a session that leaves a set (picked, paused, out of work, removed) bumps
  * its generation; entries with a stale generation are dropped when they reach a head.
  *
+ * Tenants (§3.9): the two sets belong to a `group`, the runnable sessions of one tenant in
+ * one lane. Until a session names a tenant there is one group per lane (the default tenant's)
+ * and the pick takes it directly. From then on each lane also keeps a heap of the groups that
+ * have runnable sessions, ordered by their start tag (start-time fair queueing, see sched.h),
+ * and the pick takes the heap's top group: O(log tenants) more per pick.
+ *
  * A stale entry is still compared while it sits in a ring or heap (as the ring's back, inside
  * heap sifts), and the comparison reads its session's id. So a removed session's slot keeps
  * its id and is not reused until no set holds an entry naming it (`refs`); otherwise the
@@ -35,6 +41,7 @@
 #include <string.h>
 
 #include "cephalon/error.h"
+#include "common/hmap.h"
 #include "common/slab.h"
 
 typedef __int128 i128;
@@ -82,19 +89,45 @@ typedef struct session {
 } session;
 
 typedef struct bucket {
-  int64_t level;    /* units; may be negative for tool calls */
+  int64_t level;    /* units; may be negative for tool calls and tokens */
   int64_t per_min;  /* budget per minute = refill in units per ns */
   int64_t at_ns;    /* level is as of this time */
 } bucket;
 
+/* The runnable sessions of one tenant in one lane. */
+typedef struct group {
+  oset at_max;
+  oset below;
+  uint64_t runnable;  /* live entries in the two sets */
+  i128 vstart;        /* its start tag, while in the lane's tenant heap */
+  i128 vfinish;       /* the finish tag of its last pick */
+  uint32_t heap_pos;  /* 1 + its index in the lane's tenant heap; 0 = not in it */
+  uint32_t tenant;    /* index in cph_sched.tenants */
+  uint64_t started;
+} group;
+
+typedef struct tenant {
+  char *name;         /* "" for the default tenant */
+  double weight;
+  int64_t inc;        /* start-tag step per turn: CPH_TENANT_VSCALE / weight */
+  uint64_t sessions;  /* registered sessions naming it */
+  group g[CPH_LANE_COUNT];
+} tenant;
+
 typedef struct lane_state {
   bucket turns;
   bucket tools;
-  oset at_max;
-  oset below;
+  bucket tokens;      /* per_min 0: no token budget (§3.8) */
+  group **theap;      /* groups with runnable sessions, by (vstart, tenant name); tenants on */
+  uint32_t n_theap, cap_theap;
+  i128 vtime;         /* the start tag of the lane's last pick */
   uint64_t runnable;
   uint64_t running;
   uint64_t started_total;
+  /* The last completions (§3.11): ring of CPH_SCHED_WINDOW, n_done in all. */
+  int64_t done_at[CPH_SCHED_WINDOW];
+  int64_t done_len[CPH_SCHED_WINDOW];
+  uint64_t n_done;
 } lane_state;
 
 struct cph_sched {
@@ -115,6 +148,13 @@ struct cph_sched {
   uint32_t n_trickle, cap_trickle;
   int64_t trickle_due_ns; /* when the next outbox batch is due (§3.5) */
   uint32_t running;
+  uint32_t seats_total;   /* sum of cfg.seats: 0 = no reservations (§3.10) */
+  tenant dflt;            /* tenant 0: sessions that name none */
+  tenant **tenants;       /* tenants[0] == &dflt */
+  uint32_t n_tenants, cap_tenants;
+  cph_hmap tenant_by_name; /* name -> tenant *, every tenant but the default */
+  uint32_t *tenant_of;    /* sid -> tenant index, cap_sessions long; NULL while no session
+                             has named a tenant ("tenants off": the plain pick) */
 };
 
 /* Full order of §3.3 within one set: key desc, queued_since asc, id asc. < 0 when a goes
@@ -322,14 +362,91 @@ static void bucket_charge(bucket *b, int64_t tokens) {
 }
 
 /* §3.1: a lane has budget while its turns bucket holds >= 1 token and its tool-calls bucket is
- * above 0. */
+ * above 0; §3.8: and, when it budgets tokens, its tokens bucket is above 0. */
 static bool lane_has_budget(const lane_state *l) {
-  return l->turns.level >= CPH_BUCKET_UNITS_PER_TOKEN && l->tools.level > 0;
+  return l->turns.level >= CPH_BUCKET_UNITS_PER_TOKEN && l->tools.level > 0 &&
+         (l->tokens.per_min == 0 || l->tokens.level > 0); /* §3.8: tokens, when budgeted */
 }
 
 /* §3.5: the spacing of guaranteed outbox batches; trickle_per_minute > 0. */
 static int64_t trickle_interval(const cph_sched *s) {
   return 60 * CPH_NS_PER_S / s->cfg.trickle_per_minute;
+}
+
+/* ---------------------------------------------------------------- tenant heaps */
+
+static group *group_of(const cph_sched *s, cph_sid sid) {
+  const session *se = &s->sessions[sid];
+  uint32_t t = s->tenant_of ? s->tenant_of[sid] : 0;
+  return &s->tenants[t]->g[se->lane];
+}
+
+/* §3.9: the order of groups in a lane: start tag, then tenant name. */
+static bool group_before(const cph_sched *s, const group *a, const group *b) {
+  if (a->vstart != b->vstart)
+    return a->vstart < b->vstart;
+  return strcmp(s->tenants[a->tenant]->name, s->tenants[b->tenant]->name) < 0;
+}
+
+static void theap_place(lane_state *l, uint32_t i, group *g) {
+  l->theap[i] = g;
+  g->heap_pos = i + 1;
+}
+
+static void theap_up(const cph_sched *s, lane_state *l, uint32_t i) {
+  group *g = l->theap[i];
+  while (i > 0) {
+    uint32_t parent = (i - 1) / 2;
+    if (!group_before(s, g, l->theap[parent]))
+      break;
+    theap_place(l, i, l->theap[parent]);
+    i = parent;
+  }
+  theap_place(l, i, g);
+}
+
+static void theap_down(const cph_sched *s, lane_state *l, uint32_t i) {
+  group *g = l->theap[i];
+  for (;;) {
+    uint32_t c = 2 * i + 1;
+    if (c >= l->n_theap)
+      break;
+    if (c + 1 < l->n_theap && group_before(s, l->theap[c + 1], l->theap[c]))
+      c++;
+    if (!group_before(s, l->theap[c], g))
+      break;
+    theap_place(l, i, l->theap[c]);
+    i = c;
+  }
+  theap_place(l, i, g);
+}
+
+/* A group that gained its first runnable session joins the lane's heap at
+ * max(virtual time, its last finish): an idle tenant banks nothing. */
+static bool theap_insert(const cph_sched *s, lane_state *l, group *g) {
+  if (l->n_theap == l->cap_theap) {
+    uint32_t cap = l->cap_theap ? 2 * l->cap_theap : 8;
+    group **p = realloc(l->theap, (size_t)cap * sizeof *p);
+    if (!p)
+      return false;
+    l->theap = p;
+    l->cap_theap = cap;
+  }
+  g->vstart = g->vfinish > l->vtime ? g->vfinish : l->vtime;
+  theap_place(l, l->n_theap++, g);
+  theap_up(s, l, l->n_theap - 1);
+  return true;
+}
+
+static void theap_remove(const cph_sched *s, lane_state *l, group *g) {
+  uint32_t i = g->heap_pos - 1;
+  g->heap_pos = 0;
+  group *last = l->theap[--l->n_theap];
+  if (i == l->n_theap)
+    return;
+  theap_place(l, i, last);
+  theap_up(s, l, i);
+  theap_down(s, l, last->heap_pos - 1);
 }
 
 /* ---------------------------------------------------------------- sessions in sets */
@@ -338,11 +455,11 @@ static bool session_runnable(const session *se) {
   return se->has_work && !se->paused && !se->running;
 }
 
-/* Puts a runnable session into its lane's sets as of now; its credits are materialised at
- * now so K = c0 - r·t0 is exact from here on. */
-static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
+/* Puts a runnable session's entry into its group's sets as of now; its credits are
+ * materialised at now so K = c0 - r·t0 is exact from here on. Counts nothing. */
+static bool push_entry(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
   session *se = &s->sessions[sid];
-  lane_state *l = &s->lanes[se->lane];
+  group *g = group_of(s, sid);
   se->c0 = credits_at(s, se, now);
   se->t0 = now;
   se->queued_ns = queued_ns;
@@ -350,29 +467,50 @@ static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
   bool ok;
   if (se->c0 >= s->c_max) {
     se->where = WHERE_AT_MAX;
-    ok = oset_push(s, &l->at_max, e);
+    ok = oset_push(s, &g->at_max, e);
   } else {
     e.key = (i128)se->c0 - (i128)s->rate * now;
     se->where = WHERE_BELOW;
-    ok = oset_push(s, &l->below, e);
+    ok = oset_push(s, &g->below, e);
   }
-  oset_compact(s, se->where == WHERE_AT_MAX ? &l->at_max : &l->below, l->runnable + 1);
+  oset_compact(s, se->where == WHERE_AT_MAX ? &g->at_max : &g->below, g->runnable + 1);
   if (!ok) {
-    /* Out of memory: the session is not queued; it stays has_work and is re-offered on its
-     * next state change. Counted as not runnable so counters stay true. */
     se->where = WHERE_NONE;
     se->gen++;
-    return;
   }
-  l->runnable++;
+  return ok;
 }
 
-static void dequeue(cph_sched *s, session *se) {
+/* The counters (and, with tenants on, the lane's tenant heap) follow a group's runnable
+ * sessions. A group that cannot join the heap for lack of memory is still counted and tries
+ * again when one of its sessions next queues; until then it is not picked. */
+static void count_in(cph_sched *s, lane_state *l, group *g) {
+  l->runnable++;
+  g->runnable++;
+  if (s->tenant_of && !g->heap_pos)
+    theap_insert(s, l, g);
+}
+
+static void count_out(cph_sched *s, lane_state *l, group *g) {
+  l->runnable--;
+  if (--g->runnable == 0 && g->heap_pos)
+    theap_remove(s, l, g);
+}
+
+static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
+  /* Out of memory: the session is not queued; it stays has_work and is re-offered on its
+   * next state change. Counted as not runnable so counters stay true. */
+  if (push_entry(s, sid, now, queued_ns))
+    count_in(s, &s->lanes[s->sessions[sid].lane], group_of(s, sid));
+}
+
+static void dequeue(cph_sched *s, cph_sid sid) {
+  session *se = &s->sessions[sid];
   if (se->where == WHERE_NONE)
     return;
   se->gen++; /* its entry goes stale */
   se->where = WHERE_NONE;
-  s->lanes[se->lane].runnable--;
+  count_out(s, &s->lanes[se->lane], group_of(s, sid));
 }
 
 /* Re-evaluates a session after any change of its flags. */
@@ -382,50 +520,61 @@ static void update_queue(cph_sched *s, cph_sid sid) {
   if (session_runnable(se) && !queued)
     enqueue(s, sid, cph_clock_now(s->clock), cph_clock_now(s->clock));
   else if (!session_runnable(se) && queued)
-    dequeue(s, se);
+    dequeue(s, sid);
 }
 
 /* Moves every session whose credits reached max from `below` to `at_max`. */
-static void promote(cph_sched *s, lane_state *l, int64_t now) {
+static void promote(cph_sched *s, lane_state *l, group *g, int64_t now) {
   i128 threshold = (i128)s->c_max - (i128)s->rate * now; /* K >= threshold <=> at max */
   entry *e;
-  while ((e = oset_head(s, &l->below)) && e->key >= threshold) {
+  while ((e = oset_head(s, &g->below)) && e->key >= threshold) {
     entry moved = *e;
-    oset_pop_head(s, &l->below, e);
+    oset_pop_head(s, &g->below, e);
     moved.key = 0;
     s->sessions[moved.sid].where = WHERE_AT_MAX;
-    if (!oset_push(s, &l->at_max, moved)) {
+    if (!oset_push(s, &g->at_max, moved)) {
       session *se = &s->sessions[moved.sid];
       se->gen++;
       se->where = WHERE_NONE;
-      l->runnable--;
+      count_out(s, l, g);
     }
   }
 }
 
-/* The lane's next session, with the sets brought up to now; NULL if none. */
-static entry *lane_head(cph_sched *s, lane_state *l, int64_t now, oset **from) {
-  promote(s, l, now);
-  entry *e = oset_head(s, &l->at_max);
-  *from = &l->at_max;
+/* The group's next session, with its sets brought up to now; NULL if none. */
+static entry *group_head(cph_sched *s, lane_state *l, group *g, int64_t now, oset **from) {
+  promote(s, l, g, now);
+  entry *e = oset_head(s, &g->at_max);
+  *from = &g->at_max;
   if (!e) {
-    e = oset_head(s, &l->below);
-    *from = &l->below;
+    e = oset_head(s, &g->below);
+    *from = &g->below;
   }
   return e;
+}
+
+/* The group the lane's next pick comes from: the default tenant's, or with tenants on the
+ * top of the tenant heap. NULL when none. */
+static group *lane_group(cph_sched *s, lane_state *l, int lane) {
+  if (!s->tenant_of)
+    return &s->dflt.g[lane];
+  return l->n_theap ? l->theap[0] : NULL;
 }
 
 /* ---------------------------------------------------------------- config */
 
 int cph_sched_config_check(const cph_sched_config *cfg, const char **why) {
   const char *w = NULL;
+  uint64_t seats = 0;
   for (int i = 0; i < CPH_LANE_COUNT && !w; i++) {
     if (cfg->turns_per_minute[i] < 0 || cfg->turns_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE ||
         cfg->tool_calls_per_minute[i] < 0 ||
-        cfg->tool_calls_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE)
+        cfg->tool_calls_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE ||
+        cfg->tokens_per_minute[i] < 0 || cfg->tokens_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE)
       w = "lane budgets must be from 0 to 100000000 per minute";
     else if (!(cfg->cost[i] >= 0 && cfg->cost[i] <= CPH_SCHED_MAX_CREDITS))
       w = "credit costs must be from 0 to 1000000";
+    seats += cfg->seats[i];
   }
   if (w) {
   } else if (!(cfg->refill_per_second >= 0 && cfg->refill_per_second <= CPH_SCHED_MAX_REFILL))
@@ -436,6 +585,22 @@ int cph_sched_config_check(const cph_sched_config *cfg, const char **why) {
     w = "credit min must be from -1000000 to max";
   else if (cfg->concurrency < 1)
     w = "concurrency must be at least 1";
+  else if (cfg->charge != CPH_CHARGE_TURN && cfg->charge != CPH_CHARGE_TOKENS)
+    w = "charge must be by turn or by tokens";
+  else if (cfg->charge == CPH_CHARGE_TOKENS &&
+           (cfg->tokens_per_unit < 1 || cfg->tokens_per_unit > CPH_SCHED_MAX_TOKENS_PER_UNIT))
+    w = "tokens-per-unit must be from 1 to 1000000000";
+  else if (seats > cfg->concurrency)
+    w = "the lanes' seats add up to more than concurrency";
+  else if (cfg->n_tenants && !cfg->tenants)
+    w = "tenant weights missing";
+  for (size_t i = 0; !w && i < cfg->n_tenants; i++) {
+    const cph_sched_tenant_weight *t = &cfg->tenants[i];
+    if (!t->name || !t->name[0])
+      w = "a tenant needs a name";
+    else if (!(t->weight >= CPH_SCHED_MIN_WEIGHT && t->weight <= CPH_SCHED_MAX_WEIGHT))
+      w = "tenant weights must be from 0.001 to 1000000";
+  }
   if (why)
     *why = w;
   return w ? CPH_EINVAL : CPH_OK;
@@ -449,6 +614,69 @@ static void apply_credit_config(cph_sched *s, const cph_sched_config *cfg) {
     s->cost[i] = credits_units(cfg->cost[i]);
 }
 
+static int64_t weight_inc(double weight) { return (int64_t)llround(1e12 / weight); }
+
+static void tenant_init(tenant *t, char *name, uint32_t index) {
+  memset(t, 0, sizeof *t);
+  t->name = name;
+  t->weight = 1;
+  t->inc = weight_inc(1);
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    t->g[i].tenant = index;
+}
+
+/* The tenant named name (not ""), created with weight 1 if new; NULL on OOM. */
+static tenant *tenant_get(cph_sched *s, const char *name) {
+  tenant *t = cph_hmap_get(&s->tenant_by_name, name);
+  if (t)
+    return t;
+  if (s->n_tenants == s->cap_tenants) {
+    uint32_t cap = 2 * s->cap_tenants;
+    tenant **p = realloc(s->tenants, (size_t)cap * sizeof *p);
+    if (!p)
+      return NULL;
+    s->tenants = p;
+    s->cap_tenants = cap;
+  }
+  t = malloc(sizeof *t);
+  char *copy = strdup(name);
+  if (!t || !copy || cph_hmap_put(&s->tenant_by_name, copy, t) != CPH_OK) {
+    free(t);
+    free(copy);
+    return NULL;
+  }
+  tenant_init(t, copy, s->n_tenants);
+  s->tenants[s->n_tenants++] = t;
+  return t;
+}
+
+/* Weights from the config: listed tenants get theirs (created if new), every other weighs 1.
+ * Start tags already given keep their value; the new step applies from the next pick. A
+ * tenant that cannot be created for lack of memory is created, weight 1, when a session
+ * names it. */
+static void apply_tenant_config(cph_sched *s, const cph_sched_config *cfg) {
+  for (uint32_t i = 1; i < s->n_tenants; i++) {
+    s->tenants[i]->weight = 1;
+    s->tenants[i]->inc = weight_inc(1);
+  }
+  for (size_t i = 0; i < cfg->n_tenants; i++) {
+    tenant *t = tenant_get(s, cfg->tenants[i].name);
+    if (t) {
+      t->weight = cfg->tenants[i].weight;
+      t->inc = weight_inc(t->weight);
+    }
+  }
+}
+
+static void keep_config(cph_sched *s, const cph_sched_config *cfg) {
+  s->cfg = *cfg;
+  s->cfg.tenants = NULL; /* not ours to keep */
+  s->cfg.n_tenants = 0;
+  s->seats_total = 0;
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    s->seats_total += cfg->seats[i];
+}
+
 cph_sched *cph_sched_new(const cph_sched_config *cfg, const cph_clock *clock) {
   if (cph_sched_config_check(cfg, NULL))
     return NULL;
@@ -456,9 +684,19 @@ cph_sched *cph_sched_new(const cph_sched_config *cfg, const cph_clock *clock) {
   if (!s)
     return NULL;
   s->clock = clock;
-  s->cfg = *cfg;
+  keep_config(s, cfg);
   cph_strslab_init(&s->ids);
+  s->tenant_by_name = (cph_hmap)CPH_HMAP_INIT;
+  s->tenants = malloc(4 * sizeof *s->tenants);
+  if (!s->tenants) {
+    free(s);
+    return NULL;
+  }
+  s->cap_tenants = 4;
+  tenant_init(&s->dflt, "", 0);
+  s->tenants[s->n_tenants++] = &s->dflt;
   apply_credit_config(s, cfg);
+  apply_tenant_config(s, cfg);
   int64_t now = cph_clock_now(clock);
   s->trickle_due_ns = now;
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
@@ -467,8 +705,17 @@ cph_sched *cph_sched_new(const cph_sched_config *cfg, const cph_clock *clock) {
     l->turns.level = bucket_cap(&l->turns); /* buckets start full */
     l->tools = (bucket){0, cfg->tool_calls_per_minute[i], now};
     l->tools.level = bucket_cap(&l->tools);
+    l->tokens = (bucket){0, cfg->tokens_per_minute[i], now};
+    l->tokens.level = bucket_cap(&l->tokens);
   }
   return s;
+}
+
+static void tenant_free_sets(tenant *t) {
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    oset_free(&t->g[i].at_max);
+    oset_free(&t->g[i].below);
+  }
 }
 
 void cph_sched_free(cph_sched *s) {
@@ -477,10 +724,18 @@ void cph_sched_free(cph_sched *s) {
   for (uint32_t i = 0; i < s->n_sessions; i++)
     cph_strslab_free(&s->ids, s->sessions[i].id);
   cph_strslab_destroy(&s->ids);
-  for (int i = 0; i < CPH_LANE_COUNT; i++) {
-    oset_free(&s->lanes[i].at_max);
-    oset_free(&s->lanes[i].below);
+  for (uint32_t i = 0; i < s->n_tenants; i++) {
+    tenant_free_sets(s->tenants[i]);
+    if (i) {
+      free(s->tenants[i]->name);
+      free(s->tenants[i]);
+    }
   }
+  free(s->tenants);
+  cph_hmap_free(&s->tenant_by_name);
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    free(s->lanes[i].theap);
+  free(s->tenant_of);
   free(s->sessions);
   free(s->free_sids);
   free(s->trickle_sids);
@@ -507,13 +762,15 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     bucket_rescale(&s->lanes[i].turns, cfg->turns_per_minute[i], now);
     bucket_rescale(&s->lanes[i].tools, cfg->tool_calls_per_minute[i], now);
+    bucket_rescale(&s->lanes[i].tokens, cfg->tokens_per_minute[i], now);
   }
   bool credits_changed = cfg->refill_per_second != s->cfg.refill_per_second ||
                          cfg->credit_max != s->cfg.credit_max ||
                          cfg->credit_min != s->cfg.credit_min;
   if (credits_changed) {
     /* Materialise every session's credits under the old settings, then re-queue under the
-     * new ones: K depends on the rate and at_max on the cap. O(n log n), on reload only. */
+     * new ones: K depends on the rate and at_max on the cap. O(n log n), on reload only.
+     * Counters and tenant heaps stay as they are: the same sessions stay runnable. */
     for (uint32_t i = 0; i < s->n_sessions; i++) {
       session *se = &s->sessions[i];
       if (se->id && !se->removed) {
@@ -522,11 +779,11 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
       }
     }
     apply_credit_config(s, cfg);
-    for (int i = 0; i < CPH_LANE_COUNT; i++) {
-      oset_clear(s, &s->lanes[i].at_max);
-      oset_clear(s, &s->lanes[i].below);
-      s->lanes[i].runnable = 0;
-    }
+    for (uint32_t t = 0; t < s->n_tenants; t++)
+      for (int i = 0; i < CPH_LANE_COUNT; i++) {
+        oset_clear(s, &s->tenants[t]->g[i].at_max);
+        oset_clear(s, &s->tenants[t]->g[i].below);
+      }
     for (uint32_t i = 0; i < s->n_sessions; i++) {
       session *se = &s->sessions[i];
       if (!se->id || se->removed)
@@ -535,13 +792,16 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
       if (se->where != WHERE_NONE) {
         se->gen++;
         se->where = WHERE_NONE;
-        enqueue(s, i, now, se->queued_ns); /* keeps its place in the wait order */
+        /* keeps its place in the wait order */
+        if (!push_entry(s, i, now, se->queued_ns))
+          count_out(s, &s->lanes[se->lane], group_of(s, i));
       }
     }
   } else {
     apply_credit_config(s, cfg); /* costs */
   }
-  s->cfg = *cfg;
+  apply_tenant_config(s, cfg);
+  keep_config(s, cfg);
   if (cfg->trickle_per_minute && s->trickle_due_ns > now + trickle_interval(s))
     s->trickle_due_ns = now + trickle_interval(s); /* a faster trickle applies at once */
   return CPH_OK;
@@ -574,6 +834,9 @@ static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t cred
   se->lane = (uint8_t)lane;
   se->c0 = credits > s->c_max ? s->c_max : credits < s->c_min ? s->c_min : credits;
   se->t0 = cph_clock_now(s->clock);
+  if (s->tenant_of)
+    s->tenant_of[sid] = 0;
+  s->dflt.sessions++;
   *out = sid;
   return CPH_OK;
 }
@@ -587,6 +850,12 @@ int cph_sched_reserve(cph_sched *s, size_t n) {
   if (!p)
     return CPH_ENOMEM;
   s->sessions = p;
+  if (s->tenant_of) {
+    uint32_t *t = realloc(s->tenant_of, n * sizeof *t);
+    if (!t)
+      return CPH_ENOMEM; /* the larger session array is kept; cap_sessions stays */
+    s->tenant_of = t;
+  }
   s->cap_sessions = (uint32_t)n;
   return CPH_OK;
 }
@@ -626,7 +895,8 @@ int cph_sched_remove(cph_sched *s, cph_sid sid) {
     s->cap_free = cap;
   }
   cph_sched_set_trickle(s, sid, false);
-  dequeue(s, se);
+  dequeue(s, sid);
+  s->tenants[s->tenant_of ? s->tenant_of[sid] : 0]->sessions--;
   se->gen++;
   se->removed = true;
   s->n_removed++;
@@ -690,12 +960,79 @@ static void trickle_started(cph_sched *s, int64_t now) {
 
 void cph_sched_trickle_ran(cph_sched *s) { trickle_started(s, cph_clock_now(s->clock)); }
 
+/* ---------------------------------------------------------------- tenants */
+
+/* Tenants come on: every session is the default tenant's, and each lane's default group
+ * joins its (new) tenant heap if it has runnable sessions. */
+static int tenants_on(cph_sched *s) {
+  s->tenant_of = calloc(s->cap_sessions ? s->cap_sessions : 1, sizeof *s->tenant_of);
+  if (!s->tenant_of)
+    return CPH_ENOMEM;
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    if (s->dflt.g[i].runnable && !theap_insert(s, &s->lanes[i], &s->dflt.g[i])) {
+      for (int j = 0; j < i; j++)
+        if (s->dflt.g[j].heap_pos)
+          theap_remove(s, &s->lanes[j], &s->dflt.g[j]);
+      free(s->tenant_of);
+      s->tenant_of = NULL;
+      return CPH_ENOMEM;
+    }
+  return CPH_OK;
+}
+
+int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *name) {
+  uint32_t to = 0;
+  if (name && name[0]) {
+    tenant *t = tenant_get(s, name);
+    if (!t)
+      return CPH_ENOMEM;
+    to = t->g[0].tenant;
+  }
+  uint32_t from = s->tenant_of ? s->tenant_of[sid] : 0;
+  if (to == from)
+    return CPH_OK;
+  if (!s->tenant_of && tenants_on(s) != CPH_OK)
+    return CPH_ENOMEM;
+  session *se = &s->sessions[sid];
+  bool queued = se->where != WHERE_NONE;
+  int64_t queued_ns = se->queued_ns;
+  if (queued)
+    dequeue(s, sid);
+  s->tenants[from]->sessions--;
+  s->tenants[to]->sessions++;
+  s->tenant_of[sid] = to;
+  if (queued)
+    enqueue(s, sid, cph_clock_now(s->clock), queued_ns); /* keeps its place in the wait order */
+  return CPH_OK;
+}
+
+const char *cph_sched_tenant(const cph_sched *s, cph_sid sid) {
+  return s->tenants[s->tenant_of ? s->tenant_of[sid] : 0]->name;
+}
+
+uint32_t cph_sched_tenant_count(const cph_sched *s) { return s->n_tenants; }
+
+void cph_sched_tenant_stats(const cph_sched *s, uint32_t index, cph_tenant_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (index >= s->n_tenants)
+    return;
+  const tenant *t = s->tenants[index];
+  out->name = t->name;
+  out->weight = t->weight;
+  out->sessions = t->sessions;
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    out->runnable[i] = t->g[i].runnable;
+    out->started[i] = t->g[i].started;
+  }
+}
+
 /* ---------------------------------------------------------------- the pick */
 
 static void refill_all(cph_sched *s, int64_t now) {
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     bucket_refill(&s->lanes[i].turns, now);
     bucket_refill(&s->lanes[i].tools, now);
+    bucket_refill(&s->lanes[i].tokens, now);
   }
 }
 
@@ -720,10 +1057,32 @@ static cph_sid trickle_candidate(const cph_sched *s, int64_t now) {
   return best;
 }
 
-static void start(cph_sched *s, session *se, cph_pick *out, int64_t now) {
+/* §3.10: whether the lane may take one of the free seats now (buckets refilled). Below its
+ * reservation it may; above it, only while more seats are free than the other lanes that
+ * have runnable sessions and budget still have reserved and unused — so a lane whose work
+ * returns gets its seats back as running turns end, and nothing is preempted. */
+static bool seat_free(const cph_sched *s, int lane) {
+  if (s->running >= s->cfg.concurrency)
+    return false;
+  if (!s->seats_total)
+    return true;
+  if (s->lanes[lane].running < s->cfg.seats[lane])
+    return true;
+  uint64_t owed = 0;
+  for (int m = 0; m < CPH_LANE_COUNT; m++) {
+    const lane_state *o = &s->lanes[m];
+    if (m != lane && o->runnable && o->running < s->cfg.seats[m] && lane_has_budget(o))
+      owed += s->cfg.seats[m] - o->running;
+  }
+  return s->cfg.concurrency - s->running > owed;
+}
+
+static void start(cph_sched *s, cph_sid sid, cph_pick *out, int64_t now) {
+  session *se = &s->sessions[sid];
   lane_state *l = &s->lanes[se->lane];
   out->waited_ns = se->where != WHERE_NONE ? now - se->queued_ns : 0;
-  dequeue(s, se);
+  dequeue(s, sid);
+  se->queued_ns = now; /* while running: when its turn started (for the lane's window) */
   se->running = true;
   s->running++;
   l->running++;
@@ -745,45 +1104,76 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
   if (t != CPH_SID_NONE && (lane_mask & (1u << s->sessions[t].lane))) {
     out->sid = t;
     out->trickle = true;
-    start(s, &s->sessions[t], out, now);
+    start(s, t, out, now);
+    group_of(s, t)->started++;
     trickle_started(s, now);
     return CPH_OK;
   }
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     lane_state *l = &s->lanes[i];
-    if (!(lane_mask & (1u << i)) || !l->runnable || !lane_has_budget(l))
+    if (!(lane_mask & (1u << i)) || !l->runnable || !lane_has_budget(l) || !seat_free(s, i))
       continue;
+    group *g = lane_group(s, l, i);
     oset *from;
-    entry *e = lane_head(s, l, now, &from);
+    entry *e = g ? group_head(s, l, g, now, &from) : NULL;
     if (!e)
       continue;
     cph_sid sid = e->sid;
     oset_pop_head(s, from, e);
+    if (s->tenant_of) {
+      /* §3.9: the lane's virtual time moves to the tag served; the tenant's next tag is
+       * one step on (start() may take it out of the heap if this was its last session). */
+      l->vtime = g->vstart;
+      g->vfinish = g->vstart + s->tenants[g->tenant]->inc;
+    }
     out->sid = sid;
     out->trickle = false;
-    start(s, &s->sessions[sid], out, now);
+    start(s, sid, out, now);
+    g->started++;
+    if (g->heap_pos) {
+      g->vstart = g->vfinish;
+      theap_down(s, l, g->heap_pos - 1);
+    }
     bucket_charge(&l->turns, 1);
     return CPH_OK;
   }
   return CPH_ENOTFOUND;
 }
 
-void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charge_credits) {
+static int64_t count_units(uint64_t n) {
+  return n > (uint64_t)INT64_MAX / CPH_BUCKET_UNITS_PER_TOKEN
+             ? INT64_MAX / CPH_BUCKET_UNITS_PER_TOKEN
+             : (int64_t)n;
+}
+
+/* What a completed turn costs in credit units (§3.2, §3.8). */
+static i128 turn_price(const cph_sched *s, cph_lane lane, uint64_t tokens) {
+  if (s->cfg.charge != CPH_CHARGE_TOKENS)
+    return s->cost[lane];
+  return (i128)s->cost[lane] * (i128)tokens / s->cfg.tokens_per_unit;
+}
+
+void cph_sched_finish_cost(cph_sched *s, cph_sid sid, const cph_sched_cost *cost,
+                           bool charge_credits) {
   session *se = &s->sessions[sid];
   if (!se->running)
     return;
   int64_t now = cph_clock_now(s->clock);
   lane_state *l = &s->lanes[se->lane];
   bucket_refill(&l->tools, now);
-  bucket_charge(&l->tools, tool_calls > (uint64_t)INT64_MAX / CPH_BUCKET_UNITS_PER_TOKEN
-                               ? INT64_MAX / CPH_BUCKET_UNITS_PER_TOKEN
-                               : (int64_t)tool_calls);
+  bucket_charge(&l->tools, count_units(cost->tool_calls));
+  if (l->tokens.per_min) {
+    bucket_refill(&l->tokens, now);
+    bucket_charge(&l->tokens, count_units(cost->tokens));
+  }
   int64_t c = credits_at(s, se, now);
   if (charge_credits) {
-    c -= s->cost[se->lane];
-    if (c < s->c_min)
-      c = s->c_min;
+    i128 charged = (i128)c - turn_price(s, (cph_lane)se->lane, cost->tokens);
+    c = charged < s->c_min ? s->c_min : (int64_t)charged;
   }
+  uint32_t slot = (uint32_t)(l->n_done++ % CPH_SCHED_WINDOW);
+  l->done_at[slot] = now;
+  l->done_len[slot] = now - se->queued_ns; /* queued_ns: when the turn started */
   se->c0 = c;
   se->t0 = now;
   se->running = false;
@@ -792,11 +1182,24 @@ void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charg
   update_queue(s, sid);
 }
 
+void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charge_credits) {
+  cph_sched_cost cost = {tool_calls, 0};
+  cph_sched_finish_cost(s, sid, &cost, charge_credits);
+}
+
 /* check_credits: sessions whose credits reached max move to the wait-ordered set. */
 void cph_sched_check_credits(cph_sched *s) {
   int64_t now = cph_clock_now(s->clock);
-  for (int i = 0; i < CPH_LANE_COUNT; i++)
-    promote(s, &s->lanes[i], now);
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    lane_state *l = &s->lanes[i];
+    if (!s->tenant_of) {
+      promote(s, l, &s->dflt.g[i], now);
+      continue;
+    }
+    /* Only groups with runnable sessions hold live entries; promote never changes which. */
+    for (uint32_t k = 0; k < l->n_theap; k++)
+      promote(s, l, l->theap[k], now);
+  }
 }
 
 /* top_up_credits: lane buckets refilled to now (credits refill lazily, by formula). */
@@ -826,11 +1229,15 @@ static int64_t budget_until(const lane_state *l, int64_t now) {
     int64_t t = now + (need + l->turns.per_min - 1) / l->turns.per_min;
     until = t > until ? t : until;
   }
-  if (l->tools.level <= 0) {
-    if (l->tools.per_min == 0)
+  const bucket *above_zero[2] = {&l->tools, l->tokens.per_min ? &l->tokens : NULL};
+  for (int i = 0; i < 2; i++) {
+    const bucket *b = above_zero[i];
+    if (!b || b->level > 0)
+      continue;
+    if (b->per_min == 0)
       return INT64_MAX;
-    int64_t need = 1 - l->tools.level;
-    int64_t t = now + (need + l->tools.per_min - 1) / l->tools.per_min;
+    int64_t need = 1 - b->level;
+    int64_t t = now + (need + b->per_min - 1) / b->per_min;
     until = t > until ? t : until;
   }
   return until;
@@ -857,15 +1264,43 @@ static void oset_count(const cph_sched *s, const oset *o, const entry *me, uint6
   }
 }
 
+/* §3.11: how many picks of group h come before the k-th pick of group g (k >= 1) if nothing
+ * changes: h's tags run vstart, vstart + inc, ... while it has sessions, g's k-th is
+ * g.vstart + (k-1)·inc_g, and the heap serves (tag, name) in order. */
+static uint64_t picks_before(const cph_sched *s, const group *h, const group *g, uint64_t k) {
+  i128 mine = g->vstart + (i128)(k - 1) * s->tenants[g->tenant]->inc;
+  i128 inc = s->tenants[h->tenant]->inc;
+  if (h->vstart > mine)
+    return 0;
+  i128 n = (mine - h->vstart) / inc; /* tags strictly below mine, but for an exact hit */
+  if ((mine - h->vstart) % inc != 0 ||
+      strcmp(s->tenants[h->tenant]->name, s->tenants[g->tenant]->name) < 0)
+    n++;
+  return n < (i128)h->runnable ? (uint64_t)n : h->runnable;
+}
+
+/* The forecast's clock: now + position × the mean spacing of the lane's last completions. */
+static int64_t estimate_start(const lane_state *l, uint64_t position, int64_t now) {
+  uint64_t n = l->n_done < CPH_SCHED_WINDOW ? l->n_done : CPH_SCHED_WINDOW;
+  if (!n)
+    return -1;
+  int64_t oldest = l->done_at[(l->n_done - n) % CPH_SCHED_WINDOW];
+  i128 at = (i128)now + (i128)(now - oldest) * position / n;
+  return at > INT64_MAX ? INT64_MAX : (int64_t)at;
+}
+
 void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   memset(out, 0, sizeof *out);
   session *se = &s->sessions[sid];
   int64_t now = cph_clock_now(s->clock);
   refill_all(s, now);
   lane_state *l = &s->lanes[se->lane];
+  group *g = group_of(s, sid);
   out->lane = (cph_lane)se->lane;
   out->credits = (double)credits_at(s, se, now) / 1e12;
   out->lane_runnable = l->runnable;
+  out->tenant = s->tenant_of ? s->tenant_of[sid] : 0;
+  out->est_start_ns = -1;
   if (se->running) {
     out->reason = CPH_WHY_RUNNING;
     return;
@@ -882,30 +1317,67 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   if (!lane_has_budget(l)) {
     out->reason = CPH_WHY_LANE_NO_BUDGET;
     out->until_ns = budget_until(l, now);
-    return;
-  }
-  if (s->running >= s->cfg.concurrency) {
+  } else if (s->running >= s->cfg.concurrency) {
     out->reason = CPH_WHY_CONCURRENCY_FULL;
-    return;
+  } else if (!seat_free(s, se->lane)) {
+    out->reason = CPH_WHY_SEATS_RESERVED;
+  } else {
+    out->reason = CPH_WHY_RUNNABLE;
   }
-  out->reason = CPH_WHY_RUNNABLE;
-  promote(s, l, now);
+
+  /* Its place among its tenant's runnable sessions in the lane (rule 3 (b)–(d)). */
+  promote(s, l, g, now);
   entry me = {0, se->queued_ns, sid, se->gen};
   if (se->where == WHERE_BELOW)
     me.key = (i128)se->c0 - (i128)s->rate * se->t0;
   uint64_t before = 0, total = 0;
   if (se->where == WHERE_AT_MAX) {
-    oset_count(s, &l->at_max, &me, &before, &total);
+    oset_count(s, &g->at_max, &me, &before, &total);
   } else {
     uint64_t at_max_total = 0, ignored = 0;
-    oset_count(s, &l->at_max, NULL, &ignored, &at_max_total);
+    oset_count(s, &g->at_max, NULL, &ignored, &at_max_total);
     before = at_max_total;
-    oset_count(s, &l->below, &me, &before, &total);
+    oset_count(s, &g->below, &me, &before, &total);
   }
-  out->rank = before + 1;
+  out->tenant_position = before + 1;
+  out->tenant_runnable = g->runnable;
+  out->position = out->tenant_position;
+  if (s->tenant_of)
+    for (uint32_t k = 0; k < l->n_theap; k++)
+      if (l->theap[k] != g)
+        out->position += picks_before(s, l->theap[k], g, out->tenant_position);
+  uint64_t higher = 0;
   for (int i = 0; i < se->lane; i++)
     if (lane_has_budget(&s->lanes[i]))
-      out->ahead_in_higher_lanes += s->lanes[i].runnable;
+      higher += s->lanes[i].runnable;
+  out->turns_ahead = out->position - 1 + higher;
+  out->est_start_ns = estimate_start(l, out->position, now);
+  if (out->est_start_ns >= 0 && out->reason == CPH_WHY_LANE_NO_BUDGET &&
+      out->until_ns > out->est_start_ns)
+    out->est_start_ns = out->until_ns;
+  if (out->reason == CPH_WHY_RUNNABLE) {
+    /* rank and ahead_in_higher_lanes keep their meaning from before tenants: the place by
+     * rule 3 (b)–(d) among the whole lane's runnable sessions. */
+    out->rank = before + 1;
+    if (s->tenant_of) {
+      for (uint32_t k = 0; k < l->n_theap; k++) {
+        group *h = l->theap[k];
+        if (h == g)
+          continue;
+        promote(s, l, h, now);
+        uint64_t at_max_total = 0, ignored = 0, b = 0, t = 0;
+        if (se->where == WHERE_AT_MAX) {
+          oset_count(s, &h->at_max, &me, &b, &t);
+        } else {
+          oset_count(s, &h->at_max, NULL, &ignored, &at_max_total);
+          b = at_max_total;
+          oset_count(s, &h->below, &me, &b, &t);
+        }
+        out->rank += b;
+      }
+    }
+    out->ahead_in_higher_lanes = higher;
+  }
 }
 
 const char *cph_why_reason_name(cph_why_reason r) {
@@ -916,19 +1388,61 @@ const char *cph_why_reason_name(cph_why_reason r) {
   case CPH_WHY_LANE_NO_BUDGET: return "lane_out_of_budget";
   case CPH_WHY_CONCURRENCY_FULL: return "concurrency_full";
   case CPH_WHY_RUNNABLE: return "runnable";
+  case CPH_WHY_SEATS_RESERVED: return "seats_reserved";
   }
   return "unknown";
 }
 
+/* §3.10: running turns over each lane's reservation are covered by the shared pool first,
+ * in lane priority order; the rest is borrowed from unused reservations, which are counted
+ * as lent in lane order. */
+static void seat_split(const cph_sched *s, uint32_t lent[CPH_LANE_COUNT],
+                       uint32_t borrowed[CPH_LANE_COUNT]) {
+  uint64_t pool = s->cfg.concurrency - s->seats_total, owed = 0;
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    uint64_t running = s->lanes[i].running, seats = s->cfg.seats[i];
+    uint64_t over = running > seats ? running - seats : 0;
+    uint64_t covered = over < pool ? over : pool;
+    pool -= covered;
+    borrowed[i] = (uint32_t)(over - covered);
+    owed += over - covered;
+  }
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    uint64_t running = s->lanes[i].running, seats = s->cfg.seats[i];
+    uint64_t unused = running < seats ? seats - running : 0;
+    uint64_t take = unused < owed ? unused : owed;
+    lent[i] = (uint32_t)take;
+    owed -= take;
+  }
+}
+
 void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out) {
+  memset(out, 0, sizeof *out);
   int64_t now = cph_clock_now(s->clock);
   lane_state *l = &s->lanes[lane];
   bucket_refill(&l->turns, now);
   bucket_refill(&l->tools, now);
+  bucket_refill(&l->tokens, now);
   out->turns_left = (double)l->turns.level / CPH_BUCKET_UNITS_PER_TOKEN;
   out->tool_calls_left = (double)l->tools.level / CPH_BUCKET_UNITS_PER_TOKEN;
+  out->tokens_left = l->tokens.per_min ? (double)l->tokens.level / CPH_BUCKET_UNITS_PER_TOKEN : 0;
   out->has_budget = lane_has_budget(l);
   out->runnable = l->runnable;
   out->running = l->running;
   out->started_total = l->started_total;
+  uint32_t lent[CPH_LANE_COUNT], borrowed[CPH_LANE_COUNT];
+  seat_split(s, lent, borrowed);
+  out->seats = s->cfg.seats[lane];
+  out->seats_lent = lent[lane];
+  out->seats_borrowed = borrowed[lane];
+  out->tenants_runnable = s->tenant_of ? l->n_theap : s->dflt.g[lane].runnable > 0;
+  uint64_t n = l->n_done < CPH_SCHED_WINDOW ? l->n_done : CPH_SCHED_WINDOW;
+  out->window = (uint32_t)n;
+  if (n) {
+    int64_t sum = 0;
+    for (uint64_t i = 0; i < n; i++)
+      sum += l->done_len[(l->n_done - 1 - i) % CPH_SCHED_WINDOW];
+    out->mean_turn_ns = sum / (int64_t)n;
+    out->mean_spacing_ns = (now - l->done_at[(l->n_done - n) % CPH_SCHED_WINDOW]) / (int64_t)n;
+  }
 }

@@ -29,6 +29,23 @@
 #define CPH_SCHED_MAX_CREDITS 1e6
 #define CPH_SCHED_MAX_REFILL 1e6
 
+/* A tenant's weight (§3.9); tenants not listed weigh 1, as do sessions without a tenant. */
+typedef struct cph_sched_tenant_weight {
+  const char *name; /* non-empty */
+  double weight;    /* CPH_SCHED_MIN_WEIGHT .. CPH_SCHED_MAX_WEIGHT */
+} cph_sched_tenant_weight;
+
+#define CPH_SCHED_MIN_WEIGHT 0.001
+#define CPH_SCHED_MAX_WEIGHT 1e6
+#define CPH_SCHED_MAX_TOKENS_PER_UNIT INT64_C(1000000000)
+
+typedef enum cph_sched_charge {
+  CPH_CHARGE_TURN = 0, /* a completed turn costs cost[lane] (§3.2) */
+  CPH_CHARGE_TOKENS    /* it costs cost[lane] × tokens / tokens_per_unit (§3.8) */
+} cph_sched_charge;
+
+/* The fields after trickle_per_minute are the choices of §3 rules 8–10; all zero means none of
+ * them (the behaviour of rules 1–7 alone). */
 typedef struct cph_sched_config {
   int64_t turns_per_minute[CPH_LANE_COUNT];
   int64_t tool_calls_per_minute[CPH_LANE_COUNT];
@@ -38,6 +55,17 @@ typedef struct cph_sched_config {
   double cost[CPH_LANE_COUNT];
   uint32_t concurrency;           /* >= 1 */
   uint32_t trickle_per_minute;    /* guaranteed outbox batches a minute; 0 = none */
+  /* §3.8: a third bucket per lane, tokens per minute charged at completion; 0 = no token
+   * budget (the lane's budget is turns and tool calls only). */
+  int64_t tokens_per_minute[CPH_LANE_COUNT];
+  cph_sched_charge charge;
+  int64_t tokens_per_unit;        /* CPH_CHARGE_TOKENS: >= 1 */
+  /* §3.10: seats reserved per lane out of concurrency; their sum <= concurrency. */
+  uint32_t seats[CPH_LANE_COUNT];
+  /* §3.9: weights by tenant name. Read by cph_sched_new/configure and not kept: the
+   * scheduler copies what it needs (the array may be freed after the call). */
+  const cph_sched_tenant_weight *tenants;
+  size_t n_tenants;
 } cph_sched_config;
 
 typedef uint32_t cph_sid; /* a session's handle inside the scheduler */
@@ -104,10 +132,53 @@ int cph_sched_pick(cph_sched *s, cph_pick *out);
  * them. The trickle applies only when the trickle session's lane is in the mask. */
 int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out);
 
-/* The turn of a running session ended. tool_calls are charged to the lane's tool-calls
- * bucket; when charge_credits, cost[lane] comes off the session's credits (floored at min).
- * The session queues again at now if it still has work. */
+/* What a completed turn reports it used (the complete request's cost). */
+typedef struct cph_sched_cost {
+  uint64_t tool_calls;
+  uint64_t tokens;
+} cph_sched_cost;
+
+/* The turn of a running session ended. Tool calls are charged to the lane's tool-calls
+ * bucket and tokens to its tokens bucket (when it has one: §3.8); when charge_credits, the
+ * turn's price comes off the session's credits (floored at min): cost[lane] under
+ * CPH_CHARGE_TURN, floor(cost[lane] × tokens / tokens_per_unit) under CPH_CHARGE_TOKENS (in
+ * credit units). The session queues again at now if it still has work. */
+void cph_sched_finish_cost(cph_sched *s, cph_sid sid, const cph_sched_cost *cost,
+                           bool charge_credits);
+/* cph_sched_finish_cost with tool_calls and no tokens. */
 void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charge_credits);
+
+/* ---- tenants (§3.9) ----
+ *
+ * Inside a lane, turns go to the tenants that have runnable sessions in proportion to their
+ * weights — start-time fair queueing: each (tenant, lane) that has runnable sessions holds a
+ * start tag; the pick serves the smallest (tag, tenant name), moves that tag on by
+ * CPH_TENANT_VSCALE / weight and sets the lane's virtual time to the tag it served; a tenant
+ * that becomes runnable starts at max(virtual time, its last finish tag), so an idle tenant
+ * banks nothing. Inside the tenant, rule 3 (b)–(d) as before. O(log tenants + log sessions)
+ * per pick. Until a session names a tenant, every lane has only the default tenant and the
+ * pick is exactly the pick of rules 1–7 (no tenant heap is kept). */
+#define CPH_TENANT_VSCALE INT64_C(1000000000000)
+
+/* Sets the session's tenant; NULL or "" is the default tenant (weight 1). The name is copied
+ * (once per distinct tenant). A queued session moves to its new tenant keeping its place in
+ * the wait order. CPH_OK or CPH_ENOMEM (nothing changed). */
+int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *tenant);
+/* "" for the default tenant. Valid until the scheduler is freed. */
+const char *cph_sched_tenant(const cph_sched *s, cph_sid sid);
+
+typedef struct cph_tenant_stats {
+  const char *name;  /* "" = the default tenant; valid until the scheduler is freed */
+  double weight;
+  uint64_t sessions; /* registered sessions naming it */
+  uint64_t runnable[CPH_LANE_COUNT];
+  uint64_t started[CPH_LANE_COUNT]; /* turns started since the scheduler was created */
+} cph_tenant_stats;
+
+/* Tenants the scheduler knows: index 0 is the default tenant, then every tenant a session
+ * named or the config listed, in order of first appearance. */
+uint32_t cph_sched_tenant_count(const cph_sched *s);
+void cph_sched_tenant_stats(const cph_sched *s, uint32_t index, cph_tenant_stats *out);
 
 /* ---- introspection ---- */
 
@@ -122,8 +193,12 @@ typedef enum cph_why_reason {
   CPH_WHY_RUNNING,
   CPH_WHY_LANE_NO_BUDGET,   /* until_ns says when the lane will have budget again */
   CPH_WHY_CONCURRENCY_FULL,
-  CPH_WHY_RUNNABLE          /* waiting its turn: rank and what put it there */
+  CPH_WHY_RUNNABLE,         /* waiting its turn: rank and what put it there */
+  CPH_WHY_SEATS_RESERVED    /* seats are free, but held for other lanes' reservations (§3.10) */
 } cph_why_reason;
+
+/* How many recent completions per lane the forecast (§3.11) looks at. */
+#define CPH_SCHED_WINDOW 32
 
 typedef struct cph_why {
   cph_why_reason reason;
@@ -134,10 +209,21 @@ typedef struct cph_why {
   uint64_t rank;         /* RUNNABLE: 1 = next in its lane */
   uint64_t lane_runnable;  /* runnable sessions in its lane */
   uint64_t ahead_in_higher_lanes; /* runnable sessions in higher lanes that have budget */
+  /* §3.11, for every queued session (not only RUNNABLE), 0 otherwise. The positions are the
+   * order the picks would take if nothing else changed (no arrivals, no returns): */
+  uint64_t position;           /* in its lane: 1 = the lane's next pick */
+  uint64_t tenant_position;    /* among its tenant's runnable sessions in the lane */
+  uint64_t tenant_runnable;
+  uint64_t turns_ahead;        /* position - 1 + ahead_in_higher_lanes */
+  /* Estimated start: now + position × the mean spacing of the lane's last completions
+   * (at most CPH_SCHED_WINDOW, measured up to now so an idle lane's estimate grows), no
+   * earlier than until_ns; -1 when the lane has completed nothing yet. */
+  int64_t est_start_ns;
+  uint32_t tenant;             /* its tenant's index (cph_sched_tenant_stats) */
 } cph_why;
 
-/* Says why a session is or is not running. O(runnable sessions in its lane): a diagnostic,
- * never on the hot path. */
+/* Says why a session is or is not running. O(runnable sessions in its lane + tenants): a
+ * diagnostic, never on the hot path. */
 void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out);
 const char *cph_why_reason_name(cph_why_reason r);
 
@@ -148,6 +234,20 @@ typedef struct cph_lane_stats {
   uint64_t runnable;
   uint64_t running;
   uint64_t started_total;
+  double tokens_left;     /* §3.8: may be negative; 0 without a token budget */
+  /* §3.10: running turns over the lane's reservation split into what the shared pool
+   * (concurrency - all reservations) covers, attributed to lanes in priority order, and what
+   * is borrowed from other lanes' unused reservations (borrowed); lent is how many of this
+   * lane's reserved seats others hold now, attributed in lane order. */
+  uint32_t seats;         /* reserved */
+  uint32_t seats_lent;
+  uint32_t seats_borrowed;
+  uint64_t tenants_runnable; /* tenants with runnable sessions in the lane */
+  /* §3.11: over the lane's last completions (see cph_why): how many, the mean spacing
+   * between them (ns, to now) and the mean turn length (ns); 0 when none. */
+  uint32_t window;
+  int64_t mean_spacing_ns;
+  int64_t mean_turn_ns;
 } cph_lane_stats;
 
 void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out);

@@ -373,14 +373,16 @@ static int channel_key_cmp(const void *pa, const void *pb) {
 static int parse_channels(pctx *c, const ps_table *t, const ps_field *f, void *base,
                           const cph_edn *v) {
   char got[SHOW_CAP];
+  /* Channel maps start from a seed section; other named maps (:tenants) have none. */
+  const char *what = f->seed ? "channel id" : "name";
   if (v->type != CPH_EDN_MAP)
-    return perr(c, v->pos, "expected a map from channel id to settings, got %s", show(v, got));
+    return perr(c, v->pos, "expected a map from %s to settings, got %s", what, show(v, got));
   size_t n = v->u.coll.count;
   const cph_edn *items = v->u.coll.items;
   for (size_t i = 0; i < n; i++) {
     const cph_edn *k = &items[2 * i];
     if (!is_plain_string(k) || k->u.str.len == 0)
-      return perr(c, k->pos, "expected a channel id (a non-empty string) as key, got %s",
+      return perr(c, k->pos, "expected a %s (a non-empty string) as key, got %s", what,
                   show(k, got));
   }
   cph__policy_free_array(f, base);
@@ -424,12 +426,13 @@ static int parse_channels(pctx *c, const ps_table *t, const ps_field *f, void *b
   for (size_t r = 0; r < n; r++)
     slot[sorted[r].index] = r;
 
-  const void *seed = cat(base, sibling(t, f->seed)->off);
+  const void *seed = f->seed ? cat(base, sibling(t, f->seed)->off) : NULL;
   for (size_t i = 0; i < n; i++) {
     const cph_edn *k = &items[2 * i];
     void *elem = element(arr, f->child, slot[i]);
     char *id = strdup(k->u.str.ptr);
-    if (!id || cph__policy_copy_fields(f->child, elem, seed) != CPH_OK) {
+    if (!id || (seed ? cph__policy_copy_fields(f->child, elem, seed)
+                     : cph__policy_init_fields(f->child, elem)) != CPH_OK) {
       free(id);
       rc = oom(c);
       goto done;
@@ -718,7 +721,21 @@ static int parse_section(pctx *c, const ps_table *t, void *base, const cph_edn *
   for (size_t i = 0; i < t->count; i++)
     if ((t->fields[i].flags & PS_REQUIRED) && !vals[i])
       return perr(c, map->pos, "missing required key :%s", t->fields[i].name);
-  return run_checks(c, t, base, map, vals);
+  rc = run_checks(c, t, base, map, vals);
+  if (rc == CPH_OK && t->validate) {
+    char msg[300];
+    const char *key = NULL;
+    if (t->validate(base, &key, msg, sizeof msg)) {
+      int idx = key ? find_field(t, key) : -1;
+      const cph_edn *at = idx >= 0 && vals[idx] ? vals[idx] : map;
+      if (at != map)
+        push(c, SEG_KEY, t->fields[idx].name, 0);
+      rc = perr(c, at->pos, "%s", msg);
+      if (at != map)
+        pop(c);
+    }
+  }
+  return rc;
 }
 
 /* ======================================================================================

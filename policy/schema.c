@@ -3,6 +3,7 @@
 #include "policy/schema.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "cephalon/policy.h"
 
@@ -12,12 +13,14 @@ _Static_assert(sizeof(cph_policy_log_level) == sizeof(int), "enum is int-sized")
 _Static_assert(sizeof(cph_policy_sync) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_provider_kind) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_index_kind) == sizeof(int), "enum is int-sized");
+_Static_assert(sizeof(cph_policy_charge) == sizeof(int), "enum is int-sized");
 
 /* Indexed by the enum values in cephalon/policy.h. */
 const char *const cph__policy_log_levels[] = {"debug", "info", "warn", "error", NULL};
 const char *const cph__policy_syncs[] = {"always", "batch", "none", NULL};
 const char *const cph__policy_provider_kinds[] = {"builtin", "openai", NULL};
 const char *const cph__policy_index_kinds[] = {"embedded", "http", NULL};
+static const char *const charge_names[] = {"turn", "tokens", NULL};
 /* Bit i of cph_policy_token.scopes; matches CPH_POLICY_SCOPE_*. */
 static const char *const scope_names[] = {"ingest", "worker", "admin", "read", NULL};
 
@@ -114,6 +117,10 @@ static const ps_table store_table = TABLE(cph_policy_store, store_fields, PS_NO_
           "turns started per minute (token bucket capacity)"),                            \
       INT(cph_policy_lane_budget, "tool-calls", tool_calls, 1, 100000000, tools_def,      \
           "tool calls per minute, charged at completion"),                                \
+      INT(cph_policy_lane_budget, "tokens", tokens, 0, 100000000, 0,                      \
+          "model tokens per minute, charged at completion; 0 = no token budget"),         \
+      INT(cph_policy_lane_budget, "seats", seats, 0, 100000, 0,                           \
+          "concurrency seats reserved for the lane, lent while it has no work"),          \
   };                                                                                       \
   static const ps_table var = TABLE(cph_policy_lane_budget, var##_fields, PS_NO_ID)
 LANE_BUDGET_TABLE(interactive_budget_table, 60, 120);
@@ -152,12 +159,41 @@ static const ps_field credits_fields[] = {
      .doc = "credits floor (at most :max); minus :max unless given"},
     {.name = "cost", .kind = PS_SECTION, .off = 0, .child = &cost_table,
      .doc = "credits charged per completed turn, by lane"},
+    CHOICE(cph_policy_credits, "charge", charge, charge_names, CPH_POLICY_CHARGE_TURN,
+           ":turn (a turn costs :cost) or :tokens (:cost x tokens / :tokens-per-unit)"),
+    INT(cph_policy_credits, "tokens-per-unit", tokens_per_unit, 1, 1000000000, 1000,
+        "under :charge :tokens, the tokens a turn burns to cost its lane's :cost"),
 };
 static const ps_check credits_checks[] = {{PS_CHECK_LE, "min", "max", 0}};
 /* :cost is the credits struct's cost[] array, so its table also describes cph_policy_credits
  * (offset 0), like :lanes in the scheduler. */
 static const ps_table credits_table =
     TABLE_CHECKED(cph_policy_credits, credits_fields, PS_NO_ID, credits_checks);
+
+static const ps_field tenant_fields[] = {
+    NUM(cph_policy_tenant, "weight", weight, 0.001, 1e6, 1,
+        "the tenant's share of its lanes' turns, against the others' weights"),
+};
+static const ps_table tenant_table =
+    TABLE(cph_policy_tenant, tenant_fields, offsetof(cph_policy_tenant, name));
+
+/* §3.10: reservations are carved out of :concurrency, so they cannot add up to more. */
+static int check_seats(const void *base, const char **key, char *msg, size_t cap) {
+  const cph_policy_scheduler *s = base;
+  int64_t sum = 0;
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    sum += s->lanes[i].seats;
+  if (sum <= s->concurrency)
+    return 0;
+  *key = "lanes";
+  snprintf(msg, cap,
+           "seats reserved add up to %lld (:interactive :seats %lld + :operational :seats %lld "
+           "+ :maintenance :seats %lld), more than :concurrency %lld",
+           (long long)sum, (long long)s->lanes[CPH_LANE_INTERACTIVE].seats,
+           (long long)s->lanes[CPH_LANE_OPERATIONAL].seats,
+           (long long)s->lanes[CPH_LANE_MAINTENANCE].seats, (long long)s->concurrency);
+  return 1;
+}
 
 static const ps_field scheduler_fields[] = {
     INT(cph_policy_scheduler, "concurrency", concurrency, 1, 100000, 4,
@@ -168,8 +204,14 @@ static const ps_field scheduler_fields[] = {
      .doc = "per-lane budgets per minute, refilled continuously"},
     SECTION(cph_policy_scheduler, "credits", credits, credits_table,
             "session credits: refill, bounds, cost per turn"),
+    CHANNELS(cph_policy_scheduler, "tenants", tenants, tenant_count, tenant_table, NULL,
+             "tenant weights by name: {\"acme\" {:weight 3}}; unlisted tenants weigh 1"),
 };
-static const ps_table scheduler_table = TABLE(cph_policy_scheduler, scheduler_fields, PS_NO_ID);
+static const ps_table scheduler_table = {.fields = scheduler_fields,
+                                         .count = COUNT(scheduler_fields),
+                                         .size = sizeof(cph_policy_scheduler),
+                                         .id_off = PS_NO_ID,
+                                         .validate = check_seats};
 
 /* ---- :leases ---- */
 static const ps_field leases_fields[] = {

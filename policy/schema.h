@@ -24,8 +24,9 @@ typedef enum ps_kind {
   PS_SCOPES,   /* unsigned bitmask, bit i = choices[i]; EDN set or vector of keywords */
   PS_SECTION,  /* nested struct described by child; EDN map with keyword keys */
   PS_CHANNELS, /* array of child structs at off, size_t count at count_off; EDN map from
-                  channel id string to a child map; entries start as a copy of the sibling
-                  section named by seed, are kept sorted by id, and hold the id at
+                  channel id (or other name) string to a child map; entries start as a copy
+                  of the sibling section named by seed (or, without seed, at the child
+                  table's defaults), are kept sorted by id, and hold the id at
                   child->id_off */
   PS_VECTOR,   /* array of child structs at off, size_t count at count_off; EDN vector of
                   maps, at least imin of them */
@@ -90,6 +91,10 @@ struct ps_table {
   size_t id_off; /* offset of the char * channel id in channel entries, or PS_NO_ID */
   const ps_check *checks;
   size_t check_count;
+  /* A constraint the checks cannot say, run after them on the table's final values: returns
+   * 0, or non-zero with a message in msg and *key naming the field the error points at (its
+   * value when given, else the map). */
+  int (*validate)(const void *base, const char **key, char *msg, size_t cap);
 };
 
 /* The root table: describes cph_policy. */

@@ -88,20 +88,38 @@ typedef struct cph_policy_store {
 typedef struct cph_policy_lane_budget {
   int64_t turns;      /* turns started per minute (token bucket capacity, DESIGN §3.1) */
   int64_t tool_calls; /* tool calls per minute */
+  int64_t tokens;     /* model tokens per minute, charged at completion (§3.8); 0 = no budget */
+  int64_t seats;      /* concurrency seats reserved for the lane (§3.10) */
 } cph_policy_lane_budget;
+
+/* What a completed turn costs in credits (DESIGN §3.8). */
+typedef enum cph_policy_charge {
+  CPH_POLICY_CHARGE_TURN,  /* :turn — cost[lane] */
+  CPH_POLICY_CHARGE_TOKENS /* :tokens — cost[lane] × tokens / tokens_per_unit */
+} cph_policy_charge;
 
 typedef struct cph_policy_credits {
   double refill_per_second;
   double max;                  /* > 0; a new session starts here */
   double min;                  /* <= max; -max unless given */
   double cost[CPH_LANE_COUNT]; /* charged per completed turn, indexed by cph_lane */
+  cph_policy_charge charge;
+  int64_t tokens_per_unit;     /* :charge :tokens: tokens that cost cost[lane] */
 } cph_policy_credits;
+
+/* A tenant's share inside a lane (DESIGN §3.9). */
+typedef struct cph_policy_tenant {
+  char *name;
+  double weight;
+} cph_policy_tenant;
 
 typedef struct cph_policy_scheduler {
   int64_t concurrency; /* turns running at once, over all lanes */
   int64_t tick_ms;     /* scheduler pass timer */
   cph_policy_lane_budget lanes[CPH_LANE_COUNT]; /* indexed by cph_lane */
   cph_policy_credits credits;
+  cph_policy_tenant *tenants;                   /* sorted by name; others weigh 1 */
+  size_t tenant_count;
 } cph_policy_scheduler;
 
 typedef struct cph_policy_leases {

@@ -7,7 +7,16 @@
  *   - credits(now) = min(max, c0 + rate·(now - t0)).
  *
  * Sessions are named by their id string (not by sid) so the test can drive both models with
- * the same operations. Every function takes the time from the clock given at creation. */
+ * the same operations. Every function takes the time from the clock given at creation.
+ *
+ * Rules 8–11 are applied as literally: a lane's tokens bucket; the price of a turn by tokens;
+ * seats as "a lane may take a free seat below its reservation, or while more seats are free
+ * than the other lanes with runnable sessions and budget have reserved and unused"; tenants
+ * as start-time fair queueing written out per (tenant, lane) — a start tag, a last finish
+ * tag, joining at max(lane's virtual time, last finish) when it gains runnable sessions,
+ * tags counted only once some session has named a tenant (before that every session is the
+ * default tenant's and there is nothing to share); the forecast by playing the lane's picks
+ * forward on a copy. */
 #ifndef CEPHALON_TESTS_SCHED_REF_H
 #define CEPHALON_TESTS_SCHED_REF_H
 
@@ -46,6 +55,12 @@ typedef struct cph_ref_pick {
 
 void cph_ref_pick_next(cph_ref *r, cph_ref_pick *out);
 void cph_ref_finish(cph_ref *r, const char *id, uint64_t tool_calls, bool charge_credits);
+void cph_ref_finish_cost(cph_ref *r, const char *id, uint64_t tool_calls, uint64_t tokens,
+                         bool charge_credits);
+/* NULL or "" = the default tenant. */
+void cph_ref_set_tenant(cph_ref *r, const char *id, const char *tenant);
+/* The name of the reference's tenant index (as cph_why.tenant gives it); "" = default. */
+const char *cph_ref_tenant_name(const cph_ref *r, uint32_t index);
 
 /* Exact credits now, in 10^-12 units. */
 int64_t cph_ref_credit_units(const cph_ref *r, const char *id);

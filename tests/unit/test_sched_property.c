@@ -51,6 +51,7 @@ typedef struct prop {
   int step;
   bool verbose;
   bool ties; /* this sequence favours zero time steps and equal credits */
+  bool tenants; /* this sequence names tenants (§3.9) */
   cph_clock clock;
   cph_sched_config cfg;
   cph_sched *s;
@@ -143,6 +144,32 @@ static void random_config(prop *p, cph_sched_config *c) {
   }
   c->concurrency = 1 + (uint32_t)rnd(p, 6);
   c->trickle_per_minute = PICK_FROM(p, trickles);
+  /* §3.8–3.10, each in about half the configs. */
+  static const int64_t tokens[] = {0, 0, 1, 500, 6000, 100000, 100000000};
+  static const int64_t per_unit[] = {1, 7, 1000, 50000};
+  if (chance(p, 50))
+    for (int i = 0; i < CPH_LANE_COUNT; i++)
+      c->tokens_per_minute[i] = PICK_FROM(p, tokens);
+  if (chance(p, 50)) {
+    c->charge = CPH_CHARGE_TOKENS;
+    c->tokens_per_unit = PICK_FROM(p, per_unit);
+  }
+  if (chance(p, 50)) {
+    uint32_t left = c->concurrency;
+    for (int i = 0; i < CPH_LANE_COUNT; i++) {
+      c->seats[i] = (uint32_t)rnd(p, left + 1);
+      left -= c->seats[i];
+    }
+  }
+  static const cph_sched_tenant_weight weight_sets[][3] = {
+      {{"t1", 1}, {"t2", 2}, {"acme", 5}},
+      {{"acme", 3}, {"b", 0.5}, {"t2", 1000}},
+      {{"t1", 0.001}, {"b", 7}, {"acme", 1}},
+  };
+  if (chance(p, 60)) {
+    c->tenants = weight_sets[rnd(p, 3)];
+    c->n_tenants = 1 + (size_t)rnd(p, 3);
+  }
   if (cph_sched_config_check(c, NULL) != 0)
     fail_seq(p, "generated an invalid config");
 }
@@ -173,6 +200,20 @@ static void compare_why(prop *p, int i) {
   CHECK(p, a.ahead_in_higher_lanes == b.ahead_in_higher_lanes,
         "why(%s): ahead %" PRIu64 ", reference %" PRIu64, ids[i], a.ahead_in_higher_lanes,
         b.ahead_in_higher_lanes);
+  cph_tenant_stats ts;
+  cph_sched_tenant_stats(p->s, a.tenant, &ts);
+  CHECK(p, strcmp(ts.name, cph_ref_tenant_name(p->r, b.tenant)) == 0,
+        "why(%s): tenant '%s', reference '%s'", ids[i], ts.name,
+        cph_ref_tenant_name(p->r, b.tenant));
+  CHECK(p, a.position == b.position && a.tenant_position == b.tenant_position &&
+               a.tenant_runnable == b.tenant_runnable && a.turns_ahead == b.turns_ahead,
+        "why(%s): position %" PRIu64 "/%" PRIu64 " in tenant %" PRIu64 "/%" PRIu64
+        " of %" PRIu64 "/%" PRIu64 " ahead %" PRIu64 "/%" PRIu64,
+        ids[i], a.position, b.position, a.tenant_position, b.tenant_position,
+        a.tenant_runnable, b.tenant_runnable, a.turns_ahead, b.turns_ahead);
+  CHECK(p, a.est_start_ns == b.est_start_ns,
+        "why(%s): estimated start %" PRId64 ", reference %" PRId64, ids[i], a.est_start_ns,
+        b.est_start_ns);
 }
 
 static void compare_state(prop *p) {
@@ -213,6 +254,22 @@ static void compare_state(prop *p) {
             a.runnable, b.runnable, a.running, b.running);
       CHECK(p, a.started_total == b.started_total, "lane %d started %" PRIu64 "/%" PRIu64, l,
             a.started_total, b.started_total);
+      CHECK(p, a.tokens_left == b.tokens_left, "lane %d tokens %.6f/%.6f", l, a.tokens_left,
+            b.tokens_left);
+      CHECK(p,
+            a.seats == b.seats && a.seats_lent == b.seats_lent &&
+                a.seats_borrowed == b.seats_borrowed,
+            "lane %d seats %u/%u lent %u/%u borrowed %u/%u", l, a.seats, b.seats, a.seats_lent,
+            b.seats_lent, a.seats_borrowed, b.seats_borrowed);
+      CHECK(p, a.tenants_runnable == b.tenants_runnable,
+            "lane %d tenants runnable %" PRIu64 "/%" PRIu64, l, a.tenants_runnable,
+            b.tenants_runnable);
+      CHECK(p,
+            a.window == b.window && a.mean_spacing_ns == b.mean_spacing_ns &&
+                a.mean_turn_ns == b.mean_turn_ns,
+            "lane %d window %u/%u spacing %" PRId64 "/%" PRId64 " turn %" PRId64 "/%" PRId64, l,
+            a.window, b.window, a.mean_spacing_ns, b.mean_spacing_ns, a.mean_turn_ns,
+            b.mean_turn_ns);
     }
 }
 
@@ -415,11 +472,25 @@ static void op_finish(prop *p) {
       return;
   }
   static const uint64_t calls[] = {0, 0, 1, 1, 2, 3, 5, 20, 1000};
-  uint64_t n = PICK_FROM(p, calls);
+  static const uint64_t tokens[] = {0, 0, 1, 499, 500, 7000, 50000, 2000000};
+  uint64_t n = PICK_FROM(p, calls), t = PICK_FROM(p, tokens);
   bool charge = chance(p, 80);
-  note(p, "finish %s tools %" PRIu64 " charge %d", ids[i], n, charge);
-  cph_sched_finish(p->s, p->sid[i], n, charge);
-  cph_ref_finish(p->r, ids[i], n, charge);
+  note(p, "finish %s tools %" PRIu64 " tokens %" PRIu64 " charge %d", ids[i], n, t, charge);
+  cph_sched_cost cost = {n, t};
+  cph_sched_finish_cost(p->s, p->sid[i], &cost, charge);
+  cph_ref_finish_cost(p->r, ids[i], n, t, charge);
+}
+
+static void op_tenant(prop *p) {
+  static const char *const names[] = {"", "t1", "t2", "acme", "b", "t1"};
+  int i = random_present(p);
+  if (i < 0)
+    return;
+  const char *t = PICK_FROM(p, names);
+  note(p, "tenant %s '%s'", ids[i], t);
+  CHECK(p, cph_sched_set_tenant(p->s, p->sid[i], t) == 0, "set_tenant failed");
+  cph_ref_set_tenant(p->r, ids[i], t);
+  CHECK(p, strcmp(cph_sched_tenant(p->s, p->sid[i]), t) == 0, "tenant of %s", ids[i]);
 }
 
 static void op_time(prop *p) {
@@ -458,16 +529,18 @@ static void op_reload(prop *p) {
 
 enum op {
   OP_ADD, OP_RESTORE, OP_REMOVE, OP_WORK, OP_PAUSE, OP_TRICKLE, OP_TRICKLE_RAN, OP_PICK,
-  OP_FINISH, OP_TIME, OP_RELOAD, OP_PASS, OP_CHECK, OP_COUNT
+  OP_FINISH, OP_TIME, OP_RELOAD, OP_PASS, OP_CHECK, OP_TENANT, OP_COUNT
 };
 
 /* Weights per operation (percent). Tie-heavy sequences churn sessions at one instant, so
- * removed sessions' slots are reused while equal entries are queued. */
-static const int weights_mixed[OP_COUNT] = {12, 2, 4, 16, 5, 4, 1, 20, 15, 14, 2, 3, 2};
-static const int weights_ties[OP_COUNT] = {16, 2, 10, 16, 4, 3, 1, 20, 12, 8, 2, 4, 2};
+ * removed sessions' slots are reused while equal entries are queued. Sequences with tenants
+ * (two in three) move sessions between tenants. */
+static const int weights_mixed[OP_COUNT] = {12, 2, 4, 16, 5, 4, 1, 20, 15, 14, 2, 3, 2, 0};
+static const int weights_ties[OP_COUNT] = {16, 2, 10, 16, 4, 3, 1, 20, 12, 8, 2, 4, 2, 0};
+static const int weights_tenants[OP_COUNT] = {10, 2, 4, 14, 4, 3, 1, 20, 14, 12, 2, 3, 1, 10};
 
 static enum op random_op(prop *p) {
-  const int *w = p->ties ? weights_ties : weights_mixed;
+  const int *w = p->tenants ? weights_tenants : p->ties ? weights_ties : weights_mixed;
   int x = (int)rnd(p, 100);
   for (int i = 0; i < OP_COUNT; i++) {
     if (x < w[i])
@@ -485,6 +558,7 @@ static void run_sequence(uint64_t seed, bool verbose) {
   p->rng = seed;
   p->verbose = verbose;
   p->ties = seed % 3 == 0;
+  p->tenants = seed % 3 == 2;
   cph_clock_init_virtual(&p->clock, (int64_t)rnd(p, 1000) * CPH_NS_PER_S);
   random_config(p, &p->cfg);
   remember_bounds(p);
@@ -517,6 +591,7 @@ static void run_sequence(uint64_t seed, bool verbose) {
     case OP_TIME: op_time(p); break;
     case OP_RELOAD: op_reload(p); break;
     case OP_PASS: op_pass(p); break;
+    case OP_TENANT: op_tenant(p); break;
     default:
       note(p, "check_credits + top_up");
       cph_sched_check_credits(p->s);
@@ -592,7 +667,7 @@ static void test_reference_applies_pick_rules_literally(void **state) {
   (void)state;
   cph_clock clock;
   cph_clock_init_virtual(&clock, 0);
-  cph_sched_config cfg = {{60, 60, 60}, {600, 600, 600}, 1.0, 10, -10, {2, 2, 2}, 8, 0};
+  cph_sched_config cfg = {{60, 60, 60}, {600, 600, 600}, 1.0, 10, -10, {2, 2, 2}, 8, 0, {0}, CPH_CHARGE_TURN, 0, {0}, NULL, 0};
   cph_ref *r = cph_ref_new(&cfg, &clock);
   const char *names[] = {"s2", "s10", "s1"};
   for (int i = 0; i < 3; i++) {
