@@ -42,6 +42,8 @@ int cli_cmd_policy(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_status(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_lanes(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_sessions(const cli_ctx *ctx, int argc, char **argv);
+/* cephalonctl why SESSION: `sessions why SESSION` (the forecast of DESIGN §3.11 included). */
+int cli_cmd_why(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_events(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_turns(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_context(const cli_ctx *ctx, int argc, char **argv);

@@ -1,4 +1,4 @@
-/* cephalonctl sessions list | show ID | why ID */
+/* cephalonctl sessions list | show ID | why ID, and cephalonctl why ID */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -243,6 +243,48 @@ static const char *why_lane(const json_t *w) {
   return NULL;
 }
 
+/* DESIGN §3.11: a second line for a queued session, e.g.
+ *   s1: position 3 in interactive (2 of 4 for tenant acme), 5 turns ahead, start in ~12.3 s
+ * nothing when the answer has no position (not queued, or an older daemon). */
+static void print_forecast_line(const char *id, const json_t *w) {
+  double position, tpos, tof, ahead, in_s, est_ms;
+  if (!cli_json_number(w, "position", &position))
+    return;
+  const char *lane = why_lane(w), *tenant = cli_json_string(w, "tenant");
+  cli_put_clean(stdout, id);
+  printf(": position %.0f", position);
+  if (lane) {
+    fputs(" in ", stdout);
+    cli_put_clean(stdout, lane);
+  }
+  if (cli_json_number(w, "tenant_position", &tpos) &&
+      cli_json_number(w, "tenant_runnable", &tof)) {
+    printf(" (%.0f of %.0f for ", tpos, tof);
+    if (tenant && tenant[0]) {
+      fputs("tenant ", stdout);
+      cli_put_clean(stdout, tenant);
+    } else {
+      fputs("the default tenant", stdout);
+    }
+    fputc(')', stdout);
+  }
+  if (cli_json_number(w, "turns_ahead", &ahead))
+    printf(", %.0f turn%s ahead", ahead, ahead == 1 ? "" : "s");
+  if (cli_json_number(w, "est_start_in_s", &in_s)) {
+    printf(", start in ~%.1f s", in_s);
+    if (cli_json_number(w, "est_start_ms", &est_ms) && est_ms > 0) {
+      time_t t = (time_t)(est_ms / 1000.0);
+      struct tm tm;
+      char when[16];
+      if (localtime_r(&t, &tm) && strftime(when, sizeof when, "%H:%M:%S", &tm))
+        printf(" (%s)", when);
+    }
+  } else {
+    fputs(", no estimate yet (no recent completions in the lane)", stdout);
+  }
+  fputc('\n', stdout);
+}
+
 /* One human line for one reason object, e.g.
  *   s1: runnable, rank 2 of 5 in interactive (credits 28.0, waiting 1.2 s)
  *   s1: lane out of budget until 09:31:05 (interactive) */
@@ -317,6 +359,7 @@ static void print_why_line(const char *id, const json_t *w) {
     }
   }
   fputc('\n', stdout);
+  print_forecast_line(id, w);
 }
 
 static int sessions_why(const cli_ctx *ctx, const char *id) {
@@ -395,4 +438,14 @@ int cli_cmd_sessions(const cli_ctx *ctx, int argc, char **argv) {
   cli_put_clean(stderr, sub);
   fputs("'\n", stderr);
   return usage_error();
+}
+
+int cli_cmd_why(const cli_ctx *ctx, int argc, char **argv) {
+  const char *id = NULL;
+  int r = one_id("why", argc - 1, argv + 1, &id);
+  if (r == -1)
+    return CLI_EXIT_OK;
+  if (r < 0)
+    return usage_error();
+  return sessions_why(ctx, id);
 }

@@ -19,6 +19,8 @@ static const cli_command commands[] = {
      "sessions show ID\n"
      "sessions why ID",
      "list sessions, show one, say why one is (not) running"},
+    {"why", cli_cmd_why, "why SESSION",
+     "why a session is (not) running: its place in line, turns ahead, estimated start"},
     {"lanes", cli_cmd_lanes, "lanes", "lane budgets left, runnable and running sessions"},
     {"top", cli_cmd_top, "top [--interval SECONDS] [--limit N] [--once]",
      "live view of lanes, busiest sessions, outbox and backpressure (Ctrl-C quits)"},

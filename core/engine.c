@@ -578,13 +578,23 @@ void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     cph_lane_stats st;
     cph_sched_lane_stats(e->env.sched, (cph_lane)i, &st);
-    out[i] = (cph_lane_info){(cph_lane)i,
-                             st.turns_left,
-                             st.tool_calls_left,
-                             st.runnable,
-                             st.running,
-                             e->env.policy->scheduler.lanes[i].turns,
-                             e->env.policy->scheduler.lanes[i].tool_calls};
+    const cph_policy_lane_budget *b = &e->env.policy->scheduler.lanes[i];
+    out[i] = (cph_lane_info){.lane = (cph_lane)i,
+                             .turns_left = st.turns_left,
+                             .tool_calls_left = st.tool_calls_left,
+                             .runnable = st.runnable,
+                             .running = st.running,
+                             .budget_turns = b->turns,
+                             .budget_tool_calls = b->tool_calls,
+                             .tokens_left = st.tokens_left,
+                             .budget_tokens = b->tokens,
+                             .seats = st.seats,
+                             .seats_lent = st.seats_lent,
+                             .seats_borrowed = st.seats_borrowed,
+                             .tenants_runnable = st.tenants_runnable,
+                             .recent_completions = st.window,
+                             .mean_turn_s = (double)st.mean_turn_ns / 1e9,
+                             .completion_spacing_s = (double)st.mean_spacing_ns / 1e9};
   }
   *limit = cph_sched_concurrency(e->env.sched);
   *in_use = cph_sched_running(e->env.sched);

@@ -71,6 +71,27 @@ static void add_scheduler(const metrics_sources *src, metric_registry *r) {
       *h = l->pick_wait[i];
   }
 
+  double w[5][CPH_LANE_COUNT];
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    w[0][i] = lanes[i].tokens_left;
+    w[1][i] = (double)lanes[i].budget_tokens;
+    w[2][i] = lanes[i].seats;
+    w[3][i] = lanes[i].seats_lent;
+    w[4][i] = lanes[i].seats_borrowed;
+  }
+  add_lane_gauge(r, "cephalon_lane_model_tokens",
+                 "Model tokens left in the lane's tokens bucket (:tokens budget; 0 without "
+                 "one); negative after overspending.",
+                 w[0]);
+  add_lane_gauge(r, "cephalon_lane_budget_model_tokens_per_minute",
+                 "The lane's :tokens budget per minute; 0 = none.", w[1]);
+  add_lane_gauge(r, "cephalon_lane_seats_reserved", "Concurrency seats reserved for the lane.",
+                 w[2]);
+  add_lane_gauge(r, "cephalon_lane_seats_lent",
+                 "Of the lane's reserved seats, how many other lanes hold now.", w[3]);
+  add_lane_gauge(r, "cephalon_lane_seats_borrowed",
+                 "The lane's running turns beyond its seats and the shared pool.", w[4]);
+
   metric_add_gauge(r, "cephalon_concurrency_in_use", "Turns running now, over all lanes.",
                    src->concurrency_in_use);
   metric_add_gauge(r, "cephalon_concurrency_limit", "At most this many turns run at once.",
@@ -191,6 +212,66 @@ static void add_dedupe(const metrics_sources *src, metric_registry *r) {
   }
 }
 
+/* DESIGN §3.9, §10: per-tenant series only for the METRICS_TOP_TENANTS tenants with the most
+ * turns started (label cardinality); the rest are summed as tenant="(other)" — a name no
+ * tenant can have. The default tenant (sessions without one) has the empty label, which
+ * the text format writes as no label. O(tenants log tenants) per scrape. */
+#define METRICS_TOP_TENANTS 32
+
+typedef struct tenant_row {
+  const char *name;
+  uint64_t started, runnable;
+} tenant_row;
+
+static int tenant_row_cmp(const void *a, const void *b) {
+  const tenant_row *x = a, *y = b;
+  if (x->started != y->started)
+    return x->started > y->started ? -1 : 1;
+  return strcmp(x->name, y->name);
+}
+
+static void add_tenants(const metrics_sources *src, metric_registry *r) {
+  const cph_sched *s = src->env->sched;
+  uint32_t n = cph_sched_tenant_count(s);
+  tenant_row *rows = calloc(n ? n : 1, sizeof *rows);
+  if (!rows)
+    return;
+  for (uint32_t i = 0; i < n; i++) {
+    cph_tenant_stats st;
+    cph_sched_tenant_stats(s, i, &st);
+    rows[i].name = st.name;
+    for (int l = 0; l < CPH_LANE_COUNT; l++) {
+      rows[i].started += st.started[l];
+      rows[i].runnable += st.runnable[l];
+    }
+  }
+  qsort(rows, n, sizeof *rows, tenant_row_cmp);
+  metric_family *started = metric_family_add(
+      r, "cephalon_tenant_turns_started_total", METRIC_COUNTER,
+      "Turns started per tenant, over all lanes: the 32 tenants with the most, the rest as "
+      "tenant=\"(other)\"; the series without a tenant label is sessions without one.",
+      "tenant", NULL, 0);
+  metric_family *runnable = metric_family_add(
+      r, "cephalon_tenant_runnable_sessions", METRIC_GAUGE,
+      "Runnable sessions per tenant, for the tenants of cephalon_tenant_turns_started_total.",
+      "tenant", NULL, 0);
+  tenant_row other = {"(other)", 0, 0};
+  for (uint32_t i = 0; i < n; i++) {
+    if (i < METRICS_TOP_TENANTS) {
+      metric_counter_set(metric_series_add(started, rows[i].name), rows[i].started);
+      metric_gauge_set(metric_series_add(runnable, rows[i].name), (double)rows[i].runnable);
+    } else {
+      other.started += rows[i].started;
+      other.runnable += rows[i].runnable;
+    }
+  }
+  if (n > METRICS_TOP_TENANTS) {
+    metric_counter_set(metric_series_add(started, other.name), other.started);
+    metric_gauge_set(metric_series_add(runnable, other.name), (double)other.runnable);
+  }
+  free(rows);
+}
+
 typedef struct bp_scan {
   const metrics_sources *src;
   const cph_policy *policy;
@@ -293,6 +374,7 @@ char *metrics_text(const metrics_sources *src, size_t *len) {
     return NULL;
   double credit_bounds[10]; /* outlives r */
   add_scheduler(src, r);
+  add_tenants(src, r);
   add_credits(src, r, credit_bounds);
   add_turn_outcomes(src, r);
   add_ingest(src, r);

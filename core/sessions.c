@@ -26,6 +26,8 @@ bool session_id_valid(const char *id) {
   return true;
 }
 
+bool cph_tenant_valid(const char *tenant) { return tenant && session_id_valid(tenant); }
+
 static cph_key session_key(const char *id) {
   cph_key k;
   cph_key_reset(&k);
@@ -303,6 +305,12 @@ int csession_resched(cph_sessions *ss, csession *s, cph_lane lane, double credit
     cph_sched_remove(ss->env->sched, sid);
     return CPH_ENOMEM;
   }
+  /* Its tenant goes with it (§3.9); the name is the scheduler's, so this cannot fail for
+   * memory once the tenant exists. */
+  if (cph_sched_set_tenant(ss->env->sched, sid, cph_sched_tenant(ss->env->sched, old))) {
+    cph_sched_remove(ss->env->sched, sid);
+    return CPH_ENOMEM;
+  }
   ss->by_sid[sid] = s;
   cph_idmap_put(&ss->by_id, s->id, sid); /* a present key: cannot fail */
   ss->by_sid[old] = NULL;
@@ -428,6 +436,7 @@ void cph_session_info_free(cph_session_info *s) {
   strv_free(s->member.items, s->member.count);
   strv_free(s->tools.items, s->tools.count);
   free(s->system);
+  free(s->tenant);
   memset(s, 0, sizeof *s);
 }
 
@@ -473,8 +482,9 @@ static int info_from(cph_sessions *ss, const cph_session_rec *r, const csession 
   out->pending = s->n_pending;
   out->staged = s->n_staged;
   out->folded = s->folded;
+  out->tenant = r->tenant ? strdup(r->tenant) : NULL;
   if (!out->id || !out->subscribe.items || !out->member.items || !out->tools.items ||
-      (r->system && !out->system)) {
+      (r->system && !out->system) || (r->tenant && !out->tenant)) {
     cph_session_info_free(out);
     return CPH_ENOMEM;
   }
@@ -520,6 +530,8 @@ static void rec_apply(cph_session_rec *r, const cph_session_info *in, unsigned s
     r->state = in->state == CPH_STATE_PAUSED ? CPH_SESSION_PAUSED : CPH_SESSION_IDLE;
   if (set & CPH_SET_CLASS)
     r->lane = (uint8_t)in->lane;
+  if (set & CPH_SET_TENANT)
+    r->tenant = in->tenant && in->tenant[0] ? in->tenant : NULL;
 }
 
 static int validate_fields(cph_op *op, const cph_session_info *in, unsigned set) {
@@ -530,6 +542,8 @@ static int validate_fields(cph_op *op, const cph_session_info *in, unsigned set)
   if ((set & CPH_SET_CLASS) && (unsigned)in->lane >= CPH_LANE_COUNT)
     return op_fail(op, CPH_EINVAL, "class",
                    "class: expected interactive, operational or maintenance");
+  if ((set & CPH_SET_TENANT) && in->tenant && in->tenant[0] && !cph_tenant_valid(in->tenant))
+    return op_fail(op, CPH_EINVAL, "tenant", "tenant: 1 to 128 characters of A-Z a-z 0-9 . _ : @ -");
   if ((set & CPH_SET_WINDOW) && in->context_window_tokens &&
       (in->context_window_tokens < 256 || in->context_window_tokens > 10000000))
     return op_fail(op, CPH_EINVAL, "context_window_tokens",
@@ -563,7 +577,7 @@ static void session_create(cph_sessions *ss, cph_op *op) {
   }
   unsigned all = CPH_SET_SUBSCRIBE | CPH_SET_MEMBER | CPH_SET_AUTONOMY | CPH_SET_REPORT |
                  CPH_SET_WINDOW | CPH_SET_SYSTEM | CPH_SET_TOOLS | CPH_SET_CLASS |
-                 (op->u.session.set & CPH_SET_PAUSED);
+                 CPH_SET_TENANT | (op->u.session.set & CPH_SET_PAUSED);
   if (validate_fields(op, in, all))
     return;
   if (sessions_get(ss, in->id)) {
@@ -586,7 +600,8 @@ static void session_create(cph_sessions *ss, cph_op *op) {
     return;
   }
   csession *s = csession_new(ss, in->id, in->lane, 0, false);
-  if (!s || sessions_channels_attach(ss, s, &r)) {
+  if (!s || sessions_channels_attach(ss, s, &r) ||
+      cph_sched_set_tenant(ss->env->sched, s->sid, r.tenant)) {
     op_fail(op, CPH_ENOMEM, NULL, "out of memory creating session '%s'", in->id);
     return;
   }
@@ -646,6 +661,9 @@ static void session_update(cph_sessions *ss, cph_op *op) {
   if ((set & CPH_SET_CLASS) && in->lane != s->lane)
     /* A new lane: re-register with the scheduler, keeping its credits. */
     csession_resched(ss, s, in->lane, cph_sched_credits(ss->env->sched, s->sid));
+  if ((set & CPH_SET_TENANT) && cph_sched_set_tenant(ss->env->sched, s->sid, r.tenant))
+    cph_warn("session '%s': out of memory for its tenant; it counts as the default tenant's "
+             "until a restart", s->id);
   if (set & CPH_SET_PAUSED)
     s->paused = r.state == CPH_SESSION_PAUSED;
   if (set & CPH_SET_AUTONOMY) {
@@ -831,6 +849,11 @@ int sessions_load(cph_sessions *ss, cph_err *err) {
       rc = cph_err_set(err, CPH_ENOMEM, "out of memory loading sessions");
       goto out;
     }
+    if (r.tenant && cph_sched_set_tenant(ss->env->sched, s->sid, r.tenant)) {
+      cph_record_free(&cph_session_desc, &r);
+      rc = cph_err_set(err, CPH_ENOMEM, "out of memory loading sessions");
+      goto out;
+    }
     s->paused = r.state == CPH_SESSION_PAUSED;
     s->episode = r.episode;
     s->autonomy_interval_s = r.autonomy_interval_s;
@@ -968,6 +991,17 @@ int sessions_why(cph_sessions *ss, const char *id, cph_why_info *out, cph_err *e
   out->rank = w.rank;
   out->lane_runnable = w.lane_runnable;
   out->ahead_in_higher_lanes = w.ahead_in_higher_lanes;
+  snprintf(out->tenant, sizeof out->tenant, "%s", cph_sched_tenant(ss->env->sched, s->sid));
+  out->position = w.position;
+  out->tenant_position = w.tenant_position;
+  out->tenant_runnable = w.tenant_runnable;
+  out->turns_ahead = w.turns_ahead;
+  out->est_start_ms = out->est_start_in_s = -1;
+  if (w.est_start_ns >= 0) {
+    int64_t in_ns = w.est_start_ns - env_now(ss->env);
+    out->est_start_in_s = (double)in_ns / 1e9;
+    out->est_start_ms = cph_wall_ms() + in_ns / CPH_NS_PER_MS;
+  }
   out->staged = s->n_staged;
   out->pending = s->n_pending;
   cph_txn t;

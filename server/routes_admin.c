@@ -3,7 +3,12 @@
  *   GET  /healthz                  -> 200 {"status": "ok"}                       (no auth)
  *   GET  /readyz                   -> 200 {"status": "ready", "policy_generation"} (no auth);
  *                                     503 {"status": "stopping", ...} while shutting down
- *   GET  /v1/lanes                 -> 200 {"lanes": [...], "concurrency": {"limit", "in_use"}}
+ *   GET  /v1/lanes                 -> 200 {"lanes": [...], "concurrency": {"limit", "in_use"}};
+ *                                     a lane: name, turns_left, tool_calls_left, tokens_left,
+ *                                     runnable, running, budget {turns, tool_calls, tokens},
+ *                                     seats {reserved, in_use, lent, borrowed},
+ *                                     tenants_runnable, recent {completions, mean_turn_s,
+ *                                     completion_spacing_s}
  *   GET  /v1/admin/policy          -> 200 {"edn", "generation", "source"}
  *   POST /v1/admin/policy/reload   -> 200 {"generation", "note"} | 400 with file:line:col
  *   POST /v1/admin/backup {"dir"}  -> 202 the backup's status (it runs on its own thread) |
@@ -50,7 +55,24 @@ json_t *cph_lanes_json(cph_engine *e, json_t **concurrency) {
     json_t *budget = json_object();
     json_object_set_new(budget, "turns", json_integer(l->budget_turns));
     json_object_set_new(budget, "tool_calls", json_integer(l->budget_tool_calls));
+    json_object_set_new(budget, "tokens",
+                        l->budget_tokens ? json_integer(l->budget_tokens) : json_null());
     json_object_set_new(o, "budget", budget);
+    /* DESIGN §3.8, §3.10, §3.11 */
+    json_object_set_new(o, "tokens_left", l->budget_tokens ? json_real(l->tokens_left)
+                                                           : json_null());
+    json_t *seats = json_object();
+    json_object_set_new(seats, "reserved", json_integer(l->seats));
+    json_object_set_new(seats, "in_use", cph_json_u64(l->running));
+    json_object_set_new(seats, "lent", json_integer(l->seats_lent));
+    json_object_set_new(seats, "borrowed", json_integer(l->seats_borrowed));
+    json_object_set_new(o, "seats", seats);
+    json_object_set_new(o, "tenants_runnable", cph_json_u64(l->tenants_runnable));
+    json_t *recent = json_object();
+    json_object_set_new(recent, "completions", json_integer(l->recent_completions));
+    json_object_set_new(recent, "mean_turn_s", json_real(l->mean_turn_s));
+    json_object_set_new(recent, "completion_spacing_s", json_real(l->completion_spacing_s));
+    json_object_set_new(o, "recent", recent);
     json_array_append_new(arr, o);
   }
   *concurrency = json_object();

@@ -9,10 +9,10 @@
  *
  * session: {"id", "class", "state", "credits", "episode", "subscribe", "member",
  *           "autonomy_interval_s", "report_interval_s", "context_window_tokens", "system",
- *           "tools", "paused", "pending", "staged", "folded"}
+ *           "tools", "paused", "pending", "staged", "folded", "tenant"}
  * Settable: class, subscribe, member, autonomy_interval_s, report_interval_s (null or 0 =
  * none), context_window_tokens (null or 0 = the policy default), system (null = none), tools,
- * and "paused": true|false. id, state, credits, episode and the counters are read-only and
+ * tenant (null or "" = none: the default tenant, DESIGN §3.9) and "paused": true|false. id, state, credits, episode and the counters are read-only and
  * ignored in a body, so a client may PUT back what it got. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -42,6 +42,7 @@ static json_t *session_json(const cph_session_info *s) {
   json_object_set_new(o, "pending", json_integer(s->pending));
   json_object_set_new(o, "staged", json_integer(s->staged));
   json_object_set_new(o, "folded", cph_json_u64(s->folded));
+  json_object_set_new(o, "tenant", cph_json_str(s->tenant));
   return o;
 }
 
@@ -85,6 +86,14 @@ static void session_fields(cph_req *r, cph_session_info *in, unsigned *set) {
   if (present(b, "system") && cph_in_str(r, b, "", "system", 0, &system)) {
     in->system = (char *)system; /* an input: the engine reads it only */
     *set |= CPH_SET_SYSTEM;
+  }
+  const char *tenant = NULL;
+  if (present(b, "tenant") && cph_in_str(r, b, "", "tenant", 0, &tenant)) {
+    if (tenant && tenant[0] && !cph_tenant_valid(tenant))
+      cph_req_fail(r, 400, "bad_request", "tenant",
+                   "tenant must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ -");
+    in->tenant = (char *)tenant; /* an input: the engine reads it only */
+    *set |= CPH_SET_TENANT;
   }
   bool paused = false;
   if (present(b, "paused") && cph_in_bool(r, b, "", "paused", 0, &paused)) {
@@ -241,5 +250,18 @@ void cph_route_session_why(cph_req *r) {
   json_object_set_new(o, "pending", json_integer(w.pending));
   json_object_set_new(o, "next_report_in_s",
                       w.next_report_in_s >= 0 ? json_integer(w.next_report_in_s) : json_null());
+  /* DESIGN §3.9, §3.11: the tenant and the forecast (null unless the session is queued). */
+  json_object_set_new(o, "tenant", w.tenant[0] ? json_string(w.tenant) : json_null());
+  bool queued = w.position > 0;
+  json_object_set_new(o, "position", queued ? cph_json_u64(w.position) : json_null());
+  json_object_set_new(o, "tenant_position",
+                      queued ? cph_json_u64(w.tenant_position) : json_null());
+  json_object_set_new(o, "tenant_runnable",
+                      queued ? cph_json_u64(w.tenant_runnable) : json_null());
+  json_object_set_new(o, "turns_ahead", queued ? cph_json_u64(w.turns_ahead) : json_null());
+  json_object_set_new(o, "est_start_ms",
+                      queued && w.est_start_ms >= 0 ? json_integer(w.est_start_ms) : json_null());
+  json_object_set_new(o, "est_start_in_s",
+                      queued && w.est_start_in_s >= 0 ? json_real(w.est_start_in_s) : json_null());
   cph_reply_json(r, 200, o);
 }

@@ -561,17 +561,20 @@ int cph_record_decode_some(const cph_record_desc *d, const void *data, size_t le
                      n ? mp_kind_name(&r) : "an empty array");
     goto fail;
   }
-  if (version != d->version) {
+  size_t n_fields = d->n_fields;
+  if (d->old_version && version == d->old_version) {
+    n_fields = d->old_n_fields; /* the fields appended since stay zero */
+  } else if (version != d->version) {
     rc = cph_err_set(err, CPH_ECORRUPT, "%s: record version %llu, this build reads version %u",
                      d->name, (unsigned long long)version, d->version);
     goto fail;
   }
-  if (n != d->n_fields + 1) {
+  if (n != n_fields + 1) {
     rc = cph_err_set(err, CPH_ECORRUPT, "%s: %zu fields, expected %zu", d->name, n - 1,
-                     d->n_fields);
+                     n_fields);
     goto fail;
   }
-  for (size_t i = 0; i < d->n_fields; i++) {
+  for (size_t i = 0; i < n_fields; i++) {
     bool wanted = i >= 64 || (fields >> i & 1);
     rc = wanted ? decode_field(&c, &d->fields[i], &r, rec)
                 : skip_field(&c, &d->fields[i], &r, rec);

@@ -33,6 +33,11 @@ struct cph_record_desc {
   size_t size;      /* sizeof the record struct */
   const cph_field *fields;
   size_t n_fields;
+  /* Compatible reading: a record written at old_version (non-zero) holds only the first
+   * old_n_fields fields (the rest were appended since) and decodes with the rest zero —
+   * NULL strings, empty arrays. It is written back at the current version. */
+  uint32_t old_version;
+  size_t old_n_fields;
 };
 
 #endif

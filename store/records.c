@@ -1,5 +1,7 @@
 /* Field tables: the on-disk layout of every record kind. The order of entries IS the wire
- * order; changing a table means bumping that record's version in DESC(). */
+ * order; changing a table means bumping that record's version in DESC(). Fields appended at
+ * the end can keep older records readable: DESC_SINCE names the previous version and how
+ * many fields it had. */
 #include <stddef.h>
 
 #include "cephalon/lane.h"
@@ -12,7 +14,11 @@
 #define ARRAY(rec, type, member, counter) \
   {#member, type, offsetof(rec, member), offsetof(rec, counter), 0}
 #define DESC(var, label, version, rec, table) \
-  const cph_record_desc var = {label, version, sizeof(rec), table, sizeof table / sizeof table[0]}
+  const cph_record_desc var = {label, version, sizeof(rec), table,                        \
+                               sizeof table / sizeof table[0], 0, 0}
+#define DESC_SINCE(var, label, version, rec, table, old_version, old_n_fields)             \
+  const cph_record_desc var = {label, version, sizeof(rec), table,                        \
+                               sizeof table / sizeof table[0], old_version, old_n_fields}
 
 #define R cph_session_rec
 static const cph_field session_fields[] = {
@@ -31,8 +37,9 @@ static const cph_field session_fields[] = {
     ARRAY(R, CPH_F_STR_ARRAY, tools, n_tools),
     FIELD(R, CPH_F_I64, created_ms),
     FIELD(R, CPH_F_I64, updated_ms),
+    FIELD(R, CPH_F_OPT_STR, tenant), /* version 2 (DESIGN §3.9); absent in version 1 */
 };
-DESC(cph_session_desc, "session", 1, R, session_fields);
+DESC_SINCE(cph_session_desc, "session", 2, R, session_fields, 1, 15);
 #undef R
 
 #define R cph_event_rec

@@ -80,6 +80,7 @@ typedef struct cph_session_rec {
   uint32_t n_tools;
   int64_t created_ms;
   int64_t updated_ms;
+  char *tenant; /* optional (DESIGN §3.9); NULL in records written before version 2 */
 } cph_session_rec;
 
 typedef struct cph_event_rec {

@@ -105,6 +105,7 @@ typedef struct cph_session_info {
   uint32_t pending; /* inbox messages not yet staged */
   uint32_t staged;
   uint64_t folded; /* events the queue cap folded into an overflow entry (never dropped) */
+  char *tenant;    /* NULL = none: the default tenant (DESIGN §3.9) */
 } cph_session_info;
 void cph_session_info_free(cph_session_info *s);
 
@@ -118,8 +119,12 @@ enum {
   CPH_SET_SYSTEM = 1u << 5,
   CPH_SET_TOOLS = 1u << 6,
   CPH_SET_PAUSED = 1u << 7,
-  CPH_SET_CLASS = 1u << 8
+  CPH_SET_CLASS = 1u << 8,
+  CPH_SET_TENANT = 1u << 9 /* tenant NULL or "" clears it */
 };
+
+/* A tenant name: 1 to 128 bytes of A-Z a-z 0-9 . _ : @ - (as session ids). */
+bool cph_tenant_valid(const char *tenant);
 
 typedef struct cph_event_in {
   char *channel; /* NULL: the session's direct channel "direct:<session>" */
@@ -616,6 +621,15 @@ typedef struct cph_why_info {
   uint64_t ahead_in_higher_lanes;
   uint32_t staged, pending;
   int64_t next_report_in_s; /* reporters: seconds until the next report may run; -1 otherwise */
+  /* DESIGN §3.9, §3.11. The forecast fields are 0 (est_start_ms -1) unless the session is
+   * queued: reasons lane_out_of_budget, concurrency_full, seats_reserved, runnable. */
+  char tenant[129];          /* "" = no tenant (the default tenant) */
+  uint64_t position;         /* in its lane's pick order if nothing else changes; 1 = next */
+  uint64_t tenant_position;  /* among its tenant's runnable sessions in the lane */
+  uint64_t tenant_runnable;
+  uint64_t turns_ahead;      /* position - 1 + runnable sessions in higher lanes with budget */
+  int64_t est_start_ms;      /* wall-clock estimate; -1 when the lane has no recent completions */
+  double est_start_in_s;     /* the same, from now; -1 when unknown */
 } cph_why_info;
 int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *err);
 
@@ -627,6 +641,16 @@ typedef struct cph_lane_info {
   uint64_t running;
   int64_t budget_turns;
   int64_t budget_tool_calls;
+  /* DESIGN §3.8, §3.10, §3.11 */
+  double tokens_left;        /* 0 without a token budget */
+  int64_t budget_tokens;     /* 0 = no token budget */
+  uint32_t seats;            /* reserved for the lane */
+  uint32_t seats_lent;       /* of its reserved seats, held by other lanes now */
+  uint32_t seats_borrowed;   /* its turns beyond its seats and the shared pool */
+  uint64_t tenants_runnable; /* tenants with runnable sessions in the lane */
+  uint32_t recent_completions; /* the forecast's window (at most 32) */
+  double mean_turn_s;        /* over that window; 0 when empty */
+  double completion_spacing_s;
 } cph_lane_info;
 void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t *limit,
                       uint32_t *in_use);

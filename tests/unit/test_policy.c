@@ -838,6 +838,73 @@ static void test_bad_keyword_choice(void **state) {
                "\"info\"");
 }
 
+/* DESIGN §3.8–3.10: the scheduler's new keys load, default to rules 1–7, and their errors
+ * name the keys. */
+static void test_scheduler_tokens_seats_tenants(void **state) {
+  (void)state;
+  cph_policy *p = cph_policy_new_default();
+  assert_non_null(p);
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    assert_int_equal(p->scheduler.lanes[i].tokens, 0);
+    assert_int_equal(p->scheduler.lanes[i].seats, 0);
+  }
+  assert_int_equal(p->scheduler.credits.charge, CPH_POLICY_CHARGE_TURN);
+  assert_int_equal(p->scheduler.credits.tokens_per_unit, 1000);
+  assert_int_equal(p->scheduler.tenant_count, 0);
+  cph_policy_free(p);
+
+  const char *text = "{:scheduler {:concurrency 4\n"
+                     "             :lanes {:interactive {:turns 60 :tool-calls 120\n"
+                     "                                   :tokens 2000000 :seats 2}\n"
+                     "                     :maintenance {:seats 1}}\n"
+                     "             :credits {:charge :tokens :tokens-per-unit 500}\n"
+                     "             :tenants {\"acme\" {:weight 3} \"beta\" {}}}}\n";
+  cph_err err = {0};
+  assert_int_equal(cph_policy_load_text("p.edn", text, strlen(text), &p, &err), CPH_OK);
+  assert_int_equal(p->scheduler.lanes[CPH_LANE_INTERACTIVE].tokens, 2000000);
+  assert_int_equal(p->scheduler.lanes[CPH_LANE_INTERACTIVE].seats, 2);
+  assert_int_equal(p->scheduler.lanes[CPH_LANE_MAINTENANCE].seats, 1);
+  assert_int_equal(p->scheduler.lanes[CPH_LANE_MAINTENANCE].turns, 10); /* defaults stay */
+  assert_int_equal(p->scheduler.credits.charge, CPH_POLICY_CHARGE_TOKENS);
+  assert_int_equal(p->scheduler.credits.tokens_per_unit, 500);
+  assert_int_equal(p->scheduler.tenant_count, 2);
+  assert_string_equal(p->scheduler.tenants[0].name, "acme");
+  assert_true(p->scheduler.tenants[0].weight == 3);
+  assert_string_equal(p->scheduler.tenants[1].name, "beta");
+  assert_true(p->scheduler.tenants[1].weight == 1); /* a listed tenant's default */
+  /* Printed and loaded back, equal (the tenants map included). */
+  cph_buf b = CPH_BUF_INIT;
+  cph_policy_write_edn(p, &b);
+  cph_policy *q = NULL;
+  assert_int_equal(cph_policy_load_text("printed", b.data, b.len, &q, &err), CPH_OK);
+  assert_true(cph_policy_equal(p, q));
+  cph_policy_free(q);
+  cph_buf_free(&b);
+  cph_policy_free(p);
+
+  /* Seats over concurrency: the error points at :lanes and names every key involved.
+   * { 1, :scheduler 2-11, { 13, :concurrency 14-25, 2 27, :lanes 29-34, { at 36 */
+  expect_error("{:scheduler {:concurrency 2 :lanes {:interactive {:seats 2} "
+               ":operational {:seats 1}}}}",
+               "p.edn:1:36: :scheduler :lanes: seats reserved add up to 3 (:interactive :seats 2 "
+               "+ :operational :seats 1 + :maintenance :seats 0), more than :concurrency 2");
+  /* ... and without :lanes given, at the map (the default concurrency is 4: fine). */
+  expect_error("{:scheduler {:concurrency 1 :lanes {:maintenance {:seats 2}}}}",
+               "p.edn:1:36: :scheduler :lanes: seats reserved add up to 2 (:interactive :seats 0 "
+               "+ :operational :seats 0 + :maintenance :seats 2), more than :concurrency 1");
+  expect_error("{:scheduler {:tenants {\"acme\" {:weight 0}}}}",
+               "p.edn:1:40: :scheduler :tenants \"acme\" :weight: expected a number from "
+               "0.001 to 1000000, got 0");
+  expect_error("{:scheduler {:tenants {:acme {:weight 2}}}}",
+               "p.edn:1:24: :scheduler :tenants: expected a name (a non-empty string) as key, "
+               "got :acme");
+  expect_error("{:scheduler {:credits {:charge :dollars}}}",
+               "p.edn:1:32: :scheduler :credits :charge: expected one of :turn, :tokens, got :dollars");
+  expect_error("{:scheduler {:lanes {:operational {:tokens -1}}}}",
+               "p.edn:1:44: :scheduler :lanes :operational :tokens: expected an integer from 0 "
+               "to 100000000, got -1");
+}
+
 static void test_cross_field_checks_name_the_later_field(void **state) {
   (void)state;
   /* :max 10 at 29, :min 20 at 37 */
@@ -927,6 +994,7 @@ int main(void) {
       cmocka_unit_test(test_duplicate_keys_name_the_first),
       cmocka_unit_test(test_bad_keyword_choice),
       cmocka_unit_test(test_cross_field_checks_name_the_later_field),
+      cmocka_unit_test(test_scheduler_tokens_seats_tenants),
       cmocka_unit_test(test_syntax_error_and_top_level),
       cmocka_unit_test(test_unreadable_file_is_an_io_error),
   };

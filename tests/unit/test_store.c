@@ -341,6 +341,45 @@ static void test_truncated_and_flipped_bytes_never_crash(void **state) {
   cph_buf_free(&b);
 }
 
+/* A session record written before tenants (version 1: fifteen fields) still reads, as no
+ * tenant; one written now carries its tenant. */
+static void test_session_record_v1_reads_as_no_tenant(void **state) {
+  (void)state;
+  cph_session_rec in = {0};
+  in.id = "s1";
+  in.system = "be brief";
+  in.tenant = "acme";
+  cph_buf b = CPH_BUF_INIT;
+  assert_int_equal(cph_record_encode(&cph_session_desc, &in, &b), CPH_OK);
+  cph_session_rec out;
+  cph_err err = {0};
+  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len, &out, &err), CPH_OK);
+  assert_string_equal(out.tenant, "acme");
+  cph_record_free(&cph_session_desc, &out);
+  cph_buf_free(&b);
+
+  /* The same record as version 1 wrote it: array16 of 16, version 1, no tenant at the end. */
+  in.tenant = NULL;
+  assert_int_equal(cph_record_encode(&cph_session_desc, &in, &b), CPH_OK);
+  uint8_t *v = (uint8_t *)b.data;
+  assert_int_equal(v[0], 0xdc);
+  assert_int_equal(v[2], 17);
+  assert_int_equal(v[3], 2);
+  assert_int_equal(v[b.len - 1], 0xc0); /* the nil tenant */
+  v[2] = 16;
+  v[3] = 1;
+  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len - 1, &out, &err), CPH_OK);
+  assert_string_equal(out.id, "s1");
+  assert_string_equal(out.system, "be brief");
+  assert_null(out.tenant);
+  cph_record_free(&cph_session_desc, &out);
+  /* Version 1 stops after fifteen fields: a sixteenth is not read as a tenant. */
+  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len, &out, &err),
+                   CPH_ECORRUPT);
+  assert_non_null(strstr(err.msg, "unexpected bytes after the record"));
+  cph_buf_free(&b);
+}
+
 static void expect_corrupt(const void *bytes, size_t len, const char *fragment) {
   cph_event_rec out;
   cph_err err = {0};
@@ -977,6 +1016,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_memory_job_outbox_gc_aggregate_round_trip, setup,
                                       teardown),
       cmocka_unit_test(test_truncated_and_flipped_bytes_never_crash),
+      cmocka_unit_test(test_session_record_v1_reads_as_no_tenant),
       cmocka_unit_test(test_garbage_values_give_specific_errors),
       cmocka_unit_test_setup_teardown(test_corrupt_value_in_store_names_database_and_key, setup,
                                       teardown),
