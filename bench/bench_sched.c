@@ -8,7 +8,11 @@
  * (100,000,000 a minute, about 1.67M a second) and virtual time runs at 1M turns a second,
  * so budgets never bind: the figure is the cost of the scheduler's data structures. With
  * every lane saturated, strict lane priority serves the interactive third of the sessions.
- * One op = one pick plus its finish. */
+ * One op = one pick plus its finish.
+ *
+ * --tenants T spreads the sessions round-robin over T tenants with weights 1, 2, 3, 4, 1, ...
+ * (DESIGN §3.9), so each pick also goes through the lane's tenant heap: run.sh sets the figure
+ * at 1,000 tenants beside the one without (§12: within 10%). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +23,12 @@
 #include "lanes/sched.h"
 
 static void sched_usage(FILE *f) {
-  fprintf(f, "usage: cephalon-bench sched [--sessions N] [--ops M] [--concurrency C]\n"
+  fprintf(f, "usage: cephalon-bench sched [--sessions N] [--ops M] [--concurrency C] "
+             "[--tenants T]\n"
              "  --sessions N     runnable sessions, over the three lanes (default 100000)\n"
              "  --ops M          timed pick + finish cycles (default max(2000000, 4 N))\n"
-             "  --concurrency C  turns picked before they finish (default 64)\n");
+             "  --concurrency C  turns picked before they finish (default 64)\n"
+             "  --tenants T      sessions spread over T weighted tenants (default 0: none)\n");
 }
 
 /* Runs `ops` cycles; returns the number done (less only if nothing could be picked). */
@@ -46,7 +52,7 @@ static uint64_t cycles(cph_sched *s, cph_clock *clock, cph_sid *batch, uint32_t 
 }
 
 int cph_bench_sched(int argc, char **argv) {
-  uint64_t n = 100000, ops = 0, conc = 64;
+  uint64_t n = 100000, ops = 0, conc = 64, n_tenants = 0;
   for (int i = 1; i < argc;) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       sched_usage(stdout);
@@ -55,7 +61,8 @@ int cph_bench_sched(int argc, char **argv) {
     int r;
     if ((r = cph_bench_opt_u64(argc, argv, &i, "--sessions", 1, 100000000, &n)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--ops", 1, UINT64_MAX, &ops)) ||
-        (r = cph_bench_opt_u64(argc, argv, &i, "--concurrency", 1, 1000000, &conc))) {
+        (r = cph_bench_opt_u64(argc, argv, &i, "--concurrency", 1, 1000000, &conc)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--tenants", 0, 1000000, &n_tenants))) {
       if (r < 0)
         return 2;
       continue;
@@ -83,13 +90,24 @@ int cph_bench_sched(int argc, char **argv) {
                           {0},
                           NULL,
                           0};
+  char (*names)[24] = n_tenants ? calloc(n_tenants, sizeof *names) : NULL;
+  cph_sched_tenant_weight *weights = n_tenants ? calloc(n_tenants, sizeof *weights) : NULL;
+  for (uint64_t t = 0; names && weights && t < n_tenants; t++) {
+    snprintf(names[t], sizeof names[t], "t%06" PRIu64, t);
+    weights[t] = (cph_sched_tenant_weight){names[t], (double)(1 + t % 4)};
+  }
+  cfg.tenants = weights;
+  cfg.n_tenants = weights ? n_tenants : 0;
   cph_clock clock;
   cph_clock_init_virtual(&clock, 0);
-  cph_sched *s = cph_sched_new(&cfg, &clock);
+  bool oom = n_tenants && (!names || !weights);
+  cph_sched *s = oom ? NULL : cph_sched_new(&cfg, &clock);
+  free(weights); /* the scheduler keeps its own copy of the weights */
   cph_sid *batch = malloc(conc * sizeof *batch);
   if (!s || !batch) {
     fprintf(stderr, "cephalon-bench sched: out of memory\n");
     free(batch);
+    free(names);
     cph_sched_free(s);
     return 1;
   }
@@ -99,15 +117,19 @@ int cph_bench_sched(int argc, char **argv) {
   for (uint64_t i = 0; i < n; i++) {
     cph_sid sid;
     snprintf(id, sizeof id, "s%08" PRIu64, i);
-    if (cph_sched_add(s, id, (cph_lane)(i % CPH_LANE_COUNT), &sid)) {
+    if (cph_sched_add(s, id, (cph_lane)(i % CPH_LANE_COUNT), &sid) ||
+        (n_tenants && cph_sched_set_tenant(s, sid, names[(i / CPH_LANE_COUNT) % n_tenants]))) {
       fprintf(stderr, "cephalon-bench sched: cannot add session %" PRIu64 "\n", i);
       free(batch);
+      free(names);
       cph_sched_free(s);
       return 1;
     }
     cph_sched_set_work(s, sid, true);
   }
   int64_t t1 = cph_bench_now_ns();
+  free(names); /* the scheduler copied each name once */
+  names = NULL;
 
   /* Warm up: every session of the lane being served cycles once, so the timed part sees
    * the steady state (credits charged, sets in their saturated shape). */
@@ -129,6 +151,7 @@ int cph_bench_sched(int argc, char **argv) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   printf("sessions           %" PRIu64 " (runnable, over 3 lanes)\n", n);
+  printf("tenants            %" PRIu64 "%s\n", n_tenants, n_tenants ? " (weights 1-4)" : "");
   printf("concurrency        %" PRIu64 "\n", conc);
   printf("setup              %.3f s (add + set_work)\n", (double)(t1 - t0) / 1e9);
   printf("warm-up cycles     %" PRIu64 " in %.3f s\n", warm, (double)(t2 - t1) / 1e9);
@@ -140,7 +163,8 @@ int cph_bench_sched(int argc, char **argv) {
            cph_lane_name((cph_lane)l), st.started_total, st.runnable);
   }
   printf("max rss            %ld KiB\n", ru.ru_maxrss);
-  printf("sched sessions=%" PRIu64 " ops_per_s=%.0f ns_per_op=%.1f\n", n, ops_per_s, ns_per_op);
+  printf("sched sessions=%" PRIu64 " tenants=%" PRIu64 " ops_per_s=%.0f ns_per_op=%.1f\n", n,
+         n_tenants, ops_per_s, ns_per_op);
   free(batch);
   cph_sched_free(s);
   return 0;

@@ -46,6 +46,10 @@
 
 typedef __int128 i128;
 
+/* The pick and finish run millions of times a second (DESIGN §12): their small helpers are
+ * inlined whatever the compiler's size heuristics say. */
+#define HOT_INLINE inline __attribute__((always_inline))
+
 /* ---------------------------------------------------------------- ordered sets */
 
 typedef struct entry {
@@ -101,10 +105,20 @@ typedef struct group {
   uint64_t runnable;  /* live entries in the two sets */
   i128 vstart;        /* its start tag, while in the lane's tenant heap */
   i128 vfinish;       /* the finish tag of its last pick */
-  uint32_t heap_pos;  /* 1 + its index in the lane's tenant heap; 0 = not in it */
+  uint32_t hgen;      /* the generation of its live heap slot; slots of older ones are stale */
+  bool in_heap;       /* it has a live slot in the lane's tenant heap */
   uint32_t tenant;    /* index in cph_sched.tenants */
   uint64_t started;
 } group;
+
+/* A group's place in its lane's tenant heap. The keys live in the slot, so sifting reads only
+ * the heap array; a group that leaves bumps hgen and its slot is dropped when it surfaces. */
+typedef struct tslot {
+  i128 vstart;
+  uint32_t tenant; /* the tie-break: the tenant the scheduler knew first goes first */
+  uint32_t gen;
+  group *g;
+} tslot;
 
 typedef struct tenant {
   char *name;         /* "" for the default tenant */
@@ -118,8 +132,9 @@ typedef struct lane_state {
   bucket turns;
   bucket tools;
   bucket tokens;      /* per_min 0: no token budget (§3.8) */
-  group **theap;      /* groups with runnable sessions, by (vstart, tenant name); tenants on */
+  tslot *theap;       /* groups with runnable sessions, by (vstart, tenant); tenants on */
   uint32_t n_theap, cap_theap;
+  uint32_t live_groups; /* groups with a live slot */
   i128 vtime;         /* the start tag of the lane's last pick */
   uint64_t runnable;
   uint64_t running;
@@ -149,6 +164,7 @@ struct cph_sched {
   int64_t trickle_due_ns; /* when the next outbox batch is due (§3.5) */
   uint32_t running;
   uint32_t seats_total;   /* sum of cfg.seats: 0 = no reservations (§3.10) */
+  bool tokens_budgeted;   /* some lane has a tokens budget (§3.8) */
   tenant dflt;            /* tenant 0: sessions that name none */
   tenant **tenants;       /* tenants[0] == &dflt */
   uint32_t n_tenants, cap_tenants;
@@ -248,12 +264,12 @@ static void heap_pop(const cph_sched *s, heap *h) {
     h->items[i] = last;
 }
 
-static bool oset_push(cph_sched *s, oset *o, entry e) {
+static bool oset_push(cph_sched *s, oset *o, const entry *e) {
   entry *back = ring_back(&o->ring);
-  bool ok = !back || entry_cmp(s, back, &e) < 0 ? ring_push(&o->ring, e)
-                                                 : heap_push(s, &o->heap, e);
+  bool ok = !back || entry_cmp(s, back, e) < 0 ? ring_push(&o->ring, *e)
+                                                : heap_push(s, &o->heap, *e);
   if (ok)
-    s->sessions[e.sid].refs++;
+    s->sessions[e->sid].refs++;
   return ok;
 }
 
@@ -375,78 +391,103 @@ static int64_t trickle_interval(const cph_sched *s) {
 
 /* ---------------------------------------------------------------- tenant heaps */
 
-static group *group_of(const cph_sched *s, cph_sid sid) {
+static HOT_INLINE group *group_of(const cph_sched *s, cph_sid sid) {
   const session *se = &s->sessions[sid];
-  uint32_t t = s->tenant_of ? s->tenant_of[sid] : 0;
-  return &s->tenants[t]->g[se->lane];
+  return s->tenant_of ? &s->tenants[s->tenant_of[sid]]->g[se->lane]
+                      : (group *)&s->dflt.g[se->lane];
 }
 
-/* §3.9: the order of groups in a lane: start tag, then tenant name. */
-static bool group_before(const cph_sched *s, const group *a, const group *b) {
-  if (a->vstart != b->vstart)
-    return a->vstart < b->vstart;
-  return strcmp(s->tenants[a->tenant]->name, s->tenants[b->tenant]->name) < 0;
+/* §3.9: the order of groups in a lane: start tag, then the tenant's index. */
+static bool slot_before(const tslot *a, const tslot *b) {
+  return a->vstart != b->vstart ? a->vstart < b->vstart : a->tenant < b->tenant;
 }
 
-static void theap_place(lane_state *l, uint32_t i, group *g) {
-  l->theap[i] = g;
-  g->heap_pos = i + 1;
-}
+static bool slot_live(const tslot *t) { return t->g->in_heap && t->g->hgen == t->gen; }
 
-static void theap_up(const cph_sched *s, lane_state *l, uint32_t i) {
-  group *g = l->theap[i];
+/* A 4-ary heap: half the levels of a binary one, and a slot's children share cache lines. */
+#define TARITY 4
+
+static void theap_up(lane_state *l, uint32_t i) {
+  tslot x = l->theap[i];
   while (i > 0) {
-    uint32_t parent = (i - 1) / 2;
-    if (!group_before(s, g, l->theap[parent]))
+    uint32_t parent = (i - 1) / TARITY;
+    if (!slot_before(&x, &l->theap[parent]))
       break;
-    theap_place(l, i, l->theap[parent]);
+    l->theap[i] = l->theap[parent];
     i = parent;
   }
-  theap_place(l, i, g);
+  l->theap[i] = x;
 }
 
-static void theap_down(const cph_sched *s, lane_state *l, uint32_t i) {
-  group *g = l->theap[i];
+static void theap_down(lane_state *l, uint32_t i) {
+  tslot x = l->theap[i];
+  uint32_t n = l->n_theap;
   for (;;) {
-    uint32_t c = 2 * i + 1;
-    if (c >= l->n_theap)
+    uint32_t first = TARITY * i + 1;
+    if (first >= n)
       break;
-    if (c + 1 < l->n_theap && group_before(s, l->theap[c + 1], l->theap[c]))
-      c++;
-    if (!group_before(s, l->theap[c], g))
+    uint32_t c = first, end = first + TARITY < n ? first + TARITY : n;
+    for (uint32_t k = first + 1; k < end; k++)
+      if (slot_before(&l->theap[k], &l->theap[c]))
+        c = k;
+    if (!slot_before(&l->theap[c], &x))
       break;
-    theap_place(l, i, l->theap[c]);
+    l->theap[i] = l->theap[c];
     i = c;
   }
-  theap_place(l, i, g);
+  l->theap[i] = x;
+}
+
+static void theap_pop(lane_state *l) {
+  l->theap[0] = l->theap[--l->n_theap];
+  if (l->n_theap)
+    theap_down(l, 0);
+}
+
+/* Drops stale slots once they outnumber live ones: O(n) now and then, amortised O(1). */
+static void theap_compact(lane_state *l) {
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < l->n_theap; i++)
+    if (slot_live(&l->theap[i]))
+      l->theap[kept++] = l->theap[i];
+  l->n_theap = kept;
+  for (uint32_t i = kept / TARITY + 1; i-- > 0;)
+    if (i < kept)
+      theap_down(l, i);
 }
 
 /* A group that gained its first runnable session joins the lane's heap at
  * max(virtual time, its last finish): an idle tenant banks nothing. */
-static bool theap_insert(const cph_sched *s, lane_state *l, group *g) {
+static bool theap_insert(lane_state *l, group *g) {
+  if (l->n_theap >= 64 && l->n_theap >= 2 * l->live_groups)
+    theap_compact(l);
   if (l->n_theap == l->cap_theap) {
     uint32_t cap = l->cap_theap ? 2 * l->cap_theap : 8;
-    group **p = realloc(l->theap, (size_t)cap * sizeof *p);
+    tslot *p = realloc(l->theap, (size_t)cap * sizeof *p);
     if (!p)
       return false;
     l->theap = p;
     l->cap_theap = cap;
   }
   g->vstart = g->vfinish > l->vtime ? g->vfinish : l->vtime;
-  theap_place(l, l->n_theap++, g);
-  theap_up(s, l, l->n_theap - 1);
+  g->in_heap = true;
+  l->live_groups++;
+  l->theap[l->n_theap] = (tslot){g->vstart, g->tenant, ++g->hgen, g};
+  theap_up(l, l->n_theap++);
   return true;
 }
 
-static void theap_remove(const cph_sched *s, lane_state *l, group *g) {
-  uint32_t i = g->heap_pos - 1;
-  g->heap_pos = 0;
-  group *last = l->theap[--l->n_theap];
-  if (i == l->n_theap)
-    return;
-  theap_place(l, i, last);
-  theap_up(s, l, i);
-  theap_down(s, l, last->heap_pos - 1);
+static void theap_leave(lane_state *l, group *g) {
+  g->in_heap = false;
+  g->hgen++;
+  l->live_groups--;
+}
+
+/* The heap's top live group, dropping stale slots on the way; NULL when none. */
+static group *theap_top(lane_state *l) {
+  while (l->n_theap && !slot_live(&l->theap[0]))
+    theap_pop(l);
+  return l->n_theap ? l->theap[0].g : NULL;
 }
 
 /* ---------------------------------------------------------------- sessions in sets */
@@ -457,9 +498,9 @@ static bool session_runnable(const session *se) {
 
 /* Puts a runnable session's entry into its group's sets as of now; its credits are
  * materialised at now so K = c0 - r·t0 is exact from here on. Counts nothing. */
-static bool push_entry(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
+static HOT_INLINE bool push_entry(cph_sched *s, group *g, cph_sid sid, int64_t now,
+                                  int64_t queued_ns) {
   session *se = &s->sessions[sid];
-  group *g = group_of(s, sid);
   se->c0 = credits_at(s, se, now);
   se->t0 = now;
   se->queued_ns = queued_ns;
@@ -467,11 +508,11 @@ static bool push_entry(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns
   bool ok;
   if (se->c0 >= s->c_max) {
     se->where = WHERE_AT_MAX;
-    ok = oset_push(s, &g->at_max, e);
+    ok = oset_push(s, &g->at_max, &e);
   } else {
     e.key = (i128)se->c0 - (i128)s->rate * now;
     se->where = WHERE_BELOW;
-    ok = oset_push(s, &g->below, e);
+    ok = oset_push(s, &g->below, &e);
   }
   oset_compact(s, se->where == WHERE_AT_MAX ? &g->at_max : &g->below, g->runnable + 1);
   if (!ok) {
@@ -484,27 +525,28 @@ static bool push_entry(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns
 /* The counters (and, with tenants on, the lane's tenant heap) follow a group's runnable
  * sessions. A group that cannot join the heap for lack of memory is still counted and tries
  * again when one of its sessions next queues; until then it is not picked. */
-static void count_in(cph_sched *s, lane_state *l, group *g) {
+static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g) {
   l->runnable++;
   g->runnable++;
-  if (s->tenant_of && !g->heap_pos)
-    theap_insert(s, l, g);
+  if (s->tenant_of && !g->in_heap)
+    theap_insert(l, g);
 }
 
-static void count_out(cph_sched *s, lane_state *l, group *g) {
+static HOT_INLINE void count_out(cph_sched *s, lane_state *l, group *g) {
   l->runnable--;
-  if (--g->runnable == 0 && g->heap_pos)
-    theap_remove(s, l, g);
+  if (--g->runnable == 0 && g->in_heap)
+    theap_leave(l, g);
 }
 
 static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
   /* Out of memory: the session is not queued; it stays has_work and is re-offered on its
    * next state change. Counted as not runnable so counters stay true. */
-  if (push_entry(s, sid, now, queued_ns))
-    count_in(s, &s->lanes[s->sessions[sid].lane], group_of(s, sid));
+  group *g = group_of(s, sid);
+  if (push_entry(s, g, sid, now, queued_ns))
+    count_in(s, &s->lanes[s->sessions[sid].lane], g);
 }
 
-static void dequeue(cph_sched *s, cph_sid sid) {
+static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) {
   session *se = &s->sessions[sid];
   if (se->where == WHERE_NONE)
     return;
@@ -514,7 +556,7 @@ static void dequeue(cph_sched *s, cph_sid sid) {
 }
 
 /* Re-evaluates a session after any change of its flags. */
-static void update_queue(cph_sched *s, cph_sid sid) {
+static HOT_INLINE void update_queue(cph_sched *s, cph_sid sid) {
   session *se = &s->sessions[sid];
   bool queued = se->where != WHERE_NONE;
   if (session_runnable(se) && !queued)
@@ -532,7 +574,7 @@ static void promote(cph_sched *s, lane_state *l, group *g, int64_t now) {
     oset_pop_head(s, &g->below, e);
     moved.key = 0;
     s->sessions[moved.sid].where = WHERE_AT_MAX;
-    if (!oset_push(s, &g->at_max, moved)) {
+    if (!oset_push(s, &g->at_max, &moved)) {
       session *se = &s->sessions[moved.sid];
       se->gen++;
       se->where = WHERE_NONE;
@@ -555,10 +597,10 @@ static entry *group_head(cph_sched *s, lane_state *l, group *g, int64_t now, ose
 
 /* The group the lane's next pick comes from: the default tenant's, or with tenants on the
  * top of the tenant heap. NULL when none. */
-static group *lane_group(cph_sched *s, lane_state *l, int lane) {
+static HOT_INLINE group *lane_group(cph_sched *s, lane_state *l, int lane) {
   if (!s->tenant_of)
     return &s->dflt.g[lane];
-  return l->n_theap ? l->theap[0] : NULL;
+  return theap_top(l);
 }
 
 /* ---------------------------------------------------------------- config */
@@ -673,8 +715,11 @@ static void keep_config(cph_sched *s, const cph_sched_config *cfg) {
   s->cfg.tenants = NULL; /* not ours to keep */
   s->cfg.n_tenants = 0;
   s->seats_total = 0;
-  for (int i = 0; i < CPH_LANE_COUNT; i++)
+  s->tokens_budgeted = false;
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
     s->seats_total += cfg->seats[i];
+    s->tokens_budgeted |= cfg->tokens_per_minute[i] > 0;
+  }
 }
 
 cph_sched *cph_sched_new(const cph_sched_config *cfg, const cph_clock *clock) {
@@ -793,8 +838,9 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
         se->gen++;
         se->where = WHERE_NONE;
         /* keeps its place in the wait order */
-        if (!push_entry(s, i, now, se->queued_ns))
-          count_out(s, &s->lanes[se->lane], group_of(s, i));
+        group *g = group_of(s, i);
+        if (!push_entry(s, g, i, now, se->queued_ns))
+          count_out(s, &s->lanes[se->lane], g);
       }
     }
   } else {
@@ -968,11 +1014,15 @@ static int tenants_on(cph_sched *s) {
   s->tenant_of = calloc(s->cap_sessions ? s->cap_sessions : 1, sizeof *s->tenant_of);
   if (!s->tenant_of)
     return CPH_ENOMEM;
+  for (int i = 0; i < CPH_LANE_COUNT; i++) /* counted per tenant from here on */
+    s->dflt.g[i].started = s->lanes[i].started_total;
   for (int i = 0; i < CPH_LANE_COUNT; i++)
-    if (s->dflt.g[i].runnable && !theap_insert(s, &s->lanes[i], &s->dflt.g[i])) {
+    if (s->dflt.g[i].runnable && !theap_insert(&s->lanes[i], &s->dflt.g[i])) {
       for (int j = 0; j < i; j++)
-        if (s->dflt.g[j].heap_pos)
-          theap_remove(s, &s->lanes[j], &s->dflt.g[j]);
+        if (s->dflt.g[j].in_heap) {
+          theap_leave(&s->lanes[j], &s->dflt.g[j]);
+          s->lanes[j].n_theap = 0;
+        }
       free(s->tenant_of);
       s->tenant_of = NULL;
       return CPH_ENOMEM;
@@ -1022,7 +1072,8 @@ void cph_sched_tenant_stats(const cph_sched *s, uint32_t index, cph_tenant_stats
   out->sessions = t->sessions;
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     out->runnable[i] = t->g[i].runnable;
-    out->started[i] = t->g[i].started;
+    /* Until tenants are on, every turn is the default tenant's and only the lane counts. */
+    out->started[i] = s->tenant_of ? t->g[i].started : index ? 0 : s->lanes[i].started_total;
   }
 }
 
@@ -1032,8 +1083,10 @@ static void refill_all(cph_sched *s, int64_t now) {
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     bucket_refill(&s->lanes[i].turns, now);
     bucket_refill(&s->lanes[i].tools, now);
-    bucket_refill(&s->lanes[i].tokens, now);
   }
+  if (s->tokens_budgeted) /* an unbudgeted tokens bucket's level is never read */
+    for (int i = 0; i < CPH_LANE_COUNT; i++)
+      bucket_refill(&s->lanes[i].tokens, now);
 }
 
 static bool trickle_due(const cph_sched *s, int64_t now) {
@@ -1061,7 +1114,7 @@ static cph_sid trickle_candidate(const cph_sched *s, int64_t now) {
  * reservation it may; above it, only while more seats are free than the other lanes that
  * have runnable sessions and budget still have reserved and unused — so a lane whose work
  * returns gets its seats back as running turns end, and nothing is preempted. */
-static bool seat_free(const cph_sched *s, int lane) {
+static HOT_INLINE bool seat_free(const cph_sched *s, int lane) {
   if (s->running >= s->cfg.concurrency)
     return false;
   if (!s->seats_total)
@@ -1077,7 +1130,7 @@ static bool seat_free(const cph_sched *s, int lane) {
   return s->cfg.concurrency - s->running > owed;
 }
 
-static void start(cph_sched *s, cph_sid sid, cph_pick *out, int64_t now) {
+static HOT_INLINE void start(cph_sched *s, cph_sid sid, cph_pick *out, int64_t now) {
   session *se = &s->sessions[sid];
   lane_state *l = &s->lanes[se->lane];
   out->waited_ns = se->where != WHERE_NONE ? now - se->queued_ns : 0;
@@ -1104,14 +1157,16 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
   if (t != CPH_SID_NONE && (lane_mask & (1u << s->sessions[t].lane))) {
     out->sid = t;
     out->trickle = true;
+    if (s->tenant_of)
+      group_of(s, t)->started++;
     start(s, t, out, now);
-    group_of(s, t)->started++;
     trickle_started(s, now);
     return CPH_OK;
   }
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     lane_state *l = &s->lanes[i];
-    if (!(lane_mask & (1u << i)) || !l->runnable || !lane_has_budget(l) || !seat_free(s, i))
+    if (!(lane_mask & (1u << i)) || !l->runnable || !lane_has_budget(l) ||
+        (s->seats_total && !seat_free(s, i)))
       continue;
     group *g = lane_group(s, l, i);
     oset *from;
@@ -1121,6 +1176,11 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
     cph_sid sid = e->sid;
     oset_pop_head(s, from, e);
     if (s->tenant_of) {
+      /* The group's next session is read when the group is next served, many picks from
+       * now and likely out of cache by then: fetch it now. */
+      entry *next = ring_front(&from->ring);
+      if (next)
+        __builtin_prefetch(&s->sessions[next->sid]);
       /* §3.9: the lane's virtual time moves to the tag served; the tenant's next tag is
        * one step on (start() may take it out of the heap if this was its last session). */
       l->vtime = g->vstart;
@@ -1129,10 +1189,16 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
     out->sid = sid;
     out->trickle = false;
     start(s, sid, out, now);
-    g->started++;
-    if (g->heap_pos) {
+    if (s->tenant_of)
+      g->started++;
+    /* The group is the heap's top: its slot moves on to the next tag, or (its last session
+     * picked: start() made the slot stale) goes. */
+    if (s->tenant_of && g->in_heap) {
       g->vstart = g->vfinish;
-      theap_down(s, l, g->heap_pos - 1);
+      l->theap[0].vstart = g->vstart;
+      theap_down(l, 0);
+    } else if (s->tenant_of) {
+      theap_pop(l);
     }
     bucket_charge(&l->turns, 1);
     return CPH_OK;
@@ -1153,25 +1219,31 @@ static i128 turn_price(const cph_sched *s, cph_lane lane, uint64_t tokens) {
   return (i128)s->cost[lane] * (i128)tokens / s->cfg.tokens_per_unit;
 }
 
-void cph_sched_finish_cost(cph_sched *s, cph_sid sid, const cph_sched_cost *cost,
-                           bool charge_credits) {
+_Static_assert((CPH_SCHED_WINDOW & (CPH_SCHED_WINDOW - 1)) == 0, "a power of two");
+
+static HOT_INLINE void finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, uint64_t tokens,
+                              bool charge_credits) {
   session *se = &s->sessions[sid];
   if (!se->running)
     return;
   int64_t now = cph_clock_now(s->clock);
   lane_state *l = &s->lanes[se->lane];
   bucket_refill(&l->tools, now);
-  bucket_charge(&l->tools, count_units(cost->tool_calls));
+  bucket_charge(&l->tools, count_units(tool_calls));
   if (l->tokens.per_min) {
     bucket_refill(&l->tokens, now);
-    bucket_charge(&l->tokens, count_units(cost->tokens));
+    bucket_charge(&l->tokens, count_units(tokens));
   }
   int64_t c = credits_at(s, se, now);
-  if (charge_credits) {
-    i128 charged = (i128)c - turn_price(s, (cph_lane)se->lane, cost->tokens);
+  if (charge_credits && s->cfg.charge == CPH_CHARGE_TURN) {
+    c -= s->cost[se->lane]; /* both within ±10^18: no overflow */
+    if (c < s->c_min)
+      c = s->c_min;
+  } else if (charge_credits) {
+    i128 charged = (i128)c - turn_price(s, (cph_lane)se->lane, tokens);
     c = charged < s->c_min ? s->c_min : (int64_t)charged;
   }
-  uint32_t slot = (uint32_t)(l->n_done++ % CPH_SCHED_WINDOW);
+  uint32_t slot = (uint32_t)(l->n_done++ & (CPH_SCHED_WINDOW - 1));
   l->done_at[slot] = now;
   l->done_len[slot] = now - se->queued_ns; /* queued_ns: when the turn started */
   se->c0 = c;
@@ -1182,9 +1254,13 @@ void cph_sched_finish_cost(cph_sched *s, cph_sid sid, const cph_sched_cost *cost
   update_queue(s, sid);
 }
 
+void cph_sched_finish_cost(cph_sched *s, cph_sid sid, const cph_sched_cost *cost,
+                           bool charge_credits) {
+  finish(s, sid, cost->tool_calls, cost->tokens, charge_credits);
+}
+
 void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charge_credits) {
-  cph_sched_cost cost = {tool_calls, 0};
-  cph_sched_finish_cost(s, sid, &cost, charge_credits);
+  finish(s, sid, tool_calls, 0, charge_credits);
 }
 
 /* check_credits: sessions whose credits reached max move to the wait-ordered set. */
@@ -1198,7 +1274,8 @@ void cph_sched_check_credits(cph_sched *s) {
     }
     /* Only groups with runnable sessions hold live entries; promote never changes which. */
     for (uint32_t k = 0; k < l->n_theap; k++)
-      promote(s, l, l->theap[k], now);
+      if (slot_live(&l->theap[k]))
+        promote(s, l, l->theap[k].g, now);
   }
 }
 
@@ -1266,15 +1343,14 @@ static void oset_count(const cph_sched *s, const oset *o, const entry *me, uint6
 
 /* §3.11: how many picks of group h come before the k-th pick of group g (k >= 1) if nothing
  * changes: h's tags run vstart, vstart + inc, ... while it has sessions, g's k-th is
- * g.vstart + (k-1)·inc_g, and the heap serves (tag, name) in order. */
+ * g.vstart + (k-1)·inc_g, and the heap serves (tag, tenant index) in order. */
 static uint64_t picks_before(const cph_sched *s, const group *h, const group *g, uint64_t k) {
   i128 mine = g->vstart + (i128)(k - 1) * s->tenants[g->tenant]->inc;
   i128 inc = s->tenants[h->tenant]->inc;
   if (h->vstart > mine)
     return 0;
   i128 n = (mine - h->vstart) / inc; /* tags strictly below mine, but for an exact hit */
-  if ((mine - h->vstart) % inc != 0 ||
-      strcmp(s->tenants[h->tenant]->name, s->tenants[g->tenant]->name) < 0)
+  if ((mine - h->vstart) % inc != 0 || h->tenant < g->tenant)
     n++;
   return n < (i128)h->runnable ? (uint64_t)n : h->runnable;
 }
@@ -1344,8 +1420,8 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   out->position = out->tenant_position;
   if (s->tenant_of)
     for (uint32_t k = 0; k < l->n_theap; k++)
-      if (l->theap[k] != g)
-        out->position += picks_before(s, l->theap[k], g, out->tenant_position);
+      if (slot_live(&l->theap[k]) && l->theap[k].g != g)
+        out->position += picks_before(s, l->theap[k].g, g, out->tenant_position);
   uint64_t higher = 0;
   for (int i = 0; i < se->lane; i++)
     if (lane_has_budget(&s->lanes[i]))
@@ -1361,8 +1437,8 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
     out->rank = before + 1;
     if (s->tenant_of) {
       for (uint32_t k = 0; k < l->n_theap; k++) {
-        group *h = l->theap[k];
-        if (h == g)
+        group *h = l->theap[k].g;
+        if (h == g || !slot_live(&l->theap[k]))
           continue;
         promote(s, l, h, now);
         uint64_t at_max_total = 0, ignored = 0, b = 0, t = 0;
@@ -1435,7 +1511,7 @@ void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out) {
   out->seats = s->cfg.seats[lane];
   out->seats_lent = lent[lane];
   out->seats_borrowed = borrowed[lane];
-  out->tenants_runnable = s->tenant_of ? l->n_theap : s->dflt.g[lane].runnable > 0;
+  out->tenants_runnable = s->tenant_of ? l->live_groups : s->dflt.g[lane].runnable > 0;
   uint64_t n = l->n_done < CPH_SCHED_WINDOW ? l->n_done : CPH_SCHED_WINDOW;
   out->window = (uint32_t)n;
   if (n) {

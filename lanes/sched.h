@@ -152,10 +152,11 @@ void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charg
  *
  * Inside a lane, turns go to the tenants that have runnable sessions in proportion to their
  * weights — start-time fair queueing: each (tenant, lane) that has runnable sessions holds a
- * start tag; the pick serves the smallest (tag, tenant name), moves that tag on by
- * CPH_TENANT_VSCALE / weight and sets the lane's virtual time to the tag it served; a tenant
- * that becomes runnable starts at max(virtual time, its last finish tag), so an idle tenant
- * banks nothing. Inside the tenant, rule 3 (b)–(d) as before. O(log tenants + log sessions)
+ * start tag; the pick serves the smallest (tag, tenant index — ties go to the tenant the
+ * scheduler knew first: the config's in order, then as sessions name them), moves that tag
+ * on by CPH_TENANT_VSCALE / weight and sets the lane's virtual time to the tag it served; a
+ * tenant that becomes runnable starts at max(virtual time, its last finish tag), so an idle
+ * tenant banks nothing. Inside the tenant, rule 3 (b)–(d) as before. O(log tenants + log sessions)
  * per pick. Until a session names a tenant, every lane has only the default tenant and the
  * pick is exactly the pick of rules 1–7 (no tenant heap is kept). */
 #define CPH_TENANT_VSCALE INT64_C(1000000000000)

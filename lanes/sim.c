@@ -214,7 +214,16 @@ static uint32_t hook_workers(void *ctx) {
   return running < conc ? conc - running : 0;
 }
 
-static void record_pick(sim *m, uint32_t i, const cph_pick *pick, bool outbox) {
+static size_t entry_of(const sim *m, const sim_session *x) {
+  return (size_t)(x->cfg - m->cfg->sessions);
+}
+
+/* What the session's turn reports at completion (an outbox batch: nothing). */
+static uint64_t turn_tokens(const sim *m, const sim_session *x) {
+  return x->outbox_turn || !m->cfg->tokens ? 0 : m->cfg->tokens[entry_of(m, x)];
+}
+
+static void record_pick(sim *m, uint32_t i, const cph_pick *pick, bool outbox, int64_t ns) {
   cph_sim_result *out = m->out;
   const cph_sim_session *c = m->ss[i].cfg;
   if (m->cfg->record_picks) {
@@ -229,7 +238,15 @@ static void record_pick(sim *m, uint32_t i, const cph_pick *pick, bool outbox) {
       m->cap_picks = cap;
     }
     out->picks[out->n_picks++] =
-        (cph_sim_pick){now_of(m), i, pick->lane, pick->trickle, outbox, pick->waited_ns};
+        (cph_sim_pick){now_of(m),
+                       i,
+                       pick->lane,
+                       pick->trickle,
+                       outbox,
+                       pick->waited_ns,
+                       now_of(m) + ns,
+                       outbox ? 0 : c->tool_calls,
+                       turn_tokens(m, &m->ss[i])};
   }
   if (!measuring(m))
     return;
@@ -276,7 +293,7 @@ static void hook_start(void *ctx, const cph_pick *pick) {
       set_work(m, x); /* no staged input left: do not queue again at completion */
     }
   }
-  record_pick(m, i, pick, outbox);
+  record_pick(m, i, pick, outbox, ns);
   schedule(m, now_of(m) + ns, EV_COMPLETE, i);
 }
 
@@ -314,12 +331,14 @@ static void run_passes(sim *m) {
 
 static void complete(sim *m, uint32_t i) {
   sim_session *x = &m->ss[i];
-  uint64_t tools = x->outbox_turn ? 0 : x->cfg->tool_calls;
+  cph_sched_cost cost = {x->outbox_turn ? 0 : x->cfg->tool_calls, turn_tokens(m, x)};
   x->running = false;
-  cph_sched_finish(m->s, x->sid, tools, true);
+  cph_sched_finish_cost(m->s, x->sid, &cost, true);
   if (measuring(m)) {
-    m->out->lanes[x->cfg->lane].tool_calls += tools;
-    m->out->groups[x->cfg->group].tool_calls += tools;
+    m->out->lanes[x->cfg->lane].tool_calls += cost.tool_calls;
+    m->out->groups[x->cfg->group].tool_calls += cost.tool_calls;
+    m->out->lanes[x->cfg->lane].tokens += cost.tokens;
+    m->out->groups[x->cfg->group].tokens += cost.tokens;
   }
 }
 
@@ -452,6 +471,8 @@ static int setup(sim *m) {
       char id[32];
       snprintf(id, sizeof id, "s%06zu", i);
       int rc = cph_sched_add(m->s, id, x->cfg->lane, &x->sid);
+      if (!rc && c->tenants && c->tenants[k])
+        rc = cph_sched_set_tenant(m->s, x->sid, c->tenants[k]);
       if (rc)
         return rc;
       m->sids[i] = x->sid;
@@ -545,9 +566,10 @@ void cph_sim_print(const cph_sim_result *r, FILE *f) {
     const cph_sim_stats *s = &r->lanes[l];
     fprintf(f,
             "  lane %-11s turns %8" PRIu64 " (%5.1f%%)  %6.2f/min  tool calls %8" PRIu64
-            "  wait p50 %.4f p90 %.4f p99 %.4f max %.4f s\n",
+            "  tokens %10" PRIu64 "  wait p50 %.4f p90 %.4f p99 %.4f max %.4f s\n",
             cph_lane_name((cph_lane)l), s->turns, 100 * s->share,
             r->measured_s > 0 ? (double)s->turns * 60 / r->measured_s : 0, s->tool_calls,
+            s->tokens,
             s->wait_p50_ns / 1e9, s->wait_p90_ns / 1e9, s->wait_p99_ns / 1e9,
             s->wait_max_ns / 1e9);
   }

@@ -13,6 +13,9 @@
  * due outbox batch (cph_sched_set_trickle), so trickle picks run batches; its normal picks run
  * its own work, or an outbox batch when it has none.
  *
+ * Rules 8–10 come with the scheduler config (token budgets, :charge :tokens, seats, tenant
+ * weights); the config says each entry's tenant and the tokens its turns report.
+ *
  * Same config and seed, same result, bit for bit: randomness comes from per-session
  * splitmix64/xorshift streams (arrivals and durations apart), so changing one session's
  * traffic does not change any other session's arrivals or durations. */
@@ -53,6 +56,9 @@ typedef struct cph_sim_pick {
   bool trickle;
   bool outbox;      /* the turn ran an outbox batch (trickle or normal pick) */
   int64_t waited_ns;
+  int64_t end_ns;   /* when the turn completes (its charges are made then) */
+  uint32_t tool_calls; /* what its completion reports */
+  uint64_t tokens;
 } cph_sim_pick;
 
 /* Called after every pass, for tests that check invariants along the run. sids[i] is the
@@ -74,6 +80,10 @@ typedef struct cph_sim_config {
   double reload_at_s;
   cph_sched_config reload_cfg;
   bool record_picks;       /* keep every pick in the result */
+  /* Per entry of sessions, or NULL for none: the tenant its sessions name (NULL or "" =
+   * none, §3.9) and the tokens each of their turns reports at completion (§3.8). */
+  const char *const *tenants;
+  const uint64_t *tokens;
   cph_sim_observe_fn observe;
   void *observe_ctx;
 } cph_sim_config;
@@ -81,6 +91,7 @@ typedef struct cph_sim_config {
 typedef struct cph_sim_stats {
   uint64_t turns;       /* turns started (trickle picks included) */
   uint64_t tool_calls;  /* charged at completions */
+  uint64_t tokens;      /* charged at completions */
   double share;         /* of all turns started */
   int64_t wait_p50_ns;  /* pick wait: runnable -> picked (cph_pick.waited_ns) */
   int64_t wait_p90_ns;

@@ -149,7 +149,12 @@ static size_t tenant_index(cph_ref *r, const char *name) {
   return r->n_tenants++;
 }
 
+/* Tenants are known in this order, which breaks ties between equal start tags: the default,
+ * then the config's (in its order, at creation and at each reload), then as sessions name
+ * them. */
 static void copy_weights(cph_ref *r, const cph_sched_config *cfg) {
+  for (size_t i = 0; i < cfg->n_tenants; i++)
+    tenant_index(r, cfg->tenants[i].name);
   for (size_t i = 0; i < r->n_weights; i++)
     free(r->weights[i].name);
   free(r->weights);
@@ -466,9 +471,8 @@ static size_t next_tenant(const cph_ref *r, int lane, const bool *skip_session) 
             runnable(&r->s[i]) && !(skip_session && skip_session[i]);
     if (!any)
       continue;
-    if (best == SIZE_MAX || r->tenants[t].tag[lane] < r->tenants[best].tag[lane] ||
-        (r->tenants[t].tag[lane] == r->tenants[best].tag[lane] &&
-         strcmp(r->tenants[t].name, r->tenants[best].name) < 0))
+    /* ties: the tenant known first (indices count up, so the first found stays) */
+    if (best == SIZE_MAX || r->tenants[t].tag[lane] < r->tenants[best].tag[lane])
       best = t;
   }
   return best;
@@ -616,8 +620,7 @@ static uint64_t forecast_position(cph_ref *r, const ref_session *me, int64_t now
         for (size_t i = 0; i < r->n && !any; i++)
           any = r->s[i].id && r->s[i].tenant == u && (int)r->s[i].lane == lane &&
                 runnable(&r->s[i]) && !taken[i];
-        if (any && (t == SIZE_MAX || tags[u] < tags[t] ||
-                    (tags[u] == tags[t] && strcmp(r->tenants[u].name, r->tenants[t].name) < 0)))
+        if (any && (t == SIZE_MAX || tags[u] < tags[t]))
           t = u;
       }
     }

@@ -13,7 +13,8 @@
  * seats as "a lane may take a free seat below its reservation, or while more seats are free
  * than the other lanes with runnable sessions and budget have reserved and unused"; tenants
  * as start-time fair queueing written out per (tenant, lane) — a start tag, a last finish
- * tag, joining at max(lane's virtual time, last finish) when it gains runnable sessions,
+ * tag, joining at max(lane's virtual time, last finish) when it gains runnable sessions, ties
+ * to the tenant known first (the config's in order, then as sessions name them),
  * tags counted only once some session has named a tenant (before that every session is the
  * default tenant's and there is nothing to share); the forecast by playing the lane's picks
  * forward on a copy. */

@@ -820,6 +820,161 @@ static void test_message_staged_by_poll_inbox_is_picked_only_in_next_pass(void *
   cph_sched_free(f.s);
 }
 
+/* ---------------------------------------------------------------- rules 8-11 */
+
+/* §3.8: under :charge :tokens a session whose turns burn 50k tokens yields to one whose turns
+ * burn 500 — here, with equal turn lengths, the cheap one gets most of the turns; under
+ * :charge :turn they share alike. */
+static void test_charge_by_tokens_lets_cheap_sessions_ahead(void **state) {
+  (void)state;
+  cph_sim_session ss[] = {
+      {CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 0.5, false, 0, 0, 1, false},
+      {CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 0.5, false, 0, 1, 1, false},
+  };
+  const uint64_t tokens[] = {50000, 500};
+  cph_sim_config c = {0};
+  c.sched = seed_policy();
+  c.sched.turns_per_minute[0] = c.sched.tool_calls_per_minute[0] = 100000;
+  c.sched.concurrency = 1;
+  c.sched.trickle_per_minute = 0;
+  c.sched.refill_per_second = 0.5;
+  c.sched.credit_min = -1000000; /* no floor to flatten the prices */
+  c.sched.charge = CPH_CHARGE_TOKENS;
+  c.sched.tokens_per_unit = 1000; /* 2 credits per 1000 tokens: 100 vs 1 a turn */
+  c.sessions = ss;
+  c.n_sessions = 2;
+  c.tokens = tokens;
+  c.duration_s = 600;
+  c.warmup_s = 60;
+  cph_sim_result r;
+  assert_int_equal(cph_sim_run(&c, &r), 0);
+  assert_true(r.groups[1].turns > 20 * r.groups[0].turns);
+  assert_true(r.groups[0].turns > 0); /* the expensive one still runs as credits refill */
+  cph_sim_result_free(&r);
+  c.sched.charge = CPH_CHARGE_TURN;
+  assert_int_equal(cph_sim_run(&c, &r), 0);
+  assert_true(r.jain[0] == 1 && r.groups[0].turns + 1 >= r.groups[1].turns &&
+              r.groups[1].turns + 1 >= r.groups[0].turns);
+  cph_sim_result_free(&r);
+}
+
+/* §3.8: a lane that budgets tokens stops while its tokens bucket is spent, and says until
+ * when; charged at completion, it may go negative. */
+static void test_token_budget_stops_the_lane_until_refilled(void **state) {
+  (void)state;
+  fixture f;
+  cph_sched_config cfg = seed_policy();
+  cfg.tokens_per_minute[CPH_LANE_OPERATIONAL] = 6000; /* 100 a second */
+  fx_open(&f, &cfg);
+  cph_sid a = fx_add(&f, "a", CPH_LANE_OPERATIONAL, true);
+  cph_sid b = fx_add(&f, "b", CPH_LANE_OPERATIONAL, true);
+  assert_int_equal(fx_pick(&f, NULL), a);
+  cph_clock_advance(&f.clock, S_NS); /* a queues again after b */
+  cph_sched_cost cost = {0, 9000};
+  cph_sched_finish_cost(f.s, a, &cost, true);
+  cph_lane_stats st;
+  cph_sched_lane_stats(f.s, CPH_LANE_OPERATIONAL, &st);
+  assert_true(st.tokens_left == -3000);
+  assert_false(st.has_budget);
+  assert_int_equal(fx_pick(&f, NULL), CPH_SID_NONE);
+  cph_why w;
+  cph_sched_why(f.s, b, &w);
+  assert_int_equal(w.reason, CPH_WHY_LANE_NO_BUDGET);
+  assert_int_equal(w.until_ns - cph_clock_now(&f.clock), 30 * S_NS + 1); /* 3001 tokens */
+  cph_clock_advance(&f.clock, 30 * S_NS);
+  assert_int_equal(fx_pick(&f, NULL), CPH_SID_NONE); /* exactly 0: not above it */
+  cph_clock_advance(&f.clock, 1);
+  assert_int_equal(fx_pick(&f, NULL), b);
+  cph_sched_free(f.s);
+}
+
+/* §3.10: seats reserved for maintenance are lent while it has no work, and come back as the
+ * interactive turns holding them end — no preemption — while the outbox trickle still takes
+ * the next free slot first. */
+static void test_seats_lent_then_reclaimed_trickle_first(void **state) {
+  (void)state;
+  fixture f;
+  cph_sched_config cfg = seed_policy();
+  cfg.concurrency = 3;
+  cfg.seats[CPH_LANE_MAINTENANCE] = 1;
+  cfg.trickle_per_minute = 1;
+  fx_open(&f, &cfg);
+  cph_sid in[4];
+  char id[8];
+  for (int i = 0; i < 4; i++) {
+    snprintf(id, sizeof id, "i%d", i);
+    in[i] = fx_add(&f, id, CPH_LANE_INTERACTIVE, true);
+  }
+  /* No maintenance work: the reserved seat is lent, all three go to interactive. */
+  assert_int_equal(fx_pick(&f, NULL), in[0]);
+  assert_int_equal(fx_pick(&f, NULL), in[1]);
+  assert_int_equal(fx_pick(&f, NULL), in[2]);
+  cph_lane_stats st;
+  cph_sched_lane_stats(f.s, CPH_LANE_MAINTENANCE, &st);
+  assert_int_equal(st.seats, 1);
+  assert_int_equal(st.seats_lent, 1);
+  cph_sched_lane_stats(f.s, CPH_LANE_INTERACTIVE, &st);
+  assert_int_equal(st.seats_borrowed, 1);
+  /* Maintenance work arrives, and an outbox batch falls due: nothing is preempted. */
+  cph_sid m = fx_add(&f, "m", CPH_LANE_MAINTENANCE, true);
+  cph_sid j = fx_add(&f, "janitor", CPH_LANE_MAINTENANCE, false);
+  cph_sched_set_trickle(f.s, j, true);
+  assert_int_equal(fx_pick(&f, NULL), CPH_SID_NONE);
+  cph_why w;
+  cph_sched_why(f.s, m, &w);
+  assert_int_equal(w.reason, CPH_WHY_CONCURRENCY_FULL);
+  /* The first turn to end: the trickle first. Its batch runs in the maintenance lane, on
+   * the maintenance seat. */
+  cph_sched_finish(f.s, in[0], 0, true);
+  cph_pick p;
+  assert_int_equal(fx_pick(&f, &p), j);
+  assert_true(p.trickle);
+  cph_sched_set_trickle(f.s, j, false);
+  cph_sched_finish(f.s, j, 0, false);
+  /* The batch ends: the seat goes back to maintenance, ahead of the waiting interactive
+   * i3 and i0 — which, asked, say the free seat is held for another lane. */
+  cph_sched_why(f.s, in[3], &w);
+  assert_int_equal(w.reason, CPH_WHY_SEATS_RESERVED);
+  assert_int_equal(fx_pick(&f, NULL), m);
+  cph_sched_lane_stats(f.s, CPH_LANE_MAINTENANCE, &st);
+  assert_int_equal(st.seats_lent, 0);
+  cph_sched_finish(f.s, in[1], 0, true);
+  assert_int_equal(fx_pick(&f, NULL), in[3]); /* the shared pool's seat */
+  cph_sched_free(f.s);
+}
+
+/* §3.9: one tenant with 10,000 sessions cannot crowd out another with 10 — by weight, 1:1. */
+static void test_tenant_with_many_sessions_does_not_crowd_out_a_small_one(void **state) {
+  (void)state;
+  fixture f;
+  cph_sched_config cfg = seed_policy();
+  cfg.turns_per_minute[CPH_LANE_INTERACTIVE] = 100000000;
+  cfg.tool_calls_per_minute[CPH_LANE_INTERACTIVE] = 100000000;
+  cfg.concurrency = 1;
+  fx_open(&f, &cfg);
+  char id[16];
+  for (int i = 0; i < 10000; i++) {
+    snprintf(id, sizeof id, "big%05d", i);
+    cph_sid sid = fx_add(&f, id, CPH_LANE_INTERACTIVE, true);
+    assert_int_equal(cph_sched_set_tenant(f.s, sid, "big"), 0);
+  }
+  for (int i = 0; i < 10; i++) {
+    snprintf(id, sizeof id, "small%d", i);
+    cph_sid sid = fx_add(&f, id, CPH_LANE_INTERACTIVE, true);
+    assert_int_equal(cph_sched_set_tenant(f.s, sid, "small"), 0);
+  }
+  int small = 0;
+  for (int k = 0; k < 1000; k++) {
+    cph_pick p;
+    assert_int_equal(cph_sched_pick(f.s, &p), 0);
+    small += strcmp(cph_sched_tenant(f.s, p.sid), "small") == 0;
+    cph_clock_advance(&f.clock, S_NS / 1000);
+    cph_sched_finish(f.s, p.sid, 0, true);
+  }
+  assert_int_equal(small, 500);
+  cph_sched_free(f.s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lane_never_starts_more_than_budget_over_any_window),
@@ -843,6 +998,10 @@ int main(void) {
       cmocka_unit_test(test_why_names_each_reason),
       cmocka_unit_test(test_pass_runs_its_five_jobs_in_fixed_order),
       cmocka_unit_test(test_message_staged_by_poll_inbox_is_picked_only_in_next_pass),
+      cmocka_unit_test(test_charge_by_tokens_lets_cheap_sessions_ahead),
+      cmocka_unit_test(test_token_budget_stops_the_lane_until_refilled),
+      cmocka_unit_test(test_seats_lent_then_reclaimed_trickle_first),
+      cmocka_unit_test(test_tenant_with_many_sessions_does_not_crowd_out_a_small_one),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
