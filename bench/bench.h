@@ -18,6 +18,7 @@ int cph_bench_memory(int argc, char **argv);
 int cph_bench_fairness(int argc, char **argv);
 int cph_bench_spam(int argc, char **argv);
 int cph_bench_maintenance(int argc, char **argv);
+int cph_bench_tenants(int argc, char **argv);
 int cph_bench_worker(int argc, char **argv);
 
 /* Option helpers for scenarios: `--name VALUE` or `--name=VALUE`. If argv[*i] is the option,

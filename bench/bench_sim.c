@@ -11,7 +11,10 @@
  *   maintenance: full interactive load, compaction work spending the whole maintenance
  *                budget, the janitor holding outbox batches: outbox batches per minute
  *                against :min-batches-per-minute (the trickle holds).
- * --data DIR writes the series the plots are drawn from (bench/run.sh). */
+ * --data DIR writes the series the plots are drawn from (bench/run.sh). fairness and spam
+ * also run with DESIGN §3.9–3.10 on: --with-tenants puts the sessions in tenants of equal
+ * weight (fairness: four; spam: the quiet sessions, the spammer, operational and maintenance
+ * each their own), --with-seats reserves a seat each for operational and maintenance. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +44,16 @@ static int sim_run(const cph_sim_config *c, cph_sim_result *r, const char *what)
   return rc ? -1 : 0;
 }
 
-/* Parses the shared options: --data DIR and --seed S. 1 = consumed, 0 = not ours, -1 bad. */
+static bool with_tenants, with_seats;
+
+/* Parses the shared options: --data DIR, --seed S, --with-tenants, --with-seats. 1 =
+ * consumed, 0 = not ours, -1 bad. */
 static int sim_opt(int argc, char **argv, int *i, const char **data, uint64_t *seed) {
+  if (strcmp(argv[*i], "--with-tenants") == 0 || strcmp(argv[*i], "--with-seats") == 0) {
+    *(argv[*i][7] == 't' ? &with_tenants : &with_seats) = true;
+    (*i)++;
+    return 1;
+  }
   if (strcmp(argv[*i], "--data") == 0) {
     if (*i + 1 >= argc)
       return -1;
@@ -75,33 +86,55 @@ int cph_bench_fairness(int argc, char **argv) {
       return 2;
     if (r)
       continue;
-    fprintf(stderr, "usage: cephalon-bench fairness [--seed S] [--data DIR]\n");
+    fprintf(stderr, "usage: cephalon-bench fairness [--seed S] [--data DIR] [--with-tenants] "
+                    "[--with-seats]\n");
     return strcmp(argv[i], "--help") == 0 ? 0 : 2;
   }
   /* A: 16 equal saturated interactive sessions, seed policy: the lane's 60 turns a minute
-   * bind, so credits decide who gets each token. One virtual hour. */
-  cph_sim_session a_ss[] = {
-      {CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 1.0, true, 1, 0, 16, false}};
+   * bind, so credits decide who gets each token. One virtual hour. With tenants: four
+   * entries of four sessions, each entry a tenant of weight 1. */
+  static const char *const four[] = {"t0", "t1", "t2", "t3"};
+  static const cph_sched_tenant_weight equal[] = {{"t0", 1}, {"t1", 1}, {"t2", 1}, {"t3", 1}};
+  cph_sim_session a_ss[4];
+  for (int k = 0; k < 4; k++)
+    a_ss[k] = (cph_sim_session){CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 1.0, true, 1, 0,
+                                with_tenants ? 4 : 16, false};
   cph_sim_config a = {0};
   a.sched = seed_policy();
   a.sched.trickle_per_minute = 0;
+  if (with_seats)
+    a.sched.seats[CPH_LANE_OPERATIONAL] = a.sched.seats[CPH_LANE_MAINTENANCE] = 1;
+  if (with_tenants) {
+    a.sched.tenants = equal;
+    a.sched.n_tenants = 4;
+    a.tenants = four;
+  }
   a.sessions = a_ss;
-  a.n_sessions = 1;
+  a.n_sessions = with_tenants ? 4 : 1;
   a.duration_s = 3600;
   a.warmup_s = 60;
   a.seed = seed;
   /* B: 1,000 equal saturated interactive sessions, budgets that never bind, 64 slots:
    * credits and wait time decide among many. Ten virtual minutes. */
-  cph_sim_session b_ss[] = {
-      {CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 1.0, true, 1, 0, 1000, false}};
+  cph_sim_session b_ss[4];
+  for (int k = 0; k < 4; k++)
+    b_ss[k] = (cph_sim_session){CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 1.0, true, 1, 0,
+                                with_tenants ? 250 : 1000, false};
   cph_sim_config b = {0};
   b.sched = seed_policy();
   b.sched.turns_per_minute[0] = 10000000;
   b.sched.tool_calls_per_minute[0] = 10000000;
   b.sched.concurrency = 64;
   b.sched.trickle_per_minute = 0;
+  if (with_seats)
+    b.sched.seats[CPH_LANE_OPERATIONAL] = b.sched.seats[CPH_LANE_MAINTENANCE] = 1;
+  if (with_tenants) {
+    b.sched.tenants = equal;
+    b.sched.n_tenants = 4;
+    b.tenants = four;
+  }
   b.sessions = b_ss;
-  b.n_sessions = 1;
+  b.n_sessions = with_tenants ? 4 : 1;
   b.duration_s = 600;
   b.warmup_s = 30;
   b.seed = seed;
@@ -139,8 +172,8 @@ int cph_bench_fairness(int argc, char **argv) {
   }
   double jain = ra.jain[0] < rb.jain[0] ? ra.jain[0] : rb.jain[0];
   printf("fairness jain=%.5f jain_budget_bound=%.5f jain_many_sessions=%.5f sessions=16,1000"
-         " seed=%" PRIu64 "\n",
-         jain, ra.jain[0], rb.jain[0], seed);
+         " tenants=%d seats=%d seed=%" PRIu64 "\n",
+         jain, ra.jain[0], rb.jain[0], with_tenants ? 4 : 0, with_seats ? 2 : 0, seed);
   cph_sim_result_free(&ra);
   cph_sim_result_free(&rb);
   return 0;
@@ -172,6 +205,11 @@ static void spam_config(cph_sim_config *c, cph_sim_session *ss, double factor, u
    * bind, the 4 slots do — the regime where a spammer could crowd quiet sessions out. */
   c->sched.turns_per_minute[CPH_LANE_INTERACTIVE] = 600;
   c->sched.tool_calls_per_minute[CPH_LANE_INTERACTIVE] = 100000;
+  static const char *const tenants[] = {"quiet", "spammer", "ops", "maint", NULL};
+  if (with_tenants)
+    c->tenants = tenants; /* all weight 1 */
+  if (with_seats)
+    c->sched.seats[CPH_LANE_OPERATIONAL] = c->sched.seats[CPH_LANE_MAINTENANCE] = 1;
   c->sessions = ss;
   c->n_sessions = 5;
   c->duration_s = duration;
@@ -216,7 +254,7 @@ int cph_bench_spam(int argc, char **argv) {
     if (r)
       continue;
     fprintf(stderr, "usage: cephalon-bench spam [--factor F] [--seconds S] [--seed S] "
-                    "[--data DIR]\n");
+                    "[--data DIR] [--with-tenants] [--with-seats]\n");
     return strcmp(argv[i], "--help") == 0 ? 0 : 2;
   }
   cph_sim_session ss_base[5], ss_spam[5];
@@ -279,10 +317,11 @@ int cph_bench_spam(int argc, char **argv) {
     fclose(f);
   }
   printf("spam quiet_p99_ratio=%.3f quiet_p99_spam_s=%.4f quiet_p99_nospam_s=%.4f factor=%" PRIu64
-         " spam_share=%.3f interactive_share=%.3f outbox_min_per_min=%" PRIu64 " seed=%" PRIu64
-         "\n",
+         " spam_share=%.3f interactive_share=%.3f outbox_min_per_min=%" PRIu64 " tenants=%d"
+         " seats=%d seed=%" PRIu64 "\n",
          ratio, p99_spam / 1e9, p99_base / 1e9, factor, spam.groups[G_SPAM].share,
-         spam.lanes[CPH_LANE_INTERACTIVE].share, spam.outbox_min_per_minute, seed);
+         spam.lanes[CPH_LANE_INTERACTIVE].share, spam.outbox_min_per_minute, with_tenants,
+         with_seats, seed);
   cph_sim_result_free(&base);
   cph_sim_result_free(&spam);
   return 0;
@@ -371,4 +410,88 @@ int cph_bench_maintenance(int argc, char **argv) {
          held ? "yes" : "no", seed_mean, seed_fewest, seed_interactive, fewest[0], fewest[1],
          fewest[2], worst_shortfall, seed);
   return held ? 0 : 1;
+}
+
+/* ---------------------------------------------------------------- tenants and seats */
+
+/* DESIGN §12: tenants of weights 1:2:5 saturating a lane with very different session counts
+ * (1,000, 10 and 100): each one's share of the turns started over a measured minute against
+ * its weight share; then a lane's reserved seats under a saturated higher lane: the longest a
+ * session of the reserving lane waits, against the other lane's turn length. */
+int cph_bench_tenants(int argc, char **argv) {
+  const char *data = NULL;
+  uint64_t seed = 19;
+  for (int i = 1; i < argc;) {
+    int r = sim_opt(argc, argv, &i, &data, &seed);
+    if (r < 0)
+      return 2;
+    if (r)
+      continue;
+    fprintf(stderr, "usage: cephalon-bench tenants [--seed S]\n");
+    return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+  }
+  static const cph_sched_tenant_weight weights[] = {{"one", 1}, {"two", 2}, {"five", 5}};
+  static const char *const names[] = {"one", "two", "five"};
+  static const uint32_t counts[] = {1000, 10, 100};
+  cph_sim_session ss[3];
+  for (int k = 0; k < 3; k++)
+    ss[k] = (cph_sim_session){CPH_LANE_OPERATIONAL, CPH_SIM_SATURATED, 0, 0.05, true, 1,
+                              (uint32_t)k, counts[k], false};
+  cph_sim_config c = {0};
+  c.sched = seed_policy();
+  c.sched.turns_per_minute[CPH_LANE_OPERATIONAL] = 100000;
+  c.sched.tool_calls_per_minute[CPH_LANE_OPERATIONAL] = 1000000;
+  c.sched.trickle_per_minute = 0;
+  c.sched.tenants = weights;
+  c.sched.n_tenants = 3;
+  c.tenants = names;
+  c.sessions = ss;
+  c.n_sessions = 3;
+  c.duration_s = 70;
+  c.warmup_s = 10;
+  c.seed = seed;
+  cph_sim_result r;
+  if (sim_run(&c, &r, "tenants"))
+    return 1;
+  uint64_t total = r.groups[0].turns + r.groups[1].turns + r.groups[2].turns;
+  double worst = 0;
+  printf("3 tenants, weights 1:2:5, 1000/10/100 saturated operational sessions, concurrency 4,"
+         " one measured minute:\n");
+  for (int k = 0; k < 3; k++) {
+    double want = weights[k].weight / 8, got = total ? (double)r.groups[k].turns / total : 0;
+    double err = want > 0 ? (got - want) / want : 0;
+    worst = err < 0 ? (-err > worst ? -err : worst) : (err > worst ? err : worst);
+    printf("   %-5s %4u sessions: %6" PRIu64 " turns, share %.4f, weight share %.4f (%+.2f%%)\n",
+           names[k], counts[k], r.groups[k].turns, got, want, 100 * err);
+  }
+  cph_sim_result_free(&r);
+
+  /* Seats: maintenance reserves 1 of 4; 16 interactive sessions saturate with 2 s turns;
+   * 2 maintenance sessions get work now and then. */
+  cph_sim_session st[] = {
+      {CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 2.0, false, 1, 0, 16, false},
+      {CPH_LANE_MAINTENANCE, CPH_SIM_POISSON, 0.05, 1.0, true, 0, 1, 1, false},
+  };
+  cph_sim_config s = {0};
+  s.sched = seed_policy();
+  s.sched.turns_per_minute[0] = 100000;
+  s.sched.tool_calls_per_minute[0] = 1000000;
+  s.sched.trickle_per_minute = 0;
+  s.sched.seats[CPH_LANE_MAINTENANCE] = 1;
+  s.sessions = st;
+  s.n_sessions = 2;
+  s.duration_s = 3600;
+  s.seed = seed;
+  if (sim_run(&s, &r, "tenants"))
+    return 1;
+  double wait = r.groups[1].wait_max_ns / 1e9;
+  printf("seats: maintenance reserves 1 of 4 under 16 saturated interactive sessions (2 s turns):"
+         " %" PRIu64 " maintenance turns, longest wait %.3f s (p99 %.3f s)\n",
+         r.groups[1].turns, wait, r.groups[1].wait_p99_ns / 1e9);
+  uint64_t seat_turns = r.groups[1].turns;
+  cph_sim_result_free(&r);
+  printf("tenants share_err_max=%.5f seats_wait_max_s=%.3f turn_s=2.000 seat_turns=%" PRIu64
+         " seed=%" PRIu64 "\n",
+         worst, wait, seat_turns, seed);
+  return 0;
 }

@@ -34,6 +34,8 @@ static const scenario scenarios[] = {
      cph_bench_spam},
     {"maintenance", "outbox trickle under full interactive load and compaction (lanes/sim)",
      cph_bench_maintenance},
+    {"tenants", "tenant shares by weight and seats coming back (lanes/sim, DESIGN §3.9-3.10)",
+     cph_bench_tenants},
     {"memory", "RSS per idle session and restart to ready (--sessions N --events M)",
      cph_bench_memory},
     {"worker", "cephalon-worker's own cost per turn against an instant model (--concurrency N)",

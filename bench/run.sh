@@ -69,6 +69,9 @@ val() {
 run sched-10k 120 sched --sessions 10000
 run sched-100k 120 sched --sessions 100000
 run sched-1m 180 sched --sessions 1000000
+# DESIGN §12: the same with 1,000 tenants (weights 1-4), reported beside the runs without
+run sched-100k-t1000 120 sched --sessions 100000 --tenants 1000
+run sched-1m-t1000 180 sched --sessions 1000000 --tenants 1000
 run ingest 120 ingest --seconds "$SECONDS_PER_RUN"
 run cycle-always 120 cycle --sync always --seconds "$SECONDS_PER_RUN"
 run cycle-none 120 cycle --sync none --seconds "$SECONDS_PER_RUN"
@@ -91,6 +94,11 @@ run redis-agent-none 120 redis --mode none --work agent --seconds "$SECONDS_PER_
 run fairness 60 fairness --data "$work/data"
 run spam 60 spam --data "$work/data"
 run maintenance 60 maintenance --data "$work/data"
+# DESIGN §3.9-3.10: fairness and spam again with tenants and reserved seats on; tenant shares
+# and seats coming back
+run fairness-ts 60 fairness --with-tenants --with-seats
+run spam-ts 60 spam --with-tenants --with-seats
+run tenants 60 tenants
 run memory 300 memory --sessions "$MEMORY_SESSIONS" --events "$MEMORY_EVENTS"
 # cephalon-worker's own overhead per turn against an instant model (DESIGN §13; not a §12 row)
 run worker 120 worker --seconds "$SECONDS_PER_RUN"
@@ -113,6 +121,7 @@ ratio() {
 
 s10k=$(val sched-10k ops_per_s); s100k=$(val sched-100k ops_per_s); s1m=$(val sched-1m ops_per_s)
 n10k=$(val sched-10k ns_per_op); n1m=$(val sched-1m ns_per_op)
+t100k=$(val sched-100k-t1000 ops_per_s); t1m=$(val sched-1m-t1000 ops_per_s)
 ing=$(val ingest events_per_s)
 ca=$(val cycle-always cycles_per_s); cn=$(val cycle-none cycles_per_s)
 bf=$(val beanstalkd-fsync cycles_per_s); bm=$(val beanstalkd-memory cycles_per_s)
@@ -134,6 +143,10 @@ r=$(ratio "$s100k" 2000000)
 row "sched: pick + complete in process at 100k runnable sessions" "$s100k ops/s" ">= 2,000,000 ops/s" "$r" "$(judge "$r" ">=" 1)"
 r=$(ratio "$n1m" "$n10k")
 row "sched: per-pick cost at 1M vs 10k sessions" "$n1m ns vs $n10k ns" "<= 2x" "$r" "$(judge "$r" "<=" 2)"
+r=$(ratio "$t100k" "$s100k")
+row "sched: picks/s at 100k sessions with 1,000 tenants vs without" "$t100k vs $s100k ops/s" ">= 0.9x" "$r" "$(judge "$r" ">=" 0.9)"
+r=$(ratio "$t1m" "$s1m")
+row "sched: picks/s at 1M sessions with 1,000 tenants vs without" "$t1m vs $s1m ops/s" ">= 0.9x" "$r" "$(judge "$r" ">=" 0.9)"
 r=$(ratio "$ing" 200000)
 row "ingest: durable over HTTP, 1,000 events/request, :sync :always" "$ing events/s" ">= 200,000 events/s" "$r" "$(judge "$r" ">=" 1)"
 r=$(ratio "$ca" "$raa")
@@ -146,6 +159,13 @@ r=$(ratio "$cn" "$bm")
 row "cycle :sync :none vs beanstalkd in memory" "$cn vs $bm cycles/s ($(cost cycle-none beanstalkd beanstalkd-memory))" ">= 1x" "$r" "$(judge "$r" ">=" 1)"
 row "fairness: Jain's index, equal saturated sessions" "$jain" ">= 0.99" "$(ratio "$jain" 0.99)" "$(judge "$jain" ">=" 0.99)"
 row "spam: quiet p99 pick wait, 100x channel vs no spam" "${spam_ratio}x" "<= 2x" "$spam_ratio" "$(judge "$spam_ratio" "<=" 2)"
+jain_ts=$(val fairness-ts jain); spam_ts=$(val spam-ts quiet_p99_ratio)
+row "fairness with tenants and seats on" "$jain_ts" ">= 0.99" "$(ratio "$jain_ts" 0.99)" "$(judge "$jain_ts" ">=" 0.99)"
+row "spam with tenants and seats on: quiet p99 vs no spam" "${spam_ts}x" "<= 2x" "$spam_ts" "$(judge "$spam_ts" "<=" 2)"
+share_err=$(val tenants share_err_max); seat_wait=$(val tenants seats_wait_max_s); seat_turn=$(val tenants turn_s)
+row "tenants 1:2:5 (1000/10/100 sessions): worst share error over a minute" "$share_err" "<= 0.02" "$(ratio "$share_err" 0.02)" "$(judge "$share_err" "<=" 0.02)"
+r=$(ratio "$seat_wait" "$seat_turn")
+row "seats: longest wait of the reserving lane vs one turn" "$seat_wait s vs $seat_turn s" "<= 1x" "$r" "$(judge "$r" "<=" 1)"
 row "maintenance: outbox trickle under full load" "held: $held ($(val maintenance batches_per_min)/min, fewest $(val maintenance fewest_per_min))" ">= :min-batches-per-minute (1)" "$(val maintenance fewest_per_min)" "$([ "$held" = yes ] && echo pass || echo FAIL)"
 r=$(ratio "$rss" 256)
 row "memory: RSS per idle session at $MEMORY_SESSIONS sessions" "$rss B (anon $anon B)" "<= 256 B" "$r" "$(judge "$rss" "<=" 256)"
@@ -287,10 +307,11 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
   echo "| scenario | summary line |"
   echo "|---|---|"
-  for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none cycle-worker-always \
+  for f in sched-10k sched-100k sched-1m sched-100k-t1000 sched-1m-t1000 ingest cycle-always \
+           cycle-none cycle-worker-always \
            cycle-worker-none cycle-small-always cycle-small-none beanstalkd-fsync \
            beanstalkd-memory redis-always redis-none redis-agent-always redis-agent-none \
-           fairness spam maintenance memory worker; do
+           fairness spam maintenance fairness-ts spam-ts tenants memory worker; do
     echo "| $f | \`$(tail -1 "$work/$f.out" 2>/dev/null)\` |"
   done
   echo
@@ -298,6 +319,11 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
   echo "- **sched**: \`cephalon-bench sched --sessions N\` — the scheduler in process (lanes/), N"
   echo "  saturated sessions over three lanes, budgets that never bind, 64 picks then their finishes."
+  echo "  sched-*-t1000: the same with \`--tenants 1000\` (sessions round-robin over 1,000 tenants of"
+  echo "  weights 1-4), so every pick also goes through the lane's tenant heap (DESIGN §3.9)."
+  echo "- **tenants / fairness-ts / spam-ts**: lanes/sim — tenants of weights 1:2:5 with 1,000, 10"
+  echo "  and 100 sessions over a measured minute, a lane's reserved seat under saturation; the"
+  echo "  fairness and spam scenarios with \`--with-tenants --with-seats\`."
   echo "- **ingest**: \`cephalon-bench ingest\` — cephalond on 127.0.0.1, :store :sync :always, 8"
   echo "  client threads each POSTing 1,000 events (64-byte unique bodies) per request to its own"
   echo "  channel, subscribed by one session; dedupe on, backpressure steps off (:max-step 0)."
