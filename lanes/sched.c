@@ -105,20 +105,38 @@ typedef struct group {
   uint64_t runnable;  /* live entries in the two sets */
   i128 vstart;        /* its start tag, while in the lane's tenant heap */
   i128 vfinish;       /* the finish tag of its last pick */
-  uint32_t hgen;      /* the generation of its live heap slot; slots of older ones are stale */
-  bool in_heap;       /* it has a live slot in the lane's tenant heap */
+  uint32_t hgen;      /* the generation of its live slot; slots of older ones are stale */
+  bool in_heap;       /* it has a live slot in its lane's tenant order */
   uint32_t tenant;    /* index in cph_sched.tenants */
   uint64_t started;
+  struct tclass *cls; /* its class in the lane (its tenant's step); NULL until it joins */
 } group;
 
-/* A group's place in its lane's tenant heap. The keys live in the slot, so sifting reads only
- * the heap array; a group that leaves bumps hgen and its slot is dropped when it surfaces. */
+/* A group's place in its lane's tenant order. The keys live in the slot, so ordering reads
+ * only slots; a group that leaves bumps hgen and its slot is dropped when it surfaces. */
 typedef struct tslot {
   i128 vstart;
   uint32_t tenant; /* the tie-break: the tenant the scheduler knew first goes first */
   uint32_t gen;
   group *g;
 } tslot;
+
+/* The groups with runnable sessions of one lane whose tenants have the same step (weight),
+ * by (vstart, tenant). A served group's next tag is its tag plus the step, which in start-time
+ * fair queueing is at least every other tag of its class — so slots mostly arrive in order and
+ * are appended to a ring (O(1)); the few that do not (a group joining at the lane's virtual
+ * time) go to a heap beside it. The lane orders its classes by their heads in a small heap:
+ * a pick costs O(log classes) plus, rarely, O(log groups). */
+typedef struct tclass {
+  int64_t inc;
+  tslot *ring;
+  uint32_t head, len, cap; /* cap is a power of two */
+  tslot *heap;
+  uint32_t hlen, hcap;
+  uint32_t live;           /* live slots */
+  uint32_t pos;            /* 1 + its index in the lane's class heap; 0 = not in it */
+  tslot key;               /* its head when last placed in the class heap */
+} tclass;
 
 typedef struct tenant {
   char *name;         /* "" for the default tenant */
@@ -132,8 +150,9 @@ typedef struct lane_state {
   bucket turns;
   bucket tools;
   bucket tokens;      /* per_min 0: no token budget (§3.8) */
-  tslot *theap;       /* groups with runnable sessions, by (vstart, tenant); tenants on */
-  uint32_t n_theap, cap_theap;
+  tclass **classes;   /* every class of the lane (tenants on) */
+  tclass **cheap;     /* the classes with live slots, a min-heap by key; capacity cap_classes */
+  uint32_t n_classes, cap_classes, n_cheap;
   uint32_t live_groups; /* groups with a live slot */
   i128 vtime;         /* the start tag of the lane's last pick */
   uint64_t runnable;
@@ -404,90 +423,317 @@ static bool slot_before(const tslot *a, const tslot *b) {
 
 static bool slot_live(const tslot *t) { return t->g->in_heap && t->g->hgen == t->gen; }
 
-/* A 4-ary heap: half the levels of a binary one, and a slot's children share cache lines. */
-#define TARITY 4
+/* ---- a class's ordered slots: ring + heap */
 
-static void theap_up(lane_state *l, uint32_t i) {
-  tslot x = l->theap[i];
-  while (i > 0) {
-    uint32_t parent = (i - 1) / TARITY;
-    if (!slot_before(&x, &l->theap[parent]))
-      break;
-    l->theap[i] = l->theap[parent];
-    i = parent;
-  }
-  l->theap[i] = x;
+static tslot *cring_front(tclass *c) { return c->len ? &c->ring[c->head] : NULL; }
+static tslot *cring_back(tclass *c) {
+  return c->len ? &c->ring[(c->head + c->len - 1) & (c->cap - 1)] : NULL;
+}
+static void cring_pop(tclass *c) {
+  c->head = (c->head + 1) & (c->cap - 1);
+  c->len--;
 }
 
-static void theap_down(lane_state *l, uint32_t i) {
-  tslot x = l->theap[i];
-  uint32_t n = l->n_theap;
-  for (;;) {
-    uint32_t first = TARITY * i + 1;
-    if (first >= n)
-      break;
-    uint32_t c = first, end = first + TARITY < n ? first + TARITY : n;
-    for (uint32_t k = first + 1; k < end; k++)
-      if (slot_before(&l->theap[k], &l->theap[c]))
-        c = k;
-    if (!slot_before(&l->theap[c], &x))
-      break;
-    l->theap[i] = l->theap[c];
-    i = c;
-  }
-  l->theap[i] = x;
-}
-
-static void theap_pop(lane_state *l) {
-  l->theap[0] = l->theap[--l->n_theap];
-  if (l->n_theap)
-    theap_down(l, 0);
-}
-
-/* Drops stale slots once they outnumber live ones: O(n) now and then, amortised O(1). */
-static void theap_compact(lane_state *l) {
-  uint32_t kept = 0;
-  for (uint32_t i = 0; i < l->n_theap; i++)
-    if (slot_live(&l->theap[i]))
-      l->theap[kept++] = l->theap[i];
-  l->n_theap = kept;
-  for (uint32_t i = kept / TARITY + 1; i-- > 0;)
-    if (i < kept)
-      theap_down(l, i);
-}
-
-/* A group that gained its first runnable session joins the lane's heap at
- * max(virtual time, its last finish): an idle tenant banks nothing. */
-static bool theap_insert(lane_state *l, group *g) {
-  if (l->n_theap >= 64 && l->n_theap >= 2 * l->live_groups)
-    theap_compact(l);
-  if (l->n_theap == l->cap_theap) {
-    uint32_t cap = l->cap_theap ? 2 * l->cap_theap : 8;
-    tslot *p = realloc(l->theap, (size_t)cap * sizeof *p);
+static bool cring_push(tclass *c, const tslot *x) {
+  if (c->len == c->cap) {
+    uint32_t cap = c->cap ? 2 * c->cap : 8;
+    tslot *p = malloc((size_t)cap * sizeof *p);
     if (!p)
       return false;
-    l->theap = p;
-    l->cap_theap = cap;
+    for (uint32_t i = 0; i < c->len; i++)
+      p[i] = c->ring[(c->head + i) & (c->cap - 1)];
+    free(c->ring);
+    c->ring = p;
+    c->head = 0;
+    c->cap = cap;
   }
-  g->vstart = g->vfinish > l->vtime ? g->vfinish : l->vtime;
-  g->in_heap = true;
-  l->live_groups++;
-  l->theap[l->n_theap] = (tslot){g->vstart, g->tenant, ++g->hgen, g};
-  theap_up(l, l->n_theap++);
+  c->ring[(c->head + c->len++) & (c->cap - 1)] = *x;
   return true;
 }
 
+static void cheap_slot_up(tclass *c, uint32_t i) {
+  tslot x = c->heap[i];
+  while (i > 0 && slot_before(&x, &c->heap[(i - 1) / 2])) {
+    c->heap[i] = c->heap[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  c->heap[i] = x;
+}
+
+static void cheap_slot_down(tclass *c, uint32_t i) {
+  tslot x = c->heap[i];
+  for (;;) {
+    uint32_t k = 2 * i + 1;
+    if (k >= c->hlen)
+      break;
+    if (k + 1 < c->hlen && slot_before(&c->heap[k + 1], &c->heap[k]))
+      k++;
+    if (!slot_before(&c->heap[k], &x))
+      break;
+    c->heap[i] = c->heap[k];
+    i = k;
+  }
+  c->heap[i] = x;
+}
+
+static void cheap_slot_pop(tclass *c) {
+  c->heap[0] = c->heap[--c->hlen];
+  if (c->hlen)
+    cheap_slot_down(c, 0);
+}
+
+/* Drops stale slots once they outnumber live ones four to one: amortised O(1) per push. */
+static void cset_compact(tclass *c) {
+  uint32_t size = c->len + c->hlen;
+  if (size < 64 || size < 4 * c->live)
+    return;
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < c->len; i++) {
+    tslot x = c->ring[(c->head + i) & (c->cap - 1)];
+    if (slot_live(&x))
+      c->ring[(c->head + kept++) & (c->cap - 1)] = x;
+  }
+  c->len = kept;
+  kept = 0;
+  for (uint32_t i = 0; i < c->hlen; i++)
+    if (slot_live(&c->heap[i]))
+      c->heap[kept++] = c->heap[i];
+  c->hlen = kept;
+  for (uint32_t i = kept / 2; i-- > 0;)
+    cheap_slot_down(c, i);
+}
+
+static bool cset_push(tclass *c, const tslot *x) {
+  cset_compact(c);
+  tslot *back = cring_back(c);
+  if (!back || slot_before(back, x))
+    return cring_push(c, x);
+  if (c->hlen == c->hcap) {
+    uint32_t cap = c->hcap ? 2 * c->hcap : 8;
+    tslot *p = realloc(c->heap, (size_t)cap * sizeof *p);
+    if (!p)
+      return false;
+    c->heap = p;
+    c->hcap = cap;
+  }
+  c->heap[c->hlen] = *x;
+  cheap_slot_up(c, c->hlen++);
+  return true;
+}
+
+/* The class's first live slot, dropping stale ones on the way; NULL when none. */
+static tslot *cset_head(tclass *c) {
+  tslot *r;
+  while ((r = cring_front(c)) && !slot_live(r))
+    cring_pop(c);
+  while (c->hlen && !slot_live(&c->heap[0]))
+    cheap_slot_pop(c);
+  tslot *h = c->hlen ? &c->heap[0] : NULL;
+  if (!r)
+    return h;
+  if (!h)
+    return r;
+  return slot_before(r, h) ? r : h;
+}
+
+static void cset_pop(tclass *c, const tslot *head) {
+  if (head == cring_front(c))
+    cring_pop(c);
+  else
+    cheap_slot_pop(c);
+}
+
+/* ---- the lane's classes, a min-heap by their heads */
+
+static void lheap_place(lane_state *l, uint32_t i, tclass *c) {
+  l->cheap[i] = c;
+  c->pos = i + 1;
+}
+
+static void lheap_up(lane_state *l, uint32_t i) {
+  tclass *c = l->cheap[i];
+  while (i > 0 && slot_before(&c->key, &l->cheap[(i - 1) / 2]->key)) {
+    lheap_place(l, i, l->cheap[(i - 1) / 2]);
+    i = (i - 1) / 2;
+  }
+  lheap_place(l, i, c);
+}
+
+static void lheap_down(lane_state *l, uint32_t i) {
+  tclass *c = l->cheap[i];
+  for (;;) {
+    uint32_t k = 2 * i + 1;
+    if (k >= l->n_cheap)
+      break;
+    if (k + 1 < l->n_cheap && slot_before(&l->cheap[k + 1]->key, &l->cheap[k]->key))
+      k++;
+    if (!slot_before(&l->cheap[k]->key, &c->key))
+      break;
+    lheap_place(l, i, l->cheap[k]);
+    i = k;
+  }
+  lheap_place(l, i, c);
+}
+
+/* After its head may have changed: class c takes its head as its key, in the lane's class
+ * heap while it has one and out of it when it has none. */
+static void class_refresh(lane_state *l, tclass *c) {
+  tslot *h = cset_head(c);
+  if (!h) {
+    if (c->pos) {
+      uint32_t i = c->pos - 1;
+      c->pos = 0;
+      tclass *last = l->cheap[--l->n_cheap];
+      if (i < l->n_cheap) {
+        lheap_place(l, i, last);
+        lheap_up(l, i);
+        lheap_down(l, last->pos - 1);
+      }
+    }
+    return;
+  }
+  bool lower = c->pos && slot_before(h, &c->key);
+  c->key = *h;
+  if (!c->pos) {
+    lheap_place(l, l->n_cheap++, c);
+    lheap_up(l, c->pos - 1);
+  } else if (lower) {
+    lheap_up(l, c->pos - 1);
+  } else {
+    lheap_down(l, c->pos - 1);
+  }
+}
+
+/* The group's class in the lane, created on first need; NULL on OOM. */
+static tclass *class_of(const cph_sched *s, lane_state *l, group *g) {
+  if (g->cls)
+    return g->cls;
+  int64_t inc = s->tenants[g->tenant]->inc;
+  for (uint32_t i = 0; i < l->n_classes; i++)
+    if (l->classes[i]->inc == inc)
+      return g->cls = l->classes[i];
+  if (l->n_classes == l->cap_classes) {
+    uint32_t cap = l->cap_classes ? 2 * l->cap_classes : 4;
+    tclass **a = realloc(l->classes, (size_t)cap * sizeof *a);
+    if (!a)
+      return NULL;
+    l->classes = a;
+    tclass **h = realloc(l->cheap, (size_t)cap * sizeof *h);
+    if (!h)
+      return NULL;
+    l->cheap = h;
+    l->cap_classes = cap;
+  }
+  tclass *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->inc = inc;
+  l->classes[l->n_classes++] = c;
+  return g->cls = c;
+}
+
+/* Frees the lane's classes; the groups that had live slots keep in_heap as it was (the caller
+ * says what becomes of them). */
+static void lane_classes_clear(cph_sched *s, lane_state *l, int lane) {
+  for (uint32_t i = 0; i < l->n_classes; i++) {
+    free(l->classes[i]->ring);
+    free(l->classes[i]->heap);
+    free(l->classes[i]);
+  }
+  l->n_classes = l->n_cheap = l->live_groups = 0;
+  for (uint32_t t = 0; t < s->n_tenants; t++)
+    s->tenants[t]->g[lane].cls = NULL;
+}
+
+/* g joins the lane's tenant order with start tag vstart. */
+static bool tjoin(const cph_sched *s, lane_state *l, group *g, i128 vstart) {
+  tclass *c = class_of(s, l, g);
+  if (!c)
+    return false;
+  tslot x = {vstart, g->tenant, g->hgen + 1, g};
+  if (!cset_push(c, &x))
+    return false;
+  g->vstart = vstart;
+  g->hgen++;
+  g->in_heap = true;
+  c->live++;
+  l->live_groups++;
+  if (!c->pos || slot_before(&x, &c->key))
+    class_refresh(l, c);
+  return true;
+}
+
+/* A group that gained its first runnable session joins at max(virtual time, its last
+ * finish): an idle tenant banks nothing. */
+static bool theap_insert(const cph_sched *s, lane_state *l, group *g) {
+  return tjoin(s, l, g, g->vfinish > l->vtime ? g->vfinish : l->vtime);
+}
+
+/* It has no runnable session left: its slot goes stale (and its class's key with it, put
+ * right when the class comes to the top). */
 static void theap_leave(lane_state *l, group *g) {
   g->in_heap = false;
   g->hgen++;
+  g->cls->live--;
   l->live_groups--;
 }
 
-/* The heap's top live group, dropping stale slots on the way; NULL when none. */
+/* The lane's next group: the head of the class at the top, once that class's key is its true
+ * head; NULL when none. */
 static group *theap_top(lane_state *l) {
-  while (l->n_theap && !slot_live(&l->theap[0]))
-    theap_pop(l);
-  return l->n_theap ? l->theap[0].g : NULL;
+  while (l->n_cheap) {
+    tclass *c = l->cheap[0];
+    tslot *h = cset_head(c);
+    if (h && h->g == c->key.g && h->gen == c->key.gen && h->vstart == c->key.vstart)
+      return h->g;
+    class_refresh(l, c);
+  }
+  return NULL;
+}
+
+/* g, the lane's next group, was just served: its slot moves on to g->vfinish, or (its last
+ * session picked) it has left. */
+static void theap_served(lane_state *l, group *g) {
+  tclass *c = g->cls;
+  if (g->in_heap) {
+    cset_pop(c, cset_head(c)); /* g's slot: nothing changed in c since theap_top */
+    g->vstart = g->vfinish;
+    tslot x = {g->vstart, g->tenant, g->hgen, g};
+    if (!cset_push(c, &x)) { /* out of memory: it leaves, and rejoins on its next change */
+      g->in_heap = false;
+      g->hgen++;
+      c->live--;
+      l->live_groups--;
+    }
+  }
+  class_refresh(l, c);
+}
+
+/* Walks the live groups of a lane: it = {0}, then next_live(l, &it) until NULL. */
+typedef struct live_iter {
+  uint32_t c, i;
+  bool in_heap_part;
+} live_iter;
+
+static group *next_live(lane_state *l, live_iter *it) {
+  for (; it->c < l->n_classes; it->c++, it->i = 0, it->in_heap_part = false) {
+    tclass *c = l->classes[it->c];
+    if (!it->in_heap_part) {
+      while (it->i < c->len) {
+        tslot *x = &c->ring[(c->head + it->i++) & (c->cap - 1)];
+        if (slot_live(x))
+          return x->g;
+      }
+      it->in_heap_part = true;
+      it->i = 0;
+    }
+    while (it->i < c->hlen) {
+      tslot *x = &c->heap[it->i++];
+      if (slot_live(x))
+        return x->g;
+    }
+  }
+  return NULL;
 }
 
 /* ---------------------------------------------------------------- sessions in sets */
@@ -529,7 +775,7 @@ static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g) {
   l->runnable++;
   g->runnable++;
   if (s->tenant_of && !g->in_heap)
-    theap_insert(l, g);
+    theap_insert(s, l, g);
 }
 
 static HOT_INLINE void count_out(cph_sched *s, lane_state *l, group *g) {
@@ -696,17 +942,44 @@ static tenant *tenant_get(cph_sched *s, const char *name) {
  * Start tags already given keep their value; the new step applies from the next pick. A
  * tenant that cannot be created for lack of memory is created, weight 1, when a session
  * names it. */
-static void apply_tenant_config(cph_sched *s, const cph_sched_config *cfg) {
+static bool apply_tenant_config(cph_sched *s, const cph_sched_config *cfg) {
+  bool changed = false;
   for (uint32_t i = 1; i < s->n_tenants; i++) {
+    changed |= s->tenants[i]->inc != weight_inc(1);
     s->tenants[i]->weight = 1;
     s->tenants[i]->inc = weight_inc(1);
   }
   for (size_t i = 0; i < cfg->n_tenants; i++) {
     tenant *t = tenant_get(s, cfg->tenants[i].name);
     if (t) {
+      changed |= t->inc != weight_inc(cfg->tenants[i].weight);
       t->weight = cfg->tenants[i].weight;
       t->inc = weight_inc(t->weight);
     }
+  }
+  return changed;
+}
+
+/* New weights move groups between classes (a class is one step): each lane's order is built
+ * again, every live group keeping its start tag. O(groups), on reload only. Out of memory,
+ * the old classes stay: the order stays right (a class's ring falls back on its heap) and
+ * only the speed suffers. */
+static void tenant_reclass(cph_sched *s) {
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    lane_state *l = &s->lanes[i];
+    group **live = malloc((l->live_groups + 1) * sizeof *live);
+    if (!live)
+      continue;
+    uint32_t n = 0;
+    live_iter it = {0, 0, false};
+    for (group *g; (g = next_live(l, &it));)
+      live[n++] = g;
+    lane_classes_clear(s, l, i);
+    for (uint32_t k = 0; k < n; k++) {
+      live[k]->in_heap = false;
+      tjoin(s, l, live[k], live[k]->vstart);
+    }
+    free(live);
   }
 }
 
@@ -769,6 +1042,11 @@ void cph_sched_free(cph_sched *s) {
   for (uint32_t i = 0; i < s->n_sessions; i++)
     cph_strslab_free(&s->ids, s->sessions[i].id);
   cph_strslab_destroy(&s->ids);
+  for (int i = 0; i < CPH_LANE_COUNT; i++) { /* before the tenants: it reads them */
+    lane_classes_clear(s, &s->lanes[i], i);
+    free(s->lanes[i].classes);
+    free(s->lanes[i].cheap);
+  }
   for (uint32_t i = 0; i < s->n_tenants; i++) {
     tenant_free_sets(s->tenants[i]);
     if (i) {
@@ -778,8 +1056,6 @@ void cph_sched_free(cph_sched *s) {
   }
   free(s->tenants);
   cph_hmap_free(&s->tenant_by_name);
-  for (int i = 0; i < CPH_LANE_COUNT; i++)
-    free(s->lanes[i].theap);
   free(s->tenant_of);
   free(s->sessions);
   free(s->free_sids);
@@ -846,7 +1122,8 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
   } else {
     apply_credit_config(s, cfg); /* costs */
   }
-  apply_tenant_config(s, cfg);
+  if (apply_tenant_config(s, cfg) && s->tenant_of)
+    tenant_reclass(s);
   keep_config(s, cfg);
   if (cfg->trickle_per_minute && s->trickle_due_ns > now + trickle_interval(s))
     s->trickle_due_ns = now + trickle_interval(s); /* a faster trickle applies at once */
@@ -1017,12 +1294,11 @@ static int tenants_on(cph_sched *s) {
   for (int i = 0; i < CPH_LANE_COUNT; i++) /* counted per tenant from here on */
     s->dflt.g[i].started = s->lanes[i].started_total;
   for (int i = 0; i < CPH_LANE_COUNT; i++)
-    if (s->dflt.g[i].runnable && !theap_insert(&s->lanes[i], &s->dflt.g[i])) {
-      for (int j = 0; j < i; j++)
-        if (s->dflt.g[j].in_heap) {
-          theap_leave(&s->lanes[j], &s->dflt.g[j]);
-          s->lanes[j].n_theap = 0;
-        }
+    if (s->dflt.g[i].runnable && !theap_insert(s, &s->lanes[i], &s->dflt.g[i])) {
+      for (int j = 0; j <= i; j++) {
+        s->dflt.g[j].in_heap = false;
+        lane_classes_clear(s, &s->lanes[j], j);
+      }
       free(s->tenant_of);
       s->tenant_of = NULL;
       return CPH_ENOMEM;
@@ -1191,15 +1467,8 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
     start(s, sid, out, now);
     if (s->tenant_of)
       g->started++;
-    /* The group is the heap's top: its slot moves on to the next tag, or (its last session
-     * picked: start() made the slot stale) goes. */
-    if (s->tenant_of && g->in_heap) {
-      g->vstart = g->vfinish;
-      l->theap[0].vstart = g->vstart;
-      theap_down(l, 0);
-    } else if (s->tenant_of) {
-      theap_pop(l);
-    }
+    if (s->tenant_of)
+      theap_served(l, g);
     bucket_charge(&l->turns, 1);
     return CPH_OK;
   }
@@ -1273,9 +1542,9 @@ void cph_sched_check_credits(cph_sched *s) {
       continue;
     }
     /* Only groups with runnable sessions hold live entries; promote never changes which. */
-    for (uint32_t k = 0; k < l->n_theap; k++)
-      if (slot_live(&l->theap[k]))
-        promote(s, l, l->theap[k].g, now);
+    live_iter it = {0, 0, false};
+    for (group *g; (g = next_live(l, &it));)
+      promote(s, l, g, now);
   }
 }
 
@@ -1418,10 +1687,12 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   out->tenant_position = before + 1;
   out->tenant_runnable = g->runnable;
   out->position = out->tenant_position;
-  if (s->tenant_of)
-    for (uint32_t k = 0; k < l->n_theap; k++)
-      if (slot_live(&l->theap[k]) && l->theap[k].g != g)
-        out->position += picks_before(s, l->theap[k].g, g, out->tenant_position);
+  if (s->tenant_of) {
+    live_iter it = {0, 0, false};
+    for (group *h; (h = next_live(l, &it));)
+      if (h != g)
+        out->position += picks_before(s, h, g, out->tenant_position);
+  }
   uint64_t higher = 0;
   for (int i = 0; i < se->lane; i++)
     if (lane_has_budget(&s->lanes[i]))
@@ -1436,9 +1707,9 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
      * rule 3 (b)–(d) among the whole lane's runnable sessions. */
     out->rank = before + 1;
     if (s->tenant_of) {
-      for (uint32_t k = 0; k < l->n_theap; k++) {
-        group *h = l->theap[k].g;
-        if (h == g || !slot_live(&l->theap[k]))
+      live_iter it = {0, 0, false};
+      for (group *h; (h = next_live(l, &it));) {
+        if (h == g)
           continue;
         promote(s, l, h, now);
         uint64_t at_max_total = 0, ignored = 0, b = 0, t = 0;
