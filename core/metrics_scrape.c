@@ -268,6 +268,11 @@ static void add_storage_and_policy(const metrics_sources *src, metric_registry *
                      (double)st.map_size_bytes);
     metric_add_gauge(r, "cephalon_lmdb_used_bytes", "Bytes of the LMDB map in use.",
                      (double)st.used_bytes);
+    metric_add_counter(r, "cephalon_lmdb_fsyncs_total",
+                       "Disk flushes the store waited for: fdatasync calls (in a commit under "
+                       ":sync :always, on the flush thread, on the :batch timer) and LMDB's "
+                       "O_DSYNC meta-page writes.",
+                       st.fsyncs);
   }
   metric_add_counter(r, "cephalon_storage_full_errors_total",
                      "Writes refused because the LMDB map is full (507 on ingest), and "

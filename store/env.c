@@ -178,7 +178,9 @@ int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err) {
   if (!s)
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening the store");
   s->lock_fd = -1;
+  s->fd = -1;
   s->sync = o->sync;
+  pthread_mutex_init(&s->flush_mu, NULL);
   s->dir = strdup(o->dir);
   int rc;
   if (!s->dir) {
@@ -216,6 +218,12 @@ int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err) {
   rc = open_databases(s, err);
   if (rc)
     goto fail;
+  e = mdb_env_get_fd(s->env, &s->fd);
+  if (e) {
+    rc = cph_err_set(err, cph_store_map_error(e), "data dir '%s': no file descriptor: %s",
+                     o->dir, mdb_strerror(e));
+    goto fail;
+  }
   *out = s;
   return CPH_OK;
 fail:
@@ -226,6 +234,7 @@ fail:
 void cph_store_close(cph_store *s) {
   if (!s)
     return;
+  cph_store_flusher_stop(s);
   if (s->env)
     mdb_env_close(s->env);
   if (s->lock_fd >= 0)
@@ -233,6 +242,7 @@ void cph_store_close(cph_store *s) {
   cph_counters_free(&s->counters);
   cph_buf_free(&s->scratch);
   free(s->dir);
+  pthread_mutex_destroy(&s->flush_mu);
   free(s);
 }
 
@@ -257,12 +267,49 @@ int cph_store_copy(cph_store *s, const char *dir, cph_err *err) {
   return CPH_OK;
 }
 
+void cph_store_note_durable(cph_store *s, uint64_t seq) {
+  uint64_t cur = atomic_load(&s->durable_seq);
+  while (cur < seq && atomic_load(&s->flush_failed) == CPH_OK &&
+         !atomic_compare_exchange_weak(&s->durable_seq, &cur, seq))
+    ;
+}
+
+uint64_t cph_store_commit_seq(const cph_store *s) { return atomic_load(&s->commit_seq); }
+uint64_t cph_store_durable_seq(const cph_store *s) { return atomic_load(&s->durable_seq); }
+
+int cph_store_flush_error(cph_store *s, cph_err *err) {
+  int code = atomic_load(&s->flush_failed); /* seq_cst: flush_msg was written before */
+  if (code != CPH_OK && err)
+    cph_err_set(err, code, "%s", s->flush_msg);
+  return code;
+}
+
+/* fdatasync on LMDB's descriptor is what mdb_env_sync(env, 1) does for an environment
+ * without MDB_WRITEMAP on Linux; calling it directly keeps this thread-safe: mdb_env_sync
+ * reads env->me_flags, which the writer thread changes around a deferred commit. */
 int cph_store_sync(cph_store *s, cph_err *err) {
-  int e = mdb_env_sync(s->env, 1);
-  if (e)
-    return cph_err_set(err, cph_store_map_error(e), "data dir '%s': sync failed: %s", s->dir,
-                       mdb_strerror(e));
-  return CPH_OK;
+  int failed = cph_store_flush_error(s, err);
+  if (failed)
+    return failed;
+  /* Every commit that returned before this point wrote its pages and meta page already. */
+  uint64_t covered = atomic_load(&s->commit_seq);
+  int e = fdatasync(s->fd) == 0 ? 0 : errno;
+  atomic_fetch_add(&s->fsyncs, 1);
+  if (e == 0) {
+    cph_store_note_durable(s, covered);
+    return CPH_OK;
+  }
+  pthread_mutex_lock(&s->flush_mu);
+  if (atomic_load(&s->flush_failed) == CPH_OK) {
+    snprintf(s->flush_msg, sizeof s->flush_msg,
+             "data dir '%s': flushing to disk failed: %s; what was written since the last "
+             "good flush may not be on disk, and nothing more is acknowledged as stored until "
+             "cephalond restarts",
+             s->dir, strerror(e));
+    atomic_store(&s->flush_failed, cph_store_map_error(e));
+  }
+  pthread_mutex_unlock(&s->flush_mu);
+  return cph_store_flush_error(s, err);
 }
 
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
@@ -277,6 +324,8 @@ int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
       return rc;
   }
   s->sync = mode;
+  if (mode != CPH_SYNC_ALWAYS) /* every commit counts as durable when it returns (store.h) */
+    cph_store_note_durable(s, cph_store_commit_seq(s));
   return CPH_OK;
 }
 
@@ -351,5 +400,6 @@ int cph_store_stats_get(cph_store *s, cph_store_stats *out) {
     return cph_store_map_error(e);
   out->map_size = info.me_mapsize;
   out->used_bytes = (size_t)(info.me_last_pgno + 1) * st.ms_psize;
+  out->fsyncs = atomic_load(&s->fsyncs);
   return CPH_OK;
 }

@@ -79,8 +79,6 @@ typedef struct cph_store cph_store;
 int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err);
 void cph_store_close(cph_store *s);
 
-/* Flushes committed data to disk (for CPH_SYNC_BATCH). */
-int cph_store_sync(cph_store *s, cph_err *err);
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err);
 
 /* A consistent, compacted copy of the store into dir (LMDB's copy with compaction, through a
@@ -88,10 +86,52 @@ int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err);
  * holds what was committed when it began. dir is created; it must not exist yet, or be empty.
  * Starting a store on the copy gives that state back. */
 int cph_store_copy(cph_store *s, const char *dir, cph_err *err);
+/* ---- durability: commit numbers, flushes and the background flusher ----
+ *
+ * Every top-level write commit that changed something gets the next commit number (1, 2, ...).
+ * A commit is *durable* when a crash of the machine, not only of the process, cannot undo
+ * it; cph_store_durable_seq() is the highest number for which that holds, and it covers every
+ * commit before it (LMDB's commits are ordered: a flush makes all earlier ones durable too).
+ * Under :batch and :none a commit counts as durable when it returns: those modes promise no
+ * more (DESIGN §4).
+ *
+ * A flush that fails is sticky until the store is closed: the kernel may have dropped the
+ * pages it could not write, so no later flush can vouch for them (a later fdatasync may
+ * succeed without them). From then on cph_store_sync() fails at once with the first error and
+ * the durable number never moves again; cph_store_flush_error() reports it. */
+
+/* Flushes every commit that returned before the call to disk (fdatasync of the data file).
+ * Safe to call from any thread, also while another thread writes (it touches no LMDB state:
+ * only the file descriptor and atomics). On success those commits are durable; a failure is
+ * sticky (above) and err says which directory and why. */
+int cph_store_sync(cph_store *s, cph_err *err);
+
+/* The newest commit number handed out, and the newest known durable. Any thread. */
+uint64_t cph_store_commit_seq(const cph_store *s);
+uint64_t cph_store_durable_seq(const cph_store *s);
+/* CPH_OK, or the code of the first failed flush with its message in err (when non-NULL). */
+int cph_store_flush_error(cph_store *s, cph_err *err);
+
+/* Starts the background flusher: a thread that runs cph_store_sync() whenever
+ * cph_store_flush_async() asks, then calls done(ctx) ON THAT THREAD (so done must only do
+ * what is safe from another thread: e.g. write to a pipe). Asks made while a flush runs are
+ * served by one more flush after it, so done may be called fewer times than asked. CPH_OK,
+ * or CPH_ENOMEM / CPH_EIO when the thread cannot start (nothing changed then). */
+int cph_store_flusher_start(cph_store *s, void (*done)(void *ctx), void *ctx);
+/* Asks the flusher for a flush covering every commit so far; returns at once. Without a
+ * running flusher it flushes inline (same effect, the caller waits). */
+void cph_store_flush_async(cph_store *s);
+/* Lets the flush in progress (and one asked for) finish, then stops and joins the thread.
+ * Does nothing when no flusher runs. cph_store_close() calls it. */
+void cph_store_flusher_stop(cph_store *s);
 
 typedef struct cph_store_stats {
   size_t map_size;   /* bytes reserved */
   size_t used_bytes; /* pages in use * page size */
+  /* Disk flushes the store waited for since open: its fdatasync calls (cph_store_sync, and
+   * LMDB's inside a commit under :always) and LMDB's synchronous meta-page writes (O_DSYNC;
+   * one per fully synced commit). What "fsyncs per cycle" in the bench counts. */
+  uint64_t fsyncs;
 } cph_store_stats;
 int cph_store_stats_get(cph_store *s, cph_store_stats *out);
 
@@ -120,6 +160,7 @@ typedef struct cph_txn {
   void *mdb; /* MDB_txn *; NULL once committed or aborted */
   struct cph_txn *parent; /* the enclosing txn of a child, NULL for a top-level one */
   bool write;
+  bool dirty;  /* something was written (a child's writes join its parent at commit) */
   int ret;     /* sticky: the first error, CPH_OK while none */
   cph_err err; /* what the first error was, and where */
   /* The counters this txn took ids from, with their values before it (cph_txn_next_id). */
@@ -137,6 +178,18 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child);
  * and returns its sticky error; on a failed commit (e.g. disk full) everything the txn wrote
  * is discarded and the error returned. */
 int cph_txn_commit(cph_txn *t);
+/* Commits a top-level write txn like cph_txn_commit, but under :sync :always without waiting
+ * for the commit itself to become durable: LMDB writes the data pages and flushes them, then
+ * writes the meta page that makes them current WITHOUT flushing it (MDB_NOMETASYNC). So the
+ * environment stays consistent whatever the machine does (a meta page never reaches the disk
+ * before the pages it points to), this commit becomes durable with the next flush (the next
+ * commit's, or cph_store_sync()), and the flush it did makes every EARLIER commit durable.
+ * One disk flush instead of two, and the second can run elsewhere (the flusher).
+ * Why not skip the flush altogether (MDB_NOSYNC)? Then the meta page may reach the disk
+ * before the pages it points to, and a machine crash in that window leaves an environment
+ * LMDB cannot read (lmdb.h: "a system crash can corrupt the database") — every commit lost,
+ * acknowledged ones too. Under :batch and :none it is cph_txn_commit. */
+int cph_txn_commit_deferred(cph_txn *t);
 void cph_txn_abort(cph_txn *t);
 
 int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len);

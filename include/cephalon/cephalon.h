@@ -68,8 +68,14 @@ bool cph_engine_pass_wanted(const cph_engine *e);
  * refill that would let a waiting turn start; INT64_MAX if none. */
 int64_t cph_engine_next_wakeup_ns(cph_engine *e);
 /* Runs one pass: applies queued operations, the five jobs of §3.6, commits, then calls the
- * operations' done callbacks. Returns CPH_OK or the commit error (already reported to every
- * operation of the pass). */
+ * operations' done callbacks — at once, or (with the `flushed` hook set, :sync :always, and
+ * an operation that acknowledges a durable write) from cph_engine_flushed() once the commit
+ * is on disk. Operations are answered in pass order, and never before every earlier pass is
+ * durable. A pass that serves only leases, heartbeats and searches needs no flush of its own:
+ * a lease is not durable anyway (at a restart leases in flight are expired, DESIGN §4).
+ * When a flush fails, the operations waiting on it fail with its error (nothing is
+ * acknowledged as stored), and so does every later one that needs a flush, until a restart.
+ * Returns CPH_OK or the commit error (already reported to every operation of the pass). */
 int cph_engine_run_pass(cph_engine *e);
 /* Flushes data to disk for :sync :batch (the driver calls it every :sync-interval-ms). */
 int cph_engine_sync(cph_engine *e);
@@ -635,7 +641,9 @@ void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t
  * next time. */
 int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_info **out,
                        size_t *n, uint64_t *next, cph_err *err);
-/* The newest reply id (0 if none): a long-poll waits while this is <= its `after`. */
+/* The newest acknowledged reply id (0 if none): a long-poll waits while this is <= its
+ * `after`. cph_engine_replies never returns a newer one: under :sync :always a reply whose
+ * commit is not yet on disk is not shown. */
 uint64_t cph_engine_last_reply_id(const cph_engine *e);
 
 int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err);
@@ -643,6 +651,7 @@ int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph
 typedef struct cph_engine_storage {
   uint64_t map_size_bytes;
   uint64_t used_bytes;
+  uint64_t fsyncs; /* disk flushes since open (fdatasync calls and O_DSYNC meta writes) */
 } cph_engine_storage;
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out);
 
@@ -892,11 +901,30 @@ char *cph_engine_metrics_text(cph_engine *e, size_t *len);
  * it when a SIGHUP or API reload fails, whatever the step that refused it. */
 void cph_engine_note_reload_failure(cph_engine *e);
 
-/* Hooks the daemon sets to wake long-polls. */
+/* Hooks the daemon sets: to wake long-polls, and to overlap the disk flush with the next
+ * pass. */
 typedef struct cph_engine_hooks {
   void *ctx;
+  /* Inside a pass or cph_engine_flushed(), once the replies up to last_reply_id are
+   * acknowledged (durable under :sync :always). */
   void (*replies_appended)(void *ctx, uint64_t last_reply_id);
+  /* NULL (the default): every pass flushes what it must before cph_engine_run_pass returns,
+   * and answers all its operations there. Set (the daemon): under :sync :always a pass that
+   * acknowledges a durable write commits, then the disk flush runs on a background thread
+   * while the driver goes on (reads requests, runs the next passes), and that pass's
+   * operations are answered from cph_engine_flushed(), which the driver must call on its own
+   * thread soon after this hook. The hook runs ON THE FLUSH THREAD: it may only do what is
+   * safe from another thread (write a byte to a pipe). */
+  void (*flushed)(void *ctx);
 } cph_engine_hooks;
+/* Setting hooks without `flushed` after hooks with it stops the flush thread, flushes, and
+ * answers every operation still waiting: a driver does that before it stops. */
 void cph_engine_set_hooks(cph_engine *e, const cph_engine_hooks *h);
+/* Answers the operations whose passes are durable now (or fails them, when a flush failed:
+ * see cph_engine_run_pass). The driver calls it after the `flushed` hook; calling it more
+ * often is harmless. */
+void cph_engine_flushed(cph_engine *e);
+/* True while committed operations wait for a flush before they are answered. */
+bool cph_engine_answers_held(const cph_engine *e);
 
 #endif
