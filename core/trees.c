@@ -143,9 +143,11 @@ static int read_node(cph_txn *t, const cph_val *k, const cph_val *v, size_t pref
   if (cph_record_decode(&cph_ctxnode_desc, v->data, v->len, &r, &derr))
     return tree_corrupt(t, k->data, k->len, derr.msg);
   const char *bad = NULL;
+  int64_t depth = 0;
   if (r.seq != cph_be64_get((const uint8_t *)k->data + prefix))
     bad = "its seq is not its key's";
-  else if (r.anchored && (shift - r.depth < 0 || shift - r.depth > INT32_MAX))
+  else if (r.anchored &&
+           (__builtin_sub_overflow(shift, r.depth, &depth) || depth < 0 || depth > INT32_MAX))
     bad = "its anchor puts it outside depths 0 .. 2147483647";
   else if (!r.anchored && (r.depth < -1 || r.depth > INT32_MAX))
     bad = "depth outside -1 .. 2147483647";
@@ -157,7 +159,7 @@ static int read_node(cph_txn *t, const cph_val *k, const cph_val *v, size_t pref
     return tree_corrupt(t, k->data, k->len, bad);
   }
   if (r.anchored)
-    r.depth = shift - r.depth;
+    r.depth = depth;
   int rc = tree_push(tree, &r);
   cph_record_free(&cph_ctxnode_desc, &r);
   return rc;

@@ -1,7 +1,8 @@
 /* store/ — the LMDB environment, its named databases and a transaction wrapper.
  *
  * One environment holds every record kind in its own named database (DESIGN §11). The
- * schema version lives in `meta` and is checked at open: a mismatch refuses to open.
+ * schema version lives in `meta` and is checked at open: a mismatch refuses to open, except
+ * that the engine migrates the previous version (cph_store_open_migrating).
  *
  * Transactions carry a sticky error (as in Knot DNS): after the first failure every later
  * call on the transaction does nothing and returns that error, and cph_txn_commit() aborts
