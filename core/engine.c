@@ -325,7 +325,9 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   }
   cph_store_options so = {e->env.data_dir, (size_t)policy->server.map_size_mb << 20,
                           sync_mode_of(policy)};
-  rc = cph_store_open(&so, &e->env.store, err);
+  /* a schema-2 data dir: its context trees are rewritten one record per node (trees.h) */
+  cph_store_migration trees_v2 = {TREES_MIGRATES_FROM, trees_migrate, &e->trees};
+  rc = cph_store_open_migrating(&so, &trees_v2, &e->env.store, err);
   if (rc)
     goto fail;
   if ((rc = metrics_open(&e->metrics)) != CPH_OK) { /* before memory_load: recovery counts expiries */

@@ -109,8 +109,10 @@ static int lock_dir(const char *dir, int *fd_out, cph_err *err) {
 }
 
 /* Opens every named database and checks (or, on a new environment, writes) the schema
- * version. */
-static int open_databases(cph_store *s, cph_err *err) {
+ * version. *migrate_from gets m->from when the data dir is of that version (left to
+ * migrate), else stays 0. */
+static int open_databases(cph_store *s, const cph_store_migration *m, uint32_t *migrate_from,
+                          cph_err *err) {
   MDB_txn *txn;
   int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
   if (rc)
@@ -150,7 +152,9 @@ static int open_databases(cph_store *s, cph_err *err) {
     goto fail;
   } else {
     uint32_t found = cph_be32_get(val.mv_data);
-    if (found != CPH_STORE_SCHEMA_VERSION) {
+    if (m && m->from && found == m->from && found != CPH_STORE_SCHEMA_VERSION) {
+      *migrate_from = found;
+    } else if (found != CPH_STORE_SCHEMA_VERSION) {
       cph_err_set(err, CPH_ESCHEMA,
                   "data dir '%s' has storage schema version %u, but this build reads version %u; "
                   "use a build that matches, or move the data dir away to start fresh",
@@ -172,7 +176,40 @@ static unsigned env_flags_for(cph_sync_mode mode) {
   return mode == CPH_SYNC_ALWAYS ? 0 : MDB_NOSYNC;
 }
 
+/* Runs m in one write txn that also records this build's schema version. */
+static int migrate(cph_store *s, const cph_store_migration *m, cph_err *err) {
+  cph_err why = {0};
+  cph_txn t;
+  int rc = cph_txn_begin(s, true, &t);
+  if (rc == CPH_OK && (rc = m->run(m->ctx, &t, &why)) == CPH_OK) {
+    uint8_t be[4];
+    cph_be32_put(be, CPH_STORE_SCHEMA_VERSION);
+    cph_key k;
+    cph_key_reset(&k);
+    memcpy(k.data, CPH_META_SCHEMA_KEY, sizeof CPH_META_SCHEMA_KEY - 1);
+    k.len = sizeof CPH_META_SCHEMA_KEY - 1;
+    cph_txn_put(&t, CPH_DB_META, &k, be, sizeof be);
+    rc = cph_txn_commit(&t); /* ends t whatever the outcome */
+  } else if (t.mdb) {
+    cph_txn_abort(&t);
+  }
+  if (rc == CPH_OK)
+    return CPH_OK;
+  return cph_err_set(err, rc,
+                     "data dir '%s': migrating storage schema version %u to %u failed, nothing "
+                     "was changed: %s",
+                     s->dir, m->from, CPH_STORE_SCHEMA_VERSION,
+                     why.msg[0]  ? why.msg
+                     : t.err.msg[0] ? t.err.msg
+                                    : cph_strerror(rc));
+}
+
 int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err) {
+  return cph_store_open_migrating(o, NULL, out, err);
+}
+
+int cph_store_open_migrating(const cph_store_options *o, const cph_store_migration *m,
+                             cph_store **out, cph_err *err) {
   *out = NULL;
   cph_store *s = calloc(1, sizeof *s);
   if (!s)
@@ -215,7 +252,10 @@ int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err) {
                      mdb_strerror(e));
     goto fail;
   }
-  rc = open_databases(s, err);
+  uint32_t migrate_from = 0;
+  rc = open_databases(s, m, &migrate_from, err);
+  if (rc == CPH_OK && migrate_from)
+    rc = migrate(s, m, err);
   if (rc)
     goto fail;
   e = mdb_env_get_fd(s->env, &s->fd);

@@ -192,27 +192,34 @@ DESC(cph_aggregate_desc, "aggregate", 1, R, aggregate_fields);
 #undef R
 
 #define R cph_ctxnode_rec
-static const cph_field ctxnode_fields[] = {
-    FIELD(R, CPH_F_U64, id),
-    FIELD(R, CPH_F_I64, depth),
-    FIELD(R, CPH_F_I64, position),
-    FIELD(R, CPH_F_I64, offset),
-    FIELD(R, CPH_F_STR, content),
-    FIELD(R, CPH_F_OPT_STR, role),
-    FIELD(R, CPH_F_I64, ttl),
-    FIELD(R, CPH_F_I64, cadence),
-    ARRAY(R, CPH_F_I64_ARRAY, lc_depth, n_lc_depth),
-    ARRAY(R, CPH_F_I64_ARRAY, lc_position, n_lc_position),
-    ARRAY(R, CPH_F_I64_ARRAY, lc_offset, n_lc_offset),
-    ARRAY(R, CPH_F_I64_ARRAY, lc_ttl, n_lc_ttl),
-    FIELD(R, CPH_F_U32, stage),
-    FIELD(R, CPH_F_OPT_STR, key),
-    ARRAY(R, CPH_F_STR_ARRAY, tags, n_tags),
-    FIELD(R, CPH_F_U64, created_at_episode),
-    FIELD(R, CPH_F_U64, seq),
-    FIELD(R, CPH_F_BOOL, waiting),
+/* Version 1's fields are version 2's first ones. */
+#define CTXNODE_V1_FIELDS                                                                   \
+  FIELD(R, CPH_F_U64, id), FIELD(R, CPH_F_I64, depth), FIELD(R, CPH_F_I64, position),       \
+      FIELD(R, CPH_F_I64, offset), FIELD(R, CPH_F_STR, content),                             \
+      FIELD(R, CPH_F_OPT_STR, role), FIELD(R, CPH_F_I64, ttl), FIELD(R, CPH_F_I64, cadence), \
+      ARRAY(R, CPH_F_I64_ARRAY, lc_depth, n_lc_depth),                                       \
+      ARRAY(R, CPH_F_I64_ARRAY, lc_position, n_lc_position),                                 \
+      ARRAY(R, CPH_F_I64_ARRAY, lc_offset, n_lc_offset),                                     \
+      ARRAY(R, CPH_F_I64_ARRAY, lc_ttl, n_lc_ttl), FIELD(R, CPH_F_U32, stage),               \
+      FIELD(R, CPH_F_OPT_STR, key), ARRAY(R, CPH_F_STR_ARRAY, tags, n_tags),                 \
+      FIELD(R, CPH_F_U64, created_at_episode), FIELD(R, CPH_F_U64, seq),                     \
+      FIELD(R, CPH_F_BOOL, waiting)
+static const cph_field ctxnode_v1_fields[] = {CTXNODE_V1_FIELDS};
+DESC(cph_ctxnode_v1_desc, "context node", 1, R, ctxnode_v1_fields);
+static const cph_field ctxnode_fields[] = {CTXNODE_V1_FIELDS, FIELD(R, CPH_F_BOOL, anchored)};
+#undef CTXNODE_V1_FIELDS
+DESC(cph_ctxnode_desc, "context node", 2, R, ctxnode_fields);
+#undef R
+
+#define R cph_ctxhead_rec
+static const cph_field ctxhead_fields[] = {
+    FIELD(R, CPH_F_U64, episode),
+    FIELD(R, CPH_F_U64, next_id),
+    FIELD(R, CPH_F_U64, next_seq),
+    FIELD(R, CPH_F_I64, shift),
+    FIELD(R, CPH_F_U32, count),
 };
-DESC(cph_ctxnode_desc, "context node", 1, R, ctxnode_fields);
+DESC(cph_ctxhead_desc, "context tree", 1, R, ctxhead_fields);
 #undef R
 
 #define R cph_seal_rec

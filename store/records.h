@@ -217,7 +217,11 @@ typedef struct cph_aggregate_rec {
   uint8_t body_sha256[32];
 } cph_aggregate_rec;
 
-/* A PACT context node (DESIGN §6; core/pact.h). Lifecycle stages are parallel arrays. */
+/* A PACT context node (DESIGN §6; core/pact.h). Lifecycle stages are parallel arrays.
+ * Version 2 (one record per node, core/trees.h) adds `anchored`: depth then holds the tree's
+ * shift at which the node stood at depth 0 (its depth is the header's shift minus it).
+ * Version 1 (the nodes inside a schema-2 tree value) has no `anchored` and is read only by
+ * the migration, through cph_ctxnode_v1_desc. */
 typedef struct cph_ctxnode_rec {
   uint64_t id;
   int64_t depth, position, offset;
@@ -234,7 +238,17 @@ typedef struct cph_ctxnode_rec {
   uint64_t created_at_episode;
   uint64_t seq;
   bool waiting;
+  bool anchored;
 } cph_ctxnode_rec;
+
+/* A session's PACT tree header (core/trees.h): the tree's counters and its node count. */
+typedef struct cph_ctxhead_rec {
+  uint64_t episode;
+  uint64_t next_id;
+  uint64_t next_seq;
+  int64_t shift;
+  uint32_t count;
+} cph_ctxhead_rec;
 
 /* A sealed snapshot of a session's rendered context (`seal`). */
 typedef struct cph_seal_rec {
@@ -266,6 +280,8 @@ extern const cph_record_desc cph_outbox_desc;
 extern const cph_record_desc cph_gc_group_desc;
 extern const cph_record_desc cph_aggregate_desc;
 extern const cph_record_desc cph_ctxnode_desc;
+extern const cph_record_desc cph_ctxnode_v1_desc; /* schema 2's node, for the migration */
+extern const cph_record_desc cph_ctxhead_desc;
 extern const cph_record_desc cph_seal_desc;
 
 const char *cph_record_name(const cph_record_desc *d); /* "session", "event", ... */

@@ -1,7 +1,8 @@
 /* store/ — the LMDB environment, its named databases and a transaction wrapper.
  *
  * One environment holds every record kind in its own named database (DESIGN §11). The
- * schema version lives in `meta` and is checked at open: a mismatch refuses to open.
+ * schema version lives in `meta` and is checked at open: a mismatch refuses to open, except
+ * that the engine migrates the previous version (cph_store_open_migrating).
  *
  * Transactions carry a sticky error (as in Knot DNS): after the first failure every later
  * call on the transaction does nothing and returns that error, and cph_txn_commit() aborts
@@ -20,8 +21,10 @@
 #include "records.h"
 
 /* Bump when any database's key layout or any record version changes. */
-/* 2: "context" holds one tree value per session; "memory_scopes" indexes memories by scope. */
-#define CPH_STORE_SCHEMA_VERSION 2u
+/* 2: "context" holds one tree value per session; "memory_scopes" indexes memories by scope.
+ * 3: "context" holds a header and one record per node for each session (core/trees.h); a
+ *    schema-2 data dir is migrated at open (cph_store_open_migrating). */
+#define CPH_STORE_SCHEMA_VERSION 3u
 
 /* X(enum suffix, database name) */
 #define CPH_DB_LIST(X)                                                                    \
@@ -42,7 +45,7 @@
   X(OUTBOX, "outbox")         /* u64 item id -> outbox item */                           \
   X(GC_GROUPS, "gc_groups")   /* u64 group id -> gc group */                             \
   X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
-  X(CONTEXT, "context")       /* session -> its PACT tree (core/trees.c) */              \
+  X(CONTEXT, "context")       /* session\0 [u64 seq] -> PACT tree header / node (trees.h) */ \
   X(SEALS, "seals")           /* session\0 u64 seal id -> sealed rendered context */    \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
@@ -75,8 +78,27 @@ typedef struct cph_store cph_store;
 
 /* Opens (creating if needed) the environment in o->dir. Errors: CPH_ESCHEMA when the data
  * was written by a different schema version, CPH_EIO / CPH_ESTORE otherwise; err->msg says
- * which directory and why. */
+ * which directory and why. A data dir of the previous schema is refused too: only the
+ * engine migrates (cph_store_open_migrating, below). */
 int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err);
+
+/* How a data dir of the previous schema is brought up to this one: `run` rewrites what
+ * changed inside the write transaction it is given; the store then records
+ * CPH_STORE_SCHEMA_VERSION in the same transaction and commits, so a migration happens
+ * entirely or not at all. `run` returns CPH_OK or the error (t's sticky error, or its own
+ * in *err). */
+struct cph_txn;
+typedef struct cph_store_migration {
+  uint32_t from; /* the schema version it reads */
+  int (*run)(void *ctx, struct cph_txn *t, cph_err *err);
+  void *ctx;
+} cph_store_migration;
+
+/* cph_store_open, except that a data dir of schema m->from (m may be NULL: none) is
+ * migrated by m before the open returns. Any other version but this build's is refused
+ * as by cph_store_open. */
+int cph_store_open_migrating(const cph_store_options *o, const cph_store_migration *m,
+                             cph_store **out, cph_err *err);
 void cph_store_close(cph_store *s);
 
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err);

@@ -781,6 +781,97 @@ static void test_schema_version_mismatch_refuses_to_open(void **state) {
   free(dir);
 }
 
+/* Writes `version` as the data dir's schema version behind the store's back. */
+static void set_schema_version(const char *dir, uint32_t version) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi dbi;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0644), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+  uint8_t be[4] = {(uint8_t)(version >> 24), (uint8_t)(version >> 16), (uint8_t)(version >> 8),
+                   (uint8_t)version};
+  MDB_val key = {strlen("schema_version"), "schema_version"}, val = {4, be};
+  assert_int_equal(mdb_put(txn, dbi, &key, &val, 0), 0);
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
+
+typedef struct fake_migration {
+  int runs;
+  int fail_with; /* CPH_OK: succeed */
+} fake_migration;
+
+/* Writes a marker into "context", then fails or not. */
+static int fake_run(void *ctx, cph_txn *t, cph_err *err) {
+  fake_migration *m = ctx;
+  m->runs++;
+  cph_key k = {.len = 0};
+  cph_key_str(&k, "marker");
+  cph_txn_put(t, CPH_DB_CONTEXT, &k, "x", 1);
+  if (m->fail_with)
+    return cph_err_set(err, m->fail_with, "the fake migration failed on purpose");
+  return t->ret;
+}
+
+static bool has_marker(const char *dir) {
+  cph_store *s = open_store(dir, 1u << 20);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(s, false, &t), CPH_OK);
+  cph_key k = {.len = 0};
+  cph_key_str(&k, "marker");
+  cph_val v;
+  bool found = cph_txn_get(&t, CPH_DB_CONTEXT, &k, &v) == CPH_OK;
+  cph_txn_abort(&t);
+  cph_store_close(s);
+  return found;
+}
+
+/* The previous schema is migrated at open, in one transaction with the new version: a failed
+ * migration changes nothing (the version stays, the next open tries again), a successful one
+ * runs once. An older schema stays refused, migration or not. */
+static void test_previous_schema_is_migrated_once_and_all_or_nothing(void **state) {
+  (void)state;
+  char *dir = cph_test_tmpdir("schema-migrate");
+  cph_store_close(open_store(dir, 1u << 20));
+  set_schema_version(dir, CPH_STORE_SCHEMA_VERSION - 1);
+  cph_store_options o = {dir, 1u << 20, CPH_SYNC_ALWAYS};
+  cph_store *s = NULL;
+  cph_err err = {0};
+  assert_int_equal(cph_store_open(&o, &s, &err), CPH_ESCHEMA); /* no migration given */
+
+  fake_migration fm = {0, CPH_EIO};
+  cph_store_migration m = {CPH_STORE_SCHEMA_VERSION - 1, fake_run, &fm};
+  assert_int_equal(cph_store_open_migrating(&o, &m, &s, &err), CPH_EIO);
+  assert_null(s);
+  assert_int_equal(fm.runs, 1);
+  char expected[1024];
+  snprintf(expected, sizeof expected,
+           "data dir '%s': migrating storage schema version %u to %u failed, nothing was "
+           "changed: the fake migration failed on purpose",
+           dir, CPH_STORE_SCHEMA_VERSION - 1, CPH_STORE_SCHEMA_VERSION);
+  assert_string_equal(err.msg, expected);
+  assert_int_equal(cph_store_open(&o, &s, &err), CPH_ESCHEMA); /* still the old version */
+
+  fm.fail_with = CPH_OK;
+  assert_int_equal(cph_store_open_migrating(&o, &m, &s, &err), CPH_OK);
+  cph_store_close(s);
+  assert_int_equal(fm.runs, 2);
+  assert_true(has_marker(dir)); /* opens plainly now: the version was written */
+  assert_int_equal(cph_store_open_migrating(&o, &m, &s, &err), CPH_OK);
+  cph_store_close(s);
+  assert_int_equal(fm.runs, 2); /* nothing more to do */
+
+  set_schema_version(dir, CPH_STORE_SCHEMA_VERSION - 2);
+  assert_int_equal(cph_store_open_migrating(&o, &m, &s, &err), CPH_ESCHEMA);
+  assert_non_null(strstr(err.msg, "but this build reads version"));
+  assert_int_equal(fm.runs, 2);
+  cph_test_rmtree(dir);
+  free(dir);
+}
+
 static void test_second_open_of_a_data_dir_is_refused(void **state) {
   fixture *f = *state;
   cph_store_options o = {f->dir, 1u << 20, CPH_SYNC_ALWAYS};
@@ -995,6 +1086,7 @@ int main(void) {
       cmocka_unit_test(test_tiny_map_fills_up_cleanly_and_reopens_intact),
       cmocka_unit_test(test_full_child_txn_leaves_parent_usable),
       cmocka_unit_test(test_schema_version_mismatch_refuses_to_open),
+      cmocka_unit_test(test_previous_schema_is_migrated_once_and_all_or_nothing),
       cmocka_unit_test_setup_teardown(test_second_open_of_a_data_dir_is_refused, setup, teardown),
       cmocka_unit_test(test_unopenable_data_dir_says_where_and_why),
       cmocka_unit_test(test_error_mapping_covers_lmdb_codes),
