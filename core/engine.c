@@ -79,6 +79,7 @@ struct cph_engine {
   cph_engine_hooks hooks;
   op_queue ops;  /* submitted, not yet applied */
   op_queue done; /* applied in this pass: called back after commit (and flush) */
+  op_queue grow_retry; /* failed for a full map this pass: applied again once it has grown */
   bool staged_last_pass;
 
   /* Durability of the passes (the file comment). */
@@ -374,6 +375,7 @@ void cph_engine_close(cph_engine *e) {
   fail_queue(&e->ops, CPH_ESTATE, "cephalond is shutting down");
   turns_fail_waiters(&e->turns, CPH_ETIMEDOUT, "cephalond is shutting down");
   free(e->ops.items);
+  free(e->grow_retry.items);
   free(e->done.items);
   memory_clear(e);
   cph_store_close(e->env.store);
@@ -543,6 +545,51 @@ static void hook_reconcile(void *ctx) {
 
 static void answers_hold(cph_engine *e, uint64_t need);
 
+/* After a pass that left operations failed for a full map (grow_retry), with no transaction
+ * open: the map doubles (up to :server :max-map-size-mb and the disk) and those operations go
+ * back to the head of the queue, to be applied afresh by the next pass — so the request that
+ * hit the limit succeeds. When the map cannot grow they keep their 507; when a backup holds
+ * the map they wait for the next pass. */
+static void grow_map(cph_engine *e) {
+  cph_err err = {0};
+  size_t max = (size_t)e->env.policy->server.max_map_size_mb << 20;
+  int rc = cph_store_grow(e->env.store, max, &err);
+  cph_op *op;
+  if (rc == CPH_OK || rc == CPH_EBUSY) {
+    if (rc == CPH_OK) {
+      cph_engine_storage st = {0};
+      cph_engine_storage_stats(e, &st);
+      cph_info("store: the map grew to %llu MiB", (unsigned long long)(st.map_size_bytes >> 20));
+    }
+    op_queue again = {0};
+    while ((op = op_queue_pop(&e->grow_retry))) {
+      cph_op_clear_results(op);
+      op->rc = CPH_OK;
+      cph_err_clear(&op->err);
+      op->field[0] = '\0';
+      if (op_queue_push(&again, op) != CPH_OK) {
+        op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+        op_queue_push(&e->done, op);
+      }
+    }
+    while ((op = op_queue_pop(&e->ops))) {
+      if (op_queue_push(&again, op) != CPH_OK) {
+        op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+        op_queue_push(&e->done, op);
+      }
+    }
+    op_queue_free(&e->ops);
+    e->ops = again; /* the retried first, in their order, then what was waiting */
+    return;
+  }
+  cph_warn("%s", err.msg);
+  while ((op = op_queue_pop(&e->grow_retry))) { /* at the ceiling, or the disk is full */
+    metrics_storage_full(e->metrics);
+    op_fail(op, CPH_EFULL, op->kind == CPH_OP_INGEST ? "events" : NULL, "%s", err.msg);
+    op_queue_push(&e->done, op);
+  }
+}
+
 int cph_engine_run_pass(cph_engine *e) {
   if (e->sched_config_dirty) {
     cph_sched_config sc;
@@ -568,6 +615,11 @@ int cph_engine_run_pass(cph_engine *e) {
     }
     e->pass_durable |= op_needs_flush(op->kind);
     apply_op(e, op);
+    /* A full map is not the caller's problem while the map can grow (DESIGN §13): the op
+     * (whose writes were all undone) waits for the growth after this pass's commit. */
+    if (op->rc == CPH_EFULL && cph_store_map_full(e->env.store) &&
+        op_queue_push(&e->grow_retry, op) == CPH_OK)
+      continue;
     op_queue_push(&e->done, op);
   }
 
@@ -590,6 +642,9 @@ int cph_engine_run_pass(cph_engine *e) {
     metrics_pass_rollback(e->metrics, rc); /* nothing of this pass is counted either */
     char msg[sizeof e->env.txn.err.msg];
     snprintf(msg, sizeof msg, "%s", e->env.txn.err.msg);
+    cph_op *retry;
+    while ((retry = op_queue_pop(&e->grow_retry))) /* answered below with the rest */
+      op_queue_push(&e->done, retry);
     for (size_t i = 0; i < e->done.len; i++) {
       cph_op *op = e->done.items[(e->done.head + i) % e->done.cap];
       cph_op_clear_results(op);
@@ -606,6 +661,8 @@ int cph_engine_run_pass(cph_engine *e) {
         op->done(op, op->ctx);
     return rc;
   }
+  if (e->grow_retry.len)
+    grow_map(e);
   /* What this pass's answers wait for (the file comment). :batch and :none: nothing. */
   uint64_t need = 0;
   if (always) {

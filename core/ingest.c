@@ -694,10 +694,11 @@ static int ingest_room(cph_ingest *ig, cph_txn *t, size_t *room, cph_err *err) {
     return CPH_OK;
   }
   ig->store_full = true;
+  cph_store_note_map_full(ig->env->store); /* the engine grows the map and retries (store.h) */
   return cph_err_set(err, CPH_EFULL,
                      "storage full: %zu KiB of the %zu MiB map of data dir '%s' hold data and "
-                     "ingest keeps the last %zu KiB for workers (raise :server :map-size-mb and "
-                     "restart)",
+                     "ingest keeps the last %zu KiB for workers (the map grows up to :server "
+                     ":max-map-size-mb and what the disk holds)",
                      live >> 10, map >> 20, ig->env->data_dir, reserve >> 10);
 }
 
@@ -751,7 +752,9 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
   if (rc) {
     if (rc == CPH_EFULL) {
       ig->store_full = true;
-      metrics_storage_full(ig->metrics);
+      /* A full map is retried once it has grown (engine.c): counted only if it cannot. */
+      if (!cph_store_map_full(ig->env->store))
+        metrics_storage_full(ig->metrics);
     }
     op_fail(op, rc, "events", "%s", err.msg);
   } else {

@@ -59,7 +59,10 @@ static const ps_field server_fields[] = {
     STR(cph_policy_server, "data-dir", data_dir, "var", 0,
         "directory of the LMDB environment"),
     INT(cph_policy_server, "map-size-mb", map_size_mb, 1, 1048576, 1024,
-        "LMDB map size in MiB: the most the store can hold"),
+        "LMDB map size in MiB at open; when full it grows while the daemon runs"),
+    INT(cph_policy_server, "max-map-size-mb", max_map_size_mb, 1, 1048576, 1048576,
+        "the map doubles when full up to this many MiB (and what the disk holds); "
+        "writes answer 507 only there"),
     INT(cph_policy_server, "max-body-bytes", max_body_bytes, 1024, 1073741824, 8388608,
         "largest HTTP request body accepted (413 beyond it)"),
     INT(cph_policy_server, "max-events-per-request", max_events_per_request, 1, 100000, 1000,
@@ -75,7 +78,9 @@ static const ps_field server_fields[] = {
     CHOICE(cph_policy_server, "log-level", log_level, cph__policy_log_levels,
            CPH_POLICY_LOG_INFO, "least severe log level written: :debug :info :warn :error"),
 };
-static const ps_table server_table = TABLE(cph_policy_server, server_fields, PS_NO_ID);
+static const ps_check server_checks[] = {{PS_CHECK_LE, "map-size-mb", "max-map-size-mb", 0}};
+static const ps_table server_table =
+    TABLE_CHECKED(cph_policy_server, server_fields, PS_NO_ID, server_checks);
 
 /* ---- :auth ---- */
 static const ps_field token_fields[] = {

@@ -10,6 +10,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "store_internal.h"
@@ -300,7 +301,9 @@ int cph_store_copy(cph_store *s, const char *dir, cph_err *err) {
   if (!empty)
     return cph_err_set(err, CPH_EEXISTS, "backup dir '%s' is not empty: give a new directory",
                        dir);
+  atomic_fetch_add(&s->open_txns, 1); /* the copy reads through a txn of its own */
   e = mdb_env_copy2(s->env, dir, MDB_CP_COMPACT);
+  atomic_fetch_sub(&s->open_txns, 1);
   if (e)
     return cph_err_set(err, cph_store_map_error(e), "backup to '%s' failed: %s", dir,
                        mdb_strerror(e));
@@ -327,6 +330,44 @@ int cph_store_flush_error(cph_store *s, cph_err *err) {
 /* fdatasync on LMDB's descriptor is what mdb_env_sync(env, 1) does for an environment
  * without MDB_WRITEMAP on Linux; calling it directly keeps this thread-safe: mdb_env_sync
  * reads env->me_flags, which the writer thread changes around a deferred commit. */
+bool cph_store_map_full(cph_store *s) { return atomic_load(&s->map_full); }
+
+void cph_store_note_map_full(cph_store *s) { atomic_store(&s->map_full, true); }
+
+int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err) {
+  if (atomic_load(&s->open_txns) > 0)
+    return cph_err_set(err, CPH_EBUSY, "data dir '%s': the map cannot grow while a "
+                       "transaction or a backup reads it", s->dir);
+  MDB_envinfo info;
+  mdb_env_info(s->env, &info);
+  size_t now = info.me_mapsize;
+  size_t want = now > max_bytes / 2 ? max_bytes : now * 2;
+  /* Never more than the disk can hold: the data file's size plus the space left on it. */
+  char path[4200];
+  struct stat st;
+  struct statvfs fs;
+  snprintf(path, sizeof path, "%s/data.mdb", s->dir);
+  if (stat(path, &st) == 0 && statvfs(s->dir, &fs) == 0) {
+    size_t disk = (size_t)st.st_size + (size_t)fs.f_bavail * fs.f_frsize;
+    if (want > disk)
+      want = disk;
+  }
+  long page = sysconf(_SC_PAGESIZE);
+  want -= want % (size_t)(page > 0 ? page : 4096);
+  if (want <= now)
+    return cph_err_set(err, CPH_EFULL,
+                       "storage full: the %zu MiB map of data dir '%s' cannot grow: %s", now >> 20,
+                       s->dir,
+                       now >= max_bytes ? "it is at :server :max-map-size-mb"
+                                        : "the disk holding it is full");
+  int e = mdb_env_set_mapsize(s->env, want);
+  if (e)
+    return cph_err_set(err, cph_store_map_error(e), "data dir '%s': growing the map to %zu MiB "
+                       "failed: %s", s->dir, want >> 20, mdb_strerror(e));
+  atomic_store(&s->map_full, false);
+  return CPH_OK;
+}
+
 int cph_store_sync(cph_store *s, cph_err *err) {
   int failed = cph_store_flush_error(s, err);
   if (failed)

@@ -147,6 +147,21 @@ void cph_store_flush_async(cph_store *s);
  * Does nothing when no flusher runs. cph_store_close() calls it. */
 void cph_store_flusher_stop(cph_store *s);
 
+/* ---- online map growth (DESIGN §13) ----
+ * The map starts at the size the store was opened with and grows while the daemon runs: a
+ * write that finds the map full fails (CPH_EFULL) and marks it (cph_store_map_full); the
+ * engine, between passes, grows it (cph_store_grow) and applies the write again. A full
+ * disk (ENOSPC) is not a full map: it stays an error. A restart opens the map at the size
+ * asked for or the data's size, whichever is larger, and it grows again from there. */
+bool cph_store_map_full(cph_store *s);
+/* A writer that keeps its own reserve (ingest) found the map too full for it. */
+void cph_store_note_map_full(cph_store *s);
+/* Doubles the map, up to max_bytes and to what the disk can hold (the data file's size plus
+ * its free space). Only with no transaction open and no copy running in the process: else
+ * CPH_EBUSY (try again later). CPH_EFULL when it cannot grow (err says why: the ceiling or the
+ * disk). Clears the mark on success. */
+int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err);
+
 typedef struct cph_store_stats {
   size_t map_size;   /* bytes reserved */
   size_t used_bytes; /* pages in use * page size */

@@ -43,6 +43,11 @@ struct cph_store {
   char flush_msg[256];       /* its message: written once, before flush_failed is set */
   pthread_mutex_t flush_mu;  /* guards the flusher's fields below and flush_msg's writing */
   struct cph_flusher *flusher; /* flush.c; NULL when none runs */
+
+  /* Map growth (store.h). open_txns counts top-level transactions and copies in progress:
+   * LMDB may remap only when there are none. map_full: a write found the map full. */
+  _Atomic int open_txns;
+  _Atomic bool map_full;
 };
 
 /* Records up to this size reuse the scratch space; a larger one frees it afterwards. */

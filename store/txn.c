@@ -27,13 +27,17 @@ static int txn_fail_mdb(cph_txn *t, int rc, const char *op, cph_db db, const cph
   char key[160];
   cph_key_describe(k->data, k->len, key, sizeof key);
   int code = cph_store_map_error(rc);
+  if (rc == MDB_MAP_FULL)
+    atomic_store(&t->store->map_full, true); /* the engine grows the map and retries */
   if (code == CPH_EFULL) {
     MDB_envinfo info;
     mdb_env_info(t->store->env, &info);
     return txn_fail(t, code,
                     "storage full: %s in database \"%s\" at key %s found no room in the %zu MiB "
-                    "map of data dir '%s' (raise :server :map-size-mb and restart)",
-                    op, cph_db_name(db), key, info.me_mapsize >> 20, t->store->dir);
+                    "map of data dir '%s' (%s)",
+                    op, cph_db_name(db), key, info.me_mapsize >> 20, t->store->dir,
+                    rc == MDB_MAP_FULL ? "the map grows up to :server :max-map-size-mb"
+                                       : "the disk is full");
   }
   return txn_fail(t, code, "%s in database \"%s\" at key %s failed: %s", op, cph_db_name(db),
                   key, mdb_strerror(rc));
@@ -56,6 +60,7 @@ int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
     return txn_fail(t, cph_store_map_error(rc), "cannot begin a %s transaction in '%s': %s",
                     write ? "write" : "read", s->dir, mdb_strerror(rc));
   t->mdb = txn;
+  atomic_fetch_add(&s->open_txns, 1); /* a remap must wait for it (cph_store_grow) */
   return CPH_OK;
 }
 
@@ -80,9 +85,17 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
 static void counters_end(cph_txn *t, bool landed);
 static int counters_write(cph_txn *t);
 
+/* A top-level transaction ended (committed or aborted). */
+static void txn_closed(cph_txn *t) {
+  if (!t->parent)
+    atomic_fetch_sub(&t->store->open_txns, 1);
+}
+
 void cph_txn_abort(cph_txn *t) {
-  if (t->mdb)
+  if (t->mdb) {
     mdb_txn_abort(t->mdb);
+    txn_closed(t);
+  }
   t->mdb = NULL;
   counters_end(t, false);
 }
@@ -125,6 +138,7 @@ static int txn_commit(cph_txn *t, bool deferred) {
   if (deferred)
     mdb_env_set_flags(t->store->env, MDB_NOMETASYNC, 0);
   t->mdb = NULL; /* LMDB frees the txn whether or not the commit succeeded */
+  txn_closed(t);
   counters_end(t, rc == MDB_SUCCESS);
   if (rc == MDB_SUCCESS) {
     if (t->parent)
@@ -133,11 +147,14 @@ static int txn_commit(cph_txn *t, bool deferred) {
   }
   if (rc) {
     int code = cph_store_map_error(rc);
+    if (rc == MDB_MAP_FULL)
+      atomic_store(&t->store->map_full, true);
     if (code == CPH_EFULL)
       return txn_fail(t, code,
-                      "storage full: commit to data dir '%s' failed: %s (raise :server "
-                      ":map-size-mb and restart)",
-                      t->store->dir, mdb_strerror(rc));
+                      "storage full: commit to data dir '%s' failed: %s (%s)", t->store->dir,
+                      mdb_strerror(rc),
+                      rc == MDB_MAP_FULL ? "the map grows up to :server :max-map-size-mb"
+                                         : "the disk is full");
     return txn_fail(t, code, "commit to data dir '%s' failed: %s", t->store->dir,
                     mdb_strerror(rc));
   }

@@ -59,7 +59,8 @@ enum {
 typedef struct cph_policy_server {
   char *listen;                       /* HOST:PORT ("[v6addr]:PORT" for IPv6) */
   char *data_dir;                     /* LMDB environment directory */
-  int64_t map_size_mb;                /* LMDB map size */
+  int64_t map_size_mb;                /* LMDB map size at open */
+  int64_t max_map_size_mb;            /* the map grows up to this (DESIGN §13) */
   int64_t max_body_bytes;             /* largest accepted request body */
   int64_t max_events_per_request;     /* POST /v1/events batch cap */
   int64_t max_string_bytes;           /* longest accepted string field */

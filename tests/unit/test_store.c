@@ -666,7 +666,7 @@ static void test_tiny_map_fills_up_cleanly_and_reopens_intact(void **state) {
   assert_true(committed > 0);
   assert_string_equal(cph_strerror(rc), "storage full");
   assert_non_null(strstr(errmsg, "storage full"));
-  assert_non_null(strstr(errmsg, ":server :map-size-mb"));
+  assert_non_null(strstr(errmsg, ":server :max-map-size-mb"));
 
   /* The environment is still usable: reads see every committed record and nothing of the
    * failed txn. */
