@@ -16,8 +16,9 @@
  *
  * Dropping: a head that ran out is closed without an answer (there is nothing to answer to
  * yet); a body that ran out is answered 408 in the JSON error format, then closed. Each drop
- * is logged with the peer (info, at most DROP_LOG_PER_S a second; debug beyond) and counted
- * in cephalon_http_timeouts_total{phase="header"|"body"}.
+ * is logged with the peer (info for the first DROP_LOG_PER_S of a second, debug beyond, their
+ * number at info with the next drop) and counted in
+ * cephalon_http_timeouts_total{phase="header"|"body"}.
  *
  * How, on libevent 2.1's evhttp (which says nothing between accepting a connection and
  * handing over a whole request): cph_deadlines_bevcb creates each connection's bufferevent, so
@@ -45,7 +46,8 @@ cph_deadlines *cph_deadlines_new(cph_srv *s);
 void cph_deadlines_free(cph_deadlines *d);
 
 /* evhttp_set_bevcb(http, cph_deadlines_bevcb, d): makes each accepted connection's
- * bufferevent. NULL on out of memory (evhttp then refuses the connection). */
+ * bufferevent. NULL on out of memory (evhttp then makes its own: that connection goes
+ * untimed). */
 struct bufferevent *cph_deadlines_bevcb(struct event_base *base, void *arg);
 
 /* The request on ev was read whole and goes to its route: its connection has no deadline

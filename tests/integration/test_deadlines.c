@@ -1,5 +1,5 @@
 /* Request deadlines (DESIGN §13, issue 18 item 5), against the real cephalond on loopback with
- * :server :header-timeout-seconds 2 and :body-timeout-seconds 2, all in one run of ~6 s:
+ * :server :header-timeout-seconds 2 and :body-timeout-seconds 2, all in one run of ~7 s:
  * - 200 clients that trickle their request heads (a byte every 0.5 s) are each closed by the
  *   server within the header timeout (+ slack) of connecting, while ordinary clients keep
  *   getting answers, every one, quickly;
@@ -9,7 +9,8 @@
  * - an idle kept-alive connection outlives the header timeout (idle connections keep
  *   :timeout-seconds), and once it starts trickling its next head it is dropped within the
  *   header timeout of that first byte;
- * - cephalon_http_timeouts_total counts each drop by phase, and the scrape passes promtool. */
+ * - cephalon_http_timeouts_total counts each drop by phase, and the scrape passes promtool;
+ * - after a policy reload, new connections get the new header timeout. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -309,6 +310,25 @@ static void test_trickling_clients_are_dropped_within_the_deadlines_while_others
   /* logged with the peer (the first ones of a second at info) */
   assert_true(cph_test_daemon_log_wait(&g_daemon, "msg=\"slow client dropped\" peer=127.0.0.1:",
                                        1000));
+
+  /* A reload applies to connections from then on: a silent one now goes after 1 s. */
+  FILE *pf = fopen(g_policy, "w");
+  assert_non_null(pf);
+  fputs("{:server {:header-timeout-seconds 1 :body-timeout-seconds 2}}\n", pf);
+  fclose(pf);
+  json_decref(cph_hc_call(port, NULL, &st, "POST", "/v1/admin/policy/reload", NULL));
+  assert_int_equal(st, 200);
+  trickler silent = {.fd = cph_hc_connect(port, 4000)};
+  assert_true(silent.fd >= 0);
+  silent.clock_ms = cph_hc_now_ms();
+  char c;
+  ssize_t got = recv(silent.fd, &c, 1, 0);
+  int64_t silent_after = cph_hc_now_ms() - silent.clock_ms;
+  close(silent.fd);
+  print_message("after a reload to 1 s: a silent connection closed after %lld ms\n",
+                (long long)silent_after);
+  assert_true(got == 0 || (got < 0 && errno == ECONNRESET));
+  assert_true(silent_after >= 1000 - EARLY_MS && silent_after <= 1000 + SLACK_MS);
 
   free(t);
   free(lat);
