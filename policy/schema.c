@@ -75,6 +75,12 @@ static const ps_field server_fields[] = {
         "cap on a long-poll's wait_ms"),
     INT(cph_policy_server, "timeout-seconds", timeout_seconds, 1, 3600, 60,
         "idle HTTP connections are closed after this many seconds"),
+    INT(cph_policy_server, "header-timeout-seconds", header_timeout_seconds, 1, 3600, 10,
+        "a request head not received whole this long after the connection, or after its first "
+        "byte on a kept-alive one, is dropped"),
+    INT(cph_policy_server, "body-timeout-seconds", body_timeout_seconds, 1, 3600, 30,
+        "a request body not received whole this long after its head is answered 408 and "
+        "dropped"),
     CHOICE(cph_policy_server, "log-level", log_level, cph__policy_log_levels,
            CPH_POLICY_LOG_INFO, "least severe log level written: :debug :info :warn :error"),
 };

@@ -11,6 +11,7 @@
 
 #include "auth.h"
 #include "common/log.h"
+#include "deadlines.h"
 #include "longpoll.h"
 #include "reply.h"
 #include "request.h"
@@ -189,6 +190,9 @@ static bool wants_msgpack(struct evhttp_request *ev) {
 
 void cph_http_dispatch(struct evhttp_request *ev, void *arg) {
   cph_srv *s = arg;
+  /* read whole: its head and body deadlines stop here (a long-poll may wait much longer) */
+  if (s->deadlines)
+    cph_deadlines_dispatched(s->deadlines, ev);
   s->open_reqs++;
   cph_req *r = cph_req_new(s, ev);
   if (!r) {

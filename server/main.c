@@ -21,7 +21,9 @@
  *   services         long-polls (longpoll.c, s->lp), maintenance workers (maint_workers.c,
  *                    s->maint), memory-search threads (search_prep.c, s->search): started
  *                    and stopped here, used by the routes; they call neither routes nor main
- *                    (search_prep uses maint_workers' provider snapshot)
+ *                    (search_prep uses maint_workers' provider snapshot); request deadlines
+ *                    (deadlines.c, s->deadlines): every connection's bufferevent is made
+ *                    there, http.c says when a request is routed, /metrics reads its counts
  *   reply.c          answering: replies, the error format, answers after an engine op
  *   request.c        the request context: memory, lifetime, query, body, fields
  *   server.c         a pass soon, a replies wake soon, the answer accounting of a shutdown
@@ -47,6 +49,7 @@
 #include "http.h"
 #include "listen.h"
 #include "cephalon/providers.h"
+#include "deadlines.h"
 #include "longpoll.h"
 #include "backup.h"
 #include "maint_workers.h"
@@ -321,6 +324,8 @@ static void shutdown_all(cph_srv *s) {
   cph_http_release_all(s);
   if (s->http)
     evhttp_free(s->http);
+  cph_deadlines_free(s->deadlines); /* after evhttp_free: it closes every connection */
+  s->deadlines = NULL;
   struct event **evs[] = {&s->ev_pass,    &s->ev_tick,    &s->ev_wakeup,     &s->ev_sync,
                           &s->ev_replies, &s->ev_flushed, &s->ev_stop_deadline};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
@@ -425,14 +430,19 @@ int main(int argc, char **argv) {
   s.lp = cph_longpolls_new(s.base);
   if (pipe2(s.flush_pipe, O_NONBLOCK | O_CLOEXEC) == 0)
     s.ev_flushed = event_new(s.base, s.flush_pipe[0], EV_READ | EV_PERSIST, on_flushed, &s);
+  s.deadlines = cph_deadlines_new(&s);
   if (!s.ev_pass || !s.ev_tick || !s.ev_wakeup || !s.ev_sync || !s.ev_replies ||
-      !s.ev_stop_deadline || !s.lp || !s.ev_flushed || event_add(s.ev_flushed, NULL)) {
+      !s.ev_stop_deadline || !s.lp || !s.ev_flushed || !s.deadlines ||
+      event_add(s.ev_flushed, NULL)) {
     cph_error("cannot create timers");
     goto out;
   }
   /* The disk flush of :sync :always overlaps the next pass (cph_engine_hooks.flushed). */
   cph_engine_hooks hooks = {&s, hook_replies_appended, hook_flushed};
   cph_engine_set_hooks(s.engine, &hooks);
+  /* Every connection's bufferevent comes from deadlines.c, which times the request's head
+   * and body (:server :header-timeout-seconds, :body-timeout-seconds). */
+  evhttp_set_bevcb(s.http, cph_deadlines_bevcb, s.deadlines);
   evhttp_set_allowed_methods(s.http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                          EVHTTP_REQ_DELETE);
   evhttp_set_gencb(s.http, cph_http_dispatch, &s);

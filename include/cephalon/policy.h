@@ -67,6 +67,8 @@ typedef struct cph_policy_server {
   int64_t max_long_polls_per_client;  /* concurrent lease/replies long-polls per client */
   int64_t max_wait_ms;                /* cap on a long-poll's wait_ms */
   int64_t timeout_seconds;            /* idle HTTP connection timeout */
+  int64_t header_timeout_seconds;     /* a request head must arrive whole within this */
+  int64_t body_timeout_seconds;       /* a request body must arrive whole within this */
   cph_policy_log_level log_level;
 } cph_policy_server;
 
