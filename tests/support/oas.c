@@ -159,7 +159,10 @@ static bool is_type(const json_t *v, const char *name) {
     if (!json_is_real(v))
       return false;
     double x = json_real_value(v);
-    return x == (double)(int64_t)x;
+    if (x != x || x - x != 0) /* NaN, infinite */
+      return false;
+    /* beyond +-2^63 every double is a whole number (and the cast would be undefined) */
+    return x <= -9.2e18 || x >= 9.2e18 || x == (double)(int64_t)x;
   }
   if (strcmp(name, "number") == 0)
     return json_is_number(v);
