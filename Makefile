@@ -85,12 +85,12 @@ bench: deps
 # and fails if they grow or drift. SOAK_ARGS passes options, e.g. SOAK_ARGS="--duration 600".
 SOAK_ARGS ?=
 SOAK_SRC   = tests/soak/soak.c tests/support/daemon.c tests/support/testutil.c \
-             tests/support/hclient.c
+             tests/support/hclient.c tests/support/oas.c
 .PHONY: soak
 soak: build
 	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
 	  -Wno-unused-parameter -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -I. $(SOAK_SRC) \
-	  $$(pkg-config --cflags --libs jansson) -lpthread -o $(BUILD)/bin/cephalon-soak
+	  $$(pkg-config --cflags --libs jansson msgpack) -lpthread -o $(BUILD)/bin/cephalon-soak
 	CPH_BIN_DIR=$(abspath $(BUILD))/bin $(BUILD)/bin/cephalon-soak $(SOAK_ARGS)
 
 clean:

@@ -27,7 +27,8 @@
 
 /* Scopes (DESIGN §9 + the auth contract): ingest posts events; worker leases, heartbeats,
  * completes and fails turns and reads replies; admin changes sessions, requeues and uses
- * everything under /v1/admin; read may call every GET. A route lists every scope that admits it. */
+ * everything under /v1/admin; read may call every GET. A route lists every scope that admits it.
+ * docs/openapi.json states the same scopes per operation (test_openapi compares them). */
 static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/healthz", 0, 0, cph_route_healthz},
     {EVHTTP_REQ_GET, "/readyz", 0, 0, cph_route_readyz},
@@ -75,6 +76,9 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/v1/events/{id}", SCOPE_READ, 0, cph_route_event_get},
     /* a search counts as an access to what it returns, but a reader may search */
     {EVHTTP_REQ_GET, "/v1/memories/search", SCOPE_READ, 0, cph_route_memories_search},
+    /* the API's description: for any client with a valid token, to generate a client from */
+    {EVHTTP_REQ_GET, "/v1/openapi.json", SCOPE_INGEST | SCOPE_WORKER | SCOPE_ADMIN | SCOPE_READ, 0,
+     cph_route_openapi},
 };
 
 #define MAX_SEGMENTS 8

@@ -73,6 +73,9 @@ void cph_route_event_get(cph_req *r);
  * after recording a 400. */
 const char *cph_job_args_text(cph_req *r, json_t *args, const char *path);
 
+/* routes_openapi.c: GET /v1/openapi.json, the API's OpenAPI document (docs/openapi.json) */
+void cph_route_openapi(cph_req *r);
+
 /* routes_top.c: GET /v1/top, the live operations view */
 void cph_route_top(cph_req *r);
 
