@@ -386,6 +386,7 @@ void cph_engine_close(cph_engine *e) {
   trees_free(&e->trees);
   chantails_free(&e->tails);
   turns_free(&e->turns);
+  ingest_free(&e->ingest);
   free(e);
 }
 
@@ -477,6 +478,9 @@ static bool op_needs_flush(cph_op_kind kind) {
   case CPH_OP_LEASE:
   case CPH_OP_HEARTBEAT:
   case CPH_OP_MEMORY_SEARCH:
+  /* A take moves staged entries into a running lease: a crash undoing it leaves them staged,
+   * and the restart expires the lease anyway (its input staged again), as for a lease. */
+  case CPH_OP_TAKE:
     return false;
   default:
     return true;
@@ -493,11 +497,17 @@ static void apply_op(cph_engine *e, cph_op *op) {
     break;
   case CPH_OP_INGEST:
     ingest_apply(&e->ingest, op);
+    /* while_running :restart (DESIGN §4): what reached a session whose turn was running
+     * revokes that lease now, in the same pass; the session is leased again with all input. */
+    for (size_t i = 0; i < e->ingest.n_restart; i++)
+      turns_supersede(&e->turns, e->ingest.restart[i]);
+    e->ingest.n_restart = 0;
     break;
   case CPH_OP_HEARTBEAT:
   case CPH_OP_COMPLETE:
   case CPH_OP_FAIL:
   case CPH_OP_REQUEUE:
+  case CPH_OP_TAKE:
     turns_apply(&e->turns, op);
     break;
   case CPH_OP_JOB_ENQUEUE:

@@ -441,6 +441,12 @@ const char *cph_session_state_name(cph_session_state_t st) {
   return "unknown";
 }
 
+cph_policy_while_running sessions_while_running(const cph_sessions *ss, const csession *s) {
+  if (s->while_running > 0 && s->while_running <= CPH_POLICY_WR_COUNT)
+    return (cph_policy_while_running)(s->while_running - 1);
+  return ss->env->policy->sessions.while_running[s->lane];
+}
+
 static cph_session_state_t live_state(const csession *s) {
   if (s->running_turn)
     return CPH_STATE_RUNNING;
@@ -473,6 +479,8 @@ static int info_from(cph_sessions *ss, const cph_session_rec *r, const csession 
   out->pending = s->n_pending;
   out->staged = s->n_staged;
   out->folded = s->folded;
+  out->while_running = sessions_while_running(ss, s);
+  out->while_running_class = s->while_running == 0;
   if (!out->id || !out->subscribe.items || !out->member.items || !out->tools.items ||
       (r->system && !out->system)) {
     cph_session_info_free(out);
@@ -520,6 +528,8 @@ static void rec_apply(cph_session_rec *r, const cph_session_info *in, unsigned s
     r->state = in->state == CPH_STATE_PAUSED ? CPH_SESSION_PAUSED : CPH_SESSION_IDLE;
   if (set & CPH_SET_CLASS)
     r->lane = (uint8_t)in->lane;
+  if (set & CPH_SET_WHILE_RUNNING)
+    r->while_running = in->while_running_class ? 0 : (uint8_t)(1 + in->while_running);
 }
 
 static int validate_fields(cph_op *op, const cph_session_info *in, unsigned set) {
@@ -530,6 +540,10 @@ static int validate_fields(cph_op *op, const cph_session_info *in, unsigned set)
   if ((set & CPH_SET_CLASS) && (unsigned)in->lane >= CPH_LANE_COUNT)
     return op_fail(op, CPH_EINVAL, "class",
                    "class: expected interactive, operational or maintenance");
+  if ((set & CPH_SET_WHILE_RUNNING) && !in->while_running_class &&
+      (unsigned)in->while_running >= CPH_POLICY_WR_COUNT)
+    return op_fail(op, CPH_EINVAL, "while_running",
+                   "while_running: expected enqueue, merge, interrupt, restart or reject");
   if ((set & CPH_SET_WINDOW) && in->context_window_tokens &&
       (in->context_window_tokens < 256 || in->context_window_tokens > 10000000))
     return op_fail(op, CPH_EINVAL, "context_window_tokens",
@@ -563,7 +577,7 @@ static void session_create(cph_sessions *ss, cph_op *op) {
   }
   unsigned all = CPH_SET_SUBSCRIBE | CPH_SET_MEMBER | CPH_SET_AUTONOMY | CPH_SET_REPORT |
                  CPH_SET_WINDOW | CPH_SET_SYSTEM | CPH_SET_TOOLS | CPH_SET_CLASS |
-                 (op->u.session.set & CPH_SET_PAUSED);
+                 (op->u.session.set & (CPH_SET_PAUSED | CPH_SET_WHILE_RUNNING));
   if (validate_fields(op, in, all))
     return;
   if (sessions_get(ss, in->id)) {
@@ -592,6 +606,7 @@ static void session_create(cph_sessions *ss, cph_op *op) {
   }
   s->paused = r.state == CPH_SESSION_PAUSED;
   s->autonomy_interval_s = r.autonomy_interval_s;
+  s->while_running = r.while_running;
   sessions_tick_schedule(ss, s);
   if (reports_set(ss->reports, s, r.report_interval_s, env_now(ss->env)) != CPH_OK)
     cph_warn("session '%s': out of memory for its reports; they wait for a restart", s->id);
@@ -648,6 +663,8 @@ static void session_update(cph_sessions *ss, cph_op *op) {
     csession_resched(ss, s, in->lane, cph_sched_credits(ss->env->sched, s->sid));
   if (set & CPH_SET_PAUSED)
     s->paused = r.state == CPH_SESSION_PAUSED;
+  if (set & CPH_SET_WHILE_RUNNING) /* applies to what arrives from now on */
+    s->while_running = r.while_running;
   if (set & CPH_SET_AUTONOMY) {
     s->autonomy_interval_s = r.autonomy_interval_s;
     sessions_tick_schedule(ss, s);
@@ -834,6 +851,7 @@ int sessions_load(cph_sessions *ss, cph_err *err) {
     s->paused = r.state == CPH_SESSION_PAUSED;
     s->episode = r.episode;
     s->autonomy_interval_s = r.autonomy_interval_s;
+    s->while_running = r.while_running;
     sessions_tick_schedule(ss, s);
     if (reports_set(ss->reports, s, r.report_interval_s, env_now(ss->env)) != CPH_OK) {
       cph_record_free(&cph_session_desc, &r);

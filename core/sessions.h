@@ -65,6 +65,10 @@ static inline csession *sessions_at(const cph_sessions *ss, size_t sid) {
 channel *sessions_channel(cph_sessions *ss, const char *name, bool create);
 bool session_id_valid(const char *id);
 
+/* The while_running mode in force for s (DESIGN §4): its own, else its class's default in
+ * the policy in force. */
+cph_policy_while_running sessions_while_running(const cph_sessions *ss, const csession *s);
+
 /* ---- scheduling state */
 /* Queues s for the next poll_inbox (its pending messages become staged). */
 void sessions_mark_pending(cph_sessions *ss, csession *s);

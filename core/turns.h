@@ -64,6 +64,11 @@ int64_t turns_next_deadline_ns(const cph_turns *tu);
 uint32_t turns_serve_waiters(cph_turns *tu);     /* agent_turn (§3.6 job 0) */
 void turns_apply(cph_turns *tu, cph_op *op);     /* heartbeat, complete, fail, requeue */
 void turns_reconcile(cph_turns *tu);             /* expire leases, time out waiters */
+/* while_running :restart (DESIGN §4): input reached s while its turn ran, so that lease is
+ * revoked — its record says superseded, its heartbeats and completion answer
+ * CPH_ESUPERSEDED and change nothing — and its input is staged again, attempts unchanged,
+ * for the next turn with what arrived. A job turn, or no running turn: nothing happens. */
+void turns_supersede(cph_turns *tu, csession *s);
 
 /* ---- reads */
 int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **out, size_t *n,

@@ -12,12 +12,15 @@ _Static_assert(sizeof(cph_policy_log_level) == sizeof(int), "enum is int-sized")
 _Static_assert(sizeof(cph_policy_sync) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_provider_kind) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_index_kind) == sizeof(int), "enum is int-sized");
+_Static_assert(sizeof(cph_policy_while_running) == sizeof(int), "enum is int-sized");
 
 /* Indexed by the enum values in cephalon/policy.h. */
 const char *const cph__policy_log_levels[] = {"debug", "info", "warn", "error", NULL};
 const char *const cph__policy_syncs[] = {"always", "batch", "none", NULL};
 const char *const cph__policy_provider_kinds[] = {"builtin", "openai", NULL};
 const char *const cph__policy_index_kinds[] = {"embedded", "http", NULL};
+const char *const cph__policy_while_runnings[] = {"enqueue", "merge", "interrupt", "restart",
+                                                  "reject", NULL};
 /* Bit i of cph_policy_token.scopes; matches CPH_POLICY_SCOPE_*. */
 static const char *const scope_names[] = {"ingest", "worker", "admin", "read", NULL};
 
@@ -192,6 +195,27 @@ static const ps_field leases_fields[] = {
 static const ps_table leases_table = TABLE(cph_policy_leases, leases_fields, PS_NO_ID);
 
 /* ---- :sessions ---- */
+/* :while-running, one mode per class: the map lives inside cph_policy_sessions (offsets are
+ * from its start), like :lanes in the scheduler. */
+#define WR_DOC ": :enqueue (staged for the next turn), :merge (the worker may take it into " \
+               "the running turn), :interrupt (the worker stops at its next safe point), "    \
+               ":restart (the lease is revoked, the turn runs again with all input) or "     \
+               ":reject (answered rejected, reason session_busy)"
+static const ps_field while_running_fields[] = {
+    CHOICE(cph_policy_sessions, "interactive", while_running[CPH_LANE_INTERACTIVE],
+           cph__policy_while_runnings, CPH_POLICY_WR_ENQUEUE,
+           "what an interactive session does with what arrives while its turn runs" WR_DOC),
+    CHOICE(cph_policy_sessions, "operational", while_running[CPH_LANE_OPERATIONAL],
+           cph__policy_while_runnings, CPH_POLICY_WR_ENQUEUE,
+           "the same for operational sessions"),
+    CHOICE(cph_policy_sessions, "maintenance", while_running[CPH_LANE_MAINTENANCE],
+           cph__policy_while_runnings, CPH_POLICY_WR_ENQUEUE,
+           "the same for maintenance sessions (job turns always enqueue)"),
+};
+#undef WR_DOC
+static const ps_table while_running_table =
+    TABLE(cph_policy_sessions, while_running_fields, PS_NO_ID);
+
 static const ps_field sessions_fields[] = {
     INT(cph_policy_sessions, "max-queue", max_queue, 1, 10000000, 1000,
         "queued inbox entries per session; beyond it the oldest un-mentioned fold into one "
@@ -205,6 +229,9 @@ static const ps_field sessions_fields[] = {
         "least recently used evicted; 0 reads it from the store every turn"),
     BOOL(cph_policy_sessions, "janitor?", janitor, 1,
          "create the built-in janitor maintenance session"),
+    {.name = "while-running", .kind = PS_SECTION, .off = 0, .child = &while_running_table,
+     .doc = "per class, what a session that sets no while_running of its own does with what "
+            "arrives while its turn runs (DESIGN §4)"},
 };
 static const ps_table sessions_table = TABLE(cph_policy_sessions, sessions_fields, PS_NO_ID);
 
@@ -440,6 +467,7 @@ FITS(credits_fields);
 FITS(scheduler_fields);
 FITS(leases_fields);
 FITS(sessions_fields);
+FITS(while_running_fields);
 FITS(dedupe_fields);
 FITS(gc_fields);
 FITS(outbox_fields);

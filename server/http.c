@@ -55,6 +55,7 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_POST, "/v1/turns/{id}/complete", SCOPE_WORKER, CPH_ROUTE_BODY,
      cph_route_turn_complete},
     {EVHTTP_REQ_POST, "/v1/turns/{id}/fail", SCOPE_WORKER, CPH_ROUTE_BODY, cph_route_turn_fail},
+    {EVHTTP_REQ_POST, "/v1/turns/{id}/take", SCOPE_WORKER, CPH_ROUTE_BODY, cph_route_turn_take},
     {EVHTTP_REQ_POST, "/v1/turns/{id}/requeue", SCOPE_ADMIN, CPH_ROUTE_BODY,
      cph_route_turn_requeue},
     {EVHTTP_REQ_GET, "/v1/turns", SCOPE_READ, 0, cph_route_turns_list},

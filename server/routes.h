@@ -23,6 +23,7 @@ void cph_route_turn_lease(cph_req *r);
 void cph_route_turn_heartbeat(cph_req *r);
 void cph_route_turn_complete(cph_req *r);
 void cph_route_turn_fail(cph_req *r);
+void cph_route_turn_take(cph_req *r);
 void cph_route_turn_requeue(cph_req *r);
 void cph_route_turns_list(cph_req *r);
 /* Withdraws a waiting lease long-poll (client gone, fallback deadline, shutdown): when the

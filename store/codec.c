@@ -561,17 +561,27 @@ int cph_record_decode_some(const cph_record_desc *d, const void *data, size_t le
                      n ? mp_kind_name(&r) : "an empty array");
     goto fail;
   }
-  if (version != d->version) {
-    rc = cph_err_set(err, CPH_ECORRUPT, "%s: record version %llu, this build reads version %u",
-                     d->name, (unsigned long long)version, d->version);
+  uint32_t oldest = d->oldest ? d->oldest : d->version;
+  if (version < oldest || version > d->version) {
+    if (oldest == d->version)
+      rc = cph_err_set(err, CPH_ECORRUPT, "%s: record version %llu, this build reads version %u",
+                       d->name, (unsigned long long)version, d->version);
+    else
+      rc = cph_err_set(err, CPH_ECORRUPT,
+                       "%s: record version %llu, this build reads versions %u to %u", d->name,
+                       (unsigned long long)version, oldest, d->version);
     goto fail;
   }
-  if (n != d->n_fields + 1) {
+  /* A record of an older version has the fields it had then: those added since read as 0. */
+  size_t n_fields = 0;
+  while (n_fields < d->n_fields && d->fields[n_fields].since <= version)
+    n_fields++;
+  if (n != n_fields + 1) {
     rc = cph_err_set(err, CPH_ECORRUPT, "%s: %zu fields, expected %zu", d->name, n - 1,
-                     d->n_fields);
+                     n_fields);
     goto fail;
   }
-  for (size_t i = 0; i < d->n_fields; i++) {
+  for (size_t i = 0; i < n_fields; i++) {
     bool wanted = i >= 64 || (fields >> i & 1);
     rc = wanted ? decode_field(&c, &d->fields[i], &r, rec)
                 : skip_field(&c, &d->fields[i], &r, rec);

@@ -3,16 +3,24 @@
 #include <stddef.h>
 
 #include "cephalon/lane.h"
+#include "cephalon/policy.h"
 #include "codec_internal.h"
 
-#define FIELD(rec, type, member) {#member, type, offsetof(rec, member), 0, 0}
-#define ENUM(rec, member, count) {#member, CPH_F_U8, offsetof(rec, member), 0, (count)}
+#define FIELD(rec, type, member) {#member, type, offsetof(rec, member), 0, 0, 0}
+#define ENUM(rec, member, count) {#member, CPH_F_U8, offsetof(rec, member), 0, (count), 0}
 #define BYTES(rec, member) \
-  {#member, CPH_F_BYTES, offsetof(rec, member), 0, sizeof(((rec *)0)->member)}
+  {#member, CPH_F_BYTES, offsetof(rec, member), 0, sizeof(((rec *)0)->member), 0}
 #define ARRAY(rec, type, member, counter) \
-  {#member, type, offsetof(rec, member), offsetof(rec, counter), 0}
+  {#member, type, offsetof(rec, member), offsetof(rec, counter), 0, 0}
 #define DESC(var, label, version, rec, table) \
-  const cph_record_desc var = {label, version, sizeof(rec), table, sizeof table / sizeof table[0]}
+  const cph_record_desc var = {label, version, sizeof(rec), table, sizeof table / sizeof table[0], 0}
+/* A record read from version `oldest` on: its later fields were appended with FIELD_SINCE
+ * (codec_internal.h says how older records read). */
+#define DESC_COMPAT(var, label, version, oldest, rec, table)                                     \
+  const cph_record_desc var = {label, version, sizeof(rec), table,                               \
+                               sizeof table / sizeof table[0], oldest}
+#define ENUM_SINCE(rec, member, count, version) \
+  {#member, CPH_F_U8, offsetof(rec, member), 0, (count), (version)}
 
 #define R cph_session_rec
 static const cph_field session_fields[] = {
@@ -31,8 +39,10 @@ static const cph_field session_fields[] = {
     ARRAY(R, CPH_F_STR_ARRAY, tools, n_tools),
     FIELD(R, CPH_F_I64, created_ms),
     FIELD(R, CPH_F_I64, updated_ms),
+    /* version 2: a version-1 record reads 0, its class's default */
+    ENUM_SINCE(R, while_running, CPH_POLICY_WR_COUNT + 1, 2),
 };
-DESC(cph_session_desc, "session", 1, R, session_fields);
+DESC_COMPAT(cph_session_desc, "session", 2, 1, R, session_fields);
 #undef R
 
 #define R cph_event_rec

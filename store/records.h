@@ -36,8 +36,11 @@ typedef enum { CPH_EVENT_QUEUED, CPH_EVENT_STORED, CPH_EVENT_AGGREGATED, CPH_EVE
 typedef enum { CPH_TURN_INBOX, CPH_TURN_AUTONOMY_TICK, CPH_TURN_JOB, CPH_TURN_REPORT,
                CPH_TURN_KIND_COUNT } cph_turn_kind;
 
+/* SUPERSEDED: revoked because input arrived for a session whose while_running is :restart
+ * (DESIGN §4); its input went back to staged and its completion answers superseded. */
 typedef enum { CPH_TURN_LEASED, CPH_TURN_COMPLETED, CPH_TURN_FAILED, CPH_TURN_EXPIRED,
-               CPH_TURN_PARKED, CPH_TURN_REQUEUED, CPH_TURN_STATE_COUNT } cph_turn_state;
+               CPH_TURN_PARKED, CPH_TURN_REQUEUED, CPH_TURN_SUPERSEDED,
+               CPH_TURN_STATE_COUNT } cph_turn_state;
 
 typedef enum { CPH_MEMORY_RAW, CPH_MEMORY_SUMMARY, CPH_MEMORY_AGGREGATE, CPH_MEMORY_KIND_COUNT
 } cph_memory_kind;
@@ -80,6 +83,9 @@ typedef struct cph_session_rec {
   uint32_t n_tools;
   int64_t created_ms;
   int64_t updated_ms;
+  /* Since record version 2. 0: its class's default (:sessions :while-running); else
+   * 1 + cph_policy_while_running. */
+  uint8_t while_running;
 } cph_session_rec;
 
 typedef struct cph_event_rec {

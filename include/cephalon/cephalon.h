@@ -111,6 +111,12 @@ typedef struct cph_session_info {
   uint32_t pending; /* inbox messages not yet staged */
   uint32_t staged;
   uint64_t folded; /* events the queue cap folded into an overflow entry (never dropped) */
+  /* What it does with what arrives while its turn runs (DESIGN §4). In an update or create
+   * (CPH_SET_WHILE_RUNNING): while_running_class true = follow its class's default in the
+   * policy (:sessions :while-running), else while_running. Out: the mode in force and
+   * whether it comes from the class. */
+  cph_policy_while_running while_running;
+  bool while_running_class;
 } cph_session_info;
 void cph_session_info_free(cph_session_info *s);
 
@@ -124,7 +130,8 @@ enum {
   CPH_SET_SYSTEM = 1u << 5,
   CPH_SET_TOOLS = 1u << 6,
   CPH_SET_PAUSED = 1u << 7,
-  CPH_SET_CLASS = 1u << 8
+  CPH_SET_CLASS = 1u << 8,
+  CPH_SET_WHILE_RUNNING = 1u << 9
 };
 
 typedef struct cph_event_in {
@@ -143,16 +150,22 @@ typedef enum cph_ingest_status {
   CPH_EV_STORED,     /* kept in its channel's history; reached no session */
   CPH_EV_DUPLICATE,  /* idempotency key seen: the original id, stored once */
   CPH_EV_AGGREGATED, /* content duplicate (step 4) */
-  CPH_EV_REJECTED    /* invalid; reason and field say why */
+  CPH_EV_REJECTED    /* invalid, or refused by every session it was routed to (reason
+                      * session_busy: while_running :reject); reason and field say why */
 } cph_ingest_status;
 const char *cph_ingest_status_name(cph_ingest_status s);
 
 typedef struct cph_event_result {
-  uint64_t id; /* 0 when rejected */
+  uint64_t id; /* 0 when rejected as invalid; the stored event's id when refused as busy */
   cph_ingest_status status;
-  cph_strv sessions; /* sessions it was routed to */
+  cph_strv sessions; /* sessions it reached (staged for, or folded into an entry of) */
   char *reason;      /* rejected: what is wrong */
   char *field;       /* rejected: which field */
+  /* Sessions it was routed to that refused it: their turn was running and their
+   * while_running is :reject (reason "session_busy", DESIGN §4). It did not reach them, so
+   * the accounting rule does not count it for them. The event is stored either way; status
+   * is `rejected` only when it reached no session at all. */
+  cph_strv busy;
 } cph_event_result;
 
 /* One staged inbox entry of a turn. An entry may stand for several events (DESIGN §5: repeats
@@ -305,6 +318,7 @@ typedef struct cph_turn_info {
   unsigned omit; /* cph_turn_part bits the lease left out (0: none): those sections and the
                   * messages are left empty; input, staged, views and current_state are
                   * always filled (the engine keeps them) */
+  cph_policy_while_running while_running; /* the session's mode as the turn was leased */
 } cph_turn_info;
 void cph_turn_info_free(cph_turn_info *t);
 
@@ -401,7 +415,8 @@ typedef enum cph_op_kind {
   CPH_OP_CONTEXT_INSERT, /* POST /v1/sessions/{id}/context */
   CPH_OP_CONTEXT_DELETE, /* DELETE /v1/sessions/{id}/context/{node} */
   CPH_OP_CONTEXT_SEAL,   /* POST /v1/sessions/{id}/seal */
-  CPH_OP_MEMORY_SEARCH  /* GET /v1/memories/search: a write, since inclusion counts access */
+  CPH_OP_MEMORY_SEARCH, /* GET /v1/memories/search: a write, since inclusion counts access */
+  CPH_OP_TAKE           /* POST /v1/turns/{id}/take: arrivals into a running turn (:merge) */
 } cph_op_kind;
 
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
@@ -539,6 +554,18 @@ struct cph_op {
       } tool_stats;
       int64_t deadline_ms; /* heartbeat: the new deadline */
       bool already;        /* complete: it had been completed before (idempotent answer) */
+      /* Arrivals during the turn (DESIGN §4). heartbeat out: while_running is the session's
+       * mode; arrived counts the entries staged for the session since the lease and not
+       * taken (reported under :merge and :interrupt); interrupt is true once :interrupt
+       * asked the worker to stop. complete in: interrupted — the worker stopped because it
+       * was asked (its input is staged again for the next turn, see core/turns.c). take
+       * out: taken, the entries moved into the turn (as a lease's staged). */
+      cph_policy_while_running while_running;
+      uint32_t arrived;
+      bool interrupt;
+      bool interrupted;
+      cph_staged_msg *taken;
+      size_t n_taken;
       cph_memory_in *memories; /* complete: memories to mint, scoped to the session */
       size_t n_memories;
       cph_job_in *enqueue; /* complete: maintenance jobs to queue */

@@ -119,6 +119,50 @@ static void test_session_round_trips_every_field(void **state) {
   cph_record_free(&cph_session_desc, &out);
 }
 
+/* Session records are read from version 1 on (store/codec_internal.h): a version-1 record,
+ * written before while_running existed, reads with while_running 0 (its class's default);
+ * a version from the future is refused naming the versions this build reads. */
+static void test_session_record_v1_reads_while_running_as_the_class_default(void **state) {
+  (void)state;
+  cph_session_rec in = {0}, out = {0};
+  in.id = "old-timer";
+  in.subscribe = strs3;
+  in.n_subscribe = 1;
+  in.context_window_tokens = 8192;
+  in.while_running = 3; /* 1 + interrupt */
+  cph_buf b = CPH_BUF_INIT;
+  assert_int_equal(cph_record_encode(&cph_session_desc, &in, &b), CPH_OK);
+  cph_err err = {0};
+  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len, &out, &err), CPH_OK);
+  assert_int_equal(out.while_running, 3);
+  cph_record_free(&cph_session_desc, &out);
+  /* [version 2, 16 fields] as array16 0xdc 0x00 0x11, then fixint 2, ..., while_running last
+   * (a fixint): version 1 is the same without the last byte, 15 fields. */
+  const uint8_t *v2 = (const uint8_t *)b.data;
+  assert_true(v2[0] == 0xdc && v2[1] == 0x00 && v2[2] == 0x11 && v2[3] == 0x02);
+  assert_int_equal(v2[b.len - 1], 3);
+  uint8_t *v1 = malloc(b.len);
+  memcpy(v1, v2, b.len - 1);
+  v1[2] = 0x10;
+  v1[3] = 0x01;
+  assert_int_equal(cph_record_decode(&cph_session_desc, v1, b.len - 1, &out, &err), CPH_OK);
+  assert_string_equal(out.id, "old-timer");
+  assert_int_equal(out.context_window_tokens, 8192);
+  assert_int_equal(out.while_running, 0);
+  cph_record_free(&cph_session_desc, &out);
+  /* version 1 with 16 fields, and version 3: refused */
+  v1[2] = 0x11;
+  assert_int_equal(cph_record_decode(&cph_session_desc, v1, b.len - 1, &out, &err),
+                   CPH_ECORRUPT);
+  memcpy(v1, v2, b.len);
+  v1[3] = 0x03;
+  assert_int_equal(cph_record_decode(&cph_session_desc, v1, b.len, &out, &err), CPH_ECORRUPT);
+  if (!strstr(err.msg, "this build reads versions 1 to 2"))
+    fail_msg("message '%s' does not name the versions read", err.msg);
+  free(v1);
+  cph_buf_free(&b);
+}
+
 static void test_event_round_trips_with_redacted_body(void **state) {
   fixture *f = *state;
   cph_event_rec in = {0}, out = {0};
@@ -1059,6 +1103,7 @@ static void test_decode_some_copies_only_the_fields_asked_for(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_some_copies_only_the_fields_asked_for),
+      cmocka_unit_test(test_session_record_v1_reads_while_running_as_the_class_default),
       cmocka_unit_test_setup_teardown(test_session_round_trips_every_field, setup, teardown),
       cmocka_unit_test_setup_teardown(test_count_and_last_answer_without_a_scan, setup, teardown),
       cmocka_unit_test_setup_teardown(test_released_pages_leave_rss_and_read_back_intact, setup,
