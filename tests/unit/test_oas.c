@@ -69,7 +69,7 @@ static void reject(cph_oas *d, const char *method, const char *target, int statu
   "\"id\":\"s1\",\"class\":\"interactive\",\"state\":\"idle\",\"credits\":30.0,"                \
   "\"episode\":0,\"subscribe\":[\"general\"],\"member\":[],\"autonomy_interval_s\":null,"      \
   "\"report_interval_s\":null,\"context_window_tokens\":8192,\"system\":null,\"tools\":[],"     \
-  "\"paused\":false,\"pending\":0,\"staged\":0,\"folded\":0"
+  "\"paused\":false,\"pending\":0,\"staged\":0,\"folded\":0,\"while_running\":\"enqueue\",\"while_running_from_class\":true"
 
 static void test_a_true_answer_passes(void **state) {
   cph_oas *d = *state;
@@ -93,7 +93,7 @@ static void test_wrong_answers_fail_with_the_pointer_of_the_mismatch(void **stat
                             "\"credits\":\"lots\",\"episode\":0,\"subscribe\":[],\"member\":[],"
                             "\"autonomy_interval_s\":null,\"report_interval_s\":null,"
                             "\"context_window_tokens\":1,\"system\":null,\"tools\":[],"
-                            "\"paused\":false,\"pending\":0,\"staged\":0,\"folded\":0}";
+                            "\"paused\":false,\"pending\":0,\"staged\":0,\"folded\":0,\"while_running\":\"enqueue\",\"while_running_from_class\":true}";
   reject(d, "GET", "/v1/sessions/s1", 200, "application/json", bad_credits,
          "at /credits: string is not of type number");
   /* a required member missing */
