@@ -1,7 +1,8 @@
 /* Sessions (DESIGN §2, §9).
  *
  *   POST   /v1/sessions        session fields (id, class required) -> 200 session
- *   GET    /v1/sessions?class=&state=&after=&limit=                -> 200 {"sessions", "next"}
+ *   GET    /v1/sessions?class=&state=&after=&limit=&prefix=        -> 200 {"sessions", "next"}
+ *          (prefix: only ids that begin with it, found by a seek: the console's search)
  *   GET    /v1/sessions/{id}                                       -> 200 session
  *   PUT    /v1/sessions/{id}   fields to change                    -> 200 session
  *   DELETE /v1/sessions/{id}                                       -> 200 {"id", "deleted"}
@@ -187,6 +188,7 @@ void cph_route_session_list(cph_req *r) {
   }
   const char *after = cph_req_query(r, "after");
   f.after = after && *after ? after : NULL;
+  f.prefix = cph_req_query(r, "prefix");
   uint64_t limit;
   if (!cph_query_u64(r, "limit", 100, 1000, &limit)) {
     cph_reply_failure(r);
