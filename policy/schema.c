@@ -199,9 +199,10 @@ static const ps_table sessions_table = TABLE(cph_policy_sessions, sessions_field
 
 /* ---- :context ---- */
 static const ps_field context_fields[] = {
-    INT(cph_policy_context, "keep-turns", keep_turns, 0, 10000, 20,
+    INT(cph_policy_context, "keep-turns", keep_turns, 0, 10000, 8,
         "turn contexts kept per session for the context explorer (GET /v1/sessions/{id}/turns, "
-        "the context diff, /ui); older ones are deleted as new turns are leased; 0 keeps none"),
+        "the context diff, /ui); older ones are deleted as new turns are leased; each costs "
+        "about its messages' size in the store; 0 keeps none"),
 };
 static const ps_table context_table = TABLE(cph_policy_context, context_fields, PS_NO_ID);
 

@@ -189,6 +189,10 @@ void cph_route_session_list(cph_req *r) {
   const char *after = cph_req_query(r, "after");
   f.after = after && *after ? after : NULL;
   f.prefix = cph_req_query(r, "prefix");
+  if (f.prefix && strlen(f.prefix) > 128) {
+    cph_reply_error(r, 400, "bad_request", "prefix", "prefix: a session id is at most 128 bytes");
+    return;
+  }
   uint64_t limit;
   if (!cph_query_u64(r, "limit", 100, 1000, &limit)) {
     cph_reply_failure(r);
