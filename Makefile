@@ -48,7 +48,7 @@ test-asan: build-asan
 
 # The tests that start the real daemon, with the daemon under valgrind: any memory error or
 # definite leak makes it exit 99, which the tests see as a failed stop.
-VALGRIND_TESTS ?= test_daemon|test_api_flow|test_api_errors|test_context_api|test_channels_api|test_cli
+VALGRIND_TESTS ?= test_daemon|test_api_flow|test_api_errors|test_context_api|test_channels_api|test_cli|test_context_explorer|test_ui
 test-valgrind:
 	@./scripts/install-deps.sh valgrind
 	cmake -S . -B build-vg -DCMAKE_BUILD_TYPE=Debug

@@ -389,7 +389,7 @@ static int cycle_op(void *state, uint64_t seq) {
 static void cycle_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench cycle [--sync always|batch|none] [--clients N] "
              "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T] "
-             "[--include P,...] [--warm-channels N]\n"
+             "[--include P,...] [--warm-channels N] [--keep-turns N]\n"
              "  --sync MODE      :store :sync (default always)\n"
              "  --clients N      client threads, each with its own connection and session "
              "(default 8)\n"
@@ -402,7 +402,9 @@ static void cycle_usage(FILE *f) {
              "                   messages,sections.available_tools as cephalon-worker asks);\n"
              "                   default: the whole turn\n"
              "  --warm-channels N  :sessions :warm-channels (default: the policy's; 0: every lease "
-             "reads its history from the store)\n");
+             "reads its history from the store)\n"
+             "  --keep-turns N   :context :keep-turns (default: the policy's; 0: no turn context "
+             "is kept)\n");
 }
 
 /* --include a,b,c as the lease body's member `,"include":["a","b","c"]` in out; -1 when a
@@ -457,6 +459,7 @@ static void cycle_window(void *ctx, bool end) {
 int cph_bench_cycle(int argc, char **argv) {
   uint64_t clients = 8, seconds = 10, body_bytes = 64, reply_bytes = 64, window = 0;
   uint64_t warm_channels = UINT64_MAX; /* the policy's default */
+  uint64_t keep_turns = UINT64_MAX;    /* likewise */
   const char *sync = "always", *include = NULL;
   char include_json[384] = "";
   for (int i = 1; i < argc;) {
@@ -482,7 +485,8 @@ int cph_bench_cycle(int argc, char **argv) {
         (r = cph_bench_opt_u64(argc, argv, &i, "--body-bytes", 16, 1000, &body_bytes)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--reply-bytes", 0, 1000, &reply_bytes)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--window", 64, 10000000, &window)) ||
-        (r = cph_bench_opt_u64(argc, argv, &i, "--warm-channels", 0, 1000000, &warm_channels))) {
+        (r = cph_bench_opt_u64(argc, argv, &i, "--warm-channels", 0, 1000000, &warm_channels)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--keep-turns", 0, 10000, &keep_turns))) {
       if (r < 0)
         return 2;
       continue;
@@ -491,9 +495,12 @@ int cph_bench_cycle(int argc, char **argv) {
     cycle_usage(stderr);
     return 2;
   }
-  char policy[2048], extra[64] = "";
+  char policy[2048], extra[128] = "";
   if (warm_channels != UINT64_MAX)
     snprintf(extra, sizeof extra, ":sessions {:warm-channels %" PRIu64 "}", warm_channels);
+  if (keep_turns != UINT64_MAX)
+    snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " :context {:keep-turns %" PRIu64 "}",
+             keep_turns);
   /* Concurrency at least the clients: every client may hold a turn at once. */
   if (cph_bench_policy(policy, sizeof policy, sync, (int)clients < 64 ? 64 : (int)clients, 10, 1,
                        extra))

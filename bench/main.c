@@ -38,6 +38,8 @@ static const scenario scenarios[] = {
      cph_bench_memory},
     {"worker", "cephalon-worker's own cost per turn against an instant model (--concurrency N)",
      cph_bench_worker},
+    {"console", "the web console's pages' API calls at N sessions (--sessions N)",
+     cph_bench_console},
 };
 
 #define N_SCENARIOS (sizeof scenarios / sizeof scenarios[0])

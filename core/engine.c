@@ -50,6 +50,7 @@
 #include "sessions.h"
 #include "top.h"
 #include "trees.h"
+#include "turnlog.h"
 #include "turns.h"
 
 /* Recent events kept for turn histories: at most this many (a 64-byte body and a short sender
@@ -96,6 +97,7 @@ struct cph_engine {
   cph_chantails tails;    /* chantail.h: channels' recent history, warm */
   cph_trees trees;        /* trees.h: the PACT tree store and its cache of decoded trees */
   cph_context context;    /* context.h, context_edit.h: assembly over the modules below */
+  cph_turnlog turnlog;    /* turnlog.h: kept turn contexts (the store's; nothing in memory) */
   cph_memory memory;      /* memory.h: the embed queue's length */
   cph_turns turns;        /* turns.h: leases, lease waiters (these survive a rebuild) */
   cph_ingest ingest;      /* ingest.h: store_full, folded_total */
@@ -178,11 +180,13 @@ static void report_due(void *ctx, csession *s) {
   sessions_update_work(&e->sessions, s);
 }
 
-/* A session is being deleted (sessions.h): its tree and its channel cursors go with it. */
+/* A session is being deleted (sessions.h): its tree, its channel cursors and its kept turn
+ * contexts go with it. */
 static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
   cph_engine *e = ctx;
   trees_delete(&e->trees, t, session);
-  return context_cursors_delete(t, session);
+  int rc = context_cursors_delete(t, session);
+  return rc ? rc : turnlog_delete_session(t, session);
 }
 
 /* backpressure owns the step; dedupe asks through this (dedupe_widening). */
@@ -278,6 +282,7 @@ static int memory_load(cph_engine *e, cph_err *err) {
   e->turns.sessions = &e->sessions;
   e->turns.context = &e->context;
   e->turns.trees = &e->trees;
+  e->turns.turnlog = &e->turnlog;
   e->turns.maint = NULL;
   e->turns.memory = &e->memory;
   e->turns.reports = e->reports;
@@ -312,6 +317,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   turns_init(&e->turns);
   chantails_init(&e->tails, &e->evcache);
   context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->tails);
+  turnlog_init(&e->turnlog, &e->env, &e->trees);
   cph_clock_init_monotonic(&e->own_clock);
   e->env.clock = opts && opts->clock ? opts->clock : &e->own_clock;
   /* The engine's wall clock: real time at open, advancing with the engine clock (so windows
@@ -898,6 +904,31 @@ int cph_engine_context_step(cph_engine *e, const char *session, size_t episodes,
 int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, size_t *n,
                      cph_err *err) {
   return context_seals(&e->context, session, out, n, err);
+}
+
+int cph_engine_kept_turns(cph_engine *e, const char *session, cph_kept_turn **out, size_t *n,
+                          cph_err *err) {
+  *out = NULL;
+  *n = 0;
+  if (!sessions_get(&e->sessions, session))
+    return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
+  return turnlog_list(e->env.store, session, out, n, err);
+}
+
+int cph_engine_turn_context(cph_engine *e, const char *session, uint64_t turn,
+                            cph_turn_context *out, cph_err *err) {
+  memset(out, 0, sizeof *out);
+  if (!sessions_get(&e->sessions, session))
+    return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
+  return turnlog_get(e->env.store, session, turn, out, err);
+}
+
+int cph_engine_context_diff(cph_engine *e, const char *session, uint64_t from, uint64_t to,
+                            cph_context_diff *out, cph_err *err) {
+  memset(out, 0, sizeof *out);
+  if (!sessions_get(&e->sessions, session))
+    return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
+  return turnlog_diff(e->env.store, session, from, to, out, err);
 }
 
 int cph_engine_backup(cph_engine *e, const char *dir, cph_err *err) {

@@ -937,11 +937,20 @@ int sessions_list(cph_sessions *ss, const cph_session_filter *f, cph_session_inf
     cph_key_str(&start, f->after);
     start.data[start.len - 1] = 1; /* just past "after\0": the next id */
   }
+  const char *prefix = f && f->prefix && *f->prefix ? f->prefix : NULL;
+  size_t plen = prefix ? strlen(prefix) : 0;
+  if (prefix && (!f->after || strcmp(f->after, prefix) < 0)) {
+    cph_key_reset(&start); /* the prefix without its NUL: the first id that begins with it */
+    cph_key_str(&start, prefix);
+    start.len--;
+  }
   if (rc == CPH_OK)
     rc = cph_cursor_open(&t, CPH_DB_SESSIONS, &c);
   if (rc == CPH_OK)
     rc = cph_cursor_seek(&c, start.len ? &start : NULL, &k, &v);
   for (; rc == CPH_OK && *n < limit; rc = cph_cursor_next(&c, &k, &v)) {
+    if (prefix && (k.len < plen || memcmp(k.data, prefix, plen) != 0))
+      break; /* past the ids that begin with it */
     cph_session_rec r;
     cph_err derr;
     if (cph_record_decode(&cph_session_desc, v.data, v.len, &r, &derr)) {

@@ -542,6 +542,8 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     free(ti->input);
     ti->input = strdup(work ? cph_job_kind_name(work->kind) : "job");
   }
+  if (rc == CPH_OK)
+    turnlog_keep(tu->turnlog, &t, turn_id, ti); /* the context explorer's record */
   uint8_t token[16];
   if (RAND_bytes(token, sizeof token) != 1)
     rc = rc ? rc : CPH_EIO;

@@ -5,7 +5,7 @@
  *
  * It owns the leases (in memory only: at a restart those in flight are expired, §4), the
  * waiting lease requests and the newest reply id. It is handed the modules a turn touches:
- * the sessions registry, context assembly and the tree store, maintenance (job turns),
+ * the sessions registry, context assembly and the tree store, the turn log, maintenance (job turns),
  * memory (a completion's memories), reports and the metrics. A served or failed waiter is
  * answered after the pass commits: it goes onto the engine's done queue. */
 #ifndef CEPHALON_CORE_TURNS_H
@@ -23,6 +23,7 @@
 #include "ops.h"
 #include "sessions.h"
 #include "trees.h"
+#include "turnlog.h"
 
 struct cph_reports;
 
@@ -31,6 +32,7 @@ typedef struct cph_turns {
   cph_sessions *sessions;
   cph_context *context;
   cph_trees *trees;
+  cph_turnlog *turnlog; /* keeps each leased turn's context (the context explorer) */
   cph_maint *maint; /* NULL until maintenance opened */
   cph_memory *memory;
   struct cph_reports *reports;

@@ -235,6 +235,15 @@ static const ps_field sessions_fields[] = {
 };
 static const ps_table sessions_table = TABLE(cph_policy_sessions, sessions_fields, PS_NO_ID);
 
+/* ---- :context ---- */
+static const ps_field context_fields[] = {
+    INT(cph_policy_context, "keep-turns", keep_turns, 0, 10000, 8,
+        "turn contexts kept per session for the context explorer (GET /v1/sessions/{id}/turns, "
+        "the context diff, /ui); older ones are deleted as new turns are leased; each costs "
+        "about its messages' size in the store; 0 keeps none"),
+};
+static const ps_table context_table = TABLE(cph_policy_context, context_fields, PS_NO_ID);
+
 /* ---- :dedupe ---- */
 static const ps_field dedupe_fields[] = {
     INT(cph_policy_dedupe, "window-seconds", window_seconds, 0, 2592000, 300,
@@ -443,6 +452,8 @@ static const ps_field root_fields[] = {
             "concurrency, lane budgets and session credits"),
     SECTION(cph_policy, "leases", leases, leases_table, "turn leases"),
     SECTION(cph_policy, "sessions", sessions, sessions_table, "per-session limits"),
+    SECTION(cph_policy, "context", context, context_table,
+            "turn contexts kept for the context explorer"),
     SECTION(cph_policy, "dedupe", dedupe, dedupe_table, "duplicate detection"),
     SECTION(cph_policy, "gc", gc, gc_table, "memory compaction"),
     SECTION(cph_policy, "maintenance", maintenance, maintenance_table,
@@ -468,6 +479,7 @@ FITS(scheduler_fields);
 FITS(leases_fields);
 FITS(sessions_fields);
 FITS(while_running_fields);
+FITS(context_fields);
 FITS(dedupe_fields);
 FITS(gc_fields);
 FITS(outbox_fields);

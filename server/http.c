@@ -32,6 +32,9 @@
 static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/healthz", 0, 0, cph_route_healthz},
     {EVHTTP_REQ_GET, "/readyz", 0, 0, cph_route_readyz},
+    /* the console's static files: public, like a login page; its API calls carry a token */
+    {EVHTTP_REQ_GET, "/ui", 0, 0, cph_route_ui},
+    {EVHTTP_REQ_GET, "/ui/{file}", 0, 0, cph_route_ui},
     {EVHTTP_REQ_POST, "/v1/sessions", SCOPE_ADMIN, CPH_ROUTE_BODY, cph_route_session_create},
     {EVHTTP_REQ_GET, "/v1/sessions", SCOPE_READ, 0, cph_route_session_list},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}", SCOPE_READ, 0, cph_route_session_get},
@@ -42,6 +45,10 @@ static const cph_route routes[] = {
      cph_route_context_insert},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}/context", SCOPE_READ, 0, cph_route_context_get},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}/context/step", SCOPE_READ, 0, cph_route_context_step},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/context/diff", SCOPE_READ, 0, cph_route_context_diff},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/turns", SCOPE_READ, 0, cph_route_kept_turns},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/turns/{turn}/context", SCOPE_READ, 0,
+     cph_route_turn_context},
     {EVHTTP_REQ_DELETE, "/v1/sessions/{id}/context/{node}", SCOPE_ADMIN | SCOPE_WORKER, 0,
      cph_route_context_delete},
     {EVHTTP_REQ_POST, "/v1/sessions/{id}/seal", SCOPE_ADMIN | SCOPE_WORKER, CPH_ROUTE_BODY,

@@ -62,6 +62,14 @@ void cph_route_context_step(cph_req *r);
 void cph_route_seal(cph_req *r);
 void cph_route_seals(cph_req *r);
 
+/* routes_explorer.c: kept turn contexts and the context diff (the context explorer) */
+void cph_route_kept_turns(cph_req *r);
+void cph_route_turn_context(cph_req *r);
+void cph_route_context_diff(cph_req *r);
+
+/* routes_ui.c: the web console's files, compiled in (GET /ui, /ui/{file}) */
+void cph_route_ui(cph_req *r);
+
 /* routes_maint.c */
 void cph_route_job_post(cph_req *r);
 void cph_route_jobs_list(cph_req *r);

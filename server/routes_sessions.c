@@ -1,7 +1,8 @@
 /* Sessions (DESIGN §2, §9).
  *
  *   POST   /v1/sessions        session fields (id, class required) -> 200 session
- *   GET    /v1/sessions?class=&state=&after=&limit=                -> 200 {"sessions", "next"}
+ *   GET    /v1/sessions?class=&state=&after=&limit=&prefix=        -> 200 {"sessions", "next"}
+ *          (prefix: only ids that begin with it, found by a seek: the console's search)
  *   GET    /v1/sessions/{id}                                       -> 200 session
  *   PUT    /v1/sessions/{id}   fields to change                    -> 200 session
  *   DELETE /v1/sessions/{id}                                       -> 200 {"id", "deleted"}
@@ -208,6 +209,11 @@ void cph_route_session_list(cph_req *r) {
   }
   const char *after = cph_req_query(r, "after");
   f.after = after && *after ? after : NULL;
+  f.prefix = cph_req_query(r, "prefix");
+  if (f.prefix && strlen(f.prefix) > 128) {
+    cph_reply_error(r, 400, "bad_request", "prefix", "prefix: a session id is at most 128 bytes");
+    return;
+  }
   uint64_t limit;
   if (!cph_query_u64(r, "limit", 100, 1000, &limit)) {
     cph_reply_failure(r);

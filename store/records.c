@@ -245,3 +245,37 @@ static const cph_field seal_fields[] = {
 };
 DESC(cph_seal_desc, "seal", 1, R, seal_fields);
 #undef R
+
+#define R cph_turnctx_rec
+static const cph_field turnctx_fields[] = {
+    FIELD(R, CPH_F_U64, turn_id),
+    FIELD(R, CPH_F_STR, session),
+    ENUM(R, kind, CPH_TURN_KIND_COUNT),
+    FIELD(R, CPH_F_U64, episode),
+    FIELD(R, CPH_F_I64, created_ms),
+    FIELD(R, CPH_F_U32, omit),
+    FIELD(R, CPH_F_OPT_STR, input),
+    ARRAY(R, CPH_F_U64_ARRAY, tokens, n_tokens),
+    ARRAY(R, CPH_F_STR_ARRAY, channels, n_channels),
+    ARRAY(R, CPH_F_U64_ARRAY, staged_events, n_staged_events),
+    ARRAY(R, CPH_F_U64_ARRAY, obligations, n_obligations),
+    ARRAY(R, CPH_F_STR_ARRAY, obligation_texts, n_obligation_texts),
+    ARRAY(R, CPH_F_U64_ARRAY, history, n_history),
+    ARRAY(R, CPH_F_U64_ARRAY, memories, n_memories),
+    ARRAY(R, CPH_F_STR_ARRAY, tools, n_tools),
+    ARRAY(R, CPH_F_STR_ARRAY, msg_roles, n_msg_roles),
+    ARRAY(R, CPH_F_STR_ARRAY, msg_contents, n_msg_contents),
+    ARRAY(R, CPH_F_STR_ARRAY, msg_coords, n_msg_coords),
+    ARRAY(R, CPH_F_U64_ARRAY, msg_nodes, n_msg_nodes),
+    ARRAY(R, CPH_F_U64_ARRAY, node_ids, n_node_ids),
+    ARRAY(R, CPH_F_STR_ARRAY, node_at, n_node_at),
+    ARRAY(R, CPH_F_STR_ARRAY, node_roles, n_node_roles),
+    ARRAY(R, CPH_F_STR_ARRAY, node_previews, n_node_previews),
+    ARRAY(R, CPH_F_U64_ARRAY, node_hashes, n_node_hashes),
+    ARRAY(R, CPH_F_I64_ARRAY, node_ttl, n_node_ttl),
+    ARRAY(R, CPH_F_I64_ARRAY, node_cadence, n_node_cadence),
+    ARRAY(R, CPH_F_U64_ARRAY, node_created, n_node_created),
+    ARRAY(R, CPH_F_U64_ARRAY, node_flags, n_node_flags),
+};
+DESC(cph_turnctx_desc, "turn context", 1, R, turnctx_fields);
+#undef R

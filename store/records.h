@@ -271,6 +271,65 @@ typedef struct cph_seal_rec {
   uint32_t n_coords;
 } cph_seal_rec;
 
+/* A turn's context as it was assembled at lease, kept for the context explorer (core/turnlog.h,
+ * database "turn_contexts"). Parallel arrays: msg_* describe the rendered messages in order,
+ * node_* the session's PACT tree as the turn saw it (waiting nodes included). */
+typedef struct cph_turnctx_rec {
+  uint64_t turn_id;
+  char *session;
+  uint8_t kind; /* cph_turn_kind */
+  uint64_t episode;
+  int64_t created_ms;
+  uint32_t omit; /* cph_turn_part bits the lease left out: those parts were not assembled */
+  char *input;
+  uint64_t *tokens; /* window, current_state, pending_obligations, conversation_history,
+                     * recent_memory, available_tools, sections, messages, history_cut,
+                     * messages_cut (cph_context_tokens, in that order) */
+  uint32_t n_tokens;
+  char **channels; /* the channels of the staged messages (the turn's channel views) */
+  uint32_t n_channels;
+  uint64_t *staged_events; /* the staged messages' first events */
+  uint32_t n_staged_events;
+  uint64_t *obligations; /* pending_obligations: inbox message ids */
+  uint32_t n_obligations;
+  char **obligation_texts; /* "sender: preview" */
+  uint32_t n_obligation_texts;
+  uint64_t *history; /* conversation_history: event ids, oldest first */
+  uint32_t n_history;
+  uint64_t *memories; /* recent_memory: memory ids in the section's order */
+  uint32_t n_memories;
+  char **tools; /* available_tools */
+  uint32_t n_tools;
+  char **msg_roles;
+  uint32_t n_msg_roles;
+  char **msg_contents;
+  uint32_t n_msg_contents;
+  char **msg_coords;
+  uint32_t n_msg_coords;
+  uint64_t *msg_nodes; /* the tree node a message renders, 0 = none (system prompt, channel
+                        * view, the current input) */
+  uint32_t n_msg_nodes;
+  uint64_t *node_ids;
+  uint32_t n_node_ids;
+  char **node_at; /* "d0, 1, 0" */
+  uint32_t n_node_at;
+  char **node_roles; /* "" for nodes without a role */
+  uint32_t n_node_roles;
+  char **node_previews; /* the content's first bytes (at most 160, cut on a UTF-8 boundary) */
+  uint32_t n_node_previews;
+  uint64_t *node_hashes; /* FNV-1a of the whole content: a changed content shows */
+  uint32_t n_node_hashes;
+  int64_t *node_ttl; /* -1 = none */
+  uint32_t n_node_ttl;
+  int64_t *node_cadence; /* 0 = none */
+  uint32_t n_node_cadence;
+  uint64_t *node_created; /* created_at_episode */
+  uint32_t n_node_created;
+  uint64_t *node_flags; /* bit 0 waiting for its cadence; bits 8-15 the lifecycle stage;
+                         * bits 16-23 the lifecycle's stage count (0 = none) */
+  uint32_t n_node_flags;
+} cph_turnctx_rec;
+
 /* ---- generic codec over field tables ---- */
 
 typedef struct cph_record_desc cph_record_desc; /* opaque: a named field table */
@@ -289,6 +348,7 @@ extern const cph_record_desc cph_ctxnode_desc;
 extern const cph_record_desc cph_ctxnode_v1_desc; /* schema 2's node, for the migration */
 extern const cph_record_desc cph_ctxhead_desc;
 extern const cph_record_desc cph_seal_desc;
+extern const cph_record_desc cph_turnctx_desc;
 
 const char *cph_record_name(const cph_record_desc *d); /* "session", "event", ... */
 uint32_t cph_record_version(const cph_record_desc *d);

@@ -47,6 +47,7 @@
   X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
   X(CONTEXT, "context")       /* session\0 [u64 seq] -> PACT tree header / node (trees.h) */ \
   X(SEALS, "seals")           /* session\0 u64 seal id -> sealed rendered context */    \
+  X(TURN_CONTEXTS, "turn_contexts") /* session\0 u64 turn id -> a kept turn context (turnlog) */ \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
   X(EMBED_QUEUE, "embed_queue") /* u64 memory id -> "" while its embedding is pending */  \

@@ -629,8 +629,9 @@ typedef struct cph_session_filter {
   cph_lane lane;
   bool by_state;
   cph_session_state_t state;
-  const char *after; /* ids greater than this (pagination) */
-  size_t limit;      /* 0 = 100 */
+  const char *after;  /* ids greater than this (pagination) */
+  size_t limit;       /* 0 = 100 */
+  const char *prefix; /* only ids that begin with it (NULL or "": all); O(page), a seek */
 } cph_session_filter;
 /* Sessions in id order. */
 int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_session_info **out,
@@ -915,6 +916,100 @@ typedef struct cph_seal_info {
 int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, size_t *n,
                      cph_err *err);
 void cph_seals_free(cph_seal_info *seals, size_t n);
+
+/* ---- kept turn contexts and the context diff (the context explorer; core/turnlog.h) ----
+ * At lease every turn but a job turn keeps what its context was — the messages (and the tree
+ * node each renders), the sections' items, the token accounts and cuts, and the PACT tree as
+ * the turn saw it — for the newest :context :keep-turns turns of each session. A lease that
+ * left parts out (`include`) keeps what was assembled: the parts left out are empty and
+ * named in `omit`. Reads take their own read transaction. */
+
+typedef struct cph_kept_turn {
+  uint64_t id;
+  cph_turn_kind_t kind;
+  uint64_t episode;
+  int64_t created_ms;
+  unsigned omit;             /* cph_turn_part bits left out by the lease */
+  cph_context_tokens tokens; /* as assembled */
+  size_t n_messages;
+  char *input;
+} cph_kept_turn;
+
+/* A section item of a kept turn: what it was, looked up now where the turn kept only its id
+ * (history: the event; memories: the memory). text is NULL when that is gone. */
+typedef struct cph_kept_item {
+  uint64_t id;  /* event id (history), memory id, inbox message id (obligations) */
+  char *label;  /* history: the sender; memories: the kind; obligations: NULL */
+  char *text;   /* history: the body; memories: the text; obligations: "sender: preview" */
+} cph_kept_item;
+
+typedef struct cph_kept_node {
+  uint64_t id;
+  char at[48];
+  char *role;    /* NULL for nodes without one */
+  char *content; /* its first bytes (at most 160) */
+  int64_t ttl;     /* -1 = none */
+  int64_t cadence; /* 0 = none */
+  uint64_t created_at_episode;
+  bool waiting;    /* expired, waiting for its cadence: not rendered */
+  uint32_t stage, n_lifecycle; /* n_lifecycle 0: no lifecycle */
+} cph_kept_node;
+
+typedef struct cph_turn_context {
+  cph_kept_turn turn;
+  cph_message *messages;
+  uint64_t *message_nodes; /* per message: the tree node it renders, 0 = none */
+  size_t n_messages;
+  cph_kept_item *history, *memories, *obligations;
+  size_t n_history, n_memories, n_obligations;
+  cph_kept_node *nodes;
+  size_t n_nodes;
+  cph_strv channels; /* the channels of its staged messages */
+  cph_strv tools;
+} cph_turn_context;
+
+/* One difference between two kept turns `from` and `to`. reason says why, as far as the kept
+ * contexts and the store can tell: for what left `to` — "ttl_expired", "cadence" (expired and
+ * waiting for its cadence), "lifecycle" (moved past its last stage), "window_budget" (still
+ * there, cut by the window), "compaction" (a memory replaced by a summary), "history_bound"
+ * (an old message core pruned from the tree), "deleted", "consumed" (an obligation its turn
+ * answered), "turn_kind" (the part does not exist on that kind of turn), "not_in_scope" (the
+ * history of another channel), "not_yet_created" (comparing backwards), "unknown"; for what
+ * entered — "inserted", "cadence" (re-created), "new" (a new message or item), "staged"; for
+ * what changed — "moved" (ODI shift or lifecycle: from_at -> at), "content". */
+typedef struct cph_context_change {
+  const char *part;   /* "node", "message", "conversation_history", "recent_memory",
+                         "pending_obligations" */
+  const char *change; /* "entered", "left", "changed" */
+  const char *reason; /* static, above */
+  char *detail;       /* one sentence for people, may be NULL */
+  uint64_t id;        /* node, event, memory or inbox message id; 0 for channel-view messages */
+  char *role;         /* messages and role nodes; history: the sender; memories: the kind */
+  char *content;      /* messages: the content; nodes: the preview; items: their text */
+  char *at;           /* messages: the coord; nodes: where (for "changed", where it is now);
+                       * history: the channel; memories: the scope */
+  char *from_at;      /* "changed": where it was */
+} cph_context_change;
+
+typedef struct cph_context_diff {
+  cph_kept_turn from, to;
+  cph_context_change *changes; /* nodes, messages, then the sections; left, entered, changed */
+  size_t n;
+} cph_context_diff;
+
+/* The session's kept turns, oldest first. CPH_ENOTFOUND for an unknown session. */
+int cph_engine_kept_turns(cph_engine *e, const char *session, cph_kept_turn **out, size_t *n,
+                          cph_err *err);
+void cph_kept_turns_free(cph_kept_turn *t, size_t n);
+/* One kept turn's context; CPH_ENOTFOUND when the session or the turn is not kept. */
+int cph_engine_turn_context(cph_engine *e, const char *session, uint64_t turn,
+                            cph_turn_context *out, cph_err *err);
+void cph_turn_context_free(cph_turn_context *c);
+/* What changed from turn `from` to turn `to` (any two kept turns of the session, in either
+ * order). CPH_ENOTFOUND (err says which) when either is not kept. */
+int cph_engine_context_diff(cph_engine *e, const char *session, uint64_t from, uint64_t to,
+                            cph_context_diff *out, cph_err *err);
+void cph_context_diff_free(cph_context_diff *d);
 
 /* ---- metrics (DESIGN §10) ---- */
 

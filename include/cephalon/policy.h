@@ -135,6 +135,10 @@ typedef struct cph_policy_sessions {
   cph_policy_while_running while_running[CPH_LANE_COUNT];
 } cph_policy_sessions;
 
+typedef struct cph_policy_context {
+  int64_t keep_turns; /* turn contexts kept per session for the context explorer (0 = none) */
+} cph_policy_context;
+
 typedef struct cph_policy_dedupe {
   int64_t window_seconds;
   int64_t key_window_seconds;
@@ -255,6 +259,7 @@ typedef struct cph_policy {
   cph_policy_scheduler scheduler;
   cph_policy_leases leases;
   cph_policy_sessions sessions;
+  cph_policy_context context;
   cph_policy_dedupe dedupe;
   cph_policy_gc gc;
   cph_policy_maintenance maintenance;
