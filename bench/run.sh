@@ -94,6 +94,10 @@ run maintenance 60 maintenance --data "$work/data"
 run memory 300 memory --sessions "$MEMORY_SESSIONS" --events "$MEMORY_EVENTS"
 # cephalon-worker's own overhead per turn against an instant model (DESIGN §13; not a §12 row)
 run worker 120 worker --seconds "$SECONDS_PER_RUN"
+# Operator surfaces (issue #18): the console's API calls at 100k sessions, and the online
+# backup of a 1 GiB store with the daemon's latency while it copies.
+run console 180 console --sessions 100000
+run backup 240 backup --mb "${BACKUP_MB:-1024}"
 
 # ---------------------------------------------------------------- targets
 
@@ -282,6 +286,16 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "(the daemon's cycle above is the bound; the worker is not the bottleneck while its turns/s"
   echo "exceed the cycle's)."
   echo
+  echo "### Operator surfaces"
+  echo
+  echo "- The web console's API calls at 100k sessions: worst median $(val console worst_median_ms) ms,"
+  echo "  worst single call $(val console worst_max_ms) ms (target: every page within 100 ms:"
+  echo "  $(val console within_100ms))."
+  echo "- Online backup of a $(val backup store_mb) MiB store: $(val backup seconds) s"
+  echo "  ($(val backup mb_per_s) MiB/s); a 1-event ingest probe's p50/p99 went from"
+  echo "  $(val backup probe_p50_ms_before)/$(val backup probe_p99_ms_before) ms before to"
+  echo "  $(val backup probe_p50_ms_during)/$(val backup probe_p99_ms_during) ms while it copied."
+  echo
   echo "## Figures"
   echo
   echo "| scenario | summary line |"
@@ -289,7 +303,7 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   for f in sched-10k sched-100k sched-1m ingest cycle-always cycle-none cycle-worker-always \
            cycle-worker-none cycle-small-always cycle-small-none beanstalkd-fsync \
            beanstalkd-memory redis-always redis-none redis-agent-always redis-agent-none \
-           fairness spam maintenance memory worker; do
+           fairness spam maintenance memory worker console backup; do
     echo "| $f | \`$(tail -1 "$work/$f.out" 2>/dev/null)\` |"
   done
   echo
