@@ -68,7 +68,7 @@ typedef struct held {
 typedef struct model {
   uint64_t seed;
   int n_sessions;
-  char ids[MAX_SESSIONS][8];
+  char ids[MAX_SESSIONS][16];
   bool subscribed[MAX_SESSIONS][N_CHANNELS];
   cph_policy_while_running mode[MAX_SESSIONS];
   held turn[MAX_SESSIONS]; /* at most one turn per session (serial order) */
