@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_openapi_lint: `redocly lint` (installed by install.sh into DEST) on DOC with
+# test_openapi_lint: `redocly lint` (installed into DEST by tests/support/npm-install.sh) on DOC with
 # tests/openapi/redocly.yaml (recommended-strict: any problem is an error). Exits non-zero,
 # with the linter's report, on any problem. No network: telemetry and update checks are off.
 set -eu

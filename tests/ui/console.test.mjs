@@ -4,7 +4,7 @@
 // and a parked turn), then runs this script with what it made in the environment:
 //
 //   CPH_UI_URL          http://127.0.0.1:PORT
-//   CPH_UI_MODULES      the directory holding node_modules/playwright-core (tests/ui/install.sh)
+//   CPH_UI_MODULES      the directory holding node_modules/playwright-core (tests/support/npm-install.sh)
 //   CPH_UI_CHROMIUM     the browser (default /usr/bin/chromium)
 //   CPH_UI_READ_TOKEN   a token with the read scope only
 //   CPH_UI_ADMIN_TOKEN  a token with every scope

@@ -28,23 +28,15 @@
 #include "core/trees.h"
 #include "store/store.h"
 #include "tests/support/testutil.h"
+#include "tests/support/prop.h"
 #include "tests/support/trees_check.h"
 
 #define DEFAULT_CASES 2000
 #define TREE_NODES_CAP 300 /* inserts stop here, so long cases stay quick */
 
-typedef struct rng {
-  uint64_t s;
-} rng;
-
-static uint64_t next(rng *r) { /* splitmix64 */
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-static int below(rng *r, int n) { return (int)(next(r) % (uint64_t)n); }
-static bool chance(rng *r, int percent) { return below(r, 100) < percent; }
+/* below() for the int ranges this test draws. */
+static int below_int(rng *r, int n) { return (int)(next(r) % (uint64_t)n); }
+static bool chance(rng *r, int percent) { return below_int(r, 100) < percent; }
 
 typedef struct run {
   char *dir;
@@ -79,24 +71,24 @@ static const char *const contents[] = {"alpha", "a longer piece of context text"
 static char *tag_pool[] = {"red", "green", "blue"};
 
 static int32_t pick_depth(rng *r) {
-  int k = below(r, 20);
+  int k = below_int(r, 20);
   if (k < 2)
     return -1;
   if (k < 7)
     return 0;
   if (k < 19)
-    return 1 + below(r, 6);
-  return INT32_MAX - below(r, 3); /* the ODI clamp */
+    return 1 + below_int(r, 6);
+  return INT32_MAX - below_int(r, 3); /* the ODI clamp */
 }
 
 /* A random valid node (its lifecycle in *stages). */
 static cph_pact_node random_node(rng *r, cph_pact_stage stages[3]) {
   cph_pact_node n = {0};
-  n.at = (cph_coord){pick_depth(r), below(r, 4), below(r, 5) - 2};
-  n.content = (char *)contents[below(r, 6)];
-  n.ttl = chance(r, 40) ? CPH_PACT_NO_TTL : 1 + below(r, 6);
+  n.at = (cph_coord){pick_depth(r), below_int(r, 4), below_int(r, 5) - 2};
+  n.content = (char *)contents[below_int(r, 6)];
+  n.ttl = chance(r, 40) ? CPH_PACT_NO_TTL : 1 + below_int(r, 6);
   if (n.ttl != CPH_PACT_NO_TTL && chance(r, 40))
-    n.cadence = 1 + below(r, 4);
+    n.cadence = 1 + below_int(r, 4);
   if (chance(r, 10)) {
     n.ttl = 1;
     n.cadence = 1; /* sticky */
@@ -109,13 +101,13 @@ static cph_pact_node random_node(rng *r, cph_pact_stage stages[3]) {
   if (chance(r, 20))
     n.key = chance(r, 50) ? "k1" : "k2";
   if (chance(r, 20)) {
-    n.tags = tag_pool + below(r, 2);
-    n.n_tags = 1 + (uint32_t)below(r, 2);
+    n.tags = tag_pool + below_int(r, 2);
+    n.n_tags = 1 + (uint32_t)below_int(r, 2);
   }
   if (chance(r, 12)) {
-    uint32_t k = 2 + (uint32_t)below(r, 2);
+    uint32_t k = 2 + (uint32_t)below_int(r, 2);
     for (uint32_t i = 0; i < k; i++)
-      stages[i] = (cph_pact_stage){{pick_depth(r), below(r, 3), below(r, 5) - 2}, 1 + below(r, 3)};
+      stages[i] = (cph_pact_stage){{pick_depth(r), below_int(r, 3), below_int(r, 5) - 2}, 1 + below_int(r, 3)};
     if (chance(r, 60))
       stages[k - 1].ttl = CPH_PACT_NO_TTL;
     n.lifecycle = stages;
@@ -128,7 +120,7 @@ static cph_pact_node random_node(rng *r, cph_pact_stage stages[3]) {
 /* One random operation, applied to the store's tree (w) and the model alike. */
 static void random_op(run *R, rng *r, cph_pact_tree *w) {
   cph_pact_tree *m = &R->model;
-  int k = below(r, 100);
+  int k = below_int(r, 100);
   if (k < 30 && m->n < TREE_NODES_CAP) {
     cph_pact_stage stages[3];
     cph_pact_node n = random_node(r, stages);
@@ -137,14 +129,14 @@ static void random_op(run *R, rng *r, cph_pact_tree *w) {
     CHECK(rm == rw && id_m == id_w, "insert: %d/%d, ids %llu/%llu", rm, rw,
           (unsigned long long)id_m, (unsigned long long)id_w);
   } else if (k < 40 && m->n) {
-    uint64_t id = m->nodes[below(r, (int)m->n)].id;
+    uint64_t id = m->nodes[below_int(r, (int)m->n)].id;
     cph_pact_stage stages[3];
     cph_pact_node f = random_node(r, stages);
-    unsigned mask = (unsigned)below(r, 64);
+    unsigned mask = (unsigned)below_int(r, 64);
     int rm = cph_pact_update(m, id, &f, mask, NULL), rw = cph_pact_update(w, id, &f, mask, NULL);
     CHECK(rm == rw, "update %llu mask %u: %d/%d", (unsigned long long)id, mask, rm, rw);
   } else if (k < 48 && m->n) {
-    uint64_t id = m->nodes[below(r, (int)m->n)].id;
+    uint64_t id = m->nodes[below_int(r, (int)m->n)].id;
     int rm = cph_pact_delete(m, id), rw = cph_pact_delete(w, id);
     CHECK(rm == rw, "delete %llu: %d/%d", (unsigned long long)id, rm, rw);
   } else if (k < 85) {
@@ -156,15 +148,15 @@ static void random_op(run *R, rng *r, cph_pact_tree *w) {
     CHECK(pm == pw, "prune after complete_turn: %zu/%zu", pm, pw);
   } else if (k < 88 && m->n < TREE_NODES_CAP) {
     /* a burst of short-lived nodes: their expiry removes more than pact notes one by one */
-    int burst = CPH_PACT_REMOVED_MAX / 2 + below(r, 2 * CPH_PACT_REMOVED_MAX);
+    int burst = CPH_PACT_REMOVED_MAX / 2 + below_int(r, 2 * CPH_PACT_REMOVED_MAX);
     for (int i = 0; i < burst; i++) {
-      cph_pact_node n = {.at = {below(r, 3), 1 + below(r, 3), i}, .content = "brief"};
-      n.ttl = 1 + below(r, 2);
+      cph_pact_node n = {.at = {below_int(r, 3), 1 + below_int(r, 3), i}, .content = "brief"};
+      n.ttl = 1 + below_int(r, 2);
       int rm = cph_pact_insert(m, &n, NULL, NULL), rw = cph_pact_insert(w, &n, NULL, NULL);
       CHECK(rm == rw, "burst insert: %d/%d", rm, rw);
     }
   } else if (k < 95) {
-    int32_t delta = below(r, 5) - 2;
+    int32_t delta = below_int(r, 5) - 2;
     cph_pact_step(m, delta);
     cph_pact_step(w, delta);
   } else {
@@ -229,7 +221,7 @@ static void one_pass(run *R, rng *r, bool long_case) {
   CHECK(cph_pact_tree_copy(&before_pass, &R->model) == CPH_OK, "copy");
   cph_txn pass;
   CHECK(cph_txn_begin(R->st, true, &pass) == CPH_OK, "begin pass");
-  int children = 1 + below(r, 3);
+  int children = 1 + below_int(r, 3);
   for (int c = 0; c < children; c++) {
     cph_pact_tree before;
     CHECK(cph_pact_tree_copy(&before, &R->model) == CPH_OK, "copy");
@@ -237,7 +229,7 @@ static void one_pass(run *R, rng *r, bool long_case) {
     CHECK(cph_txn_begin_child(&pass, &t) == CPH_OK, "begin child");
     cph_pact_tree w;
     CHECK(trees_load(&R->tr, &t, R->session, &w) == CPH_OK, "load: %s", t.err.msg);
-    int ops = long_case ? 1 : 1 + below(r, 4);
+    int ops = long_case ? 1 : 1 + below_int(r, 4);
     for (int i = 0; i < ops; i++)
       random_op(R, r, &w);
     CHECK(trees_save(&R->tr, &t, R->session, &w) == CPH_OK, "save: %s", t.err.msg);
@@ -308,7 +300,7 @@ static void run_case(run *R, uint64_t seed) {
   R->session = session;
   cph_pact_tree_init(&R->model);
   bool long_case = chance(&r, 10); /* deep enough for pruning at depth 128 */
-  int passes = long_case ? 150 + below(&r, 150) : 5 + below(&r, 40);
+  int passes = long_case ? 150 + below_int(&r, 150) : 5 + below_int(&r, 40);
   for (int p = 0; p < passes; p++) {
     one_pass(R, &r, long_case);
     if (chance(&r, long_case ? 5 : 30))
@@ -338,10 +330,9 @@ static void run_case(run *R, uint64_t seed) {
 
 static void test_stored_tree_equals_the_model_over_random_histories(void **state) {
   (void)state;
-  const char *seed_env = getenv("CPH_PROPERTY_SEED");
-  const char *cases_env = getenv("CPH_PROPERTY_CASES");
-  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 20261125;
-  long cases = cases_env ? strtol(cases_env, NULL, 10) : DEFAULT_CASES;
+  uint64_t seed;
+  long cases;
+  cph_property_run(20261125, DEFAULT_CASES, &seed, &cases);
   print_message("tree store property: %ld cases from seed %llu\n", cases,
                 (unsigned long long)seed);
   run R = {0};

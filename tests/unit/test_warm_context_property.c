@@ -30,24 +30,12 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "tests/support/engine_fixture.h"
+#include "tests/support/prop.h"
 
 #define DEFAULT_CASES 400
 #define STEPS 60
 #define MAX_SESSIONS 4
 #define N_CHANNELS 3
-
-typedef struct rng {
-  uint64_t s;
-} rng;
-
-static uint64_t next(rng *r) { /* splitmix64 */
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static uint32_t below(rng *r, uint32_t n) { return (uint32_t)(next(r) % n); }
 
 static const char *const CHANNELS[N_CHANNELS] = {"general", "ops", "random"};
 static const char *const USERS[] = {"alice", "bob", "carol"};
@@ -390,10 +378,9 @@ static void run_case(uint64_t seed) {
 
 static void test_warm_context_equals_rebuilt_context(void **state) {
   (void)state;
-  const char *seed_env = getenv("CPH_PROPERTY_SEED");
-  const char *cases_env = getenv("CPH_PROPERTY_CASES");
-  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 17001;
-  long cases = cases_env ? strtol(cases_env, NULL, 10) : DEFAULT_CASES;
+  uint64_t seed;
+  long cases;
+  cph_property_run(17001, DEFAULT_CASES, &seed, &cases);
   print_message("warm context property: %ld cases from seed %llu\n", cases,
                 (unsigned long long)seed);
   for (long i = 0; i < cases; i++)

@@ -28,25 +28,13 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "tests/support/engine_fixture.h"
+#include "tests/support/prop.h"
 #include "tests/support/testutil.h"
 
 #define MAX_SESSIONS 4
 #define N_CHANNELS 3
 #define MAX_EVENTS 4096
 #define DEFAULT_CASES 1500
-
-typedef struct rng {
-  uint64_t s;
-} rng;
-
-static uint64_t next(rng *r) { /* splitmix64 */
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static uint32_t below(rng *r, uint32_t n) { return (uint32_t)(next(r) % n); }
 
 static const char *const CHANNELS[N_CHANNELS] = {"general", "ops", "alerts"};
 static const char *const TEXTS[] = {
@@ -454,10 +442,9 @@ static void run_case(uint64_t seed, model *totals) {
 
 static void test_every_mode_keeps_each_reached_event_carried_exactly_once(void **state) {
   (void)state;
-  const char *seed_env = getenv("CPH_PROPERTY_SEED");
-  const char *cases_env = getenv("CPH_PROPERTY_CASES");
-  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 20260419;
-  long cases = cases_env ? strtol(cases_env, NULL, 10) : DEFAULT_CASES;
+  uint64_t seed;
+  long cases;
+  cph_property_run(20260419, DEFAULT_CASES, &seed, &cases);
   print_message("while_running property: %ld cases from seed %llu\n", cases,
                 (unsigned long long)seed);
   model totals = {0};
