@@ -88,7 +88,7 @@ static void test_a_4_mib_map_takes_12000_events_of_1_kib(void **state) {
     cph_test_response_free(&r);
   }
   int64_t map_after = metric(d.port, "cephalon_lmdb_map_size_bytes");
-  assert_true(map_after > map_before); /* it grew ... */
+  assert_true(map_after > map_before);                                       /* it grew ... */
   assert_int_equal(metric(d.port, "cephalon_storage_full_errors_total"), 0); /* ... unseen */
 
   /* Every event is there, before and after a restart (the grown map outlives it). */

@@ -141,8 +141,9 @@ static char *canonical(const cph_turn_info *t) {
     cph_buf_putc(&b, '\n');
   }
   const cph_context_tokens *k = &t->tokens;
-  put(&b, "tokens window %u state %u obligations %u history %u memory %u tools %u sections %u "
-          "messages %u history_cut %u messages_cut %u\n",
+  put(&b,
+      "tokens window %u state %u obligations %u history %u memory %u tools %u sections %u "
+      "messages %u history_cut %u messages_cut %u\n",
       k->window, k->current_state, k->pending_obligations, k->conversation_history,
       k->recent_memory, k->available_tools, k->sections, k->messages, k->history_cut,
       k->messages_cut);
@@ -195,8 +196,7 @@ static void create_sessions(pair *p, rng *r) {
       ops[k].u.session.in.autonomy_interval_s = tick;
     }
     if (run_both(p, &ops[0], &ops[1]))
-      fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i],
-               ops[0].err.msg);
+      fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i], ops[0].err.msg);
     cph_op_clear_results(&ops[0]);
     cph_op_clear_results(&ops[1]);
   }
@@ -239,8 +239,8 @@ static void post(pair *p, rng *r) {
 
 static void insert_node(pair *p, rng *r) {
   static const char *const AT[] = {"d-1, 1, 0", "d0, 1, 0", "d1, 1, 0", "d2, 0, 1"};
-  static const char *const CONTENT[] = {"remember: the api deploy is frozen",
-                                        "tone: short answers", "open question from alice"};
+  static const char *const CONTENT[] = {"remember: the api deploy is frozen", "tone: short answers",
+                                        "open question from alice"};
   cph_op ops[2] = {{0}};
   uint32_t ttl = below(r, 3) ? 1 + below(r, 4) : 0;
   uint32_t cadence = ttl && below(r, 2) ? 2 + below(r, 3) : 0;
@@ -285,8 +285,7 @@ static bool turn(pair *p, rng *r) {
   free(b);
   uint32_t how = below(r, 10);
   char reply[96];
-  snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session,
-           TEXTS[below(r, N_TEXTS)]);
+  snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session, TEXTS[below(r, N_TEXTS)]);
   cph_memory_in mem = {.text = "the api deploy is frozen until friday"};
   bool with_memory = below(r, 4) == 0;
   bool with_reply = below(r, 5) != 0; /* drawn once: both engines get the same completion */
