@@ -48,7 +48,7 @@ test-asan: build-asan
 
 # The tests that start the real daemon, with the daemon under valgrind: any memory error or
 # definite leak makes it exit 99, which the tests see as a failed stop.
-VALGRIND_TESTS ?= test_daemon|test_api_flow|test_api_errors|test_context_api|test_channels_api|test_cli
+VALGRIND_TESTS ?= test_daemon|test_api_flow|test_api_errors|test_context_api|test_channels_api|test_cli|test_context_explorer|test_ui
 test-valgrind:
 	@./scripts/install-deps.sh valgrind
 	cmake -S . -B build-vg -DCMAKE_BUILD_TYPE=Debug
@@ -85,12 +85,12 @@ bench: deps
 # and fails if they grow or drift. SOAK_ARGS passes options, e.g. SOAK_ARGS="--duration 600".
 SOAK_ARGS ?=
 SOAK_SRC   = tests/soak/soak.c tests/support/daemon.c tests/support/testutil.c \
-             tests/support/hclient.c
+             tests/support/hclient.c tests/support/oas.c
 .PHONY: soak
 soak: build
 	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
 	  -Wno-unused-parameter -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -I. $(SOAK_SRC) \
-	  $$(pkg-config --cflags --libs jansson) -lpthread -o $(BUILD)/bin/cephalon-soak
+	  $$(pkg-config --cflags --libs jansson msgpack) -lpthread -o $(BUILD)/bin/cephalon-soak
 	CPH_BIN_DIR=$(abspath $(BUILD))/bin $(BUILD)/bin/cephalon-soak $(SOAK_ARGS)
 
 clean:

@@ -20,6 +20,12 @@ int cph_bench_spam(int argc, char **argv);
 int cph_bench_maintenance(int argc, char **argv);
 int cph_bench_tenants(int argc, char **argv);
 int cph_bench_worker(int argc, char **argv);
+int cph_bench_console(int argc, char **argv);
+int cph_bench_backup(int argc, char **argv);
+
+/* Creates n idle interactive sessions ("idle-0000000", ...) in the store at data, through an
+ * engine in process opened with policy_text (bench_memory.c). 0 or -1. */
+int cph_bench_fill_sessions(const char *policy_text, const char *data, uint64_t n);
 
 /* Option helpers for scenarios: `--name VALUE` or `--name=VALUE`. If argv[*i] is the option,
  * parses its value (advancing *i past it) and returns 1; returns 0 if argv[*i] is another

@@ -94,7 +94,7 @@ typedef struct http_ctx {
   uint64_t queued, stored, aggregated, other, empty_leases, turns, turn_bytes;
   /* cycle: the daemon over the measured window (cycle_window), -1 where unknown */
   pid_t pid;
-  int64_t cpu_ns[2], passes[2];
+  int64_t cpu_ns[2], passes[2], fsyncs[2];
 } http_ctx;
 
 typedef struct http_client {
@@ -389,7 +389,7 @@ static int cycle_op(void *state, uint64_t seq) {
 static void cycle_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench cycle [--sync always|batch|none] [--clients N] "
              "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T] "
-             "[--include P,...] [--warm-channels N]\n"
+             "[--include P,...] [--warm-channels N] [--keep-turns N]\n"
              "  --sync MODE      :store :sync (default always)\n"
              "  --clients N      client threads, each with its own connection and session "
              "(default 8)\n"
@@ -402,7 +402,9 @@ static void cycle_usage(FILE *f) {
              "                   messages,sections.available_tools as cephalon-worker asks);\n"
              "                   default: the whole turn\n"
              "  --warm-channels N  :sessions :warm-channels (default: the policy's; 0: every lease "
-             "reads its history from the store)\n");
+             "reads its history from the store)\n"
+             "  --keep-turns N   :context :keep-turns (default: the policy's; 0: no turn context "
+             "is kept)\n");
 }
 
 /* --include a,b,c as the lease body's member `,"include":["a","b","c"]` in out; -1 when a
@@ -445,16 +447,19 @@ static int64_t metric_value(int port, const char *name) {
   return v;
 }
 
-/* The daemon's CPU time and scheduler passes at both ends of the measured window. */
+/* The daemon's CPU time, scheduler passes and disk flushes at both ends of the measured
+ * window. */
 static void cycle_window(void *ctx, bool end) {
   http_ctx *h = ctx;
   h->cpu_ns[end] = cph_bench_cpu_ns(h->pid);
   h->passes[end] = metric_value(h->port, "cephalon_scheduler_passes_total");
+  h->fsyncs[end] = metric_value(h->port, "cephalon_lmdb_fsyncs_total");
 }
 
 int cph_bench_cycle(int argc, char **argv) {
   uint64_t clients = 8, seconds = 10, body_bytes = 64, reply_bytes = 64, window = 0;
   uint64_t warm_channels = UINT64_MAX; /* the policy's default */
+  uint64_t keep_turns = UINT64_MAX;    /* likewise */
   const char *sync = "always", *include = NULL;
   char include_json[384] = "";
   for (int i = 1; i < argc;) {
@@ -480,7 +485,8 @@ int cph_bench_cycle(int argc, char **argv) {
         (r = cph_bench_opt_u64(argc, argv, &i, "--body-bytes", 16, 1000, &body_bytes)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--reply-bytes", 0, 1000, &reply_bytes)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--window", 64, 10000000, &window)) ||
-        (r = cph_bench_opt_u64(argc, argv, &i, "--warm-channels", 0, 1000000, &warm_channels))) {
+        (r = cph_bench_opt_u64(argc, argv, &i, "--warm-channels", 0, 1000000, &warm_channels)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--keep-turns", 0, 10000, &keep_turns))) {
       if (r < 0)
         return 2;
       continue;
@@ -489,9 +495,12 @@ int cph_bench_cycle(int argc, char **argv) {
     cycle_usage(stderr);
     return 2;
   }
-  char policy[2048], extra[64] = "";
+  char policy[2048], extra[128] = "";
   if (warm_channels != UINT64_MAX)
     snprintf(extra, sizeof extra, ":sessions {:warm-channels %" PRIu64 "}", warm_channels);
+  if (keep_turns != UINT64_MAX)
+    snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " :context {:keep-turns %" PRIu64 "}",
+             keep_turns);
   /* Concurrency at least the clients: every client may hold a turn at once. */
   if (cph_bench_policy(policy, sizeof policy, sync, (int)clients < 64 ? 64 : (int)clients, 10, 1,
                        extra))
@@ -511,7 +520,8 @@ int cph_bench_cycle(int argc, char **argv) {
                 .include = include_json,
                 .pid = d.pid,
                 .cpu_ns = {-1, -1},
-                .passes = {-1, -1}};
+                .passes = {-1, -1},
+                .fsyncs = {-1, -1}};
   if (create_sessions(d.port, (int)clients, "cycle", window))
     goto out;
   cph_bench_load l = {.clients = (int)clients,
@@ -544,31 +554,25 @@ int cph_bench_cycle(int argc, char **argv) {
          h.turns, h.turns ? (double)h.turn_bytes / (double)h.turns : 0.0, h.empty_leases);
   printf("cycles/s           %.0f\n", res.ops_per_s);
 
-  /* The daemon's cost per cycle over the measured window. /metrics counts no fsyncs; every
-   * scheduler pass is one LMDB write transaction, and under :sync :always each commit that
-   * wrote something is durable: one fdatasync of the data file (plus the meta page, written
-   * O_DSYNC). So fsyncs = passes under :always (an upper bound: a pass that wrote nothing
-   * commits without a sync), none under :none; :batch syncs on a timer, not counted. */
+  /* The daemon's cost per cycle over the measured window. Fsyncs are the store's count of
+   * the disk flushes it waited for (cephalon_lmdb_fsyncs_total): every fdatasync — in a
+   * commit, on the flush thread, on the :batch timer — and every O_DSYNC meta-page write. */
   char cpu[32] = "n/a", fsyncs[32] = "n/a", passes[32] = "n/a";
   double lease_bytes = h.turns ? (double)h.turn_bytes / (double)h.turns : 0.0;
   if (res.ops && h.cpu_ns[0] >= 0 && h.cpu_ns[1] >= 0)
     snprintf(cpu, sizeof cpu, "%.1f", (double)(h.cpu_ns[1] - h.cpu_ns[0]) / 1e3 / (double)res.ops);
   if (res.ops && h.passes[0] >= 0 && h.passes[1] >= 0)
     snprintf(passes, sizeof passes, "%.3f", (double)(h.passes[1] - h.passes[0]) / (double)res.ops);
-  if (strcmp(sync, "always") == 0)
-    snprintf(fsyncs, sizeof fsyncs, "%s", passes);
-  else if (strcmp(sync, "none") == 0)
-    snprintf(fsyncs, sizeof fsyncs, "0");
+  if (res.ops && h.fsyncs[0] >= 0 && h.fsyncs[1] >= 0)
+    snprintf(fsyncs, sizeof fsyncs, "%.3f", (double)(h.fsyncs[1] - h.fsyncs[0]) / (double)res.ops);
   printf("daemon cpu         %s us per cycle (/proc/%d/stat utime+stime over the window, "
          "10 ms ticks)\n",
          cpu, (int)d.pid);
   printf("passes             %s per cycle (cephalon_scheduler_passes_total over the window)\n",
          passes);
-  printf("fsyncs             %s per cycle (%s)\n", fsyncs,
-         strcmp(sync, "always") == 0 ? "= passes: each pass commits one LMDB txn with "
-                                       "fdatasync; /metrics has no sync counter; upper bound"
-         : strcmp(sync, "none") == 0 ? "MDB_NOSYNC: commits never sync"
-                                     : ":batch syncs on a timer, not counted");
+  printf("fsyncs             %s per cycle (cephalon_lmdb_fsyncs_total over the window: "
+         "fdatasync calls and O_DSYNC meta-page writes)\n",
+         fsyncs);
   printf("cycle cycles_per_s=%.0f sync=%s clients=%" PRIu64 " body_bytes=%" PRIu64
          " reply_bytes=%" PRIu64 " window=%" PRIu64
          " include=%s lease_bytes=%.0f cpu_us_per_cycle=%s fsyncs_per_cycle=%s"

@@ -185,6 +185,13 @@ static int fill(const char *policy_text, const char *data, uint64_t n, uint64_t 
   return rc;
 }
 
+int cph_bench_fill_sessions(const char *policy_text, const char *data, uint64_t n) {
+  op_slot *slots = calloc(OPS_PER_PASS, sizeof *slots);
+  int rc = slots ? fill(policy_text, data, n, 0, slots) : -1;
+  free(slots);
+  return rc;
+}
+
 static void memory_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench memory [--sessions N] [--events M] [--keep DIR]\n"
              "  --sessions N  idle sessions (default 1000000)\n"

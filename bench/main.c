@@ -40,6 +40,11 @@ static const scenario scenarios[] = {
      cph_bench_memory},
     {"worker", "cephalon-worker's own cost per turn against an instant model (--concurrency N)",
      cph_bench_worker},
+    {"console", "the web console's pages' API calls at N sessions (--sessions N)",
+     cph_bench_console},
+    {"backup", "online backup of a store of N MiB: time, and the daemon's latency meanwhile "
+               "(--mb N)",
+     cph_bench_backup},
 };
 
 #define N_SCENARIOS (sizeof scenarios / sizeof scenarios[0])

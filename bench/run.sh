@@ -102,6 +102,10 @@ run tenants 60 tenants
 run memory 300 memory --sessions "$MEMORY_SESSIONS" --events "$MEMORY_EVENTS"
 # cephalon-worker's own overhead per turn against an instant model (DESIGN §13; not a §12 row)
 run worker 120 worker --seconds "$SECONDS_PER_RUN"
+# Operator surfaces (issue #18): the console's API calls at 100k sessions, and the online
+# backup of a 1 GiB store with the daemon's latency while it copies.
+run console 180 console --sessions 100000
+run backup 240 backup --mb "${BACKUP_MB:-1024}"
 
 # ---------------------------------------------------------------- targets
 
@@ -258,11 +262,10 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "10k row: cost at 1M / cost at 10k; memory: bytes / 256; restart: seconds / 3)."
   echo "The cycle rows give the cost per cycle beside the rate: the daemon's (and the anchor's) CPU"
   echo "time (/proc/PID/stat utime + stime over the measured window ÷ cycles), fsyncs per cycle"
-  echo "and the lease answer's size. /metrics counts no fsyncs: under :sync :always every"
-  echo "scheduler pass commits one LMDB write transaction with one fdatasync, so fsyncs per cycle"
-  echo "= cephalon_scheduler_passes_total over the window ÷ cycles (an upper bound: a pass that"
-  echo "wrote nothing commits without a sync); :sync :none never syncs. The Redis agent app with"
-  echo "\`appendfsync always\` fsyncs its AOF once per event-loop round that wrote."
+  echo "and the lease answer's size. Fsyncs per cycle = cephalon_lmdb_fsyncs_total over the window"
+  echo "÷ cycles: the disk flushes the store waited for (every fdatasync, in a commit or on the flush"
+  echo "thread, and every O_DSYNC meta-page write); :sync :none never flushes. The Redis agent app"
+  echo "with \`appendfsync always\` fsyncs its AOF once per event-loop round that wrote."
   echo "What bounds the rows that fail, from perf profiles: \`bench/PROFILE.md\`."
   echo
   echo "### The cycle and the size of the turn"
@@ -303,6 +306,16 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "(the daemon's cycle above is the bound; the worker is not the bottleneck while its turns/s"
   echo "exceed the cycle's)."
   echo
+  echo "### Operator surfaces"
+  echo
+  echo "- The web console's API calls at 100k sessions: worst median $(val console worst_median_ms) ms,"
+  echo "  worst single call $(val console worst_max_ms) ms (target: every page within 100 ms:"
+  echo "  $(val console within_100ms))."
+  echo "- Online backup of a $(val backup store_mb) MiB store: $(val backup seconds) s"
+  echo "  ($(val backup mb_per_s) MiB/s); a 1-event ingest probe's p50/p99 went from"
+  echo "  $(val backup probe_p50_ms_before)/$(val backup probe_p99_ms_before) ms before to"
+  echo "  $(val backup probe_p50_ms_during)/$(val backup probe_p99_ms_during) ms while it copied."
+  echo
   echo "## Figures"
   echo
   echo "| scenario | summary line |"
@@ -311,7 +324,7 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
            cycle-none cycle-worker-always \
            cycle-worker-none cycle-small-always cycle-small-none beanstalkd-fsync \
            beanstalkd-memory redis-always redis-none redis-agent-always redis-agent-none \
-           fairness spam maintenance fairness-ts spam-ts tenants memory worker; do
+           fairness spam maintenance fairness-ts spam-ts tenants memory worker console backup; do
     echo "| $f | \`$(tail -1 "$work/$f.out" 2>/dev/null)\` |"
   done
   echo

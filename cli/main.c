@@ -26,8 +26,11 @@ static const cli_command commands[] = {
      "live view of lanes, busiest sessions, outbox and backpressure (Ctrl-C quits)"},
     {"context", cli_cmd_context,
      "context show SESSION [--select SEL]\n"
-     "context step SESSION [--episodes N]",
-     "a session's PACT context tree, and what the next episodes would do to it"},
+     "context step SESSION [--episodes N]\n"
+     "context turns SESSION\n"
+     "context diff SESSION FROM TO",
+     "a session's PACT context tree, what the next episodes would do to it, its kept turns "
+     "and what changed between two of them"},
     {"events", cli_cmd_events, "events post --channel C [--sender S] [--session ID] "
                                "[--mention ID]... [--key K] BODY",
      "post one event as a connector would"},

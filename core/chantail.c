@@ -176,7 +176,8 @@ static int refresh(chantail *tl, cph_txn *t) {
     return CPH_OK;
   }
   cph_key from = log_key(chan, newest + 1);
-  for (rc = cph_cursor_seek(&cur, &from, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&cur, &k, &v)) {
+  for (rc = cph_cursor_seek(&cur, &from, &k, &v); rc == CPH_OK;
+       rc = cph_cursor_next(&cur, &k, &v)) {
     if (!log_entry(chan, prefix, &k, &v, &index, &event_id))
       break;
     if ((rc = room_after(tl, 1)))
@@ -283,8 +284,7 @@ int chantail_load(cph_chantails *ct, cph_txn *t, chantail_entry *e) {
     cph_key_reset(&ek);
     cph_key_u64(&ek, e->event_id);
     cph_event_rec ev = {0};
-    int rc = cph_txn_get_record_some(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev,
-                                     ct->event_fields);
+    int rc = cph_txn_get_record_some(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev, ct->event_fields);
     if (rc && rc != CPH_ENOTFOUND)
       return rc;
     if (rc == CPH_OK) { /* ENOTFOUND: retention removed it; the entry stays, showing nothing */

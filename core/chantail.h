@@ -36,7 +36,7 @@
 #define CHANTAIL_MAX 512
 
 typedef struct chantail_entry {
-  uint64_t index;    /* in its channel's log */
+  uint64_t index; /* in its channel's log */
   uint64_t event_id;
   int64_t ts_ms;
   char *sender; /* loaded: NULL when the event is gone (retention deleted it) */

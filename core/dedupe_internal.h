@@ -18,11 +18,11 @@
 #define ENTRY_VERSION 1
 #define ENTRY_LEN 41
 #define INDEX_LEN 9
-#define XKEY_TAG 0xFF /* first byte of a time-ordered exact entry's key */
-#define XKEY_LEN 41   /* XKEY_TAG, be64 last_ms, sha256 */
+#define XKEY_TAG 0xFF   /* first byte of a time-ordered exact entry's key */
+#define XKEY_LEN 41     /* XKEY_TAG, be64 last_ms, sha256 */
 #define XS_MIN_CAP 1024 /* the filter's smallest table */
 #define XS_NONE SIZE_MAX
-#define RING_MIN 4 /* rings start small: most channels see few distinct messages */
+#define RING_MIN 4       /* rings start small: most channels see few distinct messages */
 #define INDEX_MIN_LEN 64 /* below this many entries a linear scan is as fast as the index */
 /* Expired exact entries looked at per check: this, plus twice the entries added since the
  * last check, so pruning keeps up with any ingest rate (amortised O(1) per event). */
@@ -85,7 +85,7 @@ typedef struct cph_dedupe {
   xundo *undo;
   size_t n_undo, cap_undo;
   EVP_MD_CTX *md;
-  EVP_MD *sha256; /* fetched once: EVP_sha256() in a digest init fetches it on every call */
+  EVP_MD *sha256;        /* fetched once: EVP_sha256() in a digest init fetches it on every call */
   int64_t next_prune_ms; /* dedupe_tick prunes at most once a second */
   uint64_t exact_hits, near_hits, families;
   /* The top families by count, largest first. Exact, not an estimate: counts only grow and

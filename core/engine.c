@@ -7,7 +7,24 @@
  *                top_up_credits, reconcile)
  *             -> commit (fsync per :store :sync)
  *             -> call back every operation of the pass: nothing is acknowledged before it is
- *                committed. */
+ *                committed — and under :sync :always, before it is durable (below).
+ *
+ *   Durability under :sync :always (the contract is cph_engine_run_pass's, cephalon.h). A pass
+ *   that applied an operation acknowledging a durable write (ingest, completion, fail,
+ *   requeue, session, context and job operations: op_needs_flush) must be on disk before any
+ *   of its operations is answered. A pass that only served leases, heartbeats and searches
+ *   needs no flush of its own: a lease in flight at a crash is expired by the restart anyway
+ *   (turns_recover, DESIGN §4), and so is one whose record a crash undid (its input is still
+ *   staged); the scheduler's own writes (expiries, staging, ticks, backpressure) are not
+ *   acknowledged to anyone and are redone or repaired after a restart. Every commit uses
+ *   cph_txn_commit_deferred (data pages flushed, meta page not: store.h says why not less)
+ *   except a durable pass without the flusher, which commits fully synced as before. The
+ *   store numbers its commits and says up to which one they are durable; a pass's answers
+ *   wait (held_pass) until that number reaches `need`: its own commit if it is durable, else
+ *   the last durable pass before it — so answers go out in pass order and no answer shows
+ *   what a crash could still undo, apart from the leases themselves. With the flusher (the
+ *   daemon), the flush of a durable pass runs on the store's thread while the loop reads
+ *   requests and builds the next passes; cph_engine_flushed answers what became durable. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +50,7 @@
 #include "sessions.h"
 #include "top.h"
 #include "trees.h"
+#include "turnlog.h"
 #include "turns.h"
 
 /* Recent events kept for turn histories: at most this many (a 64-byte body and a short sender
@@ -61,8 +79,17 @@ struct cph_engine {
   cph_clock own_clock;
   cph_engine_hooks hooks;
   op_queue ops;  /* submitted, not yet applied */
-  op_queue done; /* applied in this pass: called back after commit */
+  op_queue done; /* applied in this pass: called back after commit (and flush) */
+  op_queue grow_retry; /* failed for a full map this pass: applied again once it has grown */
   bool staged_last_pass;
+
+  /* Durability of the passes (the file comment). */
+  bool flusher_on;           /* the store's flusher runs (hooks.flushed set) */
+  bool pass_durable;         /* this pass applied an operation that needs a flush */
+  uint64_t last_durable_seq; /* the commit number the last durable pass needed */
+  struct held_pass *held;    /* committed passes whose answers wait; oldest first */
+  size_t n_held, cap_held;
+  uint64_t acked_reply_id;   /* the newest reply acknowledged (cph_engine_last_reply_id) */
 
   /* Kept across memory rebuilds (opened with the engine). */
   cph_metrics *metrics;   /* metrics.h: live counters */
@@ -70,6 +97,7 @@ struct cph_engine {
   cph_chantails tails;    /* chantail.h: channels' recent history, warm */
   cph_trees trees;        /* trees.h: the PACT tree store and its cache of decoded trees */
   cph_context context;    /* context.h, context_edit.h: assembly over the modules below */
+  cph_turnlog turnlog;    /* turnlog.h: kept turn contexts (the store's; nothing in memory) */
   cph_memory memory;      /* memory.h: the embed queue's length */
   cph_turns turns;        /* turns.h: leases, lease waiters (these survive a rebuild) */
   cph_ingest ingest;      /* ingest.h: store_full, folded_total */
@@ -80,6 +108,13 @@ struct cph_engine {
   struct cph_reports *reports;  /* reports.h: report turns of reporter sessions */
   cph_maint *maint;             /* maint.h: the job queue, schedules, counters; gc below it */
 };
+
+/* A pass's answers, waiting until the store's durable commit number reaches `need`. */
+typedef struct held_pass {
+  op_queue ops;
+  uint64_t need;
+  uint64_t last_reply_id; /* the newest reply once the pass committed */
+} held_pass;
 
 const cph_dedupe *cph__engine_dedupe(const cph_engine *e) { return e->dedupe; }
 
@@ -145,11 +180,13 @@ static void report_due(void *ctx, csession *s) {
   sessions_update_work(&e->sessions, s);
 }
 
-/* A session is being deleted (sessions.h): its tree and its channel cursors go with it. */
+/* A session is being deleted (sessions.h): its tree, its channel cursors and its kept turn
+ * contexts go with it. */
 static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
   cph_engine *e = ctx;
   trees_delete(&e->trees, t, session);
-  return context_cursors_delete(t, session);
+  int rc = context_cursors_delete(t, session);
+  return rc ? rc : turnlog_delete_session(t, session);
 }
 
 /* backpressure owns the step; dedupe asks through this (dedupe_widening). */
@@ -261,6 +298,7 @@ static int memory_load(cph_engine *e, cph_err *err) {
   e->turns.sessions = &e->sessions;
   e->turns.context = &e->context;
   e->turns.trees = &e->trees;
+  e->turns.turnlog = &e->turnlog;
   e->turns.maint = NULL;
   e->turns.memory = &e->memory;
   e->turns.reports = e->reports;
@@ -295,6 +333,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   turns_init(&e->turns);
   chantails_init(&e->tails, &e->evcache);
   context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->tails);
+  turnlog_init(&e->turnlog, &e->env, &e->trees);
   cph_clock_init_monotonic(&e->own_clock);
   e->env.clock = opts && opts->clock ? opts->clock : &e->own_clock;
   /* The engine's wall clock: real time at open, advancing with the engine clock (so windows
@@ -309,7 +348,9 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   }
   cph_store_options so = {e->env.data_dir, (size_t)policy->server.map_size_mb << 20,
                           sync_mode_of(policy)};
-  rc = cph_store_open(&so, &e->env.store, err);
+  /* a schema-2 data dir: its context trees are rewritten one record per node (trees.h) */
+  cph_store_migration trees_v2 = {TREES_MIGRATES_FROM, trees_migrate, &e->trees};
+  rc = cph_store_open_migrating(&so, &trees_v2, &e->env.store, err);
   if (rc)
     goto fail;
   if ((rc = metrics_open(&e->metrics)) != CPH_OK) { /* before memory_load: recovery counts expiries */
@@ -319,6 +360,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   rc = memory_load(e, err);
   if (rc)
     goto fail;
+  e->acked_reply_id = e->turns.last_reply_id; /* recovered: all of it is on disk */
   /* Loading read every session record once; those pages need not stay in our RSS (they stay
    * in the page cache). */
   if (cph_store_release_pages(e->env.store) != CPH_OK)
@@ -339,13 +381,23 @@ static void fail_queue(op_queue *q, int rc, const char *msg) {
   }
 }
 
+static void answers_settle(cph_engine *e);
+
 void cph_engine_close(cph_engine *e) {
   if (!e)
     return;
+  /* Committed operations waiting for a flush get it, and their answers. */
+  if (e->flusher_on && e->env.store)
+    cph_store_flusher_stop(e->env.store);
+  e->flusher_on = false;
+  if (e->env.store)
+    answers_settle(e);
+  free(e->held);
   /* Operations still queued were never applied: say so rather than leave callers hanging. */
   fail_queue(&e->ops, CPH_ESTATE, "cephalond is shutting down");
   turns_fail_waiters(&e->turns, CPH_ETIMEDOUT, "cephalond is shutting down");
   free(e->ops.items);
+  free(e->grow_retry.items);
   free(e->done.items);
   memory_clear(e);
   cph_store_close(e->env.store);
@@ -356,6 +408,7 @@ void cph_engine_close(cph_engine *e) {
   trees_free(&e->trees);
   chantails_free(&e->tails);
   turns_free(&e->turns);
+  ingest_free(&e->ingest);
   free(e);
 }
 
@@ -395,7 +448,27 @@ const cph_policy *cph_engine_policy(const cph_engine *e) { return e->env.policy;
 const cph_providers *cph_engine_providers(const cph_engine *e) { return e->env.providers; }
 uint64_t cph_engine_policy_generation(const cph_engine *e) { return e->env.policy_generation; }
 
-void cph_engine_set_hooks(cph_engine *e, const cph_engine_hooks *h) { e->hooks = *h; }
+/* On the store's flusher thread: only the driver's hook, which it promised is thread-safe.
+ * e->hooks is not written while the flusher runs (cph_engine_set_hooks stops it first). */
+static void engine_flushed_hook(void *ctx) {
+  cph_engine *e = ctx;
+  e->hooks.flushed(e->hooks.ctx);
+}
+
+void cph_engine_set_hooks(cph_engine *e, const cph_engine_hooks *h) {
+  if (e->flusher_on) {
+    cph_store_flusher_stop(e->env.store);
+    e->flusher_on = false;
+    answers_settle(e);
+  }
+  e->hooks = *h;
+  if (h->flushed) {
+    if (cph_store_flusher_start(e->env.store, engine_flushed_hook, e) == CPH_OK)
+      e->flusher_on = true;
+    else
+      cph_warn("cannot start the flush thread: passes flush before they answer");
+  }
+}
 
 /* ---------------------------------------------------------------- operations */
 
@@ -420,6 +493,24 @@ int64_t cph_engine_next_wakeup_ns(cph_engine *e) {
   return tick < next ? tick : next;
 }
 
+/* Whether answering op says that something is stored: then its pass must be durable
+ * before the answer goes out (:sync :always). A lease, a heartbeat (it only moves a lease's
+ * deadline) and a search (a read) say nothing a restart must keep. A new kind needs a flush
+ * unless proven otherwise. */
+static bool op_needs_flush(cph_op_kind kind) {
+  switch (kind) {
+  case CPH_OP_LEASE:
+  case CPH_OP_HEARTBEAT:
+  case CPH_OP_MEMORY_SEARCH:
+  /* A take moves staged entries into a running lease: a crash undoing it leaves them staged,
+   * and the restart expires the lease anyway (its input staged again), as for a lease. */
+  case CPH_OP_TAKE:
+    return false;
+  default:
+    return true;
+  }
+}
+
 /* Applies one non-lease operation inside the pass transaction. */
 static void apply_op(cph_engine *e, cph_op *op) {
   switch (op->kind) {
@@ -430,11 +521,17 @@ static void apply_op(cph_engine *e, cph_op *op) {
     break;
   case CPH_OP_INGEST:
     ingest_apply(&e->ingest, op);
+    /* while_running :restart (DESIGN §4): what reached a session whose turn was running
+     * revokes that lease now, in the same pass; the session is leased again with all input. */
+    for (size_t i = 0; i < e->ingest.n_restart; i++)
+      turns_supersede(&e->turns, e->ingest.restart[i]);
+    e->ingest.n_restart = 0;
     break;
   case CPH_OP_HEARTBEAT:
   case CPH_OP_COMPLETE:
   case CPH_OP_FAIL:
   case CPH_OP_REQUEUE:
+  case CPH_OP_TAKE:
     turns_apply(&e->turns, op);
     break;
   case CPH_OP_JOB_ENQUEUE:
@@ -480,6 +577,53 @@ static void hook_reconcile(void *ctx) {
   reports_tick(e->reports, &renv, report_due, e);
 }
 
+static void answers_hold(cph_engine *e, uint64_t need);
+
+/* After a pass that left operations failed for a full map (grow_retry), with no transaction
+ * open: the map doubles (up to :server :max-map-size-mb and the disk) and those operations go
+ * back to the head of the queue, to be applied afresh by the next pass — so the request that
+ * hit the limit succeeds. When the map cannot grow they keep their 507; when a backup holds
+ * the map they wait for the next pass. */
+static void grow_map(cph_engine *e) {
+  cph_err err = {0};
+  size_t max = (size_t)e->env.policy->server.max_map_size_mb << 20;
+  int rc = cph_store_grow(e->env.store, max, &err);
+  cph_op *op;
+  if (rc == CPH_OK || rc == CPH_EBUSY) {
+    if (rc == CPH_OK) {
+      cph_engine_storage st = {0};
+      cph_engine_storage_stats(e, &st);
+      cph_info("store: the map grew to %llu MiB", (unsigned long long)(st.map_size_bytes >> 20));
+    }
+    op_queue again = {0};
+    while ((op = op_queue_pop(&e->grow_retry))) {
+      cph_op_clear_results(op);
+      op->rc = CPH_OK;
+      cph_err_clear(&op->err);
+      op->field[0] = '\0';
+      if (op_queue_push(&again, op) != CPH_OK) {
+        op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+        op_queue_push(&e->done, op);
+      }
+    }
+    while ((op = op_queue_pop(&e->ops))) {
+      if (op_queue_push(&again, op) != CPH_OK) {
+        op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+        op_queue_push(&e->done, op);
+      }
+    }
+    op_queue_free(&e->ops);
+    e->ops = again; /* the retried first, in their order, then what was waiting */
+    return;
+  }
+  cph_warn("%s", err.msg);
+  while ((op = op_queue_pop(&e->grow_retry))) { /* at the ceiling, or the disk is full */
+    metrics_storage_full(e->metrics);
+    op_fail(op, CPH_EFULL, op->kind == CPH_OP_INGEST ? "events" : NULL, "%s", err.msg);
+    op_queue_push(&e->done, op);
+  }
+}
+
 int cph_engine_run_pass(cph_engine *e) {
   if (e->sched_config_dirty) {
     cph_sched_config sc;
@@ -494,7 +638,7 @@ int cph_engine_run_pass(cph_engine *e) {
     return rc;
   }
   metrics_pass_begin(e->metrics);
-  uint64_t replies_before = e->turns.last_reply_id;
+  e->pass_durable = false;
   for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
     cph_op *op = op_queue_pop(&e->ops);
     if (op->kind == CPH_OP_LEASE) {
@@ -504,7 +648,13 @@ int cph_engine_run_pass(cph_engine *e) {
       }
       continue;
     }
+    e->pass_durable |= op_needs_flush(op->kind);
     apply_op(e, op);
+    /* A full map is not the caller's problem while the map can grow (DESIGN §13): the op
+     * (whose writes were all undone) waits for the growth after this pass's commit. */
+    if (op->rc == CPH_EFULL && cph_store_map_full(e->env.store) &&
+        op_queue_push(&e->grow_retry, op) == CPH_OK)
+      continue;
     op_queue_push(&e->done, op);
   }
 
@@ -517,7 +667,9 @@ int cph_engine_run_pass(cph_engine *e) {
   cph_sched_pass(e->env.sched, &hooks, &res);
   e->staged_last_pass = res.staged > 0;
 
-  rc = cph_txn_commit(&e->env.txn);
+  bool always = sync_mode_of(e->env.policy) == CPH_SYNC_ALWAYS;
+  rc = always && e->pass_durable && !e->flusher_on ? cph_txn_commit(&e->env.txn)
+                                                   : cph_txn_commit_deferred(&e->env.txn);
   if (rc) {
     /* Nothing of this pass landed: every operation of it fails, and memory (changed as the
      * operations applied) is rebuilt from what the store holds. */
@@ -525,6 +677,9 @@ int cph_engine_run_pass(cph_engine *e) {
     metrics_pass_rollback(e->metrics, rc); /* nothing of this pass is counted either */
     char msg[sizeof e->env.txn.err.msg];
     snprintf(msg, sizeof msg, "%s", e->env.txn.err.msg);
+    cph_op *retry;
+    while ((retry = op_queue_pop(&e->grow_retry))) /* answered below with the rest */
+      op_queue_push(&e->done, retry);
     for (size_t i = 0; i < e->done.len; i++) {
       cph_op *op = e->done.items[(e->done.head + i) % e->done.cap];
       cph_op_clear_results(op);
@@ -534,16 +689,112 @@ int cph_engine_run_pass(cph_engine *e) {
     cph_err err;
     if (memory_load(e, &err) != CPH_OK)
       cph_error("rebuilding state after a failed commit: %s", err.msg);
+    /* Failures claim nothing stored: they need not wait behind earlier passes. */
+    cph_op *op;
+    while ((op = op_queue_pop(&e->done)))
+      if (op->done)
+        op->done(op, op->ctx);
+    return rc;
   }
+  if (e->grow_retry.len)
+    grow_map(e);
+  /* What this pass's answers wait for (the file comment). :batch and :none: nothing. */
+  uint64_t need = 0;
+  if (always) {
+    need = e->pass_durable && e->env.txn.dirty ? cph_store_commit_seq(e->env.store)
+                                                : e->last_durable_seq;
+    if (e->pass_durable)
+      e->last_durable_seq = need;
+  }
+  answers_hold(e, need);
+  return CPH_OK;
+}
+
+/* ---- answering after the flush ---- */
+
+/* Answers ops: as they are when their pass is durable (ok), else with the flush error. */
+static void answer_ops(op_queue *ops, bool ok, int failed, const cph_err *ferr) {
   cph_op *op;
-  while ((op = op_queue_pop(&e->done)))
+  while ((op = op_queue_pop(ops))) {
+    if (!ok && op->rc == CPH_OK) {
+      cph_op_clear_results(op);
+      op_fail(op, failed, NULL, "%s", ferr->msg);
+    }
     if (op->done)
       op->done(op, op->ctx);
-  uint64_t replies_now = e->turns.last_reply_id;
-  if (replies_now != replies_before && e->hooks.replies_appended)
-    e->hooks.replies_appended(e->hooks.ctx, replies_now);
-  return rc;
+  }
 }
+
+/* Answers the held passes that are durable now, oldest first; once a flush failed, fails
+ * the ones that are not. The entry is taken off the list before its callbacks run (they may
+ * submit new operations). */
+static void answers_release(cph_engine *e) {
+  cph_err ferr = {0};
+  int failed = cph_store_flush_error(e->env.store, &ferr);
+  uint64_t acked_before = e->acked_reply_id;
+  while (e->n_held) {
+    bool ok = e->held[0].need <= cph_store_durable_seq(e->env.store);
+    if (!ok && !failed)
+      break;
+    held_pass h = e->held[0];
+    memmove(e->held, e->held + 1, --e->n_held * sizeof *e->held);
+    if (ok && h.last_reply_id > e->acked_reply_id)
+      e->acked_reply_id = h.last_reply_id;
+    answer_ops(&h.ops, ok, failed, &ferr);
+    op_queue_free(&h.ops);
+  }
+  if (e->acked_reply_id != acked_before && e->hooks.replies_appended)
+    e->hooks.replies_appended(e->hooks.ctx, e->acked_reply_id);
+}
+
+/* After a commit: this pass's answers join the held list (cph_engine_run_pass's e->done
+ * moves there whole); the flush they need is asked for — on the flusher, or here when none
+ * runs — and whatever is durable is answered. */
+static void answers_hold(cph_engine *e, uint64_t need) {
+  cph_store *st = e->env.store;
+  if (e->n_held == e->cap_held) {
+    size_t cap = e->cap_held ? e->cap_held * 2 : 8;
+    held_pass *p = realloc(e->held, cap * sizeof *p);
+    if (!p) { /* cannot wait: flush here, and answer now */
+      cph_store_sync(st, NULL);
+      answers_release(e);
+      cph_err ferr = {0};
+      int failed = cph_store_flush_error(st, &ferr);
+      answer_ops(&e->done, need <= cph_store_durable_seq(st) || !failed, failed, &ferr);
+      return;
+    }
+    e->held = p;
+    e->cap_held = cap;
+  }
+  e->held[e->n_held++] = (held_pass){e->done, need, e->turns.last_reply_id};
+  e->done = (op_queue){0};
+  if (need > cph_store_durable_seq(st)) {
+    if (e->flusher_on && e->pass_durable)
+      cph_store_flush_async(st); /* the pass this one waits for asked already otherwise */
+    else if (!e->flusher_on)
+      cph_store_sync(st, NULL); /* a failure is sticky: the release below reports it */
+  }
+  answers_release(e);
+}
+
+/* Flushes inline whatever held answers still wait for, and answers them all. */
+static void answers_settle(cph_engine *e) {
+  if (e->n_held && e->held[e->n_held - 1].need > cph_store_durable_seq(e->env.store))
+    cph_store_sync(e->env.store, NULL);
+  answers_release(e);
+  cph_err ferr = {0};
+  int failed = cph_store_flush_error(e->env.store, &ferr);
+  while (e->n_held) { /* only after a failed flush: release failed them already; belt and braces */
+    held_pass h = e->held[0];
+    memmove(e->held, e->held + 1, --e->n_held * sizeof *e->held);
+    answer_ops(&h.ops, false, failed ? failed : CPH_EIO, &ferr);
+    op_queue_free(&h.ops);
+  }
+}
+
+void cph_engine_flushed(cph_engine *e) { answers_release(e); }
+
+bool cph_engine_answers_held(const cph_engine *e) { return e->n_held > 0; }
 
 int cph_engine_sync(cph_engine *e) { return cph_store_sync(e->env.store, NULL); }
 
@@ -615,14 +866,21 @@ int cph_engine_why(cph_engine *e, const char *id, cph_why_info *out, cph_err *er
 
 int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_info **out,
                        size_t *n, uint64_t *next, cph_err *err) {
-  return turns_replies(&e->turns, after, limit, out, n, next, err);
+  int rc = turns_replies(&e->turns, after, limit, out, n, next, err);
+  /* Not a reply whose completion is not acknowledged yet (not on disk, under :always). */
+  if (rc == CPH_OK && *n && (*out)[*n - 1].id > e->acked_reply_id) {
+    while (*n && (*out)[*n - 1].id > e->acked_reply_id)
+      cph_reply_info_free(&(*out)[--*n]);
+    *next = *n ? (*out)[*n - 1].id : after;
+  }
+  return rc;
 }
 
 int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err) {
   return turns_parked(e->env.store, out, n, err);
 }
 
-uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->turns.last_reply_id; }
+uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->acked_reply_id; }
 
 int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, size_t *n_out,
                             cph_err *err) {
@@ -677,6 +935,31 @@ int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, si
   return context_seals(&e->context, session, out, n, err);
 }
 
+int cph_engine_kept_turns(cph_engine *e, const char *session, cph_kept_turn **out, size_t *n,
+                          cph_err *err) {
+  *out = NULL;
+  *n = 0;
+  if (!sessions_get(&e->sessions, session))
+    return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
+  return turnlog_list(e->env.store, session, out, n, err);
+}
+
+int cph_engine_turn_context(cph_engine *e, const char *session, uint64_t turn,
+                            cph_turn_context *out, cph_err *err) {
+  memset(out, 0, sizeof *out);
+  if (!sessions_get(&e->sessions, session))
+    return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
+  return turnlog_get(e->env.store, session, turn, out, err);
+}
+
+int cph_engine_context_diff(cph_engine *e, const char *session, uint64_t from, uint64_t to,
+                            cph_context_diff *out, cph_err *err) {
+  memset(out, 0, sizeof *out);
+  if (!sessions_get(&e->sessions, session))
+    return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
+  return turnlog_diff(e->env.store, session, from, to, out, err);
+}
+
 int cph_engine_backup(cph_engine *e, const char *dir, cph_err *err) {
   return cph_store_copy(e->env.store, dir, err); /* reads only: no engine state touched */
 }
@@ -688,6 +971,7 @@ int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out) {
     return rc;
   out->map_size_bytes = st.map_size;
   out->used_bytes = st.used_bytes;
+  out->fsyncs = st.fsyncs;
   return CPH_OK;
 }
 

@@ -23,11 +23,11 @@ typedef struct cph_core_env {
   uint64_t policy_generation;
   cph_store *store;
   const char *data_dir;
-  const cph_clock *clock; /* the engine clock (monotonic, or a test's virtual clock) */
+  const cph_clock *clock;             /* the engine clock (monotonic, or a test's virtual clock) */
   int64_t wall_base_ms, wall_base_ns; /* env_wall_ms(): the wall time at open, engine clock */
   const struct cph_providers *providers; /* given at open; NULL = none */
-  cph_sched *sched;                       /* the scheduler of the sessions in memory */
-  cph_txn txn; /* the pass's write transaction: open only inside a pass */
+  cph_sched *sched;                      /* the scheduler of the sessions in memory */
+  cph_txn txn;                           /* the pass's write transaction: open only inside a pass */
 } cph_core_env;
 
 static inline int64_t env_now(const cph_core_env *env) { return cph_clock_now(env->clock); }

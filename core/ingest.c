@@ -409,6 +409,42 @@ static int deliver(cph_ingest *ig, cph_txn *t, csession *s, uint64_t event_id, b
   return CPH_OK;
 }
 
+/* ---------------------------------------------------------------- arrivals during a turn */
+
+/* What an event routed to s does when s has a turn running (DESIGN §4): only :reject keeps
+ * it out of the inbox; :restart is delivered and then supersedes the turn (note_restart);
+ * :merge and :interrupt are delivered and told at the next heartbeat (core/turns.c).
+ * A job turn is not an agent's turn: what reaches a maintenance session while it runs a job
+ * is always staged. */
+static cph_policy_while_running arrival_mode(const cph_ingest *ig, const csession *s) {
+  if (!s->running_turn || s->running_job)
+    return CPH_POLICY_WR_ENQUEUE;
+  return sessions_while_running(ig->sessions, s);
+}
+
+/* Notes s for turns_supersede once the request committed (each session once). */
+static int note_restart(cph_ingest *ig, csession *s) {
+  for (size_t i = 0; i < ig->n_restart; i++)
+    if (ig->restart[i] == s)
+      return CPH_OK;
+  if (ig->n_restart == ig->cap_restart) {
+    size_t cap = ig->cap_restart ? ig->cap_restart * 2 : 8;
+    csession **p = realloc(ig->restart, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    ig->restart = p;
+    ig->cap_restart = cap;
+  }
+  ig->restart[ig->n_restart++] = s;
+  return CPH_OK;
+}
+
+void ingest_free(cph_ingest *ig) {
+  free(ig->restart);
+  ig->restart = NULL;
+  ig->n_restart = ig->cap_restart = 0;
+}
+
 /* Looks up an idempotency key: its event id if seen within the window. */
 static bool idem_seen(cph_ingest *ig, cph_txn *t, const char *key, uint64_t *id) {
   cph_key k;
@@ -574,6 +610,39 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
       add_target(ts, &n, cap, m, true, true); /* mentions of unknown sessions reach nobody */
   }
 
+  /* while_running :reject (DESIGN §4): a session whose turn is running refuses the event;
+   * it does not reach that session (so is not counted for it) and still reaches the others.
+   * The refusing sessions leave ts for res->busy. */
+  size_t n_busy = 0;
+  for (size_t i = 0; i < n; i++)
+    if (arrival_mode(ig, ts[i].session) == CPH_POLICY_WR_REJECT)
+      n_busy++;
+  if (n_busy) {
+    res->busy.items = calloc(n_busy, sizeof(char *));
+    if (!res->busy.items) {
+      dedupe_verdict_free(&v);
+      if (ts != local)
+        free(ts);
+      return cph_err_set(err, CPH_ENOMEM, "out of memory");
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (arrival_mode(ig, ts[i].session) != CPH_POLICY_WR_REJECT) {
+        ts[kept++] = ts[i];
+        continue;
+      }
+      char *id = strdup(ts[i].session->id);
+      if (!id) {
+        dedupe_verdict_free(&v);
+        if (ts != local)
+          free(ts);
+        return cph_err_set(err, CPH_ENOMEM, "out of memory");
+      }
+      res->busy.items[res->busy.count++] = id;
+    }
+    n = kept;
+  }
+
   uint64_t event_id = 0;
   int64_t now_ms = cph_wall_ms();
   cph_txn_next_id(t, "event", &event_id);
@@ -636,6 +705,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
                  now_ms, &rq->dl);
     if (rc == CPH_OK && !(res->sessions.items[res->sessions.count] = strdup(ts[i].session->id)))
       rc = CPH_ENOMEM;
+    if (rc == CPH_OK && arrival_mode(ig, ts[i].session) == CPH_POLICY_WR_RESTART)
+      rc = note_restart(ig, ts[i].session);
     if (rc) {
       rc = t->ret ? cph_err_set(err, t->ret, "%s", t->err.msg)
                   : cph_err_set(err, rc, "out of memory");
@@ -650,6 +721,14 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   after->family = dup ? v.family : 0;
   res->id = event_id;
   res->status = dup ? CPH_EV_AGGREGATED : n ? CPH_EV_QUEUED : CPH_EV_STORED;
+  if (n_busy && !n) {
+    /* Every session it was routed to refused it: stored (its id says where), reached none. */
+    res->status = CPH_EV_REJECTED;
+    res->field = strdup(explicit_target ? "session" : in->mentions.count ? "mentions" : "channel");
+    res->reason = strdup("session_busy");
+    if (!res->field || !res->reason)
+      rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
+  }
 done:
   dedupe_verdict_free(&v);
   if (ts != local)
@@ -694,10 +773,11 @@ static int ingest_room(cph_ingest *ig, cph_txn *t, size_t *room, cph_err *err) {
     return CPH_OK;
   }
   ig->store_full = true;
+  cph_store_note_map_full(ig->env->store); /* the engine grows the map and retries (store.h) */
   return cph_err_set(err, CPH_EFULL,
                      "storage full: %zu KiB of the %zu MiB map of data dir '%s' hold data and "
-                     "ingest keeps the last %zu KiB for workers (raise :server :map-size-mb and "
-                     "restart)",
+                     "ingest keeps the last %zu KiB for workers (the map grows up to :server "
+                     ":max-map-size-mb and what the disk holds)",
                      live >> 10, map >> 20, ig->env->data_dir, reserve >> 10);
 }
 
@@ -745,13 +825,17 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
-    if (rc)
+    if (rc) {
       request_rollback(ig, &rq);
+      ig->n_restart = 0; /* nothing landed: no turn is superseded */
+    }
   }
   if (rc) {
     if (rc == CPH_EFULL) {
       ig->store_full = true;
-      metrics_storage_full(ig->metrics);
+      /* A full map is retried once it has grown (engine.c): counted only if it cannot. */
+      if (!cph_store_map_full(ig->env->store))
+        metrics_storage_full(ig->metrics);
     }
     op_fail(op, rc, "events", "%s", err.msg);
   } else {

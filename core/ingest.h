@@ -28,12 +28,20 @@ typedef struct cph_ingest {
   cph_metrics *metrics;
   bool store_full;       /* the store was found full; ingest resumes past a margin */
   uint64_t folded_total; /* cephalon_inbox_overflow_folded_total */
+  /* Sessions whose running turn the last ingest_apply superseded (while_running :restart,
+   * DESIGN §4), each once: the engine hands them to turns (turns_supersede) right after,
+   * then clears the list. Only a request that committed leaves any. */
+  csession **restart;
+  size_t n_restart, cap_restart;
 } cph_ingest;
 
 /* CPH_OP_INGEST, inside the pass: the request's events in one child txn of env->txn — a
  * failing request (a full store, say) stores none of its events and the others still
  * commit. Memory (inboxes, dedupe, the embed queue) follows only what landed. */
 void ingest_apply(cph_ingest *ig, cph_op *op);
+
+/* Frees what ingest_apply keeps between requests (the restart list). */
+void ingest_free(cph_ingest *ig);
 
 /* Appends event_id to the channel's history (CPH_DB_CHANNEL_LOG) under its next index. */
 int history_append(cph_txn *t, const char *channel, uint64_t event_id);

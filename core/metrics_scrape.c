@@ -29,10 +29,9 @@ static void add_scheduler(const metrics_sources *src, metric_registry *r) {
   const metrics_live *l = &src->metrics->live;
   add_lane_counter(r, "cephalon_turns_started_total", "Turns started (leased), per lane.",
                    l->started);
-  add_lane_counter(r, "cephalon_turns_completed_total", "Turns completed, per lane.",
-                   l->completed);
-  add_lane_counter(r, "cephalon_turns_failed_total",
-                   "Leases ended by the worker's fail, per lane.", l->failed);
+  add_lane_counter(r, "cephalon_turns_completed_total", "Turns completed, per lane.", l->completed);
+  add_lane_counter(r, "cephalon_turns_failed_total", "Leases ended by the worker's fail, per lane.",
+                   l->failed);
   add_lane_counter(r, "cephalon_turns_expired_total",
                    "Leases that passed their deadline (or were in flight at a restart), "
                    "per lane.",
@@ -51,8 +50,7 @@ static void add_scheduler(const metrics_sources *src, metric_registry *r) {
   add_lane_gauge(r, "cephalon_lane_turn_tokens",
                  "Tokens in the lane's turns bucket now; a turn takes 1.", v[0]);
   add_lane_gauge(r, "cephalon_lane_tool_call_tokens",
-                 "Tokens in the lane's tool-calls bucket now; negative after overspending.",
-                 v[1]);
+                 "Tokens in the lane's tool-calls bucket now; negative after overspending.", v[1]);
   add_lane_gauge(r, "cephalon_lane_budget_turns_per_minute",
                  "The lane's turns budget per minute in the policy in force.", v[2]);
   add_lane_gauge(r, "cephalon_lane_budget_tool_calls_per_minute",
@@ -61,10 +59,10 @@ static void add_scheduler(const metrics_sources *src, metric_registry *r) {
                  "Sessions waiting to run in the lane (runnable, not running).", v[4]);
   add_lane_gauge(r, "cephalon_lane_running_turns", "Turns running in the lane.", v[5]);
 
-  metric_family *f = metric_family_add(
-      r, "cephalon_pick_wait_seconds", METRIC_HISTOGRAM,
-      "Time a session waited runnable before its turn started, per lane.", "lane",
-      metrics_pick_wait_bounds, N_OF(metrics_pick_wait_bounds));
+  metric_family *f =
+      metric_family_add(r, "cephalon_pick_wait_seconds", METRIC_HISTOGRAM,
+                        "Time a session waited runnable before its turn started, per lane.", "lane",
+                        metrics_pick_wait_bounds, N_OF(metrics_pick_wait_bounds));
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     metric_hist *h = metric_series_hist(metric_series_add(f, cph_lane_name((cph_lane)i)));
     if (h)
@@ -97,7 +95,8 @@ static void add_scheduler(const metrics_sources *src, metric_registry *r) {
   metric_add_gauge(r, "cephalon_concurrency_limit", "At most this many turns run at once.",
                    src->concurrency_limit);
   metric_add_counter(r, "cephalon_scheduler_passes_total", "Scheduler passes run.", l->passes);
-  metric_add_gauge(r, "cephalon_sessions", "Sessions that exist.", (double)sessions_count(src->sessions));
+  metric_add_gauge(r, "cephalon_sessions", "Sessions that exist.",
+                   (double)sessions_count(src->sessions));
 }
 
 /* Credits over sessions, sampled so a scrape stays cheap with a million sessions: at most
@@ -130,7 +129,8 @@ static void add_credits(const metrics_sources *src, metric_registry *r, double b
     stride = 1;
   for (size_t i = src->metrics->scrapes % stride; i < cap; i += stride)
     if (sessions_at(src->sessions, i))
-      metric_hist_observe(h, cph_sched_credits(src->env->sched, sessions_at(src->sessions, i)->sid));
+      metric_hist_observe(h,
+                          cph_sched_credits(src->env->sched, sessions_at(src->sessions, i)->sid));
 }
 
 static void add_turn_outcomes(const metrics_sources *src, metric_registry *r) {
@@ -172,8 +172,7 @@ static void add_turn_outcomes(const metrics_sources *src, metric_registry *r) {
 static void add_ingest(const metrics_sources *src, metric_registry *r) {
   const metrics_live *l = &src->metrics->live;
   metric_family *f = metric_family_add(r, "cephalon_events_total", METRIC_COUNTER,
-                                       "Events posted, by their result status.", "status",
-                                       NULL, 0);
+                                       "Events posted, by their result status.", "status", NULL, 0);
   for (int s = 0; s < N_STATUS; s++)
     metric_counter_set(metric_series_add(f, cph_ingest_status_name((cph_ingest_status)s)),
                        l->events[s]);
@@ -329,8 +328,8 @@ static void add_maintenance(const metrics_sources *src, metric_registry *r) {
   const cph_maint_stats st = src->maint;
   metric_add_counter(r, "cephalon_compaction_groups_committed_total",
                      "Compaction (gc) groups committed.", st.groups_committed_total);
-  metric_add_counter(r, "cephalon_memories_deleted_total",
-                     "Memories deleted by compaction.", st.memories_deleted_total);
+  metric_add_counter(r, "cephalon_memories_deleted_total", "Memories deleted by compaction.",
+                     st.memories_deleted_total);
   metric_add_counter(r, "cephalon_summaries_created_total",
                      "Summary memories created by compaction.", st.summaries_created_total);
   metric_add_gauge(r, "cephalon_outbox_pending", "Outbox items waiting to be applied.",
@@ -349,6 +348,11 @@ static void add_storage_and_policy(const metrics_sources *src, metric_registry *
                      (double)st.map_size_bytes);
     metric_add_gauge(r, "cephalon_lmdb_used_bytes", "Bytes of the LMDB map in use.",
                      (double)st.used_bytes);
+    metric_add_counter(r, "cephalon_lmdb_fsyncs_total",
+                       "Disk flushes the store waited for: fdatasync calls (in a commit under "
+                       ":sync :always, on the flush thread, on the :batch timer) and LMDB's "
+                       "O_DSYNC meta-page writes.",
+                       st.fsyncs);
   }
   metric_add_counter(r, "cephalon_storage_full_errors_total",
                      "Writes refused because the LMDB map is full (507 on ingest), and "

@@ -542,7 +542,26 @@ int cph_pact_tree_copy(cph_pact_tree *dst, const cph_pact_tree *src) {
   dst->episode = src->episode;
   dst->next_id = src->next_id;
   dst->next_seq = src->next_seq;
+  dst->shift = src->shift;
+  memcpy(dst->removed, src->removed, sizeof dst->removed);
+  dst->n_removed = src->n_removed;
+  dst->removed_overflow = src->removed_overflow;
   return CPH_OK;
+}
+
+void cph_pact_changes_clear(cph_pact_tree *t) {
+  for (size_t i = 0; i < t->n; i++)
+    t->nodes[i].dirty = false;
+  t->n_removed = 0;
+  t->removed_overflow = false;
+}
+
+/* Notes the removal of n for the store (see "Change tracking" in pact.h). */
+static void note_removed(cph_pact_tree *t, const cph_pact_node *n) {
+  if (t->n_removed < CPH_PACT_REMOVED_MAX)
+    t->removed[t->n_removed++] = n->seq;
+  else
+    t->removed_overflow = true;
 }
 
 int cph_pact_insert(cph_pact_tree *t, const cph_pact_node *proto, uint64_t *id_out,
@@ -569,6 +588,7 @@ int cph_pact_insert(cph_pact_tree *t, const cph_pact_node *proto, uint64_t *id_o
   n->id = t->next_id++;
   n->seq = t->next_seq++;
   n->created_at_episode = t->episode;
+  n->dirty = true;
   t->n++;
   if (id_out)
     *id_out = n->id;
@@ -589,6 +609,7 @@ cph_pact_node *cph_pact_find(cph_pact_tree *t, uint64_t id) {
 
 /* Removes node i, keeping the others in order (the array stays in seq order). */
 static void remove_at(cph_pact_tree *t, size_t i) {
+  note_removed(t, &t->nodes[i]);
   node_free(&t->nodes[i]);
   memmove(&t->nodes[i], &t->nodes[i + 1], (t->n - i - 1) * sizeof *t->nodes);
   t->n--;
@@ -669,6 +690,7 @@ int cph_pact_update(cph_pact_tree *t, uint64_t id, const cph_pact_node *fields, 
   n->ttl = next.ttl;
   n->cadence = next.cadence;
   n->at = next.at;
+  n->dirty = true;
   return CPH_OK;
 }
 
@@ -710,11 +732,13 @@ static bool age_node(cph_pact_tree *t, cph_pact_node *n) {
         n->at = n->lifecycle[n->stage].at;
         n->ttl = n->lifecycle[n->stage].ttl;
         n->created_at_episode = ep;
+        n->dirty = true;
         return true;
       }
       if (n->cadence <= 0)
         return false;
       n->waiting = true;
+      n->dirty = true;
     }
   }
   if (n->waiting) {
@@ -726,6 +750,7 @@ static bool age_node(cph_pact_tree *t, cph_pact_node *n) {
       n->waiting = false;
       n->id = t->next_id++;
       n->created_at_episode = ep;
+      n->dirty = true;
     }
   }
   return true;
@@ -735,13 +760,21 @@ static bool age_node(cph_pact_tree *t, cph_pact_node *n) {
  * are gone, so a node pushed below depth 0 belonged to a message that no longer exists and is
  * removed. Clamping it at 0 instead would pile removed history (message cores included) onto
  * the current message. A depth that would pass INT32_MAX stays at INT32_MAX. */
+bool cph_pact_shifts(const cph_pact_node *n) {
+  return n->at.depth >= 0 && (is_permanent(n) || is_sticky(n));
+}
+
 static bool odi_shift(cph_pact_node *n, int32_t delta) {
-  if (n->at.depth < 0 || !(is_permanent(n) || is_sticky(n)))
+  if (!cph_pact_shifts(n))
     return true;
   int64_t d = (int64_t)n->at.depth + delta;
   if (d < 0)
     return false;
-  n->at.depth = d > INT32_MAX ? INT32_MAX : (int32_t)d;
+  if (d > INT32_MAX) {
+    d = INT32_MAX;
+    n->dirty = true; /* not where the shift alone would put it */
+  }
+  n->at.depth = (int32_t)d;
   return true;
 }
 
@@ -752,6 +785,7 @@ static bool odi_shift(cph_pact_node *n, int32_t delta) {
 static void pact_step(cph_pact_tree *t, int32_t delta, uint64_t fresh_seq) {
   sort_by_seq(t);
   t->episode++;
+  t->shift += delta;
   size_t kept = 0;
   for (size_t i = 0; i < t->n; i++) {
     cph_pact_node *n = &t->nodes[i];
@@ -759,6 +793,7 @@ static void pact_step(cph_pact_tree *t, int32_t delta, uint64_t fresh_seq) {
     if (keep && delta != 0 && n->seq < fresh_seq)
       keep = odi_shift(n, delta);
     if (!keep) {
+      note_removed(t, n);
       node_free(n);
       continue;
     }

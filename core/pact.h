@@ -22,7 +22,16 @@
  * Completing a turn (cph_pact_complete_turn) appends its input as a "user" message core and its
  * reply, if any, as an "assistant" core, then steps with delta = the number appended. The
  * appended cores end at depths delta..1 (the reply at depth 1, the input just above it), so
- * depth 0 is free for the next turn's current message; older history has shifted by delta. */
+ * depth 0 is free for the next turn's current message; older history has shifted by delta.
+ *
+ * Change tracking, for a store that writes only what changed (core/trees.c). The ODI shift
+ * moves every permanent and sticky node at depth >= 0 together, so it is kept once, as the
+ * tree's `shift` (the sum of every step's delta): such a node's depth is always `shift`
+ * minus a number that the shift leaves alone. Every other change to a node sets its `dirty`
+ * (insert, update, (2)-(4), and an ODI shift clamped at INT32_MAX); every node removed
+ * (delete, expiry, ODI below depth 0) has its seq noted in `removed` — or, past
+ * CPH_PACT_REMOVED_MAX of them, `removed_overflow` is set. No allocation: tracking cannot
+ * fail. cph_pact_changes_clear forgets it all (the store has written the tree). */
 #ifndef CEPHALON_CORE_PACT_H
 #define CEPHALON_CORE_PACT_H
 
@@ -62,7 +71,10 @@ typedef struct cph_pact_node {
   uint64_t created_at_episode;
   uint64_t seq;  /* creation order (re-creation keeps it: "in creation order") */
   bool waiting;  /* expired, waiting for its cadence; not rendered */
+  bool dirty;    /* changed other than by the ODI shift since cph_pact_changes_clear */
 } cph_pact_node;
+
+#define CPH_PACT_REMOVED_MAX 16
 
 typedef struct cph_pact_tree {
   cph_pact_node *nodes; /* live and waiting nodes; order unspecified */
@@ -70,6 +82,10 @@ typedef struct cph_pact_tree {
   uint64_t episode;
   uint64_t next_id; /* ids start at 1 */
   uint64_t next_seq;
+  int64_t shift; /* the sum of every step's delta (see "Change tracking") */
+  uint64_t removed[CPH_PACT_REMOVED_MAX]; /* seqs of the nodes removed since the last clear */
+  uint32_t n_removed;
+  bool removed_overflow; /* more were removed than `removed` holds */
 } cph_pact_tree;
 
 /* "d0, 1, 0" (spaces optional; depth >= -1). Errors say what and where: "expected 'd' at
@@ -86,8 +102,10 @@ void cph_selector_free(cph_selector *sel);
 
 void cph_pact_tree_init(cph_pact_tree *t);
 void cph_pact_tree_free(cph_pact_tree *t);
-/* Deep copy (for dry runs: "context step" shows what would happen). */
+/* Deep copy (for dry runs: "context step" shows what would happen), change tracking included. */
 int cph_pact_tree_copy(cph_pact_tree *dst, const cph_pact_tree *src);
+/* Clears every node's dirty and the removed record (see "Change tracking"). O(n). */
+void cph_pact_changes_clear(cph_pact_tree *t);
 
 /* Inserts a deep copy of proto (its id, seq and created_at_episode are assigned: next_id,
  * next_seq, episode). Validates: depth >= -1, position >= 0, ttl >= 1 or none, cadence >= 0,
@@ -101,6 +119,9 @@ enum { CPH_PACT_SET_CONTENT = 1, CPH_PACT_SET_TTL = 2, CPH_PACT_SET_CADENCE = 4,
        CPH_PACT_SET_KEY = 8, CPH_PACT_SET_TAGS = 16, CPH_PACT_SET_AT = 32 };
 int cph_pact_delete(cph_pact_tree *t, uint64_t id); /* CPH_ENOTFOUND */
 cph_pact_node *cph_pact_find(cph_pact_tree *t, uint64_t id);
+
+/* Whether the ODI shift (5) moves n: permanent or sticky, at depth >= 0. */
+bool cph_pact_shifts(const cph_pact_node *n);
 
 /* The episode step (1)-(5) with the given message-count delta. */
 void cph_pact_step(cph_pact_tree *t, int32_t delta);

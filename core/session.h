@@ -59,6 +59,9 @@ typedef struct csession {
   bool tick_due;
   bool reports;    /* report_interval_s > 0: reports.h holds its channel traffic */
   bool report_due; /* its report is due and it holds something */
+  /* Its own while_running as stored (0: its class's default, else 1 + the mode); the mode
+   * in force is sessions_while_running(). In the struct's padding: no bytes added. */
+  uint8_t while_running;
 } csession;
 
 typedef struct channel {

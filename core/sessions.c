@@ -450,6 +450,12 @@ const char *cph_session_state_name(cph_session_state_t st) {
   return "unknown";
 }
 
+cph_policy_while_running sessions_while_running(const cph_sessions *ss, const csession *s) {
+  if (s->while_running > 0 && s->while_running <= CPH_POLICY_WR_COUNT)
+    return (cph_policy_while_running)(s->while_running - 1);
+  return ss->env->policy->sessions.while_running[s->lane];
+}
+
 static cph_session_state_t live_state(const csession *s) {
   if (s->running_turn)
     return CPH_STATE_RUNNING;
@@ -482,6 +488,8 @@ static int info_from(cph_sessions *ss, const cph_session_rec *r, const csession 
   out->pending = s->n_pending;
   out->staged = s->n_staged;
   out->folded = s->folded;
+  out->while_running = sessions_while_running(ss, s);
+  out->while_running_class = s->while_running == 0;
   out->tenant = r->tenant ? strdup(r->tenant) : NULL;
   if (!out->id || !out->subscribe.items || !out->member.items || !out->tools.items ||
       (r->system && !out->system) || (r->tenant && !out->tenant)) {
@@ -530,6 +538,8 @@ static void rec_apply(cph_session_rec *r, const cph_session_info *in, unsigned s
     r->state = in->state == CPH_STATE_PAUSED ? CPH_SESSION_PAUSED : CPH_SESSION_IDLE;
   if (set & CPH_SET_CLASS)
     r->lane = (uint8_t)in->lane;
+  if (set & CPH_SET_WHILE_RUNNING)
+    r->while_running = in->while_running_class ? 0 : (uint8_t)(1 + in->while_running);
   if (set & CPH_SET_TENANT)
     r->tenant = in->tenant && in->tenant[0] ? in->tenant : NULL;
 }
@@ -542,8 +552,13 @@ static int validate_fields(cph_op *op, const cph_session_info *in, unsigned set)
   if ((set & CPH_SET_CLASS) && (unsigned)in->lane >= CPH_LANE_COUNT)
     return op_fail(op, CPH_EINVAL, "class",
                    "class: expected interactive, operational or maintenance");
+  if ((set & CPH_SET_WHILE_RUNNING) && !in->while_running_class &&
+      (unsigned)in->while_running >= CPH_POLICY_WR_COUNT)
+    return op_fail(op, CPH_EINVAL, "while_running",
+                   "while_running: expected enqueue, merge, interrupt, restart or reject");
   if ((set & CPH_SET_TENANT) && in->tenant && in->tenant[0] && !cph_tenant_valid(in->tenant))
-    return op_fail(op, CPH_EINVAL, "tenant", "tenant: 1 to 128 characters of A-Z a-z 0-9 . _ : @ -");
+    return op_fail(op, CPH_EINVAL, "tenant",
+                   "tenant: 1 to 128 characters of A-Z a-z 0-9 . _ : @ -");
   if ((set & CPH_SET_WINDOW) && in->context_window_tokens &&
       (in->context_window_tokens < 256 || in->context_window_tokens > 10000000))
     return op_fail(op, CPH_EINVAL, "context_window_tokens",
@@ -577,7 +592,8 @@ static void session_create(cph_sessions *ss, cph_op *op) {
   }
   unsigned all = CPH_SET_SUBSCRIBE | CPH_SET_MEMBER | CPH_SET_AUTONOMY | CPH_SET_REPORT |
                  CPH_SET_WINDOW | CPH_SET_SYSTEM | CPH_SET_TOOLS | CPH_SET_CLASS |
-                 CPH_SET_TENANT | (op->u.session.set & CPH_SET_PAUSED);
+                 CPH_SET_TENANT |
+                 (op->u.session.set & (CPH_SET_PAUSED | CPH_SET_WHILE_RUNNING));
   if (validate_fields(op, in, all))
     return;
   if (sessions_get(ss, in->id)) {
@@ -607,6 +623,7 @@ static void session_create(cph_sessions *ss, cph_op *op) {
   }
   s->paused = r.state == CPH_SESSION_PAUSED;
   s->autonomy_interval_s = r.autonomy_interval_s;
+  s->while_running = r.while_running;
   sessions_tick_schedule(ss, s);
   if (reports_set(ss->reports, s, r.report_interval_s, env_now(ss->env)) != CPH_OK)
     cph_warn("session '%s': out of memory for its reports; they wait for a restart", s->id);
@@ -666,6 +683,8 @@ static void session_update(cph_sessions *ss, cph_op *op) {
              "until a restart", s->id);
   if (set & CPH_SET_PAUSED)
     s->paused = r.state == CPH_SESSION_PAUSED;
+  if (set & CPH_SET_WHILE_RUNNING) /* applies to what arrives from now on */
+    s->while_running = r.while_running;
   if (set & CPH_SET_AUTONOMY) {
     s->autonomy_interval_s = r.autonomy_interval_s;
     sessions_tick_schedule(ss, s);
@@ -857,6 +876,7 @@ int sessions_load(cph_sessions *ss, cph_err *err) {
     s->paused = r.state == CPH_SESSION_PAUSED;
     s->episode = r.episode;
     s->autonomy_interval_s = r.autonomy_interval_s;
+    s->while_running = r.while_running;
     sessions_tick_schedule(ss, s);
     if (reports_set(ss->reports, s, r.report_interval_s, env_now(ss->env)) != CPH_OK) {
       cph_record_free(&cph_session_desc, &r);
@@ -942,11 +962,20 @@ int sessions_list(cph_sessions *ss, const cph_session_filter *f, cph_session_inf
     cph_key_str(&start, f->after);
     start.data[start.len - 1] = 1; /* just past "after\0": the next id */
   }
+  const char *prefix = f && f->prefix && *f->prefix ? f->prefix : NULL;
+  size_t plen = prefix ? strlen(prefix) : 0;
+  if (prefix && (!f->after || strcmp(f->after, prefix) < 0)) {
+    cph_key_reset(&start); /* the prefix without its NUL: the first id that begins with it */
+    cph_key_str(&start, prefix);
+    start.len--;
+  }
   if (rc == CPH_OK)
     rc = cph_cursor_open(&t, CPH_DB_SESSIONS, &c);
   if (rc == CPH_OK)
     rc = cph_cursor_seek(&c, start.len ? &start : NULL, &k, &v);
   for (; rc == CPH_OK && *n < limit; rc = cph_cursor_next(&c, &k, &v)) {
+    if (prefix && (k.len < plen || memcmp(k.data, prefix, plen) != 0))
+      break; /* past the ids that begin with it */
     cph_session_rec r;
     cph_err derr;
     if (cph_record_decode(&cph_session_desc, v.data, v.len, &r, &derr)) {

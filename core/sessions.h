@@ -32,17 +32,17 @@ typedef struct sessions_hooks {
 
 typedef struct cph_sessions {
   cph_core_env *env;
-  struct cph_reports *reports;    /* reporters' held traffic (reports.h) */
-  struct cph_backpressure *bp;    /* for the report interval a why answer shows */
+  struct cph_reports *reports; /* reporters' held traffic (reports.h) */
+  struct cph_backpressure *bp; /* for the report interval a why answer shows */
   sessions_hooks hooks;
-  cph_slab slab;                  /* the csession structs */
-  cph_idmap by_id;                /* id -> sid (the key read back through by_sid) */
-  csession **by_sid;              /* sid -> session, NULL for a free handle */
+  cph_slab slab;     /* the csession structs */
+  cph_idmap by_id;   /* id -> sid (the key read back through by_sid) */
+  csession **by_sid; /* sid -> session, NULL for a free handle */
   size_t cap_by_sid;
-  cph_hmap channels;              /* name -> channel */
-  csession **pending;             /* sessions with pending messages, for poll_inbox */
+  cph_hmap channels;  /* name -> channel */
+  csession **pending; /* sessions with pending messages, for poll_inbox */
   size_t n_pending, cap_pending;
-  csession **tick_heap;           /* min-heap on next_tick_ns */
+  csession **tick_heap; /* min-heap on next_tick_ns */
   size_t n_ticks, cap_ticks;
 } cph_sessions;
 
@@ -59,11 +59,13 @@ static inline size_t sessions_count(const cph_sessions *ss) { return ss->by_id.l
 /* Every session is sessions_at(ss, sid) for one sid < sessions_sid_cap (NULL for a free
  * handle): the way to visit them all, in (nearly) address order. */
 static inline size_t sessions_sid_cap(const cph_sessions *ss) { return ss->cap_by_sid; }
-static inline csession *sessions_at(const cph_sessions *ss, size_t sid) {
-  return ss->by_sid[sid];
-}
+static inline csession *sessions_at(const cph_sessions *ss, size_t sid) { return ss->by_sid[sid]; }
 channel *sessions_channel(cph_sessions *ss, const char *name, bool create);
 bool session_id_valid(const char *id);
+
+/* The while_running mode in force for s (DESIGN §4): its own, else its class's default in
+ * the policy in force. */
+cph_policy_while_running sessions_while_running(const cph_sessions *ss, const csession *s);
 
 /* ---- scheduling state */
 /* Queues s for the next poll_inbox (its pending messages become staged). */
@@ -98,8 +100,8 @@ int persist_session_credits(cph_sessions *ss, cph_txn *t, csession *s);
 /* ---- operations and reads */
 void sessions_apply(cph_sessions *ss, cph_op *op); /* create, update, delete */
 int sessions_info(cph_sessions *ss, const char *id, cph_session_info *out, cph_err *err);
-int sessions_list(cph_sessions *ss, const cph_session_filter *f, cph_session_info **out,
-                  size_t *n, cph_err *err);
+int sessions_list(cph_sessions *ss, const cph_session_filter *f, cph_session_info **out, size_t *n,
+                  cph_err *err);
 int sessions_why(cph_sessions *ss, const char *id, cph_why_info *out, cph_err *err);
 
 #endif

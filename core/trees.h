@@ -1,5 +1,27 @@
 /* The tree store: every session's PACT tree (core/pact.h) in LMDB, database "context", one
- * value per session. Private to core/.
+ * record per node, so an episode writes only the nodes it changed. Private to core/.
+ *
+ * Layout (schema 3):
+ *   key session\0          -> the header, cph_ctxhead_rec: episode, next node id, next seq,
+ *                             shift (the tree's sum of ODI deltas, pact.h) and node count;
+ *   key session\0 be64 seq -> one node, cph_ctxnode_rec (version 2), for each live or waiting
+ *                             node; seq is the node's creation order, which nothing changes.
+ * A node the ODI shift moves (cph_pact_shifts: a permanent or sticky node at depth >= 0) is
+ * stored `anchored`: its depth field holds shift - depth, the shift at which it stood at depth
+ * 0 (for message cores, the message's number), so the shift moves it without a write; it is
+ * read back as header shift - anchor. Every other node stores its depth as it is. So the
+ * header and a session's nodes are contiguous, in seq order, and a load is one cursor walk
+ * that yields the nodes exactly as pact keeps them (seq order, the same coordinates).
+ *
+ * A save writes the header, every node pact marked dirty, and deletes the seqs pact noted as
+ * removed (or, when it noted too many, every stored seq the tree no longer holds); then clears
+ * the tree's change record. A completed turn thus writes the header, its input and reply cores,
+ * the nodes whose TTL, cadence or lifecycle acted, and deletes the cores pruning dropped —
+ * never the rest of the tree, however large.
+ *
+ * Schema 2 kept the whole tree as one value at key session\0 (be64 episode, be64 next id,
+ * be64 next seq, be32 count, then per node be32 length + a version-1 node record).
+ * trees_migrate rewrites such a data dir at open (cph_store_open_migrating), shift 0.
  *
  * It owns the trees kept decoded in memory (a bounded cache), because every turn reads its
  * session's tree at lease and again at completion, and the buffer a save encodes into:
@@ -8,11 +30,14 @@
  *   transaction's parent holds: unchanged after a read, or saved and its child committed;
  * - trees_save and trees_delete drop the cached tree, and trees_cache_clear (a failed pass
  *   commit, engine close) empties the cache, so it never holds what the store does not.
+ * A tree's change record is relative to the store it was loaded from: save a tree only
+ * through the transaction chain it was loaded in (or its successor, once that committed).
  * Every function reads or writes through the transaction it is given. Pass thread only. */
 #ifndef CEPHALON_CORE_TREES_H
 #define CEPHALON_CORE_TREES_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/buf.h"
 #include "pact.h"
@@ -20,18 +45,29 @@
 
 struct trees_slot;
 
+/* What saves wrote, from trees_init on (tests and figures read it). */
+typedef struct cph_trees_written {
+  uint64_t saves;
+  uint64_t puts; /* records put: nodes and headers */
+  uint64_t dels; /* node records deleted */
+  uint64_t put_bytes; /* value bytes put */
+} cph_trees_written;
+
 typedef struct cph_trees {
   struct trees_slot *slots; /* the decoded-tree cache; allocated on first keep */
   cph_buf scratch;          /* encoding space reused by every save */
+  cph_trees_written written;
 } cph_trees;
 
 void trees_init(cph_trees *tr);
 void trees_free(cph_trees *tr); /* the cache and the buffer */
 
-/* The session's tree (empty, ids from 1, for a session without one). *out is to be freed
- * (cph_pact_tree_free) whatever the outcome; on an error t's sticky error says why. */
+/* The session's tree (empty, ids from 1, for a session without one), its change record
+ * clear. *out is to be freed (cph_pact_tree_free) whatever the outcome; on an error t's
+ * sticky error says why. */
 int trees_load(cph_trees *tr, cph_txn *t, const char *session, cph_pact_tree *out);
-int trees_save(cph_trees *tr, cph_txn *t, const char *session, const cph_pact_tree *tree);
+/* Writes what changed in tree since it was loaded (see above) and clears its change record. */
+int trees_save(cph_trees *tr, cph_txn *t, const char *session, cph_pact_tree *tree);
 /* Deletes the session's tree (for session deletion); CPH_OK when it had none. */
 int trees_delete(cph_trees *tr, cph_txn *t, const char *session);
 /* Moves *tree into the cache (it is left empty, to free or not); see above for when. */
@@ -40,5 +76,17 @@ void trees_cache_clear(cph_trees *tr);
 
 /* Drops message cores deeper than the history bound; returns how many. */
 size_t trees_prune_history(cph_pact_tree *tree);
+
+/* ---- the schema-2 layout, for the migration ---- */
+
+#define TREES_MIGRATES_FROM 2u /* the schema version trees_migrate reads */
+
+/* A cph_store_migration's run (ctx: the cph_trees, for its buffer and counts): every
+ * schema-2 tree value of database "context" becomes the layout above; logs what it moved.
+ * Nothing else in the data dir changes. */
+int trees_migrate(void *ctx, cph_txn *t, cph_err *err);
+/* Appends tree's schema-2 value to out: what trees_migrate reads. Kept so that tests can
+ * write a schema-2 data dir. */
+int trees_v2_encode(const cph_pact_tree *tree, cph_buf *out);
 
 #endif

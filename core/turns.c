@@ -26,6 +26,12 @@ typedef struct lease {
   uint64_t *inbox_ids; /* the staged messages it carries */
   size_t n_inbox_ids;
   uint64_t job_id; /* job turns: the job it runs */
+  /* Arrivals during the turn (DESIGN §4): entries of the session with an id above watermark
+   * (the newest inbox id when it was leased) and no turn are what arrived since; under
+   * :interrupt, interrupt_asked is set by the first heartbeat that saw one, and only then
+   * may the worker complete with interrupted. */
+  uint64_t watermark;
+  bool interrupt_asked;
   /* Channel views (core/context.h): per channel of the staged messages, the newest channel
    * index the turn saw; completion moves the session's cursor there. Owned. */
   context_views views;
@@ -101,6 +107,9 @@ void cph_op_clear_results(cph_op *op) {
       for (size_t j = 0; j < r->sessions.count; j++)
         free(r->sessions.items[j]);
       free(r->sessions.items);
+      for (size_t j = 0; j < r->busy.count; j++)
+        free(r->busy.items[j]);
+      free(r->busy.items);
       free(r->reason);
       free(r->field);
     }
@@ -109,6 +118,17 @@ void cph_op_clear_results(cph_op *op) {
     break;
   case CPH_OP_LEASE:
     cph_turn_info_free(&op->u.lease.turn);
+    break;
+  case CPH_OP_TAKE:
+    for (size_t i = 0; i < op->u.turn.n_taken; i++) {
+      free(op->u.turn.taken[i].channel);
+      free(op->u.turn.taken[i].sender);
+      free(op->u.turn.taken[i].body);
+      free(op->u.turn.taken[i].event_ids);
+    }
+    free(op->u.turn.taken);
+    op->u.turn.taken = NULL;
+    op->u.turn.n_taken = 0;
     break;
   case CPH_OP_MEMORY_SEARCH:
     for (size_t i = 0; i < op->u.search.n_hits; i++) {
@@ -522,6 +542,8 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     free(ti->input);
     ti->input = strdup(work ? cph_job_kind_name(work->kind) : "job");
   }
+  if (rc == CPH_OK)
+    turnlog_keep(tu->turnlog, &t, turn_id, ti); /* the context explorer's record */
   uint8_t token[16];
   if (RAND_bytes(token, sizeof token) != 1)
     rc = rc ? rc : CPH_EIO;
@@ -581,6 +603,10 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
   }
   l->turn_id = turn_id;
   l->session = s;
+  for (uint32_t i = 0; i < s->n_inbox; i++) /* ids ascend, bar requeued entries: take the max */
+    if (s->inbox[i].id > l->watermark)
+      l->watermark = s->inbox[i].id;
+  ti->while_running = sessions_while_running(tu->sessions, s);
   memcpy(l->token, token, sizeof token);
   l->deadline_ns = now_ns + ttl_ns;
   l->kind = ti->kind;
@@ -642,14 +668,17 @@ uint32_t turns_serve_waiters(cph_turns *tu) {
 
 /* Ends lease l without completing it (worker failure or expiry): the carried messages stay
  * staged with one more attempt; when an item reaches :max-attempts the turn is parked with
- * its messages. */
+ * its messages. A superseded lease (state CPH_TURN_SUPERSEDED, while_running :restart) was
+ * not the worker's failure: its messages stay staged with their attempts as they were, and
+ * it is never parked. */
 static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error) {
   csession *s = l->session;
   uint32_t max_attempts = (uint32_t)tu->env->policy->leases.max_attempts;
+  uint32_t attempt = state == CPH_TURN_SUPERSEDED ? 0 : 1;
   bool park = false;
   cph_txn t;
   cph_txn_begin_child(&tu->env->txn, &t);
-  for (size_t i = 0; i < l->n_inbox_ids; i++) {
+  for (size_t i = 0; i < l->n_inbox_ids && attempt; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx < 0)
       continue;
@@ -663,7 +692,7 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error) 
     if (idx < 0)
       continue;
     inbox_item it = s->inbox[idx];
-    it.attempts++;
+    it.attempts += attempt;
     put_inbox_status(&t, s, &it, park ? CPH_INBOX_PARKED : CPH_INBOX_STAGED, park ? l->turn_id : 0);
   }
   cph_key tk = u64_key(l->turn_id);
@@ -686,7 +715,8 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error) 
   int rc = cph_txn_commit(&t);
   if (rc)
     return rc;
-  metrics_turn_ended(tu->metrics, s->lane, state == CPH_TURN_EXPIRED);
+  if (state != CPH_TURN_SUPERSEDED) /* neither failed nor expired: revoked for newer input */
+    metrics_turn_ended(tu->metrics, s->lane, state == CPH_TURN_EXPIRED);
   if (l->job_id) {
     s->running_job = 0;
     if (job_failed)
@@ -696,7 +726,7 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error) 
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx < 0)
       continue;
-    s->inbox[idx].attempts++;
+    s->inbox[idx].attempts += attempt;
     s->inbox[idx].turn_id = 0;
     if (park)
       csession_inbox_remove(s, (uint32_t)idx);
@@ -714,6 +744,25 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error) 
 }
 
 /* ---------------------------------------------------------------- operations */
+
+/* The entries that arrived for l's session since it was leased and are in no turn: staged,
+ * or pending until this pass's poll_inbox stages them (ingest wrote them staged already).
+ * Returns how many; fills items[0..max) with the staged ones when items is given. O(inbox). */
+static size_t arrivals(const lease *l, inbox_item **items, size_t max) {
+  const csession *s = l->session;
+  size_t n = 0;
+  for (uint32_t i = 0; i < s->n_inbox; i++) {
+    inbox_item *it = &s->inbox[i];
+    if (it->turn_id || it->id <= l->watermark)
+      continue;
+    if (!items) {
+      n += it->status == CPH_INBOX_STAGED || it->status == CPH_INBOX_PENDING;
+    } else if (it->status == CPH_INBOX_STAGED && n < max) {
+      items[n++] = it;
+    }
+  }
+  return n;
+}
 
 /* The lease the op names: CPH_OK with *out, or the op's error already set. */
 static int check_lease(cph_turns *tu, cph_op *op, lease **out) {
@@ -744,6 +793,12 @@ static int check_lease(cph_turns *tu, cph_op *op, lease **out) {
     op->u.turn.already = true; /* complete is idempotent for the same lease */
     return CPH_ENOTFOUND;
   }
+  if (state == CPH_TURN_SUPERSEDED)
+    return op_fail(op, CPH_ESUPERSEDED, "lease",
+                   "turn %llu was superseded: input arrived while it ran and its session's "
+                   "while_running is restart; its input is leased again as a new turn (what "
+                   "this lease did is not undone, and nothing of it is recorded)",
+                   (unsigned long long)op->u.turn.turn_id);
   return op_fail(op, CPH_ECONFLICT, "lease", "the lease of turn %llu has ended (%s)",
                  (unsigned long long)op->u.turn.turn_id,
                  state == CPH_TURN_COMPLETED ? "completed"
@@ -771,6 +826,114 @@ static void turn_heartbeat(cph_turns *tu, cph_op *op) {
     return;
   }
   l->deadline_ns = env_now(tu->env) + ttl_ms * CPH_NS_PER_MS;
+  /* What arrived since the lease (DESIGN §4): counted under :merge (the worker may take it)
+   * and :interrupt (the first arrival asks the worker to stop; the answer says so from then
+   * on, whatever the mode becomes). */
+  op->u.turn.while_running = sessions_while_running(tu->sessions, l->session);
+  op->u.turn.arrived = arrivals(l, NULL, 0);
+  if (op->u.turn.while_running == CPH_POLICY_WR_INTERRUPT && op->u.turn.arrived && !l->job_id)
+    l->interrupt_asked = true;
+  op->u.turn.interrupt = l->interrupt_asked;
+}
+
+/* POST /v1/turns/{id}/take (while_running :merge, DESIGN §4): the entries staged for the
+ * session since the lease (mentions first, then oldest; at most :max-batch) move into the
+ * running turn — its lease's inbox_ids, its record's inbox_seqs and input — so its
+ * completion consumes them and its reply lists them as sources; a failed or expired turn
+ * leaves them staged with the rest. The answer is those entries, as a lease's staged. */
+static void turn_take(cph_turns *tu, cph_op *op) {
+  lease *l = NULL;
+  if (check_lease(tu, op, &l))
+    return;
+  csession *s = l->session;
+  cph_policy_while_running mode = sessions_while_running(tu->sessions, s);
+  if (mode != CPH_POLICY_WR_MERGE || l->job_id) {
+    op_fail(op, CPH_ECONFLICT, "while_running",
+            "turn %llu cannot take arrivals: its session's while_running is %s, not merge",
+            (unsigned long long)l->turn_id,
+            l->job_id ? "(a job turn)" : cph_policy_while_running_name(mode));
+    return;
+  }
+  size_t max = (size_t)tu->env->policy->sessions.max_batch;
+  inbox_item **items = calloc(max, sizeof *items);
+  size_t n = items ? arrivals(l, items, max) : 0;
+  if (!items) {
+    op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+    return;
+  }
+  op->u.turn.n_taken = 0;
+  op->u.turn.taken = calloc(n ? n : 1, sizeof *op->u.turn.taken);
+  uint64_t *ids = realloc(l->inbox_ids, (l->n_inbox_ids + n + 1) * sizeof *ids);
+  if (!op->u.turn.taken || !ids) {
+    free(items);
+    if (ids)
+      l->inbox_ids = ids;
+    op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+    return;
+  }
+  l->inbox_ids = ids;
+  qsort(items, n, sizeof *items, staged_order);
+  cph_txn t;
+  cph_txn_begin_child(&tu->env->txn, &t);
+  cph_key tk = u64_key(l->turn_id);
+  cph_turn_rec tr;
+  int rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  bool have_tr = rc == CPH_OK;
+  cph_buf input = CPH_BUF_INIT;
+  for (size_t i = 0; i < n && rc == CPH_OK; i++) {
+    rc = staged_fill(&t, s, items[i], &op->u.turn.taken[i]);
+    if (rc == CPH_OK)
+      op->u.turn.n_taken++;
+  }
+  uint64_t *seqs = NULL;
+  if (rc == CPH_OK && n) {
+    /* The record shows the turn as it now is: its entries and its input (the user core its
+     * completion leaves in the tree) with the taken bodies after a newline each. */
+    seqs = malloc((tr.n_inbox_seqs + n) * sizeof *seqs);
+    cph_buf_puts(&input, tr.input ? tr.input : "");
+    if (tr.kind == CPH_TURN_AUTONOMY_TICK) { /* a tick that takes input becomes an inbox turn */
+      cph_buf_reset(&input);
+      cph_buf_puts(&input, INBOX_INPUT_MARK);
+      tr.kind = CPH_TURN_INBOX;
+    }
+    for (size_t i = 0; i < n; i++) {
+      if (input.len > sizeof INBOX_INPUT_MARK - 1)
+        cph_buf_putc(&input, '\n');
+      cph_buf_puts(&input, op->u.turn.taken[i].body);
+    }
+    char *text = cph_buf_steal(&input);
+    if (!seqs || !text) {
+      free(text);
+      rc = CPH_ENOMEM;
+    } else {
+      memcpy(seqs, tr.inbox_seqs, tr.n_inbox_seqs * sizeof *seqs);
+      for (size_t i = 0; i < n; i++)
+        seqs[tr.n_inbox_seqs + i] = items[i]->id;
+      free(tr.inbox_seqs);
+      tr.inbox_seqs = seqs;
+      tr.n_inbox_seqs += (uint32_t)n;
+      seqs = NULL;
+      free(tr.input);
+      tr.input = text;
+      cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    }
+  }
+  free(seqs);
+  cph_buf_free(&input);
+  if (have_tr)
+    cph_record_free(&cph_turn_desc, &tr);
+  if (rc || cph_txn_commit(&t)) {
+    if (t.mdb)
+      cph_txn_abort(&t);
+    op_fail(op, rc ? rc : t.ret, NULL, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+    free(items);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    items[i]->turn_id = l->turn_id;
+    l->inbox_ids[l->n_inbox_ids++] = items[i]->id;
+  }
+  free(items);
 }
 
 static void turn_complete_work(cph_turns *tu, cph_op *op);
@@ -795,6 +958,20 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     op_fail(op, CPH_EINVAL, "reply.channel", "reply.channel: a channel name is 1 to 256 bytes");
     return;
   }
+  /* An interrupted completion (while_running :interrupt, DESIGN §4) records what the turn
+   * did — its cost, its reply (the worker's account of the work it did, each tool call with
+   * its result), its memories and jobs — but consumes none of its input: the entries it
+   * carried go back to staged (attempts unchanged), so the next turn carries them together
+   * with what arrived, and each event is consumed once, by that completed turn (§5). So the
+   * tree, the episode and the channel cursors stay as they were: the next turn sees the old
+   * input as its trigger again, the reply as the session's own message before it. */
+  bool interrupted = op->u.turn.interrupted;
+  if (interrupted && !l->interrupt_asked) {
+    op_fail(op, CPH_ECONFLICT, "interrupted",
+            "turn %llu was not asked to interrupt: complete it without interrupted",
+            (unsigned long long)l->turn_id);
+    return;
+  }
   cph_txn t;
   cph_txn_begin_child(&tu->env->txn, &t);
   int64_t now_ms = cph_wall_ms();
@@ -804,7 +981,8 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx < 0)
       continue;
-    put_inbox_status(&t, s, &s->inbox[idx], CPH_INBOX_CONSUMED, l->turn_id);
+    if (!interrupted) /* an interrupted turn's entries stay staged, as ingest wrote them */
+      put_inbox_status(&t, s, &s->inbox[idx], CPH_INBOX_CONSUMED, l->turn_id);
     if (!first_channel) {
       cph_key ek = u64_key(s->inbox[idx].event_id);
       cph_event_rec ev;
@@ -869,8 +1047,9 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   cph_pact_tree tree; /* the episode's tree: kept decoded (trees_keep) once t committed */
   cph_pact_tree_init(&tree);
   bool tree_saved = false;
+  char *old_error = NULL;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
-    if (tr.kind != CPH_TURN_JOB) {
+    if (tr.kind != CPH_TURN_JOB && !interrupted) {
       /* The episode (DESIGN §6): the input and reply join the session's PACT tree as message
        * cores, then TTL -> cadence -> lifecycle -> ODI. */
       if (trees_load(tu->trees, &t, s->id, &tree) == CPH_OK &&
@@ -884,7 +1063,11 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     tr.completed_ms = now_ms;
     tr.cost_tokens = op->u.turn.tokens;
     tr.tool_calls = op->u.turn.tool_calls;
+    old_error = tr.error;
+    if (interrupted) /* its record says why its input was not consumed */
+      tr.error = "interrupted: input arrived (while_running interrupt); input staged again";
     cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    tr.error = old_error;
     cph_record_free(&cph_turn_desc, &tr);
   }
   cph_txn_del(&t, CPH_DB_ACTIVE_TURNS, &tk);
@@ -894,16 +1077,19 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   /* §3.8: tokens feed the lane's tokens bucket and, under :charge :tokens, the credits. */
   cph_sched_cost cost = {op->u.turn.tool_calls, op->u.turn.tokens};
   cph_sched_finish_cost(tu->env->sched, s->sid, &cost, true);
-  s->episode++;
+  if (!interrupted)
+    s->episode++;
   persist_session_credits(tu->sessions, &t, s);
-  context_cursors_advance(&t, s->id, &l->views); /* channel views: the cursors move to what the turn saw */
+  if (!interrupted) /* channel views: the cursors move to what the turn saw */
+    context_cursors_advance(&t, s->id, &l->views);
   int commit_rc = cph_txn_commit(&t);
   if (commit_rc == CPH_OK && tree_saved)
     trees_keep(tu->trees, s->id, &tree);
   cph_pact_tree_free(&tree);
   if (commit_rc) {
     /* Put the session back as it was: running, same credits, same episode. */
-    s->episode--;
+    if (!interrupted)
+      s->episode--;
     csession_resched(tu->sessions, s, s->lane, credits_before);
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     maint_pending_drop(tu->maint);
@@ -916,7 +1102,11 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     maint_job_finished(tu->maint, s, l->job_id);
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
-    if (idx >= 0)
+    if (idx < 0)
+      continue;
+    if (interrupted)
+      s->inbox[idx].turn_id = 0; /* staged for the next turn, with what arrived */
+    else
       csession_inbox_remove(s, (uint32_t)idx);
   }
   if (reply_id > tu->last_reply_id)
@@ -1007,10 +1197,23 @@ void turns_apply(cph_turns *tu, cph_op *op) {
   case CPH_OP_FAIL:
     turn_fail(tu, op);
     break;
+  case CPH_OP_TAKE:
+    turn_take(tu, op);
+    break;
   default:
     turn_requeue(tu, op);
     break;
   }
+}
+
+void turns_supersede(cph_turns *tu, csession *s) {
+  lease *l = s->running_turn ? lease_find(tu, s->running_turn) : NULL;
+  if (!l || l->job_id)
+    return;
+  int rc = end_lease(tu, l, CPH_TURN_SUPERSEDED, "superseded: input arrived (while_running restart)");
+  if (rc) /* the lease stays; it ends by its worker or its deadline, as under :enqueue */
+    cph_log(CPH_LOG_WARN, "could not supersede turn %llu of '%s': %s",
+            (unsigned long long)s->running_turn, s->id, cph_strerror(rc));
 }
 
 /* ---------------------------------------------------------------- reconcile */

@@ -5,8 +5,8 @@
  *
  * It owns the leases (in memory only: at a restart those in flight are expired, §4), the
  * waiting lease requests and the newest reply id. It is handed the modules a turn touches:
- * the sessions registry, context assembly and the tree store, maintenance (job turns),
- * memory (a completion's memories), reports and the metrics. A served or failed waiter is
+ * the sessions registry, context assembly and the tree store, the turn log, maintenance (job
+ * turns), memory (a completion's memories), reports and the metrics. A served or failed waiter is
  * answered after the pass commits: it goes onto the engine's done queue. */
 #ifndef CEPHALON_CORE_TURNS_H
 #define CEPHALON_CORE_TURNS_H
@@ -23,6 +23,7 @@
 #include "ops.h"
 #include "sessions.h"
 #include "trees.h"
+#include "turnlog.h"
 
 struct cph_reports;
 
@@ -31,7 +32,8 @@ typedef struct cph_turns {
   cph_sessions *sessions;
   cph_context *context;
   cph_trees *trees;
-  cph_maint *maint; /* NULL until maintenance opened */
+  cph_turnlog *turnlog; /* keeps each leased turn's context (the context explorer) */
+  cph_maint *maint;     /* NULL until maintenance opened */
   cph_memory *memory;
   struct cph_reports *reports;
   cph_metrics *metrics;
@@ -61,9 +63,14 @@ void turns_fail_waiters(cph_turns *tu, int rc, const char *msg);
 int64_t turns_next_deadline_ns(const cph_turns *tu);
 
 /* ---- the pass */
-uint32_t turns_serve_waiters(cph_turns *tu);     /* agent_turn (§3.6 job 0) */
-void turns_apply(cph_turns *tu, cph_op *op);     /* heartbeat, complete, fail, requeue */
-void turns_reconcile(cph_turns *tu);             /* expire leases, time out waiters */
+uint32_t turns_serve_waiters(cph_turns *tu); /* agent_turn (§3.6 job 0) */
+void turns_apply(cph_turns *tu, cph_op *op); /* heartbeat, complete, fail, requeue */
+void turns_reconcile(cph_turns *tu);         /* expire leases, time out waiters */
+/* while_running :restart (DESIGN §4): input reached s while its turn ran, so that lease is
+ * revoked — its record says superseded, its heartbeats and completion answer
+ * CPH_ESUPERSEDED and change nothing — and its input is staged again, attempts unchanged,
+ * for the next turn with what arrived. A job turn, or no running turn: nothing happens. */
+void turns_supersede(cph_turns *tu, csession *s);
 
 /* ---- reads */
 int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **out, size_t *n,

@@ -93,3 +93,14 @@ const char *cph_policy_provider_kind_name(cph_policy_provider_kind v) {
 const char *cph_policy_index_kind_name(cph_policy_index_kind v) {
   return enum_name(cph__policy_index_kinds, 2, (int)v);
 }
+const char *cph_policy_while_running_name(cph_policy_while_running v) {
+  return enum_name(cph__policy_while_runnings, CPH_POLICY_WR_COUNT, (int)v);
+}
+int cph_policy_while_running_parse(const char *name, cph_policy_while_running *out) {
+  for (int i = 0; name && i < CPH_POLICY_WR_COUNT; i++)
+    if (strcmp(name, cph__policy_while_runnings[i]) == 0) {
+      *out = (cph_policy_while_running)i;
+      return CPH_OK;
+    }
+  return CPH_EINVAL;
+}

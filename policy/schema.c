@@ -13,6 +13,7 @@ _Static_assert(sizeof(cph_policy_log_level) == sizeof(int), "enum is int-sized")
 _Static_assert(sizeof(cph_policy_sync) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_provider_kind) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_index_kind) == sizeof(int), "enum is int-sized");
+_Static_assert(sizeof(cph_policy_while_running) == sizeof(int), "enum is int-sized");
 _Static_assert(sizeof(cph_policy_charge) == sizeof(int), "enum is int-sized");
 
 /* Indexed by the enum values in cephalon/policy.h. */
@@ -20,6 +21,8 @@ const char *const cph__policy_log_levels[] = {"debug", "info", "warn", "error", 
 const char *const cph__policy_syncs[] = {"always", "batch", "none", NULL};
 const char *const cph__policy_provider_kinds[] = {"builtin", "openai", NULL};
 const char *const cph__policy_index_kinds[] = {"embedded", "http", NULL};
+const char *const cph__policy_while_runnings[] = {"enqueue", "merge", "interrupt", "restart",
+                                                  "reject", NULL};
 static const char *const charge_names[] = {"turn", "tokens", NULL};
 /* Bit i of cph_policy_token.scopes; matches CPH_POLICY_SCOPE_*. */
 static const char *const scope_names[] = {"ingest", "worker", "admin", "read", NULL};
@@ -62,7 +65,10 @@ static const ps_field server_fields[] = {
     STR(cph_policy_server, "data-dir", data_dir, "var", 0,
         "directory of the LMDB environment"),
     INT(cph_policy_server, "map-size-mb", map_size_mb, 1, 1048576, 1024,
-        "LMDB map size in MiB: the most the store can hold"),
+        "LMDB map size in MiB at open; when full it grows while the daemon runs"),
+    INT(cph_policy_server, "max-map-size-mb", max_map_size_mb, 1, 1048576, 1048576,
+        "the map doubles when full up to this many MiB (and what the disk holds); "
+        "writes answer 507 only there"),
     INT(cph_policy_server, "max-body-bytes", max_body_bytes, 1024, 1073741824, 8388608,
         "largest HTTP request body accepted (413 beyond it)"),
     INT(cph_policy_server, "max-events-per-request", max_events_per_request, 1, 100000, 1000,
@@ -75,10 +81,18 @@ static const ps_field server_fields[] = {
         "cap on a long-poll's wait_ms"),
     INT(cph_policy_server, "timeout-seconds", timeout_seconds, 1, 3600, 60,
         "idle HTTP connections are closed after this many seconds"),
+    INT(cph_policy_server, "header-timeout-seconds", header_timeout_seconds, 1, 3600, 10,
+        "a request head not received whole this long after the connection, or after its first "
+        "byte on a kept-alive one, is dropped"),
+    INT(cph_policy_server, "body-timeout-seconds", body_timeout_seconds, 1, 3600, 30,
+        "a request body not received whole this long after its head is answered 408 and "
+        "dropped"),
     CHOICE(cph_policy_server, "log-level", log_level, cph__policy_log_levels,
            CPH_POLICY_LOG_INFO, "least severe log level written: :debug :info :warn :error"),
 };
-static const ps_table server_table = TABLE(cph_policy_server, server_fields, PS_NO_ID);
+static const ps_check server_checks[] = {{PS_CHECK_LE, "map-size-mb", "max-map-size-mb", 0}};
+static const ps_table server_table =
+    TABLE_CHECKED(cph_policy_server, server_fields, PS_NO_ID, server_checks);
 
 /* ---- :auth ---- */
 static const ps_field token_fields[] = {
@@ -223,6 +237,27 @@ static const ps_field leases_fields[] = {
 static const ps_table leases_table = TABLE(cph_policy_leases, leases_fields, PS_NO_ID);
 
 /* ---- :sessions ---- */
+/* :while-running, one mode per class: the map lives inside cph_policy_sessions (offsets are
+ * from its start), like :lanes in the scheduler. */
+#define WR_DOC ": :enqueue (staged for the next turn), :merge (the worker may take it into " \
+               "the running turn), :interrupt (the worker stops at its next safe point), "    \
+               ":restart (the lease is revoked, the turn runs again with all input) or "     \
+               ":reject (answered rejected, reason session_busy)"
+static const ps_field while_running_fields[] = {
+    CHOICE(cph_policy_sessions, "interactive", while_running[CPH_LANE_INTERACTIVE],
+           cph__policy_while_runnings, CPH_POLICY_WR_ENQUEUE,
+           "what an interactive session does with what arrives while its turn runs" WR_DOC),
+    CHOICE(cph_policy_sessions, "operational", while_running[CPH_LANE_OPERATIONAL],
+           cph__policy_while_runnings, CPH_POLICY_WR_ENQUEUE,
+           "the same for operational sessions"),
+    CHOICE(cph_policy_sessions, "maintenance", while_running[CPH_LANE_MAINTENANCE],
+           cph__policy_while_runnings, CPH_POLICY_WR_ENQUEUE,
+           "the same for maintenance sessions (job turns always enqueue)"),
+};
+#undef WR_DOC
+static const ps_table while_running_table =
+    TABLE(cph_policy_sessions, while_running_fields, PS_NO_ID);
+
 static const ps_field sessions_fields[] = {
     INT(cph_policy_sessions, "max-queue", max_queue, 1, 10000000, 1000,
         "queued inbox entries per session; beyond it the oldest un-mentioned fold into one "
@@ -236,8 +271,20 @@ static const ps_field sessions_fields[] = {
         "least recently used evicted; 0 reads it from the store every turn"),
     BOOL(cph_policy_sessions, "janitor?", janitor, 1,
          "create the built-in janitor maintenance session"),
+    {.name = "while-running", .kind = PS_SECTION, .off = 0, .child = &while_running_table,
+     .doc = "per class, what a session that sets no while_running of its own does with what "
+            "arrives while its turn runs (DESIGN §4)"},
 };
 static const ps_table sessions_table = TABLE(cph_policy_sessions, sessions_fields, PS_NO_ID);
+
+/* ---- :context ---- */
+static const ps_field context_fields[] = {
+    INT(cph_policy_context, "keep-turns", keep_turns, 0, 10000, 8,
+        "turn contexts kept per session for the context explorer (GET /v1/sessions/{id}/turns, "
+        "the context diff, /ui); older ones are deleted as new turns are leased; each costs "
+        "about its messages' size in the store; 0 keeps none"),
+};
+static const ps_table context_table = TABLE(cph_policy_context, context_fields, PS_NO_ID);
 
 /* ---- :dedupe ---- */
 static const ps_field dedupe_fields[] = {
@@ -447,6 +494,8 @@ static const ps_field root_fields[] = {
             "concurrency, lane budgets and session credits"),
     SECTION(cph_policy, "leases", leases, leases_table, "turn leases"),
     SECTION(cph_policy, "sessions", sessions, sessions_table, "per-session limits"),
+    SECTION(cph_policy, "context", context, context_table,
+            "turn contexts kept for the context explorer"),
     SECTION(cph_policy, "dedupe", dedupe, dedupe_table, "duplicate detection"),
     SECTION(cph_policy, "gc", gc, gc_table, "memory compaction"),
     SECTION(cph_policy, "maintenance", maintenance, maintenance_table,
@@ -471,6 +520,8 @@ FITS(credits_fields);
 FITS(scheduler_fields);
 FITS(leases_fields);
 FITS(sessions_fields);
+FITS(while_running_fields);
+FITS(context_fields);
 FITS(dedupe_fields);
 FITS(gc_fields);
 FITS(outbox_fields);

@@ -104,5 +104,6 @@ extern const char *const cph__policy_log_levels[];
 extern const char *const cph__policy_syncs[];
 extern const char *const cph__policy_provider_kinds[];
 extern const char *const cph__policy_index_kinds[];
+extern const char *const cph__policy_while_runnings[];
 
 #endif

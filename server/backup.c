@@ -85,8 +85,7 @@ static int check_dir(const char *dir, cph_err *err) {
     empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
   closedir(d);
   return empty ? CPH_OK
-               : cph_err_set(err, CPH_EEXISTS, "dir '%s' is not empty: give a new directory",
-                             dir);
+               : cph_err_set(err, CPH_EEXISTS, "dir '%s' is not empty: give a new directory", dir);
 }
 
 int cph_backup_start(cph_backup *b, cph_engine *e, const char *dir, cph_err *err) {

@@ -12,11 +12,11 @@
 typedef struct cph_backup cph_backup;
 
 typedef struct cph_backup_status {
-  const char *state;    /* "none" (never started), "running", "done", "failed" */
+  const char *state; /* "none" (never started), "running", "done", "failed" */
   char dir[4096];
-  uint64_t bytes;       /* written so far (running) or in all (done) */
+  uint64_t bytes;                  /* written so far (running) or in all (done) */
   int64_t started_ms, finished_ms; /* wall clock; finished 0 while running */
-  char error[512];      /* failed: why */
+  char error[512];                 /* failed: why */
 } cph_backup_status;
 
 cph_backup *cph_backup_new(void); /* NULL on out of memory */

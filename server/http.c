@@ -11,6 +11,7 @@
 
 #include "auth.h"
 #include "common/log.h"
+#include "deadlines.h"
 #include "longpoll.h"
 #include "reply.h"
 #include "request.h"
@@ -26,10 +27,14 @@
 
 /* Scopes (DESIGN §9 + the auth contract): ingest posts events; worker leases, heartbeats,
  * completes and fails turns and reads replies; admin changes sessions, requeues and uses
- * everything under /v1/admin; read may call every GET. A route lists every scope that admits it. */
+ * everything under /v1/admin; read may call every GET. A route lists every scope that admits it.
+ * docs/openapi.json states the same scopes per operation (test_openapi compares them). */
 static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/healthz", 0, 0, cph_route_healthz},
     {EVHTTP_REQ_GET, "/readyz", 0, 0, cph_route_readyz},
+    /* the console's static files: public, like a login page; its API calls carry a token */
+    {EVHTTP_REQ_GET, "/ui", 0, 0, cph_route_ui},
+    {EVHTTP_REQ_GET, "/ui/{file}", 0, 0, cph_route_ui},
     {EVHTTP_REQ_POST, "/v1/sessions", SCOPE_ADMIN, CPH_ROUTE_BODY, cph_route_session_create},
     {EVHTTP_REQ_GET, "/v1/sessions", SCOPE_READ, 0, cph_route_session_list},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}", SCOPE_READ, 0, cph_route_session_get},
@@ -40,6 +45,10 @@ static const cph_route routes[] = {
      cph_route_context_insert},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}/context", SCOPE_READ, 0, cph_route_context_get},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}/context/step", SCOPE_READ, 0, cph_route_context_step},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/context/diff", SCOPE_READ, 0, cph_route_context_diff},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/turns", SCOPE_READ, 0, cph_route_kept_turns},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/turns/{turn}/context", SCOPE_READ, 0,
+     cph_route_turn_context},
     {EVHTTP_REQ_DELETE, "/v1/sessions/{id}/context/{node}", SCOPE_ADMIN | SCOPE_WORKER, 0,
      cph_route_context_delete},
     {EVHTTP_REQ_POST, "/v1/sessions/{id}/seal", SCOPE_ADMIN | SCOPE_WORKER, CPH_ROUTE_BODY,
@@ -53,6 +62,7 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_POST, "/v1/turns/{id}/complete", SCOPE_WORKER, CPH_ROUTE_BODY,
      cph_route_turn_complete},
     {EVHTTP_REQ_POST, "/v1/turns/{id}/fail", SCOPE_WORKER, CPH_ROUTE_BODY, cph_route_turn_fail},
+    {EVHTTP_REQ_POST, "/v1/turns/{id}/take", SCOPE_WORKER, CPH_ROUTE_BODY, cph_route_turn_take},
     {EVHTTP_REQ_POST, "/v1/turns/{id}/requeue", SCOPE_ADMIN, CPH_ROUTE_BODY,
      cph_route_turn_requeue},
     {EVHTTP_REQ_GET, "/v1/turns", SCOPE_READ, 0, cph_route_turns_list},
@@ -74,6 +84,9 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/v1/events/{id}", SCOPE_READ, 0, cph_route_event_get},
     /* a search counts as an access to what it returns, but a reader may search */
     {EVHTTP_REQ_GET, "/v1/memories/search", SCOPE_READ, 0, cph_route_memories_search},
+    /* the API's description: for any client with a valid token, to generate a client from */
+    {EVHTTP_REQ_GET, "/v1/openapi.json", SCOPE_INGEST | SCOPE_WORKER | SCOPE_ADMIN | SCOPE_READ, 0,
+     cph_route_openapi},
 };
 
 #define MAX_SEGMENTS 8
@@ -189,6 +202,9 @@ static bool wants_msgpack(struct evhttp_request *ev) {
 
 void cph_http_dispatch(struct evhttp_request *ev, void *arg) {
   cph_srv *s = arg;
+  /* read whole: its head and body deadlines stop here (a long-poll may wait much longer) */
+  if (s->deadlines)
+    cph_deadlines_dispatched(s->deadlines, ev);
   s->open_reqs++;
   cph_req *r = cph_req_new(s, ev);
   if (!r) {

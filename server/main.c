@@ -21,14 +21,19 @@
  *   services         long-polls (longpoll.c, s->lp), maintenance workers (maint_workers.c,
  *                    s->maint), memory-search threads (search_prep.c, s->search): started
  *                    and stopped here, used by the routes; they call neither routes nor main
- *                    (search_prep uses maint_workers' provider snapshot)
+ *                    (search_prep uses maint_workers' provider snapshot); request deadlines
+ *                    (deadlines.c, s->deadlines): every connection's bufferevent is made
+ *                    there, http.c says when a request is routed, /metrics reads its counts
  *   reply.c          answering: replies, the error format, answers after an engine op
  *   request.c        the request context: memory, lifetime, query, body, fields
  *   server.c         a pass soon, a replies wake soon, the answer accounting of a shutdown
  *   leaves           auth.c (http), emit.c (routes), mpjson.c (request, reply) */
+#define _GNU_SOURCE /* pipe2 */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,12 +42,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "cephalon/cephalon.h"
 #include "common/log.h"
 #include "http.h"
 #include "listen.h"
 #include "cephalon/providers.h"
+#include "deadlines.h"
 #include "longpoll.h"
 #include "backup.h"
 #include "maint_workers.h"
@@ -86,6 +93,23 @@ static void arm_wakeup(cph_srv *s) {
   evtimer_add(s->ev_wakeup, &tv);
 }
 
+/* What a loop callback that may have answered operations does after: another pass if one
+ * is wanted, the next wakeup, the replies long-polls, a shutdown that may be done. */
+static void after_answers(cph_srv *s) {
+  if (cph_engine_pass_wanted(s->engine))
+    cph_srv_schedule_pass(s);
+  arm_wakeup(s);
+  /* Belt and braces with the replies_appended hook: a pass that added replies wakes the
+   * replies long-polls. */
+  uint64_t last = cph_engine_last_reply_id(s->engine);
+  if (last != s->last_reply_seen) {
+    s->last_reply_seen = last;
+    if (cph_longpolls_replies_waiting(s->lp))
+      cph_srv_wake_replies_later(s);
+  }
+  cph_srv_maybe_finish_stop(s);
+}
+
 /* One pass per callback; a pass that wants a successor gets it through the zero-delay timer
  * (never a loop here), so requests keep being read between passes. */
 static void on_pass(evutil_socket_t fd, short what, void *arg) {
@@ -102,18 +126,27 @@ static void on_pass(evutil_socket_t fd, short what, void *arg) {
       cph_error("pass failed: %s (%llu failed passes so far)", cph_strerror(rc),
                 (unsigned long long)s->pass_errors);
   }
-  if (cph_engine_pass_wanted(s->engine))
-    cph_srv_schedule_pass(s);
-  arm_wakeup(s);
-  /* Belt and braces with the replies_appended hook: a pass that added replies wakes the
-   * replies long-polls. */
-  uint64_t last = cph_engine_last_reply_id(s->engine);
-  if (last != s->last_reply_seen) {
-    s->last_reply_seen = last;
-    if (cph_longpolls_replies_waiting(s->lp))
-      cph_srv_wake_replies_later(s);
-  }
-  cph_srv_maybe_finish_stop(s);
+  after_answers(s);
+}
+
+/* Engine hook, ON THE ENGINE'S FLUSH THREAD: only wake the loop. A full pipe already holds
+ * a wake, so EAGAIN loses nothing. */
+static void hook_flushed(void *ctx) {
+  cph_srv *s = ctx;
+  char byte = 1;
+  if (write(s->flush_pipe[1], &byte, 1) < 0 && errno != EAGAIN)
+    cph_warn("flush thread: cannot wake the loop: %s", strerror(errno));
+}
+
+/* A flush finished: answer the operations it made durable (or failed). */
+static void on_flushed(evutil_socket_t fd, short what, void *arg) {
+  (void)what;
+  cph_srv *s = arg;
+  char buf[64];
+  while (read(fd, buf, sizeof buf) > 0)
+    ;
+  cph_engine_flushed(s->engine);
+  after_answers(s);
 }
 
 static void on_timer_pass(evutil_socket_t fd, short what, void *arg) {
@@ -271,6 +304,13 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound, uint16_t fallback)
 static void shutdown_all(cph_srv *s) {
   cph_backup_free(s->backup); /* a running copy finishes first: it reads the engine's store */
   s->backup = NULL;
+  /* First, while the maintenance workers whose operations may wait are still there: stop
+   * the flush thread; operations waiting for a flush get it and their answers, and the last
+   * passes below flush before they answer. */
+  if (s->engine) {
+    cph_engine_hooks inline_flush = {s, hook_replies_appended, NULL};
+    cph_engine_set_hooks(s->engine, &inline_flush);
+  }
   cph_search_prep_stop(s->search);
   s->search = NULL;
   cph_maint_workers_stop(s->maint);
@@ -284,8 +324,10 @@ static void shutdown_all(cph_srv *s) {
   cph_http_release_all(s);
   if (s->http)
     evhttp_free(s->http);
-  struct event **evs[] = {&s->ev_pass,    &s->ev_tick,    &s->ev_wakeup,
-                          &s->ev_sync,    &s->ev_replies, &s->ev_stop_deadline};
+  cph_deadlines_free(s->deadlines); /* after evhttp_free: it closes every connection */
+  s->deadlines = NULL;
+  struct event **evs[] = {&s->ev_pass,    &s->ev_tick,    &s->ev_wakeup,     &s->ev_sync,
+                          &s->ev_replies, &s->ev_flushed, &s->ev_stop_deadline};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (*evs[i]) {
       event_free(*evs[i]);
@@ -293,6 +335,11 @@ static void shutdown_all(cph_srv *s) {
     }
   cph_longpolls_free(s->lp);
   s->lp = NULL;
+  for (int i = 0; i < 2; i++)
+    if (s->flush_pipe[i] >= 0) {
+      close(s->flush_pipe[i]);
+      s->flush_pipe[i] = -1;
+    }
 }
 
 int main(int argc, char **argv) {
@@ -351,6 +398,7 @@ int main(int argc, char **argv) {
 
   int status = 1;
   cph_srv s = {0};
+  s.flush_pipe[0] = s.flush_pipe[1] = -1;
   s.policy_path = policy_path;
   s.listen_loopback = loopback;
   s.log_level_fixed = level_arg != NULL;
@@ -363,8 +411,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cephalond: %s\n", err.msg);
     return 1;
   }
-  cph_engine_hooks hooks = {&s, hook_replies_appended};
-  cph_engine_set_hooks(s.engine, &hooks);
   s.last_reply_seen = cph_engine_last_reply_id(s.engine);
 
   struct event *ev_term = NULL, *ev_int = NULL, *ev_hup = NULL;
@@ -382,11 +428,21 @@ int main(int argc, char **argv) {
   s.ev_replies = evtimer_new(s.base, on_replies, &s);
   s.ev_stop_deadline = evtimer_new(s.base, on_stop_deadline, &s);
   s.lp = cph_longpolls_new(s.base);
+  if (pipe2(s.flush_pipe, O_NONBLOCK | O_CLOEXEC) == 0)
+    s.ev_flushed = event_new(s.base, s.flush_pipe[0], EV_READ | EV_PERSIST, on_flushed, &s);
+  s.deadlines = cph_deadlines_new(&s);
   if (!s.ev_pass || !s.ev_tick || !s.ev_wakeup || !s.ev_sync || !s.ev_replies ||
-      !s.ev_stop_deadline || !s.lp) {
+      !s.ev_stop_deadline || !s.lp || !s.ev_flushed || !s.deadlines ||
+      event_add(s.ev_flushed, NULL)) {
     cph_error("cannot create timers");
     goto out;
   }
+  /* The disk flush of :sync :always overlaps the next pass (cph_engine_hooks.flushed). */
+  cph_engine_hooks hooks = {&s, hook_replies_appended, hook_flushed};
+  cph_engine_set_hooks(s.engine, &hooks);
+  /* Every connection's bufferevent comes from deadlines.c, which times the request's head
+   * and body (:server :header-timeout-seconds, :body-timeout-seconds). */
+  evhttp_set_bevcb(s.http, cph_deadlines_bevcb, s.deadlines);
   evhttp_set_allowed_methods(s.http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                          EVHTTP_REQ_DELETE);
   evhttp_set_gencb(s.http, cph_http_dispatch, &s);

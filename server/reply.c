@@ -207,6 +207,7 @@ void cph_reply_rc(cph_req *r, int rc, const char *msg, const char *field) {
   case CPH_ECONFLICT:
   case CPH_EEXISTS:
   case CPH_ESTATE: status = 409; code = "conflict"; break;
+  case CPH_ESUPERSEDED: status = 409; code = "superseded"; break; /* while_running :restart */
   case CPH_ELIMIT: status = 413; code = "too_large"; break;
   case CPH_EBUSY: status = 503; code = "unavailable"; break;
   case CPH_EFULL: status = 507; code = "storage_full"; break;

@@ -23,6 +23,7 @@ void cph_route_turn_lease(cph_req *r);
 void cph_route_turn_heartbeat(cph_req *r);
 void cph_route_turn_complete(cph_req *r);
 void cph_route_turn_fail(cph_req *r);
+void cph_route_turn_take(cph_req *r);
 void cph_route_turn_requeue(cph_req *r);
 void cph_route_turns_list(cph_req *r);
 /* Withdraws a waiting lease long-poll (client gone, fallback deadline, shutdown): when the
@@ -61,6 +62,14 @@ void cph_route_context_step(cph_req *r);
 void cph_route_seal(cph_req *r);
 void cph_route_seals(cph_req *r);
 
+/* routes_explorer.c: kept turn contexts and the context diff (the context explorer) */
+void cph_route_kept_turns(cph_req *r);
+void cph_route_turn_context(cph_req *r);
+void cph_route_context_diff(cph_req *r);
+
+/* routes_ui.c: the web console's files, compiled in (GET /ui, /ui/{file}) */
+void cph_route_ui(cph_req *r);
+
 /* routes_maint.c */
 void cph_route_job_post(cph_req *r);
 void cph_route_jobs_list(cph_req *r);
@@ -72,6 +81,9 @@ void cph_route_event_get(cph_req *r);
 /* A job's args object as the engine's "key=value" text (request-owned), NULL when absent or
  * after recording a 400. */
 const char *cph_job_args_text(cph_req *r, json_t *args, const char *path);
+
+/* routes_openapi.c: GET /v1/openapi.json, the API's OpenAPI document (docs/openapi.json) */
+void cph_route_openapi(cph_req *r);
 
 /* routes_top.c: GET /v1/top, the live operations view */
 void cph_route_top(cph_req *r);

@@ -2,8 +2,11 @@
  *
  *   POST /v1/events {"events": [{channel, sender, body, session?, mentions?, kind?, ts_ms?,
  *                                key?}, ...]}
- *     -> 200 {"results": [{"id", "status", "sessions", "reason"?, "field"?}]}, answered only
- *        after the transaction holding the events committed.
+ *     -> 200 {"results": [{"id", "status", "sessions", "reason"?, "field"?, "busy"?}]},
+ *        answered only after the transaction holding the events committed.
+ *     busy: [{"session", "reason": "session_busy"}] — sessions it was routed to that refused
+ *     it (their turn was running, while_running :reject); status is "rejected" (reason
+ *     session_busy) only when it reached no session, and its id is there: it was stored.
  *
  * Split of the checks: the server answers 400 for the structure (no "events" array, an
  * element that is not an object, a field of the wrong type — the field is named, e.g.
@@ -35,7 +38,8 @@ static void results_reply(cph_req *r, const cph_event_result *results, size_t n)
   cph_emit_array(&w, results ? n : 0);
   for (size_t i = 0; results && i < n; i++) {
     const cph_event_result *res = &results[i];
-    cph_emit_object(&w, 3 + (res->reason != NULL) + (res->field != NULL));
+    cph_emit_object(&w, 3 + (res->reason != NULL) + (res->field != NULL) +
+                            (res->busy.count > 0));
     cph_emit_key(&w, "id");
     if (res->id)
       cph_emit_u64(&w, res->id);
@@ -55,6 +59,19 @@ static void results_reply(cph_req *r, const cph_event_result *results, size_t n)
     if (res->field) {
       cph_emit_key(&w, "field");
       cph_emit_str(&w, res->field);
+    }
+    if (res->busy.count) {
+      cph_emit_key(&w, "busy");
+      cph_emit_array(&w, res->busy.count);
+      for (size_t j = 0; j < res->busy.count; j++) {
+        cph_emit_object(&w, 2);
+        cph_emit_key(&w, "session");
+        cph_emit_str(&w, res->busy.items[j]);
+        cph_emit_key(&w, "reason");
+        cph_emit_str(&w, "session_busy");
+        cph_emit_end(&w);
+      }
+      cph_emit_end(&w);
     }
     cph_emit_end(&w);
   }

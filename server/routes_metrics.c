@@ -1,9 +1,11 @@
 /* GET /metrics (DESIGN §9, §10): every cephalon_* metric in the Prometheus text exposition
  * format 0.0.4. Scope read. With :metrics :enabled? false it answers 404 in the JSON error
  * format, as for any unknown path. The text is built by the engine in one go (bounded work,
- * see cph_engine_metrics_text) on the event loop, like every other read. */
+ * see cph_engine_metrics_text) on the event loop, like every other read; the server's own
+ * families (cephalon_http_timeouts_total, deadlines.c) follow it. */
 #include <stdlib.h>
 
+#include "deadlines.h"
 #include "routes.h"
 #include "server.h"
 
@@ -16,10 +18,16 @@ void cph_route_metrics(cph_req *r) {
   }
   size_t len = 0;
   char *text = cph_engine_metrics_text(r->srv->engine, &len);
-  if (!text) {
+  cph_buf out = CPH_BUF_INIT;
+  if (text)
+    cph_buf_append(&out, text, len);
+  free(text);
+  /* the server's own families after the engine's */
+  if (!text || cph_deadlines_metrics(r->srv->deadlines, &out) != CPH_OK) {
+    cph_buf_free(&out);
     cph_reply_error(r, 500, "internal", NULL, "out of memory building the metrics");
     return;
   }
-  cph_reply_text(r, 200, METRICS_CONTENT_TYPE, text, len);
-  free(text);
+  cph_reply_text(r, 200, METRICS_CONTENT_TYPE, out.data, out.len);
+  cph_buf_free(&out);
 }

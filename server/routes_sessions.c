@@ -1,7 +1,8 @@
 /* Sessions (DESIGN §2, §9).
  *
  *   POST   /v1/sessions        session fields (id, class required) -> 200 session
- *   GET    /v1/sessions?class=&state=&after=&limit=                -> 200 {"sessions", "next"}
+ *   GET    /v1/sessions?class=&state=&after=&limit=&prefix=        -> 200 {"sessions", "next"}
+ *          (prefix: only ids that begin with it, found by a seek: the console's search)
  *   GET    /v1/sessions/{id}                                       -> 200 session
  *   PUT    /v1/sessions/{id}   fields to change                    -> 200 session
  *   DELETE /v1/sessions/{id}                                       -> 200 {"id", "deleted"}
@@ -9,11 +10,15 @@
  *
  * session: {"id", "class", "state", "credits", "episode", "subscribe", "member",
  *           "autonomy_interval_s", "report_interval_s", "context_window_tokens", "system",
- *           "tools", "paused", "pending", "staged", "folded", "tenant"}
+ *           "tools", "paused", "pending", "staged", "folded", "while_running",
+ *           "while_running_from_class", "tenant"}
  * Settable: class, subscribe, member, autonomy_interval_s, report_interval_s (null or 0 =
  * none), context_window_tokens (null or 0 = the policy default), system (null = none), tools,
- * tenant (null or "" = none: the default tenant, DESIGN §3.9) and "paused": true|false. id, state, credits, episode and the counters are read-only and
- * ignored in a body, so a client may PUT back what it got. */
+ * "paused": true|false, and while_running: "enqueue" | "merge" | "interrupt" | "restart" |
+ * "reject", or null = its class's default (:sessions :while-running; DESIGN §4), and tenant
+ * (null or "" = none: the default tenant, DESIGN §3.9). id, state, credits, episode, the
+ * counters and while_running_from_class are read-only and ignored in a body, so a client may
+ * PUT back what it got (which then pins the mode it showed). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +47,9 @@ static json_t *session_json(const cph_session_info *s) {
   json_object_set_new(o, "pending", json_integer(s->pending));
   json_object_set_new(o, "staged", json_integer(s->staged));
   json_object_set_new(o, "folded", cph_json_u64(s->folded));
+  json_object_set_new(o, "while_running",
+                      json_string(cph_policy_while_running_name(s->while_running)));
+  json_object_set_new(o, "while_running_from_class", json_boolean(s->while_running_class));
   json_object_set_new(o, "tenant", cph_json_str(s->tenant));
   return o;
 }
@@ -86,6 +94,21 @@ static void session_fields(cph_req *r, cph_session_info *in, unsigned *set) {
   if (present(b, "system") && cph_in_str(r, b, "", "system", 0, &system)) {
     in->system = (char *)system; /* an input: the engine reads it only */
     *set |= CPH_SET_SYSTEM;
+  }
+  json_t *wr = json_object_get(b, "while_running");
+  if (wr && json_is_null(wr)) {
+    in->while_running_class = true; /* back to its class's default */
+    *set |= CPH_SET_WHILE_RUNNING;
+  } else if (wr) {
+    const char *mode = NULL;
+    if (cph_in_str(r, b, "", "while_running", 0, &mode) && mode) {
+      if (cph_policy_while_running_parse(mode, &in->while_running) != CPH_OK)
+        cph_req_fail(r, 400, "bad_request", "while_running",
+                     "while_running must be \"enqueue\", \"merge\", \"interrupt\", "
+                     "\"restart\", \"reject\" or null (the class's default), got \"%.64s\"",
+                     mode);
+      *set |= CPH_SET_WHILE_RUNNING;
+    }
   }
   const char *tenant = NULL;
   if (present(b, "tenant") && cph_in_str(r, b, "", "tenant", 0, &tenant)) {
@@ -196,6 +219,11 @@ void cph_route_session_list(cph_req *r) {
   }
   const char *after = cph_req_query(r, "after");
   f.after = after && *after ? after : NULL;
+  f.prefix = cph_req_query(r, "prefix");
+  if (f.prefix && strlen(f.prefix) > 128) {
+    cph_reply_error(r, 400, "bad_request", "prefix", "prefix: a session id is at most 128 bytes");
+    return;
+  }
   uint64_t limit;
   if (!cph_query_u64(r, "limit", 100, 1000, &limit)) {
     cph_reply_failure(r);

@@ -3,8 +3,17 @@
  *   POST /v1/turns/lease            {worker, lanes?, wait_ms?, include?}
  *                                                              -> 200 {"turn": turn} | 204
  *     include: the parts of the turn the worker uses (LEASE_PARTS); absent: all of them
- *   POST /v1/turns/{id}/heartbeat   {lease}                    -> 200 {"id", "deadline_ms"}
- *   POST /v1/turns/{id}/complete    {lease, cost, reply?, memories?, tool_stats?, enqueue?}
+ *   POST /v1/turns/{id}/heartbeat   {lease}                    -> 200 {"id", "deadline_ms",
+ *                                                                  "arrived"?, "interrupt"?}
+ *     arrived: entries staged for the session since the lease, not taken (while_running
+ *     merge or interrupt); interrupt: true once interrupt asked the worker to stop
+ *   POST /v1/turns/{id}/take        {lease}          -> 200 {"id", "taken": [staged entry]}
+ *     while_running merge: the arrived entries move into the running turn (DESIGN §4)
+ *   POST /v1/turns/{id}/complete    {lease, cost, reply?, memories?, tool_stats?, enqueue?,
+ *                                    interrupted?}
+ *     interrupted: true — stopped because the heartbeat said interrupt; the turn's input is
+ *     staged again for the next turn (core/turns.c)
+ *   A superseded lease (while_running restart) answers 409 with code "superseded".
  *     tool_stats: {valid, invalid, repairs, guard_denies, tools?: {NAME: {calls, invalid,
  *     errors}}} — the per-tool map feeds cephalon_tool_calls_total{tool,result}
  *                                                              -> 200 {"id", "status", "already"}
@@ -74,10 +83,11 @@ static void tokens_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_end(w);
 }
 
-static void staged_emit(cph_emit *w, const cph_turn_info *t) {
-  cph_emit_array(w, t->n_staged);
-  for (size_t i = 0; i < t->n_staged; i++) {
-    const cph_staged_msg *m = &t->staged[i];
+/* A list of staged entries: a lease's `staged`, a take's answer. */
+static void staged_list_emit(cph_emit *w, const cph_staged_msg *list, size_t n) {
+  cph_emit_array(w, n);
+  for (size_t i = 0; i < n; i++) {
+    const cph_staged_msg *m = &list[i];
     cph_emit_object(w, 11);
     cph_emit_key(w, "id");
     cph_emit_u64(w, m->id);
@@ -107,6 +117,10 @@ static void staged_emit(cph_emit *w, const cph_turn_info *t) {
     cph_emit_end(w);
   }
   cph_emit_end(w);
+}
+
+static void staged_emit(cph_emit *w, const cph_turn_info *t) {
+  staged_list_emit(w, t->staged, t->n_staged);
 }
 
 static void current_state_emit(cph_emit *w, const cph_turn_info *t) {
@@ -302,7 +316,10 @@ static void sections_emit(cph_emit *w, const cph_turn_info *t) {
  * the same order either way, so the default answer is the whole turn as it always was. */
 static void turn_emit(cph_emit *w, const cph_turn_info *t) {
   bool sections = (t->omit & CPH_PART_SECTIONS) != CPH_PART_SECTIONS;
-  cph_emit_object(w, TURN_IDENTITY_MEMBERS + has(t, CPH_PART_INPUT) + has(t, CPH_PART_STAGED) +
+  /* while_running is there when it is not the default enqueue (so an enqueue turn's answer
+   * is what it always was): merge -> the worker takes arrivals, interrupt -> it may stop. */
+  bool wr = t->while_running != CPH_POLICY_WR_ENQUEUE;
+  cph_emit_object(w, TURN_IDENTITY_MEMBERS + wr + has(t, CPH_PART_INPUT) + has(t, CPH_PART_STAGED) +
                          sections + has(t, CPH_PART_MESSAGES) + has(t, CPH_PART_VIEWS) +
                          has(t, CPH_PART_TOKENS));
   cph_emit_key(w, "id");
@@ -327,6 +344,10 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
   cph_emit_i64(w, t->attempts);
   cph_emit_key(w, "tools_named"); /* > 0: narrow the tools offered to available_tools */
   cph_emit_u64(w, t->n_tools_named);
+  if (wr) {
+    cph_emit_key(w, "while_running");
+    cph_emit_str(w, cph_policy_while_running_name(t->while_running));
+  }
   if (has(t, CPH_PART_STAGED)) {
     cph_emit_key(w, "staged");
     staged_emit(w, t);
@@ -532,7 +553,38 @@ static void heartbeat_done(cph_req *r) {
   json_t *body = json_object();
   json_object_set_new(body, "id", cph_json_u64(r->op.u.turn.turn_id));
   json_object_set_new(body, "deadline_ms", json_integer(r->op.u.turn.deadline_ms));
+  cph_policy_while_running mode = r->op.u.turn.while_running;
+  if (mode == CPH_POLICY_WR_MERGE || mode == CPH_POLICY_WR_INTERRUPT)
+    json_object_set_new(body, "arrived", json_integer(r->op.u.turn.arrived));
+  if (r->op.u.turn.interrupt)
+    json_object_set_new(body, "interrupt", json_true());
   cph_reply_json(r, 200, body);
+}
+
+static void take_done(cph_req *r) {
+  cph_op *op = &r->op;
+  if (op->rc != CPH_OK) {
+    cph_reply_rc(r, op->rc, op->err.msg, op->field);
+    return;
+  }
+  cph_buf body = CPH_BUF_INIT;
+  cph_emit w;
+  cph_emit_init(&w, &body, r->msgpack_out);
+  cph_emit_object(&w, 2);
+  cph_emit_key(&w, "id");
+  cph_emit_u64(&w, op->u.turn.turn_id);
+  cph_emit_key(&w, "taken");
+  staged_list_emit(&w, op->u.turn.taken, op->u.turn.n_taken);
+  cph_emit_end(&w);
+  cph_reply_emitted(r, 200, &body);
+}
+
+void cph_route_turn_take(cph_req *r) {
+  if (!turn_target(r, true)) {
+    cph_reply_failure(r);
+    return;
+  }
+  cph_req_submit(r, CPH_OP_TAKE, take_done);
 }
 
 void cph_route_turn_heartbeat(cph_req *r) {
@@ -664,6 +716,7 @@ void cph_route_turn_complete(cph_req *r) {
                &op->u.turn.tool_stats.guard_denies);
     tool_stats_tools(r, stats);
   }
+  cph_in_bool(r, r->body, "", "interrupted", 0, &op->u.turn.interrupted);
   check_list_of(r, "memories", "text", "tags");
   check_list_of(r, "enqueue", "job", NULL);
   json_t *mems = NULL, *jobs = NULL;

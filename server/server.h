@@ -23,6 +23,7 @@ struct cph_srv {
   struct cph_maint_pool *maint; /* maint_workers.c */
   struct cph_search_pool *search; /* search_prep.c */
   struct cph_backup *backup;      /* backup.c: the online backup, one at a time */
+  struct cph_deadlines *deadlines; /* deadlines.c; NULL outside main.c (the fuzz harness) */
   struct event_base *base;
   struct evhttp *http;
   struct evhttp_bound_socket *bound; /* NULL once we stop accepting */
@@ -40,6 +41,10 @@ struct cph_srv {
   struct event *ev_wakeup; /* cph_engine_next_wakeup_ns */
   struct event *ev_sync;   /* :store :sync :batch */
   struct event *ev_replies; /* zero-delay timer: wake replies long-polls */
+  /* The engine's flush thread writes a byte to flush_pipe[1] when a flush finished
+   * (cph_engine_hooks.flushed); ev_flushed reads it and answers what became durable. */
+  int flush_pipe[2];
+  struct event *ev_flushed;
   bool pass_scheduled;
   bool replies_scheduled;
   uint64_t last_reply_seen; /* newest reply id when the replies long-polls last looked */

@@ -561,14 +561,21 @@ int cph_record_decode_some(const cph_record_desc *d, const void *data, size_t le
                      n ? mp_kind_name(&r) : "an empty array");
     goto fail;
   }
-  size_t n_fields = d->n_fields;
-  if (d->old_version && version == d->old_version) {
-    n_fields = d->old_n_fields; /* the fields appended since stay zero */
-  } else if (version != d->version) {
-    rc = cph_err_set(err, CPH_ECORRUPT, "%s: record version %llu, this build reads version %u",
-                     d->name, (unsigned long long)version, d->version);
+  uint32_t oldest = d->oldest ? d->oldest : d->version;
+  if (version < oldest || version > d->version) {
+    if (oldest == d->version)
+      rc = cph_err_set(err, CPH_ECORRUPT, "%s: record version %llu, this build reads version %u",
+                       d->name, (unsigned long long)version, d->version);
+    else
+      rc = cph_err_set(err, CPH_ECORRUPT,
+                       "%s: record version %llu, this build reads versions %u to %u", d->name,
+                       (unsigned long long)version, oldest, d->version);
     goto fail;
   }
+  /* A record of an older version has the fields it had then: those added since read as 0. */
+  size_t n_fields = 0;
+  while (n_fields < d->n_fields && d->fields[n_fields].since <= version)
+    n_fields++;
   if (n != n_fields + 1) {
     rc = cph_err_set(err, CPH_ECORRUPT, "%s: %zu fields, expected %zu", d->name, n - 1,
                      n_fields);

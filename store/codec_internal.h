@@ -25,19 +25,22 @@ typedef struct cph_field {
   size_t offset;
   size_t count_offset;
   unsigned limit;
+  uint32_t since; /* the record version that added it (0: the first); see cph_record_desc */
 } cph_field;
 
+/* Versions. A record is written at `version` with every field. It is read at any version
+ * from `oldest` to `version`: a record of version v has exactly the fields with since <= v,
+ * in table order, and the later ones read as zero — so a field added compatibly goes at the
+ * end of its table with since = the new version, and its zero value must mean "as before"
+ * (the session's while_running: 0 = its class's default). A table changed any other way
+ * bumps both (oldest = version: older records are then refused, or migrated by the store). */
 struct cph_record_desc {
   const char *name;
   uint32_t version; /* bump when the field table changes */
   size_t size;      /* sizeof the record struct */
   const cph_field *fields;
   size_t n_fields;
-  /* Compatible reading: a record written at old_version (non-zero) holds only the first
-   * old_n_fields fields (the rest were appended since) and decodes with the rest zero —
-   * NULL strings, empty arrays. It is written back at the current version. */
-  uint32_t old_version;
-  size_t old_n_fields;
+  uint32_t oldest; /* the oldest version still read; 0 means `version` */
 };
 
 #endif

@@ -10,6 +10,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "store_internal.h"
@@ -109,8 +110,10 @@ static int lock_dir(const char *dir, int *fd_out, cph_err *err) {
 }
 
 /* Opens every named database and checks (or, on a new environment, writes) the schema
- * version. */
-static int open_databases(cph_store *s, cph_err *err) {
+ * version. *migrate_from gets m->from when the data dir is of that version (left to
+ * migrate), else stays 0. */
+static int open_databases(cph_store *s, const cph_store_migration *m, uint32_t *migrate_from,
+                          cph_err *err) {
   MDB_txn *txn;
   int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
   if (rc)
@@ -150,7 +153,9 @@ static int open_databases(cph_store *s, cph_err *err) {
     goto fail;
   } else {
     uint32_t found = cph_be32_get(val.mv_data);
-    if (found != CPH_STORE_SCHEMA_VERSION) {
+    if (m && m->from && found == m->from && found != CPH_STORE_SCHEMA_VERSION) {
+      *migrate_from = found;
+    } else if (found != CPH_STORE_SCHEMA_VERSION) {
       cph_err_set(err, CPH_ESCHEMA,
                   "data dir '%s' has storage schema version %u, but this build reads version %u; "
                   "use a build that matches, or move the data dir away to start fresh",
@@ -172,13 +177,48 @@ static unsigned env_flags_for(cph_sync_mode mode) {
   return mode == CPH_SYNC_ALWAYS ? 0 : MDB_NOSYNC;
 }
 
+/* Runs m in one write txn that also records this build's schema version. */
+static int migrate(cph_store *s, const cph_store_migration *m, cph_err *err) {
+  cph_err why = {0};
+  cph_txn t;
+  int rc = cph_txn_begin(s, true, &t);
+  if (rc == CPH_OK && (rc = m->run(m->ctx, &t, &why)) == CPH_OK) {
+    uint8_t be[4];
+    cph_be32_put(be, CPH_STORE_SCHEMA_VERSION);
+    cph_key k;
+    cph_key_reset(&k);
+    memcpy(k.data, CPH_META_SCHEMA_KEY, sizeof CPH_META_SCHEMA_KEY - 1);
+    k.len = sizeof CPH_META_SCHEMA_KEY - 1;
+    cph_txn_put(&t, CPH_DB_META, &k, be, sizeof be);
+    rc = cph_txn_commit(&t); /* ends t whatever the outcome */
+  } else if (t.mdb) {
+    cph_txn_abort(&t);
+  }
+  if (rc == CPH_OK)
+    return CPH_OK;
+  return cph_err_set(err, rc,
+                     "data dir '%s': migrating storage schema version %u to %u failed, nothing "
+                     "was changed: %s",
+                     s->dir, m->from, CPH_STORE_SCHEMA_VERSION,
+                     why.msg[0]  ? why.msg
+                     : t.err.msg[0] ? t.err.msg
+                                    : cph_strerror(rc));
+}
+
 int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err) {
+  return cph_store_open_migrating(o, NULL, out, err);
+}
+
+int cph_store_open_migrating(const cph_store_options *o, const cph_store_migration *m,
+                             cph_store **out, cph_err *err) {
   *out = NULL;
   cph_store *s = calloc(1, sizeof *s);
   if (!s)
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening the store");
   s->lock_fd = -1;
+  s->fd = -1;
   s->sync = o->sync;
+  pthread_mutex_init(&s->flush_mu, NULL);
   s->dir = strdup(o->dir);
   int rc;
   if (!s->dir) {
@@ -213,9 +253,18 @@ int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err) {
                      mdb_strerror(e));
     goto fail;
   }
-  rc = open_databases(s, err);
+  uint32_t migrate_from = 0;
+  rc = open_databases(s, m, &migrate_from, err);
+  if (rc == CPH_OK && migrate_from)
+    rc = migrate(s, m, err);
   if (rc)
     goto fail;
+  e = mdb_env_get_fd(s->env, &s->fd);
+  if (e) {
+    rc = cph_err_set(err, cph_store_map_error(e), "data dir '%s': no file descriptor: %s",
+                     o->dir, mdb_strerror(e));
+    goto fail;
+  }
   *out = s;
   return CPH_OK;
 fail:
@@ -226,6 +275,7 @@ fail:
 void cph_store_close(cph_store *s) {
   if (!s)
     return;
+  cph_store_flusher_stop(s);
   if (s->env)
     mdb_env_close(s->env);
   if (s->lock_fd >= 0)
@@ -233,6 +283,7 @@ void cph_store_close(cph_store *s) {
   cph_counters_free(&s->counters);
   cph_buf_free(&s->scratch);
   free(s->dir);
+  pthread_mutex_destroy(&s->flush_mu);
   free(s);
 }
 
@@ -250,19 +301,96 @@ int cph_store_copy(cph_store *s, const char *dir, cph_err *err) {
   if (!empty)
     return cph_err_set(err, CPH_EEXISTS, "backup dir '%s' is not empty: give a new directory",
                        dir);
+  atomic_fetch_add(&s->open_txns, 1); /* the copy reads through a txn of its own */
   e = mdb_env_copy2(s->env, dir, MDB_CP_COMPACT);
+  atomic_fetch_sub(&s->open_txns, 1);
   if (e)
     return cph_err_set(err, cph_store_map_error(e), "backup to '%s' failed: %s", dir,
                        mdb_strerror(e));
   return CPH_OK;
 }
 
-int cph_store_sync(cph_store *s, cph_err *err) {
-  int e = mdb_env_sync(s->env, 1);
+void cph_store_note_durable(cph_store *s, uint64_t seq) {
+  uint64_t cur = atomic_load(&s->durable_seq);
+  while (cur < seq && atomic_load(&s->flush_failed) == CPH_OK &&
+         !atomic_compare_exchange_weak(&s->durable_seq, &cur, seq))
+    ;
+}
+
+uint64_t cph_store_commit_seq(const cph_store *s) { return atomic_load(&s->commit_seq); }
+uint64_t cph_store_durable_seq(const cph_store *s) { return atomic_load(&s->durable_seq); }
+
+int cph_store_flush_error(cph_store *s, cph_err *err) {
+  int code = atomic_load(&s->flush_failed); /* seq_cst: flush_msg was written before */
+  if (code != CPH_OK && err)
+    cph_err_set(err, code, "%s", s->flush_msg);
+  return code;
+}
+
+/* fdatasync on LMDB's descriptor is what mdb_env_sync(env, 1) does for an environment
+ * without MDB_WRITEMAP on Linux; calling it directly keeps this thread-safe: mdb_env_sync
+ * reads env->me_flags, which the writer thread changes around a deferred commit. */
+bool cph_store_map_full(cph_store *s) { return atomic_load(&s->map_full); }
+
+void cph_store_note_map_full(cph_store *s) { atomic_store(&s->map_full, true); }
+
+int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err) {
+  if (atomic_load(&s->open_txns) > 0)
+    return cph_err_set(err, CPH_EBUSY, "data dir '%s': the map cannot grow while a "
+                       "transaction or a backup reads it", s->dir);
+  MDB_envinfo info;
+  mdb_env_info(s->env, &info);
+  size_t now = info.me_mapsize;
+  size_t want = now > max_bytes / 2 ? max_bytes : now * 2;
+  /* Never more than the disk can hold: the data file's size plus the space left on it. */
+  char path[4200];
+  struct stat st;
+  struct statvfs fs;
+  snprintf(path, sizeof path, "%s/data.mdb", s->dir);
+  if (stat(path, &st) == 0 && statvfs(s->dir, &fs) == 0) {
+    size_t disk = (size_t)st.st_size + (size_t)fs.f_bavail * fs.f_frsize;
+    if (want > disk)
+      want = disk;
+  }
+  long page = sysconf(_SC_PAGESIZE);
+  want -= want % (size_t)(page > 0 ? page : 4096);
+  if (want <= now)
+    return cph_err_set(err, CPH_EFULL,
+                       "storage full: the %zu MiB map of data dir '%s' cannot grow: %s", now >> 20,
+                       s->dir,
+                       now >= max_bytes ? "it is at :server :max-map-size-mb"
+                                        : "the disk holding it is full");
+  int e = mdb_env_set_mapsize(s->env, want);
   if (e)
-    return cph_err_set(err, cph_store_map_error(e), "data dir '%s': sync failed: %s", s->dir,
-                       mdb_strerror(e));
+    return cph_err_set(err, cph_store_map_error(e), "data dir '%s': growing the map to %zu MiB "
+                       "failed: %s", s->dir, want >> 20, mdb_strerror(e));
+  atomic_store(&s->map_full, false);
   return CPH_OK;
+}
+
+int cph_store_sync(cph_store *s, cph_err *err) {
+  int failed = cph_store_flush_error(s, err);
+  if (failed)
+    return failed;
+  /* Every commit that returned before this point wrote its pages and meta page already. */
+  uint64_t covered = atomic_load(&s->commit_seq);
+  int e = fdatasync(s->fd) == 0 ? 0 : errno;
+  atomic_fetch_add(&s->fsyncs, 1);
+  if (e == 0) {
+    cph_store_note_durable(s, covered);
+    return CPH_OK;
+  }
+  pthread_mutex_lock(&s->flush_mu);
+  if (atomic_load(&s->flush_failed) == CPH_OK) {
+    snprintf(s->flush_msg, sizeof s->flush_msg,
+             "data dir '%s': flushing to disk failed: %s; what was written since the last "
+             "good flush may not be on disk, and nothing more is acknowledged as stored until "
+             "cephalond restarts",
+             s->dir, strerror(e));
+    atomic_store(&s->flush_failed, cph_store_map_error(e));
+  }
+  pthread_mutex_unlock(&s->flush_mu);
+  return cph_store_flush_error(s, err);
 }
 
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
@@ -277,6 +405,8 @@ int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
       return rc;
   }
   s->sync = mode;
+  if (mode != CPH_SYNC_ALWAYS) /* every commit counts as durable when it returns (store.h) */
+    cph_store_note_durable(s, cph_store_commit_seq(s));
   return CPH_OK;
 }
 
@@ -351,5 +481,6 @@ int cph_store_stats_get(cph_store *s, cph_store_stats *out) {
     return cph_store_map_error(e);
   out->map_size = info.me_mapsize;
   out->used_bytes = (size_t)(info.me_last_pgno + 1) * st.ms_psize;
+  out->fsyncs = atomic_load(&s->fsyncs);
   return CPH_OK;
 }

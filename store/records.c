@@ -1,24 +1,28 @@
 /* Field tables: the on-disk layout of every record kind. The order of entries IS the wire
- * order; changing a table means bumping that record's version in DESC(). Fields appended at
- * the end can keep older records readable: DESC_SINCE names the previous version and how
- * many fields it had. */
+ * order; changing a table means bumping that record's version in DESC(). */
 #include <stddef.h>
 
 #include "cephalon/lane.h"
+#include "cephalon/policy.h"
 #include "codec_internal.h"
 
-#define FIELD(rec, type, member) {#member, type, offsetof(rec, member), 0, 0}
-#define ENUM(rec, member, count) {#member, CPH_F_U8, offsetof(rec, member), 0, (count)}
+#define FIELD(rec, type, member) {#member, type, offsetof(rec, member), 0, 0, 0}
+#define ENUM(rec, member, count) {#member, CPH_F_U8, offsetof(rec, member), 0, (count), 0}
 #define BYTES(rec, member) \
-  {#member, CPH_F_BYTES, offsetof(rec, member), 0, sizeof(((rec *)0)->member)}
+  {#member, CPH_F_BYTES, offsetof(rec, member), 0, sizeof(((rec *)0)->member), 0}
 #define ARRAY(rec, type, member, counter) \
-  {#member, type, offsetof(rec, member), offsetof(rec, counter), 0}
+  {#member, type, offsetof(rec, member), offsetof(rec, counter), 0, 0}
 #define DESC(var, label, version, rec, table) \
-  const cph_record_desc var = {label, version, sizeof(rec), table,                        \
-                               sizeof table / sizeof table[0], 0, 0}
-#define DESC_SINCE(var, label, version, rec, table, old_version, old_n_fields)             \
-  const cph_record_desc var = {label, version, sizeof(rec), table,                        \
-                               sizeof table / sizeof table[0], old_version, old_n_fields}
+  const cph_record_desc var = {label, version, sizeof(rec), table, sizeof table / sizeof table[0], 0}
+/* A record read from version `oldest` on: its later fields were appended with FIELD_SINCE
+ * (codec_internal.h says how older records read). */
+#define DESC_COMPAT(var, label, version, oldest, rec, table)                                     \
+  const cph_record_desc var = {label, version, sizeof(rec), table,                               \
+                               sizeof table / sizeof table[0], oldest}
+#define ENUM_SINCE(rec, member, count, version) \
+  {#member, CPH_F_U8, offsetof(rec, member), 0, (count), (version)}
+#define FIELD_SINCE(rec, type, member, version) \
+  {#member, type, offsetof(rec, member), 0, 0, (version)}
 
 #define R cph_session_rec
 static const cph_field session_fields[] = {
@@ -37,9 +41,12 @@ static const cph_field session_fields[] = {
     ARRAY(R, CPH_F_STR_ARRAY, tools, n_tools),
     FIELD(R, CPH_F_I64, created_ms),
     FIELD(R, CPH_F_I64, updated_ms),
-    FIELD(R, CPH_F_OPT_STR, tenant), /* version 2 (DESIGN §3.9); absent in version 1 */
+    /* version 2: a version-1 record reads 0, its class's default */
+    ENUM_SINCE(R, while_running, CPH_POLICY_WR_COUNT + 1, 2),
+    /* version 3 (DESIGN §3.9): an older record reads NULL, no tenant */
+    FIELD_SINCE(R, CPH_F_OPT_STR, tenant, 3),
 };
-DESC_SINCE(cph_session_desc, "session", 2, R, session_fields, 1, 15);
+DESC_COMPAT(cph_session_desc, "session", 3, 1, R, session_fields);
 #undef R
 
 #define R cph_event_rec
@@ -199,27 +206,34 @@ DESC(cph_aggregate_desc, "aggregate", 1, R, aggregate_fields);
 #undef R
 
 #define R cph_ctxnode_rec
-static const cph_field ctxnode_fields[] = {
-    FIELD(R, CPH_F_U64, id),
-    FIELD(R, CPH_F_I64, depth),
-    FIELD(R, CPH_F_I64, position),
-    FIELD(R, CPH_F_I64, offset),
-    FIELD(R, CPH_F_STR, content),
-    FIELD(R, CPH_F_OPT_STR, role),
-    FIELD(R, CPH_F_I64, ttl),
-    FIELD(R, CPH_F_I64, cadence),
-    ARRAY(R, CPH_F_I64_ARRAY, lc_depth, n_lc_depth),
-    ARRAY(R, CPH_F_I64_ARRAY, lc_position, n_lc_position),
-    ARRAY(R, CPH_F_I64_ARRAY, lc_offset, n_lc_offset),
-    ARRAY(R, CPH_F_I64_ARRAY, lc_ttl, n_lc_ttl),
-    FIELD(R, CPH_F_U32, stage),
-    FIELD(R, CPH_F_OPT_STR, key),
-    ARRAY(R, CPH_F_STR_ARRAY, tags, n_tags),
-    FIELD(R, CPH_F_U64, created_at_episode),
-    FIELD(R, CPH_F_U64, seq),
-    FIELD(R, CPH_F_BOOL, waiting),
+/* Version 1's fields are version 2's first ones. */
+#define CTXNODE_V1_FIELDS                                                                   \
+  FIELD(R, CPH_F_U64, id), FIELD(R, CPH_F_I64, depth), FIELD(R, CPH_F_I64, position),       \
+      FIELD(R, CPH_F_I64, offset), FIELD(R, CPH_F_STR, content),                             \
+      FIELD(R, CPH_F_OPT_STR, role), FIELD(R, CPH_F_I64, ttl), FIELD(R, CPH_F_I64, cadence), \
+      ARRAY(R, CPH_F_I64_ARRAY, lc_depth, n_lc_depth),                                       \
+      ARRAY(R, CPH_F_I64_ARRAY, lc_position, n_lc_position),                                 \
+      ARRAY(R, CPH_F_I64_ARRAY, lc_offset, n_lc_offset),                                     \
+      ARRAY(R, CPH_F_I64_ARRAY, lc_ttl, n_lc_ttl), FIELD(R, CPH_F_U32, stage),               \
+      FIELD(R, CPH_F_OPT_STR, key), ARRAY(R, CPH_F_STR_ARRAY, tags, n_tags),                 \
+      FIELD(R, CPH_F_U64, created_at_episode), FIELD(R, CPH_F_U64, seq),                     \
+      FIELD(R, CPH_F_BOOL, waiting)
+static const cph_field ctxnode_v1_fields[] = {CTXNODE_V1_FIELDS};
+DESC(cph_ctxnode_v1_desc, "context node", 1, R, ctxnode_v1_fields);
+static const cph_field ctxnode_fields[] = {CTXNODE_V1_FIELDS, FIELD(R, CPH_F_BOOL, anchored)};
+#undef CTXNODE_V1_FIELDS
+DESC(cph_ctxnode_desc, "context node", 2, R, ctxnode_fields);
+#undef R
+
+#define R cph_ctxhead_rec
+static const cph_field ctxhead_fields[] = {
+    FIELD(R, CPH_F_U64, episode),
+    FIELD(R, CPH_F_U64, next_id),
+    FIELD(R, CPH_F_U64, next_seq),
+    FIELD(R, CPH_F_I64, shift),
+    FIELD(R, CPH_F_U32, count),
 };
-DESC(cph_ctxnode_desc, "context node", 1, R, ctxnode_fields);
+DESC(cph_ctxhead_desc, "context tree", 1, R, ctxhead_fields);
 #undef R
 
 #define R cph_seal_rec
@@ -234,4 +248,38 @@ static const cph_field seal_fields[] = {
     ARRAY(R, CPH_F_STR_ARRAY, coords, n_coords),
 };
 DESC(cph_seal_desc, "seal", 1, R, seal_fields);
+#undef R
+
+#define R cph_turnctx_rec
+static const cph_field turnctx_fields[] = {
+    FIELD(R, CPH_F_U64, turn_id),
+    FIELD(R, CPH_F_STR, session),
+    ENUM(R, kind, CPH_TURN_KIND_COUNT),
+    FIELD(R, CPH_F_U64, episode),
+    FIELD(R, CPH_F_I64, created_ms),
+    FIELD(R, CPH_F_U32, omit),
+    FIELD(R, CPH_F_OPT_STR, input),
+    ARRAY(R, CPH_F_U64_ARRAY, tokens, n_tokens),
+    ARRAY(R, CPH_F_STR_ARRAY, channels, n_channels),
+    ARRAY(R, CPH_F_U64_ARRAY, staged_events, n_staged_events),
+    ARRAY(R, CPH_F_U64_ARRAY, obligations, n_obligations),
+    ARRAY(R, CPH_F_STR_ARRAY, obligation_texts, n_obligation_texts),
+    ARRAY(R, CPH_F_U64_ARRAY, history, n_history),
+    ARRAY(R, CPH_F_U64_ARRAY, memories, n_memories),
+    ARRAY(R, CPH_F_STR_ARRAY, tools, n_tools),
+    ARRAY(R, CPH_F_STR_ARRAY, msg_roles, n_msg_roles),
+    ARRAY(R, CPH_F_STR_ARRAY, msg_contents, n_msg_contents),
+    ARRAY(R, CPH_F_STR_ARRAY, msg_coords, n_msg_coords),
+    ARRAY(R, CPH_F_U64_ARRAY, msg_nodes, n_msg_nodes),
+    ARRAY(R, CPH_F_U64_ARRAY, node_ids, n_node_ids),
+    ARRAY(R, CPH_F_STR_ARRAY, node_at, n_node_at),
+    ARRAY(R, CPH_F_STR_ARRAY, node_roles, n_node_roles),
+    ARRAY(R, CPH_F_STR_ARRAY, node_previews, n_node_previews),
+    ARRAY(R, CPH_F_U64_ARRAY, node_hashes, n_node_hashes),
+    ARRAY(R, CPH_F_I64_ARRAY, node_ttl, n_node_ttl),
+    ARRAY(R, CPH_F_I64_ARRAY, node_cadence, n_node_cadence),
+    ARRAY(R, CPH_F_U64_ARRAY, node_created, n_node_created),
+    ARRAY(R, CPH_F_U64_ARRAY, node_flags, n_node_flags),
+};
+DESC(cph_turnctx_desc, "turn context", 1, R, turnctx_fields);
 #undef R

@@ -36,8 +36,11 @@ typedef enum { CPH_EVENT_QUEUED, CPH_EVENT_STORED, CPH_EVENT_AGGREGATED, CPH_EVE
 typedef enum { CPH_TURN_INBOX, CPH_TURN_AUTONOMY_TICK, CPH_TURN_JOB, CPH_TURN_REPORT,
                CPH_TURN_KIND_COUNT } cph_turn_kind;
 
+/* SUPERSEDED: revoked because input arrived for a session whose while_running is :restart
+ * (DESIGN §4); its input went back to staged and its completion answers superseded. */
 typedef enum { CPH_TURN_LEASED, CPH_TURN_COMPLETED, CPH_TURN_FAILED, CPH_TURN_EXPIRED,
-               CPH_TURN_PARKED, CPH_TURN_REQUEUED, CPH_TURN_STATE_COUNT } cph_turn_state;
+               CPH_TURN_PARKED, CPH_TURN_REQUEUED, CPH_TURN_SUPERSEDED,
+               CPH_TURN_STATE_COUNT } cph_turn_state;
 
 typedef enum { CPH_MEMORY_RAW, CPH_MEMORY_SUMMARY, CPH_MEMORY_AGGREGATE, CPH_MEMORY_KIND_COUNT
 } cph_memory_kind;
@@ -80,7 +83,10 @@ typedef struct cph_session_rec {
   uint32_t n_tools;
   int64_t created_ms;
   int64_t updated_ms;
-  char *tenant; /* optional (DESIGN §3.9); NULL in records written before version 2 */
+  /* Since record version 2. 0: its class's default (:sessions :while-running); else
+   * 1 + cph_policy_while_running. */
+  uint8_t while_running;
+  char *tenant; /* since record version 3 (DESIGN §3.9); NULL = none, as older records read */
 } cph_session_rec;
 
 typedef struct cph_event_rec {
@@ -218,7 +224,11 @@ typedef struct cph_aggregate_rec {
   uint8_t body_sha256[32];
 } cph_aggregate_rec;
 
-/* A PACT context node (DESIGN §6; core/pact.h). Lifecycle stages are parallel arrays. */
+/* A PACT context node (DESIGN §6; core/pact.h). Lifecycle stages are parallel arrays.
+ * Version 2 (one record per node, core/trees.h) adds `anchored`: depth then holds the tree's
+ * shift at which the node stood at depth 0 (its depth is the header's shift minus it).
+ * Version 1 (the nodes inside a schema-2 tree value) has no `anchored` and is read only by
+ * the migration, through cph_ctxnode_v1_desc. */
 typedef struct cph_ctxnode_rec {
   uint64_t id;
   int64_t depth, position, offset;
@@ -235,7 +245,17 @@ typedef struct cph_ctxnode_rec {
   uint64_t created_at_episode;
   uint64_t seq;
   bool waiting;
+  bool anchored;
 } cph_ctxnode_rec;
+
+/* A session's PACT tree header (core/trees.h): the tree's counters and its node count. */
+typedef struct cph_ctxhead_rec {
+  uint64_t episode;
+  uint64_t next_id;
+  uint64_t next_seq;
+  int64_t shift;
+  uint32_t count;
+} cph_ctxhead_rec;
 
 /* A sealed snapshot of a session's rendered context (`seal`). */
 typedef struct cph_seal_rec {
@@ -252,6 +272,65 @@ typedef struct cph_seal_rec {
   uint32_t n_coords;
 } cph_seal_rec;
 
+/* A turn's context as it was assembled at lease, kept for the context explorer (core/turnlog.h,
+ * database "turn_contexts"). Parallel arrays: msg_* describe the rendered messages in order,
+ * node_* the session's PACT tree as the turn saw it (waiting nodes included). */
+typedef struct cph_turnctx_rec {
+  uint64_t turn_id;
+  char *session;
+  uint8_t kind; /* cph_turn_kind */
+  uint64_t episode;
+  int64_t created_ms;
+  uint32_t omit; /* cph_turn_part bits the lease left out: those parts were not assembled */
+  char *input;
+  uint64_t *tokens; /* window, current_state, pending_obligations, conversation_history,
+                     * recent_memory, available_tools, sections, messages, history_cut,
+                     * messages_cut (cph_context_tokens, in that order) */
+  uint32_t n_tokens;
+  char **channels; /* the channels of the staged messages (the turn's channel views) */
+  uint32_t n_channels;
+  uint64_t *staged_events; /* the staged messages' first events */
+  uint32_t n_staged_events;
+  uint64_t *obligations; /* pending_obligations: inbox message ids */
+  uint32_t n_obligations;
+  char **obligation_texts; /* "sender: preview" */
+  uint32_t n_obligation_texts;
+  uint64_t *history; /* conversation_history: event ids, oldest first */
+  uint32_t n_history;
+  uint64_t *memories; /* recent_memory: memory ids in the section's order */
+  uint32_t n_memories;
+  char **tools; /* available_tools */
+  uint32_t n_tools;
+  char **msg_roles;
+  uint32_t n_msg_roles;
+  char **msg_contents;
+  uint32_t n_msg_contents;
+  char **msg_coords;
+  uint32_t n_msg_coords;
+  uint64_t *msg_nodes; /* the tree node a message renders, 0 = none (system prompt, channel
+                        * view, the current input) */
+  uint32_t n_msg_nodes;
+  uint64_t *node_ids;
+  uint32_t n_node_ids;
+  char **node_at; /* "d0, 1, 0" */
+  uint32_t n_node_at;
+  char **node_roles; /* "" for nodes without a role */
+  uint32_t n_node_roles;
+  char **node_previews; /* the content's first bytes (at most 160, cut on a UTF-8 boundary) */
+  uint32_t n_node_previews;
+  uint64_t *node_hashes; /* FNV-1a of the whole content: a changed content shows */
+  uint32_t n_node_hashes;
+  int64_t *node_ttl; /* -1 = none */
+  uint32_t n_node_ttl;
+  int64_t *node_cadence; /* 0 = none */
+  uint32_t n_node_cadence;
+  uint64_t *node_created; /* created_at_episode */
+  uint32_t n_node_created;
+  uint64_t *node_flags; /* bit 0 waiting for its cadence; bits 8-15 the lifecycle stage;
+                         * bits 16-23 the lifecycle's stage count (0 = none) */
+  uint32_t n_node_flags;
+} cph_turnctx_rec;
+
 /* ---- generic codec over field tables ---- */
 
 typedef struct cph_record_desc cph_record_desc; /* opaque: a named field table */
@@ -267,7 +346,10 @@ extern const cph_record_desc cph_outbox_desc;
 extern const cph_record_desc cph_gc_group_desc;
 extern const cph_record_desc cph_aggregate_desc;
 extern const cph_record_desc cph_ctxnode_desc;
+extern const cph_record_desc cph_ctxnode_v1_desc; /* schema 2's node, for the migration */
+extern const cph_record_desc cph_ctxhead_desc;
 extern const cph_record_desc cph_seal_desc;
+extern const cph_record_desc cph_turnctx_desc;
 
 const char *cph_record_name(const cph_record_desc *d); /* "session", "event", ... */
 uint32_t cph_record_version(const cph_record_desc *d);

@@ -1,7 +1,8 @@
 /* store/ — the LMDB environment, its named databases and a transaction wrapper.
  *
  * One environment holds every record kind in its own named database (DESIGN §11). The
- * schema version lives in `meta` and is checked at open: a mismatch refuses to open.
+ * schema version lives in `meta` and is checked at open: a mismatch refuses to open, except
+ * that the engine migrates the previous version (cph_store_open_migrating).
  *
  * Transactions carry a sticky error (as in Knot DNS): after the first failure every later
  * call on the transaction does nothing and returns that error, and cph_txn_commit() aborts
@@ -20,8 +21,10 @@
 #include "records.h"
 
 /* Bump when any database's key layout or any record version changes. */
-/* 2: "context" holds one tree value per session; "memory_scopes" indexes memories by scope. */
-#define CPH_STORE_SCHEMA_VERSION 2u
+/* 2: "context" holds one tree value per session; "memory_scopes" indexes memories by scope.
+ * 3: "context" holds a header and one record per node for each session (core/trees.h); a
+ *    schema-2 data dir is migrated at open (cph_store_open_migrating). */
+#define CPH_STORE_SCHEMA_VERSION 3u
 
 /* X(enum suffix, database name) */
 #define CPH_DB_LIST(X)                                                                    \
@@ -42,8 +45,9 @@
   X(OUTBOX, "outbox")         /* u64 item id -> outbox item */                           \
   X(GC_GROUPS, "gc_groups")   /* u64 group id -> gc group */                             \
   X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
-  X(CONTEXT, "context")       /* session -> its PACT tree (core/trees.c) */              \
+  X(CONTEXT, "context")       /* session\0 [u64 seq] -> PACT tree header / node (trees.h) */ \
   X(SEALS, "seals")           /* session\0 u64 seal id -> sealed rendered context */    \
+  X(TURN_CONTEXTS, "turn_contexts") /* session\0 u64 turn id -> a kept turn context (turnlog) */ \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
   X(EMBED_QUEUE, "embed_queue") /* u64 memory id -> "" while its embedding is pending */  \
@@ -75,12 +79,29 @@ typedef struct cph_store cph_store;
 
 /* Opens (creating if needed) the environment in o->dir. Errors: CPH_ESCHEMA when the data
  * was written by a different schema version, CPH_EIO / CPH_ESTORE otherwise; err->msg says
- * which directory and why. */
+ * which directory and why. A data dir of the previous schema is refused too: only the
+ * engine migrates (cph_store_open_migrating, below). */
 int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err);
+
+/* How a data dir of the previous schema is brought up to this one: `run` rewrites what
+ * changed inside the write transaction it is given; the store then records
+ * CPH_STORE_SCHEMA_VERSION in the same transaction and commits, so a migration happens
+ * entirely or not at all. `run` returns CPH_OK or the error (t's sticky error, or its own
+ * in *err). */
+struct cph_txn;
+typedef struct cph_store_migration {
+  uint32_t from; /* the schema version it reads */
+  int (*run)(void *ctx, struct cph_txn *t, cph_err *err);
+  void *ctx;
+} cph_store_migration;
+
+/* cph_store_open, except that a data dir of schema m->from (m may be NULL: none) is
+ * migrated by m before the open returns. Any other version but this build's is refused
+ * as by cph_store_open. */
+int cph_store_open_migrating(const cph_store_options *o, const cph_store_migration *m,
+                             cph_store **out, cph_err *err);
 void cph_store_close(cph_store *s);
 
-/* Flushes committed data to disk (for CPH_SYNC_BATCH). */
-int cph_store_sync(cph_store *s, cph_err *err);
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err);
 
 /* A consistent, compacted copy of the store into dir (LMDB's copy with compaction, through a
@@ -88,10 +109,67 @@ int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err);
  * holds what was committed when it began. dir is created; it must not exist yet, or be empty.
  * Starting a store on the copy gives that state back. */
 int cph_store_copy(cph_store *s, const char *dir, cph_err *err);
+/* ---- durability: commit numbers, flushes and the background flusher ----
+ *
+ * Every top-level write commit that changed something gets the next commit number (1, 2, ...).
+ * A commit is *durable* when a crash of the machine, not only of the process, cannot undo
+ * it; cph_store_durable_seq() is the highest number for which that holds, and it covers every
+ * commit before it (LMDB's commits are ordered: a flush makes all earlier ones durable too).
+ * Under :batch and :none a commit counts as durable when it returns: those modes promise no
+ * more (DESIGN §4).
+ *
+ * A flush that fails is sticky until the store is closed: the kernel may have dropped the
+ * pages it could not write, so no later flush can vouch for them (a later fdatasync may
+ * succeed without them). From then on cph_store_sync() fails at once with the first error and
+ * the durable number never moves again; cph_store_flush_error() reports it. */
+
+/* Flushes every commit that returned before the call to disk (fdatasync of the data file).
+ * Safe to call from any thread, also while another thread writes (it touches no LMDB state:
+ * only the file descriptor and atomics). On success those commits are durable; a failure is
+ * sticky (above) and err says which directory and why. */
+int cph_store_sync(cph_store *s, cph_err *err);
+
+/* The newest commit number handed out, and the newest known durable. Any thread. */
+uint64_t cph_store_commit_seq(const cph_store *s);
+uint64_t cph_store_durable_seq(const cph_store *s);
+/* CPH_OK, or the code of the first failed flush with its message in err (when non-NULL). */
+int cph_store_flush_error(cph_store *s, cph_err *err);
+
+/* Starts the background flusher: a thread that runs cph_store_sync() whenever
+ * cph_store_flush_async() asks, then calls done(ctx) ON THAT THREAD (so done must only do
+ * what is safe from another thread: e.g. write to a pipe). Asks made while a flush runs are
+ * served by one more flush after it, so done may be called fewer times than asked. CPH_OK,
+ * or CPH_ENOMEM / CPH_EIO when the thread cannot start (nothing changed then). */
+int cph_store_flusher_start(cph_store *s, void (*done)(void *ctx), void *ctx);
+/* Asks the flusher for a flush covering every commit so far; returns at once. Without a
+ * running flusher it flushes inline (same effect, the caller waits). */
+void cph_store_flush_async(cph_store *s);
+/* Lets the flush in progress (and one asked for) finish, then stops and joins the thread.
+ * Does nothing when no flusher runs. cph_store_close() calls it. */
+void cph_store_flusher_stop(cph_store *s);
+
+/* ---- online map growth (DESIGN §13) ----
+ * The map starts at the size the store was opened with and grows while the daemon runs: a
+ * write that finds the map full fails (CPH_EFULL) and marks it (cph_store_map_full); the
+ * engine, between passes, grows it (cph_store_grow) and applies the write again. A full
+ * disk (ENOSPC) is not a full map: it stays an error. A restart opens the map at the size
+ * asked for or the data's size, whichever is larger, and it grows again from there. */
+bool cph_store_map_full(cph_store *s);
+/* A writer that keeps its own reserve (ingest) found the map too full for it. */
+void cph_store_note_map_full(cph_store *s);
+/* Doubles the map, up to max_bytes and to what the disk can hold (the data file's size plus
+ * its free space). Only with no transaction open and no copy running in the process: else
+ * CPH_EBUSY (try again later). CPH_EFULL when it cannot grow (err says why: the ceiling or the
+ * disk). Clears the mark on success. */
+int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err);
 
 typedef struct cph_store_stats {
   size_t map_size;   /* bytes reserved */
   size_t used_bytes; /* pages in use * page size */
+  /* Disk flushes the store waited for since open: its fdatasync calls (cph_store_sync, and
+   * LMDB's inside a commit under :always) and LMDB's synchronous meta-page writes (O_DSYNC;
+   * one per fully synced commit). What "fsyncs per cycle" in the bench counts. */
+  uint64_t fsyncs;
 } cph_store_stats;
 int cph_store_stats_get(cph_store *s, cph_store_stats *out);
 
@@ -120,6 +198,7 @@ typedef struct cph_txn {
   void *mdb; /* MDB_txn *; NULL once committed or aborted */
   struct cph_txn *parent; /* the enclosing txn of a child, NULL for a top-level one */
   bool write;
+  bool dirty;  /* something was written (a child's writes join its parent at commit) */
   int ret;     /* sticky: the first error, CPH_OK while none */
   cph_err err; /* what the first error was, and where */
   /* The counters this txn took ids from, with their values before it (cph_txn_next_id). */
@@ -137,6 +216,18 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child);
  * and returns its sticky error; on a failed commit (e.g. disk full) everything the txn wrote
  * is discarded and the error returned. */
 int cph_txn_commit(cph_txn *t);
+/* Commits a top-level write txn like cph_txn_commit, but under :sync :always without waiting
+ * for the commit itself to become durable: LMDB writes the data pages and flushes them, then
+ * writes the meta page that makes them current WITHOUT flushing it (MDB_NOMETASYNC). So the
+ * environment stays consistent whatever the machine does (a meta page never reaches the disk
+ * before the pages it points to), this commit becomes durable with the next flush (the next
+ * commit's, or cph_store_sync()), and the flush it did makes every EARLIER commit durable.
+ * One disk flush instead of two, and the second can run elsewhere (the flusher).
+ * Why not skip the flush altogether (MDB_NOSYNC)? Then the meta page may reach the disk
+ * before the pages it points to, and a machine crash in that window leaves an environment
+ * LMDB cannot read (lmdb.h: "a system crash can corrupt the database") — every commit lost,
+ * acknowledged ones too. Under :batch and :none it is cph_txn_commit. */
+int cph_txn_commit_deferred(cph_txn *t);
 void cph_txn_abort(cph_txn *t);
 
 int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len);

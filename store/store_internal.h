@@ -3,6 +3,8 @@
 #define CEPHALON_STORE_INTERNAL_H
 
 #include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include "store.h"
 
@@ -32,11 +34,28 @@ struct cph_store {
   /* cph_txn_put_record's encoding space, kept between calls (no malloc per record). Only a
    * write txn encodes, and LMDB lets one write txn chain exist at a time, so one is enough. */
   cph_buf scratch;
+
+  /* Durability (store.h). The writer thread bumps commit_seq; durable_seq, fsyncs and the
+   * flush error are also written by the flusher thread, so all of them are atomics. */
+  int fd; /* the data file (mdb_env_get_fd): what cph_store_sync flushes, from any thread */
+  _Atomic uint64_t commit_seq, durable_seq, fsyncs;
+  _Atomic int flush_failed;  /* CPH_OK, or the code of the first failed flush (sticky) */
+  char flush_msg[256];       /* its message: written once, before flush_failed is set */
+  pthread_mutex_t flush_mu;  /* guards the flusher's fields below and flush_msg's writing */
+  struct cph_flusher *flusher; /* flush.c; NULL when none runs */
+
+  /* Map growth (store.h). open_txns counts top-level transactions and copies in progress:
+   * LMDB may remap only when there are none. map_full: a write found the map full. */
+  _Atomic int open_txns;
+  _Atomic bool map_full;
 };
 
 /* Records up to this size reuse the scratch space; a larger one frees it afterwards. */
 #define CPH_STORE_SCRATCH_KEEP (64u << 10)
 
 void cph_counters_free(cph_counter_table *ct);
+
+/* Raises durable_seq to at least seq, unless a flush failed (env.c). Any thread. */
+void cph_store_note_durable(cph_store *s, uint64_t seq);
 
 #endif

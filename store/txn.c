@@ -27,13 +27,17 @@ static int txn_fail_mdb(cph_txn *t, int rc, const char *op, cph_db db, const cph
   char key[160];
   cph_key_describe(k->data, k->len, key, sizeof key);
   int code = cph_store_map_error(rc);
+  if (rc == MDB_MAP_FULL)
+    atomic_store(&t->store->map_full, true); /* the engine grows the map and retries */
   if (code == CPH_EFULL) {
     MDB_envinfo info;
     mdb_env_info(t->store->env, &info);
     return txn_fail(t, code,
                     "storage full: %s in database \"%s\" at key %s found no room in the %zu MiB "
-                    "map of data dir '%s' (raise :server :map-size-mb and restart)",
-                    op, cph_db_name(db), key, info.me_mapsize >> 20, t->store->dir);
+                    "map of data dir '%s' (%s)",
+                    op, cph_db_name(db), key, info.me_mapsize >> 20, t->store->dir,
+                    rc == MDB_MAP_FULL ? "the map grows up to :server :max-map-size-mb"
+                                       : "the disk is full");
   }
   return txn_fail(t, code, "%s in database \"%s\" at key %s failed: %s", op, cph_db_name(db),
                   key, mdb_strerror(rc));
@@ -56,6 +60,7 @@ int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
     return txn_fail(t, cph_store_map_error(rc), "cannot begin a %s transaction in '%s': %s",
                     write ? "write" : "read", s->dir, mdb_strerror(rc));
   t->mdb = txn;
+  atomic_fetch_add(&s->open_txns, 1); /* a remap must wait for it (cph_store_grow) */
   return CPH_OK;
 }
 
@@ -80,14 +85,41 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
 static void counters_end(cph_txn *t, bool landed);
 static int counters_write(cph_txn *t);
 
+/* A top-level transaction ended (committed or aborted). */
+static void txn_closed(cph_txn *t) {
+  if (!t->parent)
+    atomic_fetch_sub(&t->store->open_txns, 1);
+}
+
 void cph_txn_abort(cph_txn *t) {
-  if (t->mdb)
+  if (t->mdb) {
     mdb_txn_abort(t->mdb);
+    txn_closed(t);
+  }
   t->mdb = NULL;
   counters_end(t, false);
 }
 
-int cph_txn_commit(cph_txn *t) {
+/* A top-level write commit that changed something just landed: number it, count the disk
+ * flushes LMDB did for it, and note what it made durable (store.h). LMDB commits a txn that
+ * changed nothing without any write or flush, so such a txn gets no number. */
+static void commit_landed(cph_txn *t, bool deferred) {
+  cph_store *s = t->store;
+  if (t->parent || !t->write || !t->dirty)
+    return;
+  uint64_t seq = atomic_fetch_add(&s->commit_seq, 1) + 1;
+  if (s->sync != CPH_SYNC_ALWAYS) {
+    cph_store_note_durable(s, seq); /* :batch, :none: all they promise */
+  } else if (deferred) {
+    atomic_fetch_add(&s->fsyncs, 1); /* the data pages' fdatasync; the meta page waits */
+    cph_store_note_durable(s, seq - 1);
+  } else {
+    atomic_fetch_add(&s->fsyncs, 2); /* fdatasync, then the meta page written O_DSYNC */
+    cph_store_note_durable(s, seq);
+  }
+}
+
+static int txn_commit(cph_txn *t, bool deferred) {
   if (!t->mdb)
     return t->ret ? t->ret : txn_fail(t, CPH_ESTATE, "transaction already ended");
   if (!t->parent && t->n_undo)
@@ -97,21 +129,40 @@ int cph_txn_commit(cph_txn *t) {
     cph_txn_abort(t);
     return t->ret;
   }
+  /* MDB_NOMETASYNC for this commit only. LMDB reads the flag inside mdb_txn_commit, on this
+   * (the only writer) thread; the flusher thread never reads it (cph_store_sync). */
+  deferred = deferred && !t->parent && t->store->sync == CPH_SYNC_ALWAYS;
+  if (deferred)
+    mdb_env_set_flags(t->store->env, MDB_NOMETASYNC, 1);
   int rc = mdb_txn_commit(t->mdb);
+  if (deferred)
+    mdb_env_set_flags(t->store->env, MDB_NOMETASYNC, 0);
   t->mdb = NULL; /* LMDB frees the txn whether or not the commit succeeded */
+  txn_closed(t);
   counters_end(t, rc == MDB_SUCCESS);
+  if (rc == MDB_SUCCESS) {
+    if (t->parent)
+      t->parent->dirty |= t->dirty;
+    commit_landed(t, deferred);
+  }
   if (rc) {
     int code = cph_store_map_error(rc);
+    if (rc == MDB_MAP_FULL)
+      atomic_store(&t->store->map_full, true);
     if (code == CPH_EFULL)
       return txn_fail(t, code,
-                      "storage full: commit to data dir '%s' failed: %s (raise :server "
-                      ":map-size-mb and restart)",
-                      t->store->dir, mdb_strerror(rc));
+                      "storage full: commit to data dir '%s' failed: %s (%s)", t->store->dir,
+                      mdb_strerror(rc),
+                      rc == MDB_MAP_FULL ? "the map grows up to :server :max-map-size-mb"
+                                         : "the disk is full");
     return txn_fail(t, code, "commit to data dir '%s' failed: %s", t->store->dir,
                     mdb_strerror(rc));
   }
   return CPH_OK;
 }
+
+int cph_txn_commit(cph_txn *t) { return txn_commit(t, false); }
+int cph_txn_commit_deferred(cph_txn *t) { return txn_commit(t, true); }
 
 static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len,
                    bool append) {
@@ -129,7 +180,10 @@ static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, siz
     rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, MDB_APPEND);
   if (rc == MDB_KEYEXIST)
     rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, 0);
-  return rc ? txn_fail_mdb(t, rc, "put", db, k) : CPH_OK;
+  if (rc)
+    return txn_fail_mdb(t, rc, "put", db, k);
+  t->dirty = true;
+  return CPH_OK;
 }
 
 int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len) {
@@ -172,7 +226,10 @@ int cph_txn_del(cph_txn *t, cph_db db, const cph_key *k) {
   int rc = mdb_del(t->mdb, t->store->dbi[db], &mk, NULL);
   if (rc == MDB_NOTFOUND)
     return CPH_ENOTFOUND;
-  return rc ? txn_fail_mdb(t, rc, "delete", db, k) : CPH_OK;
+  if (rc)
+    return txn_fail_mdb(t, rc, "delete", db, k);
+  t->dirty = true;
+  return CPH_OK;
 }
 
 static int txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
@@ -539,6 +596,7 @@ int cph_cursor_del(cph_cursor *c) {
   if (rc)
     return txn_fail(t, cph_store_map_error(rc), "cursor delete in database \"%s\" failed: %s",
                     cph_db_name(c->db), mdb_strerror(rc));
+  t->dirty = true;
   return CPH_OK;
 }
 

@@ -80,6 +80,7 @@ typedef struct beat {
   pthread_cond_t cv;
   bool done;
   atomic_bool lost; /* the daemon said the lease is gone (409, 404): stop working */
+  atomic_bool interrupt; /* a heartbeat said "interrupt": stop at the next safe point */
   pthread_t th;
   bool started;
 } beat;
@@ -103,9 +104,13 @@ static void *beat_main(void *arg) {
     pthread_mutex_unlock(&b->mu);
     json_t *body = json_pack("{s:s}", "lease", b->lease);
     char err[512];
-    int status = wk_daemon_call(b->ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, NULL, err,
+    json_t *ans = NULL;
+    int status = wk_daemon_call(b->ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, &ans, err,
                                 sizeof err);
     json_decref(body);
+    if (status == 200 && json_is_true(json_object_get(ans, "interrupt")))
+      atomic_store(&b->interrupt, true);
+    json_decref(ans);
     if (status == 404 || status == 409 || status == 410) {
       atomic_store(&b->lost, true);
       cph_log_kv(CPH_LOG_WARN, "lease lost", "path=%s status=%d", b->path, status);
@@ -134,6 +139,7 @@ static void beat_start(beat *b, const wk_ctx *ctx, uint64_t id, const char *leas
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&b->mu, NULL);
   atomic_init(&b->lost, false);
+  atomic_init(&b->interrupt, false);
   b->started = pthread_create(&b->th, NULL, beat_main, b) == 0;
 }
 
@@ -404,6 +410,119 @@ static int finish(const wk_ctx *ctx, const char *path, json_t *body, char *err, 
   return status;
 }
 
+/* ---------------------------------------------------------------- arrivals during the turn */
+
+/* A heartbeat from the turn's own thread, at a safe point (DESIGN §4 :interrupt): true when
+ * the daemon asks the turn to stop. The heartbeat thread's answers set the same flag; this
+ * one only makes the check prompt instead of every third of the lease. */
+static bool interrupt_asked(const wk_ctx *ctx, beat *b) {
+  if (atomic_load(&b->interrupt))
+    return true;
+  json_t *body = json_pack("{s:s}", "lease", b->lease), *ans = NULL;
+  char err[512];
+  int status = wk_daemon_call(ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, &ans, err,
+                              sizeof err);
+  json_decref(body);
+  if (status == 200 && json_is_true(json_object_get(ans, "interrupt")))
+    atomic_store(&b->interrupt, true);
+  else if (status == 404 || status == 409)
+    atomic_store(&b->lost, true);
+  json_decref(ans);
+  return atomic_load(&b->interrupt);
+}
+
+static const char *or_empty(const char *s) { return s ? s : ""; }
+
+/* OpenAI's `name`: ^[a-zA-Z0-9_-]{1,64}$, any other character as '_' (as the daemon does). */
+static json_t *participant_name(const char *sender) {
+  char name[65];
+  size_t n = 0;
+  for (; sender && sender[n] && n < 64; n++) {
+    char c = sender[n];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-';
+    name[n] = ok ? c : '_';
+  }
+  name[n] = '\0';
+  return n ? json_string(name) : NULL;
+}
+
+/* :merge (DESIGN §4): takes what arrived for the session into this turn, as user messages at
+ * the end of the conversation. Called only before a model call, when every tool call of the
+ * conversation has its result, so a user message never splits a call from its result.
+ * Returns how many entries were taken. */
+static size_t take_arrivals(const wk_ctx *ctx, uint64_t id, const char *lease,
+                            json_t *messages) {
+  char path[96], err[512];
+  snprintf(path, sizeof path, "/v1/turns/%llu/take", (unsigned long long)id);
+  json_t *body = json_pack("{s:s}", "lease", lease), *ans = NULL;
+  int status = wk_daemon_call(ctx, "POST", path, body, DAEMON_TIMEOUT_MS, &ans, err, sizeof err);
+  json_decref(body);
+  size_t n = 0, i;
+  json_t *m;
+  if (status == 200)
+    json_array_foreach(json_object_get(ans, "taken"), i, m) {
+      json_t *msg = json_pack("{s:s, s:s}", "role", "user", "content",
+                              or_empty(json_string_value(json_object_get(m, "body"))));
+      json_t *name = participant_name(json_string_value(json_object_get(m, "sender")));
+      if (name)
+        json_object_set_new(msg, "name", name);
+      json_array_append_new(messages, msg);
+      n++;
+    }
+  else if (status != 409) /* 409: the session stopped merging; the input waits its turn */
+    cph_log_kv(CPH_LOG_WARN, "take failed", "path=%s status=%d", path, status);
+  json_decref(ans);
+  return n;
+}
+
+/* What an interrupted turn did, for its completion's reply: each tool call of the turn's own
+ * messages (from index `from`) with its result, so the history the next turn reads keeps
+ * every call with its result (the turn stops only where each call has one). NULL when it
+ * made none. */
+static char *interrupted_account(const json_t *messages, size_t from) {
+  cph_buf b = CPH_BUF_INIT;
+  size_t calls = 0;
+  for (size_t i = from; i < json_array_size(messages); i++) {
+    json_t *m = json_array_get(messages, i);
+    size_t k;
+    json_t *call;
+    json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
+      json_t *fn = json_object_get(call, "function");
+      const char *cid = json_string_value(json_object_get(call, "id"));
+      json_t *args = json_object_get(fn, "arguments");
+      char *args_text = json_is_string(args) ? strdup(json_string_value(args))
+                                             : json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY);
+      const char *result = "(no result)";
+      for (size_t j = i + 1; j < json_array_size(messages); j++) {
+        json_t *r = json_array_get(messages, j);
+        const char *rid = json_string_value(json_object_get(r, "tool_call_id"));
+        if (rid && cid && strcmp(rid, cid) == 0) {
+          result = or_empty(json_string_value(json_object_get(r, "content")));
+          break;
+        }
+      }
+      cph_buf_printf(&b, "%s- %s %s -> %.2000s", calls ? "\n" : "",
+                     or_empty(json_string_value(json_object_get(fn, "name"))),
+                     args_text ? args_text : "{}", result);
+      free(args_text);
+      calls++;
+    }
+  }
+  if (!calls) {
+    cph_buf_free(&b);
+    return NULL;
+  }
+  cph_buf head = CPH_BUF_INIT;
+  cph_buf_printf(&head, "(interrupted by new messages before I finished; tool calls made so "
+                        "far, with their results:)\n%.*s",
+                 (int)b.len, b.data);
+  cph_buf_free(&b);
+  char *out = cph_buf_steal(&head);
+  cph_buf_free(&head);
+  return out;
+}
+
 void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
   int64_t started = mono_ms();
   uint64_t id = (uint64_t)json_integer_value(json_object_get(turn, "id"));
@@ -420,6 +539,14 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
   narrow_tools(turn, &tools, &n_tools);
   json_t *offered = tools_json(tools, n_tools);
   json_t *messages = initial_messages(turn);
+  size_t own_from = json_array_size(messages); /* the turn's own messages start here */
+  /* DESIGN §4: merge -> take arrivals before each model call; interrupt -> stop at a safe
+   * point when asked. Absent (enqueue and the others): the turn runs as it always did. */
+  const char *wr = json_string_value(json_object_get(turn, "while_running"));
+  bool merge = wr && strcmp(wr, "merge") == 0;
+  bool interruptible = wr && strcmp(wr, "interrupt") == 0;
+  bool interrupted = false;
+  size_t taken = 0;
   stats st;
   memset(&st, 0, sizeof st);
   uint64_t tokens = 0;
@@ -439,6 +566,14 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
       snprintf(why, sizeof why, "lease lost");
       break;
     }
+    /* A safe point: every tool call so far has its result. */
+    if (interruptible && round > 0 && interrupt_asked(ctx, &b)) {
+      interrupted = true;
+      reply = interrupted_account(messages, own_from);
+      break;
+    }
+    if (merge)
+      taken += take_arrivals(ctx, id, lease, messages);
     bool offer = n_tools > 0 && round < ctx->cfg->max_tool_rounds;
     json_t *req = json_pack("{s:s, s:O}", "model", ctx->cfg->model, "messages", messages);
     if (offer) {
@@ -491,16 +626,18 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
   char path[96], err[512];
   const char *outcome;
   int status;
-  if (reply && !atomic_load(&b.lost)) {
+  if ((reply || interrupted) && !atomic_load(&b.lost)) {
     snprintf(path, sizeof path, "/v1/turns/%llu/complete", (unsigned long long)id);
     json_t *body = json_pack("{s:s, s:{s:I, s:I}, s:o}", "lease", lease, "cost", "tokens",
                              (json_int_t)tokens, "tool_calls", (json_int_t)st.calls,
                              "tool_stats", stats_json(&st));
-    if (reply[0])
+    if (reply && reply[0])
       json_object_set_new(body, "reply", json_pack("{s:s}", "body", reply));
+    if (interrupted) /* its input is staged again: the next turn carries it with the new */
+      json_object_set_new(body, "interrupted", json_true());
     status = finish(ctx, path, body, err, sizeof err);
     json_decref(body);
-    outcome = status == 200 ? "completed" : "complete_refused";
+    outcome = status != 200 ? "complete_refused" : interrupted ? "interrupted" : "completed";
   } else {
     if (!why[0])
       snprintf(why, sizeof why, "lease lost");
@@ -512,10 +649,10 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
   }
   char q_session[300], q_why[700], q_err[700];
   cph_log_kv(status == 200 ? CPH_LOG_INFO : CPH_LOG_WARN, "turn", 
-             "turn=%llu session=%s lane=%s outcome=%s rounds=%d tokens=%llu tool_calls=%llu "
-             "tool_invalid=%llu ms=%lld reason=%s status=%d%s%s",
+             "turn=%llu session=%s lane=%s outcome=%s rounds=%d taken=%zu tokens=%llu "
+             "tool_calls=%llu tool_invalid=%llu ms=%lld reason=%s status=%d%s%s",
              (unsigned long long)id, cph_log_quote(session, q_session, sizeof q_session),
-             lane ? lane : "?", outcome, rounds, (unsigned long long)tokens,
+             lane ? lane : "?", outcome, rounds, taken, (unsigned long long)tokens,
              (unsigned long long)st.calls, (unsigned long long)st.invalid,
              (long long)(mono_ms() - started), cph_log_quote(why, q_why, sizeof q_why), status,
              status == 200 ? "" : " error=", status == 200 ? "" : cph_log_quote(err, q_err, sizeof q_err));

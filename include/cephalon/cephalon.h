@@ -68,8 +68,14 @@ bool cph_engine_pass_wanted(const cph_engine *e);
  * refill that would let a waiting turn start; INT64_MAX if none. */
 int64_t cph_engine_next_wakeup_ns(cph_engine *e);
 /* Runs one pass: applies queued operations, the five jobs of §3.6, commits, then calls the
- * operations' done callbacks. Returns CPH_OK or the commit error (already reported to every
- * operation of the pass). */
+ * operations' done callbacks — at once, or (with the `flushed` hook set, :sync :always, and
+ * an operation that acknowledges a durable write) from cph_engine_flushed() once the commit
+ * is on disk. Operations are answered in pass order, and never before every earlier pass is
+ * durable. A pass that serves only leases, heartbeats and searches needs no flush of its own:
+ * a lease is not durable anyway (at a restart leases in flight are expired, DESIGN §4).
+ * When a flush fails, the operations waiting on it fail with its error (nothing is
+ * acknowledged as stored), and so does every later one that needs a flush, until a restart.
+ * Returns CPH_OK or the commit error (already reported to every operation of the pass). */
 int cph_engine_run_pass(cph_engine *e);
 /* Flushes data to disk for :sync :batch (the driver calls it every :sync-interval-ms). */
 int cph_engine_sync(cph_engine *e);
@@ -105,7 +111,13 @@ typedef struct cph_session_info {
   uint32_t pending; /* inbox messages not yet staged */
   uint32_t staged;
   uint64_t folded; /* events the queue cap folded into an overflow entry (never dropped) */
-  char *tenant;    /* NULL = none: the default tenant (DESIGN §3.9) */
+  /* What it does with what arrives while its turn runs (DESIGN §4). In an update or create
+   * (CPH_SET_WHILE_RUNNING): while_running_class true = follow its class's default in the
+   * policy (:sessions :while-running), else while_running. Out: the mode in force and
+   * whether it comes from the class. */
+  cph_policy_while_running while_running;
+  bool while_running_class;
+  char *tenant; /* NULL = none: the default tenant (DESIGN §3.9) */
 } cph_session_info;
 void cph_session_info_free(cph_session_info *s);
 
@@ -120,7 +132,8 @@ enum {
   CPH_SET_TOOLS = 1u << 6,
   CPH_SET_PAUSED = 1u << 7,
   CPH_SET_CLASS = 1u << 8,
-  CPH_SET_TENANT = 1u << 9 /* tenant NULL or "" clears it */
+  CPH_SET_WHILE_RUNNING = 1u << 9,
+  CPH_SET_TENANT = 1u << 10 /* tenant NULL or "" clears it */
 };
 
 /* A tenant name: 1 to 128 bytes of A-Z a-z 0-9 . _ : @ - (as session ids). */
@@ -142,16 +155,22 @@ typedef enum cph_ingest_status {
   CPH_EV_STORED,     /* kept in its channel's history; reached no session */
   CPH_EV_DUPLICATE,  /* idempotency key seen: the original id, stored once */
   CPH_EV_AGGREGATED, /* content duplicate (step 4) */
-  CPH_EV_REJECTED    /* invalid; reason and field say why */
+  CPH_EV_REJECTED    /* invalid, or refused by every session it was routed to (reason
+                      * session_busy: while_running :reject); reason and field say why */
 } cph_ingest_status;
 const char *cph_ingest_status_name(cph_ingest_status s);
 
 typedef struct cph_event_result {
-  uint64_t id; /* 0 when rejected */
+  uint64_t id; /* 0 when rejected as invalid; the stored event's id when refused as busy */
   cph_ingest_status status;
-  cph_strv sessions; /* sessions it was routed to */
+  cph_strv sessions; /* sessions it reached (staged for, or folded into an entry of) */
   char *reason;      /* rejected: what is wrong */
   char *field;       /* rejected: which field */
+  /* Sessions it was routed to that refused it: their turn was running and their
+   * while_running is :reject (reason "session_busy", DESIGN §4). It did not reach them, so
+   * the accounting rule does not count it for them. The event is stored either way; status
+   * is `rejected` only when it reached no session at all. */
+  cph_strv busy;
 } cph_event_result;
 
 /* One staged inbox entry of a turn. An entry may stand for several events (DESIGN §5: repeats
@@ -304,6 +323,7 @@ typedef struct cph_turn_info {
   unsigned omit; /* cph_turn_part bits the lease left out (0: none): those sections and the
                   * messages are left empty; input, staged, views and current_state are
                   * always filled (the engine keeps them) */
+  cph_policy_while_running while_running; /* the session's mode as the turn was leased */
 } cph_turn_info;
 void cph_turn_info_free(cph_turn_info *t);
 
@@ -400,7 +420,8 @@ typedef enum cph_op_kind {
   CPH_OP_CONTEXT_INSERT, /* POST /v1/sessions/{id}/context */
   CPH_OP_CONTEXT_DELETE, /* DELETE /v1/sessions/{id}/context/{node} */
   CPH_OP_CONTEXT_SEAL,   /* POST /v1/sessions/{id}/seal */
-  CPH_OP_MEMORY_SEARCH  /* GET /v1/memories/search: a write, since inclusion counts access */
+  CPH_OP_MEMORY_SEARCH, /* GET /v1/memories/search: a write, since inclusion counts access */
+  CPH_OP_TAKE           /* POST /v1/turns/{id}/take: arrivals into a running turn (:merge) */
 } cph_op_kind;
 
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
@@ -538,6 +559,18 @@ struct cph_op {
       } tool_stats;
       int64_t deadline_ms; /* heartbeat: the new deadline */
       bool already;        /* complete: it had been completed before (idempotent answer) */
+      /* Arrivals during the turn (DESIGN §4). heartbeat out: while_running is the session's
+       * mode; arrived counts the entries staged for the session since the lease and not
+       * taken (reported under :merge and :interrupt); interrupt is true once :interrupt
+       * asked the worker to stop. complete in: interrupted — the worker stopped because it
+       * was asked (its input is staged again for the next turn, see core/turns.c). take
+       * out: taken, the entries moved into the turn (as a lease's staged). */
+      cph_policy_while_running while_running;
+      uint32_t arrived;
+      bool interrupt;
+      bool interrupted;
+      cph_staged_msg *taken;
+      size_t n_taken;
       cph_memory_in *memories; /* complete: memories to mint, scoped to the session */
       size_t n_memories;
       cph_job_in *enqueue; /* complete: maintenance jobs to queue */
@@ -601,8 +634,9 @@ typedef struct cph_session_filter {
   cph_lane lane;
   bool by_state;
   cph_session_state_t state;
-  const char *after; /* ids greater than this (pagination) */
-  size_t limit;      /* 0 = 100 */
+  const char *after;  /* ids greater than this (pagination) */
+  size_t limit;       /* 0 = 100 */
+  const char *prefix; /* only ids that begin with it (NULL or "": all); O(page), a seek */
 } cph_session_filter;
 /* Sessions in id order. */
 int cph_engine_list_sessions(cph_engine *e, const cph_session_filter *f, cph_session_info **out,
@@ -659,7 +693,9 @@ void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t
  * next time. */
 int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_info **out,
                        size_t *n, uint64_t *next, cph_err *err);
-/* The newest reply id (0 if none): a long-poll waits while this is <= its `after`. */
+/* The newest acknowledged reply id (0 if none): a long-poll waits while this is <= its
+ * `after`. cph_engine_replies never returns a newer one: under :sync :always a reply whose
+ * commit is not yet on disk is not shown. */
 uint64_t cph_engine_last_reply_id(const cph_engine *e);
 
 int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err);
@@ -667,6 +703,7 @@ int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph
 typedef struct cph_engine_storage {
   uint64_t map_size_bytes;
   uint64_t used_bytes;
+  uint64_t fsyncs; /* disk flushes since open (fdatasync calls and O_DSYNC meta writes) */
 } cph_engine_storage;
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out);
 
@@ -904,6 +941,100 @@ int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, si
                      cph_err *err);
 void cph_seals_free(cph_seal_info *seals, size_t n);
 
+/* ---- kept turn contexts and the context diff (the context explorer; core/turnlog.h) ----
+ * At lease every turn but a job turn keeps what its context was — the messages (and the tree
+ * node each renders), the sections' items, the token accounts and cuts, and the PACT tree as
+ * the turn saw it — for the newest :context :keep-turns turns of each session. A lease that
+ * left parts out (`include`) keeps what was assembled: the parts left out are empty and
+ * named in `omit`. Reads take their own read transaction. */
+
+typedef struct cph_kept_turn {
+  uint64_t id;
+  cph_turn_kind_t kind;
+  uint64_t episode;
+  int64_t created_ms;
+  unsigned omit;             /* cph_turn_part bits left out by the lease */
+  cph_context_tokens tokens; /* as assembled */
+  size_t n_messages;
+  char *input;
+} cph_kept_turn;
+
+/* A section item of a kept turn: what it was, looked up now where the turn kept only its id
+ * (history: the event; memories: the memory). text is NULL when that is gone. */
+typedef struct cph_kept_item {
+  uint64_t id;  /* event id (history), memory id, inbox message id (obligations) */
+  char *label;  /* history: the sender; memories: the kind; obligations: NULL */
+  char *text;   /* history: the body; memories: the text; obligations: "sender: preview" */
+} cph_kept_item;
+
+typedef struct cph_kept_node {
+  uint64_t id;
+  char at[48];
+  char *role;    /* NULL for nodes without one */
+  char *content; /* its first bytes (at most 160) */
+  int64_t ttl;     /* -1 = none */
+  int64_t cadence; /* 0 = none */
+  uint64_t created_at_episode;
+  bool waiting;    /* expired, waiting for its cadence: not rendered */
+  uint32_t stage, n_lifecycle; /* n_lifecycle 0: no lifecycle */
+} cph_kept_node;
+
+typedef struct cph_turn_context {
+  cph_kept_turn turn;
+  cph_message *messages;
+  uint64_t *message_nodes; /* per message: the tree node it renders, 0 = none */
+  size_t n_messages;
+  cph_kept_item *history, *memories, *obligations;
+  size_t n_history, n_memories, n_obligations;
+  cph_kept_node *nodes;
+  size_t n_nodes;
+  cph_strv channels; /* the channels of its staged messages */
+  cph_strv tools;
+} cph_turn_context;
+
+/* One difference between two kept turns `from` and `to`. reason says why, as far as the kept
+ * contexts and the store can tell: for what left `to` — "ttl_expired", "cadence" (expired and
+ * waiting for its cadence), "lifecycle" (moved past its last stage), "window_budget" (still
+ * there, cut by the window), "compaction" (a memory replaced by a summary), "history_bound"
+ * (an old message core pruned from the tree), "deleted", "consumed" (an obligation its turn
+ * answered), "turn_kind" (the part does not exist on that kind of turn), "not_in_scope" (the
+ * history of another channel), "not_yet_created" (comparing backwards), "unknown"; for what
+ * entered — "inserted", "cadence" (re-created), "new" (a new message or item), "staged"; for
+ * what changed — "moved" (ODI shift or lifecycle: from_at -> at), "content". */
+typedef struct cph_context_change {
+  const char *part;   /* "node", "message", "conversation_history", "recent_memory",
+                         "pending_obligations" */
+  const char *change; /* "entered", "left", "changed" */
+  const char *reason; /* static, above */
+  char *detail;       /* one sentence for people, may be NULL */
+  uint64_t id;        /* node, event, memory or inbox message id; 0 for channel-view messages */
+  char *role;         /* messages and role nodes; history: the sender; memories: the kind */
+  char *content;      /* messages: the content; nodes: the preview; items: their text */
+  char *at;           /* messages: the coord; nodes: where (for "changed", where it is now);
+                       * history: the channel; memories: the scope */
+  char *from_at;      /* "changed": where it was */
+} cph_context_change;
+
+typedef struct cph_context_diff {
+  cph_kept_turn from, to;
+  cph_context_change *changes; /* nodes, messages, then the sections; left, entered, changed */
+  size_t n;
+} cph_context_diff;
+
+/* The session's kept turns, oldest first. CPH_ENOTFOUND for an unknown session. */
+int cph_engine_kept_turns(cph_engine *e, const char *session, cph_kept_turn **out, size_t *n,
+                          cph_err *err);
+void cph_kept_turns_free(cph_kept_turn *t, size_t n);
+/* One kept turn's context; CPH_ENOTFOUND when the session or the turn is not kept. */
+int cph_engine_turn_context(cph_engine *e, const char *session, uint64_t turn,
+                            cph_turn_context *out, cph_err *err);
+void cph_turn_context_free(cph_turn_context *c);
+/* What changed from turn `from` to turn `to` (any two kept turns of the session, in either
+ * order). CPH_ENOTFOUND (err says which) when either is not kept. */
+int cph_engine_context_diff(cph_engine *e, const char *session, uint64_t from, uint64_t to,
+                            cph_context_diff *out, cph_err *err);
+void cph_context_diff_free(cph_context_diff *d);
+
 /* ---- metrics (DESIGN §10) ---- */
 
 /* Every cephalon_* metric in the Prometheus text exposition format 0.0.4 (serve it as
@@ -916,11 +1047,30 @@ char *cph_engine_metrics_text(cph_engine *e, size_t *len);
  * it when a SIGHUP or API reload fails, whatever the step that refused it. */
 void cph_engine_note_reload_failure(cph_engine *e);
 
-/* Hooks the daemon sets to wake long-polls. */
+/* Hooks the daemon sets: to wake long-polls, and to overlap the disk flush with the next
+ * pass. */
 typedef struct cph_engine_hooks {
   void *ctx;
+  /* Inside a pass or cph_engine_flushed(), once the replies up to last_reply_id are
+   * acknowledged (durable under :sync :always). */
   void (*replies_appended)(void *ctx, uint64_t last_reply_id);
+  /* NULL (the default): every pass flushes what it must before cph_engine_run_pass returns,
+   * and answers all its operations there. Set (the daemon): under :sync :always a pass that
+   * acknowledges a durable write commits, then the disk flush runs on a background thread
+   * while the driver goes on (reads requests, runs the next passes), and that pass's
+   * operations are answered from cph_engine_flushed(), which the driver must call on its own
+   * thread soon after this hook. The hook runs ON THE FLUSH THREAD: it may only do what is
+   * safe from another thread (write a byte to a pipe). */
+  void (*flushed)(void *ctx);
 } cph_engine_hooks;
+/* Setting hooks without `flushed` after hooks with it stops the flush thread, flushes, and
+ * answers every operation still waiting: a driver does that before it stops. */
 void cph_engine_set_hooks(cph_engine *e, const cph_engine_hooks *h);
+/* Answers the operations whose passes are durable now (or fails them, when a flush failed:
+ * see cph_engine_run_pass). The driver calls it after the `flushed` hook; calling it more
+ * often is harmless. */
+void cph_engine_flushed(cph_engine *e);
+/* True while committed operations wait for a flush before they are answered. */
+bool cph_engine_answers_held(const cph_engine *e);
 
 #endif

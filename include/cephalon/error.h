@@ -29,7 +29,8 @@
   X(AUTH, -15, "unauthorized")                                         \
   X(FORBIDDEN, -16, "forbidden")                                       \
   X(TIMEDOUT, -17, "timed out")                                        \
-  X(STATE, -18, "invalid state")
+  X(STATE, -18, "invalid state")                                      \
+  X(SUPERSEDED, -19, "superseded: the turn was revoked for newer input")
 
 enum {
   CPH_OK = 0,

@@ -38,6 +38,18 @@ typedef enum cph_policy_sync {
   CPH_POLICY_SYNC_NONE = 2    /* leave it to the OS */
 } cph_policy_sync;
 
+/* :sessions :while-running — what a session does with what arrives while its turn runs
+ * (DESIGN §4 "Arrivals during a running turn"); a per-class default, a session may set its
+ * own (cph_session_info.while_running). */
+typedef enum cph_policy_while_running {
+  CPH_POLICY_WR_ENQUEUE = 0,   /* staged for its next turn (the default) */
+  CPH_POLICY_WR_MERGE = 1,     /* the worker may take it into the running turn */
+  CPH_POLICY_WR_INTERRUPT = 2, /* the worker is asked to stop at its next safe point */
+  CPH_POLICY_WR_RESTART = 3,   /* the running lease is revoked; the turn runs again */
+  CPH_POLICY_WR_REJECT = 4     /* refused with reason session_busy */
+} cph_policy_while_running;
+#define CPH_POLICY_WR_COUNT 5
+
 typedef enum cph_policy_provider_kind {
   CPH_POLICY_PROVIDER_BUILTIN = 0, /* in-process, no network */
   CPH_POLICY_PROVIDER_OPENAI = 1   /* OpenAI-compatible HTTP endpoint at :url */
@@ -59,13 +71,16 @@ enum {
 typedef struct cph_policy_server {
   char *listen;                       /* HOST:PORT ("[v6addr]:PORT" for IPv6) */
   char *data_dir;                     /* LMDB environment directory */
-  int64_t map_size_mb;                /* LMDB map size */
+  int64_t map_size_mb;                /* LMDB map size at open */
+  int64_t max_map_size_mb;            /* the map grows up to this (DESIGN §13) */
   int64_t max_body_bytes;             /* largest accepted request body */
   int64_t max_events_per_request;     /* POST /v1/events batch cap */
   int64_t max_string_bytes;           /* longest accepted string field */
   int64_t max_long_polls_per_client;  /* concurrent lease/replies long-polls per client */
   int64_t max_wait_ms;                /* cap on a long-poll's wait_ms */
   int64_t timeout_seconds;            /* idle HTTP connection timeout */
+  int64_t header_timeout_seconds;     /* a request head must arrive whole within this */
+  int64_t body_timeout_seconds;       /* a request body must arrive whole within this */
   cph_policy_log_level log_level;
 } cph_policy_server;
 
@@ -133,7 +148,14 @@ typedef struct cph_policy_sessions {
   int64_t context_window_tokens; /* default for sessions that set none */
   int64_t warm_channels;         /* channels whose recent history stays in memory (chantail.h) */
   bool janitor;                  /* :janitor? — create the built-in maintenance session */
+  /* :while-running {:interactive :enqueue ...}: per class (indexed by cph_lane), for the
+   * sessions that set none of their own */
+  cph_policy_while_running while_running[CPH_LANE_COUNT];
 } cph_policy_sessions;
+
+typedef struct cph_policy_context {
+  int64_t keep_turns; /* turn contexts kept per session for the context explorer (0 = none) */
+} cph_policy_context;
 
 typedef struct cph_policy_dedupe {
   int64_t window_seconds;
@@ -255,6 +277,7 @@ typedef struct cph_policy {
   cph_policy_scheduler scheduler;
   cph_policy_leases leases;
   cph_policy_sessions sessions;
+  cph_policy_context context;
   cph_policy_dedupe dedupe;
   cph_policy_gc gc;
   cph_policy_maintenance maintenance;
@@ -308,5 +331,9 @@ const char *cph_policy_log_level_name(cph_policy_log_level v);
 const char *cph_policy_sync_name(cph_policy_sync v);
 const char *cph_policy_provider_kind_name(cph_policy_provider_kind v);
 const char *cph_policy_index_kind_name(cph_policy_index_kind v);
+/* "enqueue", "merge", "interrupt", "restart", "reject" */
+const char *cph_policy_while_running_name(cph_policy_while_running v);
+/* The mode named name (one of the above): CPH_OK, or CPH_EINVAL. */
+int cph_policy_while_running_parse(const char *name, cph_policy_while_running *out);
 
 #endif

@@ -17,6 +17,8 @@ static const cph_record_desc *const descs[] = {
     &cph_session_desc, &cph_event_desc,     &cph_inbox_desc,     &cph_turn_desc,
     &cph_reply_desc,   &cph_memory_desc,    &cph_job_desc,       &cph_outbox_desc,
     &cph_gc_group_desc, &cph_aggregate_desc, &cph_ctxnode_desc,  &cph_seal_desc,
+    &cph_ctxhead_desc, &cph_ctxnode_v1_desc,
+    &cph_turnctx_desc,
 };
 
 /* Large enough for every record struct (checked against each desc at run time). */
@@ -33,6 +35,8 @@ typedef union any_rec {
   cph_aggregate_rec aggregate;
   cph_ctxnode_rec ctxnode;
   cph_seal_rec seal;
+  cph_ctxhead_rec ctxhead;
+  cph_turnctx_rec turnctx;
 } any_rec;
 
 static void fuzz_fail(const cph_record_desc *d, const char *what, const char *msg) {

@@ -98,7 +98,9 @@ static void record_seeds(void) {
                        .role = "user", .ttl = 3, .cadence = 2, .lc_depth = lc, .lc_position = lc,
                        .lc_offset = lc, .lc_ttl = lc, .n_lc_depth = 3, .n_lc_position = 3,
                        .n_lc_offset = 3, .n_lc_ttl = 3, .stage = 1, .key = "k", .tags = tags,
-                       .n_tags = 1, .created_at_episode = 2, .seq = 5, .waiting = true};
+                       .n_tags = 1, .created_at_episode = 2, .seq = 5, .waiting = true,
+                       .anchored = true};
+  cph_ctxhead_rec ch = {.episode = 7, .next_id = 12, .next_seq = 9, .shift = -3, .count = 4};
   cph_seal_rec se = {.id = 1, .session = "alice-bot", .trigger = "manual", .episode = 2,
                      .created_ms = 3, .roles = chans, .n_roles = 2, .contents = chans,
                      .n_contents = 2, .coords = chans, .n_coords = 2};
@@ -115,6 +117,7 @@ static void record_seeds(void) {
       {&cph_job_desc, &j, sizeof j},        {&cph_outbox_desc, &o, sizeof o},
       {&cph_gc_group_desc, &g, sizeof g},   {&cph_aggregate_desc, &a, sizeof a},
       {&cph_ctxnode_desc, &c, sizeof c},    {&cph_seal_desc, &se, sizeof se},
+      {&cph_ctxhead_desc, &ch, sizeof ch},  {&cph_ctxnode_v1_desc, &c, sizeof c},
   };
   static char zero[1024];
   for (uint8_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {

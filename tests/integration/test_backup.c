@@ -160,8 +160,8 @@ static void test_bad_directories_are_refused(void **state) {
   cph_test_daemon d;
   assert_int_equal(cph_test_daemon_start(&d, policy, NULL, NULL), 0);
 
-  cph_test_response r = cph_test_api(d.port, "POST", "/v1/admin/backup", NULL,
-                                     "{\"dir\":\"relative/path\"}");
+  cph_test_response r =
+      cph_test_api(d.port, "POST", "/v1/admin/backup", NULL, "{\"dir\":\"relative/path\"}");
   cph_test_expect_error(&r, 400, "bad_request", "dir");
   cph_test_response_free(&r);
 

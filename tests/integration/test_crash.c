@@ -9,6 +9,10 @@
  *   complete   every acknowledged completion's reply is in GET /v1/replies with its sources;
  *              no inbox message is the source of two replies; nothing consumed is handed out
  *              again; after draining, every acknowledged event was consumed exactly once;
+ *   cycle      clients run post -> lease -> complete under :sync :always, where a lease is
+ *              written without a flush of its own (issue 17): every acknowledged event and
+ *              completion is there, no lease survives the restart, and the input of the
+ *              leases in flight is staged again (the section's comment has the list);
  *   gc_commit  no compaction group is half applied: a committed group has its summary and
  *              none of its sources can be found any more, a source that cannot be found
  *              belongs to a committed group, no source is in two committed groups (one plan
@@ -16,7 +20,7 @@
  *              acknowledged job is there; and once maintenance runs on, every plan ends and
  *              every group ends committed or aborted.
  *
- * 20 + 20 + 10 iterations; CPH_CRASH_ITERATIONS scales them (e.g. 0.2 for a quick look). */
+ * 20 + 20 + 5 + 10 iterations; CPH_CRASH_ITERATIONS scales them (e.g. 0.2 for a quick look). */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -766,6 +770,316 @@ static void test_kill_9_during_completions_loses_no_acknowledged_completion(void
   run_end(r);
 }
 
+/* ================================================================ turn cycles */
+
+/* Issue 17 item 3: under :sync :always a lease is written without a flush of its own, and
+ * answers wait for their pass's flush while the next pass is built. Clients each run the
+ * bench's cycle — post one event, lease, complete with a reply — and log what was
+ * acknowledged: "E id body" (post), "L turn lease inbox:event ..." (lease), "C turn reply
+ * inbox,..." (completion). Each seed gets a fresh data dir, a kill -9 at a seeded moment, a
+ * restart on the same dir, and these checks:
+ *   - no lease survives as active: no cycle session is running, the interactive lane runs
+ *     nothing; a lease acknowledged but not completed answers 409 ("expired") to its
+ *     completion — or `already`, when the completion landed but its answer was lost;
+ *   - every acknowledged POST: the event is stored with its body, and accounted: a source of
+ *     exactly one reply once the sessions are drained;
+ *   - every acknowledged completion: its reply is there with its sources, and completing it
+ *     again answers `already` (the turn is stored completed with that lease);
+ *   - the input of every lease that came back expired is staged again: the drain hands those
+ *     inbox messages out again.
+ * CPH_CRASH_ITERATIONS scales the seeds like the other tests. */
+enum { CYCLE_SEEDS = 5, CYCLE_CLIENTS = 4 };
+
+static void cycle_client(int port, const char *ack, uint64_t arg) {
+  cph_hc_rng rng = {arg | 1};
+  int me = (int)(arg & 0xff);
+  for (int n = 0; n < 100000; n++) {
+    int st;
+    json_t *j = cph_hc_call(port, NULL, &st, "POST", "/v1/events",
+                            "{\"events\":[{\"channel\":\"k%d\",\"sender\":\"u\",\"body\":\"c%d-%d\"}]}",
+                            me, me, n);
+    if (st != 200) {
+      if (st != -1)
+        cph_hc_append_line(ack, "X ingest %d", st);
+      json_decref(j);
+      return;
+    }
+    cph_hc_append_line(ack, "E %lld c%d-%d",
+                       (long long)cph_hc_int(json_array_get(json_object_get(j, "results"), 0), "id"),
+                       me, n);
+    json_decref(j);
+    j = cph_hc_call(port, NULL, &st, "POST", "/v1/turns/lease",
+                    "{\"worker\":\"cy%d\",\"wait_ms\":%d}", me, (int)cph_hc_rand_range(&rng, 50, 300));
+    if (st == 204) {
+      json_decref(j);
+      continue;
+    }
+    if (st != 200) {
+      if (st != -1)
+        cph_hc_append_line(ack, "X lease %d", st);
+      json_decref(j);
+      return;
+    }
+    json_t *turn = json_object_get(j, "turn");
+    int64_t id = cph_hc_int(turn, "id");
+    const char *lease = cph_hc_str(turn, "lease");
+    json_t *staged = json_object_get(turn, "staged");
+    char line[2048], inbox[1024];
+    size_t lu = (size_t)snprintf(line, sizeof line, "L %lld %s", (long long)id, lease);
+    size_t iu = 0;
+    inbox[0] = '\0';
+    for (size_t i = 0; i < json_array_size(staged); i++) {
+      json_t *m = json_array_get(staged, i);
+      lu += (size_t)snprintf(line + lu, sizeof line - lu, " %lld:%lld", (long long)cph_hc_int(m, "id"),
+                             (long long)cph_hc_int(m, "event_id"));
+      iu += (size_t)snprintf(inbox + iu, sizeof inbox - iu, "%s%lld", i ? "," : "",
+                             (long long)cph_hc_int(m, "id"));
+    }
+    cph_hc_append_line(ack, "%s", line);
+    cph_hc_sleep_ms((int)cph_hc_rand_range(&rng, 0, 20)); /* the model's turn: a kill lands here */
+    char path[96];
+    snprintf(path, sizeof path, "/v1/turns/%lld/complete", (long long)id);
+    json_t *c = cph_hc_call(port, NULL, &st, "POST", path,
+                            "{\"lease\":\"%s\",\"cost\":{\"tokens\":2,\"tool_calls\":0},"
+                            "\"reply\":{\"body\":\"rep-%lld\"}}",
+                            lease, (long long)id);
+    if (st == 200 && !json_is_true(json_object_get(c, "already")))
+      cph_hc_append_line(ack, "C %lld rep-%lld %s", (long long)id, (long long)id, inbox);
+    else if (st != -1)
+      cph_hc_append_line(ack, "X complete %d", st);
+    json_decref(c);
+    json_decref(j);
+    if (st == -1)
+      return;
+  }
+}
+
+typedef struct cycle_lease {
+  int64_t turn;
+  char lease[40];
+  int64_t inbox[8];
+  int n_inbox;
+  bool completed; /* its completion was acknowledged */
+} cycle_lease;
+
+/* The state of a session the scheduler must not show after a restart. */
+static void expect_nothing_running(crash_run *r) {
+  json_t *j = get_ok(r, "/v1/sessions?state=running");
+  json_t *list = json_object_get(j, "sessions");
+  for (size_t i = 0; i < json_array_size(list); i++) {
+    const char *id = cph_hc_str(json_array_get(list, i), "id");
+    if (strncmp(id, "cy", 2) == 0)
+      fail_with_log(r, "session %s is running right after the restart: a lease survived", id);
+  }
+  json_decref(j);
+  j = get_ok(r, "/v1/lanes");
+  json_t *lanes = json_object_get(j, "lanes");
+  for (size_t i = 0; i < json_array_size(lanes); i++) {
+    json_t *l = json_array_get(lanes, i);
+    if (strcmp(cph_hc_str(l, "name"), "interactive") == 0 && cph_hc_int(l, "running") != 0)
+      fail_with_log(r, "the interactive lane runs %lld turns right after the restart",
+                    (long long)cph_hc_int(l, "running"));
+  }
+  json_decref(j);
+}
+
+static void test_kill_9_mid_cycle_keeps_what_was_acknowledged_and_expires_leases(void **state) {
+  (void)state;
+  int n_seeds = iterations(CYCLE_SEEDS);
+  size_t total_events = 0, total_completions = 0, total_expired = 0;
+  for (int it = 0; it < n_seeds; it++) {
+    uint64_t seed = cph_hc_rand(&g_rng);
+    cph_hc_rng rng = {seed | 1};
+    int delay = (int)cph_hc_rand_range(&rng, 100, 600);
+    print_message("cycle %d: seed %llu, kill after %d ms\n", it, (unsigned long long)seed, delay);
+    crash_run *r = run_start("crash-cycle");
+    int st;
+    for (int i = 0; i < CYCLE_CLIENTS; i++) {
+      json_decref(cph_hc_call(r->d.port, NULL, &st, "POST", "/v1/sessions",
+                              "{\"id\":\"cy%d\",\"class\":\"interactive\",\"subscribe\":[\"k%d\"]}", i, i));
+      assert_int_equal(st, 200);
+    }
+    for (int i = 0; i < CYCLE_CLIENTS; i++)
+      spawn(r, cycle_client, (cph_hc_rand(&rng) << 8) | (uint64_t)i);
+    cph_hc_sleep_ms(delay);
+    crash(r);
+    char *acks = collect_acks(r);
+    run_restart(r);
+    /* before anything else touches it: no lease is active */
+    expect_nothing_running(r);
+
+    complete_state cs = {0};
+    cycle_lease *leases = calloc(4096, sizeof *leases);
+    size_t n_leases = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(acks, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+      if (line[0] == 'X') {
+        fail_with_log(r, "a client saw %s", line + 2);
+      } else if (line[0] == 'E') {
+        if (cs.n_events == cs.cap_events) {
+          cs.cap_events = cs.cap_events ? cs.cap_events * 2 : 1024;
+          cs.acked_events = realloc(cs.acked_events, cs.cap_events * sizeof *cs.acked_events);
+          cs.bodies = realloc(cs.bodies, cs.cap_events * sizeof *cs.bodies);
+        }
+        long long id;
+        char body[32];
+        if (sscanf(line, "E %lld %31s", &id, body) != 2)
+          fail_msg("bad ack line '%s'", line);
+        cs.acked_events[cs.n_events] = id;
+        memcpy(cs.bodies[cs.n_events], body, sizeof body);
+        cs.n_events++;
+      } else if (line[0] == 'L' && n_leases < 4096) {
+        cycle_lease *l = &leases[n_leases++];
+        char *save2 = NULL;
+        strtok_r(line, " ", &save2); /* "L" */
+        l->turn = atoll(strtok_r(NULL, " ", &save2));
+        snprintf(l->lease, sizeof l->lease, "%s", strtok_r(NULL, " ", &save2));
+        for (char *p = strtok_r(NULL, " ", &save2); p; p = strtok_r(NULL, " ", &save2)) {
+          long long inbox, event;
+          if (sscanf(p, "%lld:%lld", &inbox, &event) == 2) {
+            note_inbox(r, &cs, inbox, event);
+            if (l->n_inbox < 8)
+              l->inbox[l->n_inbox++] = inbox;
+          }
+        }
+      } else if (line[0] == 'C') {
+        if (cs.n_replies == cs.cap_replies) {
+          cs.cap_replies = cs.cap_replies ? cs.cap_replies * 2 : 1024;
+          cs.acked_replies = realloc(cs.acked_replies, cs.cap_replies * sizeof *cs.acked_replies);
+          cs.acked_sources = realloc(cs.acked_sources, cs.cap_replies * sizeof *cs.acked_sources);
+        }
+        long long turn;
+        char body[32], src[1024] = "";
+        if (sscanf(line, "C %lld %31s %1023s", &turn, body, src) < 2)
+          fail_msg("bad ack line '%s'", line);
+        memcpy(cs.acked_replies[cs.n_replies], body, sizeof body);
+        char sorted[1024];
+        sort_csv(src, sorted, sizeof sorted);
+        cs.acked_sources[cs.n_replies] = strdup(sorted);
+        cs.n_replies++;
+        for (size_t k = n_leases; k-- > 0;)
+          if (leases[k].turn == turn) {
+            leases[k].completed = true;
+            break;
+          }
+      }
+    }
+    free(acks);
+
+    /* every acknowledged event is stored */
+    for (size_t i = 0; i < cs.n_events; i++)
+      expect_event(r, cs.acked_events[i], cs.bodies[i]);
+    /* every acknowledged completion: its reply with its sources */
+    json_t *replies = all_replies(r);
+    for (size_t i = 0; i < cs.n_replies; i++) {
+      bool found = false;
+      for (size_t k = 0; k < json_array_size(replies) && !found; k++) {
+        json_t *rep = json_array_get(replies, k);
+        if (strcmp(cph_hc_str(rep, "body"), cs.acked_replies[i]) != 0)
+          continue;
+        found = true;
+        char got[1024];
+        sources_text(rep, got, sizeof got);
+        if (strcmp(got, cs.acked_sources[i]) != 0)
+          fail_with_log(r, "reply %s: sources [%s], the completion carried [%s]",
+                        cs.acked_replies[i], got, cs.acked_sources[i]);
+      }
+      if (!found)
+        fail_with_log(r, "acknowledged completion %s has no reply after kill -9",
+                      cs.acked_replies[i]);
+    }
+    /* the turns: a completed one is stored completed; a lease in flight has ended */
+    idmap expired_inbox = {0}; /* inbox id -> the expired turn that held it */
+    size_t expired = 0;
+    for (size_t i = 0; i < n_leases; i++) {
+      cycle_lease *l = &leases[i];
+      char path[96];
+      snprintf(path, sizeof path, "/v1/turns/%lld/complete", (long long)l->turn);
+      json_t *c = cph_hc_call(r->d.port, NULL, &st, "POST", path,
+                              "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
+                              "\"reply\":{\"body\":\"late-%lld\"}}",
+                              l->lease, (long long)l->turn);
+      bool already = st == 200 && json_is_true(json_object_get(c, "already"));
+      if (l->completed && !already)
+        fail_with_log(r, "turn %lld: its completion was acknowledged, completing it again "
+                         "answered %d%s instead of `already`",
+                      (long long)l->turn, st, st == 200 ? " (a fresh completion)" : "");
+      if (!l->completed && !already) {
+        const char *msg = cph_hc_str(json_object_get(c, "error"), "message");
+        if (st != 409 || !strstr(msg, "expired"))
+          fail_with_log(r, "turn %lld leased before the crash: completing it after the restart "
+                           "answered %d '%s', want 409 expired (no lease survives a restart)",
+                        (long long)l->turn, st, msg);
+        expired++;
+        for (int k = 0; k < l->n_inbox; k++)
+          idmap_set(&expired_inbox, l->inbox[k], l->turn);
+      } /* else: its completion landed, the answer was lost in the crash: acknowledged nothing */
+      json_decref(c);
+    }
+    /* drain: nothing consumed comes back; what the expired leases held does */
+    idmap by_inbox = {0};
+    replies_by_inbox(r, replies, &by_inbox);
+    json_decref(replies);
+    size_t drained = drain(r, &cs, &by_inbox);
+    idmap_free(&by_inbox);
+    replies = all_replies(r);
+    replies_by_inbox(r, replies, &by_inbox);
+    /* the input of every expired lease was staged again: a drain turn consumed it */
+    for (size_t k = 0; k < json_array_size(replies); k++) {
+      json_t *rep = json_array_get(replies, k);
+      json_t *src = json_object_get(rep, "source_inbox_ids");
+      for (size_t i = 0; i < json_array_size(src); i++) {
+        int64_t inbox = json_integer_value(json_array_get(src, i));
+        if (idmap_get(&expired_inbox, inbox) && strncmp(cph_hc_str(rep, "body"), "drain-", 6) != 0)
+          fail_with_log(r, "inbox message %lld of expired turn %lld was consumed by '%s', not "
+                           "by a turn after the restart",
+                        (long long)inbox, (long long)idmap_get(&expired_inbox, inbox),
+                        cph_hc_str(rep, "body"));
+      }
+    }
+    json_decref(replies);
+    /* every acknowledged event consumed exactly once, over the replies before and after */
+    idmap consumed = {0};
+    for (size_t i = 0; i < by_inbox.cap; i++) {
+      if (!by_inbox.v[i])
+        continue;
+      int64_t ev = idmap_get(&cs.inbox_event, (int64_t)i);
+      if (!ev)
+        fail_with_log(r, "reply %lld names inbox message %zu, which no lease ever handed out",
+                      (long long)by_inbox.v[i], i);
+      idmap_set(&consumed, ev, idmap_get(&consumed, ev) + 1);
+    }
+    for (size_t i = 0; i < cs.n_events; i++)
+      if (idmap_get(&consumed, cs.acked_events[i]) != 1)
+        fail_with_log(r, "acknowledged event %lld (%s) was consumed %lld times",
+                      (long long)cs.acked_events[i], cs.bodies[i],
+                      (long long)idmap_get(&consumed, cs.acked_events[i]));
+    print_message("cycle %d: %zu events, %zu completions acknowledged, %zu leases expired by "
+                  "the restart, %zu turns drained\n",
+                  it, cs.n_events, cs.n_replies, expired, drained);
+    total_events += cs.n_events;
+    total_completions += cs.n_replies;
+    total_expired += expired;
+    idmap_free(&consumed);
+    idmap_free(&by_inbox);
+    idmap_free(&expired_inbox);
+    for (size_t i = 0; i < cs.n_replies; i++)
+      free(cs.acked_sources[i]);
+    free(cs.acked_sources);
+    free(cs.acked_replies);
+    free(cs.acked_events);
+    free(cs.bodies);
+    idmap_free(&cs.inbox_event);
+    idmap_free(&cs.event_body_at);
+    free(leases);
+    run_end(r);
+  }
+  print_message("cycle: %zu events, %zu completions acknowledged over %d kills, all there; %zu "
+                "leases expired by the restarts, their input staged again\n",
+                total_events, total_completions, n_seeds, total_expired);
+  assert_true(total_events > 0);
+}
+
 /* ================================================================ gc_commit */
 
 static const char *WORDS[] = {"amber",  "basalt", "cobalt", "dune",   "ember",  "fjord",
@@ -1264,6 +1578,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_kill_9_during_ingest_loses_no_acknowledged_event, teardown),
       cmocka_unit_test_teardown(test_kill_9_during_completions_loses_no_acknowledged_completion,
+                                teardown),
+      cmocka_unit_test_teardown(test_kill_9_mid_cycle_keeps_what_was_acknowledged_and_expires_leases,
                                 teardown),
       cmocka_unit_test_teardown(test_kill_9_during_gc_commit_leaves_no_group_half_applied,
                                 teardown),

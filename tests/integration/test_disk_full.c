@@ -1,7 +1,8 @@
-/* A full store (DESIGN §11): with a tiny LMDB map, ingest answers 507 naming the cause and the
- * setting to change, while reads, leases and completions keep working; after the map grows
+/* A full store (DESIGN §11): with a tiny LMDB map that may not grow (its ceiling,
+ * :max-map-size-mb, is its size), ingest answers 507 naming the cause and the setting to
+ * change, while reads, leases and completions keep working; after the ceiling is raised
  * (policy + restart) ingest resumes and nothing acknowledged before is lost. The real
- * cephalond over loopback with a temp data dir. */
+ * cephalond over loopback with a temp data dir. (The map growing by itself: test_map_growth.) */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,10 +22,10 @@
 #include "tests/support/testutil.h"
 
 /* Dedupe off (bodies are never shorter than :min-length): every event is a fresh message. */
-static const char *POLICY_TINY = "{:server {:map-size-mb 1}\n"
+static const char *POLICY_TINY = "{:server {:map-size-mb 1 :max-map-size-mb 1}\n"
                                  " :sessions {:janitor? false}\n"
                                  " :dedupe {:min-length 1000000}}\n";
-static const char *POLICY_GROWN = "{:server {:map-size-mb 64}\n"
+static const char *POLICY_GROWN = "{:server {:map-size-mb 64 :max-map-size-mb 64}\n"
                                   " :sessions {:janitor? false}\n"
                                   " :dedupe {:min-length 1000000}}\n";
 
@@ -173,8 +174,8 @@ static void test_full_map_refuses_ingest_with_507_and_keeps_serving_then_grows(v
   json_t *err = json_object_get(answer, "error");
   const char *code = cph_hc_str(err, "code"), *msg = cph_hc_str(err, "message");
   assert_string_equal(code, "storage_full");
-  if (!strstr(msg, "storage full") || !strstr(msg, ":map-size-mb"))
-    fail_msg("the 507 message should say storage full and name :map-size-mb: %s", msg);
+  if (!strstr(msg, "storage full") || !strstr(msg, ":max-map-size-mb"))
+    fail_msg("the 507 message should say storage full and name :max-map-size-mb: %s", msg);
   json_decref(answer);
   free(raw);
   raw = NULL;

@@ -53,8 +53,7 @@ static int teardown(void **state) {
   return 0;
 }
 
-static json_t *call(fixture *f, int want, const char *method, const char *path,
-                    const char *body) {
+static json_t *call(fixture *f, int want, const char *method, const char *path, const char *body) {
   cph_test_response r = cph_test_api(f->d.port, method, path, NULL, body);
   if (r.status != want)
     fail_msg("%s %s: status %d, expected %d: %s", method, path, r.status, want,
@@ -94,8 +93,8 @@ static json_t *get(fixture *f, const char *fmt, const char *id) {
 
 static void post_to(fixture *f, const char *session, const char *text) {
   char body[256];
-  snprintf(body, sizeof body, "{\"events\":[{\"session\":\"%s\",\"sender\":\"u\",\"body\":\"%s\"}]}",
-           session, text);
+  snprintf(body, sizeof body,
+           "{\"events\":[{\"session\":\"%s\",\"sender\":\"u\",\"body\":\"%s\"}]}", session, text);
   json_decref(call(f, 200, "POST", "/v1/events", body));
 }
 
@@ -194,7 +193,8 @@ static void test_why_forecast_and_charge_by_tokens(void **state) {
       first = ids[i];
     assert_int_equal(num(w, "turns_ahead"), pos - 1);
     assert_int_equal(num(w, "tenant_runnable"), i < 2 ? 2 : 1);
-    assert_true(num(w, "tenant_position") >= 1 && num(w, "tenant_position") <= num(w, "tenant_runnable"));
+    assert_true(num(w, "tenant_position") >= 1 &&
+                num(w, "tenant_position") <= num(w, "tenant_runnable"));
     if (i < 2)
       assert_string_equal(str(w, "tenant"), "acme");
     else
@@ -270,7 +270,8 @@ static void test_reload_refuses_seats_over_concurrency(void **state) {
   cph_test_response r = cph_test_api(f->d.port, "POST", "/v1/admin/policy/reload", NULL, NULL);
   cph_test_expect_error(&r, 400, "bad_request", NULL);
   char where[512];
-  snprintf(where, sizeof where, "%s:2:21: :scheduler :lanes: seats reserved add up to 3", f->policy);
+  snprintf(where, sizeof where, "%s:2:21: :scheduler :lanes: seats reserved add up to 3",
+           f->policy);
   if (!strstr(r.body, where) || !strstr(r.body, ":interactive :seats 2") ||
       !strstr(r.body, ":maintenance :seats 1") || !strstr(r.body, ":concurrency 2"))
     fail_msg("reload error does not name the keys: %s", r.body);

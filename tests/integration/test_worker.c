@@ -38,8 +38,12 @@ typedef enum mode {
   MODE_FAIL_FIRST, /* 500 once, then a text answer */
   MODE_SLOW,       /* answers after 4 s */
   MODE_HANG,       /* answers after 60 s (or when the client hangs up) */
-  MODE_ECHO        /* answers at once */
+  MODE_ECHO,       /* answers at once */
+  MODE_ARRIVE      /* the first request: read_text_file, answered after 1.5 s (the test posts
+                    * a message meanwhile); every later one: a text answer at once */
 } mode;
+
+#define MAX_SEEN 8
 
 typedef struct model_state {
   pthread_mutex_t mu;
@@ -51,7 +55,34 @@ typedef struct model_state {
   char auth[256];       /* Authorization of the last request */
   bool saw_tool_result; /* a request carried a role:tool message with the file's text */
   bool tool_call_id_ok; /* ... answering our call id */
+  int dangling;         /* requests with an assistant tool call lacking its tool result */
+  char *seen[MAX_SEEN]; /* MODE_ARRIVE: each request's messages as JSON text */
 } model_state;
+
+/* True when some assistant tool call of the request has no `tool` message answering it right
+ * after (providers refuse such a conversation for good: DESIGN §4's "no dangling call"). */
+static bool has_dangling_call(const cph_md_request *rq) {
+  json_t *msgs = json_object_get(rq->json, "messages");
+  for (size_t i = 0; i < json_array_size(msgs); i++) {
+    size_t k;
+    json_t *call;
+    json_array_foreach(json_object_get(json_array_get(msgs, i), "tool_calls"), k, call) {
+      const char *id = json_string_value(json_object_get(call, "id"));
+      bool answered = false;
+      for (size_t j = i + 1; j < json_array_size(msgs); j++) {
+        json_t *r = json_array_get(msgs, j);
+        const char *role = json_string_value(json_object_get(r, "role"));
+        if (!role || strcmp(role, "tool") != 0)
+          break;
+        const char *rid = json_string_value(json_object_get(r, "tool_call_id"));
+        answered |= id && rid && strcmp(id, rid) == 0;
+      }
+      if (!answered)
+        return true;
+    }
+  }
+  return false;
+}
 
 static const json_t *last_message(const cph_md_request *rq) {
   json_t *msgs = json_object_get(rq->json, "messages");
@@ -140,6 +171,21 @@ static void model(void *arg, const cph_md_request *rq, cph_md_answer *out) {
   case MODE_ECHO:
     out->body = cph_md_chat_text("echo", 3);
     break;
+  case MODE_ARRIVE: {
+    s->dangling += has_dangling_call(rq);
+    if (s->requests <= MAX_SEEN)
+      s->seen[s->requests - 1] =
+          json_dumps(json_object_get(rq->json, "messages"), JSON_COMPACT);
+    if (s->requests == 1) {
+      char args[700];
+      snprintf(args, sizeof args, "{\"path\":\"%s\"}", s->file);
+      out->body = cph_md_chat_tool_call("call_read_1", "read_text_file", args, 20);
+      out->delay_ms = 1500;
+    } else {
+      out->body = cph_md_chat_text("done", 5);
+    }
+    break;
+  }
   }
   pthread_mutex_unlock(&s->mu);
 }
@@ -199,6 +245,8 @@ static int teardown(void **state) {
   unlink(f->policy);
   free(f->policy);
   pthread_mutex_destroy(&f->st.mu);
+  for (int i = 0; i < MAX_SEEN; i++)
+    free(f->st.seen[i]);
   free(f);
   return 0;
 }
@@ -387,6 +435,112 @@ static void test_a_question_that_needs_a_tool_is_answered_from_the_tools_real_ou
   if (!strstr(log, "outcome=completed") || !strstr(log, "session=reader") ||
       !strstr(log, "rounds=2") || !strstr(log, "tokens=50") || !strstr(log, " ms="))
     fail_msg("no turn line with session, rounds, tokens and ms:\n%s", log);
+  free(log);
+}
+
+/* Creates a session with while_running `mode` that may read files. */
+static void session_while(fixture *f, const char *id, const char *wr) {
+  char body[512];
+  snprintf(body, sizeof body,
+           "{\"id\":\"%s\",\"class\":\"interactive\",\"tools\":[\"read_text_file\"],"
+           "\"while_running\":\"%s\"}",
+           id, wr);
+  json_decref(api(f, "POST", "/v1/sessions", body, 200));
+}
+
+/* Posts `text` to the session once the model holds its first (tool-calling) answer back. */
+static void post_during_first_call(fixture *f, const char *id, const char *text) {
+  for (int waited = 0; model_requests(f) < 1 && waited < 30000; waited += 10)
+    usleep(10000);
+  if (model_requests(f) < 1) {
+    char *log = worker_log(f, 0);
+    fail_msg("the worker never called the model; its log:\n%s", log);
+  }
+  event(f, id, text);
+}
+
+static char *seen(fixture *f, int i) {
+  pthread_mutex_lock(&f->st.mu);
+  char *s = f->st.seen[i] ? strdup(f->st.seen[i]) : NULL;
+  pthread_mutex_unlock(&f->st.mu);
+  return s;
+}
+
+/* :interrupt — the worker stops at the next safe point (after the tool's result, before the
+ * next model call), completes with interrupted and an account of its tool calls; the next turn
+ * carries the old and the new message, and its messages hold no tool call without its
+ * result: the interrupted turn's call is in the history with its result. */
+static void test_an_interrupted_turn_then_a_normal_one_leave_no_dangling_tool_call(
+    void **state) {
+  fixture *f = *state;
+  f->st.mode = MODE_ARRIVE;
+  session_while(f, "ops", "interrupt");
+  start_worker(f, 0, NULL);
+  event(f, "ops", "read note.txt and restart host alpha");
+  post_during_first_call(f, "ops", "no, the staging cluster");
+  json_t *r = wait_replies(f, 2, 60000);
+  if (json_array_size(r) != 2) {
+    char *log = worker_log(f, 0);
+    fail_msg("want 2 replies (the interrupted account, the answer); the worker's log:\n%s", log);
+  }
+  const char *account = json_string_value(json_object_get(json_array_get(r, 0), "body"));
+  if (!strstr(account, "interrupted") || !strstr(account, "read_text_file") ||
+      !strstr(account, FILE_TEXT))
+    fail_msg("the interrupted turn's reply does not account for its tool call: %s", account);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(r, 1), "body")), "done");
+  json_decref(r);
+  pthread_mutex_lock(&f->st.mu);
+  int requests = f->st.requests, dangling = f->st.dangling;
+  pthread_mutex_unlock(&f->st.mu);
+  assert_int_equal(requests, 2); /* the tool round of turn 1 (interrupted after it), turn 2 */
+  assert_int_equal(dangling, 0);
+  char *second = seen(f, 1);
+  /* turn 2: the old and the new input, and the interrupted turn's call with its result */
+  if (!second || !strstr(second, "restart host alpha") ||
+      !strstr(second, "no, the staging cluster") || !strstr(second, FILE_TEXT))
+    fail_msg("turn 2's messages lack the old input, the new one or the tool's result: %s",
+             second ? second : "(none)");
+  free(second);
+  char *log = worker_log(f, 0);
+  if (!strstr(log, "outcome=interrupted") || !strstr(log, "outcome=completed"))
+    fail_msg("want an interrupted turn, then a completed one:\n%s", log);
+  free(log);
+}
+
+/* :merge — the message posted during the turn is taken before the next model call, after the
+ * tool's result, and answered by the same turn: one reply, no second turn. */
+static void test_merge_takes_a_message_into_the_running_turn_before_the_next_model_call(
+    void **state) {
+  fixture *f = *state;
+  f->st.mode = MODE_ARRIVE;
+  session_while(f, "ops", "merge");
+  start_worker(f, 0, NULL);
+  event(f, "ops", "read note.txt");
+  post_during_first_call(f, "ops", "and tell me its length too");
+  json_t *r = wait_replies(f, 1, 60000);
+  if (json_array_size(r) != 1) {
+    char *log = worker_log(f, 0);
+    fail_msg("no reply; the worker's log:\n%s", log);
+  }
+  json_t *src = json_object_get(json_array_get(r, 0), "source_inbox_ids");
+  assert_int_equal(json_array_size(src), 2); /* the leased message and the taken one */
+  json_decref(r);
+  usleep(1200 * 1000); /* no second turn comes: the taken message was consumed */
+  pthread_mutex_lock(&f->st.mu);
+  int requests = f->st.requests, dangling = f->st.dangling;
+  pthread_mutex_unlock(&f->st.mu);
+  assert_int_equal(requests, 2);
+  assert_int_equal(dangling, 0);
+  char *second = seen(f, 1);
+  /* the taken message comes after the tool's result: [..., assistant call, tool, user] */
+  const char *tool = second ? strstr(second, "\"role\":\"tool\"") : NULL;
+  const char *merged = second ? strstr(second, "and tell me its length too") : NULL;
+  if (!tool || !merged || merged < tool)
+    fail_msg("the taken message is not after the tool's result: %s", second ? second : "-");
+  free(second);
+  char *log = worker_log(f, 0);
+  if (!strstr(log, "taken=1"))
+    fail_msg("the worker's turn line does not say it took one entry:\n%s", log);
   free(log);
 }
 
@@ -651,6 +805,12 @@ int main(void) {
           teardown),
       cmocka_unit_test_setup_teardown(test_invalid_tool_arguments_are_counted_per_tool, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(
+          test_an_interrupted_turn_then_a_normal_one_leave_no_dangling_tool_call, setup,
+          teardown),
+      cmocka_unit_test_setup_teardown(
+          test_merge_takes_a_message_into_the_running_turn_before_the_next_model_call, setup,
+          teardown),
       cmocka_unit_test_setup_teardown(test_a_model_error_fails_the_turn_and_it_is_retried,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(

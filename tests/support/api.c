@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "api.h"
+#include "oas.h"
 #include "testutil.h"
 
 #include <setjmp.h>
@@ -97,6 +98,7 @@ cph_test_response cph_test_http_raw(int port, const char *method, const char *pa
   memcpy(r.body, sep + 4, r.body_len);
   r.body[r.body_len] = '\0';
   free(buf);
+  cph_oas_expect_answer(port, method, path, r.status, r.headers, r.body, r.body_len);
   return r;
 }
 

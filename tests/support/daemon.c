@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "oas.h"
 #include "testutil.h"
 
 static void sleep_ms(int ms) {
@@ -102,6 +103,7 @@ int cph_test_daemon_start(cph_test_daemon *d, const char *policy_path, const cha
         p--;
       d->port = atoi(p);
       free(log);
+      cph_oas_watch_port(d->port); /* its answers are checked against docs/openapi.json */
       return 0;
     }
     free(log);
@@ -134,6 +136,7 @@ int cph_test_daemon_signal_wait(cph_test_daemon *d, int sig) {
     pid_t r = waitpid(d->pid, &status, WNOHANG);
     if (r == d->pid) {
       d->pid = 0;
+      cph_oas_unwatch_port(d->port);
       if (WIFEXITED(status))
         return WEXITSTATUS(status);
       return 128 + WTERMSIG(status);
@@ -143,6 +146,7 @@ int cph_test_daemon_signal_wait(cph_test_daemon *d, int sig) {
   kill(d->pid, SIGKILL);
   waitpid(d->pid, &status, 0);
   d->pid = 0;
+  cph_oas_unwatch_port(d->port);
   return -1;
 }
 
@@ -208,6 +212,7 @@ cph_test_response cph_test_http(int port, const char *method, const char *path,
   memcpy(r.body, sep + 4, r.body_len);
   r.body[r.body_len] = '\0';
   free(buf);
+  cph_oas_expect_answer(port, method, path, r.status, r.headers, r.body, r.body_len);
   return r;
 }
 

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "hclient.h"
+#include "oas.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -126,6 +127,8 @@ static json_t *vcall(int port, const char *token, int *status, char **raw, const
   *status = atoi(buf + 9);
   const char *b = sep + 4;
   size_t blen_in = len - (size_t)(b - buf);
+  *sep = '\0'; /* the head, for the check against docs/openapi.json */
+  cph_oas_expect_answer(port, method, path, *status, buf, b, blen_in);
   json_t *j = blen_in ? json_loadb(b, blen_in, 0, NULL) : NULL;
   if (raw)
     *raw = strdup(b);

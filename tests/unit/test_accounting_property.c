@@ -25,25 +25,13 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "tests/support/engine_fixture.h"
+#include "tests/support/prop.h"
 #include "tests/support/testutil.h"
 
 #define MAX_SESSIONS 5
 #define N_CHANNELS 4
 #define MAX_EVENTS 4096
 #define DEFAULT_CASES 2000
-
-typedef struct rng {
-  uint64_t s;
-} rng;
-
-static uint64_t next(rng *r) { /* splitmix64 */
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static uint32_t below(rng *r, uint32_t n) { return (uint32_t)(next(r) % n); }
 
 static const char *const CHANNELS[N_CHANNELS] = {"general", "ops", "alerts", "floor"};
 static const char *const SENDERS[] = {"alice", "bob", "carol", "nagios", "feedbot"};
@@ -341,10 +329,9 @@ static void run_case(uint64_t seed) {
 
 static void test_every_routed_event_reaches_its_session_exactly_once(void **state) {
   (void)state;
-  const char *seed_env = getenv("CPH_PROPERTY_SEED");
-  const char *cases_env = getenv("CPH_PROPERTY_CASES");
-  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 20261125;
-  long cases = cases_env ? strtol(cases_env, NULL, 10) : DEFAULT_CASES;
+  uint64_t seed;
+  long cases;
+  cph_property_run(20261125, DEFAULT_CASES, &seed, &cases);
   print_message("accounting property: %ld cases from seed %llu\n", cases,
                 (unsigned long long)seed);
   for (long i = 0; i < cases; i++)

@@ -149,6 +149,8 @@ static void assert_non_seed_defaults(const cph_policy *p) {
   assert_int_equal(p->server.max_long_polls_per_client, 64);
   assert_int_equal(p->server.max_wait_ms, 30000);
   assert_int_equal(p->server.timeout_seconds, 60);
+  assert_int_equal(p->server.header_timeout_seconds, 10);
+  assert_int_equal(p->server.body_timeout_seconds, 30);
   assert_int_equal(p->server.log_level, CPH_POLICY_LOG_INFO);
   assert_false(p->auth_enabled);
   assert_null(p->auth.tokens);

@@ -25,31 +25,12 @@
 
 #include "cephalon/error.h"
 #include "lanes/sim.h"
+#include "tests/support/prop.h"
 
-#define DEFAULT_CASES 1000
+#define DEFAULT_CASES 700
 #define DEFAULT_SEED UINT64_C(1907)
 
-typedef struct rng {
-  uint64_t x;
-} rng;
-
-static uint64_t next(rng *r) {
-  uint64_t z = (r->x += UINT64_C(0x9e3779b97f4a7c15));
-  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-  return z ^ (z >> 31);
-}
-static uint64_t below(rng *r, uint64_t n) { return n ? next(r) % n : 0; }
 static double unit(rng *r) { return (double)(next(r) >> 11) * 0x1.0p-53; }
-
-static uint64_t cases(void) {
-  const char *s = getenv("CPH_PROPERTY_CASES");
-  return s ? strtoull(s, NULL, 10) : DEFAULT_CASES;
-}
-static uint64_t first_seed(void) {
-  const char *s = getenv("CPH_PROPERTY_SEED");
-  return s ? strtoull(s, NULL, 10) : DEFAULT_SEED;
-}
 
 /* Budgets that never bind, nothing else set. */
 static cph_sched_config roomy(uint32_t concurrency) {
@@ -101,15 +82,18 @@ static void tenant_case(uint64_t seed) {
     /* More sessions than concurrency, so the tenant always has one runnable: from just
      * enough to a hundred times more. */
     uint32_t count = conc + 1 + (uint32_t)(below(&r, 4) == 0 ? below(&r, 2000) : below(&r, 40));
-    ss[n] = (cph_sim_session){lane, CPH_SIM_SATURATED, 0, turn_s * (0.5 + unit(&r)),
-                              exponential, (uint32_t)below(&r, 3), (uint32_t)t, count, false};
+    ss[n] = (cph_sim_session){
+        lane,        CPH_SIM_SATURATED,      0,           turn_s * (0.5 + unit(&r)),
+        exponential, (uint32_t)below(&r, 3), (uint32_t)t, count,
+        false};
     tenants[n++] = tenant_names[t];
   }
   /* Sometimes the default tenant (weight 1) shares the lane too. */
   bool with_default = below(&r, 3) == 0;
   if (with_default) {
-    ss[n] = (cph_sim_session){lane, CPH_SIM_SATURATED, 0, turn_s, exponential, 0, 4,
-                              conc + 1 + (uint32_t)below(&r, 100), false};
+    ss[n] = (cph_sim_session){
+        lane, CPH_SIM_SATURATED, 0, turn_s, exponential, 0, 4, conc + 1 + (uint32_t)below(&r, 100),
+        false};
     tenants[n++] = NULL;
     total_w += 1;
   }
@@ -122,7 +106,7 @@ static void tenant_case(uint64_t seed) {
   c.n_sessions = n;
   c.tenants = tenants;
   c.duration_s = 65;
-  c.warmup_s = 5; /* the measured minute */
+  c.warmup_s = 5;  /* the measured minute */
   c.tick_ms = 100; /* passes also run at every arrival and completion */
   c.seed = seed;
   cph_sim_result res;
@@ -146,10 +130,12 @@ static void tenant_case(uint64_t seed) {
 
 static void test_tenant_shares_follow_weights_whatever_their_session_counts(void **state) {
   (void)state;
-  uint64_t n = cases(), seed = first_seed();
-  print_message("tenant shares: %" PRIu64 " cases from seed %" PRIu64 "\n", n, seed);
-  for (uint64_t i = 0; i < n; i++)
-    tenant_case(seed + i);
+  uint64_t seed;
+  long n;
+  cph_property_run(DEFAULT_SEED, DEFAULT_CASES, &seed, &n);
+  print_message("tenant shares: %ld cases from seed %" PRIu64 "\n", n, seed);
+  for (long i = 0; i < n; i++)
+    tenant_case(seed + (uint64_t)i);
 }
 
 /* ---------------------------------------------------------------- seats */
@@ -167,13 +153,20 @@ static void seats_case(uint64_t seed) {
       continue;
     if (n && below(&r, 2)) /* one or both other lanes saturated */
       continue;
-    ss[n++] = (cph_sim_session){(cph_lane)l, CPH_SIM_SATURATED, 0, turn_s, false, 1, 1,
-                                conc + 5, false};
+    ss[n++] =
+        (cph_sim_session){(cph_lane)l, CPH_SIM_SATURATED, 0, turn_s, false, 1, 1, conc + 5, false};
   }
   /* The reserved lane never wants more than its seats: its sessions come and go. */
   uint32_t mine = 1 + (uint32_t)below(&r, seats);
-  ss[n++] = (cph_sim_session){reserved, CPH_SIM_POISSON, 0.05 + 2 * unit(&r),
-                              0.01 + 0.5 * unit(&r), below(&r, 2), 0, 0, mine, false};
+  ss[n++] = (cph_sim_session){reserved,
+                              CPH_SIM_POISSON,
+                              0.05 + 2 * unit(&r),
+                              0.01 + 0.5 * unit(&r),
+                              below(&r, 2),
+                              0,
+                              0,
+                              mine,
+                              false};
   cph_sim_config c;
   memset(&c, 0, sizeof c);
   c.sched = roomy(conc);
@@ -196,8 +189,8 @@ static void seats_case(uint64_t seed) {
     if (p->waited_ns > bound)
       fail_msg("seed %" PRIu64 ": lane %s (%u seats of %u, %u sessions) waited %.3f s at "
                "%.3f s; the other lanes' turns take %.3f s",
-               seed, cph_lane_name(reserved), seats, conc, mine, p->waited_ns / 1e9,
-               p->at_ns / 1e9, turn_s);
+               seed, cph_lane_name(reserved), seats, conc, mine, p->waited_ns / 1e9, p->at_ns / 1e9,
+               turn_s);
   }
   if (!picks)
     fail_msg("seed %" PRIu64 ": the reserved lane never ran", seed);
@@ -206,10 +199,12 @@ static void seats_case(uint64_t seed) {
 
 static void test_reserved_seats_return_within_one_turn(void **state) {
   (void)state;
-  uint64_t n = cases(), seed = first_seed();
-  print_message("seats: %" PRIu64 " cases from seed %" PRIu64 "\n", n, seed);
-  for (uint64_t i = 0; i < n; i++)
-    seats_case(seed + i);
+  uint64_t seed;
+  long n;
+  cph_property_run(DEFAULT_SEED, DEFAULT_CASES, &seed, &n);
+  print_message("seats: %ld cases from seed %" PRIu64 "\n", n, seed);
+  for (long i = 0; i < n; i++)
+    seats_case(seed + (uint64_t)i);
 }
 
 /* ---------------------------------------------------------------- budgets over windows */
@@ -268,10 +263,11 @@ static void budget_case(uint64_t seed) {
   for (int l = 0; l < CPH_LANE_COUNT; l++)
     for (int k = 0; k < 2; k++) {
       bool saturated = below(&r, 2);
-      ss[n] = (cph_sim_session){(cph_lane)l, saturated ? CPH_SIM_SATURATED : CPH_SIM_POISSON,
-                                0.2 + unit(&r), 0.05 + 3 * unit(&r), below(&r, 2),
-                                (uint32_t)below(&r, 21), (uint32_t)n,
-                                1 + (uint32_t)below(&r, 6), false};
+      ss[n] = (cph_sim_session){(cph_lane)l,    saturated ? CPH_SIM_SATURATED : CPH_SIM_POISSON,
+                                0.2 + unit(&r), 0.05 + 3 * unit(&r),
+                                below(&r, 2),   (uint32_t)below(&r, 21),
+                                (uint32_t)n,    1 + (uint32_t)below(&r, 6),
+                                false};
       toks[n] = below(&r, 3) ? below(&r, 50000) : 0;
       tenants[n] = k ? weights[below(&r, 2)].name : NULL;
       n++;
@@ -354,10 +350,12 @@ static void budget_case(uint64_t seed) {
 
 static void test_lane_budget_never_exceeded_over_any_window(void **state) {
   (void)state;
-  uint64_t n = cases(), seed = first_seed();
-  print_message("budgets: %" PRIu64 " cases from seed %" PRIu64 "\n", n, seed);
-  for (uint64_t i = 0; i < n; i++)
-    budget_case(seed + i);
+  uint64_t seed;
+  long n;
+  cph_property_run(DEFAULT_SEED, DEFAULT_CASES, &seed, &n);
+  print_message("budgets: %ld cases from seed %" PRIu64 "\n", n, seed);
+  for (long i = 0; i < n; i++)
+    budget_case(seed + (uint64_t)i);
 }
 
 int main(void) {

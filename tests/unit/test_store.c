@@ -119,6 +119,68 @@ static void test_session_round_trips_every_field(void **state) {
   cph_record_free(&cph_session_desc, &out);
 }
 
+/* Session records are read from version 1 on (store/codec_internal.h): a version-1 record,
+ * written before while_running existed, reads with while_running 0 (its class's default); a
+ * version-2 one, before tenants, reads with no tenant; a version from the future is refused
+ * naming the versions this build reads. */
+static void test_session_record_v1_reads_while_running_as_the_class_default(void **state) {
+  (void)state;
+  cph_session_rec in = {0}, out = {0};
+  in.id = "old-timer";
+  in.subscribe = strs3;
+  in.n_subscribe = 1;
+  in.context_window_tokens = 8192;
+  in.while_running = 3; /* 1 + interrupt */
+  cph_buf b = CPH_BUF_INIT;
+  assert_int_equal(cph_record_encode(&cph_session_desc, &in, &b), CPH_OK);
+  cph_err err = {0};
+  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len, &out, &err), CPH_OK);
+  assert_int_equal(out.while_running, 3);
+  assert_null(out.tenant);
+  cph_record_free(&cph_session_desc, &out);
+  /* [version 3, 17 fields] as array16 0xdc 0x00 0x12, then fixint 3, ..., while_running (a
+   * fixint) and the tenant (nil) last: version 2 is the same without the last byte, 16
+   * fields; version 1 without the last two, 15 fields. */
+  const uint8_t *v3 = (const uint8_t *)b.data;
+  assert_true(v3[0] == 0xdc && v3[1] == 0x00 && v3[2] == 0x12 && v3[3] == 0x03);
+  assert_int_equal(v3[b.len - 2], 3);
+  assert_int_equal(v3[b.len - 1], 0xc0);
+  uint8_t *old = malloc(b.len);
+  memcpy(old, v3, b.len - 1);
+  old[2] = 0x11;
+  old[3] = 0x02;
+  assert_int_equal(cph_record_decode(&cph_session_desc, old, b.len - 1, &out, &err), CPH_OK);
+  assert_int_equal(out.while_running, 3);
+  assert_null(out.tenant);
+  cph_record_free(&cph_session_desc, &out);
+  old[2] = 0x10;
+  old[3] = 0x01;
+  assert_int_equal(cph_record_decode(&cph_session_desc, old, b.len - 2, &out, &err), CPH_OK);
+  assert_string_equal(out.id, "old-timer");
+  assert_int_equal(out.context_window_tokens, 8192);
+  assert_int_equal(out.while_running, 0);
+  assert_null(out.tenant);
+  cph_record_free(&cph_session_desc, &out);
+  /* version 1 with 16 fields, and version 4: refused */
+  old[2] = 0x11;
+  assert_int_equal(cph_record_decode(&cph_session_desc, old, b.len - 1, &out, &err),
+                   CPH_ECORRUPT);
+  memcpy(old, v3, b.len);
+  old[3] = 0x04;
+  assert_int_equal(cph_record_decode(&cph_session_desc, old, b.len, &out, &err), CPH_ECORRUPT);
+  if (!strstr(err.msg, "this build reads versions 1 to 3"))
+    fail_msg("message '%s' does not name the versions read", err.msg);
+  free(old);
+  cph_buf_free(&b);
+  /* A tenant round-trips. */
+  in.tenant = "acme";
+  assert_int_equal(cph_record_encode(&cph_session_desc, &in, &b), CPH_OK);
+  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len, &out, &err), CPH_OK);
+  assert_string_equal(out.tenant, "acme");
+  cph_record_free(&cph_session_desc, &out);
+  cph_buf_free(&b);
+}
+
 static void test_event_round_trips_with_redacted_body(void **state) {
   fixture *f = *state;
   cph_event_rec in = {0}, out = {0};
@@ -338,45 +400,6 @@ static void test_truncated_and_flipped_bytes_never_crash(void **state) {
     }
   }
   free(copy);
-  cph_buf_free(&b);
-}
-
-/* A session record written before tenants (version 1: fifteen fields) still reads, as no
- * tenant; one written now carries its tenant. */
-static void test_session_record_v1_reads_as_no_tenant(void **state) {
-  (void)state;
-  cph_session_rec in = {0};
-  in.id = "s1";
-  in.system = "be brief";
-  in.tenant = "acme";
-  cph_buf b = CPH_BUF_INIT;
-  assert_int_equal(cph_record_encode(&cph_session_desc, &in, &b), CPH_OK);
-  cph_session_rec out;
-  cph_err err = {0};
-  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len, &out, &err), CPH_OK);
-  assert_string_equal(out.tenant, "acme");
-  cph_record_free(&cph_session_desc, &out);
-  cph_buf_free(&b);
-
-  /* The same record as version 1 wrote it: array16 of 16, version 1, no tenant at the end. */
-  in.tenant = NULL;
-  assert_int_equal(cph_record_encode(&cph_session_desc, &in, &b), CPH_OK);
-  uint8_t *v = (uint8_t *)b.data;
-  assert_int_equal(v[0], 0xdc);
-  assert_int_equal(v[2], 17);
-  assert_int_equal(v[3], 2);
-  assert_int_equal(v[b.len - 1], 0xc0); /* the nil tenant */
-  v[2] = 16;
-  v[3] = 1;
-  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len - 1, &out, &err), CPH_OK);
-  assert_string_equal(out.id, "s1");
-  assert_string_equal(out.system, "be brief");
-  assert_null(out.tenant);
-  cph_record_free(&cph_session_desc, &out);
-  /* Version 1 stops after fifteen fields: a sixteenth is not read as a tenant. */
-  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, b.len, &out, &err),
-                   CPH_ECORRUPT);
-  assert_non_null(strstr(err.msg, "unexpected bytes after the record"));
   cph_buf_free(&b);
 }
 
@@ -705,7 +728,7 @@ static void test_tiny_map_fills_up_cleanly_and_reopens_intact(void **state) {
   assert_true(committed > 0);
   assert_string_equal(cph_strerror(rc), "storage full");
   assert_non_null(strstr(errmsg, "storage full"));
-  assert_non_null(strstr(errmsg, ":server :map-size-mb"));
+  assert_non_null(strstr(errmsg, ":server :max-map-size-mb"));
 
   /* The environment is still usable: reads see every committed record and nothing of the
    * failed txn. */
@@ -816,6 +839,97 @@ static void test_schema_version_mismatch_refuses_to_open(void **state) {
            "build that matches, or move the data dir away to start fresh",
            dir, CPH_STORE_SCHEMA_VERSION);
   assert_string_equal(err.msg, expected);
+  cph_test_rmtree(dir);
+  free(dir);
+}
+
+/* Writes `version` as the data dir's schema version behind the store's back. */
+static void set_schema_version(const char *dir, uint32_t version) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi dbi;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0644), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+  uint8_t be[4] = {(uint8_t)(version >> 24), (uint8_t)(version >> 16), (uint8_t)(version >> 8),
+                   (uint8_t)version};
+  MDB_val key = {strlen("schema_version"), "schema_version"}, val = {4, be};
+  assert_int_equal(mdb_put(txn, dbi, &key, &val, 0), 0);
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
+
+typedef struct fake_migration {
+  int runs;
+  int fail_with; /* CPH_OK: succeed */
+} fake_migration;
+
+/* Writes a marker into "context", then fails or not. */
+static int fake_run(void *ctx, cph_txn *t, cph_err *err) {
+  fake_migration *m = ctx;
+  m->runs++;
+  cph_key k = {.len = 0};
+  cph_key_str(&k, "marker");
+  cph_txn_put(t, CPH_DB_CONTEXT, &k, "x", 1);
+  if (m->fail_with)
+    return cph_err_set(err, m->fail_with, "the fake migration failed on purpose");
+  return t->ret;
+}
+
+static bool has_marker(const char *dir) {
+  cph_store *s = open_store(dir, 1u << 20);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(s, false, &t), CPH_OK);
+  cph_key k = {.len = 0};
+  cph_key_str(&k, "marker");
+  cph_val v;
+  bool found = cph_txn_get(&t, CPH_DB_CONTEXT, &k, &v) == CPH_OK;
+  cph_txn_abort(&t);
+  cph_store_close(s);
+  return found;
+}
+
+/* The previous schema is migrated at open, in one transaction with the new version: a failed
+ * migration changes nothing (the version stays, the next open tries again), a successful one
+ * runs once. An older schema stays refused, migration or not. */
+static void test_previous_schema_is_migrated_once_and_all_or_nothing(void **state) {
+  (void)state;
+  char *dir = cph_test_tmpdir("schema-migrate");
+  cph_store_close(open_store(dir, 1u << 20));
+  set_schema_version(dir, CPH_STORE_SCHEMA_VERSION - 1);
+  cph_store_options o = {dir, 1u << 20, CPH_SYNC_ALWAYS};
+  cph_store *s = NULL;
+  cph_err err = {0};
+  assert_int_equal(cph_store_open(&o, &s, &err), CPH_ESCHEMA); /* no migration given */
+
+  fake_migration fm = {0, CPH_EIO};
+  cph_store_migration m = {CPH_STORE_SCHEMA_VERSION - 1, fake_run, &fm};
+  assert_int_equal(cph_store_open_migrating(&o, &m, &s, &err), CPH_EIO);
+  assert_null(s);
+  assert_int_equal(fm.runs, 1);
+  char expected[1024];
+  snprintf(expected, sizeof expected,
+           "data dir '%s': migrating storage schema version %u to %u failed, nothing was "
+           "changed: the fake migration failed on purpose",
+           dir, CPH_STORE_SCHEMA_VERSION - 1, CPH_STORE_SCHEMA_VERSION);
+  assert_string_equal(err.msg, expected);
+  assert_int_equal(cph_store_open(&o, &s, &err), CPH_ESCHEMA); /* still the old version */
+
+  fm.fail_with = CPH_OK;
+  assert_int_equal(cph_store_open_migrating(&o, &m, &s, &err), CPH_OK);
+  cph_store_close(s);
+  assert_int_equal(fm.runs, 2);
+  assert_true(has_marker(dir)); /* opens plainly now: the version was written */
+  assert_int_equal(cph_store_open_migrating(&o, &m, &s, &err), CPH_OK);
+  cph_store_close(s);
+  assert_int_equal(fm.runs, 2); /* nothing more to do */
+
+  set_schema_version(dir, CPH_STORE_SCHEMA_VERSION - 2);
+  assert_int_equal(cph_store_open_migrating(&o, &m, &s, &err), CPH_ESCHEMA);
+  assert_non_null(strstr(err.msg, "but this build reads version"));
+  assert_int_equal(fm.runs, 2);
   cph_test_rmtree(dir);
   free(dir);
 }
@@ -1007,6 +1121,7 @@ static void test_decode_some_copies_only_the_fields_asked_for(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_some_copies_only_the_fields_asked_for),
+      cmocka_unit_test(test_session_record_v1_reads_while_running_as_the_class_default),
       cmocka_unit_test_setup_teardown(test_session_round_trips_every_field, setup, teardown),
       cmocka_unit_test_setup_teardown(test_count_and_last_answer_without_a_scan, setup, teardown),
       cmocka_unit_test_setup_teardown(test_released_pages_leave_rss_and_read_back_intact, setup,
@@ -1016,7 +1131,6 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_memory_job_outbox_gc_aggregate_round_trip, setup,
                                       teardown),
       cmocka_unit_test(test_truncated_and_flipped_bytes_never_crash),
-      cmocka_unit_test(test_session_record_v1_reads_as_no_tenant),
       cmocka_unit_test(test_garbage_values_give_specific_errors),
       cmocka_unit_test_setup_teardown(test_corrupt_value_in_store_names_database_and_key, setup,
                                       teardown),
@@ -1035,6 +1149,7 @@ int main(void) {
       cmocka_unit_test(test_tiny_map_fills_up_cleanly_and_reopens_intact),
       cmocka_unit_test(test_full_child_txn_leaves_parent_usable),
       cmocka_unit_test(test_schema_version_mismatch_refuses_to_open),
+      cmocka_unit_test(test_previous_schema_is_migrated_once_and_all_or_nothing),
       cmocka_unit_test_setup_teardown(test_second_open_of_a_data_dir_is_refused, setup, teardown),
       cmocka_unit_test(test_unopenable_data_dir_says_where_and_why),
       cmocka_unit_test(test_error_mapping_covers_lmdb_codes),

@@ -30,24 +30,12 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "tests/support/engine_fixture.h"
+#include "tests/support/prop.h"
 
 #define DEFAULT_CASES 400
 #define STEPS 60
 #define MAX_SESSIONS 4
 #define N_CHANNELS 3
-
-typedef struct rng {
-  uint64_t s;
-} rng;
-
-static uint64_t next(rng *r) { /* splitmix64 */
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static uint32_t below(rng *r, uint32_t n) { return (uint32_t)(next(r) % n); }
 
 static const char *const CHANNELS[N_CHANNELS] = {"general", "ops", "random"};
 static const char *const USERS[] = {"alice", "bob", "carol"};
@@ -153,8 +141,9 @@ static char *canonical(const cph_turn_info *t) {
     cph_buf_putc(&b, '\n');
   }
   const cph_context_tokens *k = &t->tokens;
-  put(&b, "tokens window %u state %u obligations %u history %u memory %u tools %u sections %u "
-          "messages %u history_cut %u messages_cut %u\n",
+  put(&b,
+      "tokens window %u state %u obligations %u history %u memory %u tools %u sections %u "
+      "messages %u history_cut %u messages_cut %u\n",
       k->window, k->current_state, k->pending_obligations, k->conversation_history,
       k->recent_memory, k->available_tools, k->sections, k->messages, k->history_cut,
       k->messages_cut);
@@ -207,8 +196,7 @@ static void create_sessions(pair *p, rng *r) {
       ops[k].u.session.in.autonomy_interval_s = tick;
     }
     if (run_both(p, &ops[0], &ops[1]))
-      fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i],
-               ops[0].err.msg);
+      fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i], ops[0].err.msg);
     cph_op_clear_results(&ops[0]);
     cph_op_clear_results(&ops[1]);
   }
@@ -251,8 +239,8 @@ static void post(pair *p, rng *r) {
 
 static void insert_node(pair *p, rng *r) {
   static const char *const AT[] = {"d-1, 1, 0", "d0, 1, 0", "d1, 1, 0", "d2, 0, 1"};
-  static const char *const CONTENT[] = {"remember: the api deploy is frozen",
-                                        "tone: short answers", "open question from alice"};
+  static const char *const CONTENT[] = {"remember: the api deploy is frozen", "tone: short answers",
+                                        "open question from alice"};
   cph_op ops[2] = {{0}};
   uint32_t ttl = below(r, 3) ? 1 + below(r, 4) : 0;
   uint32_t cadence = ttl && below(r, 2) ? 2 + below(r, 3) : 0;
@@ -297,8 +285,7 @@ static bool turn(pair *p, rng *r) {
   free(b);
   uint32_t how = below(r, 10);
   char reply[96];
-  snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session,
-           TEXTS[below(r, N_TEXTS)]);
+  snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session, TEXTS[below(r, N_TEXTS)]);
   cph_memory_in mem = {.text = "the api deploy is frozen until friday"};
   bool with_memory = below(r, 4) == 0;
   bool with_reply = below(r, 5) != 0; /* drawn once: both engines get the same completion */
@@ -390,10 +377,9 @@ static void run_case(uint64_t seed) {
 
 static void test_warm_context_equals_rebuilt_context(void **state) {
   (void)state;
-  const char *seed_env = getenv("CPH_PROPERTY_SEED");
-  const char *cases_env = getenv("CPH_PROPERTY_CASES");
-  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 17001;
-  long cases = cases_env ? strtol(cases_env, NULL, 10) : DEFAULT_CASES;
+  uint64_t seed;
+  long cases;
+  cph_property_run(17001, DEFAULT_CASES, &seed, &cases);
   print_message("warm context property: %ld cases from seed %llu\n", cases,
                 (unsigned long long)seed);
   for (long i = 0; i < cases; i++)

@@ -1,0 +1,1039 @@
+/* Kept turn contexts and the context diff (contract in turnlog.h). */
+#include "turnlog.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "pact.h"
+
+#define PREVIEW_MAX 160
+#define N_TOKENS 10
+
+/* Node flags (cph_turnctx_rec.node_flags). */
+#define NODE_WAITING 1u
+#define NODE_STAGE(f) ((uint32_t)(((f) >> 8) & 0xff))
+#define NODE_STAGES(f) ((uint32_t)(((f) >> 16) & 0xff))
+
+/* ---------------------------------------------------------------- helpers */
+
+static cph_key turn_key(const char *session, uint64_t turn) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, session);
+  cph_key_u64(&k, turn);
+  return k;
+}
+
+static cph_key u64_key(uint64_t v) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, v);
+  return k;
+}
+
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static char *fmt(const char *f, ...) {
+  va_list ap;
+  va_start(ap, f);
+  int n = vsnprintf(NULL, 0, f, ap);
+  va_end(ap);
+  char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (s) {
+    va_start(ap, f);
+    vsnprintf(s, (size_t)n + 1, f, ap);
+    va_end(ap);
+  }
+  return s;
+}
+
+static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
+
+static uint64_t fnv1a(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char *p = (const unsigned char *)s; p && *p; p++) {
+    h ^= *p;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+/* The first PREVIEW_MAX bytes of s, cut on a UTF-8 boundary. */
+static char *preview(const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  if (n > PREVIEW_MAX) {
+    n = PREVIEW_MAX;
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+      n--;
+  }
+  char *p = malloc(n + 1);
+  if (p) {
+    memcpy(p, s ? s : "", n);
+    p[n] = '\0';
+  }
+  return p;
+}
+
+/* The depth of a coordinate "d1, 0, 0" (0 when it cannot be read). */
+static long coord_depth(const char *at) {
+  return at && at[0] == 'd' ? strtol(at + 1, NULL, 10) : 0;
+}
+
+static bool ids_has(const uint64_t *ids, size_t n, uint64_t id) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] == id)
+      return true;
+  return false;
+}
+
+static bool strs_has(char *const *v, size_t n, const char *s) {
+  for (size_t i = 0; s && i < n; i++)
+    if (strcmp(v[i], s) == 0)
+      return true;
+  return false;
+}
+
+/* ---------------------------------------------------------------- keeping */
+
+void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees) {
+  *tl = (cph_turnlog){env, trees};
+}
+
+/* Fills r's tree part from tree and maps each message of ti to the live node it renders. */
+static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_turn_info *ti) {
+  size_t n = tree->n;
+  size_t *idx = calloc(n ? n : 1, sizeof *idx);
+  bool *used = calloc(n ? n : 1, sizeof *used);
+  char(*at)[48] = calloc(n ? n : 1, sizeof *at);
+  r->node_ids = calloc(n ? n : 1, sizeof *r->node_ids);
+  r->node_at = calloc(n ? n : 1, sizeof *r->node_at);
+  r->node_roles = calloc(n ? n : 1, sizeof *r->node_roles);
+  r->node_previews = calloc(n ? n : 1, sizeof *r->node_previews);
+  r->node_hashes = calloc(n ? n : 1, sizeof *r->node_hashes);
+  r->node_ttl = calloc(n ? n : 1, sizeof *r->node_ttl);
+  r->node_cadence = calloc(n ? n : 1, sizeof *r->node_cadence);
+  r->node_created = calloc(n ? n : 1, sizeof *r->node_created);
+  r->node_flags = calloc(n ? n : 1, sizeof *r->node_flags);
+  r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
+  int rc = CPH_OK;
+  if (!idx || !used || !at || !r->node_ids || !r->node_at || !r->node_roles ||
+      !r->node_previews || !r->node_hashes || !r->node_ttl || !r->node_cadence ||
+      !r->node_created || !r->node_flags || !r->msg_nodes) {
+    rc = CPH_ENOMEM;
+    goto out;
+  }
+  /* Live nodes in render order, then the waiting ones. */
+  size_t live = cph_pact_render_order(tree, idx);
+  size_t k = live;
+  for (size_t i = 0; i < n; i++)
+    if (tree->nodes[i].waiting)
+      idx[k++] = i;
+  for (size_t i = 0; i < k; i++) {
+    const cph_pact_node *nd = &tree->nodes[idx[i]];
+    cph_coord_format(&nd->at, at[i]);
+    r->node_ids[i] = nd->id;
+    r->node_hashes[i] = fnv1a(nd->content);
+    r->node_ttl[i] = nd->ttl;
+    r->node_cadence[i] = nd->cadence;
+    r->node_created[i] = nd->created_at_episode;
+    r->node_flags[i] = (nd->waiting ? NODE_WAITING : 0) | (uint64_t)(nd->stage & 0xff) << 8 |
+                       (uint64_t)(nd->n_lifecycle & 0xff) << 16;
+    r->node_at[i] = strdup(at[i]);
+    r->node_roles[i] = strdup(nd->role ? nd->role : "");
+    r->node_previews[i] = preview(nd->content);
+    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_previews = r->n_node_hashes =
+        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
+    if (!r->node_at[i] || !r->node_roles[i] || !r->node_previews[i]) {
+      rc = CPH_ENOMEM;
+      goto out;
+    }
+  }
+  /* Each message that a live node rendered: same coordinate and content, first unused. On an
+   * inbox turn the channel view stands for the message cores (core/context.h), so a core
+   * never rendered one. */
+  bool inbox = ti->kind == CPH_KIND_INBOX && ti->n_staged > 0;
+  for (size_t m = 0; m < ti->n_messages; m++) {
+    const cph_message *msg = &ti->messages[m];
+    for (size_t i = 0; i < live; i++) {
+      const cph_pact_node *nd = &tree->nodes[idx[i]];
+      if (used[i] || (inbox && nd->role) || strcmp(at[i], msg->coord) != 0 ||
+          strcmp(nd->content, msg->content) != 0)
+        continue;
+      used[i] = true;
+      r->msg_nodes[m] = nd->id;
+      break;
+    }
+  }
+  r->n_msg_nodes = (uint32_t)ti->n_messages;
+out:
+  free(idx);
+  free(used);
+  free(at);
+  return rc;
+}
+
+/* r from ti and the tree: the strings are copies r owns (cph_record_free frees them). */
+static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *ti,
+                    const cph_pact_tree *tree) {
+  r->turn_id = turn_id;
+  r->session = strdup(ti->session);
+  r->kind = (uint8_t)ti->kind; /* cph_turn_kind_t and the stored cph_turn_kind agree */
+  r->episode = ti->episode;
+  r->created_ms = cph_wall_ms();
+  r->omit = ti->omit;
+  r->input = dup_opt(ti->input);
+  if (!r->session || (ti->input && !r->input))
+    return CPH_ENOMEM;
+  const cph_context_tokens *tk = &ti->tokens;
+  uint64_t tokens[N_TOKENS] = {tk->window,          tk->current_state, tk->pending_obligations,
+                               tk->conversation_history, tk->recent_memory, tk->available_tools,
+                               tk->sections,        tk->messages,      tk->history_cut,
+                               tk->messages_cut};
+  if (!(r->tokens = malloc(sizeof tokens)))
+    return CPH_ENOMEM;
+  memcpy(r->tokens, tokens, sizeof tokens);
+  r->n_tokens = N_TOKENS;
+
+#define ALLOC(field, count) (r->field = calloc((count) ? (count) : 1, sizeof *r->field))
+  if (!ALLOC(channels, ti->n_views) || !ALLOC(staged_events, ti->n_staged) ||
+      !ALLOC(obligations, ti->n_obligations) || !ALLOC(obligation_texts, ti->n_obligations) ||
+      !ALLOC(history, ti->n_history) || !ALLOC(memories, ti->n_memories) ||
+      !ALLOC(tools, ti->n_tools) || !ALLOC(msg_roles, ti->n_messages) ||
+      !ALLOC(msg_contents, ti->n_messages) || !ALLOC(msg_coords, ti->n_messages))
+    return CPH_ENOMEM;
+#undef ALLOC
+  for (size_t i = 0; i < ti->n_views; i++)
+    if ((r->channels[r->n_channels++] = strdup(ti->views[i].channel)) == NULL)
+      return CPH_ENOMEM;
+  for (size_t i = 0; i < ti->n_staged; i++)
+    r->staged_events[r->n_staged_events++] = ti->staged[i].event_id;
+  for (size_t i = 0; i < ti->n_obligations; i++) {
+    const cph_obligation *o = &ti->obligations[i];
+    r->obligations[r->n_obligations++] = o->id;
+    if ((r->obligation_texts[r->n_obligation_texts++] =
+             fmt("%s: %s", o->sender ? o->sender : "", o->preview ? o->preview : "")) == NULL)
+      return CPH_ENOMEM;
+  }
+  for (size_t i = 0; i < ti->n_history; i++)
+    r->history[r->n_history++] = ti->history[i].event_id;
+  for (size_t i = 0; i < ti->n_memories; i++)
+    r->memories[r->n_memories++] = ti->memories[i].id;
+  for (size_t i = 0; i < ti->n_tools; i++)
+    if ((r->tools[r->n_tools++] = strdup(ti->tools[i].name)) == NULL)
+      return CPH_ENOMEM;
+  for (size_t i = 0; i < ti->n_messages; i++) {
+    const cph_message *m = &ti->messages[i];
+    r->msg_roles[i] = strdup(m->role);
+    r->msg_contents[i] = strdup(m->content);
+    r->msg_coords[i] = strdup(m->coord);
+    r->n_msg_roles = r->n_msg_contents = r->n_msg_coords = (uint32_t)i + 1;
+    if (!r->msg_roles[i] || !r->msg_contents[i] || !r->msg_coords[i])
+      return CPH_ENOMEM;
+  }
+  return fill_nodes(r, tree, ti);
+}
+
+/* Deletes the session's oldest kept contexts until at most keep remain. */
+static int trim(cph_txn *t, const char *session, uint64_t keep) {
+  cph_key start = turn_key(session, 0);
+  size_t prefix = strlen(session) + 1;
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
+  if (rc)
+    return rc;
+  uint64_t count = 0;
+  cph_val k;
+  for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&cur, &k, NULL)) {
+    if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+      break;
+    count++;
+  }
+  if (rc == CPH_ENOTFOUND || rc == CPH_OK)
+    rc = CPH_OK;
+  for (; rc == CPH_OK && count > keep; count--) {
+    rc = cph_cursor_seek(&cur, &start, &k, NULL);
+    if (rc == CPH_OK && (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0))
+      break;
+    if (rc == CPH_OK)
+      rc = cph_cursor_del(&cur);
+  }
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti) {
+  if (ti->kind == CPH_KIND_JOB || !ti->session)
+    return;
+  uint64_t keep = (uint64_t)tl->env->policy->context.keep_turns;
+  cph_txn c;
+  if (cph_txn_begin_child(t, &c) != CPH_OK)
+    return;
+  int rc = CPH_OK;
+  if (keep > 0) {
+    cph_pact_tree tree;
+    rc = trees_load(tl->trees, &c, ti->session, &tree);
+    bool tree_ok = rc == CPH_OK;
+    cph_turnctx_rec r = {0};
+    if (rc == CPH_OK)
+      rc = fill_rec(&r, turn_id, ti, &tree);
+    if (rc == CPH_OK) {
+      cph_key k = turn_key(ti->session, turn_id);
+      rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, &r);
+    }
+    cph_record_free(&cph_turnctx_desc, &r);
+    if (tree_ok && c.ret == CPH_OK) /* read and unchanged: it still matches the store */
+      trees_keep(tl->trees, ti->session, &tree);
+    cph_pact_tree_free(&tree);
+  }
+  if (rc == CPH_OK)
+    rc = trim(&c, ti->session, keep);
+  if (rc == CPH_OK)
+    rc = cph_txn_commit(&c);
+  else
+    cph_txn_abort(&c);
+  if (rc)
+    cph_log(CPH_LOG_WARN, "turn %llu of '%s': its context is not kept: %s",
+            (unsigned long long)turn_id, ti->session,
+            c.err.msg[0] ? c.err.msg : cph_strerror(rc));
+}
+
+int turnlog_delete_session(cph_txn *t, const char *session) { return trim(t, session, 0); }
+
+/* ---------------------------------------------------------------- reads */
+
+void cph_kept_turns_free(cph_kept_turn *t, size_t n) {
+  for (size_t i = 0; t && i < n; i++)
+    free(t[i].input);
+  free(t);
+}
+
+/* The records' parallel arrays must agree; a record whose do not is corrupt. */
+static bool rec_consistent(const cph_turnctx_rec *r) {
+  uint32_t m = r->n_msg_roles, nn = r->n_node_ids;
+  return r->n_tokens == N_TOKENS && r->n_msg_contents == m && r->n_msg_coords == m &&
+         r->n_msg_nodes == m && r->n_obligation_texts == r->n_obligations &&
+         r->n_node_at == nn && r->n_node_roles == nn && r->n_node_previews == nn &&
+         r->n_node_hashes == nn && r->n_node_ttl == nn && r->n_node_cadence == nn &&
+         r->n_node_created == nn && r->n_node_flags == nn;
+}
+
+static void summary_from_rec(const cph_turnctx_rec *r, cph_kept_turn *o) {
+  o->id = r->turn_id;
+  o->kind = (cph_turn_kind_t)r->kind;
+  o->episode = r->episode;
+  o->created_ms = r->created_ms;
+  o->omit = r->omit;
+  o->n_messages = r->n_msg_roles;
+  if (r->n_tokens == N_TOKENS) {
+    const uint64_t *v = r->tokens;
+    o->tokens = (cph_context_tokens){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2],
+                                     (uint32_t)v[3], (uint32_t)v[4], (uint32_t)v[5],
+                                     (uint32_t)v[6], (uint32_t)v[7], (uint32_t)v[8],
+                                     (uint32_t)v[9]};
+  }
+}
+
+int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, size_t *n,
+                 cph_err *err) {
+  *out = NULL;
+  *n = 0;
+  cph_txn t;
+  int rc = cph_txn_begin(store, false, &t);
+  if (rc)
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  static const char *const names[] = {"input", "tokens", "msg_roles"};
+  uint64_t mask = cph_record_field_mask(&cph_turnctx_desc, names, 3);
+  cph_key start = turn_key(session, 0);
+  size_t prefix = strlen(session) + 1, cap = 0;
+  cph_cursor cur;
+  if ((rc = cph_cursor_open(&t, CPH_DB_TURN_CONTEXTS, &cur)) != CPH_OK) {
+    cph_err_set(err, rc, "%s", t.err.msg);
+    cph_txn_abort(&t);
+    return rc;
+  }
+  cph_val k, v;
+  for (rc = cph_cursor_seek(&cur, &start, &k, &v); rc == CPH_OK;
+       rc = cph_cursor_next(&cur, &k, &v)) {
+    if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+      break;
+    cph_turnctx_rec r = {0};
+    cph_err derr;
+    if (cph_record_decode_some(&cph_turnctx_desc, v.data, v.len, &r, mask, &derr)) {
+      rc = cph_err_set(err, CPH_ECORRUPT, "kept context of '%s': %s", session, derr.msg);
+      break;
+    }
+    if (*n == cap) {
+      size_t ncap = cap ? cap * 2 : 16;
+      cph_kept_turn *p = realloc(*out, ncap * sizeof *p);
+      if (!p) {
+        cph_record_free(&cph_turnctx_desc, &r);
+        rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
+        break;
+      }
+      *out = p;
+      cap = ncap;
+    }
+    cph_kept_turn *o = &(*out)[(*n)++];
+    memset(o, 0, sizeof *o);
+    summary_from_rec(&r, o);
+    o->input = r.input;
+    r.input = NULL;
+    cph_record_free(&cph_turnctx_desc, &r);
+  }
+  cph_cursor_close(&cur);
+  cph_txn_abort(&t);
+  if (rc == CPH_ENOTFOUND)
+    rc = CPH_OK;
+  if (rc) {
+    cph_kept_turns_free(*out, *n);
+    *out = NULL;
+    *n = 0;
+  }
+  return rc;
+}
+
+/* One kept record; CPH_ENOTFOUND with err saying which turn. */
+static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *field,
+                    cph_turnctx_rec *r, cph_err *err) {
+  cph_key k = turn_key(session, turn);
+  int rc = cph_txn_get_record(t, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, r);
+  if (rc == CPH_ENOTFOUND)
+    return cph_err_set(err, rc, "%s: turn %llu of '%s' is not kept (:context :keep-turns)",
+                       field, (unsigned long long)turn, session);
+  if (rc)
+    return cph_err_set(err, rc, "%s", t->err.msg);
+  if (!rec_consistent(r))
+    return cph_err_set(err, CPH_ECORRUPT,
+                       "corrupt record in database \"turn_contexts\" at turn %llu of '%s': "
+                       "its arrays disagree",
+                       (unsigned long long)turn, session);
+  return CPH_OK;
+}
+
+/* The event's sender, body and channel now (any may come back NULL: gone, or redacted). */
+static void event_now(cph_txn *t, uint64_t id, char **sender, char **body, char **channel) {
+  static const char *const names[] = {"sender", "body", "channel"};
+  uint64_t mask = cph_record_field_mask(&cph_event_desc, names, 3);
+  cph_event_rec ev = {0};
+  cph_key k = u64_key(id);
+  if (cph_txn_get_record_some(t, CPH_DB_EVENTS, &k, &cph_event_desc, &ev, mask) == CPH_OK) {
+    if (sender) {
+      *sender = ev.sender;
+      ev.sender = NULL;
+    }
+    if (body) {
+      *body = ev.body;
+      ev.body = NULL;
+    }
+    if (channel) {
+      *channel = ev.channel;
+      ev.channel = NULL;
+    }
+  }
+  cph_record_free(&cph_event_desc, &ev);
+}
+
+static const char *memory_kind(uint8_t k) {
+  return k == CPH_MEMORY_SUMMARY ? "summary" : k == CPH_MEMORY_AGGREGATE ? "aggregate" : "raw";
+}
+
+/* The memory record now; CPH_ENOTFOUND when it is gone. */
+static int memory_now(cph_txn *t, uint64_t id, cph_memory_rec *m) {
+  cph_key k = u64_key(id);
+  return cph_txn_get_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, m);
+}
+
+void cph_turn_context_free(cph_turn_context *c) {
+  free(c->turn.input);
+  for (size_t i = 0; i < c->n_messages; i++) {
+    free(c->messages[i].role);
+    free(c->messages[i].content);
+    free(c->messages[i].coord);
+  }
+  free(c->messages);
+  free(c->message_nodes);
+  cph_kept_item *lists[] = {c->history, c->memories, c->obligations};
+  size_t counts[] = {c->n_history, c->n_memories, c->n_obligations};
+  for (int l = 0; l < 3; l++) {
+    for (size_t i = 0; lists[l] && i < counts[l]; i++) {
+      free(lists[l][i].label);
+      free(lists[l][i].text);
+    }
+    free(lists[l]);
+  }
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    free(c->nodes[i].role);
+    free(c->nodes[i].content);
+  }
+  free(c->nodes);
+  cph_strv_free(&c->channels);
+  cph_strv_free(&c->tools);
+  memset(c, 0, sizeof *c);
+}
+
+/* Hands r's string array over to v (r's is left empty). */
+static void strv_take(cph_strv *v, char ***items, uint32_t *n) {
+  v->items = *items;
+  v->count = *n;
+  *items = NULL;
+  *n = 0;
+}
+
+static int context_from_rec(cph_txn *t, cph_turnctx_rec *r, cph_turn_context *o) {
+  summary_from_rec(r, &o->turn);
+  o->turn.input = r->input;
+  r->input = NULL;
+  size_t m = r->n_msg_roles;
+  o->messages = calloc(m ? m : 1, sizeof *o->messages);
+  o->message_nodes = calloc(m ? m : 1, sizeof *o->message_nodes);
+  o->history = calloc(r->n_history ? r->n_history : 1, sizeof *o->history);
+  o->memories = calloc(r->n_memories ? r->n_memories : 1, sizeof *o->memories);
+  o->obligations = calloc(r->n_obligations ? r->n_obligations : 1, sizeof *o->obligations);
+  o->nodes = calloc(r->n_node_ids ? r->n_node_ids : 1, sizeof *o->nodes);
+  if (!o->messages || !o->message_nodes || !o->history || !o->memories || !o->obligations ||
+      !o->nodes)
+    return CPH_ENOMEM;
+  for (size_t i = 0; i < m; i++) { /* handed over from r */
+    o->messages[i] = (cph_message){r->msg_roles[i], r->msg_contents[i], r->msg_coords[i], NULL};
+    r->msg_roles[i] = r->msg_contents[i] = r->msg_coords[i] = NULL;
+    o->message_nodes[i] = r->msg_nodes[i];
+  }
+  o->n_messages = m;
+  for (size_t i = 0; i < r->n_history; i++) {
+    cph_kept_item *it = &o->history[o->n_history++];
+    it->id = r->history[i];
+    event_now(t, it->id, &it->label, &it->text, NULL);
+  }
+  for (size_t i = 0; i < r->n_memories; i++) {
+    cph_kept_item *it = &o->memories[o->n_memories++];
+    it->id = r->memories[i];
+    cph_memory_rec mr = {0};
+    if (memory_now(t, it->id, &mr) == CPH_OK) {
+      it->label = strdup(memory_kind(mr.kind));
+      it->text = mr.text;
+      mr.text = NULL;
+    }
+    cph_record_free(&cph_memory_desc, &mr);
+  }
+  for (size_t i = 0; i < r->n_obligations; i++) {
+    cph_kept_item *it = &o->obligations[o->n_obligations++];
+    it->id = r->obligations[i];
+    it->text = r->obligation_texts[i];
+    r->obligation_texts[i] = NULL;
+  }
+  for (size_t i = 0; i < r->n_node_ids; i++) {
+    cph_kept_node *nd = &o->nodes[o->n_nodes++];
+    nd->id = r->node_ids[i];
+    snprintf(nd->at, sizeof nd->at, "%s", r->node_at[i]);
+    nd->role = r->node_roles[i][0] ? strdup(r->node_roles[i]) : NULL;
+    nd->content = r->node_previews[i];
+    r->node_previews[i] = NULL;
+    nd->ttl = r->node_ttl[i];
+    nd->cadence = r->node_cadence[i];
+    nd->created_at_episode = r->node_created[i];
+    nd->waiting = r->node_flags[i] & NODE_WAITING;
+    nd->stage = NODE_STAGE(r->node_flags[i]);
+    nd->n_lifecycle = NODE_STAGES(r->node_flags[i]);
+  }
+  strv_take(&o->channels, &r->channels, &r->n_channels);
+  strv_take(&o->tools, &r->tools, &r->n_tools);
+  return CPH_OK;
+}
+
+int turnlog_get(cph_store *store, const char *session, uint64_t turn, cph_turn_context *out,
+                cph_err *err) {
+  memset(out, 0, sizeof *out);
+  cph_txn t;
+  int rc = cph_txn_begin(store, false, &t);
+  if (rc)
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  cph_turnctx_rec r = {0};
+  rc = load_rec(&t, session, turn, "turn", &r, err);
+  if (rc == CPH_OK && (rc = context_from_rec(&t, &r, out)) != CPH_OK)
+    cph_err_set(err, rc, "out of memory");
+  cph_record_free(&cph_turnctx_desc, &r);
+  cph_txn_abort(&t);
+  if (rc)
+    cph_turn_context_free(out);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- the diff */
+
+typedef struct diff {
+  cph_txn *t;
+  const cph_turnctx_rec *a, *b; /* from, to */
+  bool backwards;               /* from is the later turn */
+  cph_context_diff *out;
+  size_t cap;
+  int rc;
+} diff;
+
+/* Appends a change; the strings are copied, detail is handed over. */
+static cph_context_change *add(diff *d, const char *part, const char *change,
+                               const char *reason, char *detail, uint64_t id) {
+  if (d->rc) {
+    free(detail);
+    return NULL;
+  }
+  if (d->out->n == d->cap) {
+    size_t ncap = d->cap ? d->cap * 2 : 32;
+    cph_context_change *p = realloc(d->out->changes, ncap * sizeof *p);
+    if (!p) {
+      free(detail);
+      d->rc = CPH_ENOMEM;
+      return NULL;
+    }
+    d->out->changes = p;
+    d->cap = ncap;
+  }
+  cph_context_change *c = &d->out->changes[d->out->n++];
+  *c = (cph_context_change){part, change, reason, detail, id, NULL, NULL, NULL, NULL};
+  return c;
+}
+
+static void set_strs(diff *d, cph_context_change *c, const char *role, const char *content,
+                     const char *at, const char *from_at) {
+  if (!c)
+    return;
+  c->role = role && *role ? strdup(role) : NULL;
+  c->content = dup_opt(content);
+  c->at = dup_opt(at);
+  c->from_at = dup_opt(from_at);
+  if ((role && *role && !c->role) || (content && !c->content) || (at && !c->at) ||
+      (from_at && !c->from_at))
+    d->rc = CPH_ENOMEM;
+}
+
+/* Index of node id in r, or -1. */
+static long node_index(const cph_turnctx_rec *r, uint64_t id) {
+  for (uint32_t i = 0; i < r->n_node_ids; i++)
+    if (r->node_ids[i] == id)
+      return (long)i;
+  return -1;
+}
+
+static bool node_live(const cph_turnctx_rec *r, long i) {
+  return i >= 0 && !(r->node_flags[i] & NODE_WAITING);
+}
+
+/* Why node i of a is not rendered in b; *detail gets a sentence (may stay NULL). */
+static const char *node_left_reason(const diff *d, uint32_t i, char **detail) {
+  const cph_turnctx_rec *a = d->a, *b = d->b;
+  long j = node_index(b, a->node_ids[i]);
+  int64_t ttl = a->node_ttl[i], cadence = a->node_cadence[i];
+  uint64_t created = a->node_created[i], flags = a->node_flags[i];
+  bool expired = ttl >= 1 && b->episode >= created + (uint64_t)ttl;
+  if (j >= 0) { /* still in the tree, not rendered: waiting for its cadence */
+    *detail = fmt("ttl %lld from episode %llu expired at episode %llu; it waits to be re-created "
+                  "every %lld episodes",
+                  (long long)ttl, (unsigned long long)created,
+                  (unsigned long long)(created + (uint64_t)(ttl > 0 ? ttl : 0)),
+                  (long long)cadence);
+    return "cadence";
+  }
+  if (d->backwards && created >= b->episode) {
+    *detail = fmt("created at episode %llu, after turn %llu (episode %llu)",
+                  (unsigned long long)created, (unsigned long long)b->turn_id,
+                  (unsigned long long)b->episode);
+    return "not_yet_created";
+  }
+  if (d->backwards)
+    return "unknown";
+  if (expired && NODE_STAGES(flags) && NODE_STAGE(flags) + 1 >= NODE_STAGES(flags)) {
+    *detail = fmt("its last lifecycle stage (ttl %lld from episode %llu) ended at episode %llu",
+                  (long long)ttl, (unsigned long long)created,
+                  (unsigned long long)(created + (uint64_t)ttl));
+    return "lifecycle";
+  }
+  if (expired) {
+    *detail = fmt("ttl %lld from episode %llu: expired at episode %llu%s", (long long)ttl,
+                  (unsigned long long)created, (unsigned long long)(created + (uint64_t)ttl),
+                  cadence ? " (its cadence re-creates it as a new node)" : "");
+    return "ttl_expired";
+  }
+  if (a->node_roles[i][0]) {
+    *detail = strdup("an old message core pruned from the tree (the history bound)");
+    return "history_bound";
+  }
+  *detail = strdup("no TTL, cadence or lifecycle removes it by then: deleted through the API");
+  return "deleted";
+}
+
+/* Why node j of b is rendered in b and was not in a. */
+static const char *node_entered_reason(const diff *d, uint32_t j, char **detail) {
+  const cph_turnctx_rec *a = d->a, *b = d->b;
+  if (b->node_cadence[j] > 0) { /* a re-creation: same place and content, a new id */
+    for (uint32_t i = 0; i < a->n_node_ids; i++) {
+      if (a->node_ids[i] != b->node_ids[j] && a->node_hashes[i] == b->node_hashes[j] &&
+          strcmp(a->node_at[i], b->node_at[j]) == 0) {
+        *detail = fmt("re-created at episode %llu by its cadence (every %lld episodes) from node "
+                      "%llu",
+                      (unsigned long long)b->node_created[j], (long long)b->node_cadence[j],
+                      (unsigned long long)a->node_ids[i]);
+        return "cadence";
+      }
+    }
+  }
+  if (b->node_roles[j][0]) {
+    *detail = fmt("a message core: the %s of a completed turn",
+                  strcmp(b->node_roles[j], "assistant") == 0 ? "reply" : "input");
+    return "new";
+  }
+  *detail = fmt("created at episode %llu", (unsigned long long)b->node_created[j]);
+  return "inserted";
+}
+
+static void diff_nodes(diff *d) {
+  const cph_turnctx_rec *a = d->a, *b = d->b;
+  for (uint32_t i = 0; i < a->n_node_ids && !d->rc; i++) {
+    if (a->node_flags[i] & NODE_WAITING)
+      continue;
+    long j = node_index(b, a->node_ids[i]);
+    if (node_live(b, j)) {
+      bool moved = strcmp(a->node_at[i], b->node_at[j]) != 0;
+      bool content = a->node_hashes[i] != b->node_hashes[j];
+      if (a->node_roles[i][0] || (!moved && !content))
+        continue; /* cores move every turn: not listed */
+      char *detail = NULL;
+      const char *reason = "content";
+      if (moved) {
+        reason = "moved";
+        detail = NODE_STAGE(a->node_flags[i]) != NODE_STAGE(b->node_flags[j])
+                     ? fmt("lifecycle stage %u -> %u", NODE_STAGE(a->node_flags[i]),
+                           NODE_STAGE(b->node_flags[j]))
+                     : strdup("the ODI shift: permanent and sticky nodes follow the messages");
+      }
+      cph_context_change *c = add(d, "node", "changed", reason, detail, a->node_ids[i]);
+      set_strs(d, c, b->node_roles[j], b->node_previews[j], b->node_at[j],
+               moved ? a->node_at[i] : NULL);
+      continue;
+    }
+    char *detail = NULL;
+    const char *reason = node_left_reason(d, i, &detail);
+    cph_context_change *c = add(d, "node", "left", reason, detail, a->node_ids[i]);
+    set_strs(d, c, a->node_roles[i], a->node_previews[i], a->node_at[i], NULL);
+  }
+  for (uint32_t j = 0; j < b->n_node_ids && !d->rc; j++) {
+    if ((b->node_flags[j] & NODE_WAITING) || node_live(a, node_index(a, b->node_ids[j])))
+      continue;
+    char *detail = NULL;
+    const char *reason = node_entered_reason(d, j, &detail);
+    cph_context_change *c = add(d, "node", "entered", reason, detail, b->node_ids[j]);
+    set_strs(d, c, b->node_roles[j], b->node_previews[j], b->node_at[j], NULL);
+  }
+}
+
+static bool omitted(const diff *d, unsigned part) {
+  return (d->a->omit & part) || (d->b->omit & part);
+}
+
+static bool same_message(const cph_turnctx_rec *a, uint32_t i, const cph_turnctx_rec *b,
+                         uint32_t j) {
+  return strcmp(a->msg_roles[i], b->msg_roles[j]) == 0 &&
+         strcmp(a->msg_contents[i], b->msg_contents[j]) == 0;
+}
+
+static bool channels_overlap(const cph_turnctx_rec *a, const cph_turnctx_rec *b) {
+  for (uint32_t i = 0; i < a->n_channels; i++)
+    if (strs_has(b->channels, b->n_channels, a->channels[i]))
+      return true;
+  return false;
+}
+
+/* Why message i of a is not in b. */
+static const char *message_left_reason(const diff *d, uint32_t i, char **detail) {
+  const cph_turnctx_rec *a = d->a, *b = d->b;
+  uint64_t node = a->msg_nodes[i];
+  if (node) {
+    long ai = node_index(a, node), bj = node_index(b, node);
+    if (node_live(b, bj)) {
+      *detail = strdup(b->kind == CPH_TURN_INBOX
+                           ? "its node is still there: on an inbox turn the channel view "
+                             "replaces the tree's message cores"
+                           : "its node is still there, but not rendered");
+      return "turn_kind";
+    }
+    if (ai >= 0)
+      return node_left_reason(d, (uint32_t)ai, detail);
+  }
+  long depth = coord_depth(a->msg_coords[i]);
+  if (depth >= 1 && b->tokens[9] > 0) {
+    *detail = fmt("turn %llu cut %llu history messages, oldest first, to fit its window",
+                  (unsigned long long)b->turn_id, (unsigned long long)b->tokens[9]);
+    return "window_budget";
+  }
+  if (a->kind != b->kind) {
+    *detail = fmt("turn %llu is a turn of another kind: %s", (unsigned long long)b->turn_id,
+                  cph_turn_kind_name((cph_turn_kind_t)b->kind));
+    return "turn_kind";
+  }
+  if (a->n_channels && !channels_overlap(a, b)) {
+    *detail = strdup("turn's messages came from other channels");
+    return "not_in_scope";
+  }
+  return "unknown";
+}
+
+static void diff_messages(diff *d) {
+  const cph_turnctx_rec *a = d->a, *b = d->b;
+  if (omitted(d, CPH_PART_MESSAGES))
+    return;
+  uint32_t na = a->n_msg_roles, nb = b->n_msg_roles;
+  long *match = malloc((na ? na : 1) * sizeof *match); /* a's message -> b's, -1 none */
+  bool *taken = calloc(nb ? nb : 1, sizeof *taken);
+  if (!match || !taken) {
+    d->rc = CPH_ENOMEM;
+    goto out;
+  }
+  /* Same message at the same place first, then the same message anywhere. */
+  for (uint32_t i = 0; i < na; i++) {
+    match[i] = -1;
+    for (uint32_t j = 0; j < nb; j++)
+      if (!taken[j] && same_message(a, i, b, j) && strcmp(a->msg_coords[i], b->msg_coords[j]) == 0) {
+        match[i] = j;
+        taken[j] = true;
+        break;
+      }
+  }
+  for (uint32_t i = 0; i < na; i++) {
+    for (uint32_t j = 0; match[i] < 0 && j < nb; j++)
+      if (!taken[j] && same_message(a, i, b, j)) {
+        match[i] = j;
+        taken[j] = true;
+      }
+  }
+  for (uint32_t i = 0; i < na && !d->rc; i++) {
+    long j = match[i];
+    if (j >= 0) {
+      if (strcmp(a->msg_coords[i], b->msg_coords[j]) == 0)
+        continue;
+      cph_context_change *c = add(d, "message", "changed", "moved", NULL, b->msg_nodes[j]);
+      set_strs(d, c, b->msg_roles[j], b->msg_contents[j], b->msg_coords[j], a->msg_coords[i]);
+      continue;
+    }
+    char *detail = NULL;
+    const char *reason = message_left_reason(d, i, &detail);
+    cph_context_change *c = add(d, "message", "left", reason, detail, a->msg_nodes[i]);
+    set_strs(d, c, a->msg_roles[i], a->msg_contents[i], a->msg_coords[i], NULL);
+  }
+  for (uint32_t j = 0; j < nb && !d->rc; j++) {
+    if (taken[j])
+      continue;
+    char *detail = NULL;
+    const char *reason;
+    long bj = b->msg_nodes[j] ? node_index(b, b->msg_nodes[j]) : -1;
+    if (bj >= 0 && !node_live(a, node_index(a, b->msg_nodes[j])))
+      reason = node_entered_reason(d, (uint32_t)bj, &detail);
+    else if (strcmp(b->msg_coords[j], "d0, 0, 0") == 0)
+      reason = "staged", detail = strdup("the turn's current message");
+    else
+      reason = "new";
+    cph_context_change *c = add(d, "message", "entered", reason, detail, b->msg_nodes[j]);
+    set_strs(d, c, b->msg_roles[j], b->msg_contents[j], b->msg_coords[j], NULL);
+  }
+out:
+  free(match);
+  free(taken);
+}
+
+static uint64_t min_id(const uint64_t *ids, size_t n) {
+  uint64_t m = UINT64_MAX;
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < m)
+      m = ids[i];
+  return m;
+}
+
+static void diff_history(diff *d) {
+  const cph_turnctx_rec *a = d->a, *b = d->b;
+  if (omitted(d, CPH_PART_HISTORY))
+    return;
+  for (uint32_t i = 0; i < a->n_history && !d->rc; i++) {
+    uint64_t id = a->history[i];
+    if (ids_has(b->history, b->n_history, id))
+      continue;
+    char *sender = NULL, *body = NULL, *channel = NULL, *detail = NULL;
+    event_now(d->t, id, &sender, &body, &channel);
+    const char *reason = "unknown";
+    if (b->kind != CPH_TURN_INBOX) {
+      reason = "turn_kind";
+      detail = fmt("turn %llu is a %s: it has no conversation_history",
+                   (unsigned long long)b->turn_id, cph_turn_kind_name((cph_turn_kind_t)b->kind));
+    } else if (b->tokens[8] > 0 && id < min_id(b->history, b->n_history)) {
+      reason = "window_budget";
+      detail = fmt("turn %llu cut %llu older entries to fit its history budget",
+                   (unsigned long long)b->turn_id, (unsigned long long)b->tokens[8]);
+    } else if (channel && !strs_has(b->channels, b->n_channels, channel)) {
+      reason = "not_in_scope";
+      detail = fmt("history of channel %s, which turn %llu does not show", channel,
+                   (unsigned long long)b->turn_id);
+    } else if (!channel) {
+      reason = "deleted";
+      detail = strdup("the event is no longer stored (retention)");
+    }
+    cph_context_change *c = add(d, "conversation_history", "left", reason, detail, id);
+    set_strs(d, c, sender, body, channel, NULL);
+    free(sender);
+    free(body);
+    free(channel);
+  }
+  for (uint32_t j = 0; j < b->n_history && !d->rc; j++) {
+    uint64_t id = b->history[j];
+    if (ids_has(a->history, a->n_history, id))
+      continue;
+    char *sender = NULL, *body = NULL, *channel = NULL;
+    event_now(d->t, id, &sender, &body, &channel);
+    const char *reason = ids_has(a->staged_events, a->n_staged_events, id) ? "staged" : "new";
+    char *detail = strcmp(reason, "staged") == 0
+                       ? fmt("a staged message of turn %llu, now history",
+                             (unsigned long long)a->turn_id)
+                       : NULL;
+    cph_context_change *c = add(d, "conversation_history", "entered", reason, detail, id);
+    set_strs(d, c, sender, body, channel, NULL);
+    free(sender);
+    free(body);
+    free(channel);
+  }
+}
+
+static void diff_memories(diff *d) {
+  const cph_turnctx_rec *a = d->a, *b = d->b;
+  if (omitted(d, CPH_PART_MEMORY))
+    return;
+  uint64_t newest_b = 0;
+  for (uint32_t j = 0; j < b->n_memories; j++)
+    if (b->memories[j] > newest_b)
+      newest_b = b->memories[j];
+  for (uint32_t i = 0; i < a->n_memories && !d->rc; i++) {
+    uint64_t id = a->memories[i];
+    if (ids_has(b->memories, b->n_memories, id))
+      continue;
+    cph_memory_rec m = {0};
+    int rc = memory_now(d->t, id, &m);
+    const char *reason = "unknown";
+    char *detail = NULL;
+    if (rc == CPH_ENOTFOUND) {
+      reason = "deleted";
+    } else if (rc) {
+      d->rc = rc;
+    } else if (m.deleted && m.replaced_by) {
+      reason = "compaction";
+      detail = fmt("compacted into summary %llu", (unsigned long long)m.replaced_by);
+    } else if (m.deleted) {
+      reason = "deleted";
+    } else if (m.source_event_id && (ids_has(b->history, b->n_history, m.source_event_id) ||
+                                     ids_has(b->staged_events, b->n_staged_events,
+                                             m.source_event_id))) {
+      reason = "shown_as_history";
+      detail = fmt("minted from event %llu, which turn %llu shows itself",
+                   (unsigned long long)m.source_event_id, (unsigned long long)b->turn_id);
+    } else if (m.session && m.session[0] == '#' && b->kind == CPH_TURN_INBOX &&
+               !strs_has(b->channels, b->n_channels, m.session + 1)) {
+      reason = "not_in_scope";
+      detail = fmt("a memory of %s, a channel turn %llu does not show", m.session,
+                   (unsigned long long)b->turn_id);
+    } else if (newest_b > id) {
+      reason = "window_budget";
+      detail = strdup("newer memories filled the memory budget");
+    }
+    cph_context_change *c = add(d, "recent_memory", "left", reason, detail, id);
+    set_strs(d, c, m.session ? memory_kind(m.kind) : NULL, m.text, m.session, NULL);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  for (uint32_t j = 0; j < b->n_memories && !d->rc; j++) {
+    uint64_t id = b->memories[j];
+    if (ids_has(a->memories, a->n_memories, id))
+      continue;
+    cph_memory_rec m = {0};
+    int rc = memory_now(d->t, id, &m);
+    const char *reason = rc == CPH_OK && m.created_ms > a->created_ms ? "new" : "unknown";
+    cph_context_change *c = add(d, "recent_memory", "entered", reason, NULL, id);
+    set_strs(d, c, rc == CPH_OK ? memory_kind(m.kind) : NULL, m.text, m.session, NULL);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+}
+
+static void diff_obligations(diff *d) {
+  const cph_turnctx_rec *a = d->a, *b = d->b;
+  if (omitted(d, CPH_PART_OBLIGATIONS))
+    return;
+  cph_turn_rec tr = {0};
+  cph_key k = u64_key(a->turn_id);
+  bool completed = cph_txn_get_record_some(d->t, CPH_DB_TURNS, &k, &cph_turn_desc, &tr, 0) ==
+                       CPH_OK &&
+                   tr.state == CPH_TURN_COMPLETED;
+  cph_record_free(&cph_turn_desc, &tr);
+  for (uint32_t i = 0; i < a->n_obligations && !d->rc; i++) {
+    uint64_t id = a->obligations[i];
+    if (ids_has(b->obligations, b->n_obligations, id))
+      continue;
+    const char *reason = completed && !d->backwards ? "consumed" : "unknown";
+    char *detail = completed && !d->backwards
+                       ? fmt("turn %llu completed and answered it", (unsigned long long)a->turn_id)
+                       : NULL;
+    cph_context_change *c = add(d, "pending_obligations", "left", reason, detail, id);
+    set_strs(d, c, NULL, a->obligation_texts[i], NULL, NULL);
+  }
+  for (uint32_t j = 0; j < b->n_obligations && !d->rc; j++) {
+    if (ids_has(a->obligations, a->n_obligations, b->obligations[j]))
+      continue;
+    cph_context_change *c =
+        add(d, "pending_obligations", "entered", "staged", NULL, b->obligations[j]);
+    set_strs(d, c, NULL, b->obligation_texts[j], NULL, NULL);
+  }
+}
+
+void cph_context_diff_free(cph_context_diff *d) {
+  free(d->from.input);
+  free(d->to.input);
+  for (size_t i = 0; i < d->n; i++) {
+    cph_context_change *c = &d->changes[i];
+    free(c->detail);
+    free(c->role);
+    free(c->content);
+    free(c->at);
+    free(c->from_at);
+  }
+  free(d->changes);
+  memset(d, 0, sizeof *d);
+}
+
+int turnlog_diff(cph_store *store, const char *session, uint64_t from, uint64_t to,
+                 cph_context_diff *out, cph_err *err) {
+  memset(out, 0, sizeof *out);
+  cph_txn t;
+  int rc = cph_txn_begin(store, false, &t);
+  if (rc)
+    return cph_err_set(err, rc, "%s", t.err.msg);
+  cph_turnctx_rec a = {0}, b = {0};
+  rc = load_rec(&t, session, from, "from", &a, err);
+  if (rc == CPH_OK)
+    rc = load_rec(&t, session, to, "to", &b, err);
+  if (rc == CPH_OK) {
+    summary_from_rec(&a, &out->from);
+    summary_from_rec(&b, &out->to);
+    out->from.input = a.input;
+    out->to.input = b.input;
+    a.input = b.input = NULL;
+    diff d = {&t, &a, &b, from > to, out, 0, CPH_OK};
+    diff_nodes(&d);
+    diff_messages(&d);
+    diff_history(&d);
+    diff_memories(&d);
+    diff_obligations(&d);
+    if ((rc = d.rc) != CPH_OK)
+      cph_err_set(err, rc, "comparing turns %llu and %llu of '%s': %s", (unsigned long long)from,
+                  (unsigned long long)to, session, cph_strerror(rc));
+  }
+  cph_record_free(&cph_turnctx_desc, &a);
+  cph_record_free(&cph_turnctx_desc, &b);
+  cph_txn_abort(&t);
+  if (rc)
+    cph_context_diff_free(out);
+  return rc;
+}

@@ -1,0 +1,78 @@
+/* Kept turn contexts (the context explorer, issue #18): what each leased turn's context was,
+ * kept for the newest :context :keep-turns turns of every session, and the diff between two
+ * of them. Private to core/.
+ *
+ * ---- What is kept (database "turn_contexts", key session\0 u64 turn id) ----
+ * At lease, in the lease's transaction, one cph_turnctx_rec (store/records.h) per turn that is
+ * not a job turn: the rendered messages (role, content, coord, and the tree node each renders,
+ * found by coordinate and content among the tree's live nodes), the sections' items by id
+ * (history events, memories, obligations with their previews, tools), the token accounts and
+ * cuts, the staged messages' events and channels, and the session's PACT tree as the turn saw
+ * it (every node, waiting ones too: id, coordinate, role, a 160-byte preview and a hash of
+ * the content, ttl, cadence, created_at_episode, lifecycle stage). A lease that left parts out
+ * (`include`) keeps what was assembled: those parts are empty and `omit` names them, so the
+ * diff says it cannot compare them rather than report them as gone.
+ *
+ * ---- The bound ----
+ * Writing a turn's context deletes the session's oldest ones beyond keep-turns in the same
+ * transaction, so a session never holds more than keep-turns (after a policy change, from its
+ * next lease on). keep-turns 0 writes nothing and deletes what the session kept. Cost per
+ * lease: one tree load (the tree store's cache), one put, a cursor walk over at most
+ * keep-turns + 1 keys. Keeping runs in a nested transaction: a failure (a full map) loses
+ * the kept context, never the lease.
+ *
+ * ---- The diff (from -> to) ----
+ * Nodes by id, messages by (role, content) then coordinate, section items by id. For what
+ * left, the reason is worked out from the two kept trees and the store as it is now (the
+ * reasons are listed at cph_context_change in cephalon.h):
+ *   - a node that is waiting in `to`: "cadence"; gone with ttl reached at to's episode
+ *     (episode >= created_at_episode + ttl): "ttl_expired", or "lifecycle" on its last
+ *     stage; a message core gone: "history_bound"; any other node gone: "deleted" (nothing
+ *     else removes a node without a TTL);
+ *   - a message a tree node rendered: that node's reason, or "turn_kind" when the node is
+ *     still there (an inbox turn's channel view replaces the tree's message cores); a history
+ *     message gone while `to` cut messages: "window_budget";
+ *   - a history entry older than every entry of `to` while `to` cut history: "window_budget";
+ *     of a channel `to` does not show: "not_in_scope";
+ *   - a memory deleted with replaced_by: "compaction"; minted from an event `to` shows:
+ *     "shown_as_history"; still live while `to` lists newer memories: "window_budget";
+ *   - an obligation of a turn that completed: "consumed";
+ *   - anything else: "unknown". Message cores move one depth per message every turn; their
+ *     moves are not listed (only other nodes' moves: ODI shift, lifecycle).
+ * Reads open their own read transaction; at most a few hundred records each. */
+#ifndef CEPHALON_CORE_TURNLOG_H
+#define CEPHALON_CORE_TURNLOG_H
+
+#include <stdint.h>
+
+#include "cephalon/cephalon.h"
+#include "env.h"
+#include "store/store.h"
+#include "trees.h"
+
+/* It keeps nothing in memory: the kept contexts are in the store, the trees are the tree
+ * store's. */
+typedef struct cph_turnlog {
+  cph_core_env *env; /* :context :keep-turns, the store */
+  cph_trees *trees;  /* the session's tree as the turn sees it */
+} cph_turnlog;
+
+void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees);
+
+/* At lease, inside the lease's transaction t, after context assembly filled ti: keeps ti's
+ * context as turn turn_id and trims the session's kept turns to keep-turns. Job turns are not
+ * kept. Never fails the lease: a failure is logged and nothing is kept. */
+void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti);
+
+/* Deletes every kept context of a session (session deletion). */
+int turnlog_delete_session(cph_txn *t, const char *session);
+
+/* ---- reads (cephalon.h: cph_engine_kept_turns, _turn_context, _context_diff) */
+int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, size_t *n,
+                 cph_err *err);
+int turnlog_get(cph_store *store, const char *session, uint64_t turn, cph_turn_context *out,
+                cph_err *err);
+int turnlog_diff(cph_store *store, const char *session, uint64_t from, uint64_t to,
+                 cph_context_diff *out, cph_err *err);
+
+#endif
