@@ -10,7 +10,7 @@ FUZZ_TIME  ?= 60
 FUZZ_SMOKE ?= 10
 
 .PHONY: all deps build build-asan run test test-unit test-asan test-valgrind clean \
-        build-fuzz fuzz fuzz-smoke
+        build-fuzz fuzz fuzz-smoke cluster
 
 all: build
 
@@ -92,6 +92,10 @@ soak: build
 	  -Wno-unused-parameter -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -I. $(SOAK_SRC) \
 	  $$(pkg-config --cflags --libs jansson msgpack) -lpthread -o $(BUILD)/bin/cephalon-soak
 	CPH_BIN_DIR=$(abspath $(BUILD))/bin $(BUILD)/bin/cephalon-soak $(SOAK_ARGS)
+
+# etcd and three daemons with :cluster on loopback (README "Running a cluster"); Ctrl-C stops.
+cluster: build
+	scripts/cluster.sh $(BUILD)/bin $(or $(CLUSTER_PORT),7700)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

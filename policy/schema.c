@@ -482,6 +482,27 @@ static const ps_field metrics_fields[] = {
 };
 static const ps_table metrics_table = TABLE(cph_policy_metrics, metrics_fields, PS_NO_ID);
 
+/* ---- :cluster ---- */
+static const ps_field cluster_fields[] = {
+    STR(cph_policy_cluster, "node", node, NULL, PS_REQUIRED | PS_NONEMPTY,
+        "this node's name, unique in the cluster"),
+    STR(cph_policy_cluster, "advertise", advertise, NULL, PS_REQUIRED | PS_NONEMPTY,
+        "base URL other nodes and clients reach this node at (421 answers point there)"),
+    {.name = "etcd", .kind = PS_STRINGS, .flags = PS_REQUIRED,
+     .off = offsetof(cph_policy_cluster, etcd),
+     .count_off = offsetof(cph_policy_cluster, etcd_count), .imin = 1, .imax = 1024,
+     .doc = "etcd client URLs (its v3 JSON gateway) holding membership and shard ownership"},
+    STRINGS(cph_policy_cluster, "nats", nats, nats_count, 1, 1024,
+            "NATS JetStream URLs of the replicated log (not used yet)"),
+    INT(cph_policy_cluster, "shards", shards, 1, 65536, 256,
+        "session and channel ids hash to this many shards"),
+    INT(cph_policy_cluster, "replicas", replicas, 1, 5, 3,
+        "replicas of the log (not used yet)"),
+    INT(cph_policy_cluster, "lease-ttl-seconds", lease_ttl_seconds, 2, 600, 5,
+        "TTL of this node's etcd lease; a node that cannot renew stops serving before it"),
+};
+static const ps_table cluster_table = TABLE(cph_policy_cluster, cluster_fields, PS_NO_ID);
+
 /* ---- root ---- */
 static const ps_field root_fields[] = {
     SECTION(cph_policy, "server", server, server_table, "HTTP listener, storage and limits"),
@@ -506,6 +527,10 @@ static const ps_field root_fields[] = {
             "embedding and summarising providers"),
     SECTION(cph_policy, "vector-index", vector_index, vector_index_table, "vector index"),
     SECTION(cph_policy, "metrics", metrics, metrics_table, "Prometheus metrics"),
+    {.name = "cluster", .kind = PS_SECTION, .flags = PS_OPTIONAL,
+     .off = offsetof(cph_policy, cluster), .present_off = offsetof(cph_policy, cluster_enabled),
+     .child = &cluster_table, .doc = "cluster mode: shards owned through etcd (DESIGN §14)",
+     .absent = "a single node, no etcd, no shards"},
 };
 const ps_table cph__policy_schema = TABLE(cph_policy, root_fields, PS_NO_ID);
 
@@ -536,4 +561,5 @@ FITS(summarizer_fields);
 FITS(providers_fields);
 FITS(vector_index_fields);
 FITS(metrics_fields);
+FITS(cluster_fields);
 FITS(root_fields);

@@ -14,6 +14,7 @@ packages=(
   prometheus # promtool checks the /metrics scrape; the server scrapes cephalond in a test
   curl jq # the README's walkthroughs use both; tests/readme runs them
   chromium # tests only: the web console's browser test (tests/ui) drives it headless
+  etcd-server # cluster mode (DESIGN §14): test_cluster and make cluster start their own etcd
 )
 # npm: Debian's package, unless a Node.js build that bundles its own npm is there already (a
 # nodejs package from another archive conflicts with Debian's npm).

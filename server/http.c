@@ -68,6 +68,7 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/v1/turns", SCOPE_READ, 0, cph_route_turns_list},
     {EVHTTP_REQ_GET, "/v1/replies", SCOPE_WORKER | SCOPE_READ, 0, cph_route_replies},
     {EVHTTP_REQ_GET, "/v1/lanes", SCOPE_READ, 0, cph_route_lanes},
+    {EVHTTP_REQ_GET, "/v1/cluster", SCOPE_READ, 0, cph_route_cluster},
     {EVHTTP_REQ_GET, "/metrics", SCOPE_READ, 0, cph_route_metrics},
     {EVHTTP_REQ_GET, "/v1/top", SCOPE_READ, 0, cph_route_top},
     {EVHTTP_REQ_GET, "/v1/channels/{id}", SCOPE_READ, 0, cph_route_channel_get},
@@ -292,6 +293,14 @@ void cph_http_dispatch(struct evhttp_request *ev, void *arg) {
     cph_reply_failure(r);
     goto finish;
   }
+  /* Cluster mode: a session's routes and a turn's answer only on the node serving its shard
+   * (POST /v1/sessions, the lease and POST /v1/events gate in their handlers). */
+  if (s->cluster && strncmp(found->pattern, "/v1/sessions/{id}", 17) == 0 &&
+      !cph_cluster_gate_id(r, "session", r->params[0]))
+    goto finish;
+  if (s->cluster && strncmp(found->pattern, "/v1/turns/{id}/", 15) == 0 &&
+      !cph_cluster_gate_turn(r, r->params[0]))
+    goto finish;
   if ((found->flags & CPH_ROUTE_BODY) && !(found->flags & CPH_ROUTE_LAZY_BODY) &&
       !cph_req_decode_body(r)) {
     cph_reply_failure(r);

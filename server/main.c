@@ -49,6 +49,7 @@
 #include "http.h"
 #include "listen.h"
 #include "cephalon/providers.h"
+#include "cluster.h"
 #include "deadlines.h"
 #include "longpoll.h"
 #include "backup.h"
@@ -302,6 +303,9 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound, uint16_t fallback)
 
 /* After the loop: answer what can be answered, then free everything (ASan runs the tests). */
 static void shutdown_all(cph_srv *s) {
+  /* First: revoke the cluster lease, so this node's shards move to the others now. */
+  cph_cluster_stop(s->cluster);
+  s->cluster = NULL;
   cph_backup_free(s->backup); /* a running copy finishes first: it reads the engine's store */
   s->backup = NULL;
   /* First, while the maintenance workers whose operations may wait are still there: stop
@@ -477,6 +481,11 @@ int main(int argc, char **argv) {
   }
   if (!(s.backup = cph_backup_new())) {
     cph_error("out of memory starting the backup service");
+    goto out;
+  }
+  if (cph_engine_policy(s.engine)->cluster_enabled &&
+      cph_cluster_start(&cph_engine_policy(s.engine)->cluster, &s.cluster, &err) != CPH_OK) {
+    cph_error("cluster mode: %s", err.msg);
     goto out;
   }
   cph_srv_schedule_pass(&s); /* recovery may have left work (expired leases restaged) */

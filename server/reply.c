@@ -27,6 +27,7 @@ static const char *status_phrase(int status) {
   case 405: return "Method Not Allowed";
   case 409: return "Conflict";
   case 413: return "Payload Too Large";
+  case 421: return "Misdirected Request";
   case 429: return "Too Many Requests";
   case 500: return "Internal Server Error";
   case 503: return "Service Unavailable";

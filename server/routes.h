@@ -88,6 +88,15 @@ void cph_route_openapi(cph_req *r);
 /* routes_top.c: GET /v1/top, the live operations view */
 void cph_route_top(cph_req *r);
 
+/* routes_cluster.c: GET /v1/cluster, and the gates of cluster mode (DESIGN §14). Each gate
+ * answers true without cluster mode or when this node serves the shard; otherwise it has
+ * answered the request (421 misdirected with the owner, or 503 not_serving) and is false. */
+void cph_route_cluster(cph_req *r);
+bool cph_cluster_gate_shard(cph_req *r, uint32_t shard, const char *what);
+bool cph_cluster_gate_id(cph_req *r, const char *kind, const char *id); /* session, channel */
+bool cph_cluster_gate_turn(cph_req *r, const char *turn_id); /* a turn leased here */
+bool cph_cluster_gate_events(cph_req *r, const cph_event_in *events, size_t n);
+
 /* routes_channels.c */
 void cph_route_aggregates(cph_req *r);
 void cph_route_channel_get(cph_req *r);

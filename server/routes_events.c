@@ -345,6 +345,8 @@ void cph_route_events_post(cph_req *r) {
   cph_event_in *fast = NULL;
   size_t n_fast = 0;
   if (fast_events(r, &fast, &n_fast) && !r->error.set) {
+    if (!cph_cluster_gate_events(r, fast, n_fast))
+      return;
     r->op.u.ingest.events = fast;
     r->op.u.ingest.n_events = n_fast;
     cph_req_submit(r, CPH_OP_INGEST, ingest_done);
@@ -406,6 +408,8 @@ void cph_route_events_post(cph_req *r) {
     cph_reply_failure(r);
     return;
   }
+  if (!cph_cluster_gate_events(r, in, n))
+    return;
   r->op.u.ingest.events = in;
   r->op.u.ingest.n_events = n;
   cph_req_submit(r, CPH_OP_INGEST, ingest_done);

@@ -144,6 +144,8 @@ void cph_route_session_create(cph_req *r) {
     cph_reply_failure(r);
     return;
   }
+  if (!cph_cluster_gate_id(r, "session", id))
+    return;
   cph_req_submit(r, CPH_OP_SESSION_CREATE, session_done);
 }
 

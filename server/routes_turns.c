@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cluster.h"
 #include "emit.h"
 #include "longpoll.h"
 #include "routes.h"
@@ -373,10 +374,53 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
 
 /* ---------------------------------------------------------------- lease */
 
+/* Cluster mode: a turn leased for a session whose shard this node no longer serves is handed
+ * back at once (a fail, which counts an attempt) and never reaches the worker. */
+typedef struct giveback {
+  cph_op op;
+  char why[64];
+} giveback;
+
+static void giveback_done(cph_op *op, void *ctx) {
+  (void)ctx;
+  cph_op_clear_results(op);
+  free(op); /* op is the first member of its giveback */
+}
+
+static bool lease_misplaced(cph_req *r) {
+  cph_srv *s = r->srv;
+  const cph_turn_info *t = &r->op.u.lease.turn;
+  if (!s->cluster || !t->session)
+    return false;
+  uint32_t shard = cph_cluster_shard_of(t->session, cph_cluster_shards(s->cluster));
+  char node[8], url[8];
+  if (cph_cluster_route(s->cluster, shard, node, sizeof node, url, sizeof url) ==
+      CPH_CLUSTER_SERVED) {
+    cph_cluster_note_turn(s->cluster, t->id, shard);
+    return false;
+  }
+  giveback *g = calloc(1, sizeof *g);
+  if (g) {
+    snprintf(g->why, sizeof g->why, "cluster: shard %" PRIu32 " is not served by this node", shard);
+    g->op.kind = CPH_OP_FAIL;
+    g->op.done = giveback_done;
+    g->op.u.turn.turn_id = t->id;
+    memcpy(g->op.u.turn.lease, t->lease, sizeof g->op.u.turn.lease);
+    g->op.u.turn.error = g->why;
+    if (cph_engine_submit(s->engine, &g->op) == CPH_OK)
+      cph_srv_schedule_pass(s);
+    else
+      free(g); /* the lease expires by its deadline instead */
+  }
+  return true;
+}
+
 static void lease_done(cph_req *r) {
   cph_lp_finish(r->srv->lp, &r->srv->lp->leases, r);
   cph_op *op = &r->op;
-  if (op->rc == CPH_OK) {
+  if (op->rc == CPH_OK && lease_misplaced(r)) {
+    cph_reply_empty(r, 204);
+  } else if (op->rc == CPH_OK) {
     cph_buf body = CPH_BUF_INIT;
     cph_emit w;
     cph_emit_init(&w, &body, r->msgpack_out);
@@ -490,6 +534,12 @@ void cph_route_turn_lease(cph_req *r) {
   }
   if ((int64_t)wait_ms > p->server.max_wait_ms)
     wait_ms = (uint64_t)p->server.max_wait_ms;
+  if (s->cluster && !cph_cluster_serving(s->cluster)) {
+    cph_reply_error(r, 503, "not_serving", NULL,
+                    "this node serves no shard right now (joining, or its cluster lease "
+                    "lapsed): retry shortly or lease from another node");
+    return;
+  }
   if (!cph_lp_acquire(s->lp, r, p->server.max_long_polls_per_client)) {
     cph_reply_error(r, 429, "too_many_requests", NULL,
                     "this client already holds %" PRId64 " long-polls "

@@ -268,6 +268,20 @@ typedef struct cph_policy_metrics {
   int64_t top_families; /* families exported as aggregate_dup_count{family} */
 } cph_policy_metrics;
 
+/* :cluster (DESIGN §14): present only when the section is given (cph_policy.cluster_enabled);
+ * read at start, a reload does not change it. */
+typedef struct cph_policy_cluster {
+  char *node;      /* this node's name, unique in the cluster */
+  char *advertise; /* the base URL other nodes and clients reach this node at */
+  char **etcd;     /* etcd client URLs (v3 JSON gateway), at least one */
+  size_t etcd_count;
+  char **nats; /* NATS URLs (the replicated log: not used yet) */
+  size_t nats_count;
+  int64_t shards;            /* session and channel ids hash to this many shards */
+  int64_t replicas;          /* log replicas (not used yet) */
+  int64_t lease_ttl_seconds; /* the etcd lease TTL that holds membership and ownership */
+} cph_policy_cluster;
+
 typedef struct cph_policy {
   char *source; /* the file (or name) it was loaded from; "(defaults)" for new_default */
   cph_policy_server server;
@@ -285,6 +299,8 @@ typedef struct cph_policy {
   cph_policy_providers providers;
   cph_policy_vector_index vector_index;
   cph_policy_metrics metrics;
+  bool cluster_enabled; /* a :cluster section was given; without it a node is alone */
+  cph_policy_cluster cluster;
 } cph_policy;
 
 /* Reads and validates the policy file at path. On success returns CPH_OK and *out (free with

@@ -300,6 +300,38 @@ static size_t line_core(const char *line, size_t len) {
   return len;
 }
 
+/* The commented-out section of the example that starts at marker (";; :auth {"), its ";;"
+ * removed, as a policy map text in *block. */
+static void uncomment_block(const char *example, const char *marker, cph_buf *block) {
+  const char *start = strstr(example, marker);
+  assert_non_null(start);
+  while (start > example && start[-1] != '\n')
+    start--;
+  cph_buf_putc(block, '{');
+  int depth = 0;
+  bool opened = false;
+  for (const char *line = start; *line && !(opened && depth == 0);) {
+    const char *nl = strchr(line, '\n');
+    size_t len = nl ? (size_t)(nl - line) : strlen(line);
+    const char *mark = strstr(line, ";;");
+    assert_true(mark && mark < line + len);
+    cph_buf_append(block, line, (size_t)(mark - line));
+    cph_buf_puts(block, "  ");
+    const char *code = mark + 2;
+    for (const char *c = code; c < line + len && *c != ';'; c++) {
+      if (*c == '{' || *c == '[')
+        depth++, opened = true;
+      else if (*c == '}' || *c == ']')
+        depth--;
+    }
+    cph_buf_append(block, code, (size_t)(line + len - code));
+    cph_buf_putc(block, '\n');
+    line = nl ? nl + 1 : line + len;
+  }
+  cph_buf_putc(block, '}');
+  assert_int_equal(cph_buf_error(block), CPH_OK);
+}
+
 /* The example is the seed plus additions: every seed line (bar closing brackets that had to
  * move down) is a line of the example, in order, and the seed text is a subsequence. */
 static void test_example_keeps_the_seed_lines(void **state) {
@@ -347,34 +379,8 @@ static void test_every_schema_key_is_in_the_example(void **state) {
 
   /* :auth is absent by default, so the example shows it commented out; that block, with
    * its ";;" removed, must load and hold every :auth key. */
-  const char *start = strstr(example, ";; :auth {");
-  assert_non_null(start);
-  while (start > example && start[-1] != '\n')
-    start--;
   cph_buf block = CPH_BUF_INIT;
-  cph_buf_putc(&block, '{');
-  int depth = 0;
-  bool opened = false;
-  for (const char *line = start; *line && !(opened && depth == 0);) {
-    const char *nl = strchr(line, '\n');
-    size_t len = nl ? (size_t)(nl - line) : strlen(line);
-    const char *mark = strstr(line, ";;");
-    assert_true(mark && mark < line + len);
-    cph_buf_append(&block, line, (size_t)(mark - line));
-    cph_buf_puts(&block, "  ");
-    const char *code = mark + 2;
-    for (const char *c = code; c < line + len && *c != ';'; c++) {
-      if (*c == '{' || *c == '[')
-        depth++, opened = true;
-      else if (*c == '}' || *c == ']')
-        depth--;
-    }
-    cph_buf_append(&block, code, (size_t)(line + len - code));
-    cph_buf_putc(&block, '\n');
-    line = nl ? nl + 1 : line + len;
-  }
-  cph_buf_putc(&block, '}');
-  assert_int_equal(cph_buf_error(&block), CPH_OK);
+  uncomment_block(example, ";; :auth {", &block);
 
   cph_policy *with_auth = must_load(block.data);
   assert_true(with_auth->auth_enabled);
@@ -395,6 +401,31 @@ static void test_every_schema_key_is_in_the_example(void **state) {
   free(printed_auth);
   cph_policy_free(with_auth);
   cph_buf_free(&block);
+
+  /* :cluster likewise: absent by default, shown commented out with every key. */
+  cph_buf cblock = CPH_BUF_INIT;
+  uncomment_block(example, ";; :cluster {", &cblock);
+  cph_policy *with_cluster = must_load(cblock.data);
+  assert_true(with_cluster->cluster_enabled);
+  assert_string_equal(with_cluster->cluster.node, "a");
+  assert_int_equal(with_cluster->cluster.etcd_count, 1);
+  assert_int_equal(with_cluster->cluster.shards, 256);
+  assert_int_equal(with_cluster->cluster.replicas, 3);
+  assert_int_equal(with_cluster->cluster.lease_ttl_seconds, 5);
+  char *printed_cluster = write_policy(with_cluster);
+  cph_edn *want_cluster = parse_edn(printed_cluster);
+  cph_edn *have_cluster = parse_edn(cblock.data);
+  assert_non_null(cph_edn_map_get_keyword(want_cluster, "cluster"));
+  assert_keys_present(cph_edn_map_get_keyword(want_cluster, "cluster"),
+                      cph_edn_map_get_keyword(have_cluster, "cluster"), " :cluster");
+  cph_policy *reread = must_load(printed_cluster);
+  assert_true(cph_policy_equal(reread, with_cluster));
+  cph_policy_free(reread);
+  cph_edn_free(have_cluster);
+  cph_edn_free(want_cluster);
+  free(printed_cluster);
+  cph_policy_free(with_cluster);
+  cph_buf_free(&cblock);
   cph_edn_free(want);
   free(printed);
   cph_policy_free(defaults);

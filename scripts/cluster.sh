@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `make cluster`: etcd and three cephalond with :cluster on loopback ports, for trying cluster
+# mode (DESIGN §14, first slice: see README "Running a cluster"). Prints the URLs; Ctrl-C
+# stops everything. State lives in a fresh temp dir, removed at the end.
+#   scripts/cluster.sh BIN_DIR [BASE_PORT]   (daemons on BASE_PORT..+2, etcd on BASE_PORT+10/11)
+set -euo pipefail
+bin=${1:?usage: cluster.sh BIN_DIR [BASE_PORT]}
+base=${2:-7700}
+command -v etcd >/dev/null || { echo "cluster: etcd is missing: apt-get install etcd-server (scripts/install-deps.sh)" >&2; exit 1; }
+dir=$(mktemp -d /tmp/cephalon-cluster.XXXXXX)
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+  echo "cluster: stopped"
+}
+trap stop INT TERM EXIT
+ec=$((base + 10)); ep=$((base + 11))
+etcd --name c --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$ec" \
+  --advertise-client-urls "http://127.0.0.1:$ec" --listen-peer-urls "http://127.0.0.1:$ep" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$ep" --initial-cluster "c=http://127.0.0.1:$ep" \
+  >"$dir/etcd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$ec/health" >/dev/null && break; sleep 0.1; done
+for i in 0 1 2; do
+  n=$(printf "\\x$(printf %x $((97 + i)))")
+  port=$((base + i))
+  cat >"$dir/$n.edn" <<EON
+{:server {:listen "127.0.0.1:$port" :data-dir "$dir/data-$n"}
+ :cluster {:node "$n" :advertise "http://127.0.0.1:$port" :etcd ["http://127.0.0.1:$ec"]}}
+EON
+  "$bin/cephalond" --policy "$dir/$n.edn" >"$dir/$n.log" 2>&1 &
+  pids+=($!)
+done
+sleep 2
+echo "etcd      http://127.0.0.1:$ec"
+for i in 0 1 2; do echo "node $(printf "\\x$(printf %x $((97 + i)))")    http://127.0.0.1:$((base + i))   (logs: $dir)"; done
+echo "try: curl -s http://127.0.0.1:$base/v1/cluster | jq .   — Ctrl-C stops all"
+wait -n "${pids[@]}" || true
+echo "cluster: a process exited; stopping the rest" >&2

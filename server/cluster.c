@@ -1,0 +1,631 @@
+/* Cluster mode, first slice: membership and shard ownership in etcd (see cluster.h). */
+#include "cluster.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/http_client.h"
+#include "common/log.h"
+
+#define POLL_MS 250
+#define TURN_SLOTS 65536
+#define NODE_PREFIX "/cephalon/nodes/"
+#define SHARD_PREFIX "/cephalon/shards/"
+#define NO_OWNER UINT32_MAX
+
+typedef struct node {
+  char *name;
+  char *url;
+} node;
+
+struct cph_cluster {
+  /* Configuration (copied at start, never changed). */
+  char *self;
+  char *advertise;
+  char **etcd;
+  size_t n_etcd;
+  uint32_t shards;
+  int64_t ttl_s;
+
+  pthread_t thread;
+  bool started;
+
+  /* Shared with the loop, under mu. owner[] indexes nodes[]; NO_OWNER for unclaimed. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool stop;
+  node *nodes;
+  size_t n_nodes;
+  uint32_t *owner;
+  int64_t serve_until_ns; /* monotonic; 0 = not joined */
+  bool joined;
+
+  /* The etcd thread's own. */
+  size_t etcd_at; /* the endpoint in use; moves on a transport error */
+  int64_t lease;  /* 0 = none */
+  int64_t next_keepalive_ns;
+
+  /* The loop's own: turn id -> shard, direct-mapped. */
+  uint64_t turn_id[TURN_SLOTS];
+  uint32_t turn_shard[TURN_SLOTS];
+};
+
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ================================================================ hashing and the map */
+
+uint32_t cph_cluster_shard_of(const char *id, uint32_t shards) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(id, strlen(id), md, &len, EVP_sha256(), NULL);
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = (v << 8) | md[i];
+  return shards ? (uint32_t)(v % shards) : 0;
+}
+
+static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+static uint64_t name_hash(const char *s) { /* FNV-1a */
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+  return h;
+}
+
+void cph_cluster_assign(const char *const *nodes, size_t n, uint32_t shards, uint32_t *owner) {
+  if (n == 0) {
+    for (uint32_t s = 0; s < shards; s++)
+      owner[s] = NO_OWNER;
+    return;
+  }
+  uint32_t *room = calloc(n, sizeof *room);
+  uint64_t *nh = calloc(n, sizeof *nh);
+  if (!room || !nh) { /* fall back to round robin: still even and deterministic */
+    for (uint32_t s = 0; s < shards; s++)
+      owner[s] = (uint32_t)(s % n);
+    free(room);
+    free(nh);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    room[i] = (uint32_t)(shards / n + (i < shards % n ? 1 : 0));
+    nh[i] = name_hash(nodes[i]);
+  }
+  for (uint32_t s = 0; s < shards; s++) {
+    size_t best = n;
+    uint64_t best_score = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (!room[i])
+        continue;
+      uint64_t score = mix64(nh[i] ^ mix64(s + 1));
+      if (best == n || score > best_score) {
+        best = i;
+        best_score = score;
+      }
+    }
+    owner[s] = (uint32_t)best; /* total room == shards, so some node has room */
+    room[best]--;
+  }
+  free(room);
+  free(nh);
+}
+
+/* ================================================================ etcd over JSON */
+
+static char *b64(const char *s) {
+  size_t n = strlen(s);
+  char *out = malloc(4 * ((n + 2) / 3) + 1);
+  if (out)
+    EVP_EncodeBlock((unsigned char *)out, (const unsigned char *)s, (int)n);
+  return out;
+}
+
+/* Decodes base64 text into a NUL-terminated string; NULL when malformed. */
+static char *unb64(const char *s) {
+  size_t n = strlen(s);
+  if (n % 4)
+    return NULL;
+  unsigned char *out = malloc(n / 4 * 3 + 1);
+  if (!out)
+    return NULL;
+  int len = n ? EVP_DecodeBlock(out, (const unsigned char *)s, (int)n) : 0;
+  if (len < 0) {
+    free(out);
+    return NULL;
+  }
+  for (size_t i = n; i > 0 && s[i - 1] == '='; i--)
+    len--;
+  out[len] = '\0';
+  return (char *)out;
+}
+
+/* The key just past every key with this prefix (etcd's range_end for a prefix). */
+static char *prefix_end(const char *prefix) {
+  char *e = strdup(prefix);
+  if (e)
+    e[strlen(e) - 1]++;
+  return e;
+}
+
+/* POSTs body to path on the current etcd endpoint; the answer as JSON, or NULL (logged at
+ * debug; a transport error moves to the next endpoint). */
+static json_t *etcd_call(cph_cluster *c, const char *path, json_t *body) {
+  char *text = json_dumps(body, JSON_COMPACT);
+  json_decref(body);
+  if (!text)
+    return NULL;
+  const char *base = c->etcd[c->etcd_at % c->n_etcd];
+  cph_httpc_url url;
+  const char *why = NULL;
+  json_t *out = NULL;
+  if (cph_httpc_url_parse(base, &url, &why) != 0) {
+    cph_httpc_url_free(&url);
+    free(text);
+    return NULL;
+  }
+  int timeout = (int)(c->ttl_s * 1000 / 4);
+  if (timeout > 1000)
+    timeout = 1000;
+  cph_httpc_request req = {.method = "POST", .path = path, .body = text,
+                           .body_len = strlen(text), .timeout_ms = timeout,
+                           .user_agent = "cephalond-cluster"};
+  cph_httpc_response resp = {0};
+  char err[256] = "";
+  int rc = cph_httpc_do(&url, &req, &resp, err, sizeof err);
+  if (rc != CPH_HTTPC_OK) {
+    cph_debug("cluster: etcd %s%s: %s", base, path, err);
+    c->etcd_at++;
+  } else if (resp.status != 200) {
+    cph_debug("cluster: etcd %s%s: HTTP %d %.200s", base, path, resp.status,
+              resp.body ? resp.body : "");
+  } else {
+    out = json_loadb(resp.body, resp.body_len, 0, NULL);
+  }
+  cph_httpc_response_free(&resp);
+  cph_httpc_url_free(&url);
+  free(text);
+  return out;
+}
+
+/* etcd's int64 fields come as JSON strings; absent means 0 (proto3). */
+static int64_t i64_of(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  if (json_is_string(v))
+    return strtoll(json_string_value(v), NULL, 10);
+  if (json_is_integer(v))
+    return json_integer_value(v);
+  return 0;
+}
+
+static json_t *lease_id_json(int64_t id) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%" PRId64, id);
+  return json_string(buf);
+}
+
+static void forget_owners_locked(cph_cluster *c) {
+  for (uint32_t s = 0; s < c->shards; s++)
+    c->owner[s] = NO_OWNER;
+}
+
+/* Grants a lease and registers the node under it. Sets c->lease and the deadline. */
+static bool etcd_join(cph_cluster *c) {
+  int64_t sent = mono_ns();
+  json_t *r = etcd_call(c, "/v3/lease/grant", json_pack("{sI}", "TTL", (json_int_t)c->ttl_s));
+  int64_t id = r ? i64_of(r, "ID") : 0, ttl = r ? i64_of(r, "TTL") : 0;
+  json_decref(r);
+  if (!id || ttl <= 0)
+    return false;
+  char key[512];
+  snprintf(key, sizeof key, NODE_PREFIX "%s", c->self);
+  char *k = b64(key), *v = b64(c->advertise);
+  json_t *put = k && v ? json_pack("{ssssso}", "key", k, "value", v, "lease", lease_id_json(id))
+                       : NULL;
+  free(k);
+  free(v);
+  r = put ? etcd_call(c, "/v3/kv/put", put) : NULL;
+  bool ok = r != NULL;
+  json_decref(r);
+  if (!ok)
+    return false;
+  c->lease = id;
+  c->next_keepalive_ns = sent + ttl * 1000000000 / 4;
+  pthread_mutex_lock(&c->mu);
+  forget_owners_locked(c); /* a view from an older lease says nothing now */
+  c->serve_until_ns = sent + ttl * 1000000000 - ttl * 1000000000 / 5;
+  c->joined = true;
+  pthread_mutex_unlock(&c->mu);
+  cph_info("cluster: node %s joined (lease %" PRId64 ", ttl %" PRId64 " s)", c->self, id, ttl);
+  return true;
+}
+
+static void keepalive(cph_cluster *c) {
+  int64_t sent = mono_ns();
+  json_t *r = etcd_call(c, "/v3/lease/keepalive", json_pack("{so}", "ID", lease_id_json(c->lease)));
+  if (!r)
+    return; /* etcd unreachable: try again next poll; the deadline keeps running */
+  json_t *res = json_object_get(r, "result");
+  int64_t ttl = res ? i64_of(res, "TTL") : 0;
+  json_decref(r);
+  if (ttl <= 0) { /* the lease is gone in etcd: this node owns nothing any more */
+    cph_warn("cluster: lease %" PRId64 " expired; rejoining", c->lease);
+    c->lease = 0;
+    pthread_mutex_lock(&c->mu);
+    forget_owners_locked(c);
+    c->serve_until_ns = 0;
+    c->joined = false;
+    pthread_mutex_unlock(&c->mu);
+    return;
+  }
+  c->next_keepalive_ns = sent + ttl * 1000000000 / 4;
+  pthread_mutex_lock(&c->mu);
+  c->serve_until_ns = sent + ttl * 1000000000 - ttl * 1000000000 / 5;
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Every key under prefix as (key without the prefix, value) pairs; NULL on failure. */
+static json_t *range_prefix(cph_cluster *c, const char *prefix) {
+  char *end = prefix_end(prefix);
+  char *k = b64(prefix), *e = end ? b64(end) : NULL;
+  free(end);
+  json_t *req = k && e ? json_pack("{ssss}", "key", k, "range_end", e) : NULL;
+  free(k);
+  free(e);
+  json_t *r = req ? etcd_call(c, "/v3/kv/range", req) : NULL;
+  if (!r)
+    return NULL;
+  json_t *out = json_object();
+  json_t *kvs = json_object_get(r, "kvs");
+  size_t i;
+  json_t *kv;
+  json_array_foreach(kvs, i, kv) {
+    const char *ks = json_string_value(json_object_get(kv, "key"));
+    const char *vs = json_string_value(json_object_get(kv, "value"));
+    char *key = unb64(ks ? ks : ""), *val = unb64(vs ? vs : "");
+    if (key && val && strncmp(key, prefix, strlen(prefix)) == 0)
+      json_object_set_new(out, key + strlen(prefix), json_string(val));
+    free(key);
+    free(val);
+  }
+  json_decref(r);
+  return out;
+}
+
+/* A txn on /cephalon/shards/<s>: claim (create if absent, under the lease) or release (delete
+ * while the value is this node). True when it succeeded. */
+static bool shard_txn(cph_cluster *c, uint32_t s, bool claim) {
+  char key[64];
+  snprintf(key, sizeof key, SHARD_PREFIX "%" PRIu32, s);
+  char *k = b64(key), *v = b64(c->self);
+  json_t *req = NULL;
+  if (k && v && claim)
+    req = json_pack("{s[{ssssssss}]s[{s{sssssO}}]}", "compare", "target", "CREATE", "key", k,
+                    "create_revision", "0", "result", "EQUAL", "success", "request_put", "key",
+                    k, "value", v, "lease", lease_id_json(c->lease));
+  else if (k && v)
+    req = json_pack("{s[{ssssssss}]s[{s{ss}}]}", "compare", "target", "VALUE", "key", k, "value",
+                    v, "result", "EQUAL", "success", "request_delete_range", "key", k);
+  free(k);
+  free(v);
+  json_t *r = req ? etcd_call(c, "/v3/kv/txn", req) : NULL;
+  bool ok = r && json_is_true(json_object_get(r, "succeeded"));
+  json_decref(r);
+  return ok;
+}
+
+static void free_nodes(node *nodes, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    free(nodes[i].name);
+    free(nodes[i].url);
+  }
+  free(nodes);
+}
+
+static int cmp_node(const void *a, const void *b) {
+  return strcmp(((const node *)a)->name, ((const node *)b)->name);
+}
+
+/* One poll: read nodes and owners, claim and release, publish the view. */
+static void reconcile(cph_cluster *c) {
+  json_t *jn = range_prefix(c, NODE_PREFIX);
+  json_t *js = jn ? range_prefix(c, SHARD_PREFIX) : NULL;
+  if (!jn || !js) {
+    json_decref(jn);
+    return;
+  }
+  size_t n = json_object_size(jn);
+  node *nodes = calloc(n ? n : 1, sizeof *nodes);
+  const char **names = calloc(n ? n : 1, sizeof *names);
+  uint32_t *want = calloc(c->shards, sizeof *want);
+  uint32_t *have = calloc(c->shards, sizeof *have);
+  if (!nodes || !names || !want || !have)
+    goto out;
+  size_t i = 0;
+  const char *name;
+  json_t *url;
+  json_object_foreach(jn, name, url) {
+    nodes[i].name = strdup(name);
+    nodes[i].url = strdup(json_string_value(url));
+    i++;
+  }
+  qsort(nodes, n, sizeof *nodes, cmp_node);
+  size_t self = n;
+  for (i = 0; i < n; i++) {
+    names[i] = nodes[i].name;
+    if (strcmp(nodes[i].name, c->self) == 0)
+      self = i;
+  }
+  cph_cluster_assign(names, n, c->shards, want);
+  for (uint32_t s = 0; s < c->shards; s++)
+    have[s] = NO_OWNER;
+  const char *skey;
+  json_t *sval;
+  json_object_foreach(js, skey, sval) {
+    char *end = NULL;
+    unsigned long s = strtoul(skey, &end, 10);
+    if (!end || *end || s >= c->shards)
+      continue;
+    for (i = 0; i < n; i++)
+      if (strcmp(nodes[i].name, json_string_value(sval)) == 0)
+        have[s] = (uint32_t)i;
+  }
+  /* A node missing from its own view (its key lost with an old lease) claims nothing. */
+  if (self < n && c->lease) {
+    for (uint32_t s = 0; s < c->shards; s++) {
+      if (want[s] == self && have[s] == NO_OWNER && shard_txn(c, s, true))
+        have[s] = (uint32_t)self;
+      else if (have[s] == self && want[s] != self && shard_txn(c, s, false))
+        have[s] = NO_OWNER;
+    }
+  }
+  pthread_mutex_lock(&c->mu);
+  free_nodes(c->nodes, c->n_nodes);
+  c->nodes = nodes;
+  c->n_nodes = n;
+  memcpy(c->owner, have, c->shards * sizeof *have);
+  pthread_mutex_unlock(&c->mu);
+  nodes = NULL;
+out:
+  free_nodes(nodes, nodes ? n : 0);
+  free(names);
+  free(want);
+  free(have);
+  json_decref(jn);
+  json_decref(js);
+}
+
+static void *cluster_thread(void *arg) {
+  cph_cluster *c = arg;
+  for (;;) {
+    pthread_mutex_lock(&c->mu);
+    bool stop = c->stop;
+    pthread_mutex_unlock(&c->mu);
+    if (stop)
+      break;
+    if (!c->lease)
+      etcd_join(c);
+    else if (mono_ns() >= c->next_keepalive_ns)
+      keepalive(c);
+    if (c->lease)
+      reconcile(c);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += POLL_MS * 1000000L;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&c->mu);
+    while (!c->stop && pthread_cond_timedwait(&c->cv, &c->mu, &until) != ETIMEDOUT) {
+    }
+    pthread_mutex_unlock(&c->mu);
+  }
+  if (c->lease) { /* leaving: the shards move now instead of after the TTL */
+    json_decref(etcd_call(c, "/v3/lease/revoke", json_pack("{so}", "ID", lease_id_json(c->lease))));
+    c->lease = 0;
+  }
+  return NULL;
+}
+
+/* ================================================================ the loop's side */
+
+int cph_cluster_start(const cph_policy_cluster *cfg, cph_cluster **out, cph_err *err) {
+  *out = NULL;
+  if (cfg->etcd_count == 0) {
+    cph_err_set(err, CPH_EINVAL, ":cluster :etcd lists no URL");
+    return CPH_EINVAL;
+  }
+  for (size_t i = 0; i < cfg->etcd_count; i++) {
+    cph_httpc_url u;
+    const char *why = NULL;
+    int bad = cph_httpc_url_parse(cfg->etcd[i], &u, &why);
+    cph_httpc_url_free(&u);
+    if (bad) {
+      cph_err_set(err, CPH_EINVAL, ":cluster :etcd \"%s\": %s", cfg->etcd[i], why);
+      return CPH_EINVAL;
+    }
+  }
+  cph_cluster *c = calloc(1, sizeof *c);
+  if (!c)
+    goto nomem;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  c->self = strdup(cfg->node);
+  c->advertise = strdup(cfg->advertise);
+  c->shards = (uint32_t)cfg->shards;
+  c->ttl_s = cfg->lease_ttl_seconds;
+  c->owner = malloc(c->shards * sizeof *c->owner);
+  c->etcd = calloc(cfg->etcd_count, sizeof *c->etcd);
+  if (!c->self || !c->advertise || !c->owner || !c->etcd)
+    goto nomem;
+  for (size_t i = 0; i < cfg->etcd_count; i++, c->n_etcd++)
+    if (!(c->etcd[i] = strdup(cfg->etcd[i])))
+      goto nomem;
+  for (uint32_t s = 0; s < c->shards; s++)
+    c->owner[s] = NO_OWNER;
+  if (pthread_create(&c->thread, NULL, cluster_thread, c) != 0) {
+    cph_cluster_stop(c);
+    cph_err_set(err, CPH_EIO, "cannot start the cluster thread");
+    return CPH_EIO;
+  }
+  c->started = true;
+  *out = c;
+  return CPH_OK;
+nomem:
+  cph_cluster_stop(c);
+  cph_err_set(err, CPH_ENOMEM, "out of memory starting cluster mode");
+  return CPH_ENOMEM;
+}
+
+void cph_cluster_stop(cph_cluster *c) {
+  if (!c)
+    return;
+  if (c->started) {
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thread, NULL);
+  }
+  free_nodes(c->nodes, c->n_nodes);
+  for (size_t i = 0; i < c->n_etcd; i++)
+    free(c->etcd[i]);
+  free(c->etcd);
+  free(c->owner);
+  free(c->self);
+  free(c->advertise);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+uint32_t cph_cluster_shards(const cph_cluster *c) { return c->shards; }
+
+/* Caller holds mu. */
+static bool live_locked(const cph_cluster *c) {
+  return c->joined && mono_ns() < c->serve_until_ns;
+}
+
+bool cph_cluster_serving(cph_cluster *c) {
+  pthread_mutex_lock(&c->mu);
+  bool live = live_locked(c);
+  pthread_mutex_unlock(&c->mu);
+  return live;
+}
+
+cph_cluster_verdict cph_cluster_route(cph_cluster *c, uint32_t shard, char *owner_node,
+                                      size_t node_size, char *owner_url, size_t url_size) {
+  cph_cluster_verdict v = CPH_CLUSTER_UNKNOWN;
+  pthread_mutex_lock(&c->mu);
+  uint32_t o = shard < c->shards ? c->owner[shard] : NO_OWNER;
+  if (o != NO_OWNER && o < c->n_nodes) {
+    if (strcmp(c->nodes[o].name, c->self) == 0) {
+      v = live_locked(c) ? CPH_CLUSTER_SERVED : CPH_CLUSTER_UNKNOWN;
+    } else if (live_locked(c)) { /* a stale view names no owner */
+      v = CPH_CLUSTER_ELSEWHERE;
+      snprintf(owner_node, node_size, "%s", c->nodes[o].name);
+      snprintf(owner_url, url_size, "%s", c->nodes[o].url);
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return v;
+}
+
+/* "0-3,7,9-10" for the shards owned by node index i. */
+static json_t *ranges_of(const cph_cluster *c, uint32_t i, uint32_t *count) {
+  size_t cap = 64, len = 0;
+  char *buf = malloc(cap);
+  if (!buf)
+    return NULL;
+  buf[0] = '\0';
+  *count = 0;
+  for (uint32_t s = 0; s < c->shards;) {
+    if (c->owner[s] != i) {
+      s++;
+      continue;
+    }
+    uint32_t e = s;
+    while (e + 1 < c->shards && c->owner[e + 1] == i)
+      e++;
+    *count += e - s + 1;
+    char part[32];
+    int n = e == s ? snprintf(part, sizeof part, "%s%" PRIu32, len ? "," : "", s)
+                   : snprintf(part, sizeof part, "%s%" PRIu32 "-%" PRIu32, len ? "," : "", s, e);
+    if (len + (size_t)n + 1 > cap) {
+      cap = (len + (size_t)n + 1) * 2;
+      char *nb = realloc(buf, cap);
+      if (!nb) {
+        free(buf);
+        return NULL;
+      }
+      buf = nb;
+    }
+    memcpy(buf + len, part, (size_t)n + 1);
+    len += (size_t)n;
+    s = e + 1;
+  }
+  json_t *out = json_string(buf);
+  free(buf);
+  return out;
+}
+
+json_t *cph_cluster_json(cph_cluster *c) {
+  pthread_mutex_lock(&c->mu);
+  bool live = live_locked(c);
+  int64_t left_ms = live ? (c->serve_until_ns - mono_ns()) / 1000000 : 0;
+  json_t *nodes = json_array(), *owners = json_array();
+  uint32_t mine = 0, unowned = 0;
+  for (uint32_t s = 0; s < c->shards; s++)
+    if (c->owner[s] == NO_OWNER || c->owner[s] >= c->n_nodes)
+      unowned++;
+  for (uint32_t i = 0; i < c->n_nodes; i++) {
+    uint32_t count = 0;
+    json_t *ranges = ranges_of(c, i, &count);
+    json_array_append_new(nodes, json_pack("{sssssI}", "node", c->nodes[i].name, "url",
+                                           c->nodes[i].url, "shards", (json_int_t)count));
+    if (strcmp(c->nodes[i].name, c->self) == 0)
+      mine = count;
+    json_array_append_new(owners, json_pack("{ssso}", "node", c->nodes[i].name, "ranges",
+                                            ranges ? ranges : json_string("")));
+  }
+  json_t *out = json_pack("{sssssssIsIsIsIsIsoso}", "node", c->self, "advertise", c->advertise,
+                          "state", live ? "serving" : (c->joined ? "expired" : "joining"),
+                          "shards", (json_int_t)c->shards, "lease_ttl_seconds",
+                          (json_int_t)c->ttl_s, "serving_for_ms", (json_int_t)left_ms,
+                          "shards_owned", (json_int_t)(live ? mine : 0), "shards_unowned",
+                          (json_int_t)unowned, "nodes", nodes, "owners", owners);
+  pthread_mutex_unlock(&c->mu);
+  return out;
+}
+
+void cph_cluster_note_turn(cph_cluster *c, uint64_t turn_id, uint32_t shard) {
+  c->turn_id[turn_id % TURN_SLOTS] = turn_id;
+  c->turn_shard[turn_id % TURN_SLOTS] = shard;
+}
+
+bool cph_cluster_turn_shard(const cph_cluster *c, uint64_t turn_id, uint32_t *shard) {
+  if (turn_id == 0 || c->turn_id[turn_id % TURN_SLOTS] != turn_id)
+    return false;
+  *shard = c->turn_shard[turn_id % TURN_SLOTS];
+  return true;
+}
