@@ -224,16 +224,22 @@ static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *t
   for (size_t i = 0; i < ti->n_tools; i++)
     if ((r->tools[r->n_tools++] = strdup(ti->tools[i].name)) == NULL)
       return CPH_ENOMEM;
+  /* The messages are most of the record's bytes: borrowed from ti, which outlives the record
+   * (encoded and freed at once); messages_unborrow gives them back before it is freed. */
   for (size_t i = 0; i < ti->n_messages; i++) {
     const cph_message *m = &ti->messages[i];
-    r->msg_roles[i] = strdup(m->role);
-    r->msg_contents[i] = strdup(m->content);
-    r->msg_coords[i] = strdup(m->coord);
+    r->msg_roles[i] = m->role;
+    r->msg_contents[i] = m->content;
+    r->msg_coords[i] = m->coord;
     r->n_msg_roles = r->n_msg_contents = r->n_msg_coords = (uint32_t)i + 1;
-    if (!r->msg_roles[i] || !r->msg_contents[i] || !r->msg_coords[i])
-      return CPH_ENOMEM;
   }
   return fill_nodes(r, tree, ti);
+}
+
+/* Undoes fill_rec's borrowing of the turn's message strings, so freeing r leaves them be. */
+static void messages_unborrow(cph_turnctx_rec *r) {
+  for (uint32_t i = 0; r->msg_roles && i < r->n_msg_roles; i++)
+    r->msg_roles[i] = r->msg_contents[i] = r->msg_coords[i] = NULL;
 }
 
 /* Deletes the session's oldest kept contexts until at most keep remain. */
@@ -284,6 +290,7 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
       cph_key k = turn_key(ti->session, turn_id);
       rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, &r);
     }
+    messages_unborrow(&r);
     cph_record_free(&cph_turnctx_desc, &r);
     if (tree_ok && c.ret == CPH_OK) /* read and unchanged: it still matches the store */
       trees_keep(tl->trees, ti->session, &tree);
