@@ -8,20 +8,8 @@
 #include <string.h>
 
 #include "common/http_client.h"
+#include "providers/openai_http.h"
 #include "providers/providers.h"
-
-static int bad_answer(cph_err *err, const char *url, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* "embeddings URL: the answer ...: <what>" — CPH_EPARSE: the server broke the contract. */
-static int bad_answer(cph_err *err, const char *url, const char *fmt, ...) {
-  char what[400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  return cph_err_set(err, CPH_EPARSE, "embeddings %s: bad answer: %s", url, what);
-}
 
 /* Fills out[] from {"data": [{"embedding": [...], "index": i}, ...]}. Items are placed by
  * their "index" when present (the API allows any order), else by position; every input
@@ -30,10 +18,10 @@ static int parse_embeddings(const json_t *root, const char *url, size_t n, uint3
                             float *out, cph_err *err) {
   const json_t *data = json_is_object(root) ? json_object_get(root, "data") : NULL;
   if (!json_is_array(data))
-    return bad_answer(err, url, "expected an object with a \"data\" array");
+    return openai_bad_answer(err, "embeddings", url, "expected an object with a \"data\" array");
   if (json_array_size(data) != n)
-    return bad_answer(err, url, "\"data\" has %zu items for %zu inputs", json_array_size(data),
-                      n);
+    return openai_bad_answer(err, "embeddings", url, "\"data\" has %zu items for %zu inputs",
+                             json_array_size(data), n);
   bool *seen = calloc(n, sizeof *seen);
   if (!seen)
     return cph_err_set(err, CPH_ENOMEM, "embeddings %s: out of memory", url);
@@ -46,25 +34,26 @@ static int parse_embeddings(const json_t *root, const char *url, size_t n, uint3
     if (index) {
       json_int_t ix = json_is_integer(index) ? json_integer_value(index) : -1;
       if (ix < 0 || (uint64_t)ix >= n) {
-        rc = bad_answer(err, url, "data[%zu].index is not an integer from 0 to %zu", i, n - 1);
+        rc = openai_bad_answer(err, "embeddings", url,
+                               "data[%zu].index is not an integer from 0 to %zu", i, n - 1);
         break;
       }
       slot = (size_t)ix;
     }
     if (seen[slot]) {
-      rc = bad_answer(err, url, "two embeddings for input %zu", slot);
+      rc = openai_bad_answer(err, "embeddings", url, "two embeddings for input %zu", slot);
       break;
     }
     seen[slot] = true;
     if (!json_is_array(emb)) {
-      rc = bad_answer(err, url, "data[%zu].embedding is not an array", i);
+      rc = openai_bad_answer(err, "embeddings", url, "data[%zu].embedding is not an array", i);
       break;
     }
     if (json_array_size(emb) != dims) {
-      rc = bad_answer(err, url,
-                      "data[%zu].embedding has %zu dimensions, expected %u "
-                      "(:providers :embeddings :dimensions)",
-                      i, json_array_size(emb), dims);
+      rc = openai_bad_answer(err, "embeddings", url,
+                             "data[%zu].embedding has %zu dimensions, expected %u "
+                             "(:providers :embeddings :dimensions)",
+                             i, json_array_size(emb), dims);
       break;
     }
     float *dst = out + slot * dims;
@@ -72,7 +61,8 @@ static int parse_embeddings(const json_t *root, const char *url, size_t n, uint3
       const json_t *x = json_array_get(emb, d);
       double v = json_is_number(x) ? json_number_value(x) : NAN;
       if (!isfinite(v) || fabs(v) > 3.0e38) {
-        rc = bad_answer(err, url, "data[%zu].embedding[%u] is not a finite number", i, d);
+        rc = openai_bad_answer(err, "embeddings", url,
+                               "data[%zu].embedding[%u] is not a finite number", i, d);
         break;
       }
       dst[d] = (float)v;
@@ -82,8 +72,8 @@ static int parse_embeddings(const json_t *root, const char *url, size_t n, uint3
   return rc;
 }
 
-int cph_embed_openai(const cph_policy_embedder *cfg, const char *const *texts, size_t n,
-                     float *out, cph_err *err) {
+int cph_embed_openai(const cph_policy_embedder *cfg, const char *const *texts, size_t n, float *out,
+                     cph_err *err) {
   const char *url = cfg->url ? cfg->url : "";
   if (!url[0])
     return cph_err_set(err, CPH_EINVAL, "embeddings: no :url configured");
@@ -99,12 +89,10 @@ int cph_embed_openai(const cph_policy_embedder *cfg, const char *const *texts, s
     return rc;
 
   json_t *root = NULL, *answer = NULL;
-  char *body = NULL;
-  cph_httpc_response resp = {0};
   json_t *input = json_array();
   root = json_object();
-  if (!input || !root || json_object_set_new(root, "model", json_string(cfg->model ? cfg->model
-                                                                                   : "")) ||
+  if (!input || !root ||
+      json_object_set_new(root, "model", json_string(cfg->model ? cfg->model : "")) ||
       json_object_set(root, "input", input)) {
     rc = cph_err_set(err, CPH_ENOMEM, "embeddings %s: out of memory", url);
     goto out;
@@ -120,31 +108,13 @@ int cph_embed_openai(const cph_policy_embedder *cfg, const char *const *texts, s
       goto out;
     }
   }
-  if (!(body = json_dumps(root, JSON_COMPACT))) {
-    rc = cph_err_set(err, CPH_ENOMEM, "embeddings %s: out of memory", url);
-    goto out;
-  }
   /* cfg->url is the endpoint itself (e.g. http://127.0.0.1:8080/v1/embeddings). */
-  if ((rc = cph_httpc_post_json(url, "", body, strlen(body), bearer, (int)cfg->timeout_ms, &resp,
-                                err)) != 0) {
-    cph_err tmp = *err;
-    rc = cph_err_set(err, rc, "embeddings: %s", tmp.msg);
+  if ((rc = openai_post("embeddings", url, bearer, (int)cfg->timeout_ms, root, &answer, err)))
     goto out;
-  }
-  if ((rc = cph_httpc_check_status(&resp, "embeddings", url, err)) != 0)
-    goto out;
-  json_error_t jerr;
-  if (!(answer = json_loadb(resp.body, resp.body_len, 0, &jerr))) {
-    rc = bad_answer(err, url, "not JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                    jerr.column);
-    goto out;
-  }
   rc = parse_embeddings(answer, url, n, dims, out, err);
 out:
   json_decref(input);
   json_decref(root);
   json_decref(answer);
-  free(body);
-  cph_httpc_response_free(&resp);
   return rc;
 }

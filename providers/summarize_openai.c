@@ -9,27 +9,16 @@
 
 #include "common/buf.h"
 #include "common/http_client.h"
+#include "providers/openai_http.h"
 #include "providers/providers.h"
 
 static bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f';
 }
 
-#define SYSTEM_PROMPT                                                                          \
-  "Summarise the following notes into one short, factual summary. Keep names, numbers, "     \
+#define SYSTEM_PROMPT                                                                              \
+  "Summarise the following notes into one short, factual summary. Keep names, numbers, "           \
   "decisions and open questions; drop greetings and repetition. Answer with the summary only."
-
-static int bad_answer(cph_err *err, const char *url, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int bad_answer(cph_err *err, const char *url, const char *fmt, ...) {
-  char what[400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  return cph_err_set(err, CPH_EPARSE, "summarizer %s: bad answer: %s", url, what);
-}
 
 /* The user message: the texts separated by blank lines, as "- " items so the model sees
  * where one note ends. */
@@ -78,8 +67,6 @@ int cph_summarize_openai(const cph_policy_summarizer *cfg, const char *const *te
 
   cph_buf user = CPH_BUF_INIT;
   json_t *req = NULL, *answer = NULL;
-  char *body = NULL;
-  cph_httpc_response resp = {0};
   if (user_message(texts, n, &user) != CPH_OK) {
     rc = cph_err_set(err, CPH_ENOMEM, "summarizer %s: out of memory", url);
     goto out;
@@ -92,32 +79,20 @@ int cph_summarize_openai(const cph_policy_summarizer *cfg, const char *const *te
     }
     json_decref(probe);
   }
-  if (!(req = chat_request(cfg, user.data ? user.data : "")) ||
-      !(body = json_dumps(req, JSON_COMPACT))) {
+  if (!(req = chat_request(cfg, user.data ? user.data : ""))) {
     rc = cph_err_set(err, CPH_ENOMEM, "summarizer %s: out of memory", url);
     goto out;
   }
   /* cfg->url is the endpoint itself (e.g. http://127.0.0.1:8080/v1/chat/completions). */
-  if ((rc = cph_httpc_post_json(url, "", body, strlen(body), bearer, (int)cfg->timeout_ms, &resp,
-                                err)) != 0) {
-    cph_err tmp = *err;
-    rc = cph_err_set(err, rc, "summarizer: %s", tmp.msg);
+  if ((rc = openai_post("summarizer", url, bearer, (int)cfg->timeout_ms, req, &answer, err)))
     goto out;
-  }
-  if ((rc = cph_httpc_check_status(&resp, "summarizer", url, err)) != 0)
-    goto out;
-  json_error_t jerr;
-  if (!(answer = json_loadb(resp.body, resp.body_len, 0, &jerr))) {
-    rc = bad_answer(err, url, "not JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                    jerr.column);
-    goto out;
-  }
   const json_t *choices = json_is_object(answer) ? json_object_get(answer, "choices") : NULL;
   const json_t *first = json_is_array(choices) ? json_array_get(choices, 0) : NULL;
   const json_t *msg = json_is_object(first) ? json_object_get(first, "message") : NULL;
   const json_t *content = json_is_object(msg) ? json_object_get(msg, "content") : NULL;
   if (!json_is_string(content)) {
-    rc = bad_answer(err, url, "expected a string at choices[0].message.content");
+    rc = openai_bad_answer(err, "summarizer", url,
+                           "expected a string at choices[0].message.content");
     goto out;
   }
   const char *text = json_string_value(content);
@@ -130,11 +105,12 @@ int cph_summarize_openai(const cph_policy_summarizer *cfg, const char *const *te
     len--;
   /* An empty summary would replace its sources with nothing: refuse it. */
   if (len == 0) {
-    rc = bad_answer(err, url, "choices[0].message.content is empty");
+    rc = openai_bad_answer(err, "summarizer", url, "choices[0].message.content is empty");
     goto out;
   }
   if (memchr(text, '\0', len)) {
-    rc = bad_answer(err, url, "choices[0].message.content contains a NUL character");
+    rc = openai_bad_answer(err, "summarizer", url,
+                           "choices[0].message.content contains a NUL character");
     goto out;
   }
   if (!(*out = malloc(len + 1))) {
@@ -148,7 +124,5 @@ out:
   cph_buf_free(&user);
   json_decref(req);
   json_decref(answer);
-  free(body);
-  cph_httpc_response_free(&resp);
   return rc;
 }
