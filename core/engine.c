@@ -964,6 +964,10 @@ int cph_engine_backup(cph_engine *e, const char *dir, cph_err *err) {
   return cph_store_copy(e->env.store, dir, err); /* reads only: no engine state touched */
 }
 
+int cph_engine_backup_dir_check(const char *dir, cph_err *err) {
+  return cph_store_copy_dir_check(dir, err);
+}
+
 int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out) {
   cph_store_stats st;
   int rc = cph_store_stats_get(e->env.store, &st);

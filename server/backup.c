@@ -6,8 +6,6 @@
  * file so far, read with stat() when asked. */
 #include "backup.h"
 
-#include <dirent.h>
-#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -70,22 +68,13 @@ void cph_backup_free(cph_backup *b) {
   free(b);
 }
 
-/* A directory the copy may go to: absolute, and new or empty. */
+/* A directory the copy may go to: absolute, and new or empty (the store's own check). */
 static int check_dir(const char *dir, cph_err *err) {
   if (!dir || dir[0] != '/')
     return cph_err_set(err, CPH_EINVAL, "dir: an absolute path is needed");
   if (strlen(dir) >= 4000)
     return cph_err_set(err, CPH_EINVAL, "dir: at most 4000 bytes");
-  DIR *d = opendir(dir);
-  if (!d)
-    return errno == ENOENT ? CPH_OK
-                           : cph_err_set(err, CPH_EINVAL, "dir '%s': %s", dir, strerror(errno));
-  bool empty = true;
-  for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
-    empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
-  closedir(d);
-  return empty ? CPH_OK
-               : cph_err_set(err, CPH_EEXISTS, "dir '%s' is not empty: give a new directory", dir);
+  return cph_engine_backup_dir_check(dir, err);
 }
 
 int cph_backup_start(cph_backup *b, cph_engine *e, const char *dir, cph_err *err) {

@@ -287,20 +287,29 @@ void cph_store_close(cph_store *s) {
   free(s);
 }
 
-int cph_store_copy(cph_store *s, const char *dir, cph_err *err) {
-  int e = make_dirs(dir);
-  if (e)
-    return cph_err_set(err, CPH_EIO, "backup dir '%s': cannot create: %s", dir, strerror(e));
+int cph_store_copy_dir_check(const char *dir, cph_err *err) {
   DIR *d = opendir(dir);
-  if (!d)
-    return cph_err_set(err, CPH_EIO, "backup dir '%s': %s", dir, strerror(errno));
+  if (!d) {
+    if (errno == ENOENT)
+      return CPH_OK;
+    return cph_err_set(err, CPH_EINVAL, "backup dir '%s': %s", dir, strerror(errno));
+  }
   bool empty = true;
   for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
     empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
   closedir(d);
-  if (!empty)
-    return cph_err_set(err, CPH_EEXISTS, "backup dir '%s' is not empty: give a new directory",
-                       dir);
+  return empty ? CPH_OK
+               : cph_err_set(err, CPH_EEXISTS,
+                             "backup dir '%s' is not empty: give a new directory", dir);
+}
+
+int cph_store_copy(cph_store *s, const char *dir, cph_err *err) {
+  int rc = cph_store_copy_dir_check(dir, err);
+  if (rc)
+    return rc;
+  int e = make_dirs(dir);
+  if (e)
+    return cph_err_set(err, CPH_EIO, "backup dir '%s': cannot create: %s", dir, strerror(e));
   atomic_fetch_add(&s->open_txns, 1); /* the copy reads through a txn of its own */
   e = mdb_env_copy2(s->env, dir, MDB_CP_COMPACT);
   atomic_fetch_sub(&s->open_txns, 1);

@@ -109,6 +109,10 @@ int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err);
  * holds what was committed when it began. dir is created; it must not exist yet, or be empty.
  * Starting a store on the copy gives that state back. */
 int cph_store_copy(cph_store *s, const char *dir, cph_err *err);
+/* Whether dir may take a copy: it does not exist, or is an empty directory. CPH_EEXISTS when
+ * it holds something, CPH_EINVAL when it cannot be read or is no directory (err says which).
+ * Any thread. */
+int cph_store_copy_dir_check(const char *dir, cph_err *err);
 /* ---- durability: commit numbers, flushes and the background flusher ----
  *
  * Every top-level write commit that changed something gets the next commit number (1, 2, ...).

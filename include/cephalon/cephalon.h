@@ -713,6 +713,9 @@ int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out);
  * transaction of its own and writers keep going — but not past cph_engine_close. The copy
  * holds everything committed when it began; a daemon started on dir serves that state. */
 int cph_engine_backup(cph_engine *e, const char *dir, cph_err *err);
+/* The directory check cph_engine_backup starts with (dir new, or an empty directory), for a
+ * caller that wants to refuse a bad dir before starting the copy elsewhere. */
+int cph_engine_backup_dir_check(const char *dir, cph_err *err);
 
 /* ---- maintenance reads ---- */
 
