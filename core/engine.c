@@ -353,7 +353,8 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   rc = cph_store_open_migrating(&so, &trees_v2, &e->env.store, err);
   if (rc)
     goto fail;
-  if ((rc = metrics_open(&e->metrics)) != CPH_OK) { /* before memory_load: recovery counts expiries */
+  if ((rc = metrics_open(&e->metrics)) !=
+      CPH_OK) { /* before memory_load: recovery counts expiries */
     cph_err_set(err, rc, "out of memory opening the engine");
     goto fail;
   }
@@ -569,8 +570,10 @@ static void hook_reconcile(void *ctx) {
   maint_tick(e->maint);
   cph_lane_stats maint;
   cph_sched_lane_stats(e->env.sched, CPH_LANE_MAINTENANCE, &maint);
-  backpressure_load load = {memory_embed_queue(&e->memory), !maint.has_budget && maint.runnable > 0};
-  backpressure_tick(e->bp, e->env.policy, &e->env.txn, env_now(&e->env), env_wall_ms(&e->env), &load);
+  backpressure_load load = {memory_embed_queue(&e->memory),
+                            !maint.has_budget && maint.runnable > 0};
+  backpressure_tick(e->bp, e->env.policy, &e->env.txn, env_now(&e->env), env_wall_ms(&e->env),
+                    &load);
   dedupe_widening widen = {dedupe_window_widened, e, BP_DEDUPE_WIDEN};
   dedupe_tick(e->dedupe, &e->env.policy->dedupe, &e->env.txn, env_wall_ms(&e->env), &widen);
   reports_env renv = {e->env.policy, e->bp, &e->env.txn, env_now(&e->env)};
