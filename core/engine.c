@@ -353,8 +353,8 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   rc = cph_store_open_migrating(&so, &trees_v2, &e->env.store, err);
   if (rc)
     goto fail;
-  if ((rc = metrics_open(&e->metrics)) !=
-      CPH_OK) { /* before memory_load: recovery counts expiries */
+  /* Before memory_load: recovery counts expiries. */
+  if ((rc = metrics_open(&e->metrics)) != CPH_OK) {
     cph_err_set(err, rc, "out of memory opening the engine");
     goto fail;
   }
