@@ -24,11 +24,13 @@
 
 static void sched_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench sched [--sessions N] [--ops M] [--concurrency C] "
-             "[--tenants T]\n"
+             "[--tenants T] [--shuffle]\n"
              "  --sessions N     runnable sessions, over the three lanes (default 100000)\n"
              "  --ops M          timed pick + finish cycles (default max(2000000, 4 N))\n"
              "  --concurrency C  turns picked before they finish (default 64)\n"
-             "  --tenants T      sessions spread over T weighted tenants (default 0: none)\n");
+             "  --tenants T      sessions spread over T weighted tenants (default 0: none)\n"
+             "  --shuffle        session ids in a seeded random order (default: ids in the\n"
+             "                   order sessions are added)\n");
 }
 
 /* Runs `ops` cycles; returns the number done (less only if nothing could be picked). */
@@ -53,7 +55,13 @@ static uint64_t cycles(cph_sched *s, cph_clock *clock, cph_sid *batch, uint32_t 
 
 int cph_bench_sched(int argc, char **argv) {
   uint64_t n = 100000, ops = 0, conc = 64, n_tenants = 0;
+  bool shuffle = false;
   for (int i = 1; i < argc;) {
+    if (strcmp(argv[i], "--shuffle") == 0) {
+      shuffle = true;
+      i++;
+      continue;
+    }
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       sched_usage(stdout);
       return 0;
@@ -74,23 +82,22 @@ int cph_bench_sched(int argc, char **argv) {
   if (!ops)
     ops = 4 * n > 2000000 ? 4 * n : 2000000;
 
-  cph_sched_config cfg = {{CPH_SCHED_MAX_PER_MINUTE, CPH_SCHED_MAX_PER_MINUTE,
-                           CPH_SCHED_MAX_PER_MINUTE},
-                          {CPH_SCHED_MAX_PER_MINUTE, CPH_SCHED_MAX_PER_MINUTE,
-                           CPH_SCHED_MAX_PER_MINUTE},
-                          1.0,
-                          30,
-                          -30,
-                          {2, 1, 1},
-                          (uint32_t)conc,
-                          0,
-                          {0},
-                          CPH_CHARGE_TURN,
-                          0,
-                          {0},
-                          NULL,
-                          0};
-  char (*names)[24] = n_tenants ? calloc(n_tenants, sizeof *names) : NULL;
+  cph_sched_config cfg = {
+      {CPH_SCHED_MAX_PER_MINUTE, CPH_SCHED_MAX_PER_MINUTE, CPH_SCHED_MAX_PER_MINUTE},
+      {CPH_SCHED_MAX_PER_MINUTE, CPH_SCHED_MAX_PER_MINUTE, CPH_SCHED_MAX_PER_MINUTE},
+      1.0,
+      30,
+      -30,
+      {2, 1, 1},
+      (uint32_t)conc,
+      0,
+      {0},
+      CPH_CHARGE_TURN,
+      0,
+      {0},
+      NULL,
+      0};
+  char(*names)[24] = n_tenants ? calloc(n_tenants, sizeof *names) : NULL;
   cph_sched_tenant_weight *weights = n_tenants ? calloc(n_tenants, sizeof *weights) : NULL;
   for (uint64_t t = 0; names && weights && t < n_tenants; t++) {
     snprintf(names[t], sizeof names[t], "t%06" PRIu64, t);
@@ -116,7 +123,11 @@ int cph_bench_sched(int argc, char **argv) {
   char id[32];
   for (uint64_t i = 0; i < n; i++) {
     cph_sid sid;
-    snprintf(id, sizeof id, "s%08" PRIu64, i);
+    /* --shuffle: i -> i·2654435761 mod n, a permutation (the multiplier is a prime that
+     * divides no n the option accepts), so the wait order (by id) visits sessions in an
+     * order unrelated to their slots, as a daemon's sessions do. */
+    uint64_t num = shuffle ? (uint64_t)((unsigned __int128)i * 2654435761u % n) : i;
+    snprintf(id, sizeof id, "s%08" PRIu64, num);
     if (cph_sched_add(s, id, (cph_lane)(i % CPH_LANE_COUNT), &sid) ||
         (n_tenants && cph_sched_set_tenant(s, sid, names[(i / CPH_LANE_COUNT) % n_tenants]))) {
       fprintf(stderr, "cephalon-bench sched: cannot add session %" PRIu64 "\n", i);
@@ -138,8 +149,8 @@ int cph_bench_sched(int argc, char **argv) {
   uint64_t done = cycles(s, &clock, batch, (uint32_t)conc, ops);
   int64_t t3 = cph_bench_now_ns();
   if (done < ops || warm < n) {
-    fprintf(stderr, "cephalon-bench sched: only %" PRIu64 " of %" PRIu64 " picks succeeded\n",
-            done, ops);
+    fprintf(stderr, "cephalon-bench sched: only %" PRIu64 " of %" PRIu64 " picks succeeded\n", done,
+            ops);
     free(batch);
     cph_sched_free(s);
     return 1;
@@ -159,8 +170,8 @@ int cph_bench_sched(int argc, char **argv) {
   for (int l = 0; l < CPH_LANE_COUNT; l++) {
     cph_lane_stats st;
     cph_sched_lane_stats(s, (cph_lane)l, &st);
-    printf("lane %-13s started %" PRIu64 ", runnable %" PRIu64 "\n",
-           cph_lane_name((cph_lane)l), st.started_total, st.runnable);
+    printf("lane %-13s started %" PRIu64 ", runnable %" PRIu64 "\n", cph_lane_name((cph_lane)l),
+           st.started_total, st.runnable);
   }
   printf("max rss            %ld KiB\n", ru.ru_maxrss);
   printf("sched sessions=%" PRIu64 " tenants=%" PRIu64 " ops_per_s=%.0f ns_per_op=%.1f\n", n,

@@ -53,7 +53,7 @@ typedef __int128 i128;
 /* ---------------------------------------------------------------- ordered sets */
 
 typedef struct entry {
-  i128 key;         /* below: K; at_max: 0 */
+  i128 key;          /* below: K; at_max: 0 */
   int64_t queued_ns; /* queued_since */
   cph_sid sid;
   uint32_t gen;
@@ -77,37 +77,39 @@ typedef struct oset {
 enum { WHERE_NONE, WHERE_AT_MAX, WHERE_BELOW };
 
 typedef struct session {
-  char *id;          /* from the sched's id slab; NULL for a free slot */
-  int64_t c0;        /* credits (units) as of t0 */
+  char *id;   /* from the sched's id slab; NULL for a free slot */
+  int64_t c0; /* credits (units) as of t0 */
   int64_t t0;
   int64_t queued_ns; /* when it last became runnable */
   uint32_t gen;      /* bumped whenever it leaves a set */
-  uint8_t lane;
-  uint8_t where;     /* WHERE_*: the set holding its live entry */
-  bool has_work;
-  bool paused;
-  bool running;
-  bool trickle;
-  bool removed;      /* removed by the caller; the slot is freed when refs reaches 0 */
   uint32_t refs;     /* entries in sets, live or stale, that name this slot */
+  uint32_t tenant;   /* index in cph_sched.tenants (0 = the default); kept here, not in an
+                        array beside, so the pick reads one line per session */
+  uint8_t lane;
+  uint8_t where; /* WHERE_*: the set holding its live entry */
+  bool has_work : 1;
+  bool paused : 1;
+  bool running : 1;
+  bool trickle : 1;
+  bool removed : 1; /* removed by the caller; the slot is freed when refs reaches 0 */
 } session;
 
 typedef struct bucket {
-  int64_t level;    /* units; may be negative for tool calls and tokens */
-  int64_t per_min;  /* budget per minute = refill in units per ns */
-  int64_t at_ns;    /* level is as of this time */
+  int64_t level;   /* units; may be negative for tool calls and tokens */
+  int64_t per_min; /* budget per minute = refill in units per ns */
+  int64_t at_ns;   /* level is as of this time */
 } bucket;
 
 /* The runnable sessions of one tenant in one lane. */
 typedef struct group {
   oset at_max;
   oset below;
-  uint64_t runnable;  /* live entries in the two sets */
-  i128 vstart;        /* its start tag, while in the lane's tenant heap */
-  i128 vfinish;       /* the finish tag of its last pick */
-  uint32_t hgen;      /* the generation of its live slot; slots of older ones are stale */
-  bool in_heap;       /* it has a live slot in its lane's tenant order */
-  uint32_t tenant;    /* index in cph_sched.tenants */
+  uint64_t runnable; /* live entries in the two sets */
+  i128 vstart;       /* its start tag, while in the lane's tenant heap */
+  i128 vfinish;      /* the finish tag of its last pick */
+  uint32_t hgen;     /* the generation of its live slot; slots of older ones are stale */
+  bool in_heap;      /* it has a live slot in its lane's tenant order */
+  uint32_t tenant;   /* index in cph_sched.tenants */
   uint64_t started;
   struct tclass *cls; /* its class in the lane (its tenant's step); NULL until it joins */
 } group;
@@ -133,28 +135,28 @@ typedef struct tclass {
   uint32_t head, len, cap; /* cap is a power of two */
   tslot *heap;
   uint32_t hlen, hcap;
-  uint32_t live;           /* live slots */
-  uint32_t pos;            /* 1 + its index in the lane's class heap; 0 = not in it */
-  tslot key;               /* its head when last placed in the class heap */
+  uint32_t live; /* live slots */
+  uint32_t pos;  /* 1 + its index in the lane's class heap; 0 = not in it */
+  tslot key;     /* its head when last placed in the class heap */
 } tclass;
 
 typedef struct tenant {
-  char *name;         /* "" for the default tenant */
+  char *name; /* "" for the default tenant */
   double weight;
-  int64_t inc;        /* start-tag step per turn: CPH_TENANT_VSCALE / weight */
-  uint64_t sessions;  /* registered sessions naming it */
+  int64_t inc;       /* start-tag step per turn: CPH_TENANT_VSCALE / weight */
+  uint64_t sessions; /* registered sessions naming it */
   group g[CPH_LANE_COUNT];
 } tenant;
 
 typedef struct lane_state {
   bucket turns;
   bucket tools;
-  bucket tokens;      /* per_min 0: no token budget (§3.8) */
-  tclass **classes;   /* every class of the lane (tenants on) */
-  tclass **cheap;     /* the classes with live slots, a min-heap by key; capacity cap_classes */
+  bucket tokens;    /* per_min 0: no token budget (§3.8) */
+  tclass **classes; /* every class of the lane (tenants on) */
+  tclass **cheap;   /* the classes with live slots, a min-heap by key; capacity cap_classes */
   uint32_t n_classes, cap_classes, n_cheap;
   uint32_t live_groups; /* groups with a live slot */
-  i128 vtime;         /* the start tag of the lane's last pick */
+  i128 vtime;           /* the start tag of the lane's last pick */
   uint64_t runnable;
   uint64_t running;
   uint64_t started_total;
@@ -167,14 +169,14 @@ typedef struct lane_state {
 struct cph_sched {
   const cph_clock *clock;
   cph_sched_config cfg;
-  int64_t rate;     /* credit units per ns */
-  int64_t c_max;    /* credit units */
+  int64_t rate;  /* credit units per ns */
+  int64_t c_max; /* credit units */
   int64_t c_min;
   int64_t cost[CPH_LANE_COUNT];
   lane_state lanes[CPH_LANE_COUNT];
   session *sessions;
   uint32_t n_sessions, cap_sessions;
-  cph_strslab ids;       /* session ids: one copy each, no malloc header */
+  cph_strslab ids; /* session ids: one copy each, no malloc header */
   cph_sid *free_sids;
   uint32_t n_free, cap_free;
   uint32_t n_removed;    /* removed slots still named by set entries */
@@ -182,14 +184,14 @@ struct cph_sched {
   uint32_t n_trickle, cap_trickle;
   int64_t trickle_due_ns; /* when the next outbox batch is due (§3.5) */
   uint32_t running;
-  uint32_t seats_total;   /* sum of cfg.seats: 0 = no reservations (§3.10) */
-  bool tokens_budgeted;   /* some lane has a tokens budget (§3.8) */
-  tenant dflt;            /* tenant 0: sessions that name none */
-  tenant **tenants;       /* tenants[0] == &dflt */
+  uint32_t seats_total; /* sum of cfg.seats: 0 = no reservations (§3.10) */
+  bool tokens_budgeted; /* some lane has a tokens budget (§3.8) */
+  tenant dflt;          /* tenant 0: sessions that name none */
+  tenant **tenants;     /* tenants[0] == &dflt */
   uint32_t n_tenants, cap_tenants;
   cph_hmap tenant_by_name; /* name -> tenant *, every tenant but the default */
-  uint32_t *tenant_of;    /* sid -> tenant index, cap_sessions long; NULL while no session
-                             has named a tenant ("tenants off": the plain pick) */
+  bool tenants_on;         /* some session has named a tenant; until then every session is
+                              the default tenant's and the pick is the plain one */
 };
 
 /* Full order of §3.3 within one set: key desc, queued_since asc, id asc. < 0 when a goes
@@ -285,8 +287,8 @@ static void heap_pop(const cph_sched *s, heap *h) {
 
 static bool oset_push(cph_sched *s, oset *o, const entry *e) {
   entry *back = ring_back(&o->ring);
-  bool ok = !back || entry_cmp(s, back, e) < 0 ? ring_push(&o->ring, *e)
-                                                : heap_push(s, &o->heap, *e);
+  bool ok =
+      !back || entry_cmp(s, back, e) < 0 ? ring_push(&o->ring, *e) : heap_push(s, &o->heap, *e);
   if (ok)
     s->sessions[e->sid].refs++;
   return ok;
@@ -412,8 +414,7 @@ static int64_t trickle_interval(const cph_sched *s) {
 
 static HOT_INLINE group *group_of(const cph_sched *s, cph_sid sid) {
   const session *se = &s->sessions[sid];
-  return s->tenant_of ? &s->tenants[s->tenant_of[sid]]->g[se->lane]
-                      : (group *)&s->dflt.g[se->lane];
+  return s->tenants_on ? &s->tenants[se->tenant]->g[se->lane] : (group *)&s->dflt.g[se->lane];
 }
 
 /* §3.9: the order of groups in a lane: start tag, then the tenant's index. */
@@ -774,7 +775,7 @@ static HOT_INLINE bool push_entry(cph_sched *s, group *g, cph_sid sid, int64_t n
 static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g) {
   l->runnable++;
   g->runnable++;
-  if (s->tenant_of && !g->in_heap)
+  if (s->tenants_on && !g->in_heap)
     theap_insert(s, l, g);
 }
 
@@ -841,10 +842,59 @@ static entry *group_head(cph_sched *s, lane_state *l, group *g, int64_t now, ose
   return e;
 }
 
+/* ---- prefetching: the pick's reads are known ahead, so their cache misses are started
+ * early. A wrong guess (a stale entry or slot) costs one wasted prefetch, never a wrong
+ * pick: nothing here is read for its value except to compute an address. */
+
+/* A set's ring is served front first: the session PREFETCH_SESSIONS entries on is loaded
+ * while the picks before it run. */
+enum { PREFETCH_SESSIONS = 8 };
+
+static HOT_INLINE void ring_prefetch(const cph_sched *s, const ring *r) {
+  if (r->len > PREFETCH_SESSIONS)
+    __builtin_prefetch(&s->sessions[r->items[(r->head + PREFETCH_SESSIONS) & (r->cap - 1)].sid]);
+}
+
+/* The set a group's next pick comes from, as far as can be told without promoting. */
+static HOT_INLINE const ring *group_next_ring(const group *g) {
+  return g->at_max.ring.len ? &g->at_max.ring : &g->below.ring;
+}
+
+/* Tenants on, a lane's picks go round its classes' rings, one slot at a time, and each slot
+ * leads to a group, then its set's front entry, then that entry's session — three dependent
+ * loads a pick would otherwise wait for one after another. After serving class c, each is
+ * started a few slots ahead of the pick that needs it, the earlier stages further ahead so
+ * that each stage reads what the one before it fetched. */
+enum { PREFETCH_GROUP_AT = 6, PREFETCH_ENTRY_AT = 4, PREFETCH_SESSION_AT = 2 };
+
+static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
+  uint32_t m = c->cap - 1;
+  if (c->len > PREFETCH_GROUP_AT) {
+    const group *g = c->ring[(c->head + PREFETCH_GROUP_AT) & m].g;
+    __builtin_prefetch(g);
+    __builtin_prefetch((const char *)g + 64);
+  }
+  if (c->len > PREFETCH_ENTRY_AT) {
+    const ring *r = group_next_ring(c->ring[(c->head + PREFETCH_ENTRY_AT) & m].g);
+    if (r->len)
+      __builtin_prefetch(&r->items[r->head]);
+  }
+  if (c->len > PREFETCH_SESSION_AT) {
+    const group *g = c->ring[(c->head + PREFETCH_SESSION_AT) & m].g;
+    const ring *r = group_next_ring(g);
+    if (r->len)
+      __builtin_prefetch(&s->sessions[r->items[r->head].sid]);
+    /* the finish of the session picked from it compares with its below ring's back */
+    if (g->below.ring.len)
+      __builtin_prefetch(&g->below.ring.items[(g->below.ring.head + g->below.ring.len - 1) &
+                                              (g->below.ring.cap - 1)]);
+  }
+}
+
 /* The group the lane's next pick comes from: the default tenant's, or with tenants on the
  * top of the tenant heap. NULL when none. */
 static HOT_INLINE group *lane_group(cph_sched *s, lane_state *l, int lane) {
-  if (!s->tenant_of)
+  if (!s->tenants_on)
     return &s->dflt.g[lane];
   return theap_top(l);
 }
@@ -857,8 +907,8 @@ int cph_sched_config_check(const cph_sched_config *cfg, const char **why) {
   for (int i = 0; i < CPH_LANE_COUNT && !w; i++) {
     if (cfg->turns_per_minute[i] < 0 || cfg->turns_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE ||
         cfg->tool_calls_per_minute[i] < 0 ||
-        cfg->tool_calls_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE ||
-        cfg->tokens_per_minute[i] < 0 || cfg->tokens_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE)
+        cfg->tool_calls_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE || cfg->tokens_per_minute[i] < 0 ||
+        cfg->tokens_per_minute[i] > CPH_SCHED_MAX_PER_MINUTE)
       w = "lane budgets must be from 0 to 100000000 per minute";
     else if (!(cfg->cost[i] >= 0 && cfg->cost[i] <= CPH_SCHED_MAX_CREDITS))
       w = "credit costs must be from 0 to 1000000";
@@ -1056,7 +1106,6 @@ void cph_sched_free(cph_sched *s) {
   }
   free(s->tenants);
   cph_hmap_free(&s->tenant_by_name);
-  free(s->tenant_of);
   free(s->sessions);
   free(s->free_sids);
   free(s->trickle_sids);
@@ -1122,7 +1171,7 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
   } else {
     apply_credit_config(s, cfg); /* costs */
   }
-  if (apply_tenant_config(s, cfg) && s->tenant_of)
+  if (apply_tenant_config(s, cfg) && s->tenants_on)
     tenant_reclass(s);
   keep_config(s, cfg);
   if (cfg->trickle_per_minute && s->trickle_due_ns > now + trickle_interval(s))
@@ -1132,8 +1181,7 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
 
 /* ---------------------------------------------------------------- sessions */
 
-static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t credits,
-                       cph_sid *out) {
+static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t credits, cph_sid *out) {
   if ((unsigned)lane >= CPH_LANE_COUNT || !id)
     return CPH_EINVAL;
   if (!s->n_free && s->n_sessions == s->cap_sessions &&
@@ -1157,8 +1205,6 @@ static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t cred
   se->lane = (uint8_t)lane;
   se->c0 = credits > s->c_max ? s->c_max : credits < s->c_min ? s->c_min : credits;
   se->t0 = cph_clock_now(s->clock);
-  if (s->tenant_of)
-    s->tenant_of[sid] = 0;
   s->dflt.sessions++;
   *out = sid;
   return CPH_OK;
@@ -1173,12 +1219,6 @@ int cph_sched_reserve(cph_sched *s, size_t n) {
   if (!p)
     return CPH_ENOMEM;
   s->sessions = p;
-  if (s->tenant_of) {
-    uint32_t *t = realloc(s->tenant_of, n * sizeof *t);
-    if (!t)
-      return CPH_ENOMEM; /* the larger session array is kept; cap_sessions stays */
-    s->tenant_of = t;
-  }
   s->cap_sessions = (uint32_t)n;
   return CPH_OK;
 }
@@ -1187,8 +1227,7 @@ int cph_sched_add(cph_sched *s, const char *id, cph_lane lane, cph_sid *out) {
   return add_session(s, id, lane, s->c_max, out);
 }
 
-int cph_sched_restore(cph_sched *s, const char *id, cph_lane lane, double credits,
-                      cph_sid *out) {
+int cph_sched_restore(cph_sched *s, const char *id, cph_lane lane, double credits, cph_sid *out) {
   if (!isfinite(credits))
     return CPH_EINVAL;
   return add_session(s, id, lane, credits_units(credits), out);
@@ -1219,7 +1258,7 @@ int cph_sched_remove(cph_sched *s, cph_sid sid) {
   }
   cph_sched_set_trickle(s, sid, false);
   dequeue(s, sid);
-  s->tenants[s->tenant_of ? s->tenant_of[sid] : 0]->sessions--;
+  s->tenants[s->sessions[sid].tenant]->sessions--;
   se->gen++;
   se->removed = true;
   s->n_removed++;
@@ -1287,10 +1326,8 @@ void cph_sched_trickle_ran(cph_sched *s) { trickle_started(s, cph_clock_now(s->c
 
 /* Tenants come on: every session is the default tenant's, and each lane's default group
  * joins its (new) tenant heap if it has runnable sessions. */
-static int tenants_on(cph_sched *s) {
-  s->tenant_of = calloc(s->cap_sessions ? s->cap_sessions : 1, sizeof *s->tenant_of);
-  if (!s->tenant_of)
-    return CPH_ENOMEM;
+static int enable_tenants(cph_sched *s) {
+  s->tenants_on = true;
   for (int i = 0; i < CPH_LANE_COUNT; i++) /* counted per tenant from here on */
     s->dflt.g[i].started = s->lanes[i].started_total;
   for (int i = 0; i < CPH_LANE_COUNT; i++)
@@ -1299,8 +1336,7 @@ static int tenants_on(cph_sched *s) {
         s->dflt.g[j].in_heap = false;
         lane_classes_clear(s, &s->lanes[j], j);
       }
-      free(s->tenant_of);
-      s->tenant_of = NULL;
+      s->tenants_on = false;
       return CPH_ENOMEM;
     }
   return CPH_OK;
@@ -1314,10 +1350,10 @@ int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *name) {
       return CPH_ENOMEM;
     to = t->g[0].tenant;
   }
-  uint32_t from = s->tenant_of ? s->tenant_of[sid] : 0;
+  uint32_t from = s->sessions[sid].tenant;
   if (to == from)
     return CPH_OK;
-  if (!s->tenant_of && tenants_on(s) != CPH_OK)
+  if (!s->tenants_on && enable_tenants(s) != CPH_OK)
     return CPH_ENOMEM;
   session *se = &s->sessions[sid];
   bool queued = se->where != WHERE_NONE;
@@ -1326,14 +1362,14 @@ int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *name) {
     dequeue(s, sid);
   s->tenants[from]->sessions--;
   s->tenants[to]->sessions++;
-  s->tenant_of[sid] = to;
+  se->tenant = to;
   if (queued)
     enqueue(s, sid, cph_clock_now(s->clock), queued_ns); /* keeps its place in the wait order */
   return CPH_OK;
 }
 
 const char *cph_sched_tenant(const cph_sched *s, cph_sid sid) {
-  return s->tenants[s->tenant_of ? s->tenant_of[sid] : 0]->name;
+  return s->tenants[s->sessions[sid].tenant]->name;
 }
 
 uint32_t cph_sched_tenant_count(const cph_sched *s) { return s->n_tenants; }
@@ -1349,7 +1385,7 @@ void cph_sched_tenant_stats(const cph_sched *s, uint32_t index, cph_tenant_stats
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     out->runnable[i] = t->g[i].runnable;
     /* Until tenants are on, every turn is the default tenant's and only the lane counts. */
-    out->started[i] = s->tenant_of ? t->g[i].started : index ? 0 : s->lanes[i].started_total;
+    out->started[i] = s->tenants_on ? t->g[i].started : index ? 0 : s->lanes[i].started_total;
   }
 }
 
@@ -1433,7 +1469,7 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
   if (t != CPH_SID_NONE && (lane_mask & (1u << s->sessions[t].lane))) {
     out->sid = t;
     out->trickle = true;
-    if (s->tenant_of)
+    if (s->tenants_on)
       group_of(s, t)->started++;
     start(s, t, out, now);
     trickle_started(s, now);
@@ -1451,24 +1487,23 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
       continue;
     cph_sid sid = e->sid;
     oset_pop_head(s, from, e);
-    if (s->tenant_of) {
-      /* The group's next session is read when the group is next served, many picks from
-       * now and likely out of cache by then: fetch it now. */
-      entry *next = ring_front(&from->ring);
-      if (next)
-        __builtin_prefetch(&s->sessions[next->sid]);
+    if (!s->tenants_on) /* with tenants on, class_prefetch below does it */
+      ring_prefetch(s, &from->ring);
+    if (s->tenants_on) {
       /* §3.9: the lane's virtual time moves to the tag served; the tenant's next tag is
        * one step on (start() may take it out of the heap if this was its last session). */
       l->vtime = g->vstart;
-      g->vfinish = g->vstart + s->tenants[g->tenant]->inc;
+      g->vfinish = g->vstart + g->cls->inc; /* the class's step is its tenants' step */
     }
     out->sid = sid;
     out->trickle = false;
     start(s, sid, out, now);
-    if (s->tenant_of)
+    if (s->tenants_on) {
       g->started++;
-    if (s->tenant_of)
+      tclass *c = g->cls;
       theap_served(l, g);
+      class_prefetch(s, c);
+    }
     bucket_charge(&l->turns, 1);
     return CPH_OK;
   }
@@ -1537,7 +1572,7 @@ void cph_sched_check_credits(cph_sched *s) {
   int64_t now = cph_clock_now(s->clock);
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     lane_state *l = &s->lanes[i];
-    if (!s->tenant_of) {
+    if (!s->tenants_on) {
       promote(s, l, &s->dflt.g[i], now);
       continue;
     }
@@ -1558,9 +1593,7 @@ double cph_sched_credits(const cph_sched *s, cph_sid sid) {
 }
 
 const char *cph_sched_id(const cph_sched *s, cph_sid sid) { return s->sessions[sid].id; }
-cph_lane cph_sched_lane(const cph_sched *s, cph_sid sid) {
-  return (cph_lane)s->sessions[sid].lane;
-}
+cph_lane cph_sched_lane(const cph_sched *s, cph_sid sid) { return (cph_lane)s->sessions[sid].lane; }
 bool cph_sched_is_running(const cph_sched *s, cph_sid sid) { return s->sessions[sid].running; }
 uint32_t cph_sched_running(const cph_sched *s) { return s->running; }
 uint32_t cph_sched_concurrency(const cph_sched *s) { return s->cfg.concurrency; }
@@ -1644,7 +1677,7 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   out->lane = (cph_lane)se->lane;
   out->credits = (double)credits_at(s, se, now) / 1e12;
   out->lane_runnable = l->runnable;
-  out->tenant = s->tenant_of ? s->tenant_of[sid] : 0;
+  out->tenant = s->sessions[sid].tenant;
   out->est_start_ns = -1;
   if (se->running) {
     out->reason = CPH_WHY_RUNNING;
@@ -1687,7 +1720,7 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   out->tenant_position = before + 1;
   out->tenant_runnable = g->runnable;
   out->position = out->tenant_position;
-  if (s->tenant_of) {
+  if (s->tenants_on) {
     live_iter it = {0, 0, false};
     for (group *h; (h = next_live(l, &it));)
       if (h != g)
@@ -1706,7 +1739,7 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
     /* rank and ahead_in_higher_lanes keep their meaning from before tenants: the place by
      * rule 3 (b)–(d) among the whole lane's runnable sessions. */
     out->rank = before + 1;
-    if (s->tenant_of) {
+    if (s->tenants_on) {
       live_iter it = {0, 0, false};
       for (group *h; (h = next_live(l, &it));) {
         if (h == g)
@@ -1729,13 +1762,20 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
 
 const char *cph_why_reason_name(cph_why_reason r) {
   switch (r) {
-  case CPH_WHY_NO_INPUT: return "no_input";
-  case CPH_WHY_PAUSED: return "paused";
-  case CPH_WHY_RUNNING: return "running";
-  case CPH_WHY_LANE_NO_BUDGET: return "lane_out_of_budget";
-  case CPH_WHY_CONCURRENCY_FULL: return "concurrency_full";
-  case CPH_WHY_RUNNABLE: return "runnable";
-  case CPH_WHY_SEATS_RESERVED: return "seats_reserved";
+  case CPH_WHY_NO_INPUT:
+    return "no_input";
+  case CPH_WHY_PAUSED:
+    return "paused";
+  case CPH_WHY_RUNNING:
+    return "running";
+  case CPH_WHY_LANE_NO_BUDGET:
+    return "lane_out_of_budget";
+  case CPH_WHY_CONCURRENCY_FULL:
+    return "concurrency_full";
+  case CPH_WHY_RUNNABLE:
+    return "runnable";
+  case CPH_WHY_SEATS_RESERVED:
+    return "seats_reserved";
   }
   return "unknown";
 }
@@ -1782,7 +1822,7 @@ void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out) {
   out->seats = s->cfg.seats[lane];
   out->seats_lent = lent[lane];
   out->seats_borrowed = borrowed[lane];
-  out->tenants_runnable = s->tenant_of ? l->live_groups : s->dflt.g[lane].runnable > 0;
+  out->tenants_runnable = s->tenants_on ? l->live_groups : s->dflt.g[lane].runnable > 0;
   uint64_t n = l->n_done < CPH_SCHED_WINDOW ? l->n_done : CPH_SCHED_WINDOW;
   out->window = (uint32_t)n;
   if (n) {
