@@ -96,6 +96,219 @@ static bool strs_has(char *const *v, size_t n, const char *s) {
   return false;
 }
 
+/* ---------------------------------------------------------------- texts by hash
+ *
+ * Most of a kept context's bytes are its messages' and node previews' texts, and consecutive
+ * turns of a session show nearly the same ones. So a record (version 2) holds each text's
+ * hash (msg_hashes, node_preview_hashes; msg_contents and node_previews stay empty) and the
+ * texts are kept once per session:
+ *   "turn_texts"      session\0 u64 hash -> the text's bytes
+ *   "turn_text_refs"  session\0 u64 turn -> the turn's distinct hashes, sorted, 8 bytes
+ *                                            each, big-endian
+ * Invariant: every hash named by a refs entry has its text. Keeping turn T puts the texts
+ * whose hashes the newest kept turn's refs do not name (those it names exist) — on most
+ * leases the one or two new messages, not the window. Trimming deletes a text only when no
+ * remaining turn names it. A version-1 record holds its texts and reads as before.
+ * The hash is not cryptographic: a collision within one session would show one text for
+ * another in the explorer (nothing else reads these texts). */
+
+static uint64_t text_hash(const char *s, size_t n) {
+  const uint64_t m = 0xc2b2ae3d27d4eb4full;
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    memcpy(&w, s + i, 8);
+    h = (h ^ w) * m;
+    h ^= h >> 29;
+  }
+  uint64_t w = 0;
+  memcpy(&w, s + i, n - i);
+  h = (h ^ w) * m;
+  h ^= h >> 32;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 29);
+}
+
+/* The texts of the turn being kept: messages borrowed from the turn, previews owned. */
+typedef struct text {
+  uint64_t hash;
+  const char *s;
+  size_t len;
+} text;
+
+typedef struct texts {
+  text *v;
+  size_t n, cap;
+  char **owned; /* the previews */
+  size_t n_owned;
+} texts;
+
+static int texts_add(texts *tx, const char *s, uint64_t *hash_out) {
+  if (tx->n == tx->cap) {
+    size_t cap = tx->cap ? 2 * tx->cap : 64;
+    text *p = realloc(tx->v, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    tx->v = p;
+    tx->cap = cap;
+  }
+  size_t len = strlen(s);
+  *hash_out = text_hash(s, len);
+  tx->v[tx->n++] = (text){*hash_out, s, len};
+  return CPH_OK;
+}
+
+static void texts_free(texts *tx) {
+  for (size_t i = 0; i < tx->n_owned; i++)
+    free(tx->owned[i]);
+  free(tx->owned);
+  free(tx->v);
+}
+
+static int text_cmp(const void *a, const void *b) {
+  uint64_t x = ((const text *)a)->hash, y = ((const text *)b)->hash;
+  return x < y ? -1 : x > y;
+}
+
+/* A refs value: n hashes, sorted, big-endian. Read in place (it may be unaligned). */
+static uint64_t ref_at(const cph_val *v, size_t i) {
+  return cph_be64_get((const uint8_t *)v->data + 8 * i);
+}
+
+static bool refs_has(const cph_val *v, uint64_t h) {
+  size_t lo = 0, hi = v->len / 8;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    uint64_t x = ref_at(v, mid);
+    if (x == h)
+      return true;
+    if (x < h)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return false;
+}
+
+static cph_key text_key(const char *session, uint64_t hash) { return turn_key(session, hash); }
+
+/* Keeps turn's texts: sorts and dedupes tx by hash, puts the texts the session's newest
+ * refs entry does not name, and puts the turn's refs entry. */
+static int texts_keep(cph_txn *t, const char *session, uint64_t turn, texts *tx) {
+  qsort(tx->v, tx->n, sizeof *tx->v, text_cmp);
+  size_t n = 0;
+  for (size_t i = 0; i < tx->n; i++)
+    if (n == 0 || tx->v[n - 1].hash != tx->v[i].hash)
+      tx->v[n++] = tx->v[i];
+  tx->n = n;
+  /* the session's newest refs entry: the last key with its prefix */
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, CPH_DB_TURN_TEXT_REFS, &cur);
+  if (rc)
+    return rc;
+  cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
+  size_t prefix = strlen(session) + 1;
+  cph_val k, newest = {0};
+  rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
+  if (rc == CPH_OK || rc == CPH_ENOTFOUND)
+    rc = cph_cursor_prev(&cur, &k, &newest);
+  bool have = rc == CPH_OK && k.len == prefix + 8 && memcmp(k.data, start.data, prefix) == 0;
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
+    cph_cursor_close(&cur);
+    return rc;
+  }
+  /* Decide before writing: a put may move the pages newest points into. */
+  bool *fresh = calloc(n ? n : 1, sizeof *fresh);
+  uint8_t *refs = malloc(n ? 8 * n : 1);
+  if (!fresh || !refs) {
+    cph_cursor_close(&cur);
+    free(fresh);
+    free(refs);
+    return CPH_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    fresh[i] = !have || !refs_has(&newest, tx->v[i].hash);
+    cph_be64_put(refs + 8 * i, tx->v[i].hash);
+  }
+  cph_cursor_close(&cur);
+  rc = CPH_OK;
+  for (size_t i = 0; i < n && rc == CPH_OK; i++)
+    if (fresh[i]) {
+      cph_key tk = text_key(session, tx->v[i].hash);
+      rc = cph_txn_put(t, CPH_DB_TURN_TEXTS, &tk, tx->v[i].s, tx->v[i].len);
+    }
+  if (rc == CPH_OK) {
+    cph_key rk = turn_key(session, turn);
+    rc = cph_txn_put(t, CPH_DB_TURN_TEXT_REFS, &rk, refs, 8 * n);
+  }
+  free(fresh);
+  free(refs);
+  return rc;
+}
+
+/* Turns gone[0..n) were deleted: deletes their refs entries and the texts that only they
+ * named. A text a deleted turn names stays when the oldest remaining refs entry names it
+ * (the common case: the next turn showed it too) or any other remaining one does. */
+static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, size_t n_gone) {
+  size_t prefix = strlen(session) + 1;
+  uint64_t *cand = NULL;
+  size_t n_cand = 0, cap_cand = 0;
+  int rc = CPH_OK;
+  for (size_t g = 0; g < n_gone && rc == CPH_OK; g++) {
+    cph_key rk = turn_key(session, gone[g]);
+    cph_val v;
+    rc = cph_txn_get(t, CPH_DB_TURN_TEXT_REFS, &rk, &v);
+    if (rc == CPH_ENOTFOUND) { /* a version-1 record: its texts were its own */
+      rc = CPH_OK;
+      continue;
+    }
+    size_t n = rc == CPH_OK ? v.len / 8 : 0;
+    if (n_cand + n > cap_cand) {
+      size_t cap = 2 * (n_cand + n);
+      uint64_t *p = realloc(cand, cap * sizeof *p);
+      if (!p) {
+        rc = CPH_ENOMEM;
+        break;
+      }
+      cand = p;
+      cap_cand = cap;
+    }
+    for (size_t i = 0; i < n; i++)
+      cand[n_cand++] = ref_at(&v, i);
+    if (rc == CPH_OK)
+      rc = cph_txn_del(t, CPH_DB_TURN_TEXT_REFS, &rk);
+  }
+  /* What the remaining refs entries name stays. Their values are read in place: nothing is
+   * written until the walk is over. */
+  cph_cursor cur;
+  if (rc == CPH_OK && n_cand && (rc = cph_cursor_open(t, CPH_DB_TURN_TEXT_REFS, &cur)) == 0) {
+    cph_key start = turn_key(session, 0);
+    cph_val k, v;
+    for (rc = cph_cursor_seek(&cur, &start, &k, &v); rc == CPH_OK && n_cand;
+         rc = cph_cursor_next(&cur, &k, &v)) {
+      if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+        break;
+      size_t kept = 0;
+      for (size_t i = 0; i < n_cand; i++)
+        if (!refs_has(&v, cand[i]))
+          cand[kept++] = cand[i];
+      n_cand = kept;
+    }
+    cph_cursor_close(&cur);
+    if (rc == CPH_ENOTFOUND)
+      rc = CPH_OK;
+  }
+  for (size_t i = 0; i < n_cand && rc == CPH_OK; i++) {
+    cph_key tk = text_key(session, cand[i]);
+    rc = cph_txn_del(t, CPH_DB_TURN_TEXTS, &tk);
+    if (rc == CPH_ENOTFOUND) /* named twice among the candidates */
+      rc = CPH_OK;
+  }
+  free(cand);
+  return rc;
+}
+
 /* ---------------------------------------------------------------- keeping */
 
 void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees) {
@@ -103,7 +316,8 @@ void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees) {
 }
 
 /* Fills r's tree part from tree and maps each message of ti to the live node it renders. */
-static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_turn_info *ti) {
+static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_turn_info *ti,
+                      texts *tx) {
   size_t n = tree->n;
   size_t *idx = calloc(n ? n : 1, sizeof *idx);
   bool *used = calloc(n ? n : 1, sizeof *used);
@@ -111,7 +325,8 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   r->node_ids = calloc(n ? n : 1, sizeof *r->node_ids);
   r->node_at = calloc(n ? n : 1, sizeof *r->node_at);
   r->node_roles = calloc(n ? n : 1, sizeof *r->node_roles);
-  r->node_previews = calloc(n ? n : 1, sizeof *r->node_previews);
+  r->node_preview_hashes = calloc(n ? n : 1, sizeof *r->node_preview_hashes);
+  tx->owned = calloc(n ? n : 1, sizeof *tx->owned);
   r->node_hashes = calloc(n ? n : 1, sizeof *r->node_hashes);
   r->node_ttl = calloc(n ? n : 1, sizeof *r->node_ttl);
   r->node_cadence = calloc(n ? n : 1, sizeof *r->node_cadence);
@@ -120,8 +335,8 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
   int rc = CPH_OK;
   if (!idx || !used || !at || !r->node_ids || !r->node_at || !r->node_roles ||
-      !r->node_previews || !r->node_hashes || !r->node_ttl || !r->node_cadence ||
-      !r->node_created || !r->node_flags || !r->msg_nodes) {
+      !r->node_preview_hashes || !tx->owned || !r->node_hashes || !r->node_ttl ||
+      !r->node_cadence || !r->node_created || !r->node_flags || !r->msg_nodes) {
     rc = CPH_ENOMEM;
     goto out;
   }
@@ -143,10 +358,13 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
                        (uint64_t)(nd->n_lifecycle & 0xff) << 16;
     r->node_at[i] = strdup(at[i]);
     r->node_roles[i] = strdup(nd->role ? nd->role : "");
-    r->node_previews[i] = preview(nd->content);
-    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_previews = r->n_node_hashes =
+    char *pv = tx->owned[tx->n_owned] = preview(nd->content);
+    if (pv)
+      tx->n_owned++;
+    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
         r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
-    if (!r->node_at[i] || !r->node_roles[i] || !r->node_previews[i]) {
+    if (!r->node_at[i] || !r->node_roles[i] || !pv ||
+        texts_add(tx, pv, &r->node_preview_hashes[i]) != CPH_OK) {
       rc = CPH_ENOMEM;
       goto out;
     }
@@ -155,15 +373,20 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
    * inbox turn the channel view stands for the message cores (core/context.h), so a core
    * never rendered one. */
   bool inbox = ti->kind == CPH_KIND_INBOX && ti->n_staged > 0;
-  for (size_t m = 0; m < ti->n_messages; m++) {
+  /* Messages come in render order, so the search starts past the last match: linear in
+   * messages + nodes when they line up, as they do, and still finds any that do not. */
+  size_t from = 0;
+  for (size_t m = 0; m < ti->n_messages && live > 0; m++) {
     const cph_message *msg = &ti->messages[m];
-    for (size_t i = 0; i < live; i++) {
+    for (size_t step = 0; step < live; step++) {
+      size_t i = (from + step) % live;
       const cph_pact_node *nd = &tree->nodes[idx[i]];
       if (used[i] || (inbox && nd->role) || strcmp(at[i], msg->coord) != 0 ||
           strcmp(nd->content, msg->content) != 0)
         continue;
       used[i] = true;
       r->msg_nodes[m] = nd->id;
+      from = i + 1;
       break;
     }
   }
@@ -177,7 +400,7 @@ out:
 
 /* r from ti and the tree: the strings are copies r owns (cph_record_free frees them). */
 static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *ti,
-                    const cph_pact_tree *tree) {
+                    const cph_pact_tree *tree, texts *tx) {
   r->turn_id = turn_id;
   r->session = strdup(ti->session);
   r->kind = (uint8_t)ti->kind; /* cph_turn_kind_t and the stored cph_turn_kind agree */
@@ -188,9 +411,15 @@ static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *t
   if (!r->session || (ti->input && !r->input))
     return CPH_ENOMEM;
   const cph_context_tokens *tk = &ti->tokens;
-  uint64_t tokens[N_TOKENS] = {tk->window,          tk->current_state, tk->pending_obligations,
-                               tk->conversation_history, tk->recent_memory, tk->available_tools,
-                               tk->sections,        tk->messages,      tk->history_cut,
+  uint64_t tokens[N_TOKENS] = {tk->window,
+                               tk->current_state,
+                               tk->pending_obligations,
+                               tk->conversation_history,
+                               tk->recent_memory,
+                               tk->available_tools,
+                               tk->sections,
+                               tk->messages,
+                               tk->history_cut,
                                tk->messages_cut};
   if (!(r->tokens = malloc(sizeof tokens)))
     return CPH_ENOMEM;
@@ -202,7 +431,7 @@ static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *t
       !ALLOC(obligations, ti->n_obligations) || !ALLOC(obligation_texts, ti->n_obligations) ||
       !ALLOC(history, ti->n_history) || !ALLOC(memories, ti->n_memories) ||
       !ALLOC(tools, ti->n_tools) || !ALLOC(msg_roles, ti->n_messages) ||
-      !ALLOC(msg_contents, ti->n_messages) || !ALLOC(msg_coords, ti->n_messages))
+      !ALLOC(msg_hashes, ti->n_messages) || !ALLOC(msg_coords, ti->n_messages))
     return CPH_ENOMEM;
 #undef ALLOC
   for (size_t i = 0; i < ti->n_views; i++)
@@ -224,25 +453,28 @@ static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *t
   for (size_t i = 0; i < ti->n_tools; i++)
     if ((r->tools[r->n_tools++] = strdup(ti->tools[i].name)) == NULL)
       return CPH_ENOMEM;
-  /* The messages are most of the record's bytes: borrowed from ti, which outlives the record
-   * (encoded and freed at once); messages_unborrow gives them back before it is freed. */
+  /* Roles and coordinates are borrowed from ti, which outlives the record (encoded and freed
+   * at once); messages_unborrow gives them back before it is freed. The contents go by hash
+   * (texts by hash, above). */
   for (size_t i = 0; i < ti->n_messages; i++) {
     const cph_message *m = &ti->messages[i];
     r->msg_roles[i] = m->role;
-    r->msg_contents[i] = m->content;
     r->msg_coords[i] = m->coord;
-    r->n_msg_roles = r->n_msg_contents = r->n_msg_coords = (uint32_t)i + 1;
+    r->n_msg_roles = r->n_msg_hashes = r->n_msg_coords = (uint32_t)i + 1;
+    if (texts_add(tx, m->content ? m->content : "", &r->msg_hashes[i]) != CPH_OK)
+      return CPH_ENOMEM;
   }
-  return fill_nodes(r, tree, ti);
+  return fill_nodes(r, tree, ti, tx);
 }
 
 /* Undoes fill_rec's borrowing of the turn's message strings, so freeing r leaves them be. */
 static void messages_unborrow(cph_turnctx_rec *r) {
   for (uint32_t i = 0; r->msg_roles && i < r->n_msg_roles; i++)
-    r->msg_roles[i] = r->msg_contents[i] = r->msg_coords[i] = NULL;
+    r->msg_roles[i] = r->msg_coords[i] = NULL;
 }
 
-/* Deletes the session's oldest kept contexts until at most keep remain. */
+/* Deletes the session's oldest kept contexts until at most keep remain, with their refs
+ * entries and every text no remaining turn names. */
 static int trim(cph_txn *t, const char *session, uint64_t keep) {
   cph_key start = turn_key(session, 0);
   size_t prefix = strlen(session) + 1;
@@ -260,15 +492,26 @@ static int trim(cph_txn *t, const char *session, uint64_t keep) {
   }
   if (rc == CPH_ENOTFOUND || rc == CPH_OK)
     rc = CPH_OK;
+  uint64_t *gone = count > keep ? malloc((count - keep) * sizeof *gone) : NULL;
+  size_t n_gone = 0;
+  if (count > keep && !gone)
+    rc = CPH_ENOMEM;
   for (; rc == CPH_OK && count > keep; count--) {
     rc = cph_cursor_seek(&cur, &start, &k, NULL);
     if (rc == CPH_OK && (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0))
       break;
-    if (rc == CPH_OK)
+    if (rc == CPH_OK) {
+      gone[n_gone++] = cph_be64_get((const uint8_t *)k.data + prefix);
       rc = cph_cursor_del(&cur);
+    }
   }
   cph_cursor_close(&cur);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  if (rc == CPH_ENOTFOUND)
+    rc = CPH_OK;
+  if (rc == CPH_OK && n_gone)
+    rc = texts_trim(t, session, gone, n_gone);
+  free(gone);
+  return rc;
 }
 
 void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti) {
@@ -284,14 +527,18 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
     rc = trees_load(tl->trees, &c, ti->session, &tree);
     bool tree_ok = rc == CPH_OK;
     cph_turnctx_rec r = {0};
+    texts tx = {0};
     if (rc == CPH_OK)
-      rc = fill_rec(&r, turn_id, ti, &tree);
+      rc = fill_rec(&r, turn_id, ti, &tree, &tx);
+    if (rc == CPH_OK)
+      rc = texts_keep(&c, ti->session, turn_id, &tx);
     if (rc == CPH_OK) {
       cph_key k = turn_key(ti->session, turn_id);
       rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, &r);
     }
     messages_unborrow(&r);
     cph_record_free(&cph_turnctx_desc, &r);
+    texts_free(&tx);
     if (tree_ok && c.ret == CPH_OK) /* read and unchanged: it still matches the store */
       trees_keep(tl->trees, ti->session, &tree);
     cph_pact_tree_free(&tree);
@@ -304,8 +551,7 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
     cph_txn_abort(&c);
   if (rc)
     cph_log(CPH_LOG_WARN, "turn %llu of '%s': its context is not kept: %s",
-            (unsigned long long)turn_id, ti->session,
-            c.err.msg[0] ? c.err.msg : cph_strerror(rc));
+            (unsigned long long)turn_id, ti->session, c.err.msg[0] ? c.err.msg : cph_strerror(rc));
 }
 
 int turnlog_delete_session(cph_txn *t, const char *session) { return trim(t, session, 0); }
@@ -322,10 +568,10 @@ void cph_kept_turns_free(cph_kept_turn *t, size_t n) {
 static bool rec_consistent(const cph_turnctx_rec *r) {
   uint32_t m = r->n_msg_roles, nn = r->n_node_ids;
   return r->n_tokens == N_TOKENS && r->n_msg_contents == m && r->n_msg_coords == m &&
-         r->n_msg_nodes == m && r->n_obligation_texts == r->n_obligations &&
-         r->n_node_at == nn && r->n_node_roles == nn && r->n_node_previews == nn &&
-         r->n_node_hashes == nn && r->n_node_ttl == nn && r->n_node_cadence == nn &&
-         r->n_node_created == nn && r->n_node_flags == nn;
+         r->n_msg_nodes == m && r->n_obligation_texts == r->n_obligations && r->n_node_at == nn &&
+         r->n_node_roles == nn && r->n_node_previews == nn && r->n_node_hashes == nn &&
+         r->n_node_ttl == nn && r->n_node_cadence == nn && r->n_node_created == nn &&
+         r->n_node_flags == nn;
 }
 
 static void summary_from_rec(const cph_turnctx_rec *r, cph_kept_turn *o) {
@@ -337,10 +583,9 @@ static void summary_from_rec(const cph_turnctx_rec *r, cph_kept_turn *o) {
   o->n_messages = r->n_msg_roles;
   if (r->n_tokens == N_TOKENS) {
     const uint64_t *v = r->tokens;
-    o->tokens = (cph_context_tokens){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2],
-                                     (uint32_t)v[3], (uint32_t)v[4], (uint32_t)v[5],
-                                     (uint32_t)v[6], (uint32_t)v[7], (uint32_t)v[8],
-                                     (uint32_t)v[9]};
+    o->tokens = (cph_context_tokens){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3],
+                                     (uint32_t)v[4], (uint32_t)v[5], (uint32_t)v[6], (uint32_t)v[7],
+                                     (uint32_t)v[8], (uint32_t)v[9]};
   }
 }
 
@@ -403,16 +648,65 @@ int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, siz
   return rc;
 }
 
+/* hashes[0..n) as texts from "turn_texts" into *out (n copies). */
+static int texts_get(cph_txn *t, const char *session, uint64_t turn, const uint64_t *hashes,
+                     uint32_t n, char ***out, uint32_t *n_out, cph_err *err) {
+  char **v = calloc(n ? n : 1, sizeof *v);
+  if (!v)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  *out = v;
+  for (uint32_t i = 0; i < n; i++) {
+    cph_key tk = text_key(session, hashes[i]);
+    cph_val val;
+    int rc = cph_txn_get(t, CPH_DB_TURN_TEXTS, &tk, &val);
+    if (rc == CPH_ENOTFOUND)
+      return cph_err_set(err, CPH_ECORRUPT,
+                         "database \"turn_texts\": the text %016llx of turn %llu of '%s' is "
+                         "missing",
+                         (unsigned long long)hashes[i], (unsigned long long)turn, session);
+    if (rc)
+      return cph_err_set(err, rc, "%s", t->err.msg);
+    if (!(v[i] = malloc(val.len + 1)))
+      return cph_err_set(err, CPH_ENOMEM, "out of memory");
+    memcpy(v[i], val.data, val.len);
+    v[i][val.len] = '\0';
+    *n_out = i + 1;
+  }
+  return CPH_OK;
+}
+
+/* A version-2 record's texts, looked up by hash into msg_contents and node_previews, so the
+ * rest reads every record alike. */
+static int texts_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turnctx_rec *r,
+                         cph_err *err) {
+  int rc = CPH_OK;
+  if (r->n_msg_hashes && !r->n_msg_contents) {
+    free(r->msg_contents); /* the decoded empty array */
+    r->msg_contents = NULL;
+    rc = texts_get(t, session, turn, r->msg_hashes, r->n_msg_hashes, &r->msg_contents,
+                   &r->n_msg_contents, err);
+  }
+  if (rc == CPH_OK && r->n_node_preview_hashes && !r->n_node_previews) {
+    free(r->node_previews);
+    r->node_previews = NULL;
+    rc = texts_get(t, session, turn, r->node_preview_hashes, r->n_node_preview_hashes,
+                   &r->node_previews, &r->n_node_previews, err);
+  }
+  return rc;
+}
+
 /* One kept record; CPH_ENOTFOUND with err saying which turn. */
 static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *field,
                     cph_turnctx_rec *r, cph_err *err) {
   cph_key k = turn_key(session, turn);
   int rc = cph_txn_get_record(t, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, r);
   if (rc == CPH_ENOTFOUND)
-    return cph_err_set(err, rc, "%s: turn %llu of '%s' is not kept (:context :keep-turns)",
-                       field, (unsigned long long)turn, session);
+    return cph_err_set(err, rc, "%s: turn %llu of '%s' is not kept (:context :keep-turns)", field,
+                       (unsigned long long)turn, session);
   if (rc)
     return cph_err_set(err, rc, "%s", t->err.msg);
+  if ((rc = texts_resolve(t, session, turn, r, err)) != CPH_OK)
+    return rc;
   if (!rec_consistent(r))
     return cph_err_set(err, CPH_ECORRUPT,
                        "corrupt record in database \"turn_contexts\" at turn %llu of '%s': "
@@ -581,8 +875,8 @@ typedef struct diff {
 } diff;
 
 /* Appends a change; the strings are copied, detail is handed over. */
-static cph_context_change *add(diff *d, const char *part, const char *change,
-                               const char *reason, char *detail, uint64_t id) {
+static cph_context_change *add(diff *d, const char *part, const char *change, const char *reason,
+                               char *detail, uint64_t id) {
   if (d->rc) {
     free(detail);
     return NULL;
@@ -636,17 +930,17 @@ static const char *node_left_reason(const diff *d, uint32_t i, char **detail) {
   uint64_t created = a->node_created[i], flags = a->node_flags[i];
   bool expired = ttl >= 1 && b->episode >= created + (uint64_t)ttl;
   if (j >= 0) { /* still in the tree, not rendered: waiting for its cadence */
-    *detail = fmt("ttl %lld from episode %llu expired at episode %llu; it waits to be re-created "
-                  "every %lld episodes",
-                  (long long)ttl, (unsigned long long)created,
-                  (unsigned long long)(created + (uint64_t)(ttl > 0 ? ttl : 0)),
-                  (long long)cadence);
+    *detail =
+        fmt("ttl %lld from episode %llu expired at episode %llu; it waits to be re-created "
+            "every %lld episodes",
+            (long long)ttl, (unsigned long long)created,
+            (unsigned long long)(created + (uint64_t)(ttl > 0 ? ttl : 0)), (long long)cadence);
     return "cadence";
   }
   if (d->backwards && created >= b->episode) {
-    *detail = fmt("created at episode %llu, after turn %llu (episode %llu)",
-                  (unsigned long long)created, (unsigned long long)b->turn_id,
-                  (unsigned long long)b->episode);
+    *detail =
+        fmt("created at episode %llu, after turn %llu (episode %llu)", (unsigned long long)created,
+            (unsigned long long)b->turn_id, (unsigned long long)b->episode);
     return "not_yet_created";
   }
   if (d->backwards)
@@ -801,7 +1095,8 @@ static void diff_messages(diff *d) {
   for (uint32_t i = 0; i < na; i++) {
     match[i] = -1;
     for (uint32_t j = 0; j < nb; j++)
-      if (!taken[j] && same_message(a, i, b, j) && strcmp(a->msg_coords[i], b->msg_coords[j]) == 0) {
+      if (!taken[j] && same_message(a, i, b, j) &&
+          strcmp(a->msg_coords[i], b->msg_coords[j]) == 0) {
         match[i] = j;
         taken[j] = true;
         break;
@@ -896,10 +1191,9 @@ static void diff_history(diff *d) {
     char *sender = NULL, *body = NULL, *channel = NULL;
     event_now(d->t, id, &sender, &body, &channel);
     const char *reason = ids_has(a->staged_events, a->n_staged_events, id) ? "staged" : "new";
-    char *detail = strcmp(reason, "staged") == 0
-                       ? fmt("a staged message of turn %llu, now history",
-                             (unsigned long long)a->turn_id)
-                       : NULL;
+    char *detail = strcmp(reason, "staged") == 0 ? fmt("a staged message of turn %llu, now history",
+                                                       (unsigned long long)a->turn_id)
+                                                 : NULL;
     cph_context_change *c = add(d, "conversation_history", "entered", reason, detail, id);
     set_strs(d, c, sender, body, channel, NULL);
     free(sender);
@@ -933,9 +1227,9 @@ static void diff_memories(diff *d) {
       detail = fmt("compacted into summary %llu", (unsigned long long)m.replaced_by);
     } else if (m.deleted) {
       reason = "deleted";
-    } else if (m.source_event_id && (ids_has(b->history, b->n_history, m.source_event_id) ||
-                                     ids_has(b->staged_events, b->n_staged_events,
-                                             m.source_event_id))) {
+    } else if (m.source_event_id &&
+               (ids_has(b->history, b->n_history, m.source_event_id) ||
+                ids_has(b->staged_events, b->n_staged_events, m.source_event_id))) {
       reason = "shown_as_history";
       detail = fmt("minted from event %llu, which turn %llu shows itself",
                    (unsigned long long)m.source_event_id, (unsigned long long)b->turn_id);
@@ -971,9 +1265,9 @@ static void diff_obligations(diff *d) {
     return;
   cph_turn_rec tr = {0};
   cph_key k = u64_key(a->turn_id);
-  bool completed = cph_txn_get_record_some(d->t, CPH_DB_TURNS, &k, &cph_turn_desc, &tr, 0) ==
-                       CPH_OK &&
-                   tr.state == CPH_TURN_COMPLETED;
+  bool completed =
+      cph_txn_get_record_some(d->t, CPH_DB_TURNS, &k, &cph_turn_desc, &tr, 0) == CPH_OK &&
+      tr.state == CPH_TURN_COMPLETED;
   cph_record_free(&cph_turn_desc, &tr);
   for (uint32_t i = 0; i < a->n_obligations && !d->rc; i++) {
     uint64_t id = a->obligations[i];

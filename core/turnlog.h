@@ -12,13 +12,17 @@
  * the content, ttl, cadence, created_at_episode, lifecycle stage). A lease that left parts out
  * (`include`) keeps what was assembled: those parts are empty and `omit` names them, so the
  * diff says it cannot compare them rather than report them as gone.
+ * The messages' contents and the nodes' previews are kept by hash, each text once per session
+ * ("turn_texts", with "turn_text_refs" naming each turn's texts; turnlog.c says how): a lease
+ * writes the texts that are new since the session's newest kept turn, not its whole window.
  *
  * ---- The bound ----
  * Writing a turn's context deletes the session's oldest ones beyond keep-turns in the same
  * transaction, so a session never holds more than keep-turns (after a policy change, from its
  * next lease on). keep-turns 0 writes nothing and deletes what the session kept. Cost per
- * lease: one tree load (the tree store's cache), one put, a cursor walk over at most
- * keep-turns + 1 keys. Keeping runs in a nested transaction: a failure (a full map) loses
+ * lease: one tree load (the tree store's cache), the texts hashed, one put for the record,
+ * one for its refs and one per new text, a cursor walk over at most keep-turns + 1 keys, and
+ * the trimmed turn's texts that no remaining turn names deleted. Keeping runs in a nested transaction: a failure (a full map) loses
  * the kept context, never the lease.
  *
  * ---- The diff (from -> to) ----

@@ -23,6 +23,8 @@
   {#member, CPH_F_U8, offsetof(rec, member), 0, (count), (version)}
 #define FIELD_SINCE(rec, type, member, version) \
   {#member, type, offsetof(rec, member), 0, 0, (version)}
+#define ARRAY_SINCE(rec, type, member, counter, version) \
+  {#member, type, offsetof(rec, member), offsetof(rec, counter), 0, (version)}
 
 #define R cph_session_rec
 static const cph_field session_fields[] = {
@@ -280,6 +282,9 @@ static const cph_field turnctx_fields[] = {
     ARRAY(R, CPH_F_I64_ARRAY, node_cadence, n_node_cadence),
     ARRAY(R, CPH_F_U64_ARRAY, node_created, n_node_created),
     ARRAY(R, CPH_F_U64_ARRAY, node_flags, n_node_flags),
+    /* version 2: the texts by hash; a version-1 record reads none and holds its texts */
+    ARRAY_SINCE(R, CPH_F_U64_ARRAY, msg_hashes, n_msg_hashes, 2),
+    ARRAY_SINCE(R, CPH_F_U64_ARRAY, node_preview_hashes, n_node_preview_hashes, 2),
 };
-DESC(cph_turnctx_desc, "turn context", 1, R, turnctx_fields);
+DESC_COMPAT(cph_turnctx_desc, "turn context", 2, 1, R, turnctx_fields);
 #undef R

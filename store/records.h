@@ -329,6 +329,12 @@ typedef struct cph_turnctx_rec {
   uint64_t *node_flags; /* bit 0 waiting for its cadence; bits 8-15 the lifecycle stage;
                          * bits 16-23 the lifecycle's stage count (0 = none) */
   uint32_t n_node_flags;
+  /* Since version 2: the texts by hash (core/turnlog.c keeps them in "turn_texts"), and then
+   * msg_contents and node_previews are stored empty. A version-1 record holds the texts. */
+  uint64_t *msg_hashes;
+  uint32_t n_msg_hashes;
+  uint64_t *node_preview_hashes;
+  uint32_t n_node_preview_hashes;
 } cph_turnctx_rec;
 
 /* ---- generic codec over field tables ---- */

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "store/store.h"
+
 #include "tests/support/api.h"
 #include "tests/support/daemon.h"
 #include "tests/support/testutil.h"
@@ -79,8 +81,9 @@ static json_t *ok(fixture *f, const char *method, const char *path, const char *
 
 static void session(fixture *f, const char *id, const char *extra) {
   char body[256];
-  snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\",\"subscribe\":[\"%s-chan\"]%s}",
-           id, id, extra ? extra : "");
+  snprintf(body, sizeof body,
+           "{\"id\":\"%s\",\"class\":\"interactive\",\"subscribe\":[\"%s-chan\"]%s}", id, id,
+           extra ? extra : "");
   json_decref(ok(f, "POST", "/v1/sessions", body));
 }
 
@@ -95,7 +98,8 @@ static void node(fixture *f, const char *sid, const char *json) {
 static json_int_t turn_with(fixture *f, const char *sid, const char *body, const char *include) {
   char json[1024];
   snprintf(json, sizeof json,
-           "{\"events\":[{\"channel\":\"%s-chan\",\"sender\":\"ann\",\"body\":\"%s\"}]}", sid, body);
+           "{\"events\":[{\"channel\":\"%s-chan\",\"sender\":\"ann\",\"body\":\"%s\"}]}", sid,
+           body);
   json_decref(ok(f, "POST", "/v1/events", json));
   snprintf(json, sizeof json, "{\"worker\":\"w\",\"wait_ms\":5000%s%s}",
            include ? ",\"include\":" : "", include ? include : "");
@@ -105,9 +109,10 @@ static json_int_t turn_with(fixture *f, const char *sid, const char *body, const
   json_int_t id = json_integer_value(json_object_get(t, "id"));
   char path[64];
   snprintf(path, sizeof path, "/v1/turns/%lld/complete", (long long)id);
-  snprintf(json, sizeof json,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},\"reply\":{\"body\":\"re: %s\"}}",
-           json_string_value(json_object_get(t, "lease")), body);
+  snprintf(
+      json, sizeof json,
+      "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},\"reply\":{\"body\":\"re: %s\"}}",
+      json_string_value(json_object_get(t, "lease")), body);
   json_decref(ok(f, "POST", path, json));
   json_decref(l);
   return id;
@@ -252,10 +257,12 @@ static void test_parts_left_out_by_include_are_named_not_reported_gone(void **st
   bool history = false;
   size_t i;
   json_t *v;
-  json_array_foreach(omitted, i, v) history |= strcmp(json_string_value(v), "sections.conversation_history") == 0;
+  json_array_foreach(omitted, i, v) history |=
+      strcmp(json_string_value(v), "sections.conversation_history") == 0;
   assert_true(history);
   /* pending_obligations were left out of b: nothing is reported as gone from them */
-  assert_int_equal(json_array_size(json_object_get(json_object_get(d, "pending_obligations"), "left")), 0);
+  assert_int_equal(
+      json_array_size(json_object_get(json_object_get(d, "pending_obligations"), "left")), 0);
   /* messages were kept for both: compared */
   assert_non_null(change(d, "messages", "entered", "second"));
   json_decref(d);
@@ -321,8 +328,8 @@ static void test_keep_turns_bounds_the_kept_contexts_per_session(void **state) {
   assert_int_equal(json_integer_value(json_object_get(json_array_get(t, 0), "id")), other);
   json_decref(t);
   char path[160];
-  snprintf(path, sizeof path, "/v1/sessions/k1/context/diff?from=%lld&to=%lld",
-           (long long)ids[0], (long long)ids[4]);
+  snprintf(path, sizeof path, "/v1/sessions/k1/context/diff?from=%lld&to=%lld", (long long)ids[0],
+           (long long)ids[4]);
   cph_test_response r = cph_test_api(f->d.port, "GET", path, NULL, NULL);
   cph_test_expect_error(&r, 404, "not_found", "from"); /* dropped by the bound */
   cph_test_response_free(&r);
@@ -334,6 +341,99 @@ static void test_keep_turns_bounds_the_kept_contexts_per_session(void **state) {
   t = kept(f, "k1");
   assert_int_equal(json_array_size(t), 0);
   json_decref(t);
+}
+
+/* The texts of turn_texts: how many, and their bytes. */
+static void texts_held(const char *dir, size_t *n, size_t *bytes) {
+  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
+  cph_store *st;
+  cph_err err;
+  assert_int_equal(cph_store_open(&o, &st, &err), CPH_OK);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_TURN_TEXTS, &c), CPH_OK);
+  *n = *bytes = 0;
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
+    (*n)++;
+    *bytes += v.len;
+  }
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  cph_store_close(st);
+}
+
+/* A kept context is stored as hashes and each text once per session (core/turnlog.c):
+ * what the explorer reads back is exactly what the lease gave the worker, turn after turn,
+ * while the texts held stay about one window's worth however many turns pass, and go with
+ * the session. */
+static void test_kept_texts_are_stored_once_and_read_back_exactly(void **state) {
+  fixture *f = *state;
+  session(f, "x1", ",\"system\":\"You are a careful assistant.\"");
+  enum { TURNS = 12 };
+  json_int_t ids[TURNS];
+  json_t *leased[TURNS];
+  size_t leased_bytes = 0;
+  for (int i = 0; i < TURNS; i++) {
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"events\":[{\"channel\":\"x1-chan\",\"sender\":\"ann\",\"body\":\"message "
+             "%d: the staging cluster needs a restart before the %d o'clock deploy\"}]}",
+             i, i % 12 + 1);
+    json_decref(ok(f, "POST", "/v1/events", json));
+    json_t *l = ok(f, "POST", "/v1/turns/lease", "{\"worker\":\"w\",\"wait_ms\":5000}");
+    json_t *t = json_object_get(l, "turn");
+    ids[i] = json_integer_value(json_object_get(t, "id"));
+    leased[i] = json_incref(json_object_get(t, "messages"));
+    char path[64];
+    snprintf(path, sizeof path, "/v1/turns/%lld/complete", (long long)ids[i]);
+    snprintf(json, sizeof json,
+             "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
+             "\"reply\":{\"body\":\"done with %d\"}}",
+             json_string_value(json_object_get(t, "lease")), i);
+    json_decref(ok(f, "POST", path, json));
+    json_decref(l);
+  }
+  /* the newest three are kept (keep-turns 3), each message as leased, in order */
+  for (int i = TURNS - 3; i < TURNS; i++) {
+    char path[96];
+    snprintf(path, sizeof path, "/v1/sessions/x1/turns/%lld/context", (long long)ids[i]);
+    json_t *c = ok(f, "GET", path, NULL);
+    json_t *got = json_object_get(c, "messages");
+    assert_int_equal(json_array_size(got), json_array_size(leased[i]));
+    assert_true(json_array_size(got) >= 2 * (size_t)(i / 2)); /* the history grows */
+    for (size_t m = 0; m < json_array_size(got); m++) {
+      json_t *a = json_array_get(leased[i], m), *b = json_array_get(got, m);
+      assert_string_equal(json_string_value(json_object_get(b, "role")),
+                          json_string_value(json_object_get(a, "role")));
+      const char *content = json_string_value(json_object_get(a, "content"));
+      assert_string_equal(json_string_value(json_object_get(b, "content")), content);
+      leased_bytes += strlen(content);
+    }
+    json_decref(c);
+  }
+  for (int i = 0; i < TURNS; i++)
+    json_decref(leased[i]);
+  char *dir = strdup(f->d.data_dir);
+  f->d.keep_data = true;
+  assert_int_equal(cph_test_daemon_stop(&f->d), 0);
+  size_t n, bytes;
+  texts_held(dir, &n, &bytes);
+  /* three kept turns share all but their newest messages: the texts are held once */
+  assert_true(n > 0);
+  assert_true(bytes * 2 < leased_bytes);
+
+  /* deleting the session deletes its texts */
+  assert_int_equal(cph_test_daemon_start(&f->d, f->policy, dir, NULL), 0);
+  json_decref(ok(f, "DELETE", "/v1/sessions/x1", NULL));
+  f->d.keep_data = true;
+  assert_int_equal(cph_test_daemon_stop(&f->d), 0);
+  texts_held(dir, &n, &bytes);
+  assert_int_equal(n, 0);
+  assert_int_equal(cph_test_daemon_start(&f->d, f->policy, dir, NULL), 0); /* for teardown */
+  f->d.keep_data = false;                                                  /* teardown removes it */
+  free(dir);
 }
 
 static void test_keep_turns_zero_keeps_nothing(void **state) {
@@ -360,7 +460,8 @@ static void test_cephalonctl_context_diff_prints_the_reasons(void **state) {
   const char *argv[] = {exe, "--url", url, "context", "diff", "c1", from, to, NULL};
   assert_int_equal(cph_test_run(argv, &out, &err), 0);
   char head[160];
-  snprintf(head, sizeof head, "c1: turn %s (inbox, episode 0) -> turn %s (inbox, episode 1)", from, to);
+  snprintf(head, sizeof head, "c1: turn %s (inbox, episode 0) -> turn %s (inbox, episode 1)", from,
+           to);
   assert_non_null(strstr(out, head));
   bool found = false; /* one row: node, left, ttl_expired, the content and the detail */
   for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
@@ -421,8 +522,8 @@ static void test_sessions_list_finds_ids_by_prefix(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_diff_names_what_entered_and_left_with_the_reason,
-                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_diff_names_what_entered_and_left_with_the_reason, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_history_cut_by_the_window_is_window_budget, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_parts_left_out_by_include_are_named_not_reported_gone,
@@ -431,6 +532,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_keep_turns_bounds_the_kept_contexts_per_session,
                                       setup_keep3, teardown),
       cmocka_unit_test_setup_teardown(test_keep_turns_zero_keeps_nothing, setup_keep0, teardown),
+      cmocka_unit_test_setup_teardown(test_kept_texts_are_stored_once_and_read_back_exactly,
+                                      setup_keep3, teardown),
       cmocka_unit_test_setup_teardown(test_cephalonctl_context_diff_prints_the_reasons, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_sessions_list_finds_ids_by_prefix, setup, teardown),
