@@ -52,15 +52,6 @@ static char *fmt(const char *f, ...) {
 
 static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
 
-static uint64_t fnv1a(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (const unsigned char *p = (const unsigned char *)s; p && *p; p++) {
-    h ^= *p;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 /* The first PREVIEW_MAX bytes of s, cut on a UTF-8 boundary. */
 static char *preview(const char *s) {
   size_t n = s ? strlen(s) : 0;
@@ -252,8 +243,8 @@ static int texts_keep(cph_txn *t, const char *session, uint64_t turn, texts *tx)
  * (the common case: the next turn showed it too) or any other remaining one does. */
 static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, size_t n_gone) {
   size_t prefix = strlen(session) + 1;
-  uint64_t *cand = NULL;
-  size_t n_cand = 0, cap_cand = 0;
+  uint64_t *dead = NULL;
+  size_t n_dead = 0, cap_dead = 0;
   int rc = CPH_OK;
   for (size_t g = 0; g < n_gone && rc == CPH_OK; g++) {
     cph_key rk = turn_key(session, gone[g]);
@@ -264,48 +255,48 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
       continue;
     }
     size_t n = rc == CPH_OK ? v.len / 8 : 0;
-    if (n_cand + n > cap_cand) {
-      size_t cap = 2 * (n_cand + n);
-      uint64_t *p = realloc(cand, cap * sizeof *p);
+    if (n_dead + n > cap_dead) {
+      size_t cap = 2 * (n_dead + n);
+      uint64_t *p = realloc(dead, cap * sizeof *p);
       if (!p) {
         rc = CPH_ENOMEM;
         break;
       }
-      cand = p;
-      cap_cand = cap;
+      dead = p;
+      cap_dead = cap;
     }
     for (size_t i = 0; i < n; i++)
-      cand[n_cand++] = ref_at(&v, i);
+      dead[n_dead++] = ref_at(&v, i);
     if (rc == CPH_OK)
       rc = cph_txn_del(t, CPH_DB_TURN_TEXT_REFS, &rk);
   }
   /* What the remaining refs entries name stays. Their values are read in place: nothing is
    * written until the walk is over. */
   cph_cursor cur;
-  if (rc == CPH_OK && n_cand && (rc = cph_cursor_open(t, CPH_DB_TURN_TEXT_REFS, &cur)) == 0) {
+  if (rc == CPH_OK && n_dead && (rc = cph_cursor_open(t, CPH_DB_TURN_TEXT_REFS, &cur)) == 0) {
     cph_key start = turn_key(session, 0);
     cph_val k, v;
-    for (rc = cph_cursor_seek(&cur, &start, &k, &v); rc == CPH_OK && n_cand;
+    for (rc = cph_cursor_seek(&cur, &start, &k, &v); rc == CPH_OK && n_dead;
          rc = cph_cursor_next(&cur, &k, &v)) {
       if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
         break;
       size_t kept = 0;
-      for (size_t i = 0; i < n_cand; i++)
-        if (!refs_has(&v, cand[i]))
-          cand[kept++] = cand[i];
-      n_cand = kept;
+      for (size_t i = 0; i < n_dead; i++)
+        if (!refs_has(&v, dead[i]))
+          dead[kept++] = dead[i];
+      n_dead = kept;
     }
     cph_cursor_close(&cur);
     if (rc == CPH_ENOTFOUND)
       rc = CPH_OK;
   }
-  for (size_t i = 0; i < n_cand && rc == CPH_OK; i++) {
-    cph_key tk = text_key(session, cand[i]);
+  for (size_t i = 0; i < n_dead && rc == CPH_OK; i++) {
+    cph_key tk = text_key(session, dead[i]);
     rc = cph_txn_del(t, CPH_DB_TURN_TEXTS, &tk);
     if (rc == CPH_ENOTFOUND) /* named twice among the candidates */
       rc = CPH_OK;
   }
-  free(cand);
+  free(dead);
   return rc;
 }
 
@@ -315,6 +306,20 @@ void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees) {
   *tl = (cph_turnlog){env, trees};
 }
 
+/* A node that may have rendered a message: its coordinate and its place in render order. */
+typedef struct cand {
+  const char *at;
+  size_t i;
+} cand;
+
+/* By coordinate, then render order, so the first unused of equal candidates is the first in
+ * render order. */
+static int cand_cmp(const void *x, const void *y) {
+  const cand *a = x, *b = y;
+  int c = strcmp(a->at, b->at);
+  return c ? c : (a->i > b->i) - (a->i < b->i);
+}
+
 /* Fills r's tree part from tree and maps each message of ti to the live node it renders. */
 static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_turn_info *ti,
                       texts *tx) {
@@ -322,6 +327,7 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   size_t *idx = calloc(n ? n : 1, sizeof *idx);
   bool *used = calloc(n ? n : 1, sizeof *used);
   char(*at)[48] = calloc(n ? n : 1, sizeof *at);
+  cand *cands = calloc(n ? n : 1, sizeof *cands);
   r->node_ids = calloc(n ? n : 1, sizeof *r->node_ids);
   r->node_at = calloc(n ? n : 1, sizeof *r->node_at);
   r->node_roles = calloc(n ? n : 1, sizeof *r->node_roles);
@@ -334,7 +340,7 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   r->node_flags = calloc(n ? n : 1, sizeof *r->node_flags);
   r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
   int rc = CPH_OK;
-  if (!idx || !used || !at || !r->node_ids || !r->node_at || !r->node_roles ||
+  if (!idx || !used || !at || !cands || !r->node_ids || !r->node_at || !r->node_roles ||
       !r->node_preview_hashes || !tx->owned || !r->node_hashes || !r->node_ttl ||
       !r->node_cadence || !r->node_created || !r->node_flags || !r->msg_nodes) {
     rc = CPH_ENOMEM;
@@ -350,7 +356,7 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
     const cph_pact_node *nd = &tree->nodes[idx[i]];
     cph_coord_format(&nd->at, at[i]);
     r->node_ids[i] = nd->id;
-    r->node_hashes[i] = fnv1a(nd->content);
+    r->node_hashes[i] = text_hash(nd->content, strlen(nd->content)); /* version 2's hash */
     r->node_ttl[i] = nd->ttl;
     r->node_cadence[i] = nd->cadence;
     r->node_created[i] = nd->created_at_episode;
@@ -373,20 +379,30 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
    * inbox turn the channel view stands for the message cores (core/context.h), so a core
    * never rendered one. */
   bool inbox = ti->kind == CPH_KIND_INBOX && ti->n_staged > 0;
-  /* Messages come in render order, so the search starts past the last match: linear in
-   * messages + nodes when they line up, as they do, and still finds any that do not. */
-  size_t from = 0;
-  for (size_t m = 0; m < ti->n_messages && live > 0; m++) {
+  /* The nodes that may have rendered a message, sorted by coordinate, so each message finds
+   * its candidates by binary search: O((messages + nodes) log nodes), not their product. */
+  size_t n_cand = 0;
+  for (size_t i = 0; i < live; i++)
+    if (!(inbox && tree->nodes[idx[i]].role))
+      cands[n_cand++] = (cand){at[i], i};
+  qsort(cands, n_cand, sizeof *cands, cand_cmp);
+  for (size_t m = 0; m < ti->n_messages; m++) {
     const cph_message *msg = &ti->messages[m];
-    for (size_t step = 0; step < live; step++) {
-      size_t i = (from + step) % live;
+    size_t lo = 0, hi = n_cand;
+    while (lo < hi) { /* the first candidate whose coordinate is not below msg's */
+      size_t mid = lo + (hi - lo) / 2;
+      if (strcmp(cands[mid].at, msg->coord) < 0)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    for (size_t c = lo; c < n_cand && strcmp(cands[c].at, msg->coord) == 0; c++) {
+      size_t i = cands[c].i;
       const cph_pact_node *nd = &tree->nodes[idx[i]];
-      if (used[i] || (inbox && nd->role) || strcmp(at[i], msg->coord) != 0 ||
-          strcmp(nd->content, msg->content) != 0)
+      if (used[i] || strcmp(nd->content, msg->content) != 0)
         continue;
       used[i] = true;
       r->msg_nodes[m] = nd->id;
-      from = i + 1;
       break;
     }
   }
@@ -395,6 +411,7 @@ out:
   free(idx);
   free(used);
   free(at);
+  free(cands);
   return rc;
 }
 
@@ -965,12 +982,25 @@ static const char *node_left_reason(const diff *d, uint32_t i, char **detail) {
   return "deleted";
 }
 
+/* Version 1 hashed node contents with FNV-1a, version 2 with text_hash: between two records
+ * of different versions (the turns around an upgrade) the previews stand in for the hashes. */
+static bool hashes_v2(const cph_turnctx_rec *r) {
+  return r->n_node_preview_hashes > 0 || r->n_msg_hashes > 0;
+}
+
+static bool same_content(const cph_turnctx_rec *a, uint32_t i, const cph_turnctx_rec *b,
+                         uint32_t j) {
+  if (hashes_v2(a) == hashes_v2(b))
+    return a->node_hashes[i] == b->node_hashes[j];
+  return strcmp(a->node_previews[i], b->node_previews[j]) == 0;
+}
+
 /* Why node j of b is rendered in b and was not in a. */
 static const char *node_entered_reason(const diff *d, uint32_t j, char **detail) {
   const cph_turnctx_rec *a = d->a, *b = d->b;
   if (b->node_cadence[j] > 0) { /* a re-creation: same place and content, a new id */
     for (uint32_t i = 0; i < a->n_node_ids; i++) {
-      if (a->node_ids[i] != b->node_ids[j] && a->node_hashes[i] == b->node_hashes[j] &&
+      if (a->node_ids[i] != b->node_ids[j] && same_content(a, i, b, j) &&
           strcmp(a->node_at[i], b->node_at[j]) == 0) {
         *detail = fmt("re-created at episode %llu by its cadence (every %lld episodes) from node "
                       "%llu",
@@ -997,7 +1027,7 @@ static void diff_nodes(diff *d) {
     long j = node_index(b, a->node_ids[i]);
     if (node_live(b, j)) {
       bool moved = strcmp(a->node_at[i], b->node_at[j]) != 0;
-      bool content = a->node_hashes[i] != b->node_hashes[j];
+      bool content = !same_content(a, i, b, (uint32_t)j);
       if (a->node_roles[i][0] || (!moved && !content))
         continue; /* cores move every turn: not listed */
       char *detail = NULL;
