@@ -7,8 +7,7 @@
 
 #include "cephalon/error.h"
 
-/* Ensures room for `extra` more bytes plus the NUL. */
-static bool buf_reserve(cph_buf *b, size_t extra) {
+bool cph_buf_grow(cph_buf *b, size_t extra) {
   if (b->failed)
     return false;
   if (extra > (size_t)-1 / 2 - b->len) {
@@ -31,18 +30,7 @@ static bool buf_reserve(cph_buf *b, size_t extra) {
   return true;
 }
 
-void cph_buf_append(cph_buf *b, const void *data, size_t len) {
-  if (!buf_reserve(b, len))
-    return;
-  if (len)
-    memcpy(b->data + b->len, data, len);
-  b->len += len;
-  b->data[b->len] = '\0';
-}
-
 void cph_buf_puts(cph_buf *b, const char *s) { cph_buf_append(b, s, strlen(s)); }
-
-void cph_buf_putc(cph_buf *b, char c) { cph_buf_append(b, &c, 1); }
 
 void cph_buf_printf(cph_buf *b, const char *fmt, ...) {
   va_list ap;
@@ -58,7 +46,7 @@ void cph_buf_printf(cph_buf *b, const char *fmt, ...) {
     cph_buf_append(b, small, (size_t)n);
     return;
   }
-  if (!buf_reserve(b, (size_t)n))
+  if (!cph_buf_grow(b, (size_t)n))
     return;
   va_start(ap, fmt);
   vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
@@ -85,7 +73,7 @@ char *cph_buf_steal(cph_buf *b) {
     cph_buf_free(b);
     return NULL;
   }
-  if (!b->data && !buf_reserve(b, 0))
+  if (!b->data && !cph_buf_grow(b, 0))
     return NULL;
   if (!b->data)
     return NULL;

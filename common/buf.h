@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 
 typedef struct cph_buf {
   char *data;  /* NULL until the first append */
@@ -18,9 +19,23 @@ typedef struct cph_buf {
 
 #define CPH_BUF_INIT {NULL, 0, 0, false}
 
-void cph_buf_append(cph_buf *b, const void *data, size_t len);
+/* The appends' slow path: makes room for `extra` more bytes and the NUL (false: failed). */
+bool cph_buf_grow(cph_buf *b, size_t extra);
+
+/* Inline: a response body is written a few bytes at a time, so the common case — room left —
+ * must cost a compare and a copy, not a call. */
+static inline void cph_buf_append(cph_buf *b, const void *data, size_t len) {
+  if ((b->failed || b->cap - b->len <= len) && !cph_buf_grow(b, len))
+    return;
+  if (len)
+    memcpy(b->data + b->len, data, len);
+  b->len += len;
+  b->data[b->len] = '\0';
+}
+
+static inline void cph_buf_putc(cph_buf *b, char c) { cph_buf_append(b, &c, 1); }
+
 void cph_buf_puts(cph_buf *b, const char *s);
-void cph_buf_putc(cph_buf *b, char c);
 void cph_buf_printf(cph_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cph_buf_reset(cph_buf *b); /* len = 0, keeps the allocation, clears failure */
 void cph_buf_free(cph_buf *b);

@@ -94,7 +94,7 @@ static bool strs_has(char *const *v, size_t n, const char *s) {
  * hash (msg_hashes, node_preview_hashes; msg_contents and node_previews stay empty) and the
  * texts are kept once per session:
  *   "turn_texts"      session\0 u64 hash -> the text's bytes
- *   "turn_text_refs"  session\0 u64 turn -> the turn's distinct hashes, sorted, 8 bytes
+ *   "turn_text_refs"  session\0 u64 turn -> the turn's distinct hashes, 8 bytes
  *                                            each, big-endian
  * Invariant: every hash named by a refs entry has its text. Keeping turn T puts the texts
  * whose hashes the newest kept turn's refs do not name (those it names exist) — on most
@@ -157,46 +157,96 @@ static void texts_free(texts *tx) {
   free(tx->v);
 }
 
-static int text_cmp(const void *a, const void *b) {
-  uint64_t x = ((const text *)a)->hash, y = ((const text *)b)->hash;
-  return x < y ? -1 : x > y;
-}
-
-/* A refs value: n hashes, sorted, big-endian. Read in place (it may be unaligned). */
+/* A refs value: n hashes, big-endian. Read in place (it may be unaligned). */
 static uint64_t ref_at(const cph_val *v, size_t i) {
   return cph_be64_get((const uint8_t *)v->data + 8 * i);
 }
 
-static bool refs_has(const cph_val *v, uint64_t h) {
-  size_t lo = 0, hi = v->len / 8;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    uint64_t x = ref_at(v, mid);
-    if (x == h)
-      return true;
-    if (x < h)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return false;
-}
-
 static cph_key text_key(const char *session, uint64_t hash) { return turn_key(session, hash); }
 
-/* Keeps turn's texts: sorts and dedupes tx by hash, puts the texts the session's newest
- * refs entry does not name, and puts the turn's refs entry. */
+/* A set of hashes (open addressing; the hashes are already well mixed, so their low bits
+ * index it), with a mark per member. A turn has a few hundred texts: no sort, O(n). */
+typedef struct hset {
+  uint64_t *slot; /* 0 = empty; the hash 0 is kept in zero/zero_mark */
+  bool *mark;
+  size_t mask;
+  bool zero, zero_mark;
+} hset;
+
+static int hset_init(hset *h, size_t n) {
+  size_t cap = 16;
+  while (cap < 2 * n)
+    cap *= 2;
+  *h = (hset){calloc(cap, sizeof *h->slot), calloc(cap, sizeof *h->mark), cap - 1, false, false};
+  return h->slot && h->mark ? CPH_OK : CPH_ENOMEM;
+}
+
+static void hset_free(hset *h) {
+  free(h->slot);
+  free(h->mark);
+}
+
+/* The member's index, or where it would go; SIZE_MAX for the hash 0. */
+static size_t hset_find(const hset *h, uint64_t x) {
+  if (!x)
+    return SIZE_MAX;
+  size_t i = x & h->mask;
+  while (h->slot[i] && h->slot[i] != x)
+    i = (i + 1) & h->mask;
+  return i;
+}
+
+/* Adds x; false if it was a member already. Room was sized by hset_init. */
+static bool hset_add(hset *h, uint64_t x) {
+  size_t i = hset_find(h, x);
+  bool *in = i == SIZE_MAX ? &h->zero : NULL;
+  if (in) {
+    bool was = *in;
+    *in = true;
+    return !was;
+  }
+  if (h->slot[i])
+    return false;
+  h->slot[i] = x;
+  return true;
+}
+
+static bool hset_has(const hset *h, uint64_t x) {
+  size_t i = hset_find(h, x);
+  return i == SIZE_MAX ? h->zero : h->slot[i] != 0;
+}
+
+/* Marks member x; true if it was a member and not yet marked. */
+static bool hset_mark(hset *h, uint64_t x) {
+  size_t i = hset_find(h, x);
+  bool *m = i == SIZE_MAX ? (h->zero ? &h->zero_mark : NULL) : h->slot[i] ? &h->mark[i] : NULL;
+  if (!m || *m)
+    return false;
+  *m = true;
+  return true;
+}
+
+static bool hset_marked(const hset *h, uint64_t x) {
+  size_t i = hset_find(h, x);
+  return i == SIZE_MAX ? h->zero_mark : h->mark[i];
+}
+
+/* Keeps turn's texts: dedupes tx by hash, puts the texts the session's newest refs entry does
+ * not name, and puts the turn's refs entry. */
 static int texts_keep(cph_txn *t, const char *session, uint64_t turn, texts *tx) {
-  qsort(tx->v, tx->n, sizeof *tx->v, text_cmp);
+  hset mine, newest_set = {0};
+  int rc = hset_init(&mine, tx->n);
   size_t n = 0;
-  for (size_t i = 0; i < tx->n; i++)
-    if (n == 0 || tx->v[n - 1].hash != tx->v[i].hash)
+  for (size_t i = 0; rc == CPH_OK && i < tx->n; i++)
+    if (hset_add(&mine, tx->v[i].hash))
       tx->v[n++] = tx->v[i];
   tx->n = n;
+  hset_free(&mine);
+  if (rc)
+    return rc;
   /* the session's newest refs entry: the last key with its prefix */
   cph_cursor cur;
-  int rc = cph_cursor_open(t, CPH_DB_TURN_TEXT_REFS, &cur);
-  if (rc)
+  if ((rc = cph_cursor_open(t, CPH_DB_TURN_TEXT_REFS, &cur)) != CPH_OK)
     return rc;
   cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
   size_t prefix = strlen(session) + 1;
@@ -205,42 +255,33 @@ static int texts_keep(cph_txn *t, const char *session, uint64_t turn, texts *tx)
   if (rc == CPH_OK || rc == CPH_ENOTFOUND)
     rc = cph_cursor_prev(&cur, &k, &newest);
   bool have = rc == CPH_OK && k.len == prefix + 8 && memcmp(k.data, start.data, prefix) == 0;
-  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
-    cph_cursor_close(&cur);
-    return rc;
-  }
-  /* Decide before writing: a put may move the pages newest points into. */
-  bool *fresh = calloc(n ? n : 1, sizeof *fresh);
-  uint8_t *refs = malloc(n ? 8 * n : 1);
-  if (!fresh || !refs) {
-    cph_cursor_close(&cur);
-    free(fresh);
-    free(refs);
-    return CPH_ENOMEM;
-  }
-  for (size_t i = 0; i < n; i++) {
-    fresh[i] = !have || !refs_has(&newest, tx->v[i].hash);
+  if (rc == CPH_OK || rc == CPH_ENOTFOUND)
+    rc = hset_init(&newest_set, have ? newest.len / 8 : 0);
+  for (size_t i = 0; rc == CPH_OK && have && i < newest.len / 8; i++)
+    hset_add(&newest_set, ref_at(&newest, i));
+  cph_cursor_close(&cur); /* newest is not read past here: the puts may move its page */
+  uint8_t *refs = rc == CPH_OK ? malloc(n ? 8 * n : 1) : NULL;
+  if (rc == CPH_OK && !refs)
+    rc = CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
     cph_be64_put(refs + 8 * i, tx->v[i].hash);
-  }
-  cph_cursor_close(&cur);
-  rc = CPH_OK;
-  for (size_t i = 0; i < n && rc == CPH_OK; i++)
-    if (fresh[i]) {
+    if (!hset_has(&newest_set, tx->v[i].hash)) {
       cph_key tk = text_key(session, tx->v[i].hash);
       rc = cph_txn_put(t, CPH_DB_TURN_TEXTS, &tk, tx->v[i].s, tx->v[i].len);
     }
+  }
   if (rc == CPH_OK) {
     cph_key rk = turn_key(session, turn);
     rc = cph_txn_put(t, CPH_DB_TURN_TEXT_REFS, &rk, refs, 8 * n);
   }
-  free(fresh);
+  hset_free(&newest_set);
   free(refs);
   return rc;
 }
 
 /* Turns gone[0..n) were deleted: deletes their refs entries and the texts that only they
- * named. A text a deleted turn names stays when the oldest remaining refs entry names it
- * (the common case: the next turn showed it too) or any other remaining one does. */
+ * named. The remaining refs entries are walked oldest first, and the walk stops once each
+ * candidate is found named (most are, by the oldest remaining turn). */
 static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, size_t n_gone) {
   size_t prefix = strlen(session) + 1;
   uint64_t *dead = NULL;
@@ -270,32 +311,35 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
     if (rc == CPH_OK)
       rc = cph_txn_del(t, CPH_DB_TURN_TEXT_REFS, &rk);
   }
-  /* What the remaining refs entries name stays. Their values are read in place: nothing is
+  hset cand = {0};
+  size_t unmarked = 0;
+  if (rc == CPH_OK && n_dead && (rc = hset_init(&cand, n_dead)) == CPH_OK)
+    for (size_t i = 0; i < n_dead; i++)
+      unmarked += hset_add(&cand, dead[i]);
+  /* What a remaining refs entry names stays (marked). Values are read in place: nothing is
    * written until the walk is over. */
   cph_cursor cur;
-  if (rc == CPH_OK && n_dead && (rc = cph_cursor_open(t, CPH_DB_TURN_TEXT_REFS, &cur)) == 0) {
+  if (rc == CPH_OK && unmarked && (rc = cph_cursor_open(t, CPH_DB_TURN_TEXT_REFS, &cur)) == 0) {
     cph_key start = turn_key(session, 0);
     cph_val k, v;
-    for (rc = cph_cursor_seek(&cur, &start, &k, &v); rc == CPH_OK && n_dead;
+    for (rc = cph_cursor_seek(&cur, &start, &k, &v); rc == CPH_OK && unmarked;
          rc = cph_cursor_next(&cur, &k, &v)) {
       if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
         break;
-      size_t kept = 0;
-      for (size_t i = 0; i < n_dead; i++)
-        if (!refs_has(&v, dead[i]))
-          dead[kept++] = dead[i];
-      n_dead = kept;
+      for (size_t i = 0; i < v.len / 8 && unmarked; i++)
+        unmarked -= hset_mark(&cand, ref_at(&v, i));
     }
     cph_cursor_close(&cur);
     if (rc == CPH_ENOTFOUND)
       rc = CPH_OK;
   }
   for (size_t i = 0; i < n_dead && rc == CPH_OK; i++) {
+    if (hset_marked(&cand, dead[i]) || !hset_mark(&cand, dead[i]))
+      continue; /* named by a remaining turn, or deleted already (named twice) */
     cph_key tk = text_key(session, dead[i]);
     rc = cph_txn_del(t, CPH_DB_TURN_TEXTS, &tk);
-    if (rc == CPH_ENOTFOUND) /* named twice among the candidates */
-      rc = CPH_OK;
   }
+  hset_free(&cand);
   free(dead);
   return rc;
 }

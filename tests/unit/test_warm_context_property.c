@@ -15,7 +15,12 @@
  * wall-clock time).
  *
  * CPH_PROPERTY_SEED=<n> runs from that seed; CPH_PROPERTY_CASES=<n> sets how many cases. A
- * failure prints the case's seed: rerun with CPH_PROPERTY_SEED=<seed> CPH_PROPERTY_CASES=1. */
+ * failure prints the case's seed: rerun with CPH_PROPERTY_SEED=<seed> CPH_PROPERTY_CASES=1.
+ *
+ * The same cases check the kept contexts (core/turnlog.c; :context :keep-turns 1, 2, 3 or 8
+ * per case): every leased turn reads back from the explorer with exactly the messages the
+ * lease gave, and when a case ends, the texts held by hash are exactly those the kept turns
+ * name — none missing, none left behind. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,6 +34,8 @@
 #include "cephalon/cephalon.h"
 #include "common/buf.h"
 #include "common/clock.h"
+#include "store/keys.h"
+#include "store/store.h"
 #include "tests/support/engine_fixture.h"
 #include "tests/support/prop.h"
 
@@ -260,6 +267,107 @@ static void insert_node(pair *p, rng *r) {
   cph_op_clear_results(&ops[1]);
 }
 
+/* The explorer reads the turn back with exactly the messages the lease gave. */
+static void check_kept(pair *p, const cph_turn_info *t) {
+  cph_turn_context c;
+  cph_err err;
+  if (cph_engine_turn_context(p->warm->e, t->session, t->id, &c, &err) != CPH_OK)
+    fail_msg("seed %llu: turn %llu is not kept: %s", (unsigned long long)p->seed,
+             (unsigned long long)t->id, err.msg);
+  if (c.n_messages != t->n_messages)
+    fail_msg("seed %llu: turn %llu kept %zu messages, leased %zu", (unsigned long long)p->seed,
+             (unsigned long long)t->id, c.n_messages, t->n_messages);
+  for (size_t m = 0; m < c.n_messages; m++)
+    if (strcmp(c.messages[m].role, t->messages[m].role) != 0 ||
+        strcmp(c.messages[m].content, t->messages[m].content) != 0)
+      fail_msg("seed %llu: turn %llu message %zu kept as \"%s\", leased as \"%s\"",
+               (unsigned long long)p->seed, (unsigned long long)t->id, m, c.messages[m].content,
+               t->messages[m].content);
+  cph_turn_context_free(&c);
+}
+
+/* ---- the texts held by hash: exactly what the refs name */
+
+typedef struct keyset {
+  char **v;
+  size_t n, cap;
+} keyset;
+
+/* Appends the key as hex (duplicates too: keyset_sort drops them). */
+static void keyset_add(keyset *k, const void *data, size_t len) {
+  if (k->n == k->cap) {
+    k->cap = k->cap ? 2 * k->cap : 64;
+    k->v = realloc(k->v, k->cap * sizeof *k->v);
+    assert_non_null(k->v);
+  }
+  char *hex = malloc(2 * len + 1);
+  assert_non_null(hex);
+  for (size_t j = 0; j < len; j++)
+    snprintf(hex + 2 * j, 3, "%02x", ((const unsigned char *)data)[j]);
+  hex[2 * len] = '\0';
+  k->v[k->n++] = hex;
+}
+
+static int str_cmp(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every text key (session\0 hash). */
+static bool text_key_seen(void *ctx, const void *key, size_t key_len, const void *val,
+                          size_t val_len) {
+  (void)val;
+  (void)val_len;
+  keyset_add(ctx, key, key_len);
+  return true;
+}
+
+/* Every text key a refs entry (session\0 turn -> hashes) names. */
+static bool refs_seen(void *ctx, const void *key, size_t key_len, const void *val, size_t val_len) {
+  size_t prefix = key_len - 8;
+  for (size_t i = 0; i + 8 <= val_len; i += 8) {
+    unsigned char k[300];
+    assert_true(prefix + 8 <= sizeof k);
+    memcpy(k, key, prefix);
+    memcpy(k + prefix, (const unsigned char *)val + i, 8);
+    keyset_add(ctx, k, prefix + 8);
+  }
+  return true;
+}
+
+/* Sorted, each key once. */
+static void keyset_sort(keyset *k) {
+  qsort(k->v, k->n, sizeof *k->v, str_cmp);
+  size_t n = 0;
+  for (size_t i = 0; i < k->n; i++) {
+    if (n && strcmp(k->v[n - 1], k->v[i]) == 0)
+      free(k->v[i]);
+    else
+      k->v[n++] = k->v[i];
+  }
+  k->n = n;
+}
+
+static void check_texts(pair *p) {
+  keyset held = {0}, named = {0};
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_TEXTS, text_key_seen, &held);
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_TEXT_REFS, refs_seen, &named);
+  keyset_sort(&held);
+  keyset_sort(&named);
+  if (held.n != named.n)
+    fail_msg("seed %llu: %zu texts held, the kept turns name %zu", (unsigned long long)p->seed,
+             held.n, named.n);
+  for (size_t i = 0; i < held.n; i++)
+    if (strcmp(held.v[i], named.v[i]) != 0)
+      fail_msg("seed %llu: text %s held, %s named", (unsigned long long)p->seed, held.v[i],
+               named.v[i]);
+  for (size_t i = 0; i < held.n; i++)
+    free(held.v[i]);
+  for (size_t i = 0; i < named.n; i++)
+    free(named.v[i]);
+  free(held.v);
+  free(named.v);
+}
+
 /* Leases a turn on both; they must be the same turn. Then completes (with a reply, and a
  * memory now and then), fails, or leaves it to expire — the same on both. */
 static bool turn(pair *p, rng *r) {
@@ -283,6 +391,7 @@ static bool turn(pair *p, rng *r) {
   }
   free(a);
   free(b);
+  check_kept(p, &l[0].u.lease.turn);
   uint32_t how = below(r, 10);
   char reply[96];
   snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session, TEXTS[below(r, N_TEXTS)]);
@@ -329,7 +438,7 @@ static void restart_both(pair *p) {
   cph_fixture_open(p->cold);
 }
 
-static const char *policy(char *buf, size_t size, int warm_channels) {
+static const char *policy(char *buf, size_t size, int warm_channels, int keep_turns) {
   snprintf(buf, size,
            "{:scheduler {:concurrency 2\n"
            "             :lanes {:interactive {:turns 100000 :tool-calls 100000}}\n"
@@ -338,8 +447,9 @@ static const char *policy(char *buf, size_t size, int warm_channels) {
            " :leases {:ttl-seconds 5 :max-attempts 3}\n"
            " :sessions {:warm-channels %d :janitor? false :max-batch 2}\n"
            " :store {:sync :none}\n"
-           " :server {:map-size-mb 64}}\n",
-           warm_channels);
+           " :server {:map-size-mb 64}\n"
+           " :context {:keep-turns %d}}\n",
+           warm_channels, keep_turns);
   return buf;
 }
 
@@ -349,8 +459,10 @@ static void run_case(uint64_t seed) {
   char wp[512], cp[512];
   pair p = {0};
   p.seed = seed;
-  p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, warm_choices[below(&r, 4)]));
-  p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0));
+  static const int keep_choices[] = {1, 2, 3, 8};
+  int keep = keep_choices[below(&r, 4)];
+  p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, warm_choices[below(&r, 4)], keep));
+  p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0, keep));
   create_sessions(&p, &r);
   for (int step = 0; step < STEPS; step++) {
     uint32_t what = below(&r, 20);
@@ -371,6 +483,9 @@ static void run_case(uint64_t seed) {
   }
   while (turn(&p, &r)) /* drain: every remaining turn compared too */
     pass_both(&p);
+  cph_engine_close(p.warm->e);
+  p.warm->e = NULL;
+  check_texts(&p);
   cph_fixture_free(p.warm);
   cph_fixture_free(p.cold);
 }
