@@ -1,5 +1,6 @@
-/* cephalon-worker: N threads, each long-polls a lease and runs the turn (turn.c). SIGTERM or
- * SIGINT: no new leases; what runs is failed at once (turn.c sees the stop flag), then exit 0.
+/* cephalon-worker: N threads per node (one daemon, or every node of a cluster), each
+ * long-polls a lease and runs the turn (turn.c). SIGTERM or SIGINT: no new leases; what runs
+ * is failed at once (turn.c sees the stop flag), then exit 0.
  * --check probes the daemon, the model and every MCP server and exits 0 or 1. */
 #include <pthread.h>
 #include <signal.h>
@@ -25,8 +26,7 @@ static void *signal_main(void *arg) {
     if (sig == SIGUSR1) /* main's wake-up at exit */
       return NULL;
     if (!atomic_exchange(&stop_flag, true))
-      cph_log_kv(CPH_LOG_INFO, "stopping: no new leases, running turns end now", "signal=%d",
-                 sig);
+      cph_log_kv(CPH_LOG_INFO, "stopping: no new leases, running turns end now", "signal=%d", sig);
   }
 }
 
@@ -37,8 +37,7 @@ static void *signal_main(void *arg) {
  * nor writes the other sections, and reads no memories for them). */
 static json_t *lease_body(const wk_config *cfg) {
   json_t *body = json_pack("{s:s, s:i, s:[s, s]}", "worker", cfg->worker_name, "wait_ms",
-                           cfg->lease_wait_ms, "include", "messages",
-                           "sections.available_tools");
+                           cfg->lease_wait_ms, "include", "messages", "sections.available_tools");
   if (cfg->lanes) {
     json_t *lanes = json_array();
     char copy[256];
@@ -85,6 +84,113 @@ static void *turn_thread(void *arg) {
   return NULL;
 }
 
+/* ---------------------------------------------------------------- the nodes (DESIGN §14)
+ *
+ * Given any node of a cluster, the worker long-polls every node: GET /v1/cluster lists them,
+ * and each gets --concurrency threads of its own (a turn is leased, heartbeated and completed
+ * on the node that leased it; a call that lands on a node that no longer owns the turn is
+ * followed once to the owner, wk_daemon_call). The list is read again every
+ * DISCOVER_EVERY_MS: a node that joins gets its threads then; the threads of a node that
+ * left back off and retry it, as they would a daemon that went away. Without a cluster
+ * (GET /v1/cluster answers 404, or the daemon is not up yet) there is one node, --daemon,
+ * and the list is asked for again all the same. */
+
+#define DISCOVER_EVERY_MS 15000
+
+typedef struct node_threads {
+  wk_ctx ctx; /* ctx.node = url */
+  char *url;
+  pthread_t *threads;
+  int started;
+} node_threads;
+
+typedef struct fleet {
+  node_threads *v;
+  size_t n, cap;
+} fleet;
+
+static bool fleet_has(const fleet *f, const char *url) {
+  for (size_t i = 0; i < f->n; i++)
+    if (strcmp(f->v[i].url, url) == 0)
+      return true;
+  return false;
+}
+
+/* Starts --concurrency turn threads on url. The fleet's array holds each node's ctx at a
+ * fixed address: it is grown before any thread of a new node starts, and entries never move
+ * after (cap is set once, below). */
+static void fleet_start(fleet *f, const wk_ctx *base, const char *url) {
+  if (f->n == f->cap || fleet_has(f, url))
+    return;
+  node_threads *nt = &f->v[f->n];
+  nt->url = strdup(url);
+  nt->threads = calloc((size_t)base->cfg->concurrency, sizeof *nt->threads);
+  if (!nt->url || !nt->threads) {
+    free(nt->url);
+    free(nt->threads);
+    return;
+  }
+  nt->ctx = *base;
+  nt->ctx.node = nt->url;
+  nt->started = 0;
+  for (int i = 0; i < base->cfg->concurrency; i++)
+    if (pthread_create(&nt->threads[nt->started], NULL, turn_thread, &nt->ctx) == 0)
+      nt->started++;
+  f->n++;
+  cph_log_kv(CPH_LOG_INFO, "long-polling a node", "url=%s threads=%d", url, nt->started);
+}
+
+/* The nodes' URLs from GET /v1/cluster on cfg->daemon; none (n 0) when it is no cluster. */
+static void discover(const wk_ctx *base, fleet *f) {
+  json_t *j = NULL;
+  char err[512];
+  int status = wk_daemon_call(base, "GET", "/v1/cluster", NULL, 10000, &j, err, sizeof err);
+  size_t i;
+  json_t *node;
+  if (status == 200)
+    json_array_foreach(json_object_get(j, "nodes"), i, node) {
+      const char *url = json_string_value(json_object_get(node, "url"));
+      if (url && url[0])
+        fleet_start(f, base, url);
+    }
+  json_decref(j);
+}
+
+static void sleep_unless_stopped(int ms) {
+  for (int slept = 0; slept < ms && !atomic_load(&stop_flag); slept += 100) {
+    struct timespec ts = {0, 100000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Runs the worker's turn threads until SIGTERM; the number of threads started. */
+static int run_fleet(const wk_ctx *base) {
+  fleet f = {calloc(64, sizeof *f.v), 0, 64}; /* at most 64 nodes are polled */
+  if (!f.v)
+    return 0;
+  discover(base, &f);
+  bool cluster = f.n > 0;
+  if (!cluster)
+    fleet_start(&f, base, base->cfg->daemon);
+  else
+    cph_log_kv(CPH_LOG_INFO, "cluster: long-polling every node", "nodes=%zu", f.n);
+  while (!atomic_load(&stop_flag)) { /* a daemon not up at start may turn out a cluster */
+    sleep_unless_stopped(DISCOVER_EVERY_MS);
+    if (!atomic_load(&stop_flag))
+      discover(base, &f);
+  }
+  int started = 0;
+  for (size_t i = 0; i < f.n; i++) {
+    for (int t = 0; t < f.v[i].started; t++)
+      pthread_join(f.v[i].threads[t], NULL);
+    started += f.v[i].started;
+    free(f.v[i].threads);
+    free(f.v[i].url);
+  }
+  free(f.v);
+  return started;
+}
+
 /* ---------------------------------------------------------------- --check */
 
 static int check(const wk_ctx *ctx) {
@@ -101,8 +207,11 @@ static int check(const wk_ctx *ctx) {
   cph_httpc_url url;
   const char *why = NULL;
   if (cph_httpc_url_parse(ctx->cfg->llm, &url, &why) == 0) {
-    cph_httpc_request req = {.method = "GET", .path = "/models", .token = ctx->api_key,
-                             .user_agent = "cephalon-worker", .timeout_ms = 15000};
+    cph_httpc_request req = {.method = "GET",
+                             .path = "/models",
+                             .token = ctx->api_key,
+                             .user_agent = "cephalon-worker",
+                             .timeout_ms = 15000};
     cph_httpc_response resp;
     int rc = cph_httpc_do(&url, &req, &resp, err, sizeof err);
     if (rc == CPH_HTTPC_OK && resp.status >= 200 && resp.status < 300) {
@@ -121,13 +230,16 @@ static int check(const wk_ctx *ctx) {
     } else if (rc == CPH_HTTPC_OK) {
       /* No /models: a one-token completion tells as much. */
       cph_httpc_response_free(&resp);
-      json_t *body = json_pack("{s:s, s:[{s:s, s:s}], s:i}", "model", ctx->cfg->model,
-                               "messages", "role", "user", "content", "ping", "max_tokens", 1);
+      json_t *body = json_pack("{s:s, s:[{s:s, s:s}], s:i}", "model", ctx->cfg->model, "messages",
+                               "role", "user", "content", "ping", "max_tokens", 1);
       char *text = json_dumps(body, JSON_COMPACT);
       json_decref(body);
-      cph_httpc_request post = {.method = "POST", .path = "/chat/completions",
-                                .token = ctx->api_key, .user_agent = "cephalon-worker",
-                                .body = text, .body_len = text ? strlen(text) : 0,
+      cph_httpc_request post = {.method = "POST",
+                                .path = "/chat/completions",
+                                .token = ctx->api_key,
+                                .user_agent = "cephalon-worker",
+                                .body = text,
+                                .body_len = text ? strlen(text) : 0,
                                 .timeout_ms = 60000};
       rc = cph_httpc_do(&url, &post, &resp, err, sizeof err);
       free(text);
@@ -169,8 +281,10 @@ static int key_from_env(const char *var, const char *what, const char **out) {
   }
   for (const char *p = v; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f) {
-      fprintf(stderr, "cephalon-worker: environment variable %s (%s) holds control "
-                      "characters\n", var, what);
+      fprintf(stderr,
+              "cephalon-worker: environment variable %s (%s) holds control "
+              "characters\n",
+              var, what);
       return -1;
     }
   *out = v;
@@ -227,14 +341,7 @@ int main(int argc, char **argv) {
     cph_log_kv(CPH_LOG_INFO, "cephalon-worker ready",
                "worker=%s concurrency=%d mcp_servers=%zu max_tool_rounds=%d", cfg.worker_name,
                cfg.concurrency, cfg.n_mcp, cfg.max_tool_rounds);
-    pthread_t *threads = calloc((size_t)cfg.concurrency, sizeof *threads);
-    int started = 0;
-    for (int i = 0; threads && i < cfg.concurrency; i++)
-      if (pthread_create(&threads[i], NULL, turn_thread, &ctx) == 0)
-        started++;
-    for (int i = 0; i < started; i++)
-      pthread_join(threads[i], NULL);
-    free(threads);
+    int started = run_fleet(&ctx);
     if (!started)
       exit_code = 1;
     cph_log_kv(CPH_LOG_INFO, "cephalon-worker stopped", "worker=%s", cfg.worker_name);

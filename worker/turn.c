@@ -27,18 +27,18 @@ static int64_t wall_ms(void) {
 
 /* ---------------------------------------------------------------- the daemon */
 
-int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
-                   int timeout_ms, json_t **resp_json, char *err, size_t err_len) {
-  if (resp_json)
-    *resp_json = NULL;
+/* One call to the daemon at base; *owner gets the owner's URL of a 421 (malloc'd) or NULL. */
+static int daemon_call_at(const wk_ctx *ctx, const char *base, const char *method, const char *path,
+                          const char *text, int timeout_ms, json_t **resp_json, char **owner,
+                          char *err, size_t err_len) {
+  *owner = NULL;
   cph_httpc_url url;
   const char *why = NULL;
-  if (cph_httpc_url_parse(ctx->cfg->daemon, &url, &why) != 0) {
+  if (cph_httpc_url_parse(base, &url, &why) != 0) {
     cph_httpc_url_free(&url);
-    snprintf(err, err_len, "bad daemon URL: %s", why);
+    snprintf(err, err_len, "bad daemon URL %s: %s", base, why);
     return -1;
   }
-  char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
   cph_httpc_request req = {.method = method,
                            .path = path,
                            .token = ctx->daemon_token,
@@ -49,23 +49,49 @@ int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json
   cph_httpc_response resp;
   char detail[400];
   int rc = cph_httpc_do(&url, &req, &resp, detail, sizeof detail);
-  free(text);
   cph_httpc_url_free(&url);
   if (rc != CPH_HTTPC_OK) {
     snprintf(err, err_len, "%s %s: %s", method, path, detail);
     return -1;
   }
-  if (resp_json && resp.body_len)
-    *resp_json = json_loadb(resp.body, resp.body_len, 0, NULL);
+  json_t *j = resp.body_len ? json_loadb(resp.body, resp.body_len, 0, NULL) : NULL;
   if (resp.status >= 300) {
-    json_t *j = json_loadb(resp.body, resp.body_len, 0, NULL);
-    const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
-    snprintf(err, err_len, "%s %s: HTTP %d: %.200s", method, path, resp.status,
-             m ? m : resp.body);
-    json_decref(j);
+    json_t *e = json_object_get(j, "error");
+    const char *m = json_string_value(json_object_get(e, "message"));
+    snprintf(err, err_len, "%s %s: HTTP %d: %.200s", method, path, resp.status, m ? m : resp.body);
+    const char *o = json_string_value(json_object_get(json_object_get(e, "owner"), "url"));
+    if (resp.status == 421 && o && o[0])
+      *owner = strdup(o);
   }
+  if (resp_json)
+    *resp_json = j;
+  else
+    json_decref(j);
   int status = resp.status;
   cph_httpc_response_free(&resp);
+  return status;
+}
+
+int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
+                   int timeout_ms, json_t **resp_json, char *err, size_t err_len) {
+  if (resp_json)
+    *resp_json = NULL;
+  char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+  char *owner = NULL;
+  int status = daemon_call_at(ctx, ctx->node ? ctx->node : ctx->cfg->daemon, method, path, text,
+                              timeout_ms, resp_json, &owner, err, err_len);
+  if (status == 421 && owner) { /* the shard moved: once to the node that owns it now */
+    if (resp_json) {
+      json_decref(*resp_json);
+      *resp_json = NULL;
+    }
+    char *again = NULL;
+    status =
+        daemon_call_at(ctx, owner, method, path, text, timeout_ms, resp_json, &again, err, err_len);
+    free(again);
+  }
+  free(owner);
+  free(text);
   return status;
 }
 
@@ -79,7 +105,7 @@ typedef struct beat {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   bool done;
-  atomic_bool lost; /* the daemon said the lease is gone (409, 404): stop working */
+  atomic_bool lost;      /* the daemon said the lease is gone (409, 404): stop working */
   atomic_bool interrupt; /* a heartbeat said "interrupt": stop at the next safe point */
   pthread_t th;
   bool started;
@@ -105,8 +131,8 @@ static void *beat_main(void *arg) {
     json_t *body = json_pack("{s:s}", "lease", b->lease);
     char err[512];
     json_t *ans = NULL;
-    int status = wk_daemon_call(b->ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, &ans, err,
-                                sizeof err);
+    int status =
+        wk_daemon_call(b->ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, &ans, err, sizeof err);
     json_decref(body);
     if (status == 200 && json_is_true(json_object_get(ans, "interrupt")))
       atomic_store(&b->interrupt, true);
@@ -246,8 +272,8 @@ static int model_call(const wk_ctx *ctx, json_t *request, cancel_arg *cancel, js
   json_t *j = json_loadb(resp.body, resp.body_len, 0, &jerr);
   if (resp.status < 200 || resp.status >= 300) {
     const json_t *e = json_object_get(j, "error");
-    const char *m = json_is_string(e) ? json_string_value(e)
-                                      : json_string_value(json_object_get(e, "message"));
+    const char *m =
+        json_is_string(e) ? json_string_value(e) : json_string_value(json_object_get(e, "message"));
     snprintf(why, why_len, "model: HTTP %d%s%.300s", resp.status, m || resp.body_len ? ": " : "",
              m ? m : resp.body);
     for (char *p = why; *p; p++)
@@ -301,9 +327,9 @@ static void narrow_tools(json_t *turn, wk_tool **tools, size_t *n) {
 static json_t *tools_json(const wk_tool *tools, size_t n) {
   json_t *arr = json_array();
   for (size_t i = 0; i < n; i++)
-    json_array_append_new(arr, json_pack("{s:s, s:{s:s, s:s, s:O}}", "type", "function",
-                                         "function", "name", tools[i].name, "description",
-                                         tools[i].description, "parameters", tools[i].schema));
+    json_array_append_new(arr, json_pack("{s:s, s:{s:s, s:s, s:O}}", "type", "function", "function",
+                                         "name", tools[i].name, "description", tools[i].description,
+                                         "parameters", tools[i].schema));
   return arr;
 }
 
@@ -368,9 +394,8 @@ static int run_tool_call(const wk_ctx *ctx, const wk_tool *tools, size_t n_tools
       ts->errors++;
   }
   json_decref(args);
-  json_array_append_new(messages,
-                        json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", id ? id : "",
-                                  "content", output ? output : ""));
+  json_array_append_new(messages, json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                                            id ? id : "", "content", output ? output : ""));
   free(output);
   return 0;
 }
@@ -420,8 +445,7 @@ static bool interrupt_asked(const wk_ctx *ctx, beat *b) {
     return true;
   json_t *body = json_pack("{s:s}", "lease", b->lease), *ans = NULL;
   char err[512];
-  int status = wk_daemon_call(ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, &ans, err,
-                              sizeof err);
+  int status = wk_daemon_call(ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, &ans, err, sizeof err);
   json_decref(body);
   if (status == 200 && json_is_true(json_object_get(ans, "interrupt")))
     atomic_store(&b->interrupt, true);
@@ -451,8 +475,7 @@ static json_t *participant_name(const char *sender) {
  * the end of the conversation. Called only before a model call, when every tool call of the
  * conversation has its result, so a user message never splits a call from its result.
  * Returns how many entries were taken. */
-static size_t take_arrivals(const wk_ctx *ctx, uint64_t id, const char *lease,
-                            json_t *messages) {
+static size_t take_arrivals(const wk_ctx *ctx, uint64_t id, const char *lease, json_t *messages) {
   char path[96], err[512];
   snprintf(path, sizeof path, "/v1/turns/%llu/take", (unsigned long long)id);
   json_t *body = json_pack("{s:s}", "lease", lease), *ans = NULL;
@@ -514,8 +537,9 @@ static char *interrupted_account(const json_t *messages, size_t from) {
     return NULL;
   }
   cph_buf head = CPH_BUF_INIT;
-  cph_buf_printf(&head, "(interrupted by new messages before I finished; tool calls made so "
-                        "far, with their results:)\n%.*s",
+  cph_buf_printf(&head,
+                 "(interrupted by new messages before I finished; tool calls made so "
+                 "far, with their results:)\n%.*s",
                  (int)b.len, b.data);
   cph_buf_free(&b);
   char *out = cph_buf_steal(&head);
@@ -628,9 +652,9 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
   int status;
   if ((reply || interrupted) && !atomic_load(&b.lost)) {
     snprintf(path, sizeof path, "/v1/turns/%llu/complete", (unsigned long long)id);
-    json_t *body = json_pack("{s:s, s:{s:I, s:I}, s:o}", "lease", lease, "cost", "tokens",
-                             (json_int_t)tokens, "tool_calls", (json_int_t)st.calls,
-                             "tool_stats", stats_json(&st));
+    json_t *body =
+        json_pack("{s:s, s:{s:I, s:I}, s:o}", "lease", lease, "cost", "tokens", (json_int_t)tokens,
+                  "tool_calls", (json_int_t)st.calls, "tool_stats", stats_json(&st));
     if (reply && reply[0])
       json_object_set_new(body, "reply", json_pack("{s:s}", "body", reply));
     if (interrupted) /* its input is staged again: the next turn carries it with the new */
@@ -648,14 +672,15 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
     outcome = status == 200 ? "failed" : "fail_refused";
   }
   char q_session[300], q_why[700], q_err[700];
-  cph_log_kv(status == 200 ? CPH_LOG_INFO : CPH_LOG_WARN, "turn", 
-             "turn=%llu session=%s lane=%s outcome=%s rounds=%d taken=%zu tokens=%llu "
-             "tool_calls=%llu tool_invalid=%llu ms=%lld reason=%s status=%d%s%s",
-             (unsigned long long)id, cph_log_quote(session, q_session, sizeof q_session),
-             lane ? lane : "?", outcome, rounds, taken, (unsigned long long)tokens,
-             (unsigned long long)st.calls, (unsigned long long)st.invalid,
-             (long long)(mono_ms() - started), cph_log_quote(why, q_why, sizeof q_why), status,
-             status == 200 ? "" : " error=", status == 200 ? "" : cph_log_quote(err, q_err, sizeof q_err));
+  cph_log_kv(
+      status == 200 ? CPH_LOG_INFO : CPH_LOG_WARN, "turn",
+      "turn=%llu session=%s lane=%s outcome=%s rounds=%d taken=%zu tokens=%llu "
+      "tool_calls=%llu tool_invalid=%llu ms=%lld reason=%s status=%d%s%s",
+      (unsigned long long)id, cph_log_quote(session, q_session, sizeof q_session),
+      lane ? lane : "?", outcome, rounds, taken, (unsigned long long)tokens,
+      (unsigned long long)st.calls, (unsigned long long)st.invalid,
+      (long long)(mono_ms() - started), cph_log_quote(why, q_why, sizeof q_why), status,
+      status == 200 ? "" : " error=", status == 200 ? "" : cph_log_quote(err, q_err, sizeof q_err));
   free(reply);
   stats_free(&st);
   json_decref(messages);

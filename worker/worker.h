@@ -30,14 +30,14 @@ typedef struct wk_mcp_spec {
 } wk_mcp_spec;
 
 typedef struct wk_config {
-  char *daemon;       /* base URL of cephalond */
-  char *llm;          /* base URL of the OpenAI-compatible API ({llm}/chat/completions) */
+  char *daemon; /* base URL of cephalond */
+  char *llm;    /* base URL of the OpenAI-compatible API ({llm}/chat/completions) */
   char *model;
-  char *api_key_env;  /* env var with the model's key; NULL: no Authorization */
-  char *token_env;    /* env var with the daemon's bearer token; NULL: none */
-  char *worker_name;  /* the lease's `worker`; default cephalon-worker-<host>-<pid> */
-  char *lanes;        /* "interactive,operational" or NULL (all) */
-  char *ca_file;      /* https CA for the daemon and the model; NULL: system bundle */
+  char *api_key_env; /* env var with the model's key; NULL: no Authorization */
+  char *token_env;   /* env var with the daemon's bearer token; NULL: none */
+  char *worker_name; /* the lease's `worker`; default cephalon-worker-<host>-<pid> */
+  char *lanes;       /* "interactive,operational" or NULL (all) */
+  char *ca_file;     /* https CA for the daemon and the model; NULL: system bundle */
   wk_mcp_spec *mcp;
   size_t n_mcp;
   int concurrency;     /* turns at once, 1..256 (default 1) */
@@ -89,8 +89,8 @@ typedef enum wk_call_result {
 /* Calls tool `name` of server `server` with args (an object). *text is malloc'd (free it).
  * Blocks up to timeout_ms; gives up early when *stop becomes true. A dead server is
  * restarted (once per call). */
-wk_call_result wk_mcp_call(wk_mcp *m, size_t server, const char *name, json_t *args,
-                           int timeout_ms, const atomic_bool *stop, char **text);
+wk_call_result wk_mcp_call(wk_mcp *m, size_t server, const char *name, json_t *args, int timeout_ms,
+                           const atomic_bool *stop, char **text);
 
 /* --check: initialize + tools/list for server i, with a one-line summary in out. */
 int wk_mcp_probe(wk_mcp *m, size_t i, char *out, size_t out_len);
@@ -108,6 +108,8 @@ int wk_schema_check(const json_t *schema, const json_t *args, char *why, size_t 
 
 typedef struct wk_ctx {
   const wk_config *cfg;
+  const char *node; /* the daemon this context's calls go to: cfg->daemon, or in a
+                       cluster one node's URL from GET /v1/cluster (NULL: cfg->daemon) */
   wk_mcp *mcp;
   const char *daemon_token; /* from token_env, or NULL */
   const char *api_key;      /* from api_key_env, or NULL */
@@ -119,8 +121,10 @@ typedef struct wk_ctx {
  * daemon cannot be reached at all. */
 void wk_turn_run(const wk_ctx *ctx, json_t *turn);
 
-/* A call to the daemon: method path with an optional JSON body; *resp_json gets the answer's
- * JSON (or NULL). Returns the HTTP status, or -1 with err filled. */
+/* A call to the daemon (ctx->node): method path with an optional JSON body; *resp_json gets
+ * the answer's JSON (or NULL). A 421 (in a cluster, another node owns what the call names)
+ * is followed once to the owner's URL that the answer gives. Returns the HTTP status, or -1
+ * with err filled. */
 int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
                    int timeout_ms, json_t **resp_json, char *err, size_t err_len);
 
