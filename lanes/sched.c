@@ -684,9 +684,11 @@ static void theap_leave(lane_state *l, group *g) {
 static group *theap_top(lane_state *l) {
   while (l->n_cheap) {
     tclass *c = l->cheap[0];
-    tslot *h = cset_head(c);
-    if (h && h->g == c->key.g && h->gen == c->key.gen && h->vstart == c->key.vstart)
-      return h->g;
+    /* A class's key is its head while the key's slot is live: every slot that could come
+     * before it refreshes the key when it is pushed (tjoin, theap_served), and a group has
+     * one live slot at a time. So a live key needs no look at the sets. */
+    if (slot_live(&c->key))
+      return c->key.g;
     class_refresh(l, c);
   }
   return NULL;
