@@ -33,6 +33,7 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_GET, "/healthz", 0, 0, cph_route_healthz},
     {EVHTTP_REQ_GET, "/readyz", 0, 0, cph_route_readyz},
     /* the console's static files: public, like a login page; its API calls carry a token */
+    {EVHTTP_REQ_GET, "/", 0, 0, cph_route_ui},
     {EVHTTP_REQ_GET, "/ui", 0, 0, cph_route_ui},
     {EVHTTP_REQ_GET, "/ui/{file}", 0, 0, cph_route_ui},
     {EVHTTP_REQ_POST, "/v1/sessions", SCOPE_ADMIN, CPH_ROUTE_BODY, cph_route_session_create},

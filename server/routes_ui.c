@@ -1,6 +1,7 @@
-/* The web console (issue #18): GET /ui answers ui/index.html, GET /ui/{file} any other file of
- * ui/, from the bytes compiled into cephalond (server/ui_assets.h). No token is needed for
- * these files: they hold no data. The console's own API calls carry the token its user gives
+/* The web console (issue #18): GET /ui answers ui/index.html (and so does GET /, for whoever
+ * opens the daemon's address in a browser: the page names its files by absolute paths), GET
+ * /ui/{file} any other file of ui/, from the bytes compiled into cephalond
+ * (server/ui_assets.h). No token is needed for these files: they hold no data. The console's own API calls carry the token its user gives
  * (kept in the browser's sessionStorage, never in a page), so it is as read-only as that
  * token: read scope views, admin acts.
  *
@@ -23,7 +24,8 @@ static const cph_ui_asset *asset_named(const char *name) {
 }
 
 void cph_route_ui(cph_req *r) {
-  const char *name = strcmp(r->route->pattern, "/ui") == 0 ? "index.html" : r->params[0];
+  bool index = strcmp(r->route->pattern, "/ui") == 0 || strcmp(r->route->pattern, "/") == 0;
+  const char *name = index ? "index.html" : r->params[0];
   const cph_ui_asset *a = name ? asset_named(name) : NULL;
   if (!a) {
     cph_reply_error(r, 404, "not_found", NULL, "no such console file: %s", name ? name : "");
