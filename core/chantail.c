@@ -296,6 +296,8 @@ int chantail_load(cph_chantails *ct, cph_txn *t, chantail_entry *e) {
       cph_record_free(&cph_event_desc, &ev);
     }
   }
+  e->sender_len = e->sender ? strlen(e->sender) : 0;
+  e->body_len = e->body ? strlen(e->body) : 0;
   e->loaded = true;
   return CPH_OK;
 }

@@ -39,9 +39,10 @@ typedef struct chantail_entry {
   uint64_t index; /* in its channel's log */
   uint64_t event_id;
   int64_t ts_ms;
-  char *sender; /* loaded: NULL when the event is gone (retention deleted it) */
-  char *body;   /* loaded: NULL when gone or its payload was redacted */
-  bool loaded;  /* sender, body and ts_ms were read */
+  char *sender;                /* loaded: NULL when the event is gone (retention deleted it) */
+  char *body;                  /* loaded: NULL when gone or its payload was redacted */
+  size_t sender_len, body_len; /* strlen of each (0 for NULL): measured once, when loaded */
+  bool loaded;                 /* sender, body and ts_ms were read */
 } chantail_entry;
 
 typedef struct chantail {

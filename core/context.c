@@ -29,7 +29,7 @@
 #define MEMORY_SCAN_MAX 1024
 #define RAW_ITEMS_MAX 32
 #define OTHER_ITEMS_MAX 16
-#define REPLACED_HOPS_MAX 8  /* replaced_by links followed to find a stand-in */
+#define REPLACED_HOPS_MAX 8 /* replaced_by links followed to find a stand-in */
 
 #define AWAY_HEADER "MESSAGES WHILE YOU WERE AWAY"
 #define CORE_COORD_MAX 48
@@ -58,6 +58,15 @@ static cph_key cursor_key(const char *session, const char *chan) {
   return k;
 }
 
+static char *dupn(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (d) {
+    memcpy(d, s, n);
+    d[n] = '\0';
+  }
+  return d;
+}
+
 static char *concat3(const char *a, const char *b, const char *c) {
   size_t n = strlen(a) + strlen(b) + strlen(c) + 1;
   char *s = malloc(n);
@@ -71,26 +80,34 @@ typedef enum speaker { SPEAKER_OWN, SPEAKER_AGENT, SPEAKER_USER } speaker;
 
 /* A message's content: another agent speaks as "[name] body"; a user as "name: body" when
  * several people speak in the turn (`several`), else as the body; the session as the body. */
-static char *say(speaker who, bool several, const char *sender, const char *body) {
-  const char *fmt = who == SPEAKER_AGENT               ? "[%s] %s"
-                    : who == SPEAKER_USER && several ? "%s: %s"
-                                                     : NULL;
-  if (!fmt)
-    return strdup(body);
-  size_t n = strlen(sender) + strlen(body) + 4;
-  char *s = malloc(n);
-  if (s)
-    snprintf(s, n, fmt, sender, body);
+/* A message as the model sees it: "[sender] body" from an agent, "sender: body" from a user
+ * when several people talk, else the body. The lengths are the strings' strlen. */
+static char *say(speaker who, bool several, const char *sender, size_t slen, const char *body,
+                 size_t blen) {
+  const char *sep = who == SPEAKER_AGENT ? "] " : who == SPEAKER_USER && several ? ": " : NULL;
+  if (!sep)
+    return dupn(body, blen);
+  size_t bracket = who == SPEAKER_AGENT;
+  size_t n = bracket + slen + 2 + blen;
+  char *s = malloc(n + 1);
+  if (!s)
+    return NULL;
+  char *p = s;
+  if (bracket)
+    *p++ = '[';
+  memcpy(p, sender, slen);
+  p += slen;
+  memcpy(p, sep, 2);
+  memcpy(p + 2, body, blen);
+  s[n] = '\0';
   return s;
 }
 
 /* Bytes say() writes at most for a user's message whatever `several` (the budget counts the
  * prefix whenever it may be there). */
-static size_t said_len(speaker who, const char *sender, const char *body) {
-  size_t prefix = who == SPEAKER_AGENT ? strlen(sender) + 3
-                  : who == SPEAKER_USER ? strlen(sender) + 2
-                                        : 0;
-  return prefix + strlen(body);
+static size_t said_len(speaker who, size_t slen, size_t blen) {
+  size_t prefix = who == SPEAKER_AGENT ? slen + 3 : who == SPEAKER_USER ? slen + 2 : 0;
+  return prefix + blen;
 }
 
 /* A sender as OpenAI's message `name` (^[a-zA-Z0-9_-]{1,64}$): every other character (one
@@ -158,8 +175,9 @@ typedef struct hentry {
   uint64_t event_id;
   uint64_t index; /* in its channel */
   size_t view;    /* its channel: index into ti->views */
-  char *sender; /* borrowed from the channel's tail (chantail.h), like body, unless owned */
+  char *sender;   /* borrowed from the channel's tail (chantail.h), like body, unless owned */
   char *body;
+  size_t sender_len, body_len; /* their strlen, measured once per event (chantail.h) */
   bool owned; /* read from the store for this turn alone (scan_channel_store): freed here */
   int64_t ts_ms;
   bool own;         /* the session's own message */
@@ -307,8 +325,8 @@ static int build_obligations(ctx *c) {
     o->preview[len] = '\0';
   }
   if (keep < ti->n_staged)
-    cph_log(CPH_LOG_DEBUG, "turn of '%s': %zu of %zu obligations fit the window", c->s->id,
-            keep, ti->n_staged);
+    cph_log(CPH_LOG_DEBUG, "turn of '%s': %zu of %zu obligations fit the window", c->s->id, keep,
+            ti->n_staged);
   ti->tokens.pending_obligations = clamp32(used);
   c->carry = budget - used;
   return CPH_OK;
@@ -404,7 +422,7 @@ static int entry_push(ctx *c, const hentry *h) {
 }
 
 /* Bytes of "[sender] body". */
-static size_t prefixed_len(const hentry *h) { return strlen(h->sender) + 3 + strlen(h->body); }
+static size_t prefixed_len(const hentry *h) { return h->sender_len + 3 + h->body_len; }
 
 static speaker speaker_of(const hentry *h) {
   return h->own ? SPEAKER_OWN : h->agent ? SPEAKER_AGENT : SPEAKER_USER;
@@ -413,11 +431,11 @@ static speaker speaker_of(const hentry *h) {
 /* What a history message of the view costs (the away block's lines cost less each, and the
  * block once its header; see select_view). */
 static uint64_t view_cost(const hentry *h) {
-  return tok_len(said_len(speaker_of(h), h->sender, h->body)) + ITEM_OVERHEAD;
+  return tok_len(said_len(speaker_of(h), h->sender_len, h->body_len)) + ITEM_OVERHEAD;
 }
 
 static uint64_t section_cost(const hentry *h, const char *channel_name) {
-  return tok(channel_name) + tok(h->sender) + tok(h->body) + ITEM_OVERHEAD;
+  return tok(channel_name) + tok_len(h->sender_len) + tok_len(h->body_len) + ITEM_OVERHEAD;
 }
 
 static bool is_section_sender(const ctx *c, const char *sender) {
@@ -497,6 +515,8 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
       h.view = v;
       h.sender = ev.sender;
       h.body = ev.body;
+      h.sender_len = strlen(ev.sender);
+      h.body_len = strlen(ev.body);
       h.ts_ms = ev.ts_ms;
       h.owned = true;
       h.own = strcmp(ev.sender, c->s->id) == 0;
@@ -504,9 +524,9 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
       h.for_section = is_section_sender(c, ev.sender);
       if (entry_push(c, &h) == CPH_OK) {
         ev.sender = ev.body = NULL; /* moved into the entry */
-        messages_seen += tok(h.body);
+        messages_seen += tok_len(h.body_len);
         if (h.for_section)
-          section_seen += tok(h.body);
+          section_seen += tok_len(h.body_len);
       } else {
         rc = CPH_ENOMEM;
       }
@@ -556,15 +576,17 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     h.view = v;
     h.sender = e->sender;
     h.body = e->body;
+    h.sender_len = e->sender_len;
+    h.body_len = e->body_len;
     h.ts_ms = e->ts_ms;
     h.own = strcmp(e->sender, c->s->id) == 0;
     h.agent = !h.own && sessions_get(c->cx->sessions, e->sender) != NULL;
     h.for_section = is_section_sender(c, e->sender);
     if ((rc = entry_push(c, &h)) != CPH_OK)
       break;
-    messages_seen += tok(h.body);
+    messages_seen += tok_len(h.body_len);
     if (h.for_section)
-      section_seen += tok(h.body);
+      section_seen += tok_len(h.body_len);
   }
   return rc;
 }
@@ -629,8 +651,8 @@ static int select_section(ctx *c) {
     cph_history_entry *he = &ti->history[ti->n_history++];
     he->event_id = h->event_id;
     he->channel = strdup(ti->views[h->view].channel);
-    he->sender = strdup(h->sender);
-    he->body = strdup(h->body);
+    he->sender = dupn(h->sender, h->sender_len);
+    he->body = dupn(h->body, h->body_len);
     he->ts_ms = h->ts_ms;
     if (!he->channel || !he->sender || !he->body)
       return CPH_ENOMEM;
@@ -841,16 +863,16 @@ static uint64_t scope_walks_next(scope_walk *w, size_t n, uint64_t *source) {
  * first into `to` until it could fill `budget` or its item cap, reading at most
  * MEMORY_SCAN_MAX records. Through the index, other sessions' memories and the other class
  * cost nothing. Gone memories add their replaced_by to `replaced`. */
-static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t budget,
-                      mlist *to, idset *replaced) {
+static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t budget, mlist *to,
+                      idset *replaced) {
   size_t cap = raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX;
   scope_walk *walks = calloc(n_scopes ? n_scopes : 1, sizeof *walks);
   if (!walks)
     return CPH_ENOMEM;
   size_t n_walks = 0;
   int rc = CPH_OK;
-  while (n_walks < n_scopes && (rc = scope_walk_open(c->t, scopes[n_walks], raw,
-                                                     &walks[n_walks])) == CPH_OK)
+  while (n_walks < n_scopes &&
+         (rc = scope_walk_open(c->t, scopes[n_walks], raw, &walks[n_walks])) == CPH_OK)
     n_walks++;
   uint64_t id, source = 0;
   for (int scanned = 0; rc == CPH_OK && scanned < MEMORY_SCAN_MAX && to->cost < budget &&
@@ -914,8 +936,7 @@ static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_bu
       break;
     }
     mlist *to = m.kind == CPH_MEMORY_RAW ? raw : other;
-    if (mlist_has(raw, m.id) || mlist_has(other, m.id) ||
-        !scope_in(m.session, scopes, n_scopes) ||
+    if (mlist_has(raw, m.id) || mlist_has(other, m.id) || !scope_in(m.session, scopes, n_scopes) ||
         to->n >= (to == raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX)) {
       cph_record_free(&cph_memory_desc, &m);
       continue;
@@ -1096,7 +1117,8 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
     if (!h->in_messages || h->away)
       continue;
     speaker who = speaker_of(h);
-    rc = add_said(v, &n, depth--, who, h->sender, say(who, several, h->sender, h->body));
+    rc = add_said(v, &n, depth--, who, h->sender,
+                  say(who, several, h->sender, h->sender_len, h->body, h->body_len));
   }
   if (rc == CPH_OK && away) {
     cph_buf b = CPH_BUF_INIT;
@@ -1111,7 +1133,9 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
   for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++) {
     const cph_staged_msg *m = &ti->staged[i];
     speaker who = speaker_by_name(c, m->sender);
-    rc = add_said(v, &n, 0, who, m->sender, say(who, several, m->sender, m->body ? m->body : ""));
+    const char *body = m->body ? m->body : "";
+    rc = add_said(v, &n, 0, who, m->sender,
+                  say(who, several, m->sender, strlen(m->sender), body, strlen(body)));
   }
   if (rc) {
     ritems_free(v, n);
@@ -1150,7 +1174,8 @@ static uint64_t fixed_messages_cost(ctx *c) {
   if (c->inbox) {
     for (size_t i = 0; i < c->ti->n_staged; i++) {
       const cph_staged_msg *m = &c->ti->staged[i];
-      cost += tok_len(said_len(speaker_by_name(c, m->sender), m->sender, m->body ? m->body : "")) +
+      cost += tok_len(said_len(speaker_by_name(c, m->sender), strlen(m->sender),
+                               m->body ? strlen(m->body) : 0)) +
               ITEM_OVERHEAD;
     }
   } else {

@@ -54,7 +54,7 @@ static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
 
 /* The first PREVIEW_MAX bytes of s, cut on a UTF-8 boundary. */
 static char *preview(const char *s) {
-  size_t n = s ? strlen(s) : 0;
+  size_t n = s ? strnlen(s, PREVIEW_MAX + 1) : 0; /* no need to measure past the cut */
   if (n > PREVIEW_MAX) {
     n = PREVIEW_MAX;
     while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
