@@ -58,6 +58,27 @@ static cph_key cursor_key(const char *session, const char *chan) {
   return k;
 }
 
+/* One allocation holding three strings: *a (the block, what is freed), *b and *c point into it.
+ * A turn's message, history entry and memory item keep their strings so (cephalon.h): a
+ * lease makes a few hundred of them, and one malloc and one free each is a third of three. */
+static bool pack3(const char *x, size_t xn, const char *y, size_t yn, const char *z, size_t zn,
+                  char **a, char **b, char **c) {
+  char *p = malloc(xn + yn + zn + 3);
+  *a = p;
+  *b = *c = NULL;
+  if (!p)
+    return false;
+  memcpy(p, x, xn);
+  p[xn] = '\0';
+  *b = p + xn + 1;
+  memcpy(*b, y, yn);
+  (*b)[yn] = '\0';
+  *c = *b + yn + 1;
+  memcpy(*c, z, zn);
+  (*c)[zn] = '\0';
+  return true;
+}
+
 static char *dupn(const char *s, size_t n) {
   char *d = malloc(n + 1);
   if (d) {
@@ -650,11 +671,10 @@ static int select_section(ctx *c) {
       continue;
     cph_history_entry *he = &ti->history[ti->n_history++];
     he->event_id = h->event_id;
-    he->channel = strdup(ti->views[h->view].channel);
-    he->sender = dupn(h->sender, h->sender_len);
-    he->body = dupn(h->body, h->body_len);
+    const char *chan = ti->views[h->view].channel;
     he->ts_ms = h->ts_ms;
-    if (!he->channel || !he->sender || !he->body)
+    if (!pack3(chan, strlen(chan), h->sender, h->sender_len, h->body, h->body_len, &he->channel,
+               &he->sender, &he->body))
       return CPH_ENOMEM;
   }
   ti->tokens.conversation_history = clamp32(used);
@@ -959,12 +979,13 @@ static int memory_include(ctx *c, mcand *mc) {
     return rc;
   cph_memory_item *it = &c->ti->memories[c->ti->n_memories++];
   it->id = mc->m.id;
-  it->kind = strdup(memory_kind_name(mc->m.kind));
-  it->text = strdup(mc->m.text);
-  it->scope = strdup(mc->m.session);
+  const char *kind = memory_kind_name(mc->m.kind);
   it->created_ms = mc->m.created_ms;
   it->access_count = mc->m.access_count;
-  return it->kind && it->text && it->scope ? CPH_OK : CPH_ENOMEM;
+  return pack3(kind, strlen(kind), mc->m.session, strlen(mc->m.session), mc->m.text,
+               strlen(mc->m.text), &it->kind, &it->scope, &it->text)
+             ? CPH_OK
+             : CPH_ENOMEM;
 }
 
 static int build_memory(ctx *c) {
@@ -1153,12 +1174,14 @@ static int push_message(cph_turn_info *ti, const char *role, const char *content
   char coord[CORE_COORD_MAX];
   cph_coord_format(at, coord);
   cph_message *m = &ti->messages[ti->n_messages++];
-  m->role = strdup(role);
-  m->content = owned ? owned : strdup(content ? content : "");
-  m->coord = strdup(coord);
+  const char *text = owned ? owned : content ? content : "";
+  size_t len = strlen(text);
+  bool ok =
+      pack3(role, strlen(role), coord, strlen(coord), text, len, &m->role, &m->coord, &m->content);
+  free(owned); /* copied into the message's block */
   m->name = name;
-  ti->tokens.messages = clamp32((uint64_t)ti->tokens.messages + message_cost(m->content));
-  return m->role && m->content && m->coord ? CPH_OK : CPH_ENOMEM;
+  ti->tokens.messages = clamp32((uint64_t)ti->tokens.messages + tok_len(len) + ITEM_OVERHEAD);
+  return ok ? CPH_OK : CPH_ENOMEM;
 }
 
 /* The cost of what messages never cut: the system prompt, tree nodes that are not history
@@ -1375,11 +1398,8 @@ void context_turn_free(cph_turn_info *ti) {
     free(ti->obligations[i].preview);
   }
   free(ti->obligations);
-  for (size_t i = 0; i < ti->n_memories; i++) {
-    free(ti->memories[i].kind);
-    free(ti->memories[i].text);
-    free(ti->memories[i].scope);
-  }
+  for (size_t i = 0; i < ti->n_memories; i++)
+    free(ti->memories[i].kind); /* the block of kind, scope and text (pack3) */
   free(ti->memories);
   for (size_t i = 0; i < ti->n_views; i++)
     free(ti->views[i].channel);

@@ -9,6 +9,7 @@
 #ifndef CEPHALON_CORE_ENV_H
 #define CEPHALON_CORE_ENV_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cephalon/cephalon.h"
@@ -36,6 +37,17 @@ static inline int64_t env_now(const cph_core_env *env) { return cph_clock_now(en
  * engine-clock time since (stored times, dedupe windows). */
 static inline int64_t env_wall_ms(const cph_core_env *env) {
   return env->wall_base_ms + (cph_clock_now(env->clock) - env->wall_base_ns) / CPH_NS_PER_MS;
+}
+
+/* The room a full store keeps for leases, completions and maintenance (DESIGN §11: a full
+ * disk fails ingest, not workers): 1/16 of the map, at least 8 MiB, at most half the map.
+ * Ingest stops short of it, and so does what is optional, such as a kept turn context. A
+ * completion of a full 64-message turn writes some 100 KiB, copies on write included. */
+static inline size_t env_write_reserve(size_t map) {
+  size_t reserve = map / 16, floor = (size_t)8 << 20;
+  if (reserve < floor)
+    reserve = floor < map / 2 ? floor : map / 2;
+  return reserve;
 }
 
 #endif

@@ -15,11 +15,16 @@
 
 const char *cph_ingest_status_name(cph_ingest_status s) {
   switch (s) {
-  case CPH_EV_QUEUED: return "queued";
-  case CPH_EV_STORED: return "stored";
-  case CPH_EV_DUPLICATE: return "duplicate";
-  case CPH_EV_AGGREGATED: return "aggregated";
-  case CPH_EV_REJECTED: return "rejected";
+  case CPH_EV_QUEUED:
+    return "queued";
+  case CPH_EV_STORED:
+    return "stored";
+  case CPH_EV_DUPLICATE:
+    return "duplicate";
+  case CPH_EV_AGGREGATED:
+    return "aggregated";
+  case CPH_EV_REJECTED:
+    return "rejected";
   }
   return "unknown";
 }
@@ -50,8 +55,8 @@ static cph_key inbox_key(const char *session, uint64_t id) {
 }
 
 static int put_inbox(cph_txn *t, const char *session, const inbox_item *it, uint8_t status) {
-  cph_inbox_rec r = {(char *)session, it->id, it->event_id, status, it->mentioned, it->turn_id,
-                     it->attempts, it->created_ms};
+  cph_inbox_rec r = {(char *)session, it->id,      it->event_id, status,
+                     it->mentioned,   it->turn_id, it->attempts, it->created_ms};
   cph_key k = inbox_key(session, it->id);
   return cph_txn_put_record(t, CPH_DB_INBOX, &k, &cph_inbox_desc, &r);
 }
@@ -301,8 +306,7 @@ static int32_t overflow_entry(const csession *s) {
 /* §4 queue cap: makes room for one more entry by folding the oldest queued entry into the
  * session's overflow entry (the first time, the oldest entry becomes the overflow entry and
  * the next oldest folds into it). Its events stay counted there: nothing is dropped. */
-static int overflow_fold(cph_ingest *ig, cph_txn *t, csession *s, delivery_log *dl,
-                         bool *removed) {
+static int overflow_fold(cph_ingest *ig, cph_txn *t, csession *s, delivery_log *dl, bool *removed) {
   *removed = false;
   int32_t ov = overflow_entry(s);
   if (ov < 0) {
@@ -405,7 +409,7 @@ static int deliver(cph_ingest *ig, cph_txn *t, csession *s, uint64_t event_id, b
     csession_inbox_remove(s, (uint32_t)inbox_find(s, it.id));
     return CPH_ENOMEM;
   }
-  sessions_mark_pending(ig->sessions,  s);
+  sessions_mark_pending(ig->sessions, s);
   return CPH_OK;
 }
 
@@ -514,7 +518,7 @@ static dedupe_near near_scope(const cph_ingest *ig, const cph_event_in *in, cons
   if (step >= BP_STEP_AGGREGATE_ONLY || cph_policy_dedupe_is_bulk(ig->env->policy, chan, NULL))
     return DEDUPE_NEAR_CHANNEL;
   return cph_policy_dedupe_is_bulk(ig->env->policy, NULL, in->sender) ? DEDUPE_NEAR_SENDER
-                                                                 : DEDUPE_NEAR_OFF;
+                                                                      : DEDUPE_NEAR_OFF;
 }
 
 /* One event, written in the request's txn. Returns CPH_OK (the result says accepted or
@@ -541,7 +545,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   }
   csession *explicit_target = NULL;
   if (in->session) {
-    explicit_target = sessions_get(ig->sessions,  in->session);
+    explicit_target = sessions_get(ig->sessions, in->session);
     if (!explicit_target) {
       reject(res, "session", "no such session");
       return CPH_OK;
@@ -577,8 +581,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   int step = backpressure_step(ig->bp, ig->env->policy, channel_name);
   int64_t dd_now = env_wall_ms(ig->env);
   dedupe_verdict v;
-  if (dedupe_classify(ig->dedupe, &ig->env->policy->dedupe, t, channel_name, in->sender, in->body, dd_now,
-                      step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1,
+  if (dedupe_classify(ig->dedupe, &ig->env->policy->dedupe, t, channel_name, in->sender, in->body,
+                      dd_now, step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1,
                       near_scope(ig, in, channel_name, step), &v) != CPH_OK) {
     dedupe_verdict_free(&v);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
@@ -588,7 +592,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
 
   /* Routing: the explicit session, else the channel's subscribers; plus every mention. */
   size_t cap = 64;
-  channel *ch = sessions_channel(ig->sessions,  channel_name, false);
+  channel *ch = sessions_channel(ig->sessions, channel_name, false);
   if (!explicit_target && ch)
     cap += ch->n_subscribers;
   cap += in->mentions.count;
@@ -605,7 +609,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     for (size_t i = 0; i < ch->n_subscribers; i++) /* a subscriber list has no repeats */
       ts[n++] = (target){ch->subscribers[i], false, false};
   for (size_t i = 0; i < in->mentions.count; i++) {
-    csession *m = in->mentions.items[i] ? sessions_get(ig->sessions,  in->mentions.items[i]) : NULL;
+    csession *m = in->mentions.items[i] ? sessions_get(ig->sessions, in->mentions.items[i]) : NULL;
     if (m)
       add_target(ts, &n, cap, m, true, true); /* mentions of unknown sessions reach nobody */
   }
@@ -736,12 +740,7 @@ done:
   return rc;
 }
 
-/* Ingest stops while less than 1/INGEST_RESERVE_DIV of the map (at least INGEST_RESERVE_MIN,
- * at most half the map) is free, so that on a full store leases, completions and maintenance
- * still find room to write (DESIGN §11: a full disk fails ingest, not workers). A completion
- * of a full 64-message turn writes some 100 KiB, copies on write included. */
-#define INGEST_RESERVE_DIV 16
-#define INGEST_RESERVE_MIN ((size_t)8 << 20)
+/* Ingest stops while less than env_write_reserve() of the map is free. */
 /* What one event may write besides twice its body (event and memory): its vector, keys and
  * the other records. Only an estimate, to space out the looks at the store. */
 #define INGEST_EVENT_OVERHEAD 4096
@@ -760,13 +759,11 @@ static int ingest_room(cph_ingest *ig, cph_txn *t, size_t *room, cph_err *err) {
   if (rc)
     return cph_err_set(err, rc, "cannot tell how full data dir '%s' is: %s", ig->env->data_dir,
                        cph_strerror(rc));
-  size_t reserve = map / INGEST_RESERVE_DIV;
-  if (reserve < INGEST_RESERVE_MIN)
-    reserve = INGEST_RESERVE_MIN < map / 2 ? INGEST_RESERVE_MIN : map / 2;
+  size_t reserve = env_write_reserve(map);
   size_t margin = 0;
   if (ig->store_full)
-    margin = map / INGEST_RESUME_DIV > INGEST_RESUME_MIN ? map / INGEST_RESUME_DIV
-                                                          : INGEST_RESUME_MIN;
+    margin =
+        map / INGEST_RESUME_DIV > INGEST_RESUME_MIN ? map / INGEST_RESUME_DIV : INGEST_RESUME_MIN;
   if (live + reserve + margin <= map) {
     *room = map - reserve - live;
     ig->store_full = false;

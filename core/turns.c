@@ -39,10 +39,14 @@ typedef struct lease {
 
 const char *cph_turn_kind_name(cph_turn_kind_t k) {
   switch (k) {
-  case CPH_KIND_INBOX: return "inbox";
-  case CPH_KIND_AUTONOMY_TICK: return "autonomy_tick";
-  case CPH_KIND_JOB: return "job";
-  case CPH_KIND_REPORT: return "report";
+  case CPH_KIND_INBOX:
+    return "inbox";
+  case CPH_KIND_AUTONOMY_TICK:
+    return "autonomy_tick";
+  case CPH_KIND_JOB:
+    return "job";
+  case CPH_KIND_REPORT:
+    return "report";
   }
   return "unknown";
 }
@@ -59,19 +63,14 @@ void cph_turn_info_free(cph_turn_info *t) {
     free(t->staged[i].event_ids);
   }
   free(t->staged);
-  for (size_t i = 0; i < t->n_history; i++) {
-    free(t->history[i].channel);
-    free(t->history[i].sender);
-    free(t->history[i].body);
-  }
+  for (size_t i = 0; i < t->n_history; i++)
+    free(t->history[i].channel); /* the block of channel, sender and body (cephalon.h) */
   free(t->history);
   for (size_t i = 0; i < t->n_tools; i++)
     free(t->tools[i].name);
   free(t->tools);
   for (size_t i = 0; i < t->n_messages; i++) {
-    free(t->messages[i].role);
-    free(t->messages[i].content);
-    free(t->messages[i].coord);
+    free(t->messages[i].role); /* the block of role, coord and content (cephalon.h) */
     free(t->messages[i].name);
   }
   free(t->messages);
@@ -275,8 +274,8 @@ static int inbox_index(const csession *s, uint64_t id) {
 
 static int put_inbox_status(cph_txn *t, const csession *s, const inbox_item *it, uint8_t status,
                             uint64_t turn_id) {
-  cph_inbox_rec r = {s->id, it->id, it->event_id, status, it->mentioned, turn_id,
-                     it->attempts, it->created_ms};
+  cph_inbox_rec r = {s->id,         it->id,  it->event_id, status,
+                     it->mentioned, turn_id, it->attempts, it->created_ms};
   cph_key k = inbox_key(s->id, it->id);
   return cph_txn_put_record(t, CPH_DB_INBOX, &k, &cph_inbox_desc, &r);
 }
@@ -292,8 +291,8 @@ static int staged_order(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-#define FOLD_READ_MAX 64   /* events of a folded entry read for its distinct texts */
-#define FOLD_TEXTS_MAX 16  /* distinct texts shown for one folded entry */
+#define FOLD_READ_MAX 64  /* events of a folded entry read for its distinct texts */
+#define FOLD_TEXTS_MAX 16 /* distinct texts shown for one folded entry */
 
 typedef struct fold_text {
   char *sender;
@@ -314,8 +313,8 @@ static int fold_describe(cph_txn *t, const uint64_t *ids, size_t n_ids, const in
   int rc = CPH_OK;
   for (size_t k = 0; k < n_ids && read < FOLD_READ_MAX && rc == CPH_OK; k++) {
     size_t j = k < FOLD_READ_MAX / 2 || n_ids <= FOLD_READ_MAX ? k
-               : k < FOLD_READ_MAX   ? n_ids - (FOLD_READ_MAX - k)
-                                     : n_ids;
+               : k < FOLD_READ_MAX                             ? n_ids - (FOLD_READ_MAX - k)
+                                                               : n_ids;
     if (j >= n_ids)
       break;
     cph_key ek = u64_key(ids[j]);
@@ -370,8 +369,8 @@ static int fold_describe(cph_txn *t, const uint64_t *ids, size_t n_ids, const in
       cph_buf_printf(&b, "%s (×%u, last %s)", texts[0].body, it->count, last);
     } else {
       if (it->fold == INBOX_FOLD_OVERFLOW)
-        cph_buf_printf(&b, "%u older messages folded by the queue cap, %s–%s:", it->count,
-                       first, last);
+        cph_buf_printf(&b, "%u older messages folded by the queue cap, %s–%s:", it->count, first,
+                       last);
       else
         cph_buf_printf(&b, "%u messages, %s–%s:", it->count, first, last);
       for (size_t k = 0; k < n_texts; k++) {
@@ -460,10 +459,10 @@ static int build_turn(cph_turns *tu, cph_txn *t, csession *s, inbox_item **items
   ti->lane = s->lane;
   /* A maintenance session with queued jobs runs a job (start_turn's job_turn); knowing it
    * here spares a job turn the conversation and memory (and their access counts). */
-  ti->kind = report                                              ? CPH_KIND_REPORT
-             : n                                                 ? CPH_KIND_INBOX
+  ti->kind = report                                             ? CPH_KIND_REPORT
+             : n                                                ? CPH_KIND_INBOX
              : s->n_jobs > 0 && s->lane == CPH_LANE_MAINTENANCE ? CPH_KIND_JOB
-                                                                 : CPH_KIND_AUTONOMY_TICK;
+                                                                : CPH_KIND_AUTONOMY_TICK;
   ti->episode = s->episode;
   ti->staged = calloc(n ? n : 1, sizeof *ti->staged);
   cph_buf input = CPH_BUF_INIT;
@@ -495,7 +494,8 @@ static int build_turn(cph_turns *tu, cph_txn *t, csession *s, inbox_item **items
 /* Starts a turn for the picked session and hands it to waiter w. false: could not (the pick
  * is undone and the waiter keeps waiting). */
 static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
-  csession *s = pick->sid < sessions_sid_cap(tu->sessions) ? sessions_at(tu->sessions, pick->sid) : NULL;
+  csession *s =
+      pick->sid < sessions_sid_cap(tu->sessions) ? sessions_at(tu->sessions, pick->sid) : NULL;
   if (!s) {
     cph_sched_finish(tu->env->sched, pick->sid, 0, false);
     return false;
@@ -542,8 +542,6 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     free(ti->input);
     ti->input = strdup(work ? cph_job_kind_name(work->kind) : "job");
   }
-  if (rc == CPH_OK)
-    turnlog_keep(tu->turnlog, &t, turn_id, ti); /* the context explorer's record */
   uint8_t token[16];
   if (RAND_bytes(token, sizeof token) != 1)
     rc = rc ? rc : CPH_EIO;
@@ -580,6 +578,10 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
     cph_txn_put(&t, CPH_DB_ACTIVE_TURNS, &tk, "", 0);
     ti->deadline_ms = tr.deadline_ms;
+    /* The context explorer's record comes last: the lease's own writes take the room first,
+     * so a nearly full map loses the optional record (turnlog_keep's nested txn), not the
+     * lease. */
+    turnlog_keep(tu->turnlog, &t, turn_id, ti);
   }
   lease *l = calloc(1, sizeof *l);
   char key[24];
@@ -779,8 +781,7 @@ static int check_lease(cph_turns *tu, cph_op *op, lease **out) {
   cph_turn_rec tr;
   int rc = cph_txn_get_record(&tu->env->txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   if (rc == CPH_ENOTFOUND)
-    return op_fail(op, CPH_ENOTFOUND, "id", "no turn %llu",
-                   (unsigned long long)op->u.turn.turn_id);
+    return op_fail(op, CPH_ENOTFOUND, "id", "no turn %llu", (unsigned long long)op->u.turn.turn_id);
   if (rc)
     return op_fail(op, rc, NULL, "%s", tu->env->txn.err.msg);
   bool same = token_matches(tr.lease, op->u.turn.lease);
@@ -1013,8 +1014,10 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     cph_key ek = u64_key(event_id);
     cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
     history_append(&t, chan, event_id);
-    cph_reply_rec rr = {reply_id, s->id, (char *)chan, op->u.turn.reply_body, l->inbox_ids,
-                        (uint32_t)l->n_inbox_ids, l->turn_id, now_ms};
+    cph_reply_rec rr = {reply_id,     s->id,
+                        (char *)chan, op->u.turn.reply_body,
+                        l->inbox_ids, (uint32_t)l->n_inbox_ids,
+                        l->turn_id,   now_ms};
     cph_key rk = u64_key(reply_id);
     cph_txn_put_record(&t, CPH_DB_REPLIES, &rk, &cph_reply_desc, &rr);
   }
@@ -1022,7 +1025,8 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   /* memories the worker minted, scoped to the session (DESIGN §7) */
   for (size_t i = 0; i < op->u.turn.n_memories; i++)
     if (op->u.turn.memories[i].text && *op->u.turn.memories[i].text)
-      memory_mint(tu->memory, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true, NULL);
+      memory_mint(tu->memory, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true,
+                  NULL);
   for (size_t i = 0; i < op->u.turn.n_enqueue; i++) {
     cph_job_kind_t kind;
     const cph_job_in *ji = &op->u.turn.enqueue[i];
@@ -1035,9 +1039,8 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
       return;
     }
     uint64_t jid;
-    uint64_t group = ji->args && strncmp(ji->args, "group=", 6) == 0
-                         ? strtoull(ji->args + 6, NULL, 10)
-                         : 0;
+    uint64_t group =
+        ji->args && strncmp(ji->args, "group=", 6) == 0 ? strtoull(ji->args + 6, NULL, 10) : 0;
     maint_job_write(tu->maint, &t, kind, ji->args, group, &jid);
   }
   if (l->job_id)
@@ -1053,8 +1056,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
       /* The episode (DESIGN §6): the input and reply join the session's PACT tree as message
        * cores, then TTL -> cadence -> lifecycle -> ODI. */
       if (trees_load(tu->trees, &t, s->id, &tree) == CPH_OK &&
-          cph_pact_complete_turn(&tree, input_core_text(&tr), op->u.turn.reply_body) ==
-              CPH_OK) {
+          cph_pact_complete_turn(&tree, input_core_text(&tr), op->u.turn.reply_body) == CPH_OK) {
         trees_prune_history(&tree);
         tree_saved = trees_save(tu->trees, &t, s->id, &tree) == CPH_OK;
       }
@@ -1145,8 +1147,8 @@ static void turn_requeue(cph_turns *tu, cph_op *op) {
   }
   csession *s = sessions_get(tu->sessions, tr.session);
   if (tr.state != CPH_TURN_PARKED || !s) {
-    op_fail(op, CPH_ECONFLICT, "id", "turn %llu is not parked%s",
-            (unsigned long long)tr.id, s ? "" : " (its session was deleted)");
+    op_fail(op, CPH_ECONFLICT, "id", "turn %llu is not parked%s", (unsigned long long)tr.id,
+            s ? "" : " (its session was deleted)");
     cph_record_free(&cph_turn_desc, &tr);
     cph_txn_abort(&t);
     return;
@@ -1210,7 +1212,8 @@ void turns_supersede(cph_turns *tu, csession *s) {
   lease *l = s->running_turn ? lease_find(tu, s->running_turn) : NULL;
   if (!l || l->job_id)
     return;
-  int rc = end_lease(tu, l, CPH_TURN_SUPERSEDED, "superseded: input arrived (while_running restart)");
+  int rc =
+      end_lease(tu, l, CPH_TURN_SUPERSEDED, "superseded: input arrived (while_running restart)");
   if (rc) /* the lease stays; it ends by its worker or its deadline, as under :enqueue */
     cph_log(CPH_LOG_WARN, "could not supersede turn %llu of '%s': %s",
             (unsigned long long)s->running_turn, s->id, cph_strerror(rc));
@@ -1306,7 +1309,8 @@ int turns_recover(cph_turns *tu, cph_err *err) {
   if (rc != CPH_ENOTFOUND && rc != CPH_OK) {
     free(ids);
     cph_txn_abort(&t);
-    return cph_err_set(err, rc, "recovering leases: %s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+    return cph_err_set(err, rc, "recovering leases: %s",
+                       t.err.msg[0] ? t.err.msg : cph_strerror(rc));
   }
   for (size_t i = 0; i < n; i++) {
     cph_key tk = u64_key(ids[i]);
@@ -1327,8 +1331,10 @@ int turns_recover(cph_turns *tu, cph_err *err) {
   if (rc)
     return cph_err_set(err, rc, "recovering leases: %s", t.err.msg);
   if (n)
-    cph_log(CPH_LOG_INFO, "expired %zu lease(s) left from before the restart; their input is "
-                          "staged again", n);
+    cph_log(CPH_LOG_INFO,
+            "expired %zu lease(s) left from before the restart; their input is "
+            "staged again",
+            n);
   return CPH_OK;
 }
 
