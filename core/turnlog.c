@@ -580,12 +580,12 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
     return;
   uint64_t keep = (uint64_t)tl->env->policy->context.keep_turns;
   /* A kept context is optional: it never takes the room a full store keeps for leases and
-   * completions (env_write_reserve). The turn is then not kept, and the older ones stay. */
+   * completions (env_write_reserve). The turn is then not kept, and the older ones stay; the
+   * map grows when ingest next needs room (engine.c, grow_map), and keeping resumes. */
   size_t live = 0, map = 0;
   if (keep > 0 && cph_txn_space(t, &live, &map) == CPH_OK && live + env_write_reserve(map) > map) {
     cph_log(CPH_LOG_DEBUG, "turn %llu of '%s': its context is not kept: the store is nearly full",
             (unsigned long long)turn_id, ti->session);
-    cph_store_note_map_full(tl->env->store); /* the engine grows the map if it may (store.h) */
     return;
   }
   cph_txn c;
