@@ -134,18 +134,12 @@ static void on_pass(evutil_socket_t fd, short what, void *arg) {
  * a wake, so EAGAIN loses nothing. */
 static void hook_flushed(void *ctx) {
   cph_srv *s = ctx;
-  char byte = 1;
-  if (write(s->flush_pipe[1], &byte, 1) < 0 && errno != EAGAIN)
-    cph_warn("flush thread: cannot wake the loop: %s", strerror(errno));
+  cph_wake_signal(&s->flushed);
 }
 
 /* A flush finished: answer the operations it made durable (or failed). */
-static void on_flushed(evutil_socket_t fd, short what, void *arg) {
-  (void)what;
+static void on_flushed(void *arg) {
   cph_srv *s = arg;
-  char buf[64];
-  while (read(fd, buf, sizeof buf) > 0)
-    ;
   cph_engine_flushed(s->engine);
   after_answers(s);
 }
@@ -254,7 +248,8 @@ static void on_stop_deadline(evutil_socket_t fd, short what, void *arg) {
   cph_srv *s = arg;
   if (s->open_reqs || s->unflushed > 0)
     cph_warn("stop: %zu requests unanswered and %zu answers unwritten at the deadline; exiting "
-             "anyway", s->open_reqs, s->unflushed);
+             "anyway",
+             s->open_reqs, s->unflushed);
   event_base_loopexit(s->base, NULL);
 }
 
@@ -330,8 +325,8 @@ static void shutdown_all(cph_srv *s) {
     evhttp_free(s->http);
   cph_deadlines_free(s->deadlines); /* after evhttp_free: it closes every connection */
   s->deadlines = NULL;
-  struct event **evs[] = {&s->ev_pass,    &s->ev_tick,    &s->ev_wakeup,     &s->ev_sync,
-                          &s->ev_replies, &s->ev_flushed, &s->ev_stop_deadline};
+  struct event **evs[] = {&s->ev_pass, &s->ev_tick,    &s->ev_wakeup,
+                          &s->ev_sync, &s->ev_replies, &s->ev_stop_deadline};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (*evs[i]) {
       event_free(*evs[i]);
@@ -339,30 +334,36 @@ static void shutdown_all(cph_srv *s) {
     }
   cph_longpolls_free(s->lp);
   s->lp = NULL;
-  for (int i = 0; i < 2; i++)
-    if (s->flush_pipe[i] >= 0) {
-      close(s->flush_pipe[i]);
-      s->flush_pipe[i] = -1;
-    }
+  cph_wake_free(&s->flushed);
 }
 
 int main(int argc, char **argv) {
   const char *policy_path = NULL, *data_dir = NULL, *listen_arg = NULL, *level_arg = NULL;
-  static const struct option longopts[] = {{"policy", required_argument, NULL, 'p'},
-                                           {"data", required_argument, NULL, 'd'},
-                                           {"listen", required_argument, NULL, 'l'},
-                                           {"log-level", required_argument, NULL, 'v'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
+  static const struct option longopts[] = {
+      {"policy", required_argument, NULL, 'p'}, {"data", required_argument, NULL, 'd'},
+      {"listen", required_argument, NULL, 'l'}, {"log-level", required_argument, NULL, 'v'},
+      {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     switch (c) {
-    case 'p': policy_path = optarg; break;
-    case 'd': data_dir = optarg; break;
-    case 'l': listen_arg = optarg; break;
-    case 'v': level_arg = optarg; break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 2;
+    case 'p':
+      policy_path = optarg;
+      break;
+    case 'd':
+      data_dir = optarg;
+      break;
+    case 'l':
+      listen_arg = optarg;
+      break;
+    case 'v':
+      level_arg = optarg;
+      break;
+    case 'h':
+      usage(stdout);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
     }
   }
   if (!policy_path || optind != argc) {
@@ -402,7 +403,7 @@ int main(int argc, char **argv) {
 
   int status = 1;
   cph_srv s = {0};
-  s.flush_pipe[0] = s.flush_pipe[1] = -1;
+  s.flushed = (cph_wake){{-1, -1}, NULL, NULL, NULL, NULL};
   s.policy_path = policy_path;
   s.listen_loopback = loopback;
   s.log_level_fixed = level_arg != NULL;
@@ -432,12 +433,10 @@ int main(int argc, char **argv) {
   s.ev_replies = evtimer_new(s.base, on_replies, &s);
   s.ev_stop_deadline = evtimer_new(s.base, on_stop_deadline, &s);
   s.lp = cph_longpolls_new(s.base);
-  if (pipe2(s.flush_pipe, O_NONBLOCK | O_CLOEXEC) == 0)
-    s.ev_flushed = event_new(s.base, s.flush_pipe[0], EV_READ | EV_PERSIST, on_flushed, &s);
+  int wake_rc = cph_wake_init(&s.flushed, s.base, on_flushed, &s, "flush thread");
   s.deadlines = cph_deadlines_new(&s);
   if (!s.ev_pass || !s.ev_tick || !s.ev_wakeup || !s.ev_sync || !s.ev_replies ||
-      !s.ev_stop_deadline || !s.lp || !s.ev_flushed || !s.deadlines ||
-      event_add(s.ev_flushed, NULL)) {
+      !s.ev_stop_deadline || !s.lp || wake_rc != CPH_OK || !s.deadlines) {
     cph_error("cannot create timers");
     goto out;
   }
@@ -447,8 +446,8 @@ int main(int argc, char **argv) {
   /* Every connection's bufferevent comes from deadlines.c, which times the request's head
    * and body (:server :header-timeout-seconds, :body-timeout-seconds). */
   evhttp_set_bevcb(s.http, cph_deadlines_bevcb, s.deadlines);
-  evhttp_set_allowed_methods(s.http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
-                                         EVHTTP_REQ_DELETE);
+  evhttp_set_allowed_methods(s.http,
+                             EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE);
   evhttp_set_gencb(s.http, cph_http_dispatch, &s);
   apply_policy(&s);
   s.bound = evhttp_bind_socket_with_handle(s.http, addr.host, addr.port);
@@ -465,8 +464,8 @@ int main(int argc, char **argv) {
   ev_term = evsignal_new(s.base, SIGTERM, on_stop, &s);
   ev_int = evsignal_new(s.base, SIGINT, on_stop, &s);
   ev_hup = evsignal_new(s.base, SIGHUP, on_reload, &s);
-  if (!ev_term || !ev_int || !ev_hup || evsignal_add(ev_term, NULL) ||
-      evsignal_add(ev_int, NULL) || evsignal_add(ev_hup, NULL)) {
+  if (!ev_term || !ev_int || !ev_hup || evsignal_add(ev_term, NULL) || evsignal_add(ev_int, NULL) ||
+      evsignal_add(ev_hup, NULL)) {
     cph_error("cannot install signal handlers");
     goto out;
   }

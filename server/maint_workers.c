@@ -46,8 +46,7 @@ struct cph_maint_pool {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   bool stopping;
-  int pipe_fd[2]; /* threads write a byte when a job is executed */
-  struct event *ev_pipe;
+  cph_wake wake; /* signalled by a thread when its job is executed */
 };
 
 static void lease_next(worker *w);
@@ -57,13 +56,19 @@ cph_policy *cph_provider_snapshot(const cph_policy *p) {
   cph_policy *c = cph_policy_new_default();
   if (!c)
     return NULL;
-  char **dst[] = {&c->providers.embeddings.url, &c->providers.embeddings.model,
-                  &c->providers.embeddings.api_key_env, &c->providers.summarizer.url,
-                  &c->providers.summarizer.model, &c->providers.summarizer.api_key_env,
+  char **dst[] = {&c->providers.embeddings.url,
+                  &c->providers.embeddings.model,
+                  &c->providers.embeddings.api_key_env,
+                  &c->providers.summarizer.url,
+                  &c->providers.summarizer.model,
+                  &c->providers.summarizer.api_key_env,
                   &c->vector_index.url};
-  char *const src[] = {p->providers.embeddings.url, p->providers.embeddings.model,
-                       p->providers.embeddings.api_key_env, p->providers.summarizer.url,
-                       p->providers.summarizer.model, p->providers.summarizer.api_key_env,
+  char *const src[] = {p->providers.embeddings.url,
+                       p->providers.embeddings.model,
+                       p->providers.embeddings.api_key_env,
+                       p->providers.summarizer.url,
+                       p->providers.summarizer.model,
+                       p->providers.summarizer.api_key_env,
                        p->vector_index.url};
   for (size_t i = 0; i < sizeof dst / sizeof dst[0]; i++) {
     char *copy = strdup(src[i] ? src[i] : "");
@@ -103,9 +108,7 @@ static void *worker_main(void *arg) {
     cph_job_execute(policy, work); /* may block on the network: the loop is not waiting */
     pthread_mutex_lock(&pool->mu);
     w->executed = true;
-    char byte = (char)w->index;
-    if (write(pool->pipe_fd[1], &byte, 1) < 0 && errno != EAGAIN)
-      cph_warn("maintenance worker %s: cannot wake the loop: %s", w->name, strerror(errno));
+    cph_wake_signal(&pool->wake);
   }
   pthread_mutex_unlock(&pool->mu);
   return NULL;
@@ -194,12 +197,8 @@ static void lease_next(worker *w) {
   cph_srv_schedule_pass(pool->srv);
 }
 
-static void on_pipe(evutil_socket_t fd, short what, void *arg) {
-  (void)what;
+static void on_wake(void *arg) {
   struct cph_maint_pool *pool = arg;
-  char buf[64];
-  while (read(fd, buf, sizeof buf) > 0) {
-  }
   for (int i = 0; i < pool->n; i++) {
     worker *w = &pool->workers[i];
     pthread_mutex_lock(&pool->mu);
@@ -220,14 +219,13 @@ int cph_maint_workers_start(cph_srv *s, int n, cph_maint_pool **out) {
   if (!pool)
     return CPH_ENOMEM;
   pool->srv = s;
-  pool->pipe_fd[0] = pool->pipe_fd[1] = -1;
   pthread_mutex_init(&pool->mu, NULL);
   pthread_cond_init(&pool->cv, NULL);
-  if (pipe2(pool->pipe_fd, O_NONBLOCK | O_CLOEXEC) != 0)
-    return CPH_EIO;
-  pool->ev_pipe = event_new(s->base, pool->pipe_fd[0], EV_READ | EV_PERSIST, on_pipe, pool);
+  int rc = cph_wake_init(&pool->wake, s->base, on_wake, pool, "maintenance worker");
+  if (rc)
+    return rc;
   pool->workers = calloc((size_t)n, sizeof *pool->workers);
-  if (!pool->ev_pipe || !pool->workers || event_add(pool->ev_pipe, NULL))
+  if (!pool->workers)
     return CPH_ENOMEM;
   for (int i = 0; i < n; i++) {
     worker *w = &pool->workers[i];
@@ -261,11 +259,7 @@ void cph_maint_workers_stop(cph_maint_pool *pool) {
     cph_job_work_free(w->work);
     cph_policy_free(w->policy);
   }
-  if (pool->ev_pipe)
-    event_free(pool->ev_pipe);
-  for (int i = 0; i < 2; i++)
-    if (pool->pipe_fd[i] >= 0)
-      close(pool->pipe_fd[i]);
+  cph_wake_free(&pool->wake);
   pthread_mutex_destroy(&pool->mu);
   pthread_cond_destroy(&pool->cv);
   free(pool->workers);

@@ -35,7 +35,7 @@ typedef struct sjob {
   struct sjob *next;
   cph_req *r; /* touched on the loop only */
   void (*on_done)(cph_req *r);
-  cph_policy *policy; /* the thread's copy of the provider settings */
+  cph_policy *policy;                    /* the thread's copy of the provider settings */
   const struct cph_providers *providers; /* the engine's table (static: outlives the job) */
   char *query;
   cph_strv scopes;
@@ -57,8 +57,7 @@ struct cph_search_pool {
   pthread_cond_t cv;
   sjob_list queued, done;
   bool stopping;
-  int pipe_fd[2]; /* a thread writes a byte when a job is done */
-  struct event *ev_pipe;
+  cph_wake wake;     /* signalled by a thread when a job is done */
   uint64_t degraded; /* searches answered degraded (for the log's rate limit) */
 };
 
@@ -118,14 +117,12 @@ static void *prep_main(void *arg) {
       snprintf(j->prep.error, sizeof j->prep.error,
                "waited past the provider's :timeout-ms for a search thread");
     } else {
-      cph_search_prepare(j->policy, j->providers, j->query,
-                         (const char *const *)j->scopes.items, j->scopes.count, j->k, &j->prep);
+      cph_search_prepare(j->policy, j->providers, j->query, (const char *const *)j->scopes.items,
+                         j->scopes.count, j->k, &j->prep);
     }
     pthread_mutex_lock(&pool->mu);
     list_push(&pool->done, j);
-    char byte = 1;
-    if (write(pool->pipe_fd[1], &byte, 1) < 0 && errno != EAGAIN)
-      cph_warn("search thread: cannot wake the loop: %s", strerror(errno));
+    cph_wake_signal(&pool->wake);
   }
   pthread_mutex_unlock(&pool->mu);
   return NULL;
@@ -154,12 +151,8 @@ static void hand_in(cph_req *r, const cph_search_prep *prep) {
   r->op.u.search.degraded = prep->degraded;
 }
 
-static void on_pipe(evutil_socket_t fd, short what, void *arg) {
-  (void)what;
+static void on_wake(void *arg) {
   struct cph_search_pool *pool = arg;
-  char buf[64];
-  while (read(fd, buf, sizeof buf) > 0) {
-  }
   pthread_mutex_lock(&pool->mu);
   sjob_list done = pool->done;
   pool->done = (sjob_list){0};
@@ -216,14 +209,13 @@ int cph_search_prep_start(cph_srv *s, int n, cph_search_pool **out) {
   if (!pool)
     return CPH_ENOMEM;
   pool->srv = s;
-  pool->pipe_fd[0] = pool->pipe_fd[1] = -1;
   pthread_mutex_init(&pool->mu, NULL);
   pthread_cond_init(&pool->cv, NULL);
-  if (pipe2(pool->pipe_fd, O_NONBLOCK | O_CLOEXEC) != 0)
-    return CPH_EIO;
-  pool->ev_pipe = event_new(s->base, pool->pipe_fd[0], EV_READ | EV_PERSIST, on_pipe, pool);
+  int rc = cph_wake_init(&pool->wake, s->base, on_wake, pool, "search thread");
+  if (rc)
+    return rc;
   pool->threads = calloc((size_t)n, sizeof *pool->threads);
-  if (!pool->ev_pipe || !pool->threads || event_add(pool->ev_pipe, NULL))
+  if (!pool->threads)
     return CPH_ENOMEM;
   for (int i = 0; i < n; i++) {
     if (pthread_create(&pool->threads[i], NULL, prep_main, pool) != 0)
@@ -246,11 +238,7 @@ void cph_search_prep_stop(cph_search_pool *pool) {
     job_free(j);
   for (sjob *j; (j = list_pop(&pool->done)) != NULL;)
     job_free(j);
-  if (pool->ev_pipe)
-    event_free(pool->ev_pipe);
-  for (int i = 0; i < 2; i++)
-    if (pool->pipe_fd[i] >= 0)
-      close(pool->pipe_fd[i]);
+  cph_wake_free(&pool->wake);
   pthread_mutex_destroy(&pool->mu);
   pthread_cond_destroy(&pool->cv);
   free(pool->threads);

@@ -14,16 +14,17 @@
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
+#include "wake.h"
 
 typedef struct cph_srv cph_srv;
 typedef struct cph_req cph_req;
 
 struct cph_srv {
-  struct cph_longpolls *lp;     /* longpoll.c */
-  struct cph_maint_pool *maint; /* maint_workers.c */
-  struct cph_search_pool *search; /* search_prep.c */
-  struct cph_backup *backup;      /* backup.c: the online backup, one at a time */
-  struct cph_cluster *cluster; /* cluster.c; NULL without :cluster (a single node) */
+  struct cph_longpolls *lp;        /* longpoll.c */
+  struct cph_maint_pool *maint;    /* maint_workers.c */
+  struct cph_search_pool *search;  /* search_prep.c */
+  struct cph_backup *backup;       /* backup.c: the online backup, one at a time */
+  struct cph_cluster *cluster;     /* cluster.c; NULL without :cluster (a single node) */
   struct cph_deadlines *deadlines; /* deadlines.c; NULL outside main.c (the fuzz harness) */
   struct event_base *base;
   struct evhttp *http;
@@ -37,15 +38,14 @@ struct cph_srv {
   int (*reload)(cph_srv *s, cph_err *err);
 
   /* Driving the engine (main.c). */
-  struct event *ev_pass;   /* zero-delay timer: one pass, coalesced */
-  struct event *ev_tick;   /* :scheduler :tick-ms */
-  struct event *ev_wakeup; /* cph_engine_next_wakeup_ns */
-  struct event *ev_sync;   /* :store :sync :batch */
+  struct event *ev_pass;    /* zero-delay timer: one pass, coalesced */
+  struct event *ev_tick;    /* :scheduler :tick-ms */
+  struct event *ev_wakeup;  /* cph_engine_next_wakeup_ns */
+  struct event *ev_sync;    /* :store :sync :batch */
   struct event *ev_replies; /* zero-delay timer: wake replies long-polls */
-  /* The engine's flush thread writes a byte to flush_pipe[1] when a flush finished
-   * (cph_engine_hooks.flushed); ev_flushed reads it and answers what became durable. */
-  int flush_pipe[2];
-  struct event *ev_flushed;
+  /* The engine's flush thread signals it when a flush finished (cph_engine_hooks.flushed);
+   * the loop then answers what became durable. */
+  cph_wake flushed;
   bool pass_scheduled;
   bool replies_scheduled;
   uint64_t last_reply_seen; /* newest reply id when the replies long-polls last looked */
@@ -54,9 +54,9 @@ struct cph_srv {
   uint64_t pass_errors;
 
   /* Requests. */
-  cph_req *reqs;       /* every live request */
-  size_t open_reqs;    /* dispatched and not yet answered */
-  size_t unflushed;    /* answered, reply not yet fully written */
+  cph_req *reqs;    /* every live request */
+  size_t open_reqs; /* dispatched and not yet answered */
+  size_t unflushed; /* answered, reply not yet fully written */
 
   /* Shutdown. */
   bool stopping;
