@@ -32,8 +32,9 @@ static void set_str(char **dst, const char *v) {
 /* "NAME=COMMAND ARGS..." into a new spec. -1 with why on a malformed one. */
 static int add_mcp(wk_config *cfg, const char *name, const char *command, const char **why) {
   size_t nlen = strlen(name);
-  if (nlen == 0 || nlen > 64 || strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                              "0123456789_-.") != nlen) {
+  if (nlen == 0 || nlen > 64 ||
+      strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                   "0123456789_-.") != nlen) {
     *why = "an MCP server's NAME is 1-64 characters of [A-Za-z0-9_.-]";
     return -1;
   }
@@ -123,9 +124,9 @@ static int file_int(const file_ctx *f, const cph_edn *v, const char *key, int lo
 }
 
 static const char *const file_keys[] = {
-    "daemon",      "llm",          "model",         "api-key-env",     "token-env",
-    "mcp",         "concurrency",  "lanes",         "max-tool-rounds", "name",
-    "ca-file",     "lease-wait-ms", "llm-timeout-ms", "tool-timeout-ms", NULL};
+    "daemon",  "llm",           "model",          "api-key-env",     "token-env",
+    "mcp",     "concurrency",   "lanes",          "max-tool-rounds", "name",
+    "ca-file", "lease-wait-ms", "llm-timeout-ms", "tool-timeout-ms", NULL};
 
 static int apply_key(wk_config *cfg, const file_ctx *f, const cph_edn *key, const cph_edn *v) {
   const char *k = key->u.str.ptr;
@@ -243,9 +244,24 @@ static int load_file(wk_config *cfg, const char *path) {
 /* ---------------------------------------------------------------- argv */
 
 enum {
-  OPT_DAEMON = 256, OPT_LLM, OPT_MODEL, OPT_API_KEY_ENV, OPT_TOKEN_ENV, OPT_MCP,
-  OPT_CONCURRENCY, OPT_LANES, OPT_ROUNDS, OPT_CONFIG, OPT_CHECK, OPT_NAME, OPT_CA,
-  OPT_LEASE_WAIT, OPT_LLM_TIMEOUT, OPT_TOOL_TIMEOUT, OPT_HELP, OPT_CHECK_CONFIG
+  OPT_DAEMON = 256,
+  OPT_LLM,
+  OPT_MODEL,
+  OPT_API_KEY_ENV,
+  OPT_TOKEN_ENV,
+  OPT_MCP,
+  OPT_CONCURRENCY,
+  OPT_LANES,
+  OPT_ROUNDS,
+  OPT_CONFIG,
+  OPT_CHECK,
+  OPT_NAME,
+  OPT_CA,
+  OPT_LEASE_WAIT,
+  OPT_LLM_TIMEOUT,
+  OPT_TOOL_TIMEOUT,
+  OPT_HELP,
+  OPT_CHECK_CONFIG
 };
 
 static const struct option options[] = {
@@ -311,28 +327,63 @@ int wk_config_load(wk_config *cfg, int argc, char **argv) {
     const char *why = NULL;
     int *num = NULL, lo = 1, hi = 86400000;
     switch (c) {
-    case OPT_DAEMON: set_str(&cfg->daemon, optarg); break;
-    case OPT_LLM: set_str(&cfg->llm, optarg); break;
-    case OPT_MODEL: set_str(&cfg->model, optarg); break;
-    case OPT_API_KEY_ENV: set_str(&cfg->api_key_env, optarg); break;
-    case OPT_TOKEN_ENV: set_str(&cfg->token_env, optarg); break;
-    case OPT_NAME: set_str(&cfg->worker_name, optarg); break;
-    case OPT_CA: set_str(&cfg->ca_file, optarg); break;
-    case OPT_LANES: set_str(&cfg->lanes, optarg); break;
-    case OPT_CONFIG: break;
-    case OPT_CHECK: cfg->check = true; break;
-    case OPT_CHECK_CONFIG: cfg->check_config = true; break;
+    case OPT_DAEMON:
+      set_str(&cfg->daemon, optarg);
+      break;
+    case OPT_LLM:
+      set_str(&cfg->llm, optarg);
+      break;
+    case OPT_MODEL:
+      set_str(&cfg->model, optarg);
+      break;
+    case OPT_API_KEY_ENV:
+      set_str(&cfg->api_key_env, optarg);
+      break;
+    case OPT_TOKEN_ENV:
+      set_str(&cfg->token_env, optarg);
+      break;
+    case OPT_NAME:
+      set_str(&cfg->worker_name, optarg);
+      break;
+    case OPT_CA:
+      set_str(&cfg->ca_file, optarg);
+      break;
+    case OPT_LANES:
+      set_str(&cfg->lanes, optarg);
+      break;
+    case OPT_CONFIG:
+      break;
+    case OPT_CHECK:
+      cfg->check = true;
+      break;
+    case OPT_CHECK_CONFIG:
+      cfg->check_config = true;
+      break;
     case OPT_MCP:
       if (add_mcp_spec(cfg, optarg, &why) != 0)
         return usage_error("--mcp: %s", why);
       break;
-    case OPT_CONCURRENCY: num = &cfg->concurrency, hi = 256; break;
-    case OPT_ROUNDS: num = &cfg->max_tool_rounds, lo = 0, hi = 1000; break;
-    case OPT_LEASE_WAIT: num = &cfg->lease_wait_ms, lo = 0, hi = 60000; break;
-    case OPT_LLM_TIMEOUT: num = &cfg->llm_timeout_ms; break;
-    case OPT_TOOL_TIMEOUT: num = &cfg->tool_timeout_ms; break;
-    case OPT_HELP: fputs(usage_text, stdout); return 1;
-    default: fputs(usage_text, stderr); return 2;
+    case OPT_CONCURRENCY:
+      num = &cfg->concurrency, hi = 256;
+      break;
+    case OPT_ROUNDS:
+      num = &cfg->max_tool_rounds, lo = 0, hi = 1000;
+      break;
+    case OPT_LEASE_WAIT:
+      num = &cfg->lease_wait_ms, lo = 0, hi = 60000;
+      break;
+    case OPT_LLM_TIMEOUT:
+      num = &cfg->llm_timeout_ms;
+      break;
+    case OPT_TOOL_TIMEOUT:
+      num = &cfg->tool_timeout_ms;
+      break;
+    case OPT_HELP:
+      fputs(usage_text, stdout);
+      return 1;
+    default:
+      fputs(usage_text, stderr);
+      return 2;
     }
     if (num && parse_int(optarg, lo, hi, num) != 0)
       return usage_error("bad number '%s'", optarg);

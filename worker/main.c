@@ -234,13 +234,7 @@ static int check(const wk_ctx *ctx) {
                                "role", "user", "content", "ping", "max_tokens", 1);
       char *text = json_dumps(body, JSON_COMPACT);
       json_decref(body);
-      cph_httpc_request post = {.method = "POST",
-                                .path = "/chat/completions",
-                                .token = ctx->api_key,
-                                .user_agent = "cephalon-worker",
-                                .body = text,
-                                .body_len = text ? strlen(text) : 0,
-                                .timeout_ms = 60000};
+      cph_httpc_request post = wk_model_request(ctx, text, 60000);
       rc = cph_httpc_do(&url, &post, &resp, err, sizeof err);
       free(text);
       if (rc == CPH_HTTPC_OK && resp.status >= 200 && resp.status < 300)

@@ -34,16 +34,16 @@ typedef struct pending {
 typedef struct server {
   char *name, *command;
   size_t index;
-  pthread_mutex_t lock; /* everything below */
-  pthread_cond_t cond;  /* an answer came, or the server went away */
+  pthread_mutex_t lock;       /* everything below */
+  pthread_cond_t cond;        /* an answer came, or the server went away */
   pthread_mutex_t start_lock; /* one (re)start at a time */
-  pid_t pid;            /* 0: not running */
-  int to_fd, from_fd;   /* its stdin, its stdout; -1 when closed */
-  bool reader_running;  /* the reader thread is to be joined */
+  pid_t pid;                  /* 0: not running */
+  int to_fd, from_fd;         /* its stdin, its stdout; -1 when closed */
+  bool reader_running;        /* the reader thread is to be joined */
   pthread_t reader;
-  bool alive;           /* the reader sees the stream open */
-  bool ready;           /* initialised and listed */
-  uint64_t generation;  /* bumped at each start */
+  bool alive;          /* the reader sees the stream open */
+  bool ready;          /* initialised and listed */
+  uint64_t generation; /* bumped at each start */
   int64_t next_id;
   pending *waiting;
   wk_tool *tools;
@@ -75,8 +75,8 @@ void wk_tools_free(wk_tool *t, size_t n) {
 
 /* Answers a request the server sent us: we offer no client features. Called with s->lock. */
 static void refuse_request(server *s, json_t *id) {
-  json_t *msg = json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id, "error",
-                          "code", -32601, "message", "method not supported by cephalon-worker");
+  json_t *msg = json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id, "error", "code",
+                          -32601, "message", "method not supported by cephalon-worker");
   char *text = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
   if (text && s->to_fd >= 0) {
     size_t len = strlen(text);
@@ -413,13 +413,12 @@ static int server_ensure(server *s, char *err, size_t err_len) {
       snprintf(err, err_len, "MCP server %s: cannot start: %s", s->name, strerror(errno));
       rc = -1;
     } else {
-      json_t *params = json_pack("{s:s, s:{}, s:{s:s, s:s}}", "protocolVersion",
-                                 MCP_PROTOCOL_VERSION, "capabilities", "clientInfo", "name",
-                                 "cephalon-worker", "version", "1.0");
+      json_t *params =
+          json_pack("{s:s, s:{}, s:{s:s, s:s}}", "protocolVersion", MCP_PROTOCOL_VERSION,
+                    "capabilities", "clientInfo", "name", "cephalon-worker", "version", "1.0");
       json_t *res = NULL;
       char why[256];
-      if (rpc(s, "initialize", params, START_TIMEOUT_MS, NULL, &res, why, sizeof why) !=
-          RPC_OK) {
+      if (rpc(s, "initialize", params, START_TIMEOUT_MS, NULL, &res, why, sizeof why) != RPC_OK) {
         snprintf(err, err_len, "MCP server %s: initialize: %s", s->name, why);
         rc = -1;
       } else if (notify(s, "notifications/initialized") != 0) {
@@ -565,8 +564,8 @@ static char *result_text(json_t *res) {
   return cph_buf_steal(&b);
 }
 
-wk_call_result wk_mcp_call(wk_mcp *m, size_t index, const char *name, json_t *args,
-                           int timeout_ms, const atomic_bool *stop, char **text) {
+wk_call_result wk_mcp_call(wk_mcp *m, size_t index, const char *name, json_t *args, int timeout_ms,
+                           const atomic_bool *stop, char **text) {
   *text = NULL;
   server *s = &m->servers[index];
   char err[512];

@@ -234,6 +234,16 @@ static int should_cancel(void *arg) {
   return atomic_load(c->stop) || atomic_load(c->lost);
 }
 
+cph_httpc_request wk_model_request(const wk_ctx *ctx, const char *text, int timeout_ms) {
+  return (cph_httpc_request){.method = "POST",
+                             .path = "/chat/completions",
+                             .token = ctx->api_key,
+                             .user_agent = "cephalon-worker",
+                             .body = text,
+                             .body_len = text ? strlen(text) : 0,
+                             .timeout_ms = timeout_ms};
+}
+
 /* POST {llm}/chat/completions. 0 with *answer (the parsed body), or -1 with why. */
 static int model_call(const wk_ctx *ctx, json_t *request, cancel_arg *cancel, json_t **answer,
                       char *why, size_t why_len) {
@@ -246,15 +256,9 @@ static int model_call(const wk_ctx *ctx, json_t *request, cancel_arg *cancel, js
     return -1;
   }
   char *text = json_dumps(request, JSON_COMPACT);
-  cph_httpc_request req = {.method = "POST",
-                           .path = "/chat/completions",
-                           .token = ctx->api_key,
-                           .user_agent = "cephalon-worker",
-                           .body = text,
-                           .body_len = text ? strlen(text) : 0,
-                           .timeout_ms = ctx->cfg->llm_timeout_ms,
-                           .cancel = should_cancel,
-                           .cancel_arg = cancel};
+  cph_httpc_request req = wk_model_request(ctx, text, ctx->cfg->llm_timeout_ms);
+  req.cancel = should_cancel;
+  req.cancel_arg = cancel;
   cph_httpc_response resp;
   char detail[400];
   int rc = text ? cph_httpc_do(&url, &req, &resp, detail, sizeof detail) : CPH_HTTPC_ENOMEM;

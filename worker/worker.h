@@ -121,6 +121,10 @@ typedef struct wk_ctx {
  * daemon cannot be reached at all. */
 void wk_turn_run(const wk_ctx *ctx, json_t *turn);
 
+/* POST /chat/completions with body `text` (JSON) to the model: the request, for
+ * cph_httpc_do against cfg->llm (the key, if any, as the bearer token). */
+cph_httpc_request wk_model_request(const wk_ctx *ctx, const char *text, int timeout_ms);
+
 /* A call to the daemon (ctx->node): method path with an optional JSON body; *resp_json gets
  * the answer's JSON (or NULL). A 421 (in a cluster, another node owns what the call names)
  * is followed once to the owner's URL that the answer gives. Returns the HTTP status, or -1
