@@ -1,0 +1,988 @@
+/* Cluster mode: events through the replicated log — accept, apply, forward (clusterflow.h). */
+#include "clusterflow.h"
+
+#include <event2/event.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cluster.h"
+#include "clusterlog.h"
+#include "common/hmap.h"
+#include "common/log.h"
+#include "reply.h"
+#include "server.h"
+
+#define INGEST_DEADLINE_MS 10000
+#define FWD_DEADLINE_MS 10000
+#define SESSION_DEADLINE_MS 30000
+#define RETRY_MS 100
+#define APPLY_BATCH 512
+#define CHANNEL_MAX 256 /* as the engine's (core/ingest.c) */
+#define KEY_MAX 256
+
+typedef enum pub_kind { PUB_INGEST, PUB_FWD, PUB_SESSION } pub_kind;
+typedef enum ev_status { EV_ACCEPTED, EV_DUPLICATE, EV_REJECTED } ev_status;
+
+typedef struct ingest_req ingest_req;
+typedef struct applying applying;
+
+/* One message on its way into the log, retried with the same id until its deadline. */
+typedef struct pub {
+  char key[24]; /* ref in decimal: its key in cph_cflow.pubs */
+  uint64_t ref;
+  pub_kind kind;
+  char *subject, *msgid, *data;
+  size_t len;
+  bool kv_delete;
+  int sends;
+  bool in_map;
+  int64_t deadline_ns, retry_at_ns;
+  struct pub *next_retry;
+  ingest_req *ir; /* PUB_INGEST: the request and the event's index */
+  size_t index;
+  applying *ap; /* PUB_FWD: the applied message it forwards */
+} pub;
+
+typedef struct ev_result {
+  ev_status status;
+  uint64_t pos;
+  const char *reason, *field;
+} ev_result;
+
+/* A POST /v1/events waiting for the log. */
+struct ingest_req {
+  cph_req *r;
+  size_t n;
+  ev_result *res;
+  size_t outstanding, failed;
+  char why[256];
+  ingest_req *prev, *next;
+};
+
+/* A delivered message being applied; lives until acknowledged or released. */
+struct applying {
+  cph_clog_msg *m;
+  json_t *doc;
+  cph_event_in ev;    /* strings point into doc */
+  size_t outstanding; /* forwards not yet acknowledged */
+  bool failed;
+};
+
+typedef struct apply_batch {
+  cph_op op;
+  struct cph_cflow *f;
+  applying **items;
+  cph_event_in *events;
+  size_t n;
+  struct apply_batch *next; /* the blocked list (the engine was busy) */
+} apply_batch;
+
+/* The session table (clusterflow.h, 4.): loop-only. */
+typedef struct sess_rec {
+  char *id;
+  char **subs;
+  size_t n;
+} sess_rec;
+typedef struct chan_rec {
+  char *name;
+  const char **ids; /* borrowed from sess_rec.id */
+  size_t n, cap;
+} chan_rec;
+
+struct cph_cflow {
+  cph_srv *s;
+  cph_clog *log; /* NULL after quiesce */
+  char node[101];
+  uint64_t boot, minted, next_ref;
+  cph_hmap pubs;
+  pub *retry_head;
+  struct event *ev_retry;  /* RETRY_MS: retries and blocked batches */
+  struct event *ev_submit; /* zero delay: submit the forming batch */
+  apply_batch *forming;
+  apply_batch *blocked_head, *blocked_tail;
+  ingest_req *reqs;
+  cph_hmap sessions, channels;
+  uint64_t applied, forwarded, apply_failures;
+  bool quiesced;
+};
+
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static bool served_here(cph_cflow *f, const char *id) {
+  cph_cluster *c = f->s->cluster;
+  char node[8], url[8];
+  return cph_cluster_route(c, cph_cluster_shard_of(id, cph_cluster_shards(c)), node, sizeof node,
+                           url, sizeof url) == CPH_CLUSTER_SERVED;
+}
+
+/* ================================================================ the session table */
+
+static void chan_unlink(cph_cflow *f, const char *channel, const char *id) {
+  chan_rec *c = cph_hmap_get(&f->channels, channel);
+  if (!c)
+    return;
+  for (size_t i = 0; i < c->n; i++)
+    if (c->ids[i] == id) {
+      c->ids[i] = c->ids[--c->n];
+      break;
+    }
+  if (c->n == 0) {
+    cph_hmap_del(&f->channels, c->name);
+    free(c->name);
+    free(c->ids);
+    free(c);
+  }
+}
+
+static void sess_free(sess_rec *r) {
+  for (size_t i = 0; i < r->n; i++)
+    free(r->subs[i]);
+  free(r->subs);
+  free(r->id);
+  free(r);
+}
+
+static void table_remove(cph_cflow *f, const char *id) {
+  sess_rec *r = cph_hmap_del(&f->sessions, id);
+  if (!r)
+    return;
+  for (size_t i = 0; i < r->n; i++)
+    chan_unlink(f, r->subs[i], r->id);
+  sess_free(r);
+}
+
+/* Sets a session's channels (replacing what was known); false on out of memory (the session
+ * is then unknown, which the next put of its record mends). */
+static bool table_put(cph_cflow *f, const char *id, const char *const *subs, size_t n) {
+  table_remove(f, id);
+  sess_rec *r = calloc(1, sizeof *r);
+  if (!r || !(r->id = strdup(id)) || (n && !(r->subs = calloc(n, sizeof *r->subs))))
+    goto nomem;
+  for (size_t i = 0; i < n; i++) {
+    bool seen = false;
+    for (size_t j = 0; j < r->n; j++)
+      seen |= strcmp(r->subs[j], subs[i]) == 0;
+    if (seen)
+      continue;
+    if (!(r->subs[r->n] = strdup(subs[i])))
+      goto nomem;
+    r->n++;
+  }
+  if (cph_hmap_put(&f->sessions, r->id, r) != CPH_OK)
+    goto nomem;
+  for (size_t i = 0; i < r->n; i++) {
+    chan_rec *c = cph_hmap_get(&f->channels, r->subs[i]);
+    if (!c) {
+      c = calloc(1, sizeof *c);
+      if (!c || !(c->name = strdup(r->subs[i])) ||
+          cph_hmap_put(&f->channels, c->name, c) != CPH_OK) {
+        if (c)
+          free(c->name);
+        free(c);
+        r->n = i; /* the channels linked so far */
+        table_remove(f, id);
+        return false;
+      }
+    }
+    if (c->n == c->cap) {
+      size_t cap = c->cap ? 2 * c->cap : 4;
+      const char **ids = realloc(c->ids, cap * sizeof *ids);
+      if (!ids) {
+        r->n = i;
+        table_remove(f, id);
+        return false;
+      }
+      c->ids = ids;
+      c->cap = cap;
+    }
+    c->ids[c->n++] = r->id;
+  }
+  return true;
+nomem:
+  if (r) {
+    free(r->id);
+    for (size_t i = 0; i < r->n; i++)
+      free(r->subs[i]);
+    free(r->subs);
+    free(r);
+  }
+  return false;
+}
+
+static void on_session_entry(void *ctx, const char *session, const char *value, size_t vlen) {
+  cph_cflow *f = ctx;
+  if (!value) {
+    table_remove(f, session);
+    return;
+  }
+  json_t *doc = json_loadb(value, vlen, 0, NULL);
+  json_t *subs = json_object_get(doc, "subscribe");
+  size_t n = json_array_size(subs);
+  const char **names = calloc(n ? n : 1, sizeof *names);
+  size_t k = 0;
+  for (size_t i = 0; names && i < n; i++)
+    if (json_is_string(json_array_get(subs, i)))
+      names[k++] = json_string_value(json_array_get(subs, i));
+  if (!doc || !names || !table_put(f, session, names, k))
+    cph_warn("cluster log: session record of \"%s\" not taken (malformed or out of memory)",
+             session);
+  free(names);
+  json_decref(doc);
+}
+
+/* ================================================================ publishing */
+
+static void pub_free(pub *p) {
+  free(p->subject);
+  free(p->msgid);
+  free(p->data);
+  free(p);
+}
+
+static void arm_retry(cph_cflow *f) {
+  if (!evtimer_pending(f->ev_retry, NULL)) {
+    struct timeval tv = {0, RETRY_MS * 1000};
+    evtimer_add(f->ev_retry, &tv);
+  }
+}
+
+static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, const char *why);
+
+/* Sends p (again); a refusal now (not connected, too much in flight) is retried later. */
+static void pub_send(cph_cflow *f, pub *p) {
+  int rc = CPH_EBUSY;
+  if (f->log && !p->in_map && cph_hmap_put(&f->pubs, p->key, p) == CPH_OK) {
+    p->in_map = true;
+    rc = cph_clog_publish(f->log, p->subject, p->msgid, p->data, p->len, p->kv_delete, p->ref);
+    if (rc == CPH_OK) {
+      p->sends++;
+      return;
+    }
+    cph_hmap_del(&f->pubs, p->key);
+    p->in_map = false;
+  }
+  if (mono_ns() >= p->deadline_ns) {
+    pub_outcome(f, p, false, 0, false,
+                rc == CPH_EBUSY ? "not connected to NATS, or too many publishes in flight"
+                                : "out of memory");
+    return;
+  }
+  p->retry_at_ns = mono_ns() + RETRY_MS * 1000000LL;
+  p->next_retry = f->retry_head;
+  f->retry_head = p;
+  arm_retry(f);
+}
+
+static pub *pub_new(cph_cflow *f, pub_kind kind, const char *subject, const char *msgid, char *data,
+                    size_t len, int64_t deadline_ms) {
+  pub *p = calloc(1, sizeof *p);
+  if (!p) {
+    free(data);
+    return NULL;
+  }
+  p->ref = ++f->next_ref;
+  snprintf(p->key, sizeof p->key, "%" PRIu64, p->ref);
+  p->kind = kind;
+  p->subject = strdup(subject);
+  p->msgid = msgid ? strdup(msgid) : NULL;
+  p->data = data;
+  p->len = len;
+  p->deadline_ns = mono_ns() + deadline_ms * 1000000LL;
+  if (!p->subject || (msgid && !p->msgid) || !data) {
+    pub_free(p);
+    return NULL;
+  }
+  return p;
+}
+
+static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup, const char *why) {
+  cph_cflow *f = ctx;
+  char key[24];
+  snprintf(key, sizeof key, "%" PRIu64, ref);
+  pub *p = cph_hmap_del(&f->pubs, key);
+  if (!p)
+    return;
+  p->in_map = false;
+  if (rc == CPH_OK) {
+    pub_outcome(f, p, true, seq, dup, NULL);
+    return;
+  }
+  cph_debug("cluster log: publish to %s failed (%s); retrying", p->subject, why ? why : "?");
+  if (mono_ns() >= p->deadline_ns) {
+    pub_outcome(f, p, false, 0, false, why);
+    return;
+  }
+  pub_send(f, p); /* the same message id: stored once however often it is sent */
+}
+
+/* ================================================================ accepting (1.) */
+
+static void ingest_answer(cph_cflow *f, ingest_req *ir) {
+  cph_req *r = ir->r;
+  if (ir->failed) {
+    cph_reply_error(r, 503, "unavailable", NULL,
+                    "the cluster log (NATS JetStream) did not acknowledge %zu of the %zu events "
+                    "within %d s (%s); some may have been stored: retry them with the same keys "
+                    "(a stored one answers duplicate)",
+                    ir->failed, ir->n, INGEST_DEADLINE_MS / 1000, ir->why);
+  } else {
+    json_t *results = json_array();
+    for (size_t i = 0; i < ir->n; i++) {
+      ev_result *e = &ir->res[i];
+      json_t *o = json_pack("{snsss[]}", "id", "status",
+                            e->status == EV_ACCEPTED    ? "accepted"
+                            : e->status == EV_DUPLICATE ? "duplicate"
+                                                        : "rejected",
+                            "sessions");
+      if (e->status == EV_REJECTED) {
+        json_object_set_new(o, "reason", json_string(e->reason));
+        json_object_set_new(o, "field", json_string(e->field));
+      } else {
+        json_object_set_new(o, "pos", json_integer((json_int_t)e->pos));
+      }
+      json_array_append_new(results, o);
+    }
+    cph_reply_json(r, 200, json_pack("{so}", "results", results));
+  }
+  if (r->async) {
+    if (ir->prev)
+      ir->prev->next = ir->next;
+    else
+      f->reqs = ir->next;
+    if (ir->next)
+      ir->next->prev = ir->prev;
+    cph_req_end(r);
+  }
+  free(ir->res);
+  free(ir);
+}
+
+static void reject(ev_result *e, const char *field, const char *reason) {
+  e->status = EV_REJECTED;
+  e->field = field;
+  e->reason = reason;
+}
+
+/* The checks of the engine's ingest (core/ingest.c), in its order; true when e was rejected.
+ * A named session must be in the session table. */
+static bool check_event(cph_cflow *f, const cph_event_in *in, ev_result *e) {
+  if (!in->body)
+    reject(e, "body", "body is required");
+  else if (!in->sender || !*in->sender)
+    reject(e, "sender", "sender is required");
+  else if (in->session && !cph_hmap_get(&f->sessions, in->session))
+    reject(e, "session", "no such session");
+  else if (!in->channel && !in->session)
+    reject(e, "channel", "an event needs a channel or a session");
+  else if (in->channel && (!*in->channel || strlen(in->channel) > CHANNEL_MAX))
+    reject(e, "channel", "a channel name is 1 to 256 bytes");
+  else if (!in->channel && strlen(in->session) + 7 > CHANNEL_MAX)
+    reject(e, "channel", "a channel name is 1 to 256 bytes");
+  else if (in->key && (!*in->key || strlen(in->key) > KEY_MAX))
+    reject(e, "key", "an idempotency key is 1 to 256 bytes");
+  else
+    return false;
+  return true;
+}
+
+static json_t *strv_json(const cph_strv *v) {
+  json_t *a = json_array();
+  for (size_t i = 0; a && i < v->count; i++)
+    if (v->items[i])
+      json_array_append_new(a, json_string(v->items[i]));
+  return a;
+}
+
+void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
+  cph_cflow *f = r->srv->cflow;
+  if (f->quiesced) {
+    cph_reply_error(r, 503, "unavailable", NULL, "cephalond is shutting down");
+    return;
+  }
+  ingest_req *ir = calloc(1, sizeof *ir);
+  if (!ir || !(ir->res = calloc(n ? n : 1, sizeof *ir->res))) {
+    free(ir);
+    cph_reply_error(r, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  ir->r = r;
+  ir->n = n;
+  uint32_t shards = cph_cluster_shards(r->srv->cluster);
+  pub **pubs = calloc(n ? n : 1, sizeof *pubs);
+  if (!pubs)
+    goto nomem;
+  for (size_t i = 0; i < n; i++) {
+    cph_event_in *in = &events[i];
+    if (check_event(f, in, &ir->res[i]))
+      continue;
+    char msgid[320];
+    if (in->key)
+      snprintf(msgid, sizeof msgid, "%s", in->key);
+    else
+      snprintf(msgid, sizeof msgid, "%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted);
+    json_t *doc = json_pack("{sssssssI}", "sender", in->sender, "body", in->body, "key", msgid,
+                            "ts_ms", (json_int_t)(in->ts_ms ? in->ts_ms : cph_wall_ms()));
+    if (doc && in->channel)
+      json_object_set_new(doc, "channel", json_string(in->channel));
+    if (doc && in->session)
+      json_object_set_new(doc, "session", json_string(in->session));
+    if (doc && in->kind)
+      json_object_set_new(doc, "kind", json_string(in->kind));
+    if (doc && in->mentions.count)
+      json_object_set_new(doc, "mentions", strv_json(&in->mentions));
+    char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    char subject[64];
+    cph_clog_subject(subject, sizeof subject,
+                     cph_cluster_shard_of(in->session ? in->session : in->channel, shards), false);
+    pubs[i] = data ? pub_new(f, PUB_INGEST, subject, msgid, data, strlen(data), INGEST_DEADLINE_MS)
+                   : NULL;
+    if (!pubs[i])
+      goto nomem;
+    pubs[i]->ir = ir;
+    pubs[i]->index = i;
+    ir->outstanding++;
+  }
+  if (!ir->outstanding) {
+    free(pubs);
+    ingest_answer(f, ir);
+    return;
+  }
+  r->async = true;
+  ir->next = f->reqs;
+  if (f->reqs)
+    f->reqs->prev = ir;
+  f->reqs = ir;
+  for (size_t i = 0; i < n; i++)
+    if (pubs[i])
+      pub_send(f, pubs[i]); /* may answer (a deadline of 0 never passes here) */
+  free(pubs);
+  return;
+nomem:
+  for (size_t i = 0; pubs && i < n; i++)
+    if (pubs[i])
+      pub_free(pubs[i]);
+  free(pubs);
+  free(ir->res);
+  free(ir);
+  cph_reply_error(r, 500, "internal", NULL, "out of memory");
+}
+
+/* ================================================================ applying (2.) and
+ * forwarding (3.) */
+
+static void applying_free(applying *ap) {
+  json_decref(ap->doc);
+  free(ap->ev.mentions.items);
+  free(ap);
+}
+
+static void applying_finish(cph_cflow *f, applying *ap) {
+  if (f->log && !f->quiesced && !ap->failed)
+    cph_clog_ack(f->log, ap->m);
+  else
+    cph_clog_release(f->log, ap->m);
+  applying_free(ap);
+}
+
+static const char *jstr(json_t *doc, const char *key) {
+  return json_string_value(json_object_get(doc, key));
+}
+
+/* Decodes a message into ap->ev; false when it is not one of ours. */
+static bool decode_event(applying *ap) {
+  json_t *d = ap->doc;
+  cph_event_in *ev = &ap->ev;
+  ev->channel = (char *)jstr(d, "channel");
+  ev->sender = (char *)jstr(d, "sender");
+  ev->body = (char *)jstr(d, "body");
+  ev->session = (char *)jstr(d, "session");
+  ev->kind = (char *)jstr(d, "kind");
+  ev->key = (char *)jstr(d, "key");
+  json_t *ts = json_object_get(d, "ts_ms");
+  ev->ts_ms = json_is_integer(ts) ? json_integer_value(ts) : 0;
+  json_t *m = json_object_get(d, "mentions");
+  size_t n = json_array_size(m);
+  if (n) {
+    ev->mentions.items = calloc(n, sizeof(char *));
+    if (!ev->mentions.items)
+      return false;
+    for (size_t i = 0; i < n; i++)
+      if (json_is_string(json_array_get(m, i)))
+        ev->mentions.items[ev->mentions.count++] = (char *)json_string_value(json_array_get(m, i));
+  }
+  return ev->key && ev->sender && ev->body && (ev->channel || ev->session);
+}
+
+typedef struct target {
+  const char *id;
+  bool mentioned;
+} target;
+
+static void add_target(target *ts, size_t *n, const char *id, bool mentioned) {
+  for (size_t i = 0; i < *n; i++)
+    if (strcmp(ts[i].id, id) == 0) {
+      ts[i].mentioned |= mentioned;
+      return;
+    }
+  ts[(*n)++] = (target){id, mentioned};
+}
+
+/* The engine key of a forward: "f:" + hex SHA-256 of its message id (within 256 bytes). */
+static void forward_key(const char *msgid, char out[67]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(msgid, strlen(msgid), md, &len, EVP_sha256(), NULL);
+  out[0] = 'f';
+  out[1] = ':';
+  for (unsigned i = 0; i < 32; i++)
+    snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
+}
+
+/* Publishes the forwards of an applied `in` event; the message is acknowledged when they all
+ * were (applying_finish). */
+static void forward(cph_cflow *f, applying *ap) {
+  cph_event_in *ev = &ap->ev;
+  chan_rec *c = !ev->session && ev->channel ? cph_hmap_get(&f->channels, ev->channel) : NULL;
+  size_t cap = (c ? c->n : 0) + ev->mentions.count;
+  target *ts = calloc(cap ? cap : 1, sizeof *ts);
+  size_t n = 0;
+  if (!ts) {
+    ap->failed = true;
+    applying_finish(f, ap);
+    return;
+  }
+  for (size_t i = 0; c && i < c->n; i++)
+    if (!served_here(f, c->ids[i]))
+      add_target(ts, &n, c->ids[i], false);
+  for (size_t i = 0; i < ev->mentions.count; i++) {
+    const char *m = ev->mentions.items[i];
+    if (cph_hmap_get(&f->sessions, m) && !served_here(f, m))
+      add_target(ts, &n, m, true);
+  }
+  char direct[300];
+  const char *channel = ev->channel;
+  if (!channel) {
+    snprintf(direct, sizeof direct, "direct:%s", ev->session);
+    channel = direct;
+  }
+  uint32_t shards = cph_cluster_shards(f->s->cluster);
+  ap->outstanding = n + 1; /* + 1 until every forward is sent */
+  for (size_t i = 0; i < n; i++) {
+    size_t idlen = strlen(ev->key) + 1 + strlen(ts[i].id) + 1;
+    char *msgid = malloc(idlen);
+    char key[67];
+    char *data = NULL;
+    if (msgid) {
+      snprintf(msgid, idlen, "%s/%s", ev->key, ts[i].id);
+      forward_key(msgid, key);
+      json_t *doc =
+          json_pack("{sssssssssssI}", "channel", channel, "sender", ev->sender, "body", ev->body,
+                    "session", ts[i].id, "key", key, "ts_ms", (json_int_t)ev->ts_ms);
+      if (doc && ev->kind)
+        json_object_set_new(doc, "kind", json_string(ev->kind));
+      if (doc && ts[i].mentioned)
+        json_object_set_new(doc, "mentions", json_pack("[s]", ts[i].id));
+      data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+      json_decref(doc);
+    }
+    char subject[64];
+    cph_clog_subject(subject, sizeof subject, cph_cluster_shard_of(ts[i].id, shards), true);
+    pub *p = msgid && data
+                 ? pub_new(f, PUB_FWD, subject, msgid, data, strlen(data), FWD_DEADLINE_MS)
+                 : (free(data), NULL);
+    free(msgid);
+    if (!p) {
+      ap->failed = true;
+      continue;
+    }
+    p->ap = ap;
+    pub_send(f, p);
+  }
+  free(ts);
+  if (--ap->outstanding == 0)
+    applying_finish(f, ap);
+}
+
+static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, const char *why) {
+  switch (p->kind) {
+  case PUB_INGEST: {
+    ingest_req *ir = p->ir;
+    ev_result *e = &ir->res[p->index];
+    if (ok) {
+      /* A duplicate on a resend is our own earlier send: accepted. */
+      e->status = dup && p->sends == 1 ? EV_DUPLICATE : EV_ACCEPTED;
+      e->pos = seq;
+    } else {
+      ir->failed++;
+      snprintf(ir->why, sizeof ir->why, "%s", why ? why : "no answer");
+    }
+    if (--ir->outstanding == 0)
+      ingest_answer(f, ir);
+    break;
+  }
+  case PUB_FWD:
+    if (ok)
+      f->forwarded++;
+    else {
+      cph_warn("cluster log: forward %s not acknowledged (%s); the event comes again", p->msgid,
+               why ? why : "no answer");
+      p->ap->failed = true;
+    }
+    if (--p->ap->outstanding == 0)
+      applying_finish(f, p->ap);
+    break;
+  case PUB_SESSION:
+    if (!ok)
+      cph_error("cluster log: the record of a session (%s) was not taken by the log: %s; "
+                "other nodes do not see its change",
+                p->subject, why ? why : "no answer");
+    break;
+  }
+  pub_free(p);
+}
+
+static void batch_free(apply_batch *b) {
+  free(b->items);
+  free(b->events);
+  free(b);
+}
+
+static void apply_done(cph_op *op, void *ctx) {
+  apply_batch *b = ctx;
+  cph_cflow *f = b->f;
+  bool ok = op->rc == CPH_OK && !f->quiesced;
+  if (op->rc != CPH_OK && !f->quiesced) {
+    f->apply_failures++;
+    cph_warn("cluster log: applying %zu messages failed (%s); they come again", b->n,
+             op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+  }
+  for (size_t i = 0; i < b->n; i++) {
+    applying *ap = b->items[i];
+    if (!ok) {
+      ap->failed = true;
+      applying_finish(f, ap);
+      continue;
+    }
+    f->applied++;
+    cph_event_result *res = op->u.ingest.results ? &op->u.ingest.results[i] : NULL;
+    if (res && res->status == CPH_EV_REJECTED && res->reason &&
+        strcmp(res->reason, "session_busy") != 0)
+      cph_warn("cluster log: message %" PRIu64 " of shard %" PRIu32 " rejected by the engine: %s",
+               ap->m->seq, ap->m->shard, res->reason);
+    if (ap->m->fwd)
+      applying_finish(f, ap);
+    else
+      forward(f, ap);
+  }
+  cph_op_clear_results(op);
+  batch_free(b);
+}
+
+static void batch_submit(cph_cflow *f, apply_batch *b) {
+  memset(&b->op, 0, sizeof b->op);
+  b->op.kind = CPH_OP_INGEST;
+  b->op.done = apply_done;
+  b->op.ctx = b;
+  b->op.u.ingest.events = b->events;
+  b->op.u.ingest.n_events = b->n;
+  int rc = cph_engine_submit(f->s->engine, &b->op);
+  if (rc == CPH_OK) {
+    cph_srv_schedule_pass(f->s);
+    return;
+  }
+  /* The engine's queue is full: again on the next retry tick, in order. */
+  b->next = NULL;
+  if (f->blocked_tail)
+    f->blocked_tail->next = b;
+  else
+    f->blocked_head = b;
+  f->blocked_tail = b;
+  arm_retry(f);
+}
+
+static void submit_forming(cph_cflow *f) {
+  apply_batch *b = f->forming;
+  f->forming = NULL;
+  if (!b)
+    return;
+  if (f->blocked_head) { /* keep the order behind the blocked ones */
+    b->next = NULL;
+    f->blocked_tail->next = b;
+    f->blocked_tail = b;
+    return;
+  }
+  batch_submit(f, b);
+}
+
+static void on_submit(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  submit_forming(arg);
+}
+
+static void on_message(void *ctx, cph_clog_msg *m) {
+  cph_cflow *f = ctx;
+  char node[8], url[8];
+  if (cph_cluster_route(f->s->cluster, m->shard, node, sizeof node, url, sizeof url) !=
+      CPH_CLUSTER_SERVED) {
+    cph_clog_release(f->log, m); /* no longer ours: the next owner gets it */
+    return;
+  }
+  applying *ap = calloc(1, sizeof *ap);
+  if (!ap) {
+    cph_clog_release(f->log, m);
+    return;
+  }
+  ap->m = m;
+  ap->doc = json_loadb(m->data, m->len, 0, NULL);
+  if (!ap->doc || !decode_event(ap)) {
+    cph_error("cluster log: message %" PRIu64 " of shard %" PRIu32
+              " is not an event; acknowledged and skipped",
+              m->seq, m->shard);
+    applying_finish(f, ap);
+    return;
+  }
+  if (!f->forming) {
+    apply_batch *b = calloc(1, sizeof *b);
+    if (b) {
+      b->f = f;
+      b->items = calloc(APPLY_BATCH, sizeof *b->items);
+      b->events = calloc(APPLY_BATCH, sizeof *b->events);
+    }
+    if (!b || !b->items || !b->events) {
+      if (b)
+        batch_free(b);
+      ap->failed = true;
+      applying_finish(f, ap);
+      return;
+    }
+    f->forming = b;
+  }
+  apply_batch *b = f->forming;
+  b->items[b->n] = ap;
+  b->events[b->n] = ap->ev;
+  b->n++;
+  if (b->n == APPLY_BATCH)
+    submit_forming(f);
+  else if (!evtimer_pending(f->ev_submit, NULL)) {
+    struct timeval zero = {0, 0};
+    evtimer_add(f->ev_submit, &zero);
+  }
+}
+
+static void on_retry(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  cph_cflow *f = arg;
+  if (f->quiesced)
+    return;
+  while (f->blocked_head) {
+    apply_batch *b = f->blocked_head;
+    f->blocked_head = b->next;
+    if (!f->blocked_head)
+      f->blocked_tail = NULL;
+    memset(&b->op, 0, sizeof b->op);
+    b->op.kind = CPH_OP_INGEST;
+    b->op.done = apply_done;
+    b->op.ctx = b;
+    b->op.u.ingest.events = b->events;
+    b->op.u.ingest.n_events = b->n;
+    if (cph_engine_submit(f->s->engine, &b->op) != CPH_OK) {
+      b->next = f->blocked_head;
+      f->blocked_head = b;
+      if (!f->blocked_tail)
+        f->blocked_tail = b;
+      break;
+    }
+    cph_srv_schedule_pass(f->s);
+  }
+  int64_t now = mono_ns();
+  pub *due = NULL, **pp = &f->retry_head;
+  while (*pp) {
+    pub *p = *pp;
+    if (p->retry_at_ns <= now) {
+      *pp = p->next_retry;
+      p->next_retry = due;
+      due = p;
+    } else {
+      pp = &p->next_retry;
+    }
+  }
+  while (due) {
+    pub *p = due;
+    due = p->next_retry;
+    pub_send(f, p);
+  }
+  if (f->retry_head || f->blocked_head)
+    arm_retry(f);
+}
+
+/* ================================================================ sessions (4.) */
+
+void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_strv *subscribe) {
+  if (f->quiesced)
+    return;
+  char subject[700];
+  if (cph_clog_session_subject(subject, sizeof subject, session) != CPH_OK)
+    return;
+  char *data;
+  if (subscribe) {
+    json_t *doc = json_pack("{so}", "subscribe", strv_json(subscribe));
+    data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    if (data)
+      table_put(f, session, (const char *const *)subscribe->items, subscribe->count);
+  } else {
+    data = strdup("");
+    table_remove(f, session);
+  }
+  pub *p =
+      data ? pub_new(f, PUB_SESSION, subject, NULL, data, strlen(data), SESSION_DEADLINE_MS) : NULL;
+  if (!p) {
+    cph_error("cluster log: out of memory publishing the record of session \"%s\"", session);
+    return;
+  }
+  p->kv_delete = subscribe == NULL;
+  pub_send(f, p);
+}
+
+/* ================================================================ lifetime */
+
+int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
+  *out = NULL;
+  const cph_policy *pol = cph_engine_policy(s->engine);
+  cph_cflow *f = calloc(1, sizeof *f);
+  if (!f) {
+    cph_err_set(err, CPH_ENOMEM, "out of memory");
+    return CPH_ENOMEM;
+  }
+  f->s = s;
+  snprintf(f->node, sizeof f->node, "%s", pol->cluster.node);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  f->boot = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+  f->ev_retry = evtimer_new(s->base, on_retry, f);
+  f->ev_submit = evtimer_new(s->base, on_submit, f);
+  if (!f->ev_retry || !f->ev_submit) {
+    cph_cflow_free(f);
+    cph_err_set(err, CPH_ENOMEM, "out of memory");
+    return CPH_ENOMEM;
+  }
+  cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry};
+  int rc = cph_clog_start(&pol->cluster, pol->dedupe.key_window_seconds, s->cluster, s->base,
+                          &hooks, &f->log, err);
+  if (rc != CPH_OK) {
+    cph_cflow_free(f);
+    return rc;
+  }
+  *out = f;
+  return CPH_OK;
+}
+
+void cph_cflow_quiesce(cph_cflow *f) {
+  if (!f || f->quiesced)
+    return;
+  f->quiesced = true;
+  while (f->reqs) {
+    ingest_req *ir = f->reqs;
+    f->reqs = ir->next;
+    cph_reply_error(ir->r, 503, "unavailable", NULL,
+                    "cephalond is stopping before the cluster log acknowledged these events: "
+                    "retry them (with the same keys, a stored one answers duplicate)");
+    cph_req_end(ir->r);
+    ir->r = NULL;
+    /* ir stays reachable from its pubs, freed with them */
+  }
+  cph_clog_stop(f->log);
+  f->log = NULL;
+}
+
+void cph_cflow_free(cph_cflow *f) {
+  if (!f)
+    return;
+  cph_cflow_quiesce(f);
+  /* Pubs still waiting (in the map or the retry list), and the requests they belong to. */
+  ingest_req **irs = NULL;
+  size_t n_irs = 0;
+  pub *all = f->retry_head;
+  for (size_t i = 0; i < f->pubs.cap; i++)
+    if (f->pubs.slots[i].key) {
+      pub *p = f->pubs.slots[i].value;
+      p->next_retry = all;
+      all = p;
+    }
+  while (all) {
+    pub *p = all;
+    all = p->next_retry;
+    if (p->kind == PUB_INGEST && p->ir && --p->ir->outstanding == 0) {
+      ingest_req **g = realloc(irs, (n_irs + 1) * sizeof *g);
+      if (g) {
+        irs = g;
+        irs[n_irs++] = p->ir;
+      }
+    }
+    if (p->kind == PUB_FWD && --p->ap->outstanding == 0)
+      applying_finish(f, p->ap);
+    pub_free(p);
+  }
+  for (size_t i = 0; i < n_irs; i++) {
+    free(irs[i]->res);
+    free(irs[i]);
+  }
+  free(irs);
+  cph_hmap_free(&f->pubs);
+  apply_batch *b = f->blocked_head;
+  if (f->forming) {
+    f->forming->next = b;
+    b = f->forming;
+  }
+  while (b) {
+    apply_batch *next = b->next;
+    for (size_t i = 0; i < b->n; i++) {
+      b->items[i]->failed = true;
+      applying_finish(f, b->items[i]);
+    }
+    batch_free(b);
+    b = next;
+  }
+  for (size_t i = 0; i < f->sessions.cap; i++)
+    if (f->sessions.slots[i].key)
+      sess_free(f->sessions.slots[i].value);
+  cph_hmap_free(&f->sessions);
+  for (size_t i = 0; i < f->channels.cap; i++)
+    if (f->channels.slots[i].key) {
+      chan_rec *c = f->channels.slots[i].value;
+      free(c->name);
+      free(c->ids);
+      free(c);
+    }
+  cph_hmap_free(&f->channels);
+  if (f->ev_retry)
+    event_free(f->ev_retry);
+  if (f->ev_submit)
+    event_free(f->ev_submit);
+  free(f);
+}
+
+json_t *cph_cflow_json(cph_cflow *f) {
+  json_t *o = f->log ? cph_clog_json(f->log) : json_pack("{ss}", "state", "stopped");
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "sessions_known", json_integer((json_int_t)f->sessions.len));
+  json_object_set_new(o, "applied", json_integer((json_int_t)f->applied));
+  json_object_set_new(o, "forwarded", json_integer((json_int_t)f->forwarded));
+  size_t waiting = 0;
+  for (ingest_req *ir = f->reqs; ir; ir = ir->next)
+    waiting++;
+  json_object_set_new(o, "waiting_requests", json_integer((json_int_t)waiting));
+  return o;
+}

@@ -1,0 +1,79 @@
+/* Cluster mode (DESIGN §14, "Accepting"): how events flow through the replicated log
+ * (clusterlog.h) between the nodes. Runs only with :cluster and :nats; loop thread only.
+ *
+ * 1. Accept, on any node. POST /v1/events checks each event as the engine would (body,
+ *    sender, a channel or a session, lengths, and that a named session exists — from the
+ *    session table below) and appends each valid one to ceph.s.<shard>.in, where the shard is
+ *    its session's when it names one (an event with a session is routed to that session
+ *    only, DESIGN §4, so it is applied where the session lives) and its channel's otherwise.
+ *    Message id: its `key` when it has one, else one minted here (<node>.<boot>.<n>); the
+ *    payload carries that id as the event's `key`, and ts_ms is fixed here. The answer is
+ *    sent once the log acknowledged every event of the request (JetStream acknowledges after
+ *    a quorum of :replicas stored it): per event {"id": null, "status": "accepted", "sessions":
+ *    [], "pos": <stream sequence>}, or "duplicate" with the original's pos when the log had
+ *    the message id already, or "rejected" with reason and field (nothing logged). id and
+ *    sessions are null/empty: they are known only when the owner applies it. A publish is
+ *    retried (same message id: stored once) until 10 s have passed; then the whole request
+ *    answers 503 `unavailable` — never a 200 for an event the log did not take.
+ *
+ * 2. Apply, on the owner of the shard. The owner's consumer (clusterlog.h) hands it the
+ *    shard's messages in order; they are applied in batches as one engine ingest operation
+ *    each (the normal local path: history, families, routing to the sessions on this node),
+ *    and acknowledged to the log only after the engine committed. The engine's idempotency
+ *    key (the message id) makes a second delivery a `duplicate`: applied once per node.
+ *
+ * 3. Forward. After applying an `in` event the owner publishes a copy to
+ *    ceph.s.<shard of S>.fwd for every session S it reaches that lives on a shard this node
+ *    does not serve: the channel's subscribers (no session named) and the mentioned sessions.
+ *    Message id `<event message id>/<S>`, so the log stores each forward once; the copy
+ *    names S as its session (and mentions S when S was mentioned) and carries the engine key
+ *    "f:" + SHA-256 of that id, so S's owner applies it to S alone (an event naming a session
+ *    goes to that session only), once. The `in` message is acknowledged only when every
+ *    forward was acknowledged by the log; if one fails it is not, and comes again: applying
+ *    again is a duplicate, forwarding again is deduplicated by the log. S's owner stores the
+ *    forwarded event in its own copy of the channel's history, which S's context shows.
+ *
+ * 4. Who subscribes where: the session table. The owner of a session publishes the session's
+ *    record to the key-value bucket CEPH_SESSIONS whenever it is created, changed or deleted
+ *    ({"subscribe": [channel]}; deleted: the key is deleted). Every node watches the bucket
+ *    and keeps the whole table in memory (session -> channels, channel -> sessions): the
+ *    channel's owner reads a channel's subscribers from it, and any node checks a named
+ *    session from it. A change is visible to the other nodes once their watch delivered it
+ *    (milliseconds); an event applied before that does not reach a new subscriber, as an
+ *    event posted before a subscribe would not. The session answer does not wait for the
+ *    record (it is retried for 30 s and logged if the log never takes it).
+ *
+ * Not here (later slices): snapshots and rebuild of a moved shard's state, fencing of a
+ * deposed owner's writes, min_pos. */
+#ifndef CEPHALON_SERVER_CLUSTERFLOW_H
+#define CEPHALON_SERVER_CLUSTERFLOW_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "cephalon/cephalon.h"
+#include "request.h"
+
+typedef struct cph_cflow cph_cflow;
+
+/* Starts the flow and its log (s->cluster must be running). CPH_EINVAL, CPH_ENOMEM, CPH_EIO;
+ * err says why. */
+int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err);
+/* Shutdown, first step: answers every request still waiting for the log 503, stops taking
+ * messages and closes the log (what was not acknowledged comes again to the next owner).
+ * Engine operations of the flow still queued may finish afterwards; they release what they
+ * hold. Idempotent. */
+void cph_cflow_quiesce(cph_cflow *f);
+/* Frees f (after the engine's last pass). NULL is fine. */
+void cph_cflow_free(cph_cflow *f);
+
+/* POST /v1/events in cluster mode (see 1. above): answers r, at once or after the log. */
+void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n);
+/* A session was created or changed (subscribe: its channels) or deleted (subscribe NULL) on
+ * this node: publishes its record (see 4. above). */
+void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_strv *subscribe);
+/* {"state", ..., "sessions_known", "applied", "forwarded"} for GET /v1/cluster. */
+json_t *cph_cflow_json(cph_cflow *f);
+
+#endif
