@@ -256,6 +256,15 @@ static void arm_retry(cph_cflow *f) {
 
 static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, const char *why);
 
+/* Sends p again after RETRY_MS (a JetStream leader election takes a moment: resending at once
+ * would only spin). */
+static void pub_retry_later(cph_cflow *f, pub *p) {
+  p->retry_at_ns = mono_ns() + RETRY_MS * 1000000LL;
+  p->next_retry = f->retry_head;
+  f->retry_head = p;
+  arm_retry(f);
+}
+
 /* Sends p (again); a refusal now (not connected, too much in flight) is retried later. */
 static void pub_send(cph_cflow *f, pub *p) {
   int rc = CPH_EBUSY;
@@ -275,10 +284,7 @@ static void pub_send(cph_cflow *f, pub *p) {
                                 : "out of memory");
     return;
   }
-  p->retry_at_ns = mono_ns() + RETRY_MS * 1000000LL;
-  p->next_retry = f->retry_head;
-  f->retry_head = p;
-  arm_retry(f);
+  pub_retry_later(f, p);
 }
 
 static pub *pub_new(cph_cflow *f, pub_kind kind, const char *subject, const char *msgid, char *data,
@@ -320,7 +326,7 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
     pub_outcome(f, p, false, 0, false, why);
     return;
   }
-  pub_send(f, p); /* the same message id: stored once however often it is sent */
+  pub_retry_later(f, p); /* the same message id: stored once however often it is sent */
 }
 
 /* ================================================================ accepting (1.) */

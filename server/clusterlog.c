@@ -263,8 +263,10 @@ static void on_disconnected(natsConnection *nc, void *closure) {
   cph_clog *l = closure;
   pthread_mutex_lock(&l->mu);
   l->connected = false;
+  bool closing = l->stop;
   pthread_mutex_unlock(&l->mu);
-  cph_warn("cluster log: disconnected from NATS; reconnecting");
+  if (!closing)
+    cph_warn("cluster log: disconnected from NATS; reconnecting");
 }
 
 static void on_reconnected(natsConnection *nc, void *closure) {
