@@ -17,6 +17,7 @@
 #include "common/log.h"
 
 #define SYNC_MS 100
+#define BIND_THREADS 8
 #define ACK_WAIT_S 5
 #define MAX_ACK_PENDING 20000
 #define PUB_MAX_WAIT_MS 3000
@@ -537,16 +538,50 @@ counted:
   pthread_mutex_unlock(&l->mu);
 }
 
+/* Binding runs on up to BIND_THREADS threads at once: creating a replicated consumer waits on
+ * JetStream's Raft (a few hundred ms each), so 85 shards one after the other would take most
+ * of a minute at a node's first start. */
+typedef struct bind_job {
+  cph_clog *log;
+  uint32_t *shards;
+  size_t n;
+  size_t next; /* under log->mu */
+} bind_job;
+
+static void *bind_worker(void *arg) {
+  bind_job *j = arg;
+  for (;;) {
+    pthread_mutex_lock(&j->log->mu);
+    size_t i = j->next++;
+    pthread_mutex_unlock(&j->log->mu);
+    if (i >= j->n || stopping(j->log))
+      return NULL;
+    bind_shard(j->log, j->shards[i]);
+  }
+}
+
 static void sync_shards(cph_clog *l) {
   char node[8], url[8];
+  uint32_t *todo = malloc(l->shards * sizeof *todo);
+  size_t n = 0;
   for (uint32_t s = 0; s < l->shards && !stopping(l); s++) {
     bool served =
         cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) == CPH_CLUSTER_SERVED;
-    if (served && !l->subs[s].sub)
-      bind_shard(l, s);
+    if (served && !l->subs[s].sub && todo)
+      todo[n++] = s;
     else if (!served && l->subs[s].sub)
       unbind_shard(l, s);
   }
+  bind_job job = {l, todo, n, 0};
+  pthread_t th[BIND_THREADS];
+  size_t started = 0;
+  for (; n > 1 && started < BIND_THREADS && started + 1 < n; started++)
+    if (pthread_create(&th[started], NULL, bind_worker, &job) != 0)
+      break;
+  bind_worker(&job); /* this thread works too (alone for one shard) */
+  for (size_t k = 0; k < started; k++)
+    pthread_join(th[k], NULL);
+  free(todo);
 }
 
 static void *log_thread(void *arg) {
