@@ -108,6 +108,7 @@ struct cph_cflow {
   cph_hmap sessions, channels;
   uint64_t applied, forwarded, apply_failures;
   bool quiesced;
+  bool started; /* the log was started (libnats is open) */
 };
 
 static int64_t mono_ns(void) {
@@ -890,6 +891,7 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
     cph_cflow_free(f);
     return rc;
   }
+  f->started = true;
   *out = f;
   return CPH_OK;
 }
@@ -976,7 +978,10 @@ void cph_cflow_free(cph_cflow *f) {
     event_free(f->ev_retry);
   if (f->ev_submit)
     event_free(f->ev_submit);
+  bool started = f->started;
   free(f);
+  if (started) /* every message is released by now */
+    cph_clog_close_library();
 }
 
 json_t *cph_cflow_json(cph_cflow *f) {

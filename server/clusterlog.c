@@ -740,6 +740,8 @@ void cph_clog_stop(cph_clog *l) {
   free(l);
 }
 
+void cph_clog_close_library(void) { nats_CloseAndWait(2000); }
+
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd) {
   snprintf(buf, size, "ceph.s.%" PRIu32 ".%s", shard, fwd ? "fwd" : "in");
 }

@@ -101,6 +101,10 @@ int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const 
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd);
 int cph_clog_session_subject(char *buf, size_t size, const char *session);
 
+/* Releases libnats's process-wide state (its threads): once, after every cph_clog_stop and after
+ * the last message was acknowledged or released. */
+void cph_clog_close_library(void);
+
 void cph_clog_ack(cph_clog *l, cph_clog_msg *m);
 void cph_clog_release(cph_clog *l, cph_clog_msg *m);
 
