@@ -271,7 +271,10 @@ static void pub_send(cph_cflow *f, pub *p) {
   int rc = CPH_EBUSY;
   if (f->log && !p->in_map && cph_hmap_put(&f->pubs, p->key, p) == CPH_OK) {
     p->in_map = true;
-    rc = cph_clog_publish(f->log, p->subject, p->msgid, p->data, p->len, p->kv_delete, p->ref);
+    /* no answer later than the deadline: the request is answered on time */
+    int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    rc = cph_clog_publish(f->log, p->subject, p->msgid, p->data, p->len, p->kv_delete, left_ms,
+                          p->ref);
     if (rc == CPH_OK) {
       p->sends++;
       return;

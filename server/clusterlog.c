@@ -740,7 +740,7 @@ void cph_clog_stop(cph_clog *l) {
   free(l);
 }
 
-void cph_clog_close_library(void) { nats_CloseAndWait(2000); }
+void cph_clog_close_library(void) { nats_CloseAndWait(500); }
 
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd) {
   snprintf(buf, size, "ceph.s.%" PRIu32 ".%s", shard, fwd ? "fwd" : "in");
@@ -761,7 +761,7 @@ int cph_clog_session_subject(char *buf, size_t size, const char *session) {
 }
 
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
-                     size_t len, bool kv_delete, uint64_t ref) {
+                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref) {
   pthread_mutex_lock(&l->mu);
   bool ok = l->ready && !l->quiesced && l->in_flight < MAX_IN_FLIGHT;
   if (ok)
@@ -780,7 +780,9 @@ int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const 
   jsPubOptions po;
   jsPubOptions_Init(&po);
   po.MsgId = msgid;
-  po.MaxWait = PUB_MAX_WAIT_MS;
+  po.MaxWait = max_wait_ms < 50                ? 50
+               : max_wait_ms > PUB_MAX_WAIT_MS ? PUB_MAX_WAIT_MS
+                                               : max_wait_ms;
   if (s == NATS_OK)
     s = js_PublishMsgAsync(l->js, &m, &po);
   if (s != NATS_OK) {

@@ -93,10 +93,11 @@ void cph_clog_quiesce(cph_clog *l);
 void cph_clog_stop(cph_clog *l);
 
 /* Publishes data to subject with the message id msgid (Nats-Msg-Id); the outcome comes to
- * hooks.published with ref. Never waits. CPH_EBUSY when not connected yet or too much is in
+ * hooks.published with ref, at the latest after max_wait_ms (capped at 3 s; then as an error).
+ * Never waits. CPH_EBUSY when not connected yet or too much is in
  * flight (then no hook call comes), CPH_ENOMEM. kv_delete: a key-value delete marker. */
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
-                     size_t len, bool kv_delete, uint64_t ref);
+                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref);
 /* The subjects: ceph.s.<shard>.in|fwd, and the bucket key subject of a session. */
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd);
 int cph_clog_session_subject(char *buf, size_t size, const char *session);

@@ -9,8 +9,9 @@
  * one it was not routed to. Then the same while one NATS server of the three is killed -9
  * mid-ingest: ingest goes on (a request may answer 503 while JetStream elects a new leader;
  * the client retries it with the same keys) and nothing acknowledged is lost or doubled.
+ * Last, with every NATS server gone, ingest answers 503 after its 10 s of retries, never 200.
  *
- * Sizes: CPH_CLUSTER_LOG_EVENTS (default 3000) events in the first test, a third of that in
+ * Sizes: CPH_CLUSTER_LOG_EVENTS (default 2000) events in the first test, a third of that in
  * the second. Without etcd or nats-server the test fails and says what to install. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -48,7 +49,7 @@ typedef struct ev {
 typedef struct world {
   cph_test_cluster *c;
   ev *evs;
-  int n_evs;
+  int n_evs, n_first; /* all events; those of the first test */
   int owner[N_SESS];
   unsigned seed, seed0; /* seed0: as given (CPH_CLUSTER_LOG_SEED reruns it) */
   int turns, staged;
@@ -343,8 +344,8 @@ static int setup(void **state) {
     per_node[w->owner[i]]++;
   for (int n = 0; n < NODES; n++)
     assert_true(per_node[n] > 0); /* sessions on every node, so forwards cross nodes */
-  w->n_evs = env_int("CPH_CLUSTER_LOG_EVENTS", 3000);
-  w->n_evs += w->n_evs / 3;
+  w->n_first = env_int("CPH_CLUSTER_LOG_EVENTS", 2000);
+  w->n_evs = w->n_first + w->n_first / 3;
   w->evs = calloc((size_t)w->n_evs, sizeof *w->evs);
   w->seed = (unsigned)env_int("CPH_CLUSTER_LOG_SEED", (int)time(NULL));
   w->seed0 = w->seed;
@@ -369,7 +370,7 @@ static int teardown(void **state) {
 static void
 test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once(void **state) {
   world *w = *state;
-  int n = w->n_evs * 3 / 4;
+  int n = w->n_first;
   int64_t t0 = cph_test_now_ms();
   post_events(w, 0, n, "a", false, -1);
   settle_and_check(w, 0, n, t0);
@@ -387,16 +388,36 @@ test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once(void 
 
 static void test_cluster_log_kill9_of_one_nats_server_mid_ingest_loses_nothing(void **state) {
   world *w = *state;
-  int from = w->n_evs * 3 / 4, to = w->n_evs;
+  int from = w->n_first, to = w->n_evs;
   int64_t t0 = cph_test_now_ms();
   post_events(w, from, to, "b", true, from + (to - from) / 3);
   settle_and_check(w, from, to, t0);
+}
+
+/* With no NATS server left, an event is never answered 200: the node retries for 10 s and
+ * then answers 503 naming the log. */
+static void test_cluster_log_without_the_log_ingest_answers_503_never_200(void **state) {
+  world *w = *state;
+  for (int i = 0; i < w->c->n_nats; i++)
+    cph_tc_kill_nats(w->c, i);
+  int64_t t0 = cph_test_now_ms();
+  cph_test_response r =
+      cph_test_api(w->c->port[1], "POST", "/v1/events", NULL,
+                   "{\"events\":[{\"channel\":\"c1\",\"sender\":\"u\",\"body\":\"lost?\","
+                   "\"key\":\"no-log-1\"}]}");
+  int64_t took = cph_test_now_ms() - t0;
+  cph_test_expect_error(&r, 503, "unavailable", NULL);
+  assert_non_null(strstr(r.body, "cluster log"));
+  printf("503 after %lld ms: %s\n", (long long)took, r.body);
+  assert_true(took >= 9000 && took < 20000);
+  cph_test_response_free(&r);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once),
       cmocka_unit_test(test_cluster_log_kill9_of_one_nats_server_mid_ingest_loses_nothing),
+      cmocka_unit_test(test_cluster_log_without_the_log_ingest_answers_503_never_200),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
