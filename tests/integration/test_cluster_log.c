@@ -79,14 +79,14 @@ static int create_session(world *w, int i) {
   return -1;
 }
 
-/* Every node knows every session (the session table reached them all). */
-static void wait_sessions_known(world *w) {
+/* Every node knows `count` sessions (the session table reached them all). */
+static void wait_sessions_known(world *w, int count) {
   for (int t = 0; t < 10000; t += 100) {
     int ok = 0;
     for (int n = 0; n < NODES; n++) {
       json_t *v = cph_tc_view(w->c, n);
       json_t *log = json_object_get(v, "log");
-      ok += json_integer_value(json_object_get(log, "sessions_known")) == N_SESS;
+      ok += json_integer_value(json_object_get(log, "sessions_known")) == count;
       json_decref(v);
     }
     if (ok == NODES)
@@ -338,7 +338,7 @@ static int setup(void **state) {
     fail_msg("the cluster did not settle (ownership and log) within 30 s (logs in %s)", w->c->dir);
   for (int i = 0; i < N_SESS; i++)
     w->owner[i] = create_session(w, i);
-  wait_sessions_known(w);
+  wait_sessions_known(w, N_SESS);
   int per_node[NODES] = {0};
   for (int i = 0; i < N_SESS; i++)
     per_node[w->owner[i]]++;
@@ -394,6 +394,38 @@ static void test_cluster_log_kill9_of_one_nats_server_mid_ingest_loses_nothing(v
   settle_and_check(w, from, to, t0);
 }
 
+/* The session table follows deletions: once a session is deleted on its owner, an event naming
+ * it is rejected on every node (nothing is logged for it). */
+static void test_cluster_log_a_deleted_session_is_known_nowhere(void **state) {
+  world *w = *state;
+  int owner = -1;
+  for (int n = 0; n < NODES && owner < 0; n++) {
+    cph_test_response r = cph_test_api(w->c->port[n], "POST", "/v1/sessions", NULL,
+                                       "{\"id\":\"gone\",\"class\":\"interactive\"}");
+    if (r.status == 200)
+      owner = n;
+    cph_test_response_free(&r);
+  }
+  assert_true(owner >= 0);
+  wait_sessions_known(w, N_SESS + 1);
+  cph_test_response r = cph_test_api(w->c->port[owner], "DELETE", "/v1/sessions/gone", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  wait_sessions_known(w, N_SESS);
+  for (int n = 0; n < NODES; n++) {
+    r = cph_test_api(w->c->port[n], "POST", "/v1/events", NULL,
+                     "{\"events\":[{\"session\":\"gone\",\"sender\":\"u\",\"body\":\"hi\"}]}");
+    assert_int_equal(r.status, 200);
+    json_t *j = cph_test_json(&r);
+    json_t *res = json_array_get(json_object_get(j, "results"), 0);
+    assert_string_equal(json_string_value(json_object_get(res, "status")), "rejected");
+    assert_string_equal(json_string_value(json_object_get(res, "field")), "session");
+    assert_null(json_object_get(res, "pos"));
+    json_decref(j);
+    cph_test_response_free(&r);
+  }
+}
+
 /* With no NATS server left, an event is never answered 200: the node retries for 10 s and
  * then answers 503 naming the log. */
 static void test_cluster_log_without_the_log_ingest_answers_503_never_200(void **state) {
@@ -416,6 +448,7 @@ static void test_cluster_log_without_the_log_ingest_answers_503_never_200(void *
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once),
+      cmocka_unit_test(test_cluster_log_a_deleted_session_is_known_nowhere),
       cmocka_unit_test(test_cluster_log_kill9_of_one_nats_server_mid_ingest_loses_nothing),
       cmocka_unit_test(test_cluster_log_without_the_log_ingest_answers_503_never_200),
   };
