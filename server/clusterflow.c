@@ -736,7 +736,9 @@ static void submit_forming(cph_cflow *f) {
 static void on_submit(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
-  submit_forming(arg);
+  cph_cflow *f = arg;
+  if (!f->quiesced) /* stopping: the forming batch is released by cph_cflow_free */
+    submit_forming(f);
 }
 
 static void on_message(void *ctx, cph_clog_msg *m) {
