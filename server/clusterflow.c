@@ -84,6 +84,7 @@ typedef struct apply_batch {
 /* The session table (clusterflow.h, 4.): loop-only. */
 typedef struct sess_rec {
   char *id;
+  uint32_t shard; /* of id, computed once: forwarding looks it up per subscriber */
   char **subs;
   size_t n;
 } sess_rec;
@@ -117,11 +118,10 @@ static int64_t mono_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static bool served_here(cph_cflow *f, const char *id) {
-  cph_cluster *c = f->s->cluster;
+static bool shard_served(cph_cflow *f, uint32_t shard) {
   char node[8], url[8];
-  return cph_cluster_route(c, cph_cluster_shard_of(id, cph_cluster_shards(c)), node, sizeof node,
-                           url, sizeof url) == CPH_CLUSTER_SERVED;
+  return cph_cluster_route(f->s->cluster, shard, node, sizeof node, url, sizeof url) ==
+         CPH_CLUSTER_SERVED;
 }
 
 /* ================================================================ the session table */
@@ -167,6 +167,7 @@ static bool table_put(cph_cflow *f, const char *id, const char *const *subs, siz
   sess_rec *r = calloc(1, sizeof *r);
   if (!r || !(r->id = strdup(id)) || (n && !(r->subs = calloc(n, sizeof *r->subs))))
     goto nomem;
+  r->shard = cph_cluster_shard_of(id, cph_cluster_shards(f->s->cluster));
   for (size_t i = 0; i < n; i++) {
     bool seen = false;
     for (size_t j = 0; j < r->n; j++)
@@ -534,16 +535,18 @@ static bool decode_event(applying *ap) {
 
 typedef struct target {
   const char *id;
+  uint32_t shard;
   bool mentioned;
 } target;
 
-static void add_target(target *ts, size_t *n, const char *id, bool mentioned) {
+/* A mention: a new target, or the subscriber it already is, now mentioned. */
+static void add_mention(target *ts, size_t *n, const sess_rec *r) {
   for (size_t i = 0; i < *n; i++)
-    if (strcmp(ts[i].id, id) == 0) {
-      ts[i].mentioned |= mentioned;
+    if (ts[i].id == r->id) {
+      ts[i].mentioned = true;
       return;
     }
-  ts[(*n)++] = (target){id, mentioned};
+  ts[(*n)++] = (target){r->id, r->shard, true};
 }
 
 /* The engine key of a forward: "f:" + hex SHA-256 of its message id (within 256 bytes). */
@@ -570,13 +573,15 @@ static void forward(cph_cflow *f, applying *ap) {
     applying_finish(f, ap);
     return;
   }
-  for (size_t i = 0; c && i < c->n; i++)
-    if (!served_here(f, c->ids[i]))
-      add_target(ts, &n, c->ids[i], false);
+  for (size_t i = 0; c && i < c->n; i++) { /* a channel lists each session once */
+    sess_rec *r = cph_hmap_get(&f->sessions, c->ids[i]);
+    if (r && !shard_served(f, r->shard))
+      ts[n++] = (target){r->id, r->shard, false};
+  }
   for (size_t i = 0; i < ev->mentions.count; i++) {
-    const char *m = ev->mentions.items[i];
-    if (cph_hmap_get(&f->sessions, m) && !served_here(f, m))
-      add_target(ts, &n, m, true);
+    sess_rec *r = cph_hmap_get(&f->sessions, ev->mentions.items[i]);
+    if (r && !shard_served(f, r->shard))
+      add_mention(ts, &n, r);
   }
   char direct[300];
   const char *channel = ev->channel;
@@ -584,7 +589,6 @@ static void forward(cph_cflow *f, applying *ap) {
     snprintf(direct, sizeof direct, "direct:%s", ev->session);
     channel = direct;
   }
-  uint32_t shards = cph_cluster_shards(f->s->cluster);
   ap->outstanding = n + 1; /* + 1 until every forward is sent */
   for (size_t i = 0; i < n; i++) {
     size_t idlen = strlen(ev->key) + 1 + strlen(ts[i].id) + 1;
@@ -605,7 +609,7 @@ static void forward(cph_cflow *f, applying *ap) {
       json_decref(doc);
     }
     char subject[64];
-    cph_clog_subject(subject, sizeof subject, cph_cluster_shard_of(ts[i].id, shards), true);
+    cph_clog_subject(subject, sizeof subject, ts[i].shard, true);
     pub *p = msgid && data
                  ? pub_new(f, PUB_FWD, subject, msgid, data, strlen(data), FWD_DEADLINE_MS)
                  : (free(data), NULL);
