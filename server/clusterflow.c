@@ -993,6 +993,47 @@ void cph_cflow_free(cph_cflow *f) {
     cph_clog_close_library();
 }
 
+int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
+  cph_clog_stats st = {0};
+  if (f->log)
+    cph_clog_get_stats(f->log, &st);
+  size_t waiting = 0;
+  for (ingest_req *ir = f->reqs; ir; ir = ir->next)
+    waiting++;
+  static const struct {
+    const char *name, *type, *help;
+  } fam[] = {
+      {"cephalon_cluster_log_ready", "gauge",
+       "1 while connected to NATS with the log's stream and bucket in place."},
+      {"cephalon_cluster_log_shards_bound", "gauge",
+       "Shards whose log consumer this node is bound to (it applies their messages)."},
+      {"cephalon_cluster_log_published_total", "counter",
+       "Messages this node sent to the log: events, forwards, session records, resends."},
+      {"cephalon_cluster_log_delivered_total", "counter",
+       "Messages the log delivered to this node."},
+      {"cephalon_cluster_log_applied_total", "counter",
+       "Log messages this node applied to its engine."},
+      {"cephalon_cluster_log_forwarded_total", "counter",
+       "Forwards to sessions on other shards that the log acknowledged."},
+      {"cephalon_cluster_log_apply_failures_total", "counter",
+       "Batches of log messages the engine failed to apply (they come again)."},
+      {"cephalon_cluster_log_in_flight", "gauge", "Publishes not yet acknowledged by the log."},
+      {"cephalon_cluster_log_waiting_requests", "gauge",
+       "POST /v1/events requests waiting for the log's acknowledgement."},
+      {"cephalon_cluster_sessions_known", "gauge",
+       "Sessions in this node's copy of the cluster's session table."},
+  };
+  const uint64_t v[] = {st.ready,          st.bound,
+                        st.published,      st.delivered,
+                        f->applied,        f->forwarded,
+                        f->apply_failures, (uint64_t)(st.in_flight > 0 ? st.in_flight : 0),
+                        waiting,           f->sessions.len};
+  for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
+    cph_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", fam[i].name, fam[i].help,
+                   fam[i].name, fam[i].type, fam[i].name, (unsigned long long)v[i]);
+  return cph_buf_error(out);
+}
+
 json_t *cph_cflow_json(cph_cflow *f) {
   json_t *o = f->log ? cph_clog_json(f->log) : json_pack("{ss}", "state", "stopped");
   if (!o)

@@ -53,6 +53,7 @@
 #include <stddef.h>
 
 #include "cephalon/cephalon.h"
+#include "common/buf.h"
 #include "request.h"
 
 typedef struct cph_cflow cph_cflow;
@@ -73,6 +74,8 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n);
 /* A session was created or changed (subscribe: its channels) or deleted (subscribe NULL) on
  * this node: publishes its record (see 4. above). */
 void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_strv *subscribe);
+/* The cephalon_cluster_log_* families of GET /metrics, appended to out. CPH_OK or CPH_ENOMEM. */
+int cph_cflow_metrics(cph_cflow *f, cph_buf *out);
 /* {"state", ..., "sessions_known", "applied", "forwarded"} for GET /v1/cluster. */
 json_t *cph_cflow_json(cph_cflow *f);
 

@@ -812,6 +812,16 @@ void cph_clog_release(cph_clog *l, cph_clog_msg *m) {
   free(m);
 }
 
+void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out) {
+  pthread_mutex_lock(&l->mu);
+  out->ready = l->ready && l->connected;
+  out->bound = l->bound;
+  out->published = l->published;
+  out->delivered = l->delivered;
+  out->in_flight = l->in_flight;
+  pthread_mutex_unlock(&l->mu);
+}
+
 bool cph_clog_ready(cph_clog *l) {
   pthread_mutex_lock(&l->mu);
   bool r = l->ready && l->connected;

@@ -109,6 +109,14 @@ void cph_clog_close_library(void);
 void cph_clog_ack(cph_clog *l, cph_clog_msg *m);
 void cph_clog_release(cph_clog *l, cph_clog_msg *m);
 
+typedef struct cph_clog_stats {
+  bool ready;     /* connected, stream and bucket in place */
+  uint32_t bound; /* shards whose consumer this node is bound to */
+  uint64_t published, delivered;
+  int64_t in_flight;
+} cph_clog_stats;
+void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out);
+
 /* True once connected with the stream in place. */
 bool cph_clog_ready(cph_clog *l);
 /* {"state", "stream", "replicas", "shards_bound", "published", "delivered"} for

@@ -384,6 +384,13 @@ test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once(void 
     json_decref(v);
   }
   assert_true(forwarded > 0);
+  /* The log's metrics are there and pass promtool. */
+  cph_test_response r = cph_test_http(w->c->port[0], "GET", "/metrics", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(r.body, "cephalon_cluster_log_ready 1\n"));
+  assert_non_null(strstr(r.body, "cephalon_cluster_log_applied_total "));
+  cph_test_promtool_check(r.body);
+  cph_test_response_free(&r);
 }
 
 static void test_cluster_log_kill9_of_one_nats_server_mid_ingest_loses_nothing(void **state) {
