@@ -85,6 +85,7 @@ typedef struct apply_batch {
 typedef struct sess_rec {
   char *id;
   uint32_t shard; /* of id, computed once: forwarding looks it up per subscriber */
+  json_t *def;    /* the session as its owner last put it ({"class", ...}), or NULL */
   char **subs;
   size_t n;
 } sess_rec;
@@ -109,7 +110,8 @@ struct cph_cflow {
   cph_hmap sessions, channels;
   uint64_t applied, forwarded, apply_failures;
   bool quiesced;
-  bool started; /* the log was started (libnats is open) */
+  bool started;      /* the log was started (libnats is open) */
+  uint64_t *adopted; /* per shard: the binding whose sessions were adopted (adopt_shard) */
 };
 
 static int64_t mono_ns(void) {
@@ -144,6 +146,7 @@ static void chan_unlink(cph_cflow *f, const char *channel, const char *id) {
 }
 
 static void sess_free(sess_rec *r) {
+  json_decref(r->def);
   for (size_t i = 0; i < r->n; i++)
     free(r->subs[i]);
   free(r->subs);
@@ -162,12 +165,14 @@ static void table_remove(cph_cflow *f, const char *id) {
 
 /* Sets a session's channels (replacing what was known); false on out of memory (the session
  * is then unknown, which the next put of its record mends). */
-static bool table_put(cph_cflow *f, const char *id, const char *const *subs, size_t n) {
+static bool table_put(cph_cflow *f, const char *id, const char *const *subs, size_t n,
+                      json_t *def) {
   table_remove(f, id);
   sess_rec *r = calloc(1, sizeof *r);
   if (!r || !(r->id = strdup(id)) || (n && !(r->subs = calloc(n, sizeof *r->subs))))
     goto nomem;
   r->shard = cph_cluster_shard_of(id, cph_cluster_shards(f->s->cluster));
+  r->def = json_incref(def);
   for (size_t i = 0; i < n; i++) {
     bool seen = false;
     for (size_t j = 0; j < r->n; j++)
@@ -210,6 +215,7 @@ static bool table_put(cph_cflow *f, const char *id, const char *const *subs, siz
   return true;
 nomem:
   if (r) {
+    json_decref(r->def);
     free(r->id);
     for (size_t i = 0; i < r->n; i++)
       free(r->subs[i]);
@@ -233,7 +239,7 @@ static void on_session_entry(void *ctx, const char *session, const char *value, 
   for (size_t i = 0; names && i < n; i++)
     if (json_is_string(json_array_get(subs, i)))
       names[k++] = json_string_value(json_array_get(subs, i));
-  if (!doc || !names || !table_put(f, session, names, k))
+  if (!doc || !names || !table_put(f, session, names, k, json_object_get(doc, "def")))
     cph_warn("cluster log: session record of \"%s\" not taken (malformed or out of memory)",
              session);
   free(names);
@@ -560,29 +566,76 @@ static void forward_key(const char *msgid, char out[67]) {
     snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
 }
 
+/* Whether the engine took the event to session id here (reached it, or it refused as busy). */
+typedef struct reach {
+  const cph_event_result *res;
+  cph_hmap set; /* of res's ids, when there are many */
+  bool dup;     /* applied before: res says nothing of who was reached */
+} reach;
+
+static void reach_init(reach *rc, const cph_event_result *res) {
+  rc->res = res;
+  rc->set = (cph_hmap)CPH_HMAP_INIT;
+  rc->dup = !res || res->status == CPH_EV_DUPLICATE;
+  if (rc->dup || res->sessions.count + res->busy.count <= 8)
+    return;
+  for (size_t i = 0; i < res->sessions.count; i++)
+    cph_hmap_put(&rc->set, res->sessions.items[i], (void *)1);
+  for (size_t i = 0; i < res->busy.count; i++)
+    cph_hmap_put(&rc->set, res->busy.items[i], (void *)1);
+}
+
+static bool reached_here(cph_cflow *f, reach *rc, const char *id) {
+  if (rc->dup) { /* applied before: then it reached every session it had */
+    cph_session_info have = {0};
+    cph_err err = {0};
+    bool exists = cph_engine_get_session(f->s->engine, id, &have, &err) == CPH_OK;
+    if (exists)
+      cph_session_info_free(&have);
+    return exists;
+  }
+  if (rc->set.len)
+    return cph_hmap_get(&rc->set, id) != NULL;
+  for (size_t i = 0; i < rc->res->sessions.count; i++)
+    if (strcmp(rc->res->sessions.items[i], id) == 0)
+      return true;
+  for (size_t i = 0; i < rc->res->busy.count; i++)
+    if (strcmp(rc->res->busy.items[i], id) == 0)
+      return true;
+  return false;
+}
+
 /* Publishes the forwards of an applied `in` event; the message is acknowledged when they all
- * were (applying_finish). */
-static void forward(cph_cflow *f, applying *ap) {
+ * were (applying_finish). A session S of the channel's subscribers or the mentions gets a
+ * forward unless the engine here reached S and S's shard is served here: so a session this
+ * engine does not have yet (its shard was just taken over and not adopted yet, adopt_shard)
+ * gets the event through the log, after its adoption, and a stale copy of a session whose
+ * shard moved away does not keep its new owner from hearing it. */
+static void forward(cph_cflow *f, applying *ap, const cph_event_result *res) {
   cph_event_in *ev = &ap->ev;
+  reach rc;
+  reach_init(&rc, res);
   chan_rec *c = !ev->session && ev->channel ? cph_hmap_get(&f->channels, ev->channel) : NULL;
   size_t cap = (c ? c->n : 0) + ev->mentions.count;
   target *ts = calloc(cap ? cap : 1, sizeof *ts);
   size_t n = 0;
   if (!ts) {
+    cph_hmap_free(&rc.set);
     ap->failed = true;
     applying_finish(f, ap);
     return;
   }
   for (size_t i = 0; c && i < c->n; i++) { /* a channel lists each session once */
     sess_rec *r = cph_hmap_get(&f->sessions, c->ids[i]);
-    if (r && !shard_served(f, r->shard))
+    if (r && (!shard_served(f, r->shard) || !reached_here(f, &rc, r->id)))
       ts[n++] = (target){r->id, r->shard, false};
   }
   for (size_t i = 0; i < ev->mentions.count; i++) {
     sess_rec *r = cph_hmap_get(&f->sessions, ev->mentions.items[i]);
-    if (r && !shard_served(f, r->shard))
+    if (r && (!shard_served(f, r->shard) || !reached_here(f, &rc, r->id)))
       add_mention(ts, &n, r);
   }
+  cph_hmap_free(&rc.set);
   char direct[300];
   const char *channel = ev->channel;
   if (!channel) {
@@ -695,7 +748,7 @@ static void apply_done(cph_op *op, void *ctx) {
     if (ap->m->fwd)
       applying_finish(f, ap);
     else
-      forward(f, ap);
+      forward(f, ap, res);
   }
   cph_op_clear_results(op);
   batch_free(b);
@@ -745,6 +798,114 @@ static void on_submit(evutil_socket_t fd, short what, void *arg) {
     submit_forming(f);
 }
 
+/* ---------------------------------------------------------------- adopting a shard's sessions
+ *
+ * A node that starts applying a shard (it took the shard over, or bound to it again) first
+ * creates, from the session table, the sessions of that shard its engine does not have: the
+ * state they had on their previous owner (inbox, history, credits, context) does not move, but
+ * from then on events reach them here. The creation is queued before the batch holding the
+ * shard's first message, so the engine applies it first. */
+
+typedef struct adopt_op {
+  cph_op op;
+  json_t *def; /* the strings of op.u.session.in point into it */
+  char *id;
+} adopt_op;
+
+static void strv_from(json_t *a, cph_strv *out) {
+  size_t n = json_array_size(a);
+  out->items = n ? calloc(n, sizeof(char *)) : NULL;
+  out->count = 0;
+  for (size_t i = 0; out->items && i < n; i++)
+    if (json_is_string(json_array_get(a, i)))
+      out->items[out->count++] = (char *)json_string_value(json_array_get(a, i));
+}
+
+static void adopt_free(adopt_op *a) {
+  free(a->op.u.session.in.subscribe.items);
+  free(a->op.u.session.in.member.items);
+  free(a->op.u.session.in.tools.items);
+  json_decref(a->def);
+  free(a->id);
+  free(a);
+}
+
+static void adopt_done(cph_op *op, void *ctx) {
+  adopt_op *a = ctx;
+  if (op->rc == CPH_OK)
+    cph_info("cluster log: adopted session %s from the session table (its state on its previous "
+             "node did not move)",
+             a->id);
+  else if (op->rc != CPH_EEXISTS)
+    cph_warn("cluster log: adopting session %s failed: %s", a->id,
+             op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+  cph_op_clear_results(op);
+  adopt_free(a);
+}
+
+/* Queues the creation of one session from its definition; false when the engine refused. */
+static bool adopt_one(cph_cflow *f, const sess_rec *r) {
+  adopt_op *a = calloc(1, sizeof *a);
+  if (!a || !(a->id = strdup(r->id))) {
+    free(a);
+    return false;
+  }
+  a->def = json_incref(r->def);
+  cph_session_info *in = &a->op.u.session.in;
+  in->id = a->id;
+  if (cph_lane_parse(json_string_value(json_object_get(r->def, "class")), &in->lane) != CPH_OK)
+    in->lane = CPH_LANE_INTERACTIVE;
+  strv_from(json_object_get(r->def, "subscribe"), &in->subscribe);
+  strv_from(json_object_get(r->def, "member"), &in->member);
+  strv_from(json_object_get(r->def, "tools"), &in->tools);
+  in->autonomy_interval_s =
+      (uint32_t)json_integer_value(json_object_get(r->def, "autonomy_interval_s"));
+  in->report_interval_s =
+      (uint32_t)json_integer_value(json_object_get(r->def, "report_interval_s"));
+  in->context_window_tokens =
+      (uint32_t)json_integer_value(json_object_get(r->def, "context_window_tokens"));
+  in->system = (char *)json_string_value(json_object_get(r->def, "system"));
+  in->tenant = (char *)json_string_value(json_object_get(r->def, "tenant"));
+  const char *wr = json_string_value(json_object_get(r->def, "while_running"));
+  in->while_running_class = !wr || cph_policy_while_running_parse(wr, &in->while_running) != CPH_OK;
+  a->op.u.session.set = CPH_SET_WHILE_RUNNING;
+  if (json_is_true(json_object_get(r->def, "paused"))) {
+    in->state = CPH_STATE_PAUSED;
+    a->op.u.session.set |= CPH_SET_PAUSED;
+  }
+  a->op.kind = CPH_OP_SESSION_CREATE;
+  a->op.done = adopt_done;
+  a->op.ctx = a;
+  if (cph_engine_submit(f->s->engine, &a->op) != CPH_OK) {
+    adopt_free(a);
+    return false;
+  }
+  return true;
+}
+
+/* Adopts the sessions of shard that this engine lacks; false when one could not be queued
+ * (try again with the next message). */
+static bool adopt_shard(cph_cflow *f, uint32_t shard) {
+  bool ok = true, queued = false;
+  for (size_t i = 0; i < f->sessions.cap; i++) {
+    sess_rec *r = f->sessions.slots[i].key ? f->sessions.slots[i].value : NULL;
+    if (!r || r->shard != shard || !r->def)
+      continue;
+    cph_session_info have = {0};
+    cph_err err = {0};
+    int rc = cph_engine_get_session(f->s->engine, r->id, &have, &err);
+    if (rc == CPH_OK)
+      cph_session_info_free(&have);
+    else if (rc == CPH_ENOTFOUND && adopt_one(f, r))
+      queued = true;
+    else if (rc == CPH_ENOTFOUND)
+      ok = false;
+  }
+  if (queued)
+    cph_srv_schedule_pass(f->s);
+  return ok;
+}
+
 static void on_message(void *ctx, cph_clog_msg *m) {
   cph_cflow *f = ctx;
   char node[8], url[8];
@@ -752,6 +913,13 @@ static void on_message(void *ctx, cph_clog_msg *m) {
       CPH_CLUSTER_SERVED) {
     cph_clog_release(f->log, m); /* no longer ours: the next owner gets it */
     return;
+  }
+  if (f->adopted[m->shard] != m->bind_gen) { /* the first message of this binding */
+    if (!adopt_shard(f, m->shard)) {
+      cph_clog_release(f->log, m); /* the engine is busy: this message comes again */
+      return;
+    }
+    f->adopted[m->shard] = m->bind_gen;
   }
   applying *ap = calloc(1, sizeof *ap);
   if (!ap) {
@@ -844,19 +1012,38 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
 
 /* ================================================================ sessions (4.) */
 
-void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_strv *subscribe) {
+/* The definition a new owner creates the session from (adopt below): what POST /v1/sessions
+ * takes, nothing of its state. */
+static json_t *session_def(const cph_session_info *in) {
+  return json_pack(
+      "{sssosososIsIsIsosososo}", "class", cph_lane_name(in->lane), "subscribe",
+      strv_json(&in->subscribe), "member", strv_json(&in->member), "tools", strv_json(&in->tools),
+      "autonomy_interval_s", (json_int_t)in->autonomy_interval_s, "report_interval_s",
+      (json_int_t)in->report_interval_s, "context_window_tokens",
+      (json_int_t)in->context_window_tokens, "system",
+      in->system ? json_string(in->system) : json_null(), "tenant",
+      in->tenant ? json_string(in->tenant) : json_null(), "while_running",
+      in->while_running_class ? json_null()
+                              : json_string(cph_policy_while_running_name(in->while_running)),
+      "paused", json_boolean(in->state == CPH_STATE_PAUSED));
+}
+
+void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_session_info *now) {
   if (f->quiesced)
     return;
   char subject[700];
   if (cph_clog_session_subject(subject, sizeof subject, session) != CPH_OK)
     return;
   char *data;
-  if (subscribe) {
-    json_t *doc = json_pack("{so}", "subscribe", strv_json(subscribe));
+  if (now) {
+    json_t *def = session_def(now);
+    json_t *doc =
+        def ? json_pack("{sOso}", "subscribe", json_object_get(def, "subscribe"), "def", def)
+            : NULL;
     data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    json_decref(doc);
     if (data)
-      table_put(f, session, (const char *const *)subscribe->items, subscribe->count);
+      table_put(f, session, (const char *const *)now->subscribe.items, now->subscribe.count, def);
+    json_decref(doc);
   } else {
     data = strdup("");
     table_remove(f, session);
@@ -867,7 +1054,7 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_strv
     cph_error("cluster log: out of memory publishing the record of session \"%s\"", session);
     return;
   }
-  p->kv_delete = subscribe == NULL;
+  p->kv_delete = now == NULL;
   pub_send(f, p);
 }
 
@@ -886,9 +1073,10 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   f->boot = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+  f->adopted = calloc((size_t)pol->cluster.shards, sizeof *f->adopted);
   f->ev_retry = evtimer_new(s->base, on_retry, f);
   f->ev_submit = evtimer_new(s->base, on_submit, f);
-  if (!f->ev_retry || !f->ev_submit) {
+  if (!f->adopted || !f->ev_retry || !f->ev_submit) {
     cph_cflow_free(f);
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
@@ -988,6 +1176,7 @@ void cph_cflow_free(cph_cflow *f) {
   if (f->ev_submit)
     event_free(f->ev_submit);
   bool started = f->started;
+  free(f->adopted);
   free(f);
   if (started) /* every message is released by now */
     cph_clog_close_library();

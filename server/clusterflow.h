@@ -71,9 +71,9 @@ void cph_cflow_free(cph_cflow *f);
 
 /* POST /v1/events in cluster mode (see 1. above): answers r, at once or after the log. */
 void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n);
-/* A session was created or changed (subscribe: its channels) or deleted (subscribe NULL) on
- * this node: publishes its record (see 4. above). */
-void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_strv *subscribe);
+/* A session was created or changed (now: the session as stored) or deleted (now NULL) on this
+ * node: publishes its record (see 4. above). */
+void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_session_info *now);
 /* The cephalon_cluster_log_* families of GET /metrics, appended to out. CPH_OK or CPH_ENOMEM. */
 int cph_cflow_metrics(cph_cflow *f, cph_buf *out);
 /* {"state", ..., "sessions_known", "applied", "forwarded"} for GET /v1/cluster. */

@@ -46,6 +46,7 @@ typedef struct item {
 
 typedef struct shard_sub {
   natsSubscription *sub;
+  uint64_t gen; /* which binding: set before subscribing, read by on_delivery */
   struct cph_clog *log;
   uint32_t shard;
 } shard_sub;
@@ -80,6 +81,7 @@ struct cph_clog {
   int64_t in_flight;
   uint64_t published, delivered;
   uint32_t bound;
+  uint64_t bind_gen; /* bindings so far */
   char last_error[256];
 
   /* Set by the log thread before ready, then only read until stop. */
@@ -244,6 +246,7 @@ static void on_delivery(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
   }
   size_t sl = strlen(subject);
   m->shard = ss->shard;
+  m->bind_gen = ss->gen;
   m->fwd = sl > 4 && strcmp(subject + sl - 4, ".fwd") == 0;
   m->seq = meta->Sequence.Stream;
   m->deliveries = meta->NumDelivered;
@@ -502,6 +505,9 @@ static void bind_shard(cph_clog *l, uint32_t s) {
   so.ManualAck = true;
   l->subs[s].log = l;
   l->subs[s].shard = s;
+  pthread_mutex_lock(&l->mu);
+  l->subs[s].gen = ++l->bind_gen;
+  pthread_mutex_unlock(&l->mu);
   st = js_Subscribe(&l->subs[s].sub, l->js, filter, on_delivery, &l->subs[s], NULL, &so, &jerr);
   if (st != NATS_OK) {
     /* Typically "already bound": the previous owner has not let go yet. Next sync. */

@@ -60,6 +60,8 @@ typedef struct cph_clog_msg {
   bool fwd;            /* ceph.s.<shard>.fwd, else .in */
   uint64_t seq;        /* its stream sequence: the log position */
   uint64_t deliveries; /* 1 the first time */
+  uint64_t bind_gen;   /* the binding that delivered it: a new one each time this node (re)binds
+                          to the shard's consumer (cluster-wide unique per node) */
   const char *data;    /* the payload (JSON), not NUL-terminated */
   size_t len;
   void *nats; /* the natsMsg */

@@ -132,8 +132,7 @@ static void session_done(cph_req *r) {
     return;
   }
   if (r->srv->cflow) /* cluster mode: the other nodes learn its subscriptions */
-    cph_cflow_session_changed(r->srv->cflow, r->op.u.session.out.id,
-                              &r->op.u.session.out.subscribe);
+    cph_cflow_session_changed(r->srv->cflow, r->op.u.session.out.id, &r->op.u.session.out);
   cph_reply_json(r, 200, session_json(&r->op.u.session.out));
 }
 

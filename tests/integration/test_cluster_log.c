@@ -22,6 +22,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -61,6 +62,15 @@ static int env_int(const char *name, int def) {
 }
 
 static int rnd(world *w, int n) { return (int)(rand_r(&w->seed) % (unsigned)n); }
+
+/* A random node that is up. */
+static int live_node(world *w) {
+  for (;;) {
+    int n = rnd(w, NODES);
+    if (w->c->up[n])
+      return n;
+  }
+}
 
 /* Creates a session on its owner (following the 421); returns the owner. */
 static int create_session(world *w, int i) {
@@ -201,7 +211,7 @@ static void post_again(world *w, int start, int end, char *body) {
   sprintf(body + len, "]}");
   if (!n)
     return;
-  cph_test_response r = cph_test_api(w->c->port[rnd(w, NODES)], "POST", "/v1/events", NULL, body);
+  cph_test_response r = cph_test_api(w->c->port[live_node(w)], "POST", "/v1/events", NULL, body);
   assert_int_equal(r.status, 200);
   json_t *j = cph_test_json(&r);
   cph_test_response_free(&r);
@@ -246,7 +256,7 @@ static void post_events(world *w, int from, int to, const char *run, bool all_ke
     json_t *j = NULL;
     int retried = 0;
     for (;;) {
-      int node = rnd(w, NODES);
+      int node = live_node(w);
       cph_test_response r = cph_test_api(w->c->port[node], "POST", "/v1/events", NULL, body);
       if (r.status == 200) {
         j = cph_test_json(&r);
@@ -345,7 +355,8 @@ static int setup(void **state) {
   for (int n = 0; n < NODES; n++)
     assert_true(per_node[n] > 0); /* sessions on every node, so forwards cross nodes */
   w->n_first = env_int("CPH_CLUSTER_LOG_EVENTS", 2000);
-  w->n_evs = w->n_first + w->n_first / 3;
+  w->n_evs = w->n_first + 2 * (w->n_first / 3); /* + a third after a node's death, + a
+                                                   third around a NATS server's */
   w->evs = calloc((size_t)w->n_evs, sizeof *w->evs);
   w->seed = (unsigned)env_int("CPH_CLUSTER_LOG_SEED", (int)time(NULL));
   w->seed0 = w->seed;
@@ -395,10 +406,50 @@ test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once(void 
 
 static void test_cluster_log_kill9_of_one_nats_server_mid_ingest_loses_nothing(void **state) {
   world *w = *state;
-  int from = w->n_first, to = w->n_evs;
+  int from = w->n_first + w->n_first / 3, to = w->n_evs;
   int64_t t0 = cph_test_now_ms();
   post_events(w, from, to, "b", true, from + (to - from) / 3);
   settle_and_check(w, from, to, t0);
+}
+
+/* kill -9 of a node: the others take its shards over, adopt its sessions from the session table
+ * (their inboxes and histories stay behind: that state does not move yet) and from then on
+ * every event reaches every session it is routed to exactly once, the dead node's included. */
+static void test_cluster_log_after_a_node_dies_its_sessions_are_served_by_the_others(void **state) {
+  world *w = *state;
+  int victim = NODES - 1;
+  cph_test_daemon_signal_wait(&w->c->d[victim], SIGKILL);
+  cph_test_daemon_stop(&w->c->d[victim]);
+  w->c->up[victim] = false;
+  bool live[NODES] = {true, true, true};
+  live[victim] = false;
+  int64_t t0 = cph_test_now_ms();
+  if (!cph_tc_wait_settled(w->c, live, SHARDS, 20000))
+    fail_msg("the survivors did not take the shards over within 20 s");
+  printf("shards taken over and bound %lld ms after kill -9\n",
+         (long long)(cph_test_now_ms() - t0));
+  int moved = 0;
+  for (int i = 0; i < N_SESS; i++)
+    moved += w->owner[i] == victim;
+  assert_true(moved > 0);
+  int from = w->n_first, to = w->n_first + w->n_first / 3;
+  t0 = cph_test_now_ms();
+  post_events(w, from, to, "k", false, -1);
+  settle_and_check(w, from, to, t0);
+  for (int i = 0; i < N_SESS; i++) /* its sessions now live on the survivors */
+    if (w->owner[i] == victim) {
+      char path[64];
+      snprintf(path, sizeof path, "/v1/sessions/s%02d", i);
+      int found = 0;
+      for (int n = 0; n < NODES; n++) {
+        if (!w->c->up[n])
+          continue;
+        cph_test_response r = cph_test_api(w->c->port[n], "GET", path, NULL, NULL);
+        found += r.status == 200;
+        cph_test_response_free(&r);
+      }
+      assert_int_equal(found, 1);
+    }
 }
 
 /* The session table follows deletions: once a session is deleted on its owner, an event naming
@@ -456,6 +507,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once),
       cmocka_unit_test(test_cluster_log_a_deleted_session_is_known_nowhere),
+      cmocka_unit_test(test_cluster_log_after_a_node_dies_its_sessions_are_served_by_the_others),
       cmocka_unit_test(test_cluster_log_kill9_of_one_nats_server_mid_ingest_loses_nothing),
       cmocka_unit_test(test_cluster_log_without_the_log_ingest_answers_503_never_200),
   };
