@@ -23,25 +23,38 @@
  *    key (the message id) makes a second delivery a `duplicate`: applied once per node.
  *
  * 3. Forward. After applying an `in` event the owner publishes a copy to
- *    ceph.s.<shard of S>.fwd for every session S it reaches that lives on a shard this node
- *    does not serve: the channel's subscribers (no session named) and the mentioned sessions.
- *    Message id `<event message id>/<S>`, so the log stores each forward once; the copy
- *    names S as its session (and mentions S when S was mentioned) and carries the engine key
- *    "f:" + SHA-256 of that id, so S's owner applies it to S alone (an event naming a session
- *    goes to that session only), once. The `in` message is acknowledged only when every
- *    forward was acknowledged by the log; if one fails it is not, and comes again: applying
- *    again is a duplicate, forwarding again is deduplicated by the log. S's owner stores the
- *    forwarded event in its own copy of the channel's history, which S's context shows.
+ *    ceph.s.<shard of S>.fwd for every session S it routes to — the channel's subscribers
+ *    (no session named) and the mentioned sessions, as the session table below knows them —
+ *    unless its engine reached S and S's shard is served here. So a session this engine does
+ *    not have (it lives on another node, or its shard was just taken over and is not adopted
+ *    yet, 5.) hears it through the log, and a stale local copy of a session whose shard moved
+ *    away does not keep the real one from hearing it. Message id `<event message id>/<S>`, so
+ *    the log stores each forward once; the copy names S as its session (and mentions S when S
+ *    was mentioned) and carries the engine key "f:" + SHA-256 of that id, so S's owner applies
+ *    it to S alone (an event naming a session goes to that session only), once. The `in`
+ *    message is acknowledged only when every forward was acknowledged by the log; if one fails
+ *    it is not, and comes again: applying again is a duplicate (then "reached" means "exists
+ *    here"), forwarding again is deduplicated by the log. S's owner stores the forwarded event
+ *    in its own copy of the channel's history, which S's context shows.
  *
  * 4. Who subscribes where: the session table. The owner of a session publishes the session's
  *    record to the key-value bucket CEPH_SESSIONS whenever it is created, changed or deleted
- *    ({"subscribe": [channel]}; deleted: the key is deleted). Every node watches the bucket
+ *    ({"subscribe": [channel], "def": {"class", "subscribe", "member", "tools",
+ *    "autonomy_interval_s", "report_interval_s", "context_window_tokens", "system", "tenant",
+ *    "while_running", "paused"}}; deleted: the key is deleted). Every node watches the bucket
  *    and keeps the whole table in memory (session -> channels, channel -> sessions): the
  *    channel's owner reads a channel's subscribers from it, and any node checks a named
  *    session from it. A change is visible to the other nodes once their watch delivered it
  *    (milliseconds); an event applied before that does not reach a new subscriber, as an
  *    event posted before a subscribe would not. The session answer does not wait for the
  *    record (it is retried for 30 s and logged if the log never takes it).
+ *
+ * 5. Adopting a shard. When a node starts applying a shard (its first message after binding
+ *    to the shard's consumer: it took the shard over, or bound again), it first creates from
+ *    the table's definitions the sessions of that shard its engine lacks, queued before that
+ *    message, so from then on events reach them here. Their state on the previous owner
+ *    (inbox not yet consumed, histories, credits, context, turns) does not move: that is lost
+ *    with a dead node until snapshots and rebuild exist.
  *
  * Not here (later slices): snapshots and rebuild of a moved shard's state, fencing of a
  * deposed owner's writes, min_pos. */
