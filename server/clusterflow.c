@@ -86,6 +86,7 @@ typedef struct sess_rec {
   char *id;
   uint32_t shard; /* of id, computed once: forwarding looks it up per subscriber */
   json_t *def;    /* the session as its owner last put it ({"class", ...}), or NULL */
+  struct sess_rec *shard_prev, *shard_next; /* the sessions of its shard (by_shard) */
   char **subs;
   size_t n;
 } sess_rec;
@@ -110,8 +111,9 @@ struct cph_cflow {
   cph_hmap sessions, channels;
   uint64_t applied, forwarded, apply_failures;
   bool quiesced;
-  bool started;      /* the log was started (libnats is open) */
-  uint64_t *adopted; /* per shard: the binding whose sessions were adopted (adopt_shard) */
+  bool started;        /* the log was started (libnats is open) */
+  uint64_t *adopted;   /* per shard: the binding whose sessions were adopted (adopt_shard) */
+  sess_rec **by_shard; /* per shard: its sessions in the table, linked */
 };
 
 static int64_t mono_ns(void) {
@@ -158,6 +160,12 @@ static void table_remove(cph_cflow *f, const char *id) {
   sess_rec *r = cph_hmap_del(&f->sessions, id);
   if (!r)
     return;
+  if (r->shard_prev)
+    r->shard_prev->shard_next = r->shard_next;
+  else
+    f->by_shard[r->shard] = r->shard_next;
+  if (r->shard_next)
+    r->shard_next->shard_prev = r->shard_prev;
   for (size_t i = 0; i < r->n; i++)
     chan_unlink(f, r->subs[i], r->id);
   sess_free(r);
@@ -185,6 +193,10 @@ static bool table_put(cph_cflow *f, const char *id, const char *const *subs, siz
   }
   if (cph_hmap_put(&f->sessions, r->id, r) != CPH_OK)
     goto nomem;
+  r->shard_next = f->by_shard[r->shard];
+  if (r->shard_next)
+    r->shard_next->shard_prev = r;
+  f->by_shard[r->shard] = r;
   for (size_t i = 0; i < r->n; i++) {
     chan_rec *c = cph_hmap_get(&f->channels, r->subs[i]);
     if (!c) {
@@ -887,9 +899,8 @@ static bool adopt_one(cph_cflow *f, const sess_rec *r) {
  * (try again with the next message). */
 static bool adopt_shard(cph_cflow *f, uint32_t shard) {
   bool ok = true, queued = false;
-  for (size_t i = 0; i < f->sessions.cap; i++) {
-    sess_rec *r = f->sessions.slots[i].key ? f->sessions.slots[i].value : NULL;
-    if (!r || r->shard != shard || !r->def)
+  for (sess_rec *r = f->by_shard[shard]; r; r = r->shard_next) {
+    if (!r->def)
       continue;
     cph_session_info have = {0};
     cph_err err = {0};
@@ -1074,9 +1085,10 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   clock_gettime(CLOCK_REALTIME, &ts);
   f->boot = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
   f->adopted = calloc((size_t)pol->cluster.shards, sizeof *f->adopted);
+  f->by_shard = calloc((size_t)pol->cluster.shards, sizeof *f->by_shard);
   f->ev_retry = evtimer_new(s->base, on_retry, f);
   f->ev_submit = evtimer_new(s->base, on_submit, f);
-  if (!f->adopted || !f->ev_retry || !f->ev_submit) {
+  if (!f->adopted || !f->by_shard || !f->ev_retry || !f->ev_submit) {
     cph_cflow_free(f);
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
@@ -1177,6 +1189,7 @@ void cph_cflow_free(cph_cflow *f) {
     event_free(f->ev_submit);
   bool started = f->started;
   free(f->adopted);
+  free(f->by_shard);
   free(f);
   if (started) /* every message is released by now */
     cph_clog_close_library();
