@@ -11,6 +11,7 @@
 
 #include "cluster.h"
 #include "clusterlog.h"
+#include "clustertable.h"
 #include "common/hmap.h"
 #include "common/log.h"
 #include "reply.h"
@@ -81,21 +82,6 @@ typedef struct apply_batch {
   struct apply_batch *next; /* the blocked list (the engine was busy) */
 } apply_batch;
 
-/* The session table (clusterflow.h, 4.): loop-only. */
-typedef struct sess_rec {
-  char *id;
-  uint32_t shard; /* of id, computed once: forwarding looks it up per subscriber */
-  json_t *def;    /* the session as its owner last put it ({"class", ...}), or NULL */
-  struct sess_rec *shard_prev, *shard_next; /* the sessions of its shard (by_shard) */
-  char **subs;
-  size_t n;
-} sess_rec;
-typedef struct chan_rec {
-  char *name;
-  const char **ids; /* borrowed from sess_rec.id */
-  size_t n, cap;
-} chan_rec;
-
 struct cph_cflow {
   cph_srv *s;
   cph_clog *log; /* NULL after quiesce */
@@ -108,12 +94,11 @@ struct cph_cflow {
   apply_batch *forming;
   apply_batch *blocked_head, *blocked_tail;
   ingest_req *reqs;
-  cph_hmap sessions, channels;
+  cph_ctable *table; /* the session table (clustertable.h) */
   uint64_t applied, forwarded, apply_failures;
   bool quiesced;
-  bool started;        /* the log was started (libnats is open) */
-  uint64_t *adopted;   /* per shard: the binding whose sessions were adopted (adopt_shard) */
-  sess_rec **by_shard; /* per shard: its sessions in the table, linked */
+  bool started;      /* the log was started (libnats is open) */
+  uint64_t *adopted; /* per shard: the binding whose sessions were adopted (adopt_shard) */
 };
 
 static int64_t mono_ns(void) {
@@ -128,134 +113,11 @@ static bool shard_served(cph_cflow *f, uint32_t shard) {
          CPH_CLUSTER_SERVED;
 }
 
-/* ================================================================ the session table */
-
-static void chan_unlink(cph_cflow *f, const char *channel, const char *id) {
-  chan_rec *c = cph_hmap_get(&f->channels, channel);
-  if (!c)
-    return;
-  for (size_t i = 0; i < c->n; i++)
-    if (c->ids[i] == id) {
-      c->ids[i] = c->ids[--c->n];
-      break;
-    }
-  if (c->n == 0) {
-    cph_hmap_del(&f->channels, c->name);
-    free(c->name);
-    free(c->ids);
-    free(c);
-  }
-}
-
-static void sess_free(sess_rec *r) {
-  json_decref(r->def);
-  for (size_t i = 0; i < r->n; i++)
-    free(r->subs[i]);
-  free(r->subs);
-  free(r->id);
-  free(r);
-}
-
-static void table_remove(cph_cflow *f, const char *id) {
-  sess_rec *r = cph_hmap_del(&f->sessions, id);
-  if (!r)
-    return;
-  if (r->shard_prev)
-    r->shard_prev->shard_next = r->shard_next;
-  else
-    f->by_shard[r->shard] = r->shard_next;
-  if (r->shard_next)
-    r->shard_next->shard_prev = r->shard_prev;
-  for (size_t i = 0; i < r->n; i++)
-    chan_unlink(f, r->subs[i], r->id);
-  sess_free(r);
-}
-
-/* Sets a session's channels (replacing what was known); false on out of memory (the session
- * is then unknown, which the next put of its record mends). */
-static bool table_put(cph_cflow *f, const char *id, const char *const *subs, size_t n,
-                      json_t *def) {
-  table_remove(f, id);
-  sess_rec *r = calloc(1, sizeof *r);
-  if (!r || !(r->id = strdup(id)) || (n && !(r->subs = calloc(n, sizeof *r->subs))))
-    goto nomem;
-  r->shard = cph_cluster_shard_of(id, cph_cluster_shards(f->s->cluster));
-  r->def = json_incref(def);
-  for (size_t i = 0; i < n; i++) {
-    bool seen = false;
-    for (size_t j = 0; j < r->n; j++)
-      seen |= strcmp(r->subs[j], subs[i]) == 0;
-    if (seen)
-      continue;
-    if (!(r->subs[r->n] = strdup(subs[i])))
-      goto nomem;
-    r->n++;
-  }
-  if (cph_hmap_put(&f->sessions, r->id, r) != CPH_OK)
-    goto nomem;
-  r->shard_next = f->by_shard[r->shard];
-  if (r->shard_next)
-    r->shard_next->shard_prev = r;
-  f->by_shard[r->shard] = r;
-  for (size_t i = 0; i < r->n; i++) {
-    chan_rec *c = cph_hmap_get(&f->channels, r->subs[i]);
-    if (!c) {
-      c = calloc(1, sizeof *c);
-      if (!c || !(c->name = strdup(r->subs[i])) ||
-          cph_hmap_put(&f->channels, c->name, c) != CPH_OK) {
-        if (c)
-          free(c->name);
-        free(c);
-        r->n = i; /* the channels linked so far */
-        table_remove(f, id);
-        return false;
-      }
-    }
-    if (c->n == c->cap) {
-      size_t cap = c->cap ? 2 * c->cap : 4;
-      const char **ids = realloc(c->ids, cap * sizeof *ids);
-      if (!ids) {
-        r->n = i;
-        table_remove(f, id);
-        return false;
-      }
-      c->ids = ids;
-      c->cap = cap;
-    }
-    c->ids[c->n++] = r->id;
-  }
-  return true;
-nomem:
-  if (r) {
-    json_decref(r->def);
-    free(r->id);
-    for (size_t i = 0; i < r->n; i++)
-      free(r->subs[i]);
-    free(r->subs);
-    free(r);
-  }
-  return false;
-}
-
 static void on_session_entry(void *ctx, const char *session, const char *value, size_t vlen) {
   cph_cflow *f = ctx;
-  if (!value) {
-    table_remove(f, session);
-    return;
-  }
-  json_t *doc = json_loadb(value, vlen, 0, NULL);
-  json_t *subs = json_object_get(doc, "subscribe");
-  size_t n = json_array_size(subs);
-  const char **names = calloc(n ? n : 1, sizeof *names);
-  size_t k = 0;
-  for (size_t i = 0; names && i < n; i++)
-    if (json_is_string(json_array_get(subs, i)))
-      names[k++] = json_string_value(json_array_get(subs, i));
-  if (!doc || !names || !table_put(f, session, names, k, json_object_get(doc, "def")))
+  if (!cph_ctable_record(f->table, session, value, vlen))
     cph_warn("cluster log: session record of \"%s\" not taken (malformed or out of memory)",
              session);
-  free(names);
-  json_decref(doc);
 }
 
 /* ================================================================ publishing */
@@ -407,7 +269,7 @@ static bool check_event(cph_cflow *f, const cph_event_in *in, ev_result *e) {
     reject(e, "body", "body is required");
   else if (!in->sender || !*in->sender)
     reject(e, "sender", "sender is required");
-  else if (in->session && !cph_hmap_get(&f->sessions, in->session))
+  else if (in->session && !cph_ctable_get(f->table, in->session))
     reject(e, "session", "no such session");
   else if (!in->channel && !in->session)
     reject(e, "channel", "an event needs a channel or a session");
@@ -558,7 +420,7 @@ typedef struct target {
 } target;
 
 /* A mention: a new target, or the subscriber it already is, now mentioned. */
-static void add_mention(target *ts, size_t *n, const sess_rec *r) {
+static void add_mention(target *ts, size_t *n, const cph_ctable_session *r) {
   for (size_t i = 0; i < *n; i++)
     if (ts[i].id == r->id) {
       ts[i].mentioned = true;
@@ -627,8 +489,10 @@ static void forward(cph_cflow *f, applying *ap, const cph_event_result *res) {
   cph_event_in *ev = &ap->ev;
   reach rc;
   reach_init(&rc, res);
-  chan_rec *c = !ev->session && ev->channel ? cph_hmap_get(&f->channels, ev->channel) : NULL;
-  size_t cap = (c ? c->n : 0) + ev->mentions.count;
+  const char *const *subscribers = NULL;
+  size_t n_subscribers =
+      !ev->session && ev->channel ? cph_ctable_subscribers(f->table, ev->channel, &subscribers) : 0;
+  size_t cap = n_subscribers + ev->mentions.count;
   target *ts = calloc(cap ? cap : 1, sizeof *ts);
   size_t n = 0;
   if (!ts) {
@@ -637,13 +501,13 @@ static void forward(cph_cflow *f, applying *ap, const cph_event_result *res) {
     applying_finish(f, ap);
     return;
   }
-  for (size_t i = 0; c && i < c->n; i++) { /* a channel lists each session once */
-    sess_rec *r = cph_hmap_get(&f->sessions, c->ids[i]);
+  for (size_t i = 0; i < n_subscribers; i++) { /* a channel lists each session once */
+    const cph_ctable_session *r = cph_ctable_get(f->table, subscribers[i]);
     if (r && (!shard_served(f, r->shard) || !reached_here(f, &rc, r->id)))
       ts[n++] = (target){r->id, r->shard, false};
   }
   for (size_t i = 0; i < ev->mentions.count; i++) {
-    sess_rec *r = cph_hmap_get(&f->sessions, ev->mentions.items[i]);
+    const cph_ctable_session *r = cph_ctable_get(f->table, ev->mentions.items[i]);
     if (r && (!shard_served(f, r->shard) || !reached_here(f, &rc, r->id)))
       add_mention(ts, &n, r);
   }
@@ -856,7 +720,7 @@ static void adopt_done(cph_op *op, void *ctx) {
 }
 
 /* Queues the creation of one session from its definition; false when the engine refused. */
-static bool adopt_one(cph_cflow *f, const sess_rec *r) {
+static bool adopt_one(cph_cflow *f, const cph_ctable_session *r) {
   adopt_op *a = calloc(1, sizeof *a);
   if (!a || !(a->id = strdup(r->id))) {
     free(a);
@@ -899,7 +763,8 @@ static bool adopt_one(cph_cflow *f, const sess_rec *r) {
  * (try again with the next message). */
 static bool adopt_shard(cph_cflow *f, uint32_t shard) {
   bool ok = true, queued = false;
-  for (sess_rec *r = f->by_shard[shard]; r; r = r->shard_next) {
+  for (const cph_ctable_session *r = cph_ctable_shard_first(f->table, shard); r;
+       r = r->shard_next) {
     if (!r->def)
       continue;
     cph_session_info have = {0};
@@ -1053,11 +918,12 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
             : NULL;
     data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     if (data)
-      table_put(f, session, (const char *const *)now->subscribe.items, now->subscribe.count, def);
+      cph_ctable_put(f->table, session, (const char *const *)now->subscribe.items,
+                     now->subscribe.count, def);
     json_decref(doc);
   } else {
     data = strdup("");
-    table_remove(f, session);
+    cph_ctable_remove(f->table, session);
   }
   pub *p =
       data ? pub_new(f, PUB_SESSION, subject, NULL, data, strlen(data), SESSION_DEADLINE_MS) : NULL;
@@ -1085,10 +951,10 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   clock_gettime(CLOCK_REALTIME, &ts);
   f->boot = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
   f->adopted = calloc((size_t)pol->cluster.shards, sizeof *f->adopted);
-  f->by_shard = calloc((size_t)pol->cluster.shards, sizeof *f->by_shard);
+  f->table = cph_ctable_new((uint32_t)pol->cluster.shards);
   f->ev_retry = evtimer_new(s->base, on_retry, f);
   f->ev_submit = evtimer_new(s->base, on_submit, f);
-  if (!f->adopted || !f->by_shard || !f->ev_retry || !f->ev_submit) {
+  if (!f->adopted || !f->table || !f->ev_retry || !f->ev_submit) {
     cph_cflow_free(f);
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
@@ -1171,25 +1037,13 @@ void cph_cflow_free(cph_cflow *f) {
     batch_free(b);
     b = next;
   }
-  for (size_t i = 0; i < f->sessions.cap; i++)
-    if (f->sessions.slots[i].key)
-      sess_free(f->sessions.slots[i].value);
-  cph_hmap_free(&f->sessions);
-  for (size_t i = 0; i < f->channels.cap; i++)
-    if (f->channels.slots[i].key) {
-      chan_rec *c = f->channels.slots[i].value;
-      free(c->name);
-      free(c->ids);
-      free(c);
-    }
-  cph_hmap_free(&f->channels);
+  cph_ctable_free(f->table);
   if (f->ev_retry)
     event_free(f->ev_retry);
   if (f->ev_submit)
     event_free(f->ev_submit);
   bool started = f->started;
   free(f->adopted);
-  free(f->by_shard);
   free(f);
   if (started) /* every message is released by now */
     cph_clog_close_library();
@@ -1229,7 +1083,7 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
                         st.published,      st.delivered,
                         f->applied,        f->forwarded,
                         f->apply_failures, (uint64_t)(st.in_flight > 0 ? st.in_flight : 0),
-                        waiting,           f->sessions.len};
+                        waiting,           cph_ctable_count(f->table)};
   for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
     cph_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", fam[i].name, fam[i].help,
                    fam[i].name, fam[i].type, fam[i].name, (unsigned long long)v[i]);
@@ -1240,7 +1094,7 @@ json_t *cph_cflow_json(cph_cflow *f) {
   json_t *o = f->log ? cph_clog_json(f->log) : json_pack("{ss}", "state", "stopped");
   if (!o)
     return NULL;
-  json_object_set_new(o, "sessions_known", json_integer((json_int_t)f->sessions.len));
+  json_object_set_new(o, "sessions_known", json_integer((json_int_t)cph_ctable_count(f->table)));
   json_object_set_new(o, "applied", json_integer((json_int_t)f->applied));
   json_object_set_new(o, "forwarded", json_integer((json_int_t)f->forwarded));
   size_t waiting = 0;

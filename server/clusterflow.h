@@ -42,7 +42,8 @@
  *    ({"subscribe": [channel], "def": {"class", "subscribe", "member", "tools",
  *    "autonomy_interval_s", "report_interval_s", "context_window_tokens", "system", "tenant",
  *    "while_running", "paused"}}; deleted: the key is deleted). Every node watches the bucket
- *    and keeps the whole table in memory (session -> channels, channel -> sessions): the
+ *    and keeps the whole table in memory (clustertable.h: session -> channels and definition,
+ *    channel -> sessions, shard -> sessions): the
  *    channel's owner reads a channel's subscribers from it, and any node checks a named
  *    session from it. A change is visible to the other nodes once their watch delivered it
  *    (milliseconds); an event applied before that does not reach a new subscriber, as an
