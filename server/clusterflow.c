@@ -107,12 +107,6 @@ static int64_t mono_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static bool shard_served(cph_cflow *f, uint32_t shard) {
-  char node[8], url[8];
-  return cph_cluster_route(f->s->cluster, shard, node, sizeof node, url, sizeof url) ==
-         CPH_CLUSTER_SERVED;
-}
-
 static void on_session_entry(void *ctx, const char *session, const char *value, size_t vlen) {
   cph_cflow *f = ctx;
   if (!cph_ctable_record(f->table, session, value, vlen))
@@ -398,6 +392,7 @@ static bool decode_event(applying *ap) {
   ev->session = (char *)jstr(d, "session");
   ev->kind = (char *)jstr(d, "kind");
   ev->key = (char *)jstr(d, "key");
+  ev->only_session = true; /* the others hear it through the log (forward) */
   json_t *ts = json_object_get(d, "ts_ms");
   ev->ts_ms = json_is_integer(ts) ? json_integer_value(ts) : 0;
   json_t *m = json_object_get(d, "mentions");
@@ -440,55 +435,15 @@ static void forward_key(const char *msgid, char out[67]) {
     snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
 }
 
-/* Whether the engine took the event to session id here (reached it, or it refused as busy). */
-typedef struct reach {
-  const cph_event_result *res;
-  cph_hmap set; /* of res's ids, when there are many */
-  bool dup;     /* applied before: res says nothing of who was reached */
-} reach;
-
-static void reach_init(reach *rc, const cph_event_result *res) {
-  rc->res = res;
-  rc->set = (cph_hmap)CPH_HMAP_INIT;
-  rc->dup = !res || res->status == CPH_EV_DUPLICATE;
-  if (rc->dup || res->sessions.count + res->busy.count <= 8)
-    return;
-  for (size_t i = 0; i < res->sessions.count; i++)
-    cph_hmap_put(&rc->set, res->sessions.items[i], (void *)1);
-  for (size_t i = 0; i < res->busy.count; i++)
-    cph_hmap_put(&rc->set, res->busy.items[i], (void *)1);
-}
-
-static bool reached_here(cph_cflow *f, reach *rc, const char *id) {
-  if (rc->dup) { /* applied before: then it reached every session it had */
-    cph_session_info have = {0};
-    cph_err err = {0};
-    bool exists = cph_engine_get_session(f->s->engine, id, &have, &err) == CPH_OK;
-    if (exists)
-      cph_session_info_free(&have);
-    return exists;
-  }
-  if (rc->set.len)
-    return cph_hmap_get(&rc->set, id) != NULL;
-  for (size_t i = 0; i < rc->res->sessions.count; i++)
-    if (strcmp(rc->res->sessions.items[i], id) == 0)
-      return true;
-  for (size_t i = 0; i < rc->res->busy.count; i++)
-    if (strcmp(rc->res->busy.items[i], id) == 0)
-      return true;
-  return false;
-}
-
 /* Publishes the forwards of an applied `in` event; the message is acknowledged when they all
- * were (applying_finish). A session S of the channel's subscribers or the mentions gets a
- * forward unless the engine here reached S and S's shard is served here: so a session this
- * engine does not have yet (its shard was just taken over and not adopted yet, adopt_shard)
- * gets the event through the log, after its adoption, and a stale copy of a session whose
- * shard moved away does not keep its new owner from hearing it. */
-static void forward(cph_cflow *f, applying *ap, const cph_event_result *res) {
+ * were (applying_finish). Every session the event is routed to other than its named session —
+ * the channel's subscribers when it names none, and the mentioned sessions — gets it as a
+ * forward through the log, wherever it lives, this node included: the engine applied the `in`
+ * event with only_session, so it reached no one else. So the log's deduplication of
+ * `<id>/<S>` is what makes each delivery happen once, also when the event is applied again
+ * (a redelivery, or the shard's next owner after a death). */
+static void forward(cph_cflow *f, applying *ap) {
   cph_event_in *ev = &ap->ev;
-  reach rc;
-  reach_init(&rc, res);
   const char *const *subscribers = NULL;
   size_t n_subscribers =
       !ev->session && ev->channel ? cph_ctable_subscribers(f->table, ev->channel, &subscribers) : 0;
@@ -496,22 +451,20 @@ static void forward(cph_cflow *f, applying *ap, const cph_event_result *res) {
   target *ts = calloc(cap ? cap : 1, sizeof *ts);
   size_t n = 0;
   if (!ts) {
-    cph_hmap_free(&rc.set);
     ap->failed = true;
     applying_finish(f, ap);
     return;
   }
   for (size_t i = 0; i < n_subscribers; i++) { /* a channel lists each session once */
     const cph_ctable_session *r = cph_ctable_get(f->table, subscribers[i]);
-    if (r && (!shard_served(f, r->shard) || !reached_here(f, &rc, r->id)))
+    if (r)
       ts[n++] = (target){r->id, r->shard, false};
   }
   for (size_t i = 0; i < ev->mentions.count; i++) {
     const cph_ctable_session *r = cph_ctable_get(f->table, ev->mentions.items[i]);
-    if (r && (!shard_served(f, r->shard) || !reached_here(f, &rc, r->id)))
+    if (r && !(ev->session && strcmp(ev->session, r->id) == 0)) /* the named one has it */
       add_mention(ts, &n, r);
   }
-  cph_hmap_free(&rc.set);
   char direct[300];
   const char *channel = ev->channel;
   if (!channel) {
@@ -624,7 +577,7 @@ static void apply_done(cph_op *op, void *ctx) {
     if (ap->m->fwd)
       applying_finish(f, ap);
     else
-      forward(f, ap, res);
+      forward(f, ap);
   }
   cph_op_clear_results(op);
   batch_free(b);

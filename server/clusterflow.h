@@ -18,24 +18,27 @@
  *
  * 2. Apply, on the owner of the shard. The owner's consumer (clusterlog.h) hands it the
  *    shard's messages in order; they are applied in batches as one engine ingest operation
- *    each (the normal local path: history, families, routing to the sessions on this node),
- *    and acknowledged to the log only after the engine committed. The engine's idempotency
- *    key (the message id) makes a second delivery a `duplicate`: applied once per node.
+ *    each (the normal local path: history, families, memories), with only_session set: the
+ *    event reaches its named session, if it names one, and nobody else here. A message is
+ *    acknowledged to the log only after the engine committed. The engine's idempotency key
+ *    (the message id) makes a second delivery to the same node a `duplicate`.
  *
  * 3. Forward. After applying an `in` event the owner publishes a copy to
- *    ceph.s.<shard of S>.fwd for every session S it routes to — the channel's subscribers
- *    (no session named) and the mentioned sessions, as the session table below knows them —
- *    unless its engine reached S and S's shard is served here. So a session this engine does
- *    not have (it lives on another node, or its shard was just taken over and is not adopted
- *    yet, 5.) hears it through the log, and a stale local copy of a session whose shard moved
- *    away does not keep the real one from hearing it. Message id `<event message id>/<S>`, so
- *    the log stores each forward once; the copy names S as its session (and mentions S when S
- *    was mentioned) and carries the engine key "f:" + SHA-256 of that id, so S's owner applies
- *    it to S alone (an event naming a session goes to that session only), once. The `in`
- *    message is acknowledged only when every forward was acknowledged by the log; if one fails
- *    it is not, and comes again: applying again is a duplicate (then "reached" means "exists
- *    here"), forwarding again is deduplicated by the log. S's owner stores the forwarded event
- *    in its own copy of the channel's history, which S's context shows.
+ *    ceph.s.<shard of S>.fwd for every other session S it is routed to — the channel's
+ *    subscribers when it names no session, and the mentioned sessions, as the session table
+ *    below knows them — wherever S lives, this node included. Message id
+ *    `<event message id>/<S>`, so the log stores each forward once within its deduplication
+ *    window; the copy names S as its session (and mentions S when S was mentioned) and
+ *    carries the engine key "f:" + SHA-256 of that id, so S's owner applies it to S alone,
+ *    once. Every delivery to a session but the named one thus goes through the log, which is
+ *    what keeps it single when the `in` event is applied again: redelivered to the same node
+ *    (a `duplicate`, its forwards deduplicated) or to the shard's next owner after a death
+ *    (applied there again, its forwards deduplicated). The `in` message is acknowledged only
+ *    when every forward was acknowledged by the log; if one fails it is not, and comes again.
+ *    S's owner stores the forwarded event in its own copy of the channel's history, which S's
+ *    context shows. Cost: a session on the channel owner's own node also gets its copy through
+ *    the log (one more append and delivery, a few ms on loopback); and as forwards name their
+ *    session, near-duplicate folding (DESIGN §5, bulk channels) does not fold them in inboxes.
  *
  * 4. Who subscribes where: the session table. The owner of a session publishes the session's
  *    record to the key-value bucket CEPH_SESSIONS whenever it is created, changed or deleted
@@ -53,8 +56,8 @@
  * 5. Adopting a shard. When a node starts applying a shard (its first message after binding
  *    to the shard's consumer: it took the shard over, or bound again), it first creates from
  *    the table's definitions the sessions of that shard its engine lacks, queued before that
- *    message, so from then on events reach them here. Their state on the previous owner
- *    (inbox not yet consumed, histories, credits, context, turns) does not move: that is lost
+ *    message, so from then on events and forwards reach them here. Their state on the previous
+ * owner (inbox not yet consumed, histories, credits, context, turns) does not move: that is lost
  *    with a dead node until snapshots and rebuild exist.
  *
  * Not here (later slices): snapshots and rebuild of a moved shard's state, fencing of a
