@@ -22,7 +22,10 @@
 #define SESSION_DEADLINE_MS 30000
 #define RETRY_MS 100
 #define APPLY_BATCH 512
-#define CHANNEL_MAX 256 /* as the engine's (core/ingest.c) */
+#define SWEEP_MS 1000
+#define SWEEP_PAGE 500
+#define SWEEP_DELAY_MS 3000 /* after the log is ready: the watch has delivered the table */
+#define CHANNEL_MAX 256     /* as the engine's (core/ingest.c) */
 #define KEY_MAX 256
 
 typedef enum pub_kind { PUB_INGEST, PUB_FWD, PUB_SESSION } pub_kind;
@@ -91,6 +94,9 @@ struct cph_cflow {
   pub *retry_head;
   struct event *ev_retry;  /* RETRY_MS: retries and blocked batches */
   struct event *ev_submit; /* zero delay: submit the forming batch */
+  struct event *ev_sweep;  /* SWEEP_MS: the record sweep (sweep_records) */
+  char sweep_after[160];   /* the sweep's cursor: the last session id it looked at */
+  int64_t ready_since_ns;  /* when the log was first seen ready (0: not yet) */
   apply_batch *forming;
   apply_batch *blocked_head, *blocked_tail;
   ingest_req *reqs;
@@ -888,6 +894,62 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
   pub_send(f, p);
 }
 
+/* ---------------------------------------------------------------- the record sweep
+ *
+ * Every second the node looks at the next SWEEP_PAGE of its engine's sessions (in id order,
+ * wrapping around) and publishes the record of each one on a shard it serves that the table
+ * does not know, or knows without a definition: sessions created before the log was
+ * configured (a cluster that ran without :nats), and records the log never took (their
+ * publish gave up after 30 s). Once the table is whole it publishes nothing; reading a page
+ * is one engine list call on the loop. The built-in janitor is skipped: each node has its own. */
+static void on_sweep(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  cph_cflow *f = arg;
+  if (f->quiesced || !f->log)
+    return;
+  struct timeval tv = {SWEEP_MS / 1000, (SWEEP_MS % 1000) * 1000};
+  evtimer_add(f->ev_sweep, &tv);
+  if (!cph_clog_ready(f->log)) {
+    f->ready_since_ns = 0;
+    return;
+  }
+  if (!f->ready_since_ns)
+    f->ready_since_ns = mono_ns();
+  if (mono_ns() - f->ready_since_ns < SWEEP_DELAY_MS * 1000000LL)
+    return;
+  cph_session_filter flt = {0};
+  flt.after = f->sweep_after[0] ? f->sweep_after : NULL;
+  flt.limit = SWEEP_PAGE;
+  cph_session_info *page = NULL;
+  size_t n = 0;
+  cph_err err = {0};
+  if (cph_engine_list_sessions(f->s->engine, &flt, &page, &n, &err) != CPH_OK)
+    return;
+  cph_cluster *c = f->s->cluster;
+  char node[8], url[8];
+  bool janitor = cph_engine_policy(f->s->engine)->sessions.janitor;
+  for (size_t i = 0; i < n; i++) {
+    if (janitor && strcmp(page[i].id, "janitor") == 0)
+      continue; /* every node has its own (:sessions :janitor?): not a session of the cluster */
+    const cph_ctable_session *known = cph_ctable_get(f->table, page[i].id);
+    uint32_t shard = cph_cluster_shard_of(page[i].id, cph_cluster_shards(c));
+    if ((!known || !known->def) &&
+        cph_cluster_route(c, shard, node, sizeof node, url, sizeof url) == CPH_CLUSTER_SERVED) {
+      cph_info("cluster log: publishing the record of session %s (the session table lacked it)",
+               page[i].id);
+      cph_cflow_session_changed(f, page[i].id, &page[i]);
+    }
+  }
+  if (n == SWEEP_PAGE)
+    snprintf(f->sweep_after, sizeof f->sweep_after, "%s", page[n - 1].id);
+  else
+    f->sweep_after[0] = '\0'; /* the end: from the start again */
+  for (size_t i = 0; i < n; i++)
+    cph_session_info_free(&page[i]);
+  free(page);
+}
+
 /* ================================================================ lifetime */
 
 int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
@@ -907,7 +969,8 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   f->table = cph_ctable_new((uint32_t)pol->cluster.shards);
   f->ev_retry = evtimer_new(s->base, on_retry, f);
   f->ev_submit = evtimer_new(s->base, on_submit, f);
-  if (!f->adopted || !f->table || !f->ev_retry || !f->ev_submit) {
+  f->ev_sweep = evtimer_new(s->base, on_sweep, f);
+  if (!f->adopted || !f->table || !f->ev_retry || !f->ev_submit || !f->ev_sweep) {
     cph_cflow_free(f);
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
@@ -920,6 +983,8 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
     return rc;
   }
   f->started = true;
+  struct timeval first = {SWEEP_MS / 1000, (SWEEP_MS % 1000) * 1000};
+  evtimer_add(f->ev_sweep, &first);
   *out = f;
   return CPH_OK;
 }
@@ -995,6 +1060,8 @@ void cph_cflow_free(cph_cflow *f) {
     event_free(f->ev_retry);
   if (f->ev_submit)
     event_free(f->ev_submit);
+  if (f->ev_sweep)
+    event_free(f->ev_sweep);
   bool started = f->started;
   free(f->adopted);
   free(f);

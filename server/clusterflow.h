@@ -51,7 +51,9 @@
  *    session from it. A change is visible to the other nodes once their watch delivered it
  *    (milliseconds); an event applied before that does not reach a new subscriber, as an
  *    event posted before a subscribe would not. The session answer does not wait for the
- *    record (it is retried for 30 s and logged if the log never takes it).
+ *    record (it is retried for 30 s and logged if the log never takes it); a sweep over the
+ *    node's sessions (a page a second) publishes the record of any session on a served shard
+ *    that the table lacks — sessions created before the log was configured included.
  *
  * 5. Adopting a shard. When a node starts applying a shard (its first message after binding
  *    to the shard's consumer: it took the shard over, or bound again), it first creates from
