@@ -93,7 +93,8 @@ soak: build
 	  $$(pkg-config --cflags --libs jansson msgpack) -lpthread -o $(BUILD)/bin/cephalon-soak
 	CPH_BIN_DIR=$(abspath $(BUILD))/bin $(BUILD)/bin/cephalon-soak $(SOAK_ARGS)
 
-# etcd and three daemons with :cluster on loopback (README "Running a cluster"); Ctrl-C stops.
+# etcd, three NATS JetStream servers and three daemons with :cluster on loopback (README
+# "Running a cluster"); Ctrl-C stops.
 cluster: build
 	scripts/cluster.sh $(BUILD)/bin $(or $(CLUSTER_PORT),7700)
 

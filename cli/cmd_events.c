@@ -48,11 +48,18 @@ static int print_result(const json_t *res) {
     rc = CLI_EXIT_FAIL;
   } else {
     printf("event ");
-    cli_put_clean(stdout, id.data);
-    fputs(": ", stdout);
+    if (!json_is_null(json_object_get(res, "id"))) { /* null: logged, not yet applied */
+      cli_put_clean(stdout, id.data);
+      fputs(": ", stdout);
+    }
     cli_put_clean(stdout, status ? status : "?");
     const json_t *list = json_object_get(res, "sessions");
-    if (status && strcmp(status, "duplicate") == 0) {
+    const json_t *pos = json_object_get(res, "pos"); /* cluster mode with a log (DESIGN §14) */
+    if (json_is_integer(pos)) {
+      printf(" at log position %lld", (long long)json_integer_value(pos));
+      if (status && strcmp(status, "duplicate") == 0)
+        fputs(", already logged under this key", stdout);
+    } else if (status && strcmp(status, "duplicate") == 0) {
       fputs(", already stored under this id", stdout); /* DESIGN §4: the original id */
     } else if (json_is_array(list) && json_array_size(list) > 0) {
       fputs(", sessions ", stdout);

@@ -605,12 +605,12 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   }
   if (explicit_target)
     add_target(ts, &n, cap, explicit_target, false, true);
-  else if (ch)
+  else if (ch && !in->only_session)
     for (size_t i = 0; i < ch->n_subscribers; i++) /* a subscriber list has no repeats */
       ts[n++] = (target){ch->subscribers[i], false, false};
   for (size_t i = 0; i < in->mentions.count; i++) {
     csession *m = in->mentions.items[i] ? sessions_get(ig->sessions, in->mentions.items[i]) : NULL;
-    if (m)
+    if (m && (!in->only_session || m == explicit_target))
       add_target(ts, &n, cap, m, true, true); /* mentions of unknown sessions reach nobody */
   }
 

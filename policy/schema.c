@@ -493,11 +493,11 @@ static const ps_field cluster_fields[] = {
      .count_off = offsetof(cph_policy_cluster, etcd_count), .imin = 1, .imax = 1024,
      .doc = "etcd client URLs (its v3 JSON gateway) holding membership and shard ownership"},
     STRINGS(cph_policy_cluster, "nats", nats, nats_count, 1, 1024,
-            "NATS JetStream URLs of the replicated log (not used yet)"),
+            "NATS URLs of the replicated log (JetStream); without it events are accepted only by their shard's owner"),
     INT(cph_policy_cluster, "shards", shards, 1, 65536, 256,
         "session and channel ids hash to this many shards"),
     INT(cph_policy_cluster, "replicas", replicas, 1, 5, 3,
-        "replicas of the log (not used yet)"),
+        "replicas of the log's stream and bucket (3 in production; 1 for a single NATS server)"),
     INT(cph_policy_cluster, "lease-ttl-seconds", lease_ttl_seconds, 2, 600, 5,
         "TTL of this node's etcd lease; a node that cannot renew stops serving before it"),
 };

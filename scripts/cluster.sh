@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# `make cluster`: etcd and three cephalond with :cluster on loopback ports, for trying cluster
-# mode (DESIGN §14, first slice: see README "Running a cluster"). Prints the URLs; Ctrl-C
-# stops everything. State lives in a fresh temp dir, removed at the end.
-#   scripts/cluster.sh BIN_DIR [BASE_PORT]   (daemons on BASE_PORT..+2, etcd on BASE_PORT+10/11)
+# `make cluster`: etcd, three NATS JetStream servers and three cephalond with :cluster on
+# loopback ports, for trying cluster mode (DESIGN §14: see README "Running a cluster" for what
+# is built). Prints the URLs; Ctrl-C stops everything. State lives in a fresh temp dir, removed
+# at the end.
+#   scripts/cluster.sh BIN_DIR [BASE_PORT]   (daemons on BASE_PORT..+2, etcd on BASE_PORT+10/11,
+#                                             NATS clients on BASE_PORT+20..22, routes +30..32)
 set -euo pipefail
 bin=${1:?usage: cluster.sh BIN_DIR [BASE_PORT]}
 base=${2:-7700}
 command -v etcd >/dev/null || { echo "cluster: etcd is missing: apt-get install etcd-server (scripts/install-deps.sh)" >&2; exit 1; }
+command -v nats-server >/dev/null || { echo "cluster: nats-server is missing: apt-get install nats-server (scripts/install-deps.sh)" >&2; exit 1; }
 dir=$(mktemp -d /tmp/cephalon-cluster.XXXXXX)
 pids=()
 stop() {
@@ -24,18 +27,33 @@ etcd --name c --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$ec"
   >"$dir/etcd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$ec/health" >/dev/null && break; sleep 0.1; done
+# Three NATS servers with JetStream, routed into one cluster (the log: 3 replicas, quorum 2).
+nats_urls=""
+for i in 0 1 2; do
+  routes=""
+  for j in 0 1 2; do
+    [ "$j" = "$i" ] || routes="$routes${routes:+,}nats://127.0.0.1:$((base + 30 + j))"
+  done
+  nats-server -a 127.0.0.1 -p $((base + 20 + i)) -n "nats$i" -js -sd "$dir/nats$i" \
+    --cluster_name cephalon --cluster "nats://127.0.0.1:$((base + 30 + i))" --routes "$routes" \
+    >"$dir/nats$i.log" 2>&1 &
+  pids+=($!)
+  nats_urls="$nats_urls \"nats://127.0.0.1:$((base + 20 + i))\""
+done
 for i in 0 1 2; do
   n=$(printf "\\x$(printf %x $((97 + i)))")
   port=$((base + i))
   cat >"$dir/$n.edn" <<EON
 {:server {:listen "127.0.0.1:$port" :data-dir "$dir/data-$n"}
- :cluster {:node "$n" :advertise "http://127.0.0.1:$port" :etcd ["http://127.0.0.1:$ec"]}}
+ :cluster {:node "$n" :advertise "http://127.0.0.1:$port" :etcd ["http://127.0.0.1:$ec"]
+           :nats [${nats_urls# }] :replicas 3}}
 EON
   "$bin/cephalond" --policy "$dir/$n.edn" >"$dir/$n.log" 2>&1 &
   pids+=($!)
 done
 sleep 2
 echo "etcd      http://127.0.0.1:$ec"
+echo "nats      nats://127.0.0.1:$((base + 20)) .. $((base + 22))   (JetStream, 3 replicas)"
 for i in 0 1 2; do echo "node $(printf "\\x$(printf %x $((97 + i)))")    http://127.0.0.1:$((base + i))   (logs: $dir)"; done
 echo "try: curl -s http://127.0.0.1:$base/v1/cluster | jq .   — Ctrl-C stops all"
 wait -n "${pids[@]}" || true

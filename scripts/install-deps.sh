@@ -15,6 +15,7 @@ packages=(
   curl jq # the README's walkthroughs use both; tests/readme runs them
   chromium # tests only: the web console's browser test (tests/ui) drives it headless
   etcd-server # cluster mode (DESIGN §14): test_cluster and make cluster start their own etcd
+  nats-server libnats-dev # cluster mode's replicated log (NATS JetStream) and its C client
 )
 # npm: Debian's package, unless a Node.js build that bundles its own npm is there already (a
 # nodejs package from another archive conflicts with Debian's npm).
@@ -77,6 +78,7 @@ service_of() {
   prometheus) echo "prometheus.service /run/prometheus.pid" ;;
   redis-server) echo "redis-server.service /run/redis/redis-server.pid" ;;
   beanstalkd) echo "beanstalkd.service /run/beanstalkd.pid" ;;
+  nats-server) echo "nats-server.service /run/nats-server.pid" ;;
   esac
 }
 for p in "${missing[@]}"; do

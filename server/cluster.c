@@ -317,7 +317,7 @@ static bool shard_txn(cph_cluster *c, uint32_t s, bool claim) {
   char *k = b64(key), *v = b64(c->self);
   json_t *req = NULL;
   if (k && v && claim)
-    req = json_pack("{s[{ssssssss}]s[{s{sssssO}}]}", "compare", "target", "CREATE", "key", k,
+    req = json_pack("{s[{ssssssss}]s[{s{ssssso}}]}", "compare", "target", "CREATE", "key", k,
                     "create_revision", "0", "result", "EQUAL", "success", "request_put", "key",
                     k, "value", v, "lease", lease_id_json(c->lease));
   else if (k && v)

@@ -50,6 +50,7 @@
 #include "listen.h"
 #include "cephalon/providers.h"
 #include "cluster.h"
+#include "clusterflow.h"
 #include "deadlines.h"
 #include "longpoll.h"
 #include "backup.h"
@@ -298,7 +299,9 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound, uint16_t fallback)
 
 /* After the loop: answer what can be answered, then free everything (ASan runs the tests). */
 static void shutdown_all(cph_srv *s) {
-  /* First: revoke the cluster lease, so this node's shards move to the others now. */
+  /* First: answer what waits for the cluster log and close it (it reads the shard map);
+   * then revoke the cluster lease, so this node's shards move to the others now. */
+  cph_cflow_quiesce(s->cflow);
   cph_cluster_stop(s->cluster);
   s->cluster = NULL;
   cph_backup_free(s->backup); /* a running copy finishes first: it reads the engine's store */
@@ -321,6 +324,8 @@ static void shutdown_all(cph_srv *s) {
       cph_engine_run_pass(s->engine);
   }
   cph_http_release_all(s);
+  cph_cflow_free(s->cflow); /* after the last pass: its operations are done */
+  s->cflow = NULL;
   if (s->http)
     evhttp_free(s->http);
   cph_deadlines_free(s->deadlines); /* after evhttp_free: it closes every connection */
@@ -485,6 +490,11 @@ int main(int argc, char **argv) {
   if (cph_engine_policy(s.engine)->cluster_enabled &&
       cph_cluster_start(&cph_engine_policy(s.engine)->cluster, &s.cluster, &err) != CPH_OK) {
     cph_error("cluster mode: %s", err.msg);
+    goto out;
+  }
+  if (s.cluster && cph_engine_policy(s.engine)->cluster.nats_count > 0 &&
+      cph_cflow_start(&s, &s.cflow, &err) != CPH_OK) {
+    cph_error("cluster mode: the log: %s", err.msg);
     goto out;
   }
   cph_srv_schedule_pass(&s); /* recovery may have left work (expired leases restaged) */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cluster.h"
+#include "clusterflow.h"
 #include "routes.h"
 #include "server.h"
 
@@ -21,6 +22,8 @@ void cph_route_cluster(cph_req *r) {
     return;
   }
   json_t *body = cph_cluster_json(r->srv->cluster);
+  if (body && r->srv->cflow)
+    json_object_set_new(body, "log", cph_cflow_json(r->srv->cflow));
   if (!body) {
     cph_reply_error(r, 500, "internal", NULL, "out of memory");
     return;

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clusterflow.h"
 #include "emit.h"
 #include "routes.h"
 #include "server.h"
@@ -345,6 +346,10 @@ void cph_route_events_post(cph_req *r) {
   cph_event_in *fast = NULL;
   size_t n_fast = 0;
   if (fast_events(r, &fast, &n_fast) && !r->error.set) {
+    if (r->srv->cflow) { /* cluster mode: through the log, on any node */
+      cph_cflow_ingest(r, fast, n_fast);
+      return;
+    }
     if (!cph_cluster_gate_events(r, fast, n_fast))
       return;
     r->op.u.ingest.events = fast;
@@ -406,6 +411,10 @@ void cph_route_events_post(cph_req *r) {
   }
   if (r->error.set) {
     cph_reply_failure(r);
+    return;
+  }
+  if (r->srv->cflow) {
+    cph_cflow_ingest(r, in, n);
     return;
   }
   if (!cph_cluster_gate_events(r, in, n))

@@ -2,9 +2,11 @@
  * format 0.0.4. Scope read. With :metrics :enabled? false it answers 404 in the JSON error
  * format, as for any unknown path. The text is built by the engine in one go (bounded work,
  * see cph_engine_metrics_text) on the event loop, like every other read; the server's own
- * families (cephalon_http_timeouts_total, deadlines.c) follow it. */
+ * families (cephalon_http_timeouts_total, deadlines.c; in cluster mode with a log the
+ * cephalon_cluster_log_* ones, clusterflow.c) follow it. */
 #include <stdlib.h>
 
+#include "clusterflow.h"
 #include "deadlines.h"
 #include "routes.h"
 #include "server.h"
@@ -23,7 +25,8 @@ void cph_route_metrics(cph_req *r) {
     cph_buf_append(&out, text, len);
   free(text);
   /* the server's own families after the engine's */
-  if (!text || cph_deadlines_metrics(r->srv->deadlines, &out) != CPH_OK) {
+  if (!text || cph_deadlines_metrics(r->srv->deadlines, &out) != CPH_OK ||
+      (r->srv->cflow && cph_cflow_metrics(r->srv->cflow, &out) != CPH_OK)) {
     cph_buf_free(&out);
     cph_reply_error(r, 500, "internal", NULL, "out of memory building the metrics");
     return;

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clusterflow.h"
 #include "routes.h"
 #include "server.h"
 
@@ -130,6 +131,8 @@ static void session_done(cph_req *r) {
     cph_reply_rc(r, r->op.rc, r->op.err.msg, r->op.field);
     return;
   }
+  if (r->srv->cflow) /* cluster mode: the other nodes learn its subscriptions */
+    cph_cflow_session_changed(r->srv->cflow, r->op.u.session.out.id, &r->op.u.session.out);
   cph_reply_json(r, 200, session_json(&r->op.u.session.out));
 }
 
@@ -169,6 +172,8 @@ static void delete_done(cph_req *r) {
     cph_reply_rc(r, r->op.rc, r->op.err.msg, r->op.field);
     return;
   }
+  if (r->srv->cflow)
+    cph_cflow_session_changed(r->srv->cflow, r->params[0], NULL);
   json_t *body = json_object();
   json_object_set_new(body, "id", json_string(r->params[0]));
   json_object_set_new(body, "deleted", json_true());

@@ -25,6 +25,7 @@ struct cph_srv {
   struct cph_search_pool *search;  /* search_prep.c */
   struct cph_backup *backup;       /* backup.c: the online backup, one at a time */
   struct cph_cluster *cluster;     /* cluster.c; NULL without :cluster (a single node) */
+  struct cph_cflow *cflow;         /* clusterflow.c; NULL without :cluster :nats */
   struct cph_deadlines *deadlines; /* deadlines.c; NULL outside main.c (the fuzz harness) */
   struct event_base *base;
   struct evhttp *http;

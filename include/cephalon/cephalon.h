@@ -148,6 +148,11 @@ typedef struct cph_event_in {
   char *kind;  /* optional */
   char *key;   /* idempotency key, optional */
   int64_t ts_ms; /* 0 = now */
+  /* Route to `session` alone (mentioned if it is among the mentions), never to the channel's
+   * subscribers or other mentioned sessions; without a session it is stored and reaches no
+   * session. Cluster mode applies logged events so: the log delivers them to the others
+   * (server/clusterflow.h). */
+  bool only_session;
 } cph_event_in;
 
 typedef enum cph_ingest_status {

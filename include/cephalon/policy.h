@@ -275,10 +275,10 @@ typedef struct cph_policy_cluster {
   char *advertise; /* the base URL other nodes and clients reach this node at */
   char **etcd;     /* etcd client URLs (v3 JSON gateway), at least one */
   size_t etcd_count;
-  char **nats; /* NATS URLs (the replicated log: not used yet) */
+  char **nats; /* NATS URLs of the replicated log (JetStream); none: no log */
   size_t nats_count;
   int64_t shards;            /* session and channel ids hash to this many shards */
-  int64_t replicas;          /* log replicas (not used yet) */
+  int64_t replicas;          /* replicas of the log's stream and bucket */
   int64_t lease_ttl_seconds; /* the etcd lease TTL that holds membership and ownership */
 } cph_policy_cluster;
 

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "tests/support/api.h"
+#include "tests/support/cluster_fixture.h"
 #include "tests/support/daemon.h"
 #include "tests/support/testutil.h"
 
@@ -31,98 +32,12 @@
 #define SHARDS 256
 #define TTL_S 2
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+/* The bench of tests/support/cluster_fixture.h: etcd and NODES daemons, no NATS. */
+typedef cph_test_cluster cluster;
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-static bool have_etcd(void) {
-  const char *argv[] = {"/bin/sh", "-c", "command -v etcd", NULL};
-  char *out = NULL, *err = NULL;
-  int rc = cph_test_run(argv, &out, &err);
-  free(out);
-  free(err);
-  return rc == 0;
-}
-
-typedef struct cluster {
-  char *dir;
-  pid_t etcd;
-  int etcd_port;
-  cph_test_daemon d[NODES];
-  int port[NODES];
-  bool up[NODES];
-  char url[NODES][64];
-} cluster;
-
-/* An etcd left by a failed setup or an aborted test is stopped at exit. */
-static pid_t g_etcd;
-static void kill_etcd_at_exit(void) {
-  if (g_etcd > 0)
-    kill(g_etcd, SIGKILL);
-}
-
-static void start_etcd(cluster *c) {
-  c->etcd_port = free_port();
-  int peer = free_port();
-  char data[512], client[64], peer_url[64], initial[96], log[512];
-  snprintf(data, sizeof data, "%s/etcd", c->dir);
-  snprintf(log, sizeof log, "%s/etcd.log", c->dir);
-  snprintf(client, sizeof client, "http://127.0.0.1:%d", c->etcd_port);
-  snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", peer);
-  snprintf(initial, sizeof initial, "t=%s", peer_url);
-  c->etcd = fork();
-  assert_true(c->etcd >= 0);
-  if (c->etcd > 0) {
-    g_etcd = c->etcd;
-    atexit(kill_etcd_at_exit);
-  }
-  if (c->etcd == 0) {
-    /* stdout and stderr to the log: the test's pipes must not outlive the test */
-    if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
-      _exit(127);
-    execlp("etcd", "etcd", "--name", "t", "--data-dir", data, "--listen-client-urls", client,
-           "--advertise-client-urls", client, "--listen-peer-urls", peer_url,
-           "--initial-advertise-peer-urls", peer_url, "--initial-cluster", initial,
-           "--listen-metrics-urls", "", (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 100; i++) {
-    cph_test_response r = cph_test_http(c->etcd_port, "GET", "/health", NULL, NULL);
-    bool ok = r.status == 200;
-    cph_test_response_free(&r);
-    if (ok)
-      return;
-    sleep_ms(100);
-  }
-  fail_msg("etcd did not become healthy on 127.0.0.1:%d (log: %s)", c->etcd_port, log);
-}
-
-static void start_node(cluster *c, int i) {
-  char policy[1024], listen[64];
-  snprintf(c->url[i], sizeof c->url[i], "http://127.0.0.1:%d", c->port[i]);
-  snprintf(policy, sizeof policy,
-           "{:store {:sync :none}\n"
-           " :cluster {:node \"n%d\" :advertise \"%s\" :etcd [\"http://127.0.0.1:%d\"]\n"
-           "           :shards %d :lease-ttl-seconds %d}}\n",
-           i, c->url[i], c->etcd_port, SHARDS, TTL_S);
-  char *path = cph_test_write_tmpfile(".edn", policy);
-  snprintf(listen, sizeof listen, "127.0.0.1:%d", c->port[i]);
-  const char *extra[] = {"--listen", listen, NULL};
-  assert_int_equal(cph_test_daemon_start(&c->d[i], path, NULL, extra), 0);
-  assert_int_equal(c->d[i].port, c->port[i]);
-  c->up[i] = true;
-  free(path);
+static bool wait_settled(cluster *c, const bool *live, int n_live, int timeout_ms) {
+  (void)n_live; /* counted from live[] */
+  return cph_tc_wait_settled(c, live, SHARDS, timeout_ms);
 }
 
 static json_t *cluster_view(int port) {
@@ -132,71 +47,18 @@ static json_t *cluster_view(int port) {
   return j;
 }
 
-/* True when every node in `live` sees exactly those nodes, all shards held, the spread even
- * (±1) and the owned counts summing to SHARDS. */
-static bool settled(cluster *c, const bool *live, int n_live) {
-  int sum = 0;
-  for (int i = 0; i < NODES; i++) {
-    if (!live[i])
-      continue;
-    json_t *v = cluster_view(c->port[i]);
-    if (!v)
-      return false;
-    bool ok = strcmp(json_string_value(json_object_get(v, "state")), "serving") == 0 &&
-              json_array_size(json_object_get(v, "nodes")) == (size_t)n_live &&
-              json_integer_value(json_object_get(v, "shards_unowned")) == 0;
-    json_int_t mine = json_integer_value(json_object_get(v, "shards_owned"));
-    if (mine < SHARDS / n_live || mine > SHARDS / n_live + 1)
-      ok = false;
-    sum += (int)mine;
-    json_decref(v);
-    if (!ok)
-      return false;
-  }
-  return sum == SHARDS;
-}
-
-static bool wait_settled(cluster *c, const bool *live, int n_live, int timeout_ms) {
-  for (int t = 0; t < timeout_ms; t += 100) {
-    if (settled(c, live, n_live))
-      return true;
-    sleep_ms(100);
-  }
-  return false;
-}
-
 static int setup(void **state) {
-  if (!have_etcd())
-    fail_msg("etcd is not installed: cluster mode's tests need Debian's etcd-server "
-             "(apt-get install etcd-server, or scripts/install-deps.sh)");
-  cluster *c = calloc(1, sizeof *c);
-  c->dir = cph_test_tmpdir("cluster");
-  start_etcd(c);
+  cluster *c = cph_tc_new();
+  cph_tc_start_etcd(c);
+  cph_tc_ports(c, NODES);
   for (int i = 0; i < NODES; i++)
-    c->port[i] = free_port();
-  for (int i = 0; i < NODES; i++)
-    start_node(c, i);
+    cph_tc_start_node(c, i, SHARDS, TTL_S, "");
   *state = c;
   return 0;
 }
 
 static int teardown(void **state) {
-  cluster *c = *state;
-  if (!c)
-    return 0;
-  for (int i = 0; i < NODES; i++)
-    if (c->up[i]) {
-      kill(c->d[i].pid, SIGCONT);
-      cph_test_daemon_stop(&c->d[i]);
-    }
-  if (c->etcd > 0) {
-    kill(c->etcd, SIGTERM);
-    waitpid(c->etcd, NULL, 0);
-    g_etcd = 0;
-  }
-  cph_test_rmtree(c->dir);
-  free(c->dir);
-  free(c);
+  cph_tc_free(*state);
   return 0;
 }
 

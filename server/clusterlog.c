@@ -1,0 +1,847 @@
+/* Cluster mode: the replicated log on NATS JetStream (see clusterlog.h). */
+#include "clusterlog.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <nats/nats.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cluster.h"
+#include "common/log.h"
+
+#define SYNC_MS 100
+#define BIND_THREADS 8
+#define ACK_WAIT_S 5
+#define MAX_ACK_PENDING 20000
+#define PUB_MAX_WAIT_MS 3000
+#define MAX_IN_FLIGHT 200000
+#define DRAIN_CAP 4096 /* items per loop callback; the rest on the next turn of the loop */
+#define REF_HEADER "Cph-Ref"
+
+typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV } item_kind;
+
+typedef struct item {
+  struct item *next;
+  item_kind kind;
+  /* ITEM_PUB */
+  uint64_t ref;
+  int rc;
+  uint64_t seq;
+  bool dup;
+  char *why;
+  /* ITEM_MSG */
+  cph_clog_msg *msg;
+  /* ITEM_KV */
+  char *session;
+  char *value; /* NULL: deleted */
+  size_t vlen;
+} item;
+
+typedef struct shard_sub {
+  natsSubscription *sub;
+  uint64_t gen; /* which binding: set before subscribing, read by on_delivery */
+  struct cph_clog *log;
+  uint32_t shard;
+} shard_sub;
+
+struct cph_clog {
+  /* Configuration (copied, never changed). */
+  char **urls;
+  size_t n_urls;
+  char *node;
+  uint32_t shards;
+  int64_t replicas;
+  int64_t dedupe_window_s;
+  struct cph_cluster *cluster;
+  cph_clog_hooks hooks;
+
+  /* The loop's side: the queue's read end. */
+  struct event *ev_queue;
+  int pipe[2];
+
+  pthread_t thread;
+  bool started;
+
+  /* Shared, under mu. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool stop;
+  bool quiesced;
+  bool ready; /* connected, stream and bucket in place: js may be used */
+  bool connected;
+  item *head, *tail;
+  bool signalled; /* a byte is in the pipe */
+  int64_t in_flight;
+  uint64_t published, delivered;
+  uint32_t bound;
+  uint64_t bind_gen; /* bindings so far */
+  char last_error[256];
+
+  /* Set by the log thread before ready, then only read until stop. */
+  natsConnection *nc;
+  jsCtx *js;
+  kvStore *kv;
+  kvWatcher *watcher;
+  /* The log thread's own: one binding per shard; unbound subscriptions are kept until stop
+   * (a message of theirs may still be acknowledged by the loop). */
+  shard_sub *subs;
+  natsSubscription **graveyard;
+  size_t n_graveyard, cap_graveyard;
+};
+
+/* ================================================================ the queue */
+
+static void push_item(cph_clog *l, item *it) {
+  bool wake = false;
+  pthread_mutex_lock(&l->mu);
+  if (l->quiesced) {
+    pthread_mutex_unlock(&l->mu);
+    if (it->kind == ITEM_MSG) {
+      natsMsg_Destroy(it->msg->nats); /* not acknowledged: delivered again */
+      free(it->msg);
+    }
+    free(it->why);
+    free(it->session);
+    free(it->value);
+    free(it);
+    return;
+  }
+  it->next = NULL;
+  if (l->tail)
+    l->tail->next = it;
+  else
+    l->head = it;
+  l->tail = it;
+  if (!l->signalled) {
+    l->signalled = true;
+    wake = true;
+  }
+  pthread_mutex_unlock(&l->mu);
+  if (wake) {
+    char b = 1;
+    ssize_t w = write(l->pipe[1], &b, 1);
+    (void)w; /* a full pipe already holds a wake */
+  }
+}
+
+static void on_queue(evutil_socket_t fd, short what, void *arg) {
+  (void)what;
+  cph_clog *l = arg;
+  char buf[64];
+  while (read(fd, buf, sizeof buf) > 0) {
+  }
+  pthread_mutex_lock(&l->mu);
+  item *it = l->head;
+  size_t n = 0;
+  item *last = NULL;
+  for (item *p = it; p && n < DRAIN_CAP; p = p->next, n++)
+    last = p;
+  if (last) {
+    l->head = last->next;
+    if (!l->head)
+      l->tail = NULL;
+    last->next = NULL;
+  }
+  bool more = l->head != NULL;
+  l->signalled = more;
+  bool quiesced = l->quiesced;
+  pthread_mutex_unlock(&l->mu);
+  if (more) {
+    char b = 1;
+    ssize_t w = write(l->pipe[1], &b, 1);
+    (void)w;
+  }
+  while (it) {
+    item *next = it->next;
+    if (it->kind == ITEM_PUB) {
+      pthread_mutex_lock(&l->mu);
+      l->in_flight--;
+      pthread_mutex_unlock(&l->mu);
+      if (!quiesced)
+        l->hooks.published(l->hooks.ctx, it->ref, it->rc, it->seq, it->dup, it->why);
+    } else if (it->kind == ITEM_MSG) {
+      if (quiesced) {
+        cph_clog_release(l, it->msg);
+      } else {
+        l->hooks.message(l->hooks.ctx, it->msg);
+      }
+    } else if (!quiesced) {
+      l->hooks.session(l->hooks.ctx, it->session, it->value, it->vlen);
+    }
+    free(it->why);
+    free(it->session);
+    free(it->value);
+    free(it);
+    it = next;
+  }
+}
+
+/* ================================================================ libnats callbacks */
+
+static void set_error(cph_clog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_error(cph_clog *l, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&l->mu);
+  bool changed = strcmp(msg, l->last_error) != 0;
+  snprintf(l->last_error, sizeof l->last_error, "%s", msg);
+  pthread_mutex_unlock(&l->mu);
+  if (changed)
+    cph_warn("cluster log: %s", msg);
+}
+
+static void on_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure) {
+  (void)js;
+  cph_clog *l = closure;
+  const char *ref = NULL;
+  item *it = calloc(1, sizeof *it);
+  if (!it || natsMsgHeader_Get(msg, REF_HEADER, &ref) != NATS_OK || !ref) {
+    /* Without an item the publish never answers: only on out of memory. */
+    cph_error("cluster log: a publish acknowledgement could not be handed to the loop");
+    free(it);
+    natsMsg_Destroy(msg);
+    return;
+  }
+  it->kind = ITEM_PUB;
+  it->ref = strtoull(ref, NULL, 10);
+  if (pa) {
+    it->rc = CPH_OK;
+    it->seq = pa->Sequence;
+    it->dup = pa->Duplicate;
+  } else {
+    it->rc = CPH_EBUSY;
+    char why[256];
+    snprintf(why, sizeof why, "%s%s%s", natsStatus_GetText(pae ? pae->Err : NATS_ERR),
+             pae && pae->ErrText ? ": " : "", pae && pae->ErrText ? pae->ErrText : "");
+    it->why = strdup(why);
+  }
+  natsMsg_Destroy(msg);
+  push_item(l, it);
+}
+
+static void on_delivery(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure) {
+  (void)nc;
+  (void)sub;
+  shard_sub *ss = closure;
+  cph_clog *l = ss->log;
+  const char *subject = natsMsg_GetSubject(msg);
+  jsMsgMetaData *meta = NULL;
+  item *it = calloc(1, sizeof *it);
+  cph_clog_msg *m = calloc(1, sizeof *m);
+  if (!it || !m || natsMsg_GetMetaData(&meta, msg) != NATS_OK) {
+    free(it);
+    free(m);
+    natsMsg_Destroy(msg); /* not acknowledged: delivered again after AckWait */
+    return;
+  }
+  size_t sl = strlen(subject);
+  m->shard = ss->shard;
+  m->bind_gen = ss->gen;
+  m->fwd = sl > 4 && strcmp(subject + sl - 4, ".fwd") == 0;
+  m->seq = meta->Sequence.Stream;
+  m->deliveries = meta->NumDelivered;
+  m->data = natsMsg_GetData(msg);
+  m->len = (size_t)natsMsg_GetDataLength(msg);
+  m->nats = msg;
+  jsMsgMetaData_Destroy(meta);
+  it->kind = ITEM_MSG;
+  it->msg = m;
+  pthread_mutex_lock(&l->mu);
+  l->delivered++;
+  pthread_mutex_unlock(&l->mu);
+  push_item(l, it);
+}
+
+static void on_disconnected(natsConnection *nc, void *closure) {
+  (void)nc;
+  cph_clog *l = closure;
+  pthread_mutex_lock(&l->mu);
+  l->connected = false;
+  bool closing = l->stop;
+  pthread_mutex_unlock(&l->mu);
+  if (!closing)
+    cph_warn("cluster log: disconnected from NATS; reconnecting");
+}
+
+static void on_reconnected(natsConnection *nc, void *closure) {
+  cph_clog *l = closure;
+  char url[256] = "";
+  natsConnection_GetConnectedUrl(nc, url, sizeof url);
+  pthread_mutex_lock(&l->mu);
+  l->connected = true;
+  pthread_mutex_unlock(&l->mu);
+  cph_info("cluster log: reconnected to %s", url);
+}
+
+/* ================================================================ the log thread */
+
+static bool stopping(cph_clog *l) {
+  pthread_mutex_lock(&l->mu);
+  bool s = l->stop;
+  pthread_mutex_unlock(&l->mu);
+  return s;
+}
+
+/* Waits ms or until stop. */
+static void nap(cph_clog *l, int ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_nsec += (long)ms * 1000000L;
+  until.tv_sec += until.tv_nsec / 1000000000L;
+  until.tv_nsec %= 1000000000L;
+  pthread_mutex_lock(&l->mu);
+  while (!l->stop && pthread_cond_timedwait(&l->cv, &l->mu, &until) != ETIMEDOUT) {
+  }
+  pthread_mutex_unlock(&l->mu);
+}
+
+static bool connect_nats(cph_clog *l) {
+  natsOptions *o = NULL;
+  char name[300];
+  snprintf(name, sizeof name, "cephalond-%s", l->node);
+  natsStatus s = natsOptions_Create(&o);
+  if (s == NATS_OK)
+    s = natsOptions_SetServers(o, (const char **)l->urls, (int)l->n_urls);
+  if (s == NATS_OK)
+    s = natsOptions_SetName(o, name);
+  if (s == NATS_OK)
+    s = natsOptions_SetMaxReconnect(o, -1);
+  if (s == NATS_OK)
+    s = natsOptions_SetReconnectWait(o, 100);
+  if (s == NATS_OK)
+    s = natsOptions_SetReconnectBufSize(o, 64 * 1024 * 1024);
+  if (s == NATS_OK)
+    s = natsOptions_SetTimeout(o, 2000);
+  if (s == NATS_OK)
+    s = natsOptions_UseGlobalMessageDelivery(o, true);
+  if (s == NATS_OK)
+    s = natsOptions_SetDisconnectedCB(o, on_disconnected, l);
+  if (s == NATS_OK)
+    s = natsOptions_SetReconnectedCB(o, on_reconnected, l);
+  if (s == NATS_OK)
+    s = natsConnection_Connect(&l->nc, o);
+  natsOptions_Destroy(o);
+  if (s != NATS_OK) {
+    set_error(l, "cannot connect to NATS (%s): %s", l->urls[0], natsStatus_GetText(s));
+    l->nc = NULL;
+    return false;
+  }
+  jsOptions jo;
+  jsOptions_Init(&jo);
+  jo.Wait = 2000;
+  jo.PublishAsync.MaxPending = MAX_IN_FLIGHT;
+  jo.PublishAsync.AckHandler = on_pub_ack;
+  jo.PublishAsync.AckHandlerClosure = l;
+  jo.PublishAsync.StallWait = 1;
+  s = natsConnection_JetStream(&l->js, l->nc, &jo);
+  if (s != NATS_OK) {
+    set_error(l, "JetStream context: %s", natsStatus_GetText(s));
+    natsConnection_Destroy(l->nc);
+    l->nc = NULL;
+    return false;
+  }
+  pthread_mutex_lock(&l->mu);
+  l->connected = true;
+  pthread_mutex_unlock(&l->mu);
+  return true;
+}
+
+static bool ensure_stream(cph_clog *l) {
+  jsStreamInfo *si = NULL;
+  jsErrCode jerr = 0;
+  natsStatus s = js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr);
+  if (s == NATS_OK) {
+    if (si->Config->Replicas != l->replicas)
+      cph_warn("cluster log: stream %s has %" PRId64 " replicas, :cluster :replicas says %" PRId64
+               " (the stream is kept as it is)",
+               CPH_CLOG_STREAM, si->Config->Replicas, l->replicas);
+    jsStreamInfo_Destroy(si);
+    return true;
+  }
+  if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr) {
+    set_error(l, "stream %s: %s", CPH_CLOG_STREAM, nats_GetLastError(NULL));
+    return false;
+  }
+  jsStreamConfig cfg;
+  jsStreamConfig_Init(&cfg);
+  const char *subjects[] = {"ceph.s.>"};
+  cfg.Name = CPH_CLOG_STREAM;
+  cfg.Description = "cephalon cluster log (DESIGN 14)";
+  cfg.Subjects = subjects;
+  cfg.SubjectsLen = 1;
+  cfg.Storage = js_FileStorage;
+  cfg.Replicas = l->replicas;
+  cfg.Duplicates = (l->dedupe_window_s > 0 ? l->dedupe_window_s : 120) * 1000000000LL;
+  s = js_AddStream(&si, l->js, &cfg, NULL, &jerr);
+  if (s != NATS_OK && jerr != JSStreamNameExistErr) {
+    set_error(l, "creating stream %s (%" PRId64 " replicas): %s", CPH_CLOG_STREAM, l->replicas,
+              nats_GetLastError(NULL));
+    return false;
+  }
+  jsStreamInfo_Destroy(si);
+  cph_info("cluster log: stream %s ready (%" PRId64 " replicas)", CPH_CLOG_STREAM, l->replicas);
+  return true;
+}
+
+static bool ensure_bucket(cph_clog *l) {
+  natsStatus s = js_KeyValue(&l->kv, l->js, CPH_CLOG_BUCKET);
+  if (s != NATS_OK) {
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = CPH_CLOG_BUCKET;
+    kc.History = 1;
+    kc.Replicas = (int)l->replicas;
+    kc.StorageType = js_FileStorage;
+    s = js_CreateKeyValue(&l->kv, l->js, &kc);
+    if (s != NATS_OK)
+      s = js_KeyValue(&l->kv, l->js, CPH_CLOG_BUCKET); /* another node created it */
+  }
+  if (s != NATS_OK) {
+    set_error(l, "bucket %s: %s", CPH_CLOG_BUCKET, nats_GetLastError(NULL));
+    l->kv = NULL;
+    return false;
+  }
+  kvWatchOptions wo;
+  kvWatchOptions_Init(&wo);
+  s = kvStore_WatchAll(&l->watcher, l->kv, &wo);
+  if (s != NATS_OK) {
+    set_error(l, "watching %s: %s", CPH_CLOG_BUCKET, nats_GetLastError(NULL));
+    kvStore_Destroy(l->kv);
+    l->kv = NULL;
+    l->watcher = NULL;
+    return false;
+  }
+  return true;
+}
+
+static int unhex(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Hands the bucket's new entries to the loop; waits up to ms for the first. */
+static void read_watcher(cph_clog *l, int ms) {
+  for (int n = 0; n < 10000; n++) {
+    kvEntry *e = NULL;
+    if (kvWatcher_Next(&e, l->watcher, n == 0 ? ms : 1) != NATS_OK)
+      return;
+    if (!e)
+      continue; /* the marker: every value there was at the start has come */
+    const char *key = kvEntry_Key(e);
+    size_t kl = strlen(key);
+    item *it = calloc(1, sizeof *it);
+    char *id = malloc(kl / 2 + 1);
+    bool ok = it && id && kl % 2 == 0;
+    for (size_t i = 0; ok && i < kl / 2; i++) {
+      int hi = unhex(key[2 * i]), lo = unhex(key[2 * i + 1]);
+      ok = hi >= 0 && lo >= 0;
+      id[i] = (char)(hi * 16 + lo);
+    }
+    if (ok) {
+      id[kl / 2] = '\0';
+      it->kind = ITEM_KV;
+      it->session = id;
+      if (kvEntry_Operation(e) == kvOp_Put) {
+        it->vlen = (size_t)kvEntry_ValueLen(e);
+        it->value = malloc(it->vlen + 1);
+        if (it->value) {
+          memcpy(it->value, kvEntry_Value(e), it->vlen);
+          it->value[it->vlen] = '\0';
+        } else {
+          ok = false;
+        }
+      }
+    }
+    kvEntry_Destroy(e);
+    if (!ok) {
+      free(id);
+      if (it)
+        free(it->value);
+      free(it);
+      continue;
+    }
+    push_item(l, it);
+  }
+}
+
+/* Binds to shard s's consumer, creating it first if it is not there. */
+static void bind_shard(cph_clog *l, uint32_t s) {
+  char durable[32], filter[64], deliver[64];
+  snprintf(durable, sizeof durable, "s%" PRIu32, s);
+  snprintf(filter, sizeof filter, "ceph.s.%" PRIu32 ".>", s);
+  snprintf(deliver, sizeof deliver, "_ceph.dlv.%" PRIu32, s);
+  jsConsumerConfig cc;
+  jsConsumerConfig_Init(&cc);
+  cc.Durable = durable;
+  cc.DeliverSubject = deliver;
+  cc.FilterSubject = filter;
+  cc.AckPolicy = js_AckExplicit;
+  cc.AckWait = (int64_t)ACK_WAIT_S * 1000000000LL;
+  cc.MaxAckPending = MAX_ACK_PENDING;
+  cc.DeliverPolicy = js_DeliverAll;
+  jsConsumerInfo *ci = NULL;
+  jsErrCode jerr = 0;
+  natsStatus st = js_GetConsumerInfo(&ci, l->js, CPH_CLOG_STREAM, durable, NULL, &jerr);
+  if (st != NATS_OK)
+    st = js_AddConsumer(&ci, l->js, CPH_CLOG_STREAM, &cc, NULL, &jerr);
+  if (st != NATS_OK) {
+    set_error(l, "consumer %s: %s", durable, nats_GetLastError(NULL));
+    return;
+  }
+  jsConsumerInfo_Destroy(ci);
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = CPH_CLOG_STREAM;
+  so.Consumer = durable;
+  so.ManualAck = true;
+  l->subs[s].log = l;
+  l->subs[s].shard = s;
+  pthread_mutex_lock(&l->mu);
+  l->subs[s].gen = ++l->bind_gen;
+  pthread_mutex_unlock(&l->mu);
+  st = js_Subscribe(&l->subs[s].sub, l->js, filter, on_delivery, &l->subs[s], NULL, &so, &jerr);
+  if (st != NATS_OK) {
+    /* Typically "already bound": the previous owner has not let go yet. Next sync. */
+    cph_debug("cluster log: binding %s: %s", durable, nats_GetLastError(NULL));
+    l->subs[s].sub = NULL;
+    return;
+  }
+  natsSubscription_SetPendingLimits(l->subs[s].sub, 1 << 20, 1 << 30);
+  pthread_mutex_lock(&l->mu);
+  l->bound++;
+  pthread_mutex_unlock(&l->mu);
+}
+
+static void unbind_shard(cph_clog *l, uint32_t s) {
+  natsSubscription *sub = l->subs[s].sub;
+  l->subs[s].sub = NULL;
+  /* Unsubscribe, never delete: the consumer is the shard's, the next owner binds to it. The
+   * library deletes only consumers it created itself, and it created none. */
+  natsSubscription_Unsubscribe(sub);
+  if (l->n_graveyard == l->cap_graveyard) {
+    size_t cap = l->cap_graveyard ? 2 * l->cap_graveyard : 16;
+    natsSubscription **g = realloc(l->graveyard, cap * sizeof *g);
+    if (!g) {
+      natsSubscription_Destroy(sub); /* out of memory: late acks of its messages are lost */
+      goto counted;
+    }
+    l->graveyard = g;
+    l->cap_graveyard = cap;
+  }
+  l->graveyard[l->n_graveyard++] = sub;
+counted:
+  pthread_mutex_lock(&l->mu);
+  l->bound--;
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* Binding runs on up to BIND_THREADS threads at once: creating a replicated consumer waits on
+ * JetStream's Raft (a few hundred ms each), so 85 shards one after the other would take most
+ * of a minute at a node's first start. */
+typedef struct bind_job {
+  cph_clog *log;
+  uint32_t *shards;
+  size_t n;
+  size_t next; /* under log->mu */
+} bind_job;
+
+static void *bind_worker(void *arg) {
+  bind_job *j = arg;
+  for (;;) {
+    pthread_mutex_lock(&j->log->mu);
+    size_t i = j->next++;
+    pthread_mutex_unlock(&j->log->mu);
+    if (i >= j->n || stopping(j->log))
+      return NULL;
+    bind_shard(j->log, j->shards[i]);
+  }
+}
+
+static void sync_shards(cph_clog *l) {
+  char node[8], url[8];
+  uint32_t *todo = malloc(l->shards * sizeof *todo);
+  size_t n = 0;
+  for (uint32_t s = 0; s < l->shards && !stopping(l); s++) {
+    bool served =
+        cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) == CPH_CLUSTER_SERVED;
+    if (served && !l->subs[s].sub && todo)
+      todo[n++] = s;
+    else if (!served && l->subs[s].sub)
+      unbind_shard(l, s);
+  }
+  bind_job job = {l, todo, n, 0};
+  pthread_t th[BIND_THREADS];
+  size_t started = 0;
+  for (; n > 1 && started < BIND_THREADS && started + 1 < n; started++)
+    if (pthread_create(&th[started], NULL, bind_worker, &job) != 0)
+      break;
+  bind_worker(&job); /* this thread works too (alone for one shard) */
+  for (size_t k = 0; k < started; k++)
+    pthread_join(th[k], NULL);
+  free(todo);
+}
+
+static void *log_thread(void *arg) {
+  cph_clog *l = arg;
+  while (!stopping(l)) {
+    if (!l->nc && !connect_nats(l)) {
+      nap(l, 500);
+      continue;
+    }
+    if (!l->kv) {
+      if (!ensure_stream(l) || !ensure_bucket(l)) {
+        nap(l, 500);
+        continue;
+      }
+      pthread_mutex_lock(&l->mu);
+      l->ready = true;
+      l->last_error[0] = '\0';
+      pthread_mutex_unlock(&l->mu);
+      cph_info("cluster log: ready (NATS %s, stream %s, bucket %s)", l->urls[0], CPH_CLOG_STREAM,
+               CPH_CLOG_BUCKET);
+    }
+    pthread_mutex_lock(&l->mu);
+    bool quiesced = l->quiesced;
+    pthread_mutex_unlock(&l->mu);
+    if (!quiesced)
+      sync_shards(l);
+    read_watcher(l, SYNC_MS);
+  }
+  return NULL;
+}
+
+/* ================================================================ the loop's side */
+
+int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
+                   struct cph_cluster *cluster, struct event_base *base,
+                   const cph_clog_hooks *hooks, cph_clog **out, cph_err *err) {
+  *out = NULL;
+  if (cfg->nats_count == 0) {
+    cph_err_set(err, CPH_EINVAL, ":cluster :nats lists no URL");
+    return CPH_EINVAL;
+  }
+  cph_clog *l = calloc(1, sizeof *l);
+  if (!l)
+    goto nomem;
+  l->pipe[0] = l->pipe[1] = -1;
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&l->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  l->node = strdup(cfg->node);
+  l->shards = (uint32_t)cfg->shards;
+  l->replicas = cfg->replicas;
+  l->dedupe_window_s = dedupe_window_s;
+  l->cluster = cluster;
+  l->hooks = *hooks;
+  l->urls = calloc(cfg->nats_count, sizeof *l->urls);
+  l->subs = calloc(l->shards, sizeof *l->subs);
+  if (!l->node || !l->urls || !l->subs)
+    goto nomem;
+  for (size_t i = 0; i < cfg->nats_count; i++, l->n_urls++)
+    if (!(l->urls[i] = strdup(cfg->nats[i])))
+      goto nomem;
+  if (pipe(l->pipe) != 0)
+    goto io;
+  fcntl(l->pipe[0], F_SETFL, O_NONBLOCK);
+  fcntl(l->pipe[1], F_SETFL, O_NONBLOCK);
+  fcntl(l->pipe[0], F_SETFD, FD_CLOEXEC);
+  fcntl(l->pipe[1], F_SETFD, FD_CLOEXEC);
+  l->ev_queue = event_new(base, l->pipe[0], EV_READ | EV_PERSIST, on_queue, l);
+  if (!l->ev_queue || event_add(l->ev_queue, NULL) != 0)
+    goto io;
+  if (nats_Open(-1) != NATS_OK)
+    goto io;
+  if (pthread_create(&l->thread, NULL, log_thread, l) != 0)
+    goto io;
+  l->started = true;
+  *out = l;
+  return CPH_OK;
+nomem:
+  cph_clog_stop(l);
+  cph_err_set(err, CPH_ENOMEM, "out of memory starting the cluster log");
+  return CPH_ENOMEM;
+io:
+  cph_clog_stop(l);
+  cph_err_set(err, CPH_EIO, "cannot start the cluster log: %s", strerror(errno));
+  return CPH_EIO;
+}
+
+void cph_clog_quiesce(cph_clog *l) {
+  if (!l)
+    return;
+  pthread_mutex_lock(&l->mu);
+  bool was = l->quiesced;
+  l->quiesced = true;
+  item *it = l->head;
+  l->head = l->tail = NULL;
+  pthread_mutex_unlock(&l->mu);
+  if (was)
+    return;
+  while (it) { /* not acknowledged: the next owner gets them */
+    item *next = it->next;
+    if (it->kind == ITEM_MSG)
+      cph_clog_release(l, it->msg);
+    free(it->why);
+    free(it->session);
+    free(it->value);
+    free(it);
+    it = next;
+  }
+}
+
+void cph_clog_stop(cph_clog *l) {
+  if (!l)
+    return;
+  cph_clog_quiesce(l);
+  if (l->started) {
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+  }
+  if (l->watcher) {
+    kvWatcher_Stop(l->watcher);
+    kvWatcher_Destroy(l->watcher);
+  }
+  kvStore_Destroy(l->kv);
+  for (uint32_t s = 0; l->subs && s < l->shards; s++)
+    if (l->subs[s].sub) {
+      natsSubscription_Unsubscribe(l->subs[s].sub);
+      natsSubscription_Destroy(l->subs[s].sub);
+    }
+  for (size_t i = 0; i < l->n_graveyard; i++)
+    natsSubscription_Destroy(l->graveyard[i]);
+  free(l->graveyard);
+  if (l->nc)
+    natsConnection_Close(l->nc);
+  jsCtx_Destroy(l->js);
+  natsConnection_Destroy(l->nc);
+  if (l->ev_queue)
+    event_free(l->ev_queue);
+  /* Items that came in after quiesce were dropped by push_item. */
+  if (l->pipe[0] >= 0)
+    close(l->pipe[0]);
+  if (l->pipe[1] >= 0)
+    close(l->pipe[1]);
+  for (size_t i = 0; i < l->n_urls; i++)
+    free(l->urls[i]);
+  free(l->urls);
+  free(l->subs);
+  free(l->node);
+  pthread_cond_destroy(&l->cv);
+  pthread_mutex_destroy(&l->mu);
+  free(l);
+}
+
+void cph_clog_close_library(void) { nats_CloseAndWait(500); }
+
+void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd) {
+  snprintf(buf, size, "ceph.s.%" PRIu32 ".%s", shard, fwd ? "fwd" : "in");
+}
+
+int cph_clog_session_subject(char *buf, size_t size, const char *session) {
+  static const char hex[] = "0123456789abcdef";
+  int n = snprintf(buf, size, "$KV.%s.", CPH_CLOG_BUCKET);
+  size_t sl = strlen(session);
+  if (n < 0 || (size_t)n + 2 * sl + 1 > size)
+    return CPH_ELIMIT;
+  for (size_t i = 0; i < sl; i++) {
+    buf[n++] = hex[(unsigned char)session[i] >> 4];
+    buf[n++] = hex[(unsigned char)session[i] & 15];
+  }
+  buf[n] = '\0';
+  return CPH_OK;
+}
+
+int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
+                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref) {
+  pthread_mutex_lock(&l->mu);
+  bool ok = l->ready && !l->quiesced && l->in_flight < MAX_IN_FLIGHT;
+  if (ok)
+    l->in_flight++;
+  pthread_mutex_unlock(&l->mu);
+  if (!ok)
+    return CPH_EBUSY;
+  natsMsg *m = NULL;
+  char refs[24];
+  snprintf(refs, sizeof refs, "%" PRIu64, ref);
+  natsStatus s = natsMsg_Create(&m, subject, NULL, data, (int)len);
+  if (s == NATS_OK)
+    s = natsMsgHeader_Set(m, REF_HEADER, refs);
+  if (s == NATS_OK && kv_delete)
+    s = natsMsgHeader_Set(m, "KV-Operation", "DEL");
+  jsPubOptions po;
+  jsPubOptions_Init(&po);
+  po.MsgId = msgid;
+  po.MaxWait = max_wait_ms < 50                ? 50
+               : max_wait_ms > PUB_MAX_WAIT_MS ? PUB_MAX_WAIT_MS
+                                               : max_wait_ms;
+  if (s == NATS_OK)
+    s = js_PublishMsgAsync(l->js, &m, &po);
+  if (s != NATS_OK) {
+    natsMsg_Destroy(m); /* NULL once the library took it */
+    pthread_mutex_lock(&l->mu);
+    l->in_flight--;
+    pthread_mutex_unlock(&l->mu);
+    set_error(l, "publish to %s: %s", subject, natsStatus_GetText(s));
+    return s == NATS_NO_MEMORY ? CPH_ENOMEM : CPH_EBUSY;
+  }
+  pthread_mutex_lock(&l->mu);
+  l->published++;
+  pthread_mutex_unlock(&l->mu);
+  return CPH_OK;
+}
+
+void cph_clog_ack(cph_clog *l, cph_clog_msg *m) {
+  (void)l;
+  natsMsg_Ack(m->nats, NULL); /* fire and forget: a lost ack means one more delivery */
+  natsMsg_Destroy(m->nats);
+  free(m);
+}
+
+void cph_clog_release(cph_clog *l, cph_clog_msg *m) {
+  (void)l;
+  natsMsg_Destroy(m->nats);
+  free(m);
+}
+
+void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out) {
+  pthread_mutex_lock(&l->mu);
+  out->ready = l->ready && l->connected;
+  out->bound = l->bound;
+  out->published = l->published;
+  out->delivered = l->delivered;
+  out->in_flight = l->in_flight;
+  pthread_mutex_unlock(&l->mu);
+}
+
+bool cph_clog_ready(cph_clog *l) {
+  pthread_mutex_lock(&l->mu);
+  bool r = l->ready && l->connected;
+  pthread_mutex_unlock(&l->mu);
+  return r;
+}
+
+json_t *cph_clog_json(cph_clog *l) {
+  pthread_mutex_lock(&l->mu);
+  const char *state = !l->ready ? "connecting" : l->connected ? "ready" : "reconnecting";
+  json_t *o = json_pack("{sssssIsIsIsIsIss}", "state", state, "stream", CPH_CLOG_STREAM, "replicas",
+                        (json_int_t)l->replicas, "shards_bound", (json_int_t)l->bound, "published",
+                        (json_int_t)l->published, "delivered", (json_int_t)l->delivered,
+                        "in_flight", (json_int_t)l->in_flight, "last_error", l->last_error);
+  pthread_mutex_unlock(&l->mu);
+  return o;
+}

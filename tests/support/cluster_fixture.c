@@ -1,0 +1,326 @@
+/* Cluster mode's test bench: etcd, NATS JetStream and cephalond on loopback (see the header). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "cluster_fixture.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "testutil.h"
+
+/* Every helper process started here, killed at exit if a test aborted before teardown. */
+static pid_t g_pids[16];
+static bool g_atexit;
+
+static void kill_all_at_exit(void) {
+  for (size_t i = 0; i < sizeof g_pids / sizeof g_pids[0]; i++)
+    if (g_pids[i] > 0)
+      kill(g_pids[i], SIGKILL);
+}
+
+static void track(pid_t pid) {
+  if (!g_atexit) {
+    atexit(kill_all_at_exit);
+    g_atexit = true;
+  }
+  for (size_t i = 0; i < sizeof g_pids / sizeof g_pids[0]; i++)
+    if (g_pids[i] <= 0) {
+      g_pids[i] = pid;
+      return;
+    }
+}
+
+static void untrack(pid_t pid) {
+  for (size_t i = 0; i < sizeof g_pids / sizeof g_pids[0]; i++)
+    if (g_pids[i] == pid)
+      g_pids[i] = 0;
+}
+
+int cph_tc_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+void cph_tc_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+void cph_tc_require(const char *command, const char *install) {
+  char script[256];
+  snprintf(script, sizeof script, "command -v %s", command);
+  const char *argv[] = {"/bin/sh", "-c", script, NULL};
+  char *out = NULL, *err = NULL;
+  int rc = cph_test_run(argv, &out, &err);
+  free(out);
+  free(err);
+  if (rc != 0)
+    fail_msg("%s is not installed: %s", command, install);
+}
+
+cph_test_cluster *cph_tc_new(void) {
+  cph_test_cluster *c = calloc(1, sizeof *c);
+  assert_non_null(c);
+  c->dir = cph_test_tmpdir("cluster");
+  return c;
+}
+
+/* Forks argv with stdout to /dev/null and stderr to log; the pid. */
+static pid_t spawn(const char *const *argv, const char *log) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    /* the test's pipes must not outlive the test */
+    if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
+      _exit(127);
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  track(pid);
+  return pid;
+}
+
+static bool port_open(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  bool ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+void cph_tc_start_etcd(cph_test_cluster *c) {
+  cph_tc_require("etcd", "cluster mode's tests need Debian's etcd-server (apt-get install "
+                         "etcd-server, or scripts/install-deps.sh)");
+  c->etcd_port = cph_tc_free_port();
+  int peer = cph_tc_free_port();
+  char data[512], client[64], peer_url[64], initial[96], log[512];
+  snprintf(data, sizeof data, "%s/etcd", c->dir);
+  snprintf(log, sizeof log, "%s/etcd.log", c->dir);
+  snprintf(client, sizeof client, "http://127.0.0.1:%d", c->etcd_port);
+  snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", peer);
+  snprintf(initial, sizeof initial, "t=%s", peer_url);
+  const char *argv[] = {"etcd",   "--name",
+                        "t",      "--data-dir",
+                        data,     "--listen-client-urls",
+                        client,   "--advertise-client-urls",
+                        client,   "--listen-peer-urls",
+                        peer_url, "--initial-advertise-peer-urls",
+                        peer_url, "--initial-cluster",
+                        initial,  "--listen-metrics-urls",
+                        "",       NULL};
+  c->etcd = spawn(argv, log);
+  for (int i = 0; i < 100; i++) {
+    cph_test_response r = cph_test_http(c->etcd_port, "GET", "/health", NULL, NULL);
+    bool ok = r.status == 200;
+    cph_test_response_free(&r);
+    if (ok)
+      return;
+    cph_tc_sleep_ms(100);
+  }
+  fail_msg("etcd did not become healthy on 127.0.0.1:%d (log: %s)", c->etcd_port, log);
+}
+
+void cph_tc_start_nats(cph_test_cluster *c, int n) {
+  cph_tc_require("nats-server", "cluster mode's log needs Debian's nats-server (apt-get install "
+                                "nats-server libnats-dev, or scripts/install-deps.sh)");
+  assert_true(n >= 1 && n <= CPH_TC_MAX_NATS);
+  c->n_nats = n;
+  for (int i = 0; i < n; i++) {
+    c->nats_port[i] = cph_tc_free_port();
+    c->nats_cport[i] = cph_tc_free_port();
+  }
+  for (int i = 0; i < n; i++) {
+    char port[16], name[16], store[512], log[512], cluster[64], routes[256] = "";
+    snprintf(port, sizeof port, "%d", c->nats_port[i]);
+    snprintf(name, sizeof name, "nats%d", i);
+    snprintf(store, sizeof store, "%s/nats%d", c->dir, i);
+    snprintf(log, sizeof log, "%s/nats%d.log", c->dir, i);
+    snprintf(cluster, sizeof cluster, "nats://127.0.0.1:%d", c->nats_cport[i]);
+    for (int j = 0; j < n; j++) {
+      if (j == i)
+        continue;
+      size_t len = strlen(routes);
+      snprintf(routes + len, sizeof routes - len, "%snats://127.0.0.1:%d", len ? "," : "",
+               c->nats_cport[j]);
+    }
+    const char *argv[20];
+    int k = 0;
+    argv[k++] = "nats-server";
+    argv[k++] = "-a";
+    argv[k++] = "127.0.0.1";
+    argv[k++] = "-p";
+    argv[k++] = port;
+    argv[k++] = "-n";
+    argv[k++] = name;
+    argv[k++] = "-js";
+    argv[k++] = "-sd";
+    argv[k++] = store;
+    if (n > 1) {
+      argv[k++] = "--cluster_name";
+      argv[k++] = "cephtest";
+      argv[k++] = "--cluster";
+      argv[k++] = cluster;
+      argv[k++] = "--routes";
+      argv[k++] = routes;
+    }
+    argv[k] = NULL;
+    c->nats[i] = spawn(argv, log);
+  }
+  for (int i = 0; i < n; i++) {
+    int t = 0;
+    while (!port_open(c->nats_port[i]) && t < 10000) {
+      cph_tc_sleep_ms(50);
+      t += 50;
+    }
+    if (t >= 10000)
+      fail_msg("nats-server %d did not listen on 127.0.0.1:%d (log: %s/nats%d.log)", i,
+               c->nats_port[i], c->dir, i);
+  }
+}
+
+void cph_tc_kill_nats(cph_test_cluster *c, int i) {
+  if (c->nats[i] <= 0)
+    return;
+  kill(c->nats[i], SIGKILL);
+  waitpid(c->nats[i], NULL, 0);
+  untrack(c->nats[i]);
+  c->nats[i] = 0;
+}
+
+void cph_tc_ports(cph_test_cluster *c, int n) {
+  assert_true(n >= 1 && n <= CPH_TC_MAX_NODES);
+  c->n_nodes = n;
+  for (int i = 0; i < n; i++) {
+    c->port[i] = cph_tc_free_port();
+    snprintf(c->url[i], sizeof c->url[i], "http://127.0.0.1:%d", c->port[i]);
+  }
+}
+
+void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra) {
+  char nats[512] = "";
+  for (int j = 0; j < c->n_nats; j++) {
+    size_t len = strlen(nats);
+    snprintf(nats + len, sizeof nats - len, "%s\"nats://127.0.0.1:%d\"", j ? " " : "",
+             c->nats_port[j]);
+  }
+  char policy[2048], log_part[600] = "", listen[64];
+  if (c->n_nats)
+    snprintf(log_part, sizeof log_part, " :nats [%s] :replicas %d", nats, c->n_nats);
+  snprintf(policy, sizeof policy,
+           "{:store {:sync :none}\n"
+           " :cluster {:node \"n%d\" :advertise \"%s\" :etcd [\"http://127.0.0.1:%d\"]\n"
+           "           :shards %d :lease-ttl-seconds %d%s}\n"
+           " %s}\n",
+           i, c->url[i], c->etcd_port, shards, ttl_s, log_part, extra ? extra : "");
+  char *path = cph_test_write_tmpfile(".edn", policy);
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", c->port[i]);
+  const char *args[] = {"--listen", listen, NULL};
+  assert_int_equal(cph_test_daemon_start(&c->d[i], path, NULL, args), 0);
+  assert_int_equal(c->d[i].port, c->port[i]);
+  c->up[i] = true;
+  free(path);
+}
+
+json_t *cph_tc_view(cph_test_cluster *c, int i) {
+  cph_test_response r = cph_test_api(c->port[i], "GET", "/v1/cluster", NULL, NULL);
+  json_t *j = r.status == 200 ? cph_test_json(&r) : NULL;
+  cph_test_response_free(&r);
+  return j;
+}
+
+static bool settled(cph_test_cluster *c, const bool *live, int shards) {
+  int n_live = 0, sum = 0;
+  for (int i = 0; i < c->n_nodes; i++)
+    n_live += live[i];
+  for (int i = 0; i < c->n_nodes; i++) {
+    if (!live[i])
+      continue;
+    json_t *v = cph_tc_view(c, i);
+    if (!v)
+      return false;
+    json_int_t mine = json_integer_value(json_object_get(v, "shards_owned"));
+    bool ok = strcmp(json_string_value(json_object_get(v, "state")), "serving") == 0 &&
+              json_array_size(json_object_get(v, "nodes")) == (size_t)n_live &&
+              json_integer_value(json_object_get(v, "shards_unowned")) == 0 &&
+              mine >= shards / n_live && mine <= shards / n_live + 1;
+    json_t *log = json_object_get(v, "log");
+    if (c->n_nats)
+      ok = ok && log && strcmp(json_string_value(json_object_get(log, "state")), "ready") == 0 &&
+           json_integer_value(json_object_get(log, "shards_bound")) == mine;
+    sum += (int)mine;
+    json_decref(v);
+    if (!ok)
+      return false;
+  }
+  return sum == shards;
+}
+
+bool cph_tc_wait_settled(cph_test_cluster *c, const bool *live, int shards, int timeout_ms) {
+  for (int t = 0; t < timeout_ms; t += 100) {
+    if (settled(c, live, shards))
+      return true;
+    cph_tc_sleep_ms(100);
+  }
+  return false;
+}
+
+void cph_tc_free(cph_test_cluster *c) {
+  if (!c)
+    return;
+  /* CPH_TC_KEEP=1 keeps the dir, with every log in it, for a post-mortem. */
+  const char *keep = getenv("CPH_TC_KEEP");
+  bool keeping = keep && *keep && strcmp(keep, "0") != 0;
+  for (int i = 0; i < c->n_nodes; i++)
+    if (c->up[i]) {
+      kill(c->d[i].pid, SIGCONT);
+      char *log = keeping ? cph_test_daemon_log(&c->d[i]) : NULL;
+      cph_test_daemon_stop(&c->d[i]);
+      if (log) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/n%d.log", c->dir, i);
+        FILE *fp = fopen(path, "w");
+        if (fp) {
+          fputs(log, fp);
+          fclose(fp);
+        }
+        free(log);
+      }
+    }
+  for (int i = 0; i < c->n_nats; i++)
+    if (c->nats[i] > 0) {
+      kill(c->nats[i], SIGTERM);
+      waitpid(c->nats[i], NULL, 0);
+      untrack(c->nats[i]);
+    }
+  if (c->etcd > 0) {
+    kill(c->etcd, SIGTERM);
+    waitpid(c->etcd, NULL, 0);
+    untrack(c->etcd);
+  }
+  if (keeping)
+    printf("cluster bench kept in %s\n", c->dir);
+  else
+    cph_test_rmtree(c->dir);
+  free(c->dir);
+  free(c);
+}

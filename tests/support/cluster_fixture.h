@@ -1,0 +1,61 @@
+/* Cluster mode's test bench (DESIGN §14): a real etcd (Debian etcd-server), a real NATS
+ * JetStream cluster (Debian nats-server, one to three servers routed to each other) and real
+ * cephalond nodes with :cluster, all on 127.0.0.1 and free ports, in one temp dir. Every
+ * process it starts is killed at exit if a test aborts. A missing etcd or nats-server fails
+ * the test and says what to install. */
+#ifndef CEPHALON_TESTS_CLUSTER_FIXTURE_H
+#define CEPHALON_TESTS_CLUSTER_FIXTURE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "daemon.h"
+
+#define CPH_TC_MAX_NODES 5
+#define CPH_TC_MAX_NATS 3
+
+typedef struct cph_test_cluster {
+  char *dir;
+  pid_t etcd;
+  int etcd_port;
+  int n_nats;
+  pid_t nats[CPH_TC_MAX_NATS]; /* 0 once killed */
+  int nats_port[CPH_TC_MAX_NATS], nats_cport[CPH_TC_MAX_NATS];
+  int n_nodes;
+  cph_test_daemon d[CPH_TC_MAX_NODES];
+  int port[CPH_TC_MAX_NODES];
+  bool up[CPH_TC_MAX_NODES];
+  char url[CPH_TC_MAX_NODES][64];
+} cph_test_cluster;
+
+/* A free TCP port on 127.0.0.1. */
+int cph_tc_free_port(void);
+/* Fails the test unless `command` is on PATH, with `install` as the advice. */
+void cph_tc_require(const char *command, const char *install);
+void cph_tc_sleep_ms(int ms);
+
+/* A fresh bench in a temp dir (nothing started). */
+cph_test_cluster *cph_tc_new(void);
+/* Starts etcd and waits until it is healthy. */
+void cph_tc_start_etcd(cph_test_cluster *c);
+/* Starts n (1..3) nats-server with JetStream, routed into one cluster, and waits until each
+ * accepts connections. */
+void cph_tc_start_nats(cph_test_cluster *c, int n);
+/* SIGKILLs NATS server i and reaps it. */
+void cph_tc_kill_nats(cph_test_cluster *c, int i);
+/* Picks the ports of n nodes (call once, before starting any). */
+void cph_tc_ports(cph_test_cluster *c, int n);
+/* Starts node i ("n<i>") with :shards, :lease-ttl-seconds and, when the bench has NATS
+ * servers, :nats listing all of them and :replicas = their count; `extra` is more policy
+ * text inside the top map (may be ""). */
+void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra);
+/* GET /v1/cluster on node i (JSON, new reference) or NULL. */
+json_t *cph_tc_view(cph_test_cluster *c, int i);
+/* Waits until every node in live[] sees n_live nodes, all shards held, spread even, and —
+ * with NATS — its log ready with every owned shard bound. */
+bool cph_tc_wait_settled(cph_test_cluster *c, const bool *live, int shards, int timeout_ms);
+/* Stops everything and removes the temp dir. */
+void cph_tc_free(cph_test_cluster *c);
+
+#endif
