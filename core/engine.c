@@ -76,6 +76,10 @@
 struct cph_engine {
   cph_core_env env; /* handed to every module: store, policy, clock, scheduler, the pass txn */
   bool sched_config_dirty; /* a reload is waiting for the next pass */
+  /* Cluster mode (DESIGN §14 "Budgets"): this node's share of each lane's budgets, once the
+   * server set one (cph_engine_set_budget_share); the scheduler runs on policy × share. */
+  bool shared;
+  double share[CPH_LANE_COUNT];
   cph_clock own_clock;
   cph_engine_hooks hooks;
   op_queue ops;  /* submitted, not yet applied */
@@ -226,6 +230,28 @@ static void sched_config_from_policy(const cph_policy *p, cph_sched_config *c) {
   c->n_tenants = w ? n : 0;
 }
 
+/* The lanes' budgets as the scheduler runs them: the policy's, or this node's share of them
+ * (rounded down, so the nodes' budgets never sum above the policy's). */
+static void budgets_of(const cph_engine *e, cph_sched_config *c) {
+  for (int i = 0; e->shared && i < CPH_LANE_COUNT; i++) {
+    c->turns_per_minute[i] = (int64_t)((double)c->turns_per_minute[i] * e->share[i]);
+    c->tool_calls_per_minute[i] = (int64_t)((double)c->tool_calls_per_minute[i] * e->share[i]);
+    c->tokens_per_minute[i] = (int64_t)((double)c->tokens_per_minute[i] * e->share[i]);
+  }
+}
+
+void cph_engine_set_budget_share(cph_engine *e, const double share[CPH_LANE_COUNT]) {
+  e->shared = true;
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    e->share[i] = share[i] < 0 ? 0 : share[i] > 1 ? 1 : share[i];
+  cph_sched_config sc;
+  sched_config_from_policy(e->env.policy, &sc);
+  budgets_of(e, &sc);
+  free((void *)sc.tenants);
+  cph_sched_set_budgets(e->env.sched, sc.turns_per_minute, sc.tool_calls_per_minute,
+                        sc.tokens_per_minute);
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 static cph_sync_mode sync_mode_of(const cph_policy *p) {
@@ -262,6 +288,7 @@ static void memory_clear(cph_engine *e) {
 static int memory_load(cph_engine *e, cph_err *err) {
   cph_sched_config sc;
   sched_config_from_policy(e->env.policy, &sc);
+  budgets_of(e, &sc);
   const char *why = NULL;
   if (cph_sched_config_check(&sc, &why)) {
     free((void *)sc.tenants);
@@ -631,6 +658,7 @@ int cph_engine_run_pass(cph_engine *e) {
   if (e->sched_config_dirty) {
     cph_sched_config sc;
     sched_config_from_policy(e->env.policy, &sc);
+    budgets_of(e, &sc);
     cph_sched_configure(e->env.sched, &sc);
     free((void *)sc.tenants);
     e->sched_config_dirty = false;
@@ -829,19 +857,24 @@ static void job_enqueue_apply(cph_engine *e, cph_op *op) {
 
 void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t *limit,
                       uint32_t *in_use) {
+  /* The budgets as of the current policy (a reload reaches the scheduler at the next pass,
+   * but a read after it shows it) and, in a cluster, this node's share. */
+  cph_sched_config sc;
+  sched_config_from_policy(e->env.policy, &sc);
+  budgets_of(e, &sc);
+  free((void *)sc.tenants);
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     cph_lane_stats st;
     cph_sched_lane_stats(e->env.sched, (cph_lane)i, &st);
-    const cph_policy_lane_budget *b = &e->env.policy->scheduler.lanes[i];
     out[i] = (cph_lane_info){.lane = (cph_lane)i,
                              .turns_left = st.turns_left,
                              .tool_calls_left = st.tool_calls_left,
                              .runnable = st.runnable,
                              .running = st.running,
-                             .budget_turns = b->turns,
-                             .budget_tool_calls = b->tool_calls,
+                             .budget_turns = sc.turns_per_minute[i],
+                             .budget_tool_calls = sc.tool_calls_per_minute[i],
                              .tokens_left = st.tokens_left,
-                             .budget_tokens = b->tokens,
+                             .budget_tokens = sc.tokens_per_minute[i],
                              .seats = st.seats,
                              .seats_lent = st.seats_lent,
                              .seats_borrowed = st.seats_borrowed,

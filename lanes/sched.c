@@ -1126,6 +1126,41 @@ static void bucket_rescale(bucket *b, int64_t per_min, int64_t now) {
     b->level = clamp_i128((i128)b->level * new_cap / old_cap, INT64_MIN / 4, new_cap);
 }
 
+/* A share's new budget: refilled to now at the old rate; a growing bucket keeps its level,
+ * a shrinking one is cut to its capacity (cph_sched_set_budgets). */
+static void bucket_reshare(bucket *b, int64_t per_min, int64_t now) {
+  bucket_refill(b, now);
+  b->per_min = per_min;
+  if (b->level > bucket_cap(b))
+    b->level = bucket_cap(b);
+}
+
+int cph_sched_set_budgets(cph_sched *s, const int64_t turns[CPH_LANE_COUNT],
+                          const int64_t tool_calls[CPH_LANE_COUNT],
+                          const int64_t tokens[CPH_LANE_COUNT]) {
+  cph_sched_config check = s->cfg; /* the same ranges as a configuration's */
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    check.turns_per_minute[i] = turns[i];
+    check.tool_calls_per_minute[i] = tool_calls[i];
+    check.tokens_per_minute[i] = tokens[i];
+  }
+  if (cph_sched_config_check(&check, NULL) != CPH_OK)
+    return CPH_EINVAL;
+  int64_t now = cph_clock_now(s->clock);
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    bucket_reshare(&s->lanes[i].turns, turns[i], now);
+    bucket_reshare(&s->lanes[i].tools, tool_calls[i], now);
+    bucket_reshare(&s->lanes[i].tokens, tokens[i], now);
+    s->cfg.turns_per_minute[i] = turns[i];
+    s->cfg.tool_calls_per_minute[i] = tool_calls[i];
+    s->cfg.tokens_per_minute[i] = tokens[i];
+  }
+  s->tokens_budgeted = false;
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    s->tokens_budgeted |= tokens[i] > 0;
+  return CPH_OK;
+}
+
 int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
   int rc = cph_sched_config_check(cfg, NULL);
   if (rc)
@@ -1812,6 +1847,9 @@ void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out) {
   bucket_refill(&l->turns, now);
   bucket_refill(&l->tools, now);
   bucket_refill(&l->tokens, now);
+  out->budget_turns = l->turns.per_min;
+  out->budget_tool_calls = l->tools.per_min;
+  out->budget_tokens = l->tokens.per_min;
   out->turns_left = (double)l->turns.level / CPH_BUCKET_UNITS_PER_TOKEN;
   out->tool_calls_left = (double)l->tools.level / CPH_BUCKET_UNITS_PER_TOKEN;
   out->tokens_left = l->tokens.per_min ? (double)l->tokens.level / CPH_BUCKET_UNITS_PER_TOKEN : 0;

@@ -86,6 +86,15 @@ int cph_sched_config_check(const cph_sched_config *cfg, const char **why);
  * now, clamped into the new [min, max]; concurrency and trickle take effect at once. */
 int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg);
 
+/* Cluster mode (DESIGN §14 "Budgets"): sets the lanes' per-minute budgets to this node's
+ * share of the cluster's. Unlike cph_sched_configure, a bucket whose budget grows keeps its
+ * level (it fills at the new rate) and one whose budget shrinks is cut to its new capacity:
+ * rebalancing never adds tokens. So while the nodes' shares sum to the budget, the §3 rule 1
+ * bound holds for the cluster as a whole. Values as in cph_sched_config (0..max). */
+int cph_sched_set_budgets(cph_sched *s, const int64_t turns[CPH_LANE_COUNT],
+                          const int64_t tool_calls[CPH_LANE_COUNT],
+                          const int64_t tokens[CPH_LANE_COUNT]);
+
 /* ---- sessions ---- */
 
 /* Adds a session with credits = max (a new session, §3.2). id is copied; ids are unique.
@@ -229,6 +238,9 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out);
 const char *cph_why_reason_name(cph_why_reason r);
 
 typedef struct cph_lane_stats {
+  /* The budgets per minute the lane runs on (the configuration's, or in a cluster this
+   * node's share: cph_sched_set_budgets). */
+  int64_t budget_turns, budget_tool_calls, budget_tokens;
   double turns_left;      /* tokens in the turns bucket now */
   double tool_calls_left; /* may be negative */
   bool has_budget;

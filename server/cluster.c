@@ -17,6 +17,8 @@
 #define TURN_SLOTS 65536
 #define NODE_PREFIX "/cephalon/nodes/"
 #define SHARD_PREFIX "/cephalon/shards/"
+#define DEMAND_PREFIX "/cephalon/demand/"
+#define BUDGET_EVERY_NS 1000000000LL /* the budgets are rebalanced every second (§14) */
 #define NO_OWNER UINT32_MAX
 
 typedef struct node {
@@ -46,7 +48,14 @@ struct cph_cluster {
   int64_t serve_until_ns; /* monotonic; 0 = not joined */
   bool joined;
 
+  /* Budgets (DESIGN §14): the loop's demand (runnable sessions per lane), published every
+   * second; this node's share of each lane's budget, worked out from every node's. */
+  uint64_t demand[CPH_LANE_COUNT];
+  double share[CPH_LANE_COUNT];
+  bool have_share;
+
   /* The etcd thread's own. */
+  int64_t next_budget_ns;
   size_t etcd_at; /* the endpoint in use; moves on a transport error */
   int64_t lease;  /* 0 = none */
   int64_t next_keepalive_ns;
@@ -412,6 +421,60 @@ out:
   json_decref(js);
 }
 
+/* This node's share of a lane's budget: a quarter of the budget is split evenly between the
+ * live nodes (so a node whose work just arrived can start at once), the rest in proportion
+ * to their demand; all of it evenly while no node has any. Every node computes its own from
+ * the same keys, so the shares sum to 1 — up to a view that lags by a poll. */
+static double share_of(uint64_t mine, uint64_t total, size_t n_nodes) {
+  if (n_nodes == 0)
+    return 0;
+  if (total == 0)
+    return 1.0 / (double)n_nodes;
+  return 0.25 / (double)n_nodes + 0.75 * (double)mine / (double)total;
+}
+
+/* Once a second: publishes this node's demand under its lease and works out its shares from
+ * every live node's (a node that published none counts as none). */
+static void rebalance(cph_cluster *c) {
+  pthread_mutex_lock(&c->mu);
+  uint64_t mine[CPH_LANE_COUNT];
+  memcpy(mine, c->demand, sizeof mine);
+  pthread_mutex_unlock(&c->mu);
+  char key[512], val[96];
+  snprintf(key, sizeof key, DEMAND_PREFIX "%s", c->self);
+  snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64, mine[0], mine[1], mine[2]);
+  char *k = b64(key), *v = b64(val);
+  json_t *put = k && v ? json_pack("{ssssso}", "key", k, "value", v, "lease",
+                                   lease_id_json(c->lease))
+                       : NULL;
+  free(k);
+  free(v);
+  json_decref(put ? etcd_call(c, "/v3/kv/put", put) : NULL);
+  json_t *all = range_prefix(c, DEMAND_PREFIX);
+  if (!all)
+    return;
+  pthread_mutex_lock(&c->mu);
+  uint64_t total[CPH_LANE_COUNT] = {0};
+  bool self_live = false;
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    self_live |= strcmp(c->nodes[i].name, c->self) == 0;
+    const char *d = json_string_value(json_object_get(all, c->nodes[i].name));
+    unsigned long long x[CPH_LANE_COUNT] = {0};
+    if (d && sscanf(d, "%llu %llu %llu", &x[0], &x[1], &x[2]) == CPH_LANE_COUNT)
+      for (int l = 0; l < CPH_LANE_COUNT; l++)
+        total[l] += x[l];
+  }
+  const char *own = json_string_value(json_object_get(all, c->self));
+  unsigned long long x[CPH_LANE_COUNT] = {0};
+  if (!own || sscanf(own, "%llu %llu %llu", &x[0], &x[1], &x[2]) != CPH_LANE_COUNT)
+    memset(x, 0, sizeof x);
+  for (int l = 0; l < CPH_LANE_COUNT; l++)
+    c->share[l] = self_live ? share_of(x[l], total[l], c->n_nodes) : 0;
+  c->have_share = true;
+  pthread_mutex_unlock(&c->mu);
+  json_decref(all);
+}
+
 static void *cluster_thread(void *arg) {
   cph_cluster *c = arg;
   for (;;) {
@@ -426,6 +489,10 @@ static void *cluster_thread(void *arg) {
       keepalive(c);
     if (c->lease)
       reconcile(c);
+    if (c->lease && mono_ns() >= c->next_budget_ns) {
+      rebalance(c);
+      c->next_budget_ns = mono_ns() + BUDGET_EVERY_NS;
+    }
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_nsec += POLL_MS * 1000000L;
@@ -614,8 +681,28 @@ json_t *cph_cluster_json(cph_cluster *c) {
                           (json_int_t)c->ttl_s, "serving_for_ms", (json_int_t)left_ms,
                           "shards_owned", (json_int_t)(live ? mine : 0), "shards_unowned",
                           (json_int_t)unowned, "nodes", nodes, "owners", owners);
+  json_t *share = json_object();
+  for (int l = 0; l < CPH_LANE_COUNT; l++)
+    json_object_set_new(share, cph_lane_name((cph_lane)l),
+                        json_real(c->have_share && live ? c->share[l] : 0));
+  json_object_set_new(out, "budget_share", share);
   pthread_mutex_unlock(&c->mu);
   return out;
+}
+
+void cph_cluster_note_demand(cph_cluster *c, const uint64_t runnable[CPH_LANE_COUNT]) {
+  pthread_mutex_lock(&c->mu);
+  memcpy(c->demand, runnable, sizeof c->demand);
+  pthread_mutex_unlock(&c->mu);
+}
+
+bool cph_cluster_budget_share(cph_cluster *c, double share[CPH_LANE_COUNT]) {
+  pthread_mutex_lock(&c->mu);
+  bool have = c->have_share && live_locked(c);
+  for (int l = 0; l < CPH_LANE_COUNT; l++)
+    share[l] = have ? c->share[l] : 0; /* a node that is not serving starts nothing */
+  pthread_mutex_unlock(&c->mu);
+  return have;
 }
 
 void cph_cluster_note_turn(cph_cluster *c, uint64_t turn_id, uint32_t shard) {

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "cephalon/error.h"
+#include "cephalon/lane.h"
 #include "cephalon/policy.h"
 
 typedef struct cph_cluster cph_cluster;
@@ -69,6 +70,13 @@ bool cph_cluster_serving(cph_cluster *c);
  * "serving_for_ms", "nodes": [{"node", "url", "shards"}], "owners": [{"node", "ranges"}]}
  * where ranges is a text "0-84,170" over the shards that node holds. New reference. */
 json_t *cph_cluster_json(cph_cluster *c);
+
+/* Budgets (DESIGN §14): the loop hands over its demand (runnable sessions per lane) and
+ * reads back this node's share of each lane's budget, which the etcd thread works out every
+ * second from every live node's demand. false (and shares of 0) until the first round, and
+ * while the node is not serving. Any thread. */
+void cph_cluster_note_demand(cph_cluster *c, const uint64_t runnable[CPH_LANE_COUNT]);
+bool cph_cluster_budget_share(cph_cluster *c, double share[CPH_LANE_COUNT]);
 
 /* Turns leased through this node, remembered by id so heartbeat, complete and fail of a turn
  * whose shard moved answer 421: a direct-mapped table of the last 65,536 turn ids (an older

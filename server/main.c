@@ -138,6 +138,27 @@ static void hook_flushed(void *ctx) {
   cph_wake_signal(&s->flushed);
 }
 
+/* Cluster mode, every second: the demand goes to the cluster thread, this node's share of
+ * the lanes' budgets comes back (cluster.h), and the scheduler runs on it. */
+static void on_budget_tick(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  cph_srv *s = arg;
+  if (!s->cluster) /* stopping: the cluster left first */
+    return;
+  cph_lane_info lanes[CPH_LANE_COUNT];
+  uint32_t limit, in_use;
+  cph_engine_lanes(s->engine, lanes, &limit, &in_use);
+  uint64_t runnable[CPH_LANE_COUNT];
+  for (int l = 0; l < CPH_LANE_COUNT; l++)
+    runnable[l] = lanes[l].runnable;
+  cph_cluster_note_demand(s->cluster, runnable);
+  double share[CPH_LANE_COUNT];
+  cph_cluster_budget_share(s->cluster, share); /* 0 while it has none: it starts nothing */
+  cph_engine_set_budget_share(s->engine, share);
+  cph_srv_schedule_pass(s); /* a larger share may start turns now */
+}
+
 /* A flush finished: answer the operations it made durable (or failed). */
 static void on_flushed(void *arg) {
   cph_srv *s = arg;
@@ -330,8 +351,8 @@ static void shutdown_all(cph_srv *s) {
     evhttp_free(s->http);
   cph_deadlines_free(s->deadlines); /* after evhttp_free: it closes every connection */
   s->deadlines = NULL;
-  struct event **evs[] = {&s->ev_pass, &s->ev_tick,    &s->ev_wakeup,
-                          &s->ev_sync, &s->ev_replies, &s->ev_stop_deadline};
+  struct event **evs[] = {&s->ev_pass,    &s->ev_tick,          &s->ev_wakeup, &s->ev_sync,
+                          &s->ev_replies, &s->ev_stop_deadline, &s->ev_budget};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (*evs[i]) {
       event_free(*evs[i]);
@@ -491,6 +512,16 @@ int main(int argc, char **argv) {
       cph_cluster_start(&cph_engine_policy(s.engine)->cluster, &s.cluster, &err) != CPH_OK) {
     cph_error("cluster mode: %s", err.msg);
     goto out;
+  }
+  if (s.cluster) { /* DESIGN §14 "Budgets": no turn starts before the cluster gave a share */
+    double none[CPH_LANE_COUNT] = {0};
+    cph_engine_set_budget_share(s.engine, none);
+    s.ev_budget = event_new(s.base, -1, EV_PERSIST, on_budget_tick, &s);
+    struct timeval second = {1, 0};
+    if (!s.ev_budget || evtimer_add(s.ev_budget, &second) != 0) {
+      cph_error("cluster mode: cannot create the budget timer");
+      goto out;
+    }
   }
   if (s.cluster && cph_engine_policy(s.engine)->cluster.nats_count > 0 &&
       cph_cflow_start(&s, &s.cflow, &err) != CPH_OK) {

@@ -63,6 +63,7 @@ struct cph_srv {
   bool stopping;
   bool flush_grace; /* only unflushed replies are left; the deadline was shortened */
   struct event *ev_stop_deadline;
+  struct event *ev_budget; /* cluster mode: the lanes' budget shares, every second */
 };
 
 /* ---- server.c ---- */

@@ -53,6 +53,11 @@ void cph_engine_close(cph_engine *e);
  * (buckets keep their fill ratio). Settings that need a restart (listen, data dir, map size)
  * keep their old values until then, and err->msg says so with CPH_OK. */
 int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err);
+/* Cluster mode (DESIGN §14 "Budgets"): from now on each lane runs on share[lane] (0..1) of the
+ * policy's per-minute budgets (turns, tool calls, tokens; rounded down), and a reload keeps
+ * the share. A change never adds tokens (lanes/sched.h, cph_sched_set_budgets), so while the
+ * nodes' shares sum to at most 1 the cluster keeps the §3 rule 1 bound. Loop thread. */
+void cph_engine_set_budget_share(cph_engine *e, const double share[CPH_LANE_COUNT]);
 
 const cph_policy *cph_engine_policy(const cph_engine *e);
 /* The table given at open (cph_engine_options.providers); NULL when none was. */

@@ -1,6 +1,7 @@
-/* cephalon-worker against a cluster (DESIGN §14 "Workers"): given one node, it reads the node
- * list from GET /v1/cluster and long-polls every node, so the turns of sessions on all three
- * nodes are leased, run and completed on their owners. A real etcd and three cephalond on
+/* cephalon-worker against a cluster (DESIGN §14 "Workers", "Budgets"): given one node, it reads
+ * the node list from GET /v1/cluster and long-polls every node, so the turns of sessions on
+ * all three nodes are leased, run and completed on their owners; and the nodes share one lane
+ * budget. A real etcd and three cephalond on
  * loopback (tests/support/cluster_fixture.h, no NATS: each event is posted to the node that
  * owns both its channel and its session), the real worker binary, and a model endpoint served
  * by the test in the OpenAI wire format. */
@@ -82,6 +83,54 @@ static void model(void *arg, const cph_md_request *rq, cph_md_answer *out) {
   out->body = cph_md_chat_text(reply, 9);
 }
 
+/* cephalon-worker told only of node 0, with --concurrency conc; its output goes to log. */
+static pid_t start_worker(cph_test_cluster *c, cph_md *md, const char *log, const char *conc) {
+  char llm[96], exe[512];
+  snprintf(llm, sizeof llm, "%s/v1", cph_md_url(md));
+  const char *bin = getenv("CPH_BIN_DIR");
+  assert_non_null(bin);
+  snprintf(exe, sizeof exe, "%s/cephalon-worker", bin);
+  const char *argv[] = {
+      exe,   "--daemon", c->url[0],        "--llm",         llm,  "--model", "m", "--lease-wait-ms",
+      "500", "--name",   "cluster-worker", "--concurrency", conc, NULL};
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_APPEND);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(exe, (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Creates session id on its owner with extra JSON members; returns the owner. */
+static int create_session(cph_test_cluster *c, const int owner[SHARDS], const char *id,
+                          const char *extra) {
+  int node = owner[shard_of(id)];
+  char body[512];
+  snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\"%s}", id, extra);
+  cph_test_response r = cph_test_api(c->port[node], "POST", "/v1/sessions", NULL, body);
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  return node;
+}
+
+/* The sum over the nodes of one series of GET /metrics. */
+static double metric_sum(cph_test_cluster *c, const char *series) {
+  double sum = 0;
+  for (int i = 0; i < NODES; i++) {
+    cph_test_response r = cph_test_api(c->port[i], "GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    const char *at = strstr(r.body, series);
+    if (at)
+      sum += strtod(at + strlen(series), NULL);
+    cph_test_response_free(&r);
+  }
+  return sum;
+}
+
 static void test_the_worker_finds_every_node_and_completes_turns_on_each(void **state) {
   (void)state;
   cph_test_cluster *c = cph_tc_new();
@@ -129,24 +178,8 @@ static void test_the_worker_finds_every_node_and_completes_turns_on_each(void **
 
   /* One worker, told only of node 0. */
   cph_md *md = cph_md_start(model, NULL, NULL, NULL);
-  char llm[96], exe[512];
-  snprintf(llm, sizeof llm, "%s/v1", cph_md_url(md));
-  const char *bin = getenv("CPH_BIN_DIR");
-  assert_non_null(bin);
-  snprintf(exe, sizeof exe, "%s/cephalon-worker", bin);
   char *log = cph_test_write_tmpfile(".worker.log", "");
-  const char *argv[] = {
-      exe,   "--daemon", c->url[0],        "--llm", llm, "--model", "m", "--lease-wait-ms",
-      "500", "--name",   "cluster-worker", NULL};
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    int fd = open(log, O_WRONLY | O_APPEND);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execv(exe, (char *const *)argv);
-    _exit(127);
-  }
+  pid_t pid = start_worker(c, md, log, "1");
 
   /* Every session's reply appears on its own node. */
   int done = 0;
@@ -188,9 +221,79 @@ static void test_the_worker_finds_every_node_and_completes_turns_on_each(void **
   cph_tc_free(c);
 }
 
+/* DESIGN §14 "Budgets": the lane budget is the cluster's, not each node's. Nine sessions on
+ * three nodes want a turn every second (autonomy ticks) against an interactive budget of 12 a
+ * minute; over the run the cluster starts at most 12 × T/60 + 12 turns (§3 rule 1) — where
+ * three nodes each spending the whole budget would start 36 at once — and the nodes' shares,
+ * rebalanced every second, sum to about one. */
+static void test_the_nodes_share_one_lane_budget(void **state) {
+  (void)state;
+  enum { BUDGET = 12, RUN_S = 15 };
+  cph_test_cluster *c = cph_tc_new();
+  cph_tc_start_etcd(c);
+  cph_tc_ports(c, NODES);
+  char extra[256];
+  snprintf(extra, sizeof extra, ":scheduler {:lanes {:interactive {:turns %d :tool-calls 1000}}}",
+           BUDGET);
+  for (int i = 0; i < NODES; i++)
+    cph_tc_start_node(c, i, SHARDS, TTL_S, extra);
+  bool live[NODES] = {true, true, true};
+  assert_true(cph_tc_wait_settled(c, live, SHARDS, 15000));
+  int owner[SHARDS];
+  shard_owners(c, owner);
+  int per_node[NODES] = {0};
+  for (int k = 0, n = 0; k < SESSIONS; n++) {
+    char id[16];
+    snprintf(id, sizeof id, "t%d", n);
+    if (per_node[owner[shard_of(id)]] == SESSIONS / NODES)
+      continue;
+    per_node[create_session(c, owner, id, ",\"autonomy_interval_s\":1")]++;
+    k++;
+  }
+  cph_md *md = cph_md_start(model, NULL, NULL, NULL);
+  char *log = cph_test_write_tmpfile(".worker.log", "");
+  int64_t t0 = cph_test_now_ms();
+  pid_t pid = start_worker(c, md, log, "3");
+  double shares = 0;
+  for (int waited = 0; waited < RUN_S * 1000; waited += 500) {
+    cph_tc_sleep_ms(500);
+    if (waited == RUN_S * 500) { /* midway: the shares of the interactive lane */
+      shares = 0;
+      for (int i = 0; i < NODES; i++) {
+        json_t *v = cph_tc_view(c, i);
+        shares +=
+            json_real_value(json_object_get(json_object_get(v, "budget_share"), "interactive"));
+        json_decref(v);
+      }
+    }
+  }
+  double started = metric_sum(c, "cephalon_turns_started_total{lane=\"interactive\"}");
+  double secs = (double)(cph_test_now_ms() - t0) / 1000.0;
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  double bound = BUDGET * secs / 60.0 + BUDGET;
+  print_message("%.0f interactive turns started in %.1f s over three nodes (bound %.1f); the "
+                "shares sum to %.3f\n",
+                started, secs, bound, shares);
+  if (started > bound || started < 1) {
+    char *text = cph_test_read_file(log, NULL);
+    fail_msg("%.0f turns started in %.1f s, bound %.1f; worker log:\n%s", started, secs, bound,
+             text ? text : "");
+  }
+  /* Each node works its share out from the demand keys as it read them: the sum is one when
+   * their reads agree, near it when a demand changed between two reads. */
+  assert_true(shares > 0.8 && shares < 1.2);
+  unlink(log);
+  free(log);
+  cph_md_stop(md);
+  cph_tc_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_the_worker_finds_every_node_and_completes_turns_on_each),
+      cmocka_unit_test(test_the_nodes_share_one_lane_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,12 +17,14 @@
 #include "lanes/pass.h"
 #include "lanes/sched.h"
 #include "lanes/sim.h"
+#include "tests/support/prop.h"
 
 #define S_NS CPH_NS_PER_S
 
 /* The seed policy of DESIGN §8. */
 static cph_sched_config seed_policy(void) {
-  cph_sched_config c = {{60, 30, 10}, {120, 60, 20}, 1.0, 30, -30, {2, 1, 1}, 4, 1, {0}, CPH_CHARGE_TURN, 0, {0}, NULL, 0};
+  cph_sched_config c = {{60, 30, 10}, {120, 60, 20},   1.0, 30,  -30,  {2, 1, 1}, 4, 1,
+                        {0},          CPH_CHARGE_TURN, 0,   {0}, NULL, 0};
   return c;
 }
 
@@ -331,8 +333,7 @@ typedef struct invariants {
   uint64_t passes;
 } invariants;
 
-static void watch_invariants(void *ctx, cph_sched *s, int64_t now, const cph_sid *sids,
-                             size_t n) {
+static void watch_invariants(void *ctx, cph_sched *s, int64_t now, const cph_sid *sids, size_t n) {
   (void)now;
   invariants *v = ctx;
   v->passes++;
@@ -435,8 +436,8 @@ static void test_pick_order_credits_then_wait_then_id(void **state) {
   assert_int_equal(fx_pick(&f, NULL), inter); /* the lane first, whatever its credits */
   assert_int_equal(fx_pick(&f, NULL), s10);   /* max credits, oldest, "s10" < "s2" */
   assert_int_equal(fx_pick(&f, NULL), s2);
-  assert_int_equal(fx_pick(&f, NULL), late);  /* max credits but queued later */
-  assert_int_equal(fx_pick(&f, NULL), low);   /* oldest of all, fewest credits */
+  assert_int_equal(fx_pick(&f, NULL), late); /* max credits but queued later */
+  assert_int_equal(fx_pick(&f, NULL), low);  /* oldest of all, fewest credits */
   cph_sched_free(f.s);
 }
 
@@ -446,8 +447,7 @@ static void test_equal_saturated_sessions_share_turns_fairly(void **state) {
   (void)state;
   /* 16 equal saturated interactive sessions under the seed policy: the lane budget (60 a
    * minute) binds, so credits decide who gets each token. */
-  cph_sim_session ss[] = {{CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 1.0, true, 1, 0, 16,
-                           false}};
+  cph_sim_session ss[] = {{CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 1.0, true, 1, 0, 16, false}};
   cph_sim_config c = {0};
   c.sched = seed_policy();
   c.sessions = ss;
@@ -497,8 +497,7 @@ static void test_spamming_session_does_not_delay_quiet_sessions(void **state) {
   if (!(p99_base > 0) || p99_spam > 2 * p99_base) {
     cph_sim_print(&base, stderr);
     cph_sim_print(&spam, stderr);
-    fail_msg("quiet p99 wait %.3f s with spam, %.3f s without", p99_spam / 1e9,
-             p99_base / 1e9);
+    fail_msg("quiet p99 wait %.3f s with spam, %.3f s without", p99_spam / 1e9, p99_base / 1e9);
   }
   /* The spammer really was busy: it got over three times the turns it got without spam
    * (it holds one slot whenever no quiet session is waiting). */
@@ -533,8 +532,7 @@ static void trickle_run(uint32_t per_minute, cph_sim_result *r) {
   run_sim(&c, r);
 }
 
-static void test_trickle_holds_under_full_saturation_with_maintenance_budget_spent(
-    void **state) {
+static void test_trickle_holds_under_full_saturation_with_maintenance_budget_spent(void **state) {
   (void)state;
   static const uint32_t rates[] = {1, 6};
   for (size_t k = 0; k < 2; k++) {
@@ -542,8 +540,8 @@ static void test_trickle_holds_under_full_saturation_with_maintenance_budget_spe
     trickle_run(rates[k], &r);
     if (r.outbox_min_per_minute < rates[k]) {
       cph_sim_print(&r, stderr);
-      fail_msg("%" PRIu64 " outbox batches in some minute, guaranteed %u",
-               r.outbox_min_per_minute, rates[k]);
+      fail_msg("%" PRIu64 " outbox batches in some minute, guaranteed %u", r.outbox_min_per_minute,
+               rates[k]);
     }
     /* Saturated: every slot was busy, interactive took what it could... */
     assert_int_equal(r.max_running, 4);
@@ -599,6 +597,118 @@ static void test_reload_keeps_fill_ratio_and_next_picks_obey_new_budget(void **s
   cph_sched_free(f.s);
 }
 
+/* Cluster shares (cph_sched_set_budgets): a shrinking budget cuts the bucket to its new
+ * capacity; a growing one keeps the level and fills at the new rate — no tokens appear. */
+static void test_budget_share_never_adds_tokens(void **state) {
+  (void)state;
+  fixture f;
+  cph_sched_config cfg = seed_policy();
+  cfg.tool_calls_per_minute[CPH_LANE_INTERACTIVE] = 1000000;
+  cfg.concurrency = 1000;
+  fx_open(&f, &cfg);
+  char id[16];
+  for (int i = 0; i < 200; i++) {
+    snprintf(id, sizeof id, "s%03d", i);
+    fx_add(&f, id, CPH_LANE_INTERACTIVE, true);
+  }
+  int64_t turns[CPH_LANE_COUNT] = {30, 30, 10}, tools[CPH_LANE_COUNT] = {1000000, 60, 20},
+          tokens[CPH_LANE_COUNT] = {0, 0, 0};
+  assert_int_equal(cph_sched_set_budgets(f.s, turns, tools, tokens), 0); /* 60 -> 30: cut */
+  for (int i = 0; i < 30; i++)
+    assert_int_not_equal(fx_pick(&f, NULL), CPH_SID_NONE);
+  assert_int_equal(fx_pick(&f, NULL), CPH_SID_NONE);
+  turns[CPH_LANE_INTERACTIVE] = 120; /* grows: the empty bucket stays empty */
+  assert_int_equal(cph_sched_set_budgets(f.s, turns, tools, tokens), 0);
+  assert_int_equal(fx_pick(&f, NULL), CPH_SID_NONE);
+  cph_lane_stats st;
+  cph_sched_lane_stats(f.s, CPH_LANE_INTERACTIVE, &st);
+  assert_true(st.budget_turns == 120);
+  cph_clock_advance(&f.clock, S_NS / 2); /* 120 a minute: one token in 0.5 s */
+  assert_int_not_equal(fx_pick(&f, NULL), CPH_SID_NONE);
+  assert_int_equal(fx_pick(&f, NULL), CPH_SID_NONE);
+  turns[CPH_LANE_INTERACTIVE] = CPH_SCHED_MAX_PER_MINUTE + 1; /* out of range: nothing moves */
+  assert_int_equal(cph_sched_set_budgets(f.s, turns, tools, tokens), CPH_EINVAL);
+  cph_sched_lane_stats(f.s, CPH_LANE_INTERACTIVE, &st);
+  assert_true(st.budget_turns == 120);
+  cph_sched_free(f.s);
+}
+
+/* DESIGN §14 "Budgets", as a property: NODES schedulers share one lane budget, rebalanced
+ * every second to random shares that sum to at most 1 (rounded down, as the engine does),
+ * each starting turns as fast as its bucket allows. Over any window of W seconds the
+ * cluster starts at most budget × W/60 + budget turns (§3 rule 1), from the first second
+ * (each node starts from share 0, as a node in a cluster does). */
+static void test_cluster_shares_keep_the_lane_bound_property(void **state) {
+  (void)state;
+  enum { NODES = 3, SECONDS = 150, BUDGET = 60 };
+  uint64_t seed;
+  long cases;
+  cph_property_run(4401, 200, &seed, &cases);
+  for (long k = 0; k < cases; k++) {
+    rng r = {seed + (uint64_t)k};
+    cph_clock clock;
+    cph_clock_init_virtual(&clock, 1000 * S_NS);
+    cph_sched_config cfg = seed_policy();
+    cfg.turns_per_minute[CPH_LANE_INTERACTIVE] = BUDGET;
+    cfg.tool_calls_per_minute[CPH_LANE_INTERACTIVE] = 1000000;
+    cfg.concurrency = 100000;
+    cph_sched *node[NODES];
+    int64_t *starts = malloc(SECONDS * BUDGET * 4 * sizeof *starts);
+    size_t n_starts = 0;
+    int64_t zero[CPH_LANE_COUNT] = {0}, tools[CPH_LANE_COUNT] = {1000000, 0, 0};
+    for (int i = 0; i < NODES; i++) {
+      node[i] = cph_sched_new(&cfg, &clock);
+      cph_sched_set_budgets(node[i], zero, tools, zero);
+      char id[32];
+      for (int j = 0; j < 50; j++) {
+        cph_sid sid;
+        snprintf(id, sizeof id, "n%d-s%02d", i, j);
+        assert_int_equal(cph_sched_add(node[i], id, CPH_LANE_INTERACTIVE, &sid), 0);
+        cph_sched_set_work(node[i], sid, true);
+      }
+    }
+    for (int sec = 0; sec < SECONDS; sec++) {
+      /* random shares summing to at most 1 (sometimes less: a node missed a round) */
+      uint32_t w[NODES], sum = 0;
+      for (int i = 0; i < NODES; i++)
+        sum += w[i] = below(&r, 10);
+      for (int i = 0; i < NODES; i++) {
+        double share = sum ? (double)w[i] / sum : 1.0 / NODES;
+        int64_t turns[CPH_LANE_COUNT] = {(int64_t)(BUDGET * share), 0, 0};
+        assert_int_equal(cph_sched_set_budgets(node[i], turns, tools, zero), 0);
+      }
+      for (int step = 0; step < 10; step++) { /* the second, in tenths */
+        for (int i = 0; i < NODES; i++) {
+          cph_pick p;
+          while (cph_sched_pick(node[i], &p) == 0) {
+            starts[n_starts++] = cph_clock_now(&clock);
+            cph_sched_finish(node[i], p.sid, 0, false); /* ready again at once */
+          }
+        }
+        cph_clock_advance(&clock, S_NS / 10);
+      }
+    }
+    for (int64_t w = 1; w <= 60; w = w < 10 ? w + 1 : w + 10) {
+      uint64_t most = 0;
+      for (size_t i = 0, j = 0; i < n_starts; i++) {
+        while (j < n_starts && starts[j] - starts[i] < w * S_NS)
+          j++;
+        if (j - i > most)
+          most = j - i;
+      }
+      double bound = BUDGET * (double)w / 60.0 + BUDGET;
+      if ((double)most > bound)
+        fail_msg("seed %llu: %llu turns started in a %lld s window, bound %.1f",
+                 (unsigned long long)(seed + (uint64_t)k), (unsigned long long)most, (long long)w,
+                 bound);
+    }
+    assert_true(n_starts > BUDGET * (SECONDS / 60) / 2); /* and the budget is used */
+    for (int i = 0; i < NODES; i++)
+      cph_sched_free(node[i]);
+    free(starts);
+  }
+}
+
 static void test_reload_carries_credits_clamped_into_new_bounds(void **state) {
   (void)state;
   fixture f;
@@ -628,8 +738,7 @@ static void test_reload_carries_credits_clamped_into_new_bounds(void **state) {
 
 static void test_reload_mid_run_new_budget_governs_later_windows(void **state) {
   (void)state;
-  cph_sim_session ss[] = {{CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 0.5, true, 0, 0, 8,
-                           false}};
+  cph_sim_session ss[] = {{CPH_LANE_INTERACTIVE, CPH_SIM_SATURATED, 0, 0.5, true, 0, 0, 8, false}};
   cph_sim_config c = {0};
   c.sched = seed_policy();
   c.sched.tool_calls_per_minute[0] = 1000000;
@@ -743,7 +852,7 @@ static void test_why_names_each_reason(void **state) {
 typedef struct pass_probe {
   cph_sched *s;
   cph_sid inbox_sid;
-  int pending;         /* messages waiting to be staged for inbox_sid */
+  int pending; /* messages waiting to be staged for inbox_sid */
   cph_pass_job order[16];
   int n_jobs;
   cph_sid started[8];
@@ -782,13 +891,16 @@ static void test_pass_runs_its_five_jobs_in_fixed_order(void **state) {
   fx_open(&f, &cfg);
   pass_probe pp = {.s = f.s};
   pp.inbox_sid = fx_add(&f, "a", CPH_LANE_INTERACTIVE, false);
-  cph_pass_hooks h = {.ctx = &pp, .workers_waiting = probe_workers, .start_turn = probe_start,
-                      .poll_inbox = probe_poll, .trace = probe_trace};
+  cph_pass_hooks h = {.ctx = &pp,
+                      .workers_waiting = probe_workers,
+                      .start_turn = probe_start,
+                      .poll_inbox = probe_poll,
+                      .trace = probe_trace};
   cph_pass_result res;
   cph_sched_pass(f.s, &h, &res);
   assert_int_equal(pp.n_jobs, CPH_PASS_JOB_COUNT);
-  static const char *const names[] = {"agent_turn", "poll_inbox", "check_credits",
-                                      "top_up_credits", "reconcile"};
+  static const char *const names[] = {"agent_turn", "poll_inbox", "check_credits", "top_up_credits",
+                                      "reconcile"};
   for (int i = 0; i < CPH_PASS_JOB_COUNT; i++) {
     assert_int_equal(pp.order[i], (cph_pass_job)i);
     assert_string_equal(cph_pass_job_name(pp.order[i]), names[i]);
@@ -803,8 +915,11 @@ static void test_message_staged_by_poll_inbox_is_picked_only_in_next_pass(void *
   fx_open(&f, &cfg);
   pass_probe pp = {.s = f.s};
   pp.inbox_sid = fx_add(&f, "a", CPH_LANE_INTERACTIVE, false);
-  cph_pass_hooks h = {.ctx = &pp, .workers_waiting = probe_workers, .start_turn = probe_start,
-                      .poll_inbox = probe_poll, .trace = probe_trace};
+  cph_pass_hooks h = {.ctx = &pp,
+                      .workers_waiting = probe_workers,
+                      .start_turn = probe_start,
+                      .poll_inbox = probe_poll,
+                      .trace = probe_trace};
   cph_pass_result res;
 
   pp.pending = 1; /* pending when the pass starts */
@@ -1002,6 +1117,8 @@ int main(void) {
       cmocka_unit_test(test_token_budget_stops_the_lane_until_refilled),
       cmocka_unit_test(test_seats_lent_then_reclaimed_trickle_first),
       cmocka_unit_test(test_tenant_with_many_sessions_does_not_crowd_out_a_small_one),
+      cmocka_unit_test(test_budget_share_never_adds_tokens),
+      cmocka_unit_test(test_cluster_shares_keep_the_lane_bound_property),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
