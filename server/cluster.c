@@ -1,6 +1,8 @@
 /* Cluster mode, first slice: membership and shard ownership in etcd (see cluster.h). */
 #include "cluster.h"
 
+#include "common/buf.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
@@ -53,6 +55,12 @@ struct cph_cluster {
   uint64_t demand[CPH_LANE_COUNT];
   double share[CPH_LANE_COUNT];
   bool have_share;
+
+  /* Takeovers: when each shard was first seen without an owner (0 = it has one), how many
+   * shards this node claimed, and how long the last one it claimed had been without. */
+  int64_t *unowned_since_ns;
+  uint64_t claimed_total;
+  double last_takeover_s;
 
   /* The etcd thread's own. */
   int64_t next_budget_ns;
@@ -193,8 +201,11 @@ static json_t *etcd_call(cph_cluster *c, const char *path, json_t *body) {
   int timeout = (int)(c->ttl_s * 1000 / 4);
   if (timeout > 1000)
     timeout = 1000;
-  cph_httpc_request req = {.method = "POST", .path = path, .body = text,
-                           .body_len = strlen(text), .timeout_ms = timeout,
+  cph_httpc_request req = {.method = "POST",
+                           .path = path,
+                           .body = text,
+                           .body_len = strlen(text),
+                           .timeout_ms = timeout,
                            .user_agent = "cephalond-cluster"};
   cph_httpc_response resp = {0};
   char err[256] = "";
@@ -246,8 +257,8 @@ static bool etcd_join(cph_cluster *c) {
   char key[512];
   snprintf(key, sizeof key, NODE_PREFIX "%s", c->self);
   char *k = b64(key), *v = b64(c->advertise);
-  json_t *put = k && v ? json_pack("{ssssso}", "key", k, "value", v, "lease", lease_id_json(id))
-                       : NULL;
+  json_t *put =
+      k && v ? json_pack("{ssssso}", "key", k, "value", v, "lease", lease_id_json(id)) : NULL;
   free(k);
   free(v);
   r = put ? etcd_call(c, "/v3/kv/put", put) : NULL;
@@ -327,11 +338,11 @@ static bool shard_txn(cph_cluster *c, uint32_t s, bool claim) {
   json_t *req = NULL;
   if (k && v && claim)
     req = json_pack("{s[{ssssssss}]s[{s{ssssso}}]}", "compare", "target", "CREATE", "key", k,
-                    "create_revision", "0", "result", "EQUAL", "success", "request_put", "key",
-                    k, "value", v, "lease", lease_id_json(c->lease));
+                    "create_revision", "0", "result", "EQUAL", "success", "request_put", "key", k,
+                    "value", v, "lease", lease_id_json(c->lease));
   else if (k && v)
-    req = json_pack("{s[{ssssssss}]s[{s{ss}}]}", "compare", "target", "VALUE", "key", k, "value",
-                    v, "result", "EQUAL", "success", "request_delete_range", "key", k);
+    req = json_pack("{s[{ssssssss}]s[{s{ss}}]}", "compare", "target", "VALUE", "key", k, "value", v,
+                    "result", "EQUAL", "success", "request_delete_range", "key", k);
   free(k);
   free(v);
   json_t *r = req ? etcd_call(c, "/v3/kv/txn", req) : NULL;
@@ -397,15 +408,30 @@ static void reconcile(cph_cluster *c) {
         have[s] = (uint32_t)i;
   }
   /* A node missing from its own view (its key lost with an old lease) claims nothing. */
+  int64_t now = mono_ns();
+  uint64_t claimed = 0;
+  double takeover_s = -1;
+  for (uint32_t s = 0; s < c->shards; s++)
+    if (have[s] == NO_OWNER && !c->unowned_since_ns[s])
+      c->unowned_since_ns[s] = now;
   if (self < n && c->lease) {
     for (uint32_t s = 0; s < c->shards; s++) {
-      if (want[s] == self && have[s] == NO_OWNER && shard_txn(c, s, true))
+      if (want[s] == self && have[s] == NO_OWNER && shard_txn(c, s, true)) {
         have[s] = (uint32_t)self;
-      else if (have[s] == self && want[s] != self && shard_txn(c, s, false))
+        claimed++;
+        takeover_s = (double)(mono_ns() - c->unowned_since_ns[s]) / 1e9;
+      } else if (have[s] == self && want[s] != self && shard_txn(c, s, false)) {
         have[s] = NO_OWNER;
+      }
     }
   }
+  for (uint32_t s = 0; s < c->shards; s++)
+    if (have[s] != NO_OWNER)
+      c->unowned_since_ns[s] = 0;
   pthread_mutex_lock(&c->mu);
+  c->claimed_total += claimed;
+  if (takeover_s >= 0)
+    c->last_takeover_s = takeover_s;
   free_nodes(c->nodes, c->n_nodes);
   c->nodes = nodes;
   c->n_nodes = n;
@@ -444,9 +470,8 @@ static void rebalance(cph_cluster *c) {
   snprintf(key, sizeof key, DEMAND_PREFIX "%s", c->self);
   snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64, mine[0], mine[1], mine[2]);
   char *k = b64(key), *v = b64(val);
-  json_t *put = k && v ? json_pack("{ssssso}", "key", k, "value", v, "lease",
-                                   lease_id_json(c->lease))
-                       : NULL;
+  json_t *put =
+      k && v ? json_pack("{ssssso}", "key", k, "value", v, "lease", lease_id_json(c->lease)) : NULL;
   free(k);
   free(v);
   json_decref(put ? etcd_call(c, "/v3/kv/put", put) : NULL);
@@ -542,8 +567,9 @@ int cph_cluster_start(const cph_policy_cluster *cfg, cph_cluster **out, cph_err 
   c->shards = (uint32_t)cfg->shards;
   c->ttl_s = cfg->lease_ttl_seconds;
   c->owner = malloc(c->shards * sizeof *c->owner);
+  c->unowned_since_ns = calloc(c->shards, sizeof *c->unowned_since_ns);
   c->etcd = calloc(cfg->etcd_count, sizeof *c->etcd);
-  if (!c->self || !c->advertise || !c->owner || !c->etcd)
+  if (!c->self || !c->advertise || !c->owner || !c->unowned_since_ns || !c->etcd)
     goto nomem;
   for (size_t i = 0; i < cfg->etcd_count; i++, c->n_etcd++)
     if (!(c->etcd[i] = strdup(cfg->etcd[i])))
@@ -579,6 +605,7 @@ void cph_cluster_stop(cph_cluster *c) {
     free(c->etcd[i]);
   free(c->etcd);
   free(c->owner);
+  free(c->unowned_since_ns);
   free(c->self);
   free(c->advertise);
   pthread_cond_destroy(&c->cv);
@@ -589,9 +616,7 @@ void cph_cluster_stop(cph_cluster *c) {
 uint32_t cph_cluster_shards(const cph_cluster *c) { return c->shards; }
 
 /* Caller holds mu. */
-static bool live_locked(const cph_cluster *c) {
-  return c->joined && mono_ns() < c->serve_until_ns;
-}
+static bool live_locked(const cph_cluster *c) { return c->joined && mono_ns() < c->serve_until_ns; }
 
 bool cph_cluster_serving(cph_cluster *c) {
   pthread_mutex_lock(&c->mu);
@@ -675,12 +700,12 @@ json_t *cph_cluster_json(cph_cluster *c) {
     json_array_append_new(owners, json_pack("{ssso}", "node", c->nodes[i].name, "ranges",
                                             ranges ? ranges : json_string("")));
   }
-  json_t *out = json_pack("{sssssssIsIsIsIsIsoso}", "node", c->self, "advertise", c->advertise,
-                          "state", live ? "serving" : (c->joined ? "expired" : "joining"),
-                          "shards", (json_int_t)c->shards, "lease_ttl_seconds",
-                          (json_int_t)c->ttl_s, "serving_for_ms", (json_int_t)left_ms,
-                          "shards_owned", (json_int_t)(live ? mine : 0), "shards_unowned",
-                          (json_int_t)unowned, "nodes", nodes, "owners", owners);
+  json_t *out =
+      json_pack("{sssssssIsIsIsIsIsoso}", "node", c->self, "advertise", c->advertise, "state",
+                live ? "serving" : (c->joined ? "expired" : "joining"), "shards",
+                (json_int_t)c->shards, "lease_ttl_seconds", (json_int_t)c->ttl_s, "serving_for_ms",
+                (json_int_t)left_ms, "shards_owned", (json_int_t)(live ? mine : 0),
+                "shards_unowned", (json_int_t)unowned, "nodes", nodes, "owners", owners);
   json_t *share = json_object();
   for (int l = 0; l < CPH_LANE_COUNT; l++)
     json_object_set_new(share, cph_lane_name((cph_lane)l),
@@ -688,6 +713,34 @@ json_t *cph_cluster_json(cph_cluster *c) {
   json_object_set_new(out, "budget_share", share);
   pthread_mutex_unlock(&c->mu);
   return out;
+}
+
+int cph_cluster_metrics(cph_cluster *c, cph_buf *out) {
+  pthread_mutex_lock(&c->mu);
+  bool live = live_locked(c);
+  uint64_t owned = 0;
+  for (uint32_t s = 0; live && s < c->shards; s++)
+    owned += c->owner[s] < c->n_nodes && strcmp(c->nodes[c->owner[s]].name, c->self) == 0;
+  double left_s = live ? (double)(c->serve_until_ns - mono_ns()) / 1e9 : 0;
+  static const struct {
+    const char *name, *type, *help;
+  } fam[] = {
+      {"cephalon_cluster_serving", "gauge",
+       "1 while this node is inside its etcd lease's deadline and may serve its shards."},
+      {"cephalon_cluster_shards_owned", "gauge", "Shards this node owns and serves."},
+      {"cephalon_cluster_lease_remaining_seconds", "gauge",
+       "Time left before this node stops serving unless a keepalive succeeds."},
+      {"cephalon_cluster_shards_claimed_total", "counter",
+       "Shards this node claimed (joins, rebalancing, takeovers after a death)."},
+      {"cephalon_cluster_last_takeover_seconds", "gauge",
+       "How long the last shard this node claimed had been without an owner."},
+  };
+  const double v[] = {live, (double)owned, left_s, (double)c->claimed_total, c->last_takeover_s};
+  pthread_mutex_unlock(&c->mu);
+  for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
+    cph_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %.6g\n", fam[i].name, fam[i].help,
+                   fam[i].name, fam[i].type, fam[i].name, v[i]);
+  return cph_buf_error(out);
 }
 
 void cph_cluster_note_demand(cph_cluster *c, const uint64_t runnable[CPH_LANE_COUNT]) {

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "cephalon/error.h"
+#include "common/buf.h"
 #include "cephalon/lane.h"
 #include "cephalon/policy.h"
 
@@ -70,6 +71,11 @@ bool cph_cluster_serving(cph_cluster *c);
  * "serving_for_ms", "nodes": [{"node", "url", "shards"}], "owners": [{"node", "ranges"}]}
  * where ranges is a text "0-84,170" over the shards that node holds. New reference. */
 json_t *cph_cluster_json(cph_cluster *c);
+
+/* The node's ownership as Prometheus families (cephalon_cluster_serving, _shards_owned,
+ * _lease_remaining_seconds, _shards_claimed_total, _last_takeover_seconds), appended to out.
+ * CPH_OK or CPH_ENOMEM. */
+int cph_cluster_metrics(cph_cluster *c, cph_buf *out);
 
 /* Budgets (DESIGN §14): the loop hands over its demand (runnable sessions per lane) and
  * reads back this node's share of each lane's budget, which the etcd thread works out every

@@ -2,10 +2,11 @@
  * format 0.0.4. Scope read. With :metrics :enabled? false it answers 404 in the JSON error
  * format, as for any unknown path. The text is built by the engine in one go (bounded work,
  * see cph_engine_metrics_text) on the event loop, like every other read; the server's own
- * families (cephalon_http_timeouts_total, deadlines.c; in cluster mode with a log the
- * cephalon_cluster_log_* ones, clusterflow.c) follow it. */
+ * families (cephalon_http_timeouts_total, deadlines.c; in cluster mode the ownership ones,
+ * cluster.c, and with a log the cephalon_cluster_log_* ones, clusterflow.c) follow it. */
 #include <stdlib.h>
 
+#include "cluster.h"
 #include "clusterflow.h"
 #include "deadlines.h"
 #include "routes.h"
@@ -26,6 +27,7 @@ void cph_route_metrics(cph_req *r) {
   free(text);
   /* the server's own families after the engine's */
   if (!text || cph_deadlines_metrics(r->srv->deadlines, &out) != CPH_OK ||
+      (r->srv->cluster && cph_cluster_metrics(r->srv->cluster, &out) != CPH_OK) ||
       (r->srv->cflow && cph_cflow_metrics(r->srv->cflow, &out) != CPH_OK)) {
     cph_buf_free(&out);
     cph_reply_error(r, 500, "internal", NULL, "out of memory building the metrics");

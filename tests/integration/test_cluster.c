@@ -172,6 +172,14 @@ static void test_cluster_sigstop_past_ttl_serves_nothing_and_leases_nothing_on_w
   assert_true(wait_settled(c, live, NODES, 10000));
 }
 
+/* The value of an unlabelled sample in a Prometheus text, or -1. */
+static double metric(const char *text, const char *name) {
+  char needle[160];
+  snprintf(needle, sizeof needle, "\n%s ", name);
+  const char *at = strstr(text, needle);
+  return at ? strtod(at + strlen(needle), NULL) : -1;
+}
+
 static void test_cluster_kill9_moves_its_shards_to_the_others_within_the_ttl(void **state) {
   cluster *c = *state;
   bool live[NODES] = {true, true, true};
@@ -190,6 +198,24 @@ static void test_cluster_kill9_moves_its_shards_to_the_others_within_the_ttl(voi
   printf("takeover after kill -9: %.2f s (lease TTL %d s)\n", s, TTL_S);
   int owner = owner_of_session(c, "carol");
   assert_true(owner != victim);
+  /* The survivors' ownership metrics say so: every shard owned, and how long the shards they
+   * took had been without an owner (at most the TTL and the slack). */
+  double owned = 0, takeover = 0;
+  for (int i = 0; i < NODES; i++) {
+    if (!c->up[i])
+      continue;
+    cph_test_response r = cph_test_api(c->port[i], "GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    cph_test_promtool_check(r.body);
+    assert_non_null(strstr(r.body, "\ncephalon_cluster_serving 1\n"));
+    owned += metric(r.body, "cephalon_cluster_shards_owned");
+    double t = metric(r.body, "cephalon_cluster_last_takeover_seconds");
+    takeover = t > takeover ? t : takeover;
+    cph_test_response_free(&r);
+  }
+  assert_true(owned == SHARDS);
+  printf("the longest a taken shard was without an owner: %.2f s\n", takeover);
+  assert_true(takeover > 0 && takeover <= TTL_S + 2.0);
 }
 
 int main(void) {
