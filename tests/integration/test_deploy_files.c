@@ -24,22 +24,14 @@
 
 /* The metric names GET /metrics exports (histograms by their _bucket series). */
 static const char *const METRICS[] = {
-    "cephalon_turns_started_total",
-    "cephalon_turns_completed_total",
-    "cephalon_lane_turn_tokens",
-    "cephalon_lane_tool_call_tokens",
-    "cephalon_lane_runnable_sessions",
-    "cephalon_lane_running_turns",
-    "cephalon_pick_wait_seconds_bucket",
-    "cephalon_outbox_pending",
-    "cephalon_outbox_oldest_age_seconds",
-    "cephalon_compaction_groups_committed_total",
-    "cephalon_memories_deleted_total",
-    "cephalon_events_total",
-    "cephalon_dedupe_exact_hits_total",
-    "cephalon_dedupe_near_hits_total",
-    "cephalon_backpressure_step",
-    "cephalon_policy_reload_failures_total",
+    "cephalon_turns_started_total",       "cephalon_turns_completed_total",
+    "cephalon_lane_turn_tokens",          "cephalon_lane_tool_call_tokens",
+    "cephalon_lane_runnable_sessions",    "cephalon_lane_running_turns",
+    "cephalon_pick_wait_seconds_bucket",  "cephalon_outbox_pending",
+    "cephalon_outbox_oldest_age_seconds", "cephalon_compaction_groups_committed_total",
+    "cephalon_memories_deleted_total",    "cephalon_events_total",
+    "cephalon_dedupe_exact_hits_total",   "cephalon_dedupe_near_hits_total",
+    "cephalon_backpressure_step",         "cephalon_policy_reload_failures_total",
     "cephalon_policy_generation",
 };
 #define N_METRICS (sizeof METRICS / sizeof METRICS[0])
@@ -67,8 +59,7 @@ static bool ident_char(char c) { return isalnum((unsigned char)c) || c == '_' ||
 
 /* Keywords followed by a parenthesised label list ("sum by (lane)"). */
 static bool grouping_keyword(const char *w) {
-  static const char *const kw[] = {"by", "without", "on", "ignoring", "group_left",
-                                   "group_right"};
+  static const char *const kw[] = {"by", "without", "on", "ignoring", "group_left", "group_right"};
   for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
     if (strcmp(w, kw[i]) == 0)
       return true;
@@ -77,9 +68,9 @@ static bool grouping_keyword(const char *w) {
 
 /* Aggregation operators: "sum by (lane) (...)" puts a keyword, not '(', after the name. */
 static bool aggregation(const char *w) {
-  static const char *const kw[] = {"sum",     "avg",      "min",    "max",          "count",
-                                   "stddev",  "stdvar",   "topk",   "bottomk",      "quantile",
-                                   "group",   "count_values"};
+  static const char *const kw[] = {"sum",     "avg",      "min",    "max",
+                                   "count",   "stddev",   "stdvar", "topk",
+                                   "bottomk", "quantile", "group",  "count_values"};
   for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
     if (strcmp(w, kw[i]) == 0)
       return true;
@@ -88,8 +79,7 @@ static bool aggregation(const char *w) {
 
 /* Binary operators and modifiers spelled as words. */
 static bool word_operator(const char *w) {
-  static const char *const kw[] = {"and", "or", "unless", "bool", "offset", "atan2", "inf",
-                                   "nan"};
+  static const char *const kw[] = {"and", "or", "unless", "bool", "offset", "atan2", "inf", "nan"};
   for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
     if (strcasecmp(w, kw[i]) == 0)
       return true;
@@ -242,7 +232,9 @@ static void test_dashboard_is_valid_grafana_json(void **state) {
     for (size_t k = 0; k < 4; k++)
       if (!json_is_integer(json_object_get(grid, keys[k])))
         fail_msg("panel '%s': gridPos.%s missing", title, keys[k]);
-    if (json_integer_value(json_object_get(grid, "x")) + json_integer_value(json_object_get(grid, "w")) > 24)
+    if (json_integer_value(json_object_get(grid, "x")) +
+            json_integer_value(json_object_get(grid, "w")) >
+        24)
       fail_msg("panel '%s' is wider than Grafana's 24 columns", title);
   }
   json_decref(d);
@@ -291,13 +283,18 @@ static void test_dashboard_queries_only_exported_metrics(void **state) {
   assert_true(has_quantile);
   assert_true(has_turn_rate);
   /* The panels the deploy README lists: lanes, maintenance, ingest, backpressure. */
-  static const char *const required[] = {
-      "cephalon_turns_started_total",       "cephalon_lane_turn_tokens",
-      "cephalon_lane_runnable_sessions",    "cephalon_pick_wait_seconds_bucket",
-      "cephalon_outbox_pending",            "cephalon_outbox_oldest_age_seconds",
-      "cephalon_compaction_groups_committed_total", "cephalon_memories_deleted_total",
-      "cephalon_events_total",              "cephalon_dedupe_exact_hits_total",
-      "cephalon_dedupe_near_hits_total",    "cephalon_backpressure_step"};
+  static const char *const required[] = {"cephalon_turns_started_total",
+                                         "cephalon_lane_turn_tokens",
+                                         "cephalon_lane_runnable_sessions",
+                                         "cephalon_pick_wait_seconds_bucket",
+                                         "cephalon_outbox_pending",
+                                         "cephalon_outbox_oldest_age_seconds",
+                                         "cephalon_compaction_groups_committed_total",
+                                         "cephalon_memories_deleted_total",
+                                         "cephalon_events_total",
+                                         "cephalon_dedupe_exact_hits_total",
+                                         "cephalon_dedupe_near_hits_total",
+                                         "cephalon_backpressure_step"};
   for (size_t r = 0; r < sizeof required / sizeof required[0]; r++)
     for (size_t m = 0; m < N_METRICS; m++)
       if (strcmp(required[r], METRICS[m]) == 0 && !used[m])
@@ -445,11 +442,10 @@ static void verify_unit(const char *tool, const char *unit, const char *binary) 
   assert_int_equal(fclose(f), 0);
 
   char *out = NULL, *err = NULL;
-  int status = cph_test_run((const char *const[]){tool, "verify", "--man=no", unit_path, NULL},
-                            &out, &err);
+  int status =
+      cph_test_run((const char *const[]){tool, "verify", "--man=no", unit_path, NULL}, &out, &err);
   if (status != 0 || strstr(err, unit) || strstr(out, unit))
-    fail_msg("systemd-analyze verify %s: exit %d\nstdout: %s\nstderr: %s", unit, status, out,
-             err);
+    fail_msg("systemd-analyze verify %s: exit %d\nstdout: %s\nstderr: %s", unit, status, out, err);
   free(out);
   free(err);
   cph_test_rmtree(dir);
@@ -511,9 +507,8 @@ static void test_worker_unit_has_the_required_keys(void **state) {
   assert_true(asprintf(&exe, "%s/cephalon-worker", bin_dir) > 0);
   char *out = NULL, *err = NULL;
   /* --check-config reads it and prints the effective options; nothing is started. */
-  int status =
-      cph_test_run((const char *const[]){exe, "--config", example, "--check-config", NULL}, &out,
-                   &err);
+  int status = cph_test_run((const char *const[]){exe, "--config", example, "--check-config", NULL},
+                            &out, &err);
   if (status != 0 || !strstr(out, ":model \"llama3.2\"") || !strstr(out, ":concurrency 4") ||
       !strstr(out, "\"fs\" \"npx -y @modelcontextprotocol/server-filesystem"))
     fail_msg("worker.edn.example: exit %d\n%s%s", status, out, err);
@@ -521,6 +516,57 @@ static void test_worker_unit_has_the_required_keys(void **state) {
   free(err);
   free(exe);
   free(example);
+}
+
+/* ---------------------------------------------------------------- the cluster's files */
+
+/* deploy/cluster/: a node's policy cephalonctl accepts, with the :cluster section a node needs;
+ * a NATS JetStream server config nats-server accepts (it is installed with the dependencies:
+ * without it the test fails and says so); and the cephalond drop-in that orders it after
+ * etcd and NATS. */
+static void test_cluster_files_are_what_their_tools_accept(void **state) {
+  (void)state;
+  const char *bin_dir = getenv("CPH_BIN_DIR");
+  char *ctl, *out = NULL, *err = NULL;
+  assert_true(asprintf(&ctl, "%s/cephalonctl", bin_dir) > 0);
+  char *policy = cph_test_source_path("deploy/cluster/node.policy.edn.example");
+  int status =
+      cph_test_run((const char *const[]){ctl, "policy", "check", policy, NULL}, &out, &err);
+  if (status != 0 || !strstr(out, ":cluster {:node \"a\"") || !strstr(out, ":replicas 3") ||
+      !strstr(out, ":nats [\"nats://"))
+    fail_msg("node.policy.edn.example: exit %d\n%s%s", status, out, err);
+  free(out);
+  free(err);
+  const char *nats = executable("/usr/sbin/nats-server")  ? "/usr/sbin/nats-server"
+                     : executable("/usr/bin/nats-server") ? "/usr/bin/nats-server"
+                                                          : NULL;
+  if (!nats)
+    fail_msg("nats-server is not installed (Debian package nats-server, which "
+             "scripts/install-deps.sh installs): cannot check deploy/cluster/nats-server.conf");
+  char *conf = cph_test_source_path("deploy/cluster/nats-server.conf");
+  status = cph_test_run((const char *const[]){nats, "-t", "-c", conf, NULL}, &out, &err);
+  if (status != 0 || !strstr(err, "is valid"))
+    fail_msg("nats-server -t -c %s: exit %d\n%s%s", conf, status, out, err);
+  free(out);
+  free(err);
+  char *text = cph_test_read_file(conf, NULL);
+  assert_non_null(strstr(text, "jetstream {"));
+  assert_non_null(strstr(text, "cluster {"));
+  free(text);
+  char *dropin = cph_test_source_path("deploy/cluster/cephalond-cluster.conf");
+  text = cph_test_read_file(dropin, NULL);
+  assert_non_null(text);
+  unit_file *u = malloc(sizeof *u);
+  assert_non_null(u);
+  unit_parse(text, u);
+  const char *after = unit_get(u, "Unit", "After");
+  assert_true(after && strstr(after, "etcd.service") && strstr(after, "nats-server.service"));
+  free(u);
+  free(text);
+  free(dropin);
+  free(conf);
+  free(policy);
+  free(ctl);
 }
 
 /* ---------------------------------------------------------------- the Prometheus config */
@@ -566,6 +612,9 @@ static void test_readme_describes_each_file(void **state) {
   assert_non_null(strstr(text, "cephalon-worker.service"));
   assert_non_null(strstr(text, "prometheus.yml"));
   assert_non_null(strstr(text, "grafana-dashboard.json"));
+  assert_non_null(strstr(text, "cluster/node.policy.edn.example"));
+  assert_non_null(strstr(text, "cluster/nats-server.conf"));
+  assert_non_null(strstr(text, "cluster/cephalond-cluster.conf"));
   free(text);
   free(path);
 }
@@ -580,6 +629,7 @@ int main(void) {
       cmocka_unit_test(test_unit_passes_systemd_analyze_verify),
       cmocka_unit_test(test_worker_unit_has_the_required_keys),
       cmocka_unit_test(test_prometheus_config_scrapes_cephalond),
+      cmocka_unit_test(test_cluster_files_are_what_their_tools_accept),
       cmocka_unit_test(test_readme_describes_each_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
