@@ -213,8 +213,8 @@ static bool extra_header_ok(const char *h) {
   if (name == 0 || h[name] != ':' || !header_safe(h))
     return false;
   for (size_t i = 0; i < name; i++)
-    if (h[i] == ' ' || h[i] == '\t' || h[i] == '(' || h[i] == ')' || h[i] == ',' ||
-        h[i] == '/' || h[i] == ';' || h[i] == '"')
+    if (h[i] == ' ' || h[i] == '\t' || h[i] == '(' || h[i] == ')' || h[i] == ',' || h[i] == '/' ||
+        h[i] == ';' || h[i] == '"')
       return false;
   return true;
 }
@@ -243,12 +243,20 @@ void cph_httpc_response_free(cph_httpc_response *resp) {
 typedef struct transfer {
   cph_buf body;
   bool too_big;
+  bool streamed_stop; /* on_data asked to stop */
+  const cph_httpc_request *req;
   cph_httpc_response *resp;
 } transfer;
 
 static size_t on_body(char *data, size_t size, size_t n, void *arg) {
   transfer *t = arg;
   size_t len = size * n;
+  if (t->req->on_data) { /* a stream: handed over as it comes, nothing kept */
+    if (t->req->on_data(t->req->on_data_arg, data, len) == 0)
+      return len;
+    t->streamed_stop = true;
+    return 0;
+  }
   if (t->body.len + len > CPH_HTTPC_MAX_BODY) {
     t->too_big = true;
     return 0; /* aborts the transfer (CURLE_WRITE_ERROR) */
@@ -290,21 +298,28 @@ static int map_curl_error(CURLcode c) {
   switch (c) {
   case CURLE_COULDNT_RESOLVE_HOST:
   case CURLE_COULDNT_RESOLVE_PROXY:
-  case CURLE_COULDNT_CONNECT: return CPH_HTTPC_ECONNECT;
-  case CURLE_OPERATION_TIMEDOUT: return CPH_HTTPC_ETIMEOUT;
-  case CURLE_OUT_OF_MEMORY: return CPH_HTTPC_ENOMEM;
+  case CURLE_COULDNT_CONNECT:
+    return CPH_HTTPC_ECONNECT;
+  case CURLE_OPERATION_TIMEDOUT:
+    return CPH_HTTPC_ETIMEOUT;
+  case CURLE_OUT_OF_MEMORY:
+    return CPH_HTTPC_ENOMEM;
   case CURLE_UNSUPPORTED_PROTOCOL:
-  case CURLE_URL_MALFORMAT: return CPH_HTTPC_EINVAL;
+  case CURLE_URL_MALFORMAT:
+    return CPH_HTTPC_EINVAL;
   case CURLE_SSL_CONNECT_ERROR:
   case CURLE_PEER_FAILED_VERIFICATION:
   case CURLE_SSL_CERTPROBLEM:
   case CURLE_SSL_CIPHER:
   case CURLE_SSL_CACERT_BADFILE:
   case CURLE_SSL_ENGINE_NOTFOUND:
-  case CURLE_SSL_ENGINE_SETFAILED: return CPH_HTTPC_ETLS;
+  case CURLE_SSL_ENGINE_SETFAILED:
+    return CPH_HTTPC_ETLS;
   case CURLE_WEIRD_SERVER_REPLY:
-  case CURLE_BAD_CONTENT_ENCODING: return CPH_HTTPC_EPROTO;
-  default: return CPH_HTTPC_EIO;
+  case CURLE_BAD_CONTENT_ENCODING:
+    return CPH_HTTPC_EPROTO;
+  default:
+    return CPH_HTTPC_EIO;
   }
 }
 
@@ -315,8 +330,8 @@ static void build_url(cph_buf *b, const cph_httpc_url *url, const cph_httpc_requ
                  root ? "/" : url->prefix, req->path);
 }
 
-int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
-                 cph_httpc_response *resp, char *err, size_t err_len) {
+int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req, cph_httpc_response *resp,
+                 char *err, size_t err_len) {
   memset(resp, 0, sizeof *resp);
   err[0] = '\0';
   const char *unsafe = unsafe_part(req);
@@ -332,7 +347,7 @@ int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
     return CPH_HTTPC_ENOMEM;
   }
   int rc = CPH_HTTPC_OK;
-  transfer t = {.body = CPH_BUF_INIT, .resp = resp};
+  transfer t = {.body = CPH_BUF_INIT, .req = req, .resp = resp};
   cph_buf target = CPH_BUF_INIT, line = CPH_BUF_INIT;
   struct curl_slist *headers = NULL, *more;
   char curl_err[CURL_ERROR_SIZE] = "";
@@ -409,8 +424,7 @@ int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
     /* POST framing for every method with a body; POST and PUT are always framed (some
      * servers answer 411 to a body-less POST without a length). */
     if (has_body || strcmp(m, "POST") == 0 || strcmp(m, "PUT") == 0) {
-      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
-                       (curl_off_t)(has_body ? req->body_len : 0));
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(has_body ? req->body_len : 0));
       curl_easy_setopt(h, CURLOPT_POSTFIELDS, has_body ? req->body : "");
     }
     if (strcmp(m, "POST") != 0)
@@ -419,7 +433,7 @@ int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
 
   CURLcode c = curl_easy_perform(h);
   if (c != CURLE_OK) {
-    if (c == CURLE_ABORTED_BY_CALLBACK) {
+    if (c == CURLE_ABORTED_BY_CALLBACK || t.streamed_stop) {
       rc = CPH_HTTPC_ECANCELED;
       snprintf(err, err_len, "canceled");
     } else if (t.too_big) {
@@ -479,20 +493,26 @@ out:
 
 int cph_httpc_errcode(int httpc_rc) {
   switch (httpc_rc) {
-  case CPH_HTTPC_OK: return CPH_OK;
-  case CPH_HTTPC_ETIMEOUT: return CPH_ETIMEDOUT;
-  case CPH_HTTPC_ENOMEM: return CPH_ENOMEM;
-  case CPH_HTTPC_EINVAL: return CPH_EINVAL;
-  case CPH_HTTPC_EPROTO: return CPH_EPARSE;
-  default: return CPH_EIO; /* ECONNECT, EIO, ETLS */
+  case CPH_HTTPC_OK:
+    return CPH_OK;
+  case CPH_HTTPC_ETIMEOUT:
+    return CPH_ETIMEDOUT;
+  case CPH_HTTPC_ENOMEM:
+    return CPH_ENOMEM;
+  case CPH_HTTPC_EINVAL:
+    return CPH_EINVAL;
+  case CPH_HTTPC_EPROTO:
+    return CPH_EPARSE;
+  default:
+    return CPH_EIO; /* ECONNECT, EIO, ETLS */
   }
 }
 
 /* ---------------------------------------------------------------- the providers' helpers */
 
-int cph_httpc_post_json(const char *base_url, const char *path, const char *body,
-                        size_t body_len, const char *bearer, int timeout_ms,
-                        cph_httpc_response *resp, cph_err *err) {
+int cph_httpc_post_json(const char *base_url, const char *path, const char *body, size_t body_len,
+                        const char *bearer, int timeout_ms, cph_httpc_response *resp,
+                        cph_err *err) {
   memset(resp, 0, sizeof *resp);
   /* Messages name the URL as configured plus the path: userinfo is refused by the parser,
    * so the text holds no credential. */
@@ -504,8 +524,7 @@ int cph_httpc_post_json(const char *base_url, const char *path, const char *body
   const char *why = NULL;
   if (cph_httpc_url_parse(shown, &url, &why) != 0) {
     cph_httpc_url_free(&url);
-    return cph_err_set(err, CPH_EINVAL, "POST %.*s%s: bad URL: %s", shown_len, shown, path,
-                       why);
+    return cph_err_set(err, CPH_EINVAL, "POST %.*s%s: bad URL: %s", shown_len, shown, path, why);
   }
   cph_httpc_request req = {
       .method = "POST",
@@ -526,14 +545,20 @@ int cph_httpc_post_json(const char *base_url, const char *path, const char *body
 
 static int status_code(int status) {
   switch (status) {
-  case 401: return CPH_EAUTH;
-  case 403: return CPH_EFORBIDDEN;
-  case 404: return CPH_ENOTFOUND;
+  case 401:
+    return CPH_EAUTH;
+  case 403:
+    return CPH_EFORBIDDEN;
+  case 404:
+    return CPH_ENOTFOUND;
   case 408:
-  case 504: return CPH_ETIMEDOUT;
+  case 504:
+    return CPH_ETIMEDOUT;
   case 429:
-  case 503: return CPH_EBUSY;
-  default: return status >= 400 && status < 500 ? CPH_EINVAL : CPH_EIO;
+  case 503:
+    return CPH_EBUSY;
+  default:
+    return status >= 400 && status < 500 ? CPH_EINVAL : CPH_EIO;
   }
 }
 
@@ -556,8 +581,8 @@ int cph_httpc_check_status(const cph_httpc_response *resp, const char *what, con
     excerpt[n] = '\0';
   }
   return cph_err_set(err, status_code(resp->status), "%s %s: HTTP %d%s%s%s%s", what, url,
-                     resp->status, resp->reason[0] ? " " : "", resp->reason,
-                     excerpt[0] ? ": " : "", excerpt);
+                     resp->status, resp->reason[0] ? " " : "", resp->reason, excerpt[0] ? ": " : "",
+                     excerpt);
 }
 
 int cph_httpc_bearer_from_env(const char *env_name, const char **token, cph_err *err) {
@@ -570,8 +595,7 @@ int cph_httpc_bearer_from_env(const char *env_name, const char **token, cph_err 
                        env_name);
   if (!header_safe(v))
     return cph_err_set(err, CPH_EAUTH,
-                       "environment variable %s (api-key-env) holds control characters",
-                       env_name);
+                       "environment variable %s (api-key-env) holds control characters", env_name);
   *token = v;
   return CPH_OK;
 }

@@ -45,12 +45,16 @@ typedef struct cph_httpc_request {
   const char *content_type;   /* of body; NULL means application/json */
   const char *body;           /* NULL: no body (POST and PUT still send Content-Length: 0) */
   size_t body_len;
-  int timeout_ms; /* the whole exchange; <= 0 means 30 s */
+  int timeout_ms;      /* the whole exchange; <= 0 means 30 s */
   const char *ca_file; /* https: the CA to trust; NULL means the process default */
   /* NULL, or asked about once per second or more often while the exchange runs: a non-zero
    * answer abandons it (CPH_HTTPC_ECANCELED). */
   int (*cancel)(void *arg);
   void *cancel_arg;
+  /* NULL, or the body is handed over as it arrives (a stream, such as etcd's watch) instead
+   * of kept in the response: a non-zero answer abandons the exchange (CPH_HTTPC_ECANCELED). */
+  int (*on_data)(void *arg, const char *data, size_t len);
+  void *on_data_arg;
 } cph_httpc_request;
 
 typedef struct cph_httpc_response {
@@ -68,8 +72,8 @@ enum {
   CPH_HTTPC_EIO = -3,      /* the connection failed after it was made */
   CPH_HTTPC_EPROTO = -4,   /* the answer is not HTTP/1.x we can read */
   CPH_HTTPC_ENOMEM = -5,
-  CPH_HTTPC_EINVAL = -6, /* the request itself is unsendable (e.g. a header with a newline) */
-  CPH_HTTPC_ETLS = -7,   /* the TLS handshake failed: unknown CA, wrong name, bad CA file */
+  CPH_HTTPC_EINVAL = -6,   /* the request itself is unsendable (e.g. a header with a newline) */
+  CPH_HTTPC_ETLS = -7,     /* the TLS handshake failed: unknown CA, wrong name, bad CA file */
   CPH_HTTPC_ECANCELED = -8 /* the request's cancel callback said stop */
 };
 
@@ -79,8 +83,8 @@ enum {
 /* Sends req to url and reads the whole answer into *resp. Returns CPH_HTTPC_OK (whatever the
  * HTTP status), or a CPH_HTTPC_E* code with a one-line detail in err. *resp is always safe to
  * free. Interim 1xx answers are skipped. */
-int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req,
-                 cph_httpc_response *resp, char *err, size_t err_len);
+int cph_httpc_do(const cph_httpc_url *url, const cph_httpc_request *req, cph_httpc_response *resp,
+                 char *err, size_t err_len);
 void cph_httpc_response_free(cph_httpc_response *resp);
 
 /* The project error code for a CPH_HTTPC_E* code: ETIMEOUT -> CPH_ETIMEDOUT, ENOMEM ->
@@ -101,9 +105,8 @@ void cph_httpc_global_cleanup(void);
  * answer. Every failure — a bad URL, a transport error — is a project code with a
  * message that names the URL: `POST http://host:1234/v1/embeddings: connection refused`.
  * The HTTP status is not judged here (see cph_httpc_check_status). */
-int cph_httpc_post_json(const char *base_url, const char *path, const char *body,
-                        size_t body_len, const char *bearer, int timeout_ms,
-                        cph_httpc_response *resp, cph_err *err);
+int cph_httpc_post_json(const char *base_url, const char *path, const char *body, size_t body_len,
+                        const char *bearer, int timeout_ms, cph_httpc_response *resp, cph_err *err);
 
 /* CPH_OK for a 2xx answer; otherwise a project code (401 -> CPH_EAUTH, 403 -> CPH_EFORBIDDEN,
  * 404 -> CPH_ENOTFOUND, 408/504 -> CPH_ETIMEDOUT, 429/503 -> CPH_EBUSY, other 4xx ->

@@ -15,7 +15,10 @@
 #include "common/http_client.h"
 #include "common/log.h"
 
-#define POLL_MS 250
+/* Ownership is read again when etcd's watch says a node or shard key changed, and at least
+ * this often (a net for a watch that broke, or a change the watch missed while it reconnected). */
+#define RECONCILE_EVERY_NS 1000000000LL
+#define WATCH_PREFIX "/cephalon/"
 #define TURN_SLOTS 65536
 #define NODE_PREFIX "/cephalon/nodes/"
 #define SHARD_PREFIX "/cephalon/shards/"
@@ -39,6 +42,9 @@ struct cph_cluster {
 
   pthread_t thread;
   bool started;
+  pthread_t watch_thread;
+  bool watch_started;
+  bool poked; /* under mu: the watch saw a node or shard key change */
 
   /* Shared with the loop, under mu. owner[] indexes nodes[]; NO_OWNER for unclaimed. */
   pthread_mutex_t mu;
@@ -500,32 +506,158 @@ static void rebalance(cph_cluster *c) {
   json_decref(all);
 }
 
+/* ---- the watch: etcd's /v3/watch over the JSON gateway, a stream of JSON messages ----
+ * Every change under /cephalon/nodes/ or /cephalon/shards/ pokes the cluster thread, which
+ * reads ownership again at once: a join, a leave or a death is followed within etcd's
+ * notification time instead of a poll's. (Demand keys change every second; they do not poke.)
+ * The stream is reopened every WATCH_SECONDS, and after an error half a second later, on the
+ * next endpoint. */
+#define WATCH_SECONDS 30
+#define WATCH_BUF_MAX (1u << 20)
+
+typedef struct watch_stream {
+  cph_cluster *c;
+  cph_buf buf; /* what arrived and is not a whole message yet */
+} watch_stream;
+
+static bool stopping(cph_cluster *c) {
+  pthread_mutex_lock(&c->mu);
+  bool stop = c->stop;
+  pthread_mutex_unlock(&c->mu);
+  return stop;
+}
+
+static int watch_cancel(void *arg) { return stopping(arg); }
+
+/* Whether a watch message names a node or shard key. */
+static bool names_ownership(json_t *msg) {
+  size_t i;
+  json_t *ev;
+  json_array_foreach(json_object_get(json_object_get(msg, "result"), "events"), i, ev) {
+    char *key = unb64(json_string_value(json_object_get(json_object_get(ev, "kv"), "key")));
+    bool hit = key && (strncmp(key, NODE_PREFIX, strlen(NODE_PREFIX)) == 0 ||
+                       strncmp(key, SHARD_PREFIX, strlen(SHARD_PREFIX)) == 0);
+    free(key);
+    if (hit)
+      return true;
+  }
+  return false;
+}
+
+static int on_watch_data(void *arg, const char *data, size_t len) {
+  watch_stream *w = arg;
+  cph_buf_append(&w->buf, data, len);
+  size_t at = 0;
+  for (;;) { /* every whole message in the buffer */
+    json_error_t e;
+    json_t *msg = json_loadb(w->buf.data + at, w->buf.len - at, JSON_DISABLE_EOF_CHECK, &e);
+    if (!msg)
+      break; /* not whole yet */
+    at += (size_t)e.position;
+    if (names_ownership(msg)) {
+      pthread_mutex_lock(&w->c->mu);
+      w->c->poked = true;
+      pthread_cond_signal(&w->c->cv);
+      pthread_mutex_unlock(&w->c->mu);
+    }
+    json_decref(msg);
+  }
+  if (at) {
+    memmove(w->buf.data, w->buf.data + at, w->buf.len - at);
+    w->buf.len -= at;
+  }
+  if (w->buf.len > WATCH_BUF_MAX) /* never whole: drop it (the poll covers what it missed) */
+    w->buf.len = 0;
+  return stopping(w->c) || cph_buf_error(&w->buf);
+}
+
+static void *watch_thread(void *arg) {
+  cph_cluster *c = arg;
+  char *key = b64(WATCH_PREFIX), *end_s = prefix_end(WATCH_PREFIX);
+  char *end = end_s ? b64(end_s) : NULL;
+  free(end_s);
+  json_t *req =
+      key && end ? json_pack("{s{ssss}}", "create_request", "key", key, "range_end", end) : NULL;
+  char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+  json_decref(req);
+  free(key);
+  free(end);
+  size_t at = 0; /* the endpoint in use; moves on after an error */
+  while (body && !stopping(c)) {
+    bool reopen = false;
+    cph_httpc_url url;
+    const char *why = NULL;
+    if (cph_httpc_url_parse(c->etcd[at % c->n_etcd], &url, &why) == 0) {
+      watch_stream w = {c, CPH_BUF_INIT};
+      cph_httpc_request r = {.method = "POST",
+                             .path = "/v3/watch",
+                             .body = body,
+                             .body_len = strlen(body),
+                             .timeout_ms = WATCH_SECONDS * 1000,
+                             .user_agent = "cephalond-cluster",
+                             .cancel = watch_cancel,
+                             .cancel_arg = c,
+                             .on_data = on_watch_data,
+                             .on_data_arg = &w};
+      cph_httpc_response resp = {0};
+      char err[256];
+      int rc = cph_httpc_do(&url, &r, &resp, err, sizeof err);
+      cph_httpc_response_free(&resp);
+      cph_buf_free(&w.buf);
+      reopen = rc == CPH_HTTPC_ETIMEOUT; /* a stream ended on time: reopen it at once */
+    }
+    cph_httpc_url_free(&url);
+    if (reopen)
+      continue;
+    at++;
+    for (int slept = 0; slept < 500 && !stopping(c); slept += 100) {
+      struct timespec ts = {0, 100000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+  free(body);
+  return NULL;
+}
+
+/* When the cluster thread must act next: a keepalive, a budget round, or the poll's net. */
+static int64_t next_wake_ns(const cph_cluster *c, int64_t last_reconcile_ns) {
+  int64_t t = last_reconcile_ns + RECONCILE_EVERY_NS;
+  if (c->lease && c->next_keepalive_ns < t)
+    t = c->next_keepalive_ns;
+  if (c->lease && c->next_budget_ns < t)
+    t = c->next_budget_ns;
+  if (!c->lease) /* not joined: try again soon */
+    t = mono_ns() + 250000000LL;
+  return t;
+}
+
 static void *cluster_thread(void *arg) {
   cph_cluster *c = arg;
+  int64_t last_reconcile_ns = 0;
+  bool poked = true;
   for (;;) {
-    pthread_mutex_lock(&c->mu);
-    bool stop = c->stop;
-    pthread_mutex_unlock(&c->mu);
-    if (stop)
+    if (stopping(c))
       break;
     if (!c->lease)
       etcd_join(c);
     else if (mono_ns() >= c->next_keepalive_ns)
       keepalive(c);
-    if (c->lease)
+    if (c->lease && (poked || mono_ns() >= last_reconcile_ns + RECONCILE_EVERY_NS)) {
+      last_reconcile_ns = mono_ns();
       reconcile(c);
+    }
     if (c->lease && mono_ns() >= c->next_budget_ns) {
       rebalance(c);
       c->next_budget_ns = mono_ns() + BUDGET_EVERY_NS;
     }
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += POLL_MS * 1000000L;
-    until.tv_sec += until.tv_nsec / 1000000000L;
-    until.tv_nsec %= 1000000000L;
+    /* Sleep until then, or until the watch pokes. CLOCK_MONOTONIC: see cph_cluster_start. */
+    int64_t wake = next_wake_ns(c, last_reconcile_ns);
+    struct timespec until = {(time_t)(wake / 1000000000LL), (long)(wake % 1000000000LL)};
     pthread_mutex_lock(&c->mu);
-    while (!c->stop && pthread_cond_timedwait(&c->cv, &c->mu, &until) != ETIMEDOUT) {
+    while (!c->stop && !c->poked && pthread_cond_timedwait(&c->cv, &c->mu, &until) != ETIMEDOUT) {
     }
+    poked = c->poked;
+    c->poked = false;
     pthread_mutex_unlock(&c->mu);
   }
   if (c->lease) { /* leaving: the shards move now instead of after the TTL */
@@ -582,6 +714,11 @@ int cph_cluster_start(const cph_policy_cluster *cfg, cph_cluster **out, cph_err 
     return CPH_EIO;
   }
   c->started = true;
+  /* Without the watch ownership is still read every second: a failure here is logged. */
+  if (pthread_create(&c->watch_thread, NULL, watch_thread, c) == 0)
+    c->watch_started = true;
+  else
+    cph_warn("cluster: no etcd watch thread; ownership is read every second");
   *out = c;
   return CPH_OK;
 nomem:
@@ -599,6 +736,8 @@ void cph_cluster_stop(cph_cluster *c) {
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->thread, NULL);
+    if (c->watch_started)
+      pthread_join(c->watch_thread, NULL);
   }
   free_nodes(c->nodes, c->n_nodes);
   for (size_t i = 0; i < c->n_etcd; i++)
