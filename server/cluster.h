@@ -9,7 +9,9 @@
  *   - claims the shards the map gives it (/cephalon/shards/<n> -> node, a txn that creates the
  *     key only if absent, under its lease) and releases those it no longer should own (a txn
  *     that deletes the key only while its value is this node);
- *   - re-reads nodes and shards every poll (250 ms): a poll, not an etcd watch stream.
+ *   - re-reads nodes and shards when its etcd watch (a second thread, a streamed /v3/watch on
+ *     /cephalon/) sees a node or shard key change, and every second at least;
+ *   - every second publishes its demand and works out its share of the lanes' budgets.
  *
  * Serving rule (the fence of this slice): the node serves shard s only while (a) the last read
  * of etcd showed /cephalon/shards/s held by this node and (b) the monotonic clock is before
