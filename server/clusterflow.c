@@ -589,13 +589,18 @@ static void apply_done(cph_op *op, void *ctx) {
   batch_free(b);
 }
 
-static void batch_submit(cph_cflow *f, apply_batch *b) {
+/* The batch's engine operation: one ingest of its events, answered to apply_done. */
+static void batch_op_init(apply_batch *b) {
   memset(&b->op, 0, sizeof b->op);
   b->op.kind = CPH_OP_INGEST;
   b->op.done = apply_done;
   b->op.ctx = b;
   b->op.u.ingest.events = b->events;
   b->op.u.ingest.n_events = b->n;
+}
+
+static void batch_submit(cph_cflow *f, apply_batch *b) {
+  batch_op_init(b);
   int rc = cph_engine_submit(f->s->engine, &b->op);
   if (rc == CPH_OK) {
     cph_srv_schedule_pass(f->s);
@@ -809,12 +814,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
     f->blocked_head = b->next;
     if (!f->blocked_head)
       f->blocked_tail = NULL;
-    memset(&b->op, 0, sizeof b->op);
-    b->op.kind = CPH_OP_INGEST;
-    b->op.done = apply_done;
-    b->op.ctx = b;
-    b->op.u.ingest.events = b->events;
-    b->op.u.ingest.n_events = b->n;
+    batch_op_init(b);
     if (cph_engine_submit(f->s->engine, &b->op) != CPH_OK) {
       b->next = f->blocked_head;
       f->blocked_head = b;

@@ -554,18 +554,25 @@ static void test_trickle_holds_under_full_saturation_with_maintenance_budget_spe
 
 /* ================================================================ reload */
 
-static void test_reload_keeps_fill_ratio_and_next_picks_obey_new_budget(void **state) {
-  (void)state;
-  fixture f;
+/* The seed policy with tool calls and concurrency out of the way, and 200 interactive
+ * sessions always ready: what starts is the turns bucket's to say. */
+static cph_sched_config saturated_interactive(fixture *f) {
   cph_sched_config cfg = seed_policy();
   cfg.tool_calls_per_minute[CPH_LANE_INTERACTIVE] = 1000000;
   cfg.concurrency = 1000;
-  fx_open(&f, &cfg);
+  fx_open(f, &cfg);
   char id[16];
   for (int i = 0; i < 200; i++) {
     snprintf(id, sizeof id, "s%03d", i);
-    fx_add(&f, id, CPH_LANE_INTERACTIVE, true);
+    fx_add(f, id, CPH_LANE_INTERACTIVE, true);
   }
+  return cfg;
+}
+
+static void test_reload_keeps_fill_ratio_and_next_picks_obey_new_budget(void **state) {
+  (void)state;
+  fixture f;
+  cph_sched_config cfg = saturated_interactive(&f);
   for (int i = 0; i < 30; i++)
     assert_int_not_equal(fx_pick(&f, NULL), CPH_SID_NONE);
   cph_lane_stats st;
@@ -602,15 +609,7 @@ static void test_reload_keeps_fill_ratio_and_next_picks_obey_new_budget(void **s
 static void test_budget_share_never_adds_tokens(void **state) {
   (void)state;
   fixture f;
-  cph_sched_config cfg = seed_policy();
-  cfg.tool_calls_per_minute[CPH_LANE_INTERACTIVE] = 1000000;
-  cfg.concurrency = 1000;
-  fx_open(&f, &cfg);
-  char id[16];
-  for (int i = 0; i < 200; i++) {
-    snprintf(id, sizeof id, "s%03d", i);
-    fx_add(&f, id, CPH_LANE_INTERACTIVE, true);
-  }
+  saturated_interactive(&f);
   int64_t turns[CPH_LANE_COUNT] = {30, 30, 10}, tools[CPH_LANE_COUNT] = {1000000, 60, 20},
           tokens[CPH_LANE_COUNT] = {0, 0, 0};
   assert_int_equal(cph_sched_set_budgets(f.s, turns, tools, tokens), 0); /* 60 -> 30: cut */
