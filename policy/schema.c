@@ -500,6 +500,9 @@ static const ps_field cluster_fields[] = {
         "replicas of the log's stream and bucket (3 in production; 1 for a single NATS server)"),
     INT(cph_policy_cluster, "lease-ttl-seconds", lease_ttl_seconds, 2, 600, 5,
         "TTL of this node's etcd lease; a node that cannot renew stops serving before it"),
+    INT(cph_policy_cluster, "log-dedupe-seconds", log_dedupe_seconds, 0, 31536000, 0,
+        "how long the log remembers an event's key to answer a repeat `duplicate` (NATS keeps "
+        "the keys of that window in memory); 0 = :dedupe :key-window-seconds"),
 };
 static const ps_table cluster_table = TABLE(cph_policy_cluster, cluster_fields, PS_NO_ID);
 

@@ -976,7 +976,9 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
     return CPH_ENOMEM;
   }
   cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry};
-  int rc = cph_clog_start(&pol->cluster, pol->dedupe.key_window_seconds, s->cluster, s->base,
+  int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
+                                                   : pol->dedupe.key_window_seconds;
+  int rc = cph_clog_start(&pol->cluster, window, s->cluster, s->base,
                           &hooks, &f->log, err);
   if (rc != CPH_OK) {
     cph_cflow_free(f);

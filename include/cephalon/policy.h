@@ -280,6 +280,10 @@ typedef struct cph_policy_cluster {
   int64_t shards;            /* session and channel ids hash to this many shards */
   int64_t replicas;          /* replicas of the log's stream and bucket */
   int64_t lease_ttl_seconds; /* the etcd lease TTL that holds membership and ownership */
+  /* The log's deduplication window (JetStream keeps every message id of it in memory); 0 =
+   * :dedupe :key-window-seconds. A repeat after it is logged again and answered `accepted`;
+   * its owner still applies it once (the engine's idempotency key), unless the shard moved. */
+  int64_t log_dedupe_seconds;
 } cph_policy_cluster;
 
 typedef struct cph_policy {
