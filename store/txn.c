@@ -64,8 +64,20 @@ int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
   return CPH_OK;
 }
 
+/* Closes t's put cursors: before it ends (LMDB would free them, but t must forget them), and
+ * before it begins a child (which would otherwise shadow each one, a copy per child). */
+static void put_cursors_close(cph_txn *t) {
+  for (int db = 0; db < CPH_DB_COUNT; db++)
+    if (t->put_cursor[db]) {
+      mdb_cursor_close(t->put_cursor[db]);
+      t->put_cursor[db] = NULL;
+    }
+}
+
 int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
   memset(child, 0, sizeof *child);
+  if (parent->mdb)
+    put_cursors_close(parent);
   child->store = parent->store;
   child->parent = parent;
   child->write = true;
@@ -93,6 +105,7 @@ static void txn_closed(cph_txn *t) {
 
 void cph_txn_abort(cph_txn *t) {
   if (t->mdb) {
+    put_cursors_close(t);
     mdb_txn_abort(t->mdb);
     txn_closed(t);
   }
@@ -131,6 +144,7 @@ static int txn_commit(cph_txn *t, bool deferred) {
   }
   /* MDB_NOMETASYNC for this commit only. LMDB reads the flag inside mdb_txn_commit, on this
    * (the only writer) thread; the flusher thread never reads it (cph_store_sync). */
+  put_cursors_close(t);
   deferred = deferred && !t->parent && t->store->sync == CPH_SYNC_ALWAYS;
   if (deferred)
     mdb_env_set_flags(t->store->env, MDB_NOMETASYNC, 1);
@@ -175,11 +189,19 @@ static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, siz
     return t->ret;
   MDB_val mk = {k->len, (void *)k->data};
   MDB_val mv = {len, (void *)val};
-  int rc = MDB_KEYEXIST;
-  if (append) /* LMDB answers MDB_KEYEXIST, and changes nothing, for a key not past the last */
-    rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, MDB_APPEND);
-  if (rc == MDB_KEYEXIST)
-    rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, 0);
+  /* mdb_put with a cursor kept from the database's last put: LMDB starts from the cursor's
+   * page when the key falls inside it (as a run of keys in one range does: a session's inbox,
+   * a channel's history) and searches from the root otherwise. The writes are the same. */
+  MDB_cursor *c = t->put_cursor[db];
+  int rc = c ? MDB_SUCCESS : mdb_cursor_open(t->mdb, t->store->dbi[db], &c);
+  if (rc == MDB_SUCCESS) {
+    t->put_cursor[db] = c;
+    rc = MDB_KEYEXIST;
+    if (append) /* LMDB answers MDB_KEYEXIST, and changes nothing, for a key not past the last */
+      rc = mdb_cursor_put(c, &mk, &mv, MDB_APPEND);
+    if (rc == MDB_KEYEXIST)
+      rc = mdb_cursor_put(c, &mk, &mv, 0);
+  }
   if (rc)
     return txn_fail_mdb(t, rc, "put", db, k);
   t->dirty = true;
