@@ -261,6 +261,10 @@ static int txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_rec
   if (!t->mdb || !t->write) /* before touching the writer's scratch space */
     return txn_fail(t, CPH_ESTATE, "put into database \"%s\" outside a write transaction",
                     cph_db_name(db));
+  uint8_t small[CPH_RECORD_SMALL]; /* most records: encoded here, put from here */
+  size_t n = cph_record_encode_to(desc, rec, small, sizeof small);
+  if (n <= sizeof small)
+    return txn_put(t, db, k, small, n, append);
   cph_buf *b = &t->store->scratch;
   cph_buf_reset(b);
   int rc = cph_record_encode(desc, rec, b);
