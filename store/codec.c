@@ -42,7 +42,7 @@ static inline void w_be(mp_writer *w, uint8_t head, uint64_t v, int width) {
   w_bytes(w, b, (size_t)width + 1);
 }
 
-static void w_uint(mp_writer *w, uint64_t d) {
+static inline void w_uint(mp_writer *w, uint64_t d) {
   if (d < 128)
     w_byte(w, (uint8_t)d); /* positive fixint */
   else if (d < 256)
@@ -55,7 +55,7 @@ static void w_uint(mp_writer *w, uint64_t d) {
     w_be(w, 0xcf, d, 8);
 }
 
-static void w_int(mp_writer *w, int64_t d) {
+static inline void w_int(mp_writer *w, int64_t d) {
   if (d >= 0)
     w_uint(w, (uint64_t)d); /* as msgpack-c: a non-negative int64 takes the unsigned forms */
   else if (d >= -32)
