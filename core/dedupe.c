@@ -153,6 +153,7 @@ int dedupe_classify(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *t, const
   if (p->window_seconds <= 0 || (int64_t)v->norm_len < p->min_length)
     return CPH_OK;
   v->eligible = true;
+  dd_xs_prefetch(d, v->sha256); /* the filter's probe below: loaded while the text is hashed */
   v->simhash = dedupe_simhash(v->norm, v->norm_len, (int)p->shingle_words);
   v->idsig = dedupe_idsig(v->norm, v->norm_len);
   v->sender_hash = dd_fnv1a64(sender, strlen(sender)) | 1; /* never 0: 0 means any sender */

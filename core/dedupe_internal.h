@@ -157,6 +157,10 @@ int dd_xs_reserve(cph_dedupe *d, size_t n);
 /* The slot of sha's newest stored copy, with that entry read through t; XS_NONE when sha has
  * none. A hash never seen reads nothing from the store. */
 size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_entry *en);
+/* Starts loading the cache lines where dd_xs_find(sha) will probe first: the table is far
+ * larger than the caches, so the probe is a miss that other work can overlap. No effect on
+ * anything else. */
+void dd_xs_prefetch(const cph_dedupe *d, const uint8_t sha[32]);
 
 /* sha's newest copy is now the one at last_ms: its slot pos (xs_find's answer) follows, or a
  * new slot is taken. Logged for dedupe_rollback. Within a request the room was reserved by
