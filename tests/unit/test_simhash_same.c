@@ -14,8 +14,16 @@
 #include <string.h>
 
 #include "core/dedupe.h"
-#include "core/dedupe_internal.h"
 #include "tests/support/prop.h"
+
+static uint64_t ref_fnv1a64(const char *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= (uint8_t)p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
 
 static uint64_t ref_mix64(uint64_t x) {
   x ^= x >> 30;
@@ -44,14 +52,14 @@ static uint64_t ref_simhash(const char *s, size_t len, int k) {
     nw++;
     if (nw >= (size_t)k) {
       size_t from = starts[(nw - (size_t)k) % (size_t)k];
-      uint64_t h = ref_mix64(dd_fnv1a64(s + from, i - from));
+      uint64_t h = ref_mix64(ref_fnv1a64(s + from, i - from));
       for (int b = 0; b < 64; b++)
         votes[b] += (h >> b) & 1 ? 1 : -1;
     }
     i++;
   }
   if (nw < (size_t)k) {
-    uint64_t h = ref_mix64(dd_fnv1a64(s, len));
+    uint64_t h = ref_mix64(ref_fnv1a64(s, len));
     for (int b = 0; b < 64; b++)
       votes[b] += (h >> b) & 1 ? 1 : -1;
   }
