@@ -192,15 +192,21 @@ static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, siz
   /* mdb_put with a cursor kept from the database's last put: LMDB starts from the cursor's
    * page when the key falls inside it (as a run of keys in one range does: a session's inbox,
    * a channel's history) and searches from the root otherwise. The writes are the same. */
+  _Static_assert(CPH_DB_COUNT <= 32, "put_once has a bit per database");
   MDB_cursor *c = t->put_cursor[db];
-  int rc = c ? MDB_SUCCESS : mdb_cursor_open(t->mdb, t->store->dbi[db], &c);
-  if (rc == MDB_SUCCESS) {
+  int rc = MDB_SUCCESS;
+  if (!c && !(t->put_once & (1u << db))) { /* a cursor costs an allocation: not for one put */
+    t->put_once |= 1u << db;
+  } else if (!c && (rc = mdb_cursor_open(t->mdb, t->store->dbi[db], &c)) == MDB_SUCCESS) {
     t->put_cursor[db] = c;
+  }
+  if (rc == MDB_SUCCESS) {
     rc = MDB_KEYEXIST;
     if (append) /* LMDB answers MDB_KEYEXIST, and changes nothing, for a key not past the last */
-      rc = mdb_cursor_put(c, &mk, &mv, MDB_APPEND);
+      rc = c ? mdb_cursor_put(c, &mk, &mv, MDB_APPEND)
+             : mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, MDB_APPEND);
     if (rc == MDB_KEYEXIST)
-      rc = mdb_cursor_put(c, &mk, &mv, 0);
+      rc = c ? mdb_cursor_put(c, &mk, &mv, 0) : mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, 0);
   }
   if (rc)
     return txn_fail_mdb(t, rc, "put", db, k);
@@ -261,19 +267,21 @@ static int txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_rec
   if (!t->mdb || !t->write) /* before touching the writer's scratch space */
     return txn_fail(t, CPH_ESTATE, "put into database \"%s\" outside a write transaction",
                     cph_db_name(db));
-  uint8_t small[CPH_RECORD_SMALL]; /* most records: encoded here, put from here */
-  size_t n = cph_record_encode_to(desc, rec, small, sizeof small);
-  if (n <= sizeof small)
-    return txn_put(t, db, k, small, n, append);
-  cph_buf *b = &t->store->scratch;
-  cph_buf_reset(b);
-  int rc = cph_record_encode(desc, rec, b);
-  if (rc == CPH_OK)
-    rc = txn_put(t, db, k, b->data, b->len, append);
-  else
-    rc = txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
-  if (b->cap > CPH_STORE_SCRATCH_KEEP)
-    cph_buf_free(b);
+  /* Encoded in one pass into the store's scratch block, kept between records up to
+   * CPH_STORE_SCRATCH_KEEP bytes; until a record needed one, on the stack. */
+  cph_store *s = t->store;
+  uint8_t small[CPH_RECORD_SMALL];
+  bool heap = s->scratch != NULL;
+  uint8_t *p = heap ? s->scratch : small;
+  size_t cap = heap ? s->scratch_cap : sizeof small;
+  size_t n = cph_record_encode_buf(desc, rec, &p, &cap, &heap);
+  bool keep = heap && cap <= CPH_STORE_SCRATCH_KEEP;
+  s->scratch = keep ? p : NULL;
+  s->scratch_cap = keep ? cap : 0;
+  int rc = n ? txn_put(t, db, k, p, n, append)
+             : txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
+  if (heap && !keep)
+    free(p);
   return rc;
 }
 
