@@ -19,42 +19,16 @@
 typedef struct mp_writer {
   uint8_t *buf;
   size_t cap, len;
-  bool grow;   /* a write that does not fit grows buf (else it is only counted) */
-  bool heap;   /* buf is a malloc'd block (else the caller's: growing moves off it) */
-  bool failed; /* growing failed: the rest is only counted */
 } mp_writer;
 
-/* Room for n more bytes at len, growing buf when the writer may. */
-static bool w_room(mp_writer *w, size_t n) {
-  if (w->len + n <= w->cap)
-    return true;
-  if (!w->grow || w->len > w->cap)
-    return false;
-  size_t cap = w->cap ? w->cap * 2 : 256;
-  while (cap < w->len + n)
-    cap *= 2;
-  uint8_t *p = w->heap ? realloc(w->buf, cap) : malloc(cap);
-  if (!p) {
-    w->grow = false;
-    w->failed = true;
-    return false;
-  }
-  if (!w->heap && w->len)
-    memcpy(p, w->buf, w->len);
-  w->buf = p;
-  w->cap = cap;
-  w->heap = true;
-  return true;
-}
-
 static inline void w_bytes(mp_writer *w, const void *src, size_t n) {
-  if (n && w_room(w, n))
+  if (n && w->len + n <= w->cap)
     memcpy(w->buf + w->len, src, n);
   w->len += n;
 }
 
 static inline void w_byte(mp_writer *w, uint8_t b) {
-  if (w_room(w, 1))
+  if (w->len < w->cap)
     w->buf[w->len] = b;
   w->len++;
 }
@@ -186,41 +160,31 @@ static void w_field(mp_writer *w, const cph_field *f, const char *rec) {
   }
 }
 
-static void w_record(mp_writer *w, const cph_record_desc *d, const void *rec) {
-  w_array(w, d->n_fields + 1);
-  w_uint(w, d->version);
-  for (size_t i = 0; i < d->n_fields; i++)
-    w_field(w, &d->fields[i], rec);
-}
-
 size_t cph_record_encode_to(const cph_record_desc *d, const void *rec, void *out, size_t cap) {
-  mp_writer w = {out, cap, 0, false, false, false};
-  w_record(&w, d, rec);
+  mp_writer w = {out, cap, 0};
+  w_array(&w, d->n_fields + 1);
+  w_uint(&w, d->version);
+  for (size_t i = 0; i < d->n_fields; i++)
+    w_field(&w, &d->fields[i], rec);
   return w.len;
 }
 
-size_t cph_record_encode_buf(const cph_record_desc *d, const void *rec, uint8_t **buf, size_t *cap,
-                             bool *heap) {
-  mp_writer w = {*buf, *cap, 0, true, *heap, false};
-  w_record(&w, d, rec);
-  *buf = w.buf;
-  *cap = w.cap;
-  *heap = w.heap;
-  return w.failed ? 0 : w.len;
-}
-
 int cph_record_encode(const cph_record_desc *d, const void *rec, cph_buf *out) {
-  uint8_t small[CPH_RECORD_SMALL], *p = small;
-  size_t cap = sizeof small;
-  bool heap = false;
-  size_t n = cph_record_encode_buf(d, rec, &p, &cap, &heap);
-  if (n)
-    cph_buf_append(out, p, n);
-  else
+  uint8_t small[CPH_RECORD_SMALL];
+  size_t n = cph_record_encode_to(d, rec, small, sizeof small);
+  if (n <= sizeof small) {
+    cph_buf_append(out, small, n);
+    return cph_buf_error(out);
+  }
+  uint8_t *big = malloc(n);
+  if (!big) {
     out->failed = true;
-  if (heap)
-    free(p);
-  return n ? cph_buf_error(out) : CPH_ENOMEM;
+    return CPH_ENOMEM;
+  }
+  cph_record_encode_to(d, rec, big, n);
+  cph_buf_append(out, big, n);
+  free(big);
+  return cph_buf_error(out);
 }
 
 /* ---------------------------------------------------------------- strict reader */

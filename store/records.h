@@ -358,15 +358,9 @@ uint32_t cph_record_version(const cph_record_desc *d);
 int cph_record_encode(const cph_record_desc *d, const void *rec, cph_buf *out);
 /* Writes the encoding of rec into out when it fits in cap bytes; returns its size either way
  * (so a size > cap says: nothing usable was written, encode again into that much). O(size),
- * no allocation. */
-size_t cph_record_encode_to(const cph_record_desc *d, const void *rec, void *out, size_t cap);
-/* Encodes rec into *buf (*cap bytes), in one pass, growing it as needed: when *heap, *buf is a
- * malloc'd block it may realloc; else (the caller's own space, e.g. CPH_RECORD_SMALL bytes on
- * the stack) a record that does not fit moves to a new malloc'd block and *heap is set. The
- * caller frees *buf when *heap. Returns the size, or 0 when out of memory. */
+ * no allocation. A record up to CPH_RECORD_SMALL bytes is encoded on the stack. */
 #define CPH_RECORD_SMALL 1024
-size_t cph_record_encode_buf(const cph_record_desc *d, const void *rec, uint8_t **buf, size_t *cap,
-                             bool *heap);
+size_t cph_record_encode_to(const cph_record_desc *d, const void *rec, void *out, size_t cap);
 
 /* Decodes data[0..len) into *rec (which the caller zeroes or frees beforehand). On error
  * returns CPH_ECORRUPT (or CPH_ENOMEM), leaves *rec freed and zeroed, and sets err->msg to what

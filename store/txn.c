@@ -267,21 +267,29 @@ static int txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_rec
   if (!t->mdb || !t->write) /* before touching the writer's scratch space */
     return txn_fail(t, CPH_ESTATE, "put into database \"%s\" outside a write transaction",
                     cph_db_name(db));
-  /* Encoded in one pass into the store's scratch block, kept between records up to
-   * CPH_STORE_SCRATCH_KEEP bytes; until a record needed one, on the stack. */
+  /* Encoded on the stack (most records); a larger one, whose size that pass told, a second
+   * time into the store's scratch block, kept between records up to CPH_STORE_SCRATCH_KEEP
+   * bytes. */
   cph_store *s = t->store;
-  uint8_t small[CPH_RECORD_SMALL];
-  bool heap = s->scratch != NULL;
-  uint8_t *p = heap ? s->scratch : small;
-  size_t cap = heap ? s->scratch_cap : sizeof small;
-  size_t n = cph_record_encode_buf(desc, rec, &p, &cap, &heap);
-  bool keep = heap && cap <= CPH_STORE_SCRATCH_KEEP;
-  s->scratch = keep ? p : NULL;
-  s->scratch_cap = keep ? cap : 0;
-  int rc = n ? txn_put(t, db, k, p, n, append)
-             : txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
-  if (heap && !keep)
-    free(p);
+  uint8_t small[CPH_RECORD_SMALL], *p = small;
+  size_t n = cph_record_encode_to(desc, rec, small, sizeof small);
+  if (n > sizeof small) {
+    if (n > s->scratch_cap) {
+      uint8_t *grown = realloc(s->scratch, n);
+      if (!grown)
+        return txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
+      s->scratch = grown;
+      s->scratch_cap = n;
+    }
+    p = s->scratch;
+    cph_record_encode_to(desc, rec, p, n);
+  }
+  int rc = txn_put(t, db, k, p, n, append);
+  if (s->scratch_cap > CPH_STORE_SCRATCH_KEEP) {
+    free(s->scratch);
+    s->scratch = NULL;
+    s->scratch_cap = 0;
+  }
   return rc;
 }
 
