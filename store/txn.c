@@ -142,9 +142,9 @@ static int txn_commit(cph_txn *t, bool deferred) {
     cph_txn_abort(t);
     return t->ret;
   }
+  put_cursors_close(t);
   /* MDB_NOMETASYNC for this commit only. LMDB reads the flag inside mdb_txn_commit, on this
    * (the only writer) thread; the flusher thread never reads it (cph_store_sync). */
-  put_cursors_close(t);
   deferred = deferred && !t->parent && t->store->sync == CPH_SYNC_ALWAYS;
   if (deferred)
     mdb_env_set_flags(t->store->env, MDB_NOMETASYNC, 1);
@@ -189,9 +189,10 @@ static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, siz
     return t->ret;
   MDB_val mk = {k->len, (void *)k->data};
   MDB_val mv = {len, (void *)val};
-  /* mdb_put with a cursor kept from the database's last put: LMDB starts from the cursor's
-   * page when the key falls inside it (as a run of keys in one range does: a session's inbox,
-   * a channel's history) and searches from the root otherwise. The writes are the same. */
+  /* From a database's second put in the txn on, mdb_put with a cursor kept from its previous
+   * put: LMDB starts from the cursor's page when the key falls inside it (as a run of keys in
+   * one range does: a session's inbox, a channel's history) and searches from the root
+   * otherwise. The writes are the same. */
   _Static_assert(CPH_DB_COUNT <= 32, "put_once has a bit per database");
   MDB_cursor *c = t->put_cursor[db];
   int rc = MDB_SUCCESS;
