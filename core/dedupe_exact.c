@@ -196,8 +196,6 @@ int dd_xs_reserve(cph_dedupe *d, size_t n) {
   return dd_xs_resize(d, cap);
 }
 
-/* The slot of sha's newest stored copy, with that entry read through t; XS_NONE when sha has
- * none. A hash never seen reads nothing from the store. */
 void dd_xs_prefetch(const cph_dedupe *d, const uint8_t sha[32]) {
   if (!d->xs_cap)
     return;
@@ -206,6 +204,8 @@ void dd_xs_prefetch(const cph_dedupe *d, const uint8_t sha[32]) {
   __builtin_prefetch(&d->xs[(i + 4) & mask]); /* a probe often runs on (3/4 full at most) */
 }
 
+/* The slot of sha's newest stored copy, with that entry read through t; XS_NONE when sha has
+ * none. A hash never seen reads nothing from the store. */
 size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_entry *en) {
   if (!d->xs_cap)
     return XS_NONE;
