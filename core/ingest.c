@@ -827,6 +827,8 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
         rc = ingest_one(ig, &rq, &op->u.ingest.events[i], &op->u.ingest.results[i], &rq.after[i],
                         &err);
     }
+    if (rc == CPH_OK && dedupe_flush(ig->dedupe, &rq.t) != CPH_OK)
+      rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc == CPH_OK && fold_writes_flush(&rq.t, &rq.dl) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)
