@@ -2,7 +2,7 @@
  * request ends (core/dedupe_exact.c). Repeats inside one request must still find them: an
  * exact repeat is aggregated into the first one's family, a near duplicate on a bulk channel
  * folds and its original's entry joins the family; the next request, and the engine after a
- * restart, find the entries in the store; a failed request leaves none behind. */
+ * restart, find the entries in the store. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
