@@ -153,6 +153,7 @@ int dedupe_classify(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *t, const
   if (p->window_seconds <= 0 || (int64_t)v->norm_len < p->min_length)
     return CPH_OK;
   v->eligible = true;
+  dd_xs_prefetch(d, v->sha256); /* the filter's probe below: loaded while the text is hashed */
   v->simhash = dedupe_simhash(v->norm, v->norm_len, (int)p->shingle_words);
   v->idsig = dedupe_idsig(v->norm, v->norm_len);
   v->sender_hash = dd_fnv1a64(sender, strlen(sender)) | 1; /* never 0: 0 means any sender */
@@ -325,8 +326,7 @@ static int family_start(cph_dedupe *d, cph_txn *t, const char *chan, const char 
     if (dd_xs_find(d, t, orig.body_sha256, &en) != XS_NONE && en.event_id == v->original_event &&
         !en.family) {
       en.family = family;
-      cph_key ok = dd_xkey(en.last_ms, orig.body_sha256);
-      rc = dd_entry_put(t, &ok, &en);
+      rc = dd_entry_write(d, t, en.last_ms, orig.body_sha256, &en);
     }
   }
 done:
@@ -359,8 +359,8 @@ int dedupe_write(cph_dedupe *d, cph_txn *t, const char *chan, const char *body,
       en.first_ms = v->original_first_ms;
     }
   }
-  cph_key k = dd_xkey(now_ms, v->sha256); /* at the end: the older copy, if any, goes stale */
-  return dd_entry_put(t, &k, &en);
+  /* at the end (at the request's flush): the older copy, if any, goes stale */
+  return dd_entry_write(d, t, now_ms, v->sha256, &en);
 }
 
 void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t now_ms,
@@ -405,6 +405,7 @@ void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t n
 void dedupe_savepoint(cph_dedupe *d, size_t n_events) {
   if (!d)
     return;
+  dd_entries_batch(d, n_events);
   d->n_undo = 0;
   if (dd_xs_reserve(d, n_events) == CPH_OK && d->cap_undo < n_events) {
     xundo *u = realloc(d->undo, n_events * sizeof *u);
@@ -428,9 +429,12 @@ static void rings_free_all(cph_dedupe *d) {
   cph_hmap_free(&d->channels);
 }
 
+int dedupe_flush(cph_dedupe *d, cph_txn *t) { return d ? dd_entries_flush(d, t) : t->ret; }
+
 void dedupe_rollback(cph_dedupe *d) {
   if (!d)
     return;
+  dd_entries_forget(d);
   d->exact_hits = d->saved.exact_hits;
   d->near_hits = d->saved.near_hits;
   d->families = d->saved.families;
@@ -592,6 +596,8 @@ void dedupe_close(cph_dedupe *d) {
   EVP_MD_free(d->sha256);
   free(d->xs);
   free(d->undo);
+  free(d->pend);
+  free(d->pend_at);
   free(d);
 }
 

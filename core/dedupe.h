@@ -119,6 +119,10 @@ void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t n
  * restart forgets too, so near dedupe only misses the repeats of what came before the
  * failure. For the rare failed request. Every dedupe_commit belongs to such a request. */
 void dedupe_savepoint(cph_dedupe *d, size_t n_events);
+/* Writes the request's exact entries, which dedupe_write holds from dedupe_savepoint on (read
+ * back from memory until then), in key order: each lands at the tree's end instead of on one
+ * of its last pages at random. Before the request's txn commits. Errors are t's sticky one. */
+int dedupe_flush(cph_dedupe *d, struct cph_txn *t);
 void dedupe_rollback(cph_dedupe *d);
 void dedupe_verdict_free(dedupe_verdict *v);
 

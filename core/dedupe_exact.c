@@ -157,6 +157,131 @@ char *dd_sample_dup(const char *s, size_t max) {
   return out;
 }
 
+/* ---------------------------------------------------------------- a request's held entries */
+
+static size_t pend_hash(int64_t last_ms, const uint8_t sha[32]) {
+  return (size_t)(cph_be64_get(sha) ^ (uint64_t)last_ms * 0x9E3779B97F4A7C15ull);
+}
+
+/* The slot of pend_at that holds (last_ms, sha)'s entry, or the empty one where it would. */
+static size_t pend_slot(const cph_dedupe *d, int64_t last_ms, const uint8_t sha[32]) {
+  size_t mask = d->cap_pend_at - 1;
+  for (size_t i = pend_hash(last_ms, sha) & mask;; i = (i + 1) & mask) {
+    uint32_t at = d->pend_at[i];
+    if (!at)
+      return i;
+    const dd_pending *p = &d->pend[at - 1];
+    if (p->last_ms == last_ms && memcmp(p->sha, sha, 32) == 0)
+      return i;
+  }
+}
+
+/* Room for one more held entry, pend_at staying at most half full. */
+static int pend_room(cph_dedupe *d) {
+  if (d->n_pend == d->cap_pend) {
+    size_t cap = d->cap_pend ? d->cap_pend * 2 : 256;
+    dd_pending *p = realloc(d->pend, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    d->pend = p;
+    d->cap_pend = cap;
+  }
+  if ((d->n_pend + 1) * 2 <= d->cap_pend_at)
+    return CPH_OK;
+  size_t cap = d->cap_pend_at ? d->cap_pend_at * 2 : 512;
+  uint32_t *at = calloc(cap, sizeof *at);
+  if (!at)
+    return CPH_ENOMEM;
+  free(d->pend_at);
+  d->pend_at = at;
+  d->cap_pend_at = cap;
+  for (size_t i = 0; i < d->n_pend; i++)
+    at[pend_slot(d, d->pend[i].last_ms, d->pend[i].sha)] = (uint32_t)i + 1;
+  return CPH_OK;
+}
+
+static void pend_clear(cph_dedupe *d) {
+  d->n_pend = 0;
+  if (d->cap_pend_at)
+    memset(d->pend_at, 0, d->cap_pend_at * sizeof *d->pend_at);
+}
+
+void dd_entries_batch(cph_dedupe *d, size_t n) {
+  (void)n; /* the arrays grow as needed and stay between requests */
+  pend_clear(d);
+  d->batching = true;
+}
+
+void dd_entries_forget(cph_dedupe *d) {
+  pend_clear(d);
+  d->batching = false;
+}
+
+static int pend_cmp(const void *a, const void *b) {
+  const dd_pending *x = a, *y = b;
+  if (x->last_ms != y->last_ms) /* as the key's be64 compares */
+    return (uint64_t)x->last_ms < (uint64_t)y->last_ms ? -1 : 1;
+  return memcmp(x->sha, y->sha, 32);
+}
+
+int dd_entries_flush(cph_dedupe *d, cph_txn *t) {
+  if (!d->batching)
+    return t->ret;
+  d->batching = false;
+  qsort(d->pend, d->n_pend, sizeof *d->pend, pend_cmp); /* one per key: a total order */
+  for (size_t i = 0; i < d->n_pend && !t->ret; i++) {
+    const dd_pending *p = &d->pend[i];
+    dd_entry e = {p->family, p->event_id, p->first_ms, p->last_ms, p->simhash};
+    uint8_t v[ENTRY_LEN];
+    entry_encode(&e, v);
+    cph_key k = dd_xkey(p->last_ms, p->sha);
+    cph_txn_append(t, CPH_DB_DEDUPE, &k, v, sizeof v); /* a key not past the last: a put */
+  }
+  pend_clear(d);
+  return t->ret;
+}
+
+int dd_entry_write(cph_dedupe *d, cph_txn *t, int64_t last_ms, const uint8_t sha[32],
+                   const dd_entry *e) {
+  if (d->batching) {
+    if (pend_room(d) == CPH_OK) {
+      size_t i = pend_slot(d, last_ms, sha);
+      if (!d->pend_at[i]) {
+        dd_pending *p = &d->pend[d->n_pend];
+        p->last_ms = last_ms;
+        memcpy(p->sha, sha, 32);
+        d->pend_at[i] = (uint32_t)++d->n_pend;
+      }
+      dd_pending *p = &d->pend[d->pend_at[i] - 1];
+      p->family = e->family;
+      p->event_id = e->event_id;
+      p->first_ms = e->first_ms;
+      p->simhash = e->simhash;
+      return t->ret;
+    }
+    /* out of memory: what is held goes to the store now, and the rest of the request at once */
+    if (dd_entries_flush(d, t))
+      return t->ret;
+  }
+  cph_key k = dd_xkey(last_ms, sha);
+  return dd_entry_put(t, &k, e);
+}
+
+/* CPH_OK with (last_ms, sha)'s entry in *en, held or stored; or CPH_ENOTFOUND. */
+static int entry_read(const cph_dedupe *d, cph_txn *t, int64_t last_ms, const uint8_t sha[32],
+                      dd_entry *en) {
+  if (d->batching && d->n_pend) {
+    uint32_t at = d->pend_at[pend_slot(d, last_ms, sha)];
+    if (at) {
+      const dd_pending *p = &d->pend[at - 1];
+      *en = (dd_entry){p->family, p->event_id, p->first_ms, p->last_ms, p->simhash};
+      return CPH_OK;
+    }
+  }
+  cph_key k = dd_xkey(last_ms, sha);
+  return entry_get(t, &k, en);
+}
+
 /* ---------------------------------------------------------------- the exact-entry filter */
 
 uint64_t dd_xs_tag(const uint8_t sha[32]) {
@@ -196,6 +321,14 @@ int dd_xs_reserve(cph_dedupe *d, size_t n) {
   return dd_xs_resize(d, cap);
 }
 
+void dd_xs_prefetch(const cph_dedupe *d, const uint8_t sha[32]) {
+  if (!d->xs_cap)
+    return;
+  size_t mask = d->xs_cap - 1, i = (size_t)dd_xs_tag(sha) & mask;
+  __builtin_prefetch(&d->xs[i]);
+  __builtin_prefetch(&d->xs[(i + 4) & mask]); /* a probe often runs on (3/4 full at most) */
+}
+
 /* The slot of sha's newest stored copy, with that entry read through t; XS_NONE when sha has
  * none. A hash never seen reads nothing from the store. */
 size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_entry *en) {
@@ -206,8 +339,7 @@ size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_ent
   for (size_t i = (size_t)tag & mask; d->xs[i].tag; i = (i + 1) & mask) {
     if (d->xs[i].tag != tag)
       continue;
-    cph_key k = dd_xkey(d->xs[i].last_ms, sha);
-    if (entry_get(t, &k, en) == CPH_OK)
+    if (entry_read(d, t, d->xs[i].last_ms, sha, en) == CPH_OK)
       return i; /* else another hash with the same first 8 bytes, or an undecodable value */
   }
   return XS_NONE;

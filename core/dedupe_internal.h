@@ -74,8 +74,28 @@ typedef struct xundo {
   xslot before;
 } xundo;
 
+/* An exact entry a request wrote, not yet in the store (dd_entries_flush). */
+typedef struct dd_pending {
+  int64_t last_ms;
+  uint8_t sha[32];
+  uint64_t family, event_id;
+  int64_t first_ms;
+  uint64_t simhash;
+} dd_pending;
+
 typedef struct cph_dedupe {
   cph_hmap channels; /* name -> dd_channel */
+  /* A request's exact entries, held from dedupe_savepoint to dedupe_flush and then written in
+   * key order: their keys are time-ordered but random within a millisecond, so written one by
+   * one they land anywhere in the tree's last pages; sorted, each lands at the end. Reads in
+   * the request find them here first (by key: `pend_at` is open addressing over `pend`, index
+   * + 1, 0 empty, at most half full). Not batching (out of memory, or outside a request):
+   * entries are written at once. */
+  dd_pending *pend;
+  size_t n_pend, cap_pend;
+  uint32_t *pend_at;
+  size_t cap_pend_at;
+  bool batching;
   /* The exact entries of the window: open addressing, linear probing, a power-of-two table at
    * most 3/4 full; deletes (pruning only) shift the probe chain back, so there are no
    * tombstones. A request never grows the table (dedupe_savepoint reserves its room) and
@@ -135,6 +155,15 @@ bool dd_entry_decode(const cph_val *v, dd_entry *d);
 /* Logs a value that does not decode, with its key: it is treated as absent. */
 void dd_log_bad_value(const cph_key *k, size_t len);
 int dd_entry_put(cph_txn *t, const cph_key *k, const dd_entry *d);
+/* The exact entry of sha at last_ms is e: held for the request's flush while batching, else
+ * put at once. Errors are t's sticky error. */
+int dd_entry_write(cph_dedupe *d, cph_txn *t, int64_t last_ms, const uint8_t sha[32],
+                   const dd_entry *e);
+/* Starts holding a request's entries (room for about n); stops and forgets them. */
+void dd_entries_batch(cph_dedupe *d, size_t n);
+void dd_entries_forget(cph_dedupe *d);
+/* Writes the held entries in key order and stops holding. Errors are t's sticky error. */
+int dd_entries_flush(cph_dedupe *d, cph_txn *t);
 
 /* SHA-256 of channel \0 sender \0 normalised body. */
 void dd_exact_sha(cph_dedupe *d, const char *chan, const char *sender, const char *norm,
@@ -157,6 +186,10 @@ int dd_xs_reserve(cph_dedupe *d, size_t n);
 /* The slot of sha's newest stored copy, with that entry read through t; XS_NONE when sha has
  * none. A hash never seen reads nothing from the store. */
 size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_entry *en);
+/* Starts loading the cache lines where dd_xs_find(sha) will probe first: the table is far
+ * larger than the caches, so the probe is a miss that other work can overlap. No effect on
+ * anything else. */
+void dd_xs_prefetch(const cph_dedupe *d, const uint8_t sha[32]);
 
 /* sha's newest copy is now the one at last_ms: its slot pos (xs_find's answer) follows, or a
  * new slot is taken. Logged for dedupe_rollback. Within a request the room was reserved by

@@ -59,14 +59,19 @@ static const uint64_t SPREAD[256] = {SPREAD64_(0), SPREAD64_(64), SPREAD64_(128)
 /* The votes of Charikar's simhash, kept as counts of 1 bits per hash bit: +1/-1 per shingle
  * on bit b is positive exactly when ones[b] * 2 > shingles. Byte-wide counters in `lanes`
  * (bit 8i+j of the hashes in byte j of lanes[i]) take up to 255 shingles before they are
- * flushed into `ones`: 8 additions per shingle, not 64. */
+ * flushed into `ones` (zeroed at the first flush: a body of fewer shingles never touches
+ * it): 8 additions per shingle, not 64. */
 typedef struct sim_votes {
   uint64_t lanes[8];
   uint32_t ones[64];
   uint32_t in_lanes, shingles;
+  bool flushed;
 } sim_votes;
 
 static void votes_flush(sim_votes *sv) {
+  if (!sv->flushed)
+    memset(sv->ones, 0, sizeof sv->ones);
+  sv->flushed = true;
   for (int i = 0; i < 8; i++) {
     for (int j = 0; j < 8; j++)
       sv->ones[8 * i + j] += (uint32_t)(sv->lanes[i] >> (8 * j)) & 0xFF;
@@ -84,6 +89,28 @@ static void simhash_add(sim_votes *sv, const char *p, size_t n) {
     votes_flush(sv);
 }
 
+/* The hash the votes give: bit b set when more than half the shingles voted for it. */
+static uint64_t votes_hash(sim_votes *sv) {
+  uint64_t h = 0;
+  if (!sv->flushed) {
+    /* Every count is in a byte of lanes and shingles < 255: a byte c votes for its bit when
+     * c >= t = shingles / 2 + 1, that is when c + (128 - t) has its top bit set (no carry:
+     * c <= shingles keeps the sum under 256). The eight top bits of a lane, gathered in
+     * order by one multiplication, are its eight bits of the hash. */
+    uint64_t add = (uint64_t)(128 - (sv->shingles / 2 + 1)) * 0x0101010101010101ull;
+    for (int i = 0; i < 8; i++) {
+      uint64_t top = ((sv->lanes[i] + add) >> 7) & 0x0101010101010101ull;
+      h |= ((top * 0x0102040810204080ull) >> 56) << (8 * i);
+    }
+    return h;
+  }
+  votes_flush(sv);
+  for (int b = 0; b < 64; b++)
+    if ((uint64_t)sv->ones[b] * 2 > sv->shingles)
+      h |= 1ull << b;
+  return h;
+}
+
 /* Charikar's simhash: each shingle votes +1/-1 on every bit by its hash; a bit is set when
  * the votes are positive. Words in a normalised text are separated by exactly one space. */
 uint64_t dedupe_simhash(const char *s, size_t len, int k) {
@@ -94,29 +121,29 @@ uint64_t dedupe_simhash(const char *s, size_t len, int k) {
   if (k > 64)
     k = 64;
   sim_votes v;
-  memset(&v, 0, sizeof v);
-  size_t starts[64]; /* the last k word starts, circular */
-  size_t nw = 0;
+  memset(v.lanes, 0, sizeof v.lanes);
+  v.in_lanes = v.shingles = 0;
+  v.flushed = false;
+  size_t starts[64]; /* the last k word starts, circular: starts[at] is the oldest once full */
+  size_t nw = 0, at = 0;
   for (size_t i = 0; i < len;) {
     size_t start = i;
     while (i < len && s[i] != ' ')
       i++;
-    starts[nw % (size_t)k] = start;
-    nw++;
-    if (nw >= (size_t)k) {
-      size_t from = starts[(nw - (size_t)k) % (size_t)k];
-      simhash_add(&v, s + from, i - from);
+    if (k == 1) {
+      simhash_add(&v, s + start, i - start);
+    } else {
+      starts[at] = start;
+      at = at + 1 == (size_t)k ? 0 : at + 1;
+      if (nw + 1 >= (size_t)k)
+        simhash_add(&v, s + starts[at], i - starts[at]);
     }
+    nw++;
     i++; /* the space */
   }
   if (nw < (size_t)k)
     simhash_add(&v, s, len); /* fewer words than a shingle: the whole text is one */
-  votes_flush(&v);
-  uint64_t h = 0;
-  for (int b = 0; b < 64; b++)
-    if ((uint64_t)v.ones[b] * 2 > v.shingles)
-      h |= 1ull << b;
-  return h;
+  return votes_hash(&v);
 }
 
 /* SWAR popcount: without -mpopcnt the builtin is a libgcc call, and the ring scan does up to

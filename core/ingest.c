@@ -31,8 +31,11 @@ const char *cph_ingest_status_name(cph_ingest_status s) {
 
 /* Appends event_id to the channel's history under the next per-channel index. */
 int history_append(cph_txn *t, const char *channel_name, uint64_t event_id) {
-  char counter[CHANNEL_MAX + 8];
-  snprintf(counter, sizeof counter, "chan:%s", channel_name);
+  char counter[CHANNEL_MAX + 8]; /* "chan:" + the name, cut to fit as snprintf did */
+  size_t n = strnlen(channel_name, sizeof counter - 6);
+  memcpy(counter, "chan:", 5);
+  memcpy(counter + 5, channel_name, n);
+  counter[5 + n] = '\0';
   uint64_t index;
   int rc = cph_txn_next_id(t, counter, &index);
   if (rc)
@@ -470,7 +473,10 @@ static bool idem_seen(cph_ingest *ig, cph_txn *t, const char *key, uint64_t *id)
 static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, int step, bool raw,
                           const dedupe_verdict *v, const char *body, uint64_t event_id) {
   char scope[CHANNEL_MAX + 2];
-  snprintf(scope, sizeof scope, "%c%s", CPH_CHANNEL_SCOPE_PREFIX, channel_name);
+  size_t n = strnlen(channel_name, CHANNEL_MAX);
+  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
+  memcpy(scope + 1, channel_name, n);
+  scope[1 + n] = '\0';
   if (raw && *body)
     memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, body, event_id,
                 backpressure_embed_allowed(ig->env->policy, step, false), NULL);
@@ -818,6 +824,8 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
         rc = ingest_one(ig, &rq, &op->u.ingest.events[i], &op->u.ingest.results[i], &rq.after[i],
                         &err);
     }
+    if (rc == CPH_OK && dedupe_flush(ig->dedupe, &rq.t) != CPH_OK)
+      rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc == CPH_OK && fold_writes_flush(&rq.t, &rq.dl) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)

@@ -39,8 +39,12 @@ typedef struct csession {
    * always (csession_resched() moves it with the sid). Never written or freed through this
    * pointer; not const only because records borrow it for encoding. */
   char *id;
-  inbox_item *inbox; /* live messages in id order */
-  uint32_t n_inbox, cap_inbox;
+  /* Live messages in id order: inbox[0 .. n_inbox). The array sits inbox_head entries into
+   * an allocation of 1 << inbox_cap_log2 entries (none while inbox is NULL), so that removing
+   * an entry near the front moves the entries before it, not the whole tail (sessions.c).
+   * Only csession_inbox_push/remove (and the session's free) touch the allocation. */
+  inbox_item *inbox;
+  uint32_t n_inbox, inbox_head;
   uint32_t n_pending;
   uint32_t n_staged;
   uint64_t folded; /* events the queue cap folded into its overflow entries */
@@ -62,6 +66,7 @@ typedef struct csession {
   /* Its own while_running as stored (0: its class's default, else 1 + the mode); the mode
    * in force is sessions_while_running(). In the struct's padding: no bytes added. */
   uint8_t while_running;
+  uint8_t inbox_cap_log2; /* see inbox */
 } csession;
 
 typedef struct channel {
@@ -73,8 +78,11 @@ typedef struct channel {
 } channel;
 
 /* Inserts item keeping the inbox in id order (ids arrive in order except on requeue) and
- * counts it pending or staged. CPH_OK or CPH_ENOMEM (nothing changed). */
+ * counts it pending or staged. CPH_OK or CPH_ENOMEM (nothing changed). Amortised O(1) at the
+ * end. Either call may move every entry: pointers into s->inbox do not outlive them. */
 int csession_inbox_push(csession *s, const inbox_item *item);
+/* Removes s->inbox[index]: O(min(index, n_inbox - index)), so removing the oldest entries
+ * (the queue cap's overflow fold, a turn's completion) costs O(1) each. */
 void csession_inbox_remove(csession *s, uint32_t index);
 
 #endif

@@ -291,7 +291,7 @@ fail:
 void csession_free(cph_sessions *ss, csession *s) {
   if (ss->by_sid && s->sid < ss->cap_by_sid)
     ss->by_sid[s->sid] = NULL;
-  free(s->inbox);
+  free(s->inbox ? s->inbox - s->inbox_head : NULL);
   free(s->jobs);
   cph_slab_free(&ss->slab, s);
 }
@@ -324,15 +324,41 @@ int csession_resched(cph_sessions *ss, csession *s, cph_lane lane, double credit
   return CPH_OK;
 }
 
-int csession_inbox_push(csession *s, const inbox_item *item) {
-  if (s->n_inbox == s->cap_inbox) {
-    uint32_t cap = s->cap_inbox ? s->cap_inbox * 2 : 4;
-    inbox_item *p = realloc(s->inbox, cap * sizeof *p);
-    if (!p)
-      return CPH_ENOMEM;
-    s->inbox = p;
-    s->cap_inbox = cap;
+/* The live inbox is a window into its allocation: entries removed near the front leave a gap
+ * before it (inbox_head entries) rather than moving everything after them. The gap is taken
+ * back when the end runs out of room: the window moves down when the gap is at least half
+ * the entries (each entry moved then was paid for by two removals), else the allocation
+ * doubles. So the allocation stays under three times the most entries held, and a queue at
+ * its cap that folds its oldest entry and takes a new one per event moves O(1) entries per
+ * event, not O(queue). */
+static inline uint32_t inbox_cap(const csession *s) {
+  return s->inbox ? (uint32_t)1 << s->inbox_cap_log2 : 0;
+}
+
+static int inbox_room_at_end(csession *s) {
+  inbox_item *base = s->inbox ? s->inbox - s->inbox_head : NULL;
+  if (s->inbox_head + s->n_inbox < inbox_cap(s))
+    return CPH_OK;
+  if (s->inbox_head > 0 && s->inbox_head >= s->n_inbox / 2) {
+    memmove(base, s->inbox, s->n_inbox * sizeof *s->inbox);
+    s->inbox = base;
+    s->inbox_head = 0;
+    return CPH_OK;
   }
+  uint8_t log2 = s->inbox ? (uint8_t)(s->inbox_cap_log2 + 1) : 2; /* 4 entries first */
+  if (log2 > 31)
+    return CPH_ENOMEM;
+  inbox_item *p = realloc(base, ((size_t)1 << log2) * sizeof *p);
+  if (!p)
+    return CPH_ENOMEM;
+  s->inbox = p + s->inbox_head;
+  s->inbox_cap_log2 = log2;
+  return CPH_OK;
+}
+
+int csession_inbox_push(csession *s, const inbox_item *item) {
+  if (inbox_room_at_end(s))
+    return CPH_ENOMEM;
   /* Ids arrive in increasing order except on requeue: keep the array sorted. */
   uint32_t at = s->n_inbox;
   while (at > 0 && s->inbox[at - 1].id > item->id)
@@ -352,9 +378,19 @@ void csession_inbox_remove(csession *s, uint32_t index) {
     s->n_pending--;
   else
     s->n_staged--;
-  memmove(&s->inbox[index], &s->inbox[index + 1],
-          (s->n_inbox - index - 1) * sizeof *s->inbox);
+  uint32_t after = s->n_inbox - index - 1;
+  if (index < after) { /* the entries before it move up one: the window starts one later */
+    memmove(&s->inbox[1], &s->inbox[0], index * sizeof *s->inbox);
+    s->inbox++;
+    s->inbox_head++;
+  } else {
+    memmove(&s->inbox[index], &s->inbox[index + 1], after * sizeof *s->inbox);
+  }
   s->n_inbox--;
+  if (s->n_inbox == 0) { /* empty: the window goes back to the allocation's start */
+    s->inbox -= s->inbox_head;
+    s->inbox_head = 0;
+  }
 }
 
 /* ---------------------------------------------------------------- channel index */

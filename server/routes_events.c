@@ -126,6 +126,16 @@ static bool fast_lit(fast_in *f, char c) {
   return false;
 }
 
+/* Whether any of the 8 bytes in x is a quote, a backslash, a control character (< 0x20) or
+ * not ASCII: the bytes fast_str looks at one by one. The usual SWAR tests (a zero byte of
+ * x ^ c; a byte under 0x20; the top bit), exact when the top bits are clear. */
+static inline bool swar_special(uint64_t x) {
+  const uint64_t ones = 0x0101010101010101ull, tops = 0x8080808080808080ull;
+  uint64_t q = x ^ (ones * '"'), b = x ^ (ones * '\\');
+  uint64_t hit = ((q - ones) & ~q) | ((b - ones) & ~b) | (x - ones * 0x20) | x;
+  return (hit & tops) != 0;
+}
+
 /* A string value into the arena (NUL-terminated); false on anything fast_events leaves to
  * the generic path. */
 static bool fast_str(fast_in *f, char **out) {
@@ -134,6 +144,11 @@ static bool fast_str(fast_in *f, char **out) {
   const char *start = f->p;
   bool escaped = false;
   while (f->p < f->end) {
+    uint64_t x; /* plain ASCII 8 bytes at a time; anything else one by one */
+    while (f->end - f->p >= 8 && (memcpy(&x, f->p, 8), !swar_special(x)))
+      f->p += 8;
+    if (f->p >= f->end)
+      break;
     uint8_t c = (uint8_t)*f->p;
     if (c == '"')
       break;

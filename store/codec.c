@@ -1,10 +1,10 @@
 /* Table-driven msgpack codec for stored records (contract in records.h).
  *
- * Encoding uses msgpack-c's packer. Decoding uses a small strict reader over the raw bytes
- * rather than msgpack_unpack_next(): the unpacker allocates a container's element array
- * before reading its elements, so a corrupt length header could ask for gigabytes; here
- * every length is checked against the bytes that remain before anything is allocated. */
-#include <msgpack.h>
+ * Encoding writes msgpack-c's bytes directly (a record is put per event, several times: the
+ * packer's call per piece was most of the cost). Decoding uses a small strict reader over the
+ * raw bytes rather than msgpack_unpack_next(): the unpacker allocates a container's element
+ * array before reading its elements, so a corrupt length header could ask for gigabytes;
+ * here every length is checked against the bytes that remain before anything is allocated. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,93 +12,178 @@
 
 /* ---------------------------------------------------------------- encoding */
 
-static int pack_to_buf(void *data, const char *bytes, size_t len) {
-  cph_buf *b = data;
-  cph_buf_append(b, bytes, len);
-  return b->failed ? -1 : 0;
+/* The writer puts the bytes msgpack-c's packer would (every integer in its shortest form,
+ * strings as str8/16/32, binary as bin8/16/32; tests/unit/test_codec_bytes.c compares the two
+ * over every record kind), straight into a caller's buffer: no call per piece. It counts
+ * every byte but writes only those that fit, so one pass tells the size a record needs. */
+typedef struct mp_writer {
+  uint8_t *buf;
+  size_t cap, len;
+} mp_writer;
+
+static inline void w_bytes(mp_writer *w, const void *src, size_t n) {
+  if (n && w->len + n <= w->cap)
+    memcpy(w->buf + w->len, src, n);
+  w->len += n;
 }
 
-static void pack_str(msgpack_packer *pk, const char *s) {
+static inline void w_byte(mp_writer *w, uint8_t b) {
+  if (w->len < w->cap)
+    w->buf[w->len] = b;
+  w->len++;
+}
+
+/* A header byte and the low `width` bytes of v, big-endian. */
+static inline void w_be(mp_writer *w, uint8_t head, uint64_t v, int width) {
+  uint8_t b[9];
+  b[0] = head;
+  for (int i = 0; i < width; i++)
+    b[1 + i] = (uint8_t)(v >> (8 * (width - 1 - i)));
+  w_bytes(w, b, (size_t)width + 1);
+}
+
+static inline void w_uint(mp_writer *w, uint64_t d) {
+  if (d < 128)
+    w_byte(w, (uint8_t)d); /* positive fixint */
+  else if (d < 256)
+    w_be(w, 0xcc, d, 1);
+  else if (d < 65536)
+    w_be(w, 0xcd, d, 2);
+  else if (d < (UINT64_C(1) << 32))
+    w_be(w, 0xce, d, 4);
+  else
+    w_be(w, 0xcf, d, 8);
+}
+
+static inline void w_int(mp_writer *w, int64_t d) {
+  if (d >= 0)
+    w_uint(w, (uint64_t)d); /* as msgpack-c: a non-negative int64 takes the unsigned forms */
+  else if (d >= -32)
+    w_byte(w, (uint8_t)d); /* negative fixint */
+  else if (d >= -128)
+    w_be(w, 0xd0, (uint64_t)d, 1);
+  else if (d >= -32768)
+    w_be(w, 0xd1, (uint64_t)d, 2);
+  else if (d >= INT32_MIN)
+    w_be(w, 0xd2, (uint64_t)d, 4);
+  else
+    w_be(w, 0xd3, (uint64_t)d, 8);
+}
+
+/* A container or string header: the fix form below `fix_below` (0: none), else the 8-bit
+ * (when head8 is non-zero), 16-bit or 32-bit length. */
+static void w_len(mp_writer *w, size_t n, uint8_t fix, size_t fix_below, uint8_t head8,
+                  uint8_t head16, uint8_t head32) {
+  if (n < fix_below)
+    w_byte(w, (uint8_t)(fix | n));
+  else if (head8 && n < 256)
+    w_be(w, head8, n, 1);
+  else if (n < 65536)
+    w_be(w, head16, n, 2);
+  else
+    w_be(w, head32, n, 4);
+}
+
+static void w_str(mp_writer *w, const char *s) {
   size_t n = strlen(s);
-  msgpack_pack_str(pk, n);
-  msgpack_pack_str_body(pk, s, n);
+  w_len(w, n, 0xa0, 32, 0xd9, 0xda, 0xdb);
+  w_bytes(w, s, n);
 }
 
-static void pack_field(msgpack_packer *pk, const cph_field *f, const char *rec) {
+static void w_array(mp_writer *w, size_t n) { w_len(w, n, 0x90, 16, 0, 0xdc, 0xdd); }
+
+static void w_field(mp_writer *w, const cph_field *f, const char *rec) {
   const void *at = rec + f->offset;
   switch (f->type) {
   case CPH_F_U8:
-    msgpack_pack_uint8(pk, *(const uint8_t *)at);
+    w_uint(w, *(const uint8_t *)at);
     break;
   case CPH_F_BOOL:
-    if (*(const bool *)at)
-      msgpack_pack_true(pk);
-    else
-      msgpack_pack_false(pk);
+    w_byte(w, *(const bool *)at ? 0xc3 : 0xc2);
     break;
   case CPH_F_U32:
-    msgpack_pack_uint32(pk, *(const uint32_t *)at);
+    w_uint(w, *(const uint32_t *)at);
     break;
   case CPH_F_U64:
-    msgpack_pack_uint64(pk, *(const uint64_t *)at);
+    w_uint(w, *(const uint64_t *)at);
     break;
   case CPH_F_I64:
-    msgpack_pack_int64(pk, *(const int64_t *)at);
+    w_int(w, *(const int64_t *)at);
     break;
-  case CPH_F_F64:
-    msgpack_pack_double(pk, *(const double *)at);
+  case CPH_F_F64: {
+    uint64_t bits;
+    memcpy(&bits, at, sizeof bits);
+    w_be(w, 0xcb, bits, 8);
     break;
+  }
   case CPH_F_STR: {
     const char *s = *(char *const *)at;
-    pack_str(pk, s ? s : ""); /* a required string is never nil on disk */
+    w_str(w, s ? s : ""); /* a required string is never nil on disk */
     break;
   }
   case CPH_F_OPT_STR: {
     const char *s = *(char *const *)at;
     if (s)
-      pack_str(pk, s);
+      w_str(w, s);
     else
-      msgpack_pack_nil(pk);
+      w_byte(w, 0xc0);
     break;
   }
   case CPH_F_STR_ARRAY: {
     char *const *items = *(char **const *)at;
     uint32_t n = *(const uint32_t *)(rec + f->count_offset);
-    msgpack_pack_array(pk, n);
+    w_array(w, n);
     for (uint32_t i = 0; i < n; i++)
-      pack_str(pk, items[i] ? items[i] : "");
+      w_str(w, items[i] ? items[i] : "");
     break;
   }
   case CPH_F_U64_ARRAY: {
     const uint64_t *items = *(uint64_t *const *)at;
     uint32_t n = *(const uint32_t *)(rec + f->count_offset);
-    msgpack_pack_array(pk, n);
+    w_array(w, n);
     for (uint32_t i = 0; i < n; i++)
-      msgpack_pack_uint64(pk, items[i]);
+      w_uint(w, items[i]);
     break;
   }
   case CPH_F_I64_ARRAY: {
     const int64_t *items = *(int64_t *const *)at;
     uint32_t n = *(const uint32_t *)(rec + f->count_offset);
-    msgpack_pack_array(pk, n);
+    w_array(w, n);
     for (uint32_t i = 0; i < n; i++)
-      msgpack_pack_int64(pk, items[i]);
+      w_int(w, items[i]);
     break;
   }
   case CPH_F_BYTES:
-    msgpack_pack_bin(pk, f->limit);
-    msgpack_pack_bin_body(pk, at, f->limit);
+    w_len(w, f->limit, 0, 0, 0xc4, 0xc5, 0xc6);
+    w_bytes(w, at, f->limit);
     break;
   }
 }
 
-int cph_record_encode(const cph_record_desc *d, const void *rec, cph_buf *out) {
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, out, pack_to_buf);
-  msgpack_pack_array(&pk, d->n_fields + 1);
-  msgpack_pack_uint32(&pk, d->version);
+size_t cph_record_encode_to(const cph_record_desc *d, const void *rec, void *out, size_t cap) {
+  mp_writer w = {out, cap, 0};
+  w_array(&w, d->n_fields + 1);
+  w_uint(&w, d->version);
   for (size_t i = 0; i < d->n_fields; i++)
-    pack_field(&pk, &d->fields[i], rec);
+    w_field(&w, &d->fields[i], rec);
+  return w.len;
+}
+
+int cph_record_encode(const cph_record_desc *d, const void *rec, cph_buf *out) {
+  uint8_t small[CPH_RECORD_SMALL];
+  size_t n = cph_record_encode_to(d, rec, small, sizeof small);
+  if (n <= sizeof small) {
+    cph_buf_append(out, small, n);
+    return cph_buf_error(out);
+  }
+  uint8_t *big = malloc(n);
+  if (!big) {
+    out->failed = true;
+    return CPH_ENOMEM;
+  }
+  cph_record_encode_to(d, rec, big, n);
+  cph_buf_append(out, big, n);
+  free(big);
   return cph_buf_error(out);
 }
 

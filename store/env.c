@@ -281,7 +281,7 @@ void cph_store_close(cph_store *s) {
   if (s->lock_fd >= 0)
     close(s->lock_fd); /* releases the flock */
   cph_counters_free(&s->counters);
-  cph_buf_free(&s->scratch);
+  free(s->scratch);
   free(s->dir);
   pthread_mutex_destroy(&s->flush_mu);
   free(s);

@@ -362,6 +362,11 @@ uint32_t cph_record_version(const cph_record_desc *d);
 
 /* Appends the encoding of rec to out (out is not reset). CPH_ENOMEM on allocation failure. */
 int cph_record_encode(const cph_record_desc *d, const void *rec, cph_buf *out);
+/* Writes the encoding of rec into out when it fits in cap bytes; returns its size either way
+ * (so a size > cap says: nothing usable was written, encode again into that much). O(size),
+ * no allocation. A record up to CPH_RECORD_SMALL bytes is encoded on the stack. */
+#define CPH_RECORD_SMALL 1024
+size_t cph_record_encode_to(const cph_record_desc *d, const void *rec, void *out, size_t cap);
 
 /* Decodes data[0..len) into *rec (which the caller zeroes or frees beforehand). On error
  * returns CPH_ECORRUPT (or CPH_ENOMEM), leaves *rec freed and zeroed, and sets err->msg to what

@@ -210,6 +210,11 @@ typedef struct cph_txn {
   /* The counters this txn took ids from, with their values before it (cph_txn_next_id). */
   struct cph_counter_undo *undo;
   size_t n_undo, cap_undo;
+  /* The cursor each database's puts go through (MDB_cursor *, opened by its second put in the
+   * txn, closed when the txn ends or begins a child), so that a put whose key lands on the
+   * page of the database's previous put finds it without a search from the root (txn.c). */
+  void *put_cursor[CPH_DB_COUNT];
+  uint32_t put_once; /* bit db: db had a put, without a cursor (a txn's only put opens none) */
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);

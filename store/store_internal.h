@@ -31,9 +31,11 @@ struct cph_store {
   int lock_fd;
   cph_sync_mode sync;
   cph_counter_table counters;
-  /* cph_txn_put_record's encoding space, kept between calls (no malloc per record). Only a
-   * write txn encodes, and LMDB lets one write txn chain exist at a time, so one is enough. */
-  cph_buf scratch;
+  /* cph_txn_put_record's encoding space for records over CPH_RECORD_SMALL bytes (smaller
+   * ones are encoded on the stack), kept between calls: no malloc per record. Only a write txn
+   * encodes, and LMDB lets one write txn chain exist at a time, so one is enough. */
+  uint8_t *scratch;
+  size_t scratch_cap;
 
   /* Durability (store.h). The writer thread bumps commit_seq; durable_seq, fsyncs and the
    * flush error are also written by the flusher thread, so all of them are atomics. */

@@ -64,8 +64,20 @@ int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
   return CPH_OK;
 }
 
+/* Closes t's put cursors: before it ends (LMDB would free them, but t must forget them), and
+ * before it begins a child (which would otherwise shadow each one, a copy per child). */
+static void put_cursors_close(cph_txn *t) {
+  for (int db = 0; db < CPH_DB_COUNT; db++)
+    if (t->put_cursor[db]) {
+      mdb_cursor_close(t->put_cursor[db]);
+      t->put_cursor[db] = NULL;
+    }
+}
+
 int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
   memset(child, 0, sizeof *child);
+  if (parent->mdb)
+    put_cursors_close(parent);
   child->store = parent->store;
   child->parent = parent;
   child->write = true;
@@ -93,6 +105,7 @@ static void txn_closed(cph_txn *t) {
 
 void cph_txn_abort(cph_txn *t) {
   if (t->mdb) {
+    put_cursors_close(t);
     mdb_txn_abort(t->mdb);
     txn_closed(t);
   }
@@ -129,6 +142,7 @@ static int txn_commit(cph_txn *t, bool deferred) {
     cph_txn_abort(t);
     return t->ret;
   }
+  put_cursors_close(t);
   /* MDB_NOMETASYNC for this commit only. LMDB reads the flag inside mdb_txn_commit, on this
    * (the only writer) thread; the flusher thread never reads it (cph_store_sync). */
   deferred = deferred && !t->parent && t->store->sync == CPH_SYNC_ALWAYS;
@@ -175,11 +189,26 @@ static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, siz
     return t->ret;
   MDB_val mk = {k->len, (void *)k->data};
   MDB_val mv = {len, (void *)val};
-  int rc = MDB_KEYEXIST;
-  if (append) /* LMDB answers MDB_KEYEXIST, and changes nothing, for a key not past the last */
-    rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, MDB_APPEND);
-  if (rc == MDB_KEYEXIST)
-    rc = mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, 0);
+  /* From a database's second put in the txn on, mdb_put with a cursor kept from its previous
+   * put: LMDB starts from the cursor's page when the key falls inside it (as a run of keys in
+   * one range does: a session's inbox, a channel's history) and searches from the root
+   * otherwise. The writes are the same. */
+  _Static_assert(CPH_DB_COUNT <= 32, "put_once has a bit per database");
+  MDB_cursor *c = t->put_cursor[db];
+  int rc = MDB_SUCCESS;
+  if (!c && !(t->put_once & (1u << db))) { /* a cursor costs an allocation: not for one put */
+    t->put_once |= 1u << db;
+  } else if (!c && (rc = mdb_cursor_open(t->mdb, t->store->dbi[db], &c)) == MDB_SUCCESS) {
+    t->put_cursor[db] = c;
+  }
+  if (rc == MDB_SUCCESS) {
+    rc = MDB_KEYEXIST;
+    if (append) /* LMDB answers MDB_KEYEXIST, and changes nothing, for a key not past the last */
+      rc = c ? mdb_cursor_put(c, &mk, &mv, MDB_APPEND)
+             : mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, MDB_APPEND);
+    if (rc == MDB_KEYEXIST)
+      rc = c ? mdb_cursor_put(c, &mk, &mv, 0) : mdb_put(t->mdb, t->store->dbi[db], &mk, &mv, 0);
+  }
   if (rc)
     return txn_fail_mdb(t, rc, "put", db, k);
   t->dirty = true;
@@ -239,15 +268,29 @@ static int txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_rec
   if (!t->mdb || !t->write) /* before touching the writer's scratch space */
     return txn_fail(t, CPH_ESTATE, "put into database \"%s\" outside a write transaction",
                     cph_db_name(db));
-  cph_buf *b = &t->store->scratch;
-  cph_buf_reset(b);
-  int rc = cph_record_encode(desc, rec, b);
-  if (rc == CPH_OK)
-    rc = txn_put(t, db, k, b->data, b->len, append);
-  else
-    rc = txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
-  if (b->cap > CPH_STORE_SCRATCH_KEEP)
-    cph_buf_free(b);
+  /* Encoded on the stack (most records); a larger one, whose size that pass told, a second
+   * time into the store's scratch block, kept between records up to CPH_STORE_SCRATCH_KEEP
+   * bytes. */
+  cph_store *s = t->store;
+  uint8_t small[CPH_RECORD_SMALL], *p = small;
+  size_t n = cph_record_encode_to(desc, rec, small, sizeof small);
+  if (n > sizeof small) {
+    if (n > s->scratch_cap) {
+      uint8_t *grown = realloc(s->scratch, n);
+      if (!grown)
+        return txn_fail(t, CPH_ENOMEM, "out of memory encoding a %s", cph_record_name(desc));
+      s->scratch = grown;
+      s->scratch_cap = n;
+    }
+    p = s->scratch;
+    cph_record_encode_to(desc, rec, p, n);
+  }
+  int rc = txn_put(t, db, k, p, n, append);
+  if (s->scratch_cap > CPH_STORE_SCRATCH_KEEP) {
+    free(s->scratch);
+    s->scratch = NULL;
+    s->scratch_cap = 0;
+  }
   return rc;
 }
 
