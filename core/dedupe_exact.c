@@ -228,7 +228,8 @@ int dd_entries_flush(cph_dedupe *d, cph_txn *t) {
   if (!d->batching)
     return t->ret;
   d->batching = false;
-  qsort(d->pend, d->n_pend, sizeof *d->pend, pend_cmp); /* one per key: a total order */
+  if (d->n_pend) /* qsort's array may not be NULL, even empty */
+    qsort(d->pend, d->n_pend, sizeof *d->pend, pend_cmp); /* one per key: a total order */
   for (size_t i = 0; i < d->n_pend && !t->ret; i++) {
     const dd_pending *p = &d->pend[i];
     dd_entry e = {p->family, p->event_id, p->first_ms, p->last_ms, p->simhash};
