@@ -18,7 +18,6 @@
 /* Ownership is read again when etcd's watch says a node or shard key changed, and at least
  * this often (a net for a watch that broke, or a change the watch missed while it reconnected). */
 #define RECONCILE_EVERY_NS 1000000000LL
-#define WATCH_PREFIX "/cephalon/"
 #define TURN_SLOTS 65536
 #define NODE_PREFIX "/cephalon/nodes/"
 #define SHARD_PREFIX "/cephalon/shards/"
@@ -573,7 +572,9 @@ static int on_watch_data(void *arg, const char *data, size_t len) {
 
 static void *watch_thread(void *arg) {
   cph_cluster *c = arg;
-  char *key = b64(WATCH_PREFIX), *end_s = prefix_end(WATCH_PREFIX);
+  /* One range from the first node key to past the last shard key: "/cephalon/demand/" sorts
+   * before it, so etcd sends no demand changes (one a second per node) to this watch. */
+  char *key = b64(NODE_PREFIX), *end_s = prefix_end(SHARD_PREFIX);
   char *end = end_s ? b64(end_s) : NULL;
   free(end_s);
   json_t *req =
