@@ -699,7 +699,12 @@ static group *theap_top(lane_state *l) {
 static void theap_served(lane_state *l, group *g) {
   tclass *c = g->cls;
   if (g->in_heap) {
-    cset_pop(c, cset_head(c)); /* g's slot: nothing changed in c since theap_top */
+    /* g's slot is the class's head (theap_top); most often the ring's front already. */
+    tslot *front = cring_front(c);
+    if (front && front->g == g && front->gen == g->hgen && front->vstart == g->vstart)
+      cring_pop(c);
+    else
+      cset_pop(c, cset_head(c));
     g->vstart = g->vfinish;
     tslot x = {g->vstart, g->tenant, g->hgen, g};
     if (!cset_push(c, &x)) { /* out of memory: it leaves, and rejoins on its next change */
