@@ -67,6 +67,31 @@ static int post_expect(int port, const char *path, const char *body, int want) {
 
 /* One interactive session per client, "PREFIX-<i>", subscribed to channel "PREFIX-chan-<i>";
  * window > 0 sets its context_window_tokens (else the policy default). */
+/* A cluster: each session is created on the node that owns it — the one that answers 200;
+ * the others answer 421. */
+static int create_sessions_on_owners(const int *ports, int n_ports, int n, const char *prefix) {
+  char body[320];
+  for (int i = 0; i < n; i++) {
+    snprintf(body, sizeof body,
+             "{\"id\":\"%s-%d\",\"class\":\"interactive\",\"subscribe\":[\"%s-chan-%d\"]}", prefix,
+             i, prefix, i);
+    int created = 0;
+    for (int k = 0; k < n_ports && !created; k++) {
+      cph_bench_conn c = CPH_BENCH_CONN_INIT;
+      cph_bench_resp r;
+      if (cph_bench_conn_open(&c, ports[k]) == 0 &&
+          cph_bench_http(&c, "POST", "/v1/sessions", body, strlen(body), &r) == 0)
+        created = r.status == 200;
+      cph_bench_conn_free(&c);
+    }
+    if (!created) {
+      fprintf(stderr, "cephalon-bench: no node created session %s-%d\n", prefix, i);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static int create_sessions(int port, int n, const char *prefix, uint64_t window) {
   char body[320], win[48] = "";
   if (window)
@@ -84,11 +109,13 @@ static int create_sessions(int port, int n, const char *prefix, uint64_t window)
 
 typedef struct http_ctx {
   int port;
+  const int *ports; /* cluster mode (ingest --nodes): client i talks to ports[i % n_ports] */
+  int n_ports;
   int events_per_request;
   size_t body_bytes;
   const char *prefix;
-  int subscribed; /* ingest: events go to the clients' subscribed channels, else unrouted */
-  size_t reply_bytes; /* cycle: the reply each complete carries (0: none) */
+  int subscribed;      /* ingest: events go to the clients' subscribed channels, else unrouted */
+  size_t reply_bytes;  /* cycle: the reply each complete carries (0: none) */
   const char *include; /* cycle: the lease's `,"include":[...]` member, "" for the whole turn */
   /* Totals over the clients, added by client_teardown (main thread, after the run). */
   uint64_t queued, stored, aggregated, other, empty_leases, turns, turn_bytes;
@@ -105,8 +132,8 @@ typedef struct http_client {
   char *req;
   size_t req_cap;
   uint64_t queued, stored, aggregated, other; /* ingest statuses seen */
-  uint64_t empty_leases;                     /* cycle: 204s before a turn came */
-  uint64_t turns, turn_bytes;                /* cycle: lease answers and their size */
+  uint64_t empty_leases;                      /* cycle: 204s before a turn came */
+  uint64_t turns, turn_bytes;                 /* cycle: lease answers and their size */
 } http_client;
 
 static int client_setup(void *ctx, int id, void **state) {
@@ -120,7 +147,8 @@ static int client_setup(void *ctx, int id, void **state) {
   const http_ctx *h = ctx;
   c->req_cap = (size_t)h->events_per_request * (h->body_bytes + 128) + 64;
   c->req = malloc(c->req_cap);
-  if (!c->req || cph_bench_conn_open(&c->conn, h->port)) {
+  int port = h->n_ports ? h->ports[id % h->n_ports] : h->port;
+  if (!c->req || cph_bench_conn_open(&c->conn, port)) {
     free(c->req);
     free(c);
     return -1;
@@ -189,7 +217,9 @@ static int ingest_op(void *state, uint64_t seq) {
             r.body ? r.body : "");
     return -1;
   }
-  uint64_t q = count_of(r.body, "\"status\":\"queued\"");
+  /* a cluster answers "accepted" once the log took the event (its owner queues it) */
+  uint64_t q =
+      count_of(r.body, "\"status\":\"queued\"") + count_of(r.body, "\"status\":\"accepted\"");
   uint64_t s = count_of(r.body, "\"status\":\"stored\"");
   uint64_t a = count_of(r.body, "\"status\":\"aggregated\"");
   c->queued += q;
@@ -200,14 +230,17 @@ static int ingest_op(void *state, uint64_t seq) {
 }
 
 static void ingest_usage(FILE *f) {
-  fprintf(f, "usage: cephalon-bench ingest [--clients N] [--events E] [--seconds S] "
-             "[--sync always|batch|none] [--body-bytes B] [--unrouted]\n"
-             "  --clients N     client threads, each with its own connection (default 8)\n"
-             "  --events E      events per request (default 1000)\n"
-             "  --seconds S     measured seconds (default 10; 1 s warm-up before)\n"
-             "  --sync MODE     :store :sync (default always)\n"
-             "  --body-bytes B  event body size (default 64)\n"
-             "  --unrouted      post to channels nobody subscribes to (status stored)\n");
+  fprintf(f,
+          "usage: cephalon-bench ingest [--clients N] [--events E] [--seconds S] "
+          "[--sync always|batch|none] [--body-bytes B] [--unrouted]\n"
+          "  --clients N     client threads, each with its own connection (default 8)\n"
+          "  --events E      events per request (default 1000)\n"
+          "  --seconds S     measured seconds (default 10; 1 s warm-up before)\n"
+          "  --sync MODE     :store :sync (default always)\n"
+          "  --body-bytes B  event body size (default 64)\n"
+          "  --unrouted      post to channels nobody subscribes to (status stored)\n"
+          "  --nodes P,P,..  post to running cluster nodes on 127.0.0.1 at these ports (the\n"
+          "                  clients spread over them; no daemon is started; bench/cluster.sh)\n");
 }
 
 static const char *sync_arg(int argc, char **argv, int *i) {
@@ -225,10 +258,20 @@ int cph_bench_ingest(int argc, char **argv) {
   uint64_t clients = 8, events = 1000, seconds = 10, body_bytes = 64;
   const char *sync = "always";
   bool unrouted = false;
+  int nodes[16], n_nodes = 0;
   for (int i = 1; i < argc;) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       ingest_usage(stdout);
       return 0;
+    }
+    if (strcmp(argv[i], "--nodes") == 0 && i + 1 < argc) {
+      char list[256];
+      snprintf(list, sizeof list, "%s", argv[i + 1]);
+      char *save = NULL;
+      for (char *p = strtok_r(list, ",", &save); p && n_nodes < 16; p = strtok_r(NULL, ",", &save))
+        nodes[n_nodes++] = atoi(p);
+      i += 2;
+      continue;
     }
     if (strcmp(argv[i], "--unrouted") == 0) {
       unrouted = true;
@@ -262,18 +305,22 @@ int cph_bench_ingest(int argc, char **argv) {
   char policy[2048];
   if (cph_bench_policy(policy, sizeof policy, sync, 64, 10, 1, NULL))
     return 1;
-  cph_bench_daemon d;
-  if (cph_bench_daemon_start(&d, policy, NULL, 20000)) {
+  cph_bench_daemon d = {0};
+  d.pid = -1;
+  if (!n_nodes && cph_bench_daemon_start(&d, policy, NULL, 20000)) {
     cph_bench_daemon_free(&d);
     return 1;
   }
   int status = 1;
   http_ctx h = {.port = d.port,
+                .ports = nodes,
+                .n_ports = n_nodes,
                 .events_per_request = (int)events,
                 .body_bytes = (size_t)body_bytes,
                 .prefix = "ingest",
                 .subscribed = !unrouted};
-  if (create_sessions(d.port, (int)clients, "ingest", 0))
+  if (n_nodes ? create_sessions_on_owners(nodes, n_nodes, (int)clients, "ingest")
+              : create_sessions(d.port, (int)clients, "ingest", 0))
     goto out;
   cph_bench_load l = {.clients = (int)clients,
                       .warmup_s = 1.0,
@@ -286,15 +333,18 @@ int cph_bench_ingest(int argc, char **argv) {
   if (cph_bench_load_run(&l, &res))
     goto out;
   int64_t rss_anon;
-  int64_t rss = cph_bench_rss(d.pid, &rss_anon);
+  int64_t rss = n_nodes ? 0 : cph_bench_rss(d.pid, &rss_anon);
   double eps = res.ops_per_s * (double)events;
-  printf("cephalond          :store :sync :%s, %s events, %" PRIu64 "-byte bodies\n", sync,
-         unrouted ? "unrouted" : "routed (one subscriber each)", body_bytes);
-  printf("clients            %" PRIu64 " (one connection each), %" PRIu64
-         " events per request\n",
+  if (n_nodes)
+    printf("cluster            %d nodes (their own policies), %s events, %" PRIu64 "-byte bodies\n",
+           n_nodes, unrouted ? "unrouted" : "routed (one subscriber each)", body_bytes);
+  else
+    printf("cephalond          :store :sync :%s, %s events, %" PRIu64 "-byte bodies\n", sync,
+           unrouted ? "unrouted" : "routed (one subscriber each)", body_bytes);
+  printf("clients            %" PRIu64 " (one connection each), %" PRIu64 " events per request\n",
          clients, events);
-  printf("requests           %" PRIu64 " in %.2f s (errors %" PRIu64 ")\n", res.ops,
-         res.seconds, res.errors);
+  printf("requests           %" PRIu64 " in %.2f s (errors %" PRIu64 ")\n", res.ops, res.seconds,
+         res.errors);
   printf("request latency    p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", res.lat_p50_us / 1e3,
          res.lat_p99_us / 1e3, res.lat_max_us / 1e3);
   printf("statuses           queued %" PRIu64 ", stored %" PRIu64 ", aggregated %" PRIu64
@@ -303,9 +353,9 @@ int cph_bench_ingest(int argc, char **argv) {
   printf("events/s           %.0f\n", eps);
   printf("daemon rss         %.1f MiB at the end\n", (double)rss / 1048576.0);
   printf("ingest events_per_s=%.0f requests_per_s=%.1f events_per_request=%" PRIu64
-         " clients=%" PRIu64 " sync=%s p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
-         eps, res.ops_per_s, events, clients, sync, res.lat_p50_us / 1e3, res.lat_p99_us / 1e3,
-         res.errors);
+         " clients=%" PRIu64 " sync=%s nodes=%d p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
+         eps, res.ops_per_s, events, clients, sync, n_nodes ? n_nodes : 1, res.lat_p50_us / 1e3,
+         res.lat_p99_us / 1e3, res.errors);
   status = res.errors ? 1 : 0;
 out:
   cph_bench_daemon_free(&d);
@@ -333,9 +383,8 @@ static int cycle_op(void *state, uint64_t seq) {
   }
   /* 2. lease a turn (any session's: the scheduler decides) */
   char lease_req[512];
-  int lease_len = snprintf(lease_req, sizeof lease_req,
-                           "{\"worker\":\"w-%d\",\"wait_ms\":%d%s}", c->id, LEASE_WAIT_MS,
-                           c->ctx->include);
+  int lease_len = snprintf(lease_req, sizeof lease_req, "{\"worker\":\"w-%d\",\"wait_ms\":%d%s}",
+                           c->id, LEASE_WAIT_MS, c->ctx->include);
   for (int tries = 0;; tries++) {
     if (cph_bench_http(&c->conn, "POST", "/v1/turns/lease", lease_req, (size_t)lease_len, &r)) {
       fprintf(stderr, "cephalon-bench cycle: lease failed (connection)\n");
@@ -346,8 +395,7 @@ static int cycle_op(void *state, uint64_t seq) {
     if (r.status == 204 && cph_bench_load_stopping())
       return 0;
     if (r.status != 204 || tries + 1 >= LEASE_MAX_EMPTY) {
-      fprintf(stderr, "cephalon-bench cycle: lease -> %d %.300s\n", r.status,
-              r.body ? r.body : "");
+      fprintf(stderr, "cephalon-bench cycle: lease -> %d %.300s\n", r.status, r.body ? r.body : "");
       return -1;
     }
     c->empty_leases++;
@@ -499,8 +547,8 @@ int cph_bench_cycle(int argc, char **argv) {
   if (warm_channels != UINT64_MAX)
     snprintf(extra, sizeof extra, ":sessions {:warm-channels %" PRIu64 "}", warm_channels);
   if (keep_turns != UINT64_MAX)
-    snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " :context {:keep-turns %" PRIu64 "}",
-             keep_turns);
+    snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+             " :context {:keep-turns %" PRIu64 "}", keep_turns);
   /* Concurrency at least the clients: every client may hold a turn at once. */
   if (cph_bench_policy(policy, sizeof policy, sync, (int)clients < 64 ? 64 : (int)clients, 10, 1,
                        extra))
@@ -545,8 +593,8 @@ int cph_bench_cycle(int argc, char **argv) {
   printf("lease include      %s\n", include ? include : "(none: the whole turn)");
   printf("cycle              POST /v1/events (1 event) -> POST /v1/turns/lease -> "
          "POST /v1/turns/{id}/complete\n");
-  printf("cycles             %" PRIu64 " in %.2f s (errors %" PRIu64 ")\n", res.ops,
-         res.seconds, res.errors);
+  printf("cycles             %" PRIu64 " in %.2f s (errors %" PRIu64 ")\n", res.ops, res.seconds,
+         res.errors);
   printf("cycle latency      p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", res.lat_p50_us / 1e3,
          res.lat_p99_us / 1e3, res.lat_max_us / 1e3);
   printf("lease answers      %" PRIu64 " turns, mean %.0f bytes; %" PRIu64

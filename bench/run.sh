@@ -96,6 +96,14 @@ run redis-none 120 redis --mode none --seconds "$SECONDS_PER_RUN"
 # The agent app on Redis doing the cycle's turn work: the anchor of §12's cycle rows.
 run redis-agent-always 120 redis --mode always --work agent --seconds "$SECONDS_PER_RUN"
 run redis-agent-none 120 redis --mode none --work agent --seconds "$SECONDS_PER_RUN"
+# DESIGN §14 (issue #20): durable ingest on one node and on a three-node cluster on this same
+# machine (etcd, three NATS servers and three daemons share its two cores); reported below
+# the targets, not judged.
+echo "== cluster: bench/cluster.sh $bin $SECONDS_PER_RUN" | tee -a "$log" >&2
+timeout --kill-after=10 240 "$(dirname "$0")/cluster.sh" "$bin" "$SECONDS_PER_RUN" \
+  >"$work/cluster.out" 2>"$work/cluster.err" || failed+=("cluster (exit $?)")
+cat "$work/cluster.out" "$work/cluster.err" >>"$log"
+tail -1 "$work/cluster.out" >&2
 run fairness 60 fairness --data "$work/data"
 run spam 60 spam --data "$work/data"
 run maintenance 60 maintenance --data "$work/data"
@@ -291,6 +299,16 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "| :sync :always vs beanstalkd -b -f 0 | $csa | $cpa | $bf | $(ratio "$csa" "$bf") |"
   echo "| :sync :none vs the Redis agent app in memory | $csn | $cpn | $ran | $(ratio "$csn" "$ran") |"
   echo "| :sync :none vs beanstalkd in memory | $csn | $cpn | $bm | $(ratio "$csn" "$bm") |"
+  echo
+  echo "### A cluster on one machine (DESIGN §14)"
+  echo
+  echo "bench/cluster.sh: durable ingest, 1,000 events a request, on one node and then on three"
+  echo "cluster nodes with the log (every event appended to NATS JetStream, 3 replicas, and"
+  echo "applied by its channel's owner), all on this machine's cores:"
+  echo
+  echo '```'
+  cat "$work/cluster.out" 2>/dev/null
+  echo '```'
   echo
   echo "### The lease answer: the whole turn vs what the reference worker asks for"
   echo
