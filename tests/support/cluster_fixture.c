@@ -21,6 +21,17 @@
 #include "api.h"
 #include "testutil.h"
 
+#include <sys/prctl.h>
+
+/* In a forked child: it is killed when the test process ends, however it ends — an abort()
+ * in a check (the openapi validator's) skips atexit handlers and teardowns, and daemons,
+ * etcd and NATS servers left running would load the machine for every later test and bench. */
+static void die_with_parent(pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) /* it died before the line above */
+    _exit(127);
+}
+
 /* Every helper process started here, killed at exit if a test aborted before teardown. */
 static pid_t g_pids[16];
 static bool g_atexit;
@@ -85,9 +96,11 @@ cph_test_cluster *cph_tc_new(void) {
 
 /* Forks argv with stdout to /dev/null and stderr to log; the pid. */
 static pid_t spawn(const char *const *argv, const char *log) {
+  pid_t parent = getpid();
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
+    die_with_parent(parent);
     /* the test's pipes must not outlive the test */
     if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
       _exit(127);
