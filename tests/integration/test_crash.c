@@ -538,6 +538,23 @@ typedef struct complete_state {
   size_t n_replies, cap_replies;
 } complete_state;
 
+/* An acknowledged event's line "E <id> <body>": kept as cs's next event; its id. */
+static int64_t note_acked_event(complete_state *cs, const char *line) {
+  if (cs->n_events == cs->cap_events) {
+    cs->cap_events = cs->cap_events ? cs->cap_events * 2 : 1024;
+    cs->acked_events = realloc(cs->acked_events, cs->cap_events * sizeof *cs->acked_events);
+    cs->bodies = realloc(cs->bodies, cs->cap_events * sizeof *cs->bodies);
+  }
+  long long id;
+  char body[32];
+  if (sscanf(line, "E %lld %31s", &id, body) != 2)
+    fail_msg("bad ack line '%s'", line);
+  cs->acked_events[cs->n_events] = id;
+  memcpy(cs->bodies[cs->n_events], body, sizeof body);
+  cs->n_events++;
+  return id;
+}
+
 static void note_inbox(crash_run *r, complete_state *cs, int64_t inbox, int64_t event) {
   int64_t was = idmap_get(&cs->inbox_event, inbox);
   if (was && was != event)
@@ -659,19 +676,8 @@ static void test_kill_9_during_completions_loses_no_acknowledged_completion(void
       if (line[0] == 'X') {
         fail_with_log(r, "a driver saw %s", line + 2);
       } else if (line[0] == 'E') {
-        if (cs.n_events == cs.cap_events) {
-          cs.cap_events = cs.cap_events ? cs.cap_events * 2 : 1024;
-          cs.acked_events = realloc(cs.acked_events, cs.cap_events * sizeof *cs.acked_events);
-          cs.bodies = realloc(cs.bodies, cs.cap_events * sizeof *cs.bodies);
-        }
-        long long id;
-        char body[32];
-        if (sscanf(line, "E %lld %31s", &id, body) != 2)
-          fail_msg("bad ack line '%s'", line);
-        cs.acked_events[cs.n_events] = id;
-        memcpy(cs.bodies[cs.n_events], body, sizeof body);
-        idmap_set(&cs.event_body_at, id, (int64_t)cs.n_events + 1);
-        cs.n_events++;
+        int64_t id = note_acked_event(&cs, line);
+        idmap_set(&cs.event_body_at, id, (int64_t)cs.n_events);
       } else if (line[0] == 'L') {
         char *save2 = NULL;
         strtok_r(line, " ", &save2); /* "L" */
@@ -916,18 +922,7 @@ static void test_kill_9_mid_cycle_keeps_what_was_acknowledged_and_expires_leases
       if (line[0] == 'X') {
         fail_with_log(r, "a client saw %s", line + 2);
       } else if (line[0] == 'E') {
-        if (cs.n_events == cs.cap_events) {
-          cs.cap_events = cs.cap_events ? cs.cap_events * 2 : 1024;
-          cs.acked_events = realloc(cs.acked_events, cs.cap_events * sizeof *cs.acked_events);
-          cs.bodies = realloc(cs.bodies, cs.cap_events * sizeof *cs.bodies);
-        }
-        long long id;
-        char body[32];
-        if (sscanf(line, "E %lld %31s", &id, body) != 2)
-          fail_msg("bad ack line '%s'", line);
-        cs.acked_events[cs.n_events] = id;
-        memcpy(cs.bodies[cs.n_events], body, sizeof body);
-        cs.n_events++;
+        note_acked_event(&cs, line);
       } else if (line[0] == 'L' && n_leases < 4096) {
         cycle_lease *l = &leases[n_leases++];
         char *save2 = NULL;
