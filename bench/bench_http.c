@@ -65,11 +65,10 @@ static int post_expect(int port, const char *path, const char *body, int want) {
   return rc;
 }
 
-/* One interactive session per client, "PREFIX-<i>", subscribed to channel "PREFIX-chan-<i>";
- * window > 0 sets its context_window_tokens (else the policy default). */
 /* A cluster: each session is created on the node that owns it — the one that answers 200;
- * the others answer 421. */
-static int create_sessions_on_owners(const int *ports, int n_ports, int n, const char *prefix) {
+ * the others answer 421. owner[i] (when given) is the port of session i's owner. */
+static int create_sessions_on_owners(const int *ports, int n_ports, int n, const char *prefix,
+                                     int *owner) {
   char body[320];
   for (int i = 0; i < n; i++) {
     snprintf(body, sizeof body,
@@ -81,8 +80,10 @@ static int create_sessions_on_owners(const int *ports, int n_ports, int n, const
       cph_bench_resp r;
       if (cph_bench_conn_open(&c, ports[k]) == 0 &&
           cph_bench_http(&c, "POST", "/v1/sessions", body, strlen(body), &r) == 0)
-        created = r.status == 200;
+        created = r.status == 200 || r.status == 409; /* 409: it exists there already */
       cph_bench_conn_free(&c);
+      if (created && owner)
+        owner[i] = ports[k];
     }
     if (!created) {
       fprintf(stderr, "cephalon-bench: no node created session %s-%d\n", prefix, i);
@@ -92,6 +93,8 @@ static int create_sessions_on_owners(const int *ports, int n_ports, int n, const
   return 0;
 }
 
+/* One interactive session per client, "PREFIX-<i>", subscribed to channel "PREFIX-chan-<i>";
+ * window > 0 sets its context_window_tokens (else the policy default). */
 static int create_sessions(int port, int n, const char *prefix, uint64_t window) {
   char body[320], win[48] = "";
   if (window)
@@ -111,6 +114,8 @@ typedef struct http_ctx {
   int port;
   const int *ports; /* cluster mode (ingest --nodes): client i talks to ports[i % n_ports] */
   int n_ports;
+  const int *client_ports; /* cluster mode (cycle --nodes): client i talks to client_ports[i],
+                              the owner of its session */
   int events_per_request;
   size_t body_bytes;
   const char *prefix;
@@ -147,7 +152,9 @@ static int client_setup(void *ctx, int id, void **state) {
   const http_ctx *h = ctx;
   c->req_cap = (size_t)h->events_per_request * (h->body_bytes + 128) + 64;
   c->req = malloc(c->req_cap);
-  int port = h->n_ports ? h->ports[id % h->n_ports] : h->port;
+  int port = h->client_ports ? h->client_ports[id]
+             : h->n_ports     ? h->ports[id % h->n_ports]
+                              : h->port;
   if (!c->req || cph_bench_conn_open(&c->conn, port)) {
     free(c->req);
     free(c);
@@ -254,6 +261,26 @@ static const char *sync_arg(int argc, char **argv, int *i) {
   return NULL;
 }
 
+/* --nodes P,P,...: the ports of running cluster nodes on 127.0.0.1, into nodes[16]. Returns
+ * how many, or -1 (said on stderr) when the list is empty, too long or has a bad port. */
+static int nodes_arg(const char *cmd, const char *list, int nodes[16]) {
+  int n = 0;
+  for (const char *p = list; *p;) {
+    char *end;
+    long port = strtol(p, &end, 10);
+    if (end == p || port < 1 || port > 65535 || (*end != ',' && *end != '\0') || n == 16) {
+      fprintf(stderr, "cephalon-bench %s: --nodes: bad port list \"%s\" (at most 16 ports)\n",
+              cmd, list);
+      return -1;
+    }
+    nodes[n++] = (int)port;
+    p = *end ? end + 1 : end;
+  }
+  if (n == 0)
+    fprintf(stderr, "cephalon-bench %s: --nodes: no port given\n", cmd);
+  return n ? n : -1;
+}
+
 int cph_bench_ingest(int argc, char **argv) {
   uint64_t clients = 8, events = 1000, seconds = 10, body_bytes = 64;
   const char *sync = "always";
@@ -265,11 +292,8 @@ int cph_bench_ingest(int argc, char **argv) {
       return 0;
     }
     if (strcmp(argv[i], "--nodes") == 0 && i + 1 < argc) {
-      char list[256];
-      snprintf(list, sizeof list, "%s", argv[i + 1]);
-      char *save = NULL;
-      for (char *p = strtok_r(list, ",", &save); p && n_nodes < 16; p = strtok_r(NULL, ",", &save))
-        nodes[n_nodes++] = atoi(p);
+      if ((n_nodes = nodes_arg("ingest", argv[i + 1], nodes)) < 0)
+        return 2;
       i += 2;
       continue;
     }
@@ -319,7 +343,7 @@ int cph_bench_ingest(int argc, char **argv) {
                 .body_bytes = (size_t)body_bytes,
                 .prefix = "ingest",
                 .subscribed = !unrouted};
-  if (n_nodes ? create_sessions_on_owners(nodes, n_nodes, (int)clients, "ingest")
+  if (n_nodes ? create_sessions_on_owners(nodes, n_nodes, (int)clients, "ingest", NULL)
               : create_sessions(d.port, (int)clients, "ingest", 0))
     goto out;
   cph_bench_load l = {.clients = (int)clients,
@@ -437,7 +461,7 @@ static int cycle_op(void *state, uint64_t seq) {
 static void cycle_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench cycle [--sync always|batch|none] [--clients N] "
              "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T] "
-             "[--include P,...] [--warm-channels N] [--keep-turns N]\n"
+             "[--include P,...] [--warm-channels N] [--keep-turns N] [--nodes P,P,...]\n"
              "  --sync MODE      :store :sync (default always)\n"
              "  --clients N      client threads, each with its own connection and session "
              "(default 8)\n"
@@ -452,7 +476,13 @@ static void cycle_usage(FILE *f) {
              "  --warm-channels N  :sessions :warm-channels (default: the policy's; 0: every lease "
              "reads its history from the store)\n"
              "  --keep-turns N   :context :keep-turns (default: the policy's; 0: no turn context "
-             "is kept)\n");
+             "is kept)\n"
+             "  --nodes P,P,...  run against running cluster nodes on 127.0.0.1 at these ports\n"
+             "                   (no daemon is started; their own policies apply, so --sync,\n"
+             "                   --warm-channels and --keep-turns are refused): each client's\n"
+             "                   session is created on its owner, and the client posts, leases\n"
+             "                   and completes there; every event goes through the log\n"
+             "                   (bench/cluster.sh)\n");
 }
 
 /* --include a,b,c as the lease body's member `,"include":["a","b","c"]` in out; -1 when a
@@ -510,11 +540,21 @@ int cph_bench_cycle(int argc, char **argv) {
   uint64_t keep_turns = UINT64_MAX;    /* likewise */
   const char *sync = "always", *include = NULL;
   char include_json[384] = "";
+  int nodes[16], n_nodes = 0;
+  bool node_local = false; /* an option that sets the started daemon's policy was given */
   for (int i = 1; i < argc;) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       cycle_usage(stdout);
       return 0;
     }
+    if (strcmp(argv[i], "--nodes") == 0 && i + 1 < argc) {
+      if ((n_nodes = nodes_arg("cycle", argv[i + 1], nodes)) < 0)
+        return 2;
+      i += 2;
+      continue;
+    }
+    node_local |= strcmp(argv[i], "--sync") == 0 || strcmp(argv[i], "--warm-channels") == 0 ||
+                  strcmp(argv[i], "--keep-turns") == 0;
     if (strcmp(argv[i], "--include") == 0 && i + 1 < argc) {
       include = argv[i + 1];
       if (include_member(include, include_json, sizeof include_json))
@@ -543,6 +583,15 @@ int cph_bench_cycle(int argc, char **argv) {
     cycle_usage(stderr);
     return 2;
   }
+  if (n_nodes && node_local) {
+    fprintf(stderr, "cephalon-bench cycle: --nodes runs on the nodes' own policies: "
+                    "--sync, --warm-channels and --keep-turns do not apply\n");
+    return 2;
+  }
+  if (n_nodes && window) {
+    fprintf(stderr, "cephalon-bench cycle: --window is not supported with --nodes\n");
+    return 2;
+  }
   char policy[2048], extra[128] = "";
   if (warm_channels != UINT64_MAX)
     snprintf(extra, sizeof extra, ":sessions {:warm-channels %" PRIu64 "}", warm_channels);
@@ -553,13 +602,16 @@ int cph_bench_cycle(int argc, char **argv) {
   if (cph_bench_policy(policy, sizeof policy, sync, (int)clients < 64 ? 64 : (int)clients, 10, 1,
                        extra))
     return 1;
-  cph_bench_daemon d;
-  if (cph_bench_daemon_start(&d, policy, NULL, 20000)) {
+  cph_bench_daemon d = {0};
+  d.pid = -1;
+  if (!n_nodes && cph_bench_daemon_start(&d, policy, NULL, 20000)) {
     cph_bench_daemon_free(&d);
     return 1;
   }
   int status = 1;
+  int *owner = n_nodes ? calloc(clients, sizeof *owner) : NULL;
   http_ctx h = {.port = d.port,
+                .client_ports = owner,
                 .events_per_request = 1,
                 .body_bytes = (size_t)body_bytes,
                 .prefix = "cycle",
@@ -570,8 +622,10 @@ int cph_bench_cycle(int argc, char **argv) {
                 .cpu_ns = {-1, -1},
                 .passes = {-1, -1},
                 .fsyncs = {-1, -1}};
-  if (create_sessions(d.port, (int)clients, "cycle", window))
+  if (n_nodes ? !owner || create_sessions_on_owners(nodes, n_nodes, (int)clients, "cycle", owner)
+              : create_sessions(d.port, (int)clients, "cycle", window))
     goto out;
+  /* A cluster's daemons were started elsewhere: their CPU, passes and flushes are not read. */
   cph_bench_load l = {.clients = (int)clients,
                       .warmup_s = 1.0,
                       .seconds = (double)seconds,
@@ -579,12 +633,16 @@ int cph_bench_cycle(int argc, char **argv) {
                       .op = cycle_op,
                       .teardown = client_teardown,
                       .ctx = &h,
-                      .window = cycle_window};
+                      .window = n_nodes ? NULL : cycle_window};
   cph_bench_load_result res;
   if (cph_bench_load_run(&l, &res))
     goto out;
-  printf("cephalond          :store :sync :%s; context window %s tokens\n", sync,
-         window ? "per --window" : "the default");
+  if (n_nodes)
+    printf("cluster            %d nodes (their own policies); context window the default\n",
+           n_nodes);
+  else
+    printf("cephalond          :store :sync :%s; context window %s tokens\n", sync,
+           window ? "per --window" : "the default");
   if (window)
     printf("context window     %" PRIu64 " tokens\n", window);
   printf("clients            %" PRIu64 " (one connection and one session each), %" PRIu64
@@ -613,9 +671,12 @@ int cph_bench_cycle(int argc, char **argv) {
     snprintf(passes, sizeof passes, "%.3f", (double)(h.passes[1] - h.passes[0]) / (double)res.ops);
   if (res.ops && h.fsyncs[0] >= 0 && h.fsyncs[1] >= 0)
     snprintf(fsyncs, sizeof fsyncs, "%.3f", (double)(h.fsyncs[1] - h.fsyncs[0]) / (double)res.ops);
-  printf("daemon cpu         %s us per cycle (/proc/%d/stat utime+stime over the window, "
-         "10 ms ticks)\n",
-         cpu, (int)d.pid);
+  if (n_nodes)
+    printf("daemon cpu         n/a (the nodes run outside the bench)\n");
+  else
+    printf("daemon cpu         %s us per cycle (/proc/%d/stat utime+stime over the window, "
+           "10 ms ticks)\n",
+           cpu, (int)d.pid);
   printf("passes             %s per cycle (cephalon_scheduler_passes_total over the window)\n",
          passes);
   printf("fsyncs             %s per cycle (cephalon_lmdb_fsyncs_total over the window: "
@@ -624,11 +685,13 @@ int cph_bench_cycle(int argc, char **argv) {
   printf("cycle cycles_per_s=%.0f sync=%s clients=%" PRIu64 " body_bytes=%" PRIu64
          " reply_bytes=%" PRIu64 " window=%" PRIu64
          " include=%s lease_bytes=%.0f cpu_us_per_cycle=%s fsyncs_per_cycle=%s"
-         " passes_per_cycle=%s p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
-         res.ops_per_s, sync, clients, body_bytes, reply_bytes, window, include ? include : "all",
-         lease_bytes, cpu, fsyncs, passes, res.lat_p50_us / 1e3, res.lat_p99_us / 1e3, res.errors);
+         " passes_per_cycle=%s nodes=%d p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
+         res.ops_per_s, n_nodes ? "nodes" : sync, clients, body_bytes, reply_bytes, window,
+         include ? include : "all", lease_bytes, cpu, fsyncs, passes, n_nodes ? n_nodes : 1,
+         res.lat_p50_us / 1e3, res.lat_p99_us / 1e3, res.errors);
   status = res.errors ? 1 : 0;
 out:
+  free(owner);
   cph_bench_daemon_free(&d);
   return status;
 }

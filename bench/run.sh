@@ -96,7 +96,7 @@ run redis-none 120 redis --mode none --seconds "$SECONDS_PER_RUN"
 # The agent app on Redis doing the cycle's turn work: the anchor of §12's cycle rows.
 run redis-agent-always 120 redis --mode always --work agent --seconds "$SECONDS_PER_RUN"
 run redis-agent-none 120 redis --mode none --work agent --seconds "$SECONDS_PER_RUN"
-# DESIGN §14 (issue #20): durable ingest on one node and on a three-node cluster on this same
+# DESIGN §14 (issue #20): durable ingest and the turn cycle on one node and on a three-node cluster on this same
 # machine (etcd, three NATS servers and three daemons share its two cores); reported below
 # the targets, not judged.
 echo "== cluster: bench/cluster.sh $bin $SECONDS_PER_RUN" | tee -a "$log" >&2
@@ -302,9 +302,10 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
   echo "### A cluster on one machine (DESIGN §14)"
   echo
-  echo "bench/cluster.sh: durable ingest, 1,000 events a request, on one node and then on three"
-  echo "cluster nodes with the log (every event appended to NATS JetStream, 3 replicas, and"
-  echo "applied by its channel's owner), all on this machine's cores:"
+  echo "bench/cluster.sh: durable ingest (1,000 events a request) and the turn cycle (8 clients, each"
+  echo "posting, leasing and completing on its session's owner), on one node and then on three"
+  echo "cluster nodes with the log (every event appended to NATS JetStream, 3 replicas, applied by"
+  echo "its channel's owner and forwarded to its session's), all on this machine's cores:"
   echo
   echo '```'
   cat "$work/cluster.out" 2>/dev/null

@@ -5,6 +5,8 @@
 # at the end.
 #   scripts/cluster.sh BIN_DIR [BASE_PORT]   (daemons on BASE_PORT..+2, etcd on BASE_PORT+10/11,
 #                                             NATS clients on BASE_PORT+20..22, routes +30..32)
+# CLUSTER_POLICY_EXTRA, when set, is added to every node's policy map as it is (EDN members
+# other than :server and :cluster, e.g. the budgets bench/cluster.sh runs with).
 set -euo pipefail
 bin=${1:?usage: cluster.sh BIN_DIR [BASE_PORT]}
 base=${2:-7700}
@@ -46,7 +48,8 @@ for i in 0 1 2; do
   cat >"$dir/$n.edn" <<EON
 {:server {:listen "127.0.0.1:$port" :data-dir "$dir/data-$n"}
  :cluster {:node "$n" :advertise "http://127.0.0.1:$port" :etcd ["http://127.0.0.1:$ec"]
-           :nats [${nats_urls# }] :replicas 3}}
+           :nats [${nats_urls# }] :replicas 3}
+ ${CLUSTER_POLICY_EXTRA:-}}
 EON
   "$bin/cephalond" --policy "$dir/$n.edn" >"$dir/$n.log" 2>&1 &
   pids+=($!)
