@@ -385,6 +385,12 @@ void cph_bench_daemon_free(cph_bench_daemon *d) {
 
 int cph_bench_policy(char *buf, size_t cap, const char *sync, int concurrency,
                      int maint_turns_per_minute, int trickle_per_minute, const char *extra) {
+  /* CPH_BENCH_MAP_SIZE_MB overrides the map size: valgrind cannot map 64 GiB, so a profile of
+   * the daemon under it (CPH_BIN_DIR pointing at a wrapper script) needs a smaller one. */
+  const char *map_env = getenv("CPH_BENCH_MAP_SIZE_MB");
+  long map_mb = map_env ? strtol(map_env, NULL, 10) : 65536;
+  if (map_mb < 64 || map_mb > 1048576)
+    map_mb = 65536;
   int n = snprintf(
       buf, cap,
       "{:scheduler {:concurrency %d\n"
@@ -394,10 +400,10 @@ int cph_bench_policy(char *buf, size_t cap, const char *sync, int concurrency,
       " :maintenance {:outbox {:min-batches-per-minute %d}}\n"
       " :store {:sync :%s}\n"
       " :backpressure {:defaults {:max-step 0}}\n"
-      " :server {:map-size-mb 65536 :log-level :info}\n"
+      " :server {:map-size-mb %ld :log-level :info}\n"
       " %s}\n",
       concurrency, maint_turns_per_minute, 2 * maint_turns_per_minute, trickle_per_minute, sync,
-      extra ? extra : "");
+      map_mb, extra ? extra : "");
   return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 

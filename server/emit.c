@@ -3,6 +3,9 @@
 
 #include <assert.h>
 #include <inttypes.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 #include <msgpack.h>
 #include <stdio.h>
 #include <string.h>
@@ -128,15 +131,40 @@ static bool word_needs_look(uint64_t x) {
   return ((x | ctrl | eq) & highs) != 0;
 }
 
+#ifdef __SSE2__
+/* The offset of the first of the 16 bytes at p that needs a look, 16 when none does. A signed
+ * compare with 0x20 flags the control characters and every byte >= 0x80 at once. */
+static inline unsigned block_look(const uint8_t *p) {
+  __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+  __m128i look = _mm_or_si128(_mm_cmplt_epi8(v, _mm_set1_epi8(0x20)),
+                              _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+                                           _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))));
+  unsigned mask = (unsigned)_mm_movemask_epi8(look);
+  return mask ? (unsigned)__builtin_ctz(mask) : 16;
+}
+#endif
+
 static void json_string(cph_buf *b, const uint8_t *p, size_t len) {
   static const char HEX[] = "0123456789abcdef";
   cph_buf_putc(b, '"');
   size_t run = 0; /* start of the pending run of bytes copied as they are */
   for (size_t i = 0; i < len;) {
-    uint64_t word;
-    if (len - i >= 8 && (memcpy(&word, p + i, 8), !word_needs_look(word))) {
-      i += 8; /* plain ASCII: the common case, a word at a time */
-      continue;
+    /* plain ASCII, the common case: 16 bytes at a time where SSE2 is (every x86-64), else a
+     * word at a time; the byte that stops the skip is looked at below */
+#ifdef __SSE2__
+    if (len - i >= 16) {
+      unsigned k = block_look(p + i);
+      i += k;
+      if (k == 16)
+        continue;
+    } else
+#endif
+    {
+      uint64_t word;
+      if (len - i >= 8 && (memcpy(&word, p + i, 8), !word_needs_look(word))) {
+        i += 8;
+        continue;
+      }
     }
     uint8_t c = p[i];
     if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
@@ -210,35 +238,10 @@ static void write_string(cph_emit *w, const char *s) {
     json_string(w->out, (const uint8_t *)s, len);
 }
 
-void cph_emit_key(cph_emit *w, const char *key) {
+void cph_emit_key_mp(cph_emit *w, const char *key, size_t len) {
   assert(w->in_object[w->depth] && "a key outside an object");
-  size_t len = strlen(key);
-  if (!w->msgpack && len <= 48) { /* our keys: short and plain, one append with its comma */
-    bool plain = true;
-    for (size_t i = 0; plain && i < len; i++)
-      plain = key[i] >= 0x20 && key[i] != '"' && key[i] != '\\' && (unsigned char)key[i] < 0x80;
-    if (plain) {
-      char out[48 + 4];
-      size_t n = 0;
-      int d = w->depth;
-      assert(w->left[d] > 0 && "more members than declared");
-      w->left[d]--;
-      if (!w->first[d])
-        out[n++] = ',';
-      w->first[d] = false;
-      out[n++] = '"';
-      memcpy(out + n, key, len);
-      n += len;
-      out[n++] = '"';
-      out[n++] = ':';
-      cph_buf_append(w->out, out, n);
-      return;
-    }
-  }
   before_value(w, true);
-  write_string(w, key);
-  if (!w->msgpack)
-    cph_buf_putc(w->out, ':');
+  mp_string(w, (const uint8_t *)key, len);
 }
 
 void cph_emit_str(cph_emit *w, const char *s) {

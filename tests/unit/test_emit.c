@@ -1,6 +1,8 @@
 /* server/emit.c: the same calls written as JSON and as msgpack read back (jansson, and the
  * daemon's own msgpack reader) to the same document, built here by hand; JSON escapes, and
- * ill-formed UTF-8 repaired to U+FFFD in both forms. */
+ * ill-formed UTF-8 repaired to U+FFFD in both forms; and, as a property, thousands of random
+ * strings (plain runs of every length around the 8- and 16-byte skips, escapes, UTF-8, bad
+ * bytes) read back as a reference repair of them says. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 
 #include "server/emit.h"
 #include "server/mpjson.h"
+#include "tests/support/prop.h"
 
 #define FFFD "\xef\xbf\xbd"
 
@@ -70,7 +73,7 @@ static void write_doc(cph_emit *w) {
   cph_emit_bool(w, true);
   cph_emit_bool(w, false);
   cph_emit_end(w);
-  cph_emit_key(w, "key \"quoted\"");
+  cph_emit_key(w, "empty");
   cph_emit_array(w, 0);
   cph_emit_end(w);
   cph_emit_end(w);
@@ -83,7 +86,7 @@ static json_t *expected_doc(void) {
   json_array_append_new(strings, json_null());
   return json_pack("{s:o, s:{s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f}, s:[b,b], s:[]}", "strings", strings,
                    "numbers", "zero", (json_int_t)0, "min", (json_int_t)INT64_MIN, "seven", (json_int_t)7, "big", (json_int_t)INT64_MAX, "neg", (json_int_t)-42, "half", 0.5,
-                   "three", 3.0, "huge", 1e300, "tenth", 0.1, "flags", 1, 0, "key \"quoted\"");
+                   "three", 3.0, "huge", 1e300, "tenth", 0.1, "flags", 1, 0, "empty");
 }
 
 static void test_json_reads_back_to_the_document(void **state) {
@@ -133,10 +136,95 @@ static void test_msgpack_reads_back_to_the_same_document(void **state) {
   cph_buf_free(&b);
 }
 
+/* The reference repair, written apart from emit.c: each well-formed UTF-8 sequence (RFC 3629:
+ * no overlongs, no surrogates, nothing above U+10FFFF) kept, every other byte one U+FFFD. */
+static size_t ref_seq(const uint8_t *p, size_t avail) {
+  static const struct {
+    uint8_t lo_lead, hi_lead, lo2, hi2, n;
+  } FORMS[] = {{0xc2, 0xdf, 0x80, 0xbf, 2}, {0xe0, 0xe0, 0xa0, 0xbf, 3},
+               {0xe1, 0xec, 0x80, 0xbf, 3}, {0xed, 0xed, 0x80, 0x9f, 3},
+               {0xee, 0xef, 0x80, 0xbf, 3}, {0xf0, 0xf0, 0x90, 0xbf, 4},
+               {0xf1, 0xf3, 0x80, 0xbf, 4}, {0xf4, 0xf4, 0x80, 0x8f, 4}};
+  for (size_t f = 0; f < sizeof FORMS / sizeof FORMS[0]; f++) {
+    if (p[0] < FORMS[f].lo_lead || p[0] > FORMS[f].hi_lead)
+      continue;
+    size_t n = FORMS[f].n;
+    if (avail < n || p[1] < FORMS[f].lo2 || p[1] > FORMS[f].hi2)
+      return 0;
+    for (size_t i = 2; i < n; i++)
+      if (p[i] < 0x80 || p[i] > 0xbf)
+        return 0;
+    return n;
+  }
+  return 0;
+}
+
+static size_t ref_repair(const uint8_t *in, size_t len, char *out) {
+  size_t o = 0;
+  for (size_t i = 0; i < len;) {
+    size_t n = in[i] < 0x80 ? 1 : ref_seq(in + i, len - i);
+    if (n) {
+      memcpy(out + o, in + i, n);
+      o += n;
+      i += n;
+    } else {
+      memcpy(out + o, FFFD, 3);
+      o += 3;
+      i++;
+    }
+  }
+  out[o] = '\0';
+  return o;
+}
+
+static void test_random_strings_read_back_repaired(void **state) {
+  (void)state;
+  static const char *const PIECES[] = {"\"", "\\", "\n", "\x01", "\x1f", "\x7f", "\xc3\xa9",
+                                       "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\xff", "\xe2\x82",
+                                       "\xc0\xaf", "\xed\xa0\x80", "\x80"};
+  uint64_t seed;
+  long cases;
+  cph_property_run(20261125, 5000, &seed, &cases);
+  for (long c = 0; c < cases; c++) {
+    rng r = {seed + (uint64_t)c};
+    uint8_t in[256];
+    size_t len = 0, target = below(&r, 120);
+    while (len < target) { /* a plain run of any length, then now and then a special piece */
+      size_t run = below(&r, 4) == 0 ? below(&r, 40) : below(&r, 4);
+      for (size_t i = 0; i < run && len < sizeof in - 8; i++)
+        in[len++] = (uint8_t)(0x20 + below(&r, 0x5f));
+      const char *piece = PIECES[below(&r, sizeof PIECES / sizeof PIECES[0])];
+      if (below(&r, 3) == 0 && len + strlen(piece) < sizeof in)
+        for (const char *q = piece; *q; q++)
+          in[len++] = (uint8_t)*q;
+      if (len >= sizeof in - 8)
+        break;
+    }
+    in[len] = '\0';
+    char want[3 * sizeof in + 1];
+    ref_repair(in, len, want);
+    cph_buf b = CPH_BUF_INIT;
+    cph_emit w;
+    cph_emit_init(&w, &b, false);
+    cph_emit_array(&w, 1);
+    cph_emit_str(&w, (const char *)in); /* NUL-terminated: no NUL inside */
+    cph_emit_end(&w);
+    json_error_t jerr;
+    json_t *got = json_loadb(b.data, b.len, 0, &jerr);
+    if (!got || !json_is_string(json_array_get(got, 0)) ||
+        strcmp(json_string_value(json_array_get(got, 0)), want) != 0)
+      fail_msg("case seed %llu: %zu bytes written as %s (%s)", (unsigned long long)(seed + c), len,
+               b.data, got ? "read back differently" : jerr.text);
+    json_decref(got);
+    cph_buf_free(&b);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_json_reads_back_to_the_document),
       cmocka_unit_test(test_msgpack_reads_back_to_the_same_document),
+      cmocka_unit_test(test_random_strings_read_back_repaired),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
