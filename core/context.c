@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/arena.h"
 #include "common/buf.h"
 #include "common/log.h"
 #include "context.h"
@@ -58,18 +59,17 @@ static cph_key cursor_key(const char *session, const char *chan) {
   return k;
 }
 
-/* One allocation holding three strings: *a (the block, what is freed), *b and *c point into it.
- * A turn's message, history entry and memory item keep their strings so (cephalon.h): a
- * lease makes a few hundred of them, and one malloc and one free each is a third of three. */
-static bool pack3(const char *x, size_t xn, const char *y, size_t yn, const char *z, size_t zn,
-                  char **a, char **b, char **c) {
-  char *p = malloc(xn + yn + zn + 3);
-  *a = p;
-  *b = *c = NULL;
+/* Three strings copied into the turn's arena (cph_turn_info.strings): a message's, a history
+ * entry's or a memory item's. */
+static bool pack3(cph_turn_info *ti, const char *x, size_t xn, const char *y, size_t yn,
+                  const char *z, size_t zn, char **a, char **b, char **c) {
+  char *p = cph_arena_alloc(&ti->strings, xn + yn + zn + 3);
+  *a = *b = *c = NULL;
   if (!p)
     return false;
   memcpy(p, x, xn);
   p[xn] = '\0';
+  *a = p;
   *b = p + xn + 1;
   memcpy(*b, y, yn);
   (*b)[yn] = '\0';
@@ -77,15 +77,6 @@ static bool pack3(const char *x, size_t xn, const char *y, size_t yn, const char
   memcpy(*c, z, zn);
   (*c)[zn] = '\0';
   return true;
-}
-
-static char *dupn(const char *s, size_t n) {
-  char *d = malloc(n + 1);
-  if (d) {
-    memcpy(d, s, n);
-    d[n] = '\0';
-  }
-  return d;
 }
 
 static char *concat3(const char *a, const char *b, const char *c) {
@@ -103,14 +94,14 @@ typedef enum speaker { SPEAKER_OWN, SPEAKER_AGENT, SPEAKER_USER } speaker;
  * several people speak in the turn (`several`), else as the body; the session as the body. */
 /* A message as the model sees it: "[sender] body" from an agent, "sender: body" from a user
  * when several people talk, else the body. The lengths are the strings' strlen. */
-static char *say(speaker who, bool several, const char *sender, size_t slen, const char *body,
-                 size_t blen) {
+static char *say(cph_turn_info *ti, speaker who, bool several, const char *sender, size_t slen,
+                 const char *body, size_t blen) {
   const char *sep = who == SPEAKER_AGENT ? "] " : who == SPEAKER_USER && several ? ": " : NULL;
   if (!sep)
-    return dupn(body, blen);
+    return cph_arena_strndup(&ti->strings, body, blen);
   size_t bracket = who == SPEAKER_AGENT;
   size_t n = bracket + slen + 2 + blen;
-  char *s = malloc(n + 1);
+  char *s = cph_arena_alloc(&ti->strings, n + 1);
   if (!s)
     return NULL;
   char *p = s;
@@ -134,7 +125,7 @@ static size_t said_len(speaker who, size_t slen, size_t blen) {
 /* A sender as OpenAI's message `name` (^[a-zA-Z0-9_-]{1,64}$): every other character (one
  * UTF-8 sequence, or one stray byte) becomes '_', cut at 64 bytes; an empty sender is
  * "user". The text keeps the real sender. */
-static char *openai_name(const char *sender) {
+static char *openai_name(cph_turn_info *ti, const char *sender) {
   char out[65];
   size_t o = 0;
   const unsigned char *p = (const unsigned char *)sender;
@@ -147,8 +138,9 @@ static char *openai_name(const char *sender) {
       while ((*p & 0xC0) == 0x80)
         p++; /* the rest of that character */
   }
-  out[o] = '\0';
-  return strdup(o ? out : "user");
+  if (!o)
+    return cph_arena_strndup(&ti->strings, "user", 4);
+  return cph_arena_strndup(&ti->strings, out, o);
 }
 
 /* A set of u64 ids: append, then sort once, then look up. */
@@ -673,8 +665,8 @@ static int select_section(ctx *c) {
     he->event_id = h->event_id;
     const char *chan = ti->views[h->view].channel;
     he->ts_ms = h->ts_ms;
-    if (!pack3(chan, strlen(chan), h->sender, h->sender_len, h->body, h->body_len, &he->channel,
-               &he->sender, &he->body))
+    if (!pack3(ti, chan, strlen(chan), h->sender, h->sender_len, h->body, h->body_len,
+               &he->channel, &he->sender, &he->body))
       return CPH_ENOMEM;
   }
   ti->tokens.conversation_history = clamp32(used);
@@ -982,7 +974,7 @@ static int memory_include(ctx *c, mcand *mc) {
   const char *kind = memory_kind_name(mc->m.kind);
   it->created_ms = mc->m.created_ms;
   it->access_count = mc->m.access_count;
-  return pack3(kind, strlen(kind), mc->m.session, strlen(mc->m.session), mc->m.text,
+  return pack3(c->ti, kind, strlen(kind), mc->m.session, strlen(mc->m.session), mc->m.text,
                strlen(mc->m.text), &it->kind, &it->scope, &it->text)
              ? CPH_OK
              : CPH_ENOMEM;
@@ -1058,19 +1050,13 @@ static bool tree_core(const cph_pact_node *n) { return n->role != NULL; }
 /* A tree core that is cut-able history (other turns). */
 static bool tree_history_core(const cph_pact_node *n) { return n->role && n->at.depth >= 1; }
 
-static void ritems_free(ritem *v, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    free(v[i].content);
-    free(v[i].name);
-  }
-  free(v);
-}
+static void ritems_free(ritem *v) { free(v); /* the strings are the turn's (its arena) */ }
 
 static const char *role_name(speaker who) {
   return who == SPEAKER_OWN ? "assistant" : who == SPEAKER_AGENT ? "system" : "user";
 }
 
-/* Appends one core message; content is handed over (NULL: out of memory). */
+/* Appends one core message; content is in the turn's arena (NULL: out of memory). */
 static int add_ritem(ritem *v, size_t *n, int32_t depth, const char *role, char *content) {
   if (!content)
     return CPH_ENOMEM;
@@ -1078,12 +1064,12 @@ static int add_ritem(ritem *v, size_t *n, int32_t depth, const char *role, char 
   return CPH_OK;
 }
 
-/* Appends what sender said (content handed over) in its role; a user's message carries the
- * sender as its name. */
-static int add_said(ritem *v, size_t *n, int32_t depth, speaker who, const char *sender,
-                    char *content) {
+/* Appends what sender said (content in the turn's arena) in its role; a user's message
+ * carries the sender as its name. */
+static int add_said(cph_turn_info *ti, ritem *v, size_t *n, int32_t depth, speaker who,
+                    const char *sender, char *content) {
   int rc = add_ritem(v, n, depth, role_name(who), content);
-  if (rc == CPH_OK && who == SPEAKER_USER && !(v[*n - 1].name = openai_name(sender)))
+  if (rc == CPH_OK && who == SPEAKER_USER && !(v[*n - 1].name = openai_name(ti, sender)))
     rc = CPH_ENOMEM;
   return rc;
 }
@@ -1138,8 +1124,8 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
     if (!h->in_messages || h->away)
       continue;
     speaker who = speaker_of(h);
-    rc = add_said(v, &n, depth--, who, h->sender,
-                  say(who, several, h->sender, h->sender_len, h->body, h->body_len));
+    rc = add_said(ti, v, &n, depth--, who, h->sender,
+                  say(ti, who, several, h->sender, h->sender_len, h->body, h->body_len));
   }
   if (rc == CPH_OK && away) {
     cph_buf b = CPH_BUF_INIT;
@@ -1149,17 +1135,19 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
       if (h->in_messages && h->away)
         cph_buf_printf(&b, "\n[%s] %s", h->sender, h->body);
     }
-    rc = add_ritem(v, &n, depth--, "system", cph_buf_steal(&b));
+    rc = add_ritem(v, &n, depth--, "system",
+                   cph_buf_error(&b) ? NULL : cph_arena_strndup(&ti->strings, b.data, b.len));
+    cph_buf_free(&b);
   }
   for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++) {
     const cph_staged_msg *m = &ti->staged[i];
     speaker who = speaker_by_name(c, m->sender);
     const char *body = m->body ? m->body : "";
-    rc = add_said(v, &n, 0, who, m->sender,
-                  say(who, several, m->sender, strlen(m->sender), body, strlen(body)));
+    rc = add_said(ti, v, &n, 0, who, m->sender,
+                  say(ti, who, several, m->sender, strlen(m->sender), body, strlen(body)));
   }
   if (rc) {
-    ritems_free(v, n);
+    ritems_free(v);
     return rc;
   }
   *out = v;
@@ -1167,8 +1155,8 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
   return CPH_OK;
 }
 
-/* Appends a message; `owned`, when set, is content handed over (no copy); name (may be NULL)
- * is handed over. */
+/* Appends a message; `owned`, when set, is content already in the turn's arena (taken as it
+ * is), else content is copied there; name (may be NULL) is in the arena too. */
 static int push_message(cph_turn_info *ti, const char *role, const char *content, char *owned,
                         char *name, const cph_coord *at) {
   char coord[CORE_COORD_MAX];
@@ -1176,9 +1164,13 @@ static int push_message(cph_turn_info *ti, const char *role, const char *content
   cph_message *m = &ti->messages[ti->n_messages++];
   const char *text = owned ? owned : content ? content : "";
   size_t len = strlen(text);
-  bool ok =
-      pack3(role, strlen(role), coord, strlen(coord), text, len, &m->role, &m->coord, &m->content);
-  free(owned); /* copied into the message's block */
+  char *unused;
+  bool ok = owned ? pack3(ti, role, strlen(role), coord, strlen(coord), "", 0, &m->role,
+                          &m->coord, &unused)
+                  : pack3(ti, role, strlen(role), coord, strlen(coord), text, len, &m->role,
+                          &m->coord, &m->content);
+  if (owned)
+    m->content = owned;
   m->name = name;
   ti->tokens.messages = clamp32((uint64_t)ti->tokens.messages + tok_len(len) + ITEM_OVERHEAD);
   return ok ? CPH_OK : CPH_ENOMEM;
@@ -1248,7 +1240,9 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     rc = view_items(c, &extra, &n_extra);
   } else {
     extra = calloc(1, sizeof *extra);
-    rc = extra ? add_ritem(extra, &n_extra, 0, "user", strdup(ti->input ? ti->input : ""))
+    const char *input = ti->input ? ti->input : "";
+    rc = extra ? add_ritem(extra, &n_extra, 0, "user",
+                           cph_arena_strndup(&ti->strings, input, strlen(input)))
                : CPH_ENOMEM;
   }
   size_t cap = 1 + kept + n_extra;
@@ -1268,14 +1262,13 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     const cph_pact_node *nd = i < live ? &c->tree.nodes[idx[i]] : NULL;
     if (j < n_extra && (!nd || coord_cmp(&extra[j].at, &nd->at) <= 0)) {
       rc = push_message(ti, extra[j].role, NULL, extra[j].content, extra[j].name, &extra[j].at);
-      extra[j].content = extra[j].name = NULL; /* the message owns them now */
       j++;
     } else {
       rc = push_message(ti, nd->role ? nd->role : "system", nd->content, NULL, NULL, &nd->at);
       i++;
     }
   }
-  ritems_free(extra, n_extra);
+  ritems_free(extra);
   free(idx);
   return rc;
 }
@@ -1398,9 +1391,7 @@ void context_turn_free(cph_turn_info *ti) {
     free(ti->obligations[i].preview);
   }
   free(ti->obligations);
-  for (size_t i = 0; i < ti->n_memories; i++)
-    free(ti->memories[i].kind); /* the block of kind, scope and text (pack3) */
-  free(ti->memories);
+  free(ti->memories); /* their strings are in ti->strings (cph_turn_info_free) */
   for (size_t i = 0; i < ti->n_views; i++)
     free(ti->views[i].channel);
   free(ti->views);

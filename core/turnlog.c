@@ -133,6 +133,7 @@ typedef struct texts {
   size_t n, cap;
   char **owned; /* the previews */
   size_t n_owned;
+  char (*at)[48]; /* the nodes' coordinates, formatted (the record borrows them) */
 } texts;
 
 static int texts_add(texts *tx, const char *s, uint64_t *hash_out) {
@@ -155,6 +156,7 @@ static void texts_free(texts *tx) {
     free(tx->owned[i]);
   free(tx->owned);
   free(tx->v);
+  free(tx->at);
 }
 
 /* A refs value: n hashes, big-endian. Read in place (it may be unaligned). */
@@ -370,7 +372,7 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   size_t n = tree->n;
   size_t *idx = calloc(n ? n : 1, sizeof *idx);
   bool *used = calloc(n ? n : 1, sizeof *used);
-  char(*at)[48] = calloc(n ? n : 1, sizeof *at);
+  char(*at)[48] = tx->at = calloc(n ? n : 1, sizeof *at);
   cand *cands = calloc(n ? n : 1, sizeof *cands);
   r->node_ids = calloc(n ? n : 1, sizeof *r->node_ids);
   r->node_at = calloc(n ? n : 1, sizeof *r->node_at);
@@ -406,15 +408,14 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
     r->node_created[i] = nd->created_at_episode;
     r->node_flags[i] = (nd->waiting ? NODE_WAITING : 0) | (uint64_t)(nd->stage & 0xff) << 8 |
                        (uint64_t)(nd->n_lifecycle & 0xff) << 16;
-    r->node_at[i] = strdup(at[i]);
-    r->node_roles[i] = strdup(nd->role ? nd->role : "");
+    r->node_at[i] = at[i]; /* borrowed, as the role (rec_unborrow) */
+    r->node_roles[i] = nd->role ? nd->role : (char *)"";
     char *pv = tx->owned[tx->n_owned] = preview(nd->content);
     if (pv)
       tx->n_owned++;
     r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
         r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
-    if (!r->node_at[i] || !r->node_roles[i] || !pv ||
-        texts_add(tx, pv, &r->node_preview_hashes[i]) != CPH_OK) {
+    if (!pv || texts_add(tx, pv, &r->node_preview_hashes[i]) != CPH_OK) {
       rc = CPH_ENOMEM;
       goto out;
     }
@@ -454,7 +455,6 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
 out:
   free(idx);
   free(used);
-  free(at);
   free(cands);
   return rc;
 }
@@ -515,7 +515,7 @@ static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *t
     if ((r->tools[r->n_tools++] = strdup(ti->tools[i].name)) == NULL)
       return CPH_ENOMEM;
   /* Roles and coordinates are borrowed from ti, which outlives the record (encoded and freed
-   * at once); messages_unborrow gives them back before it is freed. The contents go by hash
+   * at once); rec_unborrow gives them back before it is freed. The contents go by hash
    * (texts by hash, above). */
   for (size_t i = 0; i < ti->n_messages; i++) {
     const cph_message *m = &ti->messages[i];
@@ -528,10 +528,15 @@ static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *t
   return fill_nodes(r, tree, ti, tx);
 }
 
-/* Undoes fill_rec's borrowing of the turn's message strings, so freeing r leaves them be. */
-static void messages_unborrow(cph_turnctx_rec *r) {
+/* Undoes fill_rec's borrowing — the turn's message strings, the tree's roles and the
+ * coordinates in tx — so freeing r leaves them be. */
+static void rec_unborrow(cph_turnctx_rec *r) {
   for (uint32_t i = 0; r->msg_roles && i < r->n_msg_roles; i++)
     r->msg_roles[i] = r->msg_coords[i] = NULL;
+  for (uint32_t i = 0; r->node_at && i < r->n_node_at; i++)
+    r->node_at[i] = NULL;
+  for (uint32_t i = 0; r->node_roles && i < r->n_node_roles; i++)
+    r->node_roles[i] = NULL;
 }
 
 /* Deletes the session's oldest kept contexts until at most keep remain, with their refs
@@ -606,7 +611,7 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
       cph_key k = turn_key(ti->session, turn_id);
       rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, &r);
     }
-    messages_unborrow(&r);
+    rec_unborrow(&r);
     cph_record_free(&cph_turnctx_desc, &r);
     texts_free(&tx);
     if (tree_ok && c.ret == CPH_OK) /* read and unchanged: it still matches the store */

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/arena.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "inbox.h"
@@ -63,18 +64,13 @@ void cph_turn_info_free(cph_turn_info *t) {
     free(t->staged[i].event_ids);
   }
   free(t->staged);
-  for (size_t i = 0; i < t->n_history; i++)
-    free(t->history[i].channel); /* the block of channel, sender and body (cephalon.h) */
-  free(t->history);
+  free(t->history); /* its strings, the messages' and the memories' are in t->strings */
   for (size_t i = 0; i < t->n_tools; i++)
     free(t->tools[i].name);
   free(t->tools);
-  for (size_t i = 0; i < t->n_messages; i++) {
-    free(t->messages[i].role); /* the block of role, coord and content (cephalon.h) */
-    free(t->messages[i].name);
-  }
   free(t->messages);
   context_turn_free(t);
+  cph_arena_free(&t->strings);
   memset(t, 0, sizeof *t);
 }
 

@@ -415,6 +415,10 @@ static bool lease_misplaced(cph_req *r) {
   return true;
 }
 
+/* The most a lease answer's buffer is sized up front (larger answers grow as they are
+ * written). */
+#define LEASE_HINT_MAX (4u << 20)
+
 static void lease_done(cph_req *r) {
   cph_lp_finish(r->srv->lp, &r->srv->lp->leases, r);
   cph_op *op = &r->op;
@@ -422,12 +426,15 @@ static void lease_done(cph_req *r) {
     cph_reply_empty(r, 204);
   } else if (op->rc == CPH_OK) {
     cph_buf body = CPH_BUF_INIT;
+    size_t *hint = &r->srv->lease_bytes_hint;
+    cph_buf_grow(&body, *hint < LEASE_HINT_MAX ? *hint : LEASE_HINT_MAX); /* a failure sticks */
     cph_emit w;
     cph_emit_init(&w, &body, r->msgpack_out);
     cph_emit_object(&w, 1);
     cph_emit_key(&w, "turn");
     turn_emit(&w, &op->u.lease.turn);
     cph_emit_end(&w);
+    *hint = body.len + body.len / 8 + 64; /* room for the newline, and for a turn a bit larger */
     cph_reply_emitted(r, 200, &body);
   } else if (op->rc == CPH_ETIMEDOUT) {
     cph_reply_empty(r, 204);

@@ -54,6 +54,10 @@ struct cph_srv {
   uint64_t passes;
   uint64_t pass_errors;
 
+  /* The size of the last lease answer: the next one's buffer starts that big, so a 60 KB
+   * turn is not written through a dozen reallocs and copies (routes_turns.c). */
+  size_t lease_bytes_hint;
+
   /* Requests. */
   cph_req *reqs;    /* every live request */
   size_t open_reqs; /* dispatched and not yet answered */

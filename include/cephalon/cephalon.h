@@ -314,9 +314,10 @@ typedef struct cph_turn_info {
     cph_session_state_t state;
     int64_t time_ms;
   } current_state;
-  /* Each message's role, coord and content are one allocation owned by role; each history
-   * entry's channel, sender and body one owned by channel; each memory item's kind, scope
-   * and text one owned by kind (cph_turn_info_free frees them so). */
+  /* The strings of the messages (role, coord, content, name), of the history entries and of
+   * the memory items live in `strings`, an arena the engine owns (common/arena.h): they are
+   * freed together by cph_turn_info_free, never one by one. */
+  struct cph_arena_chunk *strings;
   cph_history_entry *history; /* conversation_history; n_history == 0 means "none" */
   size_t n_history;
   cph_tool_usage *tools; /* available_tools: the session's tools that fit the window */
