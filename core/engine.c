@@ -80,6 +80,10 @@ struct cph_engine {
    * server set one (cph_engine_set_budget_share); the scheduler runs on policy × share. */
   bool shared;
   double share[CPH_LANE_COUNT];
+  /* :cluster :concurrency: the server set this node's limit (cph_engine_set_concurrency_share);
+   * the scheduler runs on it instead of :scheduler :concurrency. */
+  bool concurrency_shared;
+  uint32_t concurrency_limit;
   cph_clock own_clock;
   cph_engine_hooks hooks;
   op_queue ops;  /* submitted, not yet applied */
@@ -240,6 +244,25 @@ static void budgets_of(const cph_engine *e, cph_sched_config *c) {
   }
 }
 
+/* The scheduler's concurrency and seats as this node's share sets them (after a
+ * configuration from the policy, which sets the policy's). */
+static void concurrency_apply(cph_engine *e) {
+  if (!e->concurrency_shared || !e->env.sched)
+    return;
+  const cph_policy_scheduler *p = &e->env.policy->scheduler;
+  uint32_t seats[CPH_LANE_COUNT];
+  for (int i = 0; i < CPH_LANE_COUNT; i++) /* the policy's seats sum to at most its concurrency */
+    seats[i] =
+        (uint32_t)((uint64_t)p->lanes[i].seats * e->concurrency_limit / (uint64_t)p->concurrency);
+  cph_sched_set_concurrency(e->env.sched, e->concurrency_limit, seats);
+}
+
+void cph_engine_set_concurrency_share(cph_engine *e, uint32_t limit) {
+  e->concurrency_shared = true;
+  e->concurrency_limit = limit;
+  concurrency_apply(e);
+}
+
 void cph_engine_set_budget_share(cph_engine *e, const double share[CPH_LANE_COUNT]) {
   e->shared = true;
   for (int i = 0; i < CPH_LANE_COUNT; i++)
@@ -298,6 +321,7 @@ static int memory_load(cph_engine *e, cph_err *err) {
   free((void *)sc.tenants);
   if (!e->env.sched)
     return cph_err_set(err, CPH_ENOMEM, "out of memory creating the scheduler");
+  concurrency_apply(e);
   cph_txn t;
   int rc = cph_txn_begin(e->env.store, false, &t);
   if (rc)
@@ -661,6 +685,7 @@ int cph_engine_run_pass(cph_engine *e) {
     budgets_of(e, &sc);
     cph_sched_configure(e->env.sched, &sc);
     free((void *)sc.tenants);
+    concurrency_apply(e);
     e->sched_config_dirty = false;
   }
   int rc = cph_txn_begin(e->env.store, true, &e->env.txn);

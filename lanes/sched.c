@@ -1166,6 +1166,20 @@ int cph_sched_set_budgets(cph_sched *s, const int64_t turns[CPH_LANE_COUNT],
   return CPH_OK;
 }
 
+int cph_sched_set_concurrency(cph_sched *s, uint32_t concurrency,
+                              const uint32_t seats[CPH_LANE_COUNT]) {
+  uint64_t total = 0;
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    total += seats[i];
+  if (total > concurrency)
+    return CPH_EINVAL;
+  s->cfg.concurrency = concurrency;
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    s->cfg.seats[i] = seats[i];
+  s->seats_total = (uint32_t)total;
+  return CPH_OK;
+}
+
 int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
   int rc = cph_sched_config_check(cfg, NULL);
   if (rc)

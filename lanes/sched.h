@@ -95,6 +95,14 @@ int cph_sched_set_budgets(cph_sched *s, const int64_t turns[CPH_LANE_COUNT],
                           const int64_t tool_calls[CPH_LANE_COUNT],
                           const int64_t tokens[CPH_LANE_COUNT]);
 
+/* Cluster mode (DESIGN §14, :cluster :concurrency): sets how many turns may run at once on
+ * this node — its share of the cluster's — and the lanes' seats out of it. 0 is allowed here
+ * (start nothing), unlike in a configuration. Running turns above a smaller limit go on to
+ * their end; nothing is preempted. CPH_EINVAL when the seats add up to more than the limit. A
+ * later cph_sched_configure sets the configuration's values again. */
+int cph_sched_set_concurrency(cph_sched *s, uint32_t concurrency,
+                              const uint32_t seats[CPH_LANE_COUNT]);
+
 /* ---- sessions ---- */
 
 /* Adds a session with credits = max (a new session, §3.2). id is copied; ids are unique.

@@ -21,6 +21,7 @@
 #define TURN_SLOTS 65536
 #define NODE_PREFIX "/cephalon/nodes/"
 #define SHARD_PREFIX "/cephalon/shards/"
+#define SLOT_PREFIX "/cephalon/slots/" /* :cluster :concurrency: /cephalon/slots/<k> -> node */
 #define DEMAND_PREFIX "/cephalon/demand/"
 #define BUDGET_EVERY_NS 1000000000LL /* the budgets are rebalanced every second (§14) */
 #define NO_OWNER UINT32_MAX
@@ -38,6 +39,7 @@ struct cph_cluster {
   size_t n_etcd;
   uint32_t shards;
   int64_t ttl_s;
+  int64_t concurrency; /* :cluster :concurrency; 0: each node its :scheduler :concurrency */
 
   pthread_t thread;
   bool started;
@@ -60,6 +62,14 @@ struct cph_cluster {
   uint64_t demand[CPH_LANE_COUNT];
   double share[CPH_LANE_COUNT];
   bool have_share;
+  /* :cluster :concurrency (slots_round): the loop's busy count (running + runnable turns),
+   * published with the demand; this node's target worked out from every node's; the limit
+   * offered to the loop (never more than the slots held in etcd); what the loop last applied
+   * and how many turns it was running then. */
+  uint64_t busy;
+  uint32_t slots;
+  uint32_t offer;
+  uint32_t applied, running_after;
 
   /* Takeovers: when each shard was first seen without an owner (0 = it has one), how many
    * shards this node claimed, and how long the last one it claimed had been without. */
@@ -68,6 +78,9 @@ struct cph_cluster {
   double last_takeover_s;
 
   /* The etcd thread's own. */
+  uint32_t *held; /* the slot keys this node holds, under held_lease */
+  size_t n_held;
+  int64_t held_lease;
   int64_t next_budget_ns;
   size_t etcd_at; /* the endpoint in use; moves on a transport error */
   int64_t lease;  /* 0 = none */
@@ -334,11 +347,9 @@ static json_t *range_prefix(cph_cluster *c, const char *prefix) {
   return out;
 }
 
-/* A txn on /cephalon/shards/<s>: claim (create if absent, under the lease) or release (delete
- * while the value is this node). True when it succeeded. */
-static bool shard_txn(cph_cluster *c, uint32_t s, bool claim) {
-  char key[64];
-  snprintf(key, sizeof key, SHARD_PREFIX "%" PRIu32, s);
+/* A txn on key: claim (create if absent, under the lease) or release (delete while the value
+ * is this node). True when it succeeded. */
+static bool key_txn(cph_cluster *c, const char *key, bool claim) {
   char *k = b64(key), *v = b64(c->self);
   json_t *req = NULL;
   if (k && v && claim)
@@ -354,6 +365,13 @@ static bool shard_txn(cph_cluster *c, uint32_t s, bool claim) {
   bool ok = r && json_is_true(json_object_get(r, "succeeded"));
   json_decref(r);
   return ok;
+}
+
+/* A txn on /cephalon/shards/<s> (key_txn). */
+static bool shard_txn(cph_cluster *c, uint32_t s, bool claim) {
+  char key[64];
+  snprintf(key, sizeof key, SHARD_PREFIX "%" PRIu32, s);
+  return key_txn(c, key, claim);
 }
 
 static void free_nodes(node *nodes, size_t n) {
@@ -464,16 +482,99 @@ static double share_of(uint64_t mine, uint64_t total, size_t n_nodes) {
   return 0.25 / (double)n_nodes + 0.75 * (double)mine / (double)total;
 }
 
+/* This node's slots (node `self` of n) of the cluster's `total` turns at once: in proportion
+ * to each live node's busy count (running + runnable turns), the remainder by largest
+ * fraction, a tie to the node first by name; evenly (the first nodes by name taking the
+ * remainder) while no node is busy. Every node works its own out from the same keys and the
+ * same sorted node list, so the slots sum to total — up to a view that lags by a read. */
+static uint32_t slots_of(const uint64_t *busy, size_t n, size_t self, uint64_t total) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; i++)
+    sum += busy[i];
+  if (sum == 0)
+    return (uint32_t)(total / n + (self < total % n));
+  uint64_t given = 0;
+  for (size_t i = 0; i < n; i++)
+    given += (uint64_t)((unsigned __int128)total * busy[i] / sum);
+  uint64_t mine = (uint64_t)((unsigned __int128)total * busy[self] / sum);
+  uint64_t my_frac = (uint64_t)((unsigned __int128)total * busy[self] % sum), ahead = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t frac = (uint64_t)((unsigned __int128)total * busy[i] % sum);
+    ahead += frac > my_frac || (frac == my_frac && i < self);
+  }
+  return (uint32_t)(mine + (ahead < total - given));
+}
+
+/* A node's demand key: its runnable sessions per lane, then its busy count ("r0 r1 r2 busy").
+ * A key of three numbers (a node before :cluster :concurrency) is busy as their sum. */
+static bool demand_parse(const char *d, unsigned long long x[CPH_LANE_COUNT],
+                         unsigned long long *busy) {
+  int got = d ? sscanf(d, "%llu %llu %llu %llu", &x[0], &x[1], &x[2], busy) : 0;
+  if (got == CPH_LANE_COUNT)
+    *busy = x[0] + x[1] + x[2];
+  if (got >= CPH_LANE_COUNT)
+    return true;
+  memset(x, 0, CPH_LANE_COUNT * sizeof *x);
+  *busy = 0;
+  return false;
+}
+
+/* :cluster :concurrency, once a second after the demand round: this node moves the slots it
+ * holds towards `target`. A slot is a key /cephalon/slots/<k> (k < :concurrency) created
+ * under the node's lease with a create-if-absent txn, so at most :concurrency exist and the
+ * nodes' limits, each at most the slots it holds, sum to at most the cluster's. The limit is
+ * offered to the loop only up to the slots held; a slot is released only once the loop has
+ * applied a limit at or below what stays and runs no more turns than that — so no node ever
+ * runs on a slot another node took. A dead node's slots go with its lease. */
+static void slots_round(cph_cluster *c, uint32_t target) {
+  if (c->held_lease != c->lease) { /* keys of an older lease died, or will, with it */
+    c->n_held = 0;
+    c->held_lease = c->lease;
+  }
+  if (!c->held && !(c->held = calloc((size_t)c->concurrency, sizeof *c->held)))
+    return;
+  pthread_mutex_lock(&c->mu);
+  uint32_t keep = c->applied > c->running_after ? c->applied : c->running_after;
+  pthread_mutex_unlock(&c->mu);
+  if (keep < target)
+    keep = target;
+  char key[64];
+  while (c->n_held > keep) {
+    snprintf(key, sizeof key, SLOT_PREFIX "%" PRIu32, c->held[c->n_held - 1]);
+    if (!key_txn(c, key, false))
+      break; /* etcd unreachable (or the key gone with the lease): keep it counted */
+    c->n_held--;
+  }
+  if (c->lease && c->n_held < target) {
+    json_t *taken = range_prefix(c, SLOT_PREFIX);
+    for (uint32_t k = 0; taken && k < (uint32_t)c->concurrency && c->n_held < target; k++) {
+      char name[16];
+      snprintf(name, sizeof name, "%" PRIu32, k);
+      if (json_object_get(taken, name))
+        continue;
+      snprintf(key, sizeof key, SLOT_PREFIX "%" PRIu32, k);
+      if (key_txn(c, key, true))
+        c->held[c->n_held++] = k;
+    }
+    json_decref(taken);
+  }
+  pthread_mutex_lock(&c->mu);
+  c->offer = target < c->n_held ? target : (uint32_t)c->n_held;
+  pthread_mutex_unlock(&c->mu);
+}
+
 /* Once a second: publishes this node's demand under its lease and works out its shares from
  * every live node's (a node that published none counts as none). */
 static void rebalance(cph_cluster *c) {
   pthread_mutex_lock(&c->mu);
   uint64_t mine[CPH_LANE_COUNT];
   memcpy(mine, c->demand, sizeof mine);
+  uint64_t my_busy = c->busy;
   pthread_mutex_unlock(&c->mu);
-  char key[512], val[96];
+  char key[512], val[128];
   snprintf(key, sizeof key, DEMAND_PREFIX "%s", c->self);
-  snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64, mine[0], mine[1], mine[2]);
+  snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64, mine[0], mine[1],
+           mine[2], my_busy);
   char *k = b64(key), *v = b64(val);
   json_t *put =
       k && v ? json_pack("{ssssso}", "key", k, "value", v, "lease", lease_id_json(c->lease)) : NULL;
@@ -485,24 +586,35 @@ static void rebalance(cph_cluster *c) {
     return;
   pthread_mutex_lock(&c->mu);
   uint64_t total[CPH_LANE_COUNT] = {0};
-  bool self_live = false;
+  uint64_t *busy = calloc(c->n_nodes ? c->n_nodes : 1, sizeof *busy);
+  size_t self = SIZE_MAX;
   for (size_t i = 0; i < c->n_nodes; i++) {
-    self_live |= strcmp(c->nodes[i].name, c->self) == 0;
+    if (strcmp(c->nodes[i].name, c->self) == 0)
+      self = i;
     const char *d = json_string_value(json_object_get(all, c->nodes[i].name));
-    unsigned long long x[CPH_LANE_COUNT] = {0};
-    if (d && sscanf(d, "%llu %llu %llu", &x[0], &x[1], &x[2]) == CPH_LANE_COUNT)
+    unsigned long long x[CPH_LANE_COUNT], b;
+    if (demand_parse(d, x, &b))
       for (int l = 0; l < CPH_LANE_COUNT; l++)
         total[l] += x[l];
+    if (busy)
+      busy[i] = b;
   }
   const char *own = json_string_value(json_object_get(all, c->self));
-  unsigned long long x[CPH_LANE_COUNT] = {0};
-  if (!own || sscanf(own, "%llu %llu %llu", &x[0], &x[1], &x[2]) != CPH_LANE_COUNT)
-    memset(x, 0, sizeof x);
+  unsigned long long x[CPH_LANE_COUNT], own_busy;
+  demand_parse(own, x, &own_busy);
   for (int l = 0; l < CPH_LANE_COUNT; l++)
-    c->share[l] = self_live ? share_of(x[l], total[l], c->n_nodes) : 0;
+    c->share[l] = self != SIZE_MAX ? share_of(x[l], total[l], c->n_nodes) : 0;
+  if (busy && self != SIZE_MAX) /* out of memory: the slots stay as they were */
+    c->slots = slots_of(busy, c->n_nodes, self, (uint64_t)c->concurrency);
+  else if (self == SIZE_MAX)
+    c->slots = 0;
+  free(busy);
   c->have_share = true;
+  uint32_t target = c->slots;
   pthread_mutex_unlock(&c->mu);
   json_decref(all);
+  if (c->concurrency)
+    slots_round(c, target);
 }
 
 /* ---- the watch: etcd's /v3/watch over the JSON gateway, a stream of JSON messages ----
@@ -698,6 +810,7 @@ int cph_cluster_start(const cph_policy_cluster *cfg, cph_cluster **out, cph_err 
   c->self = strdup(cfg->node);
   c->advertise = strdup(cfg->advertise);
   c->shards = (uint32_t)cfg->shards;
+  c->concurrency = cfg->concurrency;
   c->ttl_s = cfg->lease_ttl_seconds;
   c->owner = malloc(c->shards * sizeof *c->owner);
   c->unowned_since_ns = calloc(c->shards, sizeof *c->unowned_since_ns);
@@ -746,6 +859,7 @@ void cph_cluster_stop(cph_cluster *c) {
   free(c->etcd);
   free(c->owner);
   free(c->unowned_since_ns);
+  free(c->held);
   free(c->self);
   free(c->advertise);
   pthread_cond_destroy(&c->cv);
@@ -851,6 +965,10 @@ json_t *cph_cluster_json(cph_cluster *c) {
     json_object_set_new(share, cph_lane_name((cph_lane)l),
                         json_real(c->have_share && live ? c->share[l] : 0));
   json_object_set_new(out, "budget_share", share);
+  json_object_set_new(out, "concurrency",
+                      c->concurrency ? json_pack("{sIsI}", "cluster", (json_int_t)c->concurrency,
+                                                 "node", (json_int_t)(live ? c->offer : 0))
+                                     : json_null());
   pthread_mutex_unlock(&c->mu);
   return out;
 }
@@ -883,10 +1001,23 @@ int cph_cluster_metrics(cph_cluster *c, cph_buf *out) {
   return cph_buf_error(out);
 }
 
-void cph_cluster_note_demand(cph_cluster *c, const uint64_t runnable[CPH_LANE_COUNT]) {
+void cph_cluster_note_demand(cph_cluster *c, const uint64_t runnable[CPH_LANE_COUNT],
+                             uint64_t busy) {
   pthread_mutex_lock(&c->mu);
   memcpy(c->demand, runnable, sizeof c->demand);
+  c->busy = busy;
   pthread_mutex_unlock(&c->mu);
+}
+
+bool cph_cluster_concurrency_share(cph_cluster *c, uint32_t running, uint32_t *limit) {
+  if (c->concurrency == 0) /* set at start, never changed */
+    return false;
+  pthread_mutex_lock(&c->mu);
+  *limit = live_locked(c) ? c->offer : 0;
+  c->applied = *limit; /* the caller applies it before it starts another turn */
+  c->running_after = running;
+  pthread_mutex_unlock(&c->mu);
+  return true;
 }
 
 bool cph_cluster_budget_share(cph_cluster *c, double share[CPH_LANE_COUNT]) {

@@ -79,12 +79,20 @@ json_t *cph_cluster_json(cph_cluster *c);
  * CPH_OK or CPH_ENOMEM. */
 int cph_cluster_metrics(cph_cluster *c, cph_buf *out);
 
-/* Budgets (DESIGN §14): the loop hands over its demand (runnable sessions per lane) and
- * reads back this node's share of each lane's budget, which the etcd thread works out every
- * second from every live node's demand. false (and shares of 0) until the first round, and
- * while the node is not serving. Any thread. */
-void cph_cluster_note_demand(cph_cluster *c, const uint64_t runnable[CPH_LANE_COUNT]);
+/* Budgets (DESIGN §14): the loop hands over its demand (runnable sessions per lane, and its
+ * busy count: running + runnable turns) and reads back this node's share of each lane's
+ * budget, which the etcd thread works out every second from every live node's demand. false
+ * (and shares of 0) until the first round, and while the node is not serving. Any thread. */
+void cph_cluster_note_demand(cph_cluster *c, const uint64_t runnable[CPH_LANE_COUNT],
+                             uint64_t busy);
 bool cph_cluster_budget_share(cph_cluster *c, double share[CPH_LANE_COUNT]);
+/* :cluster :concurrency: false when it is not set (each node runs on its :scheduler
+ * :concurrency); else true with *limit = the turns this node may run at once: the slots it
+ * holds in etcd, towards a target by busy counts worked out with the budgets (cluster.c,
+ * slots_round) — 0 until it holds some and while not serving. `running` is the turns the
+ * loop runs now; the loop must apply *limit before it starts another turn (a slot is
+ * released only once the loop applied a limit without it). Loop thread. */
+bool cph_cluster_concurrency_share(cph_cluster *c, uint32_t running, uint32_t *limit);
 
 /* Turns leased through this node, remembered by id so heartbeat, complete and fail of a turn
  * whose shard moved answer 421: a direct-mapped table of the last 65,536 turn ids (an older

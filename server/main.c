@@ -149,13 +149,16 @@ static void on_budget_tick(evutil_socket_t fd, short what, void *arg) {
   cph_lane_info lanes[CPH_LANE_COUNT];
   uint32_t limit, in_use;
   cph_engine_lanes(s->engine, lanes, &limit, &in_use);
-  uint64_t runnable[CPH_LANE_COUNT];
+  uint64_t runnable[CPH_LANE_COUNT], busy = in_use;
   for (int l = 0; l < CPH_LANE_COUNT; l++)
-    runnable[l] = lanes[l].runnable;
-  cph_cluster_note_demand(s->cluster, runnable);
+    busy += runnable[l] = lanes[l].runnable;
+  cph_cluster_note_demand(s->cluster, runnable, busy);
   double share[CPH_LANE_COUNT];
   cph_cluster_budget_share(s->cluster, share); /* 0 while it has none: it starts nothing */
   cph_engine_set_budget_share(s->engine, share);
+  uint32_t slots;
+  if (cph_cluster_concurrency_share(s->cluster, in_use, &slots))
+    cph_engine_set_concurrency_share(s->engine, slots);
   cph_srv_schedule_pass(s); /* a larger share may start turns now */
 }
 
@@ -516,6 +519,9 @@ int main(int argc, char **argv) {
   if (s.cluster) { /* DESIGN §14 "Budgets": no turn starts before the cluster gave a share */
     double none[CPH_LANE_COUNT] = {0};
     cph_engine_set_budget_share(s.engine, none);
+    uint32_t slots;
+    if (cph_cluster_concurrency_share(s.cluster, 0, &slots)) /* 0: it holds no slot yet */
+      cph_engine_set_concurrency_share(s.engine, slots);
     s.ev_budget = event_new(s.base, -1, EV_PERSIST, on_budget_tick, &s);
     struct timeval second = {1, 0};
     if (!s.ev_budget || evtimer_add(s.ev_budget, &second) != 0) {

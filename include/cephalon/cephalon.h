@@ -58,6 +58,11 @@ int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err);
  * the share. A change never adds tokens (lanes/sched.h, cph_sched_set_budgets), so while the
  * nodes' shares sum to at most 1 the cluster keeps the §3 rule 1 bound. Loop thread. */
 void cph_engine_set_budget_share(cph_engine *e, const double share[CPH_LANE_COUNT]);
+/* Cluster mode with :cluster :concurrency (DESIGN §14): from now on at most `limit` turns run
+ * at once on this node (0: it starts none), instead of :scheduler :concurrency, with each
+ * lane's seats scaled by limit / :scheduler :concurrency (rounded down); a reload keeps it.
+ * Running turns above a smaller limit go on to their end. Loop thread. */
+void cph_engine_set_concurrency_share(cph_engine *e, uint32_t limit);
 
 const cph_policy *cph_engine_policy(const cph_engine *e);
 /* The table given at open (cph_engine_options.providers); NULL when none was. */

@@ -1,7 +1,7 @@
 /* cephalon-worker against a cluster (DESIGN §14 "Workers", "Budgets"): given one node, it reads
  * the node list from GET /v1/cluster and long-polls every node, so the turns of sessions on
  * all three nodes are leased, run and completed on their owners; and the nodes share one lane
- * budget. A real etcd and three cephalond on
+ * budget and one concurrency limit. A real etcd and three cephalond on
  * loopback (tests/support/cluster_fixture.h, no NATS: each event is posted to the node that
  * owns both its channel and its session), the real worker binary, and a model endpoint served
  * by the test in the OpenAI wire format. */
@@ -290,10 +290,131 @@ static void test_the_nodes_share_one_lane_budget(void **state) {
   cph_tc_free(c);
 }
 
+/* The turns leased on each node (its concurrency in use, GET /v1/lanes), summed. */
+static long running_sum(cph_test_cluster *c) {
+  long sum = 0;
+  for (int i = 0; i < NODES; i++) {
+    cph_test_response r = cph_test_api(c->port[i], "GET", "/v1/lanes", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *v = json_loads(r.body, 0, NULL);
+    sum += (long)json_integer_value(json_object_get(json_object_get(v, "concurrency"), "in_use"));
+    json_decref(v);
+    cph_test_response_free(&r);
+  }
+  return sum;
+}
+
+/* DESIGN §14 "Budgets": with :cluster :concurrency 2 the cluster runs at most two turns at
+ * once, where each node's :scheduler :concurrency 4 would let the three run nine. Nine
+ * sessions on three nodes have input; every half second a client completes the turns it
+ * holds and leases everything it can on every node, holding it, so what it holds is what the
+ * cluster lets run at once. As sessions are served their nodes' demand falls and the slots
+ * move (etcd keys, cluster.c) to the nodes still waiting: every session gets its turn, and
+ * never more than two run. */
+static void test_the_nodes_share_one_concurrency_limit(void **state) {
+  (void)state;
+  enum { LIMIT = 2, PER_NODE = 4, MAX_HELD = 16 };
+  cph_test_cluster *c = cph_tc_new();
+  c->cluster_extra = ":concurrency 2";
+  cph_tc_start_etcd(c);
+  cph_tc_ports(c, NODES);
+  char extra[256];
+  snprintf(extra, sizeof extra, /* budgets that never bind: only concurrency holds turns back */
+           ":scheduler {:concurrency %d :lanes {:interactive {:turns 100000 :tool-calls 100000}}}",
+           PER_NODE);
+  for (int i = 0; i < NODES; i++)
+    cph_tc_start_node(c, i, SHARDS, TTL_S, extra);
+  bool live[NODES] = {true, true, true};
+  assert_true(cph_tc_wait_settled(c, live, SHARDS, 15000));
+  int owner[SHARDS];
+  shard_owners(c, owner);
+  int per_node[NODES] = {0};
+  char ids[SESSIONS][16];
+  for (int k = 0, n = 0; k < SESSIONS; n++) {
+    char body[160];
+    snprintf(ids[k], sizeof ids[k], "c%d", n);
+    int node = owner[shard_of(ids[k])];
+    if (per_node[node] == SESSIONS / NODES)
+      continue;
+    create_session(c, owner, ids[k], "");
+    per_node[node]++;
+    snprintf(body, sizeof body,
+             "{\"events\":[{\"session\":\"%s\",\"sender\":\"ann\",\"body\":\"hi\"}]}", ids[k]);
+    cph_test_response r = cph_test_api(c->port[node], "POST", "/v1/events", NULL, body);
+    assert_int_equal(r.status, 200);
+    cph_test_response_free(&r);
+    k++;
+  }
+  struct {
+    int node;
+    long long id;
+    char lease[40];
+  } held[MAX_HELD];
+  int n_held = 0, most = 0, served = 0;
+  bool had_turn[SESSIONS] = {false};
+  for (int round = 0; round < 60 && served < SESSIONS; round++) { /* up to 30 s */
+    for (int h = 0; h < n_held; h++) {
+      char path[64], body[96];
+      snprintf(path, sizeof path, "/v1/turns/%lld/complete", held[h].id);
+      snprintf(body, sizeof body, "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}",
+               held[h].lease);
+      cph_test_response r = cph_test_api(c->port[held[h].node], "POST", path, NULL, body);
+      assert_int_equal(r.status, 200);
+      cph_test_response_free(&r);
+    }
+    n_held = 0;
+    for (int i = 0; i < NODES; i++)
+      while (n_held < MAX_HELD) {
+        cph_test_response r = cph_test_api(c->port[i], "POST", "/v1/turns/lease", NULL,
+                                           "{\"worker\":\"w\",\"wait_ms\":0}");
+        json_t *v = r.status == 200 ? json_loads(r.body, 0, NULL) : NULL;
+        cph_test_response_free(&r);
+        if (!v)
+          break;
+        json_t *t = json_object_get(v, "turn");
+        held[n_held].node = i;
+        held[n_held].id = (long long)json_integer_value(json_object_get(t, "id"));
+        snprintf(held[n_held].lease, sizeof held[n_held].lease, "%s",
+                 json_string_value(json_object_get(t, "lease")));
+        const char *session = json_string_value(json_object_get(t, "session"));
+        for (int k = 0; k < SESSIONS; k++)
+          if (session && strcmp(session, ids[k]) == 0 && !had_turn[k]) {
+            had_turn[k] = true;
+            served++;
+          }
+        n_held++;
+        json_decref(v);
+      }
+    long running = running_sum(c);
+    if (n_held > most)
+      most = n_held;
+    if (running > LIMIT || n_held > LIMIT)
+      fail_msg("round %d: %d turns held, %ld running over three nodes; the limit is %d", round,
+               n_held, running, LIMIT);
+    cph_tc_sleep_ms(500);
+  }
+  long slots = 0;
+  for (int i = 0; i < NODES; i++) {
+    json_t *v = cph_tc_view(c, i);
+    json_t *conc = json_object_get(v, "concurrency");
+    assert_int_equal(json_integer_value(json_object_get(conc, "cluster")), LIMIT);
+    slots += (long)json_integer_value(json_object_get(conc, "node"));
+    json_decref(v);
+  }
+  print_message("%d of %d sessions had a turn, at most %d running at once over three nodes; "
+                "slots offered at the end %ld\n",
+                served, SESSIONS, most, slots);
+  assert_int_equal(served, SESSIONS); /* the slots moved to every node with work */
+  assert_int_equal(most, LIMIT);      /* the limit is used, and (above) never exceeded */
+  assert_true(slots <= LIMIT);
+  cph_tc_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_the_worker_finds_every_node_and_completes_turns_on_each),
       cmocka_unit_test(test_the_nodes_share_one_lane_budget),
+      cmocka_unit_test(test_the_nodes_share_one_concurrency_limit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

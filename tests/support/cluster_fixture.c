@@ -242,9 +242,10 @@ void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const 
   snprintf(policy, sizeof policy,
            "{:store {:sync :none}\n"
            " :cluster {:node \"n%d\" :advertise \"%s\" :etcd [\"http://127.0.0.1:%d\"]\n"
-           "           :shards %d :lease-ttl-seconds %d%s}\n"
+           "           :shards %d :lease-ttl-seconds %d%s %s}\n"
            " %s}\n",
-           i, c->url[i], c->etcd_port, shards, ttl_s, log_part, extra ? extra : "");
+           i, c->url[i], c->etcd_port, shards, ttl_s, log_part,
+           c->cluster_extra ? c->cluster_extra : "", extra ? extra : "");
   char *path = cph_test_write_tmpfile(".edn", policy);
   snprintf(listen, sizeof listen, "127.0.0.1:%d", c->port[i]);
   const char *args[] = {"--listen", listen, NULL};

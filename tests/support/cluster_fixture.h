@@ -27,6 +27,7 @@ typedef struct cph_test_cluster {
   int port[CPH_TC_MAX_NODES];
   bool up[CPH_TC_MAX_NODES];
   char url[CPH_TC_MAX_NODES][64];
+  const char *cluster_extra; /* more members of each node's :cluster map (NULL: none) */
 } cph_test_cluster;
 
 /* A free TCP port on 127.0.0.1. */
