@@ -761,6 +761,17 @@ static void session_delete(cph_sessions *ss, cph_op *op) {
     cph_key_u64(&ik, s->inbox[i].id);
     cph_txn_del(&t, CPH_DB_INBOX, &ik);
   }
+  /* Cluster mode: what its inbox held is consumed with it (the done marks). */
+  int krc = CPH_OK;
+  for (uint32_t i = 0; ss->env->report_consumed && krc == CPH_OK && i < s->n_inbox; i++)
+    krc = inbox_event_keys(&t, s->id, &s->inbox[i], &op->u.session.consumed);
+  if (krc) {
+    cph_txn_abort(&t);
+    cph_strv_free(&op->u.session.consumed);
+    op_fail(op, krc, NULL, "listing the events of session '%s': %s", s->id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(krc));
+    return;
+  }
   if (cph_txn_commit(&t)) {
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     return;

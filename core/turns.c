@@ -99,6 +99,7 @@ void cph_op_clear_results(cph_op *op) {
   case CPH_OP_SESSION_UPDATE:
   case CPH_OP_SESSION_DELETE:
     cph_session_info_free(&op->u.session.out);
+    cph_strv_free(&op->u.session.consumed);
     break;
   case CPH_OP_INGEST:
     for (size_t i = 0; op->u.ingest.results && i < op->u.ingest.n_events; i++) {
@@ -117,6 +118,11 @@ void cph_op_clear_results(cph_op *op) {
     break;
   case CPH_OP_LEASE:
     cph_turn_info_free(&op->u.lease.turn);
+    break;
+  case CPH_OP_COMPLETE:
+    cph_strv_free(&op->u.turn.consumed);
+    free(op->u.turn.consumed_session);
+    op->u.turn.consumed_session = NULL;
     break;
   case CPH_OP_TAKE:
     for (size_t i = 0; i < op->u.turn.n_taken; i++) {
@@ -939,6 +945,64 @@ static void turn_take(cph_turns *tu, cph_op *op) {
 
 static void turn_complete_work(cph_turns *tu, cph_op *op);
 
+/* report_consumed (cluster mode): the keys of the events of s's live entries ids[0..n), into
+ * op->u.turn.consumed, with the session when there are any. CPH_OK, CPH_ENOMEM or the store's
+ * error. */
+static int consumed_keys(cph_txn *t, const csession *s, const uint64_t *ids, size_t n, cph_op *op) {
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+    int idx = inbox_index(s, ids[i]);
+    if (idx >= 0)
+      rc = inbox_event_keys(t, s->id, &s->inbox[idx], &op->u.turn.consumed);
+  }
+  if (rc == CPH_OK && op->u.turn.consumed.count && !(op->u.turn.consumed_session = strdup(s->id)))
+    rc = CPH_ENOMEM;
+  return rc;
+}
+
+/* report_consumed, a completion repeated (`already`): the keys its first completion consumed,
+ * from the stored records — only the entries the turn consumed (an interrupted turn consumed
+ * none: its entries went back to staged, for a later turn to consume). The op's error on
+ * failure. */
+static void already_consumed_keys(cph_turns *tu, cph_op *op) {
+  cph_txn *t = &tu->env->txn;
+  cph_key tk = u64_key(op->u.turn.turn_id);
+  cph_turn_rec tr;
+  int rc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  if (rc) {
+    op_fail(op, rc, NULL, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(rc));
+    return;
+  }
+  for (uint32_t i = 0; rc == CPH_OK && i < tr.n_inbox_seqs; i++) {
+    cph_key ik = inbox_key(tr.session, tr.inbox_seqs[i]);
+    cph_inbox_rec ir;
+    int grc = cph_txn_get_record(t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    if (ir.status == CPH_INBOX_CONSUMED && ir.turn_id == tr.id) {
+      inbox_item it = {0};
+      it.id = tr.inbox_seqs[i];
+      it.event_id = ir.event_id;
+      it.created_ms = ir.created_ms;
+      rc = inbox_fold_get(t, tr.session, &it);
+      if (rc == CPH_OK)
+        rc = inbox_event_keys(t, tr.session, &it, &op->u.turn.consumed);
+    }
+    cph_record_free(&cph_inbox_desc, &ir);
+  }
+  if (rc == CPH_OK && op->u.turn.consumed.count &&
+      !(op->u.turn.consumed_session = strdup(tr.session)))
+    rc = CPH_ENOMEM;
+  cph_record_free(&cph_turn_desc, &tr);
+  if (rc)
+    op_fail(op, rc, NULL, "listing the events turn %llu consumed: %s",
+            (unsigned long long)op->u.turn.turn_id, t->err.msg[0] ? t->err.msg : cph_strerror(rc));
+}
+
 /* The engine owns a job turn's work from lease to completion, whatever the outcome. */
 static void turn_complete(cph_turns *tu, cph_op *op) {
   turn_complete_work(tu, op);
@@ -950,8 +1014,11 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   lease *l = NULL;
   int rc = check_lease(tu, op, &l);
   if (rc) {
-    if (op->u.turn.already)
+    if (op->u.turn.already) {
       op->rc = CPH_OK;
+      if (tu->env->report_consumed)
+        already_consumed_keys(tu, op);
+    }
     return;
   }
   csession *s = l->session;
@@ -991,6 +1058,16 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
         first_channel = strdup(ev.channel);
         cph_record_free(&cph_event_desc, &ev);
       }
+    }
+  }
+  if (!interrupted && tu->env->report_consumed) {
+    int krc = consumed_keys(&t, s, l->inbox_ids, l->n_inbox_ids, op);
+    if (krc) {
+      free(first_channel);
+      cph_txn_abort(&t);
+      op_fail(op, krc, NULL, "listing the events turn %llu consumed: %s",
+              (unsigned long long)l->turn_id, t.err.msg[0] ? t.err.msg : cph_strerror(krc));
+      return;
     }
   }
   uint64_t reply_id = 0;
