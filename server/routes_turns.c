@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "cluster.h"
+#include "clusterflow.h"
 #include "emit.h"
 #include "longpoll.h"
 #include "routes.h"
@@ -655,7 +656,13 @@ static void status_done(cph_req *r, const char *status) {
   json_object_set_new(body, "status", json_string(status));
   if (r->op.kind == CPH_OP_COMPLETE)
     json_object_set_new(body, "already", json_boolean(r->op.u.turn.already));
-  cph_reply_json(r, 200, body);
+  /* Cluster mode: the answer waits until the log holds the record of what the turn consumed
+   * (clusterflow.h, 6.). */
+  if (r->op.kind == CPH_OP_COMPLETE && r->srv->cflow && r->op.u.turn.consumed.count)
+    cph_cflow_completed(r->srv->cflow, r, r->op.u.turn.consumed_session, &r->op.u.turn.consumed,
+                        body);
+  else
+    cph_reply_json(r, 200, body);
 }
 
 static void complete_done(cph_req *r) { status_done(r, "completed"); }
