@@ -53,8 +53,8 @@ typedef struct pub {
   struct pub *next_retry;
   ingest_req *ir; /* PUB_INGEST: the request and the event's index */
   size_t index;
-  applying *ap; /* PUB_FWD: the applied message it forwards */
-  done_req *dr; /* PUB_DONE: the completion (or delete) it records */
+  applying *ap;   /* PUB_FWD: the applied message it forwards */
+  done_req *dr;   /* PUB_DONE: the completion (or delete) it records */
   uint32_t shard; /* PUB_MARK: the shard and the watermark it puts */
   uint64_t mark;
 } pub;
@@ -577,11 +577,10 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cp
     while (to < keys->count && (to == from || bytes + strlen(keys->items[to]) < DONE_CHUNK_BYTES))
       bytes += strlen(keys->items[to++]) + 3;
     char msgid[160];
-    snprintf(msgid, sizeof msgid, "d.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot,
-             ++f->minted_marks);
+    snprintf(msgid, sizeof msgid, "d.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted_marks);
     char *data = done_payload(session, keys, from, to);
-    pub *p = data ? pub_new(f, PUB_DONE, subject, msgid, data, strlen(data), DONE_DEADLINE_MS)
-                  : NULL;
+    pub *p =
+        data ? pub_new(f, PUB_DONE, subject, msgid, data, strlen(data), DONE_DEADLINE_MS) : NULL;
     if (p && n == cap) {
       pub **g = realloc(parts, (cap = cap ? 2 * cap : 4) * sizeof *g);
       if (g)
@@ -1935,13 +1934,13 @@ json_t *cph_cflow_json(cph_cflow *f) {
       (json_int_t)f->rebuilds, "events_total", (json_int_t)f->rebuild_events, "last_seconds",
       f->last_rebuild_s, "last_read_seconds", f->last_read_s, "last_events",
       (json_int_t)f->last_rebuild_events, "last_messages", (json_int_t)f->last_rebuild_messages,
-      "pending", (json_int_t)pending, "done_marks", (json_int_t)f->done_marks,
-      "done_mark_failures", (json_int_t)f->done_mark_failures, "waiting_completions",
-      (json_int_t)waiting_done, "watermarks_put", (json_int_t)f->marks_put);
+      "pending", (json_int_t)pending, "done_marks", (json_int_t)f->done_marks, "done_mark_failures",
+      (json_int_t)f->done_mark_failures, "waiting_completions", (json_int_t)waiting_done,
+      "watermarks_put", (json_int_t)f->marks_put);
   if (rb)
-    json_object_set_new(rb, "last_shard", f->last_rebuild_shard < 0
-                                              ? json_null()
-                                              : json_integer((json_int_t)f->last_rebuild_shard));
+    json_object_set_new(
+        rb, "last_shard",
+        f->last_rebuild_shard < 0 ? json_null() : json_integer((json_int_t)f->last_rebuild_shard));
   json_object_set_new(o, "rebuild", rb);
   return o;
 }

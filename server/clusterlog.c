@@ -103,9 +103,9 @@ struct cph_clog {
   uint32_t bound;
   uint64_t bind_gen; /* bindings so far */
   char last_error[256];
-  bool table_loaded;    /* the bucket watch delivered every record there was at its start */
-  uint8_t *phase;       /* per shard: shard_phase */
-  uint64_t *replay_gen; /* per shard: the replay its phase belongs to */
+  bool table_loaded;        /* the bucket watch delivered every record there was at its start */
+  uint8_t *phase;           /* per shard: shard_phase */
+  uint64_t *replay_gen;     /* per shard: the replay its phase belongs to */
   int64_t *replay_after_ns; /* per shard: no new replay before (after a failed one) */
   uint64_t replays;         /* replays so far: their generations */
   replay_req *replay_head, *replay_tail;
@@ -812,11 +812,11 @@ static bool replay_range(cph_clog *l, cph_clog_replay *rp, size_t *cap, const ch
     }
     const char *subject = natsMsg_GetSubject(m);
     size_t sl = strlen(subject);
-    cph_clog_kind kind = sl > 4 && strcmp(subject + sl - 4, ".fwd") == 0 ? CPH_CLOG_FWD
+    cph_clog_kind kind = sl > 4 && strcmp(subject + sl - 4, ".fwd") == 0  ? CPH_CLOG_FWD
                          : sl > 3 && strcmp(subject + sl - 3, ".in") == 0 ? CPH_CLOG_IN
-                                                                           : CPH_CLOG_DONE;
-    bool added = replay_add(rp, cap, seq, kind, natsMsg_GetData(m),
-                            (size_t)natsMsg_GetDataLength(m));
+                                                                          : CPH_CLOG_DONE;
+    bool added =
+        replay_add(rp, cap, seq, kind, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
     natsMsg_Destroy(m);
     if (!added) {
       snprintf(why, size, "out of memory reading %s", filter);

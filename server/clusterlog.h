@@ -39,11 +39,11 @@
  * log thread, which connects (retrying), creates the stream, the buckets and the shard
  * consumers, and every 100 ms queues replays of, or binds to, the consumers of the shards this
  * node serves (cph_cluster_route) and unbinds from those it no longer serves; it also reads
- * the bucket's watcher. And two replay threads. Nothing of that runs on the event loop. The loop talks to the log only through
- * cph_clog_publish (which never waits: libnats's asynchronous publish) and receives
- * everything — publish acknowledgements, messages of served shards, bucket entries — as
- * items on one queue, drained by an event on the loop (a pipe wakes it), so every hook
- * below runs on the loop thread.
+ * the bucket's watcher. And two replay threads. Nothing of that runs on the event loop. The loop
+ * talks to the log only through cph_clog_publish (which never waits: libnats's asynchronous
+ * publish) and receives everything — publish acknowledgements, messages of served shards, bucket
+ * entries, replays — as items on one queue, drained by an event on the loop (a pipe wakes it),
+ * so every hook below runs on the loop thread.
  *
  * Ordering: a shard's messages arrive in stream order. A message not acknowledged within
  * AckWait (the owner died, lost the shard, or released it) is delivered again, later and
