@@ -1101,11 +1101,11 @@ static void on_submit(evutil_socket_t fd, short what, void *arg) {
 
 /* ---------------------------------------------------------------- adopting a shard's sessions
  *
- * A node that starts applying a shard (it took the shard over, or bound to it again) first
- * creates, from the session table, the sessions of that shard its engine does not have: the
- * state they had on their previous owner (inbox, history, credits, context) does not move, but
- * from then on events reach them here. The creation is queued before the batch holding the
- * shard's first message, so the engine applies it first. */
+ * A node that starts serving a shard (it took the shard over, came back, or restarted) first
+ * creates, from the session table, the sessions of that shard its engine does not have: their
+ * unconsumed input is rebuilt from the log right after (8.), the rest of the state they had on
+ * their previous owner (history, credits, context) does not move. The creation is queued before
+ * the rebuild's first batch, so the engine applies it first. */
 
 typedef struct adopt_op {
   cph_op op;
@@ -1134,8 +1134,8 @@ static void adopt_free(adopt_op *a) {
 static void adopt_done(cph_op *op, void *ctx) {
   adopt_op *a = ctx;
   if (op->rc == CPH_OK)
-    cph_info("cluster log: adopted session %s from the session table (its state on its previous "
-             "node did not move)",
+    cph_info("cluster log: adopted session %s from the session table (its unconsumed input is "
+             "rebuilt from the log; its history, credits and context did not move)",
              a->id);
   else if (op->rc != CPH_EEXISTS)
     cph_warn("cluster log: adopting session %s failed: %s", a->id,
