@@ -11,9 +11,10 @@
  * reaches one twice: what a turn answered 200 consumed before the kill is never delivered again
  * (the done marks), what the leased-and-lost turn carried is (it was not consumed). In order:
  *   1. kill -9 of one node of three, a third of the input consumed before;
- *   2. kill -9 of a second node right after its last completions answered 200.
+ *   2. kill -9 of a second node right after its last completions answered 200;
+ *   3. kill -9 of the last node and a restart on its data: it rebuilds from its own watermarks.
  *
- * CPH_CLUSTER_REBUILD_EVENTS (default 600) events in 1, half of that in 2;
+ * CPH_CLUSTER_REBUILD_EVENTS (default 600) events in 1, half of that in 2 and in 3;
  * CPH_CLUSTER_REBUILD_SEED replays a run. Without etcd or nats-server the test fails and says
  * what to install. */
 #include <setjmp.h>
@@ -42,6 +43,7 @@
 typedef struct bench {
   cph_tcw *w;
   int n_first;
+  char extra[256]; /* the nodes' policy beyond the fixture's */
 } bench;
 
 static int env_int(const char *name, int def) {
@@ -144,8 +146,8 @@ static int setup(void **state) {
   cph_tc_start_etcd(c);
   cph_tc_start_nats(c, 3);
   cph_tc_ports(c, NODES);
-  char extra[256];
-  snprintf(extra, sizeof extra,
+  char *extra = b->extra;
+  snprintf(extra, sizeof b->extra,
            ":sessions {:max-queue 100000 :max-batch %d}\n"
            " :scheduler {:concurrency 64 :lanes {:interactive {:turns 1000000 "
            ":tool-calls 1000000}}}",
@@ -156,7 +158,7 @@ static int setup(void **state) {
   if (!cph_tc_wait_settled(c, live, SHARDS, 30000))
     fail_msg("the cluster did not settle (ownership and log) within 30 s (logs in %s)", c->dir);
   b->n_first = env_int("CPH_CLUSTER_REBUILD_EVENTS", 600);
-  b->w = cph_tcw_new(c, b->n_first + b->n_first / 2, "CPH_CLUSTER_REBUILD_SEED");
+  b->w = cph_tcw_new(c, b->n_first + 2 * (b->n_first / 2), "CPH_CLUSTER_REBUILD_SEED");
   cph_tcw_create_sessions(b->w);
   printf("seed %u; cluster up and sessions known after %lld ms\n", b->w->seed,
          (long long)(cph_test_now_ms() - t0));
@@ -223,7 +225,7 @@ static void test_cluster_rebuild_a_completion_answered_200_is_never_run_again(vo
   cph_tcw *w = b->w;
   int victim = 1, survivor = 0;
   assert_true(w->c->up[victim] && w->c->up[survivor]);
-  int from = b->n_first, to = w->n_evs;
+  int from = b->n_first, to = from + b->n_first / 2;
   int64_t t0 = cph_test_now_ms();
   cph_tcw_post_events(w, from, to, "c", false, 0, -1, -1);
   wait_applied(w, from, to);
@@ -234,11 +236,45 @@ static void test_cluster_rebuild_a_completion_answered_200_is_never_run_again(vo
   cph_tcw_settle_and_check(w, 0, to, t0, 0); /* and nothing of the first test came again */
 }
 
+/* A node killed -9 and started again at once on its data (no other node took its shards) reads
+ * its shards' past from its own watermarks: the events its inboxes still hold are duplicates
+ * for the engine, and pending again only while still in a live inbox; what its turns consumed
+ * before the kill does not come again, the input of the turn leased and lost does. */
+static void
+test_cluster_rebuild_a_node_restarted_on_its_data_neither_loses_nor_repeats(void **state) {
+  bench *b = *state;
+  cph_tcw *w = b->w;
+  int victim = -1;
+  for (int n = 0; n < w->c->n_nodes && victim < 0; n++)
+    if (w->c->up[n])
+      victim = n;
+  assert_true(victim >= 0);
+  int from = b->n_first + b->n_first / 2, to = w->n_evs;
+  int64_t t0 = cph_test_now_ms();
+  cph_tcw_post_events(w, from, to, "s", false, 0, -1, -1);
+  wait_applied(w, from, to);
+  assert_true(cph_tcw_work(w, victim, 6) > 0);
+  assert_true(lease_and_leave(w, victim) > 0);
+  cph_tc_kill_restart_node(w->c, victim, SHARDS, TTL_S, b->extra);
+  bool live[CPH_TC_MAX_NODES] = {false};
+  for (int n = 0; n < w->c->n_nodes; n++)
+    live[n] = w->c->up[n];
+  if (!cph_tc_wait_settled(w->c, live, SHARDS, 30000))
+    fail_msg("n%d did not serve and bind its shards again within 30 s (logs in %s)", victim,
+             w->c->dir);
+  json_int_t pending = rebuild_sum(w, "pending"), rebuilds = rebuild_sum(w, "rebuilds");
+  printf("n%d restarted: %lld rebuilds, %lld events pending again\n", victim, (long long)rebuilds,
+         (long long)pending);
+  assert_true(rebuilds > 0 && pending > 0);
+  cph_tcw_settle_and_check(w, from, to, t0, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(
           test_cluster_rebuild_a_dead_nodes_unconsumed_input_reaches_its_sessions_once_elsewhere),
       cmocka_unit_test(test_cluster_rebuild_a_completion_answered_200_is_never_run_again),
+      cmocka_unit_test(test_cluster_rebuild_a_node_restarted_on_its_data_neither_loses_nor_repeats),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
