@@ -546,6 +546,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_SESSION_CREATE:
   case CPH_OP_SESSION_UPDATE:
   case CPH_OP_SESSION_DELETE:
+  case CPH_OP_INBOX_RETAIN:
     sessions_apply(&e->sessions, op);
     break;
   case CPH_OP_INGEST:

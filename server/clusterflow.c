@@ -31,6 +31,7 @@
 #define DONE_CHUNK_BYTES 65536 /* a done mark's payload stays around this size */
 #define MARK_MS 1000           /* watermarks: looked at (and published if changed) this often */
 #define MARK_DEADLINE_MS 5000
+#define RETAIN_AT_ONCE 256 /* a rebuild's inbox retains in the engine at a time */
 
 typedef enum pub_kind { PUB_INGEST, PUB_FWD, PUB_SESSION, PUB_DONE, PUB_MARK } pub_kind;
 typedef enum ev_status { EV_ACCEPTED, EV_DUPLICATE, EV_REJECTED } ev_status;
@@ -530,8 +531,8 @@ static void done_answer(cph_cflow *f, done_req *dr) {
       dr->next->prev = dr->prev;
     cph_req_end(r);
   } else if (dr->failed) {
-    cph_warn("cluster log: the done mark of deleted session %s was not taken (%s); a rebuild "
-             "of its shard may deliver its input again",
+    cph_warn("cluster log: a done mark of session %s (a delete, or an event it refused) was not "
+             "taken (%s); a rebuild of its shard may deliver those events again",
              dr->session, dr->why);
   }
   json_decref(dr->answer);
@@ -550,8 +551,8 @@ static char *done_payload(const char *session, const cph_strv *keys, size_t from
   return data;
 }
 
-/* Logs what a completion (r, answered with answer once the log took it) or a session delete
- * (r NULL) consumed: the engine keys of its events, in marks of about DONE_CHUNK_BYTES on
+/* Logs what a completion (r, answered with answer once the log took it), a session delete or
+ * a refusal (r NULL) consumed: the engine keys of its events, in marks of about DONE_CHUNK_BYTES on
  * ceph.s.done.<shard of session>, each under a message id of its own (a resend is stored
  * once). The events leave the shard's pending set at once: they were consumed here. True when
  * r is taken (answered later); false when r must be answered now (out of memory: 500). */
@@ -807,8 +808,11 @@ static void applying_free(applying *ap) {
   free(ap);
 }
 
+/* A message is acknowledged only while its shard is served here: one applied after the shard
+ * moved comes again to the next owner (which may have read the shard's past already); the copy
+ * here is stale (README: a node keeps stale copies of the sessions it no longer serves). */
 static void applying_finish(cph_cflow *f, applying *ap) {
-  if (f->log && !f->quiesced && !ap->failed) {
+  if (f->log && !f->quiesced && !ap->failed && served(f, ap->m->shard)) {
     if (f->tracks[ap->m->shard].live)
       held_done(&f->tracks[ap->m->shard], ap->m->seq);
     cph_clog_ack(f->log, ap->m);
@@ -1041,6 +1045,14 @@ static void apply_done(cph_op *op, void *ctx) {
     if (res && (res->status == CPH_EV_QUEUED || res->status == CPH_EV_AGGREGATED) &&
         res->sessions.count && f->tracks[ap->m->shard].live)
       pending_add(f, ap->ev.key, ap->m->seq, ap->m->shard);
+    /* Refused by its session (while_running :reject): it did not reach it, so a rebuild must
+     * not deliver it either — a done mark says so (not waited for). */
+    if (res && res->busy.count && ap->ev.session) {
+      cph_strv one = {&ap->ev.key, 1};
+      if (!done_publish(f, NULL, ap->ev.session, &one, NULL))
+        cph_error("cluster log: out of memory logging that session %s refused event %s",
+                  ap->ev.session, ap->ev.key);
+    }
     if (ap->m->fwd)
       applying_finish(f, ap);
     else
@@ -1225,6 +1237,15 @@ typedef struct rb_event {
   uint64_t seq;
 } rb_event;
 
+/* The keys a session keeps (CPH_OP_INBOX_RETAIN): those of the rebuild's events naming it. */
+typedef struct rb_keep {
+  cph_op op;
+  struct rebuild *rb;
+  char *session;
+  const char **keys; /* strings in the events' docs */
+  size_t n, cap;
+} rb_keep;
+
 struct rebuild {
   cph_op op; /* the batch in the engine, events[next - op_n .. next) */
   cph_cflow *f;
@@ -1232,6 +1253,8 @@ struct rebuild {
   rb_event *evs;
   cph_event_in *ins; /* the events of evs, in order, for the operations */
   size_t n, next, op_n;
+  rb_keep **keeps;                      /* one per session of the shard, after the batches */
+  size_t n_keeps, next_keep, retaining; /* keeps[next_keep..) not queued; retaining in the engine */
   bool adopted, in_engine, waiting, stale;
   cph_hmap dups;    /* engine key of a duplicate -> its rb_event */
   cph_hmap checks;  /* sessions with duplicates (keys owned by evs' docs) -> themselves */
@@ -1240,6 +1263,12 @@ struct rebuild {
 };
 
 static void rebuild_free(rebuild *rb) {
+  for (size_t i = 0; i < rb->n_keeps; i++) {
+    free(rb->keeps[i]->keys);
+    free(rb->keeps[i]->session);
+    free(rb->keeps[i]);
+  }
+  free(rb->keeps);
   for (size_t i = 0; i < rb->n; i++) {
     json_decref(rb->evs[i].doc);
     free(rb->evs[i].ev.mentions.items);
@@ -1373,6 +1402,101 @@ static void rebuild_check_dups(cph_cflow *f, rebuild *rb) {
   }
 }
 
+static void rebuild_retained(cph_op *op, void *ctx) {
+  rb_keep *k = ctx;
+  rebuild *rb = k->rb;
+  cph_cflow *f = rb->f;
+  if (op->rc == CPH_OK && op->u.retain.dropped)
+    cph_info("cluster log: session %s dropped %" PRIu32 " entries consumed on another node "
+             "while this one did not serve it",
+             k->session, op->u.retain.dropped);
+  else if (op->rc != CPH_OK && op->rc != CPH_ENOTFOUND)
+    cph_warn("cluster log: retaining the inbox of %s: %s", k->session,
+             op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+  cph_op_clear_results(op);
+  if (--rb->retaining)
+    return;
+  rb->in_engine = false;
+  if (rb->stale || f->quiesced) {
+    if (f->tracks[rb->rp->shard].rb == rb)
+      f->tracks[rb->rp->shard].rb = NULL;
+    rebuild_free(rb);
+    return;
+  }
+  rebuild_step(f, rb);
+}
+
+/* After the batches: every session of the shard keeps, of what its inbox held before the
+ * rebuild, only the entries of events the replay found unconsumed — a node that served the
+ * shard before (it came back) holds stale entries that another node's turns consumed since
+ * (their done marks, or below the watermark). One CPH_OP_INBOX_RETAIN per session, at most
+ * RETAIN_AT_ONCE in the engine at a time; true once every one was queued. Out of memory:
+ * nothing is retained (stale entries may then be delivered again), logged. */
+static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
+  if (!rb->keeps) {
+    size_t n = 0;
+    for (const cph_ctable_session *r = cph_ctable_shard_first(f->table, rb->rp->shard); r;
+         r = r->shard_next)
+      n++;
+    rb->keeps = calloc(n ? n : 1, sizeof *rb->keeps);
+    cph_hmap by = CPH_HMAP_INIT;
+    bool ok = rb->keeps != NULL;
+    for (const cph_ctable_session *r = cph_ctable_shard_first(f->table, rb->rp->shard); ok && r;
+         r = r->shard_next) {
+      rb_keep *k = calloc(1, sizeof *k);
+      ok = k && (k->session = strdup(r->id)) && cph_hmap_put(&by, k->session, k) == CPH_OK;
+      if (k && !ok) {
+        free(k->session);
+        free(k);
+      } else if (k) {
+        k->rb = rb;
+        rb->keeps[rb->n_keeps++] = k;
+      }
+    }
+    for (size_t i = 0; ok && i < rb->n; i++) {
+      rb_keep *k = cph_hmap_get(&by, rb->evs[i].ev.session);
+      if (!k)
+        continue;
+      if (k->n == k->cap) {
+        size_t cap = k->cap ? 2 * k->cap : 16;
+        const char **keys = realloc(k->keys, cap * sizeof *keys);
+        if (!keys) {
+          ok = false;
+          break;
+        }
+        k->keys = keys;
+        k->cap = cap;
+      }
+      k->keys[k->n++] = rb->evs[i].ev.key;
+    }
+    cph_hmap_free(&by);
+    if (!ok) { /* out of memory: stale entries are not dropped (at worst delivered again) */
+      cph_error("cluster log: out of memory rebuilding shard %" PRIu32
+                "; stale entries of its sessions are kept",
+                rb->rp->shard);
+      rb->next_keep = rb->n_keeps; /* none queued: given up */
+      return true;
+    }
+  }
+  while (rb->next_keep < rb->n_keeps && rb->retaining < RETAIN_AT_ONCE) {
+    rb_keep *k = rb->keeps[rb->next_keep];
+    memset(&k->op, 0, sizeof k->op);
+    k->op.kind = CPH_OP_INBOX_RETAIN;
+    k->op.done = rebuild_retained;
+    k->op.ctx = k;
+    k->op.u.retain.session = k->session;
+    k->op.u.retain.keep = k->keys;
+    k->op.u.retain.n_keep = k->n;
+    if (cph_engine_submit(f->s->engine, &k->op) != CPH_OK)
+      break;
+    rb->next_keep++;
+    rb->retaining++;
+  }
+  if (rb->retaining)
+    cph_srv_schedule_pass(f->s);
+  return rb->next_keep == rb->n_keeps;
+}
+
 /* Takes the rebuild as far as it goes now: adopt, the next batch, or the end. */
 static void rebuild_step(cph_cflow *f, rebuild *rb) {
   uint32_t shard = rb->rp->shard;
@@ -1408,6 +1532,15 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
     rb->next += k;
     rb->in_engine = true;
     cph_srv_schedule_pass(f->s);
+    return;
+  }
+  if (!rebuild_retain(f, rb) || rb->retaining) {
+    if (rb->retaining) {
+      rb->in_engine = true; /* rebuild_retained steps on once they are all answered */
+    } else {
+      rb->waiting = true; /* the engine's queue is full: on the next retry tick */
+      arm_retry(f);
+    }
     return;
   }
   rebuild_check_dups(f, rb);

@@ -75,10 +75,12 @@
  *    the node still served the shard. Otherwise (10 s, as ingest; or the shard moved) it answers
  *    503 `unavailable`; the local commit stands (a retry answers from the stored turn and logs
  *    the mark again), only a later rebuild elsewhere may deliver that input again. A repeated
- *    completion (`already`) logs its mark again. A delete's mark is not waited for. Interrupted
- *    and superseded turns consume nothing (their input is staged again); :merge's taken
- *    entries are consumed by the completion that carries them; a parked turn's input is not
- *    consumed (a rebuild elsewhere delivers it again, as a requeue would).
+ *    completion (`already`) logs its mark again. A delete's mark is not waited for, nor the
+ *    mark of an event its session refused (while_running :reject: it did not reach it, so a
+ *    rebuild must not deliver it). Interrupted and superseded turns consume nothing (their
+ *    input is staged again); :merge's taken entries are consumed by the completion that
+ *    carries them; a parked turn's input is not consumed (a rebuild elsewhere delivers it
+ *    again, as a requeue would).
  *
  * 7. The watermark of a shard, so a rebuild reads a bounded past. Per served shard the node
  *    tracks the log positions of the events it applied that reached their session and are not
@@ -108,13 +110,16 @@
  *    are not applied; messages naming a session the table does not know are skipped. What
  *    reached its session joins the shard's pending set (7.); a message the engine already had
  *    (this node applied it before a restart, or before the shard went away and came back)
- *    joins it only if its event is still in the session's live inbox (cph_engine_inbox_keys).
- *    Then the shard is live, the log binds its consumer, and messages above L come through 2.
- *    A node that comes back with stale copies of sessions whose shard another node served
- *    meanwhile still holds their old entries: a rebuild there does not remove what the interim
- *    owner consumed (see README, "does not work yet"). Cost: a replay reads the shard's
- *    messages between W and L and all its marks since W; with turns consuming input, W stays
- *    close to L.
+ *    joins it only if its event is still in the session's live inbox (cph_engine_inbox_keys)
+ *    — one that is not was consumed here, or parked, and is not delivered again. Then each
+ *    session of the shard keeps, of its live entries, only those of the events just found
+ *    unconsumed (CPH_OP_INBOX_RETAIN): a node that comes back holds stale copies of its old
+ *    sessions, whose entries another node's turns may have consumed meanwhile (a done mark, or
+ *    below the watermark) — those go. Then the shard is live, the log binds its consumer, and
+ *    messages above L come through 2. A message is acknowledged only while its shard is served
+ *    here, so one applied after the shard moved comes to the next owner too. Cost: a replay
+ *    reads the shard's messages between W and L and all its marks since W; with turns
+ *    consuming input, W stays close to L.
  *
  * Not here (later slices): snapshots of a shard's other state (histories, memories, trees,
  * credits), fencing of a deposed owner's writes, min_pos. */

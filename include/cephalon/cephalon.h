@@ -434,7 +434,8 @@ typedef enum cph_op_kind {
   CPH_OP_CONTEXT_DELETE, /* DELETE /v1/sessions/{id}/context/{node} */
   CPH_OP_CONTEXT_SEAL,   /* POST /v1/sessions/{id}/seal */
   CPH_OP_MEMORY_SEARCH, /* GET /v1/memories/search: a write, since inclusion counts access */
-  CPH_OP_TAKE           /* POST /v1/turns/{id}/take: arrivals into a running turn (:merge) */
+  CPH_OP_TAKE,          /* POST /v1/turns/{id}/take: arrivals into a running turn (:merge) */
+  CPH_OP_INBOX_RETAIN   /* cluster mode's rebuild: drop entries consumed on another node */
 } cph_op_kind;
 
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
@@ -627,6 +628,17 @@ struct cph_op {
       cph_memory_hit *hits; /* out */
       size_t n_hits;
     } search;
+    /* CPH_OP_INBOX_RETAIN (server/clusterflow.h, 8.): of session's live entries that no
+     * running turn carries, each that stands for keyed events none of whose keys is in
+     * keep[0..n_keep) is consumed without a turn (a turn of another node consumed it while
+     * this node did not serve the session); entries with a kept key, or without any key, stay.
+     * A reporter session (report_interval_s) is left as it is. */
+    struct {
+      char *session;
+      const char *const *keep;
+      size_t n_keep;
+      uint32_t dropped; /* out: entries consumed */
+    } retain;
   } u;
 };
 

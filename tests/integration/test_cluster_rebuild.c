@@ -11,10 +11,12 @@
  * reaches one twice: what a turn answered 200 consumed before the kill is never delivered again
  * (the done marks), what the leased-and-lost turn carried is (it was not consumed). In order:
  *   1. kill -9 of one node of three, a third of the input consumed before;
- *   2. kill -9 of a second node right after its last completions answered 200;
- *   3. kill -9 of the last node and a restart on its data: it rebuilds from its own watermarks.
+ *   2. that node comes back on its data and takes its shards back: what its stale sessions
+ *      held and the others consumed meanwhile is dropped there, not delivered again;
+ *   3. kill -9 of a node right after its last completions answered 200;
+ *   4. kill -9 of the last node and a restart on its data: it rebuilds from its own watermarks.
  *
- * CPH_CLUSTER_REBUILD_EVENTS (default 600) events in 1, half of that in 2 and in 3;
+ * CPH_CLUSTER_REBUILD_EVENTS (default 600) events in 1, half of that in 2, 3 and 4;
  * CPH_CLUSTER_REBUILD_SEED replays a run. Without etcd or nats-server the test fails and says
  * what to install. */
 #include <setjmp.h>
@@ -34,6 +36,7 @@
 #include "tests/support/cluster_fixture.h"
 #include "tests/support/cluster_world.h"
 #include "tests/support/daemon.h"
+#include "tests/support/testutil.h"
 
 #define NODES 3
 #define SHARDS 16
@@ -44,6 +47,7 @@ typedef struct bench {
   cph_tcw *w;
   int n_first;
   char extra[256]; /* the nodes' policy beyond the fixture's */
+  char *kept;      /* the data dir of the node the first test killed */
 } bench;
 
 static int env_int(const char *name, int def) {
@@ -122,12 +126,20 @@ static json_int_t rebuild_sum(cph_tcw *w, const char *name) {
   return sum;
 }
 
-/* Kills node victim (-9) and waits until the others serve and have bound (so rebuilt) every
- * shard. */
-static void kill_and_settle(cph_tcw *w, int victim) {
-  cph_test_daemon_signal_wait(&w->c->d[victim], SIGKILL);
-  cph_test_daemon_stop(&w->c->d[victim]);
-  w->c->up[victim] = false;
+/* Waits until the nodes up serve and have bound (so rebuilt) every shard. */
+static void settle(cph_tcw *w, const char *what) {
+  bool live[CPH_TC_MAX_NODES] = {false};
+  for (int n = 0; n < w->c->n_nodes; n++)
+    live[n] = w->c->up[n];
+  if (!cph_tc_wait_settled(w->c, live, SHARDS, 30000))
+    fail_msg("%s: the shards were not all served and bound within 30 s (logs in %s)", what,
+             w->c->dir);
+}
+
+/* Kills node victim (-9; keep: its data dir is returned) and waits until the others serve and
+ * have bound (so rebuilt) every shard. */
+static char *kill_and_settle(cph_tcw *w, int victim, bool keep) {
+  char *dir = cph_tc_kill_node(w->c, victim, keep);
   bool live[CPH_TC_MAX_NODES] = {false};
   for (int n = 0; n < w->c->n_nodes; n++)
     live[n] = w->c->up[n];
@@ -137,6 +149,7 @@ static void kill_and_settle(cph_tcw *w, int victim) {
              w->c->dir);
   printf("n%d killed -9: its shards served, rebuilt and bound elsewhere %lld ms later\n", victim,
          (long long)(cph_test_now_ms() - t0));
+  return dir;
 }
 
 static int setup(void **state) {
@@ -158,7 +171,7 @@ static int setup(void **state) {
   if (!cph_tc_wait_settled(c, live, SHARDS, 30000))
     fail_msg("the cluster did not settle (ownership and log) within 30 s (logs in %s)", c->dir);
   b->n_first = env_int("CPH_CLUSTER_REBUILD_EVENTS", 600);
-  b->w = cph_tcw_new(c, b->n_first + 2 * (b->n_first / 2), "CPH_CLUSTER_REBUILD_SEED");
+  b->w = cph_tcw_new(c, b->n_first + 3 * (b->n_first / 2), "CPH_CLUSTER_REBUILD_SEED");
   cph_tcw_create_sessions(b->w);
   printf("seed %u; cluster up and sessions known after %lld ms\n", b->w->seed,
          (long long)(cph_test_now_ms() - t0));
@@ -173,6 +186,9 @@ static int teardown(void **state) {
   cph_test_cluster *c = b->w ? b->w->c : NULL;
   cph_tcw_free(b->w);
   cph_tc_free(c);
+  if (b->kept)
+    cph_test_rmtree(b->kept);
+  free(b->kept);
   free(b);
   return 0;
 }
@@ -201,7 +217,7 @@ static void test_cluster_rebuild_a_dead_nodes_unconsumed_input_reaches_its_sessi
          "running on n%d, which holds %d sessions\n",
          before, staged_before, lost_turn, victim, victims_sessions);
   json_int_t events_before = rebuild_sum(w, "events_total");
-  kill_and_settle(w, victim);
+  b->kept = kill_and_settle(w, victim, true);
   /* The dead node's unconsumed input was delivered again on the survivors. */
   json_int_t rebuilt = rebuild_sum(w, "events_total") - events_before;
   printf("the survivors' rebuilds delivered %lld events again\n", (long long)rebuilt);
@@ -217,6 +233,37 @@ static void test_cluster_rebuild_a_dead_nodes_unconsumed_input_reaches_its_sessi
   cph_test_response_free(&r);
 }
 
+/* The node killed by the first test comes back on its data, and its shards move back to it. Its
+ * stale copies of its sessions still hold the entries they had when it died, which the others
+ * consumed since: its rebuild drops those (CPH_OP_INBOX_RETAIN) and delivers what the others
+ * applied and did not consume meanwhile. Nothing twice, nothing lost. */
+static void test_cluster_rebuild_a_node_that_comes_back_drops_what_others_consumed(void **state) {
+  bench *b = *state;
+  cph_tcw *w = b->w;
+  int back = NODES - 1;
+  assert_non_null(b->kept);
+  assert_false(w->c->up[back]);
+  int from = b->n_first, to = from + b->n_first / 2;
+  int64_t t0 = cph_test_now_ms();
+  cph_tcw_post_events(w, from, to, "b", false, 0, -1, -1);
+  wait_applied(w, from, to);
+  for (int n = 0; n < NODES; n++)
+    cph_tcw_work(w, n, 4);
+  cph_tc_start_node_on(w->c, back, SHARDS, TTL_S, b->extra, b->kept);
+  b->kept = NULL;
+  settle(w, "the node that came back");
+  json_t *v = cph_tc_view(w->c, back);
+  json_t *rb = json_object_get(json_object_get(v, "log"), "rebuild");
+  printf("n%d back: %lld rebuilds there, %lld events delivered again, %lld pending\n", back,
+         (long long)json_integer_value(json_object_get(rb, "rebuilds")),
+         (long long)json_integer_value(json_object_get(rb, "events_total")),
+         (long long)json_integer_value(json_object_get(rb, "pending")));
+  assert_true(json_integer_value(json_object_get(rb, "rebuilds")) > 0);
+  json_decref(v);
+  cph_tcw_settle_and_check(w, from, to, t0, 0);
+  cph_tcw_settle_and_check(w, 0, to, t0, 0); /* and nothing of the first test came again */
+}
+
 /* The turns completed right before the kill (each answered 200 once the log held the record of
  * what it consumed) are never run again after the takeover; what the node applied and did not
  * hand to a completed turn is delivered once, on the survivor. */
@@ -225,13 +272,13 @@ static void test_cluster_rebuild_a_completion_answered_200_is_never_run_again(vo
   cph_tcw *w = b->w;
   int victim = 1, survivor = 0;
   assert_true(w->c->up[victim] && w->c->up[survivor]);
-  int from = b->n_first, to = from + b->n_first / 2;
+  int from = b->n_first + b->n_first / 2, to = from + b->n_first / 2;
   int64_t t0 = cph_test_now_ms();
   cph_tcw_post_events(w, from, to, "c", false, 0, -1, -1);
   wait_applied(w, from, to);
   int turns = cph_tcw_work(w, victim, 12);
   assert_true(turns > 0);
-  kill_and_settle(w, victim); /* at once after the last 200 */
+  kill_and_settle(w, victim, false); /* at once after the last 200 */
   cph_tcw_settle_and_check(w, from, to, t0, 0);
   cph_tcw_settle_and_check(w, 0, to, t0, 0); /* and nothing of the first test came again */
 }
@@ -249,19 +296,14 @@ test_cluster_rebuild_a_node_restarted_on_its_data_neither_loses_nor_repeats(void
     if (w->c->up[n])
       victim = n;
   assert_true(victim >= 0);
-  int from = b->n_first + b->n_first / 2, to = w->n_evs;
+  int from = b->n_first + 2 * (b->n_first / 2), to = w->n_evs;
   int64_t t0 = cph_test_now_ms();
   cph_tcw_post_events(w, from, to, "s", false, 0, -1, -1);
   wait_applied(w, from, to);
   assert_true(cph_tcw_work(w, victim, 6) > 0);
   assert_true(lease_and_leave(w, victim) > 0);
   cph_tc_kill_restart_node(w->c, victim, SHARDS, TTL_S, b->extra);
-  bool live[CPH_TC_MAX_NODES] = {false};
-  for (int n = 0; n < w->c->n_nodes; n++)
-    live[n] = w->c->up[n];
-  if (!cph_tc_wait_settled(w->c, live, SHARDS, 30000))
-    fail_msg("n%d did not serve and bind its shards again within 30 s (logs in %s)", victim,
-             w->c->dir);
+  settle(w, "the restarted node");
   json_int_t pending = rebuild_sum(w, "pending"), rebuilds = rebuild_sum(w, "rebuilds");
   printf("n%d restarted: %lld rebuilds, %lld events pending again\n", victim, (long long)rebuilds,
          (long long)pending);
@@ -273,6 +315,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(
           test_cluster_rebuild_a_dead_nodes_unconsumed_input_reaches_its_sessions_once_elsewhere),
+      cmocka_unit_test(test_cluster_rebuild_a_node_that_comes_back_drops_what_others_consumed),
       cmocka_unit_test(test_cluster_rebuild_a_completion_answered_200_is_never_run_again),
       cmocka_unit_test(test_cluster_rebuild_a_node_restarted_on_its_data_neither_loses_nor_repeats),
   };

@@ -260,18 +260,30 @@ void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const 
   start_node(c, i, shards, ttl_s, extra, NULL);
 }
 
-void cph_tc_kill_restart_node(cph_test_cluster *c, int i, int shards, int ttl_s,
-                              const char *extra) {
+char *cph_tc_kill_node(cph_test_cluster *c, int i, bool keep) {
   assert_true(c->up[i]);
-  c->d[i].keep_data = true;
-  char *dir = strdup(c->d[i].data_dir);
-  assert_non_null(dir);
+  char *dir = NULL;
+  if (keep) {
+    c->d[i].keep_data = true;
+    dir = strdup(c->d[i].data_dir);
+    assert_non_null(dir);
+  }
   cph_test_daemon_signal_wait(&c->d[i], SIGKILL);
   cph_test_daemon_stop(&c->d[i]);
   c->up[i] = false;
-  start_node(c, i, shards, ttl_s, extra, dir);
+  return dir;
+}
+
+void cph_tc_start_node_on(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra,
+                          char *data_dir) {
+  start_node(c, i, shards, ttl_s, extra, data_dir);
   c->d[i].keep_data = false; /* a temp dir as before: removed when the node stops */
-  free(dir);
+  free(data_dir);
+}
+
+void cph_tc_kill_restart_node(cph_test_cluster *c, int i, int shards, int ttl_s,
+                              const char *extra) {
+  cph_tc_start_node_on(c, i, shards, ttl_s, extra, cph_tc_kill_node(c, i, true));
 }
 
 json_t *cph_tc_view(cph_test_cluster *c, int i) {

@@ -1,5 +1,6 @@
-/* cph_engine_report_consumed and cph_engine_inbox_keys (include/cephalon/cephalon.h): what
- * cluster mode's done marks and rebuild read (server/clusterflow.h, 6.-8.). With it on, a
+/* cph_engine_report_consumed, cph_engine_inbox_keys and CPH_OP_INBOX_RETAIN
+ * (include/cephalon/cephalon.h): what cluster mode's done marks and rebuild use
+ * (server/clusterflow.h, 6.-8.). With it on, a
  * completion names the idempotency key of every event the turn consumed — the events folded
  * into an entry by the queue cap included (DESIGN §5) — and names them again when repeated; a
  * session delete names those of the inbox it drops; events without a key are left out. Off,
@@ -147,6 +148,41 @@ static void test_consumed_keys_a_delete_names_the_inbox_it_drops(void **state) {
   cph_fixture_free(f);
 }
 
+/* CPH_OP_INBOX_RETAIN: entries whose events' keys are all outside keep go (consumed, no
+ * turn); kept keys and entries without a key stay. */
+static void test_inbox_retain_drops_what_keep_does_not_name(void **state) {
+  (void)state;
+  cph_fixture *f = cph_fixture_new("retain", "{}");
+  create(f, "d");
+  post(f, "d"); /* d-0 .. d-6 and one without a key */
+  const char *keep[] = {"d-1", "d-4", "nobody's"};
+  cph_op op = {0};
+  op.kind = CPH_OP_INBOX_RETAIN;
+  op.u.retain.session = "d";
+  op.u.retain.keep = keep;
+  op.u.retain.n_keep = 3;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  assert_int_equal(op.u.retain.dropped, N_KEYED - 2);
+  cph_op_clear_results(&op);
+  cph_strv live = {0};
+  cph_err err = {0};
+  assert_int_equal(cph_engine_inbox_keys(f->e, "d", &live, &err), CPH_OK);
+  assert_int_equal(live.count, 2);
+  assert_true(strcmp(live.items[0], "d-1") == 0 || strcmp(live.items[1], "d-1") == 0);
+  assert_true(strcmp(live.items[0], "d-4") == 0 || strcmp(live.items[1], "d-4") == 0);
+  cph_strv_free(&live);
+  cph_session_info info = {0};
+  assert_int_equal(cph_engine_get_session(f->e, "d", &info, &err), CPH_OK);
+  assert_int_equal(info.pending + info.staged, 3); /* the two kept and the one without a key */
+  cph_session_info_free(&info);
+  memset(&op, 0, sizeof op);
+  op.kind = CPH_OP_INBOX_RETAIN;
+  op.u.retain.session = "nobody";
+  assert_int_equal(cph_fixture_run(f, &op), CPH_ENOTFOUND);
+  cph_op_clear_results(&op);
+  cph_fixture_free(f);
+}
+
 static void test_consumed_keys_off_names_nothing(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("consumed_off", "{}");
@@ -169,6 +205,7 @@ int main(void) {
       cmocka_unit_test(
           test_consumed_keys_name_every_event_a_completion_consumed_folded_ones_included),
       cmocka_unit_test(test_consumed_keys_a_delete_names_the_inbox_it_drops),
+      cmocka_unit_test(test_inbox_retain_drops_what_keep_does_not_name),
       cmocka_unit_test(test_consumed_keys_off_names_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
