@@ -25,7 +25,7 @@
 #define DRAIN_CAP 4096 /* items per loop callback; the rest on the next turn of the loop */
 #define REF_HEADER "Cph-Ref"
 #define REPLAY_THREADS 2
-#define REPLAY_TIMEOUT_MS 60000 /* one read of a shard's past; then it is tried again */
+#define REPLAY_IDLE_MS 10000   /* a read of a shard's past that gets nothing this long fails */
 #define REPLAY_RETRY_MS 1000    /* after a failed read */
 
 typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY } item_kind;
@@ -757,7 +757,8 @@ static bool last_seq(cph_clog *l, const char *const *subjects, size_t n, uint64_
 
 /* Appends to rp every message of filter (whose exact subjects are subjects[0..n)) from
  * sequence `from` up to `to`, in stream order, through an ordered consumer (ephemeral, no
- * acknowledgements). False with why set on a NATS error or after REPLAY_TIMEOUT_MS. */
+ * acknowledgements). False with why set on a NATS error, or when no message came for
+ * REPLAY_IDLE_MS (however long the whole read takes). */
 static bool replay_range(cph_clog *l, cph_clog_replay *rp, size_t *cap, const char *filter,
                          const char *const *subjects, size_t n, uint64_t from, uint64_t to,
                          char *why, size_t size) {
@@ -782,12 +783,12 @@ static bool replay_range(cph_clog *l, cph_clog_replay *rp, size_t *cap, const ch
     return false;
   }
   natsSubscription_SetPendingLimits(sub, 1 << 20, 1 << 30);
-  int64_t deadline = mono_ns() + (int64_t)REPLAY_TIMEOUT_MS * 1000000;
+  int64_t deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
   bool ok = false;
   for (;;) {
     if (stopping(l) || mono_ns() > deadline) {
       snprintf(why, size, "reading %s from %" PRIu64 " to %" PRIu64 ": %s", filter, from, to,
-               stopping(l) ? "stopping" : "timed out");
+               stopping(l) ? "stopping" : "no message for 10 s");
       break;
     }
     natsMsg *m = NULL;
@@ -805,6 +806,7 @@ static bool replay_range(cph_clog *l, cph_clog_replay *rp, size_t *cap, const ch
     }
     uint64_t seq = meta->Sequence.Stream;
     jsMsgMetaData_Destroy(meta);
+    deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
     if (seq > to) {
       natsMsg_Destroy(m);
       ok = true;
