@@ -25,8 +25,8 @@
 #define DRAIN_CAP 4096 /* items per loop callback; the rest on the next turn of the loop */
 #define REF_HEADER "Cph-Ref"
 #define REPLAY_THREADS 2
-#define REPLAY_IDLE_MS 10000   /* a read of a shard's past that gets nothing this long fails */
-#define REPLAY_RETRY_MS 1000    /* after a failed read */
+#define REPLAY_IDLE_MS 10000 /* a read of a shard's past that gets nothing this long fails */
+#define REPLAY_RETRY_MS 1000 /* after a failed read */
 
 typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY } item_kind;
 
