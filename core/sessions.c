@@ -145,7 +145,7 @@ uint64_t sessions_stage_pending(cph_sessions *ss) {
 /* A session has work when it has staged input or a due autonomy tick (§3.3); a reporter's
  * held input counts only once its report is due (reports.h). */
 void sessions_update_work(cph_sessions *ss, csession *s) {
-  cph_sched_set_paused(ss->env->sched, s->sid, s->paused);
+  cph_sched_set_paused(ss->env->sched, s->sid, s->paused || s->away);
   bool input = s->n_staged > 0 && (!s->reports || s->report_due || reports_has_unheld(s));
   cph_sched_set_work(ss->env->sched, s->sid, input || s->tick_due || s->n_jobs > 0);
 }
@@ -797,8 +797,11 @@ static void session_retain(cph_sessions *ss, cph_op *op) {
             op->u.retain.session ? op->u.retain.session : "");
     return;
   }
-  if (s->reports || !s->n_inbox)
+  s->away = false; /* this node serves it (again) */
+  if (s->reports || !s->n_inbox) {
+    sessions_update_work(ss, s);
     return; /* a reporter's held traffic is reports.h's: left as it is */
+  }
   cph_hmap keep = CPH_HMAP_INIT;
   bool *drop = calloc(s->n_inbox, sizeof *drop);
   int rc = drop ? CPH_OK : CPH_ENOMEM;
@@ -836,6 +839,7 @@ static void session_retain(cph_sessions *ss, cph_op *op) {
     op_fail(op, rc, NULL, "retaining the inbox of '%s': %s", s->id,
             t.err.msg[0] ? t.err.msg : cph_strerror(rc));
     free(drop);
+    sessions_update_work(ss, s);
     return;
   }
   for (uint32_t i = s->n_inbox; i-- > 0;) /* from the end: the indices before stay valid */

@@ -676,13 +676,13 @@ uint32_t turns_serve_waiters(cph_turns *tu) {
 
 /* Ends lease l without completing it (worker failure or expiry): the carried messages stay
  * staged with one more attempt; when an item reaches :max-attempts the turn is parked with
- * its messages. A superseded lease (state CPH_TURN_SUPERSEDED, while_running :restart) was
- * not the worker's failure: its messages stay staged with their attempts as they were, and
- * it is never parked. */
-static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error) {
+ * its messages. A superseded lease (state CPH_TURN_SUPERSEDED, while_running :restart), or one
+ * handed back because another node serves the session (!count), was not the worker's
+ * failure: its messages stay staged with their attempts as they were, and it is never parked. */
+static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, bool count) {
   csession *s = l->session;
   uint32_t max_attempts = (uint32_t)tu->env->policy->leases.max_attempts;
-  uint32_t attempt = state == CPH_TURN_SUPERSEDED ? 0 : 1;
+  uint32_t attempt = state == CPH_TURN_SUPERSEDED || !count ? 0 : 1;
   bool park = false;
   cph_txn t;
   cph_txn_begin_child(&tu->env->txn, &t);
@@ -1203,9 +1203,15 @@ static void turn_fail(cph_turns *tu, cph_op *op) {
   lease *l = NULL;
   if (check_lease(tu, op, &l))
     return;
-  int rc = end_lease(tu, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed");
-  if (rc)
+  csession *s = l->session;
+  int rc = end_lease(tu, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed",
+                     !op->u.turn.away);
+  if (rc) {
     op_fail(op, rc, NULL, "%s", cph_strerror(rc));
+  } else if (op->u.turn.away) { /* not picked again until this node serves it again */
+    s->away = true;
+    sessions_update_work(tu->sessions, s);
+  }
 }
 
 static void turn_requeue(cph_turns *tu, cph_op *op) {
@@ -1290,7 +1296,8 @@ void turns_supersede(cph_turns *tu, csession *s) {
   if (!l || l->job_id)
     return;
   int rc =
-      end_lease(tu, l, CPH_TURN_SUPERSEDED, "superseded: input arrived (while_running restart)");
+      end_lease(tu, l, CPH_TURN_SUPERSEDED, "superseded: input arrived (while_running restart)",
+                false);
   if (rc) /* the lease stays; it ends by its worker or its deadline, as under :enqueue */
     cph_log(CPH_LOG_WARN, "could not supersede turn %llu of '%s': %s",
             (unsigned long long)s->running_turn, s->id, cph_strerror(rc));
@@ -1318,7 +1325,7 @@ void turns_reconcile(cph_turns *tu) {
     expired[n++] = l;
   }
   for (size_t i = 0; i < n; i++)
-    end_lease(tu, expired[i], CPH_TURN_EXPIRED, "lease expired");
+    end_lease(tu, expired[i], CPH_TURN_EXPIRED, "lease expired", true);
   free(expired);
   for (size_t i = 0; i < tu->waiters.len;) {
     cph_op *w = op_queue_at(&tu->waiters, i);

@@ -115,11 +115,13 @@
  *    session of the shard keeps, of its live entries, only those of the events just found
  *    unconsumed (CPH_OP_INBOX_RETAIN): a node that comes back holds stale copies of its old
  *    sessions, whose entries another node's turns may have consumed meanwhile (a done mark, or
- *    below the watermark) — those go. Then the shard is live, the log binds its consumer, and
- *    messages above L come through 2. A message is acknowledged only while its shard is served
- *    here, so one applied after the shard moved comes to the next owner too. Cost: a replay
- *    reads the shard's messages between W and L and all its marks since W; with turns
- *    consuming input, W stays close to L.
+ *    below the watermark) — those go; and a session handed back while another node served it
+ *    (routes_turns.c: a fail marked away, never picked meanwhile) may be picked again. Then
+ *    the shard is live, the log binds its consumer, and messages above L come through 2. A
+ *    message is acknowledged only while its shard is served here, so one applied after the
+ *    shard moved comes to the next owner too. Cost: a replay reads the shard's messages
+ *    between W and L and all its marks since W; with turns consuming input, W stays close to
+ *    L. Measured on loopback: 2,400 messages read in 50-80 ms and applied in 70-100 ms.
  *
  * Not here (later slices): snapshots of a shard's other state (histories, memories, trees,
  * credits), fencing of a deposed owner's writes, min_pos. */

@@ -376,7 +376,9 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
 /* ---------------------------------------------------------------- lease */
 
 /* Cluster mode: a turn leased for a session whose shard this node no longer serves is handed
- * back at once (a fail, which counts an attempt) and never reaches the worker. */
+ * back at once (a fail that counts no attempt) and never reaches the worker; the session is
+ * not picked here again until this node serves it again (its shard's rebuild, which retains
+ * its inbox). */
 typedef struct giveback {
   cph_op op;
   char why[64];
@@ -408,6 +410,7 @@ static bool lease_misplaced(cph_req *r) {
     g->op.u.turn.turn_id = t->id;
     memcpy(g->op.u.turn.lease, t->lease, sizeof g->op.u.turn.lease);
     g->op.u.turn.error = g->why;
+    g->op.u.turn.away = true; /* not picked here again until this node serves it again */
     if (cph_engine_submit(s->engine, &g->op) == CPH_OK)
       cph_srv_schedule_pass(s);
     else

@@ -600,6 +600,10 @@ struct cph_op {
        * consumed (interrupted, an autonomy tick, a job). Freed by cph_op_clear_results. */
       cph_strv consumed;
       char *consumed_session;
+      /* fail, in (cluster mode): the turn is handed back because another node serves its
+       * session now — no attempt is counted, and the session is not picked again until a
+       * CPH_OP_INBOX_RETAIN says this node serves it again. */
+      bool away;
     } turn;
     struct {
       cph_job_in in;
@@ -632,7 +636,8 @@ struct cph_op {
      * running turn carries, each that stands for keyed events none of whose keys is in
      * keep[0..n_keep) is consumed without a turn (a turn of another node consumed it while
      * this node did not serve the session); entries with a kept key, or without any key, stay.
-     * A reporter session (report_interval_s) is left as it is. */
+     * A reporter session's entries (report_interval_s) are left as they are. The session may
+     * be picked again (it is no longer away, see u.turn.away). */
     struct {
       char *session;
       const char *const *keep;

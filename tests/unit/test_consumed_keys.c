@@ -183,6 +183,55 @@ static void test_inbox_retain_drops_what_keep_does_not_name(void **state) {
   cph_fixture_free(f);
 }
 
+/* A turn handed back as away (cph_op u.turn.away) counts no attempt and its session is not
+ * picked again until a retain says this node serves it again. */
+static void test_an_away_session_waits_for_a_retain(void **state) {
+  (void)state;
+  cph_fixture *f = cph_fixture_new("away", "{:leases {:max-attempts 1}}");
+  create(f, "e");
+  post(f, "e");
+  cph_op lease = {0};
+  lease.kind = CPH_OP_LEASE;
+  lease.u.lease.worker = "w";
+  lease.u.lease.deadline_ns = cph_clock_now(&f->clock);
+  assert_int_equal(cph_fixture_run(f, &lease), CPH_OK);
+  cph_op fail = {0};
+  fail.kind = CPH_OP_FAIL;
+  fail.u.turn.turn_id = lease.u.lease.turn.id;
+  memcpy(fail.u.turn.lease, lease.u.lease.turn.lease, sizeof fail.u.turn.lease);
+  fail.u.turn.away = true;
+  cph_op_clear_results(&lease);
+  assert_int_equal(cph_fixture_run(f, &fail), CPH_OK); /* one attempt allowed: not parked */
+  cph_op_clear_results(&fail);
+  memset(&lease, 0, sizeof lease);
+  lease.kind = CPH_OP_LEASE;
+  lease.u.lease.worker = "w";
+  lease.u.lease.deadline_ns = cph_clock_now(&f->clock);
+  assert_int_equal(cph_fixture_run(f, &lease), CPH_ETIMEDOUT); /* away: never picked */
+  cph_op_clear_results(&lease);
+  cph_op retain = {0};
+  retain.kind = CPH_OP_INBOX_RETAIN;
+  retain.u.retain.session = "e";
+  const char *all[N_KEYED];
+  char keys[N_KEYED][32];
+  for (int i = 0; i < N_KEYED; i++) {
+    snprintf(keys[i], sizeof keys[i], "e-%d", i);
+    all[i] = keys[i];
+  }
+  retain.u.retain.keep = all;
+  retain.u.retain.n_keep = N_KEYED;
+  assert_int_equal(cph_fixture_run(f, &retain), CPH_OK);
+  assert_int_equal(retain.u.retain.dropped, 0);
+  cph_op_clear_results(&retain);
+  cph_op done;
+  size_t n_staged = 0;
+  uint32_t counted = 0;
+  lease_complete(f, &done, &n_staged, &counted);
+  assert_int_equal(counted, N_KEYED + 1); /* everything, once */
+  cph_op_clear_results(&done);
+  cph_fixture_free(f);
+}
+
 static void test_consumed_keys_off_names_nothing(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("consumed_off", "{}");
@@ -206,6 +255,7 @@ int main(void) {
           test_consumed_keys_name_every_event_a_completion_consumed_folded_ones_included),
       cmocka_unit_test(test_consumed_keys_a_delete_names_the_inbox_it_drops),
       cmocka_unit_test(test_inbox_retain_drops_what_keep_does_not_name),
+      cmocka_unit_test(test_an_away_session_waits_for_a_retain),
       cmocka_unit_test(test_consumed_keys_off_names_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
