@@ -41,6 +41,7 @@
 #include "evcache.h"
 #include "events_read.h"
 #include "gc.h"
+#include "inbox.h"
 #include "ingest.h"
 #include "lanes/pass.h"
 #include "maint.h"
@@ -569,6 +570,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_SESSION_CREATE:
   case CPH_OP_SESSION_UPDATE:
   case CPH_OP_SESSION_DELETE:
+  case CPH_OP_INBOX_RETAIN:
     sessions_apply(&e->sessions, op);
     break;
   case CPH_OP_INGEST:
@@ -910,6 +912,26 @@ void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t
   }
   *limit = cph_sched_concurrency(e->env.sched);
   *in_use = cph_sched_running(e->env.sched);
+}
+
+void cph_engine_report_consumed(cph_engine *e, bool on) { e->env.report_consumed = on; }
+
+int cph_engine_inbox_keys(cph_engine *e, const char *session, cph_strv *out, cph_err *err) {
+  *out = (cph_strv){0};
+  const csession *s = session ? sessions_get(&e->sessions, session) : NULL;
+  if (!s)
+    return cph_err_set(err, CPH_ENOTFOUND, "no session '%s'", session ? session : "");
+  cph_txn t;
+  int rc = cph_txn_begin(e->env.store, false, &t);
+  for (uint32_t i = 0; rc == CPH_OK && i < s->n_inbox; i++)
+    rc = inbox_event_keys(&t, s->id, &s->inbox[i], out);
+  if (rc) {
+    cph_err_set(err, rc, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+    cph_strv_free(out);
+  }
+  if (t.mdb)
+    cph_txn_abort(&t);
+  return rc;
 }
 
 int cph_engine_get_session(cph_engine *e, const char *id, cph_session_info *out, cph_err *err) {

@@ -29,6 +29,9 @@ typedef struct cph_core_env {
   const struct cph_providers *providers; /* given at open; NULL = none */
   cph_sched *sched;                      /* the scheduler of the sessions in memory */
   cph_txn txn;                           /* the pass's write transaction: open only inside a pass */
+  /* Completions and session deletes name the events they consumed (cluster mode's done marks,
+   * cph_engine_report_consumed): off on a single node, where nothing of it is done. */
+  bool report_consumed;
 } cph_core_env;
 
 static inline int64_t env_now(const cph_core_env *env) { return cph_clock_now(env->clock); }

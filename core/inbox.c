@@ -149,3 +149,45 @@ int inbox_fold_events(cph_txn *t, const char *session, const inbox_item *it, uin
   *n = l.n;
   return CPH_OK;
 }
+
+/* Appends a copy of s to v. v's array holds max(4, the next power of two) entries once it has
+ * any, so it grows when count reaches 4, 8, 16... */
+static int strv_push(cph_strv *v, const char *s) {
+  size_t n = v->count;
+  if (n == 0 || (n >= 4 && (n & (n - 1)) == 0)) {
+    char **items = realloc(v->items, (n ? 2 * n : 4) * sizeof *items);
+    if (!items)
+      return CPH_ENOMEM;
+    v->items = items;
+  }
+  if (!(v->items[n] = strdup(s)))
+    return CPH_ENOMEM;
+  v->count++;
+  return CPH_OK;
+}
+
+int inbox_event_keys(cph_txn *t, const char *session, const inbox_item *it, cph_strv *out) {
+  static const char *const fields[] = {"key"};
+  uint64_t mask = cph_record_field_mask(&cph_event_desc, fields, 1);
+  uint64_t *ids = NULL;
+  size_t n = 0;
+  int rc = inbox_fold_events(t, session, it, &ids, &n);
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+    cph_key k;
+    cph_key_reset(&k);
+    cph_key_u64(&k, ids[i]);
+    cph_event_rec ev;
+    int grc = cph_txn_get_record_some(t, CPH_DB_EVENTS, &k, &cph_event_desc, &ev, mask);
+    if (grc == CPH_ENOTFOUND)
+      continue; /* retention deleted it: nothing left to name */
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    if (ev.key)
+      rc = strv_push(out, ev.key);
+    cph_record_free(&cph_event_desc, &ev);
+  }
+  free(ids);
+  return rc;
+}

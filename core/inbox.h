@@ -43,5 +43,10 @@ int inbox_fold_get(cph_txn *t, const char *session, inbox_item *it);
  * fewer when members are missing). */
 int inbox_fold_events(cph_txn *t, const char *session, const inbox_item *it, uint64_t **ids,
                       size_t *n);
+/* Appends to out (a cph_strv grown here) a copy of the idempotency key of every event entry
+ * `it` stands for — its first, then its members — leaving out events without a key or no
+ * longer stored: what cluster mode's done marks name (server/clusterflow.h). CPH_OK, CPH_ENOMEM,
+ * or the store's error (a corrupt event record fails t). */
+int inbox_event_keys(cph_txn *t, const char *session, const inbox_item *it, cph_strv *out);
 
 #endif

@@ -67,6 +67,10 @@ typedef struct csession {
    * in force is sessions_while_running(). In the struct's padding: no bytes added. */
   uint8_t while_running;
   uint8_t inbox_cap_log2; /* see inbox */
+  /* Cluster mode: another node serves it now (a turn of it was handed back, cph_op
+   * u.turn.away): never picked until an inbox retain says this node serves it again. In
+   * memory only; in the last byte of padding. */
+  bool away;
 } csession;
 
 typedef struct channel {

@@ -145,7 +145,7 @@ uint64_t sessions_stage_pending(cph_sessions *ss) {
 /* A session has work when it has staged input or a due autonomy tick (§3.3); a reporter's
  * held input counts only once its report is due (reports.h). */
 void sessions_update_work(cph_sessions *ss, csession *s) {
-  cph_sched_set_paused(ss->env->sched, s->sid, s->paused);
+  cph_sched_set_paused(ss->env->sched, s->sid, s->paused || s->away);
   bool input = s->n_staged > 0 && (!s->reports || s->report_due || reports_has_unheld(s));
   cph_sched_set_work(ss->env->sched, s->sid, input || s->tick_due || s->n_jobs > 0);
 }
@@ -761,6 +761,17 @@ static void session_delete(cph_sessions *ss, cph_op *op) {
     cph_key_u64(&ik, s->inbox[i].id);
     cph_txn_del(&t, CPH_DB_INBOX, &ik);
   }
+  /* Cluster mode: what its inbox held is consumed with it (the done marks). */
+  int krc = CPH_OK;
+  for (uint32_t i = 0; ss->env->report_consumed && krc == CPH_OK && i < s->n_inbox; i++)
+    krc = inbox_event_keys(&t, s->id, &s->inbox[i], &op->u.session.consumed);
+  if (krc) {
+    cph_txn_abort(&t);
+    cph_strv_free(&op->u.session.consumed);
+    op_fail(op, krc, NULL, "listing the events of session '%s': %s", s->id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(krc));
+    return;
+  }
   if (cph_txn_commit(&t)) {
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     return;
@@ -776,6 +787,70 @@ static void session_delete(cph_sessions *ss, cph_op *op) {
   csession_free(ss, s);
 }
 
+/* CPH_OP_INBOX_RETAIN (include/cephalon/cephalon.h): cluster mode's rebuild drops what a
+ * turn of another node consumed while this one did not serve the session. The entries go as a
+ * completion's do: their records say consumed (by no turn here), memory follows the commit. */
+static void session_retain(cph_sessions *ss, cph_op *op) {
+  csession *s = op->u.retain.session ? sessions_get(ss, op->u.retain.session) : NULL;
+  if (!s) {
+    op_fail(op, CPH_ENOTFOUND, "session", "no session '%s'",
+            op->u.retain.session ? op->u.retain.session : "");
+    return;
+  }
+  s->away = false; /* this node serves it (again) */
+  if (s->reports || !s->n_inbox) {
+    sessions_update_work(ss, s);
+    return; /* a reporter's held traffic is reports.h's: left as it is */
+  }
+  cph_hmap keep = CPH_HMAP_INIT;
+  bool *drop = calloc(s->n_inbox, sizeof *drop);
+  int rc = drop ? CPH_OK : CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < op->u.retain.n_keep; i++)
+    rc = cph_hmap_put(&keep, op->u.retain.keep[i], (void *)op->u.retain.keep[i]);
+  cph_txn t;
+  cph_txn_begin_child(&ss->env->txn, &t);
+  for (uint32_t i = 0; rc == CPH_OK && i < s->n_inbox; i++) {
+    const inbox_item *it = &s->inbox[i];
+    if (it->turn_id)
+      continue;
+    cph_strv keys = {0};
+    rc = inbox_event_keys(&t, s->id, it, &keys);
+    bool kept = keys.count == 0;
+    for (size_t k = 0; rc == CPH_OK && !kept && k < keys.count; k++)
+      kept = cph_hmap_get(&keep, keys.items[k]) != NULL;
+    cph_strv_free(&keys);
+    if (rc != CPH_OK || kept)
+      continue;
+    drop[i] = true;
+    cph_inbox_rec r = {s->id,         it->id, it->event_id, CPH_INBOX_CONSUMED,
+                       it->mentioned, 0,      it->attempts, it->created_ms};
+    cph_key k;
+    cph_key_reset(&k);
+    cph_key_str(&k, s->id);
+    cph_key_u64(&k, it->id);
+    cph_txn_put_record(&t, CPH_DB_INBOX, &k, &cph_inbox_desc, &r);
+  }
+  cph_hmap_free(&keep);
+  if (rc == CPH_OK && cph_txn_commit(&t) != CPH_OK)
+    rc = t.ret;
+  if (rc) {
+    if (t.mdb)
+      cph_txn_abort(&t);
+    op_fail(op, rc, NULL, "retaining the inbox of '%s': %s", s->id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+    free(drop);
+    sessions_update_work(ss, s);
+    return;
+  }
+  for (uint32_t i = s->n_inbox; i-- > 0;) /* from the end: the indices before stay valid */
+    if (drop[i]) {
+      csession_inbox_remove(s, i);
+      op->u.retain.dropped++;
+    }
+  free(drop);
+  sessions_update_work(ss, s);
+}
+
 void sessions_apply(cph_sessions *ss, cph_op *op) {
   switch (op->kind) {
   case CPH_OP_SESSION_CREATE:
@@ -783,6 +858,9 @@ void sessions_apply(cph_sessions *ss, cph_op *op) {
     break;
   case CPH_OP_SESSION_UPDATE:
     session_update(ss, op);
+    break;
+  case CPH_OP_INBOX_RETAIN:
+    session_retain(ss, op);
     break;
   default:
     session_delete(ss, op);

@@ -98,7 +98,7 @@ int sessions_reserve(cph_sessions *ss, size_t n);
 int persist_session_credits(cph_sessions *ss, cph_txn *t, csession *s);
 
 /* ---- operations and reads */
-void sessions_apply(cph_sessions *ss, cph_op *op); /* create, update, delete */
+void sessions_apply(cph_sessions *ss, cph_op *op); /* create, update, delete, inbox retain */
 int sessions_info(cph_sessions *ss, const char *id, cph_session_info *out, cph_err *err);
 int sessions_list(cph_sessions *ss, const cph_session_filter *f, cph_session_info **out, size_t *n,
                   cph_err *err);

@@ -95,6 +95,7 @@ void cph_op_clear_results(cph_op *op) {
   case CPH_OP_SESSION_UPDATE:
   case CPH_OP_SESSION_DELETE:
     cph_session_info_free(&op->u.session.out);
+    cph_strv_free(&op->u.session.consumed);
     break;
   case CPH_OP_INGEST:
     for (size_t i = 0; op->u.ingest.results && i < op->u.ingest.n_events; i++) {
@@ -113,6 +114,11 @@ void cph_op_clear_results(cph_op *op) {
     break;
   case CPH_OP_LEASE:
     cph_turn_info_free(&op->u.lease.turn);
+    break;
+  case CPH_OP_COMPLETE:
+    cph_strv_free(&op->u.turn.consumed);
+    free(op->u.turn.consumed_session);
+    op->u.turn.consumed_session = NULL;
     break;
   case CPH_OP_TAKE:
     for (size_t i = 0; i < op->u.turn.n_taken; i++) {
@@ -666,13 +672,13 @@ uint32_t turns_serve_waiters(cph_turns *tu) {
 
 /* Ends lease l without completing it (worker failure or expiry): the carried messages stay
  * staged with one more attempt; when an item reaches :max-attempts the turn is parked with
- * its messages. A superseded lease (state CPH_TURN_SUPERSEDED, while_running :restart) was
- * not the worker's failure: its messages stay staged with their attempts as they were, and
- * it is never parked. */
-static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error) {
+ * its messages. A superseded lease (state CPH_TURN_SUPERSEDED, while_running :restart), or one
+ * handed back because another node serves the session (!count), was not the worker's
+ * failure: its messages stay staged with their attempts as they were, and it is never parked. */
+static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, bool count) {
   csession *s = l->session;
   uint32_t max_attempts = (uint32_t)tu->env->policy->leases.max_attempts;
-  uint32_t attempt = state == CPH_TURN_SUPERSEDED ? 0 : 1;
+  uint32_t attempt = state == CPH_TURN_SUPERSEDED || !count ? 0 : 1;
   bool park = false;
   cph_txn t;
   cph_txn_begin_child(&tu->env->txn, &t);
@@ -935,6 +941,64 @@ static void turn_take(cph_turns *tu, cph_op *op) {
 
 static void turn_complete_work(cph_turns *tu, cph_op *op);
 
+/* report_consumed (cluster mode): the keys of the events of s's live entries ids[0..n), into
+ * op->u.turn.consumed, with the session when there are any. CPH_OK, CPH_ENOMEM or the store's
+ * error. */
+static int consumed_keys(cph_txn *t, const csession *s, const uint64_t *ids, size_t n, cph_op *op) {
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+    int idx = inbox_index(s, ids[i]);
+    if (idx >= 0)
+      rc = inbox_event_keys(t, s->id, &s->inbox[idx], &op->u.turn.consumed);
+  }
+  if (rc == CPH_OK && op->u.turn.consumed.count && !(op->u.turn.consumed_session = strdup(s->id)))
+    rc = CPH_ENOMEM;
+  return rc;
+}
+
+/* report_consumed, a completion repeated (`already`): the keys its first completion consumed,
+ * from the stored records — only the entries the turn consumed (an interrupted turn consumed
+ * none: its entries went back to staged, for a later turn to consume). The op's error on
+ * failure. */
+static void already_consumed_keys(cph_turns *tu, cph_op *op) {
+  cph_txn *t = &tu->env->txn;
+  cph_key tk = u64_key(op->u.turn.turn_id);
+  cph_turn_rec tr;
+  int rc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  if (rc) {
+    op_fail(op, rc, NULL, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(rc));
+    return;
+  }
+  for (uint32_t i = 0; rc == CPH_OK && i < tr.n_inbox_seqs; i++) {
+    cph_key ik = inbox_key(tr.session, tr.inbox_seqs[i]);
+    cph_inbox_rec ir;
+    int grc = cph_txn_get_record(t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    if (ir.status == CPH_INBOX_CONSUMED && ir.turn_id == tr.id) {
+      inbox_item it = {0};
+      it.id = tr.inbox_seqs[i];
+      it.event_id = ir.event_id;
+      it.created_ms = ir.created_ms;
+      rc = inbox_fold_get(t, tr.session, &it);
+      if (rc == CPH_OK)
+        rc = inbox_event_keys(t, tr.session, &it, &op->u.turn.consumed);
+    }
+    cph_record_free(&cph_inbox_desc, &ir);
+  }
+  if (rc == CPH_OK && op->u.turn.consumed.count &&
+      !(op->u.turn.consumed_session = strdup(tr.session)))
+    rc = CPH_ENOMEM;
+  cph_record_free(&cph_turn_desc, &tr);
+  if (rc)
+    op_fail(op, rc, NULL, "listing the events turn %llu consumed: %s",
+            (unsigned long long)op->u.turn.turn_id, t->err.msg[0] ? t->err.msg : cph_strerror(rc));
+}
+
 /* The engine owns a job turn's work from lease to completion, whatever the outcome. */
 static void turn_complete(cph_turns *tu, cph_op *op) {
   turn_complete_work(tu, op);
@@ -946,8 +1010,11 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   lease *l = NULL;
   int rc = check_lease(tu, op, &l);
   if (rc) {
-    if (op->u.turn.already)
+    if (op->u.turn.already) {
       op->rc = CPH_OK;
+      if (tu->env->report_consumed)
+        already_consumed_keys(tu, op);
+    }
     return;
   }
   csession *s = l->session;
@@ -987,6 +1054,16 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
         first_channel = strdup(ev.channel);
         cph_record_free(&cph_event_desc, &ev);
       }
+    }
+  }
+  if (!interrupted && tu->env->report_consumed) {
+    int krc = consumed_keys(&t, s, l->inbox_ids, l->n_inbox_ids, op);
+    if (krc) {
+      free(first_channel);
+      cph_txn_abort(&t);
+      op_fail(op, krc, NULL, "listing the events turn %llu consumed: %s",
+              (unsigned long long)l->turn_id, t.err.msg[0] ? t.err.msg : cph_strerror(krc));
+      return;
     }
   }
   uint64_t reply_id = 0;
@@ -1122,9 +1199,15 @@ static void turn_fail(cph_turns *tu, cph_op *op) {
   lease *l = NULL;
   if (check_lease(tu, op, &l))
     return;
-  int rc = end_lease(tu, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed");
-  if (rc)
+  csession *s = l->session;
+  int rc = end_lease(tu, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed",
+                     !op->u.turn.away);
+  if (rc) {
     op_fail(op, rc, NULL, "%s", cph_strerror(rc));
+  } else if (op->u.turn.away) { /* not picked again until this node serves it again */
+    s->away = true;
+    sessions_update_work(tu->sessions, s);
+  }
 }
 
 static void turn_requeue(cph_turns *tu, cph_op *op) {
@@ -1209,7 +1292,8 @@ void turns_supersede(cph_turns *tu, csession *s) {
   if (!l || l->job_id)
     return;
   int rc =
-      end_lease(tu, l, CPH_TURN_SUPERSEDED, "superseded: input arrived (while_running restart)");
+      end_lease(tu, l, CPH_TURN_SUPERSEDED, "superseded: input arrived (while_running restart)",
+                false);
   if (rc) /* the lease stays; it ends by its worker or its deadline, as under :enqueue */
     cph_log(CPH_LOG_WARN, "could not supersede turn %llu of '%s': %s",
             (unsigned long long)s->running_turn, s->id, cph_strerror(rc));
@@ -1237,7 +1321,7 @@ void turns_reconcile(cph_turns *tu) {
     expired[n++] = l;
   }
   for (size_t i = 0; i < n; i++)
-    end_lease(tu, expired[i], CPH_TURN_EXPIRED, "lease expired");
+    end_lease(tu, expired[i], CPH_TURN_EXPIRED, "lease expired", true);
   free(expired);
   for (size_t i = 0; i < tu->waiters.len;) {
     cph_op *w = op_queue_at(&tu->waiters, i);

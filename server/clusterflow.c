@@ -27,12 +27,18 @@
 #define SWEEP_DELAY_MS 3000 /* after the log is ready: the watch has delivered the table */
 #define CHANNEL_MAX 256     /* as the engine's (core/ingest.c) */
 #define KEY_MAX 256
+#define DONE_DEADLINE_MS 10000 /* a done mark, as an ingest: then the completion answers 503 */
+#define DONE_CHUNK_BYTES 65536 /* a done mark's payload stays around this size */
+#define MARK_MS 1000           /* watermarks: looked at (and published if changed) this often */
+#define MARK_DEADLINE_MS 5000
+#define RETAIN_AT_ONCE 256 /* a rebuild's inbox retains in the engine at a time */
 
-typedef enum pub_kind { PUB_INGEST, PUB_FWD, PUB_SESSION } pub_kind;
+typedef enum pub_kind { PUB_INGEST, PUB_FWD, PUB_SESSION, PUB_DONE, PUB_MARK } pub_kind;
 typedef enum ev_status { EV_ACCEPTED, EV_DUPLICATE, EV_REJECTED } ev_status;
 
 typedef struct ingest_req ingest_req;
 typedef struct applying applying;
+typedef struct done_req done_req;
 
 /* One message on its way into the log, retried with the same id until its deadline. */
 typedef struct pub {
@@ -48,7 +54,10 @@ typedef struct pub {
   struct pub *next_retry;
   ingest_req *ir; /* PUB_INGEST: the request and the event's index */
   size_t index;
-  applying *ap; /* PUB_FWD: the applied message it forwards */
+  applying *ap;   /* PUB_FWD: the applied message it forwards */
+  done_req *dr;   /* PUB_DONE: the completion (or delete) it records */
+  uint32_t shard; /* PUB_MARK: the shard and the watermark it puts */
+  uint64_t mark;
 } pub;
 
 typedef struct ev_result {
@@ -75,6 +84,119 @@ struct applying {
   size_t outstanding; /* forwards not yet acknowledged */
   bool failed;
 };
+
+/* The done marks of one completion (or session delete) on their way into the log (6.). */
+struct done_req {
+  cph_req *r;     /* the completion waiting for them; NULL for a delete (nobody waits) */
+  json_t *answer; /* its 200 answer */
+  char *session;
+  uint32_t shard;
+  size_t outstanding, failed;
+  char why[256];
+  done_req *prev, *next; /* the waiting completions, for shutdown */
+};
+
+/* ---------------------------------------------------------------- sequence heaps
+ *
+ * A min-heap of log positions whose nodes know their place, so the owner of a node removes it
+ * in O(log n) without a search; the minimum is O(1). The watermark (7.) is the minimum of two
+ * of them per shard. */
+typedef struct seqnode {
+  uint64_t seq;
+  size_t pos;
+} seqnode;
+
+typedef struct seqheap {
+  seqnode **v;
+  size_t n, cap;
+} seqheap;
+
+static void seqheap_swap(seqheap *h, size_t a, size_t b) {
+  seqnode *x = h->v[a];
+  h->v[a] = h->v[b];
+  h->v[b] = x;
+  h->v[a]->pos = a;
+  h->v[b]->pos = b;
+}
+
+static void seqheap_up(seqheap *h, size_t i) {
+  while (i > 0 && h->v[(i - 1) / 2]->seq > h->v[i]->seq) {
+    seqheap_swap(h, i, (i - 1) / 2);
+    i = (i - 1) / 2;
+  }
+}
+
+static void seqheap_down(seqheap *h, size_t i) {
+  for (;;) {
+    size_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < h->n && h->v[l]->seq < h->v[m]->seq)
+      m = l;
+    if (r < h->n && h->v[r]->seq < h->v[m]->seq)
+      m = r;
+    if (m == i)
+      return;
+    seqheap_swap(h, i, m);
+    i = m;
+  }
+}
+
+static bool seqheap_push(seqheap *h, seqnode *x) {
+  if (h->n == h->cap) {
+    size_t cap = h->cap ? 2 * h->cap : 64;
+    seqnode **v = realloc(h->v, cap * sizeof *v);
+    if (!v)
+      return false;
+    h->v = v;
+    h->cap = cap;
+  }
+  x->pos = h->n;
+  h->v[h->n++] = x;
+  seqheap_up(h, x->pos);
+  return true;
+}
+
+static void seqheap_remove(seqheap *h, seqnode *x) {
+  size_t i = x->pos;
+  if (i >= h->n || h->v[i] != x)
+    return;
+  if (i != --h->n) {
+    h->v[i] = h->v[h->n];
+    h->v[i]->pos = i;
+    seqheap_down(h, i);
+    seqheap_up(h, i);
+  }
+}
+
+static uint64_t seqheap_min(const seqheap *h) { return h->n ? h->v[0]->seq : UINT64_MAX; }
+
+/* An event applied here that reached its session and is not consumed yet (7.): keyed by its
+ * engine key in cph_cflow.pending, in its shard's heap by log position. */
+typedef struct pending_ev {
+  seqnode node;
+  char *key;
+  uint32_t shard;
+} pending_ev;
+
+/* A message of a served shard delivered here and not acknowledged: in flight, or released
+ * while the shard is still served (it comes back). Keyed by its position in decimal. */
+typedef struct held_msg {
+  seqnode node;
+  char key[24];
+} held_msg;
+
+typedef struct rebuild rebuild;
+
+/* What this node keeps of a shard it serves, for the watermark (7.) and the rebuild (8.). */
+typedef struct shard_track {
+  bool live;            /* rebuilt and served: its messages are applied and tracked */
+  seqheap pending;      /* its pending_ev */
+  seqheap held;         /* its held_msg */
+  cph_hmap held_by_seq; /* position -> held_msg */
+  uint64_t last_seen;   /* the newest position delivered or replayed */
+  uint64_t mark_put;    /* the last watermark the log took (0: none yet) */
+  bool mark_sending;
+  rebuild *rb; /* the rebuild under way, or NULL */
+} shard_track;
 
 typedef struct apply_batch {
   cph_op op;
@@ -103,8 +225,18 @@ struct cph_cflow {
   cph_ctable *table; /* the session table (clustertable.h) */
   uint64_t applied, forwarded, apply_failures;
   bool quiesced;
-  bool started;      /* the log was started (libnats is open) */
-  uint64_t *adopted; /* per shard: the binding whose sessions were adopted (adopt_shard) */
+  bool started; /* the log was started (libnats is open) */
+  uint32_t shards;
+  shard_track *tracks; /* per shard */
+  cph_hmap pending;    /* engine key -> pending_ev, over every shard */
+  done_req *dones;     /* completions waiting for their done marks */
+  uint64_t minted_marks;
+  struct event *ev_mark; /* MARK_MS: the watermarks */
+  /* Counters of GET /metrics and GET /v1/cluster (log.rebuild). */
+  uint64_t rebuilds, rebuild_events, done_marks, done_mark_failures, marks_put;
+  double last_rebuild_s, last_read_s;
+  uint64_t last_rebuild_events, last_rebuild_messages;
+  int64_t last_rebuild_shard; /* -1: none yet */
 };
 
 static int64_t mono_ns(void) {
@@ -212,6 +344,306 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
     return;
   }
   pub_retry_later(f, p); /* the same message id: stored once however often it is sent */
+}
+
+/* ================================================================ tracking (7.)
+ *
+ * The watermark of a served shard is the lowest of: the positions of its pending events
+ * (applied here, reached their session, not consumed), the positions of its held messages
+ * (delivered, not acknowledged — a message in flight may still reach a session, and one
+ * released comes back), and the newest position seen + 1. Below it every message of the shard
+ * either reached no session or reached one that consumed it, so a rebuild may start there. */
+
+static void pending_free(pending_ev *e) {
+  free(e->key);
+  free(e);
+}
+
+/* Event `key`, at position seq of shard, reached its session here and is not consumed. Out of
+ * memory: not tracked, so the watermark may pass it — logged, as it weakens a later rebuild. */
+static void pending_add(cph_cflow *f, const char *key, uint64_t seq, uint32_t shard) {
+  shard_track *tr = &f->tracks[shard];
+  pending_ev *e = cph_hmap_get(&f->pending, key);
+  if (e) { /* the same key logged twice (a repeat after the log's window): the older counts */
+    if (seq < e->node.seq && e->shard == shard) {
+      seqheap_remove(&tr->pending, &e->node);
+      e->node.seq = seq;
+      seqheap_push(&tr->pending, &e->node); /* cannot fail: it was in the heap */
+    }
+    return;
+  }
+  e = calloc(1, sizeof *e);
+  if (e && (e->key = strdup(key)) && cph_hmap_put(&f->pending, e->key, e) == CPH_OK) {
+    e->node.seq = seq;
+    e->shard = shard;
+    if (seqheap_push(&tr->pending, &e->node))
+      return;
+    cph_hmap_del(&f->pending, e->key);
+  }
+  if (e)
+    pending_free(e);
+  cph_error("cluster log: out of memory tracking event %s of shard %" PRIu32
+            " (a rebuild of the shard may miss it)",
+            key, shard);
+}
+
+/* The events named by keys were consumed here (a completion, a delete). */
+static void pending_consumed(cph_cflow *f, const cph_strv *keys) {
+  for (size_t i = 0; i < keys->count; i++) {
+    pending_ev *e = keys->items[i] ? cph_hmap_del(&f->pending, keys->items[i]) : NULL;
+    if (!e)
+      continue;
+    seqheap_remove(&f->tracks[e->shard].pending, &e->node);
+    pending_free(e);
+  }
+}
+
+/* Message seq of a live shard was delivered: held until acknowledged. */
+static void held_add(shard_track *tr, uint64_t seq) {
+  if (seq > tr->last_seen)
+    tr->last_seen = seq;
+  char key[24];
+  snprintf(key, sizeof key, "%" PRIu64, seq);
+  if (cph_hmap_get(&tr->held_by_seq, key))
+    return; /* delivered again while held */
+  held_msg *h = calloc(1, sizeof *h);
+  if (h) {
+    memcpy(h->key, key, sizeof key);
+    h->node.seq = seq;
+    if (cph_hmap_put(&tr->held_by_seq, h->key, h) == CPH_OK) {
+      if (seqheap_push(&tr->held, &h->node))
+        return;
+      cph_hmap_del(&tr->held_by_seq, h->key);
+    }
+    free(h);
+  }
+  cph_error("cluster log: out of memory tracking message %" PRIu64 " (the shard's watermark may "
+            "pass it)",
+            seq);
+}
+
+/* Message seq was acknowledged: no longer held. */
+static void held_done(shard_track *tr, uint64_t seq) {
+  char key[24];
+  snprintf(key, sizeof key, "%" PRIu64, seq);
+  held_msg *h = cph_hmap_del(&tr->held_by_seq, key);
+  if (h) {
+    seqheap_remove(&tr->held, &h->node);
+    free(h);
+  }
+}
+
+/* The shard is no longer served here (or is being rebuilt again): what was tracked for it goes.
+ * A rebuild under way is left to finish its engine operation, then dropped. */
+static void drop_shard(cph_cflow *f, uint32_t shard) {
+  shard_track *tr = &f->tracks[shard];
+  for (size_t i = 0; i < tr->pending.n; i++) {
+    pending_ev *e = (pending_ev *)tr->pending.v[i];
+    cph_hmap_del(&f->pending, e->key);
+    pending_free(e);
+  }
+  for (size_t i = 0; i < tr->held.n; i++)
+    free(tr->held.v[i]);
+  tr->pending.n = tr->held.n = 0;
+  cph_hmap_free(&tr->held_by_seq);
+  tr->live = false;
+  tr->last_seen = 0;
+}
+
+static uint64_t shard_watermark(const shard_track *tr) {
+  uint64_t w = tr->last_seen + 1;
+  uint64_t p = seqheap_min(&tr->pending), h = seqheap_min(&tr->held);
+  return p < w && p < h ? p : h < w ? h : w;
+}
+
+static bool served(cph_cflow *f, uint32_t shard) {
+  char node[8], url[8];
+  return cph_cluster_route(f->s->cluster, shard, node, sizeof node, url, sizeof url) ==
+         CPH_CLUSTER_SERVED;
+}
+
+/* Every MARK_MS: each live shard's watermark goes to the log when it changed (one put in flight
+ * per shard); a shard no longer served is dropped. Only the owner puts: a node that lost the
+ * shard stops here, before the next owner can have read it (it rebuilds after the previous
+ * owner's lease expired, and this node stops serving before that). */
+static void on_mark(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  cph_cflow *f = arg;
+  if (f->quiesced || !f->log)
+    return;
+  struct timeval tv = {MARK_MS / 1000, (MARK_MS % 1000) * 1000};
+  evtimer_add(f->ev_mark, &tv);
+  for (uint32_t s = 0; s < f->shards; s++) {
+    shard_track *tr = &f->tracks[s];
+    if (!tr->live)
+      continue;
+    if (!served(f, s)) {
+      drop_shard(f, s);
+      continue;
+    }
+    uint64_t w = shard_watermark(tr);
+    if (w == tr->mark_put || tr->mark_sending)
+      continue;
+    char subject[64], value[24];
+    cph_clog_mark_subject(subject, sizeof subject, s);
+    int len = snprintf(value, sizeof value, "%" PRIu64, w);
+    char *data = strdup(value);
+    pub *p = data ? pub_new(f, PUB_MARK, subject, NULL, data, (size_t)len, MARK_DEADLINE_MS) : NULL;
+    if (!p)
+      continue; /* out of memory: the next tick */
+    p->shard = s;
+    p->mark = w;
+    tr->mark_sending = true;
+    pub_send(f, p);
+  }
+}
+
+/* ================================================================ done marks (6.) */
+
+static void done_answer(cph_cflow *f, done_req *dr) {
+  if (dr->failed)
+    f->done_mark_failures++;
+  else
+    f->done_marks++;
+  if (dr->r) {
+    cph_req *r = dr->r;
+    if (dr->failed)
+      cph_reply_error(r, 503, "unavailable", NULL,
+                      "the turn was completed on this node, but the cluster log (NATS JetStream) "
+                      "did not take the record of what it consumed within %d s (%s): should "
+                      "this node die before the turn's session is served elsewhere, its input "
+                      "may be delivered to a turn again",
+                      DONE_DEADLINE_MS / 1000, dr->why);
+    else if (!served(f, dr->shard))
+      cph_reply_error(r, 503, "unavailable", NULL,
+                      "the turn was completed on this node, but its session's shard %" PRIu32
+                      " moved to another node before the cluster log took the record of what it "
+                      "consumed: the new owner may deliver its input to a turn again",
+                      dr->shard);
+    else
+      cph_reply_json(r, 200, json_incref(dr->answer));
+    if (dr->prev)
+      dr->prev->next = dr->next;
+    else
+      f->dones = dr->next;
+    if (dr->next)
+      dr->next->prev = dr->prev;
+    cph_req_end(r);
+  } else if (dr->failed) {
+    cph_warn("cluster log: a done mark of session %s (a delete, or an event it refused) was not "
+             "taken (%s); a rebuild of its shard may deliver those events again",
+             dr->session, dr->why);
+  }
+  json_decref(dr->answer);
+  free(dr->session);
+  free(dr);
+}
+
+/* One done mark: {"session", "keys": [keys[from..to)]}. */
+static char *done_payload(const char *session, const cph_strv *keys, size_t from, size_t to) {
+  json_t *a = json_array();
+  for (size_t i = from; a && i < to; i++)
+    json_array_append_new(a, json_string(keys->items[i]));
+  json_t *doc = a ? json_pack("{ssso}", "session", session, "keys", a) : NULL;
+  char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+  json_decref(doc);
+  return data;
+}
+
+/* Logs what a completion (r, answered with answer once the log took it), a session delete or
+ * a refusal (r NULL) consumed: the engine keys of its events, in marks of about DONE_CHUNK_BYTES on
+ * ceph.s.done.<shard of session>, each under a message id of its own (a resend is stored
+ * once). The events leave the shard's pending set at once: they were consumed here. True when
+ * r is taken (answered later); false when r must be answered now (out of memory: 500). */
+static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
+                         json_t *answer) {
+  pending_consumed(f, keys);
+  done_req *dr = calloc(1, sizeof *dr);
+  if (!dr || !(dr->session = strdup(session))) {
+    free(dr);
+    json_decref(answer);
+    return false;
+  }
+  dr->r = r;
+  dr->answer = answer;
+  dr->shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
+  char subject[64];
+  cph_clog_done_subject(subject, sizeof subject, dr->shard);
+  pub **parts = NULL;
+  size_t n = 0, cap = 0;
+  bool ok = true;
+  for (size_t from = 0; ok && from < keys->count;) {
+    size_t to = from, bytes = 0;
+    while (to < keys->count && (to == from || bytes + strlen(keys->items[to]) < DONE_CHUNK_BYTES))
+      bytes += strlen(keys->items[to++]) + 3;
+    char msgid[160];
+    snprintf(msgid, sizeof msgid, "d.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted_marks);
+    char *data = done_payload(session, keys, from, to);
+    pub *p =
+        data ? pub_new(f, PUB_DONE, subject, msgid, data, strlen(data), DONE_DEADLINE_MS) : NULL;
+    if (p && n == cap) {
+      pub **g = realloc(parts, (cap = cap ? 2 * cap : 4) * sizeof *g);
+      if (g)
+        parts = g;
+      else {
+        pub_free(p);
+        p = NULL;
+      }
+    }
+    if (!p) {
+      ok = false;
+      break;
+    }
+    p->dr = dr;
+    parts[n++] = p;
+    from = to;
+  }
+  if (!ok) {
+    for (size_t i = 0; i < n; i++)
+      pub_free(parts[i]);
+    free(parts);
+    json_decref(answer);
+    free(dr->session);
+    free(dr);
+    return false;
+  }
+  dr->outstanding = n + 1; /* + 1 until every part is sent (one may answer at once) */
+  if (r) {
+    r->held = true;
+    dr->next = f->dones;
+    if (f->dones)
+      f->dones->prev = dr;
+    f->dones = dr;
+  }
+  for (size_t i = 0; i < n; i++)
+    pub_send(f, parts[i]);
+  free(parts);
+  if (--dr->outstanding == 0)
+    done_answer(f, dr);
+  return true;
+}
+
+void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
+                         json_t *answer) {
+  if (!session || !keys->count) {
+    cph_reply_json(r, 200, answer);
+  } else if (f->quiesced) {
+    json_decref(answer);
+    cph_reply_error(r, 503, "unavailable", NULL,
+                    "the turn was completed on this node, but cephalond is stopping before the "
+                    "cluster log took the record of what it consumed: the node that serves its "
+                    "session next may deliver its input to a turn again");
+  } else if (!done_publish(f, r, session, keys, answer)) {
+    cph_reply_error(r, 500, "internal", NULL,
+                    "the turn was completed on this node, but out of memory logging the record "
+                    "of what it consumed");
+  }
+}
+
+void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys) {
+  if (!f->quiesced && keys->count && !done_publish(f, NULL, session, keys, NULL))
+    cph_error("cluster log: out of memory logging the done mark of deleted session %s", session);
 }
 
 /* ================================================================ accepting (1.) */
@@ -376,11 +808,17 @@ static void applying_free(applying *ap) {
   free(ap);
 }
 
+/* A message is acknowledged only while its shard is served here: one applied after the shard
+ * moved comes again to the next owner (which may have read the shard's past already); the copy
+ * here is stale (README: a node keeps stale copies of the sessions it no longer serves). */
 static void applying_finish(cph_cflow *f, applying *ap) {
-  if (f->log && !f->quiesced && !ap->failed)
+  if (f->log && !f->quiesced && !ap->failed && served(f, ap->m->shard)) {
+    if (f->tracks[ap->m->shard].live)
+      held_done(&f->tracks[ap->m->shard], ap->m->seq);
     cph_clog_ack(f->log, ap->m);
-  else
-    cph_clog_release(f->log, ap->m);
+  } else {
+    cph_clog_release(f->log, ap->m); /* held while the shard is served: it comes back */
+  }
   applying_free(ap);
 }
 
@@ -388,10 +826,9 @@ static const char *jstr(json_t *doc, const char *key) {
   return json_string_value(json_object_get(doc, key));
 }
 
-/* Decodes a message into ap->ev; false when it is not one of ours. */
-static bool decode_event(applying *ap) {
-  json_t *d = ap->doc;
-  cph_event_in *ev = &ap->ev;
+/* Decodes a message (d) into ev, whose strings then point into d and whose mentions array is
+ * malloc'd; false when it is not one of ours. */
+static bool decode_event(json_t *d, cph_event_in *ev) {
   ev->channel = (char *)jstr(d, "channel");
   ev->sender = (char *)jstr(d, "sender");
   ev->body = (char *)jstr(d, "body");
@@ -548,6 +985,29 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
                 "other nodes do not see its change",
                 p->subject, why ? why : "no answer");
     break;
+  case PUB_DONE: {
+    done_req *dr = p->dr;
+    if (!ok) {
+      dr->failed++;
+      snprintf(dr->why, sizeof dr->why, "%s", why ? why : "no answer");
+    }
+    if (--dr->outstanding == 0)
+      done_answer(f, dr);
+    break;
+  }
+  case PUB_MARK: {
+    shard_track *tr = &f->tracks[p->shard];
+    tr->mark_sending = false;
+    if (ok) {
+      tr->mark_put = p->mark;
+      f->marks_put++;
+    } else {
+      cph_warn("cluster log: the watermark of shard %" PRIu32 " was not taken (%s); put again "
+               "within a second",
+               p->shard, why ? why : "no answer");
+    }
+    break;
+  }
   }
   pub_free(p);
 }
@@ -580,6 +1040,19 @@ static void apply_done(cph_op *op, void *ctx) {
         strcmp(res->reason, "session_busy") != 0)
       cph_warn("cluster log: message %" PRIu64 " of shard %" PRIu32 " rejected by the engine: %s",
                ap->m->seq, ap->m->shard, res->reason);
+    /* Reached its session here: pending until a turn consumes it (7.), tracked before the
+     * message is acknowledged. A duplicate was tracked when it first landed. */
+    if (res && (res->status == CPH_EV_QUEUED || res->status == CPH_EV_AGGREGATED) &&
+        res->sessions.count && f->tracks[ap->m->shard].live)
+      pending_add(f, ap->ev.key, ap->m->seq, ap->m->shard);
+    /* Refused by its session (while_running :reject): it did not reach it, so a rebuild must
+     * not deliver it either — a done mark says so (not waited for). */
+    if (res && res->busy.count && ap->ev.session) {
+      cph_strv one = {&ap->ev.key, 1};
+      if (!done_publish(f, NULL, ap->ev.session, &one, NULL))
+        cph_error("cluster log: out of memory logging that session %s refused event %s",
+                  ap->ev.session, ap->ev.key);
+    }
     if (ap->m->fwd)
       applying_finish(f, ap);
     else
@@ -640,11 +1113,11 @@ static void on_submit(evutil_socket_t fd, short what, void *arg) {
 
 /* ---------------------------------------------------------------- adopting a shard's sessions
  *
- * A node that starts applying a shard (it took the shard over, or bound to it again) first
- * creates, from the session table, the sessions of that shard its engine does not have: the
- * state they had on their previous owner (inbox, history, credits, context) does not move, but
- * from then on events reach them here. The creation is queued before the batch holding the
- * shard's first message, so the engine applies it first. */
+ * A node that starts serving a shard (it took the shard over, came back, or restarted) first
+ * creates, from the session table, the sessions of that shard its engine does not have: their
+ * unconsumed input is rebuilt from the log right after (8.), the rest of the state they had on
+ * their previous owner (history, credits, context) does not move. The creation is queued before
+ * the rebuild's first batch, so the engine applies it first. */
 
 typedef struct adopt_op {
   cph_op op;
@@ -673,8 +1146,8 @@ static void adopt_free(adopt_op *a) {
 static void adopt_done(cph_op *op, void *ctx) {
   adopt_op *a = ctx;
   if (op->rc == CPH_OK)
-    cph_info("cluster log: adopted session %s from the session table (its state on its previous "
-             "node did not move)",
+    cph_info("cluster log: adopted session %s from the session table (its unconsumed input is "
+             "rebuilt from the log; its history, credits and context did not move)",
              a->id);
   else if (op->rc != CPH_EEXISTS)
     cph_warn("cluster log: adopting session %s failed: %s", a->id,
@@ -746,21 +1219,408 @@ static bool adopt_shard(cph_cflow *f, uint32_t shard) {
   return ok;
 }
 
+/* ---------------------------------------------------------------- rebuilding a shard (8.)
+ *
+ * The log hands over a shard's past (cph_clog_replay) before binding the shard's consumer.
+ * From it: the keys its done marks name; then, in log order, every in or fwd message naming a
+ * session (the only ones that reached one: 2., 3.) whose key no mark names, applied to that
+ * session alone in batches of APPLY_BATCH, one engine operation at a time (so in order), after
+ * the shard's sessions were adopted. What reached its session is tracked as pending; a message
+ * the engine already had (this node applied it before: a restart, or the shard came back) is
+ * pending only if its event is still in the session's live inbox (cph_engine_inbox_keys): it
+ * may have been consumed here without its mark reaching the log. Then the shard is live and
+ * the log binds its consumer. */
+
+typedef struct rb_event {
+  json_t *doc;
+  cph_event_in ev; /* strings in doc */
+  uint64_t seq;
+} rb_event;
+
+/* The keys a session keeps (CPH_OP_INBOX_RETAIN): those of the rebuild's events naming it. */
+typedef struct rb_keep {
+  cph_op op;
+  struct rebuild *rb;
+  char *session;
+  const char **keys; /* strings in the events' docs */
+  size_t n, cap;
+} rb_keep;
+
+struct rebuild {
+  cph_op op; /* the batch in the engine, events[next - op_n .. next) */
+  cph_cflow *f;
+  cph_clog_replay *rp;
+  rb_event *evs;
+  cph_event_in *ins; /* the events of evs, in order, for the operations */
+  size_t n, next, op_n;
+  rb_keep **keeps;                      /* one per session of the shard, after the batches */
+  size_t n_keeps, next_keep, retaining; /* keeps[next_keep..) not queued; retaining in the engine */
+  bool adopted, in_engine, waiting, stale;
+  cph_hmap dups;    /* engine key of a duplicate -> its rb_event */
+  cph_hmap checks;  /* sessions with duplicates (keys owned by evs' docs) -> themselves */
+  uint64_t reached; /* events that reached their session */
+  int64_t t0_ns;
+};
+
+static void rebuild_free(rebuild *rb) {
+  for (size_t i = 0; i < rb->n_keeps; i++) {
+    free(rb->keeps[i]->keys);
+    free(rb->keeps[i]->session);
+    free(rb->keeps[i]);
+  }
+  free(rb->keeps);
+  for (size_t i = 0; i < rb->n; i++) {
+    json_decref(rb->evs[i].doc);
+    free(rb->evs[i].ev.mentions.items);
+  }
+  free(rb->evs);
+  free(rb->ins);
+  cph_hmap_free(&rb->dups);
+  cph_hmap_free(&rb->checks);
+  cph_clog_replay_free(rb->rp);
+  free(rb);
+}
+
+/* The keys the done marks of rp name, into done (keys owned by the marks' documents, kept in
+ * docs). A malformed mark is logged and skipped. */
+static bool rebuild_done_keys(const cph_clog_replay *rp, cph_hmap *done, json_t *docs) {
+  for (size_t i = rp->n_events; i < rp->n_entries; i++) {
+    const cph_clog_entry *e = &rp->entries[i];
+    json_t *doc = json_loadb(e->data, e->len, 0, NULL);
+    json_t *keys = json_object_get(doc, "keys");
+    if (!json_is_array(keys)) {
+      cph_warn("cluster log: done mark %" PRIu64 " of shard %" PRIu32
+               " is malformed (no \"keys\" array); skipped",
+               e->seq, rp->shard);
+      json_decref(doc);
+      continue;
+    }
+    if (json_array_append_new(docs, doc) != 0)
+      return false;
+    size_t k;
+    json_t *key;
+    json_array_foreach(keys, k, key) {
+      if (json_is_string(key) && cph_hmap_put(done, json_string_value(key), doc) != CPH_OK)
+        return false;
+    }
+  }
+  return true;
+}
+
+/* The events to apply again, from rp's in and fwd messages (see above). */
+static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done) {
+  const cph_clog_replay *rp = rb->rp;
+  size_t n = rp->n_events ? rp->n_events : 1;
+  rb->evs = calloc(n, sizeof *rb->evs);
+  rb->ins = calloc(n, sizeof *rb->ins);
+  if (!rb->evs || !rb->ins)
+    return false;
+  for (size_t i = 0; i < rp->n_events; i++) {
+    const cph_clog_entry *e = &rp->entries[i];
+    rb_event *x = &rb->evs[rb->n];
+    x->doc = json_loadb(e->data, e->len, 0, NULL);
+    x->seq = e->seq;
+    bool ok = x->doc && decode_event(x->doc, &x->ev);
+    if (ok && x->ev.session && !cph_hmap_get(done, x->ev.key) &&
+        cph_ctable_get(f->table, x->ev.session)) {
+      rb->ins[rb->n++] = x->ev;
+      continue;
+    }
+    if (!ok)
+      cph_warn("cluster log: message %" PRIu64 " of shard %" PRIu32
+               " is not an event; skipped by the rebuild",
+               e->seq, rp->shard);
+    json_decref(x->doc);
+    free(x->ev.mentions.items);
+    memset(x, 0, sizeof *x);
+  }
+  return true;
+}
+
+static void rebuild_step(cph_cflow *f, rebuild *rb);
+
+/* A batch of the rebuild was applied: what reached its session is pending; duplicates are
+ * looked at once all batches are in. */
+static void rebuild_done(cph_op *op, void *ctx) {
+  rebuild *rb = ctx;
+  cph_cflow *f = rb->f;
+  rb->in_engine = false;
+  if (rb->stale || f->quiesced) {
+    if (f->tracks[rb->rp->shard].rb == rb)
+      f->tracks[rb->rp->shard].rb = NULL;
+    cph_op_clear_results(op);
+    rebuild_free(rb);
+    return;
+  }
+  uint32_t shard = rb->rp->shard;
+  size_t first = rb->next - rb->op_n;
+  if (op->rc != CPH_OK) {
+    cph_warn("cluster log: rebuilding shard %" PRIu32 ": applying %zu events failed (%s); "
+             "tried again",
+             shard, rb->op_n, op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+    cph_op_clear_results(op);
+    rb->next = first;
+    rb->waiting = true;
+    arm_retry(f);
+    return;
+  }
+  for (size_t i = 0; op->u.ingest.results && i < rb->op_n; i++) {
+    const cph_event_result *res = &op->u.ingest.results[i];
+    rb_event *x = &rb->evs[first + i];
+    if ((res->status == CPH_EV_QUEUED || res->status == CPH_EV_AGGREGATED) && res->sessions.count) {
+      pending_add(f, x->ev.key, x->seq, shard);
+      rb->reached++;
+    } else if (res->status == CPH_EV_DUPLICATE) {
+      if (cph_hmap_put(&rb->dups, x->ev.key, x) != CPH_OK ||
+          cph_hmap_put(&rb->checks, x->ev.session, x->ev.session) != CPH_OK)
+        cph_error("cluster log: out of memory rebuilding shard %" PRIu32, shard);
+    }
+  }
+  cph_op_clear_results(op);
+  rebuild_step(f, rb);
+}
+
+/* The events of the duplicates that are still in their session's live inbox are pending. */
+static void rebuild_check_dups(cph_cflow *f, rebuild *rb) {
+  for (size_t i = 0; i < rb->checks.cap; i++) {
+    const char *session = rb->checks.slots[i].key;
+    if (!session)
+      continue;
+    cph_strv keys = {0};
+    cph_err err = {0};
+    if (cph_engine_inbox_keys(f->s->engine, session, &keys, &err) != CPH_OK) {
+      cph_warn("cluster log: rebuilding shard %" PRIu32 ": the inbox of %s: %s", rb->rp->shard,
+               session, err.msg);
+      continue;
+    }
+    for (size_t k = 0; k < keys.count; k++) {
+      rb_event *x = cph_hmap_get(&rb->dups, keys.items[k]);
+      if (x)
+        pending_add(f, x->ev.key, x->seq, rb->rp->shard);
+    }
+    cph_strv_free(&keys);
+  }
+}
+
+static void rebuild_retained(cph_op *op, void *ctx) {
+  rb_keep *k = ctx;
+  rebuild *rb = k->rb;
+  cph_cflow *f = rb->f;
+  if (op->rc == CPH_OK && op->u.retain.dropped)
+    cph_info("cluster log: session %s dropped %" PRIu32 " entries consumed on another node "
+             "while this one did not serve it",
+             k->session, op->u.retain.dropped);
+  else if (op->rc != CPH_OK && op->rc != CPH_ENOTFOUND)
+    cph_warn("cluster log: retaining the inbox of %s: %s", k->session,
+             op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+  cph_op_clear_results(op);
+  if (--rb->retaining)
+    return;
+  rb->in_engine = false;
+  if (rb->stale || f->quiesced) {
+    if (f->tracks[rb->rp->shard].rb == rb)
+      f->tracks[rb->rp->shard].rb = NULL;
+    rebuild_free(rb);
+    return;
+  }
+  rebuild_step(f, rb);
+}
+
+/* After the batches: every session of the shard keeps, of what its inbox held before the
+ * rebuild, only the entries of events the replay found unconsumed — a node that served the
+ * shard before (it came back) holds stale entries that another node's turns consumed since
+ * (their done marks, or below the watermark). One CPH_OP_INBOX_RETAIN per session, at most
+ * RETAIN_AT_ONCE in the engine at a time; true once every one was queued. Out of memory:
+ * nothing is retained (stale entries may then be delivered again), logged. */
+static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
+  if (!rb->keeps) {
+    size_t n = 0;
+    for (const cph_ctable_session *r = cph_ctable_shard_first(f->table, rb->rp->shard); r;
+         r = r->shard_next)
+      n++;
+    rb->keeps = calloc(n ? n : 1, sizeof *rb->keeps);
+    cph_hmap by = CPH_HMAP_INIT;
+    bool ok = rb->keeps != NULL;
+    for (const cph_ctable_session *r = cph_ctable_shard_first(f->table, rb->rp->shard); ok && r;
+         r = r->shard_next) {
+      rb_keep *k = calloc(1, sizeof *k);
+      ok = k && (k->session = strdup(r->id)) && cph_hmap_put(&by, k->session, k) == CPH_OK;
+      if (k && !ok) {
+        free(k->session);
+        free(k);
+      } else if (k) {
+        k->rb = rb;
+        rb->keeps[rb->n_keeps++] = k;
+      }
+    }
+    for (size_t i = 0; ok && i < rb->n; i++) {
+      rb_keep *k = cph_hmap_get(&by, rb->evs[i].ev.session);
+      if (!k)
+        continue;
+      if (k->n == k->cap) {
+        size_t cap = k->cap ? 2 * k->cap : 16;
+        const char **keys = realloc(k->keys, cap * sizeof *keys);
+        if (!keys) {
+          ok = false;
+          break;
+        }
+        k->keys = keys;
+        k->cap = cap;
+      }
+      k->keys[k->n++] = rb->evs[i].ev.key;
+    }
+    cph_hmap_free(&by);
+    if (!ok) { /* out of memory: stale entries are not dropped (at worst delivered again) */
+      cph_error("cluster log: out of memory rebuilding shard %" PRIu32
+                "; stale entries of its sessions are kept",
+                rb->rp->shard);
+      rb->next_keep = rb->n_keeps; /* none queued: given up */
+      return true;
+    }
+  }
+  while (rb->next_keep < rb->n_keeps && rb->retaining < RETAIN_AT_ONCE) {
+    rb_keep *k = rb->keeps[rb->next_keep];
+    memset(&k->op, 0, sizeof k->op);
+    k->op.kind = CPH_OP_INBOX_RETAIN;
+    k->op.done = rebuild_retained;
+    k->op.ctx = k;
+    k->op.u.retain.session = k->session;
+    k->op.u.retain.keep = k->keys;
+    k->op.u.retain.n_keep = k->n;
+    if (cph_engine_submit(f->s->engine, &k->op) != CPH_OK)
+      break;
+    rb->next_keep++;
+    rb->retaining++;
+  }
+  if (rb->retaining)
+    cph_srv_schedule_pass(f->s);
+  return rb->next_keep == rb->n_keeps;
+}
+
+/* Takes the rebuild as far as it goes now: adopt, the next batch, or the end. */
+static void rebuild_step(cph_cflow *f, rebuild *rb) {
+  uint32_t shard = rb->rp->shard;
+  shard_track *tr = &f->tracks[shard];
+  rb->waiting = false;
+  if (!served(f, shard)) { /* lost meanwhile: the log drops the shard's replay too */
+    tr->rb = NULL;
+    rebuild_free(rb);
+    return;
+  }
+  if (!rb->adopted) {
+    if (!adopt_shard(f, shard)) {
+      rb->waiting = true; /* the engine is busy: again on the next retry tick */
+      arm_retry(f);
+      return;
+    }
+    rb->adopted = true;
+  }
+  if (rb->next < rb->n) {
+    size_t k = rb->n - rb->next < APPLY_BATCH ? rb->n - rb->next : APPLY_BATCH;
+    memset(&rb->op, 0, sizeof rb->op);
+    rb->op.kind = CPH_OP_INGEST;
+    rb->op.done = rebuild_done;
+    rb->op.ctx = rb;
+    rb->op.u.ingest.events = rb->ins + rb->next;
+    rb->op.u.ingest.n_events = k;
+    if (cph_engine_submit(f->s->engine, &rb->op) != CPH_OK) {
+      rb->waiting = true;
+      arm_retry(f);
+      return;
+    }
+    rb->op_n = k;
+    rb->next += k;
+    rb->in_engine = true;
+    cph_srv_schedule_pass(f->s);
+    return;
+  }
+  if (!rebuild_retain(f, rb) || rb->retaining) {
+    if (rb->retaining) {
+      rb->in_engine = true; /* rebuild_retained steps on once they are all answered */
+    } else {
+      rb->waiting = true; /* the engine's queue is full: on the next retry tick */
+      arm_retry(f);
+    }
+    return;
+  }
+  rebuild_check_dups(f, rb);
+  tr->live = true;
+  tr->last_seen = rb->rp->to;
+  tr->mark_put = 0; /* put this node's watermark at the next tick */
+  tr->rb = NULL;
+  double took = (double)(mono_ns() - rb->t0_ns) / 1e9 + (double)rb->rp->read_ns / 1e9;
+  f->rebuilds++;
+  f->rebuild_events += rb->reached;
+  f->last_rebuild_s = took;
+  f->last_read_s = (double)rb->rp->read_ns / 1e9;
+  f->last_rebuild_events = rb->reached;
+  f->last_rebuild_messages = rb->rp->n_entries;
+  f->last_rebuild_shard = shard;
+  cph_info("cluster log: shard %" PRIu32 " rebuilt in %.3f s (reading %.3f s): positions %" PRIu64
+           "..%" PRIu64 ", %zu messages and %zu done marks read, %" PRIu64
+           " events delivered again, %zu pending",
+           shard, took, f->last_read_s, rb->rp->from, rb->rp->to, rb->rp->n_events,
+           rb->rp->n_entries - rb->rp->n_events, rb->reached, tr->pending.n);
+  cph_clog_rebuilt(f->log, shard, rb->rp->gen);
+  rebuild_free(rb);
+}
+
+static void on_replayed(void *ctx, cph_clog_replay *rp) {
+  cph_cflow *f = ctx;
+  uint32_t shard = rp->shard;
+  if (f->quiesced || shard >= f->shards || !served(f, shard)) {
+    cph_clog_replay_free(rp); /* the log drops the shard's replay when it is not served */
+    return;
+  }
+  shard_track *tr = &f->tracks[shard];
+  if (tr->rb) { /* an older rebuild of the shard (it was lost and taken again) */
+    if (tr->rb->in_engine)
+      tr->rb->stale = true; /* freed when its operation is done */
+    else
+      rebuild_free(tr->rb);
+    tr->rb = NULL;
+  }
+  drop_shard(f, shard);
+  rebuild *rb = calloc(1, sizeof *rb);
+  cph_hmap done = CPH_HMAP_INIT;
+  json_t *docs = json_array();
+  bool ok = rb && docs;
+  if (ok) {
+    rb->f = f;
+    rb->rp = rp;
+    rb->t0_ns = mono_ns();
+    ok = rebuild_done_keys(rp, &done, docs) && rebuild_events(f, rb, &done);
+  }
+  cph_hmap_free(&done);
+  json_decref(docs);
+  if (!ok) {
+    cph_error("cluster log: out of memory rebuilding shard %" PRIu32 "; read again", shard);
+    uint64_t gen = rp->gen;
+    if (rb)
+      rebuild_free(rb); /* frees rp */
+    else
+      cph_clog_replay_free(rp);
+    cph_clog_rebuild_failed(f->log, shard, gen);
+    return;
+  }
+  tr->rb = rb;
+  rebuild_step(f, rb);
+}
+
 static void on_message(void *ctx, cph_clog_msg *m) {
   cph_cflow *f = ctx;
-  char node[8], url[8];
-  if (cph_cluster_route(f->s->cluster, m->shard, node, sizeof node, url, sizeof url) !=
-      CPH_CLUSTER_SERVED) {
+  shard_track *tr = &f->tracks[m->shard];
+  if (!served(f, m->shard)) {
+    if (tr->live)
+      drop_shard(f, m->shard);
     cph_clog_release(f->log, m); /* no longer ours: the next owner gets it */
     return;
   }
-  if (f->adopted[m->shard] != m->bind_gen) { /* the first message of this binding */
-    if (!adopt_shard(f, m->shard)) {
-      cph_clog_release(f->log, m); /* the engine is busy: this message comes again */
-      return;
-    }
-    f->adopted[m->shard] = m->bind_gen;
+  if (!tr->live) { /* of a binding from before the shard was lost: it comes again */
+    cph_clog_release(f->log, m);
+    return;
   }
+  held_add(tr, m->seq);
   applying *ap = calloc(1, sizeof *ap);
   if (!ap) {
     cph_clog_release(f->log, m);
@@ -768,7 +1628,7 @@ static void on_message(void *ctx, cph_clog_msg *m) {
   }
   ap->m = m;
   ap->doc = json_loadb(m->data, m->len, 0, NULL);
-  if (!ap->doc || !decode_event(ap)) {
+  if (!ap->doc || !decode_event(ap->doc, &ap->ev)) {
     cph_error("cluster log: message %" PRIu64 " of shard %" PRIu32
               " is not an event; acknowledged and skipped",
               m->seq, m->shard);
@@ -824,6 +1684,13 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
     }
     cph_srv_schedule_pass(f->s);
   }
+  bool rebuilds_waiting = false;
+  for (uint32_t sh = 0; sh < f->shards; sh++) {
+    rebuild *rb = f->tracks[sh].rb;
+    if (rb && rb->waiting)
+      rebuild_step(f, rb);
+    rebuilds_waiting |= f->tracks[sh].rb && f->tracks[sh].rb->waiting;
+  }
   int64_t now = mono_ns();
   pub *due = NULL, **pp = &f->retry_head;
   while (*pp) {
@@ -841,7 +1708,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
     due = p->next_retry;
     pub_send(f, p);
   }
-  if (f->retry_head || f->blocked_head)
+  if (f->retry_head || f->blocked_head || rebuilds_waiting)
     arm_retry(f);
 }
 
@@ -965,17 +1832,20 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   f->boot = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-  f->adopted = calloc((size_t)pol->cluster.shards, sizeof *f->adopted);
+  f->shards = (uint32_t)pol->cluster.shards;
+  f->tracks = calloc(f->shards, sizeof *f->tracks);
+  f->last_rebuild_shard = -1;
   f->table = cph_ctable_new((uint32_t)pol->cluster.shards);
   f->ev_retry = evtimer_new(s->base, on_retry, f);
   f->ev_submit = evtimer_new(s->base, on_submit, f);
   f->ev_sweep = evtimer_new(s->base, on_sweep, f);
-  if (!f->adopted || !f->table || !f->ev_retry || !f->ev_submit || !f->ev_sweep) {
+  f->ev_mark = evtimer_new(s->base, on_mark, f);
+  if (!f->tracks || !f->table || !f->ev_retry || !f->ev_submit || !f->ev_sweep || !f->ev_mark) {
     cph_cflow_free(f);
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
   }
-  cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry};
+  cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry, on_replayed};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
                                                    : pol->dedupe.key_window_seconds;
   int rc = cph_clog_start(&pol->cluster, window, s->cluster, s->base,
@@ -985,8 +1855,11 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
     return rc;
   }
   f->started = true;
+  cph_engine_report_consumed(s->engine, true); /* the done marks (6.) */
   struct timeval first = {SWEEP_MS / 1000, (SWEEP_MS % 1000) * 1000};
   evtimer_add(f->ev_sweep, &first);
+  struct timeval mark = {MARK_MS / 1000, (MARK_MS % 1000) * 1000};
+  evtimer_add(f->ev_mark, &mark);
   *out = f;
   return CPH_OK;
 }
@@ -1004,6 +1877,16 @@ void cph_cflow_quiesce(cph_cflow *f) {
     cph_req_end(ir->r);
     ir->r = NULL;
     /* ir stays reachable from its pubs, freed with them */
+  }
+  while (f->dones) {
+    done_req *dr = f->dones;
+    f->dones = dr->next;
+    cph_reply_error(dr->r, 503, "unavailable", NULL,
+                    "the turn was completed on this node, but cephalond is stopping before the "
+                    "cluster log took the record of what it consumed: the node that serves its "
+                    "session next may deliver its input to a turn again");
+    cph_req_end(dr->r);
+    dr->r = NULL; /* dr stays reachable from its pubs, freed with them */
   }
   cph_clog_stop(f->log);
   f->log = NULL;
@@ -1035,6 +1918,11 @@ void cph_cflow_free(cph_cflow *f) {
     }
     if (p->kind == PUB_FWD && --p->ap->outstanding == 0)
       applying_finish(f, p->ap);
+    if (p->kind == PUB_DONE && --p->dr->outstanding == 0) {
+      json_decref(p->dr->answer);
+      free(p->dr->session);
+      free(p->dr);
+    }
     pub_free(p);
   }
   for (size_t i = 0; i < n_irs; i++) {
@@ -1057,7 +1945,19 @@ void cph_cflow_free(cph_cflow *f) {
     batch_free(b);
     b = next;
   }
+  for (uint32_t sh = 0; f->tracks && sh < f->shards; sh++) {
+    shard_track *tr = &f->tracks[sh];
+    if (tr->rb && !tr->rb->in_engine) /* the engine's last pass answered the others */
+      rebuild_free(tr->rb);
+    drop_shard(f, sh);
+    free(tr->pending.v);
+    free(tr->held.v);
+  }
+  free(f->tracks);
+  cph_hmap_free(&f->pending);
   cph_ctable_free(f->table);
+  if (f->ev_mark)
+    event_free(f->ev_mark);
   if (f->ev_retry)
     event_free(f->ev_retry);
   if (f->ev_submit)
@@ -1065,7 +1965,6 @@ void cph_cflow_free(cph_cflow *f) {
   if (f->ev_sweep)
     event_free(f->ev_sweep);
   bool started = f->started;
-  free(f->adopted);
   free(f);
   if (started) /* every message is released by now */
     cph_clog_close_library();
@@ -1100,15 +1999,47 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
        "POST /v1/events requests waiting for the log's acknowledgement."},
       {"cephalon_cluster_sessions_known", "gauge",
        "Sessions in this node's copy of the cluster's session table."},
+      {"cephalon_cluster_rebuilds_total", "counter",
+       "Shards this node rebuilt from the log when it started serving them."},
+      {"cephalon_cluster_rebuild_events_total", "counter",
+       "Events rebuilds delivered again to the sessions of the shards this node took: input "
+       "that had reached them on their previous node and was not consumed."},
+      {"cephalon_cluster_rebuilding", "gauge",
+       "Shards this node serves whose past is being read or rebuilt from (not yet bound)."},
+      {"cephalon_cluster_done_marks_total", "counter",
+       "Completions and session deletes whose record of the events they consumed the log "
+       "acknowledged."},
+      {"cephalon_cluster_done_mark_failures_total", "counter",
+       "Completions and session deletes whose record the log did not take in time (a "
+       "completion then answers 503)."},
+      {"cephalon_cluster_watermarks_put_total", "counter",
+       "Shard watermarks this node put into the log (bounding a later rebuild's replay)."},
   };
-  const uint64_t v[] = {st.ready,          st.bound,
-                        st.published,      st.delivered,
-                        f->applied,        f->forwarded,
-                        f->apply_failures, (uint64_t)(st.in_flight > 0 ? st.in_flight : 0),
-                        waiting,           cph_ctable_count(f->table)};
+  const uint64_t v[] = {st.ready,
+                        st.bound,
+                        st.published,
+                        st.delivered,
+                        f->applied,
+                        f->forwarded,
+                        f->apply_failures,
+                        (uint64_t)(st.in_flight > 0 ? st.in_flight : 0),
+                        waiting,
+                        cph_ctable_count(f->table),
+                        f->rebuilds,
+                        f->rebuild_events,
+                        st.rebuilding,
+                        f->done_marks,
+                        f->done_mark_failures,
+                        f->marks_put};
   for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
     cph_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", fam[i].name, fam[i].help,
                    fam[i].name, fam[i].type, fam[i].name, (unsigned long long)v[i]);
+  cph_buf_printf(out,
+                 "# HELP cephalon_cluster_rebuild_seconds How long the last rebuild of a shard "
+                 "took, reading its past from the log included.\n"
+                 "# TYPE cephalon_cluster_rebuild_seconds gauge\n"
+                 "cephalon_cluster_rebuild_seconds %.6f\n",
+                 f->last_rebuild_s);
   return cph_buf_error(out);
 }
 
@@ -1123,5 +2054,26 @@ json_t *cph_cflow_json(cph_cflow *f) {
   for (ingest_req *ir = f->reqs; ir; ir = ir->next)
     waiting++;
   json_object_set_new(o, "waiting_requests", json_integer((json_int_t)waiting));
+  cph_clog_stats st = {0};
+  if (f->log)
+    cph_clog_get_stats(f->log, &st);
+  size_t pending = 0, waiting_done = 0;
+  for (uint32_t sh = 0; sh < f->shards; sh++)
+    pending += f->tracks[sh].pending.n;
+  for (done_req *dr = f->dones; dr; dr = dr->next)
+    waiting_done++;
+  json_t *rb = json_pack(
+      "{sIsIsIsfsfsIsIsIsIsIsIsI}", "in_progress", (json_int_t)st.rebuilding, "rebuilds",
+      (json_int_t)f->rebuilds, "events_total", (json_int_t)f->rebuild_events, "last_seconds",
+      f->last_rebuild_s, "last_read_seconds", f->last_read_s, "last_events",
+      (json_int_t)f->last_rebuild_events, "last_messages", (json_int_t)f->last_rebuild_messages,
+      "pending", (json_int_t)pending, "done_marks", (json_int_t)f->done_marks, "done_mark_failures",
+      (json_int_t)f->done_mark_failures, "waiting_completions", (json_int_t)waiting_done,
+      "watermarks_put", (json_int_t)f->marks_put);
+  if (rb)
+    json_object_set_new(
+        rb, "last_shard",
+        f->last_rebuild_shard < 0 ? json_null() : json_integer((json_int_t)f->last_rebuild_shard));
+  json_object_set_new(o, "rebuild", rb);
   return o;
 }

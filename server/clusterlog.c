@@ -24,8 +24,11 @@
 #define MAX_IN_FLIGHT 200000
 #define DRAIN_CAP 4096 /* items per loop callback; the rest on the next turn of the loop */
 #define REF_HEADER "Cph-Ref"
+#define REPLAY_THREADS 2
+#define REPLAY_IDLE_MS 10000 /* a read of a shard's past that gets nothing this long fails */
+#define REPLAY_RETRY_MS 1000 /* after a failed read */
 
-typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV } item_kind;
+typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY } item_kind;
 
 typedef struct item {
   struct item *next;
@@ -42,7 +45,24 @@ typedef struct item {
   char *session;
   char *value; /* NULL: deleted */
   size_t vlen;
+  /* ITEM_REPLAY */
+  cph_clog_replay *replay;
 } item;
+
+/* Where a shard this node serves stands before its consumer is bound (clusterlog.h, "Taking
+ * a shard over"). */
+typedef enum shard_phase {
+  PHASE_NONE,      /* not served, or served and its past not read yet */
+  PHASE_REPLAYING, /* a replay thread reads its past (or will) */
+  PHASE_APPLYING,  /* handed to the loop, which rebuilds from it */
+  PHASE_READY      /* rebuilt: bind (again) at the next sync */
+} shard_phase;
+
+typedef struct replay_req {
+  struct replay_req *next;
+  uint32_t shard;
+  uint64_t gen;
+} replay_req;
 
 typedef struct shard_sub {
   natsSubscription *sub;
@@ -83,11 +103,21 @@ struct cph_clog {
   uint32_t bound;
   uint64_t bind_gen; /* bindings so far */
   char last_error[256];
+  bool table_loaded;        /* the bucket watch delivered every record there was at its start */
+  uint8_t *phase;           /* per shard: shard_phase */
+  uint64_t *replay_gen;     /* per shard: the replay its phase belongs to */
+  int64_t *replay_after_ns; /* per shard: no new replay before (after a failed one) */
+  uint64_t replays;         /* replays so far: their generations */
+  replay_req *replay_head, *replay_tail;
+  uint32_t replaying; /* shards in PHASE_REPLAYING or PHASE_APPLYING */
+  pthread_t replay_threads[REPLAY_THREADS];
+  size_t n_replay_threads;
 
   /* Set by the log thread before ready, then only read until stop. */
   natsConnection *nc;
   jsCtx *js;
   kvStore *kv;
+  kvStore *kv_marks; /* CPH_CLOG_MARKS: the shards' watermarks */
   kvWatcher *watcher;
   /* The log thread's own: one binding per shard; unbound subscriptions are kept until stop
    * (a message of theirs may still be acknowledged by the loop). */
@@ -107,6 +137,7 @@ static void push_item(cph_clog *l, item *it) {
       natsMsg_Destroy(it->msg->nats); /* not acknowledged: delivered again */
       free(it->msg);
     }
+    cph_clog_replay_free(it->replay);
     free(it->why);
     free(it->session);
     free(it->value);
@@ -172,6 +203,11 @@ static void on_queue(evutil_socket_t fd, short what, void *arg) {
       } else {
         l->hooks.message(l->hooks.ctx, it->msg);
       }
+    } else if (it->kind == ITEM_REPLAY) {
+      if (quiesced)
+        cph_clog_replay_free(it->replay);
+      else
+        l->hooks.replayed(l->hooks.ctx, it->replay);
     } else if (!quiesced) {
       l->hooks.session(l->hooks.ctx, it->session, it->value, it->vlen);
     }
@@ -393,6 +429,28 @@ static bool ensure_stream(cph_clog *l) {
   return true;
 }
 
+/* The watermarks' bucket: one key per shard, its newest value only. */
+static bool ensure_marks(cph_clog *l) {
+  natsStatus s = js_KeyValue(&l->kv_marks, l->js, CPH_CLOG_MARKS);
+  if (s != NATS_OK) {
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = CPH_CLOG_MARKS;
+    kc.History = 1;
+    kc.Replicas = (int)l->replicas;
+    kc.StorageType = js_FileStorage;
+    s = js_CreateKeyValue(&l->kv_marks, l->js, &kc);
+    if (s != NATS_OK)
+      s = js_KeyValue(&l->kv_marks, l->js, CPH_CLOG_MARKS); /* another node created it */
+  }
+  if (s != NATS_OK) {
+    set_error(l, "bucket %s: %s", CPH_CLOG_MARKS, nats_GetLastError(NULL));
+    l->kv_marks = NULL;
+    return false;
+  }
+  return true;
+}
+
 static bool ensure_bucket(cph_clog *l) {
   natsStatus s = js_KeyValue(&l->kv, l->js, CPH_CLOG_BUCKET);
   if (s != NATS_OK) {
@@ -411,13 +469,20 @@ static bool ensure_bucket(cph_clog *l) {
     l->kv = NULL;
     return false;
   }
+  if (!ensure_marks(l)) {
+    kvStore_Destroy(l->kv);
+    l->kv = NULL;
+    return false;
+  }
   kvWatchOptions wo;
   kvWatchOptions_Init(&wo);
   s = kvStore_WatchAll(&l->watcher, l->kv, &wo);
   if (s != NATS_OK) {
     set_error(l, "watching %s: %s", CPH_CLOG_BUCKET, nats_GetLastError(NULL));
     kvStore_Destroy(l->kv);
+    kvStore_Destroy(l->kv_marks);
     l->kv = NULL;
+    l->kv_marks = NULL;
     l->watcher = NULL;
     return false;
   }
@@ -434,8 +499,13 @@ static void read_watcher(cph_clog *l, int ms) {
     kvEntry *e = NULL;
     if (kvWatcher_Next(&e, l->watcher, n == 0 ? ms : 1) != NATS_OK)
       return;
-    if (!e)
-      continue; /* the marker: every value there was at the start has come */
+    if (!e) { /* the marker: every value there was at the start has come */
+      pthread_mutex_lock(&l->mu);
+      l->table_loaded = true;
+      pthread_cond_broadcast(&l->cv);
+      pthread_mutex_unlock(&l->mu);
+      continue;
+    }
     const char *key = kvEntry_Key(e);
     size_t kl = strlen(key);
     item *it = calloc(1, sizeof *it);
@@ -566,17 +636,61 @@ static void *bind_worker(void *arg) {
   }
 }
 
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Under l->mu: shard s leaves PHASE_REPLAYING or PHASE_APPLYING for `to`. */
+static void phase_leave(cph_clog *l, uint32_t s, shard_phase to) {
+  if (l->phase[s] == PHASE_REPLAYING || l->phase[s] == PHASE_APPLYING)
+    l->replaying--;
+  l->phase[s] = (uint8_t)to;
+}
+
+/* A served shard without a binding: its past is read first (a replay request), and it is bound
+ * once the loop rebuilt from it (PHASE_READY). Returns true when it is to be bound now. */
+static bool shard_wants_binding(cph_clog *l, uint32_t s, int64_t now) {
+  pthread_mutex_lock(&l->mu);
+  if (l->phase[s] == PHASE_NONE && now >= l->replay_after_ns[s]) {
+    replay_req *rq = malloc(sizeof *rq);
+    if (rq) {
+      l->phase[s] = PHASE_REPLAYING;
+      l->replaying++;
+      rq->shard = s;
+      rq->gen = l->replay_gen[s] = ++l->replays;
+      rq->next = NULL;
+      if (l->replay_tail)
+        l->replay_tail->next = rq;
+      else
+        l->replay_head = rq;
+      l->replay_tail = rq;
+      pthread_cond_broadcast(&l->cv);
+    }
+  }
+  bool ready = l->phase[s] == PHASE_READY;
+  pthread_mutex_unlock(&l->mu);
+  return ready;
+}
+
 static void sync_shards(cph_clog *l) {
   char node[8], url[8];
   uint32_t *todo = malloc(l->shards * sizeof *todo);
   size_t n = 0;
+  int64_t now = mono_ns();
   for (uint32_t s = 0; s < l->shards && !stopping(l); s++) {
     bool served =
         cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) == CPH_CLUSTER_SERVED;
-    if (served && !l->subs[s].sub && todo)
+    if (!served) {
+      if (l->subs[s].sub)
+        unbind_shard(l, s);
+      pthread_mutex_lock(&l->mu);
+      phase_leave(l, s, PHASE_NONE); /* a replay under way is dropped (its generation) */
+      pthread_mutex_unlock(&l->mu);
+    } else if (!l->subs[s].sub && shard_wants_binding(l, s, now) && todo) {
       todo[n++] = s;
-    else if (!served && l->subs[s].sub)
-      unbind_shard(l, s);
+    }
   }
   bind_job job = {l, todo, n, 0};
   pthread_t th[BIND_THREADS];
@@ -588,6 +702,253 @@ static void sync_shards(cph_clog *l) {
   for (size_t k = 0; k < started; k++)
     pthread_join(th[k], NULL);
   free(todo);
+}
+
+/* ================================================================ replays */
+
+void cph_clog_replay_free(cph_clog_replay *rp) {
+  if (!rp)
+    return;
+  for (size_t i = 0; i < rp->n_entries; i++)
+    free(rp->entries[i].data);
+  free(rp->entries);
+  free(rp);
+}
+
+static bool replay_add(cph_clog_replay *rp, size_t *cap, uint64_t seq, cph_clog_kind kind,
+                       const char *data, size_t len) {
+  if (rp->n_entries == *cap) {
+    size_t c = *cap ? 2 * *cap : 256;
+    cph_clog_entry *p = realloc(rp->entries, c * sizeof *p);
+    if (!p)
+      return false;
+    rp->entries = p;
+    *cap = c;
+  }
+  char *copy = malloc(len + 1);
+  if (!copy)
+    return false;
+  memcpy(copy, data, len);
+  copy[len] = '\0';
+  rp->entries[rp->n_entries++] = (cph_clog_entry){seq, kind, copy, len};
+  return true;
+}
+
+/* The newest sequence stored on any of subjects (0: none), or false with why set. */
+static bool last_seq(cph_clog *l, const char *const *subjects, size_t n, uint64_t *out, char *why,
+                     size_t size) {
+  *out = 0;
+  for (size_t i = 0; i < n; i++) {
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus st = js_GetLastMsg(&m, l->js, CPH_CLOG_STREAM, subjects[i], NULL, &jerr);
+    if (st == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+      continue;
+    if (st != NATS_OK) {
+      snprintf(why, size, "the last message of %s: %s", subjects[i], nats_GetLastError(NULL));
+      return false;
+    }
+    if (natsMsg_GetSequence(m) > *out)
+      *out = natsMsg_GetSequence(m);
+    natsMsg_Destroy(m);
+  }
+  return true;
+}
+
+/* Appends to rp every message of filter (whose exact subjects are subjects[0..n)) from
+ * sequence `from` up to `to`, in stream order, through an ordered consumer (ephemeral, no
+ * acknowledgements). False with why set on a NATS error, or when no message came for
+ * REPLAY_IDLE_MS (however long the whole read takes). */
+static bool replay_range(cph_clog *l, cph_clog_replay *rp, size_t *cap, const char *filter,
+                         const char *const *subjects, size_t n, uint64_t from, uint64_t to,
+                         char *why, size_t size) {
+  uint64_t last = 0;
+  if (!last_seq(l, subjects, n, &last, why, size))
+    return false;
+  if (last < to)
+    to = last; /* nothing newer to wait for */
+  if (to < from)
+    return true;
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = CPH_CLOG_STREAM;
+  so.Ordered = true;
+  so.Config.DeliverPolicy = js_DeliverByStartSequence;
+  so.Config.OptStartSeq = from;
+  natsSubscription *sub = NULL;
+  jsErrCode jerr = 0;
+  natsStatus st = js_SubscribeSync(&sub, l->js, filter, NULL, &so, &jerr);
+  if (st != NATS_OK) {
+    snprintf(why, size, "reading %s from %" PRIu64 ": %s", filter, from, nats_GetLastError(NULL));
+    return false;
+  }
+  natsSubscription_SetPendingLimits(sub, 1 << 20, 1 << 30);
+  int64_t deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
+  bool ok = false;
+  for (;;) {
+    if (stopping(l) || mono_ns() > deadline) {
+      snprintf(why, size, "reading %s from %" PRIu64 " to %" PRIu64 ": %s", filter, from, to,
+               stopping(l) ? "stopping" : "no message for 10 s");
+      break;
+    }
+    natsMsg *m = NULL;
+    st = natsSubscription_NextMsg(&m, sub, 500);
+    if (st == NATS_TIMEOUT)
+      continue;
+    if (st != NATS_OK) {
+      snprintf(why, size, "reading %s: %s", filter, natsStatus_GetText(st));
+      break;
+    }
+    jsMsgMetaData *meta = NULL;
+    if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
+      natsMsg_Destroy(m);
+      continue; /* not a stream message (a status of the ordered consumer) */
+    }
+    uint64_t seq = meta->Sequence.Stream;
+    jsMsgMetaData_Destroy(meta);
+    deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
+    if (seq > to) {
+      natsMsg_Destroy(m);
+      ok = true;
+      break;
+    }
+    const char *subject = natsMsg_GetSubject(m);
+    size_t sl = strlen(subject);
+    cph_clog_kind kind = sl > 4 && strcmp(subject + sl - 4, ".fwd") == 0  ? CPH_CLOG_FWD
+                         : sl > 3 && strcmp(subject + sl - 3, ".in") == 0 ? CPH_CLOG_IN
+                                                                          : CPH_CLOG_DONE;
+    bool added =
+        replay_add(rp, cap, seq, kind, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
+    natsMsg_Destroy(m);
+    if (!added) {
+      snprintf(why, size, "out of memory reading %s", filter);
+      break;
+    }
+    if (seq >= to) {
+      ok = true;
+      break;
+    }
+  }
+  natsSubscription_Unsubscribe(sub);
+  natsSubscription_Destroy(sub);
+  return ok;
+}
+
+/* Reads what the loop rebuilds shard from (clusterlog.h, "Taking a shard over"): the
+ * watermark, then the shard's events from it to the stream's last sequence now, then its
+ * done marks from it to the newest. NULL with why set on failure. */
+static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, char *why,
+                                    size_t size) {
+  int64_t t0 = mono_ns();
+  cph_clog_replay *rp = calloc(1, sizeof *rp);
+  if (!rp) {
+    snprintf(why, size, "out of memory");
+    return NULL;
+  }
+  rp->shard = shard;
+  rp->gen = gen;
+  rp->from = 1;
+  char key[16];
+  snprintf(key, sizeof key, "%" PRIu32, shard);
+  kvEntry *e = NULL;
+  natsStatus st = kvStore_Get(&e, l->kv_marks, key);
+  if (st == NATS_OK) {
+    const char *v = kvEntry_ValueString(e);
+    char *end = NULL;
+    unsigned long long w = v ? strtoull(v, &end, 10) : 0;
+    if (v && end != v && *end == '\0' && w >= 1)
+      rp->from = (uint64_t)w;
+    else
+      cph_warn("cluster log: the watermark of shard %" PRIu32 " in %s is malformed (\"%.40s\"); "
+               "reading the shard from the start",
+               shard, CPH_CLOG_MARKS, v ? v : "");
+    kvEntry_Destroy(e);
+  } else if (st != NATS_NOT_FOUND) {
+    snprintf(why, size, "the watermark of shard %" PRIu32 ": %s", shard, nats_GetLastError(NULL));
+    goto fail;
+  }
+  jsStreamInfo *si = NULL;
+  jsErrCode jerr = 0;
+  st = js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr);
+  if (st != NATS_OK) {
+    snprintf(why, size, "stream %s: %s", CPH_CLOG_STREAM, nats_GetLastError(NULL));
+    goto fail;
+  }
+  rp->to = si->State.LastSeq;
+  jsStreamInfo_Destroy(si);
+  size_t cap = 0;
+  char filter[64], in[64], fwd[64], done[64];
+  snprintf(filter, sizeof filter, "ceph.s.%" PRIu32 ".>", shard);
+  cph_clog_subject(in, sizeof in, shard, false);
+  cph_clog_subject(fwd, sizeof fwd, shard, true);
+  cph_clog_done_subject(done, sizeof done, shard);
+  const char *events[] = {in, fwd}, *marks[] = {done};
+  if (!replay_range(l, rp, &cap, filter, events, 2, rp->from, rp->to, why, size))
+    goto fail;
+  rp->n_events = rp->n_entries;
+  /* Marks after rp->to as well: a completion that committed before this node took the shard
+   * may have its mark logged after that read (its answer waits for it). */
+  if (!replay_range(l, rp, &cap, done, marks, 1, rp->from, UINT64_MAX, why, size))
+    goto fail;
+  rp->read_ns = mono_ns() - t0;
+  return rp;
+fail:
+  cph_clog_replay_free(rp);
+  return NULL;
+}
+
+/* A replay thread: reads the past of the shards queued by sync_shards, one at a time, and hands
+ * each to the loop (ITEM_REPLAY). Waits until the session table is loaded, so the loop holds
+ * every session record there was when it rebuilds (the items come in order). */
+static void *replay_thread(void *arg) {
+  cph_clog *l = arg;
+  pthread_mutex_lock(&l->mu);
+  for (;;) {
+    while (!l->stop && !(l->replay_head && l->ready && l->table_loaded && !l->quiesced))
+      pthread_cond_wait(&l->cv, &l->mu);
+    if (l->stop)
+      break;
+    replay_req *rq = l->replay_head;
+    l->replay_head = rq->next;
+    if (!l->replay_head)
+      l->replay_tail = NULL;
+    uint32_t s = rq->shard;
+    bool current = l->phase[s] == PHASE_REPLAYING && l->replay_gen[s] == rq->gen;
+    pthread_mutex_unlock(&l->mu);
+    char why[256] = "";
+    cph_clog_replay *rp = current ? replay_read(l, s, rq->gen, why, sizeof why) : NULL;
+    pthread_mutex_lock(&l->mu);
+    current = l->phase[s] == PHASE_REPLAYING && l->replay_gen[s] == rq->gen;
+    if (current && rp) {
+      l->phase[s] = PHASE_APPLYING;
+    } else if (current) {
+      phase_leave(l, s, PHASE_NONE);
+      l->replay_after_ns[s] = mono_ns() + (int64_t)REPLAY_RETRY_MS * 1000000;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (current && rp) {
+      item *it = calloc(1, sizeof *it);
+      if (it) {
+        it->kind = ITEM_REPLAY;
+        it->replay = rp;
+        push_item(l, it);
+      } else {
+        cph_clog_replay_free(rp);
+        pthread_mutex_lock(&l->mu);
+        phase_leave(l, s, PHASE_NONE);
+        pthread_mutex_unlock(&l->mu);
+      }
+    } else {
+      if (current)
+        set_error(l, "replaying shard %" PRIu32 ": %s (tried again in %d ms)", s, why,
+                  REPLAY_RETRY_MS);
+      cph_clog_replay_free(rp);
+    }
+    free(rq);
+    pthread_mutex_lock(&l->mu);
+  }
+  pthread_mutex_unlock(&l->mu);
+  return NULL;
 }
 
 static void *log_thread(void *arg) {
@@ -605,6 +966,7 @@ static void *log_thread(void *arg) {
       pthread_mutex_lock(&l->mu);
       l->ready = true;
       l->last_error[0] = '\0';
+      pthread_cond_broadcast(&l->cv); /* the replay threads */
       pthread_mutex_unlock(&l->mu);
       cph_info("cluster log: ready (NATS %s, stream %s, bucket %s)", l->urls[0], CPH_CLOG_STREAM,
                CPH_CLOG_BUCKET);
@@ -647,7 +1009,10 @@ int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
   l->hooks = *hooks;
   l->urls = calloc(cfg->nats_count, sizeof *l->urls);
   l->subs = calloc(l->shards, sizeof *l->subs);
-  if (!l->node || !l->urls || !l->subs)
+  l->phase = calloc(l->shards, sizeof *l->phase);
+  l->replay_gen = calloc(l->shards, sizeof *l->replay_gen);
+  l->replay_after_ns = calloc(l->shards, sizeof *l->replay_after_ns);
+  if (!l->node || !l->urls || !l->subs || !l->phase || !l->replay_gen || !l->replay_after_ns)
     goto nomem;
   for (size_t i = 0; i < cfg->nats_count; i++, l->n_urls++)
     if (!(l->urls[i] = strdup(cfg->nats[i])))
@@ -666,6 +1031,9 @@ int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
   if (pthread_create(&l->thread, NULL, log_thread, l) != 0)
     goto io;
   l->started = true;
+  for (; l->n_replay_threads < REPLAY_THREADS; l->n_replay_threads++)
+    if (pthread_create(&l->replay_threads[l->n_replay_threads], NULL, replay_thread, l) != 0)
+      goto io;
   *out = l;
   return CPH_OK;
 nomem:
@@ -693,6 +1061,7 @@ void cph_clog_quiesce(cph_clog *l) {
     item *next = it->next;
     if (it->kind == ITEM_MSG)
       cph_clog_release(l, it->msg);
+    cph_clog_replay_free(it->replay);
     free(it->why);
     free(it->session);
     free(it->value);
@@ -705,18 +1074,25 @@ void cph_clog_stop(cph_clog *l) {
   if (!l)
     return;
   cph_clog_quiesce(l);
-  if (l->started) {
-    pthread_mutex_lock(&l->mu);
-    l->stop = true;
-    pthread_cond_signal(&l->cv);
-    pthread_mutex_unlock(&l->mu);
+  pthread_mutex_lock(&l->mu);
+  l->stop = true;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+  if (l->started)
     pthread_join(l->thread, NULL);
+  for (size_t i = 0; i < l->n_replay_threads; i++)
+    pthread_join(l->replay_threads[i], NULL);
+  while (l->replay_head) {
+    replay_req *rq = l->replay_head;
+    l->replay_head = rq->next;
+    free(rq);
   }
   if (l->watcher) {
     kvWatcher_Stop(l->watcher);
     kvWatcher_Destroy(l->watcher);
   }
   kvStore_Destroy(l->kv);
+  kvStore_Destroy(l->kv_marks);
   for (uint32_t s = 0; l->subs && s < l->shards; s++)
     if (l->subs[s].sub) {
       natsSubscription_Unsubscribe(l->subs[s].sub);
@@ -740,6 +1116,9 @@ void cph_clog_stop(cph_clog *l) {
     free(l->urls[i]);
   free(l->urls);
   free(l->subs);
+  free(l->phase);
+  free(l->replay_gen);
+  free(l->replay_after_ns);
   free(l->node);
   pthread_cond_destroy(&l->cv);
   pthread_mutex_destroy(&l->mu);
@@ -750,6 +1129,30 @@ void cph_clog_close_library(void) { nats_CloseAndWait(500); }
 
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd) {
   snprintf(buf, size, "ceph.s.%" PRIu32 ".%s", shard, fwd ? "fwd" : "in");
+}
+
+void cph_clog_done_subject(char *buf, size_t size, uint32_t shard) {
+  snprintf(buf, size, "ceph.s.done.%" PRIu32, shard);
+}
+
+void cph_clog_mark_subject(char *buf, size_t size, uint32_t shard) {
+  snprintf(buf, size, "$KV.%s.%" PRIu32, CPH_CLOG_MARKS, shard);
+}
+
+void cph_clog_rebuilt(cph_clog *l, uint32_t shard, uint64_t gen) {
+  pthread_mutex_lock(&l->mu);
+  if (shard < l->shards && l->phase[shard] == PHASE_APPLYING && l->replay_gen[shard] == gen)
+    phase_leave(l, shard, PHASE_READY);
+  pthread_mutex_unlock(&l->mu);
+}
+
+void cph_clog_rebuild_failed(cph_clog *l, uint32_t shard, uint64_t gen) {
+  pthread_mutex_lock(&l->mu);
+  if (shard < l->shards && l->phase[shard] == PHASE_APPLYING && l->replay_gen[shard] == gen) {
+    phase_leave(l, shard, PHASE_NONE);
+    l->replay_after_ns[shard] = mono_ns() + (int64_t)REPLAY_RETRY_MS * 1000000;
+  }
+  pthread_mutex_unlock(&l->mu);
 }
 
 int cph_clog_session_subject(char *buf, size_t size, const char *session) {
@@ -825,6 +1228,7 @@ void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out) {
   out->published = l->published;
   out->delivered = l->delivered;
   out->in_flight = l->in_flight;
+  out->rebuilding = l->replaying;
   pthread_mutex_unlock(&l->mu);
 }
 

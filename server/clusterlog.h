@@ -18,17 +18,32 @@
  *     docs/cluster-scaling.md for 4096;
  *   - key-value bucket CEPH_SESSIONS: one key per session (its id in hex) -> its record, put
  *     by the session's owner (clusterflow.h says what the record is). Every node watches the
- *     whole bucket.
+ *     whole bucket;
+ *   - subjects ceph.s.done.<shard>, in the same stream: the done marks of a shard's sessions
+ *     (what turns consumed, clusterflow.h 6.). Outside the shard's consumer filter
+ *     (ceph.s.<shard>.>), so the owner is not delivered its own marks; only replays read them;
+ *   - key-value bucket CEPH_SHARDS: one key per shard (its number) -> its watermark, a stream
+ *     sequence in decimal (clusterflow.h 7.), put by the shard's owner; history 1.
  *
- * Threads. libnats runs its own (connection, delivery pool, timers). cph_clog_start adds one,
- * the log thread, which connects (retrying), creates the stream, the bucket and the shard
- * consumers, and every 100 ms binds to the consumers of the shards this node serves
- * (cph_cluster_route) and unbinds from those it no longer serves; it also reads the bucket's
- * watcher. Nothing of that runs on the event loop. The loop talks to the log only through
- * cph_clog_publish (which never waits: libnats's asynchronous publish) and receives
- * everything — publish acknowledgements, messages of served shards, bucket entries — as
- * items on one queue, drained by an event on the loop (a pipe wakes it), so every hook
- * below runs on the loop thread.
+ * Taking a shard over. A shard this node serves is not bound at once: first a replay thread
+ * reads its past — the watermark in CEPH_SHARDS (1 if none), the stream's last sequence L at
+ * that moment, every ceph.s.<shard>.in/fwd message from the watermark to L and every done mark
+ * of the shard from the watermark on (ordered consumers: ephemeral, no acks) — and hands it to
+ * the loop (hooks.replayed). The loop rebuilds the shard's sessions from it and calls
+ * cph_clog_rebuilt; only then does the next sync bind the shard's consumer, so no message of
+ * the consumer is applied before the rebuild. A replay starts only once the bucket watch has
+ * delivered every session record there was (the loop then knows the sessions to adopt). A
+ * failed read is tried again a second later; a shard no longer served drops its replay.
+ *
+ * Threads. libnats runs its own (connection, delivery pool, timers). cph_clog_start adds the
+ * log thread, which connects (retrying), creates the stream, the buckets and the shard
+ * consumers, and every 100 ms queues replays of, or binds to, the consumers of the shards this
+ * node serves (cph_cluster_route) and unbinds from those it no longer serves; it also reads
+ * the bucket's watcher. And two replay threads. Nothing of that runs on the event loop. The loop
+ * talks to the log only through cph_clog_publish (which never waits: libnats's asynchronous
+ * publish) and receives everything — publish acknowledgements, messages of served shards, bucket
+ * entries, replays — as items on one queue, drained by an event on the loop (a pipe wakes it),
+ * so every hook below runs on the loop thread.
  *
  * Ordering: a shard's messages arrive in stream order. A message not acknowledged within
  * AckWait (the owner died, lost the shard, or released it) is delivered again, later and
@@ -51,6 +66,7 @@ typedef struct cph_clog cph_clog;
 
 #define CPH_CLOG_STREAM "CEPH"
 #define CPH_CLOG_BUCKET "CEPH_SESSIONS"
+#define CPH_CLOG_MARKS "CEPH_SHARDS"
 
 /* A message of a served shard, handed to the loop. Release it with cph_clog_ack (applied:
  * never deliver it again) or cph_clog_release (not applied: JetStream delivers it again after
@@ -67,6 +83,32 @@ typedef struct cph_clog_msg {
   void *nats; /* the natsMsg */
 } cph_clog_msg;
 
+typedef enum cph_clog_kind {
+  CPH_CLOG_IN,  /* ceph.s.<shard>.in */
+  CPH_CLOG_FWD, /* ceph.s.<shard>.fwd */
+  CPH_CLOG_DONE /* ceph.s.done.<shard> */
+} cph_clog_kind;
+
+typedef struct cph_clog_entry {
+  uint64_t seq;
+  cph_clog_kind kind;
+  char *data; /* the payload, NUL-terminated (len bytes before the NUL) */
+  size_t len;
+} cph_clog_entry;
+
+/* A shard's past, read for its rebuild ("Taking a shard over" above). */
+typedef struct cph_clog_replay {
+  uint32_t shard;
+  uint64_t gen;      /* pass it back to cph_clog_rebuilt */
+  uint64_t from, to; /* the watermark read (1: none), the stream's last sequence at the start */
+  /* entries[0..n_events): the shard's in and fwd messages with from <= seq <= to, in stream
+   * order; entries[n_events..n_entries): its done marks with seq >= from. */
+  cph_clog_entry *entries;
+  size_t n_events, n_entries;
+  int64_t read_ns; /* how long reading took */
+} cph_clog_replay;
+void cph_clog_replay_free(cph_clog_replay *rp); /* NULL is fine */
+
 typedef struct cph_clog_hooks {
   void *ctx;
   /* A publish's outcome: rc CPH_OK with its stream sequence (dup: the message id had been
@@ -78,6 +120,9 @@ typedef struct cph_clog_hooks {
   /* A session record put (value, vlen) or deleted (value NULL) in the bucket; key is the
    * session id (decoded). */
   void (*session)(void *ctx, const char *session, const char *value, size_t vlen);
+  /* The past of a shard this node is taking (see above). The hook owns rp; it calls
+   * cph_clog_rebuilt (or cph_clog_rebuild_failed) with rp->gen when it is done with it. */
+  void (*replayed)(void *ctx, cph_clog_replay *rp);
 } cph_clog_hooks;
 
 /* Copies what it needs of cfg and starts the log thread; returns at once (the log connects in
@@ -100,9 +145,18 @@ void cph_clog_stop(cph_clog *l);
  * flight (then no hook call comes), CPH_ENOMEM. kv_delete: a key-value delete marker. */
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
                      size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref);
-/* The subjects: ceph.s.<shard>.in|fwd, and the bucket key subject of a session. */
+/* The subjects: ceph.s.<shard>.in|fwd, ceph.s.done.<shard>, the bucket key subject of a
+ * session and that of a shard's watermark. */
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd);
+void cph_clog_done_subject(char *buf, size_t size, uint32_t shard);
 int cph_clog_session_subject(char *buf, size_t size, const char *session);
+void cph_clog_mark_subject(char *buf, size_t size, uint32_t shard);
+
+/* The loop rebuilt shard from replay gen: the next sync binds its consumer. Or it could not:
+ * the shard's past is read again a second later. A gen that is no longer the shard's current
+ * one (it was lost and taken again meanwhile) is ignored. Any thread. */
+void cph_clog_rebuilt(cph_clog *l, uint32_t shard, uint64_t gen);
+void cph_clog_rebuild_failed(cph_clog *l, uint32_t shard, uint64_t gen);
 
 /* Releases libnats's process-wide state (its threads): once, after every cph_clog_stop and after
  * the last message was acknowledged or released. */
@@ -116,6 +170,7 @@ typedef struct cph_clog_stats {
   uint32_t bound; /* shards whose consumer this node is bound to */
   uint64_t published, delivered;
   int64_t in_flight;
+  uint32_t rebuilding; /* served shards whose past is being read or rebuilt from */
 } cph_clog_stats;
 void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out);
 

@@ -228,6 +228,10 @@ static void on_op_done(cph_op *op, void *ctx) {
   (void)op;
   r->op_pending = false;
   r->on_done(r);
+  if (r->held) { /* taken over: answered and ended by its new owner */
+    cph_op_clear_results(&r->op);
+    return;
+  }
   if (r->ev) /* on_done must answer; never leave a client hanging */
     cph_reply_error(r, 500, "internal", NULL, "no answer was produced");
   cph_op_clear_results(&r->op);

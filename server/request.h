@@ -76,6 +76,9 @@ struct cph_req {
   cph_op op;                   /* the engine operation, when submitted */
   bool op_pending;             /* submitted, done not yet called */
   void (*on_done)(cph_req *r); /* answers from r->op after commit */
+  /* Set by on_done when it hands r on instead of answering (cluster mode: a completion waits
+   * for its done mark, clusterflow.h): whoever took it answers and ends it. */
+  bool held;
 
   /* Long-polls (lease, replies): longpoll.c and the two routes keep these; the two events
    * are freed with the request. */

@@ -172,8 +172,10 @@ static void delete_done(cph_req *r) {
     cph_reply_rc(r, r->op.rc, r->op.err.msg, r->op.field);
     return;
   }
-  if (r->srv->cflow)
+  if (r->srv->cflow) {
     cph_cflow_session_changed(r->srv->cflow, r->params[0], NULL);
+    cph_cflow_deleted(r->srv->cflow, r->params[0], &r->op.u.session.consumed);
+  }
   json_t *body = json_object();
   json_object_set_new(body, "id", json_string(r->params[0]));
   json_object_set_new(body, "deleted", json_true());

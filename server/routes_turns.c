@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "cluster.h"
+#include "clusterflow.h"
 #include "emit.h"
 #include "longpoll.h"
 #include "routes.h"
@@ -375,7 +376,9 @@ static void turn_emit(cph_emit *w, const cph_turn_info *t) {
 /* ---------------------------------------------------------------- lease */
 
 /* Cluster mode: a turn leased for a session whose shard this node no longer serves is handed
- * back at once (a fail, which counts an attempt) and never reaches the worker. */
+ * back at once (a fail that counts no attempt) and never reaches the worker; the session is
+ * not picked here again until this node serves it again (its shard's rebuild, which retains
+ * its inbox). */
 typedef struct giveback {
   cph_op op;
   char why[64];
@@ -407,6 +410,7 @@ static bool lease_misplaced(cph_req *r) {
     g->op.u.turn.turn_id = t->id;
     memcpy(g->op.u.turn.lease, t->lease, sizeof g->op.u.turn.lease);
     g->op.u.turn.error = g->why;
+    g->op.u.turn.away = true; /* not picked here again until this node serves it again */
     if (cph_engine_submit(s->engine, &g->op) == CPH_OK)
       cph_srv_schedule_pass(s);
     else
@@ -662,7 +666,13 @@ static void status_done(cph_req *r, const char *status) {
   json_object_set_new(body, "status", json_string(status));
   if (r->op.kind == CPH_OP_COMPLETE)
     json_object_set_new(body, "already", json_boolean(r->op.u.turn.already));
-  cph_reply_json(r, 200, body);
+  /* Cluster mode: the answer waits until the log holds the record of what the turn consumed
+   * (clusterflow.h, 6.). */
+  if (r->op.kind == CPH_OP_COMPLETE && r->srv->cflow && r->op.u.turn.consumed.count)
+    cph_cflow_completed(r->srv->cflow, r, r->op.u.turn.consumed_session, &r->op.u.turn.consumed,
+                        body);
+  else
+    cph_reply_json(r, 200, body);
 }
 
 static void complete_done(cph_req *r) { status_done(r, "completed"); }

@@ -440,7 +440,8 @@ typedef enum cph_op_kind {
   CPH_OP_CONTEXT_DELETE, /* DELETE /v1/sessions/{id}/context/{node} */
   CPH_OP_CONTEXT_SEAL,   /* POST /v1/sessions/{id}/seal */
   CPH_OP_MEMORY_SEARCH, /* GET /v1/memories/search: a write, since inclusion counts access */
-  CPH_OP_TAKE           /* POST /v1/turns/{id}/take: arrivals into a running turn (:merge) */
+  CPH_OP_TAKE,          /* POST /v1/turns/{id}/take: arrivals into a running turn (:merge) */
+  CPH_OP_INBOX_RETAIN   /* cluster mode's rebuild: drop entries consumed on another node */
 } cph_op_kind;
 
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
@@ -549,6 +550,9 @@ struct cph_op {
       cph_session_info in; /* create: id and lane required; update: fields per `set` */
       unsigned set;        /* CPH_SET_* for update */
       cph_session_info out; /* the session as stored */
+      /* delete, out, only while cph_engine_report_consumed is on: the keys of the events its
+       * live inbox stood for, dropped with it (as u.turn.consumed). */
+      cph_strv consumed;
     } session;
     struct {
       cph_event_in *events;
@@ -595,6 +599,17 @@ struct cph_op {
       cph_job_in *enqueue; /* complete: maintenance jobs to queue */
       size_t n_enqueue;
       cph_job_work *job;   /* complete of a job turn: the executed work (engine frees it) */
+      /* complete, out, only while cph_engine_report_consumed is on (cluster mode): the
+       * idempotency keys of every event the turn consumed — each entry's first event and every
+       * event folded into it (DESIGN §5); events without a key are left out — and the turn's
+       * session. A repeated completion (`already`) lists them again. Empty when nothing was
+       * consumed (interrupted, an autonomy tick, a job). Freed by cph_op_clear_results. */
+      cph_strv consumed;
+      char *consumed_session;
+      /* fail, in (cluster mode): the turn is handed back because another node serves its
+       * session now — no attempt is counted, and the session is not picked again until a
+       * CPH_OP_INBOX_RETAIN says this node serves it again. */
+      bool away;
     } turn;
     struct {
       cph_job_in in;
@@ -623,6 +638,18 @@ struct cph_op {
       cph_memory_hit *hits; /* out */
       size_t n_hits;
     } search;
+    /* CPH_OP_INBOX_RETAIN (server/clusterflow.h, 8.): of session's live entries that no
+     * running turn carries, each that stands for keyed events none of whose keys is in
+     * keep[0..n_keep) is consumed without a turn (a turn of another node consumed it while
+     * this node did not serve the session); entries with a kept key, or without any key, stay.
+     * A reporter session's entries (report_interval_s) are left as they are. The session may
+     * be picked again (it is no longer away, see u.turn.away). */
+    struct {
+      char *session;
+      const char *const *keep;
+      size_t n_keep;
+      uint32_t dropped; /* out: entries consumed */
+    } retain;
   } u;
 };
 
@@ -638,7 +665,18 @@ bool cph_engine_cancel_lease(cph_engine *e, cph_op *op);
  * caller's inputs. */
 void cph_op_clear_results(cph_op *op);
 
+/* Cluster mode (server/clusterflow.h, the done marks): while on, a completion and a session
+ * delete name the events they consumed (cph_op u.turn.consumed, u.session.consumed), which
+ * costs a read of each event's record; off (the default) they do nothing of the kind. */
+void cph_engine_report_consumed(cph_engine *e, bool on);
+
 /* ---------------------------------------------------------------- reads */
+
+/* The idempotency keys of the events session's live inbox stands for — entries pending, staged
+ * or carried by its running turn, with every event folded into them; events without a key left
+ * out — into out (malloc'd; free with cph_strv_free). CPH_ENOTFOUND for an unknown session.
+ * Cluster mode's rebuild reads it (server/clusterflow.h). */
+int cph_engine_inbox_keys(cph_engine *e, const char *session, cph_strv *out, cph_err *err);
 
 int cph_engine_get_session(cph_engine *e, const char *id, cph_session_info *out, cph_err *err);
 

@@ -229,7 +229,9 @@ void cph_tc_ports(cph_test_cluster *c, int n) {
   }
 }
 
-void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra) {
+/* Starts node i on data_dir (NULL: a fresh one). */
+static void start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra,
+                       const char *data_dir) {
   char nats[512] = "";
   for (int j = 0; j < c->n_nats; j++) {
     size_t len = strlen(nats);
@@ -249,10 +251,40 @@ void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const 
   char *path = cph_test_write_tmpfile(".edn", policy);
   snprintf(listen, sizeof listen, "127.0.0.1:%d", c->port[i]);
   const char *args[] = {"--listen", listen, NULL};
-  assert_int_equal(cph_test_daemon_start(&c->d[i], path, NULL, args), 0);
+  assert_int_equal(cph_test_daemon_start(&c->d[i], path, data_dir, args), 0);
   assert_int_equal(c->d[i].port, c->port[i]);
   c->up[i] = true;
   free(path);
+}
+
+void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra) {
+  start_node(c, i, shards, ttl_s, extra, NULL);
+}
+
+char *cph_tc_kill_node(cph_test_cluster *c, int i, bool keep) {
+  assert_true(c->up[i]);
+  char *dir = NULL;
+  if (keep) {
+    c->d[i].keep_data = true;
+    dir = strdup(c->d[i].data_dir);
+    assert_non_null(dir);
+  }
+  cph_test_daemon_signal_wait(&c->d[i], SIGKILL);
+  cph_test_daemon_stop(&c->d[i]);
+  c->up[i] = false;
+  return dir;
+}
+
+void cph_tc_start_node_on(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra,
+                          char *data_dir) {
+  start_node(c, i, shards, ttl_s, extra, data_dir);
+  c->d[i].keep_data = false; /* a temp dir as before: removed when the node stops */
+  free(data_dir);
+}
+
+void cph_tc_kill_restart_node(cph_test_cluster *c, int i, int shards, int ttl_s,
+                              const char *extra) {
+  cph_tc_start_node_on(c, i, shards, ttl_s, extra, cph_tc_kill_node(c, i, true));
 }
 
 json_t *cph_tc_view(cph_test_cluster *c, int i) {

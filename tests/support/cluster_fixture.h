@@ -51,6 +51,17 @@ void cph_tc_ports(cph_test_cluster *c, int n);
  * servers, :nats listing all of them and :replicas = their count; `extra` is more policy
  * text inside the top map (may be ""). */
 void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra);
+/* Kills node i (-9) and reaps it. keep: its data dir stays, returned (malloc'd) for
+ * cph_tc_start_node_on; else NULL (the dir is removed). */
+char *cph_tc_kill_node(cph_test_cluster *c, int i, bool keep);
+/* Starts node i (as cph_tc_start_node) on the data dir cph_tc_kill_node kept, and takes it:
+ * it is removed when the node stops. */
+void cph_tc_start_node_on(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra,
+                          char *data_dir);
+/* Kills node i (-9) and starts it again at once on the same data dir, port and policy
+ * (arguments as cph_tc_start_node's). */
+void cph_tc_kill_restart_node(cph_test_cluster *c, int i, int shards, int ttl_s,
+                              const char *extra);
 /* GET /v1/cluster on node i (JSON, new reference) or NULL. */
 json_t *cph_tc_view(cph_test_cluster *c, int i);
 /* Waits until every node in live[] sees n_live nodes, all shards held, spread even, and —
