@@ -7,6 +7,7 @@
 #      owner, the client posting, leasing and completing there: every event goes through the
 #      log, to its channel's shard and forwarded to its session's) and ingest --nodes (clients
 #      spread over the three nodes; every event applied by its channel's owner).
+# Then the takeover: node c killed -9, timed until a and b serve every shard, rebuilt and bound.
 # Prints the summary lines and the ratios. All processes run on the same cores, so the figures
 # say what the log and the extra processes cost here, not what three machines give.
 #   bench/cluster.sh [BIN_DIR] [SECONDS]      (default build-bench/bin, 5)
@@ -22,7 +23,7 @@ echo "one node:    $one_c"
 log=$(mktemp /tmp/cephalon-bench-cluster.XXXXXX)
 # The nodes run with the budgets and backpressure of the one-node runs (bench/proc.c,
 # cph_bench_policy): lanes that never bind, concurrency 64 per node.
-CLUSTER_POLICY_EXTRA='
+CLUSTER_KEEP_GOING=1 CLUSTER_POLICY_EXTRA='
  :scheduler {:concurrency 64
              :lanes {:interactive {:turns 100000000 :tool-calls 100000000}
                      :operational {:turns 100000000 :tool-calls 100000000}}}
@@ -58,6 +59,52 @@ three_c=$("$bin/cephalon-bench" cycle --seconds "$secs" --nodes "$nodes" 2>&1 | 
 echo "three nodes: $three_c"
 three=$("$bin/cephalon-bench" ingest --seconds "$secs" --nodes "$nodes" 2>&1 | tail -1)
 echo "three nodes: $three"
+# Takeover (issue #20's figure): the ingest left its events unconsumed (no worker ran). Once the
+# nodes applied the backlog, node c is killed -9; a and b take its shards over when its etcd
+# lease expires, rebuild each from the log (replaying what c's sessions had not consumed) and
+# bind it. Measured: from the kill until both serve every shard, rebuilt and bound.
+view() { curl -sf "http://127.0.0.1:$((base + $1))/v1/cluster" 2>/dev/null; }
+applied_sum() { local t=0 v; for i in 0 1 2; do v=$(num "$(view $i)" applied); t=$((t + ${v:-0})); done; echo $t; }
+last=-1
+for _ in $(seq 120); do # until the applied count stands still for a second (at most 60 s)
+  now=$(applied_sum)
+  [ "$now" = "$last" ] && break
+  last=$now
+  sleep 0.5
+done
+ev0=0
+for i in 0 1; do v=$(num "$(view $i)" events_total); ev0=$((ev0 + ${v:-0})); done
+cpid=$(pgrep -f "cephalon-cluster\..*/c\.edn" | head -1)
+t0=$(date +%s.%N)
+kill -9 "$cpid" 2>/dev/null
+took=""
+for _ in $(seq 1200); do # at most 60 s
+  ok=0
+  for i in 0 1; do
+    v=$(view $i) || continue
+    [ "$(num "$v" shards_owned)" = "$(num "$v" shards_bound)" ] &&
+      [ "$(num "$v" shards_unowned)" = 0 ] && [ "$(num "$v" in_progress)" = 0 ] && ok=$((ok + 1))
+    [ $i = 0 ] && owned0=$(num "$v" shards_owned)
+    [ $i = 1 ] && owned1=$(num "$v" shards_owned)
+  done
+  if [ "$ok" = 2 ] && [ $((owned0 + owned1)) = 256 ]; then
+    took=$(echo "$(date +%s.%N) - $t0" | bc)
+    break
+  fi
+  sleep 0.05
+done
+ev1=0
+for i in 0 1; do v=$(num "$(view $i)" events_total); ev1=$((ev1 + ${v:-0})); done
+ttl=5 # scripts/cluster.sh's nodes: :lease-ttl-seconds, the default
+if [ -n "$took" ]; then
+  awk -v t="$took" -v e="$((ev1 - ev0))" -v ttl="$ttl" 'BEGIN {
+    r = t > ttl ? e / (t - ttl) : 0
+    printf "cluster takeover_s=%.2f rebuilt_events=%d lease_ttl_s=%d rebuild_events_per_s=%.0f", t, e, ttl, r
+    if (r > 0) printf " takeover_1m_events_s_extrapolated=%.1f", ttl + 1000000 / r
+    printf "\n" }'
+else
+  echo "cluster takeover_s=n/a (the survivors did not serve every shard within 60 s)"
+fi
 kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 rm -f "$log"

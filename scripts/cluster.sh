@@ -7,6 +7,7 @@
 #                                             NATS clients on BASE_PORT+20..22, routes +30..32)
 # CLUSTER_POLICY_EXTRA, when set, is added to every node's policy map as it is (EDN members
 # other than :server and :cluster, e.g. the budgets bench/cluster.sh runs with).
+# CLUSTER_KEEP_GOING, when set, keeps the rest running when a process exits (else all stop).
 set -euo pipefail
 bin=${1:?usage: cluster.sh BIN_DIR [BASE_PORT]}
 base=${2:-7700}
@@ -59,5 +60,9 @@ echo "etcd      http://127.0.0.1:$ec"
 echo "nats      nats://127.0.0.1:$((base + 20)) .. $((base + 22))   (JetStream, 3 replicas)"
 for i in 0 1 2; do echo "node $(printf "\\x$(printf %x $((97 + i)))")    http://127.0.0.1:$((base + i))   (logs: $dir)"; done
 echo "try: curl -s http://127.0.0.1:$base/v1/cluster | jq .   — Ctrl-C stops all"
-wait -n "${pids[@]}" || true
-echo "cluster: a process exited; stopping the rest" >&2
+if [ -n "${CLUSTER_KEEP_GOING:-}" ]; then # a node killed on purpose (bench/cluster.sh's takeover)
+  wait || true
+else
+  wait -n "${pids[@]}" || true
+  echo "cluster: a process exited; stopping the rest" >&2
+fi
