@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "codec_internal.h"
+#include "keys.h"
 
 /* ---------------------------------------------------------------- encoding */
 
@@ -33,8 +34,17 @@ static inline void w_byte(mp_writer *w, uint8_t b) {
   w->len++;
 }
 
-/* A header byte and the low `width` bytes of v, big-endian. */
+/* A header byte and the low `width` (1, 2, 4 or 8) bytes of v, big-endian. With room for
+ * nine bytes it stores all eight shifted to the front in one go and counts the `width` it
+ * meant (the bytes past them are overwritten by what follows, or never counted). */
 static inline void w_be(mp_writer *w, uint8_t head, uint64_t v, int width) {
+  if (w->len <= w->cap && w->cap - w->len >= 9) {
+    uint8_t *p = w->buf + w->len;
+    p[0] = head;
+    cph_be64_put(p + 1, width == 8 ? v : v << (8 * (8 - width)));
+    w->len += (size_t)width + 1;
+    return;
+  }
   uint8_t b[9];
   b[0] = head;
   for (int i = 0; i < width; i++)
