@@ -66,6 +66,22 @@ static void shard_owners(cph_test_cluster *c, int owner[SHARDS]) {
     assert_true(owner[s] >= 0 && owner[s] < NODES);
 }
 
+/* etcd and three nodes with `extra` in their policies, settled (every shard owned); owner[]
+ * is each shard's node. */
+static cph_test_cluster *start_three(const char *cluster_extra, const char *extra,
+                                     int owner[SHARDS]) {
+  cph_test_cluster *c = cph_tc_new();
+  c->cluster_extra = cluster_extra;
+  cph_tc_start_etcd(c);
+  cph_tc_ports(c, NODES);
+  for (int i = 0; i < NODES; i++)
+    cph_tc_start_node(c, i, SHARDS, TTL_S, extra);
+  bool live[NODES] = {true, true, true};
+  assert_true(cph_tc_wait_settled(c, live, SHARDS, 15000));
+  shard_owners(c, owner);
+  return c;
+}
+
 static void model(void *arg, const cph_md_request *rq, cph_md_answer *out) {
   (void)arg;
   if (strcmp(rq->path, "/v1/chat/completions") != 0) {
@@ -133,15 +149,8 @@ static double metric_sum(cph_test_cluster *c, const char *series) {
 
 static void test_the_worker_finds_every_node_and_completes_turns_on_each(void **state) {
   (void)state;
-  cph_test_cluster *c = cph_tc_new();
-  cph_tc_start_etcd(c);
-  cph_tc_ports(c, NODES);
-  for (int i = 0; i < NODES; i++)
-    cph_tc_start_node(c, i, SHARDS, TTL_S, "");
-  bool live[NODES] = {true, true, true};
-  assert_true(cph_tc_wait_settled(c, live, SHARDS, 15000));
   int owner[SHARDS];
-  shard_owners(c, owner);
+  cph_test_cluster *c = start_three(NULL, "", owner);
 
   /* Sessions on every node, each listening to a channel its own node owns. */
   char ids[SESSIONS][16], chans[SESSIONS][32];
@@ -229,18 +238,11 @@ static void test_the_worker_finds_every_node_and_completes_turns_on_each(void **
 static void test_the_nodes_share_one_lane_budget(void **state) {
   (void)state;
   enum { BUDGET = 12, RUN_S = 15 };
-  cph_test_cluster *c = cph_tc_new();
-  cph_tc_start_etcd(c);
-  cph_tc_ports(c, NODES);
   char extra[256];
   snprintf(extra, sizeof extra, ":scheduler {:lanes {:interactive {:turns %d :tool-calls 1000}}}",
            BUDGET);
-  for (int i = 0; i < NODES; i++)
-    cph_tc_start_node(c, i, SHARDS, TTL_S, extra);
-  bool live[NODES] = {true, true, true};
-  assert_true(cph_tc_wait_settled(c, live, SHARDS, 15000));
   int owner[SHARDS];
-  shard_owners(c, owner);
+  cph_test_cluster *c = start_three(NULL, extra, owner);
   int per_node[NODES] = {0};
   for (int k = 0, n = 0; k < SESSIONS; n++) {
     char id[16];
@@ -314,20 +316,12 @@ static long running_sum(cph_test_cluster *c) {
 static void test_the_nodes_share_one_concurrency_limit(void **state) {
   (void)state;
   enum { LIMIT = 2, PER_NODE = 4, MAX_HELD = 16 };
-  cph_test_cluster *c = cph_tc_new();
-  c->cluster_extra = ":concurrency 2";
-  cph_tc_start_etcd(c);
-  cph_tc_ports(c, NODES);
   char extra[256];
   snprintf(extra, sizeof extra, /* budgets that never bind: only concurrency holds turns back */
            ":scheduler {:concurrency %d :lanes {:interactive {:turns 100000 :tool-calls 100000}}}",
            PER_NODE);
-  for (int i = 0; i < NODES; i++)
-    cph_tc_start_node(c, i, SHARDS, TTL_S, extra);
-  bool live[NODES] = {true, true, true};
-  assert_true(cph_tc_wait_settled(c, live, SHARDS, 15000));
   int owner[SHARDS];
-  shard_owners(c, owner);
+  cph_test_cluster *c = start_three(":concurrency 2", extra, owner);
   int per_node[NODES] = {0};
   char ids[SESSIONS][16];
   for (int k = 0, n = 0; k < SESSIONS; n++) {
