@@ -107,7 +107,8 @@ typedef struct group {
   uint64_t runnable; /* live entries in the two sets */
   i128 vstart;       /* its start tag, while in the lane's tenant heap */
   i128 vfinish;      /* the finish tag of its last pick */
-  uint32_t hgen;     /* the generation of its live slot; slots of older ones are stale */
+  uint32_t hgen;     /* the generation of its live slot; slots of older ones are stale, and
+                        so are all of them once it leaves (leaving bumps it) */
   bool in_heap;      /* it has a live slot in its lane's tenant order */
   uint32_t tenant;   /* index in cph_sched.tenants */
   uint64_t started;
@@ -115,7 +116,8 @@ typedef struct group {
 } group;
 
 /* A group's place in its lane's tenant order. The keys live in the slot, so ordering reads
- * only slots; a group that leaves bumps hgen and its slot is dropped when it surfaces. */
+ * only slots; a group that leaves bumps hgen and its slot is dropped when it surfaces. A slot
+ * with vstart TAG_NONE names no group: the key of a class without slots. */
 typedef struct tslot {
   i128 vstart;
   uint32_t tenant; /* the tie-break: the tenant the scheduler knew first goes first */
@@ -127,8 +129,8 @@ typedef struct tslot {
  * by (vstart, tenant). A served group's next tag is its tag plus the step, which in start-time
  * fair queueing is at least every other tag of its class — so slots mostly arrive in order and
  * are appended to a ring (O(1)); the few that do not (a group joining at the lane's virtual
- * time) go to a heap beside it. The lane orders its classes by their heads in a small heap:
- * a pick costs O(log classes) plus, rarely, O(log groups). */
+ * time) go to a heap beside it. The lane orders its classes by their heads in a tournament
+ * (see lane_state): a pick costs O(log classes) plus, rarely, O(log groups). */
 typedef struct tclass {
   int64_t inc;
   tslot *ring;
@@ -136,8 +138,7 @@ typedef struct tclass {
   tslot *heap;
   uint32_t hlen, hcap;
   uint32_t live; /* live slots */
-  uint32_t pos;  /* 1 + its index in the lane's class heap; 0 = not in it */
-  tslot key;     /* its head when last placed in the class heap */
+  uint32_t idx;  /* its index in the lane's classes, and its leaf in the tournament */
 } tclass;
 
 typedef struct tenant {
@@ -152,9 +153,18 @@ typedef struct lane_state {
   bucket turns;
   bucket tools;
   bucket tokens;    /* per_min 0: no token budget (§3.8) */
-  tclass **classes; /* every class of the lane (tenants on) */
-  tclass **cheap;   /* the classes with live slots, a min-heap by key; capacity cap_classes */
-  uint32_t n_classes, cap_classes, n_cheap;
+  tclass **classes; /* every class of the lane (tenants on), by idx */
+  /* The classes' order: a tournament over `leaves` leaves, a power of two >= n_classes.
+   * keys[i] is class i's key: no later than every slot it holds, live or stale (TAG_NONE when
+   * it holds none, and for the leaves past n_classes); it is its head, unless it is a stale
+   * slot, which is put right when it comes out on top. wins[k] (1 <= k < leaves) is the class
+   * with the smaller key of the two that won below node k (children 2k, 2k + 1; leaf i is
+   * node leaves + i), wins[0] the overall winner. A changed key replays its path: log2(leaves)
+   * comparisons without a data-dependent branch — the order of classes changes from pick to
+   * pick, and a mispredicted branch costs more than the comparisons. */
+  tslot *keys;
+  uint32_t *wins;
+  uint32_t n_classes, leaves;
   uint32_t live_groups; /* groups with a live slot */
   i128 vtime;           /* the start tag of the lane's last pick */
   uint64_t runnable;
@@ -417,12 +427,19 @@ static HOT_INLINE group *group_of(const cph_sched *s, cph_sid sid) {
   return s->tenants_on ? &s->tenants[se->tenant]->g[se->lane] : (group *)&s->dflt.g[se->lane];
 }
 
-/* §3.9: the order of groups in a lane: start tag, then the tenant's index. */
-static bool slot_before(const tslot *a, const tslot *b) {
-  return a->vstart != b->vstart ? a->vstart < b->vstart : a->tenant < b->tenant;
+/* §3.9: the order of groups in a lane: start tag, then the tenant's index. Without a branch:
+ * the tenants' comparison is the borrow into the tags' difference, which cannot overflow —
+ * tags start at 0 and grow by at most 10^15 a pick, far from TAG_NONE, itself far from the
+ * type's limit. */
+static HOT_INLINE bool slot_before(const tslot *a, const tslot *b) {
+  return a->vstart - b->vstart - (a->tenant < b->tenant) < 0;
 }
 
-static bool slot_live(const tslot *t) { return t->g->in_heap && t->g->hgen == t->gen; }
+#define TAG_NONE ((i128)1 << 120)
+
+/* A group out of the order has bumped hgen since its last slot (theap_leave), so the slot's
+ * generation alone says whether it is live. */
+static HOT_INLINE bool slot_live(const tslot *t) { return t->g->hgen == t->gen; }
 
 /* ---- a class's ordered slots: ring + heap */
 
@@ -504,11 +521,8 @@ static void cset_compact(tclass *c) {
     cheap_slot_down(c, i);
 }
 
-static bool cset_push(tclass *c, const tslot *x) {
-  cset_compact(c);
-  tslot *back = cring_back(c);
-  if (!back || slot_before(back, x))
-    return cring_push(c, x);
+/* x goes to the heap, the ring's back being after it. */
+static bool cset_push_heap(tclass *c, const tslot *x) {
   if (c->hlen == c->hcap) {
     uint32_t cap = c->hcap ? 2 * c->hcap : 8;
     tslot *p = realloc(c->heap, (size_t)cap * sizeof *p);
@@ -519,6 +533,22 @@ static bool cset_push(tclass *c, const tslot *x) {
   }
   c->heap[c->hlen] = *x;
   cheap_slot_up(c, c->hlen++);
+  return true;
+}
+
+/* Stale slots are dropped (cset_compact) only when the ring or heap is full and would
+ * otherwise grow: that keeps memory O(live slots), and the usual push — one comparison with
+ * the ring's back and one store — checks nothing more. */
+static HOT_INLINE bool cset_push(tclass *c, const tslot *x) {
+  tslot *back = cring_back(c);
+  bool in_ring = !back || slot_before(back, x);
+  if (__builtin_expect(in_ring ? c->len == c->cap : c->hlen == c->hcap, 0))
+    cset_compact(c); /* removes slots only: x still belongs where it was placed */
+  if (!in_ring)
+    return cset_push_heap(c, x);
+  if (__builtin_expect(c->len == c->cap, 0))
+    return cring_push(c, x);
+  c->ring[(c->head + c->len++) & (c->cap - 1)] = *x;
   return true;
 }
 
@@ -544,65 +574,43 @@ static void cset_pop(tclass *c, const tslot *head) {
     cheap_slot_pop(c);
 }
 
-/* ---- the lane's classes, a min-heap by their heads */
+/* ---- the lane's classes: a tournament over their keys (lane_state) */
 
-static void lheap_place(lane_state *l, uint32_t i, tclass *c) {
-  l->cheap[i] = c;
-  c->pos = i + 1;
-}
-
-static void lheap_up(lane_state *l, uint32_t i) {
-  tclass *c = l->cheap[i];
-  while (i > 0 && slot_before(&c->key, &l->cheap[(i - 1) / 2]->key)) {
-    lheap_place(l, i, l->cheap[(i - 1) / 2]);
-    i = (i - 1) / 2;
-  }
-  lheap_place(l, i, c);
-}
-
-static void lheap_down(lane_state *l, uint32_t i) {
-  tclass *c = l->cheap[i];
-  for (;;) {
-    uint32_t k = 2 * i + 1;
-    if (k >= l->n_cheap)
-      break;
-    if (k + 1 < l->n_cheap && slot_before(&l->cheap[k + 1]->key, &l->cheap[k]->key))
-      k++;
-    if (!slot_before(&l->cheap[k]->key, &c->key))
-      break;
-    lheap_place(l, i, l->cheap[k]);
-    i = k;
-  }
-  lheap_place(l, i, c);
-}
-
-/* After its head may have changed: class c takes its head as its key, in the lane's class
- * heap while it has one and out of it when it has none. */
-static void class_refresh(lane_state *l, tclass *c) {
-  tslot *h = cset_head(c);
-  if (!h) {
-    if (c->pos) {
-      uint32_t i = c->pos - 1;
-      c->pos = 0;
-      tclass *last = l->cheap[--l->n_cheap];
-      if (i < l->n_cheap) {
-        lheap_place(l, i, last);
-        lheap_up(l, i);
-        lheap_down(l, last->pos - 1);
-      }
-    }
+/* Class i's key changed: the matches on its path are played again. */
+static HOT_INLINE void tour_replay(lane_state *l, uint32_t i) {
+  if (l->leaves == 1) {
+    l->wins[0] = 0;
     return;
   }
-  bool lower = c->pos && slot_before(h, &c->key);
-  c->key = *h;
-  if (!c->pos) {
-    lheap_place(l, l->n_cheap++, c);
-    lheap_up(l, c->pos - 1);
-  } else if (lower) {
-    lheap_up(l, c->pos - 1);
-  } else {
-    lheap_down(l, c->pos - 1);
+  /* the match with its sibling leaf, then with the winners of the sibling subtrees above */
+  uint32_t w = slot_before(&l->keys[i ^ 1], &l->keys[i]) ? i ^ 1 : i;
+  uint32_t n = (l->leaves + i) >> 1;
+  l->wins[n] = w;
+  for (; n > 1; n >>= 1) {
+    uint32_t o = l->wins[n ^ 1];
+    w = slot_before(&l->keys[o], &l->keys[w]) ? o : w;
+    l->wins[n >> 1] = w;
   }
+  l->wins[0] = w;
+}
+
+/* Plays every match from the keys. */
+static void tour_build(lane_state *l) {
+  for (uint32_t k = l->leaves; k-- > 1;) {
+    uint32_t a = 2 * k >= l->leaves ? 2 * k - l->leaves : l->wins[2 * k];
+    uint32_t b = 2 * k + 1 >= l->leaves ? 2 * k + 1 - l->leaves : l->wins[2 * k + 1];
+    l->wins[k] = slot_before(&l->keys[b], &l->keys[a]) ? b : a;
+  }
+  l->wins[0] = l->leaves > 1 ? l->wins[1] : 0;
+}
+
+/* After its head may have changed, class c's key becomes its head (dropping stale slots on
+ * the way), or TAG_NONE when it has none. */
+static void class_refresh(lane_state *l, tclass *c) {
+  tslot *h = cset_head(c);
+  static const tslot none = {TAG_NONE, 0, 0, NULL};
+  l->keys[c->idx] = h ? *h : none;
+  tour_replay(l, c->idx);
 }
 
 /* The group's class in the lane, created on first need; NULL on OOM. */
@@ -613,23 +621,31 @@ static tclass *class_of(const cph_sched *s, lane_state *l, group *g) {
   for (uint32_t i = 0; i < l->n_classes; i++)
     if (l->classes[i]->inc == inc)
       return g->cls = l->classes[i];
-  if (l->n_classes == l->cap_classes) {
-    uint32_t cap = l->cap_classes ? 2 * l->cap_classes : 4;
-    tclass **a = realloc(l->classes, (size_t)cap * sizeof *a);
+  if (l->n_classes == l->leaves) {
+    uint32_t leaves = l->leaves ? 2 * l->leaves : 1;
+    tclass **a = realloc(l->classes, (size_t)leaves * sizeof *a);
     if (!a)
       return NULL;
     l->classes = a;
-    tclass **h = realloc(l->cheap, (size_t)cap * sizeof *h);
-    if (!h)
+    tslot *k = realloc(l->keys, (size_t)leaves * sizeof *k);
+    if (!k)
       return NULL;
-    l->cheap = h;
-    l->cap_classes = cap;
+    l->keys = k;
+    uint32_t *w = realloc(l->wins, (size_t)leaves * sizeof *w);
+    if (!w)
+      return NULL;
+    l->wins = w;
+    for (uint32_t i = l->leaves; i < leaves; i++)
+      l->keys[i] = (tslot){TAG_NONE, 0, 0, NULL};
+    l->leaves = leaves;
+    tour_build(l);
   }
   tclass *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
   c->inc = inc;
-  l->classes[l->n_classes++] = c;
+  c->idx = l->n_classes;
+  l->classes[l->n_classes++] = c; /* its key is TAG_NONE already */
   return g->cls = c;
 }
 
@@ -640,8 +656,11 @@ static void lane_classes_clear(cph_sched *s, lane_state *l, int lane) {
     free(l->classes[i]->ring);
     free(l->classes[i]->heap);
     free(l->classes[i]);
+    l->keys[i] = (tslot){TAG_NONE, 0, 0, NULL};
   }
-  l->n_classes = l->n_cheap = l->live_groups = 0;
+  if (l->leaves)
+    tour_build(l);
+  l->n_classes = l->live_groups = 0;
   for (uint32_t t = 0; t < s->n_tenants; t++)
     s->tenants[t]->g[lane].cls = NULL;
 }
@@ -659,8 +678,10 @@ static bool tjoin(const cph_sched *s, lane_state *l, group *g, i128 vstart) {
   g->in_heap = true;
   c->live++;
   l->live_groups++;
-  if (!c->pos || slot_before(&x, &c->key))
-    class_refresh(l, c);
+  if (slot_before(&x, &l->keys[c->idx])) { /* the key stays no later than every slot */
+    l->keys[c->idx] = x;
+    tour_replay(l, c->idx);
+  }
   return true;
 }
 
@@ -671,7 +692,7 @@ static bool theap_insert(const cph_sched *s, lane_state *l, group *g) {
 }
 
 /* It has no runnable session left: its slot goes stale (and its class's key with it, put
- * right when the class comes to the top). */
+ * right when the class comes out on top). */
 static void theap_leave(lane_state *l, group *g) {
   g->in_heap = false;
   g->hgen++;
@@ -679,42 +700,49 @@ static void theap_leave(lane_state *l, group *g) {
   l->live_groups--;
 }
 
-/* The lane's next group: the head of the class at the top, once that class's key is its true
- * head; NULL when none. */
-static group *theap_top(lane_state *l) {
-  while (l->n_cheap) {
-    tclass *c = l->cheap[0];
-    /* A class's key is its head while the key's slot is live: every slot that could come
-     * before it refreshes the key when it is pushed (tjoin, theap_served), and a group has
-     * one live slot at a time. So a live key needs no look at the sets. */
-    if (slot_live(&c->key))
-      return c->key.g;
-    class_refresh(l, c);
+/* The lane's next group: the winning class's key, once that key is live; NULL when none. */
+static HOT_INLINE group *theap_top(lane_state *l) {
+  /* With a live slot somewhere, the winner's key is no later than it: the loop ends on a live
+   * key, and never on TAG_NONE. */
+  if (!l->live_groups)
+    return NULL;
+  for (;;) {
+    tslot *k = &l->keys[l->wins[0]];
+    /* A live key is its class's head: it is no later than every slot of the class. */
+    if (slot_live(k))
+      return k->g;
+    class_refresh(l, l->classes[l->wins[0]]);
   }
-  return NULL;
 }
 
 /* g, the lane's next group, was just served: its slot moves on to g->vfinish, or (its last
  * session picked) it has left. */
-static void theap_served(lane_state *l, group *g) {
+static HOT_INLINE void theap_served(lane_state *l, group *g) {
   tclass *c = g->cls;
-  if (g->in_heap) {
-    /* g's slot is the class's head (theap_top); most often the ring's front already. */
-    tslot *front = cring_front(c);
-    if (front && front->g == g && front->gen == g->hgen && front->vstart == g->vstart)
-      cring_pop(c);
-    else
-      cset_pop(c, cset_head(c));
-    g->vstart = g->vfinish;
-    tslot x = {g->vstart, g->tenant, g->hgen, g};
-    if (!cset_push(c, &x)) { /* out of memory: it leaves, and rejoins on its next change */
-      g->in_heap = false;
-      g->hgen++;
-      c->live--;
-      l->live_groups--;
-    }
+  if (!g->in_heap) {
+    class_refresh(l, c);
+    return;
   }
-  class_refresh(l, c);
+  /* g's slot is the class's head (theap_top); most often the ring's front already. */
+  tslot *front = cring_front(c);
+  if (front && front->g == g && front->gen == g->hgen)
+    cring_pop(c);
+  else
+    cset_pop(c, cset_head(c));
+  g->vstart = g->vfinish;
+  tslot x = {g->vstart, g->tenant, g->hgen, g};
+  if (!cset_push(c, &x)) { /* out of memory: it leaves, and rejoins on its next change */
+    theap_leave(l, g);
+    class_refresh(l, c);
+    return;
+  }
+  /* The new key is the smaller of the ring's front and the heap's top, live or not (a stale
+   * one is dropped when it comes out on top): no look at the groups behind them here. */
+  tslot *k = cring_front(c);
+  if (c->hlen && (!k || slot_before(&c->heap[0], k)))
+    k = &c->heap[0];
+  l->keys[c->idx] = *k;
+  tour_replay(l, c->idx);
 }
 
 /* Walks the live groups of a lane: it = {0}, then next_live(l, &it) until NULL. */
@@ -1102,7 +1130,8 @@ void cph_sched_free(cph_sched *s) {
   for (int i = 0; i < CPH_LANE_COUNT; i++) { /* before the tenants: it reads them */
     lane_classes_clear(s, &s->lanes[i], i);
     free(s->lanes[i].classes);
-    free(s->lanes[i].cheap);
+    free(s->lanes[i].keys);
+    free(s->lanes[i].wins);
   }
   for (uint32_t i = 0; i < s->n_tenants; i++) {
     tenant_free_sets(s->tenants[i]);
