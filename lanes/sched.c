@@ -105,12 +105,13 @@ typedef struct group {
   oset at_max;
   oset below;
   uint64_t runnable; /* live entries in the two sets */
-  i128 vstart;       /* its start tag, while in the lane's tenant heap */
-  i128 vfinish;      /* the finish tag of its last pick */
+  i128 vtag;         /* while in the lane's tenant order its start tag, out of it the finish
+                        tag of its last pick */
   uint32_t hgen;     /* the generation of its live slot; slots of older ones are stale, and
                         so are all of them once it leaves (leaving bumps it) */
   bool in_heap;      /* it has a live slot in its lane's tenant order */
   uint32_t tenant;   /* index in cph_sched.tenants */
+  cph_sid next_sid;  /* a prefetch hint: the session its next pick will likely take */
   uint64_t started;
   struct tclass *cls; /* its class in the lane (its tenant's step); NULL until it joins */
 } group;
@@ -673,7 +674,7 @@ static bool tjoin(const cph_sched *s, lane_state *l, group *g, i128 vstart) {
   tslot x = {vstart, g->tenant, g->hgen + 1, g};
   if (!cset_push(c, &x))
     return false;
-  g->vstart = vstart;
+  g->vtag = vstart;
   g->hgen++;
   g->in_heap = true;
   c->live++;
@@ -688,7 +689,7 @@ static bool tjoin(const cph_sched *s, lane_state *l, group *g, i128 vstart) {
 /* A group that gained its first runnable session joins at max(virtual time, its last
  * finish): an idle tenant banks nothing. */
 static bool theap_insert(const cph_sched *s, lane_state *l, group *g) {
-  return tjoin(s, l, g, g->vfinish > l->vtime ? g->vfinish : l->vtime);
+  return tjoin(s, l, g, g->vtag > l->vtime ? g->vtag : l->vtime);
 }
 
 /* It has no runnable session left: its slot goes stale (and its class's key with it, put
@@ -715,7 +716,7 @@ static HOT_INLINE group *theap_top(lane_state *l) {
   }
 }
 
-/* g, the lane's next group, was just served: its slot moves on to g->vfinish, or (its last
+/* g, the lane's next group, was just served: its slot moves on to its next tag, or (its last
  * session picked) it has left. */
 static HOT_INLINE void theap_served(lane_state *l, group *g) {
   tclass *c = g->cls;
@@ -729,8 +730,7 @@ static HOT_INLINE void theap_served(lane_state *l, group *g) {
     cring_pop(c);
   else
     cset_pop(c, cset_head(c));
-  g->vstart = g->vfinish;
-  tslot x = {g->vstart, g->tenant, g->hgen, g};
+  tslot x = {g->vtag, g->tenant, g->hgen, g};
   if (!cset_push(c, &x)) { /* out of memory: it leaves, and rejoins on its next change */
     theap_leave(l, g);
     class_refresh(l, c);
@@ -807,11 +807,13 @@ static HOT_INLINE bool push_entry(cph_sched *s, group *g, cph_sid sid, int64_t n
 /* The counters (and, with tenants on, the lane's tenant heap) follow a group's runnable
  * sessions. A group that cannot join the heap for lack of memory is still counted and tries
  * again when one of its sessions next queues; until then it is not picked. */
-static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g) {
+static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g, cph_sid sid) {
   l->runnable++;
   g->runnable++;
-  if (s->tenants_on && !g->in_heap)
+  if (s->tenants_on && !g->in_heap) {
+    g->next_sid = sid;
     theap_insert(s, l, g);
+  }
 }
 
 static HOT_INLINE void count_out(cph_sched *s, lane_state *l, group *g) {
@@ -825,7 +827,7 @@ static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
    * next state change. Counted as not runnable so counters stay true. */
   group *g = group_of(s, sid);
   if (push_entry(s, g, sid, now, queued_ns))
-    count_in(s, &s->lanes[s->sessions[sid].lane], g);
+    count_in(s, &s->lanes[s->sessions[sid].lane], g, sid);
 }
 
 static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) {
@@ -896,11 +898,12 @@ static HOT_INLINE const ring *group_next_ring(const group *g) {
 }
 
 /* Tenants on, a lane's picks go round its classes' rings, one slot at a time, and each slot
- * leads to a group, then its set's front entry, then that entry's session — three dependent
- * loads a pick would otherwise wait for one after another. After serving class c, each is
- * started a few slots ahead of the pick that needs it, the earlier stages further ahead so
- * that each stage reads what the one before it fetched. */
-enum { PREFETCH_GROUP_AT = 6, PREFETCH_ENTRY_AT = 4, PREFETCH_SESSION_AT = 2 };
+ * leads to a group, then its set's front entry and that entry's session — loads a pick would
+ * otherwise wait for one after another. After serving class c, the group PREFETCH_GROUP_AT
+ * slots on is fetched, and the one PREFETCH_SETS_AT slots on (fetched by then) gives the
+ * addresses of the rest: its front entry, the back entry its next finish compares with, and
+ * its next session (next_sid, noted when it was last served, so no entry is read for it). */
+enum { PREFETCH_GROUP_AT = 4, PREFETCH_SETS_AT = 2 };
 
 static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
   uint32_t m = c->cap - 1;
@@ -909,20 +912,17 @@ static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
     __builtin_prefetch(g);
     __builtin_prefetch((const char *)g + 64);
   }
-  if (c->len > PREFETCH_ENTRY_AT) {
-    const ring *r = group_next_ring(c->ring[(c->head + PREFETCH_ENTRY_AT) & m].g);
-    if (r->len)
-      __builtin_prefetch(&r->items[r->head]);
-  }
-  if (c->len > PREFETCH_SESSION_AT) {
-    const group *g = c->ring[(c->head + PREFETCH_SESSION_AT) & m].g;
+  if (c->len > PREFETCH_SETS_AT) {
+    const group *g = c->ring[(c->head + PREFETCH_SETS_AT) & m].g;
     const ring *r = group_next_ring(g);
     if (r->len)
-      __builtin_prefetch(&s->sessions[r->items[r->head].sid]);
-    /* the finish of the session picked from it compares with its below ring's back */
-    if (g->below.ring.len)
-      __builtin_prefetch(&g->below.ring.items[(g->below.ring.head + g->below.ring.len - 1) &
-                                              (g->below.ring.cap - 1)]);
+      __builtin_prefetch(&r->items[r->head]);
+    __builtin_prefetch(&s->sessions[g->next_sid]);
+    const ring *b = &g->below.ring;
+    if (b->len) { /* and the entry after it, which the finish writes (a store miss stalls too) */
+      __builtin_prefetch(&b->items[(b->head + b->len - 1) & (b->cap - 1)]);
+      __builtin_prefetch(&b->items[(b->head + b->len) & (b->cap - 1)]);
+    }
   }
 }
 
@@ -1062,7 +1062,7 @@ static void tenant_reclass(cph_sched *s) {
     lane_classes_clear(s, l, i);
     for (uint32_t k = 0; k < n; k++) {
       live[k]->in_heap = false;
-      tjoin(s, l, live[k], live[k]->vstart);
+      tjoin(s, l, live[k], live[k]->vtag);
     }
     free(live);
   }
@@ -1563,14 +1563,16 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
     if (s->tenants_on) {
       /* §3.9: the lane's virtual time moves to the tag served; the tenant's next tag is
        * one step on (start() may take it out of the heap if this was its last session). */
-      l->vtime = g->vstart;
-      g->vfinish = g->vstart + g->cls->inc; /* the class's step is its tenants' step */
+      l->vtime = g->vtag;
+      g->vtag += g->cls->inc; /* the class's step is its tenants' step */
     }
     out->sid = sid;
     out->trickle = false;
     start(s, sid, out, now);
     if (s->tenants_on) {
       g->started++;
+      const ring *r = group_next_ring(g);
+      g->next_sid = r->len ? r->items[r->head].sid : sid;
       tclass *c = g->cls;
       theap_served(l, g);
       class_prefetch(s, c);
@@ -1715,15 +1717,15 @@ static void oset_count(const cph_sched *s, const oset *o, const entry *me, uint6
 }
 
 /* §3.11: how many picks of group h come before the k-th pick of group g (k >= 1) if nothing
- * changes: h's tags run vstart, vstart + inc, ... while it has sessions, g's k-th is
- * g.vstart + (k-1)·inc_g, and the heap serves (tag, tenant index) in order. */
+ * changes: h's tags run vtag, vtag + inc, ... while it has sessions, g's k-th is
+ * g.vtag + (k-1)·inc_g, and the heap serves (tag, tenant index) in order. */
 static uint64_t picks_before(const cph_sched *s, const group *h, const group *g, uint64_t k) {
-  i128 mine = g->vstart + (i128)(k - 1) * s->tenants[g->tenant]->inc;
+  i128 mine = g->vtag + (i128)(k - 1) * s->tenants[g->tenant]->inc;
   i128 inc = s->tenants[h->tenant]->inc;
-  if (h->vstart > mine)
+  if (h->vtag > mine)
     return 0;
-  i128 n = (mine - h->vstart) / inc; /* tags strictly below mine, but for an exact hit */
-  if ((mine - h->vstart) % inc != 0 || h->tenant < g->tenant)
+  i128 n = (mine - h->vtag) / inc; /* tags strictly below mine, but for an exact hit */
+  if ((mine - h->vtag) % inc != 0 || h->tenant < g->tenant)
     n++;
   return n < (i128)h->runnable ? (uint64_t)n : h->runnable;
 }
