@@ -830,14 +830,17 @@ static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
     count_in(s, &s->lanes[s->sessions[sid].lane], g, sid);
 }
 
-static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) {
+/* g is the session's group (group_of). */
+static HOT_INLINE void dequeue_from(cph_sched *s, group *g, cph_sid sid) {
   session *se = &s->sessions[sid];
   if (se->where == WHERE_NONE)
     return;
   se->gen++; /* its entry goes stale */
   se->where = WHERE_NONE;
-  count_out(s, &s->lanes[se->lane], group_of(s, sid));
+  count_out(s, &s->lanes[se->lane], g);
 }
+
+static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) { dequeue_from(s, group_of(s, sid), sid); }
 
 /* Re-evaluates a session after any change of its flags. */
 static HOT_INLINE void update_queue(cph_sched *s, cph_sid sid) {
@@ -924,14 +927,6 @@ static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
       __builtin_prefetch(&b->items[(b->head + b->len) & (b->cap - 1)]);
     }
   }
-}
-
-/* The group the lane's next pick comes from: the default tenant's, or with tenants on the
- * top of the tenant heap. NULL when none. */
-static HOT_INLINE group *lane_group(cph_sched *s, lane_state *l, int lane) {
-  if (!s->tenants_on)
-    return &s->dflt.g[lane];
-  return theap_top(l);
 }
 
 /* ---------------------------------------------------------------- config */
@@ -1513,17 +1508,61 @@ static HOT_INLINE bool seat_free(const cph_sched *s, int lane) {
   return s->cfg.concurrency - s->running > owed;
 }
 
-static HOT_INLINE void start(cph_sched *s, cph_sid sid, cph_pick *out, int64_t now) {
+/* g is the session's group (group_of). */
+static HOT_INLINE void start(cph_sched *s, group *g, cph_sid sid, cph_pick *out, int64_t now) {
   session *se = &s->sessions[sid];
   lane_state *l = &s->lanes[se->lane];
   out->waited_ns = se->where != WHERE_NONE ? now - se->queued_ns : 0;
-  dequeue(s, sid);
+  dequeue_from(s, g, sid);
   se->queued_ns = now; /* while running: when its turn started (for the lane's window) */
   se->running = true;
   s->running++;
   l->running++;
   l->started_total++;
   out->lane = (cph_lane)se->lane;
+}
+
+/* The pick in a lane of the default tenant alone (tenants off): its group's next session. */
+static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t now,
+                                  cph_pick *out) {
+  group *g = &s->dflt.g[lane];
+  oset *from;
+  entry *e = group_head(s, l, g, now, &from);
+  if (!e)
+    return false;
+  cph_sid sid = e->sid;
+  oset_pop_head(s, from, e);
+  ring_prefetch(s, &from->ring);
+  out->sid = sid;
+  out->trickle = false;
+  start(s, g, sid, out, now);
+  return true;
+}
+
+/* §3.9: the pick in a lane with tenants on: the next session of the group at the top of the
+ * tenant order. */
+static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph_pick *out) {
+  group *g = theap_top(l);
+  oset *from;
+  entry *e = g ? group_head(s, l, g, now, &from) : NULL;
+  if (!e)
+    return false;
+  cph_sid sid = e->sid;
+  oset_pop_head(s, from, e);
+  const ring *r = group_next_ring(g);
+  g->next_sid = r->len ? r->items[r->head].sid : sid;
+  /* The lane's virtual time moves to the tag served; the group's next tag is one step on
+   * (start() may take it out of the order if this was its last session). */
+  tclass *c = g->cls;
+  l->vtime = g->vtag;
+  g->vtag += c->inc; /* the class's step is its tenants' step */
+  g->started++;
+  out->sid = sid;
+  out->trickle = false;
+  start(s, g, sid, out, now);
+  theap_served(l, g);
+  class_prefetch(s, c);
+  return true;
 }
 
 int cph_sched_pick(cph_sched *s, cph_pick *out) {
@@ -1540,9 +1579,10 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
   if (t != CPH_SID_NONE && (lane_mask & (1u << s->sessions[t].lane))) {
     out->sid = t;
     out->trickle = true;
+    group *g = group_of(s, t);
     if (s->tenants_on)
-      group_of(s, t)->started++;
-    start(s, t, out, now);
+      g->started++;
+    start(s, g, t, out, now);
     trickle_started(s, now);
     return CPH_OK;
   }
@@ -1551,32 +1591,8 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
     if (!(lane_mask & (1u << i)) || !l->runnable || !lane_has_budget(l) ||
         (s->seats_total && !seat_free(s, i)))
       continue;
-    group *g = lane_group(s, l, i);
-    oset *from;
-    entry *e = g ? group_head(s, l, g, now, &from) : NULL;
-    if (!e)
+    if (!(s->tenants_on ? pick_tenant(s, l, now, out) : pick_plain(s, l, i, now, out)))
       continue;
-    cph_sid sid = e->sid;
-    oset_pop_head(s, from, e);
-    if (!s->tenants_on) /* with tenants on, class_prefetch below does it */
-      ring_prefetch(s, &from->ring);
-    if (s->tenants_on) {
-      /* §3.9: the lane's virtual time moves to the tag served; the tenant's next tag is
-       * one step on (start() may take it out of the heap if this was its last session). */
-      l->vtime = g->vtag;
-      g->vtag += g->cls->inc; /* the class's step is its tenants' step */
-    }
-    out->sid = sid;
-    out->trickle = false;
-    start(s, sid, out, now);
-    if (s->tenants_on) {
-      g->started++;
-      const ring *r = group_next_ring(g);
-      g->next_sid = r->len ? r->items[r->head].sid : sid;
-      tclass *c = g->cls;
-      theap_served(l, g);
-      class_prefetch(s, c);
-    }
     bucket_charge(&l->turns, 1);
     return CPH_OK;
   }
