@@ -59,6 +59,8 @@ typedef struct entry {
   uint32_t gen;
 } entry;
 
+_Static_assert(64 % sizeof(entry) == 0, "entries tile cache lines (ring_push aligns rings)");
+
 typedef struct ring {
   entry *items;
   uint32_t head, len, cap; /* cap is a power of two */
@@ -233,7 +235,9 @@ static void drop_ref(cph_sched *s, cph_sid sid) {
 static bool ring_push(ring *r, entry e) {
   if (r->len == r->cap) {
     uint32_t cap = r->cap ? r->cap * 2 : 16;
-    entry *items = malloc((size_t)cap * sizeof *items);
+    /* aligned to cache lines (cap * 32 bytes is a multiple of 64): an entry then never
+     * straddles two lines, and a prefetch of one fetches all of it */
+    entry *items = aligned_alloc(64, (size_t)cap * sizeof *items);
     if (!items)
       return false;
     for (uint32_t i = 0; i < r->len; i++)
@@ -840,7 +844,9 @@ static HOT_INLINE void dequeue_from(cph_sched *s, group *g, cph_sid sid) {
   count_out(s, &s->lanes[se->lane], g);
 }
 
-static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) { dequeue_from(s, group_of(s, sid), sid); }
+static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) {
+  dequeue_from(s, group_of(s, sid), sid);
+}
 
 /* Re-evaluates a session after any change of its flags. */
 static HOT_INLINE void update_queue(cph_sched *s, cph_sid sid) {
@@ -920,7 +926,9 @@ static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
     const ring *r = group_next_ring(g);
     if (r->len)
       __builtin_prefetch(&r->items[r->head]);
-    __builtin_prefetch(&s->sessions[g->next_sid]);
+    const session *se = &s->sessions[g->next_sid]; /* on one or two lines */
+    __builtin_prefetch(se);
+    __builtin_prefetch((const char *)(se + 1) - 1);
     const ring *b = &g->below.ring;
     if (b->len) { /* and the entry after it, which the finish writes (a store miss stalls too) */
       __builtin_prefetch(&b->items[(b->head + b->len - 1) & (b->cap - 1)]);
