@@ -724,6 +724,21 @@ static HOT_INLINE group *theap_top(lane_state *l) {
  * session picked) it has left. */
 static HOT_INLINE void theap_served(lane_state *l, group *g) {
   tclass *c = g->cls;
+  if (__builtin_expect(g->in_heap && !c->hlen, 1)) {
+    /* The usual case. With no heap, g's slot is the ring's front: the live key is no later
+     * than every slot and the ring runs strictly in order (a slot equal to the back goes to
+     * the heap). The slot moves on to the back, when it comes after the back — as a ring's
+     * slots do, its tags running in steps of one weight. */
+    uint32_t m = c->cap - 1, head = c->head, len = c->len;
+    tslot x = {g->vtag, g->tenant, g->hgen, g};
+    if (len == 1 || slot_before(&c->ring[(head + len - 1) & m], &x)) {
+      c->ring[(head + len) & m] = x; /* over the front itself when the ring is full */
+      c->head = head = (head + 1) & m;
+      l->keys[c->idx] = c->ring[head]; /* live or not: see below */
+      tour_replay(l, c->idx);
+      return;
+    }
+  }
   if (!g->in_heap) {
     class_refresh(l, c);
     return;
