@@ -1572,7 +1572,7 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
     return false;
   cph_sid sid = e->sid;
   oset_pop_head(s, from, e);
-  const ring *r = group_next_ring(g);
+  const ring *r = from->ring.len ? &from->ring : group_next_ring(g); /* the set just used */
   g->next_sid = r->len ? r->items[r->head].sid : sid;
   /* The lane's virtual time moves to the tag served; the group's next tag is one step on
    * (start() may take it out of the order if this was its last session). */
