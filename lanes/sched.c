@@ -926,7 +926,9 @@ static HOT_INLINE const ring *group_next_ring(const group *g) {
  * otherwise wait for one after another. After serving class c, the group PREFETCH_GROUP_AT
  * slots on is fetched, and the one PREFETCH_SETS_AT slots on (fetched by then) gives the
  * addresses of the rest: its front entry, the back entry its next finish compares with, and
- * its next session (next_sid, noted when it was last served, so no entry is read for it). */
+ * its next session (next_sid, noted when it was last served, so no entry is read for it).
+ * Every line the pick reads is fetched, not only those it waits on: a load that misses holds
+ * up the retirement of all that follows it, even when nothing depends on its value. */
 enum { PREFETCH_GROUP_AT = 4, PREFETCH_SETS_AT = 2 };
 
 static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
@@ -939,8 +941,10 @@ static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
   if (c->len > PREFETCH_SETS_AT) {
     const group *g = c->ring[(c->head + PREFETCH_SETS_AT) & m].g;
     const ring *r = group_next_ring(g);
-    if (r->len)
+    if (r->len) { /* and the entry after it, where the pick reads the group's next hint */
       __builtin_prefetch(&r->items[r->head]);
+      __builtin_prefetch(&r->items[(r->head + 1) & (r->cap - 1)]);
+    }
     const session *se = &s->sessions[g->next_sid]; /* on one or two lines */
     __builtin_prefetch(se);
     __builtin_prefetch((const char *)(se + 1) - 1);
