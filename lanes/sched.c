@@ -24,9 +24,11 @@
  *
  * Tenants (§3.9): the two sets belong to a `group`, the runnable sessions of one tenant in
  * one lane. Until a session names a tenant there is one group per lane (the default tenant's)
- * and the pick takes it directly. From then on each lane also keeps a heap of the groups that
- * have runnable sessions, ordered by their start tag (start-time fair queueing, see sched.h),
- * and the pick takes the heap's top group: O(log tenants) more per pick.
+ * and the pick takes it directly. From then on each lane also keeps the groups that have
+ * runnable sessions in order of their start tags (start-time fair queueing, see sched.h): per
+ * weight class a ring with a heap beside it, the classes in a tournament (see tclass,
+ * lane_state), and the pick takes the group at the winning class's head: O(log classes) more
+ * per pick, rarely O(log tenants).
  *
  * A stale entry is still compared while it sits in a ring or heap (as the ring's back, inside
  * heap sifts), and the comparison reads its session's id. So a removed session's slot keeps
