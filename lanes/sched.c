@@ -1590,7 +1590,12 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
   out->trickle = false;
   start(s, g, sid, out, now);
   theap_served(l, g);
-  class_prefetch(s, c);
+  /* With a few groups in the class, the slots ahead are this group's own next picks: its set
+   * is then read ahead as without tenants. */
+  if (c->len > PREFETCH_SETS_AT)
+    class_prefetch(s, c);
+  else
+    ring_prefetch(s, &from->ring);
   return true;
 }
 
