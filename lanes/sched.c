@@ -958,6 +958,24 @@ static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
   }
 }
 
+/* With one or two groups in the served class, the slots ahead are the same group's next
+ * picks, and class_prefetch has nothing to look at: the group's own set is read ahead. Its
+ * picks interleave with the other classes' (unlike a lane without tenants, whose set the
+ * hardware streams), so the session PREFETCH_SET_SESSION entries on is fetched, both lines it
+ * may span, and the entry PREFETCH_SET_ENTRY on, which that fetch reads when its turn comes. */
+enum { PREFETCH_SET_SESSION = 16, PREFETCH_SET_ENTRY = 24 };
+
+static HOT_INLINE void set_prefetch(const cph_sched *s, const ring *r) {
+  uint32_t m = r->cap - 1;
+  if (r->len > PREFETCH_SET_ENTRY)
+    __builtin_prefetch(&r->items[(r->head + PREFETCH_SET_ENTRY) & m]);
+  if (r->len > PREFETCH_SET_SESSION) {
+    const session *se = &s->sessions[r->items[(r->head + PREFETCH_SET_SESSION) & m].sid];
+    __builtin_prefetch(se);
+    __builtin_prefetch((const char *)(se + 1) - 1);
+  }
+}
+
 /* ---------------------------------------------------------------- config */
 
 int cph_sched_config_check(const cph_sched_config *cfg, const char **why) {
@@ -1590,12 +1608,10 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
   out->trickle = false;
   start(s, g, sid, out, now);
   theap_served(l, g);
-  /* With a few groups in the class, the slots ahead are this group's own next picks: its set
-   * is then read ahead as without tenants. */
   if (c->len > PREFETCH_SETS_AT)
     class_prefetch(s, c);
   else
-    ring_prefetch(s, &from->ring);
+    set_prefetch(s, &from->ring);
   return true;
 }
 
