@@ -24,9 +24,11 @@
  *
  * Tenants (§3.9): the two sets belong to a `group`, the runnable sessions of one tenant in
  * one lane. Until a session names a tenant there is one group per lane (the default tenant's)
- * and the pick takes it directly. From then on each lane also keeps a heap of the groups that
- * have runnable sessions, ordered by their start tag (start-time fair queueing, see sched.h),
- * and the pick takes the heap's top group: O(log tenants) more per pick.
+ * and the pick takes it directly. From then on each lane also keeps the groups that have
+ * runnable sessions in order of their start tags (start-time fair queueing, see sched.h): per
+ * weight class a ring with a heap beside it, the classes in a tournament (see tclass,
+ * lane_state), and the pick takes the group at the winning class's head: O(log classes) more
+ * per pick, rarely O(log tenants).
  *
  * A stale entry is still compared while it sits in a ring or heap (as the ring's back, inside
  * heap sifts), and the comparison reads its session's id. So a removed session's slot keeps
@@ -58,6 +60,8 @@ typedef struct entry {
   cph_sid sid;
   uint32_t gen;
 } entry;
+
+_Static_assert(64 % sizeof(entry) == 0, "entries tile cache lines (ring_push aligns rings)");
 
 typedef struct ring {
   entry *items;
@@ -105,17 +109,20 @@ typedef struct group {
   oset at_max;
   oset below;
   uint64_t runnable; /* live entries in the two sets */
-  i128 vstart;       /* its start tag, while in the lane's tenant heap */
-  i128 vfinish;      /* the finish tag of its last pick */
-  uint32_t hgen;     /* the generation of its live slot; slots of older ones are stale */
+  i128 vtag;         /* while in the lane's tenant order its start tag, out of it the finish
+                        tag of its last pick */
+  uint32_t hgen;     /* the generation of its live slot; slots of older ones are stale, and
+                        so are all of them once it leaves (leaving bumps it) */
   bool in_heap;      /* it has a live slot in its lane's tenant order */
   uint32_t tenant;   /* index in cph_sched.tenants */
+  cph_sid next_sid;  /* a prefetch hint: the session its next pick will likely take */
   uint64_t started;
   struct tclass *cls; /* its class in the lane (its tenant's step); NULL until it joins */
 } group;
 
 /* A group's place in its lane's tenant order. The keys live in the slot, so ordering reads
- * only slots; a group that leaves bumps hgen and its slot is dropped when it surfaces. */
+ * only slots; a group that leaves bumps hgen and its slot is dropped when it surfaces. A slot
+ * with vstart TAG_NONE names no group: the key of a class without slots. */
 typedef struct tslot {
   i128 vstart;
   uint32_t tenant; /* the tie-break: the tenant the scheduler knew first goes first */
@@ -127,8 +134,8 @@ typedef struct tslot {
  * by (vstart, tenant). A served group's next tag is its tag plus the step, which in start-time
  * fair queueing is at least every other tag of its class — so slots mostly arrive in order and
  * are appended to a ring (O(1)); the few that do not (a group joining at the lane's virtual
- * time) go to a heap beside it. The lane orders its classes by their heads in a small heap:
- * a pick costs O(log classes) plus, rarely, O(log groups). */
+ * time) go to a heap beside it. The lane orders its classes by their heads in a tournament
+ * (see lane_state): a pick costs O(log classes) plus, rarely, O(log groups). */
 typedef struct tclass {
   int64_t inc;
   tslot *ring;
@@ -136,8 +143,7 @@ typedef struct tclass {
   tslot *heap;
   uint32_t hlen, hcap;
   uint32_t live; /* live slots */
-  uint32_t pos;  /* 1 + its index in the lane's class heap; 0 = not in it */
-  tslot key;     /* its head when last placed in the class heap */
+  uint32_t idx;  /* its index in the lane's classes, and its leaf in the tournament */
 } tclass;
 
 typedef struct tenant {
@@ -152,9 +158,18 @@ typedef struct lane_state {
   bucket turns;
   bucket tools;
   bucket tokens;    /* per_min 0: no token budget (§3.8) */
-  tclass **classes; /* every class of the lane (tenants on) */
-  tclass **cheap;   /* the classes with live slots, a min-heap by key; capacity cap_classes */
-  uint32_t n_classes, cap_classes, n_cheap;
+  tclass **classes; /* every class of the lane (tenants on), by idx */
+  /* The classes' order: a tournament over `leaves` leaves, a power of two >= n_classes.
+   * keys[i] is class i's key: no later than every slot it holds, live or stale (TAG_NONE when
+   * it holds none, and for the leaves past n_classes); it is its head, unless it is a stale
+   * slot, which is put right when it comes out on top. wins[k] (1 <= k < leaves) is the class
+   * with the smaller key of the two that won below node k (children 2k, 2k + 1; leaf i is
+   * node leaves + i), wins[0] the overall winner. A changed key replays its path: log2(leaves)
+   * comparisons without a data-dependent branch — the order of classes changes from pick to
+   * pick, and a mispredicted branch costs more than the comparisons. */
+  tslot *keys;
+  uint32_t *wins;
+  uint32_t n_classes, leaves;
   uint32_t live_groups; /* groups with a live slot */
   i128 vtime;           /* the start tag of the lane's last pick */
   uint64_t runnable;
@@ -222,7 +237,9 @@ static void drop_ref(cph_sched *s, cph_sid sid) {
 static bool ring_push(ring *r, entry e) {
   if (r->len == r->cap) {
     uint32_t cap = r->cap ? r->cap * 2 : 16;
-    entry *items = malloc((size_t)cap * sizeof *items);
+    /* aligned to cache lines (cap * 32 bytes is a multiple of 64): an entry then never
+     * straddles two lines, and a prefetch of one fetches all of it */
+    entry *items = aligned_alloc(64, (size_t)cap * sizeof *items);
     if (!items)
       return false;
     for (uint32_t i = 0; i < r->len; i++)
@@ -417,12 +434,19 @@ static HOT_INLINE group *group_of(const cph_sched *s, cph_sid sid) {
   return s->tenants_on ? &s->tenants[se->tenant]->g[se->lane] : (group *)&s->dflt.g[se->lane];
 }
 
-/* §3.9: the order of groups in a lane: start tag, then the tenant's index. */
-static bool slot_before(const tslot *a, const tslot *b) {
-  return a->vstart != b->vstart ? a->vstart < b->vstart : a->tenant < b->tenant;
+/* §3.9: the order of groups in a lane: start tag, then the tenant's index. Without a branch:
+ * the tenants' comparison is the borrow into the tags' difference, which cannot overflow —
+ * tags start at 0 and grow by at most 10^15 a pick, far from TAG_NONE, itself far from the
+ * type's limit. */
+static HOT_INLINE bool slot_before(const tslot *a, const tslot *b) {
+  return a->vstart - b->vstart - (a->tenant < b->tenant) < 0;
 }
 
-static bool slot_live(const tslot *t) { return t->g->in_heap && t->g->hgen == t->gen; }
+#define TAG_NONE ((i128)1 << 120)
+
+/* A group out of the order has bumped hgen since its last slot (theap_leave), so the slot's
+ * generation alone says whether it is live. */
+static HOT_INLINE bool slot_live(const tslot *t) { return t->g->hgen == t->gen; }
 
 /* ---- a class's ordered slots: ring + heap */
 
@@ -504,11 +528,8 @@ static void cset_compact(tclass *c) {
     cheap_slot_down(c, i);
 }
 
-static bool cset_push(tclass *c, const tslot *x) {
-  cset_compact(c);
-  tslot *back = cring_back(c);
-  if (!back || slot_before(back, x))
-    return cring_push(c, x);
+/* x goes to the heap, the ring's back being after it. */
+static bool cset_push_heap(tclass *c, const tslot *x) {
   if (c->hlen == c->hcap) {
     uint32_t cap = c->hcap ? 2 * c->hcap : 8;
     tslot *p = realloc(c->heap, (size_t)cap * sizeof *p);
@@ -519,6 +540,22 @@ static bool cset_push(tclass *c, const tslot *x) {
   }
   c->heap[c->hlen] = *x;
   cheap_slot_up(c, c->hlen++);
+  return true;
+}
+
+/* Stale slots are dropped (cset_compact) only when the ring or heap is full and would
+ * otherwise grow: that keeps memory O(live slots), and the usual push — one comparison with
+ * the ring's back and one store — checks nothing more. */
+static HOT_INLINE bool cset_push(tclass *c, const tslot *x) {
+  tslot *back = cring_back(c);
+  bool in_ring = !back || slot_before(back, x);
+  if (__builtin_expect(in_ring ? c->len == c->cap : c->hlen == c->hcap, 0))
+    cset_compact(c); /* removes slots only: x still belongs where it was placed */
+  if (!in_ring)
+    return cset_push_heap(c, x);
+  if (__builtin_expect(c->len == c->cap, 0))
+    return cring_push(c, x);
+  c->ring[(c->head + c->len++) & (c->cap - 1)] = *x;
   return true;
 }
 
@@ -544,65 +581,43 @@ static void cset_pop(tclass *c, const tslot *head) {
     cheap_slot_pop(c);
 }
 
-/* ---- the lane's classes, a min-heap by their heads */
+/* ---- the lane's classes: a tournament over their keys (lane_state) */
 
-static void lheap_place(lane_state *l, uint32_t i, tclass *c) {
-  l->cheap[i] = c;
-  c->pos = i + 1;
-}
-
-static void lheap_up(lane_state *l, uint32_t i) {
-  tclass *c = l->cheap[i];
-  while (i > 0 && slot_before(&c->key, &l->cheap[(i - 1) / 2]->key)) {
-    lheap_place(l, i, l->cheap[(i - 1) / 2]);
-    i = (i - 1) / 2;
-  }
-  lheap_place(l, i, c);
-}
-
-static void lheap_down(lane_state *l, uint32_t i) {
-  tclass *c = l->cheap[i];
-  for (;;) {
-    uint32_t k = 2 * i + 1;
-    if (k >= l->n_cheap)
-      break;
-    if (k + 1 < l->n_cheap && slot_before(&l->cheap[k + 1]->key, &l->cheap[k]->key))
-      k++;
-    if (!slot_before(&l->cheap[k]->key, &c->key))
-      break;
-    lheap_place(l, i, l->cheap[k]);
-    i = k;
-  }
-  lheap_place(l, i, c);
-}
-
-/* After its head may have changed: class c takes its head as its key, in the lane's class
- * heap while it has one and out of it when it has none. */
-static void class_refresh(lane_state *l, tclass *c) {
-  tslot *h = cset_head(c);
-  if (!h) {
-    if (c->pos) {
-      uint32_t i = c->pos - 1;
-      c->pos = 0;
-      tclass *last = l->cheap[--l->n_cheap];
-      if (i < l->n_cheap) {
-        lheap_place(l, i, last);
-        lheap_up(l, i);
-        lheap_down(l, last->pos - 1);
-      }
-    }
+/* Class i's key changed: the matches on its path are played again. */
+static HOT_INLINE void tour_replay(lane_state *l, uint32_t i) {
+  if (l->leaves == 1) {
+    l->wins[0] = 0;
     return;
   }
-  bool lower = c->pos && slot_before(h, &c->key);
-  c->key = *h;
-  if (!c->pos) {
-    lheap_place(l, l->n_cheap++, c);
-    lheap_up(l, c->pos - 1);
-  } else if (lower) {
-    lheap_up(l, c->pos - 1);
-  } else {
-    lheap_down(l, c->pos - 1);
+  /* the match with its sibling leaf, then with the winners of the sibling subtrees above */
+  uint32_t w = slot_before(&l->keys[i ^ 1], &l->keys[i]) ? i ^ 1 : i;
+  uint32_t n = (l->leaves + i) >> 1;
+  l->wins[n] = w;
+  for (; n > 1; n >>= 1) {
+    uint32_t o = l->wins[n ^ 1];
+    w = slot_before(&l->keys[o], &l->keys[w]) ? o : w;
+    l->wins[n >> 1] = w;
   }
+  l->wins[0] = w;
+}
+
+/* Plays every match from the keys. */
+static void tour_build(lane_state *l) {
+  for (uint32_t k = l->leaves; k-- > 1;) {
+    uint32_t a = 2 * k >= l->leaves ? 2 * k - l->leaves : l->wins[2 * k];
+    uint32_t b = 2 * k + 1 >= l->leaves ? 2 * k + 1 - l->leaves : l->wins[2 * k + 1];
+    l->wins[k] = slot_before(&l->keys[b], &l->keys[a]) ? b : a;
+  }
+  l->wins[0] = l->leaves > 1 ? l->wins[1] : 0;
+}
+
+/* After its head may have changed, class c's key becomes its head (dropping stale slots on
+ * the way), or TAG_NONE when it has none. */
+static void class_refresh(lane_state *l, tclass *c) {
+  tslot *h = cset_head(c);
+  static const tslot none = {TAG_NONE, 0, 0, NULL};
+  l->keys[c->idx] = h ? *h : none;
+  tour_replay(l, c->idx);
 }
 
 /* The group's class in the lane, created on first need; NULL on OOM. */
@@ -613,23 +628,31 @@ static tclass *class_of(const cph_sched *s, lane_state *l, group *g) {
   for (uint32_t i = 0; i < l->n_classes; i++)
     if (l->classes[i]->inc == inc)
       return g->cls = l->classes[i];
-  if (l->n_classes == l->cap_classes) {
-    uint32_t cap = l->cap_classes ? 2 * l->cap_classes : 4;
-    tclass **a = realloc(l->classes, (size_t)cap * sizeof *a);
+  if (l->n_classes == l->leaves) {
+    uint32_t leaves = l->leaves ? 2 * l->leaves : 1;
+    tclass **a = realloc(l->classes, (size_t)leaves * sizeof *a);
     if (!a)
       return NULL;
     l->classes = a;
-    tclass **h = realloc(l->cheap, (size_t)cap * sizeof *h);
-    if (!h)
+    tslot *k = realloc(l->keys, (size_t)leaves * sizeof *k);
+    if (!k)
       return NULL;
-    l->cheap = h;
-    l->cap_classes = cap;
+    l->keys = k;
+    uint32_t *w = realloc(l->wins, (size_t)leaves * sizeof *w);
+    if (!w)
+      return NULL;
+    l->wins = w;
+    for (uint32_t i = l->leaves; i < leaves; i++)
+      l->keys[i] = (tslot){TAG_NONE, 0, 0, NULL};
+    l->leaves = leaves;
+    tour_build(l);
   }
   tclass *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
   c->inc = inc;
-  l->classes[l->n_classes++] = c;
+  c->idx = l->n_classes;
+  l->classes[l->n_classes++] = c; /* its key is TAG_NONE already */
   return g->cls = c;
 }
 
@@ -640,8 +663,11 @@ static void lane_classes_clear(cph_sched *s, lane_state *l, int lane) {
     free(l->classes[i]->ring);
     free(l->classes[i]->heap);
     free(l->classes[i]);
+    l->keys[i] = (tslot){TAG_NONE, 0, 0, NULL};
   }
-  l->n_classes = l->n_cheap = l->live_groups = 0;
+  if (l->leaves)
+    tour_build(l);
+  l->n_classes = l->live_groups = 0;
   for (uint32_t t = 0; t < s->n_tenants; t++)
     s->tenants[t]->g[lane].cls = NULL;
 }
@@ -654,24 +680,26 @@ static bool tjoin(const cph_sched *s, lane_state *l, group *g, i128 vstart) {
   tslot x = {vstart, g->tenant, g->hgen + 1, g};
   if (!cset_push(c, &x))
     return false;
-  g->vstart = vstart;
+  g->vtag = vstart;
   g->hgen++;
   g->in_heap = true;
   c->live++;
   l->live_groups++;
-  if (!c->pos || slot_before(&x, &c->key))
-    class_refresh(l, c);
+  if (slot_before(&x, &l->keys[c->idx])) { /* the key stays no later than every slot */
+    l->keys[c->idx] = x;
+    tour_replay(l, c->idx);
+  }
   return true;
 }
 
 /* A group that gained its first runnable session joins at max(virtual time, its last
  * finish): an idle tenant banks nothing. */
 static bool theap_insert(const cph_sched *s, lane_state *l, group *g) {
-  return tjoin(s, l, g, g->vfinish > l->vtime ? g->vfinish : l->vtime);
+  return tjoin(s, l, g, g->vtag > l->vtime ? g->vtag : l->vtime);
 }
 
 /* It has no runnable session left: its slot goes stale (and its class's key with it, put
- * right when the class comes to the top). */
+ * right when the class comes out on top). */
 static void theap_leave(lane_state *l, group *g) {
   g->in_heap = false;
   g->hgen++;
@@ -679,42 +707,63 @@ static void theap_leave(lane_state *l, group *g) {
   l->live_groups--;
 }
 
-/* The lane's next group: the head of the class at the top, once that class's key is its true
- * head; NULL when none. */
-static group *theap_top(lane_state *l) {
-  while (l->n_cheap) {
-    tclass *c = l->cheap[0];
-    /* A class's key is its head while the key's slot is live: every slot that could come
-     * before it refreshes the key when it is pushed (tjoin, theap_served), and a group has
-     * one live slot at a time. So a live key needs no look at the sets. */
-    if (slot_live(&c->key))
-      return c->key.g;
-    class_refresh(l, c);
+/* The lane's next group: the winning class's key, once that key is live; NULL when none. */
+static HOT_INLINE group *theap_top(lane_state *l) {
+  /* With a live slot somewhere, the winner's key is no later than it: the loop ends on a live
+   * key, and never on TAG_NONE. */
+  if (!l->live_groups)
+    return NULL;
+  for (;;) {
+    tslot *k = &l->keys[l->wins[0]];
+    /* A live key is its class's head: it is no later than every slot of the class. */
+    if (slot_live(k))
+      return k->g;
+    class_refresh(l, l->classes[l->wins[0]]);
   }
-  return NULL;
 }
 
-/* g, the lane's next group, was just served: its slot moves on to g->vfinish, or (its last
+/* g, the lane's next group, was just served: its slot moves on to its next tag, or (its last
  * session picked) it has left. */
-static void theap_served(lane_state *l, group *g) {
+static HOT_INLINE void theap_served(lane_state *l, group *g) {
   tclass *c = g->cls;
-  if (g->in_heap) {
-    /* g's slot is the class's head (theap_top); most often the ring's front already. */
-    tslot *front = cring_front(c);
-    if (front && front->g == g && front->gen == g->hgen && front->vstart == g->vstart)
-      cring_pop(c);
-    else
-      cset_pop(c, cset_head(c));
-    g->vstart = g->vfinish;
-    tslot x = {g->vstart, g->tenant, g->hgen, g};
-    if (!cset_push(c, &x)) { /* out of memory: it leaves, and rejoins on its next change */
-      g->in_heap = false;
-      g->hgen++;
-      c->live--;
-      l->live_groups--;
+  if (__builtin_expect(g->in_heap && !c->hlen, 1)) {
+    /* The usual case. With no heap, g's slot is the ring's front: the live key is no later
+     * than every slot and the ring runs strictly in order (a slot equal to the back goes to
+     * the heap). The slot moves on to the back, when it comes after the back — as a ring's
+     * slots do, its tags running in steps of one weight. */
+    uint32_t m = c->cap - 1, head = c->head, len = c->len;
+    tslot x = {g->vtag, g->tenant, g->hgen, g};
+    if (len == 1 || slot_before(&c->ring[(head + len - 1) & m], &x)) {
+      c->ring[(head + len) & m] = x; /* over the front itself when the ring is full */
+      c->head = head = (head + 1) & m;
+      l->keys[c->idx] = c->ring[head]; /* live or not: see below */
+      tour_replay(l, c->idx);
+      return;
     }
   }
-  class_refresh(l, c);
+  if (!g->in_heap) {
+    class_refresh(l, c);
+    return;
+  }
+  /* g's slot is the class's head (theap_top); most often the ring's front already. */
+  tslot *front = cring_front(c);
+  if (front && front->g == g && front->gen == g->hgen)
+    cring_pop(c);
+  else
+    cset_pop(c, cset_head(c));
+  tslot x = {g->vtag, g->tenant, g->hgen, g};
+  if (!cset_push(c, &x)) { /* out of memory: it leaves, and rejoins on its next change */
+    theap_leave(l, g);
+    class_refresh(l, c);
+    return;
+  }
+  /* The new key is the smaller of the ring's front and the heap's top, live or not (a stale
+   * one is dropped when it comes out on top): no look at the groups behind them here. */
+  tslot *k = cring_front(c);
+  if (c->hlen && (!k || slot_before(&c->heap[0], k)))
+    k = &c->heap[0];
+  l->keys[c->idx] = *k;
+  tour_replay(l, c->idx);
 }
 
 /* Walks the live groups of a lane: it = {0}, then next_live(l, &it) until NULL. */
@@ -779,11 +828,13 @@ static HOT_INLINE bool push_entry(cph_sched *s, group *g, cph_sid sid, int64_t n
 /* The counters (and, with tenants on, the lane's tenant heap) follow a group's runnable
  * sessions. A group that cannot join the heap for lack of memory is still counted and tries
  * again when one of its sessions next queues; until then it is not picked. */
-static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g) {
+static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g, cph_sid sid) {
   l->runnable++;
   g->runnable++;
-  if (s->tenants_on && !g->in_heap)
+  if (s->tenants_on && !g->in_heap) {
+    g->next_sid = sid;
     theap_insert(s, l, g);
+  }
 }
 
 static HOT_INLINE void count_out(cph_sched *s, lane_state *l, group *g) {
@@ -797,16 +848,21 @@ static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
    * next state change. Counted as not runnable so counters stay true. */
   group *g = group_of(s, sid);
   if (push_entry(s, g, sid, now, queued_ns))
-    count_in(s, &s->lanes[s->sessions[sid].lane], g);
+    count_in(s, &s->lanes[s->sessions[sid].lane], g, sid);
 }
 
-static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) {
+/* g is the session's group (group_of). */
+static HOT_INLINE void dequeue_from(cph_sched *s, group *g, cph_sid sid) {
   session *se = &s->sessions[sid];
   if (se->where == WHERE_NONE)
     return;
   se->gen++; /* its entry goes stale */
   se->where = WHERE_NONE;
-  count_out(s, &s->lanes[se->lane], group_of(s, sid));
+  count_out(s, &s->lanes[se->lane], g);
+}
+
+static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) {
+  dequeue_from(s, group_of(s, sid), sid);
 }
 
 /* Re-evaluates a session after any change of its flags. */
@@ -868,11 +924,14 @@ static HOT_INLINE const ring *group_next_ring(const group *g) {
 }
 
 /* Tenants on, a lane's picks go round its classes' rings, one slot at a time, and each slot
- * leads to a group, then its set's front entry, then that entry's session — three dependent
- * loads a pick would otherwise wait for one after another. After serving class c, each is
- * started a few slots ahead of the pick that needs it, the earlier stages further ahead so
- * that each stage reads what the one before it fetched. */
-enum { PREFETCH_GROUP_AT = 6, PREFETCH_ENTRY_AT = 4, PREFETCH_SESSION_AT = 2 };
+ * leads to a group, then its set's front entry and that entry's session — loads a pick would
+ * otherwise wait for one after another. After serving class c, the group PREFETCH_GROUP_AT
+ * slots on is fetched, and the one PREFETCH_SETS_AT slots on (fetched by then) gives the
+ * addresses of the rest: its front entry, the back entry its next finish compares with, and
+ * its next session (next_sid, noted when it was last served, so no entry is read for it).
+ * Every line the pick reads is fetched, not only those it waits on: a load that misses holds
+ * up the retirement of all that follows it, even when nothing depends on its value. */
+enum { PREFETCH_GROUP_AT = 4, PREFETCH_SETS_AT = 2 };
 
 static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
   uint32_t m = c->cap - 1;
@@ -881,29 +940,40 @@ static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
     __builtin_prefetch(g);
     __builtin_prefetch((const char *)g + 64);
   }
-  if (c->len > PREFETCH_ENTRY_AT) {
-    const ring *r = group_next_ring(c->ring[(c->head + PREFETCH_ENTRY_AT) & m].g);
-    if (r->len)
-      __builtin_prefetch(&r->items[r->head]);
-  }
-  if (c->len > PREFETCH_SESSION_AT) {
-    const group *g = c->ring[(c->head + PREFETCH_SESSION_AT) & m].g;
+  if (c->len > PREFETCH_SETS_AT) {
+    const group *g = c->ring[(c->head + PREFETCH_SETS_AT) & m].g;
     const ring *r = group_next_ring(g);
-    if (r->len)
-      __builtin_prefetch(&s->sessions[r->items[r->head].sid]);
-    /* the finish of the session picked from it compares with its below ring's back */
-    if (g->below.ring.len)
-      __builtin_prefetch(&g->below.ring.items[(g->below.ring.head + g->below.ring.len - 1) &
-                                              (g->below.ring.cap - 1)]);
+    if (r->len) { /* and the entry after it, where the pick reads the group's next hint */
+      __builtin_prefetch(&r->items[r->head]);
+      __builtin_prefetch(&r->items[(r->head + 1) & (r->cap - 1)]);
+    }
+    const session *se = &s->sessions[g->next_sid]; /* on one or two lines */
+    __builtin_prefetch(se);
+    __builtin_prefetch((const char *)(se + 1) - 1);
+    const ring *b = &g->below.ring;
+    if (b->len) { /* and the entry after it, which the finish writes (a store miss stalls too) */
+      __builtin_prefetch(&b->items[(b->head + b->len - 1) & (b->cap - 1)]);
+      __builtin_prefetch(&b->items[(b->head + b->len) & (b->cap - 1)]);
+    }
   }
 }
 
-/* The group the lane's next pick comes from: the default tenant's, or with tenants on the
- * top of the tenant heap. NULL when none. */
-static HOT_INLINE group *lane_group(cph_sched *s, lane_state *l, int lane) {
-  if (!s->tenants_on)
-    return &s->dflt.g[lane];
-  return theap_top(l);
+/* With one or two groups in the served class, the slots ahead are the same group's next
+ * picks, and class_prefetch has nothing to look at: the group's own set is read ahead. Its
+ * picks interleave with the other classes' (unlike a lane without tenants, whose set the
+ * hardware streams), so the session PREFETCH_SET_SESSION entries on is fetched, both lines it
+ * may span, and the entry PREFETCH_SET_ENTRY on, which that fetch reads when its turn comes. */
+enum { PREFETCH_SET_SESSION = 16, PREFETCH_SET_ENTRY = 24 };
+
+static HOT_INLINE void set_prefetch(const cph_sched *s, const ring *r) {
+  uint32_t m = r->cap - 1;
+  if (r->len > PREFETCH_SET_ENTRY)
+    __builtin_prefetch(&r->items[(r->head + PREFETCH_SET_ENTRY) & m]);
+  if (r->len > PREFETCH_SET_SESSION) {
+    const session *se = &s->sessions[r->items[(r->head + PREFETCH_SET_SESSION) & m].sid];
+    __builtin_prefetch(se);
+    __builtin_prefetch((const char *)(se + 1) - 1);
+  }
 }
 
 /* ---------------------------------------------------------------- config */
@@ -1034,7 +1104,7 @@ static void tenant_reclass(cph_sched *s) {
     lane_classes_clear(s, l, i);
     for (uint32_t k = 0; k < n; k++) {
       live[k]->in_heap = false;
-      tjoin(s, l, live[k], live[k]->vstart);
+      tjoin(s, l, live[k], live[k]->vtag);
     }
     free(live);
   }
@@ -1102,7 +1172,8 @@ void cph_sched_free(cph_sched *s) {
   for (int i = 0; i < CPH_LANE_COUNT; i++) { /* before the tenants: it reads them */
     lane_classes_clear(s, &s->lanes[i], i);
     free(s->lanes[i].classes);
-    free(s->lanes[i].cheap);
+    free(s->lanes[i].keys);
+    free(s->lanes[i].wins);
   }
   for (uint32_t i = 0; i < s->n_tenants; i++) {
     tenant_free_sets(s->tenants[i]);
@@ -1498,17 +1569,64 @@ static HOT_INLINE bool seat_free(const cph_sched *s, int lane) {
   return s->cfg.concurrency - s->running > owed;
 }
 
-static HOT_INLINE void start(cph_sched *s, cph_sid sid, cph_pick *out, int64_t now) {
+/* g is the session's group (group_of). */
+static HOT_INLINE void start(cph_sched *s, group *g, cph_sid sid, cph_pick *out, int64_t now) {
   session *se = &s->sessions[sid];
   lane_state *l = &s->lanes[se->lane];
   out->waited_ns = se->where != WHERE_NONE ? now - se->queued_ns : 0;
-  dequeue(s, sid);
+  dequeue_from(s, g, sid);
   se->queued_ns = now; /* while running: when its turn started (for the lane's window) */
   se->running = true;
   s->running++;
   l->running++;
   l->started_total++;
   out->lane = (cph_lane)se->lane;
+}
+
+/* The pick in a lane of the default tenant alone (tenants off): its group's next session. */
+static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t now,
+                                  cph_pick *out) {
+  group *g = &s->dflt.g[lane];
+  oset *from;
+  entry *e = group_head(s, l, g, now, &from);
+  if (!e)
+    return false;
+  cph_sid sid = e->sid;
+  oset_pop_head(s, from, e);
+  ring_prefetch(s, &from->ring);
+  out->sid = sid;
+  out->trickle = false;
+  start(s, g, sid, out, now);
+  return true;
+}
+
+/* §3.9: the pick in a lane with tenants on: the next session of the group at the top of the
+ * tenant order. */
+static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph_pick *out) {
+  group *g = theap_top(l);
+  oset *from;
+  entry *e = g ? group_head(s, l, g, now, &from) : NULL;
+  if (!e)
+    return false;
+  cph_sid sid = e->sid;
+  oset_pop_head(s, from, e);
+  const ring *r = from->ring.len ? &from->ring : group_next_ring(g); /* the set just used */
+  g->next_sid = r->len ? r->items[r->head].sid : sid;
+  /* The lane's virtual time moves to the tag served; the group's next tag is one step on
+   * (start() may take it out of the order if this was its last session). */
+  tclass *c = g->cls;
+  l->vtime = g->vtag;
+  g->vtag += c->inc; /* the class's step is its tenants' step */
+  g->started++;
+  out->sid = sid;
+  out->trickle = false;
+  start(s, g, sid, out, now);
+  theap_served(l, g);
+  if (c->len > PREFETCH_SETS_AT)
+    class_prefetch(s, c);
+  else
+    set_prefetch(s, &from->ring);
+  return true;
 }
 
 int cph_sched_pick(cph_sched *s, cph_pick *out) {
@@ -1525,9 +1643,10 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
   if (t != CPH_SID_NONE && (lane_mask & (1u << s->sessions[t].lane))) {
     out->sid = t;
     out->trickle = true;
+    group *g = group_of(s, t);
     if (s->tenants_on)
-      group_of(s, t)->started++;
-    start(s, t, out, now);
+      g->started++;
+    start(s, g, t, out, now);
     trickle_started(s, now);
     return CPH_OK;
   }
@@ -1536,30 +1655,8 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
     if (!(lane_mask & (1u << i)) || !l->runnable || !lane_has_budget(l) ||
         (s->seats_total && !seat_free(s, i)))
       continue;
-    group *g = lane_group(s, l, i);
-    oset *from;
-    entry *e = g ? group_head(s, l, g, now, &from) : NULL;
-    if (!e)
+    if (!(s->tenants_on ? pick_tenant(s, l, now, out) : pick_plain(s, l, i, now, out)))
       continue;
-    cph_sid sid = e->sid;
-    oset_pop_head(s, from, e);
-    if (!s->tenants_on) /* with tenants on, class_prefetch below does it */
-      ring_prefetch(s, &from->ring);
-    if (s->tenants_on) {
-      /* §3.9: the lane's virtual time moves to the tag served; the tenant's next tag is
-       * one step on (start() may take it out of the heap if this was its last session). */
-      l->vtime = g->vstart;
-      g->vfinish = g->vstart + g->cls->inc; /* the class's step is its tenants' step */
-    }
-    out->sid = sid;
-    out->trickle = false;
-    start(s, sid, out, now);
-    if (s->tenants_on) {
-      g->started++;
-      tclass *c = g->cls;
-      theap_served(l, g);
-      class_prefetch(s, c);
-    }
     bucket_charge(&l->turns, 1);
     return CPH_OK;
   }
@@ -1700,15 +1797,15 @@ static void oset_count(const cph_sched *s, const oset *o, const entry *me, uint6
 }
 
 /* §3.11: how many picks of group h come before the k-th pick of group g (k >= 1) if nothing
- * changes: h's tags run vstart, vstart + inc, ... while it has sessions, g's k-th is
- * g.vstart + (k-1)·inc_g, and the heap serves (tag, tenant index) in order. */
+ * changes: h's tags run vtag, vtag + inc, ... while it has sessions, g's k-th is
+ * g.vtag + (k-1)·inc_g, and the heap serves (tag, tenant index) in order. */
 static uint64_t picks_before(const cph_sched *s, const group *h, const group *g, uint64_t k) {
-  i128 mine = g->vstart + (i128)(k - 1) * s->tenants[g->tenant]->inc;
+  i128 mine = g->vtag + (i128)(k - 1) * s->tenants[g->tenant]->inc;
   i128 inc = s->tenants[h->tenant]->inc;
-  if (h->vstart > mine)
+  if (h->vtag > mine)
     return 0;
-  i128 n = (mine - h->vstart) / inc; /* tags strictly below mine, but for an exact hit */
-  if ((mine - h->vstart) % inc != 0 || h->tenant < g->tenant)
+  i128 n = (mine - h->vtag) / inc; /* tags strictly below mine, but for an exact hit */
+  if ((mine - h->vtag) % inc != 0 || h->tenant < g->tenant)
     n++;
   return n < (i128)h->runnable ? (uint64_t)n : h->runnable;
 }

@@ -695,9 +695,100 @@ static void test_reference_applies_pick_rules_literally(void **state) {
   cph_ref_free(r);
 }
 
+/* §3.9 with more weight classes than the sequences above reach (they name at most three
+ * tenants, so a lane holds at most four classes): 30 tenants of 20 weights, so a lane's
+ * tournament of classes grows to 32 leaves. Groups join and leave as sessions gain and lose
+ * work, sessions move between tenants, reloads move tenants between classes; every pick must
+ * be the reference's. */
+static void test_many_weight_classes_match_reference(void **state) {
+  (void)state;
+  enum { TENANTS = 30, SESSIONS = 90, STEPS = 30000 };
+  cph_clock clock;
+  cph_clock_init_virtual(&clock, 0);
+  char tnames[TENANTS][8], snames[SESSIONS][8];
+  cph_sched_tenant_weight w[TENANTS];
+  for (int t = 0; t < TENANTS; t++) {
+    snprintf(tnames[t], sizeof tnames[t], "t%d", t);
+    w[t] = (cph_sched_tenant_weight){tnames[t], 0.5 + (t % 20) * 0.75};
+  }
+  cph_sched_config cfg = {{6000, 6000, 6000},
+                          {60000, 60000, 60000},
+                          2.0,
+                          20,
+                          -20,
+                          {3, 1, 1},
+                          6,
+                          0,
+                          {0},
+                          CPH_CHARGE_TURN,
+                          0,
+                          {0},
+                          w,
+                          TENANTS};
+  cph_sched *s = cph_sched_new(&cfg, &clock);
+  cph_ref *r = cph_ref_new(&cfg, &clock);
+  assert_non_null(s);
+  assert_non_null(r);
+  cph_sid sid[SESSIONS];
+  for (int i = 0; i < SESSIONS; i++) {
+    snprintf(snames[i], sizeof snames[i], "s%d", i);
+    cph_lane lane = i % 6 ? CPH_LANE_INTERACTIVE : CPH_LANE_OPERATIONAL;
+    assert_int_equal(cph_sched_add(s, snames[i], lane, &sid[i]), 0);
+    assert_int_equal(cph_ref_add(r, snames[i], lane), 0);
+    assert_int_equal(cph_sched_set_tenant(s, sid[i], tnames[i % TENANTS]), 0);
+    cph_ref_set_tenant(r, snames[i], tnames[i % TENANTS]);
+  }
+  uint64_t rng = 0x7e4a47;
+  int picks = 0;
+  for (int step = 0; step < STEPS; step++) {
+    int i = (int)(splitmix(&rng) % SESSIONS);
+    uint64_t op = splitmix(&rng) % 100;
+    if (op < 35) {
+      cph_pick got;
+      cph_ref_pick want;
+      int rc = cph_sched_pick(s, &got);
+      cph_ref_pick_next(r, &want);
+      if (rc != 0) {
+        assert_null(want.id);
+        continue;
+      }
+      assert_non_null(want.id);
+      if (strcmp(cph_sched_id(s, got.sid), want.id) != 0)
+        fail_msg("step %d: picked %s, reference %s", step, cph_sched_id(s, got.sid), want.id);
+      picks++;
+    } else if (op < 65) { /* the first running session from i on finishes */
+      for (int k = 0; k < SESSIONS; k++, i = (i + 1) % SESSIONS)
+        if (cph_sched_is_running(s, sid[i])) {
+          cph_sched_finish(s, sid[i], 1, true);
+          cph_ref_finish(r, snames[i], 1, true);
+          break;
+        }
+    } else if (op < 90) {
+      bool on = splitmix(&rng) % 4 != 0; /* mostly runnable: groups rejoin often */
+      cph_sched_set_work(s, sid[i], on);
+      cph_ref_set_work(r, snames[i], on);
+    } else if (op < 95) {
+      cph_clock_advance(&clock, (int64_t)(splitmix(&rng) % 3) * 250000000);
+    } else if (op < 99) {
+      const char *t = tnames[splitmix(&rng) % TENANTS];
+      assert_int_equal(cph_sched_set_tenant(s, sid[i], t), 0);
+      cph_ref_set_tenant(r, snames[i], t);
+    } else {
+      for (int t = 0; t < TENANTS; t++) /* new weights: tenants change classes */
+        w[t].weight = 0.5 + (double)(splitmix(&rng) % 20) * 0.75;
+      assert_int_equal(cph_sched_configure(s, &cfg), 0);
+      cph_ref_configure(r, &cfg);
+    }
+  }
+  assert_true(picks > STEPS / 5); /* the sequence exercised the order, not only the misses */
+  cph_sched_free(s);
+  cph_ref_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_applies_pick_rules_literally),
+      cmocka_unit_test(test_many_weight_classes_match_reference),
       cmocka_unit_test(test_sched_matches_reference_on_random_sequences),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
