@@ -207,6 +207,14 @@ typedef struct apply_batch {
   struct apply_batch *next; /* the blocked list (the engine was busy) */
 } apply_batch;
 
+/* A request waiting for its min_pos (9.). */
+typedef struct pos_req {
+  struct pos_req *next;
+  cph_req *r;
+  uint64_t ref, pos;
+  void (*resume)(cph_req *r);
+} pos_req;
+
 struct cph_cflow {
   cph_srv *s;
   cph_clog *log; /* NULL after quiesce */
@@ -230,6 +238,8 @@ struct cph_cflow {
   shard_track *tracks; /* per shard */
   cph_hmap pending;    /* engine key -> pending_ev, over every shard */
   done_req *dones;     /* completions waiting for their done marks */
+  pos_req *waits;      /* requests waiting for their min_pos */
+  uint64_t pos_waits, pos_timeouts;
   uint64_t minted_marks;
   struct event *ev_mark; /* MARK_MS: the watermarks */
   /* Counters of GET /metrics and GET /v1/cluster (log.rebuild). */
@@ -1565,6 +1575,49 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
   rebuild_free(rb);
 }
 
+/* ================================================================ min_pos (9.) */
+
+static void on_pos(void *ctx, uint64_t ref, int rc, const char *why) {
+  cph_cflow *f = ctx;
+  pos_req **pp = &f->waits;
+  while (*pp && (*pp)->ref != ref)
+    pp = &(*pp)->next;
+  pos_req *w = *pp;
+  if (!w)
+    return;
+  *pp = w->next;
+  cph_req *r = w->r;
+  if (rc == CPH_OK) {
+    w->resume(r);
+  } else {
+    f->pos_timeouts++;
+    cph_reply_error(r, 504, "timeout", "min_pos", "%s; retry, or read without min_pos",
+                    why ? why : "the log position was not applied here in time");
+    cph_req_end(r);
+  }
+  free(w);
+}
+
+void cph_cflow_wait_pos(cph_cflow *f, cph_req *r, uint64_t pos, int64_t shard,
+                        void (*resume)(cph_req *r)) {
+  pos_req *w = f->quiesced ? NULL : calloc(1, sizeof *w);
+  int rc = w ? cph_clog_wait_pos(f->log, pos, shard, MIN_POS_WAIT_MS, ++f->next_ref) : CPH_EBUSY;
+  if (rc != CPH_OK) {
+    free(w);
+    cph_reply_error(r, 503, "unavailable", "min_pos",
+                    "the cluster log is not reachable from this node: min_pos cannot be checked");
+    return;
+  }
+  w->r = r;
+  w->ref = f->next_ref;
+  w->pos = pos;
+  w->resume = resume;
+  w->next = f->waits;
+  f->waits = w;
+  f->pos_waits++;
+  r->async = true;
+}
+
 static void on_replayed(void *ctx, cph_clog_replay *rp) {
   cph_cflow *f = ctx;
   uint32_t shard = rp->shard;
@@ -1845,7 +1898,7 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
   }
-  cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry, on_replayed};
+  cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
                                                    : pol->dedupe.key_window_seconds;
   int rc = cph_clog_start(&pol->cluster, window, s->cluster, s->base,
@@ -1887,6 +1940,14 @@ void cph_cflow_quiesce(cph_cflow *f) {
                     "session next may deliver its input to a turn again");
     cph_req_end(dr->r);
     dr->r = NULL; /* dr stays reachable from its pubs, freed with them */
+  }
+  while (f->waits) {
+    pos_req *w = f->waits;
+    f->waits = w->next;
+    cph_reply_error(w->r, 503, "unavailable", NULL,
+                    "cephalond is stopping before min_pos was applied here");
+    cph_req_end(w->r);
+    free(w);
   }
   cph_clog_stop(f->log);
   f->log = NULL;

@@ -162,6 +162,14 @@ void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cp
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);
+/* min_pos (see 9. above): r waits, off the loop, until log position pos is applied here for
+ * shard (-1: every shard this node serves), then resume(r) runs the route (it answers, or sets
+ * r->async, as a handler does, and the request ends the same way); or r is answered 504
+ * `timeout` after MIN_POS_WAIT_MS, 503 `unavailable` when the log is not reachable. Sets
+ * r->async when r waits. */
+#define MIN_POS_WAIT_MS 5000
+void cph_cflow_wait_pos(cph_cflow *f, cph_req *r, uint64_t pos, int64_t shard,
+                        void (*resume)(cph_req *r));
 /* The cephalon_cluster_log_* families of GET /metrics, appended to out. CPH_OK or CPH_ENOMEM. */
 int cph_cflow_metrics(cph_cflow *f, cph_buf *out);
 /* {"state", ..., "sessions_known", "applied", "forwarded", "rebuild": {...}} for

@@ -27,13 +27,14 @@
 #define REPLAY_THREADS 2
 #define REPLAY_IDLE_MS 10000 /* a read of a shard's past that gets nothing this long fails */
 #define REPLAY_RETRY_MS 1000 /* after a failed read */
+#define POS_POLL_MS 5       /* min_pos: between two rounds that made no progress */
 
-typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY } item_kind;
+typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY, ITEM_POS } item_kind;
 
 typedef struct item {
   struct item *next;
   item_kind kind;
-  /* ITEM_PUB */
+  /* ITEM_PUB, ITEM_POS */
   uint64_t ref;
   int rc;
   uint64_t seq;
@@ -63,6 +64,25 @@ typedef struct replay_req {
   uint32_t shard;
   uint64_t gen;
 } replay_req;
+
+/* A min_pos wait (clusterlog.h, "Waiting for a position"), on the pos thread. */
+typedef enum pos_stage {
+  POS_SOURCE, /* read the message at pos: its shard */
+  POS_ACKED,  /* wait until its shard's consumer acknowledged it */
+  POS_LAST,   /* read the stream's last sequence L */
+  POS_LOCAL   /* wait until every target shard's consumer, bound here, acknowledged all to L */
+} pos_stage;
+
+typedef struct pos_wait {
+  struct pos_wait *next;
+  uint64_t ref, pos;
+  int64_t shard; /* the target shard, or -1: every shard served here */
+  int64_t deadline_ns;
+  pos_stage stage;
+  uint32_t source;     /* POS_ACKED: the shard of the message at pos */
+  uint64_t last;       /* POS_LOCAL: L */
+  uint32_t next_shard; /* POS_LOCAL with shard -1: the shards below it are done */
+} pos_wait;
 
 typedef struct shard_sub {
   natsSubscription *sub;
@@ -112,6 +132,10 @@ struct cph_clog {
   uint32_t replaying; /* shards in PHASE_REPLAYING or PHASE_APPLYING */
   pthread_t replay_threads[REPLAY_THREADS];
   size_t n_replay_threads;
+  uint8_t *is_bound;   /* per shard: bound here (the log thread writes it, under mu) */
+  pos_wait *pos_new;   /* min_pos waits not taken by the pos thread yet */
+  pthread_t pos_thread;
+  bool pos_started;
 
   /* Set by the log thread before ready, then only read until stop. */
   natsConnection *nc;
@@ -203,6 +227,9 @@ static void on_queue(evutil_socket_t fd, short what, void *arg) {
       } else {
         l->hooks.message(l->hooks.ctx, it->msg);
       }
+    } else if (it->kind == ITEM_POS) {
+      if (!quiesced)
+        l->hooks.pos(l->hooks.ctx, it->ref, it->rc, it->why);
     } else if (it->kind == ITEM_REPLAY) {
       if (quiesced)
         cph_clog_replay_free(it->replay);
@@ -588,6 +615,7 @@ static void bind_shard(cph_clog *l, uint32_t s) {
   natsSubscription_SetPendingLimits(l->subs[s].sub, 1 << 20, 1 << 30);
   pthread_mutex_lock(&l->mu);
   l->bound++;
+  l->is_bound[s] = 1;
   pthread_mutex_unlock(&l->mu);
 }
 
@@ -611,6 +639,7 @@ static void unbind_shard(cph_clog *l, uint32_t s) {
 counted:
   pthread_mutex_lock(&l->mu);
   l->bound--;
+  l->is_bound[s] = 0;
   pthread_mutex_unlock(&l->mu);
 }
 
@@ -951,6 +980,172 @@ static void *replay_thread(void *arg) {
   return NULL;
 }
 
+/* ================================================================ min_pos */
+
+static void pos_answer(cph_clog *l, pos_wait *w, int rc, const char *why) {
+  item *it = calloc(1, sizeof *it);
+  if (it) {
+    it->kind = ITEM_POS;
+    it->ref = w->ref;
+    it->rc = rc;
+    it->why = why ? strdup(why) : NULL;
+    push_item(l, it);
+  } else {
+    cph_error("cluster log: a min_pos answer could not be handed to the loop");
+  }
+  free(w);
+}
+
+/* Whether every message of consumer `durable` up to `upto` was acknowledged (its ack floor
+ * reached it, or nothing is pending or unacknowledged). -1 on a NATS error. */
+static int pos_acked(cph_clog *l, uint32_t shard, uint64_t upto) {
+  char durable[32];
+  snprintf(durable, sizeof durable, "s%" PRIu32, shard);
+  jsConsumerInfo *ci = NULL;
+  jsErrCode jerr = 0;
+  if (js_GetConsumerInfo(&ci, l->js, CPH_CLOG_STREAM, durable, NULL, &jerr) != NATS_OK)
+    return -1;
+  int done = ci->AckFloor.Stream >= upto || (ci->NumAckPending == 0 && ci->NumPending == 0);
+  jsConsumerInfo_Destroy(ci);
+  return done;
+}
+
+/* Whether shard s is served here, rebuilt and bound (its acknowledgements are this node's). */
+static bool pos_local(cph_clog *l, uint32_t s) {
+  char node[8], url[8];
+  if (cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) != CPH_CLUSTER_SERVED)
+    return false;
+  pthread_mutex_lock(&l->mu);
+  bool b = l->is_bound[s] && l->phase[s] == PHASE_READY;
+  pthread_mutex_unlock(&l->mu);
+  return b;
+}
+
+/* One step of w: true when it advanced (try the next step at once), false when it waits. */
+static bool pos_step(cph_clog *l, pos_wait *w) {
+  jsErrCode jerr = 0;
+  switch (w->stage) {
+  case POS_SOURCE: {
+    natsMsg *m = NULL;
+    natsStatus st = js_GetMsg(&m, l->js, CPH_CLOG_STREAM, w->pos, NULL, &jerr);
+    if (st != NATS_OK) {
+      /* Not stored yet (a position above the stream's last), or gone: read L, which tells. */
+      uint64_t last = 0;
+      jsStreamInfo *si = NULL;
+      if (js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr) != NATS_OK)
+        return false;
+      last = si->State.LastSeq;
+      jsStreamInfo_Destroy(si);
+      if (last < w->pos)
+        return false;
+      w->stage = POS_LAST; /* deleted: nothing of it to wait for but what came before L */
+      return true;
+    }
+    const char *subject = natsMsg_GetSubject(m);
+    unsigned long shard = 0;
+    char kind[8] = "";
+    if (sscanf(subject, "ceph.s.%lu.%7s", &shard, kind) == 2 &&
+        (strcmp(kind, "in") == 0 || strcmp(kind, "fwd") == 0) && shard < l->shards) {
+      w->source = (uint32_t)shard;
+      w->stage = POS_ACKED;
+    } else {
+      w->stage = POS_LAST; /* a done mark, a bucket entry: applied by nobody */
+    }
+    natsMsg_Destroy(m);
+    return true;
+  }
+  case POS_ACKED:
+    if (pos_acked(l, w->source, w->pos) != 1)
+      return false;
+    w->stage = POS_LAST;
+    return true;
+  case POS_LAST: {
+    jsStreamInfo *si = NULL;
+    if (js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr) != NATS_OK)
+      return false;
+    w->last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    w->stage = POS_LOCAL;
+    return true;
+  }
+  case POS_LOCAL:
+    if (w->shard >= 0) {
+      if (!pos_local(l, (uint32_t)w->shard) || pos_acked(l, (uint32_t)w->shard, w->last) != 1)
+        return false;
+      w->next_shard = l->shards;
+      return true;
+    }
+    while (w->next_shard < l->shards) {
+      char node[8], url[8];
+      uint32_t s = w->next_shard;
+      if (cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) ==
+          CPH_CLUSTER_SERVED) {
+        if (!pos_local(l, s) || pos_acked(l, s, w->last) != 1)
+          return false;
+      }
+      w->next_shard++;
+    }
+    return true;
+  }
+  return false;
+}
+
+/* The pos thread: takes new waits, steps every wait as far as it goes, answers those that
+ * reached their position or their deadline, then naps POS_POLL_MS. */
+static void *pos_thread(void *arg) {
+  cph_clog *l = arg;
+  pos_wait *waits = NULL;
+  pthread_mutex_lock(&l->mu);
+  for (;;) {
+    while (!l->stop && !waits && !(l->pos_new && l->ready))
+      pthread_cond_wait(&l->cv, &l->mu);
+    if (l->stop)
+      break;
+    if (l->ready)
+      while (l->pos_new) {
+        pos_wait *w = l->pos_new;
+        l->pos_new = w->next;
+        w->next = waits;
+        waits = w;
+      }
+    pthread_mutex_unlock(&l->mu);
+    pos_wait **pp = &waits;
+    while (*pp) {
+      pos_wait *w = *pp;
+      while (w->stage != POS_LOCAL || w->next_shard < l->shards)
+        if (!pos_step(l, w) || stopping(l))
+          break;
+      bool reached = w->stage == POS_LOCAL && w->next_shard >= l->shards;
+      if (reached || mono_ns() >= w->deadline_ns) {
+        *pp = w->next;
+        if (reached) {
+          pos_answer(l, w, CPH_OK, NULL);
+        } else {
+          char why[160];
+          snprintf(why, sizeof why, "log position %" PRIu64 " was not applied here in time (%s)",
+                   w->pos,
+                   w->stage == POS_SOURCE  ? "not in the log yet"
+                   : w->stage == POS_ACKED ? "its shard's owner has not applied it yet"
+                                           : "this node has not applied what it caused yet");
+          pos_answer(l, w, CPH_ETIMEDOUT, why);
+        }
+      } else {
+        pp = &w->next;
+      }
+    }
+    if (waits)
+      nap(l, POS_POLL_MS);
+    pthread_mutex_lock(&l->mu);
+  }
+  pthread_mutex_unlock(&l->mu);
+  while (waits) {
+    pos_wait *w = waits;
+    waits = w->next;
+    free(w);
+  }
+  return NULL;
+}
+
 static void *log_thread(void *arg) {
   cph_clog *l = arg;
   while (!stopping(l)) {
@@ -1012,7 +1207,9 @@ int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
   l->phase = calloc(l->shards, sizeof *l->phase);
   l->replay_gen = calloc(l->shards, sizeof *l->replay_gen);
   l->replay_after_ns = calloc(l->shards, sizeof *l->replay_after_ns);
-  if (!l->node || !l->urls || !l->subs || !l->phase || !l->replay_gen || !l->replay_after_ns)
+  l->is_bound = calloc(l->shards, sizeof *l->is_bound);
+  if (!l->node || !l->urls || !l->subs || !l->phase || !l->replay_gen || !l->replay_after_ns ||
+      !l->is_bound)
     goto nomem;
   for (size_t i = 0; i < cfg->nats_count; i++, l->n_urls++)
     if (!(l->urls[i] = strdup(cfg->nats[i])))
@@ -1034,6 +1231,9 @@ int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
   for (; l->n_replay_threads < REPLAY_THREADS; l->n_replay_threads++)
     if (pthread_create(&l->replay_threads[l->n_replay_threads], NULL, replay_thread, l) != 0)
       goto io;
+  if (pthread_create(&l->pos_thread, NULL, pos_thread, l) != 0)
+    goto io;
+  l->pos_started = true;
   *out = l;
   return CPH_OK;
 nomem:
@@ -1082,6 +1282,13 @@ void cph_clog_stop(cph_clog *l) {
     pthread_join(l->thread, NULL);
   for (size_t i = 0; i < l->n_replay_threads; i++)
     pthread_join(l->replay_threads[i], NULL);
+  if (l->pos_started)
+    pthread_join(l->pos_thread, NULL);
+  while (l->pos_new) {
+    pos_wait *w = l->pos_new;
+    l->pos_new = w->next;
+    free(w);
+  }
   while (l->replay_head) {
     replay_req *rq = l->replay_head;
     l->replay_head = rq->next;
@@ -1119,6 +1326,7 @@ void cph_clog_stop(cph_clog *l) {
   free(l->phase);
   free(l->replay_gen);
   free(l->replay_after_ns);
+  free(l->is_bound);
   free(l->node);
   pthread_cond_destroy(&l->cv);
   pthread_mutex_destroy(&l->mu);
@@ -1248,4 +1456,28 @@ json_t *cph_clog_json(cph_clog *l) {
                         "in_flight", (json_int_t)l->in_flight, "last_error", l->last_error);
   pthread_mutex_unlock(&l->mu);
   return o;
+}
+
+int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref) {
+  pos_wait *w = calloc(1, sizeof *w);
+  if (!w)
+    return CPH_ENOMEM;
+  w->ref = ref;
+  w->pos = pos;
+  w->shard = shard >= 0 && shard < (int64_t)l->shards ? shard : -1;
+  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  w->stage = POS_SOURCE;
+  pthread_mutex_lock(&l->mu);
+  bool ok = l->ready && !l->quiesced && !l->stop;
+  if (ok) {
+    w->next = l->pos_new;
+    l->pos_new = w;
+    pthread_cond_broadcast(&l->cv);
+  }
+  pthread_mutex_unlock(&l->mu);
+  if (!ok) {
+    free(w);
+    return CPH_EBUSY;
+  }
+  return CPH_OK;
 }

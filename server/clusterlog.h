@@ -39,11 +39,23 @@
  * log thread, which connects (retrying), creates the stream, the buckets and the shard
  * consumers, and every 100 ms queues replays of, or binds to, the consumers of the shards this
  * node serves (cph_cluster_route) and unbinds from those it no longer serves; it also reads
- * the bucket's watcher. And two replay threads. Nothing of that runs on the event loop. The loop
+ * the bucket's watcher. And two replay threads, and the pos thread (min_pos waits). Nothing of
+ * that runs on the event loop. The loop
  * talks to the log only through cph_clog_publish (which never waits: libnats's asynchronous
  * publish) and receives everything — publish acknowledgements, messages of served shards, bucket
  * entries, replays — as items on one queue, drained by an event on the loop (a pipe wakes it),
  * so every hook below runs on the loop thread.
+ *
+ * Waiting for a position (min_pos, clusterflow.h 9.). A message's forwards are acknowledged by
+ * the log before the message itself is acknowledged to its shard's consumer. So the pos thread,
+ * for a position P: reads the message at P (js_GetMsg) for its shard X (a done mark or a
+ * bucket entry has none); waits until consumer s<X>'s ack floor reaches P; reads the stream's
+ * last sequence L (every forward of P is at or below it); then waits until each target shard
+ * is served here, rebuilt, bound, and its consumer's ack floor reaches L (or it has nothing
+ * pending or unacknowledged). A message is acknowledged only after the engine committed it,
+ * and only by the node serving its shard; what an earlier owner acknowledged, the rebuild
+ * applied before the binding. Cost: one request to JetStream per step, every POS_POLL_MS while
+ * it waits; for "every shard served here" (a lease) one consumer info per served shard.
  *
  * Ordering: a shard's messages arrive in stream order. A message not acknowledged within
  * AckWait (the owner died, lost the shard, or released it) is delivered again, later and
@@ -123,6 +135,9 @@ typedef struct cph_clog_hooks {
   /* The past of a shard this node is taking (see above). The hook owns rp; it calls
    * cph_clog_rebuilt (or cph_clog_rebuild_failed) with rp->gen when it is done with it. */
   void (*replayed)(void *ctx, cph_clog_replay *rp);
+  /* A min_pos wait's outcome (cph_clog_wait_pos): rc CPH_OK (reached), CPH_ETIMEDOUT (why says
+   * which step it was in). */
+  void (*pos)(void *ctx, uint64_t ref, int rc, const char *why);
 } cph_clog_hooks;
 
 /* Copies what it needs of cfg and starts the log thread; returns at once (the log connects in
@@ -151,6 +166,12 @@ void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd);
 void cph_clog_done_subject(char *buf, size_t size, uint32_t shard);
 int cph_clog_session_subject(char *buf, size_t size, const char *session);
 void cph_clog_mark_subject(char *buf, size_t size, uint32_t shard);
+
+/* Waits, on the pos thread, until log position pos is applied here for shard (a shard this
+ * node serves; -1: every shard it serves) — "Waiting for a position" above; the outcome comes
+ * to hooks.pos with ref, at the latest after wait_ms. Never waits itself. CPH_EBUSY when the log
+ * is not ready (then no hook call comes), CPH_ENOMEM. */
+int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref);
 
 /* The loop rebuilt shard from replay gen: the next sync binds its consumer. Or it could not:
  * the shard's past is read again a second later. A gen that is no longer the shard's current
