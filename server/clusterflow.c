@@ -2115,6 +2115,12 @@ json_t *cph_cflow_json(cph_cflow *f) {
   for (ingest_req *ir = f->reqs; ir; ir = ir->next)
     waiting++;
   json_object_set_new(o, "waiting_requests", json_integer((json_int_t)waiting));
+  size_t waiting_pos = 0;
+  for (pos_req *w = f->waits; w; w = w->next)
+    waiting_pos++;
+  json_object_set_new(o, "min_pos",
+                      json_pack("{sIsIsI}", "waiting", (json_int_t)waiting_pos, "waits",
+                                (json_int_t)f->pos_waits, "timeouts", (json_int_t)f->pos_timeouts));
   cph_clog_stats st = {0};
   if (f->log)
     cph_clog_get_stats(f->log, &st);

@@ -123,8 +123,26 @@
  *    between W and L and all its marks since W; with turns consuming input, W stays close to
  *    L. Measured on loopback: 2,400 messages read in 50-80 ms and applied in 70-100 ms.
  *
+ * 9. Reads see writes (min_pos, DESIGN §14). A client that got `pos` P from 1. may pass it to
+ *    a session's GET routes (?min_pos=P) and to the lease ("min_pos": P) on any node; the
+ *    request waits, off the loop, until this node applied every message at or below P routed
+ *    to that session's shard (the lease: to any shard served here), then runs as without it.
+ *    P's message is applied by the owner of its shard X, which forwards copies (3.) with later
+ *    positions to the subscribers' shards. As P is acknowledged only after its forwards were
+ *    (3.), once consumer s<X>'s ack floor reached P every forward of P is at or below the
+ *    stream's last sequence L read after that; and once the consumer of the session's shard
+ *    — bound here, after its rebuild (8.) — has acknowledged everything up to L (its ack floor
+ *    reached L, or nothing is pending or unacknowledged), this node committed them all: it
+ *    acknowledges only after the engine committed, only while serving the shard, and what a
+ *    previous owner acknowledged the rebuild applied. The log's pos thread does those steps
+ *    (clusterlog.h, "Waiting for a position"); the route then runs again behind the shard's
+ *    gate (421 if the shard moved meanwhile). Bound: MIN_POS_WAIT_MS (5 s), then 504
+ *    `timeout` on field min_pos; the lease's own wait_ms begins after. Only requests that carry
+ *    min_pos pay (a few JetStream requests, ~10 ms on loopback); without the log it is checked
+ *    (400 unless a non-negative integer) and ignored: one node applies before it answers.
+ *
  * Not here (later slices): snapshots of a shard's other state (histories, memories, trees,
- * credits), fencing of a deposed owner's writes, min_pos. */
+ * credits), fencing of a deposed owner's writes. */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 
@@ -172,8 +190,8 @@ void cph_cflow_wait_pos(cph_cflow *f, cph_req *r, uint64_t pos, int64_t shard,
                         void (*resume)(cph_req *r));
 /* The cephalon_cluster_log_* families of GET /metrics, appended to out. CPH_OK or CPH_ENOMEM. */
 int cph_cflow_metrics(cph_cflow *f, cph_buf *out);
-/* {"state", ..., "sessions_known", "applied", "forwarded", "rebuild": {...}} for
- * GET /v1/cluster. */
+/* {"state", ..., "sessions_known", "applied", "forwarded", "min_pos": {...}, "rebuild": {...}}
+ * for GET /v1/cluster. */
 json_t *cph_cflow_json(cph_cflow *f);
 
 #endif

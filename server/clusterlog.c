@@ -27,7 +27,7 @@
 #define REPLAY_THREADS 2
 #define REPLAY_IDLE_MS 10000 /* a read of a shard's past that gets nothing this long fails */
 #define REPLAY_RETRY_MS 1000 /* after a failed read */
-#define POS_POLL_MS 5       /* min_pos: between two rounds that made no progress */
+#define POS_POLL_MS 5        /* min_pos: between two rounds that made no progress */
 
 typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY, ITEM_POS } item_kind;
 
@@ -132,8 +132,8 @@ struct cph_clog {
   uint32_t replaying; /* shards in PHASE_REPLAYING or PHASE_APPLYING */
   pthread_t replay_threads[REPLAY_THREADS];
   size_t n_replay_threads;
-  uint8_t *is_bound;   /* per shard: bound here (the log thread writes it, under mu) */
-  pos_wait *pos_new;   /* min_pos waits not taken by the pos thread yet */
+  uint8_t *is_bound; /* per shard: bound here (the log thread writes it, under mu) */
+  pos_wait *pos_new; /* min_pos waits not taken by the pos thread yet */
   pthread_t pos_thread;
   bool pos_started;
 

@@ -251,8 +251,7 @@ static bool min_pos_gate(cph_req *r) {
   if (pos == 0 || !r->srv->cflow)
     return true;
   int64_t shard =
-      lease ? -1
-            : (int64_t)cph_cluster_shard_of(r->params[0], cph_cluster_shards(r->srv->cluster));
+      lease ? -1 : (int64_t)cph_cluster_shard_of(r->params[0], cph_cluster_shards(r->srv->cluster));
   cph_cflow_wait_pos(r->srv->cflow, r, pos, shard, route_resume);
   return false;
 }
