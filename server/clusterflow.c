@@ -56,8 +56,9 @@ typedef struct pub {
   size_t index;
   applying *ap;   /* PUB_FWD: the applied message it forwards */
   done_req *dr;   /* PUB_DONE: the completion (or delete) it records */
-  uint32_t shard; /* PUB_MARK: the shard and the watermark it puts */
+  uint32_t shard; /* PUB_DONE, PUB_MARK: the shard (fenced: 10.); PUB_MARK: the watermark */
   uint64_t mark;
+  struct pub *next_done; /* PUB_DONE: the shard's queue of marks (one in flight at a time) */
 } pub;
 
 typedef struct ev_result {
@@ -195,6 +196,13 @@ typedef struct shard_track {
   uint64_t last_seen;   /* the newest position delivered or replayed */
   uint64_t mark_put;    /* the last watermark the log took (0: none yet) */
   bool mark_sending;
+  /* The fences (10.): what this node's next watermark put and done mark of the shard expect
+   * as the last sequence of their subjects; fenced once the log refused one (another node
+   * took the shard over), until this node takes the shard again. */
+  uint64_t mark_rev, done_last;
+  bool fenced;
+  pub *done_head, *done_tail; /* done marks waiting for the one in flight */
+  bool done_sending;
   rebuild *rb; /* the rebuild under way, or NULL */
 } shard_track;
 
@@ -280,6 +288,8 @@ static void arm_retry(cph_cflow *f) {
 
 static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, const char *why);
 
+#define FENCED_WHY "another node took the shard over: the log refuses this node's writes to it"
+
 /* Sends p again after RETRY_MS (a JetStream leader election takes a moment: resending at once
  * would only spin). */
 static void pub_retry_later(cph_cflow *f, pub *p) {
@@ -296,8 +306,16 @@ static void pub_send(cph_cflow *f, pub *p) {
     p->in_map = true;
     /* no answer later than the deadline: the request is answered on time */
     int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    shard_track *tr = p->kind == PUB_DONE || p->kind == PUB_MARK ? &f->tracks[p->shard] : NULL;
+    if (tr && tr->fenced) {
+      cph_hmap_del(&f->pubs, p->key);
+      p->in_map = false;
+      pub_outcome(f, p, false, 0, false, FENCED_WHY);
+      return;
+    }
+    uint64_t expect = !tr ? CPH_CLOG_NO_EXPECT : p->kind == PUB_DONE ? tr->done_last : tr->mark_rev;
     rc = cph_clog_publish(f->log, p->subject, p->msgid, p->data, p->len, p->kv_delete, left_ms,
-                          p->ref);
+                          p->ref, expect);
     if (rc == CPH_OK) {
       p->sends++;
       return;
@@ -346,6 +364,16 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
   p->in_map = false;
   if (rc == CPH_OK) {
     pub_outcome(f, p, true, seq, dup, NULL);
+    return;
+  }
+  if (rc == CPH_ECONFLICT && (p->kind == PUB_DONE || p->kind == PUB_MARK)) {
+    shard_track *tr = &f->tracks[p->shard];
+    if (!tr->fenced)
+      cph_error("cluster log: the log refused a write to %s: another node took shard %" PRIu32
+                " over; this node writes nothing more of it until it takes it again",
+                p->subject, p->shard);
+    tr->fenced = true;
+    pub_outcome(f, p, false, 0, false, FENCED_WHY);
     return;
   }
   cph_debug("cluster log: publish to %s failed (%s); retrying", p->subject, why ? why : "?");
@@ -493,7 +521,7 @@ static void on_mark(evutil_socket_t fd, short what, void *arg) {
       continue;
     }
     uint64_t w = shard_watermark(tr);
-    if (w == tr->mark_put || tr->mark_sending)
+    if (w == tr->mark_put || tr->mark_sending || tr->fenced)
       continue;
     char subject[64], value[24];
     cph_clog_mark_subject(subject, sizeof subject, s);
@@ -548,6 +576,21 @@ static void done_answer(cph_cflow *f, done_req *dr) {
   json_decref(dr->answer);
   free(dr->session);
   free(dr);
+}
+
+/* Sends the shard's next done mark unless one is in flight: each expects the sequence of the
+ * one before (10.), so they go one at a time. */
+static void done_pump(cph_cflow *f, uint32_t shard) {
+  shard_track *tr = &f->tracks[shard];
+  if (tr->done_sending || !tr->done_head)
+    return;
+  pub *p = tr->done_head;
+  tr->done_head = p->next_done;
+  if (!tr->done_head)
+    tr->done_tail = NULL;
+  p->next_done = NULL;
+  tr->done_sending = true;
+  pub_send(f, p); /* may answer at once (then the next one is sent from there) */
 }
 
 /* One done mark: {"session", "keys": [keys[from..to)]}. */
@@ -626,9 +669,17 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cp
       f->dones->prev = dr;
     f->dones = dr;
   }
-  for (size_t i = 0; i < n; i++)
-    pub_send(f, parts[i]);
+  shard_track *tr = &f->tracks[dr->shard];
+  for (size_t i = 0; i < n; i++) {
+    parts[i]->shard = dr->shard;
+    if (tr->done_tail)
+      tr->done_tail->next_done = parts[i];
+    else
+      tr->done_head = parts[i];
+    tr->done_tail = parts[i];
+  }
   free(parts);
+  done_pump(f, dr->shard);
   if (--dr->outstanding == 0)
     done_answer(f, dr);
   return true;
@@ -997,18 +1048,25 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     break;
   case PUB_DONE: {
     done_req *dr = p->dr;
+    shard_track *tr = &f->tracks[p->shard];
+    tr->done_sending = false;
+    if (ok && seq > tr->done_last)
+      tr->done_last = seq;
     if (!ok) {
       dr->failed++;
       snprintf(dr->why, sizeof dr->why, "%s", why ? why : "no answer");
     }
     if (--dr->outstanding == 0)
       done_answer(f, dr);
+    done_pump(f, p->shard);
     break;
   }
   case PUB_MARK: {
     shard_track *tr = &f->tracks[p->shard];
     tr->mark_sending = false;
     if (ok) {
+      if (seq > tr->mark_rev)
+        tr->mark_rev = seq;
       tr->mark_put = p->mark;
       f->marks_put++;
     } else {
@@ -1298,6 +1356,10 @@ static bool rebuild_done_keys(const cph_clog_replay *rp, cph_hmap *done, json_t 
     const cph_clog_entry *e = &rp->entries[i];
     json_t *doc = json_loadb(e->data, e->len, 0, NULL);
     json_t *keys = json_object_get(doc, "keys");
+    if (!keys && json_object_get(doc, "epoch")) { /* an owner's fence (10.), no mark */
+      json_decref(doc);
+      continue;
+    }
     if (!json_is_array(keys)) {
       cph_warn("cluster log: done mark %" PRIu64 " of shard %" PRIu32
                " is malformed (no \"keys\" array); skipped",
@@ -1634,6 +1696,9 @@ static void on_replayed(void *ctx, cph_clog_replay *rp) {
     tr->rb = NULL;
   }
   drop_shard(f, shard);
+  tr->mark_rev = rp->mark_rev; /* the fences this node just took (10.) */
+  tr->done_last = rp->done_last;
+  tr->fenced = false;
   rebuild *rb = calloc(1, sizeof *rb);
   cph_hmap done = CPH_HMAP_INIT;
   json_t *docs = json_array();
@@ -1961,6 +2026,12 @@ void cph_cflow_free(cph_cflow *f) {
   ingest_req **irs = NULL;
   size_t n_irs = 0;
   pub *all = f->retry_head;
+  for (uint32_t sh = 0; f->tracks && sh < f->shards; sh++) /* done marks not sent yet */
+    for (pub *p = f->tracks[sh].done_head, *next; p; p = next) {
+      next = p->next_done;
+      p->next_retry = all;
+      all = p;
+    }
   for (size_t i = 0; i < f->pubs.cap; i++)
     if (f->pubs.slots[i].key) {
       pub *p = f->pubs.slots[i].value;

@@ -27,6 +27,9 @@
 #define REPLAY_THREADS 2
 #define REPLAY_IDLE_MS 10000 /* a read of a shard's past that gets nothing this long fails */
 #define REPLAY_RETRY_MS 1000 /* after a failed read */
+#define EXPECT_HEADER "Nats-Expected-Last-Subject-Sequence"
+#define JS_WRONG_LAST_SEQ 10071 /* JetStream's "wrong last sequence": a fenced write */
+#define EPOCH_TRIES 20          /* taking a shard's fences, against a late writer */
 #define POS_POLL_MS 5        /* min_pos: between two rounds that made no progress */
 
 typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY, ITEM_POS } item_kind;
@@ -282,7 +285,7 @@ static void on_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, 
     it->seq = pa->Sequence;
     it->dup = pa->Duplicate;
   } else {
-    it->rc = CPH_EBUSY;
+    it->rc = pae && pae->ErrCode == JS_WRONG_LAST_SEQ ? CPH_ECONFLICT : CPH_EBUSY;
     char why[256];
     snprintf(why, sizeof why, "%s%s%s", natsStatus_GetText(pae ? pae->Err : NATS_ERR),
              pae && pae->ErrText ? ": " : "", pae && pae->ErrText ? pae->ErrText : "");
@@ -863,6 +866,74 @@ static bool replay_range(cph_clog *l, cph_clog_replay *rp, size_t *cap, const ch
   return ok;
 }
 
+/* The fences of a shard this node takes (clusterflow.h 10.), before its past is read: the
+ * watermark's key is written again with its own value, expecting the revision just read (or
+ * created as 1, expecting none), and an epoch message goes to ceph.s.done.<shard>, expecting the
+ * subject's last sequence just read. Either write fails only when another node wrote there in
+ * between (a previous owner's late write): then both are read and tried again. From then on a
+ * previous owner's watermark put or done mark, which expects what it wrote last, is refused.
+ * Sets rp->from (the watermark), rp->mark_rev and rp->done_last; false with why set. */
+static bool take_fences(cph_clog *l, cph_clog_replay *rp, const char *key, char *why, size_t size) {
+  char done[64], epoch[160];
+  cph_clog_done_subject(done, sizeof done, rp->shard);
+  snprintf(epoch, sizeof epoch, "{\"epoch\":\"%s\"}", l->node);
+  for (int t = 0; t < EPOCH_TRIES && !stopping(l); t++) {
+    kvEntry *e = NULL;
+    natsStatus st = kvStore_Get(&e, l->kv_marks, key);
+    uint64_t rev = 0;
+    rp->from = 1;
+    if (st == NATS_OK) {
+      const char *v = kvEntry_ValueString(e);
+      char *end = NULL;
+      unsigned long long w = v ? strtoull(v, &end, 10) : 0;
+      if (v && end != v && *end == '\0' && w >= 1)
+        rp->from = (uint64_t)w;
+      else
+        cph_warn("cluster log: the watermark of shard %" PRIu32 " in %s is malformed "
+                 "(\"%.40s\"); reading the shard from the start",
+                 rp->shard, CPH_CLOG_MARKS, v ? v : "");
+      st = kvStore_UpdateString(&rev, l->kv_marks, key, v ? v : "1", kvEntry_Revision(e));
+      kvEntry_Destroy(e);
+    } else if (st == NATS_NOT_FOUND) {
+      st = kvStore_CreateString(&rev, l->kv_marks, key, "1");
+    } else {
+      snprintf(why, size, "the watermark of shard %" PRIu32 ": %s", rp->shard,
+               nats_GetLastError(NULL));
+      return false;
+    }
+    if (st != NATS_OK)
+      continue; /* written in between (or a NATS error): read again */
+    rp->mark_rev = rev;
+    uint64_t last = 0;
+    const char *subjects[] = {done};
+    if (!last_seq(l, subjects, 1, &last, why, size))
+      return false;
+    natsMsg *m = NULL;
+    char e_last[24];
+    snprintf(e_last, sizeof e_last, "%" PRIu64, last);
+    st = natsMsg_Create(&m, done, NULL, epoch, (int)strlen(epoch));
+    if (st == NATS_OK)
+      st = natsMsgHeader_Set(m, EXPECT_HEADER, e_last);
+    jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    if (st == NATS_OK)
+      st = js_PublishMsg(&pa, l->js, m, NULL, &jerr);
+    natsMsg_Destroy(m);
+    if (st == NATS_OK) {
+      rp->done_last = pa->Sequence;
+      jsPubAck_Destroy(pa);
+      return true;
+    }
+    if (jerr != JS_WRONG_LAST_SEQ) {
+      snprintf(why, size, "the epoch of shard %" PRIu32 ": %s", rp->shard, nats_GetLastError(NULL));
+      return false;
+    }
+  }
+  snprintf(why, size, "the fences of shard %" PRIu32 ": written by another node %d times over",
+           rp->shard, EPOCH_TRIES);
+  return false;
+}
+
 /* Reads what the loop rebuilds shard from (clusterlog.h, "Taking a shard over"): the
  * watermark, then the shard's events from it to the stream's last sequence now, then its
  * done marks from it to the newest. NULL with why set on failure. */
@@ -879,26 +950,11 @@ static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, c
   rp->from = 1;
   char key[16];
   snprintf(key, sizeof key, "%" PRIu32, shard);
-  kvEntry *e = NULL;
-  natsStatus st = kvStore_Get(&e, l->kv_marks, key);
-  if (st == NATS_OK) {
-    const char *v = kvEntry_ValueString(e);
-    char *end = NULL;
-    unsigned long long w = v ? strtoull(v, &end, 10) : 0;
-    if (v && end != v && *end == '\0' && w >= 1)
-      rp->from = (uint64_t)w;
-    else
-      cph_warn("cluster log: the watermark of shard %" PRIu32 " in %s is malformed (\"%.40s\"); "
-               "reading the shard from the start",
-               shard, CPH_CLOG_MARKS, v ? v : "");
-    kvEntry_Destroy(e);
-  } else if (st != NATS_NOT_FOUND) {
-    snprintf(why, size, "the watermark of shard %" PRIu32 ": %s", shard, nats_GetLastError(NULL));
+  if (!take_fences(l, rp, key, why, size))
     goto fail;
-  }
   jsStreamInfo *si = NULL;
   jsErrCode jerr = 0;
-  st = js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr);
+  natsStatus st = js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr);
   if (st != NATS_OK) {
     snprintf(why, size, "stream %s: %s", CPH_CLOG_STREAM, nats_GetLastError(NULL));
     goto fail;
@@ -1378,7 +1434,8 @@ int cph_clog_session_subject(char *buf, size_t size, const char *session) {
 }
 
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
-                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref) {
+                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref,
+                     uint64_t expect) {
   pthread_mutex_lock(&l->mu);
   bool ok = l->ready && !l->quiesced && l->in_flight < MAX_IN_FLIGHT;
   if (ok)
@@ -1394,6 +1451,11 @@ int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const 
     s = natsMsgHeader_Set(m, REF_HEADER, refs);
   if (s == NATS_OK && kv_delete)
     s = natsMsgHeader_Set(m, "KV-Operation", "DEL");
+  if (s == NATS_OK && expect != CPH_CLOG_NO_EXPECT) {
+    char e[24];
+    snprintf(e, sizeof e, "%" PRIu64, expect);
+    s = natsMsgHeader_Set(m, EXPECT_HEADER, e);
+  }
   jsPubOptions po;
   jsPubOptions_Init(&po);
   po.MsgId = msgid;

@@ -26,14 +26,16 @@
  *     sequence in decimal (clusterflow.h 7.), put by the shard's owner; history 1.
  *
  * Taking a shard over. A shard this node serves is not bound at once: first a replay thread
- * reads its past — the watermark in CEPH_SHARDS (1 if none), the stream's last sequence L at
- * that moment, every ceph.s.<shard>.in/fwd message from the watermark to L and every done mark
- * of the shard from the watermark on (ordered consumers: ephemeral, no acks) — and hands it to
- * the loop (hooks.replayed). The loop rebuilds the shard's sessions from it and calls
- * cph_clog_rebuilt; only then does the next sync bind the shard's consumer, so no message of
- * the consumer is applied before the rebuild. A replay starts only once the bucket watch has
- * delivered every session record there was (the loop then knows the sessions to adopt). A
- * failed read is tried again a second later; a shard no longer served drops its replay.
+ * takes the shard's fences (clusterflow.h 10.: a write to its watermark's key and an epoch on
+ * ceph.s.done.<shard>, each expecting what it just read there), then reads its past — the watermark
+ * in CEPH_SHARDS (1 if none), the stream's last sequence L at that moment, every
+ * ceph.s.<shard>.in/fwd message from the watermark to L and every done mark of the shard from the
+ * watermark on (ordered consumers: ephemeral, no acks) — and hands it to the loop (hooks.replayed).
+ * The loop rebuilds the shard's sessions from it and calls cph_clog_rebuilt; only then does the
+ * next sync bind the shard's consumer, so no message of the consumer is applied before the rebuild.
+ * A replay starts only once the bucket watch has delivered every session record there was (the loop
+ * then knows the sessions to adopt). A failed read is tried again a second later; a shard no longer
+ * served drops its replay.
  *
  * Threads. libnats runs its own (connection, delivery pool, timers). cph_clog_start adds the
  * log thread, which connects (retrying), creates the stream, the buckets and the shard
@@ -118,13 +120,17 @@ typedef struct cph_clog_replay {
   cph_clog_entry *entries;
   size_t n_events, n_entries;
   int64_t read_ns; /* how long reading took */
+  /* The fences taken (clusterflow.h 10.): the revision of the shard's watermark key and the
+   * sequence of the epoch on ceph.s.done.<shard> — what this node's next writes there expect. */
+  uint64_t mark_rev, done_last;
 } cph_clog_replay;
 void cph_clog_replay_free(cph_clog_replay *rp); /* NULL is fine */
 
 typedef struct cph_clog_hooks {
   void *ctx;
   /* A publish's outcome: rc CPH_OK with its stream sequence (dup: the message id had been
-   * stored before, seq is the original's), or an error (why says what NATS answered; the
+   * stored before, seq is the original's), CPH_ECONFLICT when its expectation failed (not
+   * stored: another node wrote there), or another error (why says what NATS answered; the
    * publish may or may not have been stored — publishing again with the same id is safe). */
   void (*published)(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup, const char *why);
   /* A message of a shard this node served when it was delivered. The hook owns m. */
@@ -157,9 +163,13 @@ void cph_clog_stop(cph_clog *l);
 /* Publishes data to subject with the message id msgid (Nats-Msg-Id); the outcome comes to
  * hooks.published with ref, at the latest after max_wait_ms (capped at 3 s; then as an error).
  * Never waits. CPH_EBUSY when not connected yet or too much is in
- * flight (then no hook call comes), CPH_ENOMEM. kv_delete: a key-value delete marker. */
+ * flight (then no hook call comes), CPH_ENOMEM. kv_delete: a key-value delete marker. expect:
+ * unless CPH_CLOG_NO_EXPECT, the log stores the message only if subject's last sequence is
+ * expect (0: none), else the outcome is CPH_ECONFLICT (a fence: clusterflow.h 10.). */
+#define CPH_CLOG_NO_EXPECT UINT64_MAX
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
-                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref);
+                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref,
+                     uint64_t expect);
 /* The subjects: ceph.s.<shard>.in|fwd, ceph.s.done.<shard>, the bucket key subject of a
  * session and that of a shard's watermark. */
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd);
