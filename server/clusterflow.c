@@ -503,7 +503,8 @@ static bool served(cph_cflow *f, uint32_t shard) {
 /* Every MARK_MS: each live shard's watermark goes to the log when it changed (one put in flight
  * per shard); a shard no longer served is dropped. Only the owner puts: a node that lost the
  * shard stops here, before the next owner can have read it (it rebuilds after the previous
- * owner's lease expired, and this node stops serving before that). */
+ * owner's lease expired, and this node stops serving before that). A put that comes late all
+ * the same is refused by the log: it expects the revision this node wrote last (10.). */
 static void on_mark(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
