@@ -200,7 +200,9 @@ typedef struct shard_track {
    * as the last sequence of their subjects; fenced once the log refused one (another node
    * took the shard over), until this node takes the shard again. */
   uint64_t mark_rev, done_last;
-  bool fenced;
+  bool fenced, mark_fenced;
+  pub *checking; /* the done mark refused, while the fence check runs (ref check_ref) */
+  uint64_t check_ref;
   pub *done_head, *done_tail; /* done marks waiting for the one in flight */
   bool done_sending;
   rebuild *rb; /* the rebuild under way, or NULL */
@@ -366,14 +368,34 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
     pub_outcome(f, p, true, seq, dup, NULL);
     return;
   }
-  if (rc == CPH_ECONFLICT && (p->kind == PUB_DONE || p->kind == PUB_MARK)) {
+  if (rc == CPH_ECONFLICT && p->kind == PUB_MARK) {
+    /* Its revision unknown (a put stored without an acknowledgement) or another owner's: no
+     * more watermarks of the shard from this node until it takes the shard again. */
+    cph_warn("cluster log: the log refused the watermark of shard %" PRIu32 " (written by "
+             "another node, or a put of this node's was not acknowledged): none is put until "
+             "this node takes the shard again",
+             p->shard);
+    f->tracks[p->shard].mark_fenced = true;
+    pub_outcome(f, p, false, 0, false, why);
+    return;
+  }
+  if (rc == CPH_ECONFLICT && p->kind == PUB_DONE && mono_ns() < p->deadline_ns && f->log &&
+      !f->tracks[p->shard].fenced) {
+    /* Deposed, or a mark of this node's was stored without an acknowledgement: the last
+     * message of the subject tells (on_pos). The mark stays in flight meanwhile. */
     shard_track *tr = &f->tracks[p->shard];
-    if (!tr->fenced)
-      cph_error("cluster log: the log refused a write to %s: another node took shard %" PRIu32
-                " over; this node writes nothing more of it until it takes it again",
-                p->subject, p->shard);
-    tr->fenced = true;
-    pub_outcome(f, p, false, 0, false, FENCED_WHY);
+    char prefix[160];
+    snprintf(prefix, sizeof prefix, "d.%s.%" PRIx64 ".", f->node, f->boot);
+    tr->check_ref = ++f->next_ref;
+    int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    if (cph_clog_check_fence(f->log, p->shard, prefix, left_ms, tr->check_ref) == CPH_OK) {
+      tr->checking = p;
+      return;
+    }
+  }
+  if (rc == CPH_ECONFLICT && p->kind == PUB_DONE) { /* fenced, or no time left to check */
+    pub_outcome(f, p, false, 0, false,
+                f->tracks[p->shard].fenced ? FENCED_WHY : "the log refused the mark (unchecked)");
     return;
   }
   cph_debug("cluster log: publish to %s failed (%s); retrying", p->subject, why ? why : "?");
@@ -522,7 +544,7 @@ static void on_mark(evutil_socket_t fd, short what, void *arg) {
       continue;
     }
     uint64_t w = shard_watermark(tr);
-    if (w == tr->mark_put || tr->mark_sending || tr->fenced)
+    if (w == tr->mark_put || tr->mark_sending || tr->fenced || tr->mark_fenced)
       continue;
     char subject[64], value[24];
     cph_clog_mark_subject(subject, sizeof subject, s);
@@ -1640,8 +1662,38 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
 
 /* ================================================================ min_pos (9.) */
 
-static void on_pos(void *ctx, uint64_t ref, int rc, const char *why) {
+/* A fence check's outcome (10.): the refused mark p is sent again expecting seq (this node
+ * wrote last), or the shard is fenced here (another node did) and p fails. */
+static void fence_checked(cph_cflow *f, shard_track *tr, int rc, uint64_t seq) {
+  pub *p = tr->checking;
+  tr->checking = NULL;
+  if (rc == CPH_OK) {
+    cph_info("cluster log: a done mark of shard %" PRIu32 " was stored unacknowledged; "
+             "continuing after it",
+             p->shard);
+    if (seq > tr->done_last)
+      tr->done_last = seq;
+    pub_send(f, p);
+    return;
+  }
+  if (rc == CPH_ECONFLICT && !tr->fenced) {
+    cph_error("cluster log: the log refused a write to %s: another node took shard %" PRIu32
+              " over; this node writes nothing more of it until it takes it again",
+              p->subject, p->shard);
+    tr->fenced = true;
+  }
+  pub_outcome(f, p, false, 0, false,
+              rc == CPH_ECONFLICT ? FENCED_WHY
+                                  : "the log refused the mark and its last one could not be read");
+}
+
+static void on_pos(void *ctx, uint64_t ref, int rc, uint64_t seq, const char *why) {
   cph_cflow *f = ctx;
+  for (uint32_t s = 0; s < f->shards; s++)
+    if (f->tracks[s].checking && f->tracks[s].check_ref == ref) {
+      fence_checked(f, &f->tracks[s], rc, seq);
+      return;
+    }
   pos_req **pp = &f->waits;
   while (*pp && (*pp)->ref != ref)
     pp = &(*pp)->next;
@@ -1699,7 +1751,7 @@ static void on_replayed(void *ctx, cph_clog_replay *rp) {
   drop_shard(f, shard);
   tr->mark_rev = rp->mark_rev; /* the fences this node just took (10.) */
   tr->done_last = rp->done_last;
-  tr->fenced = false;
+  tr->fenced = tr->mark_fenced = false;
   rebuild *rb = calloc(1, sizeof *rb);
   cph_hmap done = CPH_HMAP_INIT;
   json_t *docs = json_array();
@@ -2027,12 +2079,18 @@ void cph_cflow_free(cph_cflow *f) {
   ingest_req **irs = NULL;
   size_t n_irs = 0;
   pub *all = f->retry_head;
-  for (uint32_t sh = 0; f->tracks && sh < f->shards; sh++) /* done marks not sent yet */
+  for (uint32_t sh = 0; f->tracks && sh < f->shards; sh++) { /* marks not sent, or checked */
+    if (f->tracks[sh].checking) {
+      f->tracks[sh].checking->next_retry = all;
+      all = f->tracks[sh].checking;
+      f->tracks[sh].checking = NULL;
+    }
     for (pub *p = f->tracks[sh].done_head, *next; p; p = next) {
       next = p->next_done;
       p->next_retry = all;
       all = p;
     }
+  }
   for (size_t i = 0; i < f->pubs.cap; i++)
     if (f->pubs.slots[i].key) {
       pub *p = f->pubs.slots[i].value;

@@ -141,30 +141,35 @@
  *    min_pos pay (a few JetStream requests, ~10 ms on loopback); without the log it is checked
  *    (400 unless a non-negative integer) and ignored: one node applies before it answers.
  *
- * 10. Fencing a deposed owner (DESIGN §14 "State"). A node stops serving a shard before its
- *    lease can expire (cluster.h), but a write it decided before that (a done mark, a
- *    watermark put) could still reach the log after the next owner read the shard's past. So
- *    the writes only an owner makes carry a fencing token JetStream checks: the expected last
- *    sequence of their subject (nats-server 2.9 checks it on the subject published to only).
- *    Taking a shard, before its replay, the node writes the shard's watermark key in CEPH_SHARDS
- *    again with its value, expecting the revision it just read (or creates it as 1, expecting
- *    none), and appends {"epoch": node} to ceph.s.done.<shard> expecting that subject's last
- *    sequence; a write in between (the previous owner's) makes either fail, and both are read
- *    and tried again. It then reads the done marks after its epoch, so the rebuild sees every
- *    mark that landed before it. From then on its watermark puts expect the revision of its
- *    last put and its done marks the sequence of its last mark (or of its epoch): done marks of
- *    a shard go one at a time, in order (a completion's 200 waits for the marks queued before
- *    its own; ~1 ms each on loopback). Once another node took the shard, its epoch moved both
- *    subjects on, so this node's next write is refused (JetStream "wrong last sequence"): the
- *    shard is fenced here — no more marks or watermarks of it until this node takes it again
- *    — and a completion waiting for the refused mark answers 503 `unavailable` (its input may
- *    be delivered again by the new owner, whose rebuild did not see the mark). A message id
- *    seen before is a duplicate before any expectation is checked, so a resend of a mark that
- *    was stored is not refused. Not fenced: forwards (3.) — many shards' owners write to a
- *    shard's fwd subject; a deposed owner's forward carries the same message id as the one the
- *    next owner makes when it applies that unacknowledged message again, so the log keeps one
- *    (only a session the deposed owner's table still routed to and the new one's no longer
- *    does could get a stray copy); session records (4.) — last writer wins, as before.
+ * 10. Fencing a deposed owner (DESIGN §14 "State"). A node stops serving a shard before its lease
+ *    can expire (cluster.h), but a write it decided before that (a done mark, a watermark put)
+ *    could still reach the log after the next owner read the shard's past. So the writes only an
+ *    owner makes carry a fencing token JetStream checks: the expected last sequence of their
+ *    subject (nats-server 2.9 checks it on the subject published to only). Taking a shard, before
+ *    its replay, the node writes the shard's watermark key in CEPH_SHARDS again with its value,
+ *    expecting the revision it just read (or creates it as 1, expecting none), and appends
+ *    {"epoch": node} to ceph.s.done.<shard> expecting that subject's last sequence; a write in
+ *    between (the previous owner's) makes either fail, and both are read and tried again. It then
+ *    reads the done marks after its epoch, so the rebuild sees every mark that landed before it.
+ *    From then on its watermark puts expect the revision of its last put and its done marks the
+ *    sequence of its last mark (or of its epoch): done marks of a shard go one at a time, in order
+ *    (a completion's 200 waits for the marks queued before its own; ~1 ms each on loopback). Once
+ *    another node took the shard, its epoch moved both subjects on, so this node's next write is
+ *    refused (JetStream "wrong last sequence"): the shard is fenced here — no more marks or
+ *    watermarks of it until this node takes it again — and a completion waiting for the refused
+ *    mark answers 503 `unavailable` (its input may be delivered again by the new owner, whose
+ *    rebuild did not see the mark). A message id seen before is a duplicate before any expectation
+ *    is checked, so a resend of a mark that was stored is not refused; a mark refused all the same
+ *    (an earlier one of this node was stored but never acknowledged, so this node expects too
+ *    little) is told apart by reading the subject's last message: this node's own mark or epoch —
+ *    it continues after it — or another node's epoch or mark — deposed. A refused watermark put
+ *    cannot be told apart (its value names no node): the node puts no more watermarks of the shard
+ *    until it takes it again, which only makes a later rebuild read further back. Not fenced:
+ *    forwards (3.) — many shards' owners write to a shard's fwd subject; a deposed owner's forward
+ *    carries the same message id as the one the next owner makes when it applies that
+ *    unacknowledged message again, so the log keeps one (only a session the deposed owner's table
+ *    still routed to and the new one's no longer does could get a stray copy); session records
+ *    (4.) — last writer wins, as before.
  *
  * Not here (later slices): snapshots of a shard's other state (histories, memories, trees,
  * credits). */

@@ -85,6 +85,8 @@ typedef struct pos_wait {
   uint32_t source;     /* POS_ACKED: the shard of the message at pos */
   uint64_t last;       /* POS_LOCAL: L */
   uint32_t next_shard; /* POS_LOCAL with shard -1: the shards below it are done */
+  bool fence_check;    /* a fence check (cph_clog_check_fence) instead: shard, prefix */
+  char prefix[160];
 } pos_wait;
 
 typedef struct shard_sub {
@@ -232,7 +234,7 @@ static void on_queue(evutil_socket_t fd, short what, void *arg) {
       }
     } else if (it->kind == ITEM_POS) {
       if (!quiesced)
-        l->hooks.pos(l->hooks.ctx, it->ref, it->rc, it->why);
+        l->hooks.pos(l->hooks.ctx, it->ref, it->rc, it->seq, it->why);
     } else if (it->kind == ITEM_REPLAY) {
       if (quiesced)
         cph_clog_replay_free(it->replay);
@@ -1038,12 +1040,13 @@ static void *replay_thread(void *arg) {
 
 /* ================================================================ min_pos */
 
-static void pos_answer(cph_clog *l, pos_wait *w, int rc, const char *why) {
+static void pos_answer(cph_clog *l, pos_wait *w, int rc, uint64_t seq, const char *why) {
   item *it = calloc(1, sizeof *it);
   if (it) {
     it->kind = ITEM_POS;
     it->ref = w->ref;
     it->rc = rc;
+    it->seq = seq;
     it->why = why ? strdup(why) : NULL;
     push_item(l, it);
   } else {
@@ -1075,6 +1078,29 @@ static bool pos_local(cph_clog *l, uint32_t s) {
   bool b = l->is_bound[s] && l->phase[s] == PHASE_READY;
   pthread_mutex_unlock(&l->mu);
   return b;
+}
+
+/* A fence check (cph_clog_check_fence): CPH_OK with *seq, CPH_ECONFLICT, or CPH_EBUSY (not
+ * read: try again). */
+static int fence_read(cph_clog *l, pos_wait *w, uint64_t *seq) {
+  char subject[64];
+  cph_clog_done_subject(subject, sizeof subject, (uint32_t)w->shard);
+  natsMsg *m = NULL;
+  jsErrCode jerr = 0;
+  if (js_GetLastMsg(&m, l->js, CPH_CLOG_STREAM, subject, NULL, &jerr) != NATS_OK)
+    return CPH_EBUSY; /* there is one: this node's epoch at least */
+  const char *id = NULL;
+  bool ours = natsMsgHeader_Get(m, "Nats-Msg-Id", &id) == NATS_OK && id &&
+              strncmp(id, w->prefix, strlen(w->prefix)) == 0;
+  if (!ours) {
+    json_t *doc = json_loadb(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), 0, NULL);
+    const char *epoch = json_string_value(json_object_get(doc, "epoch"));
+    ours = epoch && strcmp(epoch, l->node) == 0;
+    json_decref(doc);
+  }
+  *seq = natsMsg_GetSequence(m);
+  natsMsg_Destroy(m);
+  return ours ? CPH_OK : CPH_ECONFLICT;
 }
 
 /* One step of w: true when it advanced (try the next step at once), false when it waits. */
@@ -1168,6 +1194,17 @@ static void *pos_thread(void *arg) {
     pos_wait **pp = &waits;
     while (*pp) {
       pos_wait *w = *pp;
+      if (w->fence_check) {
+        uint64_t seq = 0;
+        int rc = fence_read(l, w, &seq);
+        if (rc != CPH_EBUSY || mono_ns() >= w->deadline_ns) {
+          *pp = w->next;
+          pos_answer(l, w, rc == CPH_EBUSY ? CPH_ETIMEDOUT : rc, seq, NULL);
+        } else {
+          pp = &w->next;
+        }
+        continue;
+      }
       while (w->stage != POS_LOCAL || w->next_shard < l->shards)
         if (!pos_step(l, w) || stopping(l))
           break;
@@ -1175,7 +1212,7 @@ static void *pos_thread(void *arg) {
       if (reached || mono_ns() >= w->deadline_ns) {
         *pp = w->next;
         if (reached) {
-          pos_answer(l, w, CPH_OK, NULL);
+          pos_answer(l, w, CPH_OK, 0, NULL);
         } else {
           char why[160];
           snprintf(why, sizeof why, "log position %" PRIu64 " was not applied here in time (%s)",
@@ -1183,7 +1220,7 @@ static void *pos_thread(void *arg) {
                    w->stage == POS_SOURCE  ? "not in the log yet"
                    : w->stage == POS_ACKED ? "its shard's owner has not applied it yet"
                                            : "this node has not applied what it caused yet");
-          pos_answer(l, w, CPH_ETIMEDOUT, why);
+          pos_answer(l, w, CPH_ETIMEDOUT, 0, why);
         }
       } else {
         pp = &w->next;
@@ -1520,15 +1557,7 @@ json_t *cph_clog_json(cph_clog *l) {
   return o;
 }
 
-int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref) {
-  pos_wait *w = calloc(1, sizeof *w);
-  if (!w)
-    return CPH_ENOMEM;
-  w->ref = ref;
-  w->pos = pos;
-  w->shard = shard >= 0 && shard < (int64_t)l->shards ? shard : -1;
-  w->deadline_ns = mono_ns() + wait_ms * 1000000;
-  w->stage = POS_SOURCE;
+static int pos_queue(cph_clog *l, pos_wait *w) {
   pthread_mutex_lock(&l->mu);
   bool ok = l->ready && !l->quiesced && !l->stop;
   if (ok) {
@@ -1542,4 +1571,29 @@ int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms,
     return CPH_EBUSY;
   }
   return CPH_OK;
+}
+
+int cph_clog_check_fence(cph_clog *l, uint32_t shard, const char *mark_prefix, int64_t wait_ms,
+                         uint64_t ref) {
+  pos_wait *w = calloc(1, sizeof *w);
+  if (!w)
+    return CPH_ENOMEM;
+  w->ref = ref;
+  w->shard = shard;
+  w->fence_check = true;
+  snprintf(w->prefix, sizeof w->prefix, "%s", mark_prefix);
+  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  return pos_queue(l, w);
+}
+
+int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref) {
+  pos_wait *w = calloc(1, sizeof *w);
+  if (!w)
+    return CPH_ENOMEM;
+  w->ref = ref;
+  w->pos = pos;
+  w->shard = shard >= 0 && shard < (int64_t)l->shards ? shard : -1;
+  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  w->stage = POS_SOURCE;
+  return pos_queue(l, w);
 }

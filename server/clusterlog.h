@@ -142,8 +142,9 @@ typedef struct cph_clog_hooks {
    * cph_clog_rebuilt (or cph_clog_rebuild_failed) with rp->gen when it is done with it. */
   void (*replayed)(void *ctx, cph_clog_replay *rp);
   /* A min_pos wait's outcome (cph_clog_wait_pos): rc CPH_OK (reached), CPH_ETIMEDOUT (why says
-   * which step it was in). */
-  void (*pos)(void *ctx, uint64_t ref, int rc, const char *why);
+   * which step it was in); or a fence check's (cph_clog_check_fence): CPH_OK with seq,
+   * CPH_ECONFLICT, CPH_ETIMEDOUT. */
+  void (*pos)(void *ctx, uint64_t ref, int rc, uint64_t seq, const char *why);
 } cph_clog_hooks;
 
 /* Copies what it needs of cfg and starts the log thread; returns at once (the log connects in
@@ -182,6 +183,15 @@ void cph_clog_mark_subject(char *buf, size_t size, uint32_t shard);
  * to hooks.pos with ref, at the latest after wait_ms. Never waits itself. CPH_EBUSY when the log
  * is not ready (then no hook call comes), CPH_ENOMEM. */
 int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref);
+
+/* After a done mark of shard was refused (wrong last sequence): reads, on the pos thread, the
+ * last message of ceph.s.done.<shard> — CPH_OK with its sequence when this node wrote it (a
+ * mark whose message id begins with mark_prefix, or this node's epoch: an earlier write of its
+ * own was stored without an acknowledgement, and nobody wrote since), CPH_ECONFLICT when
+ * another node did (it took the shard over), CPH_ETIMEDOUT when it could not be read within
+ * wait_ms. The outcome comes to hooks.pos with ref. CPH_EBUSY (not ready: no call), CPH_ENOMEM. */
+int cph_clog_check_fence(cph_clog *l, uint32_t shard, const char *mark_prefix, int64_t wait_ms,
+                         uint64_t ref);
 
 /* The loop rebuilt shard from replay gen: the next sync binds its consumer. Or it could not:
  * the shard's past is read again a second later. A gen that is no longer the shard's current
