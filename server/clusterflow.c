@@ -1716,7 +1716,8 @@ static void on_pos(void *ctx, uint64_t ref, int rc, uint64_t seq, const char *wh
 void cph_cflow_wait_pos(cph_cflow *f, cph_req *r, uint64_t pos, int64_t shard,
                         void (*resume)(cph_req *r)) {
   pos_req *w = f->quiesced ? NULL : calloc(1, sizeof *w);
-  int rc = w ? cph_clog_wait_pos(f->log, pos, shard, MIN_POS_WAIT_MS, ++f->next_ref) : CPH_EBUSY;
+  int rc =
+      w ? cph_clog_wait_pos(f->log, pos, shard, CPH_MIN_POS_WAIT_MS, ++f->next_ref) : CPH_EBUSY;
   if (rc != CPH_OK) {
     free(w);
     cph_reply_error(r, 503, "unavailable", "min_pos",

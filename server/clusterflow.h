@@ -136,7 +136,7 @@
  *    acknowledges only after the engine committed, only while serving the shard, and what a
  *    previous owner acknowledged the rebuild applied. The log's pos thread does those steps
  *    (clusterlog.h, "Waiting for a position"); the route then runs again behind the shard's
- *    gate (421 if the shard moved meanwhile). Bound: MIN_POS_WAIT_MS (5 s), then 504
+ *    gate (421 if the shard moved meanwhile). Bound: CPH_MIN_POS_WAIT_MS (5 s), then 504
  *    `timeout` on field min_pos; the lease's own wait_ms begins after. Only requests that carry
  *    min_pos pay (a few JetStream requests, ~10 ms on loopback); without the log it is checked
  *    (400 unless a non-negative integer) and ignored: one node applies before it answers.
@@ -213,9 +213,9 @@ void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);
 /* min_pos (see 9. above): r waits, off the loop, until log position pos is applied here for
  * shard (-1: every shard this node serves), then resume(r) runs the route (it answers, or sets
  * r->async, as a handler does, and the request ends the same way); or r is answered 504
- * `timeout` after MIN_POS_WAIT_MS, 503 `unavailable` when the log is not reachable. Sets
+ * `timeout` after CPH_MIN_POS_WAIT_MS, 503 `unavailable` when the log is not reachable. Sets
  * r->async when r waits. */
-#define MIN_POS_WAIT_MS 5000
+#define CPH_MIN_POS_WAIT_MS 5000
 void cph_cflow_wait_pos(cph_cflow *f, cph_req *r, uint64_t pos, int64_t shard,
                         void (*resume)(cph_req *r));
 /* The cephalon_cluster_log_* families of GET /metrics, appended to out. CPH_OK or CPH_ENOMEM. */
