@@ -56,8 +56,9 @@ typedef struct pub {
   size_t index;
   applying *ap;   /* PUB_FWD: the applied message it forwards */
   done_req *dr;   /* PUB_DONE: the completion (or delete) it records */
-  uint32_t shard; /* PUB_MARK: the shard and the watermark it puts */
+  uint32_t shard; /* PUB_DONE, PUB_MARK: the shard (fenced: 10.); PUB_MARK: the watermark */
   uint64_t mark;
+  struct pub *next_done; /* PUB_DONE: the shard's queue of marks (one in flight at a time) */
 } pub;
 
 typedef struct ev_result {
@@ -195,6 +196,15 @@ typedef struct shard_track {
   uint64_t last_seen;   /* the newest position delivered or replayed */
   uint64_t mark_put;    /* the last watermark the log took (0: none yet) */
   bool mark_sending;
+  /* The fences (10.): what this node's next watermark put and done mark of the shard expect
+   * as the last sequence of their subjects; fenced once the log refused one (another node
+   * took the shard over), until this node takes the shard again. */
+  uint64_t mark_rev, done_last;
+  bool fenced, mark_fenced;
+  pub *checking; /* the done mark refused, while the fence check runs (ref check_ref) */
+  uint64_t check_ref;
+  pub *done_head, *done_tail; /* done marks waiting for the one in flight */
+  bool done_sending;
   rebuild *rb; /* the rebuild under way, or NULL */
 } shard_track;
 
@@ -206,6 +216,14 @@ typedef struct apply_batch {
   size_t n;
   struct apply_batch *next; /* the blocked list (the engine was busy) */
 } apply_batch;
+
+/* A request waiting for its min_pos (9.). */
+typedef struct pos_req {
+  struct pos_req *next;
+  cph_req *r;
+  uint64_t ref, pos;
+  void (*resume)(cph_req *r);
+} pos_req;
 
 struct cph_cflow {
   cph_srv *s;
@@ -230,6 +248,8 @@ struct cph_cflow {
   shard_track *tracks; /* per shard */
   cph_hmap pending;    /* engine key -> pending_ev, over every shard */
   done_req *dones;     /* completions waiting for their done marks */
+  pos_req *waits;      /* requests waiting for their min_pos */
+  uint64_t pos_waits, pos_timeouts;
   uint64_t minted_marks;
   struct event *ev_mark; /* MARK_MS: the watermarks */
   /* Counters of GET /metrics and GET /v1/cluster (log.rebuild). */
@@ -270,6 +290,8 @@ static void arm_retry(cph_cflow *f) {
 
 static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, const char *why);
 
+#define FENCED_WHY "another node took the shard over: the log refuses this node's writes to it"
+
 /* Sends p again after RETRY_MS (a JetStream leader election takes a moment: resending at once
  * would only spin). */
 static void pub_retry_later(cph_cflow *f, pub *p) {
@@ -286,8 +308,16 @@ static void pub_send(cph_cflow *f, pub *p) {
     p->in_map = true;
     /* no answer later than the deadline: the request is answered on time */
     int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    shard_track *tr = p->kind == PUB_DONE || p->kind == PUB_MARK ? &f->tracks[p->shard] : NULL;
+    if (tr && tr->fenced) {
+      cph_hmap_del(&f->pubs, p->key);
+      p->in_map = false;
+      pub_outcome(f, p, false, 0, false, FENCED_WHY);
+      return;
+    }
+    uint64_t expect = !tr ? CPH_CLOG_NO_EXPECT : p->kind == PUB_DONE ? tr->done_last : tr->mark_rev;
     rc = cph_clog_publish(f->log, p->subject, p->msgid, p->data, p->len, p->kv_delete, left_ms,
-                          p->ref);
+                          p->ref, expect);
     if (rc == CPH_OK) {
       p->sends++;
       return;
@@ -336,6 +366,36 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
   p->in_map = false;
   if (rc == CPH_OK) {
     pub_outcome(f, p, true, seq, dup, NULL);
+    return;
+  }
+  if (rc == CPH_ECONFLICT && p->kind == PUB_MARK) {
+    /* Its revision unknown (a put stored without an acknowledgement) or another owner's: no
+     * more watermarks of the shard from this node until it takes the shard again. */
+    cph_warn("cluster log: the log refused the watermark of shard %" PRIu32 " (written by "
+             "another node, or a put of this node's was not acknowledged): none is put until "
+             "this node takes the shard again",
+             p->shard);
+    f->tracks[p->shard].mark_fenced = true;
+    pub_outcome(f, p, false, 0, false, why);
+    return;
+  }
+  if (rc == CPH_ECONFLICT && p->kind == PUB_DONE && mono_ns() < p->deadline_ns && f->log &&
+      !f->tracks[p->shard].fenced) {
+    /* Deposed, or a mark of this node's was stored without an acknowledgement: the last
+     * message of the subject tells (on_pos). The mark stays in flight meanwhile. */
+    shard_track *tr = &f->tracks[p->shard];
+    char prefix[160];
+    snprintf(prefix, sizeof prefix, "d.%s.%" PRIx64 ".", f->node, f->boot);
+    tr->check_ref = ++f->next_ref;
+    int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    if (cph_clog_check_fence(f->log, p->shard, prefix, left_ms, tr->check_ref) == CPH_OK) {
+      tr->checking = p;
+      return;
+    }
+  }
+  if (rc == CPH_ECONFLICT && p->kind == PUB_DONE) { /* fenced, or no time left to check */
+    pub_outcome(f, p, false, 0, false,
+                f->tracks[p->shard].fenced ? FENCED_WHY : "the log refused the mark (unchecked)");
     return;
   }
   cph_debug("cluster log: publish to %s failed (%s); retrying", p->subject, why ? why : "?");
@@ -465,7 +525,8 @@ static bool served(cph_cflow *f, uint32_t shard) {
 /* Every MARK_MS: each live shard's watermark goes to the log when it changed (one put in flight
  * per shard); a shard no longer served is dropped. Only the owner puts: a node that lost the
  * shard stops here, before the next owner can have read it (it rebuilds after the previous
- * owner's lease expired, and this node stops serving before that). */
+ * owner's lease expired, and this node stops serving before that). A put that comes late all
+ * the same is refused by the log: it expects the revision this node wrote last (10.). */
 static void on_mark(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
@@ -483,7 +544,7 @@ static void on_mark(evutil_socket_t fd, short what, void *arg) {
       continue;
     }
     uint64_t w = shard_watermark(tr);
-    if (w == tr->mark_put || tr->mark_sending)
+    if (w == tr->mark_put || tr->mark_sending || tr->fenced || tr->mark_fenced)
       continue;
     char subject[64], value[24];
     cph_clog_mark_subject(subject, sizeof subject, s);
@@ -538,6 +599,21 @@ static void done_answer(cph_cflow *f, done_req *dr) {
   json_decref(dr->answer);
   free(dr->session);
   free(dr);
+}
+
+/* Sends the shard's next done mark unless one is in flight: each expects the sequence of the
+ * one before (10.), so they go one at a time. */
+static void done_pump(cph_cflow *f, uint32_t shard) {
+  shard_track *tr = &f->tracks[shard];
+  if (tr->done_sending || !tr->done_head)
+    return;
+  pub *p = tr->done_head;
+  tr->done_head = p->next_done;
+  if (!tr->done_head)
+    tr->done_tail = NULL;
+  p->next_done = NULL;
+  tr->done_sending = true;
+  pub_send(f, p); /* may answer at once (then the next one is sent from there) */
 }
 
 /* One done mark: {"session", "keys": [keys[from..to)]}. */
@@ -616,9 +692,17 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cp
       f->dones->prev = dr;
     f->dones = dr;
   }
-  for (size_t i = 0; i < n; i++)
-    pub_send(f, parts[i]);
+  shard_track *tr = &f->tracks[dr->shard];
+  for (size_t i = 0; i < n; i++) {
+    parts[i]->shard = dr->shard;
+    if (tr->done_tail)
+      tr->done_tail->next_done = parts[i];
+    else
+      tr->done_head = parts[i];
+    tr->done_tail = parts[i];
+  }
   free(parts);
+  done_pump(f, dr->shard);
   if (--dr->outstanding == 0)
     done_answer(f, dr);
   return true;
@@ -987,18 +1071,25 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     break;
   case PUB_DONE: {
     done_req *dr = p->dr;
+    shard_track *tr = &f->tracks[p->shard];
+    tr->done_sending = false;
+    if (ok && seq > tr->done_last)
+      tr->done_last = seq;
     if (!ok) {
       dr->failed++;
       snprintf(dr->why, sizeof dr->why, "%s", why ? why : "no answer");
     }
     if (--dr->outstanding == 0)
       done_answer(f, dr);
+    done_pump(f, p->shard);
     break;
   }
   case PUB_MARK: {
     shard_track *tr = &f->tracks[p->shard];
     tr->mark_sending = false;
     if (ok) {
+      if (seq > tr->mark_rev)
+        tr->mark_rev = seq;
       tr->mark_put = p->mark;
       f->marks_put++;
     } else {
@@ -1288,6 +1379,10 @@ static bool rebuild_done_keys(const cph_clog_replay *rp, cph_hmap *done, json_t 
     const cph_clog_entry *e = &rp->entries[i];
     json_t *doc = json_loadb(e->data, e->len, 0, NULL);
     json_t *keys = json_object_get(doc, "keys");
+    if (!keys && json_object_get(doc, "epoch")) { /* an owner's fence (10.), no mark */
+      json_decref(doc);
+      continue;
+    }
     if (!json_is_array(keys)) {
       cph_warn("cluster log: done mark %" PRIu64 " of shard %" PRIu32
                " is malformed (no \"keys\" array); skipped",
@@ -1565,6 +1660,80 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
   rebuild_free(rb);
 }
 
+/* ================================================================ min_pos (9.) */
+
+/* A fence check's outcome (10.): the refused mark p is sent again expecting seq (this node
+ * wrote last), or the shard is fenced here (another node did) and p fails. */
+static void fence_checked(cph_cflow *f, shard_track *tr, int rc, uint64_t seq) {
+  pub *p = tr->checking;
+  tr->checking = NULL;
+  if (rc == CPH_OK) {
+    cph_info("cluster log: a done mark of shard %" PRIu32 " was stored unacknowledged; "
+             "continuing after it",
+             p->shard);
+    if (seq > tr->done_last)
+      tr->done_last = seq;
+    pub_send(f, p);
+    return;
+  }
+  if (rc == CPH_ECONFLICT && !tr->fenced) {
+    cph_error("cluster log: the log refused a write to %s: another node took shard %" PRIu32
+              " over; this node writes nothing more of it until it takes it again",
+              p->subject, p->shard);
+    tr->fenced = true;
+  }
+  pub_outcome(f, p, false, 0, false,
+              rc == CPH_ECONFLICT ? FENCED_WHY
+                                  : "the log refused the mark and its last one could not be read");
+}
+
+static void on_pos(void *ctx, uint64_t ref, int rc, uint64_t seq, const char *why) {
+  cph_cflow *f = ctx;
+  for (uint32_t s = 0; s < f->shards; s++)
+    if (f->tracks[s].checking && f->tracks[s].check_ref == ref) {
+      fence_checked(f, &f->tracks[s], rc, seq);
+      return;
+    }
+  pos_req **pp = &f->waits;
+  while (*pp && (*pp)->ref != ref)
+    pp = &(*pp)->next;
+  pos_req *w = *pp;
+  if (!w)
+    return;
+  *pp = w->next;
+  cph_req *r = w->r;
+  if (rc == CPH_OK) {
+    w->resume(r);
+  } else {
+    f->pos_timeouts++;
+    cph_reply_error(r, 504, "timeout", "min_pos", "%s; retry, or read without min_pos",
+                    why ? why : "the log position was not applied here in time");
+    cph_req_end(r);
+  }
+  free(w);
+}
+
+void cph_cflow_wait_pos(cph_cflow *f, cph_req *r, uint64_t pos, int64_t shard,
+                        void (*resume)(cph_req *r)) {
+  pos_req *w = f->quiesced ? NULL : calloc(1, sizeof *w);
+  int rc =
+      w ? cph_clog_wait_pos(f->log, pos, shard, CPH_MIN_POS_WAIT_MS, ++f->next_ref) : CPH_EBUSY;
+  if (rc != CPH_OK) {
+    free(w);
+    cph_reply_error(r, 503, "unavailable", "min_pos",
+                    "the cluster log is not reachable from this node: min_pos cannot be checked");
+    return;
+  }
+  w->r = r;
+  w->ref = f->next_ref;
+  w->pos = pos;
+  w->resume = resume;
+  w->next = f->waits;
+  f->waits = w;
+  f->pos_waits++;
+  r->async = true;
+}
+
 static void on_replayed(void *ctx, cph_clog_replay *rp) {
   cph_cflow *f = ctx;
   uint32_t shard = rp->shard;
@@ -1581,6 +1750,9 @@ static void on_replayed(void *ctx, cph_clog_replay *rp) {
     tr->rb = NULL;
   }
   drop_shard(f, shard);
+  tr->mark_rev = rp->mark_rev; /* the fences this node just took (10.) */
+  tr->done_last = rp->done_last;
+  tr->fenced = tr->mark_fenced = false;
   rebuild *rb = calloc(1, sizeof *rb);
   cph_hmap done = CPH_HMAP_INIT;
   json_t *docs = json_array();
@@ -1845,7 +2017,7 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
   }
-  cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry, on_replayed};
+  cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
                                                    : pol->dedupe.key_window_seconds;
   int rc = cph_clog_start(&pol->cluster, window, s->cluster, s->base,
@@ -1888,6 +2060,14 @@ void cph_cflow_quiesce(cph_cflow *f) {
     cph_req_end(dr->r);
     dr->r = NULL; /* dr stays reachable from its pubs, freed with them */
   }
+  while (f->waits) {
+    pos_req *w = f->waits;
+    f->waits = w->next;
+    cph_reply_error(w->r, 503, "unavailable", NULL,
+                    "cephalond is stopping before min_pos was applied here");
+    cph_req_end(w->r);
+    free(w);
+  }
   cph_clog_stop(f->log);
   f->log = NULL;
 }
@@ -1900,6 +2080,18 @@ void cph_cflow_free(cph_cflow *f) {
   ingest_req **irs = NULL;
   size_t n_irs = 0;
   pub *all = f->retry_head;
+  for (uint32_t sh = 0; f->tracks && sh < f->shards; sh++) { /* marks not sent, or checked */
+    if (f->tracks[sh].checking) {
+      f->tracks[sh].checking->next_retry = all;
+      all = f->tracks[sh].checking;
+      f->tracks[sh].checking = NULL;
+    }
+    for (pub *p = f->tracks[sh].done_head, *next; p; p = next) {
+      next = p->next_done;
+      p->next_retry = all;
+      all = p;
+    }
+  }
   for (size_t i = 0; i < f->pubs.cap; i++)
     if (f->pubs.slots[i].key) {
       pub *p = f->pubs.slots[i].value;
@@ -2054,6 +2246,12 @@ json_t *cph_cflow_json(cph_cflow *f) {
   for (ingest_req *ir = f->reqs; ir; ir = ir->next)
     waiting++;
   json_object_set_new(o, "waiting_requests", json_integer((json_int_t)waiting));
+  size_t waiting_pos = 0;
+  for (pos_req *w = f->waits; w; w = w->next)
+    waiting_pos++;
+  json_object_set_new(o, "min_pos",
+                      json_pack("{sIsIsI}", "waiting", (json_int_t)waiting_pos, "waits",
+                                (json_int_t)f->pos_waits, "timeouts", (json_int_t)f->pos_timeouts));
   cph_clog_stats st = {0};
   if (f->log)
     cph_clog_get_stats(f->log, &st);

@@ -123,8 +123,56 @@
  *    between W and L and all its marks since W; with turns consuming input, W stays close to
  *    L. Measured on loopback: 2,400 messages read in 50-80 ms and applied in 70-100 ms.
  *
+ * 9. Reads see writes (min_pos, DESIGN §14). A client that got `pos` P from 1. may pass it to
+ *    a session's GET routes (?min_pos=P) and to the lease ("min_pos": P) on any node; the
+ *    request waits, off the loop, until this node applied every message at or below P routed
+ *    to that session's shard (the lease: to any shard served here), then runs as without it.
+ *    P's message is applied by the owner of its shard X, which forwards copies (3.) with later
+ *    positions to the subscribers' shards. As P is acknowledged only after its forwards were
+ *    (3.), once consumer s<X>'s ack floor reached P every forward of P is at or below the
+ *    stream's last sequence L read after that; and once the consumer of the session's shard
+ *    — bound here, after its rebuild (8.) — has acknowledged everything up to L (its ack floor
+ *    reached L, or nothing is pending or unacknowledged), this node committed them all: it
+ *    acknowledges only after the engine committed, only while serving the shard, and what a
+ *    previous owner acknowledged the rebuild applied. The log's pos thread does those steps
+ *    (clusterlog.h, "Waiting for a position"); the route then runs again behind the shard's
+ *    gate (421 if the shard moved meanwhile). Bound: CPH_MIN_POS_WAIT_MS (5 s), then 504
+ *    `timeout` on field min_pos; the lease's own wait_ms begins after. Only requests that carry
+ *    min_pos pay (a few JetStream requests, ~10 ms on loopback); without the log it is checked
+ *    (400 unless a non-negative integer) and ignored: one node applies before it answers.
+ *
+ * 10. Fencing a deposed owner (DESIGN §14 "State"). A node stops serving a shard before its lease
+ *    can expire (cluster.h), but a write it decided before that (a done mark, a watermark put)
+ *    could still reach the log after the next owner read the shard's past. So the writes only an
+ *    owner makes carry a fencing token JetStream checks: the expected last sequence of their
+ *    subject (nats-server 2.9 checks it on the subject published to only). Taking a shard, before
+ *    its replay, the node writes the shard's watermark key in CEPH_SHARDS again with its value,
+ *    expecting the revision it just read (or creates it as 1, expecting none), and appends
+ *    {"epoch": node} to ceph.s.done.<shard> expecting that subject's last sequence; a write in
+ *    between (the previous owner's) makes either fail, and both are read and tried again. It then
+ *    reads the done marks after its epoch, so the rebuild sees every mark that landed before it.
+ *    From then on its watermark puts expect the revision of its last put and its done marks the
+ *    sequence of its last mark (or of its epoch): done marks of a shard go one at a time, in order
+ *    (a completion's 200 waits for the marks queued before its own; ~1 ms each on loopback). Once
+ *    another node took the shard, its epoch moved both subjects on, so this node's next write is
+ *    refused (JetStream "wrong last sequence"): the shard is fenced here — no more marks or
+ *    watermarks of it until this node takes it again — and a completion waiting for the refused
+ *    mark answers 503 `unavailable` (its input may be delivered again by the new owner, whose
+ *    rebuild did not see the mark). A message id seen before is a duplicate before any expectation
+ *    is checked, so a resend of a mark that was stored is not refused; a mark refused all the same
+ *    (an earlier one of this node was stored but never acknowledged, so this node expects too
+ *    little) is told apart by reading the subject's last message: this node's own mark or epoch —
+ *    it continues after it — or another node's epoch or mark — deposed. A refused watermark put
+ *    cannot be told apart (its value names no node): the node puts no more watermarks of the shard
+ *    until it takes it again, which only makes a later rebuild read further back. Not fenced:
+ *    forwards (3.) — many shards' owners write to a shard's fwd subject; a deposed owner's forward
+ *    carries the same message id as the one the next owner makes when it applies that
+ *    unacknowledged message again, so the log keeps one (only a session the deposed owner's table
+ *    still routed to and the new one's no longer does could get a stray copy); session records
+ *    (4.) — last writer wins, as before.
+ *
  * Not here (later slices): snapshots of a shard's other state (histories, memories, trees,
- * credits), fencing of a deposed owner's writes, min_pos. */
+ * credits). */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 
@@ -162,10 +210,18 @@ void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cp
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);
+/* min_pos (see 9. above): r waits, off the loop, until log position pos is applied here for
+ * shard (-1: every shard this node serves), then resume(r) runs the route (it answers, or sets
+ * r->async, as a handler does, and the request ends the same way); or r is answered 504
+ * `timeout` after CPH_MIN_POS_WAIT_MS, 503 `unavailable` when the log is not reachable. Sets
+ * r->async when r waits. */
+#define CPH_MIN_POS_WAIT_MS 5000
+void cph_cflow_wait_pos(cph_cflow *f, cph_req *r, uint64_t pos, int64_t shard,
+                        void (*resume)(cph_req *r));
 /* The cephalon_cluster_log_* families of GET /metrics, appended to out. CPH_OK or CPH_ENOMEM. */
 int cph_cflow_metrics(cph_cflow *f, cph_buf *out);
-/* {"state", ..., "sessions_known", "applied", "forwarded", "rebuild": {...}} for
- * GET /v1/cluster. */
+/* {"state", ..., "sessions_known", "applied", "forwarded", "min_pos": {...}, "rebuild": {...}}
+ * for GET /v1/cluster. */
 json_t *cph_cflow_json(cph_cflow *f);
 
 #endif

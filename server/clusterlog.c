@@ -27,13 +27,17 @@
 #define REPLAY_THREADS 2
 #define REPLAY_IDLE_MS 10000 /* a read of a shard's past that gets nothing this long fails */
 #define REPLAY_RETRY_MS 1000 /* after a failed read */
+#define EXPECT_HEADER "Nats-Expected-Last-Subject-Sequence"
+#define JS_WRONG_LAST_SEQ 10071 /* JetStream's "wrong last sequence": a fenced write */
+#define EPOCH_TRIES 20          /* taking a shard's fences, against a late writer */
+#define POS_POLL_MS 5        /* min_pos: between two rounds that made no progress */
 
-typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY } item_kind;
+typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY, ITEM_POS } item_kind;
 
 typedef struct item {
   struct item *next;
   item_kind kind;
-  /* ITEM_PUB */
+  /* ITEM_PUB, ITEM_POS */
   uint64_t ref;
   int rc;
   uint64_t seq;
@@ -63,6 +67,27 @@ typedef struct replay_req {
   uint32_t shard;
   uint64_t gen;
 } replay_req;
+
+/* A min_pos wait (clusterlog.h, "Waiting for a position"), on the pos thread. */
+typedef enum pos_stage {
+  POS_SOURCE, /* read the message at pos: its shard */
+  POS_ACKED,  /* wait until its shard's consumer acknowledged it */
+  POS_LAST,   /* read the stream's last sequence L */
+  POS_LOCAL   /* wait until every target shard's consumer, bound here, acknowledged all to L */
+} pos_stage;
+
+typedef struct pos_wait {
+  struct pos_wait *next;
+  uint64_t ref, pos;
+  int64_t shard; /* the target shard, or -1: every shard served here */
+  int64_t deadline_ns;
+  pos_stage stage;
+  uint32_t source;     /* POS_ACKED: the shard of the message at pos */
+  uint64_t last;       /* POS_LOCAL: L */
+  uint32_t next_shard; /* POS_LOCAL with shard -1: the shards below it are done */
+  bool fence_check;    /* a fence check (cph_clog_check_fence) instead: shard, prefix */
+  char prefix[160];
+} pos_wait;
 
 typedef struct shard_sub {
   natsSubscription *sub;
@@ -112,6 +137,10 @@ struct cph_clog {
   uint32_t replaying; /* shards in PHASE_REPLAYING or PHASE_APPLYING */
   pthread_t replay_threads[REPLAY_THREADS];
   size_t n_replay_threads;
+  uint8_t *is_bound; /* per shard: bound here (the log thread writes it, under mu) */
+  pos_wait *pos_new; /* min_pos waits not taken by the pos thread yet */
+  pthread_t pos_thread;
+  bool pos_started;
 
   /* Set by the log thread before ready, then only read until stop. */
   natsConnection *nc;
@@ -203,6 +232,9 @@ static void on_queue(evutil_socket_t fd, short what, void *arg) {
       } else {
         l->hooks.message(l->hooks.ctx, it->msg);
       }
+    } else if (it->kind == ITEM_POS) {
+      if (!quiesced)
+        l->hooks.pos(l->hooks.ctx, it->ref, it->rc, it->seq, it->why);
     } else if (it->kind == ITEM_REPLAY) {
       if (quiesced)
         cph_clog_replay_free(it->replay);
@@ -255,7 +287,7 @@ static void on_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, 
     it->seq = pa->Sequence;
     it->dup = pa->Duplicate;
   } else {
-    it->rc = CPH_EBUSY;
+    it->rc = pae && pae->ErrCode == JS_WRONG_LAST_SEQ ? CPH_ECONFLICT : CPH_EBUSY;
     char why[256];
     snprintf(why, sizeof why, "%s%s%s", natsStatus_GetText(pae ? pae->Err : NATS_ERR),
              pae && pae->ErrText ? ": " : "", pae && pae->ErrText ? pae->ErrText : "");
@@ -588,6 +620,7 @@ static void bind_shard(cph_clog *l, uint32_t s) {
   natsSubscription_SetPendingLimits(l->subs[s].sub, 1 << 20, 1 << 30);
   pthread_mutex_lock(&l->mu);
   l->bound++;
+  l->is_bound[s] = 1;
   pthread_mutex_unlock(&l->mu);
 }
 
@@ -611,6 +644,7 @@ static void unbind_shard(cph_clog *l, uint32_t s) {
 counted:
   pthread_mutex_lock(&l->mu);
   l->bound--;
+  l->is_bound[s] = 0;
   pthread_mutex_unlock(&l->mu);
 }
 
@@ -834,6 +868,74 @@ static bool replay_range(cph_clog *l, cph_clog_replay *rp, size_t *cap, const ch
   return ok;
 }
 
+/* The fences of a shard this node takes (clusterflow.h 10.), before its past is read: the
+ * watermark's key is written again with its own value, expecting the revision just read (or
+ * created as 1, expecting none), and an epoch message goes to ceph.s.done.<shard>, expecting the
+ * subject's last sequence just read. Either write fails only when another node wrote there in
+ * between (a previous owner's late write): then both are read and tried again. From then on a
+ * previous owner's watermark put or done mark, which expects what it wrote last, is refused.
+ * Sets rp->from (the watermark), rp->mark_rev and rp->done_last; false with why set. */
+static bool take_fences(cph_clog *l, cph_clog_replay *rp, const char *key, char *why, size_t size) {
+  char done[64], epoch[160];
+  cph_clog_done_subject(done, sizeof done, rp->shard);
+  snprintf(epoch, sizeof epoch, "{\"epoch\":\"%s\"}", l->node);
+  for (int t = 0; t < EPOCH_TRIES && !stopping(l); t++) {
+    kvEntry *e = NULL;
+    natsStatus st = kvStore_Get(&e, l->kv_marks, key);
+    uint64_t rev = 0;
+    rp->from = 1;
+    if (st == NATS_OK) {
+      const char *v = kvEntry_ValueString(e);
+      char *end = NULL;
+      unsigned long long w = v ? strtoull(v, &end, 10) : 0;
+      if (v && end != v && *end == '\0' && w >= 1)
+        rp->from = (uint64_t)w;
+      else
+        cph_warn("cluster log: the watermark of shard %" PRIu32 " in %s is malformed "
+                 "(\"%.40s\"); reading the shard from the start",
+                 rp->shard, CPH_CLOG_MARKS, v ? v : "");
+      st = kvStore_UpdateString(&rev, l->kv_marks, key, v ? v : "1", kvEntry_Revision(e));
+      kvEntry_Destroy(e);
+    } else if (st == NATS_NOT_FOUND) {
+      st = kvStore_CreateString(&rev, l->kv_marks, key, "1");
+    } else {
+      snprintf(why, size, "the watermark of shard %" PRIu32 ": %s", rp->shard,
+               nats_GetLastError(NULL));
+      return false;
+    }
+    if (st != NATS_OK)
+      continue; /* written in between (or a NATS error): read again */
+    rp->mark_rev = rev;
+    uint64_t last = 0;
+    const char *subjects[] = {done};
+    if (!last_seq(l, subjects, 1, &last, why, size))
+      return false;
+    natsMsg *m = NULL;
+    char e_last[24];
+    snprintf(e_last, sizeof e_last, "%" PRIu64, last);
+    st = natsMsg_Create(&m, done, NULL, epoch, (int)strlen(epoch));
+    if (st == NATS_OK)
+      st = natsMsgHeader_Set(m, EXPECT_HEADER, e_last);
+    jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    if (st == NATS_OK)
+      st = js_PublishMsg(&pa, l->js, m, NULL, &jerr);
+    natsMsg_Destroy(m);
+    if (st == NATS_OK) {
+      rp->done_last = pa->Sequence;
+      jsPubAck_Destroy(pa);
+      return true;
+    }
+    if (jerr != JS_WRONG_LAST_SEQ) {
+      snprintf(why, size, "the epoch of shard %" PRIu32 ": %s", rp->shard, nats_GetLastError(NULL));
+      return false;
+    }
+  }
+  snprintf(why, size, "the fences of shard %" PRIu32 ": written by another node %d times over",
+           rp->shard, EPOCH_TRIES);
+  return false;
+}
+
 /* Reads what the loop rebuilds shard from (clusterlog.h, "Taking a shard over"): the
  * watermark, then the shard's events from it to the stream's last sequence now, then its
  * done marks from it to the newest. NULL with why set on failure. */
@@ -850,26 +952,11 @@ static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, c
   rp->from = 1;
   char key[16];
   snprintf(key, sizeof key, "%" PRIu32, shard);
-  kvEntry *e = NULL;
-  natsStatus st = kvStore_Get(&e, l->kv_marks, key);
-  if (st == NATS_OK) {
-    const char *v = kvEntry_ValueString(e);
-    char *end = NULL;
-    unsigned long long w = v ? strtoull(v, &end, 10) : 0;
-    if (v && end != v && *end == '\0' && w >= 1)
-      rp->from = (uint64_t)w;
-    else
-      cph_warn("cluster log: the watermark of shard %" PRIu32 " in %s is malformed (\"%.40s\"); "
-               "reading the shard from the start",
-               shard, CPH_CLOG_MARKS, v ? v : "");
-    kvEntry_Destroy(e);
-  } else if (st != NATS_NOT_FOUND) {
-    snprintf(why, size, "the watermark of shard %" PRIu32 ": %s", shard, nats_GetLastError(NULL));
+  if (!take_fences(l, rp, key, why, size))
     goto fail;
-  }
   jsStreamInfo *si = NULL;
   jsErrCode jerr = 0;
-  st = js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr);
+  natsStatus st = js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr);
   if (st != NATS_OK) {
     snprintf(why, size, "stream %s: %s", CPH_CLOG_STREAM, nats_GetLastError(NULL));
     goto fail;
@@ -951,6 +1038,207 @@ static void *replay_thread(void *arg) {
   return NULL;
 }
 
+/* ================================================================ min_pos */
+
+static void pos_answer(cph_clog *l, pos_wait *w, int rc, uint64_t seq, const char *why) {
+  item *it = calloc(1, sizeof *it);
+  if (it) {
+    it->kind = ITEM_POS;
+    it->ref = w->ref;
+    it->rc = rc;
+    it->seq = seq;
+    it->why = why ? strdup(why) : NULL;
+    push_item(l, it);
+  } else {
+    cph_error("cluster log: a min_pos answer could not be handed to the loop");
+  }
+  free(w);
+}
+
+/* Whether every message of consumer `durable` up to `upto` was acknowledged (its ack floor
+ * reached it, or nothing is pending or unacknowledged). -1 on a NATS error. */
+static int pos_acked(cph_clog *l, uint32_t shard, uint64_t upto) {
+  char durable[32];
+  snprintf(durable, sizeof durable, "s%" PRIu32, shard);
+  jsConsumerInfo *ci = NULL;
+  jsErrCode jerr = 0;
+  if (js_GetConsumerInfo(&ci, l->js, CPH_CLOG_STREAM, durable, NULL, &jerr) != NATS_OK)
+    return -1;
+  int done = ci->AckFloor.Stream >= upto || (ci->NumAckPending == 0 && ci->NumPending == 0);
+  jsConsumerInfo_Destroy(ci);
+  return done;
+}
+
+/* Whether shard s is served here, rebuilt and bound (its acknowledgements are this node's). */
+static bool pos_local(cph_clog *l, uint32_t s) {
+  char node[8], url[8];
+  if (cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) != CPH_CLUSTER_SERVED)
+    return false;
+  pthread_mutex_lock(&l->mu);
+  bool b = l->is_bound[s] && l->phase[s] == PHASE_READY;
+  pthread_mutex_unlock(&l->mu);
+  return b;
+}
+
+/* A fence check (cph_clog_check_fence): CPH_OK with *seq, CPH_ECONFLICT, or CPH_EBUSY (not
+ * read: try again). */
+static int fence_read(cph_clog *l, pos_wait *w, uint64_t *seq) {
+  char subject[64];
+  cph_clog_done_subject(subject, sizeof subject, (uint32_t)w->shard);
+  natsMsg *m = NULL;
+  jsErrCode jerr = 0;
+  if (js_GetLastMsg(&m, l->js, CPH_CLOG_STREAM, subject, NULL, &jerr) != NATS_OK)
+    return CPH_EBUSY; /* there is one: this node's epoch at least */
+  const char *id = NULL;
+  bool ours = natsMsgHeader_Get(m, "Nats-Msg-Id", &id) == NATS_OK && id &&
+              strncmp(id, w->prefix, strlen(w->prefix)) == 0;
+  if (!ours) {
+    json_t *doc = json_loadb(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), 0, NULL);
+    const char *epoch = json_string_value(json_object_get(doc, "epoch"));
+    ours = epoch && strcmp(epoch, l->node) == 0;
+    json_decref(doc);
+  }
+  *seq = natsMsg_GetSequence(m);
+  natsMsg_Destroy(m);
+  return ours ? CPH_OK : CPH_ECONFLICT;
+}
+
+/* One step of w: true when it advanced (try the next step at once), false when it waits. */
+static bool pos_step(cph_clog *l, pos_wait *w) {
+  jsErrCode jerr = 0;
+  switch (w->stage) {
+  case POS_SOURCE: {
+    natsMsg *m = NULL;
+    natsStatus st = js_GetMsg(&m, l->js, CPH_CLOG_STREAM, w->pos, NULL, &jerr);
+    if (st != NATS_OK) {
+      /* Not stored yet (a position above the stream's last), or gone: read L, which tells. */
+      uint64_t last = 0;
+      jsStreamInfo *si = NULL;
+      if (js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr) != NATS_OK)
+        return false;
+      last = si->State.LastSeq;
+      jsStreamInfo_Destroy(si);
+      if (last < w->pos)
+        return false;
+      w->stage = POS_LAST; /* deleted: nothing of it to wait for but what came before L */
+      return true;
+    }
+    const char *subject = natsMsg_GetSubject(m);
+    unsigned long shard = 0;
+    char kind[8] = "";
+    if (sscanf(subject, "ceph.s.%lu.%7s", &shard, kind) == 2 &&
+        (strcmp(kind, "in") == 0 || strcmp(kind, "fwd") == 0) && shard < l->shards) {
+      w->source = (uint32_t)shard;
+      w->stage = POS_ACKED;
+    } else {
+      w->stage = POS_LAST; /* a done mark, a bucket entry: applied by nobody */
+    }
+    natsMsg_Destroy(m);
+    return true;
+  }
+  case POS_ACKED:
+    if (pos_acked(l, w->source, w->pos) != 1)
+      return false;
+    w->stage = POS_LAST;
+    return true;
+  case POS_LAST: {
+    jsStreamInfo *si = NULL;
+    if (js_GetStreamInfo(&si, l->js, CPH_CLOG_STREAM, NULL, &jerr) != NATS_OK)
+      return false;
+    w->last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    w->stage = POS_LOCAL;
+    return true;
+  }
+  case POS_LOCAL:
+    if (w->shard >= 0) {
+      if (!pos_local(l, (uint32_t)w->shard) || pos_acked(l, (uint32_t)w->shard, w->last) != 1)
+        return false;
+      w->next_shard = l->shards;
+      return true;
+    }
+    while (w->next_shard < l->shards) {
+      char node[8], url[8];
+      uint32_t s = w->next_shard;
+      if (cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) ==
+          CPH_CLUSTER_SERVED) {
+        if (!pos_local(l, s) || pos_acked(l, s, w->last) != 1)
+          return false;
+      }
+      w->next_shard++;
+    }
+    return true;
+  }
+  return false;
+}
+
+/* The pos thread: takes new waits, steps every wait as far as it goes, answers those that
+ * reached their position or their deadline, then naps POS_POLL_MS. */
+static void *pos_thread(void *arg) {
+  cph_clog *l = arg;
+  pos_wait *waits = NULL;
+  pthread_mutex_lock(&l->mu);
+  for (;;) {
+    while (!l->stop && !waits && !(l->pos_new && l->ready))
+      pthread_cond_wait(&l->cv, &l->mu);
+    if (l->stop)
+      break;
+    if (l->ready)
+      while (l->pos_new) {
+        pos_wait *w = l->pos_new;
+        l->pos_new = w->next;
+        w->next = waits;
+        waits = w;
+      }
+    pthread_mutex_unlock(&l->mu);
+    pos_wait **pp = &waits;
+    while (*pp) {
+      pos_wait *w = *pp;
+      if (w->fence_check) {
+        uint64_t seq = 0;
+        int rc = fence_read(l, w, &seq);
+        if (rc != CPH_EBUSY || mono_ns() >= w->deadline_ns) {
+          *pp = w->next;
+          pos_answer(l, w, rc == CPH_EBUSY ? CPH_ETIMEDOUT : rc, seq, NULL);
+        } else {
+          pp = &w->next;
+        }
+        continue;
+      }
+      while (w->stage != POS_LOCAL || w->next_shard < l->shards)
+        if (!pos_step(l, w) || stopping(l))
+          break;
+      bool reached = w->stage == POS_LOCAL && w->next_shard >= l->shards;
+      if (reached || mono_ns() >= w->deadline_ns) {
+        *pp = w->next;
+        if (reached) {
+          pos_answer(l, w, CPH_OK, 0, NULL);
+        } else {
+          char why[160];
+          snprintf(why, sizeof why, "log position %" PRIu64 " was not applied here in time (%s)",
+                   w->pos,
+                   w->stage == POS_SOURCE  ? "not in the log yet"
+                   : w->stage == POS_ACKED ? "its shard's owner has not applied it yet"
+                                           : "this node has not applied what it caused yet");
+          pos_answer(l, w, CPH_ETIMEDOUT, 0, why);
+        }
+      } else {
+        pp = &w->next;
+      }
+    }
+    if (waits)
+      nap(l, POS_POLL_MS);
+    pthread_mutex_lock(&l->mu);
+  }
+  pthread_mutex_unlock(&l->mu);
+  while (waits) {
+    pos_wait *w = waits;
+    waits = w->next;
+    free(w);
+  }
+  return NULL;
+}
+
 static void *log_thread(void *arg) {
   cph_clog *l = arg;
   while (!stopping(l)) {
@@ -1012,7 +1300,9 @@ int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
   l->phase = calloc(l->shards, sizeof *l->phase);
   l->replay_gen = calloc(l->shards, sizeof *l->replay_gen);
   l->replay_after_ns = calloc(l->shards, sizeof *l->replay_after_ns);
-  if (!l->node || !l->urls || !l->subs || !l->phase || !l->replay_gen || !l->replay_after_ns)
+  l->is_bound = calloc(l->shards, sizeof *l->is_bound);
+  if (!l->node || !l->urls || !l->subs || !l->phase || !l->replay_gen || !l->replay_after_ns ||
+      !l->is_bound)
     goto nomem;
   for (size_t i = 0; i < cfg->nats_count; i++, l->n_urls++)
     if (!(l->urls[i] = strdup(cfg->nats[i])))
@@ -1034,6 +1324,9 @@ int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
   for (; l->n_replay_threads < REPLAY_THREADS; l->n_replay_threads++)
     if (pthread_create(&l->replay_threads[l->n_replay_threads], NULL, replay_thread, l) != 0)
       goto io;
+  if (pthread_create(&l->pos_thread, NULL, pos_thread, l) != 0)
+    goto io;
+  l->pos_started = true;
   *out = l;
   return CPH_OK;
 nomem:
@@ -1082,6 +1375,13 @@ void cph_clog_stop(cph_clog *l) {
     pthread_join(l->thread, NULL);
   for (size_t i = 0; i < l->n_replay_threads; i++)
     pthread_join(l->replay_threads[i], NULL);
+  if (l->pos_started)
+    pthread_join(l->pos_thread, NULL);
+  while (l->pos_new) {
+    pos_wait *w = l->pos_new;
+    l->pos_new = w->next;
+    free(w);
+  }
   while (l->replay_head) {
     replay_req *rq = l->replay_head;
     l->replay_head = rq->next;
@@ -1119,6 +1419,7 @@ void cph_clog_stop(cph_clog *l) {
   free(l->phase);
   free(l->replay_gen);
   free(l->replay_after_ns);
+  free(l->is_bound);
   free(l->node);
   pthread_cond_destroy(&l->cv);
   pthread_mutex_destroy(&l->mu);
@@ -1170,7 +1471,8 @@ int cph_clog_session_subject(char *buf, size_t size, const char *session) {
 }
 
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
-                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref) {
+                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref,
+                     uint64_t expect) {
   pthread_mutex_lock(&l->mu);
   bool ok = l->ready && !l->quiesced && l->in_flight < MAX_IN_FLIGHT;
   if (ok)
@@ -1186,6 +1488,11 @@ int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const 
     s = natsMsgHeader_Set(m, REF_HEADER, refs);
   if (s == NATS_OK && kv_delete)
     s = natsMsgHeader_Set(m, "KV-Operation", "DEL");
+  if (s == NATS_OK && expect != CPH_CLOG_NO_EXPECT) {
+    char e[24];
+    snprintf(e, sizeof e, "%" PRIu64, expect);
+    s = natsMsgHeader_Set(m, EXPECT_HEADER, e);
+  }
   jsPubOptions po;
   jsPubOptions_Init(&po);
   po.MsgId = msgid;
@@ -1248,4 +1555,45 @@ json_t *cph_clog_json(cph_clog *l) {
                         "in_flight", (json_int_t)l->in_flight, "last_error", l->last_error);
   pthread_mutex_unlock(&l->mu);
   return o;
+}
+
+static int pos_queue(cph_clog *l, pos_wait *w) {
+  pthread_mutex_lock(&l->mu);
+  bool ok = l->ready && !l->quiesced && !l->stop;
+  if (ok) {
+    w->next = l->pos_new;
+    l->pos_new = w;
+    pthread_cond_broadcast(&l->cv);
+  }
+  pthread_mutex_unlock(&l->mu);
+  if (!ok) {
+    free(w);
+    return CPH_EBUSY;
+  }
+  return CPH_OK;
+}
+
+int cph_clog_check_fence(cph_clog *l, uint32_t shard, const char *mark_prefix, int64_t wait_ms,
+                         uint64_t ref) {
+  pos_wait *w = calloc(1, sizeof *w);
+  if (!w)
+    return CPH_ENOMEM;
+  w->ref = ref;
+  w->shard = shard;
+  w->fence_check = true;
+  snprintf(w->prefix, sizeof w->prefix, "%s", mark_prefix);
+  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  return pos_queue(l, w);
+}
+
+int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref) {
+  pos_wait *w = calloc(1, sizeof *w);
+  if (!w)
+    return CPH_ENOMEM;
+  w->ref = ref;
+  w->pos = pos;
+  w->shard = shard >= 0 && shard < (int64_t)l->shards ? shard : -1;
+  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  w->stage = POS_SOURCE;
+  return pos_queue(l, w);
 }

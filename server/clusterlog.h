@@ -26,24 +26,38 @@
  *     sequence in decimal (clusterflow.h 7.), put by the shard's owner; history 1.
  *
  * Taking a shard over. A shard this node serves is not bound at once: first a replay thread
- * reads its past — the watermark in CEPH_SHARDS (1 if none), the stream's last sequence L at
- * that moment, every ceph.s.<shard>.in/fwd message from the watermark to L and every done mark
- * of the shard from the watermark on (ordered consumers: ephemeral, no acks) — and hands it to
- * the loop (hooks.replayed). The loop rebuilds the shard's sessions from it and calls
- * cph_clog_rebuilt; only then does the next sync bind the shard's consumer, so no message of
- * the consumer is applied before the rebuild. A replay starts only once the bucket watch has
- * delivered every session record there was (the loop then knows the sessions to adopt). A
- * failed read is tried again a second later; a shard no longer served drops its replay.
+ * takes the shard's fences (clusterflow.h 10.: a write to its watermark's key and an epoch on
+ * ceph.s.done.<shard>, each expecting what it just read there), then reads its past — the watermark
+ * in CEPH_SHARDS (1 if none), the stream's last sequence L at that moment, every
+ * ceph.s.<shard>.in/fwd message from the watermark to L and every done mark of the shard from the
+ * watermark on (ordered consumers: ephemeral, no acks) — and hands it to the loop (hooks.replayed).
+ * The loop rebuilds the shard's sessions from it and calls cph_clog_rebuilt; only then does the
+ * next sync bind the shard's consumer, so no message of the consumer is applied before the rebuild.
+ * A replay starts only once the bucket watch has delivered every session record there was (the loop
+ * then knows the sessions to adopt). A failed read is tried again a second later; a shard no longer
+ * served drops its replay.
  *
  * Threads. libnats runs its own (connection, delivery pool, timers). cph_clog_start adds the
  * log thread, which connects (retrying), creates the stream, the buckets and the shard
  * consumers, and every 100 ms queues replays of, or binds to, the consumers of the shards this
  * node serves (cph_cluster_route) and unbinds from those it no longer serves; it also reads
- * the bucket's watcher. And two replay threads. Nothing of that runs on the event loop. The loop
+ * the bucket's watcher. And two replay threads, and the pos thread (min_pos waits). Nothing of
+ * that runs on the event loop. The loop
  * talks to the log only through cph_clog_publish (which never waits: libnats's asynchronous
  * publish) and receives everything — publish acknowledgements, messages of served shards, bucket
  * entries, replays — as items on one queue, drained by an event on the loop (a pipe wakes it),
  * so every hook below runs on the loop thread.
+ *
+ * Waiting for a position (min_pos, clusterflow.h 9.). A message's forwards are acknowledged by
+ * the log before the message itself is acknowledged to its shard's consumer. So the pos thread,
+ * for a position P: reads the message at P (js_GetMsg) for its shard X (a done mark or a
+ * bucket entry has none); waits until consumer s<X>'s ack floor reaches P; reads the stream's
+ * last sequence L (every forward of P is at or below it); then waits until each target shard
+ * is served here, rebuilt, bound, and its consumer's ack floor reaches L (or it has nothing
+ * pending or unacknowledged). A message is acknowledged only after the engine committed it,
+ * and only by the node serving its shard; what an earlier owner acknowledged, the rebuild
+ * applied before the binding. Cost: one request to JetStream per step, every POS_POLL_MS while
+ * it waits; for "every shard served here" (a lease) one consumer info per served shard.
  *
  * Ordering: a shard's messages arrive in stream order. A message not acknowledged within
  * AckWait (the owner died, lost the shard, or released it) is delivered again, later and
@@ -106,13 +120,17 @@ typedef struct cph_clog_replay {
   cph_clog_entry *entries;
   size_t n_events, n_entries;
   int64_t read_ns; /* how long reading took */
+  /* The fences taken (clusterflow.h 10.): the revision of the shard's watermark key and the
+   * sequence of the epoch on ceph.s.done.<shard> — what this node's next writes there expect. */
+  uint64_t mark_rev, done_last;
 } cph_clog_replay;
 void cph_clog_replay_free(cph_clog_replay *rp); /* NULL is fine */
 
 typedef struct cph_clog_hooks {
   void *ctx;
   /* A publish's outcome: rc CPH_OK with its stream sequence (dup: the message id had been
-   * stored before, seq is the original's), or an error (why says what NATS answered; the
+   * stored before, seq is the original's), CPH_ECONFLICT when its expectation failed (not
+   * stored: another node wrote there), or another error (why says what NATS answered; the
    * publish may or may not have been stored — publishing again with the same id is safe). */
   void (*published)(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup, const char *why);
   /* A message of a shard this node served when it was delivered. The hook owns m. */
@@ -123,6 +141,10 @@ typedef struct cph_clog_hooks {
   /* The past of a shard this node is taking (see above). The hook owns rp; it calls
    * cph_clog_rebuilt (or cph_clog_rebuild_failed) with rp->gen when it is done with it. */
   void (*replayed)(void *ctx, cph_clog_replay *rp);
+  /* A min_pos wait's outcome (cph_clog_wait_pos): rc CPH_OK (reached), CPH_ETIMEDOUT (why says
+   * which step it was in); or a fence check's (cph_clog_check_fence): CPH_OK with seq,
+   * CPH_ECONFLICT, CPH_ETIMEDOUT. */
+  void (*pos)(void *ctx, uint64_t ref, int rc, uint64_t seq, const char *why);
 } cph_clog_hooks;
 
 /* Copies what it needs of cfg and starts the log thread; returns at once (the log connects in
@@ -142,15 +164,34 @@ void cph_clog_stop(cph_clog *l);
 /* Publishes data to subject with the message id msgid (Nats-Msg-Id); the outcome comes to
  * hooks.published with ref, at the latest after max_wait_ms (capped at 3 s; then as an error).
  * Never waits. CPH_EBUSY when not connected yet or too much is in
- * flight (then no hook call comes), CPH_ENOMEM. kv_delete: a key-value delete marker. */
+ * flight (then no hook call comes), CPH_ENOMEM. kv_delete: a key-value delete marker. expect:
+ * unless CPH_CLOG_NO_EXPECT, the log stores the message only if subject's last sequence is
+ * expect (0: none), else the outcome is CPH_ECONFLICT (a fence: clusterflow.h 10.). */
+#define CPH_CLOG_NO_EXPECT UINT64_MAX
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
-                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref);
+                     size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref,
+                     uint64_t expect);
 /* The subjects: ceph.s.<shard>.in|fwd, ceph.s.done.<shard>, the bucket key subject of a
  * session and that of a shard's watermark. */
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd);
 void cph_clog_done_subject(char *buf, size_t size, uint32_t shard);
 int cph_clog_session_subject(char *buf, size_t size, const char *session);
 void cph_clog_mark_subject(char *buf, size_t size, uint32_t shard);
+
+/* Waits, on the pos thread, until log position pos is applied here for shard (a shard this
+ * node serves; -1: every shard it serves) — "Waiting for a position" above; the outcome comes
+ * to hooks.pos with ref, at the latest after wait_ms. Never waits itself. CPH_EBUSY when the log
+ * is not ready (then no hook call comes), CPH_ENOMEM. */
+int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref);
+
+/* After a done mark of shard was refused (wrong last sequence): reads, on the pos thread, the
+ * last message of ceph.s.done.<shard> — CPH_OK with its sequence when this node wrote it (a
+ * mark whose message id begins with mark_prefix, or this node's epoch: an earlier write of its
+ * own was stored without an acknowledgement, and nobody wrote since), CPH_ECONFLICT when
+ * another node did (it took the shard over), CPH_ETIMEDOUT when it could not be read within
+ * wait_ms. The outcome comes to hooks.pos with ref. CPH_EBUSY (not ready: no call), CPH_ENOMEM. */
+int cph_clog_check_fence(cph_clog *l, uint32_t shard, const char *mark_prefix, int64_t wait_ms,
+                         uint64_t ref);
 
 /* The loop rebuilt shard from replay gen: the next sync binds its consumer. Or it could not:
  * the shard's past is read again a second later. A gen that is no longer the shard's current

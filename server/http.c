@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "auth.h"
+#include "cluster.h"
+#include "clusterflow.h"
 #include "common/log.h"
 #include "deadlines.h"
 #include "longpoll.h"
@@ -202,6 +204,58 @@ static bool wants_msgpack(struct evhttp_request *ev) {
                     strcasestr(accept, "application/x-msgpack"));
 }
 
+/* Ends a route's run as dispatch does: a handler that neither answered nor went asynchronous
+ * answers its recorded error (or 500); a request answered at once is freed. */
+static void route_finish(cph_req *r) {
+  if (r->async)
+    return; /* it ends in cph_req_end */
+  if (r->ev) {
+    if (r->error.set)
+      cph_reply_failure(r);
+    else
+      cph_reply_error(r, 500, "internal", NULL, "no answer was produced");
+  }
+  cph_req_end(r);
+}
+
+/* After a min_pos wait: the route runs now, on the node that still serves the session. */
+static void route_resume(cph_req *r) {
+  r->async = false;
+  if (r->srv->stopping) {
+    cph_reply_error(r, 503, "unavailable", NULL, "cephalond is shutting down");
+  } else if (strncmp(r->route->pattern, "/v1/sessions/{id}", 17) != 0 ||
+             cph_cluster_gate_id(r, "session", r->params[0])) {
+    r->route->fn(r);
+  }
+  route_finish(r);
+}
+
+/* min_pos (DESIGN §14 "Reads see writes"; clusterflow.h 9.): a query parameter of a session's
+ * GET routes, a member of the lease's body. Checked everywhere (a non-negative integer); only
+ * with the cluster log does a request wait for it (a single node applied every event before it
+ * answered its post). True when the route may run now; false when r was answered (a bad
+ * value) or waits (r->async). */
+static bool min_pos_gate(cph_req *r) {
+  bool session_get = evhttp_request_get_command(r->ev) == EVHTTP_REQ_GET &&
+                     strncmp(r->route->pattern, "/v1/sessions/{id}", 17) == 0;
+  bool lease = r->route->fn == cph_route_turn_lease;
+  if (!session_get && !lease)
+    return true;
+  uint64_t pos = 0;
+  bool ok = lease ? cph_in_u64(r, r->body, "", "min_pos", 0, INT64_MAX, &pos)
+                  : cph_query_u64(r, "min_pos", 0, INT64_MAX, &pos);
+  if (!ok) {
+    cph_reply_failure(r);
+    return false;
+  }
+  if (pos == 0 || !r->srv->cflow)
+    return true;
+  int64_t shard =
+      lease ? -1 : (int64_t)cph_cluster_shard_of(r->params[0], cph_cluster_shards(r->srv->cluster));
+  cph_cflow_wait_pos(r->srv->cflow, r, pos, shard, route_resume);
+  return false;
+}
+
 void cph_http_dispatch(struct evhttp_request *ev, void *arg) {
   cph_srv *s = arg;
   /* read whole: its head and body deadlines stop here (a long-poll may wait much longer) */
@@ -307,15 +361,14 @@ void cph_http_dispatch(struct evhttp_request *ev, void *arg) {
     cph_reply_failure(r);
     goto finish;
   }
-  found->fn(r);
-  if (r->async)
-    return; /* it ends in cph_req_end */
-  if (r->ev) {
-    if (r->error.set)
-      cph_reply_failure(r);
-    else
-      cph_reply_error(r, 500, "internal", NULL, "no answer was produced");
+  if (!min_pos_gate(r)) {
+    if (r->async)
+      return; /* it waits for its position, then runs (route_resume) */
+    goto finish;
   }
+  found->fn(r);
+  route_finish(r);
+  return;
 finish:
   cph_req_end(r);
 }

@@ -191,6 +191,28 @@ static void test_invalid_event_is_rejected_per_event_not_400(void **state) {
 
 /* ---------------------------------------------------------------- 404, 405, 409 */
 
+/* One node applies an event before it answers its post: min_pos (DESIGN §14, cluster mode) is
+ * checked and ignored, never waited for — a position far ahead answers at once. */
+static void test_min_pos_is_checked_and_ignored_on_a_single_node(void **state) {
+  fixture *f = *state;
+  create_session(f, "mp", "mpc");
+  post_event(f, "mpc", "hi");
+  int64_t t0 = cph_test_now_ms();
+  json_t *j = call_ok(f, "GET", "/v1/sessions/mp?min_pos=900000000", NULL, 200);
+  assert_int_equal(json_integer_value(json_object_get(j, "pending")) +
+                       json_integer_value(json_object_get(j, "staged")),
+                   1);
+  json_decref(j);
+  json_decref(call_ok(f, "GET", "/v1/sessions/mp/why?min_pos=0", NULL, 200));
+  j = call_ok(f, "POST", "/v1/turns/lease", "{\"worker\":\"w\",\"min_pos\":900000000}", 200);
+  json_decref(j);
+  assert_true(cph_test_now_ms() - t0 < 2000);
+  expect_error(f, "GET", "/v1/sessions/mp?min_pos=abc", NULL, 400, "bad_request", "min_pos");
+  expect_error(f, "GET", "/v1/sessions/mp/context?min_pos=-1", NULL, 400, "bad_request", "min_pos");
+  expect_error(f, "POST", "/v1/turns/lease", "{\"worker\":\"w\",\"min_pos\":-3}", 400,
+               "bad_request", "min_pos");
+}
+
 static void test_unknown_things_are_404(void **state) {
   fixture *f = *state;
   expect_error(f, "GET", "/v1/sessions/nobody", NULL, 404, "not_found", "id");
@@ -861,6 +883,7 @@ int main(void) {
       T(test_missing_and_wrong_typed_fields_name_the_field),
       T(test_invalid_event_is_rejected_per_event_not_400),
       T(test_unknown_things_are_404),
+      T(test_min_pos_is_checked_and_ignored_on_a_single_node),
       T(test_conflicts_are_409),
       T(test_oversize_requests_are_413),
       T(test_msgpack_request_and_response_round_trip),
