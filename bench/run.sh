@@ -307,7 +307,7 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "cluster nodes with the log (every event appended to NATS JetStream, 3 replicas, applied by"
   echo "its channel's owner and forwarded to its session's), all on this machine's cores; then"
   echo "node c is killed -9 and the time until the two others serve every shard, rebuilt from the"
-  echo "log and bound, is the takeover (\\`takeover_s\\`: the lease TTL, then the rebuild of what c's"
+  echo "log and bound, is the takeover (takeover_s: the lease TTL, then the rebuild of what c's"
   echo "sessions had not consumed; 1M events extrapolated from the rebuild rate):"
   echo
   echo '```'
