@@ -47,6 +47,28 @@ void cph_fixture_count_done(cph_op *op, void *ctx) {
   (*(int *)ctx)++;
 }
 
+void cph_fixture_create_session(cph_fixture *f, const char *id, cph_lane lane,
+                                const char *const *subscribe, size_t n) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_CREATE;
+  op.u.session.in.id = (char *)id;
+  op.u.session.in.lane = lane;
+  op.u.session.in.subscribe.items = (char **)subscribe;
+  op.u.session.in.subscribe.count = n;
+  if (cph_fixture_run(f, &op))
+    fail_msg("create %s: %s", id, op.err.msg);
+  cph_op_clear_results(&op);
+}
+
+void cph_fixture_ingest(cph_fixture *f, cph_event_in *events, size_t n, cph_op *op) {
+  *op = (cph_op){0};
+  op->kind = CPH_OP_INGEST;
+  op->u.ingest.events = events;
+  op->u.ingest.n_events = n;
+  if (cph_fixture_run(f, op))
+    fail_msg("ingest: %s", op->err.msg);
+}
+
 int cph_fixture_run(cph_fixture *f, cph_op *op) {
   int called = 0;
   op->done = cph_fixture_count_done;

@@ -26,6 +26,13 @@ void cph_fixture_free(cph_fixture *f);
 
 /* Submits op, runs one pass, checks op was answered exactly once; returns op->rc. */
 int cph_fixture_run(cph_fixture *f, cph_op *op);
+/* Creates session id in lane, subscribed to subscribe[0..n) (may be NULL with n 0); fails the
+ * running test on an error. */
+void cph_fixture_create_session(cph_fixture *f, const char *id, cph_lane lane,
+                                const char *const *subscribe, size_t n);
+/* One ingest request of events[0..n) into *op; fails the running test on an error. The caller
+ * reads op->u.ingest.results, then calls cph_op_clear_results(op). */
+void cph_fixture_ingest(cph_fixture *f, cph_event_in *events, size_t n, cph_op *op);
 /* An op `done` callback that counts calls in *(int *)ctx. */
 void cph_fixture_count_done(cph_op *op, void *ctx);
 

@@ -21,15 +21,6 @@
 
 #define N_KEYED 7
 
-static void create(cph_fixture *f, const char *id) {
-  cph_op op = {0};
-  op.kind = CPH_OP_SESSION_CREATE;
-  op.u.session.in.id = (char *)id;
-  op.u.session.in.lane = CPH_LANE_INTERACTIVE;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
-  cph_op_clear_results(&op);
-}
-
 /* Posts N_KEYED events with keys "<session>-<i>" and one without a key to session. */
 static void post(cph_fixture *f, const char *session) {
   cph_event_in evs[N_KEYED + 1];
@@ -45,11 +36,8 @@ static void post(cph_fixture *f, const char *session) {
       evs[i].key = keys[i];
     }
   }
-  cph_op op = {0};
-  op.kind = CPH_OP_INGEST;
-  op.u.ingest.events = evs;
-  op.u.ingest.n_events = N_KEYED + 1;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op op;
+  cph_fixture_ingest(f, evs, N_KEYED + 1, &op);
   for (int i = 0; i <= N_KEYED; i++)
     assert_int_equal(op.u.ingest.results[i].status, CPH_EV_QUEUED);
   cph_op_clear_results(&op);
@@ -96,7 +84,7 @@ test_consumed_keys_name_every_event_a_completion_consumed_folded_ones_included(v
   (void)state;
   /* A queue of 3: eight events fold into an overflow entry and two more (DESIGN §4). */
   cph_fixture *f = cph_fixture_new("consumed", "{:sessions {:max-queue 3}}");
-  create(f, "a");
+  cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
   cph_engine_report_consumed(f->e, true);
   post(f, "a");
   cph_strv live = {0};
@@ -136,7 +124,7 @@ test_consumed_keys_name_every_event_a_completion_consumed_folded_ones_included(v
 static void test_consumed_keys_a_delete_names_the_inbox_it_drops(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("consumed_delete", "{}");
-  create(f, "b");
+  cph_fixture_create_session(f, "b", CPH_LANE_INTERACTIVE, NULL, 0);
   cph_engine_report_consumed(f->e, true);
   post(f, "b");
   cph_op del = {0};
@@ -153,7 +141,7 @@ static void test_consumed_keys_a_delete_names_the_inbox_it_drops(void **state) {
 static void test_inbox_retain_drops_what_keep_does_not_name(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("retain", "{}");
-  create(f, "d");
+  cph_fixture_create_session(f, "d", CPH_LANE_INTERACTIVE, NULL, 0);
   post(f, "d"); /* d-0 .. d-6 and one without a key */
   const char *keep[] = {"d-1", "d-4", "nobody's"};
   cph_op op = {0};
@@ -188,7 +176,7 @@ static void test_inbox_retain_drops_what_keep_does_not_name(void **state) {
 static void test_an_away_session_waits_for_a_retain(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("away", "{:leases {:max-attempts 1}}");
-  create(f, "e");
+  cph_fixture_create_session(f, "e", CPH_LANE_INTERACTIVE, NULL, 0);
   post(f, "e");
   cph_op lease = {0};
   lease.kind = CPH_OP_LEASE;
@@ -235,7 +223,7 @@ static void test_an_away_session_waits_for_a_retain(void **state) {
 static void test_consumed_keys_off_names_nothing(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("consumed_off", "{}");
-  create(f, "c");
+  cph_fixture_create_session(f, "c", CPH_LANE_INTERACTIVE, NULL, 0);
   post(f, "c");
   cph_op done;
   size_t n_staged = 0;

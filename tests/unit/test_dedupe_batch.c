@@ -28,19 +28,6 @@ static const char *BACKUP = "nightly backup job failed on storage node seven ple
 static const char *BACKUP_8 =
     "nightly backup job failed on storage node eight please check the logs";
 
-static void create_session(cph_fixture *f, const char *id, const char *subscribe) {
-  cph_op op = {0};
-  op.kind = CPH_OP_SESSION_CREATE;
-  op.u.session.in.id = (char *)id;
-  op.u.session.in.lane = CPH_LANE_INTERACTIVE;
-  char *subs[1] = {(char *)subscribe};
-  op.u.session.in.subscribe.items = subs;
-  op.u.session.in.subscribe.count = 1;
-  if (cph_fixture_run(f, &op))
-    fail_msg("create %s: %s", id, op.err.msg);
-  cph_op_clear_results(&op);
-}
-
 /* One request of n events on channel from sender, bodies[i]; statuses and ids out. */
 static void post(cph_fixture *f, const char *channel, const char *const *bodies, size_t n,
                  cph_ingest_status *st, uint64_t *ids) {
@@ -51,12 +38,8 @@ static void post(cph_fixture *f, const char *channel, const char *const *bodies,
     evs[i].sender = "watchdog";
     evs[i].body = (char *)bodies[i];
   }
-  cph_op op = {0};
-  op.kind = CPH_OP_INGEST;
-  op.u.ingest.events = evs;
-  op.u.ingest.n_events = n;
-  if (cph_fixture_run(f, &op))
-    fail_msg("ingest: %s", op.err.msg);
+  cph_op op;
+  cph_fixture_ingest(f, evs, n, &op);
   for (size_t i = 0; i < n; i++) {
     st[i] = op.u.ingest.results[i].status;
     ids[i] = op.u.ingest.results[i].id;
@@ -77,7 +60,8 @@ static uint64_t event_family(cph_fixture *f, uint64_t id) {
 static void test_exact_repeats_in_one_request_and_after_it_are_aggregated(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("dedupe_batch", POLICY);
-  create_session(f, "s1", "ops");
+  const char *subscribe[1] = {"ops"};
+  cph_fixture_create_session(f, "s1", CPH_LANE_INTERACTIVE, subscribe, 1);
   const char *five[5] = {BACKUP, BACKUP, BACKUP, BACKUP, BACKUP};
   cph_ingest_status st[5];
   uint64_t ids[5];
@@ -109,7 +93,8 @@ static void test_exact_repeats_in_one_request_and_after_it_are_aggregated(void *
 static void test_near_duplicate_in_one_request_joins_its_originals_family(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("dedupe_batch", POLICY);
-  create_session(f, "s1", "alerts");
+  const char *subscribe[1] = {"alerts"};
+  cph_fixture_create_session(f, "s1", CPH_LANE_INTERACTIVE, subscribe, 1);
   const char *two[2] = {BACKUP, BACKUP_8};
   cph_ingest_status st[2];
   uint64_t ids[2];

@@ -144,19 +144,6 @@ typedef struct seen {
   uint32_t carried[EVENTS_MAX * 2]; /* by event id */
 } seen;
 
-static void create_session(cph_fixture *f) {
-  cph_op op = {0};
-  op.kind = CPH_OP_SESSION_CREATE;
-  op.u.session.in.id = "s1";
-  op.u.session.in.lane = CPH_LANE_INTERACTIVE;
-  char *subs[1] = {"general"};
-  op.u.session.in.subscribe.items = subs;
-  op.u.session.in.subscribe.count = 1;
-  if (cph_fixture_run(f, &op))
-    fail_msg("create s1: %s", op.err.msg);
-  cph_op_clear_results(&op);
-}
-
 /* n distinct messages in one request; each must be queued for s1. */
 static void post(cph_fixture *f, seen *w, size_t n) {
   cph_event_in *evs = calloc(n, sizeof *evs);
@@ -167,12 +154,8 @@ static void post(cph_fixture *f, seen *w, size_t n) {
     evs[i].sender = "erin";
     evs[i].body = bodies[i];
   }
-  cph_op op = {0};
-  op.kind = CPH_OP_INGEST;
-  op.u.ingest.events = evs;
-  op.u.ingest.n_events = n;
-  if (cph_fixture_run(f, &op))
-    fail_msg("ingest: %s", op.err.msg);
+  cph_op op;
+  cph_fixture_ingest(f, evs, n, &op);
   for (size_t i = 0; i < n; i++) {
     assert_int_equal(op.u.ingest.results[i].status, CPH_EV_QUEUED);
     assert_true(w->n_posted < EVENTS_MAX);
@@ -234,7 +217,8 @@ static void test_queue_cap_folds_thousands_through_a_restart_and_counts_each_onc
   cph_fixture *f = cph_fixture_new("inbox_window", POLICY);
   static seen w;
   memset(&w, 0, sizeof w);
-  create_session(f);
+  const char *subscribe[1] = {"general"};
+  cph_fixture_create_session(f, "s1", CPH_LANE_INTERACTIVE, subscribe, 1);
   uint32_t queued, after;
   uint64_t folded;
   for (int i = 0; i < 12; i++) /* 1,200 on a cap of 8: the window moves many times */
