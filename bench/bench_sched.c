@@ -12,23 +12,30 @@
  *
  * --tenants T spreads the sessions round-robin over T tenants with weights 1, 2, 3, 4, 1, ...
  * (DESIGN §3.9), so each pick also goes through the lane's tenant heap: run.sh sets the figure
- * at 1,000 tenants beside the one without (§12: within 10%). */
+ * at 1,000 tenants beside the one without (§12: within 10%). The timed part runs at 1M picks
+ * a virtual second, so the lane hands out tenant runs of --tenant-run-max picks (lanes/sched.h).
+ *
+ * Besides the wall clock it reports the thread's CPU time per op, which other processes on a
+ * shared machine do not inflate by preempting it. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include "bench.h"
 #include "lanes/sched.h"
 
 static void sched_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench sched [--sessions N] [--ops M] [--concurrency C] "
-             "[--tenants T] [--shuffle]\n"
+             "[--tenants T] [--tenant-run-max R] [--shuffle]\n"
              "  --sessions N     runnable sessions, over the three lanes (default 100000)\n"
              "  --ops M          timed pick + finish cycles (default max(2000000, 4 N))\n"
              "  --concurrency C  turns picked before they finish (default 64)\n"
              "  --tenants T      sessions spread over T weighted tenants (default 0: none)\n"
+             "  --tenant-run-max R  :scheduler :tenant-run-max (default the policy's, 16;\n"
+             "                   1: the exact tenant order)\n"
              "  --shuffle        session ids in a seeded random order (default: ids in the\n"
              "                   order sessions are added)\n");
 }
@@ -55,6 +62,7 @@ static uint64_t cycles(cph_sched *s, cph_clock *clock, cph_sid *batch, uint32_t 
 
 int cph_bench_sched(int argc, char **argv) {
   uint64_t n = 100000, ops = 0, conc = 64, n_tenants = 0;
+  uint64_t run_max = CPH_SCHED_TENANT_RUN_DEFAULT; /* the policy's :scheduler :tenant-run-max */
   bool shuffle = false;
   for (int i = 1; i < argc;) {
     if (strcmp(argv[i], "--shuffle") == 0) {
@@ -70,7 +78,9 @@ int cph_bench_sched(int argc, char **argv) {
     if ((r = cph_bench_opt_u64(argc, argv, &i, "--sessions", 1, 100000000, &n)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--ops", 1, UINT64_MAX, &ops)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--concurrency", 1, 1000000, &conc)) ||
-        (r = cph_bench_opt_u64(argc, argv, &i, "--tenants", 0, 1000000, &n_tenants))) {
+        (r = cph_bench_opt_u64(argc, argv, &i, "--tenants", 0, 1000000, &n_tenants)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--tenant-run-max", 1, CPH_SCHED_TENANT_RUN_LIMIT,
+                               &run_max))) {
       if (r < 0)
         return 2;
       continue;
@@ -96,7 +106,8 @@ int cph_bench_sched(int argc, char **argv) {
       0,
       {0},
       NULL,
-      0};
+      0,
+      (uint32_t)run_max};
   char(*names)[24] = n_tenants ? calloc(n_tenants, sizeof *names) : NULL;
   cph_sched_tenant_weight *weights = n_tenants ? calloc(n_tenants, sizeof *weights) : NULL;
   for (uint64_t t = 0; names && weights && t < n_tenants; t++) {
@@ -145,9 +156,13 @@ int cph_bench_sched(int argc, char **argv) {
   /* Warm up: every session of the lane being served cycles once, so the timed part sees
    * the steady state (credits charged, sets in their saturated shape). */
   uint64_t warm = cycles(s, &clock, batch, (uint32_t)conc, n);
+  struct timespec c2, c3;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c2);
   int64_t t2 = cph_bench_now_ns();
   uint64_t done = cycles(s, &clock, batch, (uint32_t)conc, ops);
   int64_t t3 = cph_bench_now_ns();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c3);
+  double cpu_ns = (double)(c3.tv_sec - c2.tv_sec) * 1e9 + (double)(c3.tv_nsec - c2.tv_nsec);
   if (done < ops || warm < n) {
     fprintf(stderr, "cephalon-bench sched: only %" PRIu64 " of %" PRIu64 " picks succeeded\n", done,
             ops);
@@ -170,12 +185,13 @@ int cph_bench_sched(int argc, char **argv) {
   for (int l = 0; l < CPH_LANE_COUNT; l++) {
     cph_lane_stats st;
     cph_sched_lane_stats(s, (cph_lane)l, &st);
-    printf("lane %-13s started %" PRIu64 ", runnable %" PRIu64 "\n", cph_lane_name((cph_lane)l),
-           st.started_total, st.runnable);
+    printf("lane %-13s started %" PRIu64 ", runnable %" PRIu64 ", tenant runs of %u\n",
+           cph_lane_name((cph_lane)l), st.started_total, st.runnable, st.tenant_run);
   }
   printf("max rss            %ld KiB\n", ru.ru_maxrss);
-  printf("sched sessions=%" PRIu64 " tenants=%" PRIu64 " ops_per_s=%.0f ns_per_op=%.1f\n", n,
-         n_tenants, ops_per_s, ns_per_op);
+  printf("sched sessions=%" PRIu64 " tenants=%" PRIu64 " ops_per_s=%.0f ns_per_op=%.1f "
+         "cpu_ns_per_op=%.1f\n",
+         n, n_tenants, ops_per_s, ns_per_op, cpu_ns / (double)done);
   free(batch);
   cph_sched_free(s);
   return 0;

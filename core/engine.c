@@ -233,6 +233,7 @@ static void sched_config_from_policy(const cph_policy *p, cph_sched_config *c) {
     w[i] = (cph_sched_tenant_weight){p->scheduler.tenants[i].name, p->scheduler.tenants[i].weight};
   c->tenants = w;
   c->n_tenants = w ? n : 0;
+  c->tenant_run_max = (uint32_t)p->scheduler.tenant_run_max;
 }
 
 /* The lanes' budgets as the scheduler runs them: the policy's, or this node's share of them
@@ -906,6 +907,7 @@ void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t
                              .seats_lent = st.seats_lent,
                              .seats_borrowed = st.seats_borrowed,
                              .tenants_runnable = st.tenants_runnable,
+                             .tenant_run = st.tenant_run,
                              .recent_completions = st.window,
                              .mean_turn_s = (double)st.mean_turn_ns / 1e9,
                              .completion_spacing_s = (double)st.mean_spacing_ns / 1e9};

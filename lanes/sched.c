@@ -171,7 +171,19 @@ typedef struct lane_state {
   uint32_t *wins;
   uint32_t n_classes, leaves;
   uint32_t live_groups; /* groups with a live slot */
-  i128 vtime;           /* the start tag of the lane's last pick */
+  i128 vtime;           /* the largest start tag the lane has served */
+  /* §3.9 runs (sched.h). run_g serves the lane's run while run_left > 0 and its hgen is still
+   * run_gen; meanwhile its slot keeps the tag the run started at and its vtag runs ahead (the
+   * next pick's start tag), until run_end puts the slot right. The run length run_q was sized
+   * over the span that began at span_ns, in which the lane made span_picks tenant picks. */
+  group *run_g;
+  uint32_t run_gen;
+  uint32_t run_left;
+  uint32_t run_len;     /* the run's length when it started */
+  group *run_next;      /* a guess at the next run's group, for prefetching (or NULL) */
+  uint32_t run_q;
+  int64_t span_ns;
+  uint64_t span_picks;
   uint64_t runnable;
   uint64_t running;
   uint64_t started_total;
@@ -668,6 +680,7 @@ static void lane_classes_clear(cph_sched *s, lane_state *l, int lane) {
   if (l->leaves)
     tour_build(l);
   l->n_classes = l->live_groups = 0;
+  l->run_left = 0;
   for (uint32_t t = 0; t < s->n_tenants; t++)
     s->tenants[t]->g[lane].cls = NULL;
 }
@@ -764,6 +777,53 @@ static HOT_INLINE void theap_served(lane_state *l, group *g) {
     k = &c->heap[0];
   l->keys[c->idx] = *k;
   tour_replay(l, c->idx);
+}
+
+/* §3.9 runs: the length of the run starting now (sched.h: sized once a second from the
+ * lane's pace, at most the configured maximum, at least 1). */
+static uint32_t run_length(const cph_sched *s, lane_state *l, int64_t now) {
+  int64_t span = now - l->span_ns;
+  if (span >= CPH_NS_PER_S || span < 0) {
+    /* picks per minute over 1,000 per live group, in integers (the reference model of the
+     * tests computes the same) */
+    i128 q = span > 0 && l->live_groups
+                 ? (i128)l->span_picks * 60 * CPH_NS_PER_S / ((i128)span * 1000 * l->live_groups)
+                 : 1;
+    l->run_q = q < 1 ? 1 : q > CPH_SCHED_TENANT_RUN_LIMIT ? CPH_SCHED_TENANT_RUN_LIMIT : (uint32_t)q;
+    l->span_ns = now;
+    l->span_picks = 0;
+  }
+  uint32_t max = s->cfg.tenant_run_max > 1 ? s->cfg.tenant_run_max : 1;
+  uint32_t q = l->run_q ? l->run_q : 1;
+  return q < max ? q : max;
+}
+
+/* g's run has ended and it was served last: its slot moves on to its tag (theap_served). That
+ * needs its slot at the head of its class, which a q = 1 run always leaves it; a group that
+ * joined the class during a longer run may have come before it (joining at the tag just
+ * served, with a smaller tenant index), and then g rejoins at its tag instead, its old slot
+ * going stale. */
+static void run_end(const cph_sched *s, lane_state *l, group *g) {
+  if (g->in_heap) {
+    const tslot *k = &l->keys[g->cls->idx];
+    if (k->g != g || k->gen != g->hgen) {
+      theap_leave(l, g);
+      tjoin(s, l, g, g->vtag); /* out of memory: out of the order until a session queues */
+      return;
+    }
+  }
+  theap_served(l, g);
+}
+
+/* Ends every lane's run (a configuration change): afterwards each group in a tenant order has
+ * its slot at its vtag again. */
+static void runs_end(cph_sched *s) {
+  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+    lane_state *l = &s->lanes[i];
+    if (l->run_left && l->run_g->hgen == l->run_gen)
+      run_end(s, l, l->run_g);
+    l->run_left = 0;
+  }
 }
 
 /* Walks the live groups of a lane: it = {0}, then next_live(l, &it) until NULL. */
@@ -976,6 +1036,47 @@ static HOT_INLINE void set_prefetch(const cph_sched *s, const ring *r) {
   }
 }
 
+/* A run of RUN_PREFETCH_MIN picks or more fetches the next run's lines ahead, in stages: at
+ * its start the group the next run will likely serve, two picks on the entries of that
+ * group's set the run will take, halfway the sessions they name — so the next run starts on
+ * lines already fetched, as a plain pick streams its lane's ring. A run also fetches its own
+ * sessions all at once when it starts (mostly lines already there, but for a wrong guess:
+ * then their misses overlap instead of coming one pick after another). */
+enum { RUN_PREFETCH_MIN = 8 };
+
+/* The group likely to serve the lane's next run, g's run being under way in class c: its
+ * class's key will be the slot after g's (the ring runs in tag order), the other classes'
+ * keys stay. A guess only addresses are computed from; NULL when there is none. With many
+ * classes only g's own is looked at. */
+static HOT_INLINE group *run_next_guess(const lane_state *l, const tclass *c) {
+  const tslot *best = c->len > 1 ? &c->ring[(c->head + 1) & (c->cap - 1)] : NULL;
+  if (l->n_classes <= 8)
+    for (uint32_t i = 0; i < l->n_classes; i++)
+      if (i != c->idx && l->keys[i].g && (!best || slot_before(&l->keys[i], best)))
+        best = &l->keys[i];
+  return best ? best->g : NULL;
+}
+
+/* Stage 2 and 3 of the run prefetch: the first n entries of g's next set, or the sessions
+ * they name. */
+static HOT_INLINE void run_prefetch(const cph_sched *s, const group *g, uint32_t n, bool sessions) {
+  const ring *r = group_next_ring(g);
+  uint32_t m = r->cap - 1;
+  if (n > r->len)
+    n = r->len;
+  for (uint32_t i = 0; i < n; i++) {
+    const entry *e = &r->items[(r->head + i) & m];
+    if (!sessions) {
+      if (!(i & 1) || i + 1 == n) /* two entries a line */
+        __builtin_prefetch(e);
+      continue;
+    }
+    const session *se = &s->sessions[e->sid];
+    __builtin_prefetch(se);
+    __builtin_prefetch((const char *)(se + 1) - 1);
+  }
+}
+
 /* ---------------------------------------------------------------- config */
 
 int cph_sched_config_check(const cph_sched_config *cfg, const char **why) {
@@ -1009,6 +1110,8 @@ int cph_sched_config_check(const cph_sched_config *cfg, const char **why) {
     w = "the lanes' seats add up to more than concurrency";
   else if (cfg->n_tenants && !cfg->tenants)
     w = "tenant weights missing";
+  else if (cfg->tenant_run_max > CPH_SCHED_TENANT_RUN_LIMIT)
+    w = "tenant-run-max must be from 0 to 1024";
   for (size_t i = 0; !w && i < cfg->n_tenants; i++) {
     const cph_sched_tenant_weight *t = &cfg->tenants[i];
     if (!t->name || !t->name[0])
@@ -1255,6 +1358,7 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
   int rc = cph_sched_config_check(cfg, NULL);
   if (rc)
     return rc;
+  runs_end(s);
   int64_t now = cph_clock_now(s->clock);
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     bucket_rescale(&s->lanes[i].turns, cfg->turns_per_minute[i], now);
@@ -1600,28 +1704,62 @@ static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t
   return true;
 }
 
-/* §3.9: the pick in a lane with tenants on: the next session of the group at the top of the
- * tenant order. */
+/* §3.9: the pick in a lane with tenants on: the next session of the group serving the lane's
+ * run, or of the group at the top of the tenant order, which starts a run. */
 static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph_pick *out) {
-  group *g = theap_top(l);
+  group *g = l->run_g;
+  if (!l->run_left || g->hgen != l->run_gen) {
+    if (!(g = theap_top(l)))
+      return false;
+    l->run_g = g;
+    l->run_gen = g->hgen;
+    l->run_left = l->run_len = run_length(s, l, now);
+    l->run_next = l->run_len >= RUN_PREFETCH_MIN ? run_next_guess(l, g->cls) : NULL;
+    if (l->run_next) {
+      /* this run's sessions, in case the last run guessed wrong: their misses overlap */
+      run_prefetch(s, g, l->run_len, true);
+      __builtin_prefetch(l->run_next);
+      __builtin_prefetch((const char *)l->run_next + 64);
+    }
+  }
   oset *from;
-  entry *e = g ? group_head(s, l, g, now, &from) : NULL;
-  if (!e)
+  entry *e = group_head(s, l, g, now, &from);
+  if (!e) {
+    l->run_left = 0;
     return false;
+  }
   cph_sid sid = e->sid;
   oset_pop_head(s, from, e);
-  const ring *r = from->ring.len ? &from->ring : group_next_ring(g); /* the set just used */
-  g->next_sid = r->len ? r->items[r->head].sid : sid;
-  /* The lane's virtual time moves to the tag served; the group's next tag is one step on
-   * (start() may take it out of the order if this was its last session). */
+  /* The lane's virtual time moves to the tag served — never back: a run's later tags can be
+   * past the next group's (with runs of one it only ever moves forward anyway), and a group
+   * that left unserved keeps its start tag as its finish, which is only right while virtual
+   * time never goes back. The group's next tag is one step on (start() may take it out of
+   * the order if this was its last session). */
   tclass *c = g->cls;
-  l->vtime = g->vtag;
+  if (g->vtag > l->vtime)
+    l->vtime = g->vtag;
   g->vtag += c->inc; /* the class's step is its tenants' step */
   g->started++;
+  l->span_picks++;
   out->sid = sid;
   out->trickle = false;
   start(s, g, sid, out, now);
-  theap_served(l, g);
+  if (--l->run_left && g->hgen == l->run_gen) {
+    /* The run goes on. A long one has fetched its sessions ahead (the previous run did) and
+     * fetches the next run's; a short one reads its set ahead as a plain pick does. */
+    uint32_t done = l->run_len - l->run_left;
+    if (!l->run_next)
+      ring_prefetch(s, &from->ring);
+    else if (done == 2 || done == l->run_len / 2)
+      run_prefetch(s, l->run_next, l->run_len, done != 2);
+    return true;
+  }
+  l->run_left = 0;
+  const ring *r = from->ring.len ? &from->ring : group_next_ring(g); /* the set just used */
+  g->next_sid = r->len ? r->items[r->head].sid : sid;
+  run_end(s, l, g);
+  if (l->run_next)
+    return true; /* the next run's lines are on their way */
   if (c->len > PREFETCH_SETS_AT)
     class_prefetch(s, c);
   else
@@ -1979,6 +2117,8 @@ void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out) {
   out->seats_lent = lent[lane];
   out->seats_borrowed = borrowed[lane];
   out->tenants_runnable = s->tenants_on ? l->live_groups : s->dflt.g[lane].runnable > 0;
+  uint32_t run_max = s->cfg.tenant_run_max > 1 ? s->cfg.tenant_run_max : 1;
+  out->tenant_run = !s->tenants_on || !l->run_q ? 1 : l->run_q < run_max ? l->run_q : run_max;
   uint64_t n = l->n_done < CPH_SCHED_WINDOW ? l->n_done : CPH_SCHED_WINDOW;
   out->window = (uint32_t)n;
   if (n) {

@@ -421,8 +421,12 @@ static void finish_results(sim *m) {
   uint64_t total = 0;
   for (int l = 0; l < CPH_LANE_COUNT; l++)
     total += out->lanes[l].turns;
-  for (int l = 0; l < CPH_LANE_COUNT; l++)
+  for (int l = 0; l < CPH_LANE_COUNT; l++) {
     fill_stats(&out->lanes[l], &m->lane_waits[l], total);
+    cph_lane_stats st;
+    cph_sched_lane_stats(m->s, (cph_lane)l, &st);
+    out->tenant_run[l] = st.tenant_run;
+  }
   for (uint32_t g = 0; g < CPH_SIM_GROUPS; g++) {
     fill_stats(&out->groups[g], &m->group_waits[g], total);
     out->jain[g] = jain(out->session_turns, m, g);

@@ -110,6 +110,7 @@ typedef struct cph_sim_result {
   double outbox_per_minute;    /* mean over whole measured minutes */
   uint64_t outbox_min_per_minute; /* fewest in any whole measured minute */
   uint32_t max_running;        /* most turns running at once */
+  uint32_t tenant_run[CPH_LANE_COUNT]; /* the lanes' tenant run lengths at the end (§3.9) */
   uint64_t passes;
   uint64_t double_starts;      /* picks of a session that was running: must be 0 */
   uint64_t over_concurrency;   /* picks made with concurrency already full: must be 0 */

@@ -7,7 +7,7 @@
  *                                     a lane: name, turns_left, tool_calls_left, tokens_left,
  *                                     runnable, running, budget {turns, tool_calls, tokens},
  *                                     seats {reserved, in_use, lent, borrowed},
- *                                     tenants_runnable, recent {completions, mean_turn_s,
+ *                                     tenants_runnable, tenant_run, recent {completions, mean_turn_s,
  *                                     completion_spacing_s}
  *   GET  /v1/admin/policy          -> 200 {"edn", "generation", "source"}
  *   POST /v1/admin/policy/reload   -> 200 {"generation", "note"} | 400 with file:line:col
@@ -68,6 +68,7 @@ json_t *cph_lanes_json(cph_engine *e, json_t **concurrency) {
     json_object_set_new(seats, "borrowed", json_integer(l->seats_borrowed));
     json_object_set_new(o, "seats", seats);
     json_object_set_new(o, "tenants_runnable", cph_json_u64(l->tenants_runnable));
+    json_object_set_new(o, "tenant_run", json_integer(l->tenant_run));
     json_t *recent = json_object();
     json_object_set_new(recent, "completions", json_integer(l->recent_completions));
     json_object_set_new(recent, "mean_turn_s", json_real(l->mean_turn_s));

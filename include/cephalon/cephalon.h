@@ -739,6 +739,7 @@ typedef struct cph_lane_info {
   uint32_t seats_lent;       /* of its reserved seats, held by other lanes now */
   uint32_t seats_borrowed;   /* its turns beyond its seats and the shared pool */
   uint64_t tenants_runnable; /* tenants with runnable sessions in the lane */
+  uint32_t tenant_run;       /* §3.9: picks in a row a tenant takes now (1 = exact order) */
   uint32_t recent_completions; /* the forecast's window (at most 32) */
   double mean_turn_s;        /* over that window; 0 when empty */
   double completion_spacing_s;

@@ -135,6 +135,7 @@ typedef struct cph_policy_scheduler {
   cph_policy_credits credits;
   cph_policy_tenant *tenants;                   /* sorted by name; others weigh 1 */
   size_t tenant_count;
+  int64_t tenant_run_max; /* §3.9: longest run of picks one tenant takes at machine rates */
 } cph_policy_scheduler;
 
 typedef struct cph_policy_leases {

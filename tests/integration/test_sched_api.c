@@ -242,6 +242,7 @@ static void test_why_forecast_and_charge_by_tokens(void **state) {
   assert_int_equal(num(json_object_get(inter, "seats"), "borrowed"), 0);
   /* acme and the default, unless the default's only session was the one that ran */
   assert_int_equal(num(inter, "tenants_runnable"), strcmp(first, "w-n1") == 0 ? 1 : 2);
+  assert_int_equal(num(inter, "tenant_run"), 1); /* a lane at human rates: the exact order */
   assert_true(json_is_null(json_object_get(json_object_get(inter, "budget"), "tokens")));
   assert_int_equal(num(json_object_get(oper, "budget"), "tokens"), 100000);
   assert_true(json_real_value(json_object_get(oper, "tokens_left")) > 99999);

@@ -68,6 +68,13 @@ struct cph_ref {
   size_t n_tenants;
   bool tenants_on;     /* some session has named a tenant: tags count from here */
   wide vtime[CPH_LANE_COUNT];
+  /* §3.9 runs, per lane: the tenant serving it, the picks left, the run length and the span
+   * it was sized over (span_ns, span_picks tenant picks since). */
+  size_t run_t[CPH_LANE_COUNT];
+  uint32_t run_left[CPH_LANE_COUNT];
+  uint32_t run_q[CPH_LANE_COUNT];
+  int64_t span_ns[CPH_LANE_COUNT];
+  uint64_t span_picks[CPH_LANE_COUNT];
   int64_t done_at[CPH_LANE_COUNT][CPH_SCHED_WINDOW]; /* the last completions, as a ring */
   int64_t done_len[CPH_LANE_COUNT][CPH_SCHED_WINDOW];
   uint64_t n_done[CPH_LANE_COUNT];
@@ -195,6 +202,8 @@ static void sync_tenants(cph_ref *r) {
     for (int l = 0; l < CPH_LANE_COUNT; l++) {
       ref_tenant *x = &r->tenants[t];
       bool now = has_runnable(r, t, l);
+      if (!now && r->run_t[l] == t)
+        r->run_left[l] = 0; /* a run ends when its tenant runs out of runnable sessions */
       if (now && !x->backlogged[l])
         x->tag[l] = x->finish[l] > r->vtime[l] ? x->finish[l] : r->vtime[l];
       x->backlogged[l] = now;
@@ -283,6 +292,8 @@ void cph_ref_configure(cph_ref *r, const cph_sched_config *cfg) {
   }
   r->cfg = *cfg;
   r->cfg.tenants = NULL; /* copied above */
+  for (int l = 0; l < CPH_LANE_COUNT; l++)
+    r->run_left[l] = 0; /* a configuration change ends every run */
   if (cfg->trickle_per_minute && r->trickle_due > now + trickle_interval(r))
     r->trickle_due = now + trickle_interval(r);
   int64_t lo = min_of(cfg), hi = max_of(cfg);
@@ -478,6 +489,32 @@ static size_t next_tenant(const cph_ref *r, int lane, const bool *skip_session) 
   return best;
 }
 
+/* §3.9 runs: the length of a run that starts now, as lanes/sched.h states it: once a second
+ * has passed since the lane's last sizing, q = (picks in that span per minute) / (1,000 ×
+ * tenants with runnable sessions in the lane), in [1, CPH_SCHED_TENANT_RUN_LIMIT]; the run is
+ * min(q, max(1, tenant_run_max)) picks. */
+static uint32_t run_length(cph_ref *r, int lane, int64_t now) {
+  int64_t span = now - r->span_ns[lane];
+  if (span >= CPH_NS_PER_S || span < 0) {
+    uint64_t groups = 0;
+    for (size_t t = 0; t < r->n_tenants; t++)
+      groups += has_runnable(r, t, lane);
+    wide q = 1;
+    if (span > 0 && groups)
+      q = (wide)r->span_picks[lane] * 60 * CPH_NS_PER_S / ((wide)span * 1000 * (wide)groups);
+    if (q < 1)
+      q = 1;
+    if (q > CPH_SCHED_TENANT_RUN_LIMIT)
+      q = CPH_SCHED_TENANT_RUN_LIMIT;
+    r->run_q[lane] = (uint32_t)q;
+    r->span_ns[lane] = now;
+    r->span_picks[lane] = 0;
+  }
+  uint32_t max = r->cfg.tenant_run_max > 1 ? r->cfg.tenant_run_max : 1;
+  uint32_t q = r->run_q[lane] ? r->run_q[lane] : 1;
+  return q < max ? q : max;
+}
+
 void cph_ref_pick_next(cph_ref *r, cph_ref_pick *out) {
   memset(out, 0, sizeof *out);
   if (r->running >= r->cfg.concurrency)
@@ -507,7 +544,16 @@ void cph_ref_pick_next(cph_ref *r, cph_ref_pick *out) {
   for (int lane = 0; lane < CPH_LANE_COUNT; lane++) {
     if (!has_budget(r, lane) || !seat_free(r, lane))
       continue;
-    size_t t = r->tenants_on ? next_tenant(r, lane, NULL) : 0;
+    size_t t = 0;
+    if (r->tenants_on && r->run_left[lane]) {
+      t = r->run_t[lane]; /* the run goes on (sync_tenants ended it if t ran out) */
+    } else if (r->tenants_on) {
+      t = next_tenant(r, lane, NULL);
+      if (t != SIZE_MAX) {
+        r->run_t[lane] = t;
+        r->run_left[lane] = run_length(r, lane, now);
+      }
+    }
     ref_session *best = NULL;
     for (size_t i = 0; i < r->n && t != SIZE_MAX; i++) {
       ref_session *se = &r->s[i];
@@ -520,10 +566,13 @@ void cph_ref_pick_next(cph_ref *r, cph_ref_pick *out) {
       r->turns[lane].level -= TOKEN;
       if (r->tenants_on) {
         ref_tenant *x = &r->tenants[t];
-        r->vtime[lane] = x->tag[lane];
+        if (x->tag[lane] > r->vtime[lane]) /* never back (runs: lanes/sched.h) */
+          r->vtime[lane] = x->tag[lane];
         x->finish[lane] = x->tag[lane] + inc_of(r, t);
         if (has_runnable(r, t, lane))
           x->tag[lane] = x->finish[lane];
+        r->span_picks[lane]++;
+        r->run_left[lane]--;
       }
       sync_tenants(r);
       return;
@@ -734,6 +783,9 @@ void cph_ref_lane_stats(cph_ref *r, cph_lane lane, cph_lane_stats *out) {
   out->started_total = r->started[lane];
   for (size_t t = 0; t < r->n_tenants; t++)
     out->tenants_runnable += has_runnable(r, t, lane);
+  uint32_t run_max = r->cfg.tenant_run_max > 1 ? r->cfg.tenant_run_max : 1;
+  out->tenant_run = !r->tenants_on || !r->run_q[lane] ? 1
+                    : r->run_q[lane] < run_max ? r->run_q[lane] : run_max;
   /* §3.10: over-reservation turns are covered by the shared pool in lane order, the rest
    * borrowed; lent seats are the unused reservations others hold, counted in lane order. */
   uint64_t pool = r->cfg.concurrency, borrowed_total = 0;

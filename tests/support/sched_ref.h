@@ -16,8 +16,10 @@
  * tag, joining at max(lane's virtual time, last finish) when it gains runnable sessions, ties
  * to the tenant known first (the config's in order, then as sessions name them),
  * tags counted only once some session has named a tenant (before that every session is the
- * default tenant's and there is nothing to share); the forecast by playing the lane's picks
- * forward on a copy. */
+ * default tenant's and there is nothing to share); runs (lanes/sched.h) as a tenant kept for
+ * the run's length unless it runs out of runnable sessions or the configuration changes,
+ * the length sized by the formula sched.h states; the forecast by playing the lane's picks
+ * forward on a copy, one pick per tenant turn (as sched.h says it is). */
 #ifndef CEPHALON_TESTS_SCHED_REF_H
 #define CEPHALON_TESTS_SCHED_REF_H
 

@@ -24,7 +24,7 @@
 /* The seed policy of DESIGN §8. */
 static cph_sched_config seed_policy(void) {
   cph_sched_config c = {{60, 30, 10}, {120, 60, 20},   1.0, 30,  -30,  {2, 1, 1}, 4, 1,
-                        {0},          CPH_CHARGE_TURN, 0,   {0}, NULL, 0};
+                        {0},          CPH_CHARGE_TURN, 0,   {0}, NULL, 0, 0};
   return c;
 }
 

@@ -261,6 +261,8 @@ static void compare_state(prop *p) {
                 a.seats_borrowed == b.seats_borrowed,
             "lane %d seats %u/%u lent %u/%u borrowed %u/%u", l, a.seats, b.seats, a.seats_lent,
             b.seats_lent, a.seats_borrowed, b.seats_borrowed);
+      CHECK(p, a.tenant_run == b.tenant_run, "lane %d tenant run %u/%u", l, a.tenant_run,
+            b.tenant_run);
       CHECK(p, a.tenants_runnable == b.tenants_runnable,
             "lane %d tenants runnable %" PRIu64 "/%" PRIu64, l, a.tenants_runnable,
             b.tenants_runnable);
@@ -667,7 +669,7 @@ static void test_reference_applies_pick_rules_literally(void **state) {
   (void)state;
   cph_clock clock;
   cph_clock_init_virtual(&clock, 0);
-  cph_sched_config cfg = {{60, 60, 60}, {600, 600, 600}, 1.0, 10, -10, {2, 2, 2}, 8, 0, {0}, CPH_CHARGE_TURN, 0, {0}, NULL, 0};
+  cph_sched_config cfg = {{60, 60, 60}, {600, 600, 600}, 1.0, 10, -10, {2, 2, 2}, 8, 0, {0}, CPH_CHARGE_TURN, 0, {0}, NULL, 0, 0};
   cph_ref *r = cph_ref_new(&cfg, &clock);
   const char *names[] = {"s2", "s10", "s1"};
   for (int i = 0; i < 3; i++) {
@@ -700,8 +702,11 @@ static void test_reference_applies_pick_rules_literally(void **state) {
  * tournament of classes grows to 32 leaves. Groups join and leave as sessions gain and lose
  * work, sessions move between tenants, reloads move tenants between classes; every pick must
  * be the reference's. */
-static void test_many_weight_classes_match_reference(void **state) {
-  (void)state;
+/* pace: a clock advance is 0, 1 or 2 times this; budget: turns (and ten times the tool
+ * calls, at most the limit) per minute per lane; run_max: cfg.tenant_run_max. Returns the picks made while the
+ * interactive lane's runs were longer than one. */
+static int weight_classes_against_reference(int64_t pace, int64_t budget, uint32_t run_max) {
+  int64_t tools = budget > CPH_SCHED_MAX_PER_MINUTE / 10 ? CPH_SCHED_MAX_PER_MINUTE : 10 * budget;
   enum { TENANTS = 30, SESSIONS = 90, STEPS = 30000 };
   cph_clock clock;
   cph_clock_init_virtual(&clock, 0);
@@ -711,8 +716,8 @@ static void test_many_weight_classes_match_reference(void **state) {
     snprintf(tnames[t], sizeof tnames[t], "t%d", t);
     w[t] = (cph_sched_tenant_weight){tnames[t], 0.5 + (t % 20) * 0.75};
   }
-  cph_sched_config cfg = {{6000, 6000, 6000},
-                          {60000, 60000, 60000},
+  cph_sched_config cfg = {{budget, budget, budget},
+                          {tools, tools, tools},
                           2.0,
                           20,
                           -20,
@@ -724,7 +729,8 @@ static void test_many_weight_classes_match_reference(void **state) {
                           0,
                           {0},
                           w,
-                          TENANTS};
+                          TENANTS,
+                          run_max};
   cph_sched *s = cph_sched_new(&cfg, &clock);
   cph_ref *r = cph_ref_new(&cfg, &clock);
   assert_non_null(s);
@@ -739,7 +745,7 @@ static void test_many_weight_classes_match_reference(void **state) {
     cph_ref_set_tenant(r, snames[i], tnames[i % TENANTS]);
   }
   uint64_t rng = 0x7e4a47;
-  int picks = 0;
+  int picks = 0, in_runs = 0;
   for (int step = 0; step < STEPS; step++) {
     int i = (int)(splitmix(&rng) % SESSIONS);
     uint64_t op = splitmix(&rng) % 100;
@@ -756,6 +762,9 @@ static void test_many_weight_classes_match_reference(void **state) {
       if (strcmp(cph_sched_id(s, got.sid), want.id) != 0)
         fail_msg("step %d: picked %s, reference %s", step, cph_sched_id(s, got.sid), want.id);
       picks++;
+      cph_lane_stats st;
+      cph_sched_lane_stats(s, CPH_LANE_INTERACTIVE, &st);
+      in_runs += st.tenant_run > 1;
     } else if (op < 65) { /* the first running session from i on finishes */
       for (int k = 0; k < SESSIONS; k++, i = (i + 1) % SESSIONS)
         if (cph_sched_is_running(s, sid[i])) {
@@ -768,7 +777,7 @@ static void test_many_weight_classes_match_reference(void **state) {
       cph_sched_set_work(s, sid[i], on);
       cph_ref_set_work(r, snames[i], on);
     } else if (op < 95) {
-      cph_clock_advance(&clock, (int64_t)(splitmix(&rng) % 3) * 250000000);
+      cph_clock_advance(&clock, (int64_t)(splitmix(&rng) % 3) * pace);
     } else if (op < 99) {
       const char *t = tnames[splitmix(&rng) % TENANTS];
       assert_int_equal(cph_sched_set_tenant(s, sid[i], t), 0);
@@ -783,12 +792,33 @@ static void test_many_weight_classes_match_reference(void **state) {
   assert_true(picks > STEPS / 5); /* the sequence exercised the order, not only the misses */
   cph_sched_free(s);
   cph_ref_free(r);
+  return in_runs;
+}
+
+static void test_many_weight_classes_match_reference(void **state) {
+  (void)state;
+  /* a quarter second a step, 6,000 turns a minute: the exact order (runs of one) */
+  assert_int_equal(weight_classes_against_reference(250000000, 6000, 0), 0);
+  assert_int_equal(weight_classes_against_reference(250000000, 6000, 16), 0);
+}
+
+/* At machine rates (about 3,000 picks a second, over 3 s) the order hands out runs (lanes/sched.h):
+ * every pick is still the reference's, which keeps a tenant for the run's length and sizes
+ * runs by the same formula. */
+static void test_tenant_runs_match_reference_at_machine_rates(void **state) {
+  (void)state;
+  int in_runs = weight_classes_against_reference(2000000, CPH_SCHED_MAX_PER_MINUTE, 16);
+  print_message("picks while runs were longer than one: %d\n", in_runs);
+  assert_true(in_runs > 1000);
+  in_runs = weight_classes_against_reference(2000000, CPH_SCHED_MAX_PER_MINUTE, 3);
+  assert_true(in_runs > 1000);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_applies_pick_rules_literally),
       cmocka_unit_test(test_many_weight_classes_match_reference),
+      cmocka_unit_test(test_tenant_runs_match_reference_at_machine_rates),
       cmocka_unit_test(test_sched_matches_reference_on_random_sequences),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -45,6 +45,7 @@ static cph_sched_config roomy(uint32_t concurrency) {
   c.credit_max = 30;
   c.credit_min = -30;
   c.concurrency = concurrency;
+  c.tenant_run_max = CPH_SCHED_TENANT_RUN_DEFAULT; /* as the policy's default */
   return c;
 }
 
@@ -61,7 +62,10 @@ static void run(uint64_t seed, const cph_sim_config *c, cph_sim_result *r) {
 
 static const char *const tenant_names[] = {"acme", "beta", "gamma", "delta"};
 
-static void tenant_case(uint64_t seed) {
+/* pace: turns a minute are about 6,000 × pace. At pace 1 the tenant order runs exact or
+ * nearly (runs of 1–3 picks, lanes/sched.h); at pace 20 the lane makes 120,000 picks a minute
+ * and runs reach their maximum of 16. */
+static void tenant_case(uint64_t seed, double pace) {
   rng r = {seed};
   uint32_t conc = 1 + (uint32_t)below(&r, 12);
   cph_lane lane = (cph_lane)below(&r, CPH_LANE_COUNT);
@@ -73,7 +77,7 @@ static void tenant_case(uint64_t seed) {
   memset(ss, 0, sizeof ss);
   double total_w = 0;
   /* Enough turns that one turn is a small part of the smallest share: about 6000 a minute. */
-  double turn_s = conc / 100.0;
+  double turn_s = conc / (100.0 * pace);
   bool exponential = below(&r, 2);
   size_t n = 0;
   for (size_t t = 0; t < n_tenants; t++) {
@@ -108,9 +112,14 @@ static void tenant_case(uint64_t seed) {
   c.duration_s = 65;
   c.warmup_s = 5;  /* the measured minute */
   c.tick_ms = 100; /* passes also run at every arrival and completion */
+  c.sched.tenant_run_max = (uint32_t)(1 + below(&r, 2) * 15); /* exact, or runs of up to 16 */
   c.seed = seed;
   cph_sim_result res;
   run(seed, &c, &res);
+  /* at machine rates the runs were on (lanes/sched.h sizes them from the pace) */
+  if (pace > 1 && c.sched.tenant_run_max > 1 && res.tenant_run[lane] < 2)
+    fail_msg("seed %" PRIu64 ": runs of %u picks at %g times the pace", seed,
+             res.tenant_run[lane], pace);
   uint64_t all = 0;
   for (size_t k = 0; k < n; k++)
     all += res.groups[ss[k].group].turns;
@@ -135,7 +144,19 @@ static void test_tenant_shares_follow_weights_whatever_their_session_counts(void
   cph_property_run(DEFAULT_SEED, DEFAULT_CASES, &seed, &n);
   print_message("tenant shares: %ld cases from seed %" PRIu64 "\n", n, seed);
   for (long i = 0; i < n; i++)
-    tenant_case(seed + (uint64_t)i);
+    tenant_case(seed + (uint64_t)i, 1);
+}
+
+/* The same at machine rates, where the tenant order hands out runs of up to 16 picks
+ * (lanes/sched.h): the shares over the minute still follow the weights within 2%. */
+static void test_tenant_shares_follow_weights_at_machine_rates(void **state) {
+  (void)state;
+  uint64_t seed;
+  long n;
+  cph_property_run(DEFAULT_SEED + 1000000, DEFAULT_CASES / 20, &seed, &n);
+  print_message("tenant shares at 20x the pace: %ld cases from seed %" PRIu64 "\n", n, seed);
+  for (long i = 0; i < n; i++)
+    tenant_case(seed + (uint64_t)i, 20);
 }
 
 /* ---------------------------------------------------------------- seats */
@@ -361,6 +382,7 @@ static void test_lane_budget_never_exceeded_over_any_window(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tenant_shares_follow_weights_whatever_their_session_counts),
+      cmocka_unit_test(test_tenant_shares_follow_weights_at_machine_rates),
       cmocka_unit_test(test_reserved_seats_return_within_one_turn),
       cmocka_unit_test(test_lane_budget_never_exceeded_over_any_window),
   };

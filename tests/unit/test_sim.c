@@ -16,7 +16,7 @@
 /* Budgets that never bind. */
 static cph_sched_config roomy(uint32_t concurrency) {
   cph_sched_config c = {{1000000, 1000000, 1000000}, {1000000, 1000000, 1000000}, 1.0, 30, -30,
-                        {2, 1, 1}, concurrency, 0, {0}, CPH_CHARGE_TURN, 0, {0}, NULL, 0};
+                        {2, 1, 1}, concurrency, 0, {0}, CPH_CHARGE_TURN, 0, {0}, NULL, 0, 0};
   return c;
 }
 
