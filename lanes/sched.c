@@ -179,8 +179,6 @@ typedef struct lane_state {
   group *run_g;
   uint32_t run_gen;
   uint32_t run_left;
-  uint32_t run_len;     /* the run's length when it started */
-  group *run_next;      /* a guess at the next run's group, for prefetching (or NULL) */
   uint32_t run_q;
   int64_t span_ns;
   uint64_t span_picks;
@@ -779,17 +777,19 @@ static HOT_INLINE void theap_served(lane_state *l, group *g) {
   tour_replay(l, c->idx);
 }
 
-/* §3.9 runs: the length of the run starting now (sched.h: sized once a second from the
- * lane's pace, at most the configured maximum, at least 1). */
+/* §3.9 runs: the length of the run starting now (sched.h: sized every tenth of a second from
+ * the lane's pace, at most the configured maximum, at least 1). */
 static uint32_t run_length(const cph_sched *s, lane_state *l, int64_t now) {
   int64_t span = now - l->span_ns;
-  if (span >= CPH_NS_PER_S || span < 0) {
+  if (span >= CPH_NS_PER_S / 10 || span < 0) {
     /* picks per minute over 1,000 per live group, in integers (the reference model of the
      * tests computes the same) */
     i128 q = span > 0 && l->live_groups
                  ? (i128)l->span_picks * 60 * CPH_NS_PER_S / ((i128)span * 1000 * l->live_groups)
                  : 1;
-    l->run_q = q < 1 ? 1 : q > CPH_SCHED_TENANT_RUN_LIMIT ? CPH_SCHED_TENANT_RUN_LIMIT : (uint32_t)q;
+    if (q > CPH_SCHED_TENANT_RUN_LIMIT)
+      q = CPH_SCHED_TENANT_RUN_LIMIT;
+    l->run_q = q < 1 ? 1 : (uint32_t)q;
     l->span_ns = now;
     l->span_picks = 0;
   }
@@ -1031,47 +1031,6 @@ static HOT_INLINE void set_prefetch(const cph_sched *s, const ring *r) {
     __builtin_prefetch(&r->items[(r->head + PREFETCH_SET_ENTRY) & m]);
   if (r->len > PREFETCH_SET_SESSION) {
     const session *se = &s->sessions[r->items[(r->head + PREFETCH_SET_SESSION) & m].sid];
-    __builtin_prefetch(se);
-    __builtin_prefetch((const char *)(se + 1) - 1);
-  }
-}
-
-/* A run of RUN_PREFETCH_MIN picks or more fetches the next run's lines ahead, in stages: at
- * its start the group the next run will likely serve, two picks on the entries of that
- * group's set the run will take, halfway the sessions they name — so the next run starts on
- * lines already fetched, as a plain pick streams its lane's ring. A run also fetches its own
- * sessions all at once when it starts (mostly lines already there, but for a wrong guess:
- * then their misses overlap instead of coming one pick after another). */
-enum { RUN_PREFETCH_MIN = 8 };
-
-/* The group likely to serve the lane's next run, g's run being under way in class c: its
- * class's key will be the slot after g's (the ring runs in tag order), the other classes'
- * keys stay. A guess only addresses are computed from; NULL when there is none. With many
- * classes only g's own is looked at. */
-static HOT_INLINE group *run_next_guess(const lane_state *l, const tclass *c) {
-  const tslot *best = c->len > 1 ? &c->ring[(c->head + 1) & (c->cap - 1)] : NULL;
-  if (l->n_classes <= 8)
-    for (uint32_t i = 0; i < l->n_classes; i++)
-      if (i != c->idx && l->keys[i].g && (!best || slot_before(&l->keys[i], best)))
-        best = &l->keys[i];
-  return best ? best->g : NULL;
-}
-
-/* Stage 2 and 3 of the run prefetch: the first n entries of g's next set, or the sessions
- * they name. */
-static HOT_INLINE void run_prefetch(const cph_sched *s, const group *g, uint32_t n, bool sessions) {
-  const ring *r = group_next_ring(g);
-  uint32_t m = r->cap - 1;
-  if (n > r->len)
-    n = r->len;
-  for (uint32_t i = 0; i < n; i++) {
-    const entry *e = &r->items[(r->head + i) & m];
-    if (!sessions) {
-      if (!(i & 1) || i + 1 == n) /* two entries a line */
-        __builtin_prefetch(e);
-      continue;
-    }
-    const session *se = &s->sessions[e->sid];
     __builtin_prefetch(se);
     __builtin_prefetch((const char *)(se + 1) - 1);
   }
@@ -1713,14 +1672,7 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
       return false;
     l->run_g = g;
     l->run_gen = g->hgen;
-    l->run_left = l->run_len = run_length(s, l, now);
-    l->run_next = l->run_len >= RUN_PREFETCH_MIN ? run_next_guess(l, g->cls) : NULL;
-    if (l->run_next) {
-      /* this run's sessions, in case the last run guessed wrong: their misses overlap */
-      run_prefetch(s, g, l->run_len, true);
-      __builtin_prefetch(l->run_next);
-      __builtin_prefetch((const char *)l->run_next + 64);
-    }
+    l->run_left = run_length(s, l, now);
   }
   oset *from;
   entry *e = group_head(s, l, g, now, &from);
@@ -1745,21 +1697,15 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
   out->trickle = false;
   start(s, g, sid, out, now);
   if (--l->run_left && g->hgen == l->run_gen) {
-    /* The run goes on. A long one has fetched its sessions ahead (the previous run did) and
-     * fetches the next run's; a short one reads its set ahead as a plain pick does. */
-    uint32_t done = l->run_len - l->run_left;
-    if (!l->run_next)
-      ring_prefetch(s, &from->ring);
-    else if (done == 2 || done == l->run_len / 2)
-      run_prefetch(s, l->run_next, l->run_len, done != 2);
+    /* The run goes on: its next pick reads this set's front, as a plain pick does. (Fetching
+     * the next run's group, entries and sessions ahead in stages did not measure faster.) */
+    ring_prefetch(s, &from->ring);
     return true;
   }
   l->run_left = 0;
   const ring *r = from->ring.len ? &from->ring : group_next_ring(g); /* the set just used */
   g->next_sid = r->len ? r->items[r->head].sid : sid;
   run_end(s, l, g);
-  if (l->run_next)
-    return true; /* the next run's lines are on their way */
   if (c->len > PREFETCH_SETS_AT)
     class_prefetch(s, c);
   else

@@ -174,11 +174,11 @@ void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charg
  * weights — start-time fair queueing: each (tenant, lane) that has runnable sessions holds a
  * start tag; the pick serves the smallest (tag, tenant index — ties go to the tenant the
  * scheduler knew first: the config's in order, then as sessions name them), moves that tag
- * on by CPH_TENANT_VSCALE / weight and moves the lane's virtual time up to the tag it served; a
- * tenant that becomes runnable starts at max(virtual time, its last finish tag), so an idle
- * tenant banks nothing. Inside the tenant, rule 3 (b)–(d) as before. O(log tenants + log sessions)
- * per pick. Until a session names a tenant, every lane has only the default tenant and the
- * pick is exactly the pick of rules 1–7 (no tenant heap is kept). */
+ * on by CPH_TENANT_VSCALE / weight and moves the lane's virtual time up to the tag it
+ * served; a tenant that becomes runnable starts at max(virtual time, its last finish tag), so
+ * an idle tenant banks nothing. Inside the tenant, rule 3 (b)–(d) as before.
+ * O(log tenants + log sessions) per pick. Until a session names a tenant, every lane has only
+ * the default tenant and the pick is exactly the pick of rules 1–7 (no tenant heap is kept). */
 #define CPH_TENANT_VSCALE INT64_C(1000000000000)
 
 /* Runs. Keeping the tenant order costs a pick about 200 instructions (bench/PROFILE.md) — at
@@ -186,12 +186,12 @@ void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charg
  * order serves a run of up to q consecutive picks before the order is consulted again; each
  * pick of the run still moves the group's tag on by one step, so long-run shares are exactly
  * the weights and a run only lets a tenant be up to q - 1 picks ahead of (or behind) its fair
- * place. q is sized from the lane's own pace: at each run's start, once a second has passed
- * since it was last sized, q = picks in that span per minute / (1,000 × groups with runnable
- * sessions), within [1, tenant_run_max] — a run is at most a thousandth of the picks an
- * average tenant of the lane gets in a minute. Below 1,000 picks per tenant per minute q is 1
- * and the order is exact; a configuration change ends every run. The forecast of
- * cph_sched_why follows the order as if q were 1. */
+ * place. q is sized from the lane's own pace: at each run's start, once a tenth of a second
+ * has passed since it was last sized, q = picks in that span per minute / (1,000 × groups
+ * with runnable sessions), within [1, tenant_run_max] — a run is at most a thousandth of the
+ * picks an average tenant of the lane gets in a minute. Below 1,000 picks per tenant per
+ * minute q is 1 and the order is exact; a configuration change ends every run. The forecast
+ * of cph_sched_why follows the order as if q were 1. */
 #define CPH_SCHED_TENANT_RUN_DEFAULT 16
 #define CPH_SCHED_TENANT_RUN_LIMIT 1024
 

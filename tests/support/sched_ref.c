@@ -489,13 +489,13 @@ static size_t next_tenant(const cph_ref *r, int lane, const bool *skip_session) 
   return best;
 }
 
-/* §3.9 runs: the length of a run that starts now, as lanes/sched.h states it: once a second
- * has passed since the lane's last sizing, q = (picks in that span per minute) / (1,000 ×
+/* §3.9 runs: the length of a run that starts now, as lanes/sched.h states it: once a tenth of
+ * a second has passed since the lane's last sizing, q = (picks in that span per minute) / (1,000 ×
  * tenants with runnable sessions in the lane), in [1, CPH_SCHED_TENANT_RUN_LIMIT]; the run is
  * min(q, max(1, tenant_run_max)) picks. */
 static uint32_t run_length(cph_ref *r, int lane, int64_t now) {
   int64_t span = now - r->span_ns[lane];
-  if (span >= CPH_NS_PER_S || span < 0) {
+  if (span >= CPH_NS_PER_S / 10 || span < 0) {
     uint64_t groups = 0;
     for (size_t t = 0; t < r->n_tenants; t++)
       groups += has_runnable(r, t, lane);

@@ -701,10 +701,11 @@ static void test_reference_applies_pick_rules_literally(void **state) {
  * tenants, so a lane holds at most four classes): 30 tenants of 20 weights, so a lane's
  * tournament of classes grows to 32 leaves. Groups join and leave as sessions gain and lose
  * work, sessions move between tenants, reloads move tenants between classes; every pick must
- * be the reference's. */
-/* pace: a clock advance is 0, 1 or 2 times this; budget: turns (and ten times the tool
- * calls, at most the limit) per minute per lane; run_max: cfg.tenant_run_max. Returns the picks made while the
- * interactive lane's runs were longer than one. */
+ * be the reference's.
+ *
+ * pace: a clock advance is 0, 1 or 2 times this; budget: turns (and ten times the tool
+ * calls, at most the limit) per minute per lane; run_max: cfg.tenant_run_max. Returns the
+ * picks made while the interactive lane's runs were longer than one. */
 static int weight_classes_against_reference(int64_t pace, int64_t budget, uint32_t run_max) {
   int64_t tools = budget > CPH_SCHED_MAX_PER_MINUTE / 10 ? CPH_SCHED_MAX_PER_MINUTE : 10 * budget;
   enum { TENANTS = 30, SESSIONS = 90, STEPS = 30000 };
