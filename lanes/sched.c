@@ -28,7 +28,9 @@
  * runnable sessions in order of their start tags (start-time fair queueing, see sched.h): per
  * weight class a ring with a heap beside it, the classes in a tournament (see tclass,
  * lane_state), and the pick takes the group at the winning class's head: O(log classes) more
- * per pick, rarely O(log tenants).
+ * per pick, rarely O(log tenants). At machine rates that group serves a run of picks (sched.h,
+ * "Runs"): the order is consulted once per run, and a pick inside a run costs what a plain
+ * pick does plus a count (run_settle applies the run's tags when they are next read).
  *
  * A stale entry is still compared while it sits in a ring or heap (as the ring's back, inside
  * heap sifts), and the comparison reads its session's id. So a removed session's slot keeps
@@ -172,13 +174,15 @@ typedef struct lane_state {
   uint32_t n_classes, leaves;
   uint32_t live_groups; /* groups with a live slot */
   i128 vtime;           /* the largest start tag the lane has served */
-  /* §3.9 runs (sched.h). run_g serves the lane's run while run_left > 0 and its hgen is still
-   * run_gen; meanwhile its slot keeps the tag the run started at and its vtag runs ahead (the
-   * next pick's start tag), until run_end puts the slot right. The run length run_q was sized
-   * over the span that began at span_ns, in which the lane made span_picks tenant picks. */
+  /* §3.9 runs (sched.h). run_g serves the lane's run while run_left > 0 (its leaving the order
+   * zeroes run_left); meanwhile its slot keeps the tag the run started at, until run_end puts
+   * it right. The run's picks are counted in run_done and settled (run_settle) into run_g's
+   * vtag and started, the lane's vtime and span_picks only when something reads them, so a
+   * pick inside a run touches none of them. The run length run_q was sized over the span that
+   * began at span_ns, in which the lane made span_picks tenant picks. */
   group *run_g;
-  uint32_t run_gen;
   uint32_t run_left;
+  uint32_t run_done;
   uint32_t run_q;
   int64_t span_ns;
   uint64_t span_picks;
@@ -703,15 +707,37 @@ static bool tjoin(const cph_sched *s, lane_state *l, group *g, i128 vstart) {
   return true;
 }
 
+/* The picks of the lane's run so far, applied as the pick rule has them one by one: each moved
+ * run_g's tag one step, and the lane's virtual time up to the tag it served (the last is the
+ * largest). */
+static HOT_INLINE void run_settle(lane_state *l) {
+  uint32_t n = l->run_done;
+  if (!n)
+    return;
+  group *g = l->run_g;
+  i128 last = g->vtag + (i128)(n - 1) * g->cls->inc;
+  if (last > l->vtime)
+    l->vtime = last;
+  g->vtag = last + g->cls->inc;
+  g->started += n;
+  l->span_picks += n;
+  l->run_done = 0;
+}
+
 /* A group that gained its first runnable session joins at max(virtual time, its last
  * finish): an idle tenant banks nothing. */
 static bool theap_insert(const cph_sched *s, lane_state *l, group *g) {
+  run_settle(l);
   return tjoin(s, l, g, g->vtag > l->vtime ? g->vtag : l->vtime);
 }
 
 /* It has no runnable session left: its slot goes stale (and its class's key with it, put
- * right when the class comes out on top). */
+ * right when the class comes out on top); a run it was serving ends. */
 static void theap_leave(lane_state *l, group *g) {
+  if (g == l->run_g && l->run_left) {
+    run_settle(l);
+    l->run_left = 0;
+  }
   g->in_heap = false;
   g->hgen++;
   g->cls->live--;
@@ -820,9 +846,11 @@ static void run_end(const cph_sched *s, lane_state *l, group *g) {
 static void runs_end(cph_sched *s) {
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     lane_state *l = &s->lanes[i];
-    if (l->run_left && l->run_g->hgen == l->run_gen)
+    run_settle(l);
+    if (l->run_left) {
+      l->run_left = 0;
       run_end(s, l, l->run_g);
-    l->run_left = 0;
+    }
   }
 }
 
@@ -1575,7 +1603,11 @@ void cph_sched_tenant_stats(const cph_sched *s, uint32_t index, cph_tenant_stats
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     out->runnable[i] = t->g[i].runnable;
     /* Until tenants are on, every turn is the default tenant's and only the lane counts. */
-    out->started[i] = s->tenants_on ? t->g[i].started : index ? 0 : s->lanes[i].started_total;
+    const lane_state *l = &s->lanes[i];
+    uint64_t in_run = l->run_g == &t->g[i] ? l->run_done : 0; /* picks not yet settled */
+    out->started[i] = s->tenants_on ? t->g[i].started + in_run
+                      : index       ? 0
+                                    : s->lanes[i].started_total;
   }
 }
 
@@ -1663,46 +1695,61 @@ static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t
   return true;
 }
 
+/* A run's picks after its first come one after another from its group's set, whose sessions
+ * lie anywhere in the array: at the run's start the sessions of the entries that the
+ * running ring_prefetch will not reach in time (the next PREFETCH_SESSIONS) are fetched at
+ * once, so their misses overlap. */
+static HOT_INLINE void run_start_prefetch(const cph_sched *s, const group *g, uint32_t n) {
+  const ring *r = group_next_ring(g);
+  uint32_t m = r->cap - 1, k = n < PREFETCH_SESSIONS + 1 ? n : PREFETCH_SESSIONS + 1;
+  if (k > r->len)
+    k = r->len;
+  for (uint32_t i = 1; i < k; i++) {
+    const session *se = &s->sessions[r->items[(r->head + i) & m].sid];
+    __builtin_prefetch(se);
+    __builtin_prefetch((const char *)(se + 1) - 1);
+  }
+}
+
 /* §3.9: the pick in a lane with tenants on: the next session of the group serving the lane's
  * run, or of the group at the top of the tenant order, which starts a run. */
 static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph_pick *out) {
   group *g = l->run_g;
-  if (!l->run_left || g->hgen != l->run_gen) {
+  if (!l->run_left) {
     if (!(g = theap_top(l)))
       return false;
     l->run_g = g;
-    l->run_gen = g->hgen;
     l->run_left = run_length(s, l, now);
+    if (l->run_left > 1)
+      run_start_prefetch(s, g, l->run_left);
   }
   oset *from;
   entry *e = group_head(s, l, g, now, &from);
   if (!e) {
+    run_settle(l);
     l->run_left = 0;
     return false;
   }
   cph_sid sid = e->sid;
   oset_pop_head(s, from, e);
-  /* The lane's virtual time moves to the tag served — never back: a run's later tags can be
+  /* The lane's virtual time moves up to the tag served — never back: a run's later tags can be
    * past the next group's (with runs of one it only ever moves forward anyway), and a group
    * that left unserved keeps its start tag as its finish, which is only right while virtual
-   * time never goes back. The group's next tag is one step on (start() may take it out of
-   * the order if this was its last session). */
+   * time never goes back. The group's next tag is one step on. Both are settled later
+   * (run_settle); start() may take the group out of the order if this was its last session,
+   * which ends the run. */
   tclass *c = g->cls;
-  if (g->vtag > l->vtime)
-    l->vtime = g->vtag;
-  g->vtag += c->inc; /* the class's step is its tenants' step */
-  g->started++;
-  l->span_picks++;
+  l->run_done++;
   out->sid = sid;
   out->trickle = false;
   start(s, g, sid, out, now);
-  if (--l->run_left && g->hgen == l->run_gen) {
+  if (l->run_left && --l->run_left) {
     /* The run goes on: its next pick reads this set's front, as a plain pick does. (Fetching
      * the next run's group, entries and sessions ahead in stages did not measure faster.) */
     ring_prefetch(s, &from->ring);
     return true;
   }
-  l->run_left = 0;
+  run_settle(l);
   const ring *r = from->ring.len ? &from->ring : group_next_ring(g); /* the set just used */
   g->next_sid = r->len ? r->items[r->head].sid : sid;
   run_end(s, l, g);
@@ -1906,6 +1953,8 @@ static int64_t estimate_start(const lane_state *l, uint64_t position, int64_t no
 
 void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   memset(out, 0, sizeof *out);
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
+    run_settle(&s->lanes[i]); /* the forecast reads the groups' tags */
   session *se = &s->sessions[sid];
   int64_t now = cph_clock_now(s->clock);
   refill_all(s, now);

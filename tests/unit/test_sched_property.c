@@ -766,6 +766,16 @@ static int weight_classes_against_reference(int64_t pace, int64_t budget, uint32
       cph_lane_stats st;
       cph_sched_lane_stats(s, CPH_LANE_INTERACTIVE, &st);
       in_runs += st.tenant_run > 1;
+      /* every started turn is some tenant's, also in the middle of a run */
+      uint64_t by_tenant = 0;
+      for (uint32_t t = 0; t < cph_sched_tenant_count(s); t++) {
+        cph_tenant_stats ts;
+        cph_sched_tenant_stats(s, t, &ts);
+        by_tenant += ts.started[CPH_LANE_INTERACTIVE];
+      }
+      if (by_tenant != st.started_total)
+        fail_msg("step %d: tenants started %" PRIu64 ", lane %" PRIu64, step, by_tenant,
+                 st.started_total);
     } else if (op < 65) { /* the first running session from i on finishes */
       for (int k = 0; k < SESSIONS; k++, i = (i + 1) % SESSIONS)
         if (cph_sched_is_running(s, sid[i])) {
