@@ -1709,6 +1709,14 @@ static HOT_INLINE void run_start_prefetch(const cph_sched *s, const group *g, ui
     __builtin_prefetch(se);
     __builtin_prefetch((const char *)(se + 1) - 1);
   }
+  /* the run's entries past those, two a line, and the lines its finishes will append to */
+  uint32_t front = n < r->len ? n : r->len;
+  for (uint32_t i = k; i < front; i += 2)
+    __builtin_prefetch(&r->items[(r->head + i) & m]);
+  const ring *b = &g->below.ring;
+  if (b->cap)
+    for (uint32_t i = 0; i < n; i += 2)
+      __builtin_prefetch(&b->items[(b->head + b->len + i) & (b->cap - 1)], 1);
 }
 
 /* §3.9: the pick in a lane with tenants on: the next session of the group serving the lane's
