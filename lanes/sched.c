@@ -184,6 +184,7 @@ typedef struct lane_state {
   uint32_t run_left;
   uint32_t run_done;
   uint32_t run_len;   /* the run's length when it started */
+  uint32_t run_stage; /* run_left at which the next stage of run_next_prefetch is due */
   group *run_next;    /* a guess at the next run's group, for prefetching; NULL: none */
   uint32_t run_q;
   int64_t span_ns;
@@ -1697,28 +1698,41 @@ static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t
   return true;
 }
 
-/* A run's picks after its first come one after another from its group's set, whose sessions
- * lie anywhere in the array: at the run's start the sessions of the entries that the
- * running ring_prefetch will not reach in time (the next PREFETCH_SESSIONS) are fetched at
- * once, so their misses overlap. */
-static HOT_INLINE void run_start_prefetch(const cph_sched *s, const group *g, uint32_t n) {
-  const ring *r = group_next_ring(g);
-  uint32_t m = r->cap - 1, k = n < PREFETCH_SESSIONS + 1 ? n : PREFETCH_SESSIONS + 1;
-  if (k > r->len)
-    k = r->len;
-  for (uint32_t i = 1; i < k; i++) {
-    const session *se = &s->sessions[r->items[(r->head + i) & m].sid];
+/* Prefetching for runs. A run's picks come one after another from its group's set, whose
+ * sessions lie anywhere in the array and whose entries were written a whole rotation of the
+ * lane's groups ago: lines the hardware does not stream. Every run fetches
+ * the sessions its first picks need; below RUN_PREFETCH_SESSIONS sessions the rest of those
+ * lines are mostly still in the caches, and fetching them ahead (the run's entries, and the
+ * next run's lines in stages) cost more than it saved (at 100k sessions with 1,000 tenants:
+ * 54 against 52 ns a pick + finish; at 1M: 65 against 81), so only larger schedulers do. */
+enum { RUN_PREFETCH_SESSIONS = 1 << 18 };
+
+/* Sessions named by entries [from, to) of r's front (clamped to its length). */
+static HOT_INLINE void run_sessions_prefetch(const cph_sched *s, const ring *r, uint32_t from,
+                                             uint32_t to) {
+  const entry *items = r->items;
+  const session *sessions = s->sessions;
+  uint32_t m = r->cap - 1, head = r->head;
+  if (to > r->len)
+    to = r->len;
+  for (uint32_t i = from; i < to; i++) {
+    const session *se = &sessions[items[(head + i) & m].sid];
     __builtin_prefetch(se);
     __builtin_prefetch((const char *)(se + 1) - 1);
   }
-  /* the run's entries past those, two a line, and the lines its finishes will append to */
-  uint32_t front = n < r->len ? n : r->len;
-  for (uint32_t i = k; i < front; i += 2)
-    __builtin_prefetch(&r->items[(r->head + i) & m]);
-  const ring *b = &g->below.ring;
-  if (b->cap)
+}
+
+/* The lines of the first n entries of r's front (two entries a line), and of the n entries
+ * after the back of below, where the run's finishes will append. */
+static HOT_INLINE void run_entries_prefetch(const ring *r, const ring *below, uint32_t n) {
+  uint32_t k = n < r->len ? n : r->len, m = r->cap - 1, head = r->head;
+  for (uint32_t i = 0; i < k; i += 2)
+    __builtin_prefetch(&r->items[(head + i) & m]);
+  if (below->cap) {
+    uint32_t bm = below->cap - 1, back = below->head + below->len;
     for (uint32_t i = 0; i < n; i += 2)
-      __builtin_prefetch(&b->items[(b->head + b->len + i) & (b->cap - 1)], 1);
+      __builtin_prefetch(&below->items[(back + i) & bm], 1);
+  }
 }
 
 /* The group likely to serve the lane's run after g's, in class c: g's slot moves to its
@@ -1735,33 +1749,19 @@ static HOT_INLINE group *run_next_guess(const lane_state *l, const tclass *c) {
 }
 
 /* The next run's lines, fetched in stages while this run's picks go on, so that they arrive
- * before they are needed even from memory (a run at 1M sessions is over in about a
- * microsecond): stage 0 the group, 1 the entries its run will take and the lines its
- * finishes will append to, 2 the sessions those entries name. */
+ * before they are needed even from memory (a 16-pick run at 1M sessions is over in about a
+ * microsecond): stage 0 the group, 1 the entries its run will take and the lines its finishes
+ * will append to, 2 the sessions those entries name. */
 static HOT_INLINE void run_next_prefetch(const cph_sched *s, const group *g, uint32_t n,
                                          int stage) {
   if (stage == 0) {
     __builtin_prefetch(g);
     __builtin_prefetch((const char *)g + 64);
-    return;
+  } else if (stage == 1) {
+    run_entries_prefetch(group_next_ring(g), &g->below.ring, n);
+  } else {
+    run_sessions_prefetch(s, group_next_ring(g), 0, n);
   }
-  const ring *r = group_next_ring(g);
-  uint32_t m = r->cap - 1, k = n < r->len ? n : r->len;
-  for (uint32_t i = 0; i < k; i++) {
-    const entry *e = &r->items[(r->head + i) & m];
-    if (stage == 1) {
-      if (!(i & 1))
-        __builtin_prefetch(e);
-      continue;
-    }
-    const session *se = &s->sessions[e->sid];
-    __builtin_prefetch(se);
-    __builtin_prefetch((const char *)(se + 1) - 1);
-  }
-  const ring *b = &g->below.ring;
-  if (stage == 1 && b->cap)
-    for (uint32_t i = 0; i < n; i += 2)
-      __builtin_prefetch(&b->items[(b->head + b->len + i) & (b->cap - 1)], 1);
 }
 
 /* §3.9: the pick in a lane with tenants on: the next session of the group serving the lane's
@@ -1773,11 +1773,20 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
       return false;
     l->run_g = g;
     l->run_left = l->run_len = run_length(s, l, now);
+    bool fetched = g == l->run_next; /* by the last run, when it guessed right */
+    bool big = s->n_sessions >= RUN_PREFETCH_SESSIONS;
     l->run_next = NULL;
-    if (l->run_left >= 8) {
-      run_start_prefetch(s, g, l->run_left);
-      if ((l->run_next = run_next_guess(l, g->cls)))
+    if (l->run_left > 1 && !fetched) {
+      /* the sessions ring_prefetch will not reach in time, and in a big scheduler the rest */
+      run_sessions_prefetch(s, group_next_ring(g), 1, PREFETCH_SESSIONS + 1);
+      if (big)
+        run_entries_prefetch(group_next_ring(g), &g->below.ring, l->run_len);
+    }
+    if (l->run_left >= 8 && big) {
+      if ((l->run_next = run_next_guess(l, g->cls))) {
         run_next_prefetch(s, l->run_next, l->run_len, 0);
+        l->run_stage = l->run_len - 2;
+      }
     }
   }
   oset *from;
@@ -1804,10 +1813,10 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
     /* The run goes on: its next pick reads this set's front, as a plain pick does; a long
      * run fetches the next run's lines on the way. */
     ring_prefetch(s, &from->ring);
-    if (l->run_next) {
-      uint32_t done = l->run_len - l->run_left;
-      if (done == 2 || done == l->run_len / 2)
-        run_next_prefetch(s, l->run_next, l->run_len, done == 2 ? 1 : 2);
+    if (l->run_left == l->run_stage && l->run_next) {
+      bool first = l->run_stage == l->run_len - 2;
+      run_next_prefetch(s, l->run_next, l->run_len, first ? 1 : 2);
+      l->run_stage = first ? l->run_len / 2 : 0; /* stage 2 halfway, then none */
     }
     return true;
   }
