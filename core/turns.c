@@ -119,6 +119,9 @@ void cph_op_clear_results(cph_op *op) {
     cph_strv_free(&op->u.turn.consumed);
     free(op->u.turn.consumed_session);
     op->u.turn.consumed_session = NULL;
+    free(op->u.turn.state);
+    op->u.turn.state = NULL;
+    op->u.turn.state_len = 0;
     break;
   case CPH_OP_TAKE:
     for (size_t i = 0; i < op->u.turn.n_taken; i++) {
@@ -1006,14 +1009,120 @@ static void turn_complete(cph_turns *tu, cph_op *op) {
   op->u.turn.job = NULL;
 }
 
+/* ---- a session's state, for another node (cluster mode, server/clusterflow.h 11.) ----
+ * The blob: "CPHS", be32 version (1), be32 CPH_STORE_SCHEMA_VERSION, be64 episode, be64 the
+ * bits of the credits (a double), then the session's tree records (trees_export). That is what
+ * a completion changes of a session and what its next turns read back: its conversation (the
+ * input and reply cores of every turn within the history bound), the nodes workers inserted,
+ * the episode; and what the scheduler charged. Read through the pass transaction, after the
+ * completion's child committed, so it is exactly what this pass stores. */
+#define STATE_MAGIC "CPHS"
+#define STATE_VERSION 1u
+#define STATE_HEAD 28u
+
+static int state_export(cph_turns *tu, const csession *s, cph_buf *out) {
+  uint8_t head[STATE_HEAD];
+  memcpy(head, STATE_MAGIC, 4);
+  cph_be32_put(head + 4, STATE_VERSION);
+  cph_be32_put(head + 8, CPH_STORE_SCHEMA_VERSION);
+  cph_be64_put(head + 12, s->episode);
+  double credits = cph_sched_credits(tu->env->sched, s->sid);
+  uint64_t bits;
+  memcpy(&bits, &credits, 8);
+  cph_be64_put(head + 20, bits);
+  cph_buf_append(out, head, sizeof head);
+  return trees_export(tu->trees, &tu->env->txn, s->id, out);
+}
+
+/* Fills op->u.turn.state for session id; a failure leaves it NULL and is logged (the
+ * completion stands; the cluster log then keeps the session's previous state). */
+static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
+  csession *s = id ? sessions_get(tu->sessions, id) : NULL;
+  if (!s)
+    return;
+  cph_buf b = {0};
+  int rc = state_export(tu, s, &b);
+  if (rc == CPH_OK && !cph_buf_error(&b)) {
+    op->u.turn.state_len = b.len;
+    op->u.turn.state = (uint8_t *)cph_buf_steal(&b);
+  } else {
+    cph_log(CPH_LOG_WARN, "reading the state of session '%s' for the cluster log: %s", id,
+            cph_strerror(rc ? rc : CPH_ENOMEM));
+  }
+  cph_buf_free(&b);
+}
+
+/* The session of a stored turn (malloc'd), or NULL. */
+static char *turn_session(cph_turns *tu, uint64_t turn_id) {
+  cph_key tk = u64_key(turn_id);
+  cph_turn_rec tr;
+  if (cph_txn_get_record(&tu->env->txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) != CPH_OK)
+    return NULL;
+  char *id = strdup(tr.session);
+  cph_record_free(&cph_turn_desc, &tr);
+  return id;
+}
+
+/* CPH_OP_SESSION_STATE: see include/cephalon/cephalon.h. */
+static void session_state_import(cph_turns *tu, cph_op *op) {
+  const char *id = op->u.state.session;
+  csession *s = id ? sessions_get(tu->sessions, id) : NULL;
+  if (!s) {
+    op_fail(op, CPH_ENOTFOUND, "session", "no session '%s'", id ? id : "");
+    return;
+  }
+  const uint8_t *p = op->u.state.data;
+  size_t n = op->u.state.len;
+  if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 || cph_be32_get(p + 4) != STATE_VERSION ||
+      cph_be32_get(p + 8) != CPH_STORE_SCHEMA_VERSION) {
+    op_fail(op, CPH_EINVAL, "state",
+            "the state of session '%s' is not a version-%u state of store schema %u", id,
+            STATE_VERSION, CPH_STORE_SCHEMA_VERSION);
+    return;
+  }
+  uint64_t episode = cph_be64_get(p + 12), bits = cph_be64_get(p + 20);
+  double credits;
+  memcpy(&credits, &bits, 8);
+  cph_txn t;
+  cph_txn_begin_child(&tu->env->txn, &t);
+  size_t used = 0;
+  int rc = trees_import(tu->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used);
+  if (rc == CPH_EINVAL) {
+    cph_txn_abort(&t);
+    op_fail(op, CPH_EINVAL, "state", "the state of session '%s' is cut short or malformed", id);
+    return;
+  }
+  uint64_t old_episode = s->episode;
+  double old_credits = cph_sched_credits(tu->env->sched, s->sid);
+  s->episode = episode;
+  if (rc == CPH_OK && credits == credits) /* not NaN */
+    rc = csession_resched(tu->sessions, s, s->lane, credits);
+  if (rc == CPH_OK)
+    rc = persist_session_credits(tu->sessions, &t, s);
+  if (rc == CPH_OK)
+    rc = cph_txn_commit(&t);
+  else
+    cph_txn_abort(&t);
+  if (rc) {
+    s->episode = old_episode;
+    csession_resched(tu->sessions, s, s->lane, old_credits);
+    op_fail(op, rc, NULL, "importing the state of session '%s': %s", id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  }
+}
+
 static void turn_complete_work(cph_turns *tu, cph_op *op) {
   lease *l = NULL;
   int rc = check_lease(tu, op, &l);
   if (rc) {
     if (op->u.turn.already) {
       op->rc = CPH_OK;
-      if (tu->env->report_consumed)
+      if (tu->env->report_consumed) {
         already_consumed_keys(tu, op);
+        char *id = op->rc == CPH_OK ? turn_session(tu, op->u.turn.turn_id) : NULL;
+        state_to_op(tu, id, op);
+        free(id);
+      }
     }
     return;
   }
@@ -1193,6 +1302,8 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     sessions_tick_schedule(tu->sessions, s); /* the next tick is an interval after this turn */
   sessions_update_work(tu->sessions, s);
   lease_free(cph_hmap_del(&tu->leases, l->key));
+  if (tu->env->report_consumed)
+    state_to_op(tu, s->id, op);
 }
 
 static void turn_fail(cph_turns *tu, cph_op *op) {
@@ -1280,6 +1391,9 @@ void turns_apply(cph_turns *tu, cph_op *op) {
     break;
   case CPH_OP_TAKE:
     turn_take(tu, op);
+    break;
+  case CPH_OP_SESSION_STATE:
+    session_state_import(tu, op);
     break;
   default:
     turn_requeue(tu, op);
