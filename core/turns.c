@@ -1042,7 +1042,8 @@ static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
     return;
   cph_buf b = {0};
   int rc = state_export(tu, s, &b);
-  if (rc == CPH_OK && !cph_buf_error(&b)) {
+  if (rc == CPH_OK && !cph_buf_error(&b) &&
+      (op->u.turn.consumed_session || (op->u.turn.consumed_session = strdup(id)))) {
     op->u.turn.state_len = b.len;
     op->u.turn.state = (uint8_t *)cph_buf_steal(&b);
   } else {

@@ -203,10 +203,11 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n);
  * node: publishes its record (see 4. above). */
 void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_session_info *now);
 /* A completion committed on this node consumed the events named by keys (their engine keys,
- * cph_op u.turn.consumed) of session: answers r with `answer` (taken) once the log holds the
- * done mark, or 503 (see 6. above). Called from r's on_done; sets r->held when r waits. */
+ * cph_op u.turn.consumed) of session and left it in `state` (u.turn.state; NULL: none): answers
+ * r with `answer` (taken) once the log holds the state and the done mark, or 503 (see 6. and
+ * 11. above). Called from r's on_done; sets r->held when r waits. */
 void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
-                         json_t *answer);
+                         const uint8_t *state, size_t state_len, json_t *answer);
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);
