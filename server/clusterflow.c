@@ -1356,8 +1356,8 @@ static void adopt_done(cph_op *op, void *ctx) {
   adopt_op *a = ctx;
   if (op->rc == CPH_OK)
     cph_info("cluster log: adopted session %s from the session table (its unconsumed input is "
-             "rebuilt from the log; its history, credits and context did not move)",
-             a->id);
+             "rebuilt from the log, its state loaded from %s when it has one)",
+             a->id, CPH_CLOG_STATES);
   else if (op->rc != CPH_EEXISTS)
     cph_warn("cluster log: adopting session %s failed: %s", a->id,
              op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
@@ -1844,10 +1844,10 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
   f->last_rebuild_messages = rb->rp->n_entries;
   f->last_rebuild_shard = shard;
   cph_info("cluster log: shard %" PRIu32 " rebuilt in %.3f s (reading %.3f s): positions %" PRIu64
-           "..%" PRIu64 ", %zu messages and %zu done marks read, %" PRIu64
+           "..%" PRIu64 ", %zu messages, %zu done marks and %zu session states read, %" PRIu64
            " events delivered again, %zu pending",
            shard, took, f->last_read_s, rb->rp->from, rb->rp->to, rb->rp->n_events,
-           rb->rp->n_entries - rb->rp->n_events, rb->reached, tr->pending.n);
+           rb->rp->n_entries - rb->rp->n_events, rb->rp->n_states, rb->reached, tr->pending.n);
   cph_clog_rebuilt(f->log, shard, rb->rp->gen);
   rebuild_free(rb);
 }

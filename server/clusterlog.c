@@ -978,37 +978,42 @@ static bool take_fences(cph_clog *l, cph_clog_replay *rp, const char *key, char 
 
 /* Appends to rp the newest value of every key of the shard in CEPH_STATE (clusterflow.h 11.),
  * through an ordered consumer delivering the last message per subject: it says how many are
- * left with each (NumPending), so the read ends with the last one, or at once when the
- * consumer has none. False with why set on a NATS error or when none came for REPLAY_IDLE_MS. */
+ * left with each (NumPending), so the read ends with the last one; or at once when the stream
+ * has no subject of the shard. False with why set on a NATS error or when none came for REPLAY_IDLE_MS. */
 static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t size) {
   char filter[64], stream[64];
   int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, rp->shard);
   snprintf(filter + plen, sizeof filter - (size_t)plen, ">");
   snprintf(stream, sizeof stream, "KV_%s", CPH_CLOG_STATES);
+  /* Whether there is any key: an ordered consumer with nothing to deliver never says so. */
+  jsOptions o;
+  jsOptions_Init(&o);
+  o.Stream.Info.SubjectsFilter = filter;
+  jsStreamInfo *si = NULL;
+  jsErrCode jerr = 0;
+  natsStatus st = js_GetStreamInfo(&si, l->js, stream, &o, &jerr);
+  if (st != NATS_OK) {
+    snprintf(why, size, "the keys of %s: %s", filter, nats_GetLastError(NULL));
+    return false;
+  }
+  uint64_t left = si->State.Subjects ? (uint64_t)si->State.Subjects->Count : 0;
+  jsStreamInfo_Destroy(si);
+  if (!left)
+    return true;
   jsSubOptions so;
   jsSubOptions_Init(&so);
   so.Stream = stream;
   so.Ordered = true;
   so.Config.DeliverPolicy = js_DeliverLastPerSubject;
   natsSubscription *sub = NULL;
-  jsErrCode jerr = 0;
-  natsStatus st = js_SubscribeSync(&sub, l->js, filter, NULL, &so, &jerr);
+  st = js_SubscribeSync(&sub, l->js, filter, NULL, &so, &jerr);
   if (st != NATS_OK) {
     snprintf(why, size, "reading %s: %s", filter, nats_GetLastError(NULL));
     return false;
   }
-  jsConsumerInfo *ci = NULL;
-  st = natsSubscription_GetConsumerInfo(&ci, sub, NULL, &jerr);
-  if (st != NATS_OK) {
-    snprintf(why, size, "the consumer reading %s: %s", filter, nats_GetLastError(NULL));
-    natsSubscription_Unsubscribe(sub);
-    natsSubscription_Destroy(sub);
-    return false;
-  }
-  uint64_t left = ci->NumPending; /* the keys there are */
-  jsConsumerInfo_Destroy(ci);
+  natsSubscription_SetPendingLimits(sub, 1 << 20, 1 << 30);
   size_t cap = 0;
-  bool ok = left == 0;
+  bool ok = false;
   int64_t deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
   while (!ok) {
     if (stopping(l) || mono_ns() > deadline) {
