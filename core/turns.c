@@ -1013,7 +1013,9 @@ static void turn_complete(cph_turns *tu, cph_op *op) {
  * The blob: "CPHS", be32 version (1), be32 CPH_STORE_SCHEMA_VERSION, be64 episode, be64 the
  * bits of the credits (a double), then the session's tree records (trees_export), then its
  * recent replies as its channels' history holds them: be32 count, and per reply be32 length +
- * channel, be64 ts_ms, be32 length + body, oldest first. That is what a completion changes of
+ * channel, be64 ts_ms, be32 length + body, oldest first; then its newest memories (its own
+ * scope; STATE_MEMORIES of each class, STATE_MEMORY_BYTES at most): be32 count, and per memory
+ * a kind byte and be32 length + text, oldest first. That is what a completion changes of
  * a session and what its next turns read back: its conversation (the input and reply cores of
  * every turn within the history bound, which non-inbox turns render), its replies (which an
  * inbox turn's channel view renders, from the node's own channel history), the nodes workers
@@ -1031,6 +1033,8 @@ static void turn_complete(cph_turns *tu, cph_op *op) {
 #define STATE_REPLY_SCAN 64
 #define STATE_CHANNELS 16
 #define STATE_REPLY_BYTES (256u * 1024u)
+#define STATE_MEMORIES 64 /* of each class (raw, other) */
+#define STATE_MEMORY_BYTES (256u * 1024u)
 
 typedef struct state_reply {
   char *channel, *body;
@@ -1172,6 +1176,123 @@ static int state_export_replies(cph_turns *tu, const csession *s, cph_buf *out) 
   return rc;
 }
 
+typedef struct state_memory {
+  uint64_t id;
+  uint8_t kind;
+  char *text;
+} state_memory;
+
+static int memory_id_cmp(const void *a, const void *b) {
+  const state_memory *x = a, *y = b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Calls fn(ctx, memory) for the newest `scan` live memories of scope in class raw (or the
+ * others), newest first, until fn returns false. */
+static int memories_tail(cph_txn *t, const char *scope, bool raw, size_t scan,
+                         bool (*fn)(void *ctx, const cph_memory_rec *m), void *ctx) {
+  cph_key prefix, from;
+  memory_scope_prefix(&prefix, scope, raw);
+  from = prefix;
+  cph_key_u64(&from, UINT64_MAX);
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &c);
+  if (rc)
+    return rc;
+  cph_val k;
+  rc = cph_cursor_seek(&c, &from, &k, NULL);
+  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, NULL)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, NULL)
+                             : rc;
+  for (size_t n = 0; rc == CPH_OK && n < scan; n++) {
+    if (k.len != prefix.len + 8 || memcmp(k.data, prefix.data, prefix.len) != 0)
+      break;
+    cph_key mk = u64_key(cph_be64_get((const uint8_t *)k.data + prefix.len));
+    cph_memory_rec m;
+    int grc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    if (grc == CPH_OK) {
+      bool more = m.deleted || !m.text || fn(ctx, &m);
+      cph_record_free(&cph_memory_desc, &m);
+      if (!more)
+        break;
+    } else if (grc != CPH_ENOTFOUND) {
+      rc = grc;
+      break;
+    }
+    rc = cph_cursor_prev(&c, &k, NULL);
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+typedef struct memory_scan {
+  state_memory *v;
+  size_t n, cap, bytes;
+  bool nomem;
+} memory_scan;
+
+static bool collect_memory(void *ctx, const cph_memory_rec *m) {
+  memory_scan *ms = ctx;
+  size_t len = strlen(m->text);
+  if (ms->bytes + len > STATE_MEMORY_BYTES)
+    return false;
+  if (ms->n == ms->cap) {
+    size_t c = ms->cap ? 2 * ms->cap : 16;
+    state_memory *g = realloc(ms->v, c * sizeof *g);
+    if (!g) {
+      ms->nomem = true;
+      return false;
+    }
+    ms->v = g;
+    ms->cap = c;
+  }
+  if (!(ms->v[ms->n].text = strdup(m->text))) {
+    ms->nomem = true;
+    return false;
+  }
+  ms->v[ms->n].id = m->id;
+  ms->v[ms->n].kind = m->kind;
+  ms->n++;
+  ms->bytes += len;
+  return true;
+}
+
+/* The memories part of the blob (above). */
+static int state_export_memories(cph_turns *tu, const csession *s, cph_buf *out) {
+  memory_scan ms = {0};
+  int rc = memories_tail(&tu->env->txn, s->id, true, STATE_MEMORIES, collect_memory, &ms);
+  if (rc == CPH_OK && !ms.nomem)
+    rc = memories_tail(&tu->env->txn, s->id, false, STATE_MEMORIES, collect_memory, &ms);
+  if (rc == CPH_OK && ms.nomem)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK) {
+    if (ms.n > 1)
+      qsort(ms.v, ms.n, sizeof *ms.v, memory_id_cmp);
+    uint8_t be[4];
+    cph_be32_put(be, (uint32_t)ms.n);
+    cph_buf_append(out, be, 4);
+    for (size_t i = 0; i < ms.n; i++) {
+      cph_buf_append(out, &ms.v[i].kind, 1);
+      put_str32(out, ms.v[i].text);
+    }
+  }
+  for (size_t i = 0; i < ms.n; i++)
+    free(ms.v[i].text);
+  free(ms.v);
+  return rc;
+}
+
+typedef struct memory_find {
+  const char *text;
+  bool found;
+} memory_find;
+
+static bool find_memory(void *ctx, const cph_memory_rec *m) {
+  memory_find *mf = ctx;
+  mf->found = strcmp(m->text, mf->text) == 0;
+  return !mf->found;
+}
+
 typedef struct reply_find {
   const char *session, *body;
   int64_t ts_ms;
@@ -1211,7 +1332,8 @@ static char *get_str32(const uint8_t *data, size_t n, size_t *at, bool *bad) {
  * body among the channel's newest STATE_REPLY_SCAN * 2 entries) is stored as a reply event
  * and appended to that history — not to the replies stream (GET /v1/replies): connectors
  * delivered it from the node that wrote it. CPH_EINVAL when the part is malformed. */
-static int state_import_replies(cph_txn *t, const char *session, const uint8_t *data, size_t n) {
+static int state_import_replies(cph_txn *t, const char *session, const uint8_t *data, size_t n,
+                                size_t *used) {
   if (n < 4)
     return CPH_EINVAL;
   uint32_t count = cph_be32_get(data);
@@ -1254,6 +1376,36 @@ static int state_import_replies(cph_txn *t, const char *session, const uint8_t *
     free(chan);
     free(body);
   }
+  *used = at;
+  return rc;
+}
+
+/* The memories part: each memory whose text the session's newest memories of its class here
+ * lack is minted in its scope (its embedding queued, as for any new memory). CPH_EINVAL when the
+ * part is malformed. */
+static int state_import_memories(cph_turns *tu, cph_txn *t, const char *session,
+                                 const uint8_t *data, size_t n) {
+  if (n < 4)
+    return CPH_EINVAL;
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  int rc = CPH_OK;
+  for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
+    if (n - at < 1)
+      return CPH_EINVAL;
+    uint8_t kind = data[at++];
+    bool bad = false;
+    char *text = get_str32(data, n, &at, &bad);
+    if (bad || !text) {
+      free(text);
+      return bad ? CPH_EINVAL : CPH_ENOMEM;
+    }
+    memory_find mf = {text, false};
+    rc = memories_tail(t, session, kind == CPH_MEMORY_RAW, 2 * STATE_MEMORIES, find_memory, &mf);
+    if (rc == CPH_OK && !mf.found)
+      rc = memory_mint(tu->memory, t, session, kind, text, 0, true, NULL);
+    free(text);
+  }
   return rc;
 }
 
@@ -1269,7 +1421,9 @@ static int state_export(cph_turns *tu, const csession *s, cph_buf *out) {
   cph_be64_put(head + 20, bits);
   cph_buf_append(out, head, sizeof head);
   int rc = trees_export(tu->trees, &tu->env->txn, s->id, out);
-  return rc ? rc : state_export_replies(tu, s, out);
+  if (rc == CPH_OK)
+    rc = state_export_replies(tu, s, out);
+  return rc ? rc : state_export_memories(tu, s, out);
 }
 
 /* Fills op->u.turn.state for session id; a failure leaves it NULL and is logged (the
@@ -1326,8 +1480,12 @@ static void session_state_import(cph_turns *tu, cph_op *op) {
   cph_txn_begin_child(&tu->env->txn, &t);
   size_t used = 0;
   int rc = trees_import(tu->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used);
+  size_t at = STATE_HEAD + used;
   if (rc == CPH_OK)
-    rc = state_import_replies(&t, id, p + STATE_HEAD + used, n - STATE_HEAD - used);
+    rc = state_import_replies(&t, id, p + at, n - at, &used);
+  at += rc == CPH_OK ? used : 0;
+  if (rc == CPH_OK)
+    rc = state_import_memories(tu, &t, id, p + at, n - at);
   if (rc == CPH_EINVAL) {
     cph_txn_abort(&t);
     op_fail(op, CPH_EINVAL, "state", "the state of session '%s' is cut short or malformed", id);

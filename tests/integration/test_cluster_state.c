@@ -7,7 +7,8 @@
  *   - each moved session's context tree (GET /v1/sessions/{id}/context) holds every answered
  *     reply exactly once, and the inserted node, at the episode it had;
  *   - its next lease's context (the lease answer's messages) shows every earlier reply;
- *   - its credits are those it had, not a fresh session's;
+ *   - its memories (minted by its turns) are there, each once, and its credits are those it
+ *     had, not a fresh session's;
  * and a completion there carries the state on: the node killed next (the survivor, restarted
  * on an empty data dir) serves the same again. Without the state in the log the survivor's
  * copies start empty (a fresh tree, episode 0): the test fails. Without etcd or nats-server
@@ -160,8 +161,9 @@ static void answer_round(bench *b, int n, int round) {
              (long long)json_integer_value(json_object_get(turn, "id")));
     snprintf(body, sizeof body,
              "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
-             "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
-             json_string_value(json_object_get(turn, "lease")), round, s);
+             "\"reply\":{\"body\":\"reply %d of t%02d\"},"
+             "\"memories\":[{\"text\":\"memory %d of t%02d\"}]}",
+             json_string_value(json_object_get(turn, "lease")), round, s, round, s);
     r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
     if (r.status != 200)
       fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
@@ -203,6 +205,27 @@ static int tree_count(cph_test_cluster *c, int n, int s, const char *role, const
   return count;
 }
 
+/* How many of session s's memories on node n (a lexical search) have this text. */
+static int memory_count(cph_test_cluster *c, int n, int s, const char *text) {
+  char path[128];
+  snprintf(path, sizeof path, "/v1/memories/search?session=t%02d&q=memory&k=100", s);
+  json_t *j = get_json(c, n, path);
+  int count = 0;
+  size_t i;
+  json_t *hit;
+  json_array_foreach(json_object_get(j, "memories"), i, hit) {
+    const char *t = json_string_value(json_object_get(hit, "text"));
+    count += t && strcmp(t, text) == 0;
+  }
+  if (getenv("CPH_TEST_DEBUG") && count != 1) {
+    char *d = json_dumps(j, JSON_COMPACT);
+    printf("search t%02d on n%d: %s\n", s, n, d);
+    free(d);
+  }
+  json_decref(j);
+  return count;
+}
+
 static double credits_of(cph_test_cluster *c, int n, int s) {
   char path[64];
   snprintf(path, sizeof path, "/v1/sessions/t%02d", s);
@@ -222,6 +245,11 @@ static void check_state(bench *b, int n, int s, const char *when) {
     int k = tree_count(b->c, n, s, "assistant", reply, round ? NULL : &episode);
     if (k != 1)
       fail_msg("%s: t%02d's tree on n%d holds \"%s\" %d times, not once", when, s, n, reply, k);
+    char memory[64];
+    snprintf(memory, sizeof memory, "memory %d of t%02d", round, s);
+    if ((k = memory_count(b->c, n, s, memory)) != 1)
+      fail_msg("%s: t%02d's memories on n%d hold \"%s\" %d times, not once", when, s, n,
+               memory, k);
   }
   char note[64];
   snprintf(note, sizeof note, "note of t%02d", s);
@@ -282,8 +310,9 @@ static void next_lease_shows_replies(bench *b, int n, int round) {
              (long long)json_integer_value(json_object_get(turn, "id")));
     snprintf(body, sizeof body,
              "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
-             "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
-             json_string_value(json_object_get(turn, "lease")), round, s);
+             "\"reply\":{\"body\":\"reply %d of t%02d\"},"
+             "\"memories\":[{\"text\":\"memory %d of t%02d\"}]}",
+             json_string_value(json_object_get(turn, "lease")), round, s, round, s);
     r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
     if (r.status != 200)
       fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
@@ -377,6 +406,7 @@ static void test_cluster_state_moves_again_from_the_new_owner(void **state) {
   bench *b = *state;
   cph_test_cluster *c = b->c;
   int fresh = 1, old = 0;
+  assert_false(c->up[fresh]); /* the first test killed it */
   cph_tc_start_node(c, fresh, SHARDS, TTL_S, EXTRA);
   settle(c, "a fresh node joined");
   cph_tc_kill_node(c, old, false);
