@@ -1056,7 +1056,9 @@ static int history_tail(cph_txn *t, const char *chan, size_t scan,
     return rc;
   cph_val k, v;
   rc = cph_cursor_seek(&c, &from, &k, &v);
-  rc = rc == CPH_OK ? cph_cursor_prev(&c, &k, &v) : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, &v) : rc;
+  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, &v)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, &v)
+                             : rc;
   for (size_t n = 0; rc == CPH_OK && n < scan; n++) {
     if (k.len != plen + 8 || memcmp(k.data, from.data, plen) != 0 || v.len != 8)
       break;

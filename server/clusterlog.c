@@ -979,7 +979,8 @@ static bool take_fences(cph_clog *l, cph_clog_replay *rp, const char *key, char 
 /* Appends to rp the newest value of every key of the shard in CEPH_STATE (clusterflow.h 11.),
  * through an ordered consumer delivering the last message per subject: it says how many are
  * left with each (NumPending), so the read ends with the last one; or at once when the stream
- * has no subject of the shard. False with why set on a NATS error or when none came for REPLAY_IDLE_MS. */
+ * has no subject of the shard. False with why set on a NATS error or when none came for
+ * REPLAY_IDLE_MS. */
 static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t size) {
   char filter[64], stream[64];
   int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, rp->shard);

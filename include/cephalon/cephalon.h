@@ -608,10 +608,10 @@ struct cph_op {
       cph_strv consumed;
       char *consumed_session;
       /* complete, out, only while cph_engine_report_consumed is on, when the completion (or a
-       * repeated one) stands: the session's state as it is after it — an opaque
-       * blob (core/turns.c says what it holds) (malloc'd, state_len bytes; consumed_session names the session then, also when
-       * nothing was consumed), for the cluster log to keep (clusterflow.h 11.). NULL
-       * when the engine could not read it (err says nothing then: the completion stands). */
+       * repeated one) stands: the session's state as it is after it, an opaque blob (core/turns.c
+       * says what it holds; malloc'd, state_len bytes), for the cluster log to keep
+       * (clusterflow.h 11.); consumed_session names the session then, also when nothing was
+       * consumed. NULL when the engine could not read it (logged; the completion stands). */
       uint8_t *state;
       size_t state_len;
       /* fail, in (cluster mode): the turn is handed back because another node serves its
