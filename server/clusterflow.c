@@ -16,7 +16,6 @@
 #include "common/log.h"
 #include "reply.h"
 #include "server.h"
-#include "store/keys.h"
 
 #define INGEST_DEADLINE_MS 10000
 #define FWD_DEADLINE_MS 10000
@@ -724,12 +723,13 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cp
     uint8_t *value = NULL;
     pub *p = NULL;
     if (cph_clog_state_subject(ssubject, sizeof ssubject, dr->shard, session) == CPH_OK &&
-        (value = malloc(8 + state_len))) {
-      cph_be64_put(value, f->tracks[dr->shard].epoch);
-      memcpy(value + 8, state, state_len);
+        (value = malloc(CPH_CLOG_EPOCH_BYTES + state_len))) {
+      cph_clog_epoch_put(value, f->tracks[dr->shard].epoch);
+      memcpy(value + CPH_CLOG_EPOCH_BYTES, state, state_len);
       snprintf(msgid, sizeof msgid, "st.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot,
                ++f->minted_marks);
-      p = pub_new(f, PUB_STATE, ssubject, msgid, (char *)value, 8 + state_len, DONE_DEADLINE_MS);
+      p = pub_new(f, PUB_STATE, ssubject, msgid, (char *)value, CPH_CLOG_EPOCH_BYTES + state_len,
+                  DONE_DEADLINE_MS);
     }
     if (p && (parts = malloc(4 * sizeof *parts))) {
       cap = 4;
@@ -1742,21 +1742,22 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
   bool queued = false, ok = true;
   for (; rb->next_state < rp->n_states; rb->next_state++) {
     const cph_clog_state *st = &rp->states[rb->next_state];
-    if (!st->data || st->len < 8)
+    if (!st->data || st->len < CPH_CLOG_EPOCH_BYTES)
       continue; /* deleted: nothing to take */
     const cph_ctable_session *known = cph_ctable_get(f->table, st->session);
     if (!known || !known->def)
       continue; /* not a session of the table (deleted since): nothing to give it to */
     state_op *so = calloc(1, sizeof *so);
-    if (so && (so->session = strdup(st->session)) && (so->data = malloc(st->len - 8))) {
-      memcpy(so->data, st->data + 8, st->len - 8);
+    size_t len = st->len - CPH_CLOG_EPOCH_BYTES;
+    if (so && (so->session = strdup(st->session)) && (so->data = malloc(len ? len : 1))) {
+      memcpy(so->data, st->data + CPH_CLOG_EPOCH_BYTES, len);
       so->f = f;
       so->op.kind = CPH_OP_SESSION_STATE;
       so->op.done = state_done;
       so->op.ctx = so;
       so->op.u.state.session = so->session;
       so->op.u.state.data = so->data;
-      so->op.u.state.len = st->len - 8;
+      so->op.u.state.len = len;
       if (cph_engine_submit(f->s->engine, &so->op) == CPH_OK) {
         queued = true;
         f->states_loaded++;

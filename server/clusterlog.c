@@ -15,7 +15,6 @@
 
 #include "cluster.h"
 #include "common/log.h"
-#include "store/keys.h"
 
 #define SYNC_MS 100
 #define BIND_THREADS 8
@@ -1275,8 +1274,8 @@ static int state_read(cph_clog *l, pos_wait *w, uint64_t *seq) {
   const char *op = NULL;
   bool deleted = natsMsgHeader_Get(m, "KV-Operation", &op) == NATS_OK && op;
   uint64_t epoch = 0;
-  if (!deleted && natsMsg_GetDataLength(m) >= 8)
-    epoch = cph_be64_get((const uint8_t *)natsMsg_GetData(m));
+  if (!deleted && natsMsg_GetDataLength(m) >= CPH_CLOG_EPOCH_BYTES)
+    epoch = cph_clog_epoch_get((const uint8_t *)natsMsg_GetData(m));
   *seq = natsMsg_GetSequence(m);
   natsMsg_Destroy(m);
   return deleted || epoch <= w->pos ? CPH_OK : CPH_ECONFLICT;

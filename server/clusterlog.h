@@ -89,6 +89,19 @@ typedef struct cph_clog cph_clog;
 #define CPH_CLOG_MARKS "CEPH_SHARDS"
 #define CPH_CLOG_STATES "CEPH_STATE"
 
+/* A CEPH_STATE value's first 8 bytes: the writer's epoch, big-endian (see the layout above). */
+#define CPH_CLOG_EPOCH_BYTES 8
+static inline void cph_clog_epoch_put(uint8_t *p, uint64_t epoch) {
+  for (int i = 7; i >= 0; i--, epoch >>= 8)
+    p[i] = (uint8_t)epoch;
+}
+static inline uint64_t cph_clog_epoch_get(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
 /* A message of a served shard, handed to the loop. Release it with cph_clog_ack (applied:
  * never deliver it again) or cph_clog_release (not applied: JetStream delivers it again after
  * AckWait, to whoever then owns the shard). */
