@@ -1035,6 +1035,11 @@ static void turn_complete(cph_turns *tu, cph_op *op) {
 #define STATE_REPLY_BYTES (256u * 1024u)
 #define STATE_MEMORIES 64 /* of each class (raw, other) */
 #define STATE_MEMORY_BYTES (256u * 1024u)
+/* The most a state may weigh: under NATS's default max_payload (1 MiB) with room for the
+ * headers and the cluster log's epoch prefix. A tree alone beyond it is not exported (logged:
+ * the session's previous state stays in the log); the replies and memories are left out when
+ * they would not fit. */
+#define STATE_MAX_BYTES (960u * 1024u)
 
 typedef struct state_reply {
   char *channel, *body;
@@ -1423,9 +1428,25 @@ static int state_export(cph_turns *tu, const csession *s, cph_buf *out) {
   cph_be64_put(head + 20, bits);
   cph_buf_append(out, head, sizeof head);
   int rc = trees_export(tu->trees, &tu->env->txn, s->id, out);
-  if (rc == CPH_OK)
-    rc = state_export_replies(tu, s, out);
-  return rc ? rc : state_export_memories(tu, s, out);
+  if (rc)
+    return rc;
+  if (out->len + 8 > STATE_MAX_BYTES)
+    return CPH_ELIMIT;
+  /* The replies and the memories each only while the whole fits (else none of them: empty). */
+  static const uint8_t none[4] = {0};
+  cph_buf part = {0};
+  for (int i = 0; rc == CPH_OK && i < 2; i++) {
+    cph_buf_reset(&part);
+    rc = i == 0 ? state_export_replies(tu, s, &part) : state_export_memories(tu, s, &part);
+    if (rc == CPH_OK && cph_buf_error(&part))
+      rc = CPH_ENOMEM;
+    if (rc == CPH_OK && out->len + part.len + (i == 0 ? 4 : 0) <= STATE_MAX_BYTES)
+      cph_buf_append(out, part.data, part.len);
+    else if (rc == CPH_OK)
+      cph_buf_append(out, none, 4);
+  }
+  cph_buf_free(&part);
+  return rc;
 }
 
 /* Fills op->u.turn.state for session id; a failure leaves it NULL and is logged (the
@@ -1440,6 +1461,10 @@ static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
       (op->u.turn.consumed_session || (op->u.turn.consumed_session = strdup(id)))) {
     op->u.turn.state_len = b.len;
     op->u.turn.state = (uint8_t *)cph_buf_steal(&b);
+  } else if (rc == CPH_ELIMIT) {
+    cph_log(CPH_LOG_WARN, "the state of session '%s' (its context tree) is over %u bytes, the "
+            "most the cluster log takes: not put, its previous state stays there", id,
+            STATE_MAX_BYTES);
   } else {
     cph_log(CPH_LOG_WARN, "reading the state of session '%s' for the cluster log: %s", id,
             cph_strerror(rc ? rc : CPH_ENOMEM));
