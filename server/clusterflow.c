@@ -1711,12 +1711,10 @@ static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
   return rb->next_keep == rb->n_keeps;
 }
 
-/* Takes the rebuild as far as it goes now: adopt, the next batch, or the end. */
 /* ---- the sessions' states (11.) ---- */
 
 typedef struct state_op {
   cph_op op;
-  cph_cflow *f;
   char *session;
   uint8_t *data;
 } state_op;
@@ -1751,7 +1749,6 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
     size_t len = st->len - CPH_CLOG_EPOCH_BYTES;
     if (so && (so->session = strdup(st->session)) && (so->data = malloc(len ? len : 1))) {
       memcpy(so->data, st->data + CPH_CLOG_EPOCH_BYTES, len);
-      so->f = f;
       so->op.kind = CPH_OP_SESSION_STATE;
       so->op.done = state_done;
       so->op.ctx = so;
@@ -1778,6 +1775,7 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
   return ok;
 }
 
+/* Takes the rebuild as far as it goes now: adopt, the states, the next batch, or the end. */
 static void rebuild_step(cph_cflow *f, rebuild *rb) {
   uint32_t shard = rb->rp->shard;
   shard_track *tr = &f->tracks[shard];
