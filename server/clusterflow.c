@@ -256,8 +256,8 @@ struct cph_cflow {
   uint64_t pos_waits, pos_timeouts;
   uint64_t minted_marks;
   struct event *ev_mark; /* MARK_MS: the watermarks */
-  /* 11.: session -> uint64_t *, the revision of its key in CEPH_STATE this node last read or
-   * wrote (absent: none, a put creates the key). Entries of sessions of shards no longer served
+  /* 11.: session -> state_rev_entry, the revision of its key in CEPH_STATE this node last read
+   * or wrote (absent: none, a put creates the key). Entries of sessions of shards no longer served
    * stay until the shard is taken again (its replay reads them anew). */
   cph_hmap state_revs;
   uint64_t states_put, state_bytes, state_failures, states_loaded, state_load_bytes;
@@ -301,30 +301,41 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
 
 #define FENCED_WHY "another node took the shard over: the log refuses this node's writes to it"
 
+/* What this node knows of a session's key in CEPH_STATE (cph_cflow.state_revs keys it by its
+ * own copy of the session id). */
+typedef struct state_rev_entry {
+  uint64_t rev;
+  char session[];
+} state_rev_entry;
+
 /* The revision of session's key in CEPH_STATE as this node knows it (0: none). */
 static uint64_t state_rev(cph_cflow *f, const char *session) {
-  const uint64_t *rev = cph_hmap_get(&f->state_revs, session);
-  return rev ? *rev : 0;
+  const state_rev_entry *e = cph_hmap_get(&f->state_revs, session);
+  return e ? e->rev : 0;
 }
 
 /* Remembers rev (0: forgets the key). False when out of memory (then a put expects what it
  * expected before: refused, then checked — never wrong, only slower). */
 static bool state_rev_set(cph_cflow *f, const char *session, uint64_t rev) {
-  uint64_t *have = cph_hmap_get(&f->state_revs, session);
+  state_rev_entry *have = cph_hmap_get(&f->state_revs, session);
   if (!rev) {
     free(cph_hmap_del(&f->state_revs, session));
     return true;
   }
   if (have) {
-    *have = rev;
+    have->rev = rev;
     return true;
   }
-  uint64_t *v = malloc(sizeof *v);
-  if (!v || cph_hmap_put(&f->state_revs, session, v) != CPH_OK) {
-    free(v);
+  size_t n = strlen(session);
+  state_rev_entry *e = malloc(sizeof *e + n + 1);
+  if (!e)
+    return false;
+  memcpy(e->session, session, n + 1);
+  e->rev = rev;
+  if (cph_hmap_put(&f->state_revs, e->session, e) != CPH_OK) {
+    free(e);
     return false;
   }
-  *v = rev;
   return true;
 }
 
