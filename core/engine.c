@@ -587,6 +587,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_FAIL:
   case CPH_OP_REQUEUE:
   case CPH_OP_TAKE:
+  case CPH_OP_SESSION_STATE:
     turns_apply(&e->turns, op);
     break;
   case CPH_OP_JOB_ENQUEUE:

@@ -422,6 +422,68 @@ int trees_delete(cph_trees *tr, cph_txn *t, const char *session) {
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
+int trees_export(cph_trees *tr, cph_txn *t, const char *session, cph_buf *out) {
+  (void)tr; /* the store holds what the cache does (trees_keep's contract) */
+  size_t count_at = out->len;
+  uint8_t be[4] = {0};
+  cph_buf_append(out, be, 4);
+  uint32_t count = 0;
+  cph_key hk = head_key(session);
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_CONTEXT, &c);
+  cph_val k, v;
+  if (rc == CPH_OK)
+    rc = cph_cursor_seek(&c, &hk, &k, &v);
+  while (rc == CPH_OK && k.len >= hk.len && memcmp(k.data, hk.data, hk.len) == 0) {
+    cph_be32_put(be, (uint32_t)(k.len - hk.len));
+    cph_buf_append(out, be, 4);
+    cph_buf_append(out, (const uint8_t *)k.data + hk.len, k.len - hk.len);
+    cph_be32_put(be, (uint32_t)v.len);
+    cph_buf_append(out, be, 4);
+    cph_buf_append(out, v.data, v.len);
+    count++;
+    rc = cph_cursor_next(&c, &k, &v);
+  }
+  cph_cursor_close(&c);
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND)
+    return rc;
+  if (cph_buf_error(out))
+    return CPH_ENOMEM;
+  cph_be32_put((uint8_t *)out->data + count_at, count);
+  return CPH_OK;
+}
+
+int trees_import(cph_trees *tr, cph_txn *t, const char *session, const uint8_t *data, size_t len,
+                 size_t *used) {
+  size_t at = 0;
+  if (len < 4)
+    return CPH_EINVAL;
+  uint32_t count = cph_be32_get(data);
+  at = 4;
+  int rc = trees_delete(tr, t, session);
+  cph_key hk = head_key(session);
+  for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
+    if (len - at < 4)
+      return CPH_EINVAL;
+    uint32_t kl = cph_be32_get(data + at);
+    at += 4;
+    if (len - at < (size_t)kl + 4 || hk.len + kl > CPH_KEY_MAX)
+      return CPH_EINVAL;
+    cph_key k = hk;
+    memcpy(k.data + k.len, data + at, kl);
+    k.len += kl;
+    at += kl;
+    uint32_t vl = cph_be32_get(data + at);
+    at += 4;
+    if (len - at < vl)
+      return CPH_EINVAL;
+    rc = cph_txn_put(t, CPH_DB_CONTEXT, &k, data + at, vl);
+    at += vl;
+  }
+  *used = at;
+  return rc;
+}
+
 int trees_save(cph_trees *tr, cph_txn *t, const char *session, cph_pact_tree *tree) {
   cache_drop(tr, session); /* the caller keeps the new tree once its transaction committed */
   return write_tree(tr, t, session, tree, false);

@@ -74,6 +74,17 @@ int trees_delete(cph_trees *tr, cph_txn *t, const char *session);
 void trees_keep(cph_trees *tr, const char *session, cph_pact_tree *tree);
 void trees_cache_clear(cph_trees *tr);
 
+/* ---- moving a session's tree to another node (cluster mode: server/clusterflow.h 11.) ----
+ * The session's stored records, copied as they are (the layout above): be32 count, then per
+ * record be32 key length (the key after session\0), the key bytes, be32 value length, the
+ * value. Only a node of the same CPH_STORE_SCHEMA_VERSION may import it (the caller checks).
+ * export appends to out (CPH_ENOMEM when it could not grow; t's sticky error otherwise);
+ * import replaces whatever tree the session had (dropping the cached one) and sets *used to
+ * the bytes read: CPH_EINVAL when data is not such a list. */
+int trees_export(cph_trees *tr, cph_txn *t, const char *session, cph_buf *out);
+int trees_import(cph_trees *tr, cph_txn *t, const char *session, const uint8_t *data, size_t len,
+                 size_t *used);
+
 /* Drops message cores deeper than the history bound; returns how many. */
 size_t trees_prune_history(cph_pact_tree *tree);
 

@@ -33,7 +33,7 @@
 #define MARK_DEADLINE_MS 5000
 #define RETAIN_AT_ONCE 256 /* a rebuild's inbox retains in the engine at a time */
 
-typedef enum pub_kind { PUB_INGEST, PUB_FWD, PUB_SESSION, PUB_DONE, PUB_MARK } pub_kind;
+typedef enum pub_kind { PUB_INGEST, PUB_FWD, PUB_SESSION, PUB_DONE, PUB_MARK, PUB_STATE } pub_kind;
 typedef enum ev_status { EV_ACCEPTED, EV_DUPLICATE, EV_REJECTED } ev_status;
 
 typedef struct ingest_req ingest_req;
@@ -55,10 +55,11 @@ typedef struct pub {
   ingest_req *ir; /* PUB_INGEST: the request and the event's index */
   size_t index;
   applying *ap;   /* PUB_FWD: the applied message it forwards */
-  done_req *dr;   /* PUB_DONE: the completion (or delete) it records */
-  uint32_t shard; /* PUB_DONE, PUB_MARK: the shard (fenced: 10.); PUB_MARK: the watermark */
+  done_req *dr;   /* PUB_DONE, PUB_STATE: the completion (or delete) it records */
+  uint32_t shard; /* PUB_DONE, PUB_MARK, PUB_STATE: the shard (fenced: 10.); PUB_MARK: the
+                     watermark */
   uint64_t mark;
-  struct pub *next_done; /* PUB_DONE: the shard's queue of marks (one in flight at a time) */
+  struct pub *next_done; /* PUB_DONE, PUB_STATE: the shard's queue (one in flight at a time) */
 } pub;
 
 typedef struct ev_result {
@@ -201,6 +202,9 @@ typedef struct shard_track {
    * took the shard over), until this node takes the shard again. */
   uint64_t mark_rev, done_last;
   bool fenced, mark_fenced;
+  /* The sequence of this node's epoch on ceph.s.done.<shard> when it last took the shard: the
+   * epoch its state puts carry (11.). */
+  uint64_t epoch;
   pub *checking; /* the done mark refused, while the fence check runs (ref check_ref) */
   uint64_t check_ref;
   pub *done_head, *done_tail; /* done marks waiting for the one in flight */
@@ -252,6 +256,11 @@ struct cph_cflow {
   uint64_t pos_waits, pos_timeouts;
   uint64_t minted_marks;
   struct event *ev_mark; /* MARK_MS: the watermarks */
+  /* 11.: session -> state_rev_entry, the revision of its key in CEPH_STATE this node last read
+   * or wrote (absent: none, a put creates the key). Entries of sessions of shards no longer served
+   * stay until the shard is taken again (its replay reads them anew). */
+  cph_hmap state_revs;
+  uint64_t states_put, state_bytes, state_failures, states_loaded, state_load_bytes;
   /* Counters of GET /metrics and GET /v1/cluster (log.rebuild). */
   uint64_t rebuilds, rebuild_events, done_marks, done_mark_failures, marks_put;
   double last_rebuild_s, last_read_s;
@@ -292,6 +301,44 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
 
 #define FENCED_WHY "another node took the shard over: the log refuses this node's writes to it"
 
+/* What this node knows of a session's key in CEPH_STATE (cph_cflow.state_revs keys it by its
+ * own copy of the session id). */
+typedef struct state_rev_entry {
+  uint64_t rev;
+  char session[];
+} state_rev_entry;
+
+/* The revision of session's key in CEPH_STATE as this node knows it (0: none). */
+static uint64_t state_rev(cph_cflow *f, const char *session) {
+  const state_rev_entry *e = cph_hmap_get(&f->state_revs, session);
+  return e ? e->rev : 0;
+}
+
+/* Remembers rev (0: forgets the key). False when out of memory (then a put expects what it
+ * expected before: refused, then checked — never wrong, only slower). */
+static bool state_rev_set(cph_cflow *f, const char *session, uint64_t rev) {
+  state_rev_entry *have = cph_hmap_get(&f->state_revs, session);
+  if (!rev) {
+    free(cph_hmap_del(&f->state_revs, session));
+    return true;
+  }
+  if (have) {
+    have->rev = rev;
+    return true;
+  }
+  size_t n = strlen(session);
+  state_rev_entry *e = malloc(sizeof *e + n + 1);
+  if (!e)
+    return false;
+  memcpy(e->session, session, n + 1);
+  e->rev = rev;
+  if (cph_hmap_put(&f->state_revs, e->session, e) != CPH_OK) {
+    free(e);
+    return false;
+  }
+  return true;
+}
+
 /* Sends p again after RETRY_MS (a JetStream leader election takes a moment: resending at once
  * would only spin). */
 static void pub_retry_later(cph_cflow *f, pub *p) {
@@ -308,14 +355,19 @@ static void pub_send(cph_cflow *f, pub *p) {
     p->in_map = true;
     /* no answer later than the deadline: the request is answered on time */
     int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
-    shard_track *tr = p->kind == PUB_DONE || p->kind == PUB_MARK ? &f->tracks[p->shard] : NULL;
+    shard_track *tr = p->kind == PUB_DONE || p->kind == PUB_MARK || p->kind == PUB_STATE
+                          ? &f->tracks[p->shard]
+                          : NULL;
     if (tr && tr->fenced) {
       cph_hmap_del(&f->pubs, p->key);
       p->in_map = false;
       pub_outcome(f, p, false, 0, false, FENCED_WHY);
       return;
     }
-    uint64_t expect = !tr ? CPH_CLOG_NO_EXPECT : p->kind == PUB_DONE ? tr->done_last : tr->mark_rev;
+    uint64_t expect = !tr                     ? CPH_CLOG_NO_EXPECT
+                      : p->kind == PUB_DONE   ? tr->done_last
+                      : p->kind == PUB_STATE ? state_rev(f, p->dr->session)
+                                              : tr->mark_rev;
     rc = cph_clog_publish(f->log, p->subject, p->msgid, p->data, p->len, p->kv_delete, left_ms,
                           p->ref, expect);
     if (rc == CPH_OK) {
@@ -392,6 +444,23 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
       tr->checking = p;
       return;
     }
+  }
+  if (rc == CPH_ECONFLICT && p->kind == PUB_STATE && mono_ns() < p->deadline_ns && f->log &&
+      !f->tracks[p->shard].fenced) {
+    /* Another write to the key since this node read or wrote it: a deposed owner's late put
+     * (written over: its epoch is older) or the next owner's (fenced). The key tells (on_pos). */
+    shard_track *tr = &f->tracks[p->shard];
+    tr->check_ref = ++f->next_ref;
+    int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    if (cph_clog_check_state(f->log, p->subject, tr->epoch, left_ms, tr->check_ref) == CPH_OK) {
+      tr->checking = p;
+      return;
+    }
+  }
+  if (rc == CPH_ECONFLICT && p->kind == PUB_STATE) {
+    pub_outcome(f, p, false, 0, false,
+                f->tracks[p->shard].fenced ? FENCED_WHY : "the log refused the state (unchecked)");
+    return;
   }
   if (rc == CPH_ECONFLICT && p->kind == PUB_DONE) { /* fenced, or no time left to check */
     pub_outcome(f, p, false, 0, false,
@@ -605,15 +674,26 @@ static void done_answer(cph_cflow *f, done_req *dr) {
  * one before (10.), so they go one at a time. */
 static void done_pump(cph_cflow *f, uint32_t shard) {
   shard_track *tr = &f->tracks[shard];
-  if (tr->done_sending || !tr->done_head)
+  while (!tr->done_sending && tr->done_head) {
+    pub *p = tr->done_head;
+    tr->done_head = p->next_done;
+    if (!tr->done_head)
+      tr->done_tail = NULL;
+    p->next_done = NULL;
+    if (p->kind == PUB_DONE && p->dr->failed && p->dr->r) {
+      /* Its completion's state did not reach the log (11.): the mark must not either, or a
+       * rebuild would take the input as consumed and show no trace of the turn. The completion
+       * answers 503; a retry (`already`) logs state and mark again. */
+      done_req *dr = p->dr;
+      pub_free(p);
+      if (--dr->outstanding == 0)
+        done_answer(f, dr);
+      continue;
+    }
+    tr->done_sending = true;
+    pub_send(f, p); /* may answer at once (then the next one is sent from there) */
     return;
-  pub *p = tr->done_head;
-  tr->done_head = p->next_done;
-  if (!tr->done_head)
-    tr->done_tail = NULL;
-  p->next_done = NULL;
-  tr->done_sending = true;
-  pub_send(f, p); /* may answer at once (then the next one is sent from there) */
+  }
 }
 
 /* One done mark: {"session", "keys": [keys[from..to)]}. */
@@ -633,7 +713,7 @@ static char *done_payload(const char *session, const cph_strv *keys, size_t from
  * once). The events leave the shard's pending set at once: they were consumed here. True when
  * r is taken (answered later); false when r must be answered now (out of memory: 500). */
 static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
-                         json_t *answer) {
+                         const uint8_t *state, size_t state_len, json_t *answer) {
   pending_consumed(f, keys);
   done_req *dr = calloc(1, sizeof *dr);
   if (!dr || !(dr->session = strdup(session))) {
@@ -649,6 +729,29 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cp
   pub **parts = NULL;
   size_t n = 0, cap = 0;
   bool ok = true;
+  if (state) { /* 11.: the session's state first; the marks go only once the log holds it */
+    char ssubject[700], msgid[160];
+    uint8_t *value = NULL;
+    pub *p = NULL;
+    if (cph_clog_state_subject(ssubject, sizeof ssubject, dr->shard, session) == CPH_OK &&
+        (value = malloc(CPH_CLOG_EPOCH_BYTES + state_len))) {
+      cph_clog_epoch_put(value, f->tracks[dr->shard].epoch);
+      memcpy(value + CPH_CLOG_EPOCH_BYTES, state, state_len);
+      snprintf(msgid, sizeof msgid, "st.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot,
+               ++f->minted_marks);
+      p = pub_new(f, PUB_STATE, ssubject, msgid, (char *)value, CPH_CLOG_EPOCH_BYTES + state_len,
+                  DONE_DEADLINE_MS);
+    }
+    if (p && (parts = malloc(4 * sizeof *parts))) {
+      cap = 4;
+      p->dr = dr;
+      parts[n++] = p;
+    } else {
+      if (p)
+        pub_free(p);
+      ok = false;
+    }
+  }
   for (size_t from = 0; ok && from < keys->count;) {
     size_t to = from, bytes = 0;
     while (to < keys->count && (to == from || bytes + strlen(keys->items[to]) < DONE_CHUNK_BYTES))
@@ -709,16 +812,24 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cp
 }
 
 void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
-                         json_t *answer) {
-  if (!session || !keys->count) {
+                         const uint8_t *state, size_t state_len, json_t *answer) {
+  uint32_t shard = session ? cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster)) : 0;
+  if (!session || (!keys->count && !state)) {
     cph_reply_json(r, 200, answer);
+  } else if (state && !f->quiesced && !f->tracks[shard].live) {
+    json_decref(answer);
+    cph_reply_error(r, 503, "unavailable", NULL,
+                    "the turn was completed on this node, but its session's shard %" PRIu32
+                    " is not rebuilt here yet (or moved away), so the cluster log cannot take the "
+                    "session's state now: retry the completion (it answers from the stored turn)",
+                    shard);
   } else if (f->quiesced) {
     json_decref(answer);
     cph_reply_error(r, 503, "unavailable", NULL,
                     "the turn was completed on this node, but cephalond is stopping before the "
                     "cluster log took the record of what it consumed: the node that serves its "
                     "session next may deliver its input to a turn again");
-  } else if (!done_publish(f, r, session, keys, answer)) {
+  } else if (!done_publish(f, r, session, keys, state, state_len, answer)) {
     cph_reply_error(r, 500, "internal", NULL,
                     "the turn was completed on this node, but out of memory logging the record "
                     "of what it consumed");
@@ -726,7 +837,7 @@ void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cp
 }
 
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys) {
-  if (!f->quiesced && keys->count && !done_publish(f, NULL, session, keys, NULL))
+  if (!f->quiesced && keys->count && !done_publish(f, NULL, session, keys, NULL, 0, NULL))
     cph_error("cluster log: out of memory logging the done mark of deleted session %s", session);
 }
 
@@ -1084,6 +1195,24 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     done_pump(f, p->shard);
     break;
   }
+  case PUB_STATE: {
+    done_req *dr = p->dr;
+    f->tracks[p->shard].done_sending = false;
+    if (ok) /* a duplicate is our own resend: the first one's revision is seq */
+      state_rev_set(f, dr->session, seq);
+    if (ok) {
+      f->states_put++;
+      f->state_bytes += p->len;
+    } else {
+      f->state_failures++;
+      dr->failed++;
+      snprintf(dr->why, sizeof dr->why, "the session's state: %s", why ? why : "no answer");
+    }
+    if (--dr->outstanding == 0)
+      done_answer(f, dr);
+    done_pump(f, p->shard);
+    break;
+  }
   case PUB_MARK: {
     shard_track *tr = &f->tracks[p->shard];
     tr->mark_sending = false;
@@ -1140,7 +1269,7 @@ static void apply_done(cph_op *op, void *ctx) {
      * not deliver it either — a done mark says so (not waited for). */
     if (res && res->busy.count && ap->ev.session) {
       cph_strv one = {&ap->ev.key, 1};
-      if (!done_publish(f, NULL, ap->ev.session, &one, NULL))
+      if (!done_publish(f, NULL, ap->ev.session, &one, NULL, 0, NULL))
         cph_error("cluster log: out of memory logging that session %s refused event %s",
                   ap->ev.session, ap->ev.key);
     }
@@ -1238,8 +1367,8 @@ static void adopt_done(cph_op *op, void *ctx) {
   adopt_op *a = ctx;
   if (op->rc == CPH_OK)
     cph_info("cluster log: adopted session %s from the session table (its unconsumed input is "
-             "rebuilt from the log; its history, credits and context did not move)",
-             a->id);
+             "rebuilt from the log, its state loaded from %s when it has one)",
+             a->id, CPH_CLOG_STATES);
   else if (op->rc != CPH_EEXISTS)
     cph_warn("cluster log: adopting session %s failed: %s", a->id,
              op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
@@ -1344,9 +1473,10 @@ struct rebuild {
   rb_event *evs;
   cph_event_in *ins; /* the events of evs, in order, for the operations */
   size_t n, next, op_n;
+  size_t next_state; /* rp->states[..next_state) queued (11.) */
   rb_keep **keeps;                      /* one per session of the shard, after the batches */
   size_t n_keeps, next_keep, retaining; /* keeps[next_keep..) not queued; retaining in the engine */
-  bool adopted, in_engine, waiting, stale;
+  bool adopted, states_queued, in_engine, waiting, stale;
   cph_hmap dups;    /* engine key of a duplicate -> its rb_event */
   cph_hmap checks;  /* sessions with duplicates (keys owned by evs' docs) -> themselves */
   uint64_t reached; /* events that reached their session */
@@ -1592,7 +1722,71 @@ static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
   return rb->next_keep == rb->n_keeps;
 }
 
-/* Takes the rebuild as far as it goes now: adopt, the next batch, or the end. */
+/* ---- the sessions' states (11.) ---- */
+
+typedef struct state_op {
+  cph_op op;
+  char *session;
+  uint8_t *data;
+} state_op;
+
+static void state_done(cph_op *op, void *ctx) {
+  state_op *so = ctx;
+  if (op->rc != CPH_OK)
+    cph_warn("cluster log: the state of session %s from the log was not taken: %s", so->session,
+             op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+  cph_op_clear_results(op);
+  free(so->session);
+  free(so->data);
+  free(so);
+}
+
+/* Queues one CPH_OP_SESSION_STATE per state of the replay whose session the table places on
+ * the shard (after the adoptions: the engine applies operations in order, so each session
+ * exists by then, and before the replayed events). Values are copied: an operation may
+ * outlive the rebuild. States already queued are not queued again (rb->next_state). False when
+ * the engine is busy (the rest on the next try). */
+static bool states_import(cph_cflow *f, rebuild *rb) {
+  const cph_clog_replay *rp = rb->rp;
+  bool queued = false, ok = true;
+  for (; rb->next_state < rp->n_states; rb->next_state++) {
+    const cph_clog_state *st = &rp->states[rb->next_state];
+    if (!st->data || st->len < CPH_CLOG_EPOCH_BYTES)
+      continue; /* deleted: nothing to take */
+    const cph_ctable_session *known = cph_ctable_get(f->table, st->session);
+    if (!known || !known->def)
+      continue; /* not a session of the table (deleted since): nothing to give it to */
+    state_op *so = calloc(1, sizeof *so);
+    size_t len = st->len - CPH_CLOG_EPOCH_BYTES;
+    if (so && (so->session = strdup(st->session)) && (so->data = malloc(len ? len : 1))) {
+      memcpy(so->data, st->data + CPH_CLOG_EPOCH_BYTES, len);
+      so->op.kind = CPH_OP_SESSION_STATE;
+      so->op.done = state_done;
+      so->op.ctx = so;
+      so->op.u.state.session = so->session;
+      so->op.u.state.data = so->data;
+      so->op.u.state.len = len;
+      if (cph_engine_submit(f->s->engine, &so->op) == CPH_OK) {
+        queued = true;
+        f->states_loaded++;
+        f->state_load_bytes += st->len;
+        continue;
+      }
+    }
+    if (so) {
+      free(so->session);
+      free(so->data);
+      free(so);
+    }
+    ok = false;
+    break;
+  }
+  if (queued)
+    cph_srv_schedule_pass(f->s);
+  return ok;
+}
+
+/* Takes the rebuild as far as it goes now: adopt, the states, the next batch, or the end. */
 static void rebuild_step(cph_cflow *f, rebuild *rb) {
   uint32_t shard = rb->rp->shard;
   shard_track *tr = &f->tracks[shard];
@@ -1609,6 +1803,14 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
       return;
     }
     rb->adopted = true;
+  }
+  if (!rb->states_queued) {
+    if (!states_import(f, rb)) {
+      rb->waiting = true; /* the engine is busy: again on the next retry tick */
+      arm_retry(f);
+      return;
+    }
+    rb->states_queued = true;
   }
   if (rb->next < rb->n) {
     size_t k = rb->n - rb->next < APPLY_BATCH ? rb->n - rb->next : APPLY_BATCH;
@@ -1652,10 +1854,10 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
   f->last_rebuild_messages = rb->rp->n_entries;
   f->last_rebuild_shard = shard;
   cph_info("cluster log: shard %" PRIu32 " rebuilt in %.3f s (reading %.3f s): positions %" PRIu64
-           "..%" PRIu64 ", %zu messages and %zu done marks read, %" PRIu64
+           "..%" PRIu64 ", %zu messages, %zu done marks and %zu session states read, %" PRIu64
            " events delivered again, %zu pending",
            shard, took, f->last_read_s, rb->rp->from, rb->rp->to, rb->rp->n_events,
-           rb->rp->n_entries - rb->rp->n_events, rb->reached, tr->pending.n);
+           rb->rp->n_entries - rb->rp->n_events, rb->rp->n_states, rb->reached, tr->pending.n);
   cph_clog_rebuilt(f->log, shard, rb->rp->gen);
   rebuild_free(rb);
 }
@@ -1667,6 +1869,17 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
 static void fence_checked(cph_cflow *f, shard_track *tr, int rc, uint64_t seq) {
   pub *p = tr->checking;
   tr->checking = NULL;
+  if (rc == CPH_OK && p->kind == PUB_STATE) {
+    cph_info("cluster log: the state of session %s was written by an earlier owner of shard "
+             "%" PRIu32 " after this node took it; writing over it",
+             p->dr->session, p->shard);
+    if (!state_rev_set(f, p->dr->session, seq)) {
+      pub_outcome(f, p, false, 0, false, "out of memory");
+      return;
+    }
+    pub_send(f, p);
+    return;
+  }
   if (rc == CPH_OK) {
     cph_info("cluster log: a done mark of shard %" PRIu32 " was stored unacknowledged; "
              "continuing after it",
@@ -1684,7 +1897,9 @@ static void fence_checked(cph_cflow *f, shard_track *tr, int rc, uint64_t seq) {
   }
   pub_outcome(f, p, false, 0, false,
               rc == CPH_ECONFLICT ? FENCED_WHY
-                                  : "the log refused the mark and its last one could not be read");
+              : p->kind == PUB_STATE
+                  ? "the log refused the session's state and its key could not be read"
+                  : "the log refused the mark and its last one could not be read");
 }
 
 static void on_pos(void *ctx, uint64_t ref, int rc, uint64_t seq, const char *why) {
@@ -1752,6 +1967,12 @@ static void on_replayed(void *ctx, cph_clog_replay *rp) {
   drop_shard(f, shard);
   tr->mark_rev = rp->mark_rev; /* the fences this node just took (10.) */
   tr->done_last = rp->done_last;
+  tr->epoch = rp->done_last; /* its epoch's sequence: what its state puts carry (11.) */
+  for (size_t i = 0; i < rp->n_states; i++) /* what its state puts expect (11.) */
+    if (!state_rev_set(f, rp->states[i].session, rp->states[i].rev))
+      cph_warn("cluster log: out of memory noting the state revision of session %s (its next "
+               "put is refused once, then checked)",
+               rp->states[i].session);
   tr->fenced = tr->mark_fenced = false;
   rebuild *rb = calloc(1, sizeof *rb);
   cph_hmap done = CPH_HMAP_INIT;
@@ -1931,6 +2152,24 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
   }
   p->kv_delete = now == NULL;
   pub_send(f, p);
+  if (now)
+    return;
+  /* 11.: its state goes too, so a session created again under the id starts afresh. Not fenced
+   * (a delete is the user's, as the record's is); a put of this node's that expects the old
+   * revision is refused, checked and written over (a delete marker counts as no value). */
+  char ssubject[700];
+  uint32_t shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
+  char *none = strdup("");
+  pub *d = none && cph_clog_state_subject(ssubject, sizeof ssubject, shard, session) == CPH_OK
+               ? pub_new(f, PUB_SESSION, ssubject, NULL, none, 0, SESSION_DEADLINE_MS)
+               : (free(none), NULL);
+  if (!d) {
+    cph_error("cluster log: out of memory deleting the state of session \"%s\"", session);
+    return;
+  }
+  d->kv_delete = true;
+  state_rev_set(f, session, 0);
+  pub_send(f, d);
 }
 
 /* ---------------------------------------------------------------- the record sweep
@@ -2110,7 +2349,7 @@ void cph_cflow_free(cph_cflow *f) {
     }
     if (p->kind == PUB_FWD && --p->ap->outstanding == 0)
       applying_finish(f, p->ap);
-    if (p->kind == PUB_DONE && --p->dr->outstanding == 0) {
+    if ((p->kind == PUB_DONE || p->kind == PUB_STATE) && --p->dr->outstanding == 0) {
       json_decref(p->dr->answer);
       free(p->dr->session);
       free(p->dr);
@@ -2147,6 +2386,10 @@ void cph_cflow_free(cph_cflow *f) {
   }
   free(f->tracks);
   cph_hmap_free(&f->pending);
+  for (size_t i = 0; i < f->state_revs.cap; i++)
+    if (f->state_revs.slots[i].key)
+      free(f->state_revs.slots[i].value);
+  cph_hmap_free(&f->state_revs);
   cph_ctable_free(f->table);
   if (f->ev_mark)
     event_free(f->ev_mark);
@@ -2273,5 +2516,10 @@ json_t *cph_cflow_json(cph_cflow *f) {
         rb, "last_shard",
         f->last_rebuild_shard < 0 ? json_null() : json_integer((json_int_t)f->last_rebuild_shard));
   json_object_set_new(o, "rebuild", rb);
+  json_object_set_new(
+      o, "states",
+      json_pack("{sIsIsIsIsI}", "put", (json_int_t)f->states_put, "put_bytes",
+                (json_int_t)f->state_bytes, "failures", (json_int_t)f->state_failures, "loaded",
+                (json_int_t)f->states_loaded, "loaded_bytes", (json_int_t)f->state_load_bytes));
   return o;
 }

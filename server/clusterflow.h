@@ -59,9 +59,9 @@
  *    restarted), the log reads the shard's past and hands it here before the shard's consumer
  *    is bound (clusterlog.h, "Taking a shard over"). First the sessions of that shard that the
  *    table defines and the engine lacks are created from their definitions (queued before
- *    anything of the rebuild, 8.), so events and forwards reach them here. Their histories,
- *    replies, memories, context trees, credits and turns on the previous owner do not move;
- *    their unconsumed input does (6.-8.).
+ *    anything of the rebuild, 8.), so events and forwards reach them here. Then each takes the
+ *    state its previous owner left in the log (11.): context tree, episode, credits, recent
+ *    replies. Their unconsumed input is rebuilt from the log (6.-8.).
  *
  * 6. Done marks: what turns consumed, in the log. Every log message reaches at most one
  *    session (2., 3.: an in event its named session, a forward its session), so an engine key
@@ -171,8 +171,45 @@
  *    still routed to and the new one's no longer does could get a stray copy); session records
  *    (4.) — last writer wins, as before.
  *
- * Not here (later slices): snapshots of a shard's other state (histories, memories, trees,
- * credits). */
+ * 11. A session's state, in a compacted changelog (DESIGN §14 "State"). What a user would see
+ *    lost after a takeover besides the input: the session's conversation and what its turns
+ *    left. With the log on, every completion (a repeated one too) hands here, with its done
+ *    mark's keys, the session's state after it (cph_op u.turn.state, core/turns.c says what it
+ *    holds: the context tree's records — the input and reply cores of every turn within the
+ *    history bound, the nodes workers inserted —, the episode, the credits, and its replies
+ *    among the newest 64 entries of each of its channels' history). The node puts it into the
+ *    key-value bucket CEPH_STATE under "<shard>.<session id in hex>", prefixed with its epoch
+ *    (be64: the sequence of its epoch on ceph.s.done.<shard>, 10.), expecting the key's
+ *    revision it last read or wrote (none: a create). The put goes through the shard's queue
+ *    of done marks, before the completion's marks: the marks are sent once the log holds the
+ *    state (not at all when it failed), and the completion's 200 waits for all of them; a
+ *    failure answers 503 as a failed mark does (the local commit stands; a retry, `already`,
+ *    puts state and marks again). So a 200 means the log holds the reply: a rebuild that sees
+ *    the mark sees the state it follows. A node taking a shard reads, after its fences (10.),
+ *    the newest value of every key of the shard (an ordered consumer, last per subject) and,
+ *    right after the adoption (5.) and before the replayed events (8.), imports each into its
+ *    session (CPH_OP_SESSION_STATE: the tree replaced, episode and credits set, each reply its
+ *    channel's history here lacks appended to it, not to the replies stream) — so the
+ *    session's next lease shows what it showed on the previous owner, and its tree every
+ *    answered turn once. Fencing: a deposed owner's state put in flight may land after the next
+ *    owner read the key; the next owner's own put then expects an older revision and is
+ *    refused; it reads the key (the pos thread): a value of an older epoch is the deposed
+ *    owner's (its completion answered 503: its mark came after the epoch) and is written over,
+ *    a newer epoch's means another node took the shard since: fenced, as in 10. A deposed
+ *    owner writes at most one such put per shard (one write of a shard is in flight at a time;
+ *    the next, a mark, is refused). A session delete deletes its key (unfenced, as its record).
+ *    Why a key per session and not per-shard snapshots in the object store plus a changelog:
+ *    a completion changes one session, so its put is that session's state and nothing else
+ *    (a few hundred bytes to tens of KiB), the bucket keeps only the newest value of each key
+ *    (history 1: compacted by JetStream, nothing to trim or snapshot), a takeover reads exactly
+ *    the shard's live keys, and JetStream's revision check fences each key. The cost: one more
+ *    publish per completion in the shard's serial queue (the 200 waits for state then marks:
+ *    two round trips instead of one) and the state's bytes; bounded by the tree's history
+ *    bound (128 message cores) and 256 KiB of replies, well under NATS's 1 MiB message limit
+ *    (docs/cluster-scaling.md has figures). Not moved: the session's memories, kept turn
+ *    contexts (the explorer), seals, channel cursors (rebuilt from its staged input), maintenance
+ *    jobs, turn records, the replies stream (GET /v1/replies; connectors read it from the node
+ *    that wrote it), and the inputs its turns consumed (the channel's traffic). */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 
@@ -203,10 +240,11 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n);
  * node: publishes its record (see 4. above). */
 void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_session_info *now);
 /* A completion committed on this node consumed the events named by keys (their engine keys,
- * cph_op u.turn.consumed) of session: answers r with `answer` (taken) once the log holds the
- * done mark, or 503 (see 6. above). Called from r's on_done; sets r->held when r waits. */
+ * cph_op u.turn.consumed) of session and left it in `state` (u.turn.state; NULL: none): answers
+ * r with `answer` (taken) once the log holds the state and the done mark, or 503 (see 6. and
+ * 11. above). Called from r's on_done; sets r->held when r waits. */
 void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
-                         json_t *answer);
+                         const uint8_t *state, size_t state_len, json_t *answer);
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);

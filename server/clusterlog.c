@@ -86,7 +86,9 @@ typedef struct pos_wait {
   uint64_t last;       /* POS_LOCAL: L */
   uint32_t next_shard; /* POS_LOCAL with shard -1: the shards below it are done */
   bool fence_check;    /* a fence check (cph_clog_check_fence) instead: shard, prefix */
-  char prefix[160];
+  bool state_check;    /* a state check (cph_clog_check_state) instead: prefix (the subject), pos
+                          (the epoch) */
+  char prefix[400];
 } pos_wait;
 
 typedef struct shard_sub {
@@ -146,7 +148,8 @@ struct cph_clog {
   natsConnection *nc;
   jsCtx *js;
   kvStore *kv;
-  kvStore *kv_marks; /* CPH_CLOG_MARKS: the shards' watermarks */
+  kvStore *kv_marks;  /* CPH_CLOG_MARKS: the shards' watermarks */
+  kvStore *kv_states; /* CPH_CLOG_STATES: the sessions' states */
   kvWatcher *watcher;
   /* The log thread's own: one binding per shard; unbound subscriptions are kept until stop
    * (a message of theirs may still be acknowledged by the loop). */
@@ -483,6 +486,28 @@ static bool ensure_marks(cph_clog *l) {
   return true;
 }
 
+/* The sessions' states (clusterflow.h 11.): one key per session, its newest value only. */
+static bool ensure_states(cph_clog *l) {
+  natsStatus s = js_KeyValue(&l->kv_states, l->js, CPH_CLOG_STATES);
+  if (s != NATS_OK) {
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = CPH_CLOG_STATES;
+    kc.History = 1;
+    kc.Replicas = (int)l->replicas;
+    kc.StorageType = js_FileStorage;
+    s = js_CreateKeyValue(&l->kv_states, l->js, &kc);
+    if (s != NATS_OK)
+      s = js_KeyValue(&l->kv_states, l->js, CPH_CLOG_STATES); /* another node created it */
+  }
+  if (s != NATS_OK) {
+    set_error(l, "bucket %s: %s", CPH_CLOG_STATES, nats_GetLastError(NULL));
+    l->kv_states = NULL;
+    return false;
+  }
+  return true;
+}
+
 static bool ensure_bucket(cph_clog *l) {
   natsStatus s = js_KeyValue(&l->kv, l->js, CPH_CLOG_BUCKET);
   if (s != NATS_OK) {
@@ -506,6 +531,13 @@ static bool ensure_bucket(cph_clog *l) {
     l->kv = NULL;
     return false;
   }
+  if (!ensure_states(l)) {
+    kvStore_Destroy(l->kv);
+    kvStore_Destroy(l->kv_marks);
+    l->kv = NULL;
+    l->kv_marks = NULL;
+    return false;
+  }
   kvWatchOptions wo;
   kvWatchOptions_Init(&wo);
   s = kvStore_WatchAll(&l->watcher, l->kv, &wo);
@@ -513,8 +545,10 @@ static bool ensure_bucket(cph_clog *l) {
     set_error(l, "watching %s: %s", CPH_CLOG_BUCKET, nats_GetLastError(NULL));
     kvStore_Destroy(l->kv);
     kvStore_Destroy(l->kv_marks);
+    kvStore_Destroy(l->kv_states);
     l->kv = NULL;
     l->kv_marks = NULL;
+    l->kv_states = NULL;
     l->watcher = NULL;
     return false;
   }
@@ -746,6 +780,11 @@ void cph_clog_replay_free(cph_clog_replay *rp) {
   for (size_t i = 0; i < rp->n_entries; i++)
     free(rp->entries[i].data);
   free(rp->entries);
+  for (size_t i = 0; i < rp->n_states; i++) {
+    free(rp->states[i].session);
+    free(rp->states[i].data);
+  }
+  free(rp->states);
   free(rp);
 }
 
@@ -936,6 +975,117 @@ static bool take_fences(cph_clog *l, cph_clog_replay *rp, const char *key, char 
   return false;
 }
 
+/* Appends to rp the newest value of every key of the shard in CEPH_STATE (clusterflow.h 11.),
+ * through an ordered consumer delivering the last message per subject: it says how many are
+ * left with each (NumPending), so the read ends with the last one; or at once when the stream
+ * has no subject of the shard. False with why set on a NATS error or when none came for
+ * REPLAY_IDLE_MS. */
+static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t size) {
+  char filter[64], stream[64];
+  int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, rp->shard);
+  snprintf(filter + plen, sizeof filter - (size_t)plen, ">");
+  snprintf(stream, sizeof stream, "KV_%s", CPH_CLOG_STATES);
+  /* Whether there is any key: an ordered consumer with nothing to deliver never says so. */
+  jsOptions o;
+  jsOptions_Init(&o);
+  o.Stream.Info.SubjectsFilter = filter;
+  jsStreamInfo *si = NULL;
+  jsErrCode jerr = 0;
+  natsStatus st = js_GetStreamInfo(&si, l->js, stream, &o, &jerr);
+  if (st != NATS_OK) {
+    snprintf(why, size, "the keys of %s: %s", filter, nats_GetLastError(NULL));
+    return false;
+  }
+  uint64_t left = si->State.Subjects ? (uint64_t)si->State.Subjects->Count : 0;
+  jsStreamInfo_Destroy(si);
+  if (!left)
+    return true;
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = stream;
+  so.Ordered = true;
+  so.Config.DeliverPolicy = js_DeliverLastPerSubject;
+  natsSubscription *sub = NULL;
+  st = js_SubscribeSync(&sub, l->js, filter, NULL, &so, &jerr);
+  if (st != NATS_OK) {
+    snprintf(why, size, "reading %s: %s", filter, nats_GetLastError(NULL));
+    return false;
+  }
+  natsSubscription_SetPendingLimits(sub, 1 << 20, 1 << 30);
+  size_t cap = 0;
+  bool ok = false;
+  int64_t deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
+  while (!ok) {
+    if (stopping(l) || mono_ns() > deadline) {
+      snprintf(why, size, "reading %s: %s", filter, stopping(l) ? "stopping" : "no value for 10 s");
+      break;
+    }
+    natsMsg *m = NULL;
+    st = natsSubscription_NextMsg(&m, sub, 500);
+    if (st == NATS_TIMEOUT)
+      continue;
+    if (st != NATS_OK) {
+      snprintf(why, size, "reading %s: %s", filter, natsStatus_GetText(st));
+      break;
+    }
+    jsMsgMetaData *meta = NULL;
+    if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
+      natsMsg_Destroy(m);
+      continue;
+    }
+    uint64_t seq = meta->Sequence.Stream, pending = meta->NumPending;
+    jsMsgMetaData_Destroy(meta);
+    deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
+    const char *subject = natsMsg_GetSubject(m), *op = NULL;
+    bool deleted = natsMsgHeader_Get(m, "KV-Operation", &op) == NATS_OK && op &&
+                   (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0);
+    const char *hexid = strlen(subject) > (size_t)plen ? subject + plen : "";
+    size_t hl = strlen(hexid);
+    char *session = hl % 2 == 0 ? malloc(hl / 2 + 1) : NULL;
+    bool good = session != NULL;
+    for (size_t i = 0; good && i < hl / 2; i++) {
+      int hi = unhex(hexid[2 * i]), lo = unhex(hexid[2 * i + 1]);
+      good = hi >= 0 && lo >= 0 && (hi || lo);
+      session[i] = (char)(hi << 4 | lo);
+    }
+    if (good)
+      session[hl / 2] = '\0';
+    int dlen = natsMsg_GetDataLength(m);
+    uint8_t *data = NULL;
+    if (good && !deleted && (data = malloc(dlen > 0 ? (size_t)dlen : 1)))
+      memcpy(data, natsMsg_GetData(m), (size_t)dlen);
+    natsMsg_Destroy(m);
+    if (good && (deleted || data)) {
+      if (rp->n_states == cap) {
+        size_t c = cap ? 2 * cap : 16;
+        cph_clog_state *g = realloc(rp->states, c * sizeof *g);
+        if (!g) {
+          free(session);
+          free(data);
+          snprintf(why, size, "out of memory reading %s", filter);
+          break;
+        }
+        rp->states = g;
+        cap = c;
+      }
+      rp->states[rp->n_states++] = (cph_clog_state){session, seq, data, data ? (size_t)dlen : 0};
+    } else {
+      free(session);
+      free(data);
+      if (good) {
+        snprintf(why, size, "out of memory reading %s", filter);
+        break;
+      }
+      cph_warn("cluster log: a key of %s that names no session (%s) is skipped", CPH_CLOG_STATES,
+               subject);
+    }
+    ok = pending == 0;
+  }
+  natsSubscription_Unsubscribe(sub);
+  natsSubscription_Destroy(sub);
+  return ok;
+}
+
 /* Reads what the loop rebuilds shard from (clusterlog.h, "Taking a shard over"): the
  * watermark, then the shard's events from it to the stream's last sequence now, then its
  * done marks from it to the newest. NULL with why set on failure. */
@@ -976,6 +1126,10 @@ static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, c
   /* Marks after rp->to as well: a completion that committed before this node took the shard
    * may have its mark logged after that read (its answer waits for it). */
   if (!replay_range(l, rp, &cap, done, marks, 1, rp->from, UINT64_MAX, why, size))
+    goto fail;
+  /* After the fences: a put of a previous owner that lands later is refused when this node next
+   * writes the key, or is written over (clusterflow.h 11.). */
+  if (!replay_states(l, rp, why, size))
     goto fail;
   rp->read_ns = mono_ns() - t0;
   return rp;
@@ -1103,6 +1257,30 @@ static int fence_read(cph_clog *l, pos_wait *w, uint64_t *seq) {
   return ours ? CPH_OK : CPH_ECONFLICT;
 }
 
+/* A state check (cph_clog_check_state): CPH_OK with *seq, CPH_ECONFLICT, or CPH_EBUSY (not
+ * read: try again). */
+static int state_read(cph_clog *l, pos_wait *w, uint64_t *seq) {
+  char stream[64];
+  snprintf(stream, sizeof stream, "KV_%s", CPH_CLOG_STATES);
+  natsMsg *m = NULL;
+  jsErrCode jerr = 0;
+  natsStatus st = js_GetLastMsg(&m, l->js, stream, w->prefix, NULL, &jerr);
+  if (st == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
+    *seq = 0; /* none (purged): a create expects 0 */
+    return CPH_OK;
+  }
+  if (st != NATS_OK)
+    return CPH_EBUSY;
+  const char *op = NULL;
+  bool deleted = natsMsgHeader_Get(m, "KV-Operation", &op) == NATS_OK && op;
+  uint64_t epoch = 0;
+  if (!deleted && natsMsg_GetDataLength(m) >= CPH_CLOG_EPOCH_BYTES)
+    epoch = cph_clog_epoch_get((const uint8_t *)natsMsg_GetData(m));
+  *seq = natsMsg_GetSequence(m);
+  natsMsg_Destroy(m);
+  return deleted || epoch <= w->pos ? CPH_OK : CPH_ECONFLICT;
+}
+
 /* One step of w: true when it advanced (try the next step at once), false when it waits. */
 static bool pos_step(cph_clog *l, pos_wait *w) {
   jsErrCode jerr = 0;
@@ -1194,9 +1372,9 @@ static void *pos_thread(void *arg) {
     pos_wait **pp = &waits;
     while (*pp) {
       pos_wait *w = *pp;
-      if (w->fence_check) {
+      if (w->fence_check || w->state_check) {
         uint64_t seq = 0;
-        int rc = fence_read(l, w, &seq);
+        int rc = w->fence_check ? fence_read(l, w, &seq) : state_read(l, w, &seq);
         if (rc != CPH_EBUSY || mono_ns() >= w->deadline_ns) {
           *pp = w->next;
           pos_answer(l, w, rc == CPH_EBUSY ? CPH_ETIMEDOUT : rc, seq, NULL);
@@ -1393,6 +1571,7 @@ void cph_clog_stop(cph_clog *l) {
   }
   kvStore_Destroy(l->kv);
   kvStore_Destroy(l->kv_marks);
+  kvStore_Destroy(l->kv_states);
   for (uint32_t s = 0; l->subs && s < l->shards; s++)
     if (l->subs[s].sub) {
       natsSubscription_Unsubscribe(l->subs[s].sub);
@@ -1459,6 +1638,20 @@ void cph_clog_rebuild_failed(cph_clog *l, uint32_t shard, uint64_t gen) {
 int cph_clog_session_subject(char *buf, size_t size, const char *session) {
   static const char hex[] = "0123456789abcdef";
   int n = snprintf(buf, size, "$KV.%s.", CPH_CLOG_BUCKET);
+  size_t sl = strlen(session);
+  if (n < 0 || (size_t)n + 2 * sl + 1 > size)
+    return CPH_ELIMIT;
+  for (size_t i = 0; i < sl; i++) {
+    buf[n++] = hex[(unsigned char)session[i] >> 4];
+    buf[n++] = hex[(unsigned char)session[i] & 15];
+  }
+  buf[n] = '\0';
+  return CPH_OK;
+}
+
+int cph_clog_state_subject(char *buf, size_t size, uint32_t shard, const char *session) {
+  static const char hex[] = "0123456789abcdef";
+  int n = snprintf(buf, size, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, shard);
   size_t sl = strlen(session);
   if (n < 0 || (size_t)n + 2 * sl + 1 > size)
     return CPH_ELIMIT;
@@ -1582,6 +1775,23 @@ int cph_clog_check_fence(cph_clog *l, uint32_t shard, const char *mark_prefix, i
   w->shard = shard;
   w->fence_check = true;
   snprintf(w->prefix, sizeof w->prefix, "%s", mark_prefix);
+  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  return pos_queue(l, w);
+}
+
+int cph_clog_check_state(cph_clog *l, const char *subject, uint64_t epoch, int64_t wait_ms,
+                         uint64_t ref) {
+  pos_wait *w = calloc(1, sizeof *w);
+  if (!w)
+    return CPH_ENOMEM;
+  if (strlen(subject) >= sizeof w->prefix) {
+    free(w);
+    return CPH_ELIMIT;
+  }
+  w->ref = ref;
+  w->pos = epoch;
+  w->state_check = true;
+  snprintf(w->prefix, sizeof w->prefix, "%s", subject);
   w->deadline_ns = mono_ns() + wait_ms * 1000000;
   return pos_queue(l, w);
 }

@@ -24,13 +24,19 @@
  *     (ceph.s.<shard>.>), so the owner is not delivered its own marks; only replays read them;
  *   - key-value bucket CEPH_SHARDS: one key per shard (its number) -> its watermark, a stream
  *     sequence in decimal (clusterflow.h 7.), put by the shard's owner; history 1.
+ *   - key-value bucket CEPH_STATE: one key per session, "<shard>.<session id in hex>" -> the
+ *     session's state after its latest completion (clusterflow.h 11.), put by the shard's owner
+ *     with the key's revision expected; history 1, so the bucket is a compacted changelog. The
+ *     value begins with the writer's epoch (be64, the sequence of its epoch on
+ *     ceph.s.done.<shard>); the rest is the engine's.
  *
  * Taking a shard over. A shard this node serves is not bound at once: first a replay thread
  * takes the shard's fences (clusterflow.h 10.: a write to its watermark's key and an epoch on
  * ceph.s.done.<shard>, each expecting what it just read there), then reads its past — the watermark
  * in CEPH_SHARDS (1 if none), the stream's last sequence L at that moment, every
  * ceph.s.<shard>.in/fwd message from the watermark to L and every done mark of the shard from the
- * watermark on (ordered consumers: ephemeral, no acks) — and hands it to the loop (hooks.replayed).
+ * watermark on (ordered consumers: ephemeral, no acks), then the newest value of every key of the
+ * shard in CEPH_STATE — and hands it to the loop (hooks.replayed).
  * The loop rebuilds the shard's sessions from it and calls cph_clog_rebuilt; only then does the
  * next sync bind the shard's consumer, so no message of the consumer is applied before the rebuild.
  * A replay starts only once the bucket watch has delivered every session record there was (the loop
@@ -81,6 +87,20 @@ typedef struct cph_clog cph_clog;
 #define CPH_CLOG_STREAM "CEPH"
 #define CPH_CLOG_BUCKET "CEPH_SESSIONS"
 #define CPH_CLOG_MARKS "CEPH_SHARDS"
+#define CPH_CLOG_STATES "CEPH_STATE"
+
+/* A CEPH_STATE value's first 8 bytes: the writer's epoch, big-endian (see the layout above). */
+#define CPH_CLOG_EPOCH_BYTES 8
+static inline void cph_clog_epoch_put(uint8_t *p, uint64_t epoch) {
+  for (int i = 7; i >= 0; i--, epoch >>= 8)
+    p[i] = (uint8_t)epoch;
+}
+static inline uint64_t cph_clog_epoch_get(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = v << 8 | p[i];
+  return v;
+}
 
 /* A message of a served shard, handed to the loop. Release it with cph_clog_ack (applied:
  * never deliver it again) or cph_clog_release (not applied: JetStream delivers it again after
@@ -110,6 +130,14 @@ typedef struct cph_clog_entry {
   size_t len;
 } cph_clog_entry;
 
+/* The newest value of one session's key in CEPH_STATE. */
+typedef struct cph_clog_state {
+  char *session; /* decoded from the key */
+  uint64_t rev;  /* its revision (stream sequence): what the next put expects */
+  uint8_t *data; /* NULL: deleted */
+  size_t len;
+} cph_clog_state;
+
 /* A shard's past, read for its rebuild ("Taking a shard over" above). */
 typedef struct cph_clog_replay {
   uint32_t shard;
@@ -123,6 +151,9 @@ typedef struct cph_clog_replay {
   /* The fences taken (clusterflow.h 10.): the revision of the shard's watermark key and the
    * sequence of the epoch on ceph.s.done.<shard> — what this node's next writes there expect. */
   uint64_t mark_rev, done_last;
+  /* The newest value of each key of the shard in CEPH_STATE, read after the fences. */
+  cph_clog_state *states;
+  size_t n_states;
 } cph_clog_replay;
 void cph_clog_replay_free(cph_clog_replay *rp); /* NULL is fine */
 
@@ -176,6 +207,7 @@ int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const 
 void cph_clog_subject(char *buf, size_t size, uint32_t shard, bool fwd);
 void cph_clog_done_subject(char *buf, size_t size, uint32_t shard);
 int cph_clog_session_subject(char *buf, size_t size, const char *session);
+int cph_clog_state_subject(char *buf, size_t size, uint32_t shard, const char *session);
 void cph_clog_mark_subject(char *buf, size_t size, uint32_t shard);
 
 /* Waits, on the pos thread, until log position pos is applied here for shard (a shard this
@@ -191,6 +223,15 @@ int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms,
  * another node did (it took the shard over), CPH_ETIMEDOUT when it could not be read within
  * wait_ms. The outcome comes to hooks.pos with ref. CPH_EBUSY (not ready: no call), CPH_ENOMEM. */
 int cph_clog_check_fence(cph_clog *l, uint32_t shard, const char *mark_prefix, int64_t wait_ms,
+                         uint64_t ref);
+
+/* After a put to a CEPH_STATE key (subject) was refused (wrong last sequence): reads, on the pos
+ * thread, the key's newest value — CPH_OK with its revision when it is deleted, or was written
+ * in an epoch not after `epoch` (a deposed owner's late put: the caller may write over it),
+ * CPH_ECONFLICT when a later epoch wrote it (another node took the shard over), CPH_ETIMEDOUT
+ * when it could not be read within wait_ms. The outcome comes to hooks.pos with ref.
+ * CPH_EBUSY (not ready: no call), CPH_ENOMEM. */
+int cph_clog_check_state(cph_clog *l, const char *subject, uint64_t epoch, int64_t wait_ms,
                          uint64_t ref);
 
 /* The loop rebuilt shard from replay gen: the next sync binds its consumer. Or it could not:

@@ -666,11 +666,12 @@ static void status_done(cph_req *r, const char *status) {
   json_object_set_new(body, "status", json_string(status));
   if (r->op.kind == CPH_OP_COMPLETE)
     json_object_set_new(body, "already", json_boolean(r->op.u.turn.already));
-  /* Cluster mode: the answer waits until the log holds the record of what the turn consumed
-   * (clusterflow.h, 6.). */
-  if (r->op.kind == CPH_OP_COMPLETE && r->srv->cflow && r->op.u.turn.consumed.count)
+  /* Cluster mode: the answer waits until the log holds the session's state after the turn
+   * and the record of what the turn consumed (clusterflow.h, 11. and 6.). */
+  if (r->op.kind == CPH_OP_COMPLETE && r->srv->cflow &&
+      (r->op.u.turn.consumed.count || r->op.u.turn.state))
     cph_cflow_completed(r->srv->cflow, r, r->op.u.turn.consumed_session, &r->op.u.turn.consumed,
-                        body);
+                        r->op.u.turn.state, r->op.u.turn.state_len, body);
   else
     cph_reply_json(r, 200, body);
 }

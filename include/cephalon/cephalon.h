@@ -441,7 +441,8 @@ typedef enum cph_op_kind {
   CPH_OP_CONTEXT_SEAL,   /* POST /v1/sessions/{id}/seal */
   CPH_OP_MEMORY_SEARCH, /* GET /v1/memories/search: a write, since inclusion counts access */
   CPH_OP_TAKE,          /* POST /v1/turns/{id}/take: arrivals into a running turn (:merge) */
-  CPH_OP_INBOX_RETAIN   /* cluster mode's rebuild: drop entries consumed on another node */
+  CPH_OP_INBOX_RETAIN,  /* cluster mode's rebuild: drop entries consumed on another node */
+  CPH_OP_SESSION_STATE  /* cluster mode's rebuild: a session's state from its previous node */
 } cph_op_kind;
 
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
@@ -606,6 +607,13 @@ struct cph_op {
        * consumed (interrupted, an autonomy tick, a job). Freed by cph_op_clear_results. */
       cph_strv consumed;
       char *consumed_session;
+      /* complete, out, only while cph_engine_report_consumed is on, when the completion (or a
+       * repeated one) stands: the session's state as it is after it, an opaque blob (core/turns.c
+       * says what it holds; malloc'd, state_len bytes), for the cluster log to keep
+       * (clusterflow.h 11.); consumed_session names the session then, also when nothing was
+       * consumed. NULL when the engine could not read it (logged; the completion stands). */
+      uint8_t *state;
+      size_t state_len;
       /* fail, in (cluster mode): the turn is handed back because another node serves its
        * session now — no attempt is counted, and the session is not picked again until a
        * CPH_OP_INBOX_RETAIN says this node serves it again. */
@@ -650,6 +658,15 @@ struct cph_op {
       size_t n_keep;
       uint32_t dropped; /* out: entries consumed */
     } retain;
+    /* CPH_OP_SESSION_STATE (server/clusterflow.h 11.): session (which must exist) takes the
+     * state another node exported (a completion's u.turn.state): its context tree replaces the
+     * one it has, its episode and credits are set. CPH_EINVAL (field "state") for a blob that
+     * is not one, or of another store schema. The data is borrowed until done. */
+    struct {
+      char *session;
+      const uint8_t *data;
+      size_t len;
+    } state;
   } u;
 };
 

@@ -1,0 +1,433 @@
+/* Cluster mode: a moved shard's sessions keep their state (server/clusterflow.h 11.) — a real
+ * etcd, NATS JetStream and two cephalond on 127.0.0.1.
+ *
+ * Sessions on both nodes complete ROUNDS turns each, each answering its question with a reply
+ * (and a context node a worker inserted). Then the node owning some of them is killed -9 right
+ * after its last completion answered 200. On the survivor, which took its shards over:
+ *   - each moved session's context tree (GET /v1/sessions/{id}/context) holds every answered
+ *     reply exactly once, and the inserted node, at the episode it had;
+ *   - its next lease's context (the lease answer's messages) shows every earlier reply;
+ *   - its memories (minted by its turns) are there, each once, and its credits are those it
+ *     had, not a fresh session's;
+ * and a completion there carries the state on: the node killed next (the survivor, restarted
+ * on an empty data dir) serves the same again. Without the state in the log the survivor's
+ * copies start empty (a fresh tree, episode 0): the test fails. Without etcd or nats-server
+ * the test fails and says what to install. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/api.h"
+#include "tests/support/cluster_fixture.h"
+#include "tests/support/daemon.h"
+#include "tests/support/testutil.h"
+
+#define NODES 2
+#define SHARDS 16
+#define TTL_S 2
+#define SESSIONS 12
+#define ROUNDS 3
+
+typedef struct bench {
+  cph_test_cluster *c;
+  int owner[SESSIONS];
+  int64_t episode[SESSIONS]; /* on its owner, before the kill */
+  char extra[256];
+} bench;
+
+/* Credits barely refill, so a moved session's (charged 5 a turn) are told from a new one's. */
+static const char EXTRA[] =
+    ":scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}"
+    " :credits {:refill-per-second 0.001 :max 30 :cost {:interactive 5 :operational 1"
+    " :maintenance 1}}}";
+
+static int node_of_url(const cph_test_cluster *c, const char *url) {
+  for (int n = 0; url && n < c->n_nodes; n++)
+    if (strcmp(c->url[n], url) == 0)
+      return n;
+  return -1;
+}
+
+/* POST path body on node n, following one 421 to the owner; returns the node that answered
+ * 200 (asserted). */
+static int post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body) {
+  for (int tries = 0; tries < 50; tries++) {
+    cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
+    if (r.status == 200) {
+      cph_test_response_free(&r);
+      return n;
+    }
+    json_t *j = cph_test_json(&r);
+    const char *url = json_string_value(
+        json_object_get(json_object_get(json_object_get(j, "error"), "owner"), "url"));
+    int owner = r.status == 421 ? node_of_url(c, url) : -1;
+    json_decref(j);
+    if (owner < 0 && r.status != 503)
+      fail_msg("POST %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+    if (owner >= 0)
+      n = owner;
+    else
+      cph_tc_sleep_ms(100);
+  }
+  fail_msg("POST %s: no owner answered 200", path);
+  return -1;
+}
+
+/* Every node's session table knows `count` sessions, within 10 s. */
+static void wait_known(cph_test_cluster *c, int count) {
+  int64_t t0 = cph_test_now_ms();
+  for (int n = 0; n < c->n_nodes; n++) {
+    while (c->up[n]) {
+      json_t *v = cph_tc_view(c, n);
+      json_int_t known = json_integer_value(
+          json_object_get(json_object_get(v, "log"), "sessions_known"));
+      json_decref(v);
+      if (known >= count)
+        break;
+      if (cph_test_now_ms() - t0 > 10000)
+        fail_msg("n%d knows %lld of %d sessions after 10 s", n, (long long)known, count);
+      cph_tc_sleep_ms(50);
+    }
+  }
+}
+
+static void settle(cph_test_cluster *c, const char *what) {
+  bool live[CPH_TC_MAX_NODES] = {false};
+  for (int n = 0; n < c->n_nodes; n++)
+    live[n] = c->up[n];
+  if (!cph_tc_wait_settled(c, live, SHARDS, 30000))
+    fail_msg("%s: the shards were not all served and bound within 30 s (logs in %s)", what,
+             c->dir);
+}
+
+/* Posts question `round` to every session (through node `via`). */
+static void ask(cph_test_cluster *c, int via, int round) {
+  char body[8192];
+  size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
+  for (int s = 0; s < SESSIONS; s++)
+    len += (size_t)snprintf(body + len, sizeof body - len,
+                            "%s{\"session\":\"t%02d\",\"sender\":\"ann\",\"key\":\"q%d-%02d\","
+                            "\"body\":\"question %d for t%02d\"}",
+                            s ? "," : "", s, round, s, round, s);
+  snprintf(body + len, sizeof body - len, "]}");
+  cph_test_response r = cph_test_api(c->port[via], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting round %d: %d %s", round, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+}
+
+/* Leases on node n until each session it owns (b->owner) completed one turn of `round`,
+ * answering "reply <round> of <session>"; 30 s at most. Each completion must answer 200. */
+static void answer_round(bench *b, int n, int round) {
+  bool done[SESSIONS] = {false};
+  int want = 0, got = 0;
+  for (int s = 0; s < SESSIONS; s++)
+    want += b->owner[s] == n;
+  int64_t t0 = cph_test_now_ms();
+  while (got < want) {
+    if (cph_test_now_ms() - t0 > 30000)
+      fail_msg("n%d: %d of its %d sessions leased in round %d after 30 s", n, got, want, round);
+    cph_test_response r = cph_test_api(b->c->port[n], "POST", "/v1/turns/lease", NULL,
+                                       "{\"worker\":\"w\",\"wait_ms\":1000}");
+    if (r.status == 204) {
+      cph_test_response_free(&r);
+      continue;
+    }
+    if (r.status != 200)
+      fail_msg("lease on n%d: %d %s", n, r.status, r.body ? r.body : "");
+    json_t *j = cph_test_json(&r);
+    cph_test_response_free(&r);
+    json_t *turn = json_object_get(j, "turn");
+    const char *sess = json_string_value(json_object_get(turn, "session"));
+    int s = sess ? atoi(sess + 1) : -1;
+    assert_true(s >= 0 && s < SESSIONS && b->owner[s] == n && !done[s]);
+    char want_q[64];
+    snprintf(want_q, sizeof want_q, "question %d for t%02d", round, s);
+    json_t *staged = json_object_get(turn, "staged");
+    assert_int_equal(json_array_size(staged), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(staged, 0), "body")),
+                        want_q);
+    char path[96], body[512];
+    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+             (long long)json_integer_value(json_object_get(turn, "id")));
+    snprintf(body, sizeof body,
+             "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
+             "\"reply\":{\"body\":\"reply %d of t%02d\"},"
+             "\"memories\":[{\"text\":\"memory %d of t%02d\"}]}",
+             json_string_value(json_object_get(turn, "lease")), round, s, round, s);
+    r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
+    if (r.status != 200)
+      fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+    json_decref(j);
+    done[s] = true;
+    got++;
+  }
+}
+
+/* GET path on node n: 200 and its JSON (asserted). */
+static json_t *get_json(cph_test_cluster *c, int n, const char *path) {
+  cph_test_response r = cph_test_api(c->port[n], "GET", path, NULL, NULL);
+  if (r.status != 200)
+    fail_msg("GET %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  json_t *j = cph_test_json(&r);
+  cph_test_response_free(&r);
+  assert_non_null(j);
+  return j;
+}
+
+/* How many nodes of session s's context tree on node n have this role and content. */
+static int tree_count(cph_test_cluster *c, int n, int s, const char *role, const char *content,
+                      int64_t *episode) {
+  char path[64];
+  snprintf(path, sizeof path, "/v1/sessions/t%02d/context", s);
+  json_t *j = get_json(c, n, path);
+  int count = 0;
+  size_t i;
+  json_t *node;
+  json_array_foreach(json_object_get(j, "nodes"), i, node) {
+    const char *r = json_string_value(json_object_get(node, "role"));
+    const char *t = json_string_value(json_object_get(node, "content"));
+    count += (role ? r && strcmp(r, role) == 0 : !r) && t && strcmp(t, content) == 0;
+  }
+  if (episode)
+    *episode = json_integer_value(json_object_get(j, "episode"));
+  json_decref(j);
+  return count;
+}
+
+/* How many of session s's memories on node n (a lexical search) have this text. */
+static int memory_count(cph_test_cluster *c, int n, int s, const char *text) {
+  char path[128];
+  snprintf(path, sizeof path, "/v1/memories/search?session=t%02d&q=memory&k=100", s);
+  json_t *j = get_json(c, n, path);
+  int count = 0;
+  size_t i;
+  json_t *hit;
+  json_array_foreach(json_object_get(j, "memories"), i, hit) {
+    const char *t = json_string_value(json_object_get(hit, "text"));
+    count += t && strcmp(t, text) == 0;
+  }
+  if (getenv("CPH_TEST_DEBUG") && count != 1) {
+    char *d = json_dumps(j, JSON_COMPACT);
+    printf("search t%02d on n%d: %s\n", s, n, d);
+    free(d);
+  }
+  json_decref(j);
+  return count;
+}
+
+static double credits_of(cph_test_cluster *c, int n, int s) {
+  char path[64];
+  snprintf(path, sizeof path, "/v1/sessions/t%02d", s);
+  json_t *j = get_json(c, n, path);
+  double credits = json_number_value(json_object_get(j, "credits"));
+  json_decref(j);
+  return credits;
+}
+
+/* Session s on node n (its owner now) holds what ROUNDS answered turns left: each reply once in
+ * its tree, the note, the episode it had, its credits. */
+static void check_state(bench *b, int n, int s, const char *when) {
+  int64_t episode = -1;
+  for (int round = 0; round < ROUNDS; round++) {
+    char reply[64];
+    snprintf(reply, sizeof reply, "reply %d of t%02d", round, s);
+    int k = tree_count(b->c, n, s, "assistant", reply, round ? NULL : &episode);
+    if (k != 1)
+      fail_msg("%s: t%02d's tree on n%d holds \"%s\" %d times, not once", when, s, n, reply, k);
+    char memory[64];
+    snprintf(memory, sizeof memory, "memory %d of t%02d", round, s);
+    if ((k = memory_count(b->c, n, s, memory)) != 1)
+      fail_msg("%s: t%02d's memories on n%d hold \"%s\" %d times, not once", when, s, n,
+               memory, k);
+  }
+  char note[64];
+  snprintf(note, sizeof note, "note of t%02d", s);
+  if (tree_count(b->c, n, s, NULL, note, NULL) != 1)
+    fail_msg("%s: t%02d's tree on n%d lacks its note", when, s, n);
+  if (episode != b->episode[s])
+    fail_msg("%s: t%02d is at episode %lld on n%d, was %lld", when, s, (long long)episode, n,
+             (long long)b->episode[s]);
+  double credits = credits_of(b->c, n, s);
+  if (credits > 20.0)
+    fail_msg("%s: t%02d has %.2f credits on n%d: a new session's, not the %d turns' charge", when,
+             s, credits, n, ROUNDS);
+}
+
+/* Leases the next question of every session node n owns: each lease's messages show every
+ * earlier reply of its session. Completes it, answering "reply <round> of <session>". */
+static void next_lease_shows_replies(bench *b, int n, int round) {
+  ask(b->c, n, round);
+  bool done[SESSIONS] = {false};
+  int want = 0, got = 0;
+  for (int s = 0; s < SESSIONS; s++)
+    want += b->owner[s] == n;
+  int64_t t0 = cph_test_now_ms();
+  while (got < want) {
+    if (cph_test_now_ms() - t0 > 30000)
+      fail_msg("n%d: %d of its %d sessions leased after the takeover in 30 s", n, got, want);
+    cph_test_response r = cph_test_api(b->c->port[n], "POST", "/v1/turns/lease", NULL,
+                                       "{\"worker\":\"w\",\"wait_ms\":1000}");
+    if (r.status == 204) {
+      cph_test_response_free(&r);
+      continue;
+    }
+    if (r.status != 200)
+      fail_msg("lease on n%d: %d %s", n, r.status, r.body ? r.body : "");
+    json_t *j = cph_test_json(&r);
+    cph_test_response_free(&r);
+    json_t *turn = json_object_get(j, "turn");
+    int s = atoi(json_string_value(json_object_get(turn, "session")) + 1);
+    assert_true(s >= 0 && s < SESSIONS && b->owner[s] == n && !done[s]);
+    for (int k = 0; k < round; k++) {
+      char reply[64];
+      snprintf(reply, sizeof reply, "reply %d of t%02d", k, s);
+      int seen = 0;
+      size_t i;
+      json_t *m;
+      json_array_foreach(json_object_get(turn, "messages"), i, m) {
+        const char *content = json_string_value(json_object_get(m, "content"));
+        seen += content && strstr(content, reply) != NULL;
+      }
+      if (seen != 1) {
+        char *dump = json_dumps(json_object_get(turn, "messages"), JSON_COMPACT);
+        fail_msg("t%02d's lease on n%d shows \"%s\" %d times in its messages, not once: %s", s,
+                 n, reply, seen, dump ? dump : "?");
+      }
+    }
+    char path[96], body[512];
+    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+             (long long)json_integer_value(json_object_get(turn, "id")));
+    snprintf(body, sizeof body,
+             "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
+             "\"reply\":{\"body\":\"reply %d of t%02d\"},"
+             "\"memories\":[{\"text\":\"memory %d of t%02d\"}]}",
+             json_string_value(json_object_get(turn, "lease")), round, s, round, s);
+    r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
+    if (r.status != 200)
+      fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+    json_decref(j);
+    done[s] = true;
+    got++;
+  }
+}
+
+static int setup(void **state) {
+  bench *b = calloc(1, sizeof *b);
+  cph_test_cluster *c = cph_tc_new();
+  b->c = c;
+  cph_tc_start_etcd(c);
+  cph_tc_start_nats(c, 1);
+  cph_tc_ports(c, NODES);
+  for (int i = 0; i < NODES; i++)
+    cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
+  settle(c, "start");
+  for (int s = 0; s < SESSIONS; s++) {
+    char body[128];
+    snprintf(body, sizeof body, "{\"id\":\"t%02d\",\"class\":\"interactive\"}", s);
+    b->owner[s] = post_on_owner(c, s % NODES, "/v1/sessions", body);
+  }
+  wait_known(c, SESSIONS);
+  *state = b;
+  return 0;
+}
+
+static int teardown(void **state) {
+  bench *b = *state;
+  if (b)
+    cph_tc_free(b->c);
+  free(b);
+  return 0;
+}
+
+static void test_cluster_state_a_dead_nodes_sessions_keep_their_history_tree_and_credits(
+    void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int victim = 1, survivor = 0, moved = 0;
+  for (int s = 0; s < SESSIONS; s++)
+    moved += b->owner[s] == victim;
+  assert_true(moved > 0 && moved < SESSIONS);
+  for (int round = 0; round < ROUNDS; round++) {
+    ask(c, round % NODES, round);
+    for (int n = 0; n < NODES; n++)
+      answer_round(b, n, round);
+    if (round == 0)
+      for (int s = 0; s < SESSIONS; s++) {
+        char path[64], body[128];
+        snprintf(path, sizeof path, "/v1/sessions/t%02d/context", s);
+        snprintf(body, sizeof body, "{\"at\":\"d0, 1, 0\",\"content\":\"note of t%02d\"}", s);
+        post_on_owner(c, b->owner[s], path, body);
+      }
+  }
+  for (int s = 0; s < SESSIONS; s++) {
+    tree_count(c, b->owner[s], s, "assistant", "", &b->episode[s]);
+    assert_true(b->episode[s] >= ROUNDS);
+    check_state(b, b->owner[s], s, "before the kill");
+  }
+  /* kill -9 right after the last completions answered 200 */
+  int64_t t0 = cph_test_now_ms();
+  cph_tc_kill_node(c, victim, false);
+  settle(c, "after the kill");
+  printf("n%d killed -9: %d sessions moved to n%d, served and rebuilt %lld ms later\n", victim,
+         moved, survivor, (long long)(cph_test_now_ms() - t0));
+  for (int s = 0; s < SESSIONS; s++) {
+    b->owner[s] = survivor;
+    check_state(b, survivor, s, "after the takeover");
+  }
+  json_t *v = cph_tc_view(c, survivor);
+  json_t *st = json_object_get(json_object_get(v, "log"), "states");
+  printf("n%d: %lld states put (%lld bytes), %lld loaded (%lld bytes)\n", survivor,
+         (long long)json_integer_value(json_object_get(st, "put")),
+         (long long)json_integer_value(json_object_get(st, "put_bytes")),
+         (long long)json_integer_value(json_object_get(st, "loaded")),
+         (long long)json_integer_value(json_object_get(st, "loaded_bytes")));
+  assert_true(json_integer_value(json_object_get(st, "loaded")) >= moved);
+  json_decref(v);
+  next_lease_shows_replies(b, survivor, ROUNDS);
+  for (int s = 0; s < SESSIONS; s++)
+    b->episode[s]++;
+}
+
+/* The survivor's completions carried the state on: a node started on an empty data dir that
+ * takes every shard (the survivor killed) serves the sessions with all ROUNDS + 1 replies. */
+static void test_cluster_state_moves_again_from_the_new_owner(void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int fresh = 1, old = 0;
+  assert_false(c->up[fresh]); /* the first test killed it */
+  cph_tc_start_node(c, fresh, SHARDS, TTL_S, EXTRA);
+  settle(c, "a fresh node joined");
+  cph_tc_kill_node(c, old, false);
+  settle(c, "the second kill");
+  for (int s = 0; s < SESSIONS; s++) {
+    b->owner[s] = fresh;
+    check_state(b, fresh, s, "on a fresh node");
+    char reply[64];
+    snprintf(reply, sizeof reply, "reply %d of t%02d", ROUNDS, s);
+    if (tree_count(c, fresh, s, "assistant", reply, NULL) != 1)
+      fail_msg("t%02d's tree on the fresh node lacks \"%s\", answered on the first new owner", s,
+               reply);
+  }
+  next_lease_shows_replies(b, fresh, ROUNDS + 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(
+          test_cluster_state_a_dead_nodes_sessions_keep_their_history_tree_and_credits),
+      cmocka_unit_test(test_cluster_state_moves_again_from_the_new_owner),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,196 @@
+/* A session's state for the cluster log (include/cephalon/cephalon.h: u.turn.state and
+ * CPH_OP_SESSION_STATE; server/clusterflow.h 11.): with report_consumed on, a completion exports
+ * the session's tree, episode, credits, recent replies and memories; another engine's session
+ * that imports it shows the same tree and episode, the replies in its channel's history once
+ * (an import repeated adds nothing), the memories once; a malformed blob is refused and changes
+ * nothing. Off, nothing is exported. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "tests/support/engine_fixture.h"
+
+#define TURNS 3
+
+/* One question to session s, leased and completed with a reply and a memory; the completion op
+ * is left to the caller (to read and clear). */
+static void turn(cph_fixture *f, const char *s, int i, cph_op *done) {
+  char body[64], reply[64], memory[64];
+  snprintf(body, sizeof body, "question %d", i);
+  snprintf(reply, sizeof reply, "reply %d of %s", i, s);
+  snprintf(memory, sizeof memory, "memory %d of %s", i, s);
+  cph_event_in ev = {0};
+  ev.session = (char *)s;
+  ev.sender = "ann";
+  ev.body = body;
+  cph_op in;
+  cph_fixture_ingest(f, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease = {0};
+  lease.kind = CPH_OP_LEASE;
+  lease.u.lease.worker = "w";
+  lease.u.lease.deadline_ns = cph_clock_now(&f->clock) + 5 * CPH_NS_PER_S;
+  assert_int_equal(cph_fixture_run(f, &lease), CPH_OK);
+  memset(done, 0, sizeof *done);
+  done->kind = CPH_OP_COMPLETE;
+  done->u.turn.turn_id = lease.u.lease.turn.id;
+  memcpy(done->u.turn.lease, lease.u.lease.turn.lease, sizeof done->u.turn.lease);
+  done->u.turn.reply_body = strdup(reply);
+  cph_memory_in m = {0};
+  m.text = memory;
+  done->u.turn.memories = &m;
+  done->u.turn.n_memories = 1;
+  assert_int_equal(cph_fixture_run(f, done), CPH_OK);
+  done->u.turn.memories = NULL;
+  done->u.turn.n_memories = 0;
+  free(done->u.turn.reply_body);
+  done->u.turn.reply_body = NULL;
+  cph_op_clear_results(&lease);
+}
+
+/* How many nodes of session s's tree have this role and content; *episode its episode. */
+static int tree_count(cph_fixture *f, const char *s, const char *role, const char *content,
+                      uint64_t *episode) {
+  cph_context_node_info *nodes = NULL;
+  size_t n = 0;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_context(f->e, s, NULL, &nodes, &n, episode, &err), CPH_OK);
+  int count = 0;
+  for (size_t i = 0; i < n; i++)
+    count += nodes[i].role && strcmp(nodes[i].role, role) == 0 && nodes[i].content &&
+             strcmp(nodes[i].content, content) == 0;
+  cph_context_nodes_free(nodes, n);
+  return count;
+}
+
+/* How many memories of s (a lexical search) have this text. */
+static int memory_count(cph_fixture *f, const char *s, const char *text) {
+  cph_op op = {0};
+  op.kind = CPH_OP_MEMORY_SEARCH;
+  op.u.search.session = (char *)s;
+  op.u.search.query = "memory";
+  op.u.search.k = 100;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  int count = 0;
+  for (size_t i = 0; i < op.u.search.n_hits; i++)
+    count += strcmp(op.u.search.hits[i].text, text) == 0;
+  cph_op_clear_results(&op);
+  return count;
+}
+
+static int import(cph_fixture *f, const char *s, const uint8_t *data, size_t len) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_STATE;
+  op.u.state.session = (char *)s;
+  op.u.state.data = data;
+  op.u.state.len = len;
+  int rc = cph_fixture_run(f, &op);
+  cph_op_clear_results(&op);
+  return rc;
+}
+
+/* The replies of the next lease's messages that are "reply <i> of a", each counted. */
+static void lease_shows_replies(cph_fixture *f, int times[TURNS]) {
+  cph_event_in ev = {0};
+  ev.session = "a";
+  ev.sender = "ann";
+  ev.body = "one more question";
+  cph_op in;
+  cph_fixture_ingest(f, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease = {0};
+  lease.kind = CPH_OP_LEASE;
+  lease.u.lease.worker = "w";
+  lease.u.lease.deadline_ns = cph_clock_now(&f->clock) + 5 * CPH_NS_PER_S;
+  assert_int_equal(cph_fixture_run(f, &lease), CPH_OK);
+  const cph_turn_info *t = &lease.u.lease.turn;
+  for (int i = 0; i < TURNS; i++) {
+    char reply[64];
+    snprintf(reply, sizeof reply, "reply %d of a", i);
+    times[i] = 0;
+    for (size_t k = 0; k < t->n_messages; k++)
+      times[i] += t->messages[k].content && strstr(t->messages[k].content, reply) != NULL;
+  }
+  cph_op_clear_results(&lease);
+}
+
+static void test_session_state_moves_tree_episode_replies_and_memories(void **state) {
+  (void)state;
+  cph_fixture *from = cph_fixture_new("state_from", "{}");
+  cph_fixture *to = cph_fixture_new("state_to", "{}");
+  cph_fixture_create_session(from, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_fixture_create_session(to, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_engine_report_consumed(from->e, true);
+  cph_op done;
+  for (int i = 0; i < TURNS; i++) {
+    turn(from, "a", i, &done);
+    assert_non_null(done.u.turn.state);
+    assert_string_equal(done.u.turn.consumed_session, "a");
+    if (i < TURNS - 1)
+      cph_op_clear_results(&done);
+  }
+  uint8_t *blob = done.u.turn.state;
+  size_t len = done.u.turn.state_len;
+  done.u.turn.state = NULL;
+  cph_op_clear_results(&done);
+
+  /* A malformed or cut blob is refused and changes nothing. */
+  uint64_t episode = 99;
+  assert_int_equal(import(to, "a", blob, 10), CPH_EINVAL);
+  assert_int_equal(import(to, "a", blob, len - 3), CPH_EINVAL);
+  assert_int_equal(tree_count(to, "a", "assistant", "reply 0 of a", &episode), 0);
+  assert_int_equal(episode, 0);
+  assert_int_equal(import(to, "nobody", blob, len), CPH_ENOTFOUND);
+
+  /* Imported twice (a shard taken again): the same state, nothing doubled. */
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(import(to, "a", blob, len), CPH_OK);
+    for (int i = 0; i < TURNS; i++) {
+      char text[64];
+      snprintf(text, sizeof text, "reply %d of a", i);
+      assert_int_equal(tree_count(to, "a", "assistant", text, &episode), 1);
+      assert_int_equal(episode, TURNS);
+      snprintf(text, sizeof text, "memory %d of a", i);
+      assert_int_equal(memory_count(to, "a", text), 1);
+    }
+  }
+  cph_session_info si = {0};
+  cph_err err = {0};
+  assert_int_equal(cph_engine_get_session(to->e, "a", &si, &err), CPH_OK);
+  assert_int_equal(si.episode, TURNS);
+  cph_session_info_free(&si);
+  int times[TURNS];
+  lease_shows_replies(to, times);
+  for (int i = 0; i < TURNS; i++)
+    assert_int_equal(times[i], 1);
+  free(blob);
+  cph_fixture_free(from);
+  cph_fixture_free(to);
+}
+
+static void test_session_state_is_not_exported_without_report_consumed(void **state) {
+  (void)state;
+  cph_fixture *f = cph_fixture_new("state_off", "{}");
+  cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_op done;
+  turn(f, "a", 0, &done);
+  assert_null(done.u.turn.state);
+  cph_op_clear_results(&done);
+  cph_fixture_free(f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
+      cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
