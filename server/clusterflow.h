@@ -174,7 +174,7 @@
  * 11. A session's state, in a compacted changelog (DESIGN §14 "State"). What a user would see
  *    lost after a takeover besides the input: the session's conversation and what its turns
  *    left. With the log on, every completion (a repeated one too) hands here, with its done
- *    mark's keys, the session's state after it (cph_op u.turn.state, core/turns.c says what it
+ *    mark's keys, the session's state after it (cph_op u.turn.state, core/handover.c says what it
  *    holds: the context tree's records — the input and reply cores of every turn within the
  *    history bound, the nodes workers inserted —, the episode, the credits, and its replies
  *    among the newest 64 entries of each of its channels' history). The node puts it into the

@@ -73,6 +73,14 @@ static inline void cph_key_u64(cph_key *k, uint64_t v) {
   k->len += 8;
 }
 
+/* A key of one big-endian u64 (an id: events, turns, memories...). */
+static inline cph_key cph_key_of_u64(uint64_t v) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_u64(&k, v);
+  return k;
+}
+
 /* Appends s and a terminating NUL. */
 static inline void cph_key_str(cph_key *k, const char *s) {
   size_t n = strlen(s);

@@ -1,0 +1,501 @@
+/* Handover: a session's state, for another node (cluster mode, server/clusterflow.h 11.).
+ *
+ * The blob: "CPHS", be32 version (1), be32 CPH_STORE_SCHEMA_VERSION, be64 episode, be64 the
+ * bits of the credits (a double), then the session's tree records (trees_export), then its
+ * recent replies as its channels' history holds them: be32 count, and per reply be32 length +
+ * channel, be64 ts_ms, be32 length + body, oldest first; then its newest memories (its own
+ * scope; STATE_MEMORIES of each class, STATE_MEMORY_BYTES at most): be32 count, and per memory
+ * a kind byte and be32 length + text, oldest first. That is what a completion changes of
+ * a session and what its next turns read back: its conversation (the input and reply cores of
+ * every turn within the history bound, which non-inbox turns render), its replies (which an
+ * inbox turn's channel view renders, from the node's own channel history), the nodes workers
+ * inserted, the episode; and what the scheduler charged. Read through the pass transaction,
+ * after the completion's child committed, so it is exactly what this pass stores.
+ * The replies are found among the newest STATE_REPLY_SCAN entries of each channel the session
+ * views (its direct channel, then its subscriptions and memberships, STATE_CHANNELS at most),
+ * at most STATE_REPLY_BYTES of them: the cost of a completion's export is bounded by that (a
+ * few hundred record reads at most), and a reply older than that does not move — neither do
+ * the inputs it answered (the channel's traffic: what a turn consumed is not delivered again,
+ * what it did not is replayed by the log). */
+#include "handover.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "ingest.h"
+
+#define STATE_MAGIC "CPHS"
+#define STATE_VERSION 1u
+#define STATE_HEAD 28u
+#define STATE_REPLY_SCAN 64
+#define STATE_CHANNELS 16
+#define STATE_REPLY_BYTES (256u * 1024u)
+#define STATE_MEMORIES 64 /* of each class (raw, other) */
+#define STATE_MEMORY_BYTES (256u * 1024u)
+/* A tree alone beyond CPH_HANDOVER_MAX_BYTES is not exported (the caller logs it: the
+ * session's previous state stays in the log); the replies and memories are left out when they
+ * would not fit. */
+
+typedef struct state_reply {
+  char *channel, *body;
+  int64_t ts_ms;
+} state_reply;
+
+/* Calls fn(ctx, event) for the newest `scan` entries of channel's history, newest first, until
+ * fn returns false. CPH_OK or the store's error. */
+static int history_tail(cph_txn *t, const char *chan, size_t scan,
+                        bool (*fn)(void *ctx, const cph_event_rec *ev), void *ctx) {
+  cph_key from;
+  cph_key_reset(&from);
+  cph_key_str(&from, chan);
+  size_t plen = from.len;
+  cph_key_u64(&from, UINT64_MAX);
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_CHANNEL_LOG, &c);
+  if (rc)
+    return rc;
+  cph_val k, v;
+  rc = cph_cursor_seek(&c, &from, &k, &v);
+  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, &v)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, &v)
+                             : rc;
+  for (size_t n = 0; rc == CPH_OK && n < scan; n++) {
+    if (k.len != plen + 8 || memcmp(k.data, from.data, plen) != 0 || v.len != 8)
+      break;
+    cph_key ek = cph_key_of_u64(cph_be64_get(v.data));
+    cph_event_rec ev;
+    int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    if (grc == CPH_OK) {
+      bool more = fn(ctx, &ev);
+      cph_record_free(&cph_event_desc, &ev);
+      if (!more)
+        break;
+    } else if (grc != CPH_ENOTFOUND) {
+      rc = grc;
+      break;
+    }
+    rc = cph_cursor_prev(&c, &k, &v);
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+typedef struct reply_scan {
+  const char *session;
+  state_reply *v;
+  size_t n, cap, bytes;
+  bool nomem;
+} reply_scan;
+
+static bool collect_reply(void *ctx, const cph_event_rec *ev) {
+  reply_scan *rs = ctx;
+  if (!ev->body || !ev->kind || strcmp(ev->kind, "reply") != 0 || strcmp(ev->sender, rs->session))
+    return true;
+  size_t len = strlen(ev->body) + strlen(ev->channel);
+  if (rs->bytes + len > STATE_REPLY_BYTES)
+    return false;
+  if (rs->n == rs->cap) {
+    size_t c = rs->cap ? 2 * rs->cap : 8;
+    state_reply *g = realloc(rs->v, c * sizeof *g);
+    if (!g) {
+      rs->nomem = true;
+      return false;
+    }
+    rs->v = g;
+    rs->cap = c;
+  }
+  state_reply *r = &rs->v[rs->n];
+  r->channel = strdup(ev->channel);
+  r->body = strdup(ev->body);
+  r->ts_ms = ev->ts_ms;
+  if (!r->channel || !r->body) {
+    free(r->channel);
+    free(r->body);
+    rs->nomem = true;
+    return false;
+  }
+  rs->n++;
+  rs->bytes += len;
+  return true;
+}
+
+static int reply_cmp(const void *a, const void *b) {
+  const state_reply *x = a, *y = b;
+  return x->ts_ms < y->ts_ms ? -1 : x->ts_ms > y->ts_ms;
+}
+
+static void put_str32(cph_buf *out, const char *str) {
+  uint8_t be[4];
+  size_t n = strlen(str);
+  cph_be32_put(be, (uint32_t)n);
+  cph_buf_append(out, be, 4);
+  cph_buf_append(out, str, n);
+}
+
+/* The replies part of the blob (above). */
+static int state_export_replies(const cph_handover *st, const csession *s, cph_buf *out) {
+  cph_txn *t = &st->env->txn;
+  char direct[160];
+  snprintf(direct, sizeof direct, "direct:%s", s->id);
+  const char *chans[STATE_CHANNELS];
+  size_t n_chans = 0;
+  chans[n_chans++] = direct;
+  cph_key sk;
+  cph_key_reset(&sk);
+  cph_key_str(&sk, s->id);
+  cph_session_rec rec;
+  bool have_rec = cph_txn_get_record(t, CPH_DB_SESSIONS, &sk, &cph_session_desc, &rec) == CPH_OK;
+  for (uint32_t i = 0; have_rec && i < rec.n_subscribe && n_chans < STATE_CHANNELS; i++)
+    chans[n_chans++] = rec.subscribe[i];
+  for (uint32_t i = 0; have_rec && i < rec.n_member && n_chans < STATE_CHANNELS; i++)
+    chans[n_chans++] = rec.member[i];
+  reply_scan rs = {s->id, NULL, 0, 0, 0, false};
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && !rs.nomem && i < n_chans; i++)
+    rc = history_tail(t, chans[i], STATE_REPLY_SCAN, collect_reply, &rs);
+  if (rc == CPH_OK && rs.nomem)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK) {
+    if (rs.n > 1)
+      qsort(rs.v, rs.n, sizeof *rs.v, reply_cmp);
+    uint8_t be[8];
+    cph_be32_put(be, (uint32_t)rs.n);
+    cph_buf_append(out, be, 4);
+    for (size_t i = 0; i < rs.n; i++) {
+      put_str32(out, rs.v[i].channel);
+      cph_be64_put(be, (uint64_t)rs.v[i].ts_ms);
+      cph_buf_append(out, be, 8);
+      put_str32(out, rs.v[i].body);
+    }
+  }
+  for (size_t i = 0; i < rs.n; i++) {
+    free(rs.v[i].channel);
+    free(rs.v[i].body);
+  }
+  free(rs.v);
+  if (have_rec)
+    cph_record_free(&cph_session_desc, &rec);
+  return rc;
+}
+
+typedef struct state_memory {
+  uint64_t id;
+  uint8_t kind;
+  char *text;
+} state_memory;
+
+static int memory_id_cmp(const void *a, const void *b) {
+  const state_memory *x = a, *y = b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Calls fn(ctx, memory) for the newest `scan` live memories of scope in class raw (or the
+ * others), newest first, until fn returns false. */
+static int memories_tail(cph_txn *t, const char *scope, bool raw, size_t scan,
+                         bool (*fn)(void *ctx, const cph_memory_rec *m), void *ctx) {
+  cph_key prefix, from;
+  memory_scope_prefix(&prefix, scope, raw);
+  from = prefix;
+  cph_key_u64(&from, UINT64_MAX);
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &c);
+  if (rc)
+    return rc;
+  cph_val k;
+  rc = cph_cursor_seek(&c, &from, &k, NULL);
+  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, NULL)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, NULL)
+                             : rc;
+  for (size_t n = 0; rc == CPH_OK && n < scan; n++) {
+    if (k.len != prefix.len + 8 || memcmp(k.data, prefix.data, prefix.len) != 0)
+      break;
+    cph_key mk = cph_key_of_u64(cph_be64_get((const uint8_t *)k.data + prefix.len));
+    cph_memory_rec m;
+    int grc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    if (grc == CPH_OK) {
+      bool more = m.deleted || !m.text || fn(ctx, &m);
+      cph_record_free(&cph_memory_desc, &m);
+      if (!more)
+        break;
+    } else if (grc != CPH_ENOTFOUND) {
+      rc = grc;
+      break;
+    }
+    rc = cph_cursor_prev(&c, &k, NULL);
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+typedef struct memory_scan {
+  state_memory *v;
+  size_t n, cap, bytes;
+  bool nomem;
+} memory_scan;
+
+static bool collect_memory(void *ctx, const cph_memory_rec *m) {
+  memory_scan *ms = ctx;
+  size_t len = strlen(m->text);
+  if (ms->bytes + len > STATE_MEMORY_BYTES)
+    return false;
+  if (ms->n == ms->cap) {
+    size_t c = ms->cap ? 2 * ms->cap : 16;
+    state_memory *g = realloc(ms->v, c * sizeof *g);
+    if (!g) {
+      ms->nomem = true;
+      return false;
+    }
+    ms->v = g;
+    ms->cap = c;
+  }
+  if (!(ms->v[ms->n].text = strdup(m->text))) {
+    ms->nomem = true;
+    return false;
+  }
+  ms->v[ms->n].id = m->id;
+  ms->v[ms->n].kind = m->kind;
+  ms->n++;
+  ms->bytes += len;
+  return true;
+}
+
+/* The memories part of the blob (above). */
+static int state_export_memories(const cph_handover *st, const csession *s, cph_buf *out) {
+  memory_scan ms = {0};
+  int rc = memories_tail(&st->env->txn, s->id, true, STATE_MEMORIES, collect_memory, &ms);
+  if (rc == CPH_OK && !ms.nomem)
+    rc = memories_tail(&st->env->txn, s->id, false, STATE_MEMORIES, collect_memory, &ms);
+  if (rc == CPH_OK && ms.nomem)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK) {
+    if (ms.n > 1)
+      qsort(ms.v, ms.n, sizeof *ms.v, memory_id_cmp);
+    uint8_t be[4];
+    cph_be32_put(be, (uint32_t)ms.n);
+    cph_buf_append(out, be, 4);
+    for (size_t i = 0; i < ms.n; i++) {
+      cph_buf_append(out, &ms.v[i].kind, 1);
+      put_str32(out, ms.v[i].text);
+    }
+  }
+  for (size_t i = 0; i < ms.n; i++)
+    free(ms.v[i].text);
+  free(ms.v);
+  return rc;
+}
+
+typedef struct memory_find {
+  const char *text;
+  bool found;
+} memory_find;
+
+static bool find_memory(void *ctx, const cph_memory_rec *m) {
+  memory_find *mf = ctx;
+  mf->found = strcmp(m->text, mf->text) == 0;
+  return !mf->found;
+}
+
+typedef struct reply_find {
+  const char *session, *body;
+  int64_t ts_ms;
+  bool found;
+} reply_find;
+
+static bool find_reply(void *ctx, const cph_event_rec *ev) {
+  reply_find *rf = ctx;
+  rf->found = ev->ts_ms == rf->ts_ms && ev->body && strcmp(ev->sender, rf->session) == 0 &&
+              strcmp(ev->body, rf->body) == 0;
+  return !rf->found;
+}
+
+/* Reads a be32-length string at *at of data[0..n) into a malloc'd copy; NULL when cut short or
+ * out of memory (*bad says which). */
+static char *get_str32(const uint8_t *data, size_t n, size_t *at, bool *bad) {
+  if (n - *at < 4) {
+    *bad = true;
+    return NULL;
+  }
+  uint32_t l = cph_be32_get(data + *at);
+  *at += 4;
+  if (n - *at < l) {
+    *bad = true;
+    return NULL;
+  }
+  char *str = malloc((size_t)l + 1);
+  if (str) {
+    memcpy(str, data + *at, l);
+    str[l] = '\0';
+  }
+  *at += l;
+  return str;
+}
+
+/* The replies part: each reply its channel's history here lacks (the same session, time and
+ * body among the channel's newest STATE_REPLY_SCAN * 2 entries) is stored as a reply event
+ * and appended to that history — not to the replies stream (GET /v1/replies): connectors
+ * delivered it from the node that wrote it. CPH_EINVAL when the part is malformed. */
+static int state_import_replies(cph_txn *t, const char *session, const uint8_t *data, size_t n,
+                                size_t *used) {
+  if (n < 4)
+    return CPH_EINVAL;
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  int rc = CPH_OK;
+  int64_t now_ms = cph_wall_ms();
+  for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
+    bool bad = false;
+    char *chan = get_str32(data, n, &at, &bad), *body = NULL;
+    int64_t ts_ms = 0;
+    if (!bad && n - at >= 8) {
+      ts_ms = (int64_t)cph_be64_get(data + at);
+      at += 8;
+      body = get_str32(data, n, &at, &bad);
+    } else {
+      bad = true;
+    }
+    if (bad || !chan || !body) {
+      rc = bad ? CPH_EINVAL : CPH_ENOMEM;
+    } else {
+      reply_find rf = {session, body, ts_ms, false};
+      rc = history_tail(t, chan, 2 * STATE_REPLY_SCAN, find_reply, &rf);
+      if (rc == CPH_OK && !rf.found) {
+        uint64_t event_id = 0;
+        cph_txn_next_id(t, "event", &event_id);
+        cph_event_rec ev = {0};
+        ev.id = event_id;
+        ev.channel = chan;
+        ev.sender = (char *)session;
+        ev.body = body;
+        ev.kind = "reply";
+        ev.ts_ms = ts_ms;
+        ev.received_ms = now_ms;
+        ev.status = CPH_EVENT_STORED;
+        cph_key ek = cph_key_of_u64(event_id);
+        cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+        rc = history_append(t, chan, event_id);
+      }
+    }
+    free(chan);
+    free(body);
+  }
+  *used = at;
+  return rc;
+}
+
+/* The memories part: each memory whose text the session's newest memories of its class here
+ * lack is minted in its scope (its embedding queued, as for any new memory). CPH_EINVAL when the
+ * part is malformed. */
+static int state_import_memories(const cph_handover *st, cph_txn *t, const char *session,
+                                 const uint8_t *data, size_t n) {
+  if (n < 4)
+    return CPH_EINVAL;
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  int rc = CPH_OK;
+  for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
+    if (n - at < 1)
+      return CPH_EINVAL;
+    uint8_t kind = data[at++];
+    bool bad = false;
+    char *text = get_str32(data, n, &at, &bad);
+    if (bad || !text) {
+      free(text);
+      return bad ? CPH_EINVAL : CPH_ENOMEM;
+    }
+    memory_find mf = {text, false};
+    rc = memories_tail(t, session, kind == CPH_MEMORY_RAW, 2 * STATE_MEMORIES, find_memory, &mf);
+    if (rc == CPH_OK && !mf.found)
+      rc = memory_mint(st->memory, t, session, kind, text, 0, true, NULL);
+    free(text);
+  }
+  return rc;
+}
+
+int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
+  uint8_t head[STATE_HEAD];
+  memcpy(head, STATE_MAGIC, 4);
+  cph_be32_put(head + 4, STATE_VERSION);
+  cph_be32_put(head + 8, CPH_STORE_SCHEMA_VERSION);
+  cph_be64_put(head + 12, s->episode);
+  double credits = cph_sched_credits(st->env->sched, s->sid);
+  uint64_t bits;
+  memcpy(&bits, &credits, 8);
+  cph_be64_put(head + 20, bits);
+  cph_buf_append(out, head, sizeof head);
+  int rc = trees_export(st->trees, &st->env->txn, s->id, out);
+  if (rc)
+    return rc;
+  if (out->len + 8 > CPH_HANDOVER_MAX_BYTES)
+    return CPH_ELIMIT;
+  /* The replies and the memories each only while the whole fits (else none of them: empty). */
+  static const uint8_t none[4] = {0};
+  cph_buf part = {0};
+  for (int i = 0; rc == CPH_OK && i < 2; i++) {
+    cph_buf_reset(&part);
+    rc = i == 0 ? state_export_replies(st, s, &part) : state_export_memories(st, s, &part);
+    if (rc == CPH_OK && cph_buf_error(&part))
+      rc = CPH_ENOMEM;
+    if (rc == CPH_OK && out->len + part.len + (i == 0 ? 4 : 0) <= CPH_HANDOVER_MAX_BYTES)
+      cph_buf_append(out, part.data, part.len);
+    else if (rc == CPH_OK)
+      cph_buf_append(out, none, 4);
+  }
+  cph_buf_free(&part);
+  return rc;
+}
+
+/* CPH_OP_SESSION_STATE: see include/cephalon/cephalon.h. */
+void handover_import(const cph_handover *st, cph_op *op) {
+  const char *id = op->u.state.session;
+  csession *s = id ? sessions_get(st->sessions, id) : NULL;
+  if (!s) {
+    op_fail(op, CPH_ENOTFOUND, "session", "no session '%s'", id ? id : "");
+    return;
+  }
+  const uint8_t *p = op->u.state.data;
+  size_t n = op->u.state.len;
+  if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 || cph_be32_get(p + 4) != STATE_VERSION ||
+      cph_be32_get(p + 8) != CPH_STORE_SCHEMA_VERSION) {
+    op_fail(op, CPH_EINVAL, "state",
+            "the state of session '%s' is not a version-%u state of store schema %u", id,
+            STATE_VERSION, CPH_STORE_SCHEMA_VERSION);
+    return;
+  }
+  uint64_t episode = cph_be64_get(p + 12), bits = cph_be64_get(p + 20);
+  double credits;
+  memcpy(&credits, &bits, 8);
+  cph_txn t;
+  cph_txn_begin_child(&st->env->txn, &t);
+  size_t used = 0;
+  int rc = trees_import(st->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used);
+  size_t at = STATE_HEAD + used;
+  if (rc == CPH_OK)
+    rc = state_import_replies(&t, id, p + at, n - at, &used);
+  at += rc == CPH_OK ? used : 0;
+  if (rc == CPH_OK)
+    rc = state_import_memories(st, &t, id, p + at, n - at);
+  if (rc == CPH_EINVAL) {
+    cph_txn_abort(&t);
+    op_fail(op, CPH_EINVAL, "state", "the state of session '%s' is cut short or malformed", id);
+    return;
+  }
+  uint64_t old_episode = s->episode;
+  double old_credits = cph_sched_credits(st->env->sched, s->sid);
+  s->episode = episode;
+  if (rc == CPH_OK && credits == credits) /* not NaN */
+    rc = csession_resched(st->sessions, s, s->lane, credits);
+  if (rc == CPH_OK)
+    rc = persist_session_credits(st->sessions, &t, s);
+  if (rc == CPH_OK)
+    rc = cph_txn_commit(&t);
+  else
+    cph_txn_abort(&t);
+  if (rc) {
+    s->episode = old_episode;
+    csession_resched(st->sessions, s, s->lane, old_credits);
+    op_fail(op, rc, NULL, "importing the state of session '%s': %s", id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  }
+}
+

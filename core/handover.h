@@ -1,0 +1,44 @@
+/* Handover: a session's state for another node (cluster mode, DESIGN §14 "State",
+ * server/clusterflow.h 11.) — what a completion changes of a session (its tree, recent
+ * replies, newest memories, episode and credits) as one blob the cluster log keeps per
+ * session, and its import on the node that takes the session's shard over. The blob's layout
+ * is in handover.c. Private to core/: turns.c exports at each completion and imports
+ * CPH_OP_SESSION_STATE.
+ *
+ * It owns no state: it is handed the modules it reads and writes. */
+#ifndef CEPHALON_CORE_HANDOVER_H
+#define CEPHALON_CORE_HANDOVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/buf.h"
+#include "env.h"
+#include "memory.h"
+#include "ops.h"
+#include "sessions.h"
+#include "trees.h"
+
+/* The most a state may weigh: under NATS's default max_payload (1 MiB) with room for the
+ * headers and the cluster log's epoch prefix. */
+#define CPH_HANDOVER_MAX_BYTES (960u * 1024u)
+
+typedef struct cph_handover {
+  cph_core_env *env; /* the pass's transaction and the scheduler (credits) */
+  cph_sessions *sessions;
+  cph_trees *trees;
+  cph_memory *memory;
+} cph_handover;
+
+/* Appends session s's state to out, read through the pass's transaction (after the
+ * completion's child committed, so it is what this pass stores). CPH_OK; CPH_ELIMIT when its
+ * tree alone is over CPH_HANDOVER_MAX_BYTES (replies and memories that would not fit are
+ * left out instead); the store's error. */
+int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
+
+/* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
+ * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
+ * or a store error fails op and changes nothing. */
+void handover_import(const cph_handover *st, cph_op *op);
+
+#endif
