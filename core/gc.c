@@ -11,13 +11,6 @@
 
 #define SCOPES_PER_PLAN 256
 
-static cph_key u64_key(uint64_t v) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_u64(&k, v);
-  return k;
-}
-
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
@@ -78,10 +71,10 @@ static int write_group(const cph_gc *gc, cph_txn *t, const char *scope, uint64_t
   g.total_tokens_est = tokens;
   g.group_hash = hash;
   g.created_ms = g.updated_ms = cph_wall_ms();
-  cph_key gk = u64_key(gid);
+  cph_key gk = cph_key_of_u64(gid);
   rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
   for (size_t i = 0; rc == CPH_OK && i < n; i++) {
-    cph_key mk = u64_key(ids[i]);
+    cph_key mk = cph_key_of_u64(ids[i]);
     cph_memory_rec m;
     rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     if (rc)
@@ -116,7 +109,7 @@ static int plan_explicit(const cph_gc *gc, cph_txn *t, const char *list) {
   char *scope = NULL;
   int rc = CPH_OK;
   for (size_t i = 0; i < n && rc == CPH_OK; i++) {
-    cph_key mk = u64_key(ids[i]);
+    cph_key mk = cph_key_of_u64(ids[i]);
     cph_memory_rec m;
     rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     if (rc == CPH_ENOTFOUND)
@@ -231,7 +224,7 @@ int gc_plan_apply(const cph_gc *gc, cph_txn *t, const char *args) {
 
 int gc_summarize_prepare(const cph_gc *gc, cph_txn *t, uint64_t group_id, cph_job_work *w) {
   (void)gc;
-  cph_key gk = u64_key(group_id);
+  cph_key gk = cph_key_of_u64(group_id);
   cph_gc_group_rec g;
   int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
   if (rc)
@@ -239,7 +232,7 @@ int gc_summarize_prepare(const cph_gc *gc, cph_txn *t, uint64_t group_id, cph_jo
   if (g.state == CPH_GC_PLANNED) {
     w->texts = calloc(g.n_source_ids ? g.n_source_ids : 1, sizeof *w->texts);
     for (uint32_t i = 0; w->texts && i < g.n_source_ids; i++) {
-      cph_key mk = u64_key(g.source_ids[i]);
+      cph_key mk = cph_key_of_u64(g.source_ids[i]);
       cph_memory_rec m;
       if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
         continue;
@@ -252,7 +245,7 @@ int gc_summarize_prepare(const cph_gc *gc, cph_txn *t, uint64_t group_id, cph_jo
 }
 
 int gc_summarize_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, const cph_job_work *w) {
-  cph_key gk = u64_key(group_id);
+  cph_key gk = cph_key_of_u64(group_id);
   cph_gc_group_rec g;
   int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
   if (rc)
@@ -276,7 +269,7 @@ int gc_summarize_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, const cp
 /* Aborts group g: releases the plan locks it holds and queues a new gc_plan. */
 static int abort_group(const cph_gc *gc, cph_txn *t, cph_gc_group_rec *g, const char *why) {
   for (uint32_t i = 0; i < g->n_source_ids; i++) {
-    cph_key mk = u64_key(g->source_ids[i]);
+    cph_key mk = cph_key_of_u64(g->source_ids[i]);
     cph_memory_rec m;
     if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
       continue;
@@ -288,7 +281,7 @@ static int abort_group(const cph_gc *gc, cph_txn *t, cph_gc_group_rec *g, const 
   }
   g->state = CPH_GC_ABORTED;
   g->updated_ms = cph_wall_ms();
-  cph_key gk = u64_key(g->id);
+  cph_key gk = cph_key_of_u64(g->id);
   int rc = cph_txn_put_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, g);
   if (rc == CPH_OK)
     rc = gc->jobs.write(gc->jobs.ctx, t, CPH_JOBK_GC_PLAN, NULL, 0);
@@ -299,7 +292,7 @@ static int abort_group(const cph_gc *gc, cph_txn *t, cph_gc_group_rec *g, const 
 
 int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_result *out) {
   *out = (gc_commit_result){0};
-  cph_key gk = u64_key(group_id);
+  cph_key gk = cph_key_of_u64(group_id);
   cph_gc_group_rec g;
   int rc = cph_txn_get_record(t, CPH_DB_GC_GROUPS, &gk, &cph_gc_group_desc, &g);
   if (rc)
@@ -317,7 +310,7 @@ int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_r
   uint64_t tokens = 0;
   const char *why = NULL;
   for (uint32_t i = 0; i < g.n_source_ids && !why; i++) {
-    cph_key mk = u64_key(ids[i]);
+    cph_key mk = cph_key_of_u64(ids[i]);
     cph_memory_rec m;
     if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK) {
       why = "a source no longer exists";
@@ -347,7 +340,7 @@ int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_r
   uint64_t outbox_items = 0;
   int64_t now = cph_wall_ms();
   for (uint32_t i = 0; rc == CPH_OK && i < g.n_source_ids; i++) {
-    cph_key mk = u64_key(g.source_ids[i]);
+    cph_key mk = cph_key_of_u64(g.source_ids[i]);
     cph_memory_rec m;
     rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     if (rc)
@@ -365,7 +358,7 @@ int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_r
       o.model = gc->env->policy->providers.embeddings.model;
       o.shard = cph_vindex_shard(m.id, gc->env->policy->vector_index.shards);
       o.created_ms = o.next_attempt_ms = now;
-      cph_key ok = u64_key(oid);
+      cph_key ok = cph_key_of_u64(oid);
       if (rc == CPH_OK)
         rc = cph_txn_put_record(t, CPH_DB_OUTBOX, &ok, &cph_outbox_desc, &o);
       outbox_items++;
@@ -425,7 +418,7 @@ int gc_group(cph_store *store, uint64_t id, cph_gc_group_info *out, cph_err *err
   memset(out, 0, sizeof *out);
   cph_txn t;
   int rc = cph_txn_begin(store, false, &t);
-  cph_key k = u64_key(id);
+  cph_key k = cph_key_of_u64(id);
   cph_gc_group_rec r;
   if (rc == CPH_OK)
     rc = cph_txn_get_record(&t, CPH_DB_GC_GROUPS, &k, &cph_gc_group_desc, &r);
@@ -453,7 +446,7 @@ int gc_groups(cph_store *store, const char *state, size_t limit, cph_gc_group_in
   int rc = cph_txn_begin(store, false, &t);
   cph_cursor c;
   cph_val k, v;
-  cph_key end = u64_key(UINT64_MAX);
+  cph_key end = cph_key_of_u64(UINT64_MAX);
   if (rc == CPH_OK)
     rc = cph_cursor_open(&t, CPH_DB_GC_GROUPS, &c);
   if (rc == CPH_OK) {

@@ -117,13 +117,6 @@ void cph_job_execute(const cph_policy *p, cph_job_work *w) {
 
 /* ---------------------------------------------------------------- the job queue */
 
-static cph_key u64_key(uint64_t v) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_u64(&k, v);
-  return k;
-}
-
 static int push_job(csession *s, uint64_t id) {
   if (s->n_jobs == s->cap_jobs) {
     uint32_t cap = s->cap_jobs ? s->cap_jobs * 2 : 8;
@@ -164,7 +157,7 @@ int maint_job_write(cph_maint *m, cph_txn *t, cph_job_kind_t kind, const char *a
   j.args = (char *)args;
   j.group_id = group_id;
   j.created_ms = cph_wall_ms();
-  cph_key k = u64_key(id);
+  cph_key k = cph_key_of_u64(id);
   rc = cph_txn_put_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
   if (rc)
     return rc;
@@ -252,7 +245,7 @@ static int prepare_embed(const cph_policy *p, cph_txn *t, cph_job_work *w) {
     if (k.len != 8)
       continue;
     uint64_t id = cph_be64_get(k.data);
-    cph_key mk = u64_key(id);
+    cph_key mk = cph_key_of_u64(id);
     cph_memory_rec m;
     if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
       break;
@@ -316,7 +309,7 @@ int maint_job_start(cph_maint *m, cph_txn *t, csession *s, bool trickle, uint64_
   cph_key k;
   int rc;
   for (uint32_t i = 0; i < s->n_jobs; i++) {
-    k = u64_key(s->jobs[i]);
+    k = cph_key_of_u64(s->jobs[i]);
     rc = cph_txn_get_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
     if (rc)
       return rc;
@@ -386,7 +379,7 @@ static int64_t backoff_ms(const cph_policy *p, uint32_t attempts) {
 
 static int apply_embed(cph_txn *t, const cph_job_work *w) {
   for (size_t i = 0; i < w->n_items; i++) {
-    cph_key mk = u64_key(w->memory_ids[i]);
+    cph_key mk = cph_key_of_u64(w->memory_ids[i]);
     cph_txn_del(t, CPH_DB_EMBED_QUEUE, &mk);
     cph_memory_rec m;
     if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
@@ -429,11 +422,11 @@ static int apply_outbox(const cph_policy *p, cph_txn *t, const cph_job_work *w,
   int64_t now = cph_wall_ms();
   uint64_t done = 0;
   for (size_t i = 0; i < w->n_items; i++) {
-    cph_key ok = u64_key(w->outbox_ids[i]);
+    cph_key ok = cph_key_of_u64(w->outbox_ids[i]);
     cph_outbox_rec o;
     if (cph_txn_get_record(t, CPH_DB_OUTBOX, &ok, &cph_outbox_desc, &o) != CPH_OK)
       continue;
-    cph_key mk = u64_key(o.memory_id);
+    cph_key mk = cph_key_of_u64(o.memory_id);
     cph_memory_rec m;
     bool have_m = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) == CPH_OK;
     bool confirmed = false;
@@ -477,7 +470,7 @@ static int apply_retention(cph_maint *m, cph_txn *t) {
   int64_t now = cph_wall_ms();
   cph_cursor c;
   cph_val k, v;
-  cph_key start = u64_key(m->retention_cursor);
+  cph_key start = cph_key_of_u64(m->retention_cursor);
   int rc = cph_cursor_open(t, CPH_DB_EVENTS, &c);
   int scanned = 0;
   uint64_t last = 0;
@@ -503,7 +496,7 @@ static int apply_retention(cph_maint *m, cph_txn *t) {
       /* the payload goes; the hash, sender, channel, times and family stay */
       free(ev.body);
       ev.body = NULL;
-      cph_key ek = u64_key(ev.id);
+      cph_key ek = cph_key_of_u64(ev.id);
       cph_evcache_drop(m->evcache, ev.id);
       rc = cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
       cph_record_free(&cph_event_desc, &ev);
@@ -541,7 +534,7 @@ static uint64_t family_memory_find(cph_txn *t, const char *scope, const char *ta
     if (k.len != prefix.len + 8 || memcmp(k.data, prefix.data, prefix.len) != 0)
       break;
     uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix.len);
-    cph_key mk = u64_key(id);
+    cph_key mk = cph_key_of_u64(id);
     cph_memory_rec m;
     if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
       continue;
@@ -561,7 +554,7 @@ static int apply_aggregate_upsert(cph_maint *m, cph_txn *t, const char *args) {
   uint64_t family = args && strncmp(args, "family=", 7) == 0 ? strtoull(args + 7, NULL, 10) : 0;
   if (!family)
     return CPH_OK;
-  cph_key fk = u64_key(family);
+  cph_key fk = cph_key_of_u64(family);
   cph_aggregate_rec a;
   int rc = cph_txn_get_record(t, CPH_DB_AGGREGATES, &fk, &cph_aggregate_desc, &a);
   if (rc)
@@ -600,7 +593,7 @@ static void note_gc_commit(cph_maint *m, const gc_commit_result *r) {
 
 int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w) {
   (void)s;
-  cph_key k = u64_key(job_id);
+  cph_key k = cph_key_of_u64(job_id);
   cph_job_rec j;
   int rc = cph_txn_get_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
   if (rc)
@@ -676,7 +669,7 @@ void maint_job_finished(cph_maint *m, csession *s, uint64_t job_id) {
 
 int maint_job_retry(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, const char *error,
                     bool *failed) {
-  cph_key k = u64_key(job_id);
+  cph_key k = cph_key_of_u64(job_id);
   cph_job_rec j;
   int rc = cph_txn_get_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
   if (rc)
@@ -704,7 +697,7 @@ void maint_tick(cph_maint *m) {
   /* Reading the pass txn's view: jobs queued in this pass are visible to it. */
   uint64_t counts[CPH_JOBK_COUNT] = {0};
   for (uint32_t i = 0; i < janitor->n_jobs; i++) {
-    cph_key k = u64_key(janitor->jobs[i]);
+    cph_key k = cph_key_of_u64(janitor->jobs[i]);
     cph_job_rec j;
     if (cph_txn_get_record(&m->env->txn, CPH_DB_JOBS, &k, &cph_job_desc, &j) == CPH_OK) {
       counts[j.kind]++;
@@ -786,7 +779,7 @@ int maint_open(cph_core_env *env, cph_sessions *sessions, cph_memory *memory,
   }
   cph_cursor_close(&c);
   for (size_t i = 0; i < n_requeue; i++) {
-    cph_key jk = u64_key(requeue[i]);
+    cph_key jk = cph_key_of_u64(requeue[i]);
     cph_job_rec j;
     if (cph_txn_get_record(&t, CPH_DB_JOBS, &jk, &cph_job_desc, &j) == CPH_OK) {
       j.state = CPH_JOB_QUEUED;
@@ -857,7 +850,7 @@ int maint_jobs(cph_store *store, const char *state, size_t limit, cph_job_info *
   cph_val k, v;
   if (rc == CPH_OK)
     rc = cph_cursor_open(&t, CPH_DB_JOBS, &c);
-  cph_key end = u64_key(UINT64_MAX);
+  cph_key end = cph_key_of_u64(UINT64_MAX);
   if (rc == CPH_OK) {
     rc = cph_cursor_seek(&c, &end, &k, &v);
     rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&c, &k, &v) : rc;

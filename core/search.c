@@ -55,13 +55,6 @@
 #define LEX_SCAN_MAX 1024  /* per search: at most this many read over all scopes */
 #define REPLACED_HOPS_MAX 8
 
-static cph_key u64_key(uint64_t v) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_u64(&k, v);
-  return k;
-}
-
 static const char *memory_kind_name(uint8_t k) {
   static const char *const names[] = {"raw", "summary", "aggregate"};
   return k < 3 ? names[k] : "unknown";
@@ -358,7 +351,7 @@ typedef struct search_ctx {
 /* Reads memory id. CPH_ENOTFOUND when it is absent or its record does not decode (skipped
  * here, as recent_memory skips it, not a failure of the search); other errors are the txn's. */
 static int read_memory(cph_txn *t, uint64_t id, cph_memory_rec *m) {
-  cph_key mk = u64_key(id);
+  cph_key mk = cph_key_of_u64(id);
   cph_val v;
   int rc = cph_txn_get(t, CPH_DB_MEMORIES, &mk, &v);
   if (rc)
@@ -527,7 +520,7 @@ static int answer(search_ctx *s, cph_op *op, size_t k) {
     return CPH_ENOMEM;
   int64_t now = cph_wall_ms();
   for (size_t i = 0; i < n; i++) {
-    cph_key mk = u64_key(s->c.v[i].id);
+    cph_key mk = cph_key_of_u64(s->c.v[i].id);
     cph_memory_rec m;
     int rc = cph_txn_get_record(s->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     if (rc)

@@ -250,13 +250,6 @@ static bool token_matches(const uint8_t a[16], const char *hex) {
   return hex_decode16(hex, b) && CRYPTO_memcmp(a, b, 16) == 0; /* constant time */
 }
 
-static cph_key u64_key(uint64_t v) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_u64(&k, v);
-  return k;
-}
-
 static cph_key inbox_key(const char *session, uint64_t id) {
   cph_key k;
   cph_key_reset(&k);
@@ -323,7 +316,7 @@ static int fold_describe(cph_txn *t, const uint64_t *ids, size_t n_ids, const in
                                                                : n_ids;
     if (j >= n_ids)
       break;
-    cph_key ek = u64_key(ids[j]);
+    cph_key ek = cph_key_of_u64(ids[j]);
     cph_event_rec ev;
     int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
     if (grc == CPH_ENOTFOUND)
@@ -405,7 +398,7 @@ static int fold_describe(cph_txn *t, const uint64_t *ids, size_t n_ids, const in
 /* One staged entry of a turn: its first event, and for a folded entry every event id and the
  * body that shows them counted (fold_describe). */
 static int staged_fill(cph_txn *t, const csession *s, const inbox_item *it, cph_staged_msg *m) {
-  cph_key ek = u64_key(it->event_id);
+  cph_key ek = cph_key_of_u64(it->event_id);
   cph_event_rec ev;
   int rc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
   if (rc)
@@ -580,7 +573,7 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     tr.input = ti->input;
     tr.created_ms = cph_wall_ms();
     tr.deadline_ms = tr.created_ms + ttl_ns / CPH_NS_PER_MS;
-    cph_key tk = u64_key(turn_id);
+    cph_key tk = cph_key_of_u64(turn_id);
     cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
     cph_txn_put(&t, CPH_DB_ACTIVE_TURNS, &tk, "", 0);
     ti->deadline_ms = tr.deadline_ms;
@@ -703,7 +696,7 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
     it.attempts += attempt;
     put_inbox_status(&t, s, &it, park ? CPH_INBOX_PARKED : CPH_INBOX_STAGED, park ? l->turn_id : 0);
   }
-  cph_key tk = u64_key(l->turn_id);
+  cph_key tk = cph_key_of_u64(l->turn_id);
   cph_turn_rec tr;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
     tr.state = park ? CPH_TURN_PARKED : state;
@@ -783,7 +776,7 @@ static int check_lease(cph_turns *tu, cph_op *op, lease **out) {
     return CPH_OK;
   }
   /* Not active: find out why, so the worker gets the right answer. */
-  cph_key tk = u64_key(op->u.turn.turn_id);
+  cph_key tk = cph_key_of_u64(op->u.turn.turn_id);
   cph_turn_rec tr;
   int rc = cph_txn_get_record(&tu->env->txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   if (rc == CPH_ENOTFOUND)
@@ -820,7 +813,7 @@ static void turn_heartbeat(cph_turns *tu, cph_op *op) {
   int64_t ttl_ms = tu->env->policy->leases.ttl_seconds * 1000;
   cph_txn t;
   cph_txn_begin_child(&tu->env->txn, &t);
-  cph_key tk = u64_key(l->turn_id);
+  cph_key tk = cph_key_of_u64(l->turn_id);
   cph_turn_rec tr;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
     tr.deadline_ms = cph_wall_ms() + ttl_ms;
@@ -882,7 +875,7 @@ static void turn_take(cph_turns *tu, cph_op *op) {
   qsort(items, n, sizeof *items, staged_order);
   cph_txn t;
   cph_txn_begin_child(&tu->env->txn, &t);
-  cph_key tk = u64_key(l->turn_id);
+  cph_key tk = cph_key_of_u64(l->turn_id);
   cph_turn_rec tr;
   int rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   bool have_tr = rc == CPH_OK;
@@ -966,7 +959,7 @@ static int consumed_keys(cph_txn *t, const csession *s, const uint64_t *ids, siz
  * failure. */
 static void already_consumed_keys(cph_turns *tu, cph_op *op) {
   cph_txn *t = &tu->env->txn;
-  cph_key tk = u64_key(op->u.turn.turn_id);
+  cph_key tk = cph_key_of_u64(op->u.turn.turn_id);
   cph_turn_rec tr;
   int rc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   if (rc) {
@@ -1036,7 +1029,7 @@ static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
 
 /* The session of a stored turn (malloc'd), or NULL. */
 static char *turn_session(cph_turns *tu, uint64_t turn_id) {
-  cph_key tk = u64_key(turn_id);
+  cph_key tk = cph_key_of_u64(turn_id);
   cph_turn_rec tr;
   if (cph_txn_get_record(&tu->env->txn, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) != CPH_OK)
     return NULL;
@@ -1091,7 +1084,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     if (!interrupted) /* an interrupted turn's entries stay staged, as ingest wrote them */
       put_inbox_status(&t, s, &s->inbox[idx], CPH_INBOX_CONSUMED, l->turn_id);
     if (!first_channel) {
-      cph_key ek = u64_key(s->inbox[idx].event_id);
+      cph_key ek = cph_key_of_u64(s->inbox[idx].event_id);
       cph_event_rec ev;
       if (cph_txn_get_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev) == CPH_OK) {
         first_channel = strdup(ev.channel);
@@ -1127,14 +1120,14 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     ev.kind = "reply";
     ev.ts_ms = ev.received_ms = now_ms;
     ev.status = CPH_EVENT_STORED;
-    cph_key ek = u64_key(event_id);
+    cph_key ek = cph_key_of_u64(event_id);
     cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
     history_append(&t, chan, event_id);
     cph_reply_rec rr = {reply_id,     s->id,
                         (char *)chan, op->u.turn.reply_body,
                         l->inbox_ids, (uint32_t)l->n_inbox_ids,
                         l->turn_id,   now_ms};
-    cph_key rk = u64_key(reply_id);
+    cph_key rk = cph_key_of_u64(reply_id);
     cph_txn_put_record(&t, CPH_DB_REPLIES, &rk, &cph_reply_desc, &rr);
   }
   free(first_channel);
@@ -1161,7 +1154,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   }
   if (l->job_id)
     maint_job_apply(tu->maint, &t, s, l->job_id, op->u.turn.job);
-  cph_key tk = u64_key(l->turn_id);
+  cph_key tk = cph_key_of_u64(l->turn_id);
   cph_turn_rec tr;
   cph_pact_tree tree; /* the episode's tree: kept decoded (trees_keep) once t committed */
   cph_pact_tree_init(&tree);
@@ -1258,7 +1251,7 @@ static void turn_fail(cph_turns *tu, cph_op *op) {
 static void turn_requeue(cph_turns *tu, cph_op *op) {
   cph_txn t;
   cph_txn_begin_child(&tu->env->txn, &t);
-  cph_key tk = u64_key(op->u.turn.turn_id);
+  cph_key tk = cph_key_of_u64(op->u.turn.turn_id);
   cph_turn_rec tr;
   int rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   if (rc) {
@@ -1443,7 +1436,7 @@ int turns_recover(cph_turns *tu, cph_err *err) {
                        t.err.msg[0] ? t.err.msg : cph_strerror(rc));
   }
   for (size_t i = 0; i < n; i++) {
-    cph_key tk = u64_key(ids[i]);
+    cph_key tk = cph_key_of_u64(ids[i]);
     cph_turn_rec tr;
     if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
       metrics_turn_ended(tu->metrics, (cph_lane)tr.lane, true);
@@ -1485,7 +1478,7 @@ int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **
   int rc = cph_txn_begin(tu->env->store, false, &t);
   cph_cursor c;
   cph_val k, v;
-  cph_key start = u64_key(after + 1);
+  cph_key start = cph_key_of_u64(after + 1);
   if (rc == CPH_OK)
     rc = cph_cursor_open(&t, CPH_DB_REPLIES, &c);
   for (rc = rc ? rc : cph_cursor_seek(&c, &start, &k, &v); rc == CPH_OK && *n < limit;
