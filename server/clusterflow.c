@@ -1931,8 +1931,15 @@ static void on_pos(void *ctx, uint64_t ref, int rc, uint64_t seq, const char *wh
 void cph_cflow_wait_pos(cph_cflow *f, cph_req *r, uint64_t pos, int64_t shard,
                         void (*resume)(cph_req *r)) {
   pos_req *w = f->quiesced ? NULL : calloc(1, sizeof *w);
-  int rc =
-      w ? cph_clog_wait_pos(f->log, pos, shard, CPH_MIN_POS_WAIT_MS, ++f->next_ref) : CPH_EBUSY;
+  /* A lease (shard -1) can only come from a shard that holds sessions: the others' consumers
+   * need no checking (a poll round asks the log about each shard it checks). */
+  uint8_t *only = w && shard < 0 ? calloc((f->shards + 7) / 8, 1) : NULL;
+  for (uint32_t s = 0; only && s < f->shards; s++)
+    if (cph_ctable_shard_first(f->table, s))
+      only[s >> 3] |= (uint8_t)(1u << (s & 7));
+  int rc = w ? cph_clog_wait_pos(f->log, pos, shard, only, CPH_MIN_POS_WAIT_MS, ++f->next_ref)
+             : CPH_EBUSY;
+  free(only);
   if (rc != CPH_OK) {
     free(w);
     cph_reply_error(r, 503, "unavailable", "min_pos",

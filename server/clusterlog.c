@@ -89,6 +89,8 @@ typedef struct pos_wait {
   bool state_check;    /* a state check (cph_clog_check_state) instead: prefix (the subject), pos
                           (the epoch) */
   char prefix[400];
+  bool masked;     /* shard -1: only the shards whose bit is set in only[] */
+  uint8_t only[];  /* (:shards + 7) / 8 bytes when masked */
 } pos_wait;
 
 typedef struct shard_sub {
@@ -1338,8 +1340,9 @@ static bool pos_step(cph_clog *l, pos_wait *w) {
     while (w->next_shard < l->shards) {
       char node[8], url[8];
       uint32_t s = w->next_shard;
-      if (cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) ==
-          CPH_CLUSTER_SERVED) {
+      if ((!w->masked || (w->only[s >> 3] & (1u << (s & 7)))) &&
+          cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) ==
+              CPH_CLUSTER_SERVED) {
         if (!pos_local(l, s) || pos_acked(l, s, w->last) != 1)
           return false;
       }
@@ -1796,13 +1799,19 @@ int cph_clog_check_state(cph_clog *l, const char *subject, uint64_t epoch, int64
   return pos_queue(l, w);
 }
 
-int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref) {
-  pos_wait *w = calloc(1, sizeof *w);
+int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, const uint8_t *only,
+                      int64_t wait_ms, uint64_t ref) {
+  size_t bytes = only && shard < 0 ? (l->shards + 7) / 8 : 0;
+  pos_wait *w = calloc(1, sizeof *w + bytes);
   if (!w)
     return CPH_ENOMEM;
   w->ref = ref;
   w->pos = pos;
   w->shard = shard >= 0 && shard < (int64_t)l->shards ? shard : -1;
+  if (bytes) {
+    w->masked = true;
+    memcpy(w->only, only, bytes);
+  }
   w->deadline_ns = mono_ns() + wait_ms * 1000000;
   w->stage = POS_SOURCE;
   return pos_queue(l, w);

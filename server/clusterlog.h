@@ -211,10 +211,12 @@ int cph_clog_state_subject(char *buf, size_t size, uint32_t shard, const char *s
 void cph_clog_mark_subject(char *buf, size_t size, uint32_t shard);
 
 /* Waits, on the pos thread, until log position pos is applied here for shard (a shard this
- * node serves; -1: every shard it serves) — "Waiting for a position" above; the outcome comes
- * to hooks.pos with ref, at the latest after wait_ms. Never waits itself. CPH_EBUSY when the log
- * is not ready (then no hook call comes), CPH_ENOMEM. */
-int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, int64_t wait_ms, uint64_t ref);
+ * node serves; -1: every shard it serves, or with `only` — a bitmap of :shards bits, bit s in
+ * byte s / 8 — those of them whose bit is set) — "Waiting for a position" above; the outcome
+ * comes to hooks.pos with ref, at the latest after wait_ms. Never waits itself. CPH_EBUSY when
+ * the log is not ready (then no hook call comes), CPH_ENOMEM. */
+int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, const uint8_t *only,
+                      int64_t wait_ms, uint64_t ref);
 
 /* After a done mark of shard was refused (wrong last sequence): reads, on the pos thread, the
  * last message of ceph.s.done.<shard> — CPH_OK with its sequence when this node wrote it (a
