@@ -348,9 +348,7 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
 
 /* ---------------------------------------------------------------- keeping */
 
-void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees) {
-  *tl = (cph_turnlog){env, trees};
-}
+void turnlog_init(cph_turnlog *tl, cph_core_env *env) { *tl = (cph_turnlog){env}; }
 
 /* A node that may have rendered a message: its coordinate and its place in render order. */
 typedef struct cand {
@@ -366,11 +364,13 @@ static int cand_cmp(const void *x, const void *y) {
   return c ? c : (a->i > b->i) - (a->i < b->i);
 }
 
-/* Fills r's tree part from tree and maps each message of ti to the live node it renders. */
-static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_turn_info *ti,
+/* Fills r's tree part from the tree the turn was rendered from and maps each message of ti to
+ * the live node it renders. */
+static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn_info *ti,
                       texts *tx) {
+  const cph_pact_tree *tree = &ct->tree;
+  const size_t *idx = ct->order;
   size_t n = tree->n;
-  size_t *idx = calloc(n ? n : 1, sizeof *idx);
   bool *used = calloc(n ? n : 1, sizeof *used);
   char(*at)[48] = tx->at = calloc(n ? n : 1, sizeof *at);
   cand *cands = calloc(n ? n : 1, sizeof *cands);
@@ -386,19 +386,15 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   r->node_flags = calloc(n ? n : 1, sizeof *r->node_flags);
   r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
   int rc = CPH_OK;
-  if (!idx || !used || !at || !cands || !r->node_ids || !r->node_at || !r->node_roles ||
+  if (!used || !at || !cands || !r->node_ids || !r->node_at || !r->node_roles ||
       !r->node_preview_hashes || !tx->owned || !r->node_hashes || !r->node_ttl ||
       !r->node_cadence || !r->node_created || !r->node_flags || !r->msg_nodes) {
     rc = CPH_ENOMEM;
     goto out;
   }
   /* Live nodes in render order, then the waiting ones. */
-  size_t live = cph_pact_render_order(tree, idx);
-  size_t k = live;
-  for (size_t i = 0; i < n; i++)
-    if (tree->nodes[i].waiting)
-      idx[k++] = i;
-  for (size_t i = 0; i < k; i++) {
+  size_t live = ct->n_live;
+  for (size_t i = 0; i < n; i++) {
     const cph_pact_node *nd = &tree->nodes[idx[i]];
     cph_coord_format(&nd->at, at[i]);
     r->node_ids[i] = nd->id;
@@ -453,7 +449,6 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   }
   r->n_msg_nodes = (uint32_t)ti->n_messages;
 out:
-  free(idx);
   free(used);
   free(cands);
   return rc;
@@ -461,7 +456,7 @@ out:
 
 /* r from ti and the tree: the strings are copies r owns (cph_record_free frees them). */
 static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *ti,
-                    const cph_pact_tree *tree, texts *tx) {
+                    const context_tree *tree, texts *tx) {
   r->turn_id = turn_id;
   r->session = strdup(ti->session);
   r->kind = (uint8_t)ti->kind; /* cph_turn_kind_t and the stored cph_turn_kind agree */
@@ -580,7 +575,8 @@ static int trim(cph_txn *t, const char *session, uint64_t keep) {
   return rc;
 }
 
-void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti) {
+void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti,
+                  const context_tree *tree) {
   if (ti->kind == CPH_KIND_JOB || !ti->session)
     return;
   uint64_t keep = (uint64_t)tl->env->policy->context.keep_turns;
@@ -597,14 +593,13 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
   if (cph_txn_begin_child(t, &c) != CPH_OK)
     return;
   int rc = CPH_OK;
-  if (keep > 0) {
-    cph_pact_tree tree;
-    rc = trees_load(tl->trees, &c, ti->session, &tree);
-    bool tree_ok = rc == CPH_OK;
+  if (keep > 0 && !tree->ok) {
+    /* the turn was rendered without its tree (it could not be read): nothing to keep it by */
+    rc = cph_err_set(&c.err, CPH_ECORRUPT, "the session's context tree could not be read");
+  } else if (keep > 0) {
     cph_turnctx_rec r = {0};
     texts tx = {0};
-    if (rc == CPH_OK)
-      rc = fill_rec(&r, turn_id, ti, &tree, &tx);
+    rc = fill_rec(&r, turn_id, ti, tree, &tx);
     if (rc == CPH_OK)
       rc = texts_keep(&c, ti->session, turn_id, &tx);
     if (rc == CPH_OK) {
@@ -614,9 +609,6 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
     rec_unborrow(&r);
     cph_record_free(&cph_turnctx_desc, &r);
     texts_free(&tx);
-    if (tree_ok && c.ret == CPH_OK) /* read and unchanged: it still matches the store */
-      trees_keep(tl->trees, ti->session, &tree);
-    cph_pact_tree_free(&tree);
   }
   if (rc == CPH_OK)
     rc = trim(&c, ti->session, keep);
@@ -791,7 +783,7 @@ static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *
 }
 
 /* The event's sender, body and channel now (any may come back NULL: gone, or redacted). */
-static void event_now(cph_txn *t, uint64_t id, char **sender, char **body, char **channel) {
+static void event_now(cph_txn *t, uint64_t id, char **sender, char **body, char **chan) {
   static const char *const names[] = {"sender", "body", "channel"};
   uint64_t mask = cph_record_field_mask(&cph_event_desc, names, 3);
   cph_event_rec ev = {0};
@@ -805,8 +797,8 @@ static void event_now(cph_txn *t, uint64_t id, char **sender, char **body, char 
       *body = ev.body;
       ev.body = NULL;
     }
-    if (channel) {
-      *channel = ev.channel;
+    if (chan) {
+      *chan = ev.channel;
       ev.channel = NULL;
     }
   }
@@ -1247,8 +1239,8 @@ static void diff_history(diff *d) {
     uint64_t id = a->history[i];
     if (ids_has(b->history, b->n_history, id))
       continue;
-    char *sender = NULL, *body = NULL, *channel = NULL, *detail = NULL;
-    event_now(d->t, id, &sender, &body, &channel);
+    char *sender = NULL, *body = NULL, *chan = NULL, *detail = NULL;
+    event_now(d->t, id, &sender, &body, &chan);
     const char *reason = "unknown";
     if (b->kind != CPH_TURN_INBOX) {
       reason = "turn_kind";
@@ -1258,35 +1250,35 @@ static void diff_history(diff *d) {
       reason = "window_budget";
       detail = fmt("turn %llu cut %llu older entries to fit its history budget",
                    (unsigned long long)b->turn_id, (unsigned long long)b->tokens[8]);
-    } else if (channel && !strs_has(b->channels, b->n_channels, channel)) {
+    } else if (chan && !strs_has(b->channels, b->n_channels, chan)) {
       reason = "not_in_scope";
-      detail = fmt("history of channel %s, which turn %llu does not show", channel,
+      detail = fmt("history of channel %s, which turn %llu does not show", chan,
                    (unsigned long long)b->turn_id);
-    } else if (!channel) {
+    } else if (!chan) {
       reason = "deleted";
       detail = strdup("the event is no longer stored (retention)");
     }
     cph_context_change *c = add(d, "conversation_history", "left", reason, detail, id);
-    set_strs(d, c, sender, body, channel, NULL);
+    set_strs(d, c, sender, body, chan, NULL);
     free(sender);
     free(body);
-    free(channel);
+    free(chan);
   }
   for (uint32_t j = 0; j < b->n_history && !d->rc; j++) {
     uint64_t id = b->history[j];
     if (ids_has(a->history, a->n_history, id))
       continue;
-    char *sender = NULL, *body = NULL, *channel = NULL;
-    event_now(d->t, id, &sender, &body, &channel);
+    char *sender = NULL, *body = NULL, *chan = NULL;
+    event_now(d->t, id, &sender, &body, &chan);
     const char *reason = ids_has(a->staged_events, a->n_staged_events, id) ? "staged" : "new";
     char *detail = strcmp(reason, "staged") == 0 ? fmt("a staged message of turn %llu, now history",
                                                        (unsigned long long)a->turn_id)
                                                  : NULL;
     cph_context_change *c = add(d, "conversation_history", "entered", reason, detail, id);
-    set_strs(d, c, sender, body, channel, NULL);
+    set_strs(d, c, sender, body, chan, NULL);
     free(sender);
     free(body);
-    free(channel);
+    free(chan);
   }
 }
 

@@ -20,7 +20,7 @@
  * Writing a turn's context deletes the session's oldest ones beyond keep-turns in the same
  * transaction, so a session never holds more than keep-turns (after a policy change, from its
  * next lease on). keep-turns 0 writes nothing and deletes what the session kept. Cost per
- * lease: one tree load (the tree store's cache), the texts hashed, one put for the record,
+ * lease (the tree is the turn's, loaded and ordered once by context assembly): the texts hashed, one put for the record,
  * one for its refs and one per new text, a cursor walk over at most keep-turns + 1 keys, and
  * the trimmed turn's texts that no remaining turn names deleted. Keeping runs in a nested transaction: a failure (a full map) loses
  * the kept context, never the lease.
@@ -52,21 +52,22 @@
 #include "cephalon/cephalon.h"
 #include "env.h"
 #include "store/store.h"
-#include "trees.h"
+#include "context.h"
 
-/* It keeps nothing in memory: the kept contexts are in the store, the trees are the tree
- * store's. */
+/* It keeps nothing in memory: the kept contexts are in the store; the tree a turn is kept
+ * with is the one its context was rendered from (context_tree, handed in by the lease). */
 typedef struct cph_turnlog {
   cph_core_env *env; /* :context :keep-turns, the store */
-  cph_trees *trees;  /* the session's tree as the turn sees it */
 } cph_turnlog;
 
-void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees);
+void turnlog_init(cph_turnlog *tl, cph_core_env *env);
 
-/* At lease, inside the lease's transaction t, after context assembly filled ti: keeps ti's
- * context as turn turn_id and trims the session's kept turns to keep-turns. Job turns are not
- * kept. Never fails the lease: a failure is logged and nothing is kept. */
-void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti);
+/* At lease, inside the lease's transaction t, after context assembly filled ti and tree (the
+ * session's tree in render order, as t reads it): keeps ti's context as turn turn_id and trims
+ * the session's kept turns to keep-turns. Job turns are not kept. Never fails the lease: a
+ * failure (or a tree that could not be read) is logged and nothing is kept. */
+void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti,
+                  const context_tree *tree);
 
 /* Deletes every kept context of a session (session deletion). */
 int turnlog_delete_session(cph_txn *t, const char *session);
