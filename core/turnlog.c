@@ -134,9 +134,14 @@ typedef struct texts {
   char **owned; /* the previews */
   size_t n_owned;
   char (*at)[48]; /* the nodes' coordinates, formatted (the record borrows them) */
+  bool no_hash;   /* version 3: rows name the texts, texts_add only hands back 0 */
 } texts;
 
 static int texts_add(texts *tx, const char *s, uint64_t *hash_out) {
+  if (tx->no_hash) {
+    *hash_out = 0;
+    return CPH_OK;
+  }
   if (tx->n == tx->cap) {
     size_t cap = tx->cap ? 2 * tx->cap : 64;
     text *p = realloc(tx->v, cap * sizeof *p);
@@ -346,6 +351,476 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
   return rc;
 }
 
+/* ---------------------------------------------------------------- rows (version 3)
+ *
+ * Version 2 still wrote every message's and node's coordinate, role and hashes on every lease
+ * (a few hundred of each), and the texts' refs. A version-3 record keeps no message or node
+ * itself: each is a row, kept once per session,
+ *   "turn_rows"      session\0 u64 row hash -> the row (layout below)
+ * and the record names its rows in order (msg_rows, node_rows) with each one's depth beside
+ * it (msg_depths, node_depths). A row holds everything but the depth, so a message or node
+ * that only moved (the history shifting by the turn's new messages, the ODI shift) is the row
+ * the session's previous kept turn named: a lease puts the rows that are new since that turn
+ * (on most leases the turn's new messages and its new cores) and a record of hashes and small
+ * depths, instead of hashing and encoding every text and coordinate again.
+ *   "turn_row_adds"  session\0 u64 turn -> be64 the session's newest kept turn when this one
+ *                                          was kept (0: none), then the hashes of the rows
+ *                                          this turn names that that turn does not
+ * Invariant: every row a kept record names is held. Trimming deletes a row once no remaining
+ * turn names it. When the oldest turn G goes and N follows it: a row of G that N does not name
+ * is named by a later remaining turn M only if a turn after N up to M added it, so the rows
+ * deleted are rows(G) - rows(N) - the adds of the turns after N — two records and the short
+ * adds entries read, not every remaining record. When that chain is broken (an older-version
+ * record among them, an adds entry missing or naming another predecessor) every remaining
+ * record's rows are read instead.
+ *
+ * Row layout (integers big-endian):
+ *   message: 'm' (the depth goes before the coordinate's first ',') or 'M' (the coordinate
+ *            is stored whole: it is not "d<depth>,..." as cph_coord_format writes it), be64
+ *            node, be32 n + the role, be32 n + the coordinate without its depth ("d, 0, 0"),
+ *            then the content (the rest of the value);
+ *   node:    'n', be64 id, be32 position, be32 offset, be64 ttl, be64 cadence, be64 created,
+ *            be64 flags, be64 content hash, be32 n + the role, then the preview (the rest).
+ * The row hash is text_hash of (text_hash of the row before its text, text_hash of the text):
+ * the text is hashed where it lies, and copied only into a new row. */
+
+/* Test knob (turnlog.h): write version-2 records. */
+static bool write_v2;
+void turnlog_test_write_v2(bool on) { write_v2 = on; }
+
+static uint64_t row_hash(const cph_buf *head, const char *s, size_t len) {
+  uint64_t h[2] = {text_hash(head->data, head->len), text_hash(s, len)};
+  return text_hash((const char *)h, sizeof h);
+}
+
+static void put_be32(cph_buf *b, uint32_t v) {
+  uint8_t p[4];
+  cph_be32_put(p, v);
+  cph_buf_append(b, p, 4);
+}
+
+static void put_be64(cph_buf *b, uint64_t v) {
+  uint8_t p[8];
+  cph_be64_put(p, v);
+  cph_buf_append(b, p, 8);
+}
+
+static void put_str(cph_buf *b, const char *s) {
+  size_t n = strlen(s);
+  put_be32(b, (uint32_t)n);
+  cph_buf_append(b, s, n);
+}
+
+/* The depth of a coordinate as cph_coord_format writes it ("d-1, 0, 0", "d12, 1, 0"), with
+ * where its digits end; false for any other text (leading zeros, "-0", no digits). */
+static bool coord_split(const char *at, int64_t *depth, size_t *end) {
+  if (at[0] != 'd')
+    return false;
+  size_t i = 1;
+  bool neg = at[i] == '-';
+  i += neg;
+  size_t d0 = i;
+  int64_t v = 0;
+  while (at[i] >= '0' && at[i] <= '9' && i - d0 < 10)
+    v = v * 10 + (at[i++] - '0');
+  size_t nd = i - d0;
+  if (nd == 0 || at[i] != ',' || (at[d0] == '0' && (nd > 1 || neg)))
+    return false;
+  *depth = neg ? -v : v;
+  *end = i;
+  return true;
+}
+
+/* A message's row head (everything but the content) into b; its depth into *depth. */
+static void msg_row_head(cph_buf *b, const char *role, const char *coord, uint64_t node,
+                         int64_t *depth) {
+  size_t end = 0;
+  bool split = coord_split(coord, depth, &end);
+  if (!split)
+    *depth = 0;
+  cph_buf_putc(b, split ? 'm' : 'M');
+  put_be64(b, node);
+  put_str(b, role);
+  if (split) {
+    size_t n = strlen(coord + end);
+    put_be32(b, (uint32_t)(n + 1));
+    cph_buf_putc(b, 'd');
+    cph_buf_append(b, coord + end, n);
+  } else {
+    put_str(b, coord);
+  }
+}
+
+/* Node i's row head (everything but the preview) into b, from r (fill_nodes) and nd. */
+static void node_row_head(cph_buf *b, const cph_turnctx_rec *r, size_t i, const cph_pact_node *nd) {
+  cph_buf_putc(b, 'n');
+  put_be64(b, r->node_ids[i]);
+  put_be32(b, (uint32_t)nd->at.position);
+  put_be32(b, (uint32_t)nd->at.offset);
+  put_be64(b, (uint64_t)r->node_ttl[i]);
+  put_be64(b, (uint64_t)r->node_cadence[i]);
+  put_be64(b, r->node_created[i]);
+  put_be64(b, r->node_flags[i]);
+  put_be64(b, r->node_hashes[i]);
+  put_str(b, r->node_roles[i]);
+}
+
+/* A set of u64 row hashes collected from LMDB values or arrays. */
+static int hset_add_all(hset *h, const uint64_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    hset_add(h, v[i]);
+  return CPH_OK;
+}
+
+/* The rows of a version-3 record's value (msg_rows and node_rows; none for older versions)
+ * added to h, which must have room (hset_init) for them; *n_out, when given, their count. */
+static int rows_of(const cph_val *v, hset *h, size_t *n_out, uint64_t **all, size_t *n_all) {
+  static const char *const names[] = {"msg_rows", "node_rows"};
+  uint64_t mask = cph_record_field_mask(&cph_turnctx_desc, names, 2);
+  cph_turnctx_rec r = {0};
+  cph_err err;
+  int rc = cph_record_decode_some(&cph_turnctx_desc, v->data, v->len, &r, mask, &err);
+  if (rc)
+    return rc;
+  size_t n = (size_t)r.n_msg_rows + r.n_node_rows;
+  if (n_out)
+    *n_out = n;
+  if (h) {
+    hset_add_all(h, r.msg_rows, r.n_msg_rows);
+    hset_add_all(h, r.node_rows, r.n_node_rows);
+  }
+  if (all) {
+    uint64_t *p = realloc(*all, (*n_all + n + 1) * sizeof *p);
+    if (!p) {
+      rc = CPH_ENOMEM;
+    } else {
+      *all = p;
+      memcpy(p + *n_all, r.msg_rows, r.n_msg_rows * sizeof *p);
+      memcpy(p + *n_all + r.n_msg_rows, r.node_rows, r.n_node_rows * sizeof *p);
+      *n_all += n;
+    }
+  }
+  cph_record_free(&cph_turnctx_desc, &r);
+  return rc;
+}
+
+/* The session's newest kept turn (0: none) and its record's value, read in place. */
+static int newest_kept(cph_txn *t, const char *session, uint64_t *turn, cph_val *val) {
+  *turn = 0;
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
+  if (rc)
+    return rc;
+  cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
+  size_t prefix = strlen(session) + 1;
+  cph_val k;
+  rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
+  if (rc == CPH_OK || rc == CPH_ENOTFOUND)
+    rc = cph_cursor_prev(&cur, &k, val);
+  if (rc == CPH_OK && k.len == prefix + 8 && memcmp(k.data, start.data, prefix) == 0)
+    *turn = cph_be64_get((const uint8_t *)k.data + prefix);
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* The version-3 part of w (msg_rows ... node_depths, allocated here) from the version-2 shape
+ * fill_rec built in r, ti's message contents and the turn's tree; puts the rows the session's
+ * newest kept turn does not name and this turn's adds entry. Called before w is put. */
+static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_turnctx_rec *r,
+                     const cph_turn_info *ti, const context_tree *ct, const texts *tx,
+                     cph_turnctx_rec *w) {
+  size_t nm = r->n_msg_roles, nn = r->n_node_ids;
+  w->msg_rows = calloc(nm ? nm : 1, sizeof *w->msg_rows);
+  w->msg_depths = calloc(nm ? nm : 1, sizeof *w->msg_depths);
+  w->node_rows = calloc(nn ? nn : 1, sizeof *w->node_rows);
+  w->node_depths = calloc(nn ? nn : 1, sizeof *w->node_depths);
+  if (!w->msg_rows || !w->msg_depths || !w->node_rows || !w->node_depths)
+    return CPH_ENOMEM;
+  w->n_msg_rows = w->n_msg_depths = (uint32_t)nm;
+  w->n_node_rows = w->n_node_depths = (uint32_t)nn;
+  if (tx->n_owned != nn)
+    return CPH_ENOMEM; /* fill_nodes stopped short */
+  cph_buf head = CPH_BUF_INIT;
+  /* the rows in order, with where their texts are */
+  const char **texts_at = calloc(nm + nn + 1, sizeof *texts_at);
+  size_t *text_len = calloc(nm + nn + 1, sizeof *text_len);
+  int rc = texts_at && text_len ? CPH_OK : CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < nm; i++) {
+    cph_buf_reset(&head);
+    msg_row_head(&head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &w->msg_depths[i]);
+    const char *c = ti->messages[i].content ? ti->messages[i].content : "";
+    texts_at[i] = c;
+    text_len[i] = strlen(c);
+    w->msg_rows[i] = row_hash(&head, c, text_len[i]);
+  }
+  for (size_t i = 0; rc == CPH_OK && i < nn; i++) {
+    const cph_pact_node *nd = &ct->tree.nodes[ct->order[i]];
+    cph_buf_reset(&head);
+    node_row_head(&head, r, i, nd);
+    w->node_depths[i] = nd->at.depth;
+    texts_at[nm + i] = tx->owned[i];
+    text_len[nm + i] = strlen(tx->owned[i]);
+    w->node_rows[i] = row_hash(&head, texts_at[nm + i], text_len[nm + i]);
+  }
+  if (rc == CPH_OK)
+    rc = cph_buf_error(&head);
+  /* what the newest kept turn names is held already */
+  uint64_t prev = 0;
+  cph_val pv = {0};
+  size_t n_prev = 0;
+  hset prev_set = {0}, mine = {0};
+  if (rc == CPH_OK)
+    rc = newest_kept(t, session, &prev, &pv);
+  if (rc == CPH_OK && prev)
+    rc = rows_of(&pv, NULL, &n_prev, NULL, NULL);
+  if (rc == CPH_OK)
+    rc = hset_init(&prev_set, n_prev);
+  if (rc == CPH_OK && prev)
+    rc = rows_of(&pv, &prev_set, NULL, NULL, NULL);
+  if (rc == CPH_OK)
+    rc = hset_init(&mine, nm + nn);
+  cph_buf adds = CPH_BUF_INIT;
+  put_be64(&adds, prev);
+  for (size_t i = 0; rc == CPH_OK && i < nm + nn; i++) {
+    uint64_t h = i < nm ? w->msg_rows[i] : w->node_rows[i - nm];
+    if (!hset_add(&mine, h) || hset_has(&prev_set, h))
+      continue;
+    cph_buf_reset(&head);
+    if (i < nm) {
+      int64_t d;
+      msg_row_head(&head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &d);
+    } else {
+      node_row_head(&head, r, i - nm, &ct->tree.nodes[ct->order[i - nm]]);
+    }
+    cph_buf_append(&head, texts_at[i], text_len[i]);
+    put_be64(&adds, h);
+    if ((rc = cph_buf_error(&head)) == CPH_OK) {
+      cph_key rk = text_key(session, h);
+      rc = cph_txn_put(t, CPH_DB_TURN_ROWS, &rk, head.data, head.len);
+    }
+  }
+  if (rc == CPH_OK && (rc = cph_buf_error(&adds)) == CPH_OK) {
+    cph_key ak = turn_key(session, turn);
+    rc = cph_txn_put(t, CPH_DB_TURN_ROW_ADDS, &ak, adds.data, adds.len);
+  }
+  hset_free(&prev_set);
+  hset_free(&mine);
+  cph_buf_free(&adds);
+  cph_buf_free(&head);
+  free(texts_at);
+  free(text_len);
+  return rc;
+}
+
+/* Appends v[0..n) to the growing array *all (*n_all entries). */
+static int u64s_append(uint64_t **all, size_t *n_all, const uint64_t *v, size_t n) {
+  uint64_t *p = realloc(*all, (*n_all + n + 1) * sizeof *p);
+  if (!p)
+    return CPH_ENOMEM;
+  if (n)
+    memcpy(p + *n_all, v, n * sizeof *p);
+  *all = p;
+  *n_all += n;
+  return CPH_OK;
+}
+
+/* Deletes every key of db with the session's prefix. */
+static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
+  cph_key start = turn_key(session, 0);
+  size_t prefix = strlen(session) + 1;
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, db, &cur);
+  if (rc)
+    return rc;
+  cph_val k;
+  for (;;) {
+    rc = cph_cursor_seek(&cur, &start, &k, NULL);
+    if (rc != CPH_OK || k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+      break;
+    if ((rc = cph_cursor_del(&cur)) != CPH_OK)
+      break;
+  }
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* The rows named by the remaining turns rest[0..n) that dead[0..n_dead) (the rows of the
+ * turns just trimmed) might share: see "rows" above for why rows(rest[0]) and the later
+ * turns' adds are enough while the chain holds. Fills *alive. */
+static int rows_alive(cph_txn *t, const char *session, const uint64_t *rest, size_t n,
+                      uint64_t **alive, size_t *n_alive) {
+  cph_key k = turn_key(session, rest[0]);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_TURN_CONTEXTS, &k, &v);
+  if (rc == CPH_OK)
+    rc = rows_of(&v, NULL, NULL, alive, n_alive);
+  bool chain = true;
+  for (size_t j = 1; rc == CPH_OK && chain && j < n; j++) {
+    cph_key ak = turn_key(session, rest[j]);
+    rc = cph_txn_get(t, CPH_DB_TURN_ROW_ADDS, &ak, &v);
+    if (rc == CPH_ENOTFOUND) { /* an older-version record: it names no rows */
+      rc = CPH_OK;
+      continue;
+    }
+    if (rc == CPH_OK && (v.len < 8 || v.len % 8 ||
+                         cph_be64_get((const uint8_t *)v.data) != rest[j - 1])) {
+      chain = false;
+      break;
+    }
+    for (size_t i = 1; rc == CPH_OK && i < v.len / 8; i++) {
+      uint64_t h = ref_at(&v, i);
+      rc = u64s_append(alive, n_alive, &h, 1);
+    }
+  }
+  if (rc == CPH_OK && !chain) { /* every remaining record's rows */
+    *n_alive = 0;
+    for (size_t j = 0; rc == CPH_OK && j < n; j++) {
+      cph_key rk = turn_key(session, rest[j]);
+      rc = cph_txn_get(t, CPH_DB_TURN_CONTEXTS, &rk, &v);
+      if (rc == CPH_OK)
+        rc = rows_of(&v, NULL, NULL, alive, n_alive);
+    }
+  }
+  return rc;
+}
+
+/* Deletes the rows of dead[0..n_dead) that no turn of rest[0..n_rest) names. */
+static int rows_trim(cph_txn *t, const char *session, const uint64_t *dead, size_t n_dead,
+                     const uint64_t *rest, size_t n_rest) {
+  if (!n_rest) /* nothing kept: whatever the session held goes */
+    return delete_prefixed(t, CPH_DB_TURN_ROWS, session);
+  if (!n_dead)
+    return CPH_OK;
+  uint64_t *alive = NULL;
+  size_t n_alive = 0;
+  hset keep = {0}, gone = {0};
+  int rc = rows_alive(t, session, rest, n_rest, &alive, &n_alive);
+  if (rc == CPH_OK)
+    rc = hset_init(&keep, n_alive);
+  if (rc == CPH_OK)
+    rc = hset_init(&gone, n_dead);
+  if (rc == CPH_OK)
+    hset_add_all(&keep, alive, n_alive);
+  for (size_t i = 0; rc == CPH_OK && i < n_dead; i++) {
+    if (hset_has(&keep, dead[i]) || !hset_add(&gone, dead[i]))
+      continue; /* still named, or deleted already */
+    cph_key rk = text_key(session, dead[i]);
+    rc = cph_txn_del(t, CPH_DB_TURN_ROWS, &rk);
+    if (rc == CPH_ENOTFOUND)
+      rc = CPH_OK;
+  }
+  hset_free(&keep);
+  hset_free(&gone);
+  free(alive);
+  return rc;
+}
+
+/* Reads a row's string at *p (be32 n + bytes) into a new string; false when the row is short. */
+static bool row_str(const uint8_t **p, const uint8_t *end, char **out) {
+  if (end - *p < 4)
+    return false;
+  uint32_t n = cph_be32_get(*p);
+  *p += 4;
+  if ((size_t)(end - *p) < n || !(*out = malloc(n + 1)))
+    return false;
+  memcpy(*out, *p, n);
+  (*out)[n] = '\0';
+  *p += n;
+  return true;
+}
+
+static char *row_rest(const uint8_t *p, const uint8_t *end) {
+  char *s = malloc((size_t)(end - p) + 1);
+  if (s) {
+    memcpy(s, p, (size_t)(end - p));
+    s[end - p] = '\0';
+  }
+  return s;
+}
+
+/* Frees a decoded (empty) array and allocates n zeroed entries in its place. */
+#define REALLOC_FIELD(r, field, count, n)                                                          \
+  (free((r)->field), (r)->count = 0, ((r)->field = calloc((n) ? (n) : 1, sizeof *(r)->field)))
+
+/* A version-3 record's messages and nodes, looked up by row into the version-2 arrays, so the
+ * rest reads every record alike. */
+static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turnctx_rec *r,
+                        cph_err *err) {
+  uint32_t nm = r->n_msg_rows, nn = r->n_node_rows;
+  if (r->n_msg_depths != nm || r->n_node_depths != nn)
+    return cph_err_set(err, CPH_ECORRUPT,
+                       "corrupt record in database \"turn_contexts\" at turn %llu of '%s': its "
+                       "rows and depths disagree",
+                       (unsigned long long)turn, session);
+  if (!REALLOC_FIELD(r, msg_roles, n_msg_roles, nm) ||
+      !REALLOC_FIELD(r, msg_contents, n_msg_contents, nm) ||
+      !REALLOC_FIELD(r, msg_coords, n_msg_coords, nm) ||
+      !REALLOC_FIELD(r, msg_nodes, n_msg_nodes, nm) || !REALLOC_FIELD(r, node_ids, n_node_ids, nn) ||
+      !REALLOC_FIELD(r, node_at, n_node_at, nn) || !REALLOC_FIELD(r, node_roles, n_node_roles, nn) ||
+      !REALLOC_FIELD(r, node_previews, n_node_previews, nn) ||
+      !REALLOC_FIELD(r, node_hashes, n_node_hashes, nn) ||
+      !REALLOC_FIELD(r, node_ttl, n_node_ttl, nn) ||
+      !REALLOC_FIELD(r, node_cadence, n_node_cadence, nn) ||
+      !REALLOC_FIELD(r, node_created, n_node_created, nn) ||
+      !REALLOC_FIELD(r, node_flags, n_node_flags, nn))
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  for (uint32_t i = 0; i < nm + nn; i++) {
+    uint64_t h = i < nm ? r->msg_rows[i] : r->node_rows[i - nm];
+    cph_key rk = text_key(session, h);
+    cph_val v;
+    int rc = cph_txn_get(t, CPH_DB_TURN_ROWS, &rk, &v);
+    if (rc == CPH_ENOTFOUND)
+      return cph_err_set(err, CPH_ECORRUPT,
+                         "database \"turn_rows\": the row %016llx of turn %llu of '%s' is missing",
+                         (unsigned long long)h, (unsigned long long)turn, session);
+    if (rc)
+      return cph_err_set(err, rc, "%s", t->err.msg);
+    const uint8_t *p = v.data, *end = p + v.len;
+    bool ok = v.len >= 1;
+    if (ok && i < nm && (p[0] == 'm' || p[0] == 'M') && v.len >= 9) {
+      bool split = p[0] == 'm';
+      r->msg_nodes[i] = cph_be64_get(p + 1);
+      p += 9;
+      char *coord = NULL;
+      ok = row_str(&p, end, &r->msg_roles[i]) && row_str(&p, end, &coord);
+      if (ok && split) { /* "d" + depth + the rest */
+        char *full = fmt("d%lld%s", (long long)r->msg_depths[i], coord + 1);
+        free(coord);
+        coord = full;
+        ok = full != NULL;
+      }
+      r->msg_coords[i] = coord;
+      ok = ok && (r->msg_contents[i] = row_rest(p, end)) != NULL;
+      r->n_msg_roles = r->n_msg_contents = r->n_msg_coords = r->n_msg_nodes = i + 1;
+    } else if (ok && i >= nm && p[0] == 'n' && v.len >= 61) {
+      uint32_t j = i - nm;
+      r->node_ids[j] = cph_be64_get(p + 1);
+      cph_coord at = {(int32_t)r->node_depths[j], (int32_t)cph_be32_get(p + 9),
+                      (int32_t)cph_be32_get(p + 13)};
+      r->node_ttl[j] = (int64_t)cph_be64_get(p + 17);
+      r->node_cadence[j] = (int64_t)cph_be64_get(p + 25);
+      r->node_created[j] = cph_be64_get(p + 33);
+      r->node_flags[j] = cph_be64_get(p + 41);
+      r->node_hashes[j] = cph_be64_get(p + 49);
+      p += 57;
+      char buf[48];
+      cph_coord_format(&at, buf);
+      ok = (r->node_at[j] = strdup(buf)) != NULL && row_str(&p, end, &r->node_roles[j]) &&
+           (r->node_previews[j] = row_rest(p, end)) != NULL;
+      r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_previews = r->n_node_hashes =
+          r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = j + 1;
+    } else {
+      ok = false;
+    }
+    if (!ok)
+      return cph_err_set(err, CPH_ECORRUPT,
+                         "database \"turn_rows\": the row %016llx of turn %llu of '%s' is corrupt "
+                         "(or out of memory)",
+                         (unsigned long long)h, (unsigned long long)turn, session);
+  }
+  return CPH_OK;
+}
+
 /* ---------------------------------------------------------------- keeping */
 
 void turnlog_init(cph_turnlog *tl, cph_core_env *env) { *tl = (cph_turnlog){env}; }
@@ -534,8 +1009,8 @@ static void rec_unborrow(cph_turnctx_rec *r) {
     r->node_roles[i] = NULL;
 }
 
-/* Deletes the session's oldest kept contexts until at most keep remain, with their refs
- * entries and every text no remaining turn names. */
+/* Deletes the session's oldest kept contexts until at most keep remain, with their adds and
+ * refs entries and every row and text no remaining turn names. */
 static int trim(cph_txn *t, const char *session, uint64_t keep) {
   cph_key start = turn_key(session, 0);
   size_t prefix = strlen(session) + 1;
@@ -543,35 +1018,44 @@ static int trim(cph_txn *t, const char *session, uint64_t keep) {
   int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
   if (rc)
     return rc;
-  uint64_t count = 0;
+  uint64_t *ids = NULL; /* the session's kept turns, oldest first */
+  size_t n = 0;
   cph_val k;
   for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
        rc = cph_cursor_next(&cur, &k, NULL)) {
     if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
       break;
-    count++;
-  }
-  if (rc == CPH_ENOTFOUND || rc == CPH_OK)
-    rc = CPH_OK;
-  uint64_t *gone = count > keep ? malloc((count - keep) * sizeof *gone) : NULL;
-  size_t n_gone = 0;
-  if (count > keep && !gone)
-    rc = CPH_ENOMEM;
-  for (; rc == CPH_OK && count > keep; count--) {
-    rc = cph_cursor_seek(&cur, &start, &k, NULL);
-    if (rc == CPH_OK && (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0))
+    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix);
+    if ((rc = u64s_append(&ids, &n, &id, 1)) != CPH_OK)
       break;
-    if (rc == CPH_OK) {
-      gone[n_gone++] = cph_be64_get((const uint8_t *)k.data + prefix);
-      rc = cph_cursor_del(&cur);
-    }
   }
   cph_cursor_close(&cur);
   if (rc == CPH_ENOTFOUND)
     rc = CPH_OK;
-  if (rc == CPH_OK && n_gone)
-    rc = texts_trim(t, session, gone, n_gone);
-  free(gone);
+  if (rc || n <= keep) {
+    free(ids);
+    return rc;
+  }
+  size_t n_gone = (size_t)(n - keep);
+  uint64_t *dead = NULL; /* the rows the trimmed turns named */
+  size_t n_dead = 0;
+  for (size_t g = 0; rc == CPH_OK && g < n_gone; g++) {
+    cph_key rk = turn_key(session, ids[g]);
+    cph_val v;
+    rc = cph_txn_get(t, CPH_DB_TURN_CONTEXTS, &rk, &v);
+    if (rc == CPH_OK && keep > 0) /* with none left, every row goes anyway */
+      rc = rows_of(&v, NULL, NULL, &dead, &n_dead);
+    if (rc == CPH_OK)
+      rc = cph_txn_del(t, CPH_DB_TURN_CONTEXTS, &rk);
+    if (rc == CPH_OK && (rc = cph_txn_del(t, CPH_DB_TURN_ROW_ADDS, &rk)) == CPH_ENOTFOUND)
+      rc = CPH_OK; /* an older-version record */
+  }
+  if (rc == CPH_OK)
+    rc = texts_trim(t, session, ids, n_gone);
+  if (rc == CPH_OK)
+    rc = rows_trim(t, session, dead, n_dead, ids + n_gone, (size_t)keep);
+  free(dead);
+  free(ids);
   return rc;
 }
 
@@ -598,13 +1082,30 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
     rc = cph_err_set(&c.err, CPH_ECORRUPT, "the session's context tree could not be read");
   } else if (keep > 0) {
     cph_turnctx_rec r = {0};
-    texts tx = {0};
+    texts tx = {.no_hash = !write_v2};
     rc = fill_rec(&r, turn_id, ti, tree, &tx);
-    if (rc == CPH_OK)
+    cph_turnctx_rec w = {0}; /* what is written: r, or r as rows (version 3) */
+    if (rc == CPH_OK && write_v2) {
       rc = texts_keep(&c, ti->session, turn_id, &tx);
+      w = r;
+    } else if (rc == CPH_OK) {
+      w = r;
+      w.n_msg_roles = w.n_msg_contents = w.n_msg_coords = w.n_msg_nodes = 0;
+      w.n_node_ids = w.n_node_at = w.n_node_roles = w.n_node_previews = w.n_node_hashes = 0;
+      w.n_node_ttl = w.n_node_cadence = w.n_node_created = w.n_node_flags = 0;
+      w.n_msg_hashes = w.n_node_preview_hashes = 0;
+      rc = rows_keep(&c, ti->session, turn_id, &r, ti, tree, &tx, &w);
+    }
     if (rc == CPH_OK) {
       cph_key k = turn_key(ti->session, turn_id);
-      rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, &r);
+      rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, write_v2 ? &cph_turnctx_v2_desc
+                                                                     : &cph_turnctx_desc, &w);
+    }
+    if (!write_v2) { /* w shares r's scalars and strings; only its rows are its own */
+      free(w.msg_rows);
+      free(w.msg_depths);
+      free(w.node_rows);
+      free(w.node_depths);
     }
     rec_unborrow(&r);
     cph_record_free(&cph_turnctx_desc, &r);
@@ -647,7 +1148,7 @@ static void summary_from_rec(const cph_turnctx_rec *r, cph_kept_turn *o) {
   o->episode = r->episode;
   o->created_ms = r->created_ms;
   o->omit = r->omit;
-  o->n_messages = r->n_msg_roles;
+  o->n_messages = r->n_msg_roles > r->n_msg_rows ? r->n_msg_roles : r->n_msg_rows;
   if (r->n_tokens == N_TOKENS) {
     const uint64_t *v = r->tokens;
     o->tokens = (cph_context_tokens){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3],
@@ -664,8 +1165,8 @@ int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, siz
   int rc = cph_txn_begin(store, false, &t);
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
-  static const char *const names[] = {"input", "tokens", "msg_roles"};
-  uint64_t mask = cph_record_field_mask(&cph_turnctx_desc, names, 3);
+  static const char *const names[] = {"input", "tokens", "msg_roles", "msg_rows"};
+  uint64_t mask = cph_record_field_mask(&cph_turnctx_desc, names, 4);
   cph_key start = turn_key(session, 0);
   size_t prefix = strlen(session) + 1, cap = 0;
   cph_cursor cur;
@@ -772,7 +1273,11 @@ static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *
                        (unsigned long long)turn, session);
   if (rc)
     return cph_err_set(err, rc, "%s", t->err.msg);
-  if ((rc = texts_resolve(t, session, turn, r, err)) != CPH_OK)
+  if (r->n_msg_rows || r->n_node_rows || r->n_msg_depths || r->n_node_depths)
+    rc = rows_resolve(t, session, turn, r, err); /* version 3 */
+  else
+    rc = texts_resolve(t, session, turn, r, err); /* version 2 (version 1 holds its texts) */
+  if (rc != CPH_OK)
     return rc;
   if (!rec_consistent(r))
     return cph_err_set(err, CPH_ECORRUPT,

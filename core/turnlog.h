@@ -47,6 +47,7 @@
 #ifndef CEPHALON_CORE_TURNLOG_H
 #define CEPHALON_CORE_TURNLOG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cephalon/cephalon.h"
@@ -68,6 +69,10 @@ void turnlog_init(cph_turnlog *tl, cph_core_env *env);
  * failure (or a tree that could not be read) is logged and nothing is kept. */
 void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti,
                   const context_tree *tree);
+
+/* Tests only: while on, kept contexts are written as version-2 records (texts by hash, no
+ * rows), so that a data dir holding both versions can be made and read. Process-wide. */
+void turnlog_test_write_v2(bool on);
 
 /* Deletes every kept context of a session (session deletion). */
 int turnlog_delete_session(cph_txn *t, const char *session);

@@ -335,6 +335,18 @@ typedef struct cph_turnctx_rec {
   uint32_t n_msg_hashes;
   uint64_t *node_preview_hashes;
   uint32_t n_node_preview_hashes;
+  /* Since version 3: the messages and nodes as rows kept once per session in "turn_rows"
+   * (core/turnlog.c says how), each named by its hash, with the depth of its coordinate here
+   * (rows hold no depth, so a row that only moved is the same row); every array above from
+   * msg_roles on is then stored empty. */
+  uint64_t *msg_rows;
+  uint32_t n_msg_rows;
+  int64_t *msg_depths;
+  uint32_t n_msg_depths;
+  uint64_t *node_rows;
+  uint32_t n_node_rows;
+  int64_t *node_depths;
+  uint32_t n_node_depths;
 } cph_turnctx_rec;
 
 /* ---- generic codec over field tables ---- */
@@ -356,6 +368,7 @@ extern const cph_record_desc cph_ctxnode_v1_desc; /* schema 2's node, for the mi
 extern const cph_record_desc cph_ctxhead_desc;
 extern const cph_record_desc cph_seal_desc;
 extern const cph_record_desc cph_turnctx_desc;
+extern const cph_record_desc cph_turnctx_v2_desc; /* version 2, so tests can write one */
 
 const char *cph_record_name(const cph_record_desc *d); /* "session", "event", ... */
 uint32_t cph_record_version(const cph_record_desc *d);
