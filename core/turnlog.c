@@ -363,16 +363,19 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
  * the session's previous kept turn named: a lease puts the rows that are new since that turn
  * (on most leases the turn's new messages and its new cores) and a record of hashes and small
  * depths, instead of hashing and encoding every text and coordinate again.
- *   "turn_row_adds"  session\0 u64 turn -> be64 the session's newest kept turn when this one
- *                                          was kept (0: none), then the hashes of the rows
- *                                          this turn names that that turn does not
+ *   "turn_row_refs"  session\0 u64 turn -> be64 the session's newest kept turn when this one
+ *                                          was kept (0: none), be64 n, then the turn's
+ *                                          distinct rows (be64 each), the n rows it added
+ *                                          (named, and not by that turn) first
+ * The refs entry repeats what the record names so that keeping and trimming read hashes in
+ * place rather than decode records.
  * Invariant: every row a kept record names is held. Trimming deletes a row once no remaining
- * turn names it. When the oldest turn G goes and N follows it: a row of G that N does not name
- * is named by a later remaining turn M only if a turn after N up to M added it, so the rows
- * deleted are rows(G) - rows(N) - the adds of the turns after N — two records and the short
- * adds entries read, not every remaining record. When that chain is broken (an older-version
- * record among them, an adds entry missing or naming another predecessor) every remaining
- * record's rows are read instead.
+ * turn names it. When the oldest turns go and N is the oldest left: a row that N does not name
+ * is named by a later remaining turn M only if a turn after N up to M added it (it was not in
+ * its predecessor), so the rows that stay are rows(N) + the added rows of the turns after N —
+ * one refs entry and the heads of the others read, not every remaining turn's rows. When that
+ * chain is broken (an entry naming another predecessor) every remaining turn's rows are read
+ * instead. An older-version record has no refs entry and names no row.
  *
  * Row layout (integers big-endian):
  *   message: 'm' (the depth goes before the coordinate's first ',') or 'M' (the coordinate
@@ -472,41 +475,24 @@ static int hset_add_all(hset *h, const uint64_t *v, size_t n) {
   return CPH_OK;
 }
 
-/* The rows of a version-3 record's value (msg_rows and node_rows; none for older versions)
- * added to h, which must have room (hset_init) for them; *n_out, when given, their count. */
-static int rows_of(const cph_val *v, hset *h, size_t *n_out, uint64_t **all, size_t *n_all) {
-  static const char *const names[] = {"msg_rows", "node_rows"};
-  uint64_t mask = cph_record_field_mask(&cph_turnctx_desc, names, 2);
-  cph_turnctx_rec r = {0};
-  cph_err err;
-  int rc = cph_record_decode_some(&cph_turnctx_desc, v->data, v->len, &r, mask, &err);
-  if (rc)
-    return rc;
-  size_t n = (size_t)r.n_msg_rows + r.n_node_rows;
-  if (n_out)
-    *n_out = n;
-  if (h) {
-    hset_add_all(h, r.msg_rows, r.n_msg_rows);
-    hset_add_all(h, r.node_rows, r.n_node_rows);
-  }
-  if (all) {
-    uint64_t *p = realloc(*all, (*n_all + n + 1) * sizeof *p);
-    if (!p) {
-      rc = CPH_ENOMEM;
-    } else {
-      *all = p;
-      memcpy(p + *n_all, r.msg_rows, r.n_msg_rows * sizeof *p);
-      memcpy(p + *n_all + r.n_msg_rows, r.node_rows, r.n_node_rows * sizeof *p);
-      *n_all += n;
-    }
-  }
-  cph_record_free(&cph_turnctx_desc, &r);
-  return rc;
+/* A refs entry's value: its predecessor, how many rows it added, how many it names. */
+static bool refs_parse(const cph_val *v, uint64_t *prev, size_t *n_added, size_t *n) {
+  if (v->len < 16 || v->len % 8)
+    return false;
+  *prev = cph_be64_get((const uint8_t *)v->data);
+  *n_added = (size_t)cph_be64_get((const uint8_t *)v->data + 8);
+  *n = v->len / 8 - 2;
+  return *n_added <= *n;
 }
 
-/* The session's newest kept turn (0: none) and its record's value, read in place. */
-static int newest_kept(cph_txn *t, const char *session, uint64_t *turn, cph_val *val) {
+/* Row i of a refs entry's value, read in place. */
+static uint64_t refs_row(const cph_val *v, size_t i) { return ref_at(v, i + 2); }
+
+/* The session's newest kept turn (0: none) and its refs entry (v->len 0: none, an older
+ * version), read in place: valid until the next write. */
+static int newest_kept(cph_txn *t, const char *session, uint64_t *turn, cph_val *v) {
   *turn = 0;
+  *v = (cph_val){0};
   cph_cursor cur;
   int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
   if (rc)
@@ -516,16 +502,26 @@ static int newest_kept(cph_txn *t, const char *session, uint64_t *turn, cph_val 
   cph_val k;
   rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
   if (rc == CPH_OK || rc == CPH_ENOTFOUND)
-    rc = cph_cursor_prev(&cur, &k, val);
+    rc = cph_cursor_prev(&cur, &k, NULL);
   if (rc == CPH_OK && k.len == prefix + 8 && memcmp(k.data, start.data, prefix) == 0)
     *turn = cph_be64_get((const uint8_t *)k.data + prefix);
   cph_cursor_close(&cur);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  if (rc == CPH_ENOTFOUND)
+    rc = CPH_OK;
+  if (rc == CPH_OK && *turn) {
+    cph_key rk = turn_key(session, *turn);
+    rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &rk, v);
+    if (rc == CPH_ENOTFOUND) {
+      *v = (cph_val){0};
+      rc = CPH_OK;
+    }
+  }
+  return rc;
 }
 
 /* The version-3 part of w (msg_rows ... node_depths, allocated here) from the version-2 shape
  * fill_rec built in r, ti's message contents and the turn's tree; puts the rows the session's
- * newest kept turn does not name and this turn's adds entry. Called before w is put. */
+ * newest kept turn does not name and this turn's refs entry. Called before w is put. */
 static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_turnctx_rec *r,
                      const cph_turn_info *ti, const context_tree *ct, const texts *tx,
                      cph_turnctx_rec *w) {
@@ -565,26 +561,34 @@ static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_t
   if (rc == CPH_OK)
     rc = cph_buf_error(&head);
   /* what the newest kept turn names is held already */
-  uint64_t prev = 0;
+  uint64_t prev = 0, prev_prev = 0;
   cph_val pv = {0};
-  size_t n_prev = 0;
+  size_t n_prev = 0, n_prev_added = 0;
   hset prev_set = {0}, mine = {0};
   if (rc == CPH_OK)
     rc = newest_kept(t, session, &prev, &pv);
-  if (rc == CPH_OK && prev)
-    rc = rows_of(&pv, NULL, &n_prev, NULL, NULL);
+  if (rc == CPH_OK && pv.len && !refs_parse(&pv, &prev_prev, &n_prev_added, &n_prev))
+    rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
+                     session);
   if (rc == CPH_OK)
     rc = hset_init(&prev_set, n_prev);
-  if (rc == CPH_OK && prev)
-    rc = rows_of(&pv, &prev_set, NULL, NULL, NULL);
+  for (size_t i = 0; rc == CPH_OK && i < n_prev; i++)
+    hset_add(&prev_set, refs_row(&pv, i));
   if (rc == CPH_OK)
     rc = hset_init(&mine, nm + nn);
-  cph_buf adds = CPH_BUF_INIT;
-  put_be64(&adds, prev);
+  /* the refs entry: the added rows go first, the others after them */
+  uint64_t *named = calloc(nm + nn + 1, sizeof *named);
+  size_t n_named = 0, n_added = 0;
+  if (!named && rc == CPH_OK)
+    rc = CPH_ENOMEM;
   for (size_t i = 0; rc == CPH_OK && i < nm + nn; i++) {
     uint64_t h = i < nm ? w->msg_rows[i] : w->node_rows[i - nm];
-    if (!hset_add(&mine, h) || hset_has(&prev_set, h))
+    if (!hset_add(&mine, h))
       continue;
+    if (hset_has(&prev_set, h)) {
+      named[nm + nn - 1 - n_named++] = h; /* from the end, moved behind the added ones below */
+      continue;
+    }
     cph_buf_reset(&head);
     if (i < nm) {
       int64_t d;
@@ -593,19 +597,29 @@ static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_t
       node_row_head(&head, r, i - nm, &ct->tree.nodes[ct->order[i - nm]]);
     }
     cph_buf_append(&head, texts_at[i], text_len[i]);
-    put_be64(&adds, h);
+    named[n_added++] = h;
     if ((rc = cph_buf_error(&head)) == CPH_OK) {
       cph_key rk = text_key(session, h);
       rc = cph_txn_put(t, CPH_DB_TURN_ROWS, &rk, head.data, head.len);
     }
   }
-  if (rc == CPH_OK && (rc = cph_buf_error(&adds)) == CPH_OK) {
+  uint8_t *refs = rc == CPH_OK ? malloc(16 + 8 * (n_added + n_named)) : NULL;
+  if (rc == CPH_OK && !refs)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK) {
+    cph_be64_put(refs, prev);
+    cph_be64_put(refs + 8, n_added);
+    for (size_t i = 0; i < n_added; i++)
+      cph_be64_put(refs + 16 + 8 * i, named[i]);
+    for (size_t i = 0; i < n_named; i++)
+      cph_be64_put(refs + 16 + 8 * (n_added + i), named[nm + nn - 1 - i]);
     cph_key ak = turn_key(session, turn);
-    rc = cph_txn_put(t, CPH_DB_TURN_ROW_ADDS, &ak, adds.data, adds.len);
+    rc = cph_txn_put(t, CPH_DB_TURN_ROW_REFS, &ak, refs, 16 + 8 * (n_added + n_named));
   }
   hset_free(&prev_set);
   hset_free(&mine);
-  cph_buf_free(&adds);
+  free(named);
+  free(refs);
   cph_buf_free(&head);
   free(texts_at);
   free(text_len);
@@ -644,41 +658,46 @@ static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
-/* The rows named by the remaining turns rest[0..n) that dead[0..n_dead) (the rows of the
- * turns just trimmed) might share: see "rows" above for why rows(rest[0]) and the later
- * turns' adds are enough while the chain holds. Fills *alive. */
+/* The rows named by the remaining turns rest[0..n) that the trimmed turns' rows might be:
+ * rows(rest[0]) and the rows the later turns added, while the chain holds (see "rows" above),
+ * else every remaining turn's rows. Fills *alive. */
 static int rows_alive(cph_txn *t, const char *session, const uint64_t *rest, size_t n,
                       uint64_t **alive, size_t *n_alive) {
-  cph_key k = turn_key(session, rest[0]);
-  cph_val v;
-  int rc = cph_txn_get(t, CPH_DB_TURN_CONTEXTS, &k, &v);
-  if (rc == CPH_OK)
-    rc = rows_of(&v, NULL, NULL, alive, n_alive);
+  int rc = CPH_OK;
   bool chain = true;
-  for (size_t j = 1; rc == CPH_OK && chain && j < n; j++) {
-    cph_key ak = turn_key(session, rest[j]);
-    rc = cph_txn_get(t, CPH_DB_TURN_ROW_ADDS, &ak, &v);
-    if (rc == CPH_ENOTFOUND) { /* an older-version record: it names no rows */
-      rc = CPH_OK;
-      continue;
-    }
-    if (rc == CPH_OK && (v.len < 8 || v.len % 8 ||
-                         cph_be64_get((const uint8_t *)v.data) != rest[j - 1])) {
-      chain = false;
+  for (int pass = 0; pass < 2 && rc == CPH_OK; pass++) {
+    bool all = pass == 1; /* the chain broke: read every row */
+    if (all && chain)
       break;
-    }
-    for (size_t i = 1; rc == CPH_OK && i < v.len / 8; i++) {
-      uint64_t h = ref_at(&v, i);
-      rc = u64s_append(alive, n_alive, &h, 1);
-    }
-  }
-  if (rc == CPH_OK && !chain) { /* every remaining record's rows */
     *n_alive = 0;
     for (size_t j = 0; rc == CPH_OK && j < n; j++) {
-      cph_key rk = turn_key(session, rest[j]);
-      rc = cph_txn_get(t, CPH_DB_TURN_CONTEXTS, &rk, &v);
-      if (rc == CPH_OK)
-        rc = rows_of(&v, NULL, NULL, alive, n_alive);
+      cph_key k = turn_key(session, rest[j]);
+      cph_val v;
+      rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &k, &v);
+      if (rc == CPH_ENOTFOUND) { /* an older-version record: it names no rows */
+        rc = CPH_OK;
+        continue;
+      }
+      uint64_t prev = 0;
+      size_t n_added = 0, n_rows = 0;
+      if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_rows))
+        rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
+                         session);
+      if (rc)
+        break;
+      if (!all && j > 0 && prev != rest[j - 1]) {
+        chain = false;
+        break;
+      }
+      size_t take = all || j == 0 ? n_rows : n_added;
+      uint64_t *p = realloc(*alive, (*n_alive + take + 1) * sizeof *p);
+      if (!p) {
+        rc = CPH_ENOMEM;
+        break;
+      }
+      *alive = p;
+      for (size_t i = 0; i < take; i++)
+        p[(*n_alive)++] = refs_row(&v, i);
     }
   }
   return rc;
@@ -1009,8 +1028,8 @@ static void rec_unborrow(cph_turnctx_rec *r) {
     r->node_roles[i] = NULL;
 }
 
-/* Deletes the session's oldest kept contexts until at most keep remain, with their adds and
- * refs entries and every row and text no remaining turn names. */
+/* Deletes the session's oldest kept contexts until at most keep remain, with their refs
+ * entries and every row and text no remaining turn names. */
 static int trim(cph_txn *t, const char *session, uint64_t keep) {
   cph_key start = turn_key(session, 0);
   size_t prefix = strlen(session) + 1;
@@ -1042,13 +1061,27 @@ static int trim(cph_txn *t, const char *session, uint64_t keep) {
   for (size_t g = 0; rc == CPH_OK && g < n_gone; g++) {
     cph_key rk = turn_key(session, ids[g]);
     cph_val v;
-    rc = cph_txn_get(t, CPH_DB_TURN_CONTEXTS, &rk, &v);
-    if (rc == CPH_OK && keep > 0) /* with none left, every row goes anyway */
-      rc = rows_of(&v, NULL, NULL, &dead, &n_dead);
+    rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &rk, &v);
+    uint64_t prev = 0;
+    size_t n_added = 0, n_rows = 0;
+    if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_rows))
+      rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
+                       session);
+    if (rc == CPH_OK && keep > 0) { /* with none left, every row goes anyway */
+      uint64_t *p = realloc(dead, (n_dead + n_rows + 1) * sizeof *p);
+      if (!p)
+        rc = CPH_ENOMEM;
+      else
+        dead = p;
+      for (size_t i = 0; rc == CPH_OK && i < n_rows; i++)
+        dead[n_dead++] = refs_row(&v, i);
+    }
+    if (rc == CPH_OK)
+      rc = cph_txn_del(t, CPH_DB_TURN_ROW_REFS, &rk);
+    if (rc == CPH_ENOTFOUND) /* an older-version record: no refs entry */
+      rc = CPH_OK;
     if (rc == CPH_OK)
       rc = cph_txn_del(t, CPH_DB_TURN_CONTEXTS, &rk);
-    if (rc == CPH_OK && (rc = cph_txn_del(t, CPH_DB_TURN_ROW_ADDS, &rk)) == CPH_ENOTFOUND)
-      rc = CPH_OK; /* an older-version record */
   }
   if (rc == CPH_OK)
     rc = texts_trim(t, session, ids, n_gone);

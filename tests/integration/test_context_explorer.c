@@ -344,7 +344,7 @@ static void test_keep_turns_bounds_the_kept_contexts_per_session(void **state) {
 }
 
 /* What kept contexts hold once per session — the rows of turn_rows, the texts of turn_texts
- * (records of version 2), the adds and refs entries naming them: how many, and their bytes. */
+ * (records of version 2), the refs entries naming them: how many, and their bytes. */
 static void texts_held(const char *dir, size_t *n, size_t *bytes) {
   cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
   cph_store *st;
@@ -353,7 +353,7 @@ static void texts_held(const char *dir, size_t *n, size_t *bytes) {
   cph_txn t;
   assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
   *n = *bytes = 0;
-  static const cph_db dbs[] = {CPH_DB_TURN_ROWS, CPH_DB_TURN_TEXTS, CPH_DB_TURN_ROW_ADDS,
+  static const cph_db dbs[] = {CPH_DB_TURN_ROWS, CPH_DB_TURN_TEXTS, CPH_DB_TURN_ROW_REFS,
                                CPH_DB_TURN_TEXT_REFS};
   for (size_t d = 0; d < sizeof dbs / sizeof dbs[0]; d++) {
     cph_cursor c;

@@ -449,12 +449,12 @@ static void keyset_free(keyset *k) {
   free(k->v);
 }
 
-/* The rows held are exactly those the kept records name; every adds entry is a kept turn's. */
+/* The rows held are exactly those the kept records name; every refs entry is a kept turn's. */
 static void check_rows(pair *p) {
   keyset held = {0}, named = {0}, adds = {0}, turns = {0};
   cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROWS, text_key_seen, &held);
   cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_CONTEXTS, rows_named, &named);
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_ADDS, text_key_seen, &adds);
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, text_key_seen, &adds);
   cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_CONTEXTS, text_key_seen, &turns);
   keyset_sort(&held);
   keyset_sort(&named);
@@ -468,7 +468,7 @@ static void check_rows(pair *p) {
                named.v[i]);
   for (size_t i = 0; i < adds.n; i++)
     if (!bsearch(&adds.v[i], turns.v, turns.n, sizeof *turns.v, str_cmp))
-      fail_msg("seed %llu: adds entry %s of a turn not kept", (unsigned long long)p->seed,
+      fail_msg("seed %llu: refs entry %s of a turn not kept", (unsigned long long)p->seed,
                adds.v[i]);
   keyset_free(&held);
   keyset_free(&named);
