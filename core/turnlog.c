@@ -416,7 +416,7 @@ static void put_str(cph_buf *b, const char *s) {
 
 /* The depth of a coordinate as cph_coord_format writes it ("d-1, 0, 0", "d12, 1, 0"), with
  * where its digits end; false for any other text (leading zeros, "-0", no digits). */
-static bool coord_split(const char *at, int64_t *depth, size_t *end) {
+static bool coord_split(const char *at, int32_t *depth, size_t *end) {
   if (at[0] != 'd')
     return false;
   size_t i = 1;
@@ -427,16 +427,16 @@ static bool coord_split(const char *at, int64_t *depth, size_t *end) {
   while (at[i] >= '0' && at[i] <= '9' && i - d0 < 10)
     v = v * 10 + (at[i++] - '0');
   size_t nd = i - d0;
-  if (nd == 0 || at[i] != ',' || (at[d0] == '0' && (nd > 1 || neg)))
+  if (nd == 0 || at[i] != ',' || (at[d0] == '0' && (nd > 1 || neg)) || v > INT32_MAX)
     return false;
-  *depth = neg ? -v : v;
+  *depth = (int32_t)(neg ? -v : v);
   *end = i;
   return true;
 }
 
 /* A message's row head (everything but the content) into b; its depth into *depth. */
 static void msg_row_head(cph_buf *b, const char *role, const char *coord, uint64_t node,
-                         int64_t *depth) {
+                         int32_t *depth) {
   size_t end = 0;
   bool split = coord_split(coord, depth, &end);
   if (!split)
@@ -475,18 +475,42 @@ static int hset_add_all(hset *h, const uint64_t *v, size_t n) {
   return CPH_OK;
 }
 
+#define REFS_HEAD 32 /* be64 prev, be64 n_added, be64 n_distinct, be32 messages, be32 nodes */
+
 /* A refs entry's value: its predecessor, how many rows it added, how many it names. */
 static bool refs_parse(const cph_val *v, uint64_t *prev, size_t *n_added, size_t *n) {
-  if (v->len < 16 || v->len % 8)
+  if (v->len < REFS_HEAD)
     return false;
-  *prev = cph_be64_get((const uint8_t *)v->data);
-  *n_added = (size_t)cph_be64_get((const uint8_t *)v->data + 8);
-  *n = v->len / 8 - 2;
-  return *n_added <= *n;
+  const uint8_t *p = v->data;
+  *prev = cph_be64_get(p);
+  uint64_t added = cph_be64_get(p + 8), distinct = cph_be64_get(p + 16);
+  uint64_t ordered = (uint64_t)cph_be32_get(p + 24) + cph_be32_get(p + 28);
+  if (added > distinct || distinct > v->len / 8 || v->len != REFS_HEAD + 8 * distinct + 8 * ordered)
+    return false;
+  *n_added = (size_t)added;
+  *n = (size_t)distinct;
+  return true;
 }
 
-/* Row i of a refs entry's value, read in place. */
-static uint64_t refs_row(const cph_val *v, size_t i) { return ref_at(v, i + 2); }
+/* Distinct row i of a refs entry's value, read in place. */
+static uint64_t refs_row(const cph_val *v, size_t i) {
+  return cph_be64_get((const uint8_t *)v->data + REFS_HEAD + 8 * i);
+}
+
+/* A version-3 turn's messages and nodes as rows, in order, each with its depth (the refs
+ * entry's ordered part; nothing of it is in the record). */
+typedef struct rowlist {
+  uint64_t *msg_rows, *node_rows;
+  int32_t *msg_depths, *node_depths;
+  uint32_t n_msg_rows, n_node_rows;
+} rowlist;
+
+static void rowlist_free(rowlist *l) {
+  free(l->msg_rows);
+  free(l->node_rows);
+  free(l->msg_depths);
+  free(l->node_depths);
+}
 
 /* The session's newest kept turn (0: none) and its refs entry (v->len 0: none, an older
  * version), read in place: valid until the next write. */
@@ -519,12 +543,12 @@ static int newest_kept(cph_txn *t, const char *session, uint64_t *turn, cph_val 
   return rc;
 }
 
-/* The version-3 part of w (msg_rows ... node_depths, allocated here) from the version-2 shape
- * fill_rec built in r, ti's message contents and the turn's tree; puts the rows the session's
- * newest kept turn does not name and this turn's refs entry. Called before w is put. */
+/* Turn's rows (w, allocated here) from the version-2 shape fill_rec built in r, ti's message
+ * contents and the turn's tree; puts the rows the session's newest kept turn does not name and
+ * this turn's refs entry. */
 static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_turnctx_rec *r,
                      const cph_turn_info *ti, const context_tree *ct, const texts *tx,
-                     cph_turnctx_rec *w) {
+                     rowlist *w) {
   size_t nm = r->n_msg_roles, nn = r->n_node_ids;
   w->msg_rows = calloc(nm ? nm : 1, sizeof *w->msg_rows);
   w->msg_depths = calloc(nm ? nm : 1, sizeof *w->msg_depths);
@@ -532,8 +556,8 @@ static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_t
   w->node_depths = calloc(nn ? nn : 1, sizeof *w->node_depths);
   if (!w->msg_rows || !w->msg_depths || !w->node_rows || !w->node_depths)
     return CPH_ENOMEM;
-  w->n_msg_rows = w->n_msg_depths = (uint32_t)nm;
-  w->n_node_rows = w->n_node_depths = (uint32_t)nn;
+  w->n_msg_rows = (uint32_t)nm;
+  w->n_node_rows = (uint32_t)nn;
   if (tx->n_owned != nn)
     return CPH_ENOMEM; /* fill_nodes stopped short */
   cph_buf head = CPH_BUF_INIT;
@@ -591,7 +615,7 @@ static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_t
     }
     cph_buf_reset(&head);
     if (i < nm) {
-      int64_t d;
+      int32_t d;
       msg_row_head(&head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &d);
     } else {
       node_row_head(&head, r, i - nm, &ct->tree.nodes[ct->order[i - nm]]);
@@ -603,19 +627,45 @@ static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_t
       rc = cph_txn_put(t, CPH_DB_TURN_ROWS, &rk, head.data, head.len);
     }
   }
-  uint8_t *refs = rc == CPH_OK ? malloc(16 + 8 * (n_added + n_named)) : NULL;
-  if (rc == CPH_OK && !refs)
+  /* then the turn's rows in order as (index among the distinct ones, depth) */
+  size_t n_distinct = n_added + n_named, len = REFS_HEAD + 8 * n_distinct + 8 * (nm + nn);
+  uint8_t *refs = rc == CPH_OK ? malloc(len) : NULL;
+  size_t cap = 16;
+  while (cap < 2 * n_distinct)
+    cap *= 2;
+  uint64_t *slot = rc == CPH_OK ? calloc(cap, sizeof *slot) : NULL; /* hash -> index + 1 */
+  uint32_t *index = rc == CPH_OK ? calloc(cap, sizeof *index) : NULL;
+  if (rc == CPH_OK && (!refs || !slot || !index))
     rc = CPH_ENOMEM;
   if (rc == CPH_OK) {
     cph_be64_put(refs, prev);
     cph_be64_put(refs + 8, n_added);
-    for (size_t i = 0; i < n_added; i++)
-      cph_be64_put(refs + 16 + 8 * i, named[i]);
-    for (size_t i = 0; i < n_named; i++)
-      cph_be64_put(refs + 16 + 8 * (n_added + i), named[nm + nn - 1 - i]);
+    cph_be64_put(refs + 16, n_distinct);
+    cph_be32_put(refs + 24, (uint32_t)nm);
+    cph_be32_put(refs + 28, (uint32_t)nn);
+    for (size_t i = 0; i < n_distinct; i++) {
+      uint64_t h = i < n_added ? named[i] : named[nm + nn - 1 - (i - n_added)];
+      cph_be64_put(refs + REFS_HEAD + 8 * i, h);
+      size_t s = (size_t)h & (cap - 1);
+      while (index[s] && slot[s] != h)
+        s = (s + 1) & (cap - 1);
+      slot[s] = h;
+      index[s] = (uint32_t)i + 1;
+    }
+    uint8_t *o = refs + REFS_HEAD + 8 * n_distinct;
+    for (size_t i = 0; i < nm + nn; i++, o += 8) {
+      uint64_t h = i < nm ? w->msg_rows[i] : w->node_rows[i - nm];
+      size_t s = (size_t)h & (cap - 1);
+      while (slot[s] != h)
+        s = (s + 1) & (cap - 1);
+      cph_be32_put(o, index[s] - 1);
+      cph_be32_put(o + 4, (uint32_t)(i < nm ? w->msg_depths[i] : w->node_depths[i - nm]));
+    }
     cph_key ak = turn_key(session, turn);
-    rc = cph_txn_put(t, CPH_DB_TURN_ROW_REFS, &ak, refs, 16 + 8 * (n_added + n_named));
+    rc = cph_txn_put(t, CPH_DB_TURN_ROW_REFS, &ak, refs, len);
   }
+  free(slot);
+  free(index);
   hset_free(&prev_set);
   hset_free(&mine);
   free(named);
@@ -763,14 +813,55 @@ static char *row_rest(const uint8_t *p, const uint8_t *end) {
 
 /* A version-3 record's messages and nodes, looked up by row into the version-2 arrays, so the
  * rest reads every record alike. */
-static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turnctx_rec *r,
-                        cph_err *err) {
-  uint32_t nm = r->n_msg_rows, nn = r->n_node_rows;
-  if (r->n_msg_depths != nm || r->n_node_depths != nn)
+/* Turn's ordered rows from its refs entry into l. */
+static int rows_read(cph_txn *t, const char *session, uint64_t turn, rowlist *l, cph_err *err) {
+  cph_key k = turn_key(session, turn);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &k, &v);
+  uint64_t prev;
+  size_t n_added, n_distinct;
+  if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_distinct))
+    rc = CPH_ECORRUPT;
+  if (rc == CPH_ENOTFOUND || rc == CPH_ECORRUPT)
     return cph_err_set(err, CPH_ECORRUPT,
-                       "corrupt record in database \"turn_contexts\" at turn %llu of '%s': its "
-                       "rows and depths disagree",
-                       (unsigned long long)turn, session);
+                       "database \"turn_row_refs\": the entry of turn %llu of '%s' is %s",
+                       (unsigned long long)turn, session, rc == CPH_ENOTFOUND ? "missing" : "bad");
+  if (rc)
+    return cph_err_set(err, rc, "%s", t->err.msg);
+  const uint8_t *p = v.data;
+  uint32_t nm = cph_be32_get(p + 24), nn = cph_be32_get(p + 28);
+  l->msg_rows = calloc(nm ? nm : 1, sizeof *l->msg_rows);
+  l->msg_depths = calloc(nm ? nm : 1, sizeof *l->msg_depths);
+  l->node_rows = calloc(nn ? nn : 1, sizeof *l->node_rows);
+  l->node_depths = calloc(nn ? nn : 1, sizeof *l->node_depths);
+  if (!l->msg_rows || !l->msg_depths || !l->node_rows || !l->node_depths)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  const uint8_t *o = p + REFS_HEAD + 8 * n_distinct;
+  for (uint32_t i = 0; i < nm + nn; i++, o += 8) {
+    uint32_t ix = cph_be32_get(o);
+    if (ix >= n_distinct)
+      return cph_err_set(err, CPH_ECORRUPT,
+                         "database \"turn_row_refs\": the entry of turn %llu of '%s' is bad",
+                         (unsigned long long)turn, session);
+    uint64_t h = refs_row(&v, ix);
+    int32_t d = (int32_t)cph_be32_get(o + 4);
+    if (i < nm) {
+      l->msg_rows[i] = h;
+      l->msg_depths[i] = d;
+    } else {
+      l->node_rows[i - nm] = h;
+      l->node_depths[i - nm] = d;
+    }
+  }
+  l->n_msg_rows = nm;
+  l->n_node_rows = nn;
+  return CPH_OK;
+}
+
+/* l's rows into r's version-2 arrays. */
+static int rows_materialize(cph_txn *t, const char *session, uint64_t turn, const rowlist *l,
+                            cph_turnctx_rec *r, cph_err *err) {
+  uint32_t nm = l->n_msg_rows, nn = l->n_node_rows;
   if (!REALLOC_FIELD(r, msg_roles, n_msg_roles, nm) ||
       !REALLOC_FIELD(r, msg_contents, n_msg_contents, nm) ||
       !REALLOC_FIELD(r, msg_coords, n_msg_coords, nm) ||
@@ -784,7 +875,7 @@ static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turn
       !REALLOC_FIELD(r, node_flags, n_node_flags, nn))
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   for (uint32_t i = 0; i < nm + nn; i++) {
-    uint64_t h = i < nm ? r->msg_rows[i] : r->node_rows[i - nm];
+    uint64_t h = i < nm ? l->msg_rows[i] : l->node_rows[i - nm];
     cph_key rk = text_key(session, h);
     cph_val v;
     int rc = cph_txn_get(t, CPH_DB_TURN_ROWS, &rk, &v);
@@ -803,7 +894,7 @@ static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turn
       char *coord = NULL;
       ok = row_str(&p, end, &r->msg_roles[i]) && row_str(&p, end, &coord);
       if (ok && split) { /* "d" + depth + the rest */
-        char *full = fmt("d%lld%s", (long long)r->msg_depths[i], coord + 1);
+        char *full = fmt("d%lld%s", (long long)l->msg_depths[i], coord + 1);
         free(coord);
         coord = full;
         ok = full != NULL;
@@ -814,7 +905,7 @@ static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turn
     } else if (ok && i >= nm && p[0] == 'n' && v.len >= 61) {
       uint32_t j = i - nm;
       r->node_ids[j] = cph_be64_get(p + 1);
-      cph_coord at = {(int32_t)r->node_depths[j], (int32_t)cph_be32_get(p + 9),
+      cph_coord at = {l->node_depths[j], (int32_t)cph_be32_get(p + 9),
                       (int32_t)cph_be32_get(p + 13)};
       r->node_ttl[j] = (int64_t)cph_be64_get(p + 17);
       r->node_cadence[j] = (int64_t)cph_be64_get(p + 25);
@@ -838,6 +929,16 @@ static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turn
                          (unsigned long long)h, (unsigned long long)turn, session);
   }
   return CPH_OK;
+}
+
+static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turnctx_rec *r,
+                        cph_err *err) {
+  rowlist l = {0};
+  int rc = rows_read(t, session, turn, &l, err);
+  if (rc == CPH_OK)
+    rc = rows_materialize(t, session, turn, &l, r, err);
+  rowlist_free(&l);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- keeping */
@@ -1117,7 +1218,9 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
     cph_turnctx_rec r = {0};
     texts tx = {.no_hash = !write_v2};
     rc = fill_rec(&r, turn_id, ti, tree, &tx);
-    cph_turnctx_rec w = {0}; /* what is written: r, or r as rows (version 3) */
+    cph_turnctx_rec w = {0}; /* what is written: r (version 2), or r without its messages and
+                              * nodes, which go as rows (version 3) */
+    rowlist rl = {0};
     if (rc == CPH_OK && write_v2) {
       rc = texts_keep(&c, ti->session, turn_id, &tx);
       w = r;
@@ -1127,19 +1230,16 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
       w.n_node_ids = w.n_node_at = w.n_node_roles = w.n_node_previews = w.n_node_hashes = 0;
       w.n_node_ttl = w.n_node_cadence = w.n_node_created = w.n_node_flags = 0;
       w.n_msg_hashes = w.n_node_preview_hashes = 0;
-      rc = rows_keep(&c, ti->session, turn_id, &r, ti, tree, &tx, &w);
+      w.rows = true;
+      w.row_messages = (uint32_t)ti->n_messages;
+      rc = rows_keep(&c, ti->session, turn_id, &r, ti, tree, &tx, &rl);
     }
     if (rc == CPH_OK) {
       cph_key k = turn_key(ti->session, turn_id);
       rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, write_v2 ? &cph_turnctx_v2_desc
                                                                      : &cph_turnctx_desc, &w);
     }
-    if (!write_v2) { /* w shares r's scalars and strings; only its rows are its own */
-      free(w.msg_rows);
-      free(w.msg_depths);
-      free(w.node_rows);
-      free(w.node_depths);
-    }
+    rowlist_free(&rl); /* w shares the rest with r */
     rec_unborrow(&r);
     cph_record_free(&cph_turnctx_desc, &r);
     texts_free(&tx);
@@ -1181,7 +1281,7 @@ static void summary_from_rec(const cph_turnctx_rec *r, cph_kept_turn *o) {
   o->episode = r->episode;
   o->created_ms = r->created_ms;
   o->omit = r->omit;
-  o->n_messages = r->n_msg_roles > r->n_msg_rows ? r->n_msg_roles : r->n_msg_rows;
+  o->n_messages = r->rows ? r->row_messages : r->n_msg_roles;
   if (r->n_tokens == N_TOKENS) {
     const uint64_t *v = r->tokens;
     o->tokens = (cph_context_tokens){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3],
@@ -1198,8 +1298,8 @@ int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, siz
   int rc = cph_txn_begin(store, false, &t);
   if (rc)
     return cph_err_set(err, rc, "%s", t.err.msg);
-  static const char *const names[] = {"input", "tokens", "msg_roles", "msg_rows"};
-  uint64_t mask = cph_record_field_mask(&cph_turnctx_desc, names, 4);
+  static const char *const names[] = {"input", "tokens", "msg_roles"};
+  uint64_t mask = cph_record_field_mask(&cph_turnctx_desc, names, 3);
   cph_key start = turn_key(session, 0);
   size_t prefix = strlen(session) + 1, cap = 0;
   cph_cursor cur;
@@ -1306,7 +1406,7 @@ static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *
                        (unsigned long long)turn, session);
   if (rc)
     return cph_err_set(err, rc, "%s", t->err.msg);
-  if (r->n_msg_rows || r->n_node_rows || r->n_msg_depths || r->n_node_depths)
+  if (r->rows)
     rc = rows_resolve(t, session, turn, r, err); /* version 3 */
   else
     rc = texts_resolve(t, session, turn, r, err); /* version 2 (version 1 holds its texts) */

@@ -335,18 +335,11 @@ typedef struct cph_turnctx_rec {
   uint32_t n_msg_hashes;
   uint64_t *node_preview_hashes;
   uint32_t n_node_preview_hashes;
-  /* Since version 3: the messages and nodes as rows kept once per session in "turn_rows"
-   * (core/turnlog.c says how), each named by its hash, with the depth of its coordinate here
-   * (rows hold no depth, so a row that only moved is the same row); every array above from
-   * msg_roles on is then stored empty. */
-  uint64_t *msg_rows;
-  uint32_t n_msg_rows;
-  int64_t *msg_depths;
-  uint32_t n_msg_depths;
-  uint64_t *node_rows;
-  uint32_t n_node_rows;
-  int64_t *node_depths;
-  uint32_t n_node_depths;
+  /* Since version 3: the messages and nodes are rows kept once per session, named in order by
+   * the turn's entry in "turn_row_refs" (core/turnlog.c says how), and every array above from
+   * msg_roles on is stored empty. row_messages: how many messages. */
+  bool rows;
+  uint32_t row_messages;
 } cph_turnctx_rec;
 
 /* ---- generic codec over field tables ---- */

@@ -424,21 +424,33 @@ static void keyset_sort(keyset *k) {
   k->n = n;
 }
 
-/* Every row a kept record (version 3) names, as session\0 hash. */
+/* Every row a refs entry (session\0 turn -> be64 prev, be64 added, be64 n, be32 messages,
+ * be32 nodes, n be64 rows, ...) names, as session\0 hash. */
 static bool rows_named(void *ctx, const void *key, size_t key_len, const void *val,
+                       size_t val_len) {
+  assert_true(val_len >= 32);
+  uint64_t n = cph_be64_get((const unsigned char *)val + 16);
+  assert_true(32 + 8 * n <= val_len);
+  size_t prefix = key_len - 8;
+  for (uint64_t i = 0; i < n; i++) {
+    unsigned char k[300];
+    assert_true(prefix + 8 <= sizeof k);
+    memcpy(k, key, prefix);
+    memcpy(k + prefix, (const unsigned char *)val + 32 + 8 * i, 8);
+    keyset_add(ctx, k, prefix + 8);
+  }
+  return true;
+}
+
+/* The key of every kept record of version 3 (its messages and nodes are rows). */
+static bool rows_turns(void *ctx, const void *key, size_t key_len, const void *val,
                        size_t val_len) {
   cph_turnctx_rec r = {0};
   cph_err err;
   if (cph_record_decode(&cph_turnctx_desc, val, val_len, &r, &err) != CPH_OK)
     fail_msg("a kept record does not decode: %s", err.msg);
-  size_t prefix = key_len - 8;
-  for (uint32_t i = 0; i < r.n_msg_rows + r.n_node_rows; i++) {
-    unsigned char k[300];
-    assert_true(prefix + 8 <= sizeof k);
-    memcpy(k, key, prefix);
-    cph_be64_put(k + prefix, i < r.n_msg_rows ? r.msg_rows[i] : r.node_rows[i - r.n_msg_rows]);
-    keyset_add(ctx, k, prefix + 8);
-  }
+  if (r.rows)
+    keyset_add(ctx, key, key_len);
   cph_record_free(&cph_turnctx_desc, &r);
   return true;
 }
@@ -449,31 +461,29 @@ static void keyset_free(keyset *k) {
   free(k->v);
 }
 
-/* The rows held are exactly those the kept records name; every refs entry is a kept turn's. */
+/* The rows held are exactly those the refs entries name, and the refs entries are exactly
+ * those of the kept records of version 3. */
 static void check_rows(pair *p) {
-  keyset held = {0}, named = {0}, adds = {0}, turns = {0};
+  keyset held = {0}, named = {0}, refs = {0}, turns = {0};
   cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROWS, text_key_seen, &held);
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_CONTEXTS, rows_named, &named);
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, text_key_seen, &adds);
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_CONTEXTS, text_key_seen, &turns);
-  keyset_sort(&held);
-  keyset_sort(&named);
-  keyset_sort(&turns);
-  if (held.n != named.n)
-    fail_msg("seed %llu: %zu rows held, the kept turns name %zu", (unsigned long long)p->seed,
-             held.n, named.n);
-  for (size_t i = 0; i < held.n; i++)
-    if (strcmp(held.v[i], named.v[i]) != 0)
-      fail_msg("seed %llu: row %s held, %s named", (unsigned long long)p->seed, held.v[i],
-               named.v[i]);
-  for (size_t i = 0; i < adds.n; i++)
-    if (!bsearch(&adds.v[i], turns.v, turns.n, sizeof *turns.v, str_cmp))
-      fail_msg("seed %llu: refs entry %s of a turn not kept", (unsigned long long)p->seed,
-               adds.v[i]);
-  keyset_free(&held);
-  keyset_free(&named);
-  keyset_free(&adds);
-  keyset_free(&turns);
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, rows_named, &named);
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, text_key_seen, &refs);
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_CONTEXTS, rows_turns, &turns);
+  keyset *sets[] = {&held, &named, &refs, &turns};
+  for (int i = 0; i < 4; i++)
+    keyset_sort(sets[i]);
+  for (int pair_i = 0; pair_i < 2; pair_i++) {
+    keyset *a = sets[2 * pair_i], *b = sets[2 * pair_i + 1];
+    const char *what = pair_i ? "refs entries" : "rows";
+    if (a->n != b->n)
+      fail_msg("seed %llu: %zu %s held, %zu named", (unsigned long long)p->seed, a->n, what, b->n);
+    for (size_t i = 0; i < a->n; i++)
+      if (strcmp(a->v[i], b->v[i]) != 0)
+        fail_msg("seed %llu: %s: %s held, %s named", (unsigned long long)p->seed, what, a->v[i],
+                 b->v[i]);
+  }
+  for (int i = 0; i < 4; i++)
+    keyset_free(sets[i]);
 }
 
 static void check_texts(pair *p) {
