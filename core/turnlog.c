@@ -391,9 +391,38 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
 static bool write_v2;
 void turnlog_test_write_v2(bool on) { write_v2 = on; }
 
+/* A row's hash: two lanes of 8 bytes each per step (half text_hash's steps; rows are hashed
+ * on every lease, texts only when version-2 records are written). Not cryptographic, as
+ * text_hash: a collision within a session would show one row for another in the explorer. */
+static uint64_t lanes_hash(const void *data, size_t n, uint64_t seed) {
+  const char *s = data;
+  uint64_t a = seed ^ (n * 0xff51afd7ed558ccdull), b = 0xc2b2ae3d27d4eb4full ^ n;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint64_t x, y;
+    memcpy(&x, s + i, 8);
+    memcpy(&y, s + i + 8, 8);
+    a = (a ^ x) * 0x9e3779b97f4a7c15ull;
+    b = (b ^ y) * 0xc4ceb9fe1a85ec53ull;
+    a ^= a >> 31;
+    b ^= b >> 29;
+  }
+  uint64_t x = 0, y = 0;
+  size_t rest = n - i;
+  memcpy(&x, s + i, rest < 8 ? rest : 8);
+  if (rest > 8)
+    memcpy(&y, s + i + 8, rest - 8);
+  a = (a ^ x) * 0x9e3779b97f4a7c15ull;
+  b = (b ^ y) * 0xc4ceb9fe1a85ec53ull;
+  uint64_t h = a ^ (b >> 32 | b << 32);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
 static uint64_t row_hash(const cph_buf *head, const char *s, size_t len) {
-  uint64_t h[2] = {text_hash(head->data, head->len), text_hash(s, len)};
-  return text_hash((const char *)h, sizeof h);
+  return lanes_hash(s, len, lanes_hash(head->data, head->len, 0x8ebc6af09c88c6e3ull));
 }
 
 static void put_be32(cph_buf *b, uint32_t v) {
