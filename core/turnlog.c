@@ -52,14 +52,20 @@ static char *fmt(const char *f, ...) {
 
 static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
 
-/* The first PREVIEW_MAX bytes of s, cut on a UTF-8 boundary. */
-static char *preview(const char *s) {
+/* The length of s's first PREVIEW_MAX bytes, cut on a UTF-8 boundary. */
+static size_t preview_len(const char *s) {
   size_t n = s ? strnlen(s, PREVIEW_MAX + 1) : 0; /* no need to measure past the cut */
   if (n > PREVIEW_MAX) {
     n = PREVIEW_MAX;
     while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
       n--;
   }
+  return n;
+}
+
+/* A copy of s's preview (preview_len). */
+static char *preview(const char *s) {
+  size_t n = preview_len(s);
   char *p = malloc(n + 1);
   if (p) {
     memcpy(p, s ? s : "", n);
@@ -134,7 +140,10 @@ typedef struct texts {
   char **owned; /* the previews */
   size_t n_owned;
   char (*at)[48]; /* the nodes' coordinates, formatted (the record borrows them) */
-  bool no_hash;   /* version 3: rows name the texts, texts_add only hands back 0 */
+  bool no_hash;   /* version 3: rows name the texts, texts_add only hands back 0, and the
+                  * previews are not copied: pv_len[i] is node i's (its content's first bytes) */
+  size_t *pv_len;
+  size_t n_pv;
 } texts;
 
 static int texts_add(texts *tx, const char *s, uint64_t *hash_out) {
@@ -160,6 +169,7 @@ static void texts_free(texts *tx) {
   for (size_t i = 0; i < tx->n_owned; i++)
     free(tx->owned[i]);
   free(tx->owned);
+  free(tx->pv_len);
   free(tx->v);
   free(tx->at);
 }
@@ -470,6 +480,21 @@ static void msg_row_head(cph_buf *b, const char *role, const char *coord, uint64
   bool split = coord_split(coord, depth, &end);
   if (!split)
     *depth = 0;
+  size_t nr = strlen(role), nc = split ? strlen(coord + end) : 0;
+  uint8_t h[128]; /* the usual head, written at once */
+  if (split && 1 + 8 + 4 + nr + 4 + 1 + nc <= sizeof h) {
+    uint8_t *p = h;
+    *p++ = 'm';
+    cph_be64_put(p, node);
+    cph_be32_put(p + 8, (uint32_t)nr);
+    memcpy(p + 12, role, nr);
+    p += 12 + nr;
+    cph_be32_put(p, (uint32_t)(nc + 1));
+    p[4] = 'd';
+    memcpy(p + 5, coord + end, nc);
+    cph_buf_append(b, h, (size_t)(p + 5 + nc - h));
+    return;
+  }
   cph_buf_putc(b, split ? 'm' : 'M');
   put_be64(b, node);
   put_str(b, role);
@@ -587,7 +612,7 @@ static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_t
     return CPH_ENOMEM;
   w->n_msg_rows = (uint32_t)nm;
   w->n_node_rows = (uint32_t)nn;
-  if (tx->n_owned != nn)
+  if (tx->n_pv != nn)
     return CPH_ENOMEM; /* fill_nodes stopped short */
   cph_buf head = CPH_BUF_INIT;
   /* the rows in order, with where their texts are */
@@ -607,8 +632,8 @@ static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_t
     cph_buf_reset(&head);
     node_row_head(&head, r, i, nd);
     w->node_depths[i] = nd->at.depth;
-    texts_at[nm + i] = tx->owned[i];
-    text_len[nm + i] = strlen(tx->owned[i]);
+    texts_at[nm + i] = nd->content;
+    text_len[nm + i] = tx->pv_len[i];
     w->node_rows[i] = row_hash(&head, texts_at[nm + i], text_len[nm + i]);
   }
   if (rc == CPH_OK)
@@ -1003,6 +1028,7 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
   r->node_roles = calloc(n ? n : 1, sizeof *r->node_roles);
   r->node_preview_hashes = calloc(n ? n : 1, sizeof *r->node_preview_hashes);
   tx->owned = calloc(n ? n : 1, sizeof *tx->owned);
+  tx->pv_len = calloc(n ? n : 1, sizeof *tx->pv_len);
   r->node_hashes = calloc(n ? n : 1, sizeof *r->node_hashes);
   r->node_ttl = calloc(n ? n : 1, sizeof *r->node_ttl);
   r->node_cadence = calloc(n ? n : 1, sizeof *r->node_cadence);
@@ -1011,7 +1037,7 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
   r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
   int rc = CPH_OK;
   if (!used || !at || !cands || !r->node_ids || !r->node_at || !r->node_roles ||
-      !r->node_preview_hashes || !tx->owned || !r->node_hashes || !r->node_ttl ||
+      !r->node_preview_hashes || !tx->owned || !tx->pv_len || !r->node_hashes || !r->node_ttl ||
       !r->node_cadence || !r->node_created || !r->node_flags || !r->msg_nodes) {
     rc = CPH_ENOMEM;
     goto out;
@@ -1030,11 +1056,15 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
                        (uint64_t)(nd->n_lifecycle & 0xff) << 16;
     r->node_at[i] = at[i]; /* borrowed, as the role (rec_unborrow) */
     r->node_roles[i] = nd->role ? nd->role : (char *)"";
+    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
+        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
+    if (tx->no_hash) { /* version 3: the row hashes the preview where it lies */
+      tx->pv_len[tx->n_pv++] = preview_len(nd->content);
+      continue;
+    }
     char *pv = tx->owned[tx->n_owned] = preview(nd->content);
     if (pv)
       tx->n_owned++;
-    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
-        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
     if (!pv || texts_add(tx, pv, &r->node_preview_hashes[i]) != CPH_OK) {
       rc = CPH_ENOMEM;
       goto out;
