@@ -365,20 +365,22 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
  *
  * Version 2 still wrote every message's and node's coordinate, role and hashes on every lease
  * (a few hundred of each), and the texts' refs. A version-3 record keeps no message or node
- * itself: each is a row, kept once per session,
+ * itself (its arrays from msg_roles on are empty, `rows` is set): each is a row, kept once
+ * per session,
  *   "turn_rows"      session\0 u64 row hash -> the row (layout below)
- * and the record names its rows in order (msg_rows, node_rows) with each one's depth beside
- * it (msg_depths, node_depths). A row holds everything but the depth, so a message or node
- * that only moved (the history shifting by the turn's new messages, the ODI shift) is the row
- * the session's previous kept turn named: a lease puts the rows that are new since that turn
- * (on most leases the turn's new messages and its new cores) and a record of hashes and small
- * depths, instead of hashing and encoding every text and coordinate again.
- *   "turn_row_refs"  session\0 u64 turn -> be64 the session's newest kept turn when this one
- *                                          was kept (0: none), be64 n, then the turn's
- *                                          distinct rows (be64 each), the n rows it added
- *                                          (named, and not by that turn) first
- * The refs entry repeats what the record names so that keeping and trimming read hashes in
- * place rather than decode records.
+ * and named in order by the turn's refs entry, with its depth beside it:
+ *   "turn_row_refs"  session\0 u64 turn -> be64 prev, be64 n_added, be64 n, be32 messages,
+ *                                          be32 nodes, then the turn's n distinct rows (be64
+ *                                          each, the n_added it added first), then per
+ *                                          message and per node in order: be32 its index
+ *                                          among the distinct rows, be32 its depth
+ * where prev is the session's newest kept turn when this one was kept (0: none), and a row is
+ * added when that turn did not name it. A row holds everything but the depth, so a message or
+ * node that only moved (the history shifting by the turn's new messages, the ODI shift) is the
+ * row the previous kept turn named: a lease puts the rows that are new since that turn (on
+ * most leases the turn's new messages and its new cores) and a refs entry of raw hashes and
+ * indexes, instead of encoding every text and coordinate again; keeping and trimming read
+ * refs entries in place, never decode a record.
  * Invariant: every row a kept record names is held. Trimming deletes a row once no remaining
  * turn names it. When the oldest turns go and N is the oldest left: a row that N does not name
  * is named by a later remaining turn M only if a turn after N up to M added it (it was not in
@@ -394,7 +396,7 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
  *            then the content (the rest of the value);
  *   node:    'n', be64 id, be32 position, be32 offset, be64 ttl, be64 cadence, be64 created,
  *            be64 flags, be64 content hash, be32 n + the role, then the preview (the rest).
- * The row hash is text_hash of (text_hash of the row before its text, text_hash of the text):
+ * The row hash is lanes_hash of the text seeded with lanes_hash of the row before its text:
  * the text is hashed where it lies, and copied only into a new row. */
 
 /* Test knob (turnlog.h): write version-2 records. */

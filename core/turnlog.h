@@ -12,18 +12,23 @@
  * the content, ttl, cadence, created_at_episode, lifecycle stage). A lease that left parts out
  * (`include`) keeps what was assembled: those parts are empty and `omit` names them, so the
  * diff says it cannot compare them rather than report them as gone.
- * The messages' contents and the nodes' previews are kept by hash, each text once per session
- * ("turn_texts", with "turn_text_refs" naming each turn's texts; turnlog.c says how): a lease
- * writes the texts that are new since the session's newest kept turn, not its whole window.
+ * The messages and the nodes are kept as rows, each once per session (record version 3:
+ * "turn_rows", with each turn's entry in "turn_row_refs" naming its rows in order with their
+ * depths; turnlog.c says how): a row holds no depth, so a lease writes the rows that are new
+ * since the session's newest kept turn — its new messages and cores — not its whole window.
+ * Records of versions 1 (texts inline) and 2 (texts by hash in "turn_texts", named by
+ * "turn_text_refs") still read, and are trimmed like the others.
  *
  * ---- The bound ----
  * Writing a turn's context deletes the session's oldest ones beyond keep-turns in the same
  * transaction, so a session never holds more than keep-turns (after a policy change, from its
  * next lease on). keep-turns 0 writes nothing and deletes what the session kept. Cost per
- * lease (the tree is the turn's, loaded and ordered once by context assembly): the texts hashed, one put for the record,
- * one for its refs and one per new text, a cursor walk over at most keep-turns + 1 keys, and
- * the trimmed turn's texts that no remaining turn names deleted. Keeping runs in a nested transaction: a failure (a full map) loses
- * the kept context, never the lease.
+ * lease (the tree is the turn's, loaded and ordered once by context assembly): every message
+ * and node hashed as a row, the session's newest refs entry read, one put for the record, one
+ * for its refs entry and one per new row, a cursor walk over at most keep-turns + 1 keys, and
+ * for the trimmed turn two refs entries and the heads of the others read and the rows no
+ * remaining turn names deleted. Keeping runs in a nested transaction: a failure (a full map)
+ * loses the kept context, never the lease.
  *
  * ---- The diff (from -> to) ----
  * Nodes by id, messages by (role, content) then coordinate, section items by id. For what
