@@ -712,7 +712,7 @@ static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_t
     for (size_t i = 0; i < nm + nn; i++, o += 8) {
       uint64_t h = i < nm ? w->msg_rows[i] : w->node_rows[i - nm];
       size_t s = (size_t)h & (cap - 1);
-      while (slot[s] != h)
+      while (!index[s] || slot[s] != h) /* it is there: every row is among the distinct */
         s = (s + 1) & (cap - 1);
       cph_be32_put(o, index[s] - 1);
       cph_be32_put(o + 4, (uint32_t)(i < nm ? w->msg_depths[i] : w->node_depths[i - nm]));
