@@ -413,7 +413,8 @@ static bool refs_seen(void *ctx, const void *key, size_t key_len, const void *va
 
 /* Sorted, each key once. */
 static void keyset_sort(keyset *k) {
-  qsort(k->v, k->n, sizeof *k->v, str_cmp);
+  if (k->n) /* an empty set has no array */
+    qsort(k->v, k->n, sizeof *k->v, str_cmp);
   size_t n = 0;
   for (size_t i = 0; i < k->n; i++) {
     if (n && strcmp(k->v[n - 1], k->v[i]) == 0)
