@@ -167,25 +167,9 @@ static int idset_add(idset *s, uint64_t id) {
   return CPH_OK;
 }
 
-/* Ids are mostly added in order or, read newest first, in reverse: those are checked and
- * reversed in one pass; only a mix is sorted. */
 static void idset_sort(idset *s) {
-  bool up = true, down = true;
-  for (size_t i = 1; i < s->n && (up || down); i++) {
-    up = up && s->v[i - 1] <= s->v[i];
-    down = down && s->v[i - 1] >= s->v[i];
-  }
-  if (up)
-    return;
-  if (!down) {
+  if (s->n)
     qsort(s->v, s->n, sizeof *s->v, u64_cmp);
-    return;
-  }
-  for (size_t i = 0, j = s->n - 1; i < j; i++, j--) {
-    uint64_t tmp = s->v[i];
-    s->v[i] = s->v[j];
-    s->v[j] = tmp;
-  }
 }
 
 static bool idset_has(const idset *s, uint64_t id) {
