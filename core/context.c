@@ -233,9 +233,7 @@ typedef struct ctx {
   vstate *vs;
   hentry *entries;
   size_t n_entries, cap_entries;
-  cph_pact_tree tree;
-  bool tree_loaded;
-  bool tree_ok; /* loaded from the store (or its cache) without error */
+  context_tree *tr; /* the caller's: the tree is loaded and ordered here, released there */
   int64_t now_ms;
 } ctx;
 
@@ -607,6 +605,30 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
 static int entry_cmp(const void *a, const void *b) {
   const hentry *x = a, *y = b;
   return x->event_id < y->event_id ? -1 : x->event_id > y->event_id;
+}
+
+/* The entries in event order. A channel is read newest first, so one view's entries come
+ * strictly descending: they are reversed rather than sorted (qsort's merge sort moved each
+ * entry about nine times, 5% of a lease's instructions); several views' are sorted. */
+static void entries_sort(ctx *c) {
+  hentry *e = c->entries;
+  size_t n = c->n_entries;
+  bool asc = true, desc = true;
+  for (size_t i = 1; i < n && (asc || desc); i++) {
+    asc = asc && e[i - 1].event_id < e[i].event_id;
+    desc = desc && e[i - 1].event_id > e[i].event_id;
+  }
+  if (asc)
+    return;
+  if (!desc) {
+    qsort(e, n, sizeof *e, entry_cmp);
+    return;
+  }
+  for (size_t i = 0, j = n - 1; i < j; i++, j--) {
+    hentry tmp = e[i];
+    e[i] = e[j];
+    e[j] = tmp;
+  }
 }
 
 /* Where each view starts (context.h) and which entries are in the away block. */
@@ -1180,8 +1202,8 @@ static int push_message(cph_turn_info *ti, const char *role, const char *content
  * (or, on an inbox turn, not cores), and the current message(s). */
 static uint64_t fixed_messages_cost(ctx *c) {
   uint64_t cost = c->rec->system ? message_cost(c->rec->system) : 0;
-  for (size_t i = 0; c->tree_loaded && i < c->tree.n; i++) {
-    const cph_pact_node *nd = &c->tree.nodes[i];
+  for (size_t i = 0; c->tr->ok && i < c->tr->tree.n; i++) {
+    const cph_pact_node *nd = &c->tr->tree.nodes[i];
     if (nd->waiting || (c->inbox ? tree_core(nd) : tree_history_core(nd)))
       continue;
     cost += message_cost(nd->content);
@@ -1203,17 +1225,20 @@ static uint64_t fixed_messages_cost(ctx *c) {
  * (inbox) or the input (other turns), history cut to messages_budget. */
 static int build_messages(ctx *c, uint64_t messages_budget) {
   cph_turn_info *ti = c->ti;
-  size_t *idx = calloc(c->tree.n ? c->tree.n : 1, sizeof *idx);
+  const cph_pact_tree *tree = &c->tr->tree;
+  size_t live = c->tr->ok ? c->tr->n_live : 0;
+  size_t *idx = malloc((live ? live : 1) * sizeof *idx); /* the order, SIZE_MAX where cut */
   if (!idx)
     return CPH_ENOMEM;
-  size_t live = cph_pact_render_order(&c->tree, idx);
+  if (live)
+    memcpy(idx, c->tr->order, live * sizeof *idx);
   /* Which tree nodes render: on an inbox turn all but the cores; otherwise all, with the
    * history cores cut oldest (deepest) first to the budget. */
   size_t kept = 0;
   uint64_t used = 0;
   bool full = false;
   for (size_t i = live; i-- > 0;) {
-    const cph_pact_node *nd = &c->tree.nodes[idx[i]];
+    const cph_pact_node *nd = &tree->nodes[idx[i]];
     bool keep;
     if (c->inbox) {
       keep = !tree_core(nd);
@@ -1259,7 +1284,7 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
       i++;
       continue;
     }
-    const cph_pact_node *nd = i < live ? &c->tree.nodes[idx[i]] : NULL;
+    const cph_pact_node *nd = i < live ? &tree->nodes[idx[i]] : NULL;
     if (j < n_extra && (!nd || coord_cmp(&extra[j].at, &nd->at) <= 0)) {
       rc = push_message(ti, extra[j].role, NULL, extra[j].content, extra[j].name, &extra[j].at);
       j++;
@@ -1286,10 +1311,41 @@ static void ctx_free(ctx *c) {
   idset_free(&c->staged_events);
   idset_free(&c->inbox_events);
   idset_free(&c->shown_events);
-  if (c->tree_ok) /* read, never changed: it still matches the store as t sees it */
-    trees_keep(c->cx->trees, c->s->id, &c->tree);
-  if (c->tree_loaded)
-    cph_pact_tree_free(&c->tree);
+}
+
+/* Loads the session's tree into c->tr and orders it. A tree that cannot be read (other than
+ * for memory) leaves c->tr not ok and the turn is rendered without it. */
+static int load_tree(ctx *c) {
+  context_tree *tr = c->tr;
+  int rc = trees_load(c->cx->trees, c->t, c->s->id, &tr->tree);
+  tr->loaded = true; /* trees_load leaves a tree to free whatever the outcome */
+  if (rc == CPH_OK) {
+    size_t n = tr->tree.n;
+    if (!(tr->order = malloc((n ? n : 1) * sizeof *tr->order)))
+      return CPH_ENOMEM;
+    size_t k = tr->n_live = cph_pact_render_order(&tr->tree, tr->order);
+    for (size_t i = 0; i < n; i++)
+      if (tr->tree.nodes[i].waiting)
+        tr->order[k++] = i;
+    tr->ok = true;
+    return CPH_OK;
+  }
+  if (rc != CPH_ENOMEM && !c->t->ret) {
+    /* A tree that cannot be read must not stop the session's turns: render without it. */
+    cph_log(CPH_LOG_WARN, "turn of '%s' rendered without its context tree: %s", c->s->id,
+            c->t->err.msg[0] ? c->t->err.msg : cph_strerror(rc));
+    rc = CPH_OK;
+  }
+  return rc;
+}
+
+void context_tree_release(cph_context *cx, const char *session, context_tree *tr) {
+  if (tr->ok) /* read, never changed: it still matches the store as the lease's parent sees it */
+    trees_keep(cx->trees, session, &tr->tree);
+  if (tr->loaded)
+    cph_pact_tree_free(&tr->tree);
+  free(tr->order);
+  memset(tr, 0, sizeof *tr);
 }
 
 static int assemble(ctx *c) {
@@ -1306,17 +1362,8 @@ static int assemble(ctx *c) {
     rc = idset_add(&c->inbox_events, c->s->inbox[i].event_id);
   idset_sort(&c->staged_events);
   idset_sort(&c->inbox_events);
-  if (rc == CPH_OK) {
-    rc = trees_load(c->cx->trees, c->t, c->s->id, &c->tree);
-    c->tree_loaded = true; /* trees_load leaves a tree to free whatever the outcome */
-    c->tree_ok = rc == CPH_OK;
-    if (rc && rc != CPH_ENOMEM && !c->t->ret) {
-      /* A tree that cannot be read must not stop the session's turns: render without it. */
-      cph_log(CPH_LOG_WARN, "turn of '%s' rendered without its context tree: %s", c->s->id,
-              c->t->err.msg[0] ? c->t->err.msg : cph_strerror(rc));
-      rc = CPH_OK;
-    }
-  }
+  if (rc == CPH_OK)
+    rc = load_tree(c);
   /* conversation_history and the messages' history part share one budget; messages also
    * stay inside the window with their fixed part. */
   c->history_budget = share(c, SHARE_HISTORY) + c->carry;
@@ -1332,8 +1379,7 @@ static int assemble(ctx *c) {
     for (size_t v = 0; rc == CPH_OK && v < ti->n_views; v++)
       rc = scan_channel(c, v, messages_budget, reads);
     if (rc == CPH_OK) {
-      if (c->n_entries)
-        qsort(c->entries, c->n_entries, sizeof *c->entries, entry_cmp);
+      entries_sort(c);
       classify(c);
       rc = select_section(c);
       select_view(c, messages_budget);
@@ -1360,10 +1406,11 @@ void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cp
 }
 
 int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session_rec *rec,
-                     cph_turn_info *ti) {
+                     cph_turn_info *ti, context_tree *tree) {
   ctx c;
   memset(&c, 0, sizeof c);
   c.cx = cx;
+  c.tr = tree;
   c.t = t;
   c.s = s;
   c.rec = rec;

@@ -113,6 +113,7 @@
 #ifndef CEPHALON_CORE_CONTEXT_H
 #define CEPHALON_CORE_CONTEXT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -137,12 +138,30 @@ typedef struct cph_context {
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
                   cph_chantails *tails);
 
+/* The session's PACT tree as a lease read it, in render order: loaded and sorted once by
+ * context_assemble, read again by the kept context (turnlog_keep), then handed back to the
+ * tree store's cache by context_tree_release. The caller (the lease) holds it between the two
+ * and must not change the tree. */
+typedef struct context_tree {
+  cph_pact_tree tree;
+  size_t *order; /* tree.n node indexes: the live nodes in render order (cph_pact_render_order),
+                  * then the waiting ones in tree order */
+  size_t n_live;
+  bool loaded; /* tree and order must be freed (context_tree_release) */
+  bool ok;     /* the session's tree as the lease's transaction reads it, ordered */
+} context_tree;
+
 /* Builds ti's sections, channel views and messages. The caller has filled ti->session, lane,
  * kind, episode, input and staged (in staged order) from rec, the session's record. Reads and
- * writes (memory accesses) through t. Job turns get current_state and tools only. CPH_OK, or
- * a store / allocation error (t's sticky error says which). */
+ * writes (memory accesses) through t. Job turns get current_state and tools only, and leave
+ * *tree not ok. *tree (zeroed by the caller) receives the tree the turn was rendered from;
+ * release it with context_tree_release whatever the outcome. CPH_OK, or a store / allocation
+ * error (t's sticky error says which). */
 int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session_rec *rec,
-                     cph_turn_info *ti);
+                     cph_turn_info *ti, context_tree *tree);
+/* Frees tree; a tree that is ok goes back to the tree store's cache, so call it only while
+ * the tree still matches what the lease's transaction's parent holds (read, not changed). */
+void context_tree_release(cph_context *cx, const char *session, context_tree *tree);
 /* Frees what context_assemble added to ti (cph_turn_info_free calls it). */
 void context_turn_free(cph_turn_info *ti);
 

@@ -386,7 +386,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   turns_init(&e->turns);
   chantails_init(&e->tails, &e->evcache);
   context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->tails);
-  turnlog_init(&e->turnlog, &e->env, &e->trees);
+  turnlog_init(&e->turnlog, &e->env);
   cph_clock_init_monotonic(&e->own_clock);
   e->env.clock = opts && opts->clock ? opts->clock : &e->own_clock;
   /* The engine's wall clock: real time at open, advancing with the engine clock (so windows

@@ -52,14 +52,20 @@ static char *fmt(const char *f, ...) {
 
 static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
 
-/* The first PREVIEW_MAX bytes of s, cut on a UTF-8 boundary. */
-static char *preview(const char *s) {
+/* The length of s's first PREVIEW_MAX bytes, cut on a UTF-8 boundary. */
+static size_t preview_len(const char *s) {
   size_t n = s ? strnlen(s, PREVIEW_MAX + 1) : 0; /* no need to measure past the cut */
   if (n > PREVIEW_MAX) {
     n = PREVIEW_MAX;
     while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
       n--;
   }
+  return n;
+}
+
+/* A copy of s's preview (preview_len). */
+static char *preview(const char *s) {
+  size_t n = preview_len(s);
   char *p = malloc(n + 1);
   if (p) {
     memcpy(p, s ? s : "", n);
@@ -134,9 +140,17 @@ typedef struct texts {
   char **owned; /* the previews */
   size_t n_owned;
   char (*at)[48]; /* the nodes' coordinates, formatted (the record borrows them) */
+  bool no_hash;   /* version 3: rows name the texts, texts_add only hands back 0, and the
+                  * previews are not copied: pv_len[i] is node i's (its content's first bytes) */
+  size_t *pv_len;
+  size_t n_pv;
 } texts;
 
 static int texts_add(texts *tx, const char *s, uint64_t *hash_out) {
+  if (tx->no_hash) {
+    *hash_out = 0;
+    return CPH_OK;
+  }
   if (tx->n == tx->cap) {
     size_t cap = tx->cap ? 2 * tx->cap : 64;
     text *p = realloc(tx->v, cap * sizeof *p);
@@ -155,6 +169,7 @@ static void texts_free(texts *tx) {
   for (size_t i = 0; i < tx->n_owned; i++)
     free(tx->owned[i]);
   free(tx->owned);
+  free(tx->pv_len);
   free(tx->v);
   free(tx->at);
 }
@@ -346,11 +361,645 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
   return rc;
 }
 
+/* ---------------------------------------------------------------- rows (version 3)
+ *
+ * Version 2 still wrote every message's and node's coordinate, role and hashes on every lease
+ * (a few hundred of each), and the texts' refs. A version-3 record keeps no message or node
+ * itself (its arrays from msg_roles on are empty, `rows` is set): each is a row, kept once
+ * per session,
+ *   "turn_rows"      session\0 u64 row hash -> the row (layout below)
+ * and named in order by the turn's refs entry, with its depth beside it:
+ *   "turn_row_refs"  session\0 u64 turn -> be64 prev, be64 n_added, be64 n, be32 messages,
+ *                                          be32 nodes, then the turn's n distinct rows (be64
+ *                                          each, the n_added it added first), then per
+ *                                          message and per node in order: be32 its index
+ *                                          among the distinct rows, be32 its depth
+ * where prev is the session's newest kept turn when this one was kept (0: none), and a row is
+ * added when that turn did not name it. A row holds everything but the depth, so a message or
+ * node that only moved (the history shifting by the turn's new messages, the ODI shift) is the
+ * row the previous kept turn named: a lease puts the rows that are new since that turn (on
+ * most leases the turn's new messages and its new cores) and a refs entry of raw hashes and
+ * indexes, instead of encoding every text and coordinate again; keeping and trimming read
+ * refs entries in place, never decode a record.
+ * Invariant: every row a kept record names is held. Trimming deletes a row once no remaining
+ * turn names it. When the oldest turns go and N is the oldest left: a row that N does not name
+ * is named by a later remaining turn M only if a turn after N up to M added it (it was not in
+ * its predecessor), so the rows that stay are rows(N) + the added rows of the turns after N —
+ * one refs entry and the heads of the others read, not every remaining turn's rows. When that
+ * chain is broken (an entry naming another predecessor) every remaining turn's rows are read
+ * instead. An older-version record has no refs entry and names no row.
+ *
+ * Row layout (integers big-endian):
+ *   message: 'm' (the depth goes before the coordinate's first ',') or 'M' (the coordinate
+ *            is stored whole: it is not "d<depth>,..." as cph_coord_format writes it), be64
+ *            node, be32 n + the role, be32 n + the coordinate without its depth ("d, 0, 0"),
+ *            then the content (the rest of the value);
+ *   node:    'n', be64 id, be32 position, be32 offset, be64 ttl, be64 cadence, be64 created,
+ *            be64 flags, be64 content hash, be32 n + the role, then the preview (the rest).
+ * The row hash is lanes_hash of the text seeded with lanes_hash of the row before its text:
+ * the text is hashed where it lies, and copied only into a new row. */
+
+/* Test knob (turnlog.h): write version-2 records. */
+static bool write_v2;
+void turnlog_test_write_v2(bool on) { write_v2 = on; }
+
+/* A row's hash: two lanes of 8 bytes each per step (half text_hash's steps; rows are hashed
+ * on every lease, texts only when version-2 records are written). Not cryptographic, as
+ * text_hash: a collision within a session would show one row for another in the explorer. */
+static uint64_t lanes_hash(const void *data, size_t n, uint64_t seed) {
+  const char *s = data;
+  uint64_t a = seed ^ (n * 0xff51afd7ed558ccdull), b = 0xc2b2ae3d27d4eb4full ^ n;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint64_t x, y;
+    memcpy(&x, s + i, 8);
+    memcpy(&y, s + i + 8, 8);
+    a = (a ^ x) * 0x9e3779b97f4a7c15ull;
+    b = (b ^ y) * 0xc4ceb9fe1a85ec53ull;
+    a ^= a >> 31;
+    b ^= b >> 29;
+  }
+  uint64_t x = 0, y = 0;
+  size_t rest = n - i;
+  memcpy(&x, s + i, rest < 8 ? rest : 8);
+  if (rest > 8)
+    memcpy(&y, s + i + 8, rest - 8);
+  a = (a ^ x) * 0x9e3779b97f4a7c15ull;
+  b = (b ^ y) * 0xc4ceb9fe1a85ec53ull;
+  uint64_t h = a ^ (b >> 32 | b << 32);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+static uint64_t row_hash(const cph_buf *head, const char *s, size_t len) {
+  return lanes_hash(s, len, lanes_hash(head->data, head->len, 0x8ebc6af09c88c6e3ull));
+}
+
+static void put_be32(cph_buf *b, uint32_t v) {
+  uint8_t p[4];
+  cph_be32_put(p, v);
+  cph_buf_append(b, p, 4);
+}
+
+static void put_be64(cph_buf *b, uint64_t v) {
+  uint8_t p[8];
+  cph_be64_put(p, v);
+  cph_buf_append(b, p, 8);
+}
+
+static void put_str(cph_buf *b, const char *s) {
+  size_t n = strlen(s);
+  put_be32(b, (uint32_t)n);
+  cph_buf_append(b, s, n);
+}
+
+/* The depth of a coordinate as cph_coord_format writes it ("d-1, 0, 0", "d12, 1, 0"), with
+ * where its digits end; false for any other text (leading zeros, "-0", no digits). */
+static bool coord_split(const char *at, int32_t *depth, size_t *end) {
+  if (at[0] != 'd')
+    return false;
+  size_t i = 1;
+  bool neg = at[i] == '-';
+  i += neg;
+  size_t d0 = i;
+  int64_t v = 0;
+  while (at[i] >= '0' && at[i] <= '9' && i - d0 < 10)
+    v = v * 10 + (at[i++] - '0');
+  size_t nd = i - d0;
+  if (nd == 0 || at[i] != ',' || (at[d0] == '0' && (nd > 1 || neg)) || v > INT32_MAX)
+    return false;
+  *depth = (int32_t)(neg ? -v : v);
+  *end = i;
+  return true;
+}
+
+/* A message's row head (everything but the content) into b; its depth into *depth. */
+static void msg_row_head(cph_buf *b, const char *role, const char *coord, uint64_t node,
+                         int32_t *depth) {
+  size_t end = 0;
+  bool split = coord_split(coord, depth, &end);
+  if (!split)
+    *depth = 0;
+  size_t nr = strlen(role), nc = split ? strlen(coord + end) : 0;
+  uint8_t h[128]; /* the usual head, written at once */
+  if (split && 1 + 8 + 4 + nr + 4 + 1 + nc <= sizeof h) {
+    uint8_t *p = h;
+    *p++ = 'm';
+    cph_be64_put(p, node);
+    cph_be32_put(p + 8, (uint32_t)nr);
+    memcpy(p + 12, role, nr);
+    p += 12 + nr;
+    cph_be32_put(p, (uint32_t)(nc + 1));
+    p[4] = 'd';
+    memcpy(p + 5, coord + end, nc);
+    cph_buf_append(b, h, (size_t)(p + 5 + nc - h));
+    return;
+  }
+  cph_buf_putc(b, split ? 'm' : 'M');
+  put_be64(b, node);
+  put_str(b, role);
+  if (split) {
+    size_t n = strlen(coord + end);
+    put_be32(b, (uint32_t)(n + 1));
+    cph_buf_putc(b, 'd');
+    cph_buf_append(b, coord + end, n);
+  } else {
+    put_str(b, coord);
+  }
+}
+
+/* Node i's row head (everything but the preview) into b, from r (fill_nodes) and nd. */
+static void node_row_head(cph_buf *b, const cph_turnctx_rec *r, size_t i, const cph_pact_node *nd) {
+  cph_buf_putc(b, 'n');
+  put_be64(b, r->node_ids[i]);
+  put_be32(b, (uint32_t)nd->at.position);
+  put_be32(b, (uint32_t)nd->at.offset);
+  put_be64(b, (uint64_t)r->node_ttl[i]);
+  put_be64(b, (uint64_t)r->node_cadence[i]);
+  put_be64(b, r->node_created[i]);
+  put_be64(b, r->node_flags[i]);
+  put_be64(b, r->node_hashes[i]);
+  put_str(b, r->node_roles[i]);
+}
+
+/* A set of u64 row hashes collected from LMDB values or arrays. */
+static int hset_add_all(hset *h, const uint64_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    hset_add(h, v[i]);
+  return CPH_OK;
+}
+
+#define REFS_HEAD 32 /* be64 prev, be64 n_added, be64 n_distinct, be32 messages, be32 nodes */
+
+/* A refs entry's value: its predecessor, how many rows it added, how many it names. */
+static bool refs_parse(const cph_val *v, uint64_t *prev, size_t *n_added, size_t *n) {
+  if (v->len < REFS_HEAD)
+    return false;
+  const uint8_t *p = v->data;
+  *prev = cph_be64_get(p);
+  uint64_t added = cph_be64_get(p + 8), distinct = cph_be64_get(p + 16);
+  uint64_t ordered = (uint64_t)cph_be32_get(p + 24) + cph_be32_get(p + 28);
+  if (added > distinct || distinct > v->len / 8 || v->len != REFS_HEAD + 8 * distinct + 8 * ordered)
+    return false;
+  *n_added = (size_t)added;
+  *n = (size_t)distinct;
+  return true;
+}
+
+/* Distinct row i of a refs entry's value, read in place. */
+static uint64_t refs_row(const cph_val *v, size_t i) {
+  return cph_be64_get((const uint8_t *)v->data + REFS_HEAD + 8 * i);
+}
+
+/* A version-3 turn's messages and nodes as rows, in order, each with its depth (the refs
+ * entry's ordered part; nothing of it is in the record). */
+typedef struct rowlist {
+  uint64_t *msg_rows, *node_rows;
+  int32_t *msg_depths, *node_depths;
+  uint32_t n_msg_rows, n_node_rows;
+} rowlist;
+
+static void rowlist_free(rowlist *l) {
+  free(l->msg_rows);
+  free(l->node_rows);
+  free(l->msg_depths);
+  free(l->node_depths);
+}
+
+/* The session's newest kept turn (0: none) and its refs entry (v->len 0: none, an older
+ * version), read in place: valid until the next write. */
+static int newest_kept(cph_txn *t, const char *session, uint64_t *turn, cph_val *v) {
+  *turn = 0;
+  *v = (cph_val){0};
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
+  if (rc)
+    return rc;
+  cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
+  size_t prefix = strlen(session) + 1;
+  cph_val k;
+  rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
+  if (rc == CPH_OK || rc == CPH_ENOTFOUND)
+    rc = cph_cursor_prev(&cur, &k, NULL);
+  if (rc == CPH_OK && k.len == prefix + 8 && memcmp(k.data, start.data, prefix) == 0)
+    *turn = cph_be64_get((const uint8_t *)k.data + prefix);
+  cph_cursor_close(&cur);
+  if (rc == CPH_ENOTFOUND)
+    rc = CPH_OK;
+  if (rc == CPH_OK && *turn) {
+    cph_key rk = turn_key(session, *turn);
+    rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &rk, v);
+    if (rc == CPH_ENOTFOUND) {
+      *v = (cph_val){0};
+      rc = CPH_OK;
+    }
+  }
+  return rc;
+}
+
+/* Turn's rows (w, allocated here) from the version-2 shape fill_rec built in r, ti's message
+ * contents and the turn's tree; puts the rows the session's newest kept turn does not name and
+ * this turn's refs entry. */
+static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_turnctx_rec *r,
+                     const cph_turn_info *ti, const context_tree *ct, const texts *tx,
+                     rowlist *w) {
+  size_t nm = r->n_msg_roles, nn = r->n_node_ids;
+  w->msg_rows = calloc(nm ? nm : 1, sizeof *w->msg_rows);
+  w->msg_depths = calloc(nm ? nm : 1, sizeof *w->msg_depths);
+  w->node_rows = calloc(nn ? nn : 1, sizeof *w->node_rows);
+  w->node_depths = calloc(nn ? nn : 1, sizeof *w->node_depths);
+  if (!w->msg_rows || !w->msg_depths || !w->node_rows || !w->node_depths)
+    return CPH_ENOMEM;
+  w->n_msg_rows = (uint32_t)nm;
+  w->n_node_rows = (uint32_t)nn;
+  if (tx->n_pv != nn)
+    return CPH_ENOMEM; /* fill_nodes stopped short */
+  cph_buf head = CPH_BUF_INIT;
+  /* the rows in order, with where their texts are */
+  const char **texts_at = calloc(nm + nn + 1, sizeof *texts_at);
+  size_t *text_len = calloc(nm + nn + 1, sizeof *text_len);
+  int rc = texts_at && text_len ? CPH_OK : CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < nm; i++) {
+    cph_buf_reset(&head);
+    msg_row_head(&head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &w->msg_depths[i]);
+    const char *c = ti->messages[i].content ? ti->messages[i].content : "";
+    texts_at[i] = c;
+    text_len[i] = strlen(c);
+    w->msg_rows[i] = row_hash(&head, c, text_len[i]);
+  }
+  for (size_t i = 0; rc == CPH_OK && i < nn; i++) {
+    const cph_pact_node *nd = &ct->tree.nodes[ct->order[i]];
+    cph_buf_reset(&head);
+    node_row_head(&head, r, i, nd);
+    w->node_depths[i] = nd->at.depth;
+    texts_at[nm + i] = nd->content;
+    text_len[nm + i] = tx->pv_len[i];
+    w->node_rows[i] = row_hash(&head, texts_at[nm + i], text_len[nm + i]);
+  }
+  if (rc == CPH_OK)
+    rc = cph_buf_error(&head);
+  /* what the newest kept turn names is held already */
+  uint64_t prev = 0, prev_prev = 0;
+  cph_val pv = {0};
+  size_t n_prev = 0, n_prev_added = 0;
+  hset prev_set = {0}, mine = {0};
+  if (rc == CPH_OK)
+    rc = newest_kept(t, session, &prev, &pv);
+  if (rc == CPH_OK && pv.len && !refs_parse(&pv, &prev_prev, &n_prev_added, &n_prev))
+    rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
+                     session);
+  if (rc == CPH_OK)
+    rc = hset_init(&prev_set, n_prev);
+  for (size_t i = 0; rc == CPH_OK && i < n_prev; i++)
+    hset_add(&prev_set, refs_row(&pv, i));
+  if (rc == CPH_OK)
+    rc = hset_init(&mine, nm + nn);
+  /* the refs entry: the added rows go first, the others after them */
+  uint64_t *named = calloc(nm + nn + 1, sizeof *named);
+  size_t n_named = 0, n_added = 0;
+  if (!named && rc == CPH_OK)
+    rc = CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < nm + nn; i++) {
+    uint64_t h = i < nm ? w->msg_rows[i] : w->node_rows[i - nm];
+    if (!hset_add(&mine, h))
+      continue;
+    if (hset_has(&prev_set, h)) {
+      named[nm + nn - 1 - n_named++] = h; /* from the end, moved behind the added ones below */
+      continue;
+    }
+    cph_buf_reset(&head);
+    if (i < nm) {
+      int32_t d;
+      msg_row_head(&head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &d);
+    } else {
+      node_row_head(&head, r, i - nm, &ct->tree.nodes[ct->order[i - nm]]);
+    }
+    cph_buf_append(&head, texts_at[i], text_len[i]);
+    named[n_added++] = h;
+    if ((rc = cph_buf_error(&head)) == CPH_OK) {
+      cph_key rk = text_key(session, h);
+      rc = cph_txn_put(t, CPH_DB_TURN_ROWS, &rk, head.data, head.len);
+    }
+  }
+  /* then the turn's rows in order as (index among the distinct ones, depth) */
+  size_t n_distinct = n_added + n_named, len = REFS_HEAD + 8 * n_distinct + 8 * (nm + nn);
+  uint8_t *refs = rc == CPH_OK ? malloc(len) : NULL;
+  size_t cap = 16;
+  while (cap < 2 * n_distinct)
+    cap *= 2;
+  uint64_t *slot = rc == CPH_OK ? calloc(cap, sizeof *slot) : NULL; /* hash -> index + 1 */
+  uint32_t *index = rc == CPH_OK ? calloc(cap, sizeof *index) : NULL;
+  if (rc == CPH_OK && (!refs || !slot || !index))
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK) {
+    cph_be64_put(refs, prev);
+    cph_be64_put(refs + 8, n_added);
+    cph_be64_put(refs + 16, n_distinct);
+    cph_be32_put(refs + 24, (uint32_t)nm);
+    cph_be32_put(refs + 28, (uint32_t)nn);
+    for (size_t i = 0; i < n_distinct; i++) {
+      uint64_t h = i < n_added ? named[i] : named[nm + nn - 1 - (i - n_added)];
+      cph_be64_put(refs + REFS_HEAD + 8 * i, h);
+      size_t s = (size_t)h & (cap - 1);
+      while (index[s] && slot[s] != h)
+        s = (s + 1) & (cap - 1);
+      slot[s] = h;
+      index[s] = (uint32_t)i + 1;
+    }
+    uint8_t *o = refs + REFS_HEAD + 8 * n_distinct;
+    for (size_t i = 0; i < nm + nn; i++, o += 8) {
+      uint64_t h = i < nm ? w->msg_rows[i] : w->node_rows[i - nm];
+      size_t s = (size_t)h & (cap - 1);
+      while (!index[s] || slot[s] != h) /* it is there: every row is among the distinct */
+        s = (s + 1) & (cap - 1);
+      cph_be32_put(o, index[s] - 1);
+      cph_be32_put(o + 4, (uint32_t)(i < nm ? w->msg_depths[i] : w->node_depths[i - nm]));
+    }
+    cph_key ak = turn_key(session, turn);
+    rc = cph_txn_put(t, CPH_DB_TURN_ROW_REFS, &ak, refs, len);
+  }
+  free(slot);
+  free(index);
+  hset_free(&prev_set);
+  hset_free(&mine);
+  free(named);
+  free(refs);
+  cph_buf_free(&head);
+  free(texts_at);
+  free(text_len);
+  return rc;
+}
+
+/* Appends v[0..n) to the growing array *all (*n_all entries). */
+static int u64s_append(uint64_t **all, size_t *n_all, const uint64_t *v, size_t n) {
+  uint64_t *p = realloc(*all, (*n_all + n + 1) * sizeof *p);
+  if (!p)
+    return CPH_ENOMEM;
+  if (n)
+    memcpy(p + *n_all, v, n * sizeof *p);
+  *all = p;
+  *n_all += n;
+  return CPH_OK;
+}
+
+/* Deletes every key of db with the session's prefix. */
+static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
+  cph_key start = turn_key(session, 0);
+  size_t prefix = strlen(session) + 1;
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, db, &cur);
+  if (rc)
+    return rc;
+  cph_val k;
+  for (;;) {
+    rc = cph_cursor_seek(&cur, &start, &k, NULL);
+    if (rc != CPH_OK || k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+      break;
+    if ((rc = cph_cursor_del(&cur)) != CPH_OK)
+      break;
+  }
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* The rows named by the remaining turns rest[0..n) that the trimmed turns' rows might be:
+ * rows(rest[0]) and the rows the later turns added, while the chain holds (see "rows" above),
+ * else every remaining turn's rows. Fills *alive. */
+static int rows_alive(cph_txn *t, const char *session, const uint64_t *rest, size_t n,
+                      uint64_t **alive, size_t *n_alive) {
+  int rc = CPH_OK;
+  bool chain = true;
+  for (int pass = 0; pass < 2 && rc == CPH_OK; pass++) {
+    bool all = pass == 1; /* the chain broke: read every row */
+    if (all && chain)
+      break;
+    *n_alive = 0;
+    for (size_t j = 0; rc == CPH_OK && j < n; j++) {
+      cph_key k = turn_key(session, rest[j]);
+      cph_val v;
+      rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &k, &v);
+      if (rc == CPH_ENOTFOUND) { /* an older-version record: it names no rows */
+        rc = CPH_OK;
+        continue;
+      }
+      uint64_t prev = 0;
+      size_t n_added = 0, n_rows = 0;
+      if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_rows))
+        rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
+                         session);
+      if (rc)
+        break;
+      if (!all && j > 0 && prev != rest[j - 1]) {
+        chain = false;
+        break;
+      }
+      size_t take = all || j == 0 ? n_rows : n_added;
+      uint64_t *p = realloc(*alive, (*n_alive + take + 1) * sizeof *p);
+      if (!p) {
+        rc = CPH_ENOMEM;
+        break;
+      }
+      *alive = p;
+      for (size_t i = 0; i < take; i++)
+        p[(*n_alive)++] = refs_row(&v, i);
+    }
+  }
+  return rc;
+}
+
+/* Deletes the rows of dead[0..n_dead) that no turn of rest[0..n_rest) names. */
+static int rows_trim(cph_txn *t, const char *session, const uint64_t *dead, size_t n_dead,
+                     const uint64_t *rest, size_t n_rest) {
+  if (!n_rest) /* nothing kept: whatever the session held goes */
+    return delete_prefixed(t, CPH_DB_TURN_ROWS, session);
+  if (!n_dead)
+    return CPH_OK;
+  uint64_t *alive = NULL;
+  size_t n_alive = 0;
+  hset keep = {0}, gone = {0};
+  int rc = rows_alive(t, session, rest, n_rest, &alive, &n_alive);
+  if (rc == CPH_OK)
+    rc = hset_init(&keep, n_alive);
+  if (rc == CPH_OK)
+    rc = hset_init(&gone, n_dead);
+  if (rc == CPH_OK)
+    hset_add_all(&keep, alive, n_alive);
+  for (size_t i = 0; rc == CPH_OK && i < n_dead; i++) {
+    if (hset_has(&keep, dead[i]) || !hset_add(&gone, dead[i]))
+      continue; /* still named, or deleted already */
+    cph_key rk = text_key(session, dead[i]);
+    rc = cph_txn_del(t, CPH_DB_TURN_ROWS, &rk);
+    if (rc == CPH_ENOTFOUND)
+      rc = CPH_OK;
+  }
+  hset_free(&keep);
+  hset_free(&gone);
+  free(alive);
+  return rc;
+}
+
+/* Reads a row's string at *p (be32 n + bytes) into a new string; false when the row is short. */
+static bool row_str(const uint8_t **p, const uint8_t *end, char **out) {
+  if (end - *p < 4)
+    return false;
+  uint32_t n = cph_be32_get(*p);
+  *p += 4;
+  if ((size_t)(end - *p) < n || !(*out = malloc(n + 1)))
+    return false;
+  memcpy(*out, *p, n);
+  (*out)[n] = '\0';
+  *p += n;
+  return true;
+}
+
+static char *row_rest(const uint8_t *p, const uint8_t *end) {
+  char *s = malloc((size_t)(end - p) + 1);
+  if (s) {
+    memcpy(s, p, (size_t)(end - p));
+    s[end - p] = '\0';
+  }
+  return s;
+}
+
+/* Frees a decoded (empty) array and allocates n zeroed entries in its place. */
+#define REALLOC_FIELD(r, field, count, n)                                                          \
+  (free((r)->field), (r)->count = 0, ((r)->field = calloc((n) ? (n) : 1, sizeof *(r)->field)))
+
+/* A version-3 record's messages and nodes, looked up by row into the version-2 arrays, so the
+ * rest reads every record alike. */
+/* Turn's ordered rows from its refs entry into l. */
+static int rows_read(cph_txn *t, const char *session, uint64_t turn, rowlist *l, cph_err *err) {
+  cph_key k = turn_key(session, turn);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &k, &v);
+  uint64_t prev;
+  size_t n_added, n_distinct;
+  if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_distinct))
+    rc = CPH_ECORRUPT;
+  if (rc == CPH_ENOTFOUND || rc == CPH_ECORRUPT)
+    return cph_err_set(err, CPH_ECORRUPT,
+                       "database \"turn_row_refs\": the entry of turn %llu of '%s' is %s",
+                       (unsigned long long)turn, session, rc == CPH_ENOTFOUND ? "missing" : "bad");
+  if (rc)
+    return cph_err_set(err, rc, "%s", t->err.msg);
+  const uint8_t *p = v.data;
+  uint32_t nm = cph_be32_get(p + 24), nn = cph_be32_get(p + 28);
+  l->msg_rows = calloc(nm ? nm : 1, sizeof *l->msg_rows);
+  l->msg_depths = calloc(nm ? nm : 1, sizeof *l->msg_depths);
+  l->node_rows = calloc(nn ? nn : 1, sizeof *l->node_rows);
+  l->node_depths = calloc(nn ? nn : 1, sizeof *l->node_depths);
+  if (!l->msg_rows || !l->msg_depths || !l->node_rows || !l->node_depths)
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  const uint8_t *o = p + REFS_HEAD + 8 * n_distinct;
+  for (uint32_t i = 0; i < nm + nn; i++, o += 8) {
+    uint32_t ix = cph_be32_get(o);
+    if (ix >= n_distinct)
+      return cph_err_set(err, CPH_ECORRUPT,
+                         "database \"turn_row_refs\": the entry of turn %llu of '%s' is bad",
+                         (unsigned long long)turn, session);
+    uint64_t h = refs_row(&v, ix);
+    int32_t d = (int32_t)cph_be32_get(o + 4);
+    if (i < nm) {
+      l->msg_rows[i] = h;
+      l->msg_depths[i] = d;
+    } else {
+      l->node_rows[i - nm] = h;
+      l->node_depths[i - nm] = d;
+    }
+  }
+  l->n_msg_rows = nm;
+  l->n_node_rows = nn;
+  return CPH_OK;
+}
+
+/* l's rows into r's version-2 arrays. */
+static int rows_materialize(cph_txn *t, const char *session, uint64_t turn, const rowlist *l,
+                            cph_turnctx_rec *r, cph_err *err) {
+  uint32_t nm = l->n_msg_rows, nn = l->n_node_rows;
+  if (!REALLOC_FIELD(r, msg_roles, n_msg_roles, nm) ||
+      !REALLOC_FIELD(r, msg_contents, n_msg_contents, nm) ||
+      !REALLOC_FIELD(r, msg_coords, n_msg_coords, nm) ||
+      !REALLOC_FIELD(r, msg_nodes, n_msg_nodes, nm) || !REALLOC_FIELD(r, node_ids, n_node_ids, nn) ||
+      !REALLOC_FIELD(r, node_at, n_node_at, nn) || !REALLOC_FIELD(r, node_roles, n_node_roles, nn) ||
+      !REALLOC_FIELD(r, node_previews, n_node_previews, nn) ||
+      !REALLOC_FIELD(r, node_hashes, n_node_hashes, nn) ||
+      !REALLOC_FIELD(r, node_ttl, n_node_ttl, nn) ||
+      !REALLOC_FIELD(r, node_cadence, n_node_cadence, nn) ||
+      !REALLOC_FIELD(r, node_created, n_node_created, nn) ||
+      !REALLOC_FIELD(r, node_flags, n_node_flags, nn))
+    return cph_err_set(err, CPH_ENOMEM, "out of memory");
+  for (uint32_t i = 0; i < nm + nn; i++) {
+    uint64_t h = i < nm ? l->msg_rows[i] : l->node_rows[i - nm];
+    cph_key rk = text_key(session, h);
+    cph_val v;
+    int rc = cph_txn_get(t, CPH_DB_TURN_ROWS, &rk, &v);
+    if (rc == CPH_ENOTFOUND)
+      return cph_err_set(err, CPH_ECORRUPT,
+                         "database \"turn_rows\": the row %016llx of turn %llu of '%s' is missing",
+                         (unsigned long long)h, (unsigned long long)turn, session);
+    if (rc)
+      return cph_err_set(err, rc, "%s", t->err.msg);
+    const uint8_t *p = v.data, *end = p + v.len;
+    bool ok = v.len >= 1;
+    if (ok && i < nm && (p[0] == 'm' || p[0] == 'M') && v.len >= 9) {
+      bool split = p[0] == 'm';
+      r->msg_nodes[i] = cph_be64_get(p + 1);
+      p += 9;
+      char *coord = NULL;
+      ok = row_str(&p, end, &r->msg_roles[i]) && row_str(&p, end, &coord);
+      if (ok && split) { /* "d" + depth + the rest */
+        char *full = fmt("d%lld%s", (long long)l->msg_depths[i], coord + 1);
+        free(coord);
+        coord = full;
+        ok = full != NULL;
+      }
+      r->msg_coords[i] = coord;
+      ok = ok && (r->msg_contents[i] = row_rest(p, end)) != NULL;
+      r->n_msg_roles = r->n_msg_contents = r->n_msg_coords = r->n_msg_nodes = i + 1;
+    } else if (ok && i >= nm && p[0] == 'n' && v.len >= 61) {
+      uint32_t j = i - nm;
+      r->node_ids[j] = cph_be64_get(p + 1);
+      cph_coord at = {l->node_depths[j], (int32_t)cph_be32_get(p + 9),
+                      (int32_t)cph_be32_get(p + 13)};
+      r->node_ttl[j] = (int64_t)cph_be64_get(p + 17);
+      r->node_cadence[j] = (int64_t)cph_be64_get(p + 25);
+      r->node_created[j] = cph_be64_get(p + 33);
+      r->node_flags[j] = cph_be64_get(p + 41);
+      r->node_hashes[j] = cph_be64_get(p + 49);
+      p += 57;
+      char buf[48];
+      cph_coord_format(&at, buf);
+      ok = (r->node_at[j] = strdup(buf)) != NULL && row_str(&p, end, &r->node_roles[j]) &&
+           (r->node_previews[j] = row_rest(p, end)) != NULL;
+      r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_previews = r->n_node_hashes =
+          r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = j + 1;
+    } else {
+      ok = false;
+    }
+    if (!ok)
+      return cph_err_set(err, CPH_ECORRUPT,
+                         "database \"turn_rows\": the row %016llx of turn %llu of '%s' is corrupt "
+                         "(or out of memory)",
+                         (unsigned long long)h, (unsigned long long)turn, session);
+  }
+  return CPH_OK;
+}
+
+static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turnctx_rec *r,
+                        cph_err *err) {
+  rowlist l = {0};
+  int rc = rows_read(t, session, turn, &l, err);
+  if (rc == CPH_OK)
+    rc = rows_materialize(t, session, turn, &l, r, err);
+  rowlist_free(&l);
+  return rc;
+}
+
 /* ---------------------------------------------------------------- keeping */
 
-void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees) {
-  *tl = (cph_turnlog){env, trees};
-}
+void turnlog_init(cph_turnlog *tl, cph_core_env *env) { *tl = (cph_turnlog){env}; }
 
 /* A node that may have rendered a message: its coordinate and its place in render order. */
 typedef struct cand {
@@ -366,11 +1015,13 @@ static int cand_cmp(const void *x, const void *y) {
   return c ? c : (a->i > b->i) - (a->i < b->i);
 }
 
-/* Fills r's tree part from tree and maps each message of ti to the live node it renders. */
-static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_turn_info *ti,
+/* Fills r's tree part from the tree the turn was rendered from and maps each message of ti to
+ * the live node it renders. */
+static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn_info *ti,
                       texts *tx) {
+  const cph_pact_tree *tree = &ct->tree;
+  const size_t *idx = ct->order;
   size_t n = tree->n;
-  size_t *idx = calloc(n ? n : 1, sizeof *idx);
   bool *used = calloc(n ? n : 1, sizeof *used);
   char(*at)[48] = tx->at = calloc(n ? n : 1, sizeof *at);
   cand *cands = calloc(n ? n : 1, sizeof *cands);
@@ -379,6 +1030,7 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   r->node_roles = calloc(n ? n : 1, sizeof *r->node_roles);
   r->node_preview_hashes = calloc(n ? n : 1, sizeof *r->node_preview_hashes);
   tx->owned = calloc(n ? n : 1, sizeof *tx->owned);
+  tx->pv_len = calloc(n ? n : 1, sizeof *tx->pv_len);
   r->node_hashes = calloc(n ? n : 1, sizeof *r->node_hashes);
   r->node_ttl = calloc(n ? n : 1, sizeof *r->node_ttl);
   r->node_cadence = calloc(n ? n : 1, sizeof *r->node_cadence);
@@ -386,19 +1038,15 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   r->node_flags = calloc(n ? n : 1, sizeof *r->node_flags);
   r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
   int rc = CPH_OK;
-  if (!idx || !used || !at || !cands || !r->node_ids || !r->node_at || !r->node_roles ||
-      !r->node_preview_hashes || !tx->owned || !r->node_hashes || !r->node_ttl ||
+  if (!used || !at || !cands || !r->node_ids || !r->node_at || !r->node_roles ||
+      !r->node_preview_hashes || !tx->owned || !tx->pv_len || !r->node_hashes || !r->node_ttl ||
       !r->node_cadence || !r->node_created || !r->node_flags || !r->msg_nodes) {
     rc = CPH_ENOMEM;
     goto out;
   }
   /* Live nodes in render order, then the waiting ones. */
-  size_t live = cph_pact_render_order(tree, idx);
-  size_t k = live;
-  for (size_t i = 0; i < n; i++)
-    if (tree->nodes[i].waiting)
-      idx[k++] = i;
-  for (size_t i = 0; i < k; i++) {
+  size_t live = ct->n_live;
+  for (size_t i = 0; i < n; i++) {
     const cph_pact_node *nd = &tree->nodes[idx[i]];
     cph_coord_format(&nd->at, at[i]);
     r->node_ids[i] = nd->id;
@@ -410,11 +1058,15 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
                        (uint64_t)(nd->n_lifecycle & 0xff) << 16;
     r->node_at[i] = at[i]; /* borrowed, as the role (rec_unborrow) */
     r->node_roles[i] = nd->role ? nd->role : (char *)"";
+    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
+        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
+    if (tx->no_hash) { /* version 3: the row hashes the preview where it lies */
+      tx->pv_len[tx->n_pv++] = preview_len(nd->content);
+      continue;
+    }
     char *pv = tx->owned[tx->n_owned] = preview(nd->content);
     if (pv)
       tx->n_owned++;
-    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
-        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
     if (!pv || texts_add(tx, pv, &r->node_preview_hashes[i]) != CPH_OK) {
       rc = CPH_ENOMEM;
       goto out;
@@ -453,7 +1105,6 @@ static int fill_nodes(cph_turnctx_rec *r, const cph_pact_tree *tree, const cph_t
   }
   r->n_msg_nodes = (uint32_t)ti->n_messages;
 out:
-  free(idx);
   free(used);
   free(cands);
   return rc;
@@ -461,7 +1112,7 @@ out:
 
 /* r from ti and the tree: the strings are copies r owns (cph_record_free frees them). */
 static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *ti,
-                    const cph_pact_tree *tree, texts *tx) {
+                    const context_tree *tree, texts *tx) {
   r->turn_id = turn_id;
   r->session = strdup(ti->session);
   r->kind = (uint8_t)ti->kind; /* cph_turn_kind_t and the stored cph_turn_kind agree */
@@ -540,7 +1191,7 @@ static void rec_unborrow(cph_turnctx_rec *r) {
 }
 
 /* Deletes the session's oldest kept contexts until at most keep remain, with their refs
- * entries and every text no remaining turn names. */
+ * entries and every row and text no remaining turn names. */
 static int trim(cph_txn *t, const char *session, uint64_t keep) {
   cph_key start = turn_key(session, 0);
   size_t prefix = strlen(session) + 1;
@@ -548,39 +1199,63 @@ static int trim(cph_txn *t, const char *session, uint64_t keep) {
   int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
   if (rc)
     return rc;
-  uint64_t count = 0;
+  uint64_t *ids = NULL; /* the session's kept turns, oldest first */
+  size_t n = 0;
   cph_val k;
   for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
        rc = cph_cursor_next(&cur, &k, NULL)) {
     if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
       break;
-    count++;
-  }
-  if (rc == CPH_ENOTFOUND || rc == CPH_OK)
-    rc = CPH_OK;
-  uint64_t *gone = count > keep ? malloc((count - keep) * sizeof *gone) : NULL;
-  size_t n_gone = 0;
-  if (count > keep && !gone)
-    rc = CPH_ENOMEM;
-  for (; rc == CPH_OK && count > keep; count--) {
-    rc = cph_cursor_seek(&cur, &start, &k, NULL);
-    if (rc == CPH_OK && (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0))
+    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix);
+    if ((rc = u64s_append(&ids, &n, &id, 1)) != CPH_OK)
       break;
-    if (rc == CPH_OK) {
-      gone[n_gone++] = cph_be64_get((const uint8_t *)k.data + prefix);
-      rc = cph_cursor_del(&cur);
-    }
   }
   cph_cursor_close(&cur);
   if (rc == CPH_ENOTFOUND)
     rc = CPH_OK;
-  if (rc == CPH_OK && n_gone)
-    rc = texts_trim(t, session, gone, n_gone);
-  free(gone);
+  if (rc || n <= keep) {
+    free(ids);
+    return rc;
+  }
+  size_t n_gone = (size_t)(n - keep);
+  uint64_t *dead = NULL; /* the rows the trimmed turns named */
+  size_t n_dead = 0;
+  for (size_t g = 0; rc == CPH_OK && g < n_gone; g++) {
+    cph_key rk = turn_key(session, ids[g]);
+    cph_val v;
+    rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &rk, &v);
+    uint64_t prev = 0;
+    size_t n_added = 0, n_rows = 0;
+    if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_rows))
+      rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
+                       session);
+    if (rc == CPH_OK && keep > 0) { /* with none left, every row goes anyway */
+      uint64_t *p = realloc(dead, (n_dead + n_rows + 1) * sizeof *p);
+      if (!p)
+        rc = CPH_ENOMEM;
+      else
+        dead = p;
+      for (size_t i = 0; rc == CPH_OK && i < n_rows; i++)
+        dead[n_dead++] = refs_row(&v, i);
+    }
+    if (rc == CPH_OK)
+      rc = cph_txn_del(t, CPH_DB_TURN_ROW_REFS, &rk);
+    if (rc == CPH_ENOTFOUND) /* an older-version record: no refs entry */
+      rc = CPH_OK;
+    if (rc == CPH_OK)
+      rc = cph_txn_del(t, CPH_DB_TURN_CONTEXTS, &rk);
+  }
+  if (rc == CPH_OK)
+    rc = texts_trim(t, session, ids, n_gone);
+  if (rc == CPH_OK)
+    rc = rows_trim(t, session, dead, n_dead, ids + n_gone, (size_t)keep);
+  free(dead);
+  free(ids);
   return rc;
 }
 
-void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti) {
+void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti,
+                  const context_tree *tree) {
   if (ti->kind == CPH_KIND_JOB || !ti->session)
     return;
   uint64_t keep = (uint64_t)tl->env->policy->context.keep_turns;
@@ -597,26 +1272,38 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
   if (cph_txn_begin_child(t, &c) != CPH_OK)
     return;
   int rc = CPH_OK;
-  if (keep > 0) {
-    cph_pact_tree tree;
-    rc = trees_load(tl->trees, &c, ti->session, &tree);
-    bool tree_ok = rc == CPH_OK;
+  if (keep > 0 && !tree->ok) {
+    /* the turn was rendered without its tree (it could not be read): nothing to keep it by */
+    rc = cph_err_set(&c.err, CPH_ECORRUPT, "the session's context tree could not be read");
+  } else if (keep > 0) {
     cph_turnctx_rec r = {0};
-    texts tx = {0};
-    if (rc == CPH_OK)
-      rc = fill_rec(&r, turn_id, ti, &tree, &tx);
-    if (rc == CPH_OK)
+    texts tx = {.no_hash = !write_v2};
+    rc = fill_rec(&r, turn_id, ti, tree, &tx);
+    cph_turnctx_rec w = {0}; /* what is written: r (version 2), or r without its messages and
+                              * nodes, which go as rows (version 3) */
+    rowlist rl = {0};
+    if (rc == CPH_OK && write_v2) {
       rc = texts_keep(&c, ti->session, turn_id, &tx);
+      w = r;
+    } else if (rc == CPH_OK) {
+      w = r;
+      w.n_msg_roles = w.n_msg_contents = w.n_msg_coords = w.n_msg_nodes = 0;
+      w.n_node_ids = w.n_node_at = w.n_node_roles = w.n_node_previews = w.n_node_hashes = 0;
+      w.n_node_ttl = w.n_node_cadence = w.n_node_created = w.n_node_flags = 0;
+      w.n_msg_hashes = w.n_node_preview_hashes = 0;
+      w.rows = true;
+      w.row_messages = (uint32_t)ti->n_messages;
+      rc = rows_keep(&c, ti->session, turn_id, &r, ti, tree, &tx, &rl);
+    }
     if (rc == CPH_OK) {
       cph_key k = turn_key(ti->session, turn_id);
-      rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, &r);
+      rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, write_v2 ? &cph_turnctx_v2_desc
+                                                                     : &cph_turnctx_desc, &w);
     }
+    rowlist_free(&rl); /* w shares the rest with r */
     rec_unborrow(&r);
     cph_record_free(&cph_turnctx_desc, &r);
     texts_free(&tx);
-    if (tree_ok && c.ret == CPH_OK) /* read and unchanged: it still matches the store */
-      trees_keep(tl->trees, ti->session, &tree);
-    cph_pact_tree_free(&tree);
   }
   if (rc == CPH_OK)
     rc = trim(&c, ti->session, keep);
@@ -655,7 +1342,7 @@ static void summary_from_rec(const cph_turnctx_rec *r, cph_kept_turn *o) {
   o->episode = r->episode;
   o->created_ms = r->created_ms;
   o->omit = r->omit;
-  o->n_messages = r->n_msg_roles;
+  o->n_messages = r->rows ? r->row_messages : r->n_msg_roles;
   if (r->n_tokens == N_TOKENS) {
     const uint64_t *v = r->tokens;
     o->tokens = (cph_context_tokens){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3],
@@ -780,7 +1467,11 @@ static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *
                        (unsigned long long)turn, session);
   if (rc)
     return cph_err_set(err, rc, "%s", t->err.msg);
-  if ((rc = texts_resolve(t, session, turn, r, err)) != CPH_OK)
+  if (r->rows)
+    rc = rows_resolve(t, session, turn, r, err); /* version 3 */
+  else
+    rc = texts_resolve(t, session, turn, r, err); /* version 2 (version 1 holds its texts) */
+  if (rc != CPH_OK)
     return rc;
   if (!rec_consistent(r))
     return cph_err_set(err, CPH_ECORRUPT,
@@ -791,7 +1482,7 @@ static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *
 }
 
 /* The event's sender, body and channel now (any may come back NULL: gone, or redacted). */
-static void event_now(cph_txn *t, uint64_t id, char **sender, char **body, char **channel) {
+static void event_now(cph_txn *t, uint64_t id, char **sender, char **body, char **chan) {
   static const char *const names[] = {"sender", "body", "channel"};
   uint64_t mask = cph_record_field_mask(&cph_event_desc, names, 3);
   cph_event_rec ev = {0};
@@ -805,8 +1496,8 @@ static void event_now(cph_txn *t, uint64_t id, char **sender, char **body, char 
       *body = ev.body;
       ev.body = NULL;
     }
-    if (channel) {
-      *channel = ev.channel;
+    if (chan) {
+      *chan = ev.channel;
       ev.channel = NULL;
     }
   }
@@ -1247,8 +1938,8 @@ static void diff_history(diff *d) {
     uint64_t id = a->history[i];
     if (ids_has(b->history, b->n_history, id))
       continue;
-    char *sender = NULL, *body = NULL, *channel = NULL, *detail = NULL;
-    event_now(d->t, id, &sender, &body, &channel);
+    char *sender = NULL, *body = NULL, *chan = NULL, *detail = NULL;
+    event_now(d->t, id, &sender, &body, &chan);
     const char *reason = "unknown";
     if (b->kind != CPH_TURN_INBOX) {
       reason = "turn_kind";
@@ -1258,35 +1949,35 @@ static void diff_history(diff *d) {
       reason = "window_budget";
       detail = fmt("turn %llu cut %llu older entries to fit its history budget",
                    (unsigned long long)b->turn_id, (unsigned long long)b->tokens[8]);
-    } else if (channel && !strs_has(b->channels, b->n_channels, channel)) {
+    } else if (chan && !strs_has(b->channels, b->n_channels, chan)) {
       reason = "not_in_scope";
-      detail = fmt("history of channel %s, which turn %llu does not show", channel,
+      detail = fmt("history of channel %s, which turn %llu does not show", chan,
                    (unsigned long long)b->turn_id);
-    } else if (!channel) {
+    } else if (!chan) {
       reason = "deleted";
       detail = strdup("the event is no longer stored (retention)");
     }
     cph_context_change *c = add(d, "conversation_history", "left", reason, detail, id);
-    set_strs(d, c, sender, body, channel, NULL);
+    set_strs(d, c, sender, body, chan, NULL);
     free(sender);
     free(body);
-    free(channel);
+    free(chan);
   }
   for (uint32_t j = 0; j < b->n_history && !d->rc; j++) {
     uint64_t id = b->history[j];
     if (ids_has(a->history, a->n_history, id))
       continue;
-    char *sender = NULL, *body = NULL, *channel = NULL;
-    event_now(d->t, id, &sender, &body, &channel);
+    char *sender = NULL, *body = NULL, *chan = NULL;
+    event_now(d->t, id, &sender, &body, &chan);
     const char *reason = ids_has(a->staged_events, a->n_staged_events, id) ? "staged" : "new";
     char *detail = strcmp(reason, "staged") == 0 ? fmt("a staged message of turn %llu, now history",
                                                        (unsigned long long)a->turn_id)
                                                  : NULL;
     cph_context_change *c = add(d, "conversation_history", "entered", reason, detail, id);
-    set_strs(d, c, sender, body, channel, NULL);
+    set_strs(d, c, sender, body, chan, NULL);
     free(sender);
     free(body);
-    free(channel);
+    free(chan);
   }
 }
 

@@ -12,18 +12,23 @@
  * the content, ttl, cadence, created_at_episode, lifecycle stage). A lease that left parts out
  * (`include`) keeps what was assembled: those parts are empty and `omit` names them, so the
  * diff says it cannot compare them rather than report them as gone.
- * The messages' contents and the nodes' previews are kept by hash, each text once per session
- * ("turn_texts", with "turn_text_refs" naming each turn's texts; turnlog.c says how): a lease
- * writes the texts that are new since the session's newest kept turn, not its whole window.
+ * The messages and the nodes are kept as rows, each once per session (record version 3:
+ * "turn_rows", with each turn's entry in "turn_row_refs" naming its rows in order with their
+ * depths; turnlog.c says how): a row holds no depth, so a lease writes the rows that are new
+ * since the session's newest kept turn — its new messages and cores — not its whole window.
+ * Records of versions 1 (texts inline) and 2 (texts by hash in "turn_texts", named by
+ * "turn_text_refs") still read, and are trimmed like the others.
  *
  * ---- The bound ----
  * Writing a turn's context deletes the session's oldest ones beyond keep-turns in the same
  * transaction, so a session never holds more than keep-turns (after a policy change, from its
  * next lease on). keep-turns 0 writes nothing and deletes what the session kept. Cost per
- * lease: one tree load (the tree store's cache), the texts hashed, one put for the record,
- * one for its refs and one per new text, a cursor walk over at most keep-turns + 1 keys, and
- * the trimmed turn's texts that no remaining turn names deleted. Keeping runs in a nested transaction: a failure (a full map) loses
- * the kept context, never the lease.
+ * lease (the tree is the turn's, loaded and ordered once by context assembly): every message
+ * and node hashed as a row, the session's newest refs entry read, one put for the record, one
+ * for its refs entry and one per new row, a cursor walk over at most keep-turns + 1 keys, and
+ * for the trimmed turn two refs entries and the heads of the others read and the rows no
+ * remaining turn names deleted. Keeping runs in a nested transaction: a failure (a full map)
+ * loses the kept context, never the lease.
  *
  * ---- The diff (from -> to) ----
  * Nodes by id, messages by (role, content) then coordinate, section items by id. For what
@@ -47,26 +52,32 @@
 #ifndef CEPHALON_CORE_TURNLOG_H
 #define CEPHALON_CORE_TURNLOG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cephalon/cephalon.h"
 #include "env.h"
 #include "store/store.h"
-#include "trees.h"
+#include "context.h"
 
-/* It keeps nothing in memory: the kept contexts are in the store, the trees are the tree
- * store's. */
+/* It keeps nothing in memory: the kept contexts are in the store; the tree a turn is kept
+ * with is the one its context was rendered from (context_tree, handed in by the lease). */
 typedef struct cph_turnlog {
   cph_core_env *env; /* :context :keep-turns, the store */
-  cph_trees *trees;  /* the session's tree as the turn sees it */
 } cph_turnlog;
 
-void turnlog_init(cph_turnlog *tl, cph_core_env *env, cph_trees *trees);
+void turnlog_init(cph_turnlog *tl, cph_core_env *env);
 
-/* At lease, inside the lease's transaction t, after context assembly filled ti: keeps ti's
- * context as turn turn_id and trims the session's kept turns to keep-turns. Job turns are not
- * kept. Never fails the lease: a failure is logged and nothing is kept. */
-void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti);
+/* At lease, inside the lease's transaction t, after context assembly filled ti and tree (the
+ * session's tree in render order, as t reads it): keeps ti's context as turn turn_id and trims
+ * the session's kept turns to keep-turns. Job turns are not kept. Never fails the lease: a
+ * failure (or a tree that could not be read) is logged and nothing is kept. */
+void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti,
+                  const context_tree *tree);
+
+/* Tests only: while on, kept contexts are written as version-2 records (texts by hash, no
+ * rows), so that a data dir holding both versions can be made and read. Process-wide. */
+void turnlog_test_write_v2(bool on);
 
 /* Deletes every kept context of a session (session deletion). */
 int turnlog_delete_session(cph_txn *t, const char *session);

@@ -446,7 +446,7 @@ static const char *input_core_text(const cph_turn_rec *tr) {
 /* Fills ti from the session record, the staged items and the scheduler; reads (and counts
  * memory accesses) through t. The sections and messages are core/context.c's. */
 static int build_turn(cph_turns *tu, cph_txn *t, csession *s, inbox_item **items, size_t n,
-                      bool report, cph_turn_info *ti) {
+                      bool report, cph_turn_info *ti, context_tree *tree) {
   cph_session_rec rec;
   cph_key sk;
   cph_key_reset(&sk);
@@ -485,7 +485,7 @@ static int build_turn(cph_turns *tu, cph_txn *t, csession *s, inbox_item **items
   if (!ti->input && rc == CPH_OK)
     rc = CPH_ENOMEM;
   if (rc == CPH_OK)
-    rc = context_assemble(tu->context, t, s, &rec, ti);
+    rc = context_assemble(tu->context, t, s, &rec, ti, tree);
   cph_record_free(&cph_session_desc, &rec);
   return rc;
 }
@@ -532,7 +532,9 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
   cph_txn_begin_child(&tu->env->txn, &t);
   uint64_t turn_id = 0;
   cph_txn_next_id(&t, "turn", &turn_id);
-  int rc = build_turn(tu, &t, s, items, n, report_turn, ti);
+  /* The tree the context is rendered from, kept with it too: loaded and ordered once. */
+  context_tree tree = {0};
+  int rc = build_turn(tu, &t, s, items, n, report_turn, ti, &tree);
   uint64_t job_id = 0;
   cph_job_work *work = NULL;
   if (rc == CPH_OK && job_turn) {
@@ -580,8 +582,9 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     /* The context explorer's record comes last: the lease's own writes take the room first,
      * so a nearly full map loses the optional record (turnlog_keep's nested txn), not the
      * lease. */
-    turnlog_keep(tu->turnlog, &t, turn_id, ti);
+    turnlog_keep(tu->turnlog, &t, turn_id, ti, &tree);
   }
+  context_tree_release(tu->context, s->id, &tree);
   lease *l = calloc(1, sizeof *l);
   char key[24];
   snprintf(key, sizeof key, "%llu", (unsigned long long)turn_id);

@@ -285,6 +285,13 @@ static const cph_field turnctx_fields[] = {
     /* version 2: the texts by hash; a version-1 record reads none and holds its texts */
     ARRAY_SINCE(R, CPH_F_U64_ARRAY, msg_hashes, n_msg_hashes, 2),
     ARRAY_SINCE(R, CPH_F_U64_ARRAY, node_preview_hashes, n_node_preview_hashes, 2),
+    /* version 3: the messages and nodes as rows; versions 1 and 2 read false and 0 */
+    FIELD_SINCE(R, CPH_F_BOOL, rows, 3),
+    FIELD_SINCE(R, CPH_F_U32, row_messages, 3),
 };
-DESC_COMPAT(cph_turnctx_desc, "turn context", 2, 1, R, turnctx_fields);
+DESC_COMPAT(cph_turnctx_desc, "turn context", 3, 1, R, turnctx_fields);
+/* Version 2: the table without its last two (version-3) fields. */
+const cph_record_desc cph_turnctx_v2_desc = {"turn context", 2, sizeof(R), turnctx_fields,
+                                             sizeof turnctx_fields / sizeof turnctx_fields[0] - 2,
+                                             1};
 #undef R

@@ -335,6 +335,11 @@ typedef struct cph_turnctx_rec {
   uint32_t n_msg_hashes;
   uint64_t *node_preview_hashes;
   uint32_t n_node_preview_hashes;
+  /* Since version 3: the messages and nodes are rows kept once per session, named in order by
+   * the turn's entry in "turn_row_refs" (core/turnlog.c says how), and every array above from
+   * msg_roles on is stored empty. row_messages: how many messages. */
+  bool rows;
+  uint32_t row_messages;
 } cph_turnctx_rec;
 
 /* ---- generic codec over field tables ---- */
@@ -356,6 +361,7 @@ extern const cph_record_desc cph_ctxnode_v1_desc; /* schema 2's node, for the mi
 extern const cph_record_desc cph_ctxhead_desc;
 extern const cph_record_desc cph_seal_desc;
 extern const cph_record_desc cph_turnctx_desc;
+extern const cph_record_desc cph_turnctx_v2_desc; /* version 2, so tests can write one */
 
 const char *cph_record_name(const cph_record_desc *d); /* "session", "event", ... */
 uint32_t cph_record_version(const cph_record_desc *d);

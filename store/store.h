@@ -50,6 +50,8 @@
   X(TURN_CONTEXTS, "turn_contexts") /* session\0 u64 turn id -> a kept turn context (turnlog) */ \
   X(TURN_TEXTS, "turn_texts") /* session\0 u64 text hash -> a kept context's text (turnlog) */ \
   X(TURN_TEXT_REFS, "turn_text_refs") /* session\0 u64 turn id -> its texts' hashes (turnlog) */ \
+  X(TURN_ROWS, "turn_rows")   /* session\0 u64 row hash -> a kept message or node (turnlog) */ \
+  X(TURN_ROW_REFS, "turn_row_refs") /* session\0 u64 turn id -> the rows it names (turnlog) */ \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
   X(EMBED_QUEUE, "embed_queue") /* u64 memory id -> "" while its embedding is pending */  \

@@ -19,8 +19,12 @@
  *
  * The same cases check the kept contexts (core/turnlog.c; :context :keep-turns 1, 2, 3 or 8
  * per case): every leased turn reads back from the explorer with exactly the messages the
- * lease gave, and when a case ends, the texts held by hash are exactly those the kept turns
- * name — none missing, none left behind. */
+ * lease gave. The rebuilt engine keeps them as version-2 records (texts by hash), the warm one
+ * as version-3 records (rows) — in half the cases switching between the two versions now and
+ * then, so trims meet both — and the two read back alike, messages, their nodes and the tree
+ * field by field. When a case ends (restarts, evictions and trims behind it), every turn the
+ * warm engine still keeps reads back as it did when it was leased, and the rows and texts held
+ * are exactly those its kept turns name — none missing, none left behind. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,7 +38,9 @@
 #include "cephalon/cephalon.h"
 #include "common/buf.h"
 #include "common/clock.h"
+#include "core/turnlog.h"
 #include "store/keys.h"
+#include "store/records.h"
 #include "store/store.h"
 #include "tests/support/engine_fixture.h"
 #include "tests/support/prop.h"
@@ -57,11 +63,22 @@ static const char *const TEXTS[] = {
 };
 #define N_TEXTS (sizeof TEXTS / sizeof TEXTS[0])
 
+/* A kept turn as the warm engine's explorer read it back when it was leased. */
+typedef struct kept_read {
+  char session[16];
+  uint64_t turn;
+  char *text; /* kept_canonical */
+} kept_read;
+
 typedef struct pair {
   cph_fixture *warm, *cold;
   uint64_t seed;
   int n_sessions;
   char ids[MAX_SESSIONS][16];
+  bool mixed;   /* the warm engine switches between record versions 2 and 3 */
+  bool warm_v2; /* ... and writes version 2 now */
+  kept_read *reads;
+  size_t n_reads, cap_reads;
 } pair;
 
 /* ---------------------------------------------------------------- the canonical text */
@@ -162,8 +179,11 @@ static char *canonical(const cph_turn_info *t) {
 
 /* Runs a copy of op on each engine; both must answer alike. Returns the warm one's rc. */
 static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
+  turnlog_test_write_v2(p->warm_v2);
   int rw = cph_fixture_run(p->warm, warm_op);
+  turnlog_test_write_v2(true);
   int rc = cph_fixture_run(p->cold, cold_op);
+  turnlog_test_write_v2(false);
   if (rw != rc)
     fail_msg("seed %llu: the engines answered differently: %d (%s) vs %d (%s)",
              (unsigned long long)p->seed, rw, warm_op->err.msg, rc, cold_op->err.msg);
@@ -171,8 +191,11 @@ static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
 }
 
 static void pass_both(pair *p) {
+  turnlog_test_write_v2(p->warm_v2);
   cph_engine_run_pass(p->warm->e);
+  turnlog_test_write_v2(true);
   cph_engine_run_pass(p->cold->e);
+  turnlog_test_write_v2(false);
 }
 
 static void advance_both(pair *p, int64_t ns) {
@@ -267,8 +290,62 @@ static void insert_node(pair *p, rng *r) {
   cph_op_clear_results(&ops[1]);
 }
 
-/* The explorer reads the turn back with exactly the messages the lease gave. */
-static void check_kept(pair *p, const cph_turn_info *t) {
+/* What the explorer reads back of a kept turn's messages and tree, every field. */
+static char *kept_canonical(const cph_turn_context *c) {
+  cph_buf b = CPH_BUF_INIT;
+  put(&b, "turn %llu kind %d episode %llu messages %zu nodes %zu\n", (unsigned long long)c->turn.id,
+      (int)c->turn.kind, (unsigned long long)c->turn.episode, c->n_messages, c->n_nodes);
+  for (size_t i = 0; i < c->n_messages; i++) {
+    put(&b, "message %s %s node %llu: ", c->messages[i].coord, c->messages[i].role,
+        (unsigned long long)c->message_nodes[i]);
+    cph_buf_append(&b, c->messages[i].content, strlen(c->messages[i].content));
+    cph_buf_putc(&b, '\n');
+  }
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    const cph_kept_node *n = &c->nodes[i];
+    put(&b, "node %llu %s %s ttl %lld cadence %lld created %llu waiting %d stage %u/%u: ",
+        (unsigned long long)n->id, n->at, n->role ? n->role : "-", (long long)n->ttl,
+        (long long)n->cadence, (unsigned long long)n->created_at_episode, n->waiting, n->stage,
+        n->n_lifecycle);
+    cph_buf_append(&b, n->content ? n->content : "(null)", n->content ? strlen(n->content) : 6);
+    cph_buf_putc(&b, '\n');
+  }
+  cph_buf_putc(&b, '\0');
+  return cph_buf_steal(&b);
+}
+
+static char *kept_read_back(pair *p, cph_fixture *f, const char *session, uint64_t turn) {
+  cph_turn_context c;
+  cph_err err;
+  if (cph_engine_turn_context(f->e, session, turn, &c, &err) != CPH_OK)
+    fail_msg("seed %llu: turn %llu of %s (%s) is not kept: %s", (unsigned long long)p->seed,
+             (unsigned long long)turn, session, f == p->warm ? "warm" : "rebuilt", err.msg);
+  char *s = kept_canonical(&c);
+  cph_turn_context_free(&c);
+  return s;
+}
+
+/* The explorer reads the turn back with exactly the messages the lease gave; the warm engine's
+ * kept turn (version 3, or 2 now and then) reads back as the rebuilt one's (version 2). */
+static void check_kept(pair *p, const cph_turn_info *t, const cph_turn_info *cold) {
+  char *w = kept_read_back(p, p->warm, t->session, t->id);
+  char *c2 = kept_read_back(p, p->cold, cold->session, cold->id);
+  if (strcmp(w, c2) != 0) {
+    fprintf(stderr, "---- warm (version %d)\n%s---- rebuilt (version 2)\n%s", p->warm_v2 ? 2 : 3,
+            w, c2);
+    fail_msg("seed %llu: turn %llu: the kept contexts read back differently",
+             (unsigned long long)p->seed, (unsigned long long)t->id);
+  }
+  free(c2);
+  if (p->n_reads == p->cap_reads) {
+    p->cap_reads = p->cap_reads ? 2 * p->cap_reads : 32;
+    p->reads = realloc(p->reads, p->cap_reads * sizeof *p->reads);
+    assert_non_null(p->reads);
+  }
+  kept_read *kr = &p->reads[p->n_reads++];
+  snprintf(kr->session, sizeof kr->session, "%s", t->session);
+  kr->turn = t->id;
+  kr->text = w;
   cph_turn_context c;
   cph_err err;
   if (cph_engine_turn_context(p->warm->e, t->session, t->id, &c, &err) != CPH_OK)
@@ -336,7 +413,8 @@ static bool refs_seen(void *ctx, const void *key, size_t key_len, const void *va
 
 /* Sorted, each key once. */
 static void keyset_sort(keyset *k) {
-  qsort(k->v, k->n, sizeof *k->v, str_cmp);
+  if (k->n) /* an empty set has no array */
+    qsort(k->v, k->n, sizeof *k->v, str_cmp);
   size_t n = 0;
   for (size_t i = 0; i < k->n; i++) {
     if (n && strcmp(k->v[n - 1], k->v[i]) == 0)
@@ -345,6 +423,68 @@ static void keyset_sort(keyset *k) {
       k->v[n++] = k->v[i];
   }
   k->n = n;
+}
+
+/* Every row a refs entry (session\0 turn -> be64 prev, be64 added, be64 n, be32 messages,
+ * be32 nodes, n be64 rows, ...) names, as session\0 hash. */
+static bool rows_named(void *ctx, const void *key, size_t key_len, const void *val,
+                       size_t val_len) {
+  assert_true(val_len >= 32);
+  uint64_t n = cph_be64_get((const unsigned char *)val + 16);
+  assert_true(32 + 8 * n <= val_len);
+  size_t prefix = key_len - 8;
+  for (uint64_t i = 0; i < n; i++) {
+    unsigned char k[300];
+    assert_true(prefix + 8 <= sizeof k);
+    memcpy(k, key, prefix);
+    memcpy(k + prefix, (const unsigned char *)val + 32 + 8 * i, 8);
+    keyset_add(ctx, k, prefix + 8);
+  }
+  return true;
+}
+
+/* The key of every kept record of version 3 (its messages and nodes are rows). */
+static bool rows_turns(void *ctx, const void *key, size_t key_len, const void *val,
+                       size_t val_len) {
+  cph_turnctx_rec r = {0};
+  cph_err err;
+  if (cph_record_decode(&cph_turnctx_desc, val, val_len, &r, &err) != CPH_OK)
+    fail_msg("a kept record does not decode: %s", err.msg);
+  if (r.rows)
+    keyset_add(ctx, key, key_len);
+  cph_record_free(&cph_turnctx_desc, &r);
+  return true;
+}
+
+static void keyset_free(keyset *k) {
+  for (size_t i = 0; i < k->n; i++)
+    free(k->v[i]);
+  free(k->v);
+}
+
+/* The rows held are exactly those the refs entries name, and the refs entries are exactly
+ * those of the kept records of version 3. */
+static void check_rows(pair *p) {
+  keyset held = {0}, named = {0}, refs = {0}, turns = {0};
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROWS, text_key_seen, &held);
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, rows_named, &named);
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, text_key_seen, &refs);
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_CONTEXTS, rows_turns, &turns);
+  keyset *sets[] = {&held, &named, &refs, &turns};
+  for (int i = 0; i < 4; i++)
+    keyset_sort(sets[i]);
+  for (int pair_i = 0; pair_i < 2; pair_i++) {
+    keyset *a = sets[2 * pair_i], *b = sets[2 * pair_i + 1];
+    const char *what = pair_i ? "refs entries" : "rows";
+    if (a->n != b->n)
+      fail_msg("seed %llu: %zu %s held, %zu named", (unsigned long long)p->seed, a->n, what, b->n);
+    for (size_t i = 0; i < a->n; i++)
+      if (strcmp(a->v[i], b->v[i]) != 0)
+        fail_msg("seed %llu: %s: %s held, %s named", (unsigned long long)p->seed, what, a->v[i],
+                 b->v[i]);
+  }
+  for (int i = 0; i < 4; i++)
+    keyset_free(sets[i]);
 }
 
 static void check_texts(pair *p) {
@@ -366,6 +506,34 @@ static void check_texts(pair *p) {
     free(named.v[i]);
   free(held.v);
   free(named.v);
+}
+
+/* Every turn the warm engine still keeps reads back as it did when it was leased. */
+static void recheck_kept(pair *p) {
+  for (int s = 0; s < p->n_sessions; s++) {
+    cph_kept_turn *kt;
+    size_t n;
+    cph_err err;
+    if (cph_engine_kept_turns(p->warm->e, p->ids[s], &kt, &n, &err) != CPH_OK)
+      fail_msg("seed %llu: kept turns of %s: %s", (unsigned long long)p->seed, p->ids[s], err.msg);
+    for (size_t i = 0; i < n; i++) {
+      const kept_read *kr = NULL;
+      for (size_t j = 0; j < p->n_reads; j++)
+        if (p->reads[j].turn == kt[i].id && strcmp(p->reads[j].session, p->ids[s]) == 0)
+          kr = &p->reads[j];
+      if (!kr)
+        fail_msg("seed %llu: turn %llu of %s is kept but was never leased",
+                 (unsigned long long)p->seed, (unsigned long long)kt[i].id, p->ids[s]);
+      char *now = kept_read_back(p, p->warm, p->ids[s], kt[i].id);
+      if (strcmp(now, kr->text) != 0) {
+        fprintf(stderr, "---- at lease\n%s---- now\n%s", kr->text, now);
+        fail_msg("seed %llu: turn %llu of %s reads back differently than at its lease",
+                 (unsigned long long)p->seed, (unsigned long long)kt[i].id, p->ids[s]);
+      }
+      free(now);
+    }
+    cph_kept_turns_free(kt, n);
+  }
 }
 
 /* Leases a turn on both; they must be the same turn. Then completes (with a reply, and a
@@ -391,7 +559,7 @@ static bool turn(pair *p, rng *r) {
   }
   free(a);
   free(b);
-  check_kept(p, &l[0].u.lease.turn);
+  check_kept(p, &l[0].u.lease.turn, &l[1].u.lease.turn);
   uint32_t how = below(r, 10);
   char reply[96];
   snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session, TEXTS[below(r, N_TEXTS)]);
@@ -464,7 +632,10 @@ static void run_case(uint64_t seed) {
   p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, warm_choices[below(&r, 4)], keep));
   p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0, keep));
   create_sessions(&p, &r);
+  p.mixed = below(&r, 2) == 0;
   for (int step = 0; step < STEPS; step++) {
+    if (p.mixed && below(&r, 8) == 0)
+      p.warm_v2 = !p.warm_v2;
     uint32_t what = below(&r, 20);
     if (what == 0) /* a busy channel: tails past one read step (64 entries) and past 512 */
       for (uint32_t n = 20 + below(&r, 60); n > 0; n--)
@@ -483,9 +654,16 @@ static void run_case(uint64_t seed) {
   }
   while (turn(&p, &r)) /* drain: every remaining turn compared too */
     pass_both(&p);
+  recheck_kept(&p);
+  restart_both(&p);
+  recheck_kept(&p);
   cph_engine_close(p.warm->e);
   p.warm->e = NULL;
   check_texts(&p);
+  check_rows(&p);
+  for (size_t i = 0; i < p.n_reads; i++)
+    free(p.reads[i].text);
+  free(p.reads);
   cph_fixture_free(p.warm);
   cph_fixture_free(p.cold);
 }
