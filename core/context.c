@@ -44,13 +44,6 @@ static uint64_t tok_len(size_t bytes) { return bytes / 4 + (bytes % 4 != 0); }
 static uint64_t tok(const char *s) { return tok_len(s ? strlen(s) : 0); }
 static uint32_t clamp32(uint64_t v) { return v > UINT32_MAX ? UINT32_MAX : (uint32_t)v; }
 
-static cph_key u64_key(uint64_t v) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_u64(&k, v);
-  return k;
-}
-
 static cph_key cursor_key(const char *session, const char *chan) {
   cph_key k;
   cph_key_reset(&k);
@@ -508,7 +501,7 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
         break;
       }
     } else {
-      cph_key ek = u64_key(event_id);
+      cph_key ek = cph_key_of_u64(event_id);
       int erc = cph_txn_get_record_some(c->t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev,
                                         c->cx->tails->event_fields);
       if (erc == CPH_ENOTFOUND)
@@ -828,7 +821,7 @@ static bool memory_gone(const cph_memory_rec *m) {
  * when the chain ends without one. */
 static int stand_in(ctx *c, uint64_t id, cph_memory_rec *out) {
   for (int hops = 0; id && hops < REPLACED_HOPS_MAX; hops++) {
-    cph_key mk = u64_key(id);
+    cph_key mk = cph_key_of_u64(id);
     int rc = cph_txn_get_record(c->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, out);
     if (rc)
       return rc;
@@ -914,7 +907,7 @@ static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t
        scanned++) {
     if (raw && source && idset_has(&c->shown_events, source))
       continue; /* its event is in the turn already: not read at all */
-    cph_key mk = u64_key(id);
+    cph_key mk = cph_key_of_u64(id);
     cph_val v;
     int grc = cph_txn_get(c->t, CPH_DB_MEMORIES, &mk, &v);
     if (grc == CPH_ENOTFOUND) {
@@ -987,7 +980,7 @@ static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_bu
 static int memory_include(ctx *c, mcand *mc) {
   mc->m.access_count++; /* inclusion counts as an access (DESIGN §7) */
   mc->m.last_access_ms = c->now_ms;
-  cph_key mk = u64_key(mc->m.id);
+  cph_key mk = cph_key_of_u64(mc->m.id);
   int rc = cph_txn_put_record(c->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &mc->m);
   if (rc)
     return rc;

@@ -28,13 +28,6 @@ static cph_key turn_key(const char *session, uint64_t turn) {
   return k;
 }
 
-static cph_key u64_key(uint64_t v) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_u64(&k, v);
-  return k;
-}
-
 static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 static char *fmt(const char *f, ...) {
   va_list ap;
@@ -1486,7 +1479,7 @@ static void event_now(cph_txn *t, uint64_t id, char **sender, char **body, char 
   static const char *const names[] = {"sender", "body", "channel"};
   uint64_t mask = cph_record_field_mask(&cph_event_desc, names, 3);
   cph_event_rec ev = {0};
-  cph_key k = u64_key(id);
+  cph_key k = cph_key_of_u64(id);
   if (cph_txn_get_record_some(t, CPH_DB_EVENTS, &k, &cph_event_desc, &ev, mask) == CPH_OK) {
     if (sender) {
       *sender = ev.sender;
@@ -1510,7 +1503,7 @@ static const char *memory_kind(uint8_t k) {
 
 /* The memory record now; CPH_ENOTFOUND when it is gone. */
 static int memory_now(cph_txn *t, uint64_t id, cph_memory_rec *m) {
-  cph_key k = u64_key(id);
+  cph_key k = cph_key_of_u64(id);
   return cph_txn_get_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, m);
 }
 
@@ -2043,7 +2036,7 @@ static void diff_obligations(diff *d) {
   if (omitted(d, CPH_PART_OBLIGATIONS))
     return;
   cph_turn_rec tr = {0};
-  cph_key k = u64_key(a->turn_id);
+  cph_key k = cph_key_of_u64(a->turn_id);
   bool completed =
       cph_txn_get_record_some(d->t, CPH_DB_TURNS, &k, &cph_turn_desc, &tr, 0) == CPH_OK &&
       tr.state == CPH_TURN_COMPLETED;

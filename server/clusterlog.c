@@ -466,74 +466,40 @@ static bool ensure_stream(cph_clog *l) {
   return true;
 }
 
-/* The watermarks' bucket: one key per shard, its newest value only. */
-static bool ensure_marks(cph_clog *l) {
-  natsStatus s = js_KeyValue(&l->kv_marks, l->js, CPH_CLOG_MARKS);
+/* Opens key-value bucket `name` into *kv, creating it (its newest value per key only, on
+ * :replicas servers) when no node has; false with the error set. Used for the sessions' bucket,
+ * the watermarks (one key per shard) and the sessions' states (clusterflow.h 11.: one key per
+ * session). */
+static bool ensure_kv(cph_clog *l, const char *name, kvStore **kv) {
+  natsStatus s = js_KeyValue(kv, l->js, name);
   if (s != NATS_OK) {
     kvConfig kc;
     kvConfig_Init(&kc);
-    kc.Bucket = CPH_CLOG_MARKS;
+    kc.Bucket = name;
     kc.History = 1;
     kc.Replicas = (int)l->replicas;
     kc.StorageType = js_FileStorage;
-    s = js_CreateKeyValue(&l->kv_marks, l->js, &kc);
+    s = js_CreateKeyValue(kv, l->js, &kc);
     if (s != NATS_OK)
-      s = js_KeyValue(&l->kv_marks, l->js, CPH_CLOG_MARKS); /* another node created it */
+      s = js_KeyValue(kv, l->js, name); /* another node created it */
   }
   if (s != NATS_OK) {
-    set_error(l, "bucket %s: %s", CPH_CLOG_MARKS, nats_GetLastError(NULL));
-    l->kv_marks = NULL;
-    return false;
-  }
-  return true;
-}
-
-/* The sessions' states (clusterflow.h 11.): one key per session, its newest value only. */
-static bool ensure_states(cph_clog *l) {
-  natsStatus s = js_KeyValue(&l->kv_states, l->js, CPH_CLOG_STATES);
-  if (s != NATS_OK) {
-    kvConfig kc;
-    kvConfig_Init(&kc);
-    kc.Bucket = CPH_CLOG_STATES;
-    kc.History = 1;
-    kc.Replicas = (int)l->replicas;
-    kc.StorageType = js_FileStorage;
-    s = js_CreateKeyValue(&l->kv_states, l->js, &kc);
-    if (s != NATS_OK)
-      s = js_KeyValue(&l->kv_states, l->js, CPH_CLOG_STATES); /* another node created it */
-  }
-  if (s != NATS_OK) {
-    set_error(l, "bucket %s: %s", CPH_CLOG_STATES, nats_GetLastError(NULL));
-    l->kv_states = NULL;
+    set_error(l, "bucket %s: %s", name, nats_GetLastError(NULL));
+    *kv = NULL;
     return false;
   }
   return true;
 }
 
 static bool ensure_bucket(cph_clog *l) {
-  natsStatus s = js_KeyValue(&l->kv, l->js, CPH_CLOG_BUCKET);
-  if (s != NATS_OK) {
-    kvConfig kc;
-    kvConfig_Init(&kc);
-    kc.Bucket = CPH_CLOG_BUCKET;
-    kc.History = 1;
-    kc.Replicas = (int)l->replicas;
-    kc.StorageType = js_FileStorage;
-    s = js_CreateKeyValue(&l->kv, l->js, &kc);
-    if (s != NATS_OK)
-      s = js_KeyValue(&l->kv, l->js, CPH_CLOG_BUCKET); /* another node created it */
-  }
-  if (s != NATS_OK) {
-    set_error(l, "bucket %s: %s", CPH_CLOG_BUCKET, nats_GetLastError(NULL));
-    l->kv = NULL;
+  if (!ensure_kv(l, CPH_CLOG_BUCKET, &l->kv))
     return false;
-  }
-  if (!ensure_marks(l)) {
+  if (!ensure_kv(l, CPH_CLOG_MARKS, &l->kv_marks)) {
     kvStore_Destroy(l->kv);
     l->kv = NULL;
     return false;
   }
-  if (!ensure_states(l)) {
+  if (!ensure_kv(l, CPH_CLOG_STATES, &l->kv_states)) {
     kvStore_Destroy(l->kv);
     kvStore_Destroy(l->kv_marks);
     l->kv = NULL;
@@ -542,7 +508,7 @@ static bool ensure_bucket(cph_clog *l) {
   }
   kvWatchOptions wo;
   kvWatchOptions_Init(&wo);
-  s = kvStore_WatchAll(&l->watcher, l->kv, &wo);
+  natsStatus s = kvStore_WatchAll(&l->watcher, l->kv, &wo);
   if (s != NATS_OK) {
     set_error(l, "watching %s: %s", CPH_CLOG_BUCKET, nats_GetLastError(NULL));
     kvStore_Destroy(l->kv);
