@@ -121,93 +121,138 @@ static bool port_open(int port) {
   return ok;
 }
 
+/* Started again on new ports when it cannot listen (see cph_tc_start_nats), twice at most. */
 void cph_tc_start_etcd(cph_test_cluster *c) {
   cph_tc_require("etcd", "cluster mode's tests need Debian's etcd-server (apt-get install "
                          "etcd-server, or scripts/install-deps.sh)");
-  c->etcd_port = cph_tc_free_port();
-  int peer = cph_tc_free_port();
-  char data[512], client[64], peer_url[64], initial[96], log[512];
-  snprintf(data, sizeof data, "%s/etcd", c->dir);
+  char log[512];
   snprintf(log, sizeof log, "%s/etcd.log", c->dir);
-  snprintf(client, sizeof client, "http://127.0.0.1:%d", c->etcd_port);
-  snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", peer);
-  snprintf(initial, sizeof initial, "t=%s", peer_url);
-  const char *argv[] = {"etcd",   "--name",
-                        "t",      "--data-dir",
-                        data,     "--listen-client-urls",
-                        client,   "--advertise-client-urls",
-                        client,   "--listen-peer-urls",
-                        peer_url, "--initial-advertise-peer-urls",
-                        peer_url, "--initial-cluster",
-                        initial,  "--listen-metrics-urls",
-                        "",       NULL};
-  c->etcd = spawn(argv, log);
-  for (int i = 0; i < 100; i++) {
-    cph_test_response r = cph_test_http(c->etcd_port, "GET", "/health", NULL, NULL);
-    bool ok = r.status == 200;
-    cph_test_response_free(&r);
-    if (ok)
-      return;
-    cph_tc_sleep_ms(100);
+  for (int attempt = 0; attempt < 3; attempt++) {
+    c->etcd_port = cph_tc_free_port();
+    int peer = cph_tc_free_port();
+    char data[512], client[64], peer_url[64], initial[96];
+    snprintf(data, sizeof data, "%s/etcd-%d", c->dir, attempt);
+    snprintf(client, sizeof client, "http://127.0.0.1:%d", c->etcd_port);
+    snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", peer);
+    snprintf(initial, sizeof initial, "t=%s", peer_url);
+    const char *argv[] = {"etcd",   "--name",
+                          "t",      "--data-dir",
+                          data,     "--listen-client-urls",
+                          client,   "--advertise-client-urls",
+                          client,   "--listen-peer-urls",
+                          peer_url, "--initial-advertise-peer-urls",
+                          peer_url, "--initial-cluster",
+                          initial,  "--listen-metrics-urls",
+                          "",       NULL};
+    c->etcd = spawn(argv, log);
+    for (int i = 0; i < 100; i++) {
+      cph_test_response r = cph_test_http(c->etcd_port, "GET", "/health", NULL, NULL);
+      bool ok = r.status == 200;
+      cph_test_response_free(&r);
+      if (ok)
+        return;
+      if (waitpid(c->etcd, NULL, WNOHANG) == c->etcd) { /* it exited: a port was taken */
+        untrack(c->etcd);
+        c->etcd = 0;
+        break;
+      }
+      cph_tc_sleep_ms(100);
+    }
+    if (c->etcd > 0) {
+      kill(c->etcd, SIGKILL);
+      waitpid(c->etcd, NULL, 0);
+      untrack(c->etcd);
+      c->etcd = 0;
+    }
+    fprintf(stderr, "etcd did not become healthy on 127.0.0.1:%d: starting it again\n",
+            c->etcd_port);
   }
   fail_msg("etcd did not become healthy on 127.0.0.1:%d (log: %s)", c->etcd_port, log);
 }
 
+/* Spawns server i of n on the ports in c (its JetStream store and log named by attempt). */
+static void spawn_nats(cph_test_cluster *c, int i, int n, int attempt) {
+  char port[16], name[16], store[512], log[512], cluster[64], routes[256] = "";
+  snprintf(port, sizeof port, "%d", c->nats_port[i]);
+  snprintf(name, sizeof name, "nats%d", i);
+  snprintf(store, sizeof store, "%s/nats%d-%d", c->dir, i, attempt);
+  snprintf(log, sizeof log, "%s/nats%d.log", c->dir, i);
+  snprintf(cluster, sizeof cluster, "nats://127.0.0.1:%d", c->nats_cport[i]);
+  for (int j = 0; j < n; j++) {
+    if (j == i)
+      continue;
+    size_t len = strlen(routes);
+    snprintf(routes + len, sizeof routes - len, "%snats://127.0.0.1:%d", len ? "," : "",
+             c->nats_cport[j]);
+  }
+  const char *argv[20];
+  int k = 0;
+  argv[k++] = "nats-server";
+  argv[k++] = "-a";
+  argv[k++] = "127.0.0.1";
+  argv[k++] = "-p";
+  argv[k++] = port;
+  argv[k++] = "-n";
+  argv[k++] = name;
+  argv[k++] = "-js";
+  argv[k++] = "-sd";
+  argv[k++] = store;
+  if (n > 1) {
+    argv[k++] = "--cluster_name";
+    argv[k++] = "cephtest";
+    argv[k++] = "--cluster";
+    argv[k++] = cluster;
+    argv[k++] = "--routes";
+    argv[k++] = routes;
+  }
+  argv[k] = NULL;
+  c->nats[i] = spawn(argv, log);
+}
+
+/* Waits up to 10 s for server i to listen; false as soon as it exited (its port was taken). */
+static bool nats_listens(cph_test_cluster *c, int i) {
+  for (int t = 0; t < 10000; t += 50) {
+    if (port_open(c->nats_port[i]))
+      return true;
+    if (waitpid(c->nats[i], NULL, WNOHANG) == c->nats[i]) {
+      untrack(c->nats[i]);
+      c->nats[i] = 0;
+      return false;
+    }
+    cph_tc_sleep_ms(50);
+  }
+  return false;
+}
+
+/* A free port is only free when it is asked for: between cph_tc_free_port and the server's
+ * bind, any process on the machine may take it (another test's daemon, or a client's
+ * connection, whose source port comes from the same range). A server that then cannot listen
+ * is started again, with the others, on new ports — twice at most. */
 void cph_tc_start_nats(cph_test_cluster *c, int n) {
   cph_tc_require("nats-server", "cluster mode's log needs Debian's nats-server (apt-get install "
                                 "nats-server libnats-dev, or scripts/install-deps.sh)");
   assert_true(n >= 1 && n <= CPH_TC_MAX_NATS);
   c->n_nats = n;
-  for (int i = 0; i < n; i++) {
-    c->nats_port[i] = cph_tc_free_port();
-    c->nats_cport[i] = cph_tc_free_port();
-  }
-  for (int i = 0; i < n; i++) {
-    char port[16], name[16], store[512], log[512], cluster[64], routes[256] = "";
-    snprintf(port, sizeof port, "%d", c->nats_port[i]);
-    snprintf(name, sizeof name, "nats%d", i);
-    snprintf(store, sizeof store, "%s/nats%d", c->dir, i);
-    snprintf(log, sizeof log, "%s/nats%d.log", c->dir, i);
-    snprintf(cluster, sizeof cluster, "nats://127.0.0.1:%d", c->nats_cport[i]);
-    for (int j = 0; j < n; j++) {
-      if (j == i)
-        continue;
-      size_t len = strlen(routes);
-      snprintf(routes + len, sizeof routes - len, "%snats://127.0.0.1:%d", len ? "," : "",
-               c->nats_cport[j]);
+  for (int attempt = 0;; attempt++) {
+    for (int i = 0; i < n; i++) {
+      c->nats_port[i] = cph_tc_free_port();
+      c->nats_cport[i] = cph_tc_free_port();
     }
-    const char *argv[20];
-    int k = 0;
-    argv[k++] = "nats-server";
-    argv[k++] = "-a";
-    argv[k++] = "127.0.0.1";
-    argv[k++] = "-p";
-    argv[k++] = port;
-    argv[k++] = "-n";
-    argv[k++] = name;
-    argv[k++] = "-js";
-    argv[k++] = "-sd";
-    argv[k++] = store;
-    if (n > 1) {
-      argv[k++] = "--cluster_name";
-      argv[k++] = "cephtest";
-      argv[k++] = "--cluster";
-      argv[k++] = cluster;
-      argv[k++] = "--routes";
-      argv[k++] = routes;
-    }
-    argv[k] = NULL;
-    c->nats[i] = spawn(argv, log);
-  }
-  for (int i = 0; i < n; i++) {
-    int t = 0;
-    while (!port_open(c->nats_port[i]) && t < 10000) {
-      cph_tc_sleep_ms(50);
-      t += 50;
-    }
-    if (t >= 10000)
-      fail_msg("nats-server %d did not listen on 127.0.0.1:%d (log: %s/nats%d.log)", i,
-               c->nats_port[i], c->dir, i);
+    for (int i = 0; i < n; i++)
+      spawn_nats(c, i, n, attempt);
+    int down = -1;
+    for (int i = 0; i < n && down < 0; i++)
+      if (!nats_listens(c, i))
+        down = i;
+    if (down < 0)
+      return;
+    if (attempt == 2)
+      fail_msg("nats-server %d did not listen on 127.0.0.1:%d (log: %s/nats%d.log)", down,
+               c->nats_port[down], c->dir, down);
+    fprintf(stderr, "nats-server %d did not listen on 127.0.0.1:%d: starting all %d again on "
+                    "other ports\n", down, c->nats_port[down], n);
+    for (int i = 0; i < n; i++)
+      cph_tc_kill_nats(c, i);
   }
 }
 
