@@ -66,17 +66,35 @@ val() {
   echo "${v:-n/a}"
 }
 
-run sched-10k 120 sched --sessions 10000
-run sched-100k 120 sched --sessions 100000
-run sched-1m 180 sched --sessions 1000000
+# run_best NAME LIMIT ARGS...: `run` BENCH_REPEATS times (default 3), the repeats of one
+# scenario alternating with none other, and keeps the run with the highest ops_per_s as NAME.
+# A single in-process run on a shared VM can lose a third of its speed to a neighbour (seen:
+# 13.8M against 21M picks/s at 100k), and the sched rows are ratios of two such runs.
+run_best() {
+  local name=$1 limit=$2 best=-1 i v
+  shift 2
+  for i in $(seq "${BENCH_REPEATS:-3}"); do
+    run "$name-try$i" "$limit" "$@"
+    v=$(val "$name-try$i" ops_per_s)
+    if [ "$v" != n/a ] && awk -v a="$v" -v b="$best" 'BEGIN { exit !(a > b) }'; then
+      best=$v
+      cp "$work/$name-try$i.out" "$work/$name.out"
+    fi
+  done
+  [ -f "$work/$name.out" ] || cp "$work/$name-try1.out" "$work/$name.out"
+}
+
+run_best sched-10k 120 sched --sessions 10000
+run_best sched-100k 120 sched --sessions 100000
+run_best sched-1m 180 sched --sessions 1000000
 # DESIGN §12: the same with 1,000 tenants (weights 1-4), reported beside the runs without
-run sched-100k-t1000 120 sched --sessions 100000 --tenants 1000
-run sched-1m-t1000 180 sched --sessions 1000000 --tenants 1000
+run_best sched-100k-t1000 120 sched --sessions 100000 --tenants 1000
+run_best sched-1m-t1000 180 sched --sessions 1000000 --tenants 1000
 # The same pair with session ids in a random order: the runs above walk sessions in slot
 # order (the order they were added), which only the run without tenants can profit from;
 # a daemon's sessions queue in no such order.
-run sched-1m-shuffled 180 sched --sessions 1000000 --shuffle
-run sched-1m-t1000-shuffled 180 sched --sessions 1000000 --tenants 1000 --shuffle
+run_best sched-1m-shuffled 180 sched --sessions 1000000 --shuffle
+run_best sched-1m-t1000-shuffled 180 sched --sessions 1000000 --tenants 1000 --shuffle
 run ingest 120 ingest --seconds "$SECONDS_PER_RUN"
 run cycle-always 120 cycle --sync always --seconds "$SECONDS_PER_RUN"
 run cycle-none 120 cycle --sync none --seconds "$SECONDS_PER_RUN"
@@ -363,7 +381,8 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "- **sched**: \`cephalon-bench sched --sessions N\` — the scheduler in process (lanes/), N"
   echo "  saturated sessions over three lanes, budgets that never bind, 64 picks then their finishes."
   echo "  sched-*-t1000: the same with \`--tenants 1000\` (sessions round-robin over 1,000 tenants of"
-  echo "  weights 1-4), so every pick also goes through the lane's tenant heap (DESIGN §3.9)."
+  echo "  weights 1-4), so every pick also goes through the lane's tenant order (DESIGN §3.9; at this"
+  echo "  pace in runs of 16, lanes/sched.h). Each sched figure is the best of ${BENCH_REPEATS:-3} runs."
   echo "- **tenants / fairness-ts / spam-ts**: lanes/sim — tenants of weights 1:2:5 with 1,000, 10"
   echo "  and 100 sessions over a measured minute, a lane's reserved seat under saturation; the"
   echo "  fairness and spam scenarios with \`--with-tenants --with-seats\`."
