@@ -220,6 +220,7 @@ static const ps_field scheduler_fields[] = {
             "session credits: refill, bounds, cost per turn"),
     CHANNELS(cph_policy_scheduler, "tenants", tenants, tenant_count, tenant_table, NULL,
              "tenant weights by name: {\"acme\" {:weight 3}}; unlisted tenants weigh 1"),
+    /* 16 and 1024: CPH_SCHED_TENANT_RUN_DEFAULT and _LIMIT of lanes/sched.h (test_policy) */
     INT(cph_policy_scheduler, "tenant-run-max", tenant_run_max, 1, 1024, 16,
         "most picks in a row one tenant takes in a lane, used only at machine rates (a run is "
         "at most 1/1000 of an average tenant's picks a minute); 1 = the exact tenant order"),

@@ -796,6 +796,40 @@ static bool last_seq(cph_clog *l, const char *const *subjects, size_t n, uint64_
   return true;
 }
 
+/* The next stream message of sub, an ordered consumer, with its stream sequence (and the count
+ * still pending after it, pending may be NULL); the consumer's status messages are skipped.
+ * NULL with why set ("reading <what>: ...") when the node is stopping, NATS fails, or no
+ * message came for REPLAY_IDLE_MS. */
+static natsMsg *next_stream_msg(cph_clog *l, natsSubscription *sub, const char *what,
+                                uint64_t *seq, uint64_t *pending, char *why, size_t size) {
+  int64_t deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
+  for (;;) {
+    if (stopping(l) || mono_ns() > deadline) {
+      snprintf(why, size, "reading %s: %s", what,
+               stopping(l) ? "stopping" : "nothing came for 10 s");
+      return NULL;
+    }
+    natsMsg *m = NULL;
+    natsStatus st = natsSubscription_NextMsg(&m, sub, 500);
+    if (st == NATS_TIMEOUT)
+      continue;
+    if (st != NATS_OK) {
+      snprintf(why, size, "reading %s: %s", what, natsStatus_GetText(st));
+      return NULL;
+    }
+    jsMsgMetaData *meta = NULL;
+    if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
+      natsMsg_Destroy(m);
+      continue; /* not a stream message (a status of the ordered consumer) */
+    }
+    *seq = meta->Sequence.Stream;
+    if (pending)
+      *pending = meta->NumPending;
+    jsMsgMetaData_Destroy(meta);
+    return m;
+  }
+}
+
 /* Appends to rp every message of filter (whose exact subjects are subjects[0..n)) from
  * sequence `from` up to `to`, in stream order, through an ordered consumer (ephemeral, no
  * acknowledgements). False with why set on a NATS error, or when no message came for
@@ -824,30 +858,14 @@ static bool replay_range(cph_clog *l, cph_clog_replay *rp, size_t *cap, const ch
     return false;
   }
   natsSubscription_SetPendingLimits(sub, 1 << 20, 1 << 30);
-  int64_t deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
+  char what[200];
+  snprintf(what, sizeof what, "%s from %" PRIu64 " to %" PRIu64, filter, from, to);
   bool ok = false;
   for (;;) {
-    if (stopping(l) || mono_ns() > deadline) {
-      snprintf(why, size, "reading %s from %" PRIu64 " to %" PRIu64 ": %s", filter, from, to,
-               stopping(l) ? "stopping" : "no message for 10 s");
+    uint64_t seq = 0;
+    natsMsg *m = next_stream_msg(l, sub, what, &seq, NULL, why, size);
+    if (!m)
       break;
-    }
-    natsMsg *m = NULL;
-    st = natsSubscription_NextMsg(&m, sub, 500);
-    if (st == NATS_TIMEOUT)
-      continue;
-    if (st != NATS_OK) {
-      snprintf(why, size, "reading %s: %s", filter, natsStatus_GetText(st));
-      break;
-    }
-    jsMsgMetaData *meta = NULL;
-    if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
-      natsMsg_Destroy(m);
-      continue; /* not a stream message (a status of the ordered consumer) */
-    }
-    uint64_t seq = meta->Sequence.Stream;
-    jsMsgMetaData_Destroy(meta);
-    deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
     if (seq > to) {
       natsMsg_Destroy(m);
       ok = true;
@@ -982,28 +1000,11 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
   natsSubscription_SetPendingLimits(sub, 1 << 20, 1 << 30);
   size_t cap = 0;
   bool ok = false;
-  int64_t deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
   while (!ok) {
-    if (stopping(l) || mono_ns() > deadline) {
-      snprintf(why, size, "reading %s: %s", filter, stopping(l) ? "stopping" : "no value for 10 s");
+    uint64_t seq = 0, pending = 0;
+    natsMsg *m = next_stream_msg(l, sub, filter, &seq, &pending, why, size);
+    if (!m)
       break;
-    }
-    natsMsg *m = NULL;
-    st = natsSubscription_NextMsg(&m, sub, 500);
-    if (st == NATS_TIMEOUT)
-      continue;
-    if (st != NATS_OK) {
-      snprintf(why, size, "reading %s: %s", filter, natsStatus_GetText(st));
-      break;
-    }
-    jsMsgMetaData *meta = NULL;
-    if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
-      natsMsg_Destroy(m);
-      continue;
-    }
-    uint64_t seq = meta->Sequence.Stream, pending = meta->NumPending;
-    jsMsgMetaData_Destroy(meta);
-    deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
     const char *subject = natsMsg_GetSubject(m), *op = NULL;
     bool deleted = natsMsgHeader_Get(m, "KV-Operation", &op) == NATS_OK && op &&
                    (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0);

@@ -125,6 +125,23 @@ static void ask(cph_test_cluster *c, int via, int round) {
   cph_test_response_free(&r);
 }
 
+/* Completes the leased turn on node n with round's reply and memory for session t<s>
+ * (asserted 200). */
+static void complete_turn(cph_test_cluster *c, int n, json_t *turn, int round, int s) {
+  char path[96], body[512];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(turn, "id")));
+  snprintf(body, sizeof body,
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
+           "\"reply\":{\"body\":\"reply %d of t%02d\"},"
+           "\"memories\":[{\"text\":\"memory %d of t%02d\"}]}",
+           json_string_value(json_object_get(turn, "lease")), round, s, round, s);
+  cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
+  if (r.status != 200)
+    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+}
+
 /* Leases on node n until each session it owns (b->owner) completed one turn of `round`,
  * answering "reply <round> of <session>"; 30 s at most. Each completion must answer 200. */
 static void answer_round(bench *b, int n, int round) {
@@ -156,18 +173,7 @@ static void answer_round(bench *b, int n, int round) {
     assert_int_equal(json_array_size(staged), 1);
     assert_string_equal(json_string_value(json_object_get(json_array_get(staged, 0), "body")),
                         want_q);
-    char path[96], body[512];
-    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-             (long long)json_integer_value(json_object_get(turn, "id")));
-    snprintf(body, sizeof body,
-             "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
-             "\"reply\":{\"body\":\"reply %d of t%02d\"},"
-             "\"memories\":[{\"text\":\"memory %d of t%02d\"}]}",
-             json_string_value(json_object_get(turn, "lease")), round, s, round, s);
-    r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
-    if (r.status != 200)
-      fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-    cph_test_response_free(&r);
+    complete_turn(b->c, n, turn, round, s);
     json_decref(j);
     done[s] = true;
     got++;
@@ -305,18 +311,7 @@ static void next_lease_shows_replies(bench *b, int n, int round) {
                  n, reply, seen, dump ? dump : "?");
       }
     }
-    char path[96], body[512];
-    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-             (long long)json_integer_value(json_object_get(turn, "id")));
-    snprintf(body, sizeof body,
-             "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
-             "\"reply\":{\"body\":\"reply %d of t%02d\"},"
-             "\"memories\":[{\"text\":\"memory %d of t%02d\"}]}",
-             json_string_value(json_object_get(turn, "lease")), round, s, round, s);
-    r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
-    if (r.status != 200)
-      fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-    cph_test_response_free(&r);
+    complete_turn(b->c, n, turn, round, s);
     json_decref(j);
     done[s] = true;
     got++;

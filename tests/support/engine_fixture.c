@@ -69,6 +69,15 @@ void cph_fixture_ingest(cph_fixture *f, cph_event_in *events, size_t n, cph_op *
     fail_msg("ingest: %s", op->err.msg);
 }
 
+void cph_fixture_lease(cph_fixture *f, const char *worker, cph_op *op) {
+  *op = (cph_op){0};
+  op->kind = CPH_OP_LEASE;
+  op->u.lease.worker = (char *)worker; /* read only */
+  op->u.lease.deadline_ns = cph_clock_now(&f->clock) + 5 * CPH_NS_PER_S;
+  if (cph_fixture_run(f, op))
+    fail_msg("lease: %s", op->err.msg);
+}
+
 int cph_fixture_run(cph_fixture *f, cph_op *op) {
   int called = 0;
   op->done = cph_fixture_count_done;

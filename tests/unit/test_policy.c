@@ -17,6 +17,7 @@
 #include "cephalon/error.h"
 #include "cephalon/policy.h"
 #include "common/buf.h"
+#include "lanes/sched.h"
 #include "policy/edn.h"
 
 /* DESIGN §8, verbatim. */
@@ -265,6 +266,8 @@ static void test_defaults_hold_every_documented_value(void **state) {
   assert_seed_numbers(p); /* the seed's values are also the defaults */
   assert_int_equal(p->backpressure.channel_count, 0);
   assert_non_seed_defaults(p);
+  /* the schema's default is the scheduler's (policy/ may not include lanes/) */
+  assert_int_equal(p->scheduler.tenant_run_max, CPH_SCHED_TENANT_RUN_DEFAULT);
   cph_policy *empty = must_load("{}");
   assert_true(cph_policy_equal(p, empty));
   cph_policy_free(empty);

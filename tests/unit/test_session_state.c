@@ -34,11 +34,8 @@ static void turn(cph_fixture *f, const char *s, int i, cph_op *done) {
   cph_op in;
   cph_fixture_ingest(f, &ev, 1, &in);
   cph_op_clear_results(&in);
-  cph_op lease = {0};
-  lease.kind = CPH_OP_LEASE;
-  lease.u.lease.worker = "w";
-  lease.u.lease.deadline_ns = cph_clock_now(&f->clock) + 5 * CPH_NS_PER_S;
-  assert_int_equal(cph_fixture_run(f, &lease), CPH_OK);
+  cph_op lease;
+  cph_fixture_lease(f, "w", &lease);
   memset(done, 0, sizeof *done);
   done->kind = CPH_OP_COMPLETE;
   done->u.turn.turn_id = lease.u.lease.turn.id;
@@ -106,11 +103,8 @@ static void lease_shows_replies(cph_fixture *f, int times[TURNS]) {
   cph_op in;
   cph_fixture_ingest(f, &ev, 1, &in);
   cph_op_clear_results(&in);
-  cph_op lease = {0};
-  lease.kind = CPH_OP_LEASE;
-  lease.u.lease.worker = "w";
-  lease.u.lease.deadline_ns = cph_clock_now(&f->clock) + 5 * CPH_NS_PER_S;
-  assert_int_equal(cph_fixture_run(f, &lease), CPH_OK);
+  cph_op lease;
+  cph_fixture_lease(f, "w", &lease);
   const cph_turn_info *t = &lease.u.lease.turn;
   for (int i = 0; i < TURNS; i++) {
     char reply[64];
