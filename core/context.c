@@ -977,13 +977,14 @@ static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_bu
   return rc;
 }
 
+/* Lists mc in the turn. Inclusion counts as an access (DESIGN §7): the lease notes it once it
+ * started (turns.c, memaccess.h), and the count listed is the one after this access — the
+ * record's, what is counted but not yet written, and this one. */
 static int memory_include(ctx *c, mcand *mc) {
-  mc->m.access_count++; /* inclusion counts as an access (DESIGN §7) */
-  mc->m.last_access_ms = c->now_ms;
-  cph_key mk = cph_key_of_u64(mc->m.id);
-  int rc = cph_txn_put_record(c->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &mc->m);
-  if (rc)
-    return rc;
+  uint64_t pending = 0;
+  int64_t last_ms = 0;
+  memaccess_pending(&c->cx->memory->access, mc->m.id, &pending, &last_ms);
+  mc->m.access_count += pending + 1;
   cph_memory_item *it = &c->ti->memories[c->ti->n_memories++];
   it->id = mc->m.id;
   const char *kind = memory_kind_name(mc->m.kind);
@@ -1394,8 +1395,8 @@ static int assemble(ctx *c) {
 /* What a history entry reads of an event (the record's field table does not change: worked out
  * once). */
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
-                  cph_chantails *tails) {
-  *cx = (cph_context){env, sessions, trees, tails};
+                  cph_chantails *tails, const cph_memory *memory) {
+  *cx = (cph_context){env, sessions, trees, tails, memory};
 }
 
 int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session_rec *rec,

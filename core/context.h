@@ -36,7 +36,8 @@
  *     its summary (replaced_by, followed) stands in for it, once. A raw memory minted from an
  *     event this turn already shows (staged, history or channel view) is skipped: the same
  *     text twice helps nobody. Every memory included counts as an access: access_count += 1
- *     and last_access = now, written in the caller's transaction.
+ *     and last_access = now, noted by the lease once it started (memaccess.h: written into
+ *     the record with the next flush, and counted by every read before that).
  *
  * ---- messages: the rendered PACT tree combined with the channel view ----
  * The PACT tree (core/pact.h) holds the session's system nodes (depth -1), components
@@ -120,6 +121,7 @@
 #include "cephalon/cephalon.h"
 #include "env.h"
 #include "chantail.h"
+#include "memory.h"
 #include "session.h"
 #include "sessions.h"
 #include "store/store.h"
@@ -133,10 +135,11 @@ typedef struct cph_context {
   cph_sessions *sessions; /* which senders are sessions; the channels' subscribers */
   cph_trees *trees;       /* the sessions' PACT trees */
   cph_chantails *tails;   /* channels' recent history kept warm (chantail.h) */
+  const cph_memory *memory; /* the accesses counted but not yet in the memories' records */
 } cph_context;
 
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
-                  cph_chantails *tails);
+                  cph_chantails *tails, const cph_memory *memory);
 
 /* The session's PACT tree as a lease read it, in render order: loaded and sorted once by
  * context_assemble, read again by the kept context (turnlog_keep), then handed back to the

@@ -385,7 +385,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   trees_init(&e->trees);
   turns_init(&e->turns);
   chantails_init(&e->tails, &e->evcache);
-  context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->tails);
+  context_init(&e->context, &e->env, &e->sessions, &e->trees, &e->tails, &e->memory);
   turnlog_init(&e->turnlog, &e->env);
   cph_clock_init_monotonic(&e->own_clock);
   e->env.clock = opts && opts->clock ? opts->clock : &e->own_clock;
@@ -393,6 +393,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
    * follow a virtual clock in tests and stored times stay meaningful across restarts). */
   e->env.wall_base_ms = cph_wall_ms();
   e->env.wall_base_ns = cph_clock_now(e->env.clock);
+  memaccess_init(&e->memory.access, e->env.wall_base_ns);
   const char *dir = opts && opts->data_dir ? opts->data_dir : policy->server.data_dir;
   int rc;
   if (!(e->env.data_dir = strdup(dir))) {
@@ -437,6 +438,24 @@ static void fail_queue(op_queue *q, int rc, const char *msg) {
 
 static void answers_settle(cph_engine *e);
 
+/* The memory accesses still counted in memory go into their records (memaccess.h); a store
+ * that cannot take them loses them, and says so. */
+static void access_flush_at_close(cph_engine *e) {
+  if (!e->env.store || !memaccess_len(&e->memory.access))
+    return;
+  int rc = cph_txn_begin(e->env.store, true, &e->env.txn);
+  if (rc == CPH_OK) {
+    rc = memaccess_flush(&e->memory.access, &e->env.txn);
+    if (rc == CPH_OK)
+      rc = cph_txn_commit(&e->env.txn);
+    else
+      cph_txn_abort(&e->env.txn);
+  }
+  if (rc)
+    cph_warn("closing: the access counts of %zu memories were not written: %s",
+             memaccess_len(&e->memory.access), cph_strerror(rc));
+}
+
 void cph_engine_close(cph_engine *e) {
   if (!e)
     return;
@@ -453,6 +472,8 @@ void cph_engine_close(cph_engine *e) {
   free(e->ops.items);
   free(e->grow_retry.items);
   free(e->done.items);
+  access_flush_at_close(e);
+  memaccess_free(&e->memory.access);
   memory_clear(e);
   cph_store_close(e->env.store);
   cph_policy_free(e->env.policy);
@@ -594,7 +615,7 @@ static void apply_op(cph_engine *e, cph_op *op) {
     job_enqueue_apply(e, op);
     break;
   case CPH_OP_MEMORY_SEARCH:
-    search_apply(&e->env, &e->sessions, op);
+    search_apply(&e->env, &e->sessions, &e->memory, op);
     break;
   case CPH_OP_CONTEXT_INSERT:
   case CPH_OP_CONTEXT_DELETE:
@@ -699,6 +720,10 @@ int cph_engine_run_pass(cph_engine *e) {
   }
   metrics_pass_begin(e->metrics);
   e->pass_durable = false;
+  /* Memory accesses counted since the last flush go into their records (memaccess.h), before
+   * this pass counts any. A failed flush leaves them counted for the next. */
+  if (memaccess_flush_due(&e->memory.access, env_now(&e->env)))
+    (void)memaccess_flush(&e->memory.access, &e->env.txn);
   for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
     cph_op *op = op_queue_pop(&e->ops);
     if (op->kind == CPH_OP_LEASE) {
@@ -735,6 +760,7 @@ int cph_engine_run_pass(cph_engine *e) {
      * operations applied) is rebuilt from what the store holds. */
     cph_error("pass commit failed: %s", e->env.txn.err.msg);
     metrics_pass_rollback(e->metrics, rc); /* nothing of this pass is counted either */
+    memaccess_pass_end(&e->memory.access, false, env_now(&e->env));
     char msg[sizeof e->env.txn.err.msg];
     snprintf(msg, sizeof msg, "%s", e->env.txn.err.msg);
     cph_op *retry;
@@ -756,6 +782,7 @@ int cph_engine_run_pass(cph_engine *e) {
         op->done(op, op->ctx);
     return rc;
   }
+  memaccess_pass_end(&e->memory.access, true, env_now(&e->env));
   if (e->grow_retry.len)
     grow_map(e);
   /* What this pass's answers wait for (the file comment). :batch and :none: nothing. */

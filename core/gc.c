@@ -133,7 +133,8 @@ static int plan_explicit(const cph_gc *gc, cph_txn *t, const char *list) {
 }
 
 /* The automatic plan: raw, undeleted, unlocked memories older than :gc :min-age-hours with
- * access_count <= :gc :max-access, grouped per scope in creation order, at most
+ * access_count <= :gc :max-access (accesses not yet written into the record included:
+ * memaccess.h), grouped per scope in creation order, at most
  * :group-max-tokens a group and :max-groups-per-plan groups. */
 static int plan_auto(const cph_gc *gc, cph_txn *t) {
   const cph_policy_gc *g = &gc->env->policy->gc;
@@ -152,8 +153,12 @@ static int plan_auto(const cph_gc *gc, cph_txn *t) {
     cph_err derr;
     if (cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &derr))
       continue;
+    uint64_t pending = 0;
+    int64_t last_ms;
+    memaccess_pending(&gc->memory->access, m.id, &pending, &last_ms);
     bool candidate = m.kind == CPH_MEMORY_RAW && !m.deleted && !m.gc_group &&
-                     m.created_ms <= cutoff && m.access_count <= (uint64_t)g->max_access;
+                     m.created_ms <= cutoff &&
+                     m.access_count + pending <= (uint64_t)g->max_access;
     if (!candidate) {
       cph_record_free(&cph_memory_desc, &m);
       if (m.created_ms > cutoff)

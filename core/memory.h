@@ -1,17 +1,21 @@
 /* Memories (DESIGN §7): minting, tags, and the embed queue they join. Private to core/.
- * Retrieval is search.c's. The module's in-memory state is one fact, the number of memories
- * waiting for an embedding; it owns it (cph_memory) and others read or change it only through
- * the functions here. */
+ * Retrieval is search.c's. The module's in-memory state is two facts, the number of memories
+ * waiting for an embedding and the accesses not yet written into the memories' records
+ * (memaccess.h); it owns them (cph_memory) and others read or change them only through the
+ * functions here and in memaccess.h. */
 #ifndef CEPHALON_CORE_MEMORY_H
 #define CEPHALON_CORE_MEMORY_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "memaccess.h"
 #include "store/store.h"
 
 typedef struct cph_memory {
   uint64_t embed_queue_len; /* memories waiting for an embedding (recounted at open) */
+  cph_memaccess access;     /* accesses counted, not yet in the records (kept through a failed
+                             * commit: memaccess_pass_end drops that pass's part) */
 } cph_memory;
 
 /* The embed queue: its length, set from the store at open (the count LMDB keeps), and the n

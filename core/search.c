@@ -512,22 +512,19 @@ static int embedded_vector_hits(search_ctx *s, const float *q, uint32_t dims, si
   return rc;
 }
 
-/* Fills op's hits from the first k candidates, counting each as an access. */
+/* Fills op's hits from the first k candidates (search_apply counts each as an access once the
+ * search's reads are in). */
 static int answer(search_ctx *s, cph_op *op, size_t k) {
   size_t n = s->c.n < k ? s->c.n : k;
   op->u.search.hits = calloc(n ? n : 1, sizeof *op->u.search.hits);
   if (!op->u.search.hits)
     return CPH_ENOMEM;
-  int64_t now = cph_wall_ms();
   for (size_t i = 0; i < n; i++) {
     cph_key mk = cph_key_of_u64(s->c.v[i].id);
     cph_memory_rec m;
     int rc = cph_txn_get_record(s->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     if (rc)
       return rc;
-    m.access_count++; /* inclusion counts as an access (DESIGN §7) */
-    m.last_access_ms = now;
-    rc = cph_txn_put_record(s->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     cph_memory_hit *h = &op->u.search.hits[op->u.search.n_hits++];
     h->id = m.id;
     h->kind = strdup(memory_kind_name(m.kind));
@@ -544,7 +541,7 @@ static int answer(search_ctx *s, cph_op *op, size_t k) {
   return CPH_OK;
 }
 
-void search_apply(cph_core_env *env, const cph_sessions *ss, cph_op *op) {
+void search_apply(cph_core_env *env, const cph_sessions *ss, cph_memory *memory, cph_op *op) {
   const char *session = op->u.search.session;
   size_t k = clamp_k(op->u.search.k);
   if (!session || !sessions_get(ss, session)) {
@@ -615,6 +612,14 @@ void search_apply(cph_core_env *env, const cph_sessions *ss, cph_op *op) {
     op_fail(op, rc, NULL, "memory search: %s", cph_strerror(rc));
     return;
   }
-  if (cph_txn_commit(&t))
+  if (cph_txn_commit(&t)) {
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
+    return;
+  }
+  /* Every hit returned counts as an access (DESIGN §7), written with the next flush. */
+  int64_t now = cph_wall_ms();
+  for (size_t i = 0; i < op->u.search.n_hits; i++)
+    if (memaccess_note(&memory->access, op->u.search.hits[i].id, now) != CPH_OK)
+      cph_log(CPH_LOG_WARN, "memory search: out of memory counting an access to memory %llu",
+              (unsigned long long)op->u.search.hits[i].id);
 }

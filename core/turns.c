@@ -605,6 +605,12 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     cph_sched_finish(tu->env->sched, pick->sid, 0, false);
     return false;
   }
+  /* Its memories count as accessed (DESIGN §7) now that the lease is in (memaccess.h). */
+  int64_t now_ms = cph_wall_ms();
+  for (size_t i = 0; i < ti->n_memories; i++)
+    if (memaccess_note(&tu->memory->access, ti->memories[i].id, now_ms) != CPH_OK)
+      cph_log(CPH_LOG_WARN, "turn %llu: out of memory counting an access to memory %llu",
+              (unsigned long long)turn_id, (unsigned long long)ti->memories[i].id);
   l->turn_id = turn_id;
   l->session = s;
   for (uint32_t i = 0; i < s->n_inbox; i++) /* ids ascend, bar requeued entries: take the max */

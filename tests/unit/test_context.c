@@ -12,9 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cephalon/cephalon.h"
 #include "common/clock.h"
+#include "store/records.h"
 #include "store/store.h"
 #include "tests/support/engine_fixture.h"
 #include "tests/support/testutil.h"
@@ -460,6 +463,94 @@ static void test_every_included_memory_counts_as_an_access(void **state) {
   assert_int_equal(find_memory(t, 2)->access_count, 2);
   complete(f, t, NULL, NULL, 0);
   cph_op_clear_results(&l);
+}
+
+/* memory_counts: the stored access count of memories 1 and 2 (cph_fixture_store_each). */
+typedef struct stored_counts {
+  uint64_t count[3];
+} stored_counts;
+
+static bool note_count(void *ctx, const void *key, size_t key_len, const void *val,
+                       size_t val_len) {
+  (void)key;
+  (void)key_len;
+  stored_counts *sc = ctx;
+  cph_memory_rec m;
+  cph_err err;
+  if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
+    fail_msg("a memory record does not decode: %s", err.msg);
+  if (m.id >= 1 && m.id <= 2)
+    sc->count[m.id] = m.access_count;
+  cph_record_free(&cph_memory_desc, &m);
+  return true;
+}
+
+static stored_counts memory_counts(fixture *f) {
+  stored_counts sc = {{0}};
+  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, note_count, &sc);
+  return sc;
+}
+
+/* Access counts are counted in memory and written in batches (core/memaccess.h): a read sees
+ * every access at once; the store has them within a second (kept through a kill -9, here the
+ * child's _exit), and all of them after a clean close. What the crash took is at most the
+ * last second's accesses, as the README says. */
+static void test_access_counts_reach_the_store_within_a_second_and_at_close(void **state) {
+  fixture *f = *state;
+  cph_engine_close(f->e);
+  f->e = NULL;
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) { /* the daemon that crashes */
+    cph_fixture_open(f);
+    create(f, (session_spec){.id = "s1", .autonomy_s = 1});
+    cph_op l;
+    cph_turn_info *t = lease_tick(f, &l);
+    complete(f, t, NULL, MEMS, 2); /* memories 1 and 2 */
+    cph_op_clear_results(&l);
+    t = lease_tick(f, &l); /* their first access */
+    int ok = find_memory(t, 1) && find_memory(t, 1)->access_count == 1;
+    complete(f, t, NULL, NULL, 0);
+    cph_op_clear_results(&l);
+    cph_clock_advance(&f->clock, 2 * CPH_NS_PER_S);
+    cph_engine_run_pass(f->e); /* a second later: the flush */
+    cph_event_in ev = {0};
+    ev.session = "s1";
+    ev.sender = "ann";
+    ev.body = "a question right after";
+    cph_op in;
+    cph_fixture_ingest(f, &ev, 1, &in);
+    cph_op_clear_results(&in);
+    cph_engine_run_pass(f->e);
+    t = lease(f, &l); /* the second access: read at once, in the store a second later */
+    ok = ok && t->kind == CPH_KIND_INBOX && find_memory(t, 2) &&
+         find_memory(t, 2)->access_count == 2;
+    _exit(ok ? 0 : 3); /* no close: the memory of the process is gone */
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  stored_counts sc = memory_counts(f);
+  assert_int_equal(sc.count[1], 1); /* flushed a second after the access */
+  assert_int_equal(sc.count[2], 1); /* the access of the crash's last second was not */
+
+  cph_fixture_open(f); /* restarted: the count goes on from what was stored */
+  cph_op l;
+  cph_clock_advance(&f->clock, 2 * CPH_NS_PER_S);
+  cph_engine_run_pass(f->e);
+  cph_turn_info *t = lease(f, &l); /* the question again: its lease expired with the crash */
+  assert_int_equal(t->kind, CPH_KIND_INBOX);
+  assert_non_null(find_memory(t, 2));
+  assert_int_equal(find_memory(t, 2)->access_count, 2);
+  cph_op_clear_results(&l);
+  cph_engine_close(f->e); /* a clean close writes what is counted */
+  f->e = NULL;
+  sc = memory_counts(f);
+  assert_int_equal(sc.count[1], 2);
+  assert_int_equal(sc.count[2], 2);
+  cph_fixture_open(f);
 }
 
 static void test_small_window_raw_memory_gives_way_to_summaries(void **state) {
@@ -938,6 +1029,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(
           test_tree_nodes_render_around_the_channel_view_without_its_cores, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_access_counts_reach_the_store_within_a_second_and_at_close, setup, teardown),
       cmocka_unit_test_setup_teardown(test_every_included_memory_counts_as_an_access, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_small_window_raw_memory_gives_way_to_summaries,

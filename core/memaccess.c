@@ -1,0 +1,196 @@
+/* Memory accesses counted in memory, written in batches (memaccess.h). */
+#include "memaccess.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "common/log.h"
+#include "store/records.h"
+
+#define MIN_CAP 64
+
+static uint64_t mix(uint64_t x) { /* splitmix64's finaliser: ids are sequential */
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+void memaccess_init(cph_memaccess *ma, int64_t now_ns) {
+  memset(ma, 0, sizeof *ma);
+  ma->flushed_ns = now_ns;
+}
+
+void memaccess_free(cph_memaccess *ma) {
+  free(ma->slots);
+  free(ma->touched);
+  memset(ma, 0, sizeof *ma);
+}
+
+static memaccess_slot *find(const cph_memaccess *ma, uint64_t id) {
+  if (!ma->cap)
+    return NULL;
+  for (size_t i = mix(id) & (ma->cap - 1);; i = (i + 1) & (ma->cap - 1)) {
+    if (ma->slots[i].id == id)
+      return &ma->slots[i];
+    if (!ma->slots[i].id)
+      return NULL;
+  }
+}
+
+/* The slot for id in slots of cap (a power of two with a free slot): its own or a free one. */
+static memaccess_slot *place(memaccess_slot *slots, size_t cap, uint64_t id) {
+  size_t i = mix(id) & (cap - 1);
+  while (slots[i].id && slots[i].id != id)
+    i = (i + 1) & (cap - 1);
+  return &slots[i];
+}
+
+/* Moves the slots that still count something into a table of at least min_cap slots (at
+ * most half full). */
+static int rebuild(cph_memaccess *ma, size_t min_cap) {
+  size_t live = 0;
+  for (size_t i = 0; i < ma->cap; i++)
+    live += ma->slots[i].id && (ma->slots[i].done || ma->slots[i].pass);
+  size_t cap = MIN_CAP;
+  while (cap < min_cap || cap < 2 * live)
+    cap *= 2;
+  memaccess_slot *slots = calloc(cap, sizeof *slots);
+  if (!slots)
+    return CPH_ENOMEM;
+  for (size_t i = 0; i < ma->cap; i++) {
+    const memaccess_slot *s = &ma->slots[i];
+    if (s->id && (s->done || s->pass))
+      *place(slots, cap, s->id) = *s;
+  }
+  free(ma->slots);
+  ma->slots = slots;
+  ma->cap = cap;
+  ma->len = live;
+  return CPH_OK;
+}
+
+int memaccess_note(cph_memaccess *ma, uint64_t id, int64_t now_ms) {
+  if (!id)
+    return CPH_OK;
+  memaccess_slot *s = find(ma, id);
+  if (!s) {
+    if (2 * (ma->len + 1) > ma->cap && rebuild(ma, 2 * (ma->len + 1)) != CPH_OK)
+      return CPH_ENOMEM;
+    if (ma->n_touched == ma->cap_touched) {
+      size_t cap = ma->cap_touched ? 2 * ma->cap_touched : 64;
+      uint64_t *t = realloc(ma->touched, cap * sizeof *t);
+      if (!t)
+        return CPH_ENOMEM;
+      ma->touched = t;
+      ma->cap_touched = cap;
+    }
+    s = place(ma->slots, ma->cap, id);
+    *s = (memaccess_slot){.id = id};
+    ma->len++;
+  } else if (!s->pass && ma->n_touched == ma->cap_touched) {
+    size_t cap = ma->cap_touched ? 2 * ma->cap_touched : 64;
+    uint64_t *t = realloc(ma->touched, cap * sizeof *t);
+    if (!t)
+      return CPH_ENOMEM;
+    ma->touched = t;
+    ma->cap_touched = cap;
+  }
+  if (!s->pass)
+    ma->touched[ma->n_touched++] = id;
+  if (s->pass < UINT32_MAX)
+    s->pass++;
+  if (now_ms > s->pass_ms)
+    s->pass_ms = now_ms;
+  return CPH_OK;
+}
+
+void memaccess_pending(const cph_memaccess *ma, uint64_t id, uint64_t *count, int64_t *last_ms) {
+  const memaccess_slot *s = find(ma, id);
+  *count = 0;
+  *last_ms = 0;
+  if (!s)
+    return;
+  *count = (ma->flushing ? 0 : (uint64_t)s->done) + s->pass;
+  *last_ms = s->pass_ms;
+  if (!ma->flushing && s->last_ms > *last_ms)
+    *last_ms = s->last_ms;
+}
+
+bool memaccess_flush_due(const cph_memaccess *ma, int64_t now_ns) {
+  return ma->len && !ma->flushing && !ma->n_touched &&
+         (ma->len >= MEMACCESS_FLUSH_LEN || now_ns - ma->flushed_ns >= MEMACCESS_FLUSH_NS);
+}
+
+int memaccess_flush(cph_memaccess *ma, cph_txn *t) {
+  /* Only before the pass noted anything: a pass's notes are then all "since the flush". */
+  if (ma->flushing || ma->n_touched)
+    return CPH_OK;
+  cph_txn c;
+  int rc = cph_txn_begin_child(t, &c);
+  for (size_t i = 0; rc == CPH_OK && i < ma->cap; i++) {
+    const memaccess_slot *s = &ma->slots[i];
+    if (!s->id || !s->done)
+      continue;
+    cph_key k = cph_key_of_u64(s->id);
+    cph_val v;
+    int grc = cph_txn_get(&c, CPH_DB_MEMORIES, &k, &v);
+    if (grc == CPH_ENOTFOUND) /* deleted since: nothing to add to */
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    cph_memory_rec m;
+    cph_err derr;
+    if (cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &derr)) {
+      cph_log(CPH_LOG_WARN, "memory access counts: skipping memory %llu: %s",
+              (unsigned long long)s->id, derr.msg); /* as recent_memory skips it */
+      continue;
+    }
+    m.access_count += s->done;
+    if (s->last_ms > m.last_access_ms)
+      m.last_access_ms = s->last_ms;
+    rc = cph_txn_put_record(&c, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  if (rc == CPH_OK)
+    rc = cph_txn_commit(&c);
+  else
+    cph_txn_abort(&c);
+  if (rc == CPH_OK)
+    ma->flushing = true;
+  else
+    cph_log(CPH_LOG_WARN, "memory access counts: %s; kept for the next flush", cph_strerror(rc));
+  return rc;
+}
+
+void memaccess_pass_end(cph_memaccess *ma, bool committed, int64_t now_ns) {
+  /* A committed flush put every done count in the records; the notes of the pass all came
+   * after it (memaccess_flush runs only before any), so they alone stay pending. */
+  bool flushed = ma->flushing && committed;
+  if (flushed)
+    for (size_t i = 0; i < ma->cap; i++)
+      ma->slots[i].done = 0, ma->slots[i].last_ms = 0;
+  for (size_t i = 0; i < ma->n_touched; i++) {
+    memaccess_slot *s = find(ma, ma->touched[i]);
+    if (!s)
+      continue;
+    if (committed) {
+      uint64_t done = (uint64_t)s->done + s->pass;
+      s->done = done > UINT32_MAX ? UINT32_MAX : (uint32_t)done;
+      if (s->pass_ms > s->last_ms)
+        s->last_ms = s->pass_ms;
+    }
+    s->pass = 0;
+    s->pass_ms = 0;
+  }
+  ma->n_touched = 0;
+  ma->flushing = false; /* a flush that did not commit left its counts pending */
+  if (flushed) {
+    ma->flushed_ns = now_ns;
+    (void)rebuild(ma, MIN_CAP); /* on ENOMEM the zeroed slots stay: harmless, dropped later */
+  }
+}
