@@ -228,7 +228,17 @@ typedef struct ctx {
   size_t n_entries, cap_entries;
   context_tree *tr; /* the caller's: the tree is loaded and ordered here, released there */
   int64_t now_ms;
+  /* The session id's and the staged senders' lengths, measured once: every history entry is
+   * compared with them, and its sender's length is known (chantail.h), so most comparisons
+   * end at the length. staged_len is NULL when the turn stages nothing. */
+  size_t id_len;
+  size_t *staged_len;
 } ctx;
+
+/* Whether a (of alen bytes) and b (of blen bytes) are the same string. */
+static inline bool same_str(const char *a, size_t alen, const char *b, size_t blen) {
+  return alen == blen && memcmp(a, b, alen) == 0;
+}
 
 static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100; }
 
@@ -442,11 +452,11 @@ static uint64_t section_cost(const hentry *h, const char *channel_name) {
   return tok(channel_name) + tok_len(h->sender_len) + tok_len(h->body_len) + ITEM_OVERHEAD;
 }
 
-static bool is_section_sender(const ctx *c, const char *sender) {
-  if (strcmp(sender, c->s->id) == 0)
+static bool is_section_sender(const ctx *c, const char *sender, size_t len) {
+  if (same_str(sender, len, c->s->id, c->id_len))
     return true;
   for (size_t i = 0; i < c->ti->n_staged; i++)
-    if (strcmp(sender, c->ti->staged[i].sender) == 0)
+    if (same_str(sender, len, c->ti->staged[i].sender, c->staged_len[i]))
       return true;
   return false;
 }
@@ -523,9 +533,9 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
       h.body_len = strlen(ev.body);
       h.ts_ms = ev.ts_ms;
       h.owned = true;
-      h.own = strcmp(ev.sender, c->s->id) == 0;
+      h.own = same_str(ev.sender, h.sender_len, c->s->id, c->id_len);
       h.agent = !h.own && sessions_get(c->cx->sessions, ev.sender) != NULL;
-      h.for_section = is_section_sender(c, ev.sender);
+      h.for_section = is_section_sender(c, ev.sender, h.sender_len);
       if (entry_push(c, &h) == CPH_OK) {
         ev.sender = ev.body = NULL; /* moved into the entry */
         messages_seen += tok_len(h.body_len);
@@ -583,9 +593,9 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     h.sender_len = e->sender_len;
     h.body_len = e->body_len;
     h.ts_ms = e->ts_ms;
-    h.own = strcmp(e->sender, c->s->id) == 0;
+    h.own = same_str(e->sender, e->sender_len, c->s->id, c->id_len);
     h.agent = !h.own && sessions_get(c->cx->sessions, e->sender) != NULL;
-    h.for_section = is_section_sender(c, e->sender);
+    h.for_section = is_section_sender(c, e->sender, e->sender_len);
     if ((rc = entry_push(c, &h)) != CPH_OK)
       break;
     messages_seen += tok_len(h.body_len);
@@ -1302,6 +1312,7 @@ static void ctx_free(ctx *c) {
     }
   free(c->entries);
   free(c->vs);
+  free(c->staged_len);
   idset_free(&c->staged_events);
   idset_free(&c->inbox_events);
   idset_free(&c->shown_events);
@@ -1414,7 +1425,14 @@ int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session
                                         : (uint64_t)cx->env->policy->sessions.context_window_tokens;
   c.now_ms = cph_wall_ms();
   ti->tokens.window = clamp32(c.window);
-  int rc = assemble(&c);
+  c.id_len = strlen(s->id);
+  int rc = CPH_OK;
+  if (ti->n_staged && !(c.staged_len = malloc(ti->n_staged * sizeof *c.staged_len)))
+    rc = CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++)
+    c.staged_len[i] = strlen(ti->staged[i].sender);
+  if (rc == CPH_OK)
+    rc = assemble(&c);
   ti->tokens.sections = clamp32((uint64_t)ti->tokens.current_state +
                                 ti->tokens.pending_obligations + ti->tokens.conversation_history +
                                 ti->tokens.recent_memory + ti->tokens.available_tools);
