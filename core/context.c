@@ -917,24 +917,13 @@ static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t
        scanned++) {
     if (raw && source && idset_has(&c->shown_events, source))
       continue; /* its event is in the turn already: not read at all */
-    cph_key mk = cph_key_of_u64(id);
-    cph_val v;
-    int grc = cph_txn_get(c->t, CPH_DB_MEMORIES, &mk, &v);
-    if (grc == CPH_ENOTFOUND) {
-      cph_log(CPH_LOG_WARN, "recent_memory: memory %llu is in the scope index but not stored",
-              (unsigned long long)id);
+    cph_memory_rec m;
+    int grc = memory_read(c->t, id, &m, "recent_memory");
+    if (grc == CPH_ENOTFOUND) /* undecodable (warned), or in the scope index but not stored */
       continue;
-    }
     if (grc) {
       rc = grc;
       break;
-    }
-    cph_memory_rec m;
-    cph_err derr;
-    if (cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &derr)) {
-      cph_log(CPH_LOG_WARN, "recent_memory: skipping memory %llu: %s", (unsigned long long)id,
-              derr.msg);
-      continue;
     }
     if (memory_gone(&m)) { /* never shown; its summary stands in for it */
       if (m.replaced_by && idset_add(replaced, m.replaced_by))

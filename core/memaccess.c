@@ -6,6 +6,7 @@
 
 #include "cephalon/cephalon.h"
 #include "common/log.h"
+#include "memory.h"
 #include "store/records.h"
 
 #define MIN_CAP 64
@@ -72,31 +73,31 @@ static int rebuild(cph_memaccess *ma, size_t min_cap) {
   return CPH_OK;
 }
 
+/* Room for one more id in the pass's touched list. */
+static int touched_room(cph_memaccess *ma) {
+  if (ma->n_touched < ma->cap_touched)
+    return CPH_OK;
+  size_t cap = ma->cap_touched ? 2 * ma->cap_touched : 64;
+  uint64_t *t = realloc(ma->touched, cap * sizeof *t);
+  if (!t)
+    return CPH_ENOMEM;
+  ma->touched = t;
+  ma->cap_touched = cap;
+  return CPH_OK;
+}
+
 int memaccess_note(cph_memaccess *ma, uint64_t id, int64_t now_ms) {
   if (!id)
     return CPH_OK;
   memaccess_slot *s = find(ma, id);
+  if ((!s || !s->pass) && touched_room(ma) != CPH_OK)
+    return CPH_ENOMEM;
   if (!s) {
     if (2 * (ma->len + 1) > ma->cap && rebuild(ma, 2 * (ma->len + 1)) != CPH_OK)
       return CPH_ENOMEM;
-    if (ma->n_touched == ma->cap_touched) {
-      size_t cap = ma->cap_touched ? 2 * ma->cap_touched : 64;
-      uint64_t *t = realloc(ma->touched, cap * sizeof *t);
-      if (!t)
-        return CPH_ENOMEM;
-      ma->touched = t;
-      ma->cap_touched = cap;
-    }
     s = place(ma->slots, ma->cap, id);
     *s = (memaccess_slot){.id = id};
     ma->len++;
-  } else if (!s->pass && ma->n_touched == ma->cap_touched) {
-    size_t cap = ma->cap_touched ? 2 * ma->cap_touched : 64;
-    uint64_t *t = realloc(ma->touched, cap * sizeof *t);
-    if (!t)
-      return CPH_ENOMEM;
-    ma->touched = t;
-    ma->cap_touched = cap;
   }
   if (!s->pass)
     ma->touched[ma->n_touched++] = id;
@@ -134,22 +135,15 @@ int memaccess_flush(cph_memaccess *ma, cph_txn *t) {
     const memaccess_slot *s = &ma->slots[i];
     if (!s->id || !s->done)
       continue;
-    cph_key k = cph_key_of_u64(s->id);
-    cph_val v;
-    int grc = cph_txn_get(&c, CPH_DB_MEMORIES, &k, &v);
-    if (grc == CPH_ENOTFOUND) /* deleted since: nothing to add to */
+    cph_memory_rec m;
+    int grc = memory_read(&c, s->id, &m, "memory access counts");
+    if (grc == CPH_ENOTFOUND) /* deleted since (or undecodable): nothing to add to */
       continue;
     if (grc) {
       rc = grc;
       break;
     }
-    cph_memory_rec m;
-    cph_err derr;
-    if (cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &derr)) {
-      cph_log(CPH_LOG_WARN, "memory access counts: skipping memory %llu: %s",
-              (unsigned long long)s->id, derr.msg); /* as recent_memory skips it */
-      continue;
-    }
+    cph_key k = cph_key_of_u64(s->id);
     m.access_count += s->done;
     if (s->last_ms > m.last_access_ms)
       m.last_access_ms = s->last_ms;

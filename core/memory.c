@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "memory.h"
 
 static uint32_t tokens_estimate(const char *text) {
@@ -47,6 +48,21 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
   if (rc == CPH_OK && id_out)
     *id_out = id;
   return rc;
+}
+
+int memory_read(cph_txn *t, uint64_t id, cph_memory_rec *m, const char *reader) {
+  cph_key k = cph_key_of_u64(id);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_MEMORIES, &k, &v);
+  if (rc)
+    return rc;
+  cph_err derr;
+  if (cph_record_decode(&cph_memory_desc, v.data, v.len, m, &derr)) {
+    cph_log(CPH_LOG_WARN, "%s: skipping memory %llu: %s", reader, (unsigned long long)id,
+            derr.msg);
+    return CPH_ENOTFOUND;
+  }
+  return CPH_OK;
 }
 
 void memory_family_tag(uint64_t family, char out[32]) {

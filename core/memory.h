@@ -38,6 +38,10 @@ int memory_mint(cph_memory *m, cph_txn *t, const char *scope, uint8_t kind, cons
  * family keeps one memory that aggregate_upsert updates in place (DESIGN §5). */
 void memory_family_tag(uint64_t family, char out[32]);
 int memory_add_tag(cph_txn *t, uint64_t id, const char *tag);
+/* Reads memory id as t sees it. CPH_ENOTFOUND when it is absent, or when its record does not
+ * decode: that one is skipped with a warning naming `reader` and the memory, as every reader
+ * of memories skips it, not a failure of the reader; other errors are t's. */
+int memory_read(cph_txn *t, uint64_t id, cph_memory_rec *m, const char *reader);
 /* Replaces a memory's text (and token estimate); an embedded one is queued to embed again. */
 int memory_set_text(cph_memory *m, cph_txn *t, uint64_t id, const char *text);
 /* The index of memories by scope (database memory_scopes) keeps raw memories apart from the

@@ -348,21 +348,9 @@ typedef struct search_ctx {
   cands c;
 } search_ctx;
 
-/* Reads memory id. CPH_ENOTFOUND when it is absent or its record does not decode (skipped
- * here, as recent_memory skips it, not a failure of the search); other errors are the txn's. */
+/* Reads memory id (memory_read: an undecodable one is skipped, not a failure). */
 static int read_memory(cph_txn *t, uint64_t id, cph_memory_rec *m) {
-  cph_key mk = cph_key_of_u64(id);
-  cph_val v;
-  int rc = cph_txn_get(t, CPH_DB_MEMORIES, &mk, &v);
-  if (rc)
-    return rc;
-  cph_err derr;
-  if (cph_record_decode(&cph_memory_desc, v.data, v.len, m, &derr)) {
-    cph_log(CPH_LOG_WARN, "memory search: skipping memory %llu: %s", (unsigned long long)id,
-            derr.msg);
-    return CPH_ENOTFOUND;
-  }
-  return CPH_OK;
+  return memory_read(t, id, m, "memory search");
 }
 
 /* The live memory for a vector hit on id: itself, or the summary its replaced_by chain leads
