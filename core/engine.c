@@ -445,7 +445,7 @@ static void access_flush_at_close(cph_engine *e) {
     return;
   int rc = cph_txn_begin(e->env.store, true, &e->env.txn);
   if (rc == CPH_OK) {
-    rc = memaccess_flush(&e->memory.access, &e->env.txn);
+    rc = memory_flush_accesses(&e->memory, &e->env.txn);
     if (rc == CPH_OK)
       rc = cph_txn_commit(&e->env.txn);
     else
@@ -723,7 +723,7 @@ int cph_engine_run_pass(cph_engine *e) {
   /* Memory accesses counted since the last flush go into their records (memaccess.h), before
    * this pass counts any. A failed flush leaves them counted for the next. */
   if (memaccess_flush_due(&e->memory.access, env_now(&e->env)))
-    (void)memaccess_flush(&e->memory.access, &e->env.txn);
+    (void)memory_flush_accesses(&e->memory, &e->env.txn);
   for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
     cph_op *op = op_queue_pop(&e->ops);
     if (op->kind == CPH_OP_LEASE) {

@@ -5,9 +5,6 @@
 #include <string.h>
 
 #include "cephalon/cephalon.h"
-#include "common/log.h"
-#include "memory.h"
-#include "store/records.h"
 
 #define MIN_CAP 64
 
@@ -125,45 +122,29 @@ bool memaccess_flush_due(const cph_memaccess *ma, int64_t now_ns) {
          (ma->len >= MEMACCESS_FLUSH_LEN || now_ns - ma->flushed_ns >= MEMACCESS_FLUSH_NS);
 }
 
-int memaccess_flush(cph_memaccess *ma, cph_txn *t) {
-  /* Only before the pass noted anything: a pass's notes are then all "since the flush". */
-  if (ma->flushing || ma->n_touched)
-    return CPH_OK;
-  cph_txn c;
-  int rc = cph_txn_begin_child(t, &c);
-  for (size_t i = 0; rc == CPH_OK && i < ma->cap; i++) {
-    const memaccess_slot *s = &ma->slots[i];
-    if (!s->id || !s->done)
-      continue;
-    cph_memory_rec m;
-    int grc = memory_read(&c, s->id, &m, "memory access counts");
-    if (grc == CPH_ENOTFOUND) /* deleted since (or undecodable): nothing to add to */
-      continue;
-    if (grc) {
-      rc = grc;
-      break;
+bool memaccess_flush_allowed(const cph_memaccess *ma) { return !ma->flushing && !ma->n_touched; }
+
+bool memaccess_next_done(const cph_memaccess *ma, size_t *cursor, uint64_t *id, uint64_t *count,
+                         int64_t *last_ms) {
+  for (; *cursor < ma->cap; (*cursor)++) {
+    const memaccess_slot *s = &ma->slots[*cursor];
+    if (s->id && s->done) {
+      *id = s->id;
+      *count = s->done;
+      *last_ms = s->last_ms;
+      (*cursor)++;
+      return true;
     }
-    cph_key k = cph_key_of_u64(s->id);
-    m.access_count += s->done;
-    if (s->last_ms > m.last_access_ms)
-      m.last_access_ms = s->last_ms;
-    rc = cph_txn_put_record(&c, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
-    cph_record_free(&cph_memory_desc, &m);
   }
-  if (rc == CPH_OK)
-    rc = cph_txn_commit(&c);
-  else
-    cph_txn_abort(&c);
-  if (rc == CPH_OK)
-    ma->flushing = true;
-  else
-    cph_log(CPH_LOG_WARN, "memory access counts: %s; kept for the next flush", cph_strerror(rc));
-  return rc;
+  return false;
 }
+
+void memaccess_flushed(cph_memaccess *ma) { ma->flushing = true; }
 
 void memaccess_pass_end(cph_memaccess *ma, bool committed, int64_t now_ns) {
   /* A committed flush put every done count in the records; the notes of the pass all came
-   * after it (memaccess_flush runs only before any), so they alone stay pending. */
+   * after it (a flush runs only before any: memaccess_flush_allowed), so they alone stay
+   * pending. */
   bool flushed = ma->flushing && committed;
   if (flushed)
     for (size_t i = 0; i < ma->cap; i++)

@@ -14,7 +14,8 @@
  *     or the search's child transaction committed): an operation that failed noted nothing.
  *     Notes count in the pass that made them; memaccess_pass_end says whether that pass
  *     committed, and a failed pass's notes are dropped with it.
- *   - The engine writes what is pending inside a pass (memaccess_flush) once a second, when
+ *   - The engine writes what is pending inside a pass (memory_flush_accesses, memory.h: this
+ *     table only counts, the memory module writes records) once a second, when
  *     MEMACCESS_FLUSH_LEN memories wait, and at close. The flush adds each count to its record
  *     (a record rewritten meanwhile, by gc or an embedding, keeps its own fields) and sets
  *     last_access to the later of the two; a memory deleted since drops its count. The flushed
@@ -29,7 +30,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store/store.h"
 
 /* A flush is due once a second, or as soon as this many memories wait. */
 #define MEMACCESS_FLUSH_NS 1000000000LL
@@ -68,9 +68,15 @@ void memaccess_pending(const cph_memaccess *ma, uint64_t id, uint64_t *count, in
 /* Whether a flush is due (above) at engine time now_ns. */
 bool memaccess_flush_due(const cph_memaccess *ma, int64_t now_ns);
 
-/* Writes every done count into its record, in a child of t; at most once a pass (a second
- * call in the same pass does nothing). An error leaves the counts pending (t unchanged). */
-int memaccess_flush(cph_memaccess *ma, cph_txn *t);
+/* The flush's side of the table (memory_flush_accesses). A flush may run only before the
+ * pass noted anything and once a pass: then every note of the pass comes after it. */
+bool memaccess_flush_allowed(const cph_memaccess *ma);
+/* The next memory with accesses of committed passes pending, from *cursor (start at 0): its
+ * id, count and newest access. false when there is none left. */
+bool memaccess_next_done(const cph_memaccess *ma, size_t *cursor, uint64_t *id, uint64_t *count,
+                         int64_t *last_ms);
+/* Every done count is in the records of the running pass's transaction. */
+void memaccess_flushed(cph_memaccess *ma);
 
 /* The running pass ended: committed (its notes count from now on; a flush's counts leave the
  * table) or not (its notes and its flush are dropped). now_ns is the engine clock. */

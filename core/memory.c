@@ -65,6 +65,41 @@ int memory_read(cph_txn *t, uint64_t id, cph_memory_rec *m, const char *reader) 
   return CPH_OK;
 }
 
+int memory_flush_accesses(cph_memory *mem, cph_txn *t) {
+  if (!memaccess_flush_allowed(&mem->access))
+    return CPH_OK;
+  cph_txn c;
+  int rc = cph_txn_begin_child(t, &c);
+  size_t cursor = 0;
+  uint64_t id, count;
+  int64_t last_ms;
+  while (rc == CPH_OK && memaccess_next_done(&mem->access, &cursor, &id, &count, &last_ms)) {
+    cph_memory_rec m;
+    int grc = memory_read(&c, id, &m, "memory access counts");
+    if (grc == CPH_ENOTFOUND) /* deleted since (or undecodable): nothing to add to */
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    m.access_count += count;
+    if (last_ms > m.last_access_ms)
+      m.last_access_ms = last_ms;
+    cph_key k = cph_key_of_u64(id);
+    rc = cph_txn_put_record(&c, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  if (rc == CPH_OK)
+    rc = cph_txn_commit(&c);
+  else
+    cph_txn_abort(&c);
+  if (rc == CPH_OK)
+    memaccess_flushed(&mem->access);
+  else
+    cph_log(CPH_LOG_WARN, "memory access counts: %s; kept for the next flush", cph_strerror(rc));
+  return rc;
+}
+
 void memory_family_tag(uint64_t family, char out[32]) {
   snprintf(out, 32, "family:%llu", (unsigned long long)family);
 }

@@ -38,6 +38,10 @@ int memory_mint(cph_memory *m, cph_txn *t, const char *scope, uint8_t kind, cons
  * family keeps one memory that aggregate_upsert updates in place (DESIGN §5). */
 void memory_family_tag(uint64_t family, char out[32]);
 int memory_add_tag(cph_txn *t, uint64_t id, const char *tag);
+/* Writes every access count pending in m->access into its record (memaccess.h), in a child of
+ * t: a memory deleted since, or undecodable, drops its count. Does nothing when the pass
+ * already noted accesses or flushed. An error leaves the counts pending and t unchanged. */
+int memory_flush_accesses(cph_memory *m, cph_txn *t);
 /* Reads memory id as t sees it. CPH_ENOTFOUND when it is absent, or when its record does not
  * decode: that one is skipped with a warning naming `reader` and the memory, as every reader
  * of memories skips it, not a failure of the reader; other errors are t's. */

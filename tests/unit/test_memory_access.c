@@ -97,7 +97,7 @@ static void pass(run *R, rng *r, bool force_flush) {
   cph_txn t;
   CHECK(cph_txn_begin(R->st, true, &t) == CPH_OK, "write txn: %s", t.err.msg);
   if (force_flush || memaccess_flush_due(&R->mem.access, R->now_ns))
-    CHECK(memaccess_flush(&R->mem.access, &t) == CPH_OK, "flush: %s", t.err.msg);
+    CHECK(memory_flush_accesses(&R->mem, &t) == CPH_OK, "flush: %s", t.err.msg);
   uint64_t noted[MEMORIES] = {0};
   int64_t noted_last[MEMORIES] = {0};
   bool deleted_now[MEMORIES] = {0};
