@@ -38,7 +38,9 @@ if (!existsSync(chromiumPath)) {
 const require = createRequire(env('CPH_UI_MODULES') + '/');
 const { chromium } = require('playwright-core');
 
-const TIMEOUT = 10000;
+// How long a step may wait for the page. Generous: it only matters when something is slow,
+// and make test's ASan run on a loaded 2-core machine once took more than 10 s for a step.
+const TIMEOUT = 30000;
 let step = 'start';
 const problems = []; // console errors and CSP violations: the console must have none
 
