@@ -33,6 +33,12 @@ static const char *POLICY_MAINT = "{:sessions {:janitor? true :max-batch 64}\n"
                                   " :providers {:summarizer {:max-tokens 16}}\n"
                                   " :store {:sync :none}}\n";
 
+/* Automatic gc plans of any memory read at most once. */
+static const char *POLICY_GC = "{:sessions {:janitor? true :max-batch 64}\n"
+                               " :gc {:min-age-hours 0 :max-access 1}\n"
+                               " :dedupe {:min-length 1000000}\n"
+                               " :store {:sync :none}}\n";
+
 typedef cph_fixture fixture;
 
 static int setup_with(void **state, const char *policy) {
@@ -42,6 +48,7 @@ static int setup_with(void **state, const char *policy) {
 
 static int setup(void **state) { return setup_with(state, POLICY); }
 static int setup_maint(void **state) { return setup_with(state, POLICY_MAINT); }
+static int setup_gc(void **state) { return setup_with(state, POLICY_GC); }
 
 static int teardown(void **state) {
   cph_fixture_free(*state);
@@ -553,6 +560,52 @@ static void test_access_counts_reach_the_store_within_a_second_and_at_close(void
   cph_fixture_open(f);
 }
 
+/* gc's :max-access counts the accesses not yet written into the records (core/memaccess.h):
+ * a memory read more often than allowed is never planned, whether or not its count reached
+ * the store. Memories 1 and 2 are read twice, within the same second; 3 and 4 never. */
+static void test_gc_counts_pending_accesses(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "s1", .autonomy_s = 1});
+  cph_op l;
+  cph_turn_info *t = lease_tick(f, &l);
+  complete(f, t, NULL, MEMS, 2); /* memories 1 and 2 */
+  cph_op_clear_results(&l);
+  for (int i = 0; i < 2; i++) { /* two inbox turns, no time passing: both counts pending */
+    cph_event_in ev = {0};
+    ev.session = "s1";
+    ev.sender = "ann";
+    ev.body = i ? "and another question" : "a question";
+    cph_op in;
+    cph_fixture_ingest(f, &ev, 1, &in);
+    cph_op_clear_results(&in);
+    cph_engine_run_pass(f->e);
+    t = lease(f, &l);
+    assert_non_null(find_memory(t, 1));
+    assert_int_equal(find_memory(t, 1)->access_count, (uint64_t)i + 1);
+    complete(f, t, NULL, i ? NULL : MEMS + 2, i ? 0 : 2); /* memories 3 and 4, never read */
+    cph_op_clear_results(&l);
+  }
+  pause_session(f, "s1");
+  enqueue(f, "gc_plan", NULL); /* the automatic plan: :max-access 1, no minimum age */
+  run_maintenance(f);
+  cph_gc_group_info *groups;
+  size_t n;
+  cph_err err;
+  assert_int_equal(cph_engine_gc_groups(f->e, NULL, 10, &groups, &n, &err), CPH_OK);
+  bool planned[5] = {false};
+  for (size_t g = 0; g < n; g++) {
+    for (size_t i = 0; i < groups[g].n_source_ids; i++)
+      if (groups[g].source_ids[i] < 5)
+        planned[groups[g].source_ids[i]] = true;
+    cph_gc_group_info_free(&groups[g]);
+  }
+  free(groups);
+  assert_false(planned[1]); /* read twice: over :max-access */
+  assert_false(planned[2]);
+  assert_true(planned[3]); /* never read: planned */
+  assert_true(planned[4]);
+}
+
 static void test_small_window_raw_memory_gives_way_to_summaries(void **state) {
   fixture *f = *state;
   create(f, (session_spec){.id = "s1", .autonomy_s = 1});
@@ -1031,6 +1084,7 @@ int main(void) {
           test_tree_nodes_render_around_the_channel_view_without_its_cores, setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_access_counts_reach_the_store_within_a_second_and_at_close, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_gc_counts_pending_accesses, setup_gc, teardown),
       cmocka_unit_test_setup_teardown(test_every_included_memory_counts_as_an_access, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_small_window_raw_memory_gives_way_to_summaries,
