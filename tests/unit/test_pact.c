@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1095,6 +1096,81 @@ static void test_every_allocation_failure_is_enomem_and_changes_nothing(void **s
   cph_pact_tree_free(&t);
 }
 
+/* ---- render order against an independent sort ---- */
+
+static const cph_pact_tree *g_ref_tree;
+
+static uint64_t next_rand(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* DESIGN §6's render order, written out: depth -1, then history deepest first, then depth 0;
+ * then position, offset, creation (seq), and the array index last. */
+static int ref_cmp(const void *pa, const void *pb) {
+  size_t a = *(const size_t *)pa, b = *(const size_t *)pb;
+  const cph_pact_node *x = &g_ref_tree->nodes[a], *y = &g_ref_tree->nodes[b];
+  int gx = x->at.depth < 0 ? 0 : x->at.depth == 0 ? 2 : 1;
+  int gy = y->at.depth < 0 ? 0 : y->at.depth == 0 ? 2 : 1;
+  if (gx != gy)
+    return gx < gy ? -1 : 1;
+  if (gx == 1 && x->at.depth != y->at.depth)
+    return x->at.depth > y->at.depth ? -1 : 1;
+  if (x->at.position != y->at.position)
+    return x->at.position < y->at.position ? -1 : 1;
+  if (x->at.offset != y->at.offset)
+    return x->at.offset < y->at.offset ? -1 : 1;
+  if (x->seq != y->seq)
+    return x->seq < y->seq ? -1 : 1;
+  return a < b ? -1 : a > b;
+}
+
+/* Random trees of up to 600 nodes (so both the keys kept on the stack and the allocated ones),
+ * with ties in every field, and with the allocation of the keys failing (the fallback): the
+ * order is always the reference's. */
+static void test_render_order_matches_an_independent_sort(void **state) {
+  (void)state;
+  uint64_t r = 20261128;
+  for (int round = 0; round < 300; round++) {
+    cph_pact_tree t = {0};
+    t.n = (size_t)(next_rand(&r) % 600);
+    t.nodes = calloc(t.n ? t.n : 1, sizeof *t.nodes);
+    assert_non_null(t.nodes);
+    for (size_t i = 0; i < t.n; i++) {
+      cph_pact_node *n = &t.nodes[i];
+      n->at.depth = (int32_t)(next_rand(&r) % 7) - 1;
+      if (next_rand(&r) % 50 == 0)
+        n->at.depth = INT32_MAX;
+      n->at.position = (int32_t)(next_rand(&r) % 4) - (next_rand(&r) % 20 == 0 ? INT32_MAX : 0);
+      n->at.offset = (int32_t)(next_rand(&r) % 5) - 2;
+      n->seq = next_rand(&r) % 40;
+      n->waiting = next_rand(&r) % 8 == 0;
+    }
+    size_t *got = calloc(t.n + 1, sizeof *got), *want = calloc(t.n + 1, sizeof *want);
+    assert_non_null(got);
+    assert_non_null(want);
+    size_t nw = 0;
+    for (size_t i = 0; i < t.n; i++)
+      if (!t.nodes[i].waiting)
+        want[nw++] = i;
+    g_ref_tree = &t;
+    qsort(want, nw, sizeof *want, ref_cmp);
+    cph_pact__fail_alloc_countdown = round % 3 == 0 ? 1 : 0; /* the keys' allocation fails */
+    size_t ng = cph_pact_render_order(&t, got);
+    cph_pact__fail_alloc_countdown = 0;
+    assert_int_equal(ng, nw);
+    for (size_t i = 0; i < nw; i++)
+      if (got[i] != want[i])
+        fail_msg("round %d, %zu nodes: position %zu is node %zu, want %zu", round, t.n, i, got[i],
+                 want[i]);
+    free(got);
+    free(want);
+    free(t.nodes);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_worked_example_ttl3_present_at_0_1_2_gone_from_3),
@@ -1110,6 +1186,7 @@ int main(void) {
       cmocka_unit_test(test_coordinates_parse_and_format),
       cmocka_unit_test(test_invalid_coordinates_say_what_and_which_column),
       cmocka_unit_test(test_render_order_system_history_deepest_first_then_current),
+      cmocka_unit_test(test_render_order_matches_an_independent_sort),
       cmocka_unit_test(test_insert_rejects_invalid_nodes_and_leaves_the_tree_unchanged),
       cmocka_unit_test(test_tree_copy_is_deep_and_independent),
       cmocka_unit_test(test_update_replaces_masked_fields_all_or_nothing),
