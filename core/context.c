@@ -160,9 +160,26 @@ static int idset_add(idset *s, uint64_t id) {
   return CPH_OK;
 }
 
+/* The sets arrive nearly in order (note_shown appends the few staged ids, then the history in
+ * event order; an inbox is in id order but for requeued entries): with few descents an
+ * insertion sort is linear, where qsort's merge sort with a callback cost 2% of a lease. */
 static void idset_sort(idset *s) {
-  if (s->n)
+  size_t descents = 0;
+  for (size_t i = 1; i < s->n; i++)
+    descents += s->v[i - 1] > s->v[i];
+  if (!descents)
+    return;
+  if (descents > 8) {
     qsort(s->v, s->n, sizeof *s->v, u64_cmp);
+    return;
+  }
+  for (size_t i = 1; i < s->n; i++) {
+    uint64_t x = s->v[i];
+    size_t j = i;
+    for (; j > 0 && s->v[j - 1] > x; j--)
+      s->v[j] = s->v[j - 1];
+    s->v[j] = x;
+  }
 }
 
 static bool idset_has(const idset *s, uint64_t id) {
