@@ -269,13 +269,27 @@ void cph_emit_i64(cph_emit *w, int64_t v) {
     msgpack_pack_int64(&pk, v);
     return;
   }
-  char num[24]; /* digits written from the end: no printf on this hot path */
+  /* Digits written from the end, two at a time from a table: no printf on this hot path (a
+   * lease answer writes about 230 numbers, most of them 13-digit times and ids). */
+  static const char pairs[201] = "000102030405060708091011121314151617181920212223242526272829"
+                                 "303132333435363738394041424344454647484950515253545556575859"
+                                 "606162636465666768697071727374757677787980818283848586878889"
+                                 "90919293949596979899";
+  char num[24];
   char *p = num + sizeof num;
   uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
-  do {
-    *--p = (char)('0' + u % 10);
-    u /= 10;
-  } while (u);
+  while (u >= 100) {
+    unsigned d = (unsigned)(u % 100) * 2;
+    u /= 100;
+    *--p = pairs[d + 1];
+    *--p = pairs[d];
+  }
+  if (u >= 10) {
+    *--p = pairs[u * 2 + 1];
+    *--p = pairs[u * 2];
+  } else {
+    *--p = (char)('0' + u);
+  }
   if (v < 0)
     *--p = '-';
   cph_buf_append(w->out, p, (size_t)(num + sizeof num - p));

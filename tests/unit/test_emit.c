@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -220,11 +221,47 @@ static void test_random_strings_read_back_repaired(void **state) {
   }
 }
 
+/* Integers of every length and sign, written as JSON, against printf's decimal: 20,000 seeded
+ * values (every power of ten and its neighbours too), each alone in an array. */
+static void test_integers_match_printf(void **state) {
+  (void)state;
+  rng r = {777};
+  for (int i = 0; i < 20000; i++) {
+    int64_t v;
+    if (i < 19 * 3) { /* 10^k - 1, 10^k, 10^k + 1 */
+      int64_t p = 1;
+      for (int k = 0; k < i / 3; k++)
+        p *= 10;
+      v = p - 1 + i % 3;
+    } else {
+      uint64_t x = next(&r);
+      v = (int64_t)(x >> below(&r, 64)); /* every magnitude */
+      if (below(&r, 2))
+        v = v == INT64_MIN ? v : -v;
+      if (i == 19 * 3)
+        v = INT64_MIN;
+    }
+    cph_buf out = CPH_BUF_INIT;
+    cph_emit w;
+    cph_emit_init(&w, &out, false);
+    cph_emit_array(&w, 1);
+    cph_emit_i64(&w, v);
+    cph_emit_end(&w);
+    char want[32];
+    snprintf(want, sizeof want, "[%lld]", (long long)v);
+    cph_buf_putc(&out, '\0');
+    if (strcmp(out.data, want) != 0)
+      fail_msg("%lld written as %s", (long long)v, out.data);
+    cph_buf_free(&out);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_json_reads_back_to_the_document),
       cmocka_unit_test(test_msgpack_reads_back_to_the_same_document),
       cmocka_unit_test(test_random_strings_read_back_repaired),
+      cmocka_unit_test(test_integers_match_printf),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
