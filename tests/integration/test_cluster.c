@@ -158,12 +158,16 @@ static void test_cluster_sigstop_past_ttl_serves_nothing_and_leases_nothing_on_w
   others[owner] = false;
   assert_true(wait_settled(c, others, NODES - 1, (TTL_S + 3) * 1000));
   kill(c->d[owner].pid, SIGCONT);
-  /* Awake, before it re-learns anything: its lease deadline has passed, so it serves no
-   * shard and hands out no lease. */
+  /* Awake: its lease deadline has passed, so it serves no shard and hands out no lease —
+   * 503 not_serving while it has not joined again; once it has (two etcd calls, which on a
+   * loaded machine can come before this request), it holds no shard yet (its old view is
+   * forgotten at the join) and answers that there is no turn. Bob's turn is never leased
+   * here. */
   r = cph_test_api(c->port[owner], "POST", "/v1/turns/lease", NULL,
                    "{\"worker\":\"w\",\"wait_ms\":0}");
   assert_int_not_equal(r.status, 200);
-  cph_test_expect_error(&r, 503, "not_serving", NULL);
+  if (r.status != 204)
+    cph_test_expect_error(&r, 503, "not_serving", NULL);
   cph_test_response_free(&r);
   r = cph_test_api(c->port[owner], "GET", "/v1/sessions/bob", NULL, NULL);
   assert_true(r.status == 503 || r.status == 421);
