@@ -22,6 +22,12 @@
 #define SESSION_DEADLINE_MS 30000
 #define RETRY_MS 100
 #define APPLY_BATCH 512
+/* Events of one request for one shard go into one log message ({"batch": [...]}, 1.) up to
+ * this many payload bytes or events; the forwards of such a message to one session go into
+ * one message too (3.). Well under NATS's 1 MiB payload limit, also for the forwards, which
+ * add the session's id and engine key (~330 bytes at most) to each event. */
+#define LOG_BATCH_BYTES (256 * 1024)
+#define LOG_BATCH_EVENTS 1000
 #define SWEEP_MS 1000
 #define SWEEP_PAGE 500
 #define SWEEP_DELAY_MS 3000 /* after the log is ready: the watch has delivered the table */
@@ -52,8 +58,9 @@ typedef struct pub {
   bool in_map;
   int64_t deadline_ns, retry_at_ns;
   struct pub *next_retry;
-  ingest_req *ir; /* PUB_INGEST: the request and the event's index */
-  size_t index;
+  ingest_req *ir; /* PUB_INGEST: the request and its events' indices in it */
+  size_t *index;
+  size_t n_index;
   applying *ap;   /* PUB_FWD: the applied message it forwards */
   done_req *dr;   /* PUB_DONE, PUB_STATE: the completion (or delete) it records */
   uint32_t shard; /* PUB_DONE, PUB_MARK, PUB_STATE: the shard (fenced: 10.); PUB_MARK: the
@@ -82,8 +89,10 @@ struct ingest_req {
 struct applying {
   cph_clog_msg *m;
   json_t *doc;
-  cph_event_in ev;    /* strings point into doc */
-  size_t outstanding; /* forwards not yet acknowledged */
+  cph_event_in *evs;    /* its events (one, or a batch's), strings pointing into doc */
+  size_t n_evs;
+  const char *batch_id; /* a batch's message id (in doc); NULL: a single event */
+  size_t outstanding;   /* forwards not yet acknowledged */
   bool failed;
 };
 
@@ -212,12 +221,14 @@ typedef struct shard_track {
   rebuild *rb; /* the rebuild under way, or NULL */
 } shard_track;
 
+/* Messages applied as one engine operation: events[i] is an event of items[i], whose events are
+ * contiguous (a message's events all go into one batch). */
 typedef struct apply_batch {
   cph_op op;
   struct cph_cflow *f;
   applying **items;
   cph_event_in *events;
-  size_t n;
+  size_t n, cap;
   struct apply_batch *next; /* the blocked list (the engine was busy) */
 } apply_batch;
 
@@ -284,6 +295,7 @@ static void on_session_entry(void *ctx, const char *session, const char *value, 
 /* ================================================================ publishing */
 
 static void pub_free(pub *p) {
+  free(p->index);
   free(p->subject);
   free(p->msgid);
   free(p->data);
@@ -919,6 +931,44 @@ static json_t *strv_json(const cph_strv *v) {
   return a;
 }
 
+/* The events of one request bound for one shard, gathered into one log message (1.). */
+typedef struct ingest_group {
+  cph_buf buf;    /* {"id":<its message id>,"batch":[ + the events so far */
+  char *first;    /* the first event's payload alone (a group of one is logged as it) */
+  char first_id[320], id[320];
+  size_t *index;  /* the events' indices in the request */
+  size_t n;
+} ingest_group;
+
+/* The group's message, into a pub (NULL: out of memory); the group is emptied. One event goes
+ * alone, as an event without a batch, under its own id; more go as {"batch": [...]} under an id
+ * minted for the message (an event's own id, its engine key, stays inside). */
+static pub *group_pub(cph_cflow *f, ingest_group *g, const char *subject) {
+  pub *p;
+  if (g->n == 1) {
+    p = pub_new(f, PUB_INGEST, subject, g->first_id, g->first, strlen(g->first),
+                INGEST_DEADLINE_MS);
+    g->first = NULL;
+    cph_buf_free(&g->buf);
+  } else {
+    cph_buf_puts(&g->buf, "]}");
+    size_t len = g->buf.len;
+    char *data = cph_buf_steal(&g->buf);
+    p = data ? pub_new(f, PUB_INGEST, subject, g->id, data, len, INGEST_DEADLINE_MS) : NULL;
+    free(g->first);
+    g->first = NULL;
+  }
+  if (p) {
+    p->index = g->index;
+    p->n_index = g->n;
+  } else {
+    free(g->index);
+  }
+  g->index = NULL;
+  g->n = 0;
+  return p;
+}
+
 void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
   cph_cflow *f = r->srv->cflow;
   if (f->quiesced) {
@@ -934,8 +984,13 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
   ir->r = r;
   ir->n = n;
   uint32_t shards = cph_cluster_shards(r->srv->cluster);
+  /* At most one message per event; events without a key share their shard's (groups[shard]):
+   * the log's message id of such a message is minted, and each event keeps its own id inside.
+   * An event with a key goes alone under it, so the log answers `duplicate` for that event. */
   pub **pubs = calloc(n ? n : 1, sizeof *pubs);
-  if (!pubs)
+  ingest_group *groups = calloc(shards, sizeof *groups);
+  size_t n_pubs = 0;
+  if (!pubs || !groups)
     goto nomem;
   for (size_t i = 0; i < n; i++) {
     cph_event_in *in = &events[i];
@@ -958,17 +1013,72 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
       json_object_set_new(doc, "mentions", strv_json(&in->mentions));
     char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     json_decref(doc);
-    char subject[64];
-    cph_clog_subject(subject, sizeof subject,
-                     cph_cluster_shard_of(in->session ? in->session : in->channel, shards), false);
-    pubs[i] = data ? pub_new(f, PUB_INGEST, subject, msgid, data, strlen(data), INGEST_DEADLINE_MS)
-                   : NULL;
-    if (!pubs[i])
+    if (!data)
       goto nomem;
-    pubs[i]->ir = ir;
-    pubs[i]->index = i;
+    uint32_t shard = cph_cluster_shard_of(in->session ? in->session : in->channel, shards);
+    char subject[64];
+    cph_clog_subject(subject, sizeof subject, shard, false);
+    size_t len = strlen(data);
     ir->outstanding++;
+    if (in->key || len >= LOG_BATCH_BYTES) {
+      pub *p = pub_new(f, PUB_INGEST, subject, msgid, data, len, INGEST_DEADLINE_MS);
+      size_t *ix = malloc(sizeof *ix);
+      if (!p || !ix) {
+        free(ix);
+        if (p)
+          pub_free(p);
+        goto nomem;
+      }
+      *ix = i;
+      p->index = ix;
+      p->n_index = 1;
+      pubs[n_pubs++] = p;
+      continue;
+    }
+    ingest_group *g = &groups[shard];
+    if (g->n && (g->buf.len + len + 2 > LOG_BATCH_BYTES || g->n == LOG_BATCH_EVENTS)) {
+      if (!(pubs[n_pubs++] = group_pub(f, g, subject)))
+        goto nomem;
+    }
+    if (!g->index && !(g->index = calloc(LOG_BATCH_EVENTS, sizeof *g->index))) {
+      free(data);
+      goto nomem;
+    }
+    if (!g->n) {
+      snprintf(g->id, sizeof g->id, "%s.%" PRIx64 ".b%" PRIu64, f->node, f->boot, ++f->minted);
+      json_t *idj = json_string(g->id);
+      char *ids = idj ? json_dumps(idj, JSON_ENCODE_ANY) : NULL;
+      json_decref(idj);
+      if (!ids) {
+        free(data);
+        goto nomem;
+      }
+      cph_buf_printf(&g->buf, "{\"id\":%s,\"batch\":[", ids);
+      free(ids);
+    } else {
+      cph_buf_putc(&g->buf, ',');
+    }
+    cph_buf_append(&g->buf, data, len);
+    if (!g->n) {
+      g->first = data;
+      snprintf(g->first_id, sizeof g->first_id, "%s", msgid);
+    } else {
+      free(data);
+    }
+    if (cph_buf_error(&g->buf))
+      goto nomem;
+    g->index[g->n++] = i;
   }
+  for (uint32_t sh = 0; sh < shards; sh++) {
+    if (!groups[sh].n)
+      continue;
+    char subject[64];
+    cph_clog_subject(subject, sizeof subject, sh, false);
+    if (!(pubs[n_pubs++] = group_pub(f, &groups[sh], subject)))
+      goto nomem;
+  }
+  free(groups);
+  groups = NULL;
   if (!ir->outstanding) {
     free(pubs);
     ingest_answer(f, ir);
@@ -979,15 +1089,23 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
   if (f->reqs)
     f->reqs->prev = ir;
   f->reqs = ir;
-  for (size_t i = 0; i < n; i++)
-    if (pubs[i])
-      pub_send(f, pubs[i]); /* may answer (a deadline of 0 never passes here) */
+  ir->outstanding = n_pubs; /* now counted in messages */
+  for (size_t i = 0; i < n_pubs; i++) {
+    pubs[i]->ir = ir;
+    pub_send(f, pubs[i]); /* may answer (a deadline of 0 never passes here) */
+  }
   free(pubs);
   return;
 nomem:
-  for (size_t i = 0; pubs && i < n; i++)
+  for (size_t i = 0; i < n_pubs; i++)
     if (pubs[i])
       pub_free(pubs[i]);
+  for (uint32_t sh = 0; groups && sh < shards; sh++) {
+    cph_buf_free(&groups[sh].buf);
+    free(groups[sh].first);
+    free(groups[sh].index);
+  }
+  free(groups);
   free(pubs);
   free(ir->res);
   free(ir);
@@ -999,7 +1117,9 @@ nomem:
 
 static void applying_free(applying *ap) {
   json_decref(ap->doc);
-  free(ap->ev.mentions.items);
+  for (size_t i = 0; i < ap->n_evs; i++)
+    free(ap->evs[i].mentions.items);
+  free(ap->evs);
   free(ap);
 }
 
@@ -1046,6 +1166,33 @@ static bool decode_event(json_t *d, cph_event_in *ev) {
   return ev->key && ev->sender && ev->body && (ev->channel || ev->session);
 }
 
+/* Decodes a log message (d): one event, or {"id": <message id>, "batch": [event, ...]} (1., 3.)
+ * — into *evs (malloc'd, *n of them; strings point into d, each mentions array malloc'd) and
+ * *batch_id (NULL for a single event). False when it is not one of ours (*evs is then still
+ * to be freed with its mentions, as far as *n says). */
+static bool decode_message(json_t *d, cph_event_in **evs, size_t *n, const char **batch_id) {
+  json_t *batch = json_object_get(d, "batch");
+  *batch_id = NULL;
+  *n = 0;
+  *evs = NULL;
+  if (!batch) {
+    if (!(*evs = calloc(1, sizeof **evs)))
+      return false;
+    *n = 1;
+    return decode_event(d, *evs);
+  }
+  size_t k = json_array_size(batch);
+  *batch_id = jstr(d, "id");
+  if (!k || !(*evs = calloc(k, sizeof **evs)))
+    return false;
+  for (size_t i = 0; i < k; i++) {
+    (*n)++;
+    if (!decode_event(json_array_get(batch, i), &(*evs)[i]))
+      return false;
+  }
+  return true;
+}
+
 typedef struct target {
   const char *id;
   uint32_t shard;
@@ -1073,26 +1220,46 @@ static void forward_key(const char *msgid, char out[67]) {
     snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
 }
 
-/* Publishes the forwards of an applied `in` event; the message is acknowledged when they all
- * were (applying_finish). Every session the event is routed to other than its named session —
- * the channel's subscribers when it names none, and the mentioned sessions — gets it as a
- * forward through the log, wherever it lives, this node included: the engine applied the `in`
- * event with only_session, so it reached no one else. So the log's deduplication of
- * `<id>/<S>` is what makes each delivery happen once, also when the event is applied again
- * (a redelivery, or the shard's next owner after a death). */
-static void forward(cph_cflow *f, applying *ap) {
-  cph_event_in *ev = &ap->ev;
+/* The copy of ev forwarded to target t (3.): the event naming t as its session, under the engine
+ * key "f:" + SHA-256 of "<event id>/<t>". Malloc'd JSON; NULL when out of memory. */
+static char *forward_copy(const cph_event_in *ev, const target *t) {
+  char direct[300];
+  const char *channel = ev->channel;
+  if (!channel) {
+    snprintf(direct, sizeof direct, "direct:%s", ev->session);
+    channel = direct;
+  }
+  size_t idlen = strlen(ev->key) + 1 + strlen(t->id) + 1;
+  char *id = malloc(idlen);
+  if (!id)
+    return NULL;
+  snprintf(id, idlen, "%s/%s", ev->key, t->id);
+  char key[67];
+  forward_key(id, key);
+  free(id);
+  json_t *doc = json_pack("{sssssssssssI}", "channel", channel, "sender", ev->sender, "body",
+                          ev->body, "session", t->id, "key", key, "ts_ms", (json_int_t)ev->ts_ms);
+  if (doc && ev->kind)
+    json_object_set_new(doc, "kind", json_string(ev->kind));
+  if (doc && t->mentioned)
+    json_object_set_new(doc, "mentions", json_pack("[s]", t->id));
+  char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+  json_decref(doc);
+  return data;
+}
+
+/* The sessions ev is forwarded to, into ts (room for its subscribers and mentions): the channel's
+ * subscribers when it names no session, and the mentioned sessions but the named one. */
+static size_t forward_targets(cph_cflow *f, const cph_event_in *ev, target **out) {
   const char *const *subscribers = NULL;
   size_t n_subscribers =
       !ev->session && ev->channel ? cph_ctable_subscribers(f->table, ev->channel, &subscribers) : 0;
   size_t cap = n_subscribers + ev->mentions.count;
   target *ts = calloc(cap ? cap : 1, sizeof *ts);
   size_t n = 0;
-  if (!ts) {
-    ap->failed = true;
-    applying_finish(f, ap);
-    return;
-  }
+  *out = ts;
+  if (!ts)
+    return 0;
   for (size_t i = 0; i < n_subscribers; i++) { /* a channel lists each session once */
     const cph_ctable_session *r = cph_ctable_get(f->table, subscribers[i]);
     if (r)
@@ -1103,45 +1270,123 @@ static void forward(cph_cflow *f, applying *ap) {
     if (r && !(ev->session && strcmp(ev->session, r->id) == 0)) /* the named one has it */
       add_mention(ts, &n, r);
   }
-  char direct[300];
-  const char *channel = ev->channel;
-  if (!channel) {
-    snprintf(direct, sizeof direct, "direct:%s", ev->session);
-    channel = direct;
+  return n;
+}
+
+/* The copies of a batch's events for one session, on their way into one message. */
+typedef struct fwd_group {
+  cph_buf buf; /* {"batch":[ + the copies so far */
+  const char *id;
+  uint32_t shard;
+} fwd_group;
+
+static void forward_send(cph_cflow *f, applying *ap, const char *msgid, uint32_t shard, char *data,
+                         size_t len) {
+  char subject[64];
+  cph_clog_subject(subject, sizeof subject, shard, true);
+  pub *p = data ? pub_new(f, PUB_FWD, subject, msgid, data, len, FWD_DEADLINE_MS) : NULL;
+  if (!p) {
+    ap->failed = true;
+    return;
   }
-  ap->outstanding = n + 1; /* + 1 until every forward is sent */
-  for (size_t i = 0; i < n; i++) {
-    size_t idlen = strlen(ev->key) + 1 + strlen(ts[i].id) + 1;
-    char *msgid = malloc(idlen);
-    char key[67];
-    char *data = NULL;
-    if (msgid) {
-      snprintf(msgid, idlen, "%s/%s", ev->key, ts[i].id);
-      forward_key(msgid, key);
-      json_t *doc =
-          json_pack("{sssssssssssI}", "channel", channel, "sender", ev->sender, "body", ev->body,
-                    "session", ts[i].id, "key", key, "ts_ms", (json_int_t)ev->ts_ms);
-      if (doc && ev->kind)
-        json_object_set_new(doc, "kind", json_string(ev->kind));
-      if (doc && ts[i].mentioned)
-        json_object_set_new(doc, "mentions", json_pack("[s]", ts[i].id));
-      data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-      json_decref(doc);
-    }
-    char subject[64];
-    cph_clog_subject(subject, sizeof subject, ts[i].shard, true);
-    pub *p = msgid && data
-                 ? pub_new(f, PUB_FWD, subject, msgid, data, strlen(data), FWD_DEADLINE_MS)
-                 : (free(data), NULL);
-    free(msgid);
-    if (!p) {
+  ap->outstanding++;
+  p->ap = ap;
+  pub_send(f, p);
+}
+
+/* Publishes the forwards of an applied `in` message; it is acknowledged when they all were
+ * (applying_finish). Every session an event is routed to other than its named session gets it
+ * as a forward through the log, wherever it lives, this node included: the engine applied the
+ * `in` event with only_session, so it reached no one else. So the log's deduplication of the
+ * forward's message id is what makes each delivery happen once, also when the message is
+ * applied again (a redelivery, or the shard's next owner after a death). A single event's copy
+ * to S goes alone under "<event id>/<S>"; a batch's copies to S go together, in order, under
+ * "<batch id>/<S>" — each (event, S) is in one such message only, so it too is stored once.
+ * (Should the session table change between two applications, S gets what the first one sent.) */
+static void forward(cph_cflow *f, applying *ap) {
+  cph_hmap groups = CPH_HMAP_INIT;
+  fwd_group **list = NULL;
+  size_t n_list = 0, cap_list = 0;
+  ap->outstanding = 1; /* until every forward is sent */
+  for (size_t e = 0; e < ap->n_evs && !ap->failed; e++) {
+    const cph_event_in *ev = &ap->evs[e];
+    target *ts;
+    size_t n = forward_targets(f, ev, &ts);
+    if (!ts) {
       ap->failed = true;
-      continue;
+      break;
     }
-    p->ap = ap;
-    pub_send(f, p);
+    for (size_t i = 0; i < n; i++) {
+      char *copy = forward_copy(ev, &ts[i]);
+      if (!copy) {
+        ap->failed = true;
+        break;
+      }
+      if (!ap->batch_id) {
+        size_t idlen = strlen(ev->key) + 1 + strlen(ts[i].id) + 1;
+        char *msgid = malloc(idlen);
+        if (msgid) {
+          snprintf(msgid, idlen, "%s/%s", ev->key, ts[i].id);
+          forward_send(f, ap, msgid, ts[i].shard, copy, strlen(copy));
+        } else {
+          free(copy);
+          ap->failed = true;
+        }
+        free(msgid);
+        continue;
+      }
+      fwd_group *g = cph_hmap_get(&groups, ts[i].id);
+      if (!g) {
+        if (n_list == cap_list) {
+          size_t cap = cap_list ? 2 * cap_list : 8;
+          fwd_group **l = realloc(list, cap * sizeof *l);
+          if (!l) {
+            free(copy);
+            ap->failed = true;
+            break;
+          }
+          list = l;
+          cap_list = cap;
+        }
+        g = calloc(1, sizeof *g);
+        if (!g || cph_hmap_put(&groups, ts[i].id, g) != CPH_OK) {
+          free(g);
+          free(copy);
+          ap->failed = true;
+          break;
+        }
+        g->id = ts[i].id; /* the table's string: the table does not change during this call */
+        g->shard = ts[i].shard;
+        list[n_list++] = g;
+        cph_buf_puts(&g->buf, "{\"batch\":[");
+      } else {
+        cph_buf_putc(&g->buf, ',');
+      }
+      cph_buf_puts(&g->buf, copy);
+      free(copy);
+    }
+    free(ts);
   }
-  free(ts);
+  for (size_t i = 0; i < n_list; i++) {
+    fwd_group *g = list[i];
+    cph_buf_puts(&g->buf, "]}");
+    size_t len = g->buf.len;
+    char *data = ap->failed || cph_buf_error(&g->buf) ? NULL : cph_buf_steal(&g->buf);
+    size_t idlen = strlen(ap->batch_id) + 1 + strlen(g->id) + 1;
+    char *msgid = data ? malloc(idlen) : NULL;
+    if (msgid) {
+      snprintf(msgid, idlen, "%s/%s", ap->batch_id, g->id);
+      forward_send(f, ap, msgid, g->shard, data, len);
+    } else {
+      free(data);
+      ap->failed = true;
+    }
+    free(msgid);
+    cph_buf_free(&g->buf);
+    free(g);
+  }
+  free(list);
+  cph_hmap_free(&groups);
   if (--ap->outstanding == 0)
     applying_finish(f, ap);
 }
@@ -1150,13 +1395,14 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
   switch (p->kind) {
   case PUB_INGEST: {
     ingest_req *ir = p->ir;
-    ev_result *e = &ir->res[p->index];
-    if (ok) {
+    for (size_t i = 0; ok && i < p->n_index; i++) {
+      ev_result *e = &ir->res[p->index[i]];
       /* A duplicate on a resend is our own earlier send: accepted. */
       e->status = dup && p->sends == 1 ? EV_DUPLICATE : EV_ACCEPTED;
       e->pos = seq;
-    } else {
-      ir->failed++;
+    }
+    if (!ok) {
+      ir->failed += p->n_index;
       snprintf(ir->why, sizeof ir->why, "%s", why ? why : "no answer");
     }
     if (--ir->outstanding == 0)
@@ -1249,30 +1495,36 @@ static void apply_done(cph_op *op, void *ctx) {
   }
   for (size_t i = 0; i < b->n; i++) {
     applying *ap = b->items[i];
+    bool last = i + 1 == b->n || b->items[i + 1] != ap; /* the message's last event */
     if (!ok) {
       ap->failed = true;
-      applying_finish(f, ap);
+      if (last)
+        applying_finish(f, ap);
       continue;
     }
     f->applied++;
+    cph_event_in *ev = &b->events[i];
     cph_event_result *res = op->u.ingest.results ? &op->u.ingest.results[i] : NULL;
     if (res && res->status == CPH_EV_REJECTED && res->reason &&
         strcmp(res->reason, "session_busy") != 0)
-      cph_warn("cluster log: message %" PRIu64 " of shard %" PRIu32 " rejected by the engine: %s",
+      cph_warn("cluster log: an event of message %" PRIu64 " of shard %" PRIu32
+               " rejected by the engine: %s",
                ap->m->seq, ap->m->shard, res->reason);
     /* Reached its session here: pending until a turn consumes it (7.), tracked before the
      * message is acknowledged. A duplicate was tracked when it first landed. */
     if (res && (res->status == CPH_EV_QUEUED || res->status == CPH_EV_AGGREGATED) &&
         res->sessions.count && f->tracks[ap->m->shard].live)
-      pending_add(f, ap->ev.key, ap->m->seq, ap->m->shard);
+      pending_add(f, ev->key, ap->m->seq, ap->m->shard);
     /* Refused by its session (while_running :reject): it did not reach it, so a rebuild must
      * not deliver it either — a done mark says so (not waited for). */
-    if (res && res->busy.count && ap->ev.session) {
-      cph_strv one = {&ap->ev.key, 1};
-      if (!done_publish(f, NULL, ap->ev.session, &one, NULL, 0, NULL))
+    if (res && res->busy.count && ev->session) {
+      cph_strv one = {&ev->key, 1};
+      if (!done_publish(f, NULL, ev->session, &one, NULL, 0, NULL))
         cph_error("cluster log: out of memory logging that session %s refused event %s",
-                  ap->ev.session, ap->ev.key);
+                  ev->session, ev->key);
     }
+    if (!last)
+      continue;
     if (ap->m->fwd)
       applying_finish(f, ap);
     else
@@ -1314,6 +1566,10 @@ static void submit_forming(cph_cflow *f) {
   f->forming = NULL;
   if (!b)
     return;
+  if (!b->n) { /* nothing went in (out of memory) */
+    batch_free(b);
+    return;
+  }
   if (f->blocked_head) { /* keep the order behind the blocked ones */
     b->next = NULL;
     f->blocked_tail->next = b;
@@ -1532,33 +1788,58 @@ static bool rebuild_done_keys(const cph_clog_replay *rp, cph_hmap *done, json_t 
   return true;
 }
 
-/* The events to apply again, from rp's in and fwd messages (see above). */
+/* The events to apply again, from rp's in and fwd messages (see above); a batch's events one by
+ * one, in order. */
 static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done) {
   const cph_clog_replay *rp = rb->rp;
-  size_t n = rp->n_events ? rp->n_events : 1;
-  rb->evs = calloc(n, sizeof *rb->evs);
-  rb->ins = calloc(n, sizeof *rb->ins);
-  if (!rb->evs || !rb->ins)
+  size_t cap = rp->n_events ? rp->n_events : 1;
+  rb->evs = calloc(cap, sizeof *rb->evs);
+  if (!rb->evs)
     return false;
   for (size_t i = 0; i < rp->n_events; i++) {
     const cph_clog_entry *e = &rp->entries[i];
-    rb_event *x = &rb->evs[rb->n];
-    x->doc = json_loadb(e->data, e->len, 0, NULL);
-    x->seq = e->seq;
-    bool ok = x->doc && decode_event(x->doc, &x->ev);
-    if (ok && x->ev.session && !cph_hmap_get(done, x->ev.key) &&
-        cph_ctable_get(f->table, x->ev.session)) {
-      rb->ins[rb->n++] = x->ev;
-      continue;
-    }
+    json_t *doc = json_loadb(e->data, e->len, 0, NULL);
+    cph_event_in *evs = NULL;
+    size_t n = 0;
+    const char *batch_id;
+    bool ok = doc && decode_message(doc, &evs, &n, &batch_id);
     if (!ok)
       cph_warn("cluster log: message %" PRIu64 " of shard %" PRIu32
                " is not an event; skipped by the rebuild",
                e->seq, rp->shard);
-    json_decref(x->doc);
-    free(x->ev.mentions.items);
-    memset(x, 0, sizeof *x);
+    for (size_t k = 0; k < n; k++) {
+      cph_event_in *ev = &evs[k];
+      if (!ok || !ev->session || cph_hmap_get(done, ev->key) ||
+          !cph_ctable_get(f->table, ev->session)) {
+        free(ev->mentions.items);
+        continue;
+      }
+      if (rb->n == cap) {
+        size_t c = 2 * cap;
+        rb_event *v = realloc(rb->evs, c * sizeof *v);
+        if (!v) {
+          for (size_t j = k; j < n; j++)
+            free(evs[j].mentions.items);
+          free(evs);
+          json_decref(doc);
+          return false;
+        }
+        rb->evs = v;
+        cap = c;
+      }
+      rb_event *x = &rb->evs[rb->n++];
+      x->doc = json_incref(doc);
+      x->ev = *ev;
+      x->seq = e->seq;
+    }
+    free(evs);
+    json_decref(doc);
   }
+  rb->ins = calloc(rb->n ? rb->n : 1, sizeof *rb->ins);
+  if (!rb->ins)
+    return false;
+  for (size_t i = 0; i < rb->n; i++)
+    rb->ins[i] = rb->evs[i].ev;
   return true;
 }
 
@@ -2028,34 +2309,43 @@ static void on_message(void *ctx, cph_clog_msg *m) {
   }
   ap->m = m;
   ap->doc = json_loadb(m->data, m->len, 0, NULL);
-  if (!ap->doc || !decode_event(ap->doc, &ap->ev)) {
+  if (!ap->doc || !decode_message(ap->doc, &ap->evs, &ap->n_evs, &ap->batch_id)) {
     cph_error("cluster log: message %" PRIu64 " of shard %" PRIu32
               " is not an event; acknowledged and skipped",
               m->seq, m->shard);
     applying_finish(f, ap);
     return;
   }
-  if (!f->forming) {
-    apply_batch *b = calloc(1, sizeof *b);
-    if (b) {
-      b->f = f;
-      b->items = calloc(APPLY_BATCH, sizeof *b->items);
-      b->events = calloc(APPLY_BATCH, sizeof *b->events);
-    }
-    if (!b || !b->items || !b->events) {
-      if (b)
-        batch_free(b);
+  if (!f->forming && !(f->forming = calloc(1, sizeof *f->forming))) {
+    ap->failed = true;
+    applying_finish(f, ap);
+    return;
+  }
+  apply_batch *b = f->forming;
+  b->f = f;
+  if (b->n + ap->n_evs > b->cap) {
+    size_t cap = b->cap ? b->cap : APPLY_BATCH;
+    while (cap < b->n + ap->n_evs)
+      cap *= 2;
+    applying **items = realloc(b->items, cap * sizeof *items);
+    if (items)
+      b->items = items;
+    cph_event_in *events = items ? realloc(b->events, cap * sizeof *events) : NULL;
+    if (events)
+      b->events = events;
+    if (!items || !events) {
       ap->failed = true;
       applying_finish(f, ap);
       return;
     }
-    f->forming = b;
+    b->cap = cap;
   }
-  apply_batch *b = f->forming;
-  b->items[b->n] = ap;
-  b->events[b->n] = ap->ev;
-  b->n++;
-  if (b->n == APPLY_BATCH)
+  for (size_t i = 0; i < ap->n_evs; i++) {
+    b->items[b->n] = ap;
+    b->events[b->n] = ap->evs[i];
+    b->n++;
+  }
+  if (b->n >= APPLY_BATCH)
     submit_forming(f);
   else if (!evtimer_pending(f->ev_submit, NULL)) {
     struct timeval zero = {0, 0};
@@ -2378,7 +2668,8 @@ void cph_cflow_free(cph_cflow *f) {
     apply_batch *next = b->next;
     for (size_t i = 0; i < b->n; i++) {
       b->items[i]->failed = true;
-      applying_finish(f, b->items[i]);
+      if (i + 1 == b->n || b->items[i + 1] != b->items[i])
+        applying_finish(f, b->items[i]);
     }
     batch_free(b);
     b = next;
