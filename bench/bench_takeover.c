@@ -6,7 +6,7 @@
  * creates (it owns it); the other sessions are ids "tk-<n>" whose shard (DESIGN §14: the first
  * 8 bytes of SHA-256, big-endian, mod :shards) is that one, created on the victim. The events
  * go through the real path: POST /v1/events with 1,000 events a request, C clients spread over
- * every node, each event naming one of the shard's sessions in turn (so it is logged on the
+ * the other nodes (the victim is busy applying them all), each event naming one of the shard's sessions in turn (so it is logged on the
  * shard's subject and applied by the victim to that session alone), with distinct bodies (no
  * folding). Nothing consumes them. It ends when every event was answered `accepted` and the
  * victim applied them all (its log.applied stood still at >= M for a second).
@@ -79,7 +79,11 @@ static void *fill_client(void *arg) {
   uint64_t rng = UINT64_C(0x7A6E0000) + (uint64_t)id;
   size_t cap = FILL_PER_REQUEST * 256 + 64;
   char *req = malloc(cap);
-  if (!req || cph_bench_conn_open(&c, f->ports[id % f->n_ports])) {
+  int others[16], n_others = 0;
+  for (int k = 0; k < f->n_ports; k++)
+    if (f->ports[k] != f->victim || f->n_ports == 1)
+      others[n_others++] = f->ports[k];
+  if (!req || cph_bench_conn_open(&c, others[id % n_others])) {
     pthread_mutex_lock(&f->mu);
     f->failed++;
     pthread_mutex_unlock(&f->mu);
