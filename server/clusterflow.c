@@ -17,6 +17,7 @@
 #include "common/arena.h"
 #include "common/hmap.h"
 #include "common/log.h"
+#include "emit.h"
 #include "evjson.h"
 #include "reply.h"
 #include "server.h"
@@ -932,6 +933,57 @@ static bool check_event(cph_cflow *f, const cph_event_in *in, ev_result *e) {
   return true;
 }
 
+/* The JSON of a logged event (1.) or of a forwarded copy (3.), written with cph_emit (no jansson
+ * tree: two of them per event were a good part of a node's ingest); malloc'd, *len its length,
+ * NULL when out of memory. NULL strings are left out, and so are mentions when none is set. */
+static char *event_json(const char *channel, const char *sender, const char *body,
+                        const char *session, const char *kind, const char *key, int64_t ts_ms,
+                        char *const *mentions, size_t n_mentions, size_t *len) {
+  size_t mentioned = 0;
+  for (size_t i = 0; i < n_mentions; i++)
+    mentioned += mentions[i] != NULL;
+  cph_buf b = CPH_BUF_INIT;
+  cph_emit w;
+  cph_emit_init(&w, &b, false);
+  cph_emit_object(&w, 4 + (channel != NULL) + (session != NULL) + (kind != NULL) +
+                          (mentioned > 0));
+  cph_emit_key(&w, "sender");
+  cph_emit_str(&w, sender);
+  cph_emit_key(&w, "body");
+  cph_emit_str(&w, body);
+  cph_emit_key(&w, "key");
+  cph_emit_str(&w, key);
+  cph_emit_key(&w, "ts_ms");
+  cph_emit_i64(&w, ts_ms);
+  if (channel) {
+    cph_emit_key(&w, "channel");
+    cph_emit_str(&w, channel);
+  }
+  if (session) {
+    cph_emit_key(&w, "session");
+    cph_emit_str(&w, session);
+  }
+  if (kind) {
+    cph_emit_key(&w, "kind");
+    cph_emit_str(&w, kind);
+  }
+  if (mentioned) {
+    cph_emit_key(&w, "mentions");
+    cph_emit_array(&w, mentioned);
+    for (size_t i = 0; i < n_mentions; i++)
+      if (mentions[i])
+        cph_emit_str(&w, mentions[i]);
+    cph_emit_end(&w);
+  }
+  cph_emit_end(&w);
+  *len = b.len;
+  if (cph_buf_error(&b)) {
+    cph_buf_free(&b);
+    return NULL;
+  }
+  return cph_buf_steal(&b);
+}
+
 static json_t *strv_json(const cph_strv *v) {
   json_t *a = json_array();
   for (size_t i = 0; a && i < v->count; i++)
@@ -1010,24 +1062,15 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
       snprintf(msgid, sizeof msgid, "%s", in->key);
     else
       snprintf(msgid, sizeof msgid, "%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted);
-    json_t *doc = json_pack("{sssssssI}", "sender", in->sender, "body", in->body, "key", msgid,
-                            "ts_ms", (json_int_t)(in->ts_ms ? in->ts_ms : cph_wall_ms()));
-    if (doc && in->channel)
-      json_object_set_new(doc, "channel", json_string(in->channel));
-    if (doc && in->session)
-      json_object_set_new(doc, "session", json_string(in->session));
-    if (doc && in->kind)
-      json_object_set_new(doc, "kind", json_string(in->kind));
-    if (doc && in->mentions.count)
-      json_object_set_new(doc, "mentions", strv_json(&in->mentions));
-    char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    json_decref(doc);
+    size_t len;
+    char *data = event_json(in->channel, in->sender, in->body, in->session, in->kind, msgid,
+                            in->ts_ms ? in->ts_ms : cph_wall_ms(), in->mentions.items,
+                            in->mentions.count, &len);
     if (!data)
       goto nomem;
     uint32_t shard = cph_cluster_shard_of(in->session ? in->session : in->channel, shards);
     char subject[64];
     cph_clog_subject(subject, sizeof subject, shard, false);
-    size_t len = strlen(data);
     ir->outstanding++;
     if (in->key || len >= LOG_BATCH_BYTES) {
       pub *p = pub_new(f, PUB_INGEST, subject, msgid, data, len, INGEST_DEADLINE_MS);
@@ -1317,15 +1360,10 @@ static char *forward_copy(const cph_event_in *ev, const target *t) {
   char key[67];
   forward_key(id, key);
   free(id);
-  json_t *doc = json_pack("{sssssssssssI}", "channel", channel, "sender", ev->sender, "body",
-                          ev->body, "session", t->id, "key", key, "ts_ms", (json_int_t)ev->ts_ms);
-  if (doc && ev->kind)
-    json_object_set_new(doc, "kind", json_string(ev->kind));
-  if (doc && t->mentioned)
-    json_object_set_new(doc, "mentions", json_pack("[s]", t->id));
-  char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-  json_decref(doc);
-  return data;
+  char *mention = (char *)t->id;
+  size_t len;
+  return event_json(channel, ev->sender, ev->body, t->id, ev->kind, key, ev->ts_ms, &mention,
+                    t->mentioned, &len);
 }
 
 /* The sessions ev is forwarded to, into ts (room for its subscribers and mentions): the channel's
