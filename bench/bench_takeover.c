@@ -6,10 +6,11 @@
  * creates (it owns it); the other sessions are ids "tk-<n>" whose shard (DESIGN §14: the first
  * 8 bytes of SHA-256, big-endian, mod :shards) is that one, created on the victim. The events
  * go through the real path: POST /v1/events with 1,000 events a request, C clients spread over
- * the other nodes (the victim is busy applying them all), each event naming one of the shard's sessions in turn (so it is logged on the
- * shard's subject and applied by the victim to that session alone), with distinct bodies (no
- * folding). Nothing consumes them. It ends when every event was answered `accepted` and the
- * victim applied them all (its log.applied stood still at >= M for a second).
+ * the other nodes (the victim is busy applying them all), each event naming one of the
+ * shard's sessions in turn (so it is logged on the shard's subject and applied by the victim
+ * to that session alone), with distinct bodies (no folding). Nothing consumes them. It ends
+ * when every event was answered `accepted` and the victim applied them all (its log.applied
+ * stood still at >= M for a second).
  *
  *   cephalon-bench cluster-fill --nodes P,P,P --victim P [--sessions N] [--events M]
  *                               [--clients C] */
@@ -105,8 +106,8 @@ static void *fill_client(void *arg) {
       char body[65];
       cph_bench_body(body, 64, e, &rng);
       at += (size_t)snprintf(req + at, cap - at,
-                             "%s{\"session\":\"%s\",\"sender\":\"u\",\"body\":\"%s\"}", i ? "," : "",
-                             f->ids[e % f->sessions], body);
+                             "%s{\"session\":\"%s\",\"sender\":\"u\",\"body\":\"%s\"}",
+                             i ? "," : "", f->ids[e % f->sessions], body);
     }
     at += (size_t)snprintf(req + at, cap - at, "]}");
     cph_bench_resp r;

@@ -193,7 +193,8 @@ static void test_cluster_log_kill9_of_a_node_mid_ingest_never_delivers_twice(voi
  * pos, so the log can answer duplicate for it alone). The world's events are mostly batched this
  * way, so the exactly-once checks around this one cover delivery from batch messages (the
  * channel here has no subscriber: these events reach nobody and stay out of the world's count). */
-static void test_cluster_log_a_request_s_unkeyed_events_of_one_shard_share_one_message(void **state) {
+static void
+test_cluster_log_a_request_s_unkeyed_events_of_one_shard_share_one_message(void **state) {
   cph_tcw *w = ((world *)*state)->w;
   char body[4096];
   size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
@@ -202,7 +203,8 @@ static void test_cluster_log_a_request_s_unkeyed_events_of_one_shard_share_one_m
     if (i % 2)
       snprintf(key, sizeof key, ",\"key\":\"batch-probe-%d\"", i);
     len += (size_t)snprintf(body + len, sizeof body - len,
-                            "%s{\"channel\":\"batch-probe\",\"sender\":\"u\",\"body\":\"probe %d\"%s}",
+                            "%s{\"channel\":\"batch-probe\",\"sender\":\"u\","
+                            "\"body\":\"probe %d\"%s}",
                             i ? "," : "", i, key);
   }
   snprintf(body + len, sizeof body - len, "]}");
