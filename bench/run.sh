@@ -123,7 +123,7 @@ timeout --kill-after=10 240 "$(dirname "$0")/cluster.sh" "$bin" "$SECONDS_PER_RU
 cat "$work/cluster.out" "$work/cluster.err" >>"$log"
 tail -1 "$work/cluster.out" >&2
 # Issue #20's takeover figure, measured: a shard with 10k sessions and 1M unconsumed events
-# (posted over HTTP, ~1-2 minutes), its owner killed -9, timed until the survivors serve it.
+# (posted over HTTP), its owner killed -9, timed until the survivors serve it: ~3 minutes here.
 echo "== cluster takeover: bench/cluster-takeover.sh $bin" | tee -a "$log" >&2
 timeout --kill-after=10 600 "$(dirname "$0")/cluster-takeover.sh" "$bin" \
   >"$work/takeover.out" 2>"$work/takeover.err" || failed+=("cluster-takeover (exit $?)")

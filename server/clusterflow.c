@@ -31,6 +31,10 @@
  * with :sync :always), and a replay of a big shard is bound by their count, not by the work per
  * event (measured: 512 a commit replayed ~10k events/s here). */
 #define REBUILD_BATCH 8192
+/* Most events of delivered messages in the engine at once (the rest wait here, in order): the
+ * engine applies up to 512 operations a pass, and with batch messages (1,000 events each) a
+ * pass of those held the loop for tens of seconds while a node applied a backlog. */
+#define APPLY_IN_ENGINE 8192
 /* Events of one request for one shard go into one log message ({"batch": [...]}, 1.) up to
  * this many payload bytes or events; the forwards of such a message to one session go into
  * one message too (3.). Well under NATS's 1 MiB payload limit, also for the forwards, which
@@ -263,7 +267,9 @@ struct cph_cflow {
   char sweep_after[160];   /* the sweep's cursor: the last session id it looked at */
   int64_t ready_since_ns;  /* when the log was first seen ready (0: not yet) */
   apply_batch *forming;
-  apply_batch *blocked_head, *blocked_tail;
+  apply_batch *blocked_head, *blocked_tail; /* not in the engine yet: its queue was full, or
+                                               APPLY_IN_ENGINE events of ours were in it */
+  size_t in_engine; /* events of apply batches in the engine */
   ingest_req *reqs;
   cph_ctable *table; /* the session table (clustertable.h) */
   uint64_t applied, forwarded, apply_failures;
@@ -1602,9 +1608,12 @@ static void batch_free(apply_batch *b) {
   free(b);
 }
 
+static void pump_batches(cph_cflow *f);
+
 static void apply_done(cph_op *op, void *ctx) {
   apply_batch *b = ctx;
   cph_cflow *f = b->f;
+  f->in_engine -= b->n;
   bool ok = op->rc == CPH_OK && !f->quiesced;
   if (op->rc != CPH_OK && !f->quiesced) {
     f->apply_failures++;
@@ -1650,6 +1659,8 @@ static void apply_done(cph_op *op, void *ctx) {
   }
   cph_op_clear_results(op);
   batch_free(b);
+  if (!f->quiesced)
+    pump_batches(f);
 }
 
 /* The batch's engine operation: one ingest of its events, answered to apply_done. */
@@ -1662,21 +1673,39 @@ static void batch_op_init(apply_batch *b) {
   b->op.u.ingest.n_events = b->n;
 }
 
-static void batch_submit(cph_cflow *f, apply_batch *b) {
-  batch_op_init(b);
-  int rc = cph_engine_submit(f->s->engine, &b->op);
-  if (rc == CPH_OK) {
-    cph_srv_schedule_pass(f->s);
+/* Hands the waiting batches to the engine, in order, while fewer than APPLY_IN_ENGINE of their
+ * events are in it (one batch at least); a full engine queue is tried again on the next retry
+ * tick. */
+static void pump_batches(cph_cflow *f) {
+  bool submitted = false;
+  if (f->quiesced) /* stopping: the waiting batches are released by cph_cflow_free */
     return;
+  while (f->blocked_head &&
+         (!f->in_engine || f->in_engine + f->blocked_head->n <= APPLY_IN_ENGINE)) {
+    apply_batch *b = f->blocked_head;
+    batch_op_init(b);
+    if (cph_engine_submit(f->s->engine, &b->op) != CPH_OK) {
+      arm_retry(f);
+      break;
+    }
+    f->blocked_head = b->next;
+    if (!f->blocked_head)
+      f->blocked_tail = NULL;
+    f->in_engine += b->n;
+    submitted = true;
   }
-  /* The engine's queue is full: again on the next retry tick, in order. */
+  if (submitted)
+    cph_srv_schedule_pass(f->s);
+}
+
+static void batch_submit(cph_cflow *f, apply_batch *b) {
   b->next = NULL;
   if (f->blocked_tail)
     f->blocked_tail->next = b;
   else
     f->blocked_head = b;
   f->blocked_tail = b;
-  arm_retry(f);
+  pump_batches(f);
 }
 
 static void submit_forming(cph_cflow *f) {
@@ -1686,12 +1715,6 @@ static void submit_forming(cph_cflow *f) {
     return;
   if (!b->n) { /* nothing went in (out of memory) */
     batch_free(b);
-    return;
-  }
-  if (f->blocked_head) { /* keep the order behind the blocked ones */
-    b->next = NULL;
-    f->blocked_tail->next = b;
-    f->blocked_tail = b;
     return;
   }
   batch_submit(f, b);
@@ -2471,21 +2494,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
   cph_cflow *f = arg;
   if (f->quiesced)
     return;
-  while (f->blocked_head) {
-    apply_batch *b = f->blocked_head;
-    f->blocked_head = b->next;
-    if (!f->blocked_head)
-      f->blocked_tail = NULL;
-    batch_op_init(b);
-    if (cph_engine_submit(f->s->engine, &b->op) != CPH_OK) {
-      b->next = f->blocked_head;
-      f->blocked_head = b;
-      if (!f->blocked_tail)
-        f->blocked_tail = b;
-      break;
-    }
-    cph_srv_schedule_pass(f->s);
-  }
+  pump_batches(f);
   bool rebuilds_waiting = false;
   for (uint32_t sh = 0; sh < f->shards; sh++) {
     rebuild *rb = f->tracks[sh].rb;
@@ -2510,7 +2519,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
     due = p->next_retry;
     pub_send(f, p);
   }
-  if (f->retry_head || f->blocked_head || rebuilds_waiting)
+  if (f->retry_head || (f->blocked_head && !f->in_engine) || rebuilds_waiting)
     arm_retry(f);
 }
 
