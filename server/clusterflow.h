@@ -132,7 +132,7 @@
  *    between W and L and all its marks since W; with turns consuming input, W stays close to
  *    L. Events are applied REBUILD_BATCH (8,192) to an engine operation, each an LMDB commit.
  *    Measured on the 2-core VM (bench/cluster-takeover.sh): a shard with 10k sessions and 1M
- *    unconsumed events (1,000 batch messages) read in ~2 s and applied again in ~50 s.
+ *    unconsumed events (1,000 batch messages) read in 1-2 s and applied again in 43-52 s.
  *
  * 9. Reads see writes (min_pos, DESIGN §14). A client that got `pos` P from 1. may pass it to
  *    a session's GET routes (?min_pos=P) and to the lease ("min_pos": P) on any node; the
