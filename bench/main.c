@@ -45,6 +45,10 @@ static const scenario scenarios[] = {
     {"backup", "online backup of a store of N MiB: time, and the daemon's latency meanwhile "
                "(--mb N)",
      cph_bench_backup},
+    {"cluster-fill",
+     "a running cluster's shard with N sessions and M unconsumed events, for "
+     "bench/cluster-takeover.sh (--nodes P,P,P --victim P)",
+     cph_bench_cluster_fill},
 };
 
 #define N_SCENARIOS (sizeof scenarios / sizeof scenarios[0])

@@ -3,6 +3,8 @@
 
 #include <event2/event.h>
 #include <inttypes.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,8 +14,11 @@
 #include "cluster.h"
 #include "clusterlog.h"
 #include "clustertable.h"
+#include "common/arena.h"
 #include "common/hmap.h"
 #include "common/log.h"
+#include "emit.h"
+#include "evjson.h"
 #include "reply.h"
 #include "server.h"
 
@@ -22,6 +27,20 @@
 #define SESSION_DEADLINE_MS 30000
 #define RETRY_MS 100
 #define APPLY_BATCH 512
+/* A rebuild's events per engine operation (8.): each operation is one LMDB commit (an fsync
+ * with :sync :always), and a replay of a big shard is bound by their count, not by the work per
+ * event (measured: 512 a commit replayed ~10k events/s here). */
+#define REBUILD_BATCH 8192
+/* Most events of delivered messages in the engine at once (the rest wait here, in order): the
+ * engine applies up to 512 operations a pass, and with batch messages (1,000 events each) a
+ * pass of those held the loop for tens of seconds while a node applied a backlog. */
+#define APPLY_IN_ENGINE 8192
+/* Events of one request for one shard go into one log message ({"batch": [...]}, 1.) up to
+ * this many payload bytes or events; the forwards of such a message to one session go into
+ * one message too (3.). Well under NATS's 1 MiB payload limit, also for the forwards, which
+ * add the session's id and engine key (~330 bytes at most) to each event. */
+#define LOG_BATCH_BYTES (256 * 1024)
+#define LOG_BATCH_EVENTS 1000
 #define SWEEP_MS 1000
 #define SWEEP_PAGE 500
 #define SWEEP_DELAY_MS 3000 /* after the log is ready: the watch has delivered the table */
@@ -52,8 +71,9 @@ typedef struct pub {
   bool in_map;
   int64_t deadline_ns, retry_at_ns;
   struct pub *next_retry;
-  ingest_req *ir; /* PUB_INGEST: the request and the event's index */
-  size_t index;
+  ingest_req *ir; /* PUB_INGEST: the request and its events' indices in it */
+  size_t *index;
+  size_t n_index;
   applying *ap;   /* PUB_FWD: the applied message it forwards */
   done_req *dr;   /* PUB_DONE, PUB_STATE: the completion (or delete) it records */
   uint32_t shard; /* PUB_DONE, PUB_MARK, PUB_STATE: the shard (fenced: 10.); PUB_MARK: the
@@ -81,9 +101,12 @@ struct ingest_req {
 /* A delivered message being applied; lives until acknowledged or released. */
 struct applying {
   cph_clog_msg *m;
-  json_t *doc;
-  cph_event_in ev;    /* strings point into doc */
-  size_t outstanding; /* forwards not yet acknowledged */
+  struct cph_arena_chunk *arena; /* evs, their strings and mentions (decode_payload) */
+  json_t *doc;                   /* when jansson decoded it (NULL: the fast path did) */
+  cph_event_in *evs;    /* its events (one, or a batch's) */
+  size_t n_evs;
+  const char *batch_id; /* a batch's message id (in doc); NULL: a single event */
+  size_t outstanding;   /* forwards not yet acknowledged */
   bool failed;
 };
 
@@ -212,12 +235,14 @@ typedef struct shard_track {
   rebuild *rb; /* the rebuild under way, or NULL */
 } shard_track;
 
+/* Messages applied as one engine operation: events[i] is an event of items[i], whose events are
+ * contiguous (a message's events all go into one batch). */
 typedef struct apply_batch {
   cph_op op;
   struct cph_cflow *f;
   applying **items;
   cph_event_in *events;
-  size_t n;
+  size_t n, cap;
   struct apply_batch *next; /* the blocked list (the engine was busy) */
 } apply_batch;
 
@@ -242,7 +267,9 @@ struct cph_cflow {
   char sweep_after[160];   /* the sweep's cursor: the last session id it looked at */
   int64_t ready_since_ns;  /* when the log was first seen ready (0: not yet) */
   apply_batch *forming;
-  apply_batch *blocked_head, *blocked_tail;
+  apply_batch *blocked_head, *blocked_tail; /* not in the engine yet: its queue was full, or
+                                               APPLY_IN_ENGINE events of ours were in it */
+  size_t in_engine; /* events of apply batches in the engine */
   ingest_req *reqs;
   cph_ctable *table; /* the session table (clustertable.h) */
   uint64_t applied, forwarded, apply_failures;
@@ -284,6 +311,7 @@ static void on_session_entry(void *ctx, const char *session, const char *value, 
 /* ================================================================ publishing */
 
 static void pub_free(pub *p) {
+  free(p->index);
   free(p->subject);
   free(p->msgid);
   free(p->data);
@@ -911,12 +939,101 @@ static bool check_event(cph_cflow *f, const cph_event_in *in, ev_result *e) {
   return true;
 }
 
+/* The JSON of a logged event (1.) or of a forwarded copy (3.), written with cph_emit (no jansson
+ * tree: two of them per event were a good part of a node's ingest); malloc'd, *len its length,
+ * NULL when out of memory. NULL strings are left out, and so are mentions when none is set. */
+static char *event_json(const char *channel, const char *sender, const char *body,
+                        const char *session, const char *kind, const char *key, int64_t ts_ms,
+                        char *const *mentions, size_t n_mentions, size_t *len) {
+  size_t mentioned = 0;
+  for (size_t i = 0; i < n_mentions; i++)
+    mentioned += mentions[i] != NULL;
+  cph_buf b = CPH_BUF_INIT;
+  cph_emit w;
+  cph_emit_init(&w, &b, false);
+  cph_emit_object(&w, 4 + (channel != NULL) + (session != NULL) + (kind != NULL) +
+                          (mentioned > 0));
+  cph_emit_key(&w, "sender");
+  cph_emit_str(&w, sender);
+  cph_emit_key(&w, "body");
+  cph_emit_str(&w, body);
+  cph_emit_key(&w, "key");
+  cph_emit_str(&w, key);
+  cph_emit_key(&w, "ts_ms");
+  cph_emit_i64(&w, ts_ms);
+  if (channel) {
+    cph_emit_key(&w, "channel");
+    cph_emit_str(&w, channel);
+  }
+  if (session) {
+    cph_emit_key(&w, "session");
+    cph_emit_str(&w, session);
+  }
+  if (kind) {
+    cph_emit_key(&w, "kind");
+    cph_emit_str(&w, kind);
+  }
+  if (mentioned) {
+    cph_emit_key(&w, "mentions");
+    cph_emit_array(&w, mentioned);
+    for (size_t i = 0; i < n_mentions; i++)
+      if (mentions[i])
+        cph_emit_str(&w, mentions[i]);
+    cph_emit_end(&w);
+  }
+  cph_emit_end(&w);
+  *len = b.len;
+  if (cph_buf_error(&b)) {
+    cph_buf_free(&b);
+    return NULL;
+  }
+  return cph_buf_steal(&b);
+}
+
 static json_t *strv_json(const cph_strv *v) {
   json_t *a = json_array();
   for (size_t i = 0; a && i < v->count; i++)
     if (v->items[i])
       json_array_append_new(a, json_string(v->items[i]));
   return a;
+}
+
+/* The events of one request bound for one shard, gathered into one log message (1.). */
+typedef struct ingest_group {
+  cph_buf buf;    /* {"id":<its message id>,"batch":[ + the events so far */
+  char *first;    /* the first event's payload alone (a group of one is logged as it) */
+  char first_id[320], id[320];
+  size_t *index;  /* the events' indices in the request */
+  size_t n;
+} ingest_group;
+
+/* The group's message, into a pub (NULL: out of memory); the group is emptied. One event goes
+ * alone, as an event without a batch, under its own id; more go as {"batch": [...]} under an id
+ * minted for the message (an event's own id, its engine key, stays inside). */
+static pub *group_pub(cph_cflow *f, ingest_group *g, const char *subject) {
+  pub *p;
+  if (g->n == 1) {
+    p = pub_new(f, PUB_INGEST, subject, g->first_id, g->first, strlen(g->first),
+                INGEST_DEADLINE_MS);
+    g->first = NULL;
+    cph_buf_free(&g->buf);
+  } else {
+    cph_buf_puts(&g->buf, "]}");
+    size_t len = g->buf.len;
+    char *data = cph_buf_steal(&g->buf);
+    p = data ? pub_new(f, PUB_INGEST, subject, g->id, data, len, INGEST_DEADLINE_MS) : NULL;
+    free(g->first);
+    g->first = NULL;
+  }
+  if (p) {
+    p->index = g->index;
+    p->n_index = g->n;
+  } else {
+    free(g->index);
+  }
+  g->index = NULL;
+  g->n = 0;
+  return p;
 }
 
 void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
@@ -934,8 +1051,13 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
   ir->r = r;
   ir->n = n;
   uint32_t shards = cph_cluster_shards(r->srv->cluster);
+  /* At most one message per event; events without a key share their shard's (groups[shard]):
+   * the log's message id of such a message is minted, and each event keeps its own id inside.
+   * An event with a key goes alone under it, so the log answers `duplicate` for that event. */
   pub **pubs = calloc(n ? n : 1, sizeof *pubs);
-  if (!pubs)
+  ingest_group *groups = calloc(shards, sizeof *groups);
+  size_t n_pubs = 0;
+  if (!pubs || !groups)
     goto nomem;
   for (size_t i = 0; i < n; i++) {
     cph_event_in *in = &events[i];
@@ -946,29 +1068,75 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
       snprintf(msgid, sizeof msgid, "%s", in->key);
     else
       snprintf(msgid, sizeof msgid, "%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted);
-    json_t *doc = json_pack("{sssssssI}", "sender", in->sender, "body", in->body, "key", msgid,
-                            "ts_ms", (json_int_t)(in->ts_ms ? in->ts_ms : cph_wall_ms()));
-    if (doc && in->channel)
-      json_object_set_new(doc, "channel", json_string(in->channel));
-    if (doc && in->session)
-      json_object_set_new(doc, "session", json_string(in->session));
-    if (doc && in->kind)
-      json_object_set_new(doc, "kind", json_string(in->kind));
-    if (doc && in->mentions.count)
-      json_object_set_new(doc, "mentions", strv_json(&in->mentions));
-    char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    json_decref(doc);
-    char subject[64];
-    cph_clog_subject(subject, sizeof subject,
-                     cph_cluster_shard_of(in->session ? in->session : in->channel, shards), false);
-    pubs[i] = data ? pub_new(f, PUB_INGEST, subject, msgid, data, strlen(data), INGEST_DEADLINE_MS)
-                   : NULL;
-    if (!pubs[i])
+    size_t len;
+    char *data = event_json(in->channel, in->sender, in->body, in->session, in->kind, msgid,
+                            in->ts_ms ? in->ts_ms : cph_wall_ms(), in->mentions.items,
+                            in->mentions.count, &len);
+    if (!data)
       goto nomem;
-    pubs[i]->ir = ir;
-    pubs[i]->index = i;
+    uint32_t shard = cph_cluster_shard_of(in->session ? in->session : in->channel, shards);
+    char subject[64];
+    cph_clog_subject(subject, sizeof subject, shard, false);
     ir->outstanding++;
+    if (in->key || len >= LOG_BATCH_BYTES) {
+      pub *p = pub_new(f, PUB_INGEST, subject, msgid, data, len, INGEST_DEADLINE_MS);
+      size_t *ix = malloc(sizeof *ix);
+      if (!p || !ix) {
+        free(ix);
+        if (p)
+          pub_free(p);
+        goto nomem;
+      }
+      *ix = i;
+      p->index = ix;
+      p->n_index = 1;
+      pubs[n_pubs++] = p;
+      continue;
+    }
+    ingest_group *g = &groups[shard];
+    if (g->n && (g->buf.len + len + 2 > LOG_BATCH_BYTES || g->n == LOG_BATCH_EVENTS)) {
+      if (!(pubs[n_pubs++] = group_pub(f, g, subject)))
+        goto nomem;
+    }
+    if (!g->index && !(g->index = calloc(LOG_BATCH_EVENTS, sizeof *g->index))) {
+      free(data);
+      goto nomem;
+    }
+    if (!g->n) {
+      snprintf(g->id, sizeof g->id, "%s.%" PRIx64 ".b%" PRIu64, f->node, f->boot, ++f->minted);
+      json_t *idj = json_string(g->id);
+      char *ids = idj ? json_dumps(idj, JSON_ENCODE_ANY) : NULL;
+      json_decref(idj);
+      if (!ids) {
+        free(data);
+        goto nomem;
+      }
+      cph_buf_printf(&g->buf, "{\"id\":%s,\"batch\":[", ids);
+      free(ids);
+    } else {
+      cph_buf_putc(&g->buf, ',');
+    }
+    cph_buf_append(&g->buf, data, len);
+    if (!g->n) {
+      g->first = data;
+      snprintf(g->first_id, sizeof g->first_id, "%s", msgid);
+    } else {
+      free(data);
+    }
+    if (cph_buf_error(&g->buf))
+      goto nomem;
+    g->index[g->n++] = i;
   }
+  for (uint32_t sh = 0; sh < shards; sh++) {
+    if (!groups[sh].n)
+      continue;
+    char subject[64];
+    cph_clog_subject(subject, sizeof subject, sh, false);
+    if (!(pubs[n_pubs++] = group_pub(f, &groups[sh], subject)))
+      goto nomem;
+  }
+  free(groups);
+  groups = NULL;
   if (!ir->outstanding) {
     free(pubs);
     ingest_answer(f, ir);
@@ -979,15 +1147,23 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
   if (f->reqs)
     f->reqs->prev = ir;
   f->reqs = ir;
-  for (size_t i = 0; i < n; i++)
-    if (pubs[i])
-      pub_send(f, pubs[i]); /* may answer (a deadline of 0 never passes here) */
+  ir->outstanding = n_pubs; /* now counted in messages */
+  for (size_t i = 0; i < n_pubs; i++) {
+    pubs[i]->ir = ir;
+    pub_send(f, pubs[i]); /* may answer (a deadline of 0 never passes here) */
+  }
   free(pubs);
   return;
 nomem:
-  for (size_t i = 0; pubs && i < n; i++)
+  for (size_t i = 0; i < n_pubs; i++)
     if (pubs[i])
       pub_free(pubs[i]);
+  for (uint32_t sh = 0; groups && sh < shards; sh++) {
+    cph_buf_free(&groups[sh].buf);
+    free(groups[sh].first);
+    free(groups[sh].index);
+  }
+  free(groups);
   free(pubs);
   free(ir->res);
   free(ir);
@@ -999,7 +1175,7 @@ nomem:
 
 static void applying_free(applying *ap) {
   json_decref(ap->doc);
-  free(ap->ev.mentions.items);
+  cph_arena_free(&ap->arena);
   free(ap);
 }
 
@@ -1021,29 +1197,129 @@ static const char *jstr(json_t *doc, const char *key) {
   return json_string_value(json_object_get(doc, key));
 }
 
-/* Decodes a message (d) into ev, whose strings then point into d and whose mentions array is
- * malloc'd; false when it is not one of ours. */
-static bool decode_event(json_t *d, cph_event_in *ev) {
+/* Memory of an arena aligned for any object (cph_arena_alloc's is not: it is for strings). */
+static void *arena_alloc(void *arena, size_t n) {
+  const size_t a = _Alignof(max_align_t);
+  char *p = cph_arena_alloc(arena, n + a - 1);
+  return p ? (void *)(((uintptr_t)p + a - 1) & ~(uintptr_t)(a - 1)) : NULL;
+}
+
+/* What a logged event needs (1.): an id, a sender, a body, a channel or a session. The engine
+ * applies it to its named session alone (2.). */
+static bool event_ok(cph_event_in *ev) {
+  ev->only_session = true; /* the others hear it through the log (forward) */
+  return ev->key && ev->sender && ev->body && (ev->channel || ev->session);
+}
+
+/* Decodes an event of a message (d) with jansson into ev, whose strings then point into d and
+ * whose mentions array comes from arena; false when it is not one of ours. */
+static bool decode_event(json_t *d, cph_event_in *ev, struct cph_arena_chunk **arena) {
+  memset(ev, 0, sizeof *ev);
   ev->channel = (char *)jstr(d, "channel");
   ev->sender = (char *)jstr(d, "sender");
   ev->body = (char *)jstr(d, "body");
   ev->session = (char *)jstr(d, "session");
   ev->kind = (char *)jstr(d, "kind");
   ev->key = (char *)jstr(d, "key");
-  ev->only_session = true; /* the others hear it through the log (forward) */
   json_t *ts = json_object_get(d, "ts_ms");
   ev->ts_ms = json_is_integer(ts) ? json_integer_value(ts) : 0;
   json_t *m = json_object_get(d, "mentions");
   size_t n = json_array_size(m);
   if (n) {
-    ev->mentions.items = calloc(n, sizeof(char *));
+    ev->mentions.items = arena_alloc(arena, n * sizeof(char *));
     if (!ev->mentions.items)
       return false;
     for (size_t i = 0; i < n; i++)
       if (json_is_string(json_array_get(m, i)))
         ev->mentions.items[ev->mentions.count++] = (char *)json_string_value(json_array_get(m, i));
   }
-  return ev->key && ev->sender && ev->body && (ev->channel || ev->session);
+  return event_ok(ev);
+}
+
+/* The fast path of decode_payload (evjson.h): false leaves the message to jansson. */
+static bool decode_fast(const char *data, size_t len, struct cph_arena_chunk **arena,
+                        cph_event_in **evs, size_t *n, const char **batch_id) {
+  cph_evjson f = {arena_alloc, arena, data, data + len, SIZE_MAX};
+  char *id = NULL;
+  cph_evjson_ws(&f);
+  static const char ID[] = "{\"id\":", BATCH[] = "\"batch\":[";
+  if (f.end - f.p < (ptrdiff_t)sizeof ID - 1 || memcmp(f.p, ID, sizeof ID - 1) != 0 ||
+      (f.p += sizeof ID - 1, !cph_evjson_str(&f, &id)) || !cph_evjson_lit(&f, ',')) {
+    /* not {"id": ..., "batch": ...}: a single event, or a forwarded batch {"batch": [...]} */
+    f.p = data;
+    cph_evjson_ws(&f);
+    if (f.end - f.p >= (ptrdiff_t)sizeof BATCH && f.p[0] == '{' &&
+        memcmp(f.p + 1, BATCH, sizeof BATCH - 1) == 0) {
+      f.p += sizeof BATCH;
+    } else {
+      *evs = arena_alloc(arena, sizeof **evs);
+      if (!*evs || !cph_evjson_event(&f, *evs) || !event_ok(*evs))
+        return false;
+      cph_evjson_ws(&f);
+      *n = 1;
+      return f.p == f.end;
+    }
+  } else {
+    cph_evjson_ws(&f);
+    if (f.end - f.p < (ptrdiff_t)sizeof BATCH - 1 || memcmp(f.p, BATCH, sizeof BATCH - 1) != 0)
+      return false;
+    f.p += sizeof BATCH - 1;
+  }
+  size_t cap = 0;
+  do {
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 64;
+      cph_event_in *grown = arena_alloc(arena, cap * sizeof *grown);
+      if (!grown)
+        return false;
+      if (*n)
+        memcpy(grown, *evs, *n * sizeof *grown);
+      *evs = grown;
+    }
+    if (!cph_evjson_event(&f, &(*evs)[*n]) || !event_ok(&(*evs)[*n]))
+      return false;
+    (*n)++;
+  } while (cph_evjson_lit(&f, ','));
+  if (!cph_evjson_lit(&f, ']') || !cph_evjson_lit(&f, '}'))
+    return false;
+  cph_evjson_ws(&f);
+  *batch_id = id;
+  return f.p == f.end;
+}
+
+/* Decodes a log message: one event, or {"id": <message id>, "batch": [event, ...]} (1.), or a
+ * forwarded batch {"batch": [event, ...]} (3.) — into *evs (*n of them; *batch_id NULL for a
+ * single event), strings and arrays from *arena, or pointing into *doc when the fast path
+ * (evjson.h) left it to jansson (the caller decrefs *doc). False when it is not one of ours. */
+static bool decode_payload(const char *data, size_t len, struct cph_arena_chunk **arena,
+                           json_t **doc, cph_event_in **evs, size_t *n, const char **batch_id) {
+  *doc = NULL;
+  *evs = NULL;
+  *n = 0;
+  *batch_id = NULL;
+  if (decode_fast(data, len, arena, evs, n, batch_id))
+    return true;
+  *evs = NULL; /* what the fast path took of the arena stays there until it is freed */
+  *n = 0;
+  *batch_id = NULL;
+  if (!(*doc = json_loadb(data, len, 0, NULL)))
+    return false;
+  json_t *batch = json_object_get(*doc, "batch");
+  if (!batch) {
+    *evs = arena_alloc(arena, sizeof **evs);
+    *n = *evs ? 1 : 0;
+    return *evs && decode_event(*doc, *evs, arena);
+  }
+  size_t k = json_array_size(batch);
+  *batch_id = jstr(*doc, "id");
+  if (!k || !(*evs = arena_alloc(arena, k * sizeof **evs)))
+    return false;
+  for (size_t i = 0; i < k; i++) {
+    (*n)++;
+    if (!decode_event(json_array_get(batch, i), &(*evs)[i], arena))
+      return false;
+  }
+  return true;
 }
 
 typedef struct target {
@@ -1073,26 +1349,41 @@ static void forward_key(const char *msgid, char out[67]) {
     snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
 }
 
-/* Publishes the forwards of an applied `in` event; the message is acknowledged when they all
- * were (applying_finish). Every session the event is routed to other than its named session —
- * the channel's subscribers when it names none, and the mentioned sessions — gets it as a
- * forward through the log, wherever it lives, this node included: the engine applied the `in`
- * event with only_session, so it reached no one else. So the log's deduplication of
- * `<id>/<S>` is what makes each delivery happen once, also when the event is applied again
- * (a redelivery, or the shard's next owner after a death). */
-static void forward(cph_cflow *f, applying *ap) {
-  cph_event_in *ev = &ap->ev;
+/* The copy of ev forwarded to target t (3.): the event naming t as its session, under the engine
+ * key "f:" + SHA-256 of "<event id>/<t>". Malloc'd JSON; NULL when out of memory. */
+static char *forward_copy(const cph_event_in *ev, const target *t) {
+  char direct[300];
+  const char *channel = ev->channel;
+  if (!channel) {
+    snprintf(direct, sizeof direct, "direct:%s", ev->session);
+    channel = direct;
+  }
+  size_t idlen = strlen(ev->key) + 1 + strlen(t->id) + 1;
+  char *id = malloc(idlen);
+  if (!id)
+    return NULL;
+  snprintf(id, idlen, "%s/%s", ev->key, t->id);
+  char key[67];
+  forward_key(id, key);
+  free(id);
+  char *mention = (char *)t->id;
+  size_t len;
+  return event_json(channel, ev->sender, ev->body, t->id, ev->kind, key, ev->ts_ms, &mention,
+                    t->mentioned, &len);
+}
+
+/* The sessions ev is forwarded to, into ts (room for its subscribers and mentions): the channel's
+ * subscribers when it names no session, and the mentioned sessions but the named one. */
+static size_t forward_targets(cph_cflow *f, const cph_event_in *ev, target **out) {
   const char *const *subscribers = NULL;
   size_t n_subscribers =
       !ev->session && ev->channel ? cph_ctable_subscribers(f->table, ev->channel, &subscribers) : 0;
   size_t cap = n_subscribers + ev->mentions.count;
   target *ts = calloc(cap ? cap : 1, sizeof *ts);
   size_t n = 0;
-  if (!ts) {
-    ap->failed = true;
-    applying_finish(f, ap);
-    return;
-  }
+  *out = ts;
+  if (!ts)
+    return 0;
   for (size_t i = 0; i < n_subscribers; i++) { /* a channel lists each session once */
     const cph_ctable_session *r = cph_ctable_get(f->table, subscribers[i]);
     if (r)
@@ -1103,45 +1394,123 @@ static void forward(cph_cflow *f, applying *ap) {
     if (r && !(ev->session && strcmp(ev->session, r->id) == 0)) /* the named one has it */
       add_mention(ts, &n, r);
   }
-  char direct[300];
-  const char *channel = ev->channel;
-  if (!channel) {
-    snprintf(direct, sizeof direct, "direct:%s", ev->session);
-    channel = direct;
+  return n;
+}
+
+/* The copies of a batch's events for one session, on their way into one message. */
+typedef struct fwd_group {
+  cph_buf buf; /* {"batch":[ + the copies so far */
+  const char *id;
+  uint32_t shard;
+} fwd_group;
+
+static void forward_send(cph_cflow *f, applying *ap, const char *msgid, uint32_t shard, char *data,
+                         size_t len) {
+  char subject[64];
+  cph_clog_subject(subject, sizeof subject, shard, true);
+  pub *p = data ? pub_new(f, PUB_FWD, subject, msgid, data, len, FWD_DEADLINE_MS) : NULL;
+  if (!p) {
+    ap->failed = true;
+    return;
   }
-  ap->outstanding = n + 1; /* + 1 until every forward is sent */
-  for (size_t i = 0; i < n; i++) {
-    size_t idlen = strlen(ev->key) + 1 + strlen(ts[i].id) + 1;
-    char *msgid = malloc(idlen);
-    char key[67];
-    char *data = NULL;
-    if (msgid) {
-      snprintf(msgid, idlen, "%s/%s", ev->key, ts[i].id);
-      forward_key(msgid, key);
-      json_t *doc =
-          json_pack("{sssssssssssI}", "channel", channel, "sender", ev->sender, "body", ev->body,
-                    "session", ts[i].id, "key", key, "ts_ms", (json_int_t)ev->ts_ms);
-      if (doc && ev->kind)
-        json_object_set_new(doc, "kind", json_string(ev->kind));
-      if (doc && ts[i].mentioned)
-        json_object_set_new(doc, "mentions", json_pack("[s]", ts[i].id));
-      data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-      json_decref(doc);
-    }
-    char subject[64];
-    cph_clog_subject(subject, sizeof subject, ts[i].shard, true);
-    pub *p = msgid && data
-                 ? pub_new(f, PUB_FWD, subject, msgid, data, strlen(data), FWD_DEADLINE_MS)
-                 : (free(data), NULL);
-    free(msgid);
-    if (!p) {
+  ap->outstanding++;
+  p->ap = ap;
+  pub_send(f, p);
+}
+
+/* Publishes the forwards of an applied `in` message; it is acknowledged when they all were
+ * (applying_finish). Every session an event is routed to other than its named session gets it
+ * as a forward through the log, wherever it lives, this node included: the engine applied the
+ * `in` event with only_session, so it reached no one else. So the log's deduplication of the
+ * forward's message id is what makes each delivery happen once, also when the message is
+ * applied again (a redelivery, or the shard's next owner after a death). A single event's copy
+ * to S goes alone under "<event id>/<S>"; a batch's copies to S go together, in order, under
+ * "<batch id>/<S>" — each (event, S) is in one such message only, so it too is stored once.
+ * (Should the session table change between two applications, S gets what the first one sent.) */
+static void forward(cph_cflow *f, applying *ap) {
+  cph_hmap groups = CPH_HMAP_INIT;
+  fwd_group **list = NULL;
+  size_t n_list = 0, cap_list = 0;
+  ap->outstanding = 1; /* until every forward is sent */
+  for (size_t e = 0; e < ap->n_evs && !ap->failed; e++) {
+    const cph_event_in *ev = &ap->evs[e];
+    target *ts;
+    size_t n = forward_targets(f, ev, &ts);
+    if (!ts) {
       ap->failed = true;
-      continue;
+      break;
     }
-    p->ap = ap;
-    pub_send(f, p);
+    for (size_t i = 0; i < n; i++) {
+      char *copy = forward_copy(ev, &ts[i]);
+      if (!copy) {
+        ap->failed = true;
+        break;
+      }
+      if (!ap->batch_id) {
+        size_t idlen = strlen(ev->key) + 1 + strlen(ts[i].id) + 1;
+        char *msgid = malloc(idlen);
+        if (msgid) {
+          snprintf(msgid, idlen, "%s/%s", ev->key, ts[i].id);
+          forward_send(f, ap, msgid, ts[i].shard, copy, strlen(copy));
+        } else {
+          free(copy);
+          ap->failed = true;
+        }
+        free(msgid);
+        continue;
+      }
+      fwd_group *g = cph_hmap_get(&groups, ts[i].id);
+      if (!g) {
+        if (n_list == cap_list) {
+          size_t cap = cap_list ? 2 * cap_list : 8;
+          fwd_group **l = realloc(list, cap * sizeof *l);
+          if (!l) {
+            free(copy);
+            ap->failed = true;
+            break;
+          }
+          list = l;
+          cap_list = cap;
+        }
+        g = calloc(1, sizeof *g);
+        if (!g || cph_hmap_put(&groups, ts[i].id, g) != CPH_OK) {
+          free(g);
+          free(copy);
+          ap->failed = true;
+          break;
+        }
+        g->id = ts[i].id; /* the table's string: the table does not change during this call */
+        g->shard = ts[i].shard;
+        list[n_list++] = g;
+        cph_buf_puts(&g->buf, "{\"batch\":[");
+      } else {
+        cph_buf_putc(&g->buf, ',');
+      }
+      cph_buf_puts(&g->buf, copy);
+      free(copy);
+    }
+    free(ts);
   }
-  free(ts);
+  for (size_t i = 0; i < n_list; i++) {
+    fwd_group *g = list[i];
+    cph_buf_puts(&g->buf, "]}");
+    size_t len = g->buf.len;
+    char *data = ap->failed || cph_buf_error(&g->buf) ? NULL : cph_buf_steal(&g->buf);
+    size_t idlen = strlen(ap->batch_id) + 1 + strlen(g->id) + 1;
+    char *msgid = data ? malloc(idlen) : NULL;
+    if (msgid) {
+      snprintf(msgid, idlen, "%s/%s", ap->batch_id, g->id);
+      forward_send(f, ap, msgid, g->shard, data, len);
+    } else {
+      free(data);
+      ap->failed = true;
+    }
+    free(msgid);
+    cph_buf_free(&g->buf);
+    free(g);
+  }
+  free(list);
+  cph_hmap_free(&groups);
   if (--ap->outstanding == 0)
     applying_finish(f, ap);
 }
@@ -1150,13 +1519,14 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
   switch (p->kind) {
   case PUB_INGEST: {
     ingest_req *ir = p->ir;
-    ev_result *e = &ir->res[p->index];
-    if (ok) {
+    for (size_t i = 0; ok && i < p->n_index; i++) {
+      ev_result *e = &ir->res[p->index[i]];
       /* A duplicate on a resend is our own earlier send: accepted. */
       e->status = dup && p->sends == 1 ? EV_DUPLICATE : EV_ACCEPTED;
       e->pos = seq;
-    } else {
-      ir->failed++;
+    }
+    if (!ok) {
+      ir->failed += p->n_index;
       snprintf(ir->why, sizeof ir->why, "%s", why ? why : "no answer");
     }
     if (--ir->outstanding == 0)
@@ -1238,9 +1608,12 @@ static void batch_free(apply_batch *b) {
   free(b);
 }
 
+static void pump_batches(cph_cflow *f);
+
 static void apply_done(cph_op *op, void *ctx) {
   apply_batch *b = ctx;
   cph_cflow *f = b->f;
+  f->in_engine -= b->n;
   bool ok = op->rc == CPH_OK && !f->quiesced;
   if (op->rc != CPH_OK && !f->quiesced) {
     f->apply_failures++;
@@ -1249,30 +1622,36 @@ static void apply_done(cph_op *op, void *ctx) {
   }
   for (size_t i = 0; i < b->n; i++) {
     applying *ap = b->items[i];
+    bool last = i + 1 == b->n || b->items[i + 1] != ap; /* the message's last event */
     if (!ok) {
       ap->failed = true;
-      applying_finish(f, ap);
+      if (last)
+        applying_finish(f, ap);
       continue;
     }
     f->applied++;
+    cph_event_in *ev = &b->events[i];
     cph_event_result *res = op->u.ingest.results ? &op->u.ingest.results[i] : NULL;
     if (res && res->status == CPH_EV_REJECTED && res->reason &&
         strcmp(res->reason, "session_busy") != 0)
-      cph_warn("cluster log: message %" PRIu64 " of shard %" PRIu32 " rejected by the engine: %s",
+      cph_warn("cluster log: an event of message %" PRIu64 " of shard %" PRIu32
+               " rejected by the engine: %s",
                ap->m->seq, ap->m->shard, res->reason);
     /* Reached its session here: pending until a turn consumes it (7.), tracked before the
      * message is acknowledged. A duplicate was tracked when it first landed. */
     if (res && (res->status == CPH_EV_QUEUED || res->status == CPH_EV_AGGREGATED) &&
         res->sessions.count && f->tracks[ap->m->shard].live)
-      pending_add(f, ap->ev.key, ap->m->seq, ap->m->shard);
+      pending_add(f, ev->key, ap->m->seq, ap->m->shard);
     /* Refused by its session (while_running :reject): it did not reach it, so a rebuild must
      * not deliver it either — a done mark says so (not waited for). */
-    if (res && res->busy.count && ap->ev.session) {
-      cph_strv one = {&ap->ev.key, 1};
-      if (!done_publish(f, NULL, ap->ev.session, &one, NULL, 0, NULL))
+    if (res && res->busy.count && ev->session) {
+      cph_strv one = {&ev->key, 1};
+      if (!done_publish(f, NULL, ev->session, &one, NULL, 0, NULL))
         cph_error("cluster log: out of memory logging that session %s refused event %s",
-                  ap->ev.session, ap->ev.key);
+                  ev->session, ev->key);
     }
+    if (!last)
+      continue;
     if (ap->m->fwd)
       applying_finish(f, ap);
     else
@@ -1280,6 +1659,8 @@ static void apply_done(cph_op *op, void *ctx) {
   }
   cph_op_clear_results(op);
   batch_free(b);
+  if (!f->quiesced)
+    pump_batches(f);
 }
 
 /* The batch's engine operation: one ingest of its events, answered to apply_done. */
@@ -1292,21 +1673,39 @@ static void batch_op_init(apply_batch *b) {
   b->op.u.ingest.n_events = b->n;
 }
 
-static void batch_submit(cph_cflow *f, apply_batch *b) {
-  batch_op_init(b);
-  int rc = cph_engine_submit(f->s->engine, &b->op);
-  if (rc == CPH_OK) {
-    cph_srv_schedule_pass(f->s);
+/* Hands the waiting batches to the engine, in order, while fewer than APPLY_IN_ENGINE of their
+ * events are in it (one batch at least); a full engine queue is tried again on the next retry
+ * tick. */
+static void pump_batches(cph_cflow *f) {
+  bool submitted = false;
+  if (f->quiesced) /* stopping: the waiting batches are released by cph_cflow_free */
     return;
+  while (f->blocked_head &&
+         (!f->in_engine || f->in_engine + f->blocked_head->n <= APPLY_IN_ENGINE)) {
+    apply_batch *b = f->blocked_head;
+    batch_op_init(b);
+    if (cph_engine_submit(f->s->engine, &b->op) != CPH_OK) {
+      arm_retry(f);
+      break;
+    }
+    f->blocked_head = b->next;
+    if (!f->blocked_head)
+      f->blocked_tail = NULL;
+    f->in_engine += b->n;
+    submitted = true;
   }
-  /* The engine's queue is full: again on the next retry tick, in order. */
+  if (submitted)
+    cph_srv_schedule_pass(f->s);
+}
+
+static void batch_submit(cph_cflow *f, apply_batch *b) {
   b->next = NULL;
   if (f->blocked_tail)
     f->blocked_tail->next = b;
   else
     f->blocked_head = b;
   f->blocked_tail = b;
-  arm_retry(f);
+  pump_batches(f);
 }
 
 static void submit_forming(cph_cflow *f) {
@@ -1314,10 +1713,8 @@ static void submit_forming(cph_cflow *f) {
   f->forming = NULL;
   if (!b)
     return;
-  if (f->blocked_head) { /* keep the order behind the blocked ones */
-    b->next = NULL;
-    f->blocked_tail->next = b;
-    f->blocked_tail = b;
+  if (!b->n) { /* nothing went in (out of memory) */
+    batch_free(b);
     return;
   }
   batch_submit(f, b);
@@ -1444,7 +1841,7 @@ static bool adopt_shard(cph_cflow *f, uint32_t shard) {
  * The log hands over a shard's past (cph_clog_replay) before binding the shard's consumer.
  * From it: the keys its done marks name; then, in log order, every in or fwd message naming a
  * session (the only ones that reached one: 2., 3.) whose key no mark names, applied to that
- * session alone in batches of APPLY_BATCH, one engine operation at a time (so in order), after
+ * session alone in batches of REBUILD_BATCH, one engine operation at a time (so in order), after
  * the shard's sessions were adopted. What reached its session is tracked as pending; a message
  * the engine already had (this node applied it before: a restart, or the shard came back) is
  * pending only if its event is still in the session's live inbox (cph_engine_inbox_keys): it
@@ -1452,8 +1849,7 @@ static bool adopt_shard(cph_cflow *f, uint32_t shard) {
  * the log binds its consumer. */
 
 typedef struct rb_event {
-  json_t *doc;
-  cph_event_in ev; /* strings in doc */
+  cph_event_in ev; /* strings in the rebuild's arena or docs */
   uint64_t seq;
 } rb_event;
 
@@ -1468,6 +1864,8 @@ typedef struct rb_keep {
 
 struct rebuild {
   cph_op op; /* the batch in the engine, events[next - op_n .. next) */
+  struct cph_arena_chunk *arena; /* the events' strings (decode_payload) */
+  json_t *docs;                  /* the messages jansson decoded (an array), or NULL */
   cph_cflow *f;
   cph_clog_replay *rp;
   rb_event *evs;
@@ -1490,10 +1888,8 @@ static void rebuild_free(rebuild *rb) {
     free(rb->keeps[i]);
   }
   free(rb->keeps);
-  for (size_t i = 0; i < rb->n; i++) {
-    json_decref(rb->evs[i].doc);
-    free(rb->evs[i].ev.mentions.items);
-  }
+  cph_arena_free(&rb->arena);
+  json_decref(rb->docs);
   free(rb->evs);
   free(rb->ins);
   cph_hmap_free(&rb->dups);
@@ -1532,33 +1928,53 @@ static bool rebuild_done_keys(const cph_clog_replay *rp, cph_hmap *done, json_t 
   return true;
 }
 
-/* The events to apply again, from rp's in and fwd messages (see above). */
+/* The events to apply again, from rp's in and fwd messages (see above); a batch's events one by
+ * one, in order. */
 static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done) {
   const cph_clog_replay *rp = rb->rp;
-  size_t n = rp->n_events ? rp->n_events : 1;
-  rb->evs = calloc(n, sizeof *rb->evs);
-  rb->ins = calloc(n, sizeof *rb->ins);
-  if (!rb->evs || !rb->ins)
+  size_t cap = rp->n_events ? rp->n_events : 1;
+  rb->evs = calloc(cap, sizeof *rb->evs);
+  if (!rb->evs)
     return false;
   for (size_t i = 0; i < rp->n_events; i++) {
     const cph_clog_entry *e = &rp->entries[i];
-    rb_event *x = &rb->evs[rb->n];
-    x->doc = json_loadb(e->data, e->len, 0, NULL);
-    x->seq = e->seq;
-    bool ok = x->doc && decode_event(x->doc, &x->ev);
-    if (ok && x->ev.session && !cph_hmap_get(done, x->ev.key) &&
-        cph_ctable_get(f->table, x->ev.session)) {
-      rb->ins[rb->n++] = x->ev;
-      continue;
-    }
+    json_t *doc = NULL;
+    cph_event_in *evs = NULL;
+    size_t n = 0;
+    const char *batch_id;
+    bool ok = decode_payload(e->data, e->len, &rb->arena, &doc, &evs, &n, &batch_id);
     if (!ok)
       cph_warn("cluster log: message %" PRIu64 " of shard %" PRIu32
                " is not an event; skipped by the rebuild",
                e->seq, rp->shard);
-    json_decref(x->doc);
-    free(x->ev.mentions.items);
-    memset(x, 0, sizeof *x);
+    if (ok && doc && ((!rb->docs && !(rb->docs = json_array())) ||
+                      json_array_append(rb->docs, doc) != 0)) {
+      json_decref(doc);
+      return false;
+    }
+    json_decref(doc); /* rb->docs holds it while its events are used */
+    for (size_t k = 0; ok && k < n; k++) {
+      cph_event_in *ev = &evs[k];
+      if (!ev->session || cph_hmap_get(done, ev->key) || !cph_ctable_get(f->table, ev->session))
+        continue;
+      if (rb->n == cap) {
+        size_t c = 2 * cap;
+        rb_event *v = realloc(rb->evs, c * sizeof *v);
+        if (!v)
+          return false;
+        rb->evs = v;
+        cap = c;
+      }
+      rb_event *x = &rb->evs[rb->n++];
+      x->ev = *ev;
+      x->seq = e->seq;
+    }
   }
+  rb->ins = calloc(rb->n ? rb->n : 1, sizeof *rb->ins);
+  if (!rb->ins)
+    return false;
+  for (size_t i = 0; i < rb->n; i++)
+    rb->ins[i] = rb->evs[i].ev;
   return true;
 }
 
@@ -1813,7 +2229,7 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
     rb->states_queued = true;
   }
   if (rb->next < rb->n) {
-    size_t k = rb->n - rb->next < APPLY_BATCH ? rb->n - rb->next : APPLY_BATCH;
+    size_t k = rb->n - rb->next < REBUILD_BATCH ? rb->n - rb->next : REBUILD_BATCH;
     memset(&rb->op, 0, sizeof rb->op);
     rb->op.kind = CPH_OP_INGEST;
     rb->op.done = rebuild_done;
@@ -2027,35 +2443,44 @@ static void on_message(void *ctx, cph_clog_msg *m) {
     return;
   }
   ap->m = m;
-  ap->doc = json_loadb(m->data, m->len, 0, NULL);
-  if (!ap->doc || !decode_event(ap->doc, &ap->ev)) {
+  if (!decode_payload(m->data, m->len, &ap->arena, &ap->doc, &ap->evs, &ap->n_evs,
+                      &ap->batch_id)) {
     cph_error("cluster log: message %" PRIu64 " of shard %" PRIu32
               " is not an event; acknowledged and skipped",
               m->seq, m->shard);
     applying_finish(f, ap);
     return;
   }
-  if (!f->forming) {
-    apply_batch *b = calloc(1, sizeof *b);
-    if (b) {
-      b->f = f;
-      b->items = calloc(APPLY_BATCH, sizeof *b->items);
-      b->events = calloc(APPLY_BATCH, sizeof *b->events);
-    }
-    if (!b || !b->items || !b->events) {
-      if (b)
-        batch_free(b);
+  if (!f->forming && !(f->forming = calloc(1, sizeof *f->forming))) {
+    ap->failed = true;
+    applying_finish(f, ap);
+    return;
+  }
+  apply_batch *b = f->forming;
+  b->f = f;
+  if (b->n + ap->n_evs > b->cap) {
+    size_t cap = b->cap ? b->cap : APPLY_BATCH;
+    while (cap < b->n + ap->n_evs)
+      cap *= 2;
+    applying **items = realloc(b->items, cap * sizeof *items);
+    if (items)
+      b->items = items;
+    cph_event_in *events = items ? realloc(b->events, cap * sizeof *events) : NULL;
+    if (events)
+      b->events = events;
+    if (!items || !events) {
       ap->failed = true;
       applying_finish(f, ap);
       return;
     }
-    f->forming = b;
+    b->cap = cap;
   }
-  apply_batch *b = f->forming;
-  b->items[b->n] = ap;
-  b->events[b->n] = ap->ev;
-  b->n++;
-  if (b->n == APPLY_BATCH)
+  for (size_t i = 0; i < ap->n_evs; i++) {
+    b->items[b->n] = ap;
+    b->events[b->n] = ap->evs[i];
+    b->n++;
+  }
+  if (b->n >= APPLY_BATCH)
     submit_forming(f);
   else if (!evtimer_pending(f->ev_submit, NULL)) {
     struct timeval zero = {0, 0};
@@ -2069,21 +2494,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
   cph_cflow *f = arg;
   if (f->quiesced)
     return;
-  while (f->blocked_head) {
-    apply_batch *b = f->blocked_head;
-    f->blocked_head = b->next;
-    if (!f->blocked_head)
-      f->blocked_tail = NULL;
-    batch_op_init(b);
-    if (cph_engine_submit(f->s->engine, &b->op) != CPH_OK) {
-      b->next = f->blocked_head;
-      f->blocked_head = b;
-      if (!f->blocked_tail)
-        f->blocked_tail = b;
-      break;
-    }
-    cph_srv_schedule_pass(f->s);
-  }
+  pump_batches(f);
   bool rebuilds_waiting = false;
   for (uint32_t sh = 0; sh < f->shards; sh++) {
     rebuild *rb = f->tracks[sh].rb;
@@ -2108,7 +2519,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
     due = p->next_retry;
     pub_send(f, p);
   }
-  if (f->retry_head || f->blocked_head || rebuilds_waiting)
+  if (f->retry_head || (f->blocked_head && !f->in_engine) || rebuilds_waiting)
     arm_retry(f);
 }
 
@@ -2378,7 +2789,8 @@ void cph_cflow_free(cph_cflow *f) {
     apply_batch *next = b->next;
     for (size_t i = 0; i < b->n; i++) {
       b->items[i]->failed = true;
-      applying_finish(f, b->items[i]);
+      if (i + 1 == b->n || b->items[i + 1] != b->items[i])
+        applying_finish(f, b->items[i]);
     }
     batch_free(b);
     b = next;

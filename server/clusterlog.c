@@ -19,7 +19,11 @@
 #define SYNC_MS 100
 #define BIND_THREADS 8
 #define ACK_WAIT_S 5
-#define MAX_ACK_PENDING 20000
+/* Messages a shard's consumer has out unacknowledged. A message can hold 1,000 events
+ * (clusterflow.h 1.), and one not acknowledged within ACK_WAIT_S comes again: at ~20k events/s
+ * applied, 64 batches are ~3 s of work. Set when the consumer is created (an existing one
+ * keeps its own). */
+#define MAX_ACK_PENDING 64
 #define PUB_MAX_WAIT_MS 3000
 #define MAX_IN_FLIGHT 200000
 #define DRAIN_CAP 4096 /* items per loop callback; the rest on the next turn of the loop */

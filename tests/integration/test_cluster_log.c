@@ -8,7 +8,8 @@
  * once (its own staged entry, no folding here: every body is distinct), and no session gets
  * one it was not routed to. In order, on one bench:
  *   1. three nodes: exactly once, retried keys answered duplicate with the original pos;
- *   2. a deleted session leaves every node's session table;
+ *   2. a request's unkeyed events of one shard share one log message (one pos), keyed ones
+ *      are logged alone; a deleted session leaves every node's session table;
  *   3. after kill -9 of a node the others adopt its sessions: exactly once, for all;
  *   4. kill -9 of another node mid-ingest: exactly once for every session, the dead node's
  *      included (the survivor rebuilds what it had applied and no turn consumed);
@@ -187,6 +188,55 @@ static void test_cluster_log_kill9_of_a_node_mid_ingest_never_delivers_twice(voi
   cph_tcw_settle_and_check(w, from, to, t0, 0);
 }
 
+/* Batching (clusterflow.h 1.): the events of one request without a key bound for one shard are
+ * one log message — they answer one pos —, while an event with a key is logged alone (its own
+ * pos, so the log can answer duplicate for it alone). The world's events are mostly batched this
+ * way, so the exactly-once checks around this one cover delivery from batch messages (the
+ * channel here has no subscriber: these events reach nobody and stay out of the world's count). */
+static void
+test_cluster_log_a_request_s_unkeyed_events_of_one_shard_share_one_message(void **state) {
+  cph_tcw *w = ((world *)*state)->w;
+  char body[4096];
+  size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
+  for (int i = 0; i < 20; i++) {
+    char key[48] = "";
+    if (i % 2)
+      snprintf(key, sizeof key, ",\"key\":\"batch-probe-%d\"", i);
+    len += (size_t)snprintf(body + len, sizeof body - len,
+                            "%s{\"channel\":\"batch-probe\",\"sender\":\"u\","
+                            "\"body\":\"probe %d\"%s}",
+                            i ? "," : "", i, key);
+  }
+  snprintf(body + len, sizeof body - len, "]}");
+  cph_test_response r = cph_test_api(w->c->port[cph_tcw_live_node(w)], "POST", "/v1/events", NULL,
+                                     body);
+  assert_int_equal(r.status, 200);
+  json_t *j = cph_test_json(&r);
+  json_t *res = json_object_get(j, "results");
+  assert_int_equal(json_array_size(res), 20);
+  json_int_t batch_pos = -1;
+  json_int_t keyed[10];
+  for (int i = 0; i < 20; i++) {
+    json_t *e = json_array_get(res, (size_t)i);
+    assert_string_equal(json_string_value(json_object_get(e, "status")), "accepted");
+    json_int_t pos = json_integer_value(json_object_get(e, "pos"));
+    assert_true(pos > 0);
+    if (i % 2 == 0) {
+      if (batch_pos < 0)
+        batch_pos = pos;
+      assert_int_equal(pos, batch_pos); /* one message */
+    } else {
+      keyed[i / 2] = pos;
+      for (int k = 0; k < i / 2; k++)
+        assert_true(keyed[k] != pos); /* each alone */
+    }
+  }
+  for (int k = 0; k < 10; k++)
+    assert_true(keyed[k] != batch_pos);
+  json_decref(j);
+  cph_test_response_free(&r);
+}
+
 /* The session table follows deletions: once a session is deleted on its owner, an event naming
  * it is rejected on every node (nothing is logged for it). */
 static void test_cluster_log_a_deleted_session_is_known_nowhere(void **state) {
@@ -241,6 +291,7 @@ static void test_cluster_log_without_the_log_ingest_answers_503_never_200(void *
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once),
+      cmocka_unit_test(test_cluster_log_a_request_s_unkeyed_events_of_one_shard_share_one_message),
       cmocka_unit_test(test_cluster_log_a_deleted_session_is_known_nowhere),
       cmocka_unit_test(test_cluster_log_after_a_node_dies_its_sessions_are_served_by_the_others),
       cmocka_unit_test(test_cluster_log_kill9_of_a_node_mid_ingest_never_delivers_twice),
