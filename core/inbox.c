@@ -25,6 +25,79 @@ static cph_key entry_key(const char *session, uint64_t inbox_id) {
   return k;
 }
 
+#define INBOX_FOLDED_VERSION 1
+#define INBOX_FOLDED_HEAD 9 /* version, be64 through; then be64 live ids */
+#define INBOX_FOLDED_STACK 64 /* live ids encoded without a malloc */
+
+int inbox_folded_get(cph_txn *t, const char *session, inbox_folded *f) {
+  *f = (inbox_folded){0};
+  cph_key k = entry_key(session, 0);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_INBOX_FOLDS, &k, &v);
+  if (rc == CPH_ENOTFOUND)
+    return CPH_OK;
+  if (rc)
+    return rc;
+  const uint8_t *p = v.data;
+  if (v.len < INBOX_FOLDED_HEAD || (v.len - INBOX_FOLDED_HEAD) % 8 || p[0] != INBOX_FOLDED_VERSION) {
+    char key[200];
+    cph_key_describe(k.data, k.len, key, sizeof key);
+    cph_log(CPH_LOG_ERROR,
+            "corrupt record in database \"inbox_folds\" at key %s: expected a version %d folded "
+            "map (9 + 8n bytes), got %zu bytes",
+            key, INBOX_FOLDED_VERSION, v.len);
+    return CPH_ECORRUPT;
+  }
+  f->through = cph_be64_get(p + 1);
+  f->live = p + INBOX_FOLDED_HEAD;
+  f->n = (v.len - INBOX_FOLDED_HEAD) / 8;
+  return CPH_OK;
+}
+
+bool inbox_folded_holds(const inbox_folded *f, uint64_t id) {
+  if (id > f->through)
+    return false;
+  size_t lo = 0, hi = f->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    uint64_t m = cph_be64_get(f->live + 8 * mid);
+    if (m == id)
+      return false;
+    if (m < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return true;
+}
+
+int inbox_folded_put(cph_txn *t, const csession *s, uint64_t folded) {
+  inbox_folded old;
+  int rc = inbox_folded_get(t, s->id, &old);
+  if (rc)
+    return rc;
+  uint64_t through = old.through > folded ? old.through : folded;
+  if (!through)
+    return t->ret; /* nothing folded away, ever: no map */
+  size_t n = 0; /* the live inbox is in id order: the entries <= through lead it */
+  while (n < s->n_inbox && s->inbox[n].id <= through)
+    n++;
+  uint8_t stack[INBOX_FOLDED_HEAD + 8 * INBOX_FOLDED_STACK];
+  size_t len = INBOX_FOLDED_HEAD + 8 * n;
+  uint8_t *v = len <= sizeof stack ? stack : malloc(len);
+  if (!v)
+    return CPH_ENOMEM;
+  v[0] = INBOX_FOLDED_VERSION;
+  cph_be64_put(v + 1, through);
+  for (size_t i = 0; i < n; i++)
+    cph_be64_put(v + INBOX_FOLDED_HEAD + 8 * i, s->inbox[i].id);
+  cph_key k = entry_key(s->id, 0);
+  rc = cph_txn_put(t, CPH_DB_INBOX_FOLDS, &k, v, len);
+  if (v != stack)
+    free(v);
+  return rc;
+}
+
 int inbox_fold_put(cph_txn *t, const char *session, const inbox_item *it) {
   uint8_t v[INBOX_FOLD_LEN];
   v[0] = INBOX_FOLD_VERSION;

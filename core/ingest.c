@@ -139,14 +139,24 @@ typedef struct fold_write {
   inbox_item it;
 } fold_write;
 
+/* A session whose entries the queue cap folded away in this request: its folded map
+ * (inbox_folded_put) is written once, when the request's events are all in. */
+typedef struct folded_write {
+  csession *session;
+  uint64_t through; /* the highest entry id folded away */
+} folded_write;
+
 /* What a request's deliveries did, for the rest of the request: the undo log (a failed
- * request puts the live inboxes back), the queue cap's counts, the fold records to write. */
+ * request puts the live inboxes back), the queue cap's counts, the fold records and folded
+ * maps to write. */
 typedef struct delivery_log {
   inbox_undo *items;
   size_t n, cap;
   queued_memos queued;
   fold_write *folds;
   size_t n_folds, cap_folds;
+  folded_write *folded;
+  size_t n_folded, cap_folded;
 } delivery_log;
 
 static int undo_note(delivery_log *u, csession *s, undo_kind kind, const inbox_item *it,
@@ -195,12 +205,42 @@ static void fold_drop(delivery_log *u, const csession *s, uint64_t id) {
       u->folds[i].session = NULL;
 }
 
-/* Writes the noted fold records, in the order noted (a record noted twice: the later wins). */
+/* The queue cap folded entry id of s away: s's folded map is to cover it (at
+ * fold_writes_flush). Out of memory: the entry's record is rewritten `folded` at once, which
+ * load skips as well (inbox.h). */
+static void folded_note(cph_txn *t, delivery_log *u, csession *s, const inbox_item *victim) {
+  for (size_t i = 0; i < u->n_folded; i++)
+    if (u->folded[i].session == s) {
+      if (victim->id > u->folded[i].through)
+        u->folded[i].through = victim->id;
+      return;
+    }
+  if (u->n_folded == u->cap_folded) {
+    size_t cap = u->cap_folded ? u->cap_folded * 2 : 4;
+    folded_write *p = realloc(u->folded, cap * sizeof *p);
+    if (!p) {
+      put_inbox(t, s->id, victim, CPH_INBOX_FOLDED);
+      return;
+    }
+    u->folded = p;
+    u->cap_folded = cap;
+  }
+  u->folded[u->n_folded++] = (folded_write){s, victim->id};
+}
+
+/* Writes the noted fold records, in the order noted (a record noted twice: the later wins),
+ * then the noted folded maps from the live inboxes as the request left them. */
 static int fold_writes_flush(cph_txn *t, delivery_log *u) {
   for (size_t i = 0; i < u->n_folds; i++)
     if (u->folds[i].session)
       inbox_fold_put(t, u->folds[i].session->id, &u->folds[i].it);
   u->n_folds = 0;
+  for (size_t i = 0; i < u->n_folded && !t->ret; i++) {
+    int rc = inbox_folded_put(t, u->folded[i].session, u->folded[i].through);
+    if (rc && !t->ret)
+      return rc;
+  }
+  u->n_folded = 0;
   return t->ret;
 }
 
@@ -348,7 +388,7 @@ static int overflow_fold(cph_ingest *ig, cph_txn *t, csession *s, delivery_log *
   fold_note(t, dl, s, o);
   if (o->mentioned != was_mentioned) /* the rest of its record is as stored */
     put_inbox(t, s->id, o, CPH_INBOX_STAGED);
-  put_inbox(t, s->id, &victim, CPH_INBOX_FOLDED);
+  folded_note(t, dl, s, &victim); /* its record stays as written: the folded map tells */
   csession_inbox_remove(s, (uint32_t)v);
   *removed = true;
   s->folded += victim.count;
@@ -826,8 +866,9 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
     }
     if (rc == CPH_OK && dedupe_flush(ig->dedupe, &rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
-    if (rc == CPH_OK && fold_writes_flush(&rq.t, &rq.dl) != CPH_OK)
-      rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
+    if (rc == CPH_OK && (rc = fold_writes_flush(&rq.t, &rq.dl)) != CPH_OK)
+      rc = rq.t.ret ? cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg)
+                    : cph_err_set(&err, rc, "writing the folded inbox entries: %s", cph_strerror(rc));
     if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc) {
@@ -856,4 +897,5 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
   free(rq.after);
   free(rq.dl.items);
   free(rq.dl.folds);
+  free(rq.dl.folded);
 }
