@@ -9,7 +9,9 @@
  * folds others also has rows in CPH_DB_INBOX_FOLDS:
  *   session\0 u64 inbox id            -> fold record: u8 version, u8 fold, be64 fold_key,
  *                                        be32 count, be64 last_ms (INBOX_FOLD_LEN bytes)
- *   session\0 u64 inbox id u64 event  -> "" (one member row per folded event)
+ *   session\0 u64 inbox id u64 event  -> a member row: "" (that event), or (schema 4) be64 ids
+ *                                        of more events folded in with it (one row for the
+ *                                        members a request's queue cap folds into an entry)
  *   session\0 u64 0                  -> the session's folded map (schema 4): u8 version,
  *                                        be64 through, be64 id of each live entry <= through
  * The fold record's key is a prefix of its member rows' keys, so one cursor walk reads an
@@ -46,7 +48,12 @@ const char *inbox_fold_name(uint8_t fold); /* "none", "repeat", "overflow" */
 int inbox_fold_put(cph_txn *t, const char *session, const inbox_item *it);
 /* Adds event_id as a member of entry inbox_id. */
 int inbox_fold_add(cph_txn *t, const char *session, uint64_t inbox_id, uint64_t event_id);
-/* Moves every member row of entry `from` to entry `to` and deletes from's fold record. */
+/* Adds event_ids[0..n) as members of entry inbox_id in one row (keyed by the first; the ids
+ * are distinct and members of no entry). n 0: nothing. Errors are t's or CPH_ENOMEM. */
+int inbox_fold_add_many(cph_txn *t, const char *session, uint64_t inbox_id,
+                        const uint64_t *event_ids, size_t n);
+/* Moves every member of entry `from` to entry `to` (as one row) and deletes from's fold
+ * record. */
 int inbox_fold_move(cph_txn *t, const char *session, uint64_t from, uint64_t to);
 /* Fills it->count, fold, fold_key and last_ms from its fold record; an entry without one keeps
  * count 1, fold none and last_ms = created_ms. CPH_OK, or CPH_ECORRUPT naming the key. */

@@ -146,9 +146,19 @@ typedef struct folded_write {
   uint64_t through; /* the highest entry id folded away */
 } folded_write;
 
+/* The events a request's queue cap folded into one overflow entry: written as one member row
+ * (inbox_fold_add_many) when the request's events are all in. Nothing reads an overflow
+ * entry's members while the request runs (only a lease does). */
+typedef struct member_write {
+  csession *session;
+  uint64_t entry;
+  uint64_t *ids;
+  size_t n, cap;
+} member_write;
+
 /* What a request's deliveries did, for the rest of the request: the undo log (a failed
- * request puts the live inboxes back), the queue cap's counts, the fold records and folded
- * maps to write. */
+ * request puts the live inboxes back), the queue cap's counts, the fold records, member rows
+ * and folded maps to write. */
 typedef struct delivery_log {
   inbox_undo *items;
   size_t n, cap;
@@ -157,6 +167,8 @@ typedef struct delivery_log {
   size_t n_folds, cap_folds;
   folded_write *folded;
   size_t n_folded, cap_folded;
+  member_write *members;
+  size_t n_members, cap_members;
 } delivery_log;
 
 static int undo_note(delivery_log *u, csession *s, undo_kind kind, const inbox_item *it,
@@ -228,9 +240,59 @@ static void folded_note(cph_txn *t, delivery_log *u, csession *s, const inbox_it
   u->folded[u->n_folded++] = (folded_write){s, victim->id};
 }
 
-/* Writes the noted fold records, in the order noted (a record noted twice: the later wins),
- * then the noted folded maps from the live inboxes as the request left them. */
+/* event_id is a member of s's overflow entry `entry` (at fold_writes_flush). Out of memory:
+ * its member row is written at once. */
+static void member_note(cph_txn *t, delivery_log *u, csession *s, uint64_t entry,
+                        uint64_t event_id) {
+  member_write *m = NULL;
+  for (size_t i = u->n_members; i-- > 0 && !m;)
+    if (u->members[i].session == s && u->members[i].entry == entry)
+      m = &u->members[i];
+  if (!m && u->n_members == u->cap_members) {
+    size_t cap = u->cap_members ? u->cap_members * 2 : 4;
+    member_write *p = realloc(u->members, cap * sizeof *p);
+    if (!p) {
+      inbox_fold_add(t, s->id, entry, event_id);
+      return;
+    }
+    u->members = p;
+    u->cap_members = cap;
+  }
+  if (!m) {
+    m = &u->members[u->n_members++];
+    *m = (member_write){s, entry, NULL, 0, 0};
+  }
+  if (m->n == m->cap) {
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    uint64_t *p = realloc(m->ids, cap * sizeof *p);
+    if (!p) {
+      inbox_fold_add(t, s->id, entry, event_id);
+      return;
+    }
+    m->ids = p;
+    m->cap = cap;
+  }
+  m->ids[m->n++] = event_id;
+}
+
+static void members_free(delivery_log *u) {
+  for (size_t i = 0; i < u->n_members; i++)
+    free(u->members[i].ids);
+  free(u->members);
+  u->members = NULL;
+  u->n_members = u->cap_members = 0;
+}
+
+/* Writes the noted member rows and fold records (in the order noted: a record noted twice,
+ * the later wins), then the noted folded maps from the live inboxes as the request left them. */
 static int fold_writes_flush(cph_txn *t, delivery_log *u) {
+  for (size_t i = 0; i < u->n_members && !t->ret; i++) {
+    member_write *m = &u->members[i];
+    int rc = inbox_fold_add_many(t, m->session->id, m->entry, m->ids, m->n);
+    if (rc && !t->ret)
+      return rc;
+  }
+  members_free(u);
   for (size_t i = 0; i < u->n_folds; i++)
     if (u->folds[i].session)
       inbox_fold_put(t, u->folds[i].session->id, &u->folds[i].it);
@@ -384,7 +446,7 @@ static int overflow_fold(cph_ingest *ig, cph_txn *t, csession *s, delivery_log *
     fold_drop(dl, s, victim.id);
     inbox_fold_move(t, s->id, victim.id, o->id);
   }
-  inbox_fold_add(t, s->id, o->id, victim.event_id);
+  member_note(t, dl, s, o->id, victim.event_id);
   fold_note(t, dl, s, o);
   if (o->mentioned != was_mentioned) /* the rest of its record is as stored */
     put_inbox(t, s->id, o, CPH_INBOX_STAGED);
@@ -898,4 +960,5 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
   free(rq.dl.items);
   free(rq.dl.folds);
   free(rq.dl.folded);
+  members_free(&rq.dl);
 }

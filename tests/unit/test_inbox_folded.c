@@ -1,10 +1,12 @@
 /* The queue cap's folded entries in the store (core/inbox.h, schema 4): an entry folded away
- * keeps its inbox record as written and the session's folded map tells it from a live one.
+ * keeps its inbox record as written and the session's folded map tells it from a live one;
+ * the events one request folds into an overflow entry are one member row.
  *
  * - A restart serves the inboxes as they were: the folded entries stay folded (counted in the
  *   overflow entry, never staged again), the live ones come back, a lease in flight included.
  * - Schema 3 -> 4 at open: a data directory written in the previous layout — every folded
- *   entry's record rewritten with status `folded`, no folded maps — is refused by a plain
+ *   entry's record rewritten with status `folded`, no folded maps, one member row per folded
+ *   event — is refused by a plain
  *   store open, opens through the engine, and serves the same turns as the directory it was
  *   made from: the same entries with the same counts and event ids, every routed event once.
  *
@@ -50,24 +52,36 @@ static int session_index(const char *id) {
   return -1;
 }
 
-static void post(cph_fixture *f, routed *r, const char *chan, const char *mention, int i) {
-  char body[64];
-  snprintf(body, sizeof body, "message %d on %s", i, chan);
+/* One request of n events on chan (numbered from i), the first mentioning `mention`. */
+static void post_n(cph_fixture *f, routed *r, const char *chan, const char *mention, int i,
+                   size_t n) {
+  char body[8][64];
   char *mentions[1] = {(char *)mention};
-  cph_event_in ev = {.channel = (char *)chan, .sender = "carol", .body = body};
+  cph_event_in ev[8];
+  assert_true(n <= 8);
+  for (size_t e = 0; e < n; e++) {
+    snprintf(body[e], sizeof body[e], "message %d on %s", i + (int)e, chan);
+    ev[e] = (cph_event_in){.channel = (char *)chan, .sender = "carol", .body = body[e]};
+  }
   if (mention)
-    ev.mentions = (cph_strv){mentions, 1};
+    ev[0].mentions = (cph_strv){mentions, 1};
   cph_op op = {0};
-  cph_fixture_ingest(f, &ev, 1, &op);
-  const cph_event_result *res = &op.u.ingest.results[0];
-  assert_int_equal(res->status, CPH_EV_QUEUED);
-  assert_true(res->id < MAX_EVENTS);
-  for (size_t j = 0; j < res->sessions.count; j++)
-    r->to[session_index(res->sessions.items[j])][res->id] = 1;
-  if (res->id > r->max_event)
-    r->max_event = res->id;
+  cph_fixture_ingest(f, ev, n, &op);
+  for (size_t e = 0; e < n; e++) {
+    const cph_event_result *res = &op.u.ingest.results[e];
+    assert_int_equal(res->status, CPH_EV_QUEUED);
+    assert_true(res->id < MAX_EVENTS);
+    for (size_t j = 0; j < res->sessions.count; j++)
+      r->to[session_index(res->sessions.items[j])][res->id] = 1;
+    if (res->id > r->max_event)
+      r->max_event = res->id;
+  }
   cph_op_clear_results(&op);
   cph_engine_run_pass(f->e); /* staged from the next pass */
+}
+
+static void post(cph_fixture *f, routed *r, const char *chan, const char *mention, int i) {
+  post_n(f, r, chan, mention, i, 1);
 }
 
 /* Both sessions overflow (a queue of 4), one with a mention among its entries and a lease in
@@ -84,6 +98,7 @@ static void script(cph_fixture *f, routed *r) {
   cph_op_clear_results(&lease);
   for (; i < 14; i++)
     post(f, r, i % 2 ? "general" : "ops", i == 9 ? "ann" : NULL, i);
+  post_n(f, r, "general", NULL, i, 6); /* one request folds several: one member row */
 }
 
 /* Leases and completes until nothing is runnable (a lease in flight at a restart expired and
@@ -148,9 +163,54 @@ static uint32_t queued(cph_fixture *f, const char *session) {
 
 /* ---------------------------------------------------------------- schema 3, as it was */
 
+/* Splits every member row of session's entries that holds several events (schema 4: one row
+ * per request's overflow fold) into one row per event, as schema 3 wrote them. Returns how
+ * many rows were split. */
+static size_t split_member_rows(cph_txn *t, const char *session) {
+  cph_key prefix;
+  cph_key_reset(&prefix);
+  cph_key_str(&prefix, session);
+  typedef struct row {
+    cph_key key;
+    uint64_t more[MAX_EVENTS];
+    size_t n;
+  } row;
+  static row rows[16];
+  size_t n_rows = 0;
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(t, CPH_DB_INBOX_FOLDS, &c), CPH_OK);
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, &prefix, &k, &v);
+       rc == CPH_OK && k.len > prefix.len && !memcmp(k.data, prefix.data, prefix.len);
+       rc = cph_cursor_next(&c, &k, &v)) {
+    if (k.len != prefix.len + 16 || v.len == 0)
+      continue; /* a fold record, the folded map, or a row of one event */
+    assert_true(n_rows < 16 && v.len % 8 == 0 && v.len / 8 <= MAX_EVENTS);
+    row *r = &rows[n_rows++];
+    memcpy(r->key.data, k.data, k.len);
+    r->key.len = k.len;
+    r->key.overflow = false;
+    r->n = v.len / 8;
+    for (size_t i = 0; i < r->n; i++)
+      r->more[i] = cph_be64_get((const uint8_t *)v.data + 8 * i);
+  }
+  cph_cursor_close(&c);
+  for (size_t i = 0; i < n_rows; i++) {
+    assert_int_equal(cph_txn_put(t, CPH_DB_INBOX_FOLDS, &rows[i].key, "", 0), CPH_OK);
+    for (size_t j = 0; j < rows[i].n; j++) {
+      cph_key mk = rows[i].key;
+      mk.len -= 8;
+      cph_key_u64(&mk, rows[i].more[j]);
+      assert_int_equal(cph_txn_put(t, CPH_DB_INBOX_FOLDS, &mk, "", 0), CPH_OK);
+    }
+  }
+  return n_rows;
+}
+
 /* Writes dir's inboxes back as schema 3 held them: every entry a folded map says was folded
  * away gets its record rewritten with status `folded` (what schema 3's ingest did), the maps
- * go, the schema version is 3. Returns how many records were rewritten. */
+ * go, each member row holds one event, the schema version is 3. Returns how many records were
+ * rewritten. */
 static size_t write_schema3(const char *dir) {
   cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
   cph_store *st;
@@ -203,6 +263,7 @@ static size_t write_schema3(const char *dir) {
     cph_key mk = prefix;
     cph_key_u64(&mk, 0);
     assert_int_equal(cph_txn_del(&t, CPH_DB_INBOX_FOLDS, &mk), CPH_OK);
+    assert_true(split_member_rows(&t, SESSIONS[s]) > 0); /* the request-long folds */
   }
   cph_key vk;
   cph_key_reset(&vk);
@@ -268,7 +329,7 @@ static void test_a_schema3_data_dir_opens_and_serves_the_same(void **state) {
   copy_file(from, to);
   size_t folded = write_schema3(b->dir);
   print_message("schema 3: %zu folded records\n", folded);
-  assert_true(folded >= 8); /* 14 events, 4 queued and 1 overflow entry each: most folded */
+  assert_true(folded >= 14); /* 20 events, 4 queued and 1 overflow entry each: most folded */
   cph_store_options so = {b->dir, (size_t)64 << 20, CPH_SYNC_NONE};
   cph_store *st = NULL;
   cph_err err = {0};
