@@ -598,7 +598,6 @@ void dedupe_close(cph_dedupe *d) {
   free(d->undo);
   free(d->pend);
   free(d->pend_at);
-  free(d->order);
   free(d);
 }
 

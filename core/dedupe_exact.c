@@ -23,7 +23,6 @@
  *
  * A value that does not decode is logged with its key and treated as absent (it is an
  * index: the next write replaces it). */
-#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,70 +224,14 @@ static int pend_cmp(const void *a, const void *b) {
   return memcmp(x->sha, y->sha, 32);
 }
 
-/* A held entry's place in key order: its key's first 16 bytes after the tag, as integers. */
-typedef struct dd_order {
-  uint64_t ms;  /* (uint64_t)last_ms: as the key's be64 compares */
-  uint64_t sha; /* the hash's first 8 bytes, big-endian */
-  uint32_t at;  /* index in pend */
-} dd_order;
-
-static uint64_t order_byte(const dd_order *o, int byte) { /* 0..15, least significant first */
-  return byte < 8 ? o->sha >> (8 * byte) & 0xFF : o->ms >> (8 * (byte - 8)) & 0xFF;
-}
-
-/* The held entries' indexes in key order, in d->order (NULL: out of memory, leaving the caller
- * to qsort). An LSD radix sort over (ms, the hash's first 8 bytes) — a byte all keys share is
- * skipped, so the request's few milliseconds cost about 10 passes — then an insertion pass
- * with the whole key, which only moves entries whose first 8 hash bytes tie: O(n) where qsort
- * of the 72-byte entries cost about 1,300 instructions per entry. */
-static const dd_order *order_pend(cph_dedupe *d) {
-  size_t n = d->n_pend;
-  if (n > d->cap_order) {
-    dd_order *o = realloc(d->order, 2 * n * sizeof *o);
-    if (!o)
-      return NULL;
-    d->order = o;
-    d->cap_order = n;
-  }
-  dd_order *a = d->order, *b = d->order + d->cap_order;
-  for (size_t i = 0; i < n; i++)
-    a[i] = (dd_order){(uint64_t)d->pend[i].last_ms, cph_be64_get(d->pend[i].sha), (uint32_t)i};
-  for (int byte = 0; byte < 16; byte++) {
-    size_t count[257] = {0};
-    for (size_t i = 0; i < n; i++)
-      count[order_byte(&a[i], byte) + 1]++;
-    if (count[order_byte(&a[0], byte) + 1] == n)
-      continue; /* every key has this byte */
-    for (int v = 0; v < 256; v++)
-      count[v + 1] += count[v];
-    for (size_t i = 0; i < n; i++)
-      b[count[order_byte(&a[i], byte)]++] = a[i];
-    dd_order *swap = a;
-    a = b;
-    b = swap;
-  }
-  for (size_t i = 1; i < n; i++) /* ties on the first 8 bytes: the whole key decides */
-    for (size_t j = i; j > 0 && pend_cmp(&d->pend[a[j - 1].at], &d->pend[a[j].at]) > 0; j--) {
-      dd_order swap = a[j];
-      a[j] = a[j - 1];
-      a[j - 1] = swap;
-    }
-#ifndef NDEBUG
-  for (size_t i = 1; i < n; i++) /* strictly ascending: one entry per key */
-    assert(pend_cmp(&d->pend[a[i - 1].at], &d->pend[a[i].at]) < 0);
-#endif
-  return a;
-}
-
 int dd_entries_flush(cph_dedupe *d, cph_txn *t) {
   if (!d->batching)
     return t->ret;
   d->batching = false;
-  const dd_order *order = d->n_pend ? order_pend(d) : NULL;
-  if (d->n_pend && !order) /* qsort's array may not be NULL, even empty */
+  if (d->n_pend) /* qsort's array may not be NULL, even empty */
     qsort(d->pend, d->n_pend, sizeof *d->pend, pend_cmp); /* one per key: a total order */
   for (size_t i = 0; i < d->n_pend && !t->ret; i++) {
-    const dd_pending *p = &d->pend[order ? order[i].at : i];
+    const dd_pending *p = &d->pend[i];
     dd_entry e = {p->family, p->event_id, p->first_ms, p->last_ms, p->simhash};
     uint8_t v[ENTRY_LEN];
     entry_encode(&e, v);

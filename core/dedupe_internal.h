@@ -95,10 +95,6 @@ typedef struct cph_dedupe {
   size_t n_pend, cap_pend;
   uint32_t *pend_at;
   size_t cap_pend_at;
-  /* dd_entries_flush's scratch: the held entries' sort keys, twice (the radix sort's two
-   * buffers), cap_order each; kept between requests. */
-  struct dd_order *order;
-  size_t cap_order;
   bool batching;
   /* The exact entries of the window: open addressing, linear probing, a power-of-two table at
    * most 3/4 full; deletes (pruning only) shift the probe chain back, so there are no
