@@ -304,6 +304,7 @@ static void memory_clear(cph_engine *e) {
   e->reports = NULL;
   dedupe_close(e->dedupe);
   e->dedupe = NULL;
+  memory_free(&e->memory); /* a request's held index rows (none between requests) */
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
   chantails_clear(&e->tails);
   trees_cache_clear(&e->trees);

@@ -891,6 +891,7 @@ static void request_rollback(cph_ingest *ig, ingest_req *rq) {
   cph_txn_abort(&rq->t);
   targets_undo(ig, &rq->dl);
   dedupe_rollback(ig->dedupe);
+  memory_batch_forget(ig->memory);
   /* memory_mint counted what did not land */
   memory_embed_queue_set(ig->memory, rq->embed_queue_before);
 }
@@ -915,6 +916,7 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
   if (rc == CPH_OK) {
     rq.embed_queue_before = memory_embed_queue(ig->memory);
     dedupe_savepoint(ig->dedupe, n);
+    memory_batch_begin(ig->memory);
     size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
     for (size_t i = 0; i < n && rc == CPH_OK; i++) {
       const char *body = op->u.ingest.events[i].body;
@@ -928,6 +930,9 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
     }
     if (rc == CPH_OK && dedupe_flush(ig->dedupe, &rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
+    if (rc == CPH_OK && (rc = memory_batch_flush(ig->memory, &rq.t)) != CPH_OK)
+      rc = rq.t.ret ? cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg)
+                    : cph_err_set(&err, rc, "writing the memory index: %s", cph_strerror(rc));
     if (rc == CPH_OK && (rc = fold_writes_flush(&rq.t, &rq.dl)) != CPH_OK)
       rc = rq.t.ret ? cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg)
                     : cph_err_set(&err, rc, "writing the folded inbox entries: %s", cph_strerror(rc));

@@ -25,9 +25,11 @@
  * 3: "context" holds a header and one record per node for each session (core/trees.h); a
  *    schema-2 data dir is migrated at open (cph_store_open_migrating).
  * 4: an inbox entry the queue cap folds away keeps its record as written; the session's
- *    folded map in "inbox_folds" tells it from a live one (core/inbox.h). A schema-3 data
- *    dir opens as it is (its folded entries' records say `folded`): the migration only
- *    records the new version, so that a schema-3 build refuses the data dir. */
+ *    folded map in "inbox_folds" tells it from a live one (core/inbox.h); a member row and a
+ *    "memory_scopes" row may hold what one ingest request wrote (inbox.h, memory.h). A
+ *    schema-3 data dir opens as it is (its folded entries' records say `folded`, its rows
+ *    hold one each): the migration only records the new version, so that a schema-3 build
+ *    refuses the data dir. */
 #define CPH_STORE_SCHEMA_VERSION 4u
 
 /* X(enum suffix, database name) */

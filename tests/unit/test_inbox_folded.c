@@ -6,7 +6,7 @@
  *   overflow entry, never staged again), the live ones come back, a lease in flight included.
  * - Schema 3 -> 4 at open: a data directory written in the previous layout — every folded
  *   entry's record rewritten with status `folded`, no folded maps, one member row per folded
- *   event — is refused by a plain
+ *   event, one scope-index row per memory — is refused by a plain
  *   store open, opens through the engine, and serves the same turns as the directory it was
  *   made from: the same entries with the same counts and event ids, every routed event once.
  *
@@ -161,6 +161,26 @@ static uint32_t queued(cph_fixture *f, const char *session) {
   return n;
 }
 
+/* The memories a search of session's scopes finds for query, as text: one line per hit. */
+static void search(cph_fixture *f, const char *session, const char *query, char *out,
+                   size_t cap) {
+  cph_op op = {0};
+  op.kind = CPH_OP_MEMORY_SEARCH;
+  op.u.search.session = (char *)session;
+  op.u.search.query = (char *)query;
+  op.u.search.k = 50;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  size_t len = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < op.u.search.n_hits; i++) {
+    len += (size_t)snprintf(out + len, cap - len, "%llu %s %s\n",
+                            (unsigned long long)op.u.search.hits[i].id, op.u.search.hits[i].kind,
+                            op.u.search.hits[i].text);
+    assert_true(len < cap);
+  }
+  cph_op_clear_results(&op);
+}
+
 /* ---------------------------------------------------------------- schema 3, as it was */
 
 /* Splits every member row of session's entries that holds several events (schema 4: one row
@@ -207,9 +227,47 @@ static size_t split_member_rows(cph_txn *t, const char *session) {
   return n_rows;
 }
 
+/* Splits every row of the memory scope index that holds several entries (schema 4: one row
+ * per request, scope and class) into one row per memory (key ... id -> be64 source), as
+ * schema 3 wrote them. Returns how many rows were split. */
+static size_t split_scope_rows(cph_txn *t) {
+  typedef struct srow {
+    cph_key key;
+    uint8_t v[8 + 16 * 32];
+    size_t len;
+  } srow;
+  static srow rows[32];
+  size_t n = 0;
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &c), CPH_OK);
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
+    if (v.len <= 8)
+      continue;
+    assert_true(n < 32 && v.len <= sizeof rows[n].v && (v.len - 8) % 16 == 0);
+    memcpy(rows[n].key.data, k.data, k.len);
+    rows[n].key.len = k.len;
+    rows[n].key.overflow = false;
+    memcpy(rows[n].v, v.data, v.len);
+    rows[n].len = v.len;
+    n++;
+  }
+  cph_cursor_close(&c);
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(cph_txn_put(t, CPH_DB_MEMORY_SCOPES, &rows[i].key, rows[i].v, 8), CPH_OK);
+    for (size_t e = 8; e < rows[i].len; e += 16) {
+      cph_key mk = rows[i].key;
+      mk.len -= 8;
+      cph_key_u64(&mk, cph_be64_get(rows[i].v + e));
+      assert_int_equal(cph_txn_put(t, CPH_DB_MEMORY_SCOPES, &mk, rows[i].v + e + 8, 8), CPH_OK);
+    }
+  }
+  return n;
+}
+
 /* Writes dir's inboxes back as schema 3 held them: every entry a folded map says was folded
  * away gets its record rewritten with status `folded` (what schema 3's ingest did), the maps
- * go, each member row holds one event, the schema version is 3. Returns how many records were
+ * go, each member row holds one event, each scope-index row one memory, the schema version is 3. Returns how many records were
  * rewritten. */
 static size_t write_schema3(const char *dir) {
   cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
@@ -265,6 +323,7 @@ static size_t write_schema3(const char *dir) {
     assert_int_equal(cph_txn_del(&t, CPH_DB_INBOX_FOLDS, &mk), CPH_OK);
     assert_true(split_member_rows(&t, SESSIONS[s]) > 0); /* the request-long folds */
   }
+  assert_true(split_scope_rows(&t) > 0); /* the request of 6 minted its memories in one row */
   cph_key vk;
   cph_key_reset(&vk);
   memcpy(vk.data, "schema_version", 14);
@@ -347,6 +406,11 @@ static void test_a_schema3_data_dir_opens_and_serves_the_same(void **state) {
   cph_fixture_open(b);
   for (int s = 0; s < N_SESSIONS; s++)
     assert_int_equal(queued(a, SESSIONS[s]), queued(b, SESSIONS[s]));
+  static char found_a[1 << 14], found_b[1 << 14];
+  search(a, "bob", "message", found_a, sizeof found_a);
+  search(b, "bob", "message", found_b, sizeof found_b);
+  assert_string_equal(found_a, found_b); /* the same memories, read through either index */
+  assert_non_null(strstr(found_b, "message 17 on general"));
   static uint32_t carried_a[N_SESSIONS][MAX_EVENTS], carried_b[N_SESSIONS][MAX_EVENTS];
   memset(carried_a, 0, sizeof carried_a);
   memset(carried_b, 0, sizeof carried_b);
