@@ -68,7 +68,7 @@ void memory_free(cph_memory *m) {
 /* By scope, class, then id: a row's entries together, ascending. */
 static int held_cmp(const void *a, const void *b) {
   const memory_held *x = a, *y = b;
-  int c = strcmp(x->scope, y->scope);
+  int c = x->scope == y->scope ? 0 : strcmp(x->scope, y->scope); /* often one arena copy */
   if (c)
     return c;
   if (x->raw != y->raw)
@@ -82,9 +82,12 @@ int memory_batch_flush(cph_memory *m, cph_txn *t) {
   if (!m->batching)
     return t->ret;
   m->batching = false;
-  for (size_t i = 0; i < m->n_held; i++)
+  bool sorted = true; /* one scope and class, as a request on one channel mints: in order */
+  for (size_t i = 0; i < m->n_held; i++) {
     m->held[i].scope = m->scopes + m->held[i].scope_at;
-  if (m->n_held > 1)
+    sorted = sorted && (i == 0 || held_cmp(&m->held[i - 1], &m->held[i]) < 0);
+  }
+  if (!sorted)
     qsort(m->held, m->n_held, sizeof *m->held, held_cmp);
   uint8_t stack[8 + 16 * ROW_STACK];
   int rc = t->ret;
