@@ -39,7 +39,8 @@ int inbox_folded_get(cph_txn *t, const char *session, inbox_folded *f) {
   if (rc)
     return rc;
   const uint8_t *p = v.data;
-  if (v.len < INBOX_FOLDED_HEAD || (v.len - INBOX_FOLDED_HEAD) % 8 || p[0] != INBOX_FOLDED_VERSION) {
+  if (v.len < INBOX_FOLDED_HEAD || (v.len - INBOX_FOLDED_HEAD) % 8 ||
+      p[0] != INBOX_FOLDED_VERSION) {
     char key[200];
     cph_key_describe(k.data, k.len, key, sizeof key);
     cph_log(CPH_LOG_ERROR,

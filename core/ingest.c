@@ -935,7 +935,8 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
                     : cph_err_set(&err, rc, "writing the memory index: %s", cph_strerror(rc));
     if (rc == CPH_OK && (rc = fold_writes_flush(&rq.t, &rq.dl)) != CPH_OK)
       rc = rq.t.ret ? cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg)
-                    : cph_err_set(&err, rc, "writing the folded inbox entries: %s", cph_strerror(rc));
+                    : cph_err_set(&err, rc, "writing the folded inbox entries: %s",
+                                  cph_strerror(rc));
     if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc) {

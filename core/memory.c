@@ -93,7 +93,8 @@ int memory_batch_flush(cph_memory *m, cph_txn *t) {
   int rc = t->ret;
   for (size_t i = 0, j; i < m->n_held && rc == CPH_OK; i = j) {
     const memory_held *h = &m->held[i];
-    for (j = i + 1; j < m->n_held && m->held[j].raw == h->raw && !strcmp(m->held[j].scope, h->scope);
+    for (j = i + 1; j < m->n_held && m->held[j].raw == h->raw &&
+                    !strcmp(m->held[j].scope, h->scope);
          j++)
       ;
     size_t len = 8 + 16 * (j - i - 1);

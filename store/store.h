@@ -40,7 +40,7 @@
   X(CHANNEL_LOG, "channel_log") /* channel\0 u64 seq -> u64 event id (channel history) */ \
   X(IDEM_KEYS, "idem_keys")   /* idempotency key -> u64 event id + u64 time */           \
   X(INBOX, "inbox")           /* session\0 u64 seq -> inbox message */                   \
-  X(INBOX_FOLDS, "inbox_folds") /* session\0 u64 seq [u64 event] -> fold; seq 0: folded map (inbox.h) */ \
+  X(INBOX_FOLDS, "inbox_folds") /* session\0 u64 seq [u64 event] -> fold (inbox.h) */ \
   X(TURNS, "turns")           /* u64 turn id -> turn */                                  \
   X(ACTIVE_TURNS, "active_turns") /* u64 turn id -> "" while leased (restart expires them) */ \
   X(PARKED_TURNS, "parked_turns") /* u64 turn id -> "" while parked */                   \

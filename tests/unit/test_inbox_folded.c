@@ -267,8 +267,8 @@ static size_t split_scope_rows(cph_txn *t) {
 
 /* Writes dir's inboxes back as schema 3 held them: every entry a folded map says was folded
  * away gets its record rewritten with status `folded` (what schema 3's ingest did), the maps
- * go, each member row holds one event, each scope-index row one memory, the schema version is 3. Returns how many records were
- * rewritten. */
+ * go, each member row holds one event, each scope-index row one memory, the schema version is
+ * 3. Returns how many records were rewritten. */
 static size_t write_schema3(const char *dir) {
   cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
   cph_store *st;

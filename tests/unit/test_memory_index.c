@@ -59,7 +59,8 @@ static size_t walk(const char *dir, bool newest_first, uint64_t *sources) {
   int rc = newest_first ? memory_scope_newest(&c) : memory_scope_oldest(&c);
   size_t n = 0;
   uint64_t last = 0;
-  for (; rc == CPH_OK && c.id; rc = newest_first ? memory_scope_older(&c) : memory_scope_newer(&c)) {
+  for (; rc == CPH_OK && c.id;
+       rc = newest_first ? memory_scope_older(&c) : memory_scope_newer(&c)) {
     assert_true(n < MAX_IDS);
     if (n)
       assert_true(newest_first ? c.id < last : c.id > last);
