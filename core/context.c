@@ -860,44 +860,20 @@ static int stand_in(ctx *c, uint64_t id, cph_memory_rec *out) {
   return CPH_ENOTFOUND;
 }
 
-/* One scope's entries of one class in the memory index (memory_scope_prefix), newest first. */
-typedef struct scope_walk {
-  cph_cursor cur;
-  cph_key prefix;
-  uint64_t id;     /* the entry under the cursor; 0 when the walk is over */
-  uint64_t source; /* its memory's source event, 0 if none (or an index value of old shape) */
-} scope_walk;
-
-static void scope_walk_step(scope_walk *w, int rc, const cph_val *k, const cph_val *v) {
-  w->id = w->source = 0;
-  if (rc == CPH_OK && k->len == w->prefix.len + 8 &&
-      memcmp(k->data, w->prefix.data, w->prefix.len) == 0) {
-    w->id = cph_be64_get((const uint8_t *)k->data + w->prefix.len);
-    if (v->len == 8)
-      w->source = cph_be64_get(v->data);
-  }
-}
+/* One scope's entries of one class in the memory index (memory.h), newest first. */
+typedef memory_scope_cursor scope_walk;
 
 static int scope_walk_open(cph_txn *t, const char *scope, bool raw, scope_walk *w) {
-  memory_scope_prefix(&w->prefix, scope, raw);
-  cph_key end = w->prefix;
-  cph_key_u64(&end, UINT64_MAX);
-  int rc = cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &w->cur);
+  int rc = memory_scope_open(t, scope, raw, w);
+  if (rc == CPH_OK)
+    rc = memory_scope_newest(w);
   if (rc)
-    return rc;
-  cph_val k, v;
-  rc = cph_cursor_seek(&w->cur, &end, &k, &v);
-  rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&w->cur, &k, &v) : rc;
-  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
-    cph_cursor_close(&w->cur);
-    return rc;
-  }
-  scope_walk_step(w, rc, &k, &v);
-  return CPH_OK;
+    memory_scope_close(w);
+  return rc;
 }
 
 /* The newest memory id not yet taken over all walks (merging them), 0 when none is left;
- * *source is its source event. */
+ * *source is its source event. A walk that fails to step ends (as a failed step did). */
 static uint64_t scope_walks_next(scope_walk *w, size_t n, uint64_t *source) {
   size_t best = n;
   for (size_t i = 0; i < n; i++)
@@ -907,9 +883,8 @@ static uint64_t scope_walks_next(scope_walk *w, size_t n, uint64_t *source) {
     return 0;
   uint64_t id = w[best].id;
   *source = w[best].source;
-  cph_val k, v;
-  int rc = cph_cursor_prev(&w[best].cur, &k, &v);
-  scope_walk_step(&w[best], rc, &k, &v);
+  if (memory_scope_older(&w[best]) != CPH_OK)
+    w[best].id = 0;
   return id;
 }
 
@@ -952,7 +927,7 @@ static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t
     cph_record_free(&cph_memory_desc, &m);
   }
   for (size_t i = 0; i < n_walks; i++)
-    cph_cursor_close(&walks[i].cur);
+    memory_scope_close(&walks[i]);
   free(walks);
   return rc;
 }

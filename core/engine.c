@@ -304,6 +304,7 @@ static void memory_clear(cph_engine *e) {
   e->reports = NULL;
   dedupe_close(e->dedupe);
   e->dedupe = NULL;
+  memory_free(&e->memory); /* a request's held index rows (none between requests) */
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
   chantails_clear(&e->tails);
   trees_cache_clear(&e->trees);
@@ -367,6 +368,16 @@ static int memory_load(cph_engine *e, cph_err *err) {
   return CPH_OK;
 }
 
+/* Brings a data dir of schema `found` (2 or 3) up to this build's (store.h): a schema-2 one's
+ * context trees are rewritten one record per node (trees.h); from schema 3 to 4 nothing is
+ * rewritten — a schema-3 inbox's folded entries are told by their records' status, which
+ * load still reads (inbox.h). */
+static int engine_migrate(void *trees, uint32_t found, cph_txn *t, cph_err *err) {
+  if (found <= TREES_MIGRATES_FROM)
+    return trees_migrate(trees, t, err);
+  return t->ret;
+}
+
 int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engine **out,
                     cph_err *err) {
   *out = NULL;
@@ -402,9 +413,8 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   }
   cph_store_options so = {e->env.data_dir, (size_t)policy->server.map_size_mb << 20,
                           sync_mode_of(policy)};
-  /* a schema-2 data dir: its context trees are rewritten one record per node (trees.h) */
-  cph_store_migration trees_v2 = {TREES_MIGRATES_FROM, trees_migrate, &e->trees};
-  rc = cph_store_open_migrating(&so, &trees_v2, &e->env.store, err);
+  cph_store_migration older = {TREES_MIGRATES_FROM, engine_migrate, &e->trees};
+  rc = cph_store_open_migrating(&so, &older, &e->env.store, err);
   if (rc)
     goto fail;
   /* Before memory_load: recovery counts expiries. */

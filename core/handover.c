@@ -194,23 +194,13 @@ static int memory_id_cmp(const void *a, const void *b) {
  * others), newest first, until fn returns false. */
 static int memories_tail(cph_txn *t, const char *scope, bool raw, size_t scan,
                          bool (*fn)(void *ctx, const cph_memory_rec *m), void *ctx) {
-  cph_key prefix, from;
-  memory_scope_prefix(&prefix, scope, raw);
-  from = prefix;
-  cph_key_u64(&from, UINT64_MAX);
-  cph_cursor c;
-  int rc = cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &c);
+  memory_scope_cursor c;
+  int rc = memory_scope_open(t, scope, raw, &c);
   if (rc)
     return rc;
-  cph_val k;
-  rc = cph_cursor_seek(&c, &from, &k, NULL);
-  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, NULL)
-       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, NULL)
-                             : rc;
-  for (size_t n = 0; rc == CPH_OK && n < scan; n++) {
-    if (k.len != prefix.len + 8 || memcmp(k.data, prefix.data, prefix.len) != 0)
-      break;
-    cph_key mk = cph_key_of_u64(cph_be64_get((const uint8_t *)k.data + prefix.len));
+  rc = memory_scope_newest(&c);
+  for (size_t n = 0; rc == CPH_OK && c.id && n < scan; n++) {
+    cph_key mk = cph_key_of_u64(c.id);
     cph_memory_rec m;
     int grc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     if (grc == CPH_OK) {
@@ -222,9 +212,9 @@ static int memories_tail(cph_txn *t, const char *scope, bool raw, size_t scan,
       rc = grc;
       break;
     }
-    rc = cph_cursor_prev(&c, &k, NULL);
+    rc = memory_scope_older(&c);
   }
-  cph_cursor_close(&c);
+  memory_scope_close(&c);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 

@@ -25,6 +25,80 @@ static cph_key entry_key(const char *session, uint64_t inbox_id) {
   return k;
 }
 
+#define INBOX_FOLDED_VERSION 1
+#define INBOX_FOLDED_HEAD 9 /* version, be64 through; then be64 live ids */
+#define INBOX_FOLDED_STACK 64 /* live ids encoded without a malloc */
+
+int inbox_folded_get(cph_txn *t, const char *session, inbox_folded *f) {
+  *f = (inbox_folded){0};
+  cph_key k = entry_key(session, 0);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_INBOX_FOLDS, &k, &v);
+  if (rc == CPH_ENOTFOUND)
+    return CPH_OK;
+  if (rc)
+    return rc;
+  const uint8_t *p = v.data;
+  if (v.len < INBOX_FOLDED_HEAD || (v.len - INBOX_FOLDED_HEAD) % 8 ||
+      p[0] != INBOX_FOLDED_VERSION) {
+    char key[200];
+    cph_key_describe(k.data, k.len, key, sizeof key);
+    cph_log(CPH_LOG_ERROR,
+            "corrupt record in database \"inbox_folds\" at key %s: expected a version %d folded "
+            "map (9 + 8n bytes), got %zu bytes",
+            key, INBOX_FOLDED_VERSION, v.len);
+    return CPH_ECORRUPT;
+  }
+  f->through = cph_be64_get(p + 1);
+  f->live = p + INBOX_FOLDED_HEAD;
+  f->n = (v.len - INBOX_FOLDED_HEAD) / 8;
+  return CPH_OK;
+}
+
+bool inbox_folded_holds(const inbox_folded *f, uint64_t id) {
+  if (id > f->through)
+    return false;
+  size_t lo = 0, hi = f->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    uint64_t m = cph_be64_get(f->live + 8 * mid);
+    if (m == id)
+      return false;
+    if (m < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return true;
+}
+
+int inbox_folded_put(cph_txn *t, const csession *s, uint64_t folded) {
+  inbox_folded old;
+  int rc = inbox_folded_get(t, s->id, &old);
+  if (rc)
+    return rc;
+  uint64_t through = old.through > folded ? old.through : folded;
+  if (!through)
+    return t->ret; /* nothing folded away, ever: no map */
+  size_t n = 0; /* the live inbox is in id order: the entries <= through lead it */
+  while (n < s->n_inbox && s->inbox[n].id <= through)
+    n++;
+  uint8_t stack[INBOX_FOLDED_HEAD + 8 * INBOX_FOLDED_STACK];
+  size_t len = INBOX_FOLDED_HEAD + 8 * n;
+  uint8_t *v = len <= sizeof stack ? stack : malloc(len);
+  if (!v)
+    return CPH_ENOMEM;
+  v[0] = INBOX_FOLDED_VERSION;
+  cph_be64_put(v + 1, through);
+  for (size_t i = 0; i < n; i++)
+    cph_be64_put(v + INBOX_FOLDED_HEAD + 8 * i, s->inbox[i].id);
+  cph_key k = entry_key(s->id, 0);
+  rc = cph_txn_put(t, CPH_DB_INBOX_FOLDS, &k, v, len);
+  if (v != stack)
+    free(v);
+  return rc;
+}
+
 int inbox_fold_put(cph_txn *t, const char *session, const inbox_item *it) {
   uint8_t v[INBOX_FOLD_LEN];
   v[0] = INBOX_FOLD_VERSION;
@@ -42,9 +116,33 @@ int inbox_fold_add(cph_txn *t, const char *session, uint64_t inbox_id, uint64_t 
   return cph_txn_put(t, CPH_DB_INBOX_FOLDS, &k, "", 0);
 }
 
-/* Calls fn for every member row of the entry (in event-id order); stops at the first error. */
-static int members_each(cph_txn *t, const char *session, uint64_t inbox_id,
-                        int (*fn)(void *ctx, uint64_t event_id), void *ctx) {
+#define MEMBERS_STACK 64 /* a member row's further ids encoded without a malloc */
+
+int inbox_fold_add_many(cph_txn *t, const char *session, uint64_t inbox_id,
+                        const uint64_t *event_ids, size_t n) {
+  if (!n)
+    return t->ret;
+  uint8_t stack[8 * MEMBERS_STACK];
+  size_t len = 8 * (n - 1);
+  uint8_t *v = len <= sizeof stack ? stack : malloc(len);
+  if (!v)
+    return CPH_ENOMEM;
+  for (size_t i = 1; i < n; i++)
+    cph_be64_put(v + 8 * (i - 1), event_ids[i]);
+  cph_key k = entry_key(session, inbox_id);
+  cph_key_u64(&k, event_ids[0]);
+  int rc = cph_txn_put(t, CPH_DB_INBOX_FOLDS, &k, v, len);
+  if (v != stack)
+    free(v);
+  return rc;
+}
+
+/* Calls row(ctx, first, more, n_more) for every member row of the entry, in key order (its
+ * first member's id); stops at the first error. A row whose value is not whole ids is
+ * CPH_ECORRUPT, logged with its key. */
+static int member_rows_each(cph_txn *t, const char *session, uint64_t inbox_id,
+                            int (*row)(void *ctx, uint64_t first, const uint8_t *more, size_t n),
+                            void *ctx) {
   cph_key prefix = entry_key(session, inbox_id);
   cph_cursor c;
   int rc = cph_cursor_open(t, CPH_DB_INBOX_FOLDS, &c);
@@ -56,7 +154,17 @@ static int members_each(cph_txn *t, const char *session, uint64_t inbox_id,
       break;
     if (k.len != prefix.len + 8)
       continue; /* the fold record itself */
-    rc = fn(ctx, cph_be64_get((const uint8_t *)k.data + prefix.len));
+    if (v.len % 8) {
+      char key[200];
+      cph_key_describe(k.data, k.len, key, sizeof key);
+      cph_log(CPH_LOG_ERROR,
+              "corrupt record in database \"inbox_folds\" at key %s: a member row of %zu bytes, "
+              "not whole event ids",
+              key, v.len);
+      rc = CPH_ECORRUPT;
+      break;
+    }
+    rc = row(ctx, cph_be64_get((const uint8_t *)k.data + prefix.len), v.data, v.len / 8);
     if (rc)
       break;
   }
@@ -83,17 +191,46 @@ static int id_list_add(void *ctx, uint64_t id) {
   return CPH_OK;
 }
 
+/* Adds every member of a row to the id_list ctx. */
+static int row_ids_add(void *ctx, uint64_t first, const uint8_t *more, size_t n) {
+  int rc = id_list_add(ctx, first);
+  for (size_t i = 0; rc == CPH_OK && i < n; i++)
+    rc = id_list_add(ctx, cph_be64_get(more + 8 * i));
+  return rc;
+}
+
+/* The rows of an entry as collected by inbox_fold_move: each row's first id (its key), and
+ * every member. */
+typedef struct rows_list {
+  id_list keys, ids;
+} rows_list;
+
+static int rows_add(void *ctx, uint64_t first, const uint8_t *more, size_t n) {
+  rows_list *r = ctx;
+  int rc = id_list_add(&r->keys, first);
+  return rc ? rc : row_ids_add(&r->ids, first, more, n);
+}
+
+static int ids_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 int inbox_fold_move(cph_txn *t, const char *session, uint64_t from, uint64_t to) {
   /* Collected first: the cursor must not walk rows this very loop writes. */
-  id_list l = {0};
-  int rc = members_each(t, session, from, id_list_add, &l);
-  for (size_t i = 0; rc == CPH_OK && i < l.n; i++) {
+  rows_list r = {0};
+  int rc = member_rows_each(t, session, from, rows_add, &r);
+  for (size_t i = 0; rc == CPH_OK && i < r.keys.n; i++) {
     cph_key k = entry_key(session, from);
-    cph_key_u64(&k, l.ids[i]);
-    cph_txn_del(t, CPH_DB_INBOX_FOLDS, &k);
-    rc = inbox_fold_add(t, session, to, l.ids[i]);
+    cph_key_u64(&k, r.keys.ids[i]);
+    rc = cph_txn_del(t, CPH_DB_INBOX_FOLDS, &k);
   }
-  free(l.ids);
+  if (rc == CPH_OK && r.ids.n) { /* one row under `to`, in id order */
+    qsort(r.ids.ids, r.ids.n, sizeof *r.ids.ids, ids_cmp);
+    rc = inbox_fold_add_many(t, session, to, r.ids.ids, r.ids.n);
+  }
+  free(r.keys.ids);
+  free(r.ids.ids);
   if (rc == CPH_OK) {
     cph_key k = entry_key(session, from);
     rc = cph_txn_del(t, CPH_DB_INBOX_FOLDS, &k);
@@ -138,7 +275,9 @@ int inbox_fold_events(cph_txn *t, const char *session, const inbox_item *it, uin
   id_list l = {0};
   int rc = id_list_add(&l, it->event_id);
   if (rc == CPH_OK && it->count > 1)
-    rc = members_each(t, session, it->id, id_list_add, &l);
+    rc = member_rows_each(t, session, it->id, row_ids_add, &l);
+  if (rc == CPH_OK && l.n > 2) /* the members in id order, whatever rows hold them */
+    qsort(l.ids + 1, l.n - 1, sizeof *l.ids, ids_cmp);
   if (rc) {
     free(l.ids);
     *ids = NULL;

@@ -139,14 +139,36 @@ typedef struct fold_write {
   inbox_item it;
 } fold_write;
 
+/* A session whose entries the queue cap folded away in this request: its folded map
+ * (inbox_folded_put) is written once, when the request's events are all in. */
+typedef struct folded_write {
+  csession *session;
+  uint64_t through; /* the highest entry id folded away */
+} folded_write;
+
+/* The events a request's queue cap folded into one overflow entry: written as one member row
+ * (inbox_fold_add_many) when the request's events are all in. Nothing reads an overflow
+ * entry's members while the request runs (only a lease does). */
+typedef struct member_write {
+  csession *session;
+  uint64_t entry;
+  uint64_t *ids;
+  size_t n, cap;
+} member_write;
+
 /* What a request's deliveries did, for the rest of the request: the undo log (a failed
- * request puts the live inboxes back), the queue cap's counts, the fold records to write. */
+ * request puts the live inboxes back), the queue cap's counts, the fold records, member rows
+ * and folded maps to write. */
 typedef struct delivery_log {
   inbox_undo *items;
   size_t n, cap;
   queued_memos queued;
   fold_write *folds;
   size_t n_folds, cap_folds;
+  folded_write *folded;
+  size_t n_folded, cap_folded;
+  member_write *members;
+  size_t n_members, cap_members;
 } delivery_log;
 
 static int undo_note(delivery_log *u, csession *s, undo_kind kind, const inbox_item *it,
@@ -195,12 +217,92 @@ static void fold_drop(delivery_log *u, const csession *s, uint64_t id) {
       u->folds[i].session = NULL;
 }
 
-/* Writes the noted fold records, in the order noted (a record noted twice: the later wins). */
+/* The queue cap folded entry id of s away: s's folded map is to cover it (at
+ * fold_writes_flush). Out of memory: the entry's record is rewritten `folded` at once, which
+ * load skips as well (inbox.h). */
+static void folded_note(cph_txn *t, delivery_log *u, csession *s, const inbox_item *victim) {
+  for (size_t i = 0; i < u->n_folded; i++)
+    if (u->folded[i].session == s) {
+      if (victim->id > u->folded[i].through)
+        u->folded[i].through = victim->id;
+      return;
+    }
+  if (u->n_folded == u->cap_folded) {
+    size_t cap = u->cap_folded ? u->cap_folded * 2 : 4;
+    folded_write *p = realloc(u->folded, cap * sizeof *p);
+    if (!p) {
+      put_inbox(t, s->id, victim, CPH_INBOX_FOLDED);
+      return;
+    }
+    u->folded = p;
+    u->cap_folded = cap;
+  }
+  u->folded[u->n_folded++] = (folded_write){s, victim->id};
+}
+
+/* event_id is a member of s's overflow entry `entry` (at fold_writes_flush). Out of memory:
+ * its member row is written at once. */
+static void member_note(cph_txn *t, delivery_log *u, csession *s, uint64_t entry,
+                        uint64_t event_id) {
+  member_write *m = NULL;
+  for (size_t i = u->n_members; i-- > 0 && !m;)
+    if (u->members[i].session == s && u->members[i].entry == entry)
+      m = &u->members[i];
+  if (!m && u->n_members == u->cap_members) {
+    size_t cap = u->cap_members ? u->cap_members * 2 : 4;
+    member_write *p = realloc(u->members, cap * sizeof *p);
+    if (!p) {
+      inbox_fold_add(t, s->id, entry, event_id);
+      return;
+    }
+    u->members = p;
+    u->cap_members = cap;
+  }
+  if (!m) {
+    m = &u->members[u->n_members++];
+    *m = (member_write){s, entry, NULL, 0, 0};
+  }
+  if (m->n == m->cap) {
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    uint64_t *p = realloc(m->ids, cap * sizeof *p);
+    if (!p) {
+      inbox_fold_add(t, s->id, entry, event_id);
+      return;
+    }
+    m->ids = p;
+    m->cap = cap;
+  }
+  m->ids[m->n++] = event_id;
+}
+
+static void members_free(delivery_log *u) {
+  for (size_t i = 0; i < u->n_members; i++)
+    free(u->members[i].ids);
+  free(u->members);
+  u->members = NULL;
+  u->n_members = u->cap_members = 0;
+}
+
+/* Writes the noted member rows and fold records (in the order noted: a record noted twice,
+ * the later wins), then the noted folded maps from the live inboxes as the request left them. */
 static int fold_writes_flush(cph_txn *t, delivery_log *u) {
+  for (size_t i = 0; i < u->n_members && !t->ret; i++) {
+    member_write *m = &u->members[i];
+    int rc = inbox_fold_add_many(t, m->session->id, m->entry, m->ids, m->n);
+    if (rc && !t->ret)
+      return rc;
+  }
+  members_free(u);
   for (size_t i = 0; i < u->n_folds; i++)
     if (u->folds[i].session)
       inbox_fold_put(t, u->folds[i].session->id, &u->folds[i].it);
   u->n_folds = 0;
+  for (size_t i = 0; i < u->n_folded && !t->ret; i++) {
+    int rc = inbox_folded_put(t, u->folded[i].session, u->folded[i].through);
+    if (rc && !t->ret)
+      return rc;
+  }
+  u->n_folded = 0;
   return t->ret;
 }
 
@@ -344,11 +446,11 @@ static int overflow_fold(cph_ingest *ig, cph_txn *t, csession *s, delivery_log *
     fold_drop(dl, s, victim.id);
     inbox_fold_move(t, s->id, victim.id, o->id);
   }
-  inbox_fold_add(t, s->id, o->id, victim.event_id);
+  member_note(t, dl, s, o->id, victim.event_id);
   fold_note(t, dl, s, o);
   if (o->mentioned != was_mentioned) /* the rest of its record is as stored */
     put_inbox(t, s->id, o, CPH_INBOX_STAGED);
-  put_inbox(t, s->id, &victim, CPH_INBOX_FOLDED);
+  folded_note(t, dl, s, &victim); /* its record stays as written: the folded map tells */
   csession_inbox_remove(s, (uint32_t)v);
   *removed = true;
   s->folded += victim.count;
@@ -789,6 +891,7 @@ static void request_rollback(cph_ingest *ig, ingest_req *rq) {
   cph_txn_abort(&rq->t);
   targets_undo(ig, &rq->dl);
   dedupe_rollback(ig->dedupe);
+  memory_batch_forget(ig->memory);
   /* memory_mint counted what did not land */
   memory_embed_queue_set(ig->memory, rq->embed_queue_before);
 }
@@ -813,6 +916,7 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
   if (rc == CPH_OK) {
     rq.embed_queue_before = memory_embed_queue(ig->memory);
     dedupe_savepoint(ig->dedupe, n);
+    memory_batch_begin(ig->memory);
     size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
     for (size_t i = 0; i < n && rc == CPH_OK; i++) {
       const char *body = op->u.ingest.events[i].body;
@@ -826,8 +930,13 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
     }
     if (rc == CPH_OK && dedupe_flush(ig->dedupe, &rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
-    if (rc == CPH_OK && fold_writes_flush(&rq.t, &rq.dl) != CPH_OK)
-      rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
+    if (rc == CPH_OK && (rc = memory_batch_flush(ig->memory, &rq.t)) != CPH_OK)
+      rc = rq.t.ret ? cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg)
+                    : cph_err_set(&err, rc, "writing the memory index: %s", cph_strerror(rc));
+    if (rc == CPH_OK && (rc = fold_writes_flush(&rq.t, &rq.dl)) != CPH_OK)
+      rc = rq.t.ret ? cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg)
+                    : cph_err_set(&err, rc, "writing the folded inbox entries: %s",
+                                  cph_strerror(rc));
     if (rc == CPH_OK && cph_txn_commit(&rq.t) != CPH_OK)
       rc = cph_err_set(&err, rq.t.ret, "%s", rq.t.err.msg);
     if (rc) {
@@ -856,4 +965,6 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
   free(rq.after);
   free(rq.dl.items);
   free(rq.dl.folds);
+  free(rq.dl.folded);
+  members_free(&rq.dl);
 }

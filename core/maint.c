@@ -522,18 +522,13 @@ static int apply_retention(cph_maint *m, cph_txn *t) {
  * for among the "other" (non-raw) memories of the scope: O(summaries and aggregates of one
  * channel), for a maintenance job. 0 when there is none. */
 static uint64_t family_memory_find(cph_txn *t, const char *scope, const char *tag) {
-  cph_key prefix;
-  memory_scope_prefix(&prefix, scope, false);
-  cph_cursor c;
-  if (cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &c))
+  memory_scope_cursor c;
+  if (memory_scope_open(t, scope, false, &c))
     return 0;
   uint64_t found = 0;
-  cph_val k, v;
-  for (int rc = cph_cursor_seek(&c, &prefix, &k, &v); rc == CPH_OK && !found;
-       rc = cph_cursor_next(&c, &k, &v)) {
-    if (k.len != prefix.len + 8 || memcmp(k.data, prefix.data, prefix.len) != 0)
-      break;
-    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix.len);
+  for (int rc = memory_scope_oldest(&c); rc == CPH_OK && c.id && !found;
+       rc = memory_scope_newer(&c)) {
+    uint64_t id = c.id;
     cph_key mk = cph_key_of_u64(id);
     cph_memory_rec m;
     if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
@@ -543,7 +538,7 @@ static uint64_t family_memory_find(cph_txn *t, const char *scope, const char *ta
         found = id;
     cph_record_free(&cph_memory_desc, &m);
   }
-  cph_cursor_close(&c);
+  memory_scope_close(&c);
   return found;
 }
 

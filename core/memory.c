@@ -13,6 +13,220 @@ static uint32_t tokens_estimate(const char *text) {
   return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 }
 
+/* ---------------------------------------------------------------- a request's index rows */
+
+/* Holds (scope, raw, id, source) for memory_batch_flush. CPH_ENOMEM: not held. */
+static int held_add(cph_memory *m, const char *scope, bool raw, uint64_t id, uint64_t source) {
+  if (m->n_held == m->cap_held) {
+    size_t cap = m->cap_held ? m->cap_held * 2 : 256;
+    memory_held *p = realloc(m->held, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    m->held = p;
+    m->cap_held = cap;
+  }
+  /* the previous entry's scope, usually the same, else a copy at the arena's end */
+  bool same = m->n_held && strcmp(m->scopes + m->held[m->n_held - 1].scope_at, scope) == 0;
+  size_t at = same ? m->held[m->n_held - 1].scope_at : m->scopes_len;
+  if (!same) {
+    size_t len = strlen(scope) + 1;
+    if (m->scopes_len + len > m->scopes_cap) {
+      size_t cap = m->scopes_cap ? m->scopes_cap * 2 : 4096;
+      while (cap < m->scopes_len + len)
+        cap *= 2;
+      char *p = realloc(m->scopes, cap);
+      if (!p)
+        return CPH_ENOMEM;
+      m->scopes = p;
+      m->scopes_cap = cap;
+    }
+    memcpy(m->scopes + m->scopes_len, scope, len);
+    m->scopes_len += len;
+  }
+  m->held[m->n_held++] = (memory_held){at, NULL, raw, id, source};
+  return CPH_OK;
+}
+
+void memory_batch_begin(cph_memory *m) {
+  m->n_held = m->scopes_len = 0;
+  m->batching = true;
+}
+
+void memory_batch_forget(cph_memory *m) {
+  m->n_held = m->scopes_len = 0;
+  m->batching = false;
+}
+
+void memory_free(cph_memory *m) {
+  free(m->held);
+  free(m->scopes);
+  m->held = NULL;
+  m->scopes = NULL;
+  m->n_held = m->cap_held = m->scopes_len = m->scopes_cap = 0;
+  m->batching = false;
+}
+
+/* By scope, class, then id: a row's entries together, ascending. */
+static int held_cmp(const void *a, const void *b) {
+  const memory_held *x = a, *y = b;
+  int c = x->scope == y->scope ? 0 : strcmp(x->scope, y->scope); /* often one arena copy */
+  if (c)
+    return c;
+  if (x->raw != y->raw)
+    return x->raw ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+#define ROW_STACK 64 /* entries of a row encoded without a malloc */
+
+int memory_batch_flush(cph_memory *m, cph_txn *t) {
+  if (!m->batching)
+    return t->ret;
+  m->batching = false;
+  bool sorted = true; /* one scope and class, as a request on one channel mints: in order */
+  for (size_t i = 0; i < m->n_held; i++) {
+    m->held[i].scope = m->scopes + m->held[i].scope_at;
+    sorted = sorted && (i == 0 || held_cmp(&m->held[i - 1], &m->held[i]) < 0);
+  }
+  if (!sorted)
+    qsort(m->held, m->n_held, sizeof *m->held, held_cmp);
+  uint8_t stack[8 + 16 * ROW_STACK];
+  int rc = t->ret;
+  for (size_t i = 0, j; i < m->n_held && rc == CPH_OK; i = j) {
+    const memory_held *h = &m->held[i];
+    for (j = i + 1; j < m->n_held && m->held[j].raw == h->raw &&
+                    !strcmp(m->held[j].scope, h->scope);
+         j++)
+      ;
+    size_t len = 8 + 16 * (j - i - 1);
+    uint8_t *v = len <= sizeof stack ? stack : malloc(len);
+    if (!v) {
+      rc = CPH_ENOMEM;
+      break;
+    }
+    cph_be64_put(v, h->source);
+    for (size_t e = i + 1; e < j; e++) {
+      cph_be64_put(v + 8 + 16 * (e - i - 1), m->held[e].id);
+      cph_be64_put(v + 16 + 16 * (e - i - 1), m->held[e].source);
+    }
+    cph_key sk;
+    memory_scope_prefix(&sk, h->scope, h->raw);
+    cph_key_u64(&sk, h->id);
+    rc = cph_txn_put(t, CPH_DB_MEMORY_SCOPES, &sk, v, len);
+    if (v != stack)
+      free(v);
+  }
+  m->n_held = m->scopes_len = 0;
+  return rc;
+}
+
+/* ---------------------------------------------------------------- reading the index */
+
+int memory_scope_open(cph_txn *t, const char *scope, bool raw, memory_scope_cursor *sc) {
+  memset(sc, 0, sizeof *sc);
+  memory_scope_prefix(&sc->prefix, scope, raw);
+  return cph_cursor_open(t, CPH_DB_MEMORY_SCOPES, &sc->cur);
+}
+
+void memory_scope_close(memory_scope_cursor *sc) {
+  cph_cursor_close(&sc->cur);
+  free(sc->row);
+  sc->row = NULL;
+  sc->row_cap = 0;
+}
+
+/* Entry `at` of the row under the cursor into id, source. */
+static void scope_entry(memory_scope_cursor *sc, size_t at) {
+  sc->at = at;
+  if (at == 0) {
+    sc->id = sc->first;
+    sc->source = sc->source0;
+    return;
+  }
+  sc->id = cph_be64_get(sc->row + 16 * (at - 1));
+  sc->source = cph_be64_get(sc->row + 8 + 16 * (at - 1));
+}
+
+/* Takes the row the cursor answered (rc, k, v): its entries, the cursor at its first
+ * (newest: false) or last. A row outside the scope's class, or no row: id 0. */
+static int scope_row(memory_scope_cursor *sc, int rc, const cph_val *k, const cph_val *v,
+                     bool newest) {
+  sc->id = sc->source = 0;
+  sc->n = sc->at = 0;
+  if (rc == CPH_ENOTFOUND)
+    return CPH_OK;
+  if (rc)
+    return rc;
+  if (k->len != sc->prefix.len + 8 || memcmp(k->data, sc->prefix.data, sc->prefix.len) != 0)
+    return CPH_OK;
+  sc->first = cph_be64_get((const uint8_t *)k->data + sc->prefix.len);
+  sc->source0 = 0;
+  sc->n = 1;
+  if (v->len >= 8 && (v->len - 8) % 16 == 0) { /* else an index value of an old shape */
+    sc->source0 = cph_be64_get(v->data);
+    size_t more = v->len - 8;
+    if (more > sc->row_cap) {
+      uint8_t *p = realloc(sc->row, more);
+      if (!p)
+        return CPH_ENOMEM;
+      sc->row = p;
+      sc->row_cap = more;
+    }
+    if (more)
+      memcpy(sc->row, (const uint8_t *)v->data + 8, more);
+    sc->n += more / 16;
+  }
+  scope_entry(sc, newest ? sc->n - 1 : 0);
+  return CPH_OK;
+}
+
+int memory_scope_newest(memory_scope_cursor *sc) {
+  cph_key end = sc->prefix;
+  cph_key_u64(&end, UINT64_MAX);
+  if (end.overflow) { /* a scope too long to be stored has no memories */
+    sc->id = 0;
+    return CPH_OK;
+  }
+  cph_val k, v;
+  int rc = cph_cursor_seek(&sc->cur, &end, &k, &v);
+  rc = rc == CPH_OK         ? cph_cursor_prev(&sc->cur, &k, &v)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&sc->cur, &k, &v)
+                             : rc;
+  return scope_row(sc, rc, &k, &v, true);
+}
+
+int memory_scope_oldest(memory_scope_cursor *sc) {
+  cph_val k, v;
+  int rc = cph_cursor_seek(&sc->cur, &sc->prefix, &k, &v);
+  return scope_row(sc, rc, &k, &v, false);
+}
+
+int memory_scope_older(memory_scope_cursor *sc) {
+  if (!sc->id)
+    return CPH_OK;
+  if (sc->at > 0) {
+    scope_entry(sc, sc->at - 1);
+    return CPH_OK;
+  }
+  cph_val k, v;
+  int rc = cph_cursor_prev(&sc->cur, &k, &v);
+  return scope_row(sc, rc, &k, &v, true);
+}
+
+int memory_scope_newer(memory_scope_cursor *sc) {
+  if (!sc->id)
+    return CPH_OK;
+  if (sc->at + 1 < sc->n) {
+    scope_entry(sc, sc->at + 1);
+    return CPH_OK;
+  }
+  cph_val k, v;
+  int rc = cph_cursor_next(&sc->cur, &k, &v);
+  return scope_row(sc, rc, &k, &v, false);
+}
+
+/* ---------------------------------------------------------------- minting */
+
 int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, const char *text,
                 uint64_t source_event_id, bool embed, uint64_t *id_out) {
   uint64_t id = 0;
@@ -32,7 +246,9 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
   cph_key_reset(&k);
   cph_key_u64(&k, id);
   rc = cph_txn_append_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m); /* ids ascend */
-  if (rc == CPH_OK) { /* turns read their scopes' memories through this index (context.c) */
+  if (rc == CPH_OK && !(mem->batching && held_add(mem, scope, kind == CPH_MEMORY_RAW, id,
+                                                    source_event_id) == CPH_OK)) {
+    /* turns read their scopes' memories through this index (context.c) */
     cph_key sk;
     memory_scope_prefix(&sk, scope, kind == CPH_MEMORY_RAW);
     cph_key_u64(&sk, id);

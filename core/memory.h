@@ -1,7 +1,8 @@
 /* Memories (DESIGN §7): minting, tags, and the embed queue they join. Private to core/.
- * Retrieval is search.c's. The module's in-memory state is two facts, the number of memories
- * waiting for an embedding and the accesses not yet written into the memories' records
- * (memaccess.h); it owns them (cph_memory) and others read or change them only through the
+ * Retrieval is search.c's. The module's in-memory state is three facts: the number of memories
+ * waiting for an embedding, the accesses not yet written into the memories' records
+ * (memaccess.h), and the scope-index entries of the ingest request being applied (held until
+ * its end); it owns them (cph_memory) and others read or change them only through the
  * functions here and in memaccess.h. */
 #ifndef CEPHALON_CORE_MEMORY_H
 #define CEPHALON_CORE_MEMORY_H
@@ -12,10 +13,25 @@
 #include "memaccess.h"
 #include "store/store.h"
 
+/* A scope-index entry a request minted, held until memory_batch_flush (memory_mint). */
+typedef struct memory_held {
+  size_t scope_at;   /* its scope's name: at this offset in the batch's arena (scopes) */
+  const char *scope; /* the same, as a pointer: set by the flush */
+  bool raw;
+  uint64_t id, source;
+} memory_held;
+
 typedef struct cph_memory {
   uint64_t embed_queue_len; /* memories waiting for an embedding (recounted at open) */
   cph_memaccess access;     /* accesses counted, not yet in the records (kept through a failed
                              * commit: memaccess_pass_end drops that pass's part) */
+  /* Between memory_batch_begin and memory_batch_flush/forget (one ingest request): the scope
+   * index entries minted, written as one row per scope and class at the flush. */
+  bool batching;
+  memory_held *held;
+  size_t n_held, cap_held;
+  char *scopes; /* the held entries' scope names, NUL-terminated, one after the other */
+  size_t scopes_len, scopes_cap;
 } cph_memory;
 
 /* The embed queue: its length, set from the store at open (the count LMDB keeps), and the n
@@ -52,11 +68,44 @@ int memory_set_text(cph_memory *m, cph_txn *t, uint64_t id, const char *text);
  * others (summaries, aggregates), so a turn can fill each part of its memory budget without
  * reading through the other: key = scope\0 "raw"|"other"\0 u64 memory id -> be64 source event
  * id (0 = none), so a turn skips memories of events it already shows without reading them.
- * This is the key prefix. */
+ * Schema 4: a row may hold the entries one ingest request minted in its scope and class — its
+ * key the smallest id, its value that id's source and then (be64 id, be64 source) for each
+ * further id, ascending. Rows never overlap in ids (a request's ids are all newer than the
+ * rows before it), so rows in key order and entries in row order are id order. Read it
+ * through memory_scope_cursor only. This is the key prefix. */
 static inline void memory_scope_prefix(cph_key *k, const char *scope, bool raw) {
   cph_key_reset(k);
   cph_key_str(k, scope);
   cph_key_str(k, raw ? "raw" : "other");
 }
+
+/* Holds memory_mint's scope-index entries until memory_batch_flush writes them (one row per
+ * scope and class); memory_batch_forget drops them (the request failed). Nothing may read the
+ * scope index in between. Out of memory while holding: entries are written at once. */
+void memory_batch_begin(cph_memory *m);
+int memory_batch_flush(cph_memory *m, cph_txn *t);
+void memory_batch_forget(cph_memory *m);
+void memory_free(cph_memory *m);
+
+/* One scope's entries of one class in the scope index, one entry at a time whatever rows hold
+ * them. After open, position with newest or oldest, then step; `id` is the entry under it, 0
+ * when there is none (past either end of the scope's class). `source` is its source event (0
+ * if none, or a value of an old shape). Each call CPH_OK or the store's error. */
+typedef struct memory_scope_cursor {
+  cph_cursor cur;
+  cph_key prefix;
+  uint64_t id, source;
+  uint64_t first, source0; /* the row's first entry (its key's id) */
+  uint8_t *row; /* the row's further entries (a copy: writes in the txn may move the store's) */
+  size_t row_cap;
+  size_t n, at; /* entries in the row, and which is under the cursor */
+} memory_scope_cursor;
+
+int memory_scope_open(cph_txn *t, const char *scope, bool raw, memory_scope_cursor *sc);
+int memory_scope_newest(memory_scope_cursor *sc);
+int memory_scope_oldest(memory_scope_cursor *sc);
+int memory_scope_older(memory_scope_cursor *sc);
+int memory_scope_newer(memory_scope_cursor *sc);
+void memory_scope_close(memory_scope_cursor *sc);
 
 #endif

@@ -407,24 +407,14 @@ static uint64_t oldest_pending(cph_txn *t) {
  * caps. Gone memories are skipped (their summaries are newer, and read on their own). */
 static int lexical_walk(search_ctx *s, const char *scope, bool raw, uint64_t pending_from,
                         size_t *budget) {
-  cph_key prefix;
-  memory_scope_prefix(&prefix, scope, raw);
-  cph_key end = prefix;
-  cph_key_u64(&end, UINT64_MAX);
-  if (end.overflow)
-    return CPH_OK; /* a scope too long to be stored has no memories */
-  cph_cursor c;
-  int rc = cph_cursor_open(s->t, CPH_DB_MEMORY_SCOPES, &c);
+  memory_scope_cursor c; /* a scope too long to be stored has no memories: id 0 */
+  int rc = memory_scope_open(s->t, scope, raw, &c);
   if (rc)
     return rc;
-  cph_val k, v;
-  rc = cph_cursor_seek(&c, &end, &k, &v);
-  rc = rc == CPH_OK || rc == CPH_ENOTFOUND ? cph_cursor_prev(&c, &k, &v) : rc;
-  for (size_t read = 0; rc == CPH_OK && *budget > 0 && read < LEX_WALK_MAX;
-       rc = cph_cursor_prev(&c, &k, &v)) {
-    if (k.len != prefix.len + 8 || memcmp(k.data, prefix.data, prefix.len) != 0)
-      break; /* past the scope's class */
-    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix.len);
+  rc = memory_scope_newest(&c);
+  for (size_t read = 0; rc == CPH_OK && c.id && *budget > 0 && read < LEX_WALK_MAX;
+       rc = memory_scope_older(&c)) {
+    uint64_t id = c.id;
     if (read >= LEX_RECENT && id < pending_from)
       break;
     read++;
@@ -442,7 +432,7 @@ static int lexical_walk(search_ctx *s, const char *scope, bool raw, uint64_t pen
     if (lex > 0 && (rc = cands_push(&s->c, (cand){id, 0, lex, 0, false})) != CPH_OK)
       break;
   }
-  cph_cursor_close(&c);
+  memory_scope_close(&c);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 

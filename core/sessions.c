@@ -903,6 +903,8 @@ static int load_inbox(cph_sessions *ss, cph_txn *t, cph_err *err) {
   cph_cursor c;
   cph_val k, v;
   int rc = cph_cursor_open(t, CPH_DB_INBOX, &c);
+  const csession *mapped = NULL; /* the session whose folded map `folded` is */
+  inbox_folded folded = {0};
   for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK;
        rc = cph_cursor_next(&c, &k, &v)) {
     cph_inbox_rec r;
@@ -915,10 +917,23 @@ static int load_inbox(cph_sessions *ss, cph_txn *t, cph_err *err) {
                          key, derr.msg);
     }
     csession *s = sessions_get(ss, r.session);
-    if (s && (r.status == CPH_INBOX_PENDING || r.status == CPH_INBOX_STAGED)) {
-      /* The inbox id is the key's trailing u64. */
+    if (s && s != mapped && (r.status == CPH_INBOX_PENDING || r.status == CPH_INBOX_STAGED)) {
+      /* a session's records are contiguous (the key leads with it): its map is read once */
+      mapped = s;
+      int frc = inbox_folded_get(t, s->id, &folded);
+      if (frc) {
+        cph_record_free(&cph_inbox_desc, &r);
+        cph_cursor_close(&c);
+        return cph_err_set(err, frc, "inbox of session '%s': cannot read its folded map: %s",
+                           s->id, cph_strerror(frc));
+      }
+    }
+    /* The inbox id is the key's trailing u64. */
+    uint64_t inbox_id = cph_be64_get((const uint8_t *)k.data + k.len - 8);
+    if (s && (r.status == CPH_INBOX_PENDING || r.status == CPH_INBOX_STAGED) &&
+        !inbox_folded_holds(&folded, inbox_id)) {
       inbox_item it = {0};
-      it.id = cph_be64_get((const uint8_t *)k.data + k.len - 8);
+      it.id = inbox_id;
       it.event_id = r.event_id;
       it.status = r.status;
       it.mentioned = r.mentioned;

@@ -1301,15 +1301,25 @@ static void turn_requeue(cph_turns *tu, cph_op *op) {
   cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   cph_txn_del(&t, CPH_DB_PARKED_TURNS, &tk);
   cph_record_free(&cph_turn_desc, &tr);
-  if (!back || cph_txn_commit(&t)) {
+  /* Live again before the commit: the session's folded map, if it has one, is rewritten from
+   * the live inbox, and must list these (their ids may be below its `through`, inbox.h). */
+  size_t pushed = 0;
+  while (back && pushed < n && csession_inbox_push(s, &back[pushed]) == CPH_OK)
+    pushed++;
+  rc = back && pushed == n ? inbox_folded_put(&t, s, 0) : CPH_ENOMEM;
+  if (rc || cph_txn_commit(&t)) {
     if (t.mdb)
       cph_txn_abort(&t);
-    op_fail(op, t.ret ? t.ret : CPH_ENOMEM, NULL, "%s", t.err.msg);
+    for (size_t i = 0; i < pushed; i++) {
+      int at = inbox_index(s, back[i].id);
+      if (at >= 0)
+        csession_inbox_remove(s, (uint32_t)at);
+    }
+    op_fail(op, t.ret ? t.ret : rc ? rc : CPH_ENOMEM, NULL, "%s",
+            t.err.msg[0] ? t.err.msg : cph_strerror(t.ret ? t.ret : rc ? rc : CPH_ENOMEM));
     free(back);
     return;
   }
-  for (size_t i = 0; i < n; i++)
-    csession_inbox_push(s, &back[i]);
   free(back);
   sessions_update_work(tu->sessions, s);
 }

@@ -110,8 +110,8 @@ static int lock_dir(const char *dir, int *fd_out, cph_err *err) {
 }
 
 /* Opens every named database and checks (or, on a new environment, writes) the schema
- * version. *migrate_from gets m->from when the data dir is of that version (left to
- * migrate), else stays 0. */
+ * version. *migrate_from gets the data dir's version when m migrates it (m->from or later,
+ * older than this build's), else stays 0. */
 static int open_databases(cph_store *s, const cph_store_migration *m, uint32_t *migrate_from,
                           cph_err *err) {
   MDB_txn *txn;
@@ -153,7 +153,7 @@ static int open_databases(cph_store *s, const cph_store_migration *m, uint32_t *
     goto fail;
   } else {
     uint32_t found = cph_be32_get(val.mv_data);
-    if (m && m->from && found == m->from && found != CPH_STORE_SCHEMA_VERSION) {
+    if (m && m->from && found >= m->from && found < CPH_STORE_SCHEMA_VERSION) {
       *migrate_from = found;
     } else if (found != CPH_STORE_SCHEMA_VERSION) {
       cph_err_set(err, CPH_ESCHEMA,
@@ -178,11 +178,11 @@ static unsigned env_flags_for(cph_sync_mode mode) {
 }
 
 /* Runs m in one write txn that also records this build's schema version. */
-static int migrate(cph_store *s, const cph_store_migration *m, cph_err *err) {
+static int migrate(cph_store *s, const cph_store_migration *m, uint32_t found, cph_err *err) {
   cph_err why = {0};
   cph_txn t;
   int rc = cph_txn_begin(s, true, &t);
-  if (rc == CPH_OK && (rc = m->run(m->ctx, &t, &why)) == CPH_OK) {
+  if (rc == CPH_OK && (rc = m->run(m->ctx, found, &t, &why)) == CPH_OK) {
     uint8_t be[4];
     cph_be32_put(be, CPH_STORE_SCHEMA_VERSION);
     cph_key k;
@@ -199,7 +199,7 @@ static int migrate(cph_store *s, const cph_store_migration *m, cph_err *err) {
   return cph_err_set(err, rc,
                      "data dir '%s': migrating storage schema version %u to %u failed, nothing "
                      "was changed: %s",
-                     s->dir, m->from, CPH_STORE_SCHEMA_VERSION,
+                     s->dir, found, CPH_STORE_SCHEMA_VERSION,
                      why.msg[0]  ? why.msg
                      : t.err.msg[0] ? t.err.msg
                                     : cph_strerror(rc));
@@ -256,7 +256,7 @@ int cph_store_open_migrating(const cph_store_options *o, const cph_store_migrati
   uint32_t migrate_from = 0;
   rc = open_databases(s, m, &migrate_from, err);
   if (rc == CPH_OK && migrate_from)
-    rc = migrate(s, m, err);
+    rc = migrate(s, m, migrate_from, err);
   if (rc)
     goto fail;
   e = mdb_env_get_fd(s->env, &s->fd);

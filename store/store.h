@@ -23,8 +23,14 @@
 /* Bump when any database's key layout or any record version changes. */
 /* 2: "context" holds one tree value per session; "memory_scopes" indexes memories by scope.
  * 3: "context" holds a header and one record per node for each session (core/trees.h); a
- *    schema-2 data dir is migrated at open (cph_store_open_migrating). */
-#define CPH_STORE_SCHEMA_VERSION 3u
+ *    schema-2 data dir is migrated at open (cph_store_open_migrating).
+ * 4: an inbox entry the queue cap folds away keeps its record as written; the session's
+ *    folded map in "inbox_folds" tells it from a live one (core/inbox.h); a member row and a
+ *    "memory_scopes" row may hold what one ingest request wrote (inbox.h, memory.h). A
+ *    schema-3 data dir opens as it is (its folded entries' records say `folded`, its rows
+ *    hold one each): the migration only records the new version, so that a schema-3 build
+ *    refuses the data dir. */
+#define CPH_STORE_SCHEMA_VERSION 4u
 
 /* X(enum suffix, database name) */
 #define CPH_DB_LIST(X)                                                                    \
@@ -34,7 +40,7 @@
   X(CHANNEL_LOG, "channel_log") /* channel\0 u64 seq -> u64 event id (channel history) */ \
   X(IDEM_KEYS, "idem_keys")   /* idempotency key -> u64 event id + u64 time */           \
   X(INBOX, "inbox")           /* session\0 u64 seq -> inbox message */                   \
-  X(INBOX_FOLDS, "inbox_folds") /* session\0 u64 seq [u64 event] -> fold (core/inbox.h) */ \
+  X(INBOX_FOLDS, "inbox_folds") /* session\0 u64 seq [u64 event] -> fold (inbox.h) */ \
   X(TURNS, "turns")           /* u64 turn id -> turn */                                  \
   X(ACTIVE_TURNS, "active_turns") /* u64 turn id -> "" while leased (restart expires them) */ \
   X(PARKED_TURNS, "parked_turns") /* u64 turn id -> "" while parked */                   \
@@ -87,19 +93,19 @@ typedef struct cph_store cph_store;
  * engine migrates (cph_store_open_migrating, below). */
 int cph_store_open(const cph_store_options *o, cph_store **out, cph_err *err);
 
-/* How a data dir of the previous schema is brought up to this one: `run` rewrites what
- * changed inside the write transaction it is given; the store then records
- * CPH_STORE_SCHEMA_VERSION in the same transaction and commits, so a migration happens
- * entirely or not at all. `run` returns CPH_OK or the error (t's sticky error, or its own
- * in *err). */
+/* How a data dir of an older schema is brought up to this one: `run` rewrites what changed
+ * since schema `found` (from <= found < CPH_STORE_SCHEMA_VERSION) inside the write
+ * transaction it is given; the store then records CPH_STORE_SCHEMA_VERSION in the same
+ * transaction and commits, so a migration happens entirely or not at all. `run` returns
+ * CPH_OK or the error (t's sticky error, or its own in *err). */
 struct cph_txn;
 typedef struct cph_store_migration {
-  uint32_t from; /* the schema version it reads */
-  int (*run)(void *ctx, struct cph_txn *t, cph_err *err);
+  uint32_t from; /* the oldest schema version it reads */
+  int (*run)(void *ctx, uint32_t found, struct cph_txn *t, cph_err *err);
   void *ctx;
 } cph_store_migration;
 
-/* cph_store_open, except that a data dir of schema m->from (m may be NULL: none) is
+/* cph_store_open, except that a data dir of schema m->from or later (m may be NULL: none) is
  * migrated by m before the open returns. Any other version but this build's is refused
  * as by cph_store_open. */
 int cph_store_open_migrating(const cph_store_options *o, const cph_store_migration *m,

@@ -1,6 +1,8 @@
 /* The accounting rule (DESIGN §5), as a property: whatever mix of people, bots, mentions,
  * direct messages, idempotency retries, repeats, floods, backpressure, queue overflow, failed
- * and expired leases and restarts, every event accepted for a session reaches it exactly once
+ * and expired leases, turns parked after too many attempts and requeued, and restarts (the
+ * queue cap's folded entries are told at load by each session's folded map, which a requeue
+ * must keep right: core/inbox.h), every event accepted for a session reaches it exactly once
  * — as its own staged entry or counted inside one — over the turns it completes.
  *
  * Each case draws a policy, sessions and an operation sequence from one seed, runs it through
@@ -242,6 +244,26 @@ static bool run_turn(cph_fixture *f, model *m, rng *r, int how) {
   return true;
 }
 
+/* Requeues every parked turn: its entries are staged again. */
+static void requeue_parked(cph_fixture *f, const model *m) {
+  cph_parked_turn *p = NULL;
+  size_t n = 0;
+  cph_err err;
+  if (cph_engine_parked_turns(f->e, &p, &n, &err))
+    fail_msg("seed %llu: parked turns: %s", (unsigned long long)m->seed, err.msg);
+  for (size_t i = 0; i < n; i++) {
+    cph_op op = {0};
+    op.kind = CPH_OP_REQUEUE;
+    op.u.turn.turn_id = p[i].id;
+    if (cph_fixture_run(f, &op))
+      fail_msg("seed %llu: requeue turn %llu: %s", (unsigned long long)m->seed,
+               (unsigned long long)p[i].id, op.err.msg);
+    cph_op_clear_results(&op);
+    cph_parked_turn_free(&p[i]);
+  }
+  free(p);
+}
+
 static const char *policy_for(rng *r, char *buf, size_t size) {
   static const int queues[] = {2, 3, 5, 1000};
   static const int batches[] = {1, 2, 64};
@@ -249,7 +271,7 @@ static const char *policy_for(rng *r, char *buf, size_t size) {
            "{:scheduler {:concurrency 2\n"
            "             :lanes {:interactive {:turns 100000 :tool-calls 100000}\n"
            "                     :operational {:turns 100000 :tool-calls 100000}}}\n"
-           " :leases {:ttl-seconds 5 :max-attempts 1000}\n"
+           " :leases {:ttl-seconds 5 :max-attempts %d}\n"
            " :sessions {:max-queue %d :max-batch %d :janitor? false}\n"
            " :store {:sync :none}\n"
            " :server {:map-size-mb 64}\n"
@@ -258,7 +280,8 @@ static const char *policy_for(rng *r, char *buf, size_t size) {
            " :backpressure {:interval-s 10 :recover-intervals 2\n"
            "                :channels {\"floor\" {:degrade-to-aggregate-only? true}\n"
            "                           \"ops\" {:max-events-per-minute %d}}}}\n",
-           queues[below(r, 4)], batches[below(r, 3)], below(r, 2) ? 300 : 5,
+           below(r, 2) ? 2 : 1000, queues[below(r, 4)], batches[below(r, 3)],
+           below(r, 2) ? 300 : 5,
            below(r, 2) ? 0 : 20);
   return buf;
 }
@@ -281,8 +304,10 @@ static void run_case(uint64_t seed) {
       post_request(f, &m, &r);
     else if (what < 80)
       run_turn(f, &m, &r, -1);
-    else if (what < 95)
+    else if (what < 93)
       cph_clock_advance(&f->clock, (int64_t)below(&r, 8000) * CPH_NS_PER_MS);
+    else if (what < 96)
+      requeue_parked(f, &m);
     else {
       cph_engine_close(f->e); /* a restart: leases in flight expire, inboxes come back */
       cph_fixture_open(f);
@@ -295,6 +320,7 @@ static void run_case(uint64_t seed) {
     for (int wait = 0; !ran && wait < 10; wait++) {
       cph_clock_advance(&f->clock, 6 * CPH_NS_PER_S);
       cph_engine_run_pass(f->e);
+      requeue_parked(f, &m); /* what expired leases parked */
       ran = run_turn(f, &m, &r, 2);
     }
     if (!ran)

@@ -867,8 +867,9 @@ typedef struct fake_migration {
 } fake_migration;
 
 /* Writes a marker into "context", then fails or not. */
-static int fake_run(void *ctx, cph_txn *t, cph_err *err) {
+static int fake_run(void *ctx, uint32_t found, cph_txn *t, cph_err *err) {
   fake_migration *m = ctx;
+  assert_int_equal(found, CPH_STORE_SCHEMA_VERSION - 1);
   m->runs++;
   cph_key k = {.len = 0};
   cph_key_str(&k, "marker");
