@@ -21,38 +21,15 @@ events=${TAKEOVER_EVENTS:-1000000}
 base=${TAKEOVER_PORT:-7900}
 here=$(cd "$(dirname "$0")/.." && pwd)
 log=$(mktemp /tmp/cephalon-bench-takeover.XXXXXX)
-# The nodes of bench/cluster.sh: lanes that never bind, no backpressure; queues deep enough
-# for the events each session gets (nothing consumes them).
-CLUSTER_KEEP_GOING=1 CLUSTER_POLICY_EXTRA='
- :scheduler {:concurrency 64
-             :lanes {:interactive {:turns 100000000 :tool-calls 100000000}
-                     :operational {:turns 100000000 :tool-calls 100000000}}}
- :backpressure {:defaults {:max-step 0}}' \
-  "$here/scripts/cluster.sh" "$bin" "$base" >"$log" 2>&1 &
-pid=$!
-stop() { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$log"; }
-num() { echo "$1" | grep -o "\"$2\": *[0-9.]*" | head -1 | grep -o '[0-9.]*$'; }
+# The nodes of bench/cluster.sh (bench/cluster-lib.sh); their queues are deep enough for the
+# events each session gets (nothing consumes them).
+. "$here/bench/cluster-lib.sh"
+bench_cluster_start "$bin" "$base" "$log"
+pid=$cluster_pid
+stop() { bench_cluster_stop "$log"; }
+num() { bench_cluster_num "$@"; }
 view() { curl -sf "http://127.0.0.1:$((base + $1))/v1/cluster" 2>/dev/null; }
-ready=0
-for _ in $(seq 240); do # every node serving its shards, its log ready and bound to each of them
-  ok=0
-  for i in 0 1 2; do
-    v=$(view $i) || continue
-    owned=$(num "$v" shards_owned)
-    if echo "$v" | grep -q '"shards_unowned": *0' && echo "$v" | grep -q '"state": *"ready"' &&
-      [ -n "$owned" ] && [ "$owned" = "$(num "$v" shards_bound)" ]; then
-      ok=$((ok + 1))
-    fi
-  done
-  [ "$ok" = 3 ] && { ready=1; break; }
-  sleep 0.25
-done
-if [ "$ready" != 1 ]; then
-  echo "cluster-takeover: the cluster was not ready in 60 s; its output:" >&2
-  cat "$log" >&2
-  stop
-  exit 1
-fi
+bench_cluster_wait_ready "$base" "$log" cluster-takeover
 fill=$("$bin/cephalon-bench" cluster-fill --nodes "$base,$((base + 1)),$((base + 2))" \
   --victim $((base + 2)) --sessions "$sessions" --events "$events" | tail -1)
 if ! echo "$fill" | grep -q '^cluster-fill '; then

@@ -21,37 +21,11 @@ echo "one node:    $one"
 one_c=$(CPH_BIN_DIR=$bin "$bin/cephalon-bench" cycle --seconds "$secs" 2>&1 | tail -1)
 echo "one node:    $one_c"
 log=$(mktemp /tmp/cephalon-bench-cluster.XXXXXX)
-# The nodes run with the budgets and backpressure of the one-node runs (bench/proc.c,
-# cph_bench_policy): lanes that never bind, concurrency 64 per node.
-CLUSTER_KEEP_GOING=1 CLUSTER_POLICY_EXTRA='
- :scheduler {:concurrency 64
-             :lanes {:interactive {:turns 100000000 :tool-calls 100000000}
-                     :operational {:turns 100000000 :tool-calls 100000000}}}
- :backpressure {:defaults {:max-step 0}}' \
-  "$here/scripts/cluster.sh" "$bin" "$base" >"$log" 2>&1 &
-pid=$!
-ready=0
-num() { echo "$1" | grep -o "\"$2\": *[0-9]*" | head -1 | grep -o '[0-9]*$'; }
-for _ in $(seq 240); do # every node serving its shards, its log ready and bound to each of them
-  ok=0
-  for i in 0 1 2; do
-    v=$(curl -sf "http://127.0.0.1:$((base + i))/v1/cluster" 2>/dev/null) || continue
-    owned=$(num "$v" shards_owned)
-    bound=$(num "$v" shards_bound)
-    if echo "$v" | grep -q '"state": *"serving"' && echo "$v" | grep -q '"shards_unowned": *0' &&
-      echo "$v" | grep -q '"state": *"ready"' && [ -n "$owned" ] && [ "$owned" = "$bound" ]; then
-      ok=$((ok + 1))
-    fi
-  done
-  [ "$ok" = 3 ] && { ready=1; break; }
-  sleep 0.25
-done
-if [ "$ready" != 1 ]; then
-  echo "cluster: not ready in 60 s; its output:" >&2
-  cat "$log" >&2
-  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$log"
-  exit 1
-fi
+. "$here/bench/cluster-lib.sh"
+bench_cluster_start "$bin" "$base" "$log"
+pid=$cluster_pid
+num() { bench_cluster_num "$@"; }
+bench_cluster_wait_ready "$base" "$log" cluster
 sleep 1 # the budget shares: every node has read the others' demand once
 nodes="$base,$((base + 1)),$((base + 2))"
 # the cycle first: ingest leaves the nodes applying its backlog for a while
