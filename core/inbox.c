@@ -1,6 +1,8 @@
 /* Folded inbox entries in the store (inbox.h). */
 #include "inbox.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,21 @@ static cph_key entry_key(const char *session, uint64_t inbox_id) {
   return k;
 }
 
+/* Logs that the inbox_folds value at key (key_len bytes) is corrupt — `what` says how — and
+ * returns CPH_ECORRUPT. */
+static int folds_corrupt(const void *key, size_t key_len, const char *what, ...)
+    __attribute__((format(printf, 3, 4)));
+static int folds_corrupt(const void *key, size_t key_len, const char *what, ...) {
+  char k[200], why[200];
+  cph_key_describe(key, key_len, k, sizeof k);
+  va_list ap;
+  va_start(ap, what);
+  vsnprintf(why, sizeof why, what, ap);
+  va_end(ap);
+  cph_log(CPH_LOG_ERROR, "corrupt record in database \"inbox_folds\" at key %s: %s", k, why);
+  return CPH_ECORRUPT;
+}
+
 #define INBOX_FOLDED_VERSION 1
 #define INBOX_FOLDED_HEAD 9 /* version, be64 through; then be64 live ids */
 #define INBOX_FOLDED_STACK 64 /* live ids encoded without a malloc */
@@ -41,13 +58,9 @@ int inbox_folded_get(cph_txn *t, const char *session, inbox_folded *f) {
   const uint8_t *p = v.data;
   if (v.len < INBOX_FOLDED_HEAD || (v.len - INBOX_FOLDED_HEAD) % 8 ||
       p[0] != INBOX_FOLDED_VERSION) {
-    char key[200];
-    cph_key_describe(k.data, k.len, key, sizeof key);
-    cph_log(CPH_LOG_ERROR,
-            "corrupt record in database \"inbox_folds\" at key %s: expected a version %d folded "
-            "map (9 + 8n bytes), got %zu bytes",
-            key, INBOX_FOLDED_VERSION, v.len);
-    return CPH_ECORRUPT;
+    return folds_corrupt(k.data, k.len,
+                         "expected a version %d folded map (9 + 8n bytes), got %zu bytes",
+                         INBOX_FOLDED_VERSION, v.len);
   }
   f->through = cph_be64_get(p + 1);
   f->live = p + INBOX_FOLDED_HEAD;
@@ -155,13 +168,7 @@ static int member_rows_each(cph_txn *t, const char *session, uint64_t inbox_id,
     if (k.len != prefix.len + 8)
       continue; /* the fold record itself */
     if (v.len % 8) {
-      char key[200];
-      cph_key_describe(k.data, k.len, key, sizeof key);
-      cph_log(CPH_LOG_ERROR,
-              "corrupt record in database \"inbox_folds\" at key %s: a member row of %zu bytes, "
-              "not whole event ids",
-              key, v.len);
-      rc = CPH_ECORRUPT;
+      rc = folds_corrupt(k.data, k.len, "a member row of %zu bytes, not whole event ids", v.len);
       break;
     }
     rc = row(ctx, cph_be64_get((const uint8_t *)k.data + prefix.len), v.data, v.len / 8);
@@ -255,13 +262,8 @@ int inbox_fold_get(cph_txn *t, const char *session, inbox_item *it) {
   const uint8_t *p = v.data;
   if (v.len != INBOX_FOLD_LEN || p[0] != INBOX_FOLD_VERSION || p[1] > INBOX_FOLD_OVERFLOW ||
       cph_be32_get(p + 10) == 0) {
-    char key[200];
-    cph_key_describe(k.data, k.len, key, sizeof key);
-    cph_log(CPH_LOG_ERROR,
-            "corrupt record in database \"inbox_folds\" at key %s: expected %d bytes of "
-            "version %d, got %zu bytes",
-            key, INBOX_FOLD_LEN, INBOX_FOLD_VERSION, v.len);
-    return CPH_ECORRUPT;
+    return folds_corrupt(k.data, k.len, "expected %d bytes of version %d, got %zu bytes",
+                         INBOX_FOLD_LEN, INBOX_FOLD_VERSION, v.len);
   }
   it->fold = p[1];
   it->fold_key = cph_be64_get(p + 2);

@@ -1609,9 +1609,10 @@ void cph_clog_rebuild_failed(cph_clog *l, uint32_t shard, uint64_t gen) {
   pthread_mutex_unlock(&l->mu);
 }
 
-int cph_clog_session_subject(char *buf, size_t size, const char *session) {
+/* Appends session's id in hex to the n bytes of buf already written (n < 0: snprintf failed).
+ * CPH_ELIMIT when it does not fit in size. */
+static int append_hex_id(char *buf, size_t size, int n, const char *session) {
   static const char hex[] = "0123456789abcdef";
-  int n = snprintf(buf, size, "$KV.%s.", CPH_CLOG_BUCKET);
   size_t sl = strlen(session);
   if (n < 0 || (size_t)n + 2 * sl + 1 > size)
     return CPH_ELIMIT;
@@ -1623,18 +1624,13 @@ int cph_clog_session_subject(char *buf, size_t size, const char *session) {
   return CPH_OK;
 }
 
+int cph_clog_session_subject(char *buf, size_t size, const char *session) {
+  return append_hex_id(buf, size, snprintf(buf, size, "$KV.%s.", CPH_CLOG_BUCKET), session);
+}
+
 int cph_clog_state_subject(char *buf, size_t size, uint32_t shard, const char *session) {
-  static const char hex[] = "0123456789abcdef";
-  int n = snprintf(buf, size, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, shard);
-  size_t sl = strlen(session);
-  if (n < 0 || (size_t)n + 2 * sl + 1 > size)
-    return CPH_ELIMIT;
-  for (size_t i = 0; i < sl; i++) {
-    buf[n++] = hex[(unsigned char)session[i] >> 4];
-    buf[n++] = hex[(unsigned char)session[i] & 15];
-  }
-  buf[n] = '\0';
-  return CPH_OK;
+  return append_hex_id(
+      buf, size, snprintf(buf, size, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, shard), session);
 }
 
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
