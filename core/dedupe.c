@@ -141,22 +141,98 @@ static inline void near_consider(const dd_channel *dc, uint32_t i, uint64_t hash
   nb->best_i = (int32_t)i;
 }
 
+/* ---------------------------------------------------------------- the text half */
+
+static int hasher_init(cph_event_hasher *h) {
+  if (!(h->md = EVP_MD_CTX_new()))
+    return CPH_ENOMEM;
+  h->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL); /* NULL: sha256_of falls back */
+  return CPH_OK;
+}
+
+static void hasher_fini(cph_event_hasher *h) {
+  EVP_MD_CTX_free(h->md);
+  EVP_MD_free(h->sha256);
+}
+
+cph_event_hasher *dedupe_hasher_new(void) {
+  cph_event_hasher *h = calloc(1, sizeof *h);
+  if (h && hasher_init(h) != CPH_OK) {
+    free(h);
+    h = NULL;
+  }
+  return h;
+}
+
+void dedupe_hasher_free(cph_event_hasher *h) {
+  if (h) {
+    hasher_fini(h);
+    free(h);
+  }
+}
+
+void dedupe_prefetch(const cph_dedupe *d, const uint8_t sha256[32]) { dd_xs_prefetch(d, sha256); }
+
+/* The near-duplicate hashes of a normalised text, for sender. */
+static void text_hashes(const char *norm, size_t norm_len, const char *sender, int shingle_words,
+                        uint64_t *simhash, uint64_t *idsig, uint64_t *sender_hash) {
+  *simhash = dedupe_simhash(norm, norm_len, shingle_words);
+  *idsig = dedupe_idsig(norm, norm_len);
+  *sender_hash = dd_fnv1a64(sender, strlen(sender)) | 1; /* never 0: 0 means any sender */
+}
+
+int dedupe_prepare(cph_event_hasher *h, const char *chan, const char *sender, const char *body,
+                   int32_t shingle_words, int64_t min_length, cph_event_prep *out) {
+  memset(out, 0, sizeof *out);
+  size_t norm_len;
+  char *norm = dedupe_normalise(body, &norm_len);
+  if (!norm)
+    return CPH_ENOMEM;
+  dd_exact_sha(h, chan, sender, norm, norm_len, out->sha256);
+  out->norm_len = norm_len;
+  out->shingle_words = shingle_words;
+  if ((int64_t)norm_len >= min_length) {
+    text_hashes(norm, norm_len, sender, (int)shingle_words, &out->simhash, &out->idsig,
+                &out->sender_hash);
+    out->hashed = true;
+  }
+  free(norm);
+  out->ready = true;
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- per event, in the pass */
+
 int dedupe_classify(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *t, const char *chan,
                     const char *sender, const char *body, int64_t now_ms, uint32_t window_mult,
-                    dedupe_near near, dedupe_verdict *v) {
+                    dedupe_near near, const cph_event_prep *pre, dedupe_verdict *v) {
   memset(v, 0, sizeof *v);
   v->ring_index = -1;
-  v->norm = dedupe_normalise(body, &v->norm_len);
-  if (!v->norm)
-    return CPH_ENOMEM;
-  dd_exact_sha(d, chan, sender, v->norm, v->norm_len, v->sha256);
+  if (pre && !pre->ready)
+    pre = NULL;
+  if (pre) {
+    memcpy(v->sha256, pre->sha256, sizeof v->sha256);
+    v->norm_len = pre->norm_len;
+  } else {
+    v->norm = dedupe_normalise(body, &v->norm_len);
+    if (!v->norm)
+      return CPH_ENOMEM;
+    dd_exact_sha(&d->hash, chan, sender, v->norm, v->norm_len, v->sha256);
+  }
   if (p->window_seconds <= 0 || (int64_t)v->norm_len < p->min_length)
     return CPH_OK;
   v->eligible = true;
   dd_xs_prefetch(d, v->sha256); /* the filter's probe below: loaded while the text is hashed */
-  v->simhash = dedupe_simhash(v->norm, v->norm_len, (int)p->shingle_words);
-  v->idsig = dedupe_idsig(v->norm, v->norm_len);
-  v->sender_hash = dd_fnv1a64(sender, strlen(sender)) | 1; /* never 0: 0 means any sender */
+  if (pre && pre->hashed && pre->shingle_words == p->shingle_words) {
+    v->simhash = pre->simhash;
+    v->idsig = pre->idsig;
+    v->sender_hash = pre->sender_hash;
+  } else { /* not prepared, or under other settings (a reload came between) */
+    if (!v->norm && !(v->norm = dedupe_normalise(body, &v->norm_len)))
+      return CPH_ENOMEM;
+    text_hashes(v->norm, v->norm_len, sender, (int)p->shingle_words, &v->simhash, &v->idsig,
+                &v->sender_hash);
+  }
   int64_t window_ms = p->window_seconds * 1000 * (int64_t)(window_mult ? window_mult : 1);
 
   dd_entry en;
@@ -266,7 +342,7 @@ static int family_start(cph_dedupe *d, cph_txn *t, const char *chan, const char 
     cph_record_free(&cph_event_desc, &orig);
     return CPH_ENOMEM;
   }
-  dd_content_sha(d, norm, nlen, csha);
+  dd_content_sha(&d->hash, norm, nlen, csha);
   free(norm);
 
   int rc = CPH_OK;
@@ -510,11 +586,10 @@ static int migrate_old_entries(cph_txn *w, size_t *moved) {
 int dedupe_open(cph_txn *t, cph_dedupe **out, cph_err *err) {
   *out = NULL;
   cph_dedupe *d = calloc(1, sizeof *d);
-  if (!d || !(d->md = EVP_MD_CTX_new())) {
+  if (!d || hasher_init(&d->hash) != CPH_OK) {
     free(d);
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening dedupe");
   }
-  d->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL); /* NULL: sha256_of falls back */
 
   /* A store from before the time-ordered layout: its entries move, once, in a write txn of
    * our own (the store opens with MDB_NOTLS, so the caller's read txn may stay open); the
@@ -592,8 +667,7 @@ void dedupe_close(cph_dedupe *d) {
   if (!d)
     return;
   rings_free_all(d);
-  EVP_MD_CTX_free(d->md);
-  EVP_MD_free(d->sha256);
+  hasher_fini(&d->hash);
   free(d->xs);
   free(d->undo);
   free(d->pend);

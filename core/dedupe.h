@@ -99,12 +99,25 @@ typedef struct dedupe_verdict {
   size_t xslot; /* the exact filter's slot of this hash, SIZE_MAX none */
 } dedupe_verdict;
 
+/* The text half of dedupe_classify, ahead of it and on any thread (cph_event_prepare): the
+ * normalised body's length and exact hash for chan and sender, and — when it is at least
+ * min_length bytes — its simhash (over shingle_words), idsig and sender hash, each exactly
+ * what dedupe_classify would compute. CPH_OK or CPH_ENOMEM. */
+int dedupe_prepare(cph_event_hasher *h, const char *chan, const char *sender, const char *body,
+                   int32_t shingle_words, int64_t min_length, cph_event_prep *out);
+cph_event_hasher *dedupe_hasher_new(void); /* NULL on out of memory */
+void dedupe_hasher_free(cph_event_hasher *h);
+/* Starts loading the exact filter's slot for sha (a hint: no effect on any verdict). */
+void dedupe_prefetch(const cph_dedupe *d, const uint8_t sha256[32]);
+
 /* Classifies body for channel/sender at now_ms (engine_wall_ms) with the window multiplied by
  * window_mult (backpressure step 3 widens it); near says whether and how near duplicates
- * count. Reads through t only. CPH_OK, or CPH_ENOMEM. */
+ * count; pre (optional) is dedupe_prepare's result for the same event, taken for what it
+ * computed under the settings in p. Reads through t only. CPH_OK, or CPH_ENOMEM. */
 int dedupe_classify(cph_dedupe *d, const cph_policy_dedupe *p, struct cph_txn *t,
                     const char *chan, const char *sender, const char *body, int64_t now_ms,
-                    uint32_t window_mult, dedupe_near near, dedupe_verdict *v);
+                    uint32_t window_mult, dedupe_near near, const cph_event_prep *pre,
+                    dedupe_verdict *v);
 /* Writes the exact-dedupe entry and, for a duplicate, creates or updates its family (setting
  * v->family and v->dup_count). Writes through t; errors are t's sticky error. */
 int dedupe_write(cph_dedupe *d, struct cph_txn *t, const char *chan, const char *body,

@@ -115,30 +115,30 @@ int dd_entry_put(cph_txn *t, const cph_key *k, const dd_entry *d) {
   return cph_txn_put(t, CPH_DB_DEDUPE, k, v, sizeof v);
 }
 
-static void sha256_of(cph_dedupe *d, const char *const *parts, const size_t *lens, int n,
+static void sha256_of(cph_event_hasher *h, const char *const *parts, const size_t *lens, int n,
                       uint8_t out[32]) {
   unsigned int len = 0;
-  if (d->md && EVP_DigestInit_ex(d->md, d->sha256 ? d->sha256 : EVP_sha256(), NULL) == 1) {
+  if (h->md && EVP_DigestInit_ex(h->md, h->sha256 ? h->sha256 : EVP_sha256(), NULL) == 1) {
     for (int i = 0; i < n; i++)
-      EVP_DigestUpdate(d->md, parts[i], lens[i]);
-    if (EVP_DigestFinal_ex(d->md, out, &len) == 1 && len == 32)
+      EVP_DigestUpdate(h->md, parts[i], lens[i]);
+    if (EVP_DigestFinal_ex(h->md, out, &len) == 1 && len == 32)
       return;
   }
   memset(out, 0, 32); /* libcrypto failed: content dedupe degrades to nothing matching */
 }
 
 /* SHA-256 of channel \0 sender \0 normalised body. */
-void dd_exact_sha(cph_dedupe *d, const char *chan, const char *sender, const char *norm,
+void dd_exact_sha(cph_event_hasher *h, const char *chan, const char *sender, const char *norm,
                   size_t norm_len, uint8_t out[32]) {
   const char *parts[3] = {chan, sender, norm};
   size_t lens[3] = {strlen(chan) + 1, strlen(sender) + 1, norm_len};
-  sha256_of(d, parts, lens, 3, out);
+  sha256_of(h, parts, lens, 3, out);
 }
 
-void dd_content_sha(cph_dedupe *d, const char *norm, size_t norm_len, uint8_t out[32]) {
+void dd_content_sha(cph_event_hasher *h, const char *norm, size_t norm_len, uint8_t out[32]) {
   const char *parts[1] = {norm};
   size_t lens[1] = {norm_len};
-  sha256_of(d, parts, lens, 1, out);
+  sha256_of(h, parts, lens, 1, out);
 }
 
 /* A copy of s cut to DEDUPE_SAMPLE_MAX bytes on a UTF-8 character boundary. */

@@ -83,6 +83,14 @@ typedef struct dd_pending {
   uint64_t simhash;
 } dd_pending;
 
+/* SHA-256 through libcrypto: a context and the algorithm, fetched once (EVP_sha256() in a
+ * digest init fetches it on every call). md NULL: every hash is zeros (content dedupe then
+ * matches nothing). */
+struct cph_event_hasher {
+  EVP_MD_CTX *md;
+  EVP_MD *sha256;
+};
+
 typedef struct cph_dedupe {
   cph_hmap channels; /* name -> dd_channel */
   /* A request's exact entries, held from dedupe_savepoint to dedupe_flush and then written in
@@ -104,8 +112,7 @@ typedef struct cph_dedupe {
   size_t xs_cap, xs_len;
   xundo *undo;
   size_t n_undo, cap_undo;
-  EVP_MD_CTX *md;
-  EVP_MD *sha256;        /* fetched once: EVP_sha256() in a digest init fetches it on every call */
+  struct cph_event_hasher hash;
   int64_t next_prune_ms; /* dedupe_tick prunes at most once a second */
   uint64_t exact_hits, near_hits, families;
   /* The top families by count, largest first. Exact, not an estimate: counts only grow and
@@ -166,10 +173,10 @@ void dd_entries_forget(cph_dedupe *d);
 int dd_entries_flush(cph_dedupe *d, cph_txn *t);
 
 /* SHA-256 of channel \0 sender \0 normalised body. */
-void dd_exact_sha(cph_dedupe *d, const char *chan, const char *sender, const char *norm,
+void dd_exact_sha(cph_event_hasher *h, const char *chan, const char *sender, const char *norm,
                   size_t norm_len, uint8_t out[32]);
 /* SHA-256 of the normalised body alone: the family index's key. */
-void dd_content_sha(cph_dedupe *d, const char *norm, size_t norm_len, uint8_t out[32]);
+void dd_content_sha(cph_event_hasher *h, const char *norm, size_t norm_len, uint8_t out[32]);
 
 /* A copy of s cut to DEDUPE_SAMPLE_MAX bytes on a UTF-8 character boundary. */
 char *dd_sample_dup(const char *s, size_t max);

@@ -1036,7 +1036,8 @@ char *cph_engine_metrics_text(cph_engine *e, size_t *len) {
                          .sessions = &e->sessions,
                          .bp = e->bp,
                          .dedupe = e->dedupe,
-                         .folded_total = e->ingest.folded_total};
+                         .folded_total = e->ingest.folded_total,
+                         .prepared_total = e->ingest.prepared_total};
   cph_engine_lanes(e, src.lanes, &src.concurrency_limit, &src.concurrency_in_use);
   cph_engine_maint_stats(e, &src.maint);
   src.have_storage = cph_engine_storage_stats(e, &src.storage) == CPH_OK;

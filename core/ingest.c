@@ -616,6 +616,31 @@ typedef struct ingest_req {
   uint64_t embed_queue_before;
 } ingest_req;
 
+/* The channel an event goes to: its own, or its session's direct channel "direct:<session>"
+ * written into direct; NULL when it names neither. */
+#define DIRECT_NAME_MAX 160
+static const char *event_channel(const cph_event_in *in, char direct[DIRECT_NAME_MAX]) {
+  if (in->channel)
+    return in->channel;
+  if (!in->session)
+    return NULL;
+  snprintf(direct, DIRECT_NAME_MAX, "direct:%s", in->session);
+  return direct;
+}
+
+cph_event_hasher *cph_event_hasher_new(void) { return dedupe_hasher_new(); }
+void cph_event_hasher_free(cph_event_hasher *h) { dedupe_hasher_free(h); }
+
+int cph_event_prepare(cph_event_hasher *h, const cph_event_in *in, int32_t shingle_words,
+                      int64_t min_length, cph_event_prep *out) {
+  memset(out, 0, sizeof *out);
+  char direct[DIRECT_NAME_MAX];
+  const char *chan = event_channel(in, direct);
+  if (!in->body || !in->sender || !*in->sender || !chan)
+    return CPH_OK; /* rejected by ingest_one before anything is hashed */
+  return dedupe_prepare(h, chan, in->sender, in->body, shingle_words, min_length, out);
+}
+
 /* Near-duplicate folding applies to bulk traffic only (DESIGN §5): a bulk channel or one at
  * backpressure step >= 1 (any sender), a bulk sender (its own messages); never an event that
  * names a session. */
@@ -659,15 +684,11 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
       return CPH_OK;
     }
   }
-  char direct[160];
-  const char *channel_name = in->channel;
+  char direct[DIRECT_NAME_MAX];
+  const char *channel_name = event_channel(in, direct);
   if (!channel_name) {
-    if (!in->session) {
-      reject(res, "channel", "an event needs a channel or a session");
-      return CPH_OK;
-    }
-    snprintf(direct, sizeof direct, "direct:%s", in->session);
-    channel_name = direct;
+    reject(res, "channel", "an event needs a channel or a session");
+    return CPH_OK;
   }
   if (!*channel_name || strlen(channel_name) > CHANNEL_MAX) {
     reject(res, "channel", "a channel name is 1 to 256 bytes");
@@ -691,7 +712,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   dedupe_verdict v;
   if (dedupe_classify(ig->dedupe, &ig->env->policy->dedupe, t, channel_name, in->sender, in->body,
                       dd_now, step >= BP_STEP_WIDEN_DEDUPE ? BP_DEDUPE_WIDEN : 1,
-                      near_scope(ig, in, channel_name, step), &v) != CPH_OK) {
+                      near_scope(ig, in, channel_name, step), in->prep, &v) != CPH_OK) {
     dedupe_verdict_free(&v);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
@@ -848,6 +869,9 @@ done:
   return rc;
 }
 
+/* How many events ahead of its probe a prepared event's exact-filter slot is fetched. */
+#define INGEST_PREFETCH_AHEAD 4
+
 /* Ingest stops while less than env_write_reserve() of the map is free. */
 /* What one event may write besides twice its body (event and memory): its vector, keys and
  * the other records. Only an estimate, to space out the looks at the store. */
@@ -924,6 +948,12 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
       if (room < need)
         rc = ingest_room(ig, &rq.t, &room, &err);
       room = room > need ? room - need : 0;
+      /* A prepared event's exact hash is known ahead: its filter slot is fetched a few events
+       * before its probe (the window's filter is far larger than the caches). */
+      const cph_event_prep *ahead =
+          i + INGEST_PREFETCH_AHEAD < n ? op->u.ingest.events[i + INGEST_PREFETCH_AHEAD].prep : NULL;
+      if (ahead && ahead->ready)
+        dedupe_prefetch(ig->dedupe, ahead->sha256);
       if (rc == CPH_OK)
         rc = ingest_one(ig, &rq, &op->u.ingest.events[i], &op->u.ingest.results[i], &rq.after[i],
                         &err);
@@ -942,6 +972,9 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
     if (rc) {
       request_rollback(ig, &rq);
       ig->n_restart = 0; /* nothing landed: no turn is superseded */
+    } else {
+      for (size_t i = 0; i < n; i++)
+        ig->prepared_total += op->u.ingest.events[i].prep && op->u.ingest.events[i].prep->ready;
     }
   }
   if (rc) {

@@ -28,6 +28,7 @@ typedef struct cph_ingest {
   cph_metrics *metrics;
   bool store_full;       /* the store was found full; ingest resumes past a margin */
   uint64_t folded_total; /* cephalon_inbox_overflow_folded_total */
+  uint64_t prepared_total; /* cephalon_ingest_prepared_events_total */
   /* Sessions whose running turn the last ingest_apply superseded (while_running :restart,
    * DESIGN §4), each once: the engine hands them to turns (turns_supersede) right after,
    * then clears the list. Only a request that committed leaves any. */

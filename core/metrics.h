@@ -156,6 +156,7 @@ typedef struct metrics_sources {
   struct cph_backpressure *bp;
   struct cph_dedupe *dedupe;
   uint64_t folded_total; /* cephalon_inbox_overflow_folded_total (ingest) */
+  uint64_t prepared_total; /* cephalon_ingest_prepared_events_total (ingest) */
   cph_lane_info lanes[CPH_LANE_COUNT];
   uint32_t concurrency_limit, concurrency_in_use;
   cph_maint_stats maint;

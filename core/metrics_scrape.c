@@ -180,6 +180,10 @@ static void add_ingest(const metrics_sources *src, metric_registry *r) {
                      "Events the per-session queue cap (:sessions :max-queue) folded into an "
                      "overflow entry; they stay counted there, nothing is dropped.",
                      src->folded_total);
+  metric_add_counter(r, "cephalon_ingest_prepared_events_total",
+                     "Events of committed requests whose text hashes the daemon's ingest threads "
+                     "(:server :ingest-threads) computed beside the event loop.",
+                     src->prepared_total);
 }
 
 static void add_dedupe(const metrics_sources *src, metric_registry *r) {

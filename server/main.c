@@ -47,6 +47,7 @@
 #include "cephalon/cephalon.h"
 #include "common/log.h"
 #include "http.h"
+#include "ingest_prep.h"
 #include "listen.h"
 #include "cephalon/providers.h"
 #include "cluster.h"
@@ -339,6 +340,8 @@ static void shutdown_all(cph_srv *s) {
   }
   cph_search_prep_stop(s->search);
   s->search = NULL;
+  cph_ingest_prep_stop(s->ingest); /* submits what it holds: the passes below apply it */
+  s->ingest = NULL;
   cph_maint_workers_stop(s->maint);
   s->maint = NULL;
   if (s->engine && s->http) {
@@ -514,6 +517,11 @@ int main(int argc, char **argv) {
   }
   if (cph_search_prep_start(&s, SEARCH_THREADS, &s.search)) {
     cph_error("cannot start the memory search threads");
+    goto out;
+  }
+  if (cph_ingest_prep_start(&s, (int)cph_engine_policy(s.engine)->server.ingest_threads,
+                            &s.ingest)) {
+    cph_error("cannot start the ingest thread");
     goto out;
   }
   if (!(s.backup = cph_backup_new())) {

@@ -25,6 +25,7 @@
 #include "clusterflow.h"
 #include "emit.h"
 #include "evjson.h"
+#include "ingest_prep.h"
 #include "routes.h"
 #include "server.h"
 
@@ -89,6 +90,20 @@ static void ingest_done(cph_req *r) {
     return;
   }
   results_reply(r, op->u.ingest.results, op->u.ingest.n_events);
+}
+
+/* Submits r's ingest of in[0..n): through ingest_prep's thread when it takes it (the events'
+ * text work off the loop), else at once. */
+static void submit_ingest(cph_req *r, cph_event_in *in, size_t n) {
+  r->op.u.ingest.events = in;
+  r->op.u.ingest.n_events = n;
+  if (cph_ingest_prep_submit(r->srv->ingest, r, ingest_done))
+    return;
+  if (r->error.set) {
+    cph_reply_failure(r);
+    return;
+  }
+  cph_req_submit(r, CPH_OP_INGEST, ingest_done);
 }
 
 /* ---------------------------------------------------------------- the common case, fast
@@ -161,9 +176,7 @@ void cph_route_events_post(cph_req *r) {
     }
     if (!cph_cluster_gate_events(r, fast, n_fast))
       return;
-    r->op.u.ingest.events = fast;
-    r->op.u.ingest.n_events = n_fast;
-    cph_req_submit(r, CPH_OP_INGEST, ingest_done);
+    submit_ingest(r, fast, n_fast);
     return;
   }
   if (r->error.set || !cph_req_decode_body(r)) {
@@ -228,7 +241,5 @@ void cph_route_events_post(cph_req *r) {
   }
   if (!cph_cluster_gate_events(r, in, n))
     return;
-  r->op.u.ingest.events = in;
-  r->op.u.ingest.n_events = n;
-  cph_req_submit(r, CPH_OP_INGEST, ingest_done);
+  submit_ingest(r, in, n);
 }

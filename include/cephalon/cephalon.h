@@ -149,6 +149,20 @@ enum {
 /* A tenant name: 1 to 128 bytes of A-Z a-z 0-9 . _ : @ - (as session ids). */
 bool cph_tenant_valid(const char *tenant);
 
+/* What ingest derives from an event's text alone — the content-dedupe hashes of DESIGN §5 —
+ * computed ahead of the engine by cph_event_prepare(), so that a driver can spend another
+ * core on it while its loop runs the engine. Optional: the engine takes what was computed
+ * under the dedupe settings in force and computes everything else itself, so a policy reload
+ * between the two steps changes no verdict. */
+typedef struct cph_event_prep {
+  bool ready;             /* set by cph_event_prepare */
+  bool hashed;            /* simhash, idsig and sender_hash were computed (text long enough) */
+  int32_t shingle_words;  /* the :shingle-words the simhash was computed under */
+  size_t norm_len;        /* bytes of the normalised body */
+  uint8_t sha256[32];     /* of (channel, sender, normalised body) */
+  uint64_t simhash, idsig, sender_hash;
+} cph_event_prep;
+
 typedef struct cph_event_in {
   char *channel; /* NULL: the session's direct channel "direct:<session>" */
   char *sender;
@@ -163,7 +177,20 @@ typedef struct cph_event_in {
    * session. Cluster mode applies logged events so: the log delivers them to the others
    * (server/clusterflow.h). */
   bool only_session;
+  const cph_event_prep *prep; /* optional: cph_event_prepare()'s result for this event */
 } cph_event_in;
+
+/* A SHA-256 context for cph_event_prepare: one per thread that prepares. */
+typedef struct cph_event_hasher cph_event_hasher;
+cph_event_hasher *cph_event_hasher_new(void);
+void cph_event_hasher_free(cph_event_hasher *h);
+/* Fills *out from in's channel (or direct channel), sender and body alone, under the dedupe
+ * settings given (shingle_words and min_length of :dedupe, copied by the caller: the policy
+ * may be reloaded meanwhile). Touches no engine state: any thread, any time before the
+ * event's operation is submitted. An event without a sender or body is left not ready (the
+ * engine rejects it). CPH_OK, or CPH_ENOMEM (*out not ready). */
+int cph_event_prepare(cph_event_hasher *h, const cph_event_in *in, int32_t shingle_words,
+                      int64_t min_length, cph_event_prep *out);
 
 typedef enum cph_ingest_status {
   CPH_EV_QUEUED,     /* staged for at least one session */

@@ -514,6 +514,20 @@ static void test_queue_cap_folds_into_overflow_entry_and_drops_nothing(void **st
   cph_test_response_free(&r);
 }
 
+/* The value of an unlabelled counter or gauge in /metrics. */
+static long long metric(fixture *f, const char *name) {
+  cph_test_response r = cph_test_http(f->d.port, "GET", "/metrics", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  char want[128];
+  snprintf(want, sizeof want, "\n%s ", name);
+  const char *line = strstr(r.body, want);
+  if (!line)
+    fail_msg("/metrics has no %s sample", name);
+  long long v = atoll(line + strlen(want));
+  cph_test_response_free(&r);
+  return v;
+}
+
 /* A flood that spans a restart: everything acknowledged before and after is counted once. */
 static void flood_across_restart(fixture *f, int sig) {
   boot(f, "{:store {:sync :always}}\n", true);
@@ -522,10 +536,16 @@ static void flood_across_restart(fixture *f, int sig) {
   json_int_t ids[2 * N];
   size_t n = 0;
   const char *text = "WARNING replication lag on replica-3 above threshold";
-  post_repeats(f, "ops", "nagios-bot", text, N, 10, 1, ids, &n);
+  /* requests of 20: the daemon hashes their texts on its ingest thread (server/ingest_prep.c) */
+  post_repeats(f, "ops", "nagios-bot", text, N, 20, 1, ids, &n);
+  long long prepared = metric(f, "cephalon_ingest_prepared_events_total");
+  if (prepared != N)
+    fail_msg("cephalon_ingest_prepared_events_total %lld after %d events in requests of 20: the "
+             "ingest thread should have hashed every one",
+             prepared, N);
   restart(f, sig);
   /* the dedupe window may or may not survive the restart: queued or aggregated, counted */
-  post_repeats(f, "ops", "nagios-bot", text, N, 10, -1, ids, &n);
+  post_repeats(f, "ops", "nagios-bot", text, N, 20, -1, ids, &n);
   assert_int_equal(n, 2 * N);
 
   json_t *entries = drain(f);
