@@ -218,6 +218,12 @@ static void route_finish(cph_req *r) {
   cph_req_end(r);
 }
 
+void cph_http_resume(cph_req *r, void (*fn)(cph_req *r, void *arg), void *arg) {
+  r->async = false;
+  fn(r, arg);
+  route_finish(r);
+}
+
 /* After a min_pos wait: the route runs now, on the node that still serves the session. */
 static void route_resume(cph_req *r) {
   r->async = false;

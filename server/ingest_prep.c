@@ -1,22 +1,24 @@
-/* Ingest's text work, off the loop (DESIGN §12: durable ingest).
+/* Ingest's request work, off the loop (DESIGN §12: durable ingest).
  *
  * The engine applies a POST /v1/events inside its pass, on the loop's thread, and that thread
- * is what bounds ingest. Part of each event's work depends on its text alone: normalising the
- * body and hashing it for content dedupe (SHA-256, simhash, the identifier signature), about a
- * tenth of the event's cost. A request of CPH_INGEST_PREP_MIN_EVENTS or more is handed here:
- *   loop:   events decoded -> queue the job (the dedupe settings copied into it)
- *   thread: cph_event_prepare() for each event, into the request's cph_event_prep array
- *   loop:   (woken through a pipe) submit the op; the engine takes the prepared hashes
- * The engine checks each prep against the settings in force and computes what does not
- * match, so a reload in between changes no verdict. Nothing is answered before the pass that
- * applies the request commits, as without this service; a request is never dropped here: a
- * full queue or no thread means the caller submits at once, and at shutdown every held
- * request is submitted. */
+ * is what bounds ingest. Part of each request's work needs neither the engine nor libevent:
+ * decoding its JSON and, for each event, normalising the body and hashing it for content
+ * dedupe (SHA-256, simhash, the identifier signature) — about a sixth of the request's cost.
+ * routes_events.c hands a large request here:
+ *   loop:   the body pulled up contiguous, the limits and dedupe settings copied -> queue
+ *   thread: the job's work (decode into r's arena, cph_event_prepare for each event)
+ *   loop:   (woken through a pipe) the job's done: submit the op, or fall back to the generic
+ *           decoder, or answer an error
+ * While a job is out, nothing on the loop touches its request (libevent keeps a request whose
+ * client left until it is answered, so its body stays readable). The engine checks each prep
+ * against the dedupe settings in force, so a reload in between changes no verdict. Nothing is
+ * answered before the pass that applies the request commits, as without this service; a
+ * request is never dropped here: a full queue or no thread means the route does the work
+ * itself, and at shutdown every held job is finished on the loop. */
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "ingest_prep.h"
-#include "reply.h"
 #include "request.h"
 #include "server.h"
 
@@ -24,11 +26,10 @@
 
 typedef struct ijob {
   struct ijob *next;
-  cph_req *r; /* its events and preps are the thread's until the job is done */
-  void (*on_done)(cph_req *r);
-  cph_event_prep *preps; /* in r's arena, one per event; each event's prep points here */
-  int32_t shingle_words;
-  int64_t min_length;
+  cph_req *r; /* the thread's until the job is done */
+  cph_ingest_job_fns fns;
+  void *arg;
+  bool worked;
 } ijob;
 
 typedef struct ijob_list {
@@ -70,17 +71,9 @@ static ijob *list_pop(ijob_list *l) {
 
 /* ---------------------------------------------------------------- the threads */
 
-static void prepare_all(cph_event_hasher *h, ijob *j) {
-  cph_op *op = &j->r->op;
-  for (size_t i = 0; i < op->u.ingest.n_events; i++)
-    if (cph_event_prepare(h, &op->u.ingest.events[i], j->shingle_words, j->min_length,
-                          &j->preps[i]) != CPH_OK)
-      return; /* out of memory: the rest stay not ready, the engine computes them */
-}
-
 static void *prep_main(void *arg) {
   struct cph_ingest_pool *pool = arg;
-  cph_event_hasher *h = cph_event_hasher_new(); /* NULL: jobs pass through unprepared */
+  cph_event_hasher *h = cph_event_hasher_new(); /* NULL: events go unprepared */
   pthread_mutex_lock(&pool->mu);
   for (;;) {
     while (!pool->stopping && !pool->queued.head)
@@ -89,8 +82,8 @@ static void *prep_main(void *arg) {
       break;
     ijob *j = list_pop(&pool->queued);
     pthread_mutex_unlock(&pool->mu);
-    if (h)
-      prepare_all(h, j);
+    j->fns.work(j->r, j->arg, h);
+    j->worked = true;
     pthread_mutex_lock(&pool->mu);
     list_push(&pool->done, j);
     cph_wake_signal(&pool->wake);
@@ -102,12 +95,15 @@ static void *prep_main(void *arg) {
 
 /* ---------------------------------------------------------------- the loop side */
 
-static void submit(ijob *j) {
+/* Ends a job on the loop. */
+static void finish(ijob *j) {
+  if (!j->worked)
+    j->fns.work(j->r, j->arg, NULL);
+  cph_ingest_job_fns fns = j->fns;
   cph_req *r = j->r;
-  void (*on_done)(cph_req *) = j->on_done;
+  void *arg = j->arg;
   free(j);
-  if (!cph_req_submit(r, CPH_OP_INGEST, on_done))
-    cph_req_end(r); /* answered (503) by submit; the request was ours */
+  fns.done(r, arg);
 }
 
 static void on_wake(void *arg) {
@@ -117,33 +113,23 @@ static void on_wake(void *arg) {
   pool->done = (ijob_list){0};
   pthread_mutex_unlock(&pool->mu);
   for (ijob *j; (j = list_pop(&done)) != NULL;)
-    submit(j);
+    finish(j);
 }
 
-bool cph_ingest_prep_submit(cph_ingest_pool *pool, cph_req *r, void (*on_done)(cph_req *r)) {
-  size_t n = r->op.u.ingest.n_events;
-  if (!pool || !pool->n_threads || n < CPH_INGEST_PREP_MIN_EVENTS)
+bool cph_ingest_prep_take(cph_ingest_pool *pool, cph_req *r, const cph_ingest_job_fns *fns,
+                          void *arg) {
+  if (!pool || !pool->n_threads)
     return false;
   pthread_mutex_lock(&pool->mu);
   bool room = !pool->stopping && pool->queued.n < QUEUE_MAX;
   pthread_mutex_unlock(&pool->mu);
-  if (!room)
+  ijob *j = room ? calloc(1, sizeof *j) : NULL;
+  if (!j)
     return false;
-  ijob *j = calloc(1, sizeof *j);
-  cph_event_prep *preps = j ? cph_req_alloc(r, n * sizeof *preps) : NULL;
-  if (!preps) {
-    free(j);
-    return false; /* out of memory: cph_req_alloc recorded the 500 */
-  }
-  const cph_policy *p = cph_engine_policy(pool->srv->engine);
   j->r = r;
-  j->on_done = on_done;
-  j->preps = preps;
-  j->shingle_words = (int32_t)p->dedupe.shingle_words;
-  j->min_length = p->dedupe.min_length;
-  for (size_t i = 0; i < n; i++)
-    r->op.u.ingest.events[i].prep = &preps[i]; /* not ready until the thread fills it */
-  r->async = true; /* answered from the op's done, after the thread */
+  j->fns = *fns;
+  j->arg = arg;
+  r->async = true; /* answered from done (or the op it submits) */
   pthread_mutex_lock(&pool->mu);
   list_push(&pool->queued, j);
   pthread_cond_signal(&pool->cv);
@@ -186,9 +172,9 @@ void cph_ingest_prep_stop(cph_ingest_pool *pool) {
     pthread_join(pool->threads[i], NULL);
   /* The threads are gone: what is left is the loop's. Done jobs first (they came first). */
   for (ijob *j; (j = list_pop(&pool->done)) != NULL;)
-    submit(j);
+    finish(j);
   for (ijob *j; (j = list_pop(&pool->queued)) != NULL;)
-    submit(j);
+    finish(j);
   cph_wake_free(&pool->wake);
   pthread_mutex_destroy(&pool->mu);
   pthread_cond_destroy(&pool->cv);

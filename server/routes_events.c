@@ -25,6 +25,7 @@
 #include "clusterflow.h"
 #include "emit.h"
 #include "evjson.h"
+#include "http.h"
 #include "ingest_prep.h"
 #include "routes.h"
 #include "server.h"
@@ -92,20 +93,6 @@ static void ingest_done(cph_req *r) {
   results_reply(r, op->u.ingest.results, op->u.ingest.n_events);
 }
 
-/* Submits r's ingest of in[0..n): through ingest_prep's thread when it takes it (the events'
- * text work off the loop), else at once. */
-static void submit_ingest(cph_req *r, cph_event_in *in, size_t n) {
-  r->op.u.ingest.events = in;
-  r->op.u.ingest.n_events = n;
-  if (cph_ingest_prep_submit(r->srv->ingest, r, ingest_done))
-    return;
-  if (r->error.set) {
-    cph_reply_failure(r);
-    return;
-  }
-  cph_req_submit(r, CPH_OP_INGEST, ingest_done);
-}
-
 /* ---------------------------------------------------------------- the common case, fast
  *
  * Most ingest bodies are plain: {"events": [{"channel": "...", ...}, ...]} with known fields,
@@ -117,18 +104,15 @@ static void submit_ingest(cph_req *r, cph_event_in *in, size_t n) {
  * over :max-string-bytes, more events than :max-events-per-request, no events. The generic
  * path then decodes the body and answers exactly as before (errors name their field). */
 
-/* Decodes the request the fast way into *events / *n; false (nothing answered) to leave it
- * to the generic path. */
+/* Decodes body[0..len) the fast way into *events / *n (strings and arrays in r's arena),
+ * under the limits given; false (nothing answered) to leave it to the generic path. Reads
+ * nothing but its arguments: it runs on an ingest thread too (ingest_prep.h). */
 static void *req_alloc(void *r, size_t n) { return cph_req_alloc(r, n); }
 
-static bool fast_events(cph_req *r, cph_event_in **events, size_t *n_events) {
-  size_t len;
-  const char *data = cph_req_raw_json(r, &len);
-  if (!data)
-    return false;
-  const cph_policy *p = cph_engine_policy(r->srv->engine);
-  cph_evjson f = {req_alloc, r, data, data + len, (size_t)p->server.max_string_bytes};
-  int64_t max = p->server.max_events_per_request;
+static bool fast_events(cph_req *r, const char *data, size_t len, size_t max_str,
+                        int64_t max_events, cph_event_in **events, size_t *n_events) {
+  cph_evjson f = {req_alloc, r, data, data + len, max_str};
+  int64_t max = max_events;
   static const char EVENTS_KEY[] = "\"events\"";
   if (!cph_evjson_lit(&f, '{'))
     return false;
@@ -166,20 +150,116 @@ static bool fast_events(cph_req *r, cph_event_in **events, size_t *n_events) {
   return true;
 }
 
-void cph_route_events_post(cph_req *r) {
-  cph_event_in *fast = NULL;
-  size_t n_fast = 0;
-  if (fast_events(r, &fast, &n_fast) && !r->error.set) {
-    if (r->srv->cflow) { /* cluster mode: through the log, on any node */
-      cph_cflow_ingest(r, fast, n_fast);
-      return;
-    }
-    if (!cph_cluster_gate_events(r, fast, n_fast))
-      return;
-    submit_ingest(r, fast, n_fast);
+/* Decoded events, on to the engine (or, in cluster mode, the log). */
+static void accept_events(cph_req *r, cph_event_in *in, size_t n) {
+  if (r->srv->cflow) { /* cluster mode: through the log, on any node */
+    cph_cflow_ingest(r, in, n);
     return;
   }
-  if (r->error.set || !cph_req_decode_body(r)) {
+  if (!cph_cluster_gate_events(r, in, n))
+    return;
+  r->op.u.ingest.events = in;
+  r->op.u.ingest.n_events = n;
+  cph_req_submit(r, CPH_OP_INGEST, ingest_done);
+}
+
+/* ---------------------------------------------------------------- off the loop
+ *
+ * A body of OFFLOOP_MIN_BYTES or more (about 16 events) is decoded and its events prepared
+ * (cph_event_prepare: the text hashes of content dedupe) on an ingest thread; so are the
+ * events of a large request the generic path decoded. Smaller requests — a turn cycle's one
+ * event — would wait for the round trip longer than the work takes. */
+#define OFFLOOP_MIN_BYTES 2048
+#define OFFLOOP_MIN_EVENTS 16
+
+typedef struct events_job {
+  const char *data; /* the body (pulled up on the loop), or NULL: events already decoded */
+  size_t len;
+  size_t max_str; /* the limits and dedupe settings when the job was queued */
+  int64_t max_events;
+  int32_t shingle_words;
+  int64_t min_length;
+  bool prepare; /* false in cluster mode: the log carries the events, not their hashes */
+  bool decoded; /* the fast decoder took data */
+  cph_event_in *events;
+  size_t n;
+} events_job;
+
+static void events_work(cph_req *r, void *arg, cph_event_hasher *h) {
+  events_job *j = arg;
+  if (j->data)
+    j->decoded = fast_events(r, j->data, j->len, j->max_str, j->max_events, &j->events, &j->n);
+  if (!j->decoded || !j->prepare || !h || r->error.set)
+    return;
+  cph_event_prep *preps = cph_req_alloc(r, j->n * sizeof *preps);
+  for (size_t i = 0; preps && i < j->n; i++)
+    if (cph_event_prepare(h, &j->events[i], j->shingle_words, j->min_length, &preps[i]) ==
+        CPH_OK)
+      j->events[i].prep = &preps[i]; /* else the engine computes it */
+}
+
+static void generic_events(cph_req *r);
+
+static void events_continue(cph_req *r, void *arg) {
+  events_job *j = arg;
+  if (r->error.set)
+    cph_reply_failure(r);
+  else if (j->decoded)
+    accept_events(r, j->events, j->n);
+  else
+    generic_events(r);
+}
+
+static void events_done(cph_req *r, void *arg) { cph_http_resume(r, events_continue, arg); }
+
+/* Hands r's body (data set) or decoded events to an ingest thread; false when it did not
+ * (no thread, queue full; out of memory recorded in r->error). */
+static bool offload(cph_req *r, const char *data, size_t len, cph_event_in *in, size_t n) {
+  if (!r->srv->ingest)
+    return false;
+  events_job *j = cph_req_alloc(r, sizeof *j);
+  if (!j)
+    return false;
+  const cph_policy *p = cph_engine_policy(r->srv->engine);
+  *j = (events_job){data,
+                    len,
+                    (size_t)p->server.max_string_bytes,
+                    p->server.max_events_per_request,
+                    (int32_t)p->dedupe.shingle_words,
+                    p->dedupe.min_length,
+                    !r->srv->cflow,
+                    data == NULL,
+                    in,
+                    n};
+  static const cph_ingest_job_fns fns = {events_work, events_done};
+  return cph_ingest_prep_take(r->srv->ingest, r, &fns, j);
+}
+
+void cph_route_events_post(cph_req *r) {
+  size_t len;
+  const char *data = cph_req_raw_json(r, &len);
+  if (data && len >= OFFLOOP_MIN_BYTES && offload(r, data, len, NULL, 0))
+    return;
+  const cph_policy *p = cph_engine_policy(r->srv->engine);
+  cph_event_in *fast = NULL;
+  size_t n_fast = 0;
+  if (!r->error.set && data &&
+      fast_events(r, data, len, (size_t)p->server.max_string_bytes,
+                  p->server.max_events_per_request, &fast, &n_fast) &&
+      !r->error.set) {
+    accept_events(r, fast, n_fast);
+    return;
+  }
+  if (r->error.set) {
+    cph_reply_failure(r);
+    return;
+  }
+  generic_events(r);
+}
+
+/* The generic path: jansson decodes the body and every field is checked by name. */
+static void generic_events(cph_req *r) {
+  if (!cph_req_decode_body(r)) {
     cph_reply_failure(r);
     return;
   }
@@ -235,11 +315,11 @@ void cph_route_events_post(cph_req *r) {
     cph_reply_failure(r);
     return;
   }
-  if (r->srv->cflow) {
-    cph_cflow_ingest(r, in, n);
+  if (n >= OFFLOOP_MIN_EVENTS && !r->srv->cflow && offload(r, NULL, 0, in, n))
+    return;
+  if (r->error.set) {
+    cph_reply_failure(r);
     return;
   }
-  if (!cph_cluster_gate_events(r, in, n))
-    return;
-  submit_ingest(r, in, n);
+  accept_events(r, in, n);
 }
