@@ -181,8 +181,8 @@ static void add_ingest(const metrics_sources *src, metric_registry *r) {
                      "overflow entry; they stay counted there, nothing is dropped.",
                      src->folded_total);
   metric_add_counter(r, "cephalon_ingest_prepared_events_total",
-                     "Events of committed requests whose text hashes the daemon's ingest threads "
-                     "(:server :ingest-threads) computed beside the event loop.",
+                     "Events of committed requests whose text hashes the daemon's request threads "
+                     "(:server :request-threads) computed beside the event loop.",
                      src->prepared_total);
 }
 

@@ -75,9 +75,9 @@ static const ps_field server_fields[] = {
         "most events in one POST /v1/events"),
     INT(cph_policy_server, "max-string-bytes", max_string_bytes, 16, 16777216, 65536,
         "longest string field accepted in a request"),
-    INT(cph_policy_server, "ingest-threads", ingest_threads, 0, 16, 1,
-        "threads that hash the texts of large POST /v1/events requests beside the event loop "
-        "(0: the loop does it); read at start"),
+    INT(cph_policy_server, "request-threads", request_threads, 0, 16, 1,
+        "threads that decode large POST /v1/events requests, hash their texts and write lease "
+        "answers beside the event loop (0: the loop does it all); read at start"),
     INT(cph_policy_server, "max-long-polls-per-client", max_long_polls_per_client, 1, 100000,
         64, "long-polls (lease, replies) one client may hold open at once"),
     INT(cph_policy_server, "max-wait-ms", max_wait_ms, 0, 300000, 30000,

@@ -13,7 +13,7 @@ void cph_http_dispatch(struct evhttp_request *ev, void *arg);
  * libevent still owns are left to evhttp_free. */
 void cph_http_release_all(cph_srv *s);
 /* Continues a request that went asynchronous and is the loop's again (its job off the loop
- * came back, ingest_prep.h): fn(r, arg) may answer, submit or go asynchronous again; then r
+ * came back, offload.h): fn(r, arg) may answer, submit or go asynchronous again; then r
  * ends as dispatch ends a route's run. */
 typedef struct cph_req cph_req;
 void cph_http_resume(cph_req *r, void (*fn)(cph_req *r, void *arg), void *arg);

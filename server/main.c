@@ -47,7 +47,7 @@
 #include "cephalon/cephalon.h"
 #include "common/log.h"
 #include "http.h"
-#include "ingest_prep.h"
+#include "offload.h"
 #include "listen.h"
 #include "cephalon/providers.h"
 #include "cluster.h"
@@ -340,8 +340,8 @@ static void shutdown_all(cph_srv *s) {
   }
   cph_search_prep_stop(s->search);
   s->search = NULL;
-  cph_ingest_prep_stop(s->ingest); /* submits what it holds: the passes below apply it */
-  s->ingest = NULL;
+  cph_offload_stop(s->offload); /* finishes what it holds: the passes below apply it */
+  s->offload = NULL;
   cph_maint_workers_stop(s->maint);
   s->maint = NULL;
   if (s->engine && s->http) {
@@ -519,9 +519,9 @@ int main(int argc, char **argv) {
     cph_error("cannot start the memory search threads");
     goto out;
   }
-  if (cph_ingest_prep_start(&s, (int)cph_engine_policy(s.engine)->server.ingest_threads,
-                            &s.ingest)) {
-    cph_error("cannot start the ingest thread");
+  if (cph_offload_start(&s, (int)cph_engine_policy(s.engine)->server.request_threads,
+                            &s.offload)) {
+    cph_error("cannot start the request threads");
     goto out;
   }
   if (!(s.backup = cph_backup_new())) {

@@ -228,6 +228,8 @@ static void on_op_done(cph_op *op, void *ctx) {
   (void)op;
   r->op_pending = false;
   r->on_done(r);
+  if (r->answering) /* a request thread writes the answer; its job answers and ends r */
+    return;
   if (r->held) { /* taken over: answered and ended by its new owner */
     cph_op_clear_results(&r->op);
     return;

@@ -75,6 +75,9 @@ struct cph_req {
   bool async;                  /* the handler returned without answering */
   cph_op op;                   /* the engine operation, when submitted */
   bool op_pending;             /* submitted, done not yet called */
+  /* Set by on_done when a request thread writes the answer (offload.h): the job answers,
+   * clears the op's results and ends r. */
+  bool answering;
   void (*on_done)(cph_req *r); /* answers from r->op after commit */
   /* Set by on_done when it hands r on instead of answering (cluster mode: a completion waits
    * for its done mark, clusterflow.h): whoever took it answers and ends it. */

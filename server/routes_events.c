@@ -26,7 +26,7 @@
 #include "emit.h"
 #include "evjson.h"
 #include "http.h"
-#include "ingest_prep.h"
+#include "offload.h"
 #include "routes.h"
 #include "server.h"
 
@@ -106,7 +106,7 @@ static void ingest_done(cph_req *r) {
 
 /* Decodes body[0..len) the fast way into *events / *n (strings and arrays in r's arena),
  * under the limits given; false (nothing answered) to leave it to the generic path. Reads
- * nothing but its arguments: it runs on an ingest thread too (ingest_prep.h). */
+ * nothing but its arguments: it runs on a request thread too (offload.h). */
 static void *req_alloc(void *r, size_t n) { return cph_req_alloc(r, n); }
 
 static bool fast_events(cph_req *r, const char *data, size_t len, size_t max_str,
@@ -166,7 +166,7 @@ static void accept_events(cph_req *r, cph_event_in *in, size_t n) {
 /* ---------------------------------------------------------------- off the loop
  *
  * A body of OFFLOOP_MIN_BYTES or more (about 16 events) is decoded and its events prepared
- * (cph_event_prepare: the text hashes of content dedupe) on an ingest thread; so are the
+ * (cph_event_prepare: the text hashes of content dedupe) on a request thread; so are the
  * events of a large request the generic path decoded. Smaller requests — a turn cycle's one
  * event — would wait for the round trip longer than the work takes. */
 #define OFFLOOP_MIN_BYTES 2048
@@ -212,10 +212,10 @@ static void events_continue(cph_req *r, void *arg) {
 
 static void events_done(cph_req *r, void *arg) { cph_http_resume(r, events_continue, arg); }
 
-/* Hands r's body (data set) or decoded events to an ingest thread; false when it did not
+/* Hands r's body (data set) or decoded events to a request thread; false when it did not
  * (no thread, queue full; out of memory recorded in r->error). */
 static bool offload(cph_req *r, const char *data, size_t len, cph_event_in *in, size_t n) {
-  if (!r->srv->ingest)
+  if (!r->srv->offload)
     return false;
   events_job *j = cph_req_alloc(r, sizeof *j);
   if (!j)
@@ -231,8 +231,8 @@ static bool offload(cph_req *r, const char *data, size_t len, cph_event_in *in, 
                     data == NULL,
                     in,
                     n};
-  static const cph_ingest_job_fns fns = {events_work, events_done};
-  return cph_ingest_prep_take(r->srv->ingest, r, &fns, j);
+  static const cph_offload_fns fns = {events_work, events_done};
+  return cph_offload_take(r->srv->offload, r, &fns, j);
 }
 
 void cph_route_events_post(cph_req *r) {

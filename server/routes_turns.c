@@ -32,6 +32,7 @@
 #include "clusterflow.h"
 #include "emit.h"
 #include "longpoll.h"
+#include "offload.h"
 #include "routes.h"
 #include "server.h"
 
@@ -423,23 +424,71 @@ static bool lease_misplaced(cph_req *r) {
  * written). */
 #define LEASE_HINT_MAX (4u << 20)
 
+/* A lease answer of at least this many bytes (the last answer's size says) is written on a
+ * request thread (offload.h); a smaller one costs the loop less than the hand-over. */
+#define LEASE_OFFLOAD_MIN_BYTES (16u << 10)
+
+/* Writes r's leased turn as its answer into *body, sized from hint. Reads only r's op. */
+static void lease_write(const cph_req *r, size_t hint, cph_buf *body) {
+  cph_buf_grow(body, hint < LEASE_HINT_MAX ? hint : LEASE_HINT_MAX); /* a failure sticks */
+  cph_emit w;
+  cph_emit_init(&w, body, r->msgpack_out);
+  cph_emit_object(&w, 1);
+  cph_emit_key(&w, "turn");
+  turn_emit(&w, &r->op.u.lease.turn);
+  cph_emit_end(&w);
+}
+
+/* Sends a written lease answer; the next answer's buffer is sized from it. */
+static void lease_send(cph_req *r, cph_buf *body) {
+  r->srv->lease_bytes_hint = body->len + body->len / 8 + 64; /* the newline, a larger turn */
+  cph_reply_emitted(r, 200, body);
+}
+
+typedef struct lease_job {
+  size_t hint;
+  cph_buf body;
+} lease_job;
+
+static void lease_job_work(cph_req *r, void *arg, cph_event_hasher *h) {
+  (void)h;
+  lease_job *j = arg;
+  lease_write(r, j->hint, &j->body);
+}
+
+static void lease_job_done(cph_req *r, void *arg) {
+  lease_send(r, &((lease_job *)arg)->body);
+  cph_op_clear_results(&r->op);
+  cph_req_end(r);
+}
+
+/* Hands the answer's writing to a request thread; false when it did not. */
+static bool lease_offload(cph_req *r) {
+  if (!r->srv->offload || r->srv->lease_bytes_hint < LEASE_OFFLOAD_MIN_BYTES)
+    return false;
+  lease_job *j = cph_req_alloc(r, sizeof *j);
+  if (!j)
+    return false; /* the loop writes the answer */
+  *j = (lease_job){r->srv->lease_bytes_hint, CPH_BUF_INIT};
+  static const cph_offload_fns fns = {lease_job_work, lease_job_done};
+  r->answering = true;
+  if (cph_offload_take(r->srv->offload, r, &fns, j))
+    return true;
+  r->answering = false;
+  return false;
+}
+
 static void lease_done(cph_req *r) {
   cph_lp_finish(r->srv->lp, &r->srv->lp->leases, r);
   cph_op *op = &r->op;
   if (op->rc == CPH_OK && lease_misplaced(r)) {
     cph_reply_empty(r, 204);
   } else if (op->rc == CPH_OK) {
+    if (lease_offload(r))
+      return;
     cph_buf body = CPH_BUF_INIT;
-    size_t *hint = &r->srv->lease_bytes_hint;
-    cph_buf_grow(&body, *hint < LEASE_HINT_MAX ? *hint : LEASE_HINT_MAX); /* a failure sticks */
-    cph_emit w;
-    cph_emit_init(&w, &body, r->msgpack_out);
-    cph_emit_object(&w, 1);
-    cph_emit_key(&w, "turn");
-    turn_emit(&w, &op->u.lease.turn);
-    cph_emit_end(&w);
-    *hint = body.len + body.len / 8 + 64; /* room for the newline, and for a turn a bit larger */
-    cph_reply_emitted(r, 200, &body);
+    lease_write(r, r->srv->lease_bytes_hint, &body);
+    lease_send(r, &body);
   } else if (op->rc == CPH_ETIMEDOUT) {
     cph_reply_empty(r, 204);
   } else {

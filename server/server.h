@@ -23,7 +23,7 @@ struct cph_srv {
   struct cph_longpolls *lp;        /* longpoll.c */
   struct cph_maint_pool *maint;    /* maint_workers.c */
   struct cph_search_pool *search;  /* search_prep.c */
-  struct cph_ingest_pool *ingest;  /* ingest_prep.c */
+  struct cph_offload_pool *offload; /* offload.c: request work beside the loop */
   struct cph_backup *backup;       /* backup.c: the online backup, one at a time */
   struct cph_cluster *cluster;     /* cluster.c; NULL without :cluster (a single node) */
   struct cph_cflow *cflow;         /* clusterflow.c; NULL without :cluster :nats */

@@ -76,7 +76,7 @@ typedef struct cph_policy_server {
   int64_t max_body_bytes;             /* largest accepted request body */
   int64_t max_events_per_request;     /* POST /v1/events batch cap */
   int64_t max_string_bytes;           /* longest accepted string field */
-  int64_t ingest_threads;             /* server/ingest_prep.c's threads, read at start */
+  int64_t request_threads;            /* server/offload.c's threads, read at start */
   int64_t max_long_polls_per_client;  /* concurrent lease/replies long-polls per client */
   int64_t max_wait_ms;                /* cap on a long-poll's wait_ms */
   int64_t timeout_seconds;            /* idle HTTP connection timeout */

@@ -536,12 +536,12 @@ static void flood_across_restart(fixture *f, int sig) {
   json_int_t ids[2 * N];
   size_t n = 0;
   const char *text = "WARNING replication lag on replica-3 above threshold";
-  /* requests of 20: the daemon hashes their texts on its ingest thread (server/ingest_prep.c) */
+  /* requests of 20: the daemon hashes their texts on a request thread (server/offload.c) */
   post_repeats(f, "ops", "nagios-bot", text, N, 20, 1, ids, &n);
   long long prepared = metric(f, "cephalon_ingest_prepared_events_total");
   if (prepared != N)
     fail_msg("cephalon_ingest_prepared_events_total %lld after %d events in requests of 20: the "
-             "ingest thread should have hashed every one",
+             "request thread should have hashed every one",
              prepared, N);
   restart(f, sig);
   /* the dedupe window may or may not survive the restart: queued or aggregated, counted */

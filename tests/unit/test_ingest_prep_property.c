@@ -1,4 +1,4 @@
-/* Prepared ingest is ingest (server/ingest_prep.c, cph_event_prepare): an event whose text
+/* Prepared ingest is ingest (server/offload.c, cph_event_prepare): an event whose text
  * hashes were computed ahead of the engine, on another thread and possibly under other dedupe
  * settings (a policy reload came between), gets exactly the answer it gets unprepared.
  *

@@ -1,24 +1,23 @@
-/* Ingest's request work, off the loop (DESIGN §12: durable ingest).
+/* Request work beside the loop (DESIGN §12: durable ingest, the turn cycle).
  *
- * The engine applies a POST /v1/events inside its pass, on the loop's thread, and that thread
- * is what bounds ingest. Part of each request's work needs neither the engine nor libevent:
- * decoding its JSON and, for each event, normalising the body and hashing it for content
- * dedupe (SHA-256, simhash, the identifier signature) — about a sixth of the request's cost.
- * routes_events.c hands a large request here:
- *   loop:   the body pulled up contiguous, the limits and dedupe settings copied -> queue
- *   thread: the job's work (decode into r's arena, cph_event_prepare for each event)
- *   loop:   (woken through a pipe) the job's done: submit the op, or fall back to the generic
- *           decoder, or answer an error
+ * The engine runs on the loop's thread, and that thread is what bounds ingest and the turn
+ * cycle. Part of a request's work needs neither the engine nor libevent, and routes hand it
+ * here as a job — work(r, arg, h) on a pool thread, then done(r, arg) on the loop, woken
+ * through a pipe:
+ *   - a large POST /v1/events (routes_events.c): decoding its JSON into r's arena and, for
+ *     each event, the text hashes of content dedupe (cph_event_prepare) — about a sixth of the
+ *     request's cost; done submits the op (or falls back to the generic decoder);
+ *   - a lease answer (routes_turns.c): writing the turn's JSON — a tenth of a cycle; done
+ *     sends it.
  * While a job is out, nothing on the loop touches its request (libevent keeps a request whose
- * client left until it is answered, so its body stays readable). The engine checks each prep
- * against the dedupe settings in force, so a reload in between changes no verdict. Nothing is
- * answered before the pass that applies the request commits, as without this service; a
- * request is never dropped here: a full queue or no thread means the route does the work
- * itself, and at shutdown every held job is finished on the loop. */
+ * client left until it is answered, so its body stays readable), and what the work reads is
+ * the request's own (its arena, its op's inputs or results). Nothing is answered earlier than
+ * without this service; a request is never dropped here: a full queue or no thread means the
+ * route does the work itself, and at shutdown every held job is finished on the loop. */
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "ingest_prep.h"
+#include "offload.h"
 #include "request.h"
 #include "server.h"
 
@@ -27,7 +26,7 @@
 typedef struct ijob {
   struct ijob *next;
   cph_req *r; /* the thread's until the job is done */
-  cph_ingest_job_fns fns;
+  cph_offload_fns fns;
   void *arg;
   bool worked;
 } ijob;
@@ -37,7 +36,7 @@ typedef struct ijob_list {
   size_t n;
 } ijob_list;
 
-struct cph_ingest_pool {
+struct cph_offload_pool {
   cph_srv *srv;
   pthread_t *threads;
   int n_threads;
@@ -72,7 +71,7 @@ static ijob *list_pop(ijob_list *l) {
 /* ---------------------------------------------------------------- the threads */
 
 static void *prep_main(void *arg) {
-  struct cph_ingest_pool *pool = arg;
+  struct cph_offload_pool *pool = arg;
   cph_event_hasher *h = cph_event_hasher_new(); /* NULL: events go unprepared */
   pthread_mutex_lock(&pool->mu);
   for (;;) {
@@ -99,7 +98,7 @@ static void *prep_main(void *arg) {
 static void finish(ijob *j) {
   if (!j->worked)
     j->fns.work(j->r, j->arg, NULL);
-  cph_ingest_job_fns fns = j->fns;
+  cph_offload_fns fns = j->fns;
   cph_req *r = j->r;
   void *arg = j->arg;
   free(j);
@@ -107,7 +106,7 @@ static void finish(ijob *j) {
 }
 
 static void on_wake(void *arg) {
-  struct cph_ingest_pool *pool = arg;
+  struct cph_offload_pool *pool = arg;
   pthread_mutex_lock(&pool->mu);
   ijob_list done = pool->done;
   pool->done = (ijob_list){0};
@@ -116,7 +115,7 @@ static void on_wake(void *arg) {
     finish(j);
 }
 
-bool cph_ingest_prep_take(cph_ingest_pool *pool, cph_req *r, const cph_ingest_job_fns *fns,
+bool cph_offload_take(cph_offload_pool *pool, cph_req *r, const cph_offload_fns *fns,
                           void *arg) {
   if (!pool || !pool->n_threads)
     return false;
@@ -129,7 +128,8 @@ bool cph_ingest_prep_take(cph_ingest_pool *pool, cph_req *r, const cph_ingest_jo
   j->r = r;
   j->fns = *fns;
   j->arg = arg;
-  r->async = true; /* answered from done (or the op it submits) */
+  if (!r->answering)
+    r->async = true; /* before its op: done answers it or submits */
   pthread_mutex_lock(&pool->mu);
   list_push(&pool->queued, j);
   pthread_cond_signal(&pool->cv);
@@ -137,15 +137,15 @@ bool cph_ingest_prep_take(cph_ingest_pool *pool, cph_req *r, const cph_ingest_jo
   return true;
 }
 
-int cph_ingest_prep_start(cph_srv *s, int n, cph_ingest_pool **out) {
-  struct cph_ingest_pool *pool = calloc(1, sizeof *pool);
+int cph_offload_start(cph_srv *s, int n, cph_offload_pool **out) {
+  struct cph_offload_pool *pool = calloc(1, sizeof *pool);
   *out = pool;
   if (!pool)
     return CPH_ENOMEM;
   pool->srv = s;
   pthread_mutex_init(&pool->mu, NULL);
   pthread_cond_init(&pool->cv, NULL);
-  int rc = cph_wake_init(&pool->wake, s->base, on_wake, pool, "ingest thread");
+  int rc = cph_wake_init(&pool->wake, s->base, on_wake, pool, "request thread");
   if (rc)
     return rc;
   if (n <= 0)
@@ -161,7 +161,7 @@ int cph_ingest_prep_start(cph_srv *s, int n, cph_ingest_pool **out) {
   return CPH_OK;
 }
 
-void cph_ingest_prep_stop(cph_ingest_pool *pool) {
+void cph_offload_stop(cph_offload_pool *pool) {
   if (!pool)
     return;
   pthread_mutex_lock(&pool->mu);
