@@ -33,10 +33,10 @@
 /* Writes {"results": [...]} with cph_emit: one result object per event, in request order,
  * members id, status, sessions, then reason and field when set. The same shape the jansson
  * path used to build; writing it straight into the buffer saves a node per value. */
-static void results_reply(cph_req *r, const cph_event_result *results, size_t n) {
-  cph_buf body = CPH_BUF_INIT;
+static void results_write(const cph_req *r, const cph_event_result *results, size_t n,
+                          cph_buf *body) {
   cph_emit w;
-  cph_emit_init(&w, &body, r->msgpack_out);
+  cph_emit_init(&w, body, r->msgpack_out);
   cph_emit_object(&w, 1);
   cph_emit_key(&w, "results");
   cph_emit_array(&w, results ? n : 0);
@@ -81,14 +81,44 @@ static void results_reply(cph_req *r, const cph_event_result *results, size_t n)
   }
   cph_emit_end(&w);
   cph_emit_end(&w);
+}
+
+static void results_reply(cph_req *r, const cph_event_result *results, size_t n) {
+  cph_buf body = CPH_BUF_INIT;
+  results_write(r, results, n, &body);
   cph_reply_emitted(r, 200, &body);
 }
+
+/* The results of a request of OFFLOOP_MIN_EVENTS or more are written on a request thread. */
+static void results_work(cph_req *r, void *arg, cph_event_hasher *h) {
+  (void)h;
+  results_write(r, r->op.u.ingest.results, r->op.u.ingest.n_events, arg);
+}
+
+static void results_send(cph_req *r, void *arg) {
+  cph_reply_emitted(r, 200, arg);
+  cph_op_clear_results(&r->op);
+  cph_req_end(r);
+}
+
+#define OFFLOOP_MIN_EVENTS 16
 
 static void ingest_done(cph_req *r) {
   cph_op *op = &r->op;
   if (op->rc != CPH_OK) {
     cph_reply_rc(r, op->rc, op->err.msg, op->field);
     return;
+  }
+  cph_buf *body = op->u.ingest.n_events >= OFFLOOP_MIN_EVENTS && r->srv->offload
+                      ? cph_req_alloc(r, sizeof *body)
+                      : NULL;
+  if (body) {
+    static const cph_offload_fns fns = {results_work, results_send};
+    *body = (cph_buf)CPH_BUF_INIT;
+    r->answering = true;
+    if (cph_offload_take(r->srv->offload, r, &fns, body))
+      return;
+    r->answering = false;
   }
   results_reply(r, op->u.ingest.results, op->u.ingest.n_events);
 }
@@ -167,10 +197,10 @@ static void accept_events(cph_req *r, cph_event_in *in, size_t n) {
  *
  * A body of OFFLOOP_MIN_BYTES or more (about 16 events) is decoded and its events prepared
  * (cph_event_prepare: the text hashes of content dedupe) on a request thread; so are the
- * events of a large request the generic path decoded. Smaller requests — a turn cycle's one
- * event — would wait for the round trip longer than the work takes. */
+ * events of a large request the generic path decoded, and the answer of one of
+ * OFFLOOP_MIN_EVENTS or more is written there. Smaller requests — a turn cycle's one event —
+ * would wait for the round trip longer than the work takes. */
 #define OFFLOOP_MIN_BYTES 2048
-#define OFFLOOP_MIN_EVENTS 16
 
 typedef struct events_job {
   const char *data; /* the body (pulled up on the loop), or NULL: events already decoded */
