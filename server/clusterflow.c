@@ -2849,6 +2849,9 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
       {"cephalon_cluster_log_apply_failures_total", "counter",
        "Batches of log messages the engine failed to apply (they come again)."},
       {"cephalon_cluster_log_in_flight", "gauge", "Publishes not yet acknowledged by the log."},
+      {"cephalon_cluster_log_lag_messages", "gauge",
+       "Messages of the shards bound here that this node has not applied yet: not yet "
+       "delivered, or delivered and not acknowledged."},
       {"cephalon_cluster_log_waiting_requests", "gauge",
        "POST /v1/events requests waiting for the log's acknowledgement."},
       {"cephalon_cluster_sessions_known", "gauge",
@@ -2877,6 +2880,7 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
                         f->forwarded,
                         f->apply_failures,
                         (uint64_t)(st.in_flight > 0 ? st.in_flight : 0),
+                        st.lag,
                         waiting,
                         cph_ctable_count(f->table),
                         f->rebuilds,

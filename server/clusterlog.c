@@ -102,6 +102,9 @@ typedef struct shard_sub {
   uint64_t gen; /* which binding: set before subscribing, read by on_delivery */
   struct cph_clog *log;
   uint32_t shard;
+  /* Under the log's mu: the shard's messages the log has not delivered to this binding yet —
+   * the consumer's backlog at binding, then NumPending of each delivery. */
+  uint64_t undelivered;
 } shard_sub;
 
 struct cph_clog {
@@ -133,6 +136,7 @@ struct cph_clog {
   bool signalled; /* a byte is in the pipe */
   int64_t in_flight;
   uint64_t published, delivered;
+  uint64_t held; /* delivered, not yet acknowledged or released */
   uint32_t bound;
   uint64_t bind_gen; /* bindings so far */
   char last_error[256];
@@ -170,6 +174,8 @@ static void push_item(cph_clog *l, item *it) {
   bool wake = false;
   pthread_mutex_lock(&l->mu);
   if (l->quiesced) {
+    if (it->kind == ITEM_MSG)
+      l->held--;
     pthread_mutex_unlock(&l->mu);
     if (it->kind == ITEM_MSG) {
       natsMsg_Destroy(it->msg->nats); /* not acknowledged: delivered again */
@@ -330,11 +336,15 @@ static void on_delivery(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
   m->data = natsMsg_GetData(msg);
   m->len = (size_t)natsMsg_GetDataLength(msg);
   m->nats = msg;
+  uint64_t undelivered = meta->NumPending;
   jsMsgMetaData_Destroy(meta);
   it->kind = ITEM_MSG;
   it->msg = m;
   pthread_mutex_lock(&l->mu);
   l->delivered++;
+  l->held++;
+  if (ss->gen == m->bind_gen)
+    ss->undelivered = undelivered;
   pthread_mutex_unlock(&l->mu);
   push_item(l, it);
 }
@@ -605,6 +615,7 @@ static void bind_shard(cph_clog *l, uint32_t s) {
     set_error(l, "consumer %s: %s", durable, nats_GetLastError(NULL));
     return;
   }
+  uint64_t backlog = ci->NumPending;
   jsConsumerInfo_Destroy(ci);
   jsSubOptions so;
   jsSubOptions_Init(&so);
@@ -615,6 +626,7 @@ static void bind_shard(cph_clog *l, uint32_t s) {
   l->subs[s].shard = s;
   pthread_mutex_lock(&l->mu);
   l->subs[s].gen = ++l->bind_gen;
+  l->subs[s].undelivered = backlog;
   pthread_mutex_unlock(&l->mu);
   st = js_Subscribe(&l->subs[s].sub, l->js, filter, on_delivery, &l->subs[s], NULL, &so, &jerr);
   if (st != NATS_OK) {
@@ -1678,17 +1690,34 @@ int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const 
   return CPH_OK;
 }
 
+/* A delivered message leaves this node's hands. */
+static void let_go(cph_clog *l) {
+  pthread_mutex_lock(&l->mu);
+  l->held--;
+  pthread_mutex_unlock(&l->mu);
+}
+
 void cph_clog_ack(cph_clog *l, cph_clog_msg *m) {
-  (void)l;
   natsMsg_Ack(m->nats, NULL); /* fire and forget: a lost ack means one more delivery */
   natsMsg_Destroy(m->nats);
   free(m);
+  let_go(l);
 }
 
 void cph_clog_release(cph_clog *l, cph_clog_msg *m) {
-  (void)l;
   natsMsg_Destroy(m->nats);
   free(m);
+  let_go(l);
+}
+
+/* Under mu: messages of the shards bound here that this node has not applied — not yet
+ * delivered, or delivered and not yet acknowledged. */
+static uint64_t lag_locked(const cph_clog *l) {
+  uint64_t lag = l->held;
+  for (uint32_t s = 0; l->is_bound && s < l->shards; s++)
+    if (l->is_bound[s])
+      lag += l->subs[s].undelivered;
+  return lag;
 }
 
 void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out) {
@@ -1699,6 +1728,7 @@ void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out) {
   out->delivered = l->delivered;
   out->in_flight = l->in_flight;
   out->rebuilding = l->replaying;
+  out->lag = lag_locked(l);
   pthread_mutex_unlock(&l->mu);
 }
 
@@ -1712,10 +1742,11 @@ bool cph_clog_ready(cph_clog *l) {
 json_t *cph_clog_json(cph_clog *l) {
   pthread_mutex_lock(&l->mu);
   const char *state = !l->ready ? "connecting" : l->connected ? "ready" : "reconnecting";
-  json_t *o = json_pack("{sssssIsIsIsIsIss}", "state", state, "stream", CPH_CLOG_STREAM, "replicas",
-                        (json_int_t)l->replicas, "shards_bound", (json_int_t)l->bound, "published",
-                        (json_int_t)l->published, "delivered", (json_int_t)l->delivered,
-                        "in_flight", (json_int_t)l->in_flight, "last_error", l->last_error);
+  json_t *o = json_pack("{sssssIsIsIsIsIsIss}", "state", state, "stream", CPH_CLOG_STREAM,
+                        "replicas", (json_int_t)l->replicas, "shards_bound", (json_int_t)l->bound,
+                        "published", (json_int_t)l->published, "delivered",
+                        (json_int_t)l->delivered, "in_flight", (json_int_t)l->in_flight, "lag",
+                        (json_int_t)lag_locked(l), "last_error", l->last_error);
   pthread_mutex_unlock(&l->mu);
   return o;
 }

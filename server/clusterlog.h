@@ -255,13 +255,17 @@ typedef struct cph_clog_stats {
   uint64_t published, delivered;
   int64_t in_flight;
   uint32_t rebuilding; /* served shards whose past is being read or rebuilt from */
+  uint64_t lag;        /* messages of the shards bound here not applied yet (cph_clog_json) */
 } cph_clog_stats;
 void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out);
 
 /* True once connected with the stream in place. */
 bool cph_clog_ready(cph_clog *l);
-/* {"state", "stream", "replicas", "shards_bound", "published", "delivered"} for
- * GET /v1/cluster. New reference. */
+/* {"state", "stream", "replicas", "shards_bound", "published", "delivered", "in_flight",
+ * "lag", "last_error"} for GET /v1/cluster. lag: messages of the shards bound here that this
+ * node has not applied — the consumers' backlogs (as of binding, then of each delivery) and
+ * those delivered and not yet acknowledged; a message released after a failure counts again
+ * once it is delivered again. New reference. */
 json_t *cph_clog_json(cph_clog *l);
 
 #endif

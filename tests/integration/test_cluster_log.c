@@ -28,6 +28,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <unistd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <signal.h>
@@ -108,11 +109,29 @@ test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once(void 
     json_decref(v);
   }
   assert_true(forwarded > 0);
+  /* Everything is applied: no node lags the log (a message counted as held and never let go,
+   * or a stale backlog, would keep a node's lag above 0). */
+  for (int i = 0; i < NODES; i++) {
+    json_int_t lag = -1;
+    for (int64_t until = cph_test_now_ms() + 10000; cph_test_now_ms() < until;) {
+      json_t *v = cph_tc_view(w->c, i);
+      json_t *l = json_object_get(json_object_get(v, "log"), "lag");
+      lag = json_is_integer(l) ? json_integer_value(l) : -1;
+      json_decref(v);
+      if (lag == 0)
+        break;
+      usleep(100 * 1000);
+    }
+    if (lag != 0)
+      fail_msg("node %d: log.lag %lld 10 s after every event was applied, want 0", i,
+               (long long)lag);
+  }
   /* The log's metrics are there and pass promtool. */
   cph_test_response r = cph_test_http(w->c->port[0], "GET", "/metrics", NULL, NULL);
   assert_int_equal(r.status, 200);
   assert_non_null(strstr(r.body, "cephalon_cluster_log_ready 1\n"));
   assert_non_null(strstr(r.body, "cephalon_cluster_log_applied_total "));
+  assert_non_null(strstr(r.body, "\ncephalon_cluster_log_lag_messages 0\n"));
   cph_test_promtool_check(r.body);
   cph_test_response_free(&r);
 }
