@@ -256,6 +256,8 @@ typedef struct pos_req {
 
 struct cph_cflow {
   cph_srv *s;
+  int32_t prep_shingle_words; /* the dedupe settings delivered events are prepared under */
+  int64_t prep_min_length;
   cph_clog *log; /* NULL after quiesce */
   char node[101];
   uint64_t boot, minted, next_ref;
@@ -1320,6 +1322,41 @@ static bool decode_payload(const char *data, size_t len, struct cph_arena_chunk 
       return false;
   }
   return true;
+}
+
+/* A delivered message decoded on the thread that received it (clusterlog.h's decode hook):
+ * what decode_payload gives, and its events' text hashes (cph_event_prepare) in the arena, so
+ * the loop only applies them. */
+typedef struct predecoded {
+  bool ok; /* decode_payload's answer */
+  struct cph_arena_chunk *arena;
+  json_t *doc;
+  cph_event_in *evs;
+  size_t n;
+  const char *batch_id;
+} predecoded;
+
+static void predecoded_free(void *d) {
+  predecoded *p = d;
+  json_decref(p->doc);
+  cph_arena_free(&p->arena);
+  free(p);
+}
+
+static void *predecode(void *ctx, const char *data, size_t len) {
+  const cph_cflow *f = ctx;
+  predecoded *p = calloc(1, sizeof *p);
+  if (!p)
+    return NULL;
+  p->ok = decode_payload(data, len, &p->arena, &p->doc, &p->evs, &p->n, &p->batch_id);
+  cph_event_hasher *h = p->ok && p->n ? cph_event_hasher_new() : NULL;
+  cph_event_prep *preps = h ? arena_alloc(&p->arena, p->n * sizeof *preps) : NULL;
+  for (size_t i = 0; preps && i < p->n; i++)
+    if (cph_event_prepare(h, &p->evs[i], f->prep_shingle_words, f->prep_min_length,
+                          &preps[i]) == CPH_OK)
+      p->evs[i].prep = &preps[i];
+  cph_event_hasher_free(h);
+  return p;
 }
 
 typedef struct target {
@@ -2443,8 +2480,22 @@ static void on_message(void *ctx, cph_clog_msg *m) {
     return;
   }
   ap->m = m;
-  if (!decode_payload(m->data, m->len, &ap->arena, &ap->doc, &ap->evs, &ap->n_evs,
-                      &ap->batch_id)) {
+  predecoded *pd = m->decoded;
+  bool decoded;
+  if (pd) { /* decoded and prepared off the loop: taken over */
+    m->decoded = NULL;
+    decoded = pd->ok;
+    ap->arena = pd->arena;
+    ap->doc = pd->doc;
+    ap->evs = pd->evs;
+    ap->n_evs = pd->n;
+    ap->batch_id = pd->batch_id;
+    free(pd);
+  } else {
+    decoded = decode_payload(m->data, m->len, &ap->arena, &ap->doc, &ap->evs, &ap->n_evs,
+                             &ap->batch_id);
+  }
+  if (!decoded) {
     cph_error("cluster log: message %" PRIu64 " of shard %" PRIu32
               " is not an event; acknowledged and skipped",
               m->seq, m->shard);
@@ -2674,7 +2725,12 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
   }
-  cph_clog_hooks hooks = {f, on_published, on_message, on_session_entry, on_replayed, on_pos};
+  /* Events are prepared under the dedupe settings of the start; the engine takes a prep only
+   * under the settings in force (cph_event_prep), so a reload changes no verdict. */
+  f->prep_shingle_words = (int32_t)pol->dedupe.shingle_words;
+  f->prep_min_length = pol->dedupe.min_length;
+  cph_clog_hooks hooks = {f,           on_published, on_message,       predecode,
+                          predecoded_free, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
                                                    : pol->dedupe.key_window_seconds;
   int rc = cph_clog_start(&pol->cluster, window, s->cluster, s->base,

@@ -179,6 +179,8 @@ static void push_item(cph_clog *l, item *it) {
     pthread_mutex_unlock(&l->mu);
     if (it->kind == ITEM_MSG) {
       natsMsg_Destroy(it->msg->nats); /* not acknowledged: delivered again */
+      if (it->msg->decoded)
+        l->hooks.discard(it->msg->decoded);
       free(it->msg);
     }
     cph_clog_replay_free(it->replay);
@@ -336,6 +338,8 @@ static void on_delivery(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
   m->data = natsMsg_GetData(msg);
   m->len = (size_t)natsMsg_GetDataLength(msg);
   m->nats = msg;
+  if (l->hooks.decode)
+    m->decoded = l->hooks.decode(l->hooks.ctx, m->data, m->len);
   uint64_t undelivered = meta->NumPending;
   jsMsgMetaData_Destroy(meta);
   it->kind = ITEM_MSG;
@@ -1700,12 +1704,16 @@ static void let_go(cph_clog *l) {
 void cph_clog_ack(cph_clog *l, cph_clog_msg *m) {
   natsMsg_Ack(m->nats, NULL); /* fire and forget: a lost ack means one more delivery */
   natsMsg_Destroy(m->nats);
+  if (m->decoded)
+    l->hooks.discard(m->decoded);
   free(m);
   let_go(l);
 }
 
 void cph_clog_release(cph_clog *l, cph_clog_msg *m) {
   natsMsg_Destroy(m->nats);
+  if (m->decoded)
+    l->hooks.discard(m->decoded);
   free(m);
   let_go(l);
 }

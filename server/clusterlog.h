@@ -114,7 +114,8 @@ typedef struct cph_clog_msg {
                           to the shard's consumer (cluster-wide unique per node) */
   const char *data;    /* the payload (JSON), not NUL-terminated */
   size_t len;
-  void *nats; /* the natsMsg */
+  void *nats;    /* the natsMsg */
+  void *decoded; /* the decode hook's result (NULL: none); the message hook may take it */
 } cph_clog_msg;
 
 typedef enum cph_clog_kind {
@@ -166,6 +167,11 @@ typedef struct cph_clog_hooks {
   void (*published)(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup, const char *why);
   /* A message of a shard this node served when it was delivered. The hook owns m. */
   void (*message)(void *ctx, cph_clog_msg *m);
+  /* Optional: the payload decoded on the thread that received the message (never the loop),
+   * before `message` sees it: the result is m->decoded. Reads only what never changes after
+   * start. discard frees a result nobody took (m acknowledged or released with it set). */
+  void *(*decode)(void *ctx, const char *data, size_t len);
+  void (*discard)(void *decoded);
   /* A session record put (value, vlen) or deleted (value NULL) in the bucket; key is the
    * session id (decoded). */
   void (*session)(void *ctx, const char *session, const char *value, size_t vlen);

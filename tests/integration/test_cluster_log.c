@@ -126,6 +126,19 @@ test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once(void 
       fail_msg("node %d: log.lag %lld 10 s after every event was applied, want 0", i,
                (long long)lag);
   }
+  /* Every event was applied from a message decoded and prepared off the loop (the log's
+   * delivery threads, clusterflow.c predecode): its text hashes came prepared. */
+  long long prepared = 0;
+  for (int i = 0; i < NODES; i++) {
+    cph_test_response m = cph_test_http(w->c->port[i], "GET", "/metrics", NULL, NULL);
+    const char *at = m.body ? strstr(m.body, "\ncephalon_ingest_prepared_events_total ") : NULL;
+    if (at)
+      prepared += atoll(at + strlen("\ncephalon_ingest_prepared_events_total "));
+    cph_test_response_free(&m);
+  }
+  if (prepared < n)
+    fail_msg("%lld events applied prepared on the three nodes, want at least the %d posted",
+             prepared, n);
   /* The log's metrics are there and pass promtool. */
   cph_test_response r = cph_test_http(w->c->port[0], "GET", "/metrics", NULL, NULL);
   assert_int_equal(r.status, 200);
