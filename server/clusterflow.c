@@ -1979,7 +1979,9 @@ static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done) {
     cph_event_in *evs = NULL;
     size_t n = 0;
     const char *batch_id;
-    bool ok = decode_payload(e->data, e->len, &rb->arena, &doc, &evs, &n, &batch_id);
+    const predecoded *pd = e->decoded; /* by the replay thread: lives as long as rp */
+    bool ok = pd ? (evs = pd->evs, n = pd->n, pd->ok)
+                 : decode_payload(e->data, e->len, &rb->arena, &doc, &evs, &n, &batch_id);
     if (!ok)
       cph_warn("cluster log: message %" PRIu64 " of shard %" PRIu32
                " is not an event; skipped by the rebuild",

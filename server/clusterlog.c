@@ -765,8 +765,11 @@ static void sync_shards(cph_clog *l) {
 void cph_clog_replay_free(cph_clog_replay *rp) {
   if (!rp)
     return;
-  for (size_t i = 0; i < rp->n_entries; i++)
+  for (size_t i = 0; i < rp->n_entries; i++) {
     free(rp->entries[i].data);
+    if (rp->entries[i].decoded)
+      rp->discard(rp->entries[i].decoded);
+  }
   free(rp->entries);
   for (size_t i = 0; i < rp->n_states; i++) {
     free(rp->states[i].session);
@@ -791,7 +794,7 @@ static bool replay_add(cph_clog_replay *rp, size_t *cap, uint64_t seq, cph_clog_
     return false;
   memcpy(copy, data, len);
   copy[len] = '\0';
-  rp->entries[rp->n_entries++] = (cph_clog_entry){seq, kind, copy, len};
+  rp->entries[rp->n_entries++] = (cph_clog_entry){seq, kind, copy, len, NULL};
   return true;
 }
 
@@ -1120,6 +1123,12 @@ static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, c
    * writes the key, or is written over (clusterflow.h 11.). */
   if (!replay_states(l, rp, why, size))
     goto fail;
+  if (l->hooks.decode) { /* the messages decoded and prepared here, beside the loop */
+    rp->discard = l->hooks.discard;
+    for (size_t i = 0; i < rp->n_events; i++)
+      rp->entries[i].decoded =
+          l->hooks.decode(l->hooks.ctx, rp->entries[i].data, rp->entries[i].len);
+  }
   rp->read_ns = mono_ns() - t0;
   return rp;
 fail:

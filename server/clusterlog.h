@@ -129,6 +129,7 @@ typedef struct cph_clog_entry {
   cph_clog_kind kind;
   char *data; /* the payload, NUL-terminated (len bytes before the NUL) */
   size_t len;
+  void *decoded; /* in and fwd: the decode hook's result (NULL: none), freed with the replay */
 } cph_clog_entry;
 
 /* The newest value of one session's key in CEPH_STATE. */
@@ -148,13 +149,14 @@ typedef struct cph_clog_replay {
    * order; entries[n_events..n_entries): its done marks with seq >= from. */
   cph_clog_entry *entries;
   size_t n_events, n_entries;
-  int64_t read_ns; /* how long reading took */
+  int64_t read_ns; /* how long reading took, with decoding the messages (the decode hook) */
   /* The fences taken (clusterflow.h 10.): the revision of the shard's watermark key and the
    * sequence of the epoch on ceph.s.done.<shard> — what this node's next writes there expect. */
   uint64_t mark_rev, done_last;
   /* The newest value of each key of the shard in CEPH_STATE, read after the fences. */
   cph_clog_state *states;
   size_t n_states;
+  void (*discard)(void *decoded); /* the hook that frees the entries' decoded results */
 } cph_clog_replay;
 void cph_clog_replay_free(cph_clog_replay *rp); /* NULL is fine */
 

@@ -126,6 +126,21 @@ static json_int_t rebuild_sum(cph_tcw *w, const char *name) {
   return sum;
 }
 
+/* cephalon_ingest_prepared_events_total summed over the nodes up, skipping `except`. */
+static long long prepared_sum(cph_tcw *w, int except) {
+  long long sum = 0;
+  for (int n = 0; n < w->c->n_nodes; n++) {
+    if (!w->c->up[n] || n == except)
+      continue;
+    cph_test_response r = cph_test_http(w->c->port[n], "GET", "/metrics", NULL, NULL);
+    const char *at = r.body ? strstr(r.body, "\ncephalon_ingest_prepared_events_total ") : NULL;
+    if (at)
+      sum += atoll(at + strlen("\ncephalon_ingest_prepared_events_total "));
+    cph_test_response_free(&r);
+  }
+  return sum;
+}
+
 /* Waits until the nodes up serve and have bound (so rebuilt) every shard. */
 static void settle(cph_tcw *w, const char *what) {
   bool live[CPH_TC_MAX_NODES] = {false};
@@ -230,11 +245,18 @@ static void test_cluster_rebuild_a_dead_nodes_unconsumed_input_reaches_its_sessi
          "running on n%d, which holds %d sessions\n",
          before, staged_before, lost_turn, victim, victims_sessions);
   json_int_t events_before = rebuild_sum(w, "events_total");
+  long long prepared_before = prepared_sum(w, victim);
   b->kept = kill_and_settle(w, victim, true);
   /* The dead node's unconsumed input was delivered again on the survivors. */
   json_int_t rebuilt = rebuild_sum(w, "events_total") - events_before;
   printf("the survivors' rebuilds delivered %lld events again\n", (long long)rebuilt);
   assert_true(rebuilt >= lost_turn);
+  /* ... each decoded and prepared by the replay thread that read it, not on the loop */
+  long long prepared = prepared_sum(w, victim) - prepared_before;
+  if (prepared < rebuilt)
+    fail_msg("the survivors applied %lld events prepared across the takeover, want at least "
+             "the %lld their rebuilds delivered",
+             prepared, (long long)rebuilt);
   cph_tcw_settle_and_check(w, 0, n, t0, 0);
   /* The rebuild's metrics are there and pass promtool. */
   int survivor = w->c->up[0] ? 0 : 1;
