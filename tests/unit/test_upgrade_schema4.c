@@ -1,5 +1,6 @@
 /* A schema-4 data directory under this build (schema 5, store/store.h): its embed queue holds
- * one row per memory, which this build reads as ranges of one. A copy of a live directory
+ * one row per memory, which this build reads as ranges of one, and one exact-dedupe entry per
+ * event keyed by its time, which it reads as they are beside its rows. A copy of a live directory
  * written back in schema 4's form must be refused by a plain store open, migrate through the
  * engine, and then give what the original gives: the same embed backlog, the same search
  * answers, the same dedupe verdicts on repeats of what came before — and both must go on
@@ -17,6 +18,7 @@
 #include "cephalon/cephalon.h"
 #include "store/store.h"
 #include "tests/support/engine_fixture.h"
+#include "tests/support/schema4.h"
 #include "tests/support/testutil.h"
 
 static const char *POLICY = "{:sessions {:janitor? false :max-queue 1000}\n"
@@ -91,8 +93,8 @@ static void copy_file(const char *from, const char *to) {
   free(data);
 }
 
-/* Writes dir back as schema 4 held it: each embed-queue range becomes one row per id (an
- * empty value), the schema version is 4. Returns how many ranges of several ids it split. */
+/* Writes dir back as schema 4 held it: one embed-queue row per id, one exact-dedupe entry per
+ * copy under its time, schema version 4. Returns how many embed-queue ranges it split. */
 static size_t write_schema4(const char *dir) {
   cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
   cph_store *st;
@@ -101,32 +103,12 @@ static size_t write_schema4(const char *dir) {
     fail_msg("store %s: %s", dir, err.msg);
   cph_txn t;
   assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
-  uint64_t ranges[64][2];
-  size_t n = 0;
-  cph_cursor c;
-  cph_val k, v;
-  assert_int_equal(cph_cursor_open(&t, CPH_DB_EMBED_QUEUE, &c), CPH_OK);
-  for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v))
-    if (v.len == 8) {
-      assert_true(n < 64);
-      ranges[n][0] = cph_be64_get(k.data);
-      ranges[n++][1] = cph_be64_get(v.data);
-    }
-  cph_cursor_close(&c);
-  for (size_t i = 0; i < n; i++)
-    for (uint64_t id = ranges[i][0]; id <= ranges[i][1]; id++) {
-      cph_key rk = cph_key_of_u64(id);
-      assert_int_equal(cph_txn_put(&t, CPH_DB_EMBED_QUEUE, &rk, "", 0), CPH_OK);
-    }
-  cph_key vk;
-  cph_key_reset(&vk);
-  memcpy(vk.data, "schema_version", 14);
-  vk.len = 14;
-  uint8_t v4[4] = {0, 0, 0, 4};
-  assert_int_equal(cph_txn_put(&t, CPH_DB_META, &vk, v4, sizeof v4), CPH_OK);
+  size_t split = cph_test_embed_rows_of_one(&t);
+  assert_true(cph_test_dedupe_rows_to_entries(&t) >= 2 * N); /* every eligible event's copy */
+  cph_test_set_schema4(&t);
   assert_int_equal(cph_txn_commit(&t), CPH_OK);
   cph_store_close(st);
-  return n;
+  return split;
 }
 
 static void test_a_schema4_data_dir_opens_and_answers_the_same(void **state) {
