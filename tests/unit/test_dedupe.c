@@ -481,6 +481,35 @@ static void test_a_requests_exact_entries_are_one_row_found_after_a_restart(void
   cph_fixture_open(f);
 }
 
+/* A request of more entries than a row holds (4,096) writes several rows; an entry on either
+ * side of the cut is found, in the request and after a restart. */
+static void test_a_long_requests_entries_span_rows_and_are_all_found(void **state) {
+  fixture *f = *state;
+  enum { LONG = 4100 };
+  static char bodies[LONG][64];
+  static cph_event_in ev[LONG];
+  for (int i = 0; i < LONG; i++) {
+    snprintf(bodies[i], sizeof bodies[i], "burst message number %d of the long request", i);
+    ev[i] = (cph_event_in){.channel = "general", .sender = "alice", .body = bodies[i]};
+  }
+  cph_op op = {0};
+  cph_fixture_ingest(f, ev, LONG, &op);
+  for (int i = 0; i < LONG; i++)
+    assert_int_not_equal(op.u.ingest.results[i].status, CPH_EV_AGGREGATED);
+  cph_op_clear_results(&op);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_DEDUPE, is_row, NULL), 2);
+  cph_fixture_open(f);
+  const int probe[] = {0, 4095, 4096, LONG - 1};
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 4; i++)
+      assert_int_equal(post(f, "general", "alice", bodies[probe[i]], NULL, NULL, NULL),
+                       CPH_EV_AGGREGATED);
+    restart(f); /* then the newer copies, in rows of one, after a restart */
+  }
+}
+
 static bool key_matches(void *ctx, const void *k, size_t klen, const void *v, size_t vlen) {
   (void)v, (void)vlen;
   bool (*match)(const uint8_t *, size_t) = *(bool (**)(const uint8_t *, size_t))ctx;
@@ -752,6 +781,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_a_requests_exact_entries_are_one_row_found_after_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_long_requests_entries_span_rows_and_are_all_found,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_old_layout_exact_entries_are_moved_at_open_and_still_match, setup, teardown),
       cmocka_unit_test(test_simhash_distances),
