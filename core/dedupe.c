@@ -394,15 +394,18 @@ static int family_start(cph_dedupe *d, cph_txn *t, const char *chan, const char 
     v->sample = a.sample; /* handed to the caller (aggregate memory, notices) */
   }
   v->family = family;
-  /* The original's own exact entry joins too, so its sender's next repeat lands here (in
-   * place: its newest copy). An exact repeat's original has the repeat's hash: the copy
-   * dedupe_write adds next carries the family and supersedes it. */
+  /* The original's own exact entry joins too, so its sender's next repeat lands here (a newer
+   * copy of it, in this request's row). An exact repeat's original has the repeat's hash: the
+   * copy dedupe_write adds next carries the family and supersedes it. */
   if (rc == CPH_OK && have_orig && memcmp(orig.body_sha256, v->sha256, 32) != 0) {
     dd_entry en;
-    if (dd_xs_find(d, t, orig.body_sha256, &en) != XS_NONE && en.event_id == v->original_event &&
-        !en.family) {
-      en.family = family;
-      rc = dd_entry_write(d, t, en.last_ms, orig.body_sha256, &en);
+    size_t pos = dd_xs_find(d, t, orig.body_sha256, &en);
+    uint64_t loc;
+    if (pos != XS_NONE && en.event_id == v->original_event && !en.family) {
+      en.family = family; /* a newer copy, its last_ms kept: the window does not slide */
+      rc = dd_entry_write(d, t, orig.body_sha256, &en, &loc);
+      if (rc == CPH_OK)
+        dd_xs_set(d, pos, orig.body_sha256, loc); /* in place: pos holds its tag */
     }
   }
 done:
@@ -435,8 +438,8 @@ int dedupe_write(cph_dedupe *d, cph_txn *t, const char *chan, const char *body,
       en.first_ms = v->original_first_ms;
     }
   }
-  /* at the end (at the request's flush): the older copy, if any, goes stale */
-  return dd_entry_write(d, t, now_ms, v->sha256, &en);
+  /* in the request's row: the older copy, if any, goes stale */
+  return dd_entry_write(d, t, v->sha256, &en, &v->xloc);
 }
 
 void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t now_ms,
@@ -448,7 +451,7 @@ void dedupe_commit(cph_dedupe *d, const char *chan, uint64_t event_id, int64_t n
   else if (v->kind == DEDUPE_NEAR)
     d->near_hits++;
   d->added_since_prune++; /* every eligible event writes a copy, to be pruned one day */
-  dd_xs_set(d, v->xslot, v->sha256, now_ms);
+  dd_xs_set(d, v->xslot, v->sha256, v->xloc);
   if (v->family_created)
     d->families++;
   if (v->kind != DEDUPE_NONE && v->family)
@@ -530,7 +533,7 @@ void dedupe_rollback(cph_dedupe *d) {
 /* ---------------------------------------------------------------- lifecycle */
 
 /* True when the store holds exact entries of the old layout (channel\0 sha256): keys from
- * 0x01 up to the time-ordered ones. O(log n). */
+ * 0x01 up to the rows and time-ordered ones. O(log n). */
 static bool has_old_entries(cph_txn *t) {
   cph_cursor c;
   if (cph_cursor_open(t, CPH_DB_DEDUPE, &c) != CPH_OK)
@@ -538,7 +541,7 @@ static bool has_old_entries(cph_txn *t) {
   cph_key from = {.data = {0x01}, .len = 1};
   cph_val k, v;
   bool old = cph_cursor_seek(&c, &from, &k, &v) == CPH_OK &&
-             ((const uint8_t *)k.data)[0] != XKEY_TAG;
+             ((const uint8_t *)k.data)[0] < ROW_TAG;
   cph_cursor_close(&c);
   return old;
 }
@@ -555,7 +558,7 @@ static int migrate_old_entries(cph_txn *w, size_t *moved) {
     cph_key from = {.data = {0x01}, .len = 1};
     cph_val k, v;
     rc = cph_cursor_seek(&c, &from, &k, &v);
-    if (rc == CPH_OK && ((const uint8_t *)k.data)[0] == XKEY_TAG)
+    if (rc == CPH_OK && ((const uint8_t *)k.data)[0] >= ROW_TAG)
       rc = CPH_ENOTFOUND;
     cph_key old;
     dd_entry en;
@@ -671,12 +674,13 @@ void dedupe_close(cph_dedupe *d) {
   free(d->xs);
   free(d->undo);
   free(d->pend);
-  free(d->pend_at);
+  free(d->rowbuf);
   free(d);
 }
 
-/* Deletes expired exact entries (and stale copies) from the front of the time-ordered range,
- * at most the budget per call, and forgets their filter slots. */
+/* Deletes expired exact entries (and stale copies) from the front of the stored ones — schema
+ * 4's time-ordered entries, then the rows (a row when its newest entry has expired) — at most
+ * the budget of entries per call, and forgets their filter slots. */
 static void prune(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, int64_t now_ms,
                   uint32_t widest) {
   /* keep entries for the widest window a channel may use (backpressure step 3) */
@@ -693,8 +697,9 @@ static void prune(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, in
   }
   cph_key from = {.data = {XKEY_TAG}, .len = 1};
   cph_val k, v;
+  uint64_t seen = 0;
   int rc = cph_cursor_seek(&c, &from, &k, &v);
-  for (uint64_t seen = 0; rc == CPH_OK && seen < budget; seen++) {
+  for (; rc == CPH_OK && seen < budget; seen++) {
     const uint8_t *kp = k.data;
     if (k.len == XKEY_LEN) {
       int64_t last_ms = (int64_t)cph_be64_get(kp + 1);
@@ -702,11 +707,33 @@ static void prune(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, in
         break; /* the rest is newer */
       /* If the commit below fails, the slot is gone while its expired entry stays: a miss
        * either way. */
-      dd_xs_forget(d, dd_xs_tag(kp + 9), last_ms);
+      dd_xs_forget(d, dd_xs_tag(kp + 9), (uint64_t)last_ms);
     } /* else not an entry of ours: deleted too */
     if (cph_cursor_del(&c) != CPH_OK)
       break;
     /* after a delete LMDB's cursor already stands on the next entry; MDB_NEXT returns it */
+    rc = cph_cursor_next(&c, &k, &v);
+  }
+  from.data[0] = ROW_TAG;
+  rc = seen < budget ? cph_cursor_seek(&c, &from, &k, &v) : CPH_ENOTFOUND;
+  while (rc == CPH_OK && seen < budget && ((const uint8_t *)k.data)[0] == ROW_TAG) {
+    cph_key rk;
+    cph_key_reset(&rk);
+    dd_key_bytes(&rk, k.data, k.len);
+    int64_t newest;
+    size_t n;
+    if (dd_row_decode(&rk, &v, &newest, &n)) {
+      if (now_ms - newest <= keep_ms)
+        break; /* rows are written in time order: the rest is newer */
+      uint64_t row = cph_be64_get((const uint8_t *)k.data + 1);
+      for (size_t i = 0; i < n; i++)
+        dd_xs_forget(d, dd_xs_tag(dd_row_sha(&v, i)), LOC_OF(row, i));
+      seen += n;
+    } else {
+      seen++; /* not a row: deleted too */
+    }
+    if (cph_cursor_del(&c) != CPH_OK)
+      break;
     rc = cph_cursor_next(&c, &k, &v);
   }
   cph_cursor_close(&c);

@@ -97,6 +97,7 @@ typedef struct dedupe_verdict {
   char *norm;
   size_t norm_len;
   size_t xslot; /* the exact filter's slot of this hash, SIZE_MAX none */
+  uint64_t xloc; /* where dedupe_write put this event's exact entry (for the filter) */
 } dedupe_verdict;
 
 /* The text half of dedupe_classify, ahead of it and on any thread (cph_event_prepare): the

@@ -2,24 +2,30 @@
  * filter over the window. Contract in dedupe.h; the module's state in dedupe_internal.h.
  *
  * Stored (CPH_DB_DEDUPE), values encoded by hand, big-endian, led by a version byte:
+ *   0xFE be64(row)               -> v2, be64(newest last_ms), then per entry (72 B):
+ *                                   sha256(channel, sender, normalised body), family,
+ *                                   original event id, first_ms, last_ms, simhash:
+ *                                   a row of exact entries (schema 5)
  *   0xFF be64(last_ms) sha256(channel, sender, normalised body)
  *                                -> v1, family, original event id, first_ms, last_ms,
- *                                   simhash (41 B): an exact entry, time-ordered
+ *                                   simhash (41 B): an exact entry, time-ordered (schema 4)
  *   ""\0 sha256(normalised body) -> v1, family (9 B): the family index, content -> family
  *
- * Exact entries are keyed by the time of their last occurrence, so an ingest pass writes them
- * at the B-tree's end (a few pages) rather than on a random page each, and pruning deletes
- * from the front. A repeat writes a new copy under its new time and leaves the older copy,
- * which is stale from then on, for the pruning to delete: the newest copy of a hash is the
- * entry. Which copy that is lives in memory (the filter below), rebuilt at open by reading the
- * copies oldest first; so an event whose hash is new reads nothing from LMDB.
+ * An ingest request's exact entries are one row (rows numbered by the "dedupe_row" counter,
+ * so each is put at the B-tree's end: one put per request, not one per event), and pruning
+ * deletes rows from the front once their newest entry has expired. A repeat writes a new copy
+ * into its request's row and leaves the older copy, which is stale from then on, for the
+ * pruning to delete: the newest copy of a hash is the entry. Which copy that is lives in
+ * memory (the filter below: the row and the entry's index in it), rebuilt at open by reading
+ * the copies oldest first; so an event whose hash is new reads nothing from LMDB.
  *
- * Migration: up to schema version 2 without this layout, exact entries were keyed
- * channel\0 sha256(...). dedupe_open moves such entries into the time-ordered layout (same
- * value) in one write transaction, once; a store written before keeps working, no schema
- * bump. A channel name is never empty, so the family index (a key starting \0) never
- * collided with them; the time-ordered keys start with 0xFF, which no UTF-8 channel name
- * does.
+ * Schema 4 wrote one time-ordered entry per copy (0xFF keys). A schema-4 store's entries are
+ * read as they are — the filter names such a copy by its last_ms — and pruned from the front
+ * like rows; they are all older than any row. Up to schema version 2 exact entries were keyed
+ * channel\0 sha256(...): dedupe_open moves such entries into the time-ordered layout (same
+ * value) in one write transaction, once. A channel name is never empty, so the family index
+ * (a key starting \0) never collided with them; the rows' and the time-ordered keys start
+ * with 0xFE and 0xFF, which no UTF-8 channel name does.
  *
  * A value that does not decode is logged with its key and treated as absent (it is an
  * index: the next write replaces it). */
@@ -157,130 +163,166 @@ char *dd_sample_dup(const char *s, size_t max) {
   return out;
 }
 
+/* ---------------------------------------------------------------- rows */
+
+cph_key dd_row_key(uint64_t row) {
+  cph_key k;
+  k.data[0] = ROW_TAG;
+  cph_be64_put(k.data + 1, row);
+  k.len = ROW_KEY_LEN;
+  k.overflow = false;
+  return k;
+}
+
+bool dd_row_decode(const cph_key *k, const cph_val *v, int64_t *newest_ms, size_t *n) {
+  const uint8_t *p = v->data;
+  if (k->len != ROW_KEY_LEN || v->len < ROW_HEAD + ROW_ENTRY ||
+      (v->len - ROW_HEAD) % ROW_ENTRY || p[0] != ROW_VERSION) {
+    char desc[160];
+    cph_key_describe(k->data, k->len, desc, sizeof desc);
+    cph_error("corrupt record in database \"dedupe\" at key %s: %zu bytes, not a v%d row of "
+              "entries; ignored (pruning deletes it)",
+              desc, v->len, ROW_VERSION);
+    return false;
+  }
+  *newest_ms = (int64_t)cph_be64_get(p + 1);
+  *n = (v->len - ROW_HEAD) / ROW_ENTRY;
+  return true;
+}
+
+static void row_entry_encode(const dd_pending *e, uint8_t *out) {
+  memcpy(out, e->sha, 32);
+  cph_be64_put(out + 32, e->family);
+  cph_be64_put(out + 40, e->event_id);
+  cph_be64_put(out + 48, (uint64_t)e->first_ms);
+  cph_be64_put(out + 56, (uint64_t)e->last_ms);
+  cph_be64_put(out + 64, e->simhash);
+}
+
+static void row_entry_decode(const uint8_t *p, dd_entry *e) {
+  e->family = cph_be64_get(p + 32);
+  e->event_id = cph_be64_get(p + 40);
+  e->first_ms = (int64_t)cph_be64_get(p + 48);
+  e->last_ms = (int64_t)cph_be64_get(p + 56);
+  e->simhash = cph_be64_get(p + 64);
+}
+
+/* Writes entries[0..n) as row `row` (after every row: appended), encoded in buf (room for
+ * ROW_HEAD + n * ROW_ENTRY bytes). */
+static int row_write(cph_txn *t, uint64_t row, const dd_pending *entries, size_t n,
+                     uint8_t *buf) {
+  int64_t newest = 0;
+  for (size_t i = 0; i < n; i++) {
+    row_entry_encode(&entries[i], buf + ROW_HEAD + i * ROW_ENTRY);
+    if (entries[i].last_ms > newest)
+      newest = entries[i].last_ms;
+  }
+  buf[0] = ROW_VERSION;
+  cph_be64_put(buf + 1, (uint64_t)newest);
+  cph_key k = dd_row_key(row);
+  return cph_txn_append(t, CPH_DB_DEDUPE, &k, buf, ROW_HEAD + n * ROW_ENTRY);
+}
+
 /* ---------------------------------------------------------------- a request's held entries */
 
-static size_t pend_hash(int64_t last_ms, const uint8_t sha[32]) {
-  return (size_t)(cph_be64_get(sha) ^ (uint64_t)last_ms * 0x9E3779B97F4A7C15ull);
-}
-
-/* The slot of pend_at that holds (last_ms, sha)'s entry, or the empty one where it would. */
-static size_t pend_slot(const cph_dedupe *d, int64_t last_ms, const uint8_t sha[32]) {
-  size_t mask = d->cap_pend_at - 1;
-  for (size_t i = pend_hash(last_ms, sha) & mask;; i = (i + 1) & mask) {
-    uint32_t at = d->pend_at[i];
-    if (!at)
-      return i;
-    const dd_pending *p = &d->pend[at - 1];
-    if (p->last_ms == last_ms && memcmp(p->sha, sha, 32) == 0)
-      return i;
-  }
-}
-
-/* Room for one more held entry, pend_at staying at most half full. */
+/* Room for one more held entry, and for the row's encoding. */
 static int pend_room(cph_dedupe *d) {
-  if (d->n_pend == d->cap_pend) {
-    size_t cap = d->cap_pend ? d->cap_pend * 2 : 256;
-    dd_pending *p = realloc(d->pend, cap * sizeof *p);
-    if (!p)
-      return CPH_ENOMEM;
-    d->pend = p;
-    d->cap_pend = cap;
-  }
-  if ((d->n_pend + 1) * 2 <= d->cap_pend_at)
+  if (d->n_pend < d->cap_pend)
     return CPH_OK;
-  size_t cap = d->cap_pend_at ? d->cap_pend_at * 2 : 512;
-  uint32_t *at = calloc(cap, sizeof *at);
-  if (!at)
+  size_t cap = d->cap_pend ? d->cap_pend * 2 : 256;
+  uint8_t *b = realloc(d->rowbuf, ROW_HEAD + cap * ROW_ENTRY);
+  if (!b)
     return CPH_ENOMEM;
-  free(d->pend_at);
-  d->pend_at = at;
-  d->cap_pend_at = cap;
-  for (size_t i = 0; i < d->n_pend; i++)
-    at[pend_slot(d, d->pend[i].last_ms, d->pend[i].sha)] = (uint32_t)i + 1;
+  d->rowbuf = b;
+  dd_pending *p = realloc(d->pend, cap * sizeof *p);
+  if (!p)
+    return CPH_ENOMEM; /* the larger rowbuf is kept: room for more than cap_pend */
+  d->pend = p;
+  d->cap_pend = cap;
   return CPH_OK;
 }
 
-static void pend_clear(cph_dedupe *d) {
-  d->n_pend = 0;
-  if (d->cap_pend_at)
-    memset(d->pend_at, 0, d->cap_pend_at * sizeof *d->pend_at);
-}
-
 void dd_entries_batch(cph_dedupe *d, size_t n) {
-  (void)n; /* the arrays grow as needed and stay between requests */
-  pend_clear(d);
+  (void)n; /* the array grows as needed and stays between requests */
+  d->n_pend = 0;
+  d->row = 0;
   d->batching = true;
 }
 
 void dd_entries_forget(cph_dedupe *d) {
-  pend_clear(d);
+  d->n_pend = 0;
+  d->row = 0;
   d->batching = false;
 }
 
-static int pend_cmp(const void *a, const void *b) {
-  const dd_pending *x = a, *y = b;
-  if (x->last_ms != y->last_ms) /* as the key's be64 compares */
-    return (uint64_t)x->last_ms < (uint64_t)y->last_ms ? -1 : 1;
-  return memcmp(x->sha, y->sha, 32);
+/* Writes the held row, if any; holding goes on (a new row from the next entry). */
+static int held_write(cph_dedupe *d, cph_txn *t) {
+  if (d->n_pend)
+    row_write(t, d->row, d->pend, d->n_pend, d->rowbuf);
+  d->n_pend = 0;
+  d->row = 0;
+  return t->ret;
 }
 
 int dd_entries_flush(cph_dedupe *d, cph_txn *t) {
   if (!d->batching)
     return t->ret;
+  held_write(d, t);
   d->batching = false;
-  if (d->n_pend) /* qsort's array may not be NULL, even empty */
-    qsort(d->pend, d->n_pend, sizeof *d->pend, pend_cmp); /* one per key: a total order */
-  for (size_t i = 0; i < d->n_pend && !t->ret; i++) {
-    const dd_pending *p = &d->pend[i];
-    dd_entry e = {p->family, p->event_id, p->first_ms, p->last_ms, p->simhash};
-    uint8_t v[ENTRY_LEN];
-    entry_encode(&e, v);
-    cph_key k = dd_xkey(p->last_ms, p->sha);
-    cph_txn_append(t, CPH_DB_DEDUPE, &k, v, sizeof v); /* a key not past the last: a put */
-  }
-  pend_clear(d);
   return t->ret;
 }
 
-int dd_entry_write(cph_dedupe *d, cph_txn *t, int64_t last_ms, const uint8_t sha[32],
-                   const dd_entry *e) {
-  if (d->batching) {
-    if (pend_room(d) == CPH_OK) {
-      size_t i = pend_slot(d, last_ms, sha);
-      if (!d->pend_at[i]) {
-        dd_pending *p = &d->pend[d->n_pend];
-        p->last_ms = last_ms;
-        memcpy(p->sha, sha, 32);
-        d->pend_at[i] = (uint32_t)++d->n_pend;
-      }
-      dd_pending *p = &d->pend[d->pend_at[i] - 1];
-      p->family = e->family;
-      p->event_id = e->event_id;
-      p->first_ms = e->first_ms;
-      p->simhash = e->simhash;
-      return t->ret;
-    }
-    /* out of memory: what is held goes to the store now, and the rest of the request at once */
-    if (dd_entries_flush(d, t))
-      return t->ret;
+int dd_entry_write(cph_dedupe *d, cph_txn *t, const uint8_t sha[32], const dd_entry *e,
+                   uint64_t *loc) {
+  dd_pending one = {e->last_ms, {0}, e->family, e->event_id, e->first_ms, e->simhash};
+  memcpy(one.sha, sha, 32);
+  if (d->batching && d->n_pend == ROW_MAX)
+    held_write(d, t);
+  if (d->batching && pend_room(d) != CPH_OK)
+    held_write(d, t); /* out of memory: what is held goes now, the rest one row each */
+  bool hold = d->batching && d->n_pend < d->cap_pend;
+  uint64_t row = hold ? d->row : 0;
+  if (!row && cph_txn_next_id(t, "dedupe_row", &row) != CPH_OK)
+    return t->ret;
+  if (!hold) {
+    uint8_t buf[ROW_HEAD + ROW_ENTRY];
+    *loc = LOC_OF(row, 0);
+    return row_write(t, row, &one, 1, buf);
   }
-  cph_key k = dd_xkey(last_ms, sha);
-  return dd_entry_put(t, &k, e);
+  d->row = row;
+  *loc = LOC_OF(row, d->n_pend);
+  d->pend[d->n_pend++] = one;
+  return t->ret;
 }
 
-/* CPH_OK with (last_ms, sha)'s entry in *en, held or stored; or CPH_ENOTFOUND. */
-static int entry_read(const cph_dedupe *d, cph_txn *t, int64_t last_ms, const uint8_t sha[32],
+/* CPH_OK with the copy of sha at loc in *en, held or stored; or CPH_ENOTFOUND (also when the
+ * copy there is another hash's, or does not decode). */
+static int entry_read(const cph_dedupe *d, cph_txn *t, uint64_t loc, const uint8_t sha[32],
                       dd_entry *en) {
-  if (d->batching && d->n_pend) {
-    uint32_t at = d->pend_at[pend_slot(d, last_ms, sha)];
-    if (at) {
-      const dd_pending *p = &d->pend[at - 1];
-      *en = (dd_entry){p->family, p->event_id, p->first_ms, p->last_ms, p->simhash};
-      return CPH_OK;
-    }
+  if (!(loc & LOC_ROW)) { /* a schema-4 entry: its key */
+    cph_key k = dd_xkey((int64_t)loc, sha);
+    return entry_get(t, &k, en);
   }
-  cph_key k = dd_xkey(last_ms, sha);
-  return entry_get(t, &k, en);
+  uint64_t row = (loc & ~LOC_ROW) >> 16;
+  size_t i = loc & 0xFFFF;
+  if (d->batching && row == d->row) {
+    if (i >= d->n_pend || memcmp(d->pend[i].sha, sha, 32))
+      return CPH_ENOTFOUND;
+    const dd_pending *p = &d->pend[i];
+    *en = (dd_entry){p->family, p->event_id, p->first_ms, p->last_ms, p->simhash};
+    return CPH_OK;
+  }
+  cph_key k = dd_row_key(row);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_DEDUPE, &k, &v);
+  if (rc)
+    return rc;
+  int64_t newest;
+  size_t n;
+  if (!dd_row_decode(&k, &v, &newest, &n) || i >= n || memcmp(dd_row_sha(&v, i), sha, 32))
+    return CPH_ENOTFOUND;
+  row_entry_decode(dd_row_sha(&v, i), en);
+  return CPH_OK;
 }
 
 /* ---------------------------------------------------------------- the exact-entry filter */
@@ -340,7 +382,7 @@ size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_ent
   for (size_t i = (size_t)tag & mask; d->xs[i].tag; i = (i + 1) & mask) {
     if (d->xs[i].tag != tag)
       continue;
-    if (entry_read(d, t, d->xs[i].last_ms, sha, en) == CPH_OK)
+    if (entry_read(d, t, d->xs[i].loc, sha, en) == CPH_OK)
       return i; /* else another hash with the same first 8 bytes, or an undecodable value */
   }
   return XS_NONE;
@@ -350,7 +392,7 @@ size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_ent
  * new slot is taken. Logged for dedupe_rollback. Within a request the room was reserved by
  * dedupe_savepoint; without it (out of memory) the hash is left out — its repeats go
  * unnoticed, nothing worse. */
-void dd_xs_set(cph_dedupe *d, size_t pos, const uint8_t sha[32], int64_t last_ms) {
+void dd_xs_set(cph_dedupe *d, size_t pos, const uint8_t sha[32], uint64_t loc) {
   uint64_t tag = dd_xs_tag(sha);
   if (pos == XS_NONE || pos >= d->xs_cap || d->xs[pos].tag != tag) {
     /* growing moves slots: only while no position is logged */
@@ -371,18 +413,18 @@ void dd_xs_set(cph_dedupe *d, size_t pos, const uint8_t sha[32], int64_t last_ms
   d->undo[d->n_undo++] = (xundo){pos, d->xs[pos]};
   if (!d->xs[pos].tag)
     d->xs_len++;
-  d->xs[pos] = (xslot){tag, last_ms};
+  d->xs[pos] = (xslot){tag, loc};
 }
 
 /* Pruning deleted the copy (tag, last_ms): its slot goes if it names that copy (a newer copy
  * keeps it). Backward-shift deletion: the entries after it in the probe chain that may move
  * up, do. */
-void dd_xs_forget(cph_dedupe *d, uint64_t tag, int64_t last_ms) {
+void dd_xs_forget(cph_dedupe *d, uint64_t tag, uint64_t loc) {
   if (!d->xs_cap)
     return;
   size_t mask = d->xs_cap - 1, i = (size_t)tag & mask;
   for (; d->xs[i].tag; i = (i + 1) & mask)
-    if (d->xs[i].tag == tag && d->xs[i].last_ms == last_ms)
+    if (d->xs[i].tag == tag && d->xs[i].loc == loc)
       break;
   if (!d->xs[i].tag)
     return;
@@ -398,9 +440,26 @@ void dd_xs_forget(cph_dedupe *d, uint64_t tag, int64_t last_ms) {
   d->xs_len--;
 }
 
-/* Builds the filter from the stored time-ordered entries, read through t: oldest first, so
- * a hash's newer copy takes over its older copy's slot. Telling a newer copy from another
- * hash with the same tag reads the store, only when tags match (a repeat). O(entries). */
+/* sha's copy at loc is now the newest: it takes over the slot of an older copy of the same
+ * hash, else a new one. */
+static int load_copy(cph_dedupe *d, cph_txn *t, const uint8_t *sha, uint64_t loc) {
+  uint64_t tag = dd_xs_tag(sha);
+  if (d->xs_len + 1 > d->xs_cap / 4 * 3 && dd_xs_reserve(d, 1))
+    return CPH_ENOMEM;
+  size_t mask = d->xs_cap - 1, i = (size_t)tag & mask;
+  for (; d->xs[i].tag; i = (i + 1) & mask) {
+    dd_entry old;
+    if (d->xs[i].tag == tag && entry_read(d, t, d->xs[i].loc, sha, &old) == CPH_OK)
+      break; /* an older copy of the same hash */
+  }
+  if (!d->xs[i].tag)
+    d->xs_len++;
+  d->xs[i] = (xslot){tag, loc};
+  return CPH_OK;
+}
+
+/* Builds the filter from the stored entries, read through t: schema 4's time-ordered ones
+ * (all older than any row), then the rows in row order. */
 int dd_xs_load(cph_dedupe *d, cph_txn *t) {
   size_t n = 0;
   if (cph_txn_count(t, CPH_DB_DEDUPE, &n) != CPH_OK)
@@ -417,23 +476,25 @@ int dd_xs_load(cph_dedupe *d, cph_txn *t) {
     const uint8_t *kp = k.data;
     if (k.len != XKEY_LEN)
       continue; /* not an entry: pruning deletes it */
-    const uint8_t *sha = kp + 9;
-    int64_t last_ms = (int64_t)cph_be64_get(kp + 1);
-    uint64_t tag = dd_xs_tag(sha);
-    if (d->xs_len + 1 > d->xs_cap / 4 * 3 && dd_xs_reserve(d, 1)) {
-      rc = CPH_ENOMEM;
+    if ((rc = load_copy(d, t, kp + 9, cph_be64_get(kp + 1))) != CPH_OK)
       break;
-    }
-    size_t mask = d->xs_cap - 1, i = (size_t)tag & mask;
-    for (; d->xs[i].tag; i = (i + 1) & mask) {
-      cph_val old;
-      cph_key ok = dd_xkey(d->xs[i].last_ms, sha);
-      if (d->xs[i].tag == tag && cph_txn_get(t, CPH_DB_DEDUPE, &ok, &old) == CPH_OK)
-        break; /* an older copy of the same hash */
-    }
-    if (!d->xs[i].tag)
-      d->xs_len++;
-    d->xs[i] = (xslot){tag, last_ms};
+  }
+  from.data[0] = ROW_TAG;
+  if (rc == CPH_ENOTFOUND)
+    rc = cph_cursor_seek(&c, &from, &k, &v);
+  for (; rc == CPH_OK && ((const uint8_t *)k.data)[0] == ROW_TAG;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    cph_key rk;
+    cph_key_reset(&rk);
+    dd_key_bytes(&rk, k.data, k.len);
+    int64_t newest;
+    size_t entries;
+    if (!dd_row_decode(&rk, &v, &newest, &entries))
+      continue;
+    uint64_t row = cph_be64_get((const uint8_t *)k.data + 1);
+    /* load_copy reads other rows: the value is the map's, which reads do not move */
+    for (size_t i = 0; i < entries && rc == CPH_OK; i++)
+      rc = load_copy(d, t, dd_row_sha(&v, i), LOC_OF(row, i));
   }
   cph_cursor_close(&c);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;

@@ -18,8 +18,18 @@
 #define ENTRY_VERSION 1
 #define ENTRY_LEN 41
 #define INDEX_LEN 9
-#define XKEY_TAG 0xFF   /* first byte of a time-ordered exact entry's key */
+#define XKEY_TAG 0xFF   /* first byte of a time-ordered exact entry's key (up to schema 4) */
 #define XKEY_LEN 41     /* XKEY_TAG, be64 last_ms, sha256 */
+#define ROW_TAG 0xFE    /* first byte of a row of exact entries' key (schema 5) */
+#define ROW_KEY_LEN 9   /* ROW_TAG, be64 row number */
+#define ROW_VERSION 2   /* a row's first byte */
+#define ROW_HEAD 9      /* ROW_VERSION, be64 the newest last_ms of its entries */
+#define ROW_ENTRY 72    /* sha256, family, event id, first_ms, last_ms, simhash */
+#define ROW_MAX 4096    /* entries per row: a request of more writes several */
+/* Where a stored copy is (an xslot's `loc`): a row's entry, LOC_ROW | row << 16 | index; or,
+ * without LOC_ROW, the last_ms of a schema-4 entry's key (with the hash, the whole key). */
+#define LOC_ROW (1ull << 63)
+#define LOC_OF(row, i) (LOC_ROW | (row) << 16 | (uint64_t)(i))
 #define XS_MIN_CAP 1024 /* the filter's smallest table */
 #define XS_NONE SIZE_MAX
 #define RING_MIN 4       /* rings start small: most channels see few distinct messages */
@@ -60,12 +70,11 @@ typedef struct top_entry {
 } top_entry;
 
 /* One slot of the exact-entry filter: a hash's first 8 bytes (never 0: 0 marks an empty
- * slot) and the time of its newest stored copy — together they name that copy's key, where
- * the entry itself is read (only for a slot whose tag matches: a repeat, or one tag collision
- * in 2^64). */
+ * slot) and where its newest stored copy is (LOC_OF above), where the entry itself is read
+ * (only for a slot whose tag matches: a repeat, or one tag collision in 2^64). */
 typedef struct xslot {
   uint64_t tag;
-  int64_t last_ms;
+  uint64_t loc;
 } xslot;
 
 /* A slot as it was before a request changed it (dedupe_rollback puts it back). */
@@ -74,7 +83,8 @@ typedef struct xundo {
   xslot before;
 } xundo;
 
-/* An exact entry a request wrote, not yet in the store (dd_entries_flush). */
+/* An exact entry a request wrote, not yet in the store (dd_entries_flush): entry i of the
+ * held row. */
 typedef struct dd_pending {
   int64_t last_ms;
   uint8_t sha[32];
@@ -93,17 +103,16 @@ struct cph_event_hasher {
 
 typedef struct cph_dedupe {
   cph_hmap channels; /* name -> dd_channel */
-  /* A request's exact entries, held from dedupe_savepoint to dedupe_flush and then written in
-   * key order: their keys are time-ordered but random within a millisecond, so written one by
-   * one they land anywhere in the tree's last pages; sorted, each lands at the end. Reads in
-   * the request find them here first (by key: `pend_at` is open addressing over `pend`, index
-   * + 1, 0 empty, at most half full). Not batching (out of memory, or outside a request):
-   * entries are written at once. */
+  /* A request's exact entries, held from dedupe_savepoint to dedupe_flush and then written as
+   * one row (row number `row`, from the "dedupe_row" counter when the first is held; 0: none
+   * yet), in the order they were written. Reads in the request find them here by their
+   * location. Not batching (out of memory, or outside a request): each entry is written at
+   * once, a row of its own. */
   dd_pending *pend;
   size_t n_pend, cap_pend;
-  uint32_t *pend_at;
-  size_t cap_pend_at;
+  uint64_t row;
   bool batching;
+  uint8_t *rowbuf; /* the held row's value as it is encoded: room for cap_pend entries */
   /* The exact entries of the window: open addressing, linear probing, a power-of-two table at
    * most 3/4 full; deletes (pruning only) shift the probe chain back, so there are no
    * tombstones. A request never grows the table (dedupe_savepoint reserves its room) and
@@ -162,14 +171,15 @@ bool dd_entry_decode(const cph_val *v, dd_entry *d);
 /* Logs a value that does not decode, with its key: it is treated as absent. */
 void dd_log_bad_value(const cph_key *k, size_t len);
 int dd_entry_put(cph_txn *t, const cph_key *k, const dd_entry *d);
-/* The exact entry of sha at last_ms is e: held for the request's flush while batching, else
- * put at once. Errors are t's sticky error. */
-int dd_entry_write(cph_dedupe *d, cph_txn *t, int64_t last_ms, const uint8_t sha[32],
-                   const dd_entry *e);
+/* Writes e (its last_ms included) as sha's newest copy: held for the request's flush while
+ * batching, else written at once; *loc says where (for dd_xs_set). Errors are t's sticky
+ * error. */
+int dd_entry_write(cph_dedupe *d, cph_txn *t, const uint8_t sha[32], const dd_entry *e,
+                   uint64_t *loc);
 /* Starts holding a request's entries (room for about n); stops and forgets them. */
 void dd_entries_batch(cph_dedupe *d, size_t n);
 void dd_entries_forget(cph_dedupe *d);
-/* Writes the held entries in key order and stops holding. Errors are t's sticky error. */
+/* Writes the held entries as a row and stops holding. Errors are t's sticky error. */
 int dd_entries_flush(cph_dedupe *d, cph_txn *t);
 
 /* SHA-256 of channel \0 sender \0 normalised body. */
@@ -198,20 +208,30 @@ size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_ent
  * anything else. */
 void dd_xs_prefetch(const cph_dedupe *d, const uint8_t sha[32]);
 
-/* sha's newest copy is now the one at last_ms: its slot pos (xs_find's answer) follows, or a
+/* sha's newest copy is now the one at loc: its slot pos (xs_find's answer) follows, or a
  * new slot is taken. Logged for dedupe_rollback. Within a request the room was reserved by
  * dedupe_savepoint; without it (out of memory) the hash is left out — its repeats go
  * unnoticed, nothing worse. */
-void dd_xs_set(cph_dedupe *d, size_t pos, const uint8_t sha[32], int64_t last_ms);
+void dd_xs_set(cph_dedupe *d, size_t pos, const uint8_t sha[32], uint64_t loc);
 
-/* Pruning deleted the copy (tag, last_ms): its slot goes if it names that copy (a newer copy
+/* Pruning deleted the copy (tag, loc): its slot goes if it names that copy (a newer copy
  * keeps it). Backward-shift deletion: the entries after it in the probe chain that may move
  * up, do. */
-void dd_xs_forget(cph_dedupe *d, uint64_t tag, int64_t last_ms);
+void dd_xs_forget(cph_dedupe *d, uint64_t tag, uint64_t loc);
 
-/* Builds the filter from the stored time-ordered entries, read through t: oldest first, so
- * a hash's newer copy takes over its older copy's slot. Telling a newer copy from another
- * hash with the same tag reads the store, only when tags match (a repeat). O(entries). */
+/* Builds the filter from the stored entries, read through t: oldest first (schema 4's
+ * time-ordered entries, then the rows in row order), so a hash's newer copy takes over its
+ * older copy's slot. Telling a newer copy from another hash with the same tag reads the
+ * store, only when tags match (a repeat). O(entries). */
 int dd_xs_load(cph_dedupe *d, cph_txn *t);
+
+/* A row's value (v) read: its newest last_ms and its number of entries; false when v is not
+ * a row (then it is logged with its key k). */
+bool dd_row_decode(const cph_key *k, const cph_val *v, int64_t *newest_ms, size_t *n);
+/* Entry i's hash in a row's value. */
+static inline const uint8_t *dd_row_sha(const cph_val *v, size_t i) {
+  return (const uint8_t *)v->data + ROW_HEAD + i * ROW_ENTRY;
+}
+cph_key dd_row_key(uint64_t row);
 
 #endif

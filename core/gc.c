@@ -368,7 +368,7 @@ int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_r
         rc = cph_txn_put_record(t, CPH_DB_OUTBOX, &ok, &cph_outbox_desc, &o);
       outbox_items++;
     } else if (m.embed_status == CPH_EMBED_PENDING) {
-      cph_txn_del(t, CPH_DB_EMBED_QUEUE, &mk); /* never embed what is already gone */
+      memory_embed_unqueue(t, m.id); /* never embed what is already gone */
       m.embed_status = CPH_EMBED_DELETED;
       memory_embed_queue_done(gc->memory, 1);
     }

@@ -237,27 +237,20 @@ static int prepare_embed(const cph_policy *p, cph_txn *t, cph_job_work *w) {
   w->remote_index = p->vector_index.kind == CPH_POLICY_INDEX_HTTP;
   if (!w->memory_ids || !w->texts || !w->scopes)
     return CPH_ENOMEM;
-  cph_cursor c;
-  cph_val k;
-  int rc = cph_cursor_open(t, CPH_DB_EMBED_QUEUE, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK && w->n_items < limit;
-       rc = cph_cursor_next(&c, &k, NULL)) {
-    if (k.len != 8)
-      continue;
-    uint64_t id = cph_be64_get(k.data);
-    cph_key mk = cph_key_of_u64(id);
+  size_t n = 0;
+  int rc = memory_embed_pending(t, w->memory_ids, limit, &n);
+  if (rc)
+    return rc;
+  for (size_t i = 0; i < n; i++) {
+    cph_key mk = cph_key_of_u64(w->memory_ids[i]);
     cph_memory_rec m;
     if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
       break;
-    w->memory_ids[w->n_items] = id;
     w->texts[w->n_items] = strdup(m.text);
     w->scopes[w->n_items] = strdup(m.session);
     w->n_items++;
     cph_record_free(&cph_memory_desc, &m);
   }
-  cph_cursor_close(&c);
-  if (rc != CPH_OK && rc != CPH_ENOTFOUND)
-    return rc;
   w->vectors = calloc(w->n_items ? w->n_items * w->dims : 1, sizeof *w->vectors);
   return w->vectors ? CPH_OK : CPH_ENOMEM;
 }
@@ -380,7 +373,7 @@ static int64_t backoff_ms(const cph_policy *p, uint32_t attempts) {
 static int apply_embed(cph_txn *t, const cph_job_work *w) {
   for (size_t i = 0; i < w->n_items; i++) {
     cph_key mk = cph_key_of_u64(w->memory_ids[i]);
-    cph_txn_del(t, CPH_DB_EMBED_QUEUE, &mk);
+    memory_embed_unqueue(t, w->memory_ids[i]);
     cph_memory_rec m;
     if (cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m) != CPH_OK)
       continue;
@@ -799,10 +792,10 @@ int maint_open(cph_core_env *env, cph_sessions *sessions, cph_memory *memory,
     cph_record_free(&cph_outbox_desc, &o);
   }
   cph_cursor_close(&c);
-  /* One entry per memory waiting for its embedding: the count LMDB keeps, not a scan (ten
-   * million events mean ten million entries here; restart must not walk them). */
-  size_t queued = 0;
-  if (cph_txn_count(&t, CPH_DB_EMBED_QUEUE, &queued) == CPH_OK)
+  /* A row per ingest request's run of ids (memory.h): ten million events are about ten
+   * thousand rows to walk here, not ten million. */
+  uint64_t queued = 0;
+  if (memory_embed_count(&t, &queued) == CPH_OK)
     memory_embed_queue_set(memory, queued);
   rc = cph_txn_commit(&t);
   if (rc)

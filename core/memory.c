@@ -13,6 +13,108 @@ static uint32_t tokens_estimate(const char *text) {
   return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 }
 
+/* ---------------------------------------------------------------- the embed queue's rows */
+
+/* Writes the range first..last as one row (memory.h). */
+static int embed_row_put(cph_txn *t, uint64_t first, uint64_t last, bool append) {
+  cph_key k = cph_key_of_u64(first);
+  uint8_t v[8];
+  cph_be64_put(v, last);
+  size_t len = last > first ? sizeof v : 0;
+  return append ? cph_txn_append(t, CPH_DB_EMBED_QUEUE, &k, v, len)
+                : cph_txn_put(t, CPH_DB_EMBED_QUEUE, &k, v, len);
+}
+
+/* A row's range; false for a row of neither form (it is skipped, and taken out by no one). */
+static bool embed_row(const cph_val *k, const cph_val *v, uint64_t *first, uint64_t *last) {
+  if (k->len != 8 || (v->len != 0 && v->len != 8))
+    return false;
+  *first = cph_be64_get(k->data);
+  *last = v->len ? cph_be64_get(v->data) : *first;
+  return *last >= *first;
+}
+
+/* Queues id under a request's batch: it extends the held range when it follows it, else the
+ * held range is written (ids ascend: it sorts after every row) and id starts the next one. */
+static int embed_hold(cph_memory *m, cph_txn *t, uint64_t id) {
+  if (m->embed_last && id == m->embed_last + 1) {
+    m->embed_last = id;
+    return CPH_OK;
+  }
+  int rc = m->embed_last ? embed_row_put(t, m->embed_first, m->embed_last, true) : CPH_OK;
+  m->embed_first = m->embed_last = id;
+  return rc;
+}
+
+int memory_embed_unqueue(cph_txn *t, uint64_t id) {
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_EMBED_QUEUE, &c);
+  if (rc)
+    return rc;
+  cph_key k = cph_key_of_u64(id);
+  cph_val rk, rv;
+  rc = cph_cursor_seek(&c, &k, &rk, &rv); /* the row at id, else the one before holds it */
+  if ((rc == CPH_OK && !(rk.len == 8 && cph_be64_get(rk.data) == id)) || rc == CPH_ENOTFOUND)
+    rc = cph_cursor_prev(&c, &rk, &rv);
+  uint64_t first = 0, last = 0;
+  if (rc == CPH_OK && !(embed_row(&rk, &rv, &first, &last) && first <= id && id <= last))
+    rc = CPH_ENOTFOUND;
+  cph_cursor_close(&c);
+  if (rc)
+    return rc;
+  k = cph_key_of_u64(first);
+  rc = cph_txn_del(t, CPH_DB_EMBED_QUEUE, &k);
+  if (rc == CPH_OK && first < id)
+    rc = embed_row_put(t, first, id - 1, false);
+  if (rc == CPH_OK && id < last)
+    rc = embed_row_put(t, id + 1, last, false);
+  return rc;
+}
+
+int memory_embed_pending(cph_txn *t, uint64_t *ids, size_t max, size_t *n) {
+  *n = 0;
+  cph_cursor c;
+  cph_val k, v;
+  int rc = cph_cursor_open(t, CPH_DB_EMBED_QUEUE, &c);
+  if (rc)
+    return rc;
+  for (rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK && *n < max;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    uint64_t first, last;
+    if (!embed_row(&k, &v, &first, &last))
+      continue;
+    for (uint64_t id = first; *n < max; id++) {
+      ids[(*n)++] = id;
+      if (id == last)
+        break;
+    }
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+uint64_t memory_embed_oldest(cph_txn *t) {
+  uint64_t id = UINT64_MAX;
+  size_t n;
+  return memory_embed_pending(t, &id, 1, &n) == CPH_OK && n ? id : UINT64_MAX;
+}
+
+int memory_embed_count(cph_txn *t, uint64_t *n) {
+  *n = 0;
+  cph_cursor c;
+  cph_val k, v;
+  int rc = cph_cursor_open(t, CPH_DB_EMBED_QUEUE, &c);
+  if (rc)
+    return rc;
+  for (rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK; rc = cph_cursor_next(&c, &k, &v)) {
+    uint64_t first, last;
+    if (embed_row(&k, &v, &first, &last))
+      *n += last - first + 1;
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
 /* ---------------------------------------------------------------- a request's index rows */
 
 /* Holds (scope, raw, id, source) for memory_batch_flush. CPH_ENOMEM: not held. */
@@ -49,11 +151,13 @@ static int held_add(cph_memory *m, const char *scope, bool raw, uint64_t id, uin
 
 void memory_batch_begin(cph_memory *m) {
   m->n_held = m->scopes_len = 0;
+  m->embed_first = m->embed_last = 0;
   m->batching = true;
 }
 
 void memory_batch_forget(cph_memory *m) {
   m->n_held = m->scopes_len = 0;
+  m->embed_first = m->embed_last = 0;
   m->batching = false;
 }
 
@@ -83,6 +187,8 @@ int memory_batch_flush(cph_memory *m, cph_txn *t) {
   if (!m->batching)
     return t->ret;
   m->batching = false;
+  int rc = m->embed_last ? embed_row_put(t, m->embed_first, m->embed_last, true) : t->ret;
+  m->embed_first = m->embed_last = 0;
   bool sorted = true; /* one scope and class, as a request on one channel mints: in order */
   for (size_t i = 0; i < m->n_held; i++) {
     m->held[i].scope = m->scopes + m->held[i].scope_at;
@@ -91,7 +197,6 @@ int memory_batch_flush(cph_memory *m, cph_txn *t) {
   if (!sorted)
     qsort(m->held, m->n_held, sizeof *m->held, held_cmp);
   uint8_t stack[8 + 16 * ROW_STACK];
-  int rc = t->ret;
   for (size_t i = 0, j; i < m->n_held && rc == CPH_OK; i = j) {
     const memory_held *h = &m->held[i];
     for (j = i + 1; j < m->n_held && m->held[j].raw == h->raw &&
@@ -257,7 +362,7 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
     rc = cph_txn_put(t, CPH_DB_MEMORY_SCOPES, &sk, source, sizeof source);
   }
   if (rc == CPH_OK && embed) {
-    rc = cph_txn_append(t, CPH_DB_EMBED_QUEUE, &k, "", 0);
+    rc = mem->batching ? embed_hold(mem, t, id) : embed_row_put(t, id, id, true);
     if (rc == CPH_OK)
       mem->embed_queue_len++; /* recounted from the database at open */
   }
@@ -362,7 +467,7 @@ int memory_set_text(cph_memory *mem, cph_txn *t, uint64_t id, const char *text) 
   m.text = old;
   cph_record_free(&cph_memory_desc, &m);
   if (rc == CPH_OK && reembed) {
-    rc = cph_txn_put(t, CPH_DB_EMBED_QUEUE, &k, "", 0);
+    rc = embed_row_put(t, id, id, false); /* not queued while ready: no row holds it */
     if (rc == CPH_OK)
       mem->embed_queue_len++;
   }

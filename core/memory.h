@@ -28,13 +28,14 @@ typedef struct cph_memory {
   /* Between memory_batch_begin and memory_batch_flush/forget (one ingest request): the scope
    * index entries minted, written as one row per scope and class at the flush. */
   bool batching;
+  uint64_t embed_first, embed_last; /* the embed-queue range held (0, 0: none) */
   memory_held *held;
   size_t n_held, cap_held;
   char *scopes; /* the held entries' scope names, NUL-terminated, one after the other */
   size_t scopes_len, scopes_cap;
 } cph_memory;
 
-/* The embed queue: its length, set from the store at open (the count LMDB keeps), and the n
+/* The embed queue: its length, set from the store at open (memory_embed_count), and the n
  * memories that left it (embedded, or deleted before their turn). */
 static inline uint64_t memory_embed_queue(const cph_memory *m) { return m->embed_queue_len; }
 static inline void memory_embed_queue_set(cph_memory *m, uint64_t n) { m->embed_queue_len = n; }
@@ -80,12 +81,30 @@ static inline void memory_scope_prefix(cph_key *k, const char *scope, bool raw) 
 }
 
 /* Holds memory_mint's scope-index entries until memory_batch_flush writes them (one row per
- * scope and class); memory_batch_forget drops them (the request failed). Nothing may read the
- * scope index in between. Out of memory while holding: entries are written at once. */
+ * scope and class), and its embed-queue entries as ranges of consecutive ids (one row per
+ * range); memory_batch_forget drops them (the request failed). Nothing may read the scope
+ * index or the embed queue in between. Out of memory while holding: index entries are written
+ * at once. */
 void memory_batch_begin(cph_memory *m);
 int memory_batch_flush(cph_memory *m, cph_txn *t);
 void memory_batch_forget(cph_memory *m);
 void memory_free(cph_memory *m);
+
+/* The embed queue (database embed_queue): the memories whose embedding is pending, oldest id
+ * first. Schema 5: a row is a range of ids — key be64 first id, value be64 last id (> first),
+ * or empty for a range of one (schema 4's only form: a schema-4 row is a range of one). Rows
+ * never overlap. An ingest request writes one row per run of consecutive ids it queued
+ * (memory_batch_flush); memory_set_text queues one id. Read and change it only through these:
+ *   memory_embed_unqueue: takes id out of its range (the row goes, shrinks, or is split in
+ *     two); CPH_ENOTFOUND (not sticky) when id is not queued. O(log rows).
+ *   memory_embed_pending: the up to max oldest queued ids, ascending, into ids (*n of them).
+ *   memory_embed_oldest: the oldest queued id; UINT64_MAX when none is (or on an error).
+ *   memory_embed_count: how many ids are queued; walks every row (one per request, not one
+ *     per memory). */
+int memory_embed_unqueue(cph_txn *t, uint64_t id);
+int memory_embed_pending(cph_txn *t, uint64_t *ids, size_t max, size_t *n);
+uint64_t memory_embed_oldest(cph_txn *t);
+int memory_embed_count(cph_txn *t, uint64_t *n);
 
 /* One scope's entries of one class in the scope index, one entry at a time whatever rows hold
  * them. After open, position with newest or oldest, then step; `id` is the entry under it, 0

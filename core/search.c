@@ -389,19 +389,6 @@ static int add_vector_hits(search_ctx *s, const cph_vhit *hits, size_t n) {
   return CPH_OK;
 }
 
-/* The id of the oldest memory whose embedding is queued; UINT64_MAX when none is. */
-static uint64_t oldest_pending(cph_txn *t) {
-  cph_cursor c;
-  cph_val k;
-  uint64_t id = UINT64_MAX;
-  if (cph_cursor_open(t, CPH_DB_EMBED_QUEUE, &c) != CPH_OK)
-    return id;
-  if (cph_cursor_seek(&c, NULL, &k, NULL) == CPH_OK && k.len == 8)
-    id = cph_be64_get(k.data);
-  cph_cursor_close(&c);
-  return id;
-}
-
 /* One scope's memories of one class, newest first, through the scope index: the LEX_RECENT
  * newest, then on while they are not older than the oldest queued embedding, within the
  * caps. Gone memories are skipped (their summaries are newer, and read on their own). */
@@ -568,7 +555,7 @@ void search_apply(cph_core_env *env, const cph_sessions *ss, cph_memory *memory,
     rc = add_vector_hits(&s, op->u.search.index_hits, op->u.search.n_index_hits);
   }
 
-  uint64_t pending_from = rc == CPH_OK ? oldest_pending(&t) : UINT64_MAX;
+  uint64_t pending_from = rc == CPH_OK ? memory_embed_oldest(&t) : UINT64_MAX;
   size_t budget = LEX_SCAN_MAX;
   for (size_t i = 0; rc == CPH_OK && i < s.n_scopes; i++) {
     rc = lexical_walk(&s, scopes[i], true, pending_from, &budget);

@@ -29,8 +29,13 @@
  *    "memory_scopes" row may hold what one ingest request wrote (inbox.h, memory.h). A
  *    schema-3 data dir opens as it is (its folded entries' records say `folded`, its rows
  *    hold one each): the migration only records the new version, so that a schema-3 build
- *    refuses the data dir. */
-#define CPH_STORE_SCHEMA_VERSION 4u
+ *    refuses the data dir.
+ * 5: an "embed_queue" row may hold a range of ids (core/memory.h); an ingest request's
+ *    exact-dedupe entries are one row in "dedupe" (core/dedupe_exact.c). A schema-4 (or -3)
+ *    data dir opens as it is (its embed-queue rows hold one id each: a range of one; its
+ *    time-ordered exact entries are read beside the rows); the migration records the version
+ *    only. */
+#define CPH_STORE_SCHEMA_VERSION 5u
 
 /* X(enum suffix, database name) */
 #define CPH_DB_LIST(X)                                                                    \
@@ -60,9 +65,9 @@
   X(TURN_ROW_REFS, "turn_row_refs") /* session\0 u64 turn id -> the rows it names (turnlog) */ \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
-  X(EMBED_QUEUE, "embed_queue") /* u64 memory id -> "" while its embedding is pending */  \
+  X(EMBED_QUEUE, "embed_queue") /* u64 first id -> "" or be64 last id: pending embeddings */ \
   X(CHANNELS, "channels")     /* channel -> backpressure state (dedupe/backpressure) */   \
-  X(DEDUPE, "dedupe")         /* 0xFF u64 time hash -> exact entry (time-ordered); \0 hash -> family */
+  X(DEDUPE, "dedupe")         /* 0xFE u64 row -> exact entries; 0xFF u64 time hash -> one; \0 hash -> family */ \
 
 typedef enum cph_db {
 #define CPH__DB_ENUM(name, label) CPH_DB_##name,

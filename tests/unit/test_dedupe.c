@@ -16,6 +16,7 @@
 #include "core/simidx.h"
 #include "store/store.h"
 #include "tests/support/engine_fixture.h"
+#include "tests/support/schema4.h"
 #include "tests/support/testutil.h"
 
 /* One-word shingles and a wider near distance than the defaults: with :shingle-words 3 and
@@ -376,6 +377,139 @@ static void test_the_newest_copy_of_an_exact_entry_wins_after_a_restart(void **s
   assert_int_equal(post(f, "general", "alice", BACKUP, NULL, NULL, NULL), CPH_EV_AGGREGATED);
 }
 
+/* One request of n events on "general" from alice; their statuses into st, ids into ids. */
+static void post_request(fixture *f, const char *const *bodies, size_t n,
+                         cph_ingest_status *st, uint64_t *ids) {
+  cph_event_in ev[16];
+  assert_true(n <= 16);
+  for (size_t i = 0; i < n; i++)
+    ev[i] = (cph_event_in){.channel = "general", .sender = "alice", .body = (char *)bodies[i]};
+  cph_op op = {0};
+  cph_fixture_ingest(f, ev, n, &op);
+  for (size_t i = 0; i < n; i++) {
+    st[i] = op.u.ingest.results[i].status;
+    ids[i] = op.u.ingest.results[i].id;
+  }
+  cph_op_clear_results(&op);
+}
+
+static bool is_row(void *ctx, const void *k, size_t klen, const void *v, size_t vlen) {
+  (void)ctx, (void)v, (void)vlen;
+  return klen == 9 && ((const uint8_t *)k)[0] == 0xFE;
+}
+
+/* Whether some family's sample is body: the family was made with body's event as the
+ * original (its sample is the original's text). */
+static bool family_of_original(fixture *f, const char *body) {
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 50, &list, &n);
+  bool found = false;
+  for (size_t i = 0; i < n; i++)
+    found = found || strcmp(list[i].sample, body) == 0;
+  free_aggregates(list, n);
+  return found;
+}
+
+static void restart(fixture *f) {
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_open(f);
+}
+
+/* Schema 5: a request's exact entries are one row. Its first, a middle and its last entry are
+ * each found by a repeat after a restart, with the event they repeat as the original; a row
+ * is pruned once its newest entry has left the widest window, and not before. */
+static void test_a_requests_exact_entries_are_one_row_found_after_a_restart(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  static const char *const BODIES[] = {
+      "row entry zero says the deploy of alpha finished",
+      "row entry one says the deploy of bravo finished",
+      "row entry two says the deploy of charlie finished",
+      "row entry three says the deploy of delta finished",
+      "row entry four says the deploy of echo finished",
+      "row entry five says the deploy of foxtrot finished",
+      "row entry six says the deploy of golf finished",
+      "row entry seven says the deploy of hotel finished",
+  };
+  cph_ingest_status st[8];
+  uint64_t ids[8];
+  post_request(f, BODIES, 8, st, ids);
+  for (int i = 0; i < 8; i++)
+    assert_int_equal(st[i], CPH_EV_QUEUED);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_DEDUPE, is_row, NULL), 1);
+  cph_fixture_open(f);
+
+  cph_clock_advance(&f->clock, 10 * CPH_NS_PER_S); /* a repeat across a restart */
+  const char *again[4] = {BODIES[0], BODIES[4], BODIES[7],
+                          "a new message in the second request, not a repeat"};
+  post_request(f, again, 4, st, ids);
+  assert_int_equal(st[0], CPH_EV_AGGREGATED); /* the row's first entry */
+  assert_int_equal(st[1], CPH_EV_AGGREGATED); /* a middle one */
+  assert_int_equal(st[2], CPH_EV_AGGREGATED); /* its last */
+  assert_int_equal(st[3], CPH_EV_QUEUED);
+  for (int i = 0; i < 3; i++)
+    assert_true(family_of_original(f, again[i]));
+  uint64_t fam4 = event_family(f, ids[1]);
+  assert_true(fam4 != 0);
+
+  /* The newer copies, in the second row, are the entries now: found after a restart too.
+   * (The engine's wall clock starts again from real time at each open, near the first row's
+   * time: each step below advances from there.) */
+  restart(f);
+  cph_clock_advance(&f->clock, 65 * CPH_NS_PER_S); /* the second row 55 s ago, the first 65 */
+  uint64_t id;
+  assert_int_equal(post(f, "general", "alice", BODIES[4], NULL, &id, NULL), CPH_EV_AGGREGATED);
+  assert_int_equal(event_family(f, id), fam4);
+
+  /* 4 x the 60 s window after the first row, not after the others: only it goes */
+  restart(f);
+  cph_clock_advance(&f->clock, 245 * CPH_NS_PER_S); /* rows 245, 235 and 180 s old */
+  cph_engine_run_pass(f->e);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_DEDUPE, is_row, NULL), 2);
+  cph_fixture_open(f);
+  cph_clock_advance(&f->clock, 255 * CPH_NS_PER_S); /* the second row's newest 245 s old */
+  cph_engine_run_pass(f->e);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_DEDUPE, is_row, NULL), 1);
+  cph_fixture_open(f);
+}
+
+/* A request of more entries than a row holds (4,096) writes several rows; an entry on either
+ * side of the cut is found, in the request and after a restart. */
+static void test_a_long_requests_entries_span_rows_and_are_all_found(void **state) {
+  fixture *f = *state;
+  enum { LONG = 4100 };
+  static char bodies[LONG][64];
+  static cph_event_in ev[LONG];
+  for (int i = 0; i < LONG; i++) {
+    snprintf(bodies[i], sizeof bodies[i], "burst message number %d of the long request", i);
+    ev[i] = (cph_event_in){.channel = "general", .sender = "alice", .body = bodies[i]};
+  }
+  cph_op op = {0};
+  cph_fixture_ingest(f, ev, LONG, &op);
+  for (int i = 0; i < LONG; i++)
+    assert_int_not_equal(op.u.ingest.results[i].status, CPH_EV_AGGREGATED);
+  cph_op_clear_results(&op);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_DEDUPE, is_row, NULL), 2);
+  cph_fixture_open(f);
+  const int probe[] = {0, 4095, 4096, LONG - 1};
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 4; i++)
+      assert_int_equal(post(f, "general", "alice", bodies[probe[i]], NULL, NULL, NULL),
+                       CPH_EV_AGGREGATED);
+    restart(f); /* then the newer copies, in rows of one, after a restart */
+  }
+}
+
 static bool key_matches(void *ctx, const void *k, size_t klen, const void *v, size_t vlen) {
   (void)v, (void)vlen;
   bool (*match)(const uint8_t *, size_t) = *(bool (**)(const uint8_t *, size_t))ctx;
@@ -387,7 +521,7 @@ static size_t count_keys(const char *dir, bool (*match)(const uint8_t *k, size_t
   return cph_fixture_store_each(dir, CPH_DB_DEDUPE, key_matches, &match);
 }
 
-static bool is_old_layout(const uint8_t *k, size_t len) { return len && k[0] && k[0] != 0xFF; }
+static bool is_old_layout(const uint8_t *k, size_t len) { return len && k[0] && k[0] < 0xFE; }
 static bool is_time_ordered(const uint8_t *k, size_t len) { return len == 41 && k[0] == 0xFF; }
 
 /* A store written before the time-ordered layout (exact entries keyed channel\0 hash) opens
@@ -408,6 +542,7 @@ static void test_old_layout_exact_entries_are_moved_at_open_and_still_match(void
     fail_msg("store: %s", err.msg);
   cph_txn t;
   assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
+  assert_int_equal(cph_test_dedupe_rows_to_entries(&t), 2); /* the time-ordered layout first */
   for (int moved = 0;; moved++) {
     cph_cursor c;
     assert_int_equal(cph_cursor_open(&t, CPH_DB_DEDUPE, &c), CPH_OK);
@@ -643,6 +778,10 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_expired_exact_entries_are_pruned, setup, teardown),
       cmocka_unit_test_setup_teardown(test_the_newest_copy_of_an_exact_entry_wins_after_a_restart,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_a_requests_exact_entries_are_one_row_found_after_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_long_requests_entries_span_rows_and_are_all_found,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_old_layout_exact_entries_are_moved_at_open_and_still_match, setup, teardown),

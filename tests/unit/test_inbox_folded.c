@@ -399,7 +399,7 @@ static void test_a_schema3_data_dir_opens_and_serves_the_same(void **state) {
   cph_fixture_open(b); /* migrates */
   cph_engine_close(b->e);
   b->e = NULL;
-  assert_int_equal(cph_store_open(&so, &st, &err), CPH_OK); /* schema 4 now */
+  assert_int_equal(cph_store_open(&so, &st, &err), CPH_OK); /* this build's schema now */
   cph_store_close(st);
 
   cph_fixture_open(a);

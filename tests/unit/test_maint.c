@@ -541,6 +541,61 @@ static void test_queued_memories_are_found_before_their_embedding(void **state) 
   cph_op_clear_results(&op);
 }
 
+/* Embedding batches of 5: a request's 12 memories are queued as one row, which the batches
+ * take apart from its front. */
+static int setup_small_embed_batches(void **state) {
+  return setup_with(state, "{:sessions {:janitor? true}\n"
+                           " :gc {:min-age-hours 1000}\n"
+                           " :maintenance {:embeddings {:batch-size 5}}\n"
+                           " :store {:sync :none}}\n");
+}
+
+static bool count_row(void *ctx, const void *key, size_t key_len, const void *val,
+                      size_t val_len) {
+  (void)ctx, (void)key, (void)key_len, (void)val, (void)val_len;
+  return true;
+}
+
+static void test_a_requests_embeddings_are_one_row_and_drain_in_batches(void **state) {
+  fixture *f = *state;
+  const char *subs[] = {"general"};
+  cph_fixture_create_session(f, "s1", CPH_LANE_INTERACTIVE, subs, 1); /* searches its scopes */
+  char body[12][64];
+  cph_event_in ev[12];
+  for (int i = 0; i < 12; i++) {
+    snprintf(body[i], sizeof body[i], "status report %d from the %s team", i,
+             i == 7 ? "walrus" : "usual");
+    ev[i] = (cph_event_in){.channel = "general", .sender = "carol", .body = body[i]};
+  }
+  cph_op op = {0};
+  cph_fixture_ingest(f, ev, 12, &op);
+  cph_op_clear_results(&op);
+  cph_maint_stats st;
+  cph_engine_maint_stats(f->e, &st);
+  assert_int_equal(st.embed_queue, 12);
+  cph_engine_close(f->e); /* one row for the twelve; recounted as twelve at open */
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_EMBED_QUEUE, count_row, NULL), 1);
+  cph_fixture_open(f);
+  cph_engine_maint_stats(f->e, &st);
+  assert_int_equal(st.embed_queue, 12);
+
+  assert_true(run_maintenance(f) >= 3); /* 5 + 5 + 2 */
+  cph_engine_maint_stats(f->e, &st);
+  assert_int_equal(st.embed_queue, 0);
+  size_t n;
+  cph_memory_hit *hits = search(f, "walrus", &n, &op);
+  assert_int_equal(n, 1);
+  assert_non_null(strstr(hits[0].text, "walrus"));
+  cph_op_clear_results(&op);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_EMBED_QUEUE, count_row, NULL), 0);
+  cph_fixture_open(f);
+  cph_engine_maint_stats(f->e, &st);
+  assert_int_equal(st.embed_queue, 0);
+}
+
 /* An external embedder the op was not prepared for: the engine never calls it in the pass; the
  * answer is lexical and says so. */
 static int setup_external_embedder(void **state) {
@@ -895,6 +950,8 @@ int main(void) {
                                       setup_tight_budget, teardown),
       cmocka_unit_test_setup_teardown(test_queued_memories_are_found_before_their_embedding,
                                       setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_requests_embeddings_are_one_row_and_drain_in_batches,
+                                      setup_small_embed_batches, teardown),
       cmocka_unit_test_setup_teardown(
           test_unprepared_search_with_external_embedder_is_lexical_and_degraded,
           setup_external_embedder, teardown),
