@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "cephalon/cephalon.h"
+#include "cephalon/policy.h"
 #include "common/buf.h"
 #include "common/clock.h"
 #include "core/turnlog.h"
@@ -77,6 +78,8 @@ typedef struct pair {
   char ids[MAX_SESSIONS][16];
   bool mixed;   /* the warm engine switches between record versions 2 and 3 */
   bool warm_v2; /* ... and writes version 2 now */
+  long long warm_bytes; /* the warm engine's bound on its kept contexts' warm states */
+  int warm_channels, keep; /* the policies' :sessions :warm-channels (warm engine), keep-turns */
   kept_read *reads;
   size_t n_reads, cap_reads;
 } pair;
@@ -178,12 +181,25 @@ static char *canonical(const cph_turn_info *t) {
 /* ---------------------------------------------------------------- both engines at once */
 
 /* Runs a copy of op on each engine; both must answer alike. Returns the warm one's rc. */
-static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
-  turnlog_test_write_v2(p->warm_v2);
-  int rw = cph_fixture_run(p->warm, warm_op);
-  turnlog_test_write_v2(true);
-  int rc = cph_fixture_run(p->cold, cold_op);
+/* Each engine runs with its knobs: the warm one writes version 3 (or 2 now and then) and keeps
+ * warm states within warm_bytes; the rebuilt one writes version 2 and keeps none (every lease
+ * reads the session's kept turns from the store). */
+static void knobs(const pair *p, bool warm) {
+  turnlog_test_write_v2(warm ? p->warm_v2 : true);
+  turnlog_test_warm_bytes(warm ? p->warm_bytes : 0);
+}
+
+static void knobs_off(void) {
   turnlog_test_write_v2(false);
+  turnlog_test_warm_bytes(-1);
+}
+
+static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
+  knobs(p, true);
+  int rw = cph_fixture_run(p->warm, warm_op);
+  knobs(p, false);
+  int rc = cph_fixture_run(p->cold, cold_op);
+  knobs_off();
   if (rw != rc)
     fail_msg("seed %llu: the engines answered differently: %d (%s) vs %d (%s)",
              (unsigned long long)p->seed, rw, warm_op->err.msg, rc, cold_op->err.msg);
@@ -191,11 +207,11 @@ static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
 }
 
 static void pass_both(pair *p) {
-  turnlog_test_write_v2(p->warm_v2);
+  knobs(p, true);
   cph_engine_run_pass(p->warm->e);
-  turnlog_test_write_v2(true);
+  knobs(p, false);
   cph_engine_run_pass(p->cold->e);
-  turnlog_test_write_v2(false);
+  knobs_off();
 }
 
 static void advance_both(pair *p, int64_t ns) {
@@ -361,6 +377,15 @@ static void check_kept(pair *p, const cph_turn_info *t, const cph_turn_info *col
                (unsigned long long)p->seed, (unsigned long long)t->id, m, c.messages[m].content,
                t->messages[m].content);
   cph_turn_context_free(&c);
+  /* the bound: after its lease, the session keeps at most keep-turns turns */
+  cph_kept_turn *kt;
+  size_t n;
+  if (cph_engine_kept_turns(p->warm->e, t->session, &kt, &n, &err) != CPH_OK)
+    fail_msg("seed %llu: kept turns of %s: %s", (unsigned long long)p->seed, t->session, err.msg);
+  cph_kept_turns_free(kt, n);
+  if (n > (size_t)p->keep)
+    fail_msg("seed %llu: %s keeps %zu turns after turn %llu, keep-turns is %d",
+             (unsigned long long)p->seed, t->session, n, (unsigned long long)t->id, p->keep);
 }
 
 /* ---- the texts held by hash: exactly what the refs name */
@@ -559,7 +584,8 @@ static bool turn(pair *p, rng *r) {
   }
   free(a);
   free(b);
-  check_kept(p, &l[0].u.lease.turn, &l[1].u.lease.turn);
+  if (p->keep > 0)
+    check_kept(p, &l[0].u.lease.turn, &l[1].u.lease.turn);
   uint32_t how = below(r, 10);
   char reply[96];
   snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session, TEXTS[below(r, N_TEXTS)]);
@@ -597,13 +623,41 @@ static bool turn(pair *p, rng *r) {
   return true;
 }
 
+static void check_texts(pair *p);
+static void check_rows(pair *p);
+
+/* A restart of both; while the warm engine is closed, the rows and texts it holds must be
+ * exactly those its kept turns name (with its warm states gone, and before they are rebuilt). */
 static void restart_both(pair *p) {
   cph_engine_close(p->warm->e);
   p->warm->e = NULL;
   cph_engine_close(p->cold->e);
   p->cold->e = NULL;
+  check_texts(p);
+  check_rows(p);
   cph_fixture_open(p->warm);
   cph_fixture_open(p->cold);
+}
+
+static const char *policy(char *buf, size_t size, int warm_channels, int keep_turns);
+
+/* A policy reload on both engines: keep-turns becomes keep (0 deletes what the sessions kept at
+ * their next lease, a lower bound trims several turns at once). */
+static void reload_keep(pair *p, int keep) {
+  cph_fixture *f[2] = {p->warm, p->cold};
+  for (int k = 0; k < 2; k++) {
+    char text[512];
+    policy(text, sizeof text, k ? 0 : p->warm_channels, keep);
+    cph_policy *pol;
+    cph_err err;
+    if (cph_policy_load_text("reload.edn", text, strlen(text), &pol, &err) != CPH_OK ||
+        cph_engine_reload(f[k]->e, pol, &err) != CPH_OK)
+      fail_msg("seed %llu: reload: %s", (unsigned long long)p->seed, err.msg);
+    free(f[k]->policy); /* restarts read it */
+    f[k]->policy = strdup(text);
+    assert_non_null(f[k]->policy);
+  }
+  p->keep = keep;
 }
 
 static const char *policy(char *buf, size_t size, int warm_channels, int keep_turns) {
@@ -628,12 +682,24 @@ static void run_case(uint64_t seed) {
   pair p = {0};
   p.seed = seed;
   static const int keep_choices[] = {1, 2, 3, 8};
-  int keep = keep_choices[below(&r, 4)];
-  p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, warm_choices[below(&r, 4)], keep));
-  p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0, keep));
+  p.keep = keep_choices[below(&r, 4)];
+  p.warm_channels = warm_choices[below(&r, 4)];
+  p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, p.warm_channels, p.keep));
+  p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0, p.keep));
   create_sessions(&p, &r);
   p.mixed = below(&r, 2) == 0;
+  /* The kept contexts' warm states and keep-turns changes draw from their own stream, so the
+   * operations above are the cases they were before. Bounds: none kept (every lease rebuilds),
+   * about one session's (evicted all the time), the default. */
+  rng kr = {seed ^ 0x5eed0fca11ab1eull};
+  static const long long warm_bytes[] = {0, 24 << 10, 96 << 10, -1};
+  p.warm_bytes = warm_bytes[below(&kr, 4)];
+  bool keep_changes = below(&kr, 2) == 0;
   for (int step = 0; step < STEPS; step++) {
+    if (keep_changes && below(&kr, 12) == 0) {
+      static const int reload_choices[] = {0, 1, 2, 3, 5, 8};
+      reload_keep(&p, reload_choices[below(&kr, 6)]);
+    }
     if (p.mixed && below(&r, 8) == 0)
       p.warm_v2 = !p.warm_v2;
     uint32_t what = below(&r, 20);

@@ -1,0 +1,320 @@
+/* A session's kept turns, warm (contract in turnwarm.h). */
+#include "turnwarm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/error.h"
+
+/* ---------------------------------------------------------------- the set of turnwarms */
+
+static void sources_free(tw_sources *s) {
+  free(s->v);
+  free(s->index);
+  cph_buf_free(&s->bytes);
+}
+
+static void turnwarm_free(turnwarm *w) {
+  for (size_t i = 0; i < w->n_turns; i++)
+    free(w->turns[i].dies);
+  free(w->turns);
+  free(w->cur);
+  free(w->slots);
+  sources_free(&w->src);
+  sources_free(&w->next);
+  free(w->session);
+  free(w);
+}
+
+static void lru_unlink(cph_turnwarms *tw, turnwarm *w) {
+  if (w->lru_prev)
+    w->lru_prev->lru_next = w->lru_next;
+  else
+    tw->lru_head = w->lru_next;
+  if (w->lru_next)
+    w->lru_next->lru_prev = w->lru_prev;
+  else
+    tw->lru_tail = w->lru_prev;
+  w->lru_prev = w->lru_next = NULL;
+}
+
+static void lru_push_front(cph_turnwarms *tw, turnwarm *w) {
+  w->lru_next = tw->lru_head;
+  if (tw->lru_head)
+    tw->lru_head->lru_prev = w;
+  tw->lru_head = w;
+  if (!tw->lru_tail)
+    tw->lru_tail = w;
+}
+
+void turnwarms_init(cph_turnwarms *tw, size_t max_bytes) {
+  *tw = (cph_turnwarms){CPH_HMAP_INIT, NULL, NULL, 0, max_bytes};
+}
+
+static void evict(cph_turnwarms *tw, turnwarm *w) {
+  cph_hmap_del(&tw->by_session, w->session);
+  lru_unlink(tw, w);
+  tw->bytes -= w->bytes;
+  turnwarm_free(w);
+}
+
+void turnwarms_clear(cph_turnwarms *tw) {
+  while (tw->lru_head)
+    evict(tw, tw->lru_head);
+}
+
+void turnwarms_free(cph_turnwarms *tw) {
+  turnwarms_clear(tw);
+  cph_hmap_free(&tw->by_session);
+}
+
+turnwarm *turnwarms_get(cph_turnwarms *tw, const char *session) {
+  turnwarm *w = cph_hmap_get(&tw->by_session, session);
+  if (w && tw->lru_head != w) {
+    lru_unlink(tw, w);
+    lru_push_front(tw, w);
+  }
+  return w;
+}
+
+void turnwarms_drop(cph_turnwarms *tw, const char *session) {
+  turnwarm *w = cph_hmap_get(&tw->by_session, session);
+  if (w)
+    evict(tw, w);
+}
+
+int turnwarms_fresh(cph_turnwarms *tw, const char *session, turnwarm **out) {
+  turnwarms_drop(tw, session);
+  turnwarm *w = calloc(1, sizeof *w);
+  if (!w || !(w->session = strdup(session))) {
+    free(w);
+    return CPH_ENOMEM;
+  }
+  w->src.bytes = w->next.bytes = (cph_buf)CPH_BUF_INIT;
+  if (cph_hmap_put(&tw->by_session, w->session, w) != CPH_OK) {
+    turnwarm_free(w);
+    return CPH_ENOMEM;
+  }
+  lru_push_front(tw, w);
+  *out = w;
+  return CPH_OK;
+}
+
+static size_t turnwarm_bytes(const turnwarm *w) {
+  size_t b = sizeof *w + w->cap_turns * sizeof *w->turns + w->cap_cur * sizeof *w->cur +
+             (w->slots ? (w->mask + 1) * sizeof *w->slots : 0);
+  for (size_t i = 0; i < w->n_turns; i++)
+    b += w->turns[i].cap_dies * sizeof *w->turns[i].dies;
+  const tw_sources *s[2] = {&w->src, &w->next};
+  for (int i = 0; i < 2; i++)
+    b += s[i]->cap * sizeof *s[i]->v + (s[i]->index ? (s[i]->mask + 1) * sizeof *s[i]->index : 0) +
+         s[i]->bytes.cap;
+  return b;
+}
+
+void turnwarms_release(cph_turnwarms *tw) {
+  if (tw->lru_head) { /* only the most recently used one changed since the last release */
+    tw->bytes -= tw->lru_head->bytes;
+    tw->lru_head->bytes = turnwarm_bytes(tw->lru_head);
+    tw->bytes += tw->lru_head->bytes;
+  }
+  while (tw->lru_tail && tw->bytes > tw->max_bytes)
+    evict(tw, tw->lru_tail);
+}
+
+/* ---------------------------------------------------------------- rows and turns */
+
+uint64_t turnwarm_newest(const turnwarm *w) {
+  return w->n_turns ? w->turns[w->n_turns - 1].id : 0;
+}
+
+/* The row's slot, or the empty one where it would go (the table is never full). */
+static size_t slot_of(const turnwarm *w, uint64_t row) {
+  size_t i = (size_t)row & w->mask;
+  while (w->slots[i].last && w->slots[i].row != row)
+    i = (i + 1) & w->mask;
+  return i;
+}
+
+uint64_t turnwarm_last(const turnwarm *w, uint64_t row, uint32_t *code) {
+  if (!w->slots)
+    return 0;
+  const tw_slot *s = &w->slots[slot_of(w, row)];
+  if (code)
+    *code = s->code;
+  return s->last;
+}
+
+/* Doubles the table (or makes the first) so that it stays at most half full. */
+static int slots_grow(turnwarm *w) {
+  size_t cap = w->slots ? 2 * (w->mask + 1) : 1024;
+  tw_slot *old = w->slots;
+  size_t old_cap = old ? w->mask + 1 : 0;
+  if (!(w->slots = calloc(cap, sizeof *w->slots))) {
+    w->slots = old;
+    return CPH_ENOMEM;
+  }
+  w->mask = cap - 1;
+  for (size_t i = 0; i < old_cap; i++)
+    if (old[i].last)
+      w->slots[slot_of(w, old[i].row)] = old[i];
+  free(old);
+  return CPH_OK;
+}
+
+int turnwarm_set_last(turnwarm *w, uint64_t row, uint64_t turn, uint32_t code) {
+  if ((!w->slots || 2 * (w->used + 1) > w->mask + 1) && slots_grow(w) != CPH_OK)
+    return CPH_ENOMEM;
+  tw_slot *s = &w->slots[slot_of(w, row)];
+  if (!s->last)
+    w->used++;
+  *s = (tw_slot){row, turn, code};
+  return CPH_OK;
+}
+
+/* Removes row (linear probing: the entries after it that would no longer be found move back,
+ * so there are no tombstones). */
+static void forget_row(turnwarm *w, uint64_t row) {
+  size_t i = slot_of(w, row);
+  if (!w->slots[i].last)
+    return;
+  w->used--;
+  for (size_t j = (i + 1) & w->mask;; j = (j + 1) & w->mask) {
+    w->slots[i].last = 0;
+    if (!w->slots[j].last)
+      return;
+    size_t home = (size_t)w->slots[j].row & w->mask;
+    /* j's entry may fill the hole at i unless its home lies cyclically in (i, j] */
+    bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+    if (stays)
+      continue;
+    w->slots[i] = w->slots[j];
+    i = j;
+  }
+}
+
+static int u64_push(uint64_t **v, size_t *n, size_t *cap, uint64_t x) {
+  if (*n == *cap) {
+    size_t c = *cap ? 2 * *cap : 16;
+    uint64_t *p = realloc(*v, c * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    *v = p;
+    *cap = c;
+  }
+  (*v)[(*n)++] = x;
+  return CPH_OK;
+}
+
+int turnwarm_advance(turnwarm *w, uint64_t turn, bool has_rows, const uint64_t *rows, size_t n) {
+  if (w->n_turns) {
+    tw_turn *prev = &w->turns[w->n_turns - 1];
+    for (size_t i = 0; i < w->n_cur; i++)
+      if (turnwarm_last(w, w->cur[i], NULL) == prev->id &&
+          u64_push(&prev->dies, &prev->n_dies, &prev->cap_dies, w->cur[i]) != CPH_OK)
+        return CPH_ENOMEM;
+  }
+  if (w->n_turns == w->cap_turns) {
+    size_t c = w->cap_turns ? 2 * w->cap_turns : 8;
+    tw_turn *p = realloc(w->turns, c * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    w->turns = p;
+    w->cap_turns = c;
+  }
+  if (n > w->cap_cur) {
+    uint64_t *p = realloc(w->cur, n * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    w->cur = p;
+    w->cap_cur = n;
+  }
+  if (n)
+    memcpy(w->cur, rows, n * sizeof *rows);
+  w->n_cur = n;
+  w->turns[w->n_turns++] = (tw_turn){turn, NULL, 0, 0, has_rows};
+  return CPH_OK;
+}
+
+int turnwarm_trim_oldest(turnwarm *w, int (*gone)(void *ctx, uint64_t row), void *ctx) {
+  if (w->n_turns < 2)
+    return CPH_OK;
+  tw_turn *o = &w->turns[0];
+  for (size_t i = 0; i < o->n_dies; i++) {
+    if (turnwarm_last(w, o->dies[i], NULL) != o->id)
+      continue; /* a later turn names it again */
+    int rc = gone(ctx, o->dies[i]);
+    if (rc)
+      return rc;
+    forget_row(w, o->dies[i]);
+  }
+  free(o->dies);
+  memmove(w->turns, w->turns + 1, (w->n_turns - 1) * sizeof *w->turns);
+  w->n_turns--;
+  return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- sources */
+
+const tw_source *turnwarm_find(const turnwarm *w, uint64_t fp, const void *key, size_t key_len,
+                               const char *text, size_t text_len) {
+  const tw_sources *s = &w->src;
+  if (!s->index)
+    return NULL;
+  for (size_t i = (size_t)fp & s->mask; s->index[i]; i = (i + 1) & s->mask) {
+    const tw_source *c = &s->v[s->index[i] - 1];
+    if (c->fp == fp && c->key_len == key_len && c->text_len == text_len &&
+        memcmp(s->bytes.data + c->key_off, key, key_len) == 0 &&
+        memcmp(s->bytes.data + c->text_off, text, text_len) == 0)
+      return c;
+  }
+  return NULL;
+}
+
+int turnwarm_add_source(turnwarm *w, uint64_t fp, uint64_t row, uint64_t chash, const void *key,
+                        size_t key_len, const char *text, size_t text_len) {
+  tw_sources *s = &w->next;
+  if (s->n == s->cap) {
+    size_t c = s->cap ? 2 * s->cap : 256;
+    tw_source *p = realloc(s->v, c * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    s->v = p;
+    s->cap = c;
+  }
+  size_t at = s->bytes.len;
+  cph_buf_append(&s->bytes, key, key_len);
+  cph_buf_append(&s->bytes, text, text_len);
+  if (cph_buf_error(&s->bytes))
+    return CPH_ENOMEM;
+  s->v[s->n++] = (tw_source){fp, row, chash, at, key_len, at + key_len, text_len};
+  return CPH_OK;
+}
+
+void turnwarm_sources_done(turnwarm *w) {
+  tw_sources t = w->src;
+  w->src = w->next;
+  w->next = t;
+  w->next.n = 0;
+  cph_buf_reset(&w->next.bytes);
+  tw_sources *s = &w->src;
+  size_t cap = 16;
+  while (cap < 2 * s->n)
+    cap *= 2;
+  if (!s->index || s->mask + 1 < cap) {
+    free(s->index);
+    s->index = malloc(cap * sizeof *s->index);
+    s->mask = s->index ? cap - 1 : 0;
+  }
+  if (!s->index) { /* out of memory: no sources, every row is hashed again */
+    s->n = 0;
+    return;
+  }
+  memset(s->index, 0, (s->mask + 1) * sizeof *s->index);
+  for (size_t i = 0; i < s->n; i++) {
+    size_t j = (size_t)s->v[i].fp & s->mask;
+    while (s->index[j])
+      j = (j + 1) & s->mask;
+    s->index[j] = (uint32_t)i + 1;
+  }
+}
