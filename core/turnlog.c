@@ -373,15 +373,15 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
  * node that only moved (the history shifting by the turn's new messages, the ODI shift) is the
  * row the previous kept turn named: a lease puts the rows that are new since that turn (on
  * most leases the turn's new messages and its new cores) and a refs entry of raw hashes and
- * indexes, instead of encoding every text and coordinate again; keeping and trimming read
- * refs entries in place, never decode a record.
- * Invariant: every row a kept record names is held. Trimming deletes a row once no remaining
- * turn names it. When the oldest turns go and N is the oldest left: a row that N does not name
- * is named by a later remaining turn M only if a turn after N up to M added it (it was not in
- * its predecessor), so the rows that stay are rows(N) + the added rows of the turns after N —
- * one refs entry and the heads of the others read, not every remaining turn's rows. When that
- * chain is broken (an entry naming another predecessor) every remaining turn's rows are read
- * instead. An older-version record has no refs entry and names no row.
+ * indexes, instead of encoding every text and coordinate again.
+ * Invariant: every row a kept record names is held, and only those. Keeping and trimming go
+ * through the session's warm state (core/turnwarm.h, rebuilt from the refs entries when it is
+ * missing or stale): a message or node equal, field by field, to one at its place in the
+ * previous kept turn has that one's row, so only the new ones are hashed; the rows added are
+ * those whose newest naming turn is not the previous one; and trimming turn T deletes the rows
+ * T named that the turn after it did not and that no later turn named again (T's dies list, the
+ * rows' last naming turn) — no refs entry read. An older-version record has no refs entry and
+ * names no row.
  *
  * Row layout (integers big-endian):
  *   message: 'm' (the depth goes before the coordinate's first ',') or 'M' (the coordinate
@@ -390,8 +390,8 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
  *            then the content (the rest of the value);
  *   node:    'n', be64 id, be32 position, be32 offset, be64 ttl, be64 cadence, be64 created,
  *            be64 flags, be64 content hash, be32 n + the role, then the preview (the rest).
- * The row hash is lanes_hash of the text seeded with lanes_hash of the row before its text:
- * the text is hashed where it lies, and copied only into a new row. */
+ * The row hash is lanes_hash of the text seeded with lanes_hash of the row before its text
+ * (ROW_SEED): the text is hashed where it lies, and copied only into a new row. */
 
 /* Test knobs (turnlog.h): write version-2 records; the warm states' bound (-1: the default). */
 static bool write_v2;
@@ -635,7 +635,7 @@ static int scratch_reserve(cph_turnlog *tl, size_t n) {
 /* The session's warm state (core/turnwarm.h) as the store holds it: the one held when its
  * newest turn is the store's newest kept turn, else one rebuilt from the kept turns' refs
  * entries (each turn's rows set as its rows' last, the previous turn's other rows on its dies
- * list). Its sources then are none: the next lease hashes every row. */
+ * list). It then has no items: the next lease hashes every row. */
 static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm **out) {
   uint64_t newest;
   int rc = newest_kept(t, session, &newest);
@@ -683,23 +683,11 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
   return rc;
 }
 
-/* A message's or node's fingerprint for the warm sources: its key's hash, its text's length
- * and first and last bytes (the sources compare the whole of both). */
-static uint64_t source_fp(uint64_t key_hash, const char *str, size_t len) {
-  uint64_t a = 0, b = 0;
-  memcpy(&a, str, len < 8 ? len : 8);
-  if (len > 8)
-    memcpy(&b, str + len - (len < 16 ? len - 8 : 8), len < 16 ? len - 8 : 8);
-  uint64_t h = (key_hash ^ len * 0x9e3779b97f4a7c15ull ^ a) * 0xff51afd7ed558ccdull;
-  h = (h ^ (h >> 32) ^ b) * 0xc4ceb9fe1a85ec53ull;
-  return h ^ (h >> 29);
-}
-
 #define ROW_SEED 0x8ebc6af09c88c6e3ull
 #define CODE_NAMED 0x80000000u /* a row's code (turnwarm_set_last): named by the previous turn */
 
-/* Turn's messages and nodes as rows: each one's row (from the warm sources when its bytes are
- * those of a message or node of the session's previous kept turn, else hashed), the rows the
+/* Turn's messages and nodes as rows: each one's row (from the warm items when it is a message
+ * or node of the session's previous kept turn, compared field by field, else hashed), the rows the
  * previous turn does not name put, this turn's refs entry put, and w advanced to this turn.
  * r is the version-2 shape fill_rec built (its node arrays unused: the nodes are read from
  * the tree), tx its previews' lengths. */
@@ -711,39 +699,53 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
     return CPH_ENOMEM; /* fill_nodes stopped short */
   int rc = scratch_reserve(tl, n);
   cph_buf *head = &tl->head;
-  /* each message's and node's row: the str is hashed only when it is not a source of the
-   * previous turn (a node's key leaves its content hash out: that is hashed then too) */
+  /* each message's and node's row: hashed only when it is not an item of the previous kept
+   * turn (a node's key leaves its content hash out: that is hashed then too) */
+  size_t pos[2] = {0, 0};
   for (size_t i = 0; rc == CPH_OK && i < n; i++) {
     const cph_pact_node *nd = i < nm ? NULL : &ct->tree.nodes[ct->order[i - nm]];
-    const char *str = nd ? nd->content : ti->messages[i].content ? ti->messages[i].content : "";
-    size_t len = strlen(str);
-    cph_buf_reset(head);
+    tw_key k;
+    uint8_t fixed[40]; /* a node's fields, as the key compares them */
     if (nd) {
-      node_row_head(head, nd, 0);
+      memcpy(fixed, &nd->at.position, 4);
+      memcpy(fixed + 4, &nd->at.offset, 4);
+      int64_t v[4] = {nd->ttl, nd->cadence, (int64_t)nd->created_at_episode,
+                      (int64_t)node_flags(nd)};
+      memcpy(fixed + 8, v, sizeof v);
+      const char *role = nd->role ? nd->role : "";
+      k = (tw_key){'n', nd->id, role, fixed, strlen(role), sizeof fixed, nd->content,
+                   strlen(nd->content)};
       tl->depth[i] = nd->at.depth;
     } else {
-      msg_row_head(head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &tl->depth[i]);
+      const char *coord = r->msg_coords[i], *content = ti->messages[i].content;
+      size_t end = 0;
+      bool split = coord_split(coord, &tl->depth[i], &end);
+      if (!split) {
+        tl->depth[i] = 0;
+        end = 0;
+      }
+      content = content ? content : "";
+      k = (tw_key){split ? 'm' : 'M', r->msg_nodes[i], r->msg_roles[i], coord + end,
+                   strlen(r->msg_roles[i]), strlen(coord + end), content, strlen(content)};
     }
-    if ((rc = cph_buf_error(head)) != CPH_OK)
-      break;
-    uint64_t fp = source_fp(lanes_hash(head->data, head->len, ROW_SEED), str, len);
-    const tw_source *s = turnwarm_find(w, fp, head->data, head->len, str, len);
-    if (!s)
-      rc = turnwarm_add_source(w, fp, 0, 0, head->data, head->len, str, len);
-    else
-      rc = turnwarm_add_source(w, fp, s->row, s->chash, head->data, head->len, str, len);
-    if (rc || s) {
-      tl->rows[i] = s ? s->row : 0;
-      tl->chash[i] = s ? s->chash : 0;
-      continue;
+    const tw_item *same = turnwarm_find(w, nd != NULL, &pos[nd != NULL], &k);
+    tl->rows[i] = same ? same->row : 0;
+    tl->chash[i] = same ? same->chash : 0;
+    if (!same) {
+      size_t len = k.n_text;
+      cph_buf_reset(head);
+      if (nd) { /* the row's text is the preview */
+        node_row_head(head, nd, tl->chash[i] = text_hash(k.text, k.n_text));
+        len = tx->pv_len[i - nm];
+      } else {
+        int32_t d;
+        msg_row_head(head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &d);
+      }
+      if ((rc = cph_buf_error(head)) != CPH_OK)
+        break;
+      tl->rows[i] = lanes_hash(k.text, len, lanes_hash(head->data, head->len, ROW_SEED));
     }
-    tw_source *added = &w->next.v[w->next.n - 1];
-    if (nd) { /* the head with its content hash; the row's str is the preview */
-      added->chash = tl->chash[i] = text_hash(str, len);
-      cph_be64_put((uint8_t *)head->data + NODE_ROW_CHASH, tl->chash[i]);
-      len = tx->pv_len[i - nm];
-    }
-    added->row = tl->rows[i] = lanes_hash(str, len, lanes_hash(head->data, head->len, ROW_SEED));
+    rc = turnwarm_add_item(w, nd != NULL, &k, same, tl->rows[i], tl->chash[i]);
   }
   /* which rows the previous kept turn does not name: those are put, and listed first */
   uint64_t prev = turnwarm_newest(w);
@@ -807,7 +809,7 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
   if (rc == CPH_OK)
     rc = turnwarm_advance(w, turn, true, tl->dist, n_distinct);
   if (rc == CPH_OK)
-    turnwarm_sources_done(w);
+    turnwarm_items_done(w);
   return rc;
 }
 

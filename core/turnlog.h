@@ -23,12 +23,15 @@
  * Writing a turn's context deletes the session's oldest ones beyond keep-turns in the same
  * transaction, so a session never holds more than keep-turns (after a policy change, from its
  * next lease on). keep-turns 0 writes nothing and deletes what the session kept. Cost per
- * lease (the tree is the turn's, loaded and ordered once by context assembly): every message
- * and node hashed as a row, the session's newest refs entry read, one put for the record, one
- * for its refs entry and one per new row, a cursor walk over at most keep-turns + 1 keys, and
- * for the trimmed turn two refs entries and the heads of the others read and the rows no
- * remaining turn names deleted. Keeping runs in a nested transaction: a failure (a full map)
- * loses the kept context, never the lease.
+ * lease (the tree is the turn's, loaded and ordered once by context assembly), with the
+ * session's warm state (turnwarm.h) held: one cursor seek to check it against the store; per
+ * message and node a comparison with the one at its place in the previous kept turn (its
+ * text compared and, when it is new, hashed and copied once); one put for the record, one for
+ * its refs entry and one per new row; for a trimmed turn two deletes and one per row that no
+ * remaining turn names. Without it (after a restart, an eviction, a pass that did not
+ * commit) the lease first reads every kept turn's refs entry of the session and hashes every
+ * row. Keeping runs in a nested transaction: a failure (a full map) loses the kept context,
+ * never the lease, and drops the warm state.
  *
  * ---- The diff (from -> to) ----
  * Nodes by id, messages by (role, content) then coordinate, section items by id. For what

@@ -8,20 +8,17 @@
 
 /* ---------------------------------------------------------------- the set of turnwarms */
 
-static void sources_free(tw_sources *s) {
-  free(s->v);
-  free(s->index);
-  cph_buf_free(&s->bytes);
-}
-
 static void turnwarm_free(turnwarm *w) {
   for (size_t i = 0; i < w->n_turns; i++)
     free(w->turns[i].dies);
   free(w->turns);
   free(w->cur);
   free(w->slots);
-  sources_free(&w->src);
-  sources_free(&w->next);
+  for (int l = 0; l < 2; l++) {
+    free(w->items[l].v);
+    free(w->next[l].v);
+  }
+  cph_buf_free(&w->bytes);
   free(w->session);
   free(w);
 }
@@ -54,7 +51,7 @@ void turnwarms_init(cph_turnwarms *tw, size_t max_bytes) {
 static void evict(cph_turnwarms *tw, turnwarm *w) {
   cph_hmap_del(&tw->by_session, w->session);
   lru_unlink(tw, w);
-  tw->bytes -= w->bytes;
+  tw->bytes -= w->held;
   turnwarm_free(w);
 }
 
@@ -90,7 +87,7 @@ int turnwarms_fresh(cph_turnwarms *tw, const char *session, turnwarm **out) {
     free(w);
     return CPH_ENOMEM;
   }
-  w->src.bytes = w->next.bytes = (cph_buf)CPH_BUF_INIT;
+  w->bytes = (cph_buf)CPH_BUF_INIT;
   if (cph_hmap_put(&tw->by_session, w->session, w) != CPH_OK) {
     turnwarm_free(w);
     return CPH_ENOMEM;
@@ -105,18 +102,16 @@ static size_t turnwarm_bytes(const turnwarm *w) {
              (w->slots ? (w->mask + 1) * sizeof *w->slots : 0);
   for (size_t i = 0; i < w->n_turns; i++)
     b += w->turns[i].cap_dies * sizeof *w->turns[i].dies;
-  const tw_sources *s[2] = {&w->src, &w->next};
-  for (int i = 0; i < 2; i++)
-    b += s[i]->cap * sizeof *s[i]->v + (s[i]->index ? (s[i]->mask + 1) * sizeof *s[i]->index : 0) +
-         s[i]->bytes.cap;
-  return b;
+  for (int l = 0; l < 2; l++)
+    b += (w->items[l].cap + w->next[l].cap) * sizeof(tw_item);
+  return b + w->bytes.cap;
 }
 
 void turnwarms_release(cph_turnwarms *tw) {
   if (tw->lru_head) { /* only the most recently used one changed since the last release */
-    tw->bytes -= tw->lru_head->bytes;
-    tw->lru_head->bytes = turnwarm_bytes(tw->lru_head);
-    tw->bytes += tw->lru_head->bytes;
+    tw->bytes -= tw->lru_head->held;
+    tw->lru_head->held = turnwarm_bytes(tw->lru_head);
+    tw->bytes += tw->lru_head->held;
   }
   while (tw->lru_tail && tw->bytes > tw->max_bytes)
     evict(tw, tw->lru_tail);
@@ -254,67 +249,92 @@ int turnwarm_trim_oldest(turnwarm *w, int (*gone)(void *ctx, uint64_t row), void
   return CPH_OK;
 }
 
-/* ---------------------------------------------------------------- sources */
+/* ---------------------------------------------------------------- items */
 
-const tw_source *turnwarm_find(const turnwarm *w, uint64_t fp, const void *key, size_t key_len,
-                               const char *text, size_t text_len) {
-  const tw_sources *s = &w->src;
-  if (!s->index)
-    return NULL;
-  for (size_t i = (size_t)fp & s->mask; s->index[i]; i = (i + 1) & s->mask) {
-    const tw_source *c = &s->v[s->index[i] - 1];
-    if (c->fp == fp && c->key_len == key_len && c->text_len == text_len &&
-        memcmp(s->bytes.data + c->key_off, key, key_len) == 0 &&
-        memcmp(s->bytes.data + c->text_off, text, text_len) == 0)
-      return c;
+/* Whether a[0..n) equals b[0..n), for the keys' short strings: 8 bytes a step, no call. */
+static bool short_eq(const char *a, const char *b, size_t n) {
+  uint64_t x, y;
+  for (; n >= 8; a += 8, b += 8, n -= 8) {
+    memcpy(&x, a, 8);
+    memcpy(&y, b, 8);
+    if (x != y)
+      return false;
   }
+  while (n--)
+    if (*a++ != *b++)
+      return false;
+  return true;
+}
+
+static bool item_is(const turnwarm *w, const tw_item *c, const tw_key *k) {
+  const char *b = w->bytes.data + c->off;
+  return c->id == k->id && c->kind == k->kind && c->n_text == k->n_text && c->n1 == k->n1 &&
+         c->n2 == k->n2 && short_eq(b, k->s1, k->n1) && short_eq(b + k->n1, k->s2, k->n2) &&
+         memcmp(b + k->n1 + k->n2, k->text, k->n_text) == 0;
+}
+
+const tw_item *turnwarm_find(const turnwarm *w, int l, size_t *pos, const tw_key *k) {
+  const tw_items *it = &w->items[l];
+  for (size_t j = *pos; j < it->n && j < *pos + TW_SCAN; j++)
+    if (item_is(w, &it->v[j], k)) {
+      *pos = j + 1;
+      return &it->v[j];
+    }
   return NULL;
 }
 
-int turnwarm_add_source(turnwarm *w, uint64_t fp, uint64_t row, uint64_t chash, const void *key,
-                        size_t key_len, const char *text, size_t text_len) {
-  tw_sources *s = &w->next;
-  if (s->n == s->cap) {
-    size_t c = s->cap ? 2 * s->cap : 256;
-    tw_source *p = realloc(s->v, c * sizeof *p);
+int turnwarm_add_item(turnwarm *w, int l, const tw_key *k, const tw_item *same, uint64_t row,
+                      uint64_t chash) {
+  tw_items *it = &w->next[l];
+  if (it->n == it->cap) {
+    size_t c = it->cap ? 2 * it->cap : 256;
+    tw_item *p = realloc(it->v, c * sizeof *p);
     if (!p)
       return CPH_ENOMEM;
-    s->v = p;
-    s->cap = c;
+    it->v = p;
+    it->cap = c;
   }
-  size_t at = s->bytes.len;
-  cph_buf_append(&s->bytes, key, key_len);
-  cph_buf_append(&s->bytes, text, text_len);
-  if (cph_buf_error(&s->bytes))
-    return CPH_ENOMEM;
-  s->v[s->n++] = (tw_source){fp, row, chash, at, key_len, at + key_len, text_len};
+  size_t off = same ? same->off : w->bytes.len;
+  if (!same) {
+    cph_buf_append(&w->bytes, k->s1, k->n1);
+    cph_buf_append(&w->bytes, k->s2, k->n2);
+    cph_buf_append(&w->bytes, k->text, k->n_text);
+    if (cph_buf_error(&w->bytes))
+      return CPH_ENOMEM;
+  }
+  it->v[it->n++] =
+      (tw_item){k->id, row, chash, k->kind, (uint32_t)k->n1, (uint32_t)k->n2, k->n_text, off};
   return CPH_OK;
 }
 
-void turnwarm_sources_done(turnwarm *w) {
-  tw_sources t = w->src;
-  w->src = w->next;
-  w->next = t;
-  w->next.n = 0;
-  cph_buf_reset(&w->next.bytes);
-  tw_sources *s = &w->src;
-  size_t cap = 16;
-  while (cap < 2 * s->n)
-    cap *= 2;
-  if (!s->index || s->mask + 1 < cap) {
-    free(s->index);
-    s->index = malloc(cap * sizeof *s->index);
-    s->mask = s->index ? cap - 1 : 0;
+static size_t item_len(const tw_item *c) { return c->n1 + c->n2 + c->n_text; }
+
+void turnwarm_items_done(turnwarm *w) {
+  size_t live = 0;
+  for (int l = 0; l < 2; l++) {
+    tw_items t = w->items[l];
+    w->items[l] = w->next[l];
+    w->next[l] = t;
+    w->next[l].n = 0;
+    for (size_t i = 0; i < w->items[l].n; i++)
+      live += item_len(&w->items[l].v[i]);
   }
-  if (!s->index) { /* out of memory: no sources, every row is hashed again */
-    s->n = 0;
+  /* the keys no item names any more are dropped once they outweigh the live ones */
+  if (w->bytes.len <= 2 * live + 65536)
+    return;
+  cph_buf b = CPH_BUF_INIT;
+  if (!cph_buf_grow(&b, live)) { /* out of memory: no items, every row is hashed again */
+    w->items[0].n = w->items[1].n = 0;
+    cph_buf_reset(&w->bytes);
     return;
   }
-  memset(s->index, 0, (s->mask + 1) * sizeof *s->index);
-  for (size_t i = 0; i < s->n; i++) {
-    size_t j = (size_t)s->v[i].fp & s->mask;
-    while (s->index[j])
-      j = (j + 1) & s->mask;
-    s->index[j] = (uint32_t)i + 1;
-  }
+  for (int l = 0; l < 2; l++)
+    for (size_t i = 0; i < w->items[l].n; i++) {
+      tw_item *c = &w->items[l].v[i];
+      size_t off = b.len;
+      cph_buf_append(&b, w->bytes.data + c->off, item_len(c));
+      c->off = off;
+    }
+  cph_buf_free(&w->bytes);
+  w->bytes = b;
 }

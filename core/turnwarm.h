@@ -10,9 +10,10 @@
  *     so trimming turn T deletes exactly the rows of T's dies list whose last is still T —
  *     without reading the refs entries of the turns that remain;
  *   - cur: the newest kept turn's rows, each once;
- *   - sources: what the newest kept turn's messages and nodes were made of (each one's key
- *     bytes and text, copied, with the row and content hash they gave), so that keeping the
- *     next turn finds an unchanged message's row by comparing bytes, not by hashing them.
+ *   - items: what the newest kept turn's messages and nodes were made of (each one's key
+ *     and text, copied once, with the row and content hash they gave), so that keeping the
+ *     next turn finds an unchanged message's row by comparing it with the one at its place,
+ *     not by hashing it; only what is new is copied.
  *
  * Contract: a turnwarm is exact — the turns, rows and lasts the store holds — whenever its
  * newest turn is the store's newest kept turn of the session. turnlog.c checks that at every
@@ -20,7 +21,7 @@
  * commit); whoever changes one and then fails drops it (turnwarms_drop).
  *
  * Bound: turnwarms_release keeps the most recently used turnwarms whose memory (copies and
- * tables, turnwarm.bytes) sums to at most max_bytes and frees the others; max_bytes 0 keeps
+ * tables, turnwarm.held — about twice the newest turn's texts at most) sums to at most max_bytes and frees the others; max_bytes 0 keeps
  * none, so every lease rebuilds from the store. */
 #ifndef CEPHALON_CORE_TURNWARM_H
 #define CEPHALON_CORE_TURNWARM_H
@@ -45,20 +46,32 @@ typedef struct tw_slot {
   uint32_t code; /* the caller's, kept with the row while last is the turn being kept */
 } tw_slot;
 
-/* A message or node as it was hashed: key bytes and text, at offsets into bytes. */
-typedef struct tw_source {
-  uint64_t fp; /* the caller's fingerprint of key and text */
-  uint64_t row, chash;
-  size_t key_off, key_len, text_off, text_len;
-} tw_source;
+/* What a message's or node's row is made of, as the caller compares it: a kind and an id, two
+ * short strings and the text (equal keys make equal rows). */
+typedef struct tw_key {
+  uint32_t kind;
+  uint64_t id;
+  const void *s1, *s2;
+  size_t n1, n2;
+  const char *text;
+  size_t n_text;
+} tw_key;
 
-typedef struct tw_sources {
-  tw_source *v;
+/* An item of the newest kept turn: its key (s1, s2 and text one after another at off in the
+ * turnwarm's bytes) and the row and content hash it gave. */
+typedef struct tw_item {
+  uint64_t id, row, chash;
+  uint32_t kind, n1, n2;
+  size_t n_text, off;
+} tw_item;
+
+typedef struct tw_items {
+  tw_item *v;
   size_t n, cap;
-  uint32_t *index; /* by fp: source + 1, 0 = empty */
-  size_t mask;     /* index has mask + 1 slots (0: none) */
-  cph_buf bytes;
-} tw_sources;
+} tw_items;
+
+/* How far past the expected place turnwarm_find looks for an item. */
+#define TW_SCAN 16
 
 typedef struct turnwarm {
   char *session;
@@ -68,8 +81,9 @@ typedef struct turnwarm {
   size_t n_cur, cap_cur;
   tw_slot *slots; /* last, open addressing by the row's low bits */
   size_t mask, used;
-  tw_sources src, next; /* the newest turn's; the one being kept (turnwarm_sources_done) */
-  size_t bytes;         /* what it holds, as of the last turnwarms_release */
+  tw_items items[2], next[2]; /* per list: the newest turn's, the one being kept */
+  cph_buf bytes; /* the items' keys: appended, compacted when mostly unused (turnwarm_items_done) */
+  size_t held; /* the memory it holds, as of the last turnwarms_release */
   struct turnwarm *lru_prev, *lru_next; /* most recently used first */
 } turnwarm;
 
@@ -105,13 +119,15 @@ int turnwarm_advance(turnwarm *w, uint64_t turn, bool has_rows, const uint64_t *
  * Never the newest (its rows die with no list): a turnwarm of one turn is left as it is. */
 int turnwarm_trim_oldest(turnwarm *w, int (*gone)(void *ctx, uint64_t row), void *ctx);
 
-/* The newest turn's source with this fingerprint, key and text; NULL when none. */
-const tw_source *turnwarm_find(const turnwarm *w, uint64_t fp, const void *key, size_t key_len,
-                               const char *text, size_t text_len);
-/* Adds a source of the turn being kept (found by turnwarm_find once turnwarm_sources_done). */
-int turnwarm_add_source(turnwarm *w, uint64_t fp, uint64_t row, uint64_t chash, const void *key,
-                        size_t key_len, const char *text, size_t text_len);
-/* The turn being kept is the newest: its sources replace the newest's. */
-void turnwarm_sources_done(turnwarm *w);
+/* Of the newest turn's items in list l (0 or 1: the caller's messages and nodes), the first one
+ * equal to k among those from *pos on (at most TW_SCAN of them: consecutive turns list their
+ * items mostly in the same order); *pos moves past it. NULL when none. */
+const tw_item *turnwarm_find(const turnwarm *w, int l, size_t *pos, const tw_key *k);
+/* Adds an item to list l of the turn being kept: `same` is the item turnwarm_find gave (its
+ * bytes are shared), NULL to copy k's. CPH_OK or CPH_ENOMEM. */
+int turnwarm_add_item(turnwarm *w, int l, const tw_key *k, const tw_item *same, uint64_t row,
+                      uint64_t chash);
+/* The turn being kept is the newest: its items replace the newest's. */
+void turnwarm_items_done(turnwarm *w);
 
 #endif

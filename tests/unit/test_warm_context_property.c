@@ -24,7 +24,16 @@
  * then, so trims meet both — and the two read back alike, messages, their nodes and the tree
  * field by field. When a case ends (restarts, evictions and trims behind it), every turn the
  * warm engine still keeps reads back as it did when it was leased, and the rows and texts held
- * are exactly those its kept turns name — none missing, none left behind. */
+ * are exactly those its kept turns name — none missing, none left behind.
+ *
+ * Keeping uses each session's warm state (core/turnwarm.h): the warm engine keeps them within
+ * a bound drawn per case (none, so every lease rebuilds from the store; about one session's,
+ * so they are evicted and rebuilt all the time; the default), the rebuilt engine none. Half
+ * the cases reload keep-turns now and then on both engines (0 included: the sessions' kept
+ * turns go at their next lease; a lower bound trims several at once). After every lease the
+ * session keeps at most keep-turns turns, and at every restart (warm states gone, not yet
+ * rebuilt) the rows and texts held are exactly those named. These draws come from a stream of
+ * their own, so the operations of a seed are what they were without them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,6 +70,7 @@ static const char *const TEXTS[] = {
     "first and who asked them, then the decisions, then everything else worth knowing",
     "restart the worker pool on host alpha",
     "restart the worker pool on host beta",
+    "restart the backup pool on host beta", /* the length of the one above, other bytes */
 };
 #define N_TEXTS (sizeof TEXTS / sizeof TEXTS[0])
 
@@ -377,15 +387,19 @@ static void check_kept(pair *p, const cph_turn_info *t, const cph_turn_info *col
                (unsigned long long)p->seed, (unsigned long long)t->id, m, c.messages[m].content,
                t->messages[m].content);
   cph_turn_context_free(&c);
-  /* the bound: after its lease, the session keeps at most keep-turns turns */
+}
+
+/* The bound: after its lease, the session keeps at most keep-turns turns (none at 0). */
+static void check_bound(pair *p, const char *session, uint64_t turn) {
   cph_kept_turn *kt;
   size_t n;
-  if (cph_engine_kept_turns(p->warm->e, t->session, &kt, &n, &err) != CPH_OK)
-    fail_msg("seed %llu: kept turns of %s: %s", (unsigned long long)p->seed, t->session, err.msg);
+  cph_err err;
+  if (cph_engine_kept_turns(p->warm->e, session, &kt, &n, &err) != CPH_OK)
+    fail_msg("seed %llu: kept turns of %s: %s", (unsigned long long)p->seed, session, err.msg);
   cph_kept_turns_free(kt, n);
   if (n > (size_t)p->keep)
     fail_msg("seed %llu: %s keeps %zu turns after turn %llu, keep-turns is %d",
-             (unsigned long long)p->seed, t->session, n, (unsigned long long)t->id, p->keep);
+             (unsigned long long)p->seed, session, n, (unsigned long long)turn, p->keep);
 }
 
 /* ---- the texts held by hash: exactly what the refs name */
@@ -586,6 +600,7 @@ static bool turn(pair *p, rng *r) {
   free(b);
   if (p->keep > 0)
     check_kept(p, &l[0].u.lease.turn, &l[1].u.lease.turn);
+  check_bound(p, l[0].u.lease.turn.session, l[0].u.lease.turn.id);
   uint32_t how = below(r, 10);
   char reply[96];
   snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session, TEXTS[below(r, N_TEXTS)]);
