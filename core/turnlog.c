@@ -694,7 +694,7 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
 static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *session, uint64_t turn,
                      const cph_turnctx_rec *r, const cph_turn_info *ti, const context_tree *ct,
                      const texts *tx) {
-  size_t nm = r->n_msg_roles, nn = r->n_node_ids, n = nm + nn;
+  size_t nm = r->n_msg_roles, nn = ct->tree.n, n = nm + nn;
   if (tx->n_pv != nn)
     return CPH_ENOMEM; /* fill_nodes stopped short */
   int rc = scratch_reserve(tl, n);
@@ -991,16 +991,55 @@ void turnlog_free(cph_turnlog *tl) {
 
 /* A node that may have rendered a message: its coordinate and its place in render order. */
 typedef struct cand {
-  const char *at;
+  cph_coord at;
   size_t i;
 } cand;
+
+static int coord_cmp(const cph_coord *a, const cph_coord *b) {
+  if (a->depth != b->depth)
+    return a->depth < b->depth ? -1 : 1;
+  if (a->position != b->position)
+    return a->position < b->position ? -1 : 1;
+  return (a->offset > b->offset) - (a->offset < b->offset);
+}
 
 /* By coordinate, then render order, so the first unused of equal candidates is the first in
  * render order. */
 static int cand_cmp(const void *x, const void *y) {
   const cand *a = x, *b = y;
-  int c = strcmp(a->at, b->at);
+  int c = coord_cmp(&a->at, &b->at);
   return c ? c : (a->i > b->i) - (a->i < b->i);
+}
+
+/* One int32 as cph_coord_format writes it (pact.c): '-' for a negative, no leading zeros, no
+ * "-0"; *s moves past it. */
+static bool i32_parse(const char **s, int32_t *out) {
+  const char *p = *s;
+  bool neg = *p == '-';
+  p += neg;
+  if (*p < '0' || *p > '9' || (*p == '0' && (neg || (p[1] >= '0' && p[1] <= '9'))))
+    return false;
+  const char *d0 = p;
+  int64_t v = 0;
+  while (*p >= '0' && *p <= '9' && p - d0 < 11)
+    v = v * 10 + (*p++ - '0');
+  if (p - d0 > 10 || v > (int64_t)INT32_MAX + neg)
+    return false;
+  *out = (int32_t)(neg ? -v : v);
+  *s = p;
+  return true;
+}
+
+/* A coordinate from exactly the text cph_coord_format writes ("d-1, 0, 0"), false for any
+ * other: two texts are equal iff they parse to the same coordinate. */
+static bool coord_parse(const char *s, cph_coord *c) {
+  if (*s++ != 'd' || !i32_parse(&s, &c->depth) || s[0] != ',' || s[1] != ' ')
+    return false;
+  s += 2;
+  if (!i32_parse(&s, &c->position) || s[0] != ',' || s[1] != ' ')
+    return false;
+  s += 2;
+  return i32_parse(&s, &c->offset) && *s == '\0';
 }
 
 /* Fills r's tree part from the tree the turn was rendered from and maps each message of ti to
@@ -1009,26 +1048,25 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
                       texts *tx) {
   const cph_pact_tree *tree = &ct->tree;
   const size_t *idx = ct->order;
-  size_t n = tree->n;
-  bool *used = calloc(n ? n : 1, sizeof *used);
-  char(*at)[48] = tx->at = calloc(n ? n : 1, sizeof *at);
-  cand *cands = calloc(n ? n : 1, sizeof *cands);
-  r->node_ids = calloc(n ? n : 1, sizeof *r->node_ids);
-  r->node_at = calloc(n ? n : 1, sizeof *r->node_at);
-  r->node_roles = calloc(n ? n : 1, sizeof *r->node_roles);
-  r->node_preview_hashes = calloc(n ? n : 1, sizeof *r->node_preview_hashes);
-  tx->owned = calloc(n ? n : 1, sizeof *tx->owned);
-  tx->pv_len = calloc(n ? n : 1, sizeof *tx->pv_len);
-  r->node_hashes = calloc(n ? n : 1, sizeof *r->node_hashes);
-  r->node_ttl = calloc(n ? n : 1, sizeof *r->node_ttl);
-  r->node_cadence = calloc(n ? n : 1, sizeof *r->node_cadence);
-  r->node_created = calloc(n ? n : 1, sizeof *r->node_created);
-  r->node_flags = calloc(n ? n : 1, sizeof *r->node_flags);
+  size_t n = tree->n, n1 = n ? n : 1;
+  bool v2 = !tx->no_hash; /* version 3 keeps the nodes as rows, read from the tree itself */
+  bool *used = calloc(n1, sizeof *used);
+  cand *cands = malloc(n1 * sizeof *cands);
   r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
+  bool ok = used && cands && r->msg_nodes;
+  if (v2) {
+    ok = ok && (tx->at = calloc(n1, sizeof *tx->at)) && (r->node_ids = calloc(n1, sizeof *r->node_ids)) &&
+         (r->node_at = calloc(n1, sizeof *r->node_at)) &&
+         (r->node_roles = calloc(n1, sizeof *r->node_roles)) &&
+         (r->node_preview_hashes = calloc(n1, sizeof *r->node_preview_hashes)) && (tx->owned = calloc(n1, sizeof *tx->owned)) &&
+         (r->node_hashes = calloc(n1, sizeof *r->node_hashes)) && (r->node_ttl = calloc(n1, sizeof *r->node_ttl)) &&
+         (r->node_cadence = calloc(n1, sizeof *r->node_cadence)) && (r->node_created = calloc(n1, sizeof *r->node_created)) &&
+         (r->node_flags = calloc(n1, sizeof *r->node_flags));
+  } else {
+    ok = ok && (tx->pv_len = malloc(n1 * sizeof *tx->pv_len));
+  }
   int rc = CPH_OK;
-  if (!used || !at || !cands || !r->node_ids || !r->node_at || !r->node_roles ||
-      !r->node_preview_hashes || !tx->owned || !tx->pv_len || !r->node_hashes || !r->node_ttl ||
-      !r->node_cadence || !r->node_created || !r->node_flags || !r->msg_nodes) {
+  if (!ok) {
     rc = CPH_ENOMEM;
     goto out;
   }
@@ -1036,23 +1074,21 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
   size_t live = ct->n_live;
   for (size_t i = 0; i < n; i++) {
     const cph_pact_node *nd = &tree->nodes[idx[i]];
-    cph_coord_format(&nd->at, at[i]);
-    r->node_ids[i] = nd->id;
-    if (!tx->no_hash) /* version 3's rows take it from the warm state, or hash it then */
-      r->node_hashes[i] = text_hash(nd->content, strlen(nd->content));
-    r->node_ttl[i] = nd->ttl;
-    r->node_cadence[i] = nd->cadence;
-    r->node_created[i] = nd->created_at_episode;
-    r->node_flags[i] = (nd->waiting ? NODE_WAITING : 0) | (uint64_t)(nd->stage & 0xff) << 8 |
-                       (uint64_t)(nd->n_lifecycle & 0xff) << 16;
-    r->node_at[i] = at[i]; /* borrowed, as the role (rec_unborrow) */
-    r->node_roles[i] = nd->role ? nd->role : (char *)"";
-    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
-        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
-    if (tx->no_hash) { /* version 3: the row hashes the preview where it lies */
+    if (!v2) { /* the row hashes the preview where it lies */
       tx->pv_len[tx->n_pv++] = preview_len(nd->content);
       continue;
     }
+    cph_coord_format(&nd->at, tx->at[i]);
+    r->node_ids[i] = nd->id;
+    r->node_hashes[i] = text_hash(nd->content, strlen(nd->content));
+    r->node_ttl[i] = nd->ttl;
+    r->node_cadence[i] = nd->cadence;
+    r->node_created[i] = nd->created_at_episode;
+    r->node_flags[i] = node_flags(nd);
+    r->node_at[i] = tx->at[i]; /* borrowed, as the role (rec_unborrow) */
+    r->node_roles[i] = nd->role ? nd->role : (char *)"";
+    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
+        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
     char *pv = tx->owned[tx->n_owned] = preview(nd->content);
     if (pv)
       tx->n_owned++;
@@ -1066,23 +1102,27 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
    * never rendered one. */
   bool inbox = ti->kind == CPH_KIND_INBOX && ti->n_staged > 0;
   /* The nodes that may have rendered a message, sorted by coordinate, so each message finds
-   * its candidates by binary search: O((messages + nodes) log nodes), not their product. */
+   * its candidates by binary search: O((messages + nodes) log nodes), not their product. A
+   * message's coordinate is compared as the coordinate its text is (coord_parse). */
   size_t n_cand = 0;
   for (size_t i = 0; i < live; i++)
     if (!(inbox && tree->nodes[idx[i]].role))
-      cands[n_cand++] = (cand){at[i], i};
+      cands[n_cand++] = (cand){tree->nodes[idx[i]].at, i};
   qsort(cands, n_cand, sizeof *cands, cand_cmp);
   for (size_t m = 0; m < ti->n_messages; m++) {
     const cph_message *msg = &ti->messages[m];
+    cph_coord at;
+    if (!n_cand || !coord_parse(msg->coord, &at))
+      continue;
     size_t lo = 0, hi = n_cand;
     while (lo < hi) { /* the first candidate whose coordinate is not below msg's */
       size_t mid = lo + (hi - lo) / 2;
-      if (strcmp(cands[mid].at, msg->coord) < 0)
+      if (coord_cmp(&cands[mid].at, &at) < 0)
         lo = mid + 1;
       else
         hi = mid;
     }
-    for (size_t c = lo; c < n_cand && strcmp(cands[c].at, msg->coord) == 0; c++) {
+    for (size_t c = lo; c < n_cand && coord_cmp(&cands[c].at, &at) == 0; c++) {
       size_t i = cands[c].i;
       const cph_pact_node *nd = &tree->nodes[idx[i]];
       if (used[i] || strcmp(nd->content, msg->content) != 0)

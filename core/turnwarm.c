@@ -320,7 +320,7 @@ void turnwarm_items_done(turnwarm *w) {
       live += item_len(&w->items[l].v[i]);
   }
   /* the keys no item names any more are dropped once they outweigh the live ones */
-  if (w->bytes.len <= 2 * live + 65536)
+  if (w->bytes.len <= 2 * live + TW_SLACK)
     return;
   cph_buf b = CPH_BUF_INIT;
   if (!cph_buf_grow(&b, live)) { /* out of memory: no items, every row is hashed again */

@@ -72,6 +72,9 @@ typedef struct tw_items {
 
 /* How far past the expected place turnwarm_find looks for an item. */
 #define TW_SCAN 16
+/* The keys' bytes are compacted once those no item names exceed the live ones by this much: a
+ * copy of the live keys every few dozen leases, amortized to a few bytes per new one. */
+#define TW_SLACK 4096
 
 typedef struct turnwarm {
   char *session;

@@ -294,14 +294,14 @@ static void post(pair *p, rng *r) {
 }
 
 static void insert_node(pair *p, rng *r) {
-  static const char *const AT[] = {"d-1, 1, 0", "d0, 1, 0", "d1, 1, 0", "d2, 0, 1"};
+  static const char *const AT[] = {"d-1, 1, 0", "d0, 1, 0", "d1, 1, 0", "d2, 0, 1", "d0, 1, 1"};
   static const char *const CONTENT[] = {"remember: the api deploy is frozen", "tone: short answers",
                                         "open question from alice"};
   cph_op ops[2] = {{0}};
   uint32_t ttl = below(r, 3) ? 1 + below(r, 4) : 0;
   uint32_t cadence = ttl && below(r, 2) ? 2 + below(r, 3) : 0;
   const char *session = p->ids[below(r, (uint32_t)p->n_sessions)];
-  const char *at = AT[below(r, 4)];
+  const char *at = AT[below(r, 5)];
   const char *content = CONTENT[below(r, 3)];
   for (int k = 0; k < 2; k++) {
     ops[k].kind = CPH_OP_CONTEXT_INSERT;
@@ -351,6 +351,37 @@ static char *kept_read_back(pair *p, cph_fixture *f, const char *session, uint64
   return s;
 }
 
+/* The node each kept message renders, worked out again from the kept tree as the contract
+ * says, with coordinates compared as text: the first unused live node (render order) with the
+ * message's coordinate and content — none of the cores on an inbox turn. The kept tree holds
+ * previews, so a node's content is taken as the message's when it is a whole prefix of it
+ * (the test's texts are shorter than a preview, bar one that no two nodes share). */
+static void check_message_nodes(pair *p, const cph_turn_info *t, const cph_turn_context *c) {
+  bool inbox = t->kind == CPH_KIND_INBOX && t->n_staged > 0;
+  bool *used = calloc(c->n_nodes + 1, sizeof *used);
+  assert_non_null(used);
+  for (size_t m = 0; m < c->n_messages; m++) {
+    const cph_message *msg = &c->messages[m];
+    uint64_t want = 0;
+    for (size_t i = 0; i < c->n_nodes && !want; i++) {
+      const cph_kept_node *n = &c->nodes[i];
+      size_t len = strlen(n->content);
+      bool core = n->role && n->role[0];
+      if (n->waiting || used[i] || (inbox && core) || strcmp(n->at, msg->coord) != 0 ||
+          strncmp(n->content, msg->content, len) != 0 ||
+          (msg->content[len] && len < 150))
+        continue;
+      used[i] = true;
+      want = n->id;
+    }
+    if (c->message_nodes[m] != want)
+      fail_msg("seed %llu: turn %llu message %zu (%s) kept as rendered by node %llu, not %llu",
+               (unsigned long long)p->seed, (unsigned long long)t->id, m, msg->coord,
+               (unsigned long long)c->message_nodes[m], (unsigned long long)want);
+  }
+  free(used);
+}
+
 /* The explorer reads the turn back with exactly the messages the lease gave; the warm engine's
  * kept turn (version 3, or 2 now and then) reads back as the rebuilt one's (version 2). */
 static void check_kept(pair *p, const cph_turn_info *t, const cph_turn_info *cold) {
@@ -386,6 +417,7 @@ static void check_kept(pair *p, const cph_turn_info *t, const cph_turn_info *col
       fail_msg("seed %llu: turn %llu message %zu kept as \"%s\", leased as \"%s\"",
                (unsigned long long)p->seed, (unsigned long long)t->id, m, c.messages[m].content,
                t->messages[m].content);
+  check_message_nodes(p, t, &c);
   cph_turn_context_free(&c);
 }
 
