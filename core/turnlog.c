@@ -133,9 +133,10 @@ typedef struct texts {
   size_t n, cap;
   char **owned; /* the previews */
   size_t n_owned;
-  char (*at)[48]; /* the nodes' coordinates, formatted (the record borrows them) */
-  bool no_hash;   /* version 3: rows name the texts, texts_add only hands back 0, and the
-                  * previews are not copied: pv_len[i] is node i's (its content's first bytes) */
+  char (*at)[48]; /* version 2: the nodes' coordinates, formatted (the record borrows them) */
+  bool no_hash;   /* version 3: rows name the texts, texts_add only hands back 0, the record's
+                  * node arrays stay empty (the rows read the tree) and the previews are not
+                  * copied: pv_len[i] is node i's (its content's first bytes) */
   size_t *pv_len;
   size_t n_pv;
 } texts;

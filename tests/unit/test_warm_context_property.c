@@ -32,7 +32,8 @@
  * the cases reload keep-turns now and then on both engines (0 included: the sessions' kept
  * turns go at their next lease; a lower bound trims several at once). After every lease the
  * session keeps at most keep-turns turns, and at every restart (warm states gone, not yet
- * rebuilt) the rows and texts held are exactly those named. These draws come from a stream of
+ * rebuilt) the rows and texts held are exactly those named. Now and then a session is deleted
+ * and created again under its id (its kept turns go with it). These draws come from a stream of
  * their own, so the operations of a seed are what they were without them. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -229,33 +230,55 @@ static void advance_both(pair *p, int64_t ns) {
   cph_clock_advance(&p->cold->clock, ns);
 }
 
-static void create_sessions(pair *p, rng *r) {
+/* Creates session i on both engines (its subscriptions, window and tick drawn from r). */
+static void create_session(pair *p, rng *r, int i) {
   static const uint32_t windows[] = {256, 400, 1024, 8192};
+  char *subs[N_CHANNELS];
+  size_t n = 0;
+  for (int c = 0; c < N_CHANNELS; c++)
+    if (below(r, 2))
+      subs[n++] = (char *)CHANNELS[c];
+  uint32_t window = windows[below(r, 4)];
+  uint32_t tick = below(r, 4) == 0 ? 3 : 0;
+  cph_op ops[2] = {{0}};
+  for (int k = 0; k < 2; k++) {
+    ops[k].kind = CPH_OP_SESSION_CREATE;
+    ops[k].u.session.in.id = p->ids[i];
+    ops[k].u.session.in.lane = CPH_LANE_INTERACTIVE;
+    ops[k].u.session.in.subscribe.items = subs;
+    ops[k].u.session.in.subscribe.count = n;
+    ops[k].u.session.in.context_window_tokens = window;
+    ops[k].u.session.in.autonomy_interval_s = tick;
+  }
+  if (run_both(p, &ops[0], &ops[1]))
+    fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i], ops[0].err.msg);
+  cph_op_clear_results(&ops[0]);
+  cph_op_clear_results(&ops[1]);
+}
+
+static void create_sessions(pair *p, rng *r) {
   p->n_sessions = 1 + (int)below(r, MAX_SESSIONS);
   for (int i = 0; i < p->n_sessions; i++) {
     snprintf(p->ids[i], sizeof p->ids[i], "agent%d", i);
-    char *subs[N_CHANNELS];
-    size_t n = 0;
-    for (int c = 0; c < N_CHANNELS; c++)
-      if (below(r, 2))
-        subs[n++] = (char *)CHANNELS[c];
-    uint32_t window = windows[below(r, 4)];
-    uint32_t tick = below(r, 4) == 0 ? 3 : 0;
-    cph_op ops[2] = {{0}};
-    for (int k = 0; k < 2; k++) {
-      ops[k].kind = CPH_OP_SESSION_CREATE;
-      ops[k].u.session.in.id = p->ids[i];
-      ops[k].u.session.in.lane = CPH_LANE_INTERACTIVE;
-      ops[k].u.session.in.subscribe.items = subs;
-      ops[k].u.session.in.subscribe.count = n;
-      ops[k].u.session.in.context_window_tokens = window;
-      ops[k].u.session.in.autonomy_interval_s = tick;
-    }
-    if (run_both(p, &ops[0], &ops[1]))
-      fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i], ops[0].err.msg);
-    cph_op_clear_results(&ops[0]);
-    cph_op_clear_results(&ops[1]);
+    create_session(p, r, i);
   }
+}
+
+/* Deletes a session on both engines (refused alike while it has a turn running) and creates
+ * it again under the same id: its kept turns go with it, and its warm state must not outlive
+ * them. */
+static void recreate_session(pair *p, rng *r) {
+  int i = (int)below(r, (uint32_t)p->n_sessions);
+  cph_op ops[2] = {{0}};
+  for (int k = 0; k < 2; k++) {
+    ops[k].kind = CPH_OP_SESSION_DELETE;
+    ops[k].u.session.in.id = p->ids[i];
+  }
+  int rc = run_both(p, &ops[0], &ops[1]);
+  cph_op_clear_results(&ops[0]);
+  cph_op_clear_results(&ops[1]);
+  if (rc == CPH_OK)
+    create_session(p, r, i);
 }
 
 static void post(pair *p, rng *r) {
@@ -747,6 +770,8 @@ static void run_case(uint64_t seed) {
       static const int reload_choices[] = {0, 1, 2, 3, 5, 8};
       reload_keep(&p, reload_choices[below(&kr, 6)]);
     }
+    if (below(&kr, 25) == 0)
+      recreate_session(&p, &kr);
     if (p.mixed && below(&r, 8) == 0)
       p.warm_v2 = !p.warm_v2;
     uint32_t what = below(&r, 20);
