@@ -134,7 +134,7 @@ typedef struct texts {
   char **owned; /* the previews */
   size_t n_owned;
   char (*at)[48]; /* version 2: the nodes' coordinates, formatted (the record borrows them) */
-  bool no_hash;   /* version 3: rows name the texts, texts_add only hands back 0, the record's
+  bool no_hash;   /* version 3: rows name the texts (texts_add is not called), the record's
                   * node arrays stay empty (the rows read the tree) and the previews are not
                   * copied: pv_len[i] is node i's (its content's first bytes) */
   size_t *pv_len;
@@ -142,10 +142,6 @@ typedef struct texts {
 } texts;
 
 static int texts_add(texts *tx, const char *s, uint64_t *hash_out) {
-  if (tx->no_hash) {
-    *hash_out = 0;
-    return CPH_OK;
-  }
   if (tx->n == tx->cap) {
     size_t cap = tx->cap ? 2 * tx->cap : 64;
     text *p = realloc(tx->v, cap * sizeof *p);
@@ -657,7 +653,7 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
        rc = cph_cursor_next(&cur, &k, NULL)) {
     if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
       break;
-    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix), prev;
+    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix), prev, was;
     cph_key rk = turn_key(session, id);
     cph_val v;
     size_t n_added, n = 0;
@@ -671,7 +667,8 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
     if (rc == CPH_OK)
       rc = scratch_reserve(tl, n);
     for (size_t i = 0; rc == CPH_OK && i < n; i++)
-      rc = turnwarm_set_last(w, tl->dist[i] = refs_row(&v, i), id, 0);
+      if (!turnwarm_claim(w, tl->dist[i] = refs_row(&v, i), id, &was))
+        rc = CPH_ENOMEM;
     if (rc == CPH_OK)
       rc = turnwarm_advance(w, id, has_rows, tl->dist, n);
     if (rc)
@@ -685,7 +682,7 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
 }
 
 #define ROW_SEED 0x8ebc6af09c88c6e3ull
-#define CODE_NAMED 0x80000000u /* a row's code (turnwarm_set_last): named by the previous turn */
+#define CODE_NAMED 0x80000000u /* a row's code (turnwarm_claim): named by the previous turn */
 
 /* Turn's messages and nodes as rows: each one's row (from the warm items when it is a message
  * or node of the session's previous kept turn, compared field by field, else hashed), the rows the
@@ -752,15 +749,19 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
   uint64_t prev = turnwarm_newest(w);
   size_t n_added = 0, n_named = 0;
   for (size_t i = 0; rc == CPH_OK && i < n; i++) {
-    uint32_t code;
-    uint64_t last = turnwarm_last(w, tl->rows[i], &code);
+    uint64_t last;
+    uint32_t *code = turnwarm_claim(w, tl->rows[i], turn, &last);
+    if (!code) {
+      rc = CPH_ENOMEM;
+      break;
+    }
     if (last == turn) { /* named twice in this turn */
-      tl->code[i] = code;
+      tl->code[i] = *code;
       continue;
     }
     bool named = prev && last == prev;
-    tl->code[i] = code = named ? CODE_NAMED | (uint32_t)n_named++ : (uint32_t)n_added++;
-    if ((rc = turnwarm_set_last(w, tl->rows[i], turn, code)) != CPH_OK || named)
+    tl->code[i] = *code = named ? CODE_NAMED | (uint32_t)n_named++ : (uint32_t)n_added++;
+    if (named)
       continue;
     cph_buf_reset(head);
     const char *str;
@@ -1203,7 +1204,7 @@ static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *t
     r->msg_roles[i] = m->role;
     r->msg_coords[i] = m->coord;
     r->n_msg_roles = r->n_msg_hashes = r->n_msg_coords = (uint32_t)i + 1;
-    if (texts_add(tx, m->content ? m->content : "", &r->msg_hashes[i]) != CPH_OK)
+    if (!tx->no_hash && texts_add(tx, m->content ? m->content : "", &r->msg_hashes[i]) != CPH_OK)
       return CPH_ENOMEM;
   }
   return fill_nodes(r, tree, ti, tx);

@@ -131,13 +131,9 @@ static size_t slot_of(const turnwarm *w, uint64_t row) {
   return i;
 }
 
-uint64_t turnwarm_last(const turnwarm *w, uint64_t row, uint32_t *code) {
-  if (!w->slots)
-    return 0;
-  const tw_slot *s = &w->slots[slot_of(w, row)];
-  if (code)
-    *code = s->code;
-  return s->last;
+/* The newest kept turn naming row (0: none is held). */
+static uint64_t last_of(const turnwarm *w, uint64_t row) {
+  return w->slots ? w->slots[slot_of(w, row)].last : 0;
 }
 
 /* Doubles the table (or makes the first) so that it stays at most half full. */
@@ -157,14 +153,17 @@ static int slots_grow(turnwarm *w) {
   return CPH_OK;
 }
 
-int turnwarm_set_last(turnwarm *w, uint64_t row, uint64_t turn, uint32_t code) {
+uint32_t *turnwarm_claim(turnwarm *w, uint64_t row, uint64_t turn, uint64_t *was) {
   if ((!w->slots || 2 * (w->used + 1) > w->mask + 1) && slots_grow(w) != CPH_OK)
-    return CPH_ENOMEM;
+    return NULL;
   tw_slot *s = &w->slots[slot_of(w, row)];
-  if (!s->last)
+  if (!s->last) {
     w->used++;
-  *s = (tw_slot){row, turn, code};
-  return CPH_OK;
+    *s = (tw_slot){row, 0, 0};
+  }
+  *was = s->last;
+  s->last = turn;
+  return &s->code;
 }
 
 /* Removes row (linear probing: the entries after it that would no longer be found move back,
@@ -205,7 +204,7 @@ int turnwarm_advance(turnwarm *w, uint64_t turn, bool has_rows, const uint64_t *
   if (w->n_turns) {
     tw_turn *prev = &w->turns[w->n_turns - 1];
     for (size_t i = 0; i < w->n_cur; i++)
-      if (turnwarm_last(w, w->cur[i], NULL) == prev->id &&
+      if (last_of(w, w->cur[i]) == prev->id &&
           u64_push(&prev->dies, &prev->n_dies, &prev->cap_dies, w->cur[i]) != CPH_OK)
         return CPH_ENOMEM;
   }
@@ -236,7 +235,7 @@ int turnwarm_trim_oldest(turnwarm *w, int (*gone)(void *ctx, uint64_t row), void
     return CPH_OK;
   tw_turn *o = &w->turns[0];
   for (size_t i = 0; i < o->n_dies; i++) {
-    if (turnwarm_last(w, o->dies[i], NULL) != o->id)
+    if (last_of(w, o->dies[i]) != o->id)
       continue; /* a later turn names it again */
     int rc = gone(ctx, o->dies[i]);
     if (rc)
@@ -251,17 +250,31 @@ int turnwarm_trim_oldest(turnwarm *w, int (*gone)(void *ctx, uint64_t row), void
 
 /* ---------------------------------------------------------------- items */
 
-/* Whether a[0..n) equals b[0..n), for the keys' short strings: 8 bytes a step, no call. */
+/* Whether a[0..n) equals b[0..n), for the keys' short strings: whole words (the last two
+ * overlapping when n is not a multiple of their size), no call. */
 static bool short_eq(const char *a, const char *b, size_t n) {
   uint64_t x, y;
-  for (; n >= 8; a += 8, b += 8, n -= 8) {
-    memcpy(&x, a, 8);
-    memcpy(&y, b, 8);
-    if (x != y)
-      return false;
+  if (n >= 8) {
+    for (size_t i = 0; i + 8 < n; i += 8) {
+      memcpy(&x, a + i, 8);
+      memcpy(&y, b + i, 8);
+      if (x != y)
+        return false;
+    }
+    memcpy(&x, a + n - 8, 8);
+    memcpy(&y, b + n - 8, 8);
+    return x == y;
   }
-  while (n--)
-    if (*a++ != *b++)
+  if (n >= 4) {
+    uint32_t u, v, u2, v2;
+    memcpy(&u, a, 4);
+    memcpy(&v, b, 4);
+    memcpy(&u2, a + n - 4, 4);
+    memcpy(&v2, b + n - 4, 4);
+    return u == v && u2 == v2;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (a[i] != b[i])
       return false;
   return true;
 }

@@ -43,7 +43,7 @@ typedef struct tw_turn {
 typedef struct tw_slot {
   uint64_t row;
   uint64_t last; /* 0 = empty slot (turn ids start at 1) */
-  uint32_t code; /* the caller's, kept with the row while last is the turn being kept */
+  uint32_t code; /* the caller's (turnwarm_claim) */
 } tw_slot;
 
 /* What a message's or node's row is made of, as the caller compares it: a kind and an id, two
@@ -110,10 +110,10 @@ void turnwarms_release(cph_turnwarms *tw);
 
 /* The newest kept turn it holds (0: none). */
 uint64_t turnwarm_newest(const turnwarm *w);
-/* The newest kept turn naming row (0: none is held), and the code set with it. */
-uint64_t turnwarm_last(const turnwarm *w, uint64_t row, uint32_t *code);
-/* Sets row's last turn and code. CPH_OK or CPH_ENOMEM. */
-int turnwarm_set_last(turnwarm *w, uint64_t row, uint64_t turn, uint32_t code);
+/* Row is named by turn: its last naming turn becomes turn, *was gets the one before (turn
+ * itself when turn named it already; 0: none). Returns where the row's code is kept, for the
+ * caller to read or set, valid until the next claim; NULL when out of memory. */
+uint32_t *turnwarm_claim(turnwarm *w, uint64_t row, uint64_t turn, uint64_t *was);
 /* Turn `turn` is kept after the newest, naming rows[0..n) (each once; their lasts already set
  * to turn): the newest's rows whose last is not turn go on its dies list. */
 int turnwarm_advance(turnwarm *w, uint64_t turn, bool has_rows, const uint64_t *rows, size_t n);
