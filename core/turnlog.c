@@ -684,9 +684,10 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
 #define ROW_SEED 0x8ebc6af09c88c6e3ull
 #define CODE_NAMED 0x80000000u /* a row's code (turnwarm_claim): named by the previous turn */
 
-/* Turn's messages and nodes as rows: each one's row (from the warm items when it is a message
- * or node of the session's previous kept turn, compared field by field, else hashed), the rows the
- * previous turn does not name put, this turn's refs entry put, and w advanced to this turn.
+/* Turn's messages and nodes as rows: each one's row (from the warm items when it is a
+ * message or node of the session's previous kept turn, compared field by field, else hashed),
+ * the rows the previous turn does not name put, this turn's refs entry put, and w advanced to
+ * this turn.
  * r is the version-2 shape fill_rec built (its node arrays unused: the nodes are read from
  * the tree), tx its previews' lengths. */
 static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *session, uint64_t turn,
@@ -1057,13 +1058,12 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
   r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
   bool ok = used && cands && r->msg_nodes;
   if (v2) {
-    ok = ok && (tx->at = calloc(n1, sizeof *tx->at)) && (r->node_ids = calloc(n1, sizeof *r->node_ids)) &&
-         (r->node_at = calloc(n1, sizeof *r->node_at)) &&
-         (r->node_roles = calloc(n1, sizeof *r->node_roles)) &&
-         (r->node_preview_hashes = calloc(n1, sizeof *r->node_preview_hashes)) && (tx->owned = calloc(n1, sizeof *tx->owned)) &&
-         (r->node_hashes = calloc(n1, sizeof *r->node_hashes)) && (r->node_ttl = calloc(n1, sizeof *r->node_ttl)) &&
-         (r->node_cadence = calloc(n1, sizeof *r->node_cadence)) && (r->node_created = calloc(n1, sizeof *r->node_created)) &&
-         (r->node_flags = calloc(n1, sizeof *r->node_flags));
+#define ALLOC(p) ((p) = calloc(n1, sizeof *(p)))
+    ok = ok && ALLOC(tx->at) && ALLOC(r->node_ids) && ALLOC(r->node_at) && ALLOC(r->node_roles) &&
+         ALLOC(r->node_preview_hashes) && ALLOC(tx->owned) && ALLOC(r->node_hashes) &&
+         ALLOC(r->node_ttl) && ALLOC(r->node_cadence) && ALLOC(r->node_created) &&
+         ALLOC(r->node_flags);
+#undef ALLOC
   } else {
     ok = ok && (tx->pv_len = malloc(n1 * sizeof *tx->pv_len));
   }

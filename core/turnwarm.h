@@ -21,8 +21,9 @@
  * commit); whoever changes one and then fails drops it (turnwarms_drop).
  *
  * Bound: turnwarms_release keeps the most recently used turnwarms whose memory (copies and
- * tables, turnwarm.held — about twice the newest turn's texts at most) sums to at most max_bytes and frees the others; max_bytes 0 keeps
- * none, so every lease rebuilds from the store. */
+ * tables, turnwarm.held — about twice the newest turn's texts at most) sums to at most
+ * max_bytes and frees the others; max_bytes 0 keeps none, so every lease rebuilds from the
+ * store. */
 #ifndef CEPHALON_CORE_TURNWARM_H
 #define CEPHALON_CORE_TURNWARM_H
 
