@@ -106,7 +106,7 @@ struct cph_engine {
   cph_chantails tails;    /* chantail.h: channels' recent history, warm */
   cph_trees trees;        /* trees.h: the PACT tree store and its cache of decoded trees */
   cph_context context;    /* context.h, context_edit.h: assembly over the modules below */
-  cph_turnlog turnlog;    /* turnlog.h: kept turn contexts (the store's; nothing in memory) */
+  cph_turnlog turnlog;    /* turnlog.h: kept turn contexts (the store's; warm states in memory) */
   cph_memory memory;      /* memory.h: the embed queue's length */
   cph_turns turns;        /* turns.h: leases, lease waiters (these survive a rebuild) */
   cph_ingest ingest;      /* ingest.h: store_full, folded_total */
@@ -195,7 +195,7 @@ static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
   cph_engine *e = ctx;
   trees_delete(&e->trees, t, session);
   int rc = context_cursors_delete(t, session);
-  return rc ? rc : turnlog_delete_session(t, session);
+  return rc ? rc : turnlog_delete_session(&e->turnlog, t, session);
 }
 
 /* backpressure owns the step; dedupe asks through this (dedupe_widening). */
@@ -308,6 +308,7 @@ static void memory_clear(cph_engine *e) {
   cph_evcache_clear(&e->evcache); /* these mirror the store: rebuilt lazily like the rest */
   chantails_clear(&e->tails);
   trees_cache_clear(&e->trees);
+  turnlog_clear(&e->turnlog);
 }
 
 /* Builds the in-memory state from the store (open, and after a failed commit). */
@@ -492,6 +493,7 @@ void cph_engine_close(cph_engine *e) {
   cph_evcache_free(&e->evcache);
   trees_free(&e->trees);
   chantails_free(&e->tails);
+  turnlog_free(&e->turnlog);
   turns_free(&e->turns);
   ingest_free(&e->ingest);
   free(e);

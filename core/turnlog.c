@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "pact.h"
+#include "turnwarm.h"
 
 #define PREVIEW_MAX 160
 #define N_TOKENS 10
@@ -132,18 +133,15 @@ typedef struct texts {
   size_t n, cap;
   char **owned; /* the previews */
   size_t n_owned;
-  char (*at)[48]; /* the nodes' coordinates, formatted (the record borrows them) */
-  bool no_hash;   /* version 3: rows name the texts, texts_add only hands back 0, and the
-                  * previews are not copied: pv_len[i] is node i's (its content's first bytes) */
+  char (*at)[48]; /* version 2: the nodes' coordinates, formatted (the record borrows them) */
+  bool no_hash;   /* version 3: rows name the texts (texts_add is not called), the record's
+                  * node arrays stay empty (the rows read the tree) and the previews are not
+                  * copied: pv_len[i] is node i's (its content's first bytes) */
   size_t *pv_len;
   size_t n_pv;
 } texts;
 
 static int texts_add(texts *tx, const char *s, uint64_t *hash_out) {
-  if (tx->no_hash) {
-    *hash_out = 0;
-    return CPH_OK;
-  }
   if (tx->n == tx->cap) {
     size_t cap = tx->cap ? 2 * tx->cap : 64;
     text *p = realloc(tx->v, cap * sizeof *p);
@@ -372,15 +370,15 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
  * node that only moved (the history shifting by the turn's new messages, the ODI shift) is the
  * row the previous kept turn named: a lease puts the rows that are new since that turn (on
  * most leases the turn's new messages and its new cores) and a refs entry of raw hashes and
- * indexes, instead of encoding every text and coordinate again; keeping and trimming read
- * refs entries in place, never decode a record.
- * Invariant: every row a kept record names is held. Trimming deletes a row once no remaining
- * turn names it. When the oldest turns go and N is the oldest left: a row that N does not name
- * is named by a later remaining turn M only if a turn after N up to M added it (it was not in
- * its predecessor), so the rows that stay are rows(N) + the added rows of the turns after N —
- * one refs entry and the heads of the others read, not every remaining turn's rows. When that
- * chain is broken (an entry naming another predecessor) every remaining turn's rows are read
- * instead. An older-version record has no refs entry and names no row.
+ * indexes, instead of encoding every text and coordinate again.
+ * Invariant: every row a kept record names is held, and only those. Keeping and trimming go
+ * through the session's warm state (core/turnwarm.h, rebuilt from the refs entries when it is
+ * missing or stale): a message or node equal, field by field, to one at its place in the
+ * previous kept turn has that one's row, so only the new ones are hashed; the rows added are
+ * those whose newest naming turn is not the previous one; and trimming turn T deletes the rows
+ * T named that the turn after it did not and that no later turn named again (T's dies list, the
+ * rows' last naming turn) — no refs entry read. An older-version record has no refs entry and
+ * names no row.
  *
  * Row layout (integers big-endian):
  *   message: 'm' (the depth goes before the coordinate's first ',') or 'M' (the coordinate
@@ -389,12 +387,14 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
  *            then the content (the rest of the value);
  *   node:    'n', be64 id, be32 position, be32 offset, be64 ttl, be64 cadence, be64 created,
  *            be64 flags, be64 content hash, be32 n + the role, then the preview (the rest).
- * The row hash is lanes_hash of the text seeded with lanes_hash of the row before its text:
- * the text is hashed where it lies, and copied only into a new row. */
+ * The row hash is lanes_hash of the text seeded with lanes_hash of the row before its text
+ * (ROW_SEED): the text is hashed where it lies, and copied only into a new row. */
 
-/* Test knob (turnlog.h): write version-2 records. */
+/* Test knobs (turnlog.h): write version-2 records; the warm states' bound (-1: the default). */
 static bool write_v2;
 void turnlog_test_write_v2(bool on) { write_v2 = on; }
+static long long test_warm_bytes = -1;
+void turnlog_test_warm_bytes(long long bytes) { test_warm_bytes = bytes; }
 
 /* A row's hash: two lanes of 8 bytes each per step (half text_hash's steps; rows are hashed
  * on every lease, texts only when version-2 records are written). Not cryptographic, as
@@ -424,10 +424,6 @@ static uint64_t lanes_hash(const void *data, size_t n, uint64_t seed) {
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
   return h;
-}
-
-static uint64_t row_hash(const cph_buf *head, const char *s, size_t len) {
-  return lanes_hash(s, len, lanes_hash(head->data, head->len, 0x8ebc6af09c88c6e3ull));
 }
 
 static void put_be32(cph_buf *b, uint32_t v) {
@@ -503,25 +499,32 @@ static void msg_row_head(cph_buf *b, const char *role, const char *coord, uint64
   }
 }
 
-/* Node i's row head (everything but the preview) into b, from r (fill_nodes) and nd. */
-static void node_row_head(cph_buf *b, const cph_turnctx_rec *r, size_t i, const cph_pact_node *nd) {
-  cph_buf_putc(b, 'n');
-  put_be64(b, r->node_ids[i]);
-  put_be32(b, (uint32_t)nd->at.position);
-  put_be32(b, (uint32_t)nd->at.offset);
-  put_be64(b, (uint64_t)r->node_ttl[i]);
-  put_be64(b, (uint64_t)r->node_cadence[i]);
-  put_be64(b, r->node_created[i]);
-  put_be64(b, r->node_flags[i]);
-  put_be64(b, r->node_hashes[i]);
-  put_str(b, r->node_roles[i]);
+/* Where a node row's content hash lies (node_row_head). */
+#define NODE_ROW_CHASH 49
+
+/* The flags a node is kept with (cph_turnctx_rec.node_flags). */
+static uint64_t node_flags(const cph_pact_node *nd) {
+  return (nd->waiting ? NODE_WAITING : 0) | (uint64_t)(nd->stage & 0xff) << 8 |
+         (uint64_t)(nd->n_lifecycle & 0xff) << 16;
 }
 
-/* A set of u64 row hashes collected from LMDB values or arrays. */
-static int hset_add_all(hset *h, const uint64_t *v, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    hset_add(h, v[i]);
-  return CPH_OK;
+/* nd's row head (everything but the preview) into b, chash its content's text_hash. */
+static void node_row_head(cph_buf *b, const cph_pact_node *nd, uint64_t chash) {
+  uint8_t h[NODE_ROW_CHASH + 8 + 4];
+  h[0] = 'n';
+  cph_be64_put(h + 1, nd->id);
+  cph_be32_put(h + 9, (uint32_t)nd->at.position);
+  cph_be32_put(h + 13, (uint32_t)nd->at.offset);
+  cph_be64_put(h + 17, (uint64_t)(int64_t)nd->ttl);
+  cph_be64_put(h + 25, (uint64_t)(int64_t)nd->cadence);
+  cph_be64_put(h + 33, nd->created_at_episode);
+  cph_be64_put(h + 41, node_flags(nd));
+  cph_be64_put(h + NODE_ROW_CHASH, chash);
+  const char *role = nd->role ? nd->role : "";
+  size_t nr = strlen(role);
+  cph_be32_put(h + NODE_ROW_CHASH + 8, (uint32_t)nr);
+  cph_buf_append(b, h, sizeof h);
+  cph_buf_append(b, role, nr);
 }
 
 #define REFS_HEAD 32 /* be64 prev, be64 n_added, be64 n_distinct, be32 messages, be32 nodes */
@@ -561,182 +564,6 @@ static void rowlist_free(rowlist *l) {
   free(l->node_depths);
 }
 
-/* The session's newest kept turn (0: none) and its refs entry (v->len 0: none, an older
- * version), read in place: valid until the next write. */
-static int newest_kept(cph_txn *t, const char *session, uint64_t *turn, cph_val *v) {
-  *turn = 0;
-  *v = (cph_val){0};
-  cph_cursor cur;
-  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
-  if (rc)
-    return rc;
-  cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
-  size_t prefix = strlen(session) + 1;
-  cph_val k;
-  rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
-  if (rc == CPH_OK || rc == CPH_ENOTFOUND)
-    rc = cph_cursor_prev(&cur, &k, NULL);
-  if (rc == CPH_OK && k.len == prefix + 8 && memcmp(k.data, start.data, prefix) == 0)
-    *turn = cph_be64_get((const uint8_t *)k.data + prefix);
-  cph_cursor_close(&cur);
-  if (rc == CPH_ENOTFOUND)
-    rc = CPH_OK;
-  if (rc == CPH_OK && *turn) {
-    cph_key rk = turn_key(session, *turn);
-    rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &rk, v);
-    if (rc == CPH_ENOTFOUND) {
-      *v = (cph_val){0};
-      rc = CPH_OK;
-    }
-  }
-  return rc;
-}
-
-/* Turn's rows (w, allocated here) from the version-2 shape fill_rec built in r, ti's message
- * contents and the turn's tree; puts the rows the session's newest kept turn does not name and
- * this turn's refs entry. */
-static int rows_keep(cph_txn *t, const char *session, uint64_t turn, const cph_turnctx_rec *r,
-                     const cph_turn_info *ti, const context_tree *ct, const texts *tx,
-                     rowlist *w) {
-  size_t nm = r->n_msg_roles, nn = r->n_node_ids;
-  w->msg_rows = calloc(nm ? nm : 1, sizeof *w->msg_rows);
-  w->msg_depths = calloc(nm ? nm : 1, sizeof *w->msg_depths);
-  w->node_rows = calloc(nn ? nn : 1, sizeof *w->node_rows);
-  w->node_depths = calloc(nn ? nn : 1, sizeof *w->node_depths);
-  if (!w->msg_rows || !w->msg_depths || !w->node_rows || !w->node_depths)
-    return CPH_ENOMEM;
-  w->n_msg_rows = (uint32_t)nm;
-  w->n_node_rows = (uint32_t)nn;
-  if (tx->n_pv != nn)
-    return CPH_ENOMEM; /* fill_nodes stopped short */
-  cph_buf head = CPH_BUF_INIT;
-  /* the rows in order, with where their texts are */
-  const char **texts_at = calloc(nm + nn + 1, sizeof *texts_at);
-  size_t *text_len = calloc(nm + nn + 1, sizeof *text_len);
-  int rc = texts_at && text_len ? CPH_OK : CPH_ENOMEM;
-  for (size_t i = 0; rc == CPH_OK && i < nm; i++) {
-    cph_buf_reset(&head);
-    msg_row_head(&head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &w->msg_depths[i]);
-    const char *c = ti->messages[i].content ? ti->messages[i].content : "";
-    texts_at[i] = c;
-    text_len[i] = strlen(c);
-    w->msg_rows[i] = row_hash(&head, c, text_len[i]);
-  }
-  for (size_t i = 0; rc == CPH_OK && i < nn; i++) {
-    const cph_pact_node *nd = &ct->tree.nodes[ct->order[i]];
-    cph_buf_reset(&head);
-    node_row_head(&head, r, i, nd);
-    w->node_depths[i] = nd->at.depth;
-    texts_at[nm + i] = nd->content;
-    text_len[nm + i] = tx->pv_len[i];
-    w->node_rows[i] = row_hash(&head, texts_at[nm + i], text_len[nm + i]);
-  }
-  if (rc == CPH_OK)
-    rc = cph_buf_error(&head);
-  /* what the newest kept turn names is held already */
-  uint64_t prev = 0, prev_prev = 0;
-  cph_val pv = {0};
-  size_t n_prev = 0, n_prev_added = 0;
-  hset prev_set = {0}, mine = {0};
-  if (rc == CPH_OK)
-    rc = newest_kept(t, session, &prev, &pv);
-  if (rc == CPH_OK && pv.len && !refs_parse(&pv, &prev_prev, &n_prev_added, &n_prev))
-    rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
-                     session);
-  if (rc == CPH_OK)
-    rc = hset_init(&prev_set, n_prev);
-  for (size_t i = 0; rc == CPH_OK && i < n_prev; i++)
-    hset_add(&prev_set, refs_row(&pv, i));
-  if (rc == CPH_OK)
-    rc = hset_init(&mine, nm + nn);
-  /* the refs entry: the added rows go first, the others after them */
-  uint64_t *named = calloc(nm + nn + 1, sizeof *named);
-  size_t n_named = 0, n_added = 0;
-  if (!named && rc == CPH_OK)
-    rc = CPH_ENOMEM;
-  for (size_t i = 0; rc == CPH_OK && i < nm + nn; i++) {
-    uint64_t h = i < nm ? w->msg_rows[i] : w->node_rows[i - nm];
-    if (!hset_add(&mine, h))
-      continue;
-    if (hset_has(&prev_set, h)) {
-      named[nm + nn - 1 - n_named++] = h; /* from the end, moved behind the added ones below */
-      continue;
-    }
-    cph_buf_reset(&head);
-    if (i < nm) {
-      int32_t d;
-      msg_row_head(&head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &d);
-    } else {
-      node_row_head(&head, r, i - nm, &ct->tree.nodes[ct->order[i - nm]]);
-    }
-    cph_buf_append(&head, texts_at[i], text_len[i]);
-    named[n_added++] = h;
-    if ((rc = cph_buf_error(&head)) == CPH_OK) {
-      cph_key rk = text_key(session, h);
-      rc = cph_txn_put(t, CPH_DB_TURN_ROWS, &rk, head.data, head.len);
-    }
-  }
-  /* then the turn's rows in order as (index among the distinct ones, depth) */
-  size_t n_distinct = n_added + n_named, len = REFS_HEAD + 8 * n_distinct + 8 * (nm + nn);
-  uint8_t *refs = rc == CPH_OK ? malloc(len) : NULL;
-  size_t cap = 16;
-  while (cap < 2 * n_distinct)
-    cap *= 2;
-  uint64_t *slot = rc == CPH_OK ? calloc(cap, sizeof *slot) : NULL; /* hash -> index + 1 */
-  uint32_t *index = rc == CPH_OK ? calloc(cap, sizeof *index) : NULL;
-  if (rc == CPH_OK && (!refs || !slot || !index))
-    rc = CPH_ENOMEM;
-  if (rc == CPH_OK) {
-    cph_be64_put(refs, prev);
-    cph_be64_put(refs + 8, n_added);
-    cph_be64_put(refs + 16, n_distinct);
-    cph_be32_put(refs + 24, (uint32_t)nm);
-    cph_be32_put(refs + 28, (uint32_t)nn);
-    for (size_t i = 0; i < n_distinct; i++) {
-      uint64_t h = i < n_added ? named[i] : named[nm + nn - 1 - (i - n_added)];
-      cph_be64_put(refs + REFS_HEAD + 8 * i, h);
-      size_t s = (size_t)h & (cap - 1);
-      while (index[s] && slot[s] != h)
-        s = (s + 1) & (cap - 1);
-      slot[s] = h;
-      index[s] = (uint32_t)i + 1;
-    }
-    uint8_t *o = refs + REFS_HEAD + 8 * n_distinct;
-    for (size_t i = 0; i < nm + nn; i++, o += 8) {
-      uint64_t h = i < nm ? w->msg_rows[i] : w->node_rows[i - nm];
-      size_t s = (size_t)h & (cap - 1);
-      while (!index[s] || slot[s] != h) /* it is there: every row is among the distinct */
-        s = (s + 1) & (cap - 1);
-      cph_be32_put(o, index[s] - 1);
-      cph_be32_put(o + 4, (uint32_t)(i < nm ? w->msg_depths[i] : w->node_depths[i - nm]));
-    }
-    cph_key ak = turn_key(session, turn);
-    rc = cph_txn_put(t, CPH_DB_TURN_ROW_REFS, &ak, refs, len);
-  }
-  free(slot);
-  free(index);
-  hset_free(&prev_set);
-  hset_free(&mine);
-  free(named);
-  free(refs);
-  cph_buf_free(&head);
-  free(texts_at);
-  free(text_len);
-  return rc;
-}
-
-/* Appends v[0..n) to the growing array *all (*n_all entries). */
-static int u64s_append(uint64_t **all, size_t *n_all, const uint64_t *v, size_t n) {
-  uint64_t *p = realloc(*all, (*n_all + n + 1) * sizeof *p);
-  if (!p)
-    return CPH_ENOMEM;
-  if (n)
-    memcpy(p + *n_all, v, n * sizeof *p);
-  *all = p;
-  *n_all += n;
-  return CPH_OK;
-}
-
 /* Deletes every key of db with the session's prefix. */
 static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
   cph_key start = turn_key(session, 0);
@@ -757,79 +584,235 @@ static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
-/* The rows named by the remaining turns rest[0..n) that the trimmed turns' rows might be:
- * rows(rest[0]) and the rows the later turns added, while the chain holds (see "rows" above),
- * else every remaining turn's rows. Fills *alive. */
-static int rows_alive(cph_txn *t, const char *session, const uint64_t *rest, size_t n,
-                      uint64_t **alive, size_t *n_alive) {
-  int rc = CPH_OK;
-  bool chain = true;
-  for (int pass = 0; pass < 2 && rc == CPH_OK; pass++) {
-    bool all = pass == 1; /* the chain broke: read every row */
-    if (all && chain)
-      break;
-    *n_alive = 0;
-    for (size_t j = 0; rc == CPH_OK && j < n; j++) {
-      cph_key k = turn_key(session, rest[j]);
-      cph_val v;
-      rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &k, &v);
-      if (rc == CPH_ENOTFOUND) { /* an older-version record: it names no rows */
-        rc = CPH_OK;
-        continue;
-      }
-      uint64_t prev = 0;
-      size_t n_added = 0, n_rows = 0;
-      if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_rows))
-        rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
-                         session);
-      if (rc)
-        break;
-      if (!all && j > 0 && prev != rest[j - 1]) {
-        chain = false;
-        break;
-      }
-      size_t take = all || j == 0 ? n_rows : n_added;
-      uint64_t *p = realloc(*alive, (*n_alive + take + 1) * sizeof *p);
-      if (!p) {
-        rc = CPH_ENOMEM;
-        break;
-      }
-      *alive = p;
-      for (size_t i = 0; i < take; i++)
-        p[(*n_alive)++] = refs_row(&v, i);
-    }
+/* The session's newest kept turn (0: none). */
+static int newest_kept(cph_txn *t, const char *session, uint64_t *turn) {
+  *turn = 0;
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
+  if (rc)
+    return rc;
+  cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
+  size_t prefix = strlen(session) + 1;
+  cph_val k;
+  rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
+  if (rc == CPH_OK || rc == CPH_ENOTFOUND)
+    rc = cph_cursor_prev(&cur, &k, NULL);
+  if (rc == CPH_OK && k.len == prefix + 8 && memcmp(k.data, start.data, prefix) == 0)
+    *turn = cph_be64_get((const uint8_t *)k.data + prefix);
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* Room for n rows of the turn being kept in tl's scratch arrays. */
+static int scratch_reserve(cph_turnlog *tl, size_t n) {
+  if (n <= tl->cap)
+    return CPH_OK;
+  size_t cap = 2 * n;
+  uint64_t *rows = realloc(tl->rows, cap * sizeof *rows);
+  if (rows)
+    tl->rows = rows;
+  uint64_t *dist = realloc(tl->dist, cap * sizeof *dist);
+  if (dist)
+    tl->dist = dist;
+  uint64_t *chash = realloc(tl->chash, cap * sizeof *chash);
+  if (chash)
+    tl->chash = chash;
+  int32_t *depth = realloc(tl->depth, cap * sizeof *depth);
+  if (depth)
+    tl->depth = depth;
+  uint32_t *code = realloc(tl->code, cap * sizeof *code);
+  if (code)
+    tl->code = code;
+  if (!rows || !dist || !chash || !depth || !code)
+    return CPH_ENOMEM;
+  tl->cap = cap;
+  return CPH_OK;
+}
+
+/* The session's warm state (core/turnwarm.h) as the store holds it: the one held when its
+ * newest turn is the store's newest kept turn, else one rebuilt from the kept turns' refs
+ * entries (each turn's rows set as its rows' last, the previous turn's other rows on its dies
+ * list). It then has no items: the next lease hashes every row. */
+static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm **out) {
+  uint64_t newest;
+  int rc = newest_kept(t, session, &newest);
+  turnwarm *w = rc ? NULL : turnwarms_get(&tl->warm, session);
+  if (rc || (w && turnwarm_newest(w) == newest)) {
+    *out = w;
+    return rc;
   }
+  if ((rc = turnwarms_fresh(&tl->warm, session, &w)) != CPH_OK)
+    return rc;
+  cph_cursor cur;
+  if ((rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur)) != CPH_OK)
+    return rc;
+  cph_key start = turn_key(session, 0);
+  size_t prefix = strlen(session) + 1;
+  cph_val k;
+  for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&cur, &k, NULL)) {
+    if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+      break;
+    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix), prev, was;
+    cph_key rk = turn_key(session, id);
+    cph_val v;
+    size_t n_added, n = 0;
+    rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &rk, &v);
+    bool has_rows = rc == CPH_OK;
+    if (rc == CPH_ENOTFOUND) /* an older-version record: it names no rows */
+      rc = CPH_OK;
+    else if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n))
+      rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
+                       session);
+    if (rc == CPH_OK)
+      rc = scratch_reserve(tl, n);
+    for (size_t i = 0; rc == CPH_OK && i < n; i++)
+      if (!turnwarm_claim(w, tl->dist[i] = refs_row(&v, i), id, &was))
+        rc = CPH_ENOMEM;
+    if (rc == CPH_OK)
+      rc = turnwarm_advance(w, id, has_rows, tl->dist, n);
+    if (rc)
+      break;
+  }
+  cph_cursor_close(&cur);
+  if (rc == CPH_ENOTFOUND)
+    rc = CPH_OK;
+  *out = w;
   return rc;
 }
 
-/* Deletes the rows of dead[0..n_dead) that no turn of rest[0..n_rest) names. */
-static int rows_trim(cph_txn *t, const char *session, const uint64_t *dead, size_t n_dead,
-                     const uint64_t *rest, size_t n_rest) {
-  if (!n_rest) /* nothing kept: whatever the session held goes */
-    return delete_prefixed(t, CPH_DB_TURN_ROWS, session);
-  if (!n_dead)
-    return CPH_OK;
-  uint64_t *alive = NULL;
-  size_t n_alive = 0;
-  hset keep = {0}, gone = {0};
-  int rc = rows_alive(t, session, rest, n_rest, &alive, &n_alive);
-  if (rc == CPH_OK)
-    rc = hset_init(&keep, n_alive);
-  if (rc == CPH_OK)
-    rc = hset_init(&gone, n_dead);
-  if (rc == CPH_OK)
-    hset_add_all(&keep, alive, n_alive);
-  for (size_t i = 0; rc == CPH_OK && i < n_dead; i++) {
-    if (hset_has(&keep, dead[i]) || !hset_add(&gone, dead[i]))
-      continue; /* still named, or deleted already */
-    cph_key rk = text_key(session, dead[i]);
-    rc = cph_txn_del(t, CPH_DB_TURN_ROWS, &rk);
-    if (rc == CPH_ENOTFOUND)
-      rc = CPH_OK;
+#define ROW_SEED 0x8ebc6af09c88c6e3ull
+#define CODE_NAMED 0x80000000u /* a row's code (turnwarm_claim): named by the previous turn */
+
+/* Turn's messages and nodes as rows: each one's row (from the warm items when it is a
+ * message or node of the session's previous kept turn, compared field by field, else hashed),
+ * the rows the previous turn does not name put, this turn's refs entry put, and w advanced to
+ * this turn.
+ * r is the version-2 shape fill_rec built (its node arrays unused: the nodes are read from
+ * the tree), tx its previews' lengths. */
+static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *session, uint64_t turn,
+                     const cph_turnctx_rec *r, const cph_turn_info *ti, const context_tree *ct,
+                     const texts *tx) {
+  size_t nm = r->n_msg_roles, nn = ct->tree.n, n = nm + nn;
+  if (tx->n_pv != nn)
+    return CPH_ENOMEM; /* fill_nodes stopped short */
+  int rc = scratch_reserve(tl, n);
+  cph_buf *head = &tl->head;
+  /* each message's and node's row: hashed only when it is not an item of the previous kept
+   * turn (a node's key leaves its content hash out: that is hashed then too) */
+  size_t pos[2] = {0, 0};
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+    const cph_pact_node *nd = i < nm ? NULL : &ct->tree.nodes[ct->order[i - nm]];
+    tw_key k;
+    uint8_t fixed[40]; /* a node's fields, as the key compares them */
+    if (nd) {
+      memcpy(fixed, &nd->at.position, 4);
+      memcpy(fixed + 4, &nd->at.offset, 4);
+      int64_t v[4] = {nd->ttl, nd->cadence, (int64_t)nd->created_at_episode,
+                      (int64_t)node_flags(nd)};
+      memcpy(fixed + 8, v, sizeof v);
+      const char *role = nd->role ? nd->role : "";
+      k = (tw_key){'n', nd->id, role, fixed, strlen(role), sizeof fixed, nd->content,
+                   strlen(nd->content)};
+      tl->depth[i] = nd->at.depth;
+    } else {
+      const char *coord = r->msg_coords[i], *content = ti->messages[i].content;
+      size_t end = 0;
+      bool split = coord_split(coord, &tl->depth[i], &end);
+      if (!split) {
+        tl->depth[i] = 0;
+        end = 0;
+      }
+      content = content ? content : "";
+      k = (tw_key){split ? 'm' : 'M', r->msg_nodes[i], r->msg_roles[i], coord + end,
+                   strlen(r->msg_roles[i]), strlen(coord + end), content, strlen(content)};
+    }
+    const tw_item *same = turnwarm_find(w, nd != NULL, &pos[nd != NULL], &k);
+    tl->rows[i] = same ? same->row : 0;
+    tl->chash[i] = same ? same->chash : 0;
+    if (!same) {
+      size_t len = k.n_text;
+      cph_buf_reset(head);
+      if (nd) { /* the row's text is the preview */
+        node_row_head(head, nd, tl->chash[i] = text_hash(k.text, k.n_text));
+        len = tx->pv_len[i - nm];
+      } else {
+        int32_t d;
+        msg_row_head(head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &d);
+      }
+      if ((rc = cph_buf_error(head)) != CPH_OK)
+        break;
+      tl->rows[i] = lanes_hash(k.text, len, lanes_hash(head->data, head->len, ROW_SEED));
+    }
+    rc = turnwarm_add_item(w, nd != NULL, &k, same, tl->rows[i], tl->chash[i]);
   }
-  hset_free(&keep);
-  hset_free(&gone);
-  free(alive);
+  /* which rows the previous kept turn does not name: those are put, and listed first */
+  uint64_t prev = turnwarm_newest(w);
+  size_t n_added = 0, n_named = 0;
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+    uint64_t last;
+    uint32_t *code = turnwarm_claim(w, tl->rows[i], turn, &last);
+    if (!code) {
+      rc = CPH_ENOMEM;
+      break;
+    }
+    if (last == turn) { /* named twice in this turn */
+      tl->code[i] = *code;
+      continue;
+    }
+    bool named = prev && last == prev;
+    tl->code[i] = *code = named ? CODE_NAMED | (uint32_t)n_named++ : (uint32_t)n_added++;
+    if (named)
+      continue;
+    cph_buf_reset(head);
+    const char *str;
+    size_t len;
+    if (i < nm) {
+      int32_t d;
+      msg_row_head(head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &d);
+      str = ti->messages[i].content ? ti->messages[i].content : "";
+      len = strlen(str);
+    } else {
+      const cph_pact_node *nd = &ct->tree.nodes[ct->order[i - nm]];
+      node_row_head(head, nd, tl->chash[i]);
+      str = nd->content;
+      len = tx->pv_len[i - nm];
+    }
+    cph_buf_append(head, str, len);
+    if ((rc = cph_buf_error(head)) == CPH_OK) {
+      cph_key rk = text_key(session, tl->rows[i]);
+      rc = cph_txn_put(t, CPH_DB_TURN_ROWS, &rk, head->data, head->len);
+    }
+  }
+  /* the refs entry: its head, the distinct rows (the added ones first), then the turn's rows in
+   * order as (index among the distinct ones, depth) */
+  size_t n_distinct = n_added + n_named, len = REFS_HEAD + 8 * n_distinct + 8 * n;
+  cph_buf_reset(head);
+  if (rc == CPH_OK && cph_buf_grow(head, len)) {
+    uint8_t *refs = (uint8_t *)head->data;
+    cph_be64_put(refs, prev);
+    cph_be64_put(refs + 8, n_added);
+    cph_be64_put(refs + 16, n_distinct);
+    cph_be32_put(refs + 24, (uint32_t)nm);
+    cph_be32_put(refs + 28, (uint32_t)nn);
+    uint8_t *o = refs + REFS_HEAD + 8 * n_distinct;
+    for (size_t i = 0; i < n; i++, o += 8) {
+      uint32_t c = tl->code[i];
+      size_t ix = c & CODE_NAMED ? n_added + (c & ~CODE_NAMED) : c;
+      cph_be64_put(refs + REFS_HEAD + 8 * ix, tl->rows[i]);
+      tl->dist[ix] = tl->rows[i];
+      cph_be32_put(o, (uint32_t)ix);
+      cph_be32_put(o + 4, (uint32_t)tl->depth[i]);
+    }
+    cph_key ak = turn_key(session, turn);
+    rc = cph_txn_put(t, CPH_DB_TURN_ROW_REFS, &ak, refs, len);
+  } else if (rc == CPH_OK) {
+    rc = CPH_ENOMEM;
+  }
+  if (rc == CPH_OK)
+    rc = turnwarm_advance(w, turn, true, tl->dist, n_distinct);
+  if (rc == CPH_OK)
+    turnwarm_items_done(w);
   return rc;
 }
 
@@ -992,20 +975,74 @@ static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turn
 
 /* ---------------------------------------------------------------- keeping */
 
-void turnlog_init(cph_turnlog *tl, cph_core_env *env) { *tl = (cph_turnlog){env}; }
+void turnlog_init(cph_turnlog *tl, cph_core_env *env) {
+  *tl = (cph_turnlog){.env = env, .head = CPH_BUF_INIT};
+  turnwarms_init(&tl->warm, TURNLOG_WARM_BYTES);
+}
+
+void turnlog_clear(cph_turnlog *tl) { turnwarms_clear(&tl->warm); }
+
+void turnlog_free(cph_turnlog *tl) {
+  turnwarms_free(&tl->warm);
+  cph_buf_free(&tl->head);
+  free(tl->rows);
+  free(tl->dist);
+  free(tl->chash);
+  free(tl->depth);
+  free(tl->code);
+}
 
 /* A node that may have rendered a message: its coordinate and its place in render order. */
 typedef struct cand {
-  const char *at;
+  cph_coord at;
   size_t i;
 } cand;
+
+static int coord_cmp(const cph_coord *a, const cph_coord *b) {
+  if (a->depth != b->depth)
+    return a->depth < b->depth ? -1 : 1;
+  if (a->position != b->position)
+    return a->position < b->position ? -1 : 1;
+  return (a->offset > b->offset) - (a->offset < b->offset);
+}
 
 /* By coordinate, then render order, so the first unused of equal candidates is the first in
  * render order. */
 static int cand_cmp(const void *x, const void *y) {
   const cand *a = x, *b = y;
-  int c = strcmp(a->at, b->at);
+  int c = coord_cmp(&a->at, &b->at);
   return c ? c : (a->i > b->i) - (a->i < b->i);
+}
+
+/* One int32 as cph_coord_format writes it (pact.c): '-' for a negative, no leading zeros, no
+ * "-0"; *s moves past it. */
+static bool i32_parse(const char **s, int32_t *out) {
+  const char *p = *s;
+  bool neg = *p == '-';
+  p += neg;
+  if (*p < '0' || *p > '9' || (*p == '0' && (neg || (p[1] >= '0' && p[1] <= '9'))))
+    return false;
+  const char *d0 = p;
+  int64_t v = 0;
+  while (*p >= '0' && *p <= '9' && p - d0 < 11)
+    v = v * 10 + (*p++ - '0');
+  if (p - d0 > 10 || v > (int64_t)INT32_MAX + neg)
+    return false;
+  *out = (int32_t)(neg ? -v : v);
+  *s = p;
+  return true;
+}
+
+/* A coordinate from exactly the text cph_coord_format writes ("d-1, 0, 0"), false for any
+ * other: two texts are equal iff they parse to the same coordinate. */
+static bool coord_parse(const char *s, cph_coord *c) {
+  if (*s++ != 'd' || !i32_parse(&s, &c->depth) || s[0] != ',' || s[1] != ' ')
+    return false;
+  s += 2;
+  if (!i32_parse(&s, &c->position) || s[0] != ',' || s[1] != ' ')
+    return false;
+  s += 2;
+  return i32_parse(&s, &c->offset) && *s == '\0';
 }
 
 /* Fills r's tree part from the tree the turn was rendered from and maps each message of ti to
@@ -1014,26 +1051,24 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
                       texts *tx) {
   const cph_pact_tree *tree = &ct->tree;
   const size_t *idx = ct->order;
-  size_t n = tree->n;
-  bool *used = calloc(n ? n : 1, sizeof *used);
-  char(*at)[48] = tx->at = calloc(n ? n : 1, sizeof *at);
-  cand *cands = calloc(n ? n : 1, sizeof *cands);
-  r->node_ids = calloc(n ? n : 1, sizeof *r->node_ids);
-  r->node_at = calloc(n ? n : 1, sizeof *r->node_at);
-  r->node_roles = calloc(n ? n : 1, sizeof *r->node_roles);
-  r->node_preview_hashes = calloc(n ? n : 1, sizeof *r->node_preview_hashes);
-  tx->owned = calloc(n ? n : 1, sizeof *tx->owned);
-  tx->pv_len = calloc(n ? n : 1, sizeof *tx->pv_len);
-  r->node_hashes = calloc(n ? n : 1, sizeof *r->node_hashes);
-  r->node_ttl = calloc(n ? n : 1, sizeof *r->node_ttl);
-  r->node_cadence = calloc(n ? n : 1, sizeof *r->node_cadence);
-  r->node_created = calloc(n ? n : 1, sizeof *r->node_created);
-  r->node_flags = calloc(n ? n : 1, sizeof *r->node_flags);
+  size_t n = tree->n, n1 = n ? n : 1;
+  bool v2 = !tx->no_hash; /* version 3 keeps the nodes as rows, read from the tree itself */
+  bool *used = calloc(n1, sizeof *used);
+  cand *cands = malloc(n1 * sizeof *cands);
   r->msg_nodes = calloc(ti->n_messages ? ti->n_messages : 1, sizeof *r->msg_nodes);
+  bool ok = used && cands && r->msg_nodes;
+  if (v2) {
+#define ALLOC(p) ((p) = calloc(n1, sizeof *(p)))
+    ok = ok && ALLOC(tx->at) && ALLOC(r->node_ids) && ALLOC(r->node_at) && ALLOC(r->node_roles) &&
+         ALLOC(r->node_preview_hashes) && ALLOC(tx->owned) && ALLOC(r->node_hashes) &&
+         ALLOC(r->node_ttl) && ALLOC(r->node_cadence) && ALLOC(r->node_created) &&
+         ALLOC(r->node_flags);
+#undef ALLOC
+  } else {
+    ok = ok && (tx->pv_len = malloc(n1 * sizeof *tx->pv_len));
+  }
   int rc = CPH_OK;
-  if (!used || !at || !cands || !r->node_ids || !r->node_at || !r->node_roles ||
-      !r->node_preview_hashes || !tx->owned || !tx->pv_len || !r->node_hashes || !r->node_ttl ||
-      !r->node_cadence || !r->node_created || !r->node_flags || !r->msg_nodes) {
+  if (!ok) {
     rc = CPH_ENOMEM;
     goto out;
   }
@@ -1041,22 +1076,21 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
   size_t live = ct->n_live;
   for (size_t i = 0; i < n; i++) {
     const cph_pact_node *nd = &tree->nodes[idx[i]];
-    cph_coord_format(&nd->at, at[i]);
-    r->node_ids[i] = nd->id;
-    r->node_hashes[i] = text_hash(nd->content, strlen(nd->content)); /* version 2's hash */
-    r->node_ttl[i] = nd->ttl;
-    r->node_cadence[i] = nd->cadence;
-    r->node_created[i] = nd->created_at_episode;
-    r->node_flags[i] = (nd->waiting ? NODE_WAITING : 0) | (uint64_t)(nd->stage & 0xff) << 8 |
-                       (uint64_t)(nd->n_lifecycle & 0xff) << 16;
-    r->node_at[i] = at[i]; /* borrowed, as the role (rec_unborrow) */
-    r->node_roles[i] = nd->role ? nd->role : (char *)"";
-    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
-        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
-    if (tx->no_hash) { /* version 3: the row hashes the preview where it lies */
+    if (!v2) { /* the row hashes the preview where it lies */
       tx->pv_len[tx->n_pv++] = preview_len(nd->content);
       continue;
     }
+    cph_coord_format(&nd->at, tx->at[i]);
+    r->node_ids[i] = nd->id;
+    r->node_hashes[i] = text_hash(nd->content, strlen(nd->content));
+    r->node_ttl[i] = nd->ttl;
+    r->node_cadence[i] = nd->cadence;
+    r->node_created[i] = nd->created_at_episode;
+    r->node_flags[i] = node_flags(nd);
+    r->node_at[i] = tx->at[i]; /* borrowed, as the role (rec_unborrow) */
+    r->node_roles[i] = nd->role ? nd->role : (char *)"";
+    r->n_node_ids = r->n_node_at = r->n_node_roles = r->n_node_preview_hashes = r->n_node_hashes =
+        r->n_node_ttl = r->n_node_cadence = r->n_node_created = r->n_node_flags = (uint32_t)i + 1;
     char *pv = tx->owned[tx->n_owned] = preview(nd->content);
     if (pv)
       tx->n_owned++;
@@ -1070,23 +1104,27 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
    * never rendered one. */
   bool inbox = ti->kind == CPH_KIND_INBOX && ti->n_staged > 0;
   /* The nodes that may have rendered a message, sorted by coordinate, so each message finds
-   * its candidates by binary search: O((messages + nodes) log nodes), not their product. */
+   * its candidates by binary search: O((messages + nodes) log nodes), not their product. A
+   * message's coordinate is compared as the coordinate its text is (coord_parse). */
   size_t n_cand = 0;
   for (size_t i = 0; i < live; i++)
     if (!(inbox && tree->nodes[idx[i]].role))
-      cands[n_cand++] = (cand){at[i], i};
+      cands[n_cand++] = (cand){tree->nodes[idx[i]].at, i};
   qsort(cands, n_cand, sizeof *cands, cand_cmp);
   for (size_t m = 0; m < ti->n_messages; m++) {
     const cph_message *msg = &ti->messages[m];
+    cph_coord at;
+    if (!n_cand || !coord_parse(msg->coord, &at))
+      continue;
     size_t lo = 0, hi = n_cand;
     while (lo < hi) { /* the first candidate whose coordinate is not below msg's */
       size_t mid = lo + (hi - lo) / 2;
-      if (strcmp(cands[mid].at, msg->coord) < 0)
+      if (coord_cmp(&cands[mid].at, &at) < 0)
         lo = mid + 1;
       else
         hi = mid;
     }
-    for (size_t c = lo; c < n_cand && strcmp(cands[c].at, msg->coord) == 0; c++) {
+    for (size_t c = lo; c < n_cand && coord_cmp(&cands[c].at, &at) == 0; c++) {
       size_t i = cands[c].i;
       const cph_pact_node *nd = &tree->nodes[idx[i]];
       if (used[i] || strcmp(nd->content, msg->content) != 0)
@@ -1166,7 +1204,7 @@ static int fill_rec(cph_turnctx_rec *r, uint64_t turn_id, const cph_turn_info *t
     r->msg_roles[i] = m->role;
     r->msg_coords[i] = m->coord;
     r->n_msg_roles = r->n_msg_hashes = r->n_msg_coords = (uint32_t)i + 1;
-    if (texts_add(tx, m->content ? m->content : "", &r->msg_hashes[i]) != CPH_OK)
+    if (!tx->no_hash && texts_add(tx, m->content ? m->content : "", &r->msg_hashes[i]) != CPH_OK)
       return CPH_ENOMEM;
   }
   return fill_nodes(r, tree, ti, tx);
@@ -1183,67 +1221,43 @@ static void rec_unborrow(cph_turnctx_rec *r) {
     r->node_roles[i] = NULL;
 }
 
-/* Deletes the session's oldest kept contexts until at most keep remain, with their refs
- * entries and every row and text no remaining turn names. */
-static int trim(cph_txn *t, const char *session, uint64_t keep) {
-  cph_key start = turn_key(session, 0);
-  size_t prefix = strlen(session) + 1;
-  cph_cursor cur;
-  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
-  if (rc)
-    return rc;
-  uint64_t *ids = NULL; /* the session's kept turns, oldest first */
-  size_t n = 0;
-  cph_val k;
-  for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
-       rc = cph_cursor_next(&cur, &k, NULL)) {
-    if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
-      break;
-    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix);
-    if ((rc = u64s_append(&ids, &n, &id, 1)) != CPH_OK)
-      break;
-  }
-  cph_cursor_close(&cur);
-  if (rc == CPH_ENOTFOUND)
-    rc = CPH_OK;
-  if (rc || n <= keep) {
-    free(ids);
-    return rc;
-  }
-  size_t n_gone = (size_t)(n - keep);
-  uint64_t *dead = NULL; /* the rows the trimmed turns named */
-  size_t n_dead = 0;
-  for (size_t g = 0; rc == CPH_OK && g < n_gone; g++) {
-    cph_key rk = turn_key(session, ids[g]);
-    cph_val v;
-    rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &rk, &v);
-    uint64_t prev = 0;
-    size_t n_added = 0, n_rows = 0;
-    if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_rows))
-      rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
-                       session);
-    if (rc == CPH_OK && keep > 0) { /* with none left, every row goes anyway */
-      uint64_t *p = realloc(dead, (n_dead + n_rows + 1) * sizeof *p);
-      if (!p)
-        rc = CPH_ENOMEM;
-      else
-        dead = p;
-      for (size_t i = 0; rc == CPH_OK && i < n_rows; i++)
-        dead[n_dead++] = refs_row(&v, i);
-    }
+/* Deletes everything the session kept: records, refs entries, rows and texts. */
+static int delete_kept(cph_txn *t, const char *session) {
+  static const cph_db dbs[] = {CPH_DB_TURN_CONTEXTS, CPH_DB_TURN_ROW_REFS, CPH_DB_TURN_ROWS,
+                               CPH_DB_TURN_TEXT_REFS, CPH_DB_TURN_TEXTS};
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && i < sizeof dbs / sizeof dbs[0]; i++)
+    rc = delete_prefixed(t, dbs[i], session);
+  return rc;
+}
+
+typedef struct row_gone_ctx {
+  cph_txn *t;
+  const char *session;
+} row_gone_ctx;
+
+/* turnwarm_trim_oldest's callback: deletes a row no remaining turn names. */
+static int row_gone(void *ctx, uint64_t row) {
+  row_gone_ctx *g = ctx;
+  cph_key rk = text_key(g->session, row);
+  int rc = cph_txn_del(g->t, CPH_DB_TURN_ROWS, &rk);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* Deletes the session's oldest kept contexts until at most keep (>= 1) remain, with their
+ * refs entries and every row (w's dies lists) and text no remaining turn names. */
+static int trim(cph_txn *t, turnwarm *w, const char *session, uint64_t keep) {
+  row_gone_ctx g = {t, session};
+  int rc = CPH_OK;
+  while (rc == CPH_OK && w->n_turns > keep) {
+    const tw_turn *o = &w->turns[0];
+    cph_key k = turn_key(session, o->id);
+    rc = cph_txn_del(t, CPH_DB_TURN_CONTEXTS, &k);
     if (rc == CPH_OK)
-      rc = cph_txn_del(t, CPH_DB_TURN_ROW_REFS, &rk);
-    if (rc == CPH_ENOTFOUND) /* an older-version record: no refs entry */
-      rc = CPH_OK;
+      rc = o->rows ? cph_txn_del(t, CPH_DB_TURN_ROW_REFS, &k) : texts_trim(t, session, &o->id, 1);
     if (rc == CPH_OK)
-      rc = cph_txn_del(t, CPH_DB_TURN_CONTEXTS, &rk);
+      rc = turnwarm_trim_oldest(w, row_gone, &g);
   }
-  if (rc == CPH_OK)
-    rc = texts_trim(t, session, ids, n_gone);
-  if (rc == CPH_OK)
-    rc = rows_trim(t, session, dead, n_dead, ids + n_gone, (size_t)keep);
-  free(dead);
-  free(ids);
   return rc;
 }
 
@@ -1265,51 +1279,65 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
   if (cph_txn_begin_child(t, &c) != CPH_OK)
     return;
   int rc = CPH_OK;
-  if (keep > 0 && !tree->ok) {
+  turnwarm *w = NULL;
+  if (keep == 0) { /* rows and texts are held only while a record names them */
+    uint64_t newest = 0;
+    turnwarms_drop(&tl->warm, ti->session);
+    rc = newest_kept(&c, ti->session, &newest);
+    if (rc == CPH_OK && newest)
+      rc = delete_kept(&c, ti->session);
+  } else if (!tree->ok) {
     /* the turn was rendered without its tree (it could not be read): nothing to keep it by */
     rc = cph_err_set(&c.err, CPH_ECORRUPT, "the session's context tree could not be read");
-  } else if (keep > 0) {
+  } else if ((rc = warm_for(tl, &c, ti->session, &w)) == CPH_OK) {
     cph_turnctx_rec r = {0};
     texts tx = {.no_hash = !write_v2};
     rc = fill_rec(&r, turn_id, ti, tree, &tx);
-    cph_turnctx_rec w = {0}; /* what is written: r (version 2), or r without its messages and
-                              * nodes, which go as rows (version 3) */
-    rowlist rl = {0};
+    cph_turnctx_rec wr = {0}; /* what is written: r (version 2), or r without its messages and
+                               * nodes, which go as rows (version 3) */
     if (rc == CPH_OK && write_v2) {
       rc = texts_keep(&c, ti->session, turn_id, &tx);
-      w = r;
+      if (rc == CPH_OK)
+        rc = turnwarm_advance(w, turn_id, false, NULL, 0);
+      wr = r;
     } else if (rc == CPH_OK) {
-      w = r;
-      w.n_msg_roles = w.n_msg_contents = w.n_msg_coords = w.n_msg_nodes = 0;
-      w.n_node_ids = w.n_node_at = w.n_node_roles = w.n_node_previews = w.n_node_hashes = 0;
-      w.n_node_ttl = w.n_node_cadence = w.n_node_created = w.n_node_flags = 0;
-      w.n_msg_hashes = w.n_node_preview_hashes = 0;
-      w.rows = true;
-      w.row_messages = (uint32_t)ti->n_messages;
-      rc = rows_keep(&c, ti->session, turn_id, &r, ti, tree, &tx, &rl);
+      wr = r;
+      wr.n_msg_roles = wr.n_msg_contents = wr.n_msg_coords = wr.n_msg_nodes = 0;
+      wr.n_node_ids = wr.n_node_at = wr.n_node_roles = wr.n_node_previews = wr.n_node_hashes = 0;
+      wr.n_node_ttl = wr.n_node_cadence = wr.n_node_created = wr.n_node_flags = 0;
+      wr.n_msg_hashes = wr.n_node_preview_hashes = 0;
+      wr.rows = true;
+      wr.row_messages = (uint32_t)ti->n_messages;
+      rc = rows_keep(tl, &c, w, ti->session, turn_id, &r, ti, tree, &tx);
     }
     if (rc == CPH_OK) {
       cph_key k = turn_key(ti->session, turn_id);
       rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, write_v2 ? &cph_turnctx_v2_desc
-                                                                     : &cph_turnctx_desc, &w);
+                                                                      : &cph_turnctx_desc, &wr);
     }
-    rowlist_free(&rl); /* w shares the rest with r */
-    rec_unborrow(&r);
+    rec_unborrow(&r); /* wr shares r's arrays */
     cph_record_free(&cph_turnctx_desc, &r);
     texts_free(&tx);
+    if (rc == CPH_OK)
+      rc = trim(&c, w, ti->session, keep);
   }
-  if (rc == CPH_OK)
-    rc = trim(&c, ti->session, keep);
   if (rc == CPH_OK)
     rc = cph_txn_commit(&c);
   else
     cph_txn_abort(&c);
-  if (rc)
+  if (rc) {
+    turnwarms_drop(&tl->warm, ti->session); /* it may hold what was not kept */
     cph_log(CPH_LOG_WARN, "turn %llu of '%s': its context is not kept: %s",
             (unsigned long long)turn_id, ti->session, c.err.msg[0] ? c.err.msg : cph_strerror(rc));
+  }
+  tl->warm.max_bytes = test_warm_bytes >= 0 ? (size_t)test_warm_bytes : TURNLOG_WARM_BYTES;
+  turnwarms_release(&tl->warm);
 }
 
-int turnlog_delete_session(cph_txn *t, const char *session) { return trim(t, session, 0); }
+int turnlog_delete_session(cph_turnlog *tl, cph_txn *t, const char *session) {
+  turnwarms_drop(&tl->warm, session);
+  return delete_kept(t, session);
+}
 
 /* ---------------------------------------------------------------- reads */
 

@@ -23,12 +23,15 @@
  * Writing a turn's context deletes the session's oldest ones beyond keep-turns in the same
  * transaction, so a session never holds more than keep-turns (after a policy change, from its
  * next lease on). keep-turns 0 writes nothing and deletes what the session kept. Cost per
- * lease (the tree is the turn's, loaded and ordered once by context assembly): every message
- * and node hashed as a row, the session's newest refs entry read, one put for the record, one
- * for its refs entry and one per new row, a cursor walk over at most keep-turns + 1 keys, and
- * for the trimmed turn two refs entries and the heads of the others read and the rows no
- * remaining turn names deleted. Keeping runs in a nested transaction: a failure (a full map)
- * loses the kept context, never the lease.
+ * lease (the tree is the turn's, loaded and ordered once by context assembly), with the
+ * session's warm state (turnwarm.h) held: one cursor seek to check it against the store; per
+ * message and node a comparison with the one at its place in the previous kept turn (its
+ * text compared and, when it is new, hashed and copied once); one put for the record, one for
+ * its refs entry and one per new row; for a trimmed turn two deletes and one per row that no
+ * remaining turn names. Without it (after a restart, an eviction, a pass that did not
+ * commit) the lease first reads every kept turn's refs entry of the session and hashes every
+ * row. Keeping runs in a nested transaction: a failure (a full map) loses the kept context,
+ * never the lease, and drops the warm state.
  *
  * ---- The diff (from -> to) ----
  * Nodes by id, messages by (role, content) then coordinate, section items by id. For what
@@ -59,14 +62,30 @@
 #include "env.h"
 #include "store/store.h"
 #include "context.h"
+#include "turnwarm.h"
 
-/* It keeps nothing in memory: the kept contexts are in the store; the tree a turn is kept
+/* The most memory the sessions' warm states take together (turnwarm.h's bound): about 150 KB
+ * a session at the default window, so a few hundred sessions keep theirs. */
+#define TURNLOG_WARM_BYTES ((size_t)64 << 20)
+
+/* The kept contexts are in the store; what it holds in memory is each recently leased
+ * session's warm state (turnwarm.h), which only makes keeping cheaper: it is checked against
+ * the store at every lease and rebuilt from it when missing or stale. The tree a turn is kept
  * with is the one its context was rendered from (context_tree, handed in by the lease). */
 typedef struct cph_turnlog {
-  cph_core_env *env; /* :context :keep-turns, the store */
+  cph_core_env *env;   /* :context :keep-turns, the store */
+  cph_turnwarms warm;  /* by session */
+  cph_buf head;        /* scratch of turnlog_keep: a row's bytes, the refs entry */
+  uint64_t *rows, *dist, *chash; /* scratch of turnlog_keep, per message and node (cap) */
+  int32_t *depth;
+  uint32_t *code;
+  size_t cap;
 } cph_turnlog;
 
 void turnlog_init(cph_turnlog *tl, cph_core_env *env);
+/* Forgets every warm state (the engine rebuilding its memory from the store). */
+void turnlog_clear(cph_turnlog *tl);
+void turnlog_free(cph_turnlog *tl);
 
 /* At lease, inside the lease's transaction t, after context assembly filled ti and tree (the
  * session's tree in render order, as t reads it): keeps ti's context as turn turn_id and trims
@@ -78,9 +97,12 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
 /* Tests only: while on, kept contexts are written as version-2 records (texts by hash, no
  * rows), so that a data dir holding both versions can be made and read. Process-wide. */
 void turnlog_test_write_v2(bool on);
+/* Tests only: the warm states' bound in bytes from the next lease on (0: none is kept, every
+ * lease rebuilds from the store; -1: TURNLOG_WARM_BYTES). Process-wide. */
+void turnlog_test_warm_bytes(long long bytes);
 
 /* Deletes every kept context of a session (session deletion). */
-int turnlog_delete_session(cph_txn *t, const char *session);
+int turnlog_delete_session(cph_turnlog *tl, cph_txn *t, const char *session);
 
 /* ---- reads (cephalon.h: cph_engine_kept_turns, _turn_context, _context_diff) */
 int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, size_t *n,

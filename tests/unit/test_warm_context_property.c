@@ -24,7 +24,17 @@
  * then, so trims meet both — and the two read back alike, messages, their nodes and the tree
  * field by field. When a case ends (restarts, evictions and trims behind it), every turn the
  * warm engine still keeps reads back as it did when it was leased, and the rows and texts held
- * are exactly those its kept turns name — none missing, none left behind. */
+ * are exactly those its kept turns name — none missing, none left behind.
+ *
+ * Keeping uses each session's warm state (core/turnwarm.h): the warm engine keeps them within
+ * a bound drawn per case (none, so every lease rebuilds from the store; about one session's,
+ * so they are evicted and rebuilt all the time; the default), the rebuilt engine none. Half
+ * the cases reload keep-turns now and then on both engines (0 included: the sessions' kept
+ * turns go at their next lease; a lower bound trims several at once). After every lease the
+ * session keeps at most keep-turns turns, and at every restart (warm states gone, not yet
+ * rebuilt) the rows and texts held are exactly those named. Now and then a session is deleted
+ * and created again under its id (its kept turns go with it). These draws come from a stream of
+ * their own, so the operations of a seed are what they were without them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +46,7 @@
 #include <string.h>
 
 #include "cephalon/cephalon.h"
+#include "cephalon/policy.h"
 #include "common/buf.h"
 #include "common/clock.h"
 #include "core/turnlog.h"
@@ -60,6 +71,7 @@ static const char *const TEXTS[] = {
     "first and who asked them, then the decisions, then everything else worth knowing",
     "restart the worker pool on host alpha",
     "restart the worker pool on host beta",
+    "restart the backup pool on host beta", /* the length of the one above, other bytes */
 };
 #define N_TEXTS (sizeof TEXTS / sizeof TEXTS[0])
 
@@ -77,6 +89,8 @@ typedef struct pair {
   char ids[MAX_SESSIONS][16];
   bool mixed;   /* the warm engine switches between record versions 2 and 3 */
   bool warm_v2; /* ... and writes version 2 now */
+  long long warm_bytes; /* the warm engine's bound on its kept contexts' warm states */
+  int warm_channels, keep; /* the policies' :sessions :warm-channels (warm engine), keep-turns */
   kept_read *reads;
   size_t n_reads, cap_reads;
 } pair;
@@ -178,12 +192,25 @@ static char *canonical(const cph_turn_info *t) {
 /* ---------------------------------------------------------------- both engines at once */
 
 /* Runs a copy of op on each engine; both must answer alike. Returns the warm one's rc. */
-static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
-  turnlog_test_write_v2(p->warm_v2);
-  int rw = cph_fixture_run(p->warm, warm_op);
-  turnlog_test_write_v2(true);
-  int rc = cph_fixture_run(p->cold, cold_op);
+/* Each engine runs with its knobs: the warm one writes version 3 (or 2 now and then) and keeps
+ * warm states within warm_bytes; the rebuilt one writes version 2 and keeps none (every lease
+ * reads the session's kept turns from the store). */
+static void knobs(const pair *p, bool warm) {
+  turnlog_test_write_v2(warm ? p->warm_v2 : true);
+  turnlog_test_warm_bytes(warm ? p->warm_bytes : 0);
+}
+
+static void knobs_off(void) {
   turnlog_test_write_v2(false);
+  turnlog_test_warm_bytes(-1);
+}
+
+static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
+  knobs(p, true);
+  int rw = cph_fixture_run(p->warm, warm_op);
+  knobs(p, false);
+  int rc = cph_fixture_run(p->cold, cold_op);
+  knobs_off();
   if (rw != rc)
     fail_msg("seed %llu: the engines answered differently: %d (%s) vs %d (%s)",
              (unsigned long long)p->seed, rw, warm_op->err.msg, rc, cold_op->err.msg);
@@ -191,11 +218,11 @@ static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
 }
 
 static void pass_both(pair *p) {
-  turnlog_test_write_v2(p->warm_v2);
+  knobs(p, true);
   cph_engine_run_pass(p->warm->e);
-  turnlog_test_write_v2(true);
+  knobs(p, false);
   cph_engine_run_pass(p->cold->e);
-  turnlog_test_write_v2(false);
+  knobs_off();
 }
 
 static void advance_both(pair *p, int64_t ns) {
@@ -203,33 +230,55 @@ static void advance_both(pair *p, int64_t ns) {
   cph_clock_advance(&p->cold->clock, ns);
 }
 
-static void create_sessions(pair *p, rng *r) {
+/* Creates session i on both engines (its subscriptions, window and tick drawn from r). */
+static void create_session(pair *p, rng *r, int i) {
   static const uint32_t windows[] = {256, 400, 1024, 8192};
+  char *subs[N_CHANNELS];
+  size_t n = 0;
+  for (int c = 0; c < N_CHANNELS; c++)
+    if (below(r, 2))
+      subs[n++] = (char *)CHANNELS[c];
+  uint32_t window = windows[below(r, 4)];
+  uint32_t tick = below(r, 4) == 0 ? 3 : 0;
+  cph_op ops[2] = {{0}};
+  for (int k = 0; k < 2; k++) {
+    ops[k].kind = CPH_OP_SESSION_CREATE;
+    ops[k].u.session.in.id = p->ids[i];
+    ops[k].u.session.in.lane = CPH_LANE_INTERACTIVE;
+    ops[k].u.session.in.subscribe.items = subs;
+    ops[k].u.session.in.subscribe.count = n;
+    ops[k].u.session.in.context_window_tokens = window;
+    ops[k].u.session.in.autonomy_interval_s = tick;
+  }
+  if (run_both(p, &ops[0], &ops[1]))
+    fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i], ops[0].err.msg);
+  cph_op_clear_results(&ops[0]);
+  cph_op_clear_results(&ops[1]);
+}
+
+static void create_sessions(pair *p, rng *r) {
   p->n_sessions = 1 + (int)below(r, MAX_SESSIONS);
   for (int i = 0; i < p->n_sessions; i++) {
     snprintf(p->ids[i], sizeof p->ids[i], "agent%d", i);
-    char *subs[N_CHANNELS];
-    size_t n = 0;
-    for (int c = 0; c < N_CHANNELS; c++)
-      if (below(r, 2))
-        subs[n++] = (char *)CHANNELS[c];
-    uint32_t window = windows[below(r, 4)];
-    uint32_t tick = below(r, 4) == 0 ? 3 : 0;
-    cph_op ops[2] = {{0}};
-    for (int k = 0; k < 2; k++) {
-      ops[k].kind = CPH_OP_SESSION_CREATE;
-      ops[k].u.session.in.id = p->ids[i];
-      ops[k].u.session.in.lane = CPH_LANE_INTERACTIVE;
-      ops[k].u.session.in.subscribe.items = subs;
-      ops[k].u.session.in.subscribe.count = n;
-      ops[k].u.session.in.context_window_tokens = window;
-      ops[k].u.session.in.autonomy_interval_s = tick;
-    }
-    if (run_both(p, &ops[0], &ops[1]))
-      fail_msg("seed %llu: create %s: %s", (unsigned long long)p->seed, p->ids[i], ops[0].err.msg);
-    cph_op_clear_results(&ops[0]);
-    cph_op_clear_results(&ops[1]);
+    create_session(p, r, i);
   }
+}
+
+/* Deletes a session on both engines (refused alike while it has a turn running) and creates
+ * it again under the same id: its kept turns go with it, and its warm state must not outlive
+ * them. */
+static void recreate_session(pair *p, rng *r) {
+  int i = (int)below(r, (uint32_t)p->n_sessions);
+  cph_op ops[2] = {{0}};
+  for (int k = 0; k < 2; k++) {
+    ops[k].kind = CPH_OP_SESSION_DELETE;
+    ops[k].u.session.in.id = p->ids[i];
+  }
+  int rc = run_both(p, &ops[0], &ops[1]);
+  cph_op_clear_results(&ops[0]);
+  cph_op_clear_results(&ops[1]);
+  if (rc == CPH_OK)
+    create_session(p, r, i);
 }
 
 static void post(pair *p, rng *r) {
@@ -268,14 +317,14 @@ static void post(pair *p, rng *r) {
 }
 
 static void insert_node(pair *p, rng *r) {
-  static const char *const AT[] = {"d-1, 1, 0", "d0, 1, 0", "d1, 1, 0", "d2, 0, 1"};
+  static const char *const AT[] = {"d-1, 1, 0", "d0, 1, 0", "d1, 1, 0", "d2, 0, 1", "d0, 1, 1"};
   static const char *const CONTENT[] = {"remember: the api deploy is frozen", "tone: short answers",
                                         "open question from alice"};
   cph_op ops[2] = {{0}};
   uint32_t ttl = below(r, 3) ? 1 + below(r, 4) : 0;
   uint32_t cadence = ttl && below(r, 2) ? 2 + below(r, 3) : 0;
   const char *session = p->ids[below(r, (uint32_t)p->n_sessions)];
-  const char *at = AT[below(r, 4)];
+  const char *at = AT[below(r, 5)];
   const char *content = CONTENT[below(r, 3)];
   for (int k = 0; k < 2; k++) {
     ops[k].kind = CPH_OP_CONTEXT_INSERT;
@@ -325,6 +374,37 @@ static char *kept_read_back(pair *p, cph_fixture *f, const char *session, uint64
   return s;
 }
 
+/* The node each kept message renders, worked out again from the kept tree as the contract
+ * says, with coordinates compared as text: the first unused live node (render order) with the
+ * message's coordinate and content — none of the cores on an inbox turn. The kept tree holds
+ * previews, so a node's content is taken as the message's when it is a whole prefix of it
+ * (the test's texts are shorter than a preview, bar one that no two nodes share). */
+static void check_message_nodes(pair *p, const cph_turn_info *t, const cph_turn_context *c) {
+  bool inbox = t->kind == CPH_KIND_INBOX && t->n_staged > 0;
+  bool *used = calloc(c->n_nodes + 1, sizeof *used);
+  assert_non_null(used);
+  for (size_t m = 0; m < c->n_messages; m++) {
+    const cph_message *msg = &c->messages[m];
+    uint64_t want = 0;
+    for (size_t i = 0; i < c->n_nodes && !want; i++) {
+      const cph_kept_node *n = &c->nodes[i];
+      size_t len = strlen(n->content);
+      bool core = n->role && n->role[0];
+      if (n->waiting || used[i] || (inbox && core) || strcmp(n->at, msg->coord) != 0 ||
+          strncmp(n->content, msg->content, len) != 0 ||
+          (msg->content[len] && len < 150))
+        continue;
+      used[i] = true;
+      want = n->id;
+    }
+    if (c->message_nodes[m] != want)
+      fail_msg("seed %llu: turn %llu message %zu (%s) kept as rendered by node %llu, not %llu",
+               (unsigned long long)p->seed, (unsigned long long)t->id, m, msg->coord,
+               (unsigned long long)c->message_nodes[m], (unsigned long long)want);
+  }
+  free(used);
+}
+
 /* The explorer reads the turn back with exactly the messages the lease gave; the warm engine's
  * kept turn (version 3, or 2 now and then) reads back as the rebuilt one's (version 2). */
 static void check_kept(pair *p, const cph_turn_info *t, const cph_turn_info *cold) {
@@ -360,7 +440,21 @@ static void check_kept(pair *p, const cph_turn_info *t, const cph_turn_info *col
       fail_msg("seed %llu: turn %llu message %zu kept as \"%s\", leased as \"%s\"",
                (unsigned long long)p->seed, (unsigned long long)t->id, m, c.messages[m].content,
                t->messages[m].content);
+  check_message_nodes(p, t, &c);
   cph_turn_context_free(&c);
+}
+
+/* The bound: after its lease, the session keeps at most keep-turns turns (none at 0). */
+static void check_bound(pair *p, const char *session, uint64_t turn) {
+  cph_kept_turn *kt;
+  size_t n;
+  cph_err err;
+  if (cph_engine_kept_turns(p->warm->e, session, &kt, &n, &err) != CPH_OK)
+    fail_msg("seed %llu: kept turns of %s: %s", (unsigned long long)p->seed, session, err.msg);
+  cph_kept_turns_free(kt, n);
+  if (n > (size_t)p->keep)
+    fail_msg("seed %llu: %s keeps %zu turns after turn %llu, keep-turns is %d",
+             (unsigned long long)p->seed, session, n, (unsigned long long)turn, p->keep);
 }
 
 /* ---- the texts held by hash: exactly what the refs name */
@@ -559,7 +653,9 @@ static bool turn(pair *p, rng *r) {
   }
   free(a);
   free(b);
-  check_kept(p, &l[0].u.lease.turn, &l[1].u.lease.turn);
+  if (p->keep > 0)
+    check_kept(p, &l[0].u.lease.turn, &l[1].u.lease.turn);
+  check_bound(p, l[0].u.lease.turn.session, l[0].u.lease.turn.id);
   uint32_t how = below(r, 10);
   char reply[96];
   snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session, TEXTS[below(r, N_TEXTS)]);
@@ -597,13 +693,41 @@ static bool turn(pair *p, rng *r) {
   return true;
 }
 
+static void check_texts(pair *p);
+static void check_rows(pair *p);
+
+/* A restart of both; while the warm engine is closed, the rows and texts it holds must be
+ * exactly those its kept turns name (with its warm states gone, and before they are rebuilt). */
 static void restart_both(pair *p) {
   cph_engine_close(p->warm->e);
   p->warm->e = NULL;
   cph_engine_close(p->cold->e);
   p->cold->e = NULL;
+  check_texts(p);
+  check_rows(p);
   cph_fixture_open(p->warm);
   cph_fixture_open(p->cold);
+}
+
+static const char *policy(char *buf, size_t size, int warm_channels, int keep_turns);
+
+/* A policy reload on both engines: keep-turns becomes keep (0 deletes what the sessions kept at
+ * their next lease, a lower bound trims several turns at once). */
+static void reload_keep(pair *p, int keep) {
+  cph_fixture *f[2] = {p->warm, p->cold};
+  for (int k = 0; k < 2; k++) {
+    char text[512];
+    policy(text, sizeof text, k ? 0 : p->warm_channels, keep);
+    cph_policy *pol;
+    cph_err err;
+    if (cph_policy_load_text("reload.edn", text, strlen(text), &pol, &err) != CPH_OK ||
+        cph_engine_reload(f[k]->e, pol, &err) != CPH_OK)
+      fail_msg("seed %llu: reload: %s", (unsigned long long)p->seed, err.msg);
+    free(f[k]->policy); /* restarts read it */
+    f[k]->policy = strdup(text);
+    assert_non_null(f[k]->policy);
+  }
+  p->keep = keep;
 }
 
 static const char *policy(char *buf, size_t size, int warm_channels, int keep_turns) {
@@ -628,12 +752,26 @@ static void run_case(uint64_t seed) {
   pair p = {0};
   p.seed = seed;
   static const int keep_choices[] = {1, 2, 3, 8};
-  int keep = keep_choices[below(&r, 4)];
-  p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, warm_choices[below(&r, 4)], keep));
-  p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0, keep));
+  p.keep = keep_choices[below(&r, 4)];
+  p.warm_channels = warm_choices[below(&r, 4)];
+  p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, p.warm_channels, p.keep));
+  p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0, p.keep));
   create_sessions(&p, &r);
   p.mixed = below(&r, 2) == 0;
+  /* The kept contexts' warm states and keep-turns changes draw from their own stream, so the
+   * operations above are the cases they were before. Bounds: none kept (every lease rebuilds),
+   * about one session's (evicted all the time), the default. */
+  rng kr = {seed ^ 0x5eed0fca11ab1eull};
+  static const long long warm_bytes[] = {0, 24 << 10, 96 << 10, -1};
+  p.warm_bytes = warm_bytes[below(&kr, 4)];
+  bool keep_changes = below(&kr, 2) == 0;
   for (int step = 0; step < STEPS; step++) {
+    if (keep_changes && below(&kr, 12) == 0) {
+      static const int reload_choices[] = {0, 1, 2, 3, 5, 8};
+      reload_keep(&p, reload_choices[below(&kr, 6)]);
+    }
+    if (below(&kr, 25) == 0)
+      recreate_session(&p, &kr);
     if (p.mixed && below(&r, 8) == 0)
       p.warm_v2 = !p.warm_v2;
     uint32_t what = below(&r, 20);
