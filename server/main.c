@@ -520,7 +520,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (cph_offload_start(&s, (int)cph_engine_policy(s.engine)->server.request_threads,
-                            &s.offload)) {
+                        "request thread", &s.offload)) {
     cph_error("cannot start the request threads");
     goto out;
   }

@@ -96,7 +96,9 @@ static void *prep_main(void *arg) {
 
 /* Ends a job on the loop. */
 static void finish(ijob *j) {
-  if (!j->worked)
+  if (!j->worked && j->fns.cancel)
+    j->fns.cancel(j->r, j->arg);
+  else if (!j->worked)
     j->fns.work(j->r, j->arg, NULL);
   cph_offload_fns fns = j->fns;
   cph_req *r = j->r;
@@ -137,7 +139,7 @@ bool cph_offload_take(cph_offload_pool *pool, cph_req *r, const cph_offload_fns 
   return true;
 }
 
-int cph_offload_start(cph_srv *s, int n, cph_offload_pool **out) {
+int cph_offload_start(cph_srv *s, int n, const char *who, cph_offload_pool **out) {
   struct cph_offload_pool *pool = calloc(1, sizeof *pool);
   *out = pool;
   if (!pool)
@@ -145,7 +147,7 @@ int cph_offload_start(cph_srv *s, int n, cph_offload_pool **out) {
   pool->srv = s;
   pthread_mutex_init(&pool->mu, NULL);
   pthread_cond_init(&pool->cv, NULL);
-  int rc = cph_wake_init(&pool->wake, s->base, on_wake, pool, "request thread");
+  int rc = cph_wake_init(&pool->wake, s->base, on_wake, pool, who);
   if (rc)
     return rc;
   if (n <= 0)

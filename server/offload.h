@@ -21,14 +21,19 @@ typedef struct cph_offload_pool cph_offload_pool;
 typedef struct cph_offload_fns {
   void (*work)(cph_req *r, void *arg, cph_event_hasher *h);
   void (*done)(cph_req *r, void *arg);
+  /* Optional: at stop, for a job no thread took, instead of running work on the loop (work
+   * that may block, such as a provider call, must not hold up the stop). */
+  void (*cancel)(cph_req *r, void *arg);
 } cph_offload_fns;
 
-/* Starts n threads (0: none, cph_offload_take takes nothing) after the loop exists.
+/* Starts a pool of n threads (0: none, cph_offload_take takes nothing) after the loop exists;
+ * `who` names them in errors. Each pool has its own queue (QUEUE_MAX jobs) and threads.
  * CPH_OK or an error; *out is set either way (nothing to undo but _stop). */
-int cph_offload_start(cph_srv *s, int n, cph_offload_pool **out);
+int cph_offload_start(cph_srv *s, int n, const char *who, cph_offload_pool **out);
 /* Joins the threads, then ends every job it still holds on the loop — done(r, arg) for a job
- * worked, work(r, arg, NULL) and done(r, arg) for one not yet worked — so a request the server
- * read is applied and answered as it would have been; frees pool. NULL is fine. */
+ * worked; for one not yet worked cancel(r, arg), or work(r, arg, NULL) without one, then
+ * done(r, arg) — so a request the server read is applied and answered as it would have been;
+ * frees pool. NULL is fine. */
 void cph_offload_stop(cph_offload_pool *pool);
 /* Queues r's job. False when it does not take it — no threads, queue full, stopping, out of
  * memory: the caller then does the work itself. Before an op was submitted for r, it marks

@@ -113,7 +113,7 @@ static void ingest_done(cph_req *r) {
                       ? cph_req_alloc(r, sizeof *body)
                       : NULL;
   if (body) {
-    static const cph_offload_fns fns = {results_work, results_send};
+    static const cph_offload_fns fns = {results_work, results_send, NULL};
     *body = (cph_buf)CPH_BUF_INIT;
     r->answering = true;
     if (cph_offload_take(r->srv->offload, r, &fns, body))
@@ -261,7 +261,7 @@ static bool offload(cph_req *r, const char *data, size_t len, cph_event_in *in, 
                     data == NULL,
                     in,
                     n};
-  static const cph_offload_fns fns = {events_work, events_done};
+  static const cph_offload_fns fns = {events_work, events_done, NULL};
   return cph_offload_take(r->srv->offload, r, &fns, j);
 }
 

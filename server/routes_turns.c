@@ -470,7 +470,7 @@ static bool lease_offload(cph_req *r) {
   if (!j)
     return false; /* the loop writes the answer */
   *j = (lease_job){r->srv->lease_bytes_hint, CPH_BUF_INIT};
-  static const cph_offload_fns fns = {lease_job_work, lease_job_done};
+  static const cph_offload_fns fns = {lease_job_work, lease_job_done, NULL};
   r->answering = true;
   if (cph_offload_take(r->srv->offload, r, &fns, j))
     return true;

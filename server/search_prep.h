@@ -14,9 +14,9 @@ typedef struct cph_search_pool cph_search_pool;
 /* Starts n threads after the loop exists; they use s's engine, clock and loop. CPH_OK or an
  * error; *out is set either way (nothing to undo but _stop). */
 int cph_search_prep_start(cph_srv *s, int n, cph_search_pool **out);
-/* Joins the threads (a call in flight ends within its provider's :timeout-ms), drops
- * searches not yet submitted (their requests are freed with the others at shutdown) and
- * frees pool; NULL is fine. */
+/* Joins the threads (a call in flight ends within its provider's :timeout-ms), submits the
+ * searches they prepared and, degraded (lexical), those they did not take, so the last passes
+ * answer them; frees pool. NULL is fine. */
 void cph_search_prep_stop(cph_search_pool *pool);
 /* Takes r's search (r->op.u.search.session, query and k set; scopes moved from *scopes):
  * a thread runs cph_search_prepare, then the loop submits r's op with the results and

@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,4 +110,23 @@ size_t cph_fixture_store_each(const char *dir, int db,
   cph_txn_abort(&t);
   cph_store_close(st);
   return n;
+}
+
+void cph_fixture_search_lines(cph_fixture *f, const char *session, const char *query, char *out,
+                              size_t cap) {
+  cph_op op = {0};
+  op.kind = CPH_OP_MEMORY_SEARCH;
+  op.u.search.session = (char *)session;
+  op.u.search.query = (char *)query;
+  op.u.search.k = 50;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  size_t len = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < op.u.search.n_hits; i++) {
+    len += (size_t)snprintf(out + len, cap - len, "%llu %s %s\n",
+                            (unsigned long long)op.u.search.hits[i].id, op.u.search.hits[i].kind,
+                            op.u.search.hits[i].text);
+    assert_true(len < cap);
+  }
+  cph_op_clear_results(&op);
 }

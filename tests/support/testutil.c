@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <ftw.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,4 +81,18 @@ char *cph_test_source_path(const char *rel) {
   if (asprintf(&path, "%s/%s", root && *root ? root : ".", rel) < 0)
     abort();
   return path;
+}
+
+void cph_test_copy_file(const char *from, const char *to) {
+  size_t len;
+  char *data = cph_test_read_file(from, &len);
+  FILE *out = data ? fopen(to, "wb") : NULL;
+  bool ok = out && fwrite(data, 1, len, out) == len;
+  if (out && fclose(out) != 0)
+    ok = false;
+  free(data);
+  if (!ok) {
+    fprintf(stderr, "copying %s to %s failed: %s\n", from, to, strerror(errno));
+    abort();
+  }
 }

@@ -161,25 +161,6 @@ static uint32_t queued(cph_fixture *f, const char *session) {
   return n;
 }
 
-/* The memories a search of session's scopes finds for query, as text: one line per hit. */
-static void search(cph_fixture *f, const char *session, const char *query, char *out,
-                   size_t cap) {
-  cph_op op = {0};
-  op.kind = CPH_OP_MEMORY_SEARCH;
-  op.u.search.session = (char *)session;
-  op.u.search.query = (char *)query;
-  op.u.search.k = 50;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
-  size_t len = 0;
-  out[0] = '\0';
-  for (size_t i = 0; i < op.u.search.n_hits; i++) {
-    len += (size_t)snprintf(out + len, cap - len, "%llu %s %s\n",
-                            (unsigned long long)op.u.search.hits[i].id, op.u.search.hits[i].kind,
-                            op.u.search.hits[i].text);
-    assert_true(len < cap);
-  }
-  cph_op_clear_results(&op);
-}
 
 /* ---------------------------------------------------------------- schema 3, as it was */
 
@@ -335,17 +316,6 @@ static size_t write_schema3(const char *dir) {
   return rewritten;
 }
 
-static void copy_file(const char *from, const char *to) {
-  size_t len;
-  char *data = cph_test_read_file(from, &len);
-  assert_non_null(data);
-  FILE *out = fopen(to, "wb");
-  assert_non_null(out);
-  assert_int_equal(fwrite(data, 1, len, out), len);
-  assert_int_equal(fclose(out), 0);
-  free(data);
-}
-
 /* ---------------------------------------------------------------- the tests */
 
 static void test_folded_entries_stay_folded_across_a_restart(void **state) {
@@ -385,7 +355,7 @@ static void test_a_schema3_data_dir_opens_and_serves_the_same(void **state) {
   char from[4200], to[4200];
   snprintf(from, sizeof from, "%s/data.mdb", a->dir);
   snprintf(to, sizeof to, "%s/data.mdb", b->dir);
-  copy_file(from, to);
+  cph_test_copy_file(from, to);
   size_t folded = write_schema3(b->dir);
   print_message("schema 3: %zu folded records\n", folded);
   assert_true(folded >= 14); /* 20 events, 4 queued and 1 overflow entry each: most folded */
@@ -407,8 +377,8 @@ static void test_a_schema3_data_dir_opens_and_serves_the_same(void **state) {
   for (int s = 0; s < N_SESSIONS; s++)
     assert_int_equal(queued(a, SESSIONS[s]), queued(b, SESSIONS[s]));
   static char found_a[1 << 14], found_b[1 << 14];
-  search(a, "bob", "message", found_a, sizeof found_a);
-  search(b, "bob", "message", found_b, sizeof found_b);
+  cph_fixture_search_lines(a, "bob", "message", found_a, sizeof found_a);
+  cph_fixture_search_lines(b, "bob", "message", found_b, sizeof found_b);
   assert_string_equal(found_a, found_b); /* the same memories, read through either index */
   assert_non_null(strstr(found_b, "message 17 on general"));
   static uint32_t carried_a[N_SESSIONS][MAX_EVENTS], carried_b[N_SESSIONS][MAX_EVENTS];

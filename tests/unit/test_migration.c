@@ -324,17 +324,6 @@ static void digest_all(const char *dir, digest out[CPH_DB_COUNT]) {
   }
 }
 
-static void copy_file(const char *from, const char *to) {
-  size_t len;
-  char *data = cph_test_read_file(from, &len);
-  assert_non_null(data);
-  FILE *out = fopen(to, "wb");
-  assert_non_null(out);
-  assert_int_equal(fwrite(data, 1, len, out), len);
-  assert_int_equal(fclose(out), 0);
-  free(data);
-}
-
 /* ---------------------------------------------------------------- the test */
 
 static void test_a_schema2_data_dir_opens_and_serves_the_same(void **state) {
@@ -355,7 +344,7 @@ static void test_a_schema2_data_dir_opens_and_serves_the_same(void **state) {
   char from[4200], to[4200];
   snprintf(from, sizeof from, "%s/data.mdb", a->dir);
   snprintf(to, sizeof to, "%s/data.mdb", b->dir);
-  copy_file(from, to);
+  cph_test_copy_file(from, to);
   assert_int_equal(cph_test_write_schema2(b->dir), 2); /* ann-bot's and bob-bot's trees */
   cph_store_options so = {b->dir, (size_t)64 << 20, CPH_SYNC_NONE};
   cph_store *st = NULL;

@@ -63,36 +63,6 @@ static uint64_t family_of(cph_fixture *f, uint64_t id) {
   return fam;
 }
 
-/* What a search of s1's scopes finds, one line per hit. */
-static void search(cph_fixture *f, const char *query, char *out, size_t cap) {
-  cph_op op = {0};
-  op.kind = CPH_OP_MEMORY_SEARCH;
-  op.u.search.session = "s1";
-  op.u.search.query = (char *)query;
-  op.u.search.k = 50;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
-  size_t len = 0;
-  out[0] = '\0';
-  for (size_t i = 0; i < op.u.search.n_hits; i++) {
-    len += (size_t)snprintf(out + len, cap - len, "%llu %s %s\n",
-                            (unsigned long long)op.u.search.hits[i].id, op.u.search.hits[i].kind,
-                            op.u.search.hits[i].text);
-    assert_true(len < cap);
-  }
-  cph_op_clear_results(&op);
-}
-
-static void copy_file(const char *from, const char *to) {
-  size_t len;
-  char *data = cph_test_read_file(from, &len);
-  assert_non_null(data);
-  FILE *out = fopen(to, "wb");
-  assert_non_null(out);
-  assert_int_equal(fwrite(data, 1, len, out), len);
-  assert_int_equal(fclose(out), 0);
-  free(data);
-}
-
 /* Writes dir back as schema 4 held it: one embed-queue row per id, one exact-dedupe entry per
  * copy under its time, schema version 4. Returns how many embed-queue ranges it split. */
 static size_t write_schema4(const char *dir) {
@@ -133,7 +103,7 @@ static void test_a_schema4_data_dir_opens_and_answers_the_same(void **state) {
   char from[4200], to[4200];
   snprintf(from, sizeof from, "%s/data.mdb", a->dir);
   snprintf(to, sizeof to, "%s/data.mdb", b->dir);
-  copy_file(from, to);
+  cph_test_copy_file(from, to);
   assert_true(write_schema4(b->dir) >= 2); /* each request queued a range */
   cph_store_options so = {b->dir, (size_t)64 << 20, CPH_SYNC_NONE};
   cph_store *st = NULL;
@@ -147,12 +117,12 @@ static void test_a_schema4_data_dir_opens_and_answers_the_same(void **state) {
   assert_int_equal(backlog(a), queued);
   assert_int_equal(backlog(b), queued);
   static char found_a[1 << 14], found_b[1 << 14];
-  search(a, "kumquat", found_a, sizeof found_a);
-  search(b, "kumquat", found_b, sizeof found_b);
+  cph_fixture_search_lines(a, "s1", "kumquat", found_a, sizeof found_a);
+  cph_fixture_search_lines(b, "s1", "kumquat", found_b, sizeof found_b);
   assert_string_equal(found_a, found_b);
   assert_non_null(strstr(found_b, "kumquat finished in round 1"));
-  search(a, "deploy service", found_a, sizeof found_a);
-  search(b, "deploy service", found_b, sizeof found_b);
+  cph_fixture_search_lines(a, "s1", "deploy service", found_a, sizeof found_a);
+  cph_fixture_search_lines(b, "s1", "deploy service", found_b, sizeof found_b);
   assert_string_equal(found_a, found_b);
 
   /* a third round: the repeats of round 0 are found in both, with the same families */
