@@ -614,6 +614,7 @@ typedef struct ingest_req {
   delivery_log dl;
   ingest_after *after; /* per event */
   uint64_t embed_queue_before;
+  int64_t now_ms; /* the request's time on the wall clock, read once: its events' received_ms */
 } ingest_req;
 
 /* The channel an event goes to: its own, or its session's direct channel "direct:<session>"
@@ -777,7 +778,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   }
 
   uint64_t event_id = 0;
-  int64_t now_ms = cph_wall_ms();
+  int64_t now_ms = rq->now_ms;
   cph_txn_next_id(t, "event", &event_id);
   int rc = dedupe_write(ig->dedupe, t, channel_name, in->body, event_id, dd_now, &v);
   if (rc && !t->ret) { /* out of memory building the family */
@@ -939,8 +940,9 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
     cph_err_set(&err, rc, "%s", rq.t.err.msg);
   if (rc == CPH_OK) {
     rq.embed_queue_before = memory_embed_queue(ig->memory);
+    rq.now_ms = cph_wall_ms();
     dedupe_savepoint(ig->dedupe, n);
-    memory_batch_begin(ig->memory);
+    memory_batch_begin(ig->memory, rq.now_ms);
     size_t room = 0; /* bytes left before the reserve at the last look, less the estimates */
     for (size_t i = 0; i < n && rc == CPH_OK; i++) {
       const char *body = op->u.ingest.events[i].body;

@@ -149,7 +149,8 @@ static int held_add(cph_memory *m, const char *scope, bool raw, uint64_t id, uin
   return CPH_OK;
 }
 
-void memory_batch_begin(cph_memory *m) {
+void memory_batch_begin(cph_memory *m, int64_t now_ms) {
+  m->batch_ms = now_ms;
   m->n_held = m->scopes_len = 0;
   m->embed_first = m->embed_last = 0;
   m->batching = true;
@@ -344,7 +345,7 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
   m.kind = kind;
   m.text = (char *)text;
   m.tokens_est = tokens_estimate(text);
-  m.created_ms = cph_wall_ms();
+  m.created_ms = mem->batching ? mem->batch_ms : cph_wall_ms();
   m.embed_status = embed ? CPH_EMBED_PENDING : CPH_EMBED_NONE;
   m.source_event_id = source_event_id;
   cph_key k;

@@ -28,6 +28,7 @@ typedef struct cph_memory {
   /* Between memory_batch_begin and memory_batch_flush/forget (one ingest request): the scope
    * index entries minted, written as one row per scope and class at the flush. */
   bool batching;
+  int64_t batch_ms; /* the batch's request time: its memories' created_ms (one clock read) */
   uint64_t embed_first, embed_last; /* the embed-queue range held (0, 0: none) */
   memory_held *held;
   size_t n_held, cap_held;
@@ -84,8 +85,8 @@ static inline void memory_scope_prefix(cph_key *k, const char *scope, bool raw) 
  * scope and class), and its embed-queue entries as ranges of consecutive ids (one row per
  * range); memory_batch_forget drops them (the request failed). Nothing may read the scope
  * index or the embed queue in between. Out of memory while holding: index entries are written
- * at once. */
-void memory_batch_begin(cph_memory *m);
+ * at once. The batch's memories are created at now_ms (the request's time, one clock read). */
+void memory_batch_begin(cph_memory *m, int64_t now_ms);
 int memory_batch_flush(cph_memory *m, cph_txn *t);
 void memory_batch_forget(cph_memory *m);
 void memory_free(cph_memory *m);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "core/memory.h"
 #include "store/store.h"
 #include "tests/support/testutil.h"
@@ -50,7 +51,7 @@ static void mint(fixture *f, size_t n, const bool *embed, bool batched) {
   cph_txn t;
   assert_int_equal(cph_txn_begin(f->st, true, &t), CPH_OK);
   if (batched)
-    memory_batch_begin(&f->mem);
+    memory_batch_begin(&f->mem, cph_wall_ms());
   for (size_t i = 0; i < n; i++)
     assert_int_equal(
         memory_mint(&f->mem, &t, "#general", CPH_MEMORY_RAW, "text", 0, embed[i], NULL), CPH_OK);
