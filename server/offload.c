@@ -8,7 +8,8 @@
  *     each event, the text hashes of content dedupe (cph_event_prepare) — about a sixth of the
  *     request's cost; done submits the op (or falls back to the generic decoder);
  *   - a lease answer (routes_turns.c): writing the turn's JSON — a tenth of a cycle; done
- *     sends it.
+ *     sends it;
+ *   - in a pool of its own (search_prep.c), a memory search's embedder and index calls.
  * While a job is out, nothing on the loop touches its request (libevent keeps a request whose
  * client left until it is answered, so its body stays readable), and what the work reads is
  * the request's own (its arena, its op's inputs or results). Nothing is answered earlier than

@@ -142,7 +142,6 @@ static void *req_alloc(void *r, size_t n) { return cph_req_alloc(r, n); }
 static bool fast_events(cph_req *r, const char *data, size_t len, size_t max_str,
                         int64_t max_events, cph_event_in **events, size_t *n_events) {
   cph_evjson f = {req_alloc, r, data, data + len, max_str};
-  int64_t max = max_events;
   static const char EVENTS_KEY[] = "\"events\"";
   if (!cph_evjson_lit(&f, '{'))
     return false;
@@ -156,7 +155,7 @@ static bool fast_events(cph_req *r, const char *data, size_t len, size_t max_str
   cph_event_in *in = NULL;
   size_t n = 0, cap = 0;
   do {
-    if ((int64_t)n >= max)
+    if ((int64_t)n >= max_events)
       return false; /* 413, from the generic path */
     if (n == cap) {
       cap = cap ? 2 * cap : 64;

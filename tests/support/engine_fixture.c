@@ -89,15 +89,41 @@ int cph_fixture_run(cph_fixture *f, cph_op *op) {
   return op->rc;
 }
 
+/* The map a test opens a store with: room for any test's data. */
+#define TEST_STORE_MAP ((size_t)256 << 20)
+
+cph_store *cph_fixture_store_open(const char *dir) {
+  cph_store_options o = {dir, TEST_STORE_MAP, CPH_SYNC_NONE};
+  cph_store *st = NULL;
+  cph_err err = {0};
+  if (cph_store_open(&o, &st, &err))
+    fail_msg("store %s: %s", dir, err.msg);
+  return st;
+}
+
+void cph_fixture_copy_store(const cph_fixture *from, const cph_fixture *to) {
+  char a[4200], b[4200];
+  snprintf(a, sizeof a, "%s/data.mdb", from->dir);
+  snprintf(b, sizeof b, "%s/data.mdb", to->dir);
+  cph_test_copy_file(a, b);
+}
+
+void cph_fixture_expect_schema(const char *dir, int version) {
+  cph_store_options o = {dir, TEST_STORE_MAP, CPH_SYNC_NONE};
+  cph_store *st = NULL;
+  cph_err err = {0};
+  char want[64];
+  snprintf(want, sizeof want, "has storage schema version %d", version);
+  assert_int_equal(cph_store_open(&o, &st, &err), CPH_ESCHEMA);
+  if (!strstr(err.msg, want))
+    fail_msg("opening %s: \"%s\", want it to say \"%s\"", dir, err.msg, want);
+}
+
 size_t cph_fixture_store_each(const char *dir, int db,
                               bool (*fn)(void *ctx, const void *key, size_t key_len,
                                          const void *val, size_t val_len),
                               void *ctx) {
-  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
-  cph_store *st;
-  cph_err err;
-  if (cph_store_open(&o, &st, &err))
-    fail_msg("store %s: %s", dir, err.msg);
+  cph_store *st = cph_fixture_store_open(dir);
   cph_txn t;
   assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
   cph_cursor c;

@@ -43,6 +43,16 @@ void cph_fixture_search_lines(cph_fixture *f, const char *session, const char *q
 /* An op `done` callback that counts calls in *(int *)ctx. */
 void cph_fixture_count_done(cph_op *op, void *ctx);
 
+/* Opens the store in dir (its engine closed) for a test to read or write directly; fails the
+ * running test when it will not open. cph_store_close it. */
+struct cph_store *cph_fixture_store_open(const char *dir);
+/* Copies from's LMDB data file over to's, both engines closed (to's directory is then a copy
+ * of from's, for a test to rewrite in an older layout). */
+void cph_fixture_copy_store(const cph_fixture *from, const cph_fixture *to);
+/* Checks that a plain store open refuses dir, which holds schema `version` (only the engine
+ * migrates), naming that version; fails the running test otherwise. */
+void cph_fixture_expect_schema(const char *dir, int version);
+
 /* Opens the store in dir (the engine closed) and calls fn for every entry of db, in key order;
  * returns how many calls answered true. Fails the running test when the store will not open. */
 size_t cph_fixture_store_each(const char *dir, int db,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/trees.h"
+#include "engine_fixture.h"
 #include "store/store.h"
 #include "trees_check.h"
 
@@ -104,11 +105,7 @@ bool cph_test_trees_equal(const cph_pact_tree *want, const cph_pact_tree *got, b
 }
 
 size_t cph_test_write_schema2(const char *dir) {
-  cph_store_options o = {dir, (size_t)256 << 20, CPH_SYNC_NONE};
-  cph_store *st;
-  cph_err err = {0};
-  if (cph_store_open(&o, &st, &err))
-    fail_msg("store %s: %s", dir, err.msg);
+  cph_store *st = cph_fixture_store_open(dir);
   cph_txn t;
   assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
   /* the sessions with a tree: the header keys (no seq after the session's NUL) */

@@ -251,11 +251,7 @@ static size_t split_scope_rows(cph_txn *t) {
  * go, each member row holds one event, each scope-index row one memory, the schema version is
  * 3. Returns how many records were rewritten. */
 static size_t write_schema3(const char *dir) {
-  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
-  cph_store *st;
-  cph_err err = {0};
-  if (cph_store_open(&o, &st, &err))
-    fail_msg("store %s: %s", dir, err.msg);
+  cph_store *st = cph_fixture_store_open(dir);
   cph_txn t;
   assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
   size_t rewritten = 0;
@@ -352,25 +348,17 @@ static void test_a_schema3_data_dir_opens_and_serves_the_same(void **state) {
   cph_fixture *b = cph_fixture_new("folded-migrate-b", POLICY);
   cph_engine_close(b->e);
   b->e = NULL;
-  char from[4200], to[4200];
-  snprintf(from, sizeof from, "%s/data.mdb", a->dir);
-  snprintf(to, sizeof to, "%s/data.mdb", b->dir);
-  cph_test_copy_file(from, to);
+  cph_fixture_copy_store(a, b);
   size_t folded = write_schema3(b->dir);
   print_message("schema 3: %zu folded records\n", folded);
   assert_true(folded >= 14); /* 20 events, 4 queued and 1 overflow entry each: most folded */
-  cph_store_options so = {b->dir, (size_t)64 << 20, CPH_SYNC_NONE};
-  cph_store *st = NULL;
-  cph_err err = {0};
-  assert_int_equal(cph_store_open(&so, &st, &err), CPH_ESCHEMA); /* only the engine migrates */
-  assert_non_null(strstr(err.msg, "has storage schema version 3"));
+  cph_fixture_expect_schema(b->dir, 3); /* only the engine migrates */
 
   b->clock = a->clock;
   cph_fixture_open(b); /* migrates */
   cph_engine_close(b->e);
   b->e = NULL;
-  assert_int_equal(cph_store_open(&so, &st, &err), CPH_OK); /* this build's schema now */
-  cph_store_close(st);
+  cph_store_close(cph_fixture_store_open(b->dir)); /* this build's schema now */
 
   cph_fixture_open(a);
   cph_fixture_open(b);

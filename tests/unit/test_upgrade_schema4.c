@@ -66,11 +66,7 @@ static uint64_t family_of(cph_fixture *f, uint64_t id) {
 /* Writes dir back as schema 4 held it: one embed-queue row per id, one exact-dedupe entry per
  * copy under its time, schema version 4. Returns how many embed-queue ranges it split. */
 static size_t write_schema4(const char *dir) {
-  cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
-  cph_store *st;
-  cph_err err = {0};
-  if (cph_store_open(&o, &st, &err))
-    fail_msg("store %s: %s", dir, err.msg);
+  cph_store *st = cph_fixture_store_open(dir);
   cph_txn t;
   assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
   size_t split = cph_test_embed_rows_of_one(&t);
@@ -100,16 +96,9 @@ static void test_a_schema4_data_dir_opens_and_answers_the_same(void **state) {
   cph_fixture *b = cph_fixture_new("schema4-b", POLICY);
   cph_engine_close(b->e);
   b->e = NULL;
-  char from[4200], to[4200];
-  snprintf(from, sizeof from, "%s/data.mdb", a->dir);
-  snprintf(to, sizeof to, "%s/data.mdb", b->dir);
-  cph_test_copy_file(from, to);
+  cph_fixture_copy_store(a, b);
   assert_true(write_schema4(b->dir) >= 2); /* each request queued a range */
-  cph_store_options so = {b->dir, (size_t)64 << 20, CPH_SYNC_NONE};
-  cph_store *st = NULL;
-  cph_err err = {0};
-  assert_int_equal(cph_store_open(&so, &st, &err), CPH_ESCHEMA); /* only the engine migrates */
-  assert_non_null(strstr(err.msg, "has storage schema version 4"));
+  cph_fixture_expect_schema(b->dir, 4); /* only the engine migrates */
 
   b->clock = a->clock;
   cph_fixture_open(a);
