@@ -761,7 +761,7 @@ static const char *memory_kind_name(uint8_t k) {
 }
 
 typedef struct mcand {
-  cph_memory_rec m;
+  const cph_memory_rec *m; /* borrowed (memory_borrow): valid through this turn's assembly */
   uint64_t cost;
   bool take;
 } mcand;
@@ -772,7 +772,7 @@ typedef struct mlist {
   uint64_t cost; /* sum */
 } mlist;
 
-static int mlist_push(mlist *l, cph_memory_rec *m) {
+static int mlist_push(mlist *l, const cph_memory_rec *m) {
   if (l->n == l->cap) {
     size_t cap = l->cap ? l->cap * 2 : 16;
     mcand *p = realloc(l->v, cap * sizeof *p);
@@ -782,9 +782,8 @@ static int mlist_push(mlist *l, cph_memory_rec *m) {
     l->cap = cap;
   }
   mcand *mc = &l->v[l->n++];
-  mc->m = *m;
-  memset(m, 0, sizeof *m); /* moved */
-  mc->cost = tok(mc->m.text) + ITEM_OVERHEAD;
+  mc->m = m;
+  mc->cost = tok(m->text) + ITEM_OVERHEAD;
   mc->take = false;
   l->cost += mc->cost;
   return CPH_OK;
@@ -792,21 +791,19 @@ static int mlist_push(mlist *l, cph_memory_rec *m) {
 
 static bool mlist_has(const mlist *l, uint64_t id) {
   for (size_t i = 0; i < l->n; i++)
-    if (l->v[i].m.id == id)
+    if (l->v[i].m->id == id)
       return true;
   return false;
 }
 
 static void mlist_free(mlist *l) {
-  for (size_t i = 0; i < l->n; i++)
-    cph_record_free(&cph_memory_desc, &l->v[i].m);
-  free(l->v);
+  free(l->v); /* the records are borrowed */
   memset(l, 0, sizeof *l);
 }
 
 static int mcand_newest_first(const void *a, const void *b) {
   const mcand *x = a, *y = b;
-  return x->m.id > y->m.id ? -1 : x->m.id < y->m.id;
+  return x->m->id > y->m->id ? -1 : x->m->id < y->m->id;
 }
 
 /* The scopes the section reads: the session's own, and its channels' ("#channel"). */
@@ -844,18 +841,16 @@ static bool memory_gone(const cph_memory_rec *m) {
   return m->deleted || m->embed_status == CPH_EMBED_DELETED;
 }
 
-/* The live memory standing in for a deleted one: its replaced_by chain followed. CPH_ENOTFOUND
- * when the chain ends without one. */
-static int stand_in(ctx *c, uint64_t id, cph_memory_rec *out) {
+/* The live memory standing in for a deleted one: its replaced_by chain followed (borrowed).
+ * CPH_ENOTFOUND when the chain ends without one. */
+static int stand_in(ctx *c, uint64_t id, const cph_memory_rec **out) {
   for (int hops = 0; id && hops < REPLACED_HOPS_MAX; hops++) {
-    cph_key mk = cph_key_of_u64(id);
-    int rc = cph_txn_get_record(c->t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, out);
+    int rc = memory_borrow(c->cx->memory, c->t, id, out, "recent_memory");
     if (rc)
       return rc;
-    if (!memory_gone(out))
+    if (!memory_gone(*out))
       return CPH_OK;
-    id = out->replaced_by;
-    cph_record_free(&cph_memory_desc, out);
+    id = (*out)->replaced_by;
   }
   return CPH_ENOTFOUND;
 }
@@ -909,22 +904,21 @@ static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t
        scanned++) {
     if (raw && source && idset_has(&c->shown_events, source))
       continue; /* its event is in the turn already: not read at all */
-    cph_memory_rec m;
-    int grc = memory_read(c->t, id, &m, "recent_memory");
+    const cph_memory_rec *m;
+    int grc = memory_borrow(c->cx->memory, c->t, id, &m, "recent_memory");
     if (grc == CPH_ENOTFOUND) /* undecodable (warned), or in the scope index but not stored */
       continue;
     if (grc) {
       rc = grc;
       break;
     }
-    if (memory_gone(&m)) { /* never shown; its summary stands in for it */
-      if (m.replaced_by && idset_add(replaced, m.replaced_by))
+    if (memory_gone(m)) { /* never shown; its summary stands in for it */
+      if (m->replaced_by && idset_add(replaced, m->replaced_by))
         rc = CPH_ENOMEM;
-    } else if (!(m.kind == CPH_MEMORY_RAW && m.source_event_id &&
-                 idset_has(&c->shown_events, m.source_event_id))) { /* not shown already */
-      rc = mlist_push(to, &m);
+    } else if (!(m->kind == CPH_MEMORY_RAW && m->source_event_id &&
+                 idset_has(&c->shown_events, m->source_event_id))) { /* not shown already */
+      rc = mlist_push(to, m);
     }
-    cph_record_free(&cph_memory_desc, &m);
   }
   for (size_t i = 0; i < n_walks; i++)
     memory_scope_close(&walks[i]);
@@ -945,7 +939,7 @@ static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_bu
   for (size_t i = 0; rc == CPH_OK && i < replaced.n; i++) {
     if (mlist_has(raw, replaced.v[i]) || mlist_has(other, replaced.v[i]))
       continue;
-    cph_memory_rec m;
+    const cph_memory_rec *m;
     int grc = stand_in(c, replaced.v[i], &m);
     if (grc == CPH_ENOTFOUND)
       continue;
@@ -953,14 +947,12 @@ static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_bu
       rc = grc;
       break;
     }
-    mlist *to = m.kind == CPH_MEMORY_RAW ? raw : other;
-    if (mlist_has(raw, m.id) || mlist_has(other, m.id) || !scope_in(m.session, scopes, n_scopes) ||
-        to->n >= (to == raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX)) {
-      cph_record_free(&cph_memory_desc, &m);
+    mlist *to = m->kind == CPH_MEMORY_RAW ? raw : other;
+    if (mlist_has(raw, m->id) || mlist_has(other, m->id) ||
+        !scope_in(m->session, scopes, n_scopes) ||
+        to->n >= (to == raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX))
       continue;
-    }
-    rc = mlist_push(to, &m);
-    cph_record_free(&cph_memory_desc, &m);
+    rc = mlist_push(to, m);
   }
   idset_free(&replaced);
   if (other->n)
@@ -971,18 +963,18 @@ static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_bu
 /* Lists mc in the turn. Inclusion counts as an access (DESIGN §7): the lease notes it once it
  * started (turns.c, memaccess.h), and the count listed is the one after this access — the
  * record's, what is counted but not yet written, and this one. */
-static int memory_include(ctx *c, mcand *mc) {
+static int memory_include(ctx *c, const mcand *mc) {
+  const cph_memory_rec *m = mc->m;
   uint64_t pending = 0;
   int64_t last_ms = 0;
-  memaccess_pending(&c->cx->memory->access, mc->m.id, &pending, &last_ms);
-  mc->m.access_count += pending + 1;
+  memaccess_pending(&c->cx->memory->access, m->id, &pending, &last_ms);
   cph_memory_item *it = &c->ti->memories[c->ti->n_memories++];
-  it->id = mc->m.id;
-  const char *kind = memory_kind_name(mc->m.kind);
-  it->created_ms = mc->m.created_ms;
-  it->access_count = mc->m.access_count;
-  return pack3(c->ti, kind, strlen(kind), mc->m.session, strlen(mc->m.session), mc->m.text,
-               strlen(mc->m.text), &it->kind, &it->scope, &it->text)
+  it->id = m->id;
+  const char *kind = memory_kind_name(m->kind);
+  it->created_ms = m->created_ms;
+  it->access_count = m->access_count + pending + 1;
+  return pack3(c->ti, kind, strlen(kind), m->session, strlen(m->session), m->text,
+               strlen(m->text), &it->kind, &it->scope, &it->text)
              ? CPH_OK
              : CPH_ENOMEM;
 }
@@ -1387,7 +1379,7 @@ static int assemble(ctx *c) {
 /* What a history entry reads of an event (the record's field table does not change: worked out
  * once). */
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
-                  cph_chantails *tails, const cph_memory *memory) {
+                  cph_chantails *tails, cph_memory *memory) {
   *cx = (cph_context){env, sessions, trees, tails, memory};
 }
 

@@ -135,11 +135,11 @@ typedef struct cph_context {
   cph_sessions *sessions; /* which senders are sessions; the channels' subscribers */
   cph_trees *trees;       /* the sessions' PACT trees */
   cph_chantails *tails;   /* channels' recent history kept warm (chantail.h) */
-  const cph_memory *memory; /* the accesses counted but not yet in the memories' records */
+  cph_memory *memory;     /* accesses not yet in the records; records kept decoded */
 } cph_context;
 
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
-                  cph_chantails *tails, const cph_memory *memory);
+                  cph_chantails *tails, cph_memory *memory);
 
 /* The session's PACT tree as a lease read it, in render order: loaded and sorted once by
  * context_assemble, read again by the kept context (turnlog_keep), then handed back to the

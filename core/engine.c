@@ -406,6 +406,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
   e->env.wall_base_ms = cph_wall_ms();
   e->env.wall_base_ns = cph_clock_now(e->env.clock);
   memaccess_init(&e->memory.access, e->env.wall_base_ns);
+  memory_cache_open(&e->memory);
   const char *dir = opts && opts->data_dir ? opts->data_dir : policy->server.data_dir;
   int rc;
   if (!(e->env.data_dir = strdup(dir))) {
@@ -773,6 +774,7 @@ int cph_engine_run_pass(cph_engine *e) {
     cph_error("pass commit failed: %s", e->env.txn.err.msg);
     metrics_pass_rollback(e->metrics, rc); /* nothing of this pass is counted either */
     memaccess_pass_end(&e->memory.access, false, env_now(&e->env));
+    memory_pass_end(&e->memory);
     char msg[sizeof e->env.txn.err.msg];
     snprintf(msg, sizeof msg, "%s", e->env.txn.err.msg);
     cph_op *retry;
@@ -795,6 +797,7 @@ int cph_engine_run_pass(cph_engine *e) {
     return rc;
   }
   memaccess_pass_end(&e->memory.access, true, env_now(&e->env));
+  memory_pass_end(&e->memory);
   if (e->grow_retry.len)
     grow_map(e);
   /* What this pass's answers wait for (the file comment). :batch and :none: nothing. */

@@ -80,7 +80,7 @@ static int write_group(const cph_gc *gc, cph_txn *t, const char *scope, uint64_t
     if (rc)
       break;
     m.gc_group = gid; /* the plan lock */
-    rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    rc = memory_put(gc->memory, t, &m);
     cph_record_free(&cph_memory_desc, &m);
   }
   if (rc == CPH_OK)
@@ -280,7 +280,7 @@ static int abort_group(const cph_gc *gc, cph_txn *t, cph_gc_group_rec *g, const 
       continue;
     if (m.gc_group == g->id) {
       m.gc_group = 0;
-      cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+      memory_put(gc->memory, t, &m);
     }
     cph_record_free(&cph_memory_desc, &m);
   }
@@ -373,7 +373,7 @@ int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_r
       memory_embed_queue_done(gc->memory, 1);
     }
     if (rc == CPH_OK)
-      rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+      rc = memory_put(gc->memory, t, &m);
     cph_record_free(&cph_memory_desc, &m);
   }
   if (rc == CPH_OK) {

@@ -593,7 +593,7 @@ static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, 
     memory_family_tag(v->family, tag);
     if (memory_mint(ig->memory, t, scope, CPH_MEMORY_AGGREGATE, text, event_id,
                     backpressure_embed_allowed(ig->env->policy, step, true), &id) == CPH_OK)
-      memory_add_tag(t, id, tag); /* aggregate_upsert finds and updates this one */
+      memory_add_tag(ig->memory, t, id, tag); /* aggregate_upsert finds and updates this one */
     free(text);
   }
 }

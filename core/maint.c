@@ -370,7 +370,7 @@ static int64_t backoff_ms(const cph_policy *p, uint32_t attempts) {
   return (int64_t)(d * jitter);
 }
 
-static int apply_embed(cph_txn *t, const cph_job_work *w) {
+static int apply_embed(cph_memory *mem, cph_txn *t, const cph_job_work *w) {
   for (size_t i = 0; i < w->n_items; i++) {
     cph_key mk = cph_key_of_u64(w->memory_ids[i]);
     memory_embed_unqueue(t, w->memory_ids[i]);
@@ -381,7 +381,7 @@ static int apply_embed(cph_txn *t, const cph_job_work *w) {
       if (!w->remote_index)
         cph_vindex_put(t, m.session, m.id, w->vectors + i * w->dims, w->dims);
       m.embed_status = CPH_EMBED_READY;
-      cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+      memory_put(mem, t, &m);
     }
     cph_record_free(&cph_memory_desc, &m);
   }
@@ -410,8 +410,8 @@ static int64_t outbox_oldest_pending_ms(cph_txn *t) {
   return oldest;
 }
 
-static int apply_outbox(const cph_policy *p, cph_txn *t, const cph_job_work *w,
-                        uint64_t *done_out) {
+static int apply_outbox(const cph_policy *p, cph_memory *mem, cph_txn *t,
+                        const cph_job_work *w, uint64_t *done_out) {
   int64_t now = cph_wall_ms();
   uint64_t done = 0;
   for (size_t i = 0; i < w->n_items; i++) {
@@ -437,7 +437,7 @@ static int apply_outbox(const cph_policy *p, cph_txn *t, const cph_job_work *w,
       done++;
       if (have_m) {
         m.embed_status = CPH_EMBED_DELETED;
-        cph_txn_put_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+        memory_put(mem, t, &m);
       }
     } else {
       o.attempts++;
@@ -562,7 +562,7 @@ static int apply_aggregate_upsert(cph_maint *m, cph_txn *t, const char *args) {
   } else {
     rc = memory_mint(m->memory, t, scope, CPH_MEMORY_AGGREGATE, text, 0, false, &id);
     if (rc == CPH_OK)
-      rc = memory_add_tag(t, id, tag);
+      rc = memory_add_tag(m->memory, t, id, tag);
   }
   free(text);
   cph_record_free(&cph_aggregate_desc, &a);
@@ -590,14 +590,14 @@ int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_
   if (w && w->rc) {
     rc = CPH_OK; /* the executed part failed: recorded on the job; outbox items back off */
     if (j.kind == CPH_JOBK_OUTBOX_DRAIN)
-      rc = apply_outbox(m->env->policy, t, w, &outbox_done);
+      rc = apply_outbox(m->env->policy, m->memory, t, w, &outbox_done);
   } else {
     switch (j.kind) {
     case CPH_JOBK_EMBED_MEMORY:
-      rc = w ? apply_embed(t, w) : CPH_OK;
+      rc = w ? apply_embed(m->memory, t, w) : CPH_OK;
       break;
     case CPH_JOBK_OUTBOX_DRAIN:
-      rc = w ? apply_outbox(m->env->policy, t, w, &outbox_done) : CPH_OK;
+      rc = w ? apply_outbox(m->env->policy, m->memory, t, w, &outbox_done) : CPH_OK;
       break;
     case CPH_JOBK_GC_PLAN:
       rc = gc_plan_apply(&m->gc, t, j.args);

@@ -163,6 +163,7 @@ void memory_batch_forget(cph_memory *m) {
 }
 
 void memory_free(cph_memory *m) {
+  memcache_clear(&m->cache);
   free(m->held);
   free(m->scopes);
   m->held = NULL;
@@ -339,6 +340,7 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
   int rc = cph_txn_next_id(t, "memory", &id);
   if (rc)
     return rc;
+  memcache_minted(&mem->cache, id); /* a rollback gives the id to another memory */
   cph_memory_rec m = {0};
   m.id = id;
   m.session = (char *)scope;
@@ -372,7 +374,9 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
   return rc;
 }
 
-int memory_read(cph_txn *t, uint64_t id, cph_memory_rec *m, const char *reader) {
+/* memory_read, and the record's size in the store. */
+static int read_sized(cph_txn *t, uint64_t id, cph_memory_rec *m, size_t *len,
+                      const char *reader) {
   cph_key k = cph_key_of_u64(id);
   cph_val v;
   int rc = cph_txn_get(t, CPH_DB_MEMORIES, &k, &v);
@@ -384,7 +388,44 @@ int memory_read(cph_txn *t, uint64_t id, cph_memory_rec *m, const char *reader) 
             derr.msg);
     return CPH_ENOTFOUND;
   }
+  *len = v.len;
   return CPH_OK;
+}
+
+int memory_read(cph_txn *t, uint64_t id, cph_memory_rec *m, const char *reader) {
+  size_t len;
+  return read_sized(t, id, m, &len, reader);
+}
+
+int memory_borrow(cph_memory *mem, cph_txn *t, uint64_t id, const cph_memory_rec **out,
+                  const char *reader) {
+  if ((*out = memcache_get(&mem->cache, id)))
+    return CPH_OK;
+  cph_memory_rec m;
+  size_t len;
+  int rc = read_sized(t, id, &m, &len, reader);
+  if (rc)
+    return rc;
+  if (!(*out = memcache_keep(&mem->cache, &m, len))) {
+    cph_record_free(&cph_memory_desc, &m);
+    return CPH_ENOMEM;
+  }
+  return CPH_OK;
+}
+
+static long long test_cache_bytes = -1;
+void memory_test_cache_bytes(long long bytes) { test_cache_bytes = bytes; }
+
+void memory_cache_open(cph_memory *m) {
+  memcache_init(&m->cache, test_cache_bytes >= 0 ? (size_t)test_cache_bytes : MEMORY_CACHE_BYTES);
+}
+
+void memory_pass_end(cph_memory *m) { memcache_pass_end(&m->cache); }
+
+int memory_put(cph_memory *mem, cph_txn *t, const cph_memory_rec *rec) {
+  memcache_mark_written(&mem->cache, rec->id);
+  cph_key k = cph_key_of_u64(rec->id);
+  return cph_txn_put_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, rec);
 }
 
 int memory_flush_accesses(cph_memory *mem, cph_txn *t) {
@@ -407,8 +448,7 @@ int memory_flush_accesses(cph_memory *mem, cph_txn *t) {
     m.access_count += count;
     if (last_ms > m.last_access_ms)
       m.last_access_ms = last_ms;
-    cph_key k = cph_key_of_u64(id);
-    rc = cph_txn_put_record(&c, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+    rc = memory_put(mem, &c, &m);
     cph_record_free(&cph_memory_desc, &m);
   }
   if (rc == CPH_OK)
@@ -426,7 +466,7 @@ void memory_family_tag(uint64_t family, char out[32]) {
   snprintf(out, 32, "family:%llu", (unsigned long long)family);
 }
 
-int memory_add_tag(cph_txn *t, uint64_t id, const char *tag) {
+int memory_add_tag(cph_memory *mem, cph_txn *t, uint64_t id, const char *tag) {
   cph_key k;
   cph_key_reset(&k);
   cph_key_u64(&k, id);
@@ -445,7 +485,7 @@ int memory_add_tag(cph_txn *t, uint64_t id, const char *tag) {
     return CPH_ENOMEM;
   }
   m.n_tags++;
-  rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+  rc = memory_put(mem, t, &m);
   cph_record_free(&cph_memory_desc, &m);
   return rc;
 }
@@ -464,7 +504,7 @@ int memory_set_text(cph_memory *mem, cph_txn *t, uint64_t id, const char *text) 
   bool reembed = m.embed_status == CPH_EMBED_READY;
   if (reembed)
     m.embed_status = CPH_EMBED_PENDING; /* its vector describes the old text */
-  rc = cph_txn_put_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+  rc = memory_put(mem, t, &m);
   m.text = old;
   cph_record_free(&cph_memory_desc, &m);
   if (rc == CPH_OK && reembed) {

@@ -1,9 +1,13 @@
 /* Memories (DESIGN §7): minting, tags, and the embed queue they join. Private to core/.
- * Retrieval is search.c's. The module's in-memory state is three facts: the number of memories
+ * Retrieval is search.c's. The module's in-memory state is four facts: the number of memories
  * waiting for an embedding, the accesses not yet written into the memories' records
- * (memaccess.h), and the scope-index entries of the ingest request being applied (held until
- * its end); it owns them (cph_memory) and others read or change them only through the
- * functions here and in memaccess.h. */
+ * (memaccess.h), the scope-index entries of the ingest request being applied (held until
+ * its end), and the records kept decoded for turns (memcache.h); it owns them (cph_memory)
+ * and others read or change them only through the functions here and in memaccess.h.
+ *
+ * Every write of a memory record goes through this module (memory_mint, memory_put and the
+ * functions built on them), which is what keeps memcache.h's records equal to the store's;
+ * no other module puts into the memories database. */
 #ifndef CEPHALON_CORE_MEMORY_H
 #define CEPHALON_CORE_MEMORY_H
 
@@ -11,6 +15,7 @@
 #include <stdint.h>
 
 #include "memaccess.h"
+#include "memcache.h"
 #include "store/store.h"
 
 /* A scope-index entry a request minted, held until memory_batch_flush (memory_mint). */
@@ -25,6 +30,7 @@ typedef struct cph_memory {
   uint64_t embed_queue_len; /* memories waiting for an embedding (recounted at open) */
   cph_memaccess access;     /* accesses counted, not yet in the records (kept through a failed
                              * commit: memaccess_pass_end drops that pass's part) */
+  cph_memcache cache;       /* records kept decoded for turns (memory_borrow) */
   /* Between memory_batch_begin and memory_batch_flush/forget (one ingest request): the scope
    * index entries minted, written as one row per scope and class at the flush. */
   bool batching;
@@ -55,7 +61,10 @@ int memory_mint(cph_memory *m, cph_txn *t, const char *scope, uint8_t kind, cons
 /* An aggregate memory is tagged with its family ("family:<id>", out holds 32 bytes), so the
  * family keeps one memory that aggregate_upsert updates in place (DESIGN §5). */
 void memory_family_tag(uint64_t family, char out[32]);
-int memory_add_tag(cph_txn *t, uint64_t id, const char *tag);
+int memory_add_tag(cph_memory *m, cph_txn *t, uint64_t id, const char *tag);
+/* Writes rec as memory rec->id's record in t (replacing it). The only way a memory's record
+ * changes besides minting. */
+int memory_put(cph_memory *m, cph_txn *t, const cph_memory_rec *rec);
 /* Writes every access count pending in m->access into its record (memaccess.h), in a child of
  * t: a memory deleted since, or undecodable, drops its count. Does nothing when the pass
  * already noted accesses or flushed. An error leaves the counts pending and t unchanged. */
@@ -64,6 +73,18 @@ int memory_flush_accesses(cph_memory *m, cph_txn *t);
  * decode: that one is skipped with a warning naming `reader` and the memory, as every reader
  * of memories skips it, not a failure of the reader; other errors are t's. */
 int memory_read(cph_txn *t, uint64_t id, cph_memory_rec *m, const char *reader);
+/* memory_read for a turn's context, on the pass thread, inside the pass's transaction t: the
+ * record from the cache when it is kept (memcache.h), else read, decoded and kept. *out is
+ * borrowed: valid until a memory is written or the pass ends (memory_pass_end); not freed by
+ * the caller. */
+int memory_borrow(cph_memory *m, cph_txn *t, uint64_t id, const cph_memory_rec **out,
+                  const char *reader);
+/* The bound of the records kept decoded, at open: MEMORY_CACHE_BYTES unless a test set one. */
+#define MEMORY_CACHE_BYTES ((size_t)32 << 20)
+void memory_cache_open(cph_memory *m);
+void memory_test_cache_bytes(long long bytes); /* tests: the next opens' bound; -1 resets */
+/* The pass ended, committed or not (memcache_pass_end). */
+void memory_pass_end(cph_memory *m);
 /* Replaces a memory's text (and token estimate); an embedded one is queued to embed again. */
 int memory_set_text(cph_memory *m, cph_txn *t, uint64_t id, const char *text);
 /* The index of memories by scope (database memory_scopes) keeps raw memories apart from the
@@ -89,6 +110,7 @@ static inline void memory_scope_prefix(cph_key *k, const char *scope, bool raw) 
 void memory_batch_begin(cph_memory *m, int64_t now_ms);
 int memory_batch_flush(cph_memory *m, cph_txn *t);
 void memory_batch_forget(cph_memory *m);
+/* Frees the held entries and the cached records (the cache stays open, empty). */
 void memory_free(cph_memory *m);
 
 /* The embed queue (database embed_queue): the memories whose embedding is pending, oldest id

@@ -34,7 +34,11 @@
  * session keeps at most keep-turns turns, and at every restart (warm states gone, not yet
  * rebuilt) the rows and texts held are exactly those named. Now and then a session is deleted
  * and created again under its id (its kept turns go with it). These draws come from a stream of
- * their own, so the operations of a seed are what they were without them. */
+ * their own, so the operations of a seed are what they were without them.
+ *
+ * The memories a turn lists come, on the warm engine, from the records kept decoded between
+ * turns (core/memcache.h; a bound of a record or two, or the default), on the rebuilt one
+ * from the store at every lease; the access counts written back each second rewrite them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,6 +53,7 @@
 #include "cephalon/policy.h"
 #include "common/buf.h"
 #include "common/clock.h"
+#include "core/memory.h"
 #include "core/turnlog.h"
 #include "store/keys.h"
 #include "store/records.h"
@@ -90,6 +95,7 @@ typedef struct pair {
   bool mixed;   /* the warm engine switches between record versions 2 and 3 */
   bool warm_v2; /* ... and writes version 2 now */
   long long warm_bytes; /* the warm engine's bound on its kept contexts' warm states */
+  long long memory_cache_bytes; /* the warm engine's bound on its decoded memories; cold: 0 */
   int warm_channels, keep; /* the policies' :sessions :warm-channels (warm engine), keep-turns */
   kept_read *reads;
   size_t n_reads, cap_reads;
@@ -705,8 +711,11 @@ static void restart_both(pair *p) {
   p->cold->e = NULL;
   check_texts(p);
   check_rows(p);
+  memory_test_cache_bytes(p->memory_cache_bytes);
   cph_fixture_open(p->warm);
+  memory_test_cache_bytes(0);
   cph_fixture_open(p->cold);
+  memory_test_cache_bytes(-1);
 }
 
 static const char *policy(char *buf, size_t size, int warm_channels, int keep_turns);
@@ -754,8 +763,16 @@ static void run_case(uint64_t seed) {
   static const int keep_choices[] = {1, 2, 3, 8};
   p.keep = keep_choices[below(&r, 4)];
   p.warm_channels = warm_choices[below(&r, 4)];
+  /* The warm engine keeps memory records decoded (core/memcache.h) within a bound of its own
+   * stream: a record or two (evicted all the time) or the default; the cold one none. */
+  rng mr = {seed ^ 0x3e3c0ac4e5ull};
+  static const long long cache_bytes[] = {600, -1};
+  p.memory_cache_bytes = cache_bytes[below(&mr, 2)];
+  memory_test_cache_bytes(p.memory_cache_bytes);
   p.warm = cph_fixture_new("warm", policy(wp, sizeof wp, p.warm_channels, p.keep));
+  memory_test_cache_bytes(0);
   p.cold = cph_fixture_new("cold", policy(cp, sizeof cp, 0, p.keep));
+  memory_test_cache_bytes(-1);
   create_sessions(&p, &r);
   p.mixed = below(&r, 2) == 0;
   /* The kept contexts' warm states and keep-turns changes draw from their own stream, so the
