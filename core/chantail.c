@@ -38,29 +38,10 @@ static void tail_free(chantail *tl) {
   free(tl);
 }
 
-static void lru_unlink(cph_chantails *ct, chantail *tl) {
-  if (tl->lru_prev)
-    tl->lru_prev->lru_next = tl->lru_next;
-  else
-    ct->lru_head = tl->lru_next;
-  if (tl->lru_next)
-    tl->lru_next->lru_prev = tl->lru_prev;
-  else
-    ct->lru_tail = tl->lru_prev;
-  tl->lru_prev = tl->lru_next = NULL;
-}
-
-static void lru_push_front(cph_chantails *ct, chantail *tl) {
-  tl->lru_next = ct->lru_head;
-  if (ct->lru_head)
-    ct->lru_head->lru_prev = tl;
-  ct->lru_head = tl;
-  if (!ct->lru_tail)
-    ct->lru_tail = tl;
-}
+static chantail *tail_of(cph_lru_link *l) { return CPH_LRU_ENTRY(l, chantail, lru); }
 
 static void tail_evict(cph_chantails *ct, chantail *tl) {
-  lru_unlink(ct, tl);
+  cph_lru_unlink(&ct->lru, &tl->lru);
   cph_hmap_del(&ct->by_channel, tl->channel);
   ct->n--;
   tail_free(tl);
@@ -75,8 +56,8 @@ void chantails_init(cph_chantails *ct, cph_evcache *evcache) {
 }
 
 void chantails_clear(cph_chantails *ct) {
-  while (ct->lru_head)
-    tail_evict(ct, ct->lru_head);
+  while (ct->lru.first)
+    tail_evict(ct, tail_of(ct->lru.first));
   cph_hmap_free(&ct->by_channel);
 }
 
@@ -84,7 +65,7 @@ void chantails_free(cph_chantails *ct) { chantails_clear(ct); }
 
 void chantails_release(cph_chantails *ct, size_t keep) {
   while (ct->n > keep)
-    tail_evict(ct, ct->lru_tail);
+    tail_evict(ct, tail_of(ct->lru.last));
 }
 
 /* Room for `more` entries after the last one: compacts to the front or grows. */
@@ -197,7 +178,7 @@ int chantails_get(cph_chantails *ct, cph_txn *t, const char *channel, chantail *
   }
   chantail *tl = cph_hmap_get(&ct->by_channel, channel);
   if (tl) {
-    lru_unlink(ct, tl);
+    cph_lru_unlink(&ct->lru, &tl->lru);
   } else {
     if (!(tl = calloc(1, sizeof *tl)) || !(tl->channel = strdup(channel)) ||
         cph_hmap_put(&ct->by_channel, tl->channel, tl) != CPH_OK) {
@@ -208,7 +189,7 @@ int chantails_get(cph_chantails *ct, cph_txn *t, const char *channel, chantail *
     }
     ct->n++;
   }
-  lru_push_front(ct, tl);
+  cph_lru_push_first(&ct->lru, &tl->lru);
   int rc = refresh(tl, t);
   if (rc)
     return rc;

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "common/hmap.h"
+#include "common/lru.h"
 #include "evcache.h"
 #include "store/store.h"
 
@@ -50,12 +51,12 @@ typedef struct chantail {
   chantail_entry *v; /* entries v[off .. off + n), index ascending */
   size_t off, n, cap;
   bool whole; /* holds the channel's oldest entry: nothing older to read */
-  struct chantail *lru_prev, *lru_next; /* most recently used first */
+  cph_lru_link lru; /* in the tails' recency order */
 } chantail;
 
 typedef struct cph_chantails {
   cph_hmap by_channel; /* channel -> chantail (the key is the tail's channel) */
-  chantail *lru_head, *lru_tail;
+  cph_lru lru; /* the tails, most recently used first */
   size_t n;
   cph_evcache *evcache; /* events read on a tail miss; its generation: retention changed one */
   uint64_t evcache_generation;

@@ -17,14 +17,26 @@ static void entry_free(memcache_entry *e) {
 
 static void chain_free(memcache_entry *e) {
   while (e) {
-    memcache_entry *next = e->newer;
+    memcache_entry *next = e->next;
     entry_free(e);
     e = next;
   }
 }
 
+static memcache_entry *entry_of(cph_lru_link *l) { return CPH_LRU_ENTRY(l, memcache_entry, lru); }
+
+/* Frees every kept record (leaving them in slots: the caller empties those). */
+static void kept_free(cph_memcache *c) {
+  memcache_entry *e;
+  while ((e = entry_of(c->kept.first))) {
+    cph_lru_unlink(&c->kept, &e->lru);
+    entry_free(e);
+  }
+  c->bytes = 0;
+}
+
 void memcache_clear(cph_memcache *c) {
-  chain_free(c->oldest);
+  kept_free(c);
   chain_free(c->marks);
   chain_free(c->loose);
   free(c->slots);
@@ -99,28 +111,6 @@ static void slot_add(cph_memcache *c, memcache_entry *e) {
   c->len++;
 }
 
-static void lru_unlink(cph_memcache *c, memcache_entry *e) {
-  if (e->older)
-    e->older->newer = e->newer;
-  else
-    c->oldest = e->newer;
-  if (e->newer)
-    e->newer->older = e->older;
-  else
-    c->newest = e->older;
-  e->older = e->newer = NULL;
-}
-
-static void lru_push(cph_memcache *c, memcache_entry *e) {
-  e->older = c->newest;
-  e->newer = NULL;
-  if (c->newest)
-    c->newest->newer = e;
-  else
-    c->oldest = e;
-  c->newest = e;
-}
-
 const cph_memory_rec *memcache_get(cph_memcache *c, uint64_t id) {
   memcache_entry **s = find(c, id);
   if (!s || (*s)->written) {
@@ -128,12 +118,8 @@ const cph_memory_rec *memcache_get(cph_memcache *c, uint64_t id) {
     return NULL;
   }
   c->hits++;
-  memcache_entry *e = *s;
-  if (e != c->newest) {
-    lru_unlink(c, e);
-    lru_push(c, e);
-  }
-  return &e->rec;
+  cph_lru_touch(&c->kept, &(*s)->lru);
+  return &(*s)->rec;
 }
 
 const cph_memory_rec *memcache_keep(cph_memcache *c, cph_memory_rec *rec, size_t bytes) {
@@ -148,10 +134,10 @@ const cph_memory_rec *memcache_keep(cph_memcache *c, cph_memory_rec *rec, size_t
               !find(c, e->id) && slots_reserve(c);
   if (keep) {
     slot_add(c, e);
-    lru_push(c, e);
+    cph_lru_push_first(&c->kept, &e->lru);
     c->bytes += e->bytes;
   } else { /* held for the pass only */
-    e->newer = c->loose;
+    e->next = c->loose;
     c->loose = e;
   }
   return &e->rec;
@@ -159,14 +145,9 @@ const cph_memory_rec *memcache_keep(cph_memcache *c, cph_memory_rec *rec, size_t
 
 /* Drops everything kept and keeps nothing more in this pass (the marks could not be kept). */
 static void shut(cph_memcache *c) {
-  for (memcache_entry *e = c->oldest; e; e = e->newer) {
-    memcache_entry **s = find(c, e->id);
-    if (s)
-      slot_remove(c, s);
-  }
-  chain_free(c->oldest);
-  c->oldest = c->newest = NULL;
-  c->bytes = 0;
+  for (cph_lru_link *l = c->kept.first; l; l = l->next)
+    slot_remove(c, find(c, entry_of(l)->id));
+  kept_free(c);
   c->shut = true;
 }
 
@@ -178,7 +159,7 @@ void memcache_mark_written(cph_memcache *c, uint64_t id) {
   if (e && e->written)
     return;
   if (e) { /* kept: becomes the mark */
-    lru_unlink(c, e);
+    cph_lru_unlink(&c->kept, &e->lru);
     c->bytes -= e->bytes;
     cph_record_free(&cph_memory_desc, &e->rec);
   } else if (!slots_reserve(c) || !(e = calloc(1, sizeof *e))) {
@@ -189,7 +170,7 @@ void memcache_mark_written(cph_memcache *c, uint64_t id) {
     slot_add(c, e);
   }
   e->written = true;
-  e->newer = c->marks;
+  e->next = c->marks;
   c->marks = e;
 }
 
@@ -199,22 +180,17 @@ void memcache_minted(cph_memcache *c, uint64_t id) {
 }
 
 void memcache_pass_end(cph_memcache *c) {
-  for (memcache_entry *e = c->marks; e; e = e->newer) {
-    memcache_entry **s = find(c, e->id);
-    if (s)
-      slot_remove(c, s);
-  }
+  for (memcache_entry *e = c->marks; e; e = e->next)
+    slot_remove(c, find(c, e->id));
   chain_free(c->marks);
   chain_free(c->loose);
   c->marks = c->loose = NULL;
   c->minted_from = 0;
   c->shut = false;
-  while (c->oldest && c->bytes > c->max_bytes) {
-    memcache_entry *e = c->oldest;
-    memcache_entry **s = find(c, e->id);
-    if (s)
-      slot_remove(c, s);
-    lru_unlink(c, e);
+  memcache_entry *e;
+  while (c->bytes > c->max_bytes && (e = entry_of(c->kept.last))) {
+    slot_remove(c, find(c, e->id));
+    cph_lru_unlink(&c->kept, &e->lru);
     c->bytes -= e->bytes;
     entry_free(e);
   }

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/lru.h"
 #include "store/records.h"
 
 typedef struct memcache_entry {
@@ -31,16 +32,17 @@ typedef struct memcache_entry {
   cph_memory_rec rec;
   size_t bytes;  /* what it counts against the bound */
   bool written;  /* a mark (memcache_mark_written): rec is empty, nothing kept */
-  struct memcache_entry *older, *newer; /* recency (kept records), or the pass's marks */
+  cph_lru_link lru;            /* kept records: in the cache's recency order */
+  struct memcache_entry *next; /* marks and loose records: this pass's chains */
 } memcache_entry;
 
 typedef struct cph_memcache {
   memcache_entry **slots; /* open addressing, linear probing; NULL = empty */
   size_t mask;            /* slots - 1 (a power of two), or 0 before the first */
   size_t len;             /* entries in slots: kept records and marks */
-  memcache_entry *oldest, *newest; /* kept records by last use */
-  memcache_entry *marks;  /* this pass's marks, through newer */
-  memcache_entry *loose;  /* records read this pass that could not be kept, through newer */
+  cph_lru kept;           /* kept records, most recently used first */
+  memcache_entry *marks;  /* this pass's marks, through next */
+  memcache_entry *loose;  /* records read this pass that could not be kept, through next */
   uint64_t minted_from;   /* ids >= this were minted in the pass (0: none) */
   bool shut;              /* a mark could not be made: nothing is kept until the pass ends */
   size_t bytes, max_bytes;

@@ -23,41 +23,22 @@ static void turnwarm_free(turnwarm *w) {
   free(w);
 }
 
-static void lru_unlink(cph_turnwarms *tw, turnwarm *w) {
-  if (w->lru_prev)
-    w->lru_prev->lru_next = w->lru_next;
-  else
-    tw->lru_head = w->lru_next;
-  if (w->lru_next)
-    w->lru_next->lru_prev = w->lru_prev;
-  else
-    tw->lru_tail = w->lru_prev;
-  w->lru_prev = w->lru_next = NULL;
-}
-
-static void lru_push_front(cph_turnwarms *tw, turnwarm *w) {
-  w->lru_next = tw->lru_head;
-  if (tw->lru_head)
-    tw->lru_head->lru_prev = w;
-  tw->lru_head = w;
-  if (!tw->lru_tail)
-    tw->lru_tail = w;
-}
+static turnwarm *warm_of(cph_lru_link *l) { return CPH_LRU_ENTRY(l, turnwarm, lru); }
 
 void turnwarms_init(cph_turnwarms *tw, size_t max_bytes) {
-  *tw = (cph_turnwarms){CPH_HMAP_INIT, NULL, NULL, 0, max_bytes};
+  *tw = (cph_turnwarms){CPH_HMAP_INIT, {NULL, NULL}, 0, max_bytes};
 }
 
 static void evict(cph_turnwarms *tw, turnwarm *w) {
   cph_hmap_del(&tw->by_session, w->session);
-  lru_unlink(tw, w);
+  cph_lru_unlink(&tw->lru, &w->lru);
   tw->bytes -= w->held;
   turnwarm_free(w);
 }
 
 void turnwarms_clear(cph_turnwarms *tw) {
-  while (tw->lru_head)
-    evict(tw, tw->lru_head);
+  while (tw->lru.first)
+    evict(tw, warm_of(tw->lru.first));
 }
 
 void turnwarms_free(cph_turnwarms *tw) {
@@ -67,10 +48,8 @@ void turnwarms_free(cph_turnwarms *tw) {
 
 turnwarm *turnwarms_get(cph_turnwarms *tw, const char *session) {
   turnwarm *w = cph_hmap_get(&tw->by_session, session);
-  if (w && tw->lru_head != w) {
-    lru_unlink(tw, w);
-    lru_push_front(tw, w);
-  }
+  if (w)
+    cph_lru_touch(&tw->lru, &w->lru);
   return w;
 }
 
@@ -92,7 +71,7 @@ int turnwarms_fresh(cph_turnwarms *tw, const char *session, turnwarm **out) {
     turnwarm_free(w);
     return CPH_ENOMEM;
   }
-  lru_push_front(tw, w);
+  cph_lru_push_first(&tw->lru, &w->lru);
   *out = w;
   return CPH_OK;
 }
@@ -108,13 +87,14 @@ static size_t turnwarm_bytes(const turnwarm *w) {
 }
 
 void turnwarms_release(cph_turnwarms *tw) {
-  if (tw->lru_head) { /* only the most recently used one changed since the last release */
-    tw->bytes -= tw->lru_head->held;
-    tw->lru_head->held = turnwarm_bytes(tw->lru_head);
-    tw->bytes += tw->lru_head->held;
+  turnwarm *w = warm_of(tw->lru.first);
+  if (w) { /* only the most recently used one changed since the last release */
+    tw->bytes -= w->held;
+    w->held = turnwarm_bytes(w);
+    tw->bytes += w->held;
   }
-  while (tw->lru_tail && tw->bytes > tw->max_bytes)
-    evict(tw, tw->lru_tail);
+  while (tw->lru.last && tw->bytes > tw->max_bytes)
+    evict(tw, warm_of(tw->lru.last));
 }
 
 /* ---------------------------------------------------------------- rows and turns */

@@ -33,6 +33,7 @@
 
 #include "common/buf.h"
 #include "common/hmap.h"
+#include "common/lru.h"
 
 typedef struct tw_turn {
   uint64_t id;
@@ -88,12 +89,12 @@ typedef struct turnwarm {
   tw_items items[2], next[2]; /* per list: the newest turn's, the one being kept */
   cph_buf bytes; /* the items' keys: appended, compacted when mostly unused (turnwarm_items_done) */
   size_t held; /* the memory it holds, as of the last turnwarms_release */
-  struct turnwarm *lru_prev, *lru_next; /* most recently used first */
+  cph_lru_link lru; /* in the warm states' recency order */
 } turnwarm;
 
 typedef struct cph_turnwarms {
   cph_hmap by_session; /* session -> turnwarm (the key is the turnwarm's session) */
-  turnwarm *lru_head, *lru_tail;
+  cph_lru lru; /* the warm states, most recently used first */
   size_t bytes, max_bytes;
 } cph_turnwarms;
 

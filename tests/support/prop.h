@@ -30,4 +30,16 @@ static inline void cph_property_run(uint64_t default_seed, long default_cases, u
   *cases = c ? strtol(c, NULL, 10) : default_cases;
 }
 
+/* Fails the test unless cond, naming the case's seed and how to rerun it, then the message
+ * (printf-style). For a cmocka test (fail_msg); seed is the running case's. */
+#define CPH_PROP_CHECK(seed, cond, ...)                                                        \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      char what_[1400];                                                                        \
+      snprintf(what_, sizeof what_, __VA_ARGS__);                                              \
+      fail_msg("seed %llu (rerun: CPH_PROPERTY_SEED=%llu CPH_PROPERTY_CASES=1): %s",           \
+               (unsigned long long)(seed), (unsigned long long)(seed), what_);                 \
+    }                                                                                          \
+  } while (0)
+
 #endif

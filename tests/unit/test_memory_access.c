@@ -38,15 +38,7 @@ typedef struct run {
   bool deleted[MEMORIES];
 } run;
 
-#define CHECK(cond, ...)                                                                       \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      char what_[600];                                                                         \
-      snprintf(what_, sizeof what_, __VA_ARGS__);                                              \
-      fail_msg("seed %llu (rerun: CPH_PROPERTY_SEED=%llu CPH_PROPERTY_CASES=1): %s",          \
-               (unsigned long long)R->seed, (unsigned long long)R->seed, what_);               \
-    }                                                                                          \
-  } while (0)
+#define CHECK(cond, ...) CPH_PROP_CHECK(R->seed, cond, __VA_ARGS__)
 
 /* The record of memory i as t sees it: false when it is gone. */
 static bool stored(run *R, cph_txn *t, int i, cph_memory_rec *m) {

@@ -45,15 +45,7 @@ typedef struct run {
   size_t n_ids;
 } run;
 
-#define CHECK(cond, ...)                                                                       \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      char what_[600];                                                                         \
-      snprintf(what_, sizeof what_, __VA_ARGS__);                                              \
-      fail_msg("seed %llu (rerun: CPH_PROPERTY_SEED=%llu CPH_PROPERTY_CASES=1): %s",          \
-               (unsigned long long)R->seed, (unsigned long long)R->seed, what_);               \
-    }                                                                                          \
-  } while (0)
+#define CHECK(cond, ...) CPH_PROP_CHECK(R->seed, cond, __VA_ARGS__)
 
 static const char *const TEXTS[] = {"alpha", "the deploy failed twice", "", "bravo charlie",
                                     "a longer text that says more than the others do"};
@@ -162,8 +154,10 @@ static void kept_match_store(run *R) {
   cph_txn t;
   CHECK(cph_txn_begin(R->st, false, &t) == CPH_OK, "read txn: %s", t.err.msg);
   size_t n = 0;
-  for (const memcache_entry *e = R->mem.cache.oldest; e; e = e->newer, n++)
+  for (cph_lru_link *l = R->mem.cache.kept.first; l; l = l->next, n++) {
+    const memcache_entry *e = CPH_LRU_ENTRY(l, memcache_entry, lru);
     same_as_store(R, &t, e->id, &e->rec, "kept between passes");
+  }
   CHECK(R->mem.cache.bytes <= R->mem.cache.max_bytes, "kept %zu bytes over the bound %zu",
         R->mem.cache.bytes, R->mem.cache.max_bytes);
   CHECK(!R->mem.cache.marks && !R->mem.cache.loose && !R->mem.cache.minted_from,

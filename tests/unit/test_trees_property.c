@@ -54,15 +54,7 @@ static void open_store(run *R) {
     fail_msg("store: %s", err.msg);
 }
 
-#define CHECK(cond, ...)                                                                       \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      char what_[1400];                                                                       \
-      snprintf(what_, sizeof what_, __VA_ARGS__);                                              \
-      fail_msg("seed %llu (rerun: CPH_PROPERTY_SEED=%llu CPH_PROPERTY_CASES=1): %s",          \
-               (unsigned long long)R->seed, (unsigned long long)R->seed, what_);               \
-    }                                                                                          \
-  } while (0)
+#define CHECK(cond, ...) CPH_PROP_CHECK(R->seed, cond, __VA_ARGS__)
 
 /* ---------------------------------------------------------------- operations */
 
