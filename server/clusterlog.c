@@ -38,7 +38,7 @@
 #define JS_WRONG_LAST_SEQ 10071 /* JetStream's "wrong last sequence": a fenced write */
 #define EPOCH_TRIES 20          /* taking a shard's fences, against a late writer */
 #define POS_POLL_MS 5        /* min_pos: between two rounds that made no progress */
-#define TRIM_WAIT_MS 5000    /* a purge request, or a consumer info, of the trim thread */
+#define TRIM_WAIT_MS 2000    /* a purge request of the trim thread (a stop waits for it) */
 /* The first nats-server whose filtered purges are safe with :replicas > 1 (clusterlog.h,
  * "Trimming"). */
 #define TRIM_SAFE_MAJOR 2
@@ -1315,7 +1315,10 @@ static bool pos_step(cph_clog *l, pos_wait *w) {
       jsStreamInfo_Destroy(si);
       if (last < w->pos)
         return false;
-      w->stage = POS_LAST; /* deleted: nothing of it to wait for but what came before L */
+      /* Deleted: purged (clusterflow.h 12.), which only a message its shard's consumer had
+       * acknowledged is — so its forwards are at or below L, and nothing of it is left to wait
+       * for but what came before L. */
+      w->stage = POS_LAST;
       return true;
     }
     const char *subject = natsMsg_GetSubject(m);
@@ -1491,12 +1494,16 @@ static bool server_version(cph_clog *l, int *major, int *minor, int *patch) {
   return ok;
 }
 
-/* Whether this node may purge (clusterlog.h, "Trimming"); sets l->trim_allowed once it knows. */
+/* Whether this node may purge (clusterlog.h, "Trimming"); sets l->trim_allowed once it knows.
+ * The trim thread's own: the only writer of l->trim_allowed (under mu, which other threads read
+ * it under). */
 static bool trim_allowed(cph_clog *l) {
   if (l->trim_allowed)
     return l->trim_allowed > 0;
   if (l->replicas <= 1) { /* no Raft group under the stream: purges are applied directly */
+    pthread_mutex_lock(&l->mu);
     l->trim_allowed = 1;
+    pthread_mutex_unlock(&l->mu);
     return true;
   }
   int ma = 0, mi = 0, pa = 0;

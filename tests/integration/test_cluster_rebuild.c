@@ -147,6 +147,10 @@ static int setup(void **state) {
   int64_t t0 = cph_test_now_ms();
   bench *b = calloc(1, sizeof *b);
   cph_test_cluster *c = cph_tc_new();
+  /* Trimming every second (server/clusterflow.h 12.), so every rebuild here reads a trimmed log
+   * — where the NATS servers purge safely: with three servers the nodes refuse to trim before
+   * nats-server 2.9.18 (test_cluster_trim trims on one server). */
+  c->cluster_extra = ":log-trim-seconds 1";
   cph_tc_start_etcd(c);
   cph_tc_start_nats(c, 3);
   cph_tc_ports(c, NODES);
@@ -219,6 +223,22 @@ static void test_cluster_rebuild_a_dead_nodes_unconsumed_input_reaches_its_sessi
              "the %lld their rebuilds delivered",
              prepared, (long long)rebuilt);
   cph_tcw_settle_and_check(w, 0, n, t0, 0);
+  /* Each node has decided whether it trims: `trimming`, or `refused` with why (an R3 stream on
+   * a NATS server before 2.9.18) — never purging unchecked. */
+  for (int k = 0; k < w->c->n_nodes; k++) {
+    if (!w->c->up[k])
+      continue;
+    json_t *v = cph_tc_view(w->c, k);
+    json_t *trim = json_object_get(json_object_get(v, "log"), "trim");
+    const char *ts = json_string_value(json_object_get(trim, "state"));
+    const char *why = json_string_value(json_object_get(trim, "refused_why"));
+    printf("n%d: log.trim.state %s%s%s; %lld messages purged\n", k, ts ? ts : "?",
+           why && *why ? ": " : "", why ? why : "",
+           (long long)json_integer_value(json_object_get(trim, "purged_messages")));
+    assert_true(ts && (strcmp(ts, "trimming") == 0 ||
+                       (strcmp(ts, "refused") == 0 && why && strstr(why, "2.9.18"))));
+    json_decref(v);
+  }
   /* The rebuild's metrics are there and pass promtool. */
   int survivor = w->c->up[0] ? 0 : 1;
   cph_test_response r = cph_test_http(w->c->port[survivor], "GET", "/metrics", NULL, NULL);
