@@ -510,6 +510,9 @@ static const ps_field cluster_fields[] = {
     INT(cph_policy_cluster, "log-dedupe-seconds", log_dedupe_seconds, 0, 31536000, 0,
         "how long the log remembers an event's key to answer a repeat `duplicate` (NATS keeps "
         "the keys of that window in memory); 0 = :dedupe :key-window-seconds"),
+    INT(cph_policy_cluster, "log-trim-seconds", log_trim_seconds, 0, 86400, 10,
+        "a served shard's messages below its watermark (never needed again) are purged from the "
+        "log at most this often; 0 = never (the log grows without bound)"),
     INT(cph_policy_cluster, "concurrency", concurrency, 0, 10000, 0,
         "turns running at once over the whole cluster, shared by the nodes by demand every "
         "second; 0 = :scheduler :concurrency on each node"),

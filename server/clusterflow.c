@@ -233,6 +233,10 @@ typedef struct shard_track {
   pub *done_head, *done_tail; /* done marks waiting for the one in flight */
   bool done_sending;
   rebuild *rb; /* the rebuild under way, or NULL */
+  /* Trimming (12.): the watermark last handed to the log to purge below (0: none since this
+   * node took the shard), and when. */
+  uint64_t trimmed;
+  int64_t trim_at_ns;
 } shard_track;
 
 /* Messages applied as one engine operation: events[i] is an event of items[i], whose events are
@@ -285,6 +289,8 @@ struct cph_cflow {
   uint64_t pos_waits, pos_timeouts;
   uint64_t minted_marks;
   struct event *ev_mark; /* MARK_MS: the watermarks */
+  int64_t trim_ns;       /* :log-trim-seconds: a shard's log is trimmed at most this often (0:
+                            never, 12.) */
   /* 11.: session -> state_rev_entry, the revision of its key in CEPH_STATE this node last read
    * or wrote (absent: none, a put creates the key). Entries of sessions of shards no longer served
    * stay until the shard is taken again (its replay reads them anew). */
@@ -621,6 +627,31 @@ static bool served(cph_cflow *f, uint32_t shard) {
          CPH_CLUSTER_SERVED;
 }
 
+/* 12.: once the log holds a watermark of a live shard this node put, the shard's messages below
+ * it go — at most every :log-trim-seconds per shard, and only when the watermark moved since the
+ * last trim. Why it is safe: the put expected the revision of this node's previous put (10.), so
+ * the log took it while no other node had taken the shard; a node taking the shard later reads
+ * that key (or a later value: the previous owner's next puts, or its own rewrite of it) as the
+ * start of its replay, never a lower one but for a redelivered message's (lower is only a longer
+ * replay, of messages that were not needed). A purge that runs late, after the shard moved, purges
+ * below a watermark that was true when it was put: what is below it reached no session or was
+ * consumed, and stays so. The log's trim thread bounds the purge further by the shard consumer's
+ * ack floor (a message whose forwards may be missing is delivered again) and keeps the done
+ * subject's last message (the fence). */
+static void trim_maybe(cph_cflow *f, uint32_t shard) {
+  shard_track *tr = &f->tracks[shard];
+  if (!f->trim_ns || !f->log || !tr->live || tr->fenced || tr->mark_fenced ||
+      tr->mark_put <= tr->trimmed || tr->mark_put <= 1)
+    return;
+  int64_t now = mono_ns();
+  if (tr->trimmed && now - tr->trim_at_ns < f->trim_ns)
+    return;
+  if (cph_clog_trim(f->log, shard, tr->mark_put, tr->done_last) == CPH_OK) {
+    tr->trimmed = tr->mark_put;
+    tr->trim_at_ns = now;
+  }
+}
+
 /* Every MARK_MS: each live shard's watermark goes to the log when it changed (one put in flight
  * per shard); a shard no longer served is dropped. Only the owner puts: a node that lost the
  * shard stops here, before the next owner can have read it (it rebuilds after the previous
@@ -642,6 +673,7 @@ static void on_mark(evutil_socket_t fd, short what, void *arg) {
       drop_shard(f, s);
       continue;
     }
+    trim_maybe(f, s); /* the watermark the log holds, when its purge was held back */
     uint64_t w = shard_watermark(tr);
     if (w == tr->mark_put || tr->mark_sending || tr->fenced || tr->mark_fenced)
       continue;
@@ -1628,6 +1660,7 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
         tr->mark_rev = seq;
       tr->mark_put = p->mark;
       f->marks_put++;
+      trim_maybe(f, p->shard);
     } else {
       cph_warn("cluster log: the watermark of shard %" PRIu32 " was not taken (%s); put again "
                "within a second",
@@ -2299,6 +2332,7 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
   tr->live = true;
   tr->last_seen = rb->rp->to;
   tr->mark_put = 0; /* put this node's watermark at the next tick */
+  tr->trimmed = 0;  /* and trim below it once the log holds it (12.) */
   tr->rb = NULL;
   double took = (double)(mono_ns() - rb->t0_ns) / 1e9 + (double)rb->rp->read_ns / 1e9;
   f->rebuilds++;
@@ -2731,6 +2765,7 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
    * under the settings in force (cph_event_prep), so a reload changes no verdict. */
   f->prep_shingle_words = (int32_t)pol->dedupe.shingle_words;
   f->prep_min_length = pol->dedupe.min_length;
+  f->trim_ns = pol->cluster.log_trim_seconds * 1000000000LL;
   cph_clog_hooks hooks = {f,           on_published, on_message,       predecode,
                           predecoded_free, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
@@ -2929,6 +2964,17 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
        "completion then answers 503)."},
       {"cephalon_cluster_watermarks_put_total", "counter",
        "Shard watermarks this node put into the log (bounding a later rebuild's replay)."},
+      {"cephalon_cluster_log_trim_enabled", "gauge",
+       "1 while this node trims the log of the shards it serves below their watermarks; 0 when "
+       ":log-trim-seconds is 0, the NATS server is too old for it, or not known yet."},
+      {"cephalon_cluster_log_purges_total", "counter",
+       "Trims of a shard's log this node ran (a purge of its events and forwards, and one of its "
+       "done marks)."},
+      {"cephalon_cluster_log_purged_messages_total", "counter",
+       "Messages this node purged from the log: below their shard's watermark, never needed "
+       "again."},
+      {"cephalon_cluster_log_purge_failures_total", "counter",
+       "Trims that failed (NATS did not answer, or refused): tried again at the next watermark."},
   };
   const uint64_t v[] = {st.ready,
                         st.bound,
@@ -2946,7 +2992,11 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
                         st.rebuilding,
                         f->done_marks,
                         f->done_mark_failures,
-                        f->marks_put};
+                        f->marks_put,
+                        f->trim_ns && st.trim_allowed > 0,
+                        st.trims,
+                        st.trim_purged,
+                        st.trim_failures};
   for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
     cph_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", fam[i].name, fam[i].help,
                    fam[i].name, fam[i].type, fam[i].name, (unsigned long long)v[i]);
@@ -2964,6 +3014,9 @@ json_t *cph_cflow_json(cph_cflow *f) {
   if (!o)
     return NULL;
   json_object_set_new(o, "sessions_known", json_integer((json_int_t)cph_ctable_count(f->table)));
+  json_t *trim = json_object_get(o, "trim");
+  if (trim && !f->trim_ns)
+    json_object_set_new(trim, "state", json_string("off"));
   json_object_set_new(o, "applied", json_integer((json_int_t)f->applied));
   json_object_set_new(o, "forwarded", json_integer((json_int_t)f->forwarded));
   size_t waiting = 0;

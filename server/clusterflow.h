@@ -102,7 +102,7 @@
  *    shard); only while it serves the shard, and only once it rebuilt it (a node that lost the
  *    shard stops before the next owner can read the bucket). Lower than the truth is always
  *    safe (a longer replay); it never passes an unconsumed event: one applied after a put is
- *    above the newest position seen then, or was held then.
+ *    above the newest position seen then, or was held then. The log below it is purged (12.).
  *
  * 8. Rebuilding a shard, before its consumer is bound. From the replay (the watermark W, or 1;
  *    the stream's last sequence L when the replay began; the shard's in/fwd messages in
@@ -220,7 +220,31 @@
  *    (docs/cluster-scaling.md has figures). Not moved: the session's memories, kept turn
  *    contexts (the explorer), seals, channel cursors (rebuilt from its staged input), maintenance
  *    jobs, turn records, the replies stream (GET /v1/replies; connectors read it from the node
- *    that wrote it), and the inputs its turns consumed (the channel's traffic). */
+ *    that wrote it), and the inputs its turns consumed (the channel's traffic).
+ *
+ * 12. Trimming the log, so it does not grow without bound. Below a shard's watermark W (7.) a
+ *    rebuild reads nothing (8.: events from W, done marks from W — a mark follows the event it
+ *    names). So once the log holds a W this node put (the put was fenced, 10.: no other node had
+ *    taken the shard), the owner has the log purge, on its trim thread (clusterlog.h,
+ *    "Trimming"), the shard's in and fwd messages below min(W, its consumer's ack floor + 1) and
+ *    its done marks below min(W, the sequence of this node's last mark or epoch there). The ack
+ *    floor: the consumer must never be left to deliver a purged message — after a rebuild W may
+ *    pass a channel's message the previous owner applied and did not acknowledge (it reached no
+ *    session here), whose forwards only its delivery makes (8.). The last done message stays: it
+ *    is the fence the next write there expects. A purge late from a deposed owner is still
+ *    safe: its W was true when it was put and stays true, and the next owner starts its replay
+ *    at the W it reads from the key, which is that one or a later put. Forwards to other shards
+ *    are theirs to purge (their own watermarks). Session records, watermarks and states live in
+ *    their key-value buckets, which keep only each key's newest value. At most once every
+ *    :cluster :log-trim-seconds (default 10; 0: never) per shard, and only when W moved: two
+ *    JetStream requests and a consumer info per shard then, off the loop. The stream then holds
+ *    about what turns have not consumed yet plus :log-trim-seconds of traffic; a session whose
+ *    inbox nobody works holds its shard's W, and so the log of that shard, where it is. Not with
+ *    a NATS server that purges unsafely (clusterlog.h, "Trimming"): then nothing is purged and
+ *    GET /v1/cluster log.trim says why. A repeat of a purged message within the deduplication
+ *    window is still answered duplicate (JetStream keeps the ids in memory, not the messages);
+ *    after a NATS server restart only the ids of messages still stored are known, and a repeat
+ *    of a purged one is logged again and applied once (the engine's key), as after the window. */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 

@@ -5,11 +5,14 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <nats/nats.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +38,12 @@
 #define JS_WRONG_LAST_SEQ 10071 /* JetStream's "wrong last sequence": a fenced write */
 #define EPOCH_TRIES 20          /* taking a shard's fences, against a late writer */
 #define POS_POLL_MS 5        /* min_pos: between two rounds that made no progress */
+#define TRIM_WAIT_MS 2000    /* a purge request of the trim thread (a stop waits for it) */
+/* The first nats-server whose filtered purges are safe with :replicas > 1 (clusterlog.h,
+ * "Trimming"). */
+#define TRIM_SAFE_MAJOR 2
+#define TRIM_SAFE_MINOR 9
+#define TRIM_SAFE_PATCH 18
 
 typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY, ITEM_POS } item_kind;
 
@@ -153,6 +162,16 @@ struct cph_clog {
   pos_wait *pos_new; /* min_pos waits not taken by the pos thread yet */
   pthread_t pos_thread;
   bool pos_started;
+  /* Trimming ("Trimming" in clusterlog.h): per shard the newest request not taken by the trim
+   * thread yet (0: none) — purge its in/fwd messages below trim_below[s], its done marks below
+   * trim_done_below[s]; a newer request replaces an older one. */
+  uint64_t *trim_below, *trim_done_below;
+  bool trim_asked;  /* some trim_below[s] is set */
+  int trim_allowed; /* 0: not checked yet, 1: purges are safe here, -1: refused (trim_why) */
+  char trim_why[200];
+  uint64_t trims, trim_purged, trim_failures;
+  pthread_t trim_thread;
+  bool trim_started;
 
   /* Set by the log thread before ready, then only read until stop. */
   natsConnection *nc;
@@ -1296,7 +1315,10 @@ static bool pos_step(cph_clog *l, pos_wait *w) {
       jsStreamInfo_Destroy(si);
       if (last < w->pos)
         return false;
-      w->stage = POS_LAST; /* deleted: nothing of it to wait for but what came before L */
+      /* Deleted: purged (clusterflow.h 12.), which only a message its shard's consumer had
+       * acknowledged is — so its forwards are at or below L, and nothing of it is left to wait
+       * for but what came before L. */
+      w->stage = POS_LAST;
       return true;
     }
     const char *subject = natsMsg_GetSubject(m);
@@ -1416,6 +1438,199 @@ static void *pos_thread(void *arg) {
   return NULL;
 }
 
+/* ================================================================ trimming */
+
+/* The version nats-server states in the INFO line it greets a client with, read from a
+ * connection of our own to the server the log is connected to (libnats does not expose it).
+ * False when it could not be read. */
+static bool server_version(cph_clog *l, int *major, int *minor, int *patch) {
+  char url[256] = "";
+  if (natsConnection_GetConnectedUrl(l->nc, url, sizeof url) != NATS_OK || !url[0])
+    return false;
+  /* nats://[user:pass@]host:port */
+  char *host = strstr(url, "://");
+  host = host ? host + 3 : url;
+  char *at = strrchr(host, '@');
+  if (at)
+    host = at + 1;
+  char *colon = strrchr(host, ':');
+  if (!colon || strchr(host, ']'))
+    return false; /* no port, or an IPv6 literal: not worth parsing here */
+  *colon = '\0';
+  const char *port = colon + 1;
+  struct addrinfo hints = {0}, *ai = NULL;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host, port, &hints, &ai) != 0 || !ai)
+    return false;
+  int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+  bool ok = false;
+  if (fd >= 0) {
+    struct timeval tv = {2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      char buf[4096];
+      size_t n = 0;
+      while (n < sizeof buf - 1) {
+        ssize_t k = read(fd, buf + n, sizeof buf - 1 - n);
+        if (k <= 0)
+          break;
+        n += (size_t)k;
+        buf[n] = '\0';
+        if (strstr(buf, "\r\n"))
+          break;
+      }
+      buf[n] = '\0';
+      json_t *info = strncmp(buf, "INFO ", 5) == 0 ? json_loads(buf + 5, JSON_DISABLE_EOF_CHECK,
+                                                                NULL)
+                                                     : NULL;
+      const char *v = json_string_value(json_object_get(info, "version"));
+      ok = v && sscanf(v, "%d.%d.%d", major, minor, patch) == 3;
+      json_decref(info);
+    }
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  return ok;
+}
+
+/* Whether this node may purge (clusterlog.h, "Trimming"); sets l->trim_allowed once it knows.
+ * The trim thread's own: the only writer of l->trim_allowed (under mu, which other threads read
+ * it under). */
+static bool trim_allowed(cph_clog *l) {
+  if (l->trim_allowed)
+    return l->trim_allowed > 0;
+  if (l->replicas <= 1) { /* no Raft group under the stream: purges are applied directly */
+    pthread_mutex_lock(&l->mu);
+    l->trim_allowed = 1;
+    pthread_mutex_unlock(&l->mu);
+    return true;
+  }
+  int ma = 0, mi = 0, pa = 0;
+  if (!server_version(l, &ma, &mi, &pa))
+    return false; /* asked again at the next request */
+  bool safe = ma != TRIM_SAFE_MAJOR   ? ma > TRIM_SAFE_MAJOR
+              : mi != TRIM_SAFE_MINOR ? mi > TRIM_SAFE_MINOR
+                                      : pa >= TRIM_SAFE_PATCH;
+  pthread_mutex_lock(&l->mu);
+  l->trim_allowed = safe ? 1 : -1;
+  if (!safe)
+    snprintf(l->trim_why, sizeof l->trim_why,
+             "nats-server %d.%d.%d with :replicas %" PRId64 ": a filtered purge is not safe "
+             "before %d.%d.%d (a restarted server would drop the stream's head)",
+             ma, mi, pa, l->replicas, TRIM_SAFE_MAJOR, TRIM_SAFE_MINOR, TRIM_SAFE_PATCH);
+  pthread_mutex_unlock(&l->mu);
+  if (!safe)
+    cph_warn("cluster log: the log is not trimmed: %s", l->trim_why);
+  return safe;
+}
+
+/* Purges the messages of stream CEPH on `filter` below sequence `below` (JetStream's
+ * STREAM.PURGE with filter and seq; js_PurgeStream does not return the count). The count
+ * purged, or -1 with why set. */
+static int64_t purge_below(cph_clog *l, const char *filter, uint64_t below, char *why,
+                           size_t size) {
+  char body[160];
+  int len = snprintf(body, sizeof body, "{\"filter\":\"%s\",\"seq\":%" PRIu64 "}", filter, below);
+  natsMsg *reply = NULL;
+  natsStatus st = natsConnection_Request(&reply, l->nc, "$JS.API.STREAM.PURGE." CPH_CLOG_STREAM,
+                                         body, len, TRIM_WAIT_MS);
+  if (st != NATS_OK) {
+    snprintf(why, size, "purging %s below %" PRIu64 ": %s", filter, below, natsStatus_GetText(st));
+    return -1;
+  }
+  json_t *doc = json_loadb(natsMsg_GetData(reply), (size_t)natsMsg_GetDataLength(reply), 0, NULL);
+  natsMsg_Destroy(reply);
+  int64_t n = -1;
+  if (json_is_true(json_object_get(doc, "success")))
+    n = (int64_t)json_integer_value(json_object_get(doc, "purged"));
+  else
+  {
+    const char *e =
+        json_string_value(json_object_get(json_object_get(doc, "error"), "description"));
+    snprintf(why, size, "purging %s below %" PRIu64 ": %s", filter, below, e ? e : "no answer");
+  }
+  json_decref(doc);
+  return n;
+}
+
+/* One shard's trim ("Trimming" in clusterlog.h): its in/fwd messages below the lower of
+ * `below` and its consumer's ack floor + 1, its done marks below the lower of `below` and
+ * `done_below`. The messages purged, or -1 with why set. */
+static int64_t trim_shard(cph_clog *l, uint32_t shard, uint64_t below, uint64_t done_below,
+                          char *why, size_t size) {
+  char durable[32], filter[64];
+  snprintf(durable, sizeof durable, "s%" PRIu32, shard);
+  jsConsumerInfo *ci = NULL;
+  jsErrCode jerr = 0;
+  if (js_GetConsumerInfo(&ci, l->js, CPH_CLOG_STREAM, durable, NULL, &jerr) != NATS_OK) {
+    snprintf(why, size, "consumer %s: %s", durable, nats_GetLastError(NULL));
+    return -1;
+  }
+  uint64_t acked = ci->AckFloor.Stream;
+  jsConsumerInfo_Destroy(ci);
+  uint64_t events = below < acked + 1 ? below : acked + 1;
+  int64_t total = 0;
+  if (events > 1) {
+    /* ceph.*.<shard>.> matches exactly the shard's in and fwd subjects in CEPH, and is no
+     * subset of any consumer's filter (ceph.s.<shard>.>, ceph.s.done.<shard>): nats-server
+     * before 2.9.15 drops every acknowledgement still pending of each consumer whose filter
+     * contains a purge's subject (nats-server 6c9a9fb), so their unacknowledged messages would
+     * never come again. A wider subject leaves the consumers alone, which is right here: only
+     * messages at or below the consumer's ack floor go. */
+    snprintf(filter, sizeof filter, "ceph.*.%" PRIu32 ".>", shard);
+    int64_t n = purge_below(l, filter, events, why, size);
+    if (n < 0)
+      return -1;
+    total += n;
+  }
+  uint64_t marks = below < done_below ? below : done_below;
+  if (marks > 1) {
+    cph_clog_done_subject(filter, sizeof filter, shard);
+    int64_t n = purge_below(l, filter, marks, why, size);
+    if (n < 0)
+      return -1;
+    total += n;
+  }
+  return total;
+}
+
+/* The trim thread: takes the newest request of each shard and purges, one shard at a time,
+ * while this node still serves it. */
+static void *trim_thread(void *arg) {
+  cph_clog *l = arg;
+  pthread_mutex_lock(&l->mu);
+  for (;;) {
+    while (!l->stop && !(l->trim_asked && l->ready && !l->quiesced))
+      pthread_cond_wait(&l->cv, &l->mu);
+    if (l->stop)
+      break;
+    l->trim_asked = false;
+    for (uint32_t s = 0; s < l->shards && !l->stop && !l->quiesced; s++) {
+      uint64_t below = l->trim_below[s], done_below = l->trim_done_below[s];
+      if (!below)
+        continue;
+      l->trim_below[s] = l->trim_done_below[s] = 0;
+      pthread_mutex_unlock(&l->mu);
+      char node[8], url[8], why[256] = "";
+      int64_t n = 0;
+      bool go = trim_allowed(l) && cph_cluster_route(l->cluster, s, node, sizeof node, url,
+                                                     sizeof url) == CPH_CLUSTER_SERVED;
+      if (go && (n = trim_shard(l, s, below, done_below, why, sizeof why)) < 0)
+        cph_warn("cluster log: trimming shard %" PRIu32 ": %s (tried again later)", s, why);
+      pthread_mutex_lock(&l->mu);
+      if (go && n >= 0) {
+        l->trims++;
+        l->trim_purged += (uint64_t)n;
+      } else if (go) {
+        l->trim_failures++;
+      }
+    }
+  }
+  pthread_mutex_unlock(&l->mu);
+  return NULL;
+}
+
 static void *log_thread(void *arg) {
   cph_clog *l = arg;
   while (!stopping(l)) {
@@ -1478,8 +1693,10 @@ int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
   l->replay_gen = calloc(l->shards, sizeof *l->replay_gen);
   l->replay_after_ns = calloc(l->shards, sizeof *l->replay_after_ns);
   l->is_bound = calloc(l->shards, sizeof *l->is_bound);
+  l->trim_below = calloc(l->shards, sizeof *l->trim_below);
+  l->trim_done_below = calloc(l->shards, sizeof *l->trim_done_below);
   if (!l->node || !l->urls || !l->subs || !l->phase || !l->replay_gen || !l->replay_after_ns ||
-      !l->is_bound)
+      !l->is_bound || !l->trim_below || !l->trim_done_below)
     goto nomem;
   for (size_t i = 0; i < cfg->nats_count; i++, l->n_urls++)
     if (!(l->urls[i] = strdup(cfg->nats[i])))
@@ -1504,6 +1721,9 @@ int cph_clog_start(const cph_policy_cluster *cfg, int64_t dedupe_window_s,
   if (pthread_create(&l->pos_thread, NULL, pos_thread, l) != 0)
     goto io;
   l->pos_started = true;
+  if (pthread_create(&l->trim_thread, NULL, trim_thread, l) != 0)
+    goto io;
+  l->trim_started = true;
   *out = l;
   return CPH_OK;
 nomem:
@@ -1554,6 +1774,8 @@ void cph_clog_stop(cph_clog *l) {
     pthread_join(l->replay_threads[i], NULL);
   if (l->pos_started)
     pthread_join(l->pos_thread, NULL);
+  if (l->trim_started)
+    pthread_join(l->trim_thread, NULL);
   while (l->pos_new) {
     pos_wait *w = l->pos_new;
     l->pos_new = w->next;
@@ -1598,6 +1820,8 @@ void cph_clog_stop(cph_clog *l) {
   free(l->replay_gen);
   free(l->replay_after_ns);
   free(l->is_bound);
+  free(l->trim_below);
+  free(l->trim_done_below);
   free(l->node);
   pthread_cond_destroy(&l->cv);
   pthread_mutex_destroy(&l->mu);
@@ -1746,7 +1970,26 @@ void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out) {
   out->in_flight = l->in_flight;
   out->rebuilding = l->replaying;
   out->lag = lag_locked(l);
+  out->trim_allowed = l->trim_allowed;
+  out->trims = l->trims;
+  out->trim_purged = l->trim_purged;
+  out->trim_failures = l->trim_failures;
   pthread_mutex_unlock(&l->mu);
+}
+
+int cph_clog_trim(cph_clog *l, uint32_t shard, uint64_t below, uint64_t done_below) {
+  if (shard >= l->shards || below <= 1)
+    return CPH_EINVAL;
+  pthread_mutex_lock(&l->mu);
+  bool ok = l->ready && !l->quiesced && !l->stop && l->trim_allowed >= 0;
+  if (ok) {
+    l->trim_below[shard] = below;
+    l->trim_done_below[shard] = done_below;
+    l->trim_asked = true;
+    pthread_cond_broadcast(&l->cv);
+  }
+  pthread_mutex_unlock(&l->mu);
+  return ok ? CPH_OK : CPH_EBUSY;
 }
 
 bool cph_clog_ready(cph_clog *l) {
@@ -1764,6 +2007,15 @@ json_t *cph_clog_json(cph_clog *l) {
                         "published", (json_int_t)l->published, "delivered",
                         (json_int_t)l->delivered, "in_flight", (json_int_t)l->in_flight, "lag",
                         (json_int_t)lag_locked(l), "last_error", l->last_error);
+  if (o)
+    json_object_set_new(
+        o, "trim",
+        json_pack("{sssIsIsIss}", "state",
+                  l->trim_allowed > 0    ? "trimming"
+                  : l->trim_allowed < 0 ? "refused"
+                                        : "unchecked",
+                  "purges", (json_int_t)l->trims, "purged_messages", (json_int_t)l->trim_purged,
+                  "failures", (json_int_t)l->trim_failures, "refused_why", l->trim_why));
   pthread_mutex_unlock(&l->mu);
   return o;
 }

@@ -47,7 +47,8 @@
  * log thread, which connects (retrying), creates the stream, the buckets and the shard
  * consumers, and every 100 ms queues replays of, or binds to, the consumers of the shards this
  * node serves (cph_cluster_route) and unbinds from those it no longer serves; it also reads
- * the bucket's watcher. And two replay threads, and the pos thread (min_pos waits). Nothing of
+ * the bucket's watcher. And two replay threads, the pos thread (min_pos waits) and the trim
+ * thread (purges, "Trimming" below). Nothing of
  * that runs on the event loop. The loop
  * talks to the log only through cph_clog_publish (which never waits: libnats's asynchronous
  * publish) and receives everything — publish acknowledgements, messages of served shards, bucket
@@ -64,6 +65,24 @@
  * and only by the node serving its shard; what an earlier owner acknowledged, the rebuild
  * applied before the binding. Cost: one request to JetStream per step, every POS_POLL_MS while
  * it waits; for "every shard served here" (a lease) one consumer info per served shard.
+ *
+ * Trimming (clusterflow.h 12.). The loop asks (cph_clog_trim) to purge a shard's messages below
+ * a watermark the log holds; the trim thread takes the newest request of each shard and, while
+ * this node serves the shard, purges ceph.s.<shard>.in/fwd below the lower of that watermark and
+ * consumer s<shard>'s ack floor + 1 — never a message the consumer may still deliver, so a
+ * purged message's forwards were all acknowledged (which min_pos counts on: a position purged
+ * reads as "deleted", whose forwards are at or below L) — and ceph.s.done.<shard> below the
+ * lower of the watermark and the sequence of this node's own last write there (the subject's last
+ * message is the fence: 10.). Each is one STREAM.PURGE request (filter and seq), a Raft proposal
+ * on the stream. Two nats-server bugs decide how: before 2.9.15 a purge whose subject lies within
+ * a consumer's filter drops that consumer's pending acknowledgements (its unacknowledged messages
+ * would never come again), so in/fwd are purged as ceph.*.<shard>.>, which matches the same
+ * messages and no consumer's filter; and before 2.9.18 a filtered purge replayed from the Raft log
+ * when a server restarts compacts that server's whole stream up to the stream's last sequence at
+ * the time of the purge (nats-server dee5324) — so with :replicas > 1 the thread reads the version
+ * of the server it is connected to (its INFO line) and refuses to trim below 2.9.18 (logged; the
+ * stream grows as before). With :replicas 1 there is no Raft group under the stream and a purge is
+ * applied at once.
  *
  * Ordering: a shard's messages arrive in stream order. A message not acknowledged within
  * AckWait (the owner died, lost the shard, or released it) is delivered again, later and
@@ -254,6 +273,14 @@ void cph_clog_rebuild_failed(cph_clog *l, uint32_t shard, uint64_t gen);
  * the last message was acknowledged or released. */
 void cph_clog_close_library(void);
 
+/* Asks the trim thread to purge shard's in/fwd messages below `below` (bounded further by its
+ * consumer's ack floor) and its done marks below the lower of `below` and `done_below` ("Trimming"
+ * above). `below` must be a watermark of the shard that the log holds (CEPH_SHARDS took it from
+ * this node), `done_below` the sequence of this node's last write on ceph.s.done.<shard>. Never
+ * waits; replaces a request of the shard not taken yet. CPH_EBUSY when the log is not ready or
+ * trimming was refused (no purge comes), CPH_EINVAL. */
+int cph_clog_trim(cph_clog *l, uint32_t shard, uint64_t below, uint64_t done_below);
+
 void cph_clog_ack(cph_clog *l, cph_clog_msg *m);
 void cph_clog_release(cph_clog *l, cph_clog_msg *m);
 
@@ -264,13 +291,16 @@ typedef struct cph_clog_stats {
   int64_t in_flight;
   uint32_t rebuilding; /* served shards whose past is being read or rebuilt from */
   uint64_t lag;        /* messages of the shards bound here not applied yet (cph_clog_json) */
+  int trim_allowed;    /* 1: purges run, -1: refused (the NATS server), 0: not known yet */
+  uint64_t trims, trim_purged, trim_failures; /* purge rounds, messages purged, failed rounds */
 } cph_clog_stats;
 void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out);
 
 /* True once connected with the stream in place. */
 bool cph_clog_ready(cph_clog *l);
 /* {"state", "stream", "replicas", "shards_bound", "published", "delivered", "in_flight",
- * "lag", "last_error"} for GET /v1/cluster. lag: messages of the shards bound here that this
+ * "lag", "last_error", "trim": {"state", "purges", "purged_messages", "failures",
+ * "refused_why"}} for GET /v1/cluster. lag: messages of the shards bound here that this
  * node has not applied — the consumers' backlogs (as of binding, then of each delivery) and
  * those delivered and not yet acknowledged; a message released after a failure counts again
  * once it is delivered again. New reference. */

@@ -286,6 +286,9 @@ typedef struct cph_policy_cluster {
    * :dedupe :key-window-seconds. A repeat after it is logged again and answered `accepted`;
    * its owner still applies it once (the engine's idempotency key), unless the shard moved. */
   int64_t log_dedupe_seconds;
+  /* A served shard's log is trimmed below its watermark at most this often (server/clusterflow.h
+   * 12.); 0: never. */
+  int64_t log_trim_seconds;
   /* Turns running at once over the whole cluster (0: :scheduler :concurrency per node); each
    * node runs on its share, worked out every second from the nodes' demand (cluster.c). */
   int64_t concurrency;

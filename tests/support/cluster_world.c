@@ -289,6 +289,45 @@ void cph_tcw_post_events(cph_tcw *w, int from, int to, const char *run, bool all
   free(body);
 }
 
+/* Waits until each session holds, pending or staged on the node that serves it, every
+ * acknowledged event of [from, to) routed to it less what completed turns consumed: the log's
+ * messages were all applied (and forwarded). Fails after 30 s. */
+void cph_tcw_wait_applied(cph_tcw *w, int from, int to) {
+  int want[CPH_TCW_SESSIONS] = {0};
+  for (int e = from; e < to; e++)
+    for (int s = 0; s < CPH_TCW_SESSIONS; s++)
+      want[s] += w->evs[e].acked && (w->evs[e].targets >> s & 1) && !w->evs[e].seen[s];
+  int64_t t0 = cph_test_now_ms();
+  int s = 0, have = -1;
+  while (s < CPH_TCW_SESSIONS) {
+    char path[64];
+    snprintf(path, sizeof path, "/v1/sessions/s%02d", s);
+    have = -1;
+    for (int n = 0; n < w->c->n_nodes && have < 0; n++) {
+      if (!w->c->up[n])
+        continue;
+      cph_test_response r = cph_test_api(w->c->port[n], "GET", path, NULL, NULL);
+      json_t *j = r.status == 200 ? cph_test_json(&r) : NULL;
+      if (j)
+        have = (int)(json_integer_value(json_object_get(j, "pending")) +
+                     json_integer_value(json_object_get(j, "staged")));
+      json_decref(j);
+      cph_test_response_free(&r);
+    }
+    if (have == want[s]) {
+      s++;
+      continue;
+    }
+    if (have > want[s])
+      fail_msg("s%02d holds %d entries, more than the %d events routed to it", s, have, want[s]);
+    if (cph_test_now_ms() - t0 > 30000)
+      fail_msg("s%02d holds %d of its %d events after 30 s", s, have, want[s]);
+    cph_tc_sleep_ms(50);
+  }
+  printf("every event applied %lld ms after the last was acknowledged\n",
+         (long long)(cph_test_now_ms() - t0));
+}
+
 void cph_tcw_settle_and_check(cph_tcw *w, int from, int to, int64_t posting_started,
                               uint32_t lossy) {
   int64_t t0 = cph_test_now_ms();

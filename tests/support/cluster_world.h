@@ -64,6 +64,11 @@ int cph_tcw_work(cph_tcw *w, int node, int max_turns);
 void cph_tcw_post_events(cph_tcw *w, int from, int to, const char *run, bool all_keyed,
                          int work_every, int kill_at, int kill_node);
 
+/* Waits until each session holds, pending or staged on the node that serves it, every
+ * acknowledged event of [from, to) routed to it less what completed turns consumed: the log's
+ * messages were all applied (and forwarded). Fails after 30 s. No turn is worked meanwhile. */
+void cph_tcw_wait_applied(cph_tcw *w, int from, int to);
+
 /* Works until every acknowledged event of [from, to) reached its targets (30 s at most), then
  * checks the rule, failing the test with the first offence: exactly once where routed, never
  * elsewhere. lossy: sessions (a bit each) for which "at most once" is enough. Prints a line of

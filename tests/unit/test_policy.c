@@ -416,6 +416,7 @@ static void test_every_schema_key_is_in_the_example(void **state) {
   assert_int_equal(with_cluster->cluster.replicas, 3);
   assert_int_equal(with_cluster->cluster.lease_ttl_seconds, 5);
   assert_int_equal(with_cluster->cluster.log_dedupe_seconds, 0); /* the key window */
+  assert_int_equal(with_cluster->cluster.log_trim_seconds, 10); /* trimming on */
   char *printed_cluster = write_policy(with_cluster);
   cph_edn *want_cluster = parse_edn(printed_cluster);
   cph_edn *have_cluster = parse_edn(cblock.data);
