@@ -1542,10 +1542,9 @@ static int64_t purge_below(cph_clog *l, const char *filter, uint64_t below, char
   json_t *doc = json_loadb(natsMsg_GetData(reply), (size_t)natsMsg_GetDataLength(reply), 0, NULL);
   natsMsg_Destroy(reply);
   int64_t n = -1;
-  if (json_is_true(json_object_get(doc, "success")))
+  if (json_is_true(json_object_get(doc, "success"))) {
     n = (int64_t)json_integer_value(json_object_get(doc, "purged"));
-  else
-  {
+  } else {
     const char *e =
         json_string_value(json_object_get(json_object_get(doc, "error"), "description"));
     snprintf(why, size, "purging %s below %" PRIu64 ": %s", filter, below, e ? e : "no answer");
