@@ -1023,8 +1023,8 @@ static entry *group_head(cph_sched *s, lane_state *l, group *g, int64_t now, ose
  * early. A wrong guess (a stale entry or slot) costs one wasted prefetch, never a wrong
  * pick: nothing here is read for its value except to compute an address. */
 
-/* A set's ring is served front first: the session PREFETCH_SESSIONS entries on is loaded
- * while the picks before it run. */
+/* A set's ring is served front first: the session PREFETCH_SESSIONS entries on, which a
+ * plain pick writes (take_head), is loaded while the picks before it run. */
 enum { PREFETCH_SESSIONS = 8 };
 
 static HOT_INLINE void ring_prefetch(const cph_sched *s, const ring *r) {
@@ -1806,7 +1806,7 @@ static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t
  * entries were written a whole rotation of the lane's groups ago: lines the hardware does not
  * stream (the sessions they name are the picks' own business: take_head). Below
  * RUN_PREFETCH_SESSIONS sessions those lines are mostly still in the caches, and fetching
- * them ahead (the run's entries, and the next run's in stages) cost more than it saved (at
+ * them ahead (the run's entries, the next run's group and entries) cost more than it saved (at
  * 100k sessions with 1,000 tenants: 54 against 52 ns a pick + finish; at 1M: 65 against 81),
  * so only larger schedulers do. */
 enum { RUN_PREFETCH_SESSIONS = 1 << 18 };
