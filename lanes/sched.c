@@ -34,8 +34,11 @@
  *
  * A stale entry is still compared while it sits in a ring or heap (as the ring's back, inside
  * heap sifts), and the comparison reads its session's id. So a removed session's slot keeps
- * its id and is not reused until no set holds an entry naming it (`refs`); otherwise the
- * entry's order would change under it (a reused id) or crash (a freed one). */
+ * its id and is not reused until no set holds an entry naming it (`refs`, which counts stale
+ * entries only: a removed session has no live one); otherwise the entry's order would change
+ * under it (a reused id) or crash (a freed one). Each set counts its stale entries too: while
+ * it has none, its head is live without a look at its session, and the pick reads no session
+ * at all (take_head). */
 #include "sched.h"
 
 #include "pass.h"
@@ -43,6 +46,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "cephalon/error.h"
 #include "common/hmap.h"
@@ -78,6 +82,8 @@ typedef struct heap {
 typedef struct oset {
   ring ring;
   heap heap;
+  uint32_t stale; /* its stale entries: while there are none, its heads are live without a
+                     look at their sessions, so the pick reads no session (see take_head) */
 } oset;
 
 enum { WHERE_NONE, WHERE_AT_MAX, WHERE_BELOW };
@@ -88,7 +94,8 @@ typedef struct session {
   int64_t t0;
   int64_t queued_ns; /* when it last became runnable */
   uint32_t gen;      /* bumped whenever it leaves a set */
-  uint32_t refs;     /* entries in sets, live or stale, that name this slot */
+  uint32_t refs;     /* stale entries in sets that name this slot (its live entry is not
+                        counted, so taking it touches no session) */
   uint32_t tenant;   /* index in cph_sched.tenants (0 = the default); kept here, not in an
                         array beside, so the pick reads one line per session */
   uint8_t lane;
@@ -117,7 +124,6 @@ typedef struct group {
                         so are all of them once it leaves (leaving bumps it) */
   bool in_heap;      /* it has a live slot in its lane's tenant order */
   uint32_t tenant;   /* index in cph_sched.tenants */
-  cph_sid next_sid;  /* a prefetch hint: the session its next pick will likely take */
   uint64_t started;
   struct tclass *cls; /* its class in the lane (its tenant's step); NULL until it joins */
 } group;
@@ -184,7 +190,6 @@ typedef struct lane_state {
   uint32_t run_left;
   uint32_t run_done;
   uint32_t run_len;   /* the run's length when it started */
-  uint32_t run_stage; /* run_left at which the next stage of run_next_prefetch is due */
   group *run_next;    /* a guess at the next run's group, for prefetching; NULL: none */
   uint32_t run_q;
   int64_t span_ns;
@@ -197,6 +202,8 @@ typedef struct lane_state {
   int64_t done_len[CPH_SCHED_WINDOW];
   uint64_t n_done;
 } lane_state;
+
+enum { STARTS_MAX = 64 }; /* a power of two */
 
 struct cph_sched {
   const cph_clock *clock;
@@ -224,7 +231,17 @@ struct cph_sched {
   cph_hmap tenant_by_name; /* name -> tenant *, every tenant but the default */
   bool tenants_on;         /* some session has named a tenant; until then every session is
                               the default tenant's and the pick is the plain one */
+  /* Picks not yet written to their sessions (see take_head), oldest first: a ring of
+   * STARTS_MAX from starts_head. */
+  struct started {
+    cph_sid sid;
+    uint32_t gen;  /* the session's generation once it has left its set */
+    int64_t at_ns; /* when its turn started */
+  } starts[STARTS_MAX];
+  uint32_t starts_head, n_starts;
 };
+
+static void starts_flush(cph_sched *s);
 
 /* Full order of §3.3 within one set: key desc, queued_since asc, id asc. < 0 when a goes
  * first. */
@@ -244,7 +261,7 @@ static bool entry_live(const cph_sched *s, const entry *e) {
 
 static void release_slot(cph_sched *s, cph_sid sid);
 
-/* An entry naming sid has left its set. */
+/* A stale entry naming sid has left its set. */
 static void drop_ref(cph_sched *s, cph_sid sid) {
   session *se = &s->sessions[sid];
   if (--se->refs == 0 && se->removed)
@@ -321,24 +338,25 @@ static void heap_pop(const cph_sched *s, heap *h) {
 
 static bool oset_push(cph_sched *s, oset *o, const entry *e) {
   entry *back = ring_back(&o->ring);
-  bool ok =
-      !back || entry_cmp(s, back, e) < 0 ? ring_push(&o->ring, *e) : heap_push(s, &o->heap, *e);
-  if (ok)
-    s->sessions[e->sid].refs++;
-  return ok;
+  return !back || entry_cmp(s, back, e) < 0 ? ring_push(&o->ring, *e)
+                                             : heap_push(s, &o->heap, *e);
 }
 
-/* The set's first live entry, dropping stale ones on the way; NULL when empty. */
+/* The set's first live entry, dropping stale ones on the way; NULL when empty. With no stale
+ * entry in the set, no session is read. */
 static entry *oset_head(cph_sched *s, oset *o) {
-  entry *r;
-  while ((r = ring_front(&o->ring)) && !entry_live(s, r)) {
+  entry *r = ring_front(&o->ring);
+  while (o->stale && r && !entry_live(s, r)) {
     cph_sid sid = r->sid;
     ring_pop(&o->ring);
+    o->stale--;
     drop_ref(s, sid);
+    r = ring_front(&o->ring);
   }
-  while (o->heap.len && !entry_live(s, &o->heap.items[0])) {
+  while (o->stale && o->heap.len && !entry_live(s, &o->heap.items[0])) {
     cph_sid sid = o->heap.items[0].sid;
     heap_pop(s, &o->heap);
+    o->stale--;
     drop_ref(s, sid);
   }
   entry *h = o->heap.len ? &o->heap.items[0] : NULL;
@@ -349,13 +367,12 @@ static entry *oset_head(cph_sched *s, oset *o) {
   return entry_cmp(s, r, h) <= 0 ? r : h;
 }
 
+/* head is the live head oset_head returned: its session has no ref to drop. */
 static void oset_pop_head(cph_sched *s, oset *o, const entry *head) {
-  cph_sid sid = head->sid;
   if (head == ring_front(&o->ring))
     ring_pop(&o->ring);
   else
     heap_pop(s, &o->heap);
-  drop_ref(s, sid);
 }
 
 /* Drops stale entries once they outnumber live ones, so a session that keeps gaining and
@@ -386,15 +403,21 @@ static void oset_compact(cph_sched *s, oset *o, uint64_t live) {
   o->heap.len = 0;
   for (uint32_t i = 0; i < n; i++)
     heap_push(s, &o->heap, o->heap.items[i]);
+  o->stale = 0;
 }
 
 static void oset_clear(cph_sched *s, oset *o) {
-  for (uint32_t i = 0; i < o->ring.len; i++)
-    drop_ref(s, o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)].sid);
+  for (uint32_t i = 0; i < o->ring.len; i++) {
+    const entry *e = &o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)];
+    if (!entry_live(s, e))
+      drop_ref(s, e->sid);
+  }
   for (uint32_t i = 0; i < o->heap.len; i++)
-    drop_ref(s, o->heap.items[i].sid);
+    if (!entry_live(s, &o->heap.items[i]))
+      drop_ref(s, o->heap.items[i].sid);
   o->ring.len = o->ring.head = 0;
   o->heap.len = 0;
+  o->stale = 0;
 }
 
 static void oset_free(oset *o) {
@@ -919,13 +942,11 @@ static HOT_INLINE bool push_entry(cph_sched *s, group *g, cph_sid sid, int64_t n
 /* The counters (and, with tenants on, the lane's tenant heap) follow a group's runnable
  * sessions. A group that cannot join the heap for lack of memory is still counted and tries
  * again when one of its sessions next queues; until then it is not picked. */
-static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g, cph_sid sid) {
+static HOT_INLINE void count_in(cph_sched *s, lane_state *l, group *g) {
   l->runnable++;
   g->runnable++;
-  if (s->tenants_on && !g->in_heap) {
-    g->next_sid = sid;
+  if (s->tenants_on && !g->in_heap)
     theap_insert(s, l, g);
-  }
 }
 
 static HOT_INLINE void count_out(cph_sched *s, lane_state *l, group *g) {
@@ -939,7 +960,7 @@ static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
    * next state change. Counted as not runnable so counters stay true. */
   group *g = group_of(s, sid);
   if (push_entry(s, g, sid, now, queued_ns))
-    count_in(s, &s->lanes[s->sessions[sid].lane], g, sid);
+    count_in(s, &s->lanes[s->sessions[sid].lane], g);
 }
 
 /* g is the session's group (group_of). */
@@ -948,6 +969,8 @@ static HOT_INLINE void dequeue_from(cph_sched *s, group *g, cph_sid sid) {
   if (se->where == WHERE_NONE)
     return;
   se->gen++; /* its entry goes stale */
+  se->refs++;
+  (se->where == WHERE_AT_MAX ? &g->at_max : &g->below)->stale++;
   se->where = WHERE_NONE;
   count_out(s, &s->lanes[se->lane], g);
 }
@@ -1000,8 +1023,8 @@ static entry *group_head(cph_sched *s, lane_state *l, group *g, int64_t now, ose
  * early. A wrong guess (a stale entry or slot) costs one wasted prefetch, never a wrong
  * pick: nothing here is read for its value except to compute an address. */
 
-/* A set's ring is served front first: the session PREFETCH_SESSIONS entries on is loaded
- * while the picks before it run. */
+/* A set's ring is served front first: the session PREFETCH_SESSIONS entries on, which a
+ * plain pick writes (take_head), is loaded while the picks before it run. */
 enum { PREFETCH_SESSIONS = 8 };
 
 static HOT_INLINE void ring_prefetch(const cph_sched *s, const ring *r) {
@@ -1015,16 +1038,16 @@ static HOT_INLINE const ring *group_next_ring(const group *g) {
 }
 
 /* Tenants on, a lane's picks go round its classes' rings, one slot at a time, and each slot
- * leads to a group, then its set's front entry and that entry's session — loads a pick would
- * otherwise wait for one after another. After serving class c, the group PREFETCH_GROUP_AT
- * slots on is fetched, and the one PREFETCH_SETS_AT slots on (fetched by then) gives the
- * addresses of the rest: its front entry, the back entry its next finish compares with, and
- * its next session (next_sid, noted when it was last served, so no entry is read for it).
- * Every line the pick reads is fetched, not only those it waits on: a load that misses holds
- * up the retirement of all that follows it, even when nothing depends on its value. */
+ * leads to a group, then its set's front entry — loads a pick would otherwise wait for one
+ * after another (the session it names is not read: take_head). After serving class c, the
+ * group PREFETCH_GROUP_AT slots on is fetched, and the one PREFETCH_SETS_AT slots on (fetched
+ * by then) gives the addresses of the rest: its front entry and the back entry its next
+ * finish compares with. Every line the pick reads is fetched, not only those it waits on: a
+ * load that misses holds up the retirement of all that follows it, even when nothing depends
+ * on its value. */
 enum { PREFETCH_GROUP_AT = 4, PREFETCH_SETS_AT = 2 };
 
-static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
+static HOT_INLINE void class_prefetch(const tclass *c) {
   uint32_t m = c->cap - 1;
   if (c->len > PREFETCH_GROUP_AT) {
     const group *g = c->ring[(c->head + PREFETCH_GROUP_AT) & m].g;
@@ -1034,13 +1057,8 @@ static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
   if (c->len > PREFETCH_SETS_AT) {
     const group *g = c->ring[(c->head + PREFETCH_SETS_AT) & m].g;
     const ring *r = group_next_ring(g);
-    if (r->len) { /* and the entry after it, where the pick reads the group's next hint */
+    if (r->len)
       __builtin_prefetch(&r->items[r->head]);
-      __builtin_prefetch(&r->items[(r->head + 1) & (r->cap - 1)]);
-    }
-    const session *se = &s->sessions[g->next_sid]; /* on one or two lines */
-    __builtin_prefetch(se);
-    __builtin_prefetch((const char *)(se + 1) - 1);
     const ring *b = &g->below.ring;
     if (b->len) { /* and the entry after it, which the finish writes (a store miss stalls too) */
       __builtin_prefetch(&b->items[(b->head + b->len - 1) & (b->cap - 1)]);
@@ -1052,19 +1070,12 @@ static HOT_INLINE void class_prefetch(const cph_sched *s, const tclass *c) {
 /* With one or two groups in the served class, the slots ahead are the same group's next
  * picks, and class_prefetch has nothing to look at: the group's own set is read ahead. Its
  * picks interleave with the other classes' (unlike a lane without tenants, whose set the
- * hardware streams), so the session PREFETCH_SET_SESSION entries on is fetched, both lines it
- * may span, and the entry PREFETCH_SET_ENTRY on, which that fetch reads when its turn comes. */
-enum { PREFETCH_SET_SESSION = 16, PREFETCH_SET_ENTRY = 24 };
+ * hardware streams), so the entry PREFETCH_SET_ENTRY on is fetched. */
+enum { PREFETCH_SET_ENTRY = 24 };
 
-static HOT_INLINE void set_prefetch(const cph_sched *s, const ring *r) {
-  uint32_t m = r->cap - 1;
+static HOT_INLINE void set_prefetch(const ring *r) {
   if (r->len > PREFETCH_SET_ENTRY)
-    __builtin_prefetch(&r->items[(r->head + PREFETCH_SET_ENTRY) & m]);
-  if (r->len > PREFETCH_SET_SESSION) {
-    const session *se = &s->sessions[r->items[(r->head + PREFETCH_SET_SESSION) & m].sid];
-    __builtin_prefetch(se);
-    __builtin_prefetch((const char *)(se + 1) - 1);
-  }
+    __builtin_prefetch(&r->items[(r->head + PREFETCH_SET_ENTRY) & (r->cap - 1)]);
 }
 
 /* ---------------------------------------------------------------- config */
@@ -1348,6 +1359,7 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
   int rc = cph_sched_config_check(cfg, NULL);
   if (rc)
     return rc;
+  starts_flush(s);
   runs_end(s);
   int64_t now = cph_clock_now(s->clock);
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
@@ -1405,6 +1417,7 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
 static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t credits, cph_sid *out) {
   if ((unsigned)lane >= CPH_LANE_COUNT || !id)
     return CPH_EINVAL;
+  starts_flush(s);
   if (!s->n_free && s->n_sessions == s->cap_sessions &&
       cph_sched_reserve(s, s->cap_sessions ? (size_t)s->cap_sessions * 2 : 64) != CPH_OK)
     return CPH_ENOMEM;
@@ -1431,14 +1444,35 @@ static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t cred
   return CPH_OK;
 }
 
+/* A scheduler of HUGE_SESSIONS sessions or more keeps them on huge pages, where the system
+ * grants them (MADV_HUGEPAGE): with tenants its picks touch sessions all over the array, a
+ * page walk each on 4 KiB pages (bench/PROFILE.md). Below that the array is small enough for
+ * the TLB's reach, and a huge page would only round a small scheduler's memory up to 2 MiB. */
+enum { HUGE_SESSIONS = 1 << 18 };
+#define HUGE_PAGE ((size_t)2 << 20)
+
 int cph_sched_reserve(cph_sched *s, size_t n) {
   if (n <= s->cap_sessions)
     return CPH_OK;
   if (n >= CPH_SID_NONE)
     return CPH_ENOMEM;
-  session *p = realloc(s->sessions, n * sizeof *p);
-  if (!p)
-    return CPH_ENOMEM;
+  session *p;
+  if (n < HUGE_SESSIONS) {
+    p = realloc(s->sessions, n * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+  } else {
+    size_t bytes = (n * sizeof *p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    p = aligned_alloc(HUGE_PAGE, bytes);
+    if (!p)
+      return CPH_ENOMEM;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: refused, the pages stay small */
+#endif
+    if (s->n_sessions)
+      memcpy(p, s->sessions, (size_t)s->n_sessions * sizeof *p);
+    free(s->sessions);
+  }
   s->sessions = p;
   s->cap_sessions = (uint32_t)n;
   return CPH_OK;
@@ -1465,6 +1499,7 @@ static void release_slot(cph_sched *s, cph_sid sid) {
 }
 
 int cph_sched_remove(cph_sched *s, cph_sid sid) {
+  starts_flush(s);
   session *se = &s->sessions[sid];
   if (se->running)
     return CPH_ESTATE;
@@ -1489,16 +1524,19 @@ int cph_sched_remove(cph_sched *s, cph_sid sid) {
 }
 
 void cph_sched_set_work(cph_sched *s, cph_sid sid, bool has_work) {
+  starts_flush(s);
   s->sessions[sid].has_work = has_work;
   update_queue(s, sid);
 }
 
 void cph_sched_set_paused(cph_sched *s, cph_sid sid, bool paused) {
+  starts_flush(s);
   s->sessions[sid].paused = paused;
   update_queue(s, sid);
 }
 
 void cph_sched_set_trickle(cph_sched *s, cph_sid sid, bool pending) {
+  starts_flush(s);
   session *se = &s->sessions[sid];
   if (se->trickle == pending)
     return;
@@ -1564,6 +1602,7 @@ static int enable_tenants(cph_sched *s) {
 }
 
 int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *name) {
+  starts_flush(s);
   uint32_t to = 0;
   if (name && name[0]) {
     tenant *t = tenant_get(s, name);
@@ -1681,6 +1720,75 @@ static HOT_INLINE void start(cph_sched *s, group *g, cph_sid sid, cph_pick *out,
   out->lane = (cph_lane)se->lane;
 }
 
+/* A pending start is written to its session: what start() writes. */
+static HOT_INLINE void start_apply(cph_sched *s, const struct started *st) {
+  session *se = &s->sessions[st->sid];
+  se->gen = st->gen;
+  se->where = WHERE_NONE;
+  se->queued_ns = st->at_ns; /* while running: when its turn started (for the lane's window) */
+  se->running = true;
+}
+
+static HOT_INLINE void starts_pop(cph_sched *s) {
+  start_apply(s, &s->starts[s->starts_head]);
+  s->starts_head = (s->starts_head + 1) & (STARTS_MAX - 1);
+  s->n_starts--;
+}
+
+/* Writes every pending start. Every entry point but the pick and the accessors of what a
+ * start does not change calls it first, so a session is never read with its start pending. */
+static void starts_flush(cph_sched *s) {
+  while (s->n_starts)
+    starts_pop(s);
+}
+
+/* Writes the pending starts up to sid's, if it has one: what its finish needs. The picks'
+ * order is the usual order of finishes, so that is most often the oldest start alone. */
+static HOT_INLINE void starts_flush_to(cph_sched *s, cph_sid sid) {
+  for (uint32_t i = 0; i < s->n_starts; i++)
+    if (s->starts[(s->starts_head + i) & (STARTS_MAX - 1)].sid == sid) {
+      for (uint32_t k = 0; k <= i; k++)
+        starts_pop(s);
+      return;
+    }
+}
+
+/* The pick takes e, the live head of g's set `from` in lane l, and its session starts: what
+ * start() does, but with the facts it reads taken from the entry (a live entry's gen and
+ * queued_ns are its session's), so the pick never waits for the session's line. A lane
+ * without tenants takes its sessions in id order, which the hardware streams, and writes the
+ * start at once. With tenants (defer) a lane's sessions come in no order the hardware can
+ * stream (bench/PROFILE.md), and the writes are left pending (starts) until something reads
+ * the session — most often the turn's finish, dozens of picks later: the pick starts the
+ * line's fetch, and it has long arrived when it is written, without a fetch ahead through
+ * the entries that name it. A session popped but not yet written has no live entry (its only
+ * one was this), so nothing the picks read in between depends on it. */
+static HOT_INLINE void take_head(cph_sched *s, lane_state *l, group *g, oset *from,
+                                 const entry *e, cph_pick *out, int64_t now, bool defer) {
+  cph_sid sid = e->sid;
+  int64_t queued_ns = e->queued_ns;
+  struct started st = {sid, e->gen + 1, now};
+  oset_pop_head(s, from, e);
+  if (defer) {
+    if (s->n_starts == STARTS_MAX)
+      starts_pop(s);
+    s->starts[(s->starts_head + s->n_starts++) & (STARTS_MAX - 1)] = st;
+    const session *se = &s->sessions[sid];
+    __builtin_prefetch(se, 1);
+    __builtin_prefetch((const char *)(se + 1) - 1, 1);
+  } else {
+    start_apply(s, &st);
+  }
+  count_out(s, l, g);
+  s->running++;
+  l->running++;
+  l->started_total++;
+  out->sid = sid;
+  out->lane = (cph_lane)(l - s->lanes);
+  out->trickle = false;
+  out->waited_ns = now - queued_ns;
+}
+
 /* The pick in a lane of the default tenant alone (tenants off): its group's next session. */
 static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t now,
                                   cph_pick *out) {
@@ -1689,38 +1797,19 @@ static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t
   entry *e = group_head(s, l, g, now, &from);
   if (!e)
     return false;
-  cph_sid sid = e->sid;
-  oset_pop_head(s, from, e);
+  take_head(s, l, g, from, e, out, now, false);
   ring_prefetch(s, &from->ring);
-  out->sid = sid;
-  out->trickle = false;
-  start(s, g, sid, out, now);
   return true;
 }
 
 /* Prefetching for runs. A run's picks come one after another from its group's set, whose
- * sessions lie anywhere in the array and whose entries were written a whole rotation of the
- * lane's groups ago: lines the hardware does not stream. Every run fetches
- * the sessions its first picks need; below RUN_PREFETCH_SESSIONS sessions the rest of those
- * lines are mostly still in the caches, and fetching them ahead (the run's entries, and the
- * next run's lines in stages) cost more than it saved (at 100k sessions with 1,000 tenants:
- * 54 against 52 ns a pick + finish; at 1M: 65 against 81), so only larger schedulers do. */
+ * entries were written a whole rotation of the lane's groups ago: lines the hardware does not
+ * stream (the sessions they name are the picks' own business: take_head). Below
+ * RUN_PREFETCH_SESSIONS sessions those lines are mostly still in the caches, and fetching
+ * them ahead (the run's entries, the next run's group and entries) cost more than it saved (at
+ * 100k sessions with 1,000 tenants: 54 against 52 ns a pick + finish; at 1M: 65 against 81),
+ * so only larger schedulers do. */
 enum { RUN_PREFETCH_SESSIONS = 1 << 18 };
-
-/* Sessions named by entries [from, to) of r's front (clamped to its length). */
-static HOT_INLINE void run_sessions_prefetch(const cph_sched *s, const ring *r, uint32_t from,
-                                             uint32_t to) {
-  const entry *items = r->items;
-  const session *sessions = s->sessions;
-  uint32_t m = r->cap - 1, head = r->head;
-  if (to > r->len)
-    to = r->len;
-  for (uint32_t i = from; i < to; i++) {
-    const session *se = &sessions[items[(head + i) & m].sid];
-    __builtin_prefetch(se);
-    __builtin_prefetch((const char *)(se + 1) - 1);
-  }
-}
 
 /* The lines of the first n entries of r's front (two entries a line), and of the n entries
  * after the back of below, where the run's finishes will append. */
@@ -1748,20 +1837,14 @@ static HOT_INLINE group *run_next_guess(const lane_state *l, const tclass *c) {
   return best ? best->g : NULL;
 }
 
-/* The next run's lines, fetched in stages while this run's picks go on, so that they arrive
- * before they are needed even from memory (a 16-pick run at 1M sessions is over in about a
- * microsecond): stage 0 the group, 1 the entries its run will take and the lines its finishes
- * will append to, 2 the sessions those entries name. */
-static HOT_INLINE void run_next_prefetch(const cph_sched *s, const group *g, uint32_t n,
-                                         int stage) {
-  if (stage == 0) {
-    __builtin_prefetch(g);
-    __builtin_prefetch((const char *)g + 64);
-  } else if (stage == 1) {
-    run_entries_prefetch(group_next_ring(g), &g->below.ring, n);
-  } else {
-    run_sessions_prefetch(s, group_next_ring(g), 0, n);
-  }
+/* The next run's lines, fetched in two stages while this run's picks go on, so that they
+ * arrive before they are needed even from memory (a 16-pick run at 1M sessions is over in
+ * about a microsecond): at the run's start its group, halfway (the group has arrived by then:
+ * its fields give the addresses) the entries its run will take and the lines its finishes
+ * will append to. */
+static HOT_INLINE void run_next_group_prefetch(const group *g) {
+  __builtin_prefetch(g);
+  __builtin_prefetch((const char *)g + 64);
 }
 
 /* §3.9: the pick in a lane with tenants on: the next session of the group serving the lane's
@@ -1776,18 +1859,10 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
     bool fetched = g == l->run_next; /* by the last run, when it guessed right */
     bool big = s->n_sessions >= RUN_PREFETCH_SESSIONS;
     l->run_next = NULL;
-    if (l->run_left > 1 && !fetched) {
-      /* the sessions ring_prefetch will not reach in time, and in a big scheduler the rest */
-      run_sessions_prefetch(s, group_next_ring(g), 1, PREFETCH_SESSIONS + 1);
-      if (big)
-        run_entries_prefetch(group_next_ring(g), &g->below.ring, l->run_len);
-    }
-    if (l->run_left >= 8 && big) {
-      if ((l->run_next = run_next_guess(l, g->cls))) {
-        run_next_prefetch(s, l->run_next, l->run_len, 0);
-        l->run_stage = l->run_len - 2;
-      }
-    }
+    if (l->run_left > 1 && !fetched && big)
+      run_entries_prefetch(group_next_ring(g), &g->below.ring, l->run_len);
+    if (l->run_left >= 8 && big && (l->run_next = run_next_guess(l, g->cls)))
+      run_next_group_prefetch(l->run_next);
   }
   oset *from;
   entry *e = group_head(s, l, g, now, &from);
@@ -1796,38 +1871,30 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
     l->run_left = 0;
     return false;
   }
-  cph_sid sid = e->sid;
-  oset_pop_head(s, from, e);
   /* The lane's virtual time moves up to the tag served — never back: a run's later tags can be
    * past the next group's (with runs of one it only ever moves forward anyway), and a group
    * that left unserved keeps its start tag as its finish, which is only right while virtual
    * time never goes back. The group's next tag is one step on. Both are settled later
-   * (run_settle); start() may take the group out of the order if this was its last session,
+   * (run_settle); take_head may take the group out of the order if this was its last session,
    * which ends the run. */
   tclass *c = g->cls;
   l->run_done++;
-  out->sid = sid;
-  out->trickle = false;
-  start(s, g, sid, out, now);
+  take_head(s, l, g, from, e, out, now, true);
   if (l->run_left && --l->run_left) {
     /* The run goes on: its next pick reads this set's front, as a plain pick does; a long
-     * run fetches the next run's lines on the way. */
-    ring_prefetch(s, &from->ring);
-    if (l->run_left == l->run_stage && l->run_next) {
-      bool first = l->run_stage == l->run_len - 2;
-      run_next_prefetch(s, l->run_next, l->run_len, first ? 1 : 2);
-      l->run_stage = first ? l->run_len / 2 : 0; /* stage 2 halfway, then none */
+     * run fetches the next run's entries halfway. */
+    if (l->run_next && l->run_left == l->run_len / 2) {
+      const group *n = l->run_next;
+      run_entries_prefetch(group_next_ring(n), &n->below.ring, l->run_len);
     }
     return true;
   }
   run_settle(l);
-  const ring *r = from->ring.len ? &from->ring : group_next_ring(g); /* the set just used */
-  g->next_sid = r->len ? r->items[r->head].sid : sid;
   run_end(s, l, g);
   if (c->len > PREFETCH_SETS_AT)
-    class_prefetch(s, c);
+    class_prefetch(c);
   else
-    set_prefetch(s, &from->ring);
+    set_prefetch(&from->ring);
   return true;
 }
 
@@ -1841,6 +1908,8 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
   int64_t now = cph_clock_now(s->clock);
   refill_all(s, now);
 
+  if (trickle_due(s, now))
+    starts_flush(s); /* the candidates' running flags are read */
   cph_sid t = trickle_candidate(s, now);
   if (t != CPH_SID_NONE && (lane_mask & (1u << s->sessions[t].lane))) {
     out->sid = t;
@@ -1882,6 +1951,7 @@ _Static_assert((CPH_SCHED_WINDOW & (CPH_SCHED_WINDOW - 1)) == 0, "a power of two
 
 static HOT_INLINE void finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, uint64_t tokens,
                               bool charge_credits) {
+  starts_flush_to(s, sid);
   session *se = &s->sessions[sid];
   if (!se->running)
     return;
@@ -1924,6 +1994,7 @@ void cph_sched_finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, bool charg
 
 /* check_credits: sessions whose credits reached max move to the wait-ordered set. */
 void cph_sched_check_credits(cph_sched *s) {
+  starts_flush(s);
   int64_t now = cph_clock_now(s->clock);
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     lane_state *l = &s->lanes[i];
@@ -1949,7 +2020,12 @@ double cph_sched_credits(const cph_sched *s, cph_sid sid) {
 
 const char *cph_sched_id(const cph_sched *s, cph_sid sid) { return s->sessions[sid].id; }
 cph_lane cph_sched_lane(const cph_sched *s, cph_sid sid) { return (cph_lane)s->sessions[sid].lane; }
-bool cph_sched_is_running(const cph_sched *s, cph_sid sid) { return s->sessions[sid].running; }
+bool cph_sched_is_running(const cph_sched *s, cph_sid sid) {
+  for (uint32_t i = 0; i < s->n_starts; i++) /* a start not yet written */
+    if (s->starts[(s->starts_head + i) & (STARTS_MAX - 1)].sid == sid)
+      return true;
+  return s->sessions[sid].running;
+}
 uint32_t cph_sched_running(const cph_sched *s) { return s->running; }
 uint32_t cph_sched_concurrency(const cph_sched *s) { return s->cfg.concurrency; }
 
@@ -2024,6 +2100,7 @@ static int64_t estimate_start(const lane_state *l, uint64_t position, int64_t no
 
 void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   memset(out, 0, sizeof *out);
+  starts_flush(s);
   for (int i = 0; i < CPH_LANE_COUNT; i++)
     run_settle(&s->lanes[i]); /* the forecast reads the groups' tags */
   session *se = &s->sessions[sid];
@@ -2194,4 +2271,45 @@ void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out) {
     out->mean_turn_ns = sum / (int64_t)n;
     out->mean_spacing_ns = (now - l->done_at[(l->n_done - n) % CPH_SCHED_WINDOW]) / (int64_t)n;
   }
+}
+
+/* Counts o's stale entries into stale[sid] and live ones into live[sid]; returns the stale. */
+static uint32_t audit_oset(const cph_sched *s, const oset *o, uint32_t *stale, uint32_t *live) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < o->ring.len + o->heap.len; i++) {
+    const entry *e = i < o->ring.len ? &o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)]
+                                     : &o->heap.items[i - o->ring.len];
+    if (entry_live(s, e)) {
+      live[e->sid]++;
+    } else {
+      stale[e->sid]++;
+      n++;
+    }
+  }
+  return n;
+}
+
+int cph_sched_audit(const cph_sched *s) {
+  uint32_t *stale = calloc(s->n_sessions + 1, sizeof *stale);
+  uint32_t *live = calloc(s->n_sessions + 1, sizeof *live);
+  int rc = stale && live ? CPH_OK : CPH_ENOMEM;
+  for (uint32_t t = 0; !rc && t < s->n_tenants; t++)
+    for (int i = 0; i < CPH_LANE_COUNT; i++) {
+      const group *g = &s->tenants[t]->g[i];
+      if (audit_oset(s, &g->at_max, stale, live) != g->at_max.stale ||
+          audit_oset(s, &g->below, stale, live) != g->below.stale)
+        rc = CPH_ESTATE;
+    }
+  for (uint32_t i = 0; !rc && i < s->n_sessions; i++)
+    if (stale[i] != s->sessions[i].refs || live[i] > 1)
+      rc = CPH_ESTATE;
+  for (uint32_t i = 0; !rc && i < s->n_starts; i++) {
+    const struct started *st = &s->starts[(s->starts_head + i) & (STARTS_MAX - 1)];
+    const session *se = &s->sessions[st->sid];
+    if (live[st->sid] || se->running || st->gen != se->gen + 1)
+      rc = CPH_ESTATE;
+  }
+  free(stale);
+  free(live);
+  return rc;
 }

@@ -291,6 +291,13 @@ typedef struct cph_lane_stats {
 } cph_lane_stats;
 
 void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out);
+
+/* For tests: CPH_OK when the counts the pick trusts instead of reading sessions agree with
+ * what they count — each set's stale entries, each session's refs (the stale entries that
+ * name it), and every pick not yet written to its session (sched.c, take_head) naming a
+ * session with no live entry — CPH_ESTATE when one does not, CPH_ENOMEM. O(sessions +
+ * entries): never on a hot path. */
+int cph_sched_audit(const cph_sched *s);
 uint32_t cph_sched_running(const cph_sched *s);
 uint32_t cph_sched_concurrency(const cph_sched *s);
 

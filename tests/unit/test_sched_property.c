@@ -217,6 +217,7 @@ static void compare_why(prop *p, int i) {
 }
 
 static void compare_state(prop *p) {
+  CHECK(p, cph_sched_audit(p->s) == CPH_OK, "the scheduler's internal counts disagree");
   CHECK(p, cph_sched_running(p->s) == cph_ref_running(p->r), "running %u, reference %u",
         cph_sched_running(p->s), cph_ref_running(p->r));
   for (size_t i = 0; i < N_IDS; i++) {
