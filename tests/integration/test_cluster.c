@@ -132,10 +132,7 @@ static void test_cluster_shards_one_owner_each_spread_even_routes_421_to_the_own
   cph_test_response_free(&r);
   assert_string_equal(json_string_value(json_object_get(turn, "session")), "alice");
   char body[256];
-  snprintf(body, sizeof body, "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}",
-           json_string_value(json_object_get(turn, "lease")));
-  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-           (long long)json_integer_value(json_object_get(turn, "id")));
+  cph_test_completion(turn, path, sizeof path, body, sizeof body);
   r = cph_test_api(c->port[owner], "POST", path, NULL, body);
   assert_int_equal(r.status, 200);
   cph_test_response_free(&r);

@@ -224,10 +224,7 @@ static void test_cluster_fence_a_deposed_owners_done_marks_never_land(void **sta
     cph_test_response_free(&r);
     json_t *turn = json_object_get(j, "turn");
     char path[96], body[160];
-    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-             (long long)json_integer_value(json_object_get(turn, "id")));
-    snprintf(body, sizeof body, "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}",
-             json_string_value(json_object_get(turn, "lease")));
+    cph_test_completion(turn, path, sizeof path, body, sizeof body);
     json_decref(j);
     json_int_t rebuilds_b = rebuilds(c, B);
     int fd = cph_test_http_send_only(c->port[A], "POST", path, body);

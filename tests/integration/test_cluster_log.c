@@ -62,20 +62,13 @@ static int setup(void **state) {
   cph_tc_start_etcd(c);
   cph_tc_start_nats(c, 3);
   cph_tc_ports(c, NODES);
-  for (int i = 0; i < NODES; i++)
-    cph_tc_start_node(c, i, SHARDS, TTL_S,
-                      ":sessions {:max-queue 100000}\n"
-                      " :scheduler {:concurrency 64 :lanes {:interactive {:turns 1000000 "
-                      ":tool-calls 1000000}}}");
-  bool live[NODES] = {true, true, true};
-  if (!cph_tc_wait_settled(c, live, SHARDS, 30000))
-    fail_msg("the cluster did not settle (ownership and log) within 30 s (logs in %s)", c->dir);
   x->n_first = env_int("CPH_CLUSTER_LOG_EVENTS", 2000);
   /* + a third after a node's death, around another's, around a NATS server's */
-  x->w = cph_tcw_new(c, x->n_first + 3 * (x->n_first / 3), "CPH_CLUSTER_LOG_SEED");
-  cph_tcw_create_sessions(x->w);
-  printf("seed %u; cluster up and sessions known after %lld ms\n", x->w->seed,
-         (long long)(cph_test_now_ms() - t0));
+  x->w = cph_tcw_up(c, NODES, SHARDS, TTL_S,
+                    ":sessions {:max-queue 100000}\n"
+                    " :scheduler {:concurrency 64 :lanes {:interactive {:turns 1000000 "
+                    ":tool-calls 1000000}}}",
+                    x->n_first + 3 * (x->n_first / 3), "CPH_CLUSTER_LOG_SEED", t0);
   *state = x;
   return 0;
 }

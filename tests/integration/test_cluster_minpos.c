@@ -155,10 +155,7 @@ static void drain_on_b(world *x) {
     cph_test_response_free(&r);
     json_t *turn = json_object_get(j, "turn");
     char path[96], body[160];
-    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-             (long long)json_integer_value(json_object_get(turn, "id")));
-    snprintf(body, sizeof body, "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}",
-             json_string_value(json_object_get(turn, "lease")));
+    cph_test_completion(turn, path, sizeof path, body, sizeof body);
     json_decref(j);
     r = cph_test_api(x->c->port[B], "POST", path, NULL, body);
     if (r.status != 200)

@@ -117,16 +117,9 @@ static int setup(void **state) {
            " :scheduler {:concurrency 64 :lanes {:interactive {:turns 1000000 "
            ":tool-calls 1000000}}}",
            MAX_BATCH);
-  for (int i = 0; i < NODES; i++)
-    cph_tc_start_node(c, i, SHARDS, TTL_S, b->extra);
-  bool live[NODES] = {true, true, true};
-  if (!cph_tc_wait_settled(c, live, SHARDS, 30000))
-    fail_msg("the cluster did not settle (ownership and log) within 30 s (logs in %s)", c->dir);
   b->n_first = env_int("CPH_CLUSTER_TRIM_EVENTS", 1200);
-  b->w = cph_tcw_new(c, b->n_first + 2 * (b->n_first / 2), "CPH_CLUSTER_TRIM_SEED");
-  cph_tcw_create_sessions(b->w);
-  printf("seed %u; cluster up and sessions known after %lld ms\n", b->w->seed,
-         (long long)(cph_test_now_ms() - t0));
+  b->w = cph_tcw_up(c, NODES, SHARDS, TTL_S, b->extra, b->n_first + 2 * (b->n_first / 2),
+                    "CPH_CLUSTER_TRIM_SEED", t0);
   *state = b;
   return 0;
 }

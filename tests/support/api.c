@@ -120,6 +120,14 @@ json_t *cph_test_json(const cph_test_response *r) {
   return json_loadb(r->body, r->body_len, 0, NULL);
 }
 
+void cph_test_completion(const json_t *turn, char *path, size_t path_size, char *body,
+                         size_t body_size) {
+  snprintf(path, path_size, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(turn, "id")));
+  snprintf(body, body_size, "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}",
+           json_string_value(json_object_get(turn, "lease")));
+}
+
 void cph_test_expect_error(const cph_test_response *r, int status, const char *code,
                            const char *field) {
   json_t *j = cph_test_json(r);

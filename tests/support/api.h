@@ -24,6 +24,11 @@ cph_test_response cph_test_api(int port, const char *method, const char *path,
 /* The body parsed as JSON (new reference), or NULL when it is empty or not JSON. */
 json_t *cph_test_json(const cph_test_response *r);
 
+/* The path and the smallest body of the completion of a leased turn — `turn` is a lease
+ * answer's "turn" (its id and lease), the cost 1 token — for POST. */
+void cph_test_completion(const json_t *turn, char *path, size_t path_size, char *body,
+                         size_t body_size);
+
 /* Asserts (cmocka) that r is the error format of DESIGN §9 with this status and code, a
  * non-empty message, and field equal to `field` (NULL: JSON null). On failure the message
  * shows the response. */

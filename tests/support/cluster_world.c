@@ -29,6 +29,22 @@ cph_tcw *cph_tcw_new(cph_test_cluster *c, int n_evs, const char *seed_env) {
   return w;
 }
 
+cph_tcw *cph_tcw_up(cph_test_cluster *c, int nodes, int shards, int ttl_s, const char *extra,
+                    int n_evs, const char *seed_env, int64_t t0_ms) {
+  bool live[CPH_TC_MAX_NODES] = {false};
+  for (int i = 0; i < nodes; i++) {
+    cph_tc_start_node(c, i, shards, ttl_s, extra);
+    live[i] = true;
+  }
+  if (!cph_tc_wait_settled(c, live, shards, 30000))
+    fail_msg("the cluster did not settle (ownership and log) within 30 s (logs in %s)", c->dir);
+  cph_tcw *w = cph_tcw_new(c, n_evs, seed_env);
+  cph_tcw_create_sessions(w);
+  printf("seed %u; cluster up and sessions known after %lld ms\n", w->seed,
+         (long long)(cph_test_now_ms() - t0_ms));
+  return w;
+}
+
 void cph_tcw_free(cph_tcw *w) {
   if (!w)
     return;
@@ -116,11 +132,8 @@ static int work_node(cph_tcw *w, int n, int max_turns) {
     json_t *turn = json_object_get(j, "turn");
     int s = cph_tcw_session_index(json_string_value(json_object_get(turn, "session")));
     assert_true(s >= 0);
-    char path[96], body[128];
-    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-             (long long)json_integer_value(json_object_get(turn, "id")));
-    snprintf(body, sizeof body, "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}",
-             json_string_value(json_object_get(turn, "lease")));
+    char path[96], body[160];
+    cph_test_completion(turn, path, sizeof path, body, sizeof body);
     r = cph_test_api(w->c->port[n], "POST", path, NULL, body);
     if (r.status != 200)
       fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");

@@ -38,6 +38,12 @@ typedef struct cph_tcw {
 
 /* A world of n_evs events (none posted yet) on c; the seed is $seed_env or the time. */
 cph_tcw *cph_tcw_new(cph_test_cluster *c, int n_evs, const char *seed_env);
+/* Starts nodes 0..nodes-1 of c (its etcd, NATS and ports set up) with `extra` in their
+ * policies, waits until every shard is owned and bound (fails the test after 30 s), and
+ * returns cph_tcw_new's world with its sessions created; prints the seed and the time taken
+ * since t0_ms. */
+cph_tcw *cph_tcw_up(cph_test_cluster *c, int nodes, int shards, int ttl_s, const char *extra,
+                    int n_evs, const char *seed_env, int64_t t0_ms);
 void cph_tcw_free(cph_tcw *w);
 
 /* A random node that is up. */
