@@ -50,11 +50,6 @@ typedef struct world {
   int n_first; /* events of the first test */
 } world;
 
-static int env_int(const char *name, int def) {
-  const char *v = getenv(name);
-  return v && *v ? atoi(v) : def;
-}
-
 static int setup(void **state) {
   int64_t t0 = cph_test_now_ms();
   world *x = calloc(1, sizeof *x);
@@ -62,7 +57,7 @@ static int setup(void **state) {
   cph_tc_start_etcd(c);
   cph_tc_start_nats(c, 3);
   cph_tc_ports(c, NODES);
-  x->n_first = env_int("CPH_CLUSTER_LOG_EVENTS", 2000);
+  x->n_first = cph_tc_env_int("CPH_CLUSTER_LOG_EVENTS", 2000);
   /* + a third after a node's death, around another's, around a NATS server's */
   x->w = cph_tcw_up(c, NODES, SHARDS, TTL_S,
                     ":sessions {:max-queue 100000}\n"

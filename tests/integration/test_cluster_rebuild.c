@@ -50,11 +50,6 @@ typedef struct bench {
   char *kept;      /* the data dir of the node the first test killed */
 } bench;
 
-static int env_int(const char *name, int def) {
-  const char *v = getenv(name);
-  return v && *v ? atoi(v) : def;
-}
-
 /* Leases one turn on node n and leaves it running (its worker "dies" with the node): what it
  * carries is not consumed. Returns how many entries it carries (0: nothing to lease). */
 static int lease_and_leave(cph_tcw *w, int n) {
@@ -70,36 +65,6 @@ static int lease_and_leave(cph_tcw *w, int n) {
   int staged = (int)json_array_size(json_object_get(json_object_get(j, "turn"), "staged"));
   json_decref(j);
   return staged;
-}
-
-/* The sum over the live nodes of GET /v1/cluster log.rebuild.<name>. */
-static json_int_t rebuild_sum(cph_tcw *w, const char *name) {
-  json_int_t sum = 0;
-  for (int n = 0; n < w->c->n_nodes; n++) {
-    if (!w->c->up[n])
-      continue;
-    json_t *v = cph_tc_view(w->c, n);
-    json_t *rb = json_object_get(json_object_get(v, "log"), "rebuild");
-    assert_non_null(rb);
-    sum += json_integer_value(json_object_get(rb, name));
-    json_decref(v);
-  }
-  return sum;
-}
-
-/* cephalon_ingest_prepared_events_total summed over the nodes up, skipping `except`. */
-static long long prepared_sum(cph_tcw *w, int except) {
-  long long sum = 0;
-  for (int n = 0; n < w->c->n_nodes; n++) {
-    if (!w->c->up[n] || n == except)
-      continue;
-    cph_test_response r = cph_test_http(w->c->port[n], "GET", "/metrics", NULL, NULL);
-    const char *at = r.body ? strstr(r.body, "\ncephalon_ingest_prepared_events_total ") : NULL;
-    if (at)
-      sum += atoll(at + strlen("\ncephalon_ingest_prepared_events_total "));
-    cph_test_response_free(&r);
-  }
-  return sum;
 }
 
 /* Waits until the nodes up serve and have bound (so rebuilt) every shard. */
@@ -160,7 +125,7 @@ static int setup(void **state) {
            " :scheduler {:concurrency 64 :lanes {:interactive {:turns 1000000 "
            ":tool-calls 1000000}}}",
            MAX_BATCH);
-  b->n_first = env_int("CPH_CLUSTER_REBUILD_EVENTS", 600);
+  b->n_first = cph_tc_env_int("CPH_CLUSTER_REBUILD_EVENTS", 600);
   b->w = cph_tcw_up(c, NODES, SHARDS, TTL_S, extra, b->n_first + 3 * (b->n_first / 2),
                     "CPH_CLUSTER_REBUILD_SEED", t0);
   *state = b;
@@ -202,15 +167,18 @@ static void test_cluster_rebuild_a_dead_nodes_unconsumed_input_reaches_its_sessi
   printf("%d turns completed before the kill, consuming %d deliveries; a turn of %d left "
          "running on n%d, which holds %d sessions\n",
          before, staged_before, lost_turn, victim, victims_sessions);
-  json_int_t events_before = rebuild_sum(w, "events_total");
-  long long prepared_before = prepared_sum(w, victim);
+  json_int_t events_before = cph_tc_rebuild_sum(w->c, "events_total");
+  long long prepared_before =
+      cph_tc_metric_sum(w->c, "cephalon_ingest_prepared_events_total", victim);
   b->kept = kill_and_settle(w, victim, true);
   /* The dead node's unconsumed input was delivered again on the survivors. */
-  json_int_t rebuilt = rebuild_sum(w, "events_total") - events_before;
+  json_int_t rebuilt = cph_tc_rebuild_sum(w->c, "events_total") - events_before;
   printf("the survivors' rebuilds delivered %lld events again\n", (long long)rebuilt);
   assert_true(rebuilt >= lost_turn);
   /* ... each decoded and prepared by the replay thread that read it, not on the loop */
-  long long prepared = prepared_sum(w, victim) - prepared_before;
+  long long prepared =
+      cph_tc_metric_sum(w->c, "cephalon_ingest_prepared_events_total", victim) -
+      prepared_before;
   if (prepared < rebuilt)
     fail_msg("the survivors applied %lld events prepared across the takeover, want at least "
              "the %lld their rebuilds delivered",
@@ -313,7 +281,8 @@ test_cluster_rebuild_a_node_restarted_on_its_data_neither_loses_nor_repeats(void
   assert_true(lease_and_leave(w, victim) > 0);
   cph_tc_kill_restart_node(w->c, victim, SHARDS, TTL_S, b->extra);
   settle(w, "the restarted node");
-  json_int_t pending = rebuild_sum(w, "pending"), rebuilds = rebuild_sum(w, "rebuilds");
+  json_int_t pending = cph_tc_rebuild_sum(w->c, "pending");
+  json_int_t rebuilds = cph_tc_rebuild_sum(w->c, "rebuilds");
   printf("n%d restarted: %lld rebuilds, %lld events pending again\n", victim, (long long)rebuilds,
          (long long)pending);
   assert_true(rebuilds > 0 && pending > 0);

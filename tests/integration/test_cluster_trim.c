@@ -16,8 +16,9 @@
  *   3. kill -9 of another node mid-ingest, workers consuming and the log trimmed meanwhile:
  *      what the dead node had not acknowledged comes again and is forwarded again, exactly once.
  *
- * CPH_CLUSTER_TRIM_EVENTS (default 1200) events in 1, half of that in 2 and 3; CPH_CLUSTER_TRIM_SEED
- * replays a run. Without etcd or nats-server the test fails and says what to install. */
+ * CPH_CLUSTER_TRIM_EVENTS (default 1200) events in 1, half of that in 2 and 3;
+ * CPH_CLUSTER_TRIM_SEED replays a run. Without etcd or nats-server the test fails and says what
+ * to install. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -51,11 +52,6 @@ typedef struct stream_state {
   uint64_t msgs, first, last;
 } stream_state;
 
-static int env_int(const char *name, int def) {
-  const char *v = getenv(name);
-  return v && *v ? atoi(v) : def;
-}
-
 /* Stream CEPH as the NATS server has it now. */
 static stream_state stream_now(cph_test_cluster *c) {
   natsConnection *nc = NULL;
@@ -73,37 +69,6 @@ static stream_state stream_now(cph_test_cluster *c) {
   return st;
 }
 
-/* The sum over the nodes up of metric `name` (a counter or gauge of GET /metrics). */
-static long long metric_sum(cph_tcw *w, const char *name) {
-  char needle[160];
-  snprintf(needle, sizeof needle, "\n%s ", name);
-  long long sum = 0;
-  for (int n = 0; n < w->c->n_nodes; n++) {
-    if (!w->c->up[n])
-      continue;
-    cph_test_response r = cph_test_http(w->c->port[n], "GET", "/metrics", NULL, NULL);
-    const char *at = r.body ? strstr(r.body, needle) : NULL;
-    if (at)
-      sum += atoll(at + strlen(needle));
-    cph_test_response_free(&r);
-  }
-  return sum;
-}
-
-/* The sum over the nodes up of GET /v1/cluster log.rebuild.<name>. */
-static json_int_t rebuild_sum(cph_tcw *w, const char *name) {
-  json_int_t sum = 0;
-  for (int n = 0; n < w->c->n_nodes; n++) {
-    if (!w->c->up[n])
-      continue;
-    json_t *v = cph_tc_view(w->c, n);
-    sum += json_integer_value(
-        json_object_get(json_object_get(json_object_get(v, "log"), "rebuild"), name));
-    json_decref(v);
-  }
-  return sum;
-}
-
 static int setup(void **state) {
   int64_t t0 = cph_test_now_ms();
   bench *b = calloc(1, sizeof *b);
@@ -117,7 +82,7 @@ static int setup(void **state) {
            " :scheduler {:concurrency 64 :lanes {:interactive {:turns 1000000 "
            ":tool-calls 1000000}}}",
            MAX_BATCH);
-  b->n_first = env_int("CPH_CLUSTER_TRIM_EVENTS", 1200);
+  b->n_first = cph_tc_env_int("CPH_CLUSTER_TRIM_EVENTS", 1200);
   b->w = cph_tcw_up(c, NODES, SHARDS, TTL_S, b->extra, b->n_first + 2 * (b->n_first / 2),
                     "CPH_CLUSTER_TRIM_SEED", t0);
   *state = b;
@@ -156,20 +121,20 @@ static void test_cluster_trim_the_stream_keeps_a_fraction_of_what_it_took_and_lo
          "%lld trims\n",
          (unsigned long long)st.msgs, (unsigned long long)st.last,
          (unsigned long long)st.first,
-         metric_sum(w, "cephalon_cluster_log_purged_messages_total"),
-         metric_sum(w, "cephalon_cluster_log_purges_total"));
+         cph_tc_metric_sum(w->c, "cephalon_cluster_log_purged_messages_total", -1),
+         cph_tc_metric_sum(w->c, "cephalon_cluster_log_purges_total", -1));
   assert_true(st.last > (uint64_t)n / CPH_TCW_BATCH); /* the log took messages */
   if (st.msgs * 10 > st.last)
     fail_msg("stream CEPH holds %llu of the %llu messages it took 15 s after every event was "
              "consumed: not trimmed (want at most a tenth)",
              (unsigned long long)st.msgs, (unsigned long long)st.last);
-  assert_true(metric_sum(w, "cephalon_cluster_log_trim_enabled") == NODES);
-  assert_true(metric_sum(w, "cephalon_cluster_log_purged_messages_total") > 0);
+  assert_true(cph_tc_metric_sum(w->c, "cephalon_cluster_log_trim_enabled", -1) == NODES);
+  assert_true(cph_tc_metric_sum(w->c, "cephalon_cluster_log_purged_messages_total", -1) > 0);
   /* A trim that fails (NATS slow to answer) is only late: the next watermark tries again. */
-  long long failures = metric_sum(w, "cephalon_cluster_log_purge_failures_total");
+  long long failures = cph_tc_metric_sum(w->c, "cephalon_cluster_log_purge_failures_total", -1);
   if (failures)
     printf("%lld trims failed (tried again at the next watermark)\n", failures);
-  assert_true(failures < metric_sum(w, "cephalon_cluster_log_purges_total"));
+  assert_true(failures < cph_tc_metric_sum(w->c, "cephalon_cluster_log_purges_total", -1));
   /* Nothing was delivered again after the purges (a purge that reset a consumer would). */
   cph_tcw_settle_and_check(w, 0, n, t0, 0);
   cph_test_response r = cph_test_http(w->c->port[0], "GET", "/metrics", NULL, NULL);
@@ -195,12 +160,12 @@ static void test_cluster_trim_a_takeover_after_trimming_rebuilds_without_loss(vo
   cph_tcw_wait_applied(w, from, to);
   for (int k = 0; k < NODES; k++) /* part consumed: some inboxes whole, some in part */
     cph_tcw_work(w, k, 3);
-  long long purges = metric_sum(w, "cephalon_cluster_log_purges_total");
+  long long purges = cph_tc_metric_sum(w->c, "cephalon_cluster_log_purges_total", -1);
   stream_state before = stream_now(w->c);
   /* A trim round at least, on every node, after the last completions moved the watermarks. */
   for (int64_t until = cph_test_now_ms() + 10000;
        cph_test_now_ms() < until &&
-       metric_sum(w, "cephalon_cluster_log_purges_total") < purges + NODES;)
+       cph_tc_metric_sum(w->c, "cephalon_cluster_log_purges_total", -1) < purges + NODES;)
     cph_tc_sleep_ms(250);
   cph_tc_sleep_ms(1500);
   stream_state trimmed = stream_now(w->c);
@@ -211,14 +176,14 @@ static void test_cluster_trim_a_takeover_after_trimming_rebuilds_without_loss(vo
   /* Trimmed (the first sequence may stay put: a shard's epoch is kept as the last message of its
    * done subject when it has no mark since). */
   assert_true(trimmed.msgs < trimmed.last);
-  json_int_t events_before = rebuild_sum(w, "events_total");
+  json_int_t events_before = cph_tc_rebuild_sum(w->c, "events_total");
   cph_tc_kill_node(w->c, victim, false);
   bool live[NODES] = {true, true, true};
   live[victim] = false;
   if (!cph_tc_wait_settled(w->c, live, SHARDS, 30000))
     fail_msg("the survivors did not take n%d's shards over within 30 s (logs in %s)", victim,
              w->c->dir);
-  json_int_t rebuilt = rebuild_sum(w, "events_total") - events_before;
+  json_int_t rebuilt = cph_tc_rebuild_sum(w->c, "events_total") - events_before;
   printf("n%d killed -9: the survivors' rebuilds delivered %lld unconsumed events again\n",
          victim, (long long)rebuilt);
   cph_tcw_settle_and_check(w, from, to, t0, 0);

@@ -339,6 +339,41 @@ json_t *cph_tc_view(cph_test_cluster *c, int i) {
   return j;
 }
 
+long long cph_tc_rebuild_sum(cph_test_cluster *c, const char *name) {
+  long long sum = 0;
+  for (int n = 0; n < c->n_nodes; n++) {
+    if (!c->up[n])
+      continue;
+    json_t *v = cph_tc_view(c, n);
+    json_t *rb = json_object_get(json_object_get(v, "log"), "rebuild");
+    assert_non_null(rb);
+    sum += json_integer_value(json_object_get(rb, name));
+    json_decref(v);
+  }
+  return sum;
+}
+
+long long cph_tc_metric_sum(cph_test_cluster *c, const char *name, int except) {
+  char needle[160];
+  snprintf(needle, sizeof needle, "\n%s ", name);
+  long long sum = 0;
+  for (int n = 0; n < c->n_nodes; n++) {
+    if (!c->up[n] || n == except)
+      continue;
+    cph_test_response r = cph_test_http(c->port[n], "GET", "/metrics", NULL, NULL);
+    const char *at = r.body ? strstr(r.body, needle) : NULL;
+    if (at)
+      sum += atoll(at + strlen(needle));
+    cph_test_response_free(&r);
+  }
+  return sum;
+}
+
+int cph_tc_env_int(const char *name, int def) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : def;
+}
+
 static bool settled(cph_test_cluster *c, const bool *live, int shards) {
   int n_live = 0, sum = 0;
   for (int i = 0; i < c->n_nodes; i++)

@@ -64,6 +64,13 @@ void cph_tc_kill_restart_node(cph_test_cluster *c, int i, int shards, int ttl_s,
                               const char *extra);
 /* GET /v1/cluster on node i (JSON, new reference) or NULL. */
 json_t *cph_tc_view(cph_test_cluster *c, int i);
+/* The sum over the nodes up of GET /v1/cluster log.rebuild.<name> (asserted present). */
+long long cph_tc_rebuild_sum(cph_test_cluster *c, const char *name);
+/* The sum over the nodes up but `except` (-1: none) of metric `name`, an unlabelled counter
+ * or gauge of GET /metrics. */
+long long cph_tc_metric_sum(cph_test_cluster *c, const char *name, int except);
+/* The integer in environment variable `name`, or def when it is unset or empty (test sizes). */
+int cph_tc_env_int(const char *name, int def);
 /* Waits until every node in live[] sees n_live nodes, all shards held, spread even, and —
  * with NATS — its log ready with every owned shard bound. */
 bool cph_tc_wait_settled(cph_test_cluster *c, const bool *live, int shards, int timeout_ms);
