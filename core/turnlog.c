@@ -603,27 +603,28 @@ static int newest_kept(cph_txn *t, const char *session, uint64_t *turn) {
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
+/* ptr reallocated to n elements; ok cleared (and ptr unchanged) without memory. */
+#define REGROW(ptr, n, ok)                                                                     \
+  do {                                                                                         \
+    void *q_ = realloc((ptr), (n) * sizeof *(ptr));                                            \
+    if (q_)                                                                                    \
+      (ptr) = q_;                                                                              \
+    else                                                                                       \
+      (ok) = false;                                                                            \
+  } while (0)
+
 /* Room for n rows of the turn being kept in tl's scratch arrays. */
 static int scratch_reserve(cph_turnlog *tl, size_t n) {
   if (n <= tl->cap)
     return CPH_OK;
   size_t cap = 2 * n;
-  uint64_t *rows = realloc(tl->rows, cap * sizeof *rows);
-  if (rows)
-    tl->rows = rows;
-  uint64_t *dist = realloc(tl->dist, cap * sizeof *dist);
-  if (dist)
-    tl->dist = dist;
-  uint64_t *chash = realloc(tl->chash, cap * sizeof *chash);
-  if (chash)
-    tl->chash = chash;
-  int32_t *depth = realloc(tl->depth, cap * sizeof *depth);
-  if (depth)
-    tl->depth = depth;
-  uint32_t *code = realloc(tl->code, cap * sizeof *code);
-  if (code)
-    tl->code = code;
-  if (!rows || !dist || !chash || !depth || !code)
+  bool ok = true;
+  REGROW(tl->rows, cap, ok);
+  REGROW(tl->dist, cap, ok);
+  REGROW(tl->chash, cap, ok);
+  REGROW(tl->depth, cap, ok);
+  REGROW(tl->code, cap, ok);
+  if (!ok)
     return CPH_ENOMEM;
   tl->cap = cap;
   return CPH_OK;
