@@ -156,3 +156,13 @@ void cph_fixture_search_lines(cph_fixture *f, const char *session, const char *q
   }
   cph_op_clear_results(&op);
 }
+
+uint64_t cph_test_event_family(cph_engine *e, uint64_t id) {
+  cph_event_info ev;
+  cph_err err;
+  if (cph_engine_get_event(e, id, &ev, &err))
+    fail_msg("event %llu: %s", (unsigned long long)id, err.msg);
+  uint64_t fam = ev.family;
+  cph_event_info_free(&ev);
+  return fam;
+}

@@ -24,6 +24,9 @@ void cph_fixture_open(cph_fixture *f);
 /* Closes the engine if open, removes the temp dir, frees f. */
 void cph_fixture_free(cph_fixture *f);
 
+/* The family of stored event id (cph_engine_get_event; fails the test when it cannot be read). */
+uint64_t cph_test_event_family(cph_engine *e, uint64_t id);
+
 /* Submits op, runs one pass, checks op was answered exactly once; returns op->rc. */
 int cph_fixture_run(cph_fixture *f, cph_op *op);
 /* Creates session id in lane, subscribed to subscribe[0..n) (may be NULL with n 0); fails the

@@ -94,16 +94,6 @@ static uint32_t inbox_size(fixture *f, const char *id) {
   return n;
 }
 
-static uint64_t event_family(fixture *f, uint64_t id) {
-  cph_event_info ev;
-  cph_err err;
-  if (cph_engine_get_event(f->e, id, &ev, &err))
-    fail_msg("event %llu: %s", (unsigned long long)id, err.msg);
-  uint64_t fam = ev.family;
-  cph_event_info_free(&ev);
-  return fam;
-}
-
 static void get_aggregates(fixture *f, size_t top, cph_aggregate_info **list, size_t *n) {
   cph_err err;
   if (cph_engine_aggregates(f->e, top, list, n, &err))
@@ -153,8 +143,8 @@ static void test_exact_duplicate_within_window_is_aggregated_and_folded_not_lost
   assert_int_equal(list[0].channels.count, 1);
   assert_string_equal(list[0].channels.items[0], "general");
   assert_true(list[0].last_ms - list[0].first_ms >= 30000);
-  assert_int_equal(event_family(f, second), list[0].family);
-  assert_int_equal(event_family(f, third), list[0].family);
+  assert_int_equal(cph_test_event_family(f->e, second), list[0].family);
+  assert_int_equal(cph_test_event_family(f->e, third), list[0].family);
   free_aggregates(list, n);
 
   dedupe_stats st; /* what the metrics export */
@@ -207,11 +197,11 @@ static void test_near_duplicate_across_senders_joins_the_same_family_on_a_bulk_c
                    CPH_EV_AGGREGATED);
   assert_int_equal(inbox_size(f, "s1"), 2); /* the family's entry (4 events) and LUNCH */
 
-  uint64_t fam = event_family(f, near);
+  uint64_t fam = cph_test_event_family(f->e, near);
   assert_true(fam > 0);
-  assert_int_equal(event_family(f, exact), fam);
-  assert_int_equal(event_family(f, same_other_sender), fam);
-  assert_int_equal(event_family(f, other), 0);
+  assert_int_equal(cph_test_event_family(f->e, exact), fam);
+  assert_int_equal(cph_test_event_family(f->e, same_other_sender), fam);
+  assert_int_equal(cph_test_event_family(f->e, other), 0);
   cph_aggregate_info *list;
   size_t n;
   get_aggregates(f, 10, &list, &n);
@@ -453,7 +443,7 @@ static void test_a_requests_exact_entries_are_one_row_found_after_a_restart(void
   assert_int_equal(st[3], CPH_EV_QUEUED);
   for (int i = 0; i < 3; i++)
     assert_true(family_of_original(f, again[i]));
-  uint64_t fam4 = event_family(f, ids[1]);
+  uint64_t fam4 = cph_test_event_family(f->e, ids[1]);
   assert_true(fam4 != 0);
 
   /* The newer copies, in the second row, are the entries now: found after a restart too.
@@ -463,7 +453,7 @@ static void test_a_requests_exact_entries_are_one_row_found_after_a_restart(void
   cph_clock_advance(&f->clock, 65 * CPH_NS_PER_S); /* the second row 55 s ago, the first 65 */
   uint64_t id;
   assert_int_equal(post(f, "general", "alice", BODIES[4], NULL, &id, NULL), CPH_EV_AGGREGATED);
-  assert_int_equal(event_family(f, id), fam4);
+  assert_int_equal(cph_test_event_family(f->e, id), fam4);
 
   /* 4 x the 60 s window after the first row, not after the others: only it goes */
   restart(f);
@@ -580,7 +570,7 @@ static void test_old_layout_exact_entries_are_moved_at_open_and_still_match(void
   cph_fixture_open(f);
   uint64_t id;
   assert_int_equal(post(f, "general", "alice", BACKUP, NULL, &id, NULL), CPH_EV_AGGREGATED);
-  assert_true(event_family(f, id) != 0); /* a family with the original */
+  assert_true(cph_test_event_family(f->e, id) != 0); /* a family with the original */
   assert_int_equal(post(f, "general", "alice", LUNCH, NULL, NULL, NULL), CPH_EV_AGGREGATED);
   cph_engine_close(f->e);
   f->e = NULL;
