@@ -72,9 +72,7 @@ static int teardown(void **state) {
   world *x = *state;
   if (!x)
     return 0;
-  cph_test_cluster *c = x->w ? x->w->c : NULL;
-  cph_tcw_free(x->w);
-  cph_tc_free(c);
+  cph_tcw_down(x->w);
   free(x);
   return 0;
 }

@@ -136,9 +136,7 @@ static int teardown(void **state) {
   bench *b = *state;
   if (!b)
     return 0;
-  cph_test_cluster *c = b->w ? b->w->c : NULL;
-  cph_tcw_free(b->w);
-  cph_tc_free(c);
+  cph_tcw_down(b->w);
   if (b->kept)
     cph_test_rmtree(b->kept);
   free(b->kept);

@@ -93,9 +93,7 @@ static int teardown(void **state) {
   bench *b = *state;
   if (!b)
     return 0;
-  cph_test_cluster *c = b->w ? b->w->c : NULL;
-  cph_tcw_free(b->w);
-  cph_tc_free(c);
+  cph_tcw_down(b->w);
   free(b);
   return 0;
 }

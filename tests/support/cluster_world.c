@@ -45,6 +45,12 @@ cph_tcw *cph_tcw_up(cph_test_cluster *c, int nodes, int shards, int ttl_s, const
   return w;
 }
 
+void cph_tcw_down(cph_tcw *w) {
+  cph_test_cluster *c = w ? w->c : NULL;
+  cph_tcw_free(w);
+  cph_tc_free(c);
+}
+
 void cph_tcw_free(cph_tcw *w) {
   if (!w)
     return;

@@ -44,6 +44,9 @@ cph_tcw *cph_tcw_new(cph_test_cluster *c, int n_evs, const char *seed_env);
  * since t0_ms. */
 cph_tcw *cph_tcw_up(cph_test_cluster *c, int nodes, int shards, int ttl_s, const char *extra,
                     int n_evs, const char *seed_env, int64_t t0_ms);
+/* Frees a world of cph_tcw_up and stops its cluster (everything, its temp dir included);
+ * NULL: nothing. */
+void cph_tcw_down(cph_tcw *w);
 void cph_tcw_free(cph_tcw *w);
 
 /* A random node that is up. */
