@@ -250,11 +250,28 @@ typedef struct ctx {
    * end at the length. staged_len is NULL when the turn stages nothing. */
   size_t id_len;
   size_t *staged_len;
+  /* The last sender looked up among the sessions, and whether it is one: a channel's history
+   * is mostly a few speakers, so most entries ask about the previous one's sender again. The
+   * string is an entry's, alive as long as the entries; no session is made or deleted while a
+   * turn is assembled. */
+  const char *agent_memo;
+  size_t agent_memo_len;
+  bool agent_memo_is;
 } ctx;
 
 /* Whether a (of alen bytes) and b (of blen bytes) are the same string. */
 static inline bool same_str(const char *a, size_t alen, const char *b, size_t blen) {
   return alen == blen && memcmp(a, b, alen) == 0;
+}
+
+/* Whether sender (len bytes, alive as long as the turn's entries) is another session. */
+static bool is_agent(ctx *c, const char *sender, size_t len) {
+  if (!c->agent_memo || !same_str(sender, len, c->agent_memo, c->agent_memo_len)) {
+    c->agent_memo_is = sessions_get(c->cx->sessions, sender) != NULL;
+    c->agent_memo = sender;
+    c->agent_memo_len = len;
+  }
+  return c->agent_memo_is;
 }
 
 static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100; }
@@ -551,7 +568,7 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
       h.ts_ms = ev.ts_ms;
       h.owned = true;
       h.own = same_str(ev.sender, h.sender_len, c->s->id, c->id_len);
-      h.agent = !h.own && sessions_get(c->cx->sessions, ev.sender) != NULL;
+      h.agent = !h.own && is_agent(c, ev.sender, h.sender_len);
       h.for_section = is_section_sender(c, ev.sender, h.sender_len);
       if (entry_push(c, &h) == CPH_OK) {
         ev.sender = ev.body = NULL; /* moved into the entry */
@@ -560,6 +577,7 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
           section_seen += tok_len(h.body_len);
       } else {
         rc = CPH_ENOMEM;
+        c->agent_memo = NULL; /* it may be ev.sender, freed below */
       }
     }
     cph_record_free(&cph_event_desc, &ev);
@@ -611,7 +629,7 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     h.body_len = e->body_len;
     h.ts_ms = e->ts_ms;
     h.own = same_str(e->sender, e->sender_len, c->s->id, c->id_len);
-    h.agent = !h.own && sessions_get(c->cx->sessions, e->sender) != NULL;
+    h.agent = !h.own && is_agent(c, e->sender, e->sender_len);
     h.for_section = is_section_sender(c, e->sender, e->sender_len);
     if ((rc = entry_push(c, &h)) != CPH_OK)
       break;

@@ -892,7 +892,9 @@ static void sift_down(render_key *k, size_t root, size_t n) {
 
 #define RENDER_KEYS_STACK 256
 
-/* Heap sort of the live nodes' keys: O(n log n), no allocation up to RENDER_KEYS_STACK live
+/* Heap sort of the live nodes' keys, skipped when they are in order already (one comparison
+ * per node; a tree whose nodes are only message cores is, since cores are created oldest
+ * first): O(n log n), no allocation up to RENDER_KEYS_STACK live
  * nodes. Without memory for a bigger tree's keys, the order is still right: insertion of
  * each key into place, O(n^2) but never wrong. */
 size_t cph_pact_render_order(const cph_pact_tree *t, size_t *idx) {
@@ -917,17 +919,22 @@ size_t cph_pact_render_order(const cph_pact_tree *t, size_t *idx) {
     }
     return n;
   }
-  size_t n = 0;
+  size_t n = 0, descents = 0;
   for (size_t i = 0; i < t->n; i++)
-    if (!t->nodes[i].waiting)
-      k[n++] = render_key_of(t, i);
-  for (size_t i = n / 2; i-- > 0;)
-    sift_down(k, i, n);
-  for (size_t end = n; end > 1; end--) {
-    render_key tmp = k[0];
-    k[0] = k[end - 1];
-    k[end - 1] = tmp;
-    sift_down(k, 0, end - 1);
+    if (!t->nodes[i].waiting) {
+      k[n] = render_key_of(t, i);
+      descents += n > 0 && render_less(&k[n], &k[n - 1]);
+      n++;
+    }
+  if (descents > 0) { /* out of order (a tree of message cores alone is not: oldest first) */
+    for (size_t i = n / 2; i-- > 0;)
+      sift_down(k, i, n);
+    for (size_t end = n; end > 1; end--) {
+      render_key tmp = k[0];
+      k[0] = k[end - 1];
+      k[end - 1] = tmp;
+      sift_down(k, 0, end - 1);
+    }
   }
   for (size_t i = 0; i < n; i++)
     idx[i] = k[i].idx;

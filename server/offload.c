@@ -85,8 +85,12 @@ static void *prep_main(void *arg) {
     j->fns.work(j->r, j->arg, h);
     j->worked = true;
     pthread_mutex_lock(&pool->mu);
+    /* One wake per batch: a list that held jobs already has its wake pending, and the loop
+     * empties the pipe before it takes the list (wake.h), so it takes this job too. */
+    bool signal = !pool->done.head;
     list_push(&pool->done, j);
-    cph_wake_signal(&pool->wake);
+    if (signal)
+      cph_wake_signal(&pool->wake);
   }
   pthread_mutex_unlock(&pool->mu);
   cph_event_hasher_free(h);

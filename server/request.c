@@ -277,7 +277,30 @@ bool cph_in_arr(cph_req *r, json_t *obj, const char *path, const char *key, unsi
 
 /* Every string (and key) in the body must fit :server :max-string-bytes; the first one that
  * does not is named by its path ("events[3].body"). Iterative depth is bounded by the
- * decoders (jansson: 2048, msgpack: CPH_MPJSON_MAX_DEPTH). */
+ * decoders (jansson: 2048, msgpack: CPH_MPJSON_MAX_DEPTH). strings_fit walks without a path;
+ * only a body that fails is walked again by check_strings, which builds it. */
+static bool strings_fit(json_t *v, size_t max) {
+  if (json_is_string(v))
+    return json_string_length(v) <= max;
+  if (json_is_array(v)) {
+    size_t n = json_array_size(v);
+    for (size_t i = 0; i < n; i++)
+      if (!strings_fit(json_array_get(v, i), max))
+        return false;
+    return true;
+  }
+  if (json_is_object(v)) {
+    const char *key;
+    size_t key_len;
+    json_t *val;
+    json_object_keylen_foreach(v, key, key_len, val) {
+      if (key_len > max || !strings_fit(val, max))
+        return false;
+    }
+  }
+  return true;
+}
+
 static bool check_strings(cph_req *r, json_t *v, char *path, size_t plen, size_t cap,
                           size_t max) {
   if (json_is_string(v)) {
@@ -380,6 +403,9 @@ bool cph_req_decode_body(cph_req *r) {
     cph_req_fail(r, 400, "bad_request", NULL, "the request body must be an object");
     return false;
   }
+  size_t max = (size_t)p->server.max_string_bytes;
+  if (strings_fit(r->body, max))
+    return true;
   char path[256] = "";
-  return check_strings(r, r->body, path, 0, sizeof path, (size_t)p->server.max_string_bytes);
+  return check_strings(r, r->body, path, 0, sizeof path, max);
 }

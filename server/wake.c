@@ -14,7 +14,9 @@ static void on_readable(evutil_socket_t fd, short what, void *arg) {
   (void)what;
   cph_wake *w = arg;
   char buf[64];
-  while (read(fd, buf, sizeof buf) > 0)
+  /* Emptied before the callback, so a signal after the callback looked is never lost; a
+   * short read emptied the pipe (level-triggered: a byte written since wakes the loop again). */
+  while (read(fd, buf, sizeof buf) == (ssize_t)sizeof buf)
     ;
   w->cb(w->arg);
 }

@@ -4,7 +4,9 @@
  * threads each hand their results to the loop so.
  *
  * cph_wake_signal may be called from any thread, any number of times; a full pipe already
- * holds a wake, so it loses nothing. The callback runs on the loop thread. */
+ * holds a wake, so it loses nothing. The callback runs on the loop thread, after the pipe was
+ * emptied: a signaller whose results sit where the callback takes them all may skip its
+ * signal while an earlier one's results are still there untaken. */
 #ifndef CEPHALON_SERVER_WAKE_H
 #define CEPHALON_SERVER_WAKE_H
 

@@ -1128,8 +1128,8 @@ static int ref_cmp(const void *pa, const void *pb) {
 }
 
 /* Random trees of up to 600 nodes (so both the keys kept on the stack and the allocated ones),
- * with ties in every field, and with the allocation of the keys failing (the fallback): the
- * order is always the reference's. */
+ * with ties in every field, some laid out in order already or but for one swap, and with the
+ * allocation of the keys failing (the fallback): the order is always the reference's. */
 static void test_render_order_matches_an_independent_sort(void **state) {
   (void)state;
   uint64_t r = 20261128;
@@ -1147,6 +1147,27 @@ static void test_render_order_matches_an_independent_sort(void **state) {
       n->at.offset = (int32_t)(next_rand(&r) % 5) - 2;
       n->seq = next_rand(&r) % 40;
       n->waiting = next_rand(&r) % 8 == 0;
+    }
+    if (round % 4 == 1 && t.n > 1) { /* laid out in render order already (the sort's shortcut), */
+      size_t *ord = malloc(t.n * sizeof *ord);
+      cph_pact_node *laid = malloc(t.n * sizeof *laid);
+      assert_non_null(ord);
+      assert_non_null(laid);
+      for (size_t i = 0; i < t.n; i++)
+        ord[i] = i;
+      g_ref_tree = &t;
+      qsort(ord, t.n, sizeof *ord, ref_cmp);
+      for (size_t i = 0; i < t.n; i++)
+        laid[i] = t.nodes[ord[i]];
+      free(ord);
+      free(t.nodes);
+      t.nodes = laid;
+      if (round % 8 == 5) { /* or but for one pair swapped */
+        size_t a = (size_t)(next_rand(&r) % t.n), b = (size_t)(next_rand(&r) % t.n);
+        cph_pact_node x = t.nodes[a];
+        t.nodes[a] = t.nodes[b];
+        t.nodes[b] = x;
+      }
     }
     size_t *got = calloc(t.n + 1, sizeof *got), *want = calloc(t.n + 1, sizeof *want);
     assert_non_null(got);
