@@ -577,6 +577,14 @@ static void test_coordinates_parse_and_format(void **state) {
     assert_int_equal(cph_coord_parse(buf, &back, &err), CPH_OK); /* round trip */
     assert_memory_equal(&back, &c, sizeof c);
   }
+  /* Every small value (the formatter's fast path) and its edges, against printf. */
+  for (int32_t v = -150; v <= 1050; v++) {
+    cph_coord c = {v, v == 99 ? 100 : v / 7, -v};
+    char buf[48], want[64];
+    cph_coord_format(&c, buf);
+    snprintf(want, sizeof want, "d%d, %d, %d", c.depth, c.position, c.offset);
+    assert_string_equal(buf, want);
+  }
 }
 
 static void test_invalid_coordinates_say_what_and_which_column(void **state) {
