@@ -151,9 +151,11 @@ int cph_coord_parse(const char *s, cph_coord *out, cph_err *err) {
 /* Writes v in decimal at p; returns the end. (Coordinates render for every message of every
  * turn: no printf here.) */
 static char *put_i32(char *p, int32_t v) {
-  if (v >= 0 && v < 100) { /* nearly every coordinate: a lease formats one per message */
+  if (v >= 0 && v < 1000) { /* nearly every coordinate: a lease formats one per message */
+    if (v >= 100)
+      *p++ = (char)('0' + v / 100);
     if (v >= 10)
-      *p++ = (char)('0' + v / 10);
+      *p++ = (char)('0' + v / 10 % 10);
     *p++ = (char)('0' + v % 10);
     return p;
   }
