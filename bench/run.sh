@@ -84,6 +84,29 @@ run_best() {
   [ -f "$work/$name.out" ] || cp "$work/$name-try1.out" "$work/$name.out"
 }
 
+# run_median NAME LIMIT KEY ARGS...: `run` BENCH_REPEATS times (default 3) and keeps the run
+# whose KEY is the median as NAME. For a row judged against a fixed number rather than an
+# anchor of the same minutes (durable ingest against 200,000 events/s), so that one dip or
+# one lucky run of a shared VM does not decide it.
+run_median() {
+  local name=$1 limit=$2 key=$3 i v
+  shift 3
+  : >"$work/$name.tries"
+  for i in $(seq "${BENCH_REPEATS:-3}"); do
+    run "$name-try$i" "$limit" "$@"
+    v=$(val "$name-try$i" "$key")
+    [ "$v" != n/a ] && echo "$v $i" >>"$work/$name.tries"
+  done
+  local n mid
+  n=$(wc -l <"$work/$name.tries")
+  if [ "$n" -gt 0 ]; then
+    mid=$(sort -n "$work/$name.tries" | sed -n "$(((n + 1) / 2))p" | awk '{print $2}')
+    cp "$work/$name-try$mid.out" "$work/$name.out"
+  else
+    cp "$work/$name-try1.out" "$work/$name.out"
+  fi
+}
+
 run_best sched-10k 120 sched --sessions 10000
 run_best sched-100k 120 sched --sessions 100000
 run_best sched-1m 180 sched --sessions 1000000
@@ -95,7 +118,7 @@ run_best sched-1m-t1000 180 sched --sessions 1000000 --tenants 1000
 # a daemon's sessions queue in no such order.
 run_best sched-1m-shuffled 180 sched --sessions 1000000 --shuffle
 run_best sched-1m-t1000-shuffled 180 sched --sessions 1000000 --tenants 1000 --shuffle
-run ingest 120 ingest --seconds "$SECONDS_PER_RUN"
+run_median ingest 120 events_per_s ingest --seconds "$SECONDS_PER_RUN"
 run cycle-always 120 cycle --sync always --seconds "$SECONDS_PER_RUN"
 run cycle-none 120 cycle --sync none --seconds "$SECONDS_PER_RUN"
 # The same cycle leasing only what cephalon-worker asks for (worker/main.c's `include`): the
@@ -193,7 +216,8 @@ row "sched: picks/s at 1M sessions with 1,000 tenants vs without" "$t1m vs $s1m 
 r=$(ratio "$t1m_sh" "$s1m_sh")
 row "sched: the same, session ids in random order (--shuffle)" "$t1m_sh vs $s1m_sh ops/s" ">= 0.9x" "$r" "$(judge "$r" ">=" 0.9)"
 r=$(ratio "$ing" 200000)
-row "ingest: durable over HTTP, 1,000 events/request, :sync :always" "$ing events/s" ">= 200,000 events/s" "$r" "$(judge "$r" ">=" 1)"
+ing_tries=$(sort -n "$work/ingest.tries" 2>/dev/null | awk '{print $1}' | paste -sd/ -)
+row "ingest: durable over HTTP, 1,000 events/request, :sync :always" "$ing events/s (median of ${ing_tries:-n/a})" ">= 200,000 events/s" "$r" "$(judge "$r" ">=" 1)"
 r=$(ratio "$ca" "$raa")
 row "cycle :sync :always vs the Redis agent app, appendfsync always" "$ca vs $raa cycles/s ($(cost cycle-always Redis redis-agent-always))" ">= 1x" "$r" "$(judge "$r" ">=" 1)"
 r=$(ratio "$ca" "$bf")
@@ -405,6 +429,8 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "- **ingest**: \`cephalon-bench ingest\` — cephalond on 127.0.0.1, :store :sync :always, 8"
   echo "  client threads each POSTing 1,000 events (64-byte unique bodies) per request to its own"
   echo "  channel, subscribed by one session; dedupe on, backpressure steps off (:max-step 0)."
+  echo "  Run three times; the row is the median run (its figure is judged against a constant, not"
+  echo "  an anchor of the same minutes, so one dip or one lucky run of a shared VM must not decide)."
   echo "- **cycle**: \`cephalon-bench cycle --sync always|none\` — 8 clients, each with its own"
   echo "  session and channel: POST one event, POST /v1/turns/lease (any session's turn), POST"
   echo "  complete with a 64-byte reply. Sessions keep their default context window (8192 tokens),"
