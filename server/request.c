@@ -277,49 +277,32 @@ bool cph_in_arr(cph_req *r, json_t *obj, const char *path, const char *key, unsi
 
 /* Every string (and key) in the body must fit :server :max-string-bytes; the first one that
  * does not is named by its path ("events[3].body"). Iterative depth is bounded by the
- * decoders (jansson: 2048, msgpack: CPH_MPJSON_MAX_DEPTH). strings_fit walks without a path;
- * only a body that fails is walked again by check_strings, which builds it. */
-static bool strings_fit(json_t *v, size_t max) {
-  if (json_is_string(v))
-    return json_string_length(v) <= max;
-  if (json_is_array(v)) {
-    size_t n = json_array_size(v);
-    for (size_t i = 0; i < n; i++)
-      if (!strings_fit(json_array_get(v, i), max))
-        return false;
-    return true;
-  }
-  if (json_is_object(v)) {
-    const char *key;
-    size_t key_len;
-    json_t *val;
-    json_object_keylen_foreach(v, key, key_len, val) {
-      if (key_len > max || !strings_fit(val, max))
-        return false;
-    }
-  }
-  return true;
-}
-
+ * decoders (jansson: 2048, msgpack: CPH_MPJSON_MAX_DEPTH). Walked first without a path (NULL:
+ * no failure recorded either); only a body that fails is walked again building the paths,
+ * which a body that fits never needs. */
 static bool check_strings(cph_req *r, json_t *v, char *path, size_t plen, size_t cap,
                           size_t max) {
   if (json_is_string(v)) {
-    if (json_string_length(v) > max) {
+    if (json_string_length(v) <= max)
+      return true;
+    if (path)
       cph_req_fail(r, 413, "too_large", path[0] ? path : NULL,
                    "%s is %zu bytes, longer than :max-string-bytes %zu", path[0] ? path : "string",
                    json_string_length(v), max);
-      return false;
-    }
-    return true;
+    return false;
   }
   if (json_is_array(v)) {
     size_t n = json_array_size(v);
     for (size_t i = 0; i < n; i++) {
-      int w = snprintf(path + plen, cap - plen, "[%zu]", i);
-      size_t nl = w > 0 && (size_t)w < cap - plen ? plen + (size_t)w : plen;
+      size_t nl = plen;
+      if (path) {
+        int w = snprintf(path + plen, cap - plen, "[%zu]", i);
+        nl = w > 0 && (size_t)w < cap - plen ? plen + (size_t)w : plen;
+      }
       if (!check_strings(r, json_array_get(v, i), path, nl, cap, max))
         return false;
-      path[plen] = '\0';
+      if (path)
+        path[plen] = '\0';
     }
     return true;
   }
@@ -328,17 +311,22 @@ static bool check_strings(cph_req *r, json_t *v, char *path, size_t plen, size_t
     size_t key_len;
     json_t *val;
     json_object_keylen_foreach(v, key, key_len, val) {
-      int w = snprintf(path + plen, cap - plen, "%s%.*s", plen ? "." : "",
-                       (int)(key_len > 64 ? 64 : key_len), key);
-      size_t nl = w > 0 && (size_t)w < cap - plen ? plen + (size_t)w : plen;
+      size_t nl = plen;
+      if (path) {
+        int w = snprintf(path + plen, cap - plen, "%s%.*s", plen ? "." : "",
+                         (int)(key_len > 64 ? 64 : key_len), key);
+        nl = w > 0 && (size_t)w < cap - plen ? plen + (size_t)w : plen;
+      }
       if (key_len > max) {
-        cph_req_fail(r, 413, "too_large", path, "a key is %zu bytes, longer than "
-                     ":max-string-bytes %zu", key_len, max);
+        if (path)
+          cph_req_fail(r, 413, "too_large", path, "a key is %zu bytes, longer than "
+                       ":max-string-bytes %zu", key_len, max);
         return false;
       }
       if (!check_strings(r, val, path, nl, cap, max))
         return false;
-      path[plen] = '\0';
+      if (path)
+        path[plen] = '\0';
     }
   }
   return true;
@@ -404,7 +392,7 @@ bool cph_req_decode_body(cph_req *r) {
     return false;
   }
   size_t max = (size_t)p->server.max_string_bytes;
-  if (strings_fit(r->body, max))
+  if (check_strings(r, r->body, NULL, 0, 0, max))
     return true;
   char path[256] = "";
   return check_strings(r, r->body, path, 0, sizeof path, max);
