@@ -1177,18 +1177,23 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
 static int push_message(cph_turn_info *ti, const char *role, const char *content, char *owned,
                         char *name, const cph_coord *at) {
   char coord[CORE_COORD_MAX];
-  cph_coord_format(at, coord);
+  size_t coord_len = cph_coord_format(at, coord);
   cph_message *m = &ti->messages[ti->n_messages++];
   const char *text = owned ? owned : content ? content : "";
   size_t len = strlen(text);
   char *unused;
-  bool ok = owned ? pack3(ti, role, strlen(role), coord, strlen(coord), "", 0, &m->role,
-                          &m->coord, &unused)
-                  : pack3(ti, role, strlen(role), coord, strlen(coord), text, len, &m->role,
+  bool ok = owned ? pack3(ti, role, strlen(role), coord, coord_len, "", 0, &m->role, &m->coord,
+                          &unused)
+                  : pack3(ti, role, strlen(role), coord, coord_len, text, len, &m->role,
                           &m->coord, &m->content);
   if (owned)
     m->content = owned;
   m->name = name;
+  m->content_len = len;
+  m->depth = at->depth;
+  m->position = at->position;
+  m->offset = at->offset;
+  m->measured = true;
   ti->tokens.messages = clamp32((uint64_t)ti->tokens.messages + tok_len(len) + ITEM_OVERHEAD);
   return ok ? CPH_OK : CPH_ENOMEM;
 }

@@ -173,7 +173,7 @@ static char *put_i32(char *p, int32_t v) {
   return p;
 }
 
-void cph_coord_format(const cph_coord *c, char buf[48]) {
+size_t cph_coord_format(const cph_coord *c, char buf[48]) {
   char *p = buf;
   *p++ = 'd';
   p = put_i32(p, c->depth);
@@ -184,6 +184,7 @@ void cph_coord_format(const cph_coord *c, char buf[48]) {
   *p++ = ' ';
   p = put_i32(p, c->offset);
   *p = '\0';
+  return (size_t)(p - buf);
 }
 
 /* ---------------------------------------------------------------- selectors */

@@ -91,7 +91,7 @@ typedef struct cph_pact_tree {
 /* "d0, 1, 0" (spaces optional; depth >= -1). Errors say what and where: "expected 'd' at
  * column 1", "position must be >= 0". */
 int cph_coord_parse(const char *s, cph_coord *out, cph_err *err);
-void cph_coord_format(const cph_coord *c, char buf[48]);
+size_t cph_coord_format(const cph_coord *c, char buf[48]); /* its strlen */
 
 /* Selectors: "d1..3, 1, *" (each part an integer, a range a..b or *; depth may be "d*"),
  * "{key=NAME}", "{tag=NAME}", "{id=N}". Longer than CPH_PACT_SELECTOR_MAX -> CPH_ELIMIT. */

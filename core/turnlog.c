@@ -1,6 +1,7 @@
 /* Kept turn contexts and the context diff (contract in turnlog.h). */
 #include "turnlog.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -464,6 +465,17 @@ static bool coord_split(const char *at, int32_t *depth, size_t *end) {
   return true;
 }
 
+#ifndef NDEBUG
+/* Debug builds: what context assembly measured of a message is what its strings say. */
+static bool measured_as_written(const cph_message *m, const char *coord, size_t end,
+                                const char *content, size_t content_len) {
+  int32_t depth;
+  size_t e;
+  return coord_split(coord, &depth, &e) && depth == m->depth && e == end &&
+         content_len == strlen(content);
+}
+#endif
+
 /* A message's row head (everything but the content) into b; its depth into *depth. */
 static void msg_row_head(cph_buf *b, const char *role, const char *coord, uint64_t node,
                          int32_t *depth) {
@@ -717,16 +729,26 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
                    strlen(nd->content)};
       tl->depth[i] = nd->at.depth;
     } else {
-      const char *coord = r->msg_coords[i], *content = ti->messages[i].content;
-      size_t end = 0;
-      bool split = coord_split(coord, &tl->depth[i], &end);
+      const cph_message *msg = &ti->messages[i];
+      const char *coord = r->msg_coords[i], *content = msg->content ? msg->content : "";
+      size_t end = 0, content_len;
+      bool split;
+      if (msg->measured) { /* context assembly wrote coord from these numbers (push_message) */
+        split = true;
+        tl->depth[i] = msg->depth;
+        end = (size_t)(strchr(coord, ',') - coord);
+        content_len = msg->content_len;
+      } else {
+        split = coord_split(coord, &tl->depth[i], &end);
+        content_len = strlen(content);
+      }
+      assert(!msg->measured || measured_as_written(msg, coord, end, content, content_len));
       if (!split) {
         tl->depth[i] = 0;
         end = 0;
       }
-      content = content ? content : "";
       k = (tw_key){split ? 'm' : 'M', r->msg_nodes[i], r->msg_roles[i], coord + end,
-                   strlen(r->msg_roles[i]), strlen(coord + end), content, strlen(content)};
+                   strlen(r->msg_roles[i]), strlen(coord + end), content, content_len};
     }
     const tw_item *same = turnwarm_find(w, nd != NULL, &pos[nd != NULL], &k);
     tl->rows[i] = same ? same->row : 0;
@@ -772,7 +794,7 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       int32_t d;
       msg_row_head(head, r->msg_roles[i], r->msg_coords[i], r->msg_nodes[i], &d);
       str = ti->messages[i].content ? ti->messages[i].content : "";
-      len = strlen(str);
+      len = ti->messages[i].measured ? ti->messages[i].content_len : strlen(str);
     } else {
       const cph_pact_node *nd = &ct->tree.nodes[ct->order[i - nm]];
       node_row_head(head, nd, tl->chash[i]);
@@ -1114,8 +1136,8 @@ static int fill_nodes(cph_turnctx_rec *r, const context_tree *ct, const cph_turn
   qsort(cands, n_cand, sizeof *cands, cand_cmp);
   for (size_t m = 0; m < ti->n_messages; m++) {
     const cph_message *msg = &ti->messages[m];
-    cph_coord at;
-    if (!n_cand || !coord_parse(msg->coord, &at))
+    cph_coord at = {msg->depth, msg->position, msg->offset};
+    if (!n_cand || (!msg->measured && !coord_parse(msg->coord, &at)))
       continue;
     size_t lo = 0, hi = n_cand;
     while (lo < hi) { /* the first candidate whose coordinate is not below msg's */
@@ -1587,7 +1609,8 @@ static int context_from_rec(cph_txn *t, cph_turnctx_rec *r, cph_turn_context *o)
       !o->nodes)
     return CPH_ENOMEM;
   for (size_t i = 0; i < m; i++) { /* handed over from r */
-    o->messages[i] = (cph_message){r->msg_roles[i], r->msg_contents[i], r->msg_coords[i], NULL};
+    o->messages[i] = (cph_message){
+        .role = r->msg_roles[i], .content = r->msg_contents[i], .coord = r->msg_coords[i]};
     r->msg_roles[i] = r->msg_contents[i] = r->msg_coords[i] = NULL;
     o->message_nodes[i] = r->msg_nodes[i];
   }

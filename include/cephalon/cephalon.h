@@ -294,6 +294,12 @@ typedef struct cph_message {
   char *coord; /* "d0, 0, 0" */
   char *name;  /* a user message's sender as OpenAI's `name` (^[a-zA-Z0-9_-]{1,64}$); NULL for
                 * other messages */
+  /* What context assembly knew when it wrote the strings (`measured`; zero elsewhere): the
+   * content's strlen and the coordinate's numbers, so what reads the turn again (its kept
+   * context) neither measures nor parses them. */
+  size_t content_len;
+  int32_t depth, position, offset;
+  bool measured;
 } cph_message;
 
 typedef enum cph_turn_kind_t {
