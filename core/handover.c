@@ -5,7 +5,12 @@
  * recent replies as its channels' history holds them: be32 count, and per reply be32 length +
  * channel, be64 ts_ms, be32 length + body, oldest first; then its newest memories (its own
  * scope; STATE_MEMORIES of each class, STATE_MEMORY_BYTES at most): be32 count, and per memory
- * a kind byte and be32 length + text, oldest first. That is what a completion changes of
+ * a kind byte and be32 length + text, oldest first. Version 2 puts, between the tree and the
+ * channel replies, the session's newest replies of the replies stream (GET /v1/replies) that
+ * have an origin (core/replystream.h; STATE_STREAM_REPLIES, STATE_STREAM_REPLY_BYTES at most):
+ * be32 count, and per reply be32 length + origin, be32 length + channel, be64 ts_ms, be32
+ * length + body, oldest first; a version-1 blob (a node not upgraded yet) lacks that part and
+ * still imports. That is what a completion changes of
  * a session and what its next turns read back: its conversation (the input and reply cores of
  * every turn within the history bound, which non-inbox turns render), its replies (which an
  * inbox turn's channel view renders, from the node's own channel history), the nodes workers
@@ -16,7 +21,12 @@
  * at most STATE_REPLY_BYTES of them: the cost of a completion's export is bounded by that (a
  * few hundred record reads at most), and a reply older than that does not move — neither do
  * the inputs it answered (the channel's traffic: what a turn consumed is not delivered again,
- * what it did not is replayed by the log). */
+ * what it did not is replayed by the log).
+ * The stream replies are what makes a dead node's answers reach people: the node that takes
+ * the session over adds each one whose origin its own stream lacks to that stream, so a
+ * connector reading every node's stream gets it there (again, if it read it from the dead
+ * node already: it drops a repeated origin). They come first after the tree, so they are the
+ * last part left out when a state would be too big. */
 #include "handover.h"
 
 #include <stdlib.h>
@@ -24,10 +34,14 @@
 
 #include "common/log.h"
 #include "ingest.h"
+#include "replystream.h"
 
 #define STATE_MAGIC "CPHS"
-#define STATE_VERSION 1u
+#define STATE_VERSION 2u
+#define STATE_VERSION_NO_STREAM 1u /* before the stream replies; still imported */
 #define STATE_HEAD 28u
+#define STATE_STREAM_REPLIES 64
+#define STATE_STREAM_REPLY_BYTES (256u * 1024u)
 #define STATE_REPLY_SCAN 64
 #define STATE_CHANNELS 16
 #define STATE_REPLY_BYTES (256u * 1024u)
@@ -176,6 +190,74 @@ static int state_export_replies(const cph_handover *st, const csession *s, cph_b
   free(rs.v);
   if (have_rec)
     cph_record_free(&cph_session_desc, &rec);
+  return rc;
+}
+
+/* The session's newest replies of the stream, newest first as collected. */
+typedef struct stream_scan {
+  cph_reply_rec *v;
+  size_t n, cap, bytes;
+  bool nomem;
+} stream_scan;
+
+static bool collect_stream_reply(void *ctx, const cph_reply_rec *r) {
+  stream_scan *ss = ctx;
+  size_t len = strlen(r->origin) + strlen(r->channel) + strlen(r->body);
+  if (ss->bytes + len > STATE_STREAM_REPLY_BYTES)
+    return false;
+  if (ss->n == ss->cap) {
+    size_t c = ss->cap ? 2 * ss->cap : 8;
+    cph_reply_rec *g = realloc(ss->v, c * sizeof *g);
+    if (!g) {
+      ss->nomem = true;
+      return false;
+    }
+    ss->v = g;
+    ss->cap = c;
+  }
+  cph_reply_rec *o = &ss->v[ss->n];
+  *o = (cph_reply_rec){0};
+  o->origin = strdup(r->origin);
+  o->channel = strdup(r->channel);
+  o->body = strdup(r->body);
+  o->ts_ms = r->ts_ms;
+  if (!o->origin || !o->channel || !o->body) {
+    free(o->origin);
+    free(o->channel);
+    free(o->body);
+    ss->nomem = true;
+    return false;
+  }
+  ss->n++;
+  ss->bytes += len;
+  return true;
+}
+
+/* The stream replies part of the blob (above). */
+static int state_export_stream(const cph_handover *st, const csession *s, cph_buf *out) {
+  stream_scan ss = {0};
+  int rc = replystream_session_newest(&st->env->txn, s->id, STATE_STREAM_REPLIES,
+                                      collect_stream_reply, &ss);
+  if (rc == CPH_OK && ss.nomem)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK) {
+    uint8_t be[8];
+    cph_be32_put(be, (uint32_t)ss.n);
+    cph_buf_append(out, be, 4);
+    for (size_t i = ss.n; i-- > 0;) { /* oldest first */
+      put_str32(out, ss.v[i].origin);
+      put_str32(out, ss.v[i].channel);
+      cph_be64_put(be, (uint64_t)ss.v[i].ts_ms);
+      cph_buf_append(out, be, 8);
+      put_str32(out, ss.v[i].body);
+    }
+  }
+  for (size_t i = 0; i < ss.n; i++) {
+    free(ss.v[i].origin);
+    free(ss.v[i].channel);
+    free(ss.v[i].body);
+  }
+  free(ss.v);
   return rc;
 }
 
@@ -373,6 +455,54 @@ static int state_import_replies(cph_txn *t, const char *session, const uint8_t *
   return rc;
 }
 
+/* The stream replies part: each reply whose origin this node's stream lacks is added to it
+ * (a new id here, its time, channel and body as written, no source inbox ids: those were the
+ * other node's); *newest is the id of the last one added (unchanged when none). A reply this
+ * node holds — it wrote it, or took it over before — is not added again. CPH_EINVAL when the
+ * part is malformed. */
+static int state_import_stream(cph_txn *t, const char *session, const uint8_t *data, size_t n,
+                               size_t *used, uint64_t *newest) {
+  if (n < 4)
+    return CPH_EINVAL;
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  int rc = CPH_OK;
+  for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
+    bool bad = false;
+    char *origin = get_str32(data, n, &at, &bad);
+    char *chan = bad ? NULL : get_str32(data, n, &at, &bad), *body = NULL;
+    int64_t ts_ms = 0;
+    if (!bad && n - at >= 8) {
+      ts_ms = (int64_t)cph_be64_get(data + at);
+      at += 8;
+      body = get_str32(data, n, &at, &bad);
+    } else {
+      bad = true;
+    }
+    bool held = false;
+    if (bad || !origin || !chan || !body)
+      rc = bad ? CPH_EINVAL : CPH_ENOMEM;
+    else
+      rc = replystream_holds(t, origin, &held);
+    if (rc == CPH_OK && !held) {
+      cph_reply_rec rr = {0};
+      rr.session = (char *)session;
+      rr.channel = chan;
+      rr.body = body;
+      rr.ts_ms = ts_ms;
+      rr.origin = origin;
+      rc = replystream_put(t, &rr, NULL, NULL);
+      if (rc == CPH_OK)
+        *newest = rr.id;
+    }
+    free(origin);
+    free(chan);
+    free(body);
+  }
+  *used = at;
+  return rc;
+}
+
 /* The memories part: each memory whose text the session's newest memories of its class here
  * lack is minted in its scope (its embedding queued, as for any new memory). CPH_EINVAL when the
  * part is malformed. */
@@ -416,17 +546,20 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
   int rc = trees_export(st->trees, &st->env->txn, s->id, out);
   if (rc)
     return rc;
-  if (out->len + 8 > CPH_HANDOVER_MAX_BYTES)
+  if (out->len + 12 > CPH_HANDOVER_MAX_BYTES)
     return CPH_ELIMIT;
-  /* The replies and the memories each only while the whole fits (else none of them: empty). */
+  /* The stream replies, the channel replies and the memories each only while the whole fits
+   * (else none of them: empty), with room kept for the empty parts after it. */
   static const uint8_t none[4] = {0};
   cph_buf part = {0};
-  for (int i = 0; rc == CPH_OK && i < 2; i++) {
+  for (int i = 0; rc == CPH_OK && i < 3; i++) {
     cph_buf_reset(&part);
-    rc = i == 0 ? state_export_replies(st, s, &part) : state_export_memories(st, s, &part);
+    rc = i == 0   ? state_export_stream(st, s, &part)
+         : i == 1 ? state_export_replies(st, s, &part)
+                  : state_export_memories(st, s, &part);
     if (rc == CPH_OK && cph_buf_error(&part))
       rc = CPH_ENOMEM;
-    if (rc == CPH_OK && out->len + part.len + (i == 0 ? 4 : 0) <= CPH_HANDOVER_MAX_BYTES)
+    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(2 - i) <= CPH_HANDOVER_MAX_BYTES)
       cph_buf_append(out, part.data, part.len);
     else if (rc == CPH_OK)
       cph_buf_append(out, none, 4);
@@ -436,7 +569,7 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
 }
 
 /* CPH_OP_SESSION_STATE: see include/cephalon/cephalon.h. */
-void handover_import(const cph_handover *st, cph_op *op) {
+void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply) {
   const char *id = op->u.state.session;
   csession *s = id ? sessions_get(st->sessions, id) : NULL;
   if (!s) {
@@ -445,11 +578,13 @@ void handover_import(const cph_handover *st, cph_op *op) {
   }
   const uint8_t *p = op->u.state.data;
   size_t n = op->u.state.len;
-  if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 || cph_be32_get(p + 4) != STATE_VERSION ||
+  uint32_t version = n < STATE_HEAD ? 0 : cph_be32_get(p + 4);
+  if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 ||
+      (version != STATE_VERSION && version != STATE_VERSION_NO_STREAM) ||
       cph_be32_get(p + 8) != CPH_STORE_SCHEMA_VERSION) {
     op_fail(op, CPH_EINVAL, "state",
-            "the state of session '%s' is not a version-%u state of store schema %u", id,
-            STATE_VERSION, CPH_STORE_SCHEMA_VERSION);
+            "the state of session '%s' is not a version-%u or -%u state of store schema %u", id,
+            STATE_VERSION_NO_STREAM, STATE_VERSION, CPH_STORE_SCHEMA_VERSION);
     return;
   }
   uint64_t episode = cph_be64_get(p + 12), bits = cph_be64_get(p + 20);
@@ -460,6 +595,11 @@ void handover_import(const cph_handover *st, cph_op *op) {
   size_t used = 0;
   int rc = trees_import(st->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used);
   size_t at = STATE_HEAD + used;
+  uint64_t newest = 0;
+  if (rc == CPH_OK && version == STATE_VERSION) {
+    rc = state_import_stream(&t, id, p + at, n - at, &used, &newest);
+    at += rc == CPH_OK ? used : 0;
+  }
   if (rc == CPH_OK)
     rc = state_import_replies(&t, id, p + at, n - at, &used);
   at += rc == CPH_OK ? used : 0;
@@ -481,6 +621,8 @@ void handover_import(const cph_handover *st, cph_op *op) {
     rc = cph_txn_commit(&t);
   else
     cph_txn_abort(&t);
+  if (rc == CPH_OK && newest)
+    *newest_reply = newest;
   if (rc) {
     s->episode = old_episode;
     csession_resched(st->sessions, s, s->lane, old_credits);

@@ -269,13 +269,21 @@ static void test_inbox_turn_reply_round_trip(void **state) {
   assert_null(to.error);
   cph_record_free(&cph_turn_desc, &to);
 
-  cph_reply_rec r = {11, "s1", "general", "hi there", seqs, 2, 5, 77}, ro = {0};
+  cph_reply_rec r = {11, "s1", "general", "hi there", seqs, 2, 5, 77, NULL}, ro = {0};
   k = key_u64(11);
   put_then_get(f->store, CPH_DB_REPLIES, &k, &cph_reply_desc, &r, &ro);
   assert_string_equal(ro.body, "hi there");
   assert_int_equal(ro.n_source_inbox_ids, 2);
   assert_int_equal(ro.source_inbox_ids[1], 8);
   assert_int_equal(ro.turn_id, 5);
+  assert_int_equal(ro.ts_ms, 77);
+  assert_null(ro.origin); /* a single node's reply has none */
+  cph_record_free(&cph_reply_desc, &ro);
+
+  /* version 2 (cluster mode) carries its origin */
+  r.origin = "n1/11/00000000000000ff";
+  put_then_get(f->store, CPH_DB_REPLIES, &k, &cph_reply_desc, &r, &ro);
+  assert_string_equal(ro.origin, "n1/11/00000000000000ff");
   assert_int_equal(ro.ts_ms, 77);
   cph_record_free(&cph_reply_desc, &ro);
 }
