@@ -403,10 +403,10 @@ static char *get_str32(const uint8_t *data, size_t n, size_t *at, bool *bad) {
   return str;
 }
 
-/* The replies part: each reply its channel's history here lacks (the same session, time and
- * body among the channel's newest STATE_REPLY_SCAN * 2 entries) is stored as a reply event
- * and appended to that history — not to the replies stream (GET /v1/replies): connectors
- * delivered it from the node that wrote it. CPH_EINVAL when the part is malformed. */
+/* The channel replies part: each reply its channel's history here lacks (the same session,
+ * time and body among the channel's newest STATE_REPLY_SCAN * 2 entries) is stored as a reply
+ * event and appended to that history, for the session's context (the replies stream is the
+ * stream part's, above). CPH_EINVAL when the part is malformed. */
 static int state_import_replies(cph_txn *t, const char *session, const uint8_t *data, size_t n,
                                 size_t *used) {
   if (n < 4)

@@ -688,8 +688,10 @@ struct cph_op {
     } retain;
     /* CPH_OP_SESSION_STATE (server/clusterflow.h 11.): session (which must exist) takes the
      * state another node exported (a completion's u.turn.state): its context tree replaces the
-     * one it has, its episode and credits are set. CPH_EINVAL (field "state") for a blob that
-     * is not one, or of another store schema. The data is borrowed until done. */
+     * one it has, its episode and credits are set, the replies it carries that this node lacks
+     * join its channels' history and (by origin, cph_engine_reply_origins) its replies stream.
+     * CPH_EINVAL (field "state") for a blob that is not one, or of another store schema. The
+     * data is borrowed until done. */
     struct {
       char *session;
       const uint8_t *data;
