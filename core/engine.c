@@ -196,6 +196,8 @@ static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
   cph_engine *e = ctx;
   trees_delete(&e->trees, t, session);
   int rc = context_cursors_delete(t, session);
+  if (rc == CPH_OK)
+    rc = replystream_forget_session(t, session);
   return rc ? rc : turnlog_delete_session(&e->turnlog, t, session);
 }
 

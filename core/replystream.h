@@ -48,4 +48,10 @@ int replystream_holds(cph_txn *t, const char *origin, bool *held);
 int replystream_session_newest(cph_txn *t, const char *session, size_t max,
                                bool (*fn)(void *ctx, const cph_reply_rec *r), void *ctx);
 
+/* A session was deleted: its rows of reply_sessions go, so a session created again under its
+ * name does not carry the old one's replies in its state (to be offered again elsewhere). Its
+ * replies stay in the stream, and their origins in reply_origins (still held here). One row
+ * per reply the session had with an origin. CPH_OK or the store's error. */
+int replystream_forget_session(cph_txn *t, const char *session);
+
 #endif

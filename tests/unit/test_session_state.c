@@ -261,9 +261,33 @@ static void test_session_state_offers_the_replies_stream_once_by_origin(void **s
   assert_string_equal(r[TURNS].body, "reply 3 of a");
   replies_free(r, n);
   free(blob);
+
+  /* a deleted session's replies stay in x's stream, but a session created again under its
+   * name carries only its own in its state: a third engine taking it over adds just that one */
+  cph_op del = {0};
+  del.kind = CPH_OP_SESSION_DELETE;
+  del.u.session.in.id = "a";
+  assert_int_equal(cph_fixture_run(x, &del), CPH_OK);
+  cph_op_clear_results(&del);
+  cph_fixture_create_session(x, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  turn(x, "a", 0, &done);
+  blob = state_of(&done, &len);
+  cph_fixture *z = cph_fixture_new("stream_z", "{}");
+  cph_fixture_create_session(z, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  assert_int_equal(import(z, "a", blob, len), CPH_OK);
+  r = stream(z, &n);
+  assert_int_equal(n, 1);
+  assert_string_equal(r[0].body, "reply 0 of a");
+  assert_int_equal(strncmp(r[0].origin, "x/", 2), 0);
+  replies_free(r, n);
+  r = stream(x, &n);
+  assert_int_equal(n, TURNS + 2);
+  replies_free(r, n);
+  free(blob);
   replies_free(rx, nx);
   cph_fixture_free(x);
   cph_fixture_free(y);
+  cph_fixture_free(z);
 }
 
 static void test_session_state_is_not_exported_without_report_consumed(void **state) {
