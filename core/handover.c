@@ -482,6 +482,8 @@ static int state_import_stream(cph_txn *t, const char *session, const uint8_t *d
     bool held = false;
     if (bad || !origin || !chan || !body)
       rc = bad ? CPH_EINVAL : CPH_ENOMEM;
+    else if (!*origin || strlen(origin) >= REPLYSTREAM_ORIGIN_MAX) /* none this build makes */
+      rc = CPH_EINVAL;
     else
       rc = replystream_holds(t, origin, &held);
     if (rc == CPH_OK && !held) {
