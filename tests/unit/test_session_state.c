@@ -243,6 +243,16 @@ static void test_session_state_offers_the_replies_stream_once_by_origin(void **s
     replies_free(ry, ny);
     assert_int_equal(cph_engine_last_reply_id(y->e), TURNS);
   }
+  /* the replies written once in the state (flagged as channel replies too) still reach the
+   * channel's history: the next lease shows each once */
+  cph_fixture *w = cph_fixture_new("stream_w", "{}");
+  cph_fixture_create_session(w, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  assert_int_equal(import(w, "a", blob, len), CPH_OK);
+  int times[TURNS];
+  lease_shows_replies(w, times);
+  for (int i = 0; i < TURNS; i++)
+    assert_int_equal(times[i], 1);
+  cph_fixture_free(w);
   /* x takes it back: it holds its own replies, nothing is added */
   assert_int_equal(import(x, "a", blob, len), CPH_OK);
   size_t n;
