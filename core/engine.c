@@ -46,6 +46,7 @@
 #include "lanes/pass.h"
 #include "maint.h"
 #include "metrics.h"
+#include "replystream.h"
 #include "reports.h"
 #include "search.h"
 #include "sessions.h"
@@ -195,6 +196,8 @@ static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
   cph_engine *e = ctx;
   trees_delete(&e->trees, t, session);
   int rc = context_cursors_delete(t, session);
+  if (rc == CPH_OK)
+    rc = replystream_forget_session(t, session);
   return rc ? rc : turnlog_delete_session(&e->turnlog, t, session);
 }
 
@@ -490,6 +493,7 @@ void cph_engine_close(cph_engine *e) {
   cph_store_close(e->env.store);
   cph_policy_free(e->env.policy);
   free((char *)e->env.data_dir);
+  free(e->env.reply_origin_node);
   metrics_close(e->metrics);
   cph_evcache_free(&e->evcache);
   trees_free(&e->trees);
@@ -960,6 +964,17 @@ void cph_engine_lanes(cph_engine *e, cph_lane_info out[CPH_LANE_COUNT], uint32_t
 }
 
 void cph_engine_report_consumed(cph_engine *e, bool on) { e->env.report_consumed = on; }
+
+int cph_engine_reply_origins(cph_engine *e, const char *node) {
+  if (node && strlen(node) > REPLYSTREAM_NODE_MAX)
+    return CPH_EINVAL;
+  char *copy = node ? strdup(node) : NULL;
+  if (node && !copy)
+    return CPH_ENOMEM;
+  free(e->env.reply_origin_node);
+  e->env.reply_origin_node = copy;
+  return CPH_OK;
+}
 
 int cph_engine_inbox_keys(cph_engine *e, const char *session, cph_strv *out, cph_err *err) {
   *out = (cph_strv){0};

@@ -32,6 +32,9 @@ typedef struct cph_core_env {
   /* Completions and session deletes name the events they consumed (cluster mode's done marks,
    * cph_engine_report_consumed): off on a single node, where nothing of it is done. */
   bool report_consumed;
+  /* Cluster mode (cph_engine_reply_origins): this node's name, which the origin of each reply
+   * written here carries (core/replystream.h); NULL on a single node: no origins, no index. */
+  char *reply_origin_node;
 } cph_core_env;
 
 static inline int64_t env_now(const cph_core_env *env) { return cph_clock_now(env->clock); }

@@ -5,7 +5,15 @@
  * recent replies as its channels' history holds them: be32 count, and per reply be32 length +
  * channel, be64 ts_ms, be32 length + body, oldest first; then its newest memories (its own
  * scope; STATE_MEMORIES of each class, STATE_MEMORY_BYTES at most): be32 count, and per memory
- * a kind byte and be32 length + text, oldest first. That is what a completion changes of
+ * a kind byte and be32 length + text, oldest first. Version 2 puts, between the tree and the
+ * channel replies, the session's newest replies of the replies stream (GET /v1/replies) that
+ * have an origin (core/replystream.h; STATE_STREAM_REPLIES, STATE_STREAM_REPLY_BYTES at most):
+ * be32 count, and per reply a flag byte (1: it is also one of the channel replies), be32
+ * length + origin, be32 length + channel, be64 ts_ms, be32 length + body, oldest first; a
+ * flagged reply is left out of the channel replies part (written once: a completion writes
+ * each reply to both the stream and its channel's history, and most channel replies are
+ * among the stream's newest). A version-1 blob (a node not upgraded yet) lacks that part and
+ * still imports. That is what a completion changes of
  * a session and what its next turns read back: its conversation (the input and reply cores of
  * every turn within the history bound, which non-inbox turns render), its replies (which an
  * inbox turn's channel view renders, from the node's own channel history), the nodes workers
@@ -16,7 +24,12 @@
  * at most STATE_REPLY_BYTES of them: the cost of a completion's export is bounded by that (a
  * few hundred record reads at most), and a reply older than that does not move — neither do
  * the inputs it answered (the channel's traffic: what a turn consumed is not delivered again,
- * what it did not is replayed by the log). */
+ * what it did not is replayed by the log).
+ * The stream replies are what makes a dead node's answers reach people: the node that takes
+ * the session over adds each one whose origin its own stream lacks to that stream, so a
+ * connector reading every node's stream gets it there (again, if it read it from the dead
+ * node already: it drops a repeated origin). They come first after the tree, so they are the
+ * last part left out when a state would be too big. */
 #include "handover.h"
 
 #include <stdlib.h>
@@ -24,10 +37,14 @@
 
 #include "common/log.h"
 #include "ingest.h"
+#include "replystream.h"
 
 #define STATE_MAGIC "CPHS"
-#define STATE_VERSION 1u
+#define STATE_VERSION 2u
+#define STATE_VERSION_NO_STREAM 1u /* before the stream replies; still imported */
 #define STATE_HEAD 28u
+#define STATE_STREAM_REPLIES 64
+#define STATE_STREAM_REPLY_BYTES (256u * 1024u)
 #define STATE_REPLY_SCAN 64
 #define STATE_CHANNELS 16
 #define STATE_REPLY_BYTES (256u * 1024u)
@@ -37,9 +54,11 @@
  * session's previous state stays in the log); the replies and memories are left out when they
  * would not fit. */
 
+/* A reply of a channel's history: collected for a state, or read from one. */
 typedef struct state_reply {
   char *channel, *body;
   int64_t ts_ms;
+  bool in_stream; /* exporting: the stream part carries it (flagged there), so this part not */
 } state_reply;
 
 /* Calls fn(ctx, event) for the newest `scan` entries of channel's history, newest first, until
@@ -109,6 +128,7 @@ static bool collect_reply(void *ctx, const cph_event_rec *ev) {
   r->channel = strdup(ev->channel);
   r->body = strdup(ev->body);
   r->ts_ms = ev->ts_ms;
+  r->in_stream = false;
   if (!r->channel || !r->body) {
     free(r->channel);
     free(r->body);
@@ -133,8 +153,18 @@ static void put_str32(cph_buf *out, const char *str) {
   cph_buf_append(out, str, n);
 }
 
-/* The replies part of the blob (above). */
-static int state_export_replies(const cph_handover *st, const csession *s, cph_buf *out) {
+static void reply_scan_free(reply_scan *rs) {
+  for (size_t i = 0; i < rs->n; i++) {
+    free(rs->v[i].channel);
+    free(rs->v[i].body);
+  }
+  free(rs->v);
+  rs->v = NULL;
+  rs->n = rs->cap = 0;
+}
+
+/* The session's replies among the newest entries of its channels (above), oldest first. */
+static int collect_channel_replies(const cph_handover *st, const csession *s, reply_scan *rs) {
   cph_txn *t = &st->env->txn;
   char direct[160];
   snprintf(direct, sizeof direct, "direct:%s", s->id);
@@ -150,33 +180,122 @@ static int state_export_replies(const cph_handover *st, const csession *s, cph_b
     chans[n_chans++] = rec.subscribe[i];
   for (uint32_t i = 0; have_rec && i < rec.n_member && n_chans < STATE_CHANNELS; i++)
     chans[n_chans++] = rec.member[i];
-  reply_scan rs = {s->id, NULL, 0, 0, 0, false};
   int rc = CPH_OK;
-  for (size_t i = 0; rc == CPH_OK && !rs.nomem && i < n_chans; i++)
-    rc = history_tail(t, chans[i], STATE_REPLY_SCAN, collect_reply, &rs);
-  if (rc == CPH_OK && rs.nomem)
+  for (size_t i = 0; rc == CPH_OK && !rs->nomem && i < n_chans; i++)
+    rc = history_tail(t, chans[i], STATE_REPLY_SCAN, collect_reply, rs);
+  if (rc == CPH_OK && rs->nomem)
     rc = CPH_ENOMEM;
-  if (rc == CPH_OK) {
-    if (rs.n > 1)
-      qsort(rs.v, rs.n, sizeof *rs.v, reply_cmp);
-    uint8_t be[8];
-    cph_be32_put(be, (uint32_t)rs.n);
-    cph_buf_append(out, be, 4);
-    for (size_t i = 0; i < rs.n; i++) {
-      put_str32(out, rs.v[i].channel);
-      cph_be64_put(be, (uint64_t)rs.v[i].ts_ms);
-      cph_buf_append(out, be, 8);
-      put_str32(out, rs.v[i].body);
-    }
-  }
-  for (size_t i = 0; i < rs.n; i++) {
-    free(rs.v[i].channel);
-    free(rs.v[i].body);
-  }
-  free(rs.v);
+  if (rc == CPH_OK && rs->n > 1)
+    qsort(rs->v, rs->n, sizeof *rs->v, reply_cmp);
   if (have_rec)
     cph_record_free(&cph_session_desc, &rec);
   return rc;
+}
+
+/* The channel replies part of the blob (above): without those the stream part carries when
+ * it was written (skip_in_stream). */
+static void write_channel_part(const reply_scan *rs, bool skip_in_stream, cph_buf *out) {
+  uint8_t be[8];
+  uint32_t count = 0;
+  for (size_t i = 0; i < rs->n; i++)
+    count += !(skip_in_stream && rs->v[i].in_stream);
+  cph_be32_put(be, count);
+  cph_buf_append(out, be, 4);
+  for (size_t i = 0; i < rs->n; i++) {
+    if (skip_in_stream && rs->v[i].in_stream)
+      continue;
+    put_str32(out, rs->v[i].channel);
+    cph_be64_put(be, (uint64_t)rs->v[i].ts_ms);
+    cph_buf_append(out, be, 8);
+    put_str32(out, rs->v[i].body);
+  }
+}
+
+/* A reply of the session's replies stream, for a state. */
+typedef struct stream_reply {
+  char *origin, *channel, *body;
+  int64_t ts_ms;
+  bool in_history; /* it is also one of the channel replies (flagged in the blob) */
+} stream_reply;
+
+/* The session's newest replies of the stream, newest first as collected. */
+typedef struct stream_scan {
+  stream_reply *v;
+  size_t n, cap, bytes;
+  bool nomem;
+} stream_scan;
+
+static bool collect_stream_reply(void *ctx, const cph_reply_rec *r) {
+  stream_scan *ss = ctx;
+  size_t len = strlen(r->origin) + strlen(r->channel) + strlen(r->body);
+  if (ss->bytes + len > STATE_STREAM_REPLY_BYTES)
+    return false;
+  if (ss->n == ss->cap) {
+    size_t c = ss->cap ? 2 * ss->cap : 8;
+    stream_reply *g = realloc(ss->v, c * sizeof *g);
+    if (!g) {
+      ss->nomem = true;
+      return false;
+    }
+    ss->v = g;
+    ss->cap = c;
+  }
+  stream_reply *o = &ss->v[ss->n];
+  *o = (stream_reply){0};
+  o->origin = strdup(r->origin);
+  o->channel = strdup(r->channel);
+  o->body = strdup(r->body);
+  o->ts_ms = r->ts_ms;
+  if (!o->origin || !o->channel || !o->body) {
+    free(o->origin);
+    free(o->channel);
+    free(o->body);
+    ss->nomem = true;
+    return false;
+  }
+  ss->n++;
+  ss->bytes += len;
+  return true;
+}
+
+static void stream_scan_free(stream_scan *ss) {
+  for (size_t i = 0; i < ss->n; i++) {
+    free(ss->v[i].origin);
+    free(ss->v[i].channel);
+    free(ss->v[i].body);
+  }
+  free(ss->v);
+}
+
+/* A reply is written once: a channel reply that is also a stream reply (same channel, time and
+ * body — a completion writes both from one reply, and an import keeps both) is flagged in the
+ * stream part and left out of the channel part. At most 64 x 64 x 16 time comparisons. */
+static void match_parts(stream_scan *ss, reply_scan *rs) {
+  for (size_t c = 0; c < rs->n; c++)
+    for (size_t k = 0; k < ss->n; k++) {
+      stream_reply *r = &ss->v[k];
+      if (!r->in_history && r->ts_ms == rs->v[c].ts_ms &&
+          strcmp(r->body, rs->v[c].body) == 0 && strcmp(r->channel, rs->v[c].channel) == 0) {
+        r->in_history = rs->v[c].in_stream = true;
+        break;
+      }
+    }
+}
+
+/* The stream replies part of the blob (above), oldest first. */
+static void write_stream_part(const stream_scan *ss, cph_buf *out) {
+  uint8_t be[8];
+  cph_be32_put(be, (uint32_t)ss->n);
+  cph_buf_append(out, be, 4);
+  for (size_t i = ss->n; i-- > 0;) {
+    uint8_t flag = ss->v[i].in_history;
+    cph_buf_append(out, &flag, 1);
+    put_str32(out, ss->v[i].origin);
+    put_str32(out, ss->v[i].channel);
+    cph_be64_put(be, (uint64_t)ss->v[i].ts_ms);
+    cph_buf_append(out, be, 8);
+    put_str32(out, ss->v[i].body);
+  }
 }
 
 typedef struct state_memory {
@@ -321,18 +440,90 @@ static char *get_str32(const uint8_t *data, size_t n, size_t *at, bool *bad) {
   return str;
 }
 
-/* The replies part: each reply its channel's history here lacks (the same session, time and
- * body among the channel's newest STATE_REPLY_SCAN * 2 entries) is stored as a reply event
- * and appended to that history — not to the replies stream (GET /v1/replies): connectors
- * delivered it from the node that wrote it. CPH_EINVAL when the part is malformed. */
-static int state_import_replies(cph_txn *t, const char *session, const uint8_t *data, size_t n,
-                                size_t *used) {
+/* Adds a reply for a channel's history to list, taking chan and body (freed when it cannot).
+ * false: out of memory. */
+static bool history_list_add(reply_scan *list, char *chan, char *body, int64_t ts_ms) {
+  if (list->n == list->cap) {
+    size_t c = list->cap ? 2 * list->cap : 16;
+    state_reply *g = realloc(list->v, c * sizeof *g);
+    if (!g) {
+      free(chan);
+      free(body);
+      return false;
+    }
+    list->v = g;
+    list->cap = c;
+  }
+  list->v[list->n++] = (state_reply){chan, body, ts_ms, false};
+  return true;
+}
+
+/* The stream replies part: each reply whose origin this node's stream lacks is added to it
+ * (a new id here, its time, channel and body as written, no source inbox ids: those were the
+ * other node's); *newest is the id of the last one added (unchanged when none). A reply this
+ * node holds — it wrote it, or took it over before — is not added again. One flagged as a
+ * channel reply joins `history` too. CPH_EINVAL when the part is malformed. */
+static int state_import_stream(cph_txn *t, const char *session, const uint8_t *data, size_t n,
+                               size_t *used, uint64_t *newest, reply_scan *history) {
   if (n < 4)
     return CPH_EINVAL;
   uint32_t count = cph_be32_get(data);
   size_t at = 4;
   int rc = CPH_OK;
-  int64_t now_ms = cph_wall_ms();
+  for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
+    if (n - at < 1 || data[at] > 1)
+      return CPH_EINVAL;
+    bool in_history = data[at++];
+    bool bad = false;
+    char *origin = get_str32(data, n, &at, &bad);
+    char *chan = bad ? NULL : get_str32(data, n, &at, &bad), *body = NULL;
+    int64_t ts_ms = 0;
+    if (!bad && n - at >= 8) {
+      ts_ms = (int64_t)cph_be64_get(data + at);
+      at += 8;
+      body = get_str32(data, n, &at, &bad);
+    } else {
+      bad = true;
+    }
+    bool held = false;
+    if (bad || !origin || !chan || !body)
+      rc = bad ? CPH_EINVAL : CPH_ENOMEM;
+    else if (!*origin || strlen(origin) >= REPLYSTREAM_ORIGIN_MAX) /* none this build makes */
+      rc = CPH_EINVAL;
+    else
+      rc = replystream_holds(t, origin, &held);
+    if (rc == CPH_OK && !held) {
+      cph_reply_rec rr = {0};
+      rr.session = (char *)session;
+      rr.channel = chan;
+      rr.body = body;
+      rr.ts_ms = ts_ms;
+      rr.origin = origin;
+      rc = replystream_put(t, &rr, NULL, NULL);
+      if (rc == CPH_OK)
+        *newest = rr.id;
+    }
+    if (rc == CPH_OK && in_history) {
+      if (!history_list_add(history, chan, body, ts_ms))
+        rc = CPH_ENOMEM;
+      chan = body = NULL; /* the list's now */
+    }
+    free(origin);
+    free(chan);
+    free(body);
+  }
+  *used = at;
+  return rc;
+}
+
+/* The channel replies part, read into `history`. CPH_EINVAL when it is malformed. */
+static int state_read_channel_part(const uint8_t *data, size_t n, size_t *used,
+                                   reply_scan *history) {
+  if (n < 4)
+    return CPH_EINVAL;
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  int rc = CPH_OK;
   for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
     bool bad = false;
     char *chan = get_str32(data, n, &at, &bad), *body = NULL;
@@ -346,30 +537,46 @@ static int state_import_replies(cph_txn *t, const char *session, const uint8_t *
     }
     if (bad || !chan || !body) {
       rc = bad ? CPH_EINVAL : CPH_ENOMEM;
-    } else {
-      reply_find rf = {session, body, ts_ms, false};
-      rc = history_tail(t, chan, 2 * STATE_REPLY_SCAN, find_reply, &rf);
-      if (rc == CPH_OK && !rf.found) {
-        uint64_t event_id = 0;
-        cph_txn_next_id(t, "event", &event_id);
-        cph_event_rec ev = {0};
-        ev.id = event_id;
-        ev.channel = chan;
-        ev.sender = (char *)session;
-        ev.body = body;
-        ev.kind = "reply";
-        ev.ts_ms = ts_ms;
-        ev.received_ms = now_ms;
-        ev.status = CPH_EVENT_STORED;
-        cph_key ek = cph_key_of_u64(event_id);
-        cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
-        rc = history_append(t, chan, event_id);
-      }
+      free(chan);
+      free(body);
+    } else if (!history_list_add(history, chan, body, ts_ms)) {
+      rc = CPH_ENOMEM;
     }
-    free(chan);
-    free(body);
   }
   *used = at;
+  return rc;
+}
+
+/* The channel replies (those the stream part flagged and the channel part's), oldest first:
+ * each reply its channel's history here lacks (the same session, time and body among the
+ * channel's newest STATE_REPLY_SCAN * 2 entries) is stored as a reply event and appended to
+ * that history, for the session's context. */
+static int state_import_history(cph_txn *t, const char *session, reply_scan *history) {
+  if (history->n > 1)
+    qsort(history->v, history->n, sizeof *history->v, reply_cmp);
+  int64_t now_ms = cph_wall_ms();
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && i < history->n; i++) {
+    const state_reply *r = &history->v[i];
+    reply_find rf = {session, r->body, r->ts_ms, false};
+    rc = history_tail(t, r->channel, 2 * STATE_REPLY_SCAN, find_reply, &rf);
+    if (rc == CPH_OK && !rf.found) {
+      uint64_t event_id = 0;
+      cph_txn_next_id(t, "event", &event_id);
+      cph_event_rec ev = {0};
+      ev.id = event_id;
+      ev.channel = r->channel;
+      ev.sender = (char *)session;
+      ev.body = r->body;
+      ev.kind = "reply";
+      ev.ts_ms = r->ts_ms;
+      ev.received_ms = now_ms;
+      ev.status = CPH_EVENT_STORED;
+      cph_key ek = cph_key_of_u64(event_id);
+      cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+      rc = history_append(t, r->channel, event_id);
+    }
+  }
   return rc;
 }
 
@@ -416,27 +623,48 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
   int rc = trees_export(st->trees, &st->env->txn, s->id, out);
   if (rc)
     return rc;
-  if (out->len + 8 > CPH_HANDOVER_MAX_BYTES)
+  if (out->len + 12 > CPH_HANDOVER_MAX_BYTES)
     return CPH_ELIMIT;
-  /* The replies and the memories each only while the whole fits (else none of them: empty). */
+  /* The stream replies, the channel replies and the memories each only while the whole fits
+   * (else none of them: empty), with room kept for the empty parts after it. */
+  reply_scan rs = {s->id, NULL, 0, 0, 0, false};
+  stream_scan ss = {0};
+  rc = replystream_session_newest(&st->env->txn, s->id, STATE_STREAM_REPLIES,
+                                  collect_stream_reply, &ss);
+  if (rc == CPH_OK && ss.nomem)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK)
+    rc = collect_channel_replies(st, s, &rs);
+  if (rc == CPH_OK)
+    match_parts(&ss, &rs);
   static const uint8_t none[4] = {0};
   cph_buf part = {0};
-  for (int i = 0; rc == CPH_OK && i < 2; i++) {
+  bool stream_written = false;
+  for (int i = 0; rc == CPH_OK && i < 3; i++) {
     cph_buf_reset(&part);
-    rc = i == 0 ? state_export_replies(st, s, &part) : state_export_memories(st, s, &part);
+    if (i == 0)
+      write_stream_part(&ss, &part);
+    else if (i == 1)
+      write_channel_part(&rs, stream_written, &part);
+    else
+      rc = state_export_memories(st, s, &part);
     if (rc == CPH_OK && cph_buf_error(&part))
       rc = CPH_ENOMEM;
-    if (rc == CPH_OK && out->len + part.len + (i == 0 ? 4 : 0) <= CPH_HANDOVER_MAX_BYTES)
+    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(2 - i) <= CPH_HANDOVER_MAX_BYTES) {
       cph_buf_append(out, part.data, part.len);
-    else if (rc == CPH_OK)
+      stream_written |= i == 0;
+    } else if (rc == CPH_OK) {
       cph_buf_append(out, none, 4);
+    }
   }
   cph_buf_free(&part);
+  stream_scan_free(&ss);
+  reply_scan_free(&rs);
   return rc;
 }
 
 /* CPH_OP_SESSION_STATE: see include/cephalon/cephalon.h. */
-void handover_import(const cph_handover *st, cph_op *op) {
+void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply) {
   const char *id = op->u.state.session;
   csession *s = id ? sessions_get(st->sessions, id) : NULL;
   if (!s) {
@@ -445,11 +673,13 @@ void handover_import(const cph_handover *st, cph_op *op) {
   }
   const uint8_t *p = op->u.state.data;
   size_t n = op->u.state.len;
-  if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 || cph_be32_get(p + 4) != STATE_VERSION ||
+  uint32_t version = n < STATE_HEAD ? 0 : cph_be32_get(p + 4);
+  if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 ||
+      (version != STATE_VERSION && version != STATE_VERSION_NO_STREAM) ||
       cph_be32_get(p + 8) != CPH_STORE_SCHEMA_VERSION) {
     op_fail(op, CPH_EINVAL, "state",
-            "the state of session '%s' is not a version-%u state of store schema %u", id,
-            STATE_VERSION, CPH_STORE_SCHEMA_VERSION);
+            "the state of session '%s' is not a version-%u or -%u state of store schema %u", id,
+            STATE_VERSION_NO_STREAM, STATE_VERSION, CPH_STORE_SCHEMA_VERSION);
     return;
   }
   uint64_t episode = cph_be64_get(p + 12), bits = cph_be64_get(p + 20);
@@ -460,9 +690,18 @@ void handover_import(const cph_handover *st, cph_op *op) {
   size_t used = 0;
   int rc = trees_import(st->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used);
   size_t at = STATE_HEAD + used;
+  uint64_t newest = 0;
+  reply_scan history = {id, NULL, 0, 0, 0, false};
+  if (rc == CPH_OK && version == STATE_VERSION) {
+    rc = state_import_stream(&t, id, p + at, n - at, &used, &newest, &history);
+    at += rc == CPH_OK ? used : 0;
+  }
   if (rc == CPH_OK)
-    rc = state_import_replies(&t, id, p + at, n - at, &used);
+    rc = state_read_channel_part(p + at, n - at, &used, &history);
   at += rc == CPH_OK ? used : 0;
+  if (rc == CPH_OK)
+    rc = state_import_history(&t, id, &history);
+  reply_scan_free(&history);
   if (rc == CPH_OK)
     rc = state_import_memories(st, &t, id, p + at, n - at);
   if (rc == CPH_EINVAL) {
@@ -481,6 +720,8 @@ void handover_import(const cph_handover *st, cph_op *op) {
     rc = cph_txn_commit(&t);
   else
     cph_txn_abort(&t);
+  if (rc == CPH_OK && newest)
+    *newest_reply = newest;
   if (rc) {
     s->episode = old_episode;
     csession_resched(st->sessions, s, s->lane, old_credits);

@@ -15,6 +15,7 @@
 #include "ingest.h"
 #include "reports.h"
 #include "handover.h"
+#include "replystream.h"
 #include "turns.h"
 
 /* An active lease. */
@@ -80,6 +81,7 @@ void cph_reply_info_free(cph_reply_info *r) {
   free(r->channel);
   free(r->body);
   free(r->source_inbox_ids);
+  free(r->origin);
   memset(r, 0, sizeof *r);
 }
 
@@ -1120,7 +1122,6 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
                                                 : direct;
     uint64_t event_id = 0;
     cph_txn_next_id(&t, "event", &event_id);
-    cph_txn_next_id(&t, "reply", &reply_id);
     cph_event_rec ev = {0};
     ev.id = event_id;
     ev.channel = (char *)chan;
@@ -1132,12 +1133,13 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     cph_key ek = cph_key_of_u64(event_id);
     cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
     history_append(&t, chan, event_id);
-    cph_reply_rec rr = {reply_id,     s->id,
+    cph_reply_rec rr = {0,            s->id,
                         (char *)chan, op->u.turn.reply_body,
                         l->inbox_ids, (uint32_t)l->n_inbox_ids,
-                        l->turn_id,   now_ms};
-    cph_key rk = cph_key_of_u64(reply_id);
-    cph_txn_put_record(&t, CPH_DB_REPLIES, &rk, &cph_reply_desc, &rr);
+                        l->turn_id,   now_ms,
+                        NULL};
+    replystream_put(&t, &rr, tu->env->reply_origin_node, l->token);
+    reply_id = rr.id;
   }
   free(first_channel);
   /* memories the worker minted, scoped to the session (DESIGN §7) */
@@ -1340,7 +1342,10 @@ void turns_apply(cph_turns *tu, cph_op *op) {
     break;
   case CPH_OP_SESSION_STATE: {
     cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory};
-    handover_import(&st, op);
+    uint64_t newest_reply = 0;
+    handover_import(&st, op, &newest_reply);
+    if (newest_reply > tu->last_reply_id) /* GET /v1/replies offers them once committed */
+      tu->last_reply_id = newest_reply;
     break;
   }
   default:
@@ -1516,6 +1521,7 @@ int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **
     ri->source_inbox_ids = r.source_inbox_ids;
     ri->n_source_inbox_ids = r.n_source_inbox_ids;
     ri->ts_ms = r.ts_ms;
+    ri->origin = r.origin;
     *next = r.id;
     /* ownership moved to ri */
   }

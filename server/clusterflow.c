@@ -2770,8 +2770,16 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
                           predecoded_free, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
                                                    : pol->dedupe.key_window_seconds;
-  int rc = cph_clog_start(&pol->cluster, window, s->cluster, s->base,
-                          &hooks, &f->log, err);
+  /* Each reply written from now on carries its origin, and the stream replies of a state this
+   * node imports join its replies stream (11.). */
+  int rc = cph_engine_reply_origins(s->engine, f->node);
+  if (rc != CPH_OK) {
+    cph_err_set(err, rc, ":cluster :node \"%s\" is too long for a reply's origin (128 bytes "
+                "at most)", f->node);
+    cph_cflow_free(f);
+    return rc;
+  }
+  rc = cph_clog_start(&pol->cluster, window, s->cluster, s->base, &hooks, &f->log, err);
   if (rc != CPH_OK) {
     cph_cflow_free(f);
     return rc;

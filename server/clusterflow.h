@@ -70,7 +70,8 @@
  *    table defines and the engine lacks are created from their definitions (queued before
  *    anything of the rebuild, 8.), so events and forwards reach them here. Then each takes the
  *    state its previous owner left in the log (11.): context tree, episode, credits, recent
- *    replies. Their unconsumed input is rebuilt from the log (6.-8.).
+ *    replies (its replies stream's, with their origins, too). Their unconsumed input is
+ *    rebuilt from the log (6.-8.).
  *
  * 6. Done marks: what turns consumed, in the log. Every log message reaches at most one
  *    session (2., 3.: an in event its named session, a forward its session), so an engine key
@@ -187,8 +188,10 @@
  *    left. With the log on, every completion (a repeated one too) hands here, with its done
  *    mark's keys, the session's state after it (cph_op u.turn.state, core/handover.c says what it
  *    holds: the context tree's records — the input and reply cores of every turn within the
- *    history bound, the nodes workers inserted —, the episode, the credits, and its replies
- *    among the newest 64 entries of each of its channels' history). The node puts it into the
+ *    history bound, the nodes workers inserted —, the episode, the credits, its newest 64
+ *    replies of the replies stream with their origins (core/replystream.h; 256 KiB at most),
+ *    its replies among the newest 64 entries of each of its channels' history, its newest
+ *    memories). The node puts it into the
  *    key-value bucket CEPH_STATE under "<shard>.<session id in hex>", prefixed with its epoch
  *    (be64: the sequence of its epoch on ceph.s.done.<shard>, 10.), expecting the key's
  *    revision it last read or wrote (none: a create). The put goes through the shard's queue
@@ -199,10 +202,18 @@
  *    the mark sees the state it follows. A node taking a shard reads, after its fences (10.),
  *    the newest value of every key of the shard (an ordered consumer, last per subject) and,
  *    right after the adoption (5.) and before the replayed events (8.), imports each into its
- *    session (CPH_OP_SESSION_STATE: the tree replaced, episode and credits set, each reply its
- *    channel's history here lacks appended to it, not to the replies stream) — so the
- *    session's next lease shows what it showed on the previous owner, and its tree every
- *    answered turn once. Fencing: a deposed owner's state put in flight may land after the next
+ *    session (CPH_OP_SESSION_STATE: the tree replaced, episode and credits set, each stream
+ *    reply whose origin this node's replies stream lacks added to that stream, each channel
+ *    reply its channel's history here lacks appended to it) — so the session's next lease
+ *    shows what it showed on the previous owner, its tree every answered turn once, and a
+ *    connector reading this node's GET /v1/replies gets the replies the previous owner wrote
+ *    (a 200 completion's reply is in its state: so a kill -9 before any connector read it from
+ *    the dead node loses it not). Replies are offered again, not moved: a node cannot know
+ *    what a connector read, so every stream reply of the state that the new owner lacks is
+ *    offered there, read before elsewhere or not — at least once, within the bound (the
+ *    session's newest 64) — and a connector drops an origin it delivered already. Per node a
+ *    reply is added once (the origin index), so a shard moving back or twice adds nothing it
+ *    held. Fencing: a deposed owner's state put in flight may land after the next
  *    owner read the key; the next owner's own put then expects an older revision and is
  *    refused; it reads the key (the pos thread): a value of an older epoch is the deposed
  *    owner's (its completion answered 503: its mark came after the epoch) and is written over,
@@ -216,11 +227,13 @@
  *    the shard's live keys, and JetStream's revision check fences each key. The cost: one more
  *    publish per completion in the shard's serial queue (the 200 waits for state then marks:
  *    two round trips instead of one) and the state's bytes; bounded by the tree's history
- *    bound (128 message cores) and 256 KiB of replies, well under NATS's 1 MiB message limit
- *    (docs/cluster-scaling.md has figures). Not moved: the session's memories, kept turn
- *    contexts (the explorer), seals, channel cursors (rebuilt from its staged input), maintenance
- *    jobs, turn records, the replies stream (GET /v1/replies; connectors read it from the node
- *    that wrote it), and the inputs its turns consumed (the channel's traffic).
+ *    bound (128 message cores) and 256 KiB each of stream replies, channel replies and
+ *    memories, under NATS's 1 MiB message limit (CPH_HANDOVER_MAX_BYTES: the stream replies go
+ *    first, the other parts are left out when they would not fit; docs/cluster-scaling.md has
+ *    figures). Not moved: kept turn contexts (the explorer), seals, channel cursors (rebuilt
+ *    from its staged input), maintenance jobs, turn records, the replies stream's older
+ *    replies (beyond the session's newest 64) and its source inbox ids, and the inputs its
+ *    turns consumed (the channel's traffic).
  *
  * 12. Trimming the log, so it does not grow without bound. Below a shard's watermark W (7.) a
  *    rebuild reads nothing (8.: events from W, done marks from W — a mark follows the event it

@@ -1,8 +1,12 @@
 /* The outbound replies stream (DESIGN §9).
  *
  *   GET /v1/replies?after=&wait_ms=&limit=
- *     -> 200 {"replies": [{"id", "session", "channel", "body", "source_inbox_ids", "ts_ms"}],
- *             "next"}
+ *     -> 200 {"replies": [{"id", "session", "channel", "body", "source_inbox_ids", "ts_ms",
+ *             "origin"?}], "next"}
+ *
+ * origin, in cluster mode only: the reply's identity cluster-wide (core/replystream.h). A reply
+ * a dead node wrote is offered again, under the same origin, by the node that took its session
+ * over, so a connector reads every node's stream and drops an origin it delivered already.
  *
  * Long-poll: answered at once when a reply with id > after exists (or wait_ms is 0);
  * otherwise the request waits — without blocking the loop — until the engine reports a newer
@@ -45,6 +49,8 @@ static void answer_now(cph_req *r) {
       json_array_append_new(ids, cph_json_u64(ri->source_inbox_ids[j]));
     json_object_set_new(o, "source_inbox_ids", ids);
     json_object_set_new(o, "ts_ms", json_integer(ri->ts_ms));
+    if (ri->origin) /* cluster mode only (server/clusterflow.h 11.) */
+      json_object_set_new(o, "origin", cph_json_str(ri->origin));
     json_array_append_new(arr, o);
     cph_reply_info_free(&list[i]);
   }

@@ -118,8 +118,10 @@ static const cph_field reply_fields[] = {
     ARRAY(R, CPH_F_U64_ARRAY, source_inbox_ids, n_source_inbox_ids),
     FIELD(R, CPH_F_U64, turn_id),
     FIELD(R, CPH_F_I64, ts_ms),
+    /* version 2 (cluster mode): an older record reads NULL, no origin */
+    FIELD_SINCE(R, CPH_F_OPT_STR, origin, 2),
 };
-DESC(cph_reply_desc, "reply", 1, R, reply_fields);
+DESC_COMPAT(cph_reply_desc, "reply", 2, 1, R, reply_fields);
 #undef R
 
 #define R cph_memory_rec

@@ -149,6 +149,9 @@ typedef struct cph_reply_rec {
   uint32_t n_source_inbox_ids;
   uint64_t turn_id;
   int64_t ts_ms;
+  /* since record version 2: its identity cluster-wide (core/replystream.h); NULL, as older
+   * records read, on a single node */
+  char *origin;
 } cph_reply_rec;
 
 typedef struct cph_memory_rec {

@@ -50,6 +50,8 @@
   X(ACTIVE_TURNS, "active_turns") /* u64 turn id -> "" while leased (restart expires them) */ \
   X(PARKED_TURNS, "parked_turns") /* u64 turn id -> "" while parked */                   \
   X(REPLIES, "replies")       /* u64 reply id -> reply */                                \
+  X(REPLY_ORIGINS, "reply_origins") /* origin\0 -> u64 reply id (cluster mode, core/replystream.h) */ \
+  X(REPLY_SESSIONS, "reply_sessions") /* session\0 u64 reply id -> "" (cluster mode, replystream.h) */ \
   X(MEMORIES, "memories")     /* u64 memory id -> memory */                              \
   X(MEMORY_SCOPES, "memory_scopes") /* scope\0 class\0 u64 id -> u64 source event (memory.c) */ \
   X(JOBS, "jobs")             /* u64 job id -> job */                                    \

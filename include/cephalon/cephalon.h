@@ -387,6 +387,7 @@ typedef struct cph_reply_info {
   uint64_t *source_inbox_ids;
   size_t n_source_inbox_ids;
   int64_t ts_ms;
+  char *origin; /* cluster mode: its identity cluster-wide (cph_engine_reply_origins); NULL */
 } cph_reply_info;
 void cph_reply_info_free(cph_reply_info *r);
 
@@ -693,8 +694,10 @@ struct cph_op {
     } retain;
     /* CPH_OP_SESSION_STATE (server/clusterflow.h 11.): session (which must exist) takes the
      * state another node exported (a completion's u.turn.state): its context tree replaces the
-     * one it has, its episode and credits are set. CPH_EINVAL (field "state") for a blob that
-     * is not one, or of another store schema. The data is borrowed until done. */
+     * one it has, its episode and credits are set, the replies it carries that this node lacks
+     * join its channels' history and (by origin, cph_engine_reply_origins) its replies stream.
+     * CPH_EINVAL (field "state") for a blob that is not one, or of another store schema. The
+     * data is borrowed until done. */
     struct {
       char *session;
       const uint8_t *data;
@@ -719,6 +722,12 @@ void cph_op_clear_results(cph_op *op);
  * delete name the events they consumed (cph_op u.turn.consumed, u.session.consumed), which
  * costs a read of each event's record; off (the default) they do nothing of the kind. */
 void cph_engine_report_consumed(cph_engine *e, bool on);
+/* Cluster mode (server/clusterflow.h 11.): from now on each reply a completion writes gets an
+ * origin naming `node` (core/replystream.h: its identity cluster-wide, cph_reply_info.origin),
+ * and the replies a session's state carries are added to this node's stream when their
+ * origin is new here. Off (the default, and NULL): replies have no origin. CPH_OK, CPH_EINVAL
+ * for a name over 128 bytes, CPH_ENOMEM. Call before the first pass. */
+int cph_engine_reply_origins(cph_engine *e, const char *node);
 
 /* ---------------------------------------------------------------- reads */
 

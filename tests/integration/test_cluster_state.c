@@ -49,39 +49,6 @@ static const char EXTRA[] =
     " :credits {:refill-per-second 0.001 :max 30 :cost {:interactive 5 :operational 1"
     " :maintenance 1}}}";
 
-static int node_of_url(const cph_test_cluster *c, const char *url) {
-  for (int n = 0; url && n < c->n_nodes; n++)
-    if (strcmp(c->url[n], url) == 0)
-      return n;
-  return -1;
-}
-
-/* POST path body on node n, following one 421 to the owner; returns the node that answered
- * 200 (asserted). */
-static int post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body) {
-  for (int tries = 0; tries < 50; tries++) {
-    cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
-    if (r.status == 200) {
-      cph_test_response_free(&r);
-      return n;
-    }
-    json_t *j = cph_test_json(&r);
-    const char *url = json_string_value(
-        json_object_get(json_object_get(json_object_get(j, "error"), "owner"), "url"));
-    int owner = r.status == 421 ? node_of_url(c, url) : -1;
-    json_decref(j);
-    if (owner < 0 && r.status != 503)
-      fail_msg("POST %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-    cph_test_response_free(&r);
-    if (owner >= 0)
-      n = owner;
-    else
-      cph_tc_sleep_ms(100);
-  }
-  fail_msg("POST %s: no owner answered 200", path);
-  return -1;
-}
-
 /* Every node's session table knows `count` sessions, within 10 s. */
 static void wait_known(cph_test_cluster *c, int count) {
   int64_t t0 = cph_test_now_ms();
@@ -331,7 +298,7 @@ static int setup(void **state) {
   for (int s = 0; s < SESSIONS; s++) {
     char body[128];
     snprintf(body, sizeof body, "{\"id\":\"t%02d\",\"class\":\"interactive\"}", s);
-    b->owner[s] = post_on_owner(c, s % NODES, "/v1/sessions", body);
+    b->owner[s] = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
   }
   wait_known(c, SESSIONS);
   *state = b;
@@ -363,7 +330,7 @@ static void test_cluster_state_a_dead_nodes_sessions_keep_their_history_tree_and
         char path[64], body[128];
         snprintf(path, sizeof path, "/v1/sessions/t%02d/context", s);
         snprintf(body, sizeof body, "{\"at\":\"d0, 1, 0\",\"content\":\"note of t%02d\"}", s);
-        post_on_owner(c, b->owner[s], path, body);
+        cph_tc_post_on_owner(c, b->owner[s], path, body);
       }
   }
   for (int s = 0; s < SESSIONS; s++) {

@@ -339,6 +339,37 @@ json_t *cph_tc_view(cph_test_cluster *c, int i) {
   return j;
 }
 
+int cph_tc_node_of_url(const cph_test_cluster *c, const char *url) {
+  for (int n = 0; url && n < c->n_nodes; n++)
+    if (strcmp(c->url[n], url) == 0)
+      return n;
+  return -1;
+}
+
+int cph_tc_post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body) {
+  for (int tries = 0; tries < 50; tries++) {
+    cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
+    if (r.status == 200) {
+      cph_test_response_free(&r);
+      return n;
+    }
+    json_t *j = cph_test_json(&r);
+    const char *url = json_string_value(
+        json_object_get(json_object_get(json_object_get(j, "error"), "owner"), "url"));
+    int owner = r.status == 421 ? cph_tc_node_of_url(c, url) : -1;
+    json_decref(j);
+    if (owner < 0 && r.status != 503)
+      fail_msg("POST %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+    if (owner >= 0)
+      n = owner;
+    else
+      cph_tc_sleep_ms(100);
+  }
+  fail_msg("POST %s: no owner answered 200", path);
+  return -1;
+}
+
 long long cph_tc_rebuild_sum(cph_test_cluster *c, const char *name) {
   long long sum = 0;
   for (int n = 0; n < c->n_nodes; n++) {

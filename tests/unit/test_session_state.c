@@ -3,7 +3,9 @@
  * the session's tree, episode, credits, recent replies and memories; another engine's session
  * that imports it shows the same tree and episode, the replies in its channel's history once
  * (an import repeated adds nothing), the memories once; a malformed blob is refused and changes
- * nothing. Off, nothing is exported. */
+ * nothing. With reply origins on (cluster mode) the state carries the session's replies stream
+ * and the importing engine adds each origin it lacks to its own stream, once. Off, nothing is
+ * exported, and replies have no origin. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -170,6 +172,134 @@ static void test_session_state_moves_tree_episode_replies_and_memories(void **st
   cph_fixture_free(to);
 }
 
+/* The replies stream of f from its start: *n replies (free with replies_free). */
+static cph_reply_info *stream(cph_fixture *f, size_t *n) {
+  cph_reply_info *list = NULL;
+  uint64_t next = 0;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_replies(f->e, 0, 1000, &list, n, &next, &err), CPH_OK);
+  return list;
+}
+
+static void replies_free(cph_reply_info *list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    cph_reply_info_free(&list[i]);
+  free(list);
+}
+
+/* A completion's state, taken from its op. */
+static uint8_t *state_of(cph_op *done, size_t *len) {
+  uint8_t *blob = done->u.turn.state;
+  assert_non_null(blob);
+  *len = done->u.turn.state_len;
+  done->u.turn.state = NULL;
+  cph_op_clear_results(done);
+  return blob;
+}
+
+static void test_session_state_offers_the_replies_stream_once_by_origin(void **state) {
+  (void)state;
+  cph_fixture *x = cph_fixture_new("stream_x", "{}");
+  cph_fixture *y = cph_fixture_new("stream_y", "{}");
+  cph_fixture *fx[2] = {x, y};
+  for (int k = 0; k < 2; k++) {
+    cph_fixture_create_session(fx[k], "a", CPH_LANE_INTERACTIVE, NULL, 0);
+    cph_engine_report_consumed(fx[k]->e, true);
+    assert_int_equal(cph_engine_reply_origins(fx[k]->e, k ? "y" : "x"), CPH_OK);
+  }
+  cph_op done;
+  for (int i = 0; i < TURNS; i++) {
+    turn(x, "a", i, &done);
+    if (i < TURNS - 1)
+      cph_op_clear_results(&done);
+  }
+  size_t len;
+  uint8_t *blob = state_of(&done, &len);
+  size_t nx;
+  cph_reply_info *rx = stream(x, &nx);
+  assert_int_equal(nx, TURNS);
+  for (size_t i = 0; i < nx; i++) { /* "x/<id>/<16 hex>" */
+    char want[32];
+    snprintf(want, sizeof want, "x/%llu/", (unsigned long long)rx[i].id);
+    assert_non_null(rx[i].origin);
+    assert_int_equal(strncmp(rx[i].origin, want, strlen(want)), 0);
+    assert_int_equal(strlen(rx[i].origin), strlen(want) + 16);
+  }
+
+  /* y takes a over (twice: a shard taken again): x's replies join y's stream once each, under
+   * x's origins, with their bodies and times */
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(import(y, "a", blob, len), CPH_OK);
+    size_t ny;
+    cph_reply_info *ry = stream(y, &ny);
+    assert_int_equal(ny, TURNS);
+    for (size_t i = 0; i < ny; i++) {
+      assert_string_equal(ry[i].origin, rx[i].origin);
+      assert_string_equal(ry[i].body, rx[i].body);
+      assert_string_equal(ry[i].session, "a");
+      assert_int_equal(ry[i].ts_ms, rx[i].ts_ms);
+      assert_int_equal(ry[i].n_source_inbox_ids, 0);
+    }
+    replies_free(ry, ny);
+    assert_int_equal(cph_engine_last_reply_id(y->e), TURNS);
+  }
+  /* the replies written once in the state (flagged as channel replies too) still reach the
+   * channel's history: the next lease shows each once */
+  cph_fixture *w = cph_fixture_new("stream_w", "{}");
+  cph_fixture_create_session(w, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  assert_int_equal(import(w, "a", blob, len), CPH_OK);
+  int times[TURNS];
+  lease_shows_replies(w, times);
+  for (int i = 0; i < TURNS; i++)
+    assert_int_equal(times[i], 1);
+  cph_fixture_free(w);
+  /* x takes it back: it holds its own replies, nothing is added */
+  assert_int_equal(import(x, "a", blob, len), CPH_OK);
+  size_t n;
+  cph_reply_info *r = stream(x, &n);
+  assert_int_equal(n, TURNS);
+  replies_free(r, n);
+  free(blob);
+
+  /* y answers once more: its state carries x's replies and its own; x adds only y's */
+  turn(y, "a", TURNS, &done);
+  blob = state_of(&done, &len);
+  assert_int_equal(import(x, "a", blob, len), CPH_OK);
+  r = stream(x, &n);
+  assert_int_equal(n, TURNS + 1);
+  assert_int_equal(strncmp(r[TURNS].origin, "y/", 2), 0);
+  assert_string_equal(r[TURNS].body, "reply 3 of a");
+  replies_free(r, n);
+  free(blob);
+
+  /* a deleted session's replies stay in x's stream, but a session created again under its
+   * name carries only its own in its state: a third engine taking it over adds just that one */
+  cph_op del = {0};
+  del.kind = CPH_OP_SESSION_DELETE;
+  del.u.session.in.id = "a";
+  assert_int_equal(cph_fixture_run(x, &del), CPH_OK);
+  cph_op_clear_results(&del);
+  cph_fixture_create_session(x, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  turn(x, "a", 0, &done);
+  blob = state_of(&done, &len);
+  cph_fixture *z = cph_fixture_new("stream_z", "{}");
+  cph_fixture_create_session(z, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  assert_int_equal(import(z, "a", blob, len), CPH_OK);
+  r = stream(z, &n);
+  assert_int_equal(n, 1);
+  assert_string_equal(r[0].body, "reply 0 of a");
+  assert_int_equal(strncmp(r[0].origin, "x/", 2), 0);
+  replies_free(r, n);
+  r = stream(x, &n);
+  assert_int_equal(n, TURNS + 2);
+  replies_free(r, n);
+  free(blob);
+  replies_free(rx, nx);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+  cph_fixture_free(z);
+}
+
 static void test_session_state_is_not_exported_without_report_consumed(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("state_off", "{}");
@@ -178,12 +308,18 @@ static void test_session_state_is_not_exported_without_report_consumed(void **st
   turn(f, "a", 0, &done);
   assert_null(done.u.turn.state);
   cph_op_clear_results(&done);
+  size_t n; /* and on a single node a reply has no origin */
+  cph_reply_info *r = stream(f, &n);
+  assert_int_equal(n, 1);
+  assert_null(r[0].origin);
+  replies_free(r, n);
   cph_fixture_free(f);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
+      cmocka_unit_test(test_session_state_offers_the_replies_stream_once_by_origin),
       cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -181,6 +181,30 @@ static void test_session_record_v1_reads_while_running_as_the_class_default(void
   cph_buf_free(&b);
 }
 
+/* Reply records are read from version 1 on: one written before origins (cluster mode,
+ * core/replystream.h) reads with no origin. */
+static void test_reply_record_v1_reads_without_an_origin(void **state) {
+  (void)state;
+  uint64_t seqs[1] = {4};
+  cph_reply_rec in = {7, "s1", "general", "hi", seqs, 1, 3, 99, NULL}, out = {0};
+  cph_buf b = CPH_BUF_INIT;
+  assert_int_equal(cph_record_encode(&cph_reply_desc, &in, &b), CPH_OK);
+  /* [version 2, 8 fields] as fixarray 0x99, then fixint 2, ..., the origin (nil) last:
+   * version 1 is the same without it */
+  uint8_t *v = (uint8_t *)b.data;
+  assert_true(v[0] == 0x99 && v[1] == 0x02);
+  assert_int_equal(v[b.len - 1], 0xc0);
+  v[0] = 0x98;
+  v[1] = 0x01;
+  cph_err err = {0};
+  assert_int_equal(cph_record_decode(&cph_reply_desc, v, b.len - 1, &out, &err), CPH_OK);
+  assert_string_equal(out.body, "hi");
+  assert_int_equal(out.ts_ms, 99);
+  assert_null(out.origin);
+  cph_record_free(&cph_reply_desc, &out);
+  cph_buf_free(&b);
+}
+
 static void test_event_round_trips_with_redacted_body(void **state) {
   fixture *f = *state;
   cph_event_rec in = {0}, out = {0};
@@ -269,13 +293,21 @@ static void test_inbox_turn_reply_round_trip(void **state) {
   assert_null(to.error);
   cph_record_free(&cph_turn_desc, &to);
 
-  cph_reply_rec r = {11, "s1", "general", "hi there", seqs, 2, 5, 77}, ro = {0};
+  cph_reply_rec r = {11, "s1", "general", "hi there", seqs, 2, 5, 77, NULL}, ro = {0};
   k = key_u64(11);
   put_then_get(f->store, CPH_DB_REPLIES, &k, &cph_reply_desc, &r, &ro);
   assert_string_equal(ro.body, "hi there");
   assert_int_equal(ro.n_source_inbox_ids, 2);
   assert_int_equal(ro.source_inbox_ids[1], 8);
   assert_int_equal(ro.turn_id, 5);
+  assert_int_equal(ro.ts_ms, 77);
+  assert_null(ro.origin); /* a single node's reply has none */
+  cph_record_free(&cph_reply_desc, &ro);
+
+  /* version 2 (cluster mode) carries its origin */
+  r.origin = "n1/11/00000000000000ff";
+  put_then_get(f->store, CPH_DB_REPLIES, &k, &cph_reply_desc, &r, &ro);
+  assert_string_equal(ro.origin, "n1/11/00000000000000ff");
   assert_int_equal(ro.ts_ms, 77);
   cph_record_free(&cph_reply_desc, &ro);
 }
@@ -1123,6 +1155,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_some_copies_only_the_fields_asked_for),
       cmocka_unit_test(test_session_record_v1_reads_while_running_as_the_class_default),
+      cmocka_unit_test(test_reply_record_v1_reads_without_an_origin),
       cmocka_unit_test_setup_teardown(test_session_round_trips_every_field, setup, teardown),
       cmocka_unit_test_setup_teardown(test_count_and_last_answer_without_a_scan, setup, teardown),
       cmocka_unit_test_setup_teardown(test_released_pages_leave_rss_and_read_back_intact, setup,

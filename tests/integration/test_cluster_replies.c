@@ -1,0 +1,374 @@
+/* Cluster mode: a dead node's replies reach connectors through the node that takes its
+ * sessions over (server/clusterflow.h 11., core/replystream.h) — a real etcd, NATS JetStream
+ * and three cephalond on 127.0.0.1.
+ *
+ * Sessions on every shard complete turns, each answering with a reply, on the three nodes; no
+ * connector reads any replies stream. The node X owning a share of them is killed -9 right
+ * after its last completion answered 200. Then reading every surviving node's
+ * GET /v1/replies (what a connector does in cluster mode) yields every answered reply at least
+ * once, each body under one origin only, X's under an origin naming X — so after dropping
+ * repeated origins, exactly once — and no node's stream holds an origin twice. X then comes
+ * back on its data and takes its shards back (it already holds its own replies: none is added
+ * again there), a round of turns is answered everywhere, and X is killed again: the survivors,
+ * taking X's shards a second time, already hold X's first replies and add none of them again,
+ * and every answered reply is still offered. Without the replies in the state (or without
+ * their import into the stream) the first check fails: X's replies are on no survivor. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/api.h"
+#include "tests/support/cluster_fixture.h"
+#include "tests/support/daemon.h"
+#include "tests/support/testutil.h"
+
+#define NODES 3
+#define SHARDS 12
+#define TTL_S 2
+#define PER_SHARD 2 /* sessions on each shard */
+#define SESSIONS (SHARDS * PER_SHARD)
+#define MAX_ROUNDS 3
+#define VICTIM 2
+
+static const char EXTRA[] =
+    ":scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}}";
+
+typedef struct bench {
+  cph_test_cluster *c;
+  char id[SESSIONS][16];
+  int owner[SESSIONS];
+  /* answered[s][round]: the completion of that round's reply answered 200, on node by[s][round] */
+  bool answered[SESSIONS][MAX_ROUNDS];
+  int by[SESSIONS][MAX_ROUNDS];
+} bench;
+
+/* The shard of an id (DESIGN §14: the first 8 bytes of its SHA-256, big-endian, mod shards). */
+static int shard_of(const char *id) {
+  char *hex = cph_test_sha256_hex(id);
+  char first[17];
+  memcpy(first, hex, 16);
+  first[16] = '\0';
+  free(hex);
+  return (int)(strtoull(first, NULL, 16) % SHARDS);
+}
+
+static void settle(cph_test_cluster *c, const char *what) {
+  bool live[CPH_TC_MAX_NODES] = {false};
+  for (int n = 0; n < c->n_nodes; n++)
+    live[n] = c->up[n];
+  if (!cph_tc_wait_settled(c, live, SHARDS, 30000))
+    fail_msg("%s: the shards were not all served and bound within 30 s (logs in %s)", what,
+             c->dir);
+}
+
+/* Every node up knows `count` sessions (the session table reached it), within 10 s. */
+static void wait_known(cph_test_cluster *c, int count) {
+  int64_t t0 = cph_test_now_ms();
+  for (int n = 0; n < c->n_nodes; n++) {
+    while (c->up[n]) {
+      json_t *v = cph_tc_view(c, n);
+      json_int_t known =
+          json_integer_value(json_object_get(json_object_get(v, "log"), "sessions_known"));
+      json_decref(v);
+      if (known >= count)
+        break;
+      if (cph_test_now_ms() - t0 > 10000)
+        fail_msg("n%d knows %lld of %d sessions after 10 s", n, (long long)known, count);
+      cph_tc_sleep_ms(50);
+    }
+  }
+}
+
+static void reply_body(char *buf, size_t size, int round, const char *session) {
+  snprintf(buf, size, "reply %d of %s", round, session);
+}
+
+/* Posts question `round` to every session (through node via; keyed, so a retry is stored once). */
+static void ask(bench *b, int via, int round) {
+  char body[8192];
+  size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
+  for (int s = 0; s < SESSIONS; s++)
+    len += (size_t)snprintf(body + len, sizeof body - len,
+                            "%s{\"session\":\"%s\",\"sender\":\"ann\",\"key\":\"q%d-%s\","
+                            "\"body\":\"question %d for %s\"}",
+                            s ? "," : "", b->id[s], round, b->id[s], round, b->id[s]);
+  snprintf(body + len, sizeof body - len, "]}");
+  cph_test_response r = cph_test_api(b->c->port[via], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting round %d: %d %s", round, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+}
+
+static int session_index(const bench *b, const char *id) {
+  for (int s = 0; id && s < SESSIONS; s++)
+    if (strcmp(b->id[s], id) == 0)
+      return s;
+  return -1;
+}
+
+/* Leases on every node up until each session completed its turn of `round` with its reply
+ * (each completion answered 200, recorded in answered/by); 60 s at most. */
+static void answer_round(bench *b, int round) {
+  cph_test_cluster *c = b->c;
+  int want = SESSIONS, got = 0;
+  int64_t t0 = cph_test_now_ms();
+  while (got < want) {
+    if (cph_test_now_ms() - t0 > 60000)
+      fail_msg("round %d: %d of %d sessions answered after 60 s", round, got, want);
+    for (int n = 0; n < c->n_nodes; n++) {
+      if (!c->up[n])
+        continue;
+      cph_test_response r = cph_test_api(c->port[n], "POST", "/v1/turns/lease", NULL,
+                                         "{\"worker\":\"w\",\"wait_ms\":200}");
+      if (r.status == 204 || r.status == 503) {
+        cph_test_response_free(&r);
+        continue;
+      }
+      if (r.status != 200)
+        fail_msg("lease on n%d: %d %s", n, r.status, r.body ? r.body : "");
+      json_t *j = cph_test_json(&r);
+      cph_test_response_free(&r);
+      json_t *turn = json_object_get(j, "turn");
+      int s = session_index(b, json_string_value(json_object_get(turn, "session")));
+      assert_true(s >= 0);
+      char path[96], body[512], reply[64];
+      reply_body(reply, sizeof reply, round, b->id[s]);
+      snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+               (long long)json_integer_value(json_object_get(turn, "id")));
+      snprintf(body, sizeof body,
+               "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
+               "\"reply\":{\"body\":\"%s\"}}",
+               json_string_value(json_object_get(turn, "lease")), reply);
+      cph_test_response cr = cph_test_api(c->port[n], "POST", path, NULL, body);
+      if (cr.status != 200)
+        fail_msg("completing %s's turn on n%d: %d %s", b->id[s], n, cr.status,
+                 cr.body ? cr.body : "");
+      cph_test_response_free(&cr);
+      json_decref(j);
+      if (!b->answered[s][round]) {
+        b->answered[s][round] = true;
+        b->by[s][round] = n;
+        got++;
+      }
+    }
+  }
+}
+
+/* One reply of a stream as read. */
+typedef struct seen_reply {
+  char *origin, *body;
+  int node;
+} seen_reply;
+
+typedef struct seen {
+  seen_reply *v;
+  size_t n, cap;
+} seen;
+
+static void seen_free(seen *sn) {
+  for (size_t i = 0; i < sn->n; i++) {
+    free(sn->v[i].origin);
+    free(sn->v[i].body);
+  }
+  free(sn->v);
+  *sn = (seen){0};
+}
+
+/* Reads node n's whole replies stream (after=0 on, pages of 1,000) into sn, as a connector
+ * would; every reply must carry an origin, and no origin may appear twice in one stream. */
+static void read_stream(cph_test_cluster *c, int n, seen *sn) {
+  size_t first = sn->n;
+  long long after = 0;
+  for (;;) {
+    char path[96];
+    snprintf(path, sizeof path, "/v1/replies?after=%lld&limit=1000", after);
+    cph_test_response r = cph_test_api(c->port[n], "GET", path, NULL, NULL);
+    if (r.status != 200)
+      fail_msg("GET %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+    json_t *j = cph_test_json(&r);
+    cph_test_response_free(&r);
+    json_t *list = json_object_get(j, "replies");
+    if (json_array_size(list) == 0) {
+      json_decref(j);
+      break;
+    }
+    size_t i;
+    json_t *o;
+    json_array_foreach(list, i, o) {
+      const char *origin = json_string_value(json_object_get(o, "origin"));
+      const char *body = json_string_value(json_object_get(o, "body"));
+      if (!origin || !body)
+        fail_msg("n%d: a reply without an origin or a body in cluster mode", n);
+      for (size_t k = first; k < sn->n; k++)
+        if (strcmp(sn->v[k].origin, origin) == 0)
+          fail_msg("n%d's stream holds origin %s twice (\"%s\")", n, origin, body);
+      if (sn->n == sn->cap) {
+        sn->cap = sn->cap ? 2 * sn->cap : 64;
+        sn->v = realloc(sn->v, sn->cap * sizeof *sn->v);
+        assert_non_null(sn->v);
+      }
+      sn->v[sn->n++] = (seen_reply){strdup(origin), strdup(body), n};
+    }
+    after = json_integer_value(json_object_get(j, "next"));
+    json_decref(j);
+  }
+}
+
+/* A connector's view: every node up's stream. Checks that each answered reply (rounds up to
+ * `rounds`) is offered at least once, each body under one origin only (so dropping repeated
+ * origins leaves it exactly once), and that a reply node X wrote carries an origin naming X.
+ * Returns how many replies were offered in all (duplicates across nodes included). */
+static size_t check_offered(bench *b, int rounds, const char *when) {
+  seen sn = {0};
+  for (int n = 0; n < b->c->n_nodes; n++)
+    if (b->c->up[n])
+      read_stream(b->c, n, &sn);
+  for (int s = 0; s < SESSIONS; s++)
+    for (int round = 0; round < rounds; round++) {
+      if (!b->answered[s][round])
+        continue;
+      char body[64], prefix[16];
+      reply_body(body, sizeof body, round, b->id[s]);
+      snprintf(prefix, sizeof prefix, "n%d/", b->by[s][round]);
+      const char *origin = NULL;
+      int copies = 0;
+      for (size_t i = 0; i < sn.n; i++) {
+        if (strcmp(sn.v[i].body, body) != 0)
+          continue;
+        copies++;
+        if (!origin)
+          origin = sn.v[i].origin;
+        else if (strcmp(origin, sn.v[i].origin) != 0)
+          fail_msg("%s: \"%s\" is offered under two origins, %s and %s", when, body, origin,
+                   sn.v[i].origin);
+      }
+      if (!copies)
+        fail_msg("%s: \"%s\", answered 200 on n%d, is in no live node's /v1/replies", when,
+                 body, b->by[s][round]);
+      if (strncmp(origin, prefix, strlen(prefix)) != 0)
+        fail_msg("%s: \"%s\" was written on n%d but its origin is %s", when, body,
+                 b->by[s][round], origin);
+    }
+  size_t total = sn.n;
+  seen_free(&sn);
+  return total;
+}
+
+/* How many replies node n's stream holds. */
+static size_t stream_length(cph_test_cluster *c, int n) {
+  seen sn = {0};
+  read_stream(c, n, &sn);
+  size_t len = sn.n;
+  seen_free(&sn);
+  return len;
+}
+
+static int setup(void **state) {
+  bench *b = calloc(1, sizeof *b);
+  assert_non_null(b);
+  cph_test_cluster *c = cph_tc_new();
+  b->c = c;
+  /* PER_SHARD session ids on each shard: the first ones of r0, r1, ... that hash there */
+  int on_shard[SHARDS] = {0}, made = 0;
+  for (int k = 0; made < SESSIONS; k++) {
+    char id[16];
+    snprintf(id, sizeof id, "r%d", k);
+    int sh = shard_of(id);
+    if (on_shard[sh] < PER_SHARD) {
+      on_shard[sh]++;
+      memcpy(b->id[made++], id, sizeof id);
+    }
+  }
+  cph_tc_start_etcd(c);
+  cph_tc_start_nats(c, 1);
+  cph_tc_ports(c, NODES);
+  for (int i = 0; i < NODES; i++)
+    cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
+  settle(c, "start");
+  for (int s = 0; s < SESSIONS; s++) {
+    char body[128];
+    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\"}", b->id[s]);
+    b->owner[s] = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
+  }
+  wait_known(c, SESSIONS);
+  *state = b;
+  return 0;
+}
+
+static int teardown(void **state) {
+  bench *b = *state;
+  if (b)
+    cph_tc_free(b->c);
+  free(b);
+  return 0;
+}
+
+static void test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_once_by_origin(
+    void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int on_victim = 0;
+  for (int s = 0; s < SESSIONS; s++)
+    on_victim += b->owner[s] == VICTIM;
+  assert_true(on_victim > 0);
+  for (int round = 0; round < 2; round++) {
+    ask(b, round % NODES, round);
+    answer_round(b, round);
+  }
+  /* kill -9 right after the last 200s; nobody read any replies stream */
+  char *victim_data = cph_tc_kill_node(c, VICTIM, true);
+  int64_t t0 = cph_test_now_ms();
+  settle(c, "after the kill");
+  size_t offered = check_offered(b, 2, "after the kill");
+  printf("n%d (%d sessions) killed -9: every answered reply offered by the survivors %lld ms "
+         "later (%zu offered, %d answered)\n",
+         VICTIM, on_victim, (long long)(cph_test_now_ms() - t0), offered, 2 * SESSIONS);
+
+  /* X comes back on its data and takes its shards back: it holds its own replies already */
+  size_t victim_before = 0;
+  cph_tc_start_node_on(c, VICTIM, SHARDS, TTL_S, EXTRA, victim_data);
+  settle(c, "the victim back");
+  victim_before = stream_length(c, VICTIM);
+  check_offered(b, 2, "the victim back");
+  assert_int_equal(stream_length(c, VICTIM), victim_before);
+
+  /* a round everywhere (each survivor's states now carry the replies it took over), then the
+   * shards move to the survivors a second time: what they hold is not added again */
+  size_t held[NODES];
+  for (int n = 0; n < NODES; n++)
+    held[n] = stream_length(c, n);
+  ask(b, 0, 2);
+  answer_round(b, 2);
+  int fresh[NODES] = {0};
+  for (int s = 0; s < SESSIONS; s++)
+    fresh[b->by[s][2]]++;
+  cph_tc_kill_node(c, VICTIM, false);
+  settle(c, "the second kill");
+  check_offered(b, 3, "after the second kill"); /* also: no stream holds an origin twice */
+  for (int n = 0; n < NODES; n++) {
+    if (n == VICTIM)
+      continue;
+    /* at most: what it held, its own round-2 replies, and the victim's round-2 replies and
+     * those the victim took over from others — never X's first replies a second time */
+    size_t now = stream_length(c, n);
+    printf("n%d: %zu replies before round 2, %zu after the second kill\n", n, held[n], now);
+    assert_true(now >= held[n] + (size_t)fresh[n]);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(
+          test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_once_by_origin),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
