@@ -125,7 +125,7 @@ static void test_cluster_shards_one_owner_each_spread_even_routes_421_to_the_own
     cph_test_response_free(&r);
   }
   cph_test_response r = cph_test_api(c->port[owner], "POST", "/v1/turns/lease", NULL,
-                                     "{\"worker\":\"w\",\"wait_ms\":2000}");
+                                     "{\"worker\":\"w\",\"wait_ms\":10000}");
   assert_int_equal(r.status, 200);
   json_t *lease = cph_test_json(&r);
   json_t *turn = json_object_get(lease, "turn");
