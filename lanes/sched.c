@@ -125,9 +125,10 @@ typedef struct group {
                         so are all of them once it leaves (leaving bumps it) */
   bool in_heap;      /* it has a live slot in its lane's tenant order */
   uint32_t tenant;   /* index in cph_sched.tenants */
+  uint32_t front_slot; /* tenants on: the slot of its front entry when its last run ended, a
+                          guess for prefetching (run_sids_prefetch) */
   uint64_t started;
   struct tclass *cls; /* its class in the lane (its tenant's step); NULL until it joins */
-  cph_slot_pool slots; /* tenants on: the slots its sessions take (slotmap.h) */
 } group;
 
 /* A group's place in its lane's tenant order. The keys live in the slot, so ordering reads
@@ -162,6 +163,9 @@ typedef struct tenant {
   int64_t inc;       /* start-tag step per turn: CPH_TENANT_VSCALE / weight */
   uint64_t sessions; /* registered sessions naming it */
   group g[CPH_LANE_COUNT];
+  /* tenants on: the slots g[lane]'s sessions take (slotmap.h); beside the groups, not in them,
+   * so that the lines a pick reads stay as they were */
+  cph_slot_pool pools[CPH_LANE_COUNT];
 } tenant;
 
 typedef struct lane_state {
@@ -1160,7 +1164,7 @@ static void tenant_init(tenant *t, char *name, uint32_t index) {
   t->inc = weight_inc(1);
   for (int i = 0; i < CPH_LANE_COUNT; i++) {
     t->g[i].tenant = index;
-    cph_slot_pool_init(&t->g[i].slots);
+    cph_slot_pool_init(&t->pools[i]);
   }
 }
 
@@ -1461,7 +1465,7 @@ static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t cred
   if ((unsigned)lane >= CPH_LANE_COUNT || !id)
     return CPH_EINVAL;
   starts_flush(s);
-  if (s->tenants_on ? room_for_slot(s, &s->dflt.g[lane].slots) != CPH_OK
+  if (s->tenants_on ? room_for_slot(s, &s->dflt.pools[lane]) != CPH_OK
                     : !s->n_free && s->n_sessions == s->cap_sessions &&
                           cph_sched_reserve(s, s->cap_sessions ? (size_t)s->cap_sessions * 2
                                                                : 64) != CPH_OK)
@@ -1474,7 +1478,7 @@ static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t cred
   if (s->tenants_on) {
     /* a new session is the default tenant's until it names one: a slot of that group's pool */
     sid = cph_slotmap_sid_new(&s->map);
-    slot = session_slot_take(s, &s->dflt.g[lane].slots);
+    slot = session_slot_take(s, &s->dflt.pools[lane]);
     cph_slotmap_bind(&s->map, sid, slot);
   } else if (s->n_free) {
     sid = slot = s->free_sids[--s->n_free];
@@ -1552,7 +1556,7 @@ static void release_slot(cph_sched *s, uint32_t slot) {
   se->removed = false;
   s->n_removed--;
   if (s->tenants_on)
-    cph_slotmap_give(&s->map, &s->tenants[se->tenant]->g[se->lane].slots, slot);
+    cph_slotmap_give(&s->map, &s->tenants[se->tenant]->pools[se->lane], slot);
   else
     s->free_sids[s->n_free++] = slot; /* room reserved by cph_sched_remove */
 }
@@ -1665,7 +1669,7 @@ static int enable_tenants(cph_sched *s) {
     if (se->id)
       cph_slotmap_keep(&s->map, i);
     else
-      cph_slotmap_give(&s->map, &s->dflt.g[se->lane].slots, i);
+      cph_slotmap_give(&s->map, &s->dflt.pools[se->lane], i);
     cph_slotmap_sid_free(&s->map, i);
   }
   s->n_free = 0; /* the map's lists hold them now */
@@ -1684,26 +1688,27 @@ static int enable_tenants(cph_sched *s) {
         if (!s->sessions[k].id)
           s->free_sids[s->n_free++] = k;
       for (int j = 0; j < CPH_LANE_COUNT; j++)
-        cph_slot_pool_init(&s->dflt.g[j].slots);
+        cph_slot_pool_init(&s->dflt.pools[j]);
       return CPH_ENOMEM;
     }
   return CPH_OK;
 }
 
 /* Tenants on: the session of sid, at slot `from` in its tenant's group, moves to a slot of
- * group `to` (same lane), so that a group's sessions stay side by side (slotmap.h). Its old
+ * tenant `to`'s group in its lane, so that a group's sessions stay side by side (slotmap.h). Its old
  * slot is kept, like a removed session's, while stale entries name it — with a copy of the id
  * of its own, since they compare by it and the session keeps its copy (cph_sched_id). The
- * session is not queued; `to` has room (room_for_slot); kept_id is that copy when the old
+ * session is not queued; its new pool has room (room_for_slot); kept_id is that copy when the old
  * slot has refs. Returns the new slot. */
-static uint32_t move_session(cph_sched *s, cph_sid sid, uint32_t from, group *to, char *kept_id) {
-  uint32_t slot = session_slot_take(s, &to->slots);
+static uint32_t move_session(cph_sched *s, cph_sid sid, uint32_t from, uint32_t to,
+                             char *kept_id) {
+  uint32_t slot = session_slot_take(s, &s->tenants[to]->pools[s->sessions[from].lane]);
   session *old = &s->sessions[from], *se = &s->sessions[slot];
   uint32_t gen = se->gen + 1; /* no entry names a free slot, but no old one is revived either */
   *se = *old;
   se->gen = gen;
   se->refs = 0;
-  se->tenant = to->tenant;
+  se->tenant = to;
   cph_slotmap_bind(&s->map, sid, slot);
   old->gen++;
   if (old->refs) {
@@ -1713,7 +1718,7 @@ static uint32_t move_session(cph_sched *s, cph_sid sid, uint32_t from, group *to
     cph_slotmap_keep(&s->map, from);
   } else {
     old->id = NULL;
-    cph_slotmap_give(&s->map, &s->tenants[old->tenant]->g[old->lane].slots, from);
+    cph_slotmap_give(&s->map, &s->tenants[old->tenant]->pools[old->lane], from);
   }
   return slot;
 }
@@ -1733,8 +1738,7 @@ int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *name) {
   if (!s->tenants_on && enable_tenants(s) != CPH_OK)
     return CPH_ENOMEM;
   uint32_t slot = s->map.slot_of[sid];
-  group *dest = &s->tenants[to]->g[s->sessions[slot].lane];
-  if (room_for_slot(s, &dest->slots) != CPH_OK)
+  if (room_for_slot(s, &s->tenants[to]->pools[s->sessions[slot].lane]) != CPH_OK)
     return CPH_ENOMEM;
   session *se = &s->sessions[slot];
   bool queued = se->where != WHERE_NONE;
@@ -1746,7 +1750,7 @@ int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *name) {
     dequeue(s, slot);
   s->tenants[from]->sessions--;
   s->tenants[to]->sessions++;
-  slot = move_session(s, sid, slot, dest, kept_id);
+  slot = move_session(s, sid, slot, to, kept_id);
   if (queued)
     enqueue(s, slot, cph_clock_now(s->clock), queued_ns); /* keeps its place in the wait order */
   return CPH_OK;
@@ -1942,10 +1946,30 @@ static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t
  * so only larger schedulers do. */
 enum { RUN_PREFETCH_SESSIONS = 1 << 18 };
 
+/* Tenants on, a pick reads its sid from the map (take_head): the line of a slot SIDS_AHEAD
+ * entries on in the run's set is fetched at each pick, from an entry already in cache (the
+ * run's entries are fetched with the run's, SIDS_AHEAD more). A group's sessions lie on
+ * consecutive slots, so that line mostly is the one the next picks read too. */
+enum { SIDS_AHEAD = 4 };
+
+static HOT_INLINE void sids_prefetch(const cph_sched *s, const ring *r) {
+  if (r->len > SIDS_AHEAD)
+    __builtin_prefetch(&s->map.sid_of[r->items[(r->head + SIDS_AHEAD) & (r->cap - 1)].slot]);
+}
+
+/* The first picks of a run read the map before sids_prefetch has run: their line is fetched
+ * with the run's entries (the next run's, halfway through this one), from the slot its group
+ * recorded as its front when its last run ended (front_slot) — a guess, since the set may
+ * have changed since, that only costs a wasted fetch when wrong. */
+static HOT_INLINE void run_sids_prefetch(const cph_sched *s, const group *g) {
+  if (g->front_slot < s->map.n_slots)
+    __builtin_prefetch(&s->map.sid_of[g->front_slot]);
+}
+
 /* The lines of the first n entries of r's front (two entries a line), and of the n entries
  * after the back of below, where the run's finishes will append. */
 static HOT_INLINE void run_entries_prefetch(const ring *r, const ring *below, uint32_t n) {
-  uint32_t k = n < r->len ? n : r->len, m = r->cap - 1, head = r->head;
+  uint32_t k = n + SIDS_AHEAD < r->len ? n + SIDS_AHEAD : r->len, m = r->cap - 1, head = r->head;
   for (uint32_t i = 0; i < k; i += 2)
     __builtin_prefetch(&r->items[(head + i) & m]);
   if (below->cap) {
@@ -1953,18 +1977,6 @@ static HOT_INLINE void run_entries_prefetch(const ring *r, const ring *below, ui
     for (uint32_t i = 0; i < n; i += 2)
       __builtin_prefetch(&below->items[(back + i) & bm], 1);
   }
-}
-
-/* The lines of the sid map (slotmap.h) that the first and the last of a run's n picks from r's
- * front read: a group's sessions lie on consecutive slots, chunk by chunk, so those two lines
- * mostly cover the run. r's entries were fetched (run_entries_prefetch) a quarter of a run
- * before: reading their slots then costs no wait. */
-static HOT_INLINE void run_sids_prefetch(const cph_sched *s, const ring *r, uint32_t n) {
-  if (!r->len)
-    return;
-  uint32_t m = r->cap - 1, last = (n < r->len ? n : r->len) - 1;
-  __builtin_prefetch(&s->map.sid_of[r->items[r->head].slot]);
-  __builtin_prefetch(&s->map.sid_of[r->items[(r->head + last) & m].slot]);
 }
 
 /* The group likely to serve the lane's run after g's, in class c: g's slot moves to its
@@ -1994,13 +2006,13 @@ static HOT_INLINE void run_next_group_prefetch(const group *g) {
  * run, or of the group at the top of the tenant order, which starts a run. */
 static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph_pick *out) {
   group *g = l->run_g;
+  bool big = s->n_sessions >= RUN_PREFETCH_SESSIONS;
   if (!l->run_left) {
     if (!(g = theap_top(l)))
       return false;
     l->run_g = g;
     l->run_left = l->run_len = run_length(s, l, now);
     bool fetched = g == l->run_next; /* by the last run, when it guessed right */
-    bool big = s->n_sessions >= RUN_PREFETCH_SESSIONS;
     l->run_next = NULL;
     if (l->run_left > 1 && !fetched && big)
       run_entries_prefetch(group_next_ring(g), &g->below.ring, l->run_len);
@@ -2024,17 +2036,20 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
   l->run_done++;
   take_head(s, l, g, from, e, out, now, true);
   if (l->run_left && --l->run_left) {
-    /* The run goes on: its next pick reads this set's front, as a plain pick does; a long
-     * run fetches the next run's entries halfway, and with them arrived, at three quarters the
-     * lines of the map that give their sids. */
+    /* The run goes on: its next pick reads this set's front, as a plain pick does, and the
+     * map's line of a sid a few picks on; a long run fetches the next run's entries and its
+     * first sids' line halfway. */
+    if (big)
+      sids_prefetch(s, &from->ring);
     if (l->run_next && l->run_left == l->run_len / 2) {
       const group *n = l->run_next;
       run_entries_prefetch(group_next_ring(n), &n->below.ring, l->run_len);
-    } else if (l->run_next && l->run_left == l->run_len / 4) {
-      run_sids_prefetch(s, group_next_ring(l->run_next), l->run_len);
+      run_sids_prefetch(s, n);
     }
     return true;
   }
+  const ring *next = group_next_ring(g);
+  g->front_slot = next->len ? next->items[next->head].slot : CPH_SLOT_NONE;
   run_settle(l);
   run_end(s, l, g);
   if (c->len > PREFETCH_SETS_AT)
@@ -2482,7 +2497,7 @@ static int audit_slots(const cph_sched *s) {
     rc = CPH_ESTATE;
   for (uint32_t t = 0; !rc && t < s->n_tenants; t++)
     for (int l = 0; !rc && l < CPH_LANE_COUNT; l++) {
-      const cph_slot_pool *p = &s->tenants[t]->g[l].slots;
+      const cph_slot_pool *p = &s->tenants[t]->pools[l];
       for (uint32_t slot = p->free; !rc && slot != CPH_SLOT_NONE; slot = m->sid_of[slot])
         if (!audit_free_slot(s, slot, free_seen))
           rc = CPH_ESTATE;
