@@ -42,7 +42,6 @@
 #include "sched.h"
 
 #include "pass.h"
-#include "slotmap.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -64,7 +63,7 @@ typedef __int128 i128;
 typedef struct entry {
   i128 key;          /* below: K; at_max: 0 */
   int64_t queued_ns; /* queued_since */
-  uint32_t slot;     /* its session's place in cph_sched.sessions (slotmap.h) */
+  cph_sid sid;
   uint32_t gen;
 } entry;
 
@@ -125,8 +124,6 @@ typedef struct group {
                         so are all of them once it leaves (leaving bumps it) */
   bool in_heap;      /* it has a live slot in its lane's tenant order */
   uint32_t tenant;   /* index in cph_sched.tenants */
-  uint32_t front_slot; /* tenants on: the slot of its front entry when its last run ended, a
-                          guess for prefetching (run_sids_prefetch) */
   uint64_t started;
   struct tclass *cls; /* its class in the lane (its tenant's step); NULL until it joins */
 } group;
@@ -163,9 +160,6 @@ typedef struct tenant {
   int64_t inc;       /* start-tag step per turn: CPH_TENANT_VSCALE / weight */
   uint64_t sessions; /* registered sessions naming it */
   group g[CPH_LANE_COUNT];
-  /* tenants on: the slots g[lane]'s sessions take (slotmap.h); beside the groups, not in them,
-   * so that the lines a pick reads stay as they were */
-  cph_slot_pool pools[CPH_LANE_COUNT];
 } tenant;
 
 typedef struct lane_state {
@@ -219,17 +213,12 @@ struct cph_sched {
   int64_t c_min;
   int64_t cost[CPH_LANE_COUNT];
   lane_state lanes[CPH_LANE_COUNT];
-  /* By slot (slotmap.h): until tenants come on a session's slot is its sid and `map` is empty;
-   * from then on the map says where each sid's session is. n_sessions counts slots, free or
-   * not, and with tenants on includes the slots of chunks not handed out yet (id NULL). */
   session *sessions;
   uint32_t n_sessions, cap_sessions;
-  cph_slotmap map; /* tenants on only */
   cph_strslab ids; /* session ids: one copy each, no malloc header */
-  cph_sid *free_sids; /* tenants off: the free slots (and sids) */
+  cph_sid *free_sids;
   uint32_t n_free, cap_free;
-  uint32_t n_removed;    /* slots kept while set entries name them: removed sessions', and
-                            with tenants on those of sessions that moved to another group */
+  uint32_t n_removed;    /* removed slots still named by set entries */
   cph_sid *trickle_sids; /* sessions with a due outbox batch; few (usually the janitor) */
   uint32_t n_trickle, cap_trickle;
   int64_t trickle_due_ns; /* when the next outbox batch is due (§3.5) */
@@ -245,8 +234,7 @@ struct cph_sched {
   /* Picks not yet written to their sessions (see take_head), oldest first: a ring of
    * STARTS_MAX from starts_head. */
   struct started {
-    uint32_t slot;
-    cph_sid sid;   /* the session's handle, which its finish names */
+    cph_sid sid;
     uint32_t gen;  /* the session's generation once it has left its set */
     int64_t at_ns; /* when its turn started */
   } starts[STARTS_MAX];
@@ -255,16 +243,6 @@ struct cph_sched {
 
 static void starts_flush(cph_sched *s);
 
-/* The slot of a registered session (slotmap.h). */
-static HOT_INLINE uint32_t slot_of(const cph_sched *s, cph_sid sid) {
-  return s->tenants_on ? s->map.slot_of[sid] : sid;
-}
-
-/* The sid of the session at a slot that holds one. */
-static HOT_INLINE cph_sid sid_at(const cph_sched *s, uint32_t slot) {
-  return s->tenants_on ? s->map.sid_of[slot] : slot;
-}
-
 /* Full order of §3.3 within one set: key desc, queued_since asc, id asc. < 0 when a goes
  * first. */
 static int entry_cmp(const cph_sched *s, const entry *a, const entry *b) {
@@ -272,22 +250,22 @@ static int entry_cmp(const cph_sched *s, const entry *a, const entry *b) {
     return a->key > b->key ? -1 : 1;
   if (a->queued_ns != b->queued_ns)
     return a->queued_ns < b->queued_ns ? -1 : 1;
-  if (a->slot == b->slot)
+  if (a->sid == b->sid)
     return 0;
-  return strcmp(s->sessions[a->slot].id, s->sessions[b->slot].id);
+  return strcmp(s->sessions[a->sid].id, s->sessions[b->sid].id);
 }
 
 static bool entry_live(const cph_sched *s, const entry *e) {
-  return s->sessions[e->slot].gen == e->gen;
+  return s->sessions[e->sid].gen == e->gen;
 }
 
-static void release_slot(cph_sched *s, uint32_t slot);
+static void release_slot(cph_sched *s, cph_sid sid);
 
-/* A stale entry naming slot has left its set. */
-static void drop_ref(cph_sched *s, uint32_t slot) {
-  session *se = &s->sessions[slot];
+/* A stale entry naming sid has left its set. */
+static void drop_ref(cph_sched *s, cph_sid sid) {
+  session *se = &s->sessions[sid];
   if (--se->refs == 0 && se->removed)
-    release_slot(s, slot);
+    release_slot(s, sid);
 }
 
 static bool ring_push(ring *r, entry e) {
@@ -369,17 +347,17 @@ static bool oset_push(cph_sched *s, oset *o, const entry *e) {
 static entry *oset_head(cph_sched *s, oset *o) {
   entry *r = ring_front(&o->ring);
   while (o->stale && r && !entry_live(s, r)) {
-    uint32_t slot = r->slot;
+    cph_sid sid = r->sid;
     ring_pop(&o->ring);
     o->stale--;
-    drop_ref(s, slot);
+    drop_ref(s, sid);
     r = ring_front(&o->ring);
   }
   while (o->stale && o->heap.len && !entry_live(s, &o->heap.items[0])) {
-    uint32_t slot = o->heap.items[0].slot;
+    cph_sid sid = o->heap.items[0].sid;
     heap_pop(s, &o->heap);
     o->stale--;
-    drop_ref(s, slot);
+    drop_ref(s, sid);
   }
   entry *h = o->heap.len ? &o->heap.items[0] : NULL;
   if (!r)
@@ -409,7 +387,7 @@ static void oset_compact(cph_sched *s, oset *o, uint64_t live) {
     if (entry_live(s, &e))
       o->ring.items[(o->ring.head + kept++) & (o->ring.cap - 1)] = e;
     else
-      drop_ref(s, e.slot);
+      drop_ref(s, e.sid);
   }
   o->ring.len = kept;
   heap old = o->heap;
@@ -418,7 +396,7 @@ static void oset_compact(cph_sched *s, oset *o, uint64_t live) {
     if (entry_live(s, &old.items[i]))
       o->heap.items[o->heap.len++] = old.items[i];
     else
-      drop_ref(s, old.items[i].slot);
+      drop_ref(s, old.items[i].sid);
   }
   /* Re-heapify in place: sift each kept entry up from a prefix that is a heap. */
   uint32_t n = o->heap.len;
@@ -432,11 +410,11 @@ static void oset_clear(cph_sched *s, oset *o) {
   for (uint32_t i = 0; i < o->ring.len; i++) {
     const entry *e = &o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)];
     if (!entry_live(s, e))
-      drop_ref(s, e->slot);
+      drop_ref(s, e->sid);
   }
   for (uint32_t i = 0; i < o->heap.len; i++)
     if (!entry_live(s, &o->heap.items[i]))
-      drop_ref(s, o->heap.items[i].slot);
+      drop_ref(s, o->heap.items[i].sid);
   o->ring.len = o->ring.head = 0;
   o->heap.len = 0;
   o->stale = 0;
@@ -491,8 +469,8 @@ static int64_t trickle_interval(const cph_sched *s) {
 
 /* ---------------------------------------------------------------- tenant heaps */
 
-static HOT_INLINE group *group_of(const cph_sched *s, uint32_t slot) {
-  const session *se = &s->sessions[slot];
+static HOT_INLINE group *group_of(const cph_sched *s, cph_sid sid) {
+  const session *se = &s->sessions[sid];
   return s->tenants_on ? &s->tenants[se->tenant]->g[se->lane] : (group *)&s->dflt.g[se->lane];
 }
 
@@ -937,13 +915,13 @@ static bool session_runnable(const session *se) {
 
 /* Puts a runnable session's entry into its group's sets as of now; its credits are
  * materialised at now so K = c0 - r·t0 is exact from here on. Counts nothing. */
-static HOT_INLINE bool push_entry(cph_sched *s, group *g, uint32_t slot, int64_t now,
+static HOT_INLINE bool push_entry(cph_sched *s, group *g, cph_sid sid, int64_t now,
                                   int64_t queued_ns) {
-  session *se = &s->sessions[slot];
+  session *se = &s->sessions[sid];
   se->c0 = credits_at(s, se, now);
   se->t0 = now;
   se->queued_ns = queued_ns;
-  entry e = {0, queued_ns, slot, se->gen};
+  entry e = {0, queued_ns, sid, se->gen};
   bool ok;
   if (se->c0 >= s->c_max) {
     se->where = WHERE_AT_MAX;
@@ -977,17 +955,17 @@ static HOT_INLINE void count_out(cph_sched *s, lane_state *l, group *g) {
     theap_leave(l, g);
 }
 
-static void enqueue(cph_sched *s, uint32_t slot, int64_t now, int64_t queued_ns) {
+static void enqueue(cph_sched *s, cph_sid sid, int64_t now, int64_t queued_ns) {
   /* Out of memory: the session is not queued; it stays has_work and is re-offered on its
    * next state change. Counted as not runnable so counters stay true. */
-  group *g = group_of(s, slot);
-  if (push_entry(s, g, slot, now, queued_ns))
-    count_in(s, &s->lanes[s->sessions[slot].lane], g);
+  group *g = group_of(s, sid);
+  if (push_entry(s, g, sid, now, queued_ns))
+    count_in(s, &s->lanes[s->sessions[sid].lane], g);
 }
 
 /* g is the session's group (group_of). */
-static HOT_INLINE void dequeue_from(cph_sched *s, group *g, uint32_t slot) {
-  session *se = &s->sessions[slot];
+static HOT_INLINE void dequeue_from(cph_sched *s, group *g, cph_sid sid) {
+  session *se = &s->sessions[sid];
   if (se->where == WHERE_NONE)
     return;
   se->gen++; /* its entry goes stale */
@@ -997,18 +975,18 @@ static HOT_INLINE void dequeue_from(cph_sched *s, group *g, uint32_t slot) {
   count_out(s, &s->lanes[se->lane], g);
 }
 
-static HOT_INLINE void dequeue(cph_sched *s, uint32_t slot) {
-  dequeue_from(s, group_of(s, slot), slot);
+static HOT_INLINE void dequeue(cph_sched *s, cph_sid sid) {
+  dequeue_from(s, group_of(s, sid), sid);
 }
 
 /* Re-evaluates a session after any change of its flags. */
-static HOT_INLINE void update_queue(cph_sched *s, uint32_t slot) {
-  session *se = &s->sessions[slot];
+static HOT_INLINE void update_queue(cph_sched *s, cph_sid sid) {
+  session *se = &s->sessions[sid];
   bool queued = se->where != WHERE_NONE;
   if (session_runnable(se) && !queued)
-    enqueue(s, slot, cph_clock_now(s->clock), cph_clock_now(s->clock));
+    enqueue(s, sid, cph_clock_now(s->clock), cph_clock_now(s->clock));
   else if (!session_runnable(se) && queued)
-    dequeue(s, slot);
+    dequeue(s, sid);
 }
 
 /* Moves every session whose credits reached max from `below` to `at_max`. */
@@ -1019,9 +997,9 @@ static void promote(cph_sched *s, lane_state *l, group *g, int64_t now) {
     entry moved = *e;
     oset_pop_head(s, &g->below, e);
     moved.key = 0;
-    s->sessions[moved.slot].where = WHERE_AT_MAX;
+    s->sessions[moved.sid].where = WHERE_AT_MAX;
     if (!oset_push(s, &g->at_max, &moved)) {
-      session *se = &s->sessions[moved.slot];
+      session *se = &s->sessions[moved.sid];
       se->gen++;
       se->where = WHERE_NONE;
       count_out(s, l, g);
@@ -1051,7 +1029,7 @@ enum { PREFETCH_SESSIONS = 8 };
 
 static HOT_INLINE void ring_prefetch(const cph_sched *s, const ring *r) {
   if (r->len > PREFETCH_SESSIONS)
-    __builtin_prefetch(&s->sessions[r->items[(r->head + PREFETCH_SESSIONS) & (r->cap - 1)].slot]);
+    __builtin_prefetch(&s->sessions[r->items[(r->head + PREFETCH_SESSIONS) & (r->cap - 1)].sid]);
 }
 
 /* The set a group's next pick comes from, as far as can be told without promoting. */
@@ -1162,10 +1140,8 @@ static void tenant_init(tenant *t, char *name, uint32_t index) {
   t->name = name;
   t->weight = 1;
   t->inc = weight_inc(1);
-  for (int i = 0; i < CPH_LANE_COUNT; i++) {
+  for (int i = 0; i < CPH_LANE_COUNT; i++)
     t->g[i].tenant = index;
-    cph_slot_pool_init(&t->pools[i]);
-  }
 }
 
 /* The tenant named name (not ""), created with weight 1 if new; NULL on OOM. */
@@ -1313,7 +1289,6 @@ void cph_sched_free(cph_sched *s) {
   free(s->tenants);
   cph_hmap_free(&s->tenant_by_name);
   free(s->sessions);
-  cph_slotmap_free(&s->map);
   free(s->free_sids);
   free(s->trickle_sids);
   free(s);
@@ -1439,54 +1414,24 @@ int cph_sched_configure(cph_sched *s, const cph_sched_config *cfg) {
 
 /* ---------------------------------------------------------------- sessions */
 
-/* Tenants on: room for pool p to hand out a slot (and for a new sid): the arrays double when
- * the pool would start a chunk past their end. */
-static int room_for_slot(cph_sched *s, const cph_slot_pool *p) {
-  if (cph_slotmap_can_take(&s->map, p) &&
-      (s->map.n_free_sids || s->map.n_sids < s->map.cap_sids))
-    return CPH_OK;
-  size_t want = (size_t)s->cap_sessions * 2, chunk_end = (size_t)s->n_sessions + CPH_SLOT_CHUNK;
-  return cph_sched_reserve(s, want > chunk_end ? want : chunk_end);
-}
-
-/* Tenants on: a slot of pool p, which has room (room_for_slot). A new chunk's sessions start
- * as free slots (id NULL), and n_sessions follows the map's slots. */
-static uint32_t session_slot_take(cph_sched *s, cph_slot_pool *p) {
-  uint32_t slot = cph_slotmap_take(&s->map, p);
-  if (s->map.n_slots > s->n_sessions) {
-    memset(&s->sessions[s->n_sessions], 0,
-           (size_t)(s->map.n_slots - s->n_sessions) * sizeof *s->sessions);
-    s->n_sessions = s->map.n_slots;
-  }
-  return slot;
-}
-
 static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t credits, cph_sid *out) {
   if ((unsigned)lane >= CPH_LANE_COUNT || !id)
     return CPH_EINVAL;
   starts_flush(s);
-  if (s->tenants_on ? room_for_slot(s, &s->dflt.pools[lane]) != CPH_OK
-                    : !s->n_free && s->n_sessions == s->cap_sessions &&
-                          cph_sched_reserve(s, s->cap_sessions ? (size_t)s->cap_sessions * 2
-                                                               : 64) != CPH_OK)
+  if (!s->n_free && s->n_sessions == s->cap_sessions &&
+      cph_sched_reserve(s, s->cap_sessions ? (size_t)s->cap_sessions * 2 : 64) != CPH_OK)
     return CPH_ENOMEM;
   char *copy = cph_strslab_dup(&s->ids, id);
   if (!copy)
     return CPH_ENOMEM;
   cph_sid sid;
-  uint32_t slot;
-  if (s->tenants_on) {
-    /* a new session is the default tenant's until it names one: a slot of that group's pool */
-    sid = cph_slotmap_sid_new(&s->map);
-    slot = session_slot_take(s, &s->dflt.pools[lane]);
-    cph_slotmap_bind(&s->map, sid, slot);
-  } else if (s->n_free) {
-    sid = slot = s->free_sids[--s->n_free];
+  if (s->n_free) {
+    sid = s->free_sids[--s->n_free];
   } else {
-    sid = slot = s->n_sessions++;
-    s->sessions[slot].gen = 0;
+    sid = s->n_sessions++;
+    s->sessions[sid].gen = 0;
   }
-  session *se = &s->sessions[slot];
+  session *se = &s->sessions[sid];
   uint32_t gen = se->gen + 1; /* a reused slot must not revive its old entries */
   memset(se, 0, sizeof *se);
   se->id = copy;
@@ -1510,9 +1455,6 @@ int cph_sched_reserve(cph_sched *s, size_t n) {
   if (n <= s->cap_sessions)
     return CPH_OK;
   if (n >= CPH_SID_NONE)
-    return CPH_ENOMEM;
-  /* the map first: its cap_slots may run ahead of cap_sessions, never behind */
-  if (s->tenants_on && cph_slotmap_reserve(&s->map, (uint32_t)n) != CPH_OK)
     return CPH_ENOMEM;
   session *p;
   if (n < HUGE_SESSIONS) {
@@ -1546,30 +1488,23 @@ int cph_sched_restore(cph_sched *s, const char *id, cph_lane lane, double credit
   return add_session(s, id, lane, credits_units(credits), out);
 }
 
-/* A kept slot (of a removed session, or of one that moved to another group) that no set names
- * any more becomes free: with tenants on it goes back to the pool of the group its last
- * session was in. */
-static void release_slot(cph_sched *s, uint32_t slot) {
-  session *se = &s->sessions[slot];
+/* The slot of a removed session that no set names any more becomes free. */
+static void release_slot(cph_sched *s, cph_sid sid) {
+  session *se = &s->sessions[sid];
   cph_strslab_free(&s->ids, se->id);
   se->id = NULL;
   se->removed = false;
   s->n_removed--;
-  if (s->tenants_on)
-    cph_slotmap_give(&s->map, &s->tenants[se->tenant]->pools[se->lane], slot);
-  else
-    s->free_sids[s->n_free++] = slot; /* room reserved by cph_sched_remove */
+  s->free_sids[s->n_free++] = sid; /* room reserved by cph_sched_remove */
 }
 
 int cph_sched_remove(cph_sched *s, cph_sid sid) {
   starts_flush(s);
-  uint32_t slot = slot_of(s, sid);
-  session *se = &s->sessions[slot];
+  session *se = &s->sessions[sid];
   if (se->running)
     return CPH_ESTATE;
-  /* Tenants off: room on the free list for every removed slot, so releasing one never
-   * allocates (with tenants on the pools' lists need no room: slotmap.h). */
-  if (!s->tenants_on && s->n_free + s->n_removed + 1 > s->cap_free) {
+  /* Room on the free list for every removed slot, so releasing one never allocates. */
+  if (s->n_free + s->n_removed + 1 > s->cap_free) {
     uint32_t cap = s->cap_free ? s->cap_free * 2 : 64;
     cph_sid *p = realloc(s->free_sids, (size_t)cap * sizeof *p);
     if (!p)
@@ -1578,37 +1513,31 @@ int cph_sched_remove(cph_sched *s, cph_sid sid) {
     s->cap_free = cap;
   }
   cph_sched_set_trickle(s, sid, false);
-  dequeue(s, slot);
-  s->tenants[se->tenant]->sessions--;
+  dequeue(s, sid);
+  s->tenants[s->sessions[sid].tenant]->sessions--;
   se->gen++;
   se->removed = true;
   s->n_removed++;
-  if (s->tenants_on) { /* the sid is free at once, the slot once no entry names it */
-    cph_slotmap_keep(&s->map, slot);
-    cph_slotmap_sid_free(&s->map, sid);
-  }
   if (se->refs == 0)
-    release_slot(s, slot);
+    release_slot(s, sid);
   return CPH_OK;
 }
 
 void cph_sched_set_work(cph_sched *s, cph_sid sid, bool has_work) {
   starts_flush(s);
-  uint32_t slot = slot_of(s, sid);
-  s->sessions[slot].has_work = has_work;
-  update_queue(s, slot);
+  s->sessions[sid].has_work = has_work;
+  update_queue(s, sid);
 }
 
 void cph_sched_set_paused(cph_sched *s, cph_sid sid, bool paused) {
   starts_flush(s);
-  uint32_t slot = slot_of(s, sid);
-  s->sessions[slot].paused = paused;
-  update_queue(s, slot);
+  s->sessions[sid].paused = paused;
+  update_queue(s, sid);
 }
 
 void cph_sched_set_trickle(cph_sched *s, cph_sid sid, bool pending) {
   starts_flush(s);
-  session *se = &s->sessions[slot_of(s, sid)];
+  session *se = &s->sessions[sid];
   if (se->trickle == pending)
     return;
   if (pending) {
@@ -1655,24 +1584,8 @@ void cph_sched_trickle_ran(cph_sched *s) { trickle_started(s, cph_clock_now(s->c
 /* ---------------------------------------------------------------- tenants */
 
 /* Tenants come on: every session is the default tenant's, and each lane's default group
- * joins its (new) tenant heap if it has runnable sessions. The sid -> slot map starts as the
- * identity it was (slotmap.h): the free slots go to their lane's default pool, and the sids of
- * free and kept slots are free from here on (with tenants on a removed session's sid is free at
- * once). */
+ * joins its (new) tenant heap if it has runnable sessions. */
 static int enable_tenants(cph_sched *s) {
-  if (cph_slotmap_init(&s->map, s->n_sessions, s->cap_sessions) != CPH_OK)
-    return CPH_ENOMEM;
-  for (uint32_t i = s->n_sessions; i-- > 0;) { /* the lowest sids are handed out first */
-    session *se = &s->sessions[i];
-    if (se->id && !se->removed)
-      continue;
-    if (se->id)
-      cph_slotmap_keep(&s->map, i);
-    else
-      cph_slotmap_give(&s->map, &s->dflt.pools[se->lane], i);
-    cph_slotmap_sid_free(&s->map, i);
-  }
-  s->n_free = 0; /* the map's lists hold them now */
   s->tenants_on = true;
   for (int i = 0; i < CPH_LANE_COUNT; i++) /* counted per tenant from here on */
     s->dflt.g[i].started = s->lanes[i].started_total;
@@ -1683,44 +1596,9 @@ static int enable_tenants(cph_sched *s) {
         lane_classes_clear(s, &s->lanes[j], j);
       }
       s->tenants_on = false;
-      cph_slotmap_free(&s->map);
-      for (uint32_t k = 0; k < s->n_sessions; k++) /* the free slots, as they were */
-        if (!s->sessions[k].id)
-          s->free_sids[s->n_free++] = k;
-      for (int j = 0; j < CPH_LANE_COUNT; j++)
-        cph_slot_pool_init(&s->dflt.pools[j]);
       return CPH_ENOMEM;
     }
   return CPH_OK;
-}
-
-/* Tenants on: the session of sid, at slot `from` in its tenant's group, moves to a slot of
- * tenant `to`'s group in its lane, so that a group's sessions stay side by side (slotmap.h). Its old
- * slot is kept, like a removed session's, while stale entries name it — with a copy of the id
- * of its own, since they compare by it and the session keeps its copy (cph_sched_id). The
- * session is not queued; its new pool has room (room_for_slot); kept_id is that copy when the old
- * slot has refs. Returns the new slot. */
-static uint32_t move_session(cph_sched *s, cph_sid sid, uint32_t from, uint32_t to,
-                             char *kept_id) {
-  uint32_t slot = session_slot_take(s, &s->tenants[to]->pools[s->sessions[from].lane]);
-  session *old = &s->sessions[from], *se = &s->sessions[slot];
-  uint32_t gen = se->gen + 1; /* no entry names a free slot, but no old one is revived either */
-  *se = *old;
-  se->gen = gen;
-  se->refs = 0;
-  se->tenant = to;
-  cph_slotmap_bind(&s->map, sid, slot);
-  old->gen++;
-  if (old->refs) {
-    old->id = kept_id;
-    old->removed = true;
-    s->n_removed++;
-    cph_slotmap_keep(&s->map, from);
-  } else {
-    old->id = NULL;
-    cph_slotmap_give(&s->map, &s->tenants[old->tenant]->pools[old->lane], from);
-  }
-  return slot;
 }
 
 int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *name) {
@@ -1732,32 +1610,26 @@ int cph_sched_set_tenant(cph_sched *s, cph_sid sid, const char *name) {
       return CPH_ENOMEM;
     to = t->g[0].tenant;
   }
-  uint32_t from = s->sessions[slot_of(s, sid)].tenant;
+  uint32_t from = s->sessions[sid].tenant;
   if (to == from)
     return CPH_OK;
   if (!s->tenants_on && enable_tenants(s) != CPH_OK)
     return CPH_ENOMEM;
-  uint32_t slot = s->map.slot_of[sid];
-  if (room_for_slot(s, &s->tenants[to]->pools[s->sessions[slot].lane]) != CPH_OK)
-    return CPH_ENOMEM;
-  session *se = &s->sessions[slot];
+  session *se = &s->sessions[sid];
   bool queued = se->where != WHERE_NONE;
-  char *kept_id = NULL; /* dequeue leaves a stale entry naming the slot */
-  if ((queued || se->refs) && !(kept_id = cph_strslab_dup(&s->ids, se->id)))
-    return CPH_ENOMEM;
   int64_t queued_ns = se->queued_ns;
   if (queued)
-    dequeue(s, slot);
+    dequeue(s, sid);
   s->tenants[from]->sessions--;
   s->tenants[to]->sessions++;
-  slot = move_session(s, sid, slot, to, kept_id);
+  se->tenant = to;
   if (queued)
-    enqueue(s, slot, cph_clock_now(s->clock), queued_ns); /* keeps its place in the wait order */
+    enqueue(s, sid, cph_clock_now(s->clock), queued_ns); /* keeps its place in the wait order */
   return CPH_OK;
 }
 
 const char *cph_sched_tenant(const cph_sched *s, cph_sid sid) {
-  return s->tenants[s->sessions[slot_of(s, sid)].tenant]->name;
+  return s->tenants[s->sessions[sid].tenant]->name;
 }
 
 uint32_t cph_sched_tenant_count(const cph_sched *s) { return s->n_tenants; }
@@ -1805,10 +1677,10 @@ static cph_sid trickle_candidate(const cph_sched *s, int64_t now) {
     return CPH_SID_NONE;
   cph_sid best = CPH_SID_NONE;
   for (uint32_t i = 0; i < s->n_trickle; i++) {
-    const session *se = &s->sessions[slot_of(s, s->trickle_sids[i])];
+    const session *se = &s->sessions[s->trickle_sids[i]];
     if (se->running || se->paused)
       continue;
-    if (best == CPH_SID_NONE || strcmp(se->id, s->sessions[slot_of(s, best)].id) < 0)
+    if (best == CPH_SID_NONE || strcmp(se->id, s->sessions[best].id) < 0)
       best = s->trickle_sids[i];
   }
   return best;
@@ -1835,11 +1707,11 @@ static HOT_INLINE bool seat_free(const cph_sched *s, int lane) {
 }
 
 /* g is the session's group (group_of). */
-static HOT_INLINE void start(cph_sched *s, group *g, uint32_t slot, cph_pick *out, int64_t now) {
-  session *se = &s->sessions[slot];
+static HOT_INLINE void start(cph_sched *s, group *g, cph_sid sid, cph_pick *out, int64_t now) {
+  session *se = &s->sessions[sid];
   lane_state *l = &s->lanes[se->lane];
   out->waited_ns = se->where != WHERE_NONE ? now - se->queued_ns : 0;
-  dequeue_from(s, g, slot);
+  dequeue_from(s, g, sid);
   se->queued_ns = now; /* while running: when its turn started (for the lane's window) */
   se->running = true;
   s->running++;
@@ -1850,7 +1722,7 @@ static HOT_INLINE void start(cph_sched *s, group *g, uint32_t slot, cph_pick *ou
 
 /* A pending start is written to its session: what start() writes. */
 static HOT_INLINE void start_apply(cph_sched *s, const struct started *st) {
-  session *se = &s->sessions[st->slot];
+  session *se = &s->sessions[st->sid];
   se->gen = st->gen;
   se->where = WHERE_NONE;
   se->queued_ns = st->at_ns; /* while running: when its turn started (for the lane's window) */
@@ -1871,20 +1743,14 @@ static void starts_flush(cph_sched *s) {
 }
 
 /* Writes the pending starts up to sid's, if it has one: what its finish needs. The picks'
- * order is the usual order of finishes, so that is most often the oldest start alone. Returns
- * the session's slot: its pending start says it, without a look at the map (slot_of), whose
- * lines a tenant lane's finishes would touch all over (its sids are not its slots). */
-static HOT_INLINE uint32_t starts_flush_to(cph_sched *s, cph_sid sid) {
-  for (uint32_t i = 0; i < s->n_starts; i++) {
-    const struct started *st = &s->starts[(s->starts_head + i) & (STARTS_MAX - 1)];
-    if (st->sid == sid) {
-      uint32_t slot = st->slot;
+ * order is the usual order of finishes, so that is most often the oldest start alone. */
+static HOT_INLINE void starts_flush_to(cph_sched *s, cph_sid sid) {
+  for (uint32_t i = 0; i < s->n_starts; i++)
+    if (s->starts[(s->starts_head + i) & (STARTS_MAX - 1)].sid == sid) {
       for (uint32_t k = 0; k <= i; k++)
         starts_pop(s);
-      return slot;
+      return;
     }
-  }
-  return slot_of(s, sid);
 }
 
 /* The pick takes e, the live head of g's set `from` in lane l, and its session starts: what
@@ -1899,16 +1765,15 @@ static HOT_INLINE uint32_t starts_flush_to(cph_sched *s, cph_sid sid) {
  * one was this), so nothing the picks read in between depends on it. */
 static HOT_INLINE void take_head(cph_sched *s, lane_state *l, group *g, oset *from,
                                  const entry *e, cph_pick *out, int64_t now, bool defer) {
-  uint32_t slot = e->slot;
-  cph_sid sid = sid_at(s, slot);
+  cph_sid sid = e->sid;
   int64_t queued_ns = e->queued_ns;
-  struct started st = {slot, sid, e->gen + 1, now};
+  struct started st = {sid, e->gen + 1, now};
   oset_pop_head(s, from, e);
   if (defer) {
     if (s->n_starts == STARTS_MAX)
       starts_pop(s);
     s->starts[(s->starts_head + s->n_starts++) & (STARTS_MAX - 1)] = st;
-    const session *se = &s->sessions[slot];
+    const session *se = &s->sessions[sid];
     __builtin_prefetch(se, 1);
     __builtin_prefetch((const char *)(se + 1) - 1, 1);
   } else {
@@ -1946,30 +1811,10 @@ static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t
  * so only larger schedulers do. */
 enum { RUN_PREFETCH_SESSIONS = 1 << 18 };
 
-/* Tenants on, a pick reads its sid from the map (take_head): the line of a slot SIDS_AHEAD
- * entries on in the run's set is fetched at each pick, from an entry already in cache (the
- * run's entries are fetched with the run's, SIDS_AHEAD more). A group's sessions lie on
- * consecutive slots, so that line mostly is the one the next picks read too. */
-enum { SIDS_AHEAD = 4 };
-
-static HOT_INLINE void sids_prefetch(const cph_sched *s, const ring *r) {
-  if (r->len > SIDS_AHEAD)
-    __builtin_prefetch(&s->map.sid_of[r->items[(r->head + SIDS_AHEAD) & (r->cap - 1)].slot]);
-}
-
-/* The first picks of a run read the map before sids_prefetch has run: their line is fetched
- * with the run's entries (the next run's, halfway through this one), from the slot its group
- * recorded as its front when its last run ended (front_slot) — a guess, since the set may
- * have changed since, that only costs a wasted fetch when wrong. */
-static HOT_INLINE void run_sids_prefetch(const cph_sched *s, const group *g) {
-  if (g->front_slot < s->map.n_slots)
-    __builtin_prefetch(&s->map.sid_of[g->front_slot]);
-}
-
 /* The lines of the first n entries of r's front (two entries a line), and of the n entries
  * after the back of below, where the run's finishes will append. */
 static HOT_INLINE void run_entries_prefetch(const ring *r, const ring *below, uint32_t n) {
-  uint32_t k = n + SIDS_AHEAD < r->len ? n + SIDS_AHEAD : r->len, m = r->cap - 1, head = r->head;
+  uint32_t k = n < r->len ? n : r->len, m = r->cap - 1, head = r->head;
   for (uint32_t i = 0; i < k; i += 2)
     __builtin_prefetch(&r->items[(head + i) & m]);
   if (below->cap) {
@@ -2006,13 +1851,13 @@ static HOT_INLINE void run_next_group_prefetch(const group *g) {
  * run, or of the group at the top of the tenant order, which starts a run. */
 static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph_pick *out) {
   group *g = l->run_g;
-  bool big = s->n_sessions >= RUN_PREFETCH_SESSIONS;
   if (!l->run_left) {
     if (!(g = theap_top(l)))
       return false;
     l->run_g = g;
     l->run_left = l->run_len = run_length(s, l, now);
     bool fetched = g == l->run_next; /* by the last run, when it guessed right */
+    bool big = s->n_sessions >= RUN_PREFETCH_SESSIONS;
     l->run_next = NULL;
     if (l->run_left > 1 && !fetched && big)
       run_entries_prefetch(group_next_ring(g), &g->below.ring, l->run_len);
@@ -2036,20 +1881,14 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
   l->run_done++;
   take_head(s, l, g, from, e, out, now, true);
   if (l->run_left && --l->run_left) {
-    /* The run goes on: its next pick reads this set's front, as a plain pick does, and the
-     * map's line of a sid a few picks on; a long run fetches the next run's entries and its
-     * first sids' line halfway. */
-    if (big)
-      sids_prefetch(s, &from->ring);
+    /* The run goes on: its next pick reads this set's front, as a plain pick does; a long
+     * run fetches the next run's entries halfway. */
     if (l->run_next && l->run_left == l->run_len / 2) {
       const group *n = l->run_next;
       run_entries_prefetch(group_next_ring(n), &n->below.ring, l->run_len);
-      run_sids_prefetch(s, n);
     }
     return true;
   }
-  const ring *next = group_next_ring(g);
-  g->front_slot = next->len ? next->items[next->head].slot : CPH_SLOT_NONE;
   run_settle(l);
   run_end(s, l, g);
   if (c->len > PREFETCH_SETS_AT)
@@ -2075,11 +1914,10 @@ int cph_sched_pick_lanes(cph_sched *s, unsigned lane_mask, cph_pick *out) {
   if (t != CPH_SID_NONE && (lane_mask & (1u << s->sessions[t].lane))) {
     out->sid = t;
     out->trickle = true;
-    uint32_t slot = slot_of(s, t);
-    group *g = group_of(s, slot);
+    group *g = group_of(s, t);
     if (s->tenants_on)
       g->started++;
-    start(s, g, slot, out, now);
+    start(s, g, t, out, now);
     trickle_started(s, now);
     return CPH_OK;
   }
@@ -2113,8 +1951,8 @@ _Static_assert((CPH_SCHED_WINDOW & (CPH_SCHED_WINDOW - 1)) == 0, "a power of two
 
 static HOT_INLINE void finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, uint64_t tokens,
                               bool charge_credits) {
-  uint32_t slot = starts_flush_to(s, sid);
-  session *se = &s->sessions[slot];
+  starts_flush_to(s, sid);
+  session *se = &s->sessions[sid];
   if (!se->running)
     return;
   int64_t now = cph_clock_now(s->clock);
@@ -2134,15 +1972,15 @@ static HOT_INLINE void finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, ui
     i128 charged = (i128)c - turn_price(s, (cph_lane)se->lane, tokens);
     c = charged < s->c_min ? s->c_min : (int64_t)charged;
   }
-  uint32_t done = (uint32_t)(l->n_done++ & (CPH_SCHED_WINDOW - 1));
-  l->done_at[done] = now;
-  l->done_len[done] = now - se->queued_ns; /* queued_ns: when the turn started */
+  uint32_t slot = (uint32_t)(l->n_done++ & (CPH_SCHED_WINDOW - 1));
+  l->done_at[slot] = now;
+  l->done_len[slot] = now - se->queued_ns; /* queued_ns: when the turn started */
   se->c0 = c;
   se->t0 = now;
   se->running = false;
   s->running--;
   l->running--;
-  update_queue(s, slot);
+  update_queue(s, sid);
 }
 
 void cph_sched_finish_cost(cph_sched *s, cph_sid sid, const cph_sched_cost *cost,
@@ -2177,20 +2015,16 @@ void cph_sched_top_up(cph_sched *s) { refill_all(s, cph_clock_now(s->clock)); }
 /* ---------------------------------------------------------------- introspection */
 
 double cph_sched_credits(const cph_sched *s, cph_sid sid) {
-  return (double)credits_at(s, &s->sessions[slot_of(s, sid)], cph_clock_now(s->clock)) / 1e12;
+  return (double)credits_at(s, &s->sessions[sid], cph_clock_now(s->clock)) / 1e12;
 }
 
-const char *cph_sched_id(const cph_sched *s, cph_sid sid) {
-  return s->sessions[slot_of(s, sid)].id;
-}
-cph_lane cph_sched_lane(const cph_sched *s, cph_sid sid) {
-  return (cph_lane)s->sessions[slot_of(s, sid)].lane;
-}
+const char *cph_sched_id(const cph_sched *s, cph_sid sid) { return s->sessions[sid].id; }
+cph_lane cph_sched_lane(const cph_sched *s, cph_sid sid) { return (cph_lane)s->sessions[sid].lane; }
 bool cph_sched_is_running(const cph_sched *s, cph_sid sid) {
   for (uint32_t i = 0; i < s->n_starts; i++) /* a start not yet written */
     if (s->starts[(s->starts_head + i) & (STARTS_MAX - 1)].sid == sid)
       return true;
-  return s->sessions[slot_of(s, sid)].running;
+  return s->sessions[sid].running;
 }
 uint32_t cph_sched_running(const cph_sched *s) { return s->running; }
 uint32_t cph_sched_concurrency(const cph_sched *s) { return s->cfg.concurrency; }
@@ -2269,16 +2103,15 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   starts_flush(s);
   for (int i = 0; i < CPH_LANE_COUNT; i++)
     run_settle(&s->lanes[i]); /* the forecast reads the groups' tags */
-  uint32_t slot = slot_of(s, sid);
-  session *se = &s->sessions[slot];
+  session *se = &s->sessions[sid];
   int64_t now = cph_clock_now(s->clock);
   refill_all(s, now);
   lane_state *l = &s->lanes[se->lane];
-  group *g = group_of(s, slot);
+  group *g = group_of(s, sid);
   out->lane = (cph_lane)se->lane;
   out->credits = (double)credits_at(s, se, now) / 1e12;
   out->lane_runnable = l->runnable;
-  out->tenant = se->tenant;
+  out->tenant = s->sessions[sid].tenant;
   out->est_start_ns = -1;
   if (se->running) {
     out->reason = CPH_WHY_RUNNING;
@@ -2306,7 +2139,7 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
 
   /* Its place among its tenant's runnable sessions in the lane (rule 3 (b)–(d)). */
   promote(s, l, g, now);
-  entry me = {0, se->queued_ns, slot, se->gen};
+  entry me = {0, se->queued_ns, sid, se->gen};
   if (se->where == WHERE_BELOW)
     me.key = (i128)se->c0 - (i128)s->rate * se->t0;
   uint64_t before = 0, total = 0;
@@ -2440,115 +2273,20 @@ void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out) {
   }
 }
 
-/* Counts o's stale entries into stale[slot] and live ones into live[slot]; returns the stale. */
+/* Counts o's stale entries into stale[sid] and live ones into live[sid]; returns the stale. */
 static uint32_t audit_oset(const cph_sched *s, const oset *o, uint32_t *stale, uint32_t *live) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < o->ring.len + o->heap.len; i++) {
     const entry *e = i < o->ring.len ? &o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)]
                                      : &o->heap.items[i - o->ring.len];
     if (entry_live(s, e)) {
-      live[e->slot]++;
+      live[e->sid]++;
     } else {
-      stale[e->slot]++;
+      stale[e->sid]++;
       n++;
     }
   }
   return n;
-}
-
-static bool session_live(const session *se) { return se->id && !se->removed; }
-
-/* Marks a slot a pool holds free; false when it is out of range, holds a session, or was
- * marked already (on two lists, or twice on one: a cycle). */
-static bool audit_free_slot(const cph_sched *s, uint32_t slot, uint8_t *free_seen) {
-  if (slot >= s->n_sessions || s->sessions[slot].id || free_seen[slot])
-    return false;
-  free_seen[slot] = 1;
-  return true;
-}
-
-/* Tenants on, the sid -> slot map (slotmap.h): every slot is exactly one of live (its sid maps
- * back to it), kept (names no sid; stale entries name it, counted in n_removed) or free — on one
- * pool's free list or in the part of a pool's chunk not handed out yet, exactly once; every sid
- * maps to a live session's slot or is on the free list, once. Tenants off: the free list names
- * free slots, once each, and every free slot. */
-static int audit_slots(const cph_sched *s) {
-  uint32_t n = s->n_sessions, kept = 0, n_free = 0;
-  uint8_t *free_seen = calloc(n + 1, 1);
-  if (!free_seen)
-    return CPH_ENOMEM;
-  int rc = CPH_OK;
-  if (!s->tenants_on) {
-    for (uint32_t i = 0; !rc && i < s->n_free; i++)
-      if (!audit_free_slot(s, s->free_sids[i], free_seen))
-        rc = CPH_ESTATE;
-    for (uint32_t i = 0; !rc && i < n; i++) {
-      kept += s->sessions[i].id && s->sessions[i].removed;
-      n_free += !s->sessions[i].id;
-    }
-    if (!rc && (kept != s->n_removed || n_free != s->n_free))
-      rc = CPH_ESTATE;
-    free(free_seen);
-    return rc;
-  }
-  const cph_slotmap *m = &s->map;
-  if (m->n_slots != n || m->cap_slots < s->cap_sessions || m->n_sids > m->cap_sids ||
-      m->n_free_sids > m->n_sids)
-    rc = CPH_ESTATE;
-  for (uint32_t t = 0; !rc && t < s->n_tenants; t++)
-    for (int l = 0; !rc && l < CPH_LANE_COUNT; l++) {
-      const cph_slot_pool *p = &s->tenants[t]->pools[l];
-      for (uint32_t slot = p->free; !rc && slot != CPH_SLOT_NONE; slot = m->sid_of[slot])
-        if (!audit_free_slot(s, slot, free_seen))
-          rc = CPH_ESTATE;
-      if (p->next > p->end || p->end > n || p->end - p->next > CPH_SLOT_CHUNK)
-        rc = CPH_ESTATE;
-      for (uint32_t slot = p->next; !rc && slot < p->end; slot++)
-        if (!audit_free_slot(s, slot, free_seen))
-          rc = CPH_ESTATE;
-    }
-  uint32_t live_sessions = 0;
-  for (uint32_t i = 0; !rc && i < n; i++) {
-    const session *se = &s->sessions[i];
-    if (session_live(se)) {
-      cph_sid sid = m->sid_of[i];
-      live_sessions++;
-      if (sid >= m->n_sids || m->slot_of[sid] != i)
-        rc = CPH_ESTATE;
-    } else if (se->id) {
-      kept++;
-      if (m->sid_of[i] != CPH_SLOT_NONE)
-        rc = CPH_ESTATE;
-    } else if (!free_seen[i]) {
-      rc = CPH_ESTATE; /* a free slot no pool can hand out: lost */
-    }
-  }
-  if (!rc && (kept != s->n_removed || live_sessions != m->n_sids - m->n_free_sids))
-    rc = CPH_ESTATE;
-  /* the free sids: each names no slot and is listed once (free_seen is reused, by sid) */
-  if (!rc && m->n_sids > n) {
-    uint8_t *p = realloc(free_seen, m->n_sids);
-    if (!p)
-      rc = CPH_ENOMEM;
-    else
-      free_seen = p;
-  }
-  if (!rc)
-    memset(free_seen, 0, m->n_sids);
-  for (uint32_t i = 0; !rc && i < m->n_free_sids; i++) {
-    cph_sid sid = m->free_sids[i];
-    if (sid >= m->n_sids || free_seen[sid] || m->slot_of[sid] != CPH_SLOT_NONE)
-      rc = CPH_ESTATE;
-    else
-      free_seen[sid] = 1;
-  }
-  for (cph_sid sid = 0; !rc && sid < m->n_sids; sid++)
-    if (!free_seen[sid] &&
-        (m->slot_of[sid] >= n || m->sid_of[m->slot_of[sid]] != sid ||
-         !session_live(&s->sessions[m->slot_of[sid]])))
-      rc = CPH_ESTATE;
-  free(free_seen);
-  return rc;
 }
 
 int cph_sched_audit(const cph_sched *s) {
@@ -2562,22 +2300,15 @@ int cph_sched_audit(const cph_sched *s) {
           audit_oset(s, &g->below, stale, live) != g->below.stale)
         rc = CPH_ESTATE;
     }
-  for (uint32_t i = 0; !rc && i < s->n_sessions; i++) {
-    const session *se = &s->sessions[i];
-    /* a kept slot stays only while entries name it; a free one has none naming it */
-    if (stale[i] != se->refs || live[i] > 1 || (se->id && se->removed && !se->refs) ||
-        (!se->id && (se->refs || live[i])))
+  for (uint32_t i = 0; !rc && i < s->n_sessions; i++)
+    if (stale[i] != s->sessions[i].refs || live[i] > 1)
       rc = CPH_ESTATE;
-  }
   for (uint32_t i = 0; !rc && i < s->n_starts; i++) {
     const struct started *st = &s->starts[(s->starts_head + i) & (STARTS_MAX - 1)];
-    const session *se = &s->sessions[st->slot];
-    if (live[st->slot] || se->running || st->gen != se->gen + 1 || !session_live(se) ||
-        sid_at(s, st->slot) != st->sid)
+    const session *se = &s->sessions[st->sid];
+    if (live[st->sid] || se->running || st->gen != se->gen + 1)
       rc = CPH_ESTATE;
   }
-  if (!rc)
-    rc = audit_slots(s);
   free(stale);
   free(live);
   return rc;
