@@ -48,7 +48,11 @@ static void ring_push(dd_channel *dc, uint64_t hash, const ring_entry *r) {
 }
 
 static dd_channel *ring_of(cph_dedupe *d, const char *chan, bool create) {
+  if (d->last_ring && strcmp(d->last_ring->name, chan) == 0)
+    return d->last_ring;
   dd_channel *dc = cph_hmap_get(&d->channels, chan);
+  if (dc)
+    d->last_ring = dc;
   if (dc || !create)
     return dc;
   dc = calloc(1, sizeof *dc);
@@ -502,6 +506,7 @@ void dedupe_savepoint(cph_dedupe *d, size_t n_events) {
 }
 
 static void rings_free_all(cph_dedupe *d) {
+  d->last_ring = NULL;
   for (size_t i = 0; i < d->channels.cap; i++)
     if (d->channels.slots[i].key)
       ring_free(d->channels.slots[i].value);
@@ -773,6 +778,8 @@ void dedupe_tick(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, int
     if (now_ms - dc->last_ms > keep_ms)
       idle[n++] = dc;
   }
+  if (n)
+    d->last_ring = NULL;
   for (size_t i = 0; i < n; i++) {
     cph_hmap_del(&d->channels, idle[i]->name);
     ring_free(idle[i]);

@@ -103,6 +103,9 @@ struct cph_event_hasher {
 
 typedef struct cph_dedupe {
   cph_hmap channels; /* name -> dd_channel */
+  /* The ring ring_of found last: a request's events are mostly of one channel, and each event
+   * asks twice. NULL after the rings it may be among are freed. */
+  struct dd_channel *last_ring;
   /* A request's exact entries, held from dedupe_savepoint to dedupe_flush and then written as
    * one row (row number `row`, from the "dedupe_row" counter when the first is held; 0: none
    * yet), in the order they were written. Reads in the request find them here by their

@@ -73,6 +73,7 @@ void sessions_clear(cph_sessions *ss) {
     free(c);
   }
   cph_hmap_free(&ss->channels);
+  ss->last_channel = NULL;
   free(ss->by_sid);
   free(ss->pending);
   free(ss->tick_heap);
@@ -88,7 +89,12 @@ csession *sessions_get(const cph_sessions *ss, const char *id) {
 }
 
 channel *sessions_channel(cph_sessions *ss, const char *name, bool create) {
+  /* An ingest request's events are mostly of one channel: the last one found is asked first. */
+  if (ss->last_channel && strcmp(ss->last_channel->name, name) == 0)
+    return ss->last_channel;
   channel *c = cph_hmap_get(&ss->channels, name);
+  if (c)
+    ss->last_channel = c;
   if (c || !create)
     return c;
   c = calloc(1, sizeof *c);

@@ -40,6 +40,7 @@ typedef struct cph_sessions {
   csession **by_sid; /* sid -> session, NULL for a free handle */
   size_t cap_by_sid;
   cph_hmap channels;  /* name -> channel */
+  channel *last_channel; /* what sessions_channel found last (channels live until clear) */
   csession **pending; /* sessions with pending messages, for poll_inbox */
   size_t n_pending, cap_pending;
   csession **tick_heap; /* min-heap on next_tick_ns */

@@ -19,9 +19,19 @@ typedef struct cph_counter {
 } cph_counter;
 
 /* The counters looked up since the last eviction: open addressing, linear probing. */
+#define CPH_COUNTER_MEMO 8
+
 typedef struct cph_counter_table {
   cph_counter **slots;
   size_t cap, len; /* cap a power of two (or 0), len < cap * 3/4 */
+  /* The counters found last, by the address of the name they were asked by: an ingested event
+   * takes ids from four counters, named by literals or by one buffer, so the same address asks
+   * again and only a strcmp confirms it (no hash of the name). Counters are never freed one by
+   * one, and cph_counters_free empties this too. */
+  struct {
+    const char *asked;
+    cph_counter *c;
+  } memo[CPH_COUNTER_MEMO];
 } cph_counter_table;
 
 struct cph_store {

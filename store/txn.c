@@ -385,13 +385,21 @@ static uint64_t counter_hash(const char *name) {
   return h;
 }
 
-static cph_counter *counter_find(const cph_counter_table *ct, const char *name) {
+static cph_counter *counter_find(cph_counter_table *ct, const char *name) {
   if (!ct->cap)
     return NULL;
+  size_t m = ((uintptr_t)name >> 3) & (CPH_COUNTER_MEMO - 1);
+  if (ct->memo[m].asked == name && strcmp(ct->memo[m].c->name, name) == 0)
+    return ct->memo[m].c;
   for (size_t i = counter_hash(name) & (ct->cap - 1);; i = (i + 1) & (ct->cap - 1)) {
     cph_counter *c = ct->slots[i];
-    if (!c || strcmp(c->name, name) == 0)
-      return c;
+    if (c && strcmp(c->name, name) != 0)
+      continue;
+    if (c) {
+      ct->memo[m].asked = name;
+      ct->memo[m].c = c;
+    }
+    return c;
   }
 }
 
