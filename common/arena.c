@@ -3,6 +3,7 @@
  * left unused). */
 #include "arena.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,25 @@ char *cph_arena_strndup(struct cph_arena_chunk **arena, const char *s, size_t n)
     p[n] = '\0';
   }
   return p;
+}
+
+_Static_assert(offsetof(struct cph_arena_chunk, data) % sizeof(void *) == 0,
+               "a chunk's data is aligned for pointers");
+
+void *cph_arena_ptrs(struct cph_arena_chunk **arena, size_t n) {
+  const size_t align = sizeof(void *);
+  if (n > ((size_t)-1 - align) / sizeof(void *))
+    return NULL;
+  /* data[] follows three words, so a chunk's data is aligned for pointers; pad the bump */
+  struct cph_arena_chunk *c = *arena;
+  size_t pad = c ? (align - c->used % align) % align : 0;
+  char *p = cph_arena_alloc(arena, pad + n * sizeof(void *));
+  if (!p)
+    return NULL;
+  if (*arena != c) /* a fresh chunk: its data starts aligned, the pad is left at the end */
+    pad = 0;
+  memset(p + pad, 0, n * sizeof(void *));
+  return p + pad;
 }
 
 void cph_arena_free(struct cph_arena_chunk **arena) {

@@ -16,6 +16,8 @@ struct cph_arena_chunk;
 char *cph_arena_alloc(struct cph_arena_chunk **arena, size_t n);
 /* A copy of s[0..n) with a NUL after it. */
 char *cph_arena_strndup(struct cph_arena_chunk **arena, const char *s, size_t n);
+/* n pointers, aligned for them and NULL, valid until cph_arena_free (n > 0). */
+void *cph_arena_ptrs(struct cph_arena_chunk **arena, size_t n);
 /* Frees every chunk; the arena is empty (NULL) again. */
 void cph_arena_free(struct cph_arena_chunk **arena);
 

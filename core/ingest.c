@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/arena.h"
 #include "backpressure.h"
 #include "dedupe.h"
 #include "inbox.h"
@@ -71,10 +72,17 @@ typedef struct target {
   bool direct; /* named by the event (explicit session or mention), not only subscribed */
 } target;
 
-static void reject(cph_event_result *res, const char *field, const char *why) {
+/* A copy of s in the request's results arena (cph_op u.ingest.strings). */
+static char *result_str(struct cph_arena_chunk **strings, const char *s) {
+  return cph_arena_strndup(strings, s, strlen(s));
+}
+
+/* Out of memory leaves field and reason NULL: the event is still rejected, for no stated why. */
+static void reject(cph_event_result *res, struct cph_arena_chunk **strings, const char *field,
+                   const char *why) {
   res->status = CPH_EV_REJECTED;
-  res->field = strdup(field);
-  res->reason = strdup(why);
+  res->field = result_str(strings, field);
+  res->reason = result_str(strings, why);
 }
 
 static bool add_target(target *ts, size_t *n, size_t cap, csession *s, bool mentioned,
@@ -615,6 +623,7 @@ typedef struct ingest_req {
   ingest_after *after; /* per event */
   uint64_t embed_queue_before;
   int64_t now_ms; /* the request's time on the wall clock, read once: its events' received_ms */
+  struct cph_arena_chunk **strings; /* the op's results' (u.ingest.strings) */
 } ingest_req;
 
 /* The channel an event goes to: its own, or its session's direct channel "direct:<session>"
@@ -670,33 +679,33 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
                       ingest_after *after, cph_err *err) {
   memset(res, 0, sizeof *res);
   if (!in->body) {
-    reject(res, "body", "body is required");
+    reject(res, rq->strings, "body", "body is required");
     return CPH_OK;
   }
   if (!in->sender || !*in->sender) {
-    reject(res, "sender", "sender is required");
+    reject(res, rq->strings, "sender", "sender is required");
     return CPH_OK;
   }
   csession *explicit_target = NULL;
   if (in->session) {
     explicit_target = sessions_get(ig->sessions, in->session);
     if (!explicit_target) {
-      reject(res, "session", "no such session");
+      reject(res, rq->strings, "session", "no such session");
       return CPH_OK;
     }
   }
   char direct[DIRECT_NAME_MAX];
   const char *channel_name = event_channel(in, direct);
   if (!channel_name) {
-    reject(res, "channel", "an event needs a channel or a session");
+    reject(res, rq->strings, "channel", "an event needs a channel or a session");
     return CPH_OK;
   }
   if (!*channel_name || strlen(channel_name) > CHANNEL_MAX) {
-    reject(res, "channel", "a channel name is 1 to 256 bytes");
+    reject(res, rq->strings, "channel", "a channel name is 1 to 256 bytes");
     return CPH_OK;
   }
   if (in->key && (!*in->key || strlen(in->key) > 256)) {
-    reject(res, "key", "an idempotency key is 1 to 256 bytes");
+    reject(res, rq->strings, "key", "an idempotency key is 1 to 256 bytes");
     return CPH_OK;
   }
 
@@ -752,7 +761,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     if (arrival_mode(ig, ts[i].session) == CPH_POLICY_WR_REJECT)
       n_busy++;
   if (n_busy) {
-    res->busy.items = calloc(n_busy, sizeof(char *));
+    res->busy.items = cph_arena_ptrs(rq->strings, n_busy);
     if (!res->busy.items) {
       dedupe_verdict_free(&v);
       if (ts != local)
@@ -765,7 +774,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
         ts[kept++] = ts[i];
         continue;
       }
-      char *id = strdup(ts[i].session->id);
+      char *id = result_str(rq->strings, ts[i].session->id);
       if (!id) {
         dedupe_verdict_free(&v);
         if (ts != local)
@@ -829,7 +838,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
     goto done;
   }
-  res->sessions.items = calloc(n ? n : 1, sizeof(char *));
+  res->sessions.items = cph_arena_ptrs(rq->strings, n ? n : 1);
   if (!res->sessions.items) {
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
     goto done;
@@ -837,7 +846,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   for (size_t i = 0; i < n; i++) {
     rc = deliver(ig, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,
                  now_ms, &rq->dl);
-    if (rc == CPH_OK && !(res->sessions.items[res->sessions.count] = strdup(ts[i].session->id)))
+    if (rc == CPH_OK &&
+        !(res->sessions.items[res->sessions.count] = result_str(rq->strings, ts[i].session->id)))
       rc = CPH_ENOMEM;
     if (rc == CPH_OK && arrival_mode(ig, ts[i].session) == CPH_POLICY_WR_RESTART)
       rc = note_restart(ig, ts[i].session);
@@ -858,8 +868,10 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   if (n_busy && !n) {
     /* Every session it was routed to refused it: stored (its id says where), reached none. */
     res->status = CPH_EV_REJECTED;
-    res->field = strdup(explicit_target ? "session" : in->mentions.count ? "mentions" : "channel");
-    res->reason = strdup("session_busy");
+    res->field = result_str(rq->strings, explicit_target ? "session"
+                                         : in->mentions.count ? "mentions"
+                                                              : "channel");
+    res->reason = result_str(rq->strings, "session_busy");
     if (!res->field || !res->reason)
       rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
@@ -928,6 +940,7 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
   size_t n = op->u.ingest.n_events;
   op->u.ingest.results = calloc(n ? n : 1, sizeof *op->u.ingest.results);
   ingest_req rq = {0};
+  rq.strings = &op->u.ingest.strings;
   rq.after = calloc(n ? n : 1, sizeof *rq.after);
   if (!op->u.ingest.results || !rq.after) {
     free(rq.after);

@@ -101,17 +101,7 @@ void cph_op_clear_results(cph_op *op) {
     cph_strv_free(&op->u.session.consumed);
     break;
   case CPH_OP_INGEST:
-    for (size_t i = 0; op->u.ingest.results && i < op->u.ingest.n_events; i++) {
-      cph_event_result *r = &op->u.ingest.results[i];
-      for (size_t j = 0; j < r->sessions.count; j++)
-        free(r->sessions.items[j]);
-      free(r->sessions.items);
-      for (size_t j = 0; j < r->busy.count; j++)
-        free(r->busy.items[j]);
-      free(r->busy.items);
-      free(r->reason);
-      free(r->field);
-    }
+    cph_arena_free(&op->u.ingest.strings); /* every string and list of the results */
     free(op->u.ingest.results);
     op->u.ingest.results = NULL;
     break;

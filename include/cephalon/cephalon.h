@@ -593,6 +593,9 @@ struct cph_op {
       cph_event_in *events;
       size_t n_events;
       cph_event_result *results; /* n_events entries, filled by the engine */
+      /* The results' strings and lists (sessions, busy, reason, field) live in this arena the
+       * engine owns (common/arena.h): cph_op_clear_results frees them together. */
+      struct cph_arena_chunk *strings;
     } ingest;
     struct {
       char *worker;

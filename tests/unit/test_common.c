@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cephalon/error.h"
+#include "common/arena.h"
 #include "common/idmap.h"
 #include "common/slab.h"
 
@@ -156,9 +157,48 @@ static void test_idmap_reserved_never_rehashes_and_a_new_handle_replaces(void **
   free(ks.k);
 }
 
+/* Strings and pointer lists mixed in one arena, across chunk boundaries and in chunks of their
+ * own: every list is aligned for pointers and NULL, every string keeps its bytes, nothing
+ * overlaps (each is filled, then all are checked). */
+static void test_arena_lists_are_aligned_zeroed_and_apart_from_strings(void **state) {
+  (void)state;
+  struct cph_arena_chunk *a = NULL;
+  enum { N = 3000 };
+  char *strs[N];
+  void **lists[N];
+  size_t lens[N], ns[N];
+  uint64_t r = 88172645463325252ull;
+  for (int i = 0; i < N; i++) {
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    lens[i] = (size_t)(r % 41);
+    ns[i] = 1 + (size_t)(r >> 20) % (i % 97 == 0 ? 5000 : 9); /* some bigger than a chunk */
+    char text[41];
+    memset(text, 'a' + i % 26, lens[i]);
+    strs[i] = cph_arena_strndup(&a, text, lens[i]);
+    lists[i] = cph_arena_ptrs(&a, ns[i]);
+    assert_non_null(strs[i]);
+    assert_non_null(lists[i]);
+    assert_int_equal((uintptr_t)lists[i] % sizeof(void *), 0);
+    for (size_t j = 0; j < ns[i]; j++) {
+      assert_null(lists[i][j]);
+      lists[i][j] = &lists[i][j];
+    }
+  }
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(strlen(strs[i]), lens[i]);
+    for (size_t j = 0; j < lens[i]; j++)
+      assert_int_equal(strs[i][j], 'a' + i % 26);
+    for (size_t j = 0; j < ns[i]; j++)
+      assert_ptr_equal(lists[i][j], &lists[i][j]);
+  }
+  cph_arena_free(&a);
+  assert_null(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_slab_objects_are_zeroed_distinct_and_reused_after_free),
+      cmocka_unit_test(test_arena_lists_are_aligned_zeroed_and_apart_from_strings),
       cmocka_unit_test(test_strslab_copies_every_length_and_takes_them_back),
       cmocka_unit_test(test_idmap_matches_a_reference_under_random_puts_and_deletes),
       cmocka_unit_test(test_idmap_reserved_never_rehashes_and_a_new_handle_replaces),
