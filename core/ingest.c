@@ -624,6 +624,10 @@ typedef struct ingest_req {
   uint64_t embed_queue_before;
   int64_t now_ms; /* the request's time on the wall clock, read once: its events' received_ms */
   struct cph_arena_chunk **strings; /* the op's results' (u.ingest.strings) */
+  /* The backpressure step of the channel asked last (step_chan: an event's own channel string,
+   * alive for the request). Steps change only at the engine's checks, between passes. */
+  const char *step_chan;
+  int step;
 } ingest_req;
 
 /* The channel an event goes to: its own, or its session's direct channel "direct:<session>"
@@ -717,7 +721,16 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     return CPH_OK;
   }
 
-  int step = backpressure_step(ig->bp, ig->env->policy, channel_name);
+  int step;
+  if (rq->step_chan && strcmp(rq->step_chan, channel_name) == 0) {
+    step = rq->step;
+  } else {
+    step = backpressure_step(ig->bp, ig->env->policy, channel_name);
+    if (channel_name == in->channel) { /* not a direct channel's name, made on the stack */
+      rq->step_chan = channel_name;
+      rq->step = step;
+    }
+  }
   int64_t dd_now = env_wall_ms(ig->env);
   dedupe_verdict v;
   if (dedupe_classify(ig->dedupe, &ig->env->policy->dedupe, t, channel_name, in->sender, in->body,
@@ -729,8 +742,9 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   bool dup = v.kind != DEDUPE_NONE;
   bool aggregate_only = step >= BP_STEP_AGGREGATE_ONLY;
 
-  /* Routing: the explicit session, else the channel's subscribers; plus every mention. */
-  size_t cap = 64;
+  /* Routing: the explicit session, else the channel's subscribers; plus every mention. cap is
+   * their count, the most there can be (an event to a few sessions needs no allocation). */
+  size_t cap = 1;
   channel *ch = sessions_channel(ig->sessions, channel_name, false);
   if (!explicit_target && ch)
     cap += ch->n_subscribers;
@@ -942,6 +956,10 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
   ingest_req rq = {0};
   rq.strings = &op->u.ingest.strings;
   rq.after = calloc(n ? n : 1, sizeof *rq.after);
+  /* room for a delivery of each event up front, not grown by doubling through the request
+   * (without it, undo_note grows the log as it goes) */
+  if (n > 64 && (rq.dl.items = malloc(n * sizeof *rq.dl.items)) != NULL)
+    rq.dl.cap = n;
   if (!op->u.ingest.results || !rq.after) {
     free(rq.after);
     op_fail(op, CPH_ENOMEM, NULL, "out of memory");
