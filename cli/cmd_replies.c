@@ -40,7 +40,7 @@ static void replies_usage(FILE *out) {
           "usage: cephalonctl replies [--after N] [--limit N] [--wait-ms N] [--follow]\n"
           "  Prints the replies after N (default 0) on the stream connectors deliver from:\n"
           "  a table, or with --json one reply object per line, as the API gives it.\n"
-          "  --limit N    at most N per read (1-%d, default the daemon's 100)\n"
+          "  --limit N    at most N per read (up to %d; 0 or none: the daemon's 100)\n"
           "  --wait-ms N  wait up to N ms for a reply when there is none yet (--follow: %d)\n"
           "  --follow     keep reading until Ctrl-C. In a cluster every node is read (one\n"
           "               cursor each, --after for each) and each origin printed once.\n",
@@ -49,22 +49,24 @@ static void replies_usage(FILE *out) {
 
 /* ---------------------------------------------------------------- stopping */
 
-static volatile sig_atomic_t replies_stop;
+/* Set by SIGINT/SIGTERM, or by a reader that met a failure retrying cannot mend; read by
+ * every thread (a lock-free atomic: safe in a signal handler and between threads). */
+static atomic_int replies_stop;
 
 static void on_stop_signal(int sig) {
   (void)sig;
-  replies_stop = 1;
+  atomic_store(&replies_stop, 1);
 }
 
 /* cli_ctx.cancel: a long-poll under way ends within a second of SIGINT/SIGTERM. */
 static int stop_requested(void *arg) {
   (void)arg;
-  return replies_stop != 0;
+  return atomic_load(&replies_stop);
 }
 
 /* Sleeps ms, in steps of 100 ms, or less when a stop signal comes. */
 static void nap(unsigned ms) {
-  for (unsigned slept = 0; slept < ms && !replies_stop; slept += 100) {
+  for (unsigned slept = 0; slept < ms && !atomic_load(&replies_stop); slept += 100) {
     struct timespec ts = {0, (long)(ms - slept < 100 ? ms - slept : 100) * 1000000L};
     nanosleep(&ts, NULL);
   }
@@ -311,7 +313,7 @@ static void *node_thread(void *arg) {
   node *nd = arg;
   follower *f = nd->f;
   unsigned backoff = 0;
-  while (!replies_stop) {
+  while (!atomic_load(&replies_stop)) {
     if (!atomic_load(&nd->listed)) {
       nap(200);
       continue;
@@ -321,14 +323,14 @@ static void *node_thread(void *arg) {
       backoff = 0;
       continue;
     }
-    if (replies_stop)
+    if (atomic_load(&replies_stop))
       break;
     pthread_mutex_lock(&f->p->mu);
     bool broken = f->p->rc != CLI_EXIT_OK;
     pthread_mutex_unlock(&f->p->mu);
     if (broken || rc == CLI_EXIT_USAGE) {
       atomic_store(&f->fatal, broken ? CLI_EXIT_FAIL : rc);
-      replies_stop = 1;
+      atomic_store(&replies_stop, 1);
       break;
     }
     backoff = backoff ? (backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2)
@@ -404,7 +406,7 @@ static int discover(follower *f, const char *url, uint64_t after, bool threads) 
 static void rediscover(follower *f) {
   if (discover(f, f->ctx->url, 0, true) == 1)
     return;
-  for (size_t i = 0; i < f->n && !replies_stop; i++)
+  for (size_t i = 0; i < f->n && !atomic_load(&replies_stop); i++)
     if (strcmp(f->nodes[i].url, f->ctx->url) != 0 && discover(f, f->nodes[i].url, 0, true) == 1)
       return;
 }
@@ -439,9 +441,9 @@ static int follow(follower *f, bool cluster, uint64_t after) {
     for (size_t i = 0; i < f->n; i++)
       if (pthread_create(&f->nodes[i].thread, NULL, node_thread, &f->nodes[i]) == 0)
         f->nodes[i].started = true;
-  while (!replies_stop) {
+  while (!atomic_load(&replies_stop)) {
     nap(DISCOVER_EVERY_MS);
-    if (cluster && !replies_stop)
+    if (cluster && !atomic_load(&replies_stop))
       rediscover(f);
   }
   return atomic_load(&f->fatal);
@@ -483,9 +485,7 @@ int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv) {
     replies_usage(stdout);
     return CLI_EXIT_OK;
   }
-  if (pr < 0 || (limit.set && limit.value == 0)) {
-    if (pr == 0)
-      fprintf(stderr, "cephalonctl: --limit wants a whole number from 1 to %d\n", MAX_LIMIT);
+  if (pr < 0) {
     replies_usage(stderr);
     return CLI_EXIT_USAGE;
   }
@@ -518,7 +518,11 @@ int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv) {
     p.cluster = cluster == 1;
     if (p.table)
       cli_table_init(p.table, 4, headers[p.cluster], p.cluster ? 0 : 1);
-    if (follow_flag) {
+    /* a node still joining may list no node yet: read the one we were given */
+    if (p.cluster && f->n == 0 && follower_list(f, c.url, after.value, false) != 0) {
+      fprintf(stderr, "cephalonctl: out of memory\n");
+      rc = CLI_EXIT_FAIL;
+    } else if (follow_flag) {
       rc = follow(f, p.cluster, after.value);
     } else if (!p.cluster) {
       uint64_t cursor = after.value;

@@ -309,7 +309,6 @@ static void test_bad_usage_exits_2_with_usage_on_stderr(void **state) {
       (const char *const[]){"turns", "complete", "t1", "--lease", "L", "--tokens", "1.5", NULL},
       (const char *const[]){"policy", "reload", "now", NULL},
       (const char *const[]){"replies", "--after", "-1", NULL},
-      (const char *const[]){"replies", "--limit", "0", NULL},
       (const char *const[]){"replies", "--limit", "1001", NULL},
       (const char *const[]){"replies", "--follow=yes", NULL},
       (const char *const[]){"replies", "--follow", "--wait-ms", "soon", NULL},
