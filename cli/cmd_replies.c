@@ -198,8 +198,10 @@ static void print_one(printer *p, const json_t *reply) {
   const char *session = cli_json_string(reply, "session");
   if (p->cluster && origin) {
     int fresh = seen_add(&p->seen, session ? session : "", origin);
-    if (fresh < 0)
+    if (fresh < 0 && p->rc == CLI_EXIT_OK) {
+      fprintf(stderr, "cephalonctl: out of memory\n");
       p->rc = CLI_EXIT_FAIL;
+    }
     if (fresh <= 0)
       return;
   }
@@ -342,14 +344,12 @@ static void *node_thread(void *arg) {
   return NULL;
 }
 
-/* Adds url (unless known) with its cursor at `after`, and marks it listed; with threads,
- * starts its reader. 0, or -1 when it cannot be added (full, or out of memory). */
-static int follower_list(follower *f, const char *url, uint64_t after, bool threads) {
+/* The index of url's node, added (listed, its cursor at `after`; with threads, its reader
+ * started) unless known; -1 when it cannot be added (full, or out of memory). */
+static int follower_add(follower *f, const char *url, uint64_t after, bool threads) {
   for (size_t i = 0; i < f->n; i++)
-    if (strcmp(f->nodes[i].url, url) == 0) {
-      atomic_store(&f->nodes[i].listed, true);
-      return 0;
-    }
+    if (strcmp(f->nodes[i].url, url) == 0)
+      return (int)i;
   if (f->n == MAX_NODES)
     return -1;
   node *nd = &f->nodes[f->n];
@@ -361,9 +361,7 @@ static int follower_list(follower *f, const char *url, uint64_t after, bool thre
   f->n++;
   if (threads && pthread_create(&nd->thread, NULL, node_thread, nd) == 0)
     nd->started = true;
-  if (threads && !nd->started)
-    return -1;
-  return 0;
+  return threads && !nd->started ? -1 : (int)(f->n - 1);
 }
 
 /* GET /v1/cluster at url. 1: a cluster, its node list applied (the nodes it no longer lists
@@ -384,18 +382,23 @@ static int discover(follower *f, const char *url, uint64_t after, bool threads) 
     fprintf(stderr, "cephalonctl: GET /v1/cluster at %s: unexpected answer (no \"nodes\")\n",
             url);
   } else if (rc == CLI_EXIT_OK) {
-    for (size_t i = 0; i < f->n; i++)
-      atomic_store(&f->nodes[i].listed, false);
+    /* the new list applied in one pass at the end: a node listed before and now is never
+     * seen unlisted by its reader meanwhile */
+    bool listed[MAX_NODES] = {false};
     size_t i;
     const json_t *nd;
     out = 1;
     json_array_foreach(nodes, i, nd) {
       const char *u = cli_json_string(nd, "url");
-      if (u && u[0] && follower_list(f, u, after, threads) != 0) {
+      int k = u && u[0] ? follower_add(f, u, after, threads) : -2;
+      if (k >= 0)
+        listed[k] = true;
+      else if (k == -1)
         fprintf(stderr, "cephalonctl: cannot read node %s (more than %d nodes, or out of "
                         "memory)\n", u, MAX_NODES);
-      }
     }
+    for (size_t n = 0; n < f->n; n++)
+      atomic_store(&f->nodes[n].listed, listed[n]);
   }
   cli_reply_free(&r);
   return out;
@@ -433,7 +436,7 @@ static void install_stop_handlers(void) {
 /* --follow: every node's reader thread until a stop signal (exit 0) or a failure retrying
  * cannot mend (a bad URL, stdout gone). */
 static int follow(follower *f, bool cluster, uint64_t after) {
-  if (!cluster && follower_list(f, f->ctx->url, after, true) != 0) {
+  if (!cluster && follower_add(f, f->ctx->url, after, true) < 0) {
     fprintf(stderr, "cephalonctl: cannot start reading (out of memory)\n");
     return CLI_EXIT_FAIL;
   }
@@ -519,7 +522,7 @@ int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv) {
     if (p.table)
       cli_table_init(p.table, 4, headers[p.cluster], p.cluster ? 0 : 1);
     /* a node still joining may list no node yet: read the one we were given */
-    if (p.cluster && f->n == 0 && follower_list(f, c.url, after.value, false) != 0) {
+    if (p.cluster && f->n == 0 && follower_add(f, c.url, after.value, false) < 0) {
       fprintf(stderr, "cephalonctl: out of memory\n");
       rc = CLI_EXIT_FAIL;
     } else if (follow_flag) {
