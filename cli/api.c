@@ -95,6 +95,8 @@ int cli_call(const cli_ctx *ctx, const char *method, const char *path, const jso
       .body = text,
       .body_len = text ? strlen(text) : 0,
       .timeout_ms = timeout_ms,
+      .cancel = ctx->cancel,
+      .cancel_arg = ctx->cancel_arg,
   };
   cph_httpc_response resp;
   char err[512];
@@ -108,6 +110,7 @@ int cli_call(const cli_ctx *ctx, const char *method, const char *path, const jso
     fprintf(stderr, "cephalonctl: cannot reach cephalond at %s: %s\n", ctx->url, err);
     return CLI_EXIT_FAIL;
   case CPH_HTTPC_EINVAL: fprintf(stderr, "cephalonctl: %s\n", err); return CLI_EXIT_USAGE;
+  case CPH_HTTPC_ECANCELED: return CLI_EXIT_FAIL; /* the caller asked: nothing to report */
   default:
     fprintf(stderr, "cephalonctl: %s %s at %s: %s\n", method, path, ctx->url, err);
     return CLI_EXIT_FAIL;

@@ -27,6 +27,10 @@ typedef struct cli_ctx {
   const char *token; /* --token, else $CEPHALON_TOKEN, else NULL (no Authorization header);
                         sent only in that header, never printed */
   bool json;         /* --json: print the daemon's JSON instead of a table */
+  /* NULL, or asked about once a second while a call waits: non-zero abandons the call, which
+   * then fails without a message (a long-poll cut short by Ctrl-C). */
+  int (*cancel)(void *arg);
+  void *cancel_arg;
 } cli_ctx;
 
 /* One command: argv[0] is the command's own name; returns a CLI_EXIT_* code. Usage errors
@@ -49,6 +53,7 @@ int cli_cmd_turns(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_context(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_top(const cli_ctx *ctx, int argc, char **argv);
 int cli_cmd_backup(const cli_ctx *ctx, int argc, char **argv);
+int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv);
 
 /* ---------------------------------------------------------------- talking to cephalond (api.c) */
 

@@ -39,6 +39,9 @@ static const cli_command commands[] = {
      "turns complete ID --lease L [--tokens N] [--tool-calls N] [--reply TEXT] "
      "[--reply-channel C]",
      "lease and complete a turn by hand (exit 3: no turn)"},
+    {"replies", cli_cmd_replies, "replies [--after N] [--limit N] [--wait-ms N] [--follow]",
+     "the replies stream connectors deliver; --follow keeps reading (in a cluster every "
+     "node's, each reply once)"},
     {"backup", cli_cmd_backup, "backup DIR",
      "copy the store into DIR while cephalond serves (restore: start a daemon on DIR)"},
     {"policy", cli_cmd_policy, "policy check FILE\npolicy reload",

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/support/api.h"
 #include "tests/support/daemon.h"
 #include "tests/support/testutil.h"
 
@@ -253,6 +254,12 @@ static void test_unreachable_daemon_says_cannot_reach_and_exits_1(void **state) 
   snprintf(want, sizeof want, "cephalonctl: cannot reach cephalond at %s: Connection refused\n",
            url);
   ctl_result r;
+  /* --follow does not start retrying a daemon that was never there: it says so, exit 1. */
+  ctl(&r, url, (const char *const[]){"replies", "--follow", NULL});
+  expect_exit(&r, 1, "replies --follow");
+  assert_string_equal(r.out, "");
+  assert_string_equal(r.err, want);
+  ctl_free(&r);
   ctl(&r, url, (const char *const[]){"--token", "do-not-print-me", "status", NULL});
   expect_exit(&r, 1, "status");
   assert_string_equal(r.out, "");
@@ -301,6 +308,11 @@ static void test_bad_usage_exits_2_with_usage_on_stderr(void **state) {
                             NULL},
       (const char *const[]){"turns", "complete", "t1", "--lease", "L", "--tokens", "1.5", NULL},
       (const char *const[]){"policy", "reload", "now", NULL},
+      (const char *const[]){"replies", "--after", "-1", NULL},
+      (const char *const[]){"replies", "--limit", "1001", NULL},
+      (const char *const[]){"replies", "--follow=yes", NULL},
+      (const char *const[]){"replies", "--follow", "--wait-ms", "soon", NULL},
+      (const char *const[]){"replies", "extra", NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ctl_result r;
@@ -330,7 +342,8 @@ static void test_help_lists_every_command(void **state) {
   const char *forms[] = {"status",           "sessions list",  "sessions show ID",
                          "sessions why ID",  "lanes",          "events post --channel C",
                          "turns lease --worker W", "turns complete ID --lease L",
-                         "policy check FILE", "policy reload"};
+                         "policy check FILE", "policy reload",
+                         "replies [--after N] [--limit N] [--wait-ms N] [--follow]"};
   for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
     expect_contains(r.out, forms[i], "help");
   ctl_free(&r);
@@ -899,6 +912,168 @@ static void test_daemon_policy_reload_moves_the_generation(void **state) {
   ctl_free(&r);
 }
 
+/* ---------------------------------------------------------------- cephalonctl replies */
+
+/* One turn of session `session` answered with reply `body`: an event to its direct channel,
+ * leased (interactive lane) and completed; the reply's id on the stream. */
+static long long answer_with(const daemon_fixture *fx, const char *session, const char *body) {
+  char json[256];
+  snprintf(json, sizeof json,
+           "{\"events\":[{\"session\":\"%s\",\"sender\":\"ann\",\"body\":\"q for %s\"}]}",
+           session, body);
+  cph_test_response h = cph_test_api(fx->d.port, "POST", "/v1/events", NULL, json);
+  assert_int_equal(h.status, 200);
+  cph_test_response_free(&h);
+  h = cph_test_api(fx->d.port, "POST", "/v1/turns/lease", NULL,
+                   "{\"worker\":\"w\",\"lanes\":[\"interactive\"],\"wait_ms\":5000}");
+  if (h.status != 200)
+    fail_msg("lease: %d %s", h.status, h.body ? h.body : "");
+  json_t *j = cph_test_json(&h);
+  cph_test_response_free(&h);
+  json_t *turn = json_object_get(j, "turn");
+  assert_string_equal(json_string_value(json_object_get(turn, "session")), session);
+  char path[96];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(turn, "id")));
+  snprintf(json, sizeof json, "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
+                              "\"reply\":{\"body\":\"%s\"}}",
+           json_string_value(json_object_get(turn, "lease")), body);
+  json_decref(j);
+  h = cph_test_api(fx->d.port, "POST", path, NULL, json);
+  if (h.status != 200)
+    fail_msg("complete: %d %s", h.status, h.body ? h.body : "");
+  cph_test_response_free(&h);
+  h = cph_test_api(fx->d.port, "GET", "/v1/replies?after=0&limit=1000", NULL, NULL);
+  j = cph_test_json(&h);
+  cph_test_response_free(&h);
+  long long last = json_integer_value(json_object_get(j, "next"));
+  json_decref(j);
+  return last;
+}
+
+/* Waits up to 10 s until the file at path holds needle. */
+static void wait_file_holds(const char *path, const char *needle) {
+  for (int64_t t0 = cph_test_now_ms(); cph_test_now_ms() - t0 < 10000;) {
+    char *text = cph_test_read_file(path, NULL);
+    bool there = text && strstr(text, needle);
+    free(text);
+    if (there)
+      return;
+    struct timespec ts = {0, 20000000L};
+    nanosleep(&ts, NULL);
+  }
+  char *text = cph_test_read_file(path, NULL);
+  fail_msg("'%s' did not appear within 10 s in:\n%s", needle, text ? text : "");
+}
+
+/* The replies stream after `after` as the API gives it (a JSON array). */
+static json_t *stream_after(const daemon_fixture *fx, long long after) {
+  char path[96];
+  snprintf(path, sizeof path, "/v1/replies?after=%lld&limit=1000", after);
+  cph_test_response h = cph_test_api(fx->d.port, "GET", path, NULL, NULL);
+  assert_int_equal(h.status, 200);
+  json_t *j = cph_test_json(&h);
+  cph_test_response_free(&h);
+  json_t *list = json_incref(json_object_get(j, "replies"));
+  json_decref(j);
+  return list;
+}
+
+/* Each line of out is one JSON object, equal to the stream's objects in order. */
+static void expect_json_lines(const char *out, const json_t *want, const char *what) {
+  size_t n = 0;
+  for (const char *line = out; *line; n++) {
+    size_t len = strcspn(line, "\n");
+    json_error_t e;
+    json_t *got = json_loadb(line, len, 0, &e);
+    if (!got)
+      fail_msg("%s: line %zu is not JSON (%s): %.*s", what, n + 1, e.text, (int)len, line);
+    if (n >= json_array_size(want) || !json_equal(got, json_array_get(want, n)))
+      fail_msg("%s: line %zu is not the stream's reply %zu:\n%s", what, n + 1, n + 1, out);
+    json_decref(got);
+    line += len + (line[len] == '\n');
+  }
+  if (n != json_array_size(want))
+    fail_msg("%s: %zu lines for %zu replies:\n%s", what, n, json_array_size(want), out);
+}
+
+static void test_daemon_replies_follow_prints_each_reply_once_in_order(void **state) {
+  daemon_fixture *fx = *state;
+  cph_test_response h = cph_test_api(fx->d.port, "POST", "/v1/sessions", NULL,
+                                     "{\"id\":\"rf\",\"class\":\"interactive\"}");
+  if (h.status != 200 && h.status != 201)
+    fail_msg("POST /v1/sessions: %d %s", h.status, h.body ? h.body : "");
+  cph_test_response_free(&h);
+  json_t *before = stream_after(fx, 0); /* earlier tests' replies */
+  long long base = 0;
+  if (json_array_size(before))
+    base = json_integer_value(
+        json_object_get(json_array_get(before, json_array_size(before) - 1), "id"));
+  json_decref(before);
+
+  /* two replies before the follower starts, three while it runs */
+  answer_with(fx, "rf", "before one");
+  long long second = answer_with(fx, "rf", "before two");
+  char *dir = cph_test_tmpdir("ctl-follow");
+  char out_path[512], err_path[512], bin[512], url_after[32];
+  snprintf(out_path, sizeof out_path, "%s/out", dir);
+  snprintf(err_path, sizeof err_path, "%s/err", dir);
+  snprintf(bin, sizeof bin, "%s/cephalonctl", getenv("CPH_BIN_DIR"));
+  snprintf(url_after, sizeof url_after, "%lld", base);
+  const char *argv[] = {bin,       "--url",  fx->url, "--json",      "replies", "--follow",
+                        "--after", url_after, "--wait-ms", "1000", NULL};
+  pid_t pid = cph_test_spawn(argv, out_path, err_path);
+  assert_true(pid > 0);
+  wait_file_holds(out_path, "\"before two\"");
+  answer_with(fx, "rf", "during one");
+  answer_with(fx, "rf", "during two");
+  answer_with(fx, "rf", "during three");
+  wait_file_holds(out_path, "\"during three\"");
+  int status = cph_test_signal_wait(pid, SIGINT, 5000);
+  char *out = cph_test_read_file(out_path, NULL), *err = cph_test_read_file(err_path, NULL);
+  if (status != 0)
+    fail_msg("replies --follow after SIGINT: exit %d\nstderr: %s", status, err);
+  assert_string_equal(err, "");
+  json_t *want = stream_after(fx, base);
+  assert_int_equal(json_array_size(want), 5);
+  expect_json_lines(out, want, "replies --follow --json");
+  json_decref(want);
+  free(out);
+  free(err);
+
+  /* SIGTERM stops it too, exit 0 (a new file: the old one holds the needle already) */
+  snprintf(out_path, sizeof out_path, "%s/out2", dir);
+  pid = cph_test_spawn(argv, out_path, err_path);
+  wait_file_holds(out_path, "\"during three\"");
+  assert_int_equal(cph_test_signal_wait(pid, SIGTERM, 5000), 0);
+  cph_test_rmtree(dir);
+  free(dir);
+
+  /* --after: exactly the replies after it, once (no --follow: one read) */
+  char after[32];
+  snprintf(after, sizeof after, "%lld", second);
+  ctl_result r;
+  ctl(&r, fx->url, (const char *const[]){"--json", "replies", "--after", after, NULL});
+  expect_exit(&r, 0, "replies --after");
+  want = stream_after(fx, second);
+  assert_int_equal(json_array_size(want), 3);
+  expect_json_lines(r.out, want, "replies --after");
+  json_decref(want);
+  ctl_free(&r);
+
+  /* the table, --limit */
+  ctl(&r, fx->url, (const char *const[]){"replies", "--after", after, "--limit", "2", NULL});
+  expect_exit(&r, 0, "replies table");
+  char table[256]; /* ids below 100 here: the ID column is two wide, right-aligned */
+  snprintf(table, sizeof table,
+           "ID  SESSION  CHANNEL    BODY\n"
+           "%2lld  rf       direct:rf  during one\n"
+           "%2lld  rf       direct:rf  during two\n",
+           second + 1, second + 2);
+  assert_string_equal(r.out, table);
+  ctl_free(&r);
+}
+
 int main(void) {
   const struct CMUnitTest offline[] = {
       cmocka_unit_test(test_unreachable_daemon_says_cannot_reach_and_exits_1),
@@ -918,6 +1093,7 @@ int main(void) {
       cmocka_unit_test(test_daemon_lanes_and_json_output),
       cmocka_unit_test(test_daemon_unknown_session_is_404_exit_1),
       cmocka_unit_test(test_daemon_policy_reload_moves_the_generation),
+      cmocka_unit_test(test_daemon_replies_follow_prints_each_reply_once_in_order),
   };
   int failed = cmocka_run_group_tests_name("cephalonctl without a daemon", offline, NULL, NULL);
   failed += cmocka_run_group_tests_name("cephalonctl against cephalond", with_daemon,

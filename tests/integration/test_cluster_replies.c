@@ -21,6 +21,7 @@
 
 #include <inttypes.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -365,10 +366,141 @@ static void test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_
   }
 }
 
+/* ---------------------------------------------------------------- cephalonctl replies --follow
+ *
+ * The reference connector loop (cli/cmd_replies.c) against the same cluster: started with one
+ * node's URL only, it finds the others in GET /v1/cluster, and must print every answered reply
+ * exactly once — the victim's too, which it read from the victim before the kill and which the
+ * survivors offer again under the same origins (without the dedupe those come out twice), or
+ * which only the survivors offer (answered right before the kill, maybe unread). */
+
+/* "body":"<reply>" as cephalonctl --json prints it (compact). */
+static void body_needle(char *buf, size_t size, int round, const char *session) {
+  char body[64];
+  reply_body(body, sizeof body, round, session);
+  snprintf(buf, size, "\"body\":\"%s\"", body);
+}
+
+/* Waits up to timeout_ms until the follower's output holds every reply of rounds [from, to]. */
+static void wait_followed(bench *b, const char *out_path, int from, int to, int timeout_ms,
+                          const char *when) {
+  int64_t t0 = cph_test_now_ms();
+  for (;;) {
+    char *out = cph_test_read_file(out_path, NULL);
+    const char *missing = NULL;
+    char needle[96];
+    for (int round = from; round <= to && !missing; round++)
+      for (int s = 0; s < SESSIONS && !missing; s++) {
+        body_needle(needle, sizeof needle, round, b->id[s]);
+        if (!out || !strstr(out, needle))
+          missing = needle;
+      }
+    free(out);
+    if (!missing)
+      return;
+    if (cph_test_now_ms() - t0 > timeout_ms)
+      fail_msg("%s: the follower printed no %s within %d ms (its output in %s)", when, missing,
+               timeout_ms, out_path);
+    cph_tc_sleep_ms(100);
+  }
+}
+
+static void test_cluster_replies_follow_prints_every_answered_reply_once_across_a_kill(
+    void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  char out_path[512], err_path[512], bin[512];
+  snprintf(out_path, sizeof out_path, "%s/follow.out", c->dir);
+  snprintf(err_path, sizeof err_path, "%s/follow.err", c->dir);
+  snprintf(bin, sizeof bin, "%s/cephalonctl", getenv("CPH_BIN_DIR"));
+  const char *argv[] = {bin, "--url", c->url[0], "--json", "replies", "--follow", "--wait-ms",
+                        "1000", NULL};
+  pid_t pid = cph_test_spawn(argv, out_path, err_path);
+  assert_true(pid > 0);
+
+  /* round 0 read by the follower from every node, the victim included */
+  ask(b, 0, 0);
+  answer_round(b, 0);
+  wait_followed(b, out_path, 0, 0, 20000, "round 0");
+  /* round 1, and the victim killed -9 right after its last 200: some of its round-1 replies
+   * may be unread, the survivors offer them (and its round-0 ones) again */
+  ask(b, 1, 1);
+  answer_round(b, 1);
+  cph_tc_kill_node(c, VICTIM, false);
+  settle(c, "after the kill");
+  /* round 2 on the survivors: a node's stream is read in order, so once the follower printed
+   * a survivor's round-2 reply it has read what that survivor took over before it */
+  ask(b, 0, 2);
+  answer_round(b, 2);
+  wait_followed(b, out_path, 0, 2, 60000, "after the kill");
+  int status = cph_test_signal_wait(pid, SIGINT, 10000);
+  char *out = cph_test_read_file(out_path, NULL), *err = cph_test_read_file(err_path, NULL);
+  if (status != 0)
+    fail_msg("replies --follow after SIGINT: exit %d\nstderr: %s", status, err ? err : "");
+
+  /* every line is one reply with an origin; no origin twice; every answered reply exactly
+   * once, under an origin naming the node that wrote it; nothing else */
+  seen sn = {0};
+  size_t lines = 0;
+  for (const char *line = out; line && *line; lines++) {
+    size_t len = strcspn(line, "\n");
+    json_t *o = json_loadb(line, len, 0, NULL);
+    const char *origin = json_string_value(json_object_get(o, "origin"));
+    const char *body = json_string_value(json_object_get(o, "body"));
+    if (!origin || !body)
+      fail_msg("follower line %zu is no reply with an origin: %.*s", lines + 1, (int)len, line);
+    for (size_t k = 0; k < sn.n; k++)
+      if (strcmp(sn.v[k].origin, origin) == 0)
+        fail_msg("the follower printed origin %s twice (\"%s\")", origin, body);
+    if (sn.n == sn.cap) {
+      sn.cap = sn.cap ? 2 * sn.cap : 64;
+      sn.v = realloc(sn.v, sn.cap * sizeof *sn.v);
+      assert_non_null(sn.v);
+    }
+    sn.v[sn.n++] = (seen_reply){strdup(origin), strdup(body), -1};
+    json_decref(o);
+    line += len + (line[len] == '\n');
+  }
+  int answered = 0;
+  for (int s = 0; s < SESSIONS; s++)
+    for (int round = 0; round < 3; round++) {
+      assert_true(b->answered[s][round]);
+      answered++;
+      char body[64], prefix[16];
+      reply_body(body, sizeof body, round, b->id[s]);
+      snprintf(prefix, sizeof prefix, "n%d/", b->by[s][round]);
+      int copies = 0;
+      for (size_t i = 0; i < sn.n; i++)
+        if (strcmp(sn.v[i].body, body) == 0) {
+          copies++;
+          if (strncmp(sn.v[i].origin, prefix, strlen(prefix)) != 0)
+            fail_msg("\"%s\" was written on n%d but printed under %s", body, b->by[s][round],
+                     sn.v[i].origin);
+        }
+      if (copies != 1)
+        fail_msg("the follower printed \"%s\" %d times", body, copies);
+    }
+  assert_int_equal(sn.n, (size_t)answered);
+  int by_victim = 0;
+  for (int s = 0; s < SESSIONS; s++)
+    by_victim += b->by[s][0] == VICTIM;
+  printf("the follower printed %zu replies once each (%d of round 0 by the victim, read from "
+         "it before the kill and offered again by the survivors)\n",
+         sn.n, by_victim);
+  assert_true(by_victim > 0);
+  seen_free(&sn);
+  free(out);
+  free(err);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(
-          test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_once_by_origin),
+      cmocka_unit_test_setup_teardown(
+          test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_once_by_origin,
+          setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_cluster_replies_follow_prints_every_answered_reply_once_across_a_kill, setup,
+          teardown),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, NULL, NULL);
 }

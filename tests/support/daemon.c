@@ -286,3 +286,42 @@ int cph_test_run(const char *const *argv, char **out, char **err) {
     return -1;
   return WEXITSTATUS(status);
 }
+
+pid_t cph_test_spawn(const char *const *argv, const char *out_path, const char *err_path) {
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    die_with_parent(parent);
+    int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (o < 0 || e < 0)
+      _exit(126);
+    dup2(o, 1);
+    dup2(e, 2);
+    close(o);
+    close(e);
+    execv(argv[0], (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+int cph_test_signal_wait(pid_t pid, int sig, int timeout_ms) {
+  kill(pid, sig);
+  int status;
+  for (int waited = 0;; waited += 10) {
+    pid_t got = waitpid(pid, &status, WNOHANG);
+    if (got == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (got < 0)
+      return -1;
+    if (waited >= timeout_ms) { /* it would not stop: no process of a test outlives it */
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    struct timespec ts = {0, 10000000L};
+    nanosleep(&ts, NULL);
+  }
+}

@@ -47,4 +47,12 @@ void cph_test_response_free(cph_test_response *r);
  * status, or -1 on failure to run. */
 int cph_test_run(const char *const *argv, char **out, char **err);
 
+/* Starts argv (argv[0] is a path) in the background with stdout and stderr written to the
+ * files out_path and err_path (created or emptied); it is killed if the test process dies.
+ * Returns its pid, or -1. */
+pid_t cph_test_spawn(const char *const *argv, const char *out_path, const char *err_path);
+/* Sends sig to pid and reaps it within timeout_ms (else SIGKILLs it and returns -1); returns
+ * its exit status, or 128+signal. */
+int cph_test_signal_wait(pid_t pid, int sig, int timeout_ms);
+
 #endif

@@ -1,0 +1,555 @@
+/* cephalonctl replies [--after N] [--limit N] [--wait-ms N] [--follow] — the outbound replies
+ * stream (GET /v1/replies, DESIGN §9), and the reference for a connector's reading loop.
+ *
+ * On one node: one read of the stream after N (--wait-ms: a long-poll), or with --follow
+ * long-polls from there on, one cursor, until SIGINT or SIGTERM (then exit 0).
+ *
+ * In cluster mode (GET /v1/cluster answers 200; a single node answers 404) each reply has an
+ * `origin`, its identity cluster-wide, and a node that takes a dead node's sessions over offers
+ * their newest 64 replies again under the same origins (core/replystream.h). So, as the
+ * README's "Running a cluster" asks of a connector: every node the cluster lists is read, one
+ * cursor each (starting at --after for the nodes listed at start, at 0 for a node that joins
+ * later: all of its stream is new to us), and a reply is printed only if its origin was not
+ * printed already (seen_* below). With --follow each node has a thread of its own (a
+ * long-poll on one node must not delay another's replies); the list is read again every
+ * DISCOVER_EVERY_MS, from --url or, when that fails, from any node listed; a node that
+ * leaves the list stops being polled (its cursor is kept, should it come back), a node that
+ * fails is retried with a backoff, its cursor kept. Without --follow every node is read once
+ * and the union printed, deduplicated. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+
+#define MAX_LIMIT 1000                   /* the API's */
+#define FOLLOW_WAIT_MS 25000             /* --follow's default long-poll */
+#define MAX_WAIT_MS 3600000
+#define DISCOVER_EVERY_MS 5000           /* "every few seconds" (README) */
+#define BACKOFF_MIN_MS 250
+#define BACKOFF_MAX_MS 8000
+#define MAX_NODES 64
+#define KEEP_PER_SESSION 64              /* the daemon re-offers a session's newest 64 */
+
+static void replies_usage(FILE *out) {
+  fprintf(out,
+          "usage: cephalonctl replies [--after N] [--limit N] [--wait-ms N] [--follow]\n"
+          "  Prints the replies after N (default 0) on the stream connectors deliver from:\n"
+          "  a table, or with --json one reply object per line, as the API gives it.\n"
+          "  --limit N    at most N per read (up to %d; 0 or none: the daemon's 100)\n"
+          "  --wait-ms N  wait up to N ms for a reply when there is none yet (--follow: %d)\n"
+          "  --follow     keep reading until Ctrl-C. In a cluster every node is read (one\n"
+          "               cursor each, --after for each) and each origin printed once.\n",
+          MAX_LIMIT, FOLLOW_WAIT_MS);
+}
+
+/* ---------------------------------------------------------------- stopping */
+
+/* Set by SIGINT/SIGTERM, or by a reader that met a failure retrying cannot mend; read by
+ * every thread (a lock-free atomic: safe in a signal handler and between threads). */
+static atomic_int replies_stop;
+
+static void on_stop_signal(int sig) {
+  (void)sig;
+  atomic_store(&replies_stop, 1);
+}
+
+/* cli_ctx.cancel: a long-poll under way ends within a second of SIGINT/SIGTERM. */
+static int stop_requested(void *arg) {
+  (void)arg;
+  return atomic_load(&replies_stop);
+}
+
+/* Sleeps ms, in steps of 100 ms, or less when a stop signal comes. */
+static void nap(unsigned ms) {
+  for (unsigned slept = 0; slept < ms && !atomic_load(&replies_stop); slept += 100) {
+    struct timespec ts = {0, (long)(ms - slept < 100 ? ms - slept : 100) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* ---------------------------------------------------------------- delivered origins
+ *
+ * Remembered per session: the newest KEEP_PER_SESSION origins printed for each (a ring), which
+ * is what the README asks of a connector. Why per session and not one global bounded set: the
+ * node taking a session over re-offers that session's newest 64 replies however many replies
+ * other sessions made meanwhile, so a global set of any fixed size could be flushed by busy
+ * sessions while a quiet session's replies are still offered again. Cost: up to 64 origins
+ * per session seen; a lookup compares at most 64 of them. */
+
+typedef struct seen_session {
+  char *session;
+  char *origin[KEEP_PER_SESSION];
+  unsigned next; /* the ring's slot written next (its oldest once full) */
+  struct seen_session *chain;
+} seen_session;
+
+typedef struct seen_set {
+  seen_session **bucket;
+  size_t nbucket, count; /* count: sessions */
+} seen_set;
+
+static size_t seen_hash(const char *s, size_t nbucket) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return (size_t)(h % nbucket);
+}
+
+/* Doubles the buckets once there are more sessions than buckets; 0, or -1 out of memory. */
+static int seen_grow(seen_set *set) {
+  size_t n = set->nbucket ? set->nbucket * 2 : 256;
+  seen_session **b = calloc(n, sizeof *b);
+  if (!b)
+    return -1;
+  for (size_t i = 0; i < set->nbucket; i++)
+    for (seen_session *s = set->bucket[i], *next; s; s = next) {
+      next = s->chain;
+      size_t h = seen_hash(s->session, n);
+      s->chain = b[h];
+      b[h] = s;
+    }
+  free(set->bucket);
+  set->bucket = b;
+  set->nbucket = n;
+  return 0;
+}
+
+/* 1: origin was not delivered in session and is now remembered; 0: delivered already;
+ * -1: out of memory. */
+static int seen_add(seen_set *set, const char *session, const char *origin) {
+  if (set->count >= set->nbucket && seen_grow(set) != 0)
+    return -1;
+  size_t h = seen_hash(session, set->nbucket);
+  seen_session *s = set->bucket[h];
+  while (s && strcmp(s->session, session) != 0)
+    s = s->chain;
+  if (!s) {
+    if (!(s = calloc(1, sizeof *s)) || !(s->session = strdup(session))) {
+      free(s);
+      return -1;
+    }
+    s->chain = set->bucket[h];
+    set->bucket[h] = s;
+    set->count++;
+  }
+  for (unsigned i = 0; i < KEEP_PER_SESSION && s->origin[i]; i++)
+    if (strcmp(s->origin[i], origin) == 0)
+      return 0;
+  char *copy = strdup(origin);
+  if (!copy)
+    return -1;
+  free(s->origin[s->next]);
+  s->origin[s->next] = copy;
+  s->next = (s->next + 1) % KEEP_PER_SESSION;
+  return 1;
+}
+
+static void seen_free(seen_set *set) {
+  for (size_t i = 0; i < set->nbucket; i++)
+    for (seen_session *s = set->bucket[i], *next; s; s = next) {
+      next = s->chain;
+      for (unsigned k = 0; k < KEEP_PER_SESSION; k++)
+        free(s->origin[k]);
+      free(s->session);
+      free(s);
+    }
+  free(set->bucket);
+  memset(set, 0, sizeof *set);
+}
+
+/* ---------------------------------------------------------------- printing */
+
+/* What every reader prints into; the lock is held around each page, so the lines of two
+ * nodes never interleave and the delivered set has one writer at a time. */
+typedef struct printer {
+  pthread_mutex_t mu;
+  bool json, cluster;
+  cli_table *table;  /* without --follow: rows gathered, printed aligned at the end */
+  bool header_done;  /* with --follow: the header line went out */
+  seen_set seen;     /* cluster mode only */
+  int rc;            /* sticky: CLI_EXIT_FAIL after an allocation or write failed */
+} printer;
+
+/* The columns on one node, and in a cluster (where ids are each node's own). */
+static const char *const headers[2][4] = {{"ID", "SESSION", "CHANNEL", "BODY"},
+                                          {"ORIGIN", "SESSION", "CHANNEL", "BODY"}};
+
+/* A cell with control characters replaced by '?' (cli_put_clean's rule), in b. */
+static const char *clean_cell(cph_buf *b, const json_t *v) {
+  cph_buf_reset(b);
+  cph_buf tmp = CPH_BUF_INIT;
+  cli_format_value(&tmp, v);
+  for (size_t i = 0; i < tmp.len; i++) {
+    unsigned char c = (unsigned char)tmp.data[i];
+    cph_buf_putc(b, c < 0x20 || c == 0x7f ? '?' : (char)c);
+  }
+  cph_buf_free(&tmp);
+  return b->failed || !b->data ? "-" : b->data;
+}
+
+/* Prints (or, in table mode, gathers) one reply the stream gave; caller holds p->mu. */
+static void print_one(printer *p, const json_t *reply) {
+  const char *origin = cli_json_string(reply, "origin");
+  const char *session = cli_json_string(reply, "session");
+  if (p->cluster && origin) {
+    int fresh = seen_add(&p->seen, session ? session : "", origin);
+    if (fresh < 0 && p->rc == CLI_EXIT_OK) {
+      fprintf(stderr, "cephalonctl: out of memory\n");
+      p->rc = CLI_EXIT_FAIL;
+    }
+    if (fresh <= 0)
+      return;
+  }
+  if (p->json) {
+    char *s = json_dumps(reply, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!s) {
+      p->rc = CLI_EXIT_FAIL;
+      return;
+    }
+    puts(s);
+    free(s);
+    return;
+  }
+  static const char *const keys[2][4] = {{"id", "session", "channel", "body"},
+                                         {"origin", "session", "channel", "body"}};
+  cph_buf b[4] = {CPH_BUF_INIT, CPH_BUF_INIT, CPH_BUF_INIT, CPH_BUF_INIT};
+  const char *cells[4];
+  for (int c = 0; c < 4; c++)
+    cells[c] = clean_cell(&b[c], json_object_get(reply, keys[p->cluster][c]));
+  if (p->table) {
+    cli_table_add(p->table, cells);
+  } else {
+    /* Streaming rows cannot be aligned to widths not yet seen: two spaces apart. */
+    if (!p->header_done)
+      printf("%s  %s  %s  %s\n", headers[p->cluster][0], headers[p->cluster][1],
+             headers[p->cluster][2], headers[p->cluster][3]);
+    p->header_done = true;
+    printf("%s  %s  %s  %s\n", cells[0], cells[1], cells[2], cells[3]);
+  }
+  for (int c = 0; c < 4; c++)
+    cph_buf_free(&b[c]);
+}
+
+/* ---------------------------------------------------------------- reading a node */
+
+typedef struct read_opts {
+  uint64_t wait_ms;
+  uint64_t limit; /* 0: the daemon's default */
+} read_opts;
+
+/* One GET /v1/replies on url after *cursor: prints its replies and moves *cursor to its
+ * "next". CLI_EXIT_OK, or another code after the problem went to stderr. */
+static int read_page(const cli_ctx *ctx, const char *url, const read_opts *o, uint64_t *cursor,
+                     printer *p) {
+  cli_ctx node = *ctx;
+  node.url = url;
+  cph_buf path = CPH_BUF_INIT;
+  char num[32];
+  cph_buf_puts(&path, "/v1/replies");
+  snprintf(num, sizeof num, "%llu", (unsigned long long)*cursor);
+  cli_query_param(&path, "after", num);
+  snprintf(num, sizeof num, "%llu", (unsigned long long)o->wait_ms);
+  cli_query_param(&path, "wait_ms", num);
+  if (o->limit) {
+    snprintf(num, sizeof num, "%llu", (unsigned long long)o->limit);
+    cli_query_param(&path, "limit", num);
+  }
+  if (cph_buf_error(&path) != 0) {
+    cph_buf_free(&path);
+    fprintf(stderr, "cephalonctl: out of memory\n");
+    return CLI_EXIT_FAIL;
+  }
+  cli_reply r;
+  int rc = cli_call(&node, "GET", path.data, NULL, (int)o->wait_ms + CLI_TIMEOUT_MS, 0, &r);
+  const json_t *list = json_object_get(r.json, "replies");
+  const json_t *next = json_object_get(r.json, "next");
+  if (rc == CLI_EXIT_OK && (!json_is_array(list) || !json_is_integer(next))) {
+    fprintf(stderr, "cephalonctl: GET /v1/replies at %s: unexpected answer (no \"replies\" "
+                    "list or \"next\")\n", url);
+    rc = CLI_EXIT_FAIL;
+  }
+  if (rc == CLI_EXIT_OK) {
+    size_t i;
+    const json_t *reply;
+    pthread_mutex_lock(&p->mu);
+    json_array_foreach(list, i, reply) print_one(p, reply);
+    if (!p->table && cli_finish_output() != CLI_EXIT_OK)
+      p->rc = CLI_EXIT_FAIL;
+    rc = p->rc;
+    pthread_mutex_unlock(&p->mu);
+    /* An empty answer's next is the after it was given: never moves the cursor back. */
+    if (json_integer_value(next) > 0 && (uint64_t)json_integer_value(next) > *cursor)
+      *cursor = (uint64_t)json_integer_value(next);
+  }
+  cli_reply_free(&r);
+  cph_buf_free(&path);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- the nodes */
+
+typedef struct node {
+  char *url;
+  uint64_t cursor;    /* this node's stream: the last id read; only its thread moves it */
+  atomic_bool listed; /* in the node list last read: polled only while it is */
+  pthread_t thread;
+  bool started;
+  struct follower *f;
+} node;
+
+typedef struct follower {
+  const cli_ctx *ctx;
+  read_opts opts;
+  printer *p;
+  node nodes[MAX_NODES]; /* fixed addresses: each thread holds its own */
+  size_t n;
+  atomic_int fatal; /* a reader's CLI_EXIT_FAIL that retrying cannot mend (a write failed) */
+} follower;
+
+static void *node_thread(void *arg) {
+  node *nd = arg;
+  follower *f = nd->f;
+  unsigned backoff = 0;
+  while (!atomic_load(&replies_stop)) {
+    if (!atomic_load(&nd->listed)) {
+      nap(200);
+      continue;
+    }
+    int rc = read_page(f->ctx, nd->url, &f->opts, &nd->cursor, f->p);
+    if (rc == CLI_EXIT_OK) {
+      backoff = 0;
+      continue;
+    }
+    if (atomic_load(&replies_stop))
+      break;
+    pthread_mutex_lock(&f->p->mu);
+    bool broken = f->p->rc != CLI_EXIT_OK;
+    pthread_mutex_unlock(&f->p->mu);
+    if (broken || rc == CLI_EXIT_USAGE) {
+      atomic_store(&f->fatal, broken ? CLI_EXIT_FAIL : rc);
+      atomic_store(&replies_stop, 1);
+      break;
+    }
+    backoff = backoff ? (backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2)
+                      : BACKOFF_MIN_MS;
+    fprintf(stderr, "cephalonctl: %s: retrying in %u ms (from after=%llu)\n", nd->url, backoff,
+            (unsigned long long)nd->cursor);
+    nap(backoff);
+  }
+  return NULL;
+}
+
+/* The index of url's node, added (listed, its cursor at `after`; with threads, its reader
+ * started) unless known; -1 when it cannot be added (full, or out of memory). */
+static int follower_add(follower *f, const char *url, uint64_t after, bool threads) {
+  for (size_t i = 0; i < f->n; i++)
+    if (strcmp(f->nodes[i].url, url) == 0)
+      return (int)i;
+  if (f->n == MAX_NODES)
+    return -1;
+  node *nd = &f->nodes[f->n];
+  if (!(nd->url = strdup(url)))
+    return -1;
+  nd->cursor = after;
+  nd->f = f;
+  atomic_store(&nd->listed, true);
+  f->n++;
+  if (threads && pthread_create(&nd->thread, NULL, node_thread, nd) == 0)
+    nd->started = true;
+  return threads && !nd->started ? -1 : (int)(f->n - 1);
+}
+
+/* GET /v1/cluster at url. 1: a cluster, its node list applied (the nodes it no longer lists
+ * stop being polled, new ones start at `after`); 0: not a cluster (404); -1: failed, said
+ * on stderr. */
+static int discover(follower *f, const char *url, uint64_t after, bool threads) {
+  cli_ctx at = *f->ctx;
+  at.url = url;
+  cli_reply r;
+  int rc = cli_call(&at, "GET", "/v1/cluster", NULL, CLI_TIMEOUT_MS, CLI_CALL_ANY_STATUS, &r);
+  int out = -1;
+  const json_t *nodes = json_object_get(r.json, "nodes");
+  if (rc == CLI_EXIT_OK && r.status == 404) {
+    out = 0;
+  } else if (rc == CLI_EXIT_OK && (r.status < 200 || r.status >= 300)) {
+    cli_print_http_error(&r);
+  } else if (rc == CLI_EXIT_OK && !json_is_array(nodes)) {
+    fprintf(stderr, "cephalonctl: GET /v1/cluster at %s: unexpected answer (no \"nodes\")\n",
+            url);
+  } else if (rc == CLI_EXIT_OK) {
+    /* the new list applied in one pass at the end: a node listed before and now is never
+     * seen unlisted by its reader meanwhile */
+    bool listed[MAX_NODES] = {false};
+    size_t i;
+    const json_t *nd;
+    out = 1;
+    json_array_foreach(nodes, i, nd) {
+      const char *u = cli_json_string(nd, "url");
+      int k = u && u[0] ? follower_add(f, u, after, threads) : -2;
+      if (k >= 0)
+        listed[k] = true;
+      else if (k == -1)
+        fprintf(stderr, "cephalonctl: cannot read node %s (more than %d nodes, or out of "
+                        "memory)\n", u, MAX_NODES);
+    }
+    for (size_t n = 0; n < f->n; n++)
+      atomic_store(&f->nodes[n].listed, listed[n]);
+  }
+  cli_reply_free(&r);
+  return out;
+}
+
+/* Reads the list again, from --url or else from any node known; nodes joined since start
+ * read their streams from 0. */
+static void rediscover(follower *f) {
+  if (discover(f, f->ctx->url, 0, true) == 1)
+    return;
+  for (size_t i = 0; i < f->n && !atomic_load(&replies_stop); i++)
+    if (strcmp(f->nodes[i].url, f->ctx->url) != 0 && discover(f, f->nodes[i].url, 0, true) == 1)
+      return;
+}
+
+static void follower_free(follower *f) {
+  for (size_t i = 0; i < f->n; i++) {
+    if (f->nodes[i].started)
+      pthread_join(f->nodes[i].thread, NULL);
+    free(f->nodes[i].url);
+  }
+}
+
+/* ---------------------------------------------------------------- the command */
+
+static void install_stop_handlers(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+/* --follow: every node's reader thread until a stop signal (exit 0) or a failure retrying
+ * cannot mend (a bad URL, stdout gone). */
+static int follow(follower *f, bool cluster, uint64_t after) {
+  if (!cluster && follower_add(f, f->ctx->url, after, true) < 0) {
+    fprintf(stderr, "cephalonctl: cannot start reading (out of memory)\n");
+    return CLI_EXIT_FAIL;
+  }
+  if (cluster)
+    for (size_t i = 0; i < f->n; i++)
+      if (pthread_create(&f->nodes[i].thread, NULL, node_thread, &f->nodes[i]) == 0)
+        f->nodes[i].started = true;
+  while (!atomic_load(&replies_stop)) {
+    nap(DISCOVER_EVERY_MS);
+    if (cluster && !atomic_load(&replies_stop))
+      rediscover(f);
+  }
+  return atomic_load(&f->fatal);
+}
+
+int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv) {
+  cli_uint after = {0}, limit = {0}, wait_ms = {0};
+  const char *follow_flag = NULL;
+  const cli_opt opts[] = {
+      {"--after", CLI_OPT_UINT, &after, INT64_MAX},
+      {"--limit", CLI_OPT_UINT, &limit, MAX_LIMIT},
+      {"--wait-ms", CLI_OPT_UINT, &wait_ms, MAX_WAIT_MS},
+  };
+  /* --follow takes no value: taken out before the options are parsed. */
+  char *rest[64];
+  int nrest = 0;
+  bool options_done = false;
+  for (int i = 1; i < argc; i++) {
+    options_done |= strcmp(argv[i], "--") == 0;
+    if (!options_done && strncmp(argv[i], "--follow=", 9) == 0) {
+      fprintf(stderr, "cephalonctl: --follow takes no value\n");
+      replies_usage(stderr);
+      return CLI_EXIT_USAGE;
+    }
+    if (!options_done && strcmp(argv[i], "--follow") == 0) {
+      follow_flag = argv[i];
+      continue;
+    }
+    if (nrest == 64) {
+      replies_usage(stderr);
+      return CLI_EXIT_USAGE;
+    }
+    rest[nrest++] = argv[i];
+  }
+  const char *pos[1];
+  size_t npos;
+  int pr = cli_parse_args(nrest, rest, opts, sizeof opts / sizeof opts[0], pos, 0, &npos);
+  if (pr == 1) {
+    replies_usage(stdout);
+    return CLI_EXIT_OK;
+  }
+  if (pr < 0) {
+    replies_usage(stderr);
+    return CLI_EXIT_USAGE;
+  }
+
+  cli_ctx c = *ctx;
+  if (follow_flag) {
+    install_stop_handlers();
+    c.cancel = stop_requested;
+  }
+  printer p = {.json = ctx->json, .rc = CLI_EXIT_OK};
+  pthread_mutex_init(&p.mu, NULL);
+  cli_table table = {0};
+  if (!follow_flag && !ctx->json)
+    p.table = &table;
+  follower *f = calloc(1, sizeof *f);
+  if (!f) {
+    fprintf(stderr, "cephalonctl: out of memory\n");
+    return CLI_EXIT_FAIL;
+  }
+  f->ctx = &c;
+  f->p = &p;
+  f->opts.limit = limit.value;
+  f->opts.wait_ms = wait_ms.set ? wait_ms.value : follow_flag ? FOLLOW_WAIT_MS : 0;
+
+  int rc = CLI_EXIT_OK;
+  int cluster = discover(f, c.url, after.value, false);
+  if (cluster < 0) {
+    rc = CLI_EXIT_FAIL;
+  } else {
+    p.cluster = cluster == 1;
+    if (p.table)
+      cli_table_init(p.table, 4, headers[p.cluster], p.cluster ? 0 : 1);
+    /* a node still joining may list no node yet: read the one we were given */
+    if (p.cluster && f->n == 0 && follower_add(f, c.url, after.value, false) < 0) {
+      fprintf(stderr, "cephalonctl: out of memory\n");
+      rc = CLI_EXIT_FAIL;
+    } else if (follow_flag) {
+      rc = follow(f, p.cluster, after.value);
+    } else if (!p.cluster) {
+      uint64_t cursor = after.value;
+      rc = read_page(&c, c.url, &f->opts, &cursor, &p);
+    } else {
+      /* Every node once; a node that fails is reported and the others still printed. */
+      for (size_t i = 0; i < f->n; i++) {
+        int r = read_page(&c, f->nodes[i].url, &f->opts, &f->nodes[i].cursor, &p);
+        if (r != CLI_EXIT_OK)
+          rc = r;
+      }
+    }
+  }
+  follower_free(f);
+  free(f);
+  if (p.table && p.table->headers && (rc == CLI_EXIT_OK || p.table->rows > 0)) {
+    int r = cli_table_print(p.table, stdout);
+    if (r == CLI_EXIT_OK)
+      r = cli_finish_output();
+    if (rc == CLI_EXIT_OK)
+      rc = r;
+  }
+  cli_table_free(&table);
+  seen_free(&p.seen);
+  pthread_mutex_destroy(&p.mu);
+  return rc;
+}
