@@ -1511,19 +1511,5 @@ int context_cursors_delete(cph_txn *t, const char *session) {
   cph_key start;
   cph_key_reset(&start);
   cph_key_str(&start, session);
-  size_t prefix = start.len;
-  cph_cursor cur;
-  int rc = cph_cursor_open(t, CPH_DB_CURSORS, &cur);
-  if (rc)
-    return rc;
-  cph_val k;
-  for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
-       rc = cph_cursor_seek(&cur, &start, &k, NULL)) {
-    if (k.len < prefix || memcmp(k.data, start.data, prefix) != 0)
-      break;
-    if ((rc = cph_cursor_del(&cur)))
-      break;
-  }
-  cph_cursor_close(&cur);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  return cph_txn_del_prefix(t, CPH_DB_CURSORS, &start);
 }

@@ -99,19 +99,5 @@ int replystream_forget_session(cph_txn *t, const char *session) {
   cph_key_str(&start, session);
   if (start.overflow)
     return CPH_OK;
-  size_t prefix = start.len;
-  cph_cursor cur;
-  int rc = cph_cursor_open(t, CPH_DB_REPLY_SESSIONS, &cur);
-  if (rc)
-    return rc;
-  cph_val k;
-  for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
-       rc = cph_cursor_seek(&cur, &start, &k, NULL)) {
-    if (k.len < prefix || memcmp(k.data, start.data, prefix) != 0)
-      break;
-    if ((rc = cph_cursor_del(&cur)))
-      break;
-  }
-  cph_cursor_close(&cur);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  return cph_txn_del_prefix(t, CPH_DB_REPLY_SESSIONS, &start);
 }

@@ -321,6 +321,9 @@ int cph_cursor_prev(cph_cursor *c, cph_val *key, cph_val *val);
 int cph_cursor_last(cph_cursor *c, cph_val *key, cph_val *val);
 /* Deletes the entry under the cursor. */
 int cph_cursor_del(cph_cursor *c);
+/* Deletes every key of db that starts with prefix's bytes (a session's rows, say). CPH_OK or
+ * t's sticky error. */
+int cph_txn_del_prefix(cph_txn *t, cph_db db, const cph_key *prefix);
 
 /* Writes a readable form of a key into buf: printable segments quoted, 8-byte segments as
  * decimal numbers, anything else as hex — e.g. "s1"/42. */

@@ -364,6 +364,23 @@ int cph_txn_count(cph_txn *t, cph_db db, size_t *n) {
   return CPH_OK;
 }
 
+int cph_txn_del_prefix(cph_txn *t, cph_db db, const cph_key *prefix) {
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, db, &cur);
+  if (rc)
+    return rc;
+  cph_val k;
+  for (rc = cph_cursor_seek(&cur, prefix, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_seek(&cur, prefix, &k, NULL)) {
+    if (k.len < prefix->len || memcmp(k.data, prefix->data, prefix->len) != 0)
+      break;
+    if ((rc = cph_cursor_del(&cur)))
+      break;
+  }
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
 /* ---------------------------------------------------------------- id counters */
 
 /* Beyond this many cached counters, a top-level txn's end forgets them all (each one costs
