@@ -100,6 +100,18 @@ static int history_tail(cph_txn *t, const char *chan, size_t scan,
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
+/* v (n items of `size` bytes in room for *cap) with room for one more: v itself, or grown
+ * by doubling (from `first`) and *cap updated. NULL out of memory: v and *cap are unchanged. */
+static void *room_for_one(void *v, size_t *cap, size_t n, size_t size, size_t first) {
+  if (n < *cap)
+    return v;
+  size_t c = *cap ? 2 * *cap : first;
+  void *g = realloc(v, c * size);
+  if (g)
+    *cap = c;
+  return g;
+}
+
 typedef struct reply_scan {
   const char *session;
   state_reply *v;
@@ -114,16 +126,12 @@ static bool collect_reply(void *ctx, const cph_event_rec *ev) {
   size_t len = strlen(ev->body) + strlen(ev->channel);
   if (rs->bytes + len > STATE_REPLY_BYTES)
     return false;
-  if (rs->n == rs->cap) {
-    size_t c = rs->cap ? 2 * rs->cap : 8;
-    state_reply *g = realloc(rs->v, c * sizeof *g);
-    if (!g) {
-      rs->nomem = true;
-      return false;
-    }
-    rs->v = g;
-    rs->cap = c;
+  state_reply *g = room_for_one(rs->v, &rs->cap, rs->n, sizeof *g, 8);
+  if (!g) {
+    rs->nomem = true;
+    return false;
   }
+  rs->v = g;
   state_reply *r = &rs->v[rs->n];
   r->channel = strdup(ev->channel);
   r->body = strdup(ev->body);
@@ -230,16 +238,12 @@ static bool collect_stream_reply(void *ctx, const cph_reply_rec *r) {
   size_t len = strlen(r->origin) + strlen(r->channel) + strlen(r->body);
   if (ss->bytes + len > STATE_STREAM_REPLY_BYTES)
     return false;
-  if (ss->n == ss->cap) {
-    size_t c = ss->cap ? 2 * ss->cap : 8;
-    stream_reply *g = realloc(ss->v, c * sizeof *g);
-    if (!g) {
-      ss->nomem = true;
-      return false;
-    }
-    ss->v = g;
-    ss->cap = c;
+  stream_reply *g = room_for_one(ss->v, &ss->cap, ss->n, sizeof *g, 8);
+  if (!g) {
+    ss->nomem = true;
+    return false;
   }
+  ss->v = g;
   stream_reply *o = &ss->v[ss->n];
   *o = (stream_reply){0};
   o->origin = strdup(r->origin);
@@ -348,16 +352,12 @@ static bool collect_memory(void *ctx, const cph_memory_rec *m) {
   size_t len = strlen(m->text);
   if (ms->bytes + len > STATE_MEMORY_BYTES)
     return false;
-  if (ms->n == ms->cap) {
-    size_t c = ms->cap ? 2 * ms->cap : 16;
-    state_memory *g = realloc(ms->v, c * sizeof *g);
-    if (!g) {
-      ms->nomem = true;
-      return false;
-    }
-    ms->v = g;
-    ms->cap = c;
+  state_memory *g = room_for_one(ms->v, &ms->cap, ms->n, sizeof *g, 16);
+  if (!g) {
+    ms->nomem = true;
+    return false;
   }
+  ms->v = g;
   if (!(ms->v[ms->n].text = strdup(m->text))) {
     ms->nomem = true;
     return false;
@@ -443,17 +443,13 @@ static char *get_str32(const uint8_t *data, size_t n, size_t *at, bool *bad) {
 /* Adds a reply for a channel's history to list, taking chan and body (freed when it cannot).
  * false: out of memory. */
 static bool history_list_add(reply_scan *list, char *chan, char *body, int64_t ts_ms) {
-  if (list->n == list->cap) {
-    size_t c = list->cap ? 2 * list->cap : 16;
-    state_reply *g = realloc(list->v, c * sizeof *g);
-    if (!g) {
-      free(chan);
-      free(body);
-      return false;
-    }
-    list->v = g;
-    list->cap = c;
+  state_reply *g = room_for_one(list->v, &list->cap, list->n, sizeof *g, 16);
+  if (!g) {
+    free(chan);
+    free(body);
+    return false;
   }
+  list->v = g;
   list->v[list->n++] = (state_reply){chan, body, ts_ms, false};
   return true;
 }
