@@ -248,21 +248,26 @@ static char *drain_fd(int fd) {
   return buf;
 }
 
+/* In a forked child: stdout to o, stderr to e, then argv; never returns (126: o or e did not
+ * open, 127: no exec). */
+static void exec_with_output(const char *const *argv, int o, int e) {
+  if (o < 0 || e < 0)
+    _exit(126);
+  dup2(o, 1);
+  dup2(e, 2);
+  close(o);
+  close(e);
+  execv(argv[0], (char *const *)argv);
+  fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+  _exit(127);
+}
+
 int cph_test_run(const char *const *argv, char **out, char **err) {
   char *out_path = cph_test_write_tmpfile(".out", "");
   char *err_path = cph_test_write_tmpfile(".err", "");
   pid_t pid = fork();
-  if (pid == 0) {
-    int o = open(out_path, O_WRONLY | O_TRUNC);
-    int e = open(err_path, O_WRONLY | O_TRUNC);
-    dup2(o, 1);
-    dup2(e, 2);
-    close(o);
-    close(e);
-    execv(argv[0], (char *const *)argv);
-    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
-  }
+  if (pid == 0)
+    exec_with_output(argv, open(out_path, O_WRONLY | O_TRUNC), open(err_path, O_WRONLY | O_TRUNC));
   int status = -1;
   if (pid > 0)
     waitpid(pid, &status, 0);
@@ -292,17 +297,8 @@ pid_t cph_test_spawn(const char *const *argv, const char *out_path, const char *
   pid_t pid = fork();
   if (pid == 0) {
     die_with_parent(parent);
-    int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (o < 0 || e < 0)
-      _exit(126);
-    dup2(o, 1);
-    dup2(e, 2);
-    close(o);
-    close(e);
-    execv(argv[0], (char *const *)argv);
-    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
+    exec_with_output(argv, open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600),
+                     open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600));
   }
   return pid;
 }
