@@ -62,33 +62,6 @@ static int shard_of(const char *id) {
   return (int)(strtoull(first, NULL, 16) % SHARDS);
 }
 
-static void settle(cph_test_cluster *c, const char *what) {
-  bool live[CPH_TC_MAX_NODES] = {false};
-  for (int n = 0; n < c->n_nodes; n++)
-    live[n] = c->up[n];
-  if (!cph_tc_wait_settled(c, live, SHARDS, 30000))
-    fail_msg("%s: the shards were not all served and bound within 30 s (logs in %s)", what,
-             c->dir);
-}
-
-/* Every node up knows `count` sessions (the session table reached it), within 10 s. */
-static void wait_known(cph_test_cluster *c, int count) {
-  int64_t t0 = cph_test_now_ms();
-  for (int n = 0; n < c->n_nodes; n++) {
-    while (c->up[n]) {
-      json_t *v = cph_tc_view(c, n);
-      json_int_t known =
-          json_integer_value(json_object_get(json_object_get(v, "log"), "sessions_known"));
-      json_decref(v);
-      if (known >= count)
-        break;
-      if (cph_test_now_ms() - t0 > 10000)
-        fail_msg("n%d knows %lld of %d sessions after 10 s", n, (long long)known, count);
-      cph_tc_sleep_ms(50);
-    }
-  }
-}
-
 static void reply_body(char *buf, size_t size, int round, const char *session) {
   snprintf(buf, size, "reply %d of %s", round, session);
 }
@@ -294,13 +267,13 @@ static int setup(void **state) {
   cph_tc_ports(c, NODES);
   for (int i = 0; i < NODES; i++)
     cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
-  settle(c, "start");
+  cph_tc_settle(c, SHARDS, "start");
   for (int s = 0; s < SESSIONS; s++) {
     char body[128];
     snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\"}", b->id[s]);
     b->owner[s] = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
   }
-  wait_known(c, SESSIONS);
+  cph_tc_wait_known(c, SESSIONS);
   *state = b;
   return 0;
 }
@@ -328,7 +301,7 @@ static void test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_
   /* kill -9 right after the last 200s; nobody read any replies stream */
   char *victim_data = cph_tc_kill_node(c, VICTIM, true);
   int64_t t0 = cph_test_now_ms();
-  settle(c, "after the kill");
+  cph_tc_settle(c, SHARDS, "after the kill");
   size_t offered = check_offered(b, 2, "after the kill");
   printf("n%d (%d sessions) killed -9: every answered reply offered by the survivors %lld ms "
          "later (%zu offered, %d answered)\n",
@@ -337,7 +310,7 @@ static void test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_
   /* X comes back on its data and takes its shards back: it holds its own replies already */
   size_t victim_before = 0;
   cph_tc_start_node_on(c, VICTIM, SHARDS, TTL_S, EXTRA, victim_data);
-  settle(c, "the victim back");
+  cph_tc_settle(c, SHARDS, "the victim back");
   victim_before = stream_length(c, VICTIM);
   check_offered(b, 2, "the victim back");
   assert_int_equal(stream_length(c, VICTIM), victim_before);
@@ -353,7 +326,7 @@ static void test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_
   for (int s = 0; s < SESSIONS; s++)
     fresh[b->by[s][2]]++;
   cph_tc_kill_node(c, VICTIM, false);
-  settle(c, "the second kill");
+  cph_tc_settle(c, SHARDS, "the second kill");
   check_offered(b, 3, "after the second kill"); /* also: no stream holds an origin twice */
   for (int n = 0; n < NODES; n++) {
     if (n == VICTIM)
@@ -427,7 +400,7 @@ static void test_cluster_replies_follow_prints_every_answered_reply_once_across_
   ask(b, 1, 1);
   answer_round(b, 1);
   cph_tc_kill_node(c, VICTIM, false);
-  settle(c, "after the kill");
+  cph_tc_settle(c, SHARDS, "after the kill");
   /* round 2 on the survivors: a node's stream is read in order, so once the follower printed
    * a survivor's round-2 reply it has read what that survivor took over before it */
   ask(b, 0, 2);

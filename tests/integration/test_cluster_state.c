@@ -49,33 +49,6 @@ static const char EXTRA[] =
     " :credits {:refill-per-second 0.001 :max 30 :cost {:interactive 5 :operational 1"
     " :maintenance 1}}}";
 
-/* Every node's session table knows `count` sessions, within 10 s. */
-static void wait_known(cph_test_cluster *c, int count) {
-  int64_t t0 = cph_test_now_ms();
-  for (int n = 0; n < c->n_nodes; n++) {
-    while (c->up[n]) {
-      json_t *v = cph_tc_view(c, n);
-      json_int_t known = json_integer_value(
-          json_object_get(json_object_get(v, "log"), "sessions_known"));
-      json_decref(v);
-      if (known >= count)
-        break;
-      if (cph_test_now_ms() - t0 > 10000)
-        fail_msg("n%d knows %lld of %d sessions after 10 s", n, (long long)known, count);
-      cph_tc_sleep_ms(50);
-    }
-  }
-}
-
-static void settle(cph_test_cluster *c, const char *what) {
-  bool live[CPH_TC_MAX_NODES] = {false};
-  for (int n = 0; n < c->n_nodes; n++)
-    live[n] = c->up[n];
-  if (!cph_tc_wait_settled(c, live, SHARDS, 30000))
-    fail_msg("%s: the shards were not all served and bound within 30 s (logs in %s)", what,
-             c->dir);
-}
-
 /* Posts question `round` to every session (through node `via`). */
 static void ask(cph_test_cluster *c, int via, int round) {
   char body[8192];
@@ -294,13 +267,13 @@ static int setup(void **state) {
   cph_tc_ports(c, NODES);
   for (int i = 0; i < NODES; i++)
     cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
-  settle(c, "start");
+  cph_tc_settle(c, SHARDS, "start");
   for (int s = 0; s < SESSIONS; s++) {
     char body[128];
     snprintf(body, sizeof body, "{\"id\":\"t%02d\",\"class\":\"interactive\"}", s);
     b->owner[s] = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
   }
-  wait_known(c, SESSIONS);
+  cph_tc_wait_known(c, SESSIONS);
   *state = b;
   return 0;
 }
@@ -341,7 +314,7 @@ static void test_cluster_state_a_dead_nodes_sessions_keep_their_history_tree_and
   /* kill -9 right after the last completions answered 200 */
   int64_t t0 = cph_test_now_ms();
   cph_tc_kill_node(c, victim, false);
-  settle(c, "after the kill");
+  cph_tc_settle(c, SHARDS, "after the kill");
   printf("n%d killed -9: %d sessions moved to n%d, served and rebuilt %lld ms later\n", victim,
          moved, survivor, (long long)(cph_test_now_ms() - t0));
   for (int s = 0; s < SESSIONS; s++) {
@@ -370,9 +343,9 @@ static void test_cluster_state_moves_again_from_the_new_owner(void **state) {
   int fresh = 1, old = 0;
   assert_false(c->up[fresh]); /* the first test killed it */
   cph_tc_start_node(c, fresh, SHARDS, TTL_S, EXTRA);
-  settle(c, "a fresh node joined");
+  cph_tc_settle(c, SHARDS, "a fresh node joined");
   cph_tc_kill_node(c, old, false);
-  settle(c, "the second kill");
+  cph_tc_settle(c, SHARDS, "the second kill");
   for (int s = 0; s < SESSIONS; s++) {
     b->owner[s] = fresh;
     check_state(b, fresh, s, "on a fresh node");

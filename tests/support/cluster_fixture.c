@@ -481,3 +481,29 @@ void cph_tc_free(cph_test_cluster *c) {
   free(c->dir);
   free(c);
 }
+
+void cph_tc_settle(cph_test_cluster *c, int shards, const char *what) {
+  bool live[CPH_TC_MAX_NODES] = {false};
+  for (int n = 0; n < c->n_nodes; n++)
+    live[n] = c->up[n];
+  if (!cph_tc_wait_settled(c, live, shards, 30000))
+    fail_msg("%s: the shards were not all served and bound within 30 s (logs in %s)", what,
+             c->dir);
+}
+
+void cph_tc_wait_known(cph_test_cluster *c, int count) {
+  int64_t t0 = cph_test_now_ms();
+  for (int n = 0; n < c->n_nodes; n++) {
+    while (c->up[n]) {
+      json_t *v = cph_tc_view(c, n);
+      json_int_t known =
+          json_integer_value(json_object_get(json_object_get(v, "log"), "sessions_known"));
+      json_decref(v);
+      if (known >= count)
+        break;
+      if (cph_test_now_ms() - t0 > 10000)
+        fail_msg("n%d knows %lld of %d sessions after 10 s", n, (long long)known, count);
+      cph_tc_sleep_ms(50);
+    }
+  }
+}

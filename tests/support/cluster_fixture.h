@@ -79,6 +79,12 @@ int cph_tc_env_int(const char *name, int def);
 /* Waits until every node in live[] sees n_live nodes, all shards held, spread even, and —
  * with NATS — its log ready with every owned shard bound. */
 bool cph_tc_wait_settled(cph_test_cluster *c, const bool *live, int shards, int timeout_ms);
+/* The nodes up now serve and have bound all `shards` shards within 30 s, else the test fails
+ * naming `what`. */
+void cph_tc_settle(cph_test_cluster *c, int shards, const char *what);
+/* Every node up knows `count` sessions (the session table reached it) within 10 s, else the
+ * test fails. */
+void cph_tc_wait_known(cph_test_cluster *c, int count);
 /* Stops everything and removes the temp dir. */
 void cph_tc_free(cph_test_cluster *c);
 
