@@ -202,6 +202,12 @@ void cli_query_param(cph_buf *b, const char *name, const char *value) {
   put_encoded(b, value);
 }
 
+void cli_query_u64(cph_buf *b, const char *name, uint64_t value) {
+  char n[24];
+  snprintf(n, sizeof n, "%llu", (unsigned long long)value);
+  cli_query_param(b, name, n);
+}
+
 /* ---------------------------------------------------------------- JSON values */
 
 const char *cli_json_string(const json_t *obj, const char *key) {

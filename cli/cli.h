@@ -94,6 +94,8 @@ int cli_finish_output(void);
 void cli_path_segment(cph_buf *b, const char *s);
 /* Appends "?name=value" or "&name=value" (value percent-encoded), by whether b has a '?'. */
 void cli_query_param(cph_buf *b, const char *name, const char *value);
+/* The same with a number as the value. */
+void cli_query_u64(cph_buf *b, const char *name, uint64_t value);
 
 /* JSON readers: NULL / false when the key is absent or holds another type. */
 const char *cli_json_string(const json_t *obj, const char *key);

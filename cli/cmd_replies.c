@@ -249,16 +249,11 @@ static int read_page(const cli_ctx *ctx, const char *url, const read_opts *o, ui
   cli_ctx node = *ctx;
   node.url = url;
   cph_buf path = CPH_BUF_INIT;
-  char num[32];
   cph_buf_puts(&path, "/v1/replies");
-  snprintf(num, sizeof num, "%llu", (unsigned long long)*cursor);
-  cli_query_param(&path, "after", num);
-  snprintf(num, sizeof num, "%llu", (unsigned long long)o->wait_ms);
-  cli_query_param(&path, "wait_ms", num);
-  if (o->limit) {
-    snprintf(num, sizeof num, "%llu", (unsigned long long)o->limit);
-    cli_query_param(&path, "limit", num);
-  }
+  cli_query_u64(&path, "after", *cursor);
+  cli_query_u64(&path, "wait_ms", o->wait_ms);
+  if (o->limit)
+    cli_query_u64(&path, "limit", o->limit);
   if (cph_buf_error(&path) != 0) {
     cph_buf_free(&path);
     fprintf(stderr, "cephalonctl: out of memory\n");

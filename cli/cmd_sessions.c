@@ -82,11 +82,8 @@ static int sessions_list(const cli_ctx *ctx, int argc, char **argv) {
     cli_query_param(&path, "state", state);
   if (after)
     cli_query_param(&path, "after", after);
-  if (limit.set) {
-    char n[24];
-    snprintf(n, sizeof n, "%llu", (unsigned long long)limit.value);
-    cli_query_param(&path, "limit", n);
-  }
+  if (limit.set)
+    cli_query_u64(&path, "limit", limit.value);
   cli_reply reply = {0};
   int rc = CLI_EXIT_FAIL;
   if (cph_buf_error(&path) != 0) {

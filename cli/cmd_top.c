@@ -345,11 +345,8 @@ int cli_cmd_top(const cli_ctx *ctx, int argc, char **argv) {
 
   cph_buf path = CPH_BUF_INIT;
   cph_buf_puts(&path, "/v1/top");
-  if (limit.set) {
-    char n[24];
-    snprintf(n, sizeof n, "%llu", (unsigned long long)limit.value);
-    cli_query_param(&path, "limit", n);
-  }
+  if (limit.set)
+    cli_query_u64(&path, "limit", limit.value);
   if (cph_buf_error(&path) != 0) {
     cph_buf_free(&path);
     fprintf(stderr, "cephalonctl: out of memory\n");
