@@ -246,6 +246,8 @@ static size_t stream_length(cph_test_cluster *c, int n) {
   return len;
 }
 
+static const char *session_id(int s, void *ctx) { return ((bench *)ctx)->id[s]; }
+
 static int setup(void **state) {
   bench *b = calloc(1, sizeof *b);
   assert_non_null(b);
@@ -262,18 +264,7 @@ static int setup(void **state) {
       memcpy(b->id[made++], id, sizeof id);
     }
   }
-  cph_tc_start_etcd(c);
-  cph_tc_start_nats(c, 1);
-  cph_tc_ports(c, NODES);
-  for (int i = 0; i < NODES; i++)
-    cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
-  cph_tc_settle(c, SHARDS, "start");
-  for (int s = 0; s < SESSIONS; s++) {
-    char body[128];
-    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\"}", b->id[s]);
-    b->owner[s] = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
-  }
-  cph_tc_wait_known(c, SESSIONS);
+  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, session_id, b, b->owner);
   *state = b;
   return 0;
 }

@@ -258,22 +258,19 @@ static void next_lease_shows_replies(bench *b, int n, int round) {
   }
 }
 
+/* Sessions t00, t01, ... */
+static const char *session_id(int s, void *ctx) {
+  static char id[16];
+  (void)ctx;
+  snprintf(id, sizeof id, "t%02d", s);
+  return id;
+}
+
 static int setup(void **state) {
   bench *b = calloc(1, sizeof *b);
   cph_test_cluster *c = cph_tc_new();
   b->c = c;
-  cph_tc_start_etcd(c);
-  cph_tc_start_nats(c, 1);
-  cph_tc_ports(c, NODES);
-  for (int i = 0; i < NODES; i++)
-    cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
-  cph_tc_settle(c, SHARDS, "start");
-  for (int s = 0; s < SESSIONS; s++) {
-    char body[128];
-    snprintf(body, sizeof body, "{\"id\":\"t%02d\",\"class\":\"interactive\"}", s);
-    b->owner[s] = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
-  }
-  cph_tc_wait_known(c, SESSIONS);
+  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, session_id, NULL, b->owner);
   *state = b;
   return 0;
 }

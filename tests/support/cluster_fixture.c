@@ -507,3 +507,20 @@ void cph_tc_wait_known(cph_test_cluster *c, int count) {
     }
   }
 }
+
+void cph_tc_up_with_sessions(cph_test_cluster *c, int nodes, int shards, int ttl_s,
+                             const char *extra, int n, const char *(*id)(int i, void *ctx),
+                             void *ctx, int *owner) {
+  cph_tc_start_etcd(c);
+  cph_tc_start_nats(c, 1);
+  cph_tc_ports(c, nodes);
+  for (int i = 0; i < nodes; i++)
+    cph_tc_start_node(c, i, shards, ttl_s, extra);
+  cph_tc_settle(c, shards, "start");
+  for (int s = 0; s < n; s++) {
+    char body[160];
+    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\"}", id(s, ctx));
+    owner[s] = cph_tc_post_on_owner(c, s % nodes, "/v1/sessions", body);
+  }
+  cph_tc_wait_known(c, n);
+}

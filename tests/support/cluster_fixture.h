@@ -85,6 +85,13 @@ void cph_tc_settle(cph_test_cluster *c, int shards, const char *what);
 /* Every node up knows `count` sessions (the session table reached it) within 10 s, else the
  * test fails. */
 void cph_tc_wait_known(cph_test_cluster *c, int count);
+/* Starts etcd, one NATS server and `nodes` nodes (shards, ttl_s, extra as cph_tc_start_node),
+ * waits until they serve every shard, creates the n interactive sessions id(i, ctx), the i-th
+ * posted through node i % nodes and made by its owner (owner[i]: that node), and waits until
+ * every node knows them. */
+void cph_tc_up_with_sessions(cph_test_cluster *c, int nodes, int shards, int ttl_s,
+                             const char *extra, int n, const char *(*id)(int i, void *ctx),
+                             void *ctx, int *owner);
 /* Stops everything and removes the temp dir. */
 void cph_tc_free(cph_test_cluster *c);
 
