@@ -1,5 +1,6 @@
 /* cephalonctl's side of the HTTP API (DESIGN §9): one call, its errors, JSON helpers. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +201,15 @@ void cli_query_param(cph_buf *b, const char *name, const char *value) {
   cph_buf_puts(b, name);
   cph_buf_putc(b, '=');
   put_encoded(b, value);
+}
+
+void cli_on_stop_signals(void (*handler)(int sig)) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
 }
 
 void cli_query_u64(cph_buf *b, const char *name, uint64_t value) {

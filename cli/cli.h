@@ -94,6 +94,9 @@ int cli_finish_output(void);
 void cli_path_segment(cph_buf *b, const char *s);
 /* Appends "?name=value" or "&name=value" (value percent-encoded), by whether b has a '?'. */
 void cli_query_param(cph_buf *b, const char *name, const char *value);
+/* SIGINT and SIGTERM call handler (commands that run until interrupted: top, replies
+ * --follow). */
+void cli_on_stop_signals(void (*handler)(int sig));
 /* The same with a number as the value. */
 void cli_query_u64(cph_buf *b, const char *name, uint64_t value);
 

@@ -419,15 +419,6 @@ static void follower_free(follower *f) {
 
 /* ---------------------------------------------------------------- the command */
 
-static void install_stop_handlers(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-}
-
 /* --follow: every node's reader thread until a stop signal (exit 0) or a failure retrying
  * cannot mend (a bad URL, stdout gone). */
 static int follow(follower *f, bool cluster, uint64_t after) {
@@ -490,7 +481,7 @@ int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv) {
 
   cli_ctx c = *ctx;
   if (follow_flag) {
-    install_stop_handlers();
+    cli_on_stop_signals(on_stop_signal);
     c.cancel = stop_requested;
   }
   printer p = {.json = ctx->json, .rc = CLI_EXIT_OK};

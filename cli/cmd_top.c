@@ -52,12 +52,7 @@ static void on_stop_signal(int sig) {
  * top_stop and the sleep: one that arrives while a frame is fetched or drawn is delivered
  * as the sleep begins, which then ends at once. */
 static void install_stop_handlers(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  cli_on_stop_signals(on_stop_signal);
   sigset_t block;
   sigemptyset(&block);
   sigaddset(&block, SIGINT);
