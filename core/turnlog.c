@@ -695,6 +695,38 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
 }
 
 #define ROW_SEED 0x8ebc6af09c88c6e3ull
+
+/* ---- Row names
+ * A row's name is its key in "turn_rows" (after the session). It was its 64-bit hash, which put
+ * a lease's few new rows, and the few its trim deletes, on as many random leaves of the
+ * session's rows — each leaf a page written again, with its path, every lease. Now a new row is
+ * named by the low ROW_IDENT_BITS bits of its hash (its identity: two rows whose names share
+ * them are the same row) under the low 16 bits of the turn that adds it, so that the rows one
+ * lease adds sort together, and so do the rows one trim deletes (history messages leave the
+ * window in the order they came in, so they were added together too): a leaf or two a lease.
+ * The turn bits wrap every 65,536 turns of the daemon, which only moves where the next rows
+ * go. A row is found again by its identity (turnwarm_held_like), so a text that comes back
+ * while its row is held reuses that row whatever turn named it; a row named by its whole hash
+ * (kept before this layout) is found by that first, and reused as it is: old and new names live
+ * side by side, and no data directory needs rewriting. Identities are 48 bits: a new row
+ * wrongly taken for a held one of its session (which the explorer would then show in its
+ * place) takes two different texts of one session with equal low 48 bits of their hashes —
+ * about once in 10^11 leases of a session holding 400 rows. */
+#define ROW_IDENT_BITS 48
+#define ROW_IDENT_MASK ((UINT64_C(1) << ROW_IDENT_BITS) - 1)
+
+static bool test_hash_names;
+void turnlog_test_hash_names(bool on) { test_hash_names = on; }
+
+/* The name of the row whose hash is h, kept by turn: the held row it is, else a new name. */
+static uint64_t row_name(const turnwarm *w, uint64_t h, uint64_t turn) {
+  uint64_t held;
+  if (turnwarm_held_like(w, h, ROW_IDENT_BITS, &held))
+    return held;
+  if (test_hash_names)
+    return h;
+  return (turn & 0xffff) << ROW_IDENT_BITS | (h & ROW_IDENT_MASK);
+}
 #define CODE_NAMED 0x80000000u /* a row's code (turnwarm_claim): named by the previous turn */
 
 /* Turn's messages and nodes as rows: each one's row (from the warm items when it is a
@@ -765,7 +797,8 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       }
       if ((rc = cph_buf_error(head)) != CPH_OK)
         break;
-      tl->rows[i] = lanes_hash(k.text, len, lanes_hash(head->data, head->len, ROW_SEED));
+      tl->rows[i] = row_name(w, lanes_hash(k.text, len, lanes_hash(head->data, head->len, ROW_SEED)),
+                             turn);
     }
     rc = turnwarm_add_item(w, nd != NULL, &k, same, tl->rows[i], tl->chash[i]);
   }

@@ -100,6 +100,9 @@ void turnlog_test_write_v2(bool on);
 /* Tests only: the warm states' bound in bytes from the next lease on (0: none is kept, every
  * lease rebuilds from the store; -1: TURNLOG_WARM_BYTES). Process-wide. */
 void turnlog_test_warm_bytes(long long bytes);
+/* Name new rows by their whole 64-bit hash, as before row names carried their turn (turnlog.c,
+ * "Row names"): for tests that a data directory holding both kinds keeps working. */
+void turnlog_test_hash_names(bool on);
 
 /* Deletes every kept context of a session (session deletion). */
 int turnlog_delete_session(cph_turnlog *tl, cph_txn *t, const char *session);

@@ -133,6 +133,26 @@ static int slots_grow(turnwarm *w) {
   return CPH_OK;
 }
 
+bool turnwarm_held_like(const turnwarm *w, uint64_t row, unsigned bits, uint64_t *found) {
+  if (!w->slots)
+    return false;
+  const uint64_t low = bits >= 64 ? UINT64_MAX : (UINT64_C(1) << bits) - 1;
+  const tw_slot *like = NULL;
+  /* every name sharing row's low bits is homed where row is (the mask is far below 2^bits), and
+   * linear probing keeps the slots from a home to the next empty one together */
+  for (size_t i = (size_t)row & w->mask; w->slots[i].last; i = (i + 1) & w->mask) {
+    if (w->slots[i].row == row) {
+      *found = row;
+      return true;
+    }
+    if (!like && (w->slots[i].row & low) == (row & low))
+      like = &w->slots[i];
+  }
+  if (like)
+    *found = like->row;
+  return like != NULL;
+}
+
 uint32_t *turnwarm_claim(turnwarm *w, uint64_t row, uint64_t turn, uint64_t *was) {
   if ((!w->slots || 2 * (w->used + 1) > w->mask + 1) && slots_grow(w) != CPH_OK)
     return NULL;
@@ -206,6 +226,9 @@ int turnwarm_advance(turnwarm *w, uint64_t turn, bool has_rows, const uint64_t *
   if (n)
     memcpy(w->cur, rows, n * sizeof *rows);
   w->n_cur = n;
+  if (!has_rows) /* the items are the newest turn's only: a turn without rows has none, and
+                    rows its successor took from older items might no longer be held */
+    w->items[0].n = w->items[1].n = 0;
   w->turns[w->n_turns++] = (tw_turn){turn, NULL, 0, 0, has_rows};
   return CPH_OK;
 }

@@ -112,6 +112,10 @@ void turnwarms_release(cph_turnwarms *tw);
 
 /* The newest kept turn it holds (0: none). */
 uint64_t turnwarm_newest(const turnwarm *w);
+/* The held row (named by a kept turn) that is `row`, else one whose low `bits` bits are row's;
+ * false when none is. turnlog.c names rows so that equal low bits mean equal rows (turnlog.c,
+ * "Row names"); the slots are homed by those bits, so this is one probe run. */
+bool turnwarm_held_like(const turnwarm *w, uint64_t row, unsigned bits, uint64_t *found);
 /* Row is named by turn: its last naming turn becomes turn, *was gets the one before (turn
  * itself when turn named it already; 0: none). Returns where the row's code is kept, for the
  * caller to read or set, valid until the next claim; NULL when out of memory. */

@@ -24,7 +24,9 @@
  * then, so trims meet both — and the two read back alike, messages, their nodes and the tree
  * field by field. When a case ends (restarts, evictions and trims behind it), every turn the
  * warm engine still keeps reads back as it did when it was leased, and the rows and texts held
- * are exactly those its kept turns name — none missing, none left behind.
+ * are exactly those its kept turns name — none missing, none left behind, none twice (a third
+ * of the cases name new rows now and then by their whole hash, as before row names carried
+ * the turn that added them, so a session holds both kinds and must reuse either).
  *
  * Keeping uses each session's warm state (core/turnwarm.h): the warm engine keeps them within
  * a bound drawn per case (none, so every lease rebuilds from the store; about one session's,
@@ -94,6 +96,8 @@ typedef struct pair {
   char ids[MAX_SESSIONS][16];
   bool mixed;   /* the warm engine switches between record versions 2 and 3 */
   bool warm_v2; /* ... and writes version 2 now */
+  bool hash_names; /* the warm engine names new rows by their whole hash (the layout before row
+                      names carried their turn: turnlog.c, "Row names") now */
   long long warm_bytes; /* the warm engine's bound on its kept contexts' warm states */
   long long memory_cache_bytes; /* the warm engine's bound on its decoded memories; cold: 0 */
   int warm_channels, keep; /* the policies' :sessions :warm-channels (warm engine), keep-turns */
@@ -204,11 +208,13 @@ static char *canonical(const cph_turn_info *t) {
 static void knobs(const pair *p, bool warm) {
   turnlog_test_write_v2(warm ? p->warm_v2 : true);
   turnlog_test_warm_bytes(warm ? p->warm_bytes : 0);
+  turnlog_test_hash_names(warm && p->hash_names);
 }
 
 static void knobs_off(void) {
   turnlog_test_write_v2(false);
   turnlog_test_warm_bytes(-1);
+  turnlog_test_hash_names(false);
 }
 
 static int run_both(pair *p, cph_op *warm_op, cph_op *cold_op) {
@@ -562,9 +568,30 @@ static void keyset_free(keyset *k) {
   free(k->v);
 }
 
-/* The rows held are exactly those the refs entries name, and the refs entries are exactly
- * those of the kept records of version 3. */
+/* Every row held, as session\0 + its bytes: no two rows of a session are the same row. */
+static bool row_seen(void *ctx, const void *key, size_t key_len, const void *val, size_t val_len) {
+  assert_true(key_len >= 8);
+  unsigned char *k = malloc(key_len - 8 + val_len);
+  assert_non_null(k);
+  memcpy(k, key, key_len - 8);
+  memcpy(k + key_len - 8, val, val_len);
+  keyset_add(ctx, k, key_len - 8 + val_len);
+  free(k);
+  return true;
+}
+
+/* The rows held are exactly those the refs entries name, the refs entries are exactly those
+ * of the kept records of version 3, and a text that came back while its row was held reused
+ * that row, whichever way it was named (by its whole hash, or its identity under a turn). */
 static void check_rows(pair *p) {
+  keyset bodies = {0};
+  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROWS, row_seen, &bodies);
+  size_t n_rows = bodies.n;
+  keyset_sort(&bodies);
+  if (bodies.n != n_rows)
+    fail_msg("seed %llu: %zu rows held, %zu different ones: a text came back as a second row",
+             (unsigned long long)p->seed, n_rows, bodies.n);
+  keyset_free(&bodies);
   keyset held = {0}, named = {0}, refs = {0}, turns = {0};
   cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROWS, text_key_seen, &held);
   cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, rows_named, &named);
@@ -782,6 +809,9 @@ static void run_case(uint64_t seed) {
   static const long long warm_bytes[] = {0, 24 << 10, 96 << 10, -1};
   p.warm_bytes = warm_bytes[below(&kr, 4)];
   bool keep_changes = below(&kr, 2) == 0;
+  /* In a third of the cases the warm engine names new rows by their whole hash now and then,
+   * as before row names carried their turn, so both kinds of names meet in one session. */
+  bool names_mixed = below(&kr, 3) == 0;
   for (int step = 0; step < STEPS; step++) {
     if (keep_changes && below(&kr, 12) == 0) {
       static const int reload_choices[] = {0, 1, 2, 3, 5, 8};
@@ -791,6 +821,8 @@ static void run_case(uint64_t seed) {
       recreate_session(&p, &kr);
     if (p.mixed && below(&r, 8) == 0)
       p.warm_v2 = !p.warm_v2;
+    if (names_mixed && below(&kr, 6) == 0)
+      p.hash_names = !p.hash_names;
     uint32_t what = below(&r, 20);
     if (what == 0) /* a busy channel: tails past one read step (64 entries) and past 512 */
       for (uint32_t n = 20 + below(&r, 60); n > 0; n--)
