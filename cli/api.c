@@ -73,8 +73,9 @@ static int bad_url(const char *url, const char *why) {
   return CLI_EXIT_USAGE;
 }
 
-int cli_call(const cli_ctx *ctx, const char *method, const char *path, const json_t *body,
-             int timeout_ms, int flags, cli_reply *out) {
+/* One exchange with ctx->url (cli_call without following a 421). */
+static int call_once(const cli_ctx *ctx, const char *method, const char *path, const json_t *body,
+                     int timeout_ms, int flags, cli_reply *out) {
   memset(out, 0, sizeof *out);
   cph_httpc_url url;
   const char *why = NULL;
@@ -135,6 +136,38 @@ int cli_call(const cli_ctx *ctx, const char *method, const char *path, const jso
     return CLI_EXIT_FAIL;
   }
   return CLI_EXIT_OK;
+}
+
+/* The owner's URL a 421 `misdirected` names (DESIGN §14: error.owner.url), or NULL. */
+static const char *misdirected_to(const cli_reply *r) {
+  if (r->status != 421 || !json_is_object(r->json))
+    return NULL;
+  const json_t *owner = json_object_get(json_object_get(r->json, "error"), "owner");
+  const char *url = cli_json_string(owner, "url");
+  return url && url[0] ? url : NULL;
+}
+
+/* In a cluster a session's routes answer only on the node that owns its shard; any other
+ * answers 421 naming it. The call is sent there once, as cephalon-worker does, so every
+ * command works against any node; a second 421 (the shard moved again meanwhile) is reported
+ * as it is. */
+int cli_call(const cli_ctx *ctx, const char *method, const char *path, const json_t *body,
+             int timeout_ms, int flags, cli_reply *out) {
+  int rc = call_once(ctx, method, path, body, timeout_ms, flags | CLI_CALL_ANY_STATUS, out);
+  const char *owner = rc == CLI_EXIT_OK ? misdirected_to(out) : NULL;
+  if (owner && strcmp(owner, ctx->url) != 0) {
+    cli_reply first = *out;
+    cli_ctx there = *ctx;
+    there.url = owner; /* borrowed from first, freed after the call */
+    rc = call_once(&there, method, path, body, timeout_ms, flags | CLI_CALL_ANY_STATUS, out);
+    cli_reply_free(&first);
+  }
+  if (rc == CLI_EXIT_OK && (out->status < 200 || out->status >= 300) &&
+      !(flags & CLI_CALL_ANY_STATUS)) {
+    cli_print_http_error(out);
+    return CLI_EXIT_FAIL;
+  }
+  return rc;
 }
 
 /* ---------------------------------------------------------------- output */

@@ -74,7 +74,8 @@ enum { CLI_CALL_ANY_STATUS = 1 }; /* hand back every HTTP answer; the caller jud
  * status with CLI_CALL_ANY_STATUS). Otherwise prints exactly one line on stderr — cannot
  * reach, timed out, or the server's error code, message and field — and returns
  * CLI_EXIT_FAIL (CLI_EXIT_USAGE for a malformed --url or token). A non-empty 2xx body that
- * is not JSON is an error. *out is always safe to free. */
+ * is not JSON is an error. *out is always safe to free. A 421 `misdirected` (cluster mode:
+ * another node owns the session's shard) is followed once to the owner its error names. */
 int cli_call(const cli_ctx *ctx, const char *method, const char *path, const json_t *body,
              int timeout_ms, int flags, cli_reply *out);
 void cli_reply_free(cli_reply *r);

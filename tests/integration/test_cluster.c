@@ -1,6 +1,7 @@
 /* Cluster mode, first slice (DESIGN §14): a real etcd (Debian etcd-server) and three cephalond
  * on loopback ports. Every shard has one owner and the spread is even; a session's routes
- * answer on its owner and 421 with the owner's URL elsewhere; a SIGSTOPped node past its TTL
+ * answer on its owner and 421 with the owner's URL elsewhere (which cephalonctl follows to the
+ * owner); a SIGSTOPped node past its TTL
  * serves nothing when it wakes (and hands out no lease); after kill -9 of a node its shards
  * are owned by the others within the lease TTL plus slack. Without etcd the test fails and
  * says what to install. Everything listens on 127.0.0.1 only. */
@@ -137,6 +138,30 @@ static void test_cluster_shards_one_owner_each_spread_even_routes_421_to_the_own
   assert_int_equal(r.status, 200);
   cph_test_response_free(&r);
   json_decref(lease);
+
+  /* cephalonctl against a node that does not own alice follows its 421 to the owner once:
+   * `sessions show` prints her and `why` answers. */
+  int other = (owner + 1) % NODES;
+  char bin[512];
+  snprintf(bin, sizeof bin, "%s/cephalonctl", getenv("CPH_BIN_DIR"));
+  const char *show[] = {bin, "--url", c->url[other], "--json", "sessions", "show", "alice", NULL};
+  char *out = NULL, *err = NULL;
+  int status = cph_test_run(show, &out, &err);
+  json_t *shown = status == 0 ? json_loads(out, 0, NULL) : NULL;
+  const char *id = json_string_value(json_object_get(shown, "id"));
+  if (!id || strcmp(id, "alice") != 0)
+    fail_msg("cephalonctl sessions show alice at node %d (owner %d): exit %d\nstdout: %s\n"
+             "stderr: %s", other, owner, status, out, err);
+  json_decref(shown);
+  free(out);
+  free(err);
+  const char *why[] = {bin, "--url", c->url[other], "why", "alice", NULL};
+  status = cph_test_run(why, &out, &err);
+  if (status != 0 || !strstr(out, "alice"))
+    fail_msg("cephalonctl why alice at node %d: exit %d\nstdout: %s\nstderr: %s", other, status,
+             out, err);
+  free(out);
+  free(err);
 }
 
 static void test_cluster_sigstop_past_ttl_serves_nothing_and_leases_nothing_on_wake(void **state) {
