@@ -346,28 +346,43 @@ int cph_tc_node_of_url(const cph_test_cluster *c, const char *url) {
   return -1;
 }
 
-int cph_tc_post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body) {
+/* method path body on node n, following a 421 to the owner it names (and waiting out a 503),
+ * 50 tries at most: the node that answered 200, and its JSON into *out when out is given. */
+static int on_owner(cph_test_cluster *c, int n, const char *method, const char *path,
+                    const char *body, json_t **out) {
   for (int tries = 0; tries < 50; tries++) {
-    cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
+    cph_test_response r = cph_test_api(c->port[n], method, path, NULL, body);
+    json_t *j = cph_test_json(&r);
     if (r.status == 200) {
       cph_test_response_free(&r);
+      if (out)
+        *out = j;
+      else
+        json_decref(j);
       return n;
     }
-    json_t *j = cph_test_json(&r);
     const char *url = json_string_value(
         json_object_get(json_object_get(json_object_get(j, "error"), "owner"), "url"));
     int owner = r.status == 421 ? cph_tc_node_of_url(c, url) : -1;
     json_decref(j);
     if (owner < 0 && r.status != 503)
-      fail_msg("POST %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+      fail_msg("%s %s on n%d: %d %s", method, path, n, r.status, r.body ? r.body : "");
     cph_test_response_free(&r);
     if (owner >= 0)
       n = owner;
     else
       cph_tc_sleep_ms(100);
   }
-  fail_msg("POST %s: no owner answered 200", path);
+  fail_msg("%s %s: no owner answered 200", method, path);
   return -1;
+}
+
+int cph_tc_post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body) {
+  return on_owner(c, n, "POST", path, body, NULL);
+}
+
+int cph_tc_get_on_owner(cph_test_cluster *c, int n, const char *path, json_t **out) {
+  return on_owner(c, n, "GET", path, NULL, out);
 }
 
 long long cph_tc_rebuild_sum(cph_test_cluster *c, const char *name) {

@@ -69,6 +69,8 @@ int cph_tc_node_of_url(const cph_test_cluster *c, const char *url);
 /* POST path body on node n, following a 421 to the owner it names (and waiting out a 503),
  * 50 tries at most; returns the node that answered 200 (the test fails otherwise). */
 int cph_tc_post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body);
+/* GET path likewise: the node that answered 200, its JSON (new reference) into *out. */
+int cph_tc_get_on_owner(cph_test_cluster *c, int n, const char *path, json_t **out);
 /* The sum over the nodes up of GET /v1/cluster log.rebuild.<name> (asserted present). */
 long long cph_tc_rebuild_sum(cph_test_cluster *c, const char *name);
 /* The sum over the nodes up but `except` (-1: none) of metric `name`, an unlabelled counter
