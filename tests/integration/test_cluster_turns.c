@@ -53,22 +53,6 @@ typedef struct bench {
   char dead_lease[40];   /* and its lease */
 } bench;
 
-/* Posts question `round` to every session (through node `via`). */
-static void ask(cph_test_cluster *c, int via, int round) {
-  char body[8192];
-  size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
-  for (int s = 0; s < SESSIONS; s++)
-    len += (size_t)snprintf(body + len, sizeof body - len,
-                            "%s{\"session\":\"t%02d\",\"sender\":\"ann\",\"key\":\"q%d-%02d\","
-                            "\"body\":\"question %d for t%02d\"}",
-                            s ? "," : "", s, round, s, round, s);
-  snprintf(body + len, sizeof body - len, "]}");
-  cph_test_response r = cph_test_api(c->port[via], "POST", "/v1/events", NULL, body);
-  if (r.status != 200)
-    fail_msg("posting round %d: %d %s", round, r.status, r.body ? r.body : "");
-  cph_test_response_free(&r);
-}
-
 /* The cost turn `round` of session s reports: unique to the pair. */
 static long long cost_of(int round, int s) { return 1000 * (round + 1) + s; }
 
@@ -188,19 +172,11 @@ static void check_records(bench *b, const char *when) {
   }
 }
 
-/* Sessions t00, t01, ... */
-static const char *session_id(int s, void *ctx) {
-  static char id[16];
-  (void)ctx;
-  snprintf(id, sizeof id, "t%02d", s);
-  return id;
-}
-
 static int setup(void **state) {
   bench *b = calloc(1, sizeof *b);
   cph_test_cluster *c = cph_tc_new();
   b->c = c;
-  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, session_id, NULL, b->owner);
+  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, cph_tc_session_t, NULL, b->owner);
   *state = b;
   return 0;
 }
@@ -222,7 +198,7 @@ static void test_cluster_turns_a_moved_session_lists_every_turn_once_with_its_co
     moved += b->owner[s] == victim;
   assert_true(moved > 0 && moved < SESSIONS);
   for (int round = 0; round < ROUNDS; round++) {
-    ask(c, round % NODES, round);
+    cph_tc_ask(c, round % NODES, SESSIONS, round);
     for (int n = 0; n < NODES; n++)
       answer_round(b, n, round, round == 0);
   }
@@ -264,7 +240,7 @@ static void test_cluster_turns_a_moved_session_lists_every_turn_once_with_its_co
   cph_test_response_free(&r);
 
   /* one more turn each, on the survivor: the state now carries records of both nodes */
-  ask(c, survivor, ROUNDS);
+  cph_tc_ask(c, survivor, SESSIONS, ROUNDS);
   answer_round(b, survivor, ROUNDS, false);
   for (int s = 0; s < SESSIONS; s++) {
     record got[MAX_RECORDS];

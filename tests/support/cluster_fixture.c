@@ -539,3 +539,27 @@ void cph_tc_up_with_sessions(cph_test_cluster *c, int nodes, int shards, int ttl
   }
   cph_tc_wait_known(c, n);
 }
+
+const char *cph_tc_session_t(int s, void *ctx) {
+  static char id[16];
+  (void)ctx;
+  snprintf(id, sizeof id, "t%02d", s);
+  return id;
+}
+
+void cph_tc_ask(cph_test_cluster *c, int via, int sessions, int round) {
+  char body[16384];
+  size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
+  for (int s = 0; s < sessions && len < sizeof body; s++)
+    len += (size_t)snprintf(body + len, sizeof body - len,
+                            "%s{\"session\":\"t%02d\",\"sender\":\"ann\",\"key\":\"q%d-%02d\","
+                            "\"body\":\"question %d for t%02d\"}",
+                            s ? "," : "", s, round, s, round, s);
+  if (len + 3 > sizeof body)
+    fail_msg("cph_tc_ask: %d sessions do not fit one request", sessions);
+  snprintf(body + len, sizeof body - len, "]}");
+  cph_test_response r = cph_test_api(c->port[via], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting round %d: %d %s", round, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+}

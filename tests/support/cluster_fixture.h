@@ -94,6 +94,11 @@ void cph_tc_wait_known(cph_test_cluster *c, int count);
 void cph_tc_up_with_sessions(cph_test_cluster *c, int nodes, int shards, int ttl_s,
                              const char *extra, int n, const char *(*id)(int i, void *ctx),
                              void *ctx, int *owner);
+/* Sessions named t00, t01, ... (an `id` for cph_tc_up_with_sessions; a static buffer). */
+const char *cph_tc_session_t(int s, void *ctx);
+/* Posts question `round` ("question <round> for t<s>", key "q<round>-<s>") to each of
+ * sessions t00.. t<sessions - 1> in one request through node via (asserted 200). */
+void cph_tc_ask(cph_test_cluster *c, int via, int sessions, int round);
 /* Stops everything and removes the temp dir. */
 void cph_tc_free(cph_test_cluster *c);
 

@@ -92,15 +92,23 @@ static int memory_count(cph_fixture *f, const char *s, const char *text) {
   return count;
 }
 
-static int import(cph_fixture *f, const char *s, const uint8_t *data, size_t len) {
+/* The op's answer to importing data into s (its message into msg). */
+static int import_msg(cph_fixture *f, const char *s, const uint8_t *data, size_t len, char *msg,
+                      size_t cap) {
   cph_op op = {0};
   op.kind = CPH_OP_SESSION_STATE;
   op.u.state.session = (char *)s;
   op.u.state.data = data;
   op.u.state.len = len;
   int rc = cph_fixture_run(f, &op);
+  snprintf(msg, cap, "%s", op.err.msg);
   cph_op_clear_results(&op);
   return rc;
+}
+
+static int import(cph_fixture *f, const char *s, const uint8_t *data, size_t len) {
+  char msg[512];
+  return import_msg(f, s, data, len, msg, sizeof msg);
 }
 
 /* The replies of the next lease's messages that are "reply <i> of a", each counted. */
@@ -194,6 +202,20 @@ static void replies_free(cph_reply_info *list, size_t n) {
   free(list);
 }
 
+/* Two engines as nodes "x" and "y" of a cluster (report_consumed, reply origins), each with
+ * session "a"; their tags are <tag>_x and <tag>_y. */
+static void two_nodes(const char *tag, cph_fixture **x, cph_fixture **y) {
+  for (int k = 0; k < 2; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "%s_%s", tag, k ? "y" : "x");
+    cph_fixture *f = cph_fixture_new(name, "{}");
+    cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+    cph_engine_report_consumed(f->e, true);
+    assert_int_equal(cph_engine_reply_origins(f->e, k ? "y" : "x"), CPH_OK);
+    *(k ? y : x) = f;
+  }
+}
+
 /* A completion's state, taken from its op. */
 static uint8_t *state_of(cph_op *done, size_t *len) {
   uint8_t *blob = done->u.turn.state;
@@ -206,14 +228,8 @@ static uint8_t *state_of(cph_op *done, size_t *len) {
 
 static void test_session_state_offers_the_replies_stream_once_by_origin(void **state) {
   (void)state;
-  cph_fixture *x = cph_fixture_new("stream_x", "{}");
-  cph_fixture *y = cph_fixture_new("stream_y", "{}");
-  cph_fixture *fx[2] = {x, y};
-  for (int k = 0; k < 2; k++) {
-    cph_fixture_create_session(fx[k], "a", CPH_LANE_INTERACTIVE, NULL, 0);
-    cph_engine_report_consumed(fx[k]->e, true);
-    assert_int_equal(cph_engine_reply_origins(fx[k]->e, k ? "y" : "x"), CPH_OK);
-  }
+  cph_fixture *x, *y;
+  two_nodes("stream", &x, &y);
   cph_op done;
   for (int i = 0; i < TURNS; i++) {
     turn(x, "a", i, &done);
@@ -353,30 +369,10 @@ static int origin_count(cph_fixture *f, const char *s, const char *origin) {
   return count;
 }
 
-/* The op's answer to importing data into s (its message into msg). */
-static int import_msg(cph_fixture *f, const char *s, const uint8_t *data, size_t len, char *msg,
-                      size_t cap) {
-  cph_op op = {0};
-  op.kind = CPH_OP_SESSION_STATE;
-  op.u.state.session = (char *)s;
-  op.u.state.data = data;
-  op.u.state.len = len;
-  int rc = cph_fixture_run(f, &op);
-  snprintf(msg, cap, "%s", op.err.msg);
-  cph_op_clear_results(&op);
-  return rc;
-}
-
 static void test_session_state_carries_turn_records_once_by_origin(void **state) {
   (void)state;
-  cph_fixture *x = cph_fixture_new("turns_x", "{}");
-  cph_fixture *y = cph_fixture_new("turns_y", "{}");
-  cph_fixture *fx[2] = {x, y};
-  for (int k = 0; k < 2; k++) {
-    cph_fixture_create_session(fx[k], "a", CPH_LANE_INTERACTIVE, NULL, 0);
-    cph_engine_report_consumed(fx[k]->e, true);
-    assert_int_equal(cph_engine_reply_origins(fx[k]->e, k ? "y" : "x"), CPH_OK);
-  }
+  cph_fixture *x, *y;
+  two_nodes("turns", &x, &y);
   failed_turn(x, "a", "model error");
   cph_op done;
   for (int i = 0; i < TURNS; i++) {
