@@ -23,20 +23,18 @@ void turnrecs_origin(char *buf, const char *node, const cph_turn_rec *tr) {
 }
 
 /* The id an origin of this node names: "<node>/<id>/<16 hex>" with node this node's name (as
- * replystream_origin writes it); 0 when it names another node or is not of that form. */
+ * replystream_origin writes it, cut at REPLYSTREAM_NODE_MAX bytes); 0 when it names another
+ * node or is not of that form. */
 static uint64_t own_id(const char *node, const char *origin) {
-  const char *tail = strrchr(origin, '/');
-  if (!node || !tail || strlen(tail + 1) != 16 || tail == origin)
+  size_t node_len = node ? strnlen(node, REPLYSTREAM_NODE_MAX) : 0;
+  if (!node || strncmp(origin, node, node_len) != 0 || origin[node_len] != '/')
     return 0;
-  const char *mid = tail - 1;
-  while (mid > origin && *mid != '/')
-    mid--;
-  size_t node_len = strlen(node) < REPLYSTREAM_NODE_MAX ? strlen(node) : REPLYSTREAM_NODE_MAX;
-  if (*mid != '/' || (size_t)(mid - origin) != node_len || memcmp(origin, node, node_len) != 0)
-    return 0;
+  const char *digits = origin + node_len + 1;
   char *end = NULL;
-  unsigned long long id = strtoull(mid + 1, &end, 10);
-  return end == tail ? (uint64_t)id : 0;
+  unsigned long long id = *digits >= '0' && *digits <= '9' ? strtoull(digits, &end, 10) : 0;
+  if (!end || *end != '/' || strlen(end + 1) != 16)
+    return 0;
+  return (uint64_t)id;
 }
 
 int turnrecs_holds(cph_txn *t, const char *node, const char *origin, bool *held) {
