@@ -702,12 +702,13 @@ static int state_import_turns(cph_txn *t, const char *node, const char *session,
     cph_err err = {0};
     rc = cph_record_decode(&cph_turn_desc, data + at, l, &tr, &err);
     at += l;
-    const char *bad = rc == CPH_ECORRUPT                          ? err.msg
-                      : rc                                        ? NULL
-                      : !tr.origin || !*tr.origin ||
-                              strlen(tr.origin) >= TURNRECS_ORIGIN_MAX ? "no origin, or one too long"
-                      : strcmp(tr.session, session) != 0          ? "another session's"
-                      : tr.kind == CPH_TURN_JOB                   ? "a job turn"
+    bool no_origin = rc == CPH_OK && (!tr.origin || !*tr.origin ||
+                                      strlen(tr.origin) >= TURNRECS_ORIGIN_MAX);
+    const char *bad = rc == CPH_ECORRUPT                  ? err.msg
+                      : rc                                ? NULL
+                      : no_origin                         ? "no origin, or one too long"
+                      : strcmp(tr.session, session) != 0  ? "another session's"
+                      : tr.kind == CPH_TURN_JOB           ? "a job turn"
                       : tr.state != CPH_TURN_COMPLETED && tr.state != CPH_TURN_FAILED
                           ? "not ended (completed or failed)"
                           : NULL;

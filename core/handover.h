@@ -41,9 +41,9 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
  * or a store error fails op and changes nothing; a malformed turn record says which and why.
- * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn. The replies it added to the replies stream
- * (those with an origin the stream lacked, core/replystream.h): *newest_reply is set to the
- * last one's id; untouched when none. */
+ * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn. The
+ * replies it added to the replies stream (those with an origin the stream lacked,
+ * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. */
 void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply);
 
 #endif

@@ -176,7 +176,8 @@ static int setup(void **state) {
   bench *b = calloc(1, sizeof *b);
   cph_test_cluster *c = cph_tc_new();
   b->c = c;
-  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, cph_tc_session_t, NULL, b->owner);
+  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, cph_tc_session_t, NULL,
+                          b->owner);
   *state = b;
   return 0;
 }

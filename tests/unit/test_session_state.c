@@ -226,18 +226,24 @@ static uint8_t *state_of(cph_op *done, size_t *len) {
   return blob;
 }
 
+/* TURNS turns answered on f's session "a": the last completion's state (*len bytes). */
+static uint8_t *answered_state(cph_fixture *f, size_t *len) {
+  cph_op done;
+  for (int i = 0; i < TURNS; i++) {
+    turn(f, "a", i, &done);
+    if (i < TURNS - 1)
+      cph_op_clear_results(&done);
+  }
+  return state_of(&done, len);
+}
+
 static void test_session_state_offers_the_replies_stream_once_by_origin(void **state) {
   (void)state;
   cph_fixture *x, *y;
   two_nodes("stream", &x, &y);
   cph_op done;
-  for (int i = 0; i < TURNS; i++) {
-    turn(x, "a", i, &done);
-    if (i < TURNS - 1)
-      cph_op_clear_results(&done);
-  }
   size_t len;
-  uint8_t *blob = state_of(&done, &len);
+  uint8_t *blob = answered_state(x, &len);
   size_t nx;
   cph_reply_info *rx = stream(x, &nx);
   assert_int_equal(nx, TURNS);
@@ -375,13 +381,8 @@ static void test_session_state_carries_turn_records_once_by_origin(void **state)
   two_nodes("turns", &x, &y);
   failed_turn(x, "a", "model error");
   cph_op done;
-  for (int i = 0; i < TURNS; i++) {
-    turn(x, "a", i, &done);
-    if (i < TURNS - 1)
-      cph_op_clear_results(&done);
-  }
   size_t len;
-  uint8_t *blob = state_of(&done, &len);
+  uint8_t *blob = answered_state(x, &len);
   size_t nx;
   cph_turn_record *rx = records(x, "a", &nx); /* newest first: the completions, the failure */
   assert_int_equal(nx, TURNS + 1);
@@ -513,12 +514,13 @@ static void test_session_state_version_2_loads_and_bad_turn_records_are_named(vo
   cph_be32_put(be, (uint32_t)rec.len);
   cph_buf_append(&bad, be, 4);
   cph_buf_append(&bad, rec.data, rec.len);
-  assert_int_equal(import_msg(y, "a", (const uint8_t *)bad.data, bad.len, msg, sizeof msg), CPH_EINVAL);
+  const uint8_t *bad_data = (const uint8_t *)bad.data;
+  assert_int_equal(import_msg(y, "a", bad_data, bad.len, msg, sizeof msg), CPH_EINVAL);
   assert_non_null(strstr(msg, "turn record 1 of 1: not ended"));
   ((uint8_t *)bad.data)[len + 4] ^= 0xff; /* the record's first byte: not a msgpack array */
-  assert_int_equal(import_msg(y, "a", (const uint8_t *)bad.data, bad.len, msg, sizeof msg), CPH_EINVAL);
+  assert_int_equal(import_msg(y, "a", bad_data, bad.len, msg, sizeof msg), CPH_EINVAL);
   assert_non_null(strstr(msg, "turn record 1 of 1: turn"));
-  assert_int_equal(import_msg(y, "a", (const uint8_t *)bad.data, bad.len - 1, msg, sizeof msg), CPH_EINVAL);
+  assert_int_equal(import_msg(y, "a", bad_data, bad.len - 1, msg, sizeof msg), CPH_EINVAL);
   assert_non_null(strstr(msg, "turn record 1 of 1 is cut short"));
   size_t n; /* none of it was stored */
   cph_turn_record *r = records(y, "a", &n);
