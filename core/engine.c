@@ -53,6 +53,7 @@
 #include "top.h"
 #include "trees.h"
 #include "turnlog.h"
+#include "turnrecs.h"
 #include "turns.h"
 
 /* Recent events kept for turn histories: at most this many (a 64-byte body and a short sender
@@ -190,14 +191,16 @@ static void report_due(void *ctx, csession *s) {
   sessions_update_work(&e->sessions, s);
 }
 
-/* A session is being deleted (sessions.h): its tree, its channel cursors and its kept turn
- * contexts go with it. */
+/* A session is being deleted (sessions.h): its tree, its channel cursors, its kept turn
+ * contexts and its rows of the reply and turn-record indexes go with it. */
 static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
   cph_engine *e = ctx;
   trees_delete(&e->trees, t, session);
   int rc = context_cursors_delete(t, session);
   if (rc == CPH_OK)
     rc = replystream_forget_session(t, session);
+  if (rc == CPH_OK)
+    rc = turnrecs_forget_session(t, session);
   return rc ? rc : turnlog_delete_session(&e->turnlog, t, session);
 }
 
@@ -1021,6 +1024,20 @@ int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_in
 
 int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err) {
   return turns_parked(e->env.store, out, n, err);
+}
+
+int cph_engine_turn_record(cph_engine *e, uint64_t id, cph_turn_record *out, cph_err *err) {
+  return turns_record(e->env.store, e->env.reply_origin_node, id, out, err);
+}
+
+int cph_engine_session_turn_records(cph_engine *e, const char *session, size_t limit,
+                                    cph_turn_record **out, size_t *n, cph_err *err) {
+  *out = NULL;
+  *n = 0;
+  if (!sessions_get(&e->sessions, session))
+    return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
+  return turns_session_records(e->env.store, e->env.reply_origin_node, session, limit, out, n,
+                               err);
 }
 
 uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->acked_reply_id; }

@@ -13,7 +13,13 @@
  * flagged reply is left out of the channel replies part (written once: a completion writes
  * each reply to both the stream and its channel's history, and most channel replies are
  * among the stream's newest). A version-1 blob (a node not upgraded yet) lacks that part and
- * still imports. That is what a completion changes of
+ * still imports. Version 3 adds, after the memories, the session's newest ended turn records
+ * (core/turnrecs.h: completed or failed; STATE_TURNS, STATE_TURN_BYTES of encoded records at
+ * most) that have an origin: be32 count, and per record be32 length + the record as the store
+ * encodes it (store/records.h, its current version) with its origin set, its lease token zero
+ * and no inbox entries, oldest first; the node taking the session over stores each one whose
+ * origin it lacks as history (a new id there, never leased). A version-2 blob lacks that part
+ * and still imports. That is what a completion changes of
  * a session and what its next turns read back: its conversation (the input and reply cores of
  * every turn within the history bound, which non-inbox turns render), its replies (which an
  * inbox turn's channel view renders, from the node's own channel history), the nodes workers
@@ -38,10 +44,12 @@
 #include "common/log.h"
 #include "ingest.h"
 #include "replystream.h"
+#include "turnrecs.h"
 
 #define STATE_MAGIC "CPHS"
-#define STATE_VERSION 2u
-#define STATE_VERSION_NO_STREAM 1u /* before the stream replies; still imported */
+#define STATE_VERSION 3u
+#define STATE_VERSION_NO_TURNS 2u  /* before the turn records; still imported */
+#define STATE_VERSION_NO_STREAM 1u /* before the stream replies too; still imported */
 #define STATE_HEAD 28u
 #define STATE_STREAM_REPLIES 64
 #define STATE_STREAM_REPLY_BYTES (256u * 1024u)
@@ -50,6 +58,8 @@
 #define STATE_REPLY_BYTES (256u * 1024u)
 #define STATE_MEMORIES 64 /* of each class (raw, other) */
 #define STATE_MEMORY_BYTES (256u * 1024u)
+#define STATE_TURNS 64
+#define STATE_TURN_BYTES (256u * 1024u) /* of the records as encoded */
 /* A tree alone beyond CPH_HANDOVER_MAX_BYTES is not exported (the caller logs it: the
  * session's previous state stays in the log); the replies and memories are left out when they
  * would not fit. */
@@ -394,6 +404,69 @@ static int state_export_memories(const cph_handover *st, const csession *s, cph_
   return rc;
 }
 
+/* The session's newest ended turn records that have an origin, each encoded for the state,
+ * newest first as collected. */
+typedef struct turn_scan {
+  const char *node; /* this node's name (the origin of the records made here) */
+  cph_buf *v;
+  size_t n, cap, bytes;
+  bool nomem;
+} turn_scan;
+
+static bool collect_turn(void *ctx, const cph_turn_rec *tr) {
+  turn_scan *ts = ctx;
+  char origin[TURNRECS_ORIGIN_MAX];
+  turnrecs_origin(origin, ts->node, tr);
+  if (!origin[0])
+    return true; /* none (a single node's record): nothing would tell it from another */
+  cph_turn_rec out = *tr; /* borrows tr's strings */
+  memset(out.lease, 0, sizeof out.lease);
+  out.inbox_seqs = NULL;
+  out.n_inbox_seqs = 0;
+  out.job_id = 0;
+  out.origin = origin;
+  cph_buf b = {0};
+  if (cph_record_encode(&cph_turn_desc, &out, &b) != CPH_OK || cph_buf_error(&b)) {
+    cph_buf_free(&b);
+    ts->nomem = true;
+    return false;
+  }
+  cph_buf *g = ts->bytes + b.len > STATE_TURN_BYTES
+                   ? NULL
+                   : room_for_one(ts->v, &ts->cap, ts->n, sizeof *g, 8);
+  if (!g) {
+    ts->nomem = ts->bytes + b.len <= STATE_TURN_BYTES;
+    cph_buf_free(&b);
+    return false;
+  }
+  ts->v = g;
+  ts->v[ts->n++] = b;
+  ts->bytes += b.len;
+  return true;
+}
+
+/* The turn records part of the blob (above), oldest first. */
+static int state_export_turns(const cph_handover *st, const csession *s, cph_buf *out) {
+  turn_scan ts = {st->env->reply_origin_node, NULL, 0, 0, 0, false};
+  int rc = turnrecs_session_newest(&st->env->txn, s->id, STATE_TURNS, collect_turn, &ts);
+  if (rc == CPH_OK && ts.nomem)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK) {
+    uint8_t be[4];
+    cph_be32_put(be, (uint32_t)ts.n);
+    cph_buf_append(out, be, 4);
+    for (size_t i = ts.n; i-- > 0;) {
+      cph_be32_put(be, (uint32_t)ts.v[i].len);
+      cph_buf_append(out, be, 4);
+      cph_buf_append(out, ts.v[i].data, ts.v[i].len);
+    }
+  }
+  for (size_t i = 0; i < ts.n; i++)
+    cph_buf_free(&ts.v[i]);
+  free(ts.v);
+  return rc;
+}
+
 typedef struct memory_find {
   const char *text;
   bool found;
@@ -577,10 +650,10 @@ static int state_import_history(cph_txn *t, const char *session, reply_scan *his
 }
 
 /* The memories part: each memory whose text the session's newest memories of its class here
- * lack is minted in its scope (its embedding queued, as for any new memory). CPH_EINVAL when the
- * part is malformed. */
+ * lack is minted in its scope (its embedding queued, as for any new memory); *used: the part's
+ * length. CPH_EINVAL when the part is malformed. */
 static int state_import_memories(const cph_handover *st, cph_txn *t, const char *session,
-                                 const uint8_t *data, size_t n) {
+                                 const uint8_t *data, size_t n, size_t *used) {
   if (n < 4)
     return CPH_EINVAL;
   uint32_t count = cph_be32_get(data);
@@ -602,6 +675,59 @@ static int state_import_memories(const cph_handover *st, cph_txn *t, const char 
       rc = memory_mint(st->memory, t, session, kind, text, 0, true, NULL);
     free(text);
   }
+  *used = at;
+  return rc;
+}
+
+/* The turn records part: each record whose origin this node lacks is stored as history
+ * (turnrecs_import). CPH_EINVAL when the part is malformed, with why[0..len) saying which
+ * record and what is wrong with it. */
+static int state_import_turns(cph_txn *t, const char *node, const char *session,
+                              const uint8_t *data, size_t n, char *why, size_t len) {
+  if (n < 4) {
+    snprintf(why, len, "its turn records part is cut short (%zu bytes)", n);
+    return CPH_EINVAL;
+  }
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  int rc = CPH_OK;
+  for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
+    uint32_t l = n - at >= 4 ? cph_be32_get(data + at) : 0;
+    if (n - at < 4 || n - at - 4 < l) {
+      snprintf(why, len, "turn record %u of %u is cut short", i + 1, count);
+      return CPH_EINVAL;
+    }
+    at += 4;
+    cph_turn_rec tr = {0};
+    cph_err err = {0};
+    rc = cph_record_decode(&cph_turn_desc, data + at, l, &tr, &err);
+    at += l;
+    bool no_origin = rc == CPH_OK && (!tr.origin || !*tr.origin ||
+                                      strlen(tr.origin) >= TURNRECS_ORIGIN_MAX);
+    const char *bad = rc == CPH_ECORRUPT                  ? err.msg
+                      : rc                                ? NULL
+                      : no_origin                         ? "no origin, or one too long"
+                      : strcmp(tr.session, session) != 0  ? "another session's"
+                      : tr.kind == CPH_TURN_JOB           ? "a job turn"
+                      : tr.state != CPH_TURN_COMPLETED && tr.state != CPH_TURN_FAILED
+                          ? "not ended (completed or failed)"
+                          : NULL;
+    if (bad) {
+      snprintf(why, len, "turn record %u of %u: %.160s", i + 1, count, bad);
+      cph_record_free(&cph_turn_desc, &tr);
+      return CPH_EINVAL;
+    }
+    bool held = false;
+    if (rc == CPH_OK)
+      rc = turnrecs_holds(t, node, tr.origin, &held);
+    if (rc == CPH_OK && !held)
+      rc = turnrecs_import(t, &tr);
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  if (rc == CPH_OK && at != n) {
+    snprintf(why, len, "%zu bytes follow its turn records", n - at);
+    rc = CPH_EINVAL;
+  }
   return rc;
 }
 
@@ -621,8 +747,9 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
     return rc;
   if (out->len + 12 > CPH_HANDOVER_MAX_BYTES)
     return CPH_ELIMIT;
-  /* The stream replies, the channel replies and the memories each only while the whole fits
-   * (else none of them: empty), with room kept for the empty parts after it. */
+  /* The stream replies, the channel replies, the memories and the turn records each only
+   * while the whole fits (else none of that part: empty), with room kept for the empty parts
+   * after it. */
   reply_scan rs = {s->id, NULL, 0, 0, 0, false};
   stream_scan ss = {0};
   rc = replystream_session_newest(&st->env->txn, s->id, STATE_STREAM_REPLIES,
@@ -636,17 +763,19 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
   static const uint8_t none[4] = {0};
   cph_buf part = {0};
   bool stream_written = false;
-  for (int i = 0; rc == CPH_OK && i < 3; i++) {
+  for (int i = 0; rc == CPH_OK && i < 4; i++) {
     cph_buf_reset(&part);
     if (i == 0)
       write_stream_part(&ss, &part);
     else if (i == 1)
       write_channel_part(&rs, stream_written, &part);
-    else
+    else if (i == 2)
       rc = state_export_memories(st, s, &part);
+    else
+      rc = state_export_turns(st, s, &part);
     if (rc == CPH_OK && cph_buf_error(&part))
       rc = CPH_ENOMEM;
-    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(2 - i) <= CPH_HANDOVER_MAX_BYTES) {
+    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(3 - i) <= CPH_HANDOVER_MAX_BYTES) {
       cph_buf_append(out, part.data, part.len);
       stream_written |= i == 0;
     } else if (rc == CPH_OK) {
@@ -671,10 +800,10 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   size_t n = op->u.state.len;
   uint32_t version = n < STATE_HEAD ? 0 : cph_be32_get(p + 4);
   if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 ||
-      (version != STATE_VERSION && version != STATE_VERSION_NO_STREAM) ||
+      version < STATE_VERSION_NO_STREAM || version > STATE_VERSION ||
       cph_be32_get(p + 8) != CPH_STORE_SCHEMA_VERSION) {
     op_fail(op, CPH_EINVAL, "state",
-            "the state of session '%s' is not a version-%u or -%u state of store schema %u", id,
+            "the state of session '%s' is not a version-%u to -%u state of store schema %u", id,
             STATE_VERSION_NO_STREAM, STATE_VERSION, CPH_STORE_SCHEMA_VERSION);
     return;
   }
@@ -688,7 +817,7 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   size_t at = STATE_HEAD + used;
   uint64_t newest = 0;
   reply_scan history = {id, NULL, 0, 0, 0, false};
-  if (rc == CPH_OK && version == STATE_VERSION) {
+  if (rc == CPH_OK && version >= STATE_VERSION_NO_TURNS) {
     rc = state_import_stream(&t, id, p + at, n - at, &used, &newest, &history);
     at += rc == CPH_OK ? used : 0;
   }
@@ -699,10 +828,20 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
     rc = state_import_history(&t, id, &history);
   reply_scan_free(&history);
   if (rc == CPH_OK)
-    rc = state_import_memories(st, &t, id, p + at, n - at);
+    rc = state_import_memories(st, &t, id, p + at, n - at, &used);
+  at += rc == CPH_OK ? used : 0;
+  char why[256] = "";
+  if (rc == CPH_OK && version == STATE_VERSION)
+    rc = state_import_turns(&t, st->env->reply_origin_node, id, p + at, n - at, why,
+                            sizeof why);
   if (rc == CPH_EINVAL) {
     cph_txn_abort(&t);
-    op_fail(op, CPH_EINVAL, "state", "the state of session '%s' is cut short or malformed", id);
+    if (why[0])
+      op_fail(op, CPH_EINVAL, "state", "the version-%u state of session '%s' is malformed: %s",
+              version, id, why);
+    else
+      op_fail(op, CPH_EINVAL, "state", "the state of session '%s' is cut short or malformed",
+              id);
     return;
   }
   uint64_t old_episode = s->episode;

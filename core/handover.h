@@ -1,7 +1,8 @@
 /* Handover: a session's state for another node (cluster mode, DESIGN §14 "State",
  * server/clusterflow.h 11.) — what a completion changes of a session (its tree, recent
  * replies — of the replies stream, with their origins, and of its channels' history —, newest
- * memories, episode and credits) as one blob the cluster log keeps per
+ * memories, newest ended turn records with their origins, episode and credits) as one blob
+ * the cluster log keeps per
  * session, and its import on the node that takes the session's shard over. The blob's layout
  * is in handover.c. Private to core/: turns.c exports at each completion and imports
  * CPH_OP_SESSION_STATE.
@@ -39,9 +40,10 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
 
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
- * or a store error fails op and changes nothing. The replies it added to the replies stream
- * (those with an origin the stream lacked, core/replystream.h): *newest_reply is set to the
- * last one's id; untouched when none. */
+ * or a store error fails op and changes nothing; a malformed turn record says which and why.
+ * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn. The
+ * replies it added to the replies stream (those with an origin the stream lacked,
+ * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. */
 void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply);
 
 #endif

@@ -16,6 +16,7 @@
 #include "reports.h"
 #include "handover.h"
 #include "replystream.h"
+#include "turnrecs.h"
 #include "turns.h"
 
 /* An active lease. */
@@ -705,6 +706,8 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
     tr.error = (char *)error;
     tr.completed_ms = cph_wall_ms();
     cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    if (tr.state == CPH_TURN_FAILED) /* history: the session's turn list shows it */
+      turnrecs_ended(&t, &tr);
     tr.error = old_error;
     cph_record_free(&cph_turn_desc, &tr);
   }
@@ -784,6 +787,14 @@ static int check_lease(cph_turns *tu, cph_op *op, lease **out) {
     return op_fail(op, CPH_ENOTFOUND, "id", "no turn %llu", (unsigned long long)op->u.turn.turn_id);
   if (rc)
     return op_fail(op, rc, NULL, "%s", tu->env->txn.err.msg);
+  if (tr.origin) { /* history another node made (core/turnrecs.h): no lease of it is live */
+    op_fail(op, CPH_ECONFLICT, "lease",
+            "turn %llu is the record of turn %s, carried here with its session's state: it "
+            "ended there and is never leased, heartbeated or completed again",
+            (unsigned long long)op->u.turn.turn_id, tr.origin);
+    cph_record_free(&cph_turn_desc, &tr);
+    return op->rc;
+  }
   bool same = token_matches(tr.lease, op->u.turn.lease);
   uint8_t state = tr.state;
   cph_record_free(&cph_turn_desc, &tr);
@@ -1179,6 +1190,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     if (interrupted) /* its record says why its input was not consumed */
       tr.error = "interrupted: input arrived (while_running interrupt); input staged again";
     cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    turnrecs_ended(&t, &tr);
     tr.error = old_error;
     cph_record_free(&cph_turn_desc, &tr);
   }
@@ -1572,4 +1584,121 @@ int turns_parked(cph_store *store, cph_parked_turn **out, size_t *n, cph_err *er
   }
   cph_txn_abort(&t);
   return CPH_OK;
+}
+
+static const char *const TURN_STATES[CPH_TURN_STATE_COUNT] = {
+    "leased", "completed", "failed", "expired", "parked", "requeued", "superseded"};
+
+void cph_turn_record_free(cph_turn_record *t) {
+  free(t->session);
+  free(t->worker);
+  free(t->input);
+  free(t->error);
+  free(t->origin);
+  memset(t, 0, sizeof *t);
+}
+
+/* tr's record as the API shows it, taking tr's strings (tr is left to free). */
+static int record_from(const char *node, cph_turn_rec *tr, cph_turn_record *o) {
+  *o = (cph_turn_record){0};
+  char origin[TURNRECS_ORIGIN_MAX];
+  turnrecs_origin(origin, node, tr);
+  if (origin[0] && !(o->origin = strdup(origin)))
+    return CPH_ENOMEM;
+  o->id = tr->id;
+  o->session = tr->session;
+  o->lane = (cph_lane)tr->lane;
+  o->kind = (cph_turn_kind_t)tr->kind;
+  o->state = TURN_STATES[tr->state];
+  o->worker = tr->worker;
+  o->episode = tr->episode;
+  o->attempts = tr->attempts;
+  o->input = tr->input;
+  o->created_ms = tr->created_ms;
+  o->deadline_ms = tr->deadline_ms;
+  o->completed_ms = tr->completed_ms;
+  o->cost_tokens = tr->cost_tokens;
+  o->tool_calls = tr->tool_calls;
+  o->error = tr->error;
+  tr->session = tr->worker = tr->input = tr->error = NULL;
+  return CPH_OK;
+}
+
+int turns_record(cph_store *store, const char *node, uint64_t id, cph_turn_record *out,
+                 cph_err *err) {
+  *out = (cph_turn_record){0};
+  cph_txn t;
+  int rc = cph_txn_begin(store, false, &t);
+  cph_turn_rec tr = {0};
+  cph_key tk = cph_key_of_u64(id);
+  if (rc == CPH_OK)
+    rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+  if (rc == CPH_OK)
+    rc = record_from(node, &tr, out);
+  cph_record_free(&cph_turn_desc, &tr);
+  if (rc == CPH_ENOTFOUND)
+    cph_err_set(err, rc, "no turn %llu", (unsigned long long)id);
+  else if (rc)
+    cph_err_set(err, rc, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  cph_txn_abort(&t);
+  return rc;
+}
+
+typedef struct record_list {
+  const char *node;
+  cph_turn_record *v;
+  size_t n, cap;
+  int rc;
+} record_list;
+
+static bool list_record(void *ctx, const cph_turn_rec *tr) {
+  record_list *l = ctx;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 16;
+    cph_turn_record *g = realloc(l->v, cap * sizeof *g);
+    if (!g) {
+      l->rc = CPH_ENOMEM;
+      return false;
+    }
+    l->v = g;
+    l->cap = cap;
+  }
+  cph_turn_rec copy = *tr; /* record_from takes its strings: they are tr's, so copied first */
+  copy.session = strdup(tr->session);
+  copy.worker = tr->worker ? strdup(tr->worker) : NULL;
+  copy.input = tr->input ? strdup(tr->input) : NULL;
+  copy.error = tr->error ? strdup(tr->error) : NULL;
+  bool ok = copy.session && (copy.worker || !tr->worker) && (copy.input || !tr->input) &&
+            (copy.error || !tr->error);
+  l->rc = ok ? record_from(l->node, &copy, &l->v[l->n]) : CPH_ENOMEM;
+  if (l->rc == CPH_OK)
+    l->n++;
+  free(copy.session);
+  free(copy.worker);
+  free(copy.input);
+  free(copy.error);
+  return l->rc == CPH_OK;
+}
+
+int turns_session_records(cph_store *store, const char *node, const char *session, size_t limit,
+                          cph_turn_record **out, size_t *n, cph_err *err) {
+  record_list l = {node, NULL, 0, 0, CPH_OK};
+  cph_txn t;
+  int rc = cph_txn_begin(store, false, &t);
+  if (rc == CPH_OK)
+    rc = turnrecs_session_newest(&t, session, limit, list_record, &l);
+  if (rc == CPH_OK)
+    rc = l.rc;
+  if (rc) {
+    cph_err_set(err, rc, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+    for (size_t i = 0; i < l.n; i++)
+      cph_turn_record_free(&l.v[i]);
+    free(l.v);
+    l.v = NULL;
+    l.n = 0;
+  }
+  cph_txn_abort(&t);
+  *out = l.v;
+  *n = l.n;
+  return rc;
 }

@@ -76,5 +76,11 @@ void turns_supersede(cph_turns *tu, csession *s);
 int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **out, size_t *n,
                   uint64_t *next, cph_err *err);
 int turns_parked(cph_store *store, cph_parked_turn **out, size_t *n, cph_err *err);
+/* cph_engine_turn_record and _session_turn_records (cephalon.h); node: this node's name in
+ * cluster mode (the origin of the records made here), else NULL. */
+int turns_record(cph_store *store, const char *node, uint64_t id, cph_turn_record *out,
+                 cph_err *err);
+int turns_session_records(cph_store *store, const char *node, const char *session, size_t limit,
+                          cph_turn_record **out, size_t *n, cph_err *err);
 
 #endif

@@ -69,6 +69,7 @@ static const cph_route routes[] = {
     {EVHTTP_REQ_POST, "/v1/turns/{id}/requeue", SCOPE_ADMIN, CPH_ROUTE_BODY,
      cph_route_turn_requeue},
     {EVHTTP_REQ_GET, "/v1/turns", SCOPE_READ, 0, cph_route_turns_list},
+    {EVHTTP_REQ_GET, "/v1/turns/{id}", SCOPE_READ, 0, cph_route_turn_get},
     {EVHTTP_REQ_GET, "/v1/replies", SCOPE_WORKER | SCOPE_READ, 0, cph_route_replies},
     {EVHTTP_REQ_GET, "/v1/lanes", SCOPE_READ, 0, cph_route_lanes},
     {EVHTTP_REQ_GET, "/v1/cluster", SCOPE_READ, 0, cph_route_cluster},

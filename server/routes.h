@@ -26,6 +26,7 @@ void cph_route_turn_fail(cph_req *r);
 void cph_route_turn_take(cph_req *r);
 void cph_route_turn_requeue(cph_req *r);
 void cph_route_turns_list(cph_req *r);
+void cph_route_turn_get(cph_req *r);
 /* Withdraws a waiting lease long-poll (client gone, fallback deadline, shutdown): when the
  * engine gives the op back the request is answered 204 and ends here; when the op was
  * already served its `done` answers instead. */

@@ -20,6 +20,13 @@
  *   POST /v1/turns/{id}/fail        {lease, error?}            -> 200 {"id", "status"}
  *   POST /v1/turns/{id}/requeue     {}                         -> 200 {"id", "status"}
  *   GET  /v1/turns?state=parked                                -> 200 {"turns": [parked]}
+ *   GET  /v1/turns?session=S&limit=N    -> 200 {"session", "turns": [record]}: S's ended turns
+ *                                          (completed, failed), newest first; on its owner
+ *   GET  /v1/turns/{id}                                        -> 200 record
+ *     record: {id, session, lane, kind, state, worker, episode, attempts, input, created_ms,
+ *     deadline_ms, completed_ms, cost: {tokens, tool_calls}, error, origin?} — origin in
+ *     cluster mode only (core/turnrecs.h); turn ids are per node, so any node answers for its
+ *     own
  */
 #include <errno.h>
 #include <event2/event.h>
@@ -910,10 +917,97 @@ void cph_route_turn_requeue(cph_req *r) {
   cph_req_submit(r, CPH_OP_REQUEUE, requeue_done);
 }
 
+/* ---------------------------------------------------------------- records */
+
+static json_t *record_json(const cph_turn_record *t) {
+  json_t *o = json_object();
+  json_object_set_new(o, "id", cph_json_u64(t->id));
+  json_object_set_new(o, "session", cph_json_str(t->session));
+  json_object_set_new(o, "lane", json_string(cph_lane_name(t->lane)));
+  json_object_set_new(o, "kind", json_string(cph_turn_kind_name(t->kind)));
+  json_object_set_new(o, "state", json_string(t->state));
+  json_object_set_new(o, "worker", cph_json_str(t->worker));
+  json_object_set_new(o, "episode", cph_json_u64(t->episode));
+  json_object_set_new(o, "attempts", json_integer(t->attempts));
+  json_object_set_new(o, "input", cph_json_str(t->input));
+  json_object_set_new(o, "created_ms", json_integer(t->created_ms));
+  json_object_set_new(o, "deadline_ms", json_integer(t->deadline_ms));
+  json_object_set_new(o, "completed_ms", json_integer(t->completed_ms));
+  json_t *cost = json_object();
+  json_object_set_new(cost, "tokens", cph_json_u64(t->cost_tokens));
+  json_object_set_new(cost, "tool_calls", cph_json_u64(t->tool_calls));
+  json_object_set_new(o, "cost", cost);
+  json_object_set_new(o, "error", cph_json_str(t->error));
+  if (t->origin)
+    json_object_set_new(o, "origin", json_string(t->origin));
+  return o;
+}
+
+void cph_route_turn_get(cph_req *r) {
+  if (!turn_target(r, false)) {
+    cph_reply_failure(r);
+    return;
+  }
+  cph_turn_record t;
+  cph_err err = {0};
+  int rc = cph_engine_turn_record(r->srv->engine, r->op.u.turn.turn_id, &t, &err);
+  if (rc != CPH_OK) {
+    cph_reply_rc(r, rc, err.msg, rc == CPH_ENOTFOUND ? "id" : NULL);
+    return;
+  }
+  cph_reply_json(r, 200, record_json(&t));
+  cph_turn_record_free(&t);
+}
+
+#define RECORDS_DEFAULT_LIMIT 100
+#define RECORDS_MAX_LIMIT 1000
+
+/* GET /v1/turns?session=S: the session's ended turns, on the node serving it. */
+static void session_records(cph_req *r, const char *session) {
+  uint64_t limit;
+  if (!cph_query_u64(r, "limit", RECORDS_DEFAULT_LIMIT, RECORDS_MAX_LIMIT, &limit)) {
+    cph_reply_failure(r);
+    return;
+  }
+  if (r->srv->cluster && !cph_cluster_gate_id(r, "session", session))
+    return;
+  cph_turn_record *list = NULL;
+  size_t n = 0;
+  cph_err err = {0};
+  int rc = cph_engine_session_turn_records(r->srv->engine, session,
+                                           limit ? (size_t)limit : RECORDS_DEFAULT_LIMIT, &list,
+                                           &n, &err);
+  if (rc != CPH_OK) {
+    cph_reply_rc(r, rc, err.msg, rc == CPH_ENOTFOUND ? "session" : NULL);
+    return;
+  }
+  json_t *arr = json_array();
+  for (size_t i = 0; i < n; i++) {
+    json_array_append_new(arr, record_json(&list[i]));
+    cph_turn_record_free(&list[i]);
+  }
+  free(list);
+  json_t *body = json_object();
+  json_object_set_new(body, "session", json_string(session));
+  json_object_set_new(body, "turns", arr);
+  cph_reply_json(r, 200, body);
+}
+
 /* ---------------------------------------------------------------- parked */
 
 void cph_route_turns_list(cph_req *r) {
   const char *state = cph_req_query(r, "state");
+  const char *session = cph_req_query(r, "session");
+  if (session && state) {
+    cph_reply_error(r, 400, "bad_request", "state",
+                    "state and session do not go together: state=parked lists the parked turns "
+                    "of every session, session= a session's ended turns");
+    return;
+  }
+  if (session) {
+    session_records(r, session);
+    return;
+  }
   if (state && strcmp(state, "parked") != 0) {
     cph_reply_error(r, 400, "bad_request", "state", "state must be \"parked\"");
     return;

@@ -105,8 +105,10 @@ static const cph_field turn_fields[] = {
     FIELD(R, CPH_F_U64, cost_tokens),
     FIELD(R, CPH_F_U64, tool_calls),
     FIELD(R, CPH_F_OPT_STR, error),
+    /* version 2 (cluster mode): an older record reads NULL, made here */
+    FIELD_SINCE(R, CPH_F_OPT_STR, origin, 2),
 };
-DESC(cph_turn_desc, "turn", 1, R, turn_fields);
+DESC_COMPAT(cph_turn_desc, "turn", 2, 1, R, turn_fields);
 #undef R
 
 #define R cph_reply_rec

@@ -138,6 +138,10 @@ typedef struct cph_turn_rec {
   uint64_t cost_tokens;
   uint64_t tool_calls;
   char *error; /* last failure reason, optional */
+  /* Since record version 2: the identity cluster-wide of a record another node made and this
+   * one imported with its session's state (core/turnrecs.h) — history, never leased here.
+   * NULL, as older records read, for every turn this node made. */
+  char *origin;
 } cph_turn_rec;
 
 typedef struct cph_reply_rec {

@@ -52,6 +52,8 @@
   X(REPLIES, "replies")       /* u64 reply id -> reply */                                \
   X(REPLY_ORIGINS, "reply_origins") /* origin\0 -> u64 reply id (cluster mode, core/replystream.h) */ \
   X(REPLY_SESSIONS, "reply_sessions") /* session\0 u64 reply id -> "" (cluster mode, replystream.h) */ \
+  X(TURN_ORIGINS, "turn_origins") /* origin\0 -> u64 turn id: records imported (core/turnrecs.h) */ \
+  X(TURN_SESSIONS, "turn_sessions") /* session\0 u64 turn id -> "": its ended turns (turnrecs.h) */ \
   X(MEMORIES, "memories")     /* u64 memory id -> memory */                              \
   X(MEMORY_SCOPES, "memory_scopes") /* scope\0 class\0 u64 id -> u64 source event (memory.c) */ \
   X(JOBS, "jobs")             /* u64 job id -> job */                                    \
@@ -229,7 +231,7 @@ typedef struct cph_txn {
    * txn, closed when the txn ends or begins a child), so that a put whose key lands on the
    * page of the database's previous put finds it without a search from the root (txn.c). */
   void *put_cursor[CPH_DB_COUNT];
-  uint32_t put_once; /* bit db: db had a put, without a cursor (a txn's only put opens none) */
+  uint64_t put_once; /* bit db: db had a put, without a cursor (a txn's only put opens none) */
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);

@@ -193,11 +193,11 @@ static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, siz
    * put: LMDB starts from the cursor's page when the key falls inside it (as a run of keys in
    * one range does: a session's inbox, a channel's history) and searches from the root
    * otherwise. The writes are the same. */
-  _Static_assert(CPH_DB_COUNT <= 32, "put_once has a bit per database");
+  _Static_assert(CPH_DB_COUNT <= 64, "put_once has a bit per database");
   MDB_cursor *c = t->put_cursor[db];
   int rc = MDB_SUCCESS;
-  if (!c && !(t->put_once & (1u << db))) { /* a cursor costs an allocation: not for one put */
-    t->put_once |= 1u << db;
+  if (!c && !(t->put_once & (1ull << db))) { /* a cursor costs an allocation: not for one put */
+    t->put_once |= 1ull << db;
   } else if (!c && (rc = mdb_cursor_open(t->mdb, t->store->dbi[db], &c)) == MDB_SUCCESS) {
     t->put_cursor[db] = c;
   }

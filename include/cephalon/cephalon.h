@@ -820,6 +820,35 @@ uint64_t cph_engine_last_reply_id(const cph_engine *e);
 
 int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err);
 
+/* A turn's record (GET /v1/turns/{id}, GET /v1/turns?session=): what the node stored of it. In
+ * cluster mode `origin` is its identity in the whole cluster ("<node>/<id there>/<16 hex>",
+ * core/turnrecs.h); a record another node made came with its session's state and is history
+ * here (never leased again). NULL on a single node. */
+typedef struct cph_turn_record {
+  uint64_t id;
+  char *session;
+  cph_lane lane;
+  cph_turn_kind_t kind;
+  const char *state; /* "leased", "completed", "failed", "expired", "parked", "requeued",
+                      * "superseded" (static) */
+  char *worker;      /* NULL: none */
+  uint64_t episode;
+  uint32_t attempts;
+  char *input;       /* NULL: none */
+  int64_t created_ms, deadline_ms, completed_ms; /* completed_ms: when it ended, 0 while not */
+  uint64_t cost_tokens, tool_calls;
+  char *error;       /* NULL: none */
+  char *origin;
+} cph_turn_record;
+void cph_turn_record_free(cph_turn_record *t);
+/* CPH_OK, CPH_ENOTFOUND (no turn `id` on this node) or the store's error. */
+int cph_engine_turn_record(cph_engine *e, uint64_t id, cph_turn_record *out, cph_err *err);
+/* The session's ended turns (completed or failed, those it carried from other nodes included),
+ * newest first, at most limit: *out (free each with cph_turn_record_free, then the array).
+ * Turns that ended before this build are not listed. CPH_ENOTFOUND: no such session. */
+int cph_engine_session_turn_records(cph_engine *e, const char *session, size_t limit,
+                                    cph_turn_record **out, size_t *n, cph_err *err);
+
 typedef struct cph_engine_storage {
   uint64_t map_size_bytes;
   uint64_t used_bytes;

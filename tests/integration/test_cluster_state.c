@@ -49,22 +49,6 @@ static const char EXTRA[] =
     " :credits {:refill-per-second 0.001 :max 30 :cost {:interactive 5 :operational 1"
     " :maintenance 1}}}";
 
-/* Posts question `round` to every session (through node `via`). */
-static void ask(cph_test_cluster *c, int via, int round) {
-  char body[8192];
-  size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
-  for (int s = 0; s < SESSIONS; s++)
-    len += (size_t)snprintf(body + len, sizeof body - len,
-                            "%s{\"session\":\"t%02d\",\"sender\":\"ann\",\"key\":\"q%d-%02d\","
-                            "\"body\":\"question %d for t%02d\"}",
-                            s ? "," : "", s, round, s, round, s);
-  snprintf(body + len, sizeof body - len, "]}");
-  cph_test_response r = cph_test_api(c->port[via], "POST", "/v1/events", NULL, body);
-  if (r.status != 200)
-    fail_msg("posting round %d: %d %s", round, r.status, r.body ? r.body : "");
-  cph_test_response_free(&r);
-}
-
 /* Completes the leased turn on node n with round's reply and memory for session t<s>
  * (asserted 200). */
 static void complete_turn(cph_test_cluster *c, int n, json_t *turn, int round, int s) {
@@ -213,7 +197,7 @@ static void check_state(bench *b, int n, int s, const char *when) {
 /* Leases the next question of every session node n owns: each lease's messages show every
  * earlier reply of its session. Completes it, answering "reply <round> of <session>". */
 static void next_lease_shows_replies(bench *b, int n, int round) {
-  ask(b->c, n, round);
+  cph_tc_ask(b->c, n, SESSIONS, round);
   bool done[SESSIONS] = {false};
   int want = 0, got = 0;
   for (int s = 0; s < SESSIONS; s++)
@@ -258,19 +242,12 @@ static void next_lease_shows_replies(bench *b, int n, int round) {
   }
 }
 
-/* Sessions t00, t01, ... */
-static const char *session_id(int s, void *ctx) {
-  static char id[16];
-  (void)ctx;
-  snprintf(id, sizeof id, "t%02d", s);
-  return id;
-}
-
 static int setup(void **state) {
   bench *b = calloc(1, sizeof *b);
   cph_test_cluster *c = cph_tc_new();
   b->c = c;
-  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, session_id, NULL, b->owner);
+  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, cph_tc_session_t, NULL,
+                          b->owner);
   *state = b;
   return 0;
 }
@@ -292,7 +269,7 @@ static void test_cluster_state_a_dead_nodes_sessions_keep_their_history_tree_and
     moved += b->owner[s] == victim;
   assert_true(moved > 0 && moved < SESSIONS);
   for (int round = 0; round < ROUNDS; round++) {
-    ask(c, round % NODES, round);
+    cph_tc_ask(c, round % NODES, SESSIONS, round);
     for (int n = 0; n < NODES; n++)
       answer_round(b, n, round);
     if (round == 0)

@@ -346,28 +346,43 @@ int cph_tc_node_of_url(const cph_test_cluster *c, const char *url) {
   return -1;
 }
 
-int cph_tc_post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body) {
+/* method path body on node n, following a 421 to the owner it names (and waiting out a 503),
+ * 50 tries at most: the node that answered 200, and its JSON into *out when out is given. */
+static int on_owner(cph_test_cluster *c, int n, const char *method, const char *path,
+                    const char *body, json_t **out) {
   for (int tries = 0; tries < 50; tries++) {
-    cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
+    cph_test_response r = cph_test_api(c->port[n], method, path, NULL, body);
+    json_t *j = cph_test_json(&r);
     if (r.status == 200) {
       cph_test_response_free(&r);
+      if (out)
+        *out = j;
+      else
+        json_decref(j);
       return n;
     }
-    json_t *j = cph_test_json(&r);
     const char *url = json_string_value(
         json_object_get(json_object_get(json_object_get(j, "error"), "owner"), "url"));
     int owner = r.status == 421 ? cph_tc_node_of_url(c, url) : -1;
     json_decref(j);
     if (owner < 0 && r.status != 503)
-      fail_msg("POST %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+      fail_msg("%s %s on n%d: %d %s", method, path, n, r.status, r.body ? r.body : "");
     cph_test_response_free(&r);
     if (owner >= 0)
       n = owner;
     else
       cph_tc_sleep_ms(100);
   }
-  fail_msg("POST %s: no owner answered 200", path);
+  fail_msg("%s %s: no owner answered 200", method, path);
   return -1;
+}
+
+int cph_tc_post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body) {
+  return on_owner(c, n, "POST", path, body, NULL);
+}
+
+int cph_tc_get_on_owner(cph_test_cluster *c, int n, const char *path, json_t **out) {
+  return on_owner(c, n, "GET", path, NULL, out);
 }
 
 long long cph_tc_rebuild_sum(cph_test_cluster *c, const char *name) {
@@ -523,4 +538,28 @@ void cph_tc_up_with_sessions(cph_test_cluster *c, int nodes, int shards, int ttl
     owner[s] = cph_tc_post_on_owner(c, s % nodes, "/v1/sessions", body);
   }
   cph_tc_wait_known(c, n);
+}
+
+const char *cph_tc_session_t(int s, void *ctx) {
+  static char id[16];
+  (void)ctx;
+  snprintf(id, sizeof id, "t%02d", s);
+  return id;
+}
+
+void cph_tc_ask(cph_test_cluster *c, int via, int sessions, int round) {
+  char body[16384];
+  size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
+  for (int s = 0; s < sessions && len < sizeof body; s++)
+    len += (size_t)snprintf(body + len, sizeof body - len,
+                            "%s{\"session\":\"t%02d\",\"sender\":\"ann\",\"key\":\"q%d-%02d\","
+                            "\"body\":\"question %d for t%02d\"}",
+                            s ? "," : "", s, round, s, round, s);
+  if (len + 3 > sizeof body)
+    fail_msg("cph_tc_ask: %d sessions do not fit one request", sessions);
+  snprintf(body + len, sizeof body - len, "]}");
+  cph_test_response r = cph_test_api(c->port[via], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting round %d: %d %s", round, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
 }

@@ -69,6 +69,8 @@ int cph_tc_node_of_url(const cph_test_cluster *c, const char *url);
 /* POST path body on node n, following a 421 to the owner it names (and waiting out a 503),
  * 50 tries at most; returns the node that answered 200 (the test fails otherwise). */
 int cph_tc_post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body);
+/* GET path likewise: the node that answered 200, its JSON (new reference) into *out. */
+int cph_tc_get_on_owner(cph_test_cluster *c, int n, const char *path, json_t **out);
 /* The sum over the nodes up of GET /v1/cluster log.rebuild.<name> (asserted present). */
 long long cph_tc_rebuild_sum(cph_test_cluster *c, const char *name);
 /* The sum over the nodes up but `except` (-1: none) of metric `name`, an unlabelled counter
@@ -92,6 +94,11 @@ void cph_tc_wait_known(cph_test_cluster *c, int count);
 void cph_tc_up_with_sessions(cph_test_cluster *c, int nodes, int shards, int ttl_s,
                              const char *extra, int n, const char *(*id)(int i, void *ctx),
                              void *ctx, int *owner);
+/* Sessions named t00, t01, ... (an `id` for cph_tc_up_with_sessions; a static buffer). */
+const char *cph_tc_session_t(int s, void *ctx);
+/* Posts question `round` ("question <round> for t<s>", key "q<round>-<s>") to each of
+ * sessions t00.. t<sessions - 1> in one request through node via (asserted 200). */
+void cph_tc_ask(cph_test_cluster *c, int via, int sessions, int round);
 /* Stops everything and removes the temp dir. */
 void cph_tc_free(cph_test_cluster *c);
 

@@ -4,8 +4,10 @@
  * that imports it shows the same tree and episode, the replies in its channel's history once
  * (an import repeated adds nothing), the memories once; a malformed blob is refused and changes
  * nothing. With reply origins on (cluster mode) the state carries the session's replies stream
- * and the importing engine adds each origin it lacks to its own stream, once. Off, nothing is
- * exported, and replies have no origin. */
+ * and the importing engine adds each origin it lacks to its own stream, once, and (state
+ * version 3) the session's ended turn records, each origin once, as history no lease reaches;
+ * a version-2 state still loads, and a malformed turn record is refused saying which. Off,
+ * nothing is exported, and replies and turns have no origin. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +20,9 @@
 #include <string.h>
 
 #include "cephalon/cephalon.h"
+#include "common/buf.h"
+#include "store/records.h"
+#include "store/keys.h"
 #include "tests/support/engine_fixture.h"
 
 #define TURNS 3
@@ -47,6 +52,8 @@ static void turn(cph_fixture *f, const char *s, int i, cph_op *done) {
   m.text = memory;
   done->u.turn.memories = &m;
   done->u.turn.n_memories = 1;
+  done->u.turn.tokens = 100 + (uint64_t)i;
+  done->u.turn.tool_calls = (uint64_t)i;
   assert_int_equal(cph_fixture_run(f, done), CPH_OK);
   done->u.turn.memories = NULL;
   done->u.turn.n_memories = 0;
@@ -85,15 +92,23 @@ static int memory_count(cph_fixture *f, const char *s, const char *text) {
   return count;
 }
 
-static int import(cph_fixture *f, const char *s, const uint8_t *data, size_t len) {
+/* The op's answer to importing data into s (its message into msg). */
+static int import_msg(cph_fixture *f, const char *s, const uint8_t *data, size_t len, char *msg,
+                      size_t cap) {
   cph_op op = {0};
   op.kind = CPH_OP_SESSION_STATE;
   op.u.state.session = (char *)s;
   op.u.state.data = data;
   op.u.state.len = len;
   int rc = cph_fixture_run(f, &op);
+  snprintf(msg, cap, "%s", op.err.msg);
   cph_op_clear_results(&op);
   return rc;
+}
+
+static int import(cph_fixture *f, const char *s, const uint8_t *data, size_t len) {
+  char msg[512];
+  return import_msg(f, s, data, len, msg, sizeof msg);
 }
 
 /* The replies of the next lease's messages that are "reply <i> of a", each counted. */
@@ -187,6 +202,20 @@ static void replies_free(cph_reply_info *list, size_t n) {
   free(list);
 }
 
+/* Two engines as nodes "x" and "y" of a cluster (report_consumed, reply origins), each with
+ * session "a"; their tags are <tag>_x and <tag>_y. */
+static void two_nodes(const char *tag, cph_fixture **x, cph_fixture **y) {
+  for (int k = 0; k < 2; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "%s_%s", tag, k ? "y" : "x");
+    cph_fixture *f = cph_fixture_new(name, "{}");
+    cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+    cph_engine_report_consumed(f->e, true);
+    assert_int_equal(cph_engine_reply_origins(f->e, k ? "y" : "x"), CPH_OK);
+    *(k ? y : x) = f;
+  }
+}
+
 /* A completion's state, taken from its op. */
 static uint8_t *state_of(cph_op *done, size_t *len) {
   uint8_t *blob = done->u.turn.state;
@@ -197,24 +226,24 @@ static uint8_t *state_of(cph_op *done, size_t *len) {
   return blob;
 }
 
-static void test_session_state_offers_the_replies_stream_once_by_origin(void **state) {
-  (void)state;
-  cph_fixture *x = cph_fixture_new("stream_x", "{}");
-  cph_fixture *y = cph_fixture_new("stream_y", "{}");
-  cph_fixture *fx[2] = {x, y};
-  for (int k = 0; k < 2; k++) {
-    cph_fixture_create_session(fx[k], "a", CPH_LANE_INTERACTIVE, NULL, 0);
-    cph_engine_report_consumed(fx[k]->e, true);
-    assert_int_equal(cph_engine_reply_origins(fx[k]->e, k ? "y" : "x"), CPH_OK);
-  }
+/* TURNS turns answered on f's session "a": the last completion's state (*len bytes). */
+static uint8_t *answered_state(cph_fixture *f, size_t *len) {
   cph_op done;
   for (int i = 0; i < TURNS; i++) {
-    turn(x, "a", i, &done);
+    turn(f, "a", i, &done);
     if (i < TURNS - 1)
       cph_op_clear_results(&done);
   }
+  return state_of(&done, len);
+}
+
+static void test_session_state_offers_the_replies_stream_once_by_origin(void **state) {
+  (void)state;
+  cph_fixture *x, *y;
+  two_nodes("stream", &x, &y);
+  cph_op done;
   size_t len;
-  uint8_t *blob = state_of(&done, &len);
+  uint8_t *blob = answered_state(x, &len);
   size_t nx;
   cph_reply_info *rx = stream(x, &nx);
   assert_int_equal(nx, TURNS);
@@ -300,6 +329,210 @@ static void test_session_state_offers_the_replies_stream_once_by_origin(void **s
   cph_fixture_free(z);
 }
 
+/* A question to session s, leased and failed with this error. */
+static void failed_turn(cph_fixture *f, const char *s, const char *error) {
+  cph_event_in ev = {0};
+  ev.session = (char *)s;
+  ev.sender = "ann";
+  ev.body = "a question that fails";
+  cph_op in;
+  cph_fixture_ingest(f, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease;
+  cph_fixture_lease(f, "w", &lease);
+  cph_op fail = {0};
+  fail.kind = CPH_OP_FAIL;
+  fail.u.turn.turn_id = lease.u.lease.turn.id;
+  memcpy(fail.u.turn.lease, lease.u.lease.turn.lease, sizeof fail.u.turn.lease);
+  fail.u.turn.error = (char *)error;
+  assert_int_equal(cph_fixture_run(f, &fail), CPH_OK);
+  cph_op_clear_results(&fail);
+  cph_op_clear_results(&lease);
+}
+
+/* Session s's ended turns on f, newest first (free with records_free). */
+static cph_turn_record *records(cph_fixture *f, const char *s, size_t *n) {
+  cph_turn_record *list = NULL;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_session_turn_records(f->e, s, 1000, &list, n, &err), CPH_OK);
+  return list;
+}
+
+static void records_free(cph_turn_record *list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    cph_turn_record_free(&list[i]);
+  free(list);
+}
+
+/* How many of s's turn records on f have this origin. */
+static int origin_count(cph_fixture *f, const char *s, const char *origin) {
+  size_t n;
+  cph_turn_record *list = records(f, s, &n);
+  int count = 0;
+  for (size_t i = 0; i < n; i++)
+    count += list[i].origin && strcmp(list[i].origin, origin) == 0;
+  records_free(list, n);
+  return count;
+}
+
+static void test_session_state_carries_turn_records_once_by_origin(void **state) {
+  (void)state;
+  cph_fixture *x, *y;
+  two_nodes("turns", &x, &y);
+  failed_turn(x, "a", "model error");
+  cph_op done;
+  size_t len;
+  uint8_t *blob = answered_state(x, &len);
+  size_t nx;
+  cph_turn_record *rx = records(x, "a", &nx); /* newest first: the completions, the failure */
+  assert_int_equal(nx, TURNS + 1);
+  for (size_t i = 0; i < nx; i++) { /* "x/<id>/<16 hex>" */
+    char want[32];
+    snprintf(want, sizeof want, "x/%llu/", (unsigned long long)rx[i].id);
+    assert_non_null(rx[i].origin);
+    assert_int_equal(strncmp(rx[i].origin, want, strlen(want)), 0);
+    assert_int_equal(strlen(rx[i].origin), strlen(want) + 16);
+  }
+  assert_string_equal(rx[TURNS].state, "failed");
+  assert_string_equal(rx[TURNS].error, "model error");
+  assert_string_equal(rx[0].state, "completed");
+  assert_int_equal(rx[0].cost_tokens, 100 + TURNS - 1);
+  assert_int_equal(rx[0].tool_calls, TURNS - 1);
+
+  /* y takes a over, twice (a shard taken again): each record once, as x had it, under a new id */
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(import(y, "a", blob, len), CPH_OK);
+    size_t ny;
+    cph_turn_record *ry = records(y, "a", &ny);
+    assert_int_equal(ny, TURNS + 1);
+    for (size_t i = 0; i < ny; i++) {
+      assert_string_equal(ry[i].origin, rx[i].origin);
+      assert_string_equal(ry[i].state, rx[i].state);
+      assert_string_equal(ry[i].session, "a");
+      assert_int_equal(ry[i].kind, rx[i].kind);
+      assert_int_equal(ry[i].lane, rx[i].lane);
+      assert_int_equal(ry[i].cost_tokens, rx[i].cost_tokens);
+      assert_int_equal(ry[i].tool_calls, rx[i].tool_calls);
+      assert_int_equal(ry[i].attempts, rx[i].attempts);
+      assert_int_equal(ry[i].episode, rx[i].episode);
+      assert_int_equal(ry[i].created_ms, rx[i].created_ms);
+      assert_int_equal(ry[i].completed_ms, rx[i].completed_ms);
+      assert_string_equal(ry[i].worker, rx[i].worker);
+      if (rx[i].error)
+        assert_string_equal(ry[i].error, rx[i].error);
+      else
+        assert_null(ry[i].error);
+      cph_turn_record one;
+      cph_err err = {0};
+      assert_int_equal(cph_engine_turn_record(y->e, ry[i].id, &one, &err), CPH_OK);
+      assert_string_equal(one.origin, rx[i].origin);
+      cph_turn_record_free(&one);
+      /* history: no lease reaches it, not even the all-zero token it is stored with */
+      cph_op op = {0};
+      op.kind = round ? CPH_OP_HEARTBEAT : CPH_OP_COMPLETE;
+      op.u.turn.turn_id = ry[i].id;
+      memset(op.u.turn.lease, '0', 32);
+      assert_int_equal(cph_fixture_run(y, &op), CPH_ECONFLICT);
+      assert_non_null(strstr(op.err.msg, "never leased"));
+      cph_op_clear_results(&op);
+    }
+    records_free(ry, ny);
+  }
+  /* nothing to lease on y: the imports made no active turn (the next turn is y's own) */
+  turn(y, "a", TURNS, &done);
+  free(blob);
+  blob = state_of(&done, &len);
+  size_t ny;
+  cph_turn_record *ry = records(y, "a", &ny);
+  assert_int_equal(ny, TURNS + 2);
+  assert_int_equal(strncmp(ry[0].origin, "y/", 2), 0);
+  assert_int_equal(ry[0].cost_tokens, 100 + TURNS);
+
+  /* x takes it back: it holds its own records (made there), and adds only y's */
+  assert_int_equal(import(x, "a", blob, len), CPH_OK);
+  size_t n;
+  cph_turn_record *r = records(x, "a", &n);
+  assert_int_equal(n, TURNS + 2);
+  for (size_t i = 0; i < ny; i++)
+    assert_int_equal(origin_count(x, "a", ry[i].origin), 1);
+  assert_string_equal(r[0].origin, ry[0].origin);
+  records_free(r, n);
+  /* and a y that lost its data (a fresh engine) gets them all once */
+  cph_fixture *z = cph_fixture_new("turns_z", "{}");
+  cph_fixture_create_session(z, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  assert_int_equal(cph_engine_reply_origins(z->e, "y"), CPH_OK);
+  assert_int_equal(import(z, "a", blob, len), CPH_OK);
+  r = records(z, "a", &n);
+  assert_int_equal(n, TURNS + 2);
+  records_free(r, n);
+  cph_fixture_free(z);
+  free(blob);
+  records_free(ry, ny);
+  records_free(rx, nx);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
+static void test_session_state_version_2_loads_and_bad_turn_records_are_named(void **state) {
+  (void)state;
+  cph_fixture *x = cph_fixture_new("v2_x", "{}");
+  cph_fixture_create_session(x, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_engine_report_consumed(x->e, true);
+  cph_op done;
+  turn(x, "a", 0, &done);
+  size_t len;
+  uint8_t *blob = state_of(&done, &len);
+  /* without reply origins (no node name) no record has an identity: the part is empty */
+  assert_true(len > 32);
+  assert_memory_equal(blob + len - 4, "\0\0\0\0", 4);
+  assert_int_equal(cph_be32_get(blob + 4), 3);
+
+  /* the same state as a version-2 node wrote it: no turn records part */
+  cph_fixture *y = cph_fixture_new("v2_y", "{}");
+  cph_fixture_create_session(y, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_be32_put(blob + 4, 2);
+  char msg[512];
+  assert_int_equal(import_msg(y, "a", blob, len - 4, msg, sizeof msg), CPH_OK);
+  uint64_t episode = 0;
+  assert_int_equal(tree_count(y, "a", "assistant", "reply 0 of a", &episode), 1);
+  assert_int_equal(episode, 1);
+  assert_int_equal(memory_count(y, "a", "memory 0 of a"), 1);
+  cph_be32_put(blob + 4, 3);
+
+  /* a version-3 state whose turn records part holds a bad record: refused, naming it */
+  cph_turn_rec tr = {0};
+  tr.session = "a";
+  tr.state = CPH_TURN_LEASED;
+  tr.origin = "x/9/0123456789abcdef";
+  cph_buf rec = {0};
+  assert_int_equal(cph_record_encode(&cph_turn_desc, &tr, &rec), CPH_OK);
+  cph_buf bad = {0};
+  cph_buf_append(&bad, blob, len - 4);
+  uint8_t be[4];
+  cph_be32_put(be, 1);
+  cph_buf_append(&bad, be, 4);
+  cph_be32_put(be, (uint32_t)rec.len);
+  cph_buf_append(&bad, be, 4);
+  cph_buf_append(&bad, rec.data, rec.len);
+  const uint8_t *bad_data = (const uint8_t *)bad.data;
+  assert_int_equal(import_msg(y, "a", bad_data, bad.len, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "turn record 1 of 1: not ended"));
+  ((uint8_t *)bad.data)[len + 4] ^= 0xff; /* the record's first byte: not a msgpack array */
+  assert_int_equal(import_msg(y, "a", bad_data, bad.len, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "turn record 1 of 1: turn"));
+  assert_int_equal(import_msg(y, "a", bad_data, bad.len - 1, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "turn record 1 of 1 is cut short"));
+  size_t n; /* none of it was stored */
+  cph_turn_record *r = records(y, "a", &n);
+  assert_int_equal(n, 0);
+  records_free(r, n);
+  cph_buf_free(&bad);
+  cph_buf_free(&rec);
+  free(blob);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
 static void test_session_state_is_not_exported_without_report_consumed(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("state_off", "{}");
@@ -313,6 +546,12 @@ static void test_session_state_is_not_exported_without_report_consumed(void **st
   assert_int_equal(n, 1);
   assert_null(r[0].origin);
   replies_free(r, n);
+  cph_turn_record *t = records(f, "a", &n); /* its turn is listed, without an origin */
+  assert_int_equal(n, 1);
+  assert_null(t[0].origin);
+  assert_string_equal(t[0].state, "completed");
+  assert_int_equal(t[0].cost_tokens, 100);
+  records_free(t, n);
   cph_fixture_free(f);
 }
 
@@ -320,6 +559,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
       cmocka_unit_test(test_session_state_offers_the_replies_stream_once_by_origin),
+      cmocka_unit_test(test_session_state_carries_turn_records_once_by_origin),
+      cmocka_unit_test(test_session_state_version_2_loads_and_bad_turn_records_are_named),
       cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

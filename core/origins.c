@@ -1,0 +1,73 @@
+/* The origin and session indexes of records other nodes made: see origins.h. */
+#include "origins.h"
+
+#include <string.h>
+
+int origins_put(cph_txn *t, cph_db db, const char *origin, uint64_t id) {
+  cph_key ok;
+  cph_key_reset(&ok);
+  cph_key_str(&ok, origin);
+  uint8_t be[8];
+  cph_be64_put(be, id);
+  return cph_txn_put(t, db, &ok, be, sizeof be);
+}
+
+int origins_find(cph_txn *t, cph_db db, const char *origin, bool *held, uint64_t *id) {
+  cph_key ok;
+  cph_key_reset(&ok);
+  cph_key_str(&ok, origin);
+  cph_val v;
+  int rc = ok.overflow ? CPH_ENOTFOUND : cph_txn_get(t, db, &ok, &v);
+  *held = rc == CPH_OK;
+  if (id)
+    *id = rc == CPH_OK && v.len == 8 ? cph_be64_get(v.data) : 0;
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+int origins_session_put(cph_txn *t, cph_db db, const char *session, uint64_t id) {
+  cph_key sk;
+  cph_key_reset(&sk);
+  cph_key_str(&sk, session);
+  cph_key_u64(&sk, id);
+  return cph_txn_put(t, db, &sk, "", 0);
+}
+
+int origins_session_newest(cph_txn *t, cph_db db, const char *session, size_t max,
+                           int (*fn)(void *ctx, uint64_t id), void *ctx) {
+  cph_key from;
+  cph_key_reset(&from);
+  cph_key_str(&from, session);
+  size_t plen = from.len;
+  cph_key_u64(&from, UINT64_MAX);
+  if (from.overflow)
+    return CPH_OK; /* no session of that name was indexed */
+  cph_cursor c;
+  int rc = cph_cursor_open(t, db, &c);
+  if (rc)
+    return rc;
+  cph_val k;
+  /* the session's rows end just below (session, UINT64_MAX): the row before the first at or
+   * after it, or the last row of the database */
+  rc = cph_cursor_seek(&c, &from, &k, NULL);
+  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, NULL)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, NULL)
+                             : rc;
+  for (size_t n = 0; rc == CPH_OK && n < max; n++) {
+    if (k.len != plen + 8 || memcmp(k.data, from.data, plen) != 0)
+      break;
+    rc = fn(ctx, cph_be64_get((const uint8_t *)k.data + plen));
+    if (rc == CPH_OK)
+      rc = cph_cursor_prev(&c, &k, NULL);
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND || rc == ORIGINS_STOP ? CPH_OK : rc;
+}
+
+int origins_session_forget(cph_txn *t, cph_db db, const char *session) {
+  cph_key start;
+  cph_key_reset(&start);
+  cph_key_str(&start, session);
+  if (start.overflow)
+    return CPH_OK;
+  return cph_txn_del_prefix(t, db, &start);
+}
