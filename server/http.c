@@ -5,6 +5,7 @@
 #include "http.h"
 
 #include <event2/keyvalq_struct.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,15 +300,27 @@ void cph_http_dispatch(struct evhttp_request *ev, void *arg) {
   enum evhttp_cmd_type method = evhttp_request_get_command(ev);
   path_segments ps;
   const cph_route *found = NULL, *other_method = NULL;
+  /* The path is the most specific pattern it matches — the fewest {params}: a literal segment
+   * beats a parameter, so GET /v1/turns/lease is the lease route's 405, not turn "lease" of
+   * GET /v1/turns/{id} — and then the method picks among that pattern's routes. */
+  size_t best = SIZE_MAX;
   if (split_path(path, &ps)) {
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
       if (!match_route(routes[i].pattern, &ps, r, false, NULL))
         continue;
-      if (routes[i].method == method) {
-        found = &routes[i];
-        break;
+      size_t params = 0;
+      for (const char *c = routes[i].pattern; *c; c++)
+        params += *c == '{';
+      if (params > best)
+        continue;
+      if (params < best) {
+        best = params;
+        found = other_method = NULL;
       }
-      other_method = &routes[i];
+      if (routes[i].method == method && !found)
+        found = &routes[i];
+      else if (routes[i].method != method)
+        other_method = &routes[i];
     }
   }
 

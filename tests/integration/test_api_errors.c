@@ -226,6 +226,9 @@ static void test_unknown_things_are_404(void **state) {
   expect_error(f, "POST", "/v1/turns/987654/requeue", "{}", 404, "not_found", "id");
   expect_error(f, "GET", "/v1/no/such/route", NULL, 404, "not_found", NULL);
   expect_error(f, "DELETE", "/v1/events", NULL, 405, "method_not_allowed", NULL);
+  /* a literal segment beats a parameter: this is the lease route, not turn "lease" */
+  expect_error(f, "GET", "/v1/turns/lease", NULL, 405, "method_not_allowed", NULL);
+  expect_error(f, "GET", "/v1/turns/987654", NULL, 404, "not_found", "id");
 }
 
 static void test_conflicts_are_409(void **state) {

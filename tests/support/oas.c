@@ -526,12 +526,14 @@ bool cph_oas_check_answer(const cph_oas *d, const char *method, const char *targ
   int best = -1;
   const char *tmpl;
   json_t *item;
+  /* The most specific template the path matches (the most literal segments, as the daemon
+   * routes), whatever its methods: GET /v1/turns/lease is the lease path's, which has no GET,
+   * not /v1/turns/{id}'s. */
   json_object_foreach((json_t *)paths, tmpl, item) {
     int literal;
-    const json_t *o = json_object_get(item, m);
-    if (o && path_matches(tmpl, path, &literal) && literal > best) {
+    if (path_matches(tmpl, path, &literal) && literal > best) {
       best = literal;
-      op = o;
+      op = json_object_get(item, m);
       tmpl_found = tmpl;
     }
   }
