@@ -1,4 +1,5 @@
-/* cephalonctl turns lease | complete — act as a worker by hand, for debugging. */
+/* cephalonctl turns lease | complete — act as a worker by hand, for debugging; turns list |
+ * show — a session's ended turns and one turn's record (GET /v1/turns?session=, /v1/turns/{id}). */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -13,9 +14,14 @@ static void turns_usage(FILE *out) {
           "[--wait-ms N]\n"
           "       cephalonctl turns complete ID --lease L [--tokens N] [--tool-calls N]\n"
           "                                    [--reply TEXT] [--reply-channel C]\n"
+          "       cephalonctl turns list --session S [--limit N]\n"
+          "       cephalonctl turns show ID\n"
           "  lease     asks for the next turn, waiting up to N ms; prints the turn, or\n"
           "            \"no turn\" and exits 3\n"
-          "  complete  completes a leased turn with its cost and an optional reply\n");
+          "  complete  completes a leased turn with its cost and an optional reply\n"
+          "  list      a session's ended turns (completed or failed), newest first, with\n"
+          "            their cost\n"
+          "  show      one turn's record\n");
 }
 
 static int usage_error(void) {
@@ -263,6 +269,158 @@ out:
   return rc;
 }
 
+/* ---------------------------------------------------------------- list, show */
+
+/* A cell: the value formatted, or "-" (null, absent, or out of memory: the table reports it). */
+static const char *cell(cph_buf *b, const json_t *v) {
+  cph_buf_reset(b);
+  if (!v || json_is_null(v))
+    return "-";
+  cli_format_value(b, v);
+  return b->data && !b->failed ? b->data : "-";
+}
+
+static int print_record_table(const json_t *list) {
+  static const char *const headers[] = {"ID", "STATE", "KIND", "LANE", "TOKENS", "TOOL_CALLS",
+                                        "WORKER", "ERROR"};
+  enum { N_COLS = sizeof headers / sizeof headers[0] };
+  cli_table t;
+  cli_table_init(&t, N_COLS, headers, 0x31); /* ID, TOKENS and TOOL_CALLS right-aligned */
+  cph_buf b[N_COLS];
+  for (size_t c = 0; c < N_COLS; c++)
+    b[c] = (cph_buf)CPH_BUF_INIT;
+  size_t i;
+  const json_t *tr;
+  json_array_foreach(list, i, tr) {
+    const json_t *cost = json_object_get(tr, "cost");
+    const json_t *v[N_COLS] = {json_object_get(tr, "id"),       json_object_get(tr, "state"),
+                               json_object_get(tr, "kind"),     json_object_get(tr, "lane"),
+                               json_object_get(cost, "tokens"), json_object_get(cost, "tool_calls"),
+                               json_object_get(tr, "worker"),   json_object_get(tr, "error")};
+    const char *cells[N_COLS];
+    for (size_t c = 0; c < N_COLS; c++)
+      cells[c] = cell(&b[c], v[c]);
+    cli_table_add(&t, cells);
+  }
+  int rc = cli_table_print(&t, stdout);
+  cli_table_free(&t);
+  for (size_t c = 0; c < N_COLS; c++)
+    cph_buf_free(&b[c]);
+  return rc;
+}
+
+static int turns_list(const cli_ctx *ctx, int argc, char **argv) {
+  const char *session = NULL;
+  cli_uint limit = {0};
+  const cli_opt opts[] = {
+      {"--session", CLI_OPT_STRING, &session, 0},
+      {"--limit", CLI_OPT_UINT, &limit, 1000},
+  };
+  const char *pos[1];
+  size_t npos;
+  int r = cli_parse_args(argc, argv, opts, sizeof opts / sizeof opts[0], pos, 0, &npos);
+  if (r == 1) {
+    turns_usage(stdout);
+    return CLI_EXIT_OK;
+  }
+  if (r < 0)
+    return usage_error();
+  if (!session) {
+    fprintf(stderr, "cephalonctl: turns list needs --session\n");
+    return usage_error();
+  }
+  cph_buf path = CPH_BUF_INIT;
+  cph_buf_puts(&path, "/v1/turns");
+  cli_query_param(&path, "session", session);
+  if (limit.set)
+    cli_query_u64(&path, "limit", limit.value);
+  cli_reply reply = {0};
+  int rc = CLI_EXIT_FAIL;
+  if (cph_buf_error(&path) != 0) {
+    fprintf(stderr, "cephalonctl: out of memory\n");
+    goto out;
+  }
+  if ((rc = cli_call(ctx, "GET", path.data, NULL, CLI_TIMEOUT_MS, 0, &reply)) != 0)
+    goto out;
+  if (ctx->json) {
+    rc = cli_print_reply_json(&reply);
+    goto out;
+  }
+  const json_t *list = json_object_get(reply.json, "turns");
+  if (!json_is_array(list)) {
+    fprintf(stderr, "cephalonctl: GET /v1/turns: unexpected answer (no \"turns\" list)\n");
+    rc = CLI_EXIT_FAIL;
+    goto out;
+  }
+  if (json_array_size(list) == 0)
+    printf("no ended turns\n");
+  else if ((rc = print_record_table(list)) != 0)
+    goto out;
+  rc = cli_finish_output();
+out:
+  cph_buf_free(&path);
+  cli_reply_free(&reply);
+  return rc;
+}
+
+static int turns_show(const cli_ctx *ctx, int argc, char **argv) {
+  const char *pos[1];
+  size_t npos;
+  int r = cli_parse_args(argc, argv, NULL, 0, pos, 1, &npos);
+  if (r == 1) {
+    turns_usage(stdout);
+    return CLI_EXIT_OK;
+  }
+  if (r < 0 || npos != 1) {
+    if (r >= 0)
+      fprintf(stderr, "cephalonctl: turns show needs a turn ID\n");
+    return usage_error();
+  }
+  cph_buf path = CPH_BUF_INIT;
+  cph_buf_puts(&path, "/v1/turns/");
+  cli_path_segment(&path, pos[0]);
+  cli_reply reply = {0};
+  int rc = CLI_EXIT_FAIL;
+  if (cph_buf_error(&path) != 0) {
+    fprintf(stderr, "cephalonctl: out of memory\n");
+    goto out;
+  }
+  if ((rc = cli_call(ctx, "GET", path.data, NULL, CLI_TIMEOUT_MS, 0, &reply)) != 0)
+    goto out;
+  if (ctx->json) {
+    rc = cli_print_reply_json(&reply);
+    goto out;
+  }
+  /* one "field  value" line each, in the answer's order (the cost's two as cost.tokens...) */
+  cph_buf b = CPH_BUF_INIT;
+  const char *key;
+  const json_t *v;
+  json_object_foreach(reply.json, key, v) {
+    if (json_is_object(v)) {
+      const char *sub;
+      const json_t *sv;
+      json_object_foreach((json_t *)v, sub, sv) {
+        printf("%s.", key);
+        cli_put_clean(stdout, sub);
+        fputs("  ", stdout);
+        cli_put_clean(stdout, cell(&b, sv));
+        fputc('\n', stdout);
+      }
+      continue;
+    }
+    cli_put_clean(stdout, key);
+    fputs("  ", stdout);
+    cli_put_clean(stdout, cell(&b, v));
+    fputc('\n', stdout);
+  }
+  cph_buf_free(&b);
+  rc = cli_finish_output();
+out:
+  cph_buf_free(&path);
+  cli_reply_free(&reply);
+  return rc;
+}
+
 int cli_cmd_turns(const cli_ctx *ctx, int argc, char **argv) {
   if (argc >= 2 && (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "-h") == 0 ||
                     strcmp(argv[1], "--help") == 0)) {
@@ -273,6 +431,10 @@ int cli_cmd_turns(const cli_ctx *ctx, int argc, char **argv) {
     return turns_lease(ctx, argc - 2, argv + 2);
   if (argc >= 2 && strcmp(argv[1], "complete") == 0)
     return turns_complete(ctx, argc - 2, argv + 2);
+  if (argc >= 2 && strcmp(argv[1], "list") == 0)
+    return turns_list(ctx, argc - 2, argv + 2);
+  if (argc >= 2 && strcmp(argv[1], "show") == 0)
+    return turns_show(ctx, argc - 2, argv + 2);
   fprintf(stderr, argc < 2 ? "cephalonctl: turns needs a subcommand\n"
                            : "cephalonctl: unknown turns subcommand\n");
   return usage_error();

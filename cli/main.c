@@ -37,8 +37,11 @@ static const cli_command commands[] = {
     {"turns", cli_cmd_turns,
      "turns lease --worker W [--lanes L1,L2] [--wait-ms N]\n"
      "turns complete ID --lease L [--tokens N] [--tool-calls N] [--reply TEXT] "
-     "[--reply-channel C]",
-     "lease and complete a turn by hand (exit 3: no turn)"},
+     "[--reply-channel C]\n"
+     "turns list --session S [--limit N]\n"
+     "turns show ID",
+     "lease and complete a turn by hand (exit 3: no turn); a session's ended turns with their "
+     "cost, one turn's record"},
     {"replies", cli_cmd_replies, "replies [--after N] [--limit N] [--wait-ms N] [--follow]",
      "the replies stream connectors deliver; --follow keeps reading (in a cluster every "
      "node's, each reply once)"},

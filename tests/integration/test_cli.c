@@ -795,6 +795,30 @@ static void test_daemon_event_is_leased_and_completed_through_the_cli(void **sta
   expect_contains(h.body, "hi alice", "replies");
   cph_test_response_free(&h);
 
+  /* The session's ended turns: this one, completed, with the cost it was completed with;
+   * and its record on its own. */
+  ctl(&r, fx->url, (const char *const[]){"turns", "list", "--session", "s1", NULL});
+  expect_exit(&r, 0, "turns list");
+  assert_true(starts_with(r.out, "ID "));
+  expect_contains(r.out, "STATE", "turns list");
+  char row[256];
+  snprintf(row, sizeof row, "%s  completed  inbox  interactive  ", turn_id);
+  expect_contains(r.out, row, "turns list");
+  expect_contains(r.out, "  42           1  w1", "turns list");
+  ctl_free(&r);
+  ctl(&r, fx->url, (const char *const[]){"turns", "show", turn_id, NULL});
+  expect_exit(&r, 0, "turns show");
+  snprintf(row, sizeof row, "id  %s\n", turn_id);
+  assert_true(starts_with(r.out, row));
+  expect_contains(r.out, "\nstate  completed\n", "turns show");
+  expect_contains(r.out, "\ncost.tokens  42\n", "turns show");
+  expect_contains(r.out, "\ncost.tool_calls  1\n", "turns show");
+  expect_contains(r.out, "\nworker  w1\n", "turns show");
+  ctl_free(&r);
+  ctl(&r, fx->url, (const char *const[]){"turns", "list", NULL});
+  expect_exit(&r, 2, "turns list without --session");
+  ctl_free(&r);
+
   /* Nothing left to do: no turn, exit 3. */
   ctl(&r, fx->url, (const char *const[]){"turns", "lease", "--worker", "w1", "--wait-ms", "0",
                                          NULL});
