@@ -1,5 +1,6 @@
 /* cephalonctl turns lease | complete — act as a worker by hand, for debugging; turns list |
- * show — a session's ended turns and one turn's record (GET /v1/turns?session=, /v1/turns/{id}). */
+ * show — a session's ended turns and one turn's record (GET /v1/turns?session=S and
+ * GET /v1/turns/{id}). */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>

@@ -797,8 +797,8 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       }
       if ((rc = cph_buf_error(head)) != CPH_OK)
         break;
-      tl->rows[i] = row_name(w, lanes_hash(k.text, len, lanes_hash(head->data, head->len, ROW_SEED)),
-                             turn);
+      uint64_t h = lanes_hash(k.text, len, lanes_hash(head->data, head->len, ROW_SEED));
+      tl->rows[i] = row_name(w, h, turn);
     }
     rc = turnwarm_add_item(w, nd != NULL, &k, same, tl->rows[i], tl->chash[i]);
   }
