@@ -293,6 +293,14 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
  * 11. above). Called from r's on_done; sets r->held when r waits. */
 void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
                          const uint8_t *state, size_t state_len, json_t *answer);
+/* Seal seal_id of session was made on this node, which left the session in `state`
+ * (u.context.state; NULL: not read, logged): answers r with `answer` (taken) once the log holds
+ * the state, as a completion's does (11. above; no done mark: a seal consumes nothing), or 503
+ * when it does not within the deadline, the shard is not served here or the node is stopping
+ * (the seal stands here; a retry makes another seal). Called from r's on_done; sets r->held when
+ * r waits. */
+void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t seal_id,
+                      const uint8_t *state, size_t state_len, json_t *answer);
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);
