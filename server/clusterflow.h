@@ -191,7 +191,10 @@
  *    history bound, the nodes workers inserted —, the episode, the credits, its newest 64
  *    replies of the replies stream with their origins (core/replystream.h; 256 KiB at most),
  *    its replies among the newest 64 entries of each of its channels' history, its newest
- *    memories). The node puts it into the
+ *    memories, its newest ended turn records and its newest 16 seals, those with their
+ *    origins), and so does every seal (u.context.state: cph_cflow_sealed, no marks — the
+ *    seal's 200 waits for the state alone, so a seal answered 200 moves with its session).
+ *    The node puts it into the
  *    key-value bucket CEPH_STATE under "<shard>.<session id in hex>", prefixed with its epoch
  *    (be64: the sequence of its epoch on ceph.s.done.<shard>, 10.), expecting the key's
  *    revision it last read or wrote (none: a create). The put goes through the shard's queue
@@ -230,8 +233,9 @@
  *    bound (128 message cores) and 256 KiB each of stream replies, channel replies and
  *    memories, under NATS's 1 MiB message limit (CPH_HANDOVER_MAX_BYTES: the stream replies go
  *    first, the other parts are left out when they would not fit; docs/cluster-scaling.md has
- *    figures). Not moved: kept turn contexts (the explorer), seals, channel cursors (rebuilt
- *    from its staged input), maintenance jobs, turn records, the replies stream's older
+ *    figures). Not moved: kept turn contexts (the explorer), channel cursors (rebuilt
+ *    from its staged input), maintenance jobs, turn records and seals beyond their bounds
+ *    (newest 64 and 16), the replies stream's older
  *    replies (beyond the session's newest 64) and its source inbox ids, and the inputs its
  *    turns consumed (the channel's traffic).
  *
