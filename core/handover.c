@@ -67,7 +67,7 @@
 #define STATE_MEMORIES 64 /* of each class (raw, other) */
 #define STATE_MEMORY_BYTES (256u * 1024u)
 #define STATE_TURNS 64
-#define STATE_TURN_BYTES (256u * 1024u) /* of the records as encoded */
+#define STATE_TURN_BYTES (256u * 1024u) /* of the records as encoded, with their lengths */
 #define STATE_SEALS 16
 /* Of the seals as encoded. A seal renders the session's whole tree: a tree at its history bound
  * (128 message cores) of 500-byte messages seals to ~66 KB, so this carries the newest 3 such
@@ -432,25 +432,60 @@ static void write_records_part(const cph_buf *v, size_t n, cph_buf *out) {
   }
 }
 
-static void records_free(cph_buf *v, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    cph_buf_free(&v[i]);
-  free(v);
-}
-
-/* The session's newest ended turn records that have an origin, each encoded for the state,
- * newest first as collected. */
-typedef struct turn_scan {
+/* A part of encoded records being collected: the session's newest turn records or seals that
+ * have an origin, each encoded for the state, newest first as collected, at most `room` bytes
+ * of them with their lengths. */
+typedef struct record_scan {
   const char *node; /* this node's name (the origin of the records made here) */
   cph_buf *v;
-  size_t n, cap, bytes;
+  size_t n, cap, bytes, room;
   bool nomem;
-} turn_scan;
+} record_scan;
 
+/* Encodes rec (with desc) into rs: 1 kept, 0 it does not fit in what rs has room for, -1 out
+ * of memory (rs->nomem set). */
+static int scan_keep(record_scan *rs, const cph_record_desc *desc, const void *rec) {
+  cph_buf b = {0};
+  if (cph_record_encode(desc, rec, &b) != CPH_OK || cph_buf_error(&b)) {
+    cph_buf_free(&b);
+    rs->nomem = true;
+    return -1;
+  }
+  if (rs->bytes + 4 + b.len > rs->room) {
+    cph_buf_free(&b);
+    return 0;
+  }
+  cph_buf *g = room_for_one(rs->v, &rs->cap, rs->n, sizeof *g, 8);
+  if (!g) {
+    cph_buf_free(&b);
+    rs->nomem = true;
+    return -1;
+  }
+  rs->v = g;
+  rs->v[rs->n++] = b;
+  rs->bytes += 4 + b.len;
+  return 1;
+}
+
+/* Ends rs's walk, which returned rc: its part (write_records_part) into out when all went
+ * well; frees what rs holds. rc, or CPH_ENOMEM. */
+static int scan_finish(record_scan *rs, int rc, cph_buf *out) {
+  if (rc == CPH_OK && rs->nomem)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK)
+    write_records_part(rs->v, rs->n, out);
+  for (size_t i = 0; i < rs->n; i++)
+    cph_buf_free(&rs->v[i]);
+  free(rs->v);
+  return rc;
+}
+
+/* A turn record for the part: with its origin, no lease, no inbox entries, no job. The
+ * newest that fill STATE_TURN_BYTES: the walk stops at the first that does not fit. */
 static bool collect_turn(void *ctx, const cph_turn_rec *tr) {
-  turn_scan *ts = ctx;
+  record_scan *rs = ctx;
   char origin[TURNRECS_ORIGIN_MAX];
-  turnrecs_origin(origin, ts->node, tr);
+  turnrecs_origin(origin, rs->node, tr);
   if (!origin[0])
     return true; /* none (a single node's record): nothing would tell it from another */
   cph_turn_rec out = *tr; /* borrows tr's strings */
@@ -459,90 +494,37 @@ static bool collect_turn(void *ctx, const cph_turn_rec *tr) {
   out.n_inbox_seqs = 0;
   out.job_id = 0;
   out.origin = origin;
-  cph_buf b = {0};
-  if (cph_record_encode(&cph_turn_desc, &out, &b) != CPH_OK || cph_buf_error(&b)) {
-    cph_buf_free(&b);
-    ts->nomem = true;
-    return false;
-  }
-  cph_buf *g = ts->bytes + b.len > STATE_TURN_BYTES
-                   ? NULL
-                   : room_for_one(ts->v, &ts->cap, ts->n, sizeof *g, 8);
-  if (!g) {
-    ts->nomem = ts->bytes + b.len <= STATE_TURN_BYTES;
-    cph_buf_free(&b);
-    return false;
-  }
-  ts->v = g;
-  ts->v[ts->n++] = b;
-  ts->bytes += b.len;
-  return true;
+  return scan_keep(rs, &cph_turn_desc, &out) > 0;
 }
 
 /* The turn records part of the blob (above), oldest first. */
 static int state_export_turns(const cph_handover *st, const csession *s, cph_buf *out) {
-  turn_scan ts = {st->env->reply_origin_node, NULL, 0, 0, 0, false};
-  int rc = turnrecs_session_newest(&st->env->txn, s->id, STATE_TURNS, collect_turn, &ts);
-  if (rc == CPH_OK && ts.nomem)
-    rc = CPH_ENOMEM;
-  if (rc == CPH_OK)
-    write_records_part(ts.v, ts.n, out);
-  records_free(ts.v, ts.n);
-  return rc;
+  record_scan rs = {st->env->reply_origin_node, NULL, 0, 0, 0, STATE_TURN_BYTES, false};
+  int rc = turnrecs_session_newest(&st->env->txn, s->id, STATE_TURNS, collect_turn, &rs);
+  return scan_finish(&rs, rc, out);
 }
 
-/* The session's newest seals that have an origin, each encoded for the state, newest first
- * as collected, within `room` bytes of encoded records. */
-typedef struct seal_scan {
-  const char *node; /* this node's name (the origin of the seals made here) */
-  cph_buf *v;
-  size_t n, cap, bytes, room;
-  bool nomem;
-} seal_scan;
-
+/* A seal for the part, with its origin. One that does not fit is left out whole, and the walk
+ * goes on: an older, smaller one may fit. */
 static bool collect_seal(void *ctx, const cph_seal_rec *r) {
-  seal_scan *ss = ctx;
+  record_scan *rs = ctx;
   char origin[SEALS_ORIGIN_MAX];
-  seals_origin(origin, ss->node, r);
+  seals_origin(origin, rs->node, r);
   if (!origin[0])
     return true; /* none (a single node's seal): nothing would tell it from another */
   cph_seal_rec out = *r; /* borrows r's strings */
   out.origin = origin;
-  cph_buf b = {0};
-  if (cph_record_encode(&cph_seal_desc, &out, &b) != CPH_OK || cph_buf_error(&b)) {
-    cph_buf_free(&b);
-    ss->nomem = true;
-    return false;
-  }
-  if (ss->bytes + 4 + b.len > ss->room) { /* left out whole; an older, smaller one may fit */
-    cph_buf_free(&b);
-    return true;
-  }
-  cph_buf *g = room_for_one(ss->v, &ss->cap, ss->n, sizeof *g, 4);
-  if (!g) {
-    ss->nomem = true;
-    cph_buf_free(&b);
-    return false;
-  }
-  ss->v = g;
-  ss->v[ss->n++] = b;
-  ss->bytes += 4 + b.len;
-  return true;
+  return scan_keep(rs, &cph_seal_desc, &out) >= 0;
 }
 
 /* The seals part of the blob (above), oldest first, at most `room` bytes with its count. */
 static int state_export_seals(const cph_handover *st, const csession *s, size_t room,
                               cph_buf *out) {
-  seal_scan ss = {st->env->reply_origin_node, NULL, 0, 0, 0, 0, false};
   room = room < 4 ? 0 : room - 4;
-  ss.room = room < STATE_SEAL_BYTES ? room : STATE_SEAL_BYTES;
-  int rc = seals_session_newest(&st->env->txn, s->id, STATE_SEALS, collect_seal, &ss);
-  if (rc == CPH_OK && ss.nomem)
-    rc = CPH_ENOMEM;
-  if (rc == CPH_OK)
-    write_records_part(ss.v, ss.n, out);
-  records_free(ss.v, ss.n);
-  return rc;
+  record_scan rs = {st->env->reply_origin_node, NULL, 0, 0, 0,
+                    room < STATE_SEAL_BYTES ? room : STATE_SEAL_BYTES, false};
+  int rc = seals_session_newest(&st->env->txn, s->id, STATE_SEALS, collect_seal, &rs);
+  return scan_finish(&rs, rc, out);
 }
 
 typedef struct memory_find {
@@ -797,6 +779,20 @@ typedef struct import_ctx {
   const char *node, *session;
 } import_ctx;
 
+/* What is wrong with a record of a part that every kind shares (decoded with rc and err): it
+ * does not decode, has no origin this build could make, or is another session's. NULL: none
+ * of that (or rc is another error, which the caller returns). */
+static const char *record_problem(int rc, const cph_err *err, const char *origin,
+                                  const char *rec_session, const char *session) {
+  if (rc == CPH_ECORRUPT)
+    return err->msg;
+  if (rc)
+    return NULL;
+  if (!origin || !*origin || strlen(origin) >= REPLYSTREAM_ORIGIN_MAX)
+    return "no origin, or one too long";
+  return strcmp(rec_session, session) != 0 ? "another session's" : NULL;
+}
+
 /* One turn record of the state: stored as history unless this node holds its origin
  * (turnrecs_import). CPH_EINVAL, with why, for a record that is not one of the session's
  * ended turns with an origin. */
@@ -805,16 +801,12 @@ static int import_turn(void *ctx, const uint8_t *rec, size_t l, char *why, size_
   cph_turn_rec tr = {0};
   cph_err err = {0};
   int rc = cph_record_decode(&cph_turn_desc, rec, l, &tr, &err);
-  bool no_origin = rc == CPH_OK && (!tr.origin || !*tr.origin ||
-                                    strlen(tr.origin) >= TURNRECS_ORIGIN_MAX);
-  const char *bad = rc == CPH_ECORRUPT                    ? err.msg
-                    : rc                                  ? NULL
-                    : no_origin                           ? "no origin, or one too long"
-                    : strcmp(tr.session, ic->session) != 0 ? "another session's"
-                    : tr.kind == CPH_TURN_JOB             ? "a job turn"
-                    : tr.state != CPH_TURN_COMPLETED && tr.state != CPH_TURN_FAILED
-                        ? "not ended (completed or failed)"
-                        : NULL;
+  const char *bad = record_problem(rc, &err, tr.origin, tr.session, ic->session);
+  if (!bad && rc == CPH_OK)
+    bad = tr.kind == CPH_TURN_JOB ? "a job turn"
+          : tr.state != CPH_TURN_COMPLETED && tr.state != CPH_TURN_FAILED
+              ? "not ended (completed or failed)"
+              : NULL;
   bool held = false;
   if (bad) {
     snprintf(why, len, "%.160s", bad);
@@ -836,16 +828,12 @@ static int import_seal(void *ctx, const uint8_t *rec, size_t l, char *why, size_
   cph_seal_rec r = {0};
   cph_err err = {0};
   int rc = cph_record_decode(&cph_seal_desc, rec, l, &r, &err);
-  bool no_origin = rc == CPH_OK && (!r.origin || !*r.origin ||
-                                    strlen(r.origin) >= SEALS_ORIGIN_MAX);
-  const char *bad = rc == CPH_ECORRUPT                   ? err.msg
-                    : rc                                 ? NULL
-                    : no_origin                          ? "no origin, or one too long"
-                    : strcmp(r.session, ic->session) != 0 ? "another session's"
-                    : !r.trigger || !*r.trigger          ? "no trigger"
-                    : r.n_roles != r.n_contents || r.n_roles != r.n_coords
-                        ? "its messages' roles, contents and coordinates differ in number"
-                        : NULL;
+  const char *bad = record_problem(rc, &err, r.origin, r.session, ic->session);
+  if (!bad && rc == CPH_OK)
+    bad = !r.trigger || !*r.trigger ? "no trigger"
+          : r.n_roles != r.n_contents || r.n_roles != r.n_coords
+              ? "its messages' roles, contents and coordinates differ in number"
+              : NULL;
   bool held = false;
   if (bad) {
     snprintf(why, len, "%.160s", bad);

@@ -49,6 +49,7 @@ typedef struct bench {
   int owner[SESSIONS];
   seal want[SESSIONS][MAX_SEALS]; /* each session's seals, as their node listed them */
   int n_want[SESSIONS];
+  int round; /* the turns being answered */
 } bench;
 
 static void seals_free(seal *v, int n) {
@@ -56,45 +57,21 @@ static void seals_free(seal *v, int n) {
     free(v[i].messages);
 }
 
-/* Leases on node n until each session it owns (b->owner) completed one turn of `round`, each
- * with its reply; 30 s at most. */
-static void answer_round(bench *b, int n, int round) {
-  bool done[SESSIONS] = {false};
-  int want = 0, got = 0;
-  for (int s = 0; s < SESSIONS; s++)
-    want += b->owner[s] == n;
-  int64_t t0 = cph_test_now_ms();
-  while (got < want) {
-    if (cph_test_now_ms() - t0 > 30000)
-      fail_msg("n%d: %d of its %d sessions completed round %d after 30 s", n, got, want, round);
-    cph_test_response r = cph_test_api(b->c->port[n], "POST", "/v1/turns/lease", NULL,
-                                       "{\"worker\":\"w\",\"wait_ms\":1000}");
-    if (r.status == 204) {
-      cph_test_response_free(&r);
-      continue;
-    }
-    if (r.status != 200)
-      fail_msg("lease on n%d: %d %s", n, r.status, r.body ? r.body : "");
-    json_t *j = cph_test_json(&r);
-    cph_test_response_free(&r);
-    json_t *turn = json_object_get(j, "turn");
-    const char *sess = json_string_value(json_object_get(turn, "session"));
-    int s = sess ? atoi(sess + 1) : -1;
-    assert_true(s >= 0 && s < SESSIONS && b->owner[s] == n && !done[s]);
-    char path[96], body[256];
-    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-             (long long)json_integer_value(json_object_get(turn, "id")));
-    snprintf(body, sizeof body, "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
-             "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
-             json_string_value(json_object_get(turn, "lease")), round, s);
-    r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
-    if (r.status != 200)
-      fail_msg("%s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-    cph_test_response_free(&r);
-    done[s] = true;
-    got++;
-    json_decref(j);
-  }
+/* Completes turn (of session s, on node n) with "reply <round> of tNN": done. */
+static bool complete(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  char path[96], body[256];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(turn, "id")));
+  snprintf(body, sizeof body,
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
+           "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
+           json_string_value(json_object_get(turn, "lease")), b->round, s);
+  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
+  if (r.status != 200)
+    fail_msg("%s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  return true;
 }
 
 /* Seals every session on its owner with trigger "<name> tNN" (each 200); the victim's last. */
@@ -115,12 +92,8 @@ static void seal_all(bench *b, const char *name, int victim) {
 static void list_seals(bench *b, int via, int s, seal *out, int *n) {
   char path[64];
   snprintf(path, sizeof path, "/v1/sessions/t%02d/seals", s);
-  json_t *j = NULL;
-  b->owner[s] = cph_tc_get_on_owner(b->c, via, path, &j);
-  json_t *seals = json_object_get(j, "seals");
-  if (json_array_size(seals) > MAX_SEALS)
-    fail_msg("t%02d lists %zu seals on n%d, more than it ever had", s, json_array_size(seals),
-             b->owner[s]);
+  json_t *j = NULL, *seals = NULL;
+  b->owner[s] = cph_tc_list_on_owner(b->c, via, path, "seals", MAX_SEALS, &j, &seals);
   *n = 0;
   size_t i;
   json_t *t;
@@ -142,7 +115,8 @@ static void list_seals(bench *b, int via, int s, seal *out, int *n) {
 
 /* Every session's list on its owner holds each seal of b->want exactly once, as it was, and
  * nothing else. */
-static void check_seals(bench *b, const char *when) {
+static void check_seals(void *ctx, const char *when) {
+  bench *b = ctx;
   for (int s = 0; s < SESSIONS; s++) {
     seal got[MAX_SEALS];
     int n;
@@ -203,8 +177,9 @@ static void test_cluster_seals_a_moved_session_lists_every_seal_once(void **stat
   static const char *const names[] = {"first", "second"};
   for (int round = 0; round < 2; round++) {
     cph_tc_ask(c, round % NODES, SESSIONS, round);
+    b->round = round;
     for (int n = 0; n < NODES; n++)
-      answer_round(b, n, round);
+      cph_tc_lease_each(c, n, b->owner, SESSIONS, complete, b, names[round]);
     seal_all(b, names[round], victim);
   }
   size_t biggest = 0;
@@ -252,18 +227,9 @@ static void test_cluster_seals_a_moved_session_lists_every_seal_once(void **stat
   }
   check_seals(b, "after a seal on the survivor");
 
-  /* the dead node comes back on its data: shards move back to it */
-  cph_tc_start_node_on(c, victim, SHARDS, TTL_S, EXTRA, victim_dir);
-  cph_tc_settle(c, SHARDS, "the node came back");
-  check_seals(b, "after the shards moved back");
-  int back = 0;
-  for (int s = 0; s < SESSIONS; s++)
-    back += b->owner[s] == victim;
-  assert_true(back > 0);
-  /* and away again */
-  cph_tc_kill_node(c, victim, false);
-  cph_tc_settle(c, SHARDS, "the second kill");
-  check_seals(b, "after the shards moved away again");
+  /* the dead node comes back on its data (shards move back to it), and is killed again */
+  int back = cph_tc_back_and_away(c, victim, SHARDS, TTL_S, EXTRA, victim_dir, b->owner,
+                                  SESSIONS, check_seals, b);
   printf("%d sessions moved back to n%d and away again: each seal still listed once\n", back,
          victim);
 }
