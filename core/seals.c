@@ -14,14 +14,10 @@ cph_key seals_key(const char *session, uint64_t id) {
   return k;
 }
 
-static int seal_new_id(cph_txn *t, const char *session, uint64_t *id) {
-  char counter[160];
-  snprintf(counter, sizeof counter, "seal:%s", session);
-  return cph_txn_next_id(t, counter, id);
-}
-
 int seals_put(cph_txn *t, cph_seal_rec *r) {
-  int rc = seal_new_id(t, r->session, &r->id);
+  char counter[160];
+  snprintf(counter, sizeof counter, "seal:%s", r->session);
+  int rc = cph_txn_next_id(t, counter, &r->id);
   cph_key k = seals_key(r->session, r->id);
   if (rc == CPH_OK)
     rc = cph_txn_put_record(t, CPH_DB_SEALS, &k, &cph_seal_desc, r);
@@ -78,10 +74,7 @@ int seals_holds(cph_txn *t, const char *node, const char *session, const char *o
 }
 
 int seals_import(cph_txn *t, cph_seal_rec *r) {
-  int rc = seal_new_id(t, r->session, &r->id);
-  cph_key k = seals_key(r->session, r->id);
-  if (rc == CPH_OK)
-    rc = cph_txn_put_record(t, CPH_DB_SEALS, &k, &cph_seal_desc, r);
+  int rc = seals_put(t, r);
   if (rc == CPH_OK)
     rc = origins_put(t, CPH_DB_SEAL_ORIGINS, r->origin, r->id);
   return rc;

@@ -33,8 +33,8 @@
 /* A seal's key in database seals. */
 cph_key seals_key(const char *session, uint64_t id);
 
-/* Stores r, a seal made here (r->origin NULL), under a new id of its session (r->id set).
- * CPH_OK or t's sticky error. */
+/* Stores r under a new id of its session here (r->id set): a seal made here (r->origin
+ * NULL), or seals_import's. CPH_OK or t's sticky error. */
 int seals_put(cph_txn *t, cph_seal_rec *r);
 
 /* r's origin into buf (SEALS_ORIGIN_MAX bytes): the one it was imported with, else for a seal

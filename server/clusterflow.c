@@ -707,9 +707,10 @@ static void done_unlink(cph_cflow *f, done_req *dr) {
 }
 
 static void done_answer(cph_cflow *f, done_req *dr) {
-  if (dr->failed)
+  bool seal = dr->made_buf[0] != '\0'; /* logs no mark: its put counts as a state put alone */
+  if (dr->failed && !seal)
     f->done_mark_failures++;
-  else
+  else if (!seal)
     f->done_marks++;
   if (dr->r && dr->made_buf[0]) {
     cph_req *r = dr->r;
@@ -2859,10 +2860,17 @@ void cph_cflow_quiesce(cph_cflow *f) {
   while (f->dones) {
     done_req *dr = f->dones;
     f->dones = dr->next;
-    cph_reply_error(dr->r, 503, "unavailable", NULL,
-                    "the turn was completed on this node, but cephalond is stopping before the "
-                    "cluster log took the record of what it consumed: the node that serves its "
-                    "session next may deliver its input to a turn again");
+    if (dr->made_buf[0])
+      cph_reply_error(dr->r, 503, "unavailable", NULL,
+                      "%s on this node, but cephalond is stopping before the cluster log took "
+                      "its session's state: the node that serves the session next may lack the "
+                      "seal",
+                      dr->made_buf);
+    else
+      cph_reply_error(dr->r, 503, "unavailable", NULL,
+                      "the turn was completed on this node, but cephalond is stopping before "
+                      "the cluster log took the record of what it consumed: the node that "
+                      "serves its session next may deliver its input to a turn again");
     cph_req_end(dr->r);
     dr->r = NULL; /* dr stays reachable from its pubs, freed with them */
   }
