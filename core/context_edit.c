@@ -3,19 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "context_edit.h"
+#include "handover.h"
 #include "ops.h"
+#include "seals.h"
 
 #define TREE_NODES_MAX 4096 /* a session's tree; inserts beyond it are refused (413) */
-
-/* A seal's key in database seals. */
-static cph_key seal_key(const char *session, uint64_t id) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_str(&k, session);
-  cph_key_u64(&k, id);
-  return k;
-}
 
 static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
 
@@ -213,6 +207,25 @@ static void render_messages(const cph_pact_tree *tree, cph_seal_rec *r) {
   free(idx);
 }
 
+/* Cluster mode: the session's state with the new seal, for the cluster log (the seal's answer
+ * waits until the log holds it, as a completion's does: server/clusterflow.h 11.). A failure
+ * leaves u.context.state NULL and is logged (the seal stands here; the log keeps the session's
+ * previous state, and its next completion carries the seal). */
+static void seal_state_to_op(cph_context *cx, const csession *s, cph_op *op) {
+  cph_buf b = {0};
+  cph_handover st = {cx->env, cx->sessions, cx->trees, cx->memory};
+  int rc = handover_export(&st, s, &b);
+  if (rc == CPH_OK && !cph_buf_error(&b)) {
+    op->u.context.state_len = b.len;
+    op->u.context.state = (uint8_t *)cph_buf_steal(&b);
+  } else {
+    cph_log(CPH_LOG_WARN, "reading the state of session '%s' for the cluster log after seal %llu: "
+            "%s", s->id, (unsigned long long)op->u.context.seal_id,
+            cph_strerror(rc ? rc : CPH_ENOMEM));
+  }
+  cph_buf_free(&b);
+}
+
 static void context_seal(cph_context *cx, cph_op *op, csession *s) {
   const char *trigger = op->u.context.trigger;
   if (!trigger || !*trigger || strlen(trigger) > 128) {
@@ -229,26 +242,23 @@ static void context_seal(cph_context *cx, cph_op *op, csession *s) {
     return;
   }
   cph_seal_rec r = {0};
-  char counter[160];
-  snprintf(counter, sizeof counter, "seal:%s", s->id);
-  cph_txn_next_id(&t, counter, &r.id);
   r.session = s->id;
   r.trigger = (char *)trigger;
   r.episode = s->episode;
   r.created_ms = cph_wall_ms();
   render_messages(&tree, &r);
-  cph_key k = seal_key(s->id, r.id);
-  cph_txn_put_record(&t, CPH_DB_SEALS, &k, &cph_seal_desc, &r);
+  seals_put(&t, &r);
   r.session = r.trigger = NULL; /* borrowed */
+  uint64_t id = r.id;
   cph_record_free(&cph_seal_desc, &r);
   cph_pact_tree_free(&tree);
-  uint64_t id;
   if (cph_txn_commit(&t)) {
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     return;
   }
-  id = cph_be64_get(k.data + k.len - 8);
   op->u.context.seal_id = id;
+  if (cx->env->report_consumed)
+    seal_state_to_op(cx, s, op);
 }
 
 void context_ops_apply(cph_context *cx, cph_op *op) {
@@ -339,6 +349,7 @@ void cph_context_steps_free(cph_context_step *steps, size_t n) {
 void cph_seals_free(cph_seal_info *seals, size_t n) {
   for (size_t i = 0; seals && i < n; i++) {
     free(seals[i].trigger);
+    free(seals[i].origin);
     for (size_t j = 0; j < seals[i].n_messages; j++) {
       free(seals[i].messages[j].role);
       free(seals[i].messages[j].content);
@@ -360,7 +371,7 @@ int context_seals(cph_context *cx, const char *session, cph_seal_info **out, siz
   int rc = cph_txn_begin(cx->env->store, false, &t);
   cph_cursor c;
   cph_val k, v;
-  cph_key start = seal_key(session, 0);
+  cph_key start = seals_key(session, 0);
   size_t prefix = strlen(session) + 1, cap = 0;
   if (rc == CPH_OK)
     rc = cph_cursor_open(&t, CPH_DB_SEALS, &c);
@@ -389,6 +400,9 @@ int context_seals(cph_context *cx, const char *session, cph_seal_info **out, siz
     r.trigger = NULL;
     si->episode = r.episode;
     si->created_ms = r.created_ms;
+    char origin[SEALS_ORIGIN_MAX];
+    seals_origin(origin, cx->env->reply_origin_node, &r);
+    si->origin = origin[0] ? strdup(origin) : NULL;
     si->messages = calloc(r.n_roles ? r.n_roles : 1, sizeof *si->messages);
     for (uint32_t i = 0; si->messages && i < r.n_roles && i < r.n_contents && i < r.n_coords; i++) {
       si->messages[i].role = r.roles[i];

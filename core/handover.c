@@ -19,7 +19,13 @@
  * encodes it (store/records.h, its current version) with its origin set, its lease token zero
  * and no inbox entries, oldest first; the node taking the session over stores each one whose
  * origin it lacks as history (a new id there, never leased). A version-2 blob lacks that part
- * and still imports. That is what a completion changes of
+ * and still imports. Version 4 adds, after the turn records, the session's newest seals
+ * (core/seals.h; STATE_SEALS, STATE_SEAL_BYTES of encoded records at most, and only those that
+ * fit in what the state has left of CPH_HANDOVER_MAX_BYTES: a seal that does not fit is left
+ * out whole, never cut) that have an origin: be32 count, and per seal be32 length + the record
+ * as the store encodes it with its origin set, oldest first; the node taking the session over
+ * stores each one whose origin it lacks under a new seal id there. A version-3 blob lacks that
+ * part and still imports. That is what a completion changes of
  * a session and what its next turns read back: its conversation (the input and reply cores of
  * every turn within the history bound, which non-inbox turns render), its replies (which an
  * inbox turn's channel view renders, from the node's own channel history), the nodes workers
@@ -44,10 +50,12 @@
 #include "common/log.h"
 #include "ingest.h"
 #include "replystream.h"
+#include "seals.h"
 #include "turnrecs.h"
 
 #define STATE_MAGIC "CPHS"
-#define STATE_VERSION 3u
+#define STATE_VERSION 4u
+#define STATE_VERSION_NO_SEALS 3u  /* before the seals; still imported */
 #define STATE_VERSION_NO_TURNS 2u  /* before the turn records; still imported */
 #define STATE_VERSION_NO_STREAM 1u /* before the stream replies too; still imported */
 #define STATE_HEAD 28u
@@ -59,7 +67,14 @@
 #define STATE_MEMORIES 64 /* of each class (raw, other) */
 #define STATE_MEMORY_BYTES (256u * 1024u)
 #define STATE_TURNS 64
-#define STATE_TURN_BYTES (256u * 1024u) /* of the records as encoded */
+#define STATE_TURN_BYTES (256u * 1024u) /* of the records as encoded, with their lengths */
+#define STATE_SEALS 16
+/* Of the seals as encoded. A seal renders the session's whole tree: a tree at its history bound
+ * (128 message cores) of 500-byte messages seals to ~66 KB, so this carries the newest 3 such
+ * seals, or all 16 of short conversations. Measured with 500-byte messages: a state without
+ * seals is ~140 KB at the bound, with its newest seals ~380 KB — well under the 1 MiB message
+ * limit; and the seals come last, so what does not fit in CPH_HANDOVER_MAX_BYTES is left out. */
+#define STATE_SEAL_BYTES (256u * 1024u)
 /* A tree alone beyond CPH_HANDOVER_MAX_BYTES is not exported (the caller logs it: the
  * session's previous state stays in the log); the replies and memories are left out when they
  * would not fit. */
@@ -404,19 +419,73 @@ static int state_export_memories(const cph_handover *st, const csession *s, cph_
   return rc;
 }
 
-/* The session's newest ended turn records that have an origin, each encoded for the state,
- * newest first as collected. */
-typedef struct turn_scan {
+/* A part of encoded records (the turn records, the seals): be32 count, and per record be32
+ * length + the record, v[0..n) collected newest first and written oldest first. */
+static void write_records_part(const cph_buf *v, size_t n, cph_buf *out) {
+  uint8_t be[4];
+  cph_be32_put(be, (uint32_t)n);
+  cph_buf_append(out, be, 4);
+  for (size_t i = n; i-- > 0;) {
+    cph_be32_put(be, (uint32_t)v[i].len);
+    cph_buf_append(out, be, 4);
+    cph_buf_append(out, v[i].data, v[i].len);
+  }
+}
+
+/* A part of encoded records being collected: the session's newest turn records or seals that
+ * have an origin, each encoded for the state, newest first as collected, at most `room` bytes
+ * of them with their lengths. */
+typedef struct record_scan {
   const char *node; /* this node's name (the origin of the records made here) */
   cph_buf *v;
-  size_t n, cap, bytes;
+  size_t n, cap, bytes, room;
   bool nomem;
-} turn_scan;
+} record_scan;
 
+/* Encodes rec (with desc) into rs: 1 kept, 0 it does not fit in what rs has room for, -1 out
+ * of memory (rs->nomem set). */
+static int scan_keep(record_scan *rs, const cph_record_desc *desc, const void *rec) {
+  cph_buf b = {0};
+  if (cph_record_encode(desc, rec, &b) != CPH_OK || cph_buf_error(&b)) {
+    cph_buf_free(&b);
+    rs->nomem = true;
+    return -1;
+  }
+  if (rs->bytes + 4 + b.len > rs->room) {
+    cph_buf_free(&b);
+    return 0;
+  }
+  cph_buf *g = room_for_one(rs->v, &rs->cap, rs->n, sizeof *g, 8);
+  if (!g) {
+    cph_buf_free(&b);
+    rs->nomem = true;
+    return -1;
+  }
+  rs->v = g;
+  rs->v[rs->n++] = b;
+  rs->bytes += 4 + b.len;
+  return 1;
+}
+
+/* Ends rs's walk, which returned rc: its part (write_records_part) into out when all went
+ * well; frees what rs holds. rc, or CPH_ENOMEM. */
+static int scan_finish(record_scan *rs, int rc, cph_buf *out) {
+  if (rc == CPH_OK && rs->nomem)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK)
+    write_records_part(rs->v, rs->n, out);
+  for (size_t i = 0; i < rs->n; i++)
+    cph_buf_free(&rs->v[i]);
+  free(rs->v);
+  return rc;
+}
+
+/* A turn record for the part: with its origin, no lease, no inbox entries, no job. The
+ * newest that fill STATE_TURN_BYTES: the walk stops at the first that does not fit. */
 static bool collect_turn(void *ctx, const cph_turn_rec *tr) {
-  turn_scan *ts = ctx;
+  record_scan *rs = ctx;
   char origin[TURNRECS_ORIGIN_MAX];
-  turnrecs_origin(origin, ts->node, tr);
+  turnrecs_origin(origin, rs->node, tr);
   if (!origin[0])
     return true; /* none (a single node's record): nothing would tell it from another */
   cph_turn_rec out = *tr; /* borrows tr's strings */
@@ -425,46 +494,37 @@ static bool collect_turn(void *ctx, const cph_turn_rec *tr) {
   out.n_inbox_seqs = 0;
   out.job_id = 0;
   out.origin = origin;
-  cph_buf b = {0};
-  if (cph_record_encode(&cph_turn_desc, &out, &b) != CPH_OK || cph_buf_error(&b)) {
-    cph_buf_free(&b);
-    ts->nomem = true;
-    return false;
-  }
-  cph_buf *g = ts->bytes + b.len > STATE_TURN_BYTES
-                   ? NULL
-                   : room_for_one(ts->v, &ts->cap, ts->n, sizeof *g, 8);
-  if (!g) {
-    ts->nomem = ts->bytes + b.len <= STATE_TURN_BYTES;
-    cph_buf_free(&b);
-    return false;
-  }
-  ts->v = g;
-  ts->v[ts->n++] = b;
-  ts->bytes += b.len;
-  return true;
+  return scan_keep(rs, &cph_turn_desc, &out) > 0;
 }
 
 /* The turn records part of the blob (above), oldest first. */
 static int state_export_turns(const cph_handover *st, const csession *s, cph_buf *out) {
-  turn_scan ts = {st->env->reply_origin_node, NULL, 0, 0, 0, false};
-  int rc = turnrecs_session_newest(&st->env->txn, s->id, STATE_TURNS, collect_turn, &ts);
-  if (rc == CPH_OK && ts.nomem)
-    rc = CPH_ENOMEM;
-  if (rc == CPH_OK) {
-    uint8_t be[4];
-    cph_be32_put(be, (uint32_t)ts.n);
-    cph_buf_append(out, be, 4);
-    for (size_t i = ts.n; i-- > 0;) {
-      cph_be32_put(be, (uint32_t)ts.v[i].len);
-      cph_buf_append(out, be, 4);
-      cph_buf_append(out, ts.v[i].data, ts.v[i].len);
-    }
-  }
-  for (size_t i = 0; i < ts.n; i++)
-    cph_buf_free(&ts.v[i]);
-  free(ts.v);
-  return rc;
+  record_scan rs = {st->env->reply_origin_node, NULL, 0, 0, 0, STATE_TURN_BYTES, false};
+  int rc = turnrecs_session_newest(&st->env->txn, s->id, STATE_TURNS, collect_turn, &rs);
+  return scan_finish(&rs, rc, out);
+}
+
+/* A seal for the part, with its origin. One that does not fit is left out whole, and the walk
+ * goes on: an older, smaller one may fit. */
+static bool collect_seal(void *ctx, const cph_seal_rec *r) {
+  record_scan *rs = ctx;
+  char origin[SEALS_ORIGIN_MAX];
+  seals_origin(origin, rs->node, r);
+  if (!origin[0])
+    return true; /* none (a single node's seal): nothing would tell it from another */
+  cph_seal_rec out = *r; /* borrows r's strings */
+  out.origin = origin;
+  return scan_keep(rs, &cph_seal_desc, &out) >= 0;
+}
+
+/* The seals part of the blob (above), oldest first, at most `room` bytes with its count. */
+static int state_export_seals(const cph_handover *st, const csession *s, size_t room,
+                              cph_buf *out) {
+  room = room < 4 ? 0 : room - 4;
+  record_scan rs = {st->env->reply_origin_node, NULL, 0, 0, 0,
+                    room < STATE_SEAL_BYTES ? room : STATE_SEAL_BYTES, false};
+  int rc = seals_session_newest(&st->env->txn, s->id, STATE_SEALS, collect_seal, &rs);
+  return scan_finish(&rs, rc, out);
 }
 
 typedef struct memory_find {
@@ -679,55 +739,111 @@ static int state_import_memories(const cph_handover *st, cph_txn *t, const char 
   return rc;
 }
 
-/* The turn records part: each record whose origin this node lacks is stored as history
- * (turnrecs_import). CPH_EINVAL when the part is malformed, with why[0..len) saying which
- * record and what is wrong with it. */
-static int state_import_turns(cph_txn *t, const char *node, const char *session,
-                              const uint8_t *data, size_t n, char *why, size_t len) {
+/* Reads a part of encoded records (write_records_part) at data[0..n), calling fn(ctx, record,
+ * length, why, len) for each in order while it returns CPH_OK; *used: the part's length.
+ * CPH_EINVAL when the part is cut short (why[0..len) says which `item`, numbered from 1 of
+ * the part's count, as fn's why does for a record it refuses), else fn's error. */
+static int read_records_part(const uint8_t *data, size_t n, const char *item, size_t *used,
+                             char *why, size_t len,
+                             int (*fn)(void *ctx, const uint8_t *rec, size_t l, char *why,
+                                       size_t len),
+                             void *ctx) {
   if (n < 4) {
-    snprintf(why, len, "its turn records part is cut short (%zu bytes)", n);
+    snprintf(why, len, "its %ss part is cut short (%zu bytes)", item, n);
     return CPH_EINVAL;
   }
   uint32_t count = cph_be32_get(data);
   size_t at = 4;
   int rc = CPH_OK;
+  char one[224];
   for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
     uint32_t l = n - at >= 4 ? cph_be32_get(data + at) : 0;
     if (n - at < 4 || n - at - 4 < l) {
-      snprintf(why, len, "turn record %u of %u is cut short", i + 1, count);
+      snprintf(why, len, "%s %u of %u is cut short", item, i + 1, count);
       return CPH_EINVAL;
     }
     at += 4;
-    cph_turn_rec tr = {0};
-    cph_err err = {0};
-    rc = cph_record_decode(&cph_turn_desc, data + at, l, &tr, &err);
+    one[0] = '\0';
+    rc = fn(ctx, data + at, l, one, sizeof one);
     at += l;
-    bool no_origin = rc == CPH_OK && (!tr.origin || !*tr.origin ||
-                                      strlen(tr.origin) >= TURNRECS_ORIGIN_MAX);
-    const char *bad = rc == CPH_ECORRUPT                  ? err.msg
-                      : rc                                ? NULL
-                      : no_origin                         ? "no origin, or one too long"
-                      : strcmp(tr.session, session) != 0  ? "another session's"
-                      : tr.kind == CPH_TURN_JOB           ? "a job turn"
-                      : tr.state != CPH_TURN_COMPLETED && tr.state != CPH_TURN_FAILED
-                          ? "not ended (completed or failed)"
-                          : NULL;
-    if (bad) {
-      snprintf(why, len, "turn record %u of %u: %.160s", i + 1, count, bad);
-      cph_record_free(&cph_turn_desc, &tr);
-      return CPH_EINVAL;
-    }
-    bool held = false;
-    if (rc == CPH_OK)
-      rc = turnrecs_holds(t, node, tr.origin, &held);
-    if (rc == CPH_OK && !held)
-      rc = turnrecs_import(t, &tr);
-    cph_record_free(&cph_turn_desc, &tr);
+    if (rc == CPH_EINVAL)
+      snprintf(why, len, "%s %u of %u: %s", item, i + 1, count, one);
   }
-  if (rc == CPH_OK && at != n) {
-    snprintf(why, len, "%zu bytes follow its turn records", n - at);
+  *used = at;
+  return rc;
+}
+
+/* What importing one record of a part needs: this node's name and the session. */
+typedef struct import_ctx {
+  cph_txn *t;
+  const char *node, *session;
+} import_ctx;
+
+/* What is wrong with a record of a part that every kind shares (decoded with rc and err): it
+ * does not decode, has no origin this build could make, or is another session's. NULL: none
+ * of that (or rc is another error, which the caller returns). */
+static const char *record_problem(int rc, const cph_err *err, const char *origin,
+                                  const char *rec_session, const char *session) {
+  if (rc == CPH_ECORRUPT)
+    return err->msg;
+  if (rc)
+    return NULL;
+  if (!origin || !*origin || strlen(origin) >= REPLYSTREAM_ORIGIN_MAX)
+    return "no origin, or one too long";
+  return strcmp(rec_session, session) != 0 ? "another session's" : NULL;
+}
+
+/* One turn record of the state: stored as history unless this node holds its origin
+ * (turnrecs_import). CPH_EINVAL, with why, for a record that is not one of the session's
+ * ended turns with an origin. */
+static int import_turn(void *ctx, const uint8_t *rec, size_t l, char *why, size_t len) {
+  import_ctx *ic = ctx;
+  cph_turn_rec tr = {0};
+  cph_err err = {0};
+  int rc = cph_record_decode(&cph_turn_desc, rec, l, &tr, &err);
+  const char *bad = record_problem(rc, &err, tr.origin, tr.session, ic->session);
+  if (!bad && rc == CPH_OK)
+    bad = tr.kind == CPH_TURN_JOB ? "a job turn"
+          : tr.state != CPH_TURN_COMPLETED && tr.state != CPH_TURN_FAILED
+              ? "not ended (completed or failed)"
+              : NULL;
+  bool held = false;
+  if (bad) {
+    snprintf(why, len, "%.160s", bad);
     rc = CPH_EINVAL;
+  } else if (rc == CPH_OK) {
+    rc = turnrecs_holds(ic->t, ic->node, tr.origin, &held);
   }
+  if (rc == CPH_OK && !held)
+    rc = turnrecs_import(ic->t, &tr);
+  cph_record_free(&cph_turn_desc, &tr);
+  return rc;
+}
+
+/* One seal of the state: stored under a new seal id here unless this node holds its origin
+ * for the session (seals_import). CPH_EINVAL, with why, for a record that is not one of the
+ * session's seals with an origin, a trigger and whole messages. */
+static int import_seal(void *ctx, const uint8_t *rec, size_t l, char *why, size_t len) {
+  import_ctx *ic = ctx;
+  cph_seal_rec r = {0};
+  cph_err err = {0};
+  int rc = cph_record_decode(&cph_seal_desc, rec, l, &r, &err);
+  const char *bad = record_problem(rc, &err, r.origin, r.session, ic->session);
+  if (!bad && rc == CPH_OK)
+    bad = !r.trigger || !*r.trigger ? "no trigger"
+          : r.n_roles != r.n_contents || r.n_roles != r.n_coords
+              ? "its messages' roles, contents and coordinates differ in number"
+              : NULL;
+  bool held = false;
+  if (bad) {
+    snprintf(why, len, "%.160s", bad);
+    rc = CPH_EINVAL;
+  } else if (rc == CPH_OK) {
+    rc = seals_holds(ic->t, ic->node, ic->session, r.origin, &held);
+  }
+  if (rc == CPH_OK && !held)
+    rc = seals_import(ic->t, &r);
+  cph_record_free(&cph_seal_desc, &r);
   return rc;
 }
 
@@ -749,7 +865,7 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
     return CPH_ELIMIT;
   /* The stream replies, the channel replies, the memories and the turn records each only
    * while the whole fits (else none of that part: empty), with room kept for the empty parts
-   * after it. */
+   * after it; the seals, last, those that fit in what is left. */
   reply_scan rs = {s->id, NULL, 0, 0, 0, false};
   stream_scan ss = {0};
   rc = replystream_session_newest(&st->env->txn, s->id, STATE_STREAM_REPLIES,
@@ -763,7 +879,7 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
   static const uint8_t none[4] = {0};
   cph_buf part = {0};
   bool stream_written = false;
-  for (int i = 0; rc == CPH_OK && i < 4; i++) {
+  for (int i = 0; rc == CPH_OK && i < 5; i++) {
     cph_buf_reset(&part);
     if (i == 0)
       write_stream_part(&ss, &part);
@@ -771,11 +887,13 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
       write_channel_part(&rs, stream_written, &part);
     else if (i == 2)
       rc = state_export_memories(st, s, &part);
-    else
+    else if (i == 3)
       rc = state_export_turns(st, s, &part);
+    else
+      rc = state_export_seals(st, s, CPH_HANDOVER_MAX_BYTES - out->len, &part);
     if (rc == CPH_OK && cph_buf_error(&part))
       rc = CPH_ENOMEM;
-    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(3 - i) <= CPH_HANDOVER_MAX_BYTES) {
+    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(4 - i) <= CPH_HANDOVER_MAX_BYTES) {
       cph_buf_append(out, part.data, part.len);
       stream_written |= i == 0;
     } else if (rc == CPH_OK) {
@@ -831,9 +949,25 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
     rc = state_import_memories(st, &t, id, p + at, n - at, &used);
   at += rc == CPH_OK ? used : 0;
   char why[256] = "";
-  if (rc == CPH_OK && version == STATE_VERSION)
-    rc = state_import_turns(&t, st->env->reply_origin_node, id, p + at, n - at, why,
-                            sizeof why);
+  /* the turn records (version 3 on) and the seals (version 4): each one whose origin this
+   * node lacks is stored here; nothing may follow the last part */
+  import_ctx ic = {&t, st->env->reply_origin_node, id};
+  const char *last = NULL;
+  if (rc == CPH_OK && version >= STATE_VERSION_NO_SEALS) {
+    rc = read_records_part(p + at, n - at, "turn record", &used, why, sizeof why, import_turn,
+                           &ic);
+    at += rc == CPH_OK ? used : 0;
+    last = "turn records";
+  }
+  if (rc == CPH_OK && version >= STATE_VERSION) {
+    rc = read_records_part(p + at, n - at, "seal", &used, why, sizeof why, import_seal, &ic);
+    at += rc == CPH_OK ? used : 0;
+    last = "seals";
+  }
+  if (rc == CPH_OK && last && at != n) {
+    snprintf(why, sizeof why, "%zu bytes follow its %s", n - at, last);
+    rc = CPH_EINVAL;
+  }
   if (rc == CPH_EINVAL) {
     cph_txn_abort(&t);
     if (why[0])

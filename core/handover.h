@@ -1,11 +1,12 @@
 /* Handover: a session's state for another node (cluster mode, DESIGN §14 "State",
  * server/clusterflow.h 11.) — what a completion changes of a session (its tree, recent
  * replies — of the replies stream, with their origins, and of its channels' history —, newest
- * memories, newest ended turn records with their origins, episode and credits) as one blob
+ * memories, newest ended turn records and newest seals with their origins, episode and
+ * credits) as one blob
  * the cluster log keeps per
  * session, and its import on the node that takes the session's shard over. The blob's layout
  * is in handover.c. Private to core/: turns.c exports at each completion and imports
- * CPH_OP_SESSION_STATE.
+ * CPH_OP_SESSION_STATE; context_edit.c exports at each seal.
  *
  * It owns no state: it is handed the modules it reads and writes. */
 #ifndef CEPHALON_CORE_HANDOVER_H
@@ -40,7 +41,8 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
 
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
- * or a store error fails op and changes nothing; a malformed turn record says which and why.
+ * or a store error fails op and changes nothing; a malformed turn record or seal says which
+ * and why. The seals it adds (core/seals.h) get new seal ids here.
  * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn. The
  * replies it added to the replies stream (those with an origin the stream lacked,
  * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. */

@@ -1,6 +1,7 @@
 /* The origin and session indexes of records other nodes made: see origins.h. */
 #include "origins.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 int origins_put(cph_txn *t, cph_db db, const char *origin, uint64_t id) {
@@ -70,4 +71,16 @@ int origins_session_forget(cph_txn *t, cph_db db, const char *session) {
   if (start.overflow)
     return CPH_OK;
   return cph_txn_del_prefix(t, db, &start);
+}
+
+uint64_t origins_own_id(const char *node, const char *origin) {
+  size_t node_len = node ? strnlen(node, ORIGINS_NODE_MAX) : 0;
+  if (!node || strncmp(origin, node, node_len) != 0 || origin[node_len] != '/')
+    return 0;
+  const char *digits = origin + node_len + 1;
+  char *end = NULL;
+  unsigned long long id = *digits >= '0' && *digits <= '9' ? strtoull(digits, &end, 10) : 0;
+  if (!end || *end != '/' || strlen(end + 1) != 16)
+    return 0;
+  return (uint64_t)id;
 }

@@ -15,6 +15,9 @@
 
 #include "store/store.h"
 
+/* The longest node name an origin takes (REPLYSTREAM_NODE_MAX). */
+#define ORIGINS_NODE_MAX 128
+
 /* Indexes record `id` by origin in db. CPH_OK or t's sticky error. */
 int origins_put(cph_txn *t, cph_db db, const char *origin, uint64_t id);
 
@@ -31,6 +34,11 @@ int origins_session_put(cph_txn *t, cph_db db, const char *session, uint64_t id)
 #define ORIGINS_STOP 1
 int origins_session_newest(cph_txn *t, cph_db db, const char *session, size_t max,
                            int (*fn)(void *ctx, uint64_t id), void *ctx);
+
+/* The id an origin of this node names: "<node>/<id>/<16 hex>" with node this node's name (as
+ * replystream_origin writes it, cut at ORIGINS_NODE_MAX bytes); 0 when it names another
+ * node (or node is NULL: a single node) or is not of that form. */
+uint64_t origins_own_id(const char *node, const char *origin);
 
 /* Drops every row of session in db (a session deleted). CPH_OK or the store's error. */
 int origins_session_forget(cph_txn *t, cph_db db, const char *session);

@@ -23,10 +23,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "origins.h"
 #include "store/store.h"
 
 /* The longest node name an origin takes (cph_engine_reply_origins refuses longer). */
-#define REPLYSTREAM_NODE_MAX 128
+#define REPLYSTREAM_NODE_MAX ORIGINS_NODE_MAX
 #define REPLYSTREAM_ORIGIN_MAX (REPLYSTREAM_NODE_MAX + 48)
 
 /* The origin of reply `id` written on `node` by the completion of the lease whose token is

@@ -22,24 +22,9 @@ void turnrecs_origin(char *buf, const char *node, const cph_turn_rec *tr) {
     buf[0] = '\0';
 }
 
-/* The id an origin of this node names: "<node>/<id>/<16 hex>" with node this node's name (as
- * replystream_origin writes it, cut at REPLYSTREAM_NODE_MAX bytes); 0 when it names another
- * node or is not of that form. */
-static uint64_t own_id(const char *node, const char *origin) {
-  size_t node_len = node ? strnlen(node, REPLYSTREAM_NODE_MAX) : 0;
-  if (!node || strncmp(origin, node, node_len) != 0 || origin[node_len] != '/')
-    return 0;
-  const char *digits = origin + node_len + 1;
-  char *end = NULL;
-  unsigned long long id = *digits >= '0' && *digits <= '9' ? strtoull(digits, &end, 10) : 0;
-  if (!end || *end != '/' || strlen(end + 1) != 16)
-    return 0;
-  return (uint64_t)id;
-}
-
 int turnrecs_holds(cph_txn *t, const char *node, const char *origin, bool *held) {
   int rc = origins_find(t, CPH_DB_TURN_ORIGINS, origin, held, NULL);
-  uint64_t id = rc == CPH_OK && !*held ? own_id(node, origin) : 0;
+  uint64_t id = rc == CPH_OK && !*held ? origins_own_id(node, origin) : 0;
   if (!id)
     return rc;
   /* made here? the record of that id, with this origin (not an older data dir's) */

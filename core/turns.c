@@ -117,6 +117,11 @@ void cph_op_clear_results(cph_op *op) {
     op->u.turn.state = NULL;
     op->u.turn.state_len = 0;
     break;
+  case CPH_OP_CONTEXT_SEAL:
+    free(op->u.context.state);
+    op->u.context.state = NULL;
+    op->u.context.state_len = 0;
+    break;
   case CPH_OP_TAKE:
     for (size_t i = 0; i < op->u.turn.n_taken; i++) {
       free(op->u.turn.taken[i].channel);

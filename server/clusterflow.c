@@ -113,6 +113,8 @@ struct applying {
 /* The done marks of one completion (or session delete) on their way into the log (6.). */
 struct done_req {
   cph_req *r;     /* the completion waiting for them; NULL for a delete (nobody waits) */
+  char made_buf[48]; /* a seal's request: "seal N was made", for its 503 (its answer waits
+                        for its session's state, no marks); "" for a completion or a delete */
   json_t *answer; /* its 200 answer */
   char *session;
   uint32_t shard;
@@ -693,12 +695,42 @@ static void on_mark(evutil_socket_t fd, short what, void *arg) {
 
 /* ================================================================ done marks (6.) */
 
-static void done_answer(cph_cflow *f, done_req *dr) {
-  if (dr->failed)
-    f->done_mark_failures++;
+/* dr's request, answered: off the waiting list, and ended. */
+static void done_unlink(cph_cflow *f, done_req *dr) {
+  if (dr->prev)
+    dr->prev->next = dr->next;
   else
+    f->dones = dr->next;
+  if (dr->next)
+    dr->next->prev = dr->prev;
+  cph_req_end(dr->r);
+}
+
+static void done_answer(cph_cflow *f, done_req *dr) {
+  bool seal = dr->made_buf[0] != '\0'; /* logs no mark: its put counts as a state put alone */
+  if (dr->failed && !seal)
+    f->done_mark_failures++;
+  else if (!seal)
     f->done_marks++;
-  if (dr->r) {
+  if (dr->r && dr->made_buf[0]) {
+    cph_req *r = dr->r;
+    if (dr->failed)
+      cph_reply_error(r, 503, "unavailable", NULL,
+                      "%s on this node, but the cluster log (NATS JetStream) did not take its "
+                      "session's state within %d s (%s): should this node die before the "
+                      "session is served elsewhere, the new owner lacks the seal (a retry makes "
+                      "another seal)",
+                      dr->made_buf, DONE_DEADLINE_MS / 1000, dr->why);
+    else if (!served(f, dr->shard))
+      cph_reply_error(r, 503, "unavailable", NULL,
+                      "%s on this node, but its session's shard %" PRIu32 " moved to another "
+                      "node before the cluster log took the session's state: the new owner "
+                      "may lack the seal",
+                      dr->made_buf, dr->shard);
+    else
+      cph_reply_json(r, 200, json_incref(dr->answer));
+    done_unlink(f, dr);
+  } else if (dr->r) {
     cph_req *r = dr->r;
     if (dr->failed)
       cph_reply_error(r, 503, "unavailable", NULL,
@@ -715,13 +747,7 @@ static void done_answer(cph_cflow *f, done_req *dr) {
                       dr->shard);
     else
       cph_reply_json(r, 200, json_incref(dr->answer));
-    if (dr->prev)
-      dr->prev->next = dr->next;
-    else
-      f->dones = dr->next;
-    if (dr->next)
-      dr->next->prev = dr->prev;
-    cph_req_end(r);
+    done_unlink(f, dr);
   } else if (dr->failed) {
     cph_warn("cluster log: a done mark of session %s (a delete, or an event it refused) was not "
              "taken (%s); a rebuild of its shard may deliver those events again",
@@ -774,8 +800,9 @@ static char *done_payload(const char *session, const cph_strv *keys, size_t from
  * ceph.s.done.<shard of session>, each under a message id of its own (a resend is stored
  * once). The events leave the shard's pending set at once: they were consumed here. True when
  * r is taken (answered later); false when r must be answered now (out of memory: 500). */
-static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
-                         const uint8_t *state, size_t state_len, json_t *answer) {
+static bool done_publish(cph_cflow *f, cph_req *r, const char *made, const char *session,
+                         const cph_strv *keys, const uint8_t *state, size_t state_len,
+                         json_t *answer) {
   pending_consumed(f, keys);
   done_req *dr = calloc(1, sizeof *dr);
   if (!dr || !(dr->session = strdup(session))) {
@@ -784,6 +811,7 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *session, const cp
     return false;
   }
   dr->r = r;
+  snprintf(dr->made_buf, sizeof dr->made_buf, "%s", made ? made : "");
   dr->answer = answer;
   dr->shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
   char subject[64];
@@ -891,15 +919,36 @@ void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cp
                     "the turn was completed on this node, but cephalond is stopping before the "
                     "cluster log took the record of what it consumed: the node that serves its "
                     "session next may deliver its input to a turn again");
-  } else if (!done_publish(f, r, session, keys, state, state_len, answer)) {
+  } else if (!done_publish(f, r, NULL, session, keys, state, state_len, answer)) {
     cph_reply_error(r, 500, "internal", NULL,
                     "the turn was completed on this node, but out of memory logging the record "
                     "of what it consumed");
   }
 }
 
+void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t seal_id,
+                      const uint8_t *state, size_t state_len, json_t *answer) {
+  uint32_t shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
+  char made[48];
+  snprintf(made, sizeof made, "seal %" PRIu64 " was made", seal_id);
+  static const cph_strv none = {0};
+  if (!state) {
+    cph_reply_json(r, 200, answer); /* the state was not read (logged): nothing to wait for */
+  } else if (f->quiesced || !f->tracks[shard].live) {
+    json_decref(answer);
+    cph_reply_error(r, 503, "unavailable", NULL,
+                    "%s on this node, but %s, so the cluster log cannot take its session's "
+                    "state now: the node that serves the session next may lack the seal",
+                    made, f->quiesced ? "cephalond is stopping"
+                                      : "its shard is not rebuilt here yet (or moved away)");
+  } else if (!done_publish(f, r, made, session, &none, state, state_len, answer)) {
+    cph_reply_error(r, 500, "internal", NULL,
+                    "%s on this node, but out of memory logging its session's state", made);
+  }
+}
+
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys) {
-  if (!f->quiesced && keys->count && !done_publish(f, NULL, session, keys, NULL, 0, NULL))
+  if (!f->quiesced && keys->count && !done_publish(f, NULL, NULL, session, keys, NULL, 0, NULL))
     cph_error("cluster log: out of memory logging the done mark of deleted session %s", session);
 }
 
@@ -1716,7 +1765,7 @@ static void apply_done(cph_op *op, void *ctx) {
      * not deliver it either — a done mark says so (not waited for). */
     if (res && res->busy.count && ev->session) {
       cph_strv one = {&ev->key, 1};
-      if (!done_publish(f, NULL, ev->session, &one, NULL, 0, NULL))
+      if (!done_publish(f, NULL, NULL, ev->session, &one, NULL, 0, NULL))
         cph_error("cluster log: out of memory logging that session %s refused event %s",
                   ev->session, ev->key);
     }
@@ -2811,10 +2860,17 @@ void cph_cflow_quiesce(cph_cflow *f) {
   while (f->dones) {
     done_req *dr = f->dones;
     f->dones = dr->next;
-    cph_reply_error(dr->r, 503, "unavailable", NULL,
-                    "the turn was completed on this node, but cephalond is stopping before the "
-                    "cluster log took the record of what it consumed: the node that serves its "
-                    "session next may deliver its input to a turn again");
+    if (dr->made_buf[0])
+      cph_reply_error(dr->r, 503, "unavailable", NULL,
+                      "%s on this node, but cephalond is stopping before the cluster log took "
+                      "its session's state: the node that serves the session next may lack the "
+                      "seal",
+                      dr->made_buf);
+    else
+      cph_reply_error(dr->r, 503, "unavailable", NULL,
+                      "the turn was completed on this node, but cephalond is stopping before "
+                      "the cluster log took the record of what it consumed: the node that "
+                      "serves its session next may deliver its input to a turn again");
     cph_req_end(dr->r);
     dr->r = NULL; /* dr stays reachable from its pubs, freed with them */
   }

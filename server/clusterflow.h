@@ -191,7 +191,10 @@
  *    history bound, the nodes workers inserted —, the episode, the credits, its newest 64
  *    replies of the replies stream with their origins (core/replystream.h; 256 KiB at most),
  *    its replies among the newest 64 entries of each of its channels' history, its newest
- *    memories). The node puts it into the
+ *    memories, its newest ended turn records and its newest 16 seals, those with their
+ *    origins), and so does every seal (u.context.state: cph_cflow_sealed, no marks — the
+ *    seal's 200 waits for the state alone, so a seal answered 200 moves with its session).
+ *    The node puts it into the
  *    key-value bucket CEPH_STATE under "<shard>.<session id in hex>", prefixed with its epoch
  *    (be64: the sequence of its epoch on ceph.s.done.<shard>, 10.), expecting the key's
  *    revision it last read or wrote (none: a create). The put goes through the shard's queue
@@ -230,8 +233,9 @@
  *    bound (128 message cores) and 256 KiB each of stream replies, channel replies and
  *    memories, under NATS's 1 MiB message limit (CPH_HANDOVER_MAX_BYTES: the stream replies go
  *    first, the other parts are left out when they would not fit; docs/cluster-scaling.md has
- *    figures). Not moved: kept turn contexts (the explorer), seals, channel cursors (rebuilt
- *    from its staged input), maintenance jobs, turn records, the replies stream's older
+ *    figures). Not moved: kept turn contexts (the explorer), channel cursors (rebuilt
+ *    from its staged input), maintenance jobs, turn records and seals beyond their bounds
+ *    (newest 64 and 16), the replies stream's older
  *    replies (beyond the session's newest 64) and its source inbox ids, and the inputs its
  *    turns consumed (the channel's traffic).
  *
@@ -293,6 +297,14 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
  * 11. above). Called from r's on_done; sets r->held when r waits. */
 void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
                          const uint8_t *state, size_t state_len, json_t *answer);
+/* Seal seal_id of session was made on this node, which left the session in `state`
+ * (u.context.state; NULL: not read, logged): answers r with `answer` (taken) once the log holds
+ * the state, as a completion's does (11. above; no done mark: a seal consumes nothing), or 503
+ * when it does not within the deadline, the shard is not served here or the node is stopping
+ * (the seal stands here; a retry makes another seal). Called from r's on_done; sets r->held when
+ * r waits. */
+void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t seal_id,
+                      const uint8_t *state, size_t state_len, json_t *answer);
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);

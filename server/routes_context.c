@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clusterflow.h"
 #include "routes.h"
 #include "server.h"
 
@@ -195,7 +196,13 @@ static void seal_done(cph_req *r) {
   }
   json_t *o = json_object();
   json_object_set_new(o, "seal_id", cph_json_u64(r->op.u.context.seal_id));
-  cph_reply_json(r, 200, o);
+  /* Cluster mode: the answer waits until the log holds the session's state with the seal
+   * (clusterflow.h, 11.), so a seal answered 200 moves with its session after a kill -9. */
+  if (r->srv->cflow)
+    cph_cflow_sealed(r->srv->cflow, r, r->op.u.context.session, r->op.u.context.seal_id,
+                     r->op.u.context.state, r->op.u.context.state_len, o);
+  else
+    cph_reply_json(r, 200, o);
 }
 
 void cph_route_seal(cph_req *r) {
@@ -225,6 +232,8 @@ void cph_route_seals(cph_req *r) {
     json_object_set_new(s, "trigger", cph_json_str(seals[i].trigger));
     json_object_set_new(s, "episode", cph_json_u64(seals[i].episode));
     json_object_set_new(s, "created_ms", json_integer(seals[i].created_ms));
+    if (seals[i].origin)
+      json_object_set_new(s, "origin", cph_json_str(seals[i].origin));
     json_t *msgs = json_array();
     for (size_t j = 0; j < seals[i].n_messages; j++) {
       json_t *m = json_object();

@@ -252,8 +252,10 @@ static const cph_field seal_fields[] = {
     ARRAY(R, CPH_F_STR_ARRAY, roles, n_roles),
     ARRAY(R, CPH_F_STR_ARRAY, contents, n_contents),
     ARRAY(R, CPH_F_STR_ARRAY, coords, n_coords),
+    /* version 2 (cluster mode): an older record reads NULL, made here */
+    FIELD_SINCE(R, CPH_F_OPT_STR, origin, 2),
 };
-DESC(cph_seal_desc, "seal", 1, R, seal_fields);
+DESC_COMPAT(cph_seal_desc, "seal", 2, 1, R, seal_fields);
 #undef R
 
 #define R cph_turnctx_rec

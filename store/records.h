@@ -277,6 +277,8 @@ typedef struct cph_seal_rec {
   uint32_t n_contents;
   char **coords;
   uint32_t n_coords;
+  char *origin; /* cluster mode: imported from the node it names (core/seals.h); NULL: made
+                   here */
 } cph_seal_rec;
 
 /* A turn's context as it was assembled at lease, kept for the context explorer (core/turnlog.h,

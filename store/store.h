@@ -62,6 +62,7 @@
   X(AGGREGATES, "aggregates") /* u64 family -> aggregate */                              \
   X(CONTEXT, "context")       /* session\0 [u64 seq] -> PACT tree header / node (trees.h) */ \
   X(SEALS, "seals")           /* session\0 u64 seal id -> sealed rendered context */    \
+  X(SEAL_ORIGINS, "seal_origins") /* origin\0 -> u64 seal id: seals imported (core/seals.h) */ \
   X(TURN_CONTEXTS, "turn_contexts") /* session\0 u64 turn id -> a kept turn context (turnlog) */ \
   X(TURN_TEXTS, "turn_texts") /* session\0 u64 text hash -> a kept context's text (turnlog) */ \
   X(TURN_TEXT_REFS, "turn_text_refs") /* session\0 u64 turn id -> its texts' hashes (turnlog) */ \

@@ -667,6 +667,10 @@ struct cph_op {
       bool updated;             /* insert: out — the key matched a live node, updated in place */
       char *trigger;            /* seal */
       uint64_t seal_id;         /* seal: out */
+      /* seal, cluster mode (cph_engine_report_consumed on): out, the session's state with the
+       * seal (as u.turn.state), for the cluster log; NULL when it could not be read (logged) */
+      uint8_t *state;
+      size_t state_len;
     } context;
     struct {
       char *session;
@@ -1088,6 +1092,8 @@ typedef struct cph_seal_info {
   int64_t created_ms;
   cph_message *messages;
   size_t n_messages;
+  char *origin; /* cluster mode (cph_engine_reply_origins): "<node>/<seal id there>/<16 hex>",
+                   its identity cluster-wide (core/seals.h); NULL on a single node */
 } cph_seal_info;
 int cph_engine_seals(cph_engine *e, const char *session, cph_seal_info **out, size_t *n,
                      cph_err *err);

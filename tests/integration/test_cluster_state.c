@@ -40,6 +40,7 @@ typedef struct bench {
   cph_test_cluster *c;
   int owner[SESSIONS];
   int64_t episode[SESSIONS]; /* on its owner, before the kill */
+  int round; /* the turns being answered (answer_round) */
   char extra[256];
 } bench;
 
@@ -66,42 +67,26 @@ static void complete_turn(cph_test_cluster *c, int n, json_t *turn, int round, i
   cph_test_response_free(&r);
 }
 
+/* Checks turn (of session s, on node n) stages question b->round and completes it: done. */
+static bool answer(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  char want_q[64];
+  snprintf(want_q, sizeof want_q, "question %d for t%02d", b->round, s);
+  json_t *staged = json_object_get(turn, "staged");
+  assert_int_equal(json_array_size(staged), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(staged, 0), "body")),
+                      want_q);
+  complete_turn(b->c, n, turn, b->round, s);
+  return true;
+}
+
 /* Leases on node n until each session it owns (b->owner) completed one turn of `round`,
  * answering "reply <round> of <session>"; 30 s at most. Each completion must answer 200. */
 static void answer_round(bench *b, int n, int round) {
-  bool done[SESSIONS] = {false};
-  int want = 0, got = 0;
-  for (int s = 0; s < SESSIONS; s++)
-    want += b->owner[s] == n;
-  int64_t t0 = cph_test_now_ms();
-  while (got < want) {
-    if (cph_test_now_ms() - t0 > 30000)
-      fail_msg("n%d: %d of its %d sessions leased in round %d after 30 s", n, got, want, round);
-    cph_test_response r = cph_test_api(b->c->port[n], "POST", "/v1/turns/lease", NULL,
-                                       "{\"worker\":\"w\",\"wait_ms\":1000}");
-    if (r.status == 204) {
-      cph_test_response_free(&r);
-      continue;
-    }
-    if (r.status != 200)
-      fail_msg("lease on n%d: %d %s", n, r.status, r.body ? r.body : "");
-    json_t *j = cph_test_json(&r);
-    cph_test_response_free(&r);
-    json_t *turn = json_object_get(j, "turn");
-    const char *sess = json_string_value(json_object_get(turn, "session"));
-    int s = sess ? atoi(sess + 1) : -1;
-    assert_true(s >= 0 && s < SESSIONS && b->owner[s] == n && !done[s]);
-    char want_q[64];
-    snprintf(want_q, sizeof want_q, "question %d for t%02d", round, s);
-    json_t *staged = json_object_get(turn, "staged");
-    assert_int_equal(json_array_size(staged), 1);
-    assert_string_equal(json_string_value(json_object_get(json_array_get(staged, 0), "body")),
-                        want_q);
-    complete_turn(b->c, n, turn, round, s);
-    json_decref(j);
-    done[s] = true;
-    got++;
-  }
+  char what[32];
+  snprintf(what, sizeof what, "round %d", round);
+  b->round = round;
+  cph_tc_lease_each(b->c, n, b->owner, SESSIONS, answer, b, what);
 }
 
 /* GET path on node n: 200 and its JSON (asserted). */
@@ -194,52 +179,36 @@ static void check_state(bench *b, int n, int s, const char *when) {
              s, credits, n, ROUNDS);
 }
 
+/* Checks turn (of session s, on node n) shows each earlier reply of its session once in its
+ * messages, and completes it: done. */
+static bool shows_replies(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  for (int k = 0; k < b->round; k++) {
+    char reply[64];
+    snprintf(reply, sizeof reply, "reply %d of t%02d", k, s);
+    int seen = 0;
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(turn, "messages"), i, m) {
+      const char *content = json_string_value(json_object_get(m, "content"));
+      seen += content && strstr(content, reply) != NULL;
+    }
+    if (seen != 1) {
+      char *dump = json_dumps(json_object_get(turn, "messages"), JSON_COMPACT);
+      fail_msg("t%02d's lease on n%d shows \"%s\" %d times in its messages, not once: %s", s,
+               n, reply, seen, dump ? dump : "?");
+    }
+  }
+  complete_turn(b->c, n, turn, b->round, s);
+  return true;
+}
+
 /* Leases the next question of every session node n owns: each lease's messages show every
  * earlier reply of its session. Completes it, answering "reply <round> of <session>". */
 static void next_lease_shows_replies(bench *b, int n, int round) {
   cph_tc_ask(b->c, n, SESSIONS, round);
-  bool done[SESSIONS] = {false};
-  int want = 0, got = 0;
-  for (int s = 0; s < SESSIONS; s++)
-    want += b->owner[s] == n;
-  int64_t t0 = cph_test_now_ms();
-  while (got < want) {
-    if (cph_test_now_ms() - t0 > 30000)
-      fail_msg("n%d: %d of its %d sessions leased after the takeover in 30 s", n, got, want);
-    cph_test_response r = cph_test_api(b->c->port[n], "POST", "/v1/turns/lease", NULL,
-                                       "{\"worker\":\"w\",\"wait_ms\":1000}");
-    if (r.status == 204) {
-      cph_test_response_free(&r);
-      continue;
-    }
-    if (r.status != 200)
-      fail_msg("lease on n%d: %d %s", n, r.status, r.body ? r.body : "");
-    json_t *j = cph_test_json(&r);
-    cph_test_response_free(&r);
-    json_t *turn = json_object_get(j, "turn");
-    int s = atoi(json_string_value(json_object_get(turn, "session")) + 1);
-    assert_true(s >= 0 && s < SESSIONS && b->owner[s] == n && !done[s]);
-    for (int k = 0; k < round; k++) {
-      char reply[64];
-      snprintf(reply, sizeof reply, "reply %d of t%02d", k, s);
-      int seen = 0;
-      size_t i;
-      json_t *m;
-      json_array_foreach(json_object_get(turn, "messages"), i, m) {
-        const char *content = json_string_value(json_object_get(m, "content"));
-        seen += content && strstr(content, reply) != NULL;
-      }
-      if (seen != 1) {
-        char *dump = json_dumps(json_object_get(turn, "messages"), JSON_COMPACT);
-        fail_msg("t%02d's lease on n%d shows \"%s\" %d times in its messages, not once: %s", s,
-                 n, reply, seen, dump ? dump : "?");
-      }
-    }
-    complete_turn(b->c, n, turn, round, s);
-    json_decref(j);
-    done[s] = true;
-    got++;
-  }
+  b->round = round;
+  cph_tc_lease_each(b->c, n, b->owner, SESSIONS, shows_replies, b, "the leases after the takeover");
 }
 
 static int setup(void **state) {

@@ -51,61 +51,51 @@ typedef struct bench {
   int n_want[SESSIONS];
   long long dead_turn;   /* a turn the victim completed, its id there */
   char dead_lease[40];   /* and its lease */
+  int round;             /* the turns being answered (answer_round) */
+  bool fail_first, failed[SESSIONS];
 } bench;
 
 /* The cost turn `round` of session s reports: unique to the pair. */
 static long long cost_of(int round, int s) { return 1000 * (round + 1) + s; }
 
-/* Leases on node n until each session it owns (b->owner) completed one turn of `round`; in
- * `fail_first` rounds each session's first lease is failed ("model error tNN") and its input
- * leased again. Each completion and failure must answer 200; 30 s at most. */
-static void answer_round(bench *b, int n, int round, bool fail_first) {
-  int phase[SESSIONS] = {0}; /* 0: not leased yet, 1: failed once, 2: completed */
-  int want = 0, got = 0;
-  for (int s = 0; s < SESSIONS; s++)
-    want += b->owner[s] == n;
-  int64_t t0 = cph_test_now_ms();
-  while (got < want) {
-    if (cph_test_now_ms() - t0 > 30000)
-      fail_msg("n%d: %d of its %d sessions completed round %d after 30 s", n, got, want, round);
-    cph_test_response r = cph_test_api(b->c->port[n], "POST", "/v1/turns/lease", NULL,
-                                       "{\"worker\":\"w\",\"wait_ms\":1000}");
-    if (r.status == 204) {
-      cph_test_response_free(&r);
-      continue;
-    }
-    if (r.status != 200)
-      fail_msg("lease on n%d: %d %s", n, r.status, r.body ? r.body : "");
-    json_t *j = cph_test_json(&r);
-    cph_test_response_free(&r);
-    json_t *turn = json_object_get(j, "turn");
-    const char *sess = json_string_value(json_object_get(turn, "session"));
-    int s = sess ? atoi(sess + 1) : -1;
-    assert_true(s >= 0 && s < SESSIONS && b->owner[s] == n && phase[s] < 2);
-    long long id = json_integer_value(json_object_get(turn, "id"));
-    const char *lease = json_string_value(json_object_get(turn, "lease"));
-    char path[96], body[256];
-    bool fail = fail_first && phase[s] == 0;
-    snprintf(path, sizeof path, "/v1/turns/%lld/%s", id, fail ? "fail" : "complete");
-    if (fail)
-      snprintf(body, sizeof body, "{\"lease\":\"%s\",\"error\":\"model error t%02d\"}", lease, s);
-    else
-      snprintf(body, sizeof body,
-               "{\"lease\":\"%s\",\"cost\":{\"tokens\":%lld,\"tool_calls\":%d},"
-               "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
-               lease, cost_of(round, s), round + 1, round, s);
-    r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
-    if (r.status != 200)
-      fail_msg("%s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-    cph_test_response_free(&r);
-    if (!fail && n == 1) {
-      b->dead_turn = id;
-      snprintf(b->dead_lease, sizeof b->dead_lease, "%s", lease);
-    }
-    phase[s] = fail ? 1 : 2;
-    got += !fail;
-    json_decref(j);
+/* Answers turn (of session s, on node n) of round b->round: in b->fail_first rounds a
+ * session's first lease is failed ("model error tNN", not done: its input is leased again),
+ * else completed with the round's cost. Each must answer 200. */
+static bool answer(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  long long id = json_integer_value(json_object_get(turn, "id"));
+  const char *lease = json_string_value(json_object_get(turn, "lease"));
+  char path[96], body[256];
+  bool fail = b->fail_first && !b->failed[s];
+  snprintf(path, sizeof path, "/v1/turns/%lld/%s", id, fail ? "fail" : "complete");
+  if (fail)
+    snprintf(body, sizeof body, "{\"lease\":\"%s\",\"error\":\"model error t%02d\"}", lease, s);
+  else
+    snprintf(body, sizeof body,
+             "{\"lease\":\"%s\",\"cost\":{\"tokens\":%lld,\"tool_calls\":%d},"
+             "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
+             lease, cost_of(b->round, s), b->round + 1, b->round, s);
+  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
+  if (r.status != 200)
+    fail_msg("%s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  if (!fail && n == 1) {
+    b->dead_turn = id;
+    snprintf(b->dead_lease, sizeof b->dead_lease, "%s", lease);
   }
+  b->failed[s] |= fail;
+  return !fail;
+}
+
+/* Leases on node n until each session it owns (b->owner) completed one turn of `round` (in
+ * `fail_first` rounds after failing one: answer above); 30 s at most. */
+static void answer_round(bench *b, int n, int round, bool fail_first) {
+  b->round = round;
+  b->fail_first = fail_first;
+  memset(b->failed, 0, sizeof b->failed);
+  char what[32];
+  snprintf(what, sizeof what, "round %d", round);
+  cph_tc_lease_each(b->c, n, b->owner, SESSIONS, answer, b, what);
 }
 
 /* Session s's turn records, from its owner (asking node `via` first; b->owner[s] is updated):
@@ -113,12 +103,8 @@ static void answer_round(bench *b, int n, int round, bool fail_first) {
 static void list_records(bench *b, int via, int s, record *out, int *n) {
   char path[64];
   snprintf(path, sizeof path, "/v1/turns?session=t%02d", s);
-  json_t *j = NULL;
-  b->owner[s] = cph_tc_get_on_owner(b->c, via, path, &j);
-  json_t *turns = json_object_get(j, "turns");
-  if (json_array_size(turns) > MAX_RECORDS)
-    fail_msg("t%02d lists %zu turns on n%d, more than it ever had", s, json_array_size(turns),
-             b->owner[s]);
+  json_t *j = NULL, *turns = NULL;
+  b->owner[s] = cph_tc_list_on_owner(b->c, via, path, "turns", MAX_RECORDS, &j, &turns);
   *n = 0;
   size_t i;
   json_t *t;
@@ -142,7 +128,8 @@ static void list_records(bench *b, int via, int s, record *out, int *n) {
 
 /* Every session's list on its owner holds each turn of b->want exactly once, as it was, and
  * nothing else. */
-static void check_records(bench *b, const char *when) {
+static void check_records(void *ctx, const char *when) {
+  bench *b = ctx;
   for (int s = 0; s < SESSIONS; s++) {
     record got[MAX_RECORDS];
     int n;
@@ -252,18 +239,9 @@ static void test_cluster_turns_a_moved_session_lists_every_turn_once_with_its_co
   }
   check_records(b, "after a turn on the survivor");
 
-  /* the dead node comes back on its data: shards move back to it */
-  cph_tc_start_node_on(c, victim, SHARDS, TTL_S, EXTRA, victim_dir);
-  cph_tc_settle(c, SHARDS, "the node came back");
-  check_records(b, "after the shards moved back");
-  int back = 0;
-  for (int s = 0; s < SESSIONS; s++)
-    back += b->owner[s] == victim;
-  assert_true(back > 0);
-  /* and away again */
-  cph_tc_kill_node(c, victim, false);
-  cph_tc_settle(c, SHARDS, "the second kill");
-  check_records(b, "after the shards moved away again");
+  /* the dead node comes back on its data (shards move back to it), and is killed again */
+  int back = cph_tc_back_and_away(c, victim, SHARDS, TTL_S, EXTRA, victim_dir, b->owner,
+                                  SESSIONS, check_records, b);
   printf("%d sessions moved back to n%d and away again: each turn still listed once\n", back,
          victim);
 }

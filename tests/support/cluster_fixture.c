@@ -563,3 +563,64 @@ void cph_tc_ask(cph_test_cluster *c, int via, int sessions, int round) {
     fail_msg("posting round %d: %d %s", round, r.status, r.body ? r.body : "");
   cph_test_response_free(&r);
 }
+
+void cph_tc_lease_each(cph_test_cluster *c, int n, const int *owner, int sessions,
+                       bool (*answer)(void *ctx, int n, json_t *turn, int s), void *ctx,
+                       const char *what) {
+  bool *done = calloc((size_t)sessions, sizeof *done);
+  assert_non_null(done);
+  int want = 0, got = 0;
+  for (int s = 0; s < sessions; s++)
+    want += owner[s] == n;
+  int64_t t0 = cph_test_now_ms();
+  while (got < want) {
+    if (cph_test_now_ms() - t0 > 30000)
+      fail_msg("n%d: %d of its %d sessions done in %s after 30 s", n, got, want, what);
+    cph_test_response r = cph_test_api(c->port[n], "POST", "/v1/turns/lease", NULL,
+                                       "{\"worker\":\"w\",\"wait_ms\":1000}");
+    if (r.status == 204) {
+      cph_test_response_free(&r);
+      continue;
+    }
+    if (r.status != 200)
+      fail_msg("lease on n%d: %d %s", n, r.status, r.body ? r.body : "");
+    json_t *j = cph_test_json(&r);
+    cph_test_response_free(&r);
+    json_t *turn = json_object_get(j, "turn");
+    const char *sess = json_string_value(json_object_get(turn, "session"));
+    int s = sess ? atoi(sess + 1) : -1;
+    assert_true(s >= 0 && s < sessions && owner[s] == n && !done[s]);
+    if (answer(ctx, n, turn, s)) {
+      done[s] = true;
+      got++;
+    }
+    json_decref(j);
+  }
+  free(done);
+}
+
+int cph_tc_back_and_away(cph_test_cluster *c, int victim, int shards, int ttl_s,
+                         const char *extra, char *dir, const int *owner, int sessions,
+                         void (*check)(void *ctx, const char *when), void *ctx) {
+  cph_tc_start_node_on(c, victim, shards, ttl_s, extra, dir);
+  cph_tc_settle(c, shards, "the node came back");
+  check(ctx, "after the shards moved back");
+  int back = 0;
+  for (int s = 0; s < sessions; s++)
+    back += owner[s] == victim;
+  assert_true(back > 0);
+  cph_tc_kill_node(c, victim, false);
+  cph_tc_settle(c, shards, "the second kill");
+  check(ctx, "after the shards moved away again");
+  return back;
+}
+
+int cph_tc_list_on_owner(cph_test_cluster *c, int n, const char *path, const char *key,
+                         size_t max, json_t **out, json_t **items) {
+  int owner = cph_tc_get_on_owner(c, n, path, out);
+  *items = json_object_get(*out, key);
+  if (json_array_size(*items) > max)
+    fail_msg("%s lists %zu %s on n%d, more than it ever had", path, json_array_size(*items), key,
+             owner);
+  return owner;
+}

@@ -71,6 +71,11 @@ int cph_tc_node_of_url(const cph_test_cluster *c, const char *url);
 int cph_tc_post_on_owner(cph_test_cluster *c, int n, const char *path, const char *body);
 /* GET path likewise: the node that answered 200, its JSON (new reference) into *out. */
 int cph_tc_get_on_owner(cph_test_cluster *c, int n, const char *path, json_t **out);
+/* GET path of a list likewise (cph_tc_get_on_owner): the JSON (new reference) into *out and
+ * its array under `key` (borrowed from it) into *items; more than max items fails the test
+ * ("<path> lists N <key> on n<i>, more than it ever had"). Returns the node that answered. */
+int cph_tc_list_on_owner(cph_test_cluster *c, int n, const char *path, const char *key,
+                         size_t max, json_t **out, json_t **items);
 /* The sum over the nodes up of GET /v1/cluster log.rebuild.<name> (asserted present). */
 long long cph_tc_rebuild_sum(cph_test_cluster *c, const char *name);
 /* The sum over the nodes up but `except` (-1: none) of metric `name`, an unlabelled counter
@@ -99,6 +104,22 @@ const char *cph_tc_session_t(int s, void *ctx);
 /* Posts question `round` ("question <round> for t<s>", key "q<round>-<s>") to each of
  * sessions t00.. t<sessions - 1> in one request through node via (asserted 200). */
 void cph_tc_ask(cph_test_cluster *c, int via, int sessions, int round);
+/* Leases on node n (worker "w") until each session t<s> of t00..t<sessions - 1> it owns
+ * (owner[s] == n) is done: answer(ctx, n, turn, s) gets each turn leased (the lease answer's
+ * "turn" object; a session not owned by n, or one done already, fails the test) and completes
+ * or fails it, returning true when its session is done for this round. `what` names the round
+ * in the failure after 30 s. */
+void cph_tc_lease_each(cph_test_cluster *c, int n, const int *owner, int sessions,
+                       bool (*answer)(void *ctx, int n, json_t *turn, int s), void *ctx,
+                       const char *what);
+/* Node victim, killed -9 with its data kept (dir: cph_tc_kill_node's), comes back on it (its
+ * shards move back: settled, then check(ctx, "after the shards moved back")) and is killed -9
+ * again (they move away again: settled, then check(ctx, "after the shards moved away
+ * again")). Returns how many of the sessions owner[0..sessions) places on victim after the
+ * first check (check keeps owner[] up to date); the test fails when none. */
+int cph_tc_back_and_away(cph_test_cluster *c, int victim, int shards, int ttl_s,
+                         const char *extra, char *dir, const int *owner, int sessions,
+                         void (*check)(void *ctx, const char *when), void *ctx);
 /* Stops everything and removes the temp dir. */
 void cph_tc_free(cph_test_cluster *c);
 

@@ -5,9 +5,11 @@
  * (an import repeated adds nothing), the memories once; a malformed blob is refused and changes
  * nothing. With reply origins on (cluster mode) the state carries the session's replies stream
  * and the importing engine adds each origin it lacks to its own stream, once, and (state
- * version 3) the session's ended turn records, each origin once, as history no lease reaches;
- * a version-2 state still loads, and a malformed turn record is refused saying which. Off,
- * nothing is exported, and replies and turns have no origin. */
+ * version 3) the session's ended turn records, each origin once, as history no lease reaches,
+ * and (version 4) its newest seals, each origin once under a new seal id, a seal's own answer
+ * carrying the state too; versions 2 and 3 still load, and a malformed turn record or seal is
+ * refused saying which. Off, nothing is exported, and replies, turns and seals have no
+ * origin. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -473,7 +475,149 @@ static void test_session_state_carries_turn_records_once_by_origin(void **state)
   cph_fixture_free(y);
 }
 
-static void test_session_state_version_2_loads_and_bad_turn_records_are_named(void **state) {
+/* Seals session s on f with this trigger: the seal's state (*len bytes; NULL on a single
+ * node, and *len 0). */
+static uint8_t *seal(cph_fixture *f, const char *s, const char *trigger, size_t *len) {
+  cph_op op = {0};
+  op.kind = CPH_OP_CONTEXT_SEAL;
+  op.u.context.session = (char *)s;
+  op.u.context.trigger = (char *)trigger;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  assert_true(op.u.context.seal_id > 0);
+  uint8_t *blob = op.u.context.state;
+  *len = op.u.context.state_len;
+  op.u.context.state = NULL;
+  cph_op_clear_results(&op);
+  return blob;
+}
+
+/* Session s's seals on f, oldest first (free with cph_seals_free). */
+static cph_seal_info *seals(cph_fixture *f, const char *s, size_t *n) {
+  cph_seal_info *list = NULL;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_seals(f->e, s, &list, n, &err), CPH_OK);
+  return list;
+}
+
+/* How many of s's seals on f have this origin. */
+static int seal_origin_count(cph_fixture *f, const char *s, const char *origin) {
+  size_t n;
+  cph_seal_info *list = seals(f, s, &n);
+  int count = 0;
+  for (size_t i = 0; i < n; i++)
+    count += list[i].origin && strcmp(list[i].origin, origin) == 0;
+  cph_seals_free(list, n);
+  return count;
+}
+
+/* b shows seal a as it was made: trigger, episode, time, origin and messages. */
+static void assert_same_seal(const cph_seal_info *a, const cph_seal_info *b) {
+  assert_string_equal(b->trigger, a->trigger);
+  assert_string_equal(b->origin, a->origin);
+  assert_int_equal(b->episode, a->episode);
+  assert_int_equal(b->created_ms, a->created_ms);
+  assert_int_equal(b->n_messages, a->n_messages);
+  for (size_t m = 0; m < a->n_messages; m++) {
+    assert_string_equal(b->messages[m].role, a->messages[m].role);
+    assert_string_equal(b->messages[m].content, a->messages[m].content);
+    assert_string_equal(b->messages[m].coord, a->messages[m].coord);
+  }
+}
+
+static void test_session_state_carries_seals_once_by_origin(void **state) {
+  (void)state;
+  cph_fixture *x, *y;
+  two_nodes("seals", &x, &y);
+  size_t len;
+  uint8_t *blob = answered_state(x, &len);
+  free(blob);
+  blob = seal(x, "a", "first", &len);
+  free(blob);
+  blob = seal(x, "a", "second", &len); /* a seal's answer carries the state with it */
+  size_t nx;
+  cph_seal_info *sx = seals(x, "a", &nx);
+  assert_int_equal(nx, 2);
+  for (size_t i = 0; i < nx; i++) { /* "x/<id>/<16 hex>" */
+    char want[32];
+    snprintf(want, sizeof want, "x/%llu/", (unsigned long long)sx[i].id);
+    assert_non_null(sx[i].origin);
+    assert_int_equal(strncmp(sx[i].origin, want, strlen(want)), 0);
+    assert_int_equal(strlen(sx[i].origin), strlen(want) + 16);
+    assert_true(sx[i].n_messages >= 2 * TURNS);
+  }
+  assert_string_equal(sx[0].trigger, "first");
+  assert_string_equal(sx[1].trigger, "second");
+  assert_string_not_equal(sx[0].origin, sx[1].origin);
+
+  /* y takes a over, twice (a shard taken again): each seal once, as x made it, new ids */
+  cph_fixture_create_session(y, "b", CPH_LANE_INTERACTIVE, NULL, 0);
+  size_t lb;
+  free(seal(y, "b", "b's own", &lb)); /* y's seal ids of a start at 1 all the same */
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(import(y, "a", blob, len), CPH_OK);
+    size_t ny;
+    cph_seal_info *sy = seals(y, "a", &ny);
+    assert_int_equal(ny, 2);
+    for (size_t i = 0; i < ny; i++) {
+      assert_int_equal(sy[i].id, i + 1);
+      assert_same_seal(&sx[i], &sy[i]);
+    }
+    cph_seals_free(sy, ny);
+  }
+  /* y seals a itself: x takes it back, holding its own two and adding only y's */
+  free(blob);
+  blob = seal(y, "a", "third", &len);
+  size_t ny;
+  cph_seal_info *sy = seals(y, "a", &ny);
+  assert_int_equal(ny, 3);
+  assert_int_equal(strncmp(sy[2].origin, "y/3/", 4), 0);
+  assert_int_equal(import(x, "a", blob, len), CPH_OK);
+  size_t n;
+  cph_seal_info *list = seals(x, "a", &n);
+  assert_int_equal(n, 3);
+  for (size_t i = 0; i < ny; i++)
+    assert_int_equal(seal_origin_count(x, "a", sy[i].origin), 1);
+  assert_same_seal(&sy[2], &list[2]);
+  assert_int_equal(list[2].id, 3);
+  cph_seals_free(list, n);
+  /* a completion's state carries them too; and a y that lost its data (a fresh engine named
+   * y) gets them all once */
+  cph_op done;
+  turn(x, "a", TURNS, &done);
+  free(blob);
+  blob = state_of(&done, &len);
+  cph_fixture *z = cph_fixture_new("seals_z", "{}");
+  cph_fixture_create_session(z, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  assert_int_equal(cph_engine_reply_origins(z->e, "y"), CPH_OK);
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(import(z, "a", blob, len), CPH_OK);
+    list = seals(z, "a", &n);
+    assert_int_equal(n, 3);
+    for (size_t i = 0; i < n; i++)
+      assert_same_seal(&sy[i], &list[i]);
+    cph_seals_free(list, n);
+  }
+  cph_fixture_free(z);
+  free(blob);
+  cph_seals_free(sy, ny);
+  cph_seals_free(sx, nx);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
+/* blob[0..len) with one more part of one encoded record appended. */
+static void with_record_part(cph_buf *out, const uint8_t *blob, size_t len, const cph_buf *rec) {
+  cph_buf_reset(out);
+  cph_buf_append(out, blob, len);
+  uint8_t be[4];
+  cph_be32_put(be, 1);
+  cph_buf_append(out, be, 4);
+  cph_be32_put(be, (uint32_t)rec->len);
+  cph_buf_append(out, be, 4);
+  cph_buf_append(out, rec->data, rec->len);
+}
+
+static void test_session_state_versions_2_and_3_load_and_bad_records_are_named(void **state) {
   (void)state;
   cph_fixture *x = cph_fixture_new("v2_x", "{}");
   cph_fixture_create_session(x, "a", CPH_LANE_INTERACTIVE, NULL, 0);
@@ -482,24 +626,37 @@ static void test_session_state_version_2_loads_and_bad_turn_records_are_named(vo
   turn(x, "a", 0, &done);
   size_t len;
   uint8_t *blob = state_of(&done, &len);
-  /* without reply origins (no node name) no record has an identity: the part is empty */
+  /* without reply origins (no node name) no record or seal has an identity: empty parts */
   assert_true(len > 32);
-  assert_memory_equal(blob + len - 4, "\0\0\0\0", 4);
-  assert_int_equal(cph_be32_get(blob + 4), 3);
+  assert_memory_equal(blob + len - 8, "\0\0\0\0\0\0\0\0", 8);
+  assert_int_equal(cph_be32_get(blob + 4), 4);
 
-  /* the same state as a version-2 node wrote it: no turn records part */
-  cph_fixture *y = cph_fixture_new("v2_y", "{}");
-  cph_fixture_create_session(y, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  cph_be32_put(blob + 4, 2);
+  /* the same state as a version-2 node wrote it (no turn records, no seals), and as a
+   * version-3 node did (no seals): each loads */
   char msg[512];
-  assert_int_equal(import_msg(y, "a", blob, len - 4, msg, sizeof msg), CPH_OK);
-  uint64_t episode = 0;
-  assert_int_equal(tree_count(y, "a", "assistant", "reply 0 of a", &episode), 1);
-  assert_int_equal(episode, 1);
-  assert_int_equal(memory_count(y, "a", "memory 0 of a"), 1);
-  cph_be32_put(blob + 4, 3);
+  for (uint32_t version = 2; version <= 3; version++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "v%u_y", version);
+    cph_fixture *y = cph_fixture_new(tag, "{}");
+    cph_fixture_create_session(y, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+    cph_be32_put(blob + 4, version);
+    assert_int_equal(import_msg(y, "a", blob, len - 4 * (4 - version), msg, sizeof msg), CPH_OK);
+    uint64_t episode = 0;
+    assert_int_equal(tree_count(y, "a", "assistant", "reply 0 of a", &episode), 1);
+    assert_int_equal(episode, 1);
+    assert_int_equal(memory_count(y, "a", "memory 0 of a"), 1);
+    /* one byte more than the version's parts is refused */
+    assert_int_equal(import_msg(y, "a", blob, len - 4 * (4 - version) + 1, msg, sizeof msg),
+                     version == 2 ? CPH_OK : CPH_EINVAL);
+    if (version == 3)
+      assert_non_null(strstr(msg, "1 bytes follow its turn records"));
+    cph_fixture_free(y);
+  }
+  cph_fixture *y = cph_fixture_new("v4_y", "{}");
+  cph_fixture_create_session(y, "a", CPH_LANE_INTERACTIVE, NULL, 0);
 
   /* a version-3 state whose turn records part holds a bad record: refused, naming it */
+  cph_be32_put(blob + 4, 3);
   cph_turn_rec tr = {0};
   tr.session = "a";
   tr.state = CPH_TURN_LEASED;
@@ -507,17 +664,11 @@ static void test_session_state_version_2_loads_and_bad_turn_records_are_named(vo
   cph_buf rec = {0};
   assert_int_equal(cph_record_encode(&cph_turn_desc, &tr, &rec), CPH_OK);
   cph_buf bad = {0};
-  cph_buf_append(&bad, blob, len - 4);
-  uint8_t be[4];
-  cph_be32_put(be, 1);
-  cph_buf_append(&bad, be, 4);
-  cph_be32_put(be, (uint32_t)rec.len);
-  cph_buf_append(&bad, be, 4);
-  cph_buf_append(&bad, rec.data, rec.len);
+  with_record_part(&bad, blob, len - 8, &rec);
   const uint8_t *bad_data = (const uint8_t *)bad.data;
   assert_int_equal(import_msg(y, "a", bad_data, bad.len, msg, sizeof msg), CPH_EINVAL);
   assert_non_null(strstr(msg, "turn record 1 of 1: not ended"));
-  ((uint8_t *)bad.data)[len + 4] ^= 0xff; /* the record's first byte: not a msgpack array */
+  ((uint8_t *)bad.data)[len - 8 + 8] ^= 0xff; /* the record's first byte: not msgpack */
   assert_int_equal(import_msg(y, "a", bad_data, bad.len, msg, sizeof msg), CPH_EINVAL);
   assert_non_null(strstr(msg, "turn record 1 of 1: turn"));
   assert_int_equal(import_msg(y, "a", bad_data, bad.len - 1, msg, sizeof msg), CPH_EINVAL);
@@ -526,6 +677,50 @@ static void test_session_state_version_2_loads_and_bad_turn_records_are_named(vo
   cph_turn_record *r = records(y, "a", &n);
   assert_int_equal(n, 0);
   records_free(r, n);
+
+  /* a version-4 state whose seals part holds a bad seal: refused, naming it */
+  cph_be32_put(blob + 4, 4);
+  char *roles[] = {"user"}, *contents[] = {"hello"}, *coords[] = {"d0, 1, 0"};
+  cph_seal_rec sr = {0};
+  sr.id = 1;
+  sr.session = "a";
+  sr.trigger = "t";
+  sr.roles = roles;
+  sr.n_roles = 1;
+  sr.contents = contents;
+  sr.n_contents = 1;
+  sr.coords = coords;
+  sr.n_coords = 1;
+  sr.origin = "x/1/0123456789abcdef";
+  for (int k = 0; k < 4; k++) {
+    static const char *const want[] = {NULL, "seal 1 of 1: another session's",
+                                       "seal 1 of 1: no origin",
+                                       "seal 1 of 1: its messages' roles"};
+    sr.session = k == 1 ? "b" : "a";
+    sr.origin = k == 2 ? NULL : "x/1/0123456789abcdef";
+    sr.n_coords = k == 3 ? 0 : 1;
+    cph_buf_reset(&rec);
+    assert_int_equal(cph_record_encode(&cph_seal_desc, &sr, &rec), CPH_OK);
+    with_record_part(&bad, blob, len - 4, &rec);
+    bad_data = (const uint8_t *)bad.data;
+    if (!want[k]) { /* the good one, cut short and with a byte too many */
+      assert_int_equal(import_msg(y, "a", bad_data, bad.len - 1, msg, sizeof msg), CPH_EINVAL);
+      assert_non_null(strstr(msg, "seal 1 of 1 is cut short"));
+      cph_buf_append(&bad, "", 1);
+      assert_int_equal(import_msg(y, "a", bad_data = (const uint8_t *)bad.data, bad.len, msg,
+                                  sizeof msg),
+                       CPH_EINVAL);
+      assert_non_null(strstr(msg, "1 bytes follow its seals"));
+      continue;
+    }
+    assert_int_equal(import_msg(y, "a", bad_data, bad.len, msg, sizeof msg), CPH_EINVAL);
+    assert_non_null(strstr(msg, want[k]));
+    assert_non_null(strstr(msg, "the version-4 state of session 'a' is malformed"));
+  }
+  size_t ns;
+  cph_seal_info *sl = seals(y, "a", &ns);
+  assert_int_equal(ns, 0);
+  cph_seals_free(sl, ns);
   cph_buf_free(&bad);
   cph_buf_free(&rec);
   free(blob);
@@ -552,6 +747,13 @@ static void test_session_state_is_not_exported_without_report_consumed(void **st
   assert_string_equal(t[0].state, "completed");
   assert_int_equal(t[0].cost_tokens, 100);
   records_free(t, n);
+  size_t len; /* a seal's answer carries no state, and the seal no origin */
+  assert_null(seal(f, "a", "here", &len));
+  assert_int_equal(len, 0);
+  cph_seal_info *sl = seals(f, "a", &n);
+  assert_int_equal(n, 1);
+  assert_null(sl[0].origin);
+  cph_seals_free(sl, n);
   cph_fixture_free(f);
 }
 
@@ -560,7 +762,8 @@ int main(void) {
       cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
       cmocka_unit_test(test_session_state_offers_the_replies_stream_once_by_origin),
       cmocka_unit_test(test_session_state_carries_turn_records_once_by_origin),
-      cmocka_unit_test(test_session_state_version_2_loads_and_bad_turn_records_are_named),
+      cmocka_unit_test(test_session_state_carries_seals_once_by_origin),
+      cmocka_unit_test(test_session_state_versions_2_and_3_load_and_bad_records_are_named),
       cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
