@@ -1,0 +1,237 @@
+/* Cluster mode: a moved session's channel history moves with its state (server/clusterflow.h
+ * 11., core/handover.c) — a real etcd, NATS JetStream and two cephalond on 127.0.0.1.
+ *
+ * Every session listens on three channels: its direct channel, "solo-<id>" (only it subscribes)
+ * and "shared" (every session subscribes, so the survivor gets its events for its own
+ * sessions). Over ROUNDS rounds each session answers a user's message on each channel, one
+ * turn per message. The node owning some sessions is killed -9 right after its last
+ * completion answered 200. On the survivor a new message on each channel is leased for each
+ * moved session, and the lease's messages must show, for that channel, each earlier user
+ * message once, as seen history (a `user` message, not in the "MESSAGES WHILE YOU WERE AWAY"
+ * block), before the reply that answered it, which shows once too. Without the history in the
+ * state the survivor's direct and solo channels hold the replies alone: the test fails. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/api.h"
+#include "tests/support/cluster_fixture.h"
+#include "tests/support/daemon.h"
+#include "tests/support/testutil.h"
+
+#define NODES 2
+#define SHARDS 16
+#define TTL_S 2
+#define SESSIONS 6
+#define ROUNDS 3
+
+enum { CH_DIRECT, CH_SOLO, CH_SHARED, N_CH };
+/* 60 turns a minute by default: 9 rounds of 6 sessions would wait on the lane. */
+static const char EXTRA[] =
+    ":scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}}";
+
+static const char *const CH_NAME[N_CH] = {"direct", "solo", "shared"};
+
+typedef struct bench {
+  cph_test_cluster *c;
+  int owner[SESSIONS];
+  int ch, round; /* what the leases being answered are about */
+  bool check;    /* check each lease's messages (after the takeover) */
+} bench;
+
+/* The user message of round `round` on channel ch for session s (the shared channel's is the
+ * same for every session). */
+static void question(char *out, size_t len, int ch, int round, int s) {
+  if (ch == CH_SHARED)
+    snprintf(out, len, "shared question %d", round);
+  else
+    snprintf(out, len, "%s question %d for t%02d", CH_NAME[ch], round, s);
+}
+
+static void reply_of(char *out, size_t len, int ch, int round, int s) {
+  snprintf(out, len, "%s reply %d of t%02d", CH_NAME[ch], round, s);
+}
+
+/* Posts round's user message on channel ch for every session, through node via. */
+static void post_round(cph_test_cluster *c, int via, int ch, int round) {
+  char body[8192], q[96];
+  size_t len = (size_t)snprintf(body, sizeof body, "{\"events\":[");
+  for (int s = 0; s < SESSIONS; s++) {
+    question(q, sizeof q, ch, round, s);
+    if (ch == CH_DIRECT)
+      len += (size_t)snprintf(body + len, sizeof body - len,
+                              "%s{\"session\":\"t%02d\",\"sender\":\"ann\",\"body\":\"%s\"}",
+                              s ? "," : "", s, q);
+    else if (ch == CH_SOLO)
+      len += (size_t)snprintf(body + len, sizeof body - len,
+                              "%s{\"channel\":\"solo-t%02d\",\"sender\":\"ann\",\"body\":\"%s\"}",
+                              s ? "," : "", s, q);
+    else if (s == 0)
+      len += (size_t)snprintf(body + len, sizeof body - len,
+                              "{\"channel\":\"shared\",\"sender\":\"bob\",\"body\":\"%s\"}", q);
+  }
+  snprintf(body + len, sizeof body - len, "]}");
+  cph_test_response r = cph_test_api(c->port[via], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting %s round %d: %d %s", CH_NAME[ch], round, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+}
+
+/* Where in messages the first message holding text is (its role into *role), or -1; *count:
+ * how many messages hold it. */
+static int find_message(json_t *messages, const char *text, const char **role, int *count) {
+  int at = -1;
+  *count = 0;
+  size_t i;
+  json_t *m;
+  json_array_foreach(messages, i, m) {
+    const char *content = json_string_value(json_object_get(m, "content"));
+    if (content && strstr(content, text)) {
+      if (at < 0) {
+        at = (int)i;
+        *role = json_string_value(json_object_get(m, "role"));
+      }
+      (*count)++;
+    }
+  }
+  return at;
+}
+
+/* The lease's messages show every earlier round of the channel once, in order: the user's
+ * message as seen history (role user), then the session's reply (assistant). */
+static void check_messages(bench *b, int n, json_t *turn, int s) {
+  json_t *messages = json_object_get(turn, "messages");
+  int last = -1;
+  for (int round = 0; round < b->round; round++) {
+    char q[96], a[96];
+    question(q, sizeof q, b->ch, round, s);
+    reply_of(a, sizeof a, b->ch, round, s);
+    const char *qrole = NULL, *arole = NULL;
+    int qn, an;
+    int qat = find_message(messages, q, &qrole, &qn);
+    int aat = find_message(messages, a, &arole, &an);
+    const char *bad = qn != 1                     ? "the user's message is not there once"
+                      : an != 1                   ? "the reply is not there once"
+                      : strcmp(qrole, "user") != 0 ? "the user's message is not seen history"
+                      : strcmp(arole, "assistant") != 0 ? "the reply is not the assistant's"
+                      : !(last < qat && qat < aat)      ? "out of order"
+                                                        : NULL;
+    if (bad) {
+      char *dump = json_dumps(messages, JSON_COMPACT);
+      fail_msg("t%02d's %s lease on n%d, round %d (\"%s\" x%d, \"%s\" x%d): %s: %s", s,
+               CH_NAME[b->ch], n, round, q, qn, a, an, bad, dump ? dump : "?");
+    }
+    last = aat;
+  }
+}
+
+/* Completes turn (of session s, on node n), which stages this round's message on b->ch, with
+ * the session's reply: done. */
+static bool answer(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  char q[96], a[96];
+  question(q, sizeof q, b->ch, b->round, s);
+  reply_of(a, sizeof a, b->ch, b->round, s);
+  json_t *staged = json_object_get(turn, "staged");
+  assert_int_equal(json_array_size(staged), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(staged, 0), "body")), q);
+  if (b->check)
+    check_messages(b, n, turn, s);
+  char path[96], body[512];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(turn, "id")));
+  snprintf(body, sizeof body,
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
+           "\"reply\":{\"body\":\"%s\"}}",
+           json_string_value(json_object_get(turn, "lease")), a);
+  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
+  if (r.status != 200)
+    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  return true;
+}
+
+/* One round on channel ch: its messages posted through node `via`, then every session answers
+ * it on its owner. */
+static void run_round(bench *b, int via, int ch, int round) {
+  char what[48];
+  snprintf(what, sizeof what, "%s round %d", CH_NAME[ch], round);
+  b->ch = ch;
+  b->round = round;
+  int64_t t0 = cph_test_now_ms();
+  post_round(b->c, via, ch, round);
+  for (int n = 0; n < NODES; n++)
+    if (b->c->up[n])
+      cph_tc_lease_each(b->c, n, b->owner, SESSIONS, answer, b, what);
+  if (getenv("CPH_TEST_DEBUG"))
+    printf("%s: %lld ms\n", what, (long long)(cph_test_now_ms() - t0));
+}
+
+static int setup(void **state) {
+  bench *b = calloc(1, sizeof *b);
+  cph_test_cluster *c = cph_tc_new();
+  b->c = c;
+  cph_tc_start_etcd(c);
+  cph_tc_start_nats(c, 1);
+  cph_tc_ports(c, NODES);
+  for (int i = 0; i < NODES; i++)
+    cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "start");
+  for (int s = 0; s < SESSIONS; s++) {
+    char body[192];
+    snprintf(body, sizeof body,
+             "{\"id\":\"t%02d\",\"class\":\"interactive\",\"subscribe\":[\"solo-t%02d\","
+             "\"shared\"]}",
+             s, s);
+    b->owner[s] = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
+  }
+  cph_tc_wait_known(c, SESSIONS);
+  *state = b;
+  return 0;
+}
+
+static int teardown(void **state) {
+  bench *b = *state;
+  if (b)
+    cph_tc_free(b->c);
+  free(b);
+  return 0;
+}
+
+static void test_cluster_history_a_moved_sessions_channels_show_what_it_answered(void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int victim = 1, survivor = 0, moved = 0;
+  for (int s = 0; s < SESSIONS; s++)
+    moved += b->owner[s] == victim;
+  assert_true(moved > 0 && moved < SESSIONS);
+  for (int round = 0; round < ROUNDS; round++)
+    for (int ch = 0; ch < N_CH; ch++)
+      run_round(b, (round + ch) % NODES, ch, round);
+  /* kill -9 right after the last completions answered 200 */
+  int64_t t0 = cph_test_now_ms();
+  cph_tc_kill_node(c, victim, false);
+  cph_tc_settle(c, SHARDS, "after the kill");
+  printf("n%d killed -9: %d sessions moved to n%d, served %lld ms later\n", victim, moved,
+         survivor, (long long)(cph_test_now_ms() - t0));
+  for (int s = 0; s < SESSIONS; s++)
+    b->owner[s] = survivor;
+  b->check = true;
+  for (int ch = 0; ch < N_CH; ch++)
+    run_round(b, survivor, ch, ROUNDS);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cluster_history_a_moved_sessions_channels_show_what_it_answered),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
