@@ -443,15 +443,11 @@ static int views_init(ctx *c) {
     c->vs[v].mentioned |= m->mentioned;
   }
   for (size_t v = 0; v < ti->n_views; v++) {
-    cph_key k = cursor_key(c->s->id, ti->views[v].channel);
-    cph_val val;
-    int rc = cph_txn_get(c->t, CPH_DB_CURSORS, &k, &val);
-    if (rc == CPH_OK && val.len == 8) {
-      ti->views[v].cursor = cph_be64_get(val.data);
+    int rc = context_cursor_get(c->t, c->s->id, ti->views[v].channel, &ti->views[v].cursor);
+    if (rc == CPH_OK)
       ti->views[v].had_cursor = true;
-    } else if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
+    else if (rc != CPH_ENOTFOUND)
       return rc;
-    }
   }
   return CPH_OK;
 }
@@ -1486,6 +1482,17 @@ void context_views_free(context_views *v) {
   v->channels = NULL;
   v->seen = NULL;
   v->n = 0;
+}
+
+int context_cursor_get(cph_txn *t, const char *session, const char *chan, uint64_t *index) {
+  cph_key k = cursor_key(session, chan);
+  cph_val val;
+  int rc = cph_txn_get(t, CPH_DB_CURSORS, &k, &val);
+  if (rc == CPH_OK && val.len != 8)
+    return CPH_ENOTFOUND; /* none this build writes: as if it had none */
+  if (rc == CPH_OK)
+    *index = cph_be64_get(val.data);
+  return rc;
 }
 
 int context_cursors_advance(cph_txn *t, const char *session, const context_views *v) {

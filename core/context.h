@@ -183,6 +183,9 @@ void context_views_free(context_views *v);
 /* At completion, in the completion's txn: each of the session's cursors in v moves to its
  * seen index (never backwards). */
 int context_cursors_advance(cph_txn *t, const char *session, const context_views *v);
+/* The session's cursor on channel chan (its channel-log index of the last message it
+ * processed) into *index: CPH_OK, CPH_ENOTFOUND when it has none, or the store's error. */
+int context_cursor_get(cph_txn *t, const char *session, const char *chan, uint64_t *index);
 /* Deletes every cursor of a session (for session deletion). */
 int context_cursors_delete(cph_txn *t, const char *session);
 

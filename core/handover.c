@@ -48,22 +48,31 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "context.h"
 #include "ingest.h"
 #include "replystream.h"
 #include "seals.h"
 #include "turnrecs.h"
 
 #define STATE_MAGIC "CPHS"
-#define STATE_VERSION 4u
+#define STATE_VERSION 5u
+#define STATE_VERSION_NO_HISTORY 4u /* before the channel history (its replies only); still imported */
 #define STATE_VERSION_NO_SEALS 3u  /* before the seals; still imported */
 #define STATE_VERSION_NO_TURNS 2u  /* before the turn records; still imported */
 #define STATE_VERSION_NO_STREAM 1u /* before the stream replies too; still imported */
 #define STATE_HEAD 28u
 #define STATE_STREAM_REPLIES 64
 #define STATE_STREAM_REPLY_BYTES (256u * 1024u)
-#define STATE_REPLY_SCAN 64
+#define STATE_REPLY_SCAN 64 /* the newest entries of each channel's history */
 #define STATE_CHANNELS 16
-#define STATE_REPLY_BYTES (256u * 1024u)
+#define STATE_REPLY_BYTES (256u * 1024u) /* of the channel history part (entries as written) */
+/* The session's live inbox entries whose events the channel history part leaves out, newest
+ * first: a few at most after a completion (what arrived during the turn); a backlog beyond this
+ * is older than most of the channels' newest entries. */
+#define STATE_LIVE_SCAN 256
+/* The entries of a channel here that an imported entry is looked for among: a shared channel
+ * gets the same events here through the log, for the sessions it serves. */
+#define STATE_HISTORY_MATCH 256
 #define STATE_MEMORIES 64 /* of each class (raw, other) */
 #define STATE_MEMORY_BYTES (256u * 1024u)
 #define STATE_TURNS 64
@@ -79,17 +88,19 @@
  * session's previous state stays in the log); the replies and memories are left out when they
  * would not fit. */
 
-/* A reply of a channel's history: collected for a state, or read from one. */
+/* A reply of a channel's history read from a state of version 1 to 4 (their channel replies
+ * part, and the stream replies flagged as channel replies). */
 typedef struct state_reply {
   char *channel, *body;
   int64_t ts_ms;
-  bool in_stream; /* exporting: the stream part carries it (flagged there), so this part not */
 } state_reply;
 
-/* Calls fn(ctx, event) for the newest `scan` entries of channel's history, newest first, until
- * fn returns false. CPH_OK or the store's error. */
+/* Calls fn(ctx, index, event) for the newest `scan` entries of channel's history (index: the
+ * entry's in the channel log), newest first, until fn returns false. CPH_OK or the store's
+ * error. */
 static int history_tail(cph_txn *t, const char *chan, size_t scan,
-                        bool (*fn)(void *ctx, const cph_event_rec *ev), void *ctx) {
+                        bool (*fn)(void *ctx, uint64_t index, const cph_event_rec *ev),
+                        void *ctx) {
   cph_key from;
   cph_key_reset(&from);
   cph_key_str(&from, chan);
@@ -111,7 +122,7 @@ static int history_tail(cph_txn *t, const char *chan, size_t scan,
     cph_event_rec ev;
     int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
     if (grc == CPH_OK) {
-      bool more = fn(ctx, &ev);
+      bool more = fn(ctx, cph_be64_get((const uint8_t *)k.data + plen), &ev);
       cph_record_free(&cph_event_desc, &ev);
       if (!more)
         break;
@@ -138,40 +149,9 @@ static void *room_for_one(void *v, size_t *cap, size_t n, size_t size, size_t fi
 }
 
 typedef struct reply_scan {
-  const char *session;
   state_reply *v;
-  size_t n, cap, bytes;
-  bool nomem;
+  size_t n, cap;
 } reply_scan;
-
-static bool collect_reply(void *ctx, const cph_event_rec *ev) {
-  reply_scan *rs = ctx;
-  if (!ev->body || !ev->kind || strcmp(ev->kind, "reply") != 0 || strcmp(ev->sender, rs->session))
-    return true;
-  size_t len = strlen(ev->body) + strlen(ev->channel);
-  if (rs->bytes + len > STATE_REPLY_BYTES)
-    return false;
-  state_reply *g = room_for_one(rs->v, &rs->cap, rs->n, sizeof *g, 8);
-  if (!g) {
-    rs->nomem = true;
-    return false;
-  }
-  rs->v = g;
-  state_reply *r = &rs->v[rs->n];
-  r->channel = strdup(ev->channel);
-  r->body = strdup(ev->body);
-  r->ts_ms = ev->ts_ms;
-  r->in_stream = false;
-  if (!r->channel || !r->body) {
-    free(r->channel);
-    free(r->body);
-    rs->nomem = true;
-    return false;
-  }
-  rs->n++;
-  rs->bytes += len;
-  return true;
-}
 
 static int reply_cmp(const void *a, const void *b) {
   const state_reply *x = a, *y = b;
@@ -196,59 +176,10 @@ static void reply_scan_free(reply_scan *rs) {
   rs->n = rs->cap = 0;
 }
 
-/* The session's replies among the newest entries of its channels (above), oldest first. */
-static int collect_channel_replies(const cph_handover *st, const csession *s, reply_scan *rs) {
-  cph_txn *t = &st->env->txn;
-  char direct[160];
-  snprintf(direct, sizeof direct, "direct:%s", s->id);
-  const char *chans[STATE_CHANNELS];
-  size_t n_chans = 0;
-  chans[n_chans++] = direct;
-  cph_key sk;
-  cph_key_reset(&sk);
-  cph_key_str(&sk, s->id);
-  cph_session_rec rec;
-  bool have_rec = cph_txn_get_record(t, CPH_DB_SESSIONS, &sk, &cph_session_desc, &rec) == CPH_OK;
-  for (uint32_t i = 0; have_rec && i < rec.n_subscribe && n_chans < STATE_CHANNELS; i++)
-    chans[n_chans++] = rec.subscribe[i];
-  for (uint32_t i = 0; have_rec && i < rec.n_member && n_chans < STATE_CHANNELS; i++)
-    chans[n_chans++] = rec.member[i];
-  int rc = CPH_OK;
-  for (size_t i = 0; rc == CPH_OK && !rs->nomem && i < n_chans; i++)
-    rc = history_tail(t, chans[i], STATE_REPLY_SCAN, collect_reply, rs);
-  if (rc == CPH_OK && rs->nomem)
-    rc = CPH_ENOMEM;
-  if (rc == CPH_OK && rs->n > 1)
-    qsort(rs->v, rs->n, sizeof *rs->v, reply_cmp);
-  if (have_rec)
-    cph_record_free(&cph_session_desc, &rec);
-  return rc;
-}
-
-/* The channel replies part of the blob (above): without those the stream part carries when
- * it was written (skip_in_stream). */
-static void write_channel_part(const reply_scan *rs, bool skip_in_stream, cph_buf *out) {
-  uint8_t be[8];
-  uint32_t count = 0;
-  for (size_t i = 0; i < rs->n; i++)
-    count += !(skip_in_stream && rs->v[i].in_stream);
-  cph_be32_put(be, count);
-  cph_buf_append(out, be, 4);
-  for (size_t i = 0; i < rs->n; i++) {
-    if (skip_in_stream && rs->v[i].in_stream)
-      continue;
-    put_str32(out, rs->v[i].channel);
-    cph_be64_put(be, (uint64_t)rs->v[i].ts_ms);
-    cph_buf_append(out, be, 8);
-    put_str32(out, rs->v[i].body);
-  }
-}
-
 /* A reply of the session's replies stream, for a state. */
 typedef struct stream_reply {
   char *origin, *channel, *body;
   int64_t ts_ms;
-  bool in_history; /* it is also one of the channel replies (flagged in the blob) */
 } stream_reply;
 
 /* The session's newest replies of the stream, newest first as collected. */
@@ -296,28 +227,14 @@ static void stream_scan_free(stream_scan *ss) {
   free(ss->v);
 }
 
-/* A reply is written once: a channel reply that is also a stream reply (same channel, time and
- * body — a completion writes both from one reply, and an import keeps both) is flagged in the
- * stream part and left out of the channel part. At most 64 x 64 x 16 time comparisons. */
-static void match_parts(stream_scan *ss, reply_scan *rs) {
-  for (size_t c = 0; c < rs->n; c++)
-    for (size_t k = 0; k < ss->n; k++) {
-      stream_reply *r = &ss->v[k];
-      if (!r->in_history && r->ts_ms == rs->v[c].ts_ms &&
-          strcmp(r->body, rs->v[c].body) == 0 && strcmp(r->channel, rs->v[c].channel) == 0) {
-        r->in_history = rs->v[c].in_stream = true;
-        break;
-      }
-    }
-}
-
-/* The stream replies part of the blob (above), oldest first. */
+/* The stream replies part of the blob (above), oldest first. Its flags are 0: since version 5
+ * the channel history part carries every entry, the session's replies included. */
 static void write_stream_part(const stream_scan *ss, cph_buf *out) {
   uint8_t be[8];
   cph_be32_put(be, (uint32_t)ss->n);
   cph_buf_append(out, be, 4);
   for (size_t i = ss->n; i-- > 0;) {
-    uint8_t flag = ss->v[i].in_history;
+    static const uint8_t flag = 0;
     cph_buf_append(out, &flag, 1);
     put_str32(out, ss->v[i].origin);
     put_str32(out, ss->v[i].channel);
@@ -325,6 +242,234 @@ static void write_stream_part(const stream_scan *ss, cph_buf *out) {
     cph_buf_append(out, be, 8);
     put_str32(out, ss->v[i].body);
   }
+}
+
+/* ---- The channel history part (version 5) ---- */
+
+/* An entry of a channel's history, collected for a state or read from one: what a channel view
+ * renders of it (core/context.c: sender, body, time; an agent's or the session's own by its
+ * sender) and its kind. */
+typedef struct hist_entry {
+  char *channel, *sender, *kind, *body; /* kind NULL: none */
+  int64_t ts_ms;
+  uint64_t index;   /* collected: its index in this node's channel log */
+  uint32_t chan_no; /* exporting: which of the session's channels (session_chans) */
+  bool seen;        /* at or before the session's cursor on its channel: its turns saw it */
+  bool matched;     /* importing: an entry of the state was found to be this one */
+} hist_entry;
+
+typedef struct hist_list {
+  hist_entry *v;
+  size_t n, cap;
+} hist_list;
+
+static void hist_entry_free(hist_entry *e) {
+  free(e->channel);
+  free(e->sender);
+  free(e->kind);
+  free(e->body);
+}
+
+static void hist_list_free(hist_list *l) {
+  for (size_t i = 0; i < l->n; i++)
+    hist_entry_free(&l->v[i]);
+  free(l->v);
+  *l = (hist_list){0};
+}
+
+/* Whether e is the event (channel, sender, ts_ms, body). The same event on two nodes: an
+ * event's time is fixed on the node that accepted it (server/clusterflow.h 1.) and every copy
+ * of it — applied from the log, forwarded to each session, or moved in a state — carries it,
+ * with its channel, sender and body; its key does not tell (a forward's engine key is a hash
+ * of the event's message id and the session it went to, so two nodes hold one event under
+ * different keys, and a reply has none). Two events alike in all four are taken for one. */
+static bool same_event(const hist_entry *e, const char *chan, const char *sender,
+                       int64_t ts_ms, const char *body) {
+  return e->ts_ms == ts_ms && strcmp(e->body, body) == 0 && strcmp(e->sender, sender) == 0 &&
+         strcmp(e->channel, chan) == 0;
+}
+
+/* Appends a copy of ev's channel, sender, kind, body and time to l: the new entry, or NULL out
+ * of memory (l unchanged). ev has a body. */
+static hist_entry *hist_push(hist_list *l, const cph_event_rec *ev) {
+  hist_entry *g = room_for_one(l->v, &l->cap, l->n, sizeof *g, 16);
+  if (!g)
+    return NULL;
+  l->v = g;
+  hist_entry e = {0};
+  e.channel = strdup(ev->channel);
+  e.sender = strdup(ev->sender);
+  e.kind = ev->kind ? strdup(ev->kind) : NULL;
+  e.body = strdup(ev->body);
+  e.ts_ms = ev->ts_ms;
+  if (!e.channel || !e.sender || !e.body || (ev->kind && !e.kind)) {
+    hist_entry_free(&e);
+    return NULL;
+  }
+  l->v[l->n] = e;
+  return &l->v[l->n++];
+}
+
+/* A walk of one channel's history (history_tail) collecting its entries into out, but those of
+ * the events in `skip`. */
+typedef struct hist_scan {
+  hist_list *out;
+  const hist_list *skip;
+  uint32_t chan_no;
+  uint64_t cursor; /* the session's cursor on the channel, when has_cursor */
+  bool has_cursor;
+  bool nomem;
+} hist_scan;
+
+static bool collect_entry(void *ctx, uint64_t index, const cph_event_rec *ev) {
+  hist_scan *hs = ctx;
+  if (!ev->body)
+    return true; /* redacted: a channel view shows nothing of it */
+  for (size_t i = 0; i < hs->skip->n; i++)
+    if (same_event(&hs->skip->v[i], ev->channel, ev->sender, ev->ts_ms, ev->body))
+      return true;
+  hist_entry *e = hist_push(hs->out, ev);
+  if (!e) {
+    hs->nomem = true;
+    return false;
+  }
+  e->index = index;
+  e->chan_no = hs->chan_no;
+  e->seen = hs->has_cursor && index <= hs->cursor;
+  return true;
+}
+
+/* The events of the session's newest STATE_LIVE_SCAN live inbox entries (pending or staged)
+ * into live. They are not consumed, so the log's replay delivers them to the new owner (which
+ * appends them to its history then): the state leaves them out, or the new owner's history
+ * would hold them twice. By event, not by history entry: the history may hold another
+ * session's copy of the event (a node's channel history keeps one copy of an event forwarded
+ * to several of its sessions). */
+static int collect_live(cph_txn *t, const csession *s, hist_list *live) {
+  for (uint32_t i = s->n_inbox, n = 0; i-- > 0 && n < STATE_LIVE_SCAN; n++) {
+    cph_key ek = cph_key_of_u64(s->inbox[i].event_id);
+    cph_event_rec ev;
+    int rc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    if (rc == CPH_ENOTFOUND)
+      continue;
+    if (rc)
+      return rc;
+    bool ok = !ev.body || hist_push(live, &ev);
+    cph_record_free(&cph_event_desc, &ev);
+    if (!ok)
+      return CPH_ENOMEM;
+  }
+  return CPH_OK;
+}
+
+/* The channels whose history a session's views show: its direct channel, then its
+ * subscriptions and memberships, each once, STATE_CHANNELS at most (v borrows from direct and
+ * rec). */
+typedef struct session_chans {
+  char direct[160];
+  const char *v[STATE_CHANNELS];
+  size_t n;
+  cph_session_rec rec;
+  bool have_rec;
+} session_chans;
+
+static void session_chans_add(session_chans *sc, const char *chan) {
+  for (size_t i = 0; i < sc->n; i++)
+    if (strcmp(sc->v[i], chan) == 0)
+      return;
+  if (sc->n < STATE_CHANNELS)
+    sc->v[sc->n++] = chan;
+}
+
+static void session_chans_get(cph_txn *t, const csession *s, session_chans *sc) {
+  snprintf(sc->direct, sizeof sc->direct, "direct:%s", s->id);
+  sc->n = 0;
+  sc->v[sc->n++] = sc->direct;
+  cph_key sk;
+  cph_key_reset(&sk);
+  cph_key_str(&sk, s->id);
+  sc->have_rec = cph_txn_get_record(t, CPH_DB_SESSIONS, &sk, &cph_session_desc, &sc->rec) == CPH_OK;
+  for (uint32_t i = 0; sc->have_rec && i < sc->rec.n_subscribe; i++)
+    session_chans_add(sc, sc->rec.subscribe[i]);
+  for (uint32_t i = 0; sc->have_rec && i < sc->rec.n_member; i++)
+    session_chans_add(sc, sc->rec.member[i]);
+}
+
+/* An entry's bytes in the part. */
+static size_t entry_bytes(const hist_entry *e) {
+  return 1 + 4 * 4 + 8 + strlen(e->channel) + strlen(e->sender) +
+         (e->kind ? strlen(e->kind) : 0) + strlen(e->body);
+}
+
+static int entry_newest_first(const void *a, const void *b) {
+  const hist_entry *x = a, *y = b;
+  return x->ts_ms != y->ts_ms ? (x->ts_ms > y->ts_ms ? -1 : 1)
+         : x->index != y->index ? (x->index > y->index ? -1 : 1)
+                                : (x->chan_no > y->chan_no) - (x->chan_no < y->chan_no);
+}
+
+static int entry_log_order(const void *a, const void *b) {
+  const hist_entry *x = a, *y = b;
+  return x->chan_no != y->chan_no ? (x->chan_no < y->chan_no ? -1 : 1)
+                                  : (x->index > y->index) - (x->index < y->index);
+}
+
+/* The channel history part of the blob (above): the newest STATE_REPLY_SCAN entries of each of
+ * the session's channels, but the events its inbox still holds, the newest first within
+ * STATE_REPLY_BYTES (an entry that does not fit is left out whole), written channel by channel
+ * in their log order. Reads only: a completion's export (cluster mode) pays it, the turn
+ * cycle's transaction writes nothing more. */
+static int state_export_history(const cph_handover *st, const csession *s, cph_buf *out) {
+  cph_txn *t = &st->env->txn;
+  session_chans sc;
+  session_chans_get(t, s, &sc);
+  hist_list live = {0}, all = {0};
+  int rc = collect_live(t, s, &live);
+  for (size_t i = 0; rc == CPH_OK && i < sc.n; i++) {
+    hist_scan hs = {&all, &live, (uint32_t)i, 0, false, false};
+    rc = context_cursor_get(t, s->id, sc.v[i], &hs.cursor);
+    hs.has_cursor = rc == CPH_OK;
+    if (rc == CPH_OK || rc == CPH_ENOTFOUND)
+      rc = history_tail(t, sc.v[i], STATE_REPLY_SCAN, collect_entry, &hs);
+    if (rc == CPH_OK && hs.nomem)
+      rc = CPH_ENOMEM;
+  }
+  if (rc == CPH_OK) {
+    if (all.n > 1)
+      qsort(all.v, all.n, sizeof *all.v, entry_newest_first);
+    size_t kept = 0, bytes = 0;
+    for (size_t i = 0; i < all.n; i++) {
+      size_t b = entry_bytes(&all.v[i]);
+      if (bytes + b > STATE_REPLY_BYTES) {
+        hist_entry_free(&all.v[i]);
+        continue;
+      }
+      bytes += b;
+      all.v[kept++] = all.v[i];
+    }
+    all.n = kept;
+    if (all.n > 1)
+      qsort(all.v, all.n, sizeof *all.v, entry_log_order);
+    uint8_t be[8];
+    cph_be32_put(be, (uint32_t)all.n);
+    cph_buf_append(out, be, 4);
+    for (size_t i = 0; i < all.n; i++) {
+      const hist_entry *e = &all.v[i];
+      uint8_t flag = e->seen;
+      cph_buf_append(out, &flag, 1);
+      put_str32(out, e->channel);
+      put_str32(out, e->sender);
+      put_str32(out, e->kind ? e->kind : "");
+      cph_be64_put(be, (uint64_t)e->ts_ms);
+      cph_buf_append(out, be, 8);
+      put_str32(out, e->body);
+    }
+  }
+  hist_list_free(&all);
+  hist_list_free(&live);
+  if (sc.have_rec)
+    cph_record_free(&cph_session_desc, &sc.rec);
+  return rc;
 }
 
 typedef struct state_memory {
@@ -544,7 +689,8 @@ typedef struct reply_find {
   bool found;
 } reply_find;
 
-static bool find_reply(void *ctx, const cph_event_rec *ev) {
+static bool find_reply(void *ctx, uint64_t index, const cph_event_rec *ev) {
+  (void)index;
   reply_find *rf = ctx;
   rf->found = ev->ts_ms == rf->ts_ms && ev->body && strcmp(ev->sender, rf->session) == 0 &&
               strcmp(ev->body, rf->body) == 0;
@@ -583,7 +729,7 @@ static bool history_list_add(reply_scan *list, char *chan, char *body, int64_t t
     return false;
   }
   list->v = g;
-  list->v[list->n++] = (state_reply){chan, body, ts_ms, false};
+  list->v[list->n++] = (state_reply){chan, body, ts_ms};
   return true;
 }
 
@@ -676,6 +822,25 @@ static int state_read_channel_part(const uint8_t *data, size_t n, size_t *used,
   return rc;
 }
 
+/* Stores e (its channel, sender, kind, body and time) as an event received now and appends it
+ * to its channel's history; its index there into *index unless NULL. */
+static int append_event(cph_txn *t, const hist_entry *e, int64_t now_ms, uint64_t *index) {
+  uint64_t event_id = 0;
+  cph_txn_next_id(t, "event", &event_id);
+  cph_event_rec ev = {0};
+  ev.id = event_id;
+  ev.channel = e->channel;
+  ev.sender = e->sender;
+  ev.body = e->body;
+  ev.kind = e->kind;
+  ev.ts_ms = e->ts_ms;
+  ev.received_ms = now_ms;
+  ev.status = CPH_EVENT_STORED;
+  cph_key ek = cph_key_of_u64(event_id);
+  cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  return history_append(t, e->channel, event_id, index);
+}
+
 /* The channel replies (those the stream part flagged and the channel part's), oldest first:
  * each reply its channel's history here lacks (the same session, time and body among the
  * channel's newest STATE_REPLY_SCAN * 2 entries) is stored as a reply event and appended to
@@ -690,21 +855,118 @@ static int state_import_history(cph_txn *t, const char *session, reply_scan *his
     reply_find rf = {session, r->body, r->ts_ms, false};
     rc = history_tail(t, r->channel, 2 * STATE_REPLY_SCAN, find_reply, &rf);
     if (rc == CPH_OK && !rf.found) {
-      uint64_t event_id = 0;
-      cph_txn_next_id(t, "event", &event_id);
-      cph_event_rec ev = {0};
-      ev.id = event_id;
-      ev.channel = r->channel;
-      ev.sender = (char *)session;
-      ev.body = r->body;
-      ev.kind = "reply";
-      ev.ts_ms = r->ts_ms;
-      ev.received_ms = now_ms;
-      ev.status = CPH_EVENT_STORED;
-      cph_key ek = cph_key_of_u64(event_id);
-      cph_txn_put_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
-      rc = history_append(t, r->channel, event_id);
+      hist_entry e = {r->channel, (char *)session, (char *)"reply", r->body, r->ts_ms, 0, 0,
+                      false, false};
+      rc = append_event(t, &e, now_ms, NULL);
     }
+  }
+  return rc;
+}
+
+/* Reads the channel history part (version 5) into l, in its order; *used: its length.
+ * CPH_EINVAL when it is malformed, why naming the entry. */
+static int state_read_history(const uint8_t *data, size_t n, size_t *used, hist_list *l,
+                              char *why, size_t len) {
+  if (n < 4) {
+    snprintf(why, len, "its channel history part is cut short (%zu bytes)", n);
+    return CPH_EINVAL;
+  }
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  for (uint32_t i = 0; i < count; i++) {
+    hist_entry e = {0};
+    bool cut = n - at < 1;
+    uint8_t flag = cut ? 0 : data[at++];
+    if (!cut)
+      e.channel = get_str32(data, n, &at, &cut);
+    if (!cut)
+      e.sender = get_str32(data, n, &at, &cut);
+    if (!cut)
+      e.kind = get_str32(data, n, &at, &cut);
+    if (!cut && n - at >= 8) {
+      e.ts_ms = (int64_t)cph_be64_get(data + at);
+      at += 8;
+      e.body = get_str32(data, n, &at, &cut);
+    } else {
+      cut = true;
+    }
+    const char *bad = cut                                     ? "cut short"
+                      : !e.channel || !e.sender || !e.kind || !e.body ? NULL /* no memory */
+                      : flag > 1                              ? "its flag is not 0 or 1"
+                      : !*e.channel || strlen(e.channel) > CPH_CHANNEL_MAX
+                          ? "its channel is empty or over 256 bytes"
+                      : !*e.sender ? "it has no sender"
+                                   : NULL;
+    hist_entry *g = bad || !e.channel || !e.sender || !e.kind || !e.body
+                        ? NULL
+                        : room_for_one(l->v, &l->cap, l->n, sizeof *g, 16);
+    if (!g) {
+      hist_entry_free(&e);
+      if (!bad)
+        return CPH_ENOMEM;
+      snprintf(why, len, "channel history entry %u of %u: %s", i + 1, count, bad);
+      return CPH_EINVAL;
+    }
+    if (!*e.kind) {
+      free(e.kind);
+      e.kind = NULL;
+    }
+    e.seen = flag;
+    l->v = g;
+    l->v[l->n++] = e;
+  }
+  *used = at;
+  return CPH_OK;
+}
+
+/* The state's entries of one channel, v[0..n) in their order (oldest first): each one this
+ * node's channel lacks (same_event among its newest STATE_HISTORY_MATCH entries) is stored as
+ * an event and appended to it — before the log's replay appends the session's unconsumed input,
+ * which is newer —; then the session's cursor there moves (never backwards) to the newest of
+ * them its turns had seen, so that what they consumed renders as history and not as "messages
+ * while you were away". */
+static int import_channel(cph_txn *t, const char *session, const hist_entry *v, size_t n) {
+  hist_list here = {0}, none = {0};
+  hist_scan hs = {&here, &none, 0, 0, false, false};
+  int rc = history_tail(t, v[0].channel, STATE_HISTORY_MATCH, collect_entry, &hs);
+  if (rc == CPH_OK && hs.nomem)
+    rc = CPH_ENOMEM;
+  int64_t now_ms = cph_wall_ms();
+  uint64_t seen = 0;
+  bool any_seen = false;
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+    const hist_entry *e = &v[i];
+    uint64_t index = 0;
+    bool found = false;
+    for (size_t k = here.n; k-- > 0 && !found;) /* oldest first, as the state's */
+      if (!here.v[k].matched &&
+          same_event(&here.v[k], e->channel, e->sender, e->ts_ms, e->body)) {
+        here.v[k].matched = found = true;
+        index = here.v[k].index;
+      }
+    if (!found)
+      rc = append_event(t, e, now_ms, &index);
+    if (rc == CPH_OK && e->seen && (!any_seen || index > seen)) {
+      seen = index;
+      any_seen = true;
+    }
+  }
+  if (rc == CPH_OK && any_seen) {
+    char *chan = v[0].channel;
+    context_views cv = {&chan, &seen, 1};
+    rc = context_cursors_advance(t, session, &cv);
+  }
+  hist_list_free(&here);
+  return rc;
+}
+
+/* The channel history part's entries, l, channel by channel (import_channel). */
+static int state_import_channels(cph_txn *t, const char *session, const hist_list *l) {
+  int rc = CPH_OK;
+  for (size_t i = 0, j; rc == CPH_OK && i < l->n; i = j) {
+    for (j = i + 1; j < l->n && strcmp(l->v[j].channel, l->v[i].channel) == 0; j++)
+      ;
+    rc = import_channel(t, session, l->v + i, j - i);
   }
   return rc;
 }
@@ -863,28 +1125,22 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
     return rc;
   if (out->len + 12 > CPH_HANDOVER_MAX_BYTES)
     return CPH_ELIMIT;
-  /* The stream replies, the channel replies, the memories and the turn records each only
+  /* The stream replies, the channel history, the memories and the turn records each only
    * while the whole fits (else none of that part: empty), with room kept for the empty parts
    * after it; the seals, last, those that fit in what is left. */
-  reply_scan rs = {s->id, NULL, 0, 0, 0, false};
   stream_scan ss = {0};
   rc = replystream_session_newest(&st->env->txn, s->id, STATE_STREAM_REPLIES,
                                   collect_stream_reply, &ss);
   if (rc == CPH_OK && ss.nomem)
     rc = CPH_ENOMEM;
-  if (rc == CPH_OK)
-    rc = collect_channel_replies(st, s, &rs);
-  if (rc == CPH_OK)
-    match_parts(&ss, &rs);
   static const uint8_t none[4] = {0};
   cph_buf part = {0};
-  bool stream_written = false;
   for (int i = 0; rc == CPH_OK && i < 5; i++) {
     cph_buf_reset(&part);
     if (i == 0)
       write_stream_part(&ss, &part);
     else if (i == 1)
-      write_channel_part(&rs, stream_written, &part);
+      rc = state_export_history(st, s, &part);
     else if (i == 2)
       rc = state_export_memories(st, s, &part);
     else if (i == 3)
@@ -893,16 +1149,13 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
       rc = state_export_seals(st, s, CPH_HANDOVER_MAX_BYTES - out->len, &part);
     if (rc == CPH_OK && cph_buf_error(&part))
       rc = CPH_ENOMEM;
-    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(4 - i) <= CPH_HANDOVER_MAX_BYTES) {
+    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(4 - i) <= CPH_HANDOVER_MAX_BYTES)
       cph_buf_append(out, part.data, part.len);
-      stream_written |= i == 0;
-    } else if (rc == CPH_OK) {
+    else if (rc == CPH_OK)
       cph_buf_append(out, none, 4);
-    }
   }
   cph_buf_free(&part);
   stream_scan_free(&ss);
-  reply_scan_free(&rs);
   return rc;
 }
 
@@ -934,21 +1187,27 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   int rc = trees_import(st->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used);
   size_t at = STATE_HEAD + used;
   uint64_t newest = 0;
-  reply_scan history = {id, NULL, 0, 0, 0, false};
+  reply_scan history = {0};
   if (rc == CPH_OK && version >= STATE_VERSION_NO_TURNS) {
     rc = state_import_stream(&t, id, p + at, n - at, &used, &newest, &history);
     at += rc == CPH_OK ? used : 0;
   }
-  if (rc == CPH_OK)
+  char why[256] = "";
+  hist_list entries = {0};
+  if (rc == CPH_OK && version >= STATE_VERSION) /* the channel history */
+    rc = state_read_history(p + at, n - at, &used, &entries, why, sizeof why);
+  else if (rc == CPH_OK) /* the channel replies of versions 1 to 4 */
     rc = state_read_channel_part(p + at, n - at, &used, &history);
   at += rc == CPH_OK ? used : 0;
   if (rc == CPH_OK)
     rc = state_import_history(&t, id, &history);
+  if (rc == CPH_OK)
+    rc = state_import_channels(&t, id, &entries);
   reply_scan_free(&history);
+  hist_list_free(&entries);
   if (rc == CPH_OK)
     rc = state_import_memories(st, &t, id, p + at, n - at, &used);
   at += rc == CPH_OK ? used : 0;
-  char why[256] = "";
   /* the turn records (version 3 on) and the seals (version 4): each one whose origin this
    * node lacks is stored here; nothing may follow the last part */
   import_ctx ic = {&t, st->env->reply_origin_node, id};
@@ -959,7 +1218,7 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
     at += rc == CPH_OK ? used : 0;
     last = "turn records";
   }
-  if (rc == CPH_OK && version >= STATE_VERSION) {
+  if (rc == CPH_OK && version >= STATE_VERSION_NO_HISTORY) {
     rc = read_records_part(p + at, n - at, "seal", &used, why, sizeof why, import_seal, &ic);
     at += rc == CPH_OK ? used : 0;
     last = "seals";

@@ -12,7 +12,7 @@
 #include "ingest.h"
 #include "ops.h"
 
-#define CHANNEL_MAX 256
+#define CHANNEL_MAX CPH_CHANNEL_MAX
 
 const char *cph_ingest_status_name(cph_ingest_status s) {
   switch (s) {
@@ -31,7 +31,7 @@ const char *cph_ingest_status_name(cph_ingest_status s) {
 }
 
 /* Appends event_id to the channel's history under the next per-channel index. */
-int history_append(cph_txn *t, const char *channel_name, uint64_t event_id) {
+int history_append(cph_txn *t, const char *channel_name, uint64_t event_id, uint64_t *out) {
   char counter[CHANNEL_MAX + 8]; /* "chan:" + the name, cut to fit as snprintf did */
   size_t n = strnlen(channel_name, sizeof counter - 6);
   memcpy(counter, "chan:", 5);
@@ -47,6 +47,8 @@ int history_append(cph_txn *t, const char *channel_name, uint64_t event_id) {
   cph_key_u64(&k, index);
   uint8_t v[8];
   cph_be64_put(v, event_id);
+  if (out)
+    *out = index;
   return cph_txn_put(t, CPH_DB_CHANNEL_LOG, &k, v, sizeof v);
 }
 
@@ -831,7 +833,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   cph_key_u64(&ek, event_id);
   cph_txn_append_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev); /* ids ascend */
   if (!dup)
-    history_append(t, channel_name, event_id);
+    history_append(t, channel_name, event_id, NULL);
   if (in->key) {
     cph_key kk;
     cph_key_reset(&kk);

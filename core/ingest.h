@@ -44,7 +44,11 @@ void ingest_apply(cph_ingest *ig, cph_op *op);
 /* Frees what ingest_apply keeps between requests (the restart list). */
 void ingest_free(cph_ingest *ig);
 
-/* Appends event_id to the channel's history (CPH_DB_CHANNEL_LOG) under its next index. */
-int history_append(cph_txn *t, const char *channel, uint64_t event_id);
+/* A channel name's most bytes (an event's channel, a direct channel's included). */
+#define CPH_CHANNEL_MAX 256
+
+/* Appends event_id to the channel's history (CPH_DB_CHANNEL_LOG) under its next index, which
+ * goes to *index unless index is NULL. */
+int history_append(cph_txn *t, const char *channel, uint64_t event_id, uint64_t *index);
 
 #endif

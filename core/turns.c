@@ -1138,7 +1138,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     ev.status = CPH_EVENT_STORED;
     cph_key ek = cph_key_of_u64(event_id);
     cph_txn_put_record(&t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
-    history_append(&t, chan, event_id);
+    history_append(&t, chan, event_id, NULL);
     cph_reply_rec rr = {0,            s->id,
                         (char *)chan, op->u.turn.reply_body,
                         l->inbox_ids, (uint32_t)l->n_inbox_ids,

@@ -105,11 +105,14 @@ static int find_message(json_t *messages, const char *text, const char **role, i
   return at;
 }
 
-/* The lease's messages show every earlier round of the channel once, in order: the user's
- * message as seen history (role user), then the session's reply (assistant). */
+/* The lease's messages show every earlier round of the channel once: the user's messages as
+ * seen history (role user) in order, the session's replies (assistant) in order, each reply
+ * after the message it answered. (Where the new owner held the users' messages already — the
+ * channel's shard was its own, or its sessions share the channel — the moved replies follow
+ * them all: a channel's history only grows at its end.) */
 static void check_messages(bench *b, int n, json_t *turn, int s) {
   json_t *messages = json_object_get(turn, "messages");
-  int last = -1;
+  int last_q = -1, last_a = -1;
   for (int round = 0; round < b->round; round++) {
     char q[96], a[96];
     question(q, sizeof q, b->ch, round, s);
@@ -122,14 +125,15 @@ static void check_messages(bench *b, int n, json_t *turn, int s) {
                       : an != 1                   ? "the reply is not there once"
                       : strcmp(qrole, "user") != 0 ? "the user's message is not seen history"
                       : strcmp(arole, "assistant") != 0 ? "the reply is not the assistant's"
-                      : !(last < qat && qat < aat)      ? "out of order"
-                                                        : NULL;
+                      : !(last_q < qat && last_a < aat && qat < aat) ? "out of order"
+                                                                     : NULL;
     if (bad) {
       char *dump = json_dumps(messages, JSON_COMPACT);
       fail_msg("t%02d's %s lease on n%d, round %d (\"%s\" x%d, \"%s\" x%d): %s: %s", s,
                CH_NAME[b->ch], n, round, q, qn, a, an, bad, dump ? dump : "?");
     }
-    last = aat;
+    last_q = qat;
+    last_a = aat;
   }
 }
 

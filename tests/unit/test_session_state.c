@@ -135,6 +135,86 @@ static void lease_shows_replies(cph_fixture *f, int times[TURNS]) {
   cph_op_clear_results(&lease);
 }
 
+/* The next lease's messages show each question i < TURNS once, as seen history (a `user`
+ * message, not in the away block), the questions in order, each before its reply. */
+static void lease_shows_questions(cph_fixture *f) {
+  cph_event_in ev = {0};
+  ev.session = "a";
+  ev.sender = "ann";
+  ev.body = "a last question";
+  cph_op in;
+  cph_fixture_ingest(f, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease;
+  cph_fixture_lease(f, "w", &lease);
+  const cph_turn_info *t = &lease.u.lease.turn;
+  size_t last = 0;
+  for (int i = 0; i < TURNS; i++) {
+    char q[64], a[64];
+    snprintf(q, sizeof q, "question %d", i);
+    snprintf(a, sizeof a, "reply %d of a", i);
+    int times = 0;
+    size_t at = 0, reply_at = 0;
+    for (size_t k = 0; k < t->n_messages; k++) {
+      const char *c = t->messages[k].content;
+      if (c && strstr(c, q)) {
+        times++;
+        at = k;
+        assert_string_equal(t->messages[k].role, "user");
+      }
+      if (c && strstr(c, a))
+        reply_at = k;
+    }
+    assert_int_equal(times, 1);
+    assert_true(at < reply_at && (i == 0 || at > last));
+    last = at;
+  }
+  cph_op_clear_results(&lease);
+}
+
+/* Where the channel history part (state version 5) of session "a" is in blob[0..len), when all
+ * its entries are on the direct channel: *at, *n its bytes, *count its entries. Found by its
+ * first entry (a flag byte, then the channel "direct:a"); the stream part before it is empty
+ * (no reply origins in these fixtures). */
+static void history_part(const uint8_t *blob, size_t len, size_t *at, size_t *n,
+                         uint32_t *count) {
+  static const uint8_t first[] = {0, 0, 0, 8, 'd', 'i', 'r', 'e', 'c', 't', ':', 'a'};
+  size_t p = 0;
+  while (p + sizeof first <= len && memcmp(blob + p, first, sizeof first) != 0)
+    p++;
+  assert_true(p >= 5 && p + sizeof first <= len);
+  *at = p - 5;
+  *count = cph_be32_get(blob + *at);
+  p = *at + 4;
+  for (uint32_t i = 0; i < *count; i++) {
+    p++; /* the flag */
+    for (int k = 0; k < 4; k++) { /* channel, sender, kind, (time) body */
+      if (k == 3)
+        p += 8;
+      assert_true(p + 4 <= len);
+      p += 4 + cph_be32_get(blob + p);
+    }
+  }
+  assert_true(p <= len);
+  *n = p - *at;
+}
+
+/* blob[0..*len) (a version-5 state of session "a") as a version-4 node wrote it: its channel
+ * history part replaced by an empty channel replies part. Malloc'd; *len updated. */
+static uint8_t *as_version_4(const uint8_t *blob, size_t *len) {
+  size_t at, n;
+  uint32_t count;
+  history_part(blob, *len, &at, &n, &count);
+  uint8_t *out = malloc(*len - n + 4);
+  assert_non_null(out);
+  memcpy(out, blob, at);
+  memset(out + at, 0, 4);
+  memcpy(out + at + 4, blob + at + n, *len - at - n);
+  *len = *len - n + 4;
+  cph_be32_put(out + 4, 4);
+  return out;
+}
+
 static void test_session_state_moves_tree_episode_replies_and_memories(void **state) {
   (void)state;
   cph_fixture *from = cph_fixture_new("state_from", "{}");
@@ -184,6 +264,70 @@ static void test_session_state_moves_tree_episode_replies_and_memories(void **st
   lease_shows_replies(to, times);
   for (int i = 0; i < TURNS; i++)
     assert_int_equal(times[i], 1);
+  free(blob);
+  cph_fixture_free(from);
+  cph_fixture_free(to);
+}
+
+/* Version 5: the channel history moves, the users' messages with the replies — each once
+ * however often the state is imported, as seen history (the session's cursor moved), in
+ * order; a malformed entry is refused, naming it, and changes nothing. */
+static void test_session_state_moves_channel_history(void **state) {
+  (void)state;
+  cph_fixture *from = cph_fixture_new("hist_from", "{}");
+  cph_fixture *to = cph_fixture_new("hist_to", "{}");
+  cph_fixture_create_session(from, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_fixture_create_session(to, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_engine_report_consumed(from->e, true);
+  cph_op done;
+  for (int i = 0; i < TURNS; i++) {
+    turn(from, "a", i, &done);
+    if (i < TURNS - 1)
+      cph_op_clear_results(&done);
+  }
+  uint8_t *blob = done.u.turn.state;
+  size_t len = done.u.turn.state_len;
+  done.u.turn.state = NULL;
+  cph_op_clear_results(&done);
+  assert_int_equal(cph_be32_get(blob + 4), 5);
+  size_t at, n;
+  uint32_t count;
+  history_part(blob, len, &at, &n, &count);
+  assert_int_equal(count, 2 * TURNS); /* each question and its reply */
+
+  /* a bad entry: named, nothing stored */
+  char msg[512];
+  uint8_t *bad = malloc(len);
+  assert_non_null(bad);
+  memcpy(bad, blob, len);
+  bad[at + 4] = 7; /* the first entry's flag */
+  assert_int_equal(import_msg(to, "a", bad, len, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "the version-5 state of session 'a' is malformed: channel "
+                              "history entry 1 of 6: its flag is not 0 or 1"));
+  memcpy(bad, blob, len);
+  cph_be32_put(bad + at + 4 + 1 + 4 + 8, 0); /* the first entry's sender: empty */
+  memmove(bad + at + 4 + 1 + 4 + 8 + 4, bad + at + 4 + 1 + 4 + 8 + 4 + 3, len - at - 24);
+  assert_int_equal(import_msg(to, "a", bad, len - 3, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "channel history entry 1 of 6: it has no sender"));
+  memcpy(bad, blob, len);
+  cph_be32_put(bad + at, 100); /* more entries than the part holds: the 7th runs on */
+  assert_int_equal(import_msg(to, "a", bad, len, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "channel history entry "));
+  assert_non_null(strstr(msg, " of 100: "));
+  free(bad);
+  uint64_t episode = 99;
+  assert_int_equal(tree_count(to, "a", "assistant", "reply 0 of a", &episode), 0);
+  assert_int_equal(episode, 0);
+
+  /* the session answered here before (its shard was here once): it has a cursor on its
+   * channel, which the import moves past what its turns saw elsewhere — else those would
+   * come as messages while it was away */
+  turn(to, "a", 7, &done);
+  cph_op_clear_results(&done);
+  /* imported twice (a shard taken again): each entry once */
+  assert_int_equal(import(to, "a", blob, len), CPH_OK);
+  assert_int_equal(import(to, "a", blob, len), CPH_OK);
+  lease_shows_questions(to);
   free(blob);
   cph_fixture_free(from);
   cph_fixture_free(to);
@@ -617,7 +761,7 @@ static void with_record_part(cph_buf *out, const uint8_t *blob, size_t len, cons
   cph_buf_append(out, rec->data, rec->len);
 }
 
-static void test_session_state_versions_2_and_3_load_and_bad_records_are_named(void **state) {
+static void test_session_state_versions_2_to_4_load_and_bad_records_are_named(void **state) {
   (void)state;
   cph_fixture *x = cph_fixture_new("v2_x", "{}");
   cph_fixture_create_session(x, "a", CPH_LANE_INTERACTIVE, NULL, 0);
@@ -629,12 +773,16 @@ static void test_session_state_versions_2_and_3_load_and_bad_records_are_named(v
   /* without reply origins (no node name) no record or seal has an identity: empty parts */
   assert_true(len > 32);
   assert_memory_equal(blob + len - 8, "\0\0\0\0\0\0\0\0", 8);
-  assert_int_equal(cph_be32_get(blob + 4), 4);
+  assert_int_equal(cph_be32_get(blob + 4), 5);
+  uint8_t *v5 = blob; /* as a version-4 node wrote it: a channel replies part instead */
+  blob = as_version_4(v5, &len);
+  free(v5);
 
-  /* the same state as a version-2 node wrote it (no turn records, no seals), and as a
-   * version-3 node did (no seals): each loads */
+  /* the same state as a version-2 node wrote it (no turn records, no seals), as a version-3
+   * node did (no seals) and as a version-4 node did (its replies, not its channel history):
+   * each loads */
   char msg[512];
-  for (uint32_t version = 2; version <= 3; version++) {
+  for (uint32_t version = 2; version <= 4; version++) {
     char tag[16];
     snprintf(tag, sizeof tag, "v%u_y", version);
     cph_fixture *y = cph_fixture_new(tag, "{}");
@@ -650,6 +798,8 @@ static void test_session_state_versions_2_and_3_load_and_bad_records_are_named(v
                      version == 2 ? CPH_OK : CPH_EINVAL);
     if (version == 3)
       assert_non_null(strstr(msg, "1 bytes follow its turn records"));
+    if (version == 4)
+      assert_non_null(strstr(msg, "1 bytes follow its seals"));
     cph_fixture_free(y);
   }
   cph_fixture *y = cph_fixture_new("v4_y", "{}");
@@ -763,8 +913,9 @@ int main(void) {
       cmocka_unit_test(test_session_state_offers_the_replies_stream_once_by_origin),
       cmocka_unit_test(test_session_state_carries_turn_records_once_by_origin),
       cmocka_unit_test(test_session_state_carries_seals_once_by_origin),
-      cmocka_unit_test(test_session_state_versions_2_and_3_load_and_bad_records_are_named),
+      cmocka_unit_test(test_session_state_versions_2_to_4_load_and_bad_records_are_named),
       cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
+      cmocka_unit_test(test_session_state_moves_channel_history),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
