@@ -25,18 +25,27 @@
  * out whole, never cut) that have an origin: be32 count, and per seal be32 length + the record
  * as the store encodes it with its origin set, oldest first; the node taking the session over
  * stores each one whose origin it lacks under a new seal id there. A version-3 blob lacks that
- * part and still imports. That is what a completion changes of
- * a session and what its next turns read back: its conversation (the input and reply cores of
- * every turn within the history bound, which non-inbox turns render), its replies (which an
- * inbox turn's channel view renders, from the node's own channel history), the nodes workers
- * inserted, the episode; and what the scheduler charged. Read through the pass transaction,
- * after the completion's child committed, so it is exactly what this pass stores.
- * The replies are found among the newest STATE_REPLY_SCAN entries of each channel the session
- * views (its direct channel, then its subscriptions and memberships, STATE_CHANNELS at most),
- * at most STATE_REPLY_BYTES of them: the cost of a completion's export is bounded by that (a
- * few hundred record reads at most), and a reply older than that does not move — neither do
- * the inputs it answered (the channel's traffic: what a turn consumed is not delivered again,
- * what it did not is replayed by the log).
+ * part and still imports. Version 5 puts, where versions 1-4 have the channel replies, the
+ * session's channel history: the newest STATE_REPLY_SCAN entries of each channel the session
+ * views (its direct channel, then its subscriptions and memberships, each once, STATE_CHANNELS
+ * at most) — the users' and other agents' messages as well as its own replies — but the events
+ * its live inbox holds (STATE_LIVE_SCAN newest entries: the log's replay delivers those to the
+ * new owner) and redacted ones, picked newest first within STATE_REPLY_BYTES (an entry that
+ * does not fit is left out whole): be32 count, and per entry a flag byte (1: seen — at or
+ * before the session's cursor on its channel, context.h), be32 length + channel, be32 length
+ * + sender, be32 length + kind (0: none), be64 ts_ms, be32 length + body, channel by channel
+ * in their log order; its stream replies' flags are 0 (this part has them). The node taking
+ * the session over appends each entry its channel lacks, in that order, and moves the
+ * session's cursor there to the newest seen one (import_channel). A version-4 blob lacks that
+ * part (its replies only) and still imports. That is what a completion changes of a session
+ * and what its next turns read back: its conversation (the input and reply cores of every
+ * turn within the history bound, which non-inbox turns render), its channels' history (which
+ * an inbox turn's channel view renders, from the node's own channel history: the questions
+ * its replies answered with them), the nodes workers inserted, the episode; and what the
+ * scheduler charged. Read through the pass transaction, after the completion's child
+ * committed, so it is exactly what this pass stores. The cost of a completion's export is
+ * bounded by the scans (a few hundred record reads at most, only in cluster mode; it writes
+ * nothing), and an entry older than the newest STATE_REPLY_SCAN of its channel does not move.
  * The stream replies are what makes a dead node's answers reach people: the node that takes
  * the session over adds each one whose origin its own stream lacks to that stream, so a
  * connector reading every node's stream gets it there (again, if it read it from the dead

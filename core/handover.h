@@ -1,7 +1,7 @@
 /* Handover: a session's state for another node (cluster mode, DESIGN §14 "State",
  * server/clusterflow.h 11.) — what a completion changes of a session (its tree, recent
- * replies — of the replies stream, with their origins, and of its channels' history —, newest
- * memories, newest ended turn records and newest seals with their origins, episode and
+ * replies of the replies stream with their origins, its channels' newest history — users'
+ * and agents' messages with its replies, and which its turns saw —, newest memories, newest ended turn records and newest seals with their origins, episode and
  * credits) as one blob
  * the cluster log keeps per
  * session, and its import on the node that takes the session's shard over. The blob's layout
@@ -41,8 +41,10 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
 
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
- * or a store error fails op and changes nothing; a malformed turn record or seal says which
- * and why. The seals it adds (core/seals.h) get new seal ids here.
+ * or a store error fails op and changes nothing; a malformed turn record, seal or channel
+ * history entry says which and why. The channel history entries this node's channels lack
+ * are appended to them (before the log's replay appends the unconsumed input) and the
+ * session's cursors there moved past those its turns saw (core/context.h). The seals it adds (core/seals.h) get new seal ids here.
  * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn. The
  * replies it added to the replies stream (those with an origin the stream lacked,
  * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. */

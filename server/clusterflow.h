@@ -190,7 +190,8 @@
  *    holds: the context tree's records — the input and reply cores of every turn within the
  *    history bound, the nodes workers inserted —, the episode, the credits, its newest 64
  *    replies of the replies stream with their origins (core/replystream.h; 256 KiB at most),
- *    its replies among the newest 64 entries of each of its channels' history, its newest
+ *    the newest 64 entries of each of its channels' history — the users' and other agents'
+ *    messages with its replies, but what its inbox still holds; 256 KiB at most —, its newest
  *    memories, its newest ended turn records and its newest 16 seals, those with their
  *    origins), and so does every seal (u.context.state: cph_cflow_sealed, no marks — the
  *    seal's 200 waits for the state alone, so a seal answered 200 moves with its session).
@@ -207,8 +208,11 @@
  *    right after the adoption (5.) and before the replayed events (8.), imports each into its
  *    session (CPH_OP_SESSION_STATE: the tree replaced, episode and credits set, each stream
  *    reply whose origin this node's replies stream lacks added to that stream, each channel
- *    reply its channel's history here lacks appended to it) — so the session's next lease
- *    shows what it showed on the previous owner, its tree every answered turn once, and a
+ *    entry its channel's history here lacks appended to it in their order — the same event by
+ *    its channel, sender, time fixed at 1. and body, as its key differs per forward — and its
+ *    cursor there moved past what its turns saw) — so the session's next lease
+ *    shows what it showed on the previous owner (the questions its replies answered, as seen
+ *    history), its tree every answered turn once, and a
  *    connector reading this node's GET /v1/replies gets the replies the previous owner wrote
  *    (a 200 completion's reply is in its state: so a kill -9 before any connector read it from
  *    the dead node loses it not). Replies are offered again, not moved: a node cannot know
@@ -230,14 +234,14 @@
  *    the shard's live keys, and JetStream's revision check fences each key. The cost: one more
  *    publish per completion in the shard's serial queue (the 200 waits for state then marks:
  *    two round trips instead of one) and the state's bytes; bounded by the tree's history
- *    bound (128 message cores) and 256 KiB each of stream replies, channel replies and
+ *    bound (128 message cores) and 256 KiB each of stream replies, channel history and
  *    memories, under NATS's 1 MiB message limit (CPH_HANDOVER_MAX_BYTES: the stream replies go
  *    first, the other parts are left out when they would not fit; docs/cluster-scaling.md has
- *    figures). Not moved: kept turn contexts (the explorer), channel cursors (rebuilt
- *    from its staged input), maintenance jobs, turn records and seals beyond their bounds
- *    (newest 64 and 16), the replies stream's older
- *    replies (beyond the session's newest 64) and its source inbox ids, and the inputs its
- *    turns consumed (the channel's traffic).
+ *    figures). Not moved: kept turn contexts (the explorer), channel cursors as such (the new
+ *    owner's move past the moved entries its turns saw), maintenance jobs, turn records and
+ *    seals beyond their bounds (newest 64 and 16), the replies stream's older
+ *    replies (beyond the session's newest 64) and its source inbox ids, and a channel's
+ *    entries older than its newest 64 (or beyond the 256 KiB).
  *
  * 12. Trimming the log, so it does not grow without bound. Below a shard's watermark W (7.) a
  *    rebuild reads nothing (8.: events from W, done marks from W — a mark follows the event it

@@ -7,8 +7,9 @@
  * and the importing engine adds each origin it lacks to its own stream, once, and (state
  * version 3) the session's ended turn records, each origin once, as history no lease reaches,
  * and (version 4) its newest seals, each origin once under a new seal id, a seal's own answer
- * carrying the state too; versions 2 and 3 still load, and a malformed turn record or seal is
- * refused saying which. Off, nothing is exported, and replies, turns and seals have no
+ * carrying the state too, and (version 5) its channels' newest history, the users' messages
+ * with its replies, each once and as seen history there; versions 2 to 4 still load, and a
+ * malformed turn record, seal or history entry is refused saying which. Off, nothing is exported, and replies, turns and seals have no
  * origin. */
 #include <setjmp.h>
 #include <stdarg.h>
