@@ -134,6 +134,16 @@ static void check_messages(bench *b, int n, json_t *turn, int s) {
     }
     last_q = qat;
     last_a = aat;
+    /* on the shared channel every session's reply (the moved ones' came in several states)
+     * shows once at most */
+    for (int o = 0; b->ch == CH_SHARED && o < SESSIONS; o++) {
+      reply_of(a, sizeof a, b->ch, round, o);
+      if (find_message(messages, a, &arole, &an) >= 0 && an != 1) {
+        char *dump = json_dumps(messages, JSON_COMPACT);
+        fail_msg("t%02d's shared lease on n%d shows \"%s\" %d times: %s", s, n, a, an,
+                 dump ? dump : "?");
+      }
+    }
   }
 }
 
