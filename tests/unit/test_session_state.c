@@ -114,17 +114,22 @@ static int import(cph_fixture *f, const char *s, const uint8_t *data, size_t len
   return import_msg(f, s, data, len, msg, sizeof msg);
 }
 
-/* The replies of the next lease's messages that are "reply <i> of a", each counted. */
-static void lease_shows_replies(cph_fixture *f, int times[TURNS]) {
+/* Asks session "a" body and leases its turn into *lease (clear its results). */
+static void next_lease(cph_fixture *f, const char *body, cph_op *lease) {
   cph_event_in ev = {0};
   ev.session = "a";
   ev.sender = "ann";
-  ev.body = "one more question";
+  ev.body = (char *)body;
   cph_op in;
   cph_fixture_ingest(f, &ev, 1, &in);
   cph_op_clear_results(&in);
+  cph_fixture_lease(f, "w", lease);
+}
+
+/* The replies of the next lease's messages that are "reply <i> of a", each counted. */
+static void lease_shows_replies(cph_fixture *f, int times[TURNS]) {
   cph_op lease;
-  cph_fixture_lease(f, "w", &lease);
+  next_lease(f, "one more question", &lease);
   const cph_turn_info *t = &lease.u.lease.turn;
   for (int i = 0; i < TURNS; i++) {
     char reply[64];
@@ -139,15 +144,8 @@ static void lease_shows_replies(cph_fixture *f, int times[TURNS]) {
 /* The next lease's messages show each question i < TURNS once, as seen history (a `user`
  * message, not in the away block), the questions in order, each before its reply. */
 static void lease_shows_questions(cph_fixture *f) {
-  cph_event_in ev = {0};
-  ev.session = "a";
-  ev.sender = "ann";
-  ev.body = "a last question";
-  cph_op in;
-  cph_fixture_ingest(f, &ev, 1, &in);
-  cph_op_clear_results(&in);
   cph_op lease;
-  cph_fixture_lease(f, "w", &lease);
+  next_lease(f, "a last question", &lease);
   const cph_turn_info *t = &lease.u.lease.turn;
   size_t last = 0;
   for (int i = 0; i < TURNS; i++) {
@@ -265,70 +263,6 @@ static void test_session_state_moves_tree_episode_replies_and_memories(void **st
   lease_shows_replies(to, times);
   for (int i = 0; i < TURNS; i++)
     assert_int_equal(times[i], 1);
-  free(blob);
-  cph_fixture_free(from);
-  cph_fixture_free(to);
-}
-
-/* Version 5: the channel history moves, the users' messages with the replies — each once
- * however often the state is imported, as seen history (the session's cursor moved), in
- * order; a malformed entry is refused, naming it, and changes nothing. */
-static void test_session_state_moves_channel_history(void **state) {
-  (void)state;
-  cph_fixture *from = cph_fixture_new("hist_from", "{}");
-  cph_fixture *to = cph_fixture_new("hist_to", "{}");
-  cph_fixture_create_session(from, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  cph_fixture_create_session(to, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  cph_engine_report_consumed(from->e, true);
-  cph_op done;
-  for (int i = 0; i < TURNS; i++) {
-    turn(from, "a", i, &done);
-    if (i < TURNS - 1)
-      cph_op_clear_results(&done);
-  }
-  uint8_t *blob = done.u.turn.state;
-  size_t len = done.u.turn.state_len;
-  done.u.turn.state = NULL;
-  cph_op_clear_results(&done);
-  assert_int_equal(cph_be32_get(blob + 4), 5);
-  size_t at, n;
-  uint32_t count;
-  history_part(blob, len, &at, &n, &count);
-  assert_int_equal(count, 2 * TURNS); /* each question and its reply */
-
-  /* a bad entry: named, nothing stored */
-  char msg[512];
-  uint8_t *bad = malloc(len);
-  assert_non_null(bad);
-  memcpy(bad, blob, len);
-  bad[at + 4] = 7; /* the first entry's flag */
-  assert_int_equal(import_msg(to, "a", bad, len, msg, sizeof msg), CPH_EINVAL);
-  assert_non_null(strstr(msg, "the version-5 state of session 'a' is malformed: channel "
-                              "history entry 1 of 6: its flag is not 0 or 1"));
-  memcpy(bad, blob, len);
-  cph_be32_put(bad + at + 4 + 1 + 4 + 8, 0); /* the first entry's sender: empty */
-  memmove(bad + at + 4 + 1 + 4 + 8 + 4, bad + at + 4 + 1 + 4 + 8 + 4 + 3, len - at - 24);
-  assert_int_equal(import_msg(to, "a", bad, len - 3, msg, sizeof msg), CPH_EINVAL);
-  assert_non_null(strstr(msg, "channel history entry 1 of 6: it has no sender"));
-  memcpy(bad, blob, len);
-  cph_be32_put(bad + at, 100); /* more entries than the part holds: the 7th runs on */
-  assert_int_equal(import_msg(to, "a", bad, len, msg, sizeof msg), CPH_EINVAL);
-  assert_non_null(strstr(msg, "channel history entry "));
-  assert_non_null(strstr(msg, " of 100: "));
-  free(bad);
-  uint64_t episode = 99;
-  assert_int_equal(tree_count(to, "a", "assistant", "reply 0 of a", &episode), 0);
-  assert_int_equal(episode, 0);
-
-  /* the session answered here before (its shard was here once): it has a cursor on its
-   * channel, which the import moves past what its turns saw elsewhere — else those would
-   * come as messages while it was away */
-  turn(to, "a", 7, &done);
-  cph_op_clear_results(&done);
-  /* imported twice (a shard taken again): each entry once */
-  assert_int_equal(import(to, "a", blob, len), CPH_OK);
-  assert_int_equal(import(to, "a", blob, len), CPH_OK);
-  lease_shows_questions(to);
   free(blob);
   cph_fixture_free(from);
   cph_fixture_free(to);
@@ -877,6 +811,63 @@ static void test_session_state_versions_2_to_4_load_and_bad_records_are_named(vo
   free(blob);
   cph_fixture_free(x);
   cph_fixture_free(y);
+}
+
+/* Version 5: the channel history moves, the users' messages with the replies — each once
+ * however often the state is imported, as seen history (the session's cursor moved), in
+ * order; a malformed entry is refused, naming it, and changes nothing. */
+static void test_session_state_moves_channel_history(void **state) {
+  (void)state;
+  cph_fixture *from = cph_fixture_new("hist_from", "{}");
+  cph_fixture *to = cph_fixture_new("hist_to", "{}");
+  cph_fixture_create_session(from, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_fixture_create_session(to, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_engine_report_consumed(from->e, true);
+  size_t len;
+  uint8_t *blob = answered_state(from, &len);
+  assert_int_equal(cph_be32_get(blob + 4), 5);
+  size_t at, n;
+  uint32_t count;
+  history_part(blob, len, &at, &n, &count);
+  assert_int_equal(count, 2 * TURNS); /* each question and its reply */
+
+  /* a bad entry: named, nothing stored */
+  char msg[512];
+  uint8_t *bad = malloc(len);
+  assert_non_null(bad);
+  memcpy(bad, blob, len);
+  bad[at + 4] = 7; /* the first entry's flag */
+  assert_int_equal(import_msg(to, "a", bad, len, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "the version-5 state of session 'a' is malformed: channel "
+                              "history entry 1 of 6: its flag is not 0 or 1"));
+  memcpy(bad, blob, len);
+  cph_be32_put(bad + at + 4 + 1 + 4 + 8, 0); /* the first entry's sender: empty */
+  memmove(bad + at + 4 + 1 + 4 + 8 + 4, bad + at + 4 + 1 + 4 + 8 + 4 + 3, len - at - 24);
+  assert_int_equal(import_msg(to, "a", bad, len - 3, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "channel history entry 1 of 6: it has no sender"));
+  memcpy(bad, blob, len);
+  cph_be32_put(bad + at, 100); /* more entries than the part holds: the 7th runs on */
+  assert_int_equal(import_msg(to, "a", bad, len, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "channel history entry "));
+  assert_non_null(strstr(msg, " of 100: "));
+  free(bad);
+  uint64_t episode = 99;
+  assert_int_equal(tree_count(to, "a", "assistant", "reply 0 of a", &episode), 0);
+  assert_int_equal(episode, 0);
+
+  /* the session answered here before (its shard was here once): it has a cursor on its
+   * channel, which the import moves past what its turns saw elsewhere — else those would
+   * come as messages while it was away */
+  cph_op done;
+  turn(to, "a", 7, &done);
+  cph_op_clear_results(&done);
+  /* imported twice (a shard taken again): each entry once */
+  assert_int_equal(import(to, "a", blob, len), CPH_OK);
+  assert_int_equal(import(to, "a", blob, len), CPH_OK);
+  lease_shows_questions(to);
+  free(blob);
+  cph_fixture_free(from);
+  cph_fixture_free(to);
 }
 
 static void test_session_state_is_not_exported_without_report_consumed(void **state) {
