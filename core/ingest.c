@@ -12,8 +12,6 @@
 #include "ingest.h"
 #include "ops.h"
 
-#define CHANNEL_MAX CPH_CHANNEL_MAX
-
 const char *cph_ingest_status_name(cph_ingest_status s) {
   switch (s) {
   case CPH_EV_QUEUED:
@@ -32,7 +30,7 @@ const char *cph_ingest_status_name(cph_ingest_status s) {
 
 /* Appends event_id to the channel's history under the next per-channel index. */
 int history_append(cph_txn *t, const char *channel_name, uint64_t event_id, uint64_t *out) {
-  char counter[CHANNEL_MAX + 8]; /* "chan:" + the name, cut to fit as snprintf did */
+  char counter[CPH_CHANNEL_MAX + 8]; /* "chan:" + the name, cut to fit as snprintf did */
   size_t n = strnlen(channel_name, sizeof counter - 6);
   memcpy(counter, "chan:", 5);
   memcpy(counter + 5, channel_name, n);
@@ -584,8 +582,8 @@ static bool idem_seen(cph_ingest *ig, cph_txn *t, const char *key, uint64_t *id)
  * when the family is created. Embeddings per backpressure_embed_allowed(). */
 static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, int step, bool raw,
                           const dedupe_verdict *v, const char *body, uint64_t event_id) {
-  char scope[CHANNEL_MAX + 2];
-  size_t n = strnlen(channel_name, CHANNEL_MAX);
+  char scope[CPH_CHANNEL_MAX + 2];
+  size_t n = strnlen(channel_name, CPH_CHANNEL_MAX);
   scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
   memcpy(scope + 1, channel_name, n);
   scope[1 + n] = '\0';
@@ -706,7 +704,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     reject(res, rq->strings, "channel", "an event needs a channel or a session");
     return CPH_OK;
   }
-  if (!*channel_name || strlen(channel_name) > CHANNEL_MAX) {
+  if (!*channel_name || strlen(channel_name) > CPH_CHANNEL_MAX) {
     reject(res, rq->strings, "channel", "a channel name is 1 to 256 bytes");
     return CPH_OK;
   }
