@@ -899,16 +899,15 @@ static int state_read_history(const uint8_t *data, size_t n, size_t *used, hist_
     } else {
       cut = true;
     }
-    const char *bad = cut                                     ? "cut short"
-                      : !e.channel || !e.sender || !e.kind || !e.body ? NULL /* no memory */
-                      : flag > 1                              ? "its flag is not 0 or 1"
+    bool nomem = !cut && (!e.channel || !e.sender || !e.kind || !e.body);
+    const char *bad = cut || nomem ? (cut ? "cut short" : NULL)
+                      : flag > 1   ? "its flag is not 0 or 1"
                       : !*e.channel || strlen(e.channel) > CPH_CHANNEL_MAX
                           ? "its channel is empty or over 256 bytes"
                       : !*e.sender ? "it has no sender"
                                    : NULL;
-    hist_entry *g = bad || !e.channel || !e.sender || !e.kind || !e.body
-                        ? NULL
-                        : room_for_one(l->v, &l->cap, l->n, sizeof *g, 16);
+    hist_entry *g =
+        bad || nomem ? NULL : room_for_one(l->v, &l->cap, l->n, sizeof *g, 16);
     if (!g) {
       hist_entry_free(&e);
       if (!bad)

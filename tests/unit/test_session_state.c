@@ -870,6 +870,73 @@ static void test_session_state_moves_channel_history(void **state) {
   cph_fixture_free(to);
 }
 
+/* Whether data[0..n) holds str. */
+static bool holds(const uint8_t *data, size_t n, const char *str) {
+  size_t l = strlen(str);
+  for (size_t i = 0; i + l <= n; i++)
+    if (memcmp(data + i, str, l) == 0)
+      return true;
+  return false;
+}
+
+/* The channel history part keeps the newest entries within its 256 KiB: 40 messages of ~8 KB
+ * answered by one turn carry their newest ~30 and the reply, whole; the oldest are left out. */
+static void test_session_state_history_keeps_the_newest_within_its_bound(void **state) {
+  (void)state;
+  cph_fixture *f = cph_fixture_new("hist_bound", "{}");
+  cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_engine_report_consumed(f->e, true);
+  enum { BIG = 40, BYTES = 8000 };
+  cph_event_in evs[BIG];
+  char *bodies[BIG];
+  uint32_t seed = 7;
+  for (int i = 0; i < BIG; i++) { /* letters at random: no two alike enough to fold */
+    bodies[i] = malloc(BYTES + 1);
+    assert_non_null(bodies[i]);
+    int k = snprintf(bodies[i], BYTES, "big %02d ", i);
+    for (; k < BYTES; k++) {
+      seed = seed * 1103515245u + 12345u;
+      bodies[i][k] = (char)('a' + (seed >> 16) % 26);
+    }
+    bodies[i][BYTES] = '\0';
+    memset(&evs[i], 0, sizeof evs[i]);
+    evs[i].session = "a";
+    evs[i].sender = "ann";
+    evs[i].body = bodies[i];
+  }
+  cph_op in;
+  cph_fixture_ingest(f, evs, BIG, &in);
+  cph_op_clear_results(&in);
+  cph_op lease;
+  cph_fixture_lease(f, "w", &lease);
+  assert_int_equal(lease.u.lease.turn.n_staged, BIG);
+  cph_op done = {0};
+  done.kind = CPH_OP_COMPLETE;
+  done.u.turn.turn_id = lease.u.lease.turn.id;
+  memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
+  done.u.turn.reply_body = "the reply";
+  assert_int_equal(cph_fixture_run(f, &done), CPH_OK);
+  done.u.turn.reply_body = NULL;
+  cph_op_clear_results(&lease);
+  size_t len;
+  uint8_t *blob = state_of(&done, &len);
+  size_t at, n;
+  uint32_t count;
+  history_part(blob, len, &at, &n, &count);
+  assert_true(n <= 4 + 256 * 1024);
+  assert_true(count > 20 && count < BIG);
+  assert_true(holds(blob + at, n, "big 39 "));
+  assert_true(holds(blob + at, n, "the reply"));
+  assert_false(holds(blob + at, n, "big 00 "));
+  char first[8]; /* the oldest entry kept: the part's first, whole */
+  snprintf(first, sizeof first, "big %02u ", BIG - (count - 1));
+  assert_memory_equal(blob + at + 4 + 1 + 4 + 8 + 4 + 3 + 4 + 0 + 8 + 4, first, 7);
+  free(blob);
+  for (int i = 0; i < BIG; i++)
+    free(bodies[i]);
+  cph_fixture_free(f);
+}
+
 static void test_session_state_is_not_exported_without_report_consumed(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("state_off", "{}");
@@ -908,6 +975,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_versions_2_to_4_load_and_bad_records_are_named),
       cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
       cmocka_unit_test(test_session_state_moves_channel_history),
+      cmocka_unit_test(test_session_state_history_keeps_the_newest_within_its_bound),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
