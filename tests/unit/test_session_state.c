@@ -214,13 +214,25 @@ static uint8_t *as_version_4(const uint8_t *blob, size_t *len) {
   return out;
 }
 
+/* Two engines as nodes "x" and "y" of a cluster (report_consumed, and reply origins when
+ * `origins`), each with session "a"; their tags are <tag>_x and <tag>_y. */
+static void two_nodes(const char *tag, bool origins, cph_fixture **x, cph_fixture **y) {
+  for (int k = 0; k < 2; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "%s_%s", tag, k ? "y" : "x");
+    cph_fixture *f = cph_fixture_new(name, "{}");
+    cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+    cph_engine_report_consumed(f->e, true);
+    if (origins)
+      assert_int_equal(cph_engine_reply_origins(f->e, k ? "y" : "x"), CPH_OK);
+    *(k ? y : x) = f;
+  }
+}
+
 static void test_session_state_moves_tree_episode_replies_and_memories(void **state) {
   (void)state;
-  cph_fixture *from = cph_fixture_new("state_from", "{}");
-  cph_fixture *to = cph_fixture_new("state_to", "{}");
-  cph_fixture_create_session(from, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  cph_fixture_create_session(to, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  cph_engine_report_consumed(from->e, true);
+  cph_fixture *from, *to;
+  two_nodes("state", false, &from, &to);
   cph_op done;
   for (int i = 0; i < TURNS; i++) {
     turn(from, "a", i, &done);
@@ -283,20 +295,6 @@ static void replies_free(cph_reply_info *list, size_t n) {
   free(list);
 }
 
-/* Two engines as nodes "x" and "y" of a cluster (report_consumed, reply origins), each with
- * session "a"; their tags are <tag>_x and <tag>_y. */
-static void two_nodes(const char *tag, cph_fixture **x, cph_fixture **y) {
-  for (int k = 0; k < 2; k++) {
-    char name[32];
-    snprintf(name, sizeof name, "%s_%s", tag, k ? "y" : "x");
-    cph_fixture *f = cph_fixture_new(name, "{}");
-    cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-    cph_engine_report_consumed(f->e, true);
-    assert_int_equal(cph_engine_reply_origins(f->e, k ? "y" : "x"), CPH_OK);
-    *(k ? y : x) = f;
-  }
-}
-
 /* A completion's state, taken from its op. */
 static uint8_t *state_of(cph_op *done, size_t *len) {
   uint8_t *blob = done->u.turn.state;
@@ -321,7 +319,7 @@ static uint8_t *answered_state(cph_fixture *f, size_t *len) {
 static void test_session_state_offers_the_replies_stream_once_by_origin(void **state) {
   (void)state;
   cph_fixture *x, *y;
-  two_nodes("stream", &x, &y);
+  two_nodes("stream", true, &x, &y);
   cph_op done;
   size_t len;
   uint8_t *blob = answered_state(x, &len);
@@ -459,7 +457,7 @@ static int origin_count(cph_fixture *f, const char *s, const char *origin) {
 static void test_session_state_carries_turn_records_once_by_origin(void **state) {
   (void)state;
   cph_fixture *x, *y;
-  two_nodes("turns", &x, &y);
+  two_nodes("turns", true, &x, &y);
   failed_turn(x, "a", "model error");
   cph_op done;
   size_t len;
@@ -606,7 +604,7 @@ static void assert_same_seal(const cph_seal_info *a, const cph_seal_info *b) {
 static void test_session_state_carries_seals_once_by_origin(void **state) {
   (void)state;
   cph_fixture *x, *y;
-  two_nodes("seals", &x, &y);
+  two_nodes("seals", true, &x, &y);
   size_t len;
   uint8_t *blob = answered_state(x, &len);
   free(blob);
@@ -818,11 +816,8 @@ static void test_session_state_versions_2_to_4_load_and_bad_records_are_named(vo
  * order; a malformed entry is refused, naming it, and changes nothing. */
 static void test_session_state_moves_channel_history(void **state) {
   (void)state;
-  cph_fixture *from = cph_fixture_new("hist_from", "{}");
-  cph_fixture *to = cph_fixture_new("hist_to", "{}");
-  cph_fixture_create_session(from, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  cph_fixture_create_session(to, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  cph_engine_report_consumed(from->e, true);
+  cph_fixture *from, *to;
+  two_nodes("hist", false, &from, &to);
   size_t len;
   uint8_t *blob = answered_state(from, &len);
   assert_int_equal(cph_be32_get(blob + 4), 5);
