@@ -491,6 +491,31 @@ static bool is_section_sender(const ctx *c, const char *sender, size_t len) {
   return false;
 }
 
+/* Whether a history entry of view v (its sender, body and time) is one of the turn's staged
+ * messages under another event id. With the cluster log each session gets its own copy of a
+ * channel event (DESIGN §14), and a node's channel history holds the first copy applied there —
+ * the channel owner's, or another session's — the later ones folding into it as exact repeats;
+ * so the session's staged copy need not be the one the history holds. Every copy carries the
+ * time the event was accepted, so the same channel, sender, body and time is the same message:
+ * it is the current message, not history. Without the log a staged event is its own history
+ * entry, found by id before this is asked, and two events that merely look alike (the same
+ * words in the same millisecond) stay two: so this is asked only with the log. */
+static bool staged_copy(const ctx *c, size_t v, const char *sender, size_t sender_len,
+                        const char *body, int64_t ts_ms) {
+  const cph_policy *p = c->cx->env->policy;
+  if (!p->cluster_enabled || !p->cluster.nats_count)
+    return false;
+  const cph_turn_info *ti = c->ti;
+  for (size_t i = 0; i < ti->n_staged; i++) {
+    const cph_staged_msg *m = &ti->staged[i];
+    if (m->ts_ms == ts_ms && m->body && c->staged_len[i] == sender_len &&
+        memcmp(m->sender, sender, sender_len) == 0 && strcmp(m->body, body) == 0 &&
+        strcmp(m->channel, ti->views[v].channel) == 0)
+      return true;
+  }
+  return false;
+}
+
 /* scan_channel without warm tails (:sessions :warm-channels 0): walks the channel log in the
  * store and reads each event shown, every turn — the context rebuilt from the store, which
  * the warm one must equal (tests/unit/test_warm_context_property.c). Its entries own their
@@ -552,7 +577,10 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
       }
       cph_evcache_put(c->cx->tails->evcache, event_id, ev.ts_ms, ev.sender, ev.body);
     }
-    if (ev.body) { /* a redacted payload has nothing to show */
+    if (ev.body && staged_copy(c, v, ev.sender, strlen(ev.sender), ev.body, ev.ts_ms)) {
+      c->vs[v].staged_found = true;
+      c->vs[v].oldest_staged_index = index;
+    } else if (ev.body) { /* a redacted payload has nothing to show */
       hentry h = {0};
       h.event_id = event_id;
       h.index = index;
@@ -615,6 +643,11 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
       break;
     if (!e->sender || !e->body)
       continue; /* retention removed the event, or redacted its payload: nothing to show */
+    if (staged_copy(c, v, e->sender, e->sender_len, e->body, e->ts_ms)) {
+      c->vs[v].staged_found = true;
+      c->vs[v].oldest_staged_index = e->index;
+      continue;
+    }
     hentry h = {0};
     h.event_id = e->event_id;
     h.index = e->index;

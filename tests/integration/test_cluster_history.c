@@ -157,6 +157,17 @@ static bool answer(void *ctx, int n, json_t *turn, int s) {
   json_t *staged = json_object_get(turn, "staged");
   assert_int_equal(json_array_size(staged), 1);
   assert_string_equal(json_string_value(json_object_get(json_array_get(staged, 0), "body")), q);
+  /* The message this turn answers is its current message, once: another copy of the same
+   * event in the node's channel history (the channel owner's, or another session's forwarded
+   * copy, which the log delivers beside this session's) is not also shown as history. */
+  const char *role = NULL;
+  int count;
+  find_message(json_object_get(turn, "messages"), q, &role, &count);
+  if (count != 1) {
+    char *dump = json_dumps(json_object_get(turn, "messages"), JSON_COMPACT);
+    fail_msg("t%02d's %s lease on n%d shows its current message \"%s\" %d times: %s", s,
+             CH_NAME[b->ch], n, q, count, dump ? dump : "?");
+  }
   if (b->check)
     check_messages(b, n, turn, s);
   char path[96], body[512];
