@@ -30,6 +30,21 @@ static int usage_error(void) {
   return CLI_EXIT_USAGE;
 }
 
+/* After cli_parse_args returned r: true to go on; false when the command is done, *status its
+ * exit status (help printed: 0; a bad argument: the usage on stderr, 2). */
+static bool parsed(int r, int *status) {
+  if (r == 1) {
+    turns_usage(stdout);
+    *status = CLI_EXIT_OK;
+    return false;
+  }
+  if (r < 0) {
+    *status = usage_error();
+    return false;
+  }
+  return true;
+}
+
 /* ---------------------------------------------------------------- lease */
 
 /* Splits "interactive,operational" into a JSON array; -1 on an empty name. */
@@ -130,12 +145,8 @@ static int turns_lease(const cli_ctx *ctx, int argc, char **argv) {
   const char *pos[1];
   size_t npos;
   int r = cli_parse_args(argc, argv, opts, sizeof opts / sizeof opts[0], pos, 0, &npos);
-  if (r == 1) {
-    turns_usage(stdout);
-    return CLI_EXIT_OK;
-  }
-  if (r < 0)
-    return usage_error();
+  if (!parsed(r, &r))
+    return r;
   if (!worker) {
     fprintf(stderr, "cephalonctl: turns lease needs --worker\n");
     return usage_error();
@@ -208,12 +219,8 @@ static int turns_complete(const cli_ctx *ctx, int argc, char **argv) {
   const char *pos[1];
   size_t npos;
   int r = cli_parse_args(argc, argv, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
-  if (r == 1) {
-    turns_usage(stdout);
-    return CLI_EXIT_OK;
-  }
-  if (r < 0)
-    return usage_error();
+  if (!parsed(r, &r))
+    return r;
   if (npos != 1 || !lease) {
     fprintf(stderr, "cephalonctl: turns complete needs a turn ID and --lease\n");
     return usage_error();
@@ -320,12 +327,8 @@ static int turns_list(const cli_ctx *ctx, int argc, char **argv) {
   const char *pos[1];
   size_t npos;
   int r = cli_parse_args(argc, argv, opts, sizeof opts / sizeof opts[0], pos, 0, &npos);
-  if (r == 1) {
-    turns_usage(stdout);
-    return CLI_EXIT_OK;
-  }
-  if (r < 0)
-    return usage_error();
+  if (!parsed(r, &r))
+    return r;
   if (!session) {
     fprintf(stderr, "cephalonctl: turns list needs --session\n");
     return usage_error();
@@ -368,13 +371,10 @@ static int turns_show(const cli_ctx *ctx, int argc, char **argv) {
   const char *pos[1];
   size_t npos;
   int r = cli_parse_args(argc, argv, NULL, 0, pos, 1, &npos);
-  if (r == 1) {
-    turns_usage(stdout);
-    return CLI_EXIT_OK;
-  }
-  if (r < 0 || npos != 1) {
-    if (r >= 0)
-      fprintf(stderr, "cephalonctl: turns show needs a turn ID\n");
+  if (!parsed(r, &r))
+    return r;
+  if (npos != 1) {
+    fprintf(stderr, "cephalonctl: turns show needs a turn ID\n");
     return usage_error();
   }
   cph_buf path = CPH_BUF_INIT;
