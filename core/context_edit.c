@@ -213,7 +213,7 @@ static void render_messages(const cph_pact_tree *tree, cph_seal_rec *r) {
  * previous state, and its next completion carries the seal). */
 static void seal_state_to_op(cph_context *cx, const csession *s, cph_op *op) {
   cph_buf b = {0};
-  cph_handover st = {cx->env, cx->sessions, cx->trees, cx->memory};
+  cph_handover st = {cx->env, cx->sessions, cx->trees, cx->memory, NULL};
   int rc = handover_export(&st, s, &b);
   if (rc == CPH_OK && !cph_buf_error(&b)) {
     op->u.context.state_len = b.len;

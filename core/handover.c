@@ -50,7 +50,17 @@
  * the session over adds each one whose origin its own stream lacks to that stream, so a
  * connector reading every node's stream gets it there (again, if it read it from the dead
  * node already: it drops a repeated origin). They come first after the tree, so they are the
- * last part left out when a state would be too big. */
+ * last part left out when a state would be too big.
+ * Version 6 adds, after the seals, the session's newest kept turn contexts (the context
+ * explorer, core/turnlog.h; STATE_KEPT turns, STATE_KEPT_BYTES as written at most, and only
+ * those that fit in what the state has left: one that does not is left out whole) of turns
+ * whose records have an origin: be32 count, and per kept turn be32 length + the entry, which is
+ * be32 length + the turn record's origin, then the kept record as the store encodes it, self-
+ * contained (turnlog_newest: texts inline, no rows), oldest first. The node taking the session
+ * over stores each one whose turn record this state's turn records part stored there (a new
+ * turn id there, looked up by origin; a turn it held already, or whose record did not move,
+ * is left out: nothing is doubled), through turnlog_import. A version-5 blob lacks that part
+ * and still imports. */
 #include "handover.h"
 
 #include <stdlib.h>
@@ -61,10 +71,12 @@
 #include "ingest.h"
 #include "replystream.h"
 #include "seals.h"
+#include "turnlog.h"
 #include "turnrecs.h"
 
 #define STATE_MAGIC "CPHS"
-#define STATE_VERSION 5u
+#define STATE_VERSION 6u
+#define STATE_VERSION_NO_KEPT 5u /* before the kept turn contexts; still imported */
 #define STATE_VERSION_NO_HISTORY 4u /* before the channel history (its replies only); still imported */
 #define STATE_VERSION_NO_SEALS 3u  /* before the seals; still imported */
 #define STATE_VERSION_NO_TURNS 2u  /* before the turn records; still imported */
@@ -86,6 +98,10 @@
 #define STATE_MEMORY_BYTES (256u * 1024u)
 #define STATE_TURNS 64
 #define STATE_TURN_BYTES (256u * 1024u) /* of the records as encoded, with their lengths */
+/* Of the kept turn contexts: a kept context at the default window is ~70 KB self-contained
+ * (its rows as the record holds them inline), so two fit. */
+#define STATE_KEPT 2
+#define STATE_KEPT_BYTES (192u * 1024u) /* of the entries as written, with their lengths */
 #define STATE_SEALS 16
 /* Of the seals as encoded. A seal renders the session's whole tree: a tree at its history bound
  * (128 message cores) of 500-byte messages seals to ~66 KB, so this carries the newest 3 such
@@ -681,6 +697,64 @@ static int state_export_seals(const cph_handover *st, const csession *s, size_t 
   return scan_finish(&rs, rc, out);
 }
 
+/* The kept turn contexts part being collected (record_scan's buffers; its node is this
+ * node's name): each kept turn of a turn record here with an origin, newest first. */
+typedef struct kept_scan {
+  record_scan rs;
+  cph_txn *t;
+} kept_scan;
+
+/* A kept context for the part: its turn record's origin, then the record. One that does not
+ * fit is left out whole; one whose turn record is gone or has no origin is left out. */
+static int collect_kept(void *ctx, cph_turnctx_rec *r) {
+  kept_scan *ks = ctx;
+  cph_key tk = cph_key_of_u64(r->turn_id);
+  static const char *const names[] = {"origin", "lease"};
+  uint64_t mask = cph_record_field_mask(&cph_turn_desc, names, 2);
+  cph_turn_rec tr = {0};
+  int rc = cph_txn_get_record_some(ks->t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr, mask);
+  if (rc == CPH_ENOTFOUND)
+    return CPH_OK;
+  if (rc)
+    return rc;
+  tr.id = r->turn_id;
+  char origin[TURNRECS_ORIGIN_MAX];
+  turnrecs_origin(origin, ks->rs.node, &tr);
+  cph_record_free(&cph_turn_desc, &tr);
+  if (!origin[0])
+    return CPH_OK;
+  cph_buf b = {0};
+  put_str32(&b, origin);
+  rc = cph_record_encode(&cph_turnctx_desc, r, &b);
+  if (rc == CPH_OK && cph_buf_error(&b))
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK && ks->rs.bytes + 4 + b.len <= ks->rs.room) {
+    cph_buf *g = room_for_one(ks->rs.v, &ks->rs.cap, ks->rs.n, sizeof *g, 8);
+    if (!g)
+      rc = CPH_ENOMEM;
+    if (g) {
+      ks->rs.v = g;
+      ks->rs.v[ks->rs.n++] = b;
+      ks->rs.bytes += 4 + b.len;
+      return CPH_OK;
+    }
+  }
+  cph_buf_free(&b);
+  return rc;
+}
+
+/* The kept turn contexts part of the blob (above), oldest first, at most `room` bytes with its
+ * count. Reads the session's newest STATE_KEPT kept contexts and their turn records. */
+static int state_export_kept(const cph_handover *st, const csession *s, size_t room,
+                             cph_buf *out) {
+  room = room < 4 ? 0 : room - 4;
+  kept_scan ks = {{st->env->reply_origin_node, NULL, 0, 0, 0,
+                   room < STATE_KEPT_BYTES ? room : STATE_KEPT_BYTES, false},
+                  &st->env->txn};
+  int rc = turnlog_newest(&st->env->txn, s->id, STATE_KEPT, collect_kept, &ks);
+  return scan_finish(&ks.rs, rc, out);
+}
+
 typedef struct memory_find {
   const char *text;
   bool found;
@@ -1043,11 +1117,43 @@ static int read_records_part(const uint8_t *data, size_t n, const char *item, si
   return rc;
 }
 
-/* What importing one record of a part needs: this node's name and the session. */
+/* What importing one record of a part needs: this node's name and the session; the turn
+ * records this state's part stored here (their origins and new ids), which its kept turn
+ * contexts are stored under. */
 typedef struct import_ctx {
   cph_txn *t;
   const char *node, *session;
+  cph_turnlog *turnlog;
+  char **origins;
+  uint64_t *ids;
+  size_t n, cap;
 } import_ctx;
+
+static void import_ctx_free(import_ctx *ic) {
+  for (size_t i = 0; i < ic->n; i++)
+    free(ic->origins[i]);
+  free(ic->origins);
+  free(ic->ids);
+}
+
+/* Remembers that the turn record of origin was stored here as id. */
+static int imported_turn(import_ctx *ic, const char *origin, uint64_t id) {
+  if (ic->n == ic->cap) {
+    size_t cap = ic->cap ? 2 * ic->cap : 16;
+    char **o = realloc(ic->origins, cap * sizeof *o);
+    if (o)
+      ic->origins = o;
+    uint64_t *d = o ? realloc(ic->ids, cap * sizeof *d) : NULL;
+    if (!d)
+      return CPH_ENOMEM;
+    ic->ids = d;
+    ic->cap = cap;
+  }
+  if (!(ic->origins[ic->n] = strdup(origin)))
+    return CPH_ENOMEM;
+  ic->ids[ic->n++] = id;
+  return CPH_OK;
+}
 
 /* What is wrong with a record of a part that every kind shares (decoded with rc and err): it
  * does not decode, has no origin this build could make, or is another session's. NULL: none
@@ -1086,6 +1192,8 @@ static int import_turn(void *ctx, const uint8_t *rec, size_t l, char *why, size_
   }
   if (rc == CPH_OK && !held)
     rc = turnrecs_import(ic->t, &tr);
+  if (rc == CPH_OK && !held)
+    rc = imported_turn(ic, tr.origin, tr.id);
   cph_record_free(&cph_turn_desc, &tr);
   return rc;
 }
@@ -1117,6 +1225,39 @@ static int import_seal(void *ctx, const uint8_t *rec, size_t l, char *why, size_
   return rc;
 }
 
+/* One kept turn context of the state: stored under the id its turn record got here when this
+ * state's turn records part stored that record, else left out (turnlog_import). CPH_EINVAL,
+ * with why, for an entry that is cut short or not one of the session's self-contained kept
+ * contexts. */
+static int import_kept(void *ctx, const uint8_t *rec, size_t l, char *why, size_t len) {
+  import_ctx *ic = ctx;
+  size_t at = 0;
+  bool cut = false;
+  char *origin = get_str32(rec, l, &at, &cut);
+  if (!origin && !cut)
+    return CPH_ENOMEM;
+  cph_turnctx_rec r = {0};
+  cph_err err = {0};
+  int rc = cut ? CPH_EINVAL : cph_record_decode(&cph_turnctx_desc, rec + at, l - at, &r, &err);
+  const char *bad = cut ? "its origin is cut short"
+                        : record_problem(rc, &err, origin, r.session ? r.session : "",
+                                         ic->session);
+  if (!bad && rc == CPH_OK)
+    bad = turnlog_carried_problem(&r, ic->session);
+  if (bad) {
+    snprintf(why, len, "%.160s", bad);
+    rc = CPH_EINVAL;
+  }
+  for (size_t i = 0; rc == CPH_OK && i < ic->n; i++)
+    if (strcmp(ic->origins[i], origin) == 0) {
+      rc = turnlog_import(ic->turnlog, ic->t, ic->ids[i], &r);
+      break;
+    }
+  cph_record_free(&cph_turnctx_desc, &r);
+  free(origin);
+  return rc;
+}
+
 int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
   uint8_t head[STATE_HEAD];
   memcpy(head, STATE_MAGIC, 4);
@@ -1135,7 +1276,7 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
     return CPH_ELIMIT;
   /* The stream replies, the channel history, the memories and the turn records each only
    * while the whole fits (else none of that part: empty), with room kept for the empty parts
-   * after it; the seals, last, those that fit in what is left. */
+   * after it; the seals and then the kept turn contexts, those that fit in what is left. */
   stream_scan ss = {0};
   rc = replystream_session_newest(&st->env->txn, s->id, STATE_STREAM_REPLIES,
                                   collect_stream_reply, &ss);
@@ -1143,7 +1284,7 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
     rc = CPH_ENOMEM;
   static const uint8_t none[4] = {0};
   cph_buf part = {0};
-  for (int i = 0; rc == CPH_OK && i < 5; i++) {
+  for (int i = 0; rc == CPH_OK && i < 6; i++) {
     cph_buf_reset(&part);
     if (i == 0)
       write_stream_part(&ss, &part);
@@ -1153,11 +1294,13 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
       rc = state_export_memories(st, s, &part);
     else if (i == 3)
       rc = state_export_turns(st, s, &part);
+    else if (i == 4)
+      rc = state_export_seals(st, s, CPH_HANDOVER_MAX_BYTES - 4 - out->len, &part);
     else
-      rc = state_export_seals(st, s, CPH_HANDOVER_MAX_BYTES - out->len, &part);
+      rc = state_export_kept(st, s, CPH_HANDOVER_MAX_BYTES - out->len, &part);
     if (rc == CPH_OK && cph_buf_error(&part))
       rc = CPH_ENOMEM;
-    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(4 - i) <= CPH_HANDOVER_MAX_BYTES)
+    if (rc == CPH_OK && out->len + part.len + 4u * (unsigned)(5 - i) <= CPH_HANDOVER_MAX_BYTES)
       cph_buf_append(out, part.data, part.len);
     else if (rc == CPH_OK)
       cph_buf_append(out, none, 4);
@@ -1202,7 +1345,7 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   }
   char why[256] = "";
   hist_list entries = {0};
-  if (rc == CPH_OK && version >= STATE_VERSION) /* the channel history */
+  if (rc == CPH_OK && version >= STATE_VERSION_NO_KEPT) /* the channel history */
     rc = state_read_history(p + at, n - at, &used, &entries, why, sizeof why);
   else if (rc == CPH_OK) /* the channel replies of versions 1 to 4 */
     rc = state_read_channel_part(p + at, n - at, &used, &history);
@@ -1218,7 +1361,7 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   at += rc == CPH_OK ? used : 0;
   /* the turn records (version 3 on) and the seals (version 4): each one whose origin this
    * node lacks is stored here; nothing may follow the last part */
-  import_ctx ic = {&t, st->env->reply_origin_node, id};
+  import_ctx ic = {&t, st->env->reply_origin_node, id, st->turnlog, NULL, NULL, 0, 0};
   const char *last = NULL;
   if (rc == CPH_OK && version >= STATE_VERSION_NO_SEALS) {
     rc = read_records_part(p + at, n - at, "turn record", &used, why, sizeof why, import_turn,
@@ -1231,6 +1374,13 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
     at += rc == CPH_OK ? used : 0;
     last = "seals";
   }
+  if (rc == CPH_OK && version >= STATE_VERSION) {
+    rc = read_records_part(p + at, n - at, "kept turn context", &used, why, sizeof why,
+                           import_kept, &ic);
+    at += rc == CPH_OK ? used : 0;
+    last = "kept turn contexts";
+  }
+  import_ctx_free(&ic);
   if (rc == CPH_OK && last && at != n) {
     snprintf(why, sizeof why, "%zu bytes follow its %s", n - at, last);
     rc = CPH_EINVAL;

@@ -1,7 +1,8 @@
 /* Handover: a session's state for another node (cluster mode, DESIGN §14 "State",
  * server/clusterflow.h 11.) — what a completion changes of a session (its tree, recent
  * replies of the replies stream with their origins, its channels' newest history — users'
- * and agents' messages with its replies, and which its turns saw —, newest memories, newest ended turn records and newest seals with their origins, episode and
+ * and agents' messages with its replies, and which its turns saw —, newest memories, newest ended turn records and newest seals with their origins, its newest kept turn contexts
+ * (the context explorer's, under their turn records' origins), episode and
  * credits) as one blob
  * the cluster log keeps per
  * session, and its import on the node that takes the session's shard over. The blob's layout
@@ -21,6 +22,7 @@
 #include "ops.h"
 #include "sessions.h"
 #include "trees.h"
+#include "turnlog.h"
 
 /* The most a state may weigh: under NATS's default max_payload (1 MiB) with room for the
  * headers and the cluster log's epoch prefix. */
@@ -31,6 +33,7 @@ typedef struct cph_handover {
   cph_sessions *sessions;
   cph_trees *trees;
   cph_memory *memory;
+  cph_turnlog *turnlog; /* the kept turn contexts an import stores (NULL: export only) */
 } cph_handover;
 
 /* Appends session s's state to out, read through the pass's transaction (after the
@@ -45,7 +48,9 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
  * history entry says which and why. The channel history entries this node's channels lack
  * are appended to them (before the log's replay appends the unconsumed input) and the
  * session's cursors there moved past those its turns saw (core/context.h). The seals it adds (core/seals.h) get new seal ids here.
- * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn. The
+ * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn; the
+ * kept turn contexts it carries are stored under the ids those records got (core/turnlog.h,
+ * turnlog_import), those of turns it held already are not. The
  * replies it added to the replies stream (those with an origin the stream lacked,
  * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. */
 void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply);

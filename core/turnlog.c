@@ -2195,3 +2195,81 @@ int turnlog_diff(cph_store *store, const char *session, uint64_t from, uint64_t 
     cph_context_diff_free(out);
   return rc;
 }
+
+/* ---------------------------------------------------------------- carried (handover) */
+
+int turnlog_newest(cph_txn *t, const char *session, size_t max,
+                   int (*fn)(void *ctx, cph_turnctx_rec *r), void *ctx) {
+  /* the newest max turn ids first, then each record read (load_rec) and handed over */
+  uint64_t ids[TURNLOG_CARRY_MAX];
+  size_t n = 0;
+  if (max > TURNLOG_CARRY_MAX)
+    max = TURNLOG_CARRY_MAX;
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
+  if (rc)
+    return rc;
+  cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
+  size_t prefix = strlen(session) + 1;
+  cph_val k;
+  rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
+  while ((rc == CPH_OK || rc == CPH_ENOTFOUND) && n < max) {
+    rc = cph_cursor_prev(&cur, &k, NULL);
+    if (rc != CPH_OK || k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+      break;
+    ids[n++] = cph_be64_get((const uint8_t *)k.data + prefix);
+  }
+  cph_cursor_close(&cur);
+  rc = rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+    cph_turnctx_rec r = {0};
+    cph_err err = {0};
+    rc = load_rec(t, session, ids[i], "kept turn", &r, &err);
+    if (rc == CPH_OK) {
+      /* self-contained: the texts inline, no hashes, no rows */
+      r.n_msg_hashes = r.n_node_preview_hashes = 0;
+      r.rows = false;
+      r.row_messages = 0;
+      rc = fn(ctx, &r);
+    } else if (rc != CPH_ENOMEM) {
+      cph_log(CPH_LOG_WARN, "the kept turn %llu of '%s' is not carried: %s",
+              (unsigned long long)ids[i], session, err.msg);
+      rc = CPH_OK; /* an unreadable kept context is not carried, the state still goes */
+    }
+    cph_record_free(&cph_turnctx_desc, &r);
+  }
+  return rc;
+}
+
+const char *turnlog_carried_problem(const cph_turnctx_rec *r, const char *session) {
+  if (!r->session || strcmp(r->session, session) != 0)
+    return "another session's";
+  if (r->rows || r->n_msg_hashes || r->n_node_preview_hashes)
+    return "not self-contained (rows or texts by hash)";
+  if (!rec_consistent(r))
+    return "its arrays disagree";
+  return NULL;
+}
+
+int turnlog_import(cph_turnlog *tl, cph_txn *t, uint64_t turn, cph_turnctx_rec *r) {
+  uint64_t keep = (uint64_t)tl->env->policy->context.keep_turns;
+  if (keep == 0)
+    return CPH_OK; /* the new owner keeps none */
+  turnwarms_drop(&tl->warm, r->session); /* rebuilt from the store below, and dropped again */
+  cph_key k = turn_key(r->session, turn);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_TURN_CONTEXTS, &k, &v);
+  if (rc != CPH_ENOTFOUND)
+    return rc; /* CPH_OK: kept here already */
+  uint64_t was = r->turn_id;
+  r->turn_id = turn;
+  rc = cph_txn_put_record(t, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, r);
+  r->turn_id = was;
+  turnwarm *w = NULL;
+  if (rc == CPH_OK)
+    rc = warm_for(tl, t, r->session, &w);
+  if (rc == CPH_OK)
+    rc = trim(t, w, r->session, keep);
+  turnwarms_drop(&tl->warm, r->session);
+  return rc;
+}

@@ -107,6 +107,32 @@ void turnlog_test_hash_names(bool on);
 /* Deletes every kept context of a session (session deletion). */
 int turnlog_delete_session(cph_turnlog *tl, cph_txn *t, const char *session);
 
+/* ---- carried with a session's state (core/handover.c, cluster mode)
+ * A kept context moves to a shard's new owner as one self-contained record: the version-2
+ * shape the read path materialises (messages with role, content and coordinate; nodes with
+ * their previews; sections' items; token accounts), texts inline, no hashes, no rows — as a
+ * version-1 record holds it. The new owner stores it as such a record (one put, no rows, so
+ * "every row a kept record names is held, and only those" holds untouched), under the turn id
+ * the turn's record got there, and trims the session to its own keep-turns. */
+#define TURNLOG_CARRY_MAX 8 /* the most turns turnlog_newest hands over */
+
+/* Calls fn(ctx, r) for the session's newest min(max, TURNLOG_CARRY_MAX) kept contexts, newest
+ * first, each read through t and made self-contained (above; r->turn_id is this node's id; fn
+ * may not keep r's strings). A kept context that cannot be read is logged and skipped. CPH_OK,
+ * fn's error, or the store's. Reads only. */
+int turnlog_newest(cph_txn *t, const char *session, size_t max,
+                   int (*fn)(void *ctx, cph_turnctx_rec *r), void *ctx);
+
+/* What is wrong with a carried record of session (NULL: nothing): another session's, not
+ * self-contained, or arrays that disagree. */
+const char *turnlog_carried_problem(const cph_turnctx_rec *r, const char *session);
+
+/* Stores the carried record r (turnlog_carried_problem said nothing) as kept turn `turn` of its
+ * session, unless that turn is kept already, then trims the session to :context :keep-turns
+ * (keep-turns 0: stores nothing). The session's warm state is dropped: the next lease rebuilds
+ * it from the store. CPH_OK or the store's error. */
+int turnlog_import(cph_turnlog *tl, cph_txn *t, uint64_t turn, cph_turnctx_rec *r);
+
 /* ---- reads (cephalon.h: cph_engine_kept_turns, _turn_context, _context_diff) */
 int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, size_t *n,
                  cph_err *err);

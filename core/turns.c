@@ -1027,7 +1027,7 @@ static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
   if (!s)
     return;
   cph_buf b = {0};
-  cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory};
+  cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
   int rc = handover_export(&st, s, &b);
   if (rc == CPH_OK && !cph_buf_error(&b) &&
       (op->u.turn.consumed_session || (op->u.turn.consumed_session = strdup(id)))) {
@@ -1348,7 +1348,7 @@ void turns_apply(cph_turns *tu, cph_op *op) {
     turn_take(tu, op);
     break;
   case CPH_OP_SESSION_STATE: {
-    cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory};
+    cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
     uint64_t newest_reply = 0;
     handover_import(&st, op, &newest_reply);
     if (newest_reply > tu->last_reply_id) /* GET /v1/replies offers them once committed */

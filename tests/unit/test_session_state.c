@@ -8,8 +8,9 @@
  * version 3) the session's ended turn records, each origin once, as history no lease reaches,
  * and (version 4) its newest seals, each origin once under a new seal id, a seal's own answer
  * carrying the state too, and (version 5) its channels' newest history, the users' messages
- * with its replies, each once and as seen history there; versions 2 to 4 still load, and a
- * malformed turn record, seal or history entry is refused saying which. Off, nothing is exported, and replies, turns and seals have no
+ * with its replies, each once and as seen history there, and (version 6) its newest kept turn
+ * contexts, under the ids their turn records got there, each once; versions 2 to 5 still load,
+ * and a malformed turn record, seal, history entry or kept context is refused saying which. Off, nothing is exported, and replies, turns and seals have no
  * origin. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -694,7 +695,67 @@ static void with_record_part(cph_buf *out, const uint8_t *blob, size_t len, cons
   cph_buf_append(out, rec->data, rec->len);
 }
 
-static void test_session_state_versions_2_to_4_load_and_bad_records_are_named(void **state) {
+/* s's kept turns on f (free with cph_kept_turns_free), newest last. */
+static cph_kept_turn *kept(cph_fixture *f, const char *s, size_t *n) {
+  cph_kept_turn *list = NULL;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_kept_turns(f->e, s, &list, n, &err), CPH_OK);
+  return list;
+}
+
+/* blob[0..len) is a version-6 state of "a" with an empty kept turn contexts part: with a
+ * malformed kept context in its place, it is refused, naming it, and nothing is stored. */
+static void bad_kept_contexts_are_named(const uint8_t *blob, size_t len) {
+  size_t n;
+  cph_kept_turn *k;
+  /* malformed kept contexts: refused, named, nothing stored */
+  char msg[512];
+  cph_fixture *w = cph_fixture_new("kept_w", "{}");
+  cph_fixture_create_session(w, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  uint64_t tokens[10] = {0};
+  char *roles[] = {"user"}, *contents[] = {"hello"}, *coords[] = {"d0, 1, 0"};
+  uint64_t nodes[] = {0};
+  for (int c = 0; c < 3; c++) {
+    static const char *const want[] = {"kept turn context 1 of 1: another session's",
+                                       "kept turn context 1 of 1: its arrays disagree",
+                                       "kept turn context 1 of 1: its origin is cut short"};
+    cph_turnctx_rec r = {0};
+    r.turn_id = 7;
+    r.session = c == 0 ? "b" : "a";
+    r.tokens = tokens;
+    r.n_tokens = 10;
+    r.msg_roles = roles;
+    r.n_msg_roles = 1;
+    r.msg_contents = contents;
+    r.n_msg_contents = c == 1 ? 0 : 1;
+    r.msg_coords = coords;
+    r.n_msg_coords = 1;
+    r.msg_nodes = nodes;
+    r.n_msg_nodes = 1;
+    cph_buf rec = {0};
+    uint8_t be[4];
+    cph_be32_put(be, c == 2 ? 99 : 20);
+    cph_buf_append(&rec, be, 4);
+    cph_buf_append(&rec, "x/1/0123456789abcdef", c == 2 ? 10 : 20);
+    if (c < 2)
+      assert_int_equal(cph_record_encode(&cph_turnctx_desc, &r, &rec), CPH_OK);
+    cph_buf bad = {0};
+    with_record_part(&bad, blob, len - 4, &rec);
+    assert_int_equal(import_msg(w, "a", (const uint8_t *)bad.data, bad.len, msg, sizeof msg),
+                     CPH_EINVAL);
+    if (!strstr(msg, want[c]))
+      fail_msg("%s", msg);
+    assert_non_null(strstr(msg, "the version-6 state of session 'a' is malformed"));
+    cph_buf_free(&bad);
+    cph_buf_free(&rec);
+  }
+  k = kept(w, "a", &n);
+  assert_int_equal(n, 0);
+  cph_kept_turns_free(k, n);
+  cph_fixture_free(w);
+}
+
+static void test_session_state_versions_2_to_5_load_and_bad_records_are_named(void **state) {
   (void)state;
   cph_fixture *x = cph_fixture_new("v2_x", "{}");
   cph_fixture_create_session(x, "a", CPH_LANE_INTERACTIVE, NULL, 0);
@@ -705,8 +766,23 @@ static void test_session_state_versions_2_to_4_load_and_bad_records_are_named(vo
   uint8_t *blob = state_of(&done, &len);
   /* without reply origins (no node name) no record or seal has an identity: empty parts */
   assert_true(len > 32);
-  assert_memory_equal(blob + len - 8, "\0\0\0\0\0\0\0\0", 8);
-  assert_int_equal(cph_be32_get(blob + 4), 5);
+  assert_memory_equal(blob + len - 12, "\0\0\0\0\0\0\0\0\0\0\0\0", 12);
+  assert_int_equal(cph_be32_get(blob + 4), 6);
+  bad_kept_contexts_are_named(blob, len);
+  char msg[512];
+  /* as a version-5 node wrote it (no kept turn contexts): it loads, and a byte more is refused */
+  len -= 4;
+  cph_be32_put(blob + 4, 5);
+  {
+    cph_fixture *y = cph_fixture_new("v5_y", "{}");
+    cph_fixture_create_session(y, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+    assert_int_equal(import_msg(y, "a", blob, len, msg, sizeof msg), CPH_OK);
+    uint64_t episode = 0;
+    assert_int_equal(tree_count(y, "a", "assistant", "reply 0 of a", &episode), 1);
+    assert_int_equal(import_msg(y, "a", blob, len + 1, msg, sizeof msg), CPH_EINVAL);
+    assert_non_null(strstr(msg, "1 bytes follow its seals"));
+    cph_fixture_free(y);
+  }
   uint8_t *v5 = blob; /* as a version-4 node wrote it: a channel replies part instead */
   blob = as_version_4(v5, &len);
   free(v5);
@@ -714,7 +790,6 @@ static void test_session_state_versions_2_to_4_load_and_bad_records_are_named(vo
   /* the same state as a version-2 node wrote it (no turn records, no seals), as a version-3
    * node did (no seals) and as a version-4 node did (its replies, not its channel history):
    * each loads */
-  char msg[512];
   for (uint32_t version = 2; version <= 4; version++) {
     char tag[16];
     snprintf(tag, sizeof tag, "v%u_y", version);
@@ -820,7 +895,7 @@ static void test_session_state_moves_channel_history(void **state) {
   two_nodes("hist", false, &from, &to);
   size_t len;
   uint8_t *blob = answered_state(from, &len);
-  assert_int_equal(cph_be32_get(blob + 4), 5);
+  assert_int_equal(cph_be32_get(blob + 4), 6);
   size_t at, n;
   uint32_t count;
   history_part(blob, len, &at, &n, &count);
@@ -833,7 +908,7 @@ static void test_session_state_moves_channel_history(void **state) {
   memcpy(bad, blob, len);
   bad[at + 4] = 7; /* the first entry's flag */
   assert_int_equal(import_msg(to, "a", bad, len, msg, sizeof msg), CPH_EINVAL);
-  assert_non_null(strstr(msg, "the version-5 state of session 'a' is malformed: channel "
+  assert_non_null(strstr(msg, "the version-6 state of session 'a' is malformed: channel "
                               "history entry 1 of 6: its flag is not 0 or 1"));
   memcpy(bad, blob, len);
   cph_be32_put(bad + at + 4 + 1 + 4 + 8, 0); /* the first entry's sender: empty */
@@ -961,16 +1036,119 @@ static void test_session_state_is_not_exported_without_report_consumed(void **st
   cph_fixture_free(f);
 }
 
+/* The origin of s's turn record `id` on f (a copy). */
+static char *origin_of(cph_fixture *f, uint64_t id) {
+  cph_turn_record one;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_turn_record(f->e, id, &one, &err), CPH_OK);
+  assert_non_null(one.origin);
+  char *o = strdup(one.origin);
+  cph_turn_record_free(&one);
+  return o;
+}
+
+/* Kept turn ta of s on a and tb of s on b show the same messages, nodes and tokens. */
+static void assert_same_context(cph_fixture *a, uint64_t ta, cph_fixture *b, uint64_t tb) {
+  cph_turn_context ca, cb;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_turn_context(a->e, "a", ta, &ca, &err), CPH_OK);
+  assert_int_equal(cph_engine_turn_context(b->e, "a", tb, &cb, &err), CPH_OK);
+  assert_int_equal(ca.n_messages, cb.n_messages);
+  assert_true(ca.n_messages > 0);
+  for (size_t i = 0; i < ca.n_messages; i++) {
+    assert_string_equal(ca.messages[i].role, cb.messages[i].role);
+    assert_string_equal(ca.messages[i].content, cb.messages[i].content);
+    assert_string_equal(ca.messages[i].coord, cb.messages[i].coord);
+  }
+  assert_int_equal(ca.n_nodes, cb.n_nodes);
+  for (size_t i = 0; i < ca.n_nodes; i++) {
+    assert_int_equal(ca.nodes[i].id, cb.nodes[i].id);
+    assert_string_equal(ca.nodes[i].content, cb.nodes[i].content);
+  }
+  assert_memory_equal(&ca.turn.tokens, &cb.turn.tokens, sizeof ca.turn.tokens);
+  assert_int_equal(ca.turn.id, ta);
+  assert_int_equal(cb.turn.id, tb);
+  cph_turn_context_free(&ca);
+  cph_turn_context_free(&cb);
+}
+
+/* Version 6: the newest two kept turn contexts move under the ids their turn records got on the
+ * new owner (matched by origin), each once however often the state is imported; taken back,
+ * the old owner adds only the other node's; the new owner's keep-turns trims them. */
+static void test_session_state_carries_kept_contexts_once(void **state) {
+  (void)state;
+  cph_fixture *x, *y;
+  two_nodes("kept", true, &x, &y);
+  size_t len;
+  uint8_t *blob = answered_state(x, &len);
+  size_t nx;
+  cph_kept_turn *kx = kept(x, "a", &nx);
+  assert_int_equal(nx, TURNS);
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(import(y, "a", blob, len), CPH_OK);
+    size_t ny;
+    cph_kept_turn *ky = kept(y, "a", &ny);
+    assert_int_equal(ny, 2); /* x's newest two, in their order */
+    for (size_t i = 0; i < 2; i++) {
+      char *ox = origin_of(x, kx[nx - 2 + i].id), *oy = origin_of(y, ky[i].id);
+      assert_string_equal(ox, oy);
+      free(ox);
+      free(oy);
+      assert_same_context(x, kx[nx - 2 + i].id, y, ky[i].id);
+    }
+    cph_kept_turns_free(ky, ny);
+  }
+  /* y's own turn keeps its context beside them; x takes the session back and adds only that */
+  cph_op done;
+  turn(y, "a", TURNS, &done);
+  free(blob);
+  blob = state_of(&done, &len);
+  size_t ny;
+  cph_kept_turn *ky = kept(y, "a", &ny);
+  assert_int_equal(ny, 3);
+  assert_int_equal(import(x, "a", blob, len), CPH_OK);
+  assert_int_equal(import(x, "a", blob, len), CPH_OK);
+  size_t n;
+  cph_kept_turn *k = kept(x, "a", &n);
+  assert_int_equal(n, TURNS + 1);
+  for (size_t i = 0; i < TURNS; i++)
+    assert_int_equal(k[i].id, kx[i].id);
+  char *o = origin_of(x, k[TURNS].id), *oy = origin_of(y, ky[2].id);
+  assert_string_equal(o, oy);
+  free(o);
+  free(oy);
+  assert_same_context(y, ky[2].id, x, k[TURNS].id);
+  cph_kept_turns_free(k, n);
+
+  /* :context :keep-turns 1 on the new owner: only the newest carried one stays */
+  cph_fixture *z = cph_fixture_new("kept_z", "{:context {:keep-turns 1}}");
+  cph_fixture_create_session(z, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  assert_int_equal(cph_engine_reply_origins(z->e, "z"), CPH_OK);
+  assert_int_equal(import(z, "a", blob, len), CPH_OK);
+  k = kept(z, "a", &n);
+  assert_int_equal(n, 1);
+  assert_same_context(y, ky[2].id, z, k[0].id);
+  cph_kept_turns_free(k, n);
+  cph_fixture_free(z);
+
+  cph_kept_turns_free(ky, ny);
+  cph_kept_turns_free(kx, nx);
+  free(blob);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
       cmocka_unit_test(test_session_state_offers_the_replies_stream_once_by_origin),
       cmocka_unit_test(test_session_state_carries_turn_records_once_by_origin),
       cmocka_unit_test(test_session_state_carries_seals_once_by_origin),
-      cmocka_unit_test(test_session_state_versions_2_to_4_load_and_bad_records_are_named),
+      cmocka_unit_test(test_session_state_versions_2_to_5_load_and_bad_records_are_named),
       cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
       cmocka_unit_test(test_session_state_moves_channel_history),
       cmocka_unit_test(test_session_state_history_keeps_the_newest_within_its_bound),
+      cmocka_unit_test(test_session_state_carries_kept_contexts_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
