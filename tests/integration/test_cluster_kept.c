@@ -1,0 +1,213 @@
+/* Cluster mode: a moved shard's sessions keep their newest kept turn contexts (the context
+ * explorer, core/turnlog.h; the state's version 6) — a real etcd, NATS JetStream and two
+ * cephalond on 127.0.0.1.
+ *
+ * Sessions on both nodes complete ROUNDS turns; each lease's messages are noted with the turn's
+ * origin (GET /v1/turns/{id} on its node). The node owning some sessions is killed -9 right
+ * after its last completion answered 200. On the survivor, which took its shards over, each
+ * session's GET /v1/sessions/{id}/turns lists its newest two turns exactly once each — under
+ * the ids their records have there, matched by origin with GET /v1/turns?session= — and each
+ * one's GET /v1/sessions/{id}/turns/{turn}/context shows the messages its lease had. The dead
+ * node comes back on its data (shards move back) and is killed again (they move away again):
+ * each time the same holds, nothing doubled. Without the import the survivor lists none of a
+ * moved session's turns: the test fails. Without etcd or nats-server the test fails and says
+ * what to install. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/api.h"
+#include "tests/support/cluster_fixture.h"
+#include "tests/support/daemon.h"
+#include "tests/support/testutil.h"
+
+#define NODES 2
+#define SHARDS 16
+#define TTL_S 2
+#define SESSIONS 8
+#define ROUNDS 3
+#define CARRIED 2  /* the newest kept turns a state carries */
+#define MAX_KEPT 16
+
+static const char EXTRA[] =
+    ":scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}}";
+
+/* A leased turn: its record's origin and the messages its lease had (a JSON array). */
+typedef struct leased {
+  char origin[200];
+  json_t *messages;
+} leased;
+
+typedef struct bench {
+  cph_test_cluster *c;
+  int owner[SESSIONS];
+  leased want[SESSIONS][ROUNDS];
+  int round;
+} bench;
+
+/* The origin of turn id's record on node n (GET /v1/turns/{id}) into out. */
+static void origin_of(bench *b, int n, long long id, char *out, size_t cap) {
+  char path[64];
+  snprintf(path, sizeof path, "/v1/turns/%lld", id);
+  cph_test_response r = cph_test_api(b->c->port[n], "GET", path, NULL, NULL);
+  if (r.status != 200)
+    fail_msg("%s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  json_t *j = cph_test_json(&r);
+  cph_test_response_free(&r);
+  const char *o = json_string_value(json_object_get(j, "origin"));
+  if (!o)
+    fail_msg("%s on n%d has no origin", path, n);
+  snprintf(out, cap, "%s", o);
+  json_decref(j);
+}
+
+/* Completes turn (of session s, on node n) of round b->round, its lease's messages and its
+ * record's origin noted. Each must answer 200. */
+static bool answer(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  long long id = json_integer_value(json_object_get(turn, "id"));
+  const char *lease = json_string_value(json_object_get(turn, "lease"));
+  leased *w = &b->want[s][b->round];
+  json_decref(w->messages);
+  w->messages = json_incref(json_object_get(turn, "messages"));
+  assert_true(json_array_size(w->messages) > 0);
+  char path[96], body[256];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete", id);
+  snprintf(body, sizeof body,
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
+           "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
+           lease, b->round, s);
+  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
+  if (r.status != 200)
+    fail_msg("%s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  origin_of(b, n, id, w->origin, sizeof w->origin);
+  return true;
+}
+
+/* Kept turn `turn` of session s on node n shows the messages of w's lease. */
+static void check_context(bench *b, int n, int s, long long turn, const leased *w,
+                          const char *when) {
+  char path[96];
+  snprintf(path, sizeof path, "/v1/sessions/t%02d/turns/%lld/context", s, turn);
+  cph_test_response r = cph_test_api(b->c->port[n], "GET", path, NULL, NULL);
+  if (r.status != 200)
+    fail_msg("%s: %s on n%d: %d %s", when, path, n, r.status, r.body ? r.body : "");
+  json_t *j = cph_test_json(&r);
+  cph_test_response_free(&r);
+  json_t *got = json_object_get(j, "messages");
+  if (json_array_size(got) != json_array_size(w->messages))
+    fail_msg("%s: %s on n%d shows %zu messages, its lease had %zu", when, path, n,
+             json_array_size(got), json_array_size(w->messages));
+  for (size_t i = 0; i < json_array_size(got); i++) {
+    json_t *g = json_array_get(got, i), *l = json_array_get(w->messages, i);
+    static const char *const keys[] = {"role", "content"};
+    for (int k = 0; k < 2; k++)
+      if (!json_equal(json_object_get(g, keys[k]), json_object_get(l, keys[k])))
+        fail_msg("%s: %s on n%d: message %zu's %s differs from its lease's", when, path, n, i,
+                 keys[k]);
+  }
+  json_decref(j);
+}
+
+/* Every session's kept turns on its owner (b->owner updated) hold its newest CARRIED turns exactly once each (by
+ * their records' origins there), with the messages their leases had, and no origin twice. */
+static void check_kept(void *ctx, const char *when) {
+  bench *b = ctx;
+  for (int s = 0; s < SESSIONS; s++) {
+    char path[64];
+    snprintf(path, sizeof path, "/v1/sessions/t%02d/turns", s);
+    json_t *j = NULL, *turns = NULL;
+    int n = cph_tc_list_on_owner(b->c, 0, path, "turns", MAX_KEPT, &j, &turns); /* n0 lives */
+    b->owner[s] = n;
+    size_t count = json_array_size(turns);
+    char origins[MAX_KEPT][200];
+    for (size_t i = 0; i < count; i++) {
+      long long id = json_integer_value(json_object_get(json_array_get(turns, i), "id"));
+      origin_of(b, n, id, origins[i], sizeof origins[i]);
+      for (size_t k = 0; k < i; k++)
+        if (strcmp(origins[k], origins[i]) == 0)
+          fail_msg("%s: t%02d on n%d keeps turn %s twice", when, s, n, origins[i]);
+    }
+    for (int round = ROUNDS - CARRIED; round < ROUNDS; round++) {
+      const leased *w = &b->want[s][round];
+      size_t i = 0;
+      while (i < count && strcmp(origins[i], w->origin) != 0)
+        i++;
+      if (i == count)
+        fail_msg("%s: t%02d's kept turns on n%d (%zu) lack turn %s of round %d", when, s, n,
+                 count, w->origin, round);
+      long long id = json_integer_value(json_object_get(json_array_get(turns, i), "id"));
+      check_context(b, n, s, id, w, when);
+    }
+    json_decref(j);
+  }
+}
+
+static int setup(void **state) {
+  bench *b = calloc(1, sizeof *b);
+  cph_test_cluster *c = cph_tc_new();
+  b->c = c;
+  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, cph_tc_session_t, NULL,
+                          b->owner);
+  *state = b;
+  return 0;
+}
+
+static int teardown(void **state) {
+  bench *b = *state;
+  if (b) {
+    cph_tc_free(b->c);
+    for (int s = 0; s < SESSIONS; s++)
+      for (int r = 0; r < ROUNDS; r++)
+        json_decref(b->want[s][r].messages);
+  }
+  free(b);
+  return 0;
+}
+
+static void test_cluster_kept_a_moved_session_keeps_its_newest_kept_contexts(void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int victim = 1, survivor = 0, moved = 0;
+  for (int s = 0; s < SESSIONS; s++)
+    moved += b->owner[s] == victim;
+  assert_true(moved > 0 && moved < SESSIONS);
+  for (int round = 0; round < ROUNDS; round++) {
+    cph_tc_ask(c, round % NODES, SESSIONS, round);
+    b->round = round;
+    for (int n = 0; n < NODES; n++) {
+      char what[32];
+      snprintf(what, sizeof what, "round %d", round);
+      cph_tc_lease_each(c, n, b->owner, SESSIONS, answer, b, what);
+    }
+  }
+  check_kept(b, "on their own nodes");
+  /* kill -9 right after the last completions answered 200; its data stays for later */
+  char *victim_dir = cph_tc_kill_node(c, victim, true);
+  cph_tc_settle(c, SHARDS, "after the kill");
+  for (int s = 0; s < SESSIONS; s++)
+    b->owner[s] = survivor;
+  check_kept(b, "after the takeover");
+  printf("n%d killed -9: %d sessions moved to n%d, each keeping its newest %d contexts\n",
+         victim, moved, survivor, CARRIED);
+  int back = cph_tc_back_and_away(c, victim, SHARDS, TTL_S, EXTRA, victim_dir, b->owner,
+                                  SESSIONS, check_kept, b);
+  printf("%d sessions moved back to n%d and away again: each kept turn listed once\n", back,
+         victim);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cluster_kept_a_moved_session_keeps_its_newest_kept_contexts),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
