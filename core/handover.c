@@ -98,8 +98,9 @@
 #define STATE_MEMORY_BYTES (256u * 1024u)
 #define STATE_TURNS 64
 #define STATE_TURN_BYTES (256u * 1024u) /* of the records as encoded, with their lengths */
-/* Of the kept turn contexts: a kept context at the default window is ~70 KB self-contained
- * (its rows as the record holds them inline), so two fit. */
+/* Of the kept turn contexts: a kept context at the default window measured 46-49 KB self-
+ * contained (its messages cut by the window, ~120 nodes with their 160-byte previews), so two
+ * fit with room; one of a larger window or tree may not, and is left out whole. */
 #define STATE_KEPT 2
 #define STATE_KEPT_BYTES (192u * 1024u) /* of the entries as written, with their lengths */
 #define STATE_SEALS 16

@@ -2230,6 +2230,14 @@ int turnlog_newest(cph_txn *t, const char *session, size_t max,
       r.n_msg_hashes = r.n_node_preview_hashes = 0;
       r.rows = false;
       r.row_messages = 0;
+      /* the sections' items are this node's ids (events, memories, inbox messages), whose
+       * texts the explorer reads from the store: elsewhere they would name other items, so
+       * those parts go as omitted (the diff says it cannot compare them) */
+      for (uint32_t j = 0; j < r.n_obligation_texts; j++)
+        free(r.obligation_texts[j]);
+      r.n_obligation_texts = r.n_obligations = r.n_history = r.n_memories = 0;
+      r.n_staged_events = 0;
+      r.omit |= CPH_PART_OBLIGATIONS | CPH_PART_HISTORY | CPH_PART_MEMORY | CPH_PART_STAGED;
       rc = fn(ctx, &r);
     } else if (rc != CPH_ENOMEM) {
       cph_log(CPH_LOG_WARN, "the kept turn %llu of '%s' is not carried: %s",

@@ -110,8 +110,9 @@ int turnlog_delete_session(cph_turnlog *tl, cph_txn *t, const char *session);
 /* ---- carried with a session's state (core/handover.c, cluster mode)
  * A kept context moves to a shard's new owner as one self-contained record: the version-2
  * shape the read path materialises (messages with role, content and coordinate; nodes with
- * their previews; sections' items; token accounts), texts inline, no hashes, no rows — as a
- * version-1 record holds it. The new owner stores it as such a record (one put, no rows, so
+ * their previews; the tools; token accounts), texts inline, no hashes, no rows — as a
+ * version-1 record holds it. The sections' history, memories and obligations and the staged
+ * events are left out and marked omitted: they are this node's ids, read from its store. The new owner stores it as such a record (one put, no rows, so
  * "every row a kept record names is held, and only those" holds untouched), under the turn id
  * the turn's record got there, and trims the session to its own keep-turns. */
 #define TURNLOG_CARRY_MAX 8 /* the most turns turnlog_newest hands over */

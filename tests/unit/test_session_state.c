@@ -1047,7 +1047,8 @@ static char *origin_of(cph_fixture *f, uint64_t id) {
   return o;
 }
 
-/* Kept turn ta of s on a and tb of s on b show the same messages, nodes and tokens. */
+/* Kept turn ta of "a" on a and tb, carried from it, on b show the same messages, nodes and
+ * tokens. */
 static void assert_same_context(cph_fixture *a, uint64_t ta, cph_fixture *b, uint64_t tb) {
   cph_turn_context ca, cb;
   cph_err err = {0};
@@ -1068,6 +1069,10 @@ static void assert_same_context(cph_fixture *a, uint64_t ta, cph_fixture *b, uin
   assert_memory_equal(&ca.turn.tokens, &cb.turn.tokens, sizeof ca.turn.tokens);
   assert_int_equal(ca.turn.id, ta);
   assert_int_equal(cb.turn.id, tb);
+  /* b's carried copy leaves out a's ids of events, memories and inbox messages: omitted */
+  assert_true(cb.turn.omit & CPH_PART_HISTORY && cb.turn.omit & CPH_PART_MEMORY &&
+              cb.turn.omit & CPH_PART_OBLIGATIONS);
+  assert_int_equal(cb.n_history + cb.n_memories + cb.n_obligations, 0);
   cph_turn_context_free(&ca);
   cph_turn_context_free(&cb);
 }
