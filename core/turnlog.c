@@ -596,9 +596,9 @@ static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
-/* The session's newest kept turn (0: none). */
-static int newest_kept(cph_txn *t, const char *session, uint64_t *turn) {
-  *turn = 0;
+/* The session's newest max kept turns, newest first, into ids[0..*n). */
+static int newest_kepts(cph_txn *t, const char *session, size_t max, uint64_t *ids, size_t *n) {
+  *n = 0;
   cph_cursor cur;
   int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
   if (rc)
@@ -607,12 +607,21 @@ static int newest_kept(cph_txn *t, const char *session, uint64_t *turn) {
   size_t prefix = strlen(session) + 1;
   cph_val k;
   rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
-  if (rc == CPH_OK || rc == CPH_ENOTFOUND)
+  while ((rc == CPH_OK || rc == CPH_ENOTFOUND) && *n < max) {
     rc = cph_cursor_prev(&cur, &k, NULL);
-  if (rc == CPH_OK && k.len == prefix + 8 && memcmp(k.data, start.data, prefix) == 0)
-    *turn = cph_be64_get((const uint8_t *)k.data + prefix);
+    if (rc != CPH_OK || k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+      break;
+    ids[(*n)++] = cph_be64_get((const uint8_t *)k.data + prefix);
+  }
   cph_cursor_close(&cur);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* The session's newest kept turn (0: none). */
+static int newest_kept(cph_txn *t, const char *session, uint64_t *turn) {
+  size_t n;
+  *turn = 0;
+  return newest_kepts(t, session, 1, turn, &n);
 }
 
 /* ptr reallocated to n elements; ok cleared (and ptr unchanged) without memory. */
@@ -2203,24 +2212,7 @@ int turnlog_newest(cph_txn *t, const char *session, size_t max,
   /* the newest max turn ids first, then each record read (load_rec) and handed over */
   uint64_t ids[TURNLOG_CARRY_MAX];
   size_t n = 0;
-  if (max > TURNLOG_CARRY_MAX)
-    max = TURNLOG_CARRY_MAX;
-  cph_cursor cur;
-  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
-  if (rc)
-    return rc;
-  cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
-  size_t prefix = strlen(session) + 1;
-  cph_val k;
-  rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
-  while ((rc == CPH_OK || rc == CPH_ENOTFOUND) && n < max) {
-    rc = cph_cursor_prev(&cur, &k, NULL);
-    if (rc != CPH_OK || k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
-      break;
-    ids[n++] = cph_be64_get((const uint8_t *)k.data + prefix);
-  }
-  cph_cursor_close(&cur);
-  rc = rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  int rc = newest_kepts(t, session, max < TURNLOG_CARRY_MAX ? max : TURNLOG_CARRY_MAX, ids, &n);
   for (size_t i = 0; rc == CPH_OK && i < n; i++) {
     cph_turnctx_rec r = {0};
     cph_err err = {0};

@@ -213,10 +213,7 @@ static void next_lease_shows_replies(bench *b, int n, int round) {
 
 static int setup(void **state) {
   bench *b = calloc(1, sizeof *b);
-  cph_test_cluster *c = cph_tc_new();
-  b->c = c;
-  cph_tc_up_with_sessions(c, NODES, SHARDS, TTL_S, EXTRA, SESSIONS, cph_tc_session_t, NULL,
-                          b->owner);
+  b->c = cph_tc_up_t(NODES, SHARDS, TTL_S, EXTRA, SESSIONS, b->owner);
   *state = b;
   return 0;
 }
@@ -233,10 +230,7 @@ static void test_cluster_state_a_dead_nodes_sessions_keep_their_history_tree_and
     void **state) {
   bench *b = *state;
   cph_test_cluster *c = b->c;
-  int victim = 1, survivor = 0, moved = 0;
-  for (int s = 0; s < SESSIONS; s++)
-    moved += b->owner[s] == victim;
-  assert_true(moved > 0 && moved < SESSIONS);
+  int victim = 1, survivor = 0, moved = cph_tc_moved(b->owner, SESSIONS, victim);
   for (int round = 0; round < ROUNDS; round++) {
     cph_tc_ask(c, round % NODES, SESSIONS, round);
     for (int n = 0; n < NODES; n++)

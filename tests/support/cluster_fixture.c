@@ -523,6 +523,21 @@ void cph_tc_wait_known(cph_test_cluster *c, int count) {
   }
 }
 
+cph_test_cluster *cph_tc_up_t(int nodes, int shards, int ttl_s, const char *extra, int n,
+                              int *owner) {
+  cph_test_cluster *c = cph_tc_new();
+  cph_tc_up_with_sessions(c, nodes, shards, ttl_s, extra, n, cph_tc_session_t, NULL, owner);
+  return c;
+}
+
+int cph_tc_moved(const int *owner, int n, int victim) {
+  int moved = 0;
+  for (int s = 0; s < n; s++)
+    moved += owner[s] == victim;
+  assert_true(moved > 0 && moved < n);
+  return moved;
+}
+
 void cph_tc_up_with_sessions(cph_test_cluster *c, int nodes, int shards, int ttl_s,
                              const char *extra, int n, const char *(*id)(int i, void *ctx),
                              void *ctx, int *owner) {

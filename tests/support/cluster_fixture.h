@@ -99,6 +99,13 @@ void cph_tc_wait_known(cph_test_cluster *c, int count);
 void cph_tc_up_with_sessions(cph_test_cluster *c, int nodes, int shards, int ttl_s,
                              const char *extra, int n, const char *(*id)(int i, void *ctx),
                              void *ctx, int *owner);
+/* A new bench (cph_tc_new) up with sessions t00.. t<n - 1> (cph_tc_up_with_sessions with
+ * cph_tc_session_t): the bench of a test's setup. */
+cph_test_cluster *cph_tc_up_t(int nodes, int shards, int ttl_s, const char *extra, int n,
+                              int *owner);
+/* How many of the sessions owner[0..n) node victim owns; the test fails unless some and not
+ * all (a kill of victim must move some sessions and leave others). */
+int cph_tc_moved(const int *owner, int n, int victim);
 /* Sessions named t00, t01, ... (an `id` for cph_tc_up_with_sessions; a static buffer). */
 const char *cph_tc_session_t(int s, void *ctx);
 /* Posts question `round` ("question <round> for t<s>", key "q<round>-<s>") to each of

@@ -215,6 +215,14 @@ static uint8_t *as_version_4(const uint8_t *blob, size_t *len) {
   return out;
 }
 
+/* An engine tagged tag with policy, session "a" and reply origins as node `node`. */
+static cph_fixture *node_with_a(const char *tag, const char *policy, const char *node) {
+  cph_fixture *f = cph_fixture_new(tag, policy);
+  cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  assert_int_equal(cph_engine_reply_origins(f->e, node), CPH_OK);
+  return f;
+}
+
 /* Two engines as nodes "x" and "y" of a cluster (report_consumed, and reply origins when
  * `origins`), each with session "a"; their tags are <tag>_x and <tag>_y. */
 static void two_nodes(const char *tag, bool origins, cph_fixture **x, cph_fixture **y) {
@@ -538,9 +546,7 @@ static void test_session_state_carries_turn_records_once_by_origin(void **state)
   assert_string_equal(r[0].origin, ry[0].origin);
   records_free(r, n);
   /* and a y that lost its data (a fresh engine) gets them all once */
-  cph_fixture *z = cph_fixture_new("turns_z", "{}");
-  cph_fixture_create_session(z, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  assert_int_equal(cph_engine_reply_origins(z->e, "y"), CPH_OK);
+  cph_fixture *z = node_with_a("turns_z", "{}", "y");
   assert_int_equal(import(z, "a", blob, len), CPH_OK);
   r = records(z, "a", &n);
   assert_int_equal(n, TURNS + 2);
@@ -664,9 +670,7 @@ static void test_session_state_carries_seals_once_by_origin(void **state) {
   turn(x, "a", TURNS, &done);
   free(blob);
   blob = state_of(&done, &len);
-  cph_fixture *z = cph_fixture_new("seals_z", "{}");
-  cph_fixture_create_session(z, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  assert_int_equal(cph_engine_reply_origins(z->e, "y"), CPH_OK);
+  cph_fixture *z = node_with_a("seals_z", "{}", "y");
   for (int round = 0; round < 2; round++) {
     assert_int_equal(import(z, "a", blob, len), CPH_OK);
     list = seals(z, "a", &n);
@@ -1126,9 +1130,7 @@ static void test_session_state_carries_kept_contexts_once(void **state) {
   cph_kept_turns_free(k, n);
 
   /* :context :keep-turns 1 on the new owner: only the newest carried one stays */
-  cph_fixture *z = cph_fixture_new("kept_z", "{:context {:keep-turns 1}}");
-  cph_fixture_create_session(z, "a", CPH_LANE_INTERACTIVE, NULL, 0);
-  assert_int_equal(cph_engine_reply_origins(z->e, "z"), CPH_OK);
+  cph_fixture *z = node_with_a("kept_z", "{:context {:keep-turns 1}}", "z");
   assert_int_equal(import(z, "a", blob, len), CPH_OK);
   k = kept(z, "a", &n);
   assert_int_equal(n, 1);
