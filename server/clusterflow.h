@@ -237,7 +237,9 @@
  *    bound (128 message cores) and 256 KiB each of stream replies, channel history and
  *    memories, under NATS's 1 MiB message limit (CPH_HANDOVER_MAX_BYTES: the stream replies go
  *    first, the other parts are left out when they would not fit; docs/cluster-scaling.md has
- *    figures). Not moved: kept turn contexts (the explorer), channel cursors as such (the new
+ *    figures). The session's newest 2 kept turn contexts (the explorer's, 192 KiB at most) go
+ *    last, each stored on the new owner under the id the same state's turn record got there
+ *    (core/handover.c). Not moved: older kept turn contexts, channel cursors as such (the new
  *    owner's move past the moved entries its turns saw), maintenance jobs, turn records and
  *    seals beyond their bounds (newest 64 and 16), the replies stream's older
  *    replies (beyond the session's newest 64) and its source inbox ids, and a channel's
