@@ -1,11 +1,10 @@
 /* Handover: a session's state for another node (cluster mode, DESIGN §14 "State",
  * server/clusterflow.h 11.) — what a completion changes of a session (its tree, recent
  * replies of the replies stream with their origins, its channels' newest history — users'
- * and agents' messages with its replies, and which its turns saw —, newest memories, newest ended turn records and newest seals with their origins, its newest kept turn contexts
- * (the context explorer's, under their turn records' origins), episode and
- * credits) as one blob
- * the cluster log keeps per
- * session, and its import on the node that takes the session's shard over. The blob's layout
+ * and agents' messages with its replies, and which its turns saw —, newest memories, newest
+ * ended turn records and newest seals with their origins, its newest kept turn contexts (the
+ * context explorer's, under their turn records' origins), episode and credits) as one blob
+ * the cluster log keeps per session, and its import on the node that takes the session's shard over. The blob's layout
  * is in handover.c. Private to core/: turns.c exports at each completion and imports
  * CPH_OP_SESSION_STATE; context_edit.c exports at each seal.
  *

@@ -112,9 +112,10 @@ int turnlog_delete_session(cph_turnlog *tl, cph_txn *t, const char *session);
  * shape the read path materialises (messages with role, content and coordinate; nodes with
  * their previews; the tools; token accounts), texts inline, no hashes, no rows — as a
  * version-1 record holds it. The sections' history, memories and obligations and the staged
- * events are left out and marked omitted: they are this node's ids, read from its store. The new owner stores it as such a record (one put, no rows, so
- * "every row a kept record names is held, and only those" holds untouched), under the turn id
- * the turn's record got there, and trims the session to its own keep-turns. */
+ * events are left out and marked omitted: they are this node's ids, read from its store. The
+ * new owner stores it as such a record (one put, no rows, so "every row a kept record names is
+ * held, and only those" holds untouched), under the turn id the turn's record got there, and
+ * trims the session to its own keep-turns. */
 #define TURNLOG_CARRY_MAX 8 /* the most turns turnlog_newest hands over */
 
 /* Calls fn(ctx, r) for the session's newest min(max, TURNLOG_CARRY_MAX) kept contexts, newest

@@ -118,8 +118,9 @@ static void check_context(bench *b, int n, int s, long long turn, const leased *
   json_decref(j);
 }
 
-/* Every session's kept turns on its owner (b->owner updated) hold its newest CARRIED turns exactly once each (by
- * their records' origins there), with the messages their leases had, and no origin twice. */
+/* Every session's kept turns on its owner (b->owner updated) hold its newest CARRIED turns
+ * exactly once each (by their records' origins there), with the messages their leases had,
+ * and no origin twice. */
 static void check_kept(void *ctx, const char *when) {
   bench *b = ctx;
   for (int s = 0; s < SESSIONS; s++) {

@@ -10,8 +10,8 @@
  * carrying the state too, and (version 5) its channels' newest history, the users' messages
  * with its replies, each once and as seen history there, and (version 6) its newest kept turn
  * contexts, under the ids their turn records got there, each once; versions 2 to 5 still load,
- * and a malformed turn record, seal, history entry or kept context is refused saying which. Off, nothing is exported, and replies, turns and seals have no
- * origin. */
+ * and a malformed turn record, seal, history entry or kept context is refused saying which.
+ * Off, nothing is exported, and replies, turns and seals have no origin. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
