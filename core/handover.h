@@ -4,9 +4,9 @@
  * and agents' messages with its replies, and which its turns saw —, newest memories, newest
  * ended turn records and newest seals with their origins, its newest kept turn contexts (the
  * context explorer's, under their turn records' origins), episode and credits) as one blob
- * the cluster log keeps per session, and its import on the node that takes the session's shard over. The blob's layout
- * is in handover.c. Private to core/: turns.c exports at each completion and imports
- * CPH_OP_SESSION_STATE; context_edit.c exports at each seal.
+ * the cluster log keeps per session, and its import on the node that takes the session's
+ * shard over. The blob's layout is in handover.c. Private to core/: turns.c exports at each
+ * completion and imports CPH_OP_SESSION_STATE; context_edit.c exports at each seal.
  *
  * It owns no state: it is handed the modules it reads and writes. */
 #ifndef CEPHALON_CORE_HANDOVER_H
@@ -43,10 +43,11 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
 
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
- * or a store error fails op and changes nothing; a malformed turn record, seal or channel
- * history entry says which and why. The channel history entries this node's channels lack
- * are appended to them (before the log's replay appends the unconsumed input) and the
- * session's cursors there moved past those its turns saw (core/context.h). The seals it adds (core/seals.h) get new seal ids here.
+ * or a store error fails op and changes nothing; a malformed turn record, seal, channel
+ * history entry or kept turn context says which and why. The channel history entries this
+ * node's channels lack are appended to them (before the log's replay appends the unconsumed
+ * input) and the session's cursors there moved past those its turns saw (core/context.h). The
+ * seals it adds (core/seals.h) get new seal ids here.
  * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn; the
  * kept turn contexts it carries are stored under the ids those records got (core/turnlog.h,
  * turnlog_import), those of turns it held already are not. The
