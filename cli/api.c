@@ -170,6 +170,21 @@ int cli_call(const cli_ctx *ctx, const char *method, const char *path, const jso
   return rc;
 }
 
+int cli_get(const cli_ctx *ctx, const cph_buf *path, cli_reply *reply, bool *printed) {
+  *printed = false;
+  memset(reply, 0, sizeof *reply);
+  if (cph_buf_error(path) != 0) {
+    fprintf(stderr, "cephalonctl: out of memory\n");
+    return CLI_EXIT_FAIL;
+  }
+  int rc = cli_call(ctx, "GET", path->data, NULL, CLI_TIMEOUT_MS, 0, reply);
+  if (rc == CLI_EXIT_OK && ctx->json) {
+    *printed = true;
+    rc = cli_print_reply_json(reply);
+  }
+  return rc;
+}
+
 /* ---------------------------------------------------------------- output */
 
 int cli_finish_output(void) {

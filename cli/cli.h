@@ -79,6 +79,11 @@ enum { CLI_CALL_ANY_STATUS = 1 }; /* hand back every HTTP answer; the caller jud
 int cli_call(const cli_ctx *ctx, const char *method, const char *path, const json_t *body,
              int timeout_ms, int flags, cli_reply *out);
 void cli_reply_free(cli_reply *r);
+/* GET path (built by the caller, who frees it; a failed build is reported) into *reply, with
+ * --json printing the answer itself. Returns the exit status; *printed tells whether the output
+ * is done (--json), else a 0 leaves *reply for the caller to print. *reply is always safe to
+ * free. */
+int cli_get(const cli_ctx *ctx, const cph_buf *path, cli_reply *reply, bool *printed);
 
 /* Prints "cephalonctl: STATUS CODE: MESSAGE (field: FIELD)" for an error answer, from the
  * DESIGN §9 error object when there is one, else from the status line and body. */

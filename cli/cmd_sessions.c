@@ -84,18 +84,11 @@ static int sessions_list(const cli_ctx *ctx, int argc, char **argv) {
     cli_query_param(&path, "after", after);
   if (limit.set)
     cli_query_u64(&path, "limit", limit.value);
-  cli_reply reply = {0};
-  int rc = CLI_EXIT_FAIL;
-  if (cph_buf_error(&path) != 0) {
-    fprintf(stderr, "cephalonctl: out of memory\n");
+  cli_reply reply;
+  bool printed;
+  int rc = cli_get(ctx, &path, &reply, &printed);
+  if (rc != CLI_EXIT_OK || printed)
     goto out;
-  }
-  if ((rc = cli_call(ctx, "GET", path.data, NULL, CLI_TIMEOUT_MS, 0, &reply)) != 0)
-    goto out;
-  if (ctx->json) {
-    rc = cli_print_reply_json(&reply);
-    goto out;
-  }
   /* {"sessions": [...], "next"?: ...}; a bare array is accepted too. */
   const json_t *list = json_is_array(reply.json) ? reply.json
                                                  : json_object_get(reply.json, "sessions");
@@ -187,23 +180,12 @@ static int print_session(const json_t *s) {
  * code; *printed tells whether the output is done. */
 static int get_session_resource(const cli_ctx *ctx, const char *id, const char *suffix,
                                 cli_reply *reply, bool *printed) {
-  *printed = false;
   cph_buf path = CPH_BUF_INIT;
   cph_buf_puts(&path, "/v1/sessions/");
   cli_path_segment(&path, id);
   cph_buf_puts(&path, suffix);
-  memset(reply, 0, sizeof *reply);
-  if (cph_buf_error(&path) != 0) {
-    cph_buf_free(&path);
-    fprintf(stderr, "cephalonctl: out of memory\n");
-    return CLI_EXIT_FAIL;
-  }
-  int rc = cli_call(ctx, "GET", path.data, NULL, CLI_TIMEOUT_MS, 0, reply);
+  int rc = cli_get(ctx, &path, reply, printed);
   cph_buf_free(&path);
-  if (rc == 0 && ctx->json) {
-    *printed = true;
-    rc = cli_print_reply_json(reply);
-  }
   return rc;
 }
 

@@ -338,18 +338,11 @@ static int turns_list(const cli_ctx *ctx, int argc, char **argv) {
   cli_query_param(&path, "session", session);
   if (limit.set)
     cli_query_u64(&path, "limit", limit.value);
-  cli_reply reply = {0};
-  int rc = CLI_EXIT_FAIL;
-  if (cph_buf_error(&path) != 0) {
-    fprintf(stderr, "cephalonctl: out of memory\n");
+  cli_reply reply;
+  bool printed;
+  int rc = cli_get(ctx, &path, &reply, &printed);
+  if (rc != CLI_EXIT_OK || printed)
     goto out;
-  }
-  if ((rc = cli_call(ctx, "GET", path.data, NULL, CLI_TIMEOUT_MS, 0, &reply)) != 0)
-    goto out;
-  if (ctx->json) {
-    rc = cli_print_reply_json(&reply);
-    goto out;
-  }
   const json_t *list = json_object_get(reply.json, "turns");
   if (!json_is_array(list)) {
     fprintf(stderr, "cephalonctl: GET /v1/turns: unexpected answer (no \"turns\" list)\n");
@@ -380,18 +373,11 @@ static int turns_show(const cli_ctx *ctx, int argc, char **argv) {
   cph_buf path = CPH_BUF_INIT;
   cph_buf_puts(&path, "/v1/turns/");
   cli_path_segment(&path, pos[0]);
-  cli_reply reply = {0};
-  int rc = CLI_EXIT_FAIL;
-  if (cph_buf_error(&path) != 0) {
-    fprintf(stderr, "cephalonctl: out of memory\n");
+  cli_reply reply;
+  bool printed;
+  int rc = cli_get(ctx, &path, &reply, &printed);
+  if (rc != CLI_EXIT_OK || printed)
     goto out;
-  }
-  if ((rc = cli_call(ctx, "GET", path.data, NULL, CLI_TIMEOUT_MS, 0, &reply)) != 0)
-    goto out;
-  if (ctx->json) {
-    rc = cli_print_reply_json(&reply);
-    goto out;
-  }
   /* one "field  value" line each, in the answer's order (the cost's two as cost.tokens...) */
   cph_buf b = CPH_BUF_INIT;
   const char *key;
