@@ -239,6 +239,7 @@ typedef struct ctx {
   uint64_t history_budget;
   idset staged_events; /* this turn's staged messages */
   idset inbox_events;  /* every live inbox message of the session (pending or staged) */
+  bool log_copies;     /* the cluster log delivers copies of channel events (staged_copy) */
   idset shown_events;  /* what the turn shows: staged, history, channel view */
   vstate *vs;
   hentry *entries;
@@ -502,8 +503,7 @@ static bool is_section_sender(const ctx *c, const char *sender, size_t len) {
  * words in the same millisecond) stay two: so this is asked only with the log. */
 static bool staged_copy(const ctx *c, size_t v, const char *sender, size_t sender_len,
                         const char *body, int64_t ts_ms) {
-  const cph_policy *p = c->cx->env->policy;
-  if (!p->cluster_enabled || !p->cluster.nats_count)
+  if (!c->log_copies)
     return false;
   const cph_turn_info *ti = c->ti;
   for (size_t i = 0; i < ti->n_staged; i++) {
@@ -1451,6 +1451,7 @@ int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session
   c.now_ms = cph_wall_ms();
   ti->tokens.window = clamp32(c.window);
   c.id_len = strlen(s->id);
+  c.log_copies = cx->env->policy->cluster_enabled && cx->env->policy->cluster.nats_count;
   int rc = CPH_OK;
   if (ti->n_staged && !(c.staged_len = malloc(ti->n_staged * sizeof *c.staged_len)))
     rc = CPH_ENOMEM;
