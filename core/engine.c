@@ -375,14 +375,18 @@ static int memory_load(cph_engine *e, cph_err *err) {
   return CPH_OK;
 }
 
-/* Brings a data dir of schema `found` (2 or 3) up to this build's (store.h): a schema-2 one's
- * context trees are rewritten one record per node (trees.h); from schema 3 to 4 nothing is
+/* Brings a data dir of schema `found` (2 to 5) up to this build's (store.h): a schema-2 one's
+ * context trees are rewritten one record per node (trees.h); from schema 3 to 5 nothing is
  * rewritten — a schema-3 inbox's folded entries are told by their records' status, which
- * load still reads (inbox.h). */
+ * load still reads (inbox.h), and so on (store.h) —; up to schema 5 the kept turn contexts
+ * move into one database (turnlog.h, turnlog_migrate). */
 static int engine_migrate(void *trees, uint32_t found, cph_txn *t, cph_err *err) {
-  if (found <= TREES_MIGRATES_FROM)
-    return trees_migrate(trees, t, err);
-  return t->ret;
+  int rc = t->ret;
+  if (rc == CPH_OK && found <= TREES_MIGRATES_FROM)
+    rc = trees_migrate(trees, t, err);
+  if (rc == CPH_OK && found <= TURNLOG_MIGRATES_FROM)
+    rc = turnlog_migrate(t, err);
+  return rc;
 }
 
 int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engine **out,

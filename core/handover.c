@@ -76,6 +76,10 @@
 
 #define STATE_MAGIC "CPHS"
 #define STATE_VERSION 6u
+/* The oldest store schema (store/store.h) whose states this build imports: schema 6 moved kept
+ * contexts between databases and changed no record a state carries, so a schema-5 node's
+ * states (a cluster upgraded node by node, or states the log held from before) still import. */
+#define STATE_SCHEMA_OLDEST 5u
 #define STATE_VERSION_NO_KEPT 5u /* before the kept turn contexts; still imported */
 #define STATE_VERSION_NO_HISTORY 4u /* before the channel history (its replies only); still imported */
 #define STATE_VERSION_NO_SEALS 3u  /* before the seals; still imported */
@@ -1324,10 +1328,12 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   uint32_t version = n < STATE_HEAD ? 0 : cph_be32_get(p + 4);
   if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 ||
       version < STATE_VERSION_NO_STREAM || version > STATE_VERSION ||
-      cph_be32_get(p + 8) != CPH_STORE_SCHEMA_VERSION) {
+      cph_be32_get(p + 8) < STATE_SCHEMA_OLDEST ||
+      cph_be32_get(p + 8) > CPH_STORE_SCHEMA_VERSION) {
     op_fail(op, CPH_EINVAL, "state",
-            "the state of session '%s' is not a version-%u to -%u state of store schema %u", id,
-            STATE_VERSION_NO_STREAM, STATE_VERSION, CPH_STORE_SCHEMA_VERSION);
+            "the state of session '%s' is not a version-%u to -%u state of store schema %u to %u",
+            id, STATE_VERSION_NO_STREAM, STATE_VERSION, STATE_SCHEMA_OLDEST,
+            CPH_STORE_SCHEMA_VERSION);
     return;
   }
   uint64_t episode = cph_be64_get(p + 12), bits = cph_be64_get(p + 20);

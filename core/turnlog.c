@@ -30,6 +30,54 @@ static cph_key turn_key(const char *session, uint64_t turn) {
   return k;
 }
 
+/* ---- Keys of "turn_kept" (schema 6)
+ * A session's kept turns and their rows live in one B-tree, under the session's id:
+ *   session\0 'k' be64(turn)       its record (cph_turnctx_rec)
+ *   session\0 'k' be64(turn) 'f'   its refs entry: the rows it names (rows_keep)
+ *   session\0 'r' be64(row)        a row: a kept message or node (Row names, below)
+ * Why one tree and not three (schema 5 had turn_contexts, turn_row_refs and turn_rows): every
+ * lease puts a record, a refs entry and a few rows and its trim deletes as many, and each
+ * B-tree a pass touches has its whole root-to-leaf path written again. In one tree the three
+ * share their upper pages, and a turn's record and refs entry share a leaf — fewer pages a
+ * cycle (bench/PROFILE.md, "One tree for kept contexts"). */
+#define KEPT_TURN 'k'
+#define KEPT_ROW 'r'
+#define KEPT_REFS 'f'
+
+static cph_key kept_key(const char *session, uint64_t turn) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, session);
+  cph_key_byte(&k, KEPT_TURN);
+  cph_key_u64(&k, turn);
+  return k;
+}
+
+static cph_key refs_key(const char *session, uint64_t turn) {
+  cph_key k = kept_key(session, turn);
+  cph_key_byte(&k, KEPT_REFS);
+  return k;
+}
+
+static cph_key row_key(const char *session, uint64_t row) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, session);
+  cph_key_byte(&k, KEPT_ROW);
+  cph_key_u64(&k, row);
+  return k;
+}
+
+/* Whether k (of "turn_kept") is a record key of the session whose prefix (id and NUL) is
+ * prefix[0..n); its turn into *turn. */
+static bool is_kept_record(const cph_val *k, const uint8_t *prefix, size_t n, uint64_t *turn) {
+  const uint8_t *d = k->data;
+  if (k->len != n + 9 || memcmp(d, prefix, n) != 0 || d[n] != KEPT_TURN)
+    return false;
+  *turn = cph_be64_get(d + n + 1);
+  return true;
+}
+
 static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 static char *fmt(const char *f, ...) {
   va_list ap;
@@ -358,14 +406,14 @@ static int texts_trim(cph_txn *t, const char *session, const uint64_t *gone, siz
  * Version 2 still wrote every message's and node's coordinate, role and hashes on every lease
  * (a few hundred of each), and the texts' refs. A version-3 record keeps no message or node
  * itself (its arrays from msg_roles on are empty, `rows` is set): each is a row, kept once
- * per session,
- *   "turn_rows"      session\0 u64 row hash -> the row (layout below)
+ * per session, in "turn_kept" (Keys, above),
+ *   session\0 'r' u64 row name -> the row (layout below)
  * and named in order by the turn's refs entry, with its depth beside it:
- *   "turn_row_refs"  session\0 u64 turn -> be64 prev, be64 n_added, be64 n, be32 messages,
- *                                          be32 nodes, then the turn's n distinct rows (be64
- *                                          each, the n_added it added first), then per
- *                                          message and per node in order: be32 its index
- *                                          among the distinct rows, be32 its depth
+ *   session\0 'k' u64 turn 'f' -> be64 prev, be64 n_added, be64 n, be32 messages,
+ *                                 be32 nodes, then the turn's n distinct rows (be64
+ *                                 each, the n_added it added first), then per
+ *                                 message and per node in order: be32 its index
+ *                                 among the distinct rows, be32 its depth
  * where prev is the session's newest kept turn when this one was kept (0: none), and a row is
  * added when that turn did not name it. A row holds everything but the depth, so a message or
  * node that only moved (the history shifting by the turn's new messages, the ODI shift) is the
@@ -576,10 +624,12 @@ static void rowlist_free(rowlist *l) {
   free(l->node_depths);
 }
 
-/* Deletes every key of db with the session's prefix. */
+/* Deletes every key of db with the session's prefix (its id and NUL). */
 static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
-  cph_key start = turn_key(session, 0);
-  size_t prefix = strlen(session) + 1;
+  cph_key start;
+  cph_key_reset(&start);
+  cph_key_str(&start, session);
+  size_t prefix = start.len;
   cph_cursor cur;
   int rc = cph_cursor_open(t, db, &cur);
   if (rc)
@@ -587,7 +637,7 @@ static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
   cph_val k;
   for (;;) {
     rc = cph_cursor_seek(&cur, &start, &k, NULL);
-    if (rc != CPH_OK || k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+    if (rc != CPH_OK || k.len < prefix || memcmp(k.data, start.data, prefix) != 0)
       break;
     if ((rc = cph_cursor_del(&cur)) != CPH_OK)
       break;
@@ -600,18 +650,21 @@ static int delete_prefixed(cph_txn *t, cph_db db, const char *session) {
 static int newest_kepts(cph_txn *t, const char *session, size_t max, uint64_t *ids, size_t *n) {
   *n = 0;
   cph_cursor cur;
-  int rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur);
+  int rc = cph_cursor_open(t, CPH_DB_TURN_KEPT, &cur);
   if (rc)
     return rc;
-  cph_key start = turn_key(session, 0), past = turn_key(session, UINT64_MAX);
+  /* records and refs entries alternate from the newest down: skip the refs */
+  cph_key start = kept_key(session, 0), past = kept_key(session, UINT64_MAX);
   size_t prefix = strlen(session) + 1;
   cph_val k;
   rc = cph_cursor_seek(&cur, &past, &k, NULL); /* no turn id is UINT64_MAX */
   while ((rc == CPH_OK || rc == CPH_ENOTFOUND) && *n < max) {
     rc = cph_cursor_prev(&cur, &k, NULL);
-    if (rc != CPH_OK || k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+    if (rc != CPH_OK || k.len < prefix + 9 || memcmp(k.data, start.data, prefix + 1) != 0)
       break;
-    ids[(*n)++] = cph_be64_get((const uint8_t *)k.data + prefix);
+    uint64_t turn;
+    if (is_kept_record(&k, start.data, prefix, &turn))
+      ids[(*n)++] = turn;
   }
   cph_cursor_close(&cur);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
@@ -666,25 +719,27 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
   if ((rc = turnwarms_fresh(&tl->warm, session, &w)) != CPH_OK)
     return rc;
   cph_cursor cur;
-  if ((rc = cph_cursor_open(t, CPH_DB_TURN_CONTEXTS, &cur)) != CPH_OK)
+  if ((rc = cph_cursor_open(t, CPH_DB_TURN_KEPT, &cur)) != CPH_OK)
     return rc;
-  cph_key start = turn_key(session, 0);
+  cph_key start = kept_key(session, 0);
   size_t prefix = strlen(session) + 1;
   cph_val k;
   for (rc = cph_cursor_seek(&cur, &start, &k, NULL); rc == CPH_OK;
        rc = cph_cursor_next(&cur, &k, NULL)) {
-    if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+    if (k.len < prefix + 9 || memcmp(k.data, start.data, prefix + 1) != 0)
       break;
-    uint64_t id = cph_be64_get((const uint8_t *)k.data + prefix), prev, was;
-    cph_key rk = turn_key(session, id);
+    uint64_t id, prev, was;
+    if (!is_kept_record(&k, start.data, prefix, &id))
+      continue; /* a refs entry: read with its record */
+    cph_key rk = refs_key(session, id);
     cph_val v;
     size_t n_added, n = 0;
-    rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &rk, &v);
+    rc = cph_txn_get(t, CPH_DB_TURN_KEPT, &rk, &v);
     bool has_rows = rc == CPH_OK;
     if (rc == CPH_ENOTFOUND) /* an older-version record: it names no rows */
       rc = CPH_OK;
     else if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n))
-      rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_row_refs\": a bad entry of '%s'",
+      rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_kept\": a bad entry of '%s'",
                        session);
     if (rc == CPH_OK)
       rc = scratch_reserve(tl, n);
@@ -706,7 +761,7 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
 #define ROW_SEED 0x8ebc6af09c88c6e3ull
 
 /* ---- Row names
- * A row's name is its key in "turn_rows" (after the session). It was its 64-bit hash, which put
+ * A row's name is its key in "turn_kept" (after the session and 'r'). It was its 64-bit hash, which put
  * a lease's few new rows, and the few its trim deletes, on as many random leaves of the
  * session's rows — each leaf a page written again, with its path, every lease. Now a new row is
  * named by the low ROW_IDENT_BITS bits of its hash (its identity: two rows whose names share
@@ -845,8 +900,8 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
     }
     cph_buf_append(head, str, len);
     if ((rc = cph_buf_error(head)) == CPH_OK) {
-      cph_key rk = text_key(session, tl->rows[i]);
-      rc = cph_txn_put(t, CPH_DB_TURN_ROWS, &rk, head->data, head->len);
+      cph_key rk = row_key(session, tl->rows[i]);
+      rc = cph_txn_put(t, CPH_DB_TURN_KEPT, &rk, head->data, head->len);
     }
   }
   /* the refs entry: its head, the distinct rows (the added ones first), then the turn's rows in
@@ -869,8 +924,8 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       cph_be32_put(o, (uint32_t)ix);
       cph_be32_put(o + 4, (uint32_t)tl->depth[i]);
     }
-    cph_key ak = turn_key(session, turn);
-    rc = cph_txn_put(t, CPH_DB_TURN_ROW_REFS, &ak, refs, len);
+    cph_key ak = refs_key(session, turn);
+    rc = cph_txn_put(t, CPH_DB_TURN_KEPT, &ak, refs, len);
   } else if (rc == CPH_OK) {
     rc = CPH_ENOMEM;
   }
@@ -912,16 +967,16 @@ static char *row_rest(const uint8_t *p, const uint8_t *end) {
  * rest reads every record alike. */
 /* Turn's ordered rows from its refs entry into l. */
 static int rows_read(cph_txn *t, const char *session, uint64_t turn, rowlist *l, cph_err *err) {
-  cph_key k = turn_key(session, turn);
+  cph_key k = refs_key(session, turn);
   cph_val v;
-  int rc = cph_txn_get(t, CPH_DB_TURN_ROW_REFS, &k, &v);
+  int rc = cph_txn_get(t, CPH_DB_TURN_KEPT, &k, &v);
   uint64_t prev;
   size_t n_added, n_distinct;
   if (rc == CPH_OK && !refs_parse(&v, &prev, &n_added, &n_distinct))
     rc = CPH_ECORRUPT;
   if (rc == CPH_ENOTFOUND || rc == CPH_ECORRUPT)
     return cph_err_set(err, CPH_ECORRUPT,
-                       "database \"turn_row_refs\": the entry of turn %llu of '%s' is %s",
+                       "database \"turn_kept\": the entry of turn %llu of '%s' is %s",
                        (unsigned long long)turn, session, rc == CPH_ENOTFOUND ? "missing" : "bad");
   if (rc)
     return cph_err_set(err, rc, "%s", t->err.msg);
@@ -938,7 +993,7 @@ static int rows_read(cph_txn *t, const char *session, uint64_t turn, rowlist *l,
     uint32_t ix = cph_be32_get(o);
     if (ix >= n_distinct)
       return cph_err_set(err, CPH_ECORRUPT,
-                         "database \"turn_row_refs\": the entry of turn %llu of '%s' is bad",
+                         "database \"turn_kept\": the entry of turn %llu of '%s' is bad",
                          (unsigned long long)turn, session);
     uint64_t h = refs_row(&v, ix);
     int32_t d = (int32_t)cph_be32_get(o + 4);
@@ -973,12 +1028,12 @@ static int rows_materialize(cph_txn *t, const char *session, uint64_t turn, cons
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   for (uint32_t i = 0; i < nm + nn; i++) {
     uint64_t h = i < nm ? l->msg_rows[i] : l->node_rows[i - nm];
-    cph_key rk = text_key(session, h);
+    cph_key rk = row_key(session, h);
     cph_val v;
-    int rc = cph_txn_get(t, CPH_DB_TURN_ROWS, &rk, &v);
+    int rc = cph_txn_get(t, CPH_DB_TURN_KEPT, &rk, &v);
     if (rc == CPH_ENOTFOUND)
       return cph_err_set(err, CPH_ECORRUPT,
-                         "database \"turn_rows\": the row %016llx of turn %llu of '%s' is missing",
+                         "database \"turn_kept\": the row %016llx of turn %llu of '%s' is missing",
                          (unsigned long long)h, (unsigned long long)turn, session);
     if (rc)
       return cph_err_set(err, rc, "%s", t->err.msg);
@@ -1021,7 +1076,7 @@ static int rows_materialize(cph_txn *t, const char *session, uint64_t turn, cons
     }
     if (!ok)
       return cph_err_set(err, CPH_ECORRUPT,
-                         "database \"turn_rows\": the row %016llx of turn %llu of '%s' is corrupt "
+                         "database \"turn_kept\": the row %016llx of turn %llu of '%s' is corrupt "
                          "(or out of memory)",
                          (unsigned long long)h, (unsigned long long)turn, session);
   }
@@ -1288,8 +1343,7 @@ static void rec_unborrow(cph_turnctx_rec *r) {
 
 /* Deletes everything the session kept: records, refs entries, rows and texts. */
 static int delete_kept(cph_txn *t, const char *session) {
-  static const cph_db dbs[] = {CPH_DB_TURN_CONTEXTS, CPH_DB_TURN_ROW_REFS, CPH_DB_TURN_ROWS,
-                               CPH_DB_TURN_TEXT_REFS, CPH_DB_TURN_TEXTS};
+  static const cph_db dbs[] = {CPH_DB_TURN_KEPT, CPH_DB_TURN_TEXT_REFS, CPH_DB_TURN_TEXTS};
   int rc = CPH_OK;
   for (size_t i = 0; rc == CPH_OK && i < sizeof dbs / sizeof dbs[0]; i++)
     rc = delete_prefixed(t, dbs[i], session);
@@ -1304,8 +1358,8 @@ typedef struct row_gone_ctx {
 /* turnwarm_trim_oldest's callback: deletes a row no remaining turn names. */
 static int row_gone(void *ctx, uint64_t row) {
   row_gone_ctx *g = ctx;
-  cph_key rk = text_key(g->session, row);
-  int rc = cph_txn_del(g->t, CPH_DB_TURN_ROWS, &rk);
+  cph_key rk = row_key(g->session, row);
+  int rc = cph_txn_del(g->t, CPH_DB_TURN_KEPT, &rk);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
@@ -1316,10 +1370,10 @@ static int trim(cph_txn *t, turnwarm *w, const char *session, uint64_t keep) {
   int rc = CPH_OK;
   while (rc == CPH_OK && w->n_turns > keep) {
     const tw_turn *o = &w->turns[0];
-    cph_key k = turn_key(session, o->id);
-    rc = cph_txn_del(t, CPH_DB_TURN_CONTEXTS, &k);
+    cph_key k = kept_key(session, o->id), rk = refs_key(session, o->id);
+    rc = cph_txn_del(t, CPH_DB_TURN_KEPT, &k);
     if (rc == CPH_OK)
-      rc = o->rows ? cph_txn_del(t, CPH_DB_TURN_ROW_REFS, &k) : texts_trim(t, session, &o->id, 1);
+      rc = o->rows ? cph_txn_del(t, CPH_DB_TURN_KEPT, &rk) : texts_trim(t, session, &o->id, 1);
     if (rc == CPH_OK)
       rc = turnwarm_trim_oldest(w, row_gone, &g);
   }
@@ -1376,8 +1430,8 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
       rc = rows_keep(tl, &c, w, ti->session, turn_id, &r, ti, tree, &tx);
     }
     if (rc == CPH_OK) {
-      cph_key k = turn_key(ti->session, turn_id);
-      rc = cph_txn_put_record(&c, CPH_DB_TURN_CONTEXTS, &k, write_v2 ? &cph_turnctx_v2_desc
+      cph_key k = kept_key(ti->session, turn_id);
+      rc = cph_txn_put_record(&c, CPH_DB_TURN_KEPT, &k, write_v2 ? &cph_turnctx_v2_desc
                                                                       : &cph_turnctx_desc, &wr);
     }
     rec_unborrow(&r); /* wr shares r's arrays */
@@ -1397,6 +1451,59 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
   }
   tl->warm.max_bytes = test_warm_bytes >= 0 ? (size_t)test_warm_bytes : TURNLOG_WARM_BYTES;
   turnwarms_release(&tl->warm);
+}
+
+/* ---------------------------------------------------------------- schema 6 */
+
+/* Moves every entry of db (schema 5: key session\0 be64 x) into "turn_kept" under
+ * key(session, x), then empties db. *moved counts them. */
+static int move_kept(cph_txn *t, cph_db db, cph_key (*key)(const char *, uint64_t),
+                     size_t *moved, cph_err *err) {
+  cph_cursor cur;
+  cph_buf val = CPH_BUF_INIT;
+  int rc = cph_cursor_open(t, db, &cur);
+  cph_val k, v;
+  for (rc = rc ? rc : cph_cursor_seek(&cur, NULL, &k, &v); rc == CPH_OK;
+       rc = cph_cursor_next(&cur, &k, &v)) {
+    const char *session = k.data;
+    size_t n = k.len >= 9 ? strnlen(session, k.len - 8) : k.len;
+    if (n + 9 != k.len) {
+      char what[160];
+      cph_key_describe(k.data, k.len, what, sizeof what);
+      rc = cph_err_set(err, CPH_ECORRUPT,
+                       "database \"%s\": key %s is not a session id and a 64-bit number",
+                       cph_db_name(db), what);
+      break;
+    }
+    cph_key nk = key(session, cph_be64_get((const uint8_t *)k.data + n + 1));
+    cph_buf_reset(&val); /* the value is copied: a put may move the page it lies on */
+    cph_buf_append(&val, v.data, v.len);
+    if ((rc = cph_buf_error(&val)) != CPH_OK ||
+        (rc = cph_txn_put(t, CPH_DB_TURN_KEPT, &nk, val.data, val.len)) != CPH_OK)
+      break;
+    (*moved)++;
+  }
+  cph_cursor_close(&cur);
+  cph_buf_free(&val);
+  if (rc == CPH_ENOTFOUND)
+    rc = cph_txn_empty(t, db);
+  if (rc && !err->msg[0])
+    cph_err_set(err, rc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(rc));
+  return rc;
+}
+
+int turnlog_migrate(cph_txn *t, cph_err *err) {
+  size_t records = 0, refs = 0, rows = 0;
+  int rc = move_kept(t, CPH_DB_TURN_CONTEXTS, kept_key, &records, err);
+  if (rc == CPH_OK)
+    rc = move_kept(t, CPH_DB_TURN_ROW_REFS, refs_key, &refs, err);
+  if (rc == CPH_OK)
+    rc = move_kept(t, CPH_DB_TURN_ROWS, row_key, &rows, err);
+  if (rc == CPH_OK && records)
+    cph_info("store: moved %zu kept turn contexts (%zu with rows, %zu rows) into one database "
+             "(storage schema 6)",
+             records, refs, rows);
+  return rc;
 }
 
 int turnlog_delete_session(cph_turnlog *tl, cph_txn *t, const char *session) {
@@ -1447,10 +1554,10 @@ int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, siz
     return cph_err_set(err, rc, "%s", t.err.msg);
   static const char *const names[] = {"input", "tokens", "msg_roles"};
   uint64_t mask = cph_record_field_mask(&cph_turnctx_desc, names, 3);
-  cph_key start = turn_key(session, 0);
+  cph_key start = kept_key(session, 0);
   size_t prefix = strlen(session) + 1, cap = 0;
   cph_cursor cur;
-  if ((rc = cph_cursor_open(&t, CPH_DB_TURN_CONTEXTS, &cur)) != CPH_OK) {
+  if ((rc = cph_cursor_open(&t, CPH_DB_TURN_KEPT, &cur)) != CPH_OK) {
     cph_err_set(err, rc, "%s", t.err.msg);
     cph_txn_abort(&t);
     return rc;
@@ -1458,8 +1565,11 @@ int turnlog_list(cph_store *store, const char *session, cph_kept_turn **out, siz
   cph_val k, v;
   for (rc = cph_cursor_seek(&cur, &start, &k, &v); rc == CPH_OK;
        rc = cph_cursor_next(&cur, &k, &v)) {
-    if (k.len != prefix + 8 || memcmp(k.data, start.data, prefix) != 0)
+    if (k.len < prefix + 9 || memcmp(k.data, start.data, prefix + 1) != 0)
       break;
+    uint64_t turn;
+    if (!is_kept_record(&k, start.data, prefix, &turn))
+      continue; /* a refs entry */
     cph_turnctx_rec r = {0};
     cph_err derr;
     if (cph_record_decode_some(&cph_turnctx_desc, v.data, v.len, &r, mask, &derr)) {
@@ -1546,8 +1656,8 @@ static int texts_resolve(cph_txn *t, const char *session, uint64_t turn, cph_tur
 /* One kept record; CPH_ENOTFOUND with err saying which turn. */
 static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *field,
                     cph_turnctx_rec *r, cph_err *err) {
-  cph_key k = turn_key(session, turn);
-  int rc = cph_txn_get_record(t, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, r);
+  cph_key k = kept_key(session, turn);
+  int rc = cph_txn_get_record(t, CPH_DB_TURN_KEPT, &k, &cph_turnctx_desc, r);
   if (rc == CPH_ENOTFOUND)
     return cph_err_set(err, rc, "%s: turn %llu of '%s' is not kept (:context :keep-turns)", field,
                        (unsigned long long)turn, session);
@@ -1561,7 +1671,7 @@ static int load_rec(cph_txn *t, const char *session, uint64_t turn, const char *
     return rc;
   if (!rec_consistent(r))
     return cph_err_set(err, CPH_ECORRUPT,
-                       "corrupt record in database \"turn_contexts\" at turn %llu of '%s': "
+                       "corrupt record in database \"turn_kept\" at turn %llu of '%s': "
                        "its arrays disagree",
                        (unsigned long long)turn, session);
   return CPH_OK;
@@ -2256,14 +2366,14 @@ int turnlog_import(cph_turnlog *tl, cph_txn *t, uint64_t turn, cph_turnctx_rec *
   if (keep == 0)
     return CPH_OK; /* the new owner keeps none */
   turnwarms_drop(&tl->warm, r->session); /* rebuilt from the store below, and dropped again */
-  cph_key k = turn_key(r->session, turn);
+  cph_key k = kept_key(r->session, turn);
   cph_val v;
-  int rc = cph_txn_get(t, CPH_DB_TURN_CONTEXTS, &k, &v);
+  int rc = cph_txn_get(t, CPH_DB_TURN_KEPT, &k, &v);
   if (rc != CPH_ENOTFOUND)
     return rc; /* CPH_OK: kept here already */
   uint64_t was = r->turn_id;
   r->turn_id = turn;
-  rc = cph_txn_put_record(t, CPH_DB_TURN_CONTEXTS, &k, &cph_turnctx_desc, r);
+  rc = cph_txn_put_record(t, CPH_DB_TURN_KEPT, &k, &cph_turnctx_desc, r);
   r->turn_id = was;
   turnwarm *w = NULL;
   if (rc == CPH_OK)

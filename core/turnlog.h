@@ -2,7 +2,7 @@
  * kept for the newest :context :keep-turns turns of every session, and the diff between two
  * of them. Private to core/.
  *
- * ---- What is kept (database "turn_contexts", key session\0 u64 turn id) ----
+ * ---- What is kept (database "turn_kept", key session\0 'k' u64 turn id) ----
  * At lease, in the lease's transaction, one cph_turnctx_rec (store/records.h) per turn that is
  * not a job turn: the rendered messages (role, content, coord, and the tree node each renders,
  * found by coordinate and content among the tree's live nodes), the sections' items by id
@@ -12,9 +12,9 @@
  * the content, ttl, cadence, created_at_episode, lifecycle stage). A lease that left parts out
  * (`include`) keeps what was assembled: those parts are empty and `omit` names them, so the
  * diff says it cannot compare them rather than report them as gone.
- * The messages and the nodes are kept as rows, each once per session (record version 3:
- * "turn_rows", with each turn's entry in "turn_row_refs" naming its rows in order with their
- * depths; turnlog.c says how): a row holds no depth, so a lease writes the rows that are new
+ * The messages and the nodes are kept as rows, each once per session (record version 3: rows
+ * under session\0 'r' in the same database, with each turn's refs entry beside its record
+ * naming its rows in order with their depths; turnlog.c says how): a row holds no depth, so a lease writes the rows that are new
  * since the session's newest kept turn — its new messages and cores — not its whole window.
  * Records of versions 1 (texts inline) and 2 (texts by hash in "turn_texts", named by
  * "turn_text_refs") still read, and are trimmed like the others.
@@ -105,6 +105,13 @@ void turnlog_test_warm_bytes(long long bytes);
 void turnlog_test_hash_names(bool on);
 
 /* Deletes every kept context of a session (session deletion). */
+/* Storage schema 6 (store/store.h): moves a schema-5 data dir's kept contexts, refs entries
+ * and rows from their three databases into "turn_kept" (turnlog.c, Keys), inside the
+ * migration's transaction t. CPH_OK, or the error with err saying what and where (a key that
+ * is not a session id and a number: CPH_ECORRUPT). */
+#define TURNLOG_MIGRATES_FROM 5u /* the newest schema version turnlog_migrate rewrites */
+int turnlog_migrate(cph_txn *t, cph_err *err);
+
 int turnlog_delete_session(cph_turnlog *tl, cph_txn *t, const char *session);
 
 /* ---- carried with a session's state (core/handover.c, cluster mode)

@@ -73,6 +73,15 @@ static inline void cph_key_u64(cph_key *k, uint64_t v) {
   k->len += 8;
 }
 
+/* Appends one byte (a tag that keeps kinds of keys of one database apart). */
+static inline void cph_key_byte(cph_key *k, uint8_t b) {
+  if (k->len + 1 > CPH_KEY_MAX) {
+    k->overflow = true;
+    return;
+  }
+  k->data[k->len++] = b;
+}
+
 /* A key of one big-endian u64 (an id: events, turns, memories...). */
 static inline cph_key cph_key_of_u64(uint64_t v) {
   cph_key k;

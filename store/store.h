@@ -34,8 +34,12 @@
  *    exact-dedupe entries are one row in "dedupe" (core/dedupe_exact.c). A schema-4 (or -3)
  *    data dir opens as it is (its embed-queue rows hold one id each: a range of one; its
  *    time-ordered exact entries are read beside the rows); the migration records the version
- *    only. */
-#define CPH_STORE_SCHEMA_VERSION 5u
+ *    only.
+ * 6: kept turn contexts, their refs entries and their rows are one database, "turn_kept"
+ *    (core/turnlog.c, Keys), where schema 5 had "turn_contexts", "turn_row_refs" and
+ *    "turn_rows": a lease's keeping touches one B-tree instead of three. A schema-5 (or older)
+ *    data dir's entries are moved at open (turnlog_migrate) and the three left empty. */
+#define CPH_STORE_SCHEMA_VERSION 6u
 
 /* X(enum suffix, database name) */
 #define CPH_DB_LIST(X)                                                                    \
@@ -63,11 +67,12 @@
   X(CONTEXT, "context")       /* session\0 [u64 seq] -> PACT tree header / node (trees.h) */ \
   X(SEALS, "seals")           /* session\0 u64 seal id -> sealed rendered context */    \
   X(SEAL_ORIGINS, "seal_origins") /* origin\0 -> u64 seal id: seals imported (core/seals.h) */ \
-  X(TURN_CONTEXTS, "turn_contexts") /* session\0 u64 turn id -> a kept turn context (turnlog) */ \
+  X(TURN_CONTEXTS, "turn_contexts") /* schema <= 5 only: moved into turn_kept (schema 6) */ \
   X(TURN_TEXTS, "turn_texts") /* session\0 u64 text hash -> a kept context's text (turnlog) */ \
   X(TURN_TEXT_REFS, "turn_text_refs") /* session\0 u64 turn id -> its texts' hashes (turnlog) */ \
-  X(TURN_ROWS, "turn_rows")   /* session\0 u64 row hash -> a kept message or node (turnlog) */ \
-  X(TURN_ROW_REFS, "turn_row_refs") /* session\0 u64 turn id -> the rows it names (turnlog) */ \
+  X(TURN_ROWS, "turn_rows")   /* schema <= 5 only: moved into turn_kept (schema 6) */ \
+  X(TURN_ROW_REFS, "turn_row_refs") /* schema <= 5 only: moved into turn_kept (schema 6) */ \
+  X(TURN_KEPT, "turn_kept")   /* session\0 'k'|'r' ... -> kept turn contexts and their rows (turnlog.c) */ \
   X(CURSORS, "cursors")       /* session\0 channel\0 -> u64 channel index */             \
   X(VECTORS, "vectors")       /* scope\0 u64 memory id -> u32 dims + float32[dims] */   \
   X(EMBED_QUEUE, "embed_queue") /* u64 first id -> "" or be64 last id: pending embeddings */ \
@@ -327,6 +332,9 @@ int cph_cursor_del(cph_cursor *c);
 /* Deletes every key of db that starts with prefix's bytes (a session's rows, say). CPH_OK or
  * t's sticky error. */
 int cph_txn_del_prefix(cph_txn *t, cph_db db, const cph_key *prefix);
+/* Empties db (its pages go to the free list at commit; the database stays). CPH_OK or t's
+ * sticky error. */
+int cph_txn_empty(cph_txn *t, cph_db db);
 
 /* Writes a readable form of a key into buf: printable segments quoted, 8-byte segments as
  * decimal numbers, anything else as hex — e.g. "s1"/42. */

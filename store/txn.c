@@ -381,6 +381,22 @@ int cph_txn_del_prefix(cph_txn *t, cph_db db, const cph_key *prefix) {
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
+int cph_txn_empty(cph_txn *t, cph_db db) {
+  if (t->ret)
+    return t->ret;
+  if (!t->mdb || !t->write)
+    return txn_fail(t, CPH_ESTATE, "empty database \"%s\" outside a write transaction",
+                    cph_db_name(db));
+  int rc = mdb_drop(t->mdb, t->store->dbi[db], 0);
+  if (rc) {
+    cph_key all;
+    cph_key_reset(&all);
+    return txn_fail_mdb(t, rc, "empty", db, &all);
+  }
+  t->dirty = true;
+  return CPH_OK;
+}
+
 /* ---------------------------------------------------------------- id counters */
 
 /* Beyond this many cached counters, a top-level txn's end forgets them all (each one costs

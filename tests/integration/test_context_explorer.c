@@ -343,9 +343,10 @@ static void test_keep_turns_bounds_the_kept_contexts_per_session(void **state) {
   json_decref(t);
 }
 
-/* What kept contexts hold once per session — the rows of turn_rows, the texts of turn_texts
- * (records of version 2): how many, and their bytes; and how many refs entries name them (one
- * per kept turn). */
+/* What kept contexts hold once per session — the rows of turn_kept (keys session\0 'r' row),
+ * the texts of turn_texts (records of version 2): how many, and their bytes; and how many refs
+ * entries name them (one per kept turn: session\0 'k' turn 'f' in turn_kept, and turn_text_refs).
+ */
 static void texts_held(const char *dir, size_t *n, size_t *bytes, size_t *n_refs) {
   cph_store_options o = {dir, (size_t)64 << 20, CPH_SYNC_NONE};
   cph_store *st;
@@ -354,15 +355,19 @@ static void texts_held(const char *dir, size_t *n, size_t *bytes, size_t *n_refs
   cph_txn t;
   assert_int_equal(cph_txn_begin(st, false, &t), CPH_OK);
   *n = *bytes = *n_refs = 0;
-  static const cph_db dbs[] = {CPH_DB_TURN_ROWS, CPH_DB_TURN_TEXTS, CPH_DB_TURN_ROW_REFS,
-                               CPH_DB_TURN_TEXT_REFS};
+  static const cph_db dbs[] = {CPH_DB_TURN_KEPT, CPH_DB_TURN_TEXTS, CPH_DB_TURN_TEXT_REFS};
   for (size_t d = 0; d < sizeof dbs / sizeof dbs[0]; d++) {
     cph_cursor c;
     assert_int_equal(cph_cursor_open(&t, dbs[d], &c), CPH_OK);
     cph_val k, v;
     for (int rc = cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK;
          rc = cph_cursor_next(&c, &k, &v)) {
-      if (d >= 2) {
+      size_t sn = strnlen(k.data, k.len);
+      const char *kind = (const char *)k.data + sn + 1;
+      if (d == 0 && sn + 10 == k.len && *kind == 'k')
+        continue; /* a record */
+      bool refs = d == 2 || (d == 0 && sn + 11 == k.len && *kind == 'k');
+      if (refs) {
         (*n_refs)++;
       } else {
         (*n)++;

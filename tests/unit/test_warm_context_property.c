@@ -580,12 +580,51 @@ static bool row_seen(void *ctx, const void *key, size_t key_len, const void *val
   return true;
 }
 
+/* "turn_kept" holds three kinds of entries under a session (core/turnlog.c, Keys): records
+ * (session\0 'k' turn), refs entries (session\0 'k' turn 'f') and rows (session\0 'r' row).
+ * The callbacks above take one kind keyed session\0 u64, as the three databases of schema 5
+ * held them: kept_each hands fn the entries of one kind ('k', 'f' or 'r') keyed so. */
+typedef struct kind_filter {
+  char kind;
+  bool (*fn)(void *ctx, const void *key, size_t key_len, const void *val, size_t val_len);
+  void *ctx;
+} kind_filter;
+
+static bool of_kind(void *ctx, const void *key, size_t key_len, const void *val, size_t val_len) {
+  kind_filter *f = ctx;
+  const unsigned char *k = key;
+  size_t n = strnlen(key, key_len);
+  if (n + 10 > key_len)
+    fail_msg("a key of turn_kept is too short (%zu bytes)", key_len);
+  char kind = k[n + 1] == 'r' && key_len == n + 10   ? 'r'
+              : k[n + 1] == 'k' && key_len == n + 10 ? 'k'
+              : k[n + 1] == 'k' && key_len == n + 11 && k[n + 10] == 'f' ? 'f'
+                                                                          : 0;
+  if (!kind)
+    fail_msg("a key of turn_kept is of no kind (%zu bytes)", key_len);
+  if (kind != f->kind)
+    return true;
+  unsigned char old[300];
+  assert_true(n + 9 <= sizeof old);
+  memcpy(old, k, n + 1);
+  memcpy(old + n + 1, k + n + 2, 8);
+  return f->fn(f->ctx, old, n + 9, val, val_len);
+}
+
+static void kept_each(const char *dir, char kind,
+                      bool (*fn)(void *ctx, const void *key, size_t key_len, const void *val,
+                                 size_t val_len),
+                      void *ctx) {
+  kind_filter f = {kind, fn, ctx};
+  cph_fixture_store_each(dir, CPH_DB_TURN_KEPT, of_kind, &f);
+}
+
 /* The rows held are exactly those the refs entries name, the refs entries are exactly those
  * of the kept records of version 3, and a text that came back while its row was held reused
  * that row, whichever way it was named (by its whole hash, or its identity under a turn). */
 static void check_rows(pair *p) {
   keyset bodies = {0};
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROWS, row_seen, &bodies);
+  kept_each(p->warm->dir, 'r', row_seen, &bodies);
   size_t n_rows = bodies.n;
   keyset_sort(&bodies);
   if (bodies.n != n_rows)
@@ -593,10 +632,10 @@ static void check_rows(pair *p) {
              (unsigned long long)p->seed, n_rows, bodies.n);
   keyset_free(&bodies);
   keyset held = {0}, named = {0}, refs = {0}, turns = {0};
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROWS, text_key_seen, &held);
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, rows_named, &named);
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_ROW_REFS, text_key_seen, &refs);
-  cph_fixture_store_each(p->warm->dir, CPH_DB_TURN_CONTEXTS, rows_turns, &turns);
+  kept_each(p->warm->dir, 'r', text_key_seen, &held);
+  kept_each(p->warm->dir, 'f', rows_named, &named);
+  kept_each(p->warm->dir, 'f', text_key_seen, &refs);
+  kept_each(p->warm->dir, 'k', rows_turns, &turns);
   keyset *sets[] = {&held, &named, &refs, &turns};
   for (int i = 0; i < 4; i++)
     keyset_sort(sets[i]);
