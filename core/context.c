@@ -239,7 +239,14 @@ typedef struct ctx {
   uint64_t history_budget;
   idset staged_events; /* this turn's staged messages */
   idset inbox_events;  /* every live inbox message of the session (pending or staged) */
-  bool log_copies;     /* the cluster log delivers copies of channel events (staged_copy) */
+  bool log_copies;     /* the cluster log delivers copies of channel events (log_copy) */
+  /* With log_copies: the session's live inbox entries this turn does not stage (their first
+   * event's channel, sender, body and time; load_waiting), for log_copy. */
+  struct waiting_copy {
+    cph_event_rec ev;
+    size_t sender_len;
+  } *waiting;
+  size_t n_waiting;
   idset shown_events;  /* what the turn shows: staged, history, channel view */
   vstate *vs;
   hentry *entries;
@@ -492,28 +499,76 @@ static bool is_section_sender(const ctx *c, const char *sender, size_t len) {
   return false;
 }
 
-/* Whether a history entry of view v (its sender, body and time) is one of the turn's staged
- * messages under another event id. With the cluster log each session gets its own copy of a
- * channel event (DESIGN §14), and a node's channel history holds the first copy applied there —
- * the channel owner's, or another session's — the later ones folding into it as exact repeats;
- * so the session's staged copy need not be the one the history holds. Every copy carries the
- * time the event was accepted, so the same channel, sender, body and time is the same message:
- * it is the current message, not history. Without the log a staged event is its own history
- * entry, found by id before this is asked, and two events that merely look alike (the same
+typedef enum copy_kind { NOT_A_COPY, STAGED_COPY, WAITING_COPY } copy_kind;
+
+/* Whether a history entry of view v (its sender, body and time) is one of the session's inbox
+ * entries under another event id: one of the turn's staged messages (STAGED_COPY), or one
+ * still waiting in its inbox for a later turn (WAITING_COPY). With the cluster log each
+ * session gets its own copy of a channel event (DESIGN §14), and a node's channel history
+ * holds the first copy applied there — the channel owner's, or another session's — the later
+ * ones folding into it as exact repeats; so the session's copy need not be the one the history
+ * holds. Every copy carries the time the event was accepted, so the same channel, sender, body
+ * and time is the same message: the current message, or a later turn's trigger — not history,
+ * as its own copy would not be (found by id before this is asked). Without the log an inbox
+ * entry's event is its own history entry, and two events that merely look alike (the same
  * words in the same millisecond) stay two: so this is asked only with the log. */
-static bool staged_copy(const ctx *c, size_t v, const char *sender, size_t sender_len,
-                        const char *body, int64_t ts_ms) {
+static copy_kind log_copy(const ctx *c, size_t v, const char *sender, size_t sender_len,
+                          const char *body, int64_t ts_ms) {
   if (!c->log_copies)
-    return false;
+    return NOT_A_COPY;
   const cph_turn_info *ti = c->ti;
+  const char *view_channel = ti->views[v].channel;
   for (size_t i = 0; i < ti->n_staged; i++) {
     const cph_staged_msg *m = &ti->staged[i];
     if (m->ts_ms == ts_ms && m->body && c->staged_len[i] == sender_len &&
         memcmp(m->sender, sender, sender_len) == 0 && strcmp(m->body, body) == 0 &&
-        strcmp(m->channel, ti->views[v].channel) == 0)
-      return true;
+        strcmp(m->channel, view_channel) == 0)
+      return STAGED_COPY;
   }
-  return false;
+  for (size_t i = 0; i < c->n_waiting; i++) {
+    const cph_event_rec *e = &c->waiting[i].ev;
+    if (e->ts_ms == ts_ms && c->waiting[i].sender_len == sender_len &&
+        memcmp(e->sender, sender, sender_len) == 0 && strcmp(e->body, body) == 0 &&
+        strcmp(e->channel, view_channel) == 0)
+      return WAITING_COPY;
+  }
+  return NOT_A_COPY;
+}
+
+/* With the log (log_copy): the channel, sender, body and time of the first event of each of
+ * the session's live inbox entries this turn does not stage. One read each, in cluster mode
+ * only; an event retention removed, or whose payload is gone, has nothing to be shown by. */
+static int load_waiting(ctx *c) {
+  static const char *const fields[] = {"channel", "sender", "body", "ts_ms"};
+  uint64_t mask = cph_record_field_mask(&cph_event_desc, fields, 4);
+  const csession *s = c->s;
+  size_t n = 0;
+  for (uint32_t i = 0; i < s->n_inbox; i++)
+    n += !idset_has(&c->staged_events, s->inbox[i].event_id);
+  if (!n)
+    return CPH_OK;
+  if (!(c->waiting = calloc(n, sizeof *c->waiting)))
+    return CPH_ENOMEM;
+  for (uint32_t i = 0; i < s->n_inbox; i++) {
+    uint64_t id = s->inbox[i].event_id;
+    if (idset_has(&c->staged_events, id))
+      continue;
+    cph_key k = cph_key_of_u64(id);
+    struct waiting_copy *w = &c->waiting[c->n_waiting];
+    int rc = cph_txn_get_record_some(c->t, CPH_DB_EVENTS, &k, &cph_event_desc, &w->ev, mask);
+    if (rc == CPH_ENOTFOUND)
+      continue;
+    if (rc)
+      return rc;
+    if (!w->ev.channel || !w->ev.sender || !w->ev.body) {
+      cph_record_free(&cph_event_desc, &w->ev);
+      memset(&w->ev, 0, sizeof w->ev);
+      continue;
+    }
+    w->sender_len = strlen(w->ev.sender);
+    c->n_waiting++;
+  }
+  return CPH_OK;
 }
 
 /* scan_channel without warm tails (:sessions :warm-channels 0): walks the channel log in the
@@ -577,9 +632,13 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
       }
       cph_evcache_put(c->cx->tails->evcache, event_id, ev.ts_ms, ev.sender, ev.body);
     }
-    if (ev.body && staged_copy(c, v, ev.sender, strlen(ev.sender), ev.body, ev.ts_ms)) {
+    copy_kind copy = ev.body ? log_copy(c, v, ev.sender, strlen(ev.sender), ev.body, ev.ts_ms)
+                             : NOT_A_COPY;
+    if (copy == STAGED_COPY) {
       c->vs[v].staged_found = true;
       c->vs[v].oldest_staged_index = index;
+    } else if (copy == WAITING_COPY) {
+      /* a later turn's trigger */
     } else if (ev.body) { /* a redacted payload has nothing to show */
       hentry h = {0};
       h.event_id = event_id;
@@ -643,11 +702,13 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
       break;
     if (!e->sender || !e->body)
       continue; /* retention removed the event, or redacted its payload: nothing to show */
-    if (staged_copy(c, v, e->sender, e->sender_len, e->body, e->ts_ms)) {
+    copy_kind copy = log_copy(c, v, e->sender, e->sender_len, e->body, e->ts_ms);
+    if (copy == STAGED_COPY) {
       c->vs[v].staged_found = true;
       c->vs[v].oldest_staged_index = e->index;
-      continue;
     }
+    if (copy != NOT_A_COPY)
+      continue; /* the current message, or a later turn's trigger */
     hentry h = {0};
     h.event_id = e->event_id;
     h.index = e->index;
@@ -1338,6 +1399,9 @@ static void ctx_free(ctx *c) {
   free(c->entries);
   free(c->vs);
   free(c->staged_len);
+  for (size_t i = 0; i < c->n_waiting; i++)
+    cph_record_free(&cph_event_desc, &c->waiting[i].ev);
+  free(c->waiting);
   idset_free(&c->staged_events);
   idset_free(&c->inbox_events);
   idset_free(&c->shown_events);
@@ -1392,6 +1456,8 @@ static int assemble(ctx *c) {
     rc = idset_add(&c->inbox_events, c->s->inbox[i].event_id);
   idset_sort(&c->staged_events);
   idset_sort(&c->inbox_events);
+  if (rc == CPH_OK && c->log_copies)
+    rc = load_waiting(c);
   if (rc == CPH_OK)
     rc = load_tree(c);
   /* conversation_history and the messages' history part share one budget; messages also

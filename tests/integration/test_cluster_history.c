@@ -9,7 +9,12 @@
  * moved session, and the lease's messages must show, for that channel, each earlier user
  * message once, as seen history (a `user` message, not in the "MESSAGES WHILE YOU WERE AWAY"
  * block), before the reply that answered it, which shows once too. Without the history in the
- * state the survivor's direct and solo channels hold the replies alone: the test fails. */
+ * state the survivor's direct and solo channels hold the replies alone: the test fails.
+ * Last, on the survivor, two messages on the shared channel in one request, one turn each
+ * (:max-batch 1): while the first turn runs, the second waits in each session's inbox, and the
+ * first turn's context must not show it — a later turn's trigger, as it is on one node, though
+ * the node's channel history holds another session's copy of it (core/context.c, log_copy);
+ * the second turn shows it once, as its current message, and the first once, as history. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,9 +39,11 @@
 #define ROUNDS 3
 
 enum { CH_DIRECT, CH_SOLO, CH_SHARED, N_CH };
-/* 60 turns a minute by default: 9 rounds of 6 sessions would wait on the lane. */
+/* 60 turns a minute by default: 9 rounds of 6 sessions would wait on the lane. One message a
+ * turn: the last round's follow-up waits in the inbox while its question's turn runs. */
 static const char EXTRA[] =
-    ":scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}}";
+    ":scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}}"
+    " :sessions {:max-batch 1}";
 
 static const char *const CH_NAME[N_CH] = {"direct", "solo", "shared"};
 
@@ -45,7 +52,11 @@ typedef struct bench {
   int owner[SESSIONS];
   int ch, round; /* what the leases being answered are about */
   bool check;    /* check each lease's messages (after the takeover) */
+  bool asked[SESSIONS]; /* the pair round: the session's question turn is done */
 } bench;
+
+static const char PAIR_Q[] = "pair question: which cluster?";
+static const char PAIR_F[] = "pair follow-up: no, the staging cluster";
 
 /* The user message of round `round` on channel ch for session s (the shared channel's is the
  * same for every session). */
@@ -184,6 +195,42 @@ static bool answer(void *ctx, int n, json_t *turn, int s) {
   return true;
 }
 
+/* The pair round's turns of session s: the question first (the follow-up waiting unseen), then
+ * the follow-up (the question as history, once). Done after the second. */
+static bool answer_pair(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  bool second = b->asked[s];
+  const char *current = second ? PAIR_F : PAIR_Q, *other = second ? PAIR_Q : PAIR_F;
+  json_t *staged = json_object_get(turn, "staged"), *messages = json_object_get(turn, "messages");
+  assert_int_equal(json_array_size(staged), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(staged, 0), "body")),
+                      current);
+  const char *role = NULL;
+  int count, other_count;
+  find_message(messages, current, &role, &count);
+  find_message(messages, other, &role, &other_count);
+  if (count != 1 || other_count != (second ? 1 : 0)) {
+    char *dump = json_dumps(messages, JSON_COMPACT);
+    fail_msg("t%02d's %s turn on n%d shows \"%s\" %d times (1 wanted) and \"%s\" %d times "
+             "(%d wanted): %s",
+             s, second ? "follow-up" : "question", n, current, count, other, other_count,
+             second ? 1 : 0, dump ? dump : "?");
+  }
+  char path[96], body[512];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(turn, "id")));
+  snprintf(body, sizeof body,
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
+           "\"reply\":{\"body\":\"pair reply %d of t%02d\"}}",
+           json_string_value(json_object_get(turn, "lease")), second, s);
+  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
+  if (r.status != 200)
+    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  b->asked[s] = true;
+  return second;
+}
+
 /* One round on channel ch: its messages posted through node `via`, then every session answers
  * it on its owner. */
 static void run_round(bench *b, int via, int ch, int round) {
@@ -249,6 +296,16 @@ static void test_cluster_history_a_moved_sessions_channels_show_what_it_answered
   b->check = true;
   for (int ch = 0; ch < N_CH; ch++)
     run_round(b, survivor, ch, ROUNDS);
+  char body[512];
+  snprintf(body, sizeof body,
+           "{\"events\":[{\"channel\":\"shared\",\"sender\":\"bob\",\"body\":\"%s\"},"
+           "{\"channel\":\"shared\",\"sender\":\"bob\",\"body\":\"%s\"}]}",
+           PAIR_Q, PAIR_F);
+  cph_test_response r = cph_test_api(c->port[survivor], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting the pair: %d %s", r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  cph_tc_lease_each(c, survivor, b->owner, SESSIONS, answer_pair, b, "the pair round");
 }
 
 int main(void) {
