@@ -48,6 +48,7 @@
 #include "metrics.h"
 #include "replystream.h"
 #include "reports.h"
+#include "seals.h"
 #include "search.h"
 #include "sessions.h"
 #include "top.h"
@@ -192,7 +193,7 @@ static void report_due(void *ctx, csession *s) {
 }
 
 /* A session is being deleted (sessions.h): its tree, its channel cursors, its kept turn
- * contexts and its rows of the reply and turn-record indexes go with it. */
+ * contexts, its seals and its rows of the reply and turn-record indexes go with it. */
 static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
   cph_engine *e = ctx;
   trees_delete(&e->trees, t, session);
@@ -201,6 +202,8 @@ static int session_state_delete(void *ctx, cph_txn *t, const char *session) {
     rc = replystream_forget_session(t, session);
   if (rc == CPH_OK)
     rc = turnrecs_forget_session(t, session);
+  if (rc == CPH_OK)
+    rc = seals_delete_session(t, session);
   return rc ? rc : turnlog_delete_session(&e->turnlog, t, session);
 }
 

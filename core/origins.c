@@ -13,6 +13,14 @@ int origins_put(cph_txn *t, cph_db db, const char *origin, uint64_t id) {
   return cph_txn_put(t, db, &ok, be, sizeof be);
 }
 
+int origins_forget(cph_txn *t, cph_db db, const char *origin) {
+  cph_key ok;
+  cph_key_reset(&ok);
+  cph_key_str(&ok, origin);
+  int rc = ok.overflow ? CPH_ENOTFOUND : cph_txn_del(t, db, &ok);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
 int origins_find(cph_txn *t, cph_db db, const char *origin, bool *held, uint64_t *id) {
   cph_key ok;
   cph_key_reset(&ok);

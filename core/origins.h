@@ -21,6 +21,10 @@
 /* Indexes record `id` by origin in db. CPH_OK or t's sticky error. */
 int origins_put(cph_txn *t, cph_db db, const char *origin, uint64_t id);
 
+/* Drops the by-origin row of origin in db (its record deleted); none is CPH_OK. CPH_OK or t's
+ * sticky error. */
+int origins_forget(cph_txn *t, cph_db db, const char *origin);
+
 /* *held: db has a record of this origin; *id (when given) its id here. CPH_OK or the store's
  * error. */
 int origins_find(cph_txn *t, cph_db db, const char *origin, bool *held, uint64_t *id);

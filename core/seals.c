@@ -80,6 +80,40 @@ int seals_import(cph_txn *t, cph_seal_rec *r) {
   return rc;
 }
 
+int seals_delete_session(cph_txn *t, const char *session) {
+  static const char *const fields[] = {"origin"};
+  uint64_t mask = cph_record_field_mask(&cph_seal_desc, fields, 1);
+  cph_key start;
+  cph_key_reset(&start);
+  cph_key_str(&start, session);
+  if (start.overflow)
+    return CPH_OK; /* no seal has such a key */
+  cph_cursor cur;
+  int rc = cph_cursor_open(t, CPH_DB_SEALS, &cur);
+  cph_val k, v;
+  /* seek again after each delete: a delete may move the cursor's page */
+  while (rc == CPH_OK && (rc = cph_cursor_seek(&cur, &start, &k, &v)) == CPH_OK) {
+    if (k.len < start.len || memcmp(k.data, start.data, start.len) != 0)
+      break;
+    cph_seal_rec r = {0};
+    cph_err err;
+    if (cph_record_decode_some(&cph_seal_desc, v.data, v.len, &r, mask, &err) != CPH_OK) {
+      char what[160];
+      cph_key_describe(k.data, k.len, what, sizeof what);
+      rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"seals\": the seal at %s: %s", what,
+                       err.msg);
+      break;
+    }
+    if (r.origin)
+      rc = origins_forget(t, CPH_DB_SEAL_ORIGINS, r.origin);
+    cph_record_free(&cph_seal_desc, &r);
+    if (rc == CPH_OK)
+      rc = cph_cursor_del(&cur);
+  }
+  cph_cursor_close(&cur);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
 typedef struct newest_walk {
   cph_txn *t;
   const char *session;

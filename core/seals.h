@@ -14,7 +14,8 @@
  *
  * Index (core/origins.h), written in the transaction that writes the imported seal:
  *   seal_origins  origin -> seal id here: the seals imported.
- * Seals are never deleted (nor by a session delete), so the index never names a missing seal.
+ * A session's seals are deleted with it, each imported one's index row too, so the index never
+ * names a missing seal (and a session created again under the name starts with none).
  *
  * Owns the seals database: every write of a seal record goes through it. No state in
  * memory: its functions work in the transaction they are handed. */
@@ -51,6 +52,11 @@ int seals_holds(cph_txn *t, const char *node, const char *session, const char *o
  * of its session here, indexed by origin. The caller checked it holds no seal of that origin
  * (seals_holds). CPH_OK or t's error. */
 int seals_import(cph_txn *t, cph_seal_rec *r);
+
+/* Deletes session's seals and the origin rows of those imported (a session deleted). CPH_OK,
+ * or the store's error (a seal that does not decode: CPH_ECORRUPT with t's error saying which;
+ * nothing is deleted then, as the transaction fails). */
+int seals_delete_session(cph_txn *t, const char *session);
 
 /* Calls fn(ctx, seal) for session's seals, newest first, at most max, until fn returns false.
  * One cursor step and one decode per seal. CPH_OK or the store's error (a seal that does not

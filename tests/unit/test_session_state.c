@@ -680,6 +680,25 @@ static void test_session_state_carries_seals_once_by_origin(void **state) {
     cph_seals_free(list, n);
   }
   cph_fixture_free(z);
+  /* a session's seals go with it: created again under its name on x it has none; and x then
+   * takes the same state as a node that never held them (the origin rows of the seals it had
+   * imported went too): each seal once again */
+  cph_op del = {.kind = CPH_OP_SESSION_DELETE};
+  del.u.session.in.id = "a";
+  assert_int_equal(cph_fixture_run(x, &del), CPH_OK);
+  cph_op_clear_results(&del);
+  cph_fixture_create_session(x, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  list = seals(x, "a", &n);
+  assert_int_equal(n, 0);
+  cph_seals_free(list, n);
+  assert_int_equal(import(x, "a", blob, len), CPH_OK);
+  list = seals(x, "a", &n);
+  assert_int_equal(n, 3);
+  for (size_t i = 0; i < n; i++) {
+    assert_same_seal(&sy[i], &list[i]);
+    assert_int_equal(seal_origin_count(x, "a", sy[i].origin), 1);
+  }
+  cph_seals_free(list, n);
   free(blob);
   cph_seals_free(sy, ny);
   cph_seals_free(sx, nx);
