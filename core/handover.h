@@ -23,9 +23,8 @@
 #include "trees.h"
 #include "turnlog.h"
 
-/* The most a state may weigh: under NATS's default max_payload (1 MiB) with room for the
- * headers and the cluster log's epoch prefix. */
-#define CPH_HANDOVER_MAX_BYTES (960u * 1024u)
+/* The most a state may weigh (include/cephalon/cephalon.h says why that much). */
+#define CPH_HANDOVER_MAX_BYTES CPH_SESSION_STATE_MAX_BYTES
 
 typedef struct cph_handover {
   cph_core_env *env; /* the pass's transaction and the scheduler (credits) */

@@ -16,6 +16,7 @@ packages=(
   chromium # tests only: the web console's browser test (tests/ui) drives it headless
   etcd-server # cluster mode (DESIGN §14): test_cluster and make cluster start their own etcd
   nats-server libnats-dev # cluster mode's replicated log (NATS JetStream) and its C client
+  zlib1g-dev # cluster mode: the session states put into the log are deflated (server/statezip.c)
 )
 # npm: Debian's package, unless a Node.js build that bundles its own npm is there already (a
 # nodejs package from another archive conflicts with Debian's npm).

@@ -21,6 +21,7 @@
 #include "evjson.h"
 #include "reply.h"
 #include "server.h"
+#include "statezip.h"
 
 #define INGEST_DEADLINE_MS 10000
 #define FWD_DEADLINE_MS 10000
@@ -80,6 +81,11 @@ typedef struct pub {
                      watermark */
   uint64_t mark;
   struct pub *next_done; /* PUB_DONE, PUB_STATE: the shard's queue (one in flight at a time) */
+  /* PUB_STATE (11.): data is the epoch and the raw state until the packer hands the packed
+   * value back (packing: the shard's queue waits at it); raw_len counts the raw value. */
+  bool packing;
+  size_t raw_len;
+  cph_statezip_job zjob;
 } pub;
 
 typedef struct ev_result {
@@ -297,7 +303,10 @@ struct cph_cflow {
    * or wrote (absent: none, a put creates the key). Entries of sessions of shards no longer served
    * stay until the shard is taken again (its replay reads them anew). */
   cph_hmap state_revs;
-  uint64_t states_put, state_bytes, state_failures, states_loaded, state_load_bytes;
+  uint64_t states_put, state_bytes, state_raw_bytes, state_failures, states_loaded,
+      state_load_bytes, state_load_raw_bytes;
+  int64_t state_pack_ns; /* the time packing took, over every state packed */
+  cph_statezip_packer *packer; /* packs the states beside the loop (statezip.h) */
   /* Counters of GET /metrics and GET /v1/cluster (log.rebuild). */
   uint64_t rebuilds, rebuild_events, done_marks, done_mark_failures, marks_put;
   double last_rebuild_s, last_read_s;
@@ -762,7 +771,7 @@ static void done_answer(cph_cflow *f, done_req *dr) {
  * one before (10.), so they go one at a time. */
 static void done_pump(cph_cflow *f, uint32_t shard) {
   shard_track *tr = &f->tracks[shard];
-  while (!tr->done_sending && tr->done_head) {
+  while (!tr->done_sending && tr->done_head && !tr->done_head->packing) {
     pub *p = tr->done_head;
     tr->done_head = p->next_done;
     if (!tr->done_head)
@@ -793,6 +802,42 @@ static char *done_payload(const char *session, const cph_strv *keys, size_t from
   char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
   json_decref(doc);
   return data;
+}
+
+/* A packed state is back (on the loop): it replaces the raw one, under the same epoch, and the
+ * shard's queue goes on. */
+static void state_packed(cph_cflow *f, pub *p) {
+  cph_statezip_job *job = &p->zjob;
+  f->state_pack_ns += job->pack_ns;
+  if (job->out) { /* else (out of memory) the raw value goes */
+    memcpy(job->out, p->data, CPH_CLOG_EPOCH_BYTES);
+    free(p->data);
+    p->data = (char *)job->out;
+    p->len = job->out_len;
+    job->out = NULL;
+  }
+  p->packing = false;
+}
+
+static void on_state_packed(void *arg, cph_statezip_job *job) {
+  cph_cflow *f = arg;
+  pub *p = job->tag;
+  state_packed(f, p);
+  done_pump(f, p->shard);
+}
+
+/* Packs p's state (11.): on the packer's thread, or here when it takes none. */
+static void state_pack(cph_cflow *f, pub *p) {
+  p->raw_len = p->len;
+  p->zjob = (cph_statezip_job){.raw = (const uint8_t *)p->data + CPH_CLOG_EPOCH_BYTES,
+                               .raw_len = p->len - CPH_CLOG_EPOCH_BYTES,
+                               .headroom = CPH_CLOG_EPOCH_BYTES,
+                               .tag = p};
+  p->packing = true;
+  if (cph_statezip_packer_submit(f->packer, &p->zjob))
+    return;
+  cph_statezip_job_run(&p->zjob, CPH_STATEZIP_LEVEL);
+  state_packed(f, p);
 }
 
 /* Logs what a completion (r, answered with answer once the log took it), a session delete or
@@ -893,6 +938,8 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *made, const char 
     else
       tr->done_head = parts[i];
     tr->done_tail = parts[i];
+    if (parts[i]->kind == PUB_STATE) /* in the queue: freed only after the packer stopped */
+      state_pack(f, parts[i]);
   }
   free(parts);
   done_pump(f, dr->shard);
@@ -1691,6 +1738,7 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     if (ok) {
       f->states_put++;
       f->state_bytes += p->len;
+      f->state_raw_bytes += p->raw_len;
     } else {
       f->state_failures++;
       dr->failed++;
@@ -2306,7 +2354,8 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
       if (cph_engine_submit(f->s->engine, &so->op) == CPH_OK) {
         queued = true;
         f->states_loaded++;
-        f->state_load_bytes += st->len;
+        f->state_load_bytes += st->stored_len;
+        f->state_load_raw_bytes += st->len;
         continue;
       }
     }
@@ -2834,6 +2883,9 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
     return rc;
   }
   f->started = true;
+  if (cph_statezip_packer_start(s->base, CPH_STATEZIP_LEVEL, on_state_packed, f, &f->packer) !=
+      CPH_OK)
+    cph_warn("cluster log: no thread to pack the sessions' states: they are packed on the loop");
   cph_engine_report_consumed(s->engine, true); /* the done marks (6.) */
   struct timeval first = {SWEEP_MS / 1000, (SWEEP_MS % 1000) * 1000};
   evtimer_add(f->ev_sweep, &first);
@@ -2890,6 +2942,8 @@ void cph_cflow_free(cph_cflow *f) {
   if (!f)
     return;
   cph_cflow_quiesce(f);
+  cph_statezip_packer_stop(f->packer); /* the states it held are in their shards' queues */
+  f->packer = NULL;
   /* Pubs still waiting (in the map or the retry list), and the requests they belong to. */
   ingest_req **irs = NULL;
   size_t n_irs = 0;
@@ -3116,8 +3170,11 @@ json_t *cph_cflow_json(cph_cflow *f) {
   json_object_set_new(o, "rebuild", rb);
   json_object_set_new(
       o, "states",
-      json_pack("{sIsIsIsIsI}", "put", (json_int_t)f->states_put, "put_bytes",
-                (json_int_t)f->state_bytes, "failures", (json_int_t)f->state_failures, "loaded",
-                (json_int_t)f->states_loaded, "loaded_bytes", (json_int_t)f->state_load_bytes));
+      json_pack("{sIsIsIsIsIsIsIsI}", "put", (json_int_t)f->states_put, "put_bytes",
+                (json_int_t)f->state_bytes, "put_raw_bytes", (json_int_t)f->state_raw_bytes,
+                "pack_us", (json_int_t)(f->state_pack_ns / 1000), "failures",
+                (json_int_t)f->state_failures, "loaded", (json_int_t)f->states_loaded,
+                "loaded_bytes", (json_int_t)f->state_load_bytes, "loaded_raw_bytes",
+                (json_int_t)f->state_load_raw_bytes));
   return o;
 }

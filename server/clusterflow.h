@@ -198,7 +198,18 @@
  *    The node puts it into the
  *    key-value bucket CEPH_STATE under "<shard>.<session id in hex>", prefixed with its epoch
  *    (be64: the sequence of its epoch on ceph.s.done.<shard>, 10.), expecting the key's
- *    revision it last read or wrote (none: a create). The put goes through the shard's queue
+ *    revision it last read or wrote (none: a create). What follows the epoch is the state
+ *    packed with deflate (server/statezip.h: "CPHZ", be32 its raw length, a zlib stream; a fifth
+ *    to a sixth of the raw bytes for the bench's states, which repeat the conversation in the tree,
+ *    the channels' history and the kept contexts), or the raw state ("CPHS") when packing makes
+ *    it no smaller — and as every earlier build wrote it, so a rolling upgrade's old values
+ *    still load. The packing runs on the packer's thread, beside the loop, in the order the
+ *    states were queued; the shard's queue waits at a state until it is packed (other shards'
+ *    marks do not wait for it). A reader takes a raw value as it is; the replay thread unpacks
+ *    a packed one (bounded by CPH_SESSION_STATE_MAX_BYTES whatever its header says): one that
+ *    is cut, damaged, inflates to other than its stated length or states more than the bound
+ *    is logged, naming its key, and not imported — the session keeps what it has, as with a
+ *    state its engine refuses. The put goes through the shard's queue
  *    of done marks, before the completion's marks: the marks are sent once the log holds the
  *    state (not at all when it failed), and the completion's 200 waits for all of them; a
  *    failure answers 503 as a failed mark does (the local commit stands; a retry, `already`,
@@ -229,7 +240,8 @@
  *    the next, a mark, is refused). A session delete deletes its key (unfenced, as its record).
  *    Why a key per session and not per-shard snapshots in the object store plus a changelog:
  *    a completion changes one session, so its put is that session's state and nothing else
- *    (a few hundred bytes to tens of KiB), the bucket keeps only the newest value of each key
+ *    (a few hundred bytes to tens of KiB raw, a sixth to a third of that packed), the bucket
+ *    keeps only the newest value of each key
  *    (history 1: compacted by JetStream, nothing to trim or snapshot), a takeover reads exactly
  *    the shard's live keys, and JetStream's revision check fences each key. The cost: one more
  *    publish per completion in the shard's serial queue (the 200 waits for state then marks:

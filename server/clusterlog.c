@@ -16,8 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cephalon/cephalon.h"
 #include "cluster.h"
 #include "common/log.h"
+#include "statezip.h"
 
 #define SYNC_MS 100
 #define BIND_THREADS 8
@@ -1079,7 +1081,8 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
         rp->states = g;
         cap = c;
       }
-      rp->states[rp->n_states++] = (cph_clog_state){session, seq, data, data ? (size_t)dlen : 0};
+      size_t len = data ? (size_t)dlen : 0;
+      rp->states[rp->n_states++] = (cph_clog_state){session, seq, data, len, len};
     } else {
       free(session);
       free(data);
@@ -1095,6 +1098,54 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
   natsSubscription_Unsubscribe(sub);
   natsSubscription_Destroy(sub);
   return ok;
+}
+
+/* Unpacks the packed states of rp (statezip.h), here beside the loop. A value that does not
+ * unpack is logged, naming its key, and dropped (data NULL): the session keeps what it has, as
+ * with a state its engine refuses. False (why set) only when out of memory. */
+static bool unpack_states(cph_clog_replay *rp, char *why, size_t size) {
+  for (size_t i = 0; i < rp->n_states; i++) {
+    cph_clog_state *st = &rp->states[i];
+    if (!st->data || st->len < CPH_CLOG_EPOCH_BYTES)
+      continue;
+    uint8_t *raw = NULL;
+    size_t raw_len = 0;
+    char bad[200] = "";
+    int rc = cph_statezip_unpack(st->data + CPH_CLOG_EPOCH_BYTES, st->len - CPH_CLOG_EPOCH_BYTES,
+                                 CPH_SESSION_STATE_MAX_BYTES, &raw, &raw_len, bad, sizeof bad);
+    if (rc == CPH_ENOMEM) {
+      snprintf(why, size, "out of memory unpacking the state of session %s", st->session);
+      return false;
+    }
+    if (rc != CPH_OK) {
+      char subject[700];
+      size_t skip = strlen("$KV.") + strlen(CPH_CLOG_STATES) + 1;
+      if (cph_clog_state_subject(subject, sizeof subject, rp->shard, st->session) != CPH_OK)
+        snprintf(subject + skip, sizeof subject - skip, "%" PRIu32 ".(too long)", rp->shard);
+      cph_warn("cluster log: the state of session %s (key %s of %s, revision %" PRIu64
+               ", %zu bytes) is not taken: %s; the session keeps what it has here",
+               st->session, subject + skip, CPH_CLOG_STATES, st->rev, st->len, bad);
+      free(st->data);
+      st->data = NULL;
+      st->len = 0;
+      continue;
+    }
+    if (!raw)
+      continue; /* raw already */
+    uint8_t *v = malloc(CPH_CLOG_EPOCH_BYTES + raw_len);
+    if (!v) {
+      free(raw);
+      snprintf(why, size, "out of memory unpacking the state of session %s", st->session);
+      return false;
+    }
+    memcpy(v, st->data, CPH_CLOG_EPOCH_BYTES);
+    memcpy(v + CPH_CLOG_EPOCH_BYTES, raw, raw_len);
+    free(raw);
+    free(st->data);
+    st->data = v;
+    st->len = CPH_CLOG_EPOCH_BYTES + raw_len;
+  }
+  return true;
 }
 
 /* Reads what the loop rebuilds shard from (clusterlog.h, "Taking a shard over"): the
@@ -1141,6 +1192,8 @@ static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, c
   /* After the fences: a put of a previous owner that lands later is refused when this node next
    * writes the key, or is written over (clusterflow.h 11.). */
   if (!replay_states(l, rp, why, size))
+    goto fail;
+  if (!unpack_states(rp, why, size))
     goto fail;
   if (l->hooks.decode) { /* the messages decoded and prepared here, beside the loop */
     rp->discard = l->hooks.discard;

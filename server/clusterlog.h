@@ -28,7 +28,8 @@
  *     session's state after its latest completion (clusterflow.h 11.), put by the shard's owner
  *     with the key's revision expected; history 1, so the bucket is a compacted changelog. The
  *     value begins with the writer's epoch (be64, the sequence of its epoch on
- *     ceph.s.done.<shard>); the rest is the engine's.
+ *     ceph.s.done.<shard>); the rest is the engine's state, packed (server/statezip.h) or raw
+ *     (from an earlier build, or when packing made it no smaller). The replay thread unpacks it.
  *
  * Taking a shard over. A shard this node serves is not bound at once: first a replay thread
  * takes the shard's fences (clusterflow.h 10.: a write to its watermark's key and an epoch on
@@ -155,8 +156,11 @@ typedef struct cph_clog_entry {
 typedef struct cph_clog_state {
   char *session; /* decoded from the key */
   uint64_t rev;  /* its revision (stream sequence): what the next put expects */
-  uint8_t *data; /* NULL: deleted */
+  /* The epoch, then the raw state: a packed one (statezip.h) is unpacked by the replay thread.
+   * NULL: deleted, or a packed value that does not unpack (logged: nothing is imported). */
+  uint8_t *data;
   size_t len;
+  size_t stored_len; /* the value's bytes as the log held them */
 } cph_clog_state;
 
 /* A shard's past, read for its rebuild ("Taking a shard over" above). */

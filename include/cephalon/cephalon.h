@@ -479,6 +479,11 @@ typedef enum cph_op_kind {
   CPH_OP_SESSION_STATE  /* cluster mode's rebuild: a session's state from its previous node */
 } cph_op_kind;
 
+/* The most a session's state (u.turn.state, u.context.state, u.state) weighs: under NATS's
+ * default max_payload (1 MiB) with room for the headers and the cluster log's epoch prefix
+ * (core/handover.h; server/statezip.h bounds an unpacked state by it). */
+#define CPH_SESSION_STATE_MAX_BYTES (960u * 1024u)
+
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
  * arguments, calls that ran and failed (errors). invalid + errors <= calls is not enforced;
  * the metrics saturate. */
@@ -704,7 +709,7 @@ struct cph_op {
      * one it has, its episode and credits are set, the replies it carries that this node lacks
      * join its channels' history and (by origin, cph_engine_reply_origins) its replies stream.
      * CPH_EINVAL (field "state") for a blob that is not one, or of another store schema. The
-     * data is borrowed until done. */
+     * data is borrowed until done; CPH_SESSION_STATE_MAX_BYTES at most, as exported. */
     struct {
       char *session;
       const uint8_t *data;

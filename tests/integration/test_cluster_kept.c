@@ -10,8 +10,10 @@
  * one's GET /v1/sessions/{id}/turns/{turn}/context shows the messages its lease had. The dead
  * node comes back on its data (shards move back) and is killed again (they move away again):
  * each time the same holds, nothing doubled. Without the import the survivor lists none of a
- * moved session's turns: the test fails. Without etcd or nats-server the test fails and says
- * what to install. */
+ * moved session's turns: the test fails. The states went into the log packed (server/statezip.h):
+ * the victim's GET /v1/cluster counts fewer bytes put than the states held, and the survivor
+ * loaded packed states — the ones whose contexts it shows. Without etcd or nats-server the test
+ * fails and says what to install. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -153,6 +155,12 @@ static void check_kept(void *ctx, const char *when) {
   }
 }
 
+/* A counter of log.states in a node's GET /v1/cluster. */
+static long long states_count(json_t *v, const char *name) {
+  return (long long)json_integer_value(
+      json_object_get(json_object_get(json_object_get(v, "log"), "states"), name));
+}
+
 static int setup(void **state) {
   bench *b = calloc(1, sizeof *b);
   b->c = cph_tc_up_t(NODES, SHARDS, TTL_S, EXTRA, SESSIONS, b->owner);
@@ -186,12 +194,28 @@ static void test_cluster_kept_a_moved_session_keeps_its_newest_kept_contexts(voi
     }
   }
   check_kept(b, "on their own nodes");
+  /* what the victim put into the log: packed, its states' bytes far fewer than they held */
+  json_t *v = cph_tc_view(c, victim);
+  long long put = states_count(v, "put"), bytes = states_count(v, "put_bytes"),
+            raw = states_count(v, "put_raw_bytes");
+  json_decref(v);
+  printf("n%d put %lld states: %lld bytes packed, %lld raw\n", victim, put, bytes, raw);
+  assert_true(put >= moved);
+  assert_true(bytes > 0 && bytes * 2 < raw);
   /* kill -9 right after the last completions answered 200; its data stays for later */
   char *victim_dir = cph_tc_kill_node(c, victim, true);
   cph_tc_settle(c, SHARDS, "after the kill");
   for (int s = 0; s < SESSIONS; s++)
     b->owner[s] = survivor;
   check_kept(b, "after the takeover");
+  /* the states it imported (check_kept saw their contexts) came packed */
+  v = cph_tc_view(c, survivor);
+  long long loaded = states_count(v, "loaded"), lbytes = states_count(v, "loaded_bytes"),
+            lraw = states_count(v, "loaded_raw_bytes");
+  json_decref(v);
+  printf("n%d loaded %lld states: %lld bytes packed, %lld raw\n", survivor, loaded, lbytes, lraw);
+  assert_true(loaded >= moved);
+  assert_true(lbytes > 0 && lbytes * 2 < lraw);
   printf("n%d killed -9: %d sessions moved to n%d, each keeping its newest %d contexts\n",
          victim, moved, survivor, CARRIED);
   int back = cph_tc_back_and_away(c, victim, SHARDS, TTL_S, EXTRA, victim_dir, b->owner,
