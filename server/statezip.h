@@ -56,8 +56,8 @@ typedef struct cph_statezip_job {
   size_t headroom; /* as cph_statezip_pack's */
   void *tag;       /* the caller's */
   /* out: *out malloc'd (the caller frees it), headroom bytes then the value, or NULL (out of
-   * memory, or over CPH_SESSION_STATE_MAX_BYTES). packed false: packing did not make the state
-   * smaller, so the value is the raw state itself. */
+   * memory). packed false: the value is the raw state itself — packing did not make it
+   * smaller, or it is over CPH_SESSION_STATE_MAX_BYTES (which handover_export never makes). */
   uint8_t *out;
   size_t out_len;
   bool packed;
