@@ -438,6 +438,14 @@ static void reconcile(cph_cluster *c) {
     if (have[s] == NO_OWNER && !c->unowned_since_ns[s])
       c->unowned_since_ns[s] = now;
   if (self < n && c->lease) {
+    /* Stop serving what this node gives up before its key is deleted: from then on another node
+     * may claim the shard and fence it (clusterlog.c, take_fences), and what this node still
+     * writes to it is checked against serving it. */
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t s = 0; s < c->shards; s++)
+      if (have[s] == self && want[s] != self)
+        c->owner[s] = NO_OWNER;
+    pthread_mutex_unlock(&c->mu);
     for (uint32_t s = 0; s < c->shards; s++) {
       if (want[s] == self && have[s] == NO_OWNER && shard_txn(c, s, true)) {
         have[s] = (uint32_t)self;

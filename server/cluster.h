@@ -18,7 +18,9 @@
  * its local deadline, set at each successful keepalive to (the time the keepalive was SENT +
  * the TTL etcd granted - a margin of TTL/5). The lease cannot expire in etcd before that
  * deadline, so no other node can hold s while this one serves it. A node that cannot renew
- * (etcd gone, process stopped) passes its deadline and answers for no shard.
+ * (etcd gone, process stopped) passes its deadline and answers for no shard. A shard the map
+ * moves away stops being served before its key is deleted (a release), so no other node can
+ * hold s while this one serves it that way either.
  *
  * Thread-safety: cph_cluster_route, cph_cluster_json and cph_cluster_serving read a snapshot
  * under a mutex and may be called from the loop at any time. */

@@ -144,7 +144,7 @@
  *    (3.), once consumer s<X>'s ack floor reached P every forward of P is at or below the
  *    stream's last sequence L read after that; and once the consumer of the session's shard
  *    — bound here, after its rebuild (8.) — has acknowledged everything up to L (its ack floor
- *    reached L, or nothing is pending or unacknowledged), this node committed them all: it
+ *    reached the newest of its messages stored then), this node committed them all: it
  *    acknowledges only after the engine committed, only while serving the shard, and what a
  *    previous owner acknowledged the rebuild applied. The log's pos thread does those steps
  *    (clusterlog.h, "Waiting for a position"); the route then runs again behind the shard's

@@ -61,8 +61,11 @@
  * for a position P: reads the message at P (js_GetMsg) for its shard X (a done mark or a
  * bucket entry has none); waits until consumer s<X>'s ack floor reaches P; reads the stream's
  * last sequence L (every forward of P is at or below it); then waits until each target shard
- * is served here, rebuilt, bound, and its consumer's ack floor reaches L (or it has nothing
- * pending or unacknowledged). A message is acknowledged only after the engine committed it,
+ * is served here, rebuilt, bound, and its consumer's ack floor reaches the newest sequence of
+ * the shard's subjects read after L (at or above every message of the shard up to L; its ack
+ * floor is the sequence of one of its own messages, so it reaches L itself only when L is one).
+ * Not "nothing pending or unacknowledged": that comes from the consumer's leader, whose copy
+ * of a replicated stream may lag the acknowledged messages. A message is acknowledged only after the engine committed it,
  * and only by the node serving its shard; what an earlier owner acknowledged, the rebuild
  * applied before the binding. Cost: one request to JetStream per step, every POS_POLL_MS while
  * it waits; for "every shard served here" (a lease) one consumer info per served shard.
