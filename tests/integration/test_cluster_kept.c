@@ -185,13 +185,8 @@ static void test_cluster_kept_a_moved_session_keeps_its_newest_kept_contexts(voi
   cph_test_cluster *c = b->c;
   int victim = 1, survivor = 0, moved = cph_tc_moved(b->owner, SESSIONS, victim);
   for (int round = 0; round < ROUNDS; round++) {
-    cph_tc_ask(c, round % NODES, SESSIONS, round);
     b->round = round;
-    for (int n = 0; n < NODES; n++) {
-      char what[32];
-      snprintf(what, sizeof what, "round %d", round);
-      cph_tc_lease_each(c, n, b->owner, SESSIONS, answer, b, what);
-    }
+    cph_tc_ask_and_answer(c, NODES, round, b->owner, SESSIONS, answer, b);
   }
   check_kept(b, "on their own nodes");
   /* what the victim put into the log: packed, its states' bytes far fewer than they held */

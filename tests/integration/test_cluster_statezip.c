@@ -120,13 +120,8 @@ static void test_cluster_statezip_packed_states_move_raw_ones_load_and_a_lying_o
   cph_test_cluster *c = b->c;
   int victim = 1, survivor = 0, moved = cph_tc_moved(b->owner, SESSIONS, victim);
   for (int round = 0; round < ROUNDS; round++) {
-    cph_tc_ask(c, round % NODES, SESSIONS, round);
     b->round = round;
-    for (int n = 0; n < NODES; n++) {
-      char what[32];
-      snprintf(what, sizeof what, "round %d", round);
-      cph_tc_lease_each(c, n, b->owner, SESSIONS, answer, b, what);
-    }
+    cph_tc_ask_and_answer(c, NODES, round, b->owner, SESSIONS, answer, b);
   }
   int raw_s = -1, bad_s = -1;
   for (int s = 0; s < SESSIONS; s++)

@@ -614,6 +614,16 @@ void cph_tc_lease_each(cph_test_cluster *c, int n, const int *owner, int session
   free(done);
 }
 
+void cph_tc_ask_and_answer(cph_test_cluster *c, int nodes, int round, const int *owner,
+                           int sessions, bool (*answer)(void *ctx, int n, json_t *turn, int s),
+                           void *ctx) {
+  cph_tc_ask(c, round % nodes, sessions, round);
+  char what[32];
+  snprintf(what, sizeof what, "round %d", round);
+  for (int n = 0; n < nodes; n++)
+    cph_tc_lease_each(c, n, owner, sessions, answer, ctx, what);
+}
+
 int cph_tc_back_and_away(cph_test_cluster *c, int victim, int shards, int ttl_s,
                          const char *extra, char *dir, const int *owner, int sessions,
                          void (*check)(void *ctx, const char *when), void *ctx) {

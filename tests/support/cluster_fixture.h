@@ -119,6 +119,12 @@ void cph_tc_ask(cph_test_cluster *c, int via, int sessions, int round);
 void cph_tc_lease_each(cph_test_cluster *c, int n, const int *owner, int sessions,
                        bool (*answer)(void *ctx, int n, json_t *turn, int s), void *ctx,
                        const char *what);
+/* One round: question `round` posted to t00.. t<sessions - 1> through node round % nodes
+ * (cph_tc_ask), then on each of nodes 0..nodes - 1 every session it owns leased and answered
+ * (cph_tc_lease_each with answer and ctx; "round <round>" in a failure). */
+void cph_tc_ask_and_answer(cph_test_cluster *c, int nodes, int round, const int *owner,
+                           int sessions, bool (*answer)(void *ctx, int n, json_t *turn, int s),
+                           void *ctx);
 /* Node victim, killed -9 with its data kept (dir: cph_tc_kill_node's), comes back on it (its
  * shards move back: settled, then check(ctx, "after the shards moved back")) and is killed -9
  * again (they move away again: settled, then check(ctx, "after the shards moved away
