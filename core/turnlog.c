@@ -44,13 +44,18 @@ static cph_key turn_key(const char *session, uint64_t turn) {
 #define KEPT_ROW 'r'
 #define KEPT_REFS 'f'
 
-static cph_key kept_key(const char *session, uint64_t turn) {
+/* session\0 tag be64(x) */
+static cph_key tagged_key(const char *session, uint8_t tag, uint64_t x) {
   cph_key k;
   cph_key_reset(&k);
   cph_key_str(&k, session);
-  cph_key_byte(&k, KEPT_TURN);
-  cph_key_u64(&k, turn);
+  cph_key_byte(&k, tag);
+  cph_key_u64(&k, x);
   return k;
+}
+
+static cph_key kept_key(const char *session, uint64_t turn) {
+  return tagged_key(session, KEPT_TURN, turn);
 }
 
 static cph_key refs_key(const char *session, uint64_t turn) {
@@ -60,12 +65,7 @@ static cph_key refs_key(const char *session, uint64_t turn) {
 }
 
 static cph_key row_key(const char *session, uint64_t row) {
-  cph_key k;
-  cph_key_reset(&k);
-  cph_key_str(&k, session);
-  cph_key_byte(&k, KEPT_ROW);
-  cph_key_u64(&k, row);
-  return k;
+  return tagged_key(session, KEPT_ROW, row);
 }
 
 /* Whether k (of "turn_kept") is a record key of the session whose prefix (id and NUL) is
