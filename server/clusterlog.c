@@ -1325,9 +1325,6 @@ static int pos_acked(cph_clog *l, uint32_t shard, uint64_t upto) {
   return done;
 }
 
-static bool last_seq(cph_clog *l, const char *const *subjects, size_t n, uint64_t *out, char *why,
-                     size_t size);
-
 /* Whether target shard s's consumer acknowledged everything of s stored when L was read: its ack
  * floor reached the newest sequence of s's subjects (in, fwd), read once after L — a message of
  * s at or below L is at or below that one; a newer one makes the wait longer, never wrong. -1 on
