@@ -26,6 +26,19 @@ static const char *POLICY = "{:sessions {:janitor? false :max-queue 1000}\n"
 
 #define SESSIONS 3
 
+/* Session s's id, "s<s>" (a static buffer: used before the next call). */
+static const char *sid(int s) {
+  static char id[8];
+  snprintf(id, sizeof id, "s%d", s);
+  return id;
+}
+
+/* Creates sessions s0..s<SESSIONS - 1> on f. */
+static void create_sessions(cph_fixture *f) {
+  for (int s = 0; s < SESSIONS; s++)
+    cph_fixture_create_session(f, sid(s), CPH_LANE_INTERACTIVE, NULL, 0);
+}
+
 /* Session s's turn i: a question, its lease, a reply and a memory. */
 static void turn(cph_fixture *f, const char *s, int i) {
   char body[64], reply[96], memory[64];
@@ -57,11 +70,8 @@ static void turn(cph_fixture *f, const char *s, int i) {
 
 static void rounds(cph_fixture *f, int from, int to) {
   for (int i = from; i < to; i++)
-    for (int s = 0; s < SESSIONS; s++) {
-      char id[8];
-      snprintf(id, sizeof id, "s%d", s);
-      turn(f, id, i);
-    }
+    for (int s = 0; s < SESSIONS; s++)
+      turn(f, sid(s), i);
 }
 
 static void same_str(const char *a, const char *b, const char *what, uint64_t turn) {
@@ -200,11 +210,7 @@ static size_t entries5(const char *dir, cph_db db) {
 static void test_a_schema5_data_dir_opens_and_shows_the_same_kept_turns(void **state) {
   (void)state;
   cph_fixture *a = cph_fixture_new("schema5-a", POLICY);
-  for (int s = 0; s < SESSIONS; s++) {
-    char id[8];
-    snprintf(id, sizeof id, "s%d", s);
-    cph_fixture_create_session(a, id, CPH_LANE_INTERACTIVE, NULL, 0);
-  }
+  create_sessions(a);
   rounds(a, 0, 7); /* past :keep-turns 4: some turns trimmed, their rows with them */
   cph_engine_close(a->e);
   a->e = NULL;
@@ -223,11 +229,8 @@ static void test_a_schema5_data_dir_opens_and_shows_the_same_kept_turns(void **s
   b->clock = a->clock;
   cph_fixture_open(a);
   cph_fixture_open(b); /* migrates */
-  for (int s = 0; s < SESSIONS; s++) {
-    char id[8];
-    snprintf(id, sizeof id, "s%d", s);
-    assert_int_equal(same_kept(a, b, id), 4);
-  }
+  for (int s = 0; s < SESSIONS; s++)
+    assert_int_equal(same_kept(a, b, sid(s)), 4);
 
   cph_engine_close(b->e);
   b->e = NULL;
@@ -241,11 +244,8 @@ static void test_a_schema5_data_dir_opens_and_shows_the_same_kept_turns(void **s
    * the restart) and trimmed alike, so both hold the same entries */
   rounds(a, 7, 12);
   rounds(b, 7, 12);
-  for (int s = 0; s < SESSIONS; s++) {
-    char id[8];
-    snprintf(id, sizeof id, "s%d", s);
-    assert_int_equal(same_kept(a, b, id), 4);
-  }
+  for (int s = 0; s < SESSIONS; s++)
+    assert_int_equal(same_kept(a, b, sid(s)), 4);
   cph_engine_close(a->e);
   a->e = NULL;
   cph_engine_close(b->e);
@@ -260,11 +260,7 @@ static void test_a_schema5_data_dir_opens_and_shows_the_same_kept_turns(void **s
 static void test_a_corrupt_schema5_key_stops_the_migration(void **state) {
   (void)state;
   cph_fixture *a = cph_fixture_new("schema5-bad", POLICY);
-  for (int s = 0; s < SESSIONS; s++) {
-    char id[8];
-    snprintf(id, sizeof id, "s%d", s);
-    cph_fixture_create_session(a, id, CPH_LANE_INTERACTIVE, NULL, 0);
-  }
+  create_sessions(a);
   rounds(a, 0, 2);
   cph_engine_close(a->e);
   a->e = NULL;
