@@ -188,11 +188,22 @@ static int reply_cmp(const void *a, const void *b) {
   return x->ts_ms < y->ts_ms ? -1 : x->ts_ms > y->ts_ms;
 }
 
-static void put_str32(cph_buf *out, const char *str) {
+/* Append v big-endian: a part's count, a length, a time. */
+static void put_be32(cph_buf *out, uint32_t v) {
   uint8_t be[4];
-  size_t n = strlen(str);
-  cph_be32_put(be, (uint32_t)n);
+  cph_be32_put(be, v);
   cph_buf_append(out, be, 4);
+}
+
+static void put_be64(cph_buf *out, uint64_t v) {
+  uint8_t be[8];
+  cph_be64_put(be, v);
+  cph_buf_append(out, be, 8);
+}
+
+static void put_str32(cph_buf *out, const char *str) {
+  size_t n = strlen(str);
+  put_be32(out, (uint32_t)n);
   cph_buf_append(out, str, n);
 }
 
@@ -260,16 +271,13 @@ static void stream_scan_free(stream_scan *ss) {
 /* The stream replies part of the blob (above), oldest first. Its flags are 0: since version 5
  * the channel history part carries every entry, the session's replies included. */
 static void write_stream_part(const stream_scan *ss, cph_buf *out) {
-  uint8_t be[8];
-  cph_be32_put(be, (uint32_t)ss->n);
-  cph_buf_append(out, be, 4);
+  put_be32(out, (uint32_t)ss->n);
   for (size_t i = ss->n; i-- > 0;) {
     static const uint8_t flag = 0;
     cph_buf_append(out, &flag, 1);
     put_str32(out, ss->v[i].origin);
     put_str32(out, ss->v[i].channel);
-    cph_be64_put(be, (uint64_t)ss->v[i].ts_ms);
-    cph_buf_append(out, be, 8);
+    put_be64(out, (uint64_t)ss->v[i].ts_ms);
     put_str32(out, ss->v[i].body);
   }
 }
@@ -480,9 +488,7 @@ static int state_export_history(const cph_handover *st, const csession *s, cph_b
     all.n = kept;
     if (all.n > 1)
       qsort(all.v, all.n, sizeof *all.v, entry_log_order);
-    uint8_t be[8];
-    cph_be32_put(be, (uint32_t)all.n);
-    cph_buf_append(out, be, 4);
+    put_be32(out, (uint32_t)all.n);
     for (size_t i = 0; i < all.n; i++) {
       const hist_entry *e = &all.v[i];
       uint8_t flag = e->seen;
@@ -490,8 +496,7 @@ static int state_export_history(const cph_handover *st, const csession *s, cph_b
       put_str32(out, e->channel);
       put_str32(out, e->sender);
       put_str32(out, e->kind ? e->kind : "");
-      cph_be64_put(be, (uint64_t)e->ts_ms);
-      cph_buf_append(out, be, 8);
+      put_be64(out, (uint64_t)e->ts_ms);
       put_str32(out, e->body);
     }
   }
@@ -580,9 +585,7 @@ static int state_export_memories(const cph_handover *st, const csession *s, cph_
   if (rc == CPH_OK) {
     if (ms.n > 1)
       qsort(ms.v, ms.n, sizeof *ms.v, memory_id_cmp);
-    uint8_t be[4];
-    cph_be32_put(be, (uint32_t)ms.n);
-    cph_buf_append(out, be, 4);
+    put_be32(out, (uint32_t)ms.n);
     for (size_t i = 0; i < ms.n; i++) {
       cph_buf_append(out, &ms.v[i].kind, 1);
       put_str32(out, ms.v[i].text);
@@ -597,12 +600,9 @@ static int state_export_memories(const cph_handover *st, const csession *s, cph_
 /* A part of encoded records (the turn records, the seals): be32 count, and per record be32
  * length + the record, v[0..n) collected newest first and written oldest first. */
 static void write_records_part(const cph_buf *v, size_t n, cph_buf *out) {
-  uint8_t be[4];
-  cph_be32_put(be, (uint32_t)n);
-  cph_buf_append(out, be, 4);
+  put_be32(out, (uint32_t)n);
   for (size_t i = n; i-- > 0;) {
-    cph_be32_put(be, (uint32_t)v[i].len);
-    cph_buf_append(out, be, 4);
+    put_be32(out, (uint32_t)v[i].len);
     cph_buf_append(out, v[i].data, v[i].len);
   }
 }
