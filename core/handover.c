@@ -60,9 +60,21 @@
  * over stores each one whose turn record this state's turn records part stored there (a new
  * turn id there, looked up by origin; a turn it held already, or whose record did not move,
  * is left out: nothing is doubled), through turnlog_import. A version-5 blob lacks that part
- * and still imports. */
+ * and still imports.
+ * Version 7 widens the memories part from the session's own scope to every scope its turns'
+ * memory section reads: its own and its channels' ("#channel": the raw memories of the events
+ * it was sent, and the summaries and aggregates made of them) — the newest STATE_RAW_MEMORIES
+ * raw and STATE_MEMORIES other memories over them all, but those of the events its inbox
+ * still holds (state_export_memories says how each is written). Before, a session that took
+ * its input from channels came to its new owner without its channels' memories, and its next
+ * turn's memory section showed only what its own turns had minted. The node taking it over
+ * mints each one the scope lacks there, linking a raw one to its event's copy there (which
+ * the channel history part brought), so a turn there shows what a turn showed on the old
+ * owner. A version-6 blob (memories of the session's scope, without scopes) still imports. */
 #include "handover.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,11 +87,12 @@
 #include "turnrecs.h"
 
 #define STATE_MAGIC "CPHS"
-#define STATE_VERSION 6u
+#define STATE_VERSION 7u
 /* The oldest store schema (store/store.h) whose states this build imports: schema 6 moved kept
  * contexts between databases and changed no record a state carries, so a schema-5 node's
  * states (a cluster upgraded node by node, or states the log held from before) still import. */
 #define STATE_SCHEMA_OLDEST 5u
+#define STATE_VERSION_NO_SCOPES 6u /* memories of the session's own scope only; still imported */
 #define STATE_VERSION_NO_KEPT 5u /* before the kept turn contexts; still imported */
 #define STATE_VERSION_NO_HISTORY 4u /* before the channel history (its replies only); still imported */
 #define STATE_VERSION_NO_SEALS 3u  /* before the seals; still imported */
@@ -98,7 +111,13 @@
 /* The entries of a channel here that an imported entry is looked for among: a shared channel
  * gets the same events here through the log, for the sessions it serves. */
 #define STATE_HISTORY_MATCH 256
-#define STATE_MEMORIES 64 /* of each class (raw, other) */
+/* Of the memories (version 7): the newest raw ones over the session's scopes — more than a
+ * turn shows (32: core/context.c), as a turn skips those of the events its history shows —
+ * and the newest others; versions 1 to 6 carried STATE_MEMORIES of each class of its own
+ * scope alone. */
+#define STATE_RAW_MEMORIES 160
+#define STATE_MEMORIES 64
+#define STATE_RAW_MEMORY_BYTES (192u * 1024u) /* of the part as written */
 #define STATE_MEMORY_BYTES (256u * 1024u)
 #define STATE_TURNS 64
 #define STATE_TURN_BYTES (256u * 1024u) /* of the records as encoded, with their lengths */
@@ -507,11 +526,31 @@ static int state_export_history(const cph_handover *st, const csession *s, cph_b
   return rc;
 }
 
+/* ---- The memories part (version 7: every scope the session's turns read) ---- */
+
+/* A memory collected for a state, or read from one. */
 typedef struct state_memory {
-  uint64_t id;
+  uint64_t id; /* collected: its id here (the part is written in id order) */
   uint8_t kind;
-  char *text;
+  char *scope, *text;
+  char **tags;
+  uint32_t n_tags;
+  /* A raw memory minted from an event: that event's sender and time (its channel is the
+   * scope's, its body the memory's text), so that the node taking it over links the memory to
+   * its own copy of the event — a turn that shows the event does not show its memory too
+   * (core/context.c). NULL: not from an event, or the event is gone. */
+  char *sender;
+  int64_t ts_ms;
 } state_memory;
+
+static void state_memory_free(state_memory *m) {
+  free(m->scope);
+  free(m->text);
+  for (uint32_t i = 0; i < m->n_tags; i++)
+    free(m->tags[i]);
+  free(m->tags);
+  free(m->sender);
+}
 
 static int memory_id_cmp(const void *a, const void *b) {
   const state_memory *x = a, *y = b;
@@ -546,54 +585,182 @@ static int memories_tail(cph_txn *t, const char *scope, bool raw, size_t scan,
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
+/* A memory's bytes in the part (as state_export_memories writes it). */
+static size_t memory_bytes(const cph_memory_rec *m, const char *sender) {
+  size_t b = 2 + 4 + strlen(m->session) + 4 + strlen(m->text) + 4;
+  for (uint32_t i = 0; i < m->n_tags; i++)
+    b += 4 + strlen(m->tags[i]);
+  return b + (sender ? 4 + strlen(sender) + 8 : 0);
+}
+
+/* The sender and time of the event raw memory m was minted from, into g (sender NULL when it
+ * names none, or the event is gone or redacted). CPH_OK or the store's error. */
+static int memory_source(cph_txn *t, const cph_memory_rec *m, state_memory *g) {
+  if (m->kind != CPH_MEMORY_RAW || !m->source_event_id || m->session[0] != '#')
+    return CPH_OK;
+  cph_key ek = cph_key_of_u64(m->source_event_id);
+  cph_event_rec ev;
+  int rc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  if (rc == CPH_OK && ev.body && ev.sender && strcmp(ev.body, m->text) == 0 &&
+      strcmp(ev.channel, m->session + 1) == 0) {
+    g->sender = ev.sender;
+    ev.sender = NULL;
+    g->ts_ms = ev.ts_ms;
+  }
+  if (rc == CPH_OK)
+    cph_record_free(&cph_event_desc, &ev);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
 typedef struct memory_scan {
   state_memory *v;
   size_t n, cap, bytes;
-  bool nomem;
 } memory_scan;
 
-static bool collect_memory(void *ctx, const cph_memory_rec *m) {
-  memory_scan *ms = ctx;
-  size_t len = strlen(m->text);
-  if (ms->bytes + len > STATE_MEMORY_BYTES)
-    return false;
-  state_memory *g = room_for_one(ms->v, &ms->cap, ms->n, sizeof *g, 16);
-  if (!g) {
-    ms->nomem = true;
-    return false;
+/* Copies m into ms (taking g's source): CPH_OK or CPH_ENOMEM. */
+static int memory_keep(memory_scan *ms, const cph_memory_rec *m, state_memory *g) {
+  state_memory *v = room_for_one(ms->v, &ms->cap, ms->n, sizeof *v, 16);
+  if (!v)
+    return CPH_ENOMEM;
+  ms->v = v;
+  g->id = m->id;
+  g->kind = m->kind;
+  g->scope = strdup(m->session);
+  g->text = strdup(m->text);
+  g->tags = m->n_tags ? calloc(m->n_tags, sizeof *g->tags) : NULL;
+  bool ok = g->scope && g->text && (g->tags || !m->n_tags);
+  for (uint32_t i = 0; ok && i < m->n_tags; i++, g->n_tags++)
+    ok = (g->tags[i] = strdup(m->tags[i])) != NULL;
+  if (!ok) { /* g->sender stays the caller's */
+    char *sender = g->sender;
+    g->sender = NULL;
+    state_memory_free(g);
+    *g = (state_memory){.sender = sender};
+    return CPH_ENOMEM;
   }
-  ms->v = g;
-  if (!(ms->v[ms->n].text = strdup(m->text))) {
-    ms->nomem = true;
-    return false;
-  }
-  ms->v[ms->n].id = m->id;
-  ms->v[ms->n].kind = m->kind;
-  ms->n++;
-  ms->bytes += len;
-  return true;
+  ms->v[ms->n++] = *g;
+  return CPH_OK;
 }
 
-/* The memories part of the blob (above). */
+/* Collects into ms the newest `max` live memories of class raw (or the others) over the
+ * scopes, merged newest first as a turn's memory section reads them, while ms's bytes stay
+ * within `budget`; raw memories of the events in live[0..n_live) are left out (the log's
+ * replay mints them again on the new owner). Reads at most 4 * max records. */
+static int collect_memories(cph_txn *t, char *const *scopes, size_t n_scopes, bool raw,
+                            size_t max, size_t budget, const uint64_t *live, size_t n_live,
+                            memory_scan *ms) {
+  memory_scope_cursor walks[1 + STATE_CHANNELS];
+  size_t n_walks = 0;
+  int rc = CPH_OK;
+  while (rc == CPH_OK && n_walks < n_scopes) {
+    rc = memory_scope_open(t, scopes[n_walks], raw, &walks[n_walks]);
+    if (rc == CPH_OK && (rc = memory_scope_newest(&walks[n_walks])) != CPH_OK)
+      memory_scope_close(&walks[n_walks]);
+    else if (rc == CPH_OK)
+      n_walks++;
+  }
+  for (size_t kept = 0, read = 0; rc == CPH_OK && kept < max && read < 4 * max; read++) {
+    size_t best = n_walks;
+    for (size_t i = 0; i < n_walks; i++)
+      if (walks[i].id && (best == n_walks || walks[i].id > walks[best].id))
+        best = i;
+    if (best == n_walks)
+      break;
+    uint64_t id = walks[best].id, source = walks[best].source;
+    rc = memory_scope_older(&walks[best]);
+    bool is_live = false;
+    for (size_t i = 0; raw && source && i < n_live && !is_live; i++)
+      is_live = live[i] == source;
+    if (rc || is_live)
+      continue;
+    cph_key mk = cph_key_of_u64(id);
+    cph_memory_rec m;
+    int grc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if ((rc = grc) != CPH_OK)
+      break;
+    state_memory g = {0};
+    if (!m.deleted && m.text && (rc = memory_source(t, &m, &g)) == CPH_OK) {
+      size_t b = memory_bytes(&m, g.sender);
+      if (ms->bytes + b > budget)
+        max = kept; /* the newest that fit are in: the rest would leave a hole */
+      else if ((rc = memory_keep(ms, &m, &g)) == CPH_OK) {
+        ms->bytes += b;
+        kept++;
+        g.sender = NULL; /* taken */
+      }
+    }
+    free(g.sender);
+    cph_record_free(&cph_memory_desc, &m);
+  }
+  for (size_t i = 0; i < n_walks; i++)
+    memory_scope_close(&walks[i]);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* The memories part of the blob (version 7): the newest STATE_RAW_MEMORIES raw memories and
+ * the newest STATE_MEMORIES others (summaries, aggregates) over the scopes the session's turns
+ * read — its own and its channels' ("#channel": the raw memories of the events it was sent,
+ * which its turns show once those events are older than the history its turns show) — but
+ * those of the events its inbox still holds, within STATE_MEMORY_BYTES (raw ones within
+ * STATE_RAW_MEMORY_BYTES of it), written oldest first over all scopes: be32 count, and per
+ * memory a kind byte, a flag byte (1: from an event), be32 length + scope, be32 length + text,
+ * be32 count of tags and each be32 length + tag, and for a flagged one be32 length + the
+ * event's sender and be64 its time. */
 static int state_export_memories(const cph_handover *st, const csession *s, cph_buf *out) {
+  cph_txn *t = &st->env->txn;
+  session_chans sc;
+  session_chans_get(t, s, &sc);
+  char *scopes[1 + STATE_CHANNELS];
+  size_t n_scopes = 0;
+  int rc = (scopes[n_scopes++] = strdup(s->id)) ? CPH_OK : CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < sc.n; i++) {
+    size_t l = strlen(sc.v[i]);
+    if (!(scopes[n_scopes] = malloc(l + 2)))
+      rc = CPH_ENOMEM;
+    else {
+      scopes[n_scopes][0] = CPH_CHANNEL_SCOPE_PREFIX;
+      memcpy(scopes[n_scopes++] + 1, sc.v[i], l + 1);
+    }
+  }
+  uint64_t live[STATE_LIVE_SCAN];
+  size_t n_live = 0;
+  for (uint32_t i = s->n_inbox; i-- > 0 && n_live < STATE_LIVE_SCAN;)
+    live[n_live++] = s->inbox[i].event_id;
   memory_scan ms = {0};
-  int rc = memories_tail(&st->env->txn, s->id, true, STATE_MEMORIES, collect_memory, &ms);
-  if (rc == CPH_OK && !ms.nomem)
-    rc = memories_tail(&st->env->txn, s->id, false, STATE_MEMORIES, collect_memory, &ms);
-  if (rc == CPH_OK && ms.nomem)
-    rc = CPH_ENOMEM;
+  if (rc == CPH_OK)
+    rc = collect_memories(t, scopes, n_scopes, true, STATE_RAW_MEMORIES, STATE_RAW_MEMORY_BYTES,
+                          live, n_live, &ms);
+  if (rc == CPH_OK)
+    rc = collect_memories(t, scopes, n_scopes, false, STATE_MEMORIES, STATE_MEMORY_BYTES, live,
+                          n_live, &ms);
   if (rc == CPH_OK) {
     if (ms.n > 1)
       qsort(ms.v, ms.n, sizeof *ms.v, memory_id_cmp);
     put_be32(out, (uint32_t)ms.n);
     for (size_t i = 0; i < ms.n; i++) {
-      cph_buf_append(out, &ms.v[i].kind, 1);
-      put_str32(out, ms.v[i].text);
+      const state_memory *m = &ms.v[i];
+      uint8_t head[2] = {m->kind, m->sender != NULL};
+      cph_buf_append(out, head, 2);
+      put_str32(out, m->scope);
+      put_str32(out, m->text);
+      put_be32(out, m->n_tags);
+      for (uint32_t k = 0; k < m->n_tags; k++)
+        put_str32(out, m->tags[k]);
+      if (m->sender) {
+        put_str32(out, m->sender);
+        put_be64(out, (uint64_t)m->ts_ms);
+      }
     }
   }
   for (size_t i = 0; i < ms.n; i++)
-    free(ms.v[i].text);
+    state_memory_free(&ms.v[i]);
   free(ms.v);
+  for (size_t i = 0; i < n_scopes; i++)
+    free(scopes[i]);
+  if (sc.have_rec)
+    cph_record_free(&cph_session_desc, &sc.rec);
   return rc;
 }
 
@@ -1058,8 +1225,8 @@ static int state_import_channels(cph_txn *t, const char *session, const hist_lis
   return rc;
 }
 
-/* The memories part: each memory whose text the session's newest memories of its class here
- * lack is minted in its scope (its embedding queued, as for any new memory); *used: the part's
+/* The memories part of versions 1 to 6: each memory whose text the session's newest memories
+ * of its class here lack is minted in its scope (its embedding queued, as for any new memory); *used: the part's
  * length. CPH_EINVAL when the part is malformed. */
 static int state_import_memories(const cph_handover *st, cph_txn *t, const char *session,
                                  const uint8_t *data, size_t n, size_t *used) {
@@ -1084,6 +1251,249 @@ static int state_import_memories(const cph_handover *st, cph_txn *t, const char 
       rc = memory_mint(st->memory, t, session, kind, text, 0, true, NULL);
     free(text);
   }
+  *used = at;
+  return rc;
+}
+
+/* ---- Importing the memories part of version 7 ---- */
+
+/* The texts of the memories one scope here held of one class before the import (its newest,
+ * twice as many as a state carries), each matched by one imported memory at most: two alike
+ * in a state stay two, and an import repeated adds nothing. */
+typedef struct held_class {
+  char *scope;
+  bool raw;
+  char **texts;
+  bool *matched;
+  size_t n, cap;
+  bool nomem;
+} held_class;
+
+/* An event of a channel's newest history here, which an imported raw memory may come from. */
+typedef struct chan_event {
+  char *sender, *body;
+  int64_t ts_ms;
+  uint64_t id;
+} chan_event;
+
+typedef struct chan_events {
+  char *channel;
+  chan_event *v;
+  size_t n, cap;
+  bool nomem;
+} chan_events;
+
+typedef struct memory_import {
+  held_class *held;
+  size_t n_held, cap_held;
+  chan_events *chans;
+  size_t n_chans, cap_chans;
+} memory_import;
+
+static void memory_import_free(memory_import *mi) {
+  for (size_t i = 0; i < mi->n_held; i++) {
+    held_class *h = &mi->held[i];
+    for (size_t k = 0; k < h->n; k++)
+      free(h->texts[k]);
+    free(h->texts);
+    free(h->matched);
+    free(h->scope);
+  }
+  free(mi->held);
+  for (size_t i = 0; i < mi->n_chans; i++) {
+    chan_events *c = &mi->chans[i];
+    for (size_t k = 0; k < c->n; k++) {
+      free(c->v[k].sender);
+      free(c->v[k].body);
+    }
+    free(c->v);
+    free(c->channel);
+  }
+  free(mi->chans);
+}
+
+static bool collect_held(void *ctx, const cph_memory_rec *m) {
+  held_class *h = ctx;
+  char **t = room_for_one(h->texts, &h->cap, h->n, sizeof *t, 16);
+  if (t)
+    h->texts = t;
+  bool *g = t ? realloc(h->matched, h->cap * sizeof *g) : NULL;
+  if (g)
+    h->matched = g;
+  if (!g || !(h->texts[h->n] = strdup(m->text))) {
+    h->nomem = true;
+    return false;
+  }
+  h->matched[h->n++] = false;
+  return true;
+}
+
+/* Whether scope here held a memory of raw's class with this text not matched yet (then it is
+ * matched now). The scope's list is read at its first memory of the import. */
+static int import_held(memory_import *mi, cph_txn *t, const char *scope, bool raw,
+                       const char *text, bool *held) {
+  held_class *h = NULL;
+  for (size_t i = 0; i < mi->n_held && !h; i++)
+    if (mi->held[i].raw == raw && strcmp(mi->held[i].scope, scope) == 0)
+      h = &mi->held[i];
+  if (!h) {
+    held_class *g = room_for_one(mi->held, &mi->cap_held, mi->n_held, sizeof *g, 4);
+    if (!g)
+      return CPH_ENOMEM;
+    mi->held = g;
+    h = &mi->held[mi->n_held];
+    *h = (held_class){.raw = raw};
+    if (!(h->scope = strdup(scope)))
+      return CPH_ENOMEM;
+    mi->n_held++;
+    int rc = memories_tail(t, scope, raw, 2 * (raw ? STATE_RAW_MEMORIES : STATE_MEMORIES),
+                           collect_held, h);
+    if (rc == CPH_OK && h->nomem)
+      rc = CPH_ENOMEM;
+    if (rc)
+      return rc;
+  }
+  *held = false;
+  for (size_t i = 0; i < h->n && !*held; i++)
+    if (!h->matched[i] && strcmp(h->texts[i], text) == 0)
+      *held = h->matched[i] = true;
+  return CPH_OK;
+}
+
+static bool collect_chan_event(void *ctx, uint64_t index, const cph_event_rec *ev) {
+  (void)index;
+  chan_events *c = ctx;
+  if (!ev->body || !ev->sender)
+    return true;
+  chan_event *g = room_for_one(c->v, &c->cap, c->n, sizeof *g, 16);
+  if (g)
+    c->v = g;
+  chan_event e = {g ? strdup(ev->sender) : NULL, g ? strdup(ev->body) : NULL, ev->ts_ms, ev->id};
+  if (!e.sender || !e.body) {
+    free(e.sender);
+    free(e.body);
+    c->nomem = true;
+    return false;
+  }
+  c->v[c->n++] = e;
+  return true;
+}
+
+/* The id here of the event of channel chan (sender, ts_ms, body) among the channel's newest
+ * STATE_HISTORY_MATCH entries — the state's channel history part was imported before — or 0.
+ * The channel's entries are read at its first lookup of the import. */
+static int import_event(memory_import *mi, cph_txn *t, const char *chan, const char *sender,
+                        int64_t ts_ms, const char *body, uint64_t *id) {
+  chan_events *c = NULL;
+  for (size_t i = 0; i < mi->n_chans && !c; i++)
+    if (strcmp(mi->chans[i].channel, chan) == 0)
+      c = &mi->chans[i];
+  if (!c) {
+    chan_events *g = room_for_one(mi->chans, &mi->cap_chans, mi->n_chans, sizeof *g, 4);
+    if (!g)
+      return CPH_ENOMEM;
+    mi->chans = g;
+    c = &mi->chans[mi->n_chans];
+    *c = (chan_events){0};
+    if (!(c->channel = strdup(chan)))
+      return CPH_ENOMEM;
+    mi->n_chans++;
+    int rc = history_tail(t, chan, STATE_HISTORY_MATCH, collect_chan_event, c);
+    if (rc == CPH_OK && c->nomem)
+      rc = CPH_ENOMEM;
+    if (rc)
+      return rc;
+  }
+  *id = 0;
+  for (size_t i = 0; i < c->n && !*id; i++) /* newest first */
+    if (c->v[i].ts_ms == ts_ms && strcmp(c->v[i].body, body) == 0 &&
+        strcmp(c->v[i].sender, sender) == 0)
+      *id = c->v[i].id;
+  return CPH_OK;
+}
+
+/* Reads one memory of the part at data[*at..n) into m. CPH_EINVAL (why says what) or
+ * CPH_ENOMEM. */
+static int read_state_memory(const uint8_t *data, size_t n, size_t *at, const char *session,
+                             uint32_t no, state_memory *m, char *why, size_t len) {
+  bool bad = n - *at < 2;
+  uint8_t flags = 0;
+  if (!bad) {
+    m->kind = data[(*at)++];
+    flags = data[(*at)++];
+  }
+  if (!bad)
+    m->scope = get_str32(data, n, at, &bad);
+  if (!bad && m->scope)
+    m->text = get_str32(data, n, at, &bad);
+  uint32_t n_tags = 0;
+  if (!bad && m->text) {
+    bad = n - *at < 4;
+    n_tags = bad ? 0 : cph_be32_get(data + *at);
+    *at += bad ? 0 : 4;
+    bad = bad || n_tags > (n - *at) / 4;
+  }
+  if (!bad && m->text && n_tags && !(m->tags = calloc(n_tags, sizeof *m->tags)))
+    return CPH_ENOMEM;
+  for (; !bad && m->n_tags < n_tags; m->n_tags++)
+    if (!(m->tags[m->n_tags] = get_str32(data, n, at, &bad)) && !bad)
+      return CPH_ENOMEM;
+  if (!bad && m->text && (flags & 1)) {
+    m->sender = get_str32(data, n, at, &bad);
+    bad = bad || n - *at < 8;
+    m->ts_ms = bad ? 0 : (int64_t)cph_be64_get(data + *at);
+    *at += bad ? 0 : 8;
+  }
+  if (bad) {
+    snprintf(why, len, "its memory %" PRIu32 " is cut short", no);
+    return CPH_EINVAL;
+  }
+  if (!m->scope || !m->text || ((flags & 1) && !m->sender))
+    return CPH_ENOMEM;
+  if (m->kind >= CPH_MEMORY_KIND_COUNT || flags > 1) {
+    snprintf(why, len, "its memory %" PRIu32 " has kind %u and flags %u", no, m->kind, flags);
+    return CPH_EINVAL;
+  }
+  if (strcmp(m->scope, session) != 0 && m->scope[0] != CPH_CHANNEL_SCOPE_PREFIX) {
+    snprintf(why, len, "its memory %" PRIu32 " is scoped to '%.64s', neither the session nor a "
+             "channel", no, m->scope);
+    return CPH_EINVAL;
+  }
+  return CPH_OK;
+}
+
+/* The memories part of version 7: each memory its scope here lacks (by text, among the scope's
+ * newest of its class) is minted there with its tags, a raw memory from an event linked to that
+ * event's copy here when the channel's newest history has it; in the part's order, so their
+ * order over the scopes is the one they had. *used: the part's length. CPH_EINVAL (why says
+ * what) when the part is malformed. */
+static int state_import_scoped_memories(const cph_handover *st, cph_txn *t, const char *session,
+                                        const uint8_t *data, size_t n, size_t *used, char *why,
+                                        size_t len) {
+  if (n < 4) {
+    snprintf(why, len, "its memories part is cut short (%zu bytes)", n);
+    return CPH_EINVAL;
+  }
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  int rc = CPH_OK;
+  memory_import mi = {0};
+  for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
+    state_memory m = {0};
+    rc = read_state_memory(data, n, &at, session, i + 1, &m, why, len);
+    bool held = false;
+    if (rc == CPH_OK)
+      rc = import_held(&mi, t, m.scope, m.kind == CPH_MEMORY_RAW, m.text, &held);
+    uint64_t source = 0, id = 0;
+    if (rc == CPH_OK && !held && m.sender)
+      rc = import_event(&mi, t, m.scope + 1, m.sender, m.ts_ms, m.text, &source);
+    if (rc == CPH_OK && !held)
+      rc = memory_mint(st->memory, t, m.scope, m.kind, m.text, source, true, &id);
+    for (uint32_t k = 0; rc == CPH_OK && !held && k < m.n_tags; k++)
+      rc = memory_add_tag(st->memory, t, id, m.tags[k]);
+    state_memory_free(&m);
+  }
+  memory_import_free(&mi);
   *used = at;
   return rc;
 }
@@ -1363,7 +1773,9 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
     rc = state_import_channels(&t, id, &entries);
   reply_scan_free(&history);
   hist_list_free(&entries);
-  if (rc == CPH_OK)
+  if (rc == CPH_OK && version > STATE_VERSION_NO_SCOPES)
+    rc = state_import_scoped_memories(st, &t, id, p + at, n - at, &used, why, sizeof why);
+  else if (rc == CPH_OK)
     rc = state_import_memories(st, &t, id, p + at, n - at, &used);
   at += rc == CPH_OK ? used : 0;
   /* the turn records (version 3 on) and the seals (version 4): each one whose origin this
@@ -1381,7 +1793,7 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
     at += rc == CPH_OK ? used : 0;
     last = "seals";
   }
-  if (rc == CPH_OK && version >= STATE_VERSION) {
+  if (rc == CPH_OK && version > STATE_VERSION_NO_KEPT) {
     rc = read_records_part(p + at, n - at, "kept turn context", &used, why, sizeof why,
                            import_kept, &ic);
     at += rc == CPH_OK ? used : 0;

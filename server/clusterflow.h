@@ -191,8 +191,9 @@
  *    history bound, the nodes workers inserted —, the episode, the credits, its newest 64
  *    replies of the replies stream with their origins (core/replystream.h; 256 KiB at most),
  *    the newest 64 entries of each of its channels' history — the users' and other agents'
- *    messages with its replies, but what its inbox still holds; 256 KiB at most —, its newest
- *    memories, its newest ended turn records and its newest 16 seals, those with their
+ *    messages with its replies, but what its inbox still holds; 256 KiB at most —, the newest
+ *    memories of the scopes its turns read — its own and its channels', 160 raw and 64 others
+ *    over them all —, its newest ended turn records and its newest 16 seals, those with their
  *    origins), and so does every seal (u.context.state: cph_cflow_sealed, no marks — the
  *    seal's 200 waits for the state alone, so a seal answered 200 moves with its session).
  *    The node puts it into the
@@ -252,8 +253,8 @@
  *    figures). The session's newest 2 kept turn contexts (the explorer's, 192 KiB at most) go
  *    last, each stored on the new owner under the id the same state's turn record got there
  *    (core/handover.c). Not moved: older kept turn contexts, channel cursors as such (the new
- *    owner's move past the moved entries its turns saw), maintenance jobs, turn records and
- *    seals beyond their bounds (newest 64 and 16), the replies stream's older
+ *    owner's move past the moved entries its turns saw), maintenance jobs, turn records,
+ *    seals and memories beyond their bounds (newest 64, 16, and 160 + 64), the replies stream's older
  *    replies (beyond the session's newest 64) and its source inbox ids, and a channel's
  *    entries older than its newest 64 (or beyond the 256 KiB).
  *

@@ -215,6 +215,61 @@ static uint8_t *as_version_4(const uint8_t *blob, size_t *len) {
   return out;
 }
 
+/* A string of a state at blob[*p] (be32 length + bytes): *p moved past it. */
+static void skip_str32(const uint8_t *blob, size_t len, size_t *p) {
+  assert_true(*p + 4 <= len);
+  *p += 4 + cph_be32_get(blob + *p);
+  assert_true(*p <= len);
+}
+
+/* blob[0..*len) (a version-7 state of session "a", all its entries on the direct channel) as a
+ * version-6 node wrote it: its memories part as versions 1 to 6 wrote it (the session's own
+ * scope only: a kind byte and its text each). Malloc'd; *len updated. */
+static uint8_t *as_version_6(const uint8_t *blob, size_t *len) {
+  size_t at, n;
+  uint32_t count;
+  history_part(blob, *len, &at, &n, &count);
+  size_t p = at + n, from = p;
+  assert_true(p + 4 <= *len);
+  uint32_t memories = cph_be32_get(blob + p);
+  p += 4;
+  cph_buf part = {0};
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < memories; i++) {
+    assert_true(p + 2 <= *len);
+    uint8_t kind = blob[p], flags = blob[p + 1];
+    p += 2;
+    size_t scope = p;
+    skip_str32(blob, *len, &p);
+    size_t text = p;
+    skip_str32(blob, *len, &p);
+    assert_true(p + 4 <= *len);
+    uint32_t tags = cph_be32_get(blob + p);
+    p += 4;
+    for (uint32_t k = 0; k < tags; k++)
+      skip_str32(blob, *len, &p);
+    if (flags & 1) {
+      skip_str32(blob, *len, &p);
+      p += 8;
+    }
+    if (cph_be32_get(blob + scope) == 1 && blob[scope + 4] == 'a') {
+      cph_buf_append(&part, &kind, 1);
+      cph_buf_append(&part, blob + text, 4 + cph_be32_get(blob + text));
+      kept++;
+    }
+  }
+  uint8_t *out = malloc(*len + 4 + part.len);
+  assert_non_null(out);
+  memcpy(out, blob, from);
+  cph_be32_put(out + from, kept);
+  memcpy(out + from + 4, part.data, part.len);
+  memcpy(out + from + 4 + part.len, blob + p, *len - p);
+  *len = from + 4 + part.len + (*len - p);
+  cph_be32_put(out + 4, 6);
+  cph_buf_free(&part);
+  return out;
+}
+
 /* An engine tagged tag with policy, session "a" and reply origins as node `node`. */
 static cph_fixture *node_with_a(const char *tag, const char *policy, const char *node) {
   cph_fixture *f = cph_fixture_new(tag, policy);
@@ -790,8 +845,21 @@ static void test_session_state_versions_2_to_5_load_and_bad_records_are_named(vo
   /* without reply origins (no node name) no record or seal has an identity: empty parts */
   assert_true(len > 32);
   assert_memory_equal(blob + len - 12, "\0\0\0\0\0\0\0\0\0\0\0\0", 12);
-  assert_int_equal(cph_be32_get(blob + 4), 6);
+  assert_int_equal(cph_be32_get(blob + 4), 7);
+  uint8_t *v7 = blob; /* as a version-6 node wrote it: memories of its own scope, unscoped */
+  blob = as_version_6(v7, &len);
+  free(v7);
   bad_kept_contexts_are_named(blob, len);
+  {
+    char text[512];
+    cph_fixture *y = cph_fixture_new("v6_y", "{}");
+    cph_fixture_create_session(y, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+    for (int round = 0; round < 2; round++) {
+      assert_int_equal(import_msg(y, "a", blob, len, text, sizeof text), CPH_OK);
+      assert_int_equal(memory_count(y, "a", "memory 0 of a"), 1);
+    }
+    cph_fixture_free(y);
+  }
   char msg[512];
   /* as a version-5 node wrote it (no kept turn contexts): it loads, and a byte more is refused */
   len -= 4;
@@ -918,7 +986,7 @@ static void test_session_state_moves_channel_history(void **state) {
   two_nodes("hist", false, &from, &to);
   size_t len;
   uint8_t *blob = answered_state(from, &len);
-  assert_int_equal(cph_be32_get(blob + 4), 6);
+  assert_int_equal(cph_be32_get(blob + 4), 7);
   size_t at, n;
   uint32_t count;
   history_part(blob, len, &at, &n, &count);
@@ -931,7 +999,7 @@ static void test_session_state_moves_channel_history(void **state) {
   memcpy(bad, blob, len);
   bad[at + 4] = 7; /* the first entry's flag */
   assert_int_equal(import_msg(to, "a", bad, len, msg, sizeof msg), CPH_EINVAL);
-  assert_non_null(strstr(msg, "the version-6 state of session 'a' is malformed: channel "
+  assert_non_null(strstr(msg, "the version-7 state of session 'a' is malformed: channel "
                               "history entry 1 of 6: its flag is not 0 or 1"));
   memcpy(bad, blob, len);
   cph_be32_put(bad + at + 4 + 1 + 4 + 8, 0); /* the first entry's sender: empty */
@@ -1164,6 +1232,141 @@ static void test_session_state_carries_kept_contexts_once(void **state) {
   cph_fixture_free(y);
 }
 
+/* Session "b" subscribed to channel "c" on f: `rounds` messages to "c" from five users, each
+ * leased and answered (the turn's reply joins the history), every tenth turn with a memory
+ * of its own; the last completion's state (*len bytes). */
+static uint8_t *channel_rounds(cph_fixture *f, int rounds, size_t *len) {
+  cph_op done = {0};
+  for (int i = 0; i < rounds; i++) {
+    char body[96], sender[16], memory[64];
+    snprintf(body, sizeof body, "note %d on the build of channel c, item %d", i, i * 7 % 13);
+    snprintf(sender, sizeof sender, "user%d", i % 5);
+    cph_event_in ev = {0};
+    ev.channel = "c";
+    ev.sender = sender;
+    ev.body = body;
+    cph_op in;
+    cph_fixture_ingest(f, &ev, 1, &in);
+    cph_op_clear_results(&in);
+    cph_op lease;
+    cph_fixture_lease(f, "w", &lease);
+    assert_string_equal(lease.u.lease.turn.session, "b");
+    if (i)
+      cph_op_clear_results(&done);
+    memset(&done, 0, sizeof done);
+    done.kind = CPH_OP_COMPLETE;
+    done.u.turn.turn_id = lease.u.lease.turn.id;
+    memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
+    char reply[64];
+    snprintf(reply, sizeof reply, "seen note %d", i);
+    done.u.turn.reply_body = reply;
+    cph_memory_in m = {0};
+    snprintf(memory, sizeof memory, "b remembers round %d", i);
+    m.text = memory;
+    done.u.turn.memories = &m;
+    done.u.turn.n_memories = i % 10 == 0;
+    assert_int_equal(cph_fixture_run(f, &done), CPH_OK);
+    done.u.turn.reply_body = NULL;
+    done.u.turn.memories = NULL;
+    done.u.turn.n_memories = 0;
+    cph_op_clear_results(&lease);
+  }
+  return state_of(&done, len);
+}
+
+/* The memory section of the next turn of "b" on f (after one more message to "c"), one line
+ * per item: "kind scope text\n". */
+static void next_memory_section(cph_fixture *f, char *out, size_t cap) {
+  cph_event_in ev = {0};
+  ev.channel = "c";
+  ev.sender = "user9";
+  ev.body = "what did we decide on the build?";
+  cph_op in;
+  cph_fixture_ingest(f, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease;
+  cph_fixture_lease(f, "w", &lease);
+  const cph_turn_info *t = &lease.u.lease.turn;
+  size_t at = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < t->n_memories && at < cap; i++)
+    at += (size_t)snprintf(out + at, cap - at, "%s %s %s\n", t->memories[i].kind,
+                           t->memories[i].scope, t->memories[i].text);
+  assert_true(at < cap);
+  cph_op_clear_results(&lease);
+}
+
+/* Version 7: the memories of the session's channels move with it — the raw memories of the
+ * messages it was sent, beyond what its turns' history shows, as well as its own — so its
+ * next turn on the new owner shows the memory section its next turn showed on the old one,
+ * item for item and in order; an import repeated adds nothing; a memory scoped to another
+ * session, or cut short, is refused, naming it, and nothing is stored. */
+static void test_session_state_moves_channel_memories(void **state) {
+  (void)state;
+  cph_fixture *f[2];
+  static const char *const subscribe[] = {"c"};
+  for (int k = 0; k < 2; k++) {
+    f[k] = cph_fixture_new(k ? "chanmem_y" : "chanmem_x",
+                           "{:scheduler {:lanes {:interactive {:turns 10000}}} "
+                           ":sessions {:context-window-tokens 1024}}");
+    cph_fixture_create_session(f[k], "b", CPH_LANE_INTERACTIVE, subscribe, 1);
+    cph_engine_report_consumed(f[k]->e, true);
+  }
+  size_t len;
+  uint8_t *blob = channel_rounds(f[0], 300, &len);
+  assert_int_equal(cph_be32_get(blob + 4), 7);
+
+  /* malformed memories: refused, named, nothing stored. The part is found by its first
+   * memory: a channel scope "#c" after a kind and a flag byte. */
+  static const uint8_t first[] = {0, 0, 0, 2, '#', 'c'};
+  size_t p = 0;
+  while (p + sizeof first <= len && memcmp(blob + p, first, sizeof first) != 0)
+    p++;
+  assert_true(p >= 6 && p + sizeof first <= len);
+  size_t part = p - 6;
+  assert_true(cph_be32_get(blob + part) > 64); /* more than versions 1 to 6 carried */
+  char msg[512];
+  uint8_t *bad = malloc(len);
+  assert_non_null(bad);
+  memcpy(bad, blob, len);
+  bad[p + 5] = 'd'; /* still a channel: fine */
+  bad[p + 4] = 'x'; /* "xd": neither the session nor a channel */
+  assert_int_equal(import_msg(f[1], "b", bad, len, msg, sizeof msg), CPH_EINVAL);
+  if (!strstr(msg, "the version-7 state of session 'b' is malformed: its memory 1 is scoped "
+                   "to 'xd', neither the session nor a channel"))
+    fail_msg("%s", msg);
+  memcpy(bad, blob, len);
+  bad[part + 5] = 2; /* the first memory's flags */
+  assert_int_equal(import_msg(f[1], "b", bad, len, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "its memory 1 has kind 0 and flags 2"));
+  memcpy(bad, blob, len);
+  cph_be32_put(bad + part, 100000); /* more memories than the part holds */
+  assert_int_equal(import_msg(f[1], "b", bad, len, msg, sizeof msg), CPH_EINVAL);
+  assert_non_null(strstr(msg, "is cut short"));
+  free(bad);
+  char none[64];
+  cph_fixture_search_lines(f[1], "b", "note", none, sizeof none);
+  assert_string_equal(none, "");
+
+  /* imported (twice: a shard taken again), the next turns show the same memories */
+  for (int round = 0; round < 2; round++)
+    assert_int_equal(import_msg(f[1], "b", blob, len, msg, sizeof msg), CPH_OK);
+  static char was[64 * 1024], is[64 * 1024];
+  next_memory_section(f[0], was, sizeof was);
+  next_memory_section(f[1], is, sizeof is);
+  assert_non_null(strstr(was, "raw #c note ")); /* the channel's, older than its history */
+  assert_non_null(strstr(was, "raw b b remembers round "));
+  /* What the old owner showed, the new one shows, in that order. It may show more after it:
+   * the channel history there holds the newest entries the state moved (STATE_REPLY_SCAN),
+   * fewer than the old owner's history section read, and what that section leaves of its
+   * share goes to the memories. */
+  if (strncmp(is, was, strlen(was)) != 0)
+    fail_msg("the new owner shows:\n%.2000s\nthe old one:\n%.2000s", is, was);
+  free(blob);
+  cph_fixture_free(f[0]);
+  cph_fixture_free(f[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
@@ -1175,6 +1378,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_moves_channel_history),
       cmocka_unit_test(test_session_state_history_keeps_the_newest_within_its_bound),
       cmocka_unit_test(test_session_state_carries_kept_contexts_once),
+      cmocka_unit_test(test_session_state_moves_channel_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
