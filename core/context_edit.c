@@ -218,6 +218,10 @@ static void seal_state_to_op(cph_context *cx, const csession *s, cph_op *op) {
   if (rc == CPH_OK && !cph_buf_error(&b)) {
     op->u.context.state_len = b.len;
     op->u.context.state = (uint8_t *)cph_buf_steal(&b);
+    if ((rc = handover_seal_item(&st, s->id, op->u.context.seal_id, &op->u.context.items)))
+      cph_log(CPH_LOG_WARN, "reading seal %llu of session '%s' for the cluster log: %s (the "
+              "state carries the newest)", (unsigned long long)op->u.context.seal_id, s->id,
+              cph_strerror(rc));
   } else {
     cph_log(CPH_LOG_WARN, "reading the state of session '%s' for the cluster log after seal %llu: "
             "%s", s->id, (unsigned long long)op->u.context.seal_id,

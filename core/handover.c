@@ -70,7 +70,10 @@
  * turn's memory section showed only what its own turns had minted. The node taking it over
  * mints each one the scope lacks there, linking a raw one to its event's copy there (which
  * the channel history part brought), so a turn there shows what a turn showed on the old
- * owner. A version-6 blob (memories of the session's scope, without scopes) still imports. */
+ * owner. A version-6 blob (memories of the session's scope, without scopes) still imports.
+ * Items (handover.h; server/clusterflow.h 13.) carry one turn record or seal each, encoded as
+ * the state's parts encode it, so that records beyond the state's bounds move too; an import
+ * stores the op's items first, oldest first, then the state. */
 #include "handover.h"
 
 #include <inttypes.h>
@@ -80,6 +83,7 @@
 
 #include "common/log.h"
 #include "context.h"
+#include "origins.h"
 #include "ingest.h"
 #include "replystream.h"
 #include "seals.h"
@@ -822,21 +826,30 @@ static int scan_finish(record_scan *rs, int rc, cph_buf *out) {
   return rc;
 }
 
-/* A turn record for the part: with its origin, no lease, no inbox entries, no job. The
- * newest that fill STATE_TURN_BYTES: the walk stops at the first that does not fit. */
+/* tr as a state carries it, into *out (borrowing tr's strings and origin): with its origin, no
+ * lease, no inbox entries, no job. false when it has none (a single node's record: nothing
+ * would tell it from another). */
+static bool turn_for_state(const char *node, const cph_turn_rec *tr,
+                           char origin[TURNRECS_ORIGIN_MAX], cph_turn_rec *out) {
+  turnrecs_origin(origin, node, tr);
+  if (!origin[0])
+    return false;
+  *out = *tr;
+  memset(out->lease, 0, sizeof out->lease);
+  out->inbox_seqs = NULL;
+  out->n_inbox_seqs = 0;
+  out->job_id = 0;
+  out->origin = origin;
+  return true;
+}
+
+/* A turn record for the part. The newest that fill STATE_TURN_BYTES: the walk stops at the
+ * first that does not fit. */
 static bool collect_turn(void *ctx, const cph_turn_rec *tr) {
   record_scan *rs = ctx;
   char origin[TURNRECS_ORIGIN_MAX];
-  turnrecs_origin(origin, rs->node, tr);
-  if (!origin[0])
-    return true; /* none (a single node's record): nothing would tell it from another */
-  cph_turn_rec out = *tr; /* borrows tr's strings */
-  memset(out.lease, 0, sizeof out.lease);
-  out.inbox_seqs = NULL;
-  out.n_inbox_seqs = 0;
-  out.job_id = 0;
-  out.origin = origin;
-  return scan_keep(rs, &cph_turn_desc, &out) > 0;
+  cph_turn_rec out;
+  return !turn_for_state(rs->node, tr, origin, &out) || scan_keep(rs, &cph_turn_desc, &out) > 0;
 }
 
 /* The turn records part of the blob (above), oldest first. */
@@ -1252,6 +1265,101 @@ static int state_import_memories(const cph_handover *st, cph_txn *t, const char 
     free(text);
   }
   *used = at;
+  return rc;
+}
+
+/* ---- Items (handover.h) ---- */
+
+#define ITEM_MAGIC "CPHI"
+#define ITEM_VERSION 1u
+#define ITEM_HEAD 13u /* the magic, be32 version, be32 store schema, the kind byte */
+#define ITEM_TURN 't'
+#define ITEM_SEAL 's'
+
+void cph_state_items_free(cph_state_items *items) {
+  for (size_t i = 0; i < items->n; i++) {
+    free(items->v[i].name);
+    free(items->v[i].data);
+  }
+  free(items->v);
+  *items = (cph_state_items){0};
+}
+
+/* Appends the item of a record (encoded with desc) of kind and origin to items. */
+static int item_push(cph_state_items *items, char kind, const char *origin,
+                     const cph_record_desc *desc, const void *rec) {
+  static const char hex[] = "0123456789abcdef";
+  size_t ol = strlen(origin);
+  cph_buf b = {0};
+  uint8_t head[ITEM_HEAD];
+  memcpy(head, ITEM_MAGIC, 4);
+  cph_be32_put(head + 4, ITEM_VERSION);
+  cph_be32_put(head + 8, CPH_STORE_SCHEMA_VERSION);
+  head[12] = (uint8_t)kind;
+  cph_buf_append(&b, head, sizeof head);
+  int rc = cph_record_encode(desc, rec, &b);
+  cph_state_item *g = rc == CPH_OK && !cph_buf_error(&b)
+                          ? realloc(items->v, (items->n + 1) * sizeof *g)
+                          : NULL;
+  char *name = g ? malloc(2 + 2 * ol) : NULL;
+  if (g)
+    items->v = g;
+  if (!name) {
+    cph_buf_free(&b);
+    return rc ? rc : CPH_ENOMEM;
+  }
+  name[0] = kind;
+  for (size_t i = 0; i < ol; i++) {
+    name[1 + 2 * i] = hex[(uint8_t)origin[i] >> 4];
+    name[2 + 2 * i] = hex[(uint8_t)origin[i] & 15];
+  }
+  name[1 + 2 * ol] = '\0';
+  items->v[items->n].name = name;
+  items->v[items->n].len = b.len;
+  items->v[items->n].data = (uint8_t *)cph_buf_steal(&b);
+  items->n++;
+  return CPH_OK;
+}
+
+typedef struct turn_items {
+  const char *node;
+  cph_state_items *items;
+  bool first;
+  int rc;
+} turn_items;
+
+static bool collect_turn_item(void *ctx, const cph_turn_rec *tr) {
+  turn_items *ti = ctx;
+  if (!ti->first && tr->state == CPH_TURN_COMPLETED)
+    return false; /* the previous completion's: it gave its items */
+  ti->first = false;
+  char origin[TURNRECS_ORIGIN_MAX];
+  cph_turn_rec out;
+  if (turn_for_state(ti->node, tr, origin, &out))
+    ti->rc = item_push(ti->items, ITEM_TURN, origin, &cph_turn_desc, &out);
+  return ti->rc == CPH_OK;
+}
+
+int handover_turn_items(const cph_handover *st, const char *session, cph_state_items *items) {
+  turn_items ti = {st->env->reply_origin_node, items, true, CPH_OK};
+  int rc = turnrecs_session_newest(&st->env->txn, session, STATE_TURNS, collect_turn_item, &ti);
+  return rc ? rc : ti.rc;
+}
+
+int handover_seal_item(const cph_handover *st, const char *session, uint64_t seal_id,
+                       cph_state_items *items) {
+  cph_key k = seals_key(session, seal_id);
+  cph_seal_rec r;
+  int rc = cph_txn_get_record(&st->env->txn, CPH_DB_SEALS, &k, &cph_seal_desc, &r);
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  char origin[SEALS_ORIGIN_MAX];
+  seals_origin(origin, st->env->reply_origin_node, &r);
+  char *own = r.origin;
+  r.origin = origin;
+  rc = origin[0] ? item_push(items, ITEM_SEAL, origin, &cph_seal_desc, &r) : CPH_OK;
+  r.origin = own;
+  cph_record_free(&cph_seal_desc, &r);
   return rc;
 }
 
@@ -1725,14 +1833,10 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
   return rc;
 }
 
-/* CPH_OP_SESSION_STATE: see include/cephalon/cephalon.h. */
-void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply) {
-  const char *id = op->u.state.session;
-  csession *s = id ? sessions_get(st->sessions, id) : NULL;
-  if (!s) {
-    op_fail(op, CPH_ENOTFOUND, "session", "no session '%s'", id ? id : "");
-    return;
-  }
+/* The state of the op (see handover_import). */
+static void import_state(const cph_handover *st, cph_op *op, csession *s, import_ctx *pre,
+                         uint64_t *newest_reply) {
+  const char *id = s->id;
   const uint8_t *p = op->u.state.data;
   size_t n = op->u.state.len;
   uint32_t version = n < STATE_HEAD ? 0 : cph_be32_get(p + 4);
@@ -1780,7 +1884,10 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   at += rc == CPH_OK ? used : 0;
   /* the turn records (version 3 on) and the seals (version 4): each one whose origin this
    * node lacks is stored here; nothing may follow the last part */
-  import_ctx ic = {&t, st->env->reply_origin_node, id, st->turnlog, NULL, NULL, 0, 0};
+  /* the records the items stored count as this state's: its kept contexts go with them */
+  import_ctx ic = *pre;
+  *pre = (import_ctx){0};
+  ic.t = &t;
   const char *last = NULL;
   if (rc == CPH_OK && version >= STATE_VERSION_NO_SEALS) {
     rc = read_records_part(p + at, n - at, "turn record", &used, why, sizeof why, import_turn,
@@ -1835,3 +1942,135 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   }
 }
 
+/* One item of the op (handover.h): CPH_EINVAL with why for one that is not a turn record or
+ * seal of the session of this store schema (import_turn, import_seal say more). */
+static int import_item(import_ctx *ic, const cph_state_item *it, char *why, size_t len) {
+  const uint8_t *p = it->data;
+  if (!p || it->len < ITEM_HEAD || memcmp(p, ITEM_MAGIC, 4) != 0 ||
+      cph_be32_get(p + 4) != ITEM_VERSION || cph_be32_get(p + 8) < STATE_SCHEMA_OLDEST ||
+      cph_be32_get(p + 8) > CPH_STORE_SCHEMA_VERSION) {
+    snprintf(why, len, "not a version-%u item of store schema %u to %u", ITEM_VERSION,
+             STATE_SCHEMA_OLDEST, CPH_STORE_SCHEMA_VERSION);
+    return CPH_EINVAL;
+  }
+  if (p[12] == ITEM_TURN)
+    return import_turn(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
+  if (p[12] == ITEM_SEAL)
+    return import_seal(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
+  snprintf(why, len, "of an unknown kind (%u)", p[12]);
+  return CPH_EINVAL;
+}
+
+/* An item's place in the order the items are stored in: by kind, then by the time its record
+ * was made (the records' ids here then follow the order they were made in, as the state's
+ * do), then by its origin's node and id there. */
+typedef struct item_order {
+  size_t index;
+  uint8_t kind;
+  int64_t created_ms;
+  char node[ORIGINS_NODE_MAX + 1];
+  uint64_t id;
+} item_order;
+
+static int item_order_cmp(const void *a, const void *b) {
+  const item_order *x = a, *y = b;
+  if (x->kind != y->kind)
+    return x->kind < y->kind ? -1 : 1;
+  if (x->created_ms != y->created_ms)
+    return x->created_ms < y->created_ms ? -1 : 1;
+  int c = strcmp(x->node, y->node);
+  if (c)
+    return c;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* it's sort key into o (a malformed item sorts first, with nothing: it is refused anyway). */
+static void item_order_of(const cph_state_item *it, item_order *o) {
+  const uint8_t *p = it->data;
+  if (!p || it->len < ITEM_HEAD || memcmp(p, ITEM_MAGIC, 4) != 0)
+    return;
+  o->kind = p[12];
+  const char *origin = NULL;
+  cph_turn_rec tr = {0};
+  cph_seal_rec sr = {0};
+  cph_err err = {0};
+  if (o->kind == ITEM_TURN &&
+      cph_record_decode(&cph_turn_desc, p + ITEM_HEAD, it->len - ITEM_HEAD, &tr, &err) == CPH_OK) {
+    o->created_ms = tr.created_ms;
+    origin = tr.origin;
+  } else if (o->kind == ITEM_SEAL && cph_record_decode(&cph_seal_desc, p + ITEM_HEAD,
+                                                       it->len - ITEM_HEAD, &sr,
+                                                       &err) == CPH_OK) {
+    o->created_ms = sr.created_ms;
+    origin = sr.origin;
+  }
+  const char *slash = origin ? strchr(origin, '/') : NULL;
+  if (slash) { /* "<node>/<id>/<16 hex>" */
+    snprintf(o->node, sizeof o->node, "%.*s", (int)(slash - origin), origin);
+    o->id = strtoull(slash + 1, NULL, 10);
+  }
+  if (o->kind == ITEM_TURN)
+    cph_record_free(&cph_turn_desc, &tr);
+  else if (o->kind == ITEM_SEAL)
+    cph_record_free(&cph_seal_desc, &sr);
+}
+
+/* The op's items, in item_order, each in a child of its own: a bad one is logged, counted and
+ * left out. The turn records stored are noted in ic (its t is set per item). */
+static void import_items(const cph_handover *st, cph_op *op, const char *id, import_ctx *ic) {
+  size_t n = op->u.state.n_items;
+  item_order *order = n ? calloc(n, sizeof *order) : NULL;
+  if (n && !order) {
+    op_fail(op, CPH_ENOMEM, NULL, "importing the items of session '%s': out of memory", id);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    order[i].index = i;
+    item_order_of(&op->u.state.items[i], &order[i]);
+  }
+  if (n > 1)
+    qsort(order, n, sizeof *order, item_order_cmp);
+  for (size_t i = 0; i < n; i++) {
+    const cph_state_item *it = &op->u.state.items[order[i].index];
+    cph_txn t;
+    cph_txn_begin_child(&st->env->txn, &t);
+    ic->t = &t;
+    size_t noted = ic->n;
+    char why[256] = "";
+    int rc = import_item(ic, it, why, sizeof why);
+    if (rc == CPH_OK)
+      rc = cph_txn_commit(&t);
+    else
+      cph_txn_abort(&t);
+    while (rc && ic->n > noted) /* not stored after all */
+      free(ic->origins[--ic->n]);
+    if (rc == CPH_EINVAL) {
+      op->u.state.items_refused++;
+      cph_log(CPH_LOG_WARN, "the item %.80s of session '%s' is not taken: %s",
+              it->name ? it->name : "(unnamed)", id, why);
+    } else if (rc) {
+      op_fail(op, rc, NULL, "importing an item of session '%s': %s", id,
+              t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+      break;
+    }
+  }
+  ic->t = NULL;
+  free(order);
+}
+
+/* CPH_OP_SESSION_STATE: see include/cephalon/cephalon.h. */
+void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply) {
+  const char *id = op->u.state.session;
+  csession *s = id ? sessions_get(st->sessions, id) : NULL;
+  if (!s) {
+    op_fail(op, CPH_ENOTFOUND, "session", "no session '%s'", id ? id : "");
+    return;
+  }
+  /* the items first: those older than the state's records are stored before them, so every
+   * record's id here follows the order it was made in */
+  import_ctx ic = {NULL, st->env->reply_origin_node, s->id, st->turnlog, NULL, NULL, 0, 0};
+  import_items(st, op, s->id, &ic);
+  if (op->rc == CPH_OK && op->u.state.data)
+    import_state(st, op, s, &ic, newest_reply);
+  import_ctx_free(&ic);
+}

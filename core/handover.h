@@ -40,6 +40,17 @@ typedef struct cph_handover {
  * left out instead); the store's error. */
 int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
 
+/* Items (server/clusterflow.h 13.): a record a state carries, on its own, for the cluster log
+ * to keep under a key of its own — "CPHI", be32 version (1), be32 CPH_STORE_SCHEMA_VERSION, a
+ * kind byte ('t' a turn record, 's' a seal), then the record as a state's part encodes it (its
+ * origin set). Appends to items session's newest ended turn record and those before it back to
+ * the previous completed one (the turns that failed since: a completion's items), each that has
+ * an origin. CPH_OK (none: nothing appended), CPH_ENOMEM or the store's error. */
+int handover_turn_items(const cph_handover *st, const char *session, cph_state_items *items);
+/* The same for seal seal_id of session. */
+int handover_seal_item(const cph_handover *st, const char *session, uint64_t seal_id,
+                       cph_state_items *items);
+
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
  * or a store error fails op and changes nothing; a malformed turn record, seal, channel
@@ -51,7 +62,9 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
  * kept turn contexts it carries are stored under the ids those records got (core/turnlog.h,
  * turnlog_import), those of turns it held already are not. The
  * replies it added to the replies stream (those with an origin the stream lacked,
- * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. */
+ * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. Then
+ * the op's items, in a child of their own: those of origins this node lacks are stored as the
+ * state's records are; a bad one is logged and counted, and the rest taken. */
 void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply);
 
 #endif

@@ -116,11 +116,13 @@ void cph_op_clear_results(cph_op *op) {
     free(op->u.turn.state);
     op->u.turn.state = NULL;
     op->u.turn.state_len = 0;
+    cph_state_items_free(&op->u.turn.items);
     break;
   case CPH_OP_CONTEXT_SEAL:
     free(op->u.context.state);
     op->u.context.state = NULL;
     op->u.context.state_len = 0;
+    cph_state_items_free(&op->u.context.items);
     break;
   case CPH_OP_TAKE:
     for (size_t i = 0; i < op->u.turn.n_taken; i++) {
@@ -1033,6 +1035,9 @@ static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
       (op->u.turn.consumed_session || (op->u.turn.consumed_session = strdup(id)))) {
     op->u.turn.state_len = b.len;
     op->u.turn.state = (uint8_t *)cph_buf_steal(&b);
+    if ((rc = handover_turn_items(&st, id, &op->u.turn.items)) != CPH_OK)
+      cph_log(CPH_LOG_WARN, "reading the turn records of session '%s' for the cluster log: %s "
+              "(the state carries the newest)", id, cph_strerror(rc));
   } else if (rc == CPH_ELIMIT) {
     cph_log(CPH_LOG_WARN, "the state of session '%s' (its context tree) is over %u bytes, the "
             "most the cluster log takes: not put, its previous state stays there", id,

@@ -53,7 +53,15 @@
 #define MARK_DEADLINE_MS 5000
 #define RETAIN_AT_ONCE 256 /* a rebuild's inbox retains in the engine at a time */
 
-typedef enum pub_kind { PUB_INGEST, PUB_FWD, PUB_SESSION, PUB_DONE, PUB_MARK, PUB_STATE } pub_kind;
+typedef enum pub_kind {
+  PUB_INGEST,
+  PUB_FWD,
+  PUB_SESSION,
+  PUB_DONE,
+  PUB_MARK,
+  PUB_STATE,
+  PUB_ITEM
+} pub_kind;
 typedef enum ev_status { EV_ACCEPTED, EV_DUPLICATE, EV_REJECTED } ev_status;
 
 typedef struct ingest_req ingest_req;
@@ -305,6 +313,9 @@ struct cph_cflow {
   cph_hmap state_revs;
   uint64_t states_put, state_bytes, state_raw_bytes, state_failures, states_loaded,
       state_load_bytes, state_load_raw_bytes;
+  /* 13.: items put, their bytes, those the log did not take; loaded by rebuilds, and refused
+   * by the engine there. */
+  uint64_t items_put, item_bytes, item_failures, items_loaded, items_refused;
   int64_t state_pack_ns; /* the time packing took, over every state packed */
   cph_statezip_packer *packer; /* packs the states beside the loop (statezip.h) */
   /* Counters of GET /metrics and GET /v1/cluster (log.rebuild). */
@@ -991,6 +1002,37 @@ void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t se
   } else if (!done_publish(f, r, made, session, &none, state, state_len, answer)) {
     cph_reply_error(r, 500, "internal", NULL,
                     "%s on this node, but out of memory logging its session's state", made);
+  }
+}
+
+void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *items) {
+  uint32_t shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
+  if (f->quiesced || !f->tracks[shard].live)
+    return; /* the next owner takes the session's records from its state */
+  for (size_t i = 0; i < items->n; i++) {
+    const cph_state_item *it = &items->v[i];
+    char subject[1200], msgid[160];
+    uint8_t *value = NULL;
+    pub *p = NULL;
+    if (cph_clog_item_subject(subject, sizeof subject, shard, session, it->name) == CPH_OK &&
+        (value = malloc(CPH_CLOG_EPOCH_BYTES + it->len))) {
+      cph_clog_epoch_put(value, f->tracks[shard].epoch);
+      memcpy(value + CPH_CLOG_EPOCH_BYTES, it->data, it->len);
+      snprintf(msgid, sizeof msgid, "it.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot,
+               ++f->minted_marks);
+      p = pub_new(f, PUB_ITEM, subject, msgid, (char *)value, CPH_CLOG_EPOCH_BYTES + it->len,
+                  DONE_DEADLINE_MS);
+    } else {
+      free(value);
+    }
+    if (!p) {
+      f->item_failures++;
+      cph_warn("cluster log: item %.40s of session %s not put (%s)", it->name, session,
+               value ? "out of memory" : "its key is too long");
+      continue;
+    }
+    p->shard = shard;
+    pub_send(f, p);
   }
 }
 
@@ -1749,6 +1791,17 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     done_pump(f, p->shard);
     break;
   }
+  case PUB_ITEM:
+    if (ok) {
+      f->items_put++;
+      f->item_bytes += p->len;
+    } else {
+      f->item_failures++;
+      cph_warn("cluster log: an item of a session's state (%s) was not taken: %s; it moves with "
+               "its session while the session's state carries it (its newest records)",
+               p->subject, why ? why : "no answer");
+    }
+    break;
   case PUB_MARK: {
     shard_track *tr = &f->tracks[p->shard];
     tr->mark_sending = false;
@@ -2039,6 +2092,8 @@ struct rebuild {
   cph_event_in *ins; /* the events of evs, in order, for the operations */
   size_t n, next, op_n;
   size_t next_state; /* rp->states[..next_state) queued (11.) */
+  size_t next_item;  /* rp->items[..next_item) queued (13.), once sorted by session */
+  bool items_sorted;
   rb_keep **keeps;                      /* one per session of the shard, after the batches */
   size_t n_keeps, next_keep, retaining; /* keeps[next_keep..) not queued; retaining in the engine */
   bool adopted, states_queued, in_engine, waiting, stale;
@@ -2307,65 +2362,183 @@ static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
   return rb->next_keep == rb->n_keeps;
 }
 
-/* ---- the sessions' states (11.) ---- */
+/* ---- the sessions' states (11.) and items (13.) ---- */
 
+/* One session's state and items, copied for their operation (it may outlive the rebuild). */
 typedef struct state_op {
   cph_op op;
+  cph_cflow *f;
   char *session;
-  uint8_t *data;
+  uint8_t *data; /* NULL: items only */
+  cph_state_item *items;
+  size_t n_items;
 } state_op;
 
-static void state_done(cph_op *op, void *ctx) {
-  state_op *so = ctx;
-  if (op->rc != CPH_OK)
-    cph_warn("cluster log: the state of session %s from the log was not taken: %s", so->session,
-             op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
-  cph_op_clear_results(op);
+static void state_op_free(state_op *so) {
+  for (size_t i = 0; i < so->n_items; i++) {
+    free(so->items[i].name);
+    free(so->items[i].data);
+  }
+  free(so->items);
   free(so->session);
   free(so->data);
   free(so);
 }
 
+static void state_done(cph_op *op, void *ctx) {
+  state_op *so = ctx;
+  so->f->items_refused += op->u.state.items_refused;
+  if (op->rc != CPH_OK)
+    cph_warn("cluster log: the %s of session %s from the log %s not taken: %s",
+             so->data ? (so->n_items ? "state and items" : "state") : "items", so->session,
+             so->data && !so->n_items ? "was" : "were",
+             op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+  cph_op_clear_results(op);
+  state_op_free(so);
+}
+
+static int item_by_session(const void *a, const void *b) {
+  return strcmp(((const cph_clog_item *)a)->session, ((const cph_clog_item *)b)->session);
+}
+
+/* The first item of session in rp (sorted by session): its index, or n_items. */
+static size_t items_of(const cph_clog_replay *rp, const char *session) {
+  size_t lo = 0, hi = rp->n_items;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (strcmp(rp->items[mid].session, session) < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Copies the items of session in rp (from index `from` on) into so: *to is where they end.
+ * False out of memory. */
+static bool copy_items(const cph_clog_replay *rp, size_t from, const char *session,
+                       state_op *so, size_t *to) {
+  *to = from;
+  while (*to < rp->n_items && strcmp(rp->items[*to].session, session) == 0)
+    (*to)++;
+  if (*to == from)
+    return true;
+  if (!(so->items = calloc(*to - from, sizeof *so->items)))
+    return false;
+  for (size_t i = from; i < *to; i++) {
+    const cph_clog_item *it = &rp->items[i];
+    if (it->len < CPH_CLOG_EPOCH_BYTES)
+      continue; /* taken already (items_taken), or not a value this build put */
+    cph_state_item *c = &so->items[so->n_items];
+    size_t len = it->len - CPH_CLOG_EPOCH_BYTES;
+    if (!(c->name = strdup(it->name)) || !(c->data = malloc(len ? len : 1))) {
+      free(c->name);
+      return false;
+    }
+    memcpy(c->data, it->data + CPH_CLOG_EPOCH_BYTES, len);
+    c->len = len;
+    so->n_items++;
+  }
+  return true;
+}
+
+/* The items rp->items[from..to) went to the engine: never queued again. */
+static void items_taken(cph_cflow *f, cph_clog_replay *rp, size_t from, size_t to) {
+  for (size_t i = from; i < to; i++)
+    if (rp->items[i].len >= CPH_CLOG_EPOCH_BYTES) {
+      rp->items[i].len = 0;
+      f->items_loaded++;
+    }
+}
+
+/* Submits so (its session's state, items or both), or frees it. False when the engine is busy
+ * or out of memory. */
+static bool state_submit(cph_cflow *f, state_op *so) {
+  so->f = f;
+  so->op.kind = CPH_OP_SESSION_STATE;
+  so->op.done = state_done;
+  so->op.ctx = so;
+  so->op.u.state.session = so->session;
+  so->op.u.state.data = so->data;
+  so->op.u.state.items = so->items;
+  so->op.u.state.n_items = so->n_items;
+  if (cph_engine_submit(f->s->engine, &so->op) == CPH_OK)
+    return true;
+  state_op_free(so);
+  return false;
+}
+
 /* Queues one CPH_OP_SESSION_STATE per state of the replay whose session the table places on
- * the shard (after the adoptions: the engine applies operations in order, so each session
- * exists by then, and before the replayed events). Values are copied: an operation may
- * outlive the rebuild. States already queued are not queued again (rb->next_state). False when
- * the engine is busy (the rest on the next try). */
+ * the shard, with the session's items (13.: the engine stores them first, so the records keep
+ * the order they were made in) — after the adoptions: the engine applies operations in order,
+ * so each session exists by then, and before the replayed events. Then one with items only per
+ * session with items and no state (its state put failed, or its key was lost). Values are
+ * copied or moved: an operation may outlive the rebuild. What is queued is not queued again
+ * (rb->next_state, rb->next_item, items taken). False when the engine is busy (the rest on the
+ * next try). */
 static bool states_import(cph_cflow *f, rebuild *rb) {
-  const cph_clog_replay *rp = rb->rp;
+  cph_clog_replay *rp = rb->rp;
+  if (!rb->items_sorted && rp->n_items > 1)
+    qsort(rp->items, rp->n_items, sizeof *rp->items, item_by_session);
+  rb->items_sorted = true;
   bool queued = false, ok = true;
-  for (; rb->next_state < rp->n_states; rb->next_state++) {
+  for (; ok && rb->next_state < rp->n_states; rb->next_state++) {
     const cph_clog_state *st = &rp->states[rb->next_state];
-    if (!st->data || st->len < CPH_CLOG_EPOCH_BYTES)
-      continue; /* deleted: nothing to take */
     const cph_ctable_session *known = cph_ctable_get(f->table, st->session);
     if (!known || !known->def)
       continue; /* not a session of the table (deleted since): nothing to give it to */
+    bool has_state = st->data && st->len >= CPH_CLOG_EPOCH_BYTES; /* else deleted */
+    size_t from = items_of(rp, st->session);
+    if (!has_state)
+      continue; /* its items, if any, go below */
     state_op *so = calloc(1, sizeof *so);
-    size_t len = st->len - CPH_CLOG_EPOCH_BYTES;
-    if (so && (so->session = strdup(st->session)) && (so->data = malloc(len ? len : 1))) {
-      memcpy(so->data, st->data + CPH_CLOG_EPOCH_BYTES, len);
-      so->op.kind = CPH_OP_SESSION_STATE;
-      so->op.done = state_done;
-      so->op.ctx = so;
-      so->op.u.state.session = so->session;
-      so->op.u.state.data = so->data;
-      so->op.u.state.len = len;
-      if (cph_engine_submit(f->s->engine, &so->op) == CPH_OK) {
-        queued = true;
-        f->states_loaded++;
-        f->state_load_bytes += st->stored_len;
-        f->state_load_raw_bytes += st->len;
-        continue;
-      }
+    size_t len = st->len - CPH_CLOG_EPOCH_BYTES, to = from;
+    if (!so || !(so->session = strdup(st->session)) || !(so->data = malloc(len ? len : 1)) ||
+        !copy_items(rp, from, st->session, so, &to)) {
+      if (so)
+        state_op_free(so);
+      ok = false;
+      break;
     }
-    if (so) {
-      free(so->session);
-      free(so->data);
-      free(so);
+    memcpy(so->data, st->data + CPH_CLOG_EPOCH_BYTES, len);
+    so->op.u.state.len = len;
+    if (!state_submit(f, so)) {
+      ok = false;
+      break;
     }
-    ok = false;
-    break;
+    items_taken(f, rp, from, to);
+    queued = true;
+    f->states_loaded++;
+    f->state_load_bytes += st->stored_len;
+    f->state_load_raw_bytes += st->len;
+  }
+  for (size_t j; ok && rb->next_item < rp->n_items; rb->next_item = j) {
+    const char *session = rp->items[rb->next_item].session;
+    for (j = rb->next_item + 1; j < rp->n_items && strcmp(rp->items[j].session, session) == 0;
+         j++)
+      ;
+    const cph_ctable_session *known = cph_ctable_get(f->table, session);
+    if (!known || !known->def)
+      continue; /* deleted since: its items are being forgotten */
+    state_op *so = calloc(1, sizeof *so);
+    size_t to = j;
+    if (!so || !(so->session = strdup(session)) ||
+        !copy_items(rp, rb->next_item, session, so, &to)) {
+      if (so)
+        state_op_free(so);
+      ok = false;
+      break;
+    }
+    if (!so->n_items) { /* all went with its state */
+      state_op_free(so);
+      continue;
+    }
+    if (!state_submit(f, so)) {
+      ok = false;
+      break;
+    }
+    items_taken(f, rp, rb->next_item, to);
+    queued = true;
   }
   if (queued)
     cph_srv_schedule_pass(f->s);
@@ -2773,6 +2946,10 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
   d->kv_delete = true;
   state_rev_set(f, session, 0);
   pub_send(f, d);
+  /* 13.: and its items, once the puts of them still in flight have ended */
+  if (cph_clog_forget_items(f->log, shard, session) != CPH_OK)
+    cph_error("cluster log: the items of deleted session \"%s\" are not deleted from the log "
+              "(out of memory, or an id too long for a key)", session);
 }
 
 /* ---------------------------------------------------------------- the record sweep
@@ -3176,5 +3353,12 @@ json_t *cph_cflow_json(cph_cflow *f) {
                 (json_int_t)f->state_failures, "loaded", (json_int_t)f->states_loaded,
                 "loaded_bytes", (json_int_t)f->state_load_bytes, "loaded_raw_bytes",
                 (json_int_t)f->state_load_raw_bytes));
+  json_object_set_new(
+      o, "items",
+      json_pack("{sIsIsIsIsIsIsI}", "put", (json_int_t)f->items_put, "put_bytes",
+                (json_int_t)f->item_bytes, "failures", (json_int_t)f->item_failures, "loaded",
+                (json_int_t)f->items_loaded, "refused", (json_int_t)f->items_refused,
+                "forgotten", (json_int_t)st.items_forgotten, "forget_failures",
+                (json_int_t)st.forget_failures));
   return o;
 }

@@ -253,8 +253,8 @@
  *    figures). The session's newest 2 kept turn contexts (the explorer's, 192 KiB at most) go
  *    last, each stored on the new owner under the id the same state's turn record got there
  *    (core/handover.c). Not moved: older kept turn contexts, channel cursors as such (the new
- *    owner's move past the moved entries its turns saw), maintenance jobs, turn records,
- *    seals and memories beyond their bounds (newest 64, 16, and 160 + 64), the replies stream's older
+ *    owner's move past the moved entries its turns saw), maintenance jobs, memories beyond
+ *    their bound (160 + 64; turn records and seals beyond theirs move as items, 13.), the replies stream's older
  *    replies (beyond the session's newest 64) and its source inbox ids, and a channel's
  *    entries older than its newest 64 (or beyond the 256 KiB).
  *
@@ -280,7 +280,37 @@
  *    GET /v1/cluster log.trim says why. A repeat of a purged message within the deduplication
  *    window is still answered duplicate (JetStream keeps the ids in memory, not the messages);
  *    after a NATS server restart only the ids of messages still stored are known, and a repeat
- *    of a purged one is logged again and applied once (the engine's key), as after the window. */
+ *    of a purged one is logged again and applied once (the engine's key), as after the window.
+ *
+ * 13. Items: a session's records beyond its state's bounds. A state carries a session's newest
+ *    64 ended turn records and 16 seals (11.); the older ones would stay on a dead node's disk.
+ *    So each record is also put under a key of its own in CEPH_STATE,
+ *    "<shard>.<session in hex>.<kind><origin in hex>" (kind 't' a turn record, 's' a seal; the
+ *    origin is the record's identity cluster-wide), its value the writer's epoch and the record
+ *    as a state encodes it (core/handover.h, "Items"): a completion gives the turn record it
+ *    ended and those of the session's turns that failed since its previous completion
+ *    (cph_op u.turn.items), a seal the seal (u.context.items). They are put right after the
+ *    completion or seal committed, beside its state and marks and not waited for: a record is
+ *    in every state put until 64 newer ones (16 seals) followed it, so its item only has to
+ *    land before that — a completion's 200 costs nothing more, and one that does not land in
+ *    10 s is logged and counted (GET /v1/cluster log.items.failures). A node taking a shard
+ *    over reads the items with the states (one consumer, last value per key) and hands each
+ *    session's to the engine with its state (CPH_OP_SESSION_STATE), which stores those whose
+ *    origin it lacks, oldest first, before the state's own — so every record's id there
+ *    follows the order the records were made in, as GET /v1/turns?session= lists them — and
+ *    counts and logs one it refuses (malformed, another session's, another store schema).
+ *    Items of a session with no state key (its state put failed) go alone. Not fenced: a
+ *    record a deposed owner made did happen there (its completion may have answered 503 and
+ *    been done again elsewhere: both records then move, each under its origin). A session
+ *    delete deletes its items' keys: the trim thread lists them (stream info filtered by the
+ *    session's prefix) and puts a delete marker on each, CPH_CLOG_FORGET_DELAY_MS after the
+ *    delete so that the item puts still in flight have ended; retried until it succeeds. Not a
+ *    filtered stream purge, which nats-server before 2.9.18 makes unsafe with replicas (12.).
+ *    Cost: a publish per completion and per seal (the turn record: ~0.5-1 KB; a seal: the
+ *    rendered tree, up to ~66 KB), not on the completion's path; the bucket holds every record
+ *    of every live session (history 1), and a takeover reads all of its shard's — a session's
+ *    whole turn history, where the state alone carried its newest. Memories, kept turn
+ *    contexts and channel history stay bounded by the state (11.). */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 
@@ -324,6 +354,10 @@ void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cp
  * r waits. */
 void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t seal_id,
                       const uint8_t *state, size_t state_len, json_t *answer);
+/* A completion or seal committed on this node gave items (13. above): puts each under its key,
+ * not waited for (a failure is logged and counted). Nothing while the session's shard is not
+ * live here. */
+void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *items);
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);

@@ -178,6 +178,9 @@ struct cph_clog {
   int trim_allowed; /* 0: not checked yet, 1: purges are safe here, -1: refused (trim_why) */
   char trim_why[200];
   uint64_t trims, trim_purged, trim_failures;
+  /* Sessions whose item keys the trim thread deletes (cph_clog_forget_items), each once due. */
+  struct forget_job *forgets;
+  uint64_t items_forgotten, forget_failures;
   pthread_t trim_thread;
   bool trim_started;
 
@@ -402,6 +405,13 @@ static void on_reconnected(natsConnection *nc, void *closure) {
 }
 
 /* ================================================================ the log thread */
+
+/* A session whose item keys are to be deleted: "$KV.CEPH_STATE.<shard>.<session in hex>". */
+typedef struct forget_job {
+  char *prefix;
+  int64_t due_ns; /* CLOCK_MONOTONIC */
+  struct forget_job *next;
+} forget_job;
 
 static bool stopping(cph_clog *l) {
   pthread_mutex_lock(&l->mu);
@@ -803,6 +813,12 @@ void cph_clog_replay_free(cph_clog_replay *rp) {
     free(rp->states[i].data);
   }
   free(rp->states);
+  for (size_t i = 0; i < rp->n_items; i++) {
+    free(rp->items[i].session);
+    free(rp->items[i].name);
+    free(rp->items[i].data);
+  }
+  free(rp->items);
   free(rp);
 }
 
@@ -1031,6 +1047,18 @@ static bool take_fences(cph_clog *l, cph_clog_replay *rp, const char *key, char 
   return false;
 }
 
+/* v (n elements of `size` bytes, room for *cap) with room for one more: v, or grown by
+ * doubling; NULL out of memory (v and *cap unchanged). */
+static void *room_for(void *v, size_t *cap, size_t n, size_t size) {
+  if (n < *cap)
+    return v;
+  size_t c = *cap ? 2 * *cap : 16;
+  void *g = realloc(v, c * size);
+  if (g)
+    *cap = c;
+  return g;
+}
+
 /* Appends to rp the newest value of every key of the shard in CEPH_STATE (clusterflow.h 11.),
  * through an ordered consumer delivering the last message per subject: it says how many are
  * left with each (NumPending), so the read ends with the last one; or at once when the stream
@@ -1068,7 +1096,7 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
     return false;
   }
   natsSubscription_SetPendingLimits(sub, 1 << 20, 1 << 30);
-  size_t cap = 0;
+  size_t cap = 0, items_cap = 0;
   bool ok = false;
   while (!ok) {
     uint64_t seq = 0, pending = 0;
@@ -1079,7 +1107,13 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
     bool deleted = natsMsgHeader_Get(m, "KV-Operation", &op) == NATS_OK && op &&
                    (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0);
     const char *hexid = strlen(subject) > (size_t)plen ? subject + plen : "";
-    size_t hl = strlen(hexid);
+    const char *dot = strchr(hexid, '.'); /* an item's key: its name follows */
+    size_t hl = dot ? (size_t)(dot - hexid) : strlen(hexid);
+    if (dot && deleted) { /* a forgotten item */
+      natsMsg_Destroy(m);
+      ok = pending == 0;
+      continue;
+    }
     char *session = hl % 2 == 0 ? malloc(hl / 2 + 1) : NULL;
     bool good = session != NULL;
     for (size_t i = 0; good && i < hl / 2; i++) {
@@ -1094,7 +1128,19 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
     if (good && !deleted && (data = malloc(dlen > 0 ? (size_t)dlen : 1)))
       memcpy(data, natsMsg_GetData(m), (size_t)dlen);
     natsMsg_Destroy(m);
-    if (good && (deleted || data)) {
+    if (good && dot) {
+      char *name = data ? strdup(dot + 1) : NULL;
+      cph_clog_item *g = name ? room_for(rp->items, &items_cap, rp->n_items, sizeof *g) : NULL;
+      if (!g) {
+        free(name);
+        free(session);
+        free(data);
+        snprintf(why, size, "out of memory reading %s", filter);
+        break;
+      }
+      rp->items = g;
+      rp->items[rp->n_items++] = (cph_clog_item){session, name, data, (size_t)dlen};
+    } else if (good && (deleted || data)) {
       if (rp->n_states == cap) {
         size_t c = cap ? 2 * cap : 16;
         cph_clog_state *g = realloc(rp->states, c * sizeof *g);
@@ -1699,14 +1745,111 @@ static int64_t trim_shard(cph_clog *l, uint32_t shard, uint64_t below, uint64_t 
 
 /* The trim thread: takes the newest request of each shard and purges, one shard at a time,
  * while this node still serves it. */
+/* Deletes the item keys under job's prefix: a delete marker each. The keys deleted, or -1 with
+ * why set. */
+static int64_t forget_items(cph_clog *l, const forget_job *job, char *why, size_t size) {
+  char filter[1200], stream[64];
+  snprintf(filter, sizeof filter, "%s.>", job->prefix);
+  snprintf(stream, sizeof stream, "KV_%s", CPH_CLOG_STATES);
+  jsOptions o;
+  jsOptions_Init(&o);
+  o.Stream.Info.SubjectsFilter = filter;
+  jsStreamInfo *si = NULL;
+  jsErrCode jerr = 0;
+  if (js_GetStreamInfo(&si, l->js, stream, &o, &jerr) != NATS_OK) {
+    snprintf(why, size, "the keys of %.200s: %.80s", filter, nats_GetLastError(NULL));
+    return -1;
+  }
+  int64_t n = 0;
+  for (int i = 0; si->State.Subjects && i < si->State.Subjects->Count && n >= 0; i++) {
+    natsMsg *m = NULL;
+    jsPubAck *pa = NULL;
+    natsStatus st = natsMsg_Create(&m, si->State.Subjects->List[i].Subject, NULL, NULL, 0);
+    if (st == NATS_OK)
+      st = natsMsgHeader_Set(m, "KV-Operation", "DEL");
+    if (st == NATS_OK)
+      st = js_PublishMsg(&pa, l->js, m, NULL, &jerr);
+    if (st == NATS_OK)
+      n++;
+    else {
+      snprintf(why, size, "deleting %.200s: %.80s", si->State.Subjects->List[i].Subject,
+               nats_GetLastError(NULL));
+      n = -1;
+    }
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+  }
+  jsStreamInfo_Destroy(si);
+  return n;
+}
+
+/* Runs the forget jobs that are due (called with l->mu held; unlocks while it works). Those
+ * that fail come again FORGET_RETRY_MS later. */
+#define FORGET_RETRY_MS 5000
+static void forgets_run(cph_clog *l) {
+  int64_t now = mono_ns();
+  forget_job **at = &l->forgets, *due = NULL;
+  while (*at) {
+    forget_job *j = *at;
+    if (j->due_ns <= now) {
+      *at = j->next;
+      j->next = due;
+      due = j;
+    } else {
+      at = &j->next;
+    }
+  }
+  while (due) {
+    forget_job *j = due;
+    due = j->next;
+    pthread_mutex_unlock(&l->mu);
+    char why[300] = "";
+    int64_t n = forget_items(l, j, why, sizeof why);
+    if (n < 0)
+      cph_warn("cluster log: deleting the items of a deleted session (%s): %s (tried again "
+               "in %d s)", j->prefix, why, FORGET_RETRY_MS / 1000);
+    pthread_mutex_lock(&l->mu);
+    if (n >= 0) {
+      l->items_forgotten += (uint64_t)n;
+      free(j->prefix);
+      free(j);
+    } else {
+      l->forget_failures++;
+      j->due_ns = mono_ns() + (int64_t)FORGET_RETRY_MS * 1000000;
+      j->next = l->forgets;
+      l->forgets = j;
+    }
+  }
+}
+
+/* When the next forget job is due (INT64_MAX: none). */
+static int64_t forgets_next(const cph_clog *l) {
+  int64_t next = INT64_MAX;
+  for (const forget_job *j = l->forgets; j; j = j->next)
+    if (j->due_ns < next)
+      next = j->due_ns;
+  return next;
+}
+
 static void *trim_thread(void *arg) {
   cph_clog *l = arg;
   pthread_mutex_lock(&l->mu);
   for (;;) {
-    while (!l->stop && !(l->trim_asked && l->ready && !l->quiesced))
-      pthread_cond_wait(&l->cv, &l->mu);
+    while (!l->stop && !(l->ready && !l->quiesced &&
+                         (l->trim_asked || forgets_next(l) <= mono_ns()))) {
+      int64_t next = l->ready && !l->quiesced ? forgets_next(l) : INT64_MAX;
+      if (next == INT64_MAX) {
+        pthread_cond_wait(&l->cv, &l->mu);
+      } else {
+        struct timespec until = {(time_t)(next / 1000000000), (long)(next % 1000000000)};
+        pthread_cond_timedwait(&l->cv, &l->mu, &until);
+      }
+    }
     if (l->stop)
       break;
+    forgets_run(l);
+    if (!l->trim_asked)
+      continue;
     l->trim_asked = false;
     for (uint32_t s = 0; s < l->shards && !l->stop && !l->quiesced; s++) {
       uint64_t below = l->trim_below[s], done_below = l->trim_done_below[s];
@@ -1929,6 +2072,12 @@ void cph_clog_stop(cph_clog *l) {
   free(l->is_bound);
   free(l->trim_below);
   free(l->trim_done_below);
+  while (l->forgets) {
+    forget_job *j = l->forgets;
+    l->forgets = j->next;
+    free(j->prefix);
+    free(j);
+  }
   free(l->node);
   pthread_cond_destroy(&l->cv);
   pthread_mutex_destroy(&l->mu);
@@ -1987,6 +2136,39 @@ int cph_clog_session_subject(char *buf, size_t size, const char *session) {
 int cph_clog_state_subject(char *buf, size_t size, uint32_t shard, const char *session) {
   return append_hex_id(
       buf, size, snprintf(buf, size, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, shard), session);
+}
+
+int cph_clog_item_subject(char *buf, size_t size, uint32_t shard, const char *session,
+                          const char *name) {
+  int rc = cph_clog_state_subject(buf, size, shard, session);
+  size_t n = strlen(buf);
+  if (rc == CPH_OK && n + 1 + strlen(name) + 1 > size)
+    rc = CPH_ELIMIT;
+  if (rc == CPH_OK)
+    snprintf(buf + n, size - n, ".%s", name);
+  return rc;
+}
+
+int cph_clog_forget_items(cph_clog *l, uint32_t shard, const char *session) {
+  forget_job *j = calloc(1, sizeof *j);
+  char prefix[1024];
+  if (!j)
+    return CPH_ENOMEM;
+  if (cph_clog_state_subject(prefix, sizeof prefix, shard, session) != CPH_OK) {
+    free(j);
+    return CPH_EINVAL;
+  }
+  if (!(j->prefix = strdup(prefix))) {
+    free(j);
+    return CPH_ENOMEM;
+  }
+  j->due_ns = mono_ns() + (int64_t)CPH_CLOG_FORGET_DELAY_MS * 1000000;
+  pthread_mutex_lock(&l->mu);
+  j->next = l->forgets;
+  l->forgets = j;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+  return CPH_OK;
 }
 
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
@@ -2081,6 +2263,8 @@ void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out) {
   out->trims = l->trims;
   out->trim_purged = l->trim_purged;
   out->trim_failures = l->trim_failures;
+  out->items_forgotten = l->items_forgotten;
+  out->forget_failures = l->forget_failures;
   pthread_mutex_unlock(&l->mu);
 }
 

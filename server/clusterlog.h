@@ -166,6 +166,13 @@ typedef struct cph_clog_state {
   size_t stored_len; /* the value's bytes as the log held them */
 } cph_clog_state;
 
+/* An item of a session in CEPH_STATE (clusterflow.h 13.): key "<shard>.<session in hex>.<name>". */
+typedef struct cph_clog_item {
+  char *session, *name; /* decoded from the key */
+  uint8_t *data;        /* the value as put (the writer's epoch, then the item) */
+  size_t len;
+} cph_clog_item;
+
 /* A shard's past, read for its rebuild ("Taking a shard over" above). */
 typedef struct cph_clog_replay {
   uint32_t shard;
@@ -179,9 +186,12 @@ typedef struct cph_clog_replay {
   /* The fences taken (clusterflow.h 10.): the revision of the shard's watermark key and the
    * sequence of the epoch on ceph.s.done.<shard> — what this node's next writes there expect. */
   uint64_t mark_rev, done_last;
-  /* The newest value of each key of the shard in CEPH_STATE, read after the fences. */
+  /* The newest value of each key of the shard in CEPH_STATE, read after the fences: the
+   * sessions' states, and their items (deleted ones left out). */
   cph_clog_state *states;
   size_t n_states;
+  cph_clog_item *items;
+  size_t n_items;
   void (*discard)(void *decoded); /* the hook that frees the entries' decoded results */
 } cph_clog_replay;
 void cph_clog_replay_free(cph_clog_replay *rp); /* NULL is fine */
@@ -276,6 +286,18 @@ int cph_clog_check_state(cph_clog *l, const char *subject, uint64_t epoch, int64
 void cph_clog_rebuilt(cph_clog *l, uint32_t shard, uint64_t gen);
 void cph_clog_rebuild_failed(cph_clog *l, uint32_t shard, uint64_t gen);
 
+/* Deletes, on the trim thread and not before CPH_CLOG_FORGET_DELAY_MS from now (the item puts
+ * still in flight have ended by then), every item key of session in CEPH_STATE
+ * ("<shard>.<session in hex>.*", clusterflow.h 13.): a delete marker each, as a session's state
+ * key gets when it is deleted. Tried again every few seconds until it succeeds or the node
+ * stops. Never waits. CPH_ENOMEM, CPH_EINVAL (an id too long for a key). Not a stream purge:
+ * nats-server before 2.9.18 makes a filtered purge unsafe with :replicas > 1 ("Trimming"). */
+#define CPH_CLOG_FORGET_DELAY_MS 15000
+int cph_clog_forget_items(cph_clog *l, uint32_t shard, const char *session);
+/* The subject of session's item `name` in CEPH_STATE. */
+int cph_clog_item_subject(char *buf, size_t size, uint32_t shard, const char *session,
+                          const char *name);
+
 /* Releases libnats's process-wide state (its threads): once, after every cph_clog_stop and after
  * the last message was acknowledged or released. */
 void cph_clog_close_library(void);
@@ -300,6 +322,7 @@ typedef struct cph_clog_stats {
   uint64_t lag;        /* messages of the shards bound here not applied yet (cph_clog_json) */
   int trim_allowed;    /* 1: purges run, -1: refused (the NATS server), 0: not known yet */
   uint64_t trims, trim_purged, trim_failures; /* purge rounds, messages purged, failed rounds */
+  uint64_t items_forgotten, forget_failures;  /* cph_clog_forget_items: keys deleted, failures */
 } cph_clog_stats;
 void cph_clog_get_stats(cph_clog *l, cph_clog_stats *out);
 

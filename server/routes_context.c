@@ -198,6 +198,8 @@ static void seal_done(cph_req *r) {
   json_object_set_new(o, "seal_id", cph_json_u64(r->op.u.context.seal_id));
   /* Cluster mode: the answer waits until the log holds the session's state with the seal
    * (clusterflow.h, 11.), so a seal answered 200 moves with its session after a kill -9. */
+  if (r->srv->cflow && r->op.u.context.items.n)
+    cph_cflow_items(r->srv->cflow, r->op.u.context.session, &r->op.u.context.items);
   if (r->srv->cflow)
     cph_cflow_sealed(r->srv->cflow, r, r->op.u.context.session, r->op.u.context.seal_id,
                      r->op.u.context.state, r->op.u.context.state_len, o);

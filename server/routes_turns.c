@@ -725,6 +725,8 @@ static void status_done(cph_req *r, const char *status) {
     json_object_set_new(body, "id", cph_json_u64(r->op.u.turn.turn_id));
     json_object_set_new(body, "status", json_string(status));
     json_object_set_new(body, "already", json_boolean(r->op.u.turn.already));
+    if (r->op.u.turn.items.n && r->op.u.turn.consumed_session)
+      cph_cflow_items(r->srv->cflow, r->op.u.turn.consumed_session, &r->op.u.turn.items);
     cph_cflow_completed(r->srv->cflow, r, r->op.u.turn.consumed_session, &r->op.u.turn.consumed,
                         r->op.u.turn.state, r->op.u.turn.state_len, body);
     return;

@@ -484,6 +484,23 @@ typedef enum cph_op_kind {
  * (core/handover.h; server/statezip.h bounds an unpacked state by it). */
 #define CPH_SESSION_STATE_MAX_BYTES (960u * 1024u)
 
+/* Cluster mode (server/clusterflow.h 13.): a record a session's state carries that the cluster
+ * log also keeps under a key of its own, so that it moves with the session after the state's
+ * bounds left it out — an ended turn record or a seal, with its origin. name is the key's last
+ * token (a kind letter and the origin in hex), data opaque (core/handover.c). */
+typedef struct cph_state_item {
+  char *name;
+  uint8_t *data;
+  size_t len;
+} cph_state_item;
+
+typedef struct cph_state_items {
+  cph_state_item *v;
+  size_t n;
+} cph_state_items;
+
+void cph_state_items_free(cph_state_items *items);
+
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
  * arguments, calls that ran and failed (errors). invalid + errors <= calls is not enforced;
  * the metrics saturate. */
@@ -656,6 +673,11 @@ struct cph_op {
        * consumed. NULL when the engine could not read it (logged; the completion stands). */
       uint8_t *state;
       size_t state_len;
+      /* complete, out, with state: the turn record the completion ended and those of the
+       * session's turns that failed since its previous completion, as items (cph_state_item),
+       * for the cluster log to keep each under its own key. A repeated completion gives them
+       * again. Freed by cph_op_clear_results. */
+      cph_state_items items;
       /* fail, in (cluster mode): the turn is handed back because another node serves its
        * session now — no attempt is counted, and the session is not picked again until a
        * CPH_OP_INBOX_RETAIN says this node serves it again. */
@@ -676,6 +698,7 @@ struct cph_op {
        * seal (as u.turn.state), for the cluster log; NULL when it could not be read (logged) */
       uint8_t *state;
       size_t state_len;
+      cph_state_items items; /* seal, with state: the seal as an item (cph_state_item) */
     } context;
     struct {
       char *session;
@@ -709,11 +732,18 @@ struct cph_op {
      * one it has, its episode and credits are set, the replies it carries that this node lacks
      * join its channels' history and (by origin, cph_engine_reply_origins) its replies stream.
      * CPH_EINVAL (field "state") for a blob that is not one, or of another store schema. The
-     * data is borrowed until done; CPH_SESSION_STATE_MAX_BYTES at most, as exported. */
+     * data is borrowed until done; CPH_SESSION_STATE_MAX_BYTES at most, as exported. Then
+     * items[0..n_items) (the data of cph_state_item, borrowed; data may be NULL: items only):
+     * each turn record or seal whose origin this node lacks is stored, as the state's are; an
+     * item that is malformed, of another session or of another store schema is logged, naming
+     * it, counted in items_refused (out) and left out — the others are taken. */
     struct {
       char *session;
       const uint8_t *data;
       size_t len;
+      const cph_state_item *items;
+      size_t n_items;
+      uint32_t items_refused;
     } state;
   } u;
 };

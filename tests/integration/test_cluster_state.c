@@ -295,11 +295,130 @@ static void test_cluster_state_moves_again_from_the_new_owner(void **state) {
   next_lease_shows_replies(b, fresh, ROUNDS + 1);
 }
 
+#define MANY_TURNS 70 /* more turns than a state carries (its newest 64 turn records) */
+#define MANY_SEALS 20 /* more seals than it carries (its newest 16) */
+
+/* Session s's ended turns on node n, newest first: their origins, one line each. */
+static void turn_origins(cph_test_cluster *c, int n, int s, char *out, size_t cap, int *count) {
+  char path[96];
+  snprintf(path, sizeof path, "/v1/turns?session=t%02d&limit=1000", s);
+  json_t *j = get_json(c, n, path);
+  size_t at = 0, i;
+  json_t *t;
+  *count = 0;
+  out[0] = '\0';
+  json_array_foreach(json_object_get(j, "turns"), i, t) {
+    const char *o = json_string_value(json_object_get(t, "origin"));
+    at += (size_t)snprintf(out + at, cap - at, "%s\n", o ? o : "(none)");
+    assert_true(at < cap);
+    (*count)++;
+  }
+  json_decref(j);
+}
+
+/* Session s's seals on node n, oldest first: their origins and triggers, one line each. */
+static void seal_origins(cph_test_cluster *c, int n, int s, char *out, size_t cap, int *count) {
+  char path[96];
+  snprintf(path, sizeof path, "/v1/sessions/t%02d/seals", s);
+  json_t *j = get_json(c, n, path);
+  size_t at = 0, i;
+  json_t *t;
+  *count = 0;
+  out[0] = '\0';
+  json_array_foreach(json_object_get(j, "seals"), i, t) {
+    at += (size_t)snprintf(out + at, cap - at, "%s %s\n",
+                           json_string_value(json_object_get(t, "origin")),
+                           json_string_value(json_object_get(t, "trigger")));
+    assert_true(at < cap);
+    (*count)++;
+  }
+  json_decref(j);
+}
+
+/* A session's turn records and seals beyond what its state carries move too, each under a key
+ * of its own (server/clusterflow.h 13.): after MANY_TURNS turns and MANY_SEALS seals on its
+ * owner and a kill -9 of it, the new owner lists every record and seal, in the same order, with
+ * the same origins; deleting the session deletes those keys. Without the items the new owner
+ * lists the newest 64 records and 16 seals. */
+static void test_cluster_state_records_beyond_the_state_move_as_items(void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int back = 0, s = 5;
+  assert_false(c->up[back]); /* the second test killed it */
+  cph_tc_start_node(c, back, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "the killed node came back");
+  int n = cph_tc_post_on_owner(c, back, "/v1/sessions/t05/seal", "{\"trigger\":\"s0\"}");
+  for (int k = 1; k < MANY_SEALS; k++) {
+    char body[64];
+    snprintf(body, sizeof body, "{\"trigger\":\"s%d\"}", k);
+    assert_int_equal(cph_tc_post_on_owner(c, n, "/v1/sessions/t05/seal", body), n);
+  }
+  for (int k = 0; k < MANY_TURNS; k++) {
+    char body[160];
+    snprintf(body, sizeof body,
+             "{\"events\":[{\"session\":\"t05\",\"sender\":\"ann\",\"body\":\"item question "
+             "%d\"}]}",
+             k);
+    cph_tc_post_on_owner(c, n, "/v1/events", body);
+    cph_test_response r = cph_test_api(c->port[n], "POST", "/v1/turns/lease", NULL,
+                                       "{\"worker\":\"w\",\"wait_ms\":5000}");
+    if (r.status != 200)
+      fail_msg("lease %d on n%d: %d %s", k, n, r.status, r.body ? r.body : "");
+    json_t *j = cph_test_json(&r);
+    cph_test_response_free(&r);
+    json_t *turn = json_object_get(j, "turn");
+    assert_string_equal(json_string_value(json_object_get(turn, "session")), "t05");
+    complete_turn(c, n, turn, 100 + k, s);
+    json_decref(j);
+  }
+  static char turns_before[64 * 1024], turns_after[64 * 1024], seals_before[8192],
+      seals_after[8192];
+  int nt, ns, mt, ms;
+  turn_origins(c, n, s, turns_before, sizeof turns_before, &nt);
+  seal_origins(c, n, s, seals_before, sizeof seals_before, &ns);
+  assert_true(nt >= MANY_TURNS + ROUNDS);
+  assert_int_equal(ns, MANY_SEALS);
+
+  cph_tc_kill_node(c, n, false);
+  cph_tc_settle(c, SHARDS, "the owner of t05 killed");
+  int m = 1 - n;
+  turn_origins(c, m, s, turns_after, sizeof turns_after, &mt);
+  seal_origins(c, m, s, seals_after, sizeof seals_after, &ms);
+  printf("t05: %d turn records and %d seals on n%d, %d and %d on n%d after the kill\n", nt, ns,
+         n, mt, ms, m);
+  assert_int_equal(mt, nt);
+  assert_string_equal(turns_after, turns_before);
+  assert_int_equal(ms, ns);
+  assert_string_equal(seals_after, seals_before);
+  json_t *v = cph_tc_view(c, m);
+  json_t *items = json_object_get(json_object_get(v, "log"), "items");
+  assert_true(json_integer_value(json_object_get(items, "loaded")) >= nt - 64 + ns - 16);
+  assert_int_equal(json_integer_value(json_object_get(items, "refused")), 0);
+  json_decref(v);
+
+  /* deleted: its keys go (after the puts in flight could have ended) */
+  cph_test_response r = cph_test_api(c->port[m], "DELETE", "/v1/sessions/t05", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  cph_test_response_free(&r);
+  long long forgotten = 0;
+  for (int waited = 0; waited < 40000 && forgotten < nt + ns; waited += 500) {
+    cph_tc_sleep_ms(500);
+    v = cph_tc_view(c, m);
+    items = json_object_get(json_object_get(v, "log"), "items");
+    forgotten = json_integer_value(json_object_get(items, "forgotten"));
+    json_decref(v);
+  }
+  if (forgotten < nt + ns)
+    fail_msg("n%d deleted %lld item keys of t05 in 40 s, not its %d turn records and %d seals",
+             m, forgotten, nt, ns);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(
           test_cluster_state_a_dead_nodes_sessions_keep_their_history_tree_and_credits),
       cmocka_unit_test(test_cluster_state_moves_again_from_the_new_owner),
+      cmocka_unit_test(test_cluster_state_records_beyond_the_state_move_as_items),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1367,6 +1367,163 @@ static void test_session_state_moves_channel_memories(void **state) {
   cph_fixture_free(f[1]);
 }
 
+/* items gained by the ops of a test: copied out of each op */
+typedef struct item_list {
+  cph_state_item *v;
+  size_t n;
+} item_list;
+
+static void items_take(item_list *l, cph_state_items *items) {
+  l->v = realloc(l->v, (l->n + items->n) * sizeof *l->v);
+  assert_non_null(l->v);
+  for (size_t i = 0; i < items->n; i++)
+    l->v[l->n++] = items->v[i];
+  free(items->v);
+  *items = (cph_state_items){0};
+}
+
+static void item_list_free(item_list *l) {
+  for (size_t i = 0; i < l->n; i++) {
+    free(l->v[i].name);
+    free(l->v[i].data);
+  }
+  free(l->v);
+}
+
+/* Imports state (NULL: none) and items[0..n) into s on f: the op's answer, *refused its
+ * refused items. */
+static int import_items(cph_fixture *f, const char *s, const uint8_t *state, size_t len,
+                        const cph_state_item *items, size_t n, uint32_t *refused) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_STATE;
+  op.u.state.session = (char *)s;
+  op.u.state.data = state;
+  op.u.state.len = len;
+  op.u.state.items = items;
+  op.u.state.n_items = n;
+  int rc = cph_fixture_run(f, &op);
+  *refused = op.u.state.items_refused;
+  cph_op_clear_results(&op);
+  return rc;
+}
+
+#define ITEM_ROUNDS 70 /* more turns than a state carries (64) */
+#define ITEM_SEALS 20  /* more seals than a state carries (16) */
+
+/* Items (server/clusterflow.h 13.): every completion gives the turn record it ended and those
+ * of the turns that failed since the previous completion, and every seal gives the seal, each
+ * with its origin; a node that imports the last state and every item holds all of them — more
+ * than a state carries — each once however often it imports them; an item that is malformed or
+ * of an unknown kind is refused and counted, and the others are taken. */
+static void test_session_state_items_move_what_the_state_leaves_out(void **state) {
+  (void)state;
+  const char *policy =
+      "{:scheduler {:lanes {:interactive {:turns 10000 :tool-calls 100000 :tokens 100000000}}}}";
+  cph_fixture *x = node_with_a("items_x", policy, "x"), *y = node_with_a("items_y", policy, "y");
+  cph_engine_report_consumed(x->e, true);
+  cph_engine_report_consumed(y->e, true);
+  item_list items = {0};
+  uint8_t *blob = NULL;
+  size_t len = 0;
+  for (int i = 0; i < ITEM_ROUNDS; i++) {
+    bool failed = i % 10 == 5;
+    if (failed) {
+      failed_turn(x, "a", "the model timed out");
+      cph_clock_advance(&x->clock, 60 * CPH_NS_PER_S); /* past the retry's backoff */
+    }
+    cph_op done;
+    turn(x, "a", i, &done);
+    /* this completion's record, and the failed one's before it */
+    assert_int_equal(done.u.turn.items.n, failed ? 2 : 1);
+    for (size_t k = 0; k < done.u.turn.items.n; k++)
+      assert_int_equal(done.u.turn.items.v[k].name[0], 't');
+    items_take(&items, &done.u.turn.items);
+    free(blob);
+    blob = state_of(&done, &len);
+  }
+  for (int i = 0; i < ITEM_SEALS; i++) {
+    char trigger[32];
+    snprintf(trigger, sizeof trigger, "seal %d", i);
+    cph_op op = {0};
+    op.kind = CPH_OP_CONTEXT_SEAL;
+    op.u.context.session = "a";
+    op.u.context.trigger = trigger;
+    assert_int_equal(cph_fixture_run(x, &op), CPH_OK);
+    assert_int_equal(op.u.context.items.n, 1);
+    assert_int_equal(op.u.context.items.v[0].name[0], 's');
+    items_take(&items, &op.u.context.items);
+    free(blob);
+    blob = op.u.context.state;
+    len = op.u.context.state_len;
+    op.u.context.state = NULL;
+    cph_op_clear_results(&op);
+  }
+  size_t nx, ny, sx, sy;
+  cph_turn_record *rx = records(x, "a", &nx);
+  cph_seal_info *lx = seals(x, "a", &sx);
+  assert_int_equal(nx, ITEM_ROUNDS + ITEM_ROUNDS / 10);
+  assert_int_equal(sx, ITEM_SEALS);
+
+  /* the state alone carries the newest */
+  uint32_t refused = 0;
+  cph_fixture *w = node_with_a("items_w", policy, "w");
+  assert_int_equal(import_items(w, "a", blob, len, NULL, 0, &refused), CPH_OK);
+  cph_turn_record *ry = records(w, "a", &ny);
+  records_free(ry, ny);
+  assert_int_equal(ny, 64);
+  cph_seal_info *ly = seals(w, "a", &sy);
+  cph_seals_free(ly, sy);
+  assert_int_equal(sy, 16);
+  cph_fixture_free(w);
+
+  /* with the items, all of it, each once and in the order it was made in, however often */
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(import_items(y, "a", round ? NULL : blob, len, items.v, items.n, &refused),
+                     CPH_OK);
+    assert_int_equal(refused, 0);
+    ry = records(y, "a", &ny);
+    assert_int_equal(ny, nx);
+    for (size_t i = 0; i < nx; i++) {
+      assert_int_equal(origin_count(y, "a", rx[i].origin), 1);
+      assert_string_equal(ry[i].origin, rx[i].origin);
+      assert_string_equal(ry[i].state, rx[i].state);
+    }
+    records_free(ry, ny);
+    ly = seals(y, "a", &sy);
+    assert_int_equal(sy, sx);
+    for (size_t i = 0; i < sx; i++)
+      assert_int_equal(seal_origin_count(y, "a", lx[i].origin), 1);
+    cph_seals_free(ly, sy);
+  }
+
+  /* bad items: refused, counted; the good one among them taken */
+  cph_fixture *z = node_with_a("items_z", policy, "z");
+  uint8_t junk[20] = "CPHI-not-an-item";
+  cph_state_item bad[4] = {{"tjunk", junk, sizeof junk}, items.v[0], items.v[1], items.v[2]};
+  uint8_t *kind = malloc(items.v[1].len);
+  assert_non_null(kind);
+  memcpy(kind, items.v[1].data, items.v[1].len);
+  kind[12] = 'z'; /* an unknown kind */
+  bad[2].data = kind;
+  bad[3].len -= 5; /* cut short */
+  assert_int_equal(import_items(z, "a", NULL, 0, bad, 4, &refused), CPH_OK);
+  assert_int_equal(refused, 3);
+  assert_int_equal(origin_count(z, "a", rx[nx - 1].origin), 1); /* items.v[0]: the oldest */
+  size_t nz;
+  cph_turn_record *rz = records(z, "a", &nz);
+  assert_int_equal(nz, 1);
+  records_free(rz, nz);
+  free(kind);
+  cph_fixture_free(z);
+
+  records_free(rx, nx);
+  cph_seals_free(lx, sx);
+  item_list_free(&items);
+  free(blob);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
@@ -1379,6 +1536,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_history_keeps_the_newest_within_its_bound),
       cmocka_unit_test(test_session_state_carries_kept_contexts_once),
       cmocka_unit_test(test_session_state_moves_channel_memories),
+      cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
