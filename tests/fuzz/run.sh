@@ -22,7 +22,7 @@ fi
 build=$1 seconds=$2 jobs=$3 mode=$4
 src=$(cd "$(dirname "$0")" && pwd)
 bin="$build/fuzz"
-fuzzers=(fuzz_edn fuzz_policy fuzz_records fuzz_selector fuzz_api_json fuzz_msgpack_body)
+fuzzers=(fuzz_edn fuzz_policy fuzz_records fuzz_selector fuzz_api_json fuzz_msgpack_body fuzz_state)
 
 mkdir -p "$build/fuzz-logs" "$build/fuzz-artifacts" "$build/fuzz-tmp"
 build=$(cd "$build" && pwd)
@@ -41,7 +41,7 @@ run_one() {
   if [ "$mode" = smoke ]; then work="$scratch/$name"; else work="$build/fuzz-work/$name"; fi
   mkdir -p "$work" "$build/fuzz-artifacts/$name"
   cp -p "$src/corpus/$name/"* "$work/"
-  # fuzz_api_json keeps its LMDB directories under TMPDIR: inside the build dir, so a crash
+  # fuzz_api_json and fuzz_state keep their LMDB directories under TMPDIR: inside the build dir, so a crash
   # that skips the cleanup leaves nothing in /tmp.
   TMPDIR="$build/fuzz-tmp" \
     "$bin/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \

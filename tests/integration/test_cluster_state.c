@@ -378,6 +378,14 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
   seal_origins(c, n, s, seals_before, sizeof seals_before, &ns);
   assert_true(nt >= MANY_TURNS + ROUNDS);
   assert_int_equal(ns, MANY_SEALS);
+  json_t *v = cph_tc_view(c, n);
+  json_t *items = json_object_get(json_object_get(v, "log"), "items");
+  long long put = json_integer_value(json_object_get(items, "put"));
+  printf("n%d put %lld items, %lld bytes (%d turns, %d seals)\n", n, put,
+         (long long)json_integer_value(json_object_get(items, "put_bytes")), MANY_TURNS,
+         MANY_SEALS);
+  assert_true(put >= MANY_TURNS + MANY_SEALS);
+  json_decref(v);
 
   cph_tc_kill_node(c, n, false);
   cph_tc_settle(c, SHARDS, "the owner of t05 killed");
@@ -390,8 +398,8 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
   assert_string_equal(turns_after, turns_before);
   assert_int_equal(ms, ns);
   assert_string_equal(seals_after, seals_before);
-  json_t *v = cph_tc_view(c, m);
-  json_t *items = json_object_get(json_object_get(v, "log"), "items");
+  v = cph_tc_view(c, m);
+  items = json_object_get(json_object_get(v, "log"), "items");
   assert_true(json_integer_value(json_object_get(items, "loaded")) >= nt - 64 + ns - 16);
   assert_int_equal(json_integer_value(json_object_get(items, "refused")), 0);
   json_decref(v);
