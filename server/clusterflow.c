@@ -2487,10 +2487,9 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
     const cph_ctable_session *known = cph_ctable_get(f->table, st->session);
     if (!known || !known->def)
       continue; /* not a session of the table (deleted since): nothing to give it to */
-    bool has_state = st->data && st->len >= CPH_CLOG_EPOCH_BYTES; /* else deleted */
+    if (!st->data || st->len < CPH_CLOG_EPOCH_BYTES)
+      continue; /* deleted: nothing to take (its items, if any, go below) */
     size_t from = items_of(rp, st->session);
-    if (!has_state)
-      continue; /* its items, if any, go below */
     state_op *so = calloc(1, sizeof *so);
     size_t len = st->len - CPH_CLOG_EPOCH_BYTES, to = from;
     if (!so || !(so->session = strdup(st->session)) || !(so->data = malloc(len ? len : 1)) ||

@@ -1059,6 +1059,23 @@ static void *room_for(void *v, size_t *cap, size_t n, size_t size) {
   return g;
 }
 
+/* The info of CEPH_STATE's stream with its subjects that match filter (its keys there, each
+ * with its message count), or NULL with why set on a NATS error. */
+static jsStreamInfo *state_keys(cph_clog *l, const char *filter, char *why, size_t size) {
+  char stream[64];
+  snprintf(stream, sizeof stream, "KV_%s", CPH_CLOG_STATES);
+  jsOptions o;
+  jsOptions_Init(&o);
+  o.Stream.Info.SubjectsFilter = filter;
+  jsStreamInfo *si = NULL;
+  jsErrCode jerr = 0;
+  if (js_GetStreamInfo(&si, l->js, stream, &o, &jerr) != NATS_OK) {
+    snprintf(why, size, "the keys of %.200s: %.80s", filter, nats_GetLastError(NULL));
+    return NULL;
+  }
+  return si;
+}
+
 /* Appends to rp the newest value of every key of the shard in CEPH_STATE (clusterflow.h 11.),
  * through an ordered consumer delivering the last message per subject: it says how many are
  * left with each (NumPending), so the read ends with the last one; or at once when the stream
@@ -1070,16 +1087,9 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
   snprintf(filter + plen, sizeof filter - (size_t)plen, ">");
   snprintf(stream, sizeof stream, "KV_%s", CPH_CLOG_STATES);
   /* Whether there is any key: an ordered consumer with nothing to deliver never says so. */
-  jsOptions o;
-  jsOptions_Init(&o);
-  o.Stream.Info.SubjectsFilter = filter;
-  jsStreamInfo *si = NULL;
-  jsErrCode jerr = 0;
-  natsStatus st = js_GetStreamInfo(&si, l->js, stream, &o, &jerr);
-  if (st != NATS_OK) {
-    snprintf(why, size, "the keys of %s: %s", filter, nats_GetLastError(NULL));
+  jsStreamInfo *si = state_keys(l, filter, why, size);
+  if (!si)
     return false;
-  }
   uint64_t left = si->State.Subjects ? (uint64_t)si->State.Subjects->Count : 0;
   jsStreamInfo_Destroy(si);
   if (!left)
@@ -1090,7 +1100,8 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
   so.Ordered = true;
   so.Config.DeliverPolicy = js_DeliverLastPerSubject;
   natsSubscription *sub = NULL;
-  st = js_SubscribeSync(&sub, l->js, filter, NULL, &so, &jerr);
+  jsErrCode jerr = 0;
+  natsStatus st = js_SubscribeSync(&sub, l->js, filter, NULL, &so, &jerr);
   if (st != NATS_OK) {
     snprintf(why, size, "reading %s: %s", filter, nats_GetLastError(NULL));
     return false;
@@ -1743,23 +1754,15 @@ static int64_t trim_shard(cph_clog *l, uint32_t shard, uint64_t below, uint64_t 
   return total;
 }
 
-/* The trim thread: takes the newest request of each shard and purges, one shard at a time,
- * while this node still serves it. */
 /* Deletes the item keys under job's prefix: a delete marker each. The keys deleted, or -1 with
  * why set. */
 static int64_t forget_items(cph_clog *l, const forget_job *job, char *why, size_t size) {
-  char filter[1200], stream[64];
+  char filter[1200];
   snprintf(filter, sizeof filter, "%s.>", job->prefix);
-  snprintf(stream, sizeof stream, "KV_%s", CPH_CLOG_STATES);
-  jsOptions o;
-  jsOptions_Init(&o);
-  o.Stream.Info.SubjectsFilter = filter;
-  jsStreamInfo *si = NULL;
-  jsErrCode jerr = 0;
-  if (js_GetStreamInfo(&si, l->js, stream, &o, &jerr) != NATS_OK) {
-    snprintf(why, size, "the keys of %.200s: %.80s", filter, nats_GetLastError(NULL));
+  jsStreamInfo *si = state_keys(l, filter, why, size);
+  if (!si)
     return -1;
-  }
+  jsErrCode jerr = 0;
   int64_t n = 0;
   for (int i = 0; si->State.Subjects && i < si->State.Subjects->Count && n >= 0; i++) {
     natsMsg *m = NULL;
@@ -1831,6 +1834,8 @@ static int64_t forgets_next(const cph_clog *l) {
   return next;
 }
 
+/* The trim thread: takes the newest request of each shard and purges, one shard at a time,
+ * while this node still serves it; and deletes the item keys of deleted sessions when due. */
 static void *trim_thread(void *arg) {
   cph_clog *l = arg;
   pthread_mutex_lock(&l->mu);

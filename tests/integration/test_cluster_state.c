@@ -298,41 +298,44 @@ static void test_cluster_state_moves_again_from_the_new_owner(void **state) {
 #define MANY_TURNS 70 /* more turns than a state carries (its newest 64 turn records) */
 #define MANY_SEALS 20 /* more seals than it carries (its newest 16) */
 
-/* Session s's ended turns on node n, newest first: their origins, one line each. */
-static void turn_origins(cph_test_cluster *c, int n, int s, char *out, size_t cap, int *count) {
-  char path[96];
-  snprintf(path, sizeof path, "/v1/turns?session=t%02d&limit=1000", s);
+/* The list under `key` of GET path on node n, one line per element: its string members
+ * fields[0..n_fields) separated by spaces ("-" for one it lacks), in the list's order, into
+ * out[0..cap); *count its elements. */
+static void list_lines(cph_test_cluster *c, int n, const char *path, const char *key,
+                       const char *const *fields, size_t n_fields, char *out, size_t cap,
+                       int *count) {
   json_t *j = get_json(c, n, path);
   size_t at = 0, i;
-  json_t *t;
+  json_t *e;
   *count = 0;
   out[0] = '\0';
-  json_array_foreach(json_object_get(j, "turns"), i, t) {
-    const char *o = json_string_value(json_object_get(t, "origin"));
-    at += (size_t)snprintf(out + at, cap - at, "%s\n", o ? o : "(none)");
+  json_array_foreach(json_object_get(j, key), i, e) {
+    for (size_t f = 0; f < n_fields; f++) {
+      const char *v = json_string_value(json_object_get(e, fields[f]));
+      at += (size_t)snprintf(out + at, cap - at, "%s%s", f ? " " : "", v ? v : "-");
+      assert_true(at < cap);
+    }
+    at += (size_t)snprintf(out + at, cap - at, "\n");
     assert_true(at < cap);
     (*count)++;
   }
   json_decref(j);
 }
 
-/* Session s's seals on node n, oldest first: their origins and triggers, one line each. */
+/* Session s's ended turns on node n, newest first: their origins. */
+static void turn_origins(cph_test_cluster *c, int n, int s, char *out, size_t cap, int *count) {
+  static const char *const fields[] = {"origin"};
+  char path[96];
+  snprintf(path, sizeof path, "/v1/turns?session=t%02d&limit=1000", s);
+  list_lines(c, n, path, "turns", fields, 1, out, cap, count);
+}
+
+/* Session s's seals on node n, oldest first: their origins and triggers. */
 static void seal_origins(cph_test_cluster *c, int n, int s, char *out, size_t cap, int *count) {
+  static const char *const fields[] = {"origin", "trigger"};
   char path[96];
   snprintf(path, sizeof path, "/v1/sessions/t%02d/seals", s);
-  json_t *j = get_json(c, n, path);
-  size_t at = 0, i;
-  json_t *t;
-  *count = 0;
-  out[0] = '\0';
-  json_array_foreach(json_object_get(j, "seals"), i, t) {
-    at += (size_t)snprintf(out + at, cap - at, "%s %s\n",
-                           json_string_value(json_object_get(t, "origin")),
-                           json_string_value(json_object_get(t, "trigger")));
-    assert_true(at < cap);
-    (*count)++;
-  }
-  json_decref(j);
+  list_lines(c, n, path, "seals", fields, 2, out, cap, count);
 }
 
 /* A session's turn records and seals beyond what its state carries move too, each under a key

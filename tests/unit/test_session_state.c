@@ -31,6 +31,14 @@
 
 #define TURNS 3
 
+/* Ingests ev on f and leases the next turn into *lease (clear its results). */
+static void post_and_lease(cph_fixture *f, cph_event_in *ev, cph_op *lease) {
+  cph_op in;
+  cph_fixture_ingest(f, ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_fixture_lease(f, "w", lease);
+}
+
 /* One question to session s, leased and completed with a reply and a memory; the completion op
  * is left to the caller (to read and clear). */
 static void turn(cph_fixture *f, const char *s, int i, cph_op *done) {
@@ -42,11 +50,8 @@ static void turn(cph_fixture *f, const char *s, int i, cph_op *done) {
   ev.session = (char *)s;
   ev.sender = "ann";
   ev.body = body;
-  cph_op in;
-  cph_fixture_ingest(f, &ev, 1, &in);
-  cph_op_clear_results(&in);
   cph_op lease;
-  cph_fixture_lease(f, "w", &lease);
+  post_and_lease(f, &ev, &lease);
   memset(done, 0, sizeof *done);
   done->kind = CPH_OP_COMPLETE;
   done->u.turn.turn_id = lease.u.lease.turn.id;
@@ -121,10 +126,7 @@ static void next_lease(cph_fixture *f, const char *body, cph_op *lease) {
   ev.session = "a";
   ev.sender = "ann";
   ev.body = (char *)body;
-  cph_op in;
-  cph_fixture_ingest(f, &ev, 1, &in);
-  cph_op_clear_results(&in);
-  cph_fixture_lease(f, "w", lease);
+  post_and_lease(f, &ev, lease);
 }
 
 /* The replies of the next lease's messages that are "reply <i> of a", each counted. */
@@ -478,11 +480,8 @@ static void failed_turn(cph_fixture *f, const char *s, const char *error) {
   ev.session = (char *)s;
   ev.sender = "ann";
   ev.body = "a question that fails";
-  cph_op in;
-  cph_fixture_ingest(f, &ev, 1, &in);
-  cph_op_clear_results(&in);
   cph_op lease;
-  cph_fixture_lease(f, "w", &lease);
+  post_and_lease(f, &ev, &lease);
   cph_op fail = {0};
   fail.kind = CPH_OP_FAIL;
   fail.u.turn.turn_id = lease.u.lease.turn.id;
@@ -1245,11 +1244,8 @@ static uint8_t *channel_rounds(cph_fixture *f, int rounds, size_t *len) {
     ev.channel = "c";
     ev.sender = sender;
     ev.body = body;
-    cph_op in;
-    cph_fixture_ingest(f, &ev, 1, &in);
-    cph_op_clear_results(&in);
     cph_op lease;
-    cph_fixture_lease(f, "w", &lease);
+    post_and_lease(f, &ev, &lease);
     assert_string_equal(lease.u.lease.turn.session, "b");
     if (i)
       cph_op_clear_results(&done);
@@ -1281,11 +1277,8 @@ static void next_memory_section(cph_fixture *f, char *out, size_t cap) {
   ev.channel = "c";
   ev.sender = "user9";
   ev.body = "what did we decide on the build?";
-  cph_op in;
-  cph_fixture_ingest(f, &ev, 1, &in);
-  cph_op_clear_results(&in);
   cph_op lease;
-  cph_fixture_lease(f, "w", &lease);
+  post_and_lease(f, &ev, &lease);
   const cph_turn_info *t = &lease.u.lease.turn;
   size_t at = 0;
   out[0] = '\0';
