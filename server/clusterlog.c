@@ -1138,43 +1138,41 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
     uint8_t *data = NULL;
     if (good && !deleted && (data = malloc(dlen > 0 ? (size_t)dlen : 1)))
       memcpy(data, natsMsg_GetData(m), (size_t)dlen);
-    natsMsg_Destroy(m);
+    /* subject, hexid and dot point into m: it is destroyed once they were read */
+    bool nomem = false;
     if (good && dot) {
       char *name = data ? strdup(dot + 1) : NULL;
       cph_clog_item *g = name ? room_for(rp->items, &items_cap, rp->n_items, sizeof *g) : NULL;
-      if (!g) {
+      if (g) {
+        rp->items = g;
+        rp->items[rp->n_items++] = (cph_clog_item){session, name, data, (size_t)dlen};
+      } else {
         free(name);
-        free(session);
-        free(data);
-        snprintf(why, size, "out of memory reading %s", filter);
-        break;
+        nomem = true;
       }
-      rp->items = g;
-      rp->items[rp->n_items++] = (cph_clog_item){session, name, data, (size_t)dlen};
     } else if (good && (deleted || data)) {
-      if (rp->n_states == cap) {
-        size_t c = cap ? 2 * cap : 16;
-        cph_clog_state *g = realloc(rp->states, c * sizeof *g);
-        if (!g) {
-          free(session);
-          free(data);
-          snprintf(why, size, "out of memory reading %s", filter);
-          break;
-        }
-        rp->states = g;
-        cap = c;
-      }
+      cph_clog_state *g = room_for(rp->states, &cap, rp->n_states, sizeof *g);
       size_t len = data ? (size_t)dlen : 0;
-      rp->states[rp->n_states++] = (cph_clog_state){session, seq, data, len, len};
-    } else {
-      free(session);
-      free(data);
-      if (good) {
-        snprintf(why, size, "out of memory reading %s", filter);
-        break;
+      if (g) {
+        rp->states = g;
+        rp->states[rp->n_states++] = (cph_clog_state){session, seq, data, len, len};
+      } else {
+        nomem = true;
       }
+    } else if (!good) {
       cph_warn("cluster log: a key of %s that names no session (%s) is skipped", CPH_CLOG_STATES,
                subject);
+    } else {
+      nomem = true;
+    }
+    natsMsg_Destroy(m);
+    if (nomem || !good) {
+      free(session);
+      free(data);
+    }
+    if (nomem) {
+      snprintf(why, size, "out of memory reading %s", filter);
+      break;
     }
     ok = pending == 0;
   }
