@@ -732,9 +732,10 @@ struct cph_op {
      * one it has, its episode and credits are set, the replies it carries that this node lacks
      * join its channels' history and (by origin, cph_engine_reply_origins) its replies stream.
      * CPH_EINVAL (field "state") for a blob that is not one, or of another store schema. The
-     * data is borrowed until done; CPH_SESSION_STATE_MAX_BYTES at most, as exported. Then
-     * items[0..n_items) (the data of cph_state_item, borrowed; data may be NULL: items only):
-     * each turn record or seal whose origin this node lacks is stored, as the state's are; an
+     * data is borrowed until done; CPH_SESSION_STATE_MAX_BYTES at most, as exported. Before
+     * it, items[0..n_items) (cph_state_item's data, borrowed; data may be NULL: items only):
+     * each turn record or seal whose origin this node lacks is stored as the state's are,
+     * oldest first, so that the records' ids here follow the order they were made in; an
      * item that is malformed, of another session or of another store schema is logged, naming
      * it, counted in items_refused (out) and left out — the others are taken. */
     struct {
