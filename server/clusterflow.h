@@ -303,8 +303,9 @@
  *    record a deposed owner made did happen there (its completion may have answered 503 and
  *    been done again elsewhere: both records then move, each under its origin). A session
  *    delete deletes its items' keys: the trim thread lists them (stream info filtered by the
- *    session's prefix) and puts a delete marker on each, CPH_CLOG_FORGET_DELAY_MS after the
- *    delete so that the item puts still in flight have ended; retried until it succeeds. Not a
+ *    session's prefix) and puts a delete marker on each, right after the delete and again
+ *    CPH_CLOG_FORGET_DELAY_MS later, once the item puts still in flight have ended; retried
+ *    until it succeeds. A takeover skips deleted items. Not a
  *    filtered stream purge, which nats-server before 2.9.18 makes unsafe with replicas (12.).
  *    Cost: a publish per completion and per seal (the turn record: ~0.5-1 KB; a seal: the
  *    rendered tree, up to ~66 KB), not on the completion's path; the bucket holds every record

@@ -2153,22 +2153,27 @@ int cph_clog_item_subject(char *buf, size_t size, uint32_t shard, const char *se
 }
 
 int cph_clog_forget_items(cph_clog *l, uint32_t shard, const char *session) {
-  forget_job *j = calloc(1, sizeof *j);
   char prefix[1024];
-  if (!j)
-    return CPH_ENOMEM;
-  if (cph_clog_state_subject(prefix, sizeof prefix, shard, session) != CPH_OK) {
-    free(j);
+  if (cph_clog_state_subject(prefix, sizeof prefix, shard, session) != CPH_OK)
     return CPH_EINVAL;
-  }
-  if (!(j->prefix = strdup(prefix))) {
-    free(j);
-    return CPH_ENOMEM;
-  }
-  j->due_ns = mono_ns() + (int64_t)CPH_CLOG_FORGET_DELAY_MS * 1000000;
+  /* twice: at once, and once the item puts still in flight have ended */
+  forget_job *j[2] = {calloc(1, sizeof *j[0]), calloc(1, sizeof *j[1])};
+  for (int k = 0; k < 2; k++)
+    if (!j[k] || !(j[k]->prefix = strdup(prefix))) {
+      for (int i = 0; i < 2; i++)
+        if (j[i])
+          free(j[i]->prefix);
+      free(j[0]);
+      free(j[1]);
+      return CPH_ENOMEM;
+    }
+  int64_t now = mono_ns();
+  j[0]->due_ns = now;
+  j[1]->due_ns = now + (int64_t)CPH_CLOG_FORGET_DELAY_MS * 1000000;
   pthread_mutex_lock(&l->mu);
-  j->next = l->forgets;
-  l->forgets = j;
+  j[1]->next = l->forgets;
+  j[0]->next = j[1];
+  l->forgets = j[0];
   pthread_cond_broadcast(&l->cv);
   pthread_mutex_unlock(&l->mu);
   return CPH_OK;

@@ -286,11 +286,11 @@ int cph_clog_check_state(cph_clog *l, const char *subject, uint64_t epoch, int64
 void cph_clog_rebuilt(cph_clog *l, uint32_t shard, uint64_t gen);
 void cph_clog_rebuild_failed(cph_clog *l, uint32_t shard, uint64_t gen);
 
-/* Deletes, on the trim thread and not before CPH_CLOG_FORGET_DELAY_MS from now (the item puts
- * still in flight have ended by then), every item key of session in CEPH_STATE
- * ("<shard>.<session in hex>.*", clusterflow.h 13.): a delete marker each, as a session's state
- * key gets when it is deleted. Tried again every few seconds until it succeeds or the node
- * stops. Never waits. CPH_ENOMEM, CPH_EINVAL (an id too long for a key). Not a stream purge:
+/* Deletes, on the trim thread, every item key of session in CEPH_STATE ("<shard>.<session in
+ * hex>.*", clusterflow.h 13.): a delete marker each, as a session's state key gets when it is
+ * deleted — at once, and again CPH_CLOG_FORGET_DELAY_MS from now (the item puts still in
+ * flight have ended by then). Each round is tried again every few seconds until it succeeds or
+ * the node stops. Never waits. CPH_ENOMEM, CPH_EINVAL (an id too long for a key). Not a stream purge:
  * nats-server before 2.9.18 makes a filtered purge unsafe with :replicas > 1 ("Trimming"). */
 #define CPH_CLOG_FORGET_DELAY_MS 15000
 int cph_clog_forget_items(cph_clog *l, uint32_t shard, const char *session);

@@ -341,8 +341,9 @@ static void seal_origins(cph_test_cluster *c, int n, int s, char *out, size_t ca
 /* A session's turn records and seals beyond what its state carries move too, each under a key
  * of its own (server/clusterflow.h 13.): after MANY_TURNS turns and MANY_SEALS seals on its
  * owner and a kill -9 of it, the new owner lists every record and seal, in the same order, with
- * the same origins; deleting the session deletes those keys. Without the items the new owner
- * lists the newest 64 records and 16 seals. */
+ * the same origins; deleting the session deletes those keys, so a session created again under
+ * its id and moved lists none of them. Without the items the new owner lists the newest 64
+ * records and 16 seals. */
 static void test_cluster_state_records_beyond_the_state_move_as_items(void **state) {
   bench *b = *state;
   cph_test_cluster *c = b->c;
@@ -422,6 +423,20 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
   if (forgotten < nt + ns)
     fail_msg("n%d deleted %lld item keys of t05 in 40 s, not its %d turn records and %d seals",
              m, forgotten, nt, ns);
+
+  /* created again and moved (n back, m killed): nothing of the old one comes with it */
+  cph_tc_post_on_owner(c, m, "/v1/sessions", "{\"id\":\"t05\",\"class\":\"interactive\"}");
+  cph_tc_post_on_owner(c, m, "/v1/sessions/t05/seal", "{\"trigger\":\"new\"}");
+  cph_tc_start_node(c, n, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "the killed node came back again");
+  cph_tc_kill_node(c, m, false);
+  cph_tc_settle(c, SHARDS, "the other node killed");
+  turn_origins(c, n, s, turns_after, sizeof turns_after, &mt);
+  seal_origins(c, n, s, seals_after, sizeof seals_after, &ms);
+  assert_int_equal(mt, 0);
+  if (ms != 1 || !strstr(seals_after, " new\n"))
+    fail_msg("t05 created again lists %d seals on n%d after the move, not its one: %s", ms, n,
+             seals_after);
 }
 
 int main(void) {
