@@ -299,7 +299,9 @@
  *    origin it lacks, oldest first, before the state's own — so every record's id there
  *    follows the order the records were made in, as GET /v1/turns?session= lists them — and
  *    counts and logs one it refuses (malformed, another session's, another store schema).
- *    Items of a session with no state key (its state put failed) go alone. Not fenced: a
+ *    Items of a session with no state key (its state put failed) go alone. A record whose item
+ *    never landed (logged) still moves while the state carries it, but is stored after the
+ *    items newer than it: the listing's order there then differs for it (nothing is lost). Not fenced: a
  *    record a deposed owner made did happen there (its completion may have answered 503 and
  *    been done again elsewhere: both records then move, each under its origin). A session
  *    delete deletes its items' keys: the trim thread lists them (stream info filtered by the
