@@ -69,9 +69,16 @@ typedef struct entry {
 
 _Static_assert(64 % sizeof(entry) == 0, "entries tile cache lines (ring_push aligns rings)");
 
+/* A ring's index wraps two ways. Until tenants come on, every ring's cap is a power of two
+ * and the plain lane's pick and finish wrap by a mask. Once they are on, rings grow *tight*
+ * (tring_push): a few entries at a time, so a saturated group's ring ends within a few entries
+ * of its peak length and its finishes append onto the lines its last run's picks just read,
+ * not on lines a rotation of the lane's groups old (bench/PROFILE.md); its index wraps by a
+ * comparison, which is right for any cap, a power of two included. tenants_on never goes back
+ * off, so a masked wrap never meets a tight ring (cph_sched_audit checks the caps). */
 typedef struct ring {
   entry *items;
-  uint32_t head, len, cap; /* cap is a power of two */
+  uint32_t head, len, cap; /* cap is even (entries tile lines); a power of two until tenants */
 } ring;
 
 typedef struct heap {
@@ -297,6 +304,47 @@ static void ring_pop(ring *r) {
   r->len--;
 }
 
+/* The tight ring's functions (tenants on). The index wraps by a comparison, which is right for
+ * any cap, a power of two included; the branch rather than a conditional move, so that the
+ * pick's next front does not wait for it (the wrap is taken once a lap). */
+static HOT_INLINE uint32_t tring_at(const ring *r, uint32_t i) {
+  uint32_t k = r->head + i; /* i <= len <= cap, head < cap */
+  if (__builtin_expect(k >= r->cap, 0))
+    k -= r->cap;
+  return k;
+}
+
+/* A tight ring grows by RING_TIGHT_STEP entries up to RING_TIGHT_MAX, then by an eighth:
+ * amortised O(1) copies a push either way (at most RING_TIGHT_MAX / 16 below, about 9
+ * above). */
+enum { RING_TIGHT_STEP = 8, RING_TIGHT_MAX = 4096 };
+
+static bool tring_push(ring *r, entry e) {
+  if (r->len == r->cap) {
+    uint32_t cap = !r->cap                  ? 16
+                   : r->cap < RING_TIGHT_MAX ? r->cap + RING_TIGHT_STEP
+                                             : r->cap + ((r->cap / 8) & ~7u);
+    entry *items = aligned_alloc(64, (size_t)cap * sizeof *items); /* as ring_push's */
+    if (!items)
+      return false;
+    for (uint32_t i = 0; i < r->len; i++)
+      items[i] = r->items[tring_at(r, i)];
+    free(r->items);
+    r->items = items;
+    r->head = 0;
+    r->cap = cap;
+  }
+  r->items[tring_at(r, r->len)] = e;
+  r->len++;
+  return true;
+}
+
+static entry *tring_back(ring *r) { return r->len ? &r->items[tring_at(r, r->len - 1)] : NULL; }
+static void tring_pop(ring *r) {
+  r->head = tring_at(r, 1);
+  r->len--;
+}
+
 static bool heap_push(const cph_sched *s, heap *h, entry e) {
   if (h->len == h->cap) {
     uint32_t cap = h->cap ? h->cap * 2 : 16;
@@ -375,6 +423,43 @@ static void oset_pop_head(cph_sched *s, oset *o, const entry *head) {
     heap_pop(s, &o->heap);
 }
 
+/* The same on a tight ring (tenants on). */
+static bool oset_push_tight(cph_sched *s, oset *o, const entry *e) {
+  entry *back = tring_back(&o->ring);
+  return !back || entry_cmp(s, back, e) < 0 ? tring_push(&o->ring, *e)
+                                             : heap_push(s, &o->heap, *e);
+}
+
+static entry *oset_head_tight(cph_sched *s, oset *o) {
+  entry *r = ring_front(&o->ring);
+  while (o->stale && r && !entry_live(s, r)) {
+    cph_sid sid = r->sid;
+    tring_pop(&o->ring);
+    o->stale--;
+    drop_ref(s, sid);
+    r = ring_front(&o->ring);
+  }
+  while (o->stale && o->heap.len && !entry_live(s, &o->heap.items[0])) {
+    cph_sid sid = o->heap.items[0].sid;
+    heap_pop(s, &o->heap);
+    o->stale--;
+    drop_ref(s, sid);
+  }
+  entry *h = o->heap.len ? &o->heap.items[0] : NULL;
+  if (!r)
+    return h;
+  if (!h)
+    return r;
+  return entry_cmp(s, r, h) <= 0 ? r : h;
+}
+
+static void oset_pop_head_tight(cph_sched *s, oset *o, const entry *head) {
+  if (head == ring_front(&o->ring))
+    tring_pop(&o->ring);
+  else
+    heap_pop(s, &o->heap);
+}
+
 /* Drops stale entries once they outnumber live ones, so a session that keeps gaining and
  * losing work cannot grow a set without bound. Amortised O(1) per push. */
 static void oset_compact(cph_sched *s, oset *o, uint64_t live) {
@@ -383,9 +468,9 @@ static void oset_compact(cph_sched *s, oset *o, uint64_t live) {
     return;
   uint32_t kept = 0;
   for (uint32_t i = 0; i < o->ring.len; i++) {
-    entry e = o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)];
+    entry e = o->ring.items[tring_at(&o->ring, i)];
     if (entry_live(s, &e))
-      o->ring.items[(o->ring.head + kept++) & (o->ring.cap - 1)] = e;
+      o->ring.items[tring_at(&o->ring, kept++)] = e;
     else
       drop_ref(s, e.sid);
   }
@@ -408,7 +493,7 @@ static void oset_compact(cph_sched *s, oset *o, uint64_t live) {
 
 static void oset_clear(cph_sched *s, oset *o) {
   for (uint32_t i = 0; i < o->ring.len; i++) {
-    const entry *e = &o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)];
+    const entry *e = &o->ring.items[tring_at(&o->ring, i)];
     if (!entry_live(s, e))
       drop_ref(s, e->sid);
   }
@@ -925,11 +1010,11 @@ static HOT_INLINE bool push_entry(cph_sched *s, group *g, cph_sid sid, int64_t n
   bool ok;
   if (se->c0 >= s->c_max) {
     se->where = WHERE_AT_MAX;
-    ok = oset_push(s, &g->at_max, &e);
+    ok = s->tenants_on ? oset_push_tight(s, &g->at_max, &e) : oset_push(s, &g->at_max, &e);
   } else {
     e.key = (i128)se->c0 - (i128)s->rate * now;
     se->where = WHERE_BELOW;
-    ok = oset_push(s, &g->below, &e);
+    ok = s->tenants_on ? oset_push_tight(s, &g->below, &e) : oset_push(s, &g->below, &e);
   }
   oset_compact(s, se->where == WHERE_AT_MAX ? &g->at_max : &g->below, g->runnable + 1);
   if (!ok) {
@@ -1007,6 +1092,24 @@ static void promote(cph_sched *s, lane_state *l, group *g, int64_t now) {
   }
 }
 
+/* The same on tight rings (tenants on). */
+static void promote_tight(cph_sched *s, lane_state *l, group *g, int64_t now) {
+  i128 threshold = (i128)s->c_max - (i128)s->rate * now; /* K >= threshold <=> at max */
+  entry *e;
+  while ((e = oset_head_tight(s, &g->below)) && e->key >= threshold) {
+    entry moved = *e;
+    oset_pop_head_tight(s, &g->below, e);
+    moved.key = 0;
+    s->sessions[moved.sid].where = WHERE_AT_MAX;
+    if (!oset_push_tight(s, &g->at_max, &moved)) {
+      session *se = &s->sessions[moved.sid];
+      se->gen++;
+      se->where = WHERE_NONE;
+      count_out(s, l, g);
+    }
+  }
+}
+
 /* The group's next session, with its sets brought up to now; NULL if none. */
 static entry *group_head(cph_sched *s, lane_state *l, group *g, int64_t now, oset **from) {
   promote(s, l, g, now);
@@ -1014,6 +1117,18 @@ static entry *group_head(cph_sched *s, lane_state *l, group *g, int64_t now, ose
   *from = &g->at_max;
   if (!e) {
     e = oset_head(s, &g->below);
+    *from = &g->below;
+  }
+  return e;
+}
+
+static entry *group_head_tight(cph_sched *s, lane_state *l, group *g, int64_t now,
+                               oset **from) {
+  promote_tight(s, l, g, now);
+  entry *e = oset_head_tight(s, &g->at_max);
+  *from = &g->at_max;
+  if (!e) {
+    e = oset_head_tight(s, &g->below);
     *from = &g->below;
   }
   return e;
@@ -1048,7 +1163,7 @@ static HOT_INLINE const ring *group_next_ring(const group *g) {
 enum { PREFETCH_GROUP_AT = 4, PREFETCH_SETS_AT = 2 };
 
 static HOT_INLINE void class_prefetch(const tclass *c) {
-  uint32_t m = c->cap - 1;
+  uint32_t m = c->cap - 1; /* the class's ring of slots: a power of two */
   if (c->len > PREFETCH_GROUP_AT) {
     const group *g = c->ring[(c->head + PREFETCH_GROUP_AT) & m].g;
     __builtin_prefetch(g);
@@ -1061,8 +1176,8 @@ static HOT_INLINE void class_prefetch(const tclass *c) {
       __builtin_prefetch(&r->items[r->head]);
     const ring *b = &g->below.ring;
     if (b->len) { /* and the entry after it, which the finish writes (a store miss stalls too) */
-      __builtin_prefetch(&b->items[(b->head + b->len - 1) & (b->cap - 1)]);
-      __builtin_prefetch(&b->items[(b->head + b->len) & (b->cap - 1)]);
+      __builtin_prefetch(&b->items[tring_at(b, b->len - 1)]);
+      __builtin_prefetch(&b->items[tring_at(b, b->len)]);
     }
   }
 }
@@ -1075,7 +1190,7 @@ enum { PREFETCH_SET_ENTRY = 24 };
 
 static HOT_INLINE void set_prefetch(const ring *r) {
   if (r->len > PREFETCH_SET_ENTRY)
-    __builtin_prefetch(&r->items[(r->head + PREFETCH_SET_ENTRY) & (r->cap - 1)]);
+    __builtin_prefetch(&r->items[tring_at(r, PREFETCH_SET_ENTRY)]);
 }
 
 /* ---------------------------------------------------------------- config */
@@ -1768,7 +1883,10 @@ static HOT_INLINE void take_head(cph_sched *s, lane_state *l, group *g, oset *fr
   cph_sid sid = e->sid;
   int64_t queued_ns = e->queued_ns;
   struct started st = {sid, e->gen + 1, now};
-  oset_pop_head(s, from, e);
+  if (defer) /* tenants on */
+    oset_pop_head_tight(s, from, e);
+  else
+    oset_pop_head(s, from, e);
   if (defer) {
     if (s->n_starts == STARTS_MAX)
       starts_pop(s);
@@ -1811,17 +1929,19 @@ static HOT_INLINE bool pick_plain(cph_sched *s, lane_state *l, int lane, int64_t
  * so only larger schedulers do. */
 enum { RUN_PREFETCH_SESSIONS = 1 << 18 };
 
-/* The lines of the first n entries of r's front (two entries a line), and of the n entries
- * after the back of below, where the run's finishes will append. */
+/* The lines of the first n entries of r's front (two entries a line), and of the entries
+ * after the back of below, where the run's finishes will append: the free slots before
+ * below's front, n at most. A tight ring (tenants on) has few, and its appends past them land
+ * on the slots the run's picks free, whose lines are r's front when r is below; more than the
+ * free slots would make it grow into new memory, so no more of the old is fetched. */
 static HOT_INLINE void run_entries_prefetch(const ring *r, const ring *below, uint32_t n) {
-  uint32_t k = n < r->len ? n : r->len, m = r->cap - 1, head = r->head;
+  uint32_t k = n < r->len ? n : r->len;
   for (uint32_t i = 0; i < k; i += 2)
-    __builtin_prefetch(&r->items[(head + i) & m]);
-  if (below->cap) {
-    uint32_t bm = below->cap - 1, back = below->head + below->len;
-    for (uint32_t i = 0; i < n; i += 2)
-      __builtin_prefetch(&below->items[(back + i) & bm], 1);
-  }
+    __builtin_prefetch(&r->items[tring_at(r, i)]);
+  uint32_t free_slots = below->cap - below->len;
+  uint32_t kb = n < free_slots ? n : free_slots;
+  for (uint32_t i = 0; i < kb; i += 2)
+    __builtin_prefetch(&below->items[tring_at(below, below->len + i)], 1);
 }
 
 /* The group likely to serve the lane's run after g's, in class c: g's slot moves to its
@@ -1865,7 +1985,7 @@ static HOT_INLINE bool pick_tenant(cph_sched *s, lane_state *l, int64_t now, cph
       run_next_group_prefetch(l->run_next);
   }
   oset *from;
-  entry *e = group_head(s, l, g, now, &from);
+  entry *e = group_head_tight(s, l, g, now, &from);
   if (!e) {
     run_settle(l);
     l->run_left = 0;
@@ -2005,7 +2125,7 @@ void cph_sched_check_credits(cph_sched *s) {
     /* Only groups with runnable sessions hold live entries; promote never changes which. */
     live_iter it = {0, 0, false};
     for (group *g; (g = next_live(l, &it));)
-      promote(s, l, g, now);
+      promote_tight(s, l, g, now);
   }
 }
 
@@ -2057,7 +2177,7 @@ static int64_t budget_until(const lane_state *l, int64_t now) {
 static void oset_count(const cph_sched *s, const oset *o, const entry *me, uint64_t *before,
                        uint64_t *total) {
   for (uint32_t i = 0; i < o->ring.len; i++) {
-    const entry *e = &o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)];
+    const entry *e = &o->ring.items[tring_at(&o->ring, i)];
     if (!entry_live(s, e))
       continue;
     (*total)++;
@@ -2138,7 +2258,10 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
   }
 
   /* Its place among its tenant's runnable sessions in the lane (rule 3 (b)–(d)). */
-  promote(s, l, g, now);
+  if (s->tenants_on)
+    promote_tight(s, l, g, now);
+  else
+    promote(s, l, g, now);
   entry me = {0, se->queued_ns, sid, se->gen};
   if (se->where == WHERE_BELOW)
     me.key = (i128)se->c0 - (i128)s->rate * se->t0;
@@ -2178,7 +2301,7 @@ void cph_sched_why(cph_sched *s, cph_sid sid, cph_why *out) {
       for (group *h; (h = next_live(l, &it));) {
         if (h == g)
           continue;
-        promote(s, l, h, now);
+        promote_tight(s, l, h, now);
         uint64_t at_max_total = 0, ignored = 0, b = 0, t = 0;
         if (se->where == WHERE_AT_MAX) {
           oset_count(s, &h->at_max, &me, &b, &t);
@@ -2277,7 +2400,7 @@ void cph_sched_lane_stats(cph_sched *s, cph_lane lane, cph_lane_stats *out) {
 static uint32_t audit_oset(const cph_sched *s, const oset *o, uint32_t *stale, uint32_t *live) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < o->ring.len + o->heap.len; i++) {
-    const entry *e = i < o->ring.len ? &o->ring.items[(o->ring.head + i) & (o->ring.cap - 1)]
+    const entry *e = i < o->ring.len ? &o->ring.items[tring_at(&o->ring, i)]
                                      : &o->heap.items[i - o->ring.len];
     if (entry_live(s, e)) {
       live[e->sid]++;
@@ -2289,6 +2412,19 @@ static uint32_t audit_oset(const cph_sched *s, const oset *o, uint32_t *stale, u
   return n;
 }
 
+/* A ring's shape: its cap even (entries tile lines) and a power of two while tenants are off
+ * (the plain pick and finish wrap by a mask), head inside it, and its entries, live or stale,
+ * strictly in order (as oset_push appends them). */
+static bool audit_ring(const cph_sched *s, const ring *r) {
+  if (r->cap % 2 || r->len > r->cap || (r->cap && r->head >= r->cap) ||
+      (!s->tenants_on && (r->cap & (r->cap - 1))))
+    return false;
+  for (uint32_t i = 1; i < r->len; i++)
+    if (entry_cmp(s, &r->items[tring_at(r, i - 1)], &r->items[tring_at(r, i)]) >= 0)
+      return false;
+  return true;
+}
+
 int cph_sched_audit(const cph_sched *s) {
   uint32_t *stale = calloc(s->n_sessions + 1, sizeof *stale);
   uint32_t *live = calloc(s->n_sessions + 1, sizeof *live);
@@ -2297,7 +2433,8 @@ int cph_sched_audit(const cph_sched *s) {
     for (int i = 0; i < CPH_LANE_COUNT; i++) {
       const group *g = &s->tenants[t]->g[i];
       if (audit_oset(s, &g->at_max, stale, live) != g->at_max.stale ||
-          audit_oset(s, &g->below, stale, live) != g->below.stale)
+          audit_oset(s, &g->below, stale, live) != g->below.stale ||
+          !audit_ring(s, &g->at_max.ring) || !audit_ring(s, &g->below.ring))
         rc = CPH_ESTATE;
     }
   for (uint32_t i = 0; !rc && i < s->n_sessions; i++)

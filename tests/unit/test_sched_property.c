@@ -706,14 +706,19 @@ static void test_reference_applies_pick_rules_literally(void **state) {
  *
  * pace: a clock advance is 0, 1 or 2 times this; budget: turns (and ten times the tool
  * calls, at most the limit) per minute per lane; run_max: cfg.tenant_run_max. Returns the
- * picks made while the interactive lane's runs were longer than one. */
-static int weight_classes_against_reference(int64_t pace, int64_t budget, uint32_t run_max) {
+ * picks made while the interactive lane's runs were longer than one. The same with TENANTS
+ * tenants over SESSIONS sessions, and cph_sched_audit after every step when audit is set. */
+enum { MAX_TENANTS = 30, MAX_SESSIONS = 900 };
+
+static int tenants_against_reference(int64_t pace, int64_t budget, uint32_t run_max,
+                                     int TENANTS, int SESSIONS, int STEPS, bool audit) {
   int64_t tools = budget > CPH_SCHED_MAX_PER_MINUTE / 10 ? CPH_SCHED_MAX_PER_MINUTE : 10 * budget;
-  enum { TENANTS = 30, SESSIONS = 90, STEPS = 30000 };
   cph_clock clock;
   cph_clock_init_virtual(&clock, 0);
-  char tnames[TENANTS][8], snames[SESSIONS][8];
-  cph_sched_tenant_weight w[TENANTS];
+  static char tnames[MAX_TENANTS][12], snames[MAX_SESSIONS][12];
+  cph_sched_tenant_weight w[MAX_TENANTS];
+  static cph_sid sid[MAX_SESSIONS];
+  assert_true(TENANTS <= MAX_TENANTS && SESSIONS <= MAX_SESSIONS);
   for (int t = 0; t < TENANTS; t++) {
     snprintf(tnames[t], sizeof tnames[t], "t%d", t);
     w[t] = (cph_sched_tenant_weight){tnames[t], 0.5 + (t % 20) * 0.75};
@@ -737,7 +742,6 @@ static int weight_classes_against_reference(int64_t pace, int64_t budget, uint32
   cph_ref *r = cph_ref_new(&cfg, &clock);
   assert_non_null(s);
   assert_non_null(r);
-  cph_sid sid[SESSIONS];
   for (int i = 0; i < SESSIONS; i++) {
     snprintf(snames[i], sizeof snames[i], "s%d", i);
     cph_lane lane = i % 6 ? CPH_LANE_INTERACTIVE : CPH_LANE_OPERATIONAL;
@@ -800,11 +804,21 @@ static int weight_classes_against_reference(int64_t pace, int64_t budget, uint32
       assert_int_equal(cph_sched_configure(s, &cfg), 0);
       cph_ref_configure(r, &cfg);
     }
+    if (audit) {
+      cph_why why; /* reads (and brings up to now) every group's sets of the lane */
+      cph_sched_why(s, sid[i], &why);
+      if (cph_sched_audit(s) != CPH_OK)
+        fail_msg("step %d: cph_sched_audit failed", step);
+    }
   }
   assert_true(picks > STEPS / 5); /* the sequence exercised the order, not only the misses */
   cph_sched_free(s);
   cph_ref_free(r);
   return in_runs;
+}
+
+static int weight_classes_against_reference(int64_t pace, int64_t budget, uint32_t run_max) {
+  return tenants_against_reference(pace, budget, run_max, 30, 90, 30000, false);
 }
 
 static void test_many_weight_classes_match_reference(void **state) {
@@ -826,11 +840,24 @@ static void test_tenant_runs_match_reference_at_machine_rates(void **state) {
   assert_true(in_runs > 1000);
 }
 
+/* Groups of hundreds of sessions: three tenants over 900 sessions, so each tenant's group in
+ * the interactive lane queues up to about 250 entries, and a tenant group's sets grow their
+ * rings a few entries at a time (tight rings, lanes/sched.c) through dozens of sizes, with
+ * the front anywhere in the ring when they grow. Every pick must be the reference's, and the
+ * audit (which checks each ring's order and capacity) must pass after every step, each step
+ * also asking why of one session (which promotes in every group of its lane). */
+static void test_big_tenant_groups_match_reference(void **state) {
+  (void)state;
+  tenants_against_reference(2000000, CPH_SCHED_MAX_PER_MINUTE, 16, 3, 900, 20000, true);
+  tenants_against_reference(250000000, 6000, 0, 3, 900, 20000, true);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_applies_pick_rules_literally),
       cmocka_unit_test(test_many_weight_classes_match_reference),
       cmocka_unit_test(test_tenant_runs_match_reference_at_machine_rates),
+      cmocka_unit_test(test_big_tenant_groups_match_reference),
       cmocka_unit_test(test_sched_matches_reference_on_random_sequences),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
