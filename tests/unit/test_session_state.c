@@ -1293,7 +1293,11 @@ static void next_memory_section(cph_fixture *f, char *out, size_t cap) {
  * messages it was sent, beyond what its turns' history shows, as well as its own — so its
  * next turn on the new owner shows the memory section its next turn showed on the old one,
  * item for item and in order; an import repeated adds nothing; a memory scoped to another
- * session, or cut short, is refused, naming it, and nothing is stored. */
+ * session, or cut short, is refused, naming it, and nothing is stored. The window (1,024
+ * tokens) keeps the old owner's history section within the channel entries a state moves (its
+ * newest 64 a channel): with a larger one the old owner shows older messages as history, which
+ * the new owner lacks as history and shows as memories instead (measured at 4,096 tokens:
+ * seven such notes lead its memory section). */
 static void test_session_state_moves_channel_memories(void **state) {
   (void)state;
   cph_fixture *f[2];
