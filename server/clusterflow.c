@@ -2473,7 +2473,7 @@ static bool state_submit(cph_cflow *f, state_op *so) {
  * the order they were made in) — after the adoptions: the engine applies operations in order,
  * so each session exists by then, and before the replayed events. Then one with items only per
  * session with items and no state (its state put failed, or its key was lost). Values are
- * copied or moved: an operation may outlive the rebuild. What is queued is not queued again
+ * copied: an operation may outlive the rebuild. What is queued is not queued again
  * (rb->next_state, rb->next_item, items taken). False when the engine is busy (the rest on the
  * next try). */
 static bool states_import(cph_cflow *f, rebuild *rb) {
@@ -2945,7 +2945,7 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
   d->kv_delete = true;
   state_rev_set(f, session, 0);
   pub_send(f, d);
-  /* 13.: and its items, once the puts of them still in flight have ended */
+  /* 13.: and its items' keys, at once and again once the puts still in flight have ended */
   if (cph_clog_forget_items(f->log, shard, session) != CPH_OK)
     cph_error("cluster log: the items of deleted session \"%s\" are not deleted from the log "
               "(out of memory, or an id too long for a key)", session);
