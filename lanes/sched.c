@@ -423,7 +423,10 @@ static void oset_pop_head(cph_sched *s, oset *o, const entry *head) {
     heap_pop(s, &o->heap);
 }
 
-/* The same on a tight ring (tenants on). */
+/* The same on a tight ring (tenants on). Copies of the plain functions on purpose: one body
+ * for both forms, specialised through a constant argument and forced inlining, compiled the
+ * plain oset_head and oset_push to other code (register use, block order: objdump), and the
+ * plain pick's code is kept as it was measured. */
 static bool oset_push_tight(cph_sched *s, oset *o, const entry *e) {
   entry *back = tring_back(&o->ring);
   return !back || entry_cmp(s, back, e) < 0 ? tring_push(&o->ring, *e)
