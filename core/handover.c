@@ -1324,13 +1324,13 @@ static int item_push(cph_state_items *items, char kind, const char *origin,
 typedef struct turn_items {
   const char *node;
   cph_state_items *items;
-  bool first;
+  bool first, newest_only;
   int rc;
 } turn_items;
 
 static bool collect_turn_item(void *ctx, const cph_turn_rec *tr) {
   turn_items *ti = ctx;
-  if (!ti->first && tr->state == CPH_TURN_COMPLETED)
+  if (!ti->first && (ti->newest_only || tr->state == CPH_TURN_COMPLETED))
     return false; /* the previous completion's: it gave its items */
   ti->first = false;
   char origin[TURNRECS_ORIGIN_MAX];
@@ -1340,8 +1340,9 @@ static bool collect_turn_item(void *ctx, const cph_turn_rec *tr) {
   return ti->rc == CPH_OK;
 }
 
-int handover_turn_items(const cph_handover *st, const char *session, cph_state_items *items) {
-  turn_items ti = {st->env->reply_origin_node, items, true, CPH_OK};
+int handover_turn_items(const cph_handover *st, const char *session, bool newest_only,
+                        cph_state_items *items) {
+  turn_items ti = {st->env->reply_origin_node, items, true, newest_only, CPH_OK};
   int rc = turnrecs_session_newest(&st->env->txn, session, STATE_TURNS, collect_turn_item, &ti);
   return rc ? rc : ti.rc;
 }

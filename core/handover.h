@@ -12,6 +12,7 @@
 #ifndef CEPHALON_CORE_HANDOVER_H
 #define CEPHALON_CORE_HANDOVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,10 +44,12 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
 /* Items (server/clusterflow.h 13.): a record a state carries, on its own, for the cluster log
  * to keep under a key of its own — "CPHI", be32 version (1), be32 CPH_STORE_SCHEMA_VERSION, a
  * kind byte ('t' a turn record, 's' a seal), then the record as a state's part encodes it (its
- * origin set). Appends to items session's newest ended turn record and those before it back to
- * the previous completed one (the turns that failed since: a completion's items), each that has
- * an origin. CPH_OK (none: nothing appended), CPH_ENOMEM or the store's error. */
-int handover_turn_items(const cph_handover *st, const char *session, cph_state_items *items);
+ * origin set). Appends to items session's newest ended turn record (newest_only: a failure's
+ * item) or that and those before it back to the previous completed one (the turns that failed
+ * since: a completion's items, which gives a failure's again should its put have been lost),
+ * each that has an origin. CPH_OK (none: nothing appended), CPH_ENOMEM or the store's error. */
+int handover_turn_items(const cph_handover *st, const char *session, bool newest_only,
+                        cph_state_items *items);
 /* The same for seal seal_id of session. */
 int handover_seal_item(const cph_handover *st, const char *session, uint64_t seal_id,
                        cph_state_items *items);

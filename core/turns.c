@@ -118,6 +118,11 @@ void cph_op_clear_results(cph_op *op) {
     op->u.turn.state_len = 0;
     cph_state_items_free(&op->u.turn.items);
     break;
+  case CPH_OP_FAIL:
+    free(op->u.turn.consumed_session);
+    op->u.turn.consumed_session = NULL;
+    cph_state_items_free(&op->u.turn.items);
+    break;
   case CPH_OP_CONTEXT_SEAL:
     free(op->u.context.state);
     op->u.context.state = NULL;
@@ -1035,7 +1040,7 @@ static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
       (op->u.turn.consumed_session || (op->u.turn.consumed_session = strdup(id)))) {
     op->u.turn.state_len = b.len;
     op->u.turn.state = (uint8_t *)cph_buf_steal(&b);
-    if ((rc = handover_turn_items(&st, id, &op->u.turn.items)) != CPH_OK)
+    if ((rc = handover_turn_items(&st, id, false, &op->u.turn.items)) != CPH_OK)
       cph_log(CPH_LOG_WARN, "reading the turn records of session '%s' for the cluster log: %s "
               "(the state carries the newest)", id, cph_strerror(rc));
   } else if (rc == CPH_ELIMIT) {
@@ -1261,13 +1266,24 @@ static void turn_fail(cph_turns *tu, cph_op *op) {
   if (check_lease(tu, op, &l))
     return;
   csession *s = l->session;
+  bool job = l->kind == CPH_KIND_JOB; /* not indexed by session: no item */
   int rc = end_lease(tu, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed",
                      !op->u.turn.away);
   if (rc) {
     op_fail(op, rc, NULL, "%s", cph_strerror(rc));
-  } else if (op->u.turn.away) { /* not picked again until this node serves it again */
+    return;
+  }
+  if (op->u.turn.away) { /* not picked again until this node serves it again */
     s->away = true;
     sessions_update_work(tu->sessions, s);
+  }
+  if (tu->env->report_consumed && !job) { /* the failed turn's record, as an item (cluster) */
+    cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
+    if ((op->u.turn.consumed_session = strdup(s->id)) == NULL ||
+        (rc = handover_turn_items(&st, s->id, true, &op->u.turn.items)) != CPH_OK)
+      cph_log(CPH_LOG_WARN, "reading the failed turn %llu of session '%s' for the cluster log: "
+              "%s (the session's next state carries it)",
+              (unsigned long long)op->u.turn.turn_id, s->id, cph_strerror(rc ? rc : CPH_ENOMEM));
   }
 }
 

@@ -289,7 +289,8 @@
  *    origin is the record's identity cluster-wide), its value the writer's epoch and the record
  *    as a state encodes it (core/handover.h, "Items"): a completion gives the turn record it
  *    ended and those of the session's turns that failed since its previous completion
- *    (cph_op u.turn.items), a seal the seal (u.context.items). They are put right after the
+ *    (cph_op u.turn.items), a failure its turn's record (which no state carries until the next
+ *    completion), a seal the seal (u.context.items). They are put right after the
  *    completion or seal committed, beside its state and marks and not waited for: a record is
  *    in every state put until 64 newer ones (16 seals) followed it, so its item only has to
  *    land before that — a completion's 200 costs nothing more, and one that does not land in

@@ -731,6 +731,11 @@ static void status_done(cph_req *r, const char *status) {
                         r->op.u.turn.state, r->op.u.turn.state_len, body);
     return;
   }
+  /* Cluster mode: a failed turn's record goes into the log as an item (clusterflow.h 13.); the
+   * answer does not wait for it. */
+  if (r->op.kind == CPH_OP_FAIL && r->srv->cflow && r->op.u.turn.items.n &&
+      r->op.u.turn.consumed_session)
+    cph_cflow_items(r->srv->cflow, r->op.u.turn.consumed_session, &r->op.u.turn.items);
   /* Written straight out: one answer per cycle, where a jansson tree cost about 25K
    * instructions (bench/PROFILE.md). */
   cph_buf body = CPH_BUF_INIT;

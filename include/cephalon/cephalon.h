@@ -676,7 +676,8 @@ struct cph_op {
       /* complete, out, with state: the turn record the completion ended and those of the
        * session's turns that failed since its previous completion, as items (cph_state_item),
        * for the cluster log to keep each under its own key. A repeated completion gives them
-       * again. Freed by cph_op_clear_results. */
+       * again. fail, out, while cph_engine_report_consumed is on: the failed turn's record as
+       * an item, and consumed_session names its session. Freed by cph_op_clear_results. */
       cph_state_items items;
       /* fail, in (cluster mode): the turn is handed back because another node serves its
        * session now — no attempt is counted, and the session is not picked again until a

@@ -1,0 +1,219 @@
+/* A session's records move whole, as a property (server/clusterflow.h 13.; core/handover.c,
+ * "Items"): a node ("x", cluster mode) runs a session through a seeded mix of completed turns,
+ * failed turns and seals, keeping every item its completions, failures and seals give and the
+ * last state they left (a failure puts no state: one after the last completion moves as its
+ * item alone). Another node ("y") takes the session over from the state and the items, handed in
+ * a random order with some of them twice — as a takeover reads them from the log. Then y lists
+ * exactly x's turn records and seals: each origin once, in the order x made them. Handed the
+ * items again (another order), or the state again, y lists the same.
+ *
+ * CPH_PROPERTY_SEED=<n> runs from that seed; CPH_PROPERTY_CASES=<n> sets how many cases. A
+ * failure prints the case's seed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "tests/support/engine_fixture.h"
+#include "tests/support/prop.h"
+
+#define DEFAULT_CASES 120
+
+static const char POLICY[] =
+    "{:scheduler {:lanes {:interactive {:turns 100000 :tool-calls 100000 :tokens 100000000}}}}";
+
+typedef struct run {
+  uint64_t seed;
+  cph_state_item *items;
+  size_t n_items;
+  uint8_t *state;
+  size_t state_len;
+} run;
+
+#define CHECK(cond, ...) CPH_PROP_CHECK(R->seed, cond, __VA_ARGS__)
+
+static cph_fixture *node(const char *tag, const char *name) {
+  cph_fixture *f = cph_fixture_new(tag, POLICY);
+  cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_engine_report_consumed(f->e, true);
+  assert_int_equal(cph_engine_reply_origins(f->e, name), CPH_OK);
+  return f;
+}
+
+/* Takes an op's items into R (their strings and data move). */
+static void take_items(run *R, cph_state_items *items) {
+  R->items = realloc(R->items, (R->n_items + items->n) * sizeof *R->items);
+  assert_non_null(R->items);
+  for (size_t i = 0; i < items->n; i++)
+    R->items[R->n_items++] = items->v[i];
+  free(items->v);
+  *items = (cph_state_items){0};
+}
+
+static void take_state(run *R, uint8_t **state, size_t *len) {
+  if (!*state)
+    return;
+  free(R->state);
+  R->state = *state;
+  R->state_len = *len;
+  *state = NULL;
+}
+
+/* A question to "a" on x, leased, then completed with a reply or failed. */
+static void turn(run *R, cph_fixture *x, int i, bool fail) {
+  char body[48], reply[48];
+  snprintf(body, sizeof body, "question %d", i);
+  snprintf(reply, sizeof reply, "answer %d", i);
+  cph_event_in ev = {0};
+  ev.session = "a";
+  ev.sender = "ann";
+  ev.body = body;
+  cph_op in;
+  cph_fixture_ingest(x, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease;
+  cph_fixture_lease(x, "w", &lease);
+  cph_op done = {0};
+  done.kind = fail ? CPH_OP_FAIL : CPH_OP_COMPLETE;
+  done.u.turn.turn_id = lease.u.lease.turn.id;
+  memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
+  if (fail)
+    done.u.turn.error = "timed out";
+  else
+    done.u.turn.reply_body = reply;
+  CHECK(cph_fixture_run(x, &done) == CPH_OK, "turn %d: %s", i, done.err.msg);
+  done.u.turn.reply_body = NULL;
+  done.u.turn.error = NULL;
+  CHECK(fail ? done.u.turn.items.n == 1 : done.u.turn.items.n >= 1,
+        "%s %d gave %zu items", fail ? "failure" : "completion", i, done.u.turn.items.n);
+  take_items(R, &done.u.turn.items);
+  if (!fail)
+    take_state(R, &done.u.turn.state, &done.u.turn.state_len);
+  cph_op_clear_results(&done);
+  cph_op_clear_results(&lease);
+  if (fail)
+    cph_clock_advance(&x->clock, 120 * CPH_NS_PER_S); /* past the retry's backoff */
+}
+
+static void seal(run *R, cph_fixture *x, int i) {
+  char trigger[32];
+  snprintf(trigger, sizeof trigger, "seal %d", i);
+  cph_op op = {0};
+  op.kind = CPH_OP_CONTEXT_SEAL;
+  op.u.context.session = "a";
+  op.u.context.trigger = trigger;
+  CHECK(cph_fixture_run(x, &op) == CPH_OK, "seal %d: %s", i, op.err.msg);
+  CHECK(op.u.context.items.n == 1, "seal %d gave %zu items", i, op.u.context.items.n);
+  take_items(R, &op.u.context.items);
+  take_state(R, &op.u.context.state, &op.u.context.state_len);
+  cph_op_clear_results(&op);
+}
+
+/* f's turn records of "a", newest first, then its seals, oldest first: origin per line. */
+static void listing(cph_fixture *f, char *out, size_t cap) {
+  cph_turn_record *recs = NULL;
+  cph_seal_info *seals = NULL;
+  size_t nr = 0, ns = 0, at = 0;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_session_turn_records(f->e, "a", 1000, &recs, &nr, &err), CPH_OK);
+  assert_int_equal(cph_engine_seals(f->e, "a", &seals, &ns, &err), CPH_OK);
+  out[0] = '\0';
+  for (size_t i = 0; i < nr; i++) {
+    at += (size_t)snprintf(out + at, cap - at, "t %s %s\n", recs[i].origin, recs[i].state);
+    cph_turn_record_free(&recs[i]);
+  }
+  for (size_t i = 0; i < ns; i++)
+    at += (size_t)snprintf(out + at, cap - at, "s %s %s\n", seals[i].origin, seals[i].trigger);
+  assert_true(at < cap);
+  free(recs);
+  cph_seals_free(seals, ns);
+}
+
+/* Imports state (NULL: none) and the items in a random order, some twice, into "a" on y. */
+static void hand_over(run *R, rng *r, cph_fixture *y, const uint8_t *state, size_t len) {
+  size_t n = R->n_items + below(r, 1 + (uint32_t)R->n_items / 4);
+  cph_state_item *v = calloc(n ? n : 1, sizeof *v);
+  assert_non_null(v);
+  for (size_t i = 0; i < n; i++)
+    v[i] = R->items[i < R->n_items ? i : below(r, (uint32_t)R->n_items)];
+  for (size_t i = n; i > 1; i--) { /* Fisher-Yates */
+    size_t j = below(r, (uint32_t)i);
+    cph_state_item t = v[i - 1];
+    v[i - 1] = v[j];
+    v[j] = t;
+  }
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_STATE;
+  op.u.state.session = "a";
+  op.u.state.data = state;
+  op.u.state.len = len;
+  op.u.state.items = v;
+  op.u.state.n_items = n;
+  CHECK(cph_fixture_run(y, &op) == CPH_OK, "the import: %s", op.err.msg);
+  CHECK(op.u.state.items_refused == 0, "%u items refused", op.u.state.items_refused);
+  cph_op_clear_results(&op);
+  free(v);
+}
+
+static void one_case(run *R, uint64_t seed) {
+  rng r = {seed};
+  R->seed = seed;
+  cph_fixture *x = node("items_prop_x", "x"), *y = node("items_prop_y", "y");
+  int ops = 5 + (int)below(&r, 110), made = 0;
+  for (int i = 0; i < ops; i++) {
+    uint32_t what = below(&r, 20);
+    if (what < 2)
+      turn(R, x, i, true);
+    else if (what < 4)
+      seal(R, x, i);
+    else
+      turn(R, x, i, false), made++;
+  }
+  if (!made)
+    turn(R, x, ops, false);
+  static char want[256 * 1024], got[256 * 1024];
+  listing(x, want, sizeof want);
+  hand_over(R, &r, y, R->state, R->state_len);
+  listing(y, got, sizeof got);
+  CHECK(strcmp(got, want) == 0, "the new owner lists\n%.600s\nwhere the old one lists\n%.600s",
+        got, want);
+  hand_over(R, &r, y, below(&r, 2) ? R->state : NULL, R->state_len);
+  listing(y, got, sizeof got);
+  CHECK(strcmp(got, want) == 0, "imported again, the new owner lists\n%.600s\nnot\n%.600s", got,
+        want);
+  for (size_t i = 0; i < R->n_items; i++) {
+    free(R->items[i].name);
+    free(R->items[i].data);
+  }
+  free(R->items);
+  free(R->state);
+  R->items = NULL;
+  R->n_items = 0;
+  R->state = NULL;
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
+static void test_every_record_moves_once_in_the_order_it_was_made(void **state) {
+  (void)state;
+  uint64_t seed;
+  long cases;
+  cph_property_run(4242, DEFAULT_CASES, &seed, &cases);
+  run R = {0};
+  for (long c = 0; c < cases; c++)
+    one_case(&R, seed + (uint64_t)c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_record_moves_once_in_the_order_it_was_made),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
