@@ -166,3 +166,22 @@ uint64_t cph_test_event_family(cph_engine *e, uint64_t id) {
   cph_event_info_free(&ev);
   return fam;
 }
+
+void cph_fixture_items_take(cph_fixture_items *l, cph_state_items *from) {
+  cph_state_item *v = realloc(l->v, (l->n + from->n + 1) * sizeof *v);
+  assert_non_null(v);
+  l->v = v;
+  for (size_t i = 0; i < from->n; i++)
+    l->v[l->n++] = from->v[i];
+  free(from->v);
+  *from = (cph_state_items){0};
+}
+
+void cph_fixture_items_free(cph_fixture_items *l) {
+  for (size_t i = 0; i < l->n; i++) {
+    free(l->v[i].name);
+    free(l->v[i].data);
+  }
+  free(l->v);
+  *l = (cph_fixture_items){0};
+}

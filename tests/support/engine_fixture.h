@@ -46,6 +46,15 @@ void cph_fixture_search_lines(cph_fixture *f, const char *session, const char *q
 /* An op `done` callback that counts calls in *(int *)ctx. */
 void cph_fixture_count_done(cph_op *op, void *ctx);
 
+/* Items gathered from ops' results (server/clusterflow.h 13.): take moves from's items in
+ * (their names and data; from is left empty) and fails the running test out of memory. */
+typedef struct cph_fixture_items {
+  cph_state_item *v;
+  size_t n;
+} cph_fixture_items;
+void cph_fixture_items_take(cph_fixture_items *l, cph_state_items *from);
+void cph_fixture_items_free(cph_fixture_items *l);
+
 /* Opens the store in dir (its engine closed) for a test to read or write directly; fails the
  * running test when it will not open. cph_store_close it. */
 struct cph_store *cph_fixture_store_open(const char *dir);

@@ -31,8 +31,7 @@ static const char POLICY[] =
 
 typedef struct run {
   uint64_t seed;
-  cph_state_item *items;
-  size_t n_items;
+  cph_fixture_items items;
   uint8_t *state;
   size_t state_len;
 } run;
@@ -45,16 +44,6 @@ static cph_fixture *node(const char *tag, const char *name) {
   cph_engine_report_consumed(f->e, true);
   assert_int_equal(cph_engine_reply_origins(f->e, name), CPH_OK);
   return f;
-}
-
-/* Takes an op's items into R (their strings and data move). */
-static void take_items(run *R, cph_state_items *items) {
-  R->items = realloc(R->items, (R->n_items + items->n) * sizeof *R->items);
-  assert_non_null(R->items);
-  for (size_t i = 0; i < items->n; i++)
-    R->items[R->n_items++] = items->v[i];
-  free(items->v);
-  *items = (cph_state_items){0};
 }
 
 static void take_state(run *R, uint8_t **state, size_t *len) {
@@ -93,7 +82,7 @@ static void turn(run *R, cph_fixture *x, int i, bool fail) {
   done.u.turn.error = NULL;
   CHECK(fail ? done.u.turn.items.n == 1 : done.u.turn.items.n >= 1,
         "%s %d gave %zu items", fail ? "failure" : "completion", i, done.u.turn.items.n);
-  take_items(R, &done.u.turn.items);
+  cph_fixture_items_take(&R->items, &done.u.turn.items);
   if (!fail)
     take_state(R, &done.u.turn.state, &done.u.turn.state_len);
   cph_op_clear_results(&done);
@@ -111,7 +100,7 @@ static void seal(run *R, cph_fixture *x, int i) {
   op.u.context.trigger = trigger;
   CHECK(cph_fixture_run(x, &op) == CPH_OK, "seal %d: %s", i, op.err.msg);
   CHECK(op.u.context.items.n == 1, "seal %d gave %zu items", i, op.u.context.items.n);
-  take_items(R, &op.u.context.items);
+  cph_fixture_items_take(&R->items, &op.u.context.items);
   take_state(R, &op.u.context.state, &op.u.context.state_len);
   cph_op_clear_results(&op);
 }
@@ -138,11 +127,11 @@ static void listing(cph_fixture *f, char *out, size_t cap) {
 
 /* Imports state (NULL: none) and the items in a random order, some twice, into "a" on y. */
 static void hand_over(run *R, rng *r, cph_fixture *y, const uint8_t *state, size_t len) {
-  size_t n = R->n_items + below(r, 1 + (uint32_t)R->n_items / 4);
+  size_t n = R->items.n + below(r, 1 + (uint32_t)R->items.n / 4);
   cph_state_item *v = calloc(n ? n : 1, sizeof *v);
   assert_non_null(v);
   for (size_t i = 0; i < n; i++)
-    v[i] = R->items[i < R->n_items ? i : below(r, (uint32_t)R->n_items)];
+    v[i] = R->items.v[i < R->items.n ? i : below(r, (uint32_t)R->items.n)];
   for (size_t i = n; i > 1; i--) { /* Fisher-Yates */
     size_t j = below(r, (uint32_t)i);
     cph_state_item t = v[i - 1];
@@ -188,14 +177,8 @@ static void one_case(run *R, uint64_t seed) {
   listing(y, got, sizeof got);
   CHECK(strcmp(got, want) == 0, "imported again, the new owner lists\n%.600s\nnot\n%.600s", got,
         want);
-  for (size_t i = 0; i < R->n_items; i++) {
-    free(R->items[i].name);
-    free(R->items[i].data);
-  }
-  free(R->items);
+  cph_fixture_items_free(&R->items);
   free(R->state);
-  R->items = NULL;
-  R->n_items = 0;
   R->state = NULL;
   cph_fixture_free(x);
   cph_fixture_free(y);

@@ -1364,29 +1364,6 @@ static void test_session_state_moves_channel_memories(void **state) {
   cph_fixture_free(f[1]);
 }
 
-/* items gained by the ops of a test: copied out of each op */
-typedef struct item_list {
-  cph_state_item *v;
-  size_t n;
-} item_list;
-
-static void items_take(item_list *l, cph_state_items *items) {
-  l->v = realloc(l->v, (l->n + items->n) * sizeof *l->v);
-  assert_non_null(l->v);
-  for (size_t i = 0; i < items->n; i++)
-    l->v[l->n++] = items->v[i];
-  free(items->v);
-  *items = (cph_state_items){0};
-}
-
-static void item_list_free(item_list *l) {
-  for (size_t i = 0; i < l->n; i++) {
-    free(l->v[i].name);
-    free(l->v[i].data);
-  }
-  free(l->v);
-}
-
 /* Imports state (NULL: none) and items[0..n) into s on f: the op's answer, *refused its
  * refused items. */
 static int import_items(cph_fixture *f, const char *s, const uint8_t *state, size_t len,
@@ -1419,7 +1396,7 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
   cph_fixture *x = node_with_a("items_x", policy, "x"), *y = node_with_a("items_y", policy, "y");
   cph_engine_report_consumed(x->e, true);
   cph_engine_report_consumed(y->e, true);
-  item_list items = {0};
+  cph_fixture_items items = {0};
   uint8_t *blob = NULL;
   size_t len = 0;
   for (int i = 0; i < ITEM_ROUNDS; i++) {
@@ -1434,7 +1411,7 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
     assert_int_equal(done.u.turn.items.n, failed ? 2 : 1);
     for (size_t k = 0; k < done.u.turn.items.n; k++)
       assert_int_equal(done.u.turn.items.v[k].name[0], 't');
-    items_take(&items, &done.u.turn.items);
+    cph_fixture_items_take(&items, &done.u.turn.items);
     free(blob);
     blob = state_of(&done, &len);
   }
@@ -1448,7 +1425,7 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
     assert_int_equal(cph_fixture_run(x, &op), CPH_OK);
     assert_int_equal(op.u.context.items.n, 1);
     assert_int_equal(op.u.context.items.v[0].name[0], 's');
-    items_take(&items, &op.u.context.items);
+    cph_fixture_items_take(&items, &op.u.context.items);
     free(blob);
     blob = op.u.context.state;
     len = op.u.context.state_len;
@@ -1515,7 +1492,7 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
 
   records_free(rx, nx);
   cph_seals_free(lx, sx);
-  item_list_free(&items);
+  cph_fixture_items_free(&items);
   free(blob);
   cph_fixture_free(x);
   cph_fixture_free(y);
