@@ -437,8 +437,25 @@ typedef struct decode_ctx {
   cph_err *err;
 } decode_ctx;
 
+/* Whether r's next value is a string or binary data that runs past the end of the input —
+ * its length, or the bytes it states (the value was cut short, not of another kind). */
+static bool mp_cut_short(const mp_reader *r) {
+  mp_reader t = *r;
+  int widths[3] = {1, 2, 4};
+  size_t len;
+  if (mp_read_len(&t, 0xa0, 32, 0xd9, widths, &len) ||
+      mp_read_len(&t, 0, 0, 0xc4, widths, &len))
+    return len > mp_left(&t);
+  uint8_t b = mp_left(r) ? *r->p : 0;
+  return (b >= 0xd9 && b <= 0xdb) || (b >= 0xc4 && b <= 0xc6); /* its length cut */
+}
+
 static int field_error(decode_ctx *c, const cph_field *f, const char *expected,
                        const mp_reader *r) {
+  if (mp_cut_short(r))
+    return cph_err_set(c->err, CPH_ECORRUPT,
+                       "%s field '%s': %s cut short (it runs past the end of the data)",
+                       c->d->name, f->name, mp_kind_name(r));
   return cph_err_set(c->err, CPH_ECORRUPT, "%s field '%s': expected %s, got %s", c->d->name,
                      f->name, expected, mp_kind_name(r));
 }

@@ -1,4 +1,5 @@
 /* store/: record round trips, strict decoding, the storage-full path, schema checks. */
+#define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -402,7 +403,8 @@ static void test_memory_job_outbox_gc_aggregate_round_trip(void **state) {
 }
 
 /* Every truncation of a valid record, and every single-byte corruption, decodes to a clean
- * error or a valid record — never a crash (ASan watches) and never a leak. */
+ * error or a valid record — never a crash (ASan watches) and never a leak. A string cut short
+ * is named so, not as a string where a string was expected. */
 static void test_truncated_and_flipped_bytes_never_crash(void **state) {
   (void)state;
   cph_session_rec in = {0};
@@ -418,7 +420,18 @@ static void test_truncated_and_flipped_bytes_never_crash(void **state) {
     assert_int_equal(cph_record_decode(&cph_session_desc, b.data, cut, &out, &err),
                      CPH_ECORRUPT);
     assert_true(strlen(err.msg) > 0);
+    if (strstr(err.msg, "got a string"))
+      fail_msg("cut at %zu of %zu: '%s'", cut, b.len, err.msg);
   }
+  cph_session_rec cut_rec;
+  cph_err cut_err = {0};
+  const char *brief = memmem(b.data, b.len, "be brief", 8);
+  assert_non_null(brief);
+  size_t inside = (size_t)(brief - (const char *)b.data) + 3; /* cut inside "be brief" */
+  assert_int_equal(cph_record_decode(&cph_session_desc, b.data, inside, &cut_rec, &cut_err),
+                   CPH_ECORRUPT);
+  assert_string_equal(cut_err.msg, "session field 'system': a string cut short (it runs past "
+                                   "the end of the data)");
   char *copy = malloc(b.len);
   for (size_t i = 0; i < b.len; i++) {
     for (int bit = 0; bit < 8; bit++) {
