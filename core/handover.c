@@ -211,25 +211,6 @@ static int reply_cmp(const void *a, const void *b) {
   return x->ts_ms < y->ts_ms ? -1 : x->ts_ms > y->ts_ms;
 }
 
-/* Append v big-endian: a part's count, a length, a time. */
-static void put_be32(cph_buf *out, uint32_t v) {
-  uint8_t be[4];
-  cph_be32_put(be, v);
-  cph_buf_append(out, be, 4);
-}
-
-static void put_be64(cph_buf *out, uint64_t v) {
-  uint8_t be[8];
-  cph_be64_put(be, v);
-  cph_buf_append(out, be, 8);
-}
-
-static void put_str32(cph_buf *out, const char *str) {
-  size_t n = strlen(str);
-  put_be32(out, (uint32_t)n);
-  cph_buf_append(out, str, n);
-}
-
 static void reply_scan_free(reply_scan *rs) {
   for (size_t i = 0; i < rs->n; i++) {
     free(rs->v[i].channel);
@@ -294,14 +275,14 @@ static void stream_scan_free(stream_scan *ss) {
 /* The stream replies part of the blob (above), oldest first. Its flags are 0: since version 5
  * the channel history part carries every entry, the session's replies included. */
 static void write_stream_part(const stream_scan *ss, cph_buf *out) {
-  put_be32(out, (uint32_t)ss->n);
+  cph_buf_put_be32(out, (uint32_t)ss->n);
   for (size_t i = ss->n; i-- > 0;) {
     static const uint8_t flag = 0;
     cph_buf_append(out, &flag, 1);
-    put_str32(out, ss->v[i].origin);
-    put_str32(out, ss->v[i].channel);
-    put_be64(out, (uint64_t)ss->v[i].ts_ms);
-    put_str32(out, ss->v[i].body);
+    cph_buf_put_str32(out, ss->v[i].origin);
+    cph_buf_put_str32(out, ss->v[i].channel);
+    cph_buf_put_be64(out, (uint64_t)ss->v[i].ts_ms);
+    cph_buf_put_str32(out, ss->v[i].body);
   }
 }
 
@@ -511,16 +492,16 @@ static int state_export_history(const cph_handover *st, const csession *s, cph_b
     all.n = kept;
     if (all.n > 1)
       qsort(all.v, all.n, sizeof *all.v, entry_log_order);
-    put_be32(out, (uint32_t)all.n);
+    cph_buf_put_be32(out, (uint32_t)all.n);
     for (size_t i = 0; i < all.n; i++) {
       const hist_entry *e = &all.v[i];
       uint8_t flag = e->seen;
       cph_buf_append(out, &flag, 1);
-      put_str32(out, e->channel);
-      put_str32(out, e->sender);
-      put_str32(out, e->kind ? e->kind : "");
-      put_be64(out, (uint64_t)e->ts_ms);
-      put_str32(out, e->body);
+      cph_buf_put_str32(out, e->channel);
+      cph_buf_put_str32(out, e->sender);
+      cph_buf_put_str32(out, e->kind ? e->kind : "");
+      cph_buf_put_be64(out, (uint64_t)e->ts_ms);
+      cph_buf_put_str32(out, e->body);
     }
   }
   hist_list_free(&all);
@@ -742,19 +723,19 @@ static int state_export_memories(const cph_handover *st, const csession *s, cph_
   if (rc == CPH_OK) {
     if (ms.n > 1)
       qsort(ms.v, ms.n, sizeof *ms.v, memory_id_cmp);
-    put_be32(out, (uint32_t)ms.n);
+    cph_buf_put_be32(out, (uint32_t)ms.n);
     for (size_t i = 0; i < ms.n; i++) {
       const state_memory *m = &ms.v[i];
       uint8_t head[2] = {m->kind, m->sender != NULL};
       cph_buf_append(out, head, 2);
-      put_str32(out, m->scope);
-      put_str32(out, m->text);
-      put_be32(out, m->n_tags);
+      cph_buf_put_str32(out, m->scope);
+      cph_buf_put_str32(out, m->text);
+      cph_buf_put_be32(out, m->n_tags);
       for (uint32_t k = 0; k < m->n_tags; k++)
-        put_str32(out, m->tags[k]);
+        cph_buf_put_str32(out, m->tags[k]);
       if (m->sender) {
-        put_str32(out, m->sender);
-        put_be64(out, (uint64_t)m->ts_ms);
+        cph_buf_put_str32(out, m->sender);
+        cph_buf_put_be64(out, (uint64_t)m->ts_ms);
       }
     }
   }
@@ -771,9 +752,9 @@ static int state_export_memories(const cph_handover *st, const csession *s, cph_
 /* A part of encoded records (the turn records, the seals): be32 count, and per record be32
  * length + the record, v[0..n) collected newest first and written oldest first. */
 static void write_records_part(const cph_buf *v, size_t n, cph_buf *out) {
-  put_be32(out, (uint32_t)n);
+  cph_buf_put_be32(out, (uint32_t)n);
   for (size_t i = n; i-- > 0;) {
-    put_be32(out, (uint32_t)v[i].len);
+    cph_buf_put_be32(out, (uint32_t)v[i].len);
     cph_buf_append(out, v[i].data, v[i].len);
   }
 }
@@ -909,7 +890,7 @@ static int collect_kept(void *ctx, cph_turnctx_rec *r) {
   if (!origin[0])
     return CPH_OK;
   cph_buf b = {0};
-  put_str32(&b, origin);
+  cph_buf_put_str32(&b, origin);
   rc = cph_record_encode(&cph_turnctx_desc, r, &b);
   if (rc == CPH_OK && cph_buf_error(&b))
     rc = CPH_ENOMEM;

@@ -475,24 +475,6 @@ static uint64_t lanes_hash(const void *data, size_t n, uint64_t seed) {
   return h;
 }
 
-static void put_be32(cph_buf *b, uint32_t v) {
-  uint8_t p[4];
-  cph_be32_put(p, v);
-  cph_buf_append(b, p, 4);
-}
-
-static void put_be64(cph_buf *b, uint64_t v) {
-  uint8_t p[8];
-  cph_be64_put(p, v);
-  cph_buf_append(b, p, 8);
-}
-
-static void put_str(cph_buf *b, const char *s) {
-  size_t n = strlen(s);
-  put_be32(b, (uint32_t)n);
-  cph_buf_append(b, s, n);
-}
-
 /* The depth of a coordinate as cph_coord_format writes it ("d-1, 0, 0", "d12, 1, 0"), with
  * where its digits end; false for any other text (leading zeros, "-0", no digits). */
 static bool coord_split(const char *at, int32_t *depth, size_t *end) {
@@ -547,15 +529,15 @@ static void msg_row_head(cph_buf *b, const char *role, const char *coord, uint64
     return;
   }
   cph_buf_putc(b, split ? 'm' : 'M');
-  put_be64(b, node);
-  put_str(b, role);
+  cph_buf_put_be64(b, node);
+  cph_buf_put_str32(b, role);
   if (split) {
     size_t n = strlen(coord + end);
-    put_be32(b, (uint32_t)(n + 1));
+    cph_buf_put_be32(b, (uint32_t)(n + 1));
     cph_buf_putc(b, 'd');
     cph_buf_append(b, coord + end, n);
   } else {
-    put_str(b, coord);
+    cph_buf_put_str32(b, coord);
   }
 }
 

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../common/buf.h"
+
 /* LMDB's default maximum key size. */
 #define CPH_KEY_MAX 511
 
@@ -49,6 +51,26 @@ static inline uint32_t cph_be32_get(const uint8_t *p) {
   v = __builtin_bswap32(v);
 #endif
   return v;
+}
+
+/* Appends to b, big-endian: v; or a string as be32 length + its bytes (the length-prefixed
+ * fields of blobs such as a session's state, core/handover.c, and a kept context's rows). */
+static inline void cph_buf_put_be32(cph_buf *b, uint32_t v) {
+  uint8_t p[4];
+  cph_be32_put(p, v);
+  cph_buf_append(b, p, 4);
+}
+
+static inline void cph_buf_put_be64(cph_buf *b, uint64_t v) {
+  uint8_t p[8];
+  cph_be64_put(p, v);
+  cph_buf_append(b, p, 8);
+}
+
+static inline void cph_buf_put_str32(cph_buf *b, const char *s) {
+  size_t n = strlen(s);
+  cph_buf_put_be32(b, (uint32_t)n);
+  cph_buf_append(b, s, n);
 }
 
 /* A key under construction. Appending past CPH_KEY_MAX sets `overflow`; the txn refuses such
