@@ -185,3 +185,13 @@ void cph_fixture_items_free(cph_fixture_items *l) {
   free(l->v);
   *l = (cph_fixture_items){0};
 }
+
+void cph_fixture_seal(cph_fixture *f, const char *session, const char *trigger, cph_op *op) {
+  *op = (cph_op){0};
+  op->kind = CPH_OP_CONTEXT_SEAL;
+  op->u.context.session = (char *)session; /* read only */
+  op->u.context.trigger = (char *)trigger;
+  if (cph_fixture_run(f, op) != CPH_OK)
+    fail_msg("seal %s of %s: %s", trigger, session, op->err.msg);
+  assert_true(op->u.context.seal_id > 0);
+}

@@ -46,6 +46,10 @@ void cph_fixture_search_lines(cph_fixture *f, const char *session, const char *q
 /* An op `done` callback that counts calls in *(int *)ctx. */
 void cph_fixture_count_done(cph_op *op, void *ctx);
 
+/* Seals session's context with this trigger into *op (CPH_OP_CONTEXT_SEAL, asserted CPH_OK):
+ * the caller reads its results (seal id, state, items) and calls cph_op_clear_results. */
+void cph_fixture_seal(cph_fixture *f, const char *session, const char *trigger, cph_op *op);
+
 /* Items gathered from ops' results (server/clusterflow.h 13.): take moves from's items in
  * (their names and data; from is left empty) and fails the running test out of memory. */
 typedef struct cph_fixture_items {

@@ -94,11 +94,8 @@ static void turn(run *R, cph_fixture *x, int i, bool fail) {
 static void seal(run *R, cph_fixture *x, int i) {
   char trigger[32];
   snprintf(trigger, sizeof trigger, "seal %d", i);
-  cph_op op = {0};
-  op.kind = CPH_OP_CONTEXT_SEAL;
-  op.u.context.session = "a";
-  op.u.context.trigger = trigger;
-  CHECK(cph_fixture_run(x, &op) == CPH_OK, "seal %d: %s", i, op.err.msg);
+  cph_op op;
+  cph_fixture_seal(x, "a", trigger, &op);
   CHECK(op.u.context.items.n == 1, "seal %d gave %zu items", i, op.u.context.items.n);
   cph_fixture_items_take(&R->items, &op.u.context.items);
   take_state(R, &op.u.context.state, &op.u.context.state_len);

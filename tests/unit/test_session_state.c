@@ -616,12 +616,8 @@ static void test_session_state_carries_turn_records_once_by_origin(void **state)
 /* Seals session s on f with this trigger: the seal's state (*len bytes; NULL on a single
  * node, and *len 0). */
 static uint8_t *seal(cph_fixture *f, const char *s, const char *trigger, size_t *len) {
-  cph_op op = {0};
-  op.kind = CPH_OP_CONTEXT_SEAL;
-  op.u.context.session = (char *)s;
-  op.u.context.trigger = (char *)trigger;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
-  assert_true(op.u.context.seal_id > 0);
+  cph_op op;
+  cph_fixture_seal(f, s, trigger, &op);
   uint8_t *blob = op.u.context.state;
   *len = op.u.context.state_len;
   op.u.context.state = NULL;
@@ -1418,11 +1414,8 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
   for (int i = 0; i < ITEM_SEALS; i++) {
     char trigger[32];
     snprintf(trigger, sizeof trigger, "seal %d", i);
-    cph_op op = {0};
-    op.kind = CPH_OP_CONTEXT_SEAL;
-    op.u.context.session = "a";
-    op.u.context.trigger = trigger;
-    assert_int_equal(cph_fixture_run(x, &op), CPH_OK);
+    cph_op op;
+    cph_fixture_seal(x, "a", trigger, &op);
     assert_int_equal(op.u.context.items.n, 1);
     assert_int_equal(op.u.context.items.v[0].name[0], 's');
     cph_fixture_items_take(&items, &op.u.context.items);
