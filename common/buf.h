@@ -44,4 +44,9 @@ void cph_buf_free(cph_buf *b);
 char *cph_buf_steal(cph_buf *b);
 int cph_buf_error(const cph_buf *b); /* CPH_OK or CPH_ENOMEM */
 
+/* The value of a lower-case hex digit (as the cluster log's keys spell bytes), or -1. */
+static inline int cph_unhex(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
 #endif

@@ -1256,6 +1256,7 @@ static int state_import_memories(const cph_handover *st, cph_txn *t, const char 
 #define ITEM_HEAD 13u /* the magic, be32 version, be32 store schema, the kind byte */
 #define ITEM_TURN 't'
 #define ITEM_SEAL 's'
+#define ITEM_MEMORY 'm' /* its origin in the item's name only: a memory record has none */
 
 void cph_state_items_free(cph_state_items *items) {
   for (size_t i = 0; i < items->n; i++) {
@@ -1342,6 +1343,28 @@ int handover_seal_item(const cph_handover *st, const char *session, uint64_t sea
   rc = origin[0] ? item_push(items, ITEM_SEAL, origin, &cph_seal_desc, &r) : CPH_OK;
   r.origin = own;
   cph_record_free(&cph_seal_desc, &r);
+  return rc;
+}
+
+int handover_memory_items(const cph_handover *st, const char *session, const uint64_t *ids,
+                          size_t n, cph_state_items *items) {
+  const char *node = st->env->reply_origin_node;
+  int rc = CPH_OK;
+  for (size_t i = 0; node && rc == CPH_OK && i < n; i++) {
+    cph_memory_rec m;
+    rc = memory_read(&st->env->txn, ids[i], &m, "the cluster log's memory items");
+    if (rc == CPH_ENOTFOUND) {
+      rc = CPH_OK;
+      continue;
+    }
+    if (rc)
+      break;
+    char origin[MEMORY_ORIGIN_MAX];
+    memory_origin(origin, node, &m);
+    if (!m.deleted && strcmp(m.session, session) == 0)
+      rc = item_push(items, ITEM_MEMORY, origin, &cph_memory_desc, &m);
+    cph_record_free(&cph_memory_desc, &m);
+  }
   return rc;
 }
 
@@ -1629,6 +1652,7 @@ typedef struct import_ctx {
   cph_txn *t;
   const char *node, *session;
   cph_turnlog *turnlog;
+  cph_memory *memory; /* the memory items import into */
   char **origins;
   uint64_t *ids;
   size_t n, cap;
@@ -1924,8 +1948,57 @@ static void import_state(const cph_handover *st, cph_op *op, csession *s, import
   }
 }
 
-/* One item of the op (handover.h): CPH_EINVAL with why for one that is not a turn record or
- * seal of the session of this store schema (import_turn, import_seal say more). */
+/* The origin an item's name carries after its kind byte (item_push writes it in hex) into
+ * buf (MEMORY_ORIGIN_MAX bytes). False when the name is not that. */
+static bool item_name_origin(const char *name, char *buf) {
+  size_t hl = name && *name ? strlen(name + 1) : 0;
+  if (!hl || hl % 2 || hl / 2 >= MEMORY_ORIGIN_MAX)
+    return false;
+  for (size_t i = 0; i < hl / 2; i++) {
+    int hi = cph_unhex(name[1 + 2 * i]), lo = cph_unhex(name[2 + 2 * i]);
+    if (hi < 0 || lo < 0 || !(hi | lo))
+      return false;
+    buf[i] = (char)(hi << 4 | lo);
+  }
+  buf[hl / 2] = '\0';
+  return true;
+}
+
+/* A memory item: the session's own memory (a worker's, minted by a completion), stored with
+ * its origin unless this node holds that (memory_adopt). CPH_EINVAL, with why, for one that
+ * is not a live memory of the session's own scope with an origin. */
+static int import_memory(import_ctx *ic, const char *name, const uint8_t *rec, size_t l,
+                         char *why, size_t len) {
+  char origin[MEMORY_ORIGIN_MAX];
+  if (!item_name_origin(name, origin) || !strchr(origin, '/')) {
+    snprintf(why, len, "its name carries no origin");
+    return CPH_EINVAL;
+  }
+  cph_memory_rec m = {0};
+  cph_err err = {0};
+  int rc = cph_record_decode(&cph_memory_desc, rec, l, &m, &err);
+  const char *bad = record_problem(rc, &err, origin, rc == CPH_OK ? m.session : "", ic->session);
+  if (!bad && rc == CPH_OK)
+    bad = m.kind >= CPH_MEMORY_KIND_COUNT ? "an unknown kind of memory"
+          : !m.text || !*m.text           ? "no text"
+          : m.deleted                     ? "a deleted memory"
+                                          : NULL;
+  bool held = false;
+  if (bad) {
+    snprintf(why, len, "%.160s", bad);
+    rc = CPH_EINVAL;
+  } else if (rc == CPH_OK) {
+    rc = memory_holds(ic->t, ic->node, origin, &held);
+  }
+  if (rc == CPH_OK && !held)
+    rc = memory_adopt(ic->memory, ic->t, &m, origin, NULL);
+  cph_record_free(&cph_memory_desc, &m);
+  return rc;
+}
+
+/* One item of the op (handover.h): CPH_EINVAL with why for one that is not a turn record,
+ * seal or memory of the session of this store schema (import_turn, import_seal,
+ * import_memory say more). */
 static int import_item(import_ctx *ic, const cph_state_item *it, char *why, size_t len) {
   const uint8_t *p = it->data;
   if (!p || it->len < ITEM_HEAD || memcmp(p, ITEM_MAGIC, 4) != 0 ||
@@ -1939,6 +2012,8 @@ static int import_item(import_ctx *ic, const cph_state_item *it, char *why, size
     return import_turn(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
   if (p[12] == ITEM_SEAL)
     return import_seal(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
+  if (p[12] == ITEM_MEMORY)
+    return import_memory(ic, it->name, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
   snprintf(why, len, "of an unknown kind (%u)", p[12]);
   return CPH_EINVAL;
 }
@@ -1975,6 +2050,8 @@ static void item_order_of(const cph_state_item *it, item_order *o) {
   const char *origin = NULL;
   cph_turn_rec tr = {0};
   cph_seal_rec sr = {0};
+  cph_memory_rec mr = {0};
+  char named[MEMORY_ORIGIN_MAX];
   cph_err err = {0};
   if (o->kind == ITEM_TURN &&
       cph_record_decode(&cph_turn_desc, p + ITEM_HEAD, it->len - ITEM_HEAD, &tr, &err) == CPH_OK) {
@@ -1985,6 +2062,12 @@ static void item_order_of(const cph_state_item *it, item_order *o) {
                                                        &err) == CPH_OK) {
     o->created_ms = sr.created_ms;
     origin = sr.origin;
+  } else if (o->kind == ITEM_MEMORY && item_name_origin(it->name, named) &&
+             cph_record_decode(&cph_memory_desc, p + ITEM_HEAD, it->len - ITEM_HEAD, &mr,
+                               &err) == CPH_OK) {
+    o->created_ms = mr.created_ms;
+    origin = named;
+    cph_record_free(&cph_memory_desc, &mr);
   }
   const char *slash = origin ? strchr(origin, '/') : NULL;
   if (slash) { /* "<node>/<id>/<16 hex>" */
@@ -2050,7 +2133,8 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   }
   /* the items first: those older than the state's records are stored before them, so every
    * record's id here follows the order it was made in */
-  import_ctx ic = {NULL, st->env->reply_origin_node, s->id, st->turnlog, NULL, NULL, 0, 0};
+  import_ctx ic = {NULL, st->env->reply_origin_node, s->id, st->turnlog, st->memory, NULL, NULL,
+                   0, 0};
   import_items(st, op, s->id, &ic);
   if (op->rc == CPH_OK && op->u.state.data)
     import_state(st, op, s, &ic, newest_reply);

@@ -54,6 +54,13 @@ int handover_turn_items(const cph_handover *st, const char *session, bool newest
 int handover_seal_item(const cph_handover *st, const char *session, uint64_t seal_id,
                        cph_state_items *items);
 
+/* The same for the memories ids (those a completion minted, core/turns.c) that are live and
+ * of session's own scope: the worker's memories, which a state carries only while they are
+ * among the newest of its scopes (handover.c). Kind 'm'; a memory record has no origin, so
+ * the item's name alone carries it (memory_origin). */
+int handover_memory_items(const cph_handover *st, const char *session, const uint64_t *ids,
+                          size_t n, cph_state_items *items);
+
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
  * or a store error fails op and changes nothing; a malformed turn record, seal, channel

@@ -1,4 +1,5 @@
 /* Memories (DESIGN §7): minting, and the embed queue they join. Retrieval is in search.c. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,6 +7,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "memory.h"
+#include "origins.h"
 
 static uint32_t tokens_estimate(const char *text) {
   size_t n = strlen(text);
@@ -334,22 +336,19 @@ int memory_scope_newer(memory_scope_cursor *sc) {
 
 /* ---------------------------------------------------------------- minting */
 
-int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, const char *text,
-                uint64_t source_event_id, bool embed, uint64_t *id_out) {
+/* Stores m (its id set here, its embedding queued with embed) and indexes it by scope. */
+static int mint_record(cph_memory *mem, cph_txn *t, cph_memory_rec m, bool embed,
+                       uint64_t *id_out) {
   uint64_t id = 0;
   int rc = cph_txn_next_id(t, "memory", &id);
   if (rc)
     return rc;
   memcache_minted(&mem->cache, id); /* a rollback gives the id to another memory */
-  cph_memory_rec m = {0};
+  const char *scope = m.session;
+  uint64_t source_event_id = m.source_event_id;
+  uint8_t kind = m.kind;
   m.id = id;
-  m.session = (char *)scope;
-  m.kind = kind;
-  m.text = (char *)text;
-  m.tokens_est = tokens_estimate(text);
-  m.created_ms = mem->batching ? mem->batch_ms : cph_wall_ms();
   m.embed_status = embed ? CPH_EMBED_PENDING : CPH_EMBED_NONE;
-  m.source_event_id = source_event_id;
   cph_key k;
   cph_key_reset(&k);
   cph_key_u64(&k, id);
@@ -369,6 +368,76 @@ int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, co
     if (rc == CPH_OK)
       mem->embed_queue_len++; /* recounted from the database at open */
   }
+  if (rc == CPH_OK && id_out)
+    *id_out = id;
+  return rc;
+}
+
+int memory_mint(cph_memory *mem, cph_txn *t, const char *scope, uint8_t kind, const char *text,
+                uint64_t source_event_id, bool embed, uint64_t *id_out) {
+  cph_memory_rec m = {0};
+  m.session = (char *)scope;
+  m.kind = kind;
+  m.text = (char *)text;
+  m.tokens_est = tokens_estimate(text);
+  m.created_ms = mem->batching ? mem->batch_ms : cph_wall_ms();
+  m.source_event_id = source_event_id;
+  return mint_record(mem, t, m, embed, id_out);
+}
+
+/* The FNV-1a hash of a memory's scope, creation time and text: an origin's last 16 digits. */
+static uint64_t origin_hash(const cph_memory_rec *m) {
+  uint64_t h = 14695981039346656037ull;
+  uint8_t ms[8];
+  cph_be64_put(ms, (uint64_t)m->created_ms);
+  for (const char *p = m->session ? m->session : "";; p++) {
+    h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    if (!*p)
+      break;
+  }
+  for (int i = 0; i < 8; i++)
+    h = (h ^ ms[i]) * 1099511628211ull;
+  for (const char *p = m->text ? m->text : ""; *p; p++)
+    h = (h ^ (uint8_t)*p) * 1099511628211ull;
+  return h;
+}
+
+void memory_origin(char *buf, const char *node, const cph_memory_rec *m) {
+  snprintf(buf, MEMORY_ORIGIN_MAX, "%.*s/%" PRIu64 "/%016" PRIx64, ORIGINS_NODE_MAX, node, m->id,
+           origin_hash(m));
+}
+
+int memory_holds(cph_txn *t, const char *node, const char *origin, bool *held) {
+  int rc = origins_find(t, CPH_DB_MEMORY_ORIGINS, origin, held, NULL);
+  uint64_t id = rc == CPH_OK && !*held ? origins_own_id(node, origin) : 0;
+  if (!id)
+    return rc;
+  /* made here? the memory of that id, with this origin (not an older data dir's) */
+  cph_memory_rec m;
+  rc = memory_read(t, id, &m, "importing memories");
+  if (rc == CPH_ENOTFOUND)
+    return CPH_OK;
+  if (rc)
+    return rc;
+  char mine[MEMORY_ORIGIN_MAX];
+  memory_origin(mine, node, &m);
+  *held = strcmp(mine, origin) == 0;
+  cph_record_free(&cph_memory_desc, &m);
+  return CPH_OK;
+}
+
+int memory_adopt(cph_memory *mem, cph_txn *t, const cph_memory_rec *m, const char *origin,
+                  uint64_t *id_out) {
+  cph_memory_rec r = *m;
+  r.tokens_est = tokens_estimate(m->text);
+  r.deleted = false;
+  r.replaced_by = 0;
+  r.source_event_id = 0;
+  r.gc_group = 0;
+  uint64_t id = 0;
+  int rc = mint_record(mem, t, r, true, &id);
+  if (rc == CPH_OK)
+    rc = origins_put(t, CPH_DB_MEMORY_ORIGINS, origin, id);
   if (rc == CPH_OK && id_out)
     *id_out = id;
   return rc;

@@ -58,6 +58,22 @@ static inline void memory_embed_queue_done(cph_memory *m, uint64_t n) {
  * embed_status is none. */
 int memory_mint(cph_memory *m, cph_txn *t, const char *scope, uint8_t kind, const char *text,
                 uint64_t source_event_id, bool embed, uint64_t *id_out);
+/* Cluster mode (server/clusterflow.h 13.): a memory's identity across nodes, its origin
+ * "<node>/<id there>/<16 hex digits>" — the node that made it, its id there and a hash of its
+ * scope, creation time and text (so a node started again under its name on an empty data dir
+ * makes new ones). A memory imported from another node keeps its origin in the index
+ * memory_origins (origin -> id here); one made here stores none: memory_origin works it out.
+ *   memory_origin: m's origin as node (this node's name) gives it, into buf
+ *     (MEMORY_ORIGIN_MAX bytes).
+ *   memory_holds: *held when this node imported the memory of origin, or made it.
+ *   memory_adopt: stores m, a memory another node made (its scope, kind, text, tags, times
+ *     and access count; not deleted, no source event, no plan lock), under a new id here, its
+ *     embedding queued, and indexes its origin. The caller checked memory_holds. */
+#define MEMORY_ORIGIN_MAX (128 + 48)
+void memory_origin(char *buf, const char *node, const cph_memory_rec *m);
+int memory_holds(cph_txn *t, const char *node, const char *origin, bool *held);
+int memory_adopt(cph_memory *mem, cph_txn *t, const cph_memory_rec *m, const char *origin,
+                  uint64_t *id_out);
 /* An aggregate memory is tagged with its family ("family:<id>", out holds 32 bytes), so the
  * family keeps one memory that aggregate_upsert updates in place (DESIGN §5). */
 void memory_family_tag(uint64_t family, char out[32]);

@@ -1027,9 +1027,11 @@ static void turn_complete(cph_turns *tu, cph_op *op) {
   op->u.turn.job = NULL;
 }
 
-/* Fills op->u.turn.state for session id; a failure leaves it NULL and is logged (the
- * completion stands; the cluster log then keeps the session's previous state). */
-static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
+/* Fills op->u.turn.state for session id, and its items: the turn records (handover.h) and the
+ * memories minted[0..n_minted) the completion minted; a failure leaves the state NULL and is
+ * logged (the completion stands; the cluster log then keeps the session's previous state). */
+static void state_to_op(cph_turns *tu, const char *id, const uint64_t *minted, size_t n_minted,
+                        cph_op *op) {
   csession *s = id ? sessions_get(tu->sessions, id) : NULL;
   if (!s)
     return;
@@ -1043,6 +1045,9 @@ static void state_to_op(cph_turns *tu, const char *id, cph_op *op) {
     if ((rc = handover_turn_items(&st, id, false, &op->u.turn.items)) != CPH_OK)
       cph_log(CPH_LOG_WARN, "reading the turn records of session '%s' for the cluster log: %s "
               "(the state carries the newest)", id, cph_strerror(rc));
+    if ((rc = handover_memory_items(&st, id, minted, n_minted, &op->u.turn.items)) != CPH_OK)
+      cph_log(CPH_LOG_WARN, "reading the memories the completion minted in session '%s' for "
+              "the cluster log: %s (the state carries the newest)", id, cph_strerror(rc));
   } else if (rc == CPH_ELIMIT) {
     cph_log(CPH_LOG_WARN, "the state of session '%s' (its context tree) is over %u bytes, the "
             "most the cluster log takes: not put, its previous state stays there", id,
@@ -1074,7 +1079,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
       if (tu->env->report_consumed) {
         already_consumed_keys(tu, op);
         char *id = op->rc == CPH_OK ? turn_session(tu, op->u.turn.turn_id) : NULL;
-        state_to_op(tu, id, op);
+        state_to_op(tu, id, NULL, 0, op);
         free(id);
       }
     }
@@ -1158,11 +1163,18 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     reply_id = rr.id;
   }
   free(first_channel);
-  /* memories the worker minted, scoped to the session (DESIGN §7) */
+  /* memories the worker minted, scoped to the session (DESIGN §7); in cluster mode their ids,
+   * for their items (state_to_op) */
+  uint64_t *minted = tu->env->report_consumed && op->u.turn.n_memories
+                         ? calloc(op->u.turn.n_memories, sizeof *minted)
+                         : NULL;
+  size_t n_minted = 0;
   for (size_t i = 0; i < op->u.turn.n_memories; i++)
-    if (op->u.turn.memories[i].text && *op->u.turn.memories[i].text)
-      memory_mint(tu->memory, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true,
-                  NULL);
+    if (op->u.turn.memories[i].text && *op->u.turn.memories[i].text &&
+        memory_mint(tu->memory, &t, s->id, CPH_MEMORY_RAW, op->u.turn.memories[i].text, 0, true,
+                    minted ? &minted[n_minted] : NULL) == CPH_OK &&
+        minted)
+      n_minted++;
   for (size_t i = 0; i < op->u.turn.n_enqueue; i++) {
     cph_job_kind_t kind;
     const cph_job_in *ji = &op->u.turn.enqueue[i];
@@ -1172,6 +1184,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
       cph_txn_abort(&t);
       maint_pending_drop(tu->maint);
       op_fail(op, CPH_EINVAL, f, "%s: unknown job '%s'", f, ji->job ? ji->job : "");
+      free(minted);
       return;
     }
     uint64_t jid;
@@ -1233,6 +1246,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     maint_pending_drop(tu->maint);
     s->running_turn = 0; /* the lease stays; expiry will stage the input again */
+    free(minted);
     return;
   }
   maint_pending_apply(tu->maint);
@@ -1258,7 +1272,8 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   sessions_update_work(tu->sessions, s);
   lease_free(cph_hmap_del(&tu->leases, l->key));
   if (tu->env->report_consumed)
-    state_to_op(tu, s->id, op);
+    state_to_op(tu, s->id, minted, n_minted, op);
+  free(minted);
 }
 
 static void turn_fail(cph_turns *tu, cph_op *op) {

@@ -18,6 +18,7 @@
 
 #include "cephalon/cephalon.h"
 #include "cluster.h"
+#include "common/buf.h"
 #include "common/log.h"
 #include "statezip.h"
 
@@ -578,10 +579,6 @@ static bool ensure_bucket(cph_clog *l) {
   return true;
 }
 
-static int unhex(char c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 /* Hands the bucket's new entries to the loop; waits up to ms for the first. */
 static void read_watcher(cph_clog *l, int ms) {
   for (int n = 0; n < 10000; n++) {
@@ -601,7 +598,7 @@ static void read_watcher(cph_clog *l, int ms) {
     char *id = malloc(kl / 2 + 1);
     bool ok = it && id && kl % 2 == 0;
     for (size_t i = 0; ok && i < kl / 2; i++) {
-      int hi = unhex(key[2 * i]), lo = unhex(key[2 * i + 1]);
+      int hi = cph_unhex(key[2 * i]), lo = cph_unhex(key[2 * i + 1]);
       ok = hi >= 0 && lo >= 0;
       id[i] = (char)(hi * 16 + lo);
     }
@@ -1128,7 +1125,7 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
     char *session = hl % 2 == 0 ? malloc(hl / 2 + 1) : NULL;
     bool good = session != NULL;
     for (size_t i = 0; good && i < hl / 2; i++) {
-      int hi = unhex(hexid[2 * i]), lo = unhex(hexid[2 * i + 1]);
+      int hi = cph_unhex(hexid[2 * i]), lo = cph_unhex(hexid[2 * i + 1]);
       good = hi >= 0 && lo >= 0 && (hi || lo);
       session[i] = (char)(hi << 4 | lo);
     }

@@ -60,6 +60,7 @@
   X(TURN_SESSIONS, "turn_sessions") /* session\0 u64 turn id -> "": its ended turns (turnrecs.h) */ \
   X(MEMORIES, "memories")     /* u64 memory id -> memory */                              \
   X(MEMORY_SCOPES, "memory_scopes") /* scope\0 class\0 u64 id -> u64 source event (memory.c) */ \
+  X(MEMORY_ORIGINS, "memory_origins") /* origin\0 -> u64 memory id: memories imported (handover.c) */ \
   X(JOBS, "jobs")             /* u64 job id -> job */                                    \
   X(OUTBOX, "outbox")         /* u64 item id -> outbox item */                           \
   X(GC_GROUPS, "gc_groups")   /* u64 group id -> gc group */                             \

@@ -50,21 +50,36 @@ static const char EXTRA[] =
     " :credits {:refill-per-second 0.001 :max 30 :cost {:interactive 5 :operational 1"
     " :maintenance 1}}}";
 
+/* The memories a completion of round `round` of session t<s> gives beside its own (complete_turn
+ * with keepsakes): "keepsake r<round>k<k> of t<s>", k < KEEPSAKES. With MANY_TURNS turns the
+ * session holds more raw memories than a state carries (160), and fewer than a search reads
+ * by their texts while their embeddings wait (256, core/search.c: this cluster's maintenance
+ * budget embeds them slowly). */
+#define KEEPSAKES 2
+
 /* Completes the leased turn on node n with round's reply and memory for session t<s>
- * (asserted 200). */
-static void complete_turn(cph_test_cluster *c, int n, json_t *turn, int round, int s) {
-  char path[96], body[512];
+ * (asserted 200); with keepsakes, KEEPSAKES more memories. */
+static void complete_turn_with(cph_test_cluster *c, int n, json_t *turn, int round, int s,
+                               bool keepsakes) {
+  char path[96], body[1024], more[512] = "";
   snprintf(path, sizeof path, "/v1/turns/%lld/complete",
            (long long)json_integer_value(json_object_get(turn, "id")));
+  for (int k = 0, at = 0; keepsakes && k < KEEPSAKES; k++)
+    at += snprintf(more + at, sizeof more - (size_t)at,
+                   ",{\"text\":\"keepsake r%dk%d of t%02d\"}", round, k, s);
   snprintf(body, sizeof body,
            "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
            "\"reply\":{\"body\":\"reply %d of t%02d\"},"
-           "\"memories\":[{\"text\":\"memory %d of t%02d\"}]}",
-           json_string_value(json_object_get(turn, "lease")), round, s, round, s);
+           "\"memories\":[{\"text\":\"memory %d of t%02d\"}%s]}",
+           json_string_value(json_object_get(turn, "lease")), round, s, round, s, more);
   cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
   if (r.status != 200)
     fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
   cph_test_response_free(&r);
+}
+
+static void complete_turn(cph_test_cluster *c, int n, json_t *turn, int round, int s) {
+  complete_turn_with(c, n, turn, round, s, false);
 }
 
 /* Checks turn (of session s, on node n) stages question b->round and completes it: done. */
@@ -338,12 +353,34 @@ static void seal_origins(cph_test_cluster *c, int n, int s, char *out, size_t ca
   list_lines(c, n, path, "seals", fields, 2, out, cap, count);
 }
 
+/* How many of session s's memories on node n say "keepsake r<round>k<k> of t<s>" (a search
+ * for its words). */
+static int keepsake_count(cph_test_cluster *c, int n, int s, int round, int k) {
+  char path[160], text[64];
+  snprintf(text, sizeof text, "keepsake r%dk%d of t%02d", round, k, s);
+  snprintf(path, sizeof path, "/v1/memories/search?session=t%02d&q=keepsake+r%dk%d&k=100", s,
+           round, k);
+  json_t *j = get_json(c, n, path);
+  int count = 0;
+  size_t i;
+  json_t *hit;
+  json_array_foreach(json_object_get(j, "memories"), i, hit) {
+    const char *t = json_string_value(json_object_get(hit, "text"));
+    count += t && strcmp(t, text) == 0;
+  }
+  json_decref(j);
+  return count;
+}
+
 /* A session's turn records and seals beyond what its state carries move too, each under a key
  * of its own (server/clusterflow.h 13.): after MANY_TURNS turns and MANY_SEALS seals on its
  * owner and a kill -9 of it, the new owner lists every record and seal, in the same order, with
- * the same origins; deleting the session deletes those keys, so a session created again under
- * its id and moved lists none of them. Without the items the new owner lists the newest 64
- * records and 16 seals. */
+ * the same origins, and finds every memory the worker gave in those turns (KEEPSAKES more than
+ * the turns' own, so beyond the state's newest 160); deleting the session deletes those keys
+ * (the memories' too), so a session created again under its id and moved lists none of its
+ * records. Without the items the new owner lists the newest 64 records and 16 seals, and lacks
+ * the oldest memories. (A node that held the session before keeps its memories as a single
+ * node does: a session delete leaves its memories.) */
 static void test_cluster_state_records_beyond_the_state_move_as_items(void **state) {
   bench *b = *state;
   cph_test_cluster *c = b->c;
@@ -372,7 +409,7 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
     cph_test_response_free(&r);
     json_t *turn = json_object_get(j, "turn");
     assert_string_equal(json_string_value(json_object_get(turn, "session")), "t05");
-    complete_turn(c, n, turn, 100 + k, s);
+    complete_turn_with(c, n, turn, 100 + k, s, true);
     json_decref(j);
   }
   static char turns_before[64 * 1024], turns_after[64 * 1024], seals_before[8192],
@@ -388,8 +425,10 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
   printf("n%d put %lld items, %lld bytes (%d turns, %d seals)\n", n, put,
          (long long)json_integer_value(json_object_get(items, "put_bytes")), MANY_TURNS,
          MANY_SEALS);
-  assert_true(put >= MANY_TURNS + MANY_SEALS);
+  assert_true(put >= MANY_TURNS * (2 + KEEPSAKES) + MANY_SEALS);
   json_decref(v);
+  for (int k = 0; k < MANY_TURNS; k += 23)
+    assert_int_equal(keepsake_count(c, n, s, 100 + k, 0), 1);
 
   cph_tc_kill_node(c, n, false);
   cph_tc_settle(c, SHARDS, "the owner of t05 killed");
@@ -402,6 +441,17 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
   assert_string_equal(turns_after, turns_before);
   assert_int_equal(ms, ns);
   assert_string_equal(seals_after, seals_before);
+  /* and every memory its worker gave, though the state carries only the newest 160 */
+  int found = 0;
+  for (int k = 0; k < MANY_TURNS; k++)
+    for (int j = 0; j < KEEPSAKES; j++) {
+      int was = keepsake_count(c, m, s, 100 + k, j);
+      if (was != 1)
+        fail_msg("'keepsake r%dk%d of t05' found %d times on n%d after the kill", 100 + k, j,
+                 was, m);
+      found += was;
+    }
+  printf("t05: all %d keepsakes found on n%d after the kill\n", found, m);
   v = cph_tc_view(c, m);
   items = json_object_get(json_object_get(v, "log"), "items");
   assert_true(json_integer_value(json_object_get(items, "loaded")) >= nt - 64 + ns - 16);
@@ -412,17 +462,17 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
   cph_test_response r = cph_test_api(c->port[m], "DELETE", "/v1/sessions/t05", NULL, NULL);
   assert_int_equal(r.status, 200);
   cph_test_response_free(&r);
-  long long forgotten = 0;
-  for (int waited = 0; waited < 40000 && forgotten < nt + ns; waited += 500) {
+  long long forgotten = 0, keys = nt + ns + MANY_TURNS * (1 + KEEPSAKES);
+  for (int waited = 0; waited < 40000 && forgotten < keys; waited += 500) {
     cph_tc_sleep_ms(500);
     v = cph_tc_view(c, m);
     items = json_object_get(json_object_get(v, "log"), "items");
     forgotten = json_integer_value(json_object_get(items, "forgotten"));
     json_decref(v);
   }
-  if (forgotten < nt + ns)
-    fail_msg("n%d deleted %lld item keys of t05 in 40 s, not its %d turn records and %d seals",
-             m, forgotten, nt, ns);
+  if (forgotten < keys)
+    fail_msg("n%d deleted %lld item keys of t05 in 40 s, not its %d turn records, %d seals and "
+             "%d memories", m, forgotten, nt, ns, MANY_TURNS * (1 + KEEPSAKES));
 
   /* created again and moved (n back, m killed): nothing of the old one comes with it */
   cph_tc_post_on_owner(c, m, "/v1/sessions", "{\"id\":\"t05\",\"class\":\"interactive\"}");

@@ -1229,8 +1229,10 @@ static void test_session_state_carries_kept_contexts_once(void **state) {
 
 /* Session "b" subscribed to channel "c" on f: `rounds` messages to "c" from five users, each
  * leased and answered (the turn's reply joins the history), every tenth turn with a memory
- * of its own; the last completion's state (*len bytes). */
-static uint8_t *channel_rounds(cph_fixture *f, int rounds, size_t *len) {
+ * of its own ("b remembers round <i>"); the last completion's state (*len bytes). The
+ * completions' items are gathered into items (NULL: dropped). */
+static uint8_t *channel_rounds(cph_fixture *f, int rounds, cph_fixture_items *items,
+                               size_t *len) {
   cph_op done = {0};
   for (int i = 0; i < rounds; i++) {
     char body[96], sender[16], memory[64];
@@ -1261,6 +1263,8 @@ static uint8_t *channel_rounds(cph_fixture *f, int rounds, size_t *len) {
     done.u.turn.reply_body = NULL;
     done.u.turn.memories = NULL;
     done.u.turn.n_memories = 0;
+    if (items)
+      cph_fixture_items_take(items, &done.u.turn.items);
     cph_op_clear_results(&lease);
   }
   return state_of(&done, len);
@@ -1306,7 +1310,7 @@ static void test_session_state_moves_channel_memories(void **state) {
     cph_engine_report_consumed(f[k]->e, true);
   }
   size_t len;
-  uint8_t *blob = channel_rounds(f[0], 300, &len);
+  uint8_t *blob = channel_rounds(f[0], 300, NULL, &len);
   assert_int_equal(cph_be32_get(blob + 4), 7);
 
   /* malformed memories: refused, named, nothing stored. The part is found by its first
@@ -1403,10 +1407,11 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
     }
     cph_op done;
     turn(x, "a", i, &done);
-    /* this completion's record, and the failed one's before it */
-    assert_int_equal(done.u.turn.items.n, failed ? 2 : 1);
-    for (size_t k = 0; k < done.u.turn.items.n; k++)
+    /* this completion's record, and the failed one's before it; then the worker's memory */
+    assert_int_equal(done.u.turn.items.n, failed ? 3 : 2);
+    for (size_t k = 0; k + 1 < done.u.turn.items.n; k++)
       assert_int_equal(done.u.turn.items.v[k].name[0], 't');
+    assert_int_equal(done.u.turn.items.v[done.u.turn.items.n - 1].name[0], 'm');
     cph_fixture_items_take(&items, &done.u.turn.items);
     free(blob);
     blob = state_of(&done, &len);
@@ -1491,6 +1496,104 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
   cph_fixture_free(y);
 }
 
+/* How many memories of session b's own scope on f say "b remembers round <10 i>", per i in
+ * [0, rounds), with the creation time of the last found (created[i], when given). */
+static void remembered(cph_fixture *f, int rounds, int *count, int64_t *created) {
+  cph_op op = {0};
+  op.kind = CPH_OP_MEMORY_SEARCH;
+  op.u.search.session = "b";
+  op.u.search.query = "remembers round";
+  op.u.search.k = 1000;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  memset(count, 0, (size_t)rounds * sizeof *count);
+  for (size_t i = 0; i < op.u.search.n_hits; i++) {
+    const cph_memory_hit *h = &op.u.search.hits[i];
+    int round = -1, end = 0;
+    if (strcmp(h->session, "b") != 0 ||
+        sscanf(h->text, "b remembers round %d%n", &round, &end) != 1 || h->text[end] ||
+        round < 0 || round % 10 || round / 10 >= rounds)
+      fail_msg("search found '%s' of scope '%s'", h->text, h->session);
+    count[round / 10]++;
+    if (created)
+      created[round / 10] = h->created_ms;
+  }
+  cph_op_clear_results(&op);
+}
+
+#define MEMORY_ROUNDS 400 /* channel messages: their raw memories push the worker's out of the
+                           * state's newest 160 */
+
+/* Items: every completion gives the memories its worker minted, so a session whose channels
+ * minted more than a state carries (the newest 160 raw memories over its scopes) still moves
+ * every one of its worker's memories — the state alone leaves the older ones behind —, each
+ * once however often it is imported, with the time it was made; a memory item of another
+ * scope, or without an origin in its name, is refused and counted. */
+static void test_session_state_items_move_the_workers_memories(void **state) {
+  (void)state;
+  cph_fixture *f[3];
+  static const char *const subscribe[] = {"c"};
+  static const char *const names[] = {"wmem_x", "wmem_y", "wmem_w"};
+  for (int k = 0; k < 3; k++) {
+    f[k] = cph_fixture_new(names[k], "{:scheduler {:lanes {:interactive {:turns 10000}}}}");
+    cph_fixture_create_session(f[k], "b", CPH_LANE_INTERACTIVE, subscribe, 1);
+    cph_engine_report_consumed(f[k]->e, true);
+    assert_int_equal(cph_engine_reply_origins(f[k]->e, names[k] + 5), CPH_OK); /* "x", ... */
+  }
+  cph_fixture_items items = {0};
+  size_t len;
+  uint8_t *blob = channel_rounds(f[0], MEMORY_ROUNDS, &items, &len);
+  const int rounds = MEMORY_ROUNDS / 10; /* the worker's memories */
+  int count[MEMORY_ROUNDS / 10], was_count[MEMORY_ROUNDS / 10];
+  int64_t created[MEMORY_ROUNDS / 10], was[MEMORY_ROUNDS / 10];
+  remembered(f[0], rounds, was_count, was);
+  size_t n_memory_items = 0;
+  for (size_t i = 0; i < items.n; i++)
+    n_memory_items += items.v[i].name[0] == 'm';
+  assert_int_equal(n_memory_items, rounds);
+  for (int i = 0; i < rounds; i++)
+    assert_int_equal(was_count[i], 1);
+
+  /* the state alone: the oldest of them stay behind */
+  assert_int_equal(import(f[2], "b", blob, len), CPH_OK);
+  remembered(f[2], rounds, count, NULL);
+  assert_int_equal(count[0], 0);
+  assert_int_equal(count[rounds - 1], 1);
+
+  /* with the items: every one, once, made when it was made, however often imported */
+  for (int round = 0; round < 2; round++) {
+    uint32_t refused = 9;
+    assert_int_equal(import_items(f[1], "b", blob, len, items.v, items.n, &refused), CPH_OK);
+    assert_int_equal(refused, 0);
+    remembered(f[1], rounds, count, created);
+    for (int i = 0; i < rounds; i++) {
+      if (count[i] != 1)
+        fail_msg("import %d: 'b remembers round %d' found %d times", round + 1, i * 10,
+                 count[i]);
+      assert_true(created[i] == was[i]);
+    }
+  }
+
+  /* a memory item of another scope, or whose name carries no origin: refused, counted */
+  size_t m = 0;
+  while (items.v[m].name[0] != 'm')
+    m++;
+  cph_fixture_create_session(f[2], "d", CPH_LANE_INTERACTIVE, subscribe, 1);
+  uint32_t refused = 0;
+  assert_int_equal(import_items(f[2], "d", NULL, 0, &items.v[m], 1, &refused), CPH_OK);
+  assert_int_equal(refused, 1);
+  cph_state_item unnamed = items.v[m];
+  unnamed.name = "m";
+  assert_int_equal(import_items(f[2], "b", NULL, 0, &unnamed, 1, &refused), CPH_OK);
+  assert_int_equal(refused, 1);
+  remembered(f[2], rounds, count, NULL);
+  assert_int_equal(count[0], 0);
+
+  cph_fixture_items_free(&items);
+  free(blob);
+  for (int k = 0; k < 3; k++)
+    cph_fixture_free(f[k]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
@@ -1504,6 +1607,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_carries_kept_contexts_once),
       cmocka_unit_test(test_session_state_moves_channel_memories),
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
+      cmocka_unit_test(test_session_state_items_move_the_workers_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
