@@ -310,11 +310,21 @@
  *    CPH_CLOG_FORGET_DELAY_MS later, once the item puts still in flight have ended; retried
  *    until it succeeds. A takeover skips deleted items. Not a
  *    filtered stream purge, which nats-server before 2.9.18 makes unsafe with replicas (12.).
- *    Cost: a publish per completion and per seal (the turn record: ~0.5-1 KB; a seal: the
- *    rendered tree, up to ~66 KB), not on the completion's path; the bucket holds every record
- *    of every live session (history 1), and a takeover reads all of its shard's — a session's
- *    whole turn history, where the state alone carried its newest. Memories, kept turn
- *    contexts and channel history stay bounded by the state (11.). */
+ *    Memories a worker gives: a completion also gives, as items of kind 'm', the memories it
+ *    minted (the session's own scope): the state carries the newest 160 raw memories over the
+ *    session's own and its channels' scopes, so with busy channels a worker's older memories
+ *    fell out of it. A memory record has no origin: the item's name carries it
+ *    ("<node>/<id there>/<hash>", core/memory.h), and the importer indexes it
+ *    (memory_origins), so each is stored once. They are put as minted: one that compaction
+ *    later tombstones on the old owner still moves live, and is compacted again on the new
+ *    one (its content is not lost; a summary that also moved in the state then stands beside
+ *    it until then).
+ *    Cost: a publish per completion, per memory it mints and per seal (the turn record:
+ *    ~0.5-1 KB; a memory ~100 bytes plus its text; a seal: the rendered tree, up to ~66 KB),
+ *    not on the completion's path; the bucket holds every record of every live session
+ *    (history 1), and a takeover reads all of its shard's — a session's whole turn history,
+ *    where the state alone carried its newest. Its channels' memories, summaries beyond the
+ *    state's 64, kept turn contexts and channel history stay bounded by the state (11.). */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 
