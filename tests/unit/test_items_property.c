@@ -1,11 +1,13 @@
 /* A session's records move whole, as a property (server/clusterflow.h 13.; core/handover.c,
- * "Items"): a node ("x", cluster mode) runs a session through a seeded mix of completed turns,
- * failed turns and seals, keeping every item its completions, failures and seals give and the
- * last state they left (a failure puts no state: one after the last completion moves as its
- * item alone). Another node ("y") takes the session over from the state and the items, handed in
- * a random order with some of them twice — as a takeover reads them from the log. Then y lists
- * exactly x's turn records and seals: each origin once, in the order x made them. Handed the
- * items again (another order), or the state again, y lists the same.
+ * "Items"): a node ("x", cluster mode) runs a session through a seeded mix of completed turns
+ * (each with zero to two memories of its worker, some texts repeated), failed turns and seals,
+ * keeping every item its completions, failures and seals give and the last state they left (a
+ * failure puts no state: one after the last completion moves as its item alone). Another node
+ * ("y") takes the session over from the state and the items, handed in a random order with
+ * some of them twice — as a takeover reads them from the log. Then y lists exactly x's turn
+ * records, seals and the worker's memories: each origin once, in the order x made them, each
+ * memory once (twice when x has it twice) with the time it was made. Handed the items again
+ * (another order), or the state again, y lists the same.
  *
  * CPH_PROPERTY_SEED=<n> runs from that seed; CPH_PROPERTY_CASES=<n> sets how many cases. A
  * failure prints the case's seed. */
@@ -55,8 +57,9 @@ static void take_state(run *R, uint8_t **state, size_t *len) {
   *state = NULL;
 }
 
-/* A question to "a" on x, leased, then completed with a reply or failed. */
-static void turn(run *R, cph_fixture *x, int i, bool fail) {
+/* A question to "a" on x, leased, then completed with a reply and n_memories memories of its
+ * worker ("note <i>.<k>", or "note again" when repeat) or failed. */
+static void turn(run *R, cph_fixture *x, int i, bool fail, int n_memories, bool repeat) {
   char body[48], reply[48];
   snprintf(body, sizeof body, "question %d", i);
   snprintf(reply, sizeof reply, "answer %d", i);
@@ -73,13 +76,24 @@ static void turn(run *R, cph_fixture *x, int i, bool fail) {
   done.kind = fail ? CPH_OP_FAIL : CPH_OP_COMPLETE;
   done.u.turn.turn_id = lease.u.lease.turn.id;
   memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
-  if (fail)
+  char notes[2][32];
+  cph_memory_in mems[2] = {{0}};
+  for (int k = 0; k < n_memories; k++) {
+    snprintf(notes[k], sizeof notes[k], repeat && k == 0 ? "note again" : "note %d.%d", i, k);
+    mems[k].text = notes[k];
+  }
+  if (fail) {
     done.u.turn.error = "timed out";
-  else
+  } else {
     done.u.turn.reply_body = reply;
+    done.u.turn.memories = mems;
+    done.u.turn.n_memories = (size_t)n_memories;
+  }
   CHECK(cph_fixture_run(x, &done) == CPH_OK, "turn %d: %s", i, done.err.msg);
   done.u.turn.reply_body = NULL;
   done.u.turn.error = NULL;
+  done.u.turn.memories = NULL;
+  done.u.turn.n_memories = 0;
   CHECK(fail ? done.u.turn.items.n == 1 : done.u.turn.items.n >= 1,
         "%s %d gave %zu items", fail ? "failure" : "completion", i, done.u.turn.items.n);
   cph_fixture_items_take(&R->items, &done.u.turn.items);
@@ -102,7 +116,8 @@ static void seal(run *R, cph_fixture *x, int i) {
   cph_op_clear_results(&op);
 }
 
-/* f's turn records of "a", newest first, then its seals, oldest first: origin per line. */
+/* f's turn records of "a", newest first, then its seals, oldest first: origin per line; then
+ * the memories of its own scope, newest first: text and creation time per line. */
 static void listing(cph_fixture *f, char *out, size_t cap) {
   cph_turn_record *recs = NULL;
   cph_seal_info *seals = NULL;
@@ -117,6 +132,17 @@ static void listing(cph_fixture *f, char *out, size_t cap) {
   }
   for (size_t i = 0; i < ns; i++)
     at += (size_t)snprintf(out + at, cap - at, "s %s %s\n", seals[i].origin, seals[i].trigger);
+  cph_op op = {0};
+  op.kind = CPH_OP_MEMORY_SEARCH;
+  op.u.search.session = "a";
+  op.u.search.query = "note";
+  op.u.search.k = 1000;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  for (size_t i = 0; i < op.u.search.n_hits && at < cap; i++)
+    if (strcmp(op.u.search.hits[i].session, "a") == 0)
+      at += (size_t)snprintf(out + at, cap - at, "m %s %lld\n", op.u.search.hits[i].text,
+                             (long long)op.u.search.hits[i].created_ms);
+  cph_op_clear_results(&op);
   assert_true(at < cap);
   free(recs);
   cph_seals_free(seals, ns);
@@ -155,15 +181,19 @@ static void one_case(run *R, uint64_t seed) {
   int ops = 5 + (int)below(&r, 110), made = 0;
   for (int i = 0; i < ops; i++) {
     uint32_t what = below(&r, 20);
-    if (what < 2)
-      turn(R, x, i, true);
-    else if (what < 4)
+    if (what < 2) {
+      turn(R, x, i, true, 0, false);
+    } else if (what < 4) {
       seal(R, x, i);
-    else
-      turn(R, x, i, false), made++;
+    } else {
+      turn(R, x, i, false, (int)below(&r, 3), below(&r, 8) == 0);
+      made++;
+    }
+    if (below(&r, 4) == 0) /* memories made at different times */
+      cph_clock_advance(&x->clock, (int64_t)(1 + below(&r, 5000)) * 1000000);
   }
   if (!made)
-    turn(R, x, ops, false);
+    turn(R, x, ops, false, 1, false);
   static char want[256 * 1024], got[256 * 1024];
   listing(x, want, sizeof want);
   hand_over(R, &r, y, R->state, R->state_len);
