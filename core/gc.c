@@ -295,6 +295,36 @@ static int abort_group(const cph_gc *gc, cph_txn *t, cph_gc_group_rec *g, const 
   return rc;
 }
 
+int gc_tombstone(cph_memory *mem, const cph_policy *policy, cph_txn *t, cph_memory_rec *m,
+                 uint64_t replaced_by, int64_t now_ms, uint64_t *outbox_items) {
+  int rc = CPH_OK;
+  m->deleted = true; /* the tombstone: the record stays, its text is never served again */
+  m->replaced_by = replaced_by;
+  if (m->embed_status == CPH_EMBED_READY) {
+    uint64_t oid = 0;
+    rc = cph_txn_next_id(t, "outbox", &oid);
+    cph_outbox_rec o = {0};
+    o.id = oid;
+    o.op = CPH_OUTBOX_VECTOR_DELETE;
+    o.status = CPH_OUTBOX_PENDING;
+    o.memory_id = m->id;
+    o.model = policy->providers.embeddings.model;
+    o.shard = cph_vindex_shard(m->id, policy->vector_index.shards);
+    o.created_ms = o.next_attempt_ms = now_ms;
+    cph_key ok = cph_key_of_u64(oid);
+    if (rc == CPH_OK)
+      rc = cph_txn_put_record(t, CPH_DB_OUTBOX, &ok, &cph_outbox_desc, &o);
+    (*outbox_items)++;
+  } else if (m->embed_status == CPH_EMBED_PENDING) {
+    memory_embed_unqueue(t, m->id); /* never embed what is already gone */
+    m->embed_status = CPH_EMBED_DELETED;
+    memory_embed_queue_done(mem, 1);
+  }
+  if (rc == CPH_OK)
+    rc = memory_put(mem, t, m);
+  return rc;
+}
+
 int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_result *out) {
   *out = (gc_commit_result){0};
   cph_key gk = cph_key_of_u64(group_id);
@@ -350,30 +380,7 @@ int gc_commit_apply(const cph_gc *gc, cph_txn *t, uint64_t group_id, gc_commit_r
     rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     if (rc)
       break;
-    m.deleted = true; /* the tombstone: the record stays, its text is never served again */
-    m.replaced_by = summary_id;
-    if (m.embed_status == CPH_EMBED_READY) {
-      uint64_t oid = 0;
-      rc = cph_txn_next_id(t, "outbox", &oid);
-      cph_outbox_rec o = {0};
-      o.id = oid;
-      o.op = CPH_OUTBOX_VECTOR_DELETE;
-      o.status = CPH_OUTBOX_PENDING;
-      o.memory_id = m.id;
-      o.model = gc->env->policy->providers.embeddings.model;
-      o.shard = cph_vindex_shard(m.id, gc->env->policy->vector_index.shards);
-      o.created_ms = o.next_attempt_ms = now;
-      cph_key ok = cph_key_of_u64(oid);
-      if (rc == CPH_OK)
-        rc = cph_txn_put_record(t, CPH_DB_OUTBOX, &ok, &cph_outbox_desc, &o);
-      outbox_items++;
-    } else if (m.embed_status == CPH_EMBED_PENDING) {
-      memory_embed_unqueue(t, m.id); /* never embed what is already gone */
-      m.embed_status = CPH_EMBED_DELETED;
-      memory_embed_queue_done(gc->memory, 1);
-    }
-    if (rc == CPH_OK)
-      rc = memory_put(gc->memory, t, &m);
+    rc = gc_tombstone(gc->memory, gc->env->policy, t, &m, summary_id, now, &outbox_items);
     cph_record_free(&cph_memory_desc, &m);
   }
   if (rc == CPH_OK) {

@@ -44,6 +44,13 @@ typedef struct gc_commit_result {
   int64_t now_ms;        /* the wall time written as the items' created_ms */
 } gc_commit_result;
 
+/* Tombstones memory m (read from t) in t: deleted, replaced_by its summary (0: none known), its
+ * vector's delete queued on the outbox (*outbox_items counts it) when it was embedded, or its
+ * embedding unqueued when it was waiting. What gc_commit does to each source; a takeover does
+ * it to a memory the old owner compacted after the new one imported it (core/handover.c). */
+int gc_tombstone(cph_memory *mem, const cph_policy *policy, cph_txn *t, cph_memory_rec *m,
+                 uint64_t replaced_by, int64_t now_ms, uint64_t *outbox_items);
+
 /* ---- the steps' apply phase: each writes in t (the pass's or a completion's child txn) */
 
 /* gc_plan: args "sources=3,4,5" plans that explicit group (CPH_EINVAL, reason in t->err,

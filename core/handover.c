@@ -83,6 +83,7 @@
 
 #include "common/log.h"
 #include "context.h"
+#include "gc.h"
 #include "origins.h"
 #include "ingest.h"
 #include "replystream.h"
@@ -1360,11 +1361,33 @@ int handover_memory_items(const cph_handover *st, const char *session, const uin
     if (rc)
       break;
     char origin[MEMORY_ORIGIN_MAX];
-    memory_origin(origin, node, &m);
-    if (!m.deleted && strcmp(m.session, session) == 0)
+    rc = memory_origin_of(&st->env->txn, node, &m, origin);
+    if (rc == CPH_OK && strcmp(m.session, session) == 0)
       rc = item_push(items, ITEM_MEMORY, origin, &cph_memory_desc, &m);
     cph_record_free(&cph_memory_desc, &m);
   }
+  return rc;
+}
+
+int handover_gc_items(const cph_handover *st, uint64_t group_id, cph_session_items *out) {
+  cph_key k = cph_key_of_u64(group_id);
+  cph_gc_group_rec g;
+  int rc = cph_txn_get_record(&st->env->txn, CPH_DB_GC_GROUPS, &k, &cph_gc_group_desc, &g);
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  if (g.state == CPH_GC_COMMITTED && g.session && g.session[0] != CPH_CHANNEL_SCOPE_PREFIX &&
+      sessions_get(st->sessions, g.session)) {
+    uint64_t *ids = malloc(((size_t)g.n_source_ids + 1) * sizeof *ids);
+    if (ids && (out->session || (out->session = strdup(g.session)))) {
+      memcpy(ids, g.source_ids, (size_t)g.n_source_ids * sizeof *ids);
+      ids[g.n_source_ids] = g.summary_id;
+      rc = handover_memory_items(st, g.session, ids, (size_t)g.n_source_ids + 1, &out->items);
+    } else {
+      rc = CPH_ENOMEM;
+    }
+    free(ids);
+  }
+  cph_record_free(&cph_gc_group_desc, &g);
   return rc;
 }
 
@@ -1653,6 +1676,7 @@ typedef struct import_ctx {
   const char *node, *session;
   cph_turnlog *turnlog;
   cph_memory *memory; /* the memory items import into */
+  const cph_policy *policy; /* a tombstone's outbox item names the embedder and index shard */
   char **origins;
   uint64_t *ids;
   size_t n, cap;
@@ -1964,9 +1988,12 @@ static bool item_name_origin(const char *name, char *buf) {
   return true;
 }
 
-/* A memory item: the session's own memory (a worker's, minted by a completion), stored with
- * its origin unless this node holds that (memory_adopt). CPH_EINVAL, with why, for one that
- * is not a live memory of the session's own scope with an origin. */
+/* A memory item: the session's own memory (a worker's, minted by a completion, or a summary
+ * compaction made of them), stored with its origin unless this node holds that
+ * (memory_adopt). A tombstoned one (compaction deleted it there after its item was put): the
+ * copy this node holds is tombstoned too (gc_tombstone), and one it lacks is not stored.
+ * CPH_EINVAL, with why, for one that is not a memory of the session's own scope with an
+ * origin. */
 static int import_memory(import_ctx *ic, const char *name, const uint8_t *rec, size_t l,
                          char *why, size_t len) {
   char origin[MEMORY_ORIGIN_MAX];
@@ -1981,17 +2008,25 @@ static int import_memory(import_ctx *ic, const char *name, const uint8_t *rec, s
   if (!bad && rc == CPH_OK)
     bad = m.kind >= CPH_MEMORY_KIND_COUNT ? "an unknown kind of memory"
           : !m.text || !*m.text           ? "no text"
-          : m.deleted                     ? "a deleted memory"
                                           : NULL;
-  bool held = false;
+  uint64_t here = 0;
   if (bad) {
     snprintf(why, len, "%.160s", bad);
     rc = CPH_EINVAL;
   } else if (rc == CPH_OK) {
-    rc = memory_holds(ic->t, ic->node, origin, &held);
+    rc = memory_find_origin(ic->t, ic->node, origin, &here);
   }
-  if (rc == CPH_OK && !held)
+  if (rc == CPH_OK && !here && !m.deleted) {
     rc = memory_adopt(ic->memory, ic->t, &m, origin, NULL);
+  } else if (rc == CPH_OK && here && m.deleted) {
+    cph_memory_rec h;
+    rc = memory_read(ic->t, here, &h, "importing memories");
+    uint64_t outbox = 0;
+    if (rc == CPH_OK && !h.deleted)
+      rc = gc_tombstone(ic->memory, ic->policy, ic->t, &h, 0, cph_wall_ms(), &outbox);
+    if (rc == CPH_OK || rc == CPH_ENOTFOUND)
+      cph_record_free(&cph_memory_desc, &h), rc = CPH_OK;
+  }
   cph_record_free(&cph_memory_desc, &m);
   return rc;
 }
@@ -2133,8 +2168,8 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   }
   /* the items first: those older than the state's records are stored before them, so every
    * record's id here follows the order it was made in */
-  import_ctx ic = {NULL, st->env->reply_origin_node, s->id, st->turnlog, st->memory, NULL, NULL,
-                   0, 0};
+  import_ctx ic = {NULL,        st->env->reply_origin_node, s->id, st->turnlog, st->memory,
+                   st->env->policy, NULL, NULL, 0, 0};
   import_items(st, op, s->id, &ic);
   if (op->rc == CPH_OK && op->u.state.data)
     import_state(st, op, s, &ic, newest_reply);

@@ -54,12 +54,17 @@ int handover_turn_items(const cph_handover *st, const char *session, bool newest
 int handover_seal_item(const cph_handover *st, const char *session, uint64_t seal_id,
                        cph_state_items *items);
 
-/* The same for the memories ids (those a completion minted, core/turns.c) that are live and
- * of session's own scope: the worker's memories, which a state carries only while they are
+/* The same for the memories ids (those a completion minted, core/turns.c) that are of
+ * session's own scope (a tombstoned one too: its item then says it is gone): the worker's memories, which a state carries only while they are
  * among the newest of its scopes (handover.c). Kind 'm'; a memory record has no origin, so
  * the item's name alone carries it (memory_origin). */
 int handover_memory_items(const cph_handover *st, const char *session, const uint64_t *ids,
                           size_t n, cph_state_items *items);
+/* The items of what gc group group_id committed in a session's own scope (a channel's
+ * memories have no session to go with): its summary and its sources, tombstoned now, each
+ * under the key its item was put under (memory_origin_of), into out (its session set). A group
+ * of another scope, or not committed, gives none. CPH_OK, CPH_ENOMEM or the store's error. */
+int handover_gc_items(const cph_handover *st, uint64_t group_id, cph_session_items *out);
 
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)

@@ -579,8 +579,10 @@ static void note_gc_commit(cph_maint *m, const gc_commit_result *r) {
   m->outbox_pending += r->outbox_items;
 }
 
-int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w) {
+int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w,
+                    uint64_t *compacted) {
   (void)s;
+  *compacted = 0;
   cph_key k = cph_key_of_u64(job_id);
   cph_job_rec j;
   int rc = cph_txn_get_record(t, CPH_DB_JOBS, &k, &cph_job_desc, &j);
@@ -608,8 +610,10 @@ int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_
     case CPH_JOBK_GC_COMMIT: {
       gc_commit_result res;
       rc = gc_commit_apply(&m->gc, t, j.group_id, &res);
-      if (rc == CPH_OK && res.committed)
+      if (rc == CPH_OK && res.committed) {
         note_gc_commit(m, &res);
+        *compacted = j.group_id;
+      }
       break;
     }
     case CPH_JOBK_RETENTION_REDACT_EVENTS:

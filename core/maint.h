@@ -86,8 +86,11 @@ int maint_job_start(cph_maint *m, cph_txn *t, csession *s, bool trickle, uint64_
 void maint_job_started(cph_maint *m, csession *s, uint64_t job_id);
 /* The job turn completed with executed work: applies it in t (the completion's child txn).
  * The job ends done, or failed with its reason (its own error does not spoil t); the counters
- * (outbox, embed queue, gc commits) and the embed backoff change here, before t commits. */
-int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w);
+ * (outbox, embed queue, gc commits) and the embed backoff change here, before t commits.
+ * *compacted: the group a gc_commit committed (its summary and tombstones, which cluster mode
+ * puts as items: core/handover.h), else 0. */
+int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w,
+                    uint64_t *compacted);
 /* After the completion committed (or the job failed for good): job_id leaves s's queue. */
 void maint_job_finished(cph_maint *m, csession *s, uint64_t job_id);
 /* The job turn's lease ended without completion: the job is queued again (or failed after

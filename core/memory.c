@@ -407,21 +407,49 @@ void memory_origin(char *buf, const char *node, const cph_memory_rec *m) {
            origin_hash(m));
 }
 
-int memory_holds(cph_txn *t, const char *node, const char *origin, bool *held) {
-  int rc = origins_find(t, CPH_DB_MEMORY_ORIGINS, origin, held, NULL);
-  uint64_t id = rc == CPH_OK && !*held ? origins_own_id(node, origin) : 0;
-  if (!id)
+/* The key of memory id's row in memory_origins that names the origin it was imported with:
+ * 0xFF (no origin starts with it: origins are text) and the id. */
+static cph_key origin_of_key(uint64_t id) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_byte(&k, 0xFF);
+  cph_key_u64(&k, id);
+  return k;
+}
+
+int memory_origin_of(cph_txn *t, const char *node, const cph_memory_rec *m, char *buf) {
+  cph_key k = origin_of_key(m->id);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v);
+  if (rc == CPH_ENOTFOUND) {
+    memory_origin(buf, node, m);
+    return CPH_OK;
+  }
+  if (rc)
+    return rc;
+  snprintf(buf, MEMORY_ORIGIN_MAX, "%.*s", (int)(v.len < MEMORY_ORIGIN_MAX ? v.len : 0),
+           (const char *)v.data);
+  return CPH_OK;
+}
+
+int memory_find_origin(cph_txn *t, const char *node, const char *origin, uint64_t *id) {
+  bool held = false;
+  *id = 0;
+  int rc = origins_find(t, CPH_DB_MEMORY_ORIGINS, origin, &held, id);
+  uint64_t own = rc == CPH_OK && !held ? origins_own_id(node, origin) : 0;
+  if (!own)
     return rc;
   /* made here? the memory of that id, with this origin (not an older data dir's) */
   cph_memory_rec m;
-  rc = memory_read(t, id, &m, "importing memories");
+  rc = memory_read(t, own, &m, "importing memories");
   if (rc == CPH_ENOTFOUND)
     return CPH_OK;
   if (rc)
     return rc;
   char mine[MEMORY_ORIGIN_MAX];
   memory_origin(mine, node, &m);
-  *held = strcmp(mine, origin) == 0;
+  if (strcmp(mine, origin) == 0)
+    *id = own;
   cph_record_free(&cph_memory_desc, &m);
   return CPH_OK;
 }
@@ -438,6 +466,9 @@ int memory_adopt(cph_memory *mem, cph_txn *t, const cph_memory_rec *m, const cha
   int rc = mint_record(mem, t, r, true, &id);
   if (rc == CPH_OK)
     rc = origins_put(t, CPH_DB_MEMORY_ORIGINS, origin, id);
+  cph_key k = origin_of_key(id);
+  if (rc == CPH_OK)
+    rc = cph_txn_put(t, CPH_DB_MEMORY_ORIGINS, &k, origin, strlen(origin));
   if (rc == CPH_OK && id_out)
     *id_out = id;
   return rc;

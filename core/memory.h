@@ -63,15 +63,19 @@ int memory_mint(cph_memory *m, cph_txn *t, const char *scope, uint8_t kind, cons
  * scope, creation time and text (so a node started again under its name on an empty data dir
  * makes new ones). A memory imported from another node keeps its origin in the index
  * memory_origins (origin -> id here); one made here stores none: memory_origin works it out.
- *   memory_origin: m's origin as node (this node's name) gives it, into buf
- *     (MEMORY_ORIGIN_MAX bytes).
- *   memory_holds: *held when this node imported the memory of origin, or made it.
+ *   memory_origin: m's origin as node (this node's name) gives it to a memory made here, into
+ *     buf (MEMORY_ORIGIN_MAX bytes).
+ *   memory_origin_of: m's origin: the one it was imported with, else memory_origin's.
+ *   memory_find_origin: *id the memory here of origin — imported with it, or made here — else
+ *     0.
  *   memory_adopt: stores m, a memory another node made (its scope, kind, text, tags, times
  *     and access count; not deleted, no source event, no plan lock), under a new id here, its
- *     embedding queued, and indexes its origin. The caller checked memory_holds. */
+ *     embedding queued, and indexes its origin both ways (origin -> id, and 0xFF be64 id ->
+ *     origin). The caller checked memory_find_origin. */
 #define MEMORY_ORIGIN_MAX (128 + 48)
 void memory_origin(char *buf, const char *node, const cph_memory_rec *m);
-int memory_holds(cph_txn *t, const char *node, const char *origin, bool *held);
+int memory_origin_of(cph_txn *t, const char *node, const cph_memory_rec *m, char *buf);
+int memory_find_origin(cph_txn *t, const char *node, const char *origin, uint64_t *id);
 int memory_adopt(cph_memory *mem, cph_txn *t, const cph_memory_rec *m, const char *origin,
                   uint64_t *id_out);
 /* An aggregate memory is tagged with its family ("family:<id>", out holds 32 bytes), so the

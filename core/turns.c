@@ -117,6 +117,9 @@ void cph_op_clear_results(cph_op *op) {
     op->u.turn.state = NULL;
     op->u.turn.state_len = 0;
     cph_state_items_free(&op->u.turn.items);
+    free(op->u.turn.job_items.session);
+    op->u.turn.job_items.session = NULL;
+    cph_state_items_free(&op->u.turn.job_items.items);
     break;
   case CPH_OP_FAIL:
     free(op->u.turn.consumed_session);
@@ -1192,8 +1195,9 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
         ji->args && strncmp(ji->args, "group=", 6) == 0 ? strtoull(ji->args + 6, NULL, 10) : 0;
     maint_job_write(tu->maint, &t, kind, ji->args, group, &jid);
   }
+  uint64_t compacted = 0; /* a gc_commit's group, for its items (cluster mode) */
   if (l->job_id)
-    maint_job_apply(tu->maint, &t, s, l->job_id, op->u.turn.job);
+    maint_job_apply(tu->maint, &t, s, l->job_id, op->u.turn.job, &compacted);
   cph_key tk = cph_key_of_u64(l->turn_id);
   cph_turn_rec tr;
   cph_pact_tree tree; /* the episode's tree: kept decoded (trees_keep) once t committed */
@@ -1274,6 +1278,14 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   if (tu->env->report_consumed)
     state_to_op(tu, s->id, minted, n_minted, op);
   free(minted);
+  if (tu->env->report_consumed && compacted) {
+    cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
+    int grc = handover_gc_items(&st, compacted, &op->u.turn.job_items);
+    if (grc)
+      cph_log(CPH_LOG_WARN, "reading the memories gc group %llu compacted for the cluster log: "
+              "%s (a takeover then brings its sources back, to be compacted again)",
+              (unsigned long long)compacted, cph_strerror(grc));
+  }
 }
 
 static void turn_fail(cph_turns *tu, cph_op *op) {

@@ -315,10 +315,11 @@
  *    session's own and its channels' scopes, so with busy channels a worker's older memories
  *    fell out of it. A memory record has no origin: the item's name carries it
  *    ("<node>/<id there>/<hash>", core/memory.h), and the importer indexes it
- *    (memory_origins), so each is stored once. They are put as minted: one that compaction
- *    later tombstones on the old owner still moves live, and is compacted again on the new
- *    one (its content is not lost; a summary that also moved in the state then stands beside
- *    it until then).
+ *    (memory_origins, both ways), so each is stored once. A gc_commit of a session's own
+ *    memories (a maintenance completion's u.turn.job_items, put by server/maint_workers.c)
+ *    puts its summary and its sources again, tombstoned, under the keys they had: a node that
+ *    takes the session over then stores the summary and not the sources, and one that holds
+ *    copies of them tombstones those (core/gc.h, gc_tombstone).
  *    Cost: a publish per completion, per memory it mints and per seal (the turn record:
  *    ~0.5-1 KB; a memory ~100 bytes plus its text; a seal: the rendered tree, up to ~66 KB),
  *    not on the completion's path; the bucket holds every record of every live session

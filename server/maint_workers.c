@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clusterflow.h"
 #include "common/log.h"
 #include "maint_workers.h"
 #include "server.h"
@@ -122,6 +123,11 @@ static void complete_done(cph_op *op, void *ctx) {
   if (op->rc && op->rc != CPH_ECONFLICT)
     cph_warn("maintenance worker %s: completing turn %llu: %s", w->name,
              (unsigned long long)w->turn_id, op->err.msg);
+  /* cluster mode: what a gc_commit compacted in a session's own scope, for the log to keep
+   * (clusterflow.h 13.) */
+  const cph_session_items *ji = &op->u.turn.job_items;
+  if (op->rc == CPH_OK && ji->session && ji->items.n && w->pool->srv->cflow)
+    cph_cflow_items(w->pool->srv->cflow, ji->session, &ji->items);
   cph_op_clear_results(op);
   lease_next(w);
 }

@@ -486,7 +486,8 @@ typedef enum cph_op_kind {
 
 /* Cluster mode (server/clusterflow.h 13.): a record a session's state carries that the cluster
  * log also keeps under a key of its own, so that it moves with the session after the state's
- * bounds left it out — an ended turn record or a seal, with its origin. name is the key's last
+ * bounds left it out — an ended turn record, a seal or a memory of its own scope, with its
+ * origin. name is the key's last
  * token (a kind letter and the origin in hex), data opaque (core/handover.c). */
 typedef struct cph_state_item {
   char *name;
@@ -500,6 +501,12 @@ typedef struct cph_state_items {
 } cph_state_items;
 
 void cph_state_items_free(cph_state_items *items);
+
+/* Items of one session (a maintenance job's: compaction changed that session's memories). */
+typedef struct cph_session_items {
+  char *session;
+  cph_state_items items;
+} cph_session_items;
 
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
  * arguments, calls that ran and failed (errors). invalid + errors <= calls is not enforced;
@@ -679,6 +686,11 @@ struct cph_op {
        * again. fail, out, while cph_engine_report_consumed is on: the failed turn's record as
        * an item, and consumed_session names its session. Freed by cph_op_clear_results. */
       cph_state_items items;
+      /* complete of a job turn, out, while cph_engine_report_consumed is on: a gc_commit that
+       * compacted memories of a session's own scope gives that session's items — the summary
+       * and the sources it tombstoned (a tombstoned memory's item says it is gone) — for the
+       * cluster log to keep under their keys. Freed by cph_op_clear_results. */
+      cph_session_items job_items;
       /* fail, in (cluster mode): the turn is handed back because another node serves its
        * session now — no attempt is counted, and the session is not picked again until a
        * CPH_OP_INBOX_RETAIN says this node serves it again. */

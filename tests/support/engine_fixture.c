@@ -186,6 +186,40 @@ void cph_fixture_items_free(cph_fixture_items *l) {
   *l = (cph_fixture_items){0};
 }
 
+int cph_fixture_run_maintenance(cph_fixture *f, void (*on_done)(cph_op *done, void *ctx),
+                                void *ctx) {
+  int ran = 0, idle = 0;
+  while (idle < 3 && ran < 500) {
+    cph_op lease = {0};
+    lease.kind = CPH_OP_LEASE;
+    lease.u.lease.worker = "test-maint";
+    lease.u.lease.internal = true;
+    lease.u.lease.deadline_ns = cph_clock_now(&f->clock);
+    if (cph_fixture_run(f, &lease) != CPH_OK) {
+      idle++;
+      continue;
+    }
+    idle = 0;
+    ran++;
+    cph_job_work *job = lease.u.lease.turn.job;
+    lease.u.lease.turn.job = NULL;
+    if (job)
+      cph_job_execute(cph_engine_policy(f->e), job); /* what a worker thread does */
+    cph_op done = {0};
+    done.kind = CPH_OP_COMPLETE;
+    done.u.turn.turn_id = lease.u.lease.turn.id;
+    memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
+    done.u.turn.job = job;
+    if (cph_fixture_run(f, &done) != CPH_OK)
+      fail_msg("completing a maintenance turn: %s", done.err.msg);
+    if (on_done)
+      on_done(&done, ctx);
+    cph_op_clear_results(&done);
+    cph_op_clear_results(&lease);
+  }
+  return ran;
+}
+
 void cph_fixture_seal(cph_fixture *f, const char *session, const char *trigger, cph_op *op) {
   *op = (cph_op){0};
   op->kind = CPH_OP_CONTEXT_SEAL;

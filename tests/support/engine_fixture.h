@@ -46,6 +46,13 @@ void cph_fixture_search_lines(cph_fixture *f, const char *session, const char *q
 /* An op `done` callback that counts calls in *(int *)ctx. */
 void cph_fixture_count_done(cph_op *op, void *ctx);
 
+/* Runs cephalond's maintenance turns as its worker threads do (lease internal, execute the
+ * job, complete) until three leases in a row find nothing, at most 500; each completion op is
+ * handed to on_done (NULL: none) before its results are cleared. Returns how many ran; fails
+ * the running test when a completion fails. */
+int cph_fixture_run_maintenance(cph_fixture *f, void (*on_done)(cph_op *done, void *ctx),
+                                void *ctx);
+
 /* Seals session's context with this trigger into *op (CPH_OP_CONTEXT_SEAL, asserted CPH_OK):
  * the caller reads its results (seal id, state, items) and calls cph_op_clear_results. */
 void cph_fixture_seal(cph_fixture *f, const char *session, const char *trigger, cph_op *op);

@@ -400,34 +400,7 @@ static const char *const MEMS[] = {
 };
 
 /* Runs cephalond's maintenance turns until three leases in a row find nothing. */
-static void run_maintenance(fixture *f) {
-  int idle = 0, ran = 0;
-  while (idle < 3 && ran < 200) {
-    cph_op l = {0};
-    l.kind = CPH_OP_LEASE;
-    l.u.lease.worker = "maint";
-    l.u.lease.internal = true;
-    l.u.lease.deadline_ns = cph_clock_now(&f->clock);
-    if (cph_fixture_run(f, &l) != CPH_OK) {
-      idle++;
-      continue;
-    }
-    idle = 0;
-    ran++;
-    cph_job_work *job = l.u.lease.turn.job;
-    l.u.lease.turn.job = NULL;
-    if (job)
-      cph_job_execute(cph_engine_policy(f->e), job);
-    cph_op done = {0};
-    done.kind = CPH_OP_COMPLETE;
-    done.u.turn.turn_id = l.u.lease.turn.id;
-    memcpy(done.u.turn.lease, l.u.lease.turn.lease, sizeof done.u.turn.lease);
-    done.u.turn.job = job;
-    if (cph_fixture_run(f, &done) != CPH_OK)
-      fail_msg("completing a maintenance turn: %s", done.err.msg);
-    cph_op_clear_results(&l);
-  }
-}
+static void run_maintenance(fixture *f) { cph_fixture_run_maintenance(f, NULL, NULL); }
 
 static void enqueue(fixture *f, const char *job, const char *args) {
   cph_op op = {0};

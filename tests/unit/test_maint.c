@@ -80,35 +80,7 @@ static int teardown(void **state) {
 }
 
 /* Runs maintenance turns until three leases in a row find nothing; returns how many ran. */
-static int run_maintenance(fixture *f) {
-  int ran = 0, idle = 0;
-  while (idle < 3 && ran < 500) {
-    cph_op lease = {0};
-    lease.kind = CPH_OP_LEASE;
-    lease.u.lease.worker = "test-maint";
-    lease.u.lease.internal = true;
-    lease.u.lease.deadline_ns = cph_clock_now(&f->clock);
-    if (cph_fixture_run(f, &lease) != CPH_OK) {
-      idle++;
-      continue;
-    }
-    idle = 0;
-    ran++;
-    cph_job_work *job = lease.u.lease.turn.job;
-    lease.u.lease.turn.job = NULL;
-    if (job)
-      cph_job_execute(cph_engine_policy(f->e), job); /* what a worker thread does */
-    cph_op done = {0};
-    done.kind = CPH_OP_COMPLETE;
-    done.u.turn.turn_id = lease.u.lease.turn.id;
-    memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
-    done.u.turn.job = job;
-    if (cph_fixture_run(f, &done) != CPH_OK)
-      fail_msg("completing maintenance turn: %s", done.err.msg);
-    cph_op_clear_results(&lease);
-  }
-  return ran;
-}
+static int run_maintenance(fixture *f) { return cph_fixture_run_maintenance(f, NULL, NULL); }
 
 static void enqueue(fixture *f, const char *job, const char *args) {
   cph_op op = {0};

@@ -1594,6 +1594,113 @@ static void test_session_state_items_move_the_workers_memories(void **state) {
     cph_fixture_free(f[k]);
 }
 
+/* Gathers a maintenance completion's items (cph_fixture_run_maintenance): those of session
+ * "a" only. */
+static void take_job_items(cph_op *done, void *ctx) {
+  if (!done->u.turn.job_items.session)
+    return;
+  assert_string_equal(done->u.turn.job_items.session, "a");
+  cph_fixture_items_take(ctx, &done->u.turn.job_items.items);
+}
+
+/* Session "a"'s memories on f that a search for "memory" finds: how many of kind summary, and
+ * the id of the one with this text (0: none). */
+static uint64_t memory_find(cph_fixture *f, const char *text, int *summaries) {
+  cph_op op = {0};
+  op.kind = CPH_OP_MEMORY_SEARCH;
+  op.u.search.session = "a";
+  op.u.search.query = "memory";
+  op.u.search.k = 100;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  uint64_t id = 0;
+  *summaries = 0;
+  for (size_t i = 0; i < op.u.search.n_hits; i++) {
+    *summaries += strcmp(op.u.search.hits[i].kind, "summary") == 0;
+    if (strcmp(op.u.search.hits[i].text, text) == 0)
+      id = op.u.search.hits[i].id;
+  }
+  cph_op_clear_results(&op);
+  return id;
+}
+
+/* Compaction moves too: a gc_commit of a session's own memories gives the session's items — its
+ * summary, and its sources tombstoned under the keys their items had. A node that takes the
+ * session over from then on holds the summary and not the sources; one that had taken the
+ * sources over before tombstones its copies; again and again, nothing changes. It fails without
+ * the gc's items, or without the tombstoning of copies held (checked). */
+static void test_session_state_items_carry_what_compaction_did(void **state) {
+  (void)state;
+  const char *policy = "{:sessions {:janitor? true} :gc {:min-age-hours 1000}"
+                       " :scheduler {:lanes {:interactive {:turns 10000}}}}";
+  cph_fixture *x = node_with_a("gcitems_x", policy, "x"), *y = node_with_a("gcitems_y", policy, "y");
+  cph_fixture *w = node_with_a("gcitems_w", policy, "w");
+  cph_fixture *nodes[] = {x, y, w};
+  for (int k = 0; k < 3; k++)
+    cph_engine_report_consumed(nodes[k]->e, true);
+  cph_fixture_items items = {0};
+  size_t len;
+  uint8_t *blob = NULL;
+  cph_op done;
+  for (int i = 0; i < 6; i++) {
+    turn(x, "a", i, &done);
+    cph_fixture_items_take(&items, &done.u.turn.items);
+    free(blob);
+    blob = state_of(&done, &len);
+  }
+  uint32_t refused = 0;
+  assert_int_equal(import_items(y, "a", blob, len, items.v, items.n, &refused), CPH_OK);
+  int summaries;
+  assert_true(memory_find(y, "memory 0 of a", &summaries) > 0);
+
+  /* x compacts memories 0 to 2 of "a" */
+  char args[96];
+  uint64_t ids[3];
+  for (int i = 0; i < 3; i++) {
+    char text[32];
+    snprintf(text, sizeof text, "memory %d of a", i);
+    assert_true((ids[i] = memory_find(x, text, &summaries)) > 0);
+  }
+  snprintf(args, sizeof args, "sources=%llu,%llu,%llu", (unsigned long long)ids[0],
+           (unsigned long long)ids[1], (unsigned long long)ids[2]);
+  cph_op job = {0};
+  job.kind = CPH_OP_JOB_ENQUEUE;
+  job.u.job.in.job = "gc_plan";
+  job.u.job.in.args = args;
+  assert_int_equal(cph_fixture_run(x, &job), CPH_OK);
+  cph_fixture_items gc = {0};
+  cph_fixture_run_maintenance(x, take_job_items, &gc);
+  assert_int_equal(gc.n, 4); /* three tombstones and the summary */
+  assert_int_equal(memory_find(x, "memory 0 of a", &summaries), 0);
+  assert_int_equal(summaries, 1);
+  turn(x, "a", 6, &done); /* its state no longer carries the sources */
+  cph_fixture_items_take(&items, &done.u.turn.items);
+  free(blob);
+  blob = state_of(&done, &len);
+  cph_state_items moved = {gc.v, gc.n};
+  cph_fixture_items_take(&items, &moved); /* the gc's after the completions' */
+  gc = (cph_fixture_items){0};
+
+  /* a new owner holds the summary, not its sources; the previous one tombstones its copies */
+  for (int round = 0; round < 2; round++)
+    for (int k = 1; k < 3; k++) {
+      assert_int_equal(import_items(nodes[k], "a", blob, len, items.v, items.n, &refused),
+                       CPH_OK);
+      assert_int_equal(refused, 0);
+      for (int i = 0; i < 7; i++) {
+        char text[32];
+        snprintf(text, sizeof text, "memory %d of a", i);
+        if ((memory_find(nodes[k], text, &summaries) > 0) != (i >= 3))
+          fail_msg("node %d, import %d: '%s' is%s found", k, round + 1, text,
+                   i >= 3 ? " not" : "");
+      }
+      assert_int_equal(summaries, 1);
+    }
+  cph_fixture_items_free(&items);
+  free(blob);
+  for (int k = 0; k < 3; k++)
+    cph_fixture_free(nodes[k]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_session_state_moves_tree_episode_replies_and_memories),
@@ -1608,6 +1715,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_moves_channel_memories),
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
       cmocka_unit_test(test_session_state_items_move_the_workers_memories),
+      cmocka_unit_test(test_session_state_items_carry_what_compaction_did),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
