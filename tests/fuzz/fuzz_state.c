@@ -5,10 +5,12 @@
  * At start an engine ("x", cluster mode: consumed events and reply origins reported) runs a
  * session through turns on its direct channel and a subscribed one — replies, memories, a
  * failed turn, seals, a kept context — and keeps the genuine blobs it exported: the last
- * state, a turn record item and a seal item. Each input edits one of them (or stands as a
- * blob of its own) and a second engine ("y") imports it into its session "a":
+ * state, a turn record item, a seal item and a memory item (whose name carries its origin).
+ * Each input edits one of them (or stands as a blob of its own) and a second engine ("y")
+ * imports it into its session "a":
  *   byte 0   what: 0 the state, 1 the turn item, 2 the seal item, 3 the input itself as a
- *            state, 4 the input itself as an item, 5 the state with both items;
+ *            state, 4 the input itself as an item, 5 the state with the three items, 6 the
+ *            memory item, 7 the memory item with the edits made to its name instead;
  *   byte 1   bit 0: cut the blob short by bytes 2-3 (big-endian, modulo its length);
  *   then     edits, 3 bytes each: a big-endian offset (modulo the blob's length) and a byte
  *            XORed into the blob there.
@@ -45,8 +47,9 @@ typedef struct node {
 } node;
 
 static node X, Y;
-static uint8_t *state_blob, *turn_item, *seal_item;
-static size_t state_len, turn_len, seal_len;
+static uint8_t *state_blob, *turn_item, *seal_item, *memory_item;
+static size_t state_len, turn_len, seal_len, memory_len;
+static char *memory_name; /* 'm' and the origin in hex */
 static unsigned long inputs;
 
 static void fuzz_fail(const char *what, int rc, const char *msg) {
@@ -118,8 +121,10 @@ static void node_down(node *n) {
   nftw(n->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* Copies the first item of items whose name begins with kind into *out. */
-static void keep_item(const cph_state_items *items, char kind, uint8_t **out, size_t *len) {
+/* Copies the first item of items whose name begins with kind into *out (and its name into
+ * *name, when given). */
+static void keep_item(const cph_state_items *items, char kind, uint8_t **out, size_t *len,
+                      char **name) {
   for (size_t i = 0; i < items->n; i++)
     if (items->v[i].name[0] == kind) {
       free(*out);
@@ -128,6 +133,11 @@ static void keep_item(const cph_state_items *items, char kind, uint8_t **out, si
         abort();
       memcpy(*out, items->v[i].data, items->v[i].len);
       *len = items->v[i].len;
+      if (name) {
+        free(*name);
+        if (!(*name = strdup(items->v[i].name)))
+          abort();
+      }
       return;
     }
 }
@@ -185,7 +195,8 @@ static void x_turn(int i, bool fail) {
   done.u.turn.n_memories = 0;
   if (!fail) {
     keep_state(&done.u.turn.state, &done.u.turn.state_len);
-    keep_item(&done.u.turn.items, 't', &turn_item, &turn_len);
+    keep_item(&done.u.turn.items, 't', &turn_item, &turn_len, NULL);
+    keep_item(&done.u.turn.items, 'm', &memory_item, &memory_len, &memory_name);
   }
   cph_op_clear_results(&done);
   cph_op_clear_results(&lease);
@@ -203,7 +214,7 @@ static void x_seal(int i) {
   if (rc != CPH_OK)
     fuzz_fail("a seal on x", rc, op.err.msg);
   keep_state(&op.u.context.state, &op.u.context.state_len);
-  keep_item(&op.u.context.items, 's', &seal_item, &seal_len);
+  keep_item(&op.u.context.items, 's', &seal_item, &seal_len, NULL);
   cph_op_clear_results(&op);
 }
 
@@ -212,6 +223,8 @@ static void at_exit(void) {
   free(state_blob);
   free(turn_item);
   free(seal_item);
+  free(memory_item);
+  free(memory_name);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -226,7 +239,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   }
   x_seal(1);
   node_down(&X);
-  if (!state_blob || !turn_item || !seal_item)
+  if (!state_blob || !turn_item || !seal_item || !memory_item)
     fuzz_fail("x exported no state or items", 0, NULL);
   node_up(&Y, "y");
   atexit(at_exit);
@@ -254,11 +267,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     node_down(&Y);
     node_up(&Y, "y");
   }
-  unsigned what = data[0] % 6;
+  unsigned what = data[0] % 8;
   bool pristine = size < 5 && !(size >= 2 && (data[1] & 1)); /* no edit, not cut */
-  uint8_t *blob = NULL, *extra[2] = {NULL, NULL};
+  uint8_t *blob = NULL, *extra[2] = {NULL, NULL}, *name = NULL;
   size_t len = 0;
-  cph_state_item items[2] = {{0}};
+  cph_state_item items[3] = {{0}};
   size_t n_items = 0;
   cph_op op = {.kind = CPH_OP_SESSION_STATE};
   op.u.state.session = (char *)"a";
@@ -284,7 +297,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else if (what == 5) { /* the genuine items beside an edited state */
     items[0] = (cph_state_item){(char *)"t", turn_item, turn_len};
     items[1] = (cph_state_item){(char *)"s", seal_item, seal_len};
-    n_items = 2;
+    items[2] = (cph_state_item){memory_name, memory_item, memory_len};
+    n_items = 3;
+  } else if (what == 6) {
+    items[0].name = memory_name;
+    items[0].len = edited(memory_item, memory_len, data, size, &extra[0]);
+    items[0].data = extra[0];
+    n_items = 1;
+  } else if (what == 7) { /* the name edited: a NUL it gains ends it */
+    size_t nl = edited((const uint8_t *)memory_name, strlen(memory_name) + 1, data, size, &name);
+    if (nl)
+      name[nl - 1] = '\0';
+    items[0] = (cph_state_item){nl ? (char *)name : (char *)"m", memory_item, memory_len};
+    n_items = 1;
   }
   op.u.state.items = items;
   op.u.state.n_items = n_items;
@@ -294,12 +319,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_fail("a state answered neither OK nor EINVAL", rc, op.err.msg);
   if (!has_state && rc != CPH_OK)
     fuzz_fail("items alone did not answer OK", rc, op.err.msg);
-  if (pristine && what <= 2 && rc != CPH_OK)
+  if (pristine && (what <= 2 || what >= 6) && rc != CPH_OK)
     fuzz_fail("a genuine state or item was refused", rc, op.err.msg);
   if ((pristine || what == 5) && what != 3 && what != 4 && op.u.state.items_refused)
     fuzz_fail("a genuine item was refused", (int)op.u.state.items_refused, op.err.msg);
   cph_op_clear_results(&op);
   free(blob);
+  free(name);
   free(extra[0]);
   free(extra[1]);
   return 0;
