@@ -121,6 +121,7 @@ typedef struct http_ctx {
   const char *prefix;
   int subscribed;      /* ingest: events go to the clients' subscribed channels, else unrouted */
   size_t reply_bytes;  /* cycle: the reply each complete carries (0: none) */
+  size_t memories;     /* cycle: the worker memories each complete carries */
   const char *include; /* cycle: the lease's `,"include":[...]` member, "" for the whole turn */
   /* Totals over the clients, added by client_teardown (main thread, after the run). */
   uint64_t queued, stored, aggregated, other, empty_leases, turns, turn_bytes;
@@ -436,19 +437,27 @@ static int cycle_op(void *state, uint64_t seq) {
   }
   /* 3. complete it, with a reply (it joins the session's history, as the Redis agent app's
    * RPUSH of event and reply does) */
-  char path[64], body[1280], reply[1024] = "";
+  char path[64], body[2048], reply[1024] = "", memories[640] = "";
   snprintf(path, sizeof path, "/v1/turns/%" PRIu64 "/complete", id);
+  /* --memories: what the worker asks to remember, ~60 bytes each */
+  for (size_t k = 0, at = 0; k < c->ctx->memories && at < sizeof memories; k++)
+    at += (size_t)snprintf(memories + at, sizeof memories - at,
+                           "%s{\"text\":\"client %d remembers turn %" PRIu64 " point %zu\"}",
+                           k ? "," : ",\"memories\":[", c->id, seq, k);
+  if (c->ctx->memories)
+    snprintf(memories + strlen(memories), sizeof memories - strlen(memories), "]");
   int blen;
   if (c->ctx->reply_bytes) {
     cph_bench_body(reply, c->ctx->reply_bytes,
                    (UINT64_C(1) << 63) | (((uint64_t)c->id << 48) ^ seq), &c->rng);
     blen = snprintf(body, sizeof body,
                     "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
-                    "\"reply\":{\"body\":\"%s\"}}",
-                    lease, reply);
+                    "\"reply\":{\"body\":\"%s\"}%s}",
+                    lease, reply, memories);
   } else {
     blen = snprintf(body, sizeof body,
-                    "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}}", lease);
+                    "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0}%s}", lease,
+                    memories);
   }
   if (cph_bench_http(&c->conn, "POST", path, body, (size_t)blen, &r) || r.status != 200) {
     fprintf(stderr, "cephalon-bench cycle: complete -> %d %.300s\n", r.status,
@@ -460,7 +469,7 @@ static int cycle_op(void *state, uint64_t seq) {
 
 static void cycle_usage(FILE *f) {
   fprintf(f, "usage: cephalon-bench cycle [--sync always|batch|none] [--clients N] "
-             "[--seconds S] [--body-bytes B] [--reply-bytes R] [--window T] "
+             "[--seconds S] [--body-bytes B] [--reply-bytes R] [--memories M] [--window T] "
              "[--include P,...] [--warm-channels N] [--keep-turns N] [--nodes P,P,...]\n"
              "  --sync MODE      :store :sync (default always)\n"
              "  --clients N      client threads, each with its own connection and session "
@@ -469,6 +478,7 @@ static void cycle_usage(FILE *f) {
              "  --body-bytes B   event body size (default 64; the anchors put the same)\n"
              "  --reply-bytes R  the reply body each complete carries (default 64, as the "
              "Redis agent app's; 0: none)\n"
+             "  --memories M     worker memories each complete carries (default 0; at most 8)\n"
              "  --window T       the sessions' context_window_tokens (default: the policy's)\n"
              "  --include P,...  lease only these parts of the turn (the lease's `include`, e.g.\n"
              "                   messages,sections.available_tools as cephalon-worker asks);\n"
@@ -536,6 +546,7 @@ static void cycle_window(void *ctx, bool end) {
 
 int cph_bench_cycle(int argc, char **argv) {
   uint64_t clients = 8, seconds = 10, body_bytes = 64, reply_bytes = 64, window = 0;
+  uint64_t memories = 0;
   uint64_t warm_channels = UINT64_MAX; /* the policy's default */
   uint64_t keep_turns = UINT64_MAX;    /* likewise */
   const char *sync = "always", *include = NULL;
@@ -572,6 +583,7 @@ int cph_bench_cycle(int argc, char **argv) {
         (r = cph_bench_opt_u64(argc, argv, &i, "--seconds", 1, 600, &seconds)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--body-bytes", 16, 1000, &body_bytes)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--reply-bytes", 0, 1000, &reply_bytes)) ||
+        (r = cph_bench_opt_u64(argc, argv, &i, "--memories", 0, 8, &memories)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--window", 64, 10000000, &window)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--warm-channels", 0, 1000000, &warm_channels)) ||
         (r = cph_bench_opt_u64(argc, argv, &i, "--keep-turns", 0, 10000, &keep_turns))) {
@@ -617,6 +629,7 @@ int cph_bench_cycle(int argc, char **argv) {
                 .prefix = "cycle",
                 .subscribed = 1,
                 .reply_bytes = (size_t)reply_bytes,
+                .memories = (size_t)memories,
                 .include = include_json,
                 .pid = d.pid,
                 .cpu_ns = {-1, -1},
@@ -683,10 +696,11 @@ int cph_bench_cycle(int argc, char **argv) {
          "fdatasync calls and O_DSYNC meta-page writes)\n",
          fsyncs);
   printf("cycle cycles_per_s=%.0f sync=%s clients=%" PRIu64 " body_bytes=%" PRIu64
-         " reply_bytes=%" PRIu64 " window=%" PRIu64
+         " reply_bytes=%" PRIu64 " memories=%" PRIu64 " window=%" PRIu64
          " include=%s lease_bytes=%.0f cpu_us_per_cycle=%s fsyncs_per_cycle=%s"
          " passes_per_cycle=%s nodes=%d p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
-         res.ops_per_s, n_nodes ? "nodes" : sync, clients, body_bytes, reply_bytes, window,
+         res.ops_per_s, n_nodes ? "nodes" : sync, clients, body_bytes, reply_bytes, memories,
+         window,
          include ? include : "all", lease_bytes, cpu, fsyncs, passes, n_nodes ? n_nodes : 1,
          res.lat_p50_us / 1e3, res.lat_p99_us / 1e3, res.errors);
   status = res.errors ? 1 : 0;
