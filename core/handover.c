@@ -1677,6 +1677,7 @@ typedef struct import_ctx {
   cph_turnlog *turnlog;
   cph_memory *memory; /* the memory items import into */
   const cph_policy *policy; /* a tombstone's outbox item names the embedder and index shard */
+  uint64_t outbox_items;    /* the vector deletes the tombstones queued */
   char **origins;
   uint64_t *ids;
   size_t n, cap;
@@ -2021,11 +2022,14 @@ static int import_memory(import_ctx *ic, const char *name, const uint8_t *rec, s
   } else if (rc == CPH_OK && here && m.deleted) {
     cph_memory_rec h;
     rc = memory_read(ic->t, here, &h, "importing memories");
-    uint64_t outbox = 0;
-    if (rc == CPH_OK && !h.deleted)
-      rc = gc_tombstone(ic->memory, ic->policy, ic->t, &h, 0, cph_wall_ms(), &outbox);
-    if (rc == CPH_OK || rc == CPH_ENOTFOUND)
-      cph_record_free(&cph_memory_desc, &h), rc = CPH_OK;
+    if (rc == CPH_OK) {
+      if (!h.deleted)
+        rc = gc_tombstone(ic->memory, ic->policy, ic->t, &h, 0, cph_wall_ms(),
+                          &ic->outbox_items);
+      cph_record_free(&cph_memory_desc, &h);
+    } else if (rc == CPH_ENOTFOUND) {
+      rc = CPH_OK; /* gone (or unreadable) here: nothing to tombstone */
+    }
   }
   cph_record_free(&cph_memory_desc, &m);
   return rc;
@@ -2159,7 +2163,8 @@ static void import_items(const cph_handover *st, cph_op *op, const char *id, imp
 }
 
 /* CPH_OP_SESSION_STATE: see include/cephalon/cephalon.h. */
-void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply) {
+void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
+                     uint64_t *outbox_items) {
   const char *id = op->u.state.session;
   csession *s = id ? sessions_get(st->sessions, id) : NULL;
   if (!s) {
@@ -2169,8 +2174,9 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply)
   /* the items first: those older than the state's records are stored before them, so every
    * record's id here follows the order it was made in */
   import_ctx ic = {NULL,        st->env->reply_origin_node, s->id, st->turnlog, st->memory,
-                   st->env->policy, NULL, NULL, 0, 0};
+                   st->env->policy, 0, NULL, NULL, 0, 0};
   import_items(st, op, s->id, &ic);
+  *outbox_items = ic.outbox_items;
   if (op->rc == CPH_OK && op->u.state.data)
     import_state(st, op, s, &ic, newest_reply);
   import_ctx_free(&ic);

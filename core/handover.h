@@ -79,7 +79,9 @@ int handover_gc_items(const cph_handover *st, uint64_t group_id, cph_session_ite
  * replies it added to the replies stream (those with an origin the stream lacked,
  * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. Then
  * the op's items, in a child of their own: those of origins this node lacks are stored as the
- * state's records are; a bad one is logged and counted, and the rest taken. */
-void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply);
+ * state's records are; a bad one is logged and counted, and the rest taken. *outbox_items:
+ * the vector deletes that tombstoned memory items queued on the outbox (for maint's count). */
+void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
+                     uint64_t *outbox_items);
 
 #endif

@@ -569,14 +569,18 @@ static int apply_aggregate_upsert(cph_maint *m, cph_txn *t, const char *args) {
   return rc;
 }
 
+void maint_outbox_queued(cph_maint *m, uint64_t n, int64_t now_ms) {
+  if (n && !m->outbox_pending)
+    m->outbox_oldest_ms = now_ms;
+  m->outbox_pending += n;
+}
+
 /* What a gc_commit changed, counted (the maintenance stats) and the outbox items it queued. */
 static void note_gc_commit(cph_maint *m, const gc_commit_result *r) {
   m->groups_committed_total++;
   m->summaries_created_total++;
   m->memories_deleted_total += r->deleted;
-  if (r->outbox_items && !m->outbox_pending)
-    m->outbox_oldest_ms = r->now_ms;
-  m->outbox_pending += r->outbox_items;
+  maint_outbox_queued(m, r->outbox_items, r->now_ms);
 }
 
 int maint_job_apply(cph_maint *m, cph_txn *t, csession *s, uint64_t job_id, cph_job_work *w,

@@ -77,6 +77,10 @@ void maint_pending_drop(cph_maint *m);
 int maint_enqueue(cph_maint *m, cph_job_kind_t kind, const char *args, uint64_t group_id,
                   uint64_t *id_out);
 
+/* n outbox items were queued at now_ms outside a job (a takeover's tombstones,
+ * core/handover.h): the drain is scheduled for them as for a gc_commit's. */
+void maint_outbox_queued(cph_maint *m, uint64_t n, int64_t now_ms);
+
 /* ---- job turns */
 /* A job turn is starting: chooses the job (the outbox batch for a trickle pick), prepares its
  * work in t and marks it running. CPH_ENOTFOUND when the session has no runnable job. */

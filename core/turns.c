@@ -1397,8 +1397,9 @@ void turns_apply(cph_turns *tu, cph_op *op) {
     break;
   case CPH_OP_SESSION_STATE: {
     cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
-    uint64_t newest_reply = 0;
-    handover_import(&st, op, &newest_reply);
+    uint64_t newest_reply = 0, outbox_items = 0;
+    handover_import(&st, op, &newest_reply, &outbox_items);
+    maint_outbox_queued(tu->maint, outbox_items, cph_wall_ms());
     if (newest_reply > tu->last_reply_id) /* GET /v1/replies offers them once committed */
       tu->last_reply_id = newest_reply;
     break;

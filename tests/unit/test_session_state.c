@@ -1626,7 +1626,8 @@ static uint64_t memory_find(cph_fixture *f, const char *text, int *summaries) {
 /* Compaction moves too: a gc_commit of a session's own memories gives the session's items — its
  * summary, and its sources tombstoned under the keys their items had. A node that takes the
  * session over from then on holds the summary and not the sources; one that had taken the
- * sources over before tombstones its copies; again and again, nothing changes. It fails without
+ * sources over before tombstones its copies (their embeddings' vector deletes queued on its
+ * outbox, which drains); again and again, nothing changes. It fails without
  * the gc's items, or without the tombstoning of copies held (checked). */
 static void test_session_state_items_carry_what_compaction_did(void **state) {
   (void)state;
@@ -1651,6 +1652,7 @@ static void test_session_state_items_carry_what_compaction_did(void **state) {
   assert_int_equal(import_items(y, "a", blob, len, items.v, items.n, &refused), CPH_OK);
   int summaries;
   assert_true(memory_find(y, "memory 0 of a", &summaries) > 0);
+  cph_fixture_run_maintenance(y, NULL, NULL); /* y embeds its copies */
 
   /* x compacts memories 0 to 2 of "a" */
   char args[96];
@@ -1695,6 +1697,13 @@ static void test_session_state_items_carry_what_compaction_did(void **state) {
       }
       assert_int_equal(summaries, 1);
     }
+  /* y's copies were embedded: their vectors' deletes wait on its outbox, and drain */
+  cph_maint_stats st;
+  cph_engine_maint_stats(y->e, &st);
+  assert_int_equal(st.outbox_pending, 3);
+  cph_fixture_run_maintenance(y, NULL, NULL);
+  cph_engine_maint_stats(y->e, &st);
+  assert_int_equal(st.outbox_pending, 0);
   cph_fixture_items_free(&items);
   free(blob);
   for (int k = 0; k < 3; k++)
