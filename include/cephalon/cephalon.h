@@ -487,8 +487,8 @@ typedef enum cph_op_kind {
 /* Cluster mode (server/clusterflow.h 13.): a record a session's state carries that the cluster
  * log also keeps under a key of its own, so that it moves with the session after the state's
  * bounds left it out — an ended turn record, a seal or a memory of its own scope, with its
- * origin. name is the key's last
- * token (a kind letter and the origin in hex), data opaque (core/handover.c). */
+ * origin. name is the key's last token (a kind letter and the origin in hex), data opaque
+ * (core/handover.c). */
 typedef struct cph_state_item {
   char *name;
   uint8_t *data;
