@@ -135,10 +135,11 @@ static int tree_count(cph_test_cluster *c, int n, int s, const char *role, const
   return count;
 }
 
-/* How many of session s's memories on node n (a lexical search) have this text. */
-static int memory_count(cph_test_cluster *c, int n, int s, const char *text) {
-  char path[128];
-  snprintf(path, sizeof path, "/v1/memories/search?session=t%02d&q=memory&k=100", s);
+/* How many of session s's memories on node n that a search for query (URL-encoded) finds
+ * have this text. */
+static int search_count(cph_test_cluster *c, int n, int s, const char *query, const char *text) {
+  char path[192];
+  snprintf(path, sizeof path, "/v1/memories/search?session=t%02d&q=%s&k=100", s, query);
   json_t *j = get_json(c, n, path);
   int count = 0;
   size_t i;
@@ -154,6 +155,11 @@ static int memory_count(cph_test_cluster *c, int n, int s, const char *text) {
   }
   json_decref(j);
   return count;
+}
+
+/* How many of session s's memories on node n (a lexical search) have this text. */
+static int memory_count(cph_test_cluster *c, int n, int s, const char *text) {
+  return search_count(c, n, s, "memory", text);
 }
 
 static double credits_of(cph_test_cluster *c, int n, int s) {
@@ -356,20 +362,10 @@ static void seal_origins(cph_test_cluster *c, int n, int s, char *out, size_t ca
 /* How many of session s's memories on node n say "keepsake r<round>k<k> of t<s>" (a search
  * for its words). */
 static int keepsake_count(cph_test_cluster *c, int n, int s, int round, int k) {
-  char path[160], text[64];
+  char query[64], text[64];
+  snprintf(query, sizeof query, "keepsake+r%dk%d", round, k);
   snprintf(text, sizeof text, "keepsake r%dk%d of t%02d", round, k, s);
-  snprintf(path, sizeof path, "/v1/memories/search?session=t%02d&q=keepsake+r%dk%d&k=100", s,
-           round, k);
-  json_t *j = get_json(c, n, path);
-  int count = 0;
-  size_t i;
-  json_t *hit;
-  json_array_foreach(json_object_get(j, "memories"), i, hit) {
-    const char *t = json_string_value(json_object_get(hit, "text"));
-    count += t && strcmp(t, text) == 0;
-  }
-  json_decref(j);
-  return count;
+  return search_count(c, n, s, query, text);
 }
 
 /* A session's turn records and seals beyond what its state carries move too, each under a key

@@ -138,14 +138,21 @@ size_t cph_fixture_store_each(const char *dir, int db,
   return n;
 }
 
+void cph_fixture_search(cph_fixture *f, const char *session, const char *query, size_t k,
+                        cph_op *op) {
+  *op = (cph_op){0};
+  op->kind = CPH_OP_MEMORY_SEARCH;
+  op->u.search.session = (char *)session; /* read only */
+  op->u.search.query = (char *)query;
+  op->u.search.k = k;
+  if (cph_fixture_run(f, op) != CPH_OK)
+    fail_msg("searching %s for '%s': %s", session, query, op->err.msg);
+}
+
 void cph_fixture_search_lines(cph_fixture *f, const char *session, const char *query, char *out,
                               size_t cap) {
-  cph_op op = {0};
-  op.kind = CPH_OP_MEMORY_SEARCH;
-  op.u.search.session = (char *)session;
-  op.u.search.query = (char *)query;
-  op.u.search.k = 50;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op op;
+  cph_fixture_search(f, session, query, 50, &op);
   size_t len = 0;
   out[0] = '\0';
   for (size_t i = 0; i < op.u.search.n_hits; i++) {

@@ -39,6 +39,10 @@ void cph_fixture_ingest(cph_fixture *f, cph_event_in *events, size_t n, cph_op *
 /* A lease for worker into *op, waiting up to 5 s of the fixture's clock; fails the running test
  * unless a turn was leased. The caller calls cph_op_clear_results(op). */
 void cph_fixture_lease(cph_fixture *f, const char *worker, cph_op *op);
+/* A memory search of session's scopes for query, at most k hits, into *op (asserted CPH_OK):
+ * the caller reads op->u.search.hits and calls cph_op_clear_results. */
+void cph_fixture_search(cph_fixture *f, const char *session, const char *query, size_t k,
+                        cph_op *op);
 /* A memory search of session's scopes for query (k 50) as text, one line per hit: "id kind
  * text\n", in the answer's order, into out[0..cap); fails the running test on an error. */
 void cph_fixture_search_lines(cph_fixture *f, const char *session, const char *query, char *out,

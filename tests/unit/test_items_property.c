@@ -132,12 +132,8 @@ static void listing(cph_fixture *f, char *out, size_t cap) {
   }
   for (size_t i = 0; i < ns; i++)
     at += (size_t)snprintf(out + at, cap - at, "s %s %s\n", seals[i].origin, seals[i].trigger);
-  cph_op op = {0};
-  op.kind = CPH_OP_MEMORY_SEARCH;
-  op.u.search.session = "a";
-  op.u.search.query = "note";
-  op.u.search.k = 1000;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op op;
+  cph_fixture_search(f, "a", "note", 1000, &op);
   for (size_t i = 0; i < op.u.search.n_hits && at < cap; i++)
     if (strcmp(op.u.search.hits[i].session, "a") == 0)
       at += (size_t)snprintf(out + at, cap - at, "m %s %lld\n", op.u.search.hits[i].text,

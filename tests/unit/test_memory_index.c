@@ -102,12 +102,8 @@ static void test_every_entry_of_request_rows_is_read_once_in_id_order(void **sta
   post(f, 13, 5, 2, ids, &n_ids);  /* a row of 5, "kumquat" inside it */
 
   /* the search's lexical walk reads the index newest first: it finds what is inside a row */
-  cph_op op = {0};
-  op.kind = CPH_OP_MEMORY_SEARCH;
-  op.u.search.session = "s1";
-  op.u.search.query = "kumquat";
-  op.u.search.k = 10;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op op;
+  cph_fixture_search(f, "s1", "kumquat", 10, &op);
   bool found = false;
   for (size_t i = 0; i < op.u.search.n_hits; i++)
     found |= strstr(op.u.search.hits[i].text, "kumquat status line 15") != NULL;

@@ -88,12 +88,8 @@ static int tree_count(cph_fixture *f, const char *s, const char *role, const cha
 
 /* How many memories of s (a lexical search) have this text. */
 static int memory_count(cph_fixture *f, const char *s, const char *text) {
-  cph_op op = {0};
-  op.kind = CPH_OP_MEMORY_SEARCH;
-  op.u.search.session = (char *)s;
-  op.u.search.query = "memory";
-  op.u.search.k = 100;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op op;
+  cph_fixture_search(f, (char *)s, "memory", 100, &op);
   int count = 0;
   for (size_t i = 0; i < op.u.search.n_hits; i++)
     count += strcmp(op.u.search.hits[i].text, text) == 0;
@@ -1499,12 +1495,8 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
 /* How many memories of session b's own scope on f say "b remembers round <10 i>", per i in
  * [0, rounds), with the creation time of the last found (created[i], when given). */
 static void remembered(cph_fixture *f, int rounds, int *count, int64_t *created) {
-  cph_op op = {0};
-  op.kind = CPH_OP_MEMORY_SEARCH;
-  op.u.search.session = "b";
-  op.u.search.query = "remembers round";
-  op.u.search.k = 1000;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op op;
+  cph_fixture_search(f, "b", "remembers round", 1000, &op);
   memset(count, 0, (size_t)rounds * sizeof *count);
   for (size_t i = 0; i < op.u.search.n_hits; i++) {
     const cph_memory_hit *h = &op.u.search.hits[i];
@@ -1606,12 +1598,8 @@ static void take_job_items(cph_op *done, void *ctx) {
 /* Session "a"'s memories on f that a search for "memory" finds: how many of kind summary, and
  * the id of the one with this text (0: none). */
 static uint64_t memory_find(cph_fixture *f, const char *text, int *summaries) {
-  cph_op op = {0};
-  op.kind = CPH_OP_MEMORY_SEARCH;
-  op.u.search.session = "a";
-  op.u.search.query = "memory";
-  op.u.search.k = 100;
-  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op op;
+  cph_fixture_search(f, "a", "memory", 100, &op);
   uint64_t id = 0;
   *summaries = 0;
   for (size_t i = 0; i < op.u.search.n_hits; i++) {
