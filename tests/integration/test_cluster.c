@@ -1,7 +1,7 @@
 /* Cluster mode, first slice (DESIGN §14): a real etcd (Debian etcd-server) and three cephalond
  * on loopback ports. Every shard has one owner and the spread is even; a session's routes
  * answer on its owner and 421 with the owner's URL elsewhere (which cephalonctl follows to the
- * owner); a SIGSTOPped node past its TTL
+ * owner), but every node answers for its own janitor; a SIGSTOPped node past its TTL
  * serves nothing when it wakes (and hands out no lease); after kill -9 of a node its shards
  * are owned by the others within the lease TTL plus slack. Without etcd the test fails and
  * says what to install. Everything listens on 127.0.0.1 only. */
@@ -114,6 +114,14 @@ static void test_cluster_shards_one_owner_each_spread_even_routes_421_to_the_own
   for (int i = 0; i < NODES; i++) {
     cph_test_response r = cph_test_api(c->port[i], "GET", "/v1/sessions/alice", NULL, NULL);
     assert_int_equal(r.status, i == owner ? 200 : 421);
+    cph_test_response_free(&r);
+  }
+  /* The janitor is every node's own: each answers for its janitor, whatever its shard. */
+  for (int i = 0; i < NODES; i++) {
+    cph_test_response r = cph_test_api(c->port[i], "GET", "/v1/sessions/janitor/why", NULL, NULL);
+    if (r.status != 200 || !r.body || !strstr(r.body, "\"session\":\"janitor\""))
+      fail_msg("GET /v1/sessions/janitor/why on node %d: %d %s", i, r.status,
+               r.body ? r.body : "");
     cph_test_response_free(&r);
   }
   /* An event for the session (no channel: its direct channel) is accepted by its owner only;
