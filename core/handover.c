@@ -60,7 +60,9 @@
  * over stores each one whose turn record this state's turn records part stored there (a new
  * turn id there, looked up by origin; a turn it held already, or whose record did not move,
  * is left out: nothing is doubled), through turnlog_import. A version-5 blob lacks that part
- * and still imports.
+ * and still imports. Since kept contexts move as items (handover_kept_item, server/
+ * clusterflow.h 13.) the part is written empty (STATE_KEPT 0); one that holds entries (an
+ * older build's) is still imported.
  * Version 7 widens the memories part from the session's own scope to every scope its turns'
  * memory section reads: its own and its channels' ("#channel": the raw memories of the events
  * it was sent, and the summaries and aggregates made of them) — the newest STATE_RAW_MEMORIES
@@ -129,7 +131,7 @@
 /* Of the kept turn contexts: a kept context at the default window measured 46-49 KB self-
  * contained (its messages cut by the window, ~120 nodes with their 160-byte previews), so two
  * fit with room; one of a larger window or tree may not, and is left out whole. */
-#define STATE_KEPT 2
+#define STATE_KEPT 0 /* since kept contexts move as items (handover_kept_item) */
 #define STATE_KEPT_BYTES (192u * 1024u) /* of the entries as written, with their lengths */
 #define STATE_SEALS 16
 /* Of the seals as encoded. A seal renders the session's whole tree: a tree at its history bound
@@ -869,12 +871,15 @@ static int state_export_seals(const cph_handover *st, const csession *s, size_t 
 typedef struct kept_scan {
   record_scan rs;
   cph_txn *t;
+  uint64_t only_turn; /* a kept context item's: that turn's only (0: any) */
 } kept_scan;
 
 /* A kept context for the part: its turn record's origin, then the record. One that does not
  * fit is left out whole; one whose turn record is gone or has no origin is left out. */
 static int collect_kept(void *ctx, cph_turnctx_rec *r) {
   kept_scan *ks = ctx;
+  if (ks->only_turn && r->turn_id != ks->only_turn)
+    return CPH_OK;
   cph_key tk = cph_key_of_u64(r->turn_id);
   static const char *const names[] = {"origin", "lease"};
   uint64_t mask = cph_record_field_mask(&cph_turn_desc, names, 2);
@@ -917,8 +922,9 @@ static int state_export_kept(const cph_handover *st, const csession *s, size_t r
   room = room < 4 ? 0 : room - 4;
   kept_scan ks = {{st->env->reply_origin_node, NULL, 0, 0, 0,
                    room < STATE_KEPT_BYTES ? room : STATE_KEPT_BYTES, false},
-                  &st->env->txn};
-  int rc = turnlog_newest(&st->env->txn, s->id, STATE_KEPT, collect_kept, &ks);
+                  &st->env->txn, 0};
+  int rc = STATE_KEPT ? turnlog_newest(&st->env->txn, s->id, STATE_KEPT, collect_kept, &ks)
+                      : CPH_OK;
   return scan_finish(&ks.rs, rc, out);
 }
 
@@ -1258,6 +1264,7 @@ static int state_import_memories(const cph_handover *st, cph_txn *t, const char 
 #define ITEM_TURN 't'
 #define ITEM_SEAL 's'
 #define ITEM_MEMORY 'm' /* its origin in the item's name only: a memory record has none */
+#define ITEM_KEPT 'k' /* named by its slot, not its origin (handover_kept_item) */
 
 void cph_state_items_free(cph_state_items *items) {
   for (size_t i = 0; i < items->n; i++) {
@@ -1268,27 +1275,31 @@ void cph_state_items_free(cph_state_items *items) {
   *items = (cph_state_items){0};
 }
 
-/* Appends the item of a record (encoded with desc) of kind and origin to items. */
-static int item_push(cph_state_items *items, char kind, const char *origin,
-                     const cph_record_desc *desc, const void *rec) {
-  static const char hex[] = "0123456789abcdef";
-  size_t ol = strlen(origin);
-  cph_buf b = {0};
+/* An item's head (ITEM_HEAD bytes) of kind into b. */
+static void item_head(cph_buf *b, char kind) {
   uint8_t head[ITEM_HEAD];
   memcpy(head, ITEM_MAGIC, 4);
   cph_be32_put(head + 4, ITEM_VERSION);
   cph_be32_put(head + 8, CPH_STORE_SCHEMA_VERSION);
   head[12] = (uint8_t)kind;
-  cph_buf_append(&b, head, sizeof head);
-  int rc = cph_record_encode(desc, rec, &b);
-  cph_state_item *g = rc == CPH_OK && !cph_buf_error(&b)
+  cph_buf_append(b, head, sizeof head);
+}
+
+/* Appends b (an item's bytes, from its head on; taken over, also on failure) to items, named
+ * kind and key in hex. rc: what building b gave (not CPH_OK: nothing appended, returned). */
+static int item_push_bytes(cph_state_items *items, char kind, const char *key, cph_buf *b,
+                           int rc) {
+  static const char hex[] = "0123456789abcdef";
+  size_t ol = strlen(key);
+  const char *origin = key;
+  cph_state_item *g = rc == CPH_OK && !cph_buf_error(b)
                           ? realloc(items->v, (items->n + 1) * sizeof *g)
                           : NULL;
   char *name = g ? malloc(2 + 2 * ol) : NULL;
   if (g)
     items->v = g;
   if (!name) {
-    cph_buf_free(&b);
+    cph_buf_free(b);
     return rc ? rc : CPH_ENOMEM;
   }
   name[0] = kind;
@@ -1298,10 +1309,19 @@ static int item_push(cph_state_items *items, char kind, const char *origin,
   }
   name[1 + 2 * ol] = '\0';
   items->v[items->n].name = name;
-  items->v[items->n].len = b.len;
-  items->v[items->n].data = (uint8_t *)cph_buf_steal(&b);
+  items->v[items->n].len = b->len;
+  items->v[items->n].data = (uint8_t *)cph_buf_steal(b);
   items->n++;
   return CPH_OK;
+}
+
+/* Appends the item of a record (encoded with desc) of kind and origin to items. */
+static int item_push(cph_state_items *items, char kind, const char *origin,
+                     const cph_record_desc *desc, const void *rec) {
+  cph_buf b = {0};
+  item_head(&b, kind);
+  int rc = cph_record_encode(desc, rec, &b);
+  return item_push_bytes(items, kind, origin, &b, rc);
 }
 
 typedef struct turn_items {
@@ -1366,6 +1386,25 @@ int handover_memory_items(const cph_handover *st, const char *session, const uin
       rc = item_push(items, ITEM_MEMORY, origin, &cph_memory_desc, &m);
     cph_record_free(&cph_memory_desc, &m);
   }
+  return rc;
+}
+
+int handover_kept_item(const cph_handover *st, const char *session, uint64_t turn_id,
+                       const char *slot, cph_state_items *items) {
+  kept_scan ks = {{st->env->reply_origin_node, NULL, 0, 0, 0, STATE_KEPT_BYTES, false},
+                  &st->env->txn, turn_id};
+  int rc = st->env->reply_origin_node && turn_id && slot && *slot
+               ? turnlog_newest(&st->env->txn, session, 1, collect_kept, &ks)
+               : CPH_OK;
+  if (rc == CPH_OK && ks.rs.n == 1) { /* the turn's kept context was the newest */
+    cph_buf b = {0};
+    item_head(&b, ITEM_KEPT);
+    cph_buf_append(&b, ks.rs.v[0].data, ks.rs.v[0].len);
+    rc = item_push_bytes(items, ITEM_KEPT, slot, &b, CPH_OK);
+  }
+  for (size_t i = 0; i < ks.rs.n; i++)
+    cph_buf_free(&ks.rs.v[i]);
+  free(ks.rs.v);
   return rc;
 }
 
@@ -2053,6 +2092,8 @@ static int import_item(import_ctx *ic, const cph_state_item *it, char *why, size
     return import_seal(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
   if (p[12] == ITEM_MEMORY)
     return import_memory(ic, it->name, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
+  if (p[12] == ITEM_KEPT) /* its turn record's origin, then the record (the state's form) */
+    return import_kept(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
   snprintf(why, len, "of an unknown kind (%u)", p[12]);
   return CPH_EINVAL;
 }
@@ -2068,10 +2109,20 @@ typedef struct item_order {
   uint64_t id;
 } item_order;
 
+/* Kinds in the order their items are stored: a kept context goes under the id its turn record
+ * got in the same import, so after the turn records. */
+static int kind_rank(uint8_t kind) {
+  return kind == ITEM_MEMORY ? 0
+         : kind == ITEM_SEAL ? 1
+         : kind == ITEM_TURN ? 2
+         : kind == ITEM_KEPT ? 3
+                             : 4;
+}
+
 static int item_order_cmp(const void *a, const void *b) {
   const item_order *x = a, *y = b;
   if (x->kind != y->kind)
-    return x->kind < y->kind ? -1 : 1;
+    return kind_rank(x->kind) < kind_rank(y->kind) ? -1 : 1;
   if (x->created_ms != y->created_ms)
     return x->created_ms < y->created_ms ? -1 : 1;
   int c = strcmp(x->node, y->node);

@@ -60,6 +60,16 @@ int handover_seal_item(const cph_handover *st, const char *session, uint64_t sea
  * the item's name alone carries it (memory_origin). */
 int handover_memory_items(const cph_handover *st, const char *session, const uint64_t *ids,
                           size_t n, cph_state_items *items);
+/* The item of turn turn_id's kept context (the context explorer's, core/turnlog.h), when it is
+ * session's newest: kind 'k', named by `slot` rather than by its origin — the cluster log keeps
+ * one item per slot, so a session holds at most as many as its slots there, each put over the
+ * one before it (core/turns.c: a completion's slot is its episode modulo :context :keep-turns,
+ * a failure's "f"). Its value is the state's form: the turn record's origin, then the record,
+ * self-contained. None when the turn has no kept context or is not the newest. CPH_OK,
+ * CPH_ENOMEM or the store's error. */
+int handover_kept_item(const cph_handover *st, const char *session, uint64_t turn_id,
+                       const char *slot, cph_state_items *items);
+
 /* The items of what gc group group_id committed in a session's own scope (a channel's
  * memories have no session to go with): its summary and its sources, tombstoned now, each
  * under the key its item was put under (memory_origin_of), into out (its session set). A group

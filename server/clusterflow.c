@@ -94,6 +94,7 @@ typedef struct pub {
   bool packing;
   size_t raw_len;
   cph_statezip_job zjob;
+  struct pub *next_packing; /* PUB_ITEM being packed: the next one (f->packing_head, FIFO) */
 } pub;
 
 typedef struct ev_result {
@@ -318,6 +319,7 @@ struct cph_cflow {
   uint64_t items_put, item_bytes, item_failures, items_loaded, items_refused;
   int64_t state_pack_ns; /* the time packing took, over every state packed */
   cph_statezip_packer *packer; /* packs the states beside the loop (statezip.h) */
+  pub *packing_head, *packing_tail; /* the items on the packer (13.), in submission order */
   /* Counters of GET /metrics and GET /v1/cluster (log.rebuild). */
   uint64_t rebuilds, rebuild_events, done_marks, done_mark_failures, marks_put;
   double last_rebuild_s, last_read_s;
@@ -834,10 +836,23 @@ static void on_state_packed(void *arg, cph_statezip_job *job) {
   cph_cflow *f = arg;
   pub *p = job->tag;
   state_packed(f, p);
-  done_pump(f, p->shard);
+  if (p->kind != PUB_ITEM) {
+    done_pump(f, p->shard);
+    return;
+  }
+  /* 13.: a big item goes once packed, on its own; the packer hands jobs back in order */
+  pub **at = &f->packing_head, *prev = NULL;
+  while (*at && *at != p)
+    prev = *at, at = &(*at)->next_packing;
+  if (*at)
+    *at = p->next_packing;
+  if (f->packing_tail == p)
+    f->packing_tail = prev;
+  pub_send(f, p);
 }
 
-/* Packs p's state (11.): on the packer's thread, or here when it takes none. */
+/* Packs p's value (a state, 11., or a big item, 13.): on the packer's thread, or here when it
+ * takes none. */
 static void state_pack(cph_cflow *f, pub *p) {
   p->raw_len = p->len;
   p->zjob = (cph_statezip_job){.raw = (const uint8_t *)p->data + CPH_CLOG_EPOCH_BYTES,
@@ -1005,6 +1020,11 @@ void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t se
   }
 }
 
+/* Items this big are packed (statezip.h) before they are put: a kept turn context or a seal
+ * holds a conversation (~15-70 KB), which deflate folds as it folds a state; a turn record or a
+ * memory (a few hundred bytes) is put as it is. */
+#define ITEM_PACK_MIN 2048
+
 void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *items) {
   uint32_t shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
   if (f->quiesced || !f->tracks[shard].live)
@@ -1032,7 +1052,18 @@ void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *i
       continue;
     }
     p->shard = shard;
-    pub_send(f, p);
+    if (it->len >= ITEM_PACK_MIN) /* a kept turn context, a seal: packed as a state is */
+      state_pack(f, p);
+    if (p->packing) { /* on the packer, which hands it back on the loop (on_state_packed) */
+      p->next_packing = NULL;
+      if (f->packing_tail)
+        f->packing_tail->next_packing = p;
+      else
+        f->packing_head = p;
+      f->packing_tail = p;
+    } else {
+      pub_send(f, p);
+    }
   }
 }
 
@@ -3120,6 +3151,11 @@ void cph_cflow_free(cph_cflow *f) {
   cph_cflow_quiesce(f);
   cph_statezip_packer_stop(f->packer); /* the states it held are in their shards' queues */
   f->packer = NULL;
+  for (pub *p = f->packing_head, *next; p; p = next) { /* the items it held */
+    next = p->next_packing;
+    pub_free(p);
+  }
+  f->packing_head = f->packing_tail = NULL;
   /* Pubs still waiting (in the map or the retry list), and the requests they belong to. */
   ingest_req **irs = NULL;
   size_t n_irs = 0;

@@ -250,9 +250,9 @@
  *    bound (128 message cores) and 256 KiB each of stream replies, channel history and
  *    memories, under NATS's 1 MiB message limit (CPH_HANDOVER_MAX_BYTES: the stream replies go
  *    first, the other parts are left out when they would not fit; docs/cluster-scaling.md has
- *    figures). The session's newest 2 kept turn contexts (the explorer's, 192 KiB at most) go
- *    last, each stored on the new owner under the id the same state's turn record got there
- *    (core/handover.c). Not moved: older kept turn contexts, channel cursors as such (the new
+ *    figures). The kept turn contexts (the explorer's) moved in the state until they moved as
+ *    items (13.): the part stays in the format, empty (core/handover.c, STATE_KEPT). Not
+ *    moved: a failed turn's kept context once a newer turn failed, channel cursors as such (the new
  *    owner's move past the moved entries its turns saw), maintenance jobs, memories beyond
  *    their bound (160 + 64; turn records and seals beyond theirs move as items, 13.), the replies stream's older
  *    replies (beyond the session's newest 64) and its source inbox ids, and a channel's
@@ -320,6 +320,15 @@
  *    puts its summary and its sources again, tombstoned, under the keys they had: a node that
  *    takes the session over then stores the summary and not the sources, and one that holds
  *    copies of them tombstones those (core/gc.h, gc_tombstone).
+ *    Kept turn contexts (the explorer's, core/turnlog.h): a completion gives its turn's as an
+ *    item of kind 'k' named by a slot, not by an origin — its session's episode after it
+ *    modulo :context :keep-turns, "f" for a failure's, "i" for an interrupted turn's
+ *    (handover_kept_item) — so a session holds at most keep-turns + 2 of them in the bucket,
+ *    each put over the one it replaces (no delete needed); the value is the state's form (the
+ *    turn record's origin, then the record, self-contained), stored on the new owner under the
+ *    id its turn record got in the same import (ranked after the turn records). An item of
+ *    ITEM_PACK_MIN bytes or more (a kept context, a seal) is packed on the state packer as a
+ *    state is (statezip.h), and unpacked by the replay thread.
  *    Cost: a publish per completion, per memory it mints and per seal (the turn record:
  *    ~0.5-1 KB; a memory ~100 bytes plus its text; a seal: the rendered tree, up to ~66 KB),
  *    not on the completion's path; the bucket holds every record of every live session

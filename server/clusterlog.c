@@ -1226,6 +1226,43 @@ static bool unpack_states(cph_clog_replay *rp, char *why, size_t size) {
   return true;
 }
 
+/* Unpacks the packed items of rp (a kept turn context or a seal is put packed,
+ * clusterflow.c), here beside the loop. One that does not unpack is logged, naming its key,
+ * and left out (len 0: nothing imported). False (why set) only when out of memory. */
+static bool unpack_items(cph_clog_replay *rp, char *why, size_t size) {
+  for (size_t i = 0; i < rp->n_items; i++) {
+    cph_clog_item *it = &rp->items[i];
+    if (!it->data || it->len < CPH_CLOG_EPOCH_BYTES ||
+        !cph_statezip_packed(it->data + CPH_CLOG_EPOCH_BYTES, it->len - CPH_CLOG_EPOCH_BYTES))
+      continue;
+    uint8_t *raw = NULL;
+    size_t raw_len = 0;
+    char bad[200] = "";
+    int rc = cph_statezip_unpack(it->data + CPH_CLOG_EPOCH_BYTES, it->len - CPH_CLOG_EPOCH_BYTES,
+                                 CPH_SESSION_STATE_MAX_BYTES, &raw, &raw_len, bad, sizeof bad);
+    uint8_t *v = rc == CPH_OK && raw ? malloc(CPH_CLOG_EPOCH_BYTES + raw_len) : NULL;
+    if (rc == CPH_ENOMEM || (rc == CPH_OK && raw && !v)) {
+      free(raw);
+      snprintf(why, size, "out of memory unpacking item %.80s of session %s", it->name,
+               it->session);
+      return false;
+    }
+    if (rc != CPH_OK || !raw) {
+      cph_warn("cluster log: item %.80s of session %s (%zu bytes) is not taken: %s", it->name,
+               it->session, it->len, rc != CPH_OK ? bad : "it unpacks to nothing");
+      it->len = 0;
+      continue;
+    }
+    memcpy(v, it->data, CPH_CLOG_EPOCH_BYTES);
+    memcpy(v + CPH_CLOG_EPOCH_BYTES, raw, raw_len);
+    free(raw);
+    free(it->data);
+    it->data = v;
+    it->len = CPH_CLOG_EPOCH_BYTES + raw_len;
+  }
+  return true;
+}
+
 /* Reads what the loop rebuilds shard from (clusterlog.h, "Taking a shard over"): the
  * watermark, then the shard's events from it to the stream's last sequence now, then its
  * done marks from it to the newest. NULL with why set on failure. */
@@ -1273,7 +1310,7 @@ static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, c
    * writes the key, or is written over (clusterflow.h 11.). */
   if (!replay_states(l, rp, why, size))
     goto fail;
-  if (!unpack_states(rp, why, size))
+  if (!unpack_states(rp, why, size) || !unpack_items(rp, why, size))
     goto fail;
   if (l->hooks.decode) { /* the messages decoded and prepared here, beside the loop */
     rp->discard = l->hooks.discard;

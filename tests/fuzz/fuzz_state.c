@@ -5,12 +5,14 @@
  * At start an engine ("x", cluster mode: consumed events and reply origins reported) runs a
  * session through turns on its direct channel and a subscribed one — replies, memories, a
  * failed turn, seals, a kept context — and keeps the genuine blobs it exported: the last
- * state, a turn record item, a seal item and a memory item (whose name carries its origin).
+ * state, a turn record item, a seal item, a memory item (whose name carries its origin) and a
+ * kept turn context item.
  * Each input edits one of them (or stands as a blob of its own) and a second engine ("y")
  * imports it into its session "a":
  *   byte 0   what: 0 the state, 1 the turn item, 2 the seal item, 3 the input itself as a
- *            state, 4 the input itself as an item, 5 the state with the three items, 6 the
- *            memory item, 7 the memory item with the edits made to its name instead;
+ *            state, 4 the input itself as an item, 5 the state with the four items, 6 the
+ *            memory item, 7 the memory item with the edits made to its name instead, 8 the
+ *            kept turn context item (the context explorer's; states carry none since);
  *   byte 1   bit 0: cut the blob short by bytes 2-3 (big-endian, modulo its length);
  *   then     edits, 3 bytes each: a big-endian offset (modulo the blob's length) and a byte
  *            XORed into the blob there.
@@ -47,8 +49,8 @@ typedef struct node {
 } node;
 
 static node X, Y;
-static uint8_t *state_blob, *turn_item, *seal_item, *memory_item;
-static size_t state_len, turn_len, seal_len, memory_len;
+static uint8_t *state_blob, *turn_item, *seal_item, *memory_item, *kept_item;
+static size_t state_len, turn_len, seal_len, memory_len, kept_len;
 static char *memory_name; /* 'm' and the origin in hex */
 static unsigned long inputs;
 
@@ -197,6 +199,7 @@ static void x_turn(int i, bool fail) {
     keep_state(&done.u.turn.state, &done.u.turn.state_len);
     keep_item(&done.u.turn.items, 't', &turn_item, &turn_len, NULL);
     keep_item(&done.u.turn.items, 'm', &memory_item, &memory_len, &memory_name);
+    keep_item(&done.u.turn.items, 'k', &kept_item, &kept_len, NULL);
   }
   cph_op_clear_results(&done);
   cph_op_clear_results(&lease);
@@ -225,6 +228,7 @@ static void at_exit(void) {
   free(seal_item);
   free(memory_item);
   free(memory_name);
+  free(kept_item);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -239,7 +243,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   }
   x_seal(1);
   node_down(&X);
-  if (!state_blob || !turn_item || !seal_item || !memory_item)
+  if (!state_blob || !turn_item || !seal_item || !memory_item || !kept_item)
     fuzz_fail("x exported no state or items", 0, NULL);
   node_up(&Y, "y");
   atexit(at_exit);
@@ -267,11 +271,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     node_down(&Y);
     node_up(&Y, "y");
   }
-  unsigned what = data[0] % 8;
+  unsigned what = data[0] % 9;
   bool pristine = size < 5 && !(size >= 2 && (data[1] & 1)); /* no edit, not cut */
   uint8_t *blob = NULL, *extra[2] = {NULL, NULL}, *name = NULL;
   size_t len = 0;
-  cph_state_item items[3] = {{0}};
+  cph_state_item items[4] = {{0}};
   size_t n_items = 0;
   cph_op op = {.kind = CPH_OP_SESSION_STATE};
   op.u.state.session = (char *)"a";
@@ -298,10 +302,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     items[0] = (cph_state_item){(char *)"t", turn_item, turn_len};
     items[1] = (cph_state_item){(char *)"s", seal_item, seal_len};
     items[2] = (cph_state_item){memory_name, memory_item, memory_len};
-    n_items = 3;
+    items[3] = (cph_state_item){(char *)"k", kept_item, kept_len};
+    n_items = 4;
   } else if (what == 6) {
     items[0].name = memory_name;
     items[0].len = edited(memory_item, memory_len, data, size, &extra[0]);
+    items[0].data = extra[0];
+    n_items = 1;
+  } else if (what == 8) {
+    items[0].name = (char *)"k";
+    items[0].len = edited(kept_item, kept_len, data, size, &extra[0]);
     items[0].data = extra[0];
     n_items = 1;
   } else if (what == 7) { /* the name edited: a NUL it gains ends it */

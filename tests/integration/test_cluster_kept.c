@@ -1,18 +1,18 @@
-/* Cluster mode: a moved shard's sessions keep their newest kept turn contexts (the context
- * explorer, core/turnlog.h; the state's version 6) — a real etcd, NATS JetStream and two
- * cephalond on 127.0.0.1.
+/* Cluster mode: a moved shard's sessions keep their kept turn contexts (the context explorer,
+ * core/turnlog.h; each completed turn's moves as an item of the cluster log, server/clusterflow.h
+ * 13.) — a real etcd, NATS JetStream and two cephalond on 127.0.0.1.
  *
  * Sessions on both nodes complete ROUNDS turns; each lease's messages are noted with the turn's
  * origin (GET /v1/turns/{id} on its node). The node owning some sessions is killed -9 right
  * after its last completion answered 200. On the survivor, which took its shards over, each
- * session's GET /v1/sessions/{id}/turns lists its newest two turns exactly once each — under
+ * session's GET /v1/sessions/{id}/turns lists every one of its turns exactly once — under
  * the ids their records have there, matched by origin with GET /v1/turns?session= — and each
  * one's GET /v1/sessions/{id}/turns/{turn}/context shows the messages its lease had. The dead
  * node comes back on its data (shards move back) and is killed again (they move away again):
  * each time the same holds, nothing doubled. Without the import the survivor lists none of a
  * moved session's turns: the test fails. The states went into the log packed (server/statezip.h):
  * the victim's GET /v1/cluster counts fewer bytes put than the states held, and the survivor
- * loaded packed states — the ones whose contexts it shows. Without etcd or nats-server the test
+ * loaded packed states. Without etcd or nats-server the test
  * fails and says what to install. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -36,7 +36,7 @@
 #define TTL_S 2
 #define SESSIONS 8
 #define ROUNDS 3
-#define CARRIED 2  /* the newest kept turns a state carries */
+#define MOVED ROUNDS /* the kept turns that move: all (fewer than :context :keep-turns, 8) */
 #define MAX_KEPT 16
 
 static const char EXTRA[] =
@@ -120,7 +120,7 @@ static void check_context(bench *b, int n, int s, long long turn, const leased *
   json_decref(j);
 }
 
-/* Every session's kept turns on its owner (b->owner updated) hold its newest CARRIED turns
+/* Every session's kept turns on its owner (b->owner updated) hold its newest MOVED turns
  * exactly once each (by their records' origins there), with the messages their leases had,
  * and no origin twice. */
 static void check_kept(void *ctx, const char *when) {
@@ -140,7 +140,7 @@ static void check_kept(void *ctx, const char *when) {
         if (strcmp(origins[k], origins[i]) == 0)
           fail_msg("%s: t%02d on n%d keeps turn %s twice", when, s, n, origins[i]);
     }
-    for (int round = ROUNDS - CARRIED; round < ROUNDS; round++) {
+    for (int round = ROUNDS - MOVED; round < ROUNDS; round++) {
       const leased *w = &b->want[s][round];
       size_t i = 0;
       while (i < count && strcmp(origins[i], w->origin) != 0)
@@ -212,7 +212,7 @@ static void test_cluster_kept_a_moved_session_keeps_its_newest_kept_contexts(voi
   assert_true(loaded >= moved);
   assert_true(lbytes > 0 && lbytes * 2 < lraw);
   printf("n%d killed -9: %d sessions moved to n%d, each keeping its newest %d contexts\n",
-         victim, moved, survivor, CARRIED);
+         victim, moved, survivor, MOVED);
   int back = cph_tc_back_and_away(c, victim, SHARDS, TTL_S, EXTRA, victim_dir, b->owner,
                                   SESSIONS, check_kept, b);
   printf("%d sessions moved back to n%d and away again: each kept turn listed once\n", back,

@@ -1159,65 +1159,161 @@ static void assert_same_context(cph_fixture *a, uint64_t ta, cph_fixture *b, uin
   cph_turn_context_free(&cb);
 }
 
-/* Version 6: the newest two kept turn contexts move under the ids their turn records got on the
- * new owner (matched by origin), each once however often the state is imported; taken back,
- * the old owner adds only the other node's; the new owner's keep-turns trims them. */
-static void test_session_state_carries_kept_contexts_once(void **state) {
+/* Imports state (NULL: none) and items[0..n) into s on f: the op's answer, *refused its
+ * refused items. */
+static int import_items(cph_fixture *f, const char *s, const uint8_t *state, size_t len,
+                        const cph_state_item *items, size_t n, uint32_t *refused) {
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_STATE;
+  op.u.state.session = (char *)s;
+  op.u.state.data = state;
+  op.u.state.len = len;
+  op.u.state.items = items;
+  op.u.state.n_items = n;
+  int rc = cph_fixture_run(f, &op);
+  *refused = op.u.state.items_refused;
+  cph_op_clear_results(&op);
+  return rc;
+}
+
+/* The items as the log's bucket keeps them (history 1 per key): the last of each name. */
+static void last_per_name(cph_fixture_items *l) {
+  size_t n = 0;
+  for (size_t i = 0; i < l->n; i++) {
+    bool later = false;
+    for (size_t k = i + 1; k < l->n && !later; k++)
+      later = strcmp(l->v[k].name, l->v[i].name) == 0;
+    if (later) {
+      free(l->v[i].name);
+      free(l->v[i].data);
+    } else {
+      l->v[n++] = l->v[i];
+    }
+  }
+  l->n = n;
+}
+
+/* TURNS turns of "a" on f, their items gathered into items; the last state (*len bytes). */
+static uint8_t *answered_items(cph_fixture *f, int first, cph_fixture_items *items, size_t *len) {
+  cph_op done;
+  uint8_t *blob = NULL;
+  for (int i = first; i < first + TURNS; i++) {
+    turn(f, "a", i, &done);
+    cph_fixture_items_take(items, &done.u.turn.items);
+    free(blob);
+    blob = state_of(&done, len);
+  }
+  return blob;
+}
+
+/* Kept turn contexts move as items (handover.h, handover_kept_item): every completed turn's,
+ * under the id its turn record got on the new owner (matched by origin), each once however
+ * often the items are imported; the state carries none (a state alone moves none). Taken back,
+ * the old owner adds only the other node's. The new owner's keep-turns trims them; the log
+ * keeps one item per slot, so an owner with keep-turns 2 leaves two kept contexts there, its
+ * newest. */
+static void test_session_state_kept_contexts_move_as_items(void **state) {
   (void)state;
   cph_fixture *x, *y;
   two_nodes("kept", true, &x, &y);
-  size_t len;
-  uint8_t *blob = answered_state(x, &len);
-  size_t nx;
+  cph_fixture_items items = {0};
+  size_t len, nx;
+  uint8_t *blob = answered_items(x, 0, &items, &len);
   cph_kept_turn *kx = kept(x, "a", &nx);
   assert_int_equal(nx, TURNS);
+  uint32_t refused = 0;
+  cph_fixture *w = node_with_a("kept_w", "{}", "w");
+  assert_int_equal(import(w, "a", blob, len), CPH_OK);
+  size_t n;
+  cph_kept_turn *k = kept(w, "a", &n);
+  assert_int_equal(n, 0); /* the state alone */
+  cph_kept_turns_free(k, n);
+  cph_fixture_free(w);
+  last_per_name(&items);
   for (int round = 0; round < 2; round++) {
-    assert_int_equal(import(y, "a", blob, len), CPH_OK);
+    assert_int_equal(import_items(y, "a", blob, len, items.v, items.n, &refused), CPH_OK);
+    assert_int_equal(refused, 0);
     size_t ny;
     cph_kept_turn *ky = kept(y, "a", &ny);
-    assert_int_equal(ny, 2); /* x's newest two, in their order */
-    for (size_t i = 0; i < 2; i++) {
-      char *ox = origin_of(x, kx[nx - 2 + i].id), *oy = origin_of(y, ky[i].id);
+    assert_int_equal(ny, TURNS); /* all of x's, in their order */
+    for (size_t i = 0; i < TURNS; i++) {
+      char *ox = origin_of(x, kx[i].id), *oy = origin_of(y, ky[i].id);
       assert_string_equal(ox, oy);
       free(ox);
       free(oy);
-      assert_same_context(x, kx[nx - 2 + i].id, y, ky[i].id);
+      assert_same_context(x, kx[i].id, y, ky[i].id);
     }
     cph_kept_turns_free(ky, ny);
   }
   /* y's own turn keeps its context beside them; x takes the session back and adds only that */
   cph_op done;
   turn(y, "a", TURNS, &done);
+  cph_fixture_items back = {0};
+  cph_fixture_items_take(&back, &done.u.turn.items);
   free(blob);
   blob = state_of(&done, &len);
   size_t ny;
   cph_kept_turn *ky = kept(y, "a", &ny);
-  assert_int_equal(ny, 3);
-  assert_int_equal(import(x, "a", blob, len), CPH_OK);
-  assert_int_equal(import(x, "a", blob, len), CPH_OK);
-  size_t n;
-  cph_kept_turn *k = kept(x, "a", &n);
+  assert_int_equal(ny, TURNS + 1);
+  for (int round = 0; round < 2; round++)
+    assert_int_equal(import_items(x, "a", blob, len, back.v, back.n, &refused), CPH_OK);
+  k = kept(x, "a", &n);
   assert_int_equal(n, TURNS + 1);
   for (size_t i = 0; i < TURNS; i++)
     assert_int_equal(k[i].id, kx[i].id);
-  char *o = origin_of(x, k[TURNS].id), *oy = origin_of(y, ky[2].id);
+  char *o = origin_of(x, k[TURNS].id), *oy = origin_of(y, ky[TURNS].id);
   assert_string_equal(o, oy);
   free(o);
   free(oy);
-  assert_same_context(y, ky[2].id, x, k[TURNS].id);
+  assert_same_context(y, ky[TURNS].id, x, k[TURNS].id);
   cph_kept_turns_free(k, n);
 
   /* :context :keep-turns 1 on the new owner: only the newest carried one stays */
   cph_fixture *z = node_with_a("kept_z", "{:context {:keep-turns 1}}", "z");
-  assert_int_equal(import(z, "a", blob, len), CPH_OK);
+  cph_state_item *all = calloc(items.n + back.n, sizeof *all);
+  assert_non_null(all);
+  memcpy(all, items.v, items.n * sizeof *all);
+  memcpy(all + items.n, back.v, back.n * sizeof *all);
+  assert_int_equal(import_items(z, "a", blob, len, all, items.n + back.n, &refused), CPH_OK);
+  free(all);
   k = kept(z, "a", &n);
   assert_int_equal(n, 1);
-  assert_same_context(y, ky[2].id, z, k[0].id);
+  assert_same_context(y, ky[TURNS].id, z, k[0].id);
   cph_kept_turns_free(k, n);
   cph_fixture_free(z);
 
+  /* an owner keeping two leaves two kept contexts in the log, its newest two */
+  cph_fixture *v = node_with_a("kept_v", "{:context {:keep-turns 2}}", "v");
+  cph_engine_report_consumed(v->e, true);
+  cph_fixture_items slots = {0};
+  uint8_t *vb = answered_items(v, 0, &slots, &len);
+  free(vb);
+  vb = answered_items(v, TURNS, &slots, &len);
+  last_per_name(&slots);
+  size_t kept_items = 0;
+  for (size_t i = 0; i < slots.n; i++)
+    kept_items += slots.v[i].name[0] == 'k';
+  assert_int_equal(kept_items, 2);
+  cph_kept_turn *kv = kept(v, "a", &n);
+  assert_int_equal(n, 2);
+  cph_fixture *u = node_with_a("kept_u", "{}", "u");
+  assert_int_equal(import_items(u, "a", vb, len, slots.v, slots.n, &refused), CPH_OK);
+  size_t nu;
+  k = kept(u, "a", &nu);
+  assert_int_equal(nu, 2);
+  for (size_t i = 0; i < 2; i++)
+    assert_same_context(v, kv[i].id, u, k[i].id);
+  cph_kept_turns_free(k, nu);
+  cph_kept_turns_free(kv, n);
+  cph_fixture_free(u);
+  free(vb);
+  cph_fixture_items_free(&slots);
+  cph_fixture_free(v);
+
   cph_kept_turns_free(ky, ny);
   cph_kept_turns_free(kx, nx);
+  cph_fixture_items_free(&back);
+  cph_fixture_items_free(&items);
   free(blob);
   cph_fixture_free(x);
   cph_fixture_free(y);
@@ -1360,22 +1456,6 @@ static void test_session_state_moves_channel_memories(void **state) {
   cph_fixture_free(f[1]);
 }
 
-/* Imports state (NULL: none) and items[0..n) into s on f: the op's answer, *refused its
- * refused items. */
-static int import_items(cph_fixture *f, const char *s, const uint8_t *state, size_t len,
-                        const cph_state_item *items, size_t n, uint32_t *refused) {
-  cph_op op = {0};
-  op.kind = CPH_OP_SESSION_STATE;
-  op.u.state.session = (char *)s;
-  op.u.state.data = state;
-  op.u.state.len = len;
-  op.u.state.items = items;
-  op.u.state.n_items = n;
-  int rc = cph_fixture_run(f, &op);
-  *refused = op.u.state.items_refused;
-  cph_op_clear_results(&op);
-  return rc;
-}
 
 #define ITEM_ROUNDS 70 /* more turns than a state carries (64) */
 #define ITEM_SEALS 20  /* more seals than a state carries (16) */
@@ -1403,11 +1483,15 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
     }
     cph_op done;
     turn(x, "a", i, &done);
-    /* this completion's record, and the failed one's before it; then the worker's memory */
-    assert_int_equal(done.u.turn.items.n, failed ? 3 : 2);
-    for (size_t k = 0; k + 1 < done.u.turn.items.n; k++)
-      assert_int_equal(done.u.turn.items.v[k].name[0], 't');
-    assert_int_equal(done.u.turn.items.v[done.u.turn.items.n - 1].name[0], 'm');
+    /* this completion's record, and the failed one's before it; the worker's memory; the
+     * turn's kept context */
+    size_t kinds[3] = {0};
+    for (size_t k = 0; k < done.u.turn.items.n; k++)
+      kinds[strchr("tmk", done.u.turn.items.v[k].name[0]) - "tmk"]++;
+    assert_int_equal(done.u.turn.items.n, failed ? 4 : 3);
+    assert_int_equal(kinds[0], failed ? 2 : 1);
+    assert_int_equal(kinds[1], 1);
+    assert_int_equal(kinds[2], 1);
     cph_fixture_items_take(&items, &done.u.turn.items);
     free(blob);
     blob = state_of(&done, &len);
@@ -1708,7 +1792,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
       cmocka_unit_test(test_session_state_moves_channel_history),
       cmocka_unit_test(test_session_state_history_keeps_the_newest_within_its_bound),
-      cmocka_unit_test(test_session_state_carries_kept_contexts_once),
+      cmocka_unit_test(test_session_state_kept_contexts_move_as_items),
       cmocka_unit_test(test_session_state_moves_channel_memories),
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
       cmocka_unit_test(test_session_state_items_move_the_workers_memories),
