@@ -817,11 +817,12 @@ static char *done_payload(const char *session, const cph_strv *keys, size_t from
   return data;
 }
 
-/* A packed state is back (on the loop): it replaces the raw one, under the same epoch, and the
- * shard's queue goes on. */
+/* A packed state (or item) is back (on the loop): it replaces the raw one, under the same
+ * epoch. */
 static void state_packed(cph_cflow *f, pub *p) {
   cph_statezip_job *job = &p->zjob;
-  f->state_pack_ns += job->pack_ns;
+  if (p->kind == PUB_STATE) /* log.states.pack_us: the states' packing time */
+    f->state_pack_ns += job->pack_ns;
   if (job->out) { /* else (out of memory) the raw value goes */
     memcpy(job->out, p->data, CPH_CLOG_EPOCH_BYTES);
     free(p->data);

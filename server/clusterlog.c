@@ -1178,6 +1178,21 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
   return ok;
 }
 
+/* A value read packed, *data (the epoch, then the packed bytes), replaced by the epoch and
+ * raw[0..raw_len) (taken over: freed either way). False out of memory (*data kept). */
+static bool unpacked_value(uint8_t **data, size_t *len, uint8_t *raw, size_t raw_len) {
+  uint8_t *v = malloc(CPH_CLOG_EPOCH_BYTES + raw_len);
+  if (v) {
+    memcpy(v, *data, CPH_CLOG_EPOCH_BYTES);
+    memcpy(v + CPH_CLOG_EPOCH_BYTES, raw, raw_len);
+    free(*data);
+    *data = v;
+    *len = CPH_CLOG_EPOCH_BYTES + raw_len;
+  }
+  free(raw);
+  return v != NULL;
+}
+
 /* Unpacks the packed states of rp (statezip.h), here beside the loop. A value that does not
  * unpack is logged, naming its key, and dropped (data NULL): the session keeps what it has, as
  * with a state its engine refuses. False (why set) only when out of memory. */
@@ -1210,18 +1225,10 @@ static bool unpack_states(cph_clog_replay *rp, char *why, size_t size) {
     }
     if (!raw)
       continue; /* raw already */
-    uint8_t *v = malloc(CPH_CLOG_EPOCH_BYTES + raw_len);
-    if (!v) {
-      free(raw);
+    if (!unpacked_value(&st->data, &st->len, raw, raw_len)) {
       snprintf(why, size, "out of memory unpacking the state of session %s", st->session);
       return false;
     }
-    memcpy(v, st->data, CPH_CLOG_EPOCH_BYTES);
-    memcpy(v + CPH_CLOG_EPOCH_BYTES, raw, raw_len);
-    free(raw);
-    free(st->data);
-    st->data = v;
-    st->len = CPH_CLOG_EPOCH_BYTES + raw_len;
   }
   return true;
 }
@@ -1240,25 +1247,19 @@ static bool unpack_items(cph_clog_replay *rp, char *why, size_t size) {
     char bad[200] = "";
     int rc = cph_statezip_unpack(it->data + CPH_CLOG_EPOCH_BYTES, it->len - CPH_CLOG_EPOCH_BYTES,
                                  CPH_SESSION_STATE_MAX_BYTES, &raw, &raw_len, bad, sizeof bad);
-    uint8_t *v = rc == CPH_OK && raw ? malloc(CPH_CLOG_EPOCH_BYTES + raw_len) : NULL;
-    if (rc == CPH_ENOMEM || (rc == CPH_OK && raw && !v)) {
-      free(raw);
+    bool unpacked = rc == CPH_OK && raw;
+    if (unpacked && !unpacked_value(&it->data, &it->len, raw, raw_len))
+      rc = CPH_ENOMEM;
+    if (rc == CPH_ENOMEM) {
       snprintf(why, size, "out of memory unpacking item %.80s of session %s", it->name,
                it->session);
       return false;
     }
-    if (rc != CPH_OK || !raw) {
+    if (!unpacked) {
       cph_warn("cluster log: item %.80s of session %s (%zu bytes) is not taken: %s", it->name,
                it->session, it->len, rc != CPH_OK ? bad : "it unpacks to nothing");
       it->len = 0;
-      continue;
     }
-    memcpy(v, it->data, CPH_CLOG_EPOCH_BYTES);
-    memcpy(v + CPH_CLOG_EPOCH_BYTES, raw, raw_len);
-    free(raw);
-    free(it->data);
-    it->data = v;
-    it->len = CPH_CLOG_EPOCH_BYTES + raw_len;
   }
   return true;
 }
