@@ -64,9 +64,9 @@ int handover_memory_items(const cph_handover *st, const char *session, const uin
  * session's newest: kind 'k', named by `slot` rather than by its origin — the cluster log keeps
  * one item per slot, so a session holds at most as many as its slots there, each put over the
  * one before it (core/turns.c: a completion's slot is its episode modulo :context :keep-turns,
- * a failure's "f"). Its value is the state's form: the turn record's origin, then the record,
- * self-contained. None when the turn has no kept context or is not the newest. CPH_OK,
- * CPH_ENOMEM or the store's error. */
+ * a failure's "f", an interrupted turn's "i"). Its value is the state's form: the turn
+ * record's origin, then the record, self-contained. None when the turn has no kept context or
+ * is not the newest, or slot is "". CPH_OK, CPH_ENOMEM or the store's error. */
 int handover_kept_item(const cph_handover *st, const char *session, uint64_t turn_id,
                        const char *slot, cph_state_items *items);
 
