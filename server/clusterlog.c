@@ -1178,9 +1178,16 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
   return ok;
 }
 
-/* A value read packed, *data (the epoch, then the packed bytes), replaced by the epoch and
- * raw[0..raw_len) (taken over: freed either way). False out of memory (*data kept). */
-static bool unpacked_value(uint8_t **data, size_t *len, uint8_t *raw, size_t raw_len) {
+/* Unpacks a value as the log stored it, *data[0..*len) (the writer's epoch, then a packed or
+ * raw value, statezip.h): a packed one is replaced by the epoch and the raw bytes, a raw one
+ * left as it is. CPH_OK; CPH_ENOMEM (*data kept); or statezip's error with bad set. */
+static int unpack_value(uint8_t **data, size_t *len, char *bad, size_t bad_size) {
+  uint8_t *raw = NULL;
+  size_t raw_len = 0;
+  int rc = cph_statezip_unpack(*data + CPH_CLOG_EPOCH_BYTES, *len - CPH_CLOG_EPOCH_BYTES,
+                               CPH_SESSION_STATE_MAX_BYTES, &raw, &raw_len, bad, bad_size);
+  if (rc != CPH_OK || !raw)
+    return rc; /* an error, or raw already */
   uint8_t *v = malloc(CPH_CLOG_EPOCH_BYTES + raw_len);
   if (v) {
     memcpy(v, *data, CPH_CLOG_EPOCH_BYTES);
@@ -1190,7 +1197,7 @@ static bool unpacked_value(uint8_t **data, size_t *len, uint8_t *raw, size_t raw
     *len = CPH_CLOG_EPOCH_BYTES + raw_len;
   }
   free(raw);
-  return v != NULL;
+  return v ? CPH_OK : CPH_ENOMEM;
 }
 
 /* Unpacks the packed states of rp (statezip.h), here beside the loop. A value that does not
@@ -1201,11 +1208,8 @@ static bool unpack_states(cph_clog_replay *rp, char *why, size_t size) {
     cph_clog_state *st = &rp->states[i];
     if (!st->data || st->len < CPH_CLOG_EPOCH_BYTES)
       continue;
-    uint8_t *raw = NULL;
-    size_t raw_len = 0;
     char bad[200] = "";
-    int rc = cph_statezip_unpack(st->data + CPH_CLOG_EPOCH_BYTES, st->len - CPH_CLOG_EPOCH_BYTES,
-                                 CPH_SESSION_STATE_MAX_BYTES, &raw, &raw_len, bad, sizeof bad);
+    int rc = unpack_value(&st->data, &st->len, bad, sizeof bad);
     if (rc == CPH_ENOMEM) {
       snprintf(why, size, "out of memory unpacking the state of session %s", st->session);
       return false;
@@ -1221,13 +1225,6 @@ static bool unpack_states(cph_clog_replay *rp, char *why, size_t size) {
       free(st->data);
       st->data = NULL;
       st->len = 0;
-      continue;
-    }
-    if (!raw)
-      continue; /* raw already */
-    if (!unpacked_value(&st->data, &st->len, raw, raw_len)) {
-      snprintf(why, size, "out of memory unpacking the state of session %s", st->session);
-      return false;
     }
   }
   return true;
@@ -1239,25 +1236,18 @@ static bool unpack_states(cph_clog_replay *rp, char *why, size_t size) {
 static bool unpack_items(cph_clog_replay *rp, char *why, size_t size) {
   for (size_t i = 0; i < rp->n_items; i++) {
     cph_clog_item *it = &rp->items[i];
-    if (!it->data || it->len < CPH_CLOG_EPOCH_BYTES ||
-        !cph_statezip_packed(it->data + CPH_CLOG_EPOCH_BYTES, it->len - CPH_CLOG_EPOCH_BYTES))
+    if (!it->data || it->len < CPH_CLOG_EPOCH_BYTES)
       continue;
-    uint8_t *raw = NULL;
-    size_t raw_len = 0;
     char bad[200] = "";
-    int rc = cph_statezip_unpack(it->data + CPH_CLOG_EPOCH_BYTES, it->len - CPH_CLOG_EPOCH_BYTES,
-                                 CPH_SESSION_STATE_MAX_BYTES, &raw, &raw_len, bad, sizeof bad);
-    bool unpacked = rc == CPH_OK && raw;
-    if (unpacked && !unpacked_value(&it->data, &it->len, raw, raw_len))
-      rc = CPH_ENOMEM;
+    int rc = unpack_value(&it->data, &it->len, bad, sizeof bad);
     if (rc == CPH_ENOMEM) {
       snprintf(why, size, "out of memory unpacking item %.80s of session %s", it->name,
                it->session);
       return false;
     }
-    if (!unpacked) {
+    if (rc != CPH_OK) {
       cph_warn("cluster log: item %.80s of session %s (%zu bytes) is not taken: %s", it->name,
-               it->session, it->len, rc != CPH_OK ? bad : "it unpacks to nothing");
+               it->session, it->len, bad);
       it->len = 0;
     }
   }
