@@ -84,58 +84,6 @@ run_best() {
   [ -f "$work/$name.out" ] || cp "$work/$name-try1.out" "$work/$name.out"
 }
 
-# run_pairs A B LIMIT ARGS_A... -- ARGS_B...: A and B alternated BENCH_REPEATS times (default
-# 3; A then B, then B then A, ...). A and B are each the best of their runs (the figures), and
-# $work/B.pairs gets, per round, B's ops_per_s over A's from the same minute: a row judged on a
-# ratio of the two (the tenant rows) takes the median of those (pairs_median B), so a VM that
-# slows between A's runs and B's does not decide it — two best-of blocks a minute apart measured
-# 0.72 and 1.06 for the same code on the same day.
-run_pairs() {
-  local a=$1 b=$2 limit=$3 i first second va vb
-  shift 3
-  local -a args_a=() args_b=()
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do args_a+=("$1"); shift; done
-  shift
-  args_b=("$@")
-  local best_a=-1 best_b=-1
-  : >"$work/$b.pairs"
-  for i in $(seq "${BENCH_REPEATS:-3}"); do
-    if [ $((i % 2)) -eq 1 ]; then first=a; else first=b; fi
-    for second in $first $([ $first = a ] && echo b || echo a); do
-      if [ "$second" = a ]; then run "$a-try$i" "$limit" "${args_a[@]}"; else run "$b-try$i" "$limit" "${args_b[@]}"; fi
-    done
-    va=$(val "$a-try$i" ops_per_s)
-    vb=$(val "$b-try$i" ops_per_s)
-    if [ "$va" != n/a ] && awk -v x="$va" -v y="$best_a" 'BEGIN { exit !(x > y) }'; then
-      best_a=$va
-      cp "$work/$a-try$i.out" "$work/$a.out"
-    fi
-    if [ "$vb" != n/a ] && awk -v x="$vb" -v y="$best_b" 'BEGIN { exit !(x > y) }'; then
-      best_b=$vb
-      cp "$work/$b-try$i.out" "$work/$b.out"
-    fi
-    if [ "$va" != n/a ] && [ "$vb" != n/a ]; then
-      awk -v x="$vb" -v y="$va" 'BEGIN { if (y > 0) printf "%.3f\n", x / y }' >>"$work/$b.pairs"
-    fi
-  done
-  [ -f "$work/$a.out" ] || cp "$work/$a-try1.out" "$work/$a.out"
-  [ -f "$work/$b.out" ] || cp "$work/$b-try1.out" "$work/$b.out"
-}
-
-# pairs_median B: the median of run_pairs' per-round ratios for B ("n/a" when none).
-pairs_median() {
-  local n
-  n=$(wc -l <"$work/$1.pairs" 2>/dev/null || echo 0)
-  if [ "${n:-0}" -gt 0 ]; then
-    sort -n "$work/$1.pairs" | sed -n "$(((n + 1) / 2))p"
-  else
-    echo n/a
-  fi
-}
-
-# pairs_list B: run_pairs' per-round ratios for B in round order, "a/b/c".
-pairs_list() { paste -sd/ "$work/$1.pairs" 2>/dev/null; }
-
 # run_median NAME LIMIT KEY ARGS...: `run` BENCH_REPEATS times (default 3) and keeps the run
 # whose KEY is the median as NAME. For a row judged against a fixed number rather than an
 # anchor of the same minutes (durable ingest against 200,000 events/s), so that one dip or
@@ -160,16 +108,19 @@ run_median() {
 }
 
 run_best sched-10k 120 sched --sessions 10000
-# DESIGN §12: each with 1,000 tenants (weights 1-4) beside the same without, in pairs
-run_pairs sched-100k sched-100k-t1000 120 sched --sessions 100000 -- \
-  sched --sessions 100000 --tenants 1000
-run_pairs sched-1m sched-1m-t1000 180 sched --sessions 1000000 -- \
-  sched --sessions 1000000 --tenants 1000
+run_best sched-100k 120 sched --sessions 100000
+run_best sched-1m 180 sched --sessions 1000000
+# DESIGN §12: each with 1,000 tenants (weights 1-4) beside the same without. Both schedulers in
+# one process, timed in 41 alternating blocks of 200,000 cycles (bench_sched.c, --pair): a slow
+# spell of the VM slows both sides of a block pair, where separate runs a minute apart each
+# caught their own (the separate pairs this replaced measured 0.488 and 1.166 for one code).
+PAIR="--tenants 1000 --pair --ops 200000 --rounds 41"
+run sched-100k-pair 180 sched --sessions 100000 $PAIR
+run sched-1m-pair 300 sched --sessions 1000000 $PAIR
 # The same pair with session ids in a random order: the runs above walk sessions in slot
 # order (the order they were added), which only the run without tenants can profit from;
 # a daemon's sessions queue in no such order.
-run_pairs sched-1m-shuffled sched-1m-t1000-shuffled 180 sched --sessions 1000000 --shuffle -- \
-  sched --sessions 1000000 --tenants 1000 --shuffle
+run sched-1m-shuffled-pair 300 sched --sessions 1000000 --shuffle $PAIR
 run_median ingest 120 events_per_s ingest --seconds "$SECONDS_PER_RUN"
 run cycle-always 120 cycle --sync always --seconds "$SECONDS_PER_RUN"
 run cycle-none 120 cycle --sync none --seconds "$SECONDS_PER_RUN"
@@ -238,8 +189,6 @@ ratio() {
 
 s10k=$(val sched-10k ops_per_s); s100k=$(val sched-100k ops_per_s); s1m=$(val sched-1m ops_per_s)
 n10k=$(val sched-10k ns_per_op); n1m=$(val sched-1m ns_per_op)
-t100k=$(val sched-100k-t1000 ops_per_s); t1m=$(val sched-1m-t1000 ops_per_s)
-s1m_sh=$(val sched-1m-shuffled ops_per_s); t1m_sh=$(val sched-1m-t1000-shuffled ops_per_s)
 ing=$(val ingest events_per_s)
 ca=$(val cycle-always cycles_per_s); cn=$(val cycle-none cycles_per_s)
 bf=$(val beanstalkd-fsync cycles_per_s); bm=$(val beanstalkd-memory cycles_per_s)
@@ -261,12 +210,15 @@ r=$(ratio "$s100k" 2000000)
 row "sched: pick + complete in process at 100k runnable sessions" "$s100k ops/s" ">= 2,000,000 ops/s" "$r" "$(judge "$r" ">=" 1)"
 r=$(ratio "$n1m" "$n10k")
 row "sched: per-pick cost at 1M vs 10k sessions" "$n1m ns vs $n10k ns" "<= 2x" "$r" "$(judge "$r" "<=" 2)"
-r=$(pairs_median sched-100k-t1000)
-row "sched: picks/s at 100k sessions with 1,000 tenants vs without" "$t100k vs $s100k ops/s (best of each); paired ratios $(pairs_list sched-100k-t1000)" ">= 0.9x" "$r" "$(judge "$r" ">=" 0.9)"
-r=$(pairs_median sched-1m-t1000)
-row "sched: picks/s at 1M sessions with 1,000 tenants vs without" "$t1m vs $s1m ops/s (best of each); paired ratios $(pairs_list sched-1m-t1000)" ">= 0.9x" "$r" "$(judge "$r" ">=" 0.9)"
-r=$(pairs_median sched-1m-t1000-shuffled)
-row "sched: the same, session ids in random order (--shuffle)" "$t1m_sh vs $s1m_sh ops/s (best of each); paired ratios $(pairs_list sched-1m-t1000-shuffled)" ">= 0.9x" "$r" "$(judge "$r" ">=" 0.9)"
+# pair_row NAME TITLE: the §12 row of a --pair run (its median block ratio, judged >= 0.9).
+pair_row() {
+  local r
+  r=$(val "$1" ratio)
+  row "$2" "$(val "$1" tenant_cpu_ns_per_op) vs $(val "$1" plain_cpu_ns_per_op) CPU ns a pick + finish (medians of $(val "$1" rounds) alternating blocks in one process)" ">= 0.9x" "$r" "$(judge "$r" ">=" 0.9)"
+}
+pair_row sched-100k-pair "sched: picks/s at 100k sessions with 1,000 tenants vs without"
+pair_row sched-1m-pair "sched: picks/s at 1M sessions with 1,000 tenants vs without"
+pair_row sched-1m-shuffled-pair "sched: the same, session ids in random order (--shuffle)"
 r=$(ratio "$ing" 200000)
 ing_tries=$(sort -n "$work/ingest.tries" 2>/dev/null | awk '{print $1}' | paste -sd/ -)
 row "ingest: durable over HTTP, 1,000 events/request, :sync :always" "$ing events/s (median of ${ing_tries:-n/a})" ">= 200,000 events/s" "$r" "$(judge "$r" ">=" 1)"
@@ -376,9 +328,9 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   printf '%s\n' "${rows[@]}"
   echo
   echo "Ratios: cephalon / anchor for the cycles, measured / target otherwise (for the sched 1M vs"
-  echo "10k row: cost at 1M / cost at 10k; the tenant rows: the median of the paired runs' ratios,"
-  echo "each pair run back to back, the figures beside them the best of each side; memory: bytes /"
-  echo "256; restart: seconds / 3)."
+  echo "10k row: cost at 1M / cost at 10k; the tenant rows: the median over the alternating blocks"
+  echo "of the plain side's CPU ns per cycle ÷ the tenant side's, the figures beside them each side's"
+  echo "median; memory: bytes / 256; restart: seconds / 3)."
   echo "The cycle rows give the cost per cycle beside the rate: the daemon's (and the anchor's) CPU"
   echo "time (/proc/PID/stat utime + stime over the measured window ÷ cycles), fsyncs per cycle"
   echo "and the lease answer's size. Fsyncs per cycle = cephalon_lmdb_fsyncs_total over the window"
@@ -462,7 +414,7 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
   echo "| scenario | summary line |"
   echo "|---|---|"
-  for f in sched-10k sched-100k sched-1m sched-100k-t1000 sched-1m-t1000 ingest cycle-always \
+  for f in sched-10k sched-100k sched-1m sched-100k-pair sched-1m-pair sched-1m-shuffled-pair ingest cycle-always \
            cycle-none cycle-worker-always \
            cycle-worker-none cycle-small-always cycle-small-none beanstalkd-fsync \
            beanstalkd-memory redis-always redis-none redis-agent-always redis-agent-none \
@@ -474,11 +426,12 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo
   echo "- **sched**: \`cephalon-bench sched --sessions N\` — the scheduler in process (lanes/), N"
   echo "  saturated sessions over three lanes, budgets that never bind, 64 picks then their finishes."
-  echo "  sched-*-t1000: the same with \`--tenants 1000\` (sessions round-robin over 1,000 tenants of"
-  echo "  weights 1-4), so every pick also goes through the lane's tenant order (DESIGN §3.9; at this"
-  echo "  pace in runs of 16, lanes/sched.h). Each sched figure is the best of ${BENCH_REPEATS:-3} runs;"
-  echo "  a tenant run and its run without tenants alternate, and the tenant rows judge the median"
-  echo "  of the ratios of those pairs."
+  echo "  Each of these is the best of ${BENCH_REPEATS:-3} runs. sched-*-pair: \`--tenants 1000 --pair\`"
+  echo "  builds the same sessions twice in one process, without tenants and round-robin over 1,000"
+  echo "  tenants of weights 1-4 (every pick then goes through the lane's tenant order, DESIGN §3.9;"
+  echo "  at this pace in runs of 16, lanes/sched.h), and times the two in alternating blocks of"
+  echo "  200,000 cycles on the thread's CPU clock; the tenant rows judge the median of the blocks'"
+  echo "  ratios."
   echo "- **tenants / fairness-ts / spam-ts**: lanes/sim — tenants of weights 1:2:5 with 1,000, 10"
   echo "  and 100 sessions over a measured minute, a lane's reserved seat under saturation; the"
   echo "  fairness and spam scenarios with \`--with-tenants --with-seats\`."
