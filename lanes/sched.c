@@ -43,6 +43,7 @@
 
 #include "pass.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,12 +108,15 @@ typedef struct session {
                         array beside, so the pick reads one line per session */
   uint8_t lane;
   uint8_t where; /* WHERE_*: the set holding its live entry */
+  bool running;  /* a byte of its own, not a bit beside the flags: a finish writes it without
+                    reading the line (finish, "a finish from the pick") */
   bool has_work : 1;
   bool paused : 1;
-  bool running : 1;
   bool trickle : 1;
   bool removed : 1; /* removed by the caller; the slot is freed when refs reaches 0 */
 } session;
+
+_Static_assert(sizeof(session) == 48, "a session stays 48 bytes (the memory row of §12)");
 
 typedef struct bucket {
   int64_t level;   /* units; may be negative for tool calls and tokens */
@@ -244,6 +248,12 @@ struct cph_sched {
     cph_sid sid;
     uint32_t gen;  /* the session's generation once it has left its set */
     int64_t at_ns; /* when its turn started */
+    /* What the pick knew of the session from its entry, for a finish that comes while this
+     * start is still pending (finish): its credits as K (credits at time t = min(c_max, K +
+     * rate·t), an at_max entry's put so that they are c_max), its group and lane. */
+    i128 key;
+    struct group *g;
+    uint8_t lane;
   } starts[STARTS_MAX];
   uint32_t starts_head, n_starts;
 };
@@ -1003,26 +1013,38 @@ static bool session_runnable(const session *se) {
 
 /* Puts a runnable session's entry into its group's sets as of now; its credits are
  * materialised at now so K = c0 - r·t0 is exact from here on. Counts nothing. */
+static HOT_INLINE bool push_entry_as(cph_sched *s, group *g, cph_sid sid, int64_t now,
+                                     int64_t queued_ns, int64_t credits, uint32_t gen);
+
 static HOT_INLINE bool push_entry(cph_sched *s, group *g, cph_sid sid, int64_t now,
                                   int64_t queued_ns) {
+  const session *se = &s->sessions[sid];
+  return push_entry_as(s, g, sid, now, queued_ns, credits_at(s, se, now), se->gen);
+}
+
+/* push_entry with the session's credits at now and its generation given: what it writes of
+ * the session it does not read. */
+static HOT_INLINE bool push_entry_as(cph_sched *s, group *g, cph_sid sid, int64_t now,
+                                     int64_t queued_ns, int64_t credits, uint32_t gen) {
   session *se = &s->sessions[sid];
-  se->c0 = credits_at(s, se, now);
+  se->c0 = credits;
   se->t0 = now;
   se->queued_ns = queued_ns;
-  entry e = {0, queued_ns, sid, se->gen};
-  bool ok;
-  if (se->c0 >= s->c_max) {
+  se->gen = gen; /* before the push: the compaction below tells live entries by it */
+  entry e = {0, queued_ns, sid, gen};
+  bool ok, at_max = credits >= s->c_max;
+  if (at_max) {
     se->where = WHERE_AT_MAX;
     ok = s->tenants_on ? oset_push_tight(s, &g->at_max, &e) : oset_push(s, &g->at_max, &e);
   } else {
-    e.key = (i128)se->c0 - (i128)s->rate * now;
+    e.key = (i128)credits - (i128)s->rate * now;
     se->where = WHERE_BELOW;
     ok = s->tenants_on ? oset_push_tight(s, &g->below, &e) : oset_push(s, &g->below, &e);
   }
-  oset_compact(s, se->where == WHERE_AT_MAX ? &g->at_max : &g->below, g->runnable + 1);
+  oset_compact(s, at_max ? &g->at_max : &g->below, g->runnable + 1);
   if (!ok) {
     se->where = WHERE_NONE;
-    se->gen++;
+    se->gen = gen + 1;
   }
   return ok;
 }
@@ -1885,7 +1907,9 @@ static HOT_INLINE void take_head(cph_sched *s, lane_state *l, group *g, oset *fr
                                  const entry *e, cph_pick *out, int64_t now, bool defer) {
   cph_sid sid = e->sid;
   int64_t queued_ns = e->queued_ns;
-  struct started st = {sid, e->gen + 1, now};
+  struct started st = {sid, e->gen + 1, now, 0, g, (uint8_t)(l - s->lanes)};
+  if (defer) /* a live entry's key is its session's K; at_max's hold credits at max */
+    st.key = from == &g->at_max ? (i128)s->c_max - (i128)s->rate * now : e->key;
   if (defer) /* tenants on */
     oset_pop_head_tight(s, from, e);
   else
@@ -2072,38 +2096,68 @@ static i128 turn_price(const cph_sched *s, cph_lane lane, uint64_t tokens) {
 
 _Static_assert((CPH_SCHED_WINDOW & (CPH_SCHED_WINDOW - 1)) == 0, "a power of two");
 
+/* A finish from the pick: with tenants on, a turn most often ends while its start is still the
+ * oldest pending one (take_head; finishes come in the order of their picks). Then its session
+ * is exactly as the pick left it — every entry point that could change it (its work, pause,
+ * tenant, the configuration) writes the pending starts first — and the start record holds all
+ * the finish needs of it: its credits as K, its group and lane, the start's time and
+ * generation. So the finish writes the session's line (its credits, its new entry's facts)
+ * without a read of it, and the stores need not wait for the line as a load would (bench/
+ * PROFILE.md, "a finish from the pick"). Otherwise the pending starts up to its own are
+ * written, and it reads the session. */
 static HOT_INLINE void finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, uint64_t tokens,
                               bool charge_credits) {
-  starts_flush_to(s, sid);
+  struct started st;
+  bool from_pick = s->n_starts && s->starts[s->starts_head].sid == sid;
+  if (from_pick) {
+    st = s->starts[s->starts_head];
+    s->starts_head = (s->starts_head + 1) & (STARTS_MAX - 1);
+    s->n_starts--;
+  } else {
+    starts_flush_to(s, sid);
+  }
   session *se = &s->sessions[sid];
-  if (!se->running)
+  if (!from_pick && !se->running)
     return;
   int64_t now = cph_clock_now(s->clock);
-  lane_state *l = &s->lanes[se->lane];
+  uint8_t lane = from_pick ? st.lane : se->lane;
+  lane_state *l = &s->lanes[lane];
   bucket_refill(&l->tools, now);
   bucket_charge(&l->tools, count_units(tool_calls));
   if (l->tokens.per_min) {
     bucket_refill(&l->tokens, now);
     bucket_charge(&l->tokens, count_units(tokens));
   }
-  int64_t c = credits_at(s, se, now);
+  int64_t c = from_pick ? clamp_i128(st.key + (i128)s->rate * now, INT64_MIN, s->c_max)
+                        : credits_at(s, se, now);
+  /* c0 and t0 are as the session was queued: the start changed neither */
+  assert(!from_pick || c == credits_at(s, se, now));
   if (charge_credits && s->cfg.charge == CPH_CHARGE_TURN) {
-    c -= s->cost[se->lane]; /* both within ±10^18: no overflow */
+    c -= s->cost[lane]; /* both within ±10^18: no overflow */
     if (c < s->c_min)
       c = s->c_min;
   } else if (charge_credits) {
-    i128 charged = (i128)c - turn_price(s, (cph_lane)se->lane, tokens);
+    i128 charged = (i128)c - turn_price(s, (cph_lane)lane, tokens);
     c = charged < s->c_min ? s->c_min : (int64_t)charged;
   }
   uint32_t slot = (uint32_t)(l->n_done++ & (CPH_SCHED_WINDOW - 1));
   l->done_at[slot] = now;
-  l->done_len[slot] = now - se->queued_ns; /* queued_ns: when the turn started */
-  se->c0 = c;
-  se->t0 = now;
+  /* queued_ns: when the turn started */
+  l->done_len[slot] = now - (from_pick ? st.at_ns : se->queued_ns);
   se->running = false;
   s->running--;
   l->running--;
-  update_queue(s, sid);
+  if (!from_pick) {
+    se->c0 = c;
+    se->t0 = now;
+    update_queue(s, sid);
+    return;
+  }
+  /* update_queue's enqueue, with what the pick knew: the session was runnable when picked,
+   * and nothing changed its work or pause since (that would have written its start). */
+  assert(se->has_work && !se->paused && st.g == group_of(s, sid));
+  if (push_entry_as(s, st.g, sid, now, now, c, st.gen))
+    count_in(s, l, st.g);
 }
 
 void cph_sched_finish_cost(cph_sched *s, cph_sid sid, const cph_sched_cost *cost,
@@ -2446,7 +2500,10 @@ int cph_sched_audit(const cph_sched *s) {
   for (uint32_t i = 0; !rc && i < s->n_starts; i++) {
     const struct started *st = &s->starts[(s->starts_head + i) & (STARTS_MAX - 1)];
     const session *se = &s->sessions[st->sid];
-    if (live[st->sid] || se->running || st->gen != se->gen + 1)
+    if (live[st->sid] || se->running || st->gen != se->gen + 1 || st->lane != se->lane ||
+        st->g != group_of(s, st->sid) ||
+        clamp_i128(st->key + (i128)s->rate * st->at_ns, INT64_MIN, s->c_max) !=
+            credits_at(s, se, st->at_ns)) /* what a finish from the pick takes (finish) */
       rc = CPH_ESTATE;
   }
   free(stale);
