@@ -1901,8 +1901,10 @@ static HOT_INLINE void starts_flush_to(cph_sched *s, cph_sid sid) {
  * stream (bench/PROFILE.md), and the writes are left pending (starts) until something reads
  * the session — most often the turn's finish, dozens of picks later: the pick starts the
  * line's fetch, and it has long arrived when it is written, without a fetch ahead through
- * the entries that name it. A session popped but not yet written has no live entry (its only
- * one was this), so nothing the picks read in between depends on it. */
+ * the entries that name it. The start also keeps what the entry says of the session's
+ * credits, and its group and lane, so that such a finish writes the session without reading
+ * it (finish). A session popped but not yet written has no live entry (its only one was
+ * this), so nothing the picks read in between depends on it. */
 static HOT_INLINE void take_head(cph_sched *s, lane_state *l, group *g, oset *from,
                                  const entry *e, cph_pick *out, int64_t now, bool defer) {
   cph_sid sid = e->sid;
