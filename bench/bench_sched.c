@@ -45,7 +45,9 @@ static void sched_usage(FILE *f) {
              "                   in this process, timed in K alternating blocks of M cycles\n"
              "                   (default M max(1000000, N)); prints the median of the\n"
              "                   blocks' ratios (with tenants / without, in picks/s)\n"
-             "  --rounds K       --pair's blocks on each side (default 11)\n");
+             "  --rounds K       --pair's blocks on each side (default 11)\n"
+             "                   (prints each side's median CPU ns a cycle, and the median\n"
+             "                   and quartiles of the blocks' ratios)\n");
 }
 
 /* Runs `ops` cycles; returns the number done (less only if nothing could be picked). */
@@ -203,11 +205,13 @@ static int sched_pair(const sched_opts *o) {
   for (uint64_t r = 0; r < o->rounds; r++)
     printf("%s%.3f", r ? "/" : "", ratio[r]);
   printf("\n");
-  double med = median(ratio, o->rounds);
+  double med = median(ratio, o->rounds); /* sorts ratio */
+  double q1 = ratio[o->rounds / 4], q3 = ratio[(3 * o->rounds) / 4];
   double a = median(ns[0], o->rounds), b = median(ns[1], o->rounds);
   printf("sched-pair sessions=%" PRIu64 " tenants=%" PRIu64 " rounds=%" PRIu64
-         " plain_cpu_ns_per_op=%.1f tenant_cpu_ns_per_op=%.1f ratio=%.3f\n",
-         o->n, o->n_tenants, o->rounds, a, b, med);
+         " plain_cpu_ns_per_op=%.1f tenant_cpu_ns_per_op=%.1f ratio=%.3f ratio_q1=%.3f"
+         " ratio_q3=%.3f\n",
+         o->n, o->n_tenants, o->rounds, a, b, med, q1, q3);
   rc = 0;
 out:
   free(batch);

@@ -68,11 +68,11 @@ typedef struct entry {
   uint32_t gen;
 } entry;
 
-_Static_assert(64 % sizeof(entry) == 0, "entries tile cache lines (ring_push aligns rings)");
+_Static_assert(64 % sizeof(entry) == 0, "entries tile cache lines (ring_grow aligns rings)");
 
 /* A ring's index wraps two ways. Until tenants come on, every ring's cap is a power of two
  * and the plain lane's pick and finish wrap by a mask. Once they are on, rings grow *tight*
- * (tring_push): a few entries at a time, so a saturated group's ring ends within a few entries
+ * (tring_grow): a few entries at a time, so a saturated group's ring ends within a few entries
  * of its peak length and its finishes append onto the lines its last run's picks just read,
  * not on lines a rotation of the lane's groups old (bench/PROFILE.md); its index wraps by a
  * comparison, which is right for any cap, a power of two included. tenants_on never goes back
@@ -285,30 +285,25 @@ static void drop_ref(cph_sched *s, cph_sid sid) {
     release_slot(s, sid);
 }
 
-static bool ring_push(ring *r, entry e) {
-  if (r->len == r->cap) {
-    uint32_t cap = r->cap ? r->cap * 2 : 16;
-    /* aligned to cache lines (cap * 32 bytes is a multiple of 64): an entry then never
-     * straddles two lines, and a prefetch of one fetches all of it */
-    entry *items = aligned_alloc(64, (size_t)cap * sizeof *items);
-    if (!items)
-      return false;
-    for (uint32_t i = 0; i < r->len; i++)
-      items[i] = r->items[(r->head + i) & (r->cap - 1)];
-    free(r->items);
-    r->items = items;
-    r->head = 0;
-    r->cap = cap;
-  }
-  r->items[(r->head + r->len) & (r->cap - 1)] = e;
-  r->len++;
+/* A full ring doubles. Out of line: the push's usual path is inlined, and must stay small. */
+static __attribute__((noinline)) bool ring_grow(ring *r) {
+  uint32_t cap = r->cap ? r->cap * 2 : 16;
+  /* aligned to cache lines (cap * 32 bytes is a multiple of 64): an entry then never
+   * straddles two lines, and a prefetch of one fetches all of it */
+  entry *items = aligned_alloc(64, (size_t)cap * sizeof *items);
+  if (!items)
+    return false;
+  for (uint32_t i = 0; i < r->len; i++)
+    items[i] = r->items[(r->head + i) & (r->cap - 1)];
+  free(r->items);
+  r->items = items;
+  r->head = 0;
+  r->cap = cap;
   return true;
 }
 
+
 static entry *ring_front(ring *r) { return r->len ? &r->items[r->head] : NULL; }
-static entry *ring_back(ring *r) {
-  return r->len ? &r->items[(r->head + r->len - 1) & (r->cap - 1)] : NULL;
-}
 static void ring_pop(ring *r) {
   r->head = (r->head + 1) & (r->cap - 1);
   r->len--;
@@ -329,27 +324,23 @@ static HOT_INLINE uint32_t tring_at(const ring *r, uint32_t i) {
  * above). */
 enum { RING_TIGHT_STEP = 8, RING_TIGHT_MAX = 4096 };
 
-static bool tring_push(ring *r, entry e) {
-  if (r->len == r->cap) {
-    uint32_t cap = !r->cap                  ? 16
-                   : r->cap < RING_TIGHT_MAX ? r->cap + RING_TIGHT_STEP
-                                             : r->cap + ((r->cap / 8) & ~7u);
-    entry *items = aligned_alloc(64, (size_t)cap * sizeof *items); /* as ring_push's */
-    if (!items)
-      return false;
-    for (uint32_t i = 0; i < r->len; i++)
-      items[i] = r->items[tring_at(r, i)];
-    free(r->items);
-    r->items = items;
-    r->head = 0;
-    r->cap = cap;
-  }
-  r->items[tring_at(r, r->len)] = e;
-  r->len++;
+static __attribute__((noinline)) bool tring_grow(ring *r) {
+  uint32_t cap = !r->cap                  ? 16
+                 : r->cap < RING_TIGHT_MAX ? r->cap + RING_TIGHT_STEP
+                                           : r->cap + ((r->cap / 8) & ~7u);
+  entry *items = aligned_alloc(64, (size_t)cap * sizeof *items); /* as ring_grow's */
+  if (!items)
+    return false;
+  for (uint32_t i = 0; i < r->len; i++)
+    items[i] = r->items[tring_at(r, i)];
+  free(r->items);
+  r->items = items;
+  r->head = 0;
+  r->cap = cap;
   return true;
 }
 
-static entry *tring_back(ring *r) { return r->len ? &r->items[tring_at(r, r->len - 1)] : NULL; }
+
 static void tring_pop(ring *r) {
   r->head = tring_at(r, 1);
   r->len--;
@@ -394,10 +385,26 @@ static void heap_pop(const cph_sched *s, heap *h) {
     h->items[i] = last;
 }
 
-static bool oset_push(cph_sched *s, oset *o, const entry *e) {
-  entry *back = ring_back(&o->ring);
-  return !back || entry_cmp(s, back, e) < 0 ? ring_push(&o->ring, *e)
-                                             : heap_push(s, &o->heap, *e);
+/* Puts the entry {key, queued_ns, sid, gen} into o: after the ring's back when it comes after
+ * it, else into the heap. It is written field by field into the ring's next slot first, and
+ * compared there: an entry built in a local and copied into the ring was read back in wider
+ * loads than it was written with (its 128-bit key), a store-forwarding stall at every push
+ * (bench/PROFILE.md, "Entries written in place"). A full ring grows first. */
+static HOT_INLINE bool oset_push(cph_sched *s, oset *o, i128 key, int64_t queued_ns,
+                                 cph_sid sid, uint32_t gen) {
+  ring *r = &o->ring;
+  if (__builtin_expect(r->len == r->cap, 0) && !ring_grow(r))
+    return false;
+  entry *x = &r->items[(r->head + r->len) & (r->cap - 1)];
+  x->key = key;
+  x->queued_ns = queued_ns;
+  x->sid = sid;
+  x->gen = gen;
+  if (!r->len || entry_cmp(s, &r->items[(r->head + r->len - 1) & (r->cap - 1)], x) < 0) {
+    r->len++;
+    return true;
+  }
+  return heap_push(s, &o->heap, *x); /* the slot stays past the ring's end */
 }
 
 /* The set's first live entry, dropping stale ones on the way; NULL when empty. With no stale
@@ -437,10 +444,21 @@ static void oset_pop_head(cph_sched *s, oset *o, const entry *head) {
  * for both forms, specialised through a constant argument and forced inlining, compiled the
  * plain oset_head and oset_push to other code (register use, block order: objdump), and the
  * plain pick's code is kept as it was measured. */
-static bool oset_push_tight(cph_sched *s, oset *o, const entry *e) {
-  entry *back = tring_back(&o->ring);
-  return !back || entry_cmp(s, back, e) < 0 ? tring_push(&o->ring, *e)
-                                             : heap_push(s, &o->heap, *e);
+static HOT_INLINE bool oset_push_tight(cph_sched *s, oset *o, i128 key, int64_t queued_ns,
+                                       cph_sid sid, uint32_t gen) {
+  ring *r = &o->ring;
+  if (__builtin_expect(r->len == r->cap, 0) && !tring_grow(r))
+    return false;
+  entry *x = &r->items[tring_at(r, r->len)];
+  x->key = key;
+  x->queued_ns = queued_ns;
+  x->sid = sid;
+  x->gen = gen;
+  if (!r->len || entry_cmp(s, &r->items[tring_at(r, r->len - 1)], x) < 0) {
+    r->len++;
+    return true;
+  }
+  return heap_push(s, &o->heap, *x); /* the slot stays past the ring's end */
 }
 
 static entry *oset_head_tight(cph_sched *s, oset *o) {
@@ -1031,16 +1049,12 @@ static HOT_INLINE bool push_entry_as(cph_sched *s, group *g, cph_sid sid, int64_
   se->t0 = now;
   se->queued_ns = queued_ns;
   se->gen = gen; /* before the push: the compaction below tells live entries by it */
-  entry e = {0, queued_ns, sid, gen};
   bool ok, at_max = credits >= s->c_max;
-  if (at_max) {
-    se->where = WHERE_AT_MAX;
-    ok = s->tenants_on ? oset_push_tight(s, &g->at_max, &e) : oset_push(s, &g->at_max, &e);
-  } else {
-    e.key = (i128)credits - (i128)s->rate * now;
-    se->where = WHERE_BELOW;
-    ok = s->tenants_on ? oset_push_tight(s, &g->below, &e) : oset_push(s, &g->below, &e);
-  }
+  oset *o = at_max ? &g->at_max : &g->below;
+  i128 key = at_max ? 0 : (i128)credits - (i128)s->rate * now;
+  se->where = at_max ? WHERE_AT_MAX : WHERE_BELOW;
+  ok = s->tenants_on ? oset_push_tight(s, o, key, queued_ns, sid, gen)
+                     : oset_push(s, o, key, queued_ns, sid, gen);
   oset_compact(s, at_max ? &g->at_max : &g->below, g->runnable + 1);
   if (!ok) {
     se->where = WHERE_NONE;
@@ -1104,12 +1118,13 @@ static void promote(cph_sched *s, lane_state *l, group *g, int64_t now) {
   i128 threshold = (i128)s->c_max - (i128)s->rate * now; /* K >= threshold <=> at max */
   entry *e;
   while ((e = oset_head(s, &g->below)) && e->key >= threshold) {
-    entry moved = *e;
+    int64_t queued_ns = e->queued_ns;
+    cph_sid sid = e->sid;
+    uint32_t gen = e->gen;
     oset_pop_head(s, &g->below, e);
-    moved.key = 0;
-    s->sessions[moved.sid].where = WHERE_AT_MAX;
-    if (!oset_push(s, &g->at_max, &moved)) {
-      session *se = &s->sessions[moved.sid];
+    s->sessions[sid].where = WHERE_AT_MAX;
+    if (!oset_push(s, &g->at_max, 0, queued_ns, sid, gen)) {
+      session *se = &s->sessions[sid];
       se->gen++;
       se->where = WHERE_NONE;
       count_out(s, l, g);
@@ -1122,12 +1137,13 @@ static void promote_tight(cph_sched *s, lane_state *l, group *g, int64_t now) {
   i128 threshold = (i128)s->c_max - (i128)s->rate * now; /* K >= threshold <=> at max */
   entry *e;
   while ((e = oset_head_tight(s, &g->below)) && e->key >= threshold) {
-    entry moved = *e;
+    int64_t queued_ns = e->queued_ns;
+    cph_sid sid = e->sid;
+    uint32_t gen = e->gen;
     oset_pop_head_tight(s, &g->below, e);
-    moved.key = 0;
-    s->sessions[moved.sid].where = WHERE_AT_MAX;
-    if (!oset_push_tight(s, &g->at_max, &moved)) {
-      session *se = &s->sessions[moved.sid];
+    s->sessions[sid].where = WHERE_AT_MAX;
+    if (!oset_push_tight(s, &g->at_max, 0, queued_ns, sid, gen)) {
+      session *se = &s->sessions[sid];
       se->gen++;
       se->where = WHERE_NONE;
       count_out(s, l, g);
@@ -2107,59 +2123,86 @@ _Static_assert((CPH_SCHED_WINDOW & (CPH_SCHED_WINDOW - 1)) == 0, "a power of two
  * without a read of it, and the stores need not wait for the line as a load would (bench/
  * PROFILE.md, "a finish from the pick"). Otherwise the pending starts up to its own are
  * written, and it reads the session. */
-static HOT_INLINE void finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, uint64_t tokens,
-                              bool charge_credits) {
-  struct started st;
-  bool from_pick = s->n_starts && s->starts[s->starts_head].sid == sid;
-  if (from_pick) {
-    st = s->starts[s->starts_head];
-    s->starts_head = (s->starts_head + 1) & (STARTS_MAX - 1);
-    s->n_starts--;
-  } else {
-    starts_flush_to(s, sid);
-  }
-  session *se = &s->sessions[sid];
-  if (!from_pick && !se->running)
-    return;
-  int64_t now = cph_clock_now(s->clock);
-  uint8_t lane = from_pick ? st.lane : se->lane;
-  lane_state *l = &s->lanes[lane];
+/* A finish's bookkeeping of its lane: the tool calls and tokens against the lane's budgets,
+ * the turn in the lane's window of completions (started_ns: when it started), one turn fewer
+ * running. */
+static HOT_INLINE void finish_lane(cph_sched *s, lane_state *l, int64_t now, int64_t started_ns,
+                                   uint64_t tool_calls, uint64_t tokens) {
   bucket_refill(&l->tools, now);
   bucket_charge(&l->tools, count_units(tool_calls));
   if (l->tokens.per_min) {
     bucket_refill(&l->tokens, now);
     bucket_charge(&l->tokens, count_units(tokens));
   }
-  int64_t c = from_pick ? clamp_i128(st.key + (i128)s->rate * now, INT64_MIN, s->c_max)
-                        : credits_at(s, se, now);
-  /* c0 and t0 are as the session was queued: the start changed neither */
-  assert(!from_pick || c == credits_at(s, se, now));
+  uint32_t slot = (uint32_t)(l->n_done++ & (CPH_SCHED_WINDOW - 1));
+  l->done_at[slot] = now;
+  l->done_len[slot] = now - started_ns;
+  s->running--;
+  l->running--;
+}
+
+/* Credits c after a turn of the lane that used tokens, when it charges (§3.2, §3.8). */
+static HOT_INLINE int64_t charged(const cph_sched *s, int lane, int64_t c, uint64_t tokens,
+                                  bool charge_credits) {
   if (charge_credits && s->cfg.charge == CPH_CHARGE_TURN) {
     c -= s->cost[lane]; /* both within ±10^18: no overflow */
     if (c < s->c_min)
       c = s->c_min;
   } else if (charge_credits) {
-    i128 charged = (i128)c - turn_price(s, (cph_lane)lane, tokens);
-    c = charged < s->c_min ? s->c_min : (int64_t)charged;
+    i128 v = (i128)c - turn_price(s, (cph_lane)lane, tokens);
+    c = v < s->c_min ? s->c_min : (int64_t)v;
   }
-  uint32_t slot = (uint32_t)(l->n_done++ & (CPH_SCHED_WINDOW - 1));
-  l->done_at[slot] = now;
-  /* queued_ns: when the turn started */
-  l->done_len[slot] = now - (from_pick ? st.at_ns : se->queued_ns);
+  return c;
+}
+
+/* A finish from the pick: with tenants on, a turn most often ends while its start is still the
+ * oldest pending one (take_head; finishes come in the order of their picks). Then its session
+ * is exactly as the pick left it — every entry point that could change it (its work, pause,
+ * tenant, the configuration) writes the pending starts first — and the start record st holds
+ * all the finish needs of it: its credits as K, its group and lane, the start's time and
+ * generation. So the finish writes the session's line (its credits, its new entry's facts)
+ * without a read of it: the stores need not wait for the line as a load would (bench/
+ * PROFILE.md, "a finish from the pick"). What finish() and update_queue() do, in that case. */
+static HOT_INLINE void finish_from_pick(cph_sched *s, const struct started *st,
+                                        uint64_t tool_calls, uint64_t tokens,
+                                        bool charge_credits) {
+  int64_t now = cph_clock_now(s->clock);
+  lane_state *l = &s->lanes[st->lane];
+  finish_lane(s, l, now, st->at_ns, tool_calls, tokens);
+  int64_t c = clamp_i128(st->key + (i128)s->rate * now, INT64_MIN, s->c_max);
+  session *se = &s->sessions[st->sid];
+  /* c0 and t0 are as the session was queued: the start changed neither */
+  assert(c == credits_at(s, se, now));
+  c = charged(s, st->lane, c, tokens, charge_credits);
   se->running = false;
-  s->running--;
-  l->running--;
-  if (!from_pick) {
-    se->c0 = c;
-    se->t0 = now;
-    update_queue(s, sid);
+  /* update_queue's enqueue, with what the pick knew: the session was runnable when picked,
+   * and nothing changed its work or pause since (that would have written its start) */
+  assert(se->has_work && !se->paused && st->g == group_of(s, st->sid));
+  if (push_entry_as(s, st->g, st->sid, now, now, c, st->gen))
+    count_in(s, l, st->g);
+}
+
+static HOT_INLINE void finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, uint64_t tokens,
+                              bool charge_credits) {
+  if (s->n_starts && s->starts[s->starts_head].sid == sid) {
+    struct started st = s->starts[s->starts_head];
+    s->starts_head = (s->starts_head + 1) & (STARTS_MAX - 1);
+    s->n_starts--;
+    finish_from_pick(s, &st, tool_calls, tokens, charge_credits);
     return;
   }
-  /* update_queue's enqueue, with what the pick knew: the session was runnable when picked,
-   * and nothing changed its work or pause since (that would have written its start). */
-  assert(se->has_work && !se->paused && st.g == group_of(s, sid));
-  if (push_entry_as(s, st.g, sid, now, now, c, st.gen))
-    count_in(s, l, st.g);
+  starts_flush_to(s, sid);
+  session *se = &s->sessions[sid];
+  if (!se->running)
+    return;
+  int64_t now = cph_clock_now(s->clock);
+  lane_state *l = &s->lanes[se->lane];
+  finish_lane(s, l, now, se->queued_ns /* while running: when the turn started */, tool_calls,
+              tokens);
+  se->c0 = charged(s, se->lane, credits_at(s, se, now), tokens, charge_credits);
+  se->t0 = now;
+  se->running = false;
+  update_queue(s, sid);
 }
 
 void cph_sched_finish_cost(cph_sched *s, cph_sid sid, const cph_sched_cost *cost,
