@@ -302,7 +302,6 @@ static __attribute__((noinline)) bool ring_grow(ring *r) {
   return true;
 }
 
-
 static entry *ring_front(ring *r) { return r->len ? &r->items[r->head] : NULL; }
 static void ring_pop(ring *r) {
   r->head = (r->head + 1) & (r->cap - 1);
