@@ -226,8 +226,11 @@ out:
 int cph_bench_sched(int argc, char **argv) {
   sched_opts o = {.n = 100000, .conc = 64, .run_max = CPH_SCHED_TENANT_RUN_DEFAULT, .rounds = 11};
   for (int i = 1; i < argc;) {
-    if (strcmp(argv[i], "--shuffle") == 0 || strcmp(argv[i], "--pair") == 0) {
-      *(argv[i][2] == 's' ? &o.shuffle : &o.pair) = true;
+    bool *flag = strcmp(argv[i], "--shuffle") == 0 ? &o.shuffle
+                 : strcmp(argv[i], "--pair") == 0  ? &o.pair
+                                                   : NULL;
+    if (flag) {
+      *flag = true;
       i++;
       continue;
     }

@@ -1054,7 +1054,7 @@ static HOT_INLINE bool push_entry_as(cph_sched *s, group *g, cph_sid sid, int64_
   se->where = at_max ? WHERE_AT_MAX : WHERE_BELOW;
   ok = s->tenants_on ? oset_push_tight(s, o, key, queued_ns, sid, gen)
                      : oset_push(s, o, key, queued_ns, sid, gen);
-  oset_compact(s, at_max ? &g->at_max : &g->below, g->runnable + 1);
+  oset_compact(s, o, g->runnable + 1);
   if (!ok) {
     se->where = WHERE_NONE;
     se->gen = gen + 1;
@@ -1925,12 +1925,13 @@ static HOT_INLINE void take_head(cph_sched *s, lane_state *l, group *g, oset *fr
   cph_sid sid = e->sid;
   int64_t queued_ns = e->queued_ns;
   struct started st = {sid, e->gen + 1, now, 0, g, (uint8_t)(l - s->lanes)};
-  if (defer) /* a live entry's key is its session's K; at_max's hold credits at max */
+  if (defer) { /* tenants on */
+    /* a live entry's key is its session's K; an at_max entry's session has max credits */
     st.key = from == &g->at_max ? (i128)s->c_max - (i128)s->rate * now : e->key;
-  if (defer) /* tenants on */
     oset_pop_head_tight(s, from, e);
-  else
+  } else {
     oset_pop_head(s, from, e);
+  }
   if (defer) {
     if (s->n_starts == STARTS_MAX)
       starts_pop(s);
@@ -2113,15 +2114,6 @@ static i128 turn_price(const cph_sched *s, cph_lane lane, uint64_t tokens) {
 
 _Static_assert((CPH_SCHED_WINDOW & (CPH_SCHED_WINDOW - 1)) == 0, "a power of two");
 
-/* A finish from the pick: with tenants on, a turn most often ends while its start is still the
- * oldest pending one (take_head; finishes come in the order of their picks). Then its session
- * is exactly as the pick left it — every entry point that could change it (its work, pause,
- * tenant, the configuration) writes the pending starts first — and the start record holds all
- * the finish needs of it: its credits as K, its group and lane, the start's time and
- * generation. So the finish writes the session's line (its credits, its new entry's facts)
- * without a read of it, and the stores need not wait for the line as a load would (bench/
- * PROFILE.md, "a finish from the pick"). Otherwise the pending starts up to its own are
- * written, and it reads the session. */
 /* A finish's bookkeeping of its lane: the tool calls and tokens against the lane's budgets,
  * the turn in the lane's window of completions (started_ns: when it started), one turn fewer
  * running. */
@@ -2181,6 +2173,7 @@ static HOT_INLINE void finish_from_pick(cph_sched *s, const struct started *st,
     count_in(s, l, st->g);
 }
 
+/* Otherwise a finish writes the pending starts up to its own and reads its session. */
 static HOT_INLINE void finish(cph_sched *s, cph_sid sid, uint64_t tool_calls, uint64_t tokens,
                               bool charge_credits) {
   if (s->n_starts && s->starts[s->starts_head].sid == sid) {
