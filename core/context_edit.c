@@ -207,24 +207,25 @@ static void render_messages(const cph_pact_tree *tree, cph_seal_rec *r) {
   free(idx);
 }
 
-/* Cluster mode: the session's state with the new seal, for the cluster log (the seal's answer
- * waits until the log holds it, as a completion's does: server/clusterflow.h 11.). A failure
- * leaves u.context.state NULL and is logged (the seal stands here; the log keeps the session's
- * previous state, and its next completion carries the seal). */
-static void seal_state_to_op(cph_context *cx, const csession *s, cph_op *op) {
+/* Cluster mode: the session's state after an edit or a seal (seal_id: the seal, then also given
+ * as an item), for the cluster log: the answer waits until the log holds it, as a completion's
+ * does (server/clusterflow.h 11.), so a node inserted, a node deleted or a seal made and
+ * answered 200 moves with its session even when no completion follows it. A failure leaves
+ * u.context.state NULL and is logged (the change stands here; the log keeps the session's
+ * previous state, and its next completion carries the change). */
+static void state_to_op(cph_context *cx, const csession *s, cph_op *op, uint64_t seal_id) {
   cph_buf b = {0};
   cph_handover st = {cx->env, cx->sessions, cx->trees, cx->memory, NULL};
   int rc = handover_export(&st, s, &b);
   if (rc == CPH_OK && !cph_buf_error(&b)) {
     op->u.context.state_len = b.len;
     op->u.context.state = (uint8_t *)cph_buf_steal(&b);
-    if ((rc = handover_seal_item(&st, s->id, op->u.context.seal_id, &op->u.context.items)))
+    if (seal_id && (rc = handover_seal_item(&st, s->id, seal_id, &op->u.context.items)))
       cph_log(CPH_LOG_WARN, "reading seal %llu of session '%s' for the cluster log: %s (the "
-              "state carries the newest)", (unsigned long long)op->u.context.seal_id, s->id,
-              cph_strerror(rc));
+              "state carries the newest)", (unsigned long long)seal_id, s->id, cph_strerror(rc));
   } else {
-    cph_log(CPH_LOG_WARN, "reading the state of session '%s' for the cluster log after seal %llu: "
-            "%s", s->id, (unsigned long long)op->u.context.seal_id,
+    cph_log(CPH_LOG_WARN, "reading the state of session '%s' for the cluster log after %s: %s",
+            s->id, seal_id ? "a seal" : "a change of its context",
             cph_strerror(rc ? rc : CPH_ENOMEM));
   }
   cph_buf_free(&b);
@@ -262,7 +263,7 @@ static void context_seal(cph_context *cx, cph_op *op, csession *s) {
   }
   op->u.context.seal_id = id;
   if (cx->env->report_consumed)
-    seal_state_to_op(cx, s, op);
+    state_to_op(cx, s, op, id);
 }
 
 void context_ops_apply(cph_context *cx, cph_op *op) {
@@ -281,8 +282,10 @@ void context_ops_apply(cph_context *cx, cph_op *op) {
     break;
   default:
     context_seal(cx, op, s);
-    break;
+    return;
   }
+  if (op->rc == CPH_OK && cx->env->report_consumed)
+    state_to_op(cx, s, op, 0);
 }
 
 /* ---------------------------------------------------------------- reads */

@@ -126,6 +126,8 @@ void cph_op_clear_results(cph_op *op) {
     op->u.turn.consumed_session = NULL;
     cph_state_items_free(&op->u.turn.items);
     break;
+  case CPH_OP_CONTEXT_INSERT:
+  case CPH_OP_CONTEXT_DELETE:
   case CPH_OP_CONTEXT_SEAL:
     free(op->u.context.state);
     op->u.context.state = NULL;

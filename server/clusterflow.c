@@ -128,8 +128,10 @@ struct applying {
 /* The done marks of one completion (or session delete) on their way into the log (6.). */
 struct done_req {
   cph_req *r;     /* the completion waiting for them; NULL for a delete (nobody waits) */
-  char made_buf[48]; /* a seal's request: "seal N was made", for its 503 (its answer waits
-                        for its session's state, no marks); "" for a completion or a delete */
+  /* a seal's or a context edit's request: what was made ("seal N was made") and what the
+   * next owner would lack, for its 503 (its answer waits for its session's state, no marks);
+   * "" for a completion or a delete */
+  char made_buf[64], lacks_buf[64];
   json_t *answer; /* its 200 answer */
   char *session;
   uint32_t shard;
@@ -729,10 +731,10 @@ static void done_unlink(cph_cflow *f, done_req *dr) {
 }
 
 static void done_answer(cph_cflow *f, done_req *dr) {
-  bool seal = dr->made_buf[0] != '\0'; /* logs no mark: its put counts as a state put alone */
-  if (dr->failed && !seal)
+  bool edit = dr->made_buf[0] != '\0'; /* logs no mark: its put counts as a state put alone */
+  if (dr->failed && !edit)
     f->done_mark_failures++;
-  else if (!seal)
+  else if (!edit)
     f->done_marks++;
   if (dr->r && dr->made_buf[0]) {
     cph_req *r = dr->r;
@@ -740,15 +742,14 @@ static void done_answer(cph_cflow *f, done_req *dr) {
       cph_reply_error(r, 503, "unavailable", NULL,
                       "%s on this node, but the cluster log (NATS JetStream) did not take its "
                       "session's state within %d s (%s): should this node die before the "
-                      "session is served elsewhere, the new owner lacks the seal (a retry makes "
-                      "another seal)",
-                      dr->made_buf, DONE_DEADLINE_MS / 1000, dr->why);
+                      "session is served elsewhere, the new owner lacks %s",
+                      dr->made_buf, DONE_DEADLINE_MS / 1000, dr->why, dr->lacks_buf);
     else if (!served(f, dr->shard))
       cph_reply_error(r, 503, "unavailable", NULL,
                       "%s on this node, but its session's shard %" PRIu32 " moved to another "
                       "node before the cluster log took the session's state: the new owner "
-                      "may lack the seal",
-                      dr->made_buf, dr->shard);
+                      "may lack %s",
+                      dr->made_buf, dr->shard, dr->lacks_buf);
     else
       cph_reply_json(r, 200, json_incref(dr->answer));
     done_unlink(f, dr);
@@ -872,9 +873,9 @@ static void state_pack(cph_cflow *f, pub *p) {
  * ceph.s.done.<shard of session>, each under a message id of its own (a resend is stored
  * once). The events leave the shard's pending set at once: they were consumed here. True when
  * r is taken (answered later); false when r must be answered now (out of memory: 500). */
-static bool done_publish(cph_cflow *f, cph_req *r, const char *made, const char *session,
-                         const cph_strv *keys, const uint8_t *state, size_t state_len,
-                         json_t *answer) {
+static bool done_publish(cph_cflow *f, cph_req *r, const char *made, const char *lacks,
+                         const char *session, const cph_strv *keys, const uint8_t *state,
+                         size_t state_len, json_t *answer) {
   pending_consumed(f, keys);
   done_req *dr = calloc(1, sizeof *dr);
   if (!dr || !(dr->session = strdup(session))) {
@@ -884,6 +885,7 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *made, const char 
   }
   dr->r = r;
   snprintf(dr->made_buf, sizeof dr->made_buf, "%s", made ? made : "");
+  snprintf(dr->lacks_buf, sizeof dr->lacks_buf, "%s", lacks ? lacks : "");
   dr->answer = answer;
   dr->shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
   char subject[64];
@@ -993,18 +995,17 @@ void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cp
                     "the turn was completed on this node, but cephalond is stopping before the "
                     "cluster log took the record of what it consumed: the node that serves its "
                     "session next may deliver its input to a turn again");
-  } else if (!done_publish(f, r, NULL, session, keys, state, state_len, answer)) {
+  } else if (!done_publish(f, r, NULL, NULL, session, keys, state, state_len, answer)) {
     cph_reply_error(r, 500, "internal", NULL,
                     "the turn was completed on this node, but out of memory logging the record "
                     "of what it consumed");
   }
 }
 
-void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t seal_id,
-                      const uint8_t *state, size_t state_len, json_t *answer) {
+void cph_cflow_context_changed(cph_cflow *f, cph_req *r, const char *session, const char *made,
+                               const char *lacks, const uint8_t *state, size_t state_len,
+                               json_t *answer) {
   uint32_t shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
-  char made[48];
-  snprintf(made, sizeof made, "seal %" PRIu64 " was made", seal_id);
   static const cph_strv none = {0};
   if (!state) {
     cph_reply_json(r, 200, answer); /* the state was not read (logged): nothing to wait for */
@@ -1012,10 +1013,11 @@ void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t se
     json_decref(answer);
     cph_reply_error(r, 503, "unavailable", NULL,
                     "%s on this node, but %s, so the cluster log cannot take its session's "
-                    "state now: the node that serves the session next may lack the seal",
+                    "state now: the node that serves the session next may lack %s",
                     made, f->quiesced ? "cephalond is stopping"
-                                      : "its shard is not rebuilt here yet (or moved away)");
-  } else if (!done_publish(f, r, made, session, &none, state, state_len, answer)) {
+                                      : "its shard is not rebuilt here yet (or moved away)",
+                    lacks);
+  } else if (!done_publish(f, r, made, lacks, session, &none, state, state_len, answer)) {
     cph_reply_error(r, 500, "internal", NULL,
                     "%s on this node, but out of memory logging its session's state", made);
   }
@@ -1069,7 +1071,8 @@ void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *i
 }
 
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys) {
-  if (!f->quiesced && keys->count && !done_publish(f, NULL, NULL, session, keys, NULL, 0, NULL))
+  if (!f->quiesced && keys->count &&
+      !done_publish(f, NULL, NULL, NULL, session, keys, NULL, 0, NULL))
     cph_error("cluster log: out of memory logging the done mark of deleted session %s", session);
 }
 
@@ -1898,7 +1901,7 @@ static void apply_done(cph_op *op, void *ctx) {
      * not deliver it either — a done mark says so (not waited for). */
     if (res && res->busy.count && ev->session) {
       cph_strv one = {&ev->key, 1};
-      if (!done_publish(f, NULL, NULL, ev->session, &one, NULL, 0, NULL))
+      if (!done_publish(f, NULL, NULL, NULL, ev->session, &one, NULL, 0, NULL))
         cph_error("cluster log: out of memory logging that session %s refused event %s",
                   ev->session, ev->key);
     }
@@ -3123,9 +3126,8 @@ void cph_cflow_quiesce(cph_cflow *f) {
     if (dr->made_buf[0])
       cph_reply_error(dr->r, 503, "unavailable", NULL,
                       "%s on this node, but cephalond is stopping before the cluster log took "
-                      "its session's state: the node that serves the session next may lack the "
-                      "seal",
-                      dr->made_buf);
+                      "its session's state: the node that serves the session next may lack %s",
+                      dr->made_buf, dr->lacks_buf);
     else
       cph_reply_error(dr->r, 503, "unavailable", NULL,
                       "the turn was completed on this node, but cephalond is stopping before "

@@ -194,8 +194,9 @@
  *    messages with its replies, but what its inbox still holds; 256 KiB at most —, the newest
  *    memories of the scopes its turns read — its own and its channels', 160 raw and 64 others
  *    over them all —, its newest ended turn records and its newest 16 seals, those with their
- *    origins), and so does every seal (u.context.state: cph_cflow_sealed, no marks — the
- *    seal's 200 waits for the state alone, so a seal answered 200 moves with its session).
+ *    origins), and so does every seal and every edit of its context tree (a node inserted,
+ *    updated or deleted: u.context.state, cph_cflow_context_changed, no marks — their 200 waits
+ *    for the state alone, so a seal or an edit answered 200 moves with its session).
  *    The node puts it into the
  *    key-value bucket CEPH_STATE under "<shard>.<session id in hex>", prefixed with its epoch
  *    (be64: the sequence of its epoch on ceph.s.done.<shard>, 10.), expecting the key's
@@ -370,14 +371,17 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
  * 11. above). Called from r's on_done; sets r->held when r waits. */
 void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
                          const uint8_t *state, size_t state_len, json_t *answer);
-/* Seal seal_id of session was made on this node, which left the session in `state`
- * (u.context.state; NULL: not read, logged): answers r with `answer` (taken) once the log holds
- * the state, as a completion's does (11. above; no done mark: a seal consumes nothing), or 503
- * when it does not within the deadline, the shard is not served here or the node is stopping
- * (the seal stands here; a retry makes another seal). Called from r's on_done; sets r->held when
- * r waits. */
-void cph_cflow_sealed(cph_cflow *f, cph_req *r, const char *session, uint64_t seal_id,
-                      const uint8_t *state, size_t state_len, json_t *answer);
+/* A change of session's context made on this node — a seal, a node inserted or updated, a
+ * node deleted — left the session in `state` (u.context.state; NULL: not read, logged):
+ * answers r with `answer` (taken) once the log holds the state, as a completion's does (11.
+ * above; no done mark: an edit or a seal consumes nothing), or 503 when it does not within
+ * the deadline, the shard is not served here or the node is stopping (the change stands here,
+ * and the session's next completion carries it). `made` says what was done ("seal 4 was
+ * made"), `lacks` what the next owner would lack ("the seal (a retry makes another seal)"),
+ * for that 503; each under 64 bytes. Called from r's on_done; sets r->held when r waits. */
+void cph_cflow_context_changed(cph_cflow *f, cph_req *r, const char *session, const char *made,
+                               const char *lacks, const uint8_t *state, size_t state_len,
+                               json_t *answer);
 /* A completion or seal committed on this node gave items (13. above): puts each under its key,
  * not waited for (a failure is logged and counted). Nothing while the session's shard is not
  * live here. */

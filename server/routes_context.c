@@ -50,6 +50,17 @@ static json_t *nodes_json(const cph_context_node_info *nodes, size_t n) {
   return a;
 }
 
+/* Answers r's change of its session's context with o (taken): at once on a single node; in
+ * cluster mode once the log holds the session's state after it (u.context.state), so a change
+ * answered 200 moves with its session to the next node that serves it (clusterflow.h 11.). */
+static void answer_after_state(cph_req *r, const char *made, const char *lacks, json_t *o) {
+  if (r->srv->cflow)
+    cph_cflow_context_changed(r->srv->cflow, r, r->op.u.context.session, made, lacks,
+                              r->op.u.context.state, r->op.u.context.state_len, o);
+  else
+    cph_reply_json(r, 200, o);
+}
+
 static void insert_done(cph_req *r) {
   if (r->op.rc) {
     cph_reply_rc(r, r->op.rc, r->op.err.msg, r->op.field);
@@ -70,7 +81,10 @@ static void insert_done(cph_req *r) {
   if (!n) /* waiting for its cadence already? say its id at least */
     json_object_set_new(o, "id", cph_json_u64(r->op.u.context.node_id));
   cph_context_nodes_free(nodes, n);
-  cph_reply_json(r, 200, o);
+  char made[64];
+  snprintf(made, sizeof made, "node %llu was %s", (unsigned long long)r->op.u.context.node_id,
+           r->op.u.context.updated ? "updated" : "inserted");
+  answer_after_state(r, made, r->op.u.context.updated ? "the update" : "the node", o);
 }
 
 void cph_route_context_insert(cph_req *r) {
@@ -147,7 +161,9 @@ static void delete_done(cph_req *r) {
   }
   json_t *o = json_object();
   json_object_set_new(o, "deleted", cph_json_u64(r->op.u.context.node_id));
-  cph_reply_json(r, 200, o);
+  char made[64];
+  snprintf(made, sizeof made, "node %llu was deleted", (unsigned long long)r->op.u.context.node_id);
+  answer_after_state(r, made, "the deletion (the node would be back there)", o);
 }
 
 void cph_route_context_delete(cph_req *r) {
@@ -200,11 +216,9 @@ static void seal_done(cph_req *r) {
    * (clusterflow.h, 11.), so a seal answered 200 moves with its session after a kill -9. */
   if (r->srv->cflow && r->op.u.context.items.n)
     cph_cflow_items(r->srv->cflow, r->op.u.context.session, &r->op.u.context.items);
-  if (r->srv->cflow)
-    cph_cflow_sealed(r->srv->cflow, r, r->op.u.context.session, r->op.u.context.seal_id,
-                     r->op.u.context.state, r->op.u.context.state_len, o);
-  else
-    cph_reply_json(r, 200, o);
+  char made[64];
+  snprintf(made, sizeof made, "seal %llu was made", (unsigned long long)r->op.u.context.seal_id);
+  answer_after_state(r, made, "the seal (a retry makes another seal)", o);
 }
 
 void cph_route_seal(cph_req *r) {

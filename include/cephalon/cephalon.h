@@ -707,8 +707,10 @@ struct cph_op {
       bool updated;             /* insert: out — the key matched a live node, updated in place */
       char *trigger;            /* seal */
       uint64_t seal_id;         /* seal: out */
-      /* seal, cluster mode (cph_engine_report_consumed on): out, the session's state with the
-       * seal (as u.turn.state), for the cluster log; NULL when it could not be read (logged) */
+      /* insert, delete and seal, cluster mode (cph_engine_report_consumed on): out, the
+       * session's state after the change (as u.turn.state), for the cluster log — the answer
+       * waits until the log holds it, so an edit or seal answered 200 moves with its session;
+       * NULL when it could not be read (logged) */
       uint8_t *state;
       size_t state_len;
       cph_state_items items; /* seal, with state: the seal as an item (cph_state_item) */

@@ -485,12 +485,88 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
              seals_after);
 }
 
+/* The id of the node of session s's tree on node n with this content, or 0. */
+static long long node_id_of(cph_test_cluster *c, int n, int s, const char *content) {
+  char path[64];
+  snprintf(path, sizeof path, "/v1/sessions/t%02d/context", s);
+  json_t *j = get_json(c, n, path);
+  long long id = 0;
+  size_t i;
+  json_t *node;
+  json_array_foreach(json_object_get(j, "nodes"), i, node) {
+    const char *t = json_string_value(json_object_get(node, "content"));
+    if (t && strcmp(t, content) == 0)
+      id = json_integer_value(json_object_get(node, "id"));
+  }
+  json_decref(j);
+  return id;
+}
+
+/* Edits of a session's context tree that no completion follows move with it: each answers 200
+ * only once the log holds the session's state after it (clusterflow.h 11.), as a seal's does.
+ * On every session (the one the test before created again included) a node is inserted by key
+ * and then updated through its key, and the note inserted in the first test is deleted; then
+ * the owner of some of them is killed -9 right after the last 200. On the survivor each moved
+ * session's tree holds the updated node once, not its first text, and not the deleted note.
+ * Without the state put the survivor loads the state of the sessions' last completion: the
+ * deleted note is back and the new node missing, and the test fails. */
+static void test_cluster_state_an_edit_answered_200_moves_with_its_session(void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int up = c->up[0] ? 0 : 1, down = 1 - up;
+  assert_false(c->up[down]); /* the third test killed it */
+  cph_tc_start_node(c, down, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "the killed node came back");
+  bool had_note[SESSIONS];
+  for (int s = 0; s < SESSIONS; s++) {
+    char path[64], body[160], note[32];
+    snprintf(path, sizeof path, "/v1/sessions/t%02d/context", s);
+    for (int v = 1; v <= 2; v++) {
+      snprintf(body, sizeof body,
+               "{\"at\":\"d0, 1, 0\",\"key\":\"late\",\"content\":\"late note v%d of t%02d\"}", v,
+               s);
+      b->owner[s] = cph_tc_post_on_owner(c, up, path, body);
+    }
+    snprintf(note, sizeof note, "note of t%02d", s);
+    long long id = node_id_of(c, b->owner[s], s, note);
+    had_note[s] = id != 0; /* t05 was created again without it */
+    if (id) {
+      char del[96];
+      snprintf(del, sizeof del, "/v1/sessions/t%02d/context/%lld", s, id);
+      cph_test_response r = cph_test_api(c->port[b->owner[s]], "DELETE", del, NULL, NULL);
+      if (r.status != 200)
+        fail_msg("DELETE %s on n%d: %d %s", del, b->owner[s], r.status, r.body ? r.body : "");
+      cph_test_response_free(&r);
+    }
+  }
+  int victim = b->owner[0], survivor = 1 - victim;
+  int moved = cph_tc_moved(b->owner, SESSIONS, victim);
+  cph_tc_kill_node(c, victim, false); /* right after the last 200 */
+  cph_tc_settle(c, SHARDS, "the owner of the edited sessions killed");
+  for (int s = 0; s < SESSIONS; s++) {
+    char v1[48], v2[48], note[32];
+    snprintf(v1, sizeof v1, "late note v1 of t%02d", s);
+    snprintf(v2, sizeof v2, "late note v2 of t%02d", s);
+    snprintf(note, sizeof note, "note of t%02d", s);
+    int n2 = tree_count(c, survivor, s, NULL, v2, NULL);
+    int n1 = tree_count(c, survivor, s, NULL, v1, NULL);
+    int nn = tree_count(c, survivor, s, NULL, note, NULL);
+    if (n2 != 1 || n1 != 0 || nn != 0)
+      fail_msg("t%02d (%s n%d) on n%d after the kill: \"%s\" %d times (want 1), \"%s\" %d "
+               "(want 0), the deleted \"%s\" %d (want 0)%s",
+               s, b->owner[s] == victim ? "moved from" : "kept on", b->owner[s], survivor, v2, n2,
+               v1, n1, note, nn, had_note[s] ? "" : " (it had none)");
+  }
+  printf("%d sessions moved from n%d with their edits\n", moved, victim);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(
           test_cluster_state_a_dead_nodes_sessions_keep_their_history_tree_and_credits),
       cmocka_unit_test(test_cluster_state_moves_again_from_the_new_owner),
       cmocka_unit_test(test_cluster_state_records_beyond_the_state_move_as_items),
+      cmocka_unit_test(test_cluster_state_an_edit_answered_200_moves_with_its_session),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
