@@ -67,6 +67,7 @@ typedef enum ev_status { EV_ACCEPTED, EV_DUPLICATE, EV_REJECTED } ev_status;
 typedef struct ingest_req ingest_req;
 typedef struct applying applying;
 typedef struct done_req done_req;
+typedef struct record_req record_req;
 
 /* One message on its way into the log, retried with the same id until its deadline. */
 typedef struct pub {
@@ -85,6 +86,7 @@ typedef struct pub {
   size_t n_index;
   applying *ap;   /* PUB_FWD: the applied message it forwards */
   done_req *dr;   /* PUB_DONE, PUB_STATE: the completion (or delete) it records */
+  record_req *rr; /* PUB_SESSION: the request waiting for this record, or NULL */
   uint32_t shard; /* PUB_DONE, PUB_MARK, PUB_STATE: the shard (fenced: 10.); PUB_MARK: the
                      watermark */
   uint64_t mark;
@@ -123,6 +125,17 @@ struct applying {
   const char *batch_id; /* a batch's message id (in doc); NULL: a single event */
   size_t outstanding;   /* forwards not yet acknowledged */
   bool failed;
+};
+
+/* A session create, change or delete waiting for its record in the log (4.): its answer goes
+ * once the log took the record, 503 when it did not within DONE_DEADLINE_MS or the node stops
+ * first — so a session answered 200 is known to the node that serves it next. */
+struct record_req {
+  cph_req *r;     /* NULL once answered at shutdown (its pub still points here) */
+  json_t *answer; /* its 200 answer */
+  bool deleted;
+  char *session;
+  record_req *prev, *next; /* cph_cflow.records: the waiting ones, for shutdown */
 };
 
 /* The done marks of one completion (or session delete) on their way into the log (6.). */
@@ -304,6 +317,7 @@ struct cph_cflow {
   shard_track *tracks; /* per shard */
   cph_hmap pending;    /* engine key -> pending_ev, over every shard */
   done_req *dones;     /* completions waiting for their done marks */
+  record_req *records; /* session creates, changes and deletes waiting for their records */
   pos_req *waits;      /* requests waiting for their min_pos */
   uint64_t pos_waits, pos_timeouts;
   uint64_t minted_marks;
@@ -1757,6 +1771,44 @@ static void forward(cph_cflow *f, applying *ap) {
     applying_finish(f, ap);
 }
 
+static void record_free(record_req *rr) {
+  json_decref(rr->answer);
+  free(rr->session);
+  free(rr);
+}
+
+/* rr's request (when it still waits): 200 once the log took its session's record, else 503;
+ * then rr is freed. */
+static void record_answer(cph_cflow *f, record_req *rr, bool ok, const char *why) {
+  if (rr->r) {
+    if (rr->prev)
+      rr->prev->next = rr->next;
+    else
+      f->records = rr->next;
+    if (rr->next)
+      rr->next->prev = rr->prev;
+    if (ok)
+      cph_reply_json(rr->r, 200, json_incref(rr->answer));
+    else if (rr->deleted)
+      cph_reply_error(rr->r, 503, "unavailable", NULL,
+                      "session '%s' was deleted on this node, but the cluster log (NATS "
+                      "JetStream) did not take the deletion of its record within %d s (%s): "
+                      "other nodes may still know the session, and a node that serves its shard "
+                      "next may serve it again (delete it again there)",
+                      rr->session, DONE_DEADLINE_MS / 1000, why ? why : "no answer");
+    else
+      cph_reply_error(rr->r, 503, "unavailable", NULL,
+                      "session '%s' was written on this node, but the cluster log (NATS "
+                      "JetStream) did not take its record within %d s (%s): should this node die "
+                      "before the log takes it, the node that serves the session next lacks "
+                      "the change; PUT /v1/sessions/%s with the same fields writes it again",
+                      rr->session, DONE_DEADLINE_MS / 1000, why ? why : "no answer",
+                      rr->session);
+    cph_req_end(rr->r);
+  }
+  record_free(rr);
+}
+
 static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, const char *why) {
   switch (p->kind) {
   case PUB_INGEST: {
@@ -1791,6 +1843,8 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
       cph_error("cluster log: the record of a session (%s) was not taken by the log: %s; "
                 "other nodes do not see its change",
                 p->subject, why ? why : "no answer");
+    if (p->rr)
+      record_answer(f, p->rr, ok, why);
     break;
   case PUB_DONE: {
     done_req *dr = p->dr;
@@ -2933,12 +2987,13 @@ static json_t *session_def(const cph_session_info *in) {
       "paused", json_boolean(in->state == CPH_STATE_PAUSED));
 }
 
-void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_session_info *now) {
-  if (f->quiesced)
-    return;
+/* Publishes session's record (now) or its deletion (now NULL) and, for a deletion, deletes its
+ * state and items; rr (or NULL) waits for the record. False when nothing was published. */
+static bool session_publish(cph_cflow *f, const char *session, const cph_session_info *now,
+                            record_req *rr) {
   char subject[700];
-  if (cph_clog_session_subject(subject, sizeof subject, session) != CPH_OK)
-    return;
+  if (f->quiesced || cph_clog_session_subject(subject, sizeof subject, session) != CPH_OK)
+    return false;
   char *data;
   if (now) {
     json_t *def = session_def(now);
@@ -2954,16 +3009,19 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
     data = strdup("");
     cph_ctable_remove(f->table, session);
   }
-  pub *p =
-      data ? pub_new(f, PUB_SESSION, subject, NULL, data, strlen(data), SESSION_DEADLINE_MS) : NULL;
+  /* a request waiting for it gives up with the completions' deadline; the sweep's keep trying */
+  pub *p = data ? pub_new(f, PUB_SESSION, subject, NULL, data, strlen(data),
+                          rr ? DONE_DEADLINE_MS : SESSION_DEADLINE_MS)
+                : NULL;
   if (!p) {
     cph_error("cluster log: out of memory publishing the record of session \"%s\"", session);
-    return;
+    return false;
   }
   p->kv_delete = now == NULL;
+  p->rr = rr;
   pub_send(f, p);
   if (now)
-    return;
+    return true;
   /* 11.: its state goes too, so a session created again under the id starts afresh. Not fenced
    * (a delete is the user's, as the record's is); a put of this node's that expects the old
    * revision is refused, checked and written over (a delete marker counts as no value). */
@@ -2975,7 +3033,7 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
                : (free(none), NULL);
   if (!d) {
     cph_error("cluster log: out of memory deleting the state of session \"%s\"", session);
-    return;
+    return true;
   }
   d->kv_delete = true;
   state_rev_set(f, session, 0);
@@ -2984,6 +3042,45 @@ void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_sess
   if (cph_clog_forget_items(f->log, shard, session) != CPH_OK)
     cph_error("cluster log: the items of deleted session \"%s\" are not deleted from the log "
               "(out of memory, or an id too long for a key)", session);
+  return true;
+}
+
+void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_session_info *now) {
+  session_publish(f, session, now, NULL);
+}
+
+void cph_cflow_session_written(cph_cflow *f, cph_req *r, const char *session,
+                               const cph_session_info *now, json_t *answer) {
+  record_req *rr = calloc(1, sizeof *rr);
+  if (rr && !(rr->session = strdup(session))) {
+    free(rr);
+    rr = NULL;
+  }
+  if (!rr) {
+    json_decref(answer);
+    cph_reply_error(r, 500, "internal", NULL,
+                    "session '%s' was written on this node, but out of memory logging its record",
+                    session);
+    return;
+  }
+  rr->r = r;
+  rr->answer = answer;
+  rr->deleted = now == NULL;
+  if (!session_publish(f, session, now, rr)) {
+    rr->r = NULL;
+    record_free(rr);
+    cph_reply_error(r, 503, "unavailable", NULL,
+                    "session '%s' was %s on this node, but %s, so the cluster log cannot take "
+                    "its record now: the node that serves the session next may not know it",
+                    session, now ? "written" : "deleted",
+                    f->quiesced ? "cephalond is stopping" : "its record cannot be logged");
+    return;
+  }
+  r->held = true;
+  rr->next = f->records;
+  if (f->records)
+    f->records->prev = rr;
+  f->records = rr;
 }
 
 /* ---------------------------------------------------------------- the record sweep
@@ -3136,6 +3233,17 @@ void cph_cflow_quiesce(cph_cflow *f) {
     cph_req_end(dr->r);
     dr->r = NULL; /* dr stays reachable from its pubs, freed with them */
   }
+  while (f->records) {
+    record_req *rr = f->records;
+    f->records = rr->next;
+    cph_reply_error(rr->r, 503, "unavailable", NULL,
+                    "session '%s' was %s on this node, but cephalond is stopping before the "
+                    "cluster log took its record: the node that serves the session next may "
+                    "not know it",
+                    rr->session, rr->deleted ? "deleted" : "written");
+    cph_req_end(rr->r);
+    rr->r = NULL; /* rr stays reachable from its pub, freed with it */
+  }
   while (f->waits) {
     pos_req *w = f->waits;
     f->waits = w->next;
@@ -3198,6 +3306,8 @@ void cph_cflow_free(cph_cflow *f) {
       free(p->dr->session);
       free(p->dr);
     }
+    if (p->kind == PUB_SESSION && p->rr)
+      record_free(p->rr);
     pub_free(p);
   }
   for (size_t i = 0; i < n_irs; i++) {

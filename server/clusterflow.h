@@ -59,10 +59,13 @@
  *    channel's owner reads a channel's subscribers from it, and any node checks a named
  *    session from it. A change is visible to the other nodes once their watch delivered it
  *    (milliseconds); an event applied before that does not reach a new subscriber, as an
- *    event posted before a subscribe would not. The session answer does not wait for the
- *    record (it is retried for 30 s and logged if the log never takes it); a sweep over the
- *    node's sessions (a page a second) publishes the record of any session on a served shard
- *    that the table lacks — sessions created before the log was configured included.
+ *    event posted before a subscribe would not. The answer of a session create, change or
+ *    delete waits until the log took the record (cph_cflow_session_written: 503 after 10 s, so
+ *    a session answered 200 is known to the node that serves it next, after a kill -9 too);
+ *    a record the sweep publishes is retried for 30 s and logged if the log never takes it.
+ *    The sweep goes over the node's sessions (a page a second) and publishes the record of any
+ *    session on a served shard that the table lacks — sessions created before the log was
+ *    configured included.
  *
  * 5. Adopting a shard. When a node starts serving a shard (it took it over, came back, or
  *    restarted), the log reads the shard's past and hands it here before the shard's consumer
@@ -363,8 +366,14 @@ void cph_cflow_free(cph_cflow *f);
 /* POST /v1/events in cluster mode (see 1. above): answers r, at once or after the log. */
 void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n);
 /* A session was created or changed (now: the session as stored) or deleted (now NULL) on this
- * node: publishes its record (see 4. above). */
+ * node: publishes its record (see 4. above), not waited for (the record sweep's). */
 void cph_cflow_session_changed(cph_cflow *f, const char *session, const cph_session_info *now);
+/* The same for request r, which waits: answered with `answer` (taken) once the log took the
+ * record, 503 `unavailable` when it does not within DONE_DEADLINE_MS (10 s) or the node stops
+ * first — so a session created, changed or deleted with a 200 is seen so by the node that
+ * serves it next, after a kill -9 too. Called from r's on_done; sets r->held when r waits. */
+void cph_cflow_session_written(cph_cflow *f, cph_req *r, const char *session,
+                               const cph_session_info *now, json_t *answer);
 /* A completion committed on this node consumed the events named by keys (their engine keys,
  * cph_op u.turn.consumed) of session and left it in `state` (u.turn.state; NULL: none): answers
  * r with `answer` (taken) once the log holds the state and the done mark, or 503 (see 6. and

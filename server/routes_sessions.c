@@ -131,9 +131,11 @@ static void session_done(cph_req *r) {
     cph_reply_rc(r, r->op.rc, r->op.err.msg, r->op.field);
     return;
   }
-  if (r->srv->cflow) /* cluster mode: the other nodes learn its subscriptions */
-    cph_cflow_session_changed(r->srv->cflow, r->op.u.session.out.id, &r->op.u.session.out);
-  cph_reply_json(r, 200, session_json(&r->op.u.session.out));
+  if (r->srv->cflow) /* cluster mode: answered once the log holds its record */
+    cph_cflow_session_written(r->srv->cflow, r, r->op.u.session.out.id, &r->op.u.session.out,
+                              session_json(&r->op.u.session.out));
+  else
+    cph_reply_json(r, 200, session_json(&r->op.u.session.out));
 }
 
 void cph_route_session_create(cph_req *r) {
@@ -172,14 +174,15 @@ static void delete_done(cph_req *r) {
     cph_reply_rc(r, r->op.rc, r->op.err.msg, r->op.field);
     return;
   }
-  if (r->srv->cflow) {
-    cph_cflow_session_changed(r->srv->cflow, r->params[0], NULL);
-    cph_cflow_deleted(r->srv->cflow, r->params[0], &r->op.u.session.consumed);
-  }
   json_t *body = json_object();
   json_object_set_new(body, "id", json_string(r->params[0]));
   json_object_set_new(body, "deleted", json_true());
-  cph_reply_json(r, 200, body);
+  if (r->srv->cflow) { /* cluster mode: answered once the log took the record's deletion */
+    cph_cflow_deleted(r->srv->cflow, r->params[0], &r->op.u.session.consumed);
+    cph_cflow_session_written(r->srv->cflow, r, r->params[0], NULL, body);
+  } else {
+    cph_reply_json(r, 200, body);
+  }
 }
 
 void cph_route_session_delete(cph_req *r) {
