@@ -24,9 +24,8 @@
 #define RAW_SHARE 60u /* of the memory budget: raw memories; the rest goes to summaries */
 
 /* Work per turn, whatever the window: channel-log entries read over all the turn's channels
- * (split evenly, at least HISTORY_READS_MIN each), memory records read, memories listed. */
-#define HISTORY_READS_MAX 512
-#define HISTORY_READS_MIN 64
+ * (context.h: CONTEXT_HISTORY_READS_MAX, split evenly, at least CONTEXT_HISTORY_READS_MIN
+ * each), memory records read, memories listed. */
 #define MEMORY_SCAN_MAX 1024
 #define RAW_ITEMS_MAX 32
 #define OTHER_ITEMS_MAX 16
@@ -1469,9 +1468,9 @@ static int assemble(ctx *c) {
     messages_budget = c->history_budget;
   if (rc == CPH_OK && c->inbox) {
     rc = views_init(c);
-    int reads = ti->n_views ? HISTORY_READS_MAX / (int)ti->n_views : 0;
-    if (reads < HISTORY_READS_MIN)
-      reads = HISTORY_READS_MIN;
+    int reads = ti->n_views ? CONTEXT_HISTORY_READS_MAX / (int)ti->n_views : 0;
+    if (reads < CONTEXT_HISTORY_READS_MIN)
+      reads = CONTEXT_HISTORY_READS_MIN;
     for (size_t v = 0; rc == CPH_OK && v < ti->n_views; v++)
       rc = scan_channel(c, v, messages_budget, reads);
     if (rc == CPH_OK) {

@@ -127,6 +127,12 @@
 #include "store/store.h"
 #include "trees.h"
 
+/* The most channel-log entries a turn reads over its channels (split evenly, at least
+ * CONTEXT_HISTORY_READS_MIN each): what history a turn can show. A session's state for the
+ * cluster log carries as much of each channel (core/handover.c). */
+#define CONTEXT_HISTORY_READS_MAX 512
+#define CONTEXT_HISTORY_READS_MIN 64
+
 /* What the context module is handed; the engine wires it at open. It keeps no state of its
  * own: the cursors are in the store, the trees are the tree store's. context_edit.h takes it
  * too. */

@@ -26,17 +26,19 @@
  * as the store encodes it with its origin set, oldest first; the node taking the session over
  * stores each one whose origin it lacks under a new seal id there. A version-3 blob lacks that
  * part and still imports. Version 5 puts, where versions 1-4 have the channel replies, the
- * session's channel history: the newest STATE_REPLY_SCAN entries of each channel the session
- * views (its direct channel, then its subscriptions and memberships, each once, STATE_CHANNELS
- * at most) — the users' and other agents' messages as well as its own replies — but the events
- * its live inbox holds (STATE_LIVE_SCAN newest entries: the log's replay delivers those to the
- * new owner) and redacted ones, picked newest first within STATE_REPLY_BYTES (an entry that
- * does not fit is left out whole): be32 count, and per entry a flag byte (1: seen — at or
- * before the session's cursor on its channel, context.h), be32 length + channel, be32 length
- * + sender, be32 length + kind (0: none), be64 ts_ms, be32 length + body, channel by channel
- * in their log order; its stream replies' flags are 0 (this part has them). The node taking
- * the session over appends each entry its channel lacks, in that order, and moves the
- * session's cursor there to the newest seen one (import_channel). A version-4 blob lacks that
+ * session's channel history: of each channel the session views (its direct channel, then its
+ * subscriptions and memberships, each once, STATE_CHANNELS at most) the newest entries a turn of it
+ * could show (STATE_HISTORY_SCAN, as many as a turn reads of one channel, and no more than a
+ * window's worth of text; earlier builds wrote the newest 64 in the same format) — the users' and
+ * other agents' messages as well as its own replies — but the events its live inbox holds
+ * (STATE_LIVE_SCAN newest entries: the log's replay delivers those to the new owner) and redacted
+ * ones, picked newest first within STATE_REPLY_BYTES (an entry that does not fit is left out
+ * whole): be32 count, and per entry a flag byte (1: seen — at or before the session's cursor on
+ * its channel, context.h), be32 length + channel, be32 length + sender, be32 length + kind (0: none),
+ * be64 ts_ms, be32 length + body, channel by channel in their log order; its stream replies' flags
+ * are 0 (this part has them). The node taking the session over appends each entry its channel
+ * lacks, in that order, and moves the session's cursor there to the newest seen one
+ * (import_channel). A version-4 blob lacks that
  * part (its replies only) and still imports. That is what a completion changes of a session
  * and what its next turns read back: its conversation (the input and reply cores of every
  * turn within the history bound, which non-inbox turns render), its channels' history (which
@@ -44,8 +46,8 @@
  * its replies answered with them), the nodes workers inserted, the episode; and what the
  * scheduler charged. Read through the pass transaction, after the completion's child
  * committed, so it is exactly what this pass stores. The cost of a completion's export is
- * bounded by the scans (a few hundred record reads at most, only in cluster mode; it writes
- * nothing), and an entry older than the newest STATE_REPLY_SCAN of its channel does not move.
+ * bounded by the scans (up to STATE_HISTORY_SCAN record reads a channel, only in cluster mode;
+ * it writes nothing), and an entry no turn of the session could show any more does not move.
  * The stream replies are what makes a dead node's answers reach people: the node that takes
  * the session over adds each one whose origin its own stream lacks to that stream, so a
  * connector reading every node's stream gets it there (again, if it read it from the dead
@@ -108,7 +110,11 @@
 #define STATE_HEAD 28u
 #define STATE_STREAM_REPLIES 64
 #define STATE_STREAM_REPLY_BYTES (256u * 1024u)
-#define STATE_REPLY_SCAN 64 /* the newest entries of each channel's history */
+/* Of each channel's history, the newest entries a turn could show: as many as a turn reads
+ * of one channel (context.h), and no more than a window's worth of text (STATE_WINDOW_BYTES a
+ * token: an entry costs at least its text in a turn, so an older one cannot show). */
+#define STATE_HISTORY_SCAN CONTEXT_HISTORY_READS_MAX
+#define STATE_WINDOW_BYTES 4u
 #define STATE_CHANNELS 16
 #define STATE_REPLY_BYTES (256u * 1024u) /* of the channel history part (entries as written) */
 /* The session's live inbox entries whose events the channel history part leaves out, newest
@@ -116,8 +122,11 @@
  * is older than most of the channels' newest entries. */
 #define STATE_LIVE_SCAN 256
 /* The entries of a channel here that an imported entry is looked for among: a shared channel
- * gets the same events here through the log, for the sessions it serves. */
-#define STATE_HISTORY_MATCH 256
+ * gets the same events here through the log, for the sessions it serves (twice what a state
+ * carries of a channel, for what arrived here since). */
+#define STATE_HISTORY_MATCH (2 * STATE_HISTORY_SCAN)
+/* Of versions 1 to 4 (replies only, 64 a channel): the entries a reply is looked for among. */
+#define STATE_REPLIES_MATCH 128
 /* Of the memories (version 7): the newest raw ones over the session's scopes — more than a
  * turn shows (32: core/context.c), as a turn skips those of the events its history shows —
  * and the newest others; versions 1 to 6 carried STATE_MEMORIES of each class of its own
@@ -364,6 +373,7 @@ typedef struct hist_scan {
   uint64_t cursor; /* the session's cursor on the channel, when has_cursor */
   bool has_cursor;
   bool nomem;
+  size_t bytes, max_bytes; /* bodies' bytes collected; the scan stops past max_bytes (0: never) */
 } hist_scan;
 
 static bool collect_entry(void *ctx, uint64_t index, const cph_event_rec *ev) {
@@ -381,7 +391,8 @@ static bool collect_entry(void *ctx, uint64_t index, const cph_event_rec *ev) {
   e->index = index;
   e->chan_no = hs->chan_no;
   e->seen = hs->has_cursor && index <= hs->cursor;
-  return true;
+  hs->bytes += strlen(e->body); /* what a turn's history reading counts (context.c) */
+  return !hs->max_bytes || hs->bytes < hs->max_bytes;
 }
 
 /* The events of the session's newest STATE_LIVE_SCAN live inbox entries (pending or staged)
@@ -459,23 +470,27 @@ static int entry_log_order(const void *a, const void *b) {
                                   : (x->index > y->index) - (x->index < y->index);
 }
 
-/* The channel history part of the blob (above): the newest STATE_REPLY_SCAN entries of each of
- * the session's channels, but the events its inbox still holds, the newest first within
- * STATE_REPLY_BYTES (an entry that does not fit is left out whole), written channel by channel
- * in their log order. Reads only: a completion's export (cluster mode) pays it, the turn
- * cycle's transaction writes nothing more. */
+/* The channel history part of the blob (above): of each of the session's channels, the newest
+ * entries a turn could show (STATE_HISTORY_SCAN, and no more than a window's worth of text),
+ * but the events its inbox still holds, the newest first within STATE_REPLY_BYTES (an entry
+ * that does not fit is left out whole), written channel by channel in their log order. Reads
+ * only: a completion's export (cluster mode) pays it, the turn cycle's transaction writes
+ * nothing more. */
 static int state_export_history(const cph_handover *st, const csession *s, cph_buf *out) {
   cph_txn *t = &st->env->txn;
   session_chans sc;
   session_chans_get(t, s, &sc);
+  uint64_t window = sc.have_rec && sc.rec.context_window_tokens
+                        ? sc.rec.context_window_tokens
+                        : (uint64_t)st->env->policy->sessions.context_window_tokens;
   hist_list live = {0}, all = {0};
   int rc = collect_live(t, s, &live);
   for (size_t i = 0; rc == CPH_OK && i < sc.n; i++) {
-    hist_scan hs = {&all, &live, (uint32_t)i, 0, false, false};
+    hist_scan hs = {&all, &live, (uint32_t)i, 0, false, false, 0, window * STATE_WINDOW_BYTES};
     rc = context_cursor_get(t, s->id, sc.v[i], &hs.cursor);
     hs.has_cursor = rc == CPH_OK;
     if (rc == CPH_OK || rc == CPH_ENOTFOUND)
-      rc = history_tail(t, sc.v[i], STATE_REPLY_SCAN, collect_entry, &hs);
+      rc = history_tail(t, sc.v[i], STATE_HISTORY_SCAN, collect_entry, &hs);
     if (rc == CPH_OK && hs.nomem)
       rc = CPH_ENOMEM;
   }
@@ -1099,7 +1114,7 @@ static int append_event(cph_txn *t, const hist_entry *e, int64_t now_ms, uint64_
 
 /* The channel replies (those the stream part flagged and the channel part's), oldest first:
  * each reply its channel's history here lacks (the same session, time and body among the
- * channel's newest STATE_REPLY_SCAN * 2 entries) is stored as a reply event and appended to
+ * channel's newest STATE_REPLIES_MATCH entries) is stored as a reply event and appended to
  * that history, for the session's context. */
 static int state_import_history(cph_txn *t, const char *session, reply_scan *history) {
   if (history->n > 1)
@@ -1109,7 +1124,7 @@ static int state_import_history(cph_txn *t, const char *session, reply_scan *his
   for (size_t i = 0; rc == CPH_OK && i < history->n; i++) {
     const state_reply *r = &history->v[i];
     reply_find rf = {session, r->body, r->ts_ms, false};
-    rc = history_tail(t, r->channel, 2 * STATE_REPLY_SCAN, find_reply, &rf);
+    rc = history_tail(t, r->channel, STATE_REPLIES_MATCH, find_reply, &rf);
     if (rc == CPH_OK && !rf.found) {
       hist_entry e = {r->channel, (char *)session, (char *)"reply", r->body, r->ts_ms, 0, 0,
                       false, false};
@@ -1182,7 +1197,7 @@ static int state_read_history(const uint8_t *data, size_t n, size_t *used, hist_
  * while you were away". */
 static int import_channel(cph_txn *t, const char *session, const hist_entry *v, size_t n) {
   hist_list here = {0}, none = {0};
-  hist_scan hs = {&here, &none, 0, 0, false, false};
+  hist_scan hs = {&here, &none, 0, 0, false, false, 0, 0};
   int rc = history_tail(t, v[0].channel, STATE_HISTORY_MATCH, collect_entry, &hs);
   if (rc == CPH_OK && hs.nomem)
     rc = CPH_ENOMEM;

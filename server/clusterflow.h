@@ -193,7 +193,8 @@
  *    holds: the context tree's records — the input and reply cores of every turn within the
  *    history bound, the nodes workers inserted —, the episode, the credits, its newest 64
  *    replies of the replies stream with their origins (core/replystream.h; 256 KiB at most),
- *    the newest 64 entries of each of its channels' history — the users' and other agents'
+ *    the newest entries of each of its channels' history that a turn of it could show (512
+ *    at most, and no more than its window's worth of text) — the users' and other agents'
  *    messages with its replies, but what its inbox still holds; 256 KiB at most —, the newest
  *    memories of the scopes its turns read — its own and its channels', 160 raw and 64 others
  *    over them all —, its newest ended turn records and its newest 16 seals, those with their
@@ -260,7 +261,7 @@
  *    owner's move past the moved entries its turns saw), maintenance jobs, memories beyond
  *    their bound (160 + 64; turn records and seals beyond theirs move as items, 13.), the replies stream's older
  *    replies (beyond the session's newest 64) and its source inbox ids, and a channel's
- *    entries older than its newest 64 (or beyond the 256 KiB).
+ *    entries older than a turn of the session could show (or beyond the 256 KiB).
  *
  * 12. Trimming the log, so it does not grow without bound. Below a shard's watermark W (7.) a
  *    rebuild reads nothing (8.: events from W, done marks from W — a mark follows the event it

@@ -308,9 +308,122 @@ static void test_cluster_history_a_moved_sessions_channels_show_what_it_answered
   cph_tc_lease_each(c, survivor, b->owner, SESSIONS, answer_pair, b, "the pair round");
 }
 
+#define LONG_TURNS 120 /* its history: 240 entries, more than a state carried (64) */
+
+/* Leases on node n until it gets session "long"'s turn (its message staged); its answer. */
+static json_t *lease_long(cph_test_cluster *c, int n) {
+  for (int tries = 0; tries < 50; tries++) {
+    cph_test_response r = cph_test_api(c->port[n], "POST", "/v1/turns/lease", NULL,
+                                       "{\"worker\":\"w\",\"wait_ms\":2000}");
+    json_t *j = r.status == 200 ? cph_test_json(&r) : NULL;
+    cph_test_response_free(&r);
+    const char *sid = json_string_value(json_object_get(json_object_get(j, "turn"), "session"));
+    if (sid && strcmp(sid, "long") == 0)
+      return j;
+    json_decref(j);
+  }
+  fail_msg("no turn of session \"long\" leased on n%d", n);
+  return NULL;
+}
+
+/* The conversation a lease shows: its user and assistant messages, one per line. */
+static char *conversation(json_t *lease, int *count) {
+  size_t cap = 1 << 16, len = 0, i;
+  char *out = malloc(cap);
+  assert_non_null(out);
+  out[0] = '\0';
+  *count = 0;
+  json_t *m;
+  json_array_foreach(json_object_get(json_object_get(lease, "turn"), "messages"), i, m) {
+    const char *role = json_string_value(json_object_get(m, "role"));
+    const char *content = json_string_value(json_object_get(m, "content"));
+    if (!role || !content || (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0))
+      continue;
+    size_t need = strlen(role) + strlen(content) + 4;
+    if (len + need >= cap) {
+      cap = 2 * (len + need);
+      out = realloc(out, cap);
+      assert_non_null(out);
+    }
+    len += (size_t)snprintf(out + len, cap - len, "%s: %s\n", role, content);
+    (*count)++;
+  }
+  return out;
+}
+
+/* A moved session's next turn shows the same conversation as its turn on the node that died
+ * would have: the state carries as much of each channel's history as a turn's history section
+ * reads (core/handover.c), not a fixed 64 entries. Session "long" answers LONG_TURNS messages
+ * on its direct channel; then a probe message is leased on its owner (the history its turn
+ * shows there) and the owner killed -9; the survivor leases the probe again (its input comes
+ * again from the log), and its user and assistant messages must be those of the first lease,
+ * in the same order. With 64 entries moved, the survivor's turn showed the newest 64 of the
+ * history and fewer of the session's own answers: the test failed so. */
+static void test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conversation(
+    void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  for (int n = 0; n < NODES; n++)
+    if (!c->up[n])
+      cph_tc_start_node(c, n, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "every node up");
+  int owner =
+      cph_tc_post_on_owner(c, 0, "/v1/sessions", "{\"id\":\"long\",\"class\":\"interactive\"}");
+  uint32_t x = 12345;
+  for (int k = 0; k < LONG_TURNS; k++) {
+    char body[256];
+    x = x * 1103515245u + 12345u;
+    uint32_t y = x * 2654435761u;
+    snprintf(body, sizeof body,
+             "{\"events\":[{\"session\":\"long\",\"sender\":\"ann\",\"body\":\"long question "
+             "%d, %08x %08x\"}]}",
+             k, x, y);
+    assert_int_equal(cph_tc_post_on_owner(c, owner, "/v1/events", body), owner);
+    json_t *j = lease_long(c, owner);
+    json_t *turn = json_object_get(j, "turn");
+    char path[96], done[512];
+    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+             (long long)json_integer_value(json_object_get(turn, "id")));
+    snprintf(done, sizeof done,
+             "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
+             "\"reply\":{\"body\":\"long reply %d, %08x\"}}",
+             json_string_value(json_object_get(turn, "lease")), k, y ^ x);
+    cph_test_response r = cph_test_api(c->port[owner], "POST", path, NULL, done);
+    if (r.status != 200)
+      fail_msg("completing %s on n%d: %d %s", path, owner, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+    json_decref(j);
+  }
+  cph_tc_post_on_owner(c, owner, "/v1/events",
+                       "{\"events\":[{\"session\":\"long\",\"sender\":\"ann\",\"body\":\"the "
+                       "probe\"}]}");
+  json_t *before = lease_long(c, owner);
+  int n_before, n_after;
+  char *was = conversation(before, &n_before);
+  json_decref(before);
+  cph_tc_kill_node(c, owner, false);
+  cph_tc_settle(c, SHARDS, "the owner of \"long\" killed");
+  int survivor = 1 - owner;
+  json_t *after = lease_long(c, survivor);
+  char *is = conversation(after, &n_after);
+  json_decref(after);
+  printf("\"long\": its turn showed %d user and assistant messages on n%d, %d on n%d after "
+         "the kill\n",
+         n_before, owner, n_after, survivor);
+  if (strcmp(was, is) != 0)
+    fail_msg("\"long\"'s turn on n%d after the kill shows %d messages, not the %d it showed on "
+             "n%d:\n--- before\n%s--- after\n%s",
+             survivor, n_after, n_before, owner, was, is);
+  assert_true(n_before > 2 * 64); /* more than the 64 entries a state carried */
+  free(was);
+  free(is);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_history_a_moved_sessions_channels_show_what_it_answered),
+      cmocka_unit_test(
+          test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conversation),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1031,18 +1031,23 @@ static bool holds(const uint8_t *data, size_t n, const char *str) {
   return false;
 }
 
-/* The channel history part keeps the newest entries within its 256 KiB: 40 messages of ~8 KB
- * answered by one turn carry their newest ~30 and the reply, whole; the oldest are left out. */
-static void test_session_state_history_keeps_the_newest_within_its_bound(void **state) {
-  (void)state;
-  cph_fixture *f = cph_fixture_new("hist_bound", "{}");
-  cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+/* Session "a" with this window (0: the policy's), BIG messages of BYTES letters at random (no
+ * two alike enough to fold) answered by one turn: that completion's state (*len bytes). */
+enum { BIG = 40, BYTES = 8000 };
+static uint8_t *big_history_state(cph_fixture *f, uint64_t window, size_t *len) {
+  cph_op create = {0};
+  create.kind = CPH_OP_SESSION_CREATE;
+  create.u.session.in.id = "a";
+  create.u.session.in.lane = CPH_LANE_INTERACTIVE;
+  create.u.session.in.context_window_tokens = window;
+  if (cph_fixture_run(f, &create))
+    fail_msg("create a: %s", create.err.msg);
+  cph_op_clear_results(&create);
   cph_engine_report_consumed(f->e, true);
-  enum { BIG = 40, BYTES = 8000 };
   cph_event_in evs[BIG];
   char *bodies[BIG];
   uint32_t seed = 7;
-  for (int i = 0; i < BIG; i++) { /* letters at random: no two alike enough to fold */
+  for (int i = 0; i < BIG; i++) {
     bodies[i] = malloc(BYTES + 1);
     assert_non_null(bodies[i]);
     int k = snprintf(bodies[i], BYTES, "big %02d ", i);
@@ -1059,6 +1064,8 @@ static void test_session_state_history_keeps_the_newest_within_its_bound(void **
   cph_op in;
   cph_fixture_ingest(f, evs, BIG, &in);
   cph_op_clear_results(&in);
+  for (int i = 0; i < BIG; i++)
+    free(bodies[i]);
   cph_op lease;
   cph_fixture_lease(f, "w", &lease);
   assert_int_equal(lease.u.lease.turn.n_staged, BIG);
@@ -1070,8 +1077,17 @@ static void test_session_state_history_keeps_the_newest_within_its_bound(void **
   assert_int_equal(cph_fixture_run(f, &done), CPH_OK);
   done.u.turn.reply_body = NULL;
   cph_op_clear_results(&lease);
+  return state_of(&done, len);
+}
+
+/* The channel history part keeps the newest entries within its 256 KiB: 40 messages of ~8 KB
+ * answered by one turn of a session with a window of 200,000 tokens (whose turns could show
+ * them all) carry their newest ~30 and the reply, whole; the oldest are left out. */
+static void test_session_state_history_keeps_the_newest_within_its_bound(void **state) {
+  (void)state;
+  cph_fixture *f = cph_fixture_new("hist_bound", "{}");
   size_t len;
-  uint8_t *blob = state_of(&done, &len);
+  uint8_t *blob = big_history_state(f, 200000, &len);
   size_t at, n;
   uint32_t count;
   history_part(blob, len, &at, &n, &count);
@@ -1084,8 +1100,44 @@ static void test_session_state_history_keeps_the_newest_within_its_bound(void **
   snprintf(first, sizeof first, "big %02u ", BIG - (count - 1));
   assert_memory_equal(blob + at + 4 + 1 + 4 + 8 + 4 + 3 + 4 + 0 + 8 + 4, first, 7);
   free(blob);
-  for (int i = 0; i < BIG; i++)
-    free(bodies[i]);
+  cph_fixture_free(f);
+}
+
+/* Of a channel the state carries what a turn of the session could show, and not more than a
+ * window's worth of text: with the default window (8,192 tokens, 32 KB of text) the same 40
+ * messages of ~8 KB carry the reply and the newest five (the fifth crosses the 32 KB), and
+ * every history entry the session's next turn shows is among them. */
+static void test_session_state_history_carries_what_a_turn_could_show(void **state) {
+  (void)state;
+  cph_fixture *f = cph_fixture_new("hist_window", "{}");
+  size_t len;
+  uint8_t *blob = big_history_state(f, 0, &len);
+  size_t at, n;
+  uint32_t count;
+  history_part(blob, len, &at, &n, &count);
+  assert_int_equal(count, 6);
+  assert_true(holds(blob + at, n, "the reply"));
+  assert_true(holds(blob + at, n, "big 35 "));
+  assert_false(holds(blob + at, n, "big 34 "));
+  cph_event_in next = {0};
+  next.session = "a";
+  next.sender = "ann";
+  next.body = "one more";
+  cph_op in;
+  cph_fixture_ingest(f, &next, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease;
+  cph_fixture_lease(f, "w", &lease);
+  const cph_turn_info *ti = &lease.u.lease.turn;
+  assert_true(ti->n_history > 0);
+  for (size_t i = 0; i < ti->n_history; i++) {
+    char head[16];
+    snprintf(head, sizeof head, "%.7s", ti->history[i].body);
+    if (!holds(blob + at, n, head))
+      fail_msg("the next turn shows history entry \"%s...\", which the state lacks", head);
+  }
+  cph_op_clear_results(&lease);
+  free(blob);
   cph_fixture_free(f);
 }
 
@@ -1792,6 +1844,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_is_not_exported_without_report_consumed),
       cmocka_unit_test(test_session_state_moves_channel_history),
       cmocka_unit_test(test_session_state_history_keeps_the_newest_within_its_bound),
+      cmocka_unit_test(test_session_state_history_carries_what_a_turn_could_show),
       cmocka_unit_test(test_session_state_kept_contexts_move_as_items),
       cmocka_unit_test(test_session_state_moves_channel_memories),
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
