@@ -309,6 +309,11 @@ static void test_cluster_history_a_moved_sessions_channels_show_what_it_answered
 }
 
 #define LONG_TURNS 120 /* its history: 240 entries, more than a state carried (64) */
+/* Each message's words after its number: long enough that a turn's window (8,192 tokens) cuts
+ * the history, so the turn also lists memories of the older messages. */
+#define LONG_WORDS                                                                             \
+  "and then the rest of a long message, long enough that the window cuts the conversation "    \
+  "well before its start"
 
 /* Leases on node n until it gets session "long"'s turn (its message staged); its answer. */
 static json_t *lease_long(cph_test_cluster *c, int n) {
@@ -326,7 +331,7 @@ static json_t *lease_long(cph_test_cluster *c, int n) {
   return NULL;
 }
 
-/* The conversation a lease shows: its user and assistant messages, one per line. */
+/* What a lease shows the model: its messages, role and content, one per line. */
 static char *conversation(json_t *lease, int *count) {
   size_t cap = 1 << 16, len = 0, i;
   char *out = malloc(cap);
@@ -337,7 +342,7 @@ static char *conversation(json_t *lease, int *count) {
   json_array_foreach(json_object_get(json_object_get(lease, "turn"), "messages"), i, m) {
     const char *role = json_string_value(json_object_get(m, "role"));
     const char *content = json_string_value(json_object_get(m, "content"));
-    if (!role || !content || (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0))
+    if (!role || !content)
       continue;
     size_t need = strlen(role) + strlen(content) + 4;
     if (len + need >= cap) {
@@ -351,14 +356,15 @@ static char *conversation(json_t *lease, int *count) {
   return out;
 }
 
-/* A moved session's next turn shows the same conversation as its turn on the node that died
- * would have: the state carries as much of each channel's history as a turn's history section
- * reads (core/handover.c), not a fixed 64 entries. Session "long" answers LONG_TURNS messages
- * on its direct channel; then a probe message is leased on its owner (the history its turn
- * shows there) and the owner killed -9; the survivor leases the probe again (its input comes
- * again from the log), and its user and assistant messages must be those of the first lease,
- * in the same order. With 64 entries moved, the survivor's turn showed the newest 64 of the
- * history and fewer of the session's own answers: the test failed so. */
+/* A moved session's next turn shows the model what its turn on the node that died would
+ * have: the state carries as much of each channel's history as a turn's history section reads
+ * (core/handover.c), not a fixed 64 entries. Session "long" answers LONG_TURNS messages on its
+ * direct channel, more than its window shows (the history is cut, memories of the older
+ * messages listed); then a probe message is leased on its owner and the owner killed -9; the
+ * survivor leases the probe again (its input comes again from the log), and its messages must
+ * be those of the first lease, every role and text, in the same order. With the newest 64
+ * entries moved the survivor's turn showed 65 user and assistant messages of 241: the test
+ * failed so. */
 static void test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conversation(
     void **state) {
   bench *b = *state;
@@ -371,12 +377,12 @@ static void test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conve
       cph_tc_post_on_owner(c, 0, "/v1/sessions", "{\"id\":\"long\",\"class\":\"interactive\"}");
   uint32_t x = 12345;
   for (int k = 0; k < LONG_TURNS; k++) {
-    char body[256];
+    char body[512];
     x = x * 1103515245u + 12345u;
     uint32_t y = x * 2654435761u;
     snprintf(body, sizeof body,
              "{\"events\":[{\"session\":\"long\",\"sender\":\"ann\",\"body\":\"long question "
-             "%d, %08x %08x\"}]}",
+             "%d, %08x %08x " LONG_WORDS "\"}]}",
              k, x, y);
     assert_int_equal(cph_tc_post_on_owner(c, owner, "/v1/events", body), owner);
     json_t *j = lease_long(c, owner);
@@ -398,6 +404,9 @@ static void test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conve
                        "{\"events\":[{\"session\":\"long\",\"sender\":\"ann\",\"body\":\"the "
                        "probe\"}]}");
   json_t *before = lease_long(c, owner);
+  json_t *tokens = json_object_get(json_object_get(before, "turn"), "tokens");
+  json_int_t cut = json_integer_value(json_object_get(tokens, "history_cut"));
+  json_int_t memory = json_integer_value(json_object_get(tokens, "recent_memory"));
   int n_before, n_after;
   char *was = conversation(before, &n_before);
   json_decref(before);
@@ -407,14 +416,15 @@ static void test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conve
   json_t *after = lease_long(c, survivor);
   char *is = conversation(after, &n_after);
   json_decref(after);
-  printf("\"long\": its turn showed %d user and assistant messages on n%d, %d on n%d after "
-         "the kill\n",
-         n_before, owner, n_after, survivor);
+  printf("\"long\": its turn showed %d messages on n%d (%lld history entries cut, %lld tokens "
+         "of memories), %d on n%d after the kill\n",
+         n_before, owner, (long long)cut, (long long)memory, n_after, survivor);
   if (strcmp(was, is) != 0)
     fail_msg("\"long\"'s turn on n%d after the kill shows %d messages, not the %d it showed on "
              "n%d:\n--- before\n%s--- after\n%s",
              survivor, n_after, n_before, owner, was, is);
   assert_true(n_before > 2 * 64); /* more than the 64 entries a state carried */
+  assert_true(cut > 0 && memory > 0); /* the window cut the history; memories stood in */
   free(was);
   free(is);
 }
