@@ -27,7 +27,6 @@
  * (context.h: CONTEXT_HISTORY_READS_MAX, split evenly, at least CONTEXT_HISTORY_READS_MIN
  * each), memory records read, memories listed. */
 #define MEMORY_SCAN_MAX 1024
-#define RAW_ITEMS_MAX 32
 #define OTHER_ITEMS_MAX 16
 #define REPLACED_HOPS_MAX 8 /* replaced_by links followed to find a stand-in */
 
@@ -996,7 +995,7 @@ static uint64_t scope_walks_next(scope_walk *w, size_t n, uint64_t *source) {
  * cost nothing. Gone memories add their replaced_by to `replaced`. */
 static int scan_class(ctx *c, char **scopes, size_t n_scopes, bool raw, uint64_t budget, mlist *to,
                       idset *replaced) {
-  size_t cap = raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX;
+  size_t cap = raw ? CONTEXT_RAW_ITEMS_MAX : OTHER_ITEMS_MAX;
   scope_walk *walks = calloc(n_scopes ? n_scopes : 1, sizeof *walks);
   if (!walks)
     return CPH_ENOMEM;
@@ -1057,7 +1056,7 @@ static int scan_memories(ctx *c, char **scopes, size_t n_scopes, uint64_t raw_bu
     mlist *to = m->kind == CPH_MEMORY_RAW ? raw : other;
     if (mlist_has(raw, m->id) || mlist_has(other, m->id) ||
         !scope_in(m->session, scopes, n_scopes) ||
-        to->n >= (to == raw ? RAW_ITEMS_MAX : OTHER_ITEMS_MAX))
+        to->n >= (to == raw ? CONTEXT_RAW_ITEMS_MAX : OTHER_ITEMS_MAX))
       continue;
     rc = mlist_push(to, m);
   }

@@ -132,6 +132,9 @@
  * cluster log carries as much of each channel (core/handover.c). */
 #define CONTEXT_HISTORY_READS_MAX 512
 #define CONTEXT_HISTORY_READS_MIN 64
+/* The most raw memories a turn lists: the newest of its scopes but those of the events its
+ * history shows. A state carries that many more than the history entries it carries. */
+#define CONTEXT_RAW_ITEMS_MAX 32
 
 /* What the context module is handed; the engine wires it at open. It keeps no state of its
  * own: the cursors are in the store, the trees are the tree store's. context_edit.h takes it

@@ -128,9 +128,10 @@
 /* Of versions 1 to 4 (replies only, 64 a channel): the entries a reply is looked for among. */
 #define STATE_REPLIES_MATCH 128
 /* Of the memories (version 7): the newest raw ones over the session's scopes — more than a
- * turn shows (32: core/context.c), as a turn skips those of the events its history shows —
- * and the newest others; versions 1 to 6 carried STATE_MEMORIES of each class of its own
- * scope alone. */
+ * turn shows (CONTEXT_RAW_ITEMS_MAX), as a turn skips those of the events its history shows:
+ * STATE_RAW_MEMORIES, or that many more than the history entries the state carries when those
+ * are more — and the newest others; versions 1 to 6 carried STATE_MEMORIES of each class of
+ * its own scope alone. */
 #define STATE_RAW_MEMORIES 160
 #define STATE_MEMORIES 64
 #define STATE_RAW_MEMORY_BYTES (192u * 1024u) /* of the part as written */
@@ -476,7 +477,8 @@ static int entry_log_order(const void *a, const void *b) {
  * that does not fit is left out whole), written channel by channel in their log order. Reads
  * only: a completion's export (cluster mode) pays it, the turn cycle's transaction writes
  * nothing more. */
-static int state_export_history(const cph_handover *st, const csession *s, cph_buf *out) {
+static int state_export_history(const cph_handover *st, const csession *s, cph_buf *out,
+                                size_t *carried) {
   cph_txn *t = &st->env->txn;
   session_chans sc;
   session_chans_get(t, s, &sc);
@@ -508,6 +510,7 @@ static int state_export_history(const cph_handover *st, const csession *s, cph_b
       all.v[kept++] = all.v[i];
     }
     all.n = kept;
+    *carried = kept;
     if (all.n > 1)
       qsort(all.v, all.n, sizeof *all.v, entry_log_order);
     cph_buf_put_be32(out, (uint32_t)all.n);
@@ -702,7 +705,8 @@ static int collect_memories(cph_txn *t, char *const *scopes, size_t n_scopes, bo
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
-/* The memories part of the blob (version 7): the newest STATE_RAW_MEMORIES raw memories and
+/* The memories part of the blob (version 7): the newest raw memories (STATE_RAW_MEMORIES, or
+ * CONTEXT_RAW_ITEMS_MAX more than the `history` entries the history part carries) and
  * the newest STATE_MEMORIES others (summaries, aggregates) over the scopes the session's turns
  * read — its own and its channels' ("#channel": the raw memories of the events it was sent,
  * which its turns show once those events are older than the history its turns show) — but
@@ -711,7 +715,8 @@ static int collect_memories(cph_txn *t, char *const *scopes, size_t n_scopes, bo
  * memory a kind byte, a flag byte (1: from an event), be32 length + scope, be32 length + text,
  * be32 count of tags and each be32 length + tag, and for a flagged one be32 length + the
  * event's sender and be64 its time. */
-static int state_export_memories(const cph_handover *st, const csession *s, cph_buf *out) {
+static int state_export_memories(const cph_handover *st, const csession *s, size_t history,
+                                 cph_buf *out) {
   cph_txn *t = &st->env->txn;
   session_chans sc;
   session_chans_get(t, s, &sc);
@@ -733,8 +738,11 @@ static int state_export_memories(const cph_handover *st, const csession *s, cph_
     live[n_live++] = s->inbox[i].event_id;
   memory_scan ms = {0};
   if (rc == CPH_OK)
-    rc = collect_memories(t, scopes, n_scopes, true, STATE_RAW_MEMORIES, STATE_RAW_MEMORY_BYTES,
-                          live, n_live, &ms);
+    rc = collect_memories(t, scopes, n_scopes, true,
+                          history + CONTEXT_RAW_ITEMS_MAX > STATE_RAW_MEMORIES
+                              ? history + CONTEXT_RAW_ITEMS_MAX
+                              : STATE_RAW_MEMORIES,
+                          STATE_RAW_MEMORY_BYTES, live, n_live, &ms);
   if (rc == CPH_OK)
     rc = collect_memories(t, scopes, n_scopes, false, STATE_MEMORIES, STATE_MEMORY_BYTES, live,
                           n_live, &ms);
@@ -1892,14 +1900,15 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out) {
     rc = CPH_ENOMEM;
   static const uint8_t none[4] = {0};
   cph_buf part = {0};
+  size_t history = 0; /* the entries the history part carries */
   for (int i = 0; rc == CPH_OK && i < 6; i++) {
     cph_buf_reset(&part);
     if (i == 0)
       write_stream_part(&ss, &part);
     else if (i == 1)
-      rc = state_export_history(st, s, &part);
+      rc = state_export_history(st, s, &part, &history);
     else if (i == 2)
-      rc = state_export_memories(st, s, &part);
+      rc = state_export_memories(st, s, history, &part);
     else if (i == 3)
       rc = state_export_turns(st, s, &part);
     else if (i == 4)

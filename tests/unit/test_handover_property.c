@@ -1,0 +1,216 @@
+/* A moved session's next turn shows the model what it would have shown on the node it left
+ * (server/clusterflow.h 11., core/handover.c): the property behind cluster mode's takeover, in
+ * one process. Per seeded case, two engines x and y (two nodes) with session "a" (a random
+ * window); on x the session answers a random number of messages of random lengths (sometimes
+ * with a memory its worker gives), each in a turn of its own; the last completion's state is
+ * imported into y. Then the same message is posted to "a" on both and leased: the two turns'
+ * messages — every role, text and coordinate, in order — must be equal, and so must their
+ * token accounts (what was cut). That covers the tree, the channel history a turn shows (as
+ * much as its window and its reads allow: more than the newest 64 entries once), and the
+ * memories listed in place of the history the window cuts. On failure the seed is printed
+ * (rerun: CPH_PROPERTY_SEED=<seed> CPH_PROPERTY_CASES=1). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "tests/support/engine_fixture.h"
+#include "tests/support/prop.h"
+
+#define DEFAULT_CASES 40
+#define MAX_TURNS 260 /* past what one turn reads of a channel (512 entries) with its replies */
+
+static const uint64_t WINDOWS[] = {256, 1024, 8192, 32768, 200000};
+
+static const char *const WORDS[] = {"kettle", "orbit", "lantern", "quarry", "velvet", "harbor",
+                                    "cinder", "meadow", "pylon",  "saffron", "tundra", "walnut"};
+
+/* A text of about `len` bytes: a unique head ("<tag> <i>, <hex>") and random words, so that no
+ * two fold as near-duplicates (DESIGN §5). */
+static void text(rng *r, char *out, size_t cap, const char *tag, int i, size_t len) {
+  size_t at = (size_t)snprintf(out, cap, "%s %d, %08x", tag, i, (unsigned)below(r, 0xffffffffu));
+  while (at + 12 < len && at + 12 < cap)
+    at += (size_t)snprintf(out + at, cap - at, " %s", WORDS[below(r, 12)]);
+}
+
+/* Budgets that never hold a turn back; warm_channels 0 reads channel history from the store,
+ * else from the channels' warm tails (core/chantail.h): both ways are drawn. */
+static cph_fixture *node(const char *tag, uint64_t seed, uint64_t window, int warm_channels) {
+  char name[48], policy[512];
+  snprintf(name, sizeof name, "hop_%s_%llu", tag, (unsigned long long)seed);
+  snprintf(policy, sizeof policy,
+           "{:scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}\n"
+           "             :credits {:refill-per-second 0 :cost {:interactive 0}}}\n"
+           " :sessions {:warm-channels %d :janitor? false}\n"
+           " :store {:sync :none}}\n",
+           warm_channels);
+  cph_fixture *f = cph_fixture_new(name, policy);
+  cph_op create = {0};
+  create.kind = CPH_OP_SESSION_CREATE;
+  create.u.session.in.id = "a";
+  create.u.session.in.lane = CPH_LANE_INTERACTIVE;
+  create.u.session.in.context_window_tokens = window;
+  if (cph_fixture_run(f, &create))
+    fail_msg("create a: %s", create.err.msg);
+  cph_op_clear_results(&create);
+  cph_engine_report_consumed(f->e, true);
+  return f;
+}
+
+/* Posts body to "a" on f and leases its turn into *lease. */
+static void post_and_lease(cph_fixture *f, const char *body, cph_op *lease) {
+  cph_event_in ev = {0};
+  ev.session = "a";
+  ev.sender = "ann";
+  ev.body = (char *)body;
+  cph_op in;
+  cph_fixture_ingest(f, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_fixture_lease(f, "w", lease);
+  if (lease->u.lease.turn.id == 0 || strcmp(lease->u.lease.turn.session, "a") != 0)
+    fail_msg("no turn of \"a\" leased after posting \"%.40s\"", body);
+}
+
+/* Fails unless the two turns show the same messages and token accounts. */
+static void same_turn(uint64_t seed, const cph_turn_info *x, const cph_turn_info *y) {
+  CPH_PROP_CHECK(seed, x->n_messages == y->n_messages,
+                 "the turn shows %zu messages on the node it left, %zu on its new owner",
+                 x->n_messages, y->n_messages);
+  for (size_t i = 0; i < x->n_messages; i++) {
+    const cph_message *a = &x->messages[i], *b = &y->messages[i];
+    CPH_PROP_CHECK(seed,
+                   strcmp(a->role, b->role) == 0 && strcmp(a->content, b->content) == 0 &&
+                       strcmp(a->coord, b->coord) == 0,
+                   "message %zu of %zu: %s [%s] \"%.120s\" on the node it left, %s [%s] "
+                   "\"%.120s\" on its new owner",
+                   i, x->n_messages, a->role, a->coord, a->content, b->role, b->coord,
+                   b->content);
+  }
+  CPH_PROP_CHECK(seed, x->n_history == y->n_history,
+                 "the history section lists %zu entries on the node it left, %zu on its new "
+                 "owner",
+                 x->n_history, y->n_history);
+  for (size_t i = 0; i < x->n_history; i++) {
+    const cph_history_entry *a = &x->history[i], *b = &y->history[i];
+    CPH_PROP_CHECK(seed,
+                   strcmp(a->channel, b->channel) == 0 && strcmp(a->sender, b->sender) == 0 &&
+                       strcmp(a->body, b->body) == 0 && a->ts_ms == b->ts_ms,
+                   "history entry %zu of %zu: %s \"%.80s\" on the node it left, %s \"%.80s\" "
+                   "on its new owner",
+                   i, x->n_history, a->sender, a->body, b->sender, b->body);
+  }
+  /* memories by kind, scope and text (their ids are each node's own) */
+  CPH_PROP_CHECK(seed, x->n_memories == y->n_memories,
+                 "the memory section lists %zu memories on the node it left (the oldest "
+                 "\"%.60s\"), %zu on its new owner",
+                 x->n_memories, x->n_memories ? x->memories[x->n_memories - 1].text : "",
+                 y->n_memories);
+  for (size_t i = 0; i < x->n_memories; i++) {
+    const cph_memory_item *a = &x->memories[i], *b = &y->memories[i];
+    CPH_PROP_CHECK(seed,
+                   strcmp(a->kind, b->kind) == 0 && strcmp(a->scope, b->scope) == 0 &&
+                       strcmp(a->text, b->text) == 0,
+                   "memory %zu of %zu: %s %s \"%.80s\" on the node it left, %s %s \"%.80s\" on "
+                   "its new owner",
+                   i, x->n_memories, a->kind, a->scope, a->text, b->kind, b->scope, b->text);
+  }
+  const cph_context_tokens *a = &x->tokens, *b = &y->tokens;
+  CPH_PROP_CHECK(seed,
+                 a->conversation_history == b->conversation_history &&
+                     a->recent_memory == b->recent_memory && a->history_cut == b->history_cut &&
+                     a->messages == b->messages && a->messages_cut == b->messages_cut,
+                 "token accounts: history %u/%u, memory %u/%u, history cut %u/%u, messages "
+                 "%u/%u, messages cut %u/%u (the node it left / its new owner)",
+                 a->conversation_history, b->conversation_history, a->recent_memory,
+                 b->recent_memory, a->history_cut, b->history_cut, a->messages, b->messages,
+                 a->messages_cut, b->messages_cut);
+}
+
+static void run_case(uint64_t seed) {
+  rng r = {seed};
+  uint64_t window = WINDOWS[below(&r, sizeof WINDOWS / sizeof *WINDOWS)];
+  int turns = 1 + (int)below(&r, MAX_TURNS);
+  size_t longest = 16 + below(&r, 600);
+  if (getenv("CPH_TEST_DEBUG"))
+    printf("seed %llu: window %llu, %d turns, texts up to %zu bytes\n",
+           (unsigned long long)seed, (unsigned long long)window, turns, longest + 8);
+  int warm = below(&r, 2) ? 64 : 0;
+  cph_fixture *x = node("x", seed, window, warm), *y = node("y", seed, window, warm);
+  uint8_t *state = NULL;
+  size_t state_len = 0;
+  char body[1024], reply[1024], memory[256];
+  for (int i = 0; i < turns; i++) {
+    text(&r, body, sizeof body, "question", i, 8 + below(&r, (uint32_t)longest));
+    cph_op lease;
+    post_and_lease(x, body, &lease);
+    cph_op done = {0};
+    done.kind = CPH_OP_COMPLETE;
+    done.u.turn.turn_id = lease.u.lease.turn.id;
+    memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
+    text(&r, reply, sizeof reply, "reply", i, 8 + below(&r, (uint32_t)longest));
+    done.u.turn.reply_body = reply;
+    cph_memory_in m = {0};
+    if (below(&r, 4) == 0) {
+      text(&r, memory, sizeof memory, "keepsake", i, 40);
+      m.text = memory;
+      done.u.turn.memories = &m;
+      done.u.turn.n_memories = 1;
+    }
+    done.u.turn.tokens = 10;
+    if (cph_fixture_run(x, &done))
+      fail_msg("seed %llu: completing turn %d: %s", (unsigned long long)seed, i, done.err.msg);
+    done.u.turn.reply_body = NULL;
+    done.u.turn.memories = NULL;
+    done.u.turn.n_memories = 0;
+    free(state);
+    state = done.u.turn.state;
+    state_len = done.u.turn.state_len;
+    done.u.turn.state = NULL;
+    cph_op_clear_results(&done);
+    cph_op_clear_results(&lease);
+  }
+  CPH_PROP_CHECK(seed, state != NULL, "the last completion exported no state");
+  cph_op imp = {0};
+  imp.kind = CPH_OP_SESSION_STATE;
+  imp.u.state.session = "a";
+  imp.u.state.data = state;
+  imp.u.state.len = state_len;
+  int rc = cph_fixture_run(y, &imp);
+  CPH_PROP_CHECK(seed, rc == CPH_OK, "importing the state (%zu bytes): %s", state_len,
+                 imp.err.msg);
+  cph_op_clear_results(&imp);
+  cph_op lx, ly;
+  post_and_lease(x, "the probe", &lx);
+  post_and_lease(y, "the probe", &ly);
+  same_turn(seed, &lx.u.lease.turn, &ly.u.lease.turn);
+  cph_op_clear_results(&lx);
+  cph_op_clear_results(&ly);
+  free(state);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
+static void test_a_moved_sessions_next_turn_equals_the_one_it_left(void **state) {
+  (void)state;
+  uint64_t seed;
+  long cases;
+  cph_property_run(20261129, DEFAULT_CASES, &seed, &cases);
+  print_message("handover property: %ld cases from seed %llu\n", cases,
+                (unsigned long long)seed);
+  for (long i = 0; i < cases; i++)
+    run_case(seed + (uint64_t)i);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_a_moved_sessions_next_turn_equals_the_one_it_left),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
