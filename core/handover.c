@@ -110,9 +110,9 @@
 #define STATE_HEAD 28u
 #define STATE_STREAM_REPLIES 64
 #define STATE_STREAM_REPLY_BYTES (256u * 1024u)
-/* Of each channel's history, the newest entries a turn could show: as many as a turn reads
- * of one channel (context.h), and no more than a window's worth of text (STATE_WINDOW_BYTES a
- * token: an entry costs at least its text in a turn, so an older one cannot show). */
+/* Of each channel's history, the newest entries a turn could read: as many as a turn reads
+ * of one channel (context.h), and back to where the session's own entries hold a window's
+ * worth of text (STATE_WINDOW_BYTES a token: a turn reads no further, hist_scan). */
 #define STATE_HISTORY_SCAN CONTEXT_HISTORY_READS_MAX
 #define STATE_WINDOW_BYTES 4u
 #define STATE_CHANNELS 16
@@ -374,7 +374,12 @@ typedef struct hist_scan {
   uint64_t cursor; /* the session's cursor on the channel, when has_cursor */
   bool has_cursor;
   bool nomem;
-  size_t bytes, max_bytes; /* bodies' bytes collected; the scan stops past max_bytes (0: never) */
+  /* The scan stops once the session's own entries collected (`self`'s) hold max_bytes of text
+   * (0: never). A turn reads a channel's history until the entries its section shows — the
+   * session's own and its staged messages' senders' (core/context.c) — cover its budget, at
+   * most a window: the session's own entries are the ones every turn of it counts. */
+  const char *self;
+  size_t bytes, max_bytes;
 } hist_scan;
 
 static bool collect_entry(void *ctx, uint64_t index, const cph_event_rec *ev) {
@@ -392,7 +397,8 @@ static bool collect_entry(void *ctx, uint64_t index, const cph_event_rec *ev) {
   e->index = index;
   e->chan_no = hs->chan_no;
   e->seen = hs->has_cursor && index <= hs->cursor;
-  hs->bytes += strlen(e->body); /* what a turn's history reading counts (context.c) */
+  if (hs->self && strcmp(e->sender, hs->self) == 0)
+    hs->bytes += strlen(e->body);
   return !hs->max_bytes || hs->bytes < hs->max_bytes;
 }
 
@@ -488,7 +494,8 @@ static int state_export_history(const cph_handover *st, const csession *s, cph_b
   hist_list live = {0}, all = {0};
   int rc = collect_live(t, s, &live);
   for (size_t i = 0; rc == CPH_OK && i < sc.n; i++) {
-    hist_scan hs = {&all, &live, (uint32_t)i, 0, false, false, 0, window * STATE_WINDOW_BYTES};
+    hist_scan hs = {&all,  &live, (uint32_t)i, 0, false, false, s->id, 0,
+                    window * STATE_WINDOW_BYTES};
     rc = context_cursor_get(t, s->id, sc.v[i], &hs.cursor);
     hs.has_cursor = rc == CPH_OK;
     if (rc == CPH_OK || rc == CPH_ENOTFOUND)
@@ -1205,7 +1212,7 @@ static int state_read_history(const uint8_t *data, size_t n, size_t *used, hist_
  * while you were away". */
 static int import_channel(cph_txn *t, const char *session, const hist_entry *v, size_t n) {
   hist_list here = {0}, none = {0};
-  hist_scan hs = {&here, &none, 0, 0, false, false, 0, 0};
+  hist_scan hs = {&here, &none, 0, 0, false, false, NULL, 0, 0};
   int rc = history_tail(t, v[0].channel, STATE_HISTORY_MATCH, collect_entry, &hs);
   if (rc == CPH_OK && hs.nomem)
     rc = CPH_ENOMEM;

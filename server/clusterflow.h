@@ -193,8 +193,8 @@
  *    holds: the context tree's records — the input and reply cores of every turn within the
  *    history bound, the nodes workers inserted —, the episode, the credits, its newest 64
  *    replies of the replies stream with their origins (core/replystream.h; 256 KiB at most),
- *    the newest entries of each of its channels' history that a turn of it could show (512
- *    at most, and no more than its window's worth of text) — the users' and other agents'
+ *    the newest entries of each of its channels' history that a turn of it could read
+ *    (512 at most, back to where its own entries hold its window's worth of text) — the users' and other agents'
  *    messages with its replies, but what its inbox still holds; 256 KiB at most —, the newest
  *    memories of the scopes its turns read — its own and its channels', 160 raw and 64 others
  *    over them all —, its newest ended turn records and its newest 16 seals, those with their

@@ -1,8 +1,9 @@
 /* A moved session's next turn shows the model what it would have shown on the node it left
  * (server/clusterflow.h 11., core/handover.c): the property behind cluster mode's takeover, in
  * one process. Per seeded case, two engines x and y (two nodes) with session "a" (a random
- * window); on x the session answers a random number of messages of random lengths (sometimes
- * with a memory its worker gives), each in a turn of its own; the last completion's state is
+ * window, subscribed to "room"); on x the session answers a random number of messages of
+ * random lengths from three senders, on its direct channel or in "room" (sometimes with a
+ * memory its worker gives, sometimes after a node a worker inserts), each in a turn of its own; the last completion's state is
  * imported into y. Then the same message is posted to "a" on both and leased: the two turns'
  * messages — every role, text and coordinate, in order — must be equal, and so must their
  * token accounts (what was cut). That covers the tree, the channel history a turn shows (as
@@ -57,6 +58,9 @@ static cph_fixture *node(const char *tag, uint64_t seed, uint64_t window, int wa
   create.u.session.in.id = "a";
   create.u.session.in.lane = CPH_LANE_INTERACTIVE;
   create.u.session.in.context_window_tokens = window;
+  char *rooms[] = {"room"};
+  create.u.session.in.subscribe.items = rooms;
+  create.u.session.in.subscribe.count = 1;
   if (cph_fixture_run(f, &create))
     fail_msg("create a: %s", create.err.msg);
   cph_op_clear_results(&create);
@@ -64,11 +68,16 @@ static cph_fixture *node(const char *tag, uint64_t seed, uint64_t window, int wa
   return f;
 }
 
-/* Posts body to "a" on f and leases its turn into *lease. */
-static void post_and_lease(cph_fixture *f, const char *body, cph_op *lease) {
+/* Posts body to "a" on f (in the channel "room" from `sender` when room) and leases its turn
+ * into *lease. */
+static void post_and_lease(cph_fixture *f, const char *body, bool room, const char *sender,
+                           cph_op *lease) {
   cph_event_in ev = {0};
-  ev.session = "a";
-  ev.sender = "ann";
+  if (room)
+    ev.channel = "room";
+  else
+    ev.session = "a";
+  ev.sender = (char *)sender;
   ev.body = (char *)body;
   cph_op in;
   cph_fixture_ingest(f, &ev, 1, &in);
@@ -148,8 +157,21 @@ static void run_case(uint64_t seed) {
   char body[1024], reply[1024], memory[256];
   for (int i = 0; i < turns; i++) {
     text(&r, body, sizeof body, "question", i, 8 + below(&r, (uint32_t)longest));
+    static const char *const senders[] = {"ann", "bob", "cy"};
     cph_op lease;
-    post_and_lease(x, body, &lease);
+    post_and_lease(x, body, below(&r, 3) == 0, senders[below(&r, 3)], &lease);
+    if (below(&r, 16) == 0) { /* a node a worker inserts */
+      cph_op ins = {0};
+      ins.kind = CPH_OP_CONTEXT_INSERT;
+      ins.u.context.session = "a";
+      text(&r, memory, sizeof memory, "note", i, 30);
+      ins.u.context.node.at = "d0, 1, 0";
+      ins.u.context.node.content = memory;
+      ins.u.context.node.ttl = below(&r, 2) ? 0 : 1 + below(&r, 20);
+      if (cph_fixture_run(x, &ins))
+        fail_msg("seed %llu: inserting a node: %s", (unsigned long long)seed, ins.err.msg);
+      cph_op_clear_results(&ins);
+    }
     cph_op done = {0};
     done.kind = CPH_OP_COMPLETE;
     done.u.turn.turn_id = lease.u.lease.turn.id;
@@ -187,8 +209,8 @@ static void run_case(uint64_t seed) {
                  imp.err.msg);
   cph_op_clear_results(&imp);
   cph_op lx, ly;
-  post_and_lease(x, "the probe", &lx);
-  post_and_lease(y, "the probe", &ly);
+  post_and_lease(x, "the probe", false, "ann", &lx);
+  post_and_lease(y, "the probe", false, "ann", &ly);
   same_turn(seed, &lx.u.lease.turn, &ly.u.lease.turn);
   cph_op_clear_results(&lx);
   cph_op_clear_results(&ly);

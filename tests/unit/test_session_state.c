@@ -1103,36 +1103,76 @@ static void test_session_state_history_keeps_the_newest_within_its_bound(void **
   cph_fixture_free(f);
 }
 
-/* Of a channel the state carries what a turn of the session could show, and not more than a
- * window's worth of text: with the default window (8,192 tokens, 32 KB of text) the same 40
- * messages of ~8 KB carry the reply and the newest five (the fifth crosses the 32 KB), and
- * every history entry the session's next turn shows is among them. */
+/* A text of BYTES letters at random after its head (no two alike enough to fold). */
+static char *big_text(const char *head, uint32_t *seed) {
+  char *t = malloc(BYTES + 1);
+  assert_non_null(t);
+  int k = snprintf(t, BYTES, "%s", head);
+  for (; k < BYTES; k++) {
+    *seed = *seed * 1103515245u + 12345u;
+    t[k] = (char)('a' + (*seed >> 16) % 26);
+  }
+  t[BYTES] = '\0';
+  return t;
+}
+
+/* Of a channel the state carries what a turn of the session could read, back to where the
+ * session's own entries hold a window's worth of text: with the default window (8,192 tokens,
+ * 32 KB of text) 12 turns of a ~8 KB question and a ~8 KB answer carry the newest five answers
+ * (the fifth crosses the 32 KB) and the questions between them — 9 entries — and every history
+ * entry the session's next turn shows is among them. */
 static void test_session_state_history_carries_what_a_turn_could_show(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("hist_window", "{}");
-  size_t len;
-  uint8_t *blob = big_history_state(f, 0, &len);
+  cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
+  cph_engine_report_consumed(f->e, true);
+  uint32_t seed = 11;
+  uint8_t *blob = NULL;
+  size_t len = 0;
+  for (int i = 0; i < 12; i++) {
+    char head[16];
+    snprintf(head, sizeof head, "q %02d ", i);
+    char *q = big_text(head, &seed);
+    snprintf(head, sizeof head, "r %02d ", i);
+    char *reply = big_text(head, &seed);
+    cph_event_in ev = {0};
+    ev.session = "a";
+    ev.sender = "ann";
+    ev.body = q;
+    cph_op lease;
+    post_and_lease(f, &ev, &lease);
+    cph_op done = {0};
+    done.kind = CPH_OP_COMPLETE;
+    done.u.turn.turn_id = lease.u.lease.turn.id;
+    memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
+    done.u.turn.reply_body = reply;
+    assert_int_equal(cph_fixture_run(f, &done), CPH_OK);
+    done.u.turn.reply_body = NULL;
+    cph_op_clear_results(&lease);
+    free(blob);
+    blob = state_of(&done, &len);
+    free(q);
+    free(reply);
+  }
   size_t at, n;
   uint32_t count;
   history_part(blob, len, &at, &n, &count);
-  assert_int_equal(count, 6);
-  assert_true(holds(blob + at, n, "the reply"));
-  assert_true(holds(blob + at, n, "big 35 "));
-  assert_false(holds(blob + at, n, "big 34 "));
+  assert_int_equal(count, 9);
+  assert_true(holds(blob + at, n, "r 07 "));
+  assert_false(holds(blob + at, n, "q 07 "));
+  assert_true(holds(blob + at, n, "q 08 "));
+  assert_true(holds(blob + at, n, "r 11 "));
   cph_event_in next = {0};
   next.session = "a";
   next.sender = "ann";
   next.body = "one more";
-  cph_op in;
-  cph_fixture_ingest(f, &next, 1, &in);
-  cph_op_clear_results(&in);
   cph_op lease;
-  cph_fixture_lease(f, "w", &lease);
+  post_and_lease(f, &next, &lease);
   const cph_turn_info *ti = &lease.u.lease.turn;
   assert_true(ti->n_history > 0);
   for (size_t i = 0; i < ti->n_history; i++) {
-    char head[16];
-    snprintf(head, sizeof head, "%.7s", ti->history[i].body);
+    char head[8];
+    snprintf(head, sizeof head, "%.5s", ti->history[i].body);
     if (!holds(blob + at, n, head))
       fail_msg("the next turn shows history entry \"%s...\", which the state lacks", head);
   }
@@ -1648,11 +1688,12 @@ static void remembered(cph_fixture *f, int rounds, int *count, int64_t *created)
   cph_op_clear_results(&op);
 }
 
-#define MEMORY_ROUNDS 400 /* channel messages: their raw memories push the worker's out of the
-                           * state's newest 160 */
+#define MEMORY_ROUNDS 800 /* channel messages: their raw memories push the worker's out of what
+                           * the state carries (512 history entries read, so 544 raw memories) */
 
 /* Items: every completion gives the memories its worker minted, so a session whose channels
- * minted more than a state carries (the newest 160 raw memories over its scopes) still moves
+ * minted more than a state carries (the newest raw memories over its scopes: 32 more than the
+ * history entries it carries) still moves
  * every one of its worker's memories — the state alone leaves the older ones behind —, each
  * once however often it is imported, with the time it was made; a memory item of another
  * scope, or without an origin in its name, is refused and counted. */
