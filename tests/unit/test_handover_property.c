@@ -3,13 +3,16 @@
  * one process. Per seeded case, two engines x and y (two nodes) with session "a" (a random
  * window, subscribed to "room"); on x the session answers a random number of messages of
  * random lengths from three senders, on its direct channel or in "room" (sometimes with a
- * memory its worker gives, sometimes after a node a worker inserts), each in a turn of its own; the last completion's state is
- * imported into y. Then the same message is posted to "a" on both and leased: the two turns'
- * messages — every role, text and coordinate, in order — must be equal, and so must their
- * token accounts (what was cut). That covers the tree, the channel history a turn shows (as
- * much as its window and its reads allow: more than the newest 64 entries once), and the
- * memories listed in place of the history the window cuts. On failure the seed is printed
- * (rerun: CPH_PROPERTY_SEED=<seed> CPH_PROPERTY_CASES=1). */
+ * memory its worker gives, sometimes after a node a worker inserts), each in a turn of its
+ * own; the last completion's state is imported into y. In half the cases the session answers
+ * more on y and its state goes back to x, which still holds its copy from before (a node that
+ * comes back). Then the same message is posted to "a" on the node it left and on its owner
+ * and leased: the two turns' messages (every role, text and coordinate, in order), history
+ * sections, memory sections (kind, scope, text) and token accounts (what was cut) must be
+ * equal. That covers the tree, the channel history a turn shows (as much as its window and
+ * its reads allow: more than the newest 64 entries once), and the memories listed in place of
+ * the history the window cuts. On failure the seed is printed (rerun:
+ * CPH_PROPERTY_SEED=<seed> CPH_PROPERTY_CASES=1; CPH_TEST_DEBUG=1 prints each case's draw). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -142,33 +145,25 @@ static void same_turn(uint64_t seed, const cph_turn_info *x, const cph_turn_info
                  a->messages_cut, b->messages_cut);
 }
 
-static void run_case(uint64_t seed) {
-  rng r = {seed};
-  uint64_t window = WINDOWS[below(&r, sizeof WINDOWS / sizeof *WINDOWS)];
-  int turns = 1 + (int)below(&r, MAX_TURNS);
-  size_t longest = 16 + below(&r, 600);
-  if (getenv("CPH_TEST_DEBUG"))
-    printf("seed %llu: window %llu, %d turns, texts up to %zu bytes\n",
-           (unsigned long long)seed, (unsigned long long)window, turns, longest + 8);
-  int warm = below(&r, 2) ? 64 : 0;
-  cph_fixture *x = node("x", seed, window, warm), *y = node("y", seed, window, warm);
-  uint8_t *state = NULL;
-  size_t state_len = 0;
+/* `turns` turns of "a" on f, drawn from r; the last completion's state into *state (freed
+ * first; *state stays when turns is 0). */
+static void run_turns(uint64_t seed, rng *r, cph_fixture *f, int first, int turns,
+                      size_t longest, uint8_t **state, size_t *state_len) {
   char body[1024], reply[1024], memory[256];
-  for (int i = 0; i < turns; i++) {
-    text(&r, body, sizeof body, "question", i, 8 + below(&r, (uint32_t)longest));
+  for (int i = first; i < first + turns; i++) {
+    text(r, body, sizeof body, "question", i, 8 + below(r, (uint32_t)longest));
     static const char *const senders[] = {"ann", "bob", "cy"};
     cph_op lease;
-    post_and_lease(x, body, below(&r, 3) == 0, senders[below(&r, 3)], &lease);
-    if (below(&r, 16) == 0) { /* a node a worker inserts */
+    post_and_lease(f, body, below(r, 3) == 0, senders[below(r, 3)], &lease);
+    if (below(r, 16) == 0) { /* a node a worker inserts */
       cph_op ins = {0};
       ins.kind = CPH_OP_CONTEXT_INSERT;
       ins.u.context.session = "a";
-      text(&r, memory, sizeof memory, "note", i, 30);
+      text(r, memory, sizeof memory, "note", i, 30);
       ins.u.context.node.at = "d0, 1, 0";
       ins.u.context.node.content = memory;
-      ins.u.context.node.ttl = below(&r, 2) ? 0 : 1 + below(&r, 20);
-      if (cph_fixture_run(x, &ins))
+      ins.u.context.node.ttl = below(r, 2) ? 0 : 1 + below(r, 20);
+      if (cph_fixture_run(f, &ins))
         fail_msg("seed %llu: inserting a node: %s", (unsigned long long)seed, ins.err.msg);
       cph_op_clear_results(&ins);
     }
@@ -176,41 +171,71 @@ static void run_case(uint64_t seed) {
     done.kind = CPH_OP_COMPLETE;
     done.u.turn.turn_id = lease.u.lease.turn.id;
     memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
-    text(&r, reply, sizeof reply, "reply", i, 8 + below(&r, (uint32_t)longest));
+    text(r, reply, sizeof reply, "reply", i, 8 + below(r, (uint32_t)longest));
     done.u.turn.reply_body = reply;
     cph_memory_in m = {0};
-    if (below(&r, 4) == 0) {
-      text(&r, memory, sizeof memory, "keepsake", i, 40);
+    if (below(r, 4) == 0) {
+      text(r, memory, sizeof memory, "keepsake", i, 40);
       m.text = memory;
       done.u.turn.memories = &m;
       done.u.turn.n_memories = 1;
     }
     done.u.turn.tokens = 10;
-    if (cph_fixture_run(x, &done))
+    if (cph_fixture_run(f, &done))
       fail_msg("seed %llu: completing turn %d: %s", (unsigned long long)seed, i, done.err.msg);
     done.u.turn.reply_body = NULL;
     done.u.turn.memories = NULL;
     done.u.turn.n_memories = 0;
-    free(state);
-    state = done.u.turn.state;
-    state_len = done.u.turn.state_len;
+    free(*state);
+    *state = done.u.turn.state;
+    *state_len = done.u.turn.state_len;
     done.u.turn.state = NULL;
     cph_op_clear_results(&done);
     cph_op_clear_results(&lease);
   }
-  CPH_PROP_CHECK(seed, state != NULL, "the last completion exported no state");
+  CPH_PROP_CHECK(seed, *state != NULL, "the last completion exported no state");
+}
+
+static void import_state(uint64_t seed, cph_fixture *f, const uint8_t *state, size_t len) {
   cph_op imp = {0};
   imp.kind = CPH_OP_SESSION_STATE;
   imp.u.state.session = "a";
   imp.u.state.data = state;
-  imp.u.state.len = state_len;
-  int rc = cph_fixture_run(y, &imp);
-  CPH_PROP_CHECK(seed, rc == CPH_OK, "importing the state (%zu bytes): %s", state_len,
-                 imp.err.msg);
+  imp.u.state.len = len;
+  int rc = cph_fixture_run(f, &imp);
+  CPH_PROP_CHECK(seed, rc == CPH_OK, "importing the state (%zu bytes): %s", len, imp.err.msg);
   cph_op_clear_results(&imp);
+}
+
+/* The session answers on x, moves to y; in half the cases it answers more there and moves
+ * back to x, which still holds its copy from before (a node that comes back). The node it
+ * left and its new owner then lease the same message. */
+static void run_case(uint64_t seed) {
+  rng r = {seed};
+  uint64_t window = WINDOWS[below(&r, sizeof WINDOWS / sizeof *WINDOWS)];
+  int turns = 1 + (int)below(&r, MAX_TURNS);
+  int back = below(&r, 2) ? 1 + (int)below(&r, MAX_TURNS / 2) : 0;
+  size_t longest = 16 + below(&r, 600);
+  if (getenv("CPH_TEST_DEBUG"))
+    printf("seed %llu: window %llu, %d turns, %d more after a move and back, texts up to %zu "
+           "bytes\n",
+           (unsigned long long)seed, (unsigned long long)window, turns, back, longest + 8);
+  int warm = below(&r, 2) ? 64 : 0;
+  cph_fixture *x = node("x", seed, window, warm), *y = node("y", seed, window, warm);
+  uint8_t *state = NULL;
+  size_t state_len = 0;
+  run_turns(seed, &r, x, 0, turns, longest, &state, &state_len);
+  import_state(seed, y, state, state_len);
+  cph_fixture *left = x, *owner = y;
+  if (back) {
+    run_turns(seed, &r, y, turns, back, longest, &state, &state_len);
+    import_state(seed, x, state, state_len);
+    left = y;
+    owner = x;
+  }
   cph_op lx, ly;
-  post_and_lease(x, "the probe", false, "ann", &lx);
-  post_and_lease(y, "the probe", false, "ann", &ly);
+  post_and_lease(left, "the probe", false, "ann", &lx);
+  post_and_lease(owner, "the probe", false, "ann", &ly);
   same_turn(seed, &lx.u.lease.turn, &ly.u.lease.turn);
   cph_op_clear_results(&lx);
   cph_op_clear_results(&ly);
