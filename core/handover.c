@@ -1957,7 +1957,18 @@ static void import_state(const cph_handover *st, cph_op *op, csession *s, import
   cph_txn t;
   cph_txn_begin_child(&st->env->txn, &t);
   size_t used = 0;
-  int rc = trees_import(st->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used);
+  /* A state older than the tree here in the same line of turns (this node's own, put before a
+   * completion whose state the log never took: it answered 503, and this node took the shard
+   * back) leaves the tree, episode and credits here as they are; the rest merges as always. */
+  bool keep = false;
+  int rc = trees_import_is_behind(st->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used, &keep);
+  if (rc == CPH_OK && !keep)
+    rc = trees_import(st->trees, &t, id, p + STATE_HEAD, n - STATE_HEAD, &used);
+  else if (rc == CPH_OK)
+    cph_log(CPH_LOG_INFO, "session '%s': the state from the cluster log (episode %llu) is older "
+            "than this node's (episode %llu), which went on from it: its tree, episode and "
+            "credits are kept", id, (unsigned long long)episode,
+            (unsigned long long)s->episode);
   size_t at = STATE_HEAD + used;
   uint64_t newest = 0;
   reply_scan history = {0};
@@ -2024,11 +2035,13 @@ static void import_state(const cph_handover *st, cph_op *op, csession *s, import
   }
   uint64_t old_episode = s->episode;
   double old_credits = cph_sched_credits(st->env->sched, s->sid);
-  s->episode = episode;
-  if (rc == CPH_OK && credits == credits) /* not NaN */
-    rc = csession_resched(st->sessions, s, s->lane, credits);
-  if (rc == CPH_OK)
-    rc = persist_session_credits(st->sessions, &t, s);
+  if (!keep) {
+    s->episode = episode;
+    if (rc == CPH_OK && credits == credits) /* not NaN */
+      rc = csession_resched(st->sessions, s, s->lane, credits);
+    if (rc == CPH_OK)
+      rc = persist_session_credits(st->sessions, &t, s);
+  }
   if (rc == CPH_OK)
     rc = cph_txn_commit(&t);
   else

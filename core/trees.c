@@ -484,6 +484,58 @@ int trees_import(cph_trees *tr, cph_txn *t, const char *session, const uint8_t *
   return rc;
 }
 
+int trees_import_is_behind(cph_trees *tr, cph_txn *t, const char *session, const uint8_t *data,
+                           size_t len, size_t *used, bool *behind) {
+  (void)tr; /* the store holds what the cache does (trees_keep's contract) */
+  *behind = false;
+  if (len < 4)
+    return CPH_EINVAL;
+  uint32_t count = cph_be32_get(data);
+  size_t at = 4;
+  const uint8_t *head = NULL, *newest = NULL;
+  uint32_t head_len = 0, newest_len = 0;
+  uint64_t newest_seq = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    if (len - at < 4)
+      return CPH_EINVAL;
+    uint32_t kl = cph_be32_get(data + at);
+    at += 4;
+    if (len - at < (size_t)kl + 4)
+      return CPH_EINVAL;
+    const uint8_t *key = data + at;
+    at += kl;
+    uint32_t vl = cph_be32_get(data + at);
+    at += 4;
+    if (len - at < vl)
+      return CPH_EINVAL;
+    if (kl == 0) {
+      head = data + at;
+      head_len = vl;
+    } else if (kl == 8 && (!newest || cph_be64_get(key) > newest_seq)) {
+      newest_seq = cph_be64_get(key);
+      newest = data + at;
+      newest_len = vl;
+    }
+    at += vl;
+  }
+  *used = at;
+  if (!head || !newest)
+    return CPH_OK;
+  cph_ctxhead_rec theirs = {0}, ours = {0};
+  cph_err derr = {0};
+  if (cph_record_decode(&cph_ctxhead_desc, head, head_len, &theirs, &derr))
+    return CPH_EINVAL;
+  cph_key hk = head_key(session), nk = node_key(session, newest_seq);
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_CONTEXT, &hk, &v);
+  if (rc == CPH_OK && cph_record_decode(&cph_ctxhead_desc, v.data, v.len, &ours, &derr))
+    return CPH_OK; /* ours unreadable: theirs is taken */
+  if (rc == CPH_OK && ours.episode > theirs.episode &&
+      (rc = cph_txn_get(t, CPH_DB_CONTEXT, &nk, &v)) == CPH_OK)
+    *behind = v.len == newest_len && memcmp(v.data, newest, newest_len) == 0;
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
 int trees_save(cph_trees *tr, cph_txn *t, const char *session, cph_pact_tree *tree) {
   cache_drop(tr, session); /* the caller keeps the new tree once its transaction committed */
   return write_tree(tr, t, session, tree, false);

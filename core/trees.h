@@ -36,6 +36,7 @@
 #ifndef CEPHALON_CORE_TREES_H
 #define CEPHALON_CORE_TREES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -84,6 +85,17 @@ void trees_cache_clear(cph_trees *tr);
 int trees_export(cph_trees *tr, cph_txn *t, const char *session, cph_buf *out);
 int trees_import(cph_trees *tr, cph_txn *t, const char *session, const uint8_t *data, size_t len,
                  size_t *used);
+/* Whether data (an exported tree: another node's, or this node's own from earlier) is older
+ * than the tree this node holds for session in the same line of turns — the tree here has a
+ * later episode and holds the export's newest node record (its highest seq) byte for byte. A
+ * node's record is written when the node is made or changed, and a message core never changes
+ * once made (anchored, above), so a tree that went on from the export still holds it, while
+ * one another node went on with holds that node's own core under that seq. Then the caller
+ * keeps the tree here: importing would drop the turns this node added since (a completion
+ * whose state the log never took). Reads only; *used gets the bytes of the list. CPH_EINVAL
+ * when data is not such a list. */
+int trees_import_is_behind(cph_trees *tr, cph_txn *t, const char *session, const uint8_t *data,
+                           size_t len, size_t *used, bool *behind);
 
 /* Drops message cores deeper than the history bound; returns how many. */
 size_t trees_prune_history(cph_pact_tree *tree);

@@ -1181,6 +1181,49 @@ static void test_session_state_history_carries_what_a_turn_could_show(void **sta
   cph_fixture_free(f);
 }
 
+/* A state older than the session's tree here in the same line of turns — this node's own, put
+ * before a completion whose state the log never took (it answered 503; a retry answers
+ * `already`), found in the log when the node takes the shard back — leaves the tree and the
+ * episode here as they are: the later turn's reply stays. A state another node went on with
+ * from that same older state replaces them: its turn, not this node's, is the one the cluster
+ * answered. Before, the older state was written over the tree and the reply was gone. */
+static void test_session_state_an_older_state_of_this_nodes_line_keeps_the_tree(void **state) {
+  (void)state;
+  cph_fixture *x, *y;
+  two_nodes("behind", true, &x, &y);
+  cph_op done;
+  for (int i = 0; i < TURNS; i++) {
+    turn(x, "a", i, &done);
+    if (i < TURNS - 1)
+      cph_op_clear_results(&done);
+  }
+  size_t len;
+  uint8_t *logged = state_of(&done, &len); /* what the log holds */
+  turn(x, "a", TURNS, &done);              /* a completion whose state the log never took */
+  cph_op_clear_results(&done);
+  char last[64];
+  snprintf(last, sizeof last, "reply %d of a", TURNS);
+  uint64_t episode = 0, now = 0;
+  assert_int_equal(tree_count(x, "a", "assistant", last, &episode), 1);
+  assert_int_equal(import(x, "a", logged, len), CPH_OK); /* the shard taken back */
+  assert_int_equal(tree_count(x, "a", "assistant", last, &now), 1);
+  assert_int_equal(now, episode);
+  /* another node went on from the logged state: its line wins */
+  assert_int_equal(import(y, "a", logged, len), CPH_OK);
+  turn(y, "a", 100, &done);
+  size_t theirs_len;
+  uint8_t *theirs = state_of(&done, &theirs_len);
+  assert_int_equal(import(x, "a", theirs, theirs_len), CPH_OK);
+  assert_int_equal(tree_count(x, "a", "assistant", "reply 100 of a", &now), 1);
+  uint64_t ignored;
+  assert_int_equal(tree_count(x, "a", "assistant", last, &ignored), 0);
+  assert_int_equal(now, episode);
+  free(logged);
+  free(theirs);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
 static void test_session_state_is_not_exported_without_report_consumed(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("state_off", "{}");
@@ -1886,6 +1929,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_moves_channel_history),
       cmocka_unit_test(test_session_state_history_keeps_the_newest_within_its_bound),
       cmocka_unit_test(test_session_state_history_carries_what_a_turn_could_show),
+      cmocka_unit_test(test_session_state_an_older_state_of_this_nodes_line_keeps_the_tree),
       cmocka_unit_test(test_session_state_kept_contexts_move_as_items),
       cmocka_unit_test(test_session_state_moves_channel_memories),
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
