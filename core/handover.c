@@ -1667,14 +1667,47 @@ static int read_state_memory(const uint8_t *data, size_t n, size_t *at, const ch
   return CPH_OK;
 }
 
+typedef struct import_ctx {
+  cph_txn *t;
+  const char *node, *session;
+  cph_turnlog *turnlog;
+  cph_memory *memory; /* the memory items import into */
+  const cph_policy *policy; /* a tombstone's outbox item names the embedder and index shard */
+  uint64_t outbox_items;    /* the vector deletes the tombstones queued */
+  char **origins;
+  uint64_t *ids;
+  size_t n, cap;
+  /* The state's memories (version 7 on), read before the items: a memory item one of them
+   * carries too waits for it (deferred[i]: its item), so the memories are minted here in the
+   * order they were made in — the items' that the state lacks (older than all the state's),
+   * then the state's, each in its place — and a turn lists what it listed there. */
+  state_memory *smem;
+  const cph_state_item **deferred;
+  size_t n_smem;
+} import_ctx;
+
+static void import_ctx_free(import_ctx *ic) {
+  for (size_t i = 0; i < ic->n; i++)
+    free(ic->origins[i]);
+  free(ic->origins);
+  free(ic->ids);
+  for (size_t i = 0; i < ic->n_smem; i++)
+    state_memory_free(&ic->smem[i]);
+  free(ic->smem);
+  free(ic->deferred);
+}
+
+static int import_memory(import_ctx *ic, const cph_state_item *it, bool may_defer, char *why,
+                         size_t len);
+
 /* The memories part of version 7: each memory its scope here lacks (by text, among the scope's
  * newest of its class) is minted there with its tags, a raw memory from an event linked to that
  * event's copy here when the channel's newest history has it; in the part's order, so their
  * order over the scopes is the one they had. *used: the part's length. CPH_EINVAL (why says
  * what) when the part is malformed. */
 static int state_import_scoped_memories(const cph_handover *st, cph_txn *t, const char *session,
-                                        const uint8_t *data, size_t n, size_t *used, char *why,
-                                        size_t len) {
+                                        const uint8_t *data, size_t n, size_t *used,
+                                        import_ctx *ic, char *why, size_t len) {
   if (n < 4) {
     snprintf(why, len, "its memories part is cut short (%zu bytes)", n);
     return CPH_EINVAL;
@@ -1686,6 +1719,16 @@ static int state_import_scoped_memories(const cph_handover *st, cph_txn *t, cons
   for (uint32_t i = 0; rc == CPH_OK && i < count; i++) {
     state_memory m = {0};
     rc = read_state_memory(data, n, &at, session, i + 1, &m, why, len);
+    if (rc == CPH_OK && i < ic->n_smem && ic->deferred[i]) { /* its item, in its place */
+      cph_txn *was = ic->t;
+      ic->t = t;
+      rc = import_memory(ic, ic->deferred[i], false, why, len);
+      ic->t = was;
+      if (rc == CPH_OK)
+        ic->deferred[i] = NULL;
+      state_memory_free(&m);
+      continue;
+    }
     bool held = false;
     if (rc == CPH_OK)
       rc = import_held(&mi, t, m.scope, m.kind == CPH_MEMORY_RAW, m.text, &held);
@@ -1740,25 +1783,6 @@ static int read_records_part(const uint8_t *data, size_t n, const char *item, si
 /* What importing one record of a part needs: this node's name and the session; the turn
  * records this state's part stored here (their origins and new ids), which its kept turn
  * contexts are stored under. */
-typedef struct import_ctx {
-  cph_txn *t;
-  const char *node, *session;
-  cph_turnlog *turnlog;
-  cph_memory *memory; /* the memory items import into */
-  const cph_policy *policy; /* a tombstone's outbox item names the embedder and index shard */
-  uint64_t outbox_items;    /* the vector deletes the tombstones queued */
-  char **origins;
-  uint64_t *ids;
-  size_t n, cap;
-} import_ctx;
-
-static void import_ctx_free(import_ctx *ic) {
-  for (size_t i = 0; i < ic->n; i++)
-    free(ic->origins[i]);
-  free(ic->origins);
-  free(ic->ids);
-}
-
 /* Remembers that the turn record of origin was stored here as id. */
 static int imported_turn(import_ctx *ic, const char *origin, uint64_t id) {
   if (ic->n == ic->cap) {
@@ -1990,7 +2014,7 @@ static void import_state(const cph_handover *st, cph_op *op, csession *s, import
   reply_scan_free(&history);
   hist_list_free(&entries);
   if (rc == CPH_OK && version > STATE_VERSION_NO_SCOPES)
-    rc = state_import_scoped_memories(st, &t, id, p + at, n - at, &used, why, sizeof why);
+    rc = state_import_scoped_memories(st, &t, id, p + at, n - at, &used, pre, why, sizeof why);
   else if (rc == CPH_OK)
     rc = state_import_memories(st, &t, id, p + at, n - at, &used);
   at += rc == CPH_OK ? used : 0;
@@ -2000,6 +2024,13 @@ static void import_state(const cph_handover *st, cph_op *op, csession *s, import
   import_ctx ic = *pre;
   *pre = (import_ctx){0};
   ic.t = &t;
+  /* the state's memories and their deferred items stay the caller's (those left are stored) */
+  pre->smem = ic.smem;
+  pre->deferred = ic.deferred;
+  pre->n_smem = ic.n_smem;
+  ic.smem = NULL;
+  ic.deferred = NULL;
+  ic.n_smem = 0;
   const char *last = NULL;
   if (rc == CPH_OK && version >= STATE_VERSION_NO_SEALS) {
     rc = read_records_part(p + at, n - at, "turn record", &used, why, sizeof why, import_turn,
@@ -2078,8 +2109,14 @@ static bool item_name_origin(const char *name, char *buf) {
  * copy this node holds is tombstoned too (gc_tombstone), and one it lacks is not stored.
  * CPH_EINVAL, with why, for one that is not a memory of the session's own scope with an
  * origin. */
-static int import_memory(import_ctx *ic, const char *name, const uint8_t *rec, size_t l,
-                         char *why, size_t len) {
+/* A memory item: stored under its origin unless held (a tombstoned one tombstones the copy
+ * held). With may_defer, one that claimed a memory of the state's part (claim_memory_items)
+ * waits for it: state_import_scoped_memories stores it there. */
+static int import_memory(import_ctx *ic, const cph_state_item *it, bool may_defer, char *why,
+                         size_t len) {
+  const char *name = it->name;
+  const uint8_t *rec = it->data + ITEM_HEAD;
+  size_t l = it->len - ITEM_HEAD;
   char origin[MEMORY_ORIGIN_MAX];
   if (!item_name_origin(name, origin) || !strchr(origin, '/')) {
     snprintf(why, len, "its name carries no origin");
@@ -2100,7 +2137,12 @@ static int import_memory(import_ctx *ic, const char *name, const uint8_t *rec, s
   } else if (rc == CPH_OK) {
     rc = memory_find_origin(ic->t, ic->node, origin, &here);
   }
-  if (rc == CPH_OK && !here && !m.deleted) {
+  bool deferred = false; /* it, or a copy of it (the log may hand an item twice) */
+  for (size_t i = 0; may_defer && i < ic->n_smem && !deferred; i++)
+    deferred = ic->deferred[i] && strcmp(ic->deferred[i]->name, it->name) == 0;
+  if (deferred) {
+    /* stored with the state's memories (claim_memory_items) */
+  } else if (rc == CPH_OK && !here && !m.deleted) {
     rc = memory_adopt(ic->memory, ic->t, &m, origin, NULL);
   } else if (rc == CPH_OK && here && m.deleted) {
     cph_memory_rec h;
@@ -2135,7 +2177,7 @@ static int import_item(import_ctx *ic, const cph_state_item *it, char *why, size
   if (p[12] == ITEM_SEAL)
     return import_seal(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
   if (p[12] == ITEM_MEMORY)
-    return import_memory(ic, it->name, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
+    return import_memory(ic, it, true, why, len);
   if (p[12] == ITEM_KEPT) /* its turn record's origin, then the record (the state's form) */
     return import_kept(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
   snprintf(why, len, "of an unknown kind (%u)", p[12]);
@@ -2214,6 +2256,63 @@ static void item_order_of(const cph_state_item *it, item_order *o) {
     cph_record_free(&cph_seal_desc, &sr);
 }
 
+/* Which memory items the state's memories part carries too (ic->smem, read by
+ * state_memories_preread): item it claims entry i (ic->deferred[i] = it) when they have the
+ * same scope, kind and text. The state holds the newest memories of its scopes, so of the
+ * items with one text the newest claim its entries, oldest to oldest: the items come oldest
+ * first (order), and one that finds every entry of its text claimed takes the newest place,
+ * each claimant moving one entry older and the oldest giving its entry up. Items the log's
+ * copy holds already (their origin is here) or tombstones are not claimed. Reads only. */
+static void claim_memory_items(const cph_handover *st, import_ctx *ic, const cph_op *op,
+                               const item_order *order, size_t n) {
+  for (size_t o = 0; o < n && ic->n_smem; o++) {
+    const cph_state_item *it = &op->u.state.items[order[o].index];
+    char origin[MEMORY_ORIGIN_MAX];
+    if (order[o].kind != ITEM_MEMORY || !it->data || it->len < ITEM_HEAD ||
+        !item_name_origin(it->name, origin))
+      continue;
+    cph_memory_rec m = {0};
+    cph_err err = {0};
+    if (cph_record_decode(&cph_memory_desc, it->data + ITEM_HEAD, it->len - ITEM_HEAD, &m,
+                          &err) != CPH_OK)
+      continue;
+    uint64_t here = 0;
+    bool copy = false; /* of an item claimed already (the log may hand an item twice) */
+    for (size_t i = 0; i < ic->n_smem && !copy; i++)
+      copy = ic->deferred[i] && strcmp(ic->deferred[i]->name, it->name) == 0;
+    if (!copy && !m.deleted && m.text && m.session &&
+        memory_find_origin(&st->env->txn, ic->node, origin, &here) == CPH_OK && !here) {
+      bool taken = false, any = false; /* the oldest entry of the text not claimed yet */
+      for (size_t i = 0; i < ic->n_smem && !taken; i++) {
+        const state_memory *e = &ic->smem[i];
+        if (e->kind != m.kind || strcmp(e->scope, m.session) != 0 ||
+            strcmp(e->text, m.text) != 0)
+          continue;
+        any = true;
+        if (!ic->deferred[i]) {
+          ic->deferred[i] = it;
+          taken = true;
+        }
+      }
+      if (!taken && any) {
+        /* every entry of the text is claimed: shift the claims one entry older, the oldest
+         * claimant dropping out (it is older than every memory the state carries) */
+        const cph_state_item *carry = it;
+        for (size_t i = ic->n_smem; i-- > 0;) {
+          const state_memory *e = &ic->smem[i];
+          if (e->kind != m.kind || strcmp(e->scope, m.session) != 0 ||
+              strcmp(e->text, m.text) != 0)
+            continue;
+          const cph_state_item *was = ic->deferred[i];
+          ic->deferred[i] = carry;
+          carry = was;
+        }
+      }
+    }
+    cph_record_free(&cph_memory_desc, &m);
+  }
+}
+
 /* The op's items, in item_order, each in a child of its own: a bad one is logged, counted and
  * left out. The turn records stored are noted in ic (its t is set per item). */
 static void import_items(const cph_handover *st, cph_op *op, const char *id, import_ctx *ic) {
@@ -2229,6 +2328,7 @@ static void import_items(const cph_handover *st, cph_op *op, const char *id, imp
   }
   if (n > 1)
     qsort(order, n, sizeof *order, item_order_cmp);
+  claim_memory_items(st, ic, op, order, n);
   for (size_t i = 0; i < n; i++) {
     const cph_state_item *it = &op->u.state.items[order[i].index];
     cph_txn t;
@@ -2257,6 +2357,68 @@ static void import_items(const cph_handover *st, cph_op *op, const char *id, imp
   free(order);
 }
 
+/* Skips a be32 length + bytes at data[*at]; false when cut short. */
+static bool skip_str32(const uint8_t *data, size_t n, size_t *at) {
+  if (n - *at < 4 || n - *at - 4 < cph_be32_get(data + *at))
+    return false;
+  *at += 4 + cph_be32_get(data + *at);
+  return true;
+}
+
+/* The memories part of a state of version 7 on (blob p[0..n)), read into ic->smem (with room
+ * for their deferred items) before the items are imported. Anything amiss leaves it empty:
+ * the state's own import then says what. */
+static void state_memories_preread(const uint8_t *p, size_t n, const char *session,
+                                   import_ctx *ic) {
+  if (n < STATE_HEAD || memcmp(p, STATE_MAGIC, 4) != 0 ||
+      cph_be32_get(p + 4) <= STATE_VERSION_NO_SCOPES || cph_be32_get(p + 4) > STATE_VERSION)
+    return;
+  size_t at = STATE_HEAD;
+  bool ok = n - at >= 4;
+  uint32_t count = ok ? cph_be32_get(p + at) : 0;
+  at += ok ? 4 : 0;
+  for (uint32_t i = 0; ok && i < count; i++) /* the tree's records: key, value */
+    ok = skip_str32(p, n, &at) && skip_str32(p, n, &at);
+  count = ok && n - at >= 4 ? cph_be32_get(p + at) : 0;
+  ok = ok && n - at >= 4;
+  at += ok ? 4 : 0;
+  for (uint32_t i = 0; ok && i < count; i++) { /* the stream replies */
+    ok = n - at >= 1;
+    at += ok ? 1 : 0;
+    ok = ok && skip_str32(p, n, &at) && skip_str32(p, n, &at) && n - at >= 8;
+    at += ok ? 8 : 0;
+    ok = ok && skip_str32(p, n, &at);
+  }
+  count = ok && n - at >= 4 ? cph_be32_get(p + at) : 0;
+  ok = ok && n - at >= 4;
+  at += ok ? 4 : 0;
+  for (uint32_t i = 0; ok && i < count; i++) { /* the channel history */
+    ok = n - at >= 1;
+    at += ok ? 1 : 0;
+    ok = ok && skip_str32(p, n, &at) && skip_str32(p, n, &at) && skip_str32(p, n, &at) &&
+         n - at >= 8;
+    at += ok ? 8 : 0;
+    ok = ok && skip_str32(p, n, &at);
+  }
+  count = ok && n - at >= 4 ? cph_be32_get(p + at) : 0;
+  ok = ok && n - at >= 4 && count;
+  at += ok ? 4 : 0;
+  if (!ok || !(ic->smem = calloc(count, sizeof *ic->smem)) ||
+      !(ic->deferred = calloc(count, sizeof *ic->deferred))) {
+    free(ic->smem);
+    ic->smem = NULL;
+    return;
+  }
+  char why[128];
+  for (uint32_t i = 0; i < count; i++) {
+    if (read_state_memory(p, n, &at, session, i + 1, &ic->smem[i], why, sizeof why) != CPH_OK) {
+      state_memory_free(&ic->smem[i]);
+      break;
+    }
+    ic->n_smem = i + 1;
+  }
+}
+
 /* CPH_OP_SESSION_STATE: see include/cephalon/cephalon.h. */
 void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
                      uint64_t *outbox_items) {
@@ -2269,10 +2431,26 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
   /* the items first: those older than the state's records are stored before them, so every
    * record's id here follows the order it was made in */
   import_ctx ic = {NULL,        st->env->reply_origin_node, s->id, st->turnlog, st->memory,
-                   st->env->policy, 0, NULL, NULL, 0, 0};
+                   st->env->policy, 0, NULL, NULL, 0, 0, NULL, NULL, 0};
+  if (op->u.state.data)
+    state_memories_preread(op->u.state.data, op->u.state.len, s->id, &ic);
   import_items(st, op, s->id, &ic);
   *outbox_items = ic.outbox_items;
   if (op->rc == CPH_OK && op->u.state.data)
     import_state(st, op, s, &ic, newest_reply);
+  /* a deferred memory item the state's import did not reach (it failed): stored now */
+  for (size_t i = 0; op->rc == CPH_OK && i < ic.n_smem; i++) {
+    if (!ic.deferred[i])
+      continue;
+    cph_txn t;
+    cph_txn_begin_child(&st->env->txn, &t);
+    ic.t = &t;
+    char why[256] = "";
+    int rc = import_memory(&ic, ic.deferred[i], false, why, sizeof why);
+    rc = rc == CPH_OK ? cph_txn_commit(&t) : (cph_txn_abort(&t), rc);
+    if (rc)
+      op_fail(op, rc, NULL, "importing a memory item of session '%s': %s", s->id,
+              why[0] ? why : cph_strerror(rc));
+  }
   import_ctx_free(&ic);
 }

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "cephalon/cephalon.h"
+#include "common/buf.h"
 #include "tests/support/engine_fixture.h"
 #include "tests/support/prop.h"
 
@@ -68,6 +69,7 @@ static cph_fixture *node(const char *tag, uint64_t seed, uint64_t window, int wa
     fail_msg("create a: %s", create.err.msg);
   cph_op_clear_results(&create);
   cph_engine_report_consumed(f->e, true);
+  assert_int_equal(cph_engine_reply_origins(f->e, tag), CPH_OK); /* cluster mode's identities */
   return f;
 }
 
@@ -148,7 +150,8 @@ static void same_turn(uint64_t seed, const cph_turn_info *x, const cph_turn_info
 /* `turns` turns of "a" on f, drawn from r; the last completion's state into *state (freed
  * first; *state stays when turns is 0). */
 static void run_turns(uint64_t seed, rng *r, cph_fixture *f, int first, int turns,
-                      size_t longest, uint8_t **state, size_t *state_len) {
+                      size_t longest, uint8_t **state, size_t *state_len,
+                      cph_fixture_items *items) {
   char body[1024], reply[1024], memory[256];
   for (int i = first; i < first + turns; i++) {
     text(r, body, sizeof body, "question", i, 8 + below(r, (uint32_t)longest));
@@ -190,21 +193,125 @@ static void run_turns(uint64_t seed, rng *r, cph_fixture *f, int first, int turn
     *state = done.u.turn.state;
     *state_len = done.u.turn.state_len;
     done.u.turn.state = NULL;
+    cph_fixture_items_take(items, &done.u.turn.items);
     cph_op_clear_results(&done);
     cph_op_clear_results(&lease);
+    if (below(r, 12) == 0) { /* a seal: it puts the session's state too, and is an item */
+      char trigger[32];
+      snprintf(trigger, sizeof trigger, "seal %d", i);
+      cph_op seal;
+      cph_fixture_seal(f, "a", trigger, &seal);
+      if (seal.u.context.state) {
+        free(*state);
+        *state = seal.u.context.state;
+        *state_len = seal.u.context.state_len;
+        seal.u.context.state = NULL;
+      }
+      cph_fixture_items_take(items, &seal.u.context.items);
+      cph_op_clear_results(&seal);
+    }
   }
   CPH_PROP_CHECK(seed, *state != NULL, "the last completion exported no state");
 }
 
-static void import_state(uint64_t seed, cph_fixture *f, const uint8_t *state, size_t len) {
+/* Imports the state and the items as the log's bucket holds them (its newest value per key)
+ * into "a" on f, as a node taking the shard over does. */
+static void import_state(uint64_t seed, cph_fixture *f, const uint8_t *state, size_t len,
+                         const cph_fixture_items *items) {
+  cph_state_item *last = calloc(items->n ? items->n : 1, sizeof *last);
+  assert_non_null(last);
+  size_t n = 0;
+  for (size_t i = 0; i < items->n; i++) {
+    bool later = false;
+    for (size_t k = i + 1; k < items->n && !later; k++)
+      later = strcmp(items->v[k].name, items->v[i].name) == 0;
+    if (!later)
+      last[n++] = items->v[i];
+  }
   cph_op imp = {0};
   imp.kind = CPH_OP_SESSION_STATE;
   imp.u.state.session = "a";
   imp.u.state.data = state;
   imp.u.state.len = len;
+  imp.u.state.items = last;
+  imp.u.state.n_items = n;
   int rc = cph_fixture_run(f, &imp);
-  CPH_PROP_CHECK(seed, rc == CPH_OK, "importing the state (%zu bytes): %s", len, imp.err.msg);
+  CPH_PROP_CHECK(seed, rc == CPH_OK, "importing the state (%zu bytes) and %zu items: %s", len, n,
+                 imp.err.msg);
+  CPH_PROP_CHECK(seed, imp.u.state.items_refused == 0, "%u of %zu items refused",
+                 imp.u.state.items_refused, n);
   cph_op_clear_results(&imp);
+  free(last);
+}
+
+/* What a user reads of "a" on f — its context tree, its ended turns and its seals — one line
+ * each, into a malloc'd string. Ids are each node's own and left out; origins are the
+ * records' identities in the cluster. */
+static char *session_reads(cph_fixture *f) {
+  cph_buf b = {0};
+  cph_context_node_info *nodes;
+  size_t n;
+  uint64_t episode;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_context(f->e, "a", NULL, &nodes, &n, &episode, &err), CPH_OK);
+  char line[160];
+  snprintf(line, sizeof line, "episode %llu\n", (unsigned long long)episode);
+  cph_buf_puts(&b, line);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(line, sizeof line, "node %s ttl %lld cadence %lld made %llu %s: ", nodes[i].at,
+             (long long)nodes[i].ttl, (long long)nodes[i].cadence,
+             (unsigned long long)nodes[i].created_at_episode,
+             nodes[i].role ? nodes[i].role : "-");
+    cph_buf_puts(&b, line);
+    cph_buf_puts(&b, nodes[i].content ? nodes[i].content : "");
+    cph_buf_puts(&b, "\n");
+  }
+  cph_context_nodes_free(nodes, n);
+  cph_turn_record *turns;
+  assert_int_equal(cph_engine_session_turn_records(f->e, "a", 100000, &turns, &n, &err), CPH_OK);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(line, sizeof line, "turn %s %s episode %llu tokens %llu: ", turns[i].origin,
+             turns[i].state, (unsigned long long)turns[i].episode,
+             (unsigned long long)turns[i].cost_tokens);
+    cph_buf_puts(&b, line);
+    cph_buf_puts(&b, turns[i].input ? turns[i].input : "");
+    cph_buf_puts(&b, "\n");
+    cph_turn_record_free(&turns[i]);
+  }
+  free(turns);
+  cph_seal_info *seals;
+  assert_int_equal(cph_engine_seals(f->e, "a", &seals, &n, &err), CPH_OK);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(line, sizeof line, "seal %s %s episode %llu, %zu messages\n", seals[i].origin,
+             seals[i].trigger, (unsigned long long)seals[i].episode, seals[i].n_messages);
+    cph_buf_puts(&b, line);
+    for (size_t k = 0; k < seals[i].n_messages; k++) {
+      cph_buf_puts(&b, seals[i].messages[k].role);
+      cph_buf_puts(&b, ": ");
+      cph_buf_puts(&b, seals[i].messages[k].content);
+      cph_buf_puts(&b, "\n");
+    }
+  }
+  cph_seals_free(seals, n);
+  cph_buf_append(&b, "", 1);
+  assert_false(cph_buf_error(&b));
+  return cph_buf_steal(&b);
+}
+
+/* The first line where a and b differ, for the failure message. */
+static void first_difference(const char *a, const char *b, char *out, size_t cap) {
+  size_t line = 1;
+  while (*a && *a == *b) {
+    line += *a == '\n';
+    a++;
+    b++;
+  }
+  while (line > 1 && a[-1] != '\n') {
+    a--;
+    b--;
+  }
+  snprintf(out, cap, "line %zu: \"%.*s\" on the node it left, \"%.*s\" on its new owner", line,
+           (int)strcspn(a, "\n"), a, (int)strcspn(b, "\n"), b);
 }
 
 /* The session answers on x, moves to y; in half the cases it answers more there and moves
@@ -224,15 +331,25 @@ static void run_case(uint64_t seed) {
   cph_fixture *x = node("x", seed, window, warm), *y = node("y", seed, window, warm);
   uint8_t *state = NULL;
   size_t state_len = 0;
-  run_turns(seed, &r, x, 0, turns, longest, &state, &state_len);
-  import_state(seed, y, state, state_len);
+  cph_fixture_items items = {0}; /* every item put, in order */
+  run_turns(seed, &r, x, 0, turns, longest, &state, &state_len, &items);
+  import_state(seed, y, state, state_len, &items);
   cph_fixture *left = x, *owner = y;
   if (back) {
-    run_turns(seed, &r, y, turns, back, longest, &state, &state_len);
-    import_state(seed, x, state, state_len);
+    run_turns(seed, &r, y, turns, back, longest, &state, &state_len, &items);
+    import_state(seed, x, state, state_len, &items);
     left = y;
     owner = x;
   }
+  char *was = session_reads(left), *is = session_reads(owner);
+  if (strcmp(was, is) != 0) {
+    char diff[600];
+    first_difference(was, is, diff, sizeof diff);
+    CPH_PROP_CHECK(seed, false, "what a user reads of the session differs: %s", diff);
+  }
+  free(was);
+  free(is);
+  cph_fixture_items_free(&items);
   cph_op lx, ly;
   post_and_lease(left, "the probe", false, "ann", &lx);
   post_and_lease(owner, "the probe", false, "ann", &ly);
