@@ -1724,8 +1724,6 @@ static int state_import_scoped_memories(const cph_handover *st, cph_txn *t, cons
       ic->t = t;
       rc = import_memory(ic, ic->deferred[i], false, why, len);
       ic->t = was;
-      if (rc == CPH_OK)
-        ic->deferred[i] = NULL;
       state_memory_free(&m);
       continue;
     }
@@ -2021,16 +2019,16 @@ static void import_state(const cph_handover *st, cph_op *op, csession *s, import
   /* the turn records (version 3 on) and the seals (version 4): each one whose origin this
    * node lacks is stored here; nothing may follow the last part */
   /* the records the items stored count as this state's: its kept contexts go with them */
+  /* ic takes the turn records noted; the state's memories and their deferred items stay the
+   * caller's (handover_import stores those the state did not) */
   import_ctx ic = *pre;
-  *pre = (import_ctx){0};
-  ic.t = &t;
-  /* the state's memories and their deferred items stay the caller's (those left are stored) */
-  pre->smem = ic.smem;
-  pre->deferred = ic.deferred;
-  pre->n_smem = ic.n_smem;
+  pre->origins = NULL;
+  pre->ids = NULL;
+  pre->n = pre->cap = 0;
   ic.smem = NULL;
   ic.deferred = NULL;
   ic.n_smem = 0;
+  ic.t = &t;
   const char *last = NULL;
   if (rc == CPH_OK && version >= STATE_VERSION_NO_SEALS) {
     rc = read_records_part(p + at, n - at, "turn record", &used, why, sizeof why, import_turn,
@@ -2436,11 +2434,15 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
     state_memories_preread(op->u.state.data, op->u.state.len, s->id, &ic);
   import_items(st, op, s->id, &ic);
   *outbox_items = ic.outbox_items;
-  if (op->rc == CPH_OK && op->u.state.data)
+  bool stored = false; /* the state, and with it the memory items it claimed */
+  if (op->rc == CPH_OK && op->u.state.data) {
     import_state(st, op, s, &ic, newest_reply);
-  /* a deferred memory item the state's import did not reach (it failed): stored now */
-  for (size_t i = 0; op->rc == CPH_OK && i < ic.n_smem; i++) {
-    if (!ic.deferred[i])
+    stored = op->rc == CPH_OK;
+  }
+  /* The state was refused (malformed: EINVAL) or not reached: the memory items it claimed are
+   * stored now, as every item is whatever its state. */
+  for (size_t i = 0; !stored && i < ic.n_smem; i++) {
+    if (!ic.deferred[i] || (op->rc != CPH_OK && op->rc != CPH_EINVAL))
       continue;
     cph_txn t;
     cph_txn_begin_child(&st->env->txn, &t);
@@ -2448,9 +2450,12 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
     char why[256] = "";
     int rc = import_memory(&ic, ic.deferred[i], false, why, sizeof why);
     rc = rc == CPH_OK ? cph_txn_commit(&t) : (cph_txn_abort(&t), rc);
-    if (rc)
+    if (rc && op->rc == CPH_OK)
       op_fail(op, rc, NULL, "importing a memory item of session '%s': %s", s->id,
               why[0] ? why : cph_strerror(rc));
+    else if (rc)
+      cph_log(CPH_LOG_WARN, "the memory item %.80s of session '%s' is not taken: %s",
+              ic.deferred[i]->name, s->id, why[0] ? why : cph_strerror(rc));
   }
   import_ctx_free(&ic);
 }

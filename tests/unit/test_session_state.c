@@ -1731,6 +1731,39 @@ static void remembered(cph_fixture *f, int rounds, int *count, int64_t *created)
   cph_op_clear_results(&op);
 }
 
+/* A worker's memories the state carries too are stored in the state's place among its
+ * memories; when the state is refused (cut short here) they are stored all the same, as every
+ * item is whatever its state: 40 rounds, 4 memories of the worker, all in the state. */
+static void test_session_state_memory_items_stay_when_the_state_is_refused(void **state) {
+  (void)state;
+  cph_fixture *f[2];
+  static const char *const subscribe[] = {"c"};
+  static const char *const names[] = {"refused_x", "refused_y"};
+  for (int k = 0; k < 2; k++) {
+    f[k] = cph_fixture_new(names[k], "{:scheduler {:lanes {:interactive {:turns 10000}}}}");
+    cph_fixture_create_session(f[k], "b", CPH_LANE_INTERACTIVE, subscribe, 1);
+    cph_engine_report_consumed(f[k]->e, true);
+    assert_int_equal(cph_engine_reply_origins(f[k]->e, k ? "y" : "x"), CPH_OK);
+  }
+  cph_fixture_items items = {0};
+  size_t len;
+  uint8_t *blob = channel_rounds(f[0], 40, &items, &len);
+  int count[4];
+  uint32_t refused = 9;
+  assert_int_equal(import_items(f[1], "b", blob, len - 3, items.v, items.n, &refused),
+                   CPH_EINVAL);
+  assert_int_equal(refused, 0);
+  remembered(f[1], 4, count, NULL);
+  for (int i = 0; i < 4; i++)
+    if (count[i] != 1)
+      fail_msg("'b remembers round %d' found %d times after the state was refused", i * 10,
+               count[i]);
+  free(blob);
+  cph_fixture_items_free(&items);
+  cph_fixture_free(f[0]);
+  cph_fixture_free(f[1]);
+}
+
 #define MEMORY_ROUNDS 800 /* channel messages: their raw memories push the worker's out of what
                            * the state carries (512 history entries read, so 544 raw memories) */
 
@@ -1930,6 +1963,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_history_keeps_the_newest_within_its_bound),
       cmocka_unit_test(test_session_state_history_carries_what_a_turn_could_show),
       cmocka_unit_test(test_session_state_an_older_state_of_this_nodes_line_keeps_the_tree),
+      cmocka_unit_test(test_session_state_memory_items_stay_when_the_state_is_refused),
       cmocka_unit_test(test_session_state_kept_contexts_move_as_items),
       cmocka_unit_test(test_session_state_moves_channel_memories),
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
