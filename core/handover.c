@@ -2355,11 +2355,23 @@ static void import_items(const cph_handover *st, cph_op *op, const char *id, imp
   free(order);
 }
 
-/* Skips a be32 length + bytes at data[*at]; false when cut short. */
-static bool skip_str32(const uint8_t *data, size_t n, size_t *at) {
-  if (n - *at < 4 || n - *at - 4 < cph_be32_get(data + *at))
+/* Skips a part of the blob at data[*at]: be32 count, then per entry the fields `layout`
+ * names in order ('b' a byte, '8' eight bytes, 's' be32 length + bytes). False when cut
+ * short. */
+static bool skip_part(const uint8_t *data, size_t n, size_t *at, const char *layout) {
+  if (n - *at < 4)
     return false;
-  *at += 4 + cph_be32_get(data + *at);
+  uint32_t count = cph_be32_get(data + *at);
+  *at += 4;
+  for (uint32_t i = 0; i < count; i++)
+    for (const char *f = layout; *f; f++) {
+      size_t need = *f == 'b' ? 1 : *f == '8' ? 8 : 4;
+      if (n - *at < need)
+        return false;
+      if (*f == 's' && n - *at - 4 < cph_be32_get(data + *at))
+        return false;
+      *at += *f == 's' ? 4 + cph_be32_get(data + *at) : need;
+    }
   return true;
 }
 
@@ -2372,36 +2384,13 @@ static void state_memories_preread(const uint8_t *p, size_t n, const char *sessi
       cph_be32_get(p + 4) <= STATE_VERSION_NO_SCOPES || cph_be32_get(p + 4) > STATE_VERSION)
     return;
   size_t at = STATE_HEAD;
-  bool ok = n - at >= 4;
-  uint32_t count = ok ? cph_be32_get(p + at) : 0;
-  at += ok ? 4 : 0;
-  for (uint32_t i = 0; ok && i < count; i++) /* the tree's records: key, value */
-    ok = skip_str32(p, n, &at) && skip_str32(p, n, &at);
-  count = ok && n - at >= 4 ? cph_be32_get(p + at) : 0;
-  ok = ok && n - at >= 4;
-  at += ok ? 4 : 0;
-  for (uint32_t i = 0; ok && i < count; i++) { /* the stream replies */
-    ok = n - at >= 1;
-    at += ok ? 1 : 0;
-    ok = ok && skip_str32(p, n, &at) && skip_str32(p, n, &at) && n - at >= 8;
-    at += ok ? 8 : 0;
-    ok = ok && skip_str32(p, n, &at);
-  }
-  count = ok && n - at >= 4 ? cph_be32_get(p + at) : 0;
-  ok = ok && n - at >= 4;
-  at += ok ? 4 : 0;
-  for (uint32_t i = 0; ok && i < count; i++) { /* the channel history */
-    ok = n - at >= 1;
-    at += ok ? 1 : 0;
-    ok = ok && skip_str32(p, n, &at) && skip_str32(p, n, &at) && skip_str32(p, n, &at) &&
-         n - at >= 8;
-    at += ok ? 8 : 0;
-    ok = ok && skip_str32(p, n, &at);
-  }
-  count = ok && n - at >= 4 ? cph_be32_get(p + at) : 0;
-  ok = ok && n - at >= 4 && count;
-  at += ok ? 4 : 0;
-  if (!ok || !(ic->smem = calloc(count, sizeof *ic->smem)) ||
+  /* the tree's records (key, value), the stream replies, the channel history */
+  if (!skip_part(p, n, &at, "ss") || !skip_part(p, n, &at, "bss8s") ||
+      !skip_part(p, n, &at, "bsss8s") || n - at < 4)
+    return;
+  uint32_t count = cph_be32_get(p + at);
+  at += 4;
+  if (!count || !(ic->smem = calloc(count, sizeof *ic->smem)) ||
       !(ic->deferred = calloc(count, sizeof *ic->deferred))) {
     free(ic->smem);
     ic->smem = NULL;

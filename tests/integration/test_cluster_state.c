@@ -489,6 +489,16 @@ static void test_cluster_state_records_beyond_the_state_move_as_items(void **sta
              seals_after);
 }
 
+/* The node the test before killed comes back (the bench's two nodes both up): the other. */
+static int bring_back(bench *b) {
+  cph_test_cluster *c = b->c;
+  int up = c->up[0] ? 0 : 1, down = 1 - up;
+  assert_false(c->up[down]);
+  cph_tc_start_node(c, down, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "the killed node came back");
+  return up;
+}
+
 /* The id of the node of session s's tree on node n with this content, or 0. */
 static long long node_id_of(cph_test_cluster *c, int n, int s, const char *content) {
   char path[64];
@@ -517,10 +527,7 @@ static long long node_id_of(cph_test_cluster *c, int n, int s, const char *conte
 static void test_cluster_state_an_edit_answered_200_moves_with_its_session(void **state) {
   bench *b = *state;
   cph_test_cluster *c = b->c;
-  int up = c->up[0] ? 0 : 1, down = 1 - up;
-  assert_false(c->up[down]); /* the third test killed it */
-  cph_tc_start_node(c, down, SHARDS, TTL_S, EXTRA);
-  cph_tc_settle(c, SHARDS, "the killed node came back");
+  int up = bring_back(b); /* the third test killed the other */
   bool had_note[SESSIONS];
   for (int s = 0; s < SESSIONS; s++) {
     char path[64], body[160], note[32];
@@ -588,10 +595,7 @@ static void test_cluster_state_a_session_answered_200_is_known_after_its_owner_d
     void **state) {
   bench *b = *state;
   cph_test_cluster *c = b->c;
-  int up = c->up[0] ? 0 : 1, down = 1 - up;
-  assert_false(c->up[down]); /* the test before killed it */
-  cph_tc_start_node(c, down, SHARDS, TTL_S, EXTRA);
-  cph_tc_settle(c, SHARDS, "the killed node came back");
+  int up = bring_back(b); /* the test before killed the other */
   const char *body = "{\"id\":\"fresh\",\"class\":\"interactive\"}";
   int owner = cph_tc_post_on_owner(c, up, "/v1/sessions", body);
   assert_int_equal(kill(c->nats[0], SIGSTOP), 0);
