@@ -2106,10 +2106,8 @@ static bool item_name_origin(const char *name, char *buf) {
  * (memory_adopt). A tombstoned one (compaction deleted it there after its item was put): the
  * copy this node holds is tombstoned too (gc_tombstone), and one it lacks is not stored.
  * CPH_EINVAL, with why, for one that is not a memory of the session's own scope with an
- * origin. */
-/* A memory item: stored under its origin unless held (a tombstoned one tombstones the copy
- * held). With may_defer, one that claimed a memory of the state's part (claim_memory_items)
- * waits for it: state_import_scoped_memories stores it there. */
+ * origin. With may_defer, one that claimed a memory of the state's part (claim_memory_items)
+ * waits for it: state_import_scoped_memories stores it there, in the state's order. */
 static int import_memory(import_ctx *ic, const cph_state_item *it, bool may_defer, char *why,
                          size_t len) {
   const char *name = it->name;
