@@ -494,8 +494,11 @@ static int state_export_history(const cph_handover *st, const csession *s, cph_b
   hist_list live = {0}, all = {0};
   int rc = collect_live(t, s, &live);
   for (size_t i = 0; rc == CPH_OK && i < sc.n; i++) {
-    hist_scan hs = {&all,  &live, (uint32_t)i, 0, false, false, s->id, 0,
-                    window * STATE_WINDOW_BYTES};
+    hist_scan hs = {.out = &all,
+                    .skip = &live,
+                    .chan_no = (uint32_t)i,
+                    .self = s->id,
+                    .max_bytes = window * STATE_WINDOW_BYTES};
     rc = context_cursor_get(t, s->id, sc.v[i], &hs.cursor);
     hs.has_cursor = rc == CPH_OK;
     if (rc == CPH_OK || rc == CPH_ENOTFOUND)
@@ -1212,7 +1215,7 @@ static int state_read_history(const uint8_t *data, size_t n, size_t *used, hist_
  * while you were away". */
 static int import_channel(cph_txn *t, const char *session, const hist_entry *v, size_t n) {
   hist_list here = {0}, none = {0};
-  hist_scan hs = {&here, &none, 0, 0, false, false, NULL, 0, 0};
+  hist_scan hs = {.out = &here, .skip = &none}; /* the whole tail, no stop */
   int rc = history_tail(t, v[0].channel, STATE_HISTORY_MATCH, collect_entry, &hs);
   if (rc == CPH_OK && hs.nomem)
     rc = CPH_ENOMEM;
@@ -2415,8 +2418,11 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
   }
   /* the items first: those older than the state's records are stored before them, so every
    * record's id here follows the order it was made in */
-  import_ctx ic = {NULL,        st->env->reply_origin_node, s->id, st->turnlog, st->memory,
-                   st->env->policy, 0, NULL, NULL, 0, 0, NULL, NULL, 0};
+  import_ctx ic = {.node = st->env->reply_origin_node,
+                   .session = s->id,
+                   .turnlog = st->turnlog,
+                   .memory = st->memory,
+                   .policy = st->env->policy};
   if (op->u.state.data)
     state_memories_preread(op->u.state.data, op->u.state.len, s->id, &ic);
   import_items(st, op, s->id, &ic);
