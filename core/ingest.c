@@ -362,6 +362,22 @@ static int32_t fold_target(const csession *s, const dedupe_verdict *v) {
   return -1;
 }
 
+/* Whether step 5 may drop the payload of an event routed to ts[0..n): when it reached nobody,
+ * or when it is an exact repeat that every one of those sessions counts in an un-leased entry
+ * already there (fold_target), whose first event shows the text. A repeat that starts an entry
+ * of its own — its family's entry leased, or a session that never had one (a late subscriber; a
+ * cluster forward, which is the same text once per session) — is that entry's text: kept. */
+static bool payload_shown_elsewhere(const target *ts, size_t n, const dedupe_verdict *v) {
+  if (!n)
+    return true;
+  if (v->kind != DEDUPE_EXACT)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (fold_target(ts[i].session, v) < 0)
+      return false;
+  return true;
+}
+
 /* Folds event into the un-leased entry at index at. */
 static int fold_into(cph_txn *t, csession *s, int32_t at, uint64_t event_id, bool mentioned,
                      bool direct, const dedupe_verdict *v, int64_t now_ms, delivery_log *dl) {
@@ -813,8 +829,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   ev.channel = (char *)channel_name;
   ev.sender = in->sender;
   /* Step 5: hash + metadata stay; the payload goes where nobody loses its text — an event
-   * that reached nobody, or an exact repeat (its family and its entry keep the text). */
-  ev.body = step >= BP_STEP_DROP_PAYLOADS && (!n || v.kind == DEDUPE_EXACT) ? NULL : in->body;
+   * that reached nobody, or an exact repeat counted in an entry that shows it. */
+  ev.body = step >= BP_STEP_DROP_PAYLOADS && payload_shown_elsewhere(ts, n, &v) ? NULL : in->body;
   ev.session = in->session;
   ev.mentions = in->mentions.items;
   ev.n_mentions = (uint32_t)in->mentions.count;

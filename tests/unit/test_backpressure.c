@@ -334,6 +334,66 @@ static void test_spam_burst_degrades_one_step_per_interval_and_recovers(void **s
     assert_int_equal(down_at[k], down_at[k + 1] + RECOVER * INTERVAL_S);
 }
 
+/* The next turn's staged entries (any operational session's), into *op. */
+static const cph_turn_info *lease_any(fixture *f, cph_op *op) {
+  memset(op, 0, sizeof *op);
+  op->kind = CPH_OP_LEASE;
+  op->u.lease.worker = "w";
+  op->u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
+  op->u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
+  assert_int_equal(cph_fixture_run(f, op), CPH_OK);
+  assert_non_null(op->u.lease.turn.session);
+  return &op->u.lease.turn;
+}
+
+/* Step 5 drops a repeat's payload only where an entry already shows its text. A repeat that
+ * starts an entry — its family's entry is out with a running turn, or the session (a late
+ * subscriber) never had one — is that entry's only text, and the worker must see it. */
+static void test_a_repeat_that_starts_an_entry_keeps_its_text_at_step_5(void **state) {
+  fixture *f = *state;
+  create_session(f, "spam-sub", CPH_LANE_OPERATIONAL, "spam");
+  for (int s = 1; s <= 95; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    spam_second(f);
+  }
+  assert_int_equal(step_of(f, "spam"), 5);
+  cph_op running;
+  const cph_turn_info *t = lease_op(f, "spam-sub", &running); /* both families' entries */
+  assert_int_equal(t->n_staged, 2);
+  create_session(f, "late-sub", CPH_LANE_OPERATIONAL, "spam");
+  uint64_t ids[3];
+  ev_spec specs[] = {{"spam", SPAM_A, NULL}, {"spam", SPAM_B, NULL}, {"spam", SPAM_A, NULL}};
+  cph_ingest_status st[3];
+  post_many(f, specs, 3, st, ids);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(st[i], CPH_EV_AGGREGATED);
+  complete_op(f, &running);
+  /* Each session: SPAM_A's entry (the first repeat, and the third counted in it) and SPAM_B's. */
+  for (int k = 0; k < 2; k++) {
+    cph_op op;
+    t = lease_any(f, &op);
+    if (t->n_staged != 2)
+      fail_msg("%s: %zu staged entries, want 2", t->session, (size_t)t->n_staged);
+    char want[128];
+    snprintf(want, sizeof want, "%s (×2, last ", SPAM_A);
+    if (strncmp(t->staged[0].body, want, strlen(want)) != 0)
+      fail_msg("%s: SPAM_A's entry shows \"%s\"", t->session, t->staged[0].body);
+    assert_int_equal(t->staged[0].count, 2);
+    assert_int_equal(t->staged[0].event_id, ids[0]);
+    if (strcmp(t->staged[1].body, SPAM_B) != 0)
+      fail_msg("%s: SPAM_B's entry shows \"%s\"", t->session, t->staged[1].body);
+    complete_op(f, &op);
+  }
+  cph_event_info ev;
+  cph_err err;
+  assert_int_equal(cph_engine_get_event(f->e, ids[0], &ev, &err), CPH_OK);
+  assert_string_equal(ev.body, SPAM_A); /* it starts entries: kept */
+  cph_event_info_free(&ev);
+  assert_int_equal(cph_engine_get_event(f->e, ids[2], &ev, &err), CPH_OK);
+  assert_null(ev.body); /* counted where the first shows the text: dropped */
+  cph_event_info_free(&ev);
+}
+
 static void test_step_survives_a_restart(void **state) {
   fixture *f = *state;
   create_session(f, "spam-sub", CPH_LANE_OPERATIONAL, "spam");
@@ -571,6 +631,8 @@ static void test_unknown_channel_is_not_found(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_spam_burst_degrades_one_step_per_interval_and_recovers,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_repeat_that_starts_an_entry_keeps_its_text_at_step_5,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_step_survives_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_aggregate_only_floor_still_delivers_every_message_counted, setup,
