@@ -10,6 +10,9 @@
  * for each session that the event ids of all its completed turns' entries are exactly the
  * events routed to it (the model below says which: its explicit session, else the channel's
  * subscribers, plus every mention), each once, and that every entry's count equals its ids.
+ * And that the worker reads what was written: an entry of one event shows that event's text,
+ * and a folded entry shows its first event's text among its lines — whatever backpressure did
+ * (step 5 drops the payload of a repeat only where another entry already shows its text).
  *
  * CPH_PROPERTY_SEED=<n> runs from that seed; CPH_PROPERTY_CASES=<n> sets how many cases. A
  * failure prints the case's seed: rerun with CPH_PROPERTY_SEED=<seed> CPH_PROPERTY_CASES=1. */
@@ -60,6 +63,7 @@ typedef struct model {
   bool subscribed[MAX_SESSIONS][N_CHANNELS];
   uint8_t *routed[MAX_SESSIONS];   /* routed[s][event id] = 1 */
   uint32_t *carried[MAX_SESSIONS]; /* times a completed turn carried it */
+  char *text[MAX_EVENTS];          /* each accepted event's body */
   uint64_t max_event;
   uint64_t seed;
 } model;
@@ -144,6 +148,8 @@ static void post_request(cph_fixture *f, model *m, rng *r) {
                (unsigned long long)res->id);
     if (res->id > m->max_event)
       m->max_event = res->id;
+    free(m->text[res->id]);
+    m->text[res->id] = strdup(evs[i].body);
     bool want[MAX_SESSIONS] = {0};
     const cph_event_in *e = &evs[i];
     if (e->session) {
@@ -191,6 +197,13 @@ static void note_turn(model *m, const cph_turn_info *t, bool completed) {
     if (e->count != e->n_event_ids || e->count == 0 || e->event_ids[0] != e->event_id)
       fail_msg("seed %llu: entry %llu of %s: count %u, %zu ids", (unsigned long long)m->seed,
                (unsigned long long)e->id, t->session, e->count, e->n_event_ids);
+    const char *want = e->event_id < MAX_EVENTS ? m->text[e->event_id] : NULL;
+    bool shown = want && (e->count == 1 ? strcmp(e->body, want) == 0 : strstr(e->body, want) != NULL);
+    if (!shown)
+      fail_msg("seed %llu: entry %llu of %s (%u events, fold %s) shows \"%s\", not the text of "
+               "its event %llu: \"%s\"",
+               (unsigned long long)m->seed, (unsigned long long)e->id, t->session, e->count,
+               e->fold, e->body, (unsigned long long)e->event_id, want ? want : "(unknown)");
     if (!completed)
       continue;
     for (size_t j = 0; j < e->n_event_ids; j++) {
@@ -277,12 +290,12 @@ static const char *policy_for(rng *r, char *buf, size_t size) {
            " :server {:map-size-mb 64}\n"
            " :dedupe {:window-seconds %d :min-length 12 :near-distance 10\n"
            "          :bulk [\"alerts\" \"feedbot\"]}\n"
-           " :backpressure {:interval-s 10 :recover-intervals 2\n"
+           " :backpressure {:interval-s %d :recover-intervals 2\n"
            "                :channels {\"floor\" {:degrade-to-aggregate-only? true}\n"
            "                           \"ops\" {:max-events-per-minute %d}}}}\n",
            below(r, 2) ? 2 : 1000, queues[below(r, 4)], batches[below(r, 3)],
-           below(r, 2) ? 300 : 5,
-           below(r, 2) ? 0 : 20);
+           below(r, 2) ? 300 : 5, below(r, 2) ? 10 : 1, /* 1 s: ops reaches step 5 */
+           (int[]){0, 20, 3}[below(r, 3)]);
   return buf;
 }
 
@@ -350,6 +363,8 @@ static void run_case(uint64_t seed) {
     free(m.routed[s]);
     free(m.carried[s]);
   }
+  for (uint64_t id = 0; id < MAX_EVENTS; id++)
+    free(m.text[id]);
   cph_fixture_free(f);
 }
 
