@@ -157,16 +157,31 @@ static void spam_second(fixture *f) {
   post_many(f, specs, SPAM_PER_S, NULL, NULL);
 }
 
-/* Leases the next turn of the operational lane (it must be session's) into *op. */
-static const cph_turn_info *lease_op(fixture *f, const char *session, cph_op *op) {
+/* Seconds 1..seconds of spam, one virtual second apart. */
+static void spam_for(fixture *f, int seconds) {
+  for (int s = 1; s <= seconds; s++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    spam_second(f);
+  }
+}
+
+/* The next turn of the operational lane (any session's) into *op. */
+static const cph_turn_info *lease_any(fixture *f, cph_op *op) {
   memset(op, 0, sizeof *op);
   op->kind = CPH_OP_LEASE;
   op->u.lease.worker = "w";
   op->u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
   op->u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
   assert_int_equal(cph_fixture_run(f, op), CPH_OK);
-  assert_string_equal(op->u.lease.turn.session, session);
+  assert_non_null(op->u.lease.turn.session);
   return &op->u.lease.turn;
+}
+
+/* Leases the next turn of the operational lane (it must be session's) into *op. */
+static const cph_turn_info *lease_op(fixture *f, const char *session, cph_op *op) {
+  const cph_turn_info *t = lease_any(f, op);
+  assert_string_equal(t->session, session);
+  return t;
 }
 
 static void complete_op(fixture *f, cph_op *op) {
@@ -334,28 +349,13 @@ static void test_spam_burst_degrades_one_step_per_interval_and_recovers(void **s
     assert_int_equal(down_at[k], down_at[k + 1] + RECOVER * INTERVAL_S);
 }
 
-/* The next turn's staged entries (any operational session's), into *op. */
-static const cph_turn_info *lease_any(fixture *f, cph_op *op) {
-  memset(op, 0, sizeof *op);
-  op->kind = CPH_OP_LEASE;
-  op->u.lease.worker = "w";
-  op->u.lease.lanes = 1u << CPH_LANE_OPERATIONAL;
-  op->u.lease.deadline_ns = cph_clock_now(&f->clock) + CPH_NS_PER_S;
-  assert_int_equal(cph_fixture_run(f, op), CPH_OK);
-  assert_non_null(op->u.lease.turn.session);
-  return &op->u.lease.turn;
-}
-
 /* Step 5 drops a repeat's payload only where an entry already shows its text. A repeat that
  * starts an entry — its family's entry is out with a running turn, or the session (a late
  * subscriber) never had one — is that entry's only text, and the worker must see it. */
 static void test_a_repeat_that_starts_an_entry_keeps_its_text_at_step_5(void **state) {
   fixture *f = *state;
   create_session(f, "spam-sub", CPH_LANE_OPERATIONAL, "spam");
-  for (int s = 1; s <= 95; s++) {
-    cph_clock_advance(&f->clock, CPH_NS_PER_S);
-    spam_second(f);
-  }
+  spam_for(f, 95);
   assert_int_equal(step_of(f, "spam"), 5);
   cph_op running;
   const cph_turn_info *t = lease_op(f, "spam-sub", &running); /* both families' entries */
@@ -397,10 +397,7 @@ static void test_a_repeat_that_starts_an_entry_keeps_its_text_at_step_5(void **s
 static void test_step_survives_a_restart(void **state) {
   fixture *f = *state;
   create_session(f, "spam-sub", CPH_LANE_OPERATIONAL, "spam");
-  for (int s = 1; s <= 61; s++) {
-    cph_clock_advance(&f->clock, CPH_NS_PER_S);
-    spam_second(f);
-  }
+  spam_for(f, 61);
   assert_int_equal(step_of(f, "spam"), 2);
   cph_channel_info before = channel(f, "spam");
   cph_engine_close(f->e);
