@@ -5,8 +5,9 @@
  * on every shard — to channels whose subscribers live on other nodes, to named sessions, with
  * mentions — some posted twice with the same key; workers lease and complete on every node
  * meanwhile. Every event the log acknowledged reaches each session it is routed to exactly
- * once (its own staged entry, no folding here: every body is distinct), and no session gets
- * one it was not routed to. In order, on one bench:
+ * once (its own staged entry, no folding here: every body is distinct), with its text, and no
+ * session gets one it was not routed to — also from channel c0, held at backpressure step 5
+ * (payloads dropped where an entry shows the text) for most of the run. In order, on one bench:
  *   1. three nodes: exactly once, retried keys answered duplicate with the original pos;
  *   2. a request's unkeyed events of one shard share one log message (one pos), keyed ones
  *      are logged alone; a deleted session leaves every node's session table;
@@ -62,7 +63,11 @@ static int setup(void **state) {
   x->w = cph_tcw_up(c, NODES, SHARDS, TTL_S,
                     ":sessions {:max-queue 100000}\n"
                     " :scheduler {:concurrency 64 :lanes {:interactive {:turns 1000000 "
-                    ":tool-calls 1000000}}}",
+                    ":tool-calls 1000000}}}\n"
+                    /* c0 at backpressure step 5 within seconds: its forwarded copies (the same
+                     * text once per session, exact repeats of each other where sessions share
+                     * a node) must keep their text (core/ingest.c, payload_shown_elsewhere) */
+                    " :backpressure {:interval-s 1 :channels {\"c0\" {:max-events-per-minute 1}}}",
                     x->n_first + 3 * (x->n_first / 3), "CPH_CLUSTER_LOG_SEED", t0);
   *state = x;
   return 0;
