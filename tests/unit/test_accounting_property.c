@@ -198,7 +198,8 @@ static void note_turn(model *m, const cph_turn_info *t, bool completed) {
       fail_msg("seed %llu: entry %llu of %s: count %u, %zu ids", (unsigned long long)m->seed,
                (unsigned long long)e->id, t->session, e->count, e->n_event_ids);
     const char *want = e->event_id < MAX_EVENTS ? m->text[e->event_id] : NULL;
-    bool shown = want && (e->count == 1 ? strcmp(e->body, want) == 0 : strstr(e->body, want) != NULL);
+    bool shown =
+        want && (e->count == 1 ? strcmp(e->body, want) == 0 : strstr(e->body, want) != NULL);
     if (!shown)
       fail_msg("seed %llu: entry %llu of %s (%u events, fold %s) shows \"%s\", not the text of "
                "its event %llu: \"%s\"",
