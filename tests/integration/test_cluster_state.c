@@ -573,15 +573,30 @@ static void test_cluster_state_an_edit_answered_200_moves_with_its_session(void 
 
 /* The status of the answer that comes on fd within ms milliseconds: 0 when none came, -1 when
  * what came is not an HTTP answer. */
-static int status_within(int fd, int ms) {
+static int status_within(int fd, int ms, char *buf, size_t size) {
   struct pollfd p = {fd, POLLIN, 0};
+  buf[0] = '\0';
   if (poll(&p, 1, ms) <= 0)
     return 0;
-  char buf[64] = {0};
   int status = -1;
-  if (recv(fd, buf, sizeof buf - 1, 0) > 12 && sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+  ssize_t got = recv(fd, buf, size - 1, 0);
+  buf[got > 0 ? got : 0] = '\0';
+  if (got > 12 && sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
     status = -1;
   return status;
+}
+
+/* The state letter of process pid (/proc/pid/stat: 'T' when stopped), '?' when unreadable. */
+static char proc_state(pid_t pid) {
+  char path[64], st = '?';
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *fp = fopen(path, "r");
+  if (fp) {
+    if (fscanf(fp, "%*d (%*[^)]) %c", &st) != 1)
+      st = '?';
+    fclose(fp);
+  }
+  return st;
 }
 
 /* A session answered 200 is known to the node that serves it next: a create (and a change or a
@@ -604,13 +619,16 @@ static void test_cluster_state_a_session_answered_200_is_known_after_its_owner_d
     fd = cph_test_http_send_only(c->port[n], "POST", "/v1/sessions",
                                  "{\"id\":\"unlogged\",\"class\":\"interactive\"}");
     assert_true(fd >= 0);
-    int status = status_within(fd, 2000);
+    char answer[1024];
+    int status = status_within(fd, 2000, answer, sizeof answer);
     if (status == 0)
       held = n; /* its owner, waiting for the log */
     else if (status != 421) {
+      char nats_state = proc_state(c->nats[0]); /* before SIGCONT: was it stopped? */
       kill(c->nats[0], SIGCONT);
-      fail_msg("creating a session on n%d while the log does not answer: %d, not a held answer "
-               "(or 421 on the other node)", n, status);
+      fail_msg("creating a session on n%d while the log does not answer (nats-server state "
+               "'%c'): %d, not a held answer (or 421 on the other node); the answer:\n%s",
+               n, nats_state, status, answer);
     }
     if (held < 0)
       close(fd);
