@@ -115,6 +115,23 @@ static void *model_accept_main(void *arg) {
   return NULL;
 }
 
+/* The last `bytes` bytes of the file at path, to stderr. */
+static void print_tail(const char *path, long bytes) {
+  FILE *fp = fopen(path, "r");
+  if (!fp) {
+    fprintf(stderr, "  (cannot open it)\n");
+    return;
+  }
+  if (fseek(fp, 0, SEEK_END) == 0 && ftell(fp) > bytes)
+    fseek(fp, -bytes, SEEK_END);
+  else
+    rewind(fp);
+  char line[1024];
+  while (fgets(line, sizeof line, fp))
+    fprintf(stderr, "  %s", line);
+  fclose(fp);
+}
+
 /* user + system CPU of pid in microseconds, from /proc/PID/stat; -1 if unknown. */
 static int64_t cpu_us(pid_t pid) {
   char path[64], text[1024];
@@ -248,8 +265,10 @@ int cph_bench_worker(int argc, char **argv) {
          concurrency, (double)turns / elapsed, turns ? (double)cpu / (double)turns : 0.0, turns,
          elapsed);
   status = turns > 0 ? 0 : 1;
-  if (!turns)
-    fprintf(stderr, "cephalon-bench worker: no turn completed; see %s\n", log_path);
+  if (!turns) { /* the run directory goes with the daemon: say what the worker said */
+    fprintf(stderr, "cephalon-bench worker: no turn completed; the end of %s:\n", log_path);
+    print_tail(log_path, 4096);
+  }
 out_worker:
   cph_bench_stop(worker, SIGTERM, 10000);
 out_model:
