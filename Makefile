@@ -77,7 +77,7 @@ BENCH_BUILD ?= build-bench
 bench: deps
 	@./scripts/bench-deps.sh
 	cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
-	cmake --build $(BENCH_BUILD) -j $(JOBS) --target cephalon-bench cephalond
+	cmake --build $(BENCH_BUILD) -j $(JOBS) --target cephalon-bench cephalond cephalon-worker
 	./bench/run.sh $(BENCH_BUILD)/bin
 
 # Soak (not part of `make test`): 10,000 sessions under sustained ingest and turn traffic for
