@@ -676,7 +676,7 @@ void dedupe_close(cph_dedupe *d) {
     return;
   rings_free_all(d);
   hasher_fini(&d->hash);
-  free(d->xs);
+  dd_xs_free(d->xs, d->xs_cap);
   free(d->undo);
   free(d->pend);
   free(d->rowbuf);

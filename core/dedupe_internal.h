@@ -203,6 +203,9 @@ int dd_xs_resize(cph_dedupe *d, size_t cap);
 /* Room for n more slots without passing 3/4 full. */
 int dd_xs_reserve(cph_dedupe *d, size_t n);
 
+/* Frees a table of cap slots made by dd_xs_resize (NULL is fine). */
+void dd_xs_free(xslot *xs, size_t cap);
+
 /* The slot of sha's newest stored copy, with that entry read through t; XS_NONE when sha has
  * none. A hash never seen reads nothing from the store. */
 size_t dd_xs_find(const cph_dedupe *d, cph_txn *t, const uint8_t sha[32], dd_entry *en);

@@ -471,6 +471,53 @@ static void test_a_requests_exact_entries_are_one_row_found_after_a_restart(void
   cph_fixture_open(f);
 }
 
+/* Posts bodies "filter body <first + i> ..." for i < n, in requests of up to 1,000, to a
+ * channel nobody subscribes to; each must be answered st (new ones are stored, repeats
+ * aggregated). */
+static void post_numbered(fixture *f, int first, int n, cph_ingest_status st) {
+  enum { PER = 1000 };
+  static cph_event_in ev[PER];
+  static char bodies[PER][64];
+  for (int done = 0; done < n; done += PER) {
+    int k = n - done < PER ? n - done : PER;
+    for (int i = 0; i < k; i++) {
+      snprintf(bodies[i], sizeof bodies[i], "filter body %d is a message of its own",
+               first + done + i);
+      ev[i] = (cph_event_in){.channel = "filtered", .sender = "bob", .body = bodies[i]};
+    }
+    cph_op op = {0};
+    cph_fixture_ingest(f, ev, (size_t)k, &op);
+    for (int i = 0; i < k; i++)
+      if (op.u.ingest.results[i].status != st)
+        fail_msg("\"%s\": status %d, want %d", bodies[i], (int)op.u.ingest.results[i].status,
+                 (int)st);
+    cph_op_clear_results(&op);
+  }
+}
+
+/* The exact-entry filter is sized from the stored rows at open, and a large one (from 2 MiB:
+ * 50,000 entries and more) is mapped on its own: stored entries are found after a restart, and
+ * the filter grows past its loaded size while ingest goes on (at 98,304 entries: the old table
+ * unmapped, every entry rehashed) and loads the larger store again. */
+static void test_a_large_filter_loads_whole_and_grows(void **state) {
+  fixture *f = *state;
+  post_numbered(f, 0, 60000, CPH_EV_STORED);
+  restart(f);
+  cph_clock_advance(&f->clock, 5 * CPH_NS_PER_S);
+  post_numbered(f, 0, 3000, CPH_EV_AGGREGATED); /* repeats: the first rows' */
+  post_numbered(f, 57000, 3000, CPH_EV_AGGREGATED); /* and the last rows' */
+  post_numbered(f, 60000, 40000, CPH_EV_STORED);  /* 100,000: grows the table while running */
+  cph_clock_advance(&f->clock, 5 * CPH_NS_PER_S);
+  post_numbered(f, 1000, 1000, CPH_EV_AGGREGATED);
+  post_numbered(f, 98000, 2000, CPH_EV_AGGREGATED);
+  restart(f);
+  cph_clock_advance(&f->clock, 5 * CPH_NS_PER_S);
+  post_numbered(f, 30000, 1000, CPH_EV_AGGREGATED);
+  post_numbered(f, 59500, 1000, CPH_EV_AGGREGATED); /* across the two runs' rows */
+  post_numbered(f, 99000, 1000, CPH_EV_AGGREGATED);
+  post_numbered(f, 100000, 10, CPH_EV_STORED);
+}
+
 /* A request of more entries than a row holds (4,096) writes several rows; an entry on either
  * side of the cut is found, in the request and after a restart. */
 static void test_a_long_requests_entries_span_rows_and_are_all_found(void **state) {
@@ -771,6 +818,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_a_requests_exact_entries_are_one_row_found_after_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_large_filter_loads_whole_and_grows, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_a_long_requests_entries_span_rows_and_are_all_found,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(
