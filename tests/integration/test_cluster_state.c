@@ -613,25 +613,45 @@ static void test_cluster_state_a_session_answered_200_is_known_after_its_owner_d
   int up = bring_back(b); /* the test before killed the other */
   const char *body = "{\"id\":\"fresh\",\"class\":\"interactive\"}";
   int owner = cph_tc_post_on_owner(c, up, "/v1/sessions", body);
-  assert_int_equal(kill(c->nats[0], SIGSTOP), 0);
+  /* The create must meet a log that does not answer. Should the NATS server be found running
+   * when an answer comes (continued by something outside the test: it happened once in ~30
+   * runs, state 'R' with the 200 in hand), the premise failed and not the daemon: the step is
+   * run again with a new id. A 200 while the server is still stopped fails the test. */
   int held = -1, fd = -1;
-  for (int n = 0; n < NODES && held < 0; n++) {
-    fd = cph_test_http_send_only(c->port[n], "POST", "/v1/sessions",
-                                 "{\"id\":\"unlogged\",\"class\":\"interactive\"}");
-    assert_true(fd >= 0);
-    char answer[1024];
-    int status = status_within(fd, 2000, answer, sizeof answer);
-    if (status == 0)
-      held = n; /* its owner, waiting for the log */
-    else if (status != 421) {
-      char nats_state = proc_state(c->nats[0]); /* before SIGCONT: was it stopped? */
-      kill(c->nats[0], SIGCONT);
-      fail_msg("creating a session on n%d while the log does not answer (nats-server state "
-               "'%c'): %d, not a held answer (or 421 on the other node); the answer:\n%s",
-               n, nats_state, status, answer);
-    }
-    if (held < 0)
+  for (int attempt = 0; attempt < 3 && held < 0; attempt++) {
+    assert_int_equal(kill(c->nats[0], SIGSTOP), 0);
+    for (int waited = 0; proc_state(c->nats[0]) != 'T' && waited < 2000; waited += 10)
+      cph_tc_sleep_ms(10);
+    assert_int_equal(proc_state(c->nats[0]), 'T');
+    char create[96];
+    snprintf(create, sizeof create, "{\"id\":\"unlogged-%d\",\"class\":\"interactive\"}",
+             attempt);
+    bool again = false;
+    for (int n = 0; n < NODES && held < 0 && !again; n++) {
+      fd = cph_test_http_send_only(c->port[n], "POST", "/v1/sessions", create);
+      assert_true(fd >= 0);
+      char answer[1024];
+      int status = status_within(fd, 2000, answer, sizeof answer);
+      char nats_state = proc_state(c->nats[0]); /* still stopped when the answer came? */
+      if (status == 0 && nats_state == 'T') {
+        held = n; /* its owner, waiting for the log */
+        continue;
+      }
       close(fd);
+      if (nats_state != 'T') {
+        printf("attempt %d: nats-server found in state '%c' (not stopped) when n%d answered "
+               "%d; again with another id\n",
+               attempt + 1, nats_state, n, status);
+        again = true;
+      } else if (status != 421) {
+        kill(c->nats[0], SIGCONT);
+        fail_msg("creating a session on n%d while the log does not answer (nats-server "
+                 "stopped): %d, not a held answer (or 421 on the other node); the answer:\n%s",
+                 n, status, answer);
+      }
+    }
+    if (again)
+      kill(c->nats[0], SIGCONT); /* let it settle before stopping it again */
   }
   if (held < 0) {
     kill(c->nats[0], SIGCONT);
