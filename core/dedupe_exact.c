@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "common/hugepage.h"
 #include "common/log.h"
 #include "dedupe_internal.h"
 
@@ -333,27 +334,25 @@ uint64_t dd_xs_tag(const uint8_t sha[32]) {
   return tag ? tag : 1;
 }
 
-#define HUGE_PAGE ((size_t)2 << 20)
-
 /* A zeroed table of cap slots. A large one is mapped on its own and asked for in huge pages:
  * its slots are hit at random, and with 4 KiB pages nearly every insert of a filter's load (a
  * restart with 10M stored events fills one of 256 MiB) missed the TLB as well as the cache.
  * Fresh anonymous pages are zero: nothing to clear. */
 static xslot *xs_alloc(size_t cap) {
   size_t bytes = cap * sizeof(xslot);
-  if (bytes < HUGE_PAGE)
+  if (bytes < CPH_HUGE_PAGE)
     return calloc(cap, sizeof(xslot));
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return NULL;
-  madvise(p, bytes, MADV_HUGEPAGE); /* a hint: without it (or THP off) 4 KiB pages serve */
+  cph_huge_advise(p, bytes);
   return p;
 }
 
 void dd_xs_free(xslot *xs, size_t cap) {
   if (!xs)
     return;
-  if (cap * sizeof(xslot) < HUGE_PAGE)
+  if (cap * sizeof(xslot) < CPH_HUGE_PAGE)
     free(xs);
   else
     munmap(xs, cap * sizeof(xslot));

@@ -47,10 +47,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "cephalon/error.h"
 #include "common/hmap.h"
+#include "common/hugepage.h"
 #include "common/slab.h"
 
 typedef __int128 i128;
@@ -1604,7 +1604,6 @@ static int add_session(cph_sched *s, const char *id, cph_lane lane, int64_t cred
  * page walk each on 4 KiB pages (bench/PROFILE.md). Below that the array is small enough for
  * the TLB's reach, and a huge page would only round a small scheduler's memory up to 2 MiB. */
 enum { HUGE_SESSIONS = 1 << 18 };
-#define HUGE_PAGE ((size_t)2 << 20)
 
 int cph_sched_reserve(cph_sched *s, size_t n) {
   if (n <= s->cap_sessions)
@@ -1617,13 +1616,11 @@ int cph_sched_reserve(cph_sched *s, size_t n) {
     if (!p)
       return CPH_ENOMEM;
   } else {
-    size_t bytes = (n * sizeof *p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    p = aligned_alloc(HUGE_PAGE, bytes);
+    size_t bytes = (n * sizeof *p + CPH_HUGE_PAGE - 1) & ~(CPH_HUGE_PAGE - 1);
+    p = aligned_alloc(CPH_HUGE_PAGE, bytes);
     if (!p)
       return CPH_ENOMEM;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: refused, the pages stay small */
-#endif
+    cph_huge_advise(p, bytes);
     if (s->n_sessions)
       memcpy(p, s->sessions, (size_t)s->n_sessions * sizeof *p);
     free(s->sessions);
