@@ -239,13 +239,25 @@ typedef struct cph_txn {
    * page of the database's previous put finds it without a search from the root (txn.c). */
   void *put_cursor[CPH_DB_COUNT];
   uint64_t put_once; /* bit db: db had a put, without a cursor (a txn's only put opens none) */
+  /* A child begun on a parent that had written nothing shares the parent's LMDB txn instead
+   * of opening an LMDB child (cph_txn_begin_child): `borrowed` says so. */
+  bool borrowed;
+  unsigned cursors; /* cph_cursors open on this write txn (a parent with one lends nothing) */
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);
 /* A nested write transaction inside parent (LMDB child txn). Committing it folds its writes
  * into the parent; aborting it (or a failure in it, e.g. storage full) discards only its own
  * writes and leaves the parent usable — so one failing request does not sink the others of a
- * group commit. The parent must not be used while the child is open. */
+ * group commit. The parent must not be used while the child is open.
+ *
+ * When the parent has written nothing yet (no put, delete or id taken, and no cursor open),
+ * the child writes straight into the parent's LMDB txn: an LMDB child costs two allocations
+ * of 2 MiB and 1 MiB (its dirty and free page lists) and a merge at commit, and a group
+ * commit's first request (the only one when the daemon is not busy) has nothing to protect.
+ * Aborting such a child aborts the LMDB txn it shares and begins a fresh one for the parent,
+ * which sees the store as it was (it had written nothing, and this thread is the only
+ * writer). Either way the contract above holds. */
 int cph_txn_begin_child(cph_txn *parent, cph_txn *child);
 /* Commits a write transaction (a read one just ends). If the txn already failed, aborts it
  * and returns its sticky error; on a failed commit (e.g. disk full) everything the txn wrote
@@ -316,6 +328,7 @@ typedef struct cph_cursor {
   cph_txn *txn;
   void *mdb; /* MDB_cursor * */
   cph_db db;
+  bool counted; /* in txn->cursors (a write txn's) until closed */
 } cph_cursor;
 
 int cph_cursor_open(cph_txn *t, cph_db db, cph_cursor *c);

@@ -85,6 +85,12 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
     return txn_fail(child, parent->ret, "%s", parent->err.msg);
   if (!parent->mdb || !parent->write)
     return txn_fail(child, CPH_ESTATE, "nested transaction outside a write transaction");
+  if (!parent->dirty && !parent->n_undo && !parent->cursors) {
+    /* Nothing of the parent's for an abort to keep: share its LMDB txn (store.h). */
+    child->mdb = parent->mdb;
+    child->borrowed = true;
+    return CPH_OK;
+  }
   MDB_txn *txn;
   int rc = mdb_txn_begin(parent->store->env, parent->mdb, 0, &txn);
   if (rc)
@@ -103,8 +109,39 @@ static void txn_closed(cph_txn *t) {
     atomic_fetch_sub(&t->store->open_txns, 1);
 }
 
+/* A borrowed child that wrote (or failed: LMDB may have changed pages before it did) is
+ * aborted. Its writes are in the LMDB txn it shares with its lender (its parent, or the
+ * nearest ancestor that is not borrowed itself), and nothing else is: every txn between them
+ * lent because it had written nothing. So that LMDB txn is aborted and a fresh one begun in
+ * its place, as the lender's parent's child when the lender is a child. Should the begin
+ * fail, each txn of the chain fails with that error and ends (its commit returns it). */
+static void lender_restart(cph_txn *t) {
+  cph_txn *lender = t->parent;
+  while (lender->borrowed)
+    lender = lender->parent;
+  mdb_txn_abort(lender->mdb);
+  MDB_txn *fresh = NULL;
+  int rc = mdb_txn_begin(t->store->env, lender->parent ? lender->parent->mdb : NULL, 0, &fresh);
+  for (cph_txn *p = t->parent;; p = p->parent) {
+    p->mdb = fresh;
+    if (rc)
+      txn_fail(p, cph_store_map_error(rc),
+               "cannot begin a write transaction in '%s' again after a nested one was "
+               "aborted: %s",
+               t->store->dir, mdb_strerror(rc));
+    if (p == lender)
+      break;
+  }
+  if (rc)
+    txn_closed(lender);
+}
+
 void cph_txn_abort(cph_txn *t) {
-  if (t->mdb) {
+  if (t->mdb && t->borrowed) {
+    put_cursors_close(t);
+    if (t->dirty || t->ret) /* ids it took touched no page: counters_end gives them back */
+      lender_restart(t);
+  } else if (t->mdb) {
     put_cursors_close(t);
     mdb_txn_abort(t->mdb);
     txn_closed(t);
@@ -143,6 +180,12 @@ static int txn_commit(cph_txn *t, bool deferred) {
     return t->ret;
   }
   put_cursors_close(t);
+  if (t->borrowed) { /* its writes are in the parent's LMDB txn already */
+    t->mdb = NULL;
+    counters_end(t, true);
+    t->parent->dirty |= t->dirty;
+    return CPH_OK;
+  }
   /* MDB_NOMETASYNC for this commit only. LMDB reads the flag inside mdb_txn_commit, on this
    * (the only writer) thread; the flusher thread never reads it (cph_store_sync). */
   deferred = deferred && !t->parent && t->store->sync == CPH_SYNC_ALWAYS;
@@ -597,6 +640,7 @@ int cph_cursor_open(cph_txn *t, cph_db db, cph_cursor *c) {
   c->txn = t;
   c->db = db;
   c->mdb = NULL;
+  c->counted = false;
   if (t->ret)
     return t->ret;
   if (!t->mdb)
@@ -608,13 +652,21 @@ int cph_cursor_open(cph_txn *t, cph_db db, cph_cursor *c) {
     return txn_fail(t, cph_store_map_error(rc), "cannot open a cursor on database \"%s\": %s",
                     cph_db_name(db), mdb_strerror(rc));
   c->mdb = cur;
+  if (t->write) { /* a txn with a cursor open lends its LMDB txn to no child */
+    t->cursors++;
+    c->counted = true;
+  }
   return CPH_OK;
 }
 
 void cph_cursor_close(cph_cursor *c) {
-  if (c->mdb)
+  if (c->mdb) {
     mdb_cursor_close(c->mdb);
+    if (c->counted)
+      c->txn->cursors--;
+  }
   c->mdb = NULL;
+  c->counted = false;
 }
 
 static int cursor_step(cph_cursor *c, MDB_val *mk, MDB_cursor_op op, cph_val *key,

@@ -854,6 +854,133 @@ static void test_full_child_txn_leaves_parent_usable(void **state) {
   free(dir);
 }
 
+static bool has_key(cph_txn *t, cph_db db, const char *key) {
+  cph_key k = key_str(key);
+  cph_val v;
+  return cph_txn_get(t, db, &k, &v) == CPH_OK;
+}
+
+/* A child of a parent that wrote nothing shares the parent's LMDB txn (store.h): its abort
+ * must still discard exactly its own writes — through a chain of such children too — leave
+ * every txn above it usable, and give its ids back. */
+static void test_child_of_a_clean_parent_aborts_only_its_own_writes(void **state) {
+  fixture *f = *state;
+  cph_txn t, c, g;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_false(has_key(&t, CPH_DB_SESSIONS, "a")); /* reads leave the parent clean */
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_true(c.borrowed);
+  cph_key a = key_str("a"), b = key_str("b"), d = key_str("d"), e = key_str("e");
+  assert_int_equal(cph_txn_put(&c, CPH_DB_SESSIONS, &a, "1", 1), CPH_OK);
+  assert_int_equal(next_of(&c, "event"), 1);
+  cph_txn_abort(&c);
+  assert_false(has_key(&t, CPH_DB_SESSIONS, "a"));
+
+  /* A chain: the middle child lends too, the grandchild's abort restarts the top's txn. */
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_int_equal(cph_txn_begin_child(&c, &g), CPH_OK);
+  assert_true(c.borrowed && g.borrowed);
+  assert_int_equal(cph_txn_put(&g, CPH_DB_SESSIONS, &b, "2", 1), CPH_OK);
+  cph_txn_abort(&g);
+  assert_false(has_key(&c, CPH_DB_SESSIONS, "b"));
+  assert_int_equal(cph_txn_put(&c, CPH_DB_SESSIONS, &d, "3", 1), CPH_OK);
+  assert_int_equal(next_of(&c, "event"), 1); /* the aborted child's id, given back */
+  /* c wrote: its child is a real LMDB child now, and its abort keeps c's write. */
+  assert_int_equal(cph_txn_begin_child(&c, &g), CPH_OK);
+  assert_false(g.borrowed);
+  assert_int_equal(cph_txn_put(&g, CPH_DB_SESSIONS, &e, "4", 1), CPH_OK);
+  cph_txn_abort(&g);
+  assert_int_equal(cph_txn_commit(&c), CPH_OK);
+  assert_true(has_key(&t, CPH_DB_SESSIONS, "d"));
+  assert_false(has_key(&t, CPH_DB_SESSIONS, "e"));
+
+  /* A child that only read aborts without touching the parent's txn. */
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_true(has_key(&c, CPH_DB_SESSIONS, "d"));
+  cph_txn_abort(&c);
+  assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &a, "5", 1), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+
+  assert_int_equal(cph_txn_begin(f->store, false, &t), CPH_OK);
+  assert_true(has_key(&t, CPH_DB_SESSIONS, "a"));
+  assert_false(has_key(&t, CPH_DB_SESSIONS, "b"));
+  assert_true(has_key(&t, CPH_DB_SESSIONS, "d"));
+  assert_false(has_key(&t, CPH_DB_SESSIONS, "e"));
+  cph_txn_abort(&t);
+  assert_int_equal(stored_counter(f->store, "event"), 2);
+}
+
+/* A parent with a cursor open lends nothing (an abort of the shared txn would free the
+ * cursor): its child is a real one, and the cursor still walks after the child's abort. */
+static void test_parent_with_a_cursor_open_gets_a_real_child(void **state) {
+  fixture *f = *state;
+  cph_txn t, c;
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  for (int i = 0; i < 3; i++) {
+    cph_key k = key_u64((uint64_t)i + 1);
+    assert_int_equal(cph_txn_put(&t, CPH_DB_EVENTS, &k, "x", 1), CPH_OK);
+  }
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+
+  assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+  cph_cursor cur;
+  cph_val key, val;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_EVENTS, &cur), CPH_OK);
+  assert_int_equal(cph_cursor_seek(&cur, NULL, &key, &val), CPH_OK);
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_false(c.borrowed);
+  cph_key k9 = key_u64(9);
+  assert_int_equal(cph_txn_put(&c, CPH_DB_EVENTS, &k9, "y", 1), CPH_OK);
+  cph_txn_abort(&c);
+  int n = 1;
+  while (cph_cursor_next(&cur, &key, &val) == CPH_OK)
+    n++;
+  assert_int_equal(n, 3);
+  cph_cursor_close(&cur);
+  /* Closed, the parent lends again. */
+  assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+  assert_true(c.borrowed);
+  assert_int_equal(cph_txn_commit(&c), CPH_OK);
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+}
+
+/* As test_full_child_txn_leaves_parent_usable, with a parent that had written nothing: the
+ * child shares its txn, fills the map, and the parent goes on. */
+static void test_full_child_of_a_clean_parent_leaves_it_usable(void **state) {
+  (void)state;
+  char *dir = cph_test_tmpdir("child-clean");
+  cph_store *s = open_store(dir, 256u << 10);
+  cph_txn parent, child;
+  assert_int_equal(cph_txn_begin(s, true, &parent), CPH_OK);
+  assert_int_equal(cph_txn_begin_child(&parent, &child), CPH_OK);
+  assert_true(child.borrowed);
+  char value[4000];
+  memset(value, 'x', sizeof value);
+  int rc = CPH_OK;
+  for (uint64_t i = 0; i < 1000 && rc == CPH_OK; i++) {
+    cph_key k = key_u64(i);
+    rc = cph_txn_put(&child, CPH_DB_EVENTS, &k, value, sizeof value);
+  }
+  assert_int_equal(rc, CPH_EFULL);
+  assert_int_equal(cph_txn_commit(&child), CPH_EFULL);
+  cph_key small = key_str("small");
+  assert_int_equal(cph_txn_put(&parent, CPH_DB_SESSIONS, &small, "2", 1), CPH_OK);
+  assert_int_equal(cph_txn_commit(&parent), CPH_OK);
+
+  cph_txn t;
+  cph_val v;
+  assert_int_equal(cph_txn_begin(s, false, &t), CPH_OK);
+  assert_int_equal(cph_txn_get(&t, CPH_DB_SESSIONS, &small, &v), CPH_OK);
+  cph_key k0 = key_u64(0);
+  assert_int_equal(cph_txn_get(&t, CPH_DB_EVENTS, &k0, &v), CPH_ENOTFOUND);
+  cph_txn_abort(&t);
+  cph_store_close(s);
+  cph_test_rmtree(dir);
+  free(dir);
+}
+
 static void test_schema_version_mismatch_refuses_to_open(void **state) {
   (void)state;
   char *dir = cph_test_tmpdir("schema");
@@ -1195,6 +1322,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cursor_walks_composite_keys_in_order, setup, teardown),
       cmocka_unit_test(test_tiny_map_fills_up_cleanly_and_reopens_intact),
       cmocka_unit_test(test_full_child_txn_leaves_parent_usable),
+      cmocka_unit_test(test_full_child_of_a_clean_parent_leaves_it_usable),
+      cmocka_unit_test_setup_teardown(test_child_of_a_clean_parent_aborts_only_its_own_writes,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_parent_with_a_cursor_open_gets_a_real_child, setup,
+                                      teardown),
       cmocka_unit_test(test_schema_version_mismatch_refuses_to_open),
       cmocka_unit_test(test_previous_schema_is_migrated_once_and_all_or_nothing),
       cmocka_unit_test_setup_teardown(test_second_open_of_a_data_dir_is_refused, setup, teardown),
