@@ -63,22 +63,22 @@ static void *turn_thread(void *arg) {
       if (atomic_load(ctx->stop))
         break;
     }
-    json_t *answer = NULL;
+    wk_lease lease;
     char err[512];
     /* Not cancelled by SIGTERM: a lease granted while we hang up would be left to expire.
      * The wait is short instead, and a turn that comes after the stop is failed at once. */
-    int status = wk_daemon_call(ctx, "POST", "/v1/turns/lease", body,
-                                ctx->cfg->lease_wait_ms + 15000, &answer, err, sizeof err);
-    if (status == 200 && json_is_object(json_object_get(answer, "turn"))) {
+    int status = wk_daemon_lease(ctx, body, ctx->cfg->lease_wait_ms + 15000, &lease, err,
+                                 sizeof err);
+    if (status == 200 && json_is_object(json_object_get(lease.answer, "turn"))) {
       backoff_ms = 0;
-      wk_turn_run(ctx, json_object_get(answer, "turn"));
+      wk_turn_run(ctx, &lease);
     } else if (status == 204) {
       backoff_ms = 0;
     } else {
       cph_log_kv(CPH_LOG_WARN, "lease failed", "status=%d", status);
       backoff_ms = backoff_ms ? (backoff_ms * 2 > 10000 ? 10000 : backoff_ms * 2) : 250;
     }
-    json_decref(answer);
+    wk_lease_free(&lease);
   }
   json_decref(body);
   return NULL;

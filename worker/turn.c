@@ -28,9 +28,10 @@ static int64_t wall_ms(void) {
 /* ---------------------------------------------------------------- the daemon */
 
 /* One call to the daemon at base; *owner gets the owner's URL of a 421 (malloc'd) or NULL. */
+/* With lease non-NULL, a 200's body is read into it by wk_lease_read, not into *resp_json. */
 static int daemon_call_at(const wk_ctx *ctx, const char *base, const char *method, const char *path,
-                          const char *text, int timeout_ms, json_t **resp_json, char **owner,
-                          char *err, size_t err_len) {
+                          const char *text, int timeout_ms, json_t **resp_json, wk_lease *lease,
+                          char **owner, char *err, size_t err_len) {
   *owner = NULL;
   cph_httpc_url url;
   const char *why = NULL;
@@ -54,6 +55,15 @@ static int daemon_call_at(const wk_ctx *ctx, const char *base, const char *metho
     snprintf(err, err_len, "%s %s: %s", method, path, detail);
     return -1;
   }
+  if (lease && resp.status == 200 && resp.body_len) {
+    int status = resp.status;
+    if (wk_lease_read(resp.body, resp.body_len, lease) != 0) {
+      snprintf(err, err_len, "%s %s: the answer is not JSON", method, path);
+      status = -1;
+    }
+    cph_httpc_response_free(&resp);
+    return status;
+  }
   json_t *j = resp.body_len ? json_loadb(resp.body, resp.body_len, 0, NULL) : NULL;
   if (resp.status >= 300) {
     json_t *e = json_object_get(j, "error");
@@ -72,27 +82,40 @@ static int daemon_call_at(const wk_ctx *ctx, const char *base, const char *metho
   return status;
 }
 
-int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
-                   int timeout_ms, json_t **resp_json, char *err, size_t err_len) {
+static int daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
+                       int timeout_ms, json_t **resp_json, wk_lease *lease, char *err,
+                       size_t err_len) {
   if (resp_json)
     *resp_json = NULL;
   char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
   char *owner = NULL;
   int status = daemon_call_at(ctx, ctx->node ? ctx->node : ctx->cfg->daemon, method, path, text,
-                              timeout_ms, resp_json, &owner, err, err_len);
+                              timeout_ms, resp_json, lease, &owner, err, err_len);
   if (status == 421 && owner) { /* the shard moved: once to the node that owns it now */
     if (resp_json) {
       json_decref(*resp_json);
       *resp_json = NULL;
     }
     char *again = NULL;
-    status =
-        daemon_call_at(ctx, owner, method, path, text, timeout_ms, resp_json, &again, err, err_len);
+    status = daemon_call_at(ctx, owner, method, path, text, timeout_ms, resp_json, lease, &again,
+                            err, err_len);
     free(again);
   }
   free(owner);
   free(text);
   return status;
+}
+
+int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
+                   int timeout_ms, json_t **resp_json, char *err, size_t err_len) {
+  return daemon_call(ctx, method, path, body, timeout_ms, resp_json, NULL, err, err_len);
+}
+
+int wk_daemon_lease(const wk_ctx *ctx, json_t *body, int timeout_ms, wk_lease *lease,
+                    char *err, size_t err_len) {
+  memset(lease, 0, sizeof *lease);
+  return daemon_call(ctx, "POST", "/v1/turns/lease", body, timeout_ms, NULL, lease, err,
+                     err_len);
 }
 
 /* ---------------------------------------------------------------- heartbeats */
@@ -245,7 +268,7 @@ cph_httpc_request wk_model_request(const wk_ctx *ctx, const char *text, int time
 }
 
 /* POST {llm}/chat/completions. 0 with *answer (the parsed body), or -1 with why. */
-static int model_call(const wk_ctx *ctx, json_t *request, cancel_arg *cancel, json_t **answer,
+static int model_call(const wk_ctx *ctx, const char *text, cancel_arg *cancel, json_t **answer,
                       char *why, size_t why_len) {
   *answer = NULL;
   cph_httpc_url url;
@@ -255,14 +278,12 @@ static int model_call(const wk_ctx *ctx, json_t *request, cancel_arg *cancel, js
     snprintf(why, why_len, "model: bad URL: %s", bad);
     return -1;
   }
-  char *text = json_dumps(request, JSON_COMPACT);
   cph_httpc_request req = wk_model_request(ctx, text, ctx->cfg->llm_timeout_ms);
   req.cancel = should_cancel;
   req.cancel_arg = cancel;
   cph_httpc_response resp;
   char detail[400];
   int rc = text ? cph_httpc_do(&url, &req, &resp, detail, sizeof detail) : CPH_HTTPC_ENOMEM;
-  free(text);
   cph_httpc_url_free(&url);
   if (rc == CPH_HTTPC_ECANCELED) {
     snprintf(why, why_len, "%s", atomic_load(cancel->stop) ? "worker stopping" : "lease lost");
@@ -406,23 +427,39 @@ static int run_tool_call(const wk_ctx *ctx, const wk_tool *tools, size_t n_tools
 
 /* ---------------------------------------------------------------- the turn */
 
-/* The turn's messages as the model takes them: role, content, name (coord dropped). They
- * always end with the current message(s) (core/context.h), so the lease asks for no `input`. */
-static json_t *initial_messages(json_t *turn) {
-  json_t *out = json_array();
+/* The model request of a round, as text: the turn's messages as the lease gave them
+ * (wk_lease: role, content, name), then the turn's own (`own`: the model's answers, tool
+ * results, arrivals), and the tools when offered. `head` is `{"model":...,"messages":[` and
+ * the lease's messages, written once a turn. NULL when out of memory. */
+static char *request_text(const cph_buf *head, bool comma, const json_t *own,
+                          const char *tools) {
+  cph_buf b = CPH_BUF_INIT;
+  cph_buf_append(&b, head->data, head->len);
   size_t i;
   json_t *m;
-  json_array_foreach(json_object_get(turn, "messages"), i, m) {
-    json_t *o = json_object();
-    json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content"),
-           *name = json_object_get(m, "name");
-    json_object_set_new(o, "role", role ? json_incref(role) : json_string("user"));
-    json_object_set_new(o, "content", content ? json_incref(content) : json_string(""));
-    if (json_is_string(name))
-      json_object_set(o, "name", name);
-    json_array_append_new(out, o);
+  json_array_foreach(own, i, m) {
+    char *t = json_dumps(m, JSON_COMPACT);
+    if (!t) {
+      cph_buf_free(&b);
+      return NULL;
+    }
+    if (comma || i)
+      cph_buf_putc(&b, ',');
+    cph_buf_puts(&b, t);
+    free(t);
   }
-  return out;
+  cph_buf_putc(&b, ']');
+  if (tools) {
+    cph_buf_puts(&b, ",\"tools\":");
+    cph_buf_puts(&b, tools);
+    cph_buf_puts(&b, ",\"tool_choice\":\"auto\"");
+  }
+  cph_buf_putc(&b, '}');
+  if (cph_buf_error(&b)) {
+    cph_buf_free(&b);
+    return NULL;
+  }
+  return cph_buf_steal(&b);
 }
 
 /* Completes or fails with a few retries when the daemon cannot be reached: the lease must not
@@ -551,7 +588,8 @@ static char *interrupted_account(const json_t *messages, size_t from) {
   return out;
 }
 
-void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
+void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased) {
+  json_t *turn = json_object_get(leased->answer, "turn");
   int64_t started = mono_ms();
   uint64_t id = (uint64_t)json_integer_value(json_object_get(turn, "id"));
   const char *lease = json_string_value(json_object_get(turn, "lease"));
@@ -566,8 +604,18 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
   wk_mcp_tools(ctx->mcp, &tools, &n_tools);
   narrow_tools(turn, &tools, &n_tools);
   json_t *offered = tools_json(tools, n_tools);
-  json_t *messages = initial_messages(turn);
-  size_t own_from = json_array_size(messages); /* the turn's own messages start here */
+  char *offered_text = n_tools ? json_dumps(offered, JSON_COMPACT) : NULL;
+  /* The request's start, written once: the model and the lease's messages as they came. */
+  cph_buf head = CPH_BUF_INIT;
+  json_t *model = json_string(ctx->cfg->model);
+  char *model_text = json_dumps(model, JSON_ENCODE_ANY);
+  json_decref(model);
+  cph_buf_puts(&head, "{\"model\":");
+  cph_buf_puts(&head, model_text ? model_text : "\"\"");
+  free(model_text);
+  cph_buf_puts(&head, ",\"messages\":[");
+  cph_buf_append(&head, leased->messages.data, leased->messages.len);
+  json_t *messages = json_array(); /* the turn's own messages, after the lease's */
   /* DESIGN §4: merge -> take arrivals before each model call; interrupt -> stop at a safe
    * point when asked. Absent (enqueue and the others): the turn runs as it always did. */
   const char *wr = json_string_value(json_object_get(turn, "while_running"));
@@ -597,20 +645,22 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
     /* A safe point: every tool call so far has its result. */
     if (interruptible && round > 0 && interrupt_asked(ctx, &b)) {
       interrupted = true;
-      reply = interrupted_account(messages, own_from);
+      reply = interrupted_account(messages, 0);
       break;
     }
     if (merge)
       taken += take_arrivals(ctx, id, lease, messages);
     bool offer = n_tools > 0 && round < ctx->cfg->max_tool_rounds;
-    json_t *req = json_pack("{s:s, s:O}", "model", ctx->cfg->model, "messages", messages);
-    if (offer) {
-      json_object_set(req, "tools", offered);
-      json_object_set_new(req, "tool_choice", json_string("auto"));
+    char *req = request_text(&head, leased->n_messages > 0, messages,
+                             offer ? offered_text : NULL);
+    if (!req || cph_buf_error(&head)) {
+      free(req);
+      snprintf(why, sizeof why, "out of memory writing the model request");
+      break;
     }
     json_t *answer = NULL;
     int rc = model_call(ctx, req, &cancel, &answer, why, sizeof why);
-    json_decref(req);
+    free(req);
     if (rc != 0)
       break;
     rounds++;
@@ -689,5 +739,7 @@ void wk_turn_run(const wk_ctx *ctx, json_t *turn) {
   stats_free(&st);
   json_decref(messages);
   json_decref(offered);
+  free(offered_text);
+  cph_buf_free(&head);
   wk_tools_free(tools, n_tools);
 }

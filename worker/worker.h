@@ -5,10 +5,11 @@
  *   config.c  options from argv and an EDN file (wk_config_*)
  *   mcp.c     MCP stdio clients: spawn, initialize, tools/list, tools/call, restart (wk_mcp_*)
  *   schema.c  tool arguments against a tool's input schema (wk_schema_check)
+ *   lease.c   the lease answer: its messages as text for the model, the rest as a tree
  *   turn.c    one turn: model rounds, tool calls, heartbeats, complete/fail (wk_turn_run)
  *   main.c    threads, leasing, signals, --check
  *
- * Calls go one way: main -> turn -> mcp, schema -> config. JSON is jansson; HTTP is
+ * Calls go one way: main -> turn -> lease, mcp, schema -> config. JSON is jansson; HTTP is
  * common/http_client.h (libcurl). No key or token is ever logged. */
 #ifndef CEPHALON_WORKER_H
 #define CEPHALON_WORKER_H
@@ -20,6 +21,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/buf.h"
 #include "common/http_client.h"
 
 /* ---------------------------------------------------------------- configuration */
@@ -104,6 +106,23 @@ const char *wk_mcp_name(const wk_mcp *m, size_t i);
  * ("missing required property \"path\"", "property \"n\" must be integer"). */
 int wk_schema_check(const json_t *schema, const json_t *args, char *why, size_t why_len);
 
+/* ---------------------------------------------------------------- the lease answer */
+
+/* A lease answer read for the model (lease.c): the turn's messages as the model takes them,
+ * written as JSON text straight from the answer's text, and the rest of the answer as a tree
+ * (jansson), so the bulk of it is neither parsed into a tree, freed nor dumped again. */
+typedef struct wk_lease {
+  json_t *answer;   /* the answer, with turn.messages emptied ([]) */
+  cph_buf messages; /* each message's role (default "user"), content (default "") and name
+                       (when a string), as JSON objects separated by commas, no brackets */
+  size_t n_messages;
+  bool whole; /* the scanner could not walk the text: it was parsed whole, as before */
+} wk_lease;
+
+/* 0, or -1 when text is not a JSON answer (nothing to free then). */
+int wk_lease_read(const char *text, size_t len, wk_lease *out);
+void wk_lease_free(wk_lease *l);
+
 /* ---------------------------------------------------------------- a turn */
 
 typedef struct wk_ctx {
@@ -116,10 +135,10 @@ typedef struct wk_ctx {
   atomic_bool *stop;        /* SIGTERM: stop leasing, fail what is running */
 } wk_ctx;
 
-/* Runs the leased turn (the lease answer's "turn" object) to its end: completes it, or fails
+/* Runs the leased turn (a lease answer, wk_lease_read) to its end: completes it, or fails
  * it with the reason. Logs one line. Never returns with the lease still open unless the
  * daemon cannot be reached at all. */
-void wk_turn_run(const wk_ctx *ctx, json_t *turn);
+void wk_turn_run(const wk_ctx *ctx, const wk_lease *lease);
 
 /* POST /chat/completions with body `text` (JSON) to the model: the request, for
  * cph_httpc_do against cfg->llm (the key, if any, as the bearer token). */
@@ -131,5 +150,9 @@ cph_httpc_request wk_model_request(const wk_ctx *ctx, const char *text, int time
  * with err filled. */
 int wk_daemon_call(const wk_ctx *ctx, const char *method, const char *path, json_t *body,
                    int timeout_ms, json_t **resp_json, char *err, size_t err_len);
+/* wk_daemon_call for a lease: a 200's body is read by wk_lease_read into *lease (which the
+ * caller frees when the call returned 200 with a turn: lease->answer non-NULL). */
+int wk_daemon_lease(const wk_ctx *ctx, json_t *body, int timeout_ms, wk_lease *lease,
+                    char *err, size_t err_len);
 
 #endif
