@@ -53,6 +53,12 @@ static json_t *lease_body(const wk_config *cfg) {
 static void *turn_thread(void *arg) {
   const wk_ctx *ctx = arg;
   json_t *body = lease_body(ctx->cfg);
+  wk_beat *beat = wk_beat_new(ctx);
+  if (!beat) { /* before any lease: nothing is left waiting */
+    cph_log(CPH_LOG_ERROR, "out of memory: a turn thread stops");
+    json_decref(body);
+    return NULL;
+  }
   int backoff_ms = 0;
   while (!atomic_load(ctx->stop)) {
     if (backoff_ms) { /* the daemon is away: try again, a little later each time */
@@ -71,7 +77,7 @@ static void *turn_thread(void *arg) {
                                  sizeof err);
     if (status == 200 && json_is_object(json_object_get(lease.answer, "turn"))) {
       backoff_ms = 0;
-      wk_turn_run(ctx, &lease);
+      wk_turn_run(ctx, &lease, beat);
     } else if (status == 204) {
       backoff_ms = 0;
     } else {
@@ -80,6 +86,7 @@ static void *turn_thread(void *arg) {
     }
     wk_lease_free(&lease);
   }
+  wk_beat_free(beat);
   json_decref(body);
   return NULL;
 }

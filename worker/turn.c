@@ -118,26 +118,39 @@ int wk_daemon_lease(const wk_ctx *ctx, json_t *body, int timeout_ms, wk_lease *l
                      err_len);
 }
 
-/* ---------------------------------------------------------------- heartbeats */
+/* ---------------------------------------------------------------- heartbeats
+ *
+ * One heartbeat thread per turn thread, made once and armed for each turn (creating and
+ * joining a thread a turn cost 5% of the worker's CPU against an instant model). Armed, it
+ * posts the turn's heartbeat every interval; disarmed, it waits for the next turn. A disarm
+ * waits for a heartbeat in flight, so nothing of the turn is used after the turn ended. */
 
-typedef struct beat {
+struct wk_beat {
   const wk_ctx *ctx;
-  char path[96];
-  const char *lease;
-  int interval_ms;
   pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool done;
-  atomic_bool lost;      /* the daemon said the lease is gone (409, 404): stop working */
-  atomic_bool interrupt; /* a heartbeat said "interrupt": stop at the next safe point */
+  pthread_cond_t cv;      /* CLOCK_MONOTONIC: arm, disarm, quit */
+  pthread_cond_t idle_cv; /* a heartbeat in flight ended */
+  bool armed, quit, calling;
+  uint64_t turn;          /* bumped by each arm and disarm: a wait or call of another turn's */
+  char path[96];
+  char *lease;            /* the armed turn's (owned) */
+  int interval_ms;
+  atomic_bool lost;       /* the daemon said the lease is gone (409, 404): stop working */
+  atomic_bool interrupt;  /* a heartbeat said "interrupt": stop at the next safe point */
   pthread_t th;
   bool started;
-} beat;
+};
+typedef struct wk_beat beat;
 
 static void *beat_main(void *arg) {
   beat *b = arg;
   pthread_mutex_lock(&b->mu);
-  while (!b->done) {
+  while (!b->quit) {
+    if (!b->armed) {
+      pthread_cond_wait(&b->cv, &b->mu);
+      continue;
+    }
+    uint64_t turn = b->turn;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_sec += b->interval_ms / 1000;
@@ -146,10 +159,11 @@ static void *beat_main(void *arg) {
       ts.tv_sec++;
       ts.tv_nsec -= 1000000000L;
     }
-    while (!b->done && pthread_cond_timedwait(&b->cv, &b->mu, &ts) == 0) {
+    while (!b->quit && b->turn == turn && pthread_cond_timedwait(&b->cv, &b->mu, &ts) == 0) {
     }
-    if (b->done)
-      break;
+    if (b->quit || b->turn != turn)
+      continue;
+    b->calling = true; /* path and lease stay as they are until the disarm sees it false */
     pthread_mutex_unlock(&b->mu);
     json_t *body = json_pack("{s:s}", "lease", b->lease);
     char err[512];
@@ -167,40 +181,75 @@ static void *beat_main(void *arg) {
       cph_log_kv(CPH_LOG_WARN, "heartbeat failed", "path=%s status=%d", b->path, status);
     }
     pthread_mutex_lock(&b->mu);
+    b->calling = false;
+    pthread_cond_broadcast(&b->idle_cv);
   }
   pthread_mutex_unlock(&b->mu);
   return NULL;
 }
 
-static void beat_start(beat *b, const wk_ctx *ctx, uint64_t id, const char *lease,
-                       int64_t deadline_ms) {
-  memset(b, 0, sizeof *b);
+wk_beat *wk_beat_new(const wk_ctx *ctx) {
+  beat *b = calloc(1, sizeof *b);
+  if (!b)
+    return NULL;
   b->ctx = ctx;
-  b->lease = lease;
-  snprintf(b->path, sizeof b->path, "/v1/turns/%llu/heartbeat", (unsigned long long)id);
-  int64_t ttl = deadline_ms - wall_ms();
-  /* A third of the lease's time: two heartbeats may be lost before it ends. */
-  b->interval_ms = ttl > 300 ? (int)(ttl / 3 > 600000 ? 600000 : ttl / 3) : 100;
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&b->cv, &ca);
   pthread_condattr_destroy(&ca);
+  pthread_cond_init(&b->idle_cv, NULL);
   pthread_mutex_init(&b->mu, NULL);
   atomic_init(&b->lost, false);
   atomic_init(&b->interrupt, false);
   b->started = pthread_create(&b->th, NULL, beat_main, b) == 0;
+  if (!b->started)
+    cph_log(CPH_LOG_WARN, "no heartbeat thread: turns longer than a lease will lose it");
+  return b;
 }
 
-static void beat_stop(beat *b) {
+void wk_beat_free(wk_beat *b) {
+  if (!b)
+    return;
   pthread_mutex_lock(&b->mu);
-  b->done = true;
+  b->quit = true;
   pthread_cond_signal(&b->cv);
   pthread_mutex_unlock(&b->mu);
   if (b->started)
     pthread_join(b->th, NULL);
+  free(b->lease);
   pthread_cond_destroy(&b->cv);
+  pthread_cond_destroy(&b->idle_cv);
   pthread_mutex_destroy(&b->mu);
+  free(b);
+}
+
+/* Heartbeats for turn id under lease from now until beat_disarm (none when the lease cannot
+ * be copied: the turn runs without them, as it does without the thread). */
+static void beat_arm(beat *b, uint64_t id, const char *lease, int64_t deadline_ms) {
+  pthread_mutex_lock(&b->mu);
+  b->turn++;
+  snprintf(b->path, sizeof b->path, "/v1/turns/%llu/heartbeat", (unsigned long long)id);
+  free(b->lease);
+  b->lease = strdup(lease);
+  int64_t ttl = deadline_ms - wall_ms();
+  /* A third of the lease's time: two heartbeats may be lost before it ends. */
+  b->interval_ms = ttl > 300 ? (int)(ttl / 3 > 600000 ? 600000 : ttl / 3) : 100;
+  atomic_store(&b->lost, false);
+  atomic_store(&b->interrupt, false);
+  b->armed = b->lease != NULL;
+  pthread_cond_signal(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
+
+static void beat_disarm(beat *b) {
+  pthread_mutex_lock(&b->mu);
+  b->armed = false;
+  b->turn++;
+  pthread_cond_signal(&b->cv);
+  while (b->calling)
+    pthread_cond_wait(&b->idle_cv, &b->mu);
+  pthread_mutex_unlock(&b->mu);
 }
 
 /* ---------------------------------------------------------------- per-tool counts */
@@ -484,6 +533,8 @@ static int finish(const wk_ctx *ctx, const char *path, json_t *body, char *err, 
 static bool interrupt_asked(const wk_ctx *ctx, beat *b) {
   if (atomic_load(&b->interrupt))
     return true;
+  if (!b->lease) /* not armed (out of memory): no heartbeat to ask with */
+    return false;
   json_t *body = json_pack("{s:s}", "lease", b->lease), *ans = NULL;
   char err[512];
   int status = wk_daemon_call(ctx, "POST", b->path, body, DAEMON_TIMEOUT_MS, &ans, err, sizeof err);
@@ -588,7 +639,7 @@ static char *interrupted_account(const json_t *messages, size_t from) {
   return out;
 }
 
-void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased) {
+void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased, wk_beat *bt) {
   json_t *turn = json_object_get(leased->answer, "turn");
   int64_t started = mono_ms();
   uint64_t id = (uint64_t)json_integer_value(json_object_get(turn, "id"));
@@ -630,20 +681,20 @@ void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased) {
   char why[600] = "";
   char *reply = NULL;
 
-  beat b;
-  beat_start(&b, ctx, id, lease, deadline);
-  cancel_arg cancel = {.stop = ctx->stop, .lost = &b.lost};
+  beat *b = bt;
+  beat_arm(b, id, lease, deadline);
+  cancel_arg cancel = {.stop = ctx->stop, .lost = &b->lost};
   for (int round = 0;; round++) {
     if (atomic_load(ctx->stop)) {
       snprintf(why, sizeof why, "worker stopping");
       break;
     }
-    if (atomic_load(&b.lost)) {
+    if (atomic_load(&b->lost)) {
       snprintf(why, sizeof why, "lease lost");
       break;
     }
     /* A safe point: every tool call so far has its result. */
-    if (interruptible && round > 0 && interrupt_asked(ctx, &b)) {
+    if (interruptible && round > 0 && interrupt_asked(ctx, b)) {
       interrupted = true;
       reply = interrupted_account(messages, 0);
       break;
@@ -699,12 +750,12 @@ void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased) {
     if (rc != 0)
       break;
   }
-  beat_stop(&b);
+  beat_disarm(b);
 
   char path[96], err[512];
   const char *outcome;
   int status;
-  if ((reply || interrupted) && !atomic_load(&b.lost)) {
+  if ((reply || interrupted) && !atomic_load(&b->lost)) {
     snprintf(path, sizeof path, "/v1/turns/%llu/complete", (unsigned long long)id);
     json_t *body =
         json_pack("{s:s, s:{s:I, s:I}, s:o}", "lease", lease, "cost", "tokens", (json_int_t)tokens,

@@ -135,10 +135,17 @@ typedef struct wk_ctx {
   atomic_bool *stop;        /* SIGTERM: stop leasing, fail what is running */
 } wk_ctx;
 
-/* Runs the leased turn (a lease answer, wk_lease_read) to its end: completes it, or fails
- * it with the reason. Logs one line. Never returns with the lease still open unless the
- * daemon cannot be reached at all. */
-void wk_turn_run(const wk_ctx *ctx, const wk_lease *lease);
+/* A turn thread's heartbeat thread (turn.c), made once and armed for each of its turns.
+ * NULL when out of memory; a thread that cannot start is logged, and its turns run without
+ * heartbeats. */
+typedef struct wk_beat wk_beat;
+wk_beat *wk_beat_new(const wk_ctx *ctx);
+void wk_beat_free(wk_beat *b);
+
+/* Runs the leased turn (a lease answer, wk_lease_read) to its end with beat's heartbeats:
+ * completes it, or fails it with the reason. Logs one line. Never returns with the lease
+ * still open unless the daemon cannot be reached at all. */
+void wk_turn_run(const wk_ctx *ctx, const wk_lease *lease, wk_beat *beat);
 
 /* POST /chat/completions with body `text` (JSON) to the model: the request, for
  * cph_httpc_do against cfg->llm (the key, if any, as the bearer token). */
