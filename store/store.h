@@ -243,6 +243,9 @@ typedef struct cph_txn {
    * of opening an LMDB child (cph_txn_begin_child): `borrowed` says so. */
   bool borrowed;
   unsigned cursors; /* cph_cursors open on this write txn (a parent with one lends nothing) */
+  /* Its child while one is open: then this txn refuses every call (CPH_ESTATE, sticky), as
+   * LMDB refuses a parent's calls while its child is open — a borrowed child included. */
+  struct cph_txn *child;
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);

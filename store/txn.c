@@ -43,7 +43,17 @@ static int txn_fail_mdb(cph_txn *t, int rc, const char *op, cph_db db, const cph
                   key, mdb_strerror(rc));
 }
 
+/* A txn whose child is open takes no call (store.h, cph_txn.child). */
+static int check_no_child(cph_txn *t, const char *op, cph_db db) {
+  if (!t->child)
+    return CPH_OK;
+  return txn_fail(t, CPH_ESTATE, "%s in database \"%s\" on a transaction whose nested one is open",
+                  op, cph_db_name(db));
+}
+
 static int check_key(cph_txn *t, cph_db db, const cph_key *k) {
+  if (check_no_child(t, "a call", db))
+    return t->ret;
   if (k->overflow || k->len == 0)
     return txn_fail(t, CPH_ELIMIT, "key for database \"%s\" is %s", cph_db_name(db),
                     k->overflow ? "longer than 511 bytes" : "empty");
@@ -85,10 +95,13 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
     return txn_fail(child, parent->ret, "%s", parent->err.msg);
   if (!parent->mdb || !parent->write)
     return txn_fail(child, CPH_ESTATE, "nested transaction outside a write transaction");
+  if (parent->child)
+    return txn_fail(child, CPH_ESTATE, "a second nested transaction while one is open");
   if (!parent->dirty && !parent->n_undo && !parent->cursors) {
     /* Nothing of the parent's for an abort to keep: share its LMDB txn (store.h). */
     child->mdb = parent->mdb;
     child->borrowed = true;
+    parent->child = child;
     return CPH_OK;
   }
   MDB_txn *txn;
@@ -97,16 +110,20 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
     return txn_fail(child, cph_store_map_error(rc), "cannot begin a nested transaction: %s",
                     mdb_strerror(rc));
   child->mdb = txn;
+  parent->child = child;
   return CPH_OK;
 }
 
 static void counters_end(cph_txn *t, bool landed);
 static int counters_write(cph_txn *t);
 
-/* A top-level transaction ended (committed or aborted). */
+/* A transaction ended (committed or aborted): a top-level one no longer holds off a remap,
+ * a child no longer blocks its parent. */
 static void txn_closed(cph_txn *t) {
   if (!t->parent)
     atomic_fetch_sub(&t->store->open_txns, 1);
+  else if (t->parent->child == t)
+    t->parent->child = NULL;
 }
 
 /* A borrowed child that wrote (or failed: LMDB may have changed pages before it did) is
@@ -141,6 +158,7 @@ void cph_txn_abort(cph_txn *t) {
     put_cursors_close(t);
     if (t->dirty || t->ret) /* ids it took touched no page: counters_end gives them back */
       lender_restart(t);
+    txn_closed(t);
   } else if (t->mdb) {
     put_cursors_close(t);
     mdb_txn_abort(t->mdb);
@@ -182,6 +200,7 @@ static int txn_commit(cph_txn *t, bool deferred) {
   put_cursors_close(t);
   if (t->borrowed) { /* its writes are in the parent's LMDB txn already */
     t->mdb = NULL;
+    txn_closed(t);
     counters_end(t, true);
     t->parent->dirty |= t->dirty;
     return CPH_OK;
@@ -430,6 +449,8 @@ int cph_txn_empty(cph_txn *t, cph_db db) {
   if (!t->mdb || !t->write)
     return txn_fail(t, CPH_ESTATE, "empty database \"%s\" outside a write transaction",
                     cph_db_name(db));
+  if (check_no_child(t, "emptying", db))
+    return t->ret;
   int rc = mdb_drop(t->mdb, t->store->dbi[db], 0);
   if (rc) {
     cph_key all;
@@ -624,6 +645,8 @@ int cph_txn_next_id(cph_txn *t, const char *counter, uint64_t *out) {
     return t->ret;
   if (!t->mdb || !t->write)
     return txn_fail(t, CPH_ESTATE, "counter \"%s\" used outside a write transaction", counter);
+  if (check_no_child(t, "an id", CPH_DB_META))
+    return t->ret;
   cph_counter *c = counter_find(&t->store->counters, counter);
   int rc = c ? CPH_OK : counter_load(t, counter, &c);
   if (rc)
@@ -646,6 +669,8 @@ int cph_cursor_open(cph_txn *t, cph_db db, cph_cursor *c) {
   if (!t->mdb)
     return txn_fail(t, CPH_ESTATE, "cursor on database \"%s\" outside a transaction",
                     cph_db_name(db));
+  if (check_no_child(t, "a cursor", db))
+    return t->ret;
   MDB_cursor *cur;
   int rc = mdb_cursor_open(t->mdb, t->store->dbi[db], &cur);
   if (rc)

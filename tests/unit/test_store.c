@@ -912,6 +912,32 @@ static void test_child_of_a_clean_parent_aborts_only_its_own_writes(void **state
   assert_int_equal(stored_counter(f->store, "event"), 2);
 }
 
+/* While its child is open a parent takes no call and no second child, borrowed child or
+ * real one (LMDB refuses a parent's calls then): a write through it would otherwise land in
+ * the txn the child shares and be lost with the child's abort. */
+static void test_parent_refuses_calls_while_its_child_is_open(void **state) {
+  fixture *f = *state;
+  for (int dirty = 0; dirty < 2; dirty++) {
+    cph_txn t, c, c2;
+    cph_key a = key_str("a"), b = key_str("b");
+    assert_int_equal(cph_txn_begin(f->store, true, &t), CPH_OK);
+    if (dirty)
+      assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &b, "0", 1), CPH_OK);
+    assert_int_equal(cph_txn_begin_child(&t, &c), CPH_OK);
+    assert_int_equal(c.borrowed, !dirty);
+    assert_int_equal(cph_txn_begin_child(&t, &c2), CPH_ESTATE);
+    assert_int_equal(cph_txn_put(&c, CPH_DB_SESSIONS, &a, "1", 1), CPH_OK);
+    assert_int_equal(cph_txn_put(&t, CPH_DB_SESSIONS, &b, "2", 1), CPH_ESTATE);
+    cph_txn_abort(&c);
+    assert_int_equal(cph_txn_commit(&t), CPH_ESTATE); /* the misuse is sticky */
+  }
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(f->store, false, &t), CPH_OK);
+  assert_false(has_key(&t, CPH_DB_SESSIONS, "a"));
+  assert_false(has_key(&t, CPH_DB_SESSIONS, "b"));
+  cph_txn_abort(&t);
+}
+
 /* A parent with a cursor open lends nothing (an abort of the shared txn would free the
  * cursor): its child is a real one, and the cursor still walks after the child's abort. */
 static void test_parent_with_a_cursor_open_gets_a_real_child(void **state) {
@@ -1326,6 +1352,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_child_of_a_clean_parent_aborts_only_its_own_writes,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_parent_with_a_cursor_open_gets_a_real_child, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_parent_refuses_calls_while_its_child_is_open, setup,
                                       teardown),
       cmocka_unit_test(test_schema_version_mismatch_refuses_to_open),
       cmocka_unit_test(test_previous_schema_is_migrated_once_and_all_or_nothing),
