@@ -120,8 +120,9 @@ int wk_daemon_lease(const wk_ctx *ctx, json_t *body, int timeout_ms, wk_lease *l
 
 /* ---------------------------------------------------------------- heartbeats
  *
- * One heartbeat thread per turn thread, made once and armed for each turn (creating and
- * joining a thread a turn cost 5% of the worker's CPU against an instant model). Armed, it
+ * One heartbeat thread per turn thread, made once and armed for each turn (a thread made and
+ * joined for each turn took about a third of the worker's CPU against an instant model:
+ * bench/PROFILE.md, "The reference worker's own cost"). Armed, it
  * posts the turn's heartbeat every interval; disarmed, it waits for the next turn. A disarm
  * waits for a heartbeat in flight, so nothing of the turn is used after the turn ended. */
 
