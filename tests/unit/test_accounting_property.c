@@ -281,6 +281,14 @@ static void requeue_parked(cph_fixture *f, const model *m) {
 static const char *policy_for(rng *r, char *buf, size_t size) {
   static const int queues[] = {2, 3, 5, 1000};
   static const int batches[] = {1, 2, 64};
+  /* Drawn one by one, in this order: the order a call evaluates its arguments in is the
+   * compiler's, and a seed must give the same policy whatever built the test. */
+  int attempts = below(r, 2) ? 2 : 1000;
+  int queue = queues[below(r, 4)];
+  int batch = batches[below(r, 3)];
+  int window_s = below(r, 2) ? 300 : 5;
+  int interval_s = below(r, 2) ? 10 : 1; /* 1 s: ops reaches step 5 */
+  int ops_per_minute = (int[]){0, 20, 3}[below(r, 3)];
   snprintf(buf, size,
            "{:scheduler {:concurrency 2\n"
            "             :lanes {:interactive {:turns 100000 :tool-calls 100000}\n"
@@ -294,9 +302,7 @@ static const char *policy_for(rng *r, char *buf, size_t size) {
            " :backpressure {:interval-s %d :recover-intervals 2\n"
            "                :channels {\"floor\" {:degrade-to-aggregate-only? true}\n"
            "                           \"ops\" {:max-events-per-minute %d}}}}\n",
-           below(r, 2) ? 2 : 1000, queues[below(r, 4)], batches[below(r, 3)],
-           below(r, 2) ? 300 : 5, below(r, 2) ? 10 : 1, /* 1 s: ops reaches step 5 */
-           (int[]){0, 20, 3}[below(r, 3)]);
+           attempts, queue, batch, window_s, interval_s, ops_per_minute);
   return buf;
 }
 
