@@ -588,21 +588,27 @@ static void test_a_model_error_fails_the_turn_and_it_is_retried(void **state) {
   free(log);
 }
 
+/* Two turns in a row on the worker's one turn thread: its heartbeat thread, kept between
+ * turns, is armed again for the second (worker/turn.c). */
 static void test_a_model_slower_than_the_lease_is_kept_alive_by_heartbeats(void **state) {
   fixture *f = *state; /* :leases :ttl-seconds 2; the model takes 4 s */
   f->st.mode = MODE_SLOW;
   session(f, "patient", NULL);
-  start_worker(f, 0, NULL);
+  static const char *const one_thread[] = {"--concurrency", "1", NULL};
+  start_worker(f, 0, one_thread);
   event(f, "patient", "take your time");
-  json_t *r = wait_replies(f, 1, 30000);
-  assert_int_equal(json_array_size(r), 1);
-  assert_string_equal(json_string_value(json_object_get(json_array_get(r, 0), "body")),
-                      "a slow but sure answer");
+  assert_true(wait_metric(f, TURNS("started"), 1, 10000));
+  event(f, "patient", "and then this"); /* staged for the next turn, on the same thread */
+  json_t *r = wait_replies(f, 2, 40000);
+  assert_int_equal(json_array_size(r), 2);
+  for (size_t i = 0; i < 2; i++)
+    assert_string_equal(json_string_value(json_object_get(json_array_get(r, i), "body")),
+                        "a slow but sure answer");
   json_decref(r);
-  assert_true(wait_metric(f, TURNS("completed"), 1, 5000));
+  assert_true(wait_metric(f, TURNS("completed"), 2, 5000));
   assert_int_equal(metric(f, TURNS("expired")), 0);
-  assert_int_equal(metric(f, TURNS("started")), 1);
-  assert_int_equal(model_requests(f), 1);
+  assert_int_equal(metric(f, TURNS("started")), 2);
+  assert_int_equal(model_requests(f), 2);
 }
 
 static void test_sigterm_mid_turn_fails_it_at_once_and_leaves_no_lease_to_expire(
