@@ -2391,6 +2391,11 @@ static void state_memories_preread(const uint8_t *p, size_t n, const char *sessi
     return;
   uint32_t count = cph_be32_get(p + at);
   at += 4;
+  /* Each memory takes at least its kind, its flags and a string's length (read_state_memory):
+   * a count the bytes left cannot hold is malformed, and must not size the arrays (a fuzzed
+   * state asked calloc for 124 GB). */
+  if (count > (n - at) / 6)
+    return;
   if (!count || !(ic->smem = calloc(count, sizeof *ic->smem)) ||
       !(ic->deferred = calloc(count, sizeof *ic->deferred))) {
     free(ic->smem);
