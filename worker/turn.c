@@ -593,13 +593,13 @@ static size_t take_arrivals(const wk_ctx *ctx, uint64_t id, const char *lease, j
 }
 
 /* What an interrupted turn did, for its completion's reply: each tool call of the turn's own
- * messages (from index `from`) with its result, so the history the next turn reads keeps
- * every call with its result (the turn stops only where each call has one). NULL when it
- * made none. */
-static char *interrupted_account(const json_t *messages, size_t from) {
+ * messages (wk_turn_run keeps only those as a tree, after the lease's text) with its result,
+ * so the history the next turn reads keeps every call with its result (the turn stops only
+ * where each call has one). NULL when it made none. */
+static char *interrupted_account(const json_t *messages) {
   cph_buf b = CPH_BUF_INIT;
   size_t calls = 0;
-  for (size_t i = from; i < json_array_size(messages); i++) {
+  for (size_t i = 0; i < json_array_size(messages); i++) {
     json_t *m = json_array_get(messages, i);
     size_t k;
     json_t *call;
@@ -697,7 +697,7 @@ void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased, wk_beat *bt) {
     /* A safe point: every tool call so far has its result. */
     if (interruptible && round > 0 && interrupt_asked(ctx, b)) {
       interrupted = true;
-      reply = interrupted_account(messages, 0);
+      reply = interrupted_account(messages);
       break;
     }
     if (merge)
