@@ -161,47 +161,6 @@ typedef struct state_reply {
   int64_t ts_ms;
 } state_reply;
 
-/* Calls fn(ctx, index, event) for the newest `scan` entries of channel's history (index: the
- * entry's in the channel log), newest first, until fn returns false. CPH_OK or the store's
- * error. */
-static int history_tail(cph_txn *t, const char *chan, size_t scan,
-                        bool (*fn)(void *ctx, uint64_t index, const cph_event_rec *ev),
-                        void *ctx) {
-  cph_key from;
-  cph_key_reset(&from);
-  cph_key_str(&from, chan);
-  size_t plen = from.len;
-  cph_key_u64(&from, UINT64_MAX);
-  cph_cursor c;
-  int rc = cph_cursor_open(t, CPH_DB_CHANNEL_LOG, &c);
-  if (rc)
-    return rc;
-  cph_val k, v;
-  rc = cph_cursor_seek(&c, &from, &k, &v);
-  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, &v)
-       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, &v)
-                             : rc;
-  for (size_t n = 0; rc == CPH_OK && n < scan; n++) {
-    if (k.len != plen + 8 || memcmp(k.data, from.data, plen) != 0 || v.len != 8)
-      break;
-    cph_key ek = cph_key_of_u64(cph_be64_get(v.data));
-    cph_event_rec ev;
-    int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
-    if (grc == CPH_OK) {
-      bool more = fn(ctx, cph_be64_get((const uint8_t *)k.data + plen), &ev);
-      cph_record_free(&cph_event_desc, &ev);
-      if (!more)
-        break;
-    } else if (grc != CPH_ENOTFOUND) {
-      rc = grc;
-      break;
-    }
-    rc = cph_cursor_prev(&c, &k, &v);
-  }
-  cph_cursor_close(&c);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
-}
-
 /* v (n items of `size` bytes in room for *cap) with room for one more: v itself, or grown
  * by doubling (from `first`) and *cap updated. NULL out of memory: v and *cap are unchanged. */
 static void *room_for_one(void *v, size_t *cap, size_t n, size_t size, size_t first) {

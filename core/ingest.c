@@ -50,6 +50,44 @@ int history_append(cph_txn *t, const char *channel_name, uint64_t event_id, uint
   return cph_txn_put(t, CPH_DB_CHANNEL_LOG, &k, v, sizeof v);
 }
 
+/* ingest.h */
+int history_tail(cph_txn *t, const char *chan, size_t scan,
+                 bool (*fn)(void *ctx, uint64_t index, const cph_event_rec *ev), void *ctx) {
+  cph_key from;
+  cph_key_reset(&from);
+  cph_key_str(&from, chan);
+  size_t plen = from.len;
+  cph_key_u64(&from, UINT64_MAX);
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_CHANNEL_LOG, &c);
+  if (rc)
+    return rc;
+  cph_val k, v;
+  rc = cph_cursor_seek(&c, &from, &k, &v);
+  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, &v)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, &v)
+                             : rc;
+  for (size_t n = 0; rc == CPH_OK && n < scan; n++) {
+    if (k.len != plen + 8 || memcmp(k.data, from.data, plen) != 0 || v.len != 8)
+      break;
+    cph_key ek = cph_key_of_u64(cph_be64_get(v.data));
+    cph_event_rec ev;
+    int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    if (grc == CPH_OK) {
+      bool more = fn(ctx, cph_be64_get((const uint8_t *)k.data + plen), &ev);
+      cph_record_free(&cph_event_desc, &ev);
+      if (!more)
+        break;
+    } else if (grc != CPH_ENOTFOUND) {
+      rc = grc;
+      break;
+    }
+    rc = cph_cursor_prev(&c, &k, &v);
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
 static cph_key inbox_key(const char *session, uint64_t id) {
   cph_key k;
   cph_key_reset(&k);
@@ -593,6 +631,17 @@ static bool idem_seen(cph_ingest *ig, cph_txn *t, const char *key, uint64_t *id)
   return true;
 }
 
+/* Remembers key as event_id's, received at now_ms (idem_seen). */
+static void idem_put(cph_txn *t, const char *key, uint64_t event_id, int64_t now_ms) {
+  cph_key kk;
+  cph_key_reset(&kk);
+  cph_key_str(&kk, key);
+  uint8_t kv[16];
+  cph_be64_put(kv, event_id);
+  cph_be64_put(kv + 8, (uint64_t)now_ms);
+  cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
+}
+
 /* Mints the memories an event gives (DESIGN §7): a raw memory scoped to its channel for a
  * non-duplicate on a channel that is not aggregate-only; one aggregate memory per family,
  * when the family is created. Embeddings per backpressure_embed_allowed(). */
@@ -684,6 +733,63 @@ static dedupe_near near_scope(const cph_ingest *ig, const cph_event_in *in, cons
                                                                       : DEDUPE_NEAR_OFF;
 }
 
+/* How many of a channel's newest entries a history copy is looked for among: it may have come
+ * here before by another way (a moved session's state carries its channels' newest entries,
+ * core/handover.c), after which the channel took what arrived meanwhile. */
+#define HISTORY_COPY_MATCH 256
+
+typedef struct copy_find {
+  const cph_event_in *in;
+  uint64_t event_id; /* the entry found holding it, 0 none */
+} copy_find;
+
+static bool find_copy(void *ctx, uint64_t index, const cph_event_rec *ev) {
+  copy_find *cf = ctx;
+  (void)index;
+  if (ev->ts_ms != cf->in->ts_ms || !ev->body || !ev->sender ||
+      strcmp(ev->body, cf->in->body) != 0 || strcmp(ev->sender, cf->in->sender) != 0)
+    return true;
+  cf->event_id = ev->id;
+  return false;
+}
+
+/* An event with history_only (cph_event_in): into the channel's history once, nothing else. */
+static int history_copy(ingest_req *rq, const cph_event_in *in, const char *channel_name,
+                        cph_event_result *res, cph_err *err) {
+  cph_txn *t = &rq->t;
+  copy_find cf = {in, 0};
+  int rc = history_tail(t, channel_name, HISTORY_COPY_MATCH, find_copy, &cf);
+  if (rc)
+    return cph_err_set(err, rc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(rc));
+  if (cf.event_id) {
+    res->status = CPH_EV_DUPLICATE;
+    res->id = cf.event_id;
+    return CPH_OK;
+  }
+  uint64_t event_id = 0;
+  cph_txn_next_id(t, "event", &event_id);
+  cph_event_rec ev = {0};
+  ev.id = event_id;
+  ev.channel = (char *)channel_name;
+  ev.sender = in->sender;
+  ev.body = in->body;
+  ev.kind = in->kind;
+  ev.key = in->key;
+  ev.ts_ms = in->ts_ms ? in->ts_ms : rq->now_ms;
+  ev.received_ms = rq->now_ms;
+  ev.status = CPH_EVENT_STORED;
+  cph_key ek = cph_key_of_u64(event_id);
+  cph_txn_append_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  history_append(t, channel_name, event_id, NULL);
+  if (in->key)
+    idem_put(t, in->key, event_id, rq->now_ms);
+  if (t->ret)
+    return cph_err_set(err, t->ret, "%s", t->err.msg);
+  res->status = CPH_EV_STORED;
+  res->id = event_id;
+  return CPH_OK;
+}
+
 /* One event, written in the request's txn. Returns CPH_OK (the result says accepted or
  * rejected), or the error that fails the whole request (then err says why).
  *
@@ -736,6 +842,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     res->id = original;
     return CPH_OK;
   }
+  if (in->history_only)
+    return history_copy(rq, in, channel_name, res, err);
 
   int step;
   if (rq->step_chan && strcmp(rq->step_chan, channel_name) == 0) {
@@ -848,15 +956,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   cph_txn_append_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev); /* ids ascend */
   if (!dup)
     history_append(t, channel_name, event_id, NULL);
-  if (in->key) {
-    cph_key kk;
-    cph_key_reset(&kk);
-    cph_key_str(&kk, in->key);
-    uint8_t kv[16];
-    cph_be64_put(kv, event_id);
-    cph_be64_put(kv + 8, (uint64_t)now_ms);
-    cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
-  }
+  if (in->key)
+    idem_put(t, in->key, event_id, now_ms);
   mint_memories(ig, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id);
   if (t->ret) {
     /* Storage full and friends: the request fails with the store's error (507 for a full
@@ -1039,7 +1140,8 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
       const ingest_after *a = &rq.after[i];
       if (a->chan)
         backpressure_note_event(ig->bp, a->chan, a->family, env_now(ig->env));
-      metrics_event(ig->metrics, op->u.ingest.results[i].status);
+      if (!op->u.ingest.events[i].history_only) /* another node's entry: not an event here */
+        metrics_event(ig->metrics, op->u.ingest.results[i].status);
     }
   }
   for (size_t i = 0; i < n; i++)

@@ -50,5 +50,10 @@ void ingest_free(cph_ingest *ig);
 /* Appends event_id to the channel's history (CPH_DB_CHANNEL_LOG) under its next index, which
  * goes to *index unless index is NULL. */
 int history_append(cph_txn *t, const char *channel, uint64_t event_id, uint64_t *index);
+/* Calls fn(ctx, index, event) for the newest `scan` entries of channel's history (index: the
+ * entry's in the channel log), newest first, until fn returns false. CPH_OK or the store's
+ * error. */
+int history_tail(cph_txn *t, const char *channel, size_t scan,
+                 bool (*fn)(void *ctx, uint64_t index, const cph_event_rec *ev), void *ctx);
 
 #endif

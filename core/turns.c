@@ -113,6 +113,8 @@ void cph_op_clear_results(cph_op *op) {
     cph_strv_free(&op->u.turn.consumed);
     free(op->u.turn.consumed_session);
     op->u.turn.consumed_session = NULL;
+    free(op->u.turn.reply_written_channel);
+    op->u.turn.reply_written_channel = NULL;
     free(op->u.turn.state);
     op->u.turn.state = NULL;
     op->u.turn.state_len = 0;
@@ -1187,6 +1189,11 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
                         NULL};
     replystream_put(&t, &rr, tu->env->reply_origin_node, l->token);
     reply_id = rr.id;
+    if (tu->env->report_consumed) { /* for the other nodes' copies of chan (cluster mode) */
+      free(op->u.turn.reply_written_channel);
+      op->u.turn.reply_written_channel = strdup(chan);
+      op->u.turn.reply_written_ms = now_ms;
+    }
   }
   free(first_channel);
   /* memories the worker minted, scoped to the session (DESIGN §7); in cluster mode their ids,

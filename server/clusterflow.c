@@ -60,7 +60,8 @@ typedef enum pub_kind {
   PUB_DONE,
   PUB_MARK,
   PUB_STATE,
-  PUB_ITEM
+  PUB_ITEM,
+  PUB_HIST
 } pub_kind;
 typedef enum ev_status { EV_ACCEPTED, EV_DUPLICATE, EV_REJECTED } ev_status;
 
@@ -333,6 +334,9 @@ struct cph_cflow {
   /* 13.: items put, their bytes, those the log did not take; loaded by rebuilds, and refused
    * by the engine there. */
   uint64_t items_put, item_bytes, item_failures, items_loaded, items_refused;
+  /* 14.: copies of replies sent to other shards, those the log did not take; copies applied
+   * here (stored in a channel's history), and those this node held already. */
+  uint64_t hist_sent, hist_failures, hist_stored, hist_held;
   int64_t state_pack_ns; /* the time packing took, over every state packed */
   cph_statezip_packer *packer; /* packs the states beside the loop (statezip.h) */
   pub *packing_head, *packing_tail; /* the items on the packer (13.), in submission order */
@@ -1084,6 +1088,86 @@ void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *i
   }
 }
 
+static char *event_json(const char *channel, const char *sender, const char *body,
+                        const char *session, const char *kind, const char *key, int64_t ts_ms,
+                        char *const *mentions, size_t n_mentions, bool history, size_t *len);
+
+void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, const char *body,
+                       int64_t ts_ms) {
+  if (f->quiesced)
+    return;
+  /* The shards whose sessions read the channel: its subscribers'. Those served here read this
+   * node's copy of the channel, which has the reply. (Not the channel's own shard: its owner's
+   * copy of the history is read by its sessions alone, and a direct channel has no
+   * subscribers — its session's replies move with its state, in their place.) */
+  const char *const *subscribers = NULL;
+  size_t n = cph_ctable_subscribers(f->table, channel, &subscribers);
+  if (!n)
+    return;
+  bool *copy = calloc(f->shards, sizeof *copy);
+  if (!copy) {
+    f->hist_failures++;
+    cph_warn("cluster log: out of memory copying a reply of %s in %s to the other nodes", session,
+             channel);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const cph_ctable_session *r = cph_ctable_get(f->table, subscribers[i]);
+    if (r)
+      copy[r->shard] = true;
+  }
+  /* One copy per node: to the first of its shards that need one (a shard with no owner known
+   * gets its own). A node stores it once in its copy of the channel, which all of its sessions
+   * read. */
+  char (*owners)[101] = calloc(f->shards, sizeof *owners);
+  for (uint32_t shard = 0; owners && shard < f->shards; shard++) {
+    char url[8];
+    if (!copy[shard] || cph_cluster_route(f->s->cluster, shard, owners[shard], sizeof owners[shard],
+                                          url, sizeof url) == CPH_CLUSTER_SERVED) {
+      copy[shard] = false;
+      continue;
+    }
+    for (uint32_t before = 0; before < shard; before++)
+      if (copy[before] && owners[shard][0] && strcmp(owners[before], owners[shard]) == 0) {
+        copy[shard] = false;
+        break;
+      }
+  }
+  free(owners);
+  /* One engine key for every copy, so a node that owns two of the shards stores it once; the
+   * message ids differ by shard (JetStream deduplicates ids across the whole stream). */
+  char key[160];
+  snprintf(key, sizeof key, "h.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted);
+  size_t len = 0;
+  char *json = event_json(channel, session, body, NULL, "reply", key, ts_ms, NULL, 0, true, &len);
+  for (uint32_t shard = 0; json && shard < f->shards; shard++) {
+    if (!copy[shard])
+      continue;
+    char subject[64], msgid[200];
+    cph_clog_subject(subject, sizeof subject, shard, true);
+    snprintf(msgid, sizeof msgid, "%s/%" PRIu32, key, shard);
+    char *data = malloc(len);
+    pub *p = data ? pub_new(f, PUB_HIST, subject, msgid, memcpy(data, json, len), len,
+                            DONE_DEADLINE_MS)
+                  : NULL;
+    if (!p) {
+      f->hist_failures++;
+      cph_warn("cluster log: out of memory copying a reply of %s in %s to shard %" PRIu32,
+               session, channel, shard);
+      continue;
+    }
+    p->shard = shard;
+    pub_send(f, p);
+  }
+  if (!json) {
+    f->hist_failures++;
+    cph_warn("cluster log: out of memory copying a reply of %s in %s to the other nodes", session,
+             channel);
+  }
+  free(json);
+  free(copy);
+}
+
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys) {
   if (!f->quiesced && keys->count &&
       !done_publish(f, NULL, NULL, NULL, session, keys, NULL, 0, NULL))
@@ -1165,7 +1249,7 @@ static bool check_event(cph_cflow *f, const cph_event_in *in, ev_result *e) {
  * NULL when out of memory. NULL strings are left out, and so are mentions when none is set. */
 static char *event_json(const char *channel, const char *sender, const char *body,
                         const char *session, const char *kind, const char *key, int64_t ts_ms,
-                        char *const *mentions, size_t n_mentions, size_t *len) {
+                        char *const *mentions, size_t n_mentions, bool history, size_t *len) {
   size_t mentioned = 0;
   for (size_t i = 0; i < n_mentions; i++)
     mentioned += mentions[i] != NULL;
@@ -1173,7 +1257,7 @@ static char *event_json(const char *channel, const char *sender, const char *bod
   cph_emit w;
   cph_emit_init(&w, &b, false);
   cph_emit_object(&w, 4 + (channel != NULL) + (session != NULL) + (kind != NULL) +
-                          (mentioned > 0));
+                          (mentioned > 0) + history);
   cph_emit_key(&w, "sender");
   cph_emit_str(&w, sender);
   cph_emit_key(&w, "body");
@@ -1201,6 +1285,10 @@ static char *event_json(const char *channel, const char *sender, const char *bod
       if (mentions[i])
         cph_emit_str(&w, mentions[i]);
     cph_emit_end(&w);
+  }
+  if (history) {
+    cph_emit_key(&w, "history");
+    cph_emit_bool(&w, true);
   }
   cph_emit_end(&w);
   *len = b.len;
@@ -1292,7 +1380,7 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
     size_t len;
     char *data = event_json(in->channel, in->sender, in->body, in->session, in->kind, msgid,
                             in->ts_ms ? in->ts_ms : cph_wall_ms(), in->mentions.items,
-                            in->mentions.count, &len);
+                            in->mentions.count, false, &len);
     if (!data)
       goto nomem;
     uint32_t shard = cph_cluster_shard_of(in->session ? in->session : in->channel, shards);
@@ -1444,6 +1532,7 @@ static bool decode_event(json_t *d, cph_event_in *ev, struct cph_arena_chunk **a
   ev->key = (char *)jstr(d, "key");
   json_t *ts = json_object_get(d, "ts_ms");
   ev->ts_ms = json_is_integer(ts) ? json_integer_value(ts) : 0;
+  ev->history_only = json_is_true(json_object_get(d, "history")); /* 14. */
   json_t *m = json_object_get(d, "mentions");
   size_t n = json_array_size(m);
   if (n) {
@@ -1571,7 +1660,8 @@ static void *predecode(void *ctx, const char *data, size_t len) {
   cph_event_hasher *h = p->ok && p->n ? cph_event_hasher_new() : NULL;
   cph_event_prep *preps = h ? arena_alloc(&p->arena, p->n * sizeof *preps) : NULL;
   for (size_t i = 0; preps && i < p->n; i++)
-    if (cph_event_prepare(h, &p->evs[i], f->prep_shingle_words, f->prep_min_length,
+    if (!p->evs[i].history_only && /* 14.: no dedupe for those */
+        cph_event_prepare(h, &p->evs[i], f->prep_shingle_words, f->prep_min_length,
                           &preps[i]) == CPH_OK)
       p->evs[i].prep = &preps[i];
   cph_event_hasher_free(h);
@@ -1625,7 +1715,7 @@ static char *forward_copy(const cph_event_in *ev, const target *t) {
   char *mention = (char *)t->id;
   size_t len;
   return event_json(channel, ev->sender, ev->body, t->id, ev->kind, key, ev->ts_ms, &mention,
-                    t->mentioned, &len);
+                    t->mentioned, false, &len);
 }
 
 /* The sessions ev is forwarded to, into ts (room for its subscribers and mentions): the channel's
@@ -1891,6 +1981,16 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
                p->subject, why ? why : "no answer");
     }
     break;
+  case PUB_HIST:
+    if (ok) {
+      f->hist_sent++;
+    } else {
+      f->hist_failures++;
+      cph_warn("cluster log: the copy of a reply for the channel histories of shard %" PRIu32
+               " was not taken (%s); the sessions there do not see it in that channel",
+               p->shard, why ? why : "no answer");
+    }
+    break;
   case PUB_MARK: {
     shard_track *tr = &f->tracks[p->shard];
     tr->mark_sending = false;
@@ -1941,6 +2041,8 @@ static void apply_done(cph_op *op, void *ctx) {
     f->applied++;
     cph_event_in *ev = &b->events[i];
     cph_event_result *res = op->u.ingest.results ? &op->u.ingest.results[i] : NULL;
+    if (res && ev->history_only) /* 14. */
+      res->status == CPH_EV_STORED ? f->hist_stored++ : f->hist_held++;
     if (res && res->status == CPH_EV_REJECTED && res->reason &&
         strcmp(res->reason, "session_busy") != 0)
       cph_warn("cluster log: an event of message %" PRIu64 " of shard %" PRIu32
@@ -2268,7 +2370,10 @@ static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done) {
     json_decref(doc); /* rb->docs holds it while its events are used */
     for (size_t k = 0; ok && k < n; k++) {
       cph_event_in *ev = &evs[k];
-      if (!ev->session || cph_hmap_get(done, ev->key) || !cph_ctable_get(f->table, ev->session))
+      /* a history copy (14.) is applied again as well: the node applies it once (its key, or the
+       * same event in the channel) */
+      if (!ev->history_only && (!ev->session || cph_hmap_get(done, ev->key) ||
+                                !cph_ctable_get(f->table, ev->session)))
         continue;
       if (rb->n == cap) {
         size_t c = 2 * cap;
@@ -2324,7 +2429,7 @@ static void rebuild_done(cph_op *op, void *ctx) {
     if ((res->status == CPH_EV_QUEUED || res->status == CPH_EV_AGGREGATED) && res->sessions.count) {
       pending_add(f, x->ev.key, x->seq, shard);
       rb->reached++;
-    } else if (res->status == CPH_EV_DUPLICATE) {
+    } else if (res->status == CPH_EV_DUPLICATE && x->ev.session) {
       if (cph_hmap_put(&rb->dups, x->ev.key, x) != CPH_OK ||
           cph_hmap_put(&rb->checks, x->ev.session, x->ev.session) != CPH_OK)
         cph_error("cluster log: out of memory rebuilding shard %" PRIu32, shard);
@@ -2408,8 +2513,8 @@ static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
       }
     }
     for (size_t i = 0; ok && i < rb->n; i++) {
-      rb_keep *k = cph_hmap_get(&by, rb->evs[i].ev.session);
-      if (!k)
+      rb_keep *k = rb->evs[i].ev.session ? cph_hmap_get(&by, rb->evs[i].ev.session) : NULL;
+      if (!k) /* a history copy (14.) names no session */
         continue;
       if (k->n == k->cap) {
         size_t cap = k->cap ? 2 * k->cap : 16;
@@ -3418,6 +3523,15 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
        "again."},
       {"cephalon_cluster_log_purge_failures_total", "counter",
        "Trims that failed (NATS did not answer, or refused): tried again at the next watermark."},
+      {"cephalon_cluster_history_copies_sent_total", "counter",
+       "Copies of this node's sessions' replies the log took for the other nodes' copies of "
+       "their channels' history."},
+      {"cephalon_cluster_history_copy_failures_total", "counter",
+       "Copies of replies the log did not take in time: the sessions of that shard do not see "
+       "the reply in that channel."},
+      {"cephalon_cluster_history_copies_stored_total", "counter",
+       "Copies of other nodes' replies this node stored in its copy of their channel's "
+       "history."},
   };
   const uint64_t v[] = {st.ready,
                         st.bound,
@@ -3439,7 +3553,10 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
                         f->trim_ns && st.trim_allowed > 0,
                         st.trims,
                         st.trim_purged,
-                        st.trim_failures};
+                        st.trim_failures,
+                        f->hist_sent,
+                        f->hist_failures,
+                        f->hist_stored};
   for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
     cph_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", fam[i].name, fam[i].help,
                    fam[i].name, fam[i].type, fam[i].name, (unsigned long long)v[i]);
@@ -3508,5 +3625,9 @@ json_t *cph_cflow_json(cph_cflow *f) {
                 (json_int_t)f->items_loaded, "refused", (json_int_t)f->items_refused,
                 "forgotten", (json_int_t)st.items_forgotten, "forget_failures",
                 (json_int_t)st.forget_failures));
+  json_object_set_new(o, "history_copies",
+                      json_pack("{sIsIsIsI}", "sent", (json_int_t)f->hist_sent, "failures",
+                                (json_int_t)f->hist_failures, "stored",
+                                (json_int_t)f->hist_stored, "held", (json_int_t)f->hist_held));
   return o;
 }

@@ -339,7 +339,37 @@
  *    not on the completion's path; the bucket holds every record of every live session
  *    (history 1), and a takeover reads all of its shard's — a session's whole turn history,
  *    where the state alone carried its newest. Its channels' memories, summaries beyond the
- *    state's 64, kept turn contexts and channel history stay bounded by the state (11.). */
+ *    state's 64, kept turn contexts and channel history stay bounded by the state (11.).
+ *
+ * 14. Replies in the other nodes' copies of a channel. Each node keeps its own copy of a
+ *    channel's history (3.: the events forwarded to its sessions), and a completion writes its
+ *    reply into the copy of the node it ran on (DESIGN §4: a reply joins its channel's history
+ *    as a message from the session) — so agents in one channel on different nodes would not
+ *    see each other's replies. After a completion that wrote a reply into a channel, the node
+ *    sends a copy of it — the event as the history holds it: channel, the session as sender,
+ *    kind "reply", body, the time it was written, with "history": true — to one shard of each
+ *    other node that serves subscribers of the channel (the first such shard by number; a shard
+ *    with no owner known gets its own), on ceph.s.<shard>.fwd, message id
+ *    "h.<node>.<boot>.<n>/<shard>", one engine key "h.<node>.<boot>.<n>" for all of them. Its
+ *    owner applies it with the shard's messages, in log order (cph_event_in.history_only): the
+ *    event stored and appended to its copy of the channel, unless the key was seen or the
+ *    channel's newest 256 entries hold the same event (channel, sender, time, body: a moved
+ *    session's state brings its channels' entries too, 11.) — no session, dedupe, family or
+ *    memory, not counted as an event. The node's sessions in the channel then see it in their
+ *    context as they see a reply written on their own node. A copy reaches no session: it is
+ *    never pending and falls below the watermark at once (7.); a rebuild applies the copies
+ *    above the watermark again (8.), harmlessly. Not waited for: the completion's 200 does not
+ *    wait for the copies (the reply itself is in its session's state); one the log does not
+ *    take within 10 s is logged and counted (GET /v1/cluster log.history_copies.failures), and
+ *    that node's sessions do not see the reply in that channel. Not copied: a repeated
+ *    completion's reply (copied the first time), replies into a direct channel (no
+ *    subscribers; they move with their session's state), and to the channel's own shard.
+ *    Limits: a copy applied on a node that dies before its sessions' next completion put their
+ *    state moves with them only while it is above the shard's watermark (it reached no session,
+ *    so the watermark passes it at once); and a copy arriving after other events lands after
+ *    them in that node's copy (the channel's history only grows at its end), where on one node
+ *    it would have come first. Cost: one log message per other node serving subscribers, per
+ *    reply, and on the receiving node a scan of the channel's newest entries. */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 
@@ -396,6 +426,11 @@ void cph_cflow_context_changed(cph_cflow *f, cph_req *r, const char *session, co
  * not waited for (a failure is logged and counted). Nothing while the session's shard is not
  * live here. */
 void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *items);
+/* A completion committed on this node wrote session's reply `body` into channel's history here
+ * at ts_ms (cph_op u.turn.reply_written_channel): copies it into the other nodes' copies of that
+ * channel (14. above), not waited for (a failure is logged and counted). */
+void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, const char *body,
+                       int64_t ts_ms);
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);

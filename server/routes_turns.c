@@ -727,6 +727,10 @@ static void status_done(cph_req *r, const char *status) {
     json_object_set_new(body, "already", json_boolean(r->op.u.turn.already));
     if (r->op.u.turn.items.n && r->op.u.turn.consumed_session)
       cph_cflow_items(r->srv->cflow, r->op.u.turn.consumed_session, &r->op.u.turn.items);
+    if (r->op.u.turn.reply_written_channel && r->op.u.turn.consumed_session)
+      cph_cflow_replied(r->srv->cflow, r->op.u.turn.consumed_session,
+                        r->op.u.turn.reply_written_channel, r->op.u.turn.reply_body,
+                        r->op.u.turn.reply_written_ms);
     cph_cflow_completed(r->srv->cflow, r, r->op.u.turn.consumed_session, &r->op.u.turn.consumed,
                         r->op.u.turn.state, r->op.u.turn.state_len, body);
     return;

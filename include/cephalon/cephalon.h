@@ -177,6 +177,13 @@ typedef struct cph_event_in {
    * session. Cluster mode applies logged events so: the log delivers them to the others
    * (server/clusterflow.h). */
   bool only_session;
+  /* A copy of another node's entry for this node's copy of the channel's history (cluster
+   * mode: a reply a session on another node wrote there, server/clusterflow.h 14.): stored
+   * with its kind, sender and time and appended to the channel's history — unless the
+   * channel's newest entries hold the same event (channel, sender, time and body) already —
+   * and nothing else: no session, no dedupe, family or memory, not counted as an event.
+   * Status stored, or duplicate (its key, or the same event found; id: that entry's event). */
+  bool history_only;
   const cph_event_prep *prep; /* optional: cph_event_prepare()'s result for this event */
 } cph_event_in;
 
@@ -673,6 +680,13 @@ struct cph_op {
        * consumed (interrupted, an autonomy tick, a job). Freed by cph_op_clear_results. */
       cph_strv consumed;
       char *consumed_session;
+      /* complete, out, only while cph_engine_report_consumed is on, for a completion that wrote
+       * a reply (a repeated one did not): the channel whose history took it (malloc'd) and the
+       * time it was written with, so the cluster log can copy it into the other nodes' copies of
+       * that channel (server/clusterflow.h 14.); its text is reply_body. Freed by
+       * cph_op_clear_results. */
+      char *reply_written_channel;
+      int64_t reply_written_ms;
       /* complete, out, only while cph_engine_report_consumed is on, when the completion (or a
        * repeated one) stands: the session's state as it is after it, an opaque blob (core/turns.c
        * says what it holds; malloc'd, state_len bytes), for the cluster log to keep

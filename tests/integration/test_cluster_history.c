@@ -158,6 +158,21 @@ static void check_messages(bench *b, int n, json_t *turn, int s) {
   }
 }
 
+/* Completes turn (leased on node n) with reply, for 10 tokens; the answer must be 200. */
+static void complete_with(cph_test_cluster *c, int n, json_t *turn, const char *reply) {
+  char path[96], body[512];
+  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
+           (long long)json_integer_value(json_object_get(turn, "id")));
+  snprintf(body, sizeof body,
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
+           "\"reply\":{\"body\":\"%s\"}}",
+           json_string_value(json_object_get(turn, "lease")), reply);
+  cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
+  if (r.status != 200)
+    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+}
+
 /* Completes turn (of session s, on node n), which stages this round's message on b->ch, with
  * the session's reply: done. */
 static bool answer(void *ctx, int n, json_t *turn, int s) {
@@ -181,17 +196,7 @@ static bool answer(void *ctx, int n, json_t *turn, int s) {
   }
   if (b->check)
     check_messages(b, n, turn, s);
-  char path[96], body[512];
-  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-           (long long)json_integer_value(json_object_get(turn, "id")));
-  snprintf(body, sizeof body,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
-           "\"reply\":{\"body\":\"%s\"}}",
-           json_string_value(json_object_get(turn, "lease")), a);
-  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
-  if (r.status != 200)
-    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-  cph_test_response_free(&r);
+  complete_with(b->c, n, turn, a);
   return true;
 }
 
@@ -216,17 +221,9 @@ static bool answer_pair(void *ctx, int n, json_t *turn, int s) {
              s, second ? "follow-up" : "question", n, current, count, other, other_count,
              second ? 1 : 0, dump ? dump : "?");
   }
-  char path[96], body[512];
-  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-           (long long)json_integer_value(json_object_get(turn, "id")));
-  snprintf(body, sizeof body,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
-           "\"reply\":{\"body\":\"pair reply %d of t%02d\"}}",
-           json_string_value(json_object_get(turn, "lease")), second, s);
-  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
-  if (r.status != 200)
-    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-  cph_test_response_free(&r);
+  char reply[64];
+  snprintf(reply, sizeof reply, "pair reply %d of t%02d", second, s);
+  complete_with(b->c, n, turn, reply);
   b->asked[s] = true;
   return second;
 }
@@ -429,9 +426,114 @@ static void test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conve
   free(is);
 }
 
+/* The sum over the nodes up of GET /v1/cluster log.history_copies.<name> (asserted present). */
+static long long copies_sum(cph_test_cluster *c, const char *name) {
+  long long sum = 0;
+  for (int n = 0; n < NODES; n++) {
+    if (!c->up[n])
+      continue;
+    json_t *v = cph_tc_view(c, n);
+    json_t *x = json_object_get(json_object_get(json_object_get(v, "log"), "history_copies"),
+                                name);
+    if (!json_is_integer(x))
+      fail_msg("GET /v1/cluster on n%d has no log.history_copies.%s", n, name);
+    sum += json_integer_value(x);
+    json_decref(v);
+  }
+  return sum;
+}
+
+typedef struct team {
+  cph_test_cluster *c;
+  const int *owner; /* the node serving each session */
+  int round;
+} team;
+
+/* Completes a turn of the team round with the session's reply; checks, from the second round
+ * on, that the lease shows every session's reply of the round before once. */
+static bool answer_team(void *ctx, int n, json_t *turn, int s) {
+  team *t = ctx;
+  json_t *messages = json_object_get(turn, "messages");
+  for (int o = 0; t->round > 0 && o < SESSIONS; o++) {
+    char a[96];
+    snprintf(a, sizeof a, "team reply %d of t%02d", t->round - 1, o);
+    const char *role = NULL;
+    int count;
+    find_message(messages, a, &role, &count);
+    if (count != 1) {
+      char *dump = json_dumps(messages, JSON_COMPACT);
+      fail_msg("t%02d's lease on n%d shows \"%s\" (a reply written on n%d) %d times, not once: "
+               "%s",
+               s, n, a, t->owner[o], count, dump ? dump : "?");
+    }
+    if (o == s && strcmp(role, "assistant") != 0)
+      fail_msg("t%02d's own reply \"%s\" is not the assistant's on n%d", s, a, n);
+  }
+  char reply[64];
+  snprintf(reply, sizeof reply, "team reply %d of t%02d", t->round, s);
+  complete_with(t->c, n, turn, reply);
+  return true;
+}
+
+/* Agents on different nodes in one channel see each other's replies (server/clusterflow.h 14.):
+ * every session of "shared" answers a message there on its owner; the next message's lease of
+ * each shows all six replies once — the three written on the other node included, which reach
+ * this node's copy of the channel only as copies through the log. Without the copies a lease
+ * showed the replies of its own node's sessions alone: the test failed so. */
+static void test_cluster_history_agents_on_other_nodes_see_each_others_replies(void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  for (int n = 0; n < NODES; n++)
+    if (!c->up[n])
+      cph_tc_start_node(c, n, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "every node up");
+  int owner[SESSIONS], on[NODES] = {0};
+  for (int s = 0; s < SESSIONS; s++) {
+    char path[64];
+    json_t *j = NULL;
+    snprintf(path, sizeof path, "/v1/sessions/t%02d", s);
+    owner[s] = cph_tc_get_on_owner(c, 0, path, &j);
+    json_decref(j);
+    on[owner[s]]++;
+  }
+  assert_true(on[0] > 0 && on[1] > 0); /* sessions on both nodes */
+  team t = {c, owner, 0};
+  /* counted from here: the nodes' counters start at their own start */
+  long long sent0 = copies_sum(c, "sent"), sent = sent0,
+            applied0 = copies_sum(c, "stored") + copies_sum(c, "held"), applied = applied0;
+  for (t.round = 0; t.round < 2; t.round++) {
+    char body[256], what[32];
+    snprintf(body, sizeof body,
+             "{\"events\":[{\"channel\":\"shared\",\"sender\":\"bob\",\"body\":\"team "
+             "question %d\"}]}",
+             t.round);
+    cph_test_response r = cph_test_api(c->port[t.round % NODES], "POST", "/v1/events", NULL, body);
+    if (r.status != 200)
+      fail_msg("posting team question %d: %d %s", t.round, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+    snprintf(what, sizeof what, "team round %d", t.round);
+    for (int n = 0; n < NODES; n++)
+      cph_tc_lease_each(c, n, owner, SESSIONS, answer_team, &t, what);
+    /* the copies the log took (each completion's before its 200) applied where they went */
+    for (int tries = 0; tries < 100; tries++) {
+      sent = copies_sum(c, "sent");
+      applied = copies_sum(c, "stored") + copies_sum(c, "held");
+      if (applied - applied0 >= sent - sent0)
+        break;
+      cph_tc_sleep_ms(100);
+    }
+    printf("team round %d: %lld copies of replies sent so far, %lld applied\n", t.round,
+           sent - sent0, applied - applied0);
+  }
+  assert_true(sent > sent0);
+  assert_true(applied - applied0 >= sent - sent0);
+  assert_int_equal(copies_sum(c, "failures"), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_history_a_moved_sessions_channels_show_what_it_answered),
+      cmocka_unit_test(test_cluster_history_agents_on_other_nodes_see_each_others_replies),
       cmocka_unit_test(
           test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conversation),
   };

@@ -501,9 +501,17 @@ void cph_tc_settle(cph_test_cluster *c, int shards, const char *what) {
   bool live[CPH_TC_MAX_NODES] = {false};
   for (int n = 0; n < c->n_nodes; n++)
     live[n] = c->up[n];
-  if (!cph_tc_wait_settled(c, live, shards, 30000))
-    fail_msg("%s: the shards were not all served and bound within 30 s (logs in %s)", what,
-             c->dir);
+  if (cph_tc_wait_settled(c, live, shards, 30000))
+    return;
+  for (int n = 0; n < c->n_nodes; n++) { /* the end of each node's log, for the post-mortem */
+    char *log = c->up[n] ? cph_test_daemon_log(&c->d[n]) : NULL;
+    size_t len = log ? strlen(log) : 0;
+    if (log)
+      fprintf(stderr, "--- the end of n%d's log:\n%s\n", n, len > 4000 ? log + len - 4000 : log);
+    free(log);
+  }
+  fail_msg("%s: the shards were not all served and bound within 30 s (logs in %s)", what,
+           c->dir);
 }
 
 void cph_tc_wait_known(cph_test_cluster *c, int count) {
