@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/http_client.h"
 #include "core/providers.h"
@@ -505,6 +506,7 @@ static void test_embed_openai_errors_name_the_url_and_the_problem(void **state) 
 static void test_network_failures_name_the_url(void **state) {
   net_fixture *f = *state;
   /* Slower than the timeout: CPH_ETIMEDOUT, well before the reply would come. */
+  size_t asked = cph_httpd_count(f->httpd);
   cph_httpd_script(f->httpd, (cph_httpd_reply[]){{200, "{}", 3000}}, 1);
   cph_policy_embedder cfg = embedder(f->url, 3);
   cfg.timeout_ms = 200;
@@ -513,6 +515,11 @@ static void test_network_failures_name_the_url(void **state) {
   cph_err err = {0};
   assert_int_equal(cph_embed_openai(&cfg, texts, 1, out, &err), CPH_ETIMEDOUT);
   assert_contains(err.msg, f->url);
+  /* The double may take the timed-out request only now (a loaded machine): it must have taken
+   * its scripted reply before the next script replaces it, or it would take that one. */
+  for (int waited = 0; cph_httpd_count(f->httpd) == asked && waited < 10000; waited += 10)
+    usleep(10 * 1000);
+  assert_int_equal(cph_httpd_count(f->httpd), asked + 1);
 
   /* Closed without an answer. */
   cph_httpd_script(f->httpd, (cph_httpd_reply[]){{0, NULL, 0}}, 1);
