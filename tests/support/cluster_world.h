@@ -78,7 +78,8 @@ void cph_tcw_post_events(cph_tcw *w, int from, int to, const char *run, bool all
  * messages were all applied (and forwarded). Fails after 30 s. No turn is worked meanwhile. */
 void cph_tcw_wait_applied(cph_tcw *w, int from, int to);
 
-/* Works until every acknowledged event of [from, to) reached its targets (30 s at most), then
+/* Works until every acknowledged event of [from, to) reached its targets (60 s at most; what
+ * is still missing at 30 s is reported with each node's log state, and what came later), then
  * checks the rule, failing the test with the first offence: exactly once where routed, never
  * elsewhere. lossy: sessions (a bit each) for which "at most once" is enough. Prints a line of
  * figures (posting_started: when posting began, for the figures). */
