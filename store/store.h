@@ -246,6 +246,7 @@ typedef struct cph_txn {
   /* Its child while one is open: then this txn refuses every call (CPH_ESTATE, sticky), as
    * LMDB refuses a parent's calls while its child is open — a borrowed child included. */
   struct cph_txn *child;
+  size_t wal_mark; /* a child's: the log's record buffer length when it began (store/wal.c) */
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);
