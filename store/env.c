@@ -368,6 +368,12 @@ int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err) {
   if (atomic_load(&s->open_txns) > 0)
     return cph_err_set(err, CPH_EBUSY, "data dir '%s': the map cannot grow while a "
                        "transaction or a backup reads it", s->dir);
+  /* Under the log, the pages freed since the oldest checkpoint pin are not reusable yet: a
+   * checkpoint now releases them. Once per full map: if the retry finds it full again, the
+   * map grows (or the write fails) as without the log. */
+  int rc = cph_wal_make_room(s, err);
+  if (rc != CPH_OK)
+    return rc; /* CPH_EBUSY: room made, try again; or the checkpoint's failure */
   MDB_envinfo info;
   mdb_env_info(s->env, &info);
   size_t now = info.me_mapsize;

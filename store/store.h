@@ -307,8 +307,10 @@ int cph_txn_get_record_some(cph_txn *t, cph_db db, const cph_key *k,
 
 /* What the data holds as t sees it (its own uncommitted writes included): the pages of every
  * named database's tree and of the catalogue, times the page size — not the pages LMDB freed
- * for reuse, nor the free-page list itself. *map_bytes gets the map size. O(databases); a
- * failure returns the code without making the txn fail. Lets a writer keep headroom before
+ * for reuse, nor the free-page list itself; but under :always, the freed pages that the
+ * checkpoint's pin keeps from reuse until the next checkpoint (store/wal.c) count, as they
+ * are no room either. *map_bytes gets the map size. O(databases), plus O(free-list records
+ * since the pin) under :always; a failure returns the code without making the txn fail. Lets a writer keep headroom before
  * MDB_MAP_FULL (ingest does, DESIGN §11). */
 int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes);
 

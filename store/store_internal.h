@@ -102,6 +102,16 @@ void cph_wal_discard(cph_store *s);
 /* A top-level commit that changed something landed in LMDB: its record written to the log,
  * then commit_seq bumped; maybe a checkpoint started. */
 void cph_wal_commit(cph_store *s);
+/* The map is full (cph_store_grow, writer thread, no txn open): when the checkpoint pins
+ * hold pages freed since an older commit, a checkpoint of the current commit is written now
+ * and the older pins released, and CPH_EBUSY says to apply the write again (map_full
+ * cleared). CPH_OK when there is nothing to release, or it was done for the last full map
+ * already with nothing committed since: grow instead. Another code: the checkpoint failed. */
+int cph_wal_make_room(cph_store *s, cph_err *err);
+/* Pages LMDB freed that a checkpoint pin keeps from reuse (until the next checkpoint): the
+ * free list's records from the oldest pin's txn on, or the most counted over the last few
+ * seconds if more (wal.c). 0 with the log off. O(records). Writer thread. */
+size_t cph_wal_held_pages(cph_store *s);
 /* Flushes the log files that may hold commits up to commit_seq, then notes them durable. */
 int cph_wal_sync(cph_store *s, cph_err *err);
 

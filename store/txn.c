@@ -449,6 +449,7 @@ int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes) {
   }
   if (rc) /* not sticky: a failed look at the sizes spoils none of the txn's writes */
     return cph_store_map_error(rc);
+  pages += cph_wal_held_pages(t->store); /* free, but not reusable yet: no room either */
   *live_bytes = pages * psize;
   if (map_bytes)
     *map_bytes = info.me_mapsize;

@@ -56,11 +56,15 @@
  * crash (up to ~2 intervals of commits) and a data file that grows while a pin is held. */
 #define CHECKPOINT_MS 100
 
+/* How long cph_wal_held_pages remembers its highest count (why: there). */
+#define HELD_PEAK_MS 10000
+
 #define CKPT_MAGIC "CPHCKPT1"
 #define CKPT_VERSION 1u
 #define REC_HEAD 16 /* u32 len, u32 crc, u64 seq */
 #define OP_HEAD 8   /* u8 op, u8 db, u16 key len, u32 val len */
-#define BUF_KEEP (1u << 20) /* a record buffer larger than this is freed after its commit */
+#define BUF_KEEP (1u << 20) /* a record buffer larger than this shrinks after its commit */
+#define BUF_MIN 16384u
 
 typedef struct ckpt_job {
   uint8_t *meta; /* the two meta pages of data.mdb as of T */
@@ -95,6 +99,11 @@ typedef struct cph_wal {
   bool has_job, in_flight, stopping;
   ckpt_job job;
   MDB_txn *pin; /* the pin of the newest checkpoint on disk (checkpoint thread once started) */
+  uint64_t pin_seq; /* its T */
+  _Atomic uint64_t pin_txnid; /* its LMDB txn id, 0 when none: the oldest pin held */
+  size_t held_peak; /* cph_wal_held_pages: the most seen since held_peak_at */
+  struct timespec held_peak_at;
+  bool room_made; /* the last cph_wal_make_room released pages: the next one does not */
 
   /* recovery: the checkpoint read at open, until the log starts or the store closes */
   bool recovering;
@@ -174,7 +183,7 @@ static uint32_t rec_crc(uint64_t salt, uint64_t seq, const uint8_t *body, size_t
   memcpy(head, &salt, 8);
   memcpy(head + 8, &seq, 8);
   uLong c = crc32(0L, head, sizeof head);
-  return (uint32_t)crc32(c, body, (uInt)n);
+  return n ? (uint32_t)crc32(c, body, (uInt)n) : (uint32_t)c; /* crc32(c, NULL, 0) is 0 */
 }
 
 static long ms_since(const struct timespec *t0) {
@@ -189,6 +198,11 @@ int cph_wal_init(cph_store *s, cph_err *err) {
   cph_wal *w = calloc(1, sizeof *w);
   if (!w)
     return cph_err_set(err, CPH_ENOMEM, "out of memory opening the store");
+  if (!(w->buf = malloc(BUF_MIN))) {
+    free(w);
+    return cph_err_set(err, CPH_ENOMEM, "out of memory opening the store");
+  }
+  w->cap = BUF_MIN;
   for (int i = 0; i < LOG_FILES; i++)
     w->fds[i] = -1;
   w->interval_ms = CHECKPOINT_MS;
@@ -252,7 +266,7 @@ int cph_wal_record(cph_store *s, int op, cph_db db, const void *k, size_t klen, 
   if (need > UINT32_MAX)
     return CPH_ELIMIT;
   if (need > w->cap) {
-    size_t cap = w->cap ? w->cap : 16384;
+    size_t cap = w->cap ? w->cap : BUF_MIN;
     while (cap < need)
       cap *= 2;
     uint8_t *b = realloc(w->buf, cap);
@@ -286,10 +300,10 @@ void cph_wal_cut(cph_store *s, size_t mark) {
 
 static void buf_reset(cph_wal *w) {
   w->len = 0;
-  if (w->cap > BUF_KEEP) {
-    free(w->buf);
-    w->buf = NULL;
-    w->cap = 0;
+  uint8_t *b;
+  if (w->cap > BUF_KEEP && (b = realloc(w->buf, BUF_MIN)) != NULL) {
+    w->buf = b;
+    w->cap = BUF_MIN;
   }
 }
 
@@ -301,7 +315,7 @@ void cph_wal_commit(cph_store *s) {
   cph_wal *w = s->wal;
   uint64_t seq = atomic_load(&s->commit_seq) + 1;
   if (w->len == 0) /* a txn that changed something records something: be safe anyway */
-    w->len = REC_HEAD;
+    w->len = REC_HEAD; /* the buffer always has room for the header (BUF_MIN) */
   uint32_t body = (uint32_t)(w->len - REC_HEAD);
   uint32_t crc = rec_crc(w->salt, seq, w->buf + REC_HEAD, body);
   memcpy(w->buf, &body, 4);
@@ -441,6 +455,9 @@ static void *ckpt_main(void *arg) {
       if (w->pin)
         mdb_txn_abort(w->pin);
       w->pin = j.pin;
+  atomic_store(&w->pin_txnid, (uint64_t)mdb_txn_id(j.pin));
+      atomic_store(&w->pin_txnid, (uint64_t)mdb_txn_id(j.pin));
+      w->pin_seq = j.seq;
     }
     pthread_mutex_lock(&w->mu);
     if (e)
@@ -487,10 +504,10 @@ static int ckpt_take(cph_store *s, ckpt_job *j, const char **what) {
 
 static void maybe_checkpoint(cph_store *s) {
   cph_wal *w = s->wal;
-  if (w->broken || ms_since(&w->last_start) < w->interval_ms)
+  if (ms_since(&w->last_start) < w->interval_ms)
     return;
   pthread_mutex_lock(&w->mu);
-  bool busy = w->in_flight;
+  bool busy = w->in_flight || w->broken;
   pthread_mutex_unlock(&w->mu);
   if (busy)
     return;
@@ -500,7 +517,9 @@ static void maybe_checkpoint(cph_store *s) {
   int e = ckpt_take(s, &j, &what);
   if (e) {
     wal_fail(s, what, e);
+    pthread_mutex_lock(&w->mu);
     w->broken = true;
+    pthread_mutex_unlock(&w->mu);
     return;
   }
   pthread_mutex_lock(&w->mu);
@@ -511,6 +530,94 @@ static void maybe_checkpoint(cph_store *s) {
   w->has_job = w->in_flight = true;
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
+}
+
+int cph_wal_make_room(cph_store *s, cph_err *err) {
+  cph_wal *w = s->wal;
+  if (!w || !w->on)
+    return CPH_OK;
+  pthread_mutex_lock(&w->mu);
+  while (w->in_flight) /* its pin becomes w->pin (or goes) */
+    pthread_cond_wait(&w->cv, &w->mu);
+  bool broken = w->broken;
+  pthread_mutex_unlock(&w->mu);
+  uint64_t now = atomic_load(&s->commit_seq);
+  /* Every other call at most: a write that finds the map full again right after goes on to
+   * growth or its CPH_EFULL, so no write is applied again forever. */
+  bool again = w->room_made;
+  w->room_made = false;
+  if (broken || again || !w->pin || w->pin_seq >= now)
+    return CPH_OK;
+  ckpt_job j;
+  const char *what;
+  int e = ckpt_take(s, &j, &what);
+  if (!e) {
+    pthread_mutex_lock(&w->mu);
+    w->cur = (w->cur + 1) % LOG_FILES;
+    w->off = 0;
+    j.file = w->cur;
+    pthread_mutex_unlock(&w->mu);
+    e = ckpt_write(s, &j, &what);
+    free(j.meta);
+  }
+  if (e) {
+    if (j.pin)
+      mdb_txn_abort(j.pin);
+    wal_fail(s, what, e);
+    pthread_mutex_lock(&w->mu);
+    w->broken = true;
+    pthread_mutex_unlock(&w->mu);
+    return cph_store_flush_error(s, err);
+  }
+  mdb_txn_abort(w->pin);
+  w->pin = j.pin;
+  atomic_store(&w->pin_txnid, (uint64_t)mdb_txn_id(j.pin));
+  w->pin_seq = j.seq;
+  w->room_made = true;
+  clock_gettime(CLOCK_MONOTONIC, &w->last_start);
+  atomic_store(&s->map_full, false);
+  return cph_err_set(err, CPH_EBUSY,
+                     "data dir '%s': a checkpoint released the pages its pin held; the write "
+                     "is applied again",
+                     s->dir);
+}
+
+size_t cph_wal_held_pages(cph_store *s) {
+  cph_wal *w = s->wal;
+  uint64_t oldest = w && w->on ? atomic_load(&w->pin_txnid) : 0;
+  if (!oldest)
+    return 0;
+  /* LMDB lets only a read txn look at the free list (FREE_DBI, 0): a record keyed by the
+   * txn that freed its pages, the value a page list whose first word is its length. A
+   * record reaches reuse once its key is below the oldest reader's txn id: the pin's. */
+  MDB_txn *r;
+  if (mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r) != MDB_SUCCESS)
+    return 0;
+  MDB_cursor *c;
+  size_t pages = 0;
+  if (mdb_cursor_open(r, 0, &c) == MDB_SUCCESS) {
+    size_t key = (size_t)oldest;
+    MDB_val k = {sizeof key, &key}, v;
+    for (int rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE); rc == MDB_SUCCESS;
+         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+      size_t n = 0;
+      if (v.mv_size >= sizeof n)
+        memcpy(&n, v.mv_data, sizeof n);
+      pages += n;
+    }
+    mdb_cursor_close(c);
+  }
+  mdb_txn_abort(r);
+  /* The count swings from near 0 right after a checkpoint to its most just before the next;
+   * a writer that keeps headroom (ingest) would let a small request in at the low point and
+   * refuse it at the high one. The most seen over the last HELD_PEAK_MS is what it gets. */
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if (pages >= w->held_peak || ms_since(&w->held_peak_at) > HELD_PEAK_MS) {
+    w->held_peak = pages;
+    w->held_peak_at = now;
+  }
+  return w->held_peak;
 }
 
 /* ---------------------------------------------------------------- start and stop */
@@ -600,6 +707,9 @@ int cph_wal_start(cph_store *s, cph_err *err) {
   if (w->pin)
     mdb_txn_abort(w->pin);
   w->pin = j.pin;
+  atomic_store(&w->pin_txnid, (uint64_t)mdb_txn_id(j.pin));
+  w->pin_seq = j.seq;
+  w->room_made = false;
   w->broken = false;
   w->has_job = w->in_flight = w->stopping = false;
   clock_gettime(CLOCK_MONOTONIC, &w->last_start);
@@ -654,6 +764,7 @@ int cph_wal_stop(cph_store *s, cph_err *err) {
   if (w->pin)
     mdb_txn_abort(w->pin);
   w->pin = NULL;
+  atomic_store(&w->pin_txnid, 0);
   if (e) {
     wal_fail(s, what, e);
     return cph_store_flush_error(s, err);
@@ -806,7 +917,7 @@ static int scan(cph_store *s, rec_ref **out, size_t *n_out, uint8_t **body_buf, 
       memcpy(&len, head, 4);
       memcpy(&crc, head + 4, 4);
       memcpy(&seq, head + 8, 8);
-      if (seq != want || len == 0 || off + REC_HEAD + (off_t)len > st.st_size)
+      if (seq != want || off + REC_HEAD + (off_t)len > st.st_size)
         break;
       if (len > buf_cap) {
         uint8_t *nb = realloc(buf, len);
@@ -944,6 +1055,13 @@ int cph_wal_replay(cph_store *s, cph_err *err) {
   cph_wal *w = s->wal;
   if (!w->recovering)
     return CPH_OK;
+  char first[4200];
+  log_path(s, w->rec.file, first, sizeof first);
+  if (access(first, F_OK) != 0)
+    return cph_err_set(err, CPH_ECORRUPT,
+                       "data dir '%s': the log file %s, which the checkpoint says holds the "
+                       "commits after it, is missing: restore the data dir from a backup",
+                       s->dir, first);
   int rc = open_log_files(s, err);
   if (rc)
     return rc;
