@@ -31,7 +31,7 @@ bench=$!
 until pid=$(pgrep -P "$bench" cephalond); do sleep 0.05; done
 port=
 until [ -n "$port" ]; do
-  port=$(ss -ltnpH | grep "pid=$pid," | awk '{print $4}' | sed 's/.*://' | head -1 || true)
+  port=$(ss -ltnpH | grep "pid=$pid," | awk '{print $4}' | sed 's/.*://' | head -1) || true
   sleep 0.05
 done
 # snap: process ticks, loop-thread ticks, units done so far

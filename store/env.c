@@ -13,6 +13,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "store_internal.h"
 
 static const char *const db_names[CPH_DB_COUNT] = {
@@ -219,12 +220,15 @@ int cph_store_open_migrating(const cph_store_options *o, const cph_store_migrati
   s->fd = -1;
   s->sync = o->sync;
   pthread_mutex_init(&s->flush_mu, NULL);
+  pthread_mutex_init(&s->write_mu, NULL);
   s->dir = strdup(o->dir);
   int rc;
   if (!s->dir) {
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory opening the store");
     goto fail;
   }
+  if ((rc = cph_wal_init(s, err)) != CPH_OK)
+    goto fail;
   int e = make_dirs(o->dir);
   if (e) {
     rc = cph_err_set(err, CPH_EIO, "data dir '%s': cannot create: %s", o->dir, strerror(e));
@@ -246,6 +250,9 @@ int cph_store_open_migrating(const cph_store_options *o, const cph_store_migrati
                      o->dir, o->map_size, mdb_strerror(e));
     goto fail;
   }
+  /* After a crash under :always: the checkpoint's snapshot back in place (store/wal.c). */
+  if ((rc = cph_wal_restore(s, err)) != CPH_OK)
+    goto fail;
   /* MDB_NOTLS: read transactions are tied to our cph_txn, not to a thread. */
   e = mdb_env_open(s->env, o->dir, MDB_NOTLS | env_flags_for(o->sync), 0644);
   if (e) {
@@ -253,18 +260,25 @@ int cph_store_open_migrating(const cph_store_options *o, const cph_store_migrati
                      mdb_strerror(e));
     goto fail;
   }
-  uint32_t migrate_from = 0;
-  rc = open_databases(s, m, &migrate_from, err);
-  if (rc == CPH_OK && migrate_from)
-    rc = migrate(s, m, migrate_from, err);
-  if (rc)
-    goto fail;
   e = mdb_env_get_fd(s->env, &s->fd);
   if (e) {
     rc = cph_err_set(err, cph_store_map_error(e), "data dir '%s': no file descriptor: %s",
                      o->dir, mdb_strerror(e));
     goto fail;
   }
+  uint32_t migrate_from = 0;
+  /* The log's commits after the checkpoint are applied before any migration reads them. */
+  rc = cph_wal_pin_recovery(s, err);
+  if (rc == CPH_OK)
+    rc = open_databases(s, m, &migrate_from, err);
+  if (rc == CPH_OK)
+    rc = cph_wal_replay(s, err);
+  if (rc == CPH_OK && migrate_from)
+    rc = migrate(s, m, migrate_from, err);
+  if (rc == CPH_OK && o->sync == CPH_SYNC_ALWAYS)
+    rc = cph_wal_start(s, err);
+  if (rc)
+    goto fail;
   *out = s;
   return CPH_OK;
 fail:
@@ -276,6 +290,12 @@ void cph_store_close(cph_store *s) {
   if (!s)
     return;
   cph_store_flusher_stop(s);
+  if (s->wal) {
+    cph_err err = {0};
+    if (cph_wal_stop(s, &err) != CPH_OK)
+      cph_error("closing the store: %s", err.msg);
+    cph_wal_free(s); /* before the env: it ends the pins */
+  }
   if (s->env)
     mdb_env_close(s->env);
   if (s->lock_fd >= 0)
@@ -284,6 +304,7 @@ void cph_store_close(cph_store *s) {
   free(s->scratch);
   free(s->dir);
   pthread_mutex_destroy(&s->flush_mu);
+  pthread_mutex_destroy(&s->write_mu);
   free(s);
 }
 
@@ -347,6 +368,12 @@ int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err) {
   if (atomic_load(&s->open_txns) > 0)
     return cph_err_set(err, CPH_EBUSY, "data dir '%s': the map cannot grow while a "
                        "transaction or a backup reads it", s->dir);
+  /* Under the log, the pages freed since the oldest checkpoint pin are not reusable yet: a
+   * checkpoint now releases them. Once per full map: if the retry finds it full again, the
+   * map grows (or the write fails) as without the log. */
+  int rc = cph_wal_make_room(s, err);
+  if (rc != CPH_OK)
+    return rc; /* CPH_EBUSY: room made, try again; or the checkpoint's failure */
   MDB_envinfo info;
   mdb_env_info(s->env, &info);
   size_t now = info.me_mapsize;
@@ -381,6 +408,8 @@ int cph_store_sync(cph_store *s, cph_err *err) {
   int failed = cph_store_flush_error(s, err);
   if (failed)
     return failed;
+  if (cph_wal_on(s)) /* the log holds every commit since its checkpoint */
+    return cph_wal_sync(s, err);
   /* Every commit that returned before this point wrote its pages and meta page already. */
   uint64_t covered = atomic_load(&s->commit_seq);
   int e = fdatasync(s->fd) == 0 ? 0 : errno;
@@ -403,16 +432,23 @@ int cph_store_sync(cph_store *s, cph_err *err) {
 }
 
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
-  int e = mdb_env_set_flags(s->env, MDB_NOSYNC, mode != CPH_SYNC_ALWAYS);
-  if (e)
-    return cph_err_set(err, cph_store_map_error(e), "cannot change sync mode: %s",
-                       mdb_strerror(e));
-  /* Going to :always must not leave earlier unsynced commits behind. */
-  if (s->sync != CPH_SYNC_ALWAYS && mode == CPH_SYNC_ALWAYS) {
-    int rc = cph_store_sync(s, err);
+  bool always = mode == CPH_SYNC_ALWAYS, was = s->sync == CPH_SYNC_ALWAYS;
+  if (was && !always) {
+    /* The data file flushed and the checkpoint dropped: every commit so far is durable. */
+    int rc = cph_wal_stop(s, err);
+    if (rc)
+      return rc;
+  } else if (!was && always) {
+    /* The first checkpoint flushes the data file: earlier unsynced commits are not left
+     * behind. */
+    int rc = cph_wal_start(s, err);
     if (rc)
       return rc;
   }
+  int e = mdb_env_set_flags(s->env, MDB_NOSYNC, 1); /* :always too: the log syncs, not LMDB */
+  if (e)
+    return cph_err_set(err, cph_store_map_error(e), "cannot change sync mode: %s",
+                       mdb_strerror(e));
   s->sync = mode;
   if (mode != CPH_SYNC_ALWAYS) /* every commit counts as durable when it returns (store.h) */
     cph_store_note_durable(s, cph_store_commit_seq(s));

@@ -90,7 +90,7 @@ typedef enum cph_db {
 const char *cph_db_name(cph_db db);
 
 typedef enum cph_sync_mode {
-  CPH_SYNC_ALWAYS, /* fsync on every commit */
+  CPH_SYNC_ALWAYS, /* every commit durable before it is acknowledged: the write-ahead log */
   CPH_SYNC_BATCH,  /* no fsync on commit; cph_store_sync() is called on a timer */
   CPH_SYNC_NONE    /* never fsync; the OS writes back when it likes */
 } cph_sync_mode;
@@ -148,12 +148,25 @@ int cph_store_copy_dir_check(const char *dir, cph_err *err);
  * Under :batch and :none a commit counts as durable when it returns: those modes promise no
  * more (DESIGN §4).
  *
+ * How :always keeps the promise (store/wal.c): LMDB commits without flushing (MDB_NOSYNC),
+ * and each top-level commit's changes — its puts, deletes and empties, in order — go to the
+ * write-ahead log in the data dir with one write before the commit gets its number. A flush
+ * is an fdatasync of the log (sequential pages of one or two files), so a process killed at
+ * any point loses no commit (its record is in the page cache) and a machine crash loses none
+ * that was durable. Every 100 ms a checkpoint pins the snapshot of the last commit (LMDB then
+ * reuses none of its pages), flushes the data file and saves its meta pages to `checkpoint`;
+ * an open after a crash writes those back, so LMDB sees that snapshot, and applies the log's
+ * commits after it again. A clean close (or leaving :always) flushes the data file and
+ * removes `checkpoint`: the data file alone is then the store. Files: wal.0, wal.1, wal.2
+ * (16 MiB each, reused in turn), checkpoint.
+ *
  * A flush that fails is sticky until the store is closed: the kernel may have dropped the
  * pages it could not write, so no later flush can vouch for them (a later fdatasync may
  * succeed without them). From then on cph_store_sync() fails at once with the first error and
  * the durable number never moves again; cph_store_flush_error() reports it. */
 
-/* Flushes every commit that returned before the call to disk (fdatasync of the data file).
+/* Flushes every commit that returned before the call to disk (fdatasync of the data file; of
+ * the log files that hold them under :always).
  * Safe to call from any thread, also while another thread writes (it touches no LMDB state:
  * only the file descriptor and atomics). On success those commits are durable; a failure is
  * sticky (above) and err says which directory and why. */
@@ -190,15 +203,18 @@ void cph_store_note_map_full(cph_store *s);
 /* Doubles the map, up to max_bytes and to what the disk can hold (the data file's size plus
  * its free space). Only with no transaction open and no copy running in the process: else
  * CPH_EBUSY (try again later). CPH_EFULL when it cannot grow (err says why: the ceiling or the
- * disk). Clears the mark on success. */
+ * disk). Clears the mark on success. Under :always it may first write a checkpoint instead,
+ * which releases the pages the previous one's pin kept from reuse, and answer CPH_EBUSY (the
+ * mark cleared: apply the write again); the next call after that grows. */
 int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err);
 
 typedef struct cph_store_stats {
   size_t map_size;   /* bytes reserved */
   size_t used_bytes; /* pages in use * page size */
-  /* Disk flushes the store waited for since open: its fdatasync calls (cph_store_sync, and
-   * LMDB's inside a commit under :always) and LMDB's synchronous meta-page writes (O_DSYNC;
-   * one per fully synced commit). What "fsyncs per cycle" in the bench counts. */
+  /* Disk flushes the store waited for since open: its fdatasync calls — of the log under
+   * :always (cph_store_sync, the flusher, a cph_txn_commit), of the data file at a
+   * checkpoint, and of the data file under :batch. What "fsyncs per cycle" in the bench
+   * counts. */
   uint64_t fsyncs;
 } cph_store_stats;
 int cph_store_stats_get(cph_store *s, cph_store_stats *out);
@@ -246,6 +262,7 @@ typedef struct cph_txn {
   /* Its child while one is open: then this txn refuses every call (CPH_ESTATE, sticky), as
    * LMDB refuses a parent's calls while its child is open — a borrowed child included. */
   struct cph_txn *child;
+  size_t wal_mark; /* a child's: the log's record buffer length when it began (store/wal.c) */
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);
@@ -267,16 +284,14 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child);
  * is discarded and the error returned. */
 int cph_txn_commit(cph_txn *t);
 /* Commits a top-level write txn like cph_txn_commit, but under :sync :always without waiting
- * for the commit itself to become durable: LMDB writes the data pages and flushes them, then
- * writes the meta page that makes them current WITHOUT flushing it (MDB_NOMETASYNC). So the
- * environment stays consistent whatever the machine does (a meta page never reaches the disk
- * before the pages it points to), this commit becomes durable with the next flush (the next
- * commit's, or cph_store_sync()), and the flush it did makes every EARLIER commit durable.
- * One disk flush instead of two, and the second can run elsewhere (the flusher).
- * Why not skip the flush altogether (MDB_NOSYNC)? Then the meta page may reach the disk
- * before the pages it points to, and a machine crash in that window leaves an environment
- * LMDB cannot read (lmdb.h: "a system crash can corrupt the database") — every commit lost,
- * acknowledged ones too. Under :batch and :none it is cph_txn_commit. */
+ * for it to become durable: its record goes to the write-ahead log (a page-cache write, no
+ * flush; LMDB flushes nothing either), and it becomes durable with the next flush of the log —
+ * cph_store_sync(), the flusher's, or a later cph_txn_commit's, which flushes the log inline.
+ * So a pass's commit costs no disk wait on the writer thread, and the flush can run elsewhere
+ * (the flusher) while the next pass is built. (LMDB's own MDB_NOSYNC alone would not do: a
+ * meta page may reach the disk before the pages it points to, and LMDB cannot read such an
+ * environment after a machine crash. The log's checkpoints, store.h "durability", are what
+ * make the data file usable again.) Under :batch and :none it is cph_txn_commit. */
 int cph_txn_commit_deferred(cph_txn *t);
 void cph_txn_abort(cph_txn *t);
 
@@ -306,8 +321,10 @@ int cph_txn_get_record_some(cph_txn *t, cph_db db, const cph_key *k,
 
 /* What the data holds as t sees it (its own uncommitted writes included): the pages of every
  * named database's tree and of the catalogue, times the page size — not the pages LMDB freed
- * for reuse, nor the free-page list itself. *map_bytes gets the map size. O(databases); a
- * failure returns the code without making the txn fail. Lets a writer keep headroom before
+ * for reuse, nor the free-page list itself; but under :always, the freed pages that the
+ * checkpoint's pin keeps from reuse until the next checkpoint (store/wal.c) count, as they
+ * are no room either. *map_bytes gets the map size. O(databases), plus O(free-list records
+ * since the pin) under :always; a failure returns the code without making the txn fail. Lets a writer keep headroom before
  * MDB_MAP_FULL (ingest does, DESIGN §11). */
 int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes);
 

@@ -60,7 +60,60 @@ struct cph_store {
    * LMDB may remap only when there are none. map_full: a write found the map full. */
   _Atomic int open_txns;
   _Atomic bool map_full;
+
+  /* Held by a top-level write txn from its begin to its end (after its log record is
+   * written): the log's record buffer belongs to the one write txn chain, and commits reach
+   * the log in the order they land, whichever thread writes. */
+  pthread_mutex_t write_mu;
+  struct cph_wal *wal; /* the write-ahead log of :always (wal.c); allocated at open */
 };
+
+/* ---- the write-ahead log (wal.c; the file's head comment says how it works) ----
+ * All run on the writer thread (holding write_mu, or at open/close) except cph_wal_sync and
+ * cph_wal_on, which any thread may call. */
+#define CPH_WAL_PUT 1
+#define CPH_WAL_DEL 2
+#define CPH_WAL_EMPTY 3
+int cph_wal_init(cph_store *s, cph_err *err);
+void cph_wal_free(cph_store *s);
+/* Open, before mdb_env_open: a `checkpoint` in the data dir is read (a damaged one is an
+ * error naming it) and its meta pages written back into data.mdb. */
+int cph_wal_restore(cph_store *s, cph_err *err);
+/* Right after mdb_env_open: pins the restored snapshot while the recovery writes. */
+int cph_wal_pin_recovery(cph_store *s, cph_err *err);
+/* After the databases are open, before migrations: applies the log's commits after the
+ * checkpoint; outside :always then flushes the data file and drops the checkpoint. */
+int cph_wal_replay(cph_store *s, cph_err *err);
+/* Turns the log on (entering :always, or at the end of an :always open): log files created
+ * if missing, LMDB set to MDB_NOSYNC, a first checkpoint written before it returns. */
+int cph_wal_start(cph_store *s, cph_err *err);
+/* Turns it off (leaving :always, clean close): the data file flushed, `checkpoint` removed. */
+int cph_wal_stop(cph_store *s, cph_err *err);
+bool cph_wal_on(const cph_store *s);
+/* Tests: the least time between checkpoints (wal.c's CHECKPOINT_MS otherwise). */
+void cph_wal_set_checkpoint_ms(cph_store *s, long ms);
+/* The write txn chain's record buffer: an op appended (CPH_ENOMEM, CPH_ELIMIT), its length
+ * (a child's mark), cut back to a mark (an aborted child; 0: all), emptied. */
+int cph_wal_record(cph_store *s, int op, cph_db db, const void *k, size_t klen, const void *v,
+                   size_t vlen);
+size_t cph_wal_mark(const cph_store *s);
+void cph_wal_cut(cph_store *s, size_t mark);
+void cph_wal_discard(cph_store *s);
+/* A top-level commit that changed something landed in LMDB: its record written to the log,
+ * then commit_seq bumped; maybe a checkpoint started. */
+void cph_wal_commit(cph_store *s);
+/* The map is full (cph_store_grow, writer thread, no txn open): when the checkpoint pins
+ * hold pages freed since an older commit, a checkpoint of the current commit is written now
+ * and the older pins released, and CPH_EBUSY says to apply the write again (map_full
+ * cleared). CPH_OK when there is nothing to release, or it was done for the last full map
+ * already with nothing committed since: grow instead. Another code: the checkpoint failed. */
+int cph_wal_make_room(cph_store *s, cph_err *err);
+/* Pages LMDB freed that a checkpoint pin keeps from reuse (until the next checkpoint): the
+ * free list's records from the oldest pin's txn on, or the most counted over the last few
+ * seconds if more (wal.c). 0 with the log off. O(records). Writer thread. */
+size_t cph_wal_held_pages(cph_store *s);
+/* Flushes the log files that may hold commits up to commit_seq, then notes them durable. */
+int cph_wal_sync(cph_store *s, cph_err *err);
 
 /* Records up to this size reuse the scratch space; a larger one frees it afterwards. */
 #define CPH_STORE_SCRATCH_KEEP (64u << 10)

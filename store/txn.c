@@ -65,10 +65,15 @@ int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
   t->store = s;
   t->write = write;
   MDB_txn *txn;
+  if (write)
+    pthread_mutex_lock(&s->write_mu); /* store_internal.h: until the txn ends */
   int rc = mdb_txn_begin(s->env, NULL, write ? 0 : MDB_RDONLY, &txn);
-  if (rc)
+  if (rc) {
+    if (write)
+      pthread_mutex_unlock(&s->write_mu);
     return txn_fail(t, cph_store_map_error(rc), "cannot begin a %s transaction in '%s': %s",
                     write ? "write" : "read", s->dir, mdb_strerror(rc));
+  }
   t->mdb = txn;
   atomic_fetch_add(&s->open_txns, 1); /* a remap must wait for it (cph_store_grow) */
   return CPH_OK;
@@ -91,6 +96,7 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
   child->store = parent->store;
   child->parent = parent;
   child->write = true;
+  child->wal_mark = cph_wal_mark(parent->store);
   if (parent->ret)
     return txn_fail(child, parent->ret, "%s", parent->err.msg);
   if (!parent->mdb || !parent->write)
@@ -117,12 +123,14 @@ int cph_txn_begin_child(cph_txn *parent, cph_txn *child) {
 static void counters_end(cph_txn *t, bool landed);
 static int counters_write(cph_txn *t);
 
-/* A transaction ended (committed or aborted): a top-level one no longer holds off a remap,
- * a child no longer blocks its parent. */
+/* A transaction ended (committed or aborted): a top-level one no longer holds off a remap
+ * nor other writers, a child no longer blocks its parent. */
 static void txn_closed(cph_txn *t) {
-  if (!t->parent)
+  if (!t->parent) {
     atomic_fetch_sub(&t->store->open_txns, 1);
-  else if (t->parent->child == t)
+    if (t->write)
+      pthread_mutex_unlock(&t->store->write_mu);
+  } else if (t->parent->child == t)
     t->parent->child = NULL;
 }
 
@@ -154,6 +162,8 @@ static void lender_restart(cph_txn *t) {
 }
 
 void cph_txn_abort(cph_txn *t) {
+  if (t->mdb && t->write) /* its ops leave the log's record buffer too */
+    cph_wal_cut(t->store, t->parent ? t->wal_mark : 0);
   if (t->mdb && t->borrowed) {
     put_cursors_close(t);
     if (t->dirty || t->ret) /* ids it took touched no page: counters_end gives them back */
@@ -173,8 +183,21 @@ void cph_txn_abort(cph_txn *t) {
  * changed nothing without any write or flush, so such a txn gets no number. */
 static void commit_landed(cph_txn *t, bool deferred) {
   cph_store *s = t->store;
-  if (t->parent || !t->write || !t->dirty)
+  if (t->parent || !t->write)
     return;
+  if (!t->dirty) {
+    cph_wal_discard(s);
+    return;
+  }
+  if (cph_wal_on(s)) {
+    /* Its record goes to the log before it gets its number (store/wal.c): a kill -9 from
+     * here on loses nothing, and a flush that reads the number finds the record written.
+     * LMDB flushed nothing (MDB_NOSYNC); the flush is the log's: now, or the next sync. */
+    cph_wal_commit(s);
+    if (!deferred)
+      cph_wal_sync(s, NULL); /* a failure is sticky: the durable number stays behind */
+    return;
+  }
   uint64_t seq = atomic_fetch_add(&s->commit_seq, 1) + 1;
   if (s->sync != CPH_SYNC_ALWAYS) {
     cph_store_note_durable(s, seq); /* :batch, :none: all they promise */
@@ -205,22 +228,28 @@ static int txn_commit(cph_txn *t, bool deferred) {
     t->parent->dirty |= t->dirty;
     return CPH_OK;
   }
-  /* MDB_NOMETASYNC for this commit only. LMDB reads the flag inside mdb_txn_commit, on this
-   * (the only writer) thread; the flusher thread never reads it (cph_store_sync). */
+  /* MDB_NOMETASYNC for this commit only, when LMDB syncs at all (not with the log on: then
+   * the env has MDB_NOSYNC). LMDB reads the flag inside mdb_txn_commit, on this (the only
+   * writer) thread; the flusher thread never reads it (cph_store_sync). */
+  bool wal = cph_wal_on(t->store);
   deferred = deferred && !t->parent && t->store->sync == CPH_SYNC_ALWAYS;
-  if (deferred)
+  if (deferred && !wal)
     mdb_env_set_flags(t->store->env, MDB_NOMETASYNC, 1);
   int rc = mdb_txn_commit(t->mdb);
-  if (deferred)
+  if (deferred && !wal)
     mdb_env_set_flags(t->store->env, MDB_NOMETASYNC, 0);
   t->mdb = NULL; /* LMDB frees the txn whether or not the commit succeeded */
-  txn_closed(t);
   counters_end(t, rc == MDB_SUCCESS);
   if (rc == MDB_SUCCESS) {
     if (t->parent)
       t->parent->dirty |= t->dirty;
     commit_landed(t, deferred);
+  } else if (!t->parent) {
+    cph_wal_discard(t->store);
+  } else {
+    cph_wal_cut(t->store, t->wal_mark);
   }
+  txn_closed(t); /* after the log record: commits reach the log in the order they land */
   if (rc) {
     int code = cph_store_map_error(rc);
     if (rc == MDB_MAP_FULL)
@@ -239,6 +268,19 @@ static int txn_commit(cph_txn *t, bool deferred) {
 
 int cph_txn_commit(cph_txn *t) { return txn_commit(t, false); }
 int cph_txn_commit_deferred(cph_txn *t) { return txn_commit(t, true); }
+
+/* With the log on (store/wal.c), an op that changed the txn goes to the log's record buffer
+ * too; a failure to record it fails the txn (its commit would land without its record). */
+static int wal_note(cph_txn *t, int op, cph_db db, const void *k, size_t klen, const void *v,
+                    size_t vlen) {
+  if (!cph_wal_on(t->store))
+    return CPH_OK;
+  int rc = cph_wal_record(t->store, op, db, k, klen, v, vlen);
+  if (rc)
+    return txn_fail(t, rc, "%s recording a change to database \"%s\" for the log",
+                    rc == CPH_ENOMEM ? "out of memory" : "value too large", cph_db_name(db));
+  return CPH_OK;
+}
 
 static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len,
                    bool append) {
@@ -274,7 +316,7 @@ static int txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, siz
   if (rc)
     return txn_fail_mdb(t, rc, "put", db, k);
   t->dirty = true;
-  return CPH_OK;
+  return wal_note(t, CPH_WAL_PUT, db, k->data, k->len, val, len);
 }
 
 int cph_txn_put(cph_txn *t, cph_db db, const cph_key *k, const void *val, size_t len) {
@@ -320,7 +362,7 @@ int cph_txn_del(cph_txn *t, cph_db db, const cph_key *k) {
   if (rc)
     return txn_fail_mdb(t, rc, "delete", db, k);
   t->dirty = true;
-  return CPH_OK;
+  return wal_note(t, CPH_WAL_DEL, db, k->data, k->len, NULL, 0);
 }
 
 static int txn_put_record(cph_txn *t, cph_db db, const cph_key *k, const cph_record_desc *desc,
@@ -407,6 +449,7 @@ int cph_txn_space(cph_txn *t, size_t *live_bytes, size_t *map_bytes) {
   }
   if (rc) /* not sticky: a failed look at the sizes spoils none of the txn's writes */
     return cph_store_map_error(rc);
+  pages += cph_wal_held_pages(t->store); /* free, but not reusable yet: no room either */
   *live_bytes = pages * psize;
   if (map_bytes)
     *map_bytes = info.me_mapsize;
@@ -458,7 +501,7 @@ int cph_txn_empty(cph_txn *t, cph_db db) {
     return txn_fail_mdb(t, rc, "empty", db, &all);
   }
   t->dirty = true;
-  return CPH_OK;
+  return wal_note(t, CPH_WAL_EMPTY, db, NULL, 0, NULL, 0);
 }
 
 /* ---------------------------------------------------------------- id counters */
@@ -753,10 +796,23 @@ int cph_cursor_del(cph_cursor *c) {
   if (!t->write || !c->mdb)
     return txn_fail(t, CPH_ESTATE, "cursor delete in database \"%s\" outside a write txn",
                     cph_db_name(c->db));
+  /* The key is recorded before the delete: after it, the page it points into has changed. */
+  size_t mark = cph_wal_mark(t->store);
+  if (cph_wal_on(t->store)) {
+    MDB_val mk = {0, NULL}, mv;
+    int g = mdb_cursor_get(c->mdb, &mk, &mv, MDB_GET_CURRENT);
+    if (g)
+      return txn_fail(t, cph_store_map_error(g), "cursor delete in database \"%s\" failed: %s",
+                      cph_db_name(c->db), mdb_strerror(g));
+    if (wal_note(t, CPH_WAL_DEL, c->db, mk.mv_data, mk.mv_size, NULL, 0))
+      return t->ret;
+  }
   int rc = mdb_cursor_del(c->mdb, 0);
-  if (rc)
+  if (rc) {
+    cph_wal_cut(t->store, mark);
     return txn_fail(t, cph_store_map_error(rc), "cursor delete in database \"%s\" failed: %s",
                     cph_db_name(c->db), mdb_strerror(rc));
+  }
   t->dirty = true;
   return CPH_OK;
 }
