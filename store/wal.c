@@ -458,7 +458,6 @@ static void *ckpt_main(void *arg) {
       if (w->pin)
         mdb_txn_abort(w->pin);
       w->pin = j.pin;
-  atomic_store(&w->pin_txnid, (uint64_t)mdb_txn_id(j.pin));
       atomic_store(&w->pin_txnid, (uint64_t)mdb_txn_id(j.pin));
       w->pin_seq = j.seq;
     }
