@@ -158,21 +158,6 @@ static void check_messages(bench *b, int n, json_t *turn, int s) {
   }
 }
 
-/* Completes turn (leased on node n) with reply, for 10 tokens; the answer must be 200. */
-static void complete_with(cph_test_cluster *c, int n, json_t *turn, const char *reply) {
-  char path[96], body[512];
-  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-           (long long)json_integer_value(json_object_get(turn, "id")));
-  snprintf(body, sizeof body,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
-           "\"reply\":{\"body\":\"%s\"}}",
-           json_string_value(json_object_get(turn, "lease")), reply);
-  cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
-  if (r.status != 200)
-    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-  cph_test_response_free(&r);
-}
-
 /* Completes turn (of session s, on node n), which stages this round's message on b->ch, with
  * the session's reply: done. */
 static bool answer(void *ctx, int n, json_t *turn, int s) {
@@ -196,7 +181,7 @@ static bool answer(void *ctx, int n, json_t *turn, int s) {
   }
   if (b->check)
     check_messages(b, n, turn, s);
-  complete_with(b->c, n, turn, a);
+  cph_tc_complete(b->c, n, turn, a);
   return true;
 }
 
@@ -223,7 +208,7 @@ static bool answer_pair(void *ctx, int n, json_t *turn, int s) {
   }
   char reply[64];
   snprintf(reply, sizeof reply, "pair reply %d of t%02d", second, s);
-  complete_with(b->c, n, turn, reply);
+  cph_tc_complete(b->c, n, turn, reply);
   b->asked[s] = true;
   return second;
 }
@@ -384,17 +369,9 @@ static void test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conve
     assert_int_equal(cph_tc_post_on_owner(c, owner, "/v1/events", body), owner);
     json_t *j = lease_long(c, owner);
     json_t *turn = json_object_get(j, "turn");
-    char path[96], done[512];
-    snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-             (long long)json_integer_value(json_object_get(turn, "id")));
-    snprintf(done, sizeof done,
-             "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
-             "\"reply\":{\"body\":\"long reply %d, %08x\"}}",
-             json_string_value(json_object_get(turn, "lease")), k, y ^ x);
-    cph_test_response r = cph_test_api(c->port[owner], "POST", path, NULL, done);
-    if (r.status != 200)
-      fail_msg("completing %s on n%d: %d %s", path, owner, r.status, r.body ? r.body : "");
-    cph_test_response_free(&r);
+    char reply[64];
+    snprintf(reply, sizeof reply, "long reply %d, %08x", k, y ^ x);
+    cph_tc_complete(c, owner, turn, reply);
     json_decref(j);
   }
   cph_tc_post_on_owner(c, owner, "/v1/events",
@@ -471,7 +448,7 @@ static bool answer_team(void *ctx, int n, json_t *turn, int s) {
   }
   char reply[64];
   snprintf(reply, sizeof reply, "team reply %d of t%02d", t->round, s);
-  complete_with(t->c, n, turn, reply);
+  cph_tc_complete(t->c, n, turn, reply);
   return true;
 }
 

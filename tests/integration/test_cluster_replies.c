@@ -114,19 +114,9 @@ static void answer_round(bench *b, int round) {
       json_t *turn = json_object_get(j, "turn");
       int s = session_index(b, json_string_value(json_object_get(turn, "session")));
       assert_true(s >= 0);
-      char path[96], body[512], reply[64];
+      char reply[64];
       reply_body(reply, sizeof reply, round, b->id[s]);
-      snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-               (long long)json_integer_value(json_object_get(turn, "id")));
-      snprintf(body, sizeof body,
-               "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
-               "\"reply\":{\"body\":\"%s\"}}",
-               json_string_value(json_object_get(turn, "lease")), reply);
-      cph_test_response cr = cph_test_api(c->port[n], "POST", path, NULL, body);
-      if (cr.status != 200)
-        fail_msg("completing %s's turn on n%d: %d %s", b->id[s], n, cr.status,
-                 cr.body ? cr.body : "");
-      cph_test_response_free(&cr);
+      cph_tc_complete(c, n, turn, reply);
       json_decref(j);
       if (!b->answered[s][round]) {
         b->answered[s][round] = true;
