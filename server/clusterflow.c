@@ -86,6 +86,7 @@ typedef struct pub {
   size_t *index;
   size_t n_index;
   applying *ap;   /* PUB_FWD: the applied message it forwards */
+  size_t copies;  /* PUB_FWD: how many history copies (15.) it carries */
   done_req *dr;   /* PUB_DONE, PUB_STATE: the completion (or delete) it records */
   record_req *rr; /* PUB_SESSION: the request waiting for this record, or NULL */
   uint32_t shard; /* PUB_DONE, PUB_MARK, PUB_STATE: the shard (fenced: 10.); PUB_MARK: the
@@ -1092,6 +1093,57 @@ static char *event_json(const char *channel, const char *sender, const char *bod
                         const char *session, const char *kind, const char *key, int64_t ts_ms,
                         char *const *mentions, size_t n_mentions, bool history, size_t *len);
 
+/* The shards a copy into channel's history goes to (14., 15.): of each other node serving
+ * subscribers of channel, the first of their shards by number (a shard whose owner is not
+ * known gets a copy of its own) — a node stores a copy once in its copy of the channel, which
+ * all its sessions read. Into out (room for f->shards); returns how many, or SIZE_MAX when out
+ * of memory. */
+static size_t copy_shards(cph_cflow *f, const char *channel, uint32_t *out) {
+  const char *const *subscribers = NULL;
+  size_t n = cph_ctable_subscribers(f->table, channel, &subscribers);
+  if (!n)
+    return 0;
+  bool *wanted = calloc(f->shards, sizeof *wanted);
+  if (!wanted)
+    return SIZE_MAX;
+  for (size_t i = 0; i < n; i++) {
+    const cph_ctable_session *r = cph_ctable_get(f->table, subscribers[i]);
+    if (r)
+      wanted[r->shard] = true;
+  }
+  typedef char owner_name[101];
+  owner_name *owners = NULL; /* owners[i]: out[i]'s owner ("" unknown) */
+  size_t n_out = 0, cap = 0;
+  for (uint32_t shard = 0; shard < f->shards; shard++) {
+    owner_name owner = "";
+    char url[8];
+    if (!wanted[shard] ||
+        cph_cluster_route(f->s->cluster, shard, owner, sizeof owner, url, sizeof url) ==
+            CPH_CLUSTER_SERVED)
+      continue;
+    bool seen = false;
+    for (size_t i = 0; owner[0] && i < n_out && !seen; i++)
+      seen = strcmp(owners[i], owner) == 0;
+    if (seen)
+      continue;
+    if (n_out == cap) {
+      cap = cap ? 2 * cap : 4;
+      owner_name *grown = realloc(owners, cap * sizeof *owners);
+      if (!grown) {
+        free(owners);
+        free(wanted);
+        return SIZE_MAX;
+      }
+      owners = grown;
+    }
+    memcpy(owners[n_out], owner, sizeof owner);
+    out[n_out++] = shard;
+  }
+  free(owners);
+  free(wanted);
+  return n_out;
+}
+
 void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, const char *body,
                        int64_t ts_ms) {
   if (f->quiesced)
@@ -1100,52 +1152,26 @@ void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, c
    * node's copy of the channel, which has the reply. (Not the channel's own shard: its owner's
    * copy of the history is read by its sessions alone, and a direct channel has no
    * subscribers — its session's replies move with its state, in their place.) */
-  const char *const *subscribers = NULL;
-  size_t n = cph_ctable_subscribers(f->table, channel, &subscribers);
-  if (!n)
-    return;
-  bool *copy = calloc(f->shards, sizeof *copy);
-  if (!copy) {
-    f->hist_failures++;
-    cph_warn("cluster log: out of memory copying a reply of %s in %s to the other nodes", session,
-             channel);
-    return;
-  }
-  for (size_t i = 0; i < n; i++) {
-    const cph_ctable_session *r = cph_ctable_get(f->table, subscribers[i]);
-    if (r)
-      copy[r->shard] = true;
-  }
-  /* One copy per node: to the first of its shards that need one (a shard with no owner known
-   * gets its own). A node stores it once in its copy of the channel, which all of its sessions
-   * read. */
-  char (*owners)[101] = calloc(f->shards, sizeof *owners);
-  for (uint32_t shard = 0; owners && shard < f->shards; shard++) {
-    char url[8];
-    if (!copy[shard] || cph_cluster_route(f->s->cluster, shard, owners[shard], sizeof owners[shard],
-                                          url, sizeof url) == CPH_CLUSTER_SERVED) {
-      copy[shard] = false;
-      continue;
-    }
-    for (uint32_t before = 0; before < shard; before++)
-      if (copy[before] && owners[shard][0] && strcmp(owners[before], owners[shard]) == 0) {
-        copy[shard] = false;
-        break;
-      }
-  }
-  free(owners);
+  uint32_t *shards = malloc(f->shards * sizeof *shards);
+  size_t n = shards ? copy_shards(f, channel, shards) : SIZE_MAX;
   /* One engine key for every copy, so a node that owns two of the shards stores it once; the
    * message ids differ by shard (JetStream deduplicates ids across the whole stream). */
   char key[160];
-  snprintf(key, sizeof key, "h.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted);
   size_t len = 0;
-  char *json = event_json(channel, session, body, NULL, "reply", key, ts_ms, NULL, 0, true, &len);
-  for (uint32_t shard = 0; json && shard < f->shards; shard++) {
-    if (!copy[shard])
-      continue;
+  char *json = NULL;
+  if (n && n != SIZE_MAX) {
+    snprintf(key, sizeof key, "h.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted);
+    json = event_json(channel, session, body, NULL, "reply", key, ts_ms, NULL, 0, true, &len);
+  }
+  if (n && !json) {
+    f->hist_failures++;
+    cph_warn("cluster log: out of memory copying a reply of %s in %s to the other nodes", session,
+             channel);
+  }
+  for (size_t i = 0; json && i < n; i++) {
     char subject[64], msgid[200];
-    cph_clog_subject(subject, sizeof subject, shard, true);
-    snprintf(msgid, sizeof msgid, "%s/%" PRIu32, key, shard);
+    cph_clog_subject(subject, sizeof subject, shards[i], true);
+    snprintf(msgid, sizeof msgid, "%s/%" PRIu32, key, shards[i]);
     char *data = malloc(len);
     pub *p = data ? pub_new(f, PUB_HIST, subject, msgid, memcpy(data, json, len), len,
                             DONE_DEADLINE_MS)
@@ -1153,19 +1179,14 @@ void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, c
     if (!p) {
       f->hist_failures++;
       cph_warn("cluster log: out of memory copying a reply of %s in %s to shard %" PRIu32,
-               session, channel, shard);
+               session, channel, shards[i]);
       continue;
     }
-    p->shard = shard;
+    p->shard = shards[i];
     pub_send(f, p);
   }
-  if (!json) {
-    f->hist_failures++;
-    cph_warn("cluster log: out of memory copying a reply of %s in %s to the other nodes", session,
-             channel);
-  }
   free(json);
-  free(copy);
+  free(shards);
 }
 
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys) {
@@ -1751,7 +1772,7 @@ typedef struct fwd_group {
 } fwd_group;
 
 static void forward_send(cph_cflow *f, applying *ap, const char *msgid, uint32_t shard, char *data,
-                         size_t len) {
+                         size_t len, size_t copies) {
   char subject[64];
   cph_clog_subject(subject, sizeof subject, shard, true);
   pub *p = data ? pub_new(f, PUB_FWD, subject, msgid, data, len, FWD_DEADLINE_MS) : NULL;
@@ -1761,7 +1782,121 @@ static void forward_send(cph_cflow *f, applying *ap, const char *msgid, uint32_t
   }
   ap->outstanding++;
   p->ap = ap;
+  p->copies = copies;
   pub_send(f, p);
+}
+
+/* 15.: an `in` event that names a session and was stored in its channel's history here —
+ * applied now (queued, or stored for nobody: refused by a busy session), or a repeat of one
+ * applied before (a redelivery: its copies go again under the same ids) — is copied into the
+ * other nodes' copies of that channel. Not a repeat folded into a family (it stays out of the
+ * history, DESIGN §5), not a direct channel's (no subscribers), not a copy itself. */
+static bool history_wanted(const cph_event_in *ev, const cph_event_result *res) {
+  return ev->session && ev->channel && !ev->history_only &&
+         (res->status == CPH_EV_QUEUED || res->status == CPH_EV_STORED ||
+          res->status == CPH_EV_DUPLICATE);
+}
+
+/* The history copies of one applied message, by the shard they go to. */
+typedef struct hist_copies {
+  struct {
+    uint32_t shard;
+    cph_buf buf; /* the copies to it so far, comma-separated */
+    size_t n;
+  } *to;
+  size_t n_to, cap_to;
+  uint32_t *shards; /* copy_shards' scratch (f->shards) */
+} hist_copies;
+
+/* Adds ev's copies (15.) to hc: the event as the history holds it, no session, "history":
+ * true, under the engine key "h:" + hex SHA-256 of "<event id>/#" — the same wherever and
+ * however often the event is applied, so a node stores it once. False when out of memory. */
+static bool history_copies_add(cph_cflow *f, hist_copies *hc, const cph_event_in *ev) {
+  if (!hc->shards && !(hc->shards = malloc(f->shards * sizeof *hc->shards)))
+    return false;
+  size_t n = copy_shards(f, ev->channel, hc->shards);
+  if (n == SIZE_MAX)
+    return false;
+  if (!n)
+    return true;
+  size_t idlen = strlen(ev->key) + 3;
+  char *id = malloc(idlen), key[67];
+  if (!id)
+    return false;
+  snprintf(id, idlen, "%s/#", ev->key);
+  forward_key(id, key);
+  free(id);
+  key[0] = 'h';
+  size_t len;
+  char *json = event_json(ev->channel, ev->sender, ev->body, NULL, ev->kind, key, ev->ts_ms, NULL,
+                          0, true, &len);
+  if (!json)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    size_t t = 0;
+    while (t < hc->n_to && hc->to[t].shard != hc->shards[i])
+      t++;
+    if (t == hc->n_to) {
+      if (hc->n_to == hc->cap_to) {
+        size_t cap = hc->cap_to ? 2 * hc->cap_to : 4;
+        void *grown = realloc(hc->to, cap * sizeof *hc->to);
+        if (!grown) {
+          free(json);
+          return false;
+        }
+        hc->to = grown;
+        hc->cap_to = cap;
+      }
+      memset(&hc->to[t], 0, sizeof hc->to[t]);
+      hc->to[t].shard = hc->shards[i];
+      hc->n_to++;
+    }
+    if (hc->to[t].n++)
+      cph_buf_putc(&hc->to[t].buf, ',');
+    cph_buf_append(&hc->to[t].buf, json, len);
+  }
+  free(json);
+  return true;
+}
+
+/* Sends hc's copies (unless ap failed) as forwards of ap — its acknowledgement waits for them,
+ * so a message acknowledged had its copies taken — and frees hc. A single event's copy goes
+ * alone under "<event id>/#<shard>"; a batch's go together under "<batch id>/#<shard>" ('#' is
+ * in no session id, so no forward's id is one of these). */
+static void history_copies_send(cph_cflow *f, applying *ap, hist_copies *hc) {
+  for (size_t t = 0; t < hc->n_to; t++) {
+    cph_buf *b = &hc->to[t].buf;
+    char *data = NULL;
+    size_t len = 0;
+    if (!ap->failed && !cph_buf_error(b)) {
+      if (ap->batch_id) {
+        cph_buf frame = {0};
+        cph_buf_puts(&frame, "{\"batch\":[");
+        cph_buf_append(&frame, b->data, b->len);
+        cph_buf_puts(&frame, "]}");
+        len = frame.len;
+        data = cph_buf_error(&frame) ? NULL : cph_buf_steal(&frame);
+        cph_buf_free(&frame);
+      } else {
+        len = b->len;
+        data = cph_buf_steal(b);
+      }
+    }
+    const char *base = ap->batch_id ? ap->batch_id : ap->evs[0].key;
+    size_t idlen = strlen(base) + 16;
+    char *msgid = data ? malloc(idlen) : NULL;
+    if (msgid) {
+      snprintf(msgid, idlen, "%s/#%" PRIu32, base, hc->to[t].shard);
+      forward_send(f, ap, msgid, hc->to[t].shard, data, len, hc->to[t].n);
+    } else {
+      free(data);
+      ap->failed = true;
+    }
+    free(msgid);
+    cph_buf_free(b);
+  }
+  free(hc->to);
+  free(hc->shards);
 }
 
 /* Publishes the forwards of an applied `in` message; it is acknowledged when they all were
@@ -1773,13 +1908,18 @@ static void forward_send(cph_cflow *f, applying *ap, const char *msgid, uint32_t
  * to S goes alone under "<event id>/<S>"; a batch's copies to S go together, in order, under
  * "<batch id>/<S>" — each (event, S) is in one such message only, so it too is stored once.
  * (Should the session table change between two applications, S gets what the first one sent.) */
-static void forward(cph_cflow *f, applying *ap) {
+static void forward(cph_cflow *f, applying *ap, const cph_event_result *res) {
   cph_hmap groups = CPH_HMAP_INIT;
   fwd_group **list = NULL;
   size_t n_list = 0, cap_list = 0;
+  hist_copies hc = {0};
   ap->outstanding = 1; /* until every forward is sent */
   for (size_t e = 0; e < ap->n_evs && !ap->failed; e++) {
     const cph_event_in *ev = &ap->evs[e];
+    if (res && history_wanted(ev, &res[e]) && !history_copies_add(f, &hc, ev)) {
+      ap->failed = true;
+      break;
+    }
     target *ts;
     size_t n = forward_targets(f, ev, &ts);
     if (!ts) {
@@ -1797,7 +1937,7 @@ static void forward(cph_cflow *f, applying *ap) {
         char *msgid = malloc(idlen);
         if (msgid) {
           snprintf(msgid, idlen, "%s/%s", ev->key, ts[i].id);
-          forward_send(f, ap, msgid, ts[i].shard, copy, strlen(copy));
+          forward_send(f, ap, msgid, ts[i].shard, copy, strlen(copy), 0);
         } else {
           free(copy);
           ap->failed = true;
@@ -1846,7 +1986,7 @@ static void forward(cph_cflow *f, applying *ap) {
     char *msgid = data ? malloc(idlen) : NULL;
     if (msgid) {
       snprintf(msgid, idlen, "%s/%s", ap->batch_id, g->id);
-      forward_send(f, ap, msgid, g->shard, data, len);
+      forward_send(f, ap, msgid, g->shard, data, len, 0);
     } else {
       free(data);
       ap->failed = true;
@@ -1857,6 +1997,7 @@ static void forward(cph_cflow *f, applying *ap) {
   }
   free(list);
   cph_hmap_free(&groups);
+  history_copies_send(f, ap, &hc);
   if (--ap->outstanding == 0)
     applying_finish(f, ap);
 }
@@ -1918,9 +2059,10 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     break;
   }
   case PUB_FWD:
-    if (ok)
+    if (ok) {
       f->forwarded++;
-    else {
+      f->hist_sent += p->copies; /* 15. */
+    } else {
       cph_warn("cluster log: forward %s not acknowledged (%s); the event comes again", p->msgid,
                why ? why : "no answer");
       p->ap->failed = true;
@@ -2029,8 +2171,11 @@ static void apply_done(cph_op *op, void *ctx) {
     cph_warn("cluster log: applying %zu messages failed (%s); they come again", b->n,
              op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
   }
+  size_t first = 0; /* the index of the message's first event */
   for (size_t i = 0; i < b->n; i++) {
     applying *ap = b->items[i];
+    if (i == 0 || b->items[i - 1] != ap)
+      first = i;
     bool last = i + 1 == b->n || b->items[i + 1] != ap; /* the message's last event */
     if (!ok) {
       ap->failed = true;
@@ -2066,7 +2211,7 @@ static void apply_done(cph_op *op, void *ctx) {
     if (ap->m->fwd)
       applying_finish(f, ap);
     else
-      forward(f, ap);
+      forward(f, ap, op->u.ingest.results ? &op->u.ingest.results[first] : NULL);
   }
   cph_op_clear_results(op);
   batch_free(b);
@@ -3524,14 +3669,14 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
       {"cephalon_cluster_log_purge_failures_total", "counter",
        "Trims that failed (NATS did not answer, or refused): tried again at the next watermark."},
       {"cephalon_cluster_history_copies_sent_total", "counter",
-       "Copies of this node's sessions' replies the log took for the other nodes' copies of "
-       "their channels' history."},
+       "Copies of this node's sessions' replies, and of events naming one of its sessions, the "
+       "log took for the other nodes' copies of their channels' history."},
       {"cephalon_cluster_history_copy_failures_total", "counter",
        "Copies of replies the log did not take in time: the sessions of that shard do not see "
        "the reply in that channel."},
       {"cephalon_cluster_history_copies_stored_total", "counter",
-       "Copies of other nodes' replies this node stored in its copy of their channel's "
-       "history."},
+       "Copies of other nodes' replies and events this node stored in its copy of their "
+       "channel's history."},
   };
   const uint64_t v[] = {st.ready,
                         st.bound,

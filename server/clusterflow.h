@@ -369,7 +369,29 @@
  *    so the watermark passes it at once); and a copy arriving after other events lands after
  *    them in that node's copy (the channel's history only grows at its end), where on one node
  *    it would have come first. Cost: one log message per other node serving subscribers, per
- *    reply, and on the receiving node a scan of the channel's newest entries. */
+ *    reply, and on the receiving node a scan of the channel's newest entries.
+ *
+ * 15. Events naming a session in the other nodes' copies of their channel. An event with a
+ *    session and a channel is applied on its session's node only (1., 2.), where it joins the
+ *    channel's history, which on one node every subscriber's context shows (DESIGN §4: the
+ *    session gets the entry; the channel keeps the message). So when the owner applies such an
+ *    `in` event and it was stored in the history (queued, or stored for nobody: refused by a
+ *    busy session; a redelivery's `duplicate` too, not an aggregated repeat), it copies it as
+ *    14. copies a reply — the event as the history holds it, no session, "history": true — to
+ *    the shards copy_shards picks for its channel (one per other node serving subscribers),
+ *    on their fwd subjects, beside its forwards (3.): under the engine key "h:" + hex SHA-256 of
+ *    "<event id>/#" (the same however often and wherever it is applied, so a node stores it
+ *    once) and the message id "<event id>/#<shard>", a batch's copies to one shard together as
+ *    {"batch": [...]} under "<batch id>/#<shard>" ('#' is in no session id: no forward has
+ *    these ids). Unlike 14. they are waited for: the `in` message is acknowledged once the log
+ *    took them, as its forwards, so one not taken in time makes the message come again, and
+ *    its copies are sent again under the same ids. The receiving node applies them as 14.
+ *    says. A rebuild (8.) copies nothing, as it forwards nothing: an acknowledged message had
+ *    its copies taken. Limits as 14.'s: a copy lands at the end of each node's copy of the
+ *    channel; a node serving no subscriber of the channel when the event was applied does not
+ *    get one (a session that subscribes or moves there later sees what its state brings, 11.).
+ *    Cost: one log message per other node serving subscribers per `in` message holding such
+ *    events, and the `in` message's acknowledgement waits for it. */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 

@@ -14,7 +14,9 @@
  * (:max-batch 1): while the first turn runs, the second waits in each session's inbox, and the
  * first turn's context must not show it — a later turn's trigger, as it is on one node, though
  * the node's channel history holds another session's copy of it (core/context.c, log_copy);
- * the second turn shows it once, as its current message, and the first once, as history. */
+ * the second turn shows it once, as its current message, and the first once, as history.
+ * Between those, with both nodes up: each session's replies (clusterflow.h 14.) and the events
+ * naming one session (15.) reach the other node's copy of the shared channel. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -420,6 +422,56 @@ static long long copies_sum(cph_test_cluster *c, const char *name) {
   return sum;
 }
 
+/* Every node up, shards settled; owner[s] = the node serving t<s>, sessions on both nodes. */
+static void all_up(cph_test_cluster *c, int owner[SESSIONS]) {
+  for (int n = 0; n < NODES; n++)
+    if (!c->up[n])
+      cph_tc_start_node(c, n, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "every node up");
+  int on[NODES] = {0};
+  for (int s = 0; s < SESSIONS; s++) {
+    char path[64];
+    json_t *j = NULL;
+    snprintf(path, sizeof path, "/v1/sessions/t%02d", s);
+    owner[s] = cph_tc_get_on_owner(c, 0, path, &j);
+    json_decref(j);
+    on[owner[s]]++;
+  }
+  assert_true(on[0] > 0 && on[1] > 0); /* sessions on both nodes */
+}
+
+/* Waits (up to 10 s) until the copies the nodes' logs took since sent0 / applied0 were applied
+ * where they went; returns how many were sent since sent0. */
+static long long copies_settle(cph_test_cluster *c, long long sent0, long long applied0,
+                               const char *what) {
+  long long sent = 0, applied = 0;
+  for (int tries = 0; tries < 100; tries++) {
+    sent = copies_sum(c, "sent");
+    applied = copies_sum(c, "stored") + copies_sum(c, "held");
+    if (applied - applied0 >= sent - sent0)
+      break;
+    cph_tc_sleep_ms(100);
+  }
+  printf("%s: %lld copies sent so far, %lld applied\n", what, sent - sent0, applied - applied0);
+  assert_true(applied - applied0 >= sent - sent0);
+  return sent - sent0;
+}
+
+/* Fails the test unless the lease messages of t<s> on node n show text exactly once (what: where
+ * it came from, for the message); returns the role it shows with. */
+static const char *expect_once(json_t *messages, const char *text, int s, int n,
+                               const char *what) {
+  const char *role = NULL;
+  int count;
+  find_message(messages, text, &role, &count);
+  if (count != 1) {
+    char *dump = json_dumps(messages, JSON_COMPACT);
+    fail_msg("t%02d's lease on n%d shows \"%s\" (%s) %d times, not once: %s", s, n, text, what,
+             count, dump ? dump : "?");
+  }
+  return role;
+}
+
 typedef struct team {
   cph_test_cluster *c;
   const int *owner; /* the node serving each session */
@@ -434,15 +486,9 @@ static bool answer_team(void *ctx, int n, json_t *turn, int s) {
   for (int o = 0; t->round > 0 && o < SESSIONS; o++) {
     char a[96];
     snprintf(a, sizeof a, "team reply %d of t%02d", t->round - 1, o);
-    const char *role = NULL;
-    int count;
-    find_message(messages, a, &role, &count);
-    if (count != 1) {
-      char *dump = json_dumps(messages, JSON_COMPACT);
-      fail_msg("t%02d's lease on n%d shows \"%s\" (a reply written on n%d) %d times, not once: "
-               "%s",
-               s, n, a, t->owner[o], count, dump ? dump : "?");
-    }
+    char what[48];
+    snprintf(what, sizeof what, "a reply written on n%d", t->owner[o]);
+    const char *role = expect_once(messages, a, s, n, what);
     if (o == s && strcmp(role, "assistant") != 0)
       fail_msg("t%02d's own reply \"%s\" is not the assistant's on n%d", s, a, n);
   }
@@ -460,24 +506,12 @@ static bool answer_team(void *ctx, int n, json_t *turn, int s) {
 static void test_cluster_history_agents_on_other_nodes_see_each_others_replies(void **state) {
   bench *b = *state;
   cph_test_cluster *c = b->c;
-  for (int n = 0; n < NODES; n++)
-    if (!c->up[n])
-      cph_tc_start_node(c, n, SHARDS, TTL_S, EXTRA);
-  cph_tc_settle(c, SHARDS, "every node up");
-  int owner[SESSIONS], on[NODES] = {0};
-  for (int s = 0; s < SESSIONS; s++) {
-    char path[64];
-    json_t *j = NULL;
-    snprintf(path, sizeof path, "/v1/sessions/t%02d", s);
-    owner[s] = cph_tc_get_on_owner(c, 0, path, &j);
-    json_decref(j);
-    on[owner[s]]++;
-  }
-  assert_true(on[0] > 0 && on[1] > 0); /* sessions on both nodes */
+  int owner[SESSIONS];
+  all_up(c, owner);
   team t = {c, owner, 0};
   /* counted from here: the nodes' counters start at their own start */
-  long long sent0 = copies_sum(c, "sent"), sent = sent0,
-            applied0 = copies_sum(c, "stored") + copies_sum(c, "held"), applied = applied0;
+  long long sent0 = copies_sum(c, "sent"), sent = 0,
+            applied0 = copies_sum(c, "stored") + copies_sum(c, "held");
   for (t.round = 0; t.round < 2; t.round++) {
     char body[256], what[32];
     snprintf(body, sizeof body,
@@ -492,18 +526,73 @@ static void test_cluster_history_agents_on_other_nodes_see_each_others_replies(v
     for (int n = 0; n < NODES; n++)
       cph_tc_lease_each(c, n, owner, SESSIONS, answer_team, &t, what);
     /* the copies the log took (each completion's before its 200) applied where they went */
-    for (int tries = 0; tries < 100; tries++) {
-      sent = copies_sum(c, "sent");
-      applied = copies_sum(c, "stored") + copies_sum(c, "held");
-      if (applied - applied0 >= sent - sent0)
-        break;
-      cph_tc_sleep_ms(100);
-    }
-    printf("team round %d: %lld copies of replies sent so far, %lld applied\n", t.round,
-           sent - sent0, applied - applied0);
+    sent = copies_settle(c, sent0, applied0, what);
   }
-  assert_true(sent > sent0);
-  assert_true(applied - applied0 >= sent - sent0);
+  assert_true(sent > 0);
+  assert_int_equal(copies_sum(c, "failures"), 0);
+}
+
+/* Completes an aside's turn (its session's own message) with a reply. */
+static bool answer_aside(void *ctx, int n, json_t *turn, int s) {
+  char reply[64];
+  snprintf(reply, sizeof reply, "aside reply of t%02d", s);
+  cph_tc_complete(ctx, n, turn, reply);
+  return true;
+}
+
+/* Checks that the lease of the team question shows every session's aside once. */
+static bool answer_after_asides(void *ctx, int n, json_t *turn, int s) {
+  team *t = ctx;
+  json_t *messages = json_object_get(turn, "messages");
+  for (int o = 0; o < SESSIONS; o++) {
+    char a[96];
+    snprintf(a, sizeof a, "aside for t%02d: the build on the staging cluster is red", o);
+    char what[48];
+    snprintf(what, sizeof what, "an event naming t%02d, applied on n%d", o, t->owner[o]);
+    expect_once(messages, a, s, n, what);
+  }
+  cph_tc_complete(t->c, n, turn, "noted");
+  return true;
+}
+
+/* An event in a shared channel that names one session is applied on that session's node only
+ * (server/clusterflow.h 1.), yet on one node it is in the channel's history that every
+ * subscriber's context shows; its copies (15.) bring it to the other nodes' copies of the
+ * channel. Six such asides, one per session, posted in one request; each session answers its
+ * own; then a question to the whole channel: each lease shows all six asides once. */
+static void test_cluster_history_an_event_naming_one_session_is_in_everyones_history(
+    void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int owner[SESSIONS];
+  all_up(c, owner);
+  long long sent0 = copies_sum(c, "sent"),
+            applied0 = copies_sum(c, "stored") + copies_sum(c, "held");
+  char body[4096];
+  size_t off = (size_t)snprintf(body, sizeof body, "{\"events\":[");
+  for (int s = 0; s < SESSIONS; s++)
+    off += (size_t)snprintf(body + off, sizeof body - off,
+                            "%s{\"channel\":\"shared\",\"session\":\"t%02d\",\"sender\":"
+                            "\"bob\",\"body\":\"aside for t%02d: the build on the staging "
+                            "cluster is red\"}",
+                            s ? "," : "", s, s);
+  snprintf(body + off, sizeof body - off, "]}");
+  cph_test_response r = cph_test_api(c->port[1], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting the asides: %d %s", r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  for (int n = 0; n < NODES; n++)
+    cph_tc_lease_each(c, n, owner, SESSIONS, answer_aside, c, "the asides");
+  assert_true(copies_settle(c, sent0, applied0, "the asides") > 0);
+  r = cph_test_api(c->port[0], "POST", "/v1/events", NULL,
+                   "{\"events\":[{\"channel\":\"shared\",\"sender\":\"bob\",\"body\":"
+                   "\"who saw the asides?\"}]}");
+  if (r.status != 200)
+    fail_msg("posting the question: %d %s", r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  team t = {c, owner, 0};
+  for (int n = 0; n < NODES; n++)
+    cph_tc_lease_each(c, n, owner, SESSIONS, answer_after_asides, &t, "after the asides");
   assert_int_equal(copies_sum(c, "failures"), 0);
 }
 
@@ -511,6 +600,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_history_a_moved_sessions_channels_show_what_it_answered),
       cmocka_unit_test(test_cluster_history_agents_on_other_nodes_see_each_others_replies),
+      cmocka_unit_test(test_cluster_history_an_event_naming_one_session_is_in_everyones_history),
       cmocka_unit_test(
           test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conversation),
   };
