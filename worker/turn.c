@@ -477,27 +477,30 @@ static int run_tool_call(const wk_ctx *ctx, const wk_tool *tools, size_t n_tools
 
 /* ---------------------------------------------------------------- the turn */
 
-/* The model request of a round, as text: the turn's messages as the lease gave them
- * (wk_lease: role, content, name), then the turn's own (`own`: the model's answers, tool
- * results, arrivals), and the tools when offered. `head` is `{"model":...,"messages":[` and
- * the lease's messages, written once a turn. NULL when out of memory. */
-static char *request_text(const cph_buf *head, bool comma, const json_t *own,
-                          const char *tools) {
-  cph_buf b = CPH_BUF_INIT;
-  cph_buf_append(&b, head->data, head->len);
-  size_t i;
-  json_t *m;
-  json_array_foreach(own, i, m) {
-    char *t = json_dumps(m, JSON_COMPACT);
+/* Writes the turn's own messages not written yet (`own`, from *done on: the model's answers,
+ * tool results, arrivals) after the request's start in `head` — `{"model":...,"messages":[`,
+ * the lease's messages as they came (wk_lease: role, content, name) and the own messages of
+ * the rounds before — so each message is written once a turn, not once a round. `comma`: head
+ * holds a message before own[0]. */
+static void head_extend(cph_buf *head, bool comma, const json_t *own, size_t *done) {
+  for (; *done < json_array_size(own); (*done)++) {
+    char *t = json_dumps(json_array_get(own, *done), JSON_COMPACT);
     if (!t) {
-      cph_buf_free(&b);
-      return NULL;
+      head->failed = true; /* a dump out of memory: the request is incomplete */
+      return;
     }
-    if (comma || i)
-      cph_buf_putc(&b, ',');
-    cph_buf_puts(&b, t);
+    if (comma || *done)
+      cph_buf_putc(head, ',');
+    cph_buf_puts(head, t);
     free(t);
   }
+}
+
+/* The model request of a round, as text: head (head_extend's) closed, with the tools when
+ * offered. NULL when out of memory. */
+static char *request_text(const cph_buf *head, const char *tools) {
+  cph_buf b = CPH_BUF_INIT;
+  cph_buf_append(&b, head->data, head->len);
   cph_buf_putc(&b, ']');
   if (tools) {
     cph_buf_puts(&b, ",\"tools\":");
@@ -668,6 +671,7 @@ void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased, wk_beat *bt) {
   cph_buf_puts(&head, ",\"messages\":[");
   cph_buf_append(&head, leased->messages.data, leased->messages.len);
   json_t *messages = json_array(); /* the turn's own messages, after the lease's */
+  size_t own_written = 0;           /* of them, those in head */
   /* DESIGN §4: merge -> take arrivals before each model call; interrupt -> stop at a safe
    * point when asked. Absent (enqueue and the others): the turn runs as it always did. */
   const char *wr = json_string_value(json_object_get(turn, "while_running"));
@@ -703,8 +707,8 @@ void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased, wk_beat *bt) {
     if (merge)
       taken += take_arrivals(ctx, id, lease, messages);
     bool offer = n_tools > 0 && round < ctx->cfg->max_tool_rounds;
-    char *req = request_text(&head, leased->n_messages > 0, messages,
-                             offer ? offered_text : NULL);
+    head_extend(&head, leased->n_messages > 0, messages, &own_written);
+    char *req = request_text(&head, offer ? offered_text : NULL);
     if (!req || cph_buf_error(&head)) {
       free(req);
       snprintf(why, sizeof why, "out of memory writing the model request");
