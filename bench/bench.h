@@ -23,6 +23,7 @@ int cph_bench_worker(int argc, char **argv);
 int cph_bench_console(int argc, char **argv);
 int cph_bench_backup(int argc, char **argv);
 int cph_bench_cluster_fill(int argc, char **argv);
+int cph_bench_history_copies(int argc, char **argv);
 
 /* Creates n idle interactive sessions ("idle-0000000", ...) in the store at data, through an
  * engine in process opened with policy_text (bench_memory.c). 0 or -1. */

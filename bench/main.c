@@ -45,6 +45,10 @@ static const scenario scenarios[] = {
     {"backup", "online backup of a store of N MiB: time, and the daemon's latency meanwhile "
                "(--mb N)",
      cph_bench_backup},
+    {"history-copies",
+     "a cluster node's cost to apply copies into a channel's history, in process "
+     "(--history N --copies K --batch B)",
+     cph_bench_history_copies},
     {"cluster-fill",
      "a running cluster's shard with N sessions and M unconsumed events, for "
      "bench/cluster-takeover.sh (--nodes P,P,P --victim P)",

@@ -358,6 +358,7 @@ static int memory_load(cph_engine *e, cph_err *err) {
   e->ingest.bp = e->bp;
   e->ingest.memory = &e->memory;
   e->ingest.metrics = e->metrics;
+  e->ingest.tails = &e->tails;
   e->turns.env = &e->env;
   e->turns.sessions = &e->sessions;
   e->turns.context = &e->context;

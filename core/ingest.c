@@ -9,6 +9,7 @@
 #include "backpressure.h"
 #include "dedupe.h"
 #include "inbox.h"
+#include "chantail.h"
 #include "ingest.h"
 #include "ops.h"
 
@@ -693,6 +694,7 @@ typedef struct ingest_req {
    * alive for the request). Steps change only at the engine's checks, between passes. */
   const char *step_chan;
   int step;
+  bool tails_used; /* a history copy read the channels' warm tails through t */
 } ingest_req;
 
 /* The channel an event goes to: its own, or its session's direct channel "direct:<session>"
@@ -753,17 +755,48 @@ static bool find_copy(void *ctx, uint64_t index, const cph_event_rec *ev) {
   return false;
 }
 
-/* An event with history_only (cph_event_in): into the channel's history once, nothing else. */
-static int history_copy(ingest_req *rq, const cph_event_in *in, const char *channel_name,
-                        cph_event_result *res, cph_err *err) {
-  cph_txn *t = &rq->t;
+/* Whether the channel's newest HISTORY_COPY_MATCH entries hold in (find_copy's test) — from
+ * its warm tail (chantail.h: in memory once a turn or an earlier copy read it; ingest's own
+ * child txn reads the entries it lacks), or walking the store when tails are off (:sessions
+ * :warm-channels 0). *event_id: the entry's event, 0 none. */
+static int copy_held(cph_ingest *ig, ingest_req *rq, const cph_event_in *in, const char *chan,
+                     uint64_t *event_id) {
   copy_find cf = {in, 0};
-  int rc = history_tail(t, channel_name, HISTORY_COPY_MATCH, find_copy, &cf);
+  if (!ig->tails || !ig->env->policy->sessions.warm_channels) {
+    int rc = history_tail(&rq->t, chan, HISTORY_COPY_MATCH, find_copy, &cf);
+    *event_id = cf.event_id;
+    return rc;
+  }
+  rq->tails_used = true;
+  chantail *tl;
+  int rc = chantails_get(ig->tails, &rq->t, chan, &tl);
+  chantail_entry *e;
+  for (size_t i = 0; rc == CPH_OK && i < HISTORY_COPY_MATCH &&
+                     (e = chantail_newest(tl, &rq->t, i, &rc)) != NULL;
+       i++) {
+    if ((rc = chantail_load(ig->tails, &rq->t, e)) != CPH_OK)
+      break;
+    if (e->ts_ms == in->ts_ms && e->sender && e->body && strcmp(e->body, in->body) == 0 &&
+        strcmp(e->sender, in->sender) == 0) {
+      cf.event_id = e->event_id;
+      break;
+    }
+  }
+  *event_id = cf.event_id;
+  return rc;
+}
+
+/* An event with history_only (cph_event_in): into the channel's history once, nothing else. */
+static int history_copy(cph_ingest *ig, ingest_req *rq, const cph_event_in *in,
+                        const char *channel_name, cph_event_result *res, cph_err *err) {
+  cph_txn *t = &rq->t;
+  uint64_t held = 0;
+  int rc = copy_held(ig, rq, in, channel_name, &held);
   if (rc)
     return cph_err_set(err, rc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(rc));
-  if (cf.event_id) {
+  if (held) {
     res->status = CPH_EV_DUPLICATE;
-    res->id = cf.event_id;
+    res->id = held;
     return CPH_OK;
   }
   uint64_t event_id = 0;
@@ -843,7 +876,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     return CPH_OK;
   }
   if (in->history_only)
-    return history_copy(rq, in, channel_name, res, err);
+    return history_copy(ig, rq, in, channel_name, res, err);
 
   int step;
   if (rq->step_chan && strcmp(rq->step_chan, channel_name) == 0) {
@@ -1122,6 +1155,8 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
     if (rc) {
       request_rollback(ig, &rq);
       ig->n_restart = 0; /* nothing landed: no turn is superseded */
+      if (rq.tails_used) /* they may hold entries the aborted txn wrote */
+        chantails_clear(ig->tails);
     } else {
       for (size_t i = 0; i < n; i++)
         ig->prepared_total += op->u.ingest.events[i].prep && op->u.ingest.events[i].prep->ready;
@@ -1144,6 +1179,8 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
         metrics_event(ig->metrics, op->u.ingest.results[i].status);
     }
   }
+  if (rq.tails_used) /* what a turn keeps warm: the copies' channels join that count */
+    chantails_release(ig->tails, (size_t)ig->env->policy->sessions.warm_channels);
   for (size_t i = 0; i < n; i++)
     free(rq.after[i].chan_owned);
   free(rq.after);

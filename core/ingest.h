@@ -26,6 +26,9 @@ typedef struct cph_ingest {
   struct cph_backpressure *bp;
   cph_memory *memory;
   cph_metrics *metrics;
+  /* chantail.h: the channels' warm tails, where a history copy is looked for (NULL: the
+   * store is walked); the engine's, shared with context assembly (pass thread only). */
+  struct cph_chantails *tails;
   bool store_full;       /* the store was found full; ingest resumes past a margin */
   uint64_t folded_total; /* cephalon_inbox_overflow_folded_total */
   uint64_t prepared_total; /* cephalon_ingest_prepared_events_total */

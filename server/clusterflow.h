@@ -369,7 +369,10 @@
  *    so the watermark passes it at once); and a copy arriving after other events lands after
  *    them in that node's copy (the channel's history only grows at its end), where on one node
  *    it would have come first. Cost: one log message per other node serving subscribers, per
- *    reply, and on the receiving node a scan of the channel's newest entries.
+ *    reply, and on the receiving node a look through the channel's newest entries — in its
+ *    warm tail (core/chantail.h), so ~8 µs a copy stored and ~1-2 µs one held, against ~80
+ *    and ~60 when each look decoded the entries from the store (`cephalon-bench
+ *    history-copies`, bench/PROFILE.md "History copies").
  *
  * 15. Events naming a session in the other nodes' copies of their channel. An event with a
  *    session and a channel is applied on its session's node only (1., 2.), where it joins the
