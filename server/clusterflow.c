@@ -1096,9 +1096,11 @@ static char *event_json(const char *channel, const char *sender, const char *bod
 /* The shards a copy into channel's history goes to (14., 15.): of each other node serving
  * subscribers of channel, the first of their shards by number (a shard whose owner is not
  * known gets a copy of its own) — a node stores a copy once in its copy of the channel, which
- * all its sessions read. Into out (room for f->shards); returns how many, or SIZE_MAX when out
- * of memory. */
-static size_t copy_shards(cph_cflow *f, const char *channel, uint32_t *out) {
+ * all its sessions read. Not to the owners of skip[0..n_skip): they get the event otherwise (a
+ * forward, 15.), which puts it in their copy of the channel. Into out (room for f->shards);
+ * returns how many, or SIZE_MAX when out of memory. */
+static size_t copy_shards(cph_cflow *f, const char *channel, const uint32_t *skip, size_t n_skip,
+                          uint32_t *out) {
   const char *const *subscribers = NULL;
   size_t n = cph_ctable_subscribers(f->table, channel, &subscribers);
   if (!n)
@@ -1112,21 +1114,25 @@ static size_t copy_shards(cph_cflow *f, const char *channel, uint32_t *out) {
       wanted[r->shard] = true;
   }
   typedef char owner_name[101];
-  owner_name *owners = NULL; /* owners[i]: out[i]'s owner ("" unknown) */
-  size_t n_out = 0, cap = 0;
-  for (uint32_t shard = 0; shard < f->shards; shard++) {
+  /* owners[i]: the owner of out[i] ("" unknown) for i < n_out, then those of the skipped */
+  owner_name *owners = NULL;
+  size_t n_out = 0, n_owners = 0, cap = 0;
+  for (size_t k = 0; k < n_skip + f->shards; k++) {
+    bool skipped = k < n_skip;
+    uint32_t shard = skipped ? skip[k] : (uint32_t)(k - n_skip);
     owner_name owner = "";
     char url[8];
-    if (!wanted[shard] ||
+    if ((!skipped && !wanted[shard]) ||
         cph_cluster_route(f->s->cluster, shard, owner, sizeof owner, url, sizeof url) ==
-            CPH_CLUSTER_SERVED)
+            CPH_CLUSTER_SERVED ||
+        (skipped && !owner[0]))
       continue;
     bool seen = false;
-    for (size_t i = 0; owner[0] && i < n_out && !seen; i++)
+    for (size_t i = 0; owner[0] && i < n_owners && !seen; i++)
       seen = strcmp(owners[i], owner) == 0;
     if (seen)
       continue;
-    if (n_out == cap) {
+    if (n_owners == cap) {
       cap = cap ? 2 * cap : 4;
       owner_name *grown = realloc(owners, cap * sizeof *owners);
       if (!grown) {
@@ -1136,8 +1142,9 @@ static size_t copy_shards(cph_cflow *f, const char *channel, uint32_t *out) {
       }
       owners = grown;
     }
-    memcpy(owners[n_out], owner, sizeof owner);
-    out[n_out++] = shard;
+    memcpy(owners[n_owners++], owner, sizeof owner);
+    if (!skipped)
+      out[n_out++] = shard;
   }
   free(owners);
   free(wanted);
@@ -1153,7 +1160,7 @@ void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, c
    * copy of the history is read by its sessions alone, and a direct channel has no
    * subscribers — its session's replies move with its state, in their place.) */
   uint32_t *shards = malloc(f->shards * sizeof *shards);
-  size_t n = shards ? copy_shards(f, channel, shards) : SIZE_MAX;
+  size_t n = shards ? copy_shards(f, channel, NULL, 0, shards) : SIZE_MAX;
   /* One engine key for every copy, so a node that owns two of the shards stores it once; the
    * message ids differ by shard (JetStream deduplicates ids across the whole stream). */
   char key[160];
@@ -1810,11 +1817,24 @@ typedef struct hist_copies {
 
 /* Adds ev's copies (15.) to hc: the event as the history holds it, no session, "history":
  * true, under the engine key "h:" + hex SHA-256 of "<event id>/#" — the same wherever and
- * however often the event is applied, so a node stores it once. False when out of memory. */
-static bool history_copies_add(cph_cflow *f, hist_copies *hc, const cph_event_in *ev) {
-  if (!hc->shards && !(hc->shards = malloc(f->shards * sizeof *hc->shards)))
+ * however often the event is applied, so a node stores it once — for the nodes that get no
+ * forward of it (fwd[0..n_fwd), its forwards: the forward is that node's entry, and a copy
+ * applied before it would be a second one, which exact deduplication does not see). False
+ * when out of memory. */
+static bool history_copies_add(cph_cflow *f, hist_copies *hc, const cph_event_in *ev,
+                               const target *fwd, size_t n_fwd) {
+  if (!hc->shards && !(hc->shards = malloc(2 * (size_t)f->shards * sizeof *hc->shards)))
     return false;
-  size_t n = copy_shards(f, ev->channel, hc->shards);
+  uint32_t *skip = hc->shards + f->shards; /* the forwards' shards, each once */
+  size_t n_skip = 0;
+  for (size_t i = 0; i < n_fwd; i++) {
+    size_t j = 0;
+    while (j < n_skip && skip[j] != fwd[i].shard)
+      j++;
+    if (j == n_skip)
+      skip[n_skip++] = fwd[i].shard;
+  }
+  size_t n = copy_shards(f, ev->channel, skip, n_skip, hc->shards);
   if (n == SIZE_MAX)
     return false;
   if (!n)
@@ -1916,13 +1936,10 @@ static void forward(cph_cflow *f, applying *ap, const cph_event_result *res) {
   ap->outstanding = 1; /* until every forward is sent */
   for (size_t e = 0; e < ap->n_evs && !ap->failed; e++) {
     const cph_event_in *ev = &ap->evs[e];
-    if (res && history_wanted(ev, &res[e]) && !history_copies_add(f, &hc, ev)) {
-      ap->failed = true;
-      break;
-    }
     target *ts;
     size_t n = forward_targets(f, ev, &ts);
-    if (!ts) {
+    if (!ts || (res && history_wanted(ev, &res[e]) && !history_copies_add(f, &hc, ev, ts, n))) {
+      free(ts);
       ap->failed = true;
       break;
     }

@@ -382,7 +382,10 @@
  *    busy session; a redelivery's `duplicate` too, not an aggregated repeat), it copies it as
  *    14. copies a reply — the event as the history holds it, no session, "history": true — to
  *    the shards copy_shards picks for its channel (one per other node serving subscribers),
- *    on their fwd subjects, beside its forwards (3.): under the engine key "h:" + hex SHA-256 of
+ *    but not to a node that gets a forward of it (a mentioned session lives there: the forward
+ *    is its entry there, and a copy applied before the forward would make a second one, as a
+ *    copy is not seen by exact deduplication), on their fwd subjects, beside its forwards
+ *    (3.): under the engine key "h:" + hex SHA-256 of
  *    "<event id>/#" (the same however often and wherever it is applied, so a node stores it
  *    once) and the message id "<event id>/#<shard>", a batch's copies to one shard together as
  *    {"batch": [...]} under "<batch id>/#<shard>" ('#' is in no session id: no forward has

@@ -532,12 +532,19 @@ static void test_cluster_history_agents_on_other_nodes_see_each_others_replies(v
   assert_int_equal(copies_sum(c, "failures"), 0);
 }
 
-/* Completes an aside's turn (its session's own message) with a reply. */
+typedef struct asides {
+  cph_test_cluster *c;
+  int turns[SESSIONS]; /* answered so far, per session */
+} asides;
+
+/* Completes a turn of the asides with a reply: each session has two, its own aside and the one
+ * that mentions it. */
 static bool answer_aside(void *ctx, int n, json_t *turn, int s) {
+  asides *a = ctx;
   char reply[64];
-  snprintf(reply, sizeof reply, "aside reply of t%02d", s);
-  cph_tc_complete(ctx, n, turn, reply);
-  return true;
+  snprintf(reply, sizeof reply, "aside reply %d of t%02d", a->turns[s], s);
+  cph_tc_complete(a->c, n, turn, reply);
+  return ++a->turns[s] == 2;
 }
 
 /* Checks that the lease of the team question shows every session's aside once. */
@@ -558,8 +565,10 @@ static bool answer_after_asides(void *ctx, int n, json_t *turn, int s) {
 /* An event in a shared channel that names one session is applied on that session's node only
  * (server/clusterflow.h 1.), yet on one node it is in the channel's history that every
  * subscriber's context shows; its copies (15.) bring it to the other nodes' copies of the
- * channel. Six such asides, one per session, posted in one request; each session answers its
- * own; then a question to the whole channel: each lease shows all six asides once. */
+ * channel. Six such asides, one per session and mentioning the next one (whose node gets it as
+ * a forward too: the copy must not make it a second entry there), posted in one request; each
+ * session answers its two; then a question to the whole channel: each lease shows all six
+ * asides once. */
 static void test_cluster_history_an_event_naming_one_session_is_in_everyones_history(
     void **state) {
   bench *b = *state;
@@ -572,17 +581,18 @@ static void test_cluster_history_an_event_naming_one_session_is_in_everyones_his
   size_t off = (size_t)snprintf(body, sizeof body, "{\"events\":[");
   for (int s = 0; s < SESSIONS; s++)
     off += (size_t)snprintf(body + off, sizeof body - off,
-                            "%s{\"channel\":\"shared\",\"session\":\"t%02d\",\"sender\":"
-                            "\"bob\",\"body\":\"aside for t%02d: the build on the staging "
-                            "cluster is red\"}",
-                            s ? "," : "", s, s);
+                            "%s{\"channel\":\"shared\",\"session\":\"t%02d\",\"mentions\":"
+                            "[\"t%02d\"],\"sender\":\"bob\",\"body\":\"aside for t%02d: the "
+                            "build on the staging cluster is red\"}",
+                            s ? "," : "", s, (s + 1) % SESSIONS, s);
   snprintf(body + off, sizeof body - off, "]}");
   cph_test_response r = cph_test_api(c->port[1], "POST", "/v1/events", NULL, body);
   if (r.status != 200)
     fail_msg("posting the asides: %d %s", r.status, r.body ? r.body : "");
   cph_test_response_free(&r);
+  asides as = {c, {0}};
   for (int n = 0; n < NODES; n++)
-    cph_tc_lease_each(c, n, owner, SESSIONS, answer_aside, c, "the asides");
+    cph_tc_lease_each(c, n, owner, SESSIONS, answer_aside, &as, "the asides");
   assert_true(copies_settle(c, sent0, applied0, "the asides") > 0);
   r = cph_test_api(c->port[0], "POST", "/v1/events", NULL,
                    "{\"events\":[{\"channel\":\"shared\",\"sender\":\"bob\",\"body\":"
