@@ -9,6 +9,7 @@
  * session per client subscribed to its own channel, run the load (load.h), and stop it. */
 #define _GNU_SOURCE /* asprintf */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,10 @@ typedef struct http_ctx {
   /* cycle: the daemon over the measured window (cycle_window), -1 where unknown */
   pid_t pid;
   int64_t cpu_ns[2], passes[2], fsyncs[2];
+  /* cycle: where a client's cycle waits — wall ns summed over the clients' finished cycles for
+   * each step (post, lease, complete), and those cycles, read at the window's ends */
+  _Atomic uint64_t step_ns[3], step_cycles;
+  uint64_t step_at[2][3], step_cycles_at[2];
 } http_ctx;
 
 typedef struct http_client {
@@ -398,6 +403,7 @@ out:
 
 static int cycle_op(void *state, uint64_t seq) {
   http_client *c = state;
+  int64_t t_post = cph_bench_now_ns();
   /* 1. post one event to this client's channel */
   size_t len = build_events(c, 1, seq);
   cph_bench_resp r;
@@ -406,6 +412,7 @@ static int cycle_op(void *state, uint64_t seq) {
             r.body ? r.body : "");
     return -1;
   }
+  int64_t t_lease = cph_bench_now_ns();
   /* 2. lease a turn (any session's: the scheduler decides) */
   char lease_req[512];
   int lease_len = snprintf(lease_req, sizeof lease_req, "{\"worker\":\"w-%d\",\"wait_ms\":%d%s}",
@@ -425,6 +432,7 @@ static int cycle_op(void *state, uint64_t seq) {
     }
     c->empty_leases++;
   }
+  int64_t t_complete = cph_bench_now_ns();
   c->turns++;
   c->turn_bytes += r.body_len;
   const char *turn = cph_bench_json_find(r.body, "turn");
@@ -464,6 +472,13 @@ static int cycle_op(void *state, uint64_t seq) {
             r.body ? r.body : "");
     return -1;
   }
+  int64_t t_end = cph_bench_now_ns();
+  atomic_fetch_add_explicit(&c->ctx->step_ns[0], (uint64_t)(t_lease - t_post), memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->ctx->step_ns[1], (uint64_t)(t_complete - t_lease),
+                            memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->ctx->step_ns[2], (uint64_t)(t_end - t_complete),
+                            memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->ctx->step_cycles, 1, memory_order_relaxed);
   return 0;
 }
 
@@ -539,6 +554,11 @@ static int64_t metric_value(int port, const char *name) {
  * window. */
 static void cycle_window(void *ctx, bool end) {
   http_ctx *h = ctx;
+  for (int k = 0; k < 3; k++)
+    h->step_at[end][k] = atomic_load(&h->step_ns[k]);
+  h->step_cycles_at[end] = atomic_load(&h->step_cycles);
+  if (h->pid <= 0) /* a cluster's nodes run outside the bench */
+    return;
   h->cpu_ns[end] = cph_bench_cpu_ns(h->pid);
   h->passes[end] = metric_value(h->port, "cephalon_scheduler_passes_total");
   h->fsyncs[end] = metric_value(h->port, "cephalon_lmdb_fsyncs_total");
@@ -646,7 +666,7 @@ int cph_bench_cycle(int argc, char **argv) {
                       .op = cycle_op,
                       .teardown = client_teardown,
                       .ctx = &h,
-                      .window = n_nodes ? NULL : cycle_window};
+                      .window = cycle_window};
   cph_bench_load_result res;
   if (cph_bench_load_run(&l, &res))
     goto out;
@@ -672,6 +692,14 @@ int cph_bench_cycle(int argc, char **argv) {
          " empty (204) before a turn\n",
          h.turns, h.turns ? (double)h.turn_bytes / (double)h.turns : 0.0, h.empty_leases);
   printf("cycles/s           %.0f\n", res.ops_per_s);
+  /* mean wall ms of each step of a client's cycle over the window */
+  double step_ms[3] = {0, 0, 0};
+  uint64_t step_n = h.step_cycles_at[1] - h.step_cycles_at[0];
+  for (int k = 0; k < 3 && step_n; k++)
+    step_ms[k] = (double)(h.step_at[1][k] - h.step_at[0][k]) / 1e6 / (double)step_n;
+  printf("cycle steps        post %.2f ms, lease %.2f ms, complete %.2f ms (means: each the "
+         "wait for its answer)\n",
+         step_ms[0], step_ms[1], step_ms[2]);
 
   /* The daemon's cost per cycle over the measured window. Fsyncs are the store's count of
    * the disk flushes it waited for (cephalon_lmdb_fsyncs_total): every fdatasync — in a
@@ -698,11 +726,13 @@ int cph_bench_cycle(int argc, char **argv) {
   printf("cycle cycles_per_s=%.0f sync=%s clients=%" PRIu64 " body_bytes=%" PRIu64
          " reply_bytes=%" PRIu64 " memories=%" PRIu64 " window=%" PRIu64
          " include=%s lease_bytes=%.0f cpu_us_per_cycle=%s fsyncs_per_cycle=%s"
-         " passes_per_cycle=%s nodes=%d p50_ms=%.2f p99_ms=%.2f errors=%" PRIu64 "\n",
+         " passes_per_cycle=%s nodes=%d p50_ms=%.2f p99_ms=%.2f post_ms=%.2f lease_ms=%.2f"
+         " complete_ms=%.2f errors=%" PRIu64 "\n",
          res.ops_per_s, n_nodes ? "nodes" : sync, clients, body_bytes, reply_bytes, memories,
          window,
          include ? include : "all", lease_bytes, cpu, fsyncs, passes, n_nodes ? n_nodes : 1,
-         res.lat_p50_us / 1e3, res.lat_p99_us / 1e3, res.errors);
+         res.lat_p50_us / 1e3, res.lat_p99_us / 1e3, step_ms[0], step_ms[1], step_ms[2],
+         res.errors);
   status = res.errors ? 1 : 0;
 out:
   free(owner);
