@@ -1155,8 +1155,12 @@ void ingest_apply(cph_ingest *ig, cph_op *op) {
     if (rc) {
       request_rollback(ig, &rq);
       ig->n_restart = 0; /* nothing landed: no turn is superseded */
-      if (rq.tails_used) /* they may hold entries the aborted txn wrote */
+      /* The tails, and the event cache their entries were read into, may hold what the
+       * aborted txn wrote, under event ids the abort gives back for reuse. */
+      if (rq.tails_used) {
+        cph_evcache_clear(ig->tails->evcache);
         chantails_clear(ig->tails);
+      }
     } else {
       for (size_t i = 0; i < n; i++)
         ig->prepared_total += op->u.ingest.events[i].prep && op->u.ingest.events[i].prep->ready;

@@ -3,7 +3,9 @@
  * again under its key, nor under another key when the channel's newest 256 entries hold the
  * same event (sender, time, body), found in the channel's warm tail or, with :warm-channels 0,
  * by walking the store; an entry further back does not count. Each case runs warm and cold,
- * and the history's length in the store says how many entries landed. */
+ * and the history's length in the store says how many entries landed. Last, a request that
+ * fails whole after its copies were looked at leaves nothing of them in the warm tails or the
+ * event cache (the ids it gives back are taken again). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,6 +39,17 @@ static int setup_warm(void **state) {
 
 static int setup_cold(void **state) {
   *state = cph_fixture_new("histcopy", COLD);
+  return 0;
+}
+
+/* A store that cannot grow past 2 MiB: an ingest request too big for it fails whole. */
+static const char *SMALL = "{:server {:map-size-mb 2 :max-map-size-mb 2}\n"
+                           " :sessions {:janitor? false}\n"
+                           " :dedupe {:min-length 1000000}\n"
+                           " :store {:sync :none}}\n";
+
+static int setup_small(void **state) {
+  *state = cph_fixture_new("histcopy", SMALL);
   return 0;
 }
 
@@ -183,6 +196,44 @@ static void test_history_copy_finds_one_from_its_own_request(void **state) {
   assert_int_equal(history_len(f), ENTRIES + 2);
 }
 
+/* A request whose copies were stored and looked at, then failed whole (the store full): its
+ * event ids are given back, and the next events take them — the event cache must not show
+ * the failed request's text for them. */
+static void test_history_copy_after_a_failed_request(void **state) {
+  cph_fixture *f = *state;
+  enum { BIG = 40, BIG_BYTES = 64 * 1024 };
+  char *big = malloc(BIG_BYTES + 1);
+  assert_non_null(big);
+  memset(big, 'x', BIG_BYTES);
+  big[BIG_BYTES] = '\0';
+  cph_event_in evs[2 + BIG];
+  memset(evs, 0, sizeof evs);
+  evs[0] = (cph_event_in){.channel = CH, .sender = "bob", .body = "alpha", .key = "h:alpha",
+                          .kind = "reply", .ts_ms = T0, .history_only = true};
+  evs[1] = (cph_event_in){.channel = CH, .sender = "bob", .body = "alpha two", .key = "h:alpha2",
+                          .kind = "reply", .ts_ms = T0 + 1, .history_only = true};
+  for (int i = 0; i < BIG; i++)
+    evs[2 + i] = (cph_event_in){.channel = "elsewhere", .sender = "carol", .body = big};
+  cph_op op = {0};
+  op.kind = CPH_OP_INGEST;
+  op.u.ingest.events = evs;
+  op.u.ingest.n_events = 2 + BIG;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_EFULL);
+  cph_op_clear_results(&op);
+  free(big);
+  /* the ids the failed request took go to these */
+  copy bravo = {"h:bravo", "bob", "bravo", T0 + 2};
+  cph_ingest_status st[1];
+  uint64_t id[1];
+  apply(f, &bravo, 1, st, id);
+  assert_int_equal(st[0], CPH_EV_STORED);
+  /* alpha was never stored: a copy of it is stored now, not taken for an entry it is not */
+  copy alpha = {"h:alpha-again", "bob", "alpha", T0};
+  apply(f, &alpha, 1, st, id);
+  assert_int_equal(st[0], CPH_EV_STORED);
+  assert_int_equal(history_len(f), 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_history_copy_is_stored_once, setup_warm, teardown),
@@ -191,6 +242,8 @@ int main(void) {
                                       setup_warm, teardown),
       cmocka_unit_test_setup_teardown(test_history_copy_finds_one_from_its_own_request,
                                       setup_cold, teardown),
+      cmocka_unit_test_setup_teardown(test_history_copy_after_a_failed_request, setup_small,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
