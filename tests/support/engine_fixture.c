@@ -70,6 +70,17 @@ void cph_fixture_ingest(cph_fixture *f, cph_event_in *events, size_t n, cph_op *
     fail_msg("ingest: %s", op->err.msg);
 }
 
+void cph_fixture_ingest_results(cph_fixture *f, cph_event_in *events, size_t n,
+                                cph_ingest_status *st, uint64_t *ids) {
+  cph_op op;
+  cph_fixture_ingest(f, events, n, &op);
+  for (size_t i = 0; i < n; i++) {
+    st[i] = op.u.ingest.results[i].status;
+    ids[i] = op.u.ingest.results[i].id;
+  }
+  cph_op_clear_results(&op);
+}
+
 void cph_fixture_lease(cph_fixture *f, const char *worker, cph_op *op) {
   *op = (cph_op){0};
   op->kind = CPH_OP_LEASE;

@@ -36,6 +36,9 @@ void cph_fixture_create_session(cph_fixture *f, const char *id, cph_lane lane,
 /* One ingest request of events[0..n) into *op; fails the running test on an error. The caller
  * reads op->u.ingest.results, then calls cph_op_clear_results(op). */
 void cph_fixture_ingest(cph_fixture *f, cph_event_in *events, size_t n, cph_op *op);
+/* The same, with each event's status and id into st[0..n) and ids[0..n) (the op cleared). */
+void cph_fixture_ingest_results(cph_fixture *f, cph_event_in *events, size_t n,
+                                cph_ingest_status *st, uint64_t *ids);
 /* A lease for worker into *op, waiting up to 5 s of the fixture's clock; fails the running test
  * unless a turn was leased. The caller calls cph_op_clear_results(op). */
 void cph_fixture_lease(cph_fixture *f, const char *worker, cph_op *op);

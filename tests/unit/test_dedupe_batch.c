@@ -38,13 +38,7 @@ static void post(cph_fixture *f, const char *channel, const char *const *bodies,
     evs[i].sender = "watchdog";
     evs[i].body = (char *)bodies[i];
   }
-  cph_op op;
-  cph_fixture_ingest(f, evs, n, &op);
-  for (size_t i = 0; i < n; i++) {
-    st[i] = op.u.ingest.results[i].status;
-    ids[i] = op.u.ingest.results[i].id;
-  }
-  cph_op_clear_results(&op);
+  cph_fixture_ingest_results(f, evs, n, st, ids);
 }
 
 static uint64_t event_family(cph_fixture *f, uint64_t id) {

@@ -93,13 +93,7 @@ static void apply(cph_fixture *f, const copy *c, size_t n, cph_ingest_status *st
     evs[i] = (cph_event_in){.channel = CH, .sender = (char *)c[i].sender, .body = (char *)c[i].body,
                             .key = (char *)c[i].key, .kind = "reply", .ts_ms = c[i].ts_ms,
                             .history_only = true};
-  cph_op op;
-  cph_fixture_ingest(f, evs, n, &op);
-  for (size_t i = 0; i < n; i++) {
-    status[i] = op.u.ingest.results[i].status;
-    id[i] = op.u.ingest.results[i].id;
-  }
-  cph_op_clear_results(&op);
+  cph_fixture_ingest_results(f, evs, n, status, id);
 }
 
 /* The channel's history length in the store (the engine closed meanwhile, then reopened). */
