@@ -1094,22 +1094,25 @@ static char *event_json(const char *channel, const char *sender, const char *bod
                         char *const *mentions, size_t n_mentions, bool history, size_t *len);
 
 /* The shards a copy into channel's history goes to (14., 15.): of each other node serving
- * subscribers of channel, the first of their shards by number (a shard whose owner is not
+ * subscribers or members of channel (a member reads the channel's history too: DESIGN §2),
+ * the first of their shards by number (a shard whose owner is not
  * known gets a copy of its own) — a node stores a copy once in its copy of the channel, which
  * all its sessions read. Not to the owners of skip[0..n_skip): they get the event otherwise (a
  * forward, 15.), which puts it in their copy of the channel. Into out (room for f->shards);
  * returns how many, or SIZE_MAX when out of memory. */
 static size_t copy_shards(cph_cflow *f, const char *channel, const uint32_t *skip, size_t n_skip,
                           uint32_t *out) {
-  const char *const *subscribers = NULL;
-  size_t n = cph_ctable_subscribers(f->table, channel, &subscribers);
-  if (!n)
+  const char *const *subscribers = NULL, *const *members = NULL;
+  size_t n_subs = cph_ctable_subscribers(f->table, channel, &subscribers);
+  size_t n_members = cph_ctable_members(f->table, channel, &members);
+  if (!n_subs && !n_members)
     return 0;
   bool *wanted = calloc(f->shards, sizeof *wanted);
   if (!wanted)
     return SIZE_MAX;
-  for (size_t i = 0; i < n; i++) {
-    const cph_ctable_session *r = cph_ctable_get(f->table, subscribers[i]);
+  for (size_t i = 0; i < n_subs + n_members; i++) {
+    const cph_ctable_session *r =
+        cph_ctable_get(f->table, i < n_subs ? subscribers[i] : members[i - n_subs]);
     if (r)
       wanted[r->shard] = true;
   }
@@ -1793,13 +1796,18 @@ static void forward_send(cph_cflow *f, applying *ap, const char *msgid, uint32_t
   pub_send(f, p);
 }
 
-/* 15.: an `in` event that names a session and was stored in its channel's history here —
- * applied now (queued, or stored for nobody: refused by a busy session), or a repeat of one
- * applied before (a redelivery: its copies go again under the same ids) — is copied into the
- * other nodes' copies of that channel. Not a repeat folded into a family (it stays out of the
- * history, DESIGN §5), not a direct channel's (no subscribers), not a copy itself. */
-static bool history_wanted(const cph_event_in *ev, const cph_event_result *res) {
-  return ev->session && ev->channel && !ev->history_only &&
+/* 15.: an `in` event that names a session, or any `in` event of a channel with members, and
+ * was stored in its channel's history here — applied now (queued, or stored for nobody: a
+ * channel's event on its owner, or one refused by a busy session), or a repeat of one applied
+ * before (a redelivery: its copies go again under the same ids) — is copied into the other
+ * nodes' copies of that channel that get no forward of it (a channel's event reaches its
+ * subscribers' nodes as forwards; members are not forwarded to unless mentioned). Not a repeat
+ * folded into a family (it stays out of the history, DESIGN §5), not a direct channel's, not a
+ * copy itself. */
+static bool history_wanted(cph_cflow *f, const cph_event_in *ev, const cph_event_result *res) {
+  const char *const *members;
+  return ev->channel && !ev->history_only &&
+         (ev->session || cph_ctable_members(f->table, ev->channel, &members) > 0) &&
          (res->status == CPH_EV_QUEUED || res->status == CPH_EV_STORED ||
           res->status == CPH_EV_DUPLICATE);
 }
@@ -1938,7 +1946,7 @@ static void forward(cph_cflow *f, applying *ap, const cph_event_result *res) {
     const cph_event_in *ev = &ap->evs[e];
     target *ts;
     size_t n = forward_targets(f, ev, &ts);
-    if (!ts || (res && history_wanted(ev, &res[e]) && !history_copies_add(f, &hc, ev, ts, n))) {
+    if (!ts || (res && history_wanted(f, ev, &res[e]) && !history_copies_add(f, &hc, ev, ts, n))) {
       free(ts);
       ap->failed = true;
       break;

@@ -374,14 +374,19 @@
  *    and ~60 when each look decoded the entries from the store (`cephalon-bench
  *    history-copies`, bench/PROFILE.md "History copies").
  *
- * 15. Events naming a session in the other nodes' copies of their channel. An event with a
- *    session and a channel is applied on its session's node only (1., 2.), where it joins the
- *    channel's history, which on one node every subscriber's context shows (DESIGN §4: the
- *    session gets the entry; the channel keeps the message). So when the owner applies such an
- *    `in` event and it was stored in the history (queued, or stored for nobody: refused by a
- *    busy session; a redelivery's `duplicate` too, not an aggregated repeat), it copies it as
+ * 15. Events in the other nodes' copies of their channel. An event with a session and a
+ *    channel is applied on its session's node only (1., 2.), where it joins the channel's
+ *    history, which on one node every subscriber's context shows (DESIGN §4: the session gets
+ *    the entry; the channel keeps the message); and a channel's events reach its subscribers'
+ *    nodes as forwards (3.), but not a node where only members of the channel live (a member
+ *    reads its history, DESIGN §2, and is forwarded an event only when mentioned). So when the
+ *    owner applies an `in` event that names a session, or any `in` event of a channel with
+ *    members, and it was stored in the history (queued, or stored for nobody: a channel's event
+ *    on its owner, or one refused by a busy session; a redelivery's `duplicate` too, not an
+ *    aggregated repeat), it copies it as
  *    14. copies a reply — the event as the history holds it, no session, "history": true — to
- *    the shards copy_shards picks for its channel (one per other node serving subscribers),
+ *    the shards copy_shards picks for its channel (one per other node serving subscribers or
+ *    members; replies' copies, 14., go to members' nodes too),
  *    but not to a node that gets a forward of it (a mentioned session lives there: the forward
  *    is its entry there, and a copy applied before the forward would make a second one, as a
  *    copy is not seen by exact deduplication), on their fwd subjects, beside its forwards

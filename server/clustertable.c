@@ -16,7 +16,8 @@ typedef struct chan_rec {
 struct cph_ctable {
   uint32_t shards;
   cph_hmap sessions; /* id -> cph_ctable_session */
-  cph_hmap channels; /* name -> chan_rec */
+  cph_hmap channels; /* name -> chan_rec: its subscribers */
+  cph_hmap members;  /* name -> chan_rec: its members that are not subscribers */
   cph_ctable_session **by_shard;
 };
 
@@ -35,8 +36,23 @@ static void session_free(cph_ctable_session *r) {
   for (size_t i = 0; i < r->n_subs; i++)
     free(r->subs[i]);
   free(r->subs);
+  for (size_t i = 0; i < r->n_members; i++)
+    free(r->members[i]);
+  free(r->members);
   free(r->id);
   free(r);
+}
+
+/* Frees a channel index (channels or members) and its records. */
+static void chans_free(cph_hmap *map) {
+  for (size_t i = 0; i < map->cap; i++)
+    if (map->slots[i].key) {
+      chan_rec *c = map->slots[i].value;
+      free(c->name);
+      free(c->ids);
+      free(c);
+    }
+  cph_hmap_free(map);
 }
 
 void cph_ctable_free(cph_ctable *t) {
@@ -46,20 +62,14 @@ void cph_ctable_free(cph_ctable *t) {
     if (t->sessions.slots[i].key)
       session_free(t->sessions.slots[i].value);
   cph_hmap_free(&t->sessions);
-  for (size_t i = 0; i < t->channels.cap; i++)
-    if (t->channels.slots[i].key) {
-      chan_rec *c = t->channels.slots[i].value;
-      free(c->name);
-      free(c->ids);
-      free(c);
-    }
-  cph_hmap_free(&t->channels);
+  chans_free(&t->channels);
+  chans_free(&t->members);
   free(t->by_shard);
   free(t);
 }
 
-static void chan_unlink(cph_ctable *t, const char *channel, const char *id) {
-  chan_rec *c = cph_hmap_get(&t->channels, channel);
+static void chan_unlink(cph_hmap *map, const char *channel, const char *id) {
+  chan_rec *c = cph_hmap_get(map, channel);
   if (!c)
     return;
   for (size_t i = 0; i < c->n; i++)
@@ -68,19 +78,19 @@ static void chan_unlink(cph_ctable *t, const char *channel, const char *id) {
       break;
     }
   if (c->n == 0) {
-    cph_hmap_del(&t->channels, c->name);
+    cph_hmap_del(map, c->name);
     free(c->name);
     free(c->ids);
     free(c);
   }
 }
 
-/* Links r into channel; false on out of memory. */
-static bool chan_link(cph_ctable *t, const char *channel, const char *id) {
-  chan_rec *c = cph_hmap_get(&t->channels, channel);
+/* Links id into channel's list in map; false on out of memory. */
+static bool chan_link(cph_hmap *map, const char *channel, const char *id) {
+  chan_rec *c = cph_hmap_get(map, channel);
   if (!c) {
     c = calloc(1, sizeof *c);
-    if (!c || !(c->name = strdup(channel)) || cph_hmap_put(&t->channels, c->name, c) != CPH_OK) {
+    if (!c || !(c->name = strdup(channel)) || cph_hmap_put(map, c->name, c) != CPH_OK) {
       if (c)
         free(c->name);
       free(c);
@@ -92,7 +102,7 @@ static bool chan_link(cph_ctable *t, const char *channel, const char *id) {
     const char **ids = realloc(c->ids, cap * sizeof *ids);
     if (!ids) {
       if (c->n == 0) {
-        cph_hmap_del(&t->channels, c->name);
+        cph_hmap_del(map, c->name);
         free(c->name);
         free(c);
       }
@@ -105,7 +115,8 @@ static bool chan_link(cph_ctable *t, const char *channel, const char *id) {
   return true;
 }
 
-/* Unlinks r from everything; linked: how many of its channels were linked. */
+/* Unlinks r from everything; linked: how many of its channels were linked (its subscriptions,
+ * then its memberships). */
 static void unlink_session(cph_ctable *t, cph_ctable_session *r, size_t linked) {
   cph_hmap_del(&t->sessions, r->id);
   if (r->shard_prev)
@@ -114,15 +125,17 @@ static void unlink_session(cph_ctable *t, cph_ctable_session *r, size_t linked) 
     t->by_shard[r->shard] = r->shard_next;
   if (r->shard_next)
     r->shard_next->shard_prev = r->shard_prev;
-  for (size_t i = 0; i < linked; i++)
-    chan_unlink(t, r->subs[i], r->id);
+  for (size_t i = 0; i < linked && i < r->n_subs; i++)
+    chan_unlink(&t->channels, r->subs[i], r->id);
+  for (size_t i = r->n_subs; i < linked; i++)
+    chan_unlink(&t->members, r->members[i - r->n_subs], r->id);
 }
 
 void cph_ctable_remove(cph_ctable *t, const char *id) {
   cph_ctable_session *r = cph_hmap_get(&t->sessions, id);
   if (!r)
     return;
-  unlink_session(t, r, r->n_subs);
+  unlink_session(t, r, r->n_subs + r->n_members);
   session_free(r);
 }
 
@@ -149,6 +162,27 @@ bool cph_ctable_put(cph_ctable *t, const char *id, const char *const *subs, size
     }
     r->n_subs++;
   }
+  json_t *member = json_object_get(def, "member");
+  size_t n_member = json_array_size(member);
+  if (n_member && !(r->members = calloc(n_member, sizeof *r->members))) {
+    session_free(r);
+    return false;
+  }
+  for (size_t i = 0; i < n_member; i++) {
+    const char *name = json_string_value(json_array_get(member, i));
+    bool seen = !name;
+    for (size_t j = 0; !seen && j < r->n_subs; j++)
+      seen = strcmp(r->subs[j], name) == 0;
+    for (size_t j = 0; !seen && j < r->n_members; j++)
+      seen = strcmp(r->members[j], name) == 0;
+    if (seen)
+      continue;
+    if (!(r->members[r->n_members] = strdup(name))) {
+      session_free(r);
+      return false;
+    }
+    r->n_members++;
+  }
   if (cph_hmap_put(&t->sessions, r->id, r) != CPH_OK) {
     session_free(r);
     return false;
@@ -157,12 +191,15 @@ bool cph_ctable_put(cph_ctable *t, const char *id, const char *const *subs, size
   if (r->shard_next)
     r->shard_next->shard_prev = r;
   t->by_shard[r->shard] = r;
-  for (size_t i = 0; i < r->n_subs; i++)
-    if (!chan_link(t, r->subs[i], r->id)) {
+  for (size_t i = 0; i < r->n_subs + r->n_members; i++) {
+    bool sub = i < r->n_subs;
+    if (!chan_link(sub ? &t->channels : &t->members, sub ? r->subs[i] : r->members[i - r->n_subs],
+                   r->id)) {
       unlink_session(t, r, i);
       session_free(r);
       return false;
     }
+  }
   return true;
 }
 
@@ -201,4 +238,10 @@ size_t cph_ctable_subscribers(const cph_ctable *t, const char *channel, const ch
 
 const cph_ctable_session *cph_ctable_shard_first(const cph_ctable *t, uint32_t shard) {
   return shard < t->shards ? t->by_shard[shard] : NULL;
+}
+
+size_t cph_ctable_members(const cph_ctable *t, const char *channel, const char *const **ids) {
+  chan_rec *c = cph_hmap_get(&t->members, channel);
+  *ids = c ? c->ids : NULL;
+  return c ? c->n : 0;
 }

@@ -606,11 +606,102 @@ static void test_cluster_history_an_event_naming_one_session_is_in_everyones_his
   assert_int_equal(copies_sum(c, "failures"), 0);
 }
 
+/* The members' case: sessions t06.. on top of the six. */
+#define OPS_SESSIONS 12
+
+typedef struct ops {
+  cph_test_cluster *c;
+  int turns; /* t06's, answered so far */
+  int member; /* the member on the other node */
+} ops;
+
+static bool answer_ops_note(void *ctx, int n, json_t *turn, int s) {
+  ops *o = ctx;
+  (void)s;
+  cph_tc_complete(o->c, n, turn, "noted the ops note");
+  return ++o->turns == 3;
+}
+
+/* The member's turn (it was mentioned): its lease shows the channel's earlier notes once each. */
+static bool answer_member(void *ctx, int n, json_t *turn, int s) {
+  ops *o = ctx;
+  json_t *messages = json_object_get(turn, "messages");
+  for (int k = 1; k <= 3; k++) {
+    char note[64];
+    snprintf(note, sizeof note, "ops note %d: the deploy window moved", k);
+    expect_once(messages, note, s, n, "an event of a channel it is a member of, on the other node");
+  }
+  cph_tc_complete(o->c, n, turn, "seen");
+  return true;
+}
+
+/* A member of a channel reads its history too (DESIGN §2: it sees the channel, and is
+ * triggered only when mentioned), but a channel's events are forwarded only to its subscribers
+ * and to whom they mention: a member on a node with no subscriber of the channel saw none of
+ * them. The channel's owner now copies them there (clusterflow.h 15.). t06 subscribes to "ops",
+ * a member of it lives on the other node; three notes to "ops", then one mentioning the member:
+ * its lease shows the three notes once each (failed before: 0 times). */
+static void test_cluster_history_a_member_on_another_node_sees_the_channel(void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int six[SESSIONS];
+  all_up(c, six);
+  int owner[OPS_SESSIONS];
+  for (int s = 0; s < OPS_SESSIONS; s++)
+    owner[s] = -1;
+  owner[6] = cph_tc_post_on_owner(c, 0, "/v1/sessions",
+                                  "{\"id\":\"t06\",\"class\":\"interactive\",\"subscribe\":"
+                                  "[\"ops\"]}");
+  ops o = {c, 0, -1};
+  for (int s = 7; s < OPS_SESSIONS; s++) {
+    char body[128];
+    snprintf(body, sizeof body,
+             "{\"id\":\"t%02d\",\"class\":\"interactive\",\"member\":[\"ops\"]}", s);
+    int at = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
+    if (at != owner[6] && o.member < 0) {
+      o.member = s;
+      owner[s] = at;
+    }
+  }
+  if (o.member < 0)
+    fail_msg("none of t07..t11 lives on the node t06 does not (n%d)", 1 - owner[6]);
+  cph_tc_wait_known(c, SESSIONS + 1 + (OPS_SESSIONS - 7));
+  long long sent0 = copies_sum(c, "sent"),
+            applied0 = copies_sum(c, "stored") + copies_sum(c, "held");
+  for (int k = 1; k <= 3; k++) {
+    char body[160];
+    snprintf(body, sizeof body,
+             "{\"events\":[{\"channel\":\"ops\",\"sender\":\"dana\",\"body\":\"ops note "
+             "%d: the deploy window moved\"}]}",
+             k);
+    cph_test_response r = cph_test_api(c->port[k % NODES], "POST", "/v1/events", NULL, body);
+    if (r.status != 200)
+      fail_msg("posting ops note %d: %d %s", k, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+  }
+  cph_tc_lease_each(c, owner[6], owner, OPS_SESSIONS, answer_ops_note, &o, "t06's ops notes");
+  copies_settle(c, sent0, applied0, "the ops notes"); /* the notes' copies applied */
+  char body[192];
+  snprintf(body, sizeof body,
+           "{\"events\":[{\"channel\":\"ops\",\"sender\":\"dana\",\"mentions\":"
+           "[\"t%02d\"],\"body\":\"t%02d, did you see the notes?\"}]}",
+           o.member, o.member);
+  cph_test_response r = cph_test_api(c->port[0], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting the mention: %d %s", r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  int only[OPS_SESSIONS];
+  for (int s = 0; s < OPS_SESSIONS; s++)
+    only[s] = s == o.member ? owner[s] : -1;
+  cph_tc_lease_each(c, owner[o.member], only, OPS_SESSIONS, answer_member, &o, "the member's turn");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_history_a_moved_sessions_channels_show_what_it_answered),
       cmocka_unit_test(test_cluster_history_agents_on_other_nodes_see_each_others_replies),
       cmocka_unit_test(test_cluster_history_an_event_naming_one_session_is_in_everyones_history),
+      cmocka_unit_test(test_cluster_history_a_member_on_another_node_sees_the_channel),
       cmocka_unit_test(
           test_cluster_history_a_moved_sessions_next_turn_shows_the_same_conversation),
   };
