@@ -1,7 +1,7 @@
 /* The cluster's session table (server/clustertable.h): what forwarding and adoption read. A
- * session's channels and shard, a channel's subscribers (each once), the sessions of a shard,
- * and the records of the key-value bucket as the watch delivers them — puts that replace,
- * deletes, malformed records. */
+ * session's channels and shard, a channel's subscribers (each once) and its members (each once,
+ * not the subscribed), the sessions of a shard, and the records of the key-value bucket as the
+ * watch delivers them — puts that replace, deletes, malformed records. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -121,11 +121,44 @@ static void test_cluster_table_shard_lists_hold_each_session_once(void **state) 
   cph_ctable_free(t);
 }
 
+/* Members come from the definition's "member": a channel's members are the sessions that read
+ * it without subscribing (a subscriber listed as a member too is a subscriber only), each
+ * once; a put that drops a membership and a remove take the session off. */
+static void test_cluster_table_members_of_a_channel(void **state) {
+  (void)state;
+  cph_ctable *t = cph_ctable_new(SHARDS);
+  const char rec[] = "{\"subscribe\":[\"ops\"],\"def\":{\"class\":\"interactive\","
+                     "\"member\":[\"general\",\"ops\",\"general\",\"war-room\"]}}";
+  assert_true(cph_ctable_record(t, "carol", rec, strlen(rec)));
+  json_t *def = json_pack("{s[s]}", "member", "general");
+  assert_true(cph_ctable_put(t, "dave", NULL, 0, def));
+  json_decref(def);
+  const char *const *ids = NULL;
+  assert_int_equal(cph_ctable_members(t, "general", &ids), 2);
+  assert_true(has(ids, 2, "carol") && has(ids, 2, "dave"));
+  assert_int_equal(cph_ctable_members(t, "ops", &ids), 0); /* carol subscribes to it */
+  assert_int_equal(cph_ctable_subscribers(t, "ops", &ids), 1);
+  assert_int_equal(cph_ctable_members(t, "war-room", &ids), 1);
+  assert_int_equal(cph_ctable_get(t, "carol")->n_members, 2);
+
+  /* carol leaves general and the war room: only dave reads general as a member */
+  const char rec2[] = "{\"subscribe\":[\"ops\"],\"def\":{\"class\":\"interactive\"}}";
+  assert_true(cph_ctable_record(t, "carol", rec2, strlen(rec2)));
+  assert_int_equal(cph_ctable_members(t, "general", &ids), 1);
+  assert_string_equal(ids[0], "dave");
+  assert_int_equal(cph_ctable_members(t, "war-room", &ids), 0);
+  cph_ctable_remove(t, "dave");
+  assert_int_equal(cph_ctable_members(t, "general", &ids), 0);
+  assert_int_equal(cph_ctable_subscribers(t, "ops", &ids), 1);
+  cph_ctable_free(t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_table_a_put_replaces_the_sessions_channels_and_keeps_each_once),
       cmocka_unit_test(test_cluster_table_bucket_records_put_delete_and_malformed),
       cmocka_unit_test(test_cluster_table_shard_lists_hold_each_session_once),
+      cmocka_unit_test(test_cluster_table_members_of_a_channel),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
