@@ -60,17 +60,9 @@ static void seals_free(seal *v, int n) {
 /* Completes turn (of session s, on node n) with "reply <round> of tNN": done. */
 static bool complete(void *ctx, int n, json_t *turn, int s) {
   bench *b = ctx;
-  char path[96], body[256];
-  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-           (long long)json_integer_value(json_object_get(turn, "id")));
-  snprintf(body, sizeof body,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
-           "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
-           json_string_value(json_object_get(turn, "lease")), b->round, s);
-  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
-  if (r.status != 200)
-    fail_msg("%s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-  cph_test_response_free(&r);
+  char reply[64];
+  snprintf(reply, sizeof reply, "reply %d of t%02d", b->round, s);
+  cph_tc_complete_cost(b->c, n, turn, reply, 1, 0);
   return true;
 }
 

@@ -42,17 +42,10 @@ typedef struct bench {
 
 static bool answer(void *ctx, int n, json_t *turn, int s) {
   bench *b = ctx;
-  char path[96], body[512];
-  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-           (long long)json_integer_value(json_object_get(turn, "id")));
-  snprintf(body, sizeof body,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":40,\"tool_calls\":1},"
-           "\"reply\":{\"body\":\"reply %d of t%02d, which repeats what t%02d said before\"}}",
-           json_string_value(json_object_get(turn, "lease")), b->round, s, s);
-  cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
-  if (r.status != 200)
-    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
-  cph_test_response_free(&r);
+  char reply[128];
+  snprintf(reply, sizeof reply, "reply %d of t%02d, which repeats what t%02d said before", b->round,
+           s, s);
+  cph_tc_complete_cost(b->c, n, turn, reply, 40, 1);
   return true;
 }
 

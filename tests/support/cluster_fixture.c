@@ -659,13 +659,18 @@ int cph_tc_list_on_owner(cph_test_cluster *c, int n, const char *path, const cha
 }
 
 void cph_tc_complete(cph_test_cluster *c, int n, json_t *turn, const char *reply) {
+  cph_tc_complete_cost(c, n, turn, reply, 10, 0);
+}
+
+void cph_tc_complete_cost(cph_test_cluster *c, int n, json_t *turn, const char *reply,
+                          int tokens, int tool_calls) {
   char path[96], body[512];
   snprintf(path, sizeof path, "/v1/turns/%lld/complete",
            (long long)json_integer_value(json_object_get(turn, "id")));
   snprintf(body, sizeof body,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
+           "{\"lease\":\"%s\",\"cost\":{\"tokens\":%d,\"tool_calls\":%d},"
            "\"reply\":{\"body\":\"%s\"}}",
-           json_string_value(json_object_get(turn, "lease")), reply);
+           json_string_value(json_object_get(turn, "lease")), tokens, tool_calls, reply);
   cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
   if (r.status != 200)
     fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");

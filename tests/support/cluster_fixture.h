@@ -122,6 +122,9 @@ void cph_tc_lease_each(cph_test_cluster *c, int n, const int *owner, int session
 /* Completes turn (a lease answer's "turn" object, leased on node n) with reply, for 10
  * tokens; fails the test unless the answer is 200. */
 void cph_tc_complete(cph_test_cluster *c, int n, json_t *turn, const char *reply);
+/* The same, reporting the turn's cost as tokens and tool_calls. */
+void cph_tc_complete_cost(cph_test_cluster *c, int n, json_t *turn, const char *reply,
+                          int tokens, int tool_calls);
 /* One round: question `round` posted to t00.. t<sessions - 1> through node round % nodes
  * (cph_tc_ask), then on each of nodes 0..nodes - 1 every session it owns leased and answered
  * (cph_tc_lease_each with answer and ctx; "round <round>" in a failure). */

@@ -473,6 +473,22 @@ static cph_store *open_always(const char *dir, cph_err *err) {
   return open_store(dir, CPH_SYNC_ALWAYS, err);
 }
 
+/* Opens file `name` of dir for writing (its path into path), asserting it opened. */
+static int open_in(const char *dir, const char *name, char *path, size_t cap) {
+  snprintf(path, cap, "%s/%s", dir, name);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  return fd;
+}
+
+/* Flips the bits of mask in the byte at off of fd. */
+static void flip_byte(int fd, off_t off, uint8_t mask) {
+  uint8_t b;
+  assert_int_equal(pread(fd, &b, 1, off), 1);
+  b ^= mask;
+  assert_int_equal(pwrite(fd, &b, 1, off), 1);
+}
+
 /* The last record of the log cut short (a machine crash while it was written): it was never
  * acknowledged as durable, so the store comes back at the commit before it, and says so. */
 static void test_a_torn_last_record_reopens_at_the_commit_before_it(void **state) {
@@ -481,9 +497,7 @@ static void test_a_torn_last_record_reopens_at_the_commit_before_it(void **state
   crash_after_commits(dir, 20);
   /* walk wal.0's records to the 20th and damage its last byte */
   char p[4200];
-  snprintf(p, sizeof p, "%s/wal.0", dir);
-  int fd = open(p, O_RDWR);
-  assert_true(fd >= 0);
+  int fd = open_in(dir, "wal.0", p, sizeof p);
   off_t off = 0, last = -1;
   for (int i = 1; i <= 20; i++) {
     uint8_t head[16];
@@ -496,10 +510,7 @@ static void test_a_torn_last_record_reopens_at_the_commit_before_it(void **state
     last = off + 16 + (off_t)len - 1;
     off += 16 + (off_t)len;
   }
-  uint8_t b;
-  assert_int_equal(pread(fd, &b, 1, last), 1);
-  b ^= 0xff;
-  assert_int_equal(pwrite(fd, &b, 1, last), 1);
+  flip_byte(fd, last, 0xff);
   close(fd);
 
   cph_store *s;
@@ -524,9 +535,7 @@ static void test_a_scribbled_meta_page_loses_nothing(void **state) {
   char *dir = cph_test_tmpdir("walmeta");
   crash_after_commits(dir, 30);
   char p[4200];
-  snprintf(p, sizeof p, "%s/data.mdb", dir);
-  int fd = open(p, O_RDWR);
-  assert_true(fd >= 0);
+  int fd = open_in(dir, "data.mdb", p, sizeof p);
   uint8_t junk[8192];
   memset(junk, 0xab, sizeof junk);
   assert_int_equal(pwrite(fd, junk, sizeof junk, 0), (ssize_t)sizeof junk);
@@ -556,13 +565,8 @@ static void test_a_damaged_checkpoint_is_an_error_naming_it(void **state) {
   char *dir = cph_test_tmpdir("walckpt");
   crash_after_commits(dir, 3);
   char p[4200];
-  snprintf(p, sizeof p, "%s/checkpoint", dir);
-  int fd = open(p, O_RDWR);
-  assert_true(fd >= 0);
-  uint8_t b;
-  assert_int_equal(pread(fd, &b, 1, 30), 1);
-  b ^= 1;
-  assert_int_equal(pwrite(fd, &b, 1, 30), 1);
+  int fd = open_in(dir, "checkpoint", p, sizeof p);
+  flip_byte(fd, 30, 1);
   close(fd);
   cph_err err = {0};
   cph_store *s = open_store(dir, CPH_SYNC_ALWAYS, &err);
