@@ -102,6 +102,9 @@ struct cph_engine {
   struct held_pass *held;    /* committed passes whose answers wait; oldest first */
   size_t n_held, cap_held;
   uint64_t acked_reply_id;   /* the newest reply acknowledged (cph_engine_last_reply_id) */
+  /* When the store's span (store.h: one write txn across passes, :always) began, as this
+   * engine's clock saw it after the pass that began it; 0 while none is open. */
+  int64_t span_t0_ns;
 
   /* Kept across memory rebuilds (opened with the engine). */
   cph_metrics *metrics;   /* metrics.h: live counters */
@@ -446,6 +449,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
    * in the page cache). */
   if (cph_store_release_pages(e->env.store) != CPH_OK)
     cph_warn("could not release the store pages read while loading (madvise)");
+  cph_store_span_enable(e->env.store, policy->store.span_ms > 0);
   *out = e;
   return CPH_OK;
 fail:
@@ -541,6 +545,8 @@ int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err) {
   cph_policy_free(e->env.policy);
   e->env.policy = policy;
   e->env.policy_generation++;
+  e->span_t0_ns = 0; /* the sync-mode change ended the span */
+  cph_store_span_enable(e->env.store, policy->store.span_ms > 0);
   if (e->env.providers && e->env.providers->configure)
     e->env.providers->configure(e->env.providers->ctx, &policy->providers);
   e->sched_config_dirty = true; /* applied at the start of the next pass (issue: live reload) */
@@ -588,11 +594,58 @@ bool cph_engine_cancel_lease(cph_engine *e, cph_op *op) {
   return turns_cancel_wait(&e->turns, op) || op_queue_remove(&e->ops, op);
 }
 
-bool cph_engine_pass_wanted(const cph_engine *e) { return e->ops.len > 0 || e->staged_last_pass; }
+/* ---- the span (store.h): passes commit into one LMDB write txn, committed every
+ * :store :span-ms or SPAN_MAX_BYTES of log, whichever comes first ---- */
+
+/* A bound on the span's dirty pages (LMDB holds at most 131,072 of them in a txn chain): its
+ * passes' log records are about the bytes they wrote. */
+#define SPAN_MAX_BYTES (64u << 20)
+
+static int64_t span_deadline_ns(const cph_engine *e) {
+  return e->span_t0_ns ? e->span_t0_ns + e->env.policy->store.span_ms * CPH_NS_PER_MS
+                       : INT64_MAX;
+}
+
+static bool span_due(const cph_engine *e) {
+  return cph_store_span_open(e->env.store) &&
+         (env_now(&e->env) >= span_deadline_ns(e) ||
+          cph_store_span_bytes(e->env.store) >= SPAN_MAX_BYTES);
+}
+
+/* Commits the span. Should that fail, the store applies its passes again from the log; a
+ * full map is grown for that here (as for a pass's writes), up to :server :max-map-size-mb. */
+static void span_end(cph_engine *e) {
+  cph_store *st = e->env.store;
+  e->span_t0_ns = 0;
+  cph_err err = {0};
+  int rc = cph_store_span_end(st, &err);
+  size_t max = (size_t)e->env.policy->server.max_map_size_mb << 20;
+  for (int tries = 0; (rc == CPH_EFULL || rc == CPH_EBUSY) && tries < 8; tries++)
+    rc = cph_store_grow(st, max, &err); /* it replays the span's passes once it grew */
+  if (rc)
+    cph_error("%s", err.msg); /* the next write's begin tries the replay again */
+}
+
+/* After a pass committed: the span's clock starts with the pass that began it. */
+static void span_after_pass(cph_engine *e) {
+  if (!cph_store_span_open(e->env.store))
+    return;
+  if (!e->span_t0_ns)
+    e->span_t0_ns = env_now(&e->env);
+  if (span_due(e))
+    span_end(e);
+}
+
+bool cph_engine_pass_wanted(const cph_engine *e) {
+  return e->ops.len > 0 || e->staged_last_pass || span_due(e);
+}
 
 int64_t cph_engine_next_wakeup_ns(cph_engine *e) {
   int64_t next = turns_next_deadline_ns(&e->turns);
   int64_t tick = sessions_next_tick_ns(&e->sessions);
+  int64_t span = span_deadline_ns(e); /* an idle loop commits the span too */
+  if (span < next)
+    next = span;
   return tick < next ? tick : next;
 }
 
@@ -813,8 +866,9 @@ int cph_engine_run_pass(cph_engine *e) {
   }
   memaccess_pass_end(&e->memory.access, true, env_now(&e->env));
   memory_pass_end(&e->memory);
+  span_after_pass(e);
   if (e->grow_retry.len)
-    grow_map(e);
+    grow_map(e); /* the store ends the span first */
   /* What this pass's answers wait for (the file comment). :batch and :none: nothing. */
   uint64_t need = 0;
   if (always) {
@@ -1128,6 +1182,8 @@ int cph_engine_context_diff(cph_engine *e, const char *session, uint64_t from, u
     return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
   return turnlog_diff(e->env.store, session, from, to, out, err);
 }
+
+void cph_engine_backup_begin(cph_engine *e) { span_end(e); }
 
 int cph_engine_backup(cph_engine *e, const char *dir, cph_err *err) {
   return cph_store_copy(e->env.store, dir, err); /* reads only: no engine state touched */

@@ -123,6 +123,9 @@ static const ps_field store_fields[] = {
            "fsync :always (each commit), :batch (every :sync-interval-ms) or :none"),
     INT(cph_policy_store, "sync-interval-ms", sync_interval_ms, 1, 60000, 100,
         "fsync interval under :sync :batch"),
+    INT(cph_policy_store, "span-ms", span_ms, 0, 1000, 100,
+        "under :sync :always, the longest one LMDB write transaction spans passes (each pass "
+        "committed into it and written to the log); 0 = a transaction per pass"),
 };
 static const ps_table store_table = TABLE(cph_policy_store, store_fields, PS_NO_ID);
 

@@ -90,6 +90,7 @@ int cph_backup_start(cph_backup *b, cph_engine *e, const char *dir, cph_err *err
     pthread_join(b->thread, NULL);
     b->joinable = false;
   }
+  cph_engine_backup_begin(e); /* the copy holds every write answered before it */
   pthread_mutex_lock(&b->mu);
   b->state = BK_RUNNING;
   b->engine = e;

@@ -35,6 +35,7 @@
 #include <event2/http.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -369,7 +370,20 @@ static void shutdown_all(cph_srv *s) {
   cph_wake_free(&s->flushed);
 }
 
+/* LMDB allocates a nested transaction's page lists (2 MiB and 1 MiB) when it begins and frees
+ * them when it ends: for every pass committed into the store's span (store.h) and every
+ * request of a pass after its first. By default glibc gives such blocks back to the kernel at
+ * each free (its trim threshold follows its dynamic mmap threshold up) and the next begin
+ * faults them in again: a sixth of the loop's samples in the span's profile
+ * (bench/PROFILE.md "One write transaction across passes"). Fixed thresholds keep them in
+ * the heap; at most 16 MiB of freed memory at the heap's top stays mapped. */
+static void malloc_keep_txn_lists(void) {
+  mallopt(M_MMAP_THRESHOLD, 4 << 20);
+  mallopt(M_TRIM_THRESHOLD, 16 << 20);
+}
+
 int main(int argc, char **argv) {
+  malloc_keep_txn_lists();
   const char *policy_path = NULL, *data_dir = NULL, *listen_arg = NULL, *level_arg = NULL;
   static const struct option longopts[] = {
       {"policy", required_argument, NULL, 'p'}, {"data", required_argument, NULL, 'd'},

@@ -289,6 +289,21 @@ fail:
 void cph_store_close(cph_store *s) {
   if (!s)
     return;
+  cph_err span_err = {0};
+  int span_rc = cph_store_span_end(s, &span_err);
+  if (span_rc == CPH_OK)
+    span_rc = cph_store_span_replay(s, &span_err);
+  if (span_rc != CPH_OK) {
+    /* Its passes stay in the log, and the checkpoint the next open replays them from: a
+     * failed flush keeps it (cph_wal_stop). */
+    cph_error("closing the store: %s", span_err.msg);
+    pthread_mutex_lock(&s->flush_mu);
+    if (atomic_load(&s->flush_failed) == CPH_OK) {
+      snprintf(s->flush_msg, sizeof s->flush_msg, "%.255s", span_err.msg);
+      atomic_store(&s->flush_failed, span_err.code ? span_err.code : CPH_EIO);
+    }
+    pthread_mutex_unlock(&s->flush_mu);
+  }
   cph_store_flusher_stop(s);
   if (s->wal) {
     cph_err err = {0};
@@ -365,13 +380,23 @@ bool cph_store_map_full(cph_store *s) { return atomic_load(&s->map_full); }
 void cph_store_note_map_full(cph_store *s) { atomic_store(&s->map_full, true); }
 
 int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err) {
+  /* A remap needs every txn ended: the span's passes land in the data file first. A span
+   * whose commit, or whose replay, found the map full is replayed once it grew. */
+  int rc = cph_store_span_end(s, err);
+  if (rc && !(rc == CPH_EFULL && s->replay_pending))
+    return rc;
   if (atomic_load(&s->open_txns) > 0)
     return cph_err_set(err, CPH_EBUSY, "data dir '%s': the map cannot grow while a "
                        "transaction or a backup reads it", s->dir);
   /* Under the log, the pages freed since the oldest checkpoint pin are not reusable yet: a
    * checkpoint now releases them. Once per full map: if the retry finds it full again, the
    * map grows (or the write fails) as without the log. */
-  int rc = cph_wal_make_room(s, err);
+  rc = cph_wal_make_room(s, err);
+  if (rc == CPH_EBUSY && s->replay_pending) { /* the room may be enough for it */
+    int replayed = cph_store_span_replay(s, err);
+    if (replayed)
+      return replayed;
+  }
   if (rc != CPH_OK)
     return rc; /* CPH_EBUSY: room made, try again; or the checkpoint's failure */
   MDB_envinfo info;
@@ -401,7 +426,7 @@ int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err) {
     return cph_err_set(err, cph_store_map_error(e), "data dir '%s': growing the map to %zu MiB "
                        "failed: %s", s->dir, want >> 20, mdb_strerror(e));
   atomic_store(&s->map_full, false);
-  return CPH_OK;
+  return cph_store_span_replay(s, err); /* CPH_OK when none waits */
 }
 
 int cph_store_sync(cph_store *s, cph_err *err) {
@@ -432,16 +457,22 @@ int cph_store_sync(cph_store *s, cph_err *err) {
 }
 
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
+  /* The span's passes are in the log this change may stop: into the data file first. */
+  int rc = cph_store_span_end(s, err);
+  if (rc == CPH_OK)
+    rc = cph_store_span_replay(s, err);
+  if (rc)
+    return rc;
   bool always = mode == CPH_SYNC_ALWAYS, was = s->sync == CPH_SYNC_ALWAYS;
   if (was && !always) {
     /* The data file flushed and the checkpoint dropped: every commit so far is durable. */
-    int rc = cph_wal_stop(s, err);
+    rc = cph_wal_stop(s, err);
     if (rc)
       return rc;
   } else if (!was && always) {
     /* The first checkpoint flushes the data file: earlier unsynced commits are not left
      * behind. */
-    int rc = cph_wal_start(s, err);
+    rc = cph_wal_start(s, err);
     if (rc)
       return rc;
   }

@@ -208,6 +208,39 @@ void cph_store_note_map_full(cph_store *s);
  * mark cleared: apply the write again); the next call after that grows. */
 int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err);
 
+/* ---- one write transaction across passes: the span (:sync :always only) ----
+ * With the span on, a top-level write txn begun on the writer thread is a child of one
+ * long-lived LMDB write txn (the span), begun with the first of them. Committing such a txn
+ * (a pass) commits it into the span and writes its record to the log — numbered, and made
+ * durable by the log's flush exactly as a top-level commit's (store.h "durability"): a
+ * process killed with the span open loses nothing acknowledged, an open replays it. The
+ * span's own LMDB commit (cph_store_span_end) then writes the data file's pages of many
+ * passes once — the hot pages of a turn cycle are rewritten once per span, not once per
+ * pass — and may start a checkpoint; checkpoints start only there.
+ *
+ * Reads see every committed pass: a read txn begun on the writer thread while the span is
+ * open reads through the innermost txn of the open chain (`view`; ending it ends nothing).
+ * Begin and end such a read within one call: it must not stay open across a write txn's
+ * begin, commit or abort. Other threads read snapshots (a copy, a checkpoint): they see the
+ * span's passes once it ended, so the caller ends it first where that matters (a backup).
+ *
+ * The span ends (commits) when the caller says (cph_store_span_end: by time and size), and by
+ * itself before the map grows, the sync mode changes or the store closes. Should its LMDB
+ * commit fail (a full map or disk while writing pages), its passes are applied again from
+ * the log in a new top-level txn (cph_store_span_replay: at once, and before any later write
+ * begins); until that succeeds, write txns fail to begin, saying why. Off by default; only
+ * while the log is on (:always). */
+void cph_store_span_enable(cph_store *s, bool on);
+bool cph_store_span_open(const cph_store *s);
+/* Log bytes the open span's passes wrote (a bound on its dirty pages), 0 when none is open. */
+size_t cph_store_span_bytes(const cph_store *s);
+/* Commits the open span (CPH_OK when none is open). On failure its passes await a replay. */
+int cph_store_span_end(cph_store *s, cph_err *err);
+bool cph_store_span_replay_pending(const cph_store *s);
+/* Applies the passes of a span whose commit failed again, from the log. CPH_EFULL with the
+ * map marked full (cph_store_map_full) when the map needs to grow first. */
+int cph_store_span_replay(cph_store *s, cph_err *err);
+
 typedef struct cph_store_stats {
   size_t map_size;   /* bytes reserved */
   size_t used_bytes; /* pages in use * page size */
@@ -263,6 +296,9 @@ typedef struct cph_txn {
    * LMDB refuses a parent's calls while its child is open — a borrowed child included. */
   struct cph_txn *child;
   size_t wal_mark; /* a child's: the log's record buffer length when it began (store/wal.c) */
+  /* The span (below): `span` marks the long-lived top-level txn itself; `view` a read txn
+   * that reads through the open span chain instead of a snapshot of its own. */
+  bool span, view;
 } cph_txn;
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t);

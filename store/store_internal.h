@@ -5,6 +5,7 @@
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/types.h>
 
 #include "store.h"
 
@@ -33,6 +34,12 @@ typedef struct cph_counter_table {
     cph_counter *c;
   } memo[CPH_COUNTER_MEMO];
 } cph_counter_table;
+
+/* Where a record begins in the log: its file and offset. */
+typedef struct cph_wal_pos {
+  unsigned file;
+  off_t off;
+} cph_wal_pos;
 
 struct cph_store {
   MDB_env *env;
@@ -66,11 +73,36 @@ struct cph_store {
    * the log in the order they land, whichever thread writes. */
   pthread_mutex_t write_mu;
   struct cph_wal *wal; /* the write-ahead log of :always (wal.c); allocated at open */
+
+  /* The span (store.h; span.c). Writer thread only. */
+  bool span_on;      /* asked for (cph_store_span_enable); used only while the log is on */
+  bool span_open;
+  cph_txn span;
+  pthread_t span_thread; /* the writer thread: reads there go through the span */
+  uint64_t span_base;    /* commit_seq when it began: LMDB holds every commit up to it */
+  size_t span_bytes;     /* log bytes its passes wrote */
+  /* A span whose commit failed: its passes' records, commits span_base+1 .. replay_last,
+   * start at replay_at in the log, and wait to be applied again (cph_store_span_replay). */
+  bool replay_pending;
+  uint64_t replay_first, replay_last;
+  bool span_commit_fails; /* tests: the next span commit fails (its LMDB txn aborted) */
+  cph_wal_pos span_at, replay_at;
 };
 
 /* ---- the write-ahead log (wal.c; the file's head comment says how it works) ----
  * All run on the writer thread (holding write_mu, or at open/close) except cph_wal_sync and
  * cph_wal_on, which any thread may call. */
+/* ---- the span (span.c; store.h) ---- writer thread
+ * cph_txn_begin's top-level begin without the span; whether write begins go into the span;
+ * a pass begun in it (a child of the span, which begins first when none is open; a replay
+ * that waits runs first); a read through the open span chain (false: none here, read a
+ * snapshot); a pass landed in it with its record of `bytes`. */
+int cph_txn_begin_top(cph_store *s, bool write, cph_txn *t);
+bool cph_span_wanted(const cph_store *s);
+int cph_span_begin_pass(cph_store *s, cph_txn *t);
+bool cph_span_view(cph_store *s, cph_txn *t);
+void cph_span_pass_landed(cph_store *s, size_t bytes);
+
 #define CPH_WAL_PUT 1
 #define CPH_WAL_DEL 2
 #define CPH_WAL_EMPTY 3
@@ -102,6 +134,16 @@ void cph_wal_discard(cph_store *s);
 /* A top-level commit that changed something landed in LMDB: its record written to the log,
  * then commit_seq bumped; maybe a checkpoint started. */
 void cph_wal_commit(cph_store *s);
+/* The span (store.h): where the next record goes; a pass landed in the span (its record
+ * written and numbered, no checkpoint: LMDB has not committed it; returns its bytes); the
+ * span committed in LMDB (its own record, if it has one, written; maybe a checkpoint); the
+ * records of commits first..last from `at` applied again in one top-level LMDB txn (a span
+ * whose commit failed). */
+cph_wal_pos cph_wal_pos_next(const cph_store *s);
+size_t cph_wal_commit_pass(cph_store *s);
+void cph_wal_span_end(cph_store *s);
+int cph_wal_replay_span(cph_store *s, cph_wal_pos at, uint64_t first, uint64_t last,
+                        cph_err *err);
 /* The map is full (cph_store_grow, writer thread, no txn open): when the checkpoint pins
  * hold pages freed since an older commit, a checkpoint of the current commit is written now
  * and the older pins released, and CPH_EBUSY says to apply the write again (map_full

@@ -61,6 +61,16 @@ static int check_key(cph_txn *t, cph_db db, const cph_key *k) {
 }
 
 int cph_txn_begin(cph_store *s, bool write, cph_txn *t) {
+  if (cph_span_wanted(s)) { /* store.h "the span" */
+    if (write)
+      return cph_span_begin_pass(s, t);
+    if (cph_span_view(s, t))
+      return CPH_OK;
+  }
+  return cph_txn_begin_top(s, write, t);
+}
+
+int cph_txn_begin_top(cph_store *s, bool write, cph_txn *t) {
   memset(t, 0, sizeof *t);
   t->store = s;
   t->write = write;
@@ -162,6 +172,10 @@ static void lender_restart(cph_txn *t) {
 }
 
 void cph_txn_abort(cph_txn *t) {
+  if (t->view) { /* reads through the span chain: ending it ends nothing there */
+    t->mdb = NULL;
+    return;
+  }
   if (t->mdb && t->write) /* its ops leave the log's record buffer too */
     cph_wal_cut(t->store, t->parent ? t->wal_mark : 0);
   if (t->mdb && t->borrowed) {
@@ -189,6 +203,10 @@ static void commit_landed(cph_txn *t, bool deferred) {
     cph_wal_discard(s);
     return;
   }
+  if (cph_wal_on(s) && t->span) {
+    cph_wal_span_end(s); /* its passes' records went to the log as they landed */
+    return;
+  }
   if (cph_wal_on(s)) {
     /* Its record goes to the log before it gets its number (store/wal.c): a kill -9 from
      * here on loses nothing, and a flush that reads the number finds the record written.
@@ -210,7 +228,14 @@ static void commit_landed(cph_txn *t, bool deferred) {
   }
 }
 
+static void pass_landed(cph_txn *t, bool deferred);
+
 static int txn_commit(cph_txn *t, bool deferred) {
+  if (t->view) {
+    t->mdb = NULL;
+    return CPH_OK;
+  }
+  bool pass = t->parent && t->parent->span, asked_deferred = deferred;
   if (!t->mdb)
     return t->ret ? t->ret : txn_fail(t, CPH_ESTATE, "transaction already ended");
   if (!t->parent && t->n_undo)
@@ -226,6 +251,8 @@ static int txn_commit(cph_txn *t, bool deferred) {
     txn_closed(t);
     counters_end(t, true);
     t->parent->dirty |= t->dirty;
+    if (pass)
+      pass_landed(t, asked_deferred);
     return CPH_OK;
   }
   /* MDB_NOMETASYNC for this commit only, when LMDB syncs at all (not with the log on: then
@@ -243,6 +270,8 @@ static int txn_commit(cph_txn *t, bool deferred) {
   if (rc == MDB_SUCCESS) {
     if (t->parent)
       t->parent->dirty |= t->dirty;
+    if (pass)
+      pass_landed(t, asked_deferred);
     commit_landed(t, deferred);
   } else if (!t->parent) {
     cph_wal_discard(t->store);
@@ -662,6 +691,27 @@ static int counters_write(cph_txn *t) {
     cph_txn_put(t, CPH_DB_META, &k, be, sizeof be);
   }
   return t->ret;
+}
+
+/* A pass (a child of the span, store.h) just committed into it: its changes go to the log
+ * now, as a commit of their own, with the values of the counters the span took ids from
+ * (LMDB gets those only at the span's commit): a replay needs nothing of the span's own
+ * commit. Flushed inline unless the caller deferred it, as a top-level commit's record. */
+static void pass_landed(cph_txn *t, bool deferred) {
+  cph_store *s = t->store;
+  if (!t->dirty)
+    return;
+  cph_txn *span = t->parent;
+  for (size_t i = 0; i < span->n_undo; i++) {
+    cph_key k = counter_key(span->undo[i].c->name);
+    uint8_t be[8];
+    cph_be64_put(be, span->undo[i].c->next);
+    /* A failure leaves the counters out of this record; the span's commit records them. */
+    (void)cph_wal_record(s, CPH_WAL_PUT, CPH_DB_META, k.data, k.len, be, sizeof be);
+  }
+  cph_span_pass_landed(s, cph_wal_commit_pass(s));
+  if (!deferred)
+    cph_wal_sync(s, NULL); /* a failure is sticky: the durable number stays behind */
 }
 
 /* Ends the counter bookkeeping of a txn that just ended: `landed` says whether its writes

@@ -314,7 +314,8 @@ static void buf_reset(cph_wal *w) {
 
 static void maybe_checkpoint(cph_store *s);
 
-void cph_wal_commit(cph_store *s) {
+/* Writes the record buffer as the next commit's record and numbers it; returns its bytes. */
+static size_t record_write(cph_store *s) {
   cph_wal *w = s->wal;
   uint64_t seq = atomic_load(&s->commit_seq) + 1;
   if (w->len == 0) /* a txn that changed something records something: be safe anyway */
@@ -333,7 +334,27 @@ void cph_wal_commit(cph_store *s) {
   pthread_mutex_unlock(&w->mu);
   /* Numbered only now: a sync that reads commit_seq finds this record written. */
   atomic_store(&s->commit_seq, seq);
+  size_t bytes = w->len;
   buf_reset(w);
+  return bytes;
+}
+
+void cph_wal_commit(cph_store *s) {
+  record_write(s);
+  maybe_checkpoint(s);
+}
+
+cph_wal_pos cph_wal_pos_next(const cph_store *s) {
+  return (cph_wal_pos){s->wal->cur, s->wal->off};
+}
+
+/* No checkpoint here: its pin would be a snapshot without this pass (LMDB has not committed
+ * the span), while the checkpoint would say it holds every commit numbered so far. */
+size_t cph_wal_commit_pass(cph_store *s) { return record_write(s); }
+
+void cph_wal_span_end(cph_store *s) {
+  if (s->wal->len) /* the span's own puts: its counters (txn.c counters_write) */
+    record_write(s);
   maybe_checkpoint(s);
 }
 
@@ -961,9 +982,8 @@ static int scan(cph_store *s, rec_ref **out, size_t *n_out, uint8_t **body_buf, 
 }
 
 /* Applies one record's ops in txn. MDB codes; *bad set when the record makes no sense. */
-static int apply(cph_store *s, MDB_txn *txn, const MDB_dbi *map, const uint8_t *p, size_t len,
+static int apply(MDB_txn *txn, const MDB_dbi *map, unsigned ndb, const uint8_t *p, size_t len,
                  bool *bad) {
-  cph_wal *w = s->wal;
   const uint8_t *end = p + len;
   while (p < end) {
     if ((size_t)(end - p) < OP_HEAD)
@@ -974,7 +994,7 @@ static int apply(cph_store *s, MDB_txn *txn, const MDB_dbi *map, const uint8_t *
     memcpy(&kl, p + 2, 2);
     memcpy(&vl, p + 4, 4);
     p += OP_HEAD;
-    if ((size_t)(end - p) < (size_t)kl + vl || db >= w->rec_ndb)
+    if ((size_t)(end - p) < (size_t)kl + vl || db >= ndb)
       return *bad = true, MDB_CORRUPTED;
     MDB_val k = {kl, (void *)p}, v = {vl, (void *)(p + kl)};
     p += kl + vl;
@@ -1025,7 +1045,7 @@ static int replay_batch(cph_store *s, const MDB_dbi *map, const rec_ref *refs, s
         *buf_cap = refs[i].len;
       }
       int e = read_all(w->fds[refs[i].file], *buf, refs[i].len, refs[i].off);
-      rc = e ? e : apply(s, txn, map, *buf, refs[i].len, &bad);
+      rc = e ? e : apply(txn, map, w->rec_ndb, *buf, refs[i].len, &bad);
     }
     if (rc == MDB_SUCCESS)
       return (rc = mdb_txn_commit(txn)) == MDB_SUCCESS
@@ -1122,4 +1142,80 @@ int cph_wal_replay(cph_store *s, cph_err *err) {
                        strerror(e));
   recovery_end(w);
   return CPH_OK;
+}
+
+/* ---------------------------------------------------------------- a span applied again */
+
+/* The span's records were written one after another in one file (checkpoints, which switch
+ * files, start only when a span ends); a record not found where the last one ended is looked
+ * for at the start of the next file all the same, as the open's scan would. */
+int cph_wal_replay_span(cph_store *s, cph_wal_pos at, uint64_t first, uint64_t last,
+                        cph_err *err) {
+  cph_wal *w = s->wal;
+  MDB_txn *txn = NULL;
+  int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+  uint8_t *buf = NULL;
+  size_t cap = 0;
+  bool bad = false, switched = false;
+  uint64_t seq = first;
+  while (rc == MDB_SUCCESS && seq <= last) {
+    uint8_t head[REC_HEAD];
+    uint32_t len = 0, crc = 0;
+    uint64_t found = 0;
+    int fd = w->fds[at.file];
+    if (fd >= 0 && read_all(fd, head, REC_HEAD, at.off) == 0) {
+      memcpy(&len, head, 4);
+      memcpy(&crc, head + 4, 4);
+      memcpy(&found, head + 8, 8);
+    }
+    if (found != seq) {
+      if (switched) {
+        bad = true;
+        break;
+      }
+      switched = true;
+      at = (cph_wal_pos){(at.file + 1) % LOG_FILES, 0};
+      continue;
+    }
+    if (len > cap) {
+      uint8_t *nb = realloc(buf, len);
+      if (!nb) {
+        rc = ENOMEM;
+        break;
+      }
+      buf = nb;
+      cap = len;
+    }
+    int e = read_all(fd, buf, len, at.off + REC_HEAD);
+    if (e || rec_crc(w->salt, seq, buf, len) != crc) {
+      bad = true;
+      break;
+    }
+    rc = apply(txn, s->dbi, CPH_DB_COUNT, buf, len, &bad);
+    at.off += REC_HEAD + (off_t)len;
+    seq++;
+  }
+  free(buf);
+  if (rc == MDB_SUCCESS && !bad) {
+    rc = mdb_txn_commit(txn);
+    txn = NULL;
+  }
+  if (txn)
+    mdb_txn_abort(txn);
+  if (rc == MDB_SUCCESS && !bad)
+    return CPH_OK;
+  if (bad)
+    return cph_err_set(err, CPH_ECORRUPT,
+                       "data dir '%s': applying acknowledged commits %llu..%llu again from the "
+                       "log: commit %llu is not where it was written (restart cephalond: the "
+                       "open replays the log)",
+                       s->dir, (unsigned long long)first, (unsigned long long)last,
+                       (unsigned long long)seq);
+  if (rc == MDB_MAP_FULL)
+    atomic_store(&s->map_full, true);
+  return cph_err_set(err, cph_store_map_error(rc),
+                     "data dir '%s': applying acknowledged commits %llu..%llu again from the log "
+                     "failed at commit %llu: %s",
+                     s->dir, (unsigned long long)first, (unsigned long long)last,
+                     (unsigned long long)seq, mdb_strerror(rc));
 }

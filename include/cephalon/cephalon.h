@@ -931,6 +931,9 @@ int cph_engine_storage_stats(cph_engine *e, cph_engine_storage *out);
  * transaction of its own and writers keep going — but not past cph_engine_close. The copy
  * holds everything committed when it began; a daemon started on dir serves that state. */
 int cph_engine_backup(cph_engine *e, const char *dir, cph_err *err);
+/* On the engine's thread, right before a copy starts elsewhere: what was acknowledged so far
+ * is committed where the copy's transaction sees it (the store's span ends, store.h). */
+void cph_engine_backup_begin(cph_engine *e);
 /* The directory check cph_engine_backup starts with (dir new, or an empty directory), for a
  * caller that wants to refuse a bad dir before starting the copy elsewhere. */
 int cph_engine_backup_dir_check(const char *dir, cph_err *err);

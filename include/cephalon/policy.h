@@ -99,6 +99,7 @@ typedef struct cph_policy_auth {
 typedef struct cph_policy_store {
   cph_policy_sync sync;
   int64_t sync_interval_ms; /* used by CPH_POLICY_SYNC_BATCH */
+  int64_t span_ms; /* :always: how long one LMDB write txn spans passes; 0 = none (store.h) */
 } cph_policy_store;
 
 typedef struct cph_policy_lane_budget {

@@ -825,7 +825,7 @@ static void test_unknown_key_suggests_the_closest(void **state) {
                ":max-events-per-minute?");
   /* Nothing close. { 1, :store 2-7, { 9, :flavour at 10 */
   expect_error("{:store {:flavour :always}}",
-               "p.edn:1:10: :store :flavour: unknown key, expected one of :sync, :sync-interval-ms");
+               "p.edn:1:10: :store :flavour: unknown key, expected one of :sync, :sync-interval-ms, :span-ms");
   /* Inside a channel entry. { 27, "c" 28-30, { 32, :max-stop at 33 */
   expect_error("{:backpressure {:channels {\"c\" {:max-stop 1}}}}",
                "p.edn:1:33: :backpressure :channels \"c\" :max-stop: unknown key, did you mean "

@@ -1,7 +1,8 @@
 /* The write-ahead log of :sync :always (store/wal.c) on real LMDB in temp dirs: a process
  * killed with SIGKILL at a random moment reopens with exactly what it committed (no less
- * than it saw durable); a torn last record, a scribbled meta page, a damaged checkpoint and
- * mode switches. Seeds: CPH_PROPERTY_SEED / CPH_PROPERTY_CASES (tests/support/prop.h). */
+ * than it saw durable), with and without one write txn spanning its commits (the span, whose
+ * own commit may fail and be applied again from the log), and a read after each commit sees
+ * it; a torn last record, a scribbled meta page, a damaged checkpoint and mode switches. Seeds: CPH_PROPERTY_SEED / CPH_PROPERTY_CASES (tests/support/prop.h). */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -216,6 +217,34 @@ static void run_ops(rng *r, cph_store *s, cph_txn *t, model *m, int depth) {
 
 static void flushed(void *ctx) { (void)ctx; }
 
+/* A read txn begun after a commit sees it: with the span (store.h) open, it reads through it. */
+static void read_sees_commits(rng *r, cph_store *s, const model *m) {
+  cph_txn t;
+  if (cph_txn_begin(s, false, &t) != CPH_OK)
+    child_fail(t.err.msg, -1, -1);
+  for (int n = 0; n < 4; n++) {
+    int d = (int)below(r, NDB), i = (int)below(r, NKEY);
+    cph_key k = key_of(i);
+    cph_val v;
+    int rc = cph_txn_get(&t, DBS[d], &k, &v);
+    const slot *sl = &m->s[d][i];
+    if (rc == CPH_ENOTFOUND ? sl->present
+                            : rc != CPH_OK || !sl->present || v.len != sl->len ||
+                                  entry_hash(d, k.data, k.len, v.data, v.len) != sl->h)
+      child_fail("a read after a commit disagrees with it", d, i);
+  }
+  cph_txn_abort(&t);
+}
+
+/* A full map (a pass's, a span's commit, a span's replay): grown, as the engine does. */
+static void grow_or_fail(cph_store *s, cph_err *err) {
+  int g = CPH_EFULL;
+  for (int tries = 0; tries < 8 && (g == CPH_EFULL || g == CPH_EBUSY); tries++)
+    g = cph_store_grow(s, (size_t)1 << 30, err);
+  if (g != CPH_OK && g != CPH_EBUSY) /* EBUSY: a checkpoint made room */
+    child_fail(err->msg, -1, -1);
+}
+
 static void child_main(uint64_t seed, const char *dir, int fd) {
   g_pipe = fd;
   rng r = {seed};
@@ -233,6 +262,11 @@ static void child_main(uint64_t seed, const char *dir, int fd) {
     child_fail("the store is not empty at the start", -1, -1);
   uint64_t durable = 0;
   bool always = true;
+  /* Half the cases commit into a span (store.h): its passes' records make them durable, its
+   * own commit comes every few txns, a quarter of those fail and are applied again from the
+   * log (span_commit_fails). */
+  bool span = below(&r, 2) == 0;
+  cph_store_span_enable(s, span);
   say('R', 0, 0); /* the parent's timer starts now: opening made the log files */
   for (;;) {
     if (below(&r, 150) == 0) { /* leave :always, or come back to it */
@@ -262,9 +296,21 @@ static void child_main(uint64_t seed, const char *dir, int fd) {
         say('F', seq, 0);
       if (rc != CPH_EFULL)
         child_fail(t.err.msg, -1, -1);
-      int g = cph_store_map_full(s) ? cph_store_grow(s, (size_t)1 << 30, &err) : CPH_OK;
-      if (g != CPH_OK && g != CPH_EBUSY) /* EBUSY: a checkpoint made room */
+      if (cph_store_map_full(s))
+        grow_or_fail(s, &err);
+    }
+    if (below(&r, 3) == 0)
+      read_sees_commits(&r, s, &committed);
+    if (span && below(&r, 8) == 0) {
+      s->span_commit_fails = below(&r, 4) == 0;
+      int e = cph_store_span_end(s, &err);
+      if (e == CPH_EFULL)
+        grow_or_fail(s, &err);
+      else if (e != CPH_OK)
         child_fail(err.msg, -1, -1);
+      if (cph_store_span_replay_pending(s))
+        child_fail("a span's passes still wait to be applied again", -1, -1);
+      read_sees_commits(&r, s, &committed);
     }
     if (below(&r, 2) == 0)
       cph_store_flush_async(s);
