@@ -21,7 +21,10 @@
 #include "tests/support/daemon.h"
 #include "tests/support/testutil.h"
 
+/* A long span (README "One write transaction across passes"): the writes of the last second
+ * before the backup are in the span, and the copy must hold them all the same. */
 static const char *POLICY = "{:sessions {:janitor? false}\n"
+                            " :store {:span-ms 1000}\n"
                             " :dedupe {:min-length 1000000}}\n";
 
 #define MAX_ACKED 200000
