@@ -396,6 +396,8 @@ static int engine_migrate(void *trees, uint32_t found, cph_txn *t, cph_err *err)
   return rc;
 }
 
+static void span_enable(cph_engine *e, bool on);
+
 int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engine **out,
                     cph_err *err) {
   *out = NULL;
@@ -449,7 +451,7 @@ int cph_engine_open(cph_policy *policy, const cph_engine_options *opts, cph_engi
    * in the page cache). */
   if (cph_store_release_pages(e->env.store) != CPH_OK)
     cph_warn("could not release the store pages read while loading (madvise)");
-  cph_store_span_enable(e->env.store, policy->store.span_ms > 0);
+  span_enable(e, policy->store.span_ms > 0);
   *out = e;
   return CPH_OK;
 fail:
@@ -546,7 +548,7 @@ int cph_engine_reload(cph_engine *e, cph_policy *policy, cph_err *err) {
   e->env.policy = policy;
   e->env.policy_generation++;
   e->span_t0_ns = 0; /* the sync-mode change ended the span */
-  cph_store_span_enable(e->env.store, policy->store.span_ms > 0);
+  span_enable(e, policy->store.span_ms > 0);
   if (e->env.providers && e->env.providers->configure)
     e->env.providers->configure(e->env.providers->ctx, &policy->providers);
   e->sched_config_dirty = true; /* applied at the start of the next pass (issue: live reload) */
@@ -624,6 +626,15 @@ static void span_end(cph_engine *e) {
     rc = cph_store_grow(st, max, &err); /* it replays the span's passes once it grew */
   if (rc)
     cph_error("%s", err.msg); /* the next write's begin tries the replay again */
+}
+
+/* A span that cannot start (its log's files) leaves a txn per pass, as :span-ms 0 does. */
+static void span_enable(cph_engine *e, bool on) {
+  cph_err err = {0};
+  e->span_t0_ns = 0;
+  if (cph_store_span_enable(e->env.store, on, &err) != CPH_OK)
+    cph_warn("store: %s one write transaction across passes: %s", on ? "not using" : "keeping",
+             err.msg);
 }
 
 /* After a pass committed: the span's clock starts with the pass that began it. */

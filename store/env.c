@@ -457,30 +457,31 @@ int cph_store_sync(cph_store *s, cph_err *err) {
 }
 
 int cph_store_set_sync_mode(cph_store *s, cph_sync_mode mode, cph_err *err) {
-  /* The span's passes are in the log this change may stop: into the data file first. */
+  if (mode == s->sync)
+    return CPH_OK;
+  /* The span's passes are in the log this change stops: into the data file first. */
   int rc = cph_store_span_end(s, err);
   if (rc == CPH_OK)
     rc = cph_store_span_replay(s, err);
   if (rc)
     return rc;
-  bool always = mode == CPH_SYNC_ALWAYS, was = s->sync == CPH_SYNC_ALWAYS;
-  if (was && !always) {
-    /* The data file flushed and the checkpoint dropped: every commit so far is durable. */
-    rc = cph_wal_stop(s, err);
-    if (rc)
-      return rc;
-  } else if (!was && always) {
-    /* The first checkpoint flushes the data file: earlier unsynced commits are not left
-     * behind. */
-    rc = cph_wal_start(s, err);
-    if (rc)
-      return rc;
+  /* The log stops (the data file flushed, the checkpoint dropped: every commit so far is in
+   * the data file), and starts again in the new mode if it keeps one: its first checkpoint
+   * then flushes the data file under :always and :batch, so earlier unsynced commits are not
+   * left behind, and a checkpoint taken unflushed under :none is not relied on. */
+  rc = cph_wal_stop(s, err);
+  if (rc)
+    return rc;
+  cph_sync_mode was = s->sync;
+  s->sync = mode;
+  if (store_log_wanted(s) && (rc = cph_wal_start(s, err)) != CPH_OK) {
+    s->sync = was;
+    return rc;
   }
   int e = mdb_env_set_flags(s->env, MDB_NOSYNC, 1); /* :always too: the log syncs, not LMDB */
   if (e)
     return cph_err_set(err, cph_store_map_error(e), "cannot change sync mode: %s",
                        mdb_strerror(e));
-  s->sync = mode;
   if (mode != CPH_SYNC_ALWAYS) /* every commit counts as durable when it returns (store.h) */
     cph_store_note_durable(s, cph_store_commit_seq(s));
   return CPH_OK;

@@ -15,7 +15,28 @@
 #include "common/log.h"
 #include "store_internal.h"
 
-void cph_store_span_enable(cph_store *s, bool on) { s->span_on = on; }
+bool store_log_wanted(const cph_store *s) { return s->sync == CPH_SYNC_ALWAYS || s->span_on; }
+
+int cph_store_span_enable(cph_store *s, bool on, cph_err *err) {
+  if (on == s->span_on)
+    return CPH_OK;
+  if (!on) {
+    int rc = cph_store_span_end(s, err);
+    if (rc == CPH_OK)
+      rc = cph_store_span_replay(s, err);
+    if (rc)
+      return rc;
+  }
+  s->span_on = on;
+  int rc = CPH_OK;
+  if (on && !cph_wal_on(s))
+    rc = cph_wal_start(s, err); /* :batch, :none: the log is what makes a pass stay */
+  else if (!on && !store_log_wanted(s))
+    rc = cph_wal_stop(s, err);
+  if (rc)
+    s->span_on = !on;
+  return rc;
+}
 
 bool cph_store_span_open(const cph_store *s) { return s->span_open; }
 

@@ -228,9 +228,14 @@ int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err);
  * itself before the map grows, the sync mode changes or the store closes. Should its LMDB
  * commit fail (a full map or disk while writing pages), its passes are applied again from
  * the log in a new top-level txn (cph_store_span_replay: at once, and before any later write
- * begins); until that succeeds, write txns fail to begin, saying why. Off by default; only
- * while the log is on (:always). */
-void cph_store_span_enable(cph_store *s, bool on);
+ * begins); until that succeeds, write txns fail to begin, saying why. Off by default.
+ *
+ * Under :batch and :none the span keeps the log too (cph_store_span_enable starts it, with
+ * its checkpoints): its records are written as under :always but flushed only as the mode
+ * says (:batch by the flusher, :none never; a checkpoint under :none flushes nothing), so a
+ * process killed with the span open loses nothing, as without the span. Turning the span on
+ * or off starts or stops the log outside :always (the errors of cph_wal_start/stop). */
+int cph_store_span_enable(cph_store *s, bool on, cph_err *err);
 bool cph_store_span_open(const cph_store *s);
 /* Log bytes the open span's passes wrote (a bound on its dirty pages), 0 when none is open. */
 size_t cph_store_span_bytes(const cph_store *s);

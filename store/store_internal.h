@@ -98,6 +98,8 @@ struct cph_store {
  * that waits runs first); a read through the open span chain (false: none here, read a
  * snapshot); a pass landed in it with its record of `bytes`. */
 int cph_txn_begin_top(cph_store *s, bool write, cph_txn *t);
+/* Whether the log is kept: under :always, and for the span in every mode. */
+bool store_log_wanted(const cph_store *s);
 bool cph_span_wanted(const cph_store *s);
 int cph_span_begin_pass(cph_store *s, cph_txn *t);
 bool cph_span_view(cph_store *s, cph_txn *t);

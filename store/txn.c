@@ -212,7 +212,9 @@ static void commit_landed(cph_txn *t, bool deferred) {
      * here on loses nothing, and a flush that reads the number finds the record written.
      * LMDB flushed nothing (MDB_NOSYNC); the flush is the log's: now, or the next sync. */
     cph_wal_commit(s);
-    if (!deferred)
+    if (s->sync != CPH_SYNC_ALWAYS) /* the log kept for the span (store.h): as without it */
+      cph_store_note_durable(s, cph_store_commit_seq(s));
+    else if (!deferred)
       cph_wal_sync(s, NULL); /* a failure is sticky: the durable number stays behind */
     return;
   }
@@ -710,7 +712,9 @@ static void pass_landed(cph_txn *t, bool deferred) {
     (void)cph_wal_record(s, CPH_WAL_PUT, CPH_DB_META, k.data, k.len, be, sizeof be);
   }
   cph_span_pass_landed(s, cph_wal_commit_pass(s));
-  if (!deferred)
+  if (s->sync != CPH_SYNC_ALWAYS) /* :batch, :none: all they promise (store.h) */
+    cph_store_note_durable(s, cph_store_commit_seq(s));
+  else if (!deferred)
     cph_wal_sync(s, NULL); /* a failure is sticky: the durable number stays behind */
 }
 

@@ -261,19 +261,22 @@ static void child_main(uint64_t seed, const char *dir, int fd) {
   if (store_hash(s, NULL) != 0)
     child_fail("the store is not empty at the start", -1, -1);
   uint64_t durable = 0;
-  bool always = true;
   /* Half the cases commit into a span (store.h): its passes' records make them durable, its
    * own commit comes every few txns, a quarter of those fail and are applied again from the
-   * log (span_commit_fails). */
+   * log (span_commit_fails). A third start in :none or :batch, where the span keeps the log
+   * too, and every case may switch modes now and then. */
+  static const cph_sync_mode MODES[3] = {CPH_SYNC_ALWAYS, CPH_SYNC_NONE, CPH_SYNC_BATCH};
   bool span = below(&r, 2) == 0;
-  cph_store_span_enable(s, span);
+  if (cph_store_span_enable(s, span, &err) != CPH_OK)
+    child_fail(err.msg, -1, -1);
+  if (below(&r, 3) == 0 &&
+      cph_store_set_sync_mode(s, MODES[1 + below(&r, 2)], &err) != CPH_OK)
+    child_fail(err.msg, -1, -1);
   say('R', 0, 0); /* the parent's timer starts now: opening made the log files */
   for (;;) {
-    if (below(&r, 150) == 0) { /* leave :always, or come back to it */
-      always = !always;
-      if (cph_store_set_sync_mode(s, always ? CPH_SYNC_ALWAYS : CPH_SYNC_NONE, &err) != CPH_OK)
-        child_fail(err.msg, -1, -1);
-    }
+    if (below(&r, 150) == 0 &&
+        cph_store_set_sync_mode(s, MODES[below(&r, 3)], &err) != CPH_OK)
+      child_fail(err.msg, -1, -1);
     cph_txn t;
     if (cph_txn_begin(s, true, &t) != CPH_OK)
       child_fail(t.err.msg, -1, -1);
