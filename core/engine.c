@@ -807,7 +807,13 @@ int cph_engine_run_pass(cph_engine *e) {
   }
   int rc = cph_txn_begin(e->env.store, true, &e->env.txn);
   if (rc) {
-    cph_error("pass: %s", e->env.txn.err.msg);
+    /* Nothing can be written (e.g. a span's passes wait to be applied again, store.h): the
+     * operations waiting are answered with the reason rather than left to wait for a pass
+     * that the loop would retry at once, over and over. */
+    char msg[sizeof e->env.txn.err.msg];
+    snprintf(msg, sizeof msg, "%s", e->env.txn.err.msg);
+    cph_error("pass: %s", msg);
+    fail_queue(&e->ops, rc, msg);
     return rc;
   }
   metrics_pass_begin(e->metrics);

@@ -678,8 +678,51 @@ static void test_mode_switches_and_a_clean_close_leave_no_checkpoint(void **stat
   free(dir);
 }
 
+/* A span whose commit fails and whose replay fails too (its first record damaged here, as a
+ * disk error might): writes are refused with the reason, nothing is lost, and once the record
+ * reads right again the next write's begin applies the passes and goes on. */
+static void test_a_span_that_cannot_be_applied_again_refuses_writes_until_it_is(void **state) {
+  (void)state;
+  char *dir = cph_test_tmpdir("walspan");
+  cph_err err = {0};
+  cph_store *s = open_store(dir, CPH_SYNC_ALWAYS, &err);
+  assert_non_null(s);
+  assert_int_equal(cph_store_span_enable(s, true, &err), CPH_OK);
+  put_event(s, 1); /* the span begins with it */
+  assert_true(cph_store_span_open(s));
+  cph_wal_pos at = s->span_at;
+  put_event(s, 2);
+  put_event(s, 3);
+  char name[16], p[4200];
+  snprintf(name, sizeof name, "wal.%u", at.file);
+  int fd = open_in(dir, name, p, sizeof p);
+  flip_byte(fd, at.off + 20, 0x10); /* inside the first pass's record */
+  s->span_commit_fails = true;
+  assert_int_not_equal(cph_store_span_end(s, &err), CPH_OK);
+  assert_true(cph_store_span_replay_pending(s));
+  assert_non_null(strstr(err.msg, "again from the log"));
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(s, true, &t), CPH_ECORRUPT);
+  assert_non_null(strstr(t.err.msg, "acknowledged commits 1..3"));
+  flip_byte(fd, at.off + 20, 0x10);
+  close(fd);
+  put_event(s, 4); /* its begin applies the three again first */
+  assert_false(cph_store_span_replay_pending(s));
+  int highest;
+  assert_int_equal(count_events(s, &highest), 4);
+  assert_int_equal(highest, 4);
+  cph_store_close(s);
+  s = open_store(dir, CPH_SYNC_ALWAYS, &err);
+  assert_non_null(s);
+  assert_int_equal(count_events(s, &highest), 4);
+  cph_store_close(s);
+  cph_test_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_a_span_that_cannot_be_applied_again_refuses_writes_until_it_is),
       cmocka_unit_test(test_a_torn_last_record_reopens_at_the_commit_before_it),
       cmocka_unit_test(test_a_scribbled_meta_page_loses_nothing),
       cmocka_unit_test(test_a_damaged_checkpoint_is_an_error_naming_it),
