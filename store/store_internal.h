@@ -138,7 +138,8 @@ void cph_wal_discard(cph_store *s);
 void cph_wal_commit(cph_store *s);
 /* The span (store.h): where the next record goes; a pass landed in the span (its record
  * written and numbered, no checkpoint: LMDB has not committed it; returns its bytes); the
- * span committed in LMDB (its own record, if it has one, written; maybe a checkpoint); the
+ * span committed in LMDB (no record of its own: its counters are in its passes'; maybe a
+ * checkpoint); the
  * records of commits first..last from `at` applied again in one top-level LMDB txn (a span
  * whose commit failed). */
 cph_wal_pos cph_wal_pos_next(const cph_store *s);

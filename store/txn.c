@@ -231,6 +231,7 @@ static void commit_landed(cph_txn *t, bool deferred) {
 }
 
 static void pass_landed(cph_txn *t, bool deferred);
+static int pass_counters_record(cph_txn *t);
 
 static int txn_commit(cph_txn *t, bool deferred) {
   if (t->view) {
@@ -242,6 +243,8 @@ static int txn_commit(cph_txn *t, bool deferred) {
     return t->ret ? t->ret : txn_fail(t, CPH_ESTATE, "transaction already ended");
   if (!t->parent && t->n_undo)
     counters_write(t);
+  if (pass && t->dirty && cph_wal_on(t->store))
+    pass_counters_record(t);
   if (t->ret) {
     /* After MDB_MAP_FULL and friends LMDB requires an abort; nothing of this txn lands. */
     cph_txn_abort(t);
@@ -695,22 +698,29 @@ static int counters_write(cph_txn *t) {
   return t->ret;
 }
 
-/* A pass (a child of the span, store.h) just committed into it: its changes go to the log
- * now, as a commit of their own, with the values of the counters the span took ids from
- * (LMDB gets those only at the span's commit): a replay needs nothing of the span's own
- * commit. Flushed inline unless the caller deferred it, as a top-level commit's record. */
+/* Before a pass (a child of the span, store.h) commits: its record carries the values of the
+ * counters it and the span took ids from (LMDB gets them only at the span's commit, by
+ * counters_write), so a replay needs nothing of the span's own commit. A failure to record
+ * them fails the pass. */
+static int pass_counters_record(cph_txn *t) {
+  for (int level = 0; level < 2 && t->ret == CPH_OK; level++) {
+    const cph_txn *owner = level ? t->parent : t;
+    for (size_t i = 0; i < owner->n_undo && t->ret == CPH_OK; i++) {
+      cph_key k = counter_key(owner->undo[i].c->name);
+      uint8_t be[8];
+      cph_be64_put(be, owner->undo[i].c->next);
+      wal_note(t, CPH_WAL_PUT, CPH_DB_META, k.data, k.len, be, sizeof be);
+    }
+  }
+  return t->ret;
+}
+
+/* A pass just committed into the span: its changes go to the log now, as a commit of their
+ * own, flushed inline unless the caller deferred it, as a top-level commit's record. */
 static void pass_landed(cph_txn *t, bool deferred) {
   cph_store *s = t->store;
   if (!t->dirty)
     return;
-  cph_txn *span = t->parent;
-  for (size_t i = 0; i < span->n_undo; i++) {
-    cph_key k = counter_key(span->undo[i].c->name);
-    uint8_t be[8];
-    cph_be64_put(be, span->undo[i].c->next);
-    /* A failure leaves the counters out of this record; the span's commit records them. */
-    (void)cph_wal_record(s, CPH_WAL_PUT, CPH_DB_META, k.data, k.len, be, sizeof be);
-  }
   cph_span_pass_landed(s, cph_wal_commit_pass(s));
   if (s->sync != CPH_SYNC_ALWAYS) /* :batch, :none: all they promise (store.h) */
     cph_store_note_durable(s, cph_store_commit_seq(s));

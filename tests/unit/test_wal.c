@@ -126,7 +126,7 @@ static uint64_t store_hash(cph_store *s, size_t *entries) {
 
 typedef struct msg {
   char kind; /* 'I' intent: seq and the model's hash once it lands; 'C' landed; 'F' failed;
-              * 'D' durable up to seq */
+              * 'D' durable up to seq; 'N' the id the txn in progress took (in seq) */
   uint64_t seq, hash;
 } msg;
 
@@ -282,6 +282,17 @@ static void child_main(uint64_t seed, const char *dir, int fd) {
       child_fail(t.err.msg, -1, -1);
     model m = committed;
     run_ops(&r, s, &t, &m, 0);
+    uint64_t id;
+    /* An id taken (a counter of meta), kept in the txn's writes: once it lands, a reopened
+     * store hands out only higher ids. */
+    if (below(&r, 2) == 0 && t.ret == CPH_OK && cph_txn_next_id(&t, "wal_test", &id) == CPH_OK) {
+      cph_key k = key_of(NKEY - 1);
+      value_of(id, 8, g_val);
+      if (cph_txn_put(&t, CPH_DB_JOBS, &k, g_val, 8) == CPH_OK) {
+        model_set(&m, NDB - 1, NKEY - 1, id, 8, g_val);
+        say('N', id, 0);
+      }
+    }
     bool dirty = t.dirty && t.ret == CPH_OK;
     uint64_t seq = cph_store_commit_seq(s) + 1;
     if (dirty)
@@ -359,6 +370,7 @@ static void kill_case(uint64_t seed) {
   rng r = {seed ^ 0x5eed};
   long run_ms = 10 + (long)below(&r, 250), until = now_ms() + 5000;
   uint64_t landed = 0, landed_hash = 0, pending_hash = 0, durable = 0;
+  uint64_t landed_id = 0, pending_id = 0; /* the highest id a landed commit took; the open one's */
   bool pending = false, open = true;
   int status = 0;
   bool exited = false;
@@ -402,12 +414,19 @@ static void kill_case(uint64_t seed) {
       landed = m.seq;
       landed_hash = m.hash;
       pending = false;
+      if (pending_id > landed_id)
+        landed_id = pending_id;
+      pending_id = 0;
       break;
     case 'F':
       pending = false;
+      pending_id = 0;
       break;
     case 'D':
       durable = m.seq;
+      break;
+    case 'N':
+      pending_id = m.seq;
       break;
     }
   }
@@ -421,7 +440,16 @@ static void kill_case(uint64_t seed) {
   CPH_PROP_CHECK(seed, s != NULL, "reopen failed: %s", err.msg);
   size_t entries;
   uint64_t h = store_hash(s, &entries);
+  cph_txn t;
+  uint64_t next_id = 0;
+  CPH_PROP_CHECK(seed, cph_txn_begin(s, true, &t) == CPH_OK, "begin after reopen: %s", t.err.msg);
+  CPH_PROP_CHECK(seed, cph_txn_next_id(&t, "wal_test", &next_id) == CPH_OK, "next id: %s",
+                 t.err.msg);
+  cph_txn_abort(&t);
   cph_store_close(s);
+  CPH_PROP_CHECK(seed, next_id > landed_id,
+                 "the reopened store hands out id %llu, which a landed commit took already",
+                 (unsigned long long)next_id);
   CPH_PROP_CHECK(seed, h == landed_hash || (pending && h == pending_hash),
                  "after %llu commits (durable up to %llu) the reopened store (%zu entries) "
                  "holds neither the last landed commit nor the one in progress",
