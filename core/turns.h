@@ -41,6 +41,11 @@ typedef struct cph_turns {
   cph_hmap leases;        /* turn id as decimal string -> lease (key owned by the lease) */
   op_queue waiters;       /* lease requests waiting for a turn, oldest first */
   uint64_t last_reply_id; /* the newest reply stored */
+  /* Cluster mode (report_consumed): the turns lease expiries parked, for the cluster log's
+   * park marks (cph_engine_take_parks); parks[0..parks_committed) are of passes that
+   * committed, the rest of the pass under way. */
+  cph_park_note *parks;
+  size_t n_parks, cap_parks, parks_committed;
 } cph_turns;
 
 /* The waiters survive a rebuild of memory; the leases do not (turns_clear_leases, then
@@ -71,6 +76,15 @@ void turns_reconcile(cph_turns *tu);         /* expire leases, time out waiters 
  * CPH_ESUPERSEDED and change nothing — and its input is staged again, attempts unchanged,
  * for the next turn with what arrived. A job turn, or no running turn: nothing happens. */
 void turns_supersede(cph_turns *tu, csession *s);
+
+/* Cluster mode's rebuild: the park of an ingest op (u.ingest.park_session, cephalon.h), after
+ * its events went in, in the same pass. Sets the op's error only when the store fails. */
+void turns_park_keys(cph_turns *tu, cph_op *op);
+/* The pass ended: its expiries' park notes are handed over from now on (committed), or
+ * dropped (the pass was rolled back: nothing of it was parked). */
+void turns_parks_pass_end(cph_turns *tu, bool committed);
+/* cph_engine_take_parks (cephalon.h). */
+int turns_take_parks(cph_turns *tu, cph_park_note **out, size_t *n);
 
 /* ---- reads */
 int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **out, size_t *n,
