@@ -740,6 +740,17 @@ static void status_done(cph_req *r, const char *status) {
   if (r->op.kind == CPH_OP_FAIL && r->srv->cflow && r->op.u.turn.items.n &&
       r->op.u.turn.consumed_session)
     cph_cflow_items(r->srv->cflow, r->op.u.turn.consumed_session, &r->op.u.turn.items);
+  /* Cluster mode: a fail that parked its turn, and a requeue, answer once the log holds their
+   * park or unpark mark (clusterflow.h 6.), so a node that takes the session over holds that
+   * input parked, or staged, as this one does. */
+  if ((r->op.kind == CPH_OP_FAIL || r->op.kind == CPH_OP_REQUEUE) && r->srv->cflow &&
+      r->op.u.turn.park.session) {
+    json_t *body = json_object();
+    json_object_set_new(body, "id", cph_json_u64(r->op.u.turn.turn_id));
+    json_object_set_new(body, "status", json_string(status));
+    cph_cflow_parked(r->srv->cflow, r, r->op.kind == CPH_OP_FAIL, &r->op.u.turn.park, body);
+    return;
+  }
   /* Written straight out: one answer per cycle, where a jansson tree cost about 25K
    * instructions (bench/PROFILE.md). */
   cph_buf body = CPH_BUF_INIT;
