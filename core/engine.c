@@ -619,9 +619,15 @@ static void apply_op(cph_engine *e, cph_op *op) {
   switch (op->kind) {
   case CPH_OP_SESSION_CREATE:
   case CPH_OP_SESSION_UPDATE:
-  case CPH_OP_SESSION_DELETE:
-  case CPH_OP_INBOX_RETAIN:
     sessions_apply(&e->sessions, op);
+    break;
+  case CPH_OP_SESSION_DELETE: /* then what its parked turns hold (cluster mode) */
+    sessions_apply(&e->sessions, op);
+    turns_session_deleted(&e->turns, op);
+    break;
+  case CPH_OP_INBOX_RETAIN: /* the live inbox, then the parked turns (cluster mode's rebuild) */
+    sessions_apply(&e->sessions, op);
+    turns_retain_parked(&e->turns, op);
     break;
   case CPH_OP_INGEST:
     ingest_apply(&e->ingest, op);

@@ -141,6 +141,11 @@ void cph_op_clear_results(cph_op *op) {
   case CPH_OP_REQUEUE:
     cph_park_note_free(&op->u.turn.park);
     break;
+  case CPH_OP_INBOX_RETAIN:
+    cph_strv_free(&op->u.retain.held);
+    op->u.retain.parked_requeued = op->u.retain.parked_dropped = 0;
+    op->u.retain.dropped = 0;
+    break;
   case CPH_OP_CONTEXT_INSERT:
   case CPH_OP_CONTEXT_DELETE:
   case CPH_OP_CONTEXT_SEAL:
@@ -1722,6 +1727,227 @@ void turns_park_keys(cph_turns *tu, cph_op *op) {
     cph_log(CPH_LOG_INFO, "turn %llu of '%s': %zu entries parked as another node parked them "
             "(POST /v1/turns/%llu/requeue brings them back)",
             (unsigned long long)turn_id, s->id, n, (unsigned long long)turn_id);
+}
+
+/* The ids of session's parked turns (malloc'd, *n of them), read before any of them changes. */
+static int parked_ids(cph_txn *t, const char *session, uint64_t **out, size_t *n) {
+  *out = NULL;
+  *n = 0;
+  size_t cap = 0;
+  cph_cursor c;
+  cph_val k;
+  int rc = cph_cursor_open(t, CPH_DB_PARKED_TURNS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, NULL)) {
+    if (k.len != 8)
+      continue;
+    uint64_t id = cph_be64_get(k.data);
+    cph_key tk = cph_key_of_u64(id);
+    cph_turn_rec tr;
+    int grc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    bool mine = strcmp(tr.session, session) == 0;
+    cph_record_free(&cph_turn_desc, &tr);
+    if (!mine)
+      continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 4;
+      uint64_t *v = realloc(*out, cap * sizeof *v);
+      if (!v) {
+        rc = CPH_ENOMEM;
+        break;
+      }
+      *out = v;
+    }
+    (*out)[(*n)++] = id;
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* Whether any of keys is in m. */
+static bool any_in(const cph_strv *keys, const cph_hmap *m) {
+  for (size_t i = 0; i < keys->count; i++)
+    if (cph_hmap_get(m, keys->items[i]))
+      return true;
+  return false;
+}
+
+/* One parked turn of s (turns_retain_parked): its entries, each with its keys, as stored. */
+typedef struct parked_entry {
+  inbox_item it;
+  bool mentioned;
+  cph_strv keys;
+} parked_entry;
+
+/* turns.h: CPH_OP_INBOX_RETAIN's second part (cephalon.h), after sessions.c's: the session's
+ * parked turns against what the log says of their keys. Entries requeued join the live inbox
+ * (and the folded map is rewritten, as a requeue does); the rest is written in a child
+ * transaction. */
+void turns_retain_parked(cph_turns *tu, cph_op *op) {
+  csession *s = sessions_get(tu->sessions, op->u.retain.session);
+  if (!s || op->rc != CPH_OK)
+    return;
+  cph_hmap keep = CPH_HMAP_INIT, parked = CPH_HMAP_INIT, unparked = CPH_HMAP_INIT;
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && i < op->u.retain.n_keep; i++)
+    rc = cph_hmap_put(&keep, op->u.retain.keep[i], (void *)op->u.retain.keep[i]);
+  for (size_t i = 0; rc == CPH_OK && i < op->u.retain.n_parked; i++)
+    rc = cph_hmap_put(&parked, op->u.retain.parked[i], (void *)op->u.retain.parked[i]);
+  for (size_t i = 0; rc == CPH_OK && i < op->u.retain.n_unparked; i++)
+    rc = cph_hmap_put(&unparked, op->u.retain.unparked[i], (void *)op->u.retain.unparked[i]);
+  cph_txn t;
+  cph_txn_begin_child(&tu->env->txn, &t);
+  uint64_t *ids = NULL;
+  size_t n_ids = 0, pushed = 0;
+  if (rc == CPH_OK)
+    rc = parked_ids(&t, s->id, &ids, &n_ids);
+  inbox_item *back = NULL; /* the entries requeued, pushed into the live inbox */
+  size_t n_back = 0, cap_back = 0;
+  for (size_t k = 0; rc == CPH_OK && k < n_ids; k++) {
+    cph_key tk = cph_key_of_u64(ids[k]);
+    cph_turn_rec tr;
+    if ((rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr)) != CPH_OK)
+      break;
+    parked_entry *es = calloc(tr.n_inbox_seqs ? tr.n_inbox_seqs : 1, sizeof *es);
+    size_t n_es = 0, n_keys = 0;
+    bool any_parked = false, any_kept = false, any_unparked = false;
+    if (!es)
+      rc = CPH_ENOMEM;
+    for (uint32_t i = 0; rc == CPH_OK && i < tr.n_inbox_seqs; i++) {
+      cph_key ik = inbox_key(s->id, tr.inbox_seqs[i]);
+      cph_inbox_rec ir;
+      if (cph_txn_get_record(&t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir) != CPH_OK)
+        continue;
+      parked_entry *e = &es[n_es++];
+      e->it.id = tr.inbox_seqs[i];
+      e->it.event_id = ir.event_id;
+      e->it.mentioned = ir.mentioned;
+      e->it.created_ms = ir.created_ms;
+      e->it.attempts = ir.attempts;
+      cph_record_free(&cph_inbox_desc, &ir);
+      rc = inbox_fold_get(&t, s->id, &e->it);
+      if (rc == CPH_OK)
+        rc = inbox_event_keys(&t, s->id, &e->it, &e->keys);
+      n_keys += e->keys.count;
+      any_parked |= any_in(&e->keys, &parked);
+      any_kept |= any_in(&e->keys, &keep);
+      any_unparked |= any_in(&e->keys, &unparked);
+    }
+    /* stays parked: marked so, or no key to tell by, or kept with no unpark mark */
+    bool requeue = rc == CPH_OK && !any_parked && n_keys && any_kept && any_unparked;
+    bool drop = rc == CPH_OK && !any_parked && n_keys && !any_kept;
+    for (size_t i = 0; rc == CPH_OK && !any_parked && n_keys && any_kept && !any_unparked &&
+                       i < n_es;
+         i++)
+      for (size_t j = 0; rc == CPH_OK && j < es[i].keys.count; j++)
+        if (cph_hmap_get(&keep, es[i].keys.items[j]))
+          rc = held_push(&op->u.retain.held, es[i].keys.items[j]);
+    for (size_t i = 0; rc == CPH_OK && (requeue || drop) && i < n_es; i++) {
+      parked_entry *e = &es[i];
+      if (requeue && any_in(&e->keys, &keep)) {
+        e->it.status = CPH_INBOX_STAGED;
+        e->it.attempts = 0;
+        put_inbox_status(&t, s, &e->it, CPH_INBOX_STAGED, 0);
+        if (n_back == cap_back) {
+          cap_back = cap_back ? 2 * cap_back : 8;
+          inbox_item *v = realloc(back, cap_back * sizeof *v);
+          if (!v) {
+            rc = CPH_ENOMEM;
+            break;
+          }
+          back = v;
+        }
+        back[n_back++] = e->it;
+      } else {
+        put_inbox_status(&t, s, &e->it, CPH_INBOX_CONSUMED, 0);
+      }
+    }
+    if (rc == CPH_OK && (requeue || drop)) {
+      tr.state = CPH_TURN_REQUEUED;
+      cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+      cph_txn_del(&t, CPH_DB_PARKED_TURNS, &tk);
+      requeue ? op->u.retain.parked_requeued++ : op->u.retain.parked_dropped++;
+      cph_log(CPH_LOG_INFO,
+              "parked turn %llu of '%s' %s: its input was %s on another node while this one did "
+              "not serve the session",
+              (unsigned long long)tr.id, s->id, requeue ? "requeued" : "is no longer parked",
+              requeue ? "requeued" : "consumed");
+    }
+    for (size_t i = 0; es && i < n_es; i++)
+      cph_strv_free(&es[i].keys);
+    free(es);
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  free(ids);
+  cph_hmap_free(&keep);
+  cph_hmap_free(&parked);
+  cph_hmap_free(&unparked);
+  /* Live again before the commit: the folded map is rewritten from the live inbox (turn_requeue) */
+  while (rc == CPH_OK && pushed < n_back && csession_inbox_push(s, &back[pushed]) == CPH_OK)
+    pushed++;
+  if (rc == CPH_OK && pushed < n_back)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK && n_back)
+    rc = inbox_folded_put(&t, s, 0);
+  if (rc == CPH_OK && cph_txn_commit(&t) != CPH_OK)
+    rc = t.ret ? t.ret : CPH_EIO;
+  if (rc) {
+    if (t.mdb)
+      cph_txn_abort(&t);
+    for (size_t i = 0; i < pushed; i++) {
+      int at = inbox_index(s, back[i].id);
+      if (at >= 0)
+        csession_inbox_remove(s, (uint32_t)at);
+    }
+    cph_strv_free(&op->u.retain.held);
+    op->u.retain.parked_requeued = op->u.retain.parked_dropped = 0;
+    op_fail(op, rc, NULL, "retaining the parked turns of '%s': %s", s->id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  }
+  free(back);
+  sessions_update_work(tu->sessions, s);
+}
+
+void turns_session_deleted(cph_turns *tu, cph_op *op) {
+  const char *id = op->u.session.in.id;
+  if (op->rc != CPH_OK || !tu->env->report_consumed || !id)
+    return;
+  cph_txn *t = &tu->env->txn;
+  uint64_t *ids = NULL;
+  size_t n = 0;
+  int rc = parked_ids(t, id, &ids, &n);
+  for (size_t k = 0; rc == CPH_OK && k < n; k++) {
+    cph_key tk = cph_key_of_u64(ids[k]);
+    cph_turn_rec tr;
+    if ((rc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr)) != CPH_OK)
+      break;
+    for (uint32_t i = 0; rc == CPH_OK && i < tr.n_inbox_seqs; i++) {
+      cph_key ik = inbox_key(id, tr.inbox_seqs[i]);
+      cph_inbox_rec ir;
+      if (cph_txn_get_record(t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir) != CPH_OK)
+        continue;
+      inbox_item it = {0};
+      it.id = tr.inbox_seqs[i];
+      it.event_id = ir.event_id;
+      it.created_ms = ir.created_ms;
+      cph_record_free(&cph_inbox_desc, &ir);
+      rc = inbox_fold_get(t, id, &it);
+      if (rc == CPH_OK)
+        rc = inbox_event_keys(t, id, &it, &op->u.session.consumed);
+    }
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  free(ids);
+  if (rc != CPH_OK) /* the delete stands; only the shard's watermark may stay behind */
+    cph_log(CPH_LOG_WARN, "session '%s' deleted, but listing the events of its parked turns for "
+            "the cluster log failed (%s): its shard's watermark stays below them here",
+            id, cph_strerror(rc));
 }
 
 void turns_apply(cph_turns *tu, cph_op *op) {

@@ -80,6 +80,14 @@ void turns_supersede(cph_turns *tu, csession *s);
 /* Cluster mode's rebuild: the park of an ingest op (u.ingest.park_session, cephalon.h), after
  * its events went in, in the same pass. Sets the op's error only when the store fails. */
 void turns_park_keys(cph_turns *tu, cph_op *op);
+/* CPH_OP_INBOX_RETAIN's part about the session's parked turns (cephalon.h), after
+ * sessions_apply's, in the same pass. */
+void turns_retain_parked(cph_turns *tu, cph_op *op);
+/* A session delete committed (cluster mode, report_consumed): the keys of the events its
+ * parked turns carry join the op's u.session.consumed — the session's done mark then names
+ * them, so its shard's watermark moves past them. Its parked turns stay listed, as on a single
+ * node (their requeue answers that the session was deleted). */
+void turns_session_deleted(cph_turns *tu, cph_op *op);
 /* The pass ended: its expiries' park notes are handed over from now on (committed), or
  * dropped (the pass was rolled back: nothing of it was parked). */
 void turns_parks_pass_end(cph_turns *tu, bool committed);

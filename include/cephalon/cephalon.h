@@ -636,7 +636,8 @@ struct cph_op {
       unsigned set;        /* CPH_SET_* for update */
       cph_session_info out; /* the session as stored */
       /* delete, out, only while cph_engine_report_consumed is on: the keys of the events its
-       * live inbox stood for, dropped with it (as u.turn.consumed). */
+       * live inbox stood for, dropped with it (as u.turn.consumed), and of those its parked
+       * turns hold (they stay listed, as on a single node, but are never brought back). */
       cph_strv consumed;
     } session;
     struct {
@@ -786,12 +787,27 @@ struct cph_op {
      * keep[0..n_keep) is consumed without a turn (a turn of another node consumed it while
      * this node did not serve the session); entries with a kept key, or without any key, stay.
      * A reporter session's entries (report_interval_s) are left as they are. The session may
-     * be picked again (it is no longer away, see u.turn.away). */
+     * be picked again (it is no longer away, see u.turn.away).
+     * Then the session's parked turns here, each by the keys of its events: one with a key in
+     * parked[0..n_parked) (parked as the log's park marks say) stays parked; one with a key in
+     * keep that the log's unpark marks name (unparked[0..n_unparked): requeued on another node
+     * and not consumed yet) is requeued here, its entries with a kept key staged again and the
+     * others consumed; one with a key in keep and no such mark (parked before park marks were
+     * logged, or its mark was lost) stays parked, its kept keys listed in held (out); one none
+     * of whose keys is kept (consumed on another node, or below the watermark) leaves the
+     * parked list (its record says requeued) and its entries are consumed. A turn with no key
+     * stays parked. Counts in parked_requeued and parked_dropped (out). */
     struct {
       char *session;
       const char *const *keep;
       size_t n_keep;
       uint32_t dropped; /* out: entries consumed */
+      const char *const *parked;
+      size_t n_parked;
+      const char *const *unparked;
+      size_t n_unparked;
+      uint32_t parked_requeued, parked_dropped; /* out */
+      cph_strv held;                            /* out; freed by cph_op_clear_results */
     } retain;
     /* CPH_OP_SESSION_STATE (server/clusterflow.h 11.): session (which must exist) takes the
      * state another node exported (a completion's u.turn.state): its context tree replaces the
