@@ -2628,6 +2628,7 @@ static bool adopt_shard(cph_cflow *f, uint32_t shard) {
 typedef struct rb_event {
   cph_event_in ev; /* strings in the rebuild's arena or docs */
   uint64_t seq;
+  bool unparked; /* its newest mark is an unpark (6.): requeued on another node */
 } rb_event;
 
 /* The keys a session keeps (CPH_OP_INBOX_RETAIN): those of the rebuild's events naming it. */
@@ -2637,6 +2638,9 @@ typedef struct rb_keep {
   char *session;
   const char **keys; /* strings in the events' docs */
   size_t n, cap;
+  /* of keys: those of turns parked elsewhere (8.), and those requeued elsewhere (6.) */
+  const char **parked, **unparked;
+  size_t n_parked, n_unparked;
 } rb_keep;
 
 /* A turn another node parked (its park marks, 6.) whose events the replay holds: they are
@@ -2654,6 +2658,7 @@ struct rebuild {
   cph_op op; /* the batch in the engine, events[next - op_n .. next) */
   rb_park **parks; /* the parked turns, their events first in evs (in this order) */
   size_t n_parks, next_park;
+  size_t parks_end; /* evs[0 .. parks_end): the parked turns' events */
   rb_park *op_park; /* the batch in the engine parks this one (NULL: none) */
   struct cph_arena_chunk *arena; /* the events' strings (decode_payload) */
   json_t *docs;                  /* the messages jansson decoded (an array), or NULL */
@@ -2691,6 +2696,8 @@ static void rebuild_free(rebuild *rb) {
   free(rb->parks);
   for (size_t i = 0; i < rb->n_keeps; i++) {
     free(rb->keeps[i]->keys);
+    free(rb->keeps[i]->parked);
+    free(rb->keeps[i]->unparked);
     free(rb->keeps[i]->session);
     free(rb->keeps[i]);
   }
@@ -2829,6 +2836,7 @@ static bool rebuild_park_layout(rebuild *rb) {
   free(rb->evs);
   rb->evs = v;
   rb->n += total;
+  rb->parks_end = total;
   return true;
 }
 
@@ -2836,7 +2844,7 @@ static bool rebuild_park_layout(rebuild *rb) {
  * one, in order — those of a turn parked elsewhere (parked: rebuild_marks) set aside with it, to
  * go first (rebuild_park_layout). */
 static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done,
-                           const cph_hmap *parked) {
+                           const cph_hmap *parked, const cph_hmap *unparked) {
   const cph_clog_replay *rp = rb->rp;
   size_t cap = rp->n_events ? rp->n_events : 1;
   rb->evs = calloc(cap, sizeof *rb->evs);
@@ -2878,8 +2886,8 @@ static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done,
           g->evs = v;
           g->cap = c;
         }
-        g->evs[g->n].ev = *ev;
-        g->evs[g->n++].seq = e->seq;
+        g->evs[g->n] = (rb_event){*ev, e->seq, false};
+        g->n++;
         continue;
       }
       if (rb->n == cap) {
@@ -2893,6 +2901,7 @@ static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done,
       rb_event *x = &rb->evs[rb->n++];
       x->ev = *ev;
       x->seq = e->seq;
+      x->unparked = ev->key && !ev->history_only && cph_hmap_get(unparked, ev->key);
     }
   }
   if (!rebuild_park_layout(rb))
@@ -2992,7 +3001,21 @@ static void rebuild_retained(cph_op *op, void *ctx) {
     cph_info("cluster log: session %s dropped %" PRIu32 " entries consumed on another node "
              "while this one did not serve it",
              k->session, op->u.retain.dropped);
-  else if (op->rc != CPH_OK && op->rc != CPH_ENOTFOUND)
+  if (op->rc == CPH_OK && (op->u.retain.parked_dropped || op->u.retain.parked_requeued))
+    cph_info("cluster log: session %s: of its turns parked here before, %" PRIu32 " requeued "
+             "(requeued on another node meanwhile) and %" PRIu32 " no longer parked (consumed "
+             "on another node meanwhile)",
+             k->session, op->u.retain.parked_requeued, op->u.retain.parked_dropped);
+  /* A turn parked here with no mark that says so (parked before park marks, or its mark was
+   * lost) stays parked: its input is not consumed (7.). */
+  for (size_t i = 0; op->rc == CPH_OK && !rb->stale && !f->quiesced &&
+                     i < op->u.retain.held.count;
+       i++) {
+    const rb_event *x = cph_hmap_get(&rb->dups, op->u.retain.held.items[i]);
+    if (x)
+      pending_add(f, x->ev.key, x->seq, rb->rp->shard);
+  }
+  if (op->rc != CPH_OK && op->rc != CPH_ENOTFOUND)
     cph_warn("cluster log: retaining the inbox of %s: %s", k->session,
              op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
   cph_op_clear_results(op);
@@ -3051,6 +3074,23 @@ static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
       }
       k->keys[k->n++] = rb->evs[i].ev.key;
     }
+    /* of them, those of turns parked elsewhere and those requeued elsewhere (few: sized as
+     * the session's keys when there is one) */
+    for (size_t i = 0; ok && i < rb->n; i++) {
+      bool in_park = i < rb->parks_end;
+      rb_keep *k = (in_park || rb->evs[i].unparked) && rb->evs[i].ev.session
+                       ? cph_hmap_get(&by, rb->evs[i].ev.session)
+                       : NULL;
+      if (!k)
+        continue;
+      const char ***list = in_park ? &k->parked : &k->unparked;
+      size_t *count = in_park ? &k->n_parked : &k->n_unparked;
+      if (!*list && !(*list = malloc(k->n * sizeof **list))) {
+        ok = false;
+        break;
+      }
+      (*list)[(*count)++] = rb->evs[i].ev.key;
+    }
     cph_hmap_free(&by);
     if (!ok) { /* out of memory: stale entries are not dropped (at worst delivered again) */
       cph_error("cluster log: out of memory rebuilding shard %" PRIu32
@@ -3069,6 +3109,10 @@ static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
     k->op.u.retain.session = k->session;
     k->op.u.retain.keep = k->keys;
     k->op.u.retain.n_keep = k->n;
+    k->op.u.retain.parked = k->parked;
+    k->op.u.retain.n_parked = k->n_parked;
+    k->op.u.retain.unparked = k->unparked;
+    k->op.u.retain.n_unparked = k->n_unparked;
     if (cph_engine_submit(f->s->engine, &k->op) != CPH_OK)
       break;
     rb->next_keep++;
@@ -3482,7 +3526,7 @@ static void on_replayed(void *ctx, cph_clog_replay *rp) {
     rb->rp = rp;
     rb->t0_ns = mono_ns();
     ok = rebuild_marks(rb, &done, &parked, &unparked, docs) &&
-         rebuild_events(f, rb, &done, &parked);
+         rebuild_events(f, rb, &done, &parked, &unparked);
   }
   cph_hmap_free(&done);
   cph_hmap_free(&parked);

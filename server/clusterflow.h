@@ -165,8 +165,19 @@
  *    unconsumed (CPH_OP_INBOX_RETAIN): a node that comes back holds stale copies of its old
  *    sessions, whose entries another node's turns may have consumed meanwhile (a done mark, or
  *    below the watermark) — those go; and a session handed back while another node served it
- *    (routes_turns.c: a fail marked away, never picked meanwhile) may be picked again. Then
- *    the shard is live, the log binds its consumer, and messages above L come through 2. A
+ *    (routes_turns.c: a fail marked away, never picked meanwhile) may be picked again. The
+ *    same operation settles the session's turns parked here before by what the marks say of
+ *    their keys (core/turns.c turns_retain_parked; the retain gets the keys parked and the
+ *    keys an unpark mark brought back): a turn whose keys are parked stays parked; one
+ *    requeued on another node and not consumed yet is requeued here; one none of whose keys
+ *    is unconsumed any more (consumed elsewhere, done marks or below W) leaves the parked
+ *    list, its entries consumed; one with no mark either way (parked before park marks were
+ *    logged, or its mark was lost) stays parked and its keys stay pending. So a node that
+ *    comes back neither lists a stale parked turn nor lets a requeue of it bring back input
+ *    consumed elsewhere. In cluster mode GET /v1/turns?state=parked lists only the parked
+ *    turns of the sessions served here, and a requeue of a turn parked here for a session
+ *    another node serves answers 409 naming that node (routes_turns.c): the input is parked
+ *    there, under that node's turn id. Then the shard is live, the log binds its consumer, and messages above L come through 2. A
  *    message is acknowledged only while its shard is served here, so one applied after the
  *    shard moved comes to the next owner too. Cost: a replay reads the shard's messages
  *    between W and L and all its marks since W; with turns consuming input, W stays close to

@@ -51,6 +51,7 @@ typedef struct bench {
   int owner[SESSIONS];
   int parker, survivor; /* the node that parked the turn, the one that took t00 over */
   char *parker_dir;     /* its data, while it is down */
+  long long parker_turn; /* the turn's id on the node that parked it */
 } bench;
 
 /* POSTs events (a JSON array's inside) through node n; asserts 200 and every event accepted.
@@ -258,7 +259,7 @@ static void test_cluster_park_a_parked_turn_stays_parked_on_the_new_owner_until_
     fail_turn(c, p, turn, "model down");
     json_decref(turn);
   }
-  expect_parked(c, p, "on the node that parked it");
+  b->parker_turn = expect_parked(c, p, "on the node that parked it");
   assert_int_equal(parks_count(c, p, "park_marks"), 1); /* the second fail's, waited for */
   snprintf(events, sizeof events,
            "{\"session\":\"t00\",\"sender\":\"cy\",\"body\":\"%s\",\"key\":\"fresh-3\"}",
@@ -318,10 +319,53 @@ static void test_cluster_park_a_parked_turn_stays_parked_on_the_new_owner_until_
   printf("requeued on n%d: its one turn carried both texts once, and completed\n", s);
 }
 
+/* The node that parked the turn comes back on its data, still holding its own copy of it:
+ * wherever t00 is served, no node lists it parked, none delivers its input again, and the stale
+ * copy is not requeued (409). Then the survivor is killed -9 and that node serves t00 again: its
+ * rebuild takes the copy off its parked list (its input was consumed elsewhere), and nothing of
+ * the shard stays pending. */
+static void test_cluster_park_the_node_that_parked_it_neither_lists_nor_delivers_it_again(
+    void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int p = b->parker, s = b->survivor;
+  assert_non_null(b->parker_dir);
+  cph_tc_start_node_on(c, p, SHARDS, TTL_S, EXTRA, b->parker_dir);
+  b->parker_dir = NULL;
+  settle(c, "the node that parked it came back");
+  long long id = 0;
+  int attempts = 0;
+  char error[64], input[512], path[64];
+  for (int n = 0; n < NODES; n++) {
+    if (parked_of_t00(c, n, &id, &attempts, error, input) != 0)
+      fail_msg("n%d lists t00's turn %lld parked after n%d came back", n, id, p);
+    expect_nothing(c, n, 1000, "after the node that parked it came back");
+  }
+  snprintf(path, sizeof path, "/v1/turns/%lld/requeue", b->parker_turn);
+  post_expect(c, p, path, "{}", 409);
+
+  cph_tc_kill_node(c, s, false);
+  settle(c, "after the kill of the survivor");
+  if (parked_of_t00(c, p, &id, &attempts, error, input) != 0)
+    fail_msg("n%d lists t00's turn %lld parked after it took t00 back", p, id);
+  expect_nothing(c, p, 1500, "after the node that parked it took t00 back");
+  post_expect(c, p, path, "{}", 409);
+  json_t *v = cph_tc_view(c, p);
+  json_int_t pending = json_integer_value(
+      json_object_get(json_object_get(json_object_get(v, "log"), "rebuild"), "pending"));
+  json_decref(v);
+  assert_int_equal(pending, 0);
+  printf("n%d came back and took t00 again: its stale parked turn %lld neither listed nor "
+         "delivered, nothing pending\n",
+         p, b->parker_turn);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(
           test_cluster_park_a_parked_turn_stays_parked_on_the_new_owner_until_requeued),
+      cmocka_unit_test(
+          test_cluster_park_the_node_that_parked_it_neither_lists_nor_delivers_it_again),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
