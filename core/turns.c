@@ -1872,7 +1872,10 @@ void turns_retain_parked(cph_turns *tu, cph_op *op) {
       tr.state = CPH_TURN_REQUEUED;
       cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
       cph_txn_del(&t, CPH_DB_PARKED_TURNS, &tk);
-      requeue ? op->u.retain.parked_requeued++ : op->u.retain.parked_dropped++;
+      if (requeue)
+        op->u.retain.parked_requeued++;
+      else
+        op->u.retain.parked_dropped++;
       cph_log(CPH_LOG_INFO,
               "parked turn %llu of '%s' %s: its input was %s on another node while this one did "
               "not serve the session",

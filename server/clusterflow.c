@@ -771,8 +771,10 @@ static void park_answer(cph_cflow *f, done_req *dr) {
   const char *mark = dr->kind == MARK_PARK ? "park mark" : "unpark mark";
   if (dr->failed)
     f->park_mark_failures++;
+  else if (dr->kind == MARK_PARK)
+    f->park_marks++;
   else
-    dr->kind == MARK_PARK ? f->park_marks++ : f->unpark_marks++;
+    f->unpark_marks++;
   if (!dr->r) {
     if (dr->failed)
       cph_warn("cluster log: the %s of a turn of session %s was not taken (%s); a node that "
