@@ -197,6 +197,88 @@ void turns_init(cph_turns *tu) {
   tu->last_reply_id = 0;
   tu->parks = NULL;
   tu->n_parks = tu->cap_parks = tu->parks_committed = 0;
+  memset(&tu->parked_by_session, 0, sizeof tu->parked_by_session);
+  tu->parked_unknown = false;
+}
+
+/* ---------------------------------------------------------------- parked turns per session */
+
+typedef struct parked_count {
+  uint32_t n;
+  char session[];
+} parked_count;
+
+static void parked_counts_clear(cph_turns *tu) {
+  for (size_t i = 0; i < tu->parked_by_session.cap; i++)
+    if (tu->parked_by_session.slots[i].key)
+      free(tu->parked_by_session.slots[i].value);
+  cph_hmap_free(&tu->parked_by_session);
+  tu->parked_unknown = false;
+}
+
+/* A turn of session was parked here (delta 1) or is no longer (-1). */
+static void parked_count_add(cph_turns *tu, const char *session, int delta) {
+  parked_count *pc = cph_hmap_get(&tu->parked_by_session, session);
+  if (delta < 0) {
+    if (pc && pc->n > 1) {
+      pc->n--;
+    } else if (pc) {
+      cph_hmap_del(&tu->parked_by_session, session);
+      free(pc);
+    }
+    return;
+  }
+  if (pc) {
+    pc->n++;
+    return;
+  }
+  size_t len = strlen(session);
+  if (!(pc = malloc(sizeof *pc + len + 1))) {
+    tu->parked_unknown = true;
+    return;
+  }
+  pc->n = 1;
+  memcpy(pc->session, session, len + 1);
+  if (cph_hmap_put(&tu->parked_by_session, pc->session, pc) != CPH_OK) {
+    free(pc);
+    tu->parked_unknown = true;
+  }
+}
+
+/* Whether session may have turns parked here. */
+static bool parked_any(const cph_turns *tu, const char *session) {
+  return tu->parked_unknown || cph_hmap_get(&tu->parked_by_session, session) != NULL;
+}
+
+/* The map, read again from the store (turns_recover). */
+static int parked_counts_load(cph_turns *tu) {
+  parked_counts_clear(tu);
+  cph_txn t;
+  int rc = cph_txn_begin(tu->env->store, false, &t);
+  if (rc)
+    return rc;
+  cph_cursor c;
+  cph_val k;
+  rc = cph_cursor_open(&t, CPH_DB_PARKED_TURNS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, NULL)) {
+    if (k.len != 8)
+      continue;
+    cph_key tk = cph_key_of_u64(cph_be64_get(k.data));
+    cph_turn_rec tr;
+    int grc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    parked_count_add(tu, tr.session, 1);
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
 void turns_clear_leases(cph_turns *tu) {
@@ -214,6 +296,7 @@ void turns_free(cph_turns *tu) {
   free(tu->parks);
   tu->parks = NULL;
   tu->n_parks = tu->cap_parks = tu->parks_committed = 0;
+  parked_counts_clear(tu);
 }
 
 int turns_wait(cph_turns *tu, cph_op *op) { return op_queue_push(&tu->waiters, op); }
@@ -822,6 +905,8 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
     cph_park_note_free(&pn);
     return rc;
   }
+  if (park)
+    parked_count_add(tu, s->id, 1);
   if (noting) {
     bool ok = krc == CPH_OK && (pn.session = strdup(s->id)) != NULL &&
               (pn.error = strdup(error ? error : "")) != NULL;
@@ -1537,6 +1622,7 @@ static void turn_requeue(cph_turns *tu, cph_op *op) {
     return;
   }
   free(back);
+  parked_count_add(tu, s->id, -1);
   sessions_update_work(tu->sessions, s);
 }
 
@@ -1704,7 +1790,7 @@ void turns_park_keys(cph_turns *tu, cph_op *op) {
   cph_buf_free(&input);
   free(ids);
   free(items);
-  if (rc == CPH_OK)
+  if (rc == CPH_OK && parked_any(tu, s->id)) /* this one (if any) is not counted yet */
     rc = held_before(&t, s, &want, held);
   cph_hmap_free(&want);
   if (rc == CPH_OK && cph_txn_commit(&t) != CPH_OK)
@@ -1722,6 +1808,8 @@ void turns_park_keys(cph_turns *tu, cph_op *op) {
     csession_inbox_remove(s, at[i]);
   free(at);
   op->u.ingest.park_turn = turn_id;
+  if (n)
+    parked_count_add(tu, s->id, 1);
   sessions_update_work(tu->sessions, s);
   if (n)
     cph_log(CPH_LOG_INFO, "turn %llu of '%s': %zu entries parked as another node parked them "
@@ -1791,7 +1879,7 @@ typedef struct parked_entry {
  * transaction. */
 void turns_retain_parked(cph_turns *tu, cph_op *op) {
   csession *s = sessions_get(tu->sessions, op->u.retain.session);
-  if (!s || op->rc != CPH_OK)
+  if (!s || op->rc != CPH_OK || !parked_any(tu, s->id))
     return;
   cph_hmap keep = CPH_HMAP_INIT, parked = CPH_HMAP_INIT, unparked = CPH_HMAP_INIT;
   int rc = CPH_OK;
@@ -1913,13 +2001,15 @@ void turns_retain_parked(cph_turns *tu, cph_op *op) {
     op_fail(op, rc, NULL, "retaining the parked turns of '%s': %s", s->id,
             t.err.msg[0] ? t.err.msg : cph_strerror(rc));
   }
+  for (uint32_t i = 0; i < op->u.retain.parked_requeued + op->u.retain.parked_dropped; i++)
+    parked_count_add(tu, s->id, -1);
   free(back);
   sessions_update_work(tu->sessions, s);
 }
 
 void turns_session_deleted(cph_turns *tu, cph_op *op) {
   const char *id = op->u.session.in.id;
-  if (op->rc != CPH_OK || !tu->env->report_consumed || !id)
+  if (op->rc != CPH_OK || !tu->env->report_consumed || !id || !parked_any(tu, id))
     return;
   cph_txn *t = &tu->env->txn;
   uint64_t *ids = NULL;
@@ -2057,6 +2147,9 @@ static uint64_t last_key_u64(cph_store *store, cph_db db) {
  * attempt, so attempts do not grow) and their input stays staged for the next turn. */
 int turns_recover(cph_turns *tu, cph_err *err) {
   tu->last_reply_id = last_key_u64(tu->env->store, CPH_DB_REPLIES);
+  int prc = parked_counts_load(tu);
+  if (prc != CPH_OK)
+    return cph_err_set(err, prc, "reading the parked turns: %s", cph_strerror(prc));
   cph_txn t;
   int rc = cph_txn_begin(tu->env->store, true, &t);
   cph_cursor c;

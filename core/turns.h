@@ -46,6 +46,12 @@ typedef struct cph_turns {
    * committed, the rest of the pass under way. */
   cph_park_note *parks;
   size_t n_parks, cap_parks, parks_committed;
+  /* Session id -> how many of its turns are parked here (sessions with none are absent; read
+   * from the store at turns_recover, kept with each park and requeue): a rebuild's retain
+   * reads the parked turns of those sessions only (turns_retain_parked). parked_unknown: out of
+   * memory once, so the map may miss one — every retain reads them all until the next load. */
+  cph_hmap parked_by_session;
+  bool parked_unknown;
 } cph_turns;
 
 /* The waiters survive a rebuild of memory; the leases do not (turns_clear_leases, then

@@ -5,7 +5,8 @@
  *     cph_engine_take_parks once its pass committed; a requeue names what it brings back;
  *   - CPH_OP_INGEST with park_session parks, in the same operation, the entries of the given
  *     keys as one turn with the given attempts and error — listed parked, never leased until a
- *     requeue — and, applied again (a restart), parks nothing new and reports the keys held;
+ *     requeue — and, applied again after a restart, parks nothing new and reports the keys
+ *     held;
  *   - CPH_OP_INBOX_RETAIN leaves a parked turn whose keys are parked, requeues one whose keys
  *     were requeued elsewhere, keeps one with no mark (its keys held), and takes one whose
  *     input was consumed elsewhere off the parked list;
@@ -202,7 +203,11 @@ static void test_park_keys_an_ingest_parks_what_another_node_parked_until_a_requ
   assert_int_equal(lease_now(f, &lease), CPH_ETIMEDOUT);
   cph_op_clear_results(&lease);
 
-  /* applied again (this node restarted): duplicates, nothing new parked, the keys held */
+  /* applied again after a restart: duplicates, nothing new parked, the keys held */
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_open(f);
+  cph_engine_report_consumed(f->e, true);
   post(f, "c", "c", true, &op);
   for (int i = 0; i < N; i++)
     assert_int_equal(op.u.ingest.results[i].status, CPH_EV_DUPLICATE);
