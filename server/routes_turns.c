@@ -1085,10 +1085,11 @@ void cph_route_turns_list(cph_req *r) {
   for (size_t i = 0; i < n; i++) {
     const cph_parked_turn *t = &turns[i];
     char node[8], url[8];
-    /* Cluster mode: the parked turns of the sessions served here (the node serving one holds
-     * its parked input: clusterflow.h 8.) */
-    if (session_route(r->srv, t->session, node, sizeof node, url, sizeof url) !=
-        CPH_CLUSTER_SERVED) {
+    /* Cluster mode with the log: the parked turns of the sessions served here (the node
+     * serving one holds its parked input: clusterflow.h 8.) */
+    if (r->srv->cflow &&
+        session_route(r->srv, t->session, node, sizeof node, url, sizeof url) !=
+            CPH_CLUSTER_SERVED) {
       cph_parked_turn_free(&turns[i]);
       continue;
     }
