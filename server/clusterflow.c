@@ -791,8 +791,8 @@ static void park_answer(cph_cflow *f, done_req *dr) {
   else if (!served(f, dr->shard))
     cph_reply_error(dr->r, 503, "unavailable", NULL,
                     "the turn was %s on this node, but its session's shard %" PRIu32 " moved to "
-                    "another node before the cluster log took its %s: the new owner may be one "
-                    "that %s",
+                    "another node before the cluster log took its %s: the new owner may be a "
+                    "node that %s",
                     did, dr->shard, mark, park_lost(dr));
   else
     cph_reply_json(dr->r, 200, json_incref(dr->answer));
@@ -801,14 +801,12 @@ static void park_answer(cph_cflow *f, done_req *dr) {
 
 static void done_answer(cph_cflow *f, done_req *dr) {
   bool edit = dr->made_buf[0] != '\0'; /* logs no mark: its put counts as a state put alone */
-  if (dr->kind != MARK_DONE)
-    park_answer(f, dr);
-  else if (dr->failed && !edit)
+  if (dr->kind == MARK_DONE && dr->failed && !edit)
     f->done_mark_failures++;
-  else if (!edit)
+  else if (dr->kind == MARK_DONE && !edit)
     f->done_marks++;
   if (dr->kind != MARK_DONE) {
-    /* answered above */
+    park_answer(f, dr);
   } else if (dr->r && dr->made_buf[0]) {
     cph_req *r = dr->r;
     if (dr->failed)
