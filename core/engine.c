@@ -683,9 +683,15 @@ static void apply_op(cph_engine *e, cph_op *op) {
   switch (op->kind) {
   case CPH_OP_SESSION_CREATE:
   case CPH_OP_SESSION_UPDATE:
-  case CPH_OP_SESSION_DELETE:
-  case CPH_OP_INBOX_RETAIN:
     sessions_apply(&e->sessions, op);
+    break;
+  case CPH_OP_SESSION_DELETE: /* then what its parked turns hold (cluster mode) */
+    sessions_apply(&e->sessions, op);
+    turns_session_deleted(&e->turns, op);
+    break;
+  case CPH_OP_INBOX_RETAIN: /* the live inbox, then the parked turns (cluster mode's rebuild) */
+    sessions_apply(&e->sessions, op);
+    turns_retain_parked(&e->turns, op);
     break;
   case CPH_OP_INGEST:
     ingest_apply(&e->ingest, op);
@@ -694,6 +700,8 @@ static void apply_op(cph_engine *e, cph_op *op) {
     for (size_t i = 0; i < e->ingest.n_restart; i++)
       turns_supersede(&e->turns, e->ingest.restart[i]);
     e->ingest.n_restart = 0;
+    if (op->u.ingest.park_session) /* cluster mode's rebuild: input another node parked */
+      turns_park_keys(&e->turns, op);
     break;
   case CPH_OP_HEARTBEAT:
   case CPH_OP_COMPLETE:
@@ -858,6 +866,7 @@ int cph_engine_run_pass(cph_engine *e) {
      * operations applied) is rebuilt from what the store holds. */
     cph_error("pass commit failed: %s", e->env.txn.err.msg);
     metrics_pass_rollback(e->metrics, rc); /* nothing of this pass is counted either */
+    turns_parks_pass_end(&e->turns, false); /* nothing of it was parked */
     memaccess_pass_end(&e->memory.access, false, env_now(&e->env));
     memory_pass_end(&e->memory);
     char msg[sizeof e->env.txn.err.msg];
@@ -883,6 +892,7 @@ int cph_engine_run_pass(cph_engine *e) {
   }
   memaccess_pass_end(&e->memory.access, true, env_now(&e->env));
   memory_pass_end(&e->memory);
+  turns_parks_pass_end(&e->turns, true);
   span_after_pass(e);
   if (e->grow_retry.len)
     grow_map(e); /* the store ends the span first */
@@ -1056,6 +1066,10 @@ int cph_engine_reply_origins(cph_engine *e, const char *node) {
   free(e->env.reply_origin_node);
   e->env.reply_origin_node = copy;
   return CPH_OK;
+}
+
+int cph_engine_take_parks(cph_engine *e, cph_park_note **out, size_t *n) {
+  return turns_take_parks(&e->turns, out, n);
 }
 
 int cph_engine_inbox_keys(cph_engine *e, const char *session, cph_strv *out, cph_err *err) {

@@ -93,6 +93,13 @@ void cph_parked_turn_free(cph_parked_turn *p) {
   memset(p, 0, sizeof *p);
 }
 
+void cph_park_note_free(cph_park_note *p) {
+  free(p->session);
+  free(p->error);
+  cph_strv_free(&p->keys);
+  memset(p, 0, sizeof *p);
+}
+
 void cph_op_clear_results(cph_op *op) {
   switch (op->kind) {
   case CPH_OP_SESSION_CREATE:
@@ -105,6 +112,8 @@ void cph_op_clear_results(cph_op *op) {
     cph_arena_free(&op->u.ingest.strings); /* every string and list of the results */
     free(op->u.ingest.results);
     op->u.ingest.results = NULL;
+    cph_strv_free(&op->u.ingest.park_held);
+    op->u.ingest.park_turn = 0;
     break;
   case CPH_OP_LEASE:
     cph_turn_info_free(&op->u.lease.turn);
@@ -127,6 +136,15 @@ void cph_op_clear_results(cph_op *op) {
     free(op->u.turn.consumed_session);
     op->u.turn.consumed_session = NULL;
     cph_state_items_free(&op->u.turn.items);
+    cph_park_note_free(&op->u.turn.park);
+    break;
+  case CPH_OP_REQUEUE:
+    cph_park_note_free(&op->u.turn.park);
+    break;
+  case CPH_OP_INBOX_RETAIN:
+    cph_strv_free(&op->u.retain.held);
+    op->u.retain.parked_requeued = op->u.retain.parked_dropped = 0;
+    op->u.retain.dropped = 0;
     break;
   case CPH_OP_CONTEXT_INSERT:
   case CPH_OP_CONTEXT_DELETE:
@@ -177,6 +195,90 @@ void turns_init(cph_turns *tu) {
   memset(&tu->leases, 0, sizeof tu->leases);
   tu->waiters = (op_queue){0};
   tu->last_reply_id = 0;
+  tu->parks = NULL;
+  tu->n_parks = tu->cap_parks = tu->parks_committed = 0;
+  memset(&tu->parked_by_session, 0, sizeof tu->parked_by_session);
+  tu->parked_unknown = false;
+}
+
+/* ---------------------------------------------------------------- parked turns per session */
+
+typedef struct parked_count {
+  uint32_t n;
+  char session[];
+} parked_count;
+
+static void parked_counts_clear(cph_turns *tu) {
+  for (size_t i = 0; i < tu->parked_by_session.cap; i++)
+    if (tu->parked_by_session.slots[i].key)
+      free(tu->parked_by_session.slots[i].value);
+  cph_hmap_free(&tu->parked_by_session);
+  tu->parked_unknown = false;
+}
+
+/* A turn of session was parked here (delta 1) or is no longer (-1). */
+static void parked_count_add(cph_turns *tu, const char *session, int delta) {
+  parked_count *pc = cph_hmap_get(&tu->parked_by_session, session);
+  if (delta < 0) {
+    if (pc && pc->n > 1) {
+      pc->n--;
+    } else if (pc) {
+      cph_hmap_del(&tu->parked_by_session, session);
+      free(pc);
+    }
+    return;
+  }
+  if (pc) {
+    pc->n++;
+    return;
+  }
+  size_t len = strlen(session);
+  if (!(pc = malloc(sizeof *pc + len + 1))) {
+    tu->parked_unknown = true;
+    return;
+  }
+  pc->n = 1;
+  memcpy(pc->session, session, len + 1);
+  if (cph_hmap_put(&tu->parked_by_session, pc->session, pc) != CPH_OK) {
+    free(pc);
+    tu->parked_unknown = true;
+  }
+}
+
+/* Whether session may have turns parked here. */
+static bool parked_any(const cph_turns *tu, const char *session) {
+  return tu->parked_unknown || cph_hmap_get(&tu->parked_by_session, session) != NULL;
+}
+
+/* The map, read again from the store (turns_recover). */
+static int parked_counts_load(cph_turns *tu) {
+  parked_counts_clear(tu);
+  cph_txn t;
+  int rc = cph_txn_begin(tu->env->store, false, &t);
+  if (rc)
+    return rc;
+  cph_cursor c;
+  cph_val k;
+  rc = cph_cursor_open(&t, CPH_DB_PARKED_TURNS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, NULL)) {
+    if (k.len != 8)
+      continue;
+    cph_key tk = cph_key_of_u64(cph_be64_get(k.data));
+    cph_turn_rec tr;
+    int grc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    parked_count_add(tu, tr.session, 1);
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  cph_cursor_close(&c);
+  cph_txn_abort(&t);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
 void turns_clear_leases(cph_turns *tu) {
@@ -189,6 +291,12 @@ void turns_clear_leases(cph_turns *tu) {
 void turns_free(cph_turns *tu) {
   turns_clear_leases(tu);
   op_queue_free(&tu->waiters);
+  for (size_t i = 0; i < tu->n_parks; i++)
+    cph_park_note_free(&tu->parks[i]);
+  free(tu->parks);
+  tu->parks = NULL;
+  tu->n_parks = tu->cap_parks = tu->parks_committed = 0;
+  parked_counts_clear(tu);
 }
 
 int turns_wait(cph_turns *tu, cph_op *op) { return op_queue_push(&tu->waiters, op); }
@@ -688,12 +796,59 @@ uint32_t turns_serve_waiters(cph_turns *tu) {
 
 /* ---------------------------------------------------------------- ending a lease */
 
+/* Appends note (taken) to the expiries' park notes (cph_engine_take_parks). */
+static int park_noted(cph_turns *tu, cph_park_note *note) {
+  if (tu->n_parks == tu->cap_parks) {
+    size_t cap = tu->cap_parks ? 2 * tu->cap_parks : 8;
+    cph_park_note *v = realloc(tu->parks, cap * sizeof *v);
+    if (!v)
+      return CPH_ENOMEM;
+    tu->parks = v;
+    tu->cap_parks = cap;
+  }
+  tu->parks[tu->n_parks++] = *note;
+  *note = (cph_park_note){0};
+  return CPH_OK;
+}
+
+void turns_parks_pass_end(cph_turns *tu, bool committed) {
+  if (committed) {
+    tu->parks_committed = tu->n_parks;
+    return;
+  }
+  while (tu->n_parks > tu->parks_committed)
+    cph_park_note_free(&tu->parks[--tu->n_parks]);
+}
+
+int turns_take_parks(cph_turns *tu, cph_park_note **out, size_t *n) {
+  *out = NULL;
+  *n = 0;
+  size_t k = tu->parks_committed;
+  if (!k)
+    return CPH_OK;
+  cph_park_note *v = malloc(k * sizeof *v);
+  if (!v)
+    return CPH_ENOMEM;
+  memcpy(v, tu->parks, k * sizeof *v);
+  memmove(tu->parks, tu->parks + k, (tu->n_parks - k) * sizeof *v);
+  tu->n_parks -= k;
+  tu->parks_committed = 0;
+  *out = v;
+  *n = k;
+  return CPH_OK;
+}
+
 /* Ends lease l without completing it (worker failure or expiry): the carried messages stay
  * staged with one more attempt; when an item reaches :max-attempts the turn is parked with
  * its messages. A superseded lease (state CPH_TURN_SUPERSEDED, while_running :restart), or one
  * handed back because another node serves the session (!count), was not the worker's
- * failure: its messages stay staged with their attempts as they were, and it is never parked. */
-static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, bool count) {
+ * failure: its messages stay staged with their attempts as they were, and it is never parked.
+ * Cluster mode (report_consumed): a turn parked is named, with the keys of its events, in
+ * *note when given (a fail's op), else in the expiries' park notes — for the cluster log's
+ * park mark (server/clusterflow.h 6.). Listing its keys failed: no note (logged; a node that
+ * takes the session over then delivers its input again, as before park marks). */
+static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, bool count,
+                     cph_park_note *note) {
   csession *s = l->session;
   uint32_t max_attempts = (uint32_t)tu->env->policy->leases.max_attempts;
   uint32_t attempt = state == CPH_TURN_SUPERSEDED || !count ? 0 : 1;
@@ -709,6 +864,14 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
     if (it.attempts >= max_attempts)
       park = true;
   }
+  cph_park_note pn = {0};
+  bool noting = park && tu->env->report_consumed;
+  int krc = CPH_OK;
+  for (size_t i = 0; noting && krc == CPH_OK && i < l->n_inbox_ids; i++) {
+    int idx = inbox_index(s, l->inbox_ids[i]);
+    if (idx >= 0)
+      krc = inbox_event_keys(&t, s->id, &s->inbox[idx], &pn.keys);
+  }
   for (size_t i = 0; i < l->n_inbox_ids; i++) {
     int idx = inbox_index(s, l->inbox_ids[i]);
     if (idx < 0)
@@ -720,6 +883,7 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
   cph_key tk = cph_key_of_u64(l->turn_id);
   cph_turn_rec tr;
   if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) == CPH_OK) {
+    pn.attempts = tr.attempts;
     tr.state = park ? CPH_TURN_PARKED : state;
     char *old_error = tr.error;
     tr.error = (char *)error;
@@ -737,8 +901,30 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
   if (l->job_id)
     maint_job_retry(tu->maint, &t, s, l->job_id, error, &job_failed);
   int rc = cph_txn_commit(&t);
-  if (rc)
+  if (rc) {
+    cph_park_note_free(&pn);
     return rc;
+  }
+  if (park)
+    parked_count_add(tu, s->id, 1);
+  if (noting) {
+    bool ok = krc == CPH_OK && (pn.session = strdup(s->id)) != NULL &&
+              (pn.error = strdup(error ? error : "")) != NULL;
+    if (ok) {
+      pn.turn_id = l->turn_id;
+      if (note) {
+        *note = pn;
+        pn = (cph_park_note){0};
+      } else {
+        ok = park_noted(tu, &pn) == CPH_OK; /* taken: pn is left empty */
+      }
+    }
+    if (!ok)
+      cph_log(CPH_LOG_WARN, "turn %llu of '%s' parked, but listing its events for the cluster "
+              "log failed (%s): a node that takes the session over delivers its input again",
+              (unsigned long long)l->turn_id, s->id, cph_strerror(krc ? krc : CPH_ENOMEM));
+    cph_park_note_free(&pn);
+  }
   if (state != CPH_TURN_SUPERSEDED) /* neither failed nor expired: revoked for newer input */
     metrics_turn_ended(tu->metrics, s->lane, state == CPH_TURN_EXPIRED);
   if (l->job_id) {
@@ -1328,7 +1514,7 @@ static void turn_fail(cph_turns *tu, cph_op *op) {
   csession *s = l->session;
   bool job = l->kind == CPH_KIND_JOB; /* not indexed by session: no item */
   int rc = end_lease(tu, l, CPH_TURN_FAILED, op->u.turn.error ? op->u.turn.error : "failed",
-                     !op->u.turn.away);
+                     !op->u.turn.away, &op->u.turn.park);
   if (rc) {
     op_fail(op, rc, NULL, "%s", cph_strerror(rc));
     return;
@@ -1394,6 +1580,23 @@ static void turn_requeue(cph_turns *tu, cph_op *op) {
     back[n++] = it;
     cph_record_free(&cph_inbox_desc, &ir);
   }
+  /* Cluster mode: the keys of what comes back, for the cluster log's unpark mark
+   * (server/clusterflow.h 6.). */
+  cph_park_note *pn = &op->u.turn.park;
+  int krc = CPH_OK;
+  for (size_t i = 0; tu->env->report_consumed && back && krc == CPH_OK && i < n; i++)
+    krc = inbox_event_keys(&t, s->id, &back[i], &pn->keys);
+  if (tu->env->report_consumed && krc == CPH_OK &&
+      (!(pn->session = strdup(s->id)) || !(pn->error = strdup(tr.error ? tr.error : ""))))
+    krc = CPH_ENOMEM;
+  pn->turn_id = tr.id;
+  pn->attempts = tr.attempts;
+  if (krc != CPH_OK) { /* the requeue stands; a takeover may find the input parked still */
+    cph_log(CPH_LOG_WARN, "requeueing turn %llu of '%s': listing its events for the cluster log "
+            "failed (%s): a node that takes the session over may hold them parked again",
+            (unsigned long long)tr.id, s->id, cph_strerror(krc));
+    cph_park_note_free(pn);
+  }
   tr.state = CPH_TURN_REQUEUED;
   cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
   cph_txn_del(&t, CPH_DB_PARKED_TURNS, &tk);
@@ -1414,11 +1617,430 @@ static void turn_requeue(cph_turns *tu, cph_op *op) {
     }
     op_fail(op, t.ret ? t.ret : rc ? rc : CPH_ENOMEM, NULL, "%s",
             t.err.msg[0] ? t.err.msg : cph_strerror(t.ret ? t.ret : rc ? rc : CPH_ENOMEM));
+    cph_park_note_free(pn);
     free(back);
     return;
   }
   free(back);
+  parked_count_add(tu, s->id, -1);
   sessions_update_work(tu->sessions, s);
+}
+
+/* Pushes a copy of key onto v unless it is there already (a handful of keys: linear). */
+static int held_push(cph_strv *v, const char *key) {
+  for (size_t i = 0; i < v->count; i++)
+    if (strcmp(v->items[i], key) == 0)
+      return CPH_OK;
+  char **items = realloc(v->items, (v->count + 1) * sizeof *items);
+  if (!items)
+    return CPH_ENOMEM;
+  v->items = items;
+  if (!(items[v->count] = strdup(key)))
+    return CPH_ENOMEM;
+  v->count++;
+  return CPH_OK;
+}
+
+/* Of entry it of session `session` (its fold read), the keys `want` names into held; *hit
+ * when there is one. */
+static int wanted_keys(cph_txn *t, const char *session, const inbox_item *it,
+                       const cph_hmap *want, cph_strv *held, bool *hit) {
+  cph_strv keys = {0};
+  int rc = inbox_event_keys(t, session, it, &keys);
+  *hit = false;
+  for (size_t k = 0; rc == CPH_OK && k < keys.count; k++)
+    if (cph_hmap_get(want, keys.items[k])) {
+      *hit = true;
+      rc = held_push(held, keys.items[k]);
+    }
+  cph_strv_free(&keys);
+  return rc;
+}
+
+/* The keys `want` names that s's turns parked before hold, into held: a read of every parked
+ * turn (there are few) and of their entries. */
+static int held_before(cph_txn *t, const csession *s, const cph_hmap *want, cph_strv *held) {
+  cph_cursor c;
+  cph_val k;
+  int rc = cph_cursor_open(t, CPH_DB_PARKED_TURNS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, NULL)) {
+    if (k.len != 8)
+      continue;
+    cph_key tk = cph_key_of_u64(cph_be64_get(k.data));
+    cph_turn_rec tr;
+    int grc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    for (uint32_t i = 0; grc == CPH_OK && strcmp(tr.session, s->id) == 0 && i < tr.n_inbox_seqs;
+         i++) {
+      cph_key ik = inbox_key(s->id, tr.inbox_seqs[i]);
+      cph_inbox_rec ir;
+      if (cph_txn_get_record(t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir) != CPH_OK)
+        continue;
+      inbox_item it = {0};
+      it.id = tr.inbox_seqs[i];
+      it.event_id = ir.event_id;
+      it.created_ms = ir.created_ms;
+      bool hit;
+      grc = inbox_fold_get(t, s->id, &it);
+      if (grc == CPH_OK)
+        grc = wanted_keys(t, s->id, &it, want, held, &hit);
+      cph_record_free(&cph_inbox_desc, &ir);
+    }
+    cph_record_free(&cph_turn_desc, &tr);
+    if (grc) {
+      rc = grc;
+      break;
+    }
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* turns.h: as end_lease parks a turn — its record parked, its entries parked under it and out
+ * of the live inbox — but for the live entries (no turn carries them) standing for a wanted
+ * key, and with the attempts and error another node's park mark gave. Its input is built as a
+ * lease builds it (build_turn: "inbox:" and the entries' bodies in the order a lease stages
+ * them), so it reads as the turn another node parked. */
+void turns_park_keys(cph_turns *tu, cph_op *op) {
+  csession *s = op->u.ingest.park_session ? sessions_get(tu->sessions, op->u.ingest.park_session)
+                                          : NULL;
+  if (!s || !op->u.ingest.n_park_keys || op->rc != CPH_OK)
+    return;
+  cph_hmap want = CPH_HMAP_INIT;
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && i < op->u.ingest.n_park_keys; i++)
+    rc = cph_hmap_put(&want, op->u.ingest.park_keys[i], (void *)op->u.ingest.park_keys[i]);
+  cph_strv *held = &op->u.ingest.park_held;
+  uint32_t *at = calloc(s->n_inbox ? s->n_inbox : 1, sizeof *at); /* indices of those taken */
+  inbox_item **items = calloc(s->n_inbox ? s->n_inbox : 1, sizeof *items);
+  size_t n = 0;
+  if (rc == CPH_OK && (!at || !items))
+    rc = CPH_ENOMEM;
+  cph_txn t;
+  cph_txn_begin_child(&tu->env->txn, &t);
+  for (uint32_t i = 0; rc == CPH_OK && i < s->n_inbox; i++) {
+    bool hit = false;
+    if (!s->inbox[i].turn_id)
+      rc = wanted_keys(&t, s->id, &s->inbox[i], &want, held, &hit);
+    if (hit) {
+      at[n] = i;
+      items[n++] = &s->inbox[i];
+    }
+  }
+  uint64_t turn_id = 0;
+  cph_buf input = CPH_BUF_INIT;
+  uint64_t *ids = n ? calloc(n, sizeof *ids) : NULL;
+  if (rc == CPH_OK && n && !ids)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK && n) {
+    qsort(items, n, sizeof *items, staged_order);
+    cph_buf_puts(&input, INBOX_INPUT_MARK);
+    for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+      cph_staged_msg m = {0};
+      rc = staged_fill(&t, s, items[i], &m);
+      if (rc == CPH_OK) {
+        if (i)
+          cph_buf_putc(&input, '\n');
+        cph_buf_puts(&input, m.body);
+      }
+      free(m.channel);
+      free(m.sender);
+      free(m.body);
+      free(m.event_ids);
+      ids[i] = items[i]->id;
+    }
+    char *text = rc == CPH_OK ? cph_buf_steal(&input) : NULL;
+    if (rc == CPH_OK && !text)
+      rc = CPH_ENOMEM;
+    if (rc == CPH_OK)
+      rc = cph_txn_next_id(&t, "turn", &turn_id);
+    cph_turn_rec tr = {0};
+    tr.id = turn_id;
+    tr.session = s->id;
+    tr.lane = (uint8_t)s->lane;
+    tr.kind = CPH_TURN_INBOX;
+    tr.state = CPH_TURN_PARKED;
+    if (rc == CPH_OK && RAND_bytes(tr.lease, sizeof tr.lease) != 1) /* never handed out */
+      rc = CPH_EIO;
+    tr.inbox_seqs = ids;
+    tr.n_inbox_seqs = (uint32_t)n;
+    tr.episode = s->episode;
+    tr.attempts = op->u.ingest.park_attempts;
+    tr.input = text;
+    tr.created_ms = tr.completed_ms = cph_wall_ms();
+    tr.error = (char *)op->u.ingest.park_error;
+    cph_key tk = cph_key_of_u64(turn_id);
+    if (rc == CPH_OK) {
+      cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+      cph_txn_put(&t, CPH_DB_PARKED_TURNS, &tk, "", 0);
+    }
+    for (size_t i = 0; rc == CPH_OK && i < n; i++) {
+      inbox_item it = *items[i];
+      it.attempts = op->u.ingest.park_attempts;
+      put_inbox_status(&t, s, &it, CPH_INBOX_PARKED, turn_id);
+    }
+    free(text);
+  }
+  cph_buf_free(&input);
+  free(ids);
+  free(items);
+  if (rc == CPH_OK && parked_any(tu, s->id)) /* this one (if any) is not counted yet */
+    rc = held_before(&t, s, &want, held);
+  cph_hmap_free(&want);
+  if (rc == CPH_OK && cph_txn_commit(&t) != CPH_OK)
+    rc = t.ret ? t.ret : CPH_EIO;
+  if (rc) {
+    if (t.mdb)
+      cph_txn_abort(&t);
+    cph_strv_free(held);
+    free(at);
+    op_fail(op, rc, NULL, "parking the input of '%s' another node parked: %s", s->id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+    return;
+  }
+  for (size_t i = n; i-- > 0;) /* from the end: the indices before stay valid (they ascend) */
+    csession_inbox_remove(s, at[i]);
+  free(at);
+  op->u.ingest.park_turn = turn_id;
+  if (n)
+    parked_count_add(tu, s->id, 1);
+  sessions_update_work(tu->sessions, s);
+  if (n)
+    cph_log(CPH_LOG_INFO, "turn %llu of '%s': %zu entries parked as another node parked them "
+            "(POST /v1/turns/%llu/requeue brings them back)",
+            (unsigned long long)turn_id, s->id, n, (unsigned long long)turn_id);
+}
+
+/* The ids of session's parked turns (malloc'd, *n of them), read before any of them changes. */
+static int parked_ids(cph_txn *t, const char *session, uint64_t **out, size_t *n) {
+  *out = NULL;
+  *n = 0;
+  size_t cap = 0;
+  cph_cursor c;
+  cph_val k;
+  int rc = cph_cursor_open(t, CPH_DB_PARKED_TURNS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, NULL)) {
+    if (k.len != 8)
+      continue;
+    uint64_t id = cph_be64_get(k.data);
+    cph_key tk = cph_key_of_u64(id);
+    cph_turn_rec tr;
+    int grc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    bool mine = strcmp(tr.session, session) == 0;
+    cph_record_free(&cph_turn_desc, &tr);
+    if (!mine)
+      continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 4;
+      uint64_t *v = realloc(*out, cap * sizeof *v);
+      if (!v) {
+        rc = CPH_ENOMEM;
+        break;
+      }
+      *out = v;
+    }
+    (*out)[(*n)++] = id;
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+/* Whether any of keys is in m. */
+static bool any_in(const cph_strv *keys, const cph_hmap *m) {
+  for (size_t i = 0; i < keys->count; i++)
+    if (cph_hmap_get(m, keys->items[i]))
+      return true;
+  return false;
+}
+
+/* One parked turn of s (turns_retain_parked): its entries, each with its keys, as stored. */
+typedef struct parked_entry {
+  inbox_item it;
+  bool mentioned;
+  cph_strv keys;
+} parked_entry;
+
+/* turns.h: CPH_OP_INBOX_RETAIN's second part (cephalon.h), after sessions.c's: the session's
+ * parked turns against what the log says of their keys. Entries requeued join the live inbox
+ * (and the folded map is rewritten, as a requeue does); the rest is written in a child
+ * transaction. */
+void turns_retain_parked(cph_turns *tu, cph_op *op) {
+  csession *s = sessions_get(tu->sessions, op->u.retain.session);
+  if (!s || op->rc != CPH_OK || !parked_any(tu, s->id))
+    return;
+  cph_hmap keep = CPH_HMAP_INIT, parked = CPH_HMAP_INIT, unparked = CPH_HMAP_INIT;
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && i < op->u.retain.n_keep; i++)
+    rc = cph_hmap_put(&keep, op->u.retain.keep[i], (void *)op->u.retain.keep[i]);
+  for (size_t i = 0; rc == CPH_OK && i < op->u.retain.n_parked; i++)
+    rc = cph_hmap_put(&parked, op->u.retain.parked[i], (void *)op->u.retain.parked[i]);
+  for (size_t i = 0; rc == CPH_OK && i < op->u.retain.n_unparked; i++)
+    rc = cph_hmap_put(&unparked, op->u.retain.unparked[i], (void *)op->u.retain.unparked[i]);
+  cph_txn t;
+  cph_txn_begin_child(&tu->env->txn, &t);
+  uint64_t *ids = NULL;
+  size_t n_ids = 0, pushed = 0;
+  if (rc == CPH_OK)
+    rc = parked_ids(&t, s->id, &ids, &n_ids);
+  inbox_item *back = NULL; /* the entries requeued, pushed into the live inbox */
+  size_t n_back = 0, cap_back = 0;
+  for (size_t k = 0; rc == CPH_OK && k < n_ids; k++) {
+    cph_key tk = cph_key_of_u64(ids[k]);
+    cph_turn_rec tr;
+    if ((rc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr)) != CPH_OK)
+      break;
+    parked_entry *es = calloc(tr.n_inbox_seqs ? tr.n_inbox_seqs : 1, sizeof *es);
+    size_t n_es = 0, n_keys = 0;
+    bool any_parked = false, any_kept = false, any_unparked = false;
+    if (!es)
+      rc = CPH_ENOMEM;
+    for (uint32_t i = 0; rc == CPH_OK && i < tr.n_inbox_seqs; i++) {
+      cph_key ik = inbox_key(s->id, tr.inbox_seqs[i]);
+      cph_inbox_rec ir;
+      if (cph_txn_get_record(&t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir) != CPH_OK)
+        continue;
+      parked_entry *e = &es[n_es++];
+      e->it.id = tr.inbox_seqs[i];
+      e->it.event_id = ir.event_id;
+      e->it.mentioned = ir.mentioned;
+      e->it.created_ms = ir.created_ms;
+      e->it.attempts = ir.attempts;
+      cph_record_free(&cph_inbox_desc, &ir);
+      rc = inbox_fold_get(&t, s->id, &e->it);
+      if (rc == CPH_OK)
+        rc = inbox_event_keys(&t, s->id, &e->it, &e->keys);
+      n_keys += e->keys.count;
+      any_parked |= any_in(&e->keys, &parked);
+      any_kept |= any_in(&e->keys, &keep);
+      any_unparked |= any_in(&e->keys, &unparked);
+    }
+    /* stays parked: marked so, or no key to tell by, or kept with no unpark mark */
+    bool requeue = rc == CPH_OK && !any_parked && n_keys && any_kept && any_unparked;
+    bool drop = rc == CPH_OK && !any_parked && n_keys && !any_kept;
+    for (size_t i = 0; rc == CPH_OK && !any_parked && n_keys && any_kept && !any_unparked &&
+                       i < n_es;
+         i++)
+      for (size_t j = 0; rc == CPH_OK && j < es[i].keys.count; j++)
+        if (cph_hmap_get(&keep, es[i].keys.items[j]))
+          rc = held_push(&op->u.retain.held, es[i].keys.items[j]);
+    for (size_t i = 0; rc == CPH_OK && (requeue || drop) && i < n_es; i++) {
+      parked_entry *e = &es[i];
+      if (requeue && any_in(&e->keys, &keep)) {
+        e->it.status = CPH_INBOX_STAGED;
+        e->it.attempts = 0;
+        put_inbox_status(&t, s, &e->it, CPH_INBOX_STAGED, 0);
+        if (n_back == cap_back) {
+          cap_back = cap_back ? 2 * cap_back : 8;
+          inbox_item *v = realloc(back, cap_back * sizeof *v);
+          if (!v) {
+            rc = CPH_ENOMEM;
+            break;
+          }
+          back = v;
+        }
+        back[n_back++] = e->it;
+      } else {
+        put_inbox_status(&t, s, &e->it, CPH_INBOX_CONSUMED, 0);
+      }
+    }
+    if (rc == CPH_OK && (requeue || drop)) {
+      tr.state = CPH_TURN_REQUEUED;
+      cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+      cph_txn_del(&t, CPH_DB_PARKED_TURNS, &tk);
+      if (requeue)
+        op->u.retain.parked_requeued++;
+      else
+        op->u.retain.parked_dropped++;
+      cph_log(CPH_LOG_INFO,
+              "parked turn %llu of '%s' %s: its input was %s on another node while this one did "
+              "not serve the session",
+              (unsigned long long)tr.id, s->id, requeue ? "requeued" : "is no longer parked",
+              requeue ? "requeued" : "consumed");
+    }
+    for (size_t i = 0; es && i < n_es; i++)
+      cph_strv_free(&es[i].keys);
+    free(es);
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  free(ids);
+  cph_hmap_free(&keep);
+  cph_hmap_free(&parked);
+  cph_hmap_free(&unparked);
+  /* Live again before the commit: the folded map is rewritten from the live inbox (turn_requeue) */
+  while (rc == CPH_OK && pushed < n_back && csession_inbox_push(s, &back[pushed]) == CPH_OK)
+    pushed++;
+  if (rc == CPH_OK && pushed < n_back)
+    rc = CPH_ENOMEM;
+  if (rc == CPH_OK && n_back)
+    rc = inbox_folded_put(&t, s, 0);
+  if (rc == CPH_OK && cph_txn_commit(&t) != CPH_OK)
+    rc = t.ret ? t.ret : CPH_EIO;
+  if (rc) {
+    if (t.mdb)
+      cph_txn_abort(&t);
+    for (size_t i = 0; i < pushed; i++) {
+      int at = inbox_index(s, back[i].id);
+      if (at >= 0)
+        csession_inbox_remove(s, (uint32_t)at);
+    }
+    cph_strv_free(&op->u.retain.held);
+    op->u.retain.parked_requeued = op->u.retain.parked_dropped = 0;
+    op_fail(op, rc, NULL, "retaining the parked turns of '%s': %s", s->id,
+            t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  }
+  for (uint32_t i = 0; i < op->u.retain.parked_requeued + op->u.retain.parked_dropped; i++)
+    parked_count_add(tu, s->id, -1);
+  free(back);
+  sessions_update_work(tu->sessions, s);
+}
+
+void turns_session_deleted(cph_turns *tu, cph_op *op) {
+  const char *id = op->u.session.in.id;
+  if (op->rc != CPH_OK || !tu->env->report_consumed || !id || !parked_any(tu, id))
+    return;
+  cph_txn *t = &tu->env->txn;
+  uint64_t *ids = NULL;
+  size_t n = 0;
+  int rc = parked_ids(t, id, &ids, &n);
+  for (size_t k = 0; rc == CPH_OK && k < n; k++) {
+    cph_key tk = cph_key_of_u64(ids[k]);
+    cph_turn_rec tr;
+    if ((rc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr)) != CPH_OK)
+      break;
+    for (uint32_t i = 0; rc == CPH_OK && i < tr.n_inbox_seqs; i++) {
+      cph_key ik = inbox_key(id, tr.inbox_seqs[i]);
+      cph_inbox_rec ir;
+      if (cph_txn_get_record(t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir) != CPH_OK)
+        continue;
+      inbox_item it = {0};
+      it.id = tr.inbox_seqs[i];
+      it.event_id = ir.event_id;
+      it.created_ms = ir.created_ms;
+      cph_record_free(&cph_inbox_desc, &ir);
+      rc = inbox_fold_get(t, id, &it);
+      if (rc == CPH_OK)
+        rc = inbox_event_keys(t, id, &it, &op->u.session.consumed);
+    }
+    cph_record_free(&cph_turn_desc, &tr);
+  }
+  free(ids);
+  if (rc != CPH_OK) /* the delete stands; only the shard's watermark may stay behind */
+    cph_log(CPH_LOG_WARN, "session '%s' deleted, but listing the events of its parked turns for "
+            "the cluster log failed (%s): its shard's watermark stays below them here",
+            id, cph_strerror(rc));
 }
 
 void turns_apply(cph_turns *tu, cph_op *op) {
@@ -1456,7 +2078,7 @@ void turns_supersede(cph_turns *tu, csession *s) {
     return;
   int rc =
       end_lease(tu, l, CPH_TURN_SUPERSEDED, "superseded: input arrived (while_running restart)",
-                false);
+                false, NULL);
   if (rc) /* the lease stays; it ends by its worker or its deadline, as under :enqueue */
     cph_log(CPH_LOG_WARN, "could not supersede turn %llu of '%s': %s",
             (unsigned long long)s->running_turn, s->id, cph_strerror(rc));
@@ -1484,7 +2106,7 @@ void turns_reconcile(cph_turns *tu) {
     expired[n++] = l;
   }
   for (size_t i = 0; i < n; i++)
-    end_lease(tu, expired[i], CPH_TURN_EXPIRED, "lease expired", true);
+    end_lease(tu, expired[i], CPH_TURN_EXPIRED, "lease expired", true, NULL);
   free(expired);
   for (size_t i = 0; i < tu->waiters.len;) {
     cph_op *w = op_queue_at(&tu->waiters, i);
@@ -1525,6 +2147,9 @@ static uint64_t last_key_u64(cph_store *store, cph_db db) {
  * attempt, so attempts do not grow) and their input stays staged for the next turn. */
 int turns_recover(cph_turns *tu, cph_err *err) {
   tu->last_reply_id = last_key_u64(tu->env->store, CPH_DB_REPLIES);
+  int prc = parked_counts_load(tu);
+  if (prc != CPH_OK)
+    return cph_err_set(err, prc, "reading the parked turns: %s", cph_strerror(prc));
   cph_txn t;
   int rc = cph_txn_begin(tu->env->store, true, &t);
   cph_cursor c;

@@ -41,6 +41,17 @@ typedef struct cph_turns {
   cph_hmap leases;        /* turn id as decimal string -> lease (key owned by the lease) */
   op_queue waiters;       /* lease requests waiting for a turn, oldest first */
   uint64_t last_reply_id; /* the newest reply stored */
+  /* Cluster mode (report_consumed): the turns lease expiries parked, for the cluster log's
+   * park marks (cph_engine_take_parks); parks[0..parks_committed) are of passes that
+   * committed, the rest of the pass under way. */
+  cph_park_note *parks;
+  size_t n_parks, cap_parks, parks_committed;
+  /* Session id -> how many of its turns are parked here (sessions with none are absent; read
+   * from the store at turns_recover, kept with each park and requeue): a rebuild's retain
+   * reads the parked turns of those sessions only (turns_retain_parked). parked_unknown: out of
+   * memory once, so the map may miss one — every retain reads them all until the next load. */
+  cph_hmap parked_by_session;
+  bool parked_unknown;
 } cph_turns;
 
 /* The waiters survive a rebuild of memory; the leases do not (turns_clear_leases, then
@@ -71,6 +82,23 @@ void turns_reconcile(cph_turns *tu);         /* expire leases, time out waiters 
  * CPH_ESUPERSEDED and change nothing — and its input is staged again, attempts unchanged,
  * for the next turn with what arrived. A job turn, or no running turn: nothing happens. */
 void turns_supersede(cph_turns *tu, csession *s);
+
+/* Cluster mode's rebuild: the park of an ingest op (u.ingest.park_session, cephalon.h), after
+ * its events went in, in the same pass. Sets the op's error only when the store fails. */
+void turns_park_keys(cph_turns *tu, cph_op *op);
+/* CPH_OP_INBOX_RETAIN's part about the session's parked turns (cephalon.h), after
+ * sessions_apply's, in the same pass. */
+void turns_retain_parked(cph_turns *tu, cph_op *op);
+/* A session delete committed (cluster mode, report_consumed): the keys of the events its
+ * parked turns carry join the op's u.session.consumed — the session's done mark then names
+ * them, so its shard's watermark moves past them. Its parked turns stay listed, as on a single
+ * node (their requeue answers that the session was deleted). */
+void turns_session_deleted(cph_turns *tu, cph_op *op);
+/* The pass ended: its expiries' park notes are handed over from now on (committed), or
+ * dropped (the pass was rolled back: nothing of it was parked). */
+void turns_parks_pass_end(cph_turns *tu, bool committed);
+/* cph_engine_take_parks (cephalon.h). */
+int turns_take_parks(cph_turns *tu, cph_park_note **out, size_t *n);
 
 /* ---- reads */
 int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **out, size_t *n,

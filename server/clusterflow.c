@@ -140,8 +140,14 @@ struct record_req {
   record_req *prev, *next; /* cph_cflow.records: the waiting ones, for shutdown */
 };
 
-/* The done marks of one completion (or session delete) on their way into the log (6.). */
+/* What a done_req logs (6.): what consumed input (a completion, a delete, a refusal), or a
+ * seal's or edit's state alone (made_buf set), or a park or unpark mark. */
+typedef enum mark_kind { MARK_DONE, MARK_PARK, MARK_UNPARK } mark_kind;
+
+/* The done marks of one completion (or session delete) on their way into the log (6.); or the
+ * park or unpark mark of a turn parked or requeued here. */
 struct done_req {
+  mark_kind kind;
   cph_req *r;     /* the completion waiting for them; NULL for a delete (nobody waits) */
   /* a seal's or a context edit's request: what was made ("seal N was made") and what the
    * next owner would lack, for its 503 (its answer waits for its session's state, no marks);
@@ -343,6 +349,9 @@ struct cph_cflow {
   pub *packing_head, *packing_tail; /* the items on the packer (13.), in submission order */
   /* Counters of GET /metrics and GET /v1/cluster (log.rebuild). */
   uint64_t rebuilds, rebuild_events, done_marks, done_mark_failures, marks_put;
+  /* 6.: park and unpark marks the log took, those it did not; 8.: turns rebuilds parked here
+   * again as another node parked them. */
+  uint64_t park_marks, unpark_marks, park_mark_failures, parks_rebuilt;
   double last_rebuild_s, last_read_s;
   uint64_t last_rebuild_events, last_rebuild_messages;
   int64_t last_rebuild_shard; /* -1: none yet */
@@ -749,13 +758,56 @@ static void done_unlink(cph_cflow *f, done_req *dr) {
   cph_req_end(dr->r);
 }
 
+/* What a park or unpark mark not taken leaves a node that takes the session over. */
+static const char *park_lost(const done_req *dr) {
+  return dr->kind == MARK_PARK
+             ? "delivers its input to a turn again"
+             : "holds its input parked again (list GET /v1/turns?state=parked there, and "
+               "requeue it there)";
+}
+
+static void park_answer(cph_cflow *f, done_req *dr) {
+  const char *did = dr->kind == MARK_PARK ? "parked" : "requeued";
+  const char *mark = dr->kind == MARK_PARK ? "park mark" : "unpark mark";
+  if (dr->failed)
+    f->park_mark_failures++;
+  else if (dr->kind == MARK_PARK)
+    f->park_marks++;
+  else
+    f->unpark_marks++;
+  if (!dr->r) {
+    if (dr->failed)
+      cph_warn("cluster log: the %s of a turn of session %s was not taken (%s); a node that "
+               "takes the session over %s",
+               mark, dr->session, dr->why, park_lost(dr));
+    return;
+  }
+  if (dr->failed)
+    cph_reply_error(dr->r, 503, "unavailable", NULL,
+                    "the turn was %s on this node, but the cluster log (NATS JetStream) did not "
+                    "take its %s within %d s (%s): should this node die before the session is "
+                    "served elsewhere, the node that serves it next %s",
+                    did, mark, DONE_DEADLINE_MS / 1000, dr->why, park_lost(dr));
+  else if (!served(f, dr->shard))
+    cph_reply_error(dr->r, 503, "unavailable", NULL,
+                    "the turn was %s on this node, but its session's shard %" PRIu32 " moved to "
+                    "another node before the cluster log took its %s: the new owner may be a "
+                    "node that %s",
+                    did, dr->shard, mark, park_lost(dr));
+  else
+    cph_reply_json(dr->r, 200, json_incref(dr->answer));
+  done_unlink(f, dr);
+}
+
 static void done_answer(cph_cflow *f, done_req *dr) {
   bool edit = dr->made_buf[0] != '\0'; /* logs no mark: its put counts as a state put alone */
-  if (dr->failed && !edit)
+  if (dr->kind == MARK_DONE && dr->failed && !edit)
     f->done_mark_failures++;
-  else if (!edit)
+  else if (dr->kind == MARK_DONE && !edit)
     f->done_marks++;
-  if (dr->r && dr->made_buf[0]) {
+  if (dr->kind != MARK_DONE) {
+    park_answer(f, dr);
+  } else if (dr->r && dr->made_buf[0]) {
     cph_req *r = dr->r;
     if (dr->failed)
       cph_reply_error(r, 503, "unavailable", NULL,
@@ -994,6 +1046,149 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *made, const char 
   if (--dr->outstanding == 0)
     done_answer(f, dr);
   return true;
+}
+
+/* One park or unpark mark (6.): {"session", "park" | "unpark": [keys[from..to)], "turn":
+ * "<node>/<id>", "attempts", "error"} — "turn" groups the parts of one turn's mark (a rebuild
+ * makes one turn of them, 8.); attempts and error are what the rebuilt turn shows. */
+static char *park_payload(const cph_cflow *f, mark_kind kind, const cph_park_note *note,
+                          size_t from, size_t to) {
+  json_t *a = json_array();
+  for (size_t i = from; a && i < to; i++)
+    json_array_append_new(a, json_string(note->keys.items[i]));
+  char turn[160];
+  snprintf(turn, sizeof turn, "%s/%" PRIu64, f->node, note->turn_id);
+  json_t *doc = a ? json_pack("{sssosssIss}", "session", note->session,
+                              kind == MARK_PARK ? "park" : "unpark", a, "turn", turn, "attempts",
+                              (json_int_t)note->attempts, "error",
+                              note->error ? note->error : "")
+                  : NULL;
+  char *data = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+  json_decref(doc);
+  return data;
+}
+
+/* Logs the park (or unpark) mark of a turn parked (requeued) here, in parts of about
+ * DONE_CHUNK_BYTES, through the shard's queue of done marks (in order with its completions'
+ * marks, fenced: 10.), each part under a message id of its own of the done marks' form (a
+ * fence check knows it as this node's). The keys stay pending (7.): parked input is not
+ * consumed. r, when given, is answered with answer (taken) once the log took every part, 503
+ * when it did not (park_answer). False when out of memory (answer freed; r not answered). */
+static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_park_note *note,
+                         json_t *answer) {
+  done_req *dr = calloc(1, sizeof *dr);
+  if (!dr || !(dr->session = strdup(note->session))) {
+    free(dr);
+    json_decref(answer);
+    return false;
+  }
+  dr->kind = kind;
+  dr->r = r;
+  dr->answer = answer;
+  dr->shard = cph_cluster_shard_of(note->session, cph_cluster_shards(f->s->cluster));
+  char subject[64];
+  cph_clog_done_subject(subject, sizeof subject, dr->shard);
+  pub **parts = NULL;
+  size_t n = 0;
+  bool ok = true;
+  for (size_t from = 0; ok && from < note->keys.count;) {
+    size_t to = from, bytes = 0;
+    while (to < note->keys.count &&
+           (to == from || bytes + strlen(note->keys.items[to]) < DONE_CHUNK_BYTES))
+      bytes += strlen(note->keys.items[to++]) + 3;
+    char msgid[160];
+    snprintf(msgid, sizeof msgid, "d.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted_marks);
+    char *data = park_payload(f, kind, note, from, to);
+    pub *p =
+        data ? pub_new(f, PUB_DONE, subject, msgid, data, strlen(data), DONE_DEADLINE_MS) : NULL;
+    pub **g = p ? realloc(parts, (n + 1) * sizeof *g) : NULL;
+    if (!g) {
+      if (p)
+        pub_free(p);
+      ok = false;
+      break;
+    }
+    parts = g;
+    p->dr = dr;
+    p->shard = dr->shard;
+    parts[n++] = p;
+    from = to;
+  }
+  if (!ok) {
+    for (size_t i = 0; i < n; i++)
+      pub_free(parts[i]);
+    free(parts);
+    json_decref(answer);
+    free(dr->session);
+    free(dr);
+    return false;
+  }
+  dr->outstanding = n + 1; /* + 1 until every part is queued (one may answer at once) */
+  if (r) {
+    r->held = true;
+    dr->next = f->dones;
+    if (f->dones)
+      f->dones->prev = dr;
+    f->dones = dr;
+  }
+  shard_track *tr = &f->tracks[dr->shard];
+  for (size_t i = 0; i < n; i++) {
+    if (tr->done_tail)
+      tr->done_tail->next_done = parts[i];
+    else
+      tr->done_head = parts[i];
+    tr->done_tail = parts[i];
+  }
+  free(parts);
+  done_pump(f, dr->shard);
+  if (--dr->outstanding == 0)
+    done_answer(f, dr);
+  return true;
+}
+
+void cph_cflow_parked(cph_cflow *f, cph_req *r, bool parked, const cph_park_note *note,
+                      json_t *answer) {
+  mark_kind kind = parked ? MARK_PARK : MARK_UNPARK;
+  const char *did = parked ? "parked" : "requeued";
+  if (!note->session || !note->keys.count) {
+    if (r)
+      cph_reply_json(r, 200, answer);
+    else
+      json_decref(answer);
+  } else if (f->quiesced) {
+    json_decref(answer);
+    f->park_mark_failures++;
+    if (r)
+      cph_reply_error(r, 503, "unavailable", NULL,
+                      "the turn was %s on this node, but cephalond is stopping before the "
+                      "cluster log took its %s mark: the node that serves its session next %s",
+                      did, parked ? "park" : "unpark",
+                      park_lost(&(done_req){.kind = kind}));
+  } else if (!park_publish(f, r, kind, note, answer)) {
+    f->park_mark_failures++;
+    if (r)
+      cph_reply_error(r, 500, "internal", NULL,
+                      "the turn was %s on this node, but out of memory logging its %s mark", did,
+                      parked ? "park" : "unpark");
+    else
+      cph_error("cluster log: out of memory logging the park mark of turn %" PRIu64
+                " of session %s (a node that takes the session over delivers its input again)",
+                note->turn_id, note->session);
+  }
+}
+
+void cph_cflow_passed(cph_cflow *f) {
+  if (!f || f->quiesced)
+    return;
+  cph_park_note *v = NULL;
+  size_t n = 0;
+  if (cph_engine_take_parks(f->s->engine, &v, &n) != CPH_OK)
+    return; /* out of memory: they stay for the next pass */
+  for (size_t i = 0; i < n; i++) {
+    cph_cflow_parked(f, NULL, true, &v[i], NULL);
+    cph_park_note_free(&v[i]);
+  }
+  free(v);
 }
 
 void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,
@@ -2420,10 +2615,11 @@ static bool adopt_shard(cph_cflow *f, uint32_t shard) {
 /* ---------------------------------------------------------------- rebuilding a shard (8.)
  *
  * The log hands over a shard's past (cph_clog_replay) before binding the shard's consumer.
- * From it: the keys its done marks name; then, in log order, every in or fwd message naming a
- * session (the only ones that reached one: 2., 3.) whose key no mark names, applied to that
- * session alone in batches of REBUILD_BATCH, one engine operation at a time (so in order), after
- * the shard's sessions were adopted. What reached its session is tracked as pending; a message
+ * From it: the keys its done marks name, and those its park marks hold parked (6.); then, in log
+ * order, every in or fwd message naming a session (the only ones that reached one: 2., 3.) whose
+ * key no done mark names, applied to that session alone, one engine operation at a time (so in
+ * order), after the shard's sessions were adopted: first each parked turn's events as one
+ * operation that parks them again, then the others in batches of REBUILD_BATCH. What reached its session is tracked as pending; a message
  * the engine already had (this node applied it before: a restart, or the shard came back) is
  * pending only if its event is still in the session's live inbox (cph_engine_inbox_keys): it
  * may have been consumed here without its mark reaching the log. Then the shard is live and
@@ -2432,6 +2628,7 @@ static bool adopt_shard(cph_cflow *f, uint32_t shard) {
 typedef struct rb_event {
   cph_event_in ev; /* strings in the rebuild's arena or docs */
   uint64_t seq;
+  bool unparked; /* its newest mark is an unpark (6.): requeued on another node */
 } rb_event;
 
 /* The keys a session keeps (CPH_OP_INBOX_RETAIN): those of the rebuild's events naming it. */
@@ -2441,10 +2638,28 @@ typedef struct rb_keep {
   char *session;
   const char **keys; /* strings in the events' docs */
   size_t n, cap;
+  /* of keys: those of turns parked elsewhere (8.), and those requeued elsewhere (6.) */
+  const char **parked, **unparked;
+  size_t n_parked, n_unparked;
 } rb_keep;
+
+/* A turn another node parked (its park marks, 6.) whose events the replay holds: they are
+ * applied to its session and parked again there in one engine operation (8.). */
+typedef struct rb_park {
+  char *session, *turn, *error; /* from its marks: "turn" groups a turn's parts */
+  uint32_t attempts;
+  rb_event *evs; /* its events, in log order, until laid out into the rebuild's */
+  size_t n, cap;
+  size_t first; /* once laid out: its events are rebuild.evs[first .. first + n) */
+  const char **keys; /* once laid out: their keys (in the events' docs), for the operation */
+} rb_park;
 
 struct rebuild {
   cph_op op; /* the batch in the engine, events[next - op_n .. next) */
+  rb_park **parks; /* the parked turns, their events first in evs (in this order) */
+  size_t n_parks, next_park;
+  size_t parks_end; /* evs[0 .. parks_end): the parked turns' events */
+  rb_park *op_park; /* the batch in the engine parks this one (NULL: none) */
   struct cph_arena_chunk *arena; /* the events' strings (decode_payload) */
   json_t *docs;                  /* the messages jansson decoded (an array), or NULL */
   cph_cflow *f;
@@ -2464,9 +2679,25 @@ struct rebuild {
   int64_t t0_ns;
 };
 
+static void rb_park_free(rb_park *g) {
+  if (!g)
+    return;
+  free(g->session);
+  free(g->turn);
+  free(g->error);
+  free(g->evs);
+  free(g->keys);
+  free(g);
+}
+
 static void rebuild_free(rebuild *rb) {
+  for (size_t i = 0; i < rb->n_parks; i++)
+    rb_park_free(rb->parks[i]);
+  free(rb->parks);
   for (size_t i = 0; i < rb->n_keeps; i++) {
     free(rb->keeps[i]->keys);
+    free(rb->keeps[i]->parked);
+    free(rb->keeps[i]->unparked);
     free(rb->keeps[i]->session);
     free(rb->keeps[i]);
   }
@@ -2481,39 +2712,139 @@ static void rebuild_free(rebuild *rb) {
   free(rb);
 }
 
-/* The keys the done marks of rp name, into done (keys owned by the marks' documents, kept in
- * docs). A malformed mark is logged and skipped. */
-static bool rebuild_done_keys(const cph_clog_replay *rp, cph_hmap *done, json_t *docs) {
+/* The park group of (session, turn) in rb, made when new. NULL out of memory. */
+static rb_park *park_group(rebuild *rb, const char *session, const char *turn, json_t *doc) {
+  for (size_t i = 0; i < rb->n_parks; i++)
+    if (strcmp(rb->parks[i]->session, session) == 0 && strcmp(rb->parks[i]->turn, turn) == 0)
+      return rb->parks[i];
+  rb_park **v = realloc(rb->parks, (rb->n_parks + 1) * sizeof *v);
+  if (!v)
+    return NULL;
+  rb->parks = v;
+  rb_park *g = calloc(1, sizeof *g);
+  const char *error = json_string_value(json_object_get(doc, "error"));
+  json_int_t attempts = json_integer_value(json_object_get(doc, "attempts"));
+  if (!g || !(g->session = strdup(session)) || !(g->turn = strdup(turn)) ||
+      !(g->error = strdup(error ? error : ""))) {
+    rb_park_free(g);
+    return NULL;
+  }
+  g->attempts = attempts > 0 && attempts <= UINT32_MAX ? (uint32_t)attempts : 1;
+  rb->parks[rb->n_parks++] = g;
+  return g;
+}
+
+/* rp's marks, in log order (6.): the keys done marks name into done; the keys a park mark names
+ * and no later unpark or done mark does into parked (key -> the rb_park of its turn, made in
+ * rb->parks); the keys whose newest mark is an unpark into unparked. Keys are owned by the marks'
+ * documents, kept in docs. A malformed mark is logged and skipped. False out of memory. */
+static bool rebuild_marks(rebuild *rb, cph_hmap *done, cph_hmap *parked, cph_hmap *unparked,
+                          json_t *docs) {
+  const cph_clog_replay *rp = rb->rp;
   for (size_t i = rp->n_events; i < rp->n_entries; i++) {
     const cph_clog_entry *e = &rp->entries[i];
     json_t *doc = json_loadb(e->data, e->len, 0, NULL);
-    json_t *keys = json_object_get(doc, "keys");
-    if (!keys && json_object_get(doc, "epoch")) { /* an owner's fence (10.), no mark */
+    json_t *keys = json_object_get(doc, "keys"), *park = json_object_get(doc, "park"),
+           *unpark = json_object_get(doc, "unpark");
+    if (!keys && !park && !unpark && json_object_get(doc, "epoch")) { /* a fence (10.) */
       json_decref(doc);
       continue;
     }
-    if (!json_is_array(keys)) {
-      cph_warn("cluster log: done mark %" PRIu64 " of shard %" PRIu32
-               " is malformed (no \"keys\" array); skipped",
+    const char *session = json_string_value(json_object_get(doc, "session"));
+    const char *turn = json_string_value(json_object_get(doc, "turn"));
+    json_t *list = keys ? keys : park ? park : unpark;
+    if (!json_is_array(list) || (!keys && (!session || !turn))) {
+      cph_warn("cluster log: mark %" PRIu64 " of shard %" PRIu32
+               " is malformed (no \"keys\", \"park\" or \"unpark\" array, or a park mark "
+               "without its session and turn); skipped",
                e->seq, rp->shard);
       json_decref(doc);
       continue;
     }
     if (json_array_append_new(docs, doc) != 0)
       return false;
+    rb_park *g = park ? park_group(rb, session, turn, doc) : NULL;
+    if (park && !g)
+      return false;
     size_t k;
     json_t *key;
-    json_array_foreach(keys, k, key) {
-      if (json_is_string(key) && cph_hmap_put(done, json_string_value(key), doc) != CPH_OK)
+    json_array_foreach(list, k, key) {
+      const char *v = json_string_value(key);
+      if (!v)
+        continue;
+      int rc = CPH_OK;
+      if (keys) { /* consumed: never parked again, whatever came before */
+        rc = cph_hmap_put(done, v, doc);
+        cph_hmap_del(parked, v);
+        cph_hmap_del(unparked, v);
+      } else if (park && !cph_hmap_get(done, v)) {
+        rc = cph_hmap_put(parked, v, g);
+        cph_hmap_del(unparked, v);
+      } else if (unpark && !cph_hmap_get(done, v)) {
+        cph_hmap_del(parked, v);
+        rc = cph_hmap_put(unparked, v, doc);
+      }
+      if (rc != CPH_OK)
         return false;
     }
   }
   return true;
 }
 
+static int park_by_first(const void *a, const void *b) {
+  uint64_t x = (*(rb_park *const *)a)->evs[0].seq, y = (*(rb_park *const *)b)->evs[0].seq;
+  return x < y ? -1 : x > y;
+}
+
+/* Lays the parked turns' events out at the head of rb->evs (each turn's together, the turns by
+ * their first event), before the other events, and drops the turns none of whose events the
+ * replay holds. False out of memory. */
+static bool rebuild_park_layout(rebuild *rb) {
+  size_t kept = 0, total = 0;
+  for (size_t i = 0; i < rb->n_parks; i++) {
+    rb_park *g = rb->parks[i];
+    if (!g->n) {
+      rb_park_free(g);
+      continue;
+    }
+    rb->parks[kept++] = g;
+    total += g->n;
+  }
+  rb->n_parks = kept;
+  if (!total)
+    return true;
+  qsort(rb->parks, rb->n_parks, sizeof *rb->parks, park_by_first);
+  rb_event *v = malloc((total + rb->n) * sizeof *v);
+  if (!v)
+    return false;
+  size_t at = 0;
+  for (size_t i = 0; i < rb->n_parks; i++) {
+    rb_park *g = rb->parks[i];
+    if (!(g->keys = malloc(g->n * sizeof *g->keys))) {
+      free(v);
+      return false;
+    }
+    g->first = at;
+    for (size_t k = 0; k < g->n; k++) {
+      g->keys[k] = g->evs[k].ev.key;
+      v[at++] = g->evs[k];
+    }
+    free(g->evs);
+    g->evs = NULL;
+  }
+  memcpy(v + at, rb->evs, rb->n * sizeof *v);
+  free(rb->evs);
+  rb->evs = v;
+  rb->n += total;
+  rb->parks_end = total;
+  return true;
+}
+
 /* The events to apply again, from rp's in and fwd messages (see above); a batch's events one by
- * one, in order. */
-static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done) {
+ * one, in order — those of a turn parked elsewhere (parked: rebuild_marks) set aside with it, to
+ * go first (rebuild_park_layout). */
+static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done,
+                           const cph_hmap *parked, const cph_hmap *unparked) {
   const cph_clog_replay *rp = rb->rp;
   size_t cap = rp->n_events ? rp->n_events : 1;
   rb->evs = calloc(cap, sizeof *rb->evs);
@@ -2545,6 +2876,20 @@ static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done) {
       if (!ev->history_only && (!ev->session || cph_hmap_get(done, ev->key) ||
                                 !cph_ctable_get(f->table, ev->session)))
         continue;
+      rb_park *g = ev->history_only || !ev->key ? NULL : cph_hmap_get(parked, ev->key);
+      if (g && strcmp(g->session, ev->session) == 0) { /* parked elsewhere: goes with its turn */
+        if (g->n == g->cap) {
+          size_t c = g->cap ? 2 * g->cap : 8;
+          rb_event *v = realloc(g->evs, c * sizeof *v);
+          if (!v)
+            return false;
+          g->evs = v;
+          g->cap = c;
+        }
+        g->evs[g->n] = (rb_event){*ev, e->seq, false};
+        g->n++;
+        continue;
+      }
       if (rb->n == cap) {
         size_t c = 2 * cap;
         rb_event *v = realloc(rb->evs, c * sizeof *v);
@@ -2556,8 +2901,11 @@ static bool rebuild_events(cph_cflow *f, rebuild *rb, const cph_hmap *done) {
       rb_event *x = &rb->evs[rb->n++];
       x->ev = *ev;
       x->seq = e->seq;
+      x->unparked = ev->key && !ev->history_only && cph_hmap_get(unparked, ev->key);
     }
   }
+  if (!rebuild_park_layout(rb))
+    return false;
   rb->ins = calloc(rb->n ? rb->n : 1, sizeof *rb->ins);
   if (!rb->ins)
     return false;
@@ -2589,22 +2937,36 @@ static void rebuild_done(cph_op *op, void *ctx) {
              shard, rb->op_n, op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
     cph_op_clear_results(op);
     rb->next = first;
+    if (rb->op_park)
+      rb->next_park--;
     rb->waiting = true;
     arm_retry(f);
     return;
   }
+  /* A turn parked elsewhere: what its session holds parked (now, or parked by this node before
+   * a restart) is not consumed — pending, so the watermark stays below it (7.). */
+  cph_hmap held = CPH_HMAP_INIT;
+  for (size_t i = 0; i < op->u.ingest.park_held.count; i++)
+    if (cph_hmap_put(&held, op->u.ingest.park_held.items[i], op->u.ingest.park_held.items[i]) !=
+        CPH_OK)
+      cph_error("cluster log: out of memory rebuilding shard %" PRIu32, shard);
+  if (op->u.ingest.park_turn)
+    f->parks_rebuilt++;
   for (size_t i = 0; op->u.ingest.results && i < rb->op_n; i++) {
     const cph_event_result *res = &op->u.ingest.results[i];
     rb_event *x = &rb->evs[first + i];
-    if ((res->status == CPH_EV_QUEUED || res->status == CPH_EV_AGGREGATED) && res->sessions.count) {
+    bool reached =
+        (res->status == CPH_EV_QUEUED || res->status == CPH_EV_AGGREGATED) && res->sessions.count;
+    if (reached || (x->ev.key && cph_hmap_get(&held, x->ev.key))) {
       pending_add(f, x->ev.key, x->seq, shard);
-      rb->reached++;
+      rb->reached += reached;
     } else if (res->status == CPH_EV_DUPLICATE && x->ev.session) {
       if (cph_hmap_put(&rb->dups, x->ev.key, x) != CPH_OK ||
           cph_hmap_put(&rb->checks, x->ev.session, x->ev.session) != CPH_OK)
         cph_error("cluster log: out of memory rebuilding shard %" PRIu32, shard);
     }
   }
+  cph_hmap_free(&held);
   cph_op_clear_results(op);
   rebuild_step(f, rb);
 }
@@ -2639,7 +3001,21 @@ static void rebuild_retained(cph_op *op, void *ctx) {
     cph_info("cluster log: session %s dropped %" PRIu32 " entries consumed on another node "
              "while this one did not serve it",
              k->session, op->u.retain.dropped);
-  else if (op->rc != CPH_OK && op->rc != CPH_ENOTFOUND)
+  if (op->rc == CPH_OK && (op->u.retain.parked_dropped || op->u.retain.parked_requeued))
+    cph_info("cluster log: session %s: of its turns parked here before, %" PRIu32 " requeued "
+             "(requeued on another node meanwhile) and %" PRIu32 " no longer parked (consumed "
+             "on another node meanwhile)",
+             k->session, op->u.retain.parked_requeued, op->u.retain.parked_dropped);
+  /* A turn parked here with no mark that says so (parked before park marks, or its mark was
+   * lost) stays parked: its input is not consumed (7.). */
+  for (size_t i = 0; op->rc == CPH_OK && !rb->stale && !f->quiesced &&
+                     i < op->u.retain.held.count;
+       i++) {
+    const rb_event *x = cph_hmap_get(&rb->dups, op->u.retain.held.items[i]);
+    if (x)
+      pending_add(f, x->ev.key, x->seq, rb->rp->shard);
+  }
+  if (op->rc != CPH_OK && op->rc != CPH_ENOTFOUND)
     cph_warn("cluster log: retaining the inbox of %s: %s", k->session,
              op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
   cph_op_clear_results(op);
@@ -2698,6 +3074,23 @@ static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
       }
       k->keys[k->n++] = rb->evs[i].ev.key;
     }
+    /* of them, those of turns parked elsewhere and those requeued elsewhere (few: sized as
+     * the session's keys when there is one) */
+    for (size_t i = 0; ok && i < rb->n; i++) {
+      bool in_park = i < rb->parks_end;
+      rb_keep *k = (in_park || rb->evs[i].unparked) && rb->evs[i].ev.session
+                       ? cph_hmap_get(&by, rb->evs[i].ev.session)
+                       : NULL;
+      if (!k)
+        continue;
+      const char ***list = in_park ? &k->parked : &k->unparked;
+      size_t *count = in_park ? &k->n_parked : &k->n_unparked;
+      if (!*list && !(*list = malloc(k->n * sizeof **list))) {
+        ok = false;
+        break;
+      }
+      (*list)[(*count)++] = rb->evs[i].ev.key;
+    }
     cph_hmap_free(&by);
     if (!ok) { /* out of memory: stale entries are not dropped (at worst delivered again) */
       cph_error("cluster log: out of memory rebuilding shard %" PRIu32
@@ -2716,6 +3109,10 @@ static bool rebuild_retain(cph_cflow *f, rebuild *rb) {
     k->op.u.retain.session = k->session;
     k->op.u.retain.keep = k->keys;
     k->op.u.retain.n_keep = k->n;
+    k->op.u.retain.parked = k->parked;
+    k->op.u.retain.n_parked = k->n_parked;
+    k->op.u.retain.unparked = k->unparked;
+    k->op.u.retain.n_unparked = k->n_unparked;
     if (cph_engine_submit(f->s->engine, &k->op) != CPH_OK)
       break;
     rb->next_keep++;
@@ -2935,18 +3332,33 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
     rb->states_queued = true;
   }
   if (rb->next < rb->n) {
-    size_t k = rb->n - rb->next < REBUILD_BATCH ? rb->n - rb->next : REBUILD_BATCH;
+    /* A turn parked elsewhere goes whole, in one operation that parks it again (no lease can
+     * take its entries in between); the other events in batches after them. */
+    rb_park *g = rb->next_park < rb->n_parks ? rb->parks[rb->next_park] : NULL;
+    size_t k = g                                ? g->n
+               : rb->n - rb->next < REBUILD_BATCH ? rb->n - rb->next
+                                                  : REBUILD_BATCH;
     memset(&rb->op, 0, sizeof rb->op);
     rb->op.kind = CPH_OP_INGEST;
     rb->op.done = rebuild_done;
     rb->op.ctx = rb;
     rb->op.u.ingest.events = rb->ins + rb->next;
     rb->op.u.ingest.n_events = k;
+    if (g) {
+      rb->op.u.ingest.park_session = g->session;
+      rb->op.u.ingest.park_keys = g->keys;
+      rb->op.u.ingest.n_park_keys = g->n;
+      rb->op.u.ingest.park_attempts = g->attempts;
+      rb->op.u.ingest.park_error = g->error;
+    }
     if (cph_engine_submit(f->s->engine, &rb->op) != CPH_OK) {
       rb->waiting = true;
       arm_retry(f);
       return;
     }
+    rb->op_park = g;
+    if (g)
+      rb->next_park++;
     rb->op_n = k;
     rb->next += k;
     rb->in_engine = true;
@@ -2978,9 +3390,10 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
   f->last_rebuild_shard = shard;
   cph_info("cluster log: shard %" PRIu32 " rebuilt in %.3f s (reading %.3f s): positions %" PRIu64
            "..%" PRIu64 ", %zu messages, %zu done marks and %zu session states read, %" PRIu64
-           " events delivered again, %zu pending",
+           " events delivered again, %zu turns parked elsewhere among them, %zu pending",
            shard, took, f->last_read_s, rb->rp->from, rb->rp->to, rb->rp->n_events,
-           rb->rp->n_entries - rb->rp->n_events, rb->rp->n_states, rb->reached, tr->pending.n);
+           rb->rp->n_entries - rb->rp->n_events, rb->rp->n_states, rb->reached, rb->n_parks,
+           tr->pending.n);
   cph_clog_rebuilt(f->log, shard, rb->rp->gen);
   rebuild_free(rb);
 }
@@ -3105,16 +3518,19 @@ static void on_replayed(void *ctx, cph_clog_replay *rp) {
                rp->states[i].session);
   tr->fenced = tr->mark_fenced = false;
   rebuild *rb = calloc(1, sizeof *rb);
-  cph_hmap done = CPH_HMAP_INIT;
+  cph_hmap done = CPH_HMAP_INIT, parked = CPH_HMAP_INIT, unparked = CPH_HMAP_INIT;
   json_t *docs = json_array();
   bool ok = rb && docs;
   if (ok) {
     rb->f = f;
     rb->rp = rp;
     rb->t0_ns = mono_ns();
-    ok = rebuild_done_keys(rp, &done, docs) && rebuild_events(f, rb, &done);
+    ok = rebuild_marks(rb, &done, &parked, &unparked, docs) &&
+         rebuild_events(f, rb, &done, &parked, &unparked);
   }
   cph_hmap_free(&done);
+  cph_hmap_free(&parked);
+  cph_hmap_free(&unparked);
   json_decref(docs);
   if (!ok) {
     cph_error("cluster log: out of memory rebuilding shard %" PRIu32 "; read again", shard);
@@ -3495,7 +3911,13 @@ void cph_cflow_quiesce(cph_cflow *f) {
   while (f->dones) {
     done_req *dr = f->dones;
     f->dones = dr->next;
-    if (dr->made_buf[0])
+    if (dr->kind != MARK_DONE)
+      cph_reply_error(dr->r, 503, "unavailable", NULL,
+                      "the turn was %s on this node, but cephalond is stopping before the "
+                      "cluster log took its %s: the node that serves its session next %s",
+                      dr->kind == MARK_PARK ? "parked" : "requeued",
+                      dr->kind == MARK_PARK ? "park mark" : "unpark mark", park_lost(dr));
+    else if (dr->made_buf[0])
       cph_reply_error(dr->r, 503, "unavailable", NULL,
                       "%s on this node, but cephalond is stopping before the cluster log took "
                       "its session's state: the node that serves the session next may lack %s",
@@ -3680,6 +4102,16 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
       {"cephalon_cluster_done_mark_failures_total", "counter",
        "Completions and session deletes whose record the log did not take in time (a "
        "completion then answers 503)."},
+      {"cephalon_cluster_park_marks_total", "counter",
+       "Turns parked here (:leases :max-attempts) whose park mark the log took: a node that "
+       "takes their session over holds their input parked too."},
+      {"cephalon_cluster_unpark_marks_total", "counter",
+       "Parked turns requeued here whose unpark mark the log took."},
+      {"cephalon_cluster_park_mark_failures_total", "counter",
+       "Park and unpark marks the log did not take in time (a fail or requeue then answers 503; "
+       "an expiry's is logged)."},
+      {"cephalon_cluster_parks_rebuilt_total", "counter",
+       "Turns another node parked that rebuilds here parked again, with their input."},
       {"cephalon_cluster_watermarks_put_total", "counter",
        "Shard watermarks this node put into the log (bounding a later rebuild's replay)."},
       {"cephalon_cluster_log_trim_enabled", "gauge",
@@ -3719,6 +4151,10 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
                         st.rebuilding,
                         f->done_marks,
                         f->done_mark_failures,
+                        f->park_marks,
+                        f->unpark_marks,
+                        f->park_mark_failures,
+                        f->parks_rebuilt,
                         f->marks_put,
                         f->trim_ns && st.trim_allowed > 0,
                         st.trims,
@@ -3795,6 +4231,11 @@ json_t *cph_cflow_json(cph_cflow *f) {
                 (json_int_t)f->items_loaded, "refused", (json_int_t)f->items_refused,
                 "forgotten", (json_int_t)st.items_forgotten, "forget_failures",
                 (json_int_t)st.forget_failures));
+  json_object_set_new(o, "parks",
+                      json_pack("{sIsIsIsI}", "park_marks", (json_int_t)f->park_marks,
+                                "unpark_marks", (json_int_t)f->unpark_marks, "failures",
+                                (json_int_t)f->park_mark_failures, "rebuilt",
+                                (json_int_t)f->parks_rebuilt));
   json_object_set_new(o, "history_copies",
                       json_pack("{sIsIsIsI}", "sent", (json_int_t)f->hist_sent, "failures",
                                 (json_int_t)f->hist_failures, "stored",

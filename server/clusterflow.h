@@ -92,8 +92,28 @@
  *    mark of an event its session refused (while_running :reject: it did not reach it, so a
  *    rebuild must not deliver it). Interrupted and superseded turns consume nothing (their
  *    input is staged again); :merge's taken entries are consumed by the completion that
- *    carries them; a parked turn's input is not consumed (a rebuild elsewhere delivers it
- *    again, as a requeue would).
+ *    carries them; a parked turn's input is not consumed, and its park mark says so (below).
+ *    Park marks: a turn parked here after :leases :max-attempts failed attempts (core/turns.c)
+ *    consumes nothing, but an operator parked it on purpose, so the node that takes its
+ *    session over must not hand its input to a turn either. So the node appends to the same
+ *    subject {"session", "park": [keys], "turn": "<node>/<turn id>", "attempts", "error"} —
+ *    keys as a completion's would be: every event of every entry the turn carried, folded
+ *    ones included — and a requeue of a parked turn here appends {"session", "unpark":
+ *    [keys of what it brought back], "turn", ...}. They go as done marks go (parts of about
+ *    64 KiB sharing "turn", message ids of the done marks' form, the shard's queue: in order
+ *    with the shard's other marks, one at a time, fenced: 10.). A fail that parks its turn,
+ *    and a requeue, answer once the log took every part; otherwise (10 s, the shard moved,
+ *    the node stopping) 503 `unavailable`, the park or requeue standing here. Waited for
+ *    because a park answered 200 must be parked, and a requeue answered 200 staged, on
+ *    whichever node serves the session next — without the mark that node does the opposite
+ *    of what the operator saw — and it costs only those rare requests a round trip. A turn a
+ *    lease expiry parks has no request: its mark is logged right after the pass that parked
+ *    it committed (cph_engine_take_parks, cph_cflow_passed) and nobody waits; one the log
+ *    does not take in time is logged and counted (GET /v1/cluster log.parks.failures), and a
+ *    node that takes the session over then delivers that input again (as before park marks).
+ *    Parked keys stay in the pending set (7.). A rebuild reads the marks in log order (8.):
+ *    a done mark consumes a key for good, a park mark parks it and a later unpark mark
+ *    brings it back.
  *
  * 7. The watermark of a shard, so a rebuild reads a bounded past. Per served shard the node
  *    tracks the log positions of the events it applied that reached their session and are not
@@ -101,7 +121,11 @@
  *    message is acknowledged; removed by the completion or delete that consumed them), and of
  *    the messages delivered to it and not acknowledged (in flight, or released and due again).
  *    The watermark is the lowest of those and the newest position seen + 1: every message of
- *    the shard below it reached no session, or reached one that consumed it. About once a
+ *    the shard below it reached no session, or reached one that consumed it. Parked input is
+ *    not consumed (6.): its events stay in the set while their turn is parked, so a parked
+ *    turn holds its shard's watermark — and the shard's log (12.) — where it is until a
+ *    requeue and a completion (or its session's delete) consume them; a rebuild then finds
+ *    them with their park mark. About once a
  *    second, when it changed, the owner puts it into the key-value bucket CEPH_SHARDS (key: the
  *    shard); only while it serves the shard, and only once it rebuilt it (a node that lost the
  *    shard stops before the next owner can read the bucket). Lower than the truth is always
@@ -120,17 +144,40 @@
  *    consumer delivers it again once bound and 3. forwards it then (the engine's key makes
  *    that delivery a duplicate for its named session); an acknowledged one had its forwards
  *    acknowledged first. In messages without a session (a channel's) reached no session and
- *    are not applied; messages naming a session the table does not know are skipped. What
- *    reached its session joins the shard's pending set (7.); a message the engine already had
- *    (this node applied it before a restart, or before the shard went away and came back)
- *    joins it only if its event is still in the session's live inbox (cph_engine_inbox_keys)
- *    — one that is not was consumed here, or parked, and is not delivered again. Then each
+ *    are not applied; messages naming a session the table does not know are skipped. Parked
+ *    input (6.): the messages whose key a park mark names, and no later unpark or done mark,
+ *    go first, before all others — the events of one parked turn (its marks' "turn", its
+ *    session) in log order as one engine operation, which then, in the same pass, parks the
+ *    live entries they stand for as one turn (CPH_OP_INGEST's park_session, core/turns.c
+ *    turns_park_keys): a turn record in state parked with the mark's attempts and error and
+ *    the input a lease would have shown, listed by GET /v1/turns?state=parked, its entries
+ *    out of the live inbox until POST /v1/turns/{id}/requeue there (which logs the unpark
+ *    mark). So no lease can take them in between, and no later event of the rebuild folds
+ *    into them (their entries come first, and are parked by then); the cost is that they
+ *    enter the channel's history here before events that preceded them in the log. What
+ *    reached its session joins the shard's pending set (7.), parked input too (also when the
+ *    engine holds it parked already: this node parked it before a restart, park_held); a
+ *    message the engine already had (this node applied it before a restart, or before the
+ *    shard went away and came back) joins it only if its event is still in the session's
+ *    live inbox (cph_engine_inbox_keys) or parked as its mark says — one that is not was
+ *    consumed here and is not delivered again. Then each
  *    session of the shard keeps, of its live entries, only those of the events just found
  *    unconsumed (CPH_OP_INBOX_RETAIN): a node that comes back holds stale copies of its old
  *    sessions, whose entries another node's turns may have consumed meanwhile (a done mark, or
  *    below the watermark) — those go; and a session handed back while another node served it
- *    (routes_turns.c: a fail marked away, never picked meanwhile) may be picked again. Then
- *    the shard is live, the log binds its consumer, and messages above L come through 2. A
+ *    (routes_turns.c: a fail marked away, never picked meanwhile) may be picked again. The
+ *    same operation settles the session's turns parked here before by what the marks say of
+ *    their keys (core/turns.c turns_retain_parked; the retain gets the keys parked and the
+ *    keys an unpark mark brought back): a turn whose keys are parked stays parked; one
+ *    requeued on another node and not consumed yet is requeued here; one none of whose keys
+ *    is unconsumed any more (consumed elsewhere, done marks or below W) leaves the parked
+ *    list, its entries consumed; one with no mark either way (parked before park marks were
+ *    logged, or its mark was lost) stays parked and its keys stay pending. So a node that
+ *    comes back neither lists a stale parked turn nor lets a requeue of it bring back input
+ *    consumed elsewhere. In cluster mode GET /v1/turns?state=parked lists only the parked
+ *    turns of the sessions served here, and a requeue of a turn parked here for a session
+ *    another node serves answers 409 naming that node (routes_turns.c): the input is parked
+ *    there, under that node's turn id. Then the shard is live, the log binds its consumer, and messages above L come through 2. A
  *    message is acknowledged only while its shard is served here, so one applied after the
  *    shard moved comes to the next owner too. Cost: a replay reads the shard's messages
  *    between W and L and all its marks since W; with turns consuming input, W stays close to
@@ -467,6 +514,17 @@ void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, c
 /* A session deleted on this node dropped the events named by keys: logs their done mark
  * (nobody waits for it). */
 void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);
+/* A turn of this node was parked (parked; a fail's u.turn.park) or requeued (!parked; a
+ * requeue's u.turn.park): logs its park or unpark mark (6. above) and answers r with `answer`
+ * (taken) once the log took it, or 503 `unavailable` when it does not within DONE_DEADLINE_MS,
+ * the shard moved or the node is stopping (the park or requeue stands here). r NULL (answer
+ * NULL): nobody waits, a failure is logged and counted. A note with no session or no keys: r
+ * is answered at once. Called from r's on_done; sets r->held when r waits. */
+void cph_cflow_parked(cph_cflow *f, cph_req *r, bool parked, const cph_park_note *note,
+                      json_t *answer);
+/* After each engine pass (main.c): the park marks of the turns lease expiries parked
+ * (cph_engine_take_parks), not waited for. NULL is fine. */
+void cph_cflow_passed(cph_cflow *f);
 /* min_pos (see 9. above): r waits, off the loop, until log position pos is applied here for
  * shard (-1: every shard this node serves), then resume(r) runs the route (it answers, or sets
  * r->async, as a handler does, and the request ends the same way); or r is answered 504

@@ -740,6 +740,17 @@ static void status_done(cph_req *r, const char *status) {
   if (r->op.kind == CPH_OP_FAIL && r->srv->cflow && r->op.u.turn.items.n &&
       r->op.u.turn.consumed_session)
     cph_cflow_items(r->srv->cflow, r->op.u.turn.consumed_session, &r->op.u.turn.items);
+  /* Cluster mode: a fail that parked its turn, and a requeue, answer once the log holds their
+   * park or unpark mark (clusterflow.h 6.), so a node that takes the session over holds that
+   * input parked, or staged, as this one does. */
+  if ((r->op.kind == CPH_OP_FAIL || r->op.kind == CPH_OP_REQUEUE) && r->srv->cflow &&
+      r->op.u.turn.park.session) {
+    json_t *body = json_object();
+    json_object_set_new(body, "id", cph_json_u64(r->op.u.turn.turn_id));
+    json_object_set_new(body, "status", json_string(status));
+    cph_cflow_parked(r->srv->cflow, r, r->op.kind == CPH_OP_FAIL, &r->op.u.turn.park, body);
+    return;
+  }
   /* Written straight out: one answer per cycle, where a jansson tree cost about 25K
    * instructions (bench/PROFILE.md). */
   cph_buf body = CPH_BUF_INIT;
@@ -920,11 +931,50 @@ void cph_route_turn_fail(cph_req *r) {
   cph_req_submit(r, CPH_OP_FAIL, fail_done);
 }
 
+/* Cluster mode: the verdict on the shard of session (served here, or the owner into node and
+ * url). Without the cluster: served. */
+static cph_cluster_verdict session_route(cph_srv *s, const char *session, char *node,
+                                         size_t node_size, char *url, size_t url_size) {
+  if (!s->cluster || !session)
+    return CPH_CLUSTER_SERVED;
+  uint32_t shard = cph_cluster_shard_of(session, cph_cluster_shards(s->cluster));
+  return cph_cluster_route(s->cluster, shard, node, node_size, url, url_size);
+}
+
+/* Cluster mode with the log: a parked turn of a session another node serves now is not
+ * requeued here — its input moved with the session and is parked there, under that node's
+ * turn id (clusterflow.h 8.), and this copy is stale (that node's rebuild parked it again, or
+ * its requeue or completion took it on) — 409, naming the node. */
 void cph_route_turn_requeue(cph_req *r) {
   if (!turn_target(r, false)) {
     cph_reply_failure(r);
     return;
   }
+  cph_turn_record t = {0};
+  cph_err err = {0};
+  if (r->srv->cflow &&
+      cph_engine_turn_record(r->srv->engine, r->op.u.turn.turn_id, &t, &err) == CPH_OK &&
+      t.state && strcmp(t.state, "parked") == 0) {
+    char node[256] = "", url[1024] = "";
+    cph_cluster_verdict v =
+        session_route(r->srv, t.session, node, sizeof node, url, sizeof url);
+    if (v == CPH_CLUSTER_UNKNOWN)
+      cph_reply_error(r, 503, "not_serving", NULL,
+                      "turn %" PRIu64 " of session '%s' is parked here, but no live node serves "
+                      "the session's shard right now: retry shortly",
+                      r->op.u.turn.turn_id, t.session);
+    else if (v == CPH_CLUSTER_ELSEWHERE)
+      cph_reply_error(r, 409, "conflict", "id",
+                      "turn %" PRIu64 " of session '%s' was parked here, but node %s (%s) serves "
+                      "the session now and holds its parked input: requeue it there (GET "
+                      "/v1/turns?state=parked there lists it)",
+                      r->op.u.turn.turn_id, t.session, node, url);
+    if (v != CPH_CLUSTER_SERVED) {
+      cph_turn_record_free(&t);
+      return;
+    }
+  }
+  cph_turn_record_free(&t);
   cph_req_submit(r, CPH_OP_REQUEUE, requeue_done);
 }
 
@@ -1034,6 +1084,15 @@ void cph_route_turns_list(cph_req *r) {
   json_t *arr = json_array();
   for (size_t i = 0; i < n; i++) {
     const cph_parked_turn *t = &turns[i];
+    char node[8], url[8];
+    /* Cluster mode with the log: the parked turns of the sessions served here (the node
+     * serving one holds its parked input: clusterflow.h 8.) */
+    if (r->srv->cflow &&
+        session_route(r->srv, t->session, node, sizeof node, url, sizeof url) !=
+            CPH_CLUSTER_SERVED) {
+      cph_parked_turn_free(&turns[i]);
+      continue;
+    }
     json_t *o = json_object();
     json_object_set_new(o, "id", cph_json_u64(t->id));
     json_object_set_new(o, "session", cph_json_str(t->session));

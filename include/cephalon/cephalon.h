@@ -408,6 +408,20 @@ typedef struct cph_parked_turn {
 } cph_parked_turn;
 void cph_parked_turn_free(cph_parked_turn *p);
 
+/* Cluster mode (server/clusterflow.h 6.): a turn this node parked after :leases :max-attempts,
+ * or one it brought back (requeue), as the cluster log's park and unpark marks name it. keys:
+ * the idempotency keys of the events its entries stand for (every event folded into one
+ * included; events without a key left out) — not consumed: parked input waits for a requeue.
+ * session NULL: none. */
+typedef struct cph_park_note {
+  char *session;
+  uint64_t turn_id;  /* its id on this node */
+  uint32_t attempts; /* as its record says */
+  char *error;       /* its last failure (NULL: none) */
+  cph_strv keys;
+} cph_park_note;
+void cph_park_note_free(cph_park_note *p);
+
 /* ---------------------------------------------------------------- maintenance jobs
  *
  * Jobs (DESIGN §2, §7) queue on maintenance sessions (the built-in "janitor"), run in the
@@ -622,7 +636,8 @@ struct cph_op {
       unsigned set;        /* CPH_SET_* for update */
       cph_session_info out; /* the session as stored */
       /* delete, out, only while cph_engine_report_consumed is on: the keys of the events its
-       * live inbox stood for, dropped with it (as u.turn.consumed). */
+       * live inbox stood for, dropped with it (as u.turn.consumed), and of those its parked
+       * turns hold (they stay listed, as on a single node, but are never brought back). */
       cph_strv consumed;
     } session;
     struct {
@@ -632,6 +647,23 @@ struct cph_op {
       /* The results' strings and lists (sessions, busy, reason, field) live in this arena the
        * engine owns (common/arena.h): cph_op_clear_results frees them together. */
       struct cph_arena_chunk *strings;
+      /* Cluster mode's rebuild (server/clusterflow.h 8.), optional (park_session NULL: none):
+       * input another node parked. Once the events are in, in the same operation (no lease
+       * can come between), the live entries of park_session that no turn carries and that
+       * stand for an event whose key is in park_keys[0..n_park_keys) are parked as one turn,
+       * as :leases :max-attempts parks one (core/turns.c): a turn record in state parked with
+       * park_attempts and park_error (borrowed), listed by GET /v1/turns?state=parked, its
+       * entries out of the live inbox until POST /v1/turns/{id}/requeue. Out: park_turn, the
+       * turn made (0: no such entry); park_held, the keys of park_keys the session holds
+       * parked after it — in that turn, or in a turn parked here before (this node parked
+       * them itself before a restart). Freed by cph_op_clear_results. */
+      const char *park_session;
+      const char *const *park_keys;
+      size_t n_park_keys;
+      uint32_t park_attempts;
+      const char *park_error;
+      uint64_t park_turn;
+      cph_strv park_held;
     } ingest;
     struct {
       char *worker;
@@ -709,6 +741,12 @@ struct cph_op {
        * session now — no attempt is counted, and the session is not picked again until a
        * CPH_OP_INBOX_RETAIN says this node serves it again. */
       bool away;
+      /* While cph_engine_report_consumed is on (cluster mode), out: a fail that parked its turn
+       * names it here, the keys of the events it carries with it; a requeue names the turn it
+       * brought back and the keys of the events now staged again. park.session NULL: nothing
+       * parked or brought back. A turn a lease expiry parks has no op: cph_engine_take_parks
+       * hands it over. Freed by cph_op_clear_results. */
+      cph_park_note park;
     } turn;
     struct {
       cph_job_in in;
@@ -749,12 +787,27 @@ struct cph_op {
      * keep[0..n_keep) is consumed without a turn (a turn of another node consumed it while
      * this node did not serve the session); entries with a kept key, or without any key, stay.
      * A reporter session's entries (report_interval_s) are left as they are. The session may
-     * be picked again (it is no longer away, see u.turn.away). */
+     * be picked again (it is no longer away, see u.turn.away).
+     * Then the session's parked turns here, each by the keys of its events: one with a key in
+     * parked[0..n_parked) (parked as the log's park marks say) stays parked; one with a key in
+     * keep that the log's unpark marks name (unparked[0..n_unparked): requeued on another node
+     * and not consumed yet) is requeued here, its entries with a kept key staged again and the
+     * others consumed; one with a key in keep and no such mark (parked before park marks were
+     * logged, or its mark was lost) stays parked, its kept keys listed in held (out); one none
+     * of whose keys is kept (consumed on another node, or below the watermark) leaves the
+     * parked list (its record says requeued) and its entries are consumed. A turn with no key
+     * stays parked. Counts in parked_requeued and parked_dropped (out). */
     struct {
       char *session;
       const char *const *keep;
       size_t n_keep;
       uint32_t dropped; /* out: entries consumed */
+      const char *const *parked;
+      size_t n_parked;
+      const char *const *unparked;
+      size_t n_unparked;
+      uint32_t parked_requeued, parked_dropped; /* out */
+      cph_strv held;                            /* out; freed by cph_op_clear_results */
     } retain;
     /* CPH_OP_SESSION_STATE (server/clusterflow.h 11.): session (which must exist) takes the
      * state another node exported (a completion's u.turn.state): its context tree replaces the
@@ -800,6 +853,12 @@ void cph_engine_report_consumed(cph_engine *e, bool on);
  * origin is new here. Off (the default, and NULL): replies have no origin. CPH_OK, CPH_EINVAL
  * for a name over 128 bytes, CPH_ENOMEM. Call before the first pass. */
 int cph_engine_reply_origins(cph_engine *e, const char *node);
+
+/* Cluster mode (server/clusterflow.h 6.), while cph_engine_report_consumed is on: the turns
+ * an expired lease parked since the last call (a fail that parks names its turn in its op,
+ * u.turn.park), oldest first, into *out (malloc'd; free each with cph_park_note_free, then the
+ * array). Committed when handed over. CPH_OK (*n 0: none) or CPH_ENOMEM (they stay). */
+int cph_engine_take_parks(cph_engine *e, cph_park_note **out, size_t *n);
 
 /* ---------------------------------------------------------------- reads */
 
