@@ -535,8 +535,8 @@ static int ckpt_take(cph_store *s, ckpt_job *j, const char **what) {
 
 static void maybe_checkpoint(cph_store *s) {
   cph_wal *w = s->wal;
-  if (ms_since(&w->last_start) < w->interval_ms)
-    return;
+  if (ms_since(&w->last_start) < w->interval_ms || s->span_open || s->replay_pending)
+    return; /* the span's: as in cph_wal_make_room */
   pthread_mutex_lock(&w->mu);
   bool busy = w->in_flight || w->broken;
   pthread_mutex_unlock(&w->mu);
@@ -577,7 +577,9 @@ int cph_wal_make_room(cph_store *s, cph_err *err) {
    * growth or its CPH_EFULL, so no write is applied again forever. */
   bool again = w->room_made;
   w->room_made = false;
-  if (broken || again || !w->pin || w->pin_seq >= now)
+  /* Not while a span is open or waits to be applied again: the data file then lacks commits
+   * numbered already, and a checkpoint would say it holds them (store.h, the span). */
+  if (broken || again || !w->pin || w->pin_seq >= now || s->span_open || s->replay_pending)
     return CPH_OK;
   ckpt_job j;
   const char *what;
@@ -672,6 +674,14 @@ static int open_log_files(cph_store *s, cph_err *err) {
     w->fds[i] = fd;
     if (st.st_size >= (off_t)LOG_FILE_BYTES)
       continue;
+    created = true;
+    if (s->sync == CPH_SYNC_NONE) {
+      /* Never flushed under :none: its size is enough (a later mode that flushes commits the
+       * extents with its first flushes; written full, they would cost ~50 ms a data dir). */
+      if (ftruncate(fd, (off_t)LOG_FILE_BYTES) != 0)
+        e = errno;
+      continue;
+    }
     /* Written full once: a later flush then has no file size or extents to commit. */
     if (!zero && !(zero = calloc(1, 1u << 20))) {
       e = ENOMEM;
@@ -681,10 +691,9 @@ static int open_log_files(cph_store *s, cph_err *err) {
       e = write_all(fd, zero, 1u << 20, o);
     if (!e && fdatasync(fd) != 0)
       e = errno;
-    created = true;
   }
   free(zero);
-  if (!e && created)
+  if (!e && created && s->sync != CPH_SYNC_NONE)
     e = fsync_dir(s->dir);
   if (e)
     return cph_err_set(err, cph_store_map_error(e), "data dir '%s': cannot create %s: %s",
@@ -760,16 +769,22 @@ int cph_wal_start(cph_store *s, cph_err *err) {
 static int drop_checkpoint(cph_store *s, const char **what) {
   char fin[4200];
   path_of(s, "checkpoint", fin, sizeof fin);
+  /* Under :none nothing is flushed (the log kept for the span, store.h): what a killed process
+   * wrote is in the page cache, and :none promises a machine crash nothing. */
+  bool flush = s->sync != CPH_SYNC_NONE;
   *what = "flushing the data file";
-  int e = fdatasync(s->fd) == 0 ? 0 : errno;
-  atomic_fetch_add(&s->fsyncs, 1);
+  int e = 0;
+  if (flush) {
+    e = fdatasync(s->fd) == 0 ? 0 : errno;
+    atomic_fetch_add(&s->fsyncs, 1);
+  }
   if (e)
     return e;
   *what = "removing the checkpoint";
   if (unlink(fin) != 0 && errno != ENOENT)
     return errno;
   *what = "flushing the data dir";
-  return fsync_dir(s->dir);
+  return flush ? fsync_dir(s->dir) : 0;
 }
 
 int cph_wal_stop(cph_store *s, cph_err *err) {
