@@ -1659,15 +1659,14 @@ static int wanted_keys(cph_txn *t, const char *session, const inbox_item *it,
 
 /* The keys `want` names that s's turns parked before hold, into held: a read of every parked
  * turn (there are few) and of their entries. */
+static int parked_ids(cph_txn *t, const char *session, uint64_t **out, size_t *n);
+
 static int held_before(cph_txn *t, const csession *s, const cph_hmap *want, cph_strv *held) {
-  cph_cursor c;
-  cph_val k;
-  int rc = cph_cursor_open(t, CPH_DB_PARKED_TURNS, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
-       rc = cph_cursor_next(&c, &k, NULL)) {
-    if (k.len != 8)
-      continue;
-    cph_key tk = cph_key_of_u64(cph_be64_get(k.data));
+  uint64_t *ids;
+  size_t n_ids;
+  int rc = parked_ids(t, s->id, &ids, &n_ids);
+  for (size_t j = 0; rc == CPH_OK && j < n_ids; j++) {
+    cph_key tk = cph_key_of_u64(ids[j]);
     cph_turn_rec tr;
     int grc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
     if (grc == CPH_ENOTFOUND)
@@ -1676,8 +1675,7 @@ static int held_before(cph_txn *t, const csession *s, const cph_hmap *want, cph_
       rc = grc;
       break;
     }
-    for (uint32_t i = 0; grc == CPH_OK && strcmp(tr.session, s->id) == 0 && i < tr.n_inbox_seqs;
-         i++) {
+    for (uint32_t i = 0; grc == CPH_OK && i < tr.n_inbox_seqs; i++) {
       cph_key ik = inbox_key(s->id, tr.inbox_seqs[i]);
       cph_inbox_rec ir;
       if (cph_txn_get_record(t, CPH_DB_INBOX, &ik, &cph_inbox_desc, &ir) != CPH_OK)
@@ -1693,13 +1691,11 @@ static int held_before(cph_txn *t, const csession *s, const cph_hmap *want, cph_
       cph_record_free(&cph_inbox_desc, &ir);
     }
     cph_record_free(&cph_turn_desc, &tr);
-    if (grc) {
+    if (grc)
       rc = grc;
-      break;
-    }
   }
-  cph_cursor_close(&c);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  free(ids);
+  return rc;
 }
 
 /* turns.h: as end_lease parks a turn — its record parked, its entries parked under it and out
