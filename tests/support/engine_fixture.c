@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine_fixture.h"
+#include "cephalon/policy.h"
 #include "cephalon/providers.h"
 #include "store/store.h"
 #include "testutil.h"
@@ -23,11 +24,18 @@ cph_fixture *cph_fixture_new(const char *tag, const char *policy_edn) {
   return f;
 }
 
+void cph_fixture_policy_for_run(cph_policy *p) {
+  const char *span = getenv("CPH_TEST_SPAN_MS");
+  if (span && *span)
+    p->store.span_ms = strtoll(span, NULL, 10);
+}
+
 void cph_fixture_open(cph_fixture *f) {
   cph_policy *p = NULL;
   cph_err err = {0};
   if (cph_policy_load_text("fixture.edn", f->policy, strlen(f->policy), &p, &err))
     fail_msg("policy: %s", err.msg);
+  cph_fixture_policy_for_run(p);
   cph_engine_options o = {f->dir, &f->clock, cph_providers_network()};
   if (cph_engine_open(p, &o, &f->e, &err))
     fail_msg("open: %s", err.msg);

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "cephalon/cephalon.h"
+#include "cephalon/policy.h"
 #include "common/clock.h"
 
 typedef struct cph_fixture {
@@ -21,6 +22,11 @@ typedef struct cph_fixture {
 cph_fixture *cph_fixture_new(const char *tag, const char *policy_edn);
 /* Opens f->e on f->dir with f->policy (after cph_engine_close, to test a restart). */
 void cph_fixture_open(cph_fixture *f);
+/* What the run's environment changes in a fixture's policy (applied by cph_fixture_open; a
+ * test loading a policy of its own for a reload applies it too): CPH_TEST_SPAN_MS replaces
+ * :store :span-ms. The sanitized runs of the slow engine tests set it to 0 (CMakeLists.txt:
+ * under AddressSanitizer every pass's LMDB child txn maps its 3 MiB of page lists afresh). */
+void cph_fixture_policy_for_run(cph_policy *p);
 /* Closes the engine if open, removes the temp dir, frees f. */
 void cph_fixture_free(cph_fixture *f);
 

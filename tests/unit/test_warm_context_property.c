@@ -796,7 +796,7 @@ static void reload_keep(pair *p, int keep) {
     cph_policy *pol;
     cph_err err;
     if (cph_policy_load_text("reload.edn", text, strlen(text), &pol, &err) != CPH_OK ||
-        cph_engine_reload(f[k]->e, pol, &err) != CPH_OK)
+        (cph_fixture_policy_for_run(pol), cph_engine_reload(f[k]->e, pol, &err)) != CPH_OK)
       fail_msg("seed %llu: reload: %s", (unsigned long long)p->seed, err.msg);
     free(f[k]->policy); /* restarts read it */
     f[k]->policy = strdup(text);
