@@ -250,6 +250,43 @@ static bool parked_any(const cph_turns *tu, const char *session) {
   return tu->parked_unknown || cph_hmap_get(&tu->parked_by_session, session) != NULL;
 }
 
+/* Calls visit with the turn record of each parked turn, in id order, and frees the record
+ * after (visit may take its strings, leaving NULL); a parked key whose record is gone is passed
+ * over. Stops at the first visit that fails and returns what it returned. The one walk of
+ * CPH_DB_PARKED_TURNS: the counts at recovery, a session's parked ids, the listing. */
+static int parked_each(cph_txn *t, int (*visit)(cph_turn_rec *tr, void *ctx), void *ctx) {
+  cph_cursor c;
+  cph_val k;
+  int rc = cph_cursor_open(t, CPH_DB_PARKED_TURNS, &c);
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, NULL)) {
+    if (k.len != 8)
+      continue;
+    cph_key tk = cph_key_of_u64(cph_be64_get(k.data));
+    cph_turn_rec tr;
+    int grc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      rc = grc;
+      break;
+    }
+    grc = visit(&tr, ctx);
+    cph_record_free(&cph_turn_desc, &tr);
+    if (grc) {
+      rc = grc;
+      break;
+    }
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+static int count_parked(cph_turn_rec *tr, void *ctx) {
+  parked_count_add(ctx, tr->session, 1);
+  return CPH_OK;
+}
+
 /* The map, read again from the store (turns_recover). */
 static int parked_counts_load(cph_turns *tu) {
   parked_counts_clear(tu);
@@ -257,28 +294,9 @@ static int parked_counts_load(cph_turns *tu) {
   int rc = cph_txn_begin(tu->env->store, false, &t);
   if (rc)
     return rc;
-  cph_cursor c;
-  cph_val k;
-  rc = cph_cursor_open(&t, CPH_DB_PARKED_TURNS, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
-       rc = cph_cursor_next(&c, &k, NULL)) {
-    if (k.len != 8)
-      continue;
-    cph_key tk = cph_key_of_u64(cph_be64_get(k.data));
-    cph_turn_rec tr;
-    int grc = cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
-    if (grc == CPH_ENOTFOUND)
-      continue;
-    if (grc) {
-      rc = grc;
-      break;
-    }
-    parked_count_add(tu, tr.session, 1);
-    cph_record_free(&cph_turn_desc, &tr);
-  }
-  cph_cursor_close(&c);
+  rc = parked_each(&t, count_parked, tu);
   cph_txn_abort(&t);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  return rc;
 }
 
 void turns_clear_leases(cph_turns *tu) {
@@ -1813,45 +1831,36 @@ void turns_park_keys(cph_turns *tu, cph_op *op) {
             (unsigned long long)turn_id, s->id, n, (unsigned long long)turn_id);
 }
 
+/* parked_ids' walk: the ids of one session's parked turns. */
+typedef struct parked_ids_of {
+  const char *session;
+  uint64_t *ids;
+  size_t n, cap;
+} parked_ids_of;
+
+static int add_parked_id(cph_turn_rec *tr, void *ctx) {
+  parked_ids_of *w = ctx;
+  if (strcmp(tr->session, w->session) != 0)
+    return CPH_OK;
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? 2 * w->cap : 4;
+    uint64_t *v = realloc(w->ids, cap * sizeof *v);
+    if (!v)
+      return CPH_ENOMEM;
+    w->ids = v;
+    w->cap = cap;
+  }
+  w->ids[w->n++] = tr->id;
+  return CPH_OK;
+}
+
 /* The ids of session's parked turns (malloc'd, *n of them), read before any of them changes. */
 static int parked_ids(cph_txn *t, const char *session, uint64_t **out, size_t *n) {
-  *out = NULL;
-  *n = 0;
-  size_t cap = 0;
-  cph_cursor c;
-  cph_val k;
-  int rc = cph_cursor_open(t, CPH_DB_PARKED_TURNS, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
-       rc = cph_cursor_next(&c, &k, NULL)) {
-    if (k.len != 8)
-      continue;
-    uint64_t id = cph_be64_get(k.data);
-    cph_key tk = cph_key_of_u64(id);
-    cph_turn_rec tr;
-    int grc = cph_txn_get_record(t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
-    if (grc == CPH_ENOTFOUND)
-      continue;
-    if (grc) {
-      rc = grc;
-      break;
-    }
-    bool mine = strcmp(tr.session, session) == 0;
-    cph_record_free(&cph_turn_desc, &tr);
-    if (!mine)
-      continue;
-    if (*n == cap) {
-      cap = cap ? 2 * cap : 4;
-      uint64_t *v = realloc(*out, cap * sizeof *v);
-      if (!v) {
-        rc = CPH_ENOMEM;
-        break;
-      }
-      *out = v;
-    }
-    (*out)[(*n)++] = id;
-  }
-  cph_cursor_close(&c);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  parked_ids_of w = {.session = session};
+  int rc = parked_each(t, add_parked_id, &w);
+  *out = w.ids;
+  *n = w.n;
+  return rc;
 }
 
 /* Whether any of keys is in m. */
@@ -2249,56 +2258,57 @@ int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **
   return CPH_OK;
 }
 
+/* turns_parked's walk: every parked turn as the listing shows it. */
+typedef struct parked_list {
+  cph_parked_turn *items;
+  size_t n, cap;
+} parked_list;
+
+static int add_parked(cph_turn_rec *tr, void *ctx) {
+  parked_list *l = ctx;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 16;
+    cph_parked_turn *p = realloc(l->items, cap * sizeof *p);
+    if (!p)
+      return CPH_ENOMEM;
+    l->items = p;
+    l->cap = cap;
+  }
+  cph_parked_turn *p = &l->items[l->n++];
+  p->id = tr->id;
+  p->session = tr->session;
+  p->attempts = tr->attempts;
+  p->inbox_ids = tr->inbox_seqs;
+  p->n_inbox_ids = tr->n_inbox_seqs;
+  p->error = tr->error;
+  tr->session = NULL; /* taken */
+  tr->inbox_seqs = NULL;
+  tr->n_inbox_seqs = 0;
+  tr->error = NULL;
+  return CPH_OK;
+}
+
 int turns_parked(cph_store *store, cph_parked_turn **out, size_t *n, cph_err *err) {
-  *out = NULL;
-  *n = 0;
+  parked_list l = {0};
   cph_txn t;
   int rc = cph_txn_begin(store, false, &t);
-  cph_cursor c;
-  cph_val k;
-  size_t cap = 0;
-  if (rc == CPH_OK)
-    rc = cph_cursor_open(&t, CPH_DB_PARKED_TURNS, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, NULL); rc == CPH_OK;
-       rc = cph_cursor_next(&c, &k, NULL)) {
-    cph_key tk;
-    cph_key_reset(&tk);
-    memcpy(tk.data, k.data, k.len < CPH_KEY_MAX ? k.len : CPH_KEY_MAX);
-    tk.len = k.len;
-    cph_turn_rec tr;
-    if (cph_txn_get_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr) != CPH_OK)
-      break;
-    if (*n == cap) {
-      cap = cap ? cap * 2 : 16;
-      cph_parked_turn *p = realloc(*out, cap * sizeof *p);
-      if (!p) {
-        cph_record_free(&cph_turn_desc, &tr);
-        rc = CPH_ENOMEM;
-        break;
-      }
-      *out = p;
-    }
-    cph_parked_turn *p = &(*out)[(*n)++];
-    p->id = tr.id;
-    p->session = tr.session;
-    p->attempts = tr.attempts;
-    p->inbox_ids = tr.inbox_seqs;
-    p->n_inbox_ids = tr.n_inbox_seqs;
-    p->error = tr.error;
-    tr.session = NULL;
-    tr.inbox_seqs = NULL;
-    tr.n_inbox_seqs = 0;
-    tr.error = NULL;
-    cph_record_free(&cph_turn_desc, &tr);
-  }
-  cph_cursor_close(&c);
-  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
-    cph_err_set(err, rc, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  if (rc == CPH_OK) {
+    rc = parked_each(&t, add_parked, &l);
+    if (rc)
+      cph_err_set(err, rc, "%s", t.err.msg[0] ? t.err.msg : cph_strerror(rc));
     cph_txn_abort(&t);
-    return rc;
+  } else {
+    cph_err_set(err, rc, "%s", cph_strerror(rc));
   }
-  cph_txn_abort(&t);
-  return CPH_OK;
+  if (rc) { /* nothing half-listed */
+    for (size_t i = 0; i < l.n; i++)
+      cph_parked_turn_free(&l.items[i]);
+    free(l.items);
+    l = (parked_list){0};
+  }
+  *out = l.items;
+  *n = l.n;
+  return rc;
 }
 
 static const char *const TURN_STATES[CPH_TURN_STATE_COUNT] = {
