@@ -939,6 +939,90 @@ static void state_pack(cph_cflow *f, pub *p) {
   state_packed(f, p);
 }
 
+/* A mark's payload for keys [from, to) (done_part, park_part). */
+typedef char *(*mark_part_fn)(const void *ctx, size_t from, size_t to);
+
+typedef struct done_part_of {
+  const char *session;
+  const cph_strv *keys;
+} done_part_of;
+
+static char *done_part(const void *ctx, size_t from, size_t to) {
+  const done_part_of *d = ctx;
+  return done_payload(d->session, d->keys, from, to);
+}
+
+/* Appends to *parts (*n of *cap) dr's marks of keys, in parts of about DONE_CHUNK_BYTES on
+ * subject, each under a message id of its own of the done marks' form (a fence check knows it
+ * as this node's; a resend is stored once); part(ctx, from, to) writes each one's payload.
+ * False when out of memory (what was appended stays in *parts for marks_abandon). */
+static bool marks_add(cph_cflow *f, done_req *dr, const char *subject, const cph_strv *keys,
+                      mark_part_fn part, const void *ctx, pub ***parts, size_t *n, size_t *cap) {
+  for (size_t from = 0; from < keys->count;) {
+    size_t to = from, bytes = 0;
+    while (to < keys->count && (to == from || bytes + strlen(keys->items[to]) < DONE_CHUNK_BYTES))
+      bytes += strlen(keys->items[to++]) + 3;
+    if (*n == *cap) {
+      size_t grown_cap = *cap ? 2 * *cap : 4;
+      pub **g = realloc(*parts, grown_cap * sizeof *g);
+      if (!g)
+        return false;
+      *parts = g;
+      *cap = grown_cap;
+    }
+    char msgid[160];
+    snprintf(msgid, sizeof msgid, "d.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted_marks);
+    char *data = part(ctx, from, to);
+    pub *p =
+        data ? pub_new(f, PUB_DONE, subject, msgid, data, strlen(data), DONE_DEADLINE_MS) : NULL;
+    if (!p)
+      return false;
+    p->dr = dr;
+    p->shard = dr->shard;
+    (*parts)[(*n)++] = p;
+    from = to;
+  }
+  return true;
+}
+
+/* Out of memory before dr's parts were queued: none was sent; answer and dr go. */
+static void marks_abandon(done_req *dr, pub **parts, size_t n, json_t *answer) {
+  for (size_t i = 0; i < n; i++)
+    pub_free(parts[i]);
+  free(parts);
+  json_decref(answer);
+  free(dr->session);
+  free(dr);
+}
+
+/* Queues dr's parts (taking the array) on its shard's queue of done marks, in order, r (when
+ * given) held until done_answer; then sends what the queue allows. */
+static void marks_queue(cph_cflow *f, cph_req *r, done_req *dr, pub **parts, size_t n) {
+  dr->outstanding = n + 1; /* + 1 until every part is queued (one may answer at once) */
+  if (r) {
+    r->held = true;
+    dr->next = f->dones;
+    if (f->dones)
+      f->dones->prev = dr;
+    f->dones = dr;
+  }
+  shard_track *tr = &f->tracks[dr->shard];
+  for (size_t i = 0; i < n; i++) {
+    parts[i]->shard = dr->shard;
+    if (tr->done_tail)
+      tr->done_tail->next_done = parts[i];
+    else
+      tr->done_head = parts[i];
+    tr->done_tail = parts[i];
+    if (parts[i]->kind == PUB_STATE) /* in the queue: freed only after the packer stopped */
+      state_pack(f, parts[i]);
+  }
+  free(parts);
+  done_pump(f, dr->shard);
+  if (--dr->outstanding == 0)
+    done_answer(f, dr);
+}
+
 /* Logs what a completion (r, answered with answer once the log took it), a session delete or
  * a refusal (r NULL) consumed: the engine keys of its events, in marks of about DONE_CHUNK_BYTES on
  * ceph.s.done.<shard of session>, each under a message id of its own (a resend is stored
@@ -987,64 +1071,12 @@ static bool done_publish(cph_cflow *f, cph_req *r, const char *made, const char 
       ok = false;
     }
   }
-  for (size_t from = 0; ok && from < keys->count;) {
-    size_t to = from, bytes = 0;
-    while (to < keys->count && (to == from || bytes + strlen(keys->items[to]) < DONE_CHUNK_BYTES))
-      bytes += strlen(keys->items[to++]) + 3;
-    char msgid[160];
-    snprintf(msgid, sizeof msgid, "d.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted_marks);
-    char *data = done_payload(session, keys, from, to);
-    pub *p =
-        data ? pub_new(f, PUB_DONE, subject, msgid, data, strlen(data), DONE_DEADLINE_MS) : NULL;
-    if (p && n == cap) {
-      pub **g = realloc(parts, (cap = cap ? 2 * cap : 4) * sizeof *g);
-      if (g)
-        parts = g;
-      else {
-        pub_free(p);
-        p = NULL;
-      }
-    }
-    if (!p) {
-      ok = false;
-      break;
-    }
-    p->dr = dr;
-    parts[n++] = p;
-    from = to;
-  }
-  if (!ok) {
-    for (size_t i = 0; i < n; i++)
-      pub_free(parts[i]);
-    free(parts);
-    json_decref(answer);
-    free(dr->session);
-    free(dr);
+  if (!ok || !marks_add(f, dr, subject, keys, done_part, &(done_part_of){session, keys}, &parts,
+                        &n, &cap)) {
+    marks_abandon(dr, parts, n, answer);
     return false;
   }
-  dr->outstanding = n + 1; /* + 1 until every part is sent (one may answer at once) */
-  if (r) {
-    r->held = true;
-    dr->next = f->dones;
-    if (f->dones)
-      f->dones->prev = dr;
-    f->dones = dr;
-  }
-  shard_track *tr = &f->tracks[dr->shard];
-  for (size_t i = 0; i < n; i++) {
-    parts[i]->shard = dr->shard;
-    if (tr->done_tail)
-      tr->done_tail->next_done = parts[i];
-    else
-      tr->done_head = parts[i];
-    tr->done_tail = parts[i];
-    if (parts[i]->kind == PUB_STATE) /* in the queue: freed only after the packer stopped */
-      state_pack(f, parts[i]);
-  }
-  free(parts);
-  done_pump(f, dr->shard);
-  if (--dr->outstanding == 0)
-    done_answer(f, dr);
+  marks_queue(f, r, dr, parts, n);
   return true;
 }
 
@@ -1068,6 +1100,17 @@ static char *park_payload(const cph_cflow *f, mark_kind kind, const cph_park_not
   return data;
 }
 
+typedef struct park_part_of {
+  const cph_cflow *f;
+  mark_kind kind;
+  const cph_park_note *note;
+} park_part_of;
+
+static char *park_part(const void *ctx, size_t from, size_t to) {
+  const park_part_of *p = ctx;
+  return park_payload(p->f, p->kind, p->note, from, to);
+}
+
 /* Logs the park (or unpark) mark of a turn parked (requeued) here, in parts of about
  * DONE_CHUNK_BYTES, through the shard's queue of done marks (in order with its completions'
  * marks, fenced: 10.), each part under a message id of its own of the done marks' form (a
@@ -1089,60 +1132,13 @@ static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_par
   char subject[64];
   cph_clog_done_subject(subject, sizeof subject, dr->shard);
   pub **parts = NULL;
-  size_t n = 0;
-  bool ok = true;
-  for (size_t from = 0; ok && from < note->keys.count;) {
-    size_t to = from, bytes = 0;
-    while (to < note->keys.count &&
-           (to == from || bytes + strlen(note->keys.items[to]) < DONE_CHUNK_BYTES))
-      bytes += strlen(note->keys.items[to++]) + 3;
-    char msgid[160];
-    snprintf(msgid, sizeof msgid, "d.%s.%" PRIx64 ".%" PRIu64, f->node, f->boot, ++f->minted_marks);
-    char *data = park_payload(f, kind, note, from, to);
-    pub *p =
-        data ? pub_new(f, PUB_DONE, subject, msgid, data, strlen(data), DONE_DEADLINE_MS) : NULL;
-    pub **g = p ? realloc(parts, (n + 1) * sizeof *g) : NULL;
-    if (!g) {
-      if (p)
-        pub_free(p);
-      ok = false;
-      break;
-    }
-    parts = g;
-    p->dr = dr;
-    p->shard = dr->shard;
-    parts[n++] = p;
-    from = to;
-  }
-  if (!ok) {
-    for (size_t i = 0; i < n; i++)
-      pub_free(parts[i]);
-    free(parts);
-    json_decref(answer);
-    free(dr->session);
-    free(dr);
+  size_t n = 0, cap = 0;
+  if (!marks_add(f, dr, subject, &note->keys, park_part, &(park_part_of){f, kind, note}, &parts,
+                 &n, &cap)) {
+    marks_abandon(dr, parts, n, answer);
     return false;
   }
-  dr->outstanding = n + 1; /* + 1 until every part is queued (one may answer at once) */
-  if (r) {
-    r->held = true;
-    dr->next = f->dones;
-    if (f->dones)
-      f->dones->prev = dr;
-    f->dones = dr;
-  }
-  shard_track *tr = &f->tracks[dr->shard];
-  for (size_t i = 0; i < n; i++) {
-    if (tr->done_tail)
-      tr->done_tail->next_done = parts[i];
-    else
-      tr->done_head = parts[i];
-    tr->done_tail = parts[i];
-  }
-  free(parts);
-  done_pump(f, dr->shard);
-  if (--dr->outstanding == 0)
-    done_answer(f, dr);
+  marks_queue(f, r, dr, parts, n);
   return true;
 }
 
