@@ -11,9 +11,23 @@
  * Writer thread only, like every write txn. */
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "store_internal.h"
+
+/* How long passes wait before trying again a replay that failed (a damaged record, a full disk:
+ * causes that go away by an operator's hand, not by retrying). Each attempt reads the span's
+ * records from the log and applies them in a new LMDB txn; without a wait every pass (every
+ * request, under load) made one. A grow of the map (env.c) tries at once, whatever the wait. */
+#define SPAN_REPLAY_BACKOFF_MIN_MS 100
+#define SPAN_REPLAY_BACKOFF_MAX_MS 5000
+
+static int64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 bool store_log_wanted(const cph_store *s) { return s->sync == CPH_SYNC_ALWAYS || s->span_on; }
 
@@ -49,7 +63,10 @@ bool cph_span_wanted(const cph_store *s) { return s->span_on && cph_wal_on(s); }
 int cph_span_begin_pass(cph_store *s, cph_txn *t) {
   if (s->replay_pending) {
     cph_err err = {0};
-    int rc = cph_store_span_replay(s, &err);
+    int64_t wait_ns = s->replay_retry_ns - monotonic_ns();
+    int rc = wait_ns > 0 ? cph_err_set(&err, s->replay_rc, "%s (next attempt in %lld ms)",
+                                       s->replay_err.msg, (long long)(wait_ns / 1000000 + 1))
+                         : cph_store_span_replay(s, &err);
     if (rc) {
       memset(t, 0, sizeof *t);
       t->store = s;
@@ -148,6 +165,17 @@ int cph_store_span_replay(cph_store *s, cph_err *err) {
     cph_info("data dir '%s': commits %llu..%llu applied again from the log", s->dir,
              (unsigned long long)s->replay_first, (unsigned long long)s->replay_last);
     cph_wal_span_end(s); /* LMDB holds every commit numbered: a checkpoint may start */
+    s->replay_backoff_ns = 0;
+    s->replay_retry_ns = 0;
+  } else {
+    int64_t min = (int64_t)SPAN_REPLAY_BACKOFF_MIN_MS * 1000000,
+            max = (int64_t)SPAN_REPLAY_BACKOFF_MAX_MS * 1000000;
+    s->replay_backoff_ns = !s->replay_backoff_ns         ? min
+                           : s->replay_backoff_ns >= max / 2 ? max
+                                                             : 2 * s->replay_backoff_ns;
+    s->replay_retry_ns = monotonic_ns() + s->replay_backoff_ns;
+    s->replay_rc = rc;
+    s->replay_err = *err;
   }
   pthread_mutex_unlock(&s->write_mu);
   return rc;

@@ -228,7 +228,10 @@ int cph_store_grow(cph_store *s, size_t max_bytes, cph_err *err);
  * itself before the map grows, the sync mode changes or the store closes. Should its LMDB
  * commit fail (a full map or disk while writing pages), its passes are applied again from
  * the log in a new top-level txn (cph_store_span_replay: at once, and before any later write
- * begins); until that succeeds, write txns fail to begin, saying why. Off by default.
+ * begins); until that succeeds, write txns fail to begin, saying why. After a replay that
+ * failed, the next attempt waits 100 ms, doubling up to 5 s (a write begun meanwhile fails at
+ * once with the last attempt's error and when the next one is); a grow of the map tries at
+ * once. Off by default.
  *
  * Under :batch and :none the span keeps the log too (cph_store_span_enable starts it, with
  * its checkpoints): its records are written as under :always but flushed only as the mode

@@ -85,6 +85,12 @@ struct cph_store {
    * start at replay_at in the log, and wait to be applied again (cph_store_span_replay). */
   bool replay_pending;
   uint64_t replay_first, replay_last;
+  /* After a replay that failed: no pass begins another before replay_retry_ns (monotonic);
+   * the wait doubles from SPAN_REPLAY_BACKOFF_MIN_MS up to _MAX_MS (span.c); a pass begun
+   * before fails with the last attempt's error (replay_rc, replay_err). */
+  int64_t replay_retry_ns, replay_backoff_ns;
+  int replay_rc;
+  cph_err replay_err;
   bool span_commit_fails; /* tests: the next span commit fails (its LMDB txn aborted) */
   cph_wal_pos span_at, replay_at;
 };

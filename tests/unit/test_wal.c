@@ -707,8 +707,9 @@ static void test_mode_switches_and_a_clean_close_leave_no_checkpoint(void **stat
 }
 
 /* A span whose commit fails and whose replay fails too (its first record damaged here, as a
- * disk error might): writes are refused with the reason, nothing is lost, and once the record
- * reads right again the next write's begin applies the passes and goes on. */
+ * disk error might): writes are refused with the reason, nothing is lost, no write tries the
+ * replay again before the wait after the failed attempt is over, and once the record reads
+ * right again the next write's begin after it applies the passes and goes on. */
 static void test_a_span_that_cannot_be_applied_again_refuses_writes_until_it_is(void **state) {
   (void)state;
   char *dir = cph_test_tmpdir("walspan");
@@ -734,6 +735,13 @@ static void test_a_span_that_cannot_be_applied_again_refuses_writes_until_it_is(
   assert_non_null(strstr(t.err.msg, "acknowledged commits 1..3"));
   flip_byte(fd, at.off + 20, 0x10);
   close(fd);
+  /* A begin within the wait after the failed attempt tries nothing: refused with the last
+   * attempt's error and when the next one is, the passes still waiting. */
+  assert_int_equal(cph_txn_begin(s, true, &t), CPH_ECORRUPT);
+  assert_non_null(strstr(t.err.msg, "acknowledged commits 1..3"));
+  assert_non_null(strstr(t.err.msg, "next attempt in"));
+  assert_true(cph_store_span_replay_pending(s));
+  usleep(250 * 1000); /* past the first wait (100 ms: span.c) */
   put_event(s, 4); /* its begin applies the three again first */
   assert_false(cph_store_span_replay_pending(s));
   int highest;
