@@ -61,9 +61,12 @@
  * bounded when it answers — and a message is sent at most ~30 s after the log is back. A
  * resend is one publish (RESEND_WAIT_MS, the longest clusterlog.c waits for an answer): no
  * 100 ms loop as a first attempt's (RETRY_MS), which would spin every waiting message.
- * RESEND_CAP_BYTES bounds what waits (struct, subject, id and data; a copy ~0.3-2 KB, an item
- * ~0.3-8 KB packed): minutes of a busy node's copies and items during an outage, a small part
- * of a node's memory. RESEND_BATCH bounds the resends one timer callback starts. */
+ * RESEND_CAP_BYTES bounds what waits (struct, subject, id and data: ~0.5 KB a copy or a turn
+ * record's item in test_cluster_copyretry, more for long replies and packed kept contexts): a
+ * small part of a node's memory, yet at an estimated ~1-2 MB of copies and items a second (100
+ * completions a second; not measured) half a minute to a minute of a full outage; beyond it a
+ * copy or an item is dropped, loudly (resend_later). RESEND_BATCH bounds the resends one timer
+ * callback starts. */
 #define RESEND_FIRST_MS 1000
 #define RESEND_MAX_MS 30000
 #define RESEND_WAIT_MS 3000
