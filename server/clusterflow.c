@@ -52,6 +52,26 @@
 #define MARK_MS 1000           /* watermarks: looked at (and published if changed) this often */
 #define MARK_DEADLINE_MS 5000
 #define RETAIN_AT_ONCE 256 /* a rebuild's inbox retains in the engine at a time */
+/* 13., 14.: a copy of a reply or an item the log did not take within its deadline is sent
+ * again (the same subject, message id and data) RESEND_FIRST_MS later, then after twice the
+ * previous wait up to RESEND_MAX_MS, until the log takes it. The first wait is short because
+ * most outages are a JetStream leader election or one NATS server restarting (a few seconds,
+ * and the first attempt already spent 10 s); the doubling and the cap keep a long outage to
+ * one publish per waiting message every 30 s — cheap when NATS is down (refused at once),
+ * bounded when it answers — and a message is sent at most ~30 s after the log is back. A
+ * resend is one publish (RESEND_WAIT_MS, the longest clusterlog.c waits for an answer): no
+ * 100 ms loop as a first attempt's (RETRY_MS), which would spin every waiting message.
+ * RESEND_CAP_BYTES bounds what waits (struct, subject, id and data: ~0.5 KB a copy or a turn
+ * record's item in test_cluster_copyretry, more for long replies and packed kept contexts): a
+ * small part of a node's memory, yet at an estimated ~1-2 MB of copies and items a second (100
+ * completions a second; not measured) half a minute to a minute of a full outage; beyond it a
+ * copy or an item is dropped, loudly (resend_later). RESEND_BATCH bounds the resends one timer
+ * callback starts. */
+#define RESEND_FIRST_MS 1000
+#define RESEND_MAX_MS 30000
+#define RESEND_WAIT_MS 3000
+#define RESEND_CAP_BYTES ((size_t)64 << 20)
+#define RESEND_BATCH 1024
 
 typedef enum pub_kind {
   PUB_INGEST,
@@ -69,6 +89,12 @@ typedef struct ingest_req ingest_req;
 typedef struct applying applying;
 typedef struct done_req done_req;
 typedef struct record_req record_req;
+
+/* A node of a seqheap (the sequence heaps below). */
+typedef struct seqnode {
+  uint64_t seq;
+  size_t pos;
+} seqnode;
 
 /* One message on its way into the log, retried with the same id until its deadline. */
 typedef struct pub {
@@ -99,6 +125,20 @@ typedef struct pub {
   size_t raw_len;
   cph_statezip_job zjob;
   struct pub *next_packing; /* PUB_ITEM being packed: the next one (f->packing_head, FIFO) */
+  /* PUB_HIST, PUB_ITEM (14., 13.): once the log did not take one in time it is resending
+   * (counted in cph_cflow's *_pending and *_pending_bytes until taken or given up), and waits
+   * in f->resend (due: the time of its next attempt, mono ns) between its attempts. rounds:
+   * the resends started; backoff_ms: the wait before the next one. */
+  bool resending, in_resend;
+  seqnode due;
+  int rounds;
+  int64_t backoff_ms;
+  bool test_unacked; /* CPH_TEST_FAIL_HIST_COPIES / _ITEMS: stored, answered as lost */
+  /* PUB_ITEM: the epoch of the shard it was made under (a resend goes only while this node
+   * serves the shard under it); key_held: counted in f->item_keys; forgotten: its session was
+   * deleted here (never sent again). */
+  uint64_t epoch;
+  bool key_held, forgotten;
 } pub;
 
 typedef struct ev_result {
@@ -165,12 +205,7 @@ struct done_req {
  *
  * A min-heap of log positions whose nodes know their place, so the owner of a node removes it
  * in O(log n) without a search; the minimum is O(1). The watermark (7.) is the minimum of two
- * of them per shard. */
-typedef struct seqnode {
-  uint64_t seq;
-  size_t pos;
-} seqnode;
-
+ * of them per shard; the resends (13., 14.) are one ordered by time (seqnode above). */
 typedef struct seqheap {
   seqnode **v;
   size_t n, cap;
@@ -344,6 +379,22 @@ struct cph_cflow {
   /* 14.: copies of replies sent to other shards, those the log did not take; copies applied
    * here (stored in a channel's history), and those this node held already. */
   uint64_t hist_sent, hist_failures, hist_stored, hist_held;
+  /* 13., 14.: the copies and items the log did not take in time, sent again (resend_later):
+   * those waiting for their next attempt, by its time; resends started; those given up
+   * (dropped: lost, logged); waiting now (pending) and their bytes (every resending pub's,
+   * bounded by RESEND_CAP_BYTES together). */
+  seqheap resend;
+  struct event *ev_resend; /* at the first one's time */
+  uint64_t hist_retries, hist_dropped, item_retries, item_dropped;
+  size_t hist_pending, item_pending, hist_pending_bytes, item_pending_bytes;
+  /* 13.: item key (its subject) -> item_key, while a put of it made here is alive: the newest
+   * one's ref, so an older put is never sent again over a newer value (item_skip). */
+  cph_hmap item_keys;
+  /* Fault injection for tests only (test_cluster_copyretry): CPH_TEST_FAIL_HIST_COPIES and
+   * CPH_TEST_FAIL_ITEMS, "N[,M]", in the environment at start make each copy's (item's) first N
+   * attempts fail unsent, as if the log had not answered in time, and its next M be stored but
+   * answered as lost. Unset (0) in any real use. */
+  int test_hist_drop, test_hist_unacked, test_item_drop, test_item_unacked;
   int64_t state_pack_ns; /* the time packing took, over every state packed */
   cph_statezip_packer *packer; /* packs the states beside the loop (statezip.h) */
   pub *packing_head, *packing_tail; /* the items on the packer (13.), in submission order */
@@ -467,7 +518,7 @@ static void pub_send(cph_cflow *f, pub *p) {
     cph_hmap_del(&f->pubs, p->key);
     p->in_map = false;
   }
-  if (mono_ns() >= p->deadline_ns) {
+  if (p->rounds || mono_ns() >= p->deadline_ns) { /* a resend is one publish (resend_later) */
     pub_outcome(f, p, false, 0, false,
                 rc == CPH_EBUSY ? "not connected to NATS, or too many publishes in flight"
                                 : "out of memory");
@@ -506,6 +557,12 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
   if (!p)
     return;
   p->in_map = false;
+  if (rc == CPH_OK && p->test_unacked) { /* stored; answered as lost (a test's fault) */
+    p->test_unacked = false;
+    pub_outcome(f, p, false, 0, false,
+                "stored, but its answer dropped (CPH_TEST_FAIL_HIST_COPIES / _ITEMS)");
+    return;
+  }
   if (rc == CPH_OK) {
     pub_outcome(f, p, true, seq, dup, NULL);
     return;
@@ -558,7 +615,7 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
     return;
   }
   cph_debug("cluster log: publish to %s failed (%s); retrying", p->subject, why ? why : "?");
-  if (mono_ns() >= p->deadline_ns) {
+  if (p->rounds || mono_ns() >= p->deadline_ns) {
     pub_outcome(f, p, false, 0, false, why);
     return;
   }
@@ -745,6 +802,231 @@ static void on_mark(evutil_socket_t fd, short what, void *arg) {
   }
 }
 
+/* ================================================================ resends (13., 14.)
+ *
+ * A copy of a reply (PUB_HIST) or an item (PUB_ITEM) is not waited for by anyone, so nobody
+ * would send it again: one the log does not take within its deadline is sent again here, with
+ * the same subject, message id and data, after a back-off (RESEND_FIRST_MS doubling up to
+ * RESEND_MAX_MS), until the log takes it. Why that is safe, and when one is given up, is in
+ * clusterflow.h 13. and 14. */
+
+static pub *resend_of(seqnode *n) { return (pub *)(void *)((char *)n - offsetof(pub, due)); }
+
+/* What p holds in memory, as the resends count it against RESEND_CAP_BYTES. */
+static size_t pub_bytes(const pub *p) {
+  return sizeof *p + p->len + strlen(p->subject) + 1 + (p->msgid ? strlen(p->msgid) + 1 : 0);
+}
+
+/* An item key's newest put made here (cph_cflow.item_keys). */
+typedef struct item_key {
+  uint64_t ref;  /* the newest put's */
+  size_t alive;  /* puts of the key not ended yet (in flight, packing or resending) */
+  char subject[];
+} item_key;
+
+/* p, an item's put just made, is its key's newest. Out of memory: untracked (never resent). */
+static void item_key_hold(cph_cflow *f, pub *p) {
+  item_key *k = cph_hmap_get(&f->item_keys, p->subject);
+  if (!k) {
+    size_t n = strlen(p->subject);
+    if (!(k = malloc(sizeof *k + n + 1)))
+      return;
+    memcpy(k->subject, p->subject, n + 1);
+    k->alive = 0;
+    if (cph_hmap_put(&f->item_keys, k->subject, k) != CPH_OK) {
+      free(k);
+      return;
+    }
+  }
+  k->ref = p->ref;
+  k->alive++;
+  p->key_held = true;
+}
+
+/* p, an item's put, ends (taken or given up). */
+static void item_key_release(cph_cflow *f, pub *p) {
+  if (!p->key_held)
+    return;
+  p->key_held = false;
+  item_key *k = cph_hmap_get(&f->item_keys, p->subject);
+  if (k && --k->alive == 0) {
+    cph_hmap_del(&f->item_keys, k->subject);
+    free(k);
+  }
+}
+
+/* Why item p is not to be sent again, or NULL: its session was deleted here (its keys are
+ * deleted), a newer put of its key was made here since (an older value must not land over it:
+ * a kept context's slot, a memory put again tombstoned), or this node does not serve its shard
+ * under the epoch it was made in any more (*lost: the next owner took the session's records
+ * from its state, 11., and only those; its own puts of the key must not be written over). */
+static const char *item_skip(cph_cflow *f, const pub *p, bool *lost) {
+  *lost = false;
+  if (p->forgotten)
+    return "its session was deleted";
+  const item_key *k = p->key_held ? cph_hmap_get(&f->item_keys, p->subject) : NULL;
+  if (!k) {
+    *lost = true;
+    return "out of memory tracking its key";
+  }
+  if (k->ref != p->ref)
+    return "a newer put of its key was made since";
+  const shard_track *tr = &f->tracks[p->shard];
+  if (!tr->live || tr->fenced || tr->epoch != p->epoch || !served(f, p->shard)) {
+    *lost = true;
+    return "this node no longer serves its shard (the next owner took the session's records "
+           "from its state)";
+  }
+  return NULL;
+}
+
+/* p, resending, leaves the resends (taken, or given up): uncounted. */
+static void resend_leave(cph_cflow *f, pub *p) {
+  if (p->in_resend) {
+    seqheap_remove(&f->resend, &p->due);
+    p->in_resend = false;
+  }
+  if (!p->resending)
+    return;
+  p->resending = false;
+  size_t b = pub_bytes(p);
+  if (p->kind == PUB_HIST) {
+    f->hist_pending--;
+    f->hist_pending_bytes -= b;
+  } else {
+    f->item_pending--;
+    f->item_pending_bytes -= b;
+  }
+}
+
+static void count_dropped(cph_cflow *f, const pub *p) {
+  if (p->kind == PUB_HIST)
+    f->hist_dropped++;
+  else
+    f->item_dropped++;
+}
+
+/* Whether p is given up rather than sent again (an item item_skip names): logged, and counted
+ * as dropped when that may lose it. */
+static bool resend_given_up(cph_cflow *f, const pub *p) {
+  bool lost = false;
+  const char *skip = p->kind == PUB_ITEM ? item_skip(f, p, &lost) : NULL;
+  if (!skip)
+    return false;
+  if (lost) {
+    count_dropped(f, p);
+    cph_warn("cluster log: item %s is not sent again: %s", p->subject, skip);
+  } else {
+    cph_debug("cluster log: item %s is not sent again: %s", p->subject, skip);
+  }
+  return true;
+}
+
+/* Arms the resend timer for the earliest resend. */
+static void resend_arm(cph_cflow *f) {
+  if (!f->resend.n || f->quiesced)
+    return;
+  int64_t wait_ns = (int64_t)seqheap_min(&f->resend) - mono_ns();
+  if (wait_ns < 0)
+    wait_ns = 0;
+  struct timeval tv = {(time_t)(wait_ns / 1000000000), (suseconds_t)(wait_ns % 1000000000 / 1000)};
+  evtimer_add(f->ev_resend, &tv);
+}
+
+/* p, a copy or an item, was not taken (why) by this attempt: true when it waits for its next
+ * attempt (p kept), false when it is given up (the caller frees it) — an item item_skip
+ * names (logged; counted as dropped when that may lose it), or, logged and counted as dropped,
+ * anything that would take the resends past RESEND_CAP_BYTES (what waits already keeps its
+ * place: the oldest are the longest unseen), or out of memory. */
+static bool resend_later(cph_cflow *f, pub *p, const char *why) {
+  if (resend_given_up(f, p))
+    return false;
+  const char *what = p->kind == PUB_HIST ? "copy of a reply" : "item";
+  if (!p->resending) {
+    size_t b = pub_bytes(p);
+    size_t held = f->hist_pending_bytes + f->item_pending_bytes;
+    if (held + b > RESEND_CAP_BYTES) {
+      count_dropped(f, p);
+      cph_error("cluster log: the %s %s (%s) is DROPPED: the log has not taken %zu copies and "
+                "items (%zu bytes) and no more wait to be sent again; %s",
+                what, p->msgid ? p->msgid : p->subject, p->subject,
+                f->hist_pending + f->item_pending, held,
+                p->kind == PUB_HIST ? "the sessions of that shard do not see the reply in that "
+                                      "channel"
+                                    : "it moves with its session only while the session's "
+                                      "state carries it");
+      return false;
+    }
+    p->resending = true;
+    p->backoff_ms = RESEND_FIRST_MS;
+    if (p->kind == PUB_HIST) {
+      f->hist_pending++;
+      f->hist_pending_bytes += b;
+    } else {
+      f->item_pending++;
+      f->item_pending_bytes += b;
+    }
+  } else {
+    p->backoff_ms = p->backoff_ms * 2 > RESEND_MAX_MS ? RESEND_MAX_MS : p->backoff_ms * 2;
+    cph_debug("cluster log: the %s %s was not taken again (%s); sent again in %" PRId64 " ms",
+              what, p->msgid ? p->msgid : p->subject, why ? why : "no answer", p->backoff_ms);
+  }
+  p->due.seq = (uint64_t)(mono_ns() + p->backoff_ms * 1000000LL);
+  if (!seqheap_push(&f->resend, &p->due)) {
+    resend_leave(f, p);
+    count_dropped(f, p);
+    cph_error("cluster log: the %s %s is DROPPED: out of memory queueing it to be sent again",
+              what, p->msgid ? p->msgid : p->subject);
+    return false;
+  }
+  p->in_resend = true;
+  resend_arm(f);
+  return true;
+}
+
+/* Sends a copy (14.) or an item (13.): its first attempt, or a resend. The test hooks
+ * (cph_cflow.test_*) fail it here. */
+static void pub_attempt(cph_cflow *f, pub *p) {
+  int drop = p->kind == PUB_HIST ? f->test_hist_drop : f->test_item_drop;
+  int unacked = p->kind == PUB_HIST ? f->test_hist_unacked : f->test_item_unacked;
+  if (p->rounds < drop) {
+    pub_outcome(f, p, false, 0, false, "not sent (CPH_TEST_FAIL_HIST_COPIES / _ITEMS)");
+    return;
+  }
+  p->test_unacked = p->rounds < drop + unacked;
+  pub_send(f, p);
+}
+
+/* At the earliest resend's time: the resends due, oldest due first, RESEND_BATCH at most. */
+static void on_resend(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  cph_cflow *f = arg;
+  if (f->quiesced)
+    return;
+  int64_t now = mono_ns();
+  for (int n = 0; n < RESEND_BATCH && f->resend.n && seqheap_min(&f->resend) <= (uint64_t)now;
+       n++) {
+    pub *p = resend_of(f->resend.v[0]);
+    seqheap_remove(&f->resend, &p->due);
+    p->in_resend = false;
+    if (resend_given_up(f, p)) {
+      resend_leave(f, p);
+      item_key_release(f, p);
+      pub_free(p);
+      continue;
+    }
+    p->rounds++;
+    if (p->kind == PUB_HIST)
+      f->hist_retries++;
+    else
+      f->item_retries++;
+    p->deadline_ns = now + RESEND_WAIT_MS * 1000000LL;
+    pub_attempt(f, p); /* may fail at once: then due again after its next back-off */
+  }
+  resend_arm(f);
+}
+
 /* ================================================================ done marks (6.) */
 
 /* dr's request, answered: off the waiting list, and ended. */
@@ -921,7 +1203,7 @@ static void on_state_packed(void *arg, cph_statezip_job *job) {
     *at = p->next_packing;
   if (f->packing_tail == p)
     f->packing_tail = prev;
-  pub_send(f, p);
+  pub_attempt(f, p);
 }
 
 /* Packs p's value (a state, 11., or a big item, 13.): on the packer's thread, or here when it
@@ -1259,12 +1541,14 @@ void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *i
       free(value);
     }
     if (!p) {
-      f->item_failures++;
-      cph_warn("cluster log: item %.40s of session %s not put (%s)", it->name, session,
-               value ? "out of memory" : "its key is too long");
+      f->item_dropped++;
+      cph_error("cluster log: item %.40s of session %s is DROPPED, not put (%s)", it->name,
+                session, value ? "out of memory" : "its key is too long");
       continue;
     }
     p->shard = shard;
+    p->epoch = f->tracks[shard].epoch;
+    item_key_hold(f, p); /* the key's newest put: an older one waiting is not sent again */
     if (it->len >= ITEM_PACK_MIN) /* a kept turn context, a seal: packed as a state is */
       state_pack(f, p);
     if (p->packing) { /* on the packer, which hands it back on the loop (on_state_packed) */
@@ -1275,7 +1559,7 @@ void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *i
         f->packing_head = p;
       f->packing_tail = p;
     } else {
-      pub_send(f, p);
+      pub_attempt(f, p);
     }
   }
 }
@@ -1365,9 +1649,10 @@ void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, c
     json = event_json(channel, session, body, NULL, "reply", key, ts_ms, NULL, 0, true, &len);
   }
   if (n && !json) {
-    f->hist_failures++;
-    cph_warn("cluster log: out of memory copying a reply of %s in %s to the other nodes", session,
-             channel);
+    f->hist_dropped += n == SIZE_MAX ? 1 : n; /* how many is not known: counted once */
+    cph_error("cluster log: out of memory copying a reply of %s in %s to the other nodes: its "
+              "copies are DROPPED",
+              session, channel);
   }
   for (size_t i = 0; json && i < n; i++) {
     char subject[64], msgid[200];
@@ -1378,13 +1663,13 @@ void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, c
                             DONE_DEADLINE_MS)
                   : NULL;
     if (!p) {
-      f->hist_failures++;
-      cph_warn("cluster log: out of memory copying a reply of %s in %s to shard %" PRIu32,
-               session, channel, shards[i]);
+      f->hist_dropped++;
+      cph_error("cluster log: out of memory copying a reply of %s in %s to shard %" PRIu32
+                ": the copy is DROPPED", session, channel, shards[i]);
       continue;
     }
     p->shard = shards[i];
-    pub_send(f, p);
+    pub_attempt(f, p);
   }
   free(json);
   free(shards);
@@ -2332,22 +2617,35 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     if (ok) {
       f->items_put++;
       f->item_bytes += p->len;
-    } else {
-      f->item_failures++;
-      cph_warn("cluster log: an item of a session's state (%s) was not taken: %s; it moves with "
-               "its session while the session's state carries it (its newest records)",
-               p->subject, why ? why : "no answer");
+      if (p->resending)
+        cph_info("cluster log: item %s taken after %d resends", p->subject, p->rounds);
+      break;
     }
+    if (!p->resending) {
+      f->item_failures++;
+      cph_warn("cluster log: an item of a session's state (%s) was not taken: %s; it is sent "
+               "again, from %d s on, until the log takes it",
+               p->subject, why ? why : "no answer", RESEND_FIRST_MS / 1000);
+    }
+    if (resend_later(f, p, why))
+      return; /* p waits for its next attempt */
     break;
   case PUB_HIST:
     if (ok) {
       f->hist_sent++;
-    } else {
-      f->hist_failures++;
-      cph_warn("cluster log: the copy of a reply for the channel histories of shard %" PRIu32
-               " was not taken (%s); the sessions there do not see it in that channel",
-               p->shard, why ? why : "no answer");
+      if (p->resending)
+        cph_info("cluster log: the copy %s of a reply taken after %d resends", p->msgid,
+                 p->rounds);
+      break;
     }
+    if (!p->resending) {
+      f->hist_failures++;
+      cph_warn("cluster log: the copy %s of a reply for the channel histories of shard %" PRIu32
+               " was not taken (%s); it is sent again, from %d s on, until the log takes it",
+               p->msgid, p->shard, why ? why : "no answer", RESEND_FIRST_MS / 1000);
+    }
+    if (resend_later(f, p, why))
+      return; /* p waits for its next attempt */
     break;
   case PUB_MARK: {
     shard_track *tr = &f->tracks[p->shard];
@@ -2366,6 +2664,8 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     break;
   }
   }
+  resend_leave(f, p);
+  item_key_release(f, p);
   pub_free(p);
 }
 
@@ -3674,6 +3974,32 @@ static json_t *session_def(const cph_session_info *in) {
       "paused", json_boolean(in->state == CPH_STATE_PAUSED));
 }
 
+/* Session was deleted here: its item puts still alive (in flight, waiting for a retry or their
+ * packing, or resending) are never sent again (item_skip). O(those puts), on a delete only. */
+static void items_forget(cph_cflow *f, uint32_t shard, const char *session) {
+  char prefix[700];
+  if (cph_clog_state_subject(prefix, sizeof prefix - 1, shard, session) != CPH_OK)
+    return;
+  strcat(prefix, "."); /* an item's subject: the state's, then ".<name>" */
+  size_t n = strlen(prefix);
+  for (size_t i = 0; i < f->pubs.cap; i++) {
+    pub *p = f->pubs.slots[i].key ? f->pubs.slots[i].value : NULL;
+    if (p && p->kind == PUB_ITEM && strncmp(p->subject, prefix, n) == 0)
+      p->forgotten = true;
+  }
+  for (pub *p = f->retry_head; p; p = p->next_retry)
+    if (p->kind == PUB_ITEM && strncmp(p->subject, prefix, n) == 0)
+      p->forgotten = true;
+  for (pub *p = f->packing_head; p; p = p->next_packing)
+    if (strncmp(p->subject, prefix, n) == 0)
+      p->forgotten = true;
+  for (size_t i = 0; i < f->resend.n; i++) {
+    pub *p = resend_of(f->resend.v[i]);
+    if (p->kind == PUB_ITEM && strncmp(p->subject, prefix, n) == 0)
+      p->forgotten = true;
+  }
+}
+
 /* Publishes session's record (now) or its deletion (now NULL) and, for a deletion, deletes its
  * state and items; rr (or NULL) waits for the record. False when nothing was published. */
 static bool session_publish(cph_cflow *f, const char *session, const cph_session_info *now,
@@ -3725,7 +4051,9 @@ static bool session_publish(cph_cflow *f, const char *session, const cph_session
   d->kv_delete = true;
   state_rev_set(f, session, 0);
   pub_send(f, d);
-  /* 13.: and its items' keys, at once and again once the puts still in flight have ended */
+  /* 13.: and its items' keys, at once and again once the puts still in flight have ended;
+   * its items not taken yet are never sent again (a resend could land after the second round) */
+  items_forget(f, shard, session);
   if (cph_clog_forget_items(f->log, shard, session) != CPH_OK)
     cph_error("cluster log: the items of deleted session \"%s\" are not deleted from the log "
               "(out of memory, or an id too long for a key)", session);
@@ -3828,6 +4156,20 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg) {
 
 /* ================================================================ lifetime */
 
+/* A test's fault injection (cph_cflow.test_*): "N[,M]" in the environment variable `name`. */
+static void test_fail_env(const char *name, int *drop, int *unacked) {
+  const char *v = getenv(name);
+  if (!v || !*v)
+    return;
+  char *end;
+  long n = strtol(v, &end, 10), m = *end == ',' ? strtol(end + 1, NULL, 10) : 0;
+  *drop = n > 0 && n < 1000 ? (int)n : 0;
+  *unacked = m > 0 && m < 1000 ? (int)m : 0;
+  cph_warn("cluster log: %s: the first %d attempts of each fail unsent, the next %d are stored "
+           "and answered as lost (for tests)",
+           name, *drop, *unacked);
+}
+
 int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   *out = NULL;
   const cph_policy *pol = cph_engine_policy(s->engine);
@@ -3849,7 +4191,9 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   f->ev_submit = evtimer_new(s->base, on_submit, f);
   f->ev_sweep = evtimer_new(s->base, on_sweep, f);
   f->ev_mark = evtimer_new(s->base, on_mark, f);
-  if (!f->tracks || !f->table || !f->ev_retry || !f->ev_submit || !f->ev_sweep || !f->ev_mark) {
+  f->ev_resend = evtimer_new(s->base, on_resend, f);
+  if (!f->tracks || !f->table || !f->ev_retry || !f->ev_submit || !f->ev_sweep || !f->ev_mark ||
+      !f->ev_resend) {
     cph_cflow_free(f);
     cph_err_set(err, CPH_ENOMEM, "out of memory");
     return CPH_ENOMEM;
@@ -3859,6 +4203,8 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   f->prep_shingle_words = (int32_t)pol->dedupe.shingle_words;
   f->prep_min_length = pol->dedupe.min_length;
   f->trim_ns = pol->cluster.log_trim_seconds * 1000000000LL;
+  test_fail_env("CPH_TEST_FAIL_HIST_COPIES", &f->test_hist_drop, &f->test_hist_unacked);
+  test_fail_env("CPH_TEST_FAIL_ITEMS", &f->test_item_drop, &f->test_item_unacked);
   cph_clog_hooks hooks = {f,           on_published, on_message,       predecode,
                           predecoded_free, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
@@ -3945,6 +4291,15 @@ void cph_cflow_quiesce(cph_cflow *f) {
     cph_req_end(w->r);
     free(w);
   }
+  /* 13., 14.: what waits to be sent again is given up (freed with f) */
+  if (f->hist_pending || f->item_pending)
+    cph_error("cluster log: cephalond is stopping before the log took %zu copies of replies "
+              "and %zu items: they are DROPPED (the sessions on the other nodes do not see "
+              "those replies in their channels; the records move with their sessions only "
+              "while their states carry them)",
+              f->hist_pending, f->item_pending);
+  f->hist_dropped += f->hist_pending;
+  f->item_dropped += f->item_pending;
   cph_clog_stop(f->log);
   f->log = NULL;
 }
@@ -4009,6 +4364,13 @@ void cph_cflow_free(cph_cflow *f) {
   }
   free(irs);
   cph_hmap_free(&f->pubs);
+  for (size_t i = 0; i < f->resend.n; i++) /* waiting for their next attempt (not in pubs) */
+    pub_free(resend_of(f->resend.v[i]));
+  free(f->resend.v);
+  for (size_t i = 0; i < f->item_keys.cap; i++)
+    if (f->item_keys.slots[i].key)
+      free(f->item_keys.slots[i].value);
+  cph_hmap_free(&f->item_keys);
   apply_batch *b = f->blocked_head;
   if (f->forming) {
     f->forming->next = b;
@@ -4041,6 +4403,8 @@ void cph_cflow_free(cph_cflow *f) {
   cph_ctable_free(f->table);
   if (f->ev_mark)
     event_free(f->ev_mark);
+  if (f->ev_resend)
+    event_free(f->ev_resend);
   if (f->ev_retry)
     event_free(f->ev_retry);
   if (f->ev_submit)
@@ -4125,11 +4489,34 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
        "Copies of this node's sessions' replies, and of events naming one of its sessions, the "
        "log took for the other nodes' copies of their channels' history."},
       {"cephalon_cluster_history_copy_failures_total", "counter",
-       "Copies of replies the log did not take in time: the sessions of that shard do not see "
-       "the reply in that channel."},
+       "Copies of replies the log did not take within 10 s of their first attempt: each is "
+       "sent again until the log takes it."},
+      {"cephalon_cluster_history_copy_retries_total", "counter",
+       "Copies of replies sent again after the log did not take an attempt (1 s, doubling up "
+       "to 30 s, apart)."},
+      {"cephalon_cluster_history_copies_pending", "gauge",
+       "Copies of replies the log has not taken yet after their first attempt failed: waiting "
+       "to be sent again, or being sent again."},
+      {"cephalon_cluster_history_copies_dropped_total", "counter",
+       "Copies of replies given up (logged): more than 64 MiB of copies and items waited to be "
+       "sent again, or out of memory. The sessions of that shard do not see the reply in that "
+       "channel."},
       {"cephalon_cluster_history_copies_stored_total", "counter",
        "Copies of other nodes' replies and events this node stored in its copy of their "
        "channel's history."},
+      {"cephalon_cluster_item_failures_total", "counter",
+       "Items of sessions' states (turn records, seals, memories, kept turn contexts) the log "
+       "did not take within 10 s of their first attempt: each is sent again until the log takes "
+       "it, a newer put of its key supersedes it, or the node stops serving its shard."},
+      {"cephalon_cluster_item_retries_total", "counter",
+       "Items sent again after the log did not take an attempt (1 s, doubling up to 30 s, "
+       "apart)."},
+      {"cephalon_cluster_items_pending", "gauge",
+       "Items the log has not taken yet after their first attempt failed: waiting to be sent "
+       "again, or being sent again."},
+      {"cephalon_cluster_items_dropped_total", "counter",
+       "Items given up (logged): more than 64 MiB of copies and items waited to be sent again, "
+       "out of memory, or this node no longer serves their shard."},
   };
   const uint64_t v[] = {st.ready,
                         st.bound,
@@ -4158,7 +4545,14 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
                         st.trim_failures,
                         f->hist_sent,
                         f->hist_failures,
-                        f->hist_stored};
+                        f->hist_retries,
+                        f->hist_pending,
+                        f->hist_dropped,
+                        f->hist_stored,
+                        f->item_failures,
+                        f->item_retries,
+                        f->item_pending,
+                        f->item_dropped};
   for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
     cph_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", fam[i].name, fam[i].help,
                    fam[i].name, fam[i].type, fam[i].name, (unsigned long long)v[i]);
@@ -4222,19 +4616,24 @@ json_t *cph_cflow_json(cph_cflow *f) {
                 (json_int_t)f->state_load_raw_bytes));
   json_object_set_new(
       o, "items",
-      json_pack("{sIsIsIsIsIsIsI}", "put", (json_int_t)f->items_put, "put_bytes",
-                (json_int_t)f->item_bytes, "failures", (json_int_t)f->item_failures, "loaded",
-                (json_int_t)f->items_loaded, "refused", (json_int_t)f->items_refused,
-                "forgotten", (json_int_t)st.items_forgotten, "forget_failures",
-                (json_int_t)st.forget_failures));
+      json_pack("{sIsIsIsIsIsIsIsIsIsIsI}", "put", (json_int_t)f->items_put, "put_bytes",
+                (json_int_t)f->item_bytes, "failures", (json_int_t)f->item_failures, "retries",
+                (json_int_t)f->item_retries, "pending", (json_int_t)f->item_pending,
+                "pending_bytes", (json_int_t)f->item_pending_bytes, "dropped",
+                (json_int_t)f->item_dropped, "loaded", (json_int_t)f->items_loaded, "refused",
+                (json_int_t)f->items_refused, "forgotten", (json_int_t)st.items_forgotten,
+                "forget_failures", (json_int_t)st.forget_failures));
   json_object_set_new(o, "parks",
                       json_pack("{sIsIsIsI}", "park_marks", (json_int_t)f->park_marks,
                                 "unpark_marks", (json_int_t)f->unpark_marks, "failures",
                                 (json_int_t)f->park_mark_failures, "rebuilt",
                                 (json_int_t)f->parks_rebuilt));
-  json_object_set_new(o, "history_copies",
-                      json_pack("{sIsIsIsI}", "sent", (json_int_t)f->hist_sent, "failures",
-                                (json_int_t)f->hist_failures, "stored",
-                                (json_int_t)f->hist_stored, "held", (json_int_t)f->hist_held));
+  json_object_set_new(
+      o, "history_copies",
+      json_pack("{sIsIsIsIsIsIsIsI}", "sent", (json_int_t)f->hist_sent, "failures",
+                (json_int_t)f->hist_failures, "retries", (json_int_t)f->hist_retries, "pending",
+                (json_int_t)f->hist_pending, "pending_bytes",
+                (json_int_t)f->hist_pending_bytes, "dropped", (json_int_t)f->hist_dropped,
+                "stored", (json_int_t)f->hist_stored, "held", (json_int_t)f->hist_held));
   return o;
 }

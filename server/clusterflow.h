@@ -345,8 +345,21 @@
  *    completion), a seal the seal (u.context.items). They are put right after the
  *    completion or seal committed, beside its state and marks and not waited for: a record is
  *    in every state put until 64 newer ones (16 seals) followed it, so its item only has to
- *    land before that — a completion's 200 costs nothing more, and one that does not land in
- *    10 s is logged and counted (GET /v1/cluster log.items.failures). A node taking a shard
+ *    land before that — a completion's 200 costs nothing more. One that does not land in 10 s
+ *    is logged and counted (GET /v1/cluster log.items.failures) and sent again as a reply's
+ *    copy is (14.: the same subject, message id and data, 1 s later, then doubling to 30 s
+ *    apart, until the log takes it; log.items.retries, .pending, .dropped; within the same
+ *    64 MiB bound) — but only while three things hold, checked before every attempt: it is
+ *    the newest put of its key made here (a newer one — a kept context's slot, a memory put
+ *    again tombstoned — supersedes it: an older value never lands over a newer one), its
+ *    session was not deleted here (the delete's second round of delete markers, below, could
+ *    come before the resend), and this node serves its shard under the epoch it was made in
+ *    (10.). An item is the owner's write: once the shard moved, the next owner took the
+ *    session's records from its state and may put the same keys itself (a kept context's
+ *    slot), so the item is given up, logged and counted as dropped — its record moves only if
+ *    the state carried it (its newest 64 turn records, 16 seals, 160 raw memories). A resend of
+ *    a put the bucket stored without answering writes the same value under the same key again
+ *    (within the bucket's deduplication window, not even that). A node taking a shard
  *    over reads the items with the states (one consumer, last value per key) and hands each
  *    session's to the engine with its state (CPH_OP_SESSION_STATE), which stores those whose
  *    origin it lacks, oldest first, before the state's own — so every record's id there
@@ -406,11 +419,31 @@
  *    context as they see a reply written on their own node. A copy reaches no session: it is
  *    never pending and falls below the watermark at once (7.); a rebuild applies the copies
  *    above the watermark again (8.), harmlessly. Not waited for: the completion's 200 does not
- *    wait for the copies (the reply itself is in its session's state); one the log does not
- *    take within 10 s is logged and counted (GET /v1/cluster log.history_copies.failures), and
- *    that node's sessions do not see the reply in that channel. Not copied: a repeated
- *    completion's reply (copied the first time), replies into a direct channel (no
- *    subscribers; they move with their session's state), and to the channel's own shard.
+ *    wait for the copies (the reply itself is in its session's state). Sent again: a copy the
+ *    log does not take within 10 s is logged and counted (GET /v1/cluster
+ *    log.history_copies.failures) and published again — the same subject, message id and data
+ *    — 1 s later, then after twice the previous wait up to 30 s, one publish each time (up to
+ *    3 s for the log's answer), until the log takes it (log.history_copies.retries and
+ *    .pending, and in GET /metrics; clusterflow.c RESEND_* says why those figures, and the
+ *    test hook CPH_TEST_FAIL_HIST_COPIES fails attempts for test_cluster_copyretry). It stays
+ *    valid whoever owns its shard meanwhile: it is addressed to the shard's fwd subject, which
+ *    the shard's owner of the moment applies (this node too, if the shard came here: it finds
+ *    its own reply among the channel's newest 256 entries and holds the copy). Sending it
+ *    again is safe: an attempt the log stored without answering makes a resend within the
+ *    stream's deduplication window (:cluster :log-dedupe-seconds, by default :dedupe
+ *    :key-window-seconds, a day) a duplicate there; after the window the log stores it again,
+ *    and the receiving node holds it by its engine key (remembered :dedupe
+ *    :key-window-seconds) or, after that too, by the same event among the channel's newest 256
+ *    entries — stored twice only when both windows passed and 256 newer entries came in
+ *    between. What waits is bounded: copies and items (13.) together, 64 MiB at most (struct,
+ *    subject, id and data); one that would pass the bound is dropped — logged as an error and
+ *    counted (log.history_copies.dropped), what waits already keeping its place (the oldest
+ *    are the longest unseen) — as is one the node has no memory for, and those still waiting
+ *    when the node stops (logged with their count). Only then do that node's sessions not see
+ *    the reply in that channel. A copy taken late lands at the end of that node's copy of the
+ *    channel (below). Not copied: a repeated completion's reply (copied the first time),
+ *    replies into a direct channel (no subscribers; they move with their session's state), and
+ *    to the channel's own shard.
  *    Limits: a copy applied on a node that dies before its sessions' next completion put their
  *    state moves with them only while it is above the shard's watermark (it reached no session,
  *    so the watermark passes it at once); and a copy arriving after other events lands after
@@ -503,12 +536,13 @@ void cph_cflow_context_changed(cph_cflow *f, cph_req *r, const char *session, co
                                const char *lacks, const uint8_t *state, size_t state_len,
                                json_t *answer);
 /* A completion or seal committed on this node gave items (13. above): puts each under its key,
- * not waited for (a failure is logged and counted). Nothing while the session's shard is not
- * live here. */
+ * not waited for (one the log does not take in time is logged, counted and sent again). Nothing
+ * while the session's shard is not live here. */
 void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *items);
 /* A completion committed on this node wrote session's reply `body` into channel's history here
  * at ts_ms (cph_op u.turn.reply_written_channel): copies it into the other nodes' copies of that
- * channel (14. above), not waited for (a failure is logged and counted). */
+ * channel (14. above), not waited for (one the log does not take in time is logged, counted and
+ * sent again until it does). */
 void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, const char *body,
                        int64_t ts_ms);
 /* A session deleted on this node dropped the events named by keys: logs their done mark

@@ -1,0 +1,252 @@
+/* Cluster mode: a reply's copy, and an item, that the log did not take are sent again until it
+ * does (server/clusterflow.h 14. and 13.) — a real etcd, NATS JetStream and two cephalond on
+ * 127.0.0.1.
+ *
+ * Both nodes start with the test hooks CPH_TEST_FAIL_HIST_COPIES=2,1 and CPH_TEST_FAIL_ITEMS=1
+ * (server/clusterflow.c): each copy's first two attempts fail unsent, as if the log had not
+ * answered within the deadline, and its third is stored but answered as lost; each item's first
+ * attempt fails unsent. The copies are sent again 1 s, 2 s and 4 s after those failures; the
+ * fourth attempt comes after the stream's deduplication window (:log-dedupe-seconds 2), so the
+ * log stores it a second time and the receiving node must hold it by its engine key. Six
+ * sessions of one channel, on both nodes, answer a message there; the next message's lease of
+ * each must show all six replies once — the other node's only through copies that were sent
+ * again. Before, a copy not taken was counted and never sent again: the other node's replies
+ * showed 0 times. Then the owner of some sessions is killed -9, and the survivor must load every
+ * item that node put (each only after a resend). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/api.h"
+#include "tests/support/cluster_fixture.h"
+#include "tests/support/daemon.h"
+#include "tests/support/testutil.h"
+
+#define NODES 2
+#define SHARDS 16
+#define TTL_S 2
+#define SESSIONS 6
+/* Each copy: 2 attempts unsent, 1 stored and answered as lost, then taken (a duplicate, or
+ * stored again after the 2 s window): 3 resends, the last ~7 s after the completion. */
+#define HIST_HOOK "2,1"
+#define HIST_RESENDS 3
+#define ITEM_HOOK "1"
+
+static const char EXTRA[] =
+    ":scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}}"
+    " :sessions {:max-batch 1}";
+
+typedef struct bench {
+  cph_test_cluster *c;
+  int owner[SESSIONS];
+  int round;
+} bench;
+
+static int setup(void **state) {
+  bench *b = calloc(1, sizeof *b);
+  cph_test_cluster *c = cph_tc_new();
+  b->c = c;
+  c->cluster_extra = ":log-dedupe-seconds 2";
+  cph_tc_start_etcd(c);
+  cph_tc_start_nats(c, 1);
+  cph_tc_ports(c, NODES);
+  setenv("CPH_TEST_FAIL_HIST_COPIES", HIST_HOOK, 1); /* the nodes' environment only */
+  setenv("CPH_TEST_FAIL_ITEMS", ITEM_HOOK, 1);
+  for (int i = 0; i < NODES; i++)
+    cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
+  unsetenv("CPH_TEST_FAIL_HIST_COPIES");
+  unsetenv("CPH_TEST_FAIL_ITEMS");
+  cph_tc_settle(c, SHARDS, "start");
+  int on[NODES] = {0};
+  for (int s = 0; s < SESSIONS; s++) {
+    char body[128];
+    snprintf(body, sizeof body,
+             "{\"id\":\"t%02d\",\"class\":\"interactive\",\"subscribe\":[\"shared\"]}", s);
+    b->owner[s] = cph_tc_post_on_owner(c, s % NODES, "/v1/sessions", body);
+    on[b->owner[s]]++;
+  }
+  assert_true(on[0] > 0 && on[1] > 0); /* replies written on both nodes */
+  cph_tc_wait_known(c, SESSIONS);
+  *state = b;
+  return 0;
+}
+
+static int teardown(void **state) {
+  bench *b = *state;
+  if (b)
+    cph_tc_free(b->c);
+  free(b);
+  return 0;
+}
+
+/* GET /v1/cluster on node n: log.<group>.<name> (asserted present). */
+static long long counter(cph_test_cluster *c, int n, const char *group, const char *name) {
+  json_t *v = cph_tc_view(c, n);
+  json_t *x = json_object_get(json_object_get(json_object_get(v, "log"), group), name);
+  if (!json_is_integer(x))
+    fail_msg("GET /v1/cluster on n%d has no log.%s.%s", n, group, name);
+  long long out = json_integer_value(x);
+  json_decref(v);
+  return out;
+}
+
+/* Waits until no copy or item waits to be sent again on any node and the copies the logs took
+ * were applied where they went (40 s at most: a copy's last resend comes ~7 s after its
+ * completion). */
+static void settle(cph_test_cluster *c, const char *what) {
+  int64_t t0 = cph_test_now_ms();
+  long long pending = 0, sent = 0, applied = 0;
+  while (cph_test_now_ms() - t0 < 40000) {
+    pending = sent = applied = 0;
+    for (int n = 0; n < NODES; n++) {
+      pending += counter(c, n, "history_copies", "pending") + counter(c, n, "items", "pending");
+      sent += counter(c, n, "history_copies", "sent");
+      applied +=
+          counter(c, n, "history_copies", "stored") + counter(c, n, "history_copies", "held");
+    }
+    if (pending == 0 && applied >= sent)
+      break;
+    cph_tc_sleep_ms(200);
+  }
+  printf("%s: %lld copies and items waiting, %lld copies taken, %lld applied, after %lld ms\n",
+         what, pending, sent, applied, (long long)(cph_test_now_ms() - t0));
+}
+
+static void post_question(cph_test_cluster *c, int via, int round) {
+  char body[160];
+  snprintf(body, sizeof body,
+           "{\"events\":[{\"channel\":\"shared\",\"sender\":\"bob\",\"body\":\"question %d to "
+           "the team\"}]}",
+           round);
+  cph_test_response r = cph_test_api(c->port[via], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting question %d: %d %s", round, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+}
+
+/* How many of messages hold text. */
+static int count_messages(json_t *messages, const char *text) {
+  int count = 0;
+  size_t i;
+  json_t *m;
+  json_array_foreach(messages, i, m) {
+    const char *content = json_string_value(json_object_get(m, "content"));
+    count += content && strstr(content, text);
+  }
+  return count;
+}
+
+/* Answers a turn of round b->round; from round 1 on, its lease must show every session's reply
+ * of round 0 exactly once: those written on the other node reached this one only as copies. */
+static bool answer(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  json_t *messages = json_object_get(turn, "messages");
+  for (int o = 0; b->round > 0 && o < SESSIONS; o++) {
+    char a[64];
+    snprintf(a, sizeof a, "reply 0 of t%02d", o);
+    int count = count_messages(messages, a);
+    if (count != 1) {
+      char *dump = json_dumps(messages, JSON_COMPACT);
+      fail_msg("t%02d's lease on n%d shows \"%s\" (written on n%d%s) %d times, not once: %s", s,
+               n, a, b->owner[o], b->owner[o] == n ? "" : ", a copy sent again", count,
+               dump ? dump : "?");
+    }
+  }
+  char reply[64];
+  snprintf(reply, sizeof reply, "reply %d of t%02d", b->round, s);
+  cph_tc_complete(b->c, n, turn, reply);
+  return true;
+}
+
+static void test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sent_again(
+    void **state) {
+  bench *b = *state;
+  cph_test_cluster *c = b->c;
+  int copies[NODES] = {0}; /* each reply goes to the one other node: one copy per session */
+  for (int s = 0; s < SESSIONS; s++)
+    copies[b->owner[s]]++;
+  b->round = 0;
+  post_question(c, 0, 0);
+  for (int n = 0; n < NODES; n++)
+    cph_tc_lease_each(c, n, b->owner, SESSIONS, answer, b, "round 0");
+  /* Right after the completions: no copy taken yet (the third attempt, ~3 s after its
+   * completion, is answered as lost; the fourth comes ~7 s after it). */
+  long long early_sent[NODES], early_pending[NODES];
+  for (int n = 0; n < NODES; n++) {
+    early_sent[n] = counter(c, n, "history_copies", "sent");
+    early_pending[n] = counter(c, n, "history_copies", "pending");
+  }
+  settle(c, "round 0");
+  /* What a user sees: every agent's next lease shows all six replies once. */
+  b->round = 1;
+  post_question(c, 1, 1);
+  for (int n = 0; n < NODES; n++)
+    cph_tc_lease_each(c, n, b->owner, SESSIONS, answer, b, "round 1");
+  settle(c, "round 1"); /* its copies and items went through the same faults */
+  /* The counters say how: each copy (two rounds) failed once, was sent again three times and
+   * taken; none waits, none was dropped; each was stored once where it went — its last
+   * resend, a duplicate in the log or stored again after the window, was held there. */
+  long long sent = 0, stored = 0, held = 0;
+  for (int n = 0; n < NODES; n++) {
+    long long failures = counter(c, n, "history_copies", "failures");
+    long long retries = counter(c, n, "history_copies", "retries");
+    long long taken = counter(c, n, "history_copies", "sent");
+    sent += taken;
+    stored += counter(c, n, "history_copies", "stored");
+    held += counter(c, n, "history_copies", "held");
+    printf("n%d: %d copies: %lld failed, %lld resends, %lld taken (%lld taken and %lld pending "
+           "right after round 0)\n",
+           n, 2 * copies[n], failures, retries, taken, early_sent[n], early_pending[n]);
+    assert_int_equal(early_sent[n], 0);
+    assert_int_equal(early_pending[n], copies[n]);
+    assert_int_equal(taken, 2 * copies[n]);
+    assert_int_equal(failures, 2 * copies[n]);
+    assert_true(retries >= (long long)HIST_RESENDS * 2 * copies[n]);
+    assert_int_equal(counter(c, n, "history_copies", "pending"), 0);
+    assert_int_equal(counter(c, n, "history_copies", "dropped"), 0);
+  }
+  printf("copies: %lld taken, %lld stored where they went, %lld held there\n", sent, stored,
+         held);
+  assert_int_equal(stored, sent);
+  assert_true(cph_tc_metric_sum(c, "cephalon_cluster_history_copy_retries_total", -1) >=
+              (long long)HIST_RESENDS * 2 * SESSIONS);
+  assert_int_equal(cph_tc_metric_sum(c, "cephalon_cluster_history_copies_pending", -1), 0);
+
+  /* Items: each failed its first attempt and was sent again; the node that takes the killed
+   * node's shards loads every item that node put. */
+  int victim = 1, survivor = 0;
+  long long put = counter(c, victim, "items", "put");
+  long long item_retries = counter(c, victim, "items", "retries");
+  long long loaded0 = counter(c, survivor, "items", "loaded");
+  assert_int_equal(counter(c, victim, "items", "pending"), 0);
+  assert_int_equal(counter(c, victim, "items", "dropped"), 0);
+  assert_true(put > 0);
+  assert_true(item_retries >= put); /* every item's first attempt failed */
+  cph_tc_kill_node(c, victim, false);
+  cph_tc_settle(c, SHARDS, "after the kill");
+  long long loaded = 0;
+  for (int tries = 0; tries < 100 && loaded < put; tries++) {
+    loaded = counter(c, survivor, "items", "loaded") - loaded0;
+    if (loaded < put)
+      cph_tc_sleep_ms(100);
+  }
+  printf("n%d put %lld items (%lld resends); n%d loaded %lld after the kill\n", victim, put,
+         item_retries, survivor, loaded);
+  assert_int_equal(loaded, put);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(
+          test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sent_again),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
