@@ -67,6 +67,9 @@
  * completions a second; not measured) half a minute to a minute of a full outage; beyond it a
  * copy or an item is dropped, loudly (resend_later). RESEND_BATCH bounds the resends one timer
  * callback starts. */
+/* 6.: a park mark the log did not take is sent again after PARK_RESEND_FIRST_MS, then twice
+ * the previous wait up to RESEND_MAX_MS (on the watermark tick: MARK_MS granularity). */
+#define PARK_RESEND_FIRST_MS 1000
 #define RESEND_FIRST_MS 1000
 #define RESEND_MAX_MS 30000
 #define RESEND_WAIT_MS 3000
@@ -199,7 +202,19 @@ struct done_req {
   size_t outstanding, failed;
   char why[256];
   done_req *prev, *next; /* the waiting completions, for shutdown */
+  /* MARK_PARK: the turn's note (a copy), so a mark the log did not take is sent again
+   * (park_resend_later); backoff_ms: the wait before this attempt's successor, 0 on the
+   * first attempt. */
+  cph_park_note note;
+  int64_t backoff_ms;
 };
+
+/* A park mark the log did not take, waiting for its next attempt (6.; park_resend_later). */
+typedef struct park_resend {
+  cph_park_note note;
+  int64_t due_ns, backoff_ms;
+  struct park_resend *next;
+} park_resend;
 
 /* ---------------------------------------------------------------- sequence heaps
  *
@@ -403,6 +418,12 @@ struct cph_cflow {
   /* 6.: park and unpark marks the log took, those it did not; 8.: turns rebuilds parked here
    * again as another node parked them. */
   uint64_t park_marks, unpark_marks, park_mark_failures, parks_rebuilt;
+  /* park marks not taken, waiting to be sent again (oldest first), how many, resends made,
+   * and those given up because the turn or the shard left this node meanwhile */
+  park_resend *park_resends;
+  size_t park_pending;
+  uint64_t park_retries, park_resends_dropped;
+  int test_park_drop; /* CPH_TEST_FAIL_PARK_MARKS: the first N park mark parts fail unsent */
   double last_rebuild_s, last_read_s;
   uint64_t last_rebuild_events, last_rebuild_messages;
   int64_t last_rebuild_shard; /* -1: none yet */
@@ -768,6 +789,8 @@ static void trim_maybe(cph_cflow *f, uint32_t shard) {
  * shard stops here, before the next owner can have read it (it rebuilds after the previous
  * owner's lease expired, and this node stops serving before that). A put that comes late all
  * the same is refused by the log: it expects the revision this node wrote last (10.). */
+static void park_resends_due(cph_cflow *f);
+
 static void on_mark(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
@@ -776,6 +799,7 @@ static void on_mark(evutil_socket_t fd, short what, void *arg) {
     return;
   struct timeval tv = {MARK_MS / 1000, (MARK_MS % 1000) * 1000};
   evtimer_add(f->ev_mark, &tv);
+  park_resends_due(f);
   for (uint32_t s = 0; s < f->shards; s++) {
     shard_track *tr = &f->tracks[s];
     if (!tr->live)
@@ -1029,6 +1053,28 @@ static void on_resend(evutil_socket_t fd, short what, void *arg) {
 
 /* ================================================================ done marks (6.) */
 
+/* *out, a deep copy of n. False out of memory (*out then holds what was copied: free it). */
+static bool park_note_copy(cph_park_note *out, const cph_park_note *n) {
+  *out = (cph_park_note){.turn_id = n->turn_id, .attempts = n->attempts};
+  if (!(out->session = strdup(n->session)) || (n->error && !(out->error = strdup(n->error))))
+    return false;
+  if (!n->keys.count)
+    return true;
+  if (!(out->keys.items = calloc(n->keys.count, sizeof *out->keys.items)))
+    return false;
+  for (size_t i = 0; i < n->keys.count; i++, out->keys.count++)
+    if (!(out->keys.items[i] = strdup(n->keys.items[i])))
+      return false;
+  return true;
+}
+
+static void done_req_free(done_req *dr) {
+  json_decref(dr->answer);
+  free(dr->session);
+  cph_park_note_free(&dr->note);
+  free(dr);
+}
+
 /* dr's request, answered: off the waiting list, and ended. */
 static void done_unlink(cph_cflow *f, done_req *dr) {
   if (dr->prev)
@@ -1048,6 +1094,83 @@ static const char *park_lost(const done_req *dr) {
                "requeue it there)";
 }
 
+/* Why a park mark waiting to be sent again is given up, or NULL: the turn left this node's
+ * parked list (requeued: its unpark mark follows the park marks taken; its session deleted:
+ * its delete's mark names the keys), or this node no longer serves the session's shard (its
+ * next owner rebuilt it from what the log held; a mark now would be refused by the fence). */
+static const char *park_resend_void(cph_cflow *f, const cph_park_note *note) {
+  uint32_t shard = cph_cluster_shard_of(note->session, cph_cluster_shards(f->s->cluster));
+  if (f->quiesced || !served(f, shard) || f->tracks[shard].fenced)
+    return "this node no longer serves the session's shard";
+  cph_turn_record rec = {0};
+  cph_err err = {0};
+  int rc = cph_engine_turn_record(f->s->engine, note->turn_id, &rec, &err);
+  const char *why = rc == CPH_ENOTFOUND ? "the turn is gone (its session was deleted)"
+                    : rc != CPH_OK      ? NULL /* unknown: sent again, harmless if parked */
+                    : strcmp(rec.session, note->session) != 0 ? "the turn is gone"
+                    : strcmp(rec.state, "parked") != 0        ? "the turn was requeued"
+                                                              : NULL;
+  cph_turn_record_free(&rec);
+  return why;
+}
+
+/* dr, a park mark the log did not take: queued to be sent again (its note taken) unless
+ * park_resend_void gives it up. True when queued. */
+static bool park_resend_later(cph_cflow *f, done_req *dr) {
+  if (park_resend_void(f, &dr->note))
+    return false;
+  park_resend *pr = calloc(1, sizeof *pr);
+  if (!pr)
+    return false;
+  pr->note = dr->note;
+  dr->note = (cph_park_note){0};
+  pr->backoff_ms = !dr->backoff_ms                     ? PARK_RESEND_FIRST_MS
+                   : dr->backoff_ms * 2 > RESEND_MAX_MS ? RESEND_MAX_MS
+                                                        : dr->backoff_ms * 2;
+  pr->due_ns = mono_ns() + pr->backoff_ms * 1000000LL;
+  park_resend **at = &f->park_resends; /* oldest first: they go again in this order */
+  while (*at)
+    at = &(*at)->next;
+  *at = pr;
+  f->park_pending++;
+  return true;
+}
+
+static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_park_note *note,
+                         json_t *answer, int64_t backoff_ms);
+
+/* On the watermark tick: the park marks due to be sent again, oldest first. */
+static void park_resends_due(cph_cflow *f) {
+  int64_t now = mono_ns();
+  for (park_resend **at = &f->park_resends; *at;) {
+    park_resend *pr = *at;
+    if (pr->due_ns > now) {
+      at = &pr->next;
+      continue;
+    }
+    *at = pr->next;
+    f->park_pending--;
+    const char *why = park_resend_void(f, &pr->note);
+    if (why) {
+      f->park_resends_dropped++;
+      cph_info("cluster log: the park mark of turn %" PRIu64 " of session %s is not sent again: "
+               "%s",
+               pr->note.turn_id, pr->note.session, why);
+    } else {
+      f->park_retries++;
+      if (!park_publish(f, NULL, MARK_PARK, &pr->note, NULL, pr->backoff_ms)) {
+        f->park_mark_failures++;
+        cph_error("cluster log: out of memory sending the park mark of turn %" PRIu64
+                  " of session %s again (a node that takes the session over delivers its input "
+                  "again)",
+                  pr->note.turn_id, pr->note.session);
+      }
+    }
+    cph_park_note_free(&pr->note);
+    free(pr);
+  }
+}
+
 static void park_answer(cph_cflow *f, done_req *dr) {
   const char *did = dr->kind == MARK_PARK ? "parked" : "requeued";
   const char *mark = dr->kind == MARK_PARK ? "park mark" : "unpark mark";
@@ -1057,14 +1180,26 @@ static void park_answer(cph_cflow *f, done_req *dr) {
     f->park_marks++;
   else
     f->unpark_marks++;
+  /* 6.: a park mark not taken goes again until the log takes it (or the turn or the shard
+   * leaves this node), so a node that takes the session over holds the turn parked too */
+  bool again = dr->failed && dr->kind == MARK_PARK && park_resend_later(f, dr);
   if (!dr->r) {
     if (dr->failed)
-      cph_warn("cluster log: the %s of a turn of session %s was not taken (%s); a node that "
-               "takes the session over %s",
-               mark, dr->session, dr->why, park_lost(dr));
+      cph_warn("cluster log: the %s of a turn of session %s was not taken (%s); %s%s",
+               mark, dr->session, dr->why,
+               again ? "it is sent again until the log takes it" : "a node that takes the "
+                                                                     "session over ",
+               again ? "" : park_lost(dr));
     return;
   }
-  if (dr->failed)
+  if (dr->failed && again)
+    cph_reply_error(dr->r, 503, "unavailable", NULL,
+                    "the turn was parked on this node, but the cluster log (NATS JetStream) did "
+                    "not take its park mark within %d s (%s); the mark is sent again until the "
+                    "log takes it: should this node die before that, the node that serves the "
+                    "session next %s",
+                    DONE_DEADLINE_MS / 1000, dr->why, park_lost(dr));
+  else if (dr->failed)
     cph_reply_error(dr->r, 503, "unavailable", NULL,
                     "the turn was %s on this node, but the cluster log (NATS JetStream) did not "
                     "take its %s within %d s (%s): should this node die before the session is "
@@ -1129,9 +1264,7 @@ static void done_answer(cph_cflow *f, done_req *dr) {
              "taken (%s); a rebuild of its shard may deliver those events again",
              dr->session, dr->why);
   }
-  json_decref(dr->answer);
-  free(dr->session);
-  free(dr);
+  done_req_free(dr);
 }
 
 /* Sends the shard's next done mark unless one is in flight: each expects the sequence of the
@@ -1155,6 +1288,11 @@ static void done_pump(cph_cflow *f, uint32_t shard) {
       continue;
     }
     tr->done_sending = true;
+    if (p->kind == PUB_DONE && p->dr->kind == MARK_PARK && f->test_park_drop > 0) {
+      f->test_park_drop--; /* a test's fault (cph_cflow.test_park_drop) */
+      pub_outcome(f, p, false, 0, false, "not sent (CPH_TEST_FAIL_PARK_MARKS)");
+      return;
+    }
     pub_send(f, p); /* may answer at once (then the next one is sent from there) */
     return;
   }
@@ -1272,9 +1410,8 @@ static void marks_abandon(done_req *dr, pub **parts, size_t n, json_t *answer) {
   for (size_t i = 0; i < n; i++)
     pub_free(parts[i]);
   free(parts);
-  json_decref(answer);
-  free(dr->session);
-  free(dr);
+  dr->answer = answer;
+  done_req_free(dr);
 }
 
 /* Queues dr's parts (taking the array) on its shard's queue of done marks, in order, r (when
@@ -1400,13 +1537,19 @@ static char *park_part(const void *ctx, size_t from, size_t to) {
  * consumed. r, when given, is answered with answer (taken) once the log took every part, 503
  * when it did not (park_answer). False when out of memory (answer freed; r not answered). */
 static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_park_note *note,
-                         json_t *answer) {
+                         json_t *answer, int64_t backoff_ms) {
   done_req *dr = calloc(1, sizeof *dr);
-  if (!dr || !(dr->session = strdup(note->session))) {
-    free(dr);
-    json_decref(answer);
+  if (!dr || !(dr->session = strdup(note->session)) ||
+      (kind == MARK_PARK && !park_note_copy(&dr->note, note))) {
+    if (dr) {
+      dr->answer = answer;
+      done_req_free(dr);
+    } else {
+      json_decref(answer);
+    }
     return false;
   }
+  dr->backoff_ms = backoff_ms;
   dr->kind = kind;
   dr->r = r;
   dr->answer = answer;
@@ -1442,7 +1585,7 @@ void cph_cflow_parked(cph_cflow *f, cph_req *r, bool parked, const cph_park_note
                       "cluster log took its %s mark: the node that serves its session next %s",
                       did, parked ? "park" : "unpark",
                       park_lost(&(done_req){.kind = kind}));
-  } else if (!park_publish(f, r, kind, note, answer)) {
+  } else if (!park_publish(f, r, kind, note, answer, 0)) {
     f->park_mark_failures++;
     if (r)
       cph_reply_error(r, 500, "internal", NULL,
@@ -4205,6 +4348,8 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   f->trim_ns = pol->cluster.log_trim_seconds * 1000000000LL;
   test_fail_env("CPH_TEST_FAIL_HIST_COPIES", &f->test_hist_drop, &f->test_hist_unacked);
   test_fail_env("CPH_TEST_FAIL_ITEMS", &f->test_item_drop, &f->test_item_unacked);
+  int park_unacked = 0; /* not offered for park marks */
+  test_fail_env("CPH_TEST_FAIL_PARK_MARKS", &f->test_park_drop, &park_unacked);
   cph_clog_hooks hooks = {f,           on_published, on_message,       predecode,
                           predecoded_free, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
@@ -4300,6 +4445,20 @@ void cph_cflow_quiesce(cph_cflow *f) {
               f->hist_pending, f->item_pending);
   f->hist_dropped += f->hist_pending;
   f->item_dropped += f->item_pending;
+  /* 6.: and the park marks waiting to be sent again */
+  if (f->park_pending)
+    cph_error("cluster log: cephalond is stopping before the log took the park marks of %zu "
+              "turns: a node that takes their sessions over delivers their input again (this "
+              "node, back on its data, holds them parked)",
+              f->park_pending);
+  while (f->park_resends) {
+    park_resend *pr = f->park_resends;
+    f->park_resends = pr->next;
+    f->park_resends_dropped++;
+    cph_park_note_free(&pr->note);
+    free(pr);
+  }
+  f->park_pending = 0;
   cph_clog_stop(f->log);
   f->log = NULL;
 }
@@ -4349,11 +4508,8 @@ void cph_cflow_free(cph_cflow *f) {
     }
     if (p->kind == PUB_FWD && --p->ap->outstanding == 0)
       applying_finish(f, p->ap);
-    if ((p->kind == PUB_DONE || p->kind == PUB_STATE) && --p->dr->outstanding == 0) {
-      json_decref(p->dr->answer);
-      free(p->dr->session);
-      free(p->dr);
-    }
+    if ((p->kind == PUB_DONE || p->kind == PUB_STATE) && --p->dr->outstanding == 0)
+      done_req_free(p->dr);
     if (p->kind == PUB_SESSION && p->rr)
       record_free(p->rr);
     pub_free(p);
@@ -4364,6 +4520,12 @@ void cph_cflow_free(cph_cflow *f) {
   }
   free(irs);
   cph_hmap_free(&f->pubs);
+  while (f->park_resends) { /* when not quiesced first */
+    park_resend *pr = f->park_resends;
+    f->park_resends = pr->next;
+    cph_park_note_free(&pr->note);
+    free(pr);
+  }
   for (size_t i = 0; i < f->resend.n; i++) /* waiting for their next attempt (not in pubs) */
     pub_free(resend_of(f->resend.v[i]));
   free(f->resend.v);
@@ -4468,8 +4630,13 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
       {"cephalon_cluster_unpark_marks_total", "counter",
        "Parked turns requeued here whose unpark mark the log took."},
       {"cephalon_cluster_park_mark_failures_total", "counter",
-       "Park and unpark marks the log did not take in time (a fail or requeue then answers 503; "
-       "an expiry's is logged)."},
+       "Attempts of park and unpark marks the log did not take in time (a fail or requeue then "
+       "answers 503; an expiry's is logged); a park mark is sent again until the log takes it."},
+      {"cephalon_cluster_park_mark_retries_total", "counter",
+       "Park marks sent again after the log did not take them (1 s, doubling up to 30 s, "
+       "apart)."},
+      {"cephalon_cluster_park_marks_pending", "gauge",
+       "Park marks the log did not take, waiting to be sent again."},
       {"cephalon_cluster_parks_rebuilt_total", "counter",
        "Turns another node parked that rebuilds here parked again, with their input."},
       {"cephalon_cluster_watermarks_put_total", "counter",
@@ -4537,6 +4704,8 @@ int cph_cflow_metrics(cph_cflow *f, cph_buf *out) {
                         f->park_marks,
                         f->unpark_marks,
                         f->park_mark_failures,
+                        f->park_retries,
+                        f->park_pending,
                         f->parks_rebuilt,
                         f->marks_put,
                         f->trim_ns && st.trim_allowed > 0,
@@ -4623,11 +4792,13 @@ json_t *cph_cflow_json(cph_cflow *f) {
                 (json_int_t)f->item_dropped, "loaded", (json_int_t)f->items_loaded, "refused",
                 (json_int_t)f->items_refused, "forgotten", (json_int_t)st.items_forgotten,
                 "forget_failures", (json_int_t)st.forget_failures));
-  json_object_set_new(o, "parks",
-                      json_pack("{sIsIsIsI}", "park_marks", (json_int_t)f->park_marks,
-                                "unpark_marks", (json_int_t)f->unpark_marks, "failures",
-                                (json_int_t)f->park_mark_failures, "rebuilt",
-                                (json_int_t)f->parks_rebuilt));
+  json_object_set_new(
+      o, "parks",
+      json_pack("{sIsIsIsIsIsIsI}", "park_marks", (json_int_t)f->park_marks, "unpark_marks",
+                (json_int_t)f->unpark_marks, "failures", (json_int_t)f->park_mark_failures,
+                "retries", (json_int_t)f->park_retries, "pending", (json_int_t)f->park_pending,
+                "given_up", (json_int_t)f->park_resends_dropped, "rebuilt",
+                (json_int_t)f->parks_rebuilt));
   json_object_set_new(
       o, "history_copies",
       json_pack("{sIsIsIsIsIsIsIsI}", "sent", (json_int_t)f->hist_sent, "failures",

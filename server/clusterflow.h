@@ -108,9 +108,18 @@
  *    whichever node serves the session next — without the mark that node does the opposite
  *    of what the operator saw — and it costs only those rare requests a round trip. A turn a
  *    lease expiry parks has no request: its mark is logged right after the pass that parked
- *    it committed (cph_engine_take_parks, cph_cflow_passed) and nobody waits; one the log
- *    does not take in time is logged and counted (GET /v1/cluster log.parks.failures), and a
- *    node that takes the session over then delivers that input again (as before park marks).
+ *    it committed (cph_engine_take_parks, cph_cflow_passed) and nobody waits. A park mark the
+ *    log did not take (either kind of park; counted in log.parks.failures) is sent again —
+ *    the same marks under new message ids, through the shard's queue — 1 s later, then twice
+ *    the previous wait up to 30 s, on the watermark tick, until the log takes it: a node that
+ *    takes the session over would otherwise deliver that input again. Before each attempt it
+ *    is given up (log.parks.given_up) when the turn is no longer parked here (requeued: its
+ *    unpark mark follows, and a park landing after it would park the input again; its
+ *    session deleted: the delete's mark names its keys) or this node no longer serves the
+ *    shard (the next owner rebuilt from what the log held; the fence would refuse it). A park
+ *    mark stored but answered late and sent again is harmless: a rebuild parks a key once. An
+ *    unpark mark is not sent again (the requeue answered 503: the next owner holds the input
+ *    parked, the safe side, until a requeue there). What waits is lost with a stop (logged).
  *    Parked keys stay in the pending set (7.). A rebuild reads the marks in log order (8.):
  *    a done mark consumes a key for good, a park mark parks it and a later unpark mark
  *    brings it back.
