@@ -227,7 +227,14 @@ static void on_op_done(cph_op *op, void *ctx) {
   cph_req *r = ctx;
   (void)op;
   r->op_pending = false;
+  r->in_done = true;
   r->on_done(r);
+  r->in_done = false;
+  if (r->end_wanted) { /* taken over, and answered and ended by its new owner at once */
+    cph_op_clear_results(&r->op);
+    cph_req_end(r);
+    return;
+  }
   if (r->answering) /* a request thread writes the answer; its job answers and ends r */
     return;
   if (r->held) { /* taken over: answered and ended by its new owner */

@@ -77,6 +77,10 @@ cph_req *cph_req_new(cph_srv *s, struct evhttp_request *ev) {
 }
 
 void cph_req_end(cph_req *r) {
+  if (r->in_done) { /* on_done's caller still reads r: it ends it (on_op_done) */
+    r->end_wanted = true;
+    return;
+  }
   cph_srv *s = r->srv;
   if (r->prev)
     r->prev->next = r->next;

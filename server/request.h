@@ -82,6 +82,10 @@ struct cph_req {
   /* Set by on_done when it hands r on instead of answering (cluster mode: a completion waits
    * for its done mark, clusterflow.h): whoever took it answers and ends it. */
   bool held;
+  /* While on_done runs: whoever took r may answer and end it before on_done returns (a mark
+   * the log refuses at once, e.g. on a fenced shard); cph_req_end then only notes end_wanted,
+   * and on_op_done ends r once on_done is back. */
+  bool in_done, end_wanted;
 
   /* Long-polls (lease, replies): longpoll.c and the two routes keep these; the two events
    * are freed with the request. */
