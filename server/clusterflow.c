@@ -54,7 +54,8 @@
 #define RETAIN_AT_ONCE 256 /* a rebuild's inbox retains in the engine at a time */
 /* 13., 14.: a copy of a reply or an item the log did not take within its deadline is sent
  * again (the same subject, message id and data) RESEND_FIRST_MS later, then after twice the
- * previous wait up to RESEND_MAX_MS, until the log takes it. The first wait is short because
+ * previous wait up to RESEND_MAX_MS, until the log takes it (resend_wait_ms; a park mark, 6.,
+ * waits the same, on the watermark tick). The first wait is short because
  * most outages are a JetStream leader election or one NATS server restarting (a few seconds,
  * and the first attempt already spent 10 s); the doubling and the cap keep a long outage to
  * one publish per waiting message every 30 s — cheap when NATS is down (refused at once),
@@ -67,9 +68,6 @@
  * completions a second; not measured) half a minute to a minute of a full outage; beyond it a
  * copy or an item is dropped, loudly (resend_later). RESEND_BATCH bounds the resends one timer
  * callback starts. */
-/* 6.: a park mark the log did not take is sent again after PARK_RESEND_FIRST_MS, then twice
- * the previous wait up to RESEND_MAX_MS (on the watermark tick: MARK_MS granularity). */
-#define PARK_RESEND_FIRST_MS 1000
 #define RESEND_FIRST_MS 1000
 #define RESEND_MAX_MS 30000
 #define RESEND_WAIT_MS 3000
@@ -836,6 +834,12 @@ static void on_mark(evutil_socket_t fd, short what, void *arg) {
 
 static pub *resend_of(seqnode *n) { return (pub *)(void *)((char *)n - offsetof(pub, due)); }
 
+/* The wait before the next attempt of a copy, an item or a park mark (6., 13., 14.) whose last
+ * wait was prev_ms (0: none yet): RESEND_FIRST_MS, then twice the last, up to RESEND_MAX_MS. */
+static int64_t resend_wait_ms(int64_t prev_ms) {
+  return !prev_ms ? RESEND_FIRST_MS : prev_ms * 2 > RESEND_MAX_MS ? RESEND_MAX_MS : prev_ms * 2;
+}
+
 /* What p holds in memory, as the resends count it against RESEND_CAP_BYTES. */
 static size_t pub_bytes(const pub *p) {
   return sizeof *p + p->len + strlen(p->subject) + 1 + (p->msgid ? strlen(p->msgid) + 1 : 0);
@@ -982,7 +986,7 @@ static bool resend_later(cph_cflow *f, pub *p, const char *why) {
       return false;
     }
     p->resending = true;
-    p->backoff_ms = RESEND_FIRST_MS;
+    p->backoff_ms = resend_wait_ms(0);
     if (p->kind == PUB_HIST) {
       f->hist_pending++;
       f->hist_pending_bytes += b;
@@ -991,7 +995,7 @@ static bool resend_later(cph_cflow *f, pub *p, const char *why) {
       f->item_pending_bytes += b;
     }
   } else {
-    p->backoff_ms = p->backoff_ms * 2 > RESEND_MAX_MS ? RESEND_MAX_MS : p->backoff_ms * 2;
+    p->backoff_ms = resend_wait_ms(p->backoff_ms);
     cph_debug("cluster log: the %s %s was not taken again (%s); sent again in %" PRId64 " ms",
               what, p->msgid ? p->msgid : p->subject, why ? why : "no answer", p->backoff_ms);
   }
@@ -1124,9 +1128,7 @@ static bool park_resend_later(cph_cflow *f, done_req *dr) {
     return false;
   pr->note = dr->note;
   dr->note = (cph_park_note){0};
-  pr->backoff_ms = !dr->backoff_ms                     ? PARK_RESEND_FIRST_MS
-                   : dr->backoff_ms * 2 > RESEND_MAX_MS ? RESEND_MAX_MS
-                                                        : dr->backoff_ms * 2;
+  pr->backoff_ms = resend_wait_ms(dr->backoff_ms);
   pr->due_ns = mono_ns() + pr->backoff_ms * 1000000LL;
   park_resend **at = &f->park_resends; /* oldest first: they go again in this order */
   while (*at)
