@@ -408,6 +408,9 @@ struct cph_cflow {
    * attempts fail unsent, as if the log had not answered in time, and its next M be stored but
    * answered as lost. Unset (0) in any real use. */
   int test_hist_drop, test_hist_unacked, test_item_drop, test_item_unacked;
+  /* RESEND_CAP_BYTES, or CPH_TEST_RESEND_CAP_BYTES from the environment at start (tests only:
+   * test_cluster_copyretry's drop at the cap) */
+  size_t resend_cap;
   int64_t state_pack_ns; /* the time packing took, over every state packed */
   cph_statezip_packer *packer; /* packs the states beside the loop (statezip.h) */
   pub *packing_head, *packing_tail; /* the items on the packer (13.), in submission order */
@@ -964,7 +967,7 @@ static void resend_arm(cph_cflow *f) {
 /* p, a copy or an item, was not taken (why) by this attempt: true when it waits for its next
  * attempt (p kept), false when it is given up (the caller frees it) — an item item_skip
  * names (logged; counted as dropped when that may lose it), or, logged and counted as dropped,
- * anything that would take the resends past RESEND_CAP_BYTES (what waits already keeps its
+ * anything that would take the resends past their cap (f->resend_cap: RESEND_CAP_BYTES; what waits already keeps its
  * place: the oldest are the longest unseen), or out of memory. */
 static bool resend_later(cph_cflow *f, pub *p, const char *why) {
   if (resend_given_up(f, p))
@@ -973,7 +976,7 @@ static bool resend_later(cph_cflow *f, pub *p, const char *why) {
   if (!p->resending) {
     size_t b = pub_bytes(p);
     size_t held = f->hist_pending_bytes + f->item_pending_bytes;
-    if (held + b > RESEND_CAP_BYTES) {
+    if (held + b > f->resend_cap) {
       count_dropped(f, p);
       cph_error("cluster log: the %s %s (%s) is DROPPED: the log has not taken %zu copies and "
                 "items (%zu bytes) and no more wait to be sent again; %s",
@@ -4350,6 +4353,14 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   f->trim_ns = pol->cluster.log_trim_seconds * 1000000000LL;
   test_fail_env("CPH_TEST_FAIL_HIST_COPIES", &f->test_hist_drop, &f->test_hist_unacked);
   test_fail_env("CPH_TEST_FAIL_ITEMS", &f->test_item_drop, &f->test_item_unacked);
+  f->resend_cap = RESEND_CAP_BYTES;
+  const char *cap = getenv("CPH_TEST_RESEND_CAP_BYTES");
+  if (cap && *cap) {
+    f->resend_cap = (size_t)strtoull(cap, NULL, 10);
+    cph_warn("cluster log: CPH_TEST_RESEND_CAP_BYTES: at most %zu bytes of copies and items "
+             "wait to be sent again (for tests)",
+             f->resend_cap);
+  }
   int park_unacked = 0; /* not offered for park marks */
   test_fail_env("CPH_TEST_FAIL_PARK_MARKS", &f->test_park_drop, &park_unacked);
   cph_clog_hooks hooks = {f,           on_published, on_message,       predecode,

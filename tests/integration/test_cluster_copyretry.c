@@ -12,7 +12,9 @@
  * each must show all six replies once — the other node's only through copies that were sent
  * again. Before, a copy not taken was counted and never sent again: the other node's replies
  * showed 0 times. Then the owner of some sessions is killed -9, and the survivor must load every
- * item that node put (each only after a resend). */
+ * item that node put (each only after a resend). A second cluster runs with what may wait
+ * shrunk to nothing (CPH_TEST_RESEND_CAP_BYTES=1): every copy and item that fails is dropped,
+ * and counted as dropped (fails when the cap's drop is not counted, checked). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -50,20 +52,25 @@ typedef struct bench {
   int round;
 } bench;
 
-static int setup(void **state) {
-  bench *b = calloc(1, sizeof *b);
+/* Starts b's cluster: etcd, one NATS server, two nodes with the copy hook hist_hook (and the
+ * item hook, and cap as CPH_TEST_RESEND_CAP_BYTES when given), six sessions of channel
+ * "shared" on both nodes. */
+static void bench_up(bench *b, const char *hist_hook, const char *cap) {
   cph_test_cluster *c = cph_tc_new();
   b->c = c;
   c->cluster_extra = ":log-dedupe-seconds 2";
   cph_tc_start_etcd(c);
   cph_tc_start_nats(c, 1);
   cph_tc_ports(c, NODES);
-  setenv("CPH_TEST_FAIL_HIST_COPIES", HIST_HOOK, 1); /* the nodes' environment only */
+  setenv("CPH_TEST_FAIL_HIST_COPIES", hist_hook, 1); /* the nodes' environment only */
   setenv("CPH_TEST_FAIL_ITEMS", ITEM_HOOK, 1);
+  if (cap)
+    setenv("CPH_TEST_RESEND_CAP_BYTES", cap, 1);
   for (int i = 0; i < NODES; i++)
     cph_tc_start_node(c, i, SHARDS, TTL_S, EXTRA);
   unsetenv("CPH_TEST_FAIL_HIST_COPIES");
   unsetenv("CPH_TEST_FAIL_ITEMS");
+  unsetenv("CPH_TEST_RESEND_CAP_BYTES");
   cph_tc_settle(c, SHARDS, "start");
   int on[NODES] = {0};
   for (int s = 0; s < SESSIONS; s++) {
@@ -75,6 +82,11 @@ static int setup(void **state) {
   }
   assert_true(on[0] > 0 && on[1] > 0); /* replies written on both nodes */
   cph_tc_wait_known(c, SESSIONS);
+}
+
+static int setup(void **state) {
+  bench *b = calloc(1, sizeof *b);
+  bench_up(b, HIST_HOOK, NULL);
   *state = b;
   return 0;
 }
@@ -243,10 +255,71 @@ static void test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sen
   assert_int_equal(loaded, put);
 }
 
+/* The cap test's answer: from round 1 on, a lease shows the round-0 replies of its own node's
+ * sessions once and the other node's not at all — their copies were dropped at the cap. */
+static bool answer_capped(void *ctx, int n, json_t *turn, int s) {
+  bench *b = ctx;
+  json_t *messages = json_object_get(turn, "messages");
+  for (int o = 0; b->round > 0 && o < SESSIONS; o++) {
+    char a[64];
+    snprintf(a, sizeof a, "reply 0 of t%02d", o);
+    int want = b->owner[o] == n ? 1 : 0, count = count_messages(messages, a);
+    if (count != want)
+      fail_msg("t%02d's lease on n%d shows \"%s\" (written on n%d) %d times, not %d", s, n, a,
+               b->owner[o], count, want);
+  }
+  char reply[64];
+  snprintf(reply, sizeof reply, "reply %d of t%02d", b->round, s);
+  cph_tc_complete(b->c, n, turn, reply);
+  return true;
+}
+
+/* At the cap (CPH_TEST_RESEND_CAP_BYTES=1: nothing fits), a copy or an item the log did not
+ * take is dropped, not kept to be sent again — and counted where it was dropped: each copy's
+ * failure is a drop (log.history_copies.dropped, cephalon_cluster_history_copies_dropped_total),
+ * none waits or is sent again, and the other node's sessions do not see those replies. */
+static void test_cluster_copyretry_what_the_cap_drops_is_counted(void **state) {
+  (void)state;
+  bench b = {0};
+  bench_up(&b, "1", "1");
+  cph_test_cluster *c = b.c;
+  int copies[NODES] = {0};
+  for (int s = 0; s < SESSIONS; s++)
+    copies[b.owner[s]]++;
+  post_question(c, 0, 0);
+  for (int n = 0; n < NODES; n++)
+    cph_tc_lease_each(c, n, b.owner, SESSIONS, answer_capped, &b, "capped round 0");
+  settle(c, "capped round 0");
+  b.round = 1;
+  post_question(c, 1, 1);
+  for (int n = 0; n < NODES; n++)
+    cph_tc_lease_each(c, n, b.owner, SESSIONS, answer_capped, &b, "capped round 1");
+  settle(c, "capped round 1");
+  for (int n = 0; n < NODES; n++) {
+    long long failures = counter(c, n, "history_copies", "failures");
+    long long dropped = counter(c, n, "history_copies", "dropped");
+    printf("n%d, capped: %d copies, %lld failed, %lld dropped; items %lld failed, %lld "
+           "dropped\n",
+           n, 2 * copies[n], failures, dropped, counter(c, n, "items", "failures"),
+           counter(c, n, "items", "dropped"));
+    assert_int_equal(failures, 2 * copies[n]);
+    assert_int_equal(dropped, 2 * copies[n]);
+    assert_int_equal(counter(c, n, "history_copies", "sent"), 0);
+    assert_int_equal(counter(c, n, "history_copies", "retries"), 0);
+    assert_int_equal(counter(c, n, "history_copies", "pending"), 0);
+    assert_int_equal(counter(c, n, "items", "dropped"), counter(c, n, "items", "failures"));
+    assert_int_equal(counter(c, n, "items", "pending"), 0);
+  }
+  assert_int_equal(cph_tc_metric_sum(c, "cephalon_cluster_history_copies_dropped_total", -1),
+                   2 * SESSIONS);
+  cph_tc_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(
           test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sent_again),
+      cmocka_unit_test(test_cluster_copyretry_what_the_cap_drops_is_counted),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
