@@ -11,8 +11,8 @@
  * Writer thread only, like every write txn. */
 #include <pthread.h>
 #include <stdio.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "store_internal.h"
 
@@ -23,11 +23,8 @@
 #define SPAN_REPLAY_BACKOFF_MIN_MS 100
 #define SPAN_REPLAY_BACKOFF_MAX_MS 5000
 
-static int64_t monotonic_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+/* The store keeps no clock of its own: real time, as the log's checkpoints wait it. */
+static const cph_clock MONOTONIC = {.is_virtual = false};
 
 bool store_log_wanted(const cph_store *s) { return s->sync == CPH_SYNC_ALWAYS || s->span_on; }
 
@@ -63,7 +60,7 @@ bool cph_span_wanted(const cph_store *s) { return s->span_on && cph_wal_on(s); }
 int cph_span_begin_pass(cph_store *s, cph_txn *t) {
   if (s->replay_pending) {
     cph_err err = {0};
-    int64_t wait_ns = s->replay_retry_ns - monotonic_ns();
+    int64_t wait_ns = s->replay_retry_ns - cph_clock_now(&MONOTONIC);
     int rc = wait_ns > 0 ? cph_err_set(&err, s->replay_rc, "%s (next attempt in %lld ms)",
                                        s->replay_err.msg, (long long)(wait_ns / 1000000 + 1))
                          : cph_store_span_replay(s, &err);
@@ -173,7 +170,7 @@ int cph_store_span_replay(cph_store *s, cph_err *err) {
     s->replay_backoff_ns = !s->replay_backoff_ns         ? min
                            : s->replay_backoff_ns >= max / 2 ? max
                                                              : 2 * s->replay_backoff_ns;
-    s->replay_retry_ns = monotonic_ns() + s->replay_backoff_ns;
+    s->replay_retry_ns = cph_clock_now(&MONOTONIC) + s->replay_backoff_ns;
     s->replay_rc = rc;
     s->replay_err = *err;
   }
