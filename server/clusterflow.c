@@ -73,6 +73,9 @@
 #define RESEND_WAIT_MS 3000
 #define RESEND_CAP_BYTES ((size_t)64 << 20)
 #define RESEND_BATCH 1024
+/* A stop (cph_cflow_stop_begin) sends what waits at once, then this often until the log takes
+ * it or the stop's deadline passes: the stop is short, a back-off would outlast it. */
+#define STOP_RESEND_MS 200
 
 typedef enum pub_kind {
   PUB_INGEST,
@@ -425,6 +428,12 @@ struct cph_cflow {
   size_t park_pending;
   uint64_t park_retries, park_resends_dropped;
   int test_park_drop; /* CPH_TEST_FAIL_PARK_MARKS: the first N park mark parts fail unsent */
+  /* What a stop waits for (cph_cflow_stop_begin; mirrored in cph_srv.log_unsettled): copies
+   * and items made here that the log has not taken and that are not given up (in flight,
+   * packing, retrying or waiting to be sent again), and park marks no request waits for (an
+   * expiry's) in flight; with park_pending, nobody else would see them lost. */
+  size_t loose, parks_loose;
+  bool stopping; /* cph_cflow_stop_begin was called */
   double last_rebuild_s, last_read_s;
   uint64_t last_rebuild_events, last_rebuild_messages;
   int64_t last_rebuild_shard; /* -1: none yet */
@@ -839,8 +848,27 @@ static pub *resend_of(seqnode *n) { return (pub *)(void *)((char *)n - offsetof(
 
 /* The wait before the next attempt of a copy, an item or a park mark (6., 13., 14.) whose last
  * wait was prev_ms (0: none yet): RESEND_FIRST_MS, then twice the last, up to RESEND_MAX_MS. */
-static int64_t resend_wait_ms(int64_t prev_ms) {
+static int64_t resend_wait_ms(const cph_cflow *f, int64_t prev_ms) {
+  if (f->stopping)
+    return STOP_RESEND_MS;
   return !prev_ms ? RESEND_FIRST_MS : prev_ms * 2 > RESEND_MAX_MS ? RESEND_MAX_MS : prev_ms * 2;
+}
+
+/* After loose, parks_loose or park_pending changed: tells the server whether a stop must wait
+ * for the log, and lets a stop that waited only for that end. */
+static void unsettled_update(cph_cflow *f) {
+  bool was = f->s->log_unsettled;
+  f->s->log_unsettled = f->loose || f->parks_loose || f->park_pending;
+  if (was && !f->s->log_unsettled && f->stopping)
+    cph_srv_maybe_finish_stop(f->s);
+}
+
+/* p, a copy or an item (counted in loose from its making), ends: taken or given up. */
+static void loose_end(cph_cflow *f, const pub *p) {
+  if (p->kind != PUB_HIST && p->kind != PUB_ITEM)
+    return;
+  f->loose--;
+  unsettled_update(f);
 }
 
 /* What p holds in memory, as the resends count it against RESEND_CAP_BYTES. */
@@ -989,7 +1017,7 @@ static bool resend_later(cph_cflow *f, pub *p, const char *why) {
       return false;
     }
     p->resending = true;
-    p->backoff_ms = resend_wait_ms(0);
+    p->backoff_ms = resend_wait_ms(f, 0);
     if (p->kind == PUB_HIST) {
       f->hist_pending++;
       f->hist_pending_bytes += b;
@@ -998,7 +1026,7 @@ static bool resend_later(cph_cflow *f, pub *p, const char *why) {
       f->item_pending_bytes += b;
     }
   } else {
-    p->backoff_ms = resend_wait_ms(p->backoff_ms);
+    p->backoff_ms = resend_wait_ms(f, p->backoff_ms);
     cph_debug("cluster log: the %s %s was not taken again (%s); sent again in %" PRId64 " ms",
               what, p->msgid ? p->msgid : p->subject, why ? why : "no answer", p->backoff_ms);
   }
@@ -1044,6 +1072,7 @@ static void on_resend(evutil_socket_t fd, short what, void *arg) {
     if (resend_given_up(f, p)) {
       resend_leave(f, p);
       item_key_release(f, p);
+      loose_end(f, p);
       pub_free(p);
       continue;
     }
@@ -1131,13 +1160,14 @@ static bool park_resend_later(cph_cflow *f, done_req *dr) {
     return false;
   pr->note = dr->note;
   dr->note = (cph_park_note){0};
-  pr->backoff_ms = resend_wait_ms(dr->backoff_ms);
+  pr->backoff_ms = resend_wait_ms(f, dr->backoff_ms);
   pr->due_ns = mono_ns() + pr->backoff_ms * 1000000LL;
   park_resend **at = &f->park_resends; /* oldest first: they go again in this order */
   while (*at)
     at = &(*at)->next;
   *at = pr;
   f->park_pending++;
+  unsettled_update(f);
   return true;
 }
 
@@ -1154,7 +1184,7 @@ static void park_resends_due(cph_cflow *f) {
       continue;
     }
     *at = pr->next;
-    f->park_pending--;
+    f->park_pending--; /* unsettled_update below, once the resend (if any) counts */
     const char *why = park_resend_void(f, &pr->note);
     if (why) {
       f->park_resends_dropped++;
@@ -1174,6 +1204,7 @@ static void park_resends_due(cph_cflow *f) {
     cph_park_note_free(&pr->note);
     free(pr);
   }
+  unsettled_update(f);
 }
 
 static void park_answer(cph_cflow *f, done_req *dr) {
@@ -1189,6 +1220,10 @@ static void park_answer(cph_cflow *f, done_req *dr) {
    * leaves this node), so a node that takes the session over holds the turn parked too */
   bool again = dr->failed && dr->kind == MARK_PARK && park_resend_later(f, dr);
   if (!dr->r) {
+    if (dr->kind == MARK_PARK) {
+      f->parks_loose--;
+      unsettled_update(f);
+    }
     if (dr->failed)
       cph_warn("cluster log: the %s of a turn of session %s was not taken (%s); %s%s",
                mark, dr->session, dr->why,
@@ -1568,6 +1603,10 @@ static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_par
     marks_abandon(dr, parts, n, answer);
     return false;
   }
+  if (!r && kind == MARK_PARK) {
+    f->parks_loose++;
+    unsettled_update(f);
+  }
   marks_queue(f, r, dr, parts, n);
   return true;
 }
@@ -1697,6 +1736,8 @@ void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *i
     p->shard = shard;
     p->epoch = f->tracks[shard].epoch;
     item_key_hold(f, p); /* the key's newest put: an older one waiting is not sent again */
+    f->loose++;
+    unsettled_update(f);
     if (it->len >= ITEM_PACK_MIN) /* a kept turn context, a seal: packed as a state is */
       state_pack(f, p);
     if (p->packing) { /* on the packer, which hands it back on the loop (on_state_packed) */
@@ -1817,6 +1858,8 @@ void cph_cflow_replied(cph_cflow *f, const char *session, const char *channel, c
       continue;
     }
     p->shard = shards[i];
+    f->loose++;
+    unsettled_update(f);
     pub_attempt(f, p);
   }
   free(json);
@@ -2814,6 +2857,7 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
   }
   resend_leave(f, p);
   item_key_release(f, p);
+  loose_end(f, p);
   pub_free(p);
 }
 
@@ -4392,6 +4436,26 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   evtimer_add(f->ev_mark, &mark);
   *out = f;
   return CPH_OK;
+}
+
+void cph_cflow_stop_begin(cph_cflow *f) {
+  if (!f || f->quiesced || f->stopping)
+    return;
+  f->stopping = true;
+  /* Every wait ends now: equal times keep the heap a heap. */
+  int64_t now = mono_ns();
+  for (size_t i = 0; i < f->resend.n; i++)
+    f->resend.v[i]->seq = (uint64_t)now;
+  for (park_resend *pr = f->park_resends; pr; pr = pr->next)
+    pr->due_ns = now;
+  if (f->loose || f->parks_loose || f->park_pending)
+    cph_info("cluster log: stopping: %zu copies of replies and items and %zu park marks the log "
+             "has not taken yet are sent again now; the stop waits for them (every %d ms, until "
+             "its deadline)",
+             f->loose, f->parks_loose + f->park_pending, STOP_RESEND_MS);
+  resend_arm(f);
+  park_resends_due(f);
+  unsettled_update(f);
 }
 
 void cph_cflow_quiesce(cph_cflow *f) {

@@ -119,7 +119,8 @@
  *    shard (the next owner rebuilt from what the log held; the fence would refuse it). A park
  *    mark stored but answered late and sent again is harmless: a rebuild parks a key once. An
  *    unpark mark is not sent again (the requeue answered 503: the next owner holds the input
- *    parked, the safe side, until a requeue there). What waits is lost with a stop (logged).
+ *    parked, the safe side, until a requeue there). A stop sends what waits at once and waits
+ *    for it (cph_cflow_stop_begin); what is left at the stop's deadline is lost (logged).
  *    Parked keys stay in the pending set (7.). A rebuild reads the marks in log order (8.):
  *    a done mark consumes a key for good, a park mark parks it and a later unpark mark
  *    brings it back.
@@ -448,7 +449,8 @@
  *    subject, id and data); one that would pass the bound is dropped — logged as an error and
  *    counted (log.history_copies.dropped), what waits already keeping its place (the oldest
  *    are the longest unseen) — as is one the node has no memory for, and those still waiting
- *    when the node stops (logged with their count). Only then do that node's sessions not see
+ *    at the deadline of the node's stop (logged with their count: a stop sends what waits
+ *    at once, cph_cflow_stop_begin, and waits for it). Only then do that node's sessions not see
  *    the reply in that channel. A copy taken late lands at the end of that node's copy of the
  *    channel (below). Not copied: a repeated completion's reply (copied the first time),
  *    replies into a direct channel (no subscribers; they move with their session's state), and
@@ -508,6 +510,12 @@ typedef struct cph_cflow cph_cflow;
 /* Starts the flow and its log (s->cluster must be running). CPH_EINVAL, CPH_ENOMEM, CPH_EIO;
  * err says why. */
 int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err);
+/* A stop began (SIGTERM): the copies of replies, items and park marks that wait to be sent
+ * again (6., 13., 14.) go now, and then every STOP_RESEND_MS (200 ms) rather than after their
+ * back-off; while any of those, or one in flight that no request waits for, is not taken,
+ * cph_srv.log_unsettled holds the stop open (until its deadline, then cph_cflow_quiesce
+ * drops what is left, logged and counted). NULL is fine; once. */
+void cph_cflow_stop_begin(cph_cflow *f);
 /* Shutdown, first step: answers every request still waiting for the log 503, stops taking
  * messages and closes the log (what was not acknowledged comes again to the next owner).
  * Engine operations of the flow still queued may finish afterwards; they release what they

@@ -299,6 +299,7 @@ static void on_stop(evutil_socket_t sig, short events, void *arg) {
   cph_longpolls_stop(s->lp);
   struct timeval tv = {STOP_DEADLINE_S, 0};
   evtimer_add(s->ev_stop_deadline, &tv);
+  cph_cflow_stop_begin(s->cflow); /* what waits to be sent again goes now */
   cph_srv_schedule_pass(s);
   cph_srv_maybe_finish_stop(s);
 }

@@ -33,10 +33,11 @@ void cph_srv_wake_replies_later(cph_srv *s) {
 int cph_srv_reload(cph_srv *s, cph_err *err) { return s->reload(s, err); }
 
 /* A shutdown ends when every request was answered, the engine holds no queued operation,
- * and every answer was written. A failed write never reports, so once only unwritten answers
- * are left the wait is cut to FLUSH_GRACE_MS. */
+ * the cluster log took what this node made for it (log_unsettled), and every answer was
+ * written. A failed write never reports, so once only unwritten answers are left the wait is
+ * cut to FLUSH_GRACE_MS. */
 void cph_srv_maybe_finish_stop(cph_srv *s) {
-  if (!s->stopping || s->open_reqs > 0 || cph_engine_pass_wanted(s->engine))
+  if (!s->stopping || s->open_reqs > 0 || s->log_unsettled || cph_engine_pass_wanted(s->engine))
     return;
   if (s->unflushed == 0) {
     event_base_loopexit(s->base, NULL);

@@ -67,6 +67,9 @@ struct cph_srv {
   /* Shutdown. */
   bool stopping;
   bool flush_grace; /* only unflushed replies are left; the deadline was shortened */
+  /* Set by clusterflow.c while copies, items or park marks it made wait for the cluster log
+   * with no request waiting for them (cph_cflow_stop_begin): a stop waits for them too. */
+  bool log_unsettled;
   struct event *ev_stop_deadline;
   struct event *ev_budget; /* cluster mode: the lanes' budget shares, every second */
 };

@@ -320,6 +320,13 @@ char *cph_tc_kill_node(cph_test_cluster *c, int i, bool keep) {
   return dir;
 }
 
+int cph_tc_stop_node(cph_test_cluster *c, int i) {
+  assert_true(c->up[i]);
+  int rc = cph_test_daemon_stop(&c->d[i]);
+  c->up[i] = false;
+  return rc;
+}
+
 void cph_tc_start_node_on(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra,
                           char *data_dir) {
   start_node(c, i, shards, ttl_s, extra, data_dir);

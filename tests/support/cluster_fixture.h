@@ -54,6 +54,10 @@ void cph_tc_start_node(cph_test_cluster *c, int i, int shards, int ttl_s, const 
 /* Kills node i (-9) and reaps it. keep: its data dir stays, returned (malloc'd) for
  * cph_tc_start_node_on; else NULL (the dir is removed). */
 char *cph_tc_kill_node(cph_test_cluster *c, int i, bool keep);
+/* Stops node i with SIGTERM, waits for it to exit (30 s at most, then -9) and removes its data
+ * dir: its exit status (128 + the signal when a signal ended it, -1 when it had to be
+ * killed). */
+int cph_tc_stop_node(cph_test_cluster *c, int i);
 /* Starts node i (as cph_tc_start_node) on the data dir cph_tc_kill_node kept, and takes it:
  * it is removed when the node stops. */
 void cph_tc_start_node_on(cph_test_cluster *c, int i, int shards, int ttl_s, const char *extra,
