@@ -10,13 +10,17 @@
  *     failures, 2 retries, one park mark);
  *   - on another, session A's turn parks and is requeued at once (its unpark mark taken) and
  *     left staged: its park mark, due again a second later, is given up (the turn is no longer
- *     parked), so no park mark lands after the unpark.
- * Then both nodes are killed -9. On the third, which took both sessions over: B's turn is listed
- * parked with its attempts, error and text; A's is not, and A's next turn there carries its text
- * once; nothing more is leased. Before resends B's mark was counted and dropped: the survivor
- * listed nothing parked (the test fails there); with A's resend not given up after its requeue,
- * it landed after the unpark and the survivor listed A's turn parked (checked). Without etcd or
- * nats-server the test fails and says what to install. */
+ *     parked), so no park mark lands after the unpark;
+ *   - on A's node, session C's turn (its lane of its own) parks, its mark's first attempt
+ *     fails, and the node is stopped (SIGTERM) at once: its stop sends the mark now and waits
+ *     for the log (before, a stop dropped it: the third node listed nothing of C parked).
+ * Then B's node is killed -9. On the third, which took all three sessions over: B's and C's
+ * turns are listed parked with their texts (B's with its attempts and error); A's is not, and
+ * A's next turn there carries its text once; nothing more is leased. Before resends B's mark
+ * was counted and dropped: the survivor listed nothing parked (the test fails there); with A's
+ * resend not given up after its requeue, it landed after the unpark and the survivor listed
+ * A's turn parked (checked). Without etcd or nats-server the test fails and says what to
+ * install. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -44,6 +48,7 @@ static const char EXTRA[] =
 
 static const char A_TEXT[] = "alpha: requeued before its mark went again";
 static const char B_TEXT[] = "bravo: parked while the log was away";
+static const char C_TEXT[] = "charlie: parked just before its node stopped";
 
 /* POST path body on node n; asserts the status, returns the answer's body (malloc'd). */
 static char *post_expect(cph_test_cluster *c, int n, const char *path, const char *body,
@@ -73,10 +78,15 @@ static long long post_one(cph_test_cluster *c, int n, const char *s, const char 
   return pos;
 }
 
-/* A turn of session s leased on node n within 5 s (min_pos pos), or the test fails. */
-static json_t *lease_of(cph_test_cluster *c, int n, const char *s, long long pos) {
-  char body[160];
-  snprintf(body, sizeof body, "{\"worker\":\"w\",\"wait_ms\":5000,\"min_pos\":%lld}", pos);
+/* A turn of session s leased on node n within 5 s (min_pos pos; of lane `lane` only, when
+ * given), or the test fails. */
+static json_t *lease_of(cph_test_cluster *c, int n, const char *s, long long pos,
+                        const char *lane) {
+  char body[200], lanes[64] = "";
+  if (lane)
+    snprintf(lanes, sizeof lanes, ",\"lanes\":[\"%s\"]", lane);
+  snprintf(body, sizeof body, "{\"worker\":\"w\",\"wait_ms\":5000,\"min_pos\":%lld%s}", pos,
+           lanes);
   cph_test_response r = cph_test_api(c->port[n], "POST", "/v1/turns/lease", NULL, body);
   if (r.status != 200)
     fail_msg("lease of %s on n%d: %d %s", s, n, r.status, r.body ? r.body : "");
@@ -99,12 +109,13 @@ static char *fail_turn(cph_test_cluster *c, int n, const json_t *turn, int statu
   return post_expect(c, n, path, body, status);
 }
 
-/* Session s gets a turn on node n that fails twice (parked after the second, whose answer is
- * 503 here: its mark is not taken); the parked turn's id. */
-static long long park_one(cph_test_cluster *c, int n, const char *s, long long pos) {
+/* Session s (of lane `lane`, or NULL) gets a turn on node n that fails twice (parked after the
+ * second, whose answer is 503 here: its mark is not taken); the parked turn's id. */
+static long long park_one(cph_test_cluster *c, int n, const char *s, long long pos,
+                          const char *lane) {
   long long id = 0;
   for (int attempt = 1; attempt <= 2; attempt++) {
-    json_t *turn = lease_of(c, n, s, pos);
+    json_t *turn = lease_of(c, n, s, pos, lane);
     id = json_integer_value(json_object_get(turn, "id"));
     char *answer = fail_turn(c, n, turn, attempt == 1 ? 200 : 503);
     if (attempt == 2 && !strstr(answer, "sent again until the log takes it"))
@@ -193,7 +204,7 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
 
   /* B: parked; its mark fails once more (1 s later), then the log takes it (2 s after) */
   long long pos = post_one(c, pb, b, B_TEXT, "bravo-1");
-  park_one(c, pb, b, pos);
+  park_one(c, pb, b, pos, NULL);
   parks_reach(c, pb, "park_marks", 1, 10000);
   assert_int_equal(parks(c, pb, "retries"), 2);
   assert_int_equal(parks(c, pb, "failures"), 2);
@@ -202,7 +213,7 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
   /* A: parked (its mark not taken), requeued at once (its unpark mark taken) and left
    * staged: its park mark, due again a second later, is given up */
   pos = post_one(c, pa, a, A_TEXT, "alpha-1");
-  long long a_turn = park_one(c, pa, a, pos);
+  long long a_turn = park_one(c, pa, a, pos, NULL);
   char path[64];
   snprintf(path, sizeof path, "/v1/turns/%lld/requeue", a_turn);
   free(post_expect(c, pa, path, "{}", 200));
@@ -214,10 +225,30 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
          "requeue\n",
          pb, b, pa, a);
 
-  /* both nodes die: the third holds B parked, not A, whose text its next turn carries */
-  free(cph_tc_kill_node(c, pa, false));
+  /* C, another session of A's node: parked there, its mark's first attempt fails (that node's
+   * hook has one failure left) and the node is stopped (SIGTERM) at once, before the mark's
+   * resend is due: the stop sends it now and waits until the log took it */
+  char cs[16] = ""; /* in a lane of its own: A's requeued turn waits on that node too */
+  for (int i = 0; !cs[0]; i++) { /* sessions of their own until one lands on A's node */
+    assert_true(i < 40);
+    char body[96], id[16];
+    snprintf(id, sizeof id, "u%02d", i);
+    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"operational\"}", id);
+    if (cph_tc_post_on_owner(c, pa, "/v1/sessions", body) == pa)
+      snprintf(cs, sizeof cs, "%s", id);
+    cph_tc_wait_known(c, SESSIONS + i + 1);
+  }
+  pos = post_one(c, pa, cs, C_TEXT, "charlie-1");
+  park_one(c, pa, cs, pos, "operational");
+  int64_t t0 = cph_test_now_ms();
+  int rc = cph_tc_stop_node(c, pa);
+  printf("n%d: %s parked, its mark not taken; n%d stopped in %lld ms (exit %d)\n", pa, cs, pa,
+         (long long)(cph_test_now_ms() - t0), rc);
+  assert_int_equal(rc, 0);
+
+  /* B's node dies: the third holds B and C parked, not A, whose text its next turn carries */
   free(cph_tc_kill_node(c, pb, false));
-  cph_tc_settle(c, SHARDS, "after the kills of the nodes that parked them");
+  cph_tc_settle(c, SHARDS, "after A's node stopped and B's was killed");
   int attempts = 0;
   char error[64], input[512];
   int n_b = parked_of(c, s, b, &attempts, error, sizeof error, input, sizeof input);
@@ -226,10 +257,16 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
   assert_int_equal(attempts, 2);
   assert_string_equal(error, "model down");
   assert_non_null(strstr(input, B_TEXT));
+  int n_c = parked_of(c, s, cs, &attempts, error, sizeof error, input, sizeof input);
+  if (n_c != 1)
+    fail_msg("after the takeover: n%d lists %d parked turns of %s (parked just before its node "
+             "stopped), not 1",
+             s, n_c, cs);
+  assert_non_null(strstr(input, C_TEXT));
   int n_a = parked_of(c, s, a, &attempts, error, sizeof error, input, sizeof input);
   if (n_a != 0)
     fail_msg("after the takeover: n%d lists %s's requeued turn parked (%d)", s, a, n_a);
-  json_t *turn = lease_of(c, s, a, 0);
+  json_t *turn = lease_of(c, s, a, 0, NULL);
   char *staged = json_dumps(json_object_get(turn, "staged"), JSON_COMPACT);
   if (json_array_size(json_object_get(turn, "staged")) != 1 || !strstr(staged, A_TEXT))
     fail_msg("after the takeover: %s's turn on n%d carries %s, want its text once", a, s, staged);
@@ -244,9 +281,9 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
     assert_int_equal(r.status, 204);
     cph_test_response_free(&r);
   }
-  printf("n%d and n%d killed -9: n%d lists %s's turn parked with its text, delivers %s's "
-         "requeued input once, and nothing more\n",
-         pa, pb, s, b, a);
+  printf("n%d stopped and n%d killed -9: n%d lists %s's and %s's turns parked with their texts, "
+         "delivers %s's requeued input once, and nothing more\n",
+         pa, pb, s, b, cs, a);
   cph_tc_free(c);
 }
 
