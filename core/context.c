@@ -247,8 +247,8 @@ typedef struct ctx {
   size_t n_waiting;
   idset shown_events;  /* what the turn shows: staged, history, channel view */
   vstate *vs;
-  hentry *entries;
-  size_t n_entries, cap_entries;
+  hentry *entries; /* the scratch's (context_scratch): grown there, kept for the next lease */
+  size_t n_entries;
   context_tree *tr; /* the caller's: the tree is loaded and ordered here, released there */
   int64_t now_ms;
   /* The session id's and the staged senders' lengths, measured once: every history entry is
@@ -458,15 +458,24 @@ static int views_init(ctx *c) {
   return CPH_OK;
 }
 
+/* *v (of *cap elements of size each) with room for at least n: grown to twice n when short,
+ * so a scratch array reaches its size in a lease or two and then stays. */
+static bool scratch_room(void **v, size_t *cap, size_t n, size_t size) {
+  if (n <= *cap)
+    return true;
+  void *p = realloc(*v, 2 * n * size);
+  if (!p)
+    return false;
+  *v = p;
+  *cap = 2 * n;
+  return true;
+}
+
 static int entry_push(ctx *c, const hentry *h) {
-  if (c->n_entries == c->cap_entries) {
-    size_t cap = c->cap_entries ? c->cap_entries * 2 : 32;
-    hentry *p = realloc(c->entries, cap * sizeof *p);
-    if (!p)
-      return CPH_ENOMEM;
-    c->entries = p;
-    c->cap_entries = cap;
-  }
+  context_scratch *sc = &c->cx->scratch;
+  if (!scratch_room((void **)&sc->entries, &sc->cap_entries, c->n_entries + 1, sizeof *h))
+    return CPH_ENOMEM;
+  c->entries = sc->entries;
   c->entries[c->n_entries++] = *h;
   return CPH_OK;
 }
@@ -801,7 +810,7 @@ static int select_section(ctx *c) {
   if (!wanted(c, CPH_PART_HISTORY))
     n = 0; /* selected all the same: the memory section skips what the history shows */
   if (n) {
-    ti->history = calloc(n, sizeof *ti->history);
+    ti->history = malloc(n * sizeof *ti->history); /* each entry written whole below */
     if (!ti->history)
       return CPH_ENOMEM;
   }
@@ -1155,8 +1164,6 @@ static bool tree_core(const cph_pact_node *n) { return n->role != NULL; }
 /* A tree core that is cut-able history (other turns). */
 static bool tree_history_core(const cph_pact_node *n) { return n->role && n->at.depth >= 1; }
 
-static void ritems_free(ritem *v) { free(v); /* the strings are the turn's (its arena) */ }
-
 static const char *role_name(speaker who) {
   return who == SPEAKER_OWN ? "assistant" : who == SPEAKER_AGENT ? "system" : "user";
 }
@@ -1209,17 +1216,18 @@ static bool several_people(const ctx *c) {
 }
 
 /* The channel view as core messages in render order: history (depth k..1, the away block the
- * newest), then the triggers at depth 0. */
+ * newest), then the triggers at depth 0. *out is the scratch's (context_scratch); the strings
+ * are the turn's (its arena). */
 static int view_items(ctx *c, ritem **out, size_t *n_out) {
   cph_turn_info *ti = c->ti;
   size_t seen = 0, away = 0;
   for (size_t i = 0; i < c->n_entries; i++)
     if (c->entries[i].in_messages)
       c->entries[i].away ? away++ : seen++;
-  size_t cap = seen + 1 + ti->n_staged;
-  ritem *v = calloc(cap, sizeof *v);
-  if (!v)
+  context_scratch *sc = &c->cx->scratch;
+  if (!scratch_room((void **)&sc->items, &sc->cap_items, seen + 1 + ti->n_staged, sizeof(ritem)))
     return CPH_ENOMEM;
+  ritem *v = sc->items;
   size_t n = 0;
   int rc = CPH_OK;
   bool several = several_people(c);
@@ -1251,13 +1259,9 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
     rc = add_said(ti, v, &n, 0, who, m->sender,
                   say(ti, who, several, m->sender, strlen(m->sender), body, strlen(body)));
   }
-  if (rc) {
-    ritems_free(v);
-    return rc;
-  }
   *out = v;
   *n_out = n;
-  return CPH_OK;
+  return rc;
 }
 
 /* Appends a message; `owned`, when set, is content already in the turn's arena (taken as it
@@ -1315,9 +1319,10 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
   cph_turn_info *ti = c->ti;
   const cph_pact_tree *tree = &c->tr->tree;
   size_t live = c->tr->ok ? c->tr->n_live : 0;
-  size_t *idx = malloc((live ? live : 1) * sizeof *idx); /* the order, SIZE_MAX where cut */
-  if (!idx)
+  context_scratch *sc = &c->cx->scratch;
+  if (!scratch_room((void **)&sc->order, &sc->cap_order, live, sizeof *sc->order))
     return CPH_ENOMEM;
+  size_t *idx = sc->order; /* the render order, SIZE_MAX where cut */
   if (live)
     memcpy(idx, c->tr->order, live * sizeof *idx);
   /* Which tree nodes render: on an inbox turn all but the cores; otherwise all, with the
@@ -1351,15 +1356,16 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
   int rc = CPH_OK;
   if (c->inbox) {
     rc = view_items(c, &extra, &n_extra);
-  } else {
-    extra = calloc(1, sizeof *extra);
+  } else if (scratch_room((void **)&sc->items, &sc->cap_items, 1, sizeof *extra)) {
+    extra = sc->items;
     const char *input = ti->input ? ti->input : "";
-    rc = extra ? add_ritem(extra, &n_extra, 0, "user",
-                           cph_arena_strndup(&ti->strings, input, strlen(input)))
-               : CPH_ENOMEM;
+    rc = add_ritem(extra, &n_extra, 0, "user", cph_arena_strndup(&ti->strings, input, strlen(input)));
+  } else {
+    rc = CPH_ENOMEM;
   }
   size_t cap = 1 + kept + n_extra;
-  if (rc == CPH_OK && !(ti->messages = calloc(cap, sizeof *ti->messages)))
+  /* not zeroed: push_message writes every field of each message it counts */
+  if (rc == CPH_OK && !(ti->messages = malloc(cap * sizeof *ti->messages)))
     rc = CPH_ENOMEM;
   if (rc == CPH_OK && c->rec->system) {
     cph_coord sys = {-1, 0, 0};
@@ -1381,8 +1387,6 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
       i++;
     }
   }
-  ritems_free(extra);
-  free(idx);
   return rc;
 }
 
@@ -1394,7 +1398,6 @@ static void ctx_free(ctx *c) {
       free(c->entries[i].sender);
       free(c->entries[i].body);
     }
-  free(c->entries);
   free(c->vs);
   free(c->staged_len);
   for (size_t i = 0; i < c->n_waiting; i++)
@@ -1496,8 +1499,30 @@ static int assemble(ctx *c) {
  * once). */
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
                   cph_chantails *tails, cph_memory *memory) {
-  *cx = (cph_context){env, sessions, trees, tails, memory};
+  *cx = (cph_context){.env = env, .sessions = sessions, .trees = trees, .tails = tails,
+                      .memory = memory};
 }
+
+/* The most elements a scratch array keeps between leases: one that a turn over many
+ * channels, or a large tree, grew further is given back, not held for the next lease. */
+#define SCRATCH_KEEP_MAX (4 * CONTEXT_HISTORY_READS_MAX)
+
+/* Frees scratch array *v when it holds more than max elements. */
+static void scratch_cap(void **v, size_t *cap, size_t max) {
+  if (*cap > max) {
+    free(*v);
+    *v = NULL;
+    *cap = 0;
+  }
+}
+
+static void scratch_trim(context_scratch *sc, size_t max) {
+  scratch_cap((void **)&sc->entries, &sc->cap_entries, max);
+  scratch_cap((void **)&sc->items, &sc->cap_items, max);
+  scratch_cap((void **)&sc->order, &sc->cap_order, max);
+}
+
+void context_free(cph_context *cx) { scratch_trim(&cx->scratch, 0); }
 
 int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session_rec *rec,
                      cph_turn_info *ti, context_tree *tree) {
@@ -1527,6 +1552,7 @@ int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session
                                 ti->tokens.pending_obligations + ti->tokens.conversation_history +
                                 ti->tokens.recent_memory + ti->tokens.available_tools);
   ctx_free(&c);
+  scratch_trim(&cx->scratch, SCRATCH_KEEP_MAX);
   /* The tails the turn borrowed from are free to go now; the policy bounds how many stay. */
   chantails_release(cx->tails, (size_t)cx->env->policy->sessions.warm_channels);
   if (rc && !t->ret && rc != CPH_ENOMEM)
