@@ -196,10 +196,11 @@ typedef struct hentry {
   uint64_t event_id;
   uint64_t index; /* in its channel */
   size_t view;    /* its channel: index into ti->views */
-  char *sender;   /* borrowed from the channel's tail (chantail.h), like body, unless owned */
-  char *body;
+  const char *sender; /* held by the tails (chantails_sender): equal senders, equal pointers */
+  char *body;         /* borrowed from the channel's tail (chantail.h), unless owned */
   size_t sender_len, body_len; /* their strlen, measured once per event (chantail.h) */
-  bool owned; /* read from the store for this turn alone (scan_channel_store): freed here */
+  bool owned; /* read from the store for this turn alone (scan_channel_store): its body and its
+               * hold on the sender are the turn's, given back in ctx_free */
   int64_t ts_ms;
   bool own;         /* the session's own message */
   bool agent;       /* from another session */
@@ -251,31 +252,25 @@ typedef struct ctx {
   size_t n_entries;
   context_tree *tr; /* the caller's: the tree is loaded and ordered here, released there */
   int64_t now_ms;
-  /* The session id's and the staged senders' lengths, measured once: every history entry is
-   * compared with them, and its sender's length is known (chantail.h), so most comparisons
-   * end at the length. staged_len is NULL when the turn stages nothing. */
-  size_t id_len;
+  /* The session id and the staged senders as the tails hold them (chantails_sender), held for
+   * the turn: every history entry's sender is compared with them by pointer. staged_sender and
+   * staged_len (the staged senders' strlen, for log_copy) are NULL when the turn stages
+   * nothing. */
+  const char *id_sender;
+  const char **staged_sender;
   size_t *staged_len;
-  /* The last sender looked up among the sessions, and whether it is one: a channel's history
-   * is mostly a few speakers, so most entries ask about the previous one's sender again. The
-   * string is an entry's, alive as long as the entries; no session is made or deleted while a
-   * turn is assembled. */
+  /* The last sender looked up among the sessions (a held pointer), and whether it is one: a
+   * channel's history is mostly a few speakers, so most entries ask about the previous one's
+   * sender again. No session is made or deleted while a turn is assembled. */
   const char *agent_memo;
-  size_t agent_memo_len;
   bool agent_memo_is;
 } ctx;
 
-/* Whether a (of alen bytes) and b (of blen bytes) are the same string. */
-static inline bool same_str(const char *a, size_t alen, const char *b, size_t blen) {
-  return alen == blen && memcmp(a, b, alen) == 0;
-}
-
-/* Whether sender (len bytes, alive as long as the turn's entries) is another session. */
-static bool is_agent(ctx *c, const char *sender, size_t len) {
-  if (!c->agent_memo || !same_str(sender, len, c->agent_memo, c->agent_memo_len)) {
+/* Whether sender (held by the tails, as long as the turn's entries) is another session. */
+static bool is_agent(ctx *c, const char *sender) {
+  if (sender != c->agent_memo) {
     c->agent_memo_is = sessions_get(c->cx->sessions, sender) != NULL;
     c->agent_memo = sender;
-    c->agent_memo_len = len;
   }
   return c->agent_memo_is;
 }
@@ -497,13 +492,14 @@ static uint64_t section_cost(const hentry *h, const char *channel_name) {
   return tok(channel_name) + tok_len(h->sender_len) + tok_len(h->body_len) + ITEM_OVERHEAD;
 }
 
-static bool is_section_sender(const ctx *c, const char *sender, size_t len) {
-  if (same_str(sender, len, c->s->id, c->id_len))
-    return true;
-  for (size_t i = 0; i < c->ti->n_staged; i++)
-    if (same_str(sender, len, c->ti->staged[i].sender, c->staged_len[i]))
-      return true;
-  return false;
+/* h's speaker and whether conversation_history may list it, from its held sender: pointers
+ * compared, exactly as the strings would be (chantail.h). */
+static void entry_classify(ctx *c, hentry *h) {
+  h->own = h->sender == c->id_sender;
+  h->agent = !h->own && is_agent(c, h->sender);
+  h->for_section = h->own;
+  for (size_t i = 0; i < c->ti->n_staged && !h->for_section; i++)
+    h->for_section = h->sender == c->staged_sender[i];
 }
 
 typedef enum copy_kind { NOT_A_COPY, STAGED_COPY, WAITING_COPY } copy_kind;
@@ -651,23 +647,23 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
       h.event_id = event_id;
       h.index = index;
       h.view = v;
-      h.sender = ev.sender;
+      h.sender = chantails_sender(c->cx->tails, ev.sender);
       h.body = ev.body;
       h.sender_len = strlen(ev.sender);
       h.body_len = strlen(ev.body);
       h.ts_ms = ev.ts_ms;
       h.owned = true;
-      h.own = same_str(ev.sender, h.sender_len, c->s->id, c->id_len);
-      h.agent = !h.own && is_agent(c, ev.sender, h.sender_len);
-      h.for_section = is_section_sender(c, ev.sender, h.sender_len);
-      if (entry_push(c, &h) == CPH_OK) {
-        ev.sender = ev.body = NULL; /* moved into the entry */
+      if (h.sender)
+        entry_classify(c, &h);
+      if (h.sender && entry_push(c, &h) == CPH_OK) {
+        ev.body = NULL; /* moved into the entry */
         messages_seen += tok_len(h.body_len);
         if (h.for_section)
           section_seen += tok_len(h.body_len);
       } else {
         rc = CPH_ENOMEM;
-        c->agent_memo = NULL; /* it may be ev.sender, freed below */
+        c->agent_memo = NULL; /* it may be h.sender, dropped here */
+        chantails_sender_drop(c->cx->tails, h.sender);
       }
     }
     cph_record_free(&cph_event_desc, &ev);
@@ -725,9 +721,7 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     h.sender_len = e->sender_len;
     h.body_len = e->body_len;
     h.ts_ms = e->ts_ms;
-    h.own = same_str(e->sender, e->sender_len, c->s->id, c->id_len);
-    h.agent = !h.own && is_agent(c, e->sender, e->sender_len);
-    h.for_section = is_section_sender(c, e->sender, e->sender_len);
+    entry_classify(c, &h);
     if ((rc = entry_push(c, &h)) != CPH_OK)
       break;
     messages_seen += tok_len(h.body_len);
@@ -1193,22 +1187,23 @@ static speaker speaker_by_name(const ctx *c, const char *sender) {
 }
 
 /* Whether several distinct people (users: neither the session nor another agent) speak in
- * the turn's channel-view messages: the history shown, the away block and the triggers. */
+ * the turn's channel-view messages: the history shown, the away block and the triggers.
+ * Senders are compared as held pointers (entries' and staged_sender: one string per sender). */
 static bool several_people(const ctx *c) {
   const char *first = NULL;
   for (size_t i = 0; i < c->n_entries; i++) {
     const hentry *h = &c->entries[i];
     if (!h->in_messages || speaker_of(h) != SPEAKER_USER)
       continue;
-    if (first && strcmp(first, h->sender) != 0)
+    if (first && first != h->sender)
       return true;
     first = h->sender;
   }
   for (size_t i = 0; i < c->ti->n_staged; i++) {
-    const char *sender = c->ti->staged[i].sender;
+    const char *sender = c->staged_sender[i];
     if (speaker_by_name(c, sender) != SPEAKER_USER)
       continue;
-    if (first && strcmp(first, sender) != 0)
+    if (first && first != sender)
       return true;
     first = sender;
   }
@@ -1395,9 +1390,13 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
 static void ctx_free(ctx *c) {
   for (size_t i = 0; i < c->n_entries; i++)
     if (c->entries[i].owned) { /* the others' strings are the tails' (chantails_release) */
-      free(c->entries[i].sender);
+      chantails_sender_drop(c->cx->tails, c->entries[i].sender);
       free(c->entries[i].body);
     }
+  chantails_sender_drop(c->cx->tails, c->id_sender);
+  for (size_t i = 0; c->staged_sender && i < c->ti->n_staged; i++)
+    chantails_sender_drop(c->cx->tails, c->staged_sender[i]);
+  free(c->staged_sender);
   free(c->vs);
   free(c->staged_len);
   for (size_t i = 0; i < c->n_waiting; i++)
@@ -1539,13 +1538,19 @@ int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session
                                         : (uint64_t)cx->env->policy->sessions.context_window_tokens;
   c.now_ms = cph_wall_ms();
   ti->tokens.window = clamp32(c.window);
-  c.id_len = strlen(s->id);
   c.log_copies = cx->env->policy->cluster_enabled && cx->env->policy->cluster.nats_count;
   int rc = CPH_OK;
-  if (ti->n_staged && !(c.staged_len = malloc(ti->n_staged * sizeof *c.staged_len)))
+  if (!(c.id_sender = chantails_sender(cx->tails, s->id)))
     rc = CPH_ENOMEM;
-  for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++)
+  if (rc == CPH_OK && ti->n_staged &&
+      (!(c.staged_len = malloc(ti->n_staged * sizeof *c.staged_len)) ||
+       !(c.staged_sender = calloc(ti->n_staged, sizeof *c.staged_sender))))
+    rc = CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++) {
     c.staged_len[i] = strlen(ti->staged[i].sender);
+    if (!(c.staged_sender[i] = chantails_sender(cx->tails, ti->staged[i].sender)))
+      rc = CPH_ENOMEM;
+  }
   if (rc == CPH_OK)
     rc = assemble(&c);
   ti->tokens.sections = clamp32((uint64_t)ti->tokens.current_state +
