@@ -31,6 +31,7 @@
 #define REPLACED_HOPS_MAX 8 /* replaced_by links followed to find a stand-in */
 
 #define AWAY_HEADER "MESSAGES WHILE YOU WERE AWAY"
+#define SENDER_COPIES 8 /* distinct senders whose strings a turn copies once (ctx.copies) */
 #define CORE_COORD_MAX 48
 
 /* Obligation previews shrink through these lengths (bytes) until the list fits. */
@@ -81,17 +82,18 @@ static char *concat3(const char *a, const char *b, const char *c) {
 /* How a sender speaks in a message (DESIGN §6 channel views). */
 typedef enum speaker { SPEAKER_OWN, SPEAKER_AGENT, SPEAKER_USER } speaker;
 
-/* A message's content: another agent speaks as "[name] body"; a user as "name: body" when
- * several people speak in the turn (`several`), else as the body; the session as the body. */
-/* A message as the model sees it: "[sender] body" from an agent, "sender: body" from a user
- * when several people talk, else the body. The lengths are the strings' strlen. */
+/* A message as the model sees it, in the turn's arena: "[sender] body" from an agent,
+ * "sender: body" from a user when several people talk (`several`), else the body — then
+ * body_copy when set (the body already in the arena: conversation_history's copy) rather than
+ * a second copy. The lengths are the strings' strlen; *len gets the message's. */
 static char *say(cph_turn_info *ti, speaker who, bool several, const char *sender, size_t slen,
-                 const char *body, size_t blen) {
+                 const char *body, size_t blen, char *body_copy, size_t *len) {
   const char *sep = who == SPEAKER_AGENT ? "] " : who == SPEAKER_USER && several ? ": " : NULL;
+  *len = blen;
   if (!sep)
-    return cph_arena_strndup(&ti->strings, body, blen);
+    return body_copy ? body_copy : cph_arena_strndup(&ti->strings, body, blen);
   size_t bracket = who == SPEAKER_AGENT;
-  size_t n = bracket + slen + 2 + blen;
+  size_t n = *len = bracket + slen + 2 + blen;
   char *s = cph_arena_alloc(&ti->strings, n + 1);
   if (!s)
     return NULL;
@@ -207,6 +209,8 @@ typedef struct hentry {
   bool away;        /* after the cursor and from others: the away block */
   bool for_section; /* a staged message's sender or the session: conversation_history */
   bool in_section, in_messages;
+  char *body_copy; /* in_section: its body in the turn's arena, which a message showing the
+                    * body alone shares (say) */
 } hentry;
 
 /* Per channel view, what ti->views does not carry. */
@@ -220,9 +224,10 @@ typedef struct vstate {
 /* A message to render, with the coordinate it sorts by. */
 typedef struct ritem {
   cph_coord at;
-  const char *role;
-  char *content; /* owned */
-  char *name;    /* owned; user messages only */
+  const char *role; /* a literal */
+  char *content;    /* in the turn's arena, content_len bytes */
+  size_t content_len;
+  char *name; /* in the turn's arena; user messages only */
 } ritem;
 
 typedef struct ctx {
@@ -264,6 +269,15 @@ typedef struct ctx {
    * sender again. No session is made or deleted while a turn is assembled. */
   const char *agent_memo;
   bool agent_memo_is;
+  /* Each sender's strings in the turn's arena, made once per turn for every history entry
+   * and message it sent (found by its held pointer): its text (a history entry's sender) and
+   * its OpenAI name (a user message's). A channel's history is a few speakers; senders past
+   * SENDER_COPIES get a copy per use. */
+  struct sender_copy {
+    const char *held;
+    char *text, *name;
+  } copies[SENDER_COPIES];
+  size_t n_copies;
 } ctx;
 
 /* Whether sender (held by the tails, as long as the turn's entries) is another session. */
@@ -273,6 +287,26 @@ static bool is_agent(ctx *c, const char *sender) {
     c->agent_memo = sender;
   }
   return c->agent_memo_is;
+}
+
+/* held's (a held sender, len bytes) text, or its OpenAI name when `name`, in the turn's arena:
+ * made on the turn's first use, the same pointer after. NULL without memory. */
+static char *sender_copy(ctx *c, const char *held, size_t len, bool name) {
+  struct sender_copy *sc = NULL;
+  for (size_t i = 0; i < c->n_copies && !sc; i++)
+    if (c->copies[i].held == held)
+      sc = &c->copies[i];
+  if (!sc && c->n_copies < SENDER_COPIES) {
+    sc = &c->copies[c->n_copies++];
+    *sc = (struct sender_copy){held, NULL, NULL};
+  }
+  char **slot = sc ? (name ? &sc->name : &sc->text) : NULL;
+  if (slot && *slot)
+    return *slot;
+  char *s = name ? openai_name(c->ti, held) : cph_arena_strndup(&c->ti->strings, held, len);
+  if (slot)
+    *slot = s;
+  return s;
 }
 
 static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100; }
@@ -809,15 +843,16 @@ static int select_section(ctx *c) {
       return CPH_ENOMEM;
   }
   for (size_t i = 0; n && i < c->n_entries; i++) {
-    const hentry *h = &c->entries[i];
+    hentry *h = &c->entries[i];
     if (!h->in_section)
       continue;
     cph_history_entry *he = &ti->history[ti->n_history++];
     he->event_id = h->event_id;
-    const char *chan = ti->views[h->view].channel;
     he->ts_ms = h->ts_ms;
-    if (!pack3(ti, chan, strlen(chan), h->sender, h->sender_len, h->body, h->body_len,
-               &he->channel, &he->sender, &he->body))
+    he->channel = ti->views[h->view].channel; /* the view's, freed with the turn */
+    he->sender = sender_copy(c, h->sender, h->sender_len, false);
+    he->body = h->body_copy = cph_arena_strndup(&ti->strings, h->body, h->body_len);
+    if (!he->sender || !he->body)
       return CPH_ENOMEM;
   }
   ti->tokens.conversation_history = clamp32(used);
@@ -1162,20 +1197,22 @@ static const char *role_name(speaker who) {
   return who == SPEAKER_OWN ? "assistant" : who == SPEAKER_AGENT ? "system" : "user";
 }
 
-/* Appends one core message; content is in the turn's arena (NULL: out of memory). */
-static int add_ritem(ritem *v, size_t *n, int32_t depth, const char *role, char *content) {
+/* Appends one core message; content (len bytes) is in the turn's arena (NULL: out of
+ * memory). */
+static int add_ritem(ritem *v, size_t *n, int32_t depth, const char *role, char *content,
+                     size_t len) {
   if (!content)
     return CPH_ENOMEM;
-  v[(*n)++] = (ritem){{depth, 0, 0}, role, content, NULL};
+  v[(*n)++] = (ritem){{depth, 0, 0}, role, content, len, NULL};
   return CPH_OK;
 }
 
-/* Appends what sender said (content in the turn's arena) in its role; a user's message
- * carries the sender as its name. */
-static int add_said(cph_turn_info *ti, ritem *v, size_t *n, int32_t depth, speaker who,
-                    const char *sender, char *content) {
-  int rc = add_ritem(v, n, depth, role_name(who), content);
-  if (rc == CPH_OK && who == SPEAKER_USER && !(v[*n - 1].name = openai_name(ti, sender)))
+/* Appends what sender (held: chantails_sender) said, content (len bytes) in the turn's arena,
+ * in its role; a user's message carries the sender as its name. */
+static int add_said(ctx *c, ritem *v, size_t *n, int32_t depth, speaker who, const char *sender,
+                    char *content, size_t len) {
+  int rc = add_ritem(v, n, depth, role_name(who), content, len);
+  if (rc == CPH_OK && who == SPEAKER_USER && !(v[*n - 1].name = sender_copy(c, sender, 0, true)))
     rc = CPH_ENOMEM;
   return rc;
 }
@@ -1232,8 +1269,10 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
     if (!h->in_messages || h->away)
       continue;
     speaker who = speaker_of(h);
-    rc = add_said(ti, v, &n, depth--, who, h->sender,
-                  say(ti, who, several, h->sender, h->sender_len, h->body, h->body_len));
+    size_t len;
+    char *content =
+        say(ti, who, several, h->sender, h->sender_len, h->body, h->body_len, h->body_copy, &len);
+    rc = add_said(c, v, &n, depth--, who, h->sender, content, len);
   }
   if (rc == CPH_OK && away) {
     cph_buf b = CPH_BUF_INIT;
@@ -1244,37 +1283,47 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
         cph_buf_printf(&b, "\n[%s] %s", h->sender, h->body);
     }
     rc = add_ritem(v, &n, depth--, "system",
-                   cph_buf_error(&b) ? NULL : cph_arena_strndup(&ti->strings, b.data, b.len));
+                   cph_buf_error(&b) ? NULL : cph_arena_strndup(&ti->strings, b.data, b.len), b.len);
     cph_buf_free(&b);
   }
   for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++) {
     const cph_staged_msg *m = &ti->staged[i];
     speaker who = speaker_by_name(c, m->sender);
     const char *body = m->body ? m->body : "";
-    rc = add_said(ti, v, &n, 0, who, m->sender,
-                  say(ti, who, several, m->sender, strlen(m->sender), body, strlen(body)));
+    size_t len;
+    char *content = say(ti, who, several, m->sender, c->staged_len[i], body, strlen(body), NULL, &len);
+    rc = add_said(c, v, &n, 0, who, c->staged_sender[i], content, len);
   }
   *out = v;
   *n_out = n;
   return rc;
 }
 
-/* Appends a message; `owned`, when set, is content already in the turn's arena (taken as it
- * is), else content is copied there; name (may be NULL) is in the arena too. */
+/* A role that outlives the turn: the literal when it is one a message takes (a tree's cores
+ * are "user" or "assistant", pact.h; other nodes render as "system"), else a copy in the
+ * turn's arena. NULL without memory. */
+static const char *lasting_role(cph_turn_info *ti, const char *role) {
+  static const char *const ROLES[] = {"system", "user", "assistant"};
+  for (size_t i = 0; i < sizeof ROLES / sizeof ROLES[0]; i++)
+    if (strcmp(role, ROLES[i]) == 0)
+      return ROLES[i];
+  return cph_arena_strndup(&ti->strings, role, strlen(role));
+}
+
+/* Appends a message in role (a string that outlives the turn: a literal, or lasting_role's);
+ * `owned`, when set, is content already in the turn's arena (owned_len bytes, taken as it is),
+ * else content is copied there; name (may be NULL) is in the arena too. */
 static int push_message(cph_turn_info *ti, const char *role, const char *content, char *owned,
-                        char *name, const cph_coord *at) {
+                        size_t owned_len, char *name, const cph_coord *at) {
   char coord[CORE_COORD_MAX];
   size_t coord_len = cph_coord_format(at, coord);
   cph_message *m = &ti->messages[ti->n_messages++];
-  const char *text = owned ? owned : content ? content : "";
-  size_t len = strlen(text);
-  char *unused;
-  bool ok = owned ? pack3(ti, role, strlen(role), coord, coord_len, "", 0, &m->role, &m->coord,
-                          &unused)
-                  : pack3(ti, role, strlen(role), coord, coord_len, text, len, &m->role,
-                          &m->coord, &m->content);
-  if (owned)
-    m->content = owned;
+  const char *text = content ? content : "";
+  size_t len = owned ? owned_len : strlen(text);
+  m->role = (char *)role;
+  m->coord = cph_arena_strndup(&ti->strings, coord, coord_len);
+  m->content = owned ? owned : cph_arena_strndup(&ti->strings, text, len);
+  bool ok = role && m->coord && m->content;
   m->name = name;
   m->content_len = len;
   m->depth = at->depth;
@@ -1354,7 +1403,8 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
   } else if (scratch_room((void **)&sc->items, &sc->cap_items, 1, sizeof *extra)) {
     extra = sc->items;
     const char *input = ti->input ? ti->input : "";
-    rc = add_ritem(extra, &n_extra, 0, "user", cph_arena_strndup(&ti->strings, input, strlen(input)));
+    size_t len = strlen(input);
+    rc = add_ritem(extra, &n_extra, 0, "user", cph_arena_strndup(&ti->strings, input, len), len);
   } else {
     rc = CPH_ENOMEM;
   }
@@ -1364,7 +1414,7 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     rc = CPH_ENOMEM;
   if (rc == CPH_OK && c->rec->system) {
     cph_coord sys = {-1, 0, 0};
-    rc = push_message(ti, "system", c->rec->system, NULL, NULL, &sys);
+    rc = push_message(ti, "system", c->rec->system, NULL, 0, NULL, &sys);
   }
   /* Merge two lists already in render order; a channel-view core goes first on a tie. */
   size_t i = 0, j = 0;
@@ -1375,10 +1425,12 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     }
     const cph_pact_node *nd = i < live ? &tree->nodes[idx[i]] : NULL;
     if (j < n_extra && (!nd || coord_cmp(&extra[j].at, &nd->at) <= 0)) {
-      rc = push_message(ti, extra[j].role, NULL, extra[j].content, extra[j].name, &extra[j].at);
+      rc = push_message(ti, extra[j].role, NULL, extra[j].content, extra[j].content_len,
+                        extra[j].name, &extra[j].at);
       j++;
     } else {
-      rc = push_message(ti, nd->role ? nd->role : "system", nd->content, NULL, NULL, &nd->at);
+      const char *role = nd->role ? lasting_role(ti, nd->role) : "system";
+      rc = push_message(ti, role, nd->content, NULL, 0, NULL, &nd->at);
       i++;
     }
   }
