@@ -1326,6 +1326,7 @@ static int push_message(cph_turn_info *ti, const char *role, const char *content
   bool ok = role && m->coord && m->content;
   m->name = name;
   m->content_len = len;
+  m->coord_len = coord_len;
   m->depth = at->depth;
   m->position = at->position;
   m->offset = at->offset;

@@ -302,9 +302,9 @@ typedef struct cph_message {
   char *name;  /* a user message's sender as OpenAI's `name` (^[a-zA-Z0-9_-]{1,64}$); NULL for
                 * other messages */
   /* What context assembly knew when it wrote the strings (`measured`; zero elsewhere): the
-   * content's strlen and the coordinate's numbers, so what reads the turn again (its kept
-   * context) neither measures nor parses them. */
-  size_t content_len;
+   * content's and the coordinate's strlen and the coordinate's numbers, so what reads the turn
+   * again (its kept context) neither measures nor parses them. */
+  size_t content_len, coord_len;
   int32_t depth, position, offset;
   bool measured;
 } cph_message;
