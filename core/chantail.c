@@ -1,6 +1,7 @@
 /* chantail: recent channel history kept warm (contract in chantail.h). */
 #include "chantail.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,14 +26,53 @@ static bool log_entry(const char *channel, size_t prefix, const cph_val *k, cons
   return true;
 }
 
-static void entry_free(chantail_entry *e) {
-  free(e->sender);
+/* A sender held once (chantails_sender): its text, keyed by that text in ct->senders, and how
+ * many hold it. */
+typedef struct held_sender {
+  size_t holders;
+  char s[];
+} held_sender;
+
+static held_sender *held_of(const char *s) {
+  return (held_sender *)(uintptr_t)(s - offsetof(held_sender, s));
+}
+
+const char *chantails_sender(cph_chantails *ct, const char *sender) {
+  held_sender *h = cph_hmap_get(&ct->senders, sender);
+  if (h) {
+    h->holders++;
+    return h->s;
+  }
+  size_t n = strlen(sender) + 1;
+  if (!(h = malloc(sizeof *h + n)))
+    return NULL;
+  h->holders = 1;
+  memcpy(h->s, sender, n);
+  if (cph_hmap_put(&ct->senders, h->s, h) != CPH_OK) {
+    free(h);
+    return NULL;
+  }
+  return h->s;
+}
+
+void chantails_sender_drop(cph_chantails *ct, const char *sender) {
+  if (!sender)
+    return;
+  held_sender *h = held_of(sender);
+  if (--h->holders == 0) {
+    cph_hmap_del(&ct->senders, h->s);
+    free(h);
+  }
+}
+
+static void entry_free(cph_chantails *ct, chantail_entry *e) {
+  chantails_sender_drop(ct, e->sender);
   free(e->body);
 }
 
-static void tail_free(chantail *tl) {
+static void tail_free(cph_chantails *ct, chantail *tl) {
   for (size_t i = 0; i < tl->n; i++)
-    entry_free(&tl->v[tl->off + i]);
+    entry_free(ct, &tl->v[tl->off + i]);
   free(tl->v);
   free(tl->channel);
   free(tl);
@@ -44,7 +84,7 @@ static void tail_evict(cph_chantails *ct, chantail *tl) {
   cph_lru_unlink(&ct->lru, &tl->lru);
   cph_hmap_del(&ct->by_channel, tl->channel);
   ct->n--;
-  tail_free(tl);
+  tail_free(ct, tl);
 }
 
 void chantails_init(cph_chantails *ct, cph_evcache *evcache) {
@@ -61,7 +101,10 @@ void chantails_clear(cph_chantails *ct) {
   cph_hmap_free(&ct->by_channel);
 }
 
-void chantails_free(cph_chantails *ct) { chantails_clear(ct); }
+void chantails_free(cph_chantails *ct) {
+  chantails_clear(ct);
+  cph_hmap_free(&ct->senders); /* empty: every holder but the entries has dropped its own */
+}
 
 void chantails_release(cph_chantails *ct, size_t keep) {
   while (ct->n > keep)
@@ -113,9 +156,9 @@ static int room_before(chantail *tl, size_t more) {
 }
 
 /* Keeps the newest CHANTAIL_MAX entries. */
-static void trim(chantail *tl) {
+static void trim(cph_chantails *ct, chantail *tl) {
   while (tl->n > CHANTAIL_MAX) {
-    entry_free(&tl->v[tl->off]);
+    entry_free(ct, &tl->v[tl->off]);
     tl->off++;
     tl->n--;
     tl->whole = false;
@@ -124,7 +167,7 @@ static void trim(chantail *tl) {
 
 /* Appends the entries written after the tail's newest (all of them for an empty tail that is
  * not known whole: then only its newest, the rest come on demand). */
-static int refresh(chantail *tl, cph_txn *t) {
+static int refresh(cph_chantails *ct, chantail *tl, cph_txn *t) {
   const char *chan = tl->channel;
   size_t prefix = strlen(chan) + 1;
   cph_cursor cur;
@@ -166,7 +209,7 @@ static int refresh(chantail *tl, cph_txn *t) {
     tl->v[tl->off + tl->n++] = (chantail_entry){.index = index, .event_id = event_id};
   }
   cph_cursor_close(&cur);
-  trim(tl);
+  trim(ct, tl);
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
@@ -190,7 +233,7 @@ int chantails_get(cph_chantails *ct, cph_txn *t, const char *channel, chantail *
     ct->n++;
   }
   cph_lru_push_first(&ct->lru, &tl->lru);
-  int rc = refresh(tl, t);
+  int rc = refresh(ct, tl, t);
   if (rc)
     return rc;
   *out = tl;
@@ -250,10 +293,10 @@ int chantail_load(cph_chantails *ct, cph_txn *t, chantail_entry *e) {
     return CPH_OK;
   const cph_evcache_entry *ce = cph_evcache_get(ct->evcache, e->event_id);
   if (ce) {
-    char *sender = strdup(ce->sender);
+    const char *sender = chantails_sender(ct, ce->sender);
     char *body = ce->body ? strdup(ce->body) : NULL;
     if (!sender || (ce->body && !body)) {
-      free(sender);
+      chantails_sender_drop(ct, sender);
       free(body);
       return CPH_ENOMEM;
     }
@@ -270,10 +313,15 @@ int chantail_load(cph_chantails *ct, cph_txn *t, chantail_entry *e) {
       return rc;
     if (rc == CPH_OK) { /* ENOTFOUND: retention removed it; the entry stays, showing nothing */
       cph_evcache_put(ct->evcache, e->event_id, ev.ts_ms, ev.sender, ev.body);
-      e->sender = ev.sender;
+      const char *sender = ev.sender ? chantails_sender(ct, ev.sender) : NULL;
+      if (ev.sender && !sender) {
+        cph_record_free(&cph_event_desc, &ev);
+        return CPH_ENOMEM;
+      }
+      e->sender = sender;
       e->body = ev.body;
       e->ts_ms = ev.ts_ms;
-      ev.sender = ev.body = NULL;
+      ev.body = NULL;
       cph_record_free(&cph_event_desc, &ev);
     }
   }

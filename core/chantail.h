@@ -18,6 +18,11 @@
  * - strings a caller borrows from a tail's entries stay valid until chantails_release: no
  *   get, newest or load call frees them.
  *
+ * Senders are held once (chantails_sender): every entry an event of one sender loaded, over
+ * all tails, points at the same string, so two senders a caller got from here are equal
+ * exactly when their pointers are — a lease compares each history entry's sender with the
+ * session's id and the staged senders by pointer, with no memcmp (context.c).
+ *
  * Bound: chantails_release(keep) keeps the `keep` most recently used tails (the policy's
  * :sessions :warm-channels) and frees the rest; keep 0 makes every turn build its tails from
  * the store, which is how the property test checks that warm and rebuilt contexts agree. */
@@ -40,7 +45,8 @@ typedef struct chantail_entry {
   uint64_t index; /* in its channel's log */
   uint64_t event_id;
   int64_t ts_ms;
-  char *sender;                /* loaded: NULL when the event is gone (retention deleted it) */
+  const char *sender; /* loaded: held once for all tails (chantails_sender); NULL when the event
+                       * is gone (retention deleted it) */
   char *body;                  /* loaded: NULL when gone or its payload was redacted */
   size_t sender_len, body_len; /* strlen of each (0 for NULL): measured once, when loaded */
   bool loaded;                 /* sender, body and ts_ms were read */
@@ -56,6 +62,7 @@ typedef struct chantail {
 
 typedef struct cph_chantails {
   cph_hmap by_channel; /* channel -> chantail (the key is the tail's channel) */
+  cph_hmap senders;    /* sender -> its held copy (chantail_sender; the key is the copy's text) */
   cph_lru lru; /* the tails, most recently used first */
   size_t n;
   cph_evcache *evcache; /* events read on a tail miss; its generation: retention changed one */
@@ -75,6 +82,12 @@ int chantails_get(cph_chantails *ct, cph_txn *t, const char *channel, chantail *
 chantail_entry *chantail_newest(chantail *tl, cph_txn *t, size_t i, int *rc);
 /* Reads e's event fields on first use: from the event cache, else the store (then cached). */
 int chantail_load(cph_chantails *ct, cph_txn *t, chantail_entry *e);
+/* The held copy of sender, one more holder counted (an entry, or a caller until it calls
+ * chantails_sender_drop): the string every entry loaded from an event of that sender points
+ * at, so a caller compares an entry's sender with it by pointer. NULL without memory. */
+const char *chantails_sender(cph_chantails *ct, const char *sender);
+/* One holder of a held sender (from chantails_sender) less; NULL is ignored. */
+void chantails_sender_drop(cph_chantails *ct, const char *sender);
 /* The end of a turn's use: keeps the `keep` most recently used tails, frees the others. */
 void chantails_release(cph_chantails *ct, size_t keep);
 

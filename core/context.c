@@ -31,6 +31,7 @@
 #define REPLACED_HOPS_MAX 8 /* replaced_by links followed to find a stand-in */
 
 #define AWAY_HEADER "MESSAGES WHILE YOU WERE AWAY"
+#define SENDER_COPIES 8 /* distinct senders whose strings a turn copies once (ctx.copies) */
 #define CORE_COORD_MAX 48
 
 /* Obligation previews shrink through these lengths (bytes) until the list fits. */
@@ -81,17 +82,18 @@ static char *concat3(const char *a, const char *b, const char *c) {
 /* How a sender speaks in a message (DESIGN §6 channel views). */
 typedef enum speaker { SPEAKER_OWN, SPEAKER_AGENT, SPEAKER_USER } speaker;
 
-/* A message's content: another agent speaks as "[name] body"; a user as "name: body" when
- * several people speak in the turn (`several`), else as the body; the session as the body. */
-/* A message as the model sees it: "[sender] body" from an agent, "sender: body" from a user
- * when several people talk, else the body. The lengths are the strings' strlen. */
+/* A message as the model sees it, in the turn's arena: "[sender] body" from an agent,
+ * "sender: body" from a user when several people talk (`several`), else the body — then
+ * body_copy when set (the body already in the arena: conversation_history's copy) rather than
+ * a second copy. The lengths are the strings' strlen; *len gets the message's. */
 static char *say(cph_turn_info *ti, speaker who, bool several, const char *sender, size_t slen,
-                 const char *body, size_t blen) {
+                 const char *body, size_t blen, char *body_copy, size_t *len) {
   const char *sep = who == SPEAKER_AGENT ? "] " : who == SPEAKER_USER && several ? ": " : NULL;
+  *len = blen;
   if (!sep)
-    return cph_arena_strndup(&ti->strings, body, blen);
+    return body_copy ? body_copy : cph_arena_strndup(&ti->strings, body, blen);
   size_t bracket = who == SPEAKER_AGENT;
-  size_t n = bracket + slen + 2 + blen;
+  size_t n = *len = bracket + slen + 2 + blen;
   char *s = cph_arena_alloc(&ti->strings, n + 1);
   if (!s)
     return NULL;
@@ -196,16 +198,19 @@ typedef struct hentry {
   uint64_t event_id;
   uint64_t index; /* in its channel */
   size_t view;    /* its channel: index into ti->views */
-  char *sender;   /* borrowed from the channel's tail (chantail.h), like body, unless owned */
-  char *body;
+  const char *sender; /* held by the tails (chantails_sender): equal senders, equal pointers */
+  char *body;         /* borrowed from the channel's tail (chantail.h), unless owned */
   size_t sender_len, body_len; /* their strlen, measured once per event (chantail.h) */
-  bool owned; /* read from the store for this turn alone (scan_channel_store): freed here */
+  bool owned; /* read from the store for this turn alone (scan_channel_store): its body and its
+               * hold on the sender are the turn's, given back in ctx_free */
   int64_t ts_ms;
   bool own;         /* the session's own message */
   bool agent;       /* from another session */
   bool away;        /* after the cursor and from others: the away block */
   bool for_section; /* a staged message's sender or the session: conversation_history */
   bool in_section, in_messages;
+  char *body_copy; /* in_section: its body in the turn's arena, which a message showing the
+                    * body alone shares (say) */
 } hentry;
 
 /* Per channel view, what ti->views does not carry. */
@@ -219,9 +224,10 @@ typedef struct vstate {
 /* A message to render, with the coordinate it sorts by. */
 typedef struct ritem {
   cph_coord at;
-  const char *role;
-  char *content; /* owned */
-  char *name;    /* owned; user messages only */
+  const char *role; /* a literal */
+  char *content;    /* in the turn's arena, content_len bytes */
+  size_t content_len;
+  char *name; /* in the turn's arena; user messages only */
 } ritem;
 
 typedef struct ctx {
@@ -247,37 +253,60 @@ typedef struct ctx {
   size_t n_waiting;
   idset shown_events;  /* what the turn shows: staged, history, channel view */
   vstate *vs;
-  hentry *entries;
-  size_t n_entries, cap_entries;
+  hentry *entries; /* the scratch's (context_scratch): grown there, kept for the next lease */
+  size_t n_entries;
   context_tree *tr; /* the caller's: the tree is loaded and ordered here, released there */
   int64_t now_ms;
-  /* The session id's and the staged senders' lengths, measured once: every history entry is
-   * compared with them, and its sender's length is known (chantail.h), so most comparisons
-   * end at the length. staged_len is NULL when the turn stages nothing. */
-  size_t id_len;
+  /* The session id and the staged senders as the tails hold them (chantails_sender), held for
+   * the turn: every history entry's sender is compared with them by pointer. staged_sender and
+   * staged_len (the staged senders' strlen, for log_copy) are NULL when the turn stages
+   * nothing. */
+  const char *id_sender;
+  const char **staged_sender;
   size_t *staged_len;
-  /* The last sender looked up among the sessions, and whether it is one: a channel's history
-   * is mostly a few speakers, so most entries ask about the previous one's sender again. The
-   * string is an entry's, alive as long as the entries; no session is made or deleted while a
-   * turn is assembled. */
+  /* The last sender looked up among the sessions (a held pointer), and whether it is one: a
+   * channel's history is mostly a few speakers, so most entries ask about the previous one's
+   * sender again. No session is made or deleted while a turn is assembled. */
   const char *agent_memo;
-  size_t agent_memo_len;
   bool agent_memo_is;
+  /* Each sender's strings in the turn's arena, made once per turn for every history entry
+   * and message it sent (found by its held pointer): its text (a history entry's sender) and
+   * its OpenAI name (a user message's). A channel's history is a few speakers; senders past
+   * SENDER_COPIES get a copy per use. */
+  struct sender_copy {
+    const char *held;
+    char *text, *name;
+  } copies[SENDER_COPIES];
+  size_t n_copies;
 } ctx;
 
-/* Whether a (of alen bytes) and b (of blen bytes) are the same string. */
-static inline bool same_str(const char *a, size_t alen, const char *b, size_t blen) {
-  return alen == blen && memcmp(a, b, alen) == 0;
-}
-
-/* Whether sender (len bytes, alive as long as the turn's entries) is another session. */
-static bool is_agent(ctx *c, const char *sender, size_t len) {
-  if (!c->agent_memo || !same_str(sender, len, c->agent_memo, c->agent_memo_len)) {
+/* Whether sender (held by the tails, as long as the turn's entries) is another session. */
+static bool is_agent(ctx *c, const char *sender) {
+  if (sender != c->agent_memo) {
     c->agent_memo_is = sessions_get(c->cx->sessions, sender) != NULL;
     c->agent_memo = sender;
-    c->agent_memo_len = len;
   }
   return c->agent_memo_is;
+}
+
+/* held's (a held sender, len bytes) text, or its OpenAI name when `name`, in the turn's arena:
+ * made on the turn's first use, the same pointer after. NULL without memory. */
+static char *sender_copy(ctx *c, const char *held, size_t len, bool name) {
+  struct sender_copy *sc = NULL;
+  for (size_t i = 0; i < c->n_copies && !sc; i++)
+    if (c->copies[i].held == held)
+      sc = &c->copies[i];
+  if (!sc && c->n_copies < SENDER_COPIES) {
+    sc = &c->copies[c->n_copies++];
+    *sc = (struct sender_copy){held, NULL, NULL};
+  }
+  char **slot = sc ? (name ? &sc->name : &sc->text) : NULL;
+  if (slot && *slot)
+    return *slot;
+  char *s = name ? openai_name(c->ti, held) : cph_arena_strndup(&c->ti->strings, held, len);
+  if (slot)
+    *slot = s;
+  return s;
 }
 
 static uint64_t share(const ctx *c, uint64_t pct) { return c->avail * pct / 100; }
@@ -458,15 +487,24 @@ static int views_init(ctx *c) {
   return CPH_OK;
 }
 
+/* *v (of *cap elements of size each) with room for at least n: grown to twice n when short,
+ * so a scratch array reaches its size in a lease or two and then stays. */
+static bool scratch_room(void **v, size_t *cap, size_t n, size_t size) {
+  if (n <= *cap)
+    return true;
+  void *p = realloc(*v, 2 * n * size);
+  if (!p)
+    return false;
+  *v = p;
+  *cap = 2 * n;
+  return true;
+}
+
 static int entry_push(ctx *c, const hentry *h) {
-  if (c->n_entries == c->cap_entries) {
-    size_t cap = c->cap_entries ? c->cap_entries * 2 : 32;
-    hentry *p = realloc(c->entries, cap * sizeof *p);
-    if (!p)
-      return CPH_ENOMEM;
-    c->entries = p;
-    c->cap_entries = cap;
-  }
+  context_scratch *sc = &c->cx->scratch;
+  if (!scratch_room((void **)&sc->entries, &sc->cap_entries, c->n_entries + 1, sizeof *h))
+    return CPH_ENOMEM;
+  c->entries = sc->entries;
   c->entries[c->n_entries++] = *h;
   return CPH_OK;
 }
@@ -488,13 +526,14 @@ static uint64_t section_cost(const hentry *h, const char *channel_name) {
   return tok(channel_name) + tok_len(h->sender_len) + tok_len(h->body_len) + ITEM_OVERHEAD;
 }
 
-static bool is_section_sender(const ctx *c, const char *sender, size_t len) {
-  if (same_str(sender, len, c->s->id, c->id_len))
-    return true;
-  for (size_t i = 0; i < c->ti->n_staged; i++)
-    if (same_str(sender, len, c->ti->staged[i].sender, c->staged_len[i]))
-      return true;
-  return false;
+/* h's speaker and whether conversation_history may list it, from its held sender: pointers
+ * compared, exactly as the strings would be (chantail.h). */
+static void entry_classify(ctx *c, hentry *h) {
+  h->own = h->sender == c->id_sender;
+  h->agent = !h->own && is_agent(c, h->sender);
+  h->for_section = h->own;
+  for (size_t i = 0; i < c->ti->n_staged && !h->for_section; i++)
+    h->for_section = h->sender == c->staged_sender[i];
 }
 
 typedef enum copy_kind { NOT_A_COPY, STAGED_COPY, WAITING_COPY } copy_kind;
@@ -642,23 +681,23 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
       h.event_id = event_id;
       h.index = index;
       h.view = v;
-      h.sender = ev.sender;
+      h.sender = chantails_sender(c->cx->tails, ev.sender);
       h.body = ev.body;
       h.sender_len = strlen(ev.sender);
       h.body_len = strlen(ev.body);
       h.ts_ms = ev.ts_ms;
       h.owned = true;
-      h.own = same_str(ev.sender, h.sender_len, c->s->id, c->id_len);
-      h.agent = !h.own && is_agent(c, ev.sender, h.sender_len);
-      h.for_section = is_section_sender(c, ev.sender, h.sender_len);
-      if (entry_push(c, &h) == CPH_OK) {
-        ev.sender = ev.body = NULL; /* moved into the entry */
+      if (h.sender)
+        entry_classify(c, &h);
+      if (h.sender && entry_push(c, &h) == CPH_OK) {
+        ev.body = NULL; /* moved into the entry */
         messages_seen += tok_len(h.body_len);
         if (h.for_section)
           section_seen += tok_len(h.body_len);
       } else {
         rc = CPH_ENOMEM;
-        c->agent_memo = NULL; /* it may be ev.sender, freed below */
+        c->agent_memo = NULL; /* it may be h.sender, dropped here */
+        chantails_sender_drop(c->cx->tails, h.sender);
       }
     }
     cph_record_free(&cph_event_desc, &ev);
@@ -716,9 +755,7 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     h.sender_len = e->sender_len;
     h.body_len = e->body_len;
     h.ts_ms = e->ts_ms;
-    h.own = same_str(e->sender, e->sender_len, c->s->id, c->id_len);
-    h.agent = !h.own && is_agent(c, e->sender, e->sender_len);
-    h.for_section = is_section_sender(c, e->sender, e->sender_len);
+    entry_classify(c, &h);
     if ((rc = entry_push(c, &h)) != CPH_OK)
       break;
     messages_seen += tok_len(h.body_len);
@@ -801,20 +838,21 @@ static int select_section(ctx *c) {
   if (!wanted(c, CPH_PART_HISTORY))
     n = 0; /* selected all the same: the memory section skips what the history shows */
   if (n) {
-    ti->history = calloc(n, sizeof *ti->history);
+    ti->history = malloc(n * sizeof *ti->history); /* each entry written whole below */
     if (!ti->history)
       return CPH_ENOMEM;
   }
   for (size_t i = 0; n && i < c->n_entries; i++) {
-    const hentry *h = &c->entries[i];
+    hentry *h = &c->entries[i];
     if (!h->in_section)
       continue;
     cph_history_entry *he = &ti->history[ti->n_history++];
     he->event_id = h->event_id;
-    const char *chan = ti->views[h->view].channel;
     he->ts_ms = h->ts_ms;
-    if (!pack3(ti, chan, strlen(chan), h->sender, h->sender_len, h->body, h->body_len,
-               &he->channel, &he->sender, &he->body))
+    he->channel = ti->views[h->view].channel; /* the view's, freed with the turn */
+    he->sender = sender_copy(c, h->sender, h->sender_len, false);
+    he->body = h->body_copy = cph_arena_strndup(&ti->strings, h->body, h->body_len);
+    if (!he->sender || !he->body)
       return CPH_ENOMEM;
   }
   ti->tokens.conversation_history = clamp32(used);
@@ -1155,26 +1193,26 @@ static bool tree_core(const cph_pact_node *n) { return n->role != NULL; }
 /* A tree core that is cut-able history (other turns). */
 static bool tree_history_core(const cph_pact_node *n) { return n->role && n->at.depth >= 1; }
 
-static void ritems_free(ritem *v) { free(v); /* the strings are the turn's (its arena) */ }
-
 static const char *role_name(speaker who) {
   return who == SPEAKER_OWN ? "assistant" : who == SPEAKER_AGENT ? "system" : "user";
 }
 
-/* Appends one core message; content is in the turn's arena (NULL: out of memory). */
-static int add_ritem(ritem *v, size_t *n, int32_t depth, const char *role, char *content) {
+/* Appends one core message; content (len bytes) is in the turn's arena (NULL: out of
+ * memory). */
+static int add_ritem(ritem *v, size_t *n, int32_t depth, const char *role, char *content,
+                     size_t len) {
   if (!content)
     return CPH_ENOMEM;
-  v[(*n)++] = (ritem){{depth, 0, 0}, role, content, NULL};
+  v[(*n)++] = (ritem){{depth, 0, 0}, role, content, len, NULL};
   return CPH_OK;
 }
 
-/* Appends what sender said (content in the turn's arena) in its role; a user's message
- * carries the sender as its name. */
-static int add_said(cph_turn_info *ti, ritem *v, size_t *n, int32_t depth, speaker who,
-                    const char *sender, char *content) {
-  int rc = add_ritem(v, n, depth, role_name(who), content);
-  if (rc == CPH_OK && who == SPEAKER_USER && !(v[*n - 1].name = openai_name(ti, sender)))
+/* Appends what sender (held: chantails_sender) said, content (len bytes) in the turn's arena,
+ * in its role; a user's message carries the sender as its name. */
+static int add_said(ctx *c, ritem *v, size_t *n, int32_t depth, speaker who, const char *sender,
+                    char *content, size_t len) {
+  int rc = add_ritem(v, n, depth, role_name(who), content, len);
+  if (rc == CPH_OK && who == SPEAKER_USER && !(v[*n - 1].name = sender_copy(c, sender, 0, true)))
     rc = CPH_ENOMEM;
   return rc;
 }
@@ -1186,22 +1224,23 @@ static speaker speaker_by_name(const ctx *c, const char *sender) {
 }
 
 /* Whether several distinct people (users: neither the session nor another agent) speak in
- * the turn's channel-view messages: the history shown, the away block and the triggers. */
+ * the turn's channel-view messages: the history shown, the away block and the triggers.
+ * Senders are compared as held pointers (entries' and staged_sender: one string per sender). */
 static bool several_people(const ctx *c) {
   const char *first = NULL;
   for (size_t i = 0; i < c->n_entries; i++) {
     const hentry *h = &c->entries[i];
     if (!h->in_messages || speaker_of(h) != SPEAKER_USER)
       continue;
-    if (first && strcmp(first, h->sender) != 0)
+    if (first && first != h->sender)
       return true;
     first = h->sender;
   }
   for (size_t i = 0; i < c->ti->n_staged; i++) {
-    const char *sender = c->ti->staged[i].sender;
+    const char *sender = c->staged_sender[i];
     if (speaker_by_name(c, sender) != SPEAKER_USER)
       continue;
-    if (first && strcmp(first, sender) != 0)
+    if (first && first != sender)
       return true;
     first = sender;
   }
@@ -1209,17 +1248,18 @@ static bool several_people(const ctx *c) {
 }
 
 /* The channel view as core messages in render order: history (depth k..1, the away block the
- * newest), then the triggers at depth 0. */
+ * newest), then the triggers at depth 0. *out is the scratch's (context_scratch); the strings
+ * are the turn's (its arena). */
 static int view_items(ctx *c, ritem **out, size_t *n_out) {
   cph_turn_info *ti = c->ti;
   size_t seen = 0, away = 0;
   for (size_t i = 0; i < c->n_entries; i++)
     if (c->entries[i].in_messages)
       c->entries[i].away ? away++ : seen++;
-  size_t cap = seen + 1 + ti->n_staged;
-  ritem *v = calloc(cap, sizeof *v);
-  if (!v)
+  context_scratch *sc = &c->cx->scratch;
+  if (!scratch_room((void **)&sc->items, &sc->cap_items, seen + 1 + ti->n_staged, sizeof(ritem)))
     return CPH_ENOMEM;
+  ritem *v = sc->items;
   size_t n = 0;
   int rc = CPH_OK;
   bool several = several_people(c);
@@ -1229,8 +1269,10 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
     if (!h->in_messages || h->away)
       continue;
     speaker who = speaker_of(h);
-    rc = add_said(ti, v, &n, depth--, who, h->sender,
-                  say(ti, who, several, h->sender, h->sender_len, h->body, h->body_len));
+    size_t len;
+    char *content =
+        say(ti, who, several, h->sender, h->sender_len, h->body, h->body_len, h->body_copy, &len);
+    rc = add_said(c, v, &n, depth--, who, h->sender, content, len);
   }
   if (rc == CPH_OK && away) {
     cph_buf b = CPH_BUF_INIT;
@@ -1241,43 +1283,50 @@ static int view_items(ctx *c, ritem **out, size_t *n_out) {
         cph_buf_printf(&b, "\n[%s] %s", h->sender, h->body);
     }
     rc = add_ritem(v, &n, depth--, "system",
-                   cph_buf_error(&b) ? NULL : cph_arena_strndup(&ti->strings, b.data, b.len));
+                   cph_buf_error(&b) ? NULL : cph_arena_strndup(&ti->strings, b.data, b.len), b.len);
     cph_buf_free(&b);
   }
   for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++) {
     const cph_staged_msg *m = &ti->staged[i];
     speaker who = speaker_by_name(c, m->sender);
     const char *body = m->body ? m->body : "";
-    rc = add_said(ti, v, &n, 0, who, m->sender,
-                  say(ti, who, several, m->sender, strlen(m->sender), body, strlen(body)));
-  }
-  if (rc) {
-    ritems_free(v);
-    return rc;
+    size_t len;
+    char *content = say(ti, who, several, m->sender, c->staged_len[i], body, strlen(body), NULL, &len);
+    rc = add_said(c, v, &n, 0, who, c->staged_sender[i], content, len);
   }
   *out = v;
   *n_out = n;
-  return CPH_OK;
+  return rc;
 }
 
-/* Appends a message; `owned`, when set, is content already in the turn's arena (taken as it
- * is), else content is copied there; name (may be NULL) is in the arena too. */
+/* A role that outlives the turn: the literal when it is one a message takes (a tree's cores
+ * are "user" or "assistant", pact.h; other nodes render as "system"), else a copy in the
+ * turn's arena. NULL without memory. */
+static const char *lasting_role(cph_turn_info *ti, const char *role) {
+  static const char *const ROLES[] = {"system", "user", "assistant"};
+  for (size_t i = 0; i < sizeof ROLES / sizeof ROLES[0]; i++)
+    if (strcmp(role, ROLES[i]) == 0)
+      return ROLES[i];
+  return cph_arena_strndup(&ti->strings, role, strlen(role));
+}
+
+/* Appends a message in role (a string that outlives the turn: a literal, or lasting_role's);
+ * `owned`, when set, is content already in the turn's arena (owned_len bytes, taken as it is),
+ * else content is copied there; name (may be NULL) is in the arena too. */
 static int push_message(cph_turn_info *ti, const char *role, const char *content, char *owned,
-                        char *name, const cph_coord *at) {
+                        size_t owned_len, char *name, const cph_coord *at) {
   char coord[CORE_COORD_MAX];
   size_t coord_len = cph_coord_format(at, coord);
   cph_message *m = &ti->messages[ti->n_messages++];
-  const char *text = owned ? owned : content ? content : "";
-  size_t len = strlen(text);
-  char *unused;
-  bool ok = owned ? pack3(ti, role, strlen(role), coord, coord_len, "", 0, &m->role, &m->coord,
-                          &unused)
-                  : pack3(ti, role, strlen(role), coord, coord_len, text, len, &m->role,
-                          &m->coord, &m->content);
-  if (owned)
-    m->content = owned;
+  const char *text = content ? content : "";
+  size_t len = owned ? owned_len : strlen(text);
+  m->role = (char *)role;
+  m->coord = cph_arena_strndup(&ti->strings, coord, coord_len);
+  m->content = owned ? owned : cph_arena_strndup(&ti->strings, text, len);
+  bool ok = role && m->coord && m->content;
   m->name = name;
   m->content_len = len;
+  m->coord_len = coord_len;
   m->depth = at->depth;
   m->position = at->position;
   m->offset = at->offset;
@@ -1315,9 +1364,10 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
   cph_turn_info *ti = c->ti;
   const cph_pact_tree *tree = &c->tr->tree;
   size_t live = c->tr->ok ? c->tr->n_live : 0;
-  size_t *idx = malloc((live ? live : 1) * sizeof *idx); /* the order, SIZE_MAX where cut */
-  if (!idx)
+  context_scratch *sc = &c->cx->scratch;
+  if (!scratch_room((void **)&sc->order, &sc->cap_order, live, sizeof *sc->order))
     return CPH_ENOMEM;
+  size_t *idx = sc->order; /* the render order, SIZE_MAX where cut */
   if (live)
     memcpy(idx, c->tr->order, live * sizeof *idx);
   /* Which tree nodes render: on an inbox turn all but the cores; otherwise all, with the
@@ -1351,19 +1401,21 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
   int rc = CPH_OK;
   if (c->inbox) {
     rc = view_items(c, &extra, &n_extra);
-  } else {
-    extra = calloc(1, sizeof *extra);
+  } else if (scratch_room((void **)&sc->items, &sc->cap_items, 1, sizeof *extra)) {
+    extra = sc->items;
     const char *input = ti->input ? ti->input : "";
-    rc = extra ? add_ritem(extra, &n_extra, 0, "user",
-                           cph_arena_strndup(&ti->strings, input, strlen(input)))
-               : CPH_ENOMEM;
+    size_t len = strlen(input);
+    rc = add_ritem(extra, &n_extra, 0, "user", cph_arena_strndup(&ti->strings, input, len), len);
+  } else {
+    rc = CPH_ENOMEM;
   }
   size_t cap = 1 + kept + n_extra;
-  if (rc == CPH_OK && !(ti->messages = calloc(cap, sizeof *ti->messages)))
+  /* not zeroed: push_message writes every field of each message it counts */
+  if (rc == CPH_OK && !(ti->messages = malloc(cap * sizeof *ti->messages)))
     rc = CPH_ENOMEM;
   if (rc == CPH_OK && c->rec->system) {
     cph_coord sys = {-1, 0, 0};
-    rc = push_message(ti, "system", c->rec->system, NULL, NULL, &sys);
+    rc = push_message(ti, "system", c->rec->system, NULL, 0, NULL, &sys);
   }
   /* Merge two lists already in render order; a channel-view core goes first on a tie. */
   size_t i = 0, j = 0;
@@ -1374,15 +1426,15 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
     }
     const cph_pact_node *nd = i < live ? &tree->nodes[idx[i]] : NULL;
     if (j < n_extra && (!nd || coord_cmp(&extra[j].at, &nd->at) <= 0)) {
-      rc = push_message(ti, extra[j].role, NULL, extra[j].content, extra[j].name, &extra[j].at);
+      rc = push_message(ti, extra[j].role, NULL, extra[j].content, extra[j].content_len,
+                        extra[j].name, &extra[j].at);
       j++;
     } else {
-      rc = push_message(ti, nd->role ? nd->role : "system", nd->content, NULL, NULL, &nd->at);
+      const char *role = nd->role ? lasting_role(ti, nd->role) : "system";
+      rc = push_message(ti, role, nd->content, NULL, 0, NULL, &nd->at);
       i++;
     }
   }
-  ritems_free(extra);
-  free(idx);
   return rc;
 }
 
@@ -1391,10 +1443,13 @@ static int build_messages(ctx *c, uint64_t messages_budget) {
 static void ctx_free(ctx *c) {
   for (size_t i = 0; i < c->n_entries; i++)
     if (c->entries[i].owned) { /* the others' strings are the tails' (chantails_release) */
-      free(c->entries[i].sender);
+      chantails_sender_drop(c->cx->tails, c->entries[i].sender);
       free(c->entries[i].body);
     }
-  free(c->entries);
+  chantails_sender_drop(c->cx->tails, c->id_sender);
+  for (size_t i = 0; c->staged_sender && i < c->ti->n_staged; i++)
+    chantails_sender_drop(c->cx->tails, c->staged_sender[i]);
+  free(c->staged_sender);
   free(c->vs);
   free(c->staged_len);
   for (size_t i = 0; i < c->n_waiting; i++)
@@ -1496,8 +1551,30 @@ static int assemble(ctx *c) {
  * once). */
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
                   cph_chantails *tails, cph_memory *memory) {
-  *cx = (cph_context){env, sessions, trees, tails, memory};
+  *cx = (cph_context){.env = env, .sessions = sessions, .trees = trees, .tails = tails,
+                      .memory = memory};
 }
+
+/* The most elements a scratch array keeps between leases: one that a turn over many
+ * channels, or a large tree, grew further is given back, not held for the next lease. */
+#define SCRATCH_KEEP_MAX (4 * CONTEXT_HISTORY_READS_MAX)
+
+/* Frees scratch array *v when it holds more than max elements. */
+static void scratch_cap(void **v, size_t *cap, size_t max) {
+  if (*cap > max) {
+    free(*v);
+    *v = NULL;
+    *cap = 0;
+  }
+}
+
+static void scratch_trim(context_scratch *sc, size_t max) {
+  scratch_cap((void **)&sc->entries, &sc->cap_entries, max);
+  scratch_cap((void **)&sc->items, &sc->cap_items, max);
+  scratch_cap((void **)&sc->order, &sc->cap_order, max);
+}
+
+void context_free(cph_context *cx) { scratch_trim(&cx->scratch, 0); }
 
 int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session_rec *rec,
                      cph_turn_info *ti, context_tree *tree) {
@@ -1514,19 +1591,26 @@ int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session
                                         : (uint64_t)cx->env->policy->sessions.context_window_tokens;
   c.now_ms = cph_wall_ms();
   ti->tokens.window = clamp32(c.window);
-  c.id_len = strlen(s->id);
   c.log_copies = cx->env->policy->cluster_enabled && cx->env->policy->cluster.nats_count;
   int rc = CPH_OK;
-  if (ti->n_staged && !(c.staged_len = malloc(ti->n_staged * sizeof *c.staged_len)))
+  if (!(c.id_sender = chantails_sender(cx->tails, s->id)))
     rc = CPH_ENOMEM;
-  for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++)
+  if (rc == CPH_OK && ti->n_staged &&
+      (!(c.staged_len = malloc(ti->n_staged * sizeof *c.staged_len)) ||
+       !(c.staged_sender = calloc(ti->n_staged, sizeof *c.staged_sender))))
+    rc = CPH_ENOMEM;
+  for (size_t i = 0; rc == CPH_OK && i < ti->n_staged; i++) {
     c.staged_len[i] = strlen(ti->staged[i].sender);
+    if (!(c.staged_sender[i] = chantails_sender(cx->tails, ti->staged[i].sender)))
+      rc = CPH_ENOMEM;
+  }
   if (rc == CPH_OK)
     rc = assemble(&c);
   ti->tokens.sections = clamp32((uint64_t)ti->tokens.current_state +
                                 ti->tokens.pending_obligations + ti->tokens.conversation_history +
                                 ti->tokens.recent_memory + ti->tokens.available_tools);
   ctx_free(&c);
+  scratch_trim(&cx->scratch, SCRATCH_KEEP_MAX);
   /* The tails the turn borrowed from are free to go now; the policy bounds how many stay. */
   chantails_release(cx->tails, (size_t)cx->env->policy->sessions.warm_channels);
   if (rc && !t->ret && rc != CPH_ENOMEM)

@@ -136,19 +136,35 @@
  * history shows. A state carries that many more than the history entries it carries. */
 #define CONTEXT_RAW_ITEMS_MAX 32
 
+/* A lease's working arrays (context.c: the history entries read, the channel view's messages
+ * to render, the tree's render order cut to the budget), kept between leases so that a lease
+ * neither allocates them nor grows them entry by entry. Holds nothing between leases but
+ * capacity: every assembly starts with them empty. */
+typedef struct context_scratch {
+  struct hentry *entries;
+  size_t cap_entries;
+  struct ritem *items;
+  size_t cap_items;
+  size_t *order;
+  size_t cap_order;
+} context_scratch;
+
 /* What the context module is handed; the engine wires it at open. It keeps no state of its
- * own: the cursors are in the store, the trees are the tree store's. context_edit.h takes it
- * too. */
+ * own but the scratch arrays: the cursors are in the store, the trees are the tree store's.
+ * context_edit.h takes it too. */
 typedef struct cph_context {
   cph_core_env *env;      /* the default window, the scheduler (current_state), the store */
   cph_sessions *sessions; /* which senders are sessions; the channels' subscribers */
   cph_trees *trees;       /* the sessions' PACT trees */
   cph_chantails *tails;   /* channels' recent history kept warm (chantail.h) */
   cph_memory *memory;     /* accesses not yet in the records; records kept decoded */
+  context_scratch scratch; /* context_assemble's alone (not reentrant: the pass thread's) */
 } cph_context;
 
 void context_init(cph_context *cx, cph_core_env *env, cph_sessions *sessions, cph_trees *trees,
                   cph_chantails *tails, cph_memory *memory);
+/* Frees the scratch arrays. */
+void context_free(cph_context *cx);
 
 /* The session's PACT tree as a lease read it, in render order: loaded and sorted once by
  * context_assemble, read again by the kept context (turnlog_keep), then handed back to the

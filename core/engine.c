@@ -515,6 +515,7 @@ void cph_engine_close(cph_engine *e) {
   cph_evcache_free(&e->evcache);
   trees_free(&e->trees);
   chantails_free(&e->tails);
+  context_free(&e->context);
   turnlog_free(&e->turnlog);
   turns_free(&e->turns);
   ingest_free(&e->ingest);

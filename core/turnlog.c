@@ -495,6 +495,17 @@ static bool coord_split(const char *at, int32_t *depth, size_t *end) {
   return true;
 }
 
+/* Where the depth's digits end in a coordinate cph_coord_format wrote from that depth
+ * ("d12, 0, 0": 3): 'd', a '-' for a negative, the digits (counted by comparison: a lease's
+ * depths have one to three, and a division loop cost what the strchr did). */
+static size_t depth_end(int32_t depth) {
+  uint64_t v = depth < 0 ? 0u - (uint64_t)(int64_t)depth : (uint64_t)depth;
+  size_t end = 2 + (depth < 0); /* 'd', '-', the first digit */
+  for (uint64_t p = 10; v >= p; p *= 10)
+    end++;
+  return end;
+}
+
 #ifndef NDEBUG
 /* Debug builds: what context assembly measured of a message is what its strings say. */
 static bool measured_as_written(const cph_message *m, const char *coord, size_t end,
@@ -502,7 +513,7 @@ static bool measured_as_written(const cph_message *m, const char *coord, size_t 
   int32_t depth;
   size_t e;
   return coord_split(coord, &depth, &e) && depth == m->depth && e == end &&
-         content_len == strlen(content);
+         content_len == strlen(content) && m->coord_len == strlen(coord);
 }
 #endif
 
@@ -811,14 +822,17 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       const char *coord = r->msg_coords[i], *content = msg->content ? msg->content : "";
       size_t end = 0, content_len;
       bool split;
+      size_t coord_len;
       if (msg->measured) { /* context assembly wrote coord from these numbers (push_message) */
         split = true;
         tl->depth[i] = msg->depth;
-        end = (size_t)(strchr(coord, ',') - coord);
+        end = depth_end(msg->depth);
         content_len = msg->content_len;
+        coord_len = msg->coord_len;
       } else {
         split = coord_split(coord, &tl->depth[i], &end);
         content_len = strlen(content);
+        coord_len = strlen(coord);
       }
       assert(!msg->measured || measured_as_written(msg, coord, end, content, content_len));
       if (!split) {
@@ -826,7 +840,7 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
         end = 0;
       }
       k = (tw_key){split ? 'm' : 'M', r->msg_nodes[i], r->msg_roles[i], coord + end,
-                   strlen(r->msg_roles[i]), strlen(coord + end), content, content_len};
+                   strlen(r->msg_roles[i]), coord_len - end, content, content_len};
     }
     const tw_item *same = turnwarm_find(w, nd != NULL, &pos[nd != NULL], &k);
     tl->rows[i] = same ? same->row : 0;

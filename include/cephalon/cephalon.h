@@ -302,9 +302,9 @@ typedef struct cph_message {
   char *name;  /* a user message's sender as OpenAI's `name` (^[a-zA-Z0-9_-]{1,64}$); NULL for
                 * other messages */
   /* What context assembly knew when it wrote the strings (`measured`; zero elsewhere): the
-   * content's strlen and the coordinate's numbers, so what reads the turn again (its kept
-   * context) neither measures nor parses them. */
-  size_t content_len;
+   * content's and the coordinate's strlen and the coordinate's numbers, so what reads the turn
+   * again (its kept context) neither measures nor parses them. */
+  size_t content_len, coord_len;
   int32_t depth, position, offset;
   bool measured;
 } cph_message;
@@ -359,9 +359,12 @@ typedef struct cph_turn_info {
     cph_session_state_t state;
     int64_t time_ms;
   } current_state;
-  /* The strings of the messages (role, coord, content, name), of the history entries and of
-   * the memory items live in `strings`, an arena the engine owns (common/arena.h): they are
-   * freed together by cph_turn_info_free, never one by one. */
+  /* The strings of the messages (coord, content, name), of the history entries and of the
+   * memory items live in `strings`, an arena the engine owns (common/arena.h): they are freed
+   * together by cph_turn_info_free, never one by one. Some are shared rather than copied: a
+   * message's role is a literal (or in the arena), a history entry's channel is its view's
+   * (views[].channel), and one copy of a sender's text, name or a body may stand for several
+   * entries and messages. Nothing writes through them. */
   struct cph_arena_chunk *strings;
   cph_history_entry *history; /* conversation_history; n_history == 0 means "none" */
   size_t n_history;
