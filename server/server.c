@@ -3,8 +3,8 @@
  * accounting that lets a shutdown end. Only the struct's own fields and the engine's public
  * API are used here: nothing above this file is called.
  *
- * tests/fuzz/fuzz_api_json.c stands in for the first five (it drives passes itself, without
- * main.c's event loop); cph_srv_maybe_finish_stop is main.c's alone. */
+ * tests/fuzz/fuzz_api_json.c stands in for all six (it drives passes itself, without
+ * main.c's event loop, and never stops). */
 #include "server.h"
 
 #include <event2/event.h>
