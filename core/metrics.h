@@ -112,6 +112,10 @@ typedef struct cph_metrics cph_metrics;
 #define METRICS_INCLUSION_BOUNDS {0, 1, 2, 4, 8, 16, 32, 64, 128, 256}
 /* Sessions whose credits one scrape samples at most (see metrics_text). */
 #define METRICS_CREDITS_SAMPLE_MAX 10000
+/* Tests only: the sample's bound from the next scrape on (0: METRICS_CREDITS_SAMPLE_MAX), so a
+ * test covers the rotating sample with a thousand sessions rather than ten thousand (12,000
+ * session creates took a minute under the sanitizers). Process-wide. */
+void metrics_test_credits_sample_max(size_t n);
 /* Degraded channels without a policy override exported as backpressure_step at most. */
 #define METRICS_BP_CHANNELS_MAX 200
 

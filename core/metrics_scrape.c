@@ -99,6 +99,10 @@ static void add_scheduler(const metrics_sources *src, metric_registry *r) {
                    (double)sessions_count(src->sessions));
 }
 
+static size_t test_sample_max; /* metrics_test_credits_sample_max; 0: the constant */
+
+void metrics_test_credits_sample_max(size_t n) { test_sample_max = n; }
+
 /* Credits over sessions, sampled so a scrape stays cheap with a million sessions: at most
  * METRICS_CREDITS_SAMPLE_MAX scheduler slots, every stride-th, from an offset that rotates
  * with each scrape so successive scrapes cover every session. Buckets split the policy's
@@ -124,7 +128,8 @@ static void add_credits(const metrics_sources *src, metric_registry *r, double b
   if (!h)
     return;
   size_t cap = sessions_sid_cap(src->sessions);
-  size_t stride = cap / METRICS_CREDITS_SAMPLE_MAX + (cap % METRICS_CREDITS_SAMPLE_MAX != 0);
+  size_t max = test_sample_max ? test_sample_max : METRICS_CREDITS_SAMPLE_MAX;
+  size_t stride = cap / max + (cap % max != 0);
   if (!stride)
     stride = 1;
   for (size_t i = src->metrics->scrapes % stride; i < cap; i += stride)

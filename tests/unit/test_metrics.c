@@ -317,11 +317,13 @@ static void test_turns_tool_stats_and_events_are_counted_where_they_happen(void 
   free(t);
 }
 
-/* 12,000 sessions: one scrape samples at most 10,000 of them, and consecutive scrapes start
- * from rotating offsets, so they cover every session. */
+/* 1,200 sessions with the sample's bound at 1,000 (metrics_test_credits_sample_max; the
+ * daemon's is 10,000, the same code): one scrape samples at most 1,000 of them, and
+ * consecutive scrapes start from rotating offsets, so they cover every session. */
 static void test_credits_are_sampled_within_the_cap(void **state) {
   fixture *f = *state;
-  enum { N = 12000, BATCH = 500 };
+  enum { N = 1200, BATCH = 400, SAMPLE_MAX = 1000 };
+  metrics_test_credits_sample_max(SAMPLE_MAX);
   static cph_op ops[BATCH];
   static char ids[BATCH][16];
   int called = 0;
@@ -348,7 +350,7 @@ static void test_credits_are_sampled_within_the_cap(void **state) {
   while (seen < N && scrapes < 16) {
     char *t = scrape(f);
     double n = sample(t, "cephalon_session_credits_count");
-    assert_true(n >= 1 && n <= 10000);
+    assert_true(n >= 1 && n <= SAMPLE_MAX);
     /* every session is new: at max, in the top bucket */
     assert_true(sample(t, "cephalon_session_credits_bucket{le=\"30\"}") == n);
     assert_true(sample(t, "cephalon_session_credits_bucket{le=\"24\"}") == 0);
@@ -360,6 +362,7 @@ static void test_credits_are_sampled_within_the_cap(void **state) {
   /* the offsets 0..stride-1 partition the scheduler slots: exactly N over one cycle */
   assert_int_equal(seen, N);
   assert_true(scrapes >= 2);
+  metrics_test_credits_sample_max(0);
 }
 
 int main(void) {
