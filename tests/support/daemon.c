@@ -165,6 +165,13 @@ int cph_test_daemon_signal_wait(cph_test_daemon *d, int sig) {
 
 int cph_test_daemon_stop(cph_test_daemon *d) {
   int rc = d->pid > 0 ? cph_test_daemon_signal_wait(d, SIGTERM) : 0;
+  if (rc != 0 && d->log_path) { /* what it said before its log goes: a failed stop's why */
+    char *log = cph_test_daemon_log(d);
+    size_t n = strlen(log);
+    fprintf(stderr, "cephalond on port %d stopped with status %d; the end of its log:\n%s\n",
+            d->port, rc, n > 4000 ? log + n - 4000 : log);
+    free(log);
+  }
   if (!d->keep_data)
     cph_test_rmtree(d->data_dir);
   unlink(d->log_path);
