@@ -2029,7 +2029,7 @@ static void import_state(const cph_handover *st, cph_op *op, csession *s, import
   if (!keep) {
     s->episode = episode;
     if (rc == CPH_OK && credits == credits) /* not NaN */
-      rc = csession_resched(st->sessions, s, s->lane, credits);
+      rc = csession_reassign(st->sessions, s, s->lane, credits);
     if (rc == CPH_OK)
       rc = persist_session_credits(st->sessions, &t, s);
   }
@@ -2041,7 +2041,7 @@ static void import_state(const cph_handover *st, cph_op *op, csession *s, import
     *newest_reply = newest;
   if (rc) {
     s->episode = old_episode;
-    csession_resched(st->sessions, s, s->lane, old_credits);
+    csession_reassign(st->sessions, s, s->lane, old_credits);
     op_fail(op, rc, NULL, "importing the state of session '%s': %s", id,
             t.err.msg[0] ? t.err.msg : cph_strerror(rc));
   }

@@ -36,7 +36,7 @@ typedef struct inbox_item {
  * (one copy per session). */
 typedef struct csession {
   /* Borrowed: cph_sched_id(sid), valid while the session is registered under sid — that is,
-   * always (csession_resched() moves it with the sid). Never written or freed through this
+   * always (a session keeps its sid while it lives). Never written or freed through this
    * pointer; not const only because records borrow it for encoding. */
   char *id;
   /* Live messages in id order: inbox[0 .. n_inbox). The array sits inbox_head entries into

@@ -302,32 +302,11 @@ void csession_free(cph_sessions *ss, csession *s) {
   cph_slab_free(&ss->slab, s);
 }
 
-int csession_resched(cph_sessions *ss, csession *s, cph_lane lane, double credits) {
-  cph_sid old = s->sid, sid;
-  /* The new registration first, from the id the old one still holds. */
-  if (cph_sched_restore(ss->env->sched, s->id, lane, credits, &sid) != CPH_OK)
-    return CPH_ENOMEM;
-  if (by_sid_fit(ss, (size_t)sid + 1) != CPH_OK) {
-    cph_sched_remove(ss->env->sched, sid);
-    return CPH_ENOMEM;
-  }
-  /* Its tenant goes with it (§3.9); the name is the scheduler's, so this cannot fail for
-   * memory once the tenant exists. */
-  if (cph_sched_set_tenant(ss->env->sched, sid, cph_sched_tenant(ss->env->sched, old))) {
-    cph_sched_remove(ss->env->sched, sid);
-    return CPH_ENOMEM;
-  }
-  ss->by_sid[sid] = s;
-  cph_idmap_put(&ss->by_id, s->id, sid); /* a present key: cannot fail */
-  ss->by_sid[old] = NULL;
-  s->sid = sid;
-  s->lane = lane;
-  /* Frees the old id copy (unless the remove fails for lack of memory: then the old
-   * registration lingers, not runnable, and its id with it). */
-  cph_sched_set_work(ss->env->sched, old, false);
-  cph_sched_remove(ss->env->sched, old);
-  s->id = (char *)cph_sched_id(ss->env->sched, sid);
-  return CPH_OK;
+int csession_reassign(cph_sessions *ss, csession *s, cph_lane lane, double credits) {
+  int rc = cph_sched_reassign(ss->env->sched, s->sid, lane, credits);
+  if (rc == CPH_OK)
+    s->lane = lane;
+  return rc;
 }
 
 /* The live inbox is a window into its allocation: entries removed near the front leave a gap
@@ -718,8 +697,8 @@ static void session_update(cph_sessions *ss, cph_op *op) {
     sessions_channels_attach(ss, s, &r);
   }
   if ((set & CPH_SET_CLASS) && in->lane != s->lane)
-    /* A new lane: re-register with the scheduler, keeping its credits. */
-    csession_resched(ss, s, in->lane, cph_sched_credits(ss->env->sched, s->sid));
+    /* A new lane, keeping its credits (no turn runs: refused above). */
+    csession_reassign(ss, s, in->lane, cph_sched_credits(ss->env->sched, s->sid));
   if ((set & CPH_SET_TENANT) && cph_sched_set_tenant(ss->env->sched, s->sid, r.tenant))
     cph_warn("session '%s': out of memory for its tenant; it counts as the default tenant's "
              "until a restart", s->id);

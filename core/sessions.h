@@ -89,10 +89,10 @@ int64_t sessions_next_tick_ns(const cph_sessions *ss);
 csession *csession_new(cph_sessions *ss, const char *id, cph_lane lane, double credits,
                        bool restore);
 void csession_free(cph_sessions *ss, csession *s);
-/* Registers s with the scheduler again, in lane with credits (class change, a failed commit's
- * rollback): a new sid, its id moved to the new registration, the old one removed. CPH_OK or
- * CPH_ENOMEM (s unchanged then). */
-int csession_resched(cph_sessions *ss, csession *s, cph_lane lane, double credits);
+/* Moves s to lane with credits in the scheduler (class change, a state import, a failed
+ * commit's rollback), in place: its sid, id, work and running turn stay
+ * (cph_sched_reassign). CPH_OK, or CPH_EINVAL for credits that are not finite (s unchanged). */
+int csession_reassign(cph_sessions *ss, csession *s, cph_lane lane, double credits);
 /* Presizes the index, by_sid and the scheduler for n sessions in all. */
 int sessions_reserve(cph_sessions *ss, size_t n);
 /* Writes s's credits into its record in t (after a turn's charge). */

@@ -1477,10 +1477,11 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
     trees_keep(tu->trees, s->id, &tree);
   cph_pact_tree_free(&tree);
   if (commit_rc) {
-    /* Put the session back as it was: running, same credits, same episode. */
+    /* Credits and episode back as they were. The scheduler counted the turn's end (its slot
+     * is free); the lease stays, and its expiry stages the input again. */
     if (!interrupted)
       s->episode--;
-    csession_resched(tu->sessions, s, s->lane, credits_before);
+    csession_reassign(tu->sessions, s, s->lane, credits_before);
     op_fail(op, t.ret, NULL, "%s", t.err.msg);
     maint_pending_drop(tu->maint);
     s->running_turn = 0; /* the lease stays; expiry will stage the input again */

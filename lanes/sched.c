@@ -549,6 +549,13 @@ static int64_t clamp_i128(i128 v, int64_t lo, int64_t hi) {
 
 static int64_t credits_units(double credits) { return (int64_t)llround(credits * 1e12); }
 
+/* Finite credits from outside (a restart, a state import) in units, clamped into [min, max]
+ * before the conversion, which overflows past ±9.2e6 credits. */
+static int64_t credits_clamped(const cph_sched *s, double credits) {
+  double max = (double)s->c_max / 1e12, min = (double)s->c_min / 1e12;
+  return credits >= max ? s->c_max : credits <= min ? s->c_min : credits_units(credits);
+}
+
 /* Credits of a session at now: refilled from (c0, t0), capped at max. */
 static int64_t credits_at(const cph_sched *s, const session *se, int64_t now) {
   i128 c = (i128)se->c0 + (i128)s->rate * (now - se->t0);
@@ -1637,7 +1644,29 @@ int cph_sched_add(cph_sched *s, const char *id, cph_lane lane, cph_sid *out) {
 int cph_sched_restore(cph_sched *s, const char *id, cph_lane lane, double credits, cph_sid *out) {
   if (!isfinite(credits))
     return CPH_EINVAL;
-  return add_session(s, id, lane, credits_units(credits), out);
+  return add_session(s, id, lane, credits_clamped(s, credits), out);
+}
+
+int cph_sched_reassign(cph_sched *s, cph_sid sid, cph_lane lane, double credits) {
+  if ((unsigned)lane >= CPH_LANE_COUNT || !isfinite(credits))
+    return CPH_EINVAL;
+  starts_flush(s); /* a pending start's record names the session's group and credits */
+  session *se = &s->sessions[sid];
+  int64_t now = cph_clock_now(s->clock);
+  bool queued = se->where != WHERE_NONE;
+  int64_t queued_ns = se->queued_ns; /* while running: when its turn started */
+  if (queued)
+    dequeue(s, sid);
+  if (se->running && se->lane != lane) {
+    s->lanes[se->lane].running--;
+    s->lanes[lane].running++;
+  }
+  se->lane = (uint8_t)lane;
+  se->c0 = credits_clamped(s, credits);
+  se->t0 = now;
+  if (queued)
+    enqueue(s, sid, now, queued_ns);
+  return CPH_OK;
 }
 
 /* The slot of a removed session that no set names any more becomes free. */

@@ -116,6 +116,13 @@ int cph_sched_add(cph_sched *s, const char *id, cph_lane lane, cph_sid *out);
 /* Adds a session with given credits (restart recovery); clamped into [min, max]. */
 int cph_sched_restore(cph_sched *s, const char *id, cph_lane lane, double credits,
                       cph_sid *out);
+/* Sets a registered session's lane and credits (clamped into [min, max]) in place: its sid,
+ * id, tenant, work, pause and running turn stay as they are. A queued session keeps its place
+ * in the wait order; a running one's turn counts in the new lane from here (its seat, its
+ * finish's charges). For a class change, and for credits a session's state brought from
+ * another node while a turn of it may be running here. CPH_EINVAL for a bad lane or credits
+ * that are not finite (nothing changed). */
+int cph_sched_reassign(cph_sched *s, cph_sid sid, cph_lane lane, double credits);
 /* Room for n sessions in all without growing (a restart knows how many it loads). */
 int cph_sched_reserve(cph_sched *s, size_t n);
 /* Removes a session that is not running (CPH_ESTATE if it is). The sid may be reused, and the

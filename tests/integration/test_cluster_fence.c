@@ -8,7 +8,7 @@
  * publish, sometimes after); B takes S's shard over (its fences: an epoch on
  * ceph.s.done.<shard>); A is woken (SIGCONT), answers the completion, and a completion sent to
  * A now is refused (421/503: it no longer serves the shard); A rejoins and takes the shard back
- * (and the completion, sent again, answers 200).
+ * (and the completion, sent again, answers 200, after which A counts no turn running).
  * Then the log itself is read: between B's epoch and A's next one, no done mark of A's may
  * have been stored on the shard's subject — whatever A decided before it was stopped. A
  * completion answered 200 by A had its mark stored before B's epoch. The rounds in which A's
@@ -258,6 +258,19 @@ static void test_cluster_fence_a_deposed_owners_done_marks_never_land(void **sta
       fail_msg("round %d: completing again on A after it took the shard back: %d %s", round,
                r.status, r.body);
     cph_test_response_free(&r);
+    /* ... and holds no turn slot for it: taking the shard back (its session's state imported
+     * while the turn ran here) once left the turn counted running for good, until A started
+     * nothing (concurrency_full). */
+    r = cph_test_api(c->port[A], "GET", "/v1/lanes", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    j = cph_test_json(&r);
+    json_int_t in_use =
+        json_integer_value(json_object_get(json_object_get(j, "concurrency"), "in_use"));
+    json_decref(j);
+    cph_test_response_free(&r);
+    if (in_use != 0)
+      fail_msg("round %d: A counts %lld turns running after the session's turn ended", round,
+               (long long)in_use);
     int now_refused = count_in_log(&c->d[A], "the log refused a write");
     bool late = now_refused > refused;
     refused = now_refused;

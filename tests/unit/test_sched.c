@@ -421,6 +421,58 @@ static void test_session_never_has_two_turns_running(void **state) {
   cph_sched_free(f.s);
 }
 
+/* cph_sched_reassign moves a session in place: a running one stays running (one slot held,
+ * counted in its new lane, freed by its finish), a queued one keeps its place in the wait
+ * order and takes its new credits. (Re-registering a running session instead left the old
+ * registration running for good: a slot lost per state import taken during a turn.) */
+static void test_reassign_keeps_a_running_turn_and_a_queued_place(void **state) {
+  (void)state;
+  fixture f;
+  cph_sched_config cfg = seed_policy();
+  cfg.concurrency = 2;
+  fx_open(&f, &cfg);
+  cph_sid a = fx_add(&f, "a", CPH_LANE_INTERACTIVE, true);
+  assert_int_equal(fx_pick(&f, NULL), a);
+  cph_sched_set_work(f.s, a, true);
+  assert_int_equal(cph_sched_reassign(f.s, a, CPH_LANE_OPERATIONAL, -10), CPH_OK);
+  assert_true(cph_sched_is_running(f.s, a));
+  assert_int_equal(cph_sched_running(f.s), 1);
+  cph_lane_stats in, op;
+  cph_sched_lane_stats(f.s, CPH_LANE_INTERACTIVE, &in);
+  cph_sched_lane_stats(f.s, CPH_LANE_OPERATIONAL, &op);
+  assert_int_equal(in.running, 0);
+  assert_int_equal(op.running, 1);
+  assert_int_equal(fx_pick(&f, NULL), CPH_SID_NONE); /* not picked twice */
+  assert_int_equal(cph_sched_lane(f.s, a), CPH_LANE_OPERATIONAL);
+  assert_true(fabs(cph_sched_credits(f.s, a) - -10) < 1e-9);
+  cph_sched_finish(f.s, a, 0, false);
+  assert_int_equal(cph_sched_running(f.s), 0);
+  cph_sched_lane_stats(f.s, CPH_LANE_OPERATIONAL, &op);
+  assert_int_equal(op.running, 0);
+  assert_int_equal(op.runnable, 1); /* its work queues it again, in the new lane */
+
+  /* Queued: b, c and d wait at the same credits, b longest. Reassigned to the same lane and
+   * credits, b keeps its place (first); c given fewer credits goes after d. */
+  cph_sched_config cfg2 = seed_policy();
+  cfg2.concurrency = 10;
+  fixture g;
+  fx_open(&g, &cfg2);
+  cph_sid b = fx_restore(&g, "b", CPH_LANE_OPERATIONAL, 5);
+  cph_clock_advance(&g.clock, 1);
+  cph_sid c = fx_restore(&g, "c", CPH_LANE_OPERATIONAL, 5);
+  cph_sid d = fx_restore(&g, "d", CPH_LANE_OPERATIONAL, 5);
+  assert_int_equal(cph_sched_reassign(g.s, b, CPH_LANE_OPERATIONAL, 5), CPH_OK);
+  assert_int_equal(cph_sched_reassign(g.s, c, CPH_LANE_OPERATIONAL, -10), CPH_OK);
+  assert_int_equal(cph_sched_reassign(g.s, c, CPH_LANE_OPERATIONAL, NAN), CPH_EINVAL);
+  assert_int_equal(fx_pick(&g, NULL), b);
+  assert_int_equal(fx_pick(&g, NULL), d);
+  assert_int_equal(fx_pick(&g, NULL), c);
+  assert_int_equal(cph_sched_reassign(g.s, c, CPH_LANE_OPERATIONAL, 1e9), CPH_OK);
+  assert_true(fabs(cph_sched_credits(g.s, c) - cfg2.credit_max) < 1e-9); /* clamped */
+  cph_sched_free(f.s);
+  cph_sched_free(g.s);
+}
+
 static void test_pick_order_credits_then_wait_then_id(void **state) {
   (void)state;
   fixture f;
@@ -1102,6 +1154,7 @@ int main(void) {
       cmocka_unit_test(test_credits_stay_within_bounds),
       cmocka_unit_test(test_concurrency_is_never_exceeded),
       cmocka_unit_test(test_session_never_has_two_turns_running),
+      cmocka_unit_test(test_reassign_keeps_a_running_turn_and_a_queued_place),
       cmocka_unit_test(test_pick_order_credits_then_wait_then_id),
       cmocka_unit_test(test_equal_saturated_sessions_share_turns_fairly),
       cmocka_unit_test(test_spamming_session_does_not_delay_quiet_sessions),

@@ -1224,6 +1224,51 @@ static void test_session_state_an_older_state_of_this_nodes_line_keeps_the_tree(
   cph_fixture_free(y);
 }
 
+/* The number of turns x's scheduler counts running, all lanes. */
+static uint32_t running_turns(cph_fixture *f) {
+  cph_lane_info lanes[CPH_LANE_COUNT];
+  uint32_t limit = 0, in_use = 0;
+  cph_engine_lanes(f->e, lanes, &limit, &in_use);
+  return in_use;
+}
+
+/* A node takes a shard back while a turn of its session still runs here (it leased it, was
+ * stopped, another node served the session meanwhile and logged its state): the import sets
+ * the session's credits and episode, and the turn goes on running — one turn slot held, its
+ * completion frees it, and the next turn starts. (The import used to register the session
+ * anew, leaving the old registration running for good: every such takeover kept a slot of
+ * the node's :concurrency until it started nothing — test_cluster_fence's round 5.) */
+static void test_session_state_import_keeps_a_running_turn_running(void **state) {
+  (void)state;
+  cph_fixture *x, *y;
+  two_nodes("running", true, &x, &y);
+  cph_op done;
+  turn(y, "a", 0, &done);
+  size_t len;
+  uint8_t *theirs = state_of(&done, &len);
+  cph_op lease;
+  next_lease(x, "asked on x", &lease);
+  assert_int_equal(running_turns(x), 1);
+  assert_int_equal(import(x, "a", theirs, len), CPH_OK);
+  assert_int_equal(running_turns(x), 1);
+  cph_op complete = {0};
+  complete.kind = CPH_OP_COMPLETE;
+  complete.u.turn.turn_id = lease.u.lease.turn.id;
+  memcpy(complete.u.turn.lease, lease.u.lease.turn.lease, sizeof complete.u.turn.lease);
+  complete.u.turn.reply_body = "done on x";
+  assert_int_equal(cph_fixture_run(x, &complete), CPH_OK);
+  complete.u.turn.reply_body = NULL;
+  cph_op_clear_results(&complete);
+  cph_op_clear_results(&lease);
+  assert_int_equal(running_turns(x), 0);
+  turn(x, "a", 1, &done); /* the next turn starts and ends */
+  cph_op_clear_results(&done);
+  assert_int_equal(running_turns(x), 0);
+  free(theirs);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
 static void test_session_state_is_not_exported_without_report_consumed(void **state) {
   (void)state;
   cph_fixture *f = cph_fixture_new("state_off", "{}");
@@ -1969,6 +2014,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
       cmocka_unit_test(test_session_state_items_move_the_workers_memories),
       cmocka_unit_test(test_session_state_items_carry_what_compaction_did),
+      cmocka_unit_test(test_session_state_import_keeps_a_running_turn_running),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
