@@ -2,6 +2,7 @@
 #include "cluster.h"
 
 #include "common/buf.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -90,12 +91,6 @@ struct cph_cluster {
   uint64_t turn_id[TURN_SLOTS];
   uint32_t turn_shard[TURN_SLOTS];
 };
-
-static int64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* ================================================================ hashing and the map */
 
@@ -266,7 +261,7 @@ static void forget_owners_locked(cph_cluster *c) {
 
 /* Grants a lease and registers the node under it. Sets c->lease and the deadline. */
 static bool etcd_join(cph_cluster *c) {
-  int64_t sent = mono_ns();
+  int64_t sent = cph_mono_ns();
   json_t *r = etcd_call(c, "/v3/lease/grant", json_pack("{sI}", "TTL", (json_int_t)c->ttl_s));
   int64_t id = r ? i64_of(r, "ID") : 0, ttl = r ? i64_of(r, "TTL") : 0;
   json_decref(r);
@@ -296,7 +291,7 @@ static bool etcd_join(cph_cluster *c) {
 }
 
 static void keepalive(cph_cluster *c) {
-  int64_t sent = mono_ns();
+  int64_t sent = cph_mono_ns();
   json_t *r = etcd_call(c, "/v3/lease/keepalive", json_pack("{so}", "ID", lease_id_json(c->lease)));
   if (!r)
     return; /* etcd unreachable: try again next poll; the deadline keeps running */
@@ -431,7 +426,7 @@ static void reconcile(cph_cluster *c) {
         have[s] = (uint32_t)i;
   }
   /* A node missing from its own view (its key lost with an old lease) claims nothing. */
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   uint64_t claimed = 0;
   double takeover_s = -1;
   for (uint32_t s = 0; s < c->shards; s++)
@@ -450,7 +445,7 @@ static void reconcile(cph_cluster *c) {
       if (want[s] == self && have[s] == NO_OWNER && shard_txn(c, s, true)) {
         have[s] = (uint32_t)self;
         claimed++;
-        takeover_s = (double)(mono_ns() - c->unowned_since_ns[s]) / 1e9;
+        takeover_s = (double)(cph_mono_ns() - c->unowned_since_ns[s]) / 1e9;
       } else if (have[s] == self && want[s] != self && shard_txn(c, s, false)) {
         have[s] = NO_OWNER;
       }
@@ -748,7 +743,7 @@ static int64_t next_wake_ns(const cph_cluster *c, int64_t last_reconcile_ns) {
   if (c->lease && c->next_budget_ns < t)
     t = c->next_budget_ns;
   if (!c->lease) /* not joined: try again soon */
-    t = mono_ns() + 250000000LL;
+    t = cph_mono_ns() + 250000000LL;
   return t;
 }
 
@@ -761,15 +756,15 @@ static void *cluster_thread(void *arg) {
       break;
     if (!c->lease)
       etcd_join(c);
-    else if (mono_ns() >= c->next_keepalive_ns)
+    else if (cph_mono_ns() >= c->next_keepalive_ns)
       keepalive(c);
-    if (c->lease && (poked || mono_ns() >= last_reconcile_ns + RECONCILE_EVERY_NS)) {
-      last_reconcile_ns = mono_ns();
+    if (c->lease && (poked || cph_mono_ns() >= last_reconcile_ns + RECONCILE_EVERY_NS)) {
+      last_reconcile_ns = cph_mono_ns();
       reconcile(c);
     }
-    if (c->lease && mono_ns() >= c->next_budget_ns) {
+    if (c->lease && cph_mono_ns() >= c->next_budget_ns) {
       rebalance(c);
-      c->next_budget_ns = mono_ns() + BUDGET_EVERY_NS;
+      c->next_budget_ns = cph_mono_ns() + BUDGET_EVERY_NS;
     }
     /* Sleep until then, or until the watch pokes. CLOCK_MONOTONIC: see cph_cluster_start. */
     int64_t wake = next_wake_ns(c, last_reconcile_ns);
@@ -878,7 +873,9 @@ void cph_cluster_stop(cph_cluster *c) {
 uint32_t cph_cluster_shards(const cph_cluster *c) { return c->shards; }
 
 /* Caller holds mu. */
-static bool live_locked(const cph_cluster *c) { return c->joined && mono_ns() < c->serve_until_ns; }
+static bool live_locked(const cph_cluster *c) {
+  return c->joined && cph_mono_ns() < c->serve_until_ns;
+}
 
 bool cph_cluster_serving(cph_cluster *c) {
   pthread_mutex_lock(&c->mu);
@@ -946,7 +943,7 @@ static json_t *ranges_of(const cph_cluster *c, uint32_t i, uint32_t *count) {
 json_t *cph_cluster_json(cph_cluster *c) {
   pthread_mutex_lock(&c->mu);
   bool live = live_locked(c);
-  int64_t left_ms = live ? (c->serve_until_ns - mono_ns()) / 1000000 : 0;
+  int64_t left_ms = live ? (c->serve_until_ns - cph_mono_ns()) / 1000000 : 0;
   json_t *nodes = json_array(), *owners = json_array();
   uint32_t mine = 0, unowned = 0;
   for (uint32_t s = 0; s < c->shards; s++)
@@ -987,7 +984,7 @@ int cph_cluster_metrics(cph_cluster *c, cph_buf *out) {
   uint64_t owned = 0;
   for (uint32_t s = 0; live && s < c->shards; s++)
     owned += c->owner[s] < c->n_nodes && strcmp(c->nodes[c->owner[s]].name, c->self) == 0;
-  double left_s = live ? (double)(c->serve_until_ns - mono_ns()) / 1e9 : 0;
+  double left_s = live ? (double)(c->serve_until_ns - cph_mono_ns()) / 1e9 : 0;
   static const struct {
     const char *name, *type, *help;
   } fam[] = {

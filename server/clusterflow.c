@@ -15,6 +15,7 @@
 #include "clusterlog.h"
 #include "clustertable.h"
 #include "common/arena.h"
+#include "common/clock.h"
 #include "common/hmap.h"
 #include "common/log.h"
 #include "emit.h"
@@ -439,12 +440,6 @@ struct cph_cflow {
   int64_t last_rebuild_shard; /* -1: none yet */
 };
 
-static int64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void on_session_entry(void *ctx, const char *session, const char *value, size_t vlen) {
   cph_cflow *f = ctx;
   if (!cph_ctable_record(f->table, session, value, vlen))
@@ -514,7 +509,7 @@ static bool state_rev_set(cph_cflow *f, const char *session, uint64_t rev) {
 /* Sends p again after RETRY_MS (a JetStream leader election takes a moment: resending at once
  * would only spin). */
 static void pub_retry_later(cph_cflow *f, pub *p) {
-  p->retry_at_ns = mono_ns() + RETRY_MS * 1000000LL;
+  p->retry_at_ns = cph_mono_ns() + RETRY_MS * 1000000LL;
   p->next_retry = f->retry_head;
   f->retry_head = p;
   arm_retry(f);
@@ -526,7 +521,7 @@ static void pub_send(cph_cflow *f, pub *p) {
   if (f->log && !p->in_map && cph_hmap_put(&f->pubs, p->key, p) == CPH_OK) {
     p->in_map = true;
     /* no answer later than the deadline: the request is answered on time */
-    int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    int64_t left_ms = (p->deadline_ns - cph_mono_ns()) / 1000000;
     shard_track *tr = p->kind == PUB_DONE || p->kind == PUB_MARK || p->kind == PUB_STATE
                           ? &f->tracks[p->shard]
                           : NULL;
@@ -549,7 +544,7 @@ static void pub_send(cph_cflow *f, pub *p) {
     cph_hmap_del(&f->pubs, p->key);
     p->in_map = false;
   }
-  if (p->rounds || mono_ns() >= p->deadline_ns) { /* a resend is one publish (resend_later) */
+  if (p->rounds || cph_mono_ns() >= p->deadline_ns) { /* a resend is one publish (resend_later) */
     pub_outcome(f, p, false, 0, false,
                 rc == CPH_EBUSY ? "not connected to NATS, or too many publishes in flight"
                                 : "out of memory");
@@ -572,7 +567,7 @@ static pub *pub_new(cph_cflow *f, pub_kind kind, const char *subject, const char
   p->msgid = msgid ? strdup(msgid) : NULL;
   p->data = data;
   p->len = len;
-  p->deadline_ns = mono_ns() + deadline_ms * 1000000LL;
+  p->deadline_ns = cph_mono_ns() + deadline_ms * 1000000LL;
   if (!p->subject || (msgid && !p->msgid) || !data) {
     pub_free(p);
     return NULL;
@@ -609,7 +604,7 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
     pub_outcome(f, p, false, 0, false, why);
     return;
   }
-  if (rc == CPH_ECONFLICT && p->kind == PUB_DONE && mono_ns() < p->deadline_ns && f->log &&
+  if (rc == CPH_ECONFLICT && p->kind == PUB_DONE && cph_mono_ns() < p->deadline_ns && f->log &&
       !f->tracks[p->shard].fenced) {
     /* Deposed, or a mark of this node's was stored without an acknowledgement: the last
      * message of the subject tells (on_pos). The mark stays in flight meanwhile. */
@@ -617,19 +612,19 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
     char prefix[160];
     snprintf(prefix, sizeof prefix, "d.%s.%" PRIx64 ".", f->node, f->boot);
     tr->check_ref = ++f->next_ref;
-    int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    int64_t left_ms = (p->deadline_ns - cph_mono_ns()) / 1000000;
     if (cph_clog_check_fence(f->log, p->shard, prefix, left_ms, tr->check_ref) == CPH_OK) {
       tr->checking = p;
       return;
     }
   }
-  if (rc == CPH_ECONFLICT && p->kind == PUB_STATE && mono_ns() < p->deadline_ns && f->log &&
+  if (rc == CPH_ECONFLICT && p->kind == PUB_STATE && cph_mono_ns() < p->deadline_ns && f->log &&
       !f->tracks[p->shard].fenced) {
     /* Another write to the key since this node read or wrote it: a deposed owner's late put
      * (written over: its epoch is older) or the next owner's (fenced). The key tells (on_pos). */
     shard_track *tr = &f->tracks[p->shard];
     tr->check_ref = ++f->next_ref;
-    int64_t left_ms = (p->deadline_ns - mono_ns()) / 1000000;
+    int64_t left_ms = (p->deadline_ns - cph_mono_ns()) / 1000000;
     if (cph_clog_check_state(f->log, p->subject, tr->epoch, left_ms, tr->check_ref) == CPH_OK) {
       tr->checking = p;
       return;
@@ -646,7 +641,7 @@ static void on_published(void *ctx, uint64_t ref, int rc, uint64_t seq, bool dup
     return;
   }
   cph_debug("cluster log: publish to %s failed (%s); retrying", p->subject, why ? why : "?");
-  if (p->rounds || mono_ns() >= p->deadline_ns) {
+  if (p->rounds || cph_mono_ns() >= p->deadline_ns) {
     pub_outcome(f, p, false, 0, false, why);
     return;
   }
@@ -785,7 +780,7 @@ static void trim_maybe(cph_cflow *f, uint32_t shard) {
   if (!f->trim_ns || !f->log || !tr->live || tr->fenced || tr->mark_fenced ||
       tr->mark_put <= tr->trimmed || tr->mark_put <= 1)
     return;
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   if (tr->trimmed && now - tr->trim_at_ns < f->trim_ns)
     return;
   if (cph_clog_trim(f->log, shard, tr->mark_put, tr->done_last) == CPH_OK) {
@@ -985,7 +980,7 @@ static bool resend_given_up(cph_cflow *f, const pub *p) {
 static void resend_arm(cph_cflow *f) {
   if (!f->resend.n || f->quiesced)
     return;
-  int64_t wait_ns = (int64_t)seqheap_min(&f->resend) - mono_ns();
+  int64_t wait_ns = (int64_t)seqheap_min(&f->resend) - cph_mono_ns();
   if (wait_ns < 0)
     wait_ns = 0;
   struct timeval tv = {(time_t)(wait_ns / 1000000000), (suseconds_t)(wait_ns % 1000000000 / 1000)};
@@ -1030,7 +1025,7 @@ static bool resend_later(cph_cflow *f, pub *p, const char *why) {
     cph_debug("cluster log: the %s %s was not taken again (%s); sent again in %" PRId64 " ms",
               what, p->msgid ? p->msgid : p->subject, why ? why : "no answer", p->backoff_ms);
   }
-  p->due.seq = (uint64_t)(mono_ns() + p->backoff_ms * 1000000LL);
+  p->due.seq = (uint64_t)(cph_mono_ns() + p->backoff_ms * 1000000LL);
   if (!seqheap_push(&f->resend, &p->due)) {
     resend_leave(f, p);
     count_dropped(f, p);
@@ -1063,7 +1058,7 @@ static void on_resend(evutil_socket_t fd, short what, void *arg) {
   cph_cflow *f = arg;
   if (f->quiesced)
     return;
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   for (int n = 0; n < RESEND_BATCH && f->resend.n && seqheap_min(&f->resend) <= (uint64_t)now;
        n++) {
     pub *p = resend_of(f->resend.v[0]);
@@ -1161,7 +1156,7 @@ static bool park_resend_later(cph_cflow *f, done_req *dr) {
   pr->note = dr->note;
   dr->note = (cph_park_note){0};
   pr->backoff_ms = resend_wait_ms(f, dr->backoff_ms);
-  pr->due_ns = mono_ns() + pr->backoff_ms * 1000000LL;
+  pr->due_ns = cph_mono_ns() + pr->backoff_ms * 1000000LL;
   park_resend **at = &f->park_resends; /* oldest first: they go again in this order */
   while (*at)
     at = &(*at)->next;
@@ -1176,7 +1171,7 @@ static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_par
 
 /* On the watermark tick: the park marks due to be sent again, oldest first. */
 static void park_resends_due(cph_cflow *f) {
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   for (park_resend **at = &f->park_resends; *at;) {
     park_resend *pr = *at;
     if (pr->due_ns > now) {
@@ -3868,7 +3863,7 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
   tr->mark_put = 0; /* put this node's watermark at the next tick */
   tr->trimmed = 0;  /* and trim below it once the log holds it (12.) */
   tr->rb = NULL;
-  double took = (double)(mono_ns() - rb->t0_ns) / 1e9 + (double)rb->rp->read_ns / 1e9;
+  double took = (double)(cph_mono_ns() - rb->t0_ns) / 1e9 + (double)rb->rp->read_ns / 1e9;
   f->rebuilds++;
   f->rebuild_events += rb->reached;
   f->last_rebuild_s = took;
@@ -4012,7 +4007,7 @@ static void on_replayed(void *ctx, cph_clog_replay *rp) {
   if (ok) {
     rb->f = f;
     rb->rp = rp;
-    rb->t0_ns = mono_ns();
+    rb->t0_ns = cph_mono_ns();
     ok = rebuild_marks(rb, &done, &parked, &unparked, docs) &&
          rebuild_events(f, rb, &done, &parked, &unparked);
   }
@@ -4127,7 +4122,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg) {
       rebuild_step(f, rb);
     rebuilds_waiting |= f->tracks[sh].rb && f->tracks[sh].rb->waiting;
   }
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   pub *due = NULL, **pp = &f->retry_head;
   while (*pp) {
     pub *p = *pp;
@@ -4311,8 +4306,8 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg) {
     return;
   }
   if (!f->ready_since_ns)
-    f->ready_since_ns = mono_ns();
-  if (mono_ns() - f->ready_since_ns < SWEEP_DELAY_MS * 1000000LL)
+    f->ready_since_ns = cph_mono_ns();
+  if (cph_mono_ns() - f->ready_since_ns < SWEEP_DELAY_MS * 1000000LL)
     return;
   cph_session_filter flt = {0};
   flt.after = f->sweep_after[0] ? f->sweep_after : NULL;
@@ -4443,7 +4438,7 @@ void cph_cflow_stop_begin(cph_cflow *f) {
     return;
   f->stopping = true;
   /* Every wait ends now: equal times keep the heap a heap. */
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   for (size_t i = 0; i < f->resend.n; i++)
     f->resend.v[i]->seq = (uint64_t)now;
   for (park_resend *pr = f->park_resends; pr; pr = pr->next)

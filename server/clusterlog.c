@@ -19,6 +19,7 @@
 #include "cephalon/cephalon.h"
 #include "cluster.h"
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "statezip.h"
 
@@ -726,12 +727,6 @@ static void *bind_worker(void *arg) {
   }
 }
 
-static int64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Under l->mu: shard s leaves PHASE_REPLAYING or PHASE_APPLYING for `to`. */
 static void phase_leave(cph_clog *l, uint32_t s, shard_phase to) {
   if (l->phase[s] == PHASE_REPLAYING || l->phase[s] == PHASE_APPLYING)
@@ -768,7 +763,7 @@ static void sync_shards(cph_clog *l) {
   char node[8], url[8];
   uint32_t *todo = malloc(l->shards * sizeof *todo);
   size_t n = 0;
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   for (uint32_t s = 0; s < l->shards && !stopping(l); s++) {
     bool served =
         cph_cluster_route(l->cluster, s, node, sizeof node, url, sizeof url) == CPH_CLUSTER_SERVED;
@@ -865,9 +860,9 @@ static bool last_seq(cph_clog *l, const char *const *subjects, size_t n, uint64_
  * message came for REPLAY_IDLE_MS. */
 static natsMsg *next_stream_msg(cph_clog *l, natsSubscription *sub, const char *what,
                                 uint64_t *seq, uint64_t *pending, char *why, size_t size) {
-  int64_t deadline = mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
+  int64_t deadline = cph_mono_ns() + (int64_t)REPLAY_IDLE_MS * 1000000;
   for (;;) {
-    if (stopping(l) || mono_ns() > deadline) {
+    if (stopping(l) || cph_mono_ns() > deadline) {
       snprintf(why, size, "reading %s: %s", what,
                stopping(l) ? "stopping" : "nothing came for 10 s");
       return NULL;
@@ -1259,7 +1254,7 @@ static bool unpack_items(cph_clog_replay *rp, char *why, size_t size) {
  * done marks from it to the newest. NULL with why set on failure. */
 static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, char *why,
                                     size_t size) {
-  int64_t t0 = mono_ns();
+  int64_t t0 = cph_mono_ns();
   cph_clog_replay *rp = calloc(1, sizeof *rp);
   if (!rp) {
     snprintf(why, size, "out of memory");
@@ -1309,7 +1304,7 @@ static cph_clog_replay *replay_read(cph_clog *l, uint32_t shard, uint64_t gen, c
       rp->entries[i].decoded =
           l->hooks.decode(l->hooks.ctx, rp->entries[i].data, rp->entries[i].len);
   }
-  rp->read_ns = mono_ns() - t0;
+  rp->read_ns = cph_mono_ns() - t0;
   return rp;
 fail:
   cph_clog_replay_free(rp);
@@ -1342,7 +1337,7 @@ static void *replay_thread(void *arg) {
       l->phase[s] = PHASE_APPLYING;
     } else if (current) {
       phase_leave(l, s, PHASE_NONE);
-      l->replay_after_ns[s] = mono_ns() + (int64_t)REPLAY_RETRY_MS * 1000000;
+      l->replay_after_ns[s] = cph_mono_ns() + (int64_t)REPLAY_RETRY_MS * 1000000;
     }
     pthread_mutex_unlock(&l->mu);
     if (current && rp) {
@@ -1579,7 +1574,7 @@ static void *pos_thread(void *arg) {
       if (w->fence_check || w->state_check) {
         uint64_t seq = 0;
         int rc = w->fence_check ? fence_read(l, w, &seq) : state_read(l, w, &seq);
-        if (rc != CPH_EBUSY || mono_ns() >= w->deadline_ns) {
+        if (rc != CPH_EBUSY || cph_mono_ns() >= w->deadline_ns) {
           *pp = w->next;
           pos_answer(l, w, rc == CPH_EBUSY ? CPH_ETIMEDOUT : rc, seq, NULL);
         } else {
@@ -1591,7 +1586,7 @@ static void *pos_thread(void *arg) {
         if (!pos_step(l, w) || stopping(l))
           break;
       bool reached = w->stage == POS_LOCAL && w->next_shard >= l->shards;
-      if (reached || mono_ns() >= w->deadline_ns) {
+      if (reached || cph_mono_ns() >= w->deadline_ns) {
         *pp = w->next;
         if (reached) {
           pos_answer(l, w, CPH_OK, 0, NULL);
@@ -1813,7 +1808,7 @@ static int64_t forget_items(cph_clog *l, const forget_job *job, char *why, size_
  * that fail come again FORGET_RETRY_MS later. */
 #define FORGET_RETRY_MS 5000
 static void forgets_run(cph_clog *l) {
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   forget_job **at = &l->forgets, *due = NULL;
   while (*at) {
     forget_job *j = *at;
@@ -1841,7 +1836,7 @@ static void forgets_run(cph_clog *l) {
       free(j);
     } else {
       l->forget_failures++;
-      j->due_ns = mono_ns() + (int64_t)FORGET_RETRY_MS * 1000000;
+      j->due_ns = cph_mono_ns() + (int64_t)FORGET_RETRY_MS * 1000000;
       j->next = l->forgets;
       l->forgets = j;
     }
@@ -1864,7 +1859,7 @@ static void *trim_thread(void *arg) {
   pthread_mutex_lock(&l->mu);
   for (;;) {
     while (!l->stop && !(l->ready && !l->quiesced &&
-                         (l->trim_asked || forgets_next(l) <= mono_ns()))) {
+                         (l->trim_asked || forgets_next(l) <= cph_mono_ns()))) {
       int64_t next = l->ready && !l->quiesced ? forgets_next(l) : INT64_MAX;
       if (next == INT64_MAX) {
         pthread_cond_wait(&l->cv, &l->mu);
@@ -2149,7 +2144,7 @@ void cph_clog_rebuild_failed(cph_clog *l, uint32_t shard, uint64_t gen) {
   pthread_mutex_lock(&l->mu);
   if (shard < l->shards && l->phase[shard] == PHASE_APPLYING && l->replay_gen[shard] == gen) {
     phase_leave(l, shard, PHASE_NONE);
-    l->replay_after_ns[shard] = mono_ns() + (int64_t)REPLAY_RETRY_MS * 1000000;
+    l->replay_after_ns[shard] = cph_mono_ns() + (int64_t)REPLAY_RETRY_MS * 1000000;
   }
   pthread_mutex_unlock(&l->mu);
 }
@@ -2204,7 +2199,7 @@ int cph_clog_forget_items(cph_clog *l, uint32_t shard, const char *session) {
       free(j[1]);
       return CPH_ENOMEM;
     }
-  int64_t now = mono_ns();
+  int64_t now = cph_mono_ns();
   j[0]->due_ns = now;
   j[1]->due_ns = now + (int64_t)CPH_CLOG_FORGET_DELAY_MS * 1000000;
   pthread_mutex_lock(&l->mu);
@@ -2381,7 +2376,7 @@ int cph_clog_check_fence(cph_clog *l, uint32_t shard, const char *mark_prefix, i
   w->shard = shard;
   w->fence_check = true;
   snprintf(w->prefix, sizeof w->prefix, "%s", mark_prefix);
-  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  w->deadline_ns = cph_mono_ns() + wait_ms * 1000000;
   return pos_queue(l, w);
 }
 
@@ -2398,7 +2393,7 @@ int cph_clog_check_state(cph_clog *l, const char *subject, uint64_t epoch, int64
   w->pos = epoch;
   w->state_check = true;
   snprintf(w->prefix, sizeof w->prefix, "%s", subject);
-  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  w->deadline_ns = cph_mono_ns() + wait_ms * 1000000;
   return pos_queue(l, w);
 }
 
@@ -2415,7 +2410,7 @@ int cph_clog_wait_pos(cph_clog *l, uint64_t pos, int64_t shard, const uint8_t *o
     w->masked = true;
     memcpy(w->only, only, bytes);
   }
-  w->deadline_ns = mono_ns() + wait_ms * 1000000;
+  w->deadline_ns = cph_mono_ns() + wait_ms * 1000000;
   w->stage = POS_SOURCE;
   return pos_queue(l, w);
 }

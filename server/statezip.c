@@ -10,13 +10,8 @@
 #include <zlib.h>
 
 #include "cephalon/cephalon.h"
+#include "common/clock.h"
 #include "wake.h"
-
-static int64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 bool cph_statezip_packed(const uint8_t *value, size_t len) {
   return len >= 4 && memcmp(value, CPH_STATEZIP_MAGIC, 4) == 0;
@@ -123,7 +118,7 @@ int cph_statezip_unpack(const uint8_t *value, size_t len, size_t max_raw, uint8_
 }
 
 void cph_statezip_job_run(cph_statezip_job *job, int level) {
-  int64_t t0 = mono_ns();
+  int64_t t0 = cph_mono_ns();
   job->out = NULL;
   job->out_len = 0;
   job->packed = false;
@@ -140,7 +135,7 @@ void cph_statezip_job_run(cph_statezip_job *job, int level) {
     memcpy(job->out + job->headroom, job->raw, job->raw_len);
     job->out_len = job->headroom + job->raw_len;
   }
-  job->pack_ns = mono_ns() - t0;
+  job->pack_ns = cph_mono_ns() - t0;
 }
 
 /* ================================================================ the packer */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/worker.h"
 
@@ -55,12 +56,6 @@ struct wk_mcp {
   server *servers;
   size_t n;
 };
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void wk_tools_free(wk_tool *t, size_t n) {
   for (size_t i = 0; i < n; i++) {
@@ -292,7 +287,7 @@ static rpc_rc rpc(server *s, const char *method, json_t *params, int timeout_ms,
              msg ? strerror(errno) : "out of memory");
   }
   json_decref(msg);
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = cph_mono_ms() + timeout_ms;
   while (rc == RPC_OK && !me.answer) {
     if (!s->alive || s->generation != gen) {
       rc = RPC_GONE;
@@ -304,7 +299,7 @@ static rpc_rc rpc(server *s, const char *method, json_t *params, int timeout_ms,
       snprintf(err, err_len, "worker stopping during %s of MCP server %s", method, s->name);
       break;
     }
-    int64_t left = deadline - now_ms();
+    int64_t left = deadline - cph_mono_ms();
     if (left <= 0) {
       rc = RPC_TIMEOUT;
       snprintf(err, err_len, "MCP server %s: %s timed out after %d ms", s->name, method,

@@ -7,17 +7,12 @@
 #include <time.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/worker.h"
 
 #define DAEMON_TIMEOUT_MS 10000
 #define MAX_STATS 256 /* distinct tool names counted per turn (the daemon takes 256) */
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int64_t wall_ms(void) {
   struct timespec ts;
@@ -645,7 +640,7 @@ static char *interrupted_account(const json_t *messages) {
 
 void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased, wk_beat *bt) {
   json_t *turn = json_object_get(leased->answer, "turn");
-  int64_t started = mono_ms();
+  int64_t started = cph_mono_ms();
   uint64_t id = (uint64_t)json_integer_value(json_object_get(turn, "id"));
   const char *lease = json_string_value(json_object_get(turn, "lease"));
   const char *session = json_string_value(json_object_get(turn, "session"));
@@ -789,7 +784,7 @@ void wk_turn_run(const wk_ctx *ctx, const wk_lease *leased, wk_beat *bt) {
       (unsigned long long)id, cph_log_quote(session, q_session, sizeof q_session),
       lane ? lane : "?", outcome, rounds, taken, (unsigned long long)tokens,
       (unsigned long long)st.calls, (unsigned long long)st.invalid,
-      (long long)(mono_ms() - started), cph_log_quote(why, q_why, sizeof q_why), status,
+      (long long)(cph_mono_ms() - started), cph_log_quote(why, q_why, sizeof q_why), status,
       status == 200 ? "" : " error=", status == 200 ? "" : cph_log_quote(err, q_err, sizeof q_err));
   free(reply);
   stats_free(&st);
