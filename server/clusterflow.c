@@ -43,6 +43,7 @@
  * add the session's id and engine key (~330 bytes at most) to each event. */
 #define LOG_BATCH_BYTES (256 * 1024)
 #define LOG_BATCH_EVENTS 1000
+#define FORWARD_ROOM 1024 /* what a forward adds to its event, and more (the 330 above) */
 #define SWEEP_MS 1000
 #define SWEEP_PAGE 500
 #define SWEEP_DELAY_MS 3000 /* after the log is ready: the watch has delivered the table */
@@ -111,6 +112,7 @@ typedef struct pub {
   bool kv_delete;
   int sends;
   bool in_map;
+  bool too_large; /* larger than the log takes (cph_clog_max_payload): never sent again */
   int64_t deadline_ns, retry_at_ns;
   struct pub *next_retry;
   ingest_req *ir; /* PUB_INGEST: the request and its events' indices in it */
@@ -544,6 +546,15 @@ static void pub_send(cph_cflow *f, pub *p) {
     cph_hmap_del(&f->pubs, p->key);
     p->in_map = false;
   }
+  if (rc == CPH_ELIMIT) { /* never taken: failed now, not tried again (resend_given_up too) */
+    char why[160];
+    snprintf(why, sizeof why,
+             "%zu bytes, more than the %" PRId64 " the cluster log takes (NATS max_payload)",
+             p->len, cph_clog_max_payload(f->log));
+    p->too_large = true;
+    pub_outcome(f, p, false, 0, false, why);
+    return;
+  }
   if (p->rounds || cph_mono_ns() >= p->deadline_ns) { /* a resend is one publish (resend_later) */
     pub_outcome(f, p, false, 0, false,
                 rc == CPH_EBUSY ? "not connected to NATS, or too many publishes in flight"
@@ -963,13 +974,17 @@ static void count_dropped(cph_cflow *f, const pub *p) {
 /* Whether p is given up rather than sent again (an item item_skip names): logged, and counted
  * as dropped when that may lose it. */
 static bool resend_given_up(cph_cflow *f, const pub *p) {
-  bool lost = false;
-  const char *skip = p->kind == PUB_ITEM ? item_skip(f, p, &lost) : NULL;
+  bool lost = p->too_large;
+  const char *skip = p->too_large        ? "the log never takes a message this large"
+                     : p->kind == PUB_ITEM ? item_skip(f, p, &lost)
+                                           : NULL;
   if (!skip)
     return false;
   if (lost) {
     count_dropped(f, p);
-    cph_warn("cluster log: item %s is not sent again: %s", p->subject, skip);
+    cph_warn("cluster log: %s %s is not sent again: %s",
+             p->kind == PUB_HIST ? "the copy of a reply" : "item",
+             p->msgid ? p->msgid : p->subject, skip);
   } else {
     cph_debug("cluster log: item %s is not sent again: %s", p->subject, skip);
   }
@@ -2053,6 +2068,11 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
   ir->r = r;
   ir->n = n;
   uint32_t shards = cph_cluster_shards(r->srv->cluster);
+  /* An event whose message the log would refuse for its size is rejected, with room left for
+   * the session's id and engine key its forwards add (3.): a forward the log refused would
+   * keep its `in` message coming back. 0: not connected yet (its publish fails anyway). */
+  int64_t max_len = f->log ? cph_clog_max_payload(f->log) : 0;
+  max_len = max_len > FORWARD_ROOM ? max_len - FORWARD_ROOM : 0;
   /* At most one message per event; events without a key share their shard's (groups[shard]):
    * the log's message id of such a message is minted, and each event keeps its own id inside.
    * An event with a key goes alone under it, so the log answers `duplicate` for that event. */
@@ -2076,6 +2096,12 @@ void cph_cflow_ingest(cph_req *r, cph_event_in *events, size_t n) {
                             in->mentions.count, false, &len);
     if (!data)
       goto nomem;
+    if (max_len && (int64_t)len > max_len) {
+      free(data);
+      reject(&ir->res[i], "body", "the event is larger than the cluster log takes (the NATS "
+                                  "servers' max_payload, less room for its forwards)");
+      continue;
+    }
     uint32_t shard = cph_cluster_shard_of(in->session ? in->session : in->channel, shards);
     char subject[64];
     cph_clog_subject(subject, sizeof subject, shard, false);

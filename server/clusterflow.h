@@ -18,8 +18,10 @@
  *    sent once the log acknowledged every event of the request (JetStream acknowledges after
  *    a quorum of :replicas stored it): per event {"id": null, "status": "accepted", "sessions":
  *    [], "pos": <stream sequence>}, or "duplicate" with the original's pos when the log had
- *    the message id already, or "rejected" with reason and field (nothing logged). id and
- *    sessions are null/empty: they are known only when the owner applies it. A publish is
+ *    the message id already, or "rejected" with reason and field (nothing logged; also an
+ *    event whose message would be larger than the log takes, cph_clog_max_payload, less room
+ *    for its forwards). id and sessions are null/empty: they are known only when the owner
+ *    applies it. A publish is
  *    retried (same message id: stored once) until 10 s have passed; then the whole request
  *    answers 503 `unavailable` — never a 200 for an event the log did not take.
  *

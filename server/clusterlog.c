@@ -151,6 +151,9 @@ struct cph_clog {
   bool quiesced;
   bool ready; /* connected, stream and bucket in place: js may be used */
   bool connected;
+  /* The largest message (headers and data) the NATS server connected to takes, its
+   * max_payload; 0 until connected. Read at each (re)connection: servers may differ. */
+  int64_t max_payload;
   item *head, *tail;
   bool signalled; /* a byte is in the pipe */
   int64_t in_flight;
@@ -400,8 +403,10 @@ static void on_reconnected(natsConnection *nc, void *closure) {
   cph_clog *l = closure;
   char url[256] = "";
   natsConnection_GetConnectedUrl(nc, url, sizeof url);
+  int64_t max = natsConnection_GetMaxPayload(nc);
   pthread_mutex_lock(&l->mu);
   l->connected = true;
+  l->max_payload = max;
   pthread_mutex_unlock(&l->mu);
   cph_info("cluster log: reconnected to %s", url);
 }
@@ -480,8 +485,16 @@ static bool connect_nats(cph_clog *l) {
     l->nc = NULL;
     return false;
   }
+  int64_t max = natsConnection_GetMaxPayload(l->nc);
+  if (max < CPH_CLOG_PAYLOAD_WANTED)
+    cph_warn("cluster log: the NATS server takes messages of %" PRId64 " bytes at most "
+             "(max_payload), less than the %d this node's batches and their forwards may need "
+             "(clusterflow.c LOG_BATCH_BYTES): set max_payload to 1MB or more in nats-server's "
+             "configuration",
+             max, CPH_CLOG_PAYLOAD_WANTED);
   pthread_mutex_lock(&l->mu);
   l->connected = true;
+  l->max_payload = max;
   pthread_mutex_unlock(&l->mu);
   return true;
 }
@@ -2211,14 +2224,24 @@ int cph_clog_forget_items(cph_clog *l, uint32_t shard, const char *session) {
   return CPH_OK;
 }
 
+int64_t cph_clog_max_payload(cph_clog *l) {
+  pthread_mutex_lock(&l->mu);
+  int64_t max = l->max_payload;
+  pthread_mutex_unlock(&l->mu);
+  return max > CPH_CLOG_HEADER_ROOM ? max - CPH_CLOG_HEADER_ROOM : 0;
+}
+
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
                      size_t len, bool kv_delete, int64_t max_wait_ms, uint64_t ref,
                      uint64_t expect) {
   pthread_mutex_lock(&l->mu);
   bool ok = l->ready && !l->quiesced && l->in_flight < MAX_IN_FLIGHT;
-  if (ok)
+  bool too_large = l->max_payload && (int64_t)len > l->max_payload - CPH_CLOG_HEADER_ROOM;
+  if (ok && !too_large)
     l->in_flight++;
   pthread_mutex_unlock(&l->mu);
+  if (too_large)
+    return CPH_ELIMIT;
   if (!ok)
     return CPH_EBUSY;
   natsMsg *m = NULL;
@@ -2248,7 +2271,7 @@ int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const 
     l->in_flight--;
     pthread_mutex_unlock(&l->mu);
     set_error(l, "publish to %s: %s", subject, natsStatus_GetText(s));
-    return s == NATS_NO_MEMORY ? CPH_ENOMEM : CPH_EBUSY;
+    return s == NATS_NO_MEMORY ? CPH_ENOMEM : s == NATS_MAX_PAYLOAD ? CPH_ELIMIT : CPH_EBUSY;
   }
   pthread_mutex_lock(&l->mu);
   l->published++;

@@ -236,10 +236,19 @@ void cph_clog_quiesce(cph_clog *l);
 /* Closes the connection, joins the log thread and frees l. NULL is fine. */
 void cph_clog_stop(cph_clog *l);
 
+/* The largest data a publish takes: the connected NATS server's max_payload (which counts the
+ * headers too) less CPH_CLOG_HEADER_ROOM for the headers; 0 until connected. NATS's default
+ * max_payload is 1 MiB; the node warns at connection when it is below
+ * CPH_CLOG_PAYLOAD_WANTED. */
+#define CPH_CLOG_HEADER_ROOM 1024
+#define CPH_CLOG_PAYLOAD_WANTED (1024 * 1024)
+int64_t cph_clog_max_payload(cph_clog *l);
+
 /* Publishes data to subject with the message id msgid (Nats-Msg-Id); the outcome comes to
  * hooks.published with ref, at the latest after max_wait_ms (capped at 3 s; then as an error).
  * Never waits. CPH_EBUSY when not connected yet or too much is in
- * flight (then no hook call comes), CPH_ENOMEM. kv_delete: a key-value delete marker. expect:
+ * flight (then no hook call comes), CPH_ENOMEM, CPH_ELIMIT when data is larger than
+ * cph_clog_max_payload (the log will never take it: no hook call comes). kv_delete: a key-value delete marker. expect:
  * unless CPH_CLOG_NO_EXPECT, the log stores the message only if subject's last sequence is
  * expect (0: none), else the outcome is CPH_ECONFLICT (a fence: clusterflow.h 10.). */
 #define CPH_CLOG_NO_EXPECT UINT64_MAX
