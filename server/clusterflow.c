@@ -206,15 +206,17 @@ struct done_req {
   size_t outstanding, failed;
   char why[256];
   done_req *prev, *next; /* the waiting completions, for shutdown */
-  /* MARK_PARK: the turn's note (a copy), so a mark the log did not take is sent again
-   * (park_resend_later); backoff_ms: the wait before this attempt's successor, 0 on the
+  /* MARK_PARK, MARK_UNPARK: the turn's note (a copy), so a mark the log did not take is sent
+   * again (park_resend_later); backoff_ms: the wait before this attempt's successor, 0 on the
    * first attempt. */
   cph_park_note note;
   int64_t backoff_ms;
 };
 
-/* A park mark the log did not take, waiting for its next attempt (6.; park_resend_later). */
+/* A park or unpark mark the log did not take, waiting for its next attempt (6.;
+ * park_resend_later). */
 typedef struct park_resend {
+  mark_kind kind;
   cph_park_note note;
   int64_t due_ns, backoff_ms;
   struct park_resend *next;
@@ -431,6 +433,7 @@ struct cph_cflow {
   size_t park_pending;
   uint64_t park_retries, park_resends_dropped;
   int test_park_drop; /* CPH_TEST_FAIL_PARK_MARKS: the first N park mark parts fail unsent */
+  int test_unpark_drop; /* CPH_TEST_FAIL_UNPARK_MARKS: the same for unpark marks */
   /* What a stop waits for (cph_cflow_stop_begin; mirrored in cph_srv.log_unsettled): copies
    * and items made here that the log has not taken and that are not given up (in flight,
    * packing, retrying or waiting to be sent again), and park marks no request waits for (an
@@ -1140,14 +1143,44 @@ static const char *park_lost(const done_req *dr) {
                "requeue it there)";
 }
 
-/* Why a park mark waiting to be sent again is given up, or NULL: the turn left this node's
- * parked list (requeued: its unpark mark follows the park marks taken; its session deleted:
- * its delete's mark names the keys), or this node no longer serves the session's shard (its
- * next owner rebuilt it from what the log held; a mark now would be refused by the fence). */
-static const char *park_resend_void(cph_cflow *f, const cph_park_note *note) {
+/* Why an unpark mark waiting to be sent again is given up, or NULL: some of the input it
+ * brought back is no longer in its session's live inbox here — consumed (the done mark
+ * settles it), or taken by a turn that parked it again (that turn's park mark must stay the
+ * last word on those keys: an unpark landing after it would deliver parked input), or the
+ * session was deleted, or its inbox could not be read (given up, the safe side: the next owner
+ * holds the input parked). */
+static const char *unpark_resend_void(cph_cflow *f, const cph_park_note *note) {
+  cph_strv live = {0};
+  cph_err err = {0};
+  int rc = cph_engine_inbox_keys(f->s->engine, note->session, &live, &err);
+  if (rc == CPH_ENOTFOUND)
+    return "its session was deleted";
+  if (rc != CPH_OK)
+    return "its session's inbox could not be read";
+  cph_hmap in = CPH_HMAP_INIT;
+  const char *why = NULL;
+  for (size_t i = 0; !why && i < live.count; i++)
+    if (live.items[i] && cph_hmap_put(&in, live.items[i], live.items[i]) != CPH_OK)
+      why = "out of memory";
+  for (size_t i = 0; !why && i < note->keys.count; i++)
+    if (!cph_hmap_get(&in, note->keys.items[i]))
+      why = "what it brought back was consumed, or parked again, here";
+  cph_hmap_free(&in);
+  cph_strv_free(&live);
+  return why;
+}
+
+/* Why a park (or unpark) mark waiting to be sent again is given up, or NULL: this node no
+ * longer serves the session's shard (its next owner rebuilt it from what the log held; a mark
+ * now would be refused by the fence); a park mark's turn left this node's parked list
+ * (requeued: its unpark mark follows the park marks taken; its session deleted: its delete's
+ * mark names the keys); an unpark mark's input left the live inbox (unpark_resend_void). */
+static const char *park_resend_void(cph_cflow *f, mark_kind kind, const cph_park_note *note) {
   uint32_t shard = cph_cluster_shard_of(note->session, cph_cluster_shards(f->s->cluster));
   if (f->quiesced || !served(f, shard) || f->tracks[shard].fenced)
     return "this node no longer serves the session's shard";
+  if (kind == MARK_UNPARK)
+    return unpark_resend_void(f, note);
   cph_turn_record rec = {0};
   cph_err err = {0};
   int rc = cph_engine_turn_record(f->s->engine, note->turn_id, &rec, &err);
@@ -1160,14 +1193,15 @@ static const char *park_resend_void(cph_cflow *f, const cph_park_note *note) {
   return why;
 }
 
-/* dr, a park mark the log did not take: queued to be sent again (its note taken) unless
- * park_resend_void gives it up. True when queued. */
+/* dr, a park or unpark mark the log did not take: queued to be sent again (its note taken)
+ * unless park_resend_void gives it up. True when queued. */
 static bool park_resend_later(cph_cflow *f, done_req *dr) {
-  if (park_resend_void(f, &dr->note))
+  if (park_resend_void(f, dr->kind, &dr->note))
     return false;
   park_resend *pr = calloc(1, sizeof *pr);
   if (!pr)
     return false;
+  pr->kind = dr->kind;
   pr->note = dr->note;
   dr->note = (cph_park_note){0};
   pr->backoff_ms = resend_wait_ms(f, dr->backoff_ms);
@@ -1184,7 +1218,8 @@ static bool park_resend_later(cph_cflow *f, done_req *dr) {
 static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_park_note *note,
                          json_t *answer, int64_t backoff_ms);
 
-/* On the watermark tick: the park marks due to be sent again, oldest first. */
+/* On the watermark tick: the park and unpark marks due to be sent again, oldest first (so a
+ * turn's park mark goes before its unpark mark). */
 static void park_resends_due(cph_cflow *f) {
   int64_t now = cph_mono_ns();
   for (park_resend **at = &f->park_resends; *at;) {
@@ -1195,20 +1230,21 @@ static void park_resends_due(cph_cflow *f) {
     }
     *at = pr->next;
     f->park_pending--; /* unsettled_update below, once the resend (if any) counts */
-    const char *why = park_resend_void(f, &pr->note);
+    const char *mark = pr->kind == MARK_PARK ? "park" : "unpark";
+    const char *why = park_resend_void(f, pr->kind, &pr->note);
     if (why) {
       f->park_resends_dropped++;
-      cph_info("cluster log: the park mark of turn %" PRIu64 " of session %s is not sent again: "
+      cph_info("cluster log: the %s mark of turn %" PRIu64 " of session %s is not sent again: "
                "%s",
-               pr->note.turn_id, pr->note.session, why);
+               mark, pr->note.turn_id, pr->note.session, why);
     } else {
       f->park_retries++;
-      if (!park_publish(f, NULL, MARK_PARK, &pr->note, NULL, pr->backoff_ms)) {
+      if (!park_publish(f, NULL, pr->kind, &pr->note, NULL, pr->backoff_ms)) {
         f->park_mark_failures++;
-        cph_error("cluster log: out of memory sending the park mark of turn %" PRIu64
-                  " of session %s again (a node that takes the session over delivers its input "
-                  "again)",
-                  pr->note.turn_id, pr->note.session);
+        cph_error("cluster log: out of memory sending the %s mark of turn %" PRIu64
+                  " of session %s again (a node that takes the session over %s)",
+                  mark, pr->note.turn_id, pr->note.session,
+                  park_lost(&(done_req){.kind = pr->kind}));
       }
     }
     cph_park_note_free(&pr->note);
@@ -1226,14 +1262,13 @@ static void park_answer(cph_cflow *f, done_req *dr) {
     f->park_marks++;
   else
     f->unpark_marks++;
-  /* 6.: a park mark not taken goes again until the log takes it (or the turn or the shard
-   * leaves this node), so a node that takes the session over holds the turn parked too */
-  bool again = dr->failed && dr->kind == MARK_PARK && park_resend_later(f, dr);
+  /* 6.: a park or unpark mark not taken goes again until the log takes it (or its turn, its
+   * input or the shard leaves this node), so a node that takes the session over holds the
+   * turn parked, or its input staged, too */
+  bool again = dr->failed && park_resend_later(f, dr);
   if (!dr->r) {
-    if (dr->kind == MARK_PARK) {
-      f->parks_loose--;
-      unsettled_update(f);
-    }
+    f->parks_loose--;
+    unsettled_update(f);
     if (dr->failed)
       cph_warn("cluster log: the %s of a turn of session %s was not taken (%s); %s%s",
                mark, dr->session, dr->why,
@@ -1244,11 +1279,11 @@ static void park_answer(cph_cflow *f, done_req *dr) {
   }
   if (dr->failed && again)
     cph_reply_error(dr->r, 503, "unavailable", NULL,
-                    "the turn was parked on this node, but the cluster log (NATS JetStream) did "
-                    "not take its park mark within %d s (%s); the mark is sent again until the "
-                    "log takes it: should this node die before that, the node that serves the "
-                    "session next %s",
-                    DONE_DEADLINE_MS / 1000, dr->why, park_lost(dr));
+                    "the turn was %s on this node, but the cluster log (NATS JetStream) did not "
+                    "take its %s within %d s (%s); the mark is sent again until the log takes "
+                    "it: should this node die before that, the node that serves the session "
+                    "next %s",
+                    did, mark, DONE_DEADLINE_MS / 1000, dr->why, park_lost(dr));
   else if (dr->failed)
     cph_reply_error(dr->r, 503, "unavailable", NULL,
                     "the turn was %s on this node, but the cluster log (NATS JetStream) did not "
@@ -1338,9 +1373,14 @@ static void done_pump(cph_cflow *f, uint32_t shard) {
       continue;
     }
     tr->done_sending = true;
-    if (p->kind == PUB_DONE && p->dr->kind == MARK_PARK && f->test_park_drop > 0) {
-      f->test_park_drop--; /* a test's fault (cph_cflow.test_park_drop) */
-      pub_outcome(f, p, false, 0, false, "not sent (CPH_TEST_FAIL_PARK_MARKS)");
+    int *drop = p->kind != PUB_DONE           ? NULL
+                : p->dr->kind == MARK_PARK    ? &f->test_park_drop
+                : p->dr->kind == MARK_UNPARK ? &f->test_unpark_drop
+                                              : NULL;
+    if (drop && *drop > 0) {
+      --*drop; /* a test's fault (cph_cflow.test_park_drop, test_unpark_drop) */
+      pub_outcome(f, p, false, 0, false,
+                  "not sent (CPH_TEST_FAIL_PARK_MARKS / CPH_TEST_FAIL_UNPARK_MARKS)");
       return;
     }
     pub_send(f, p); /* may answer at once (then the next one is sent from there) */
@@ -1589,8 +1629,7 @@ static char *park_part(const void *ctx, size_t from, size_t to) {
 static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_park_note *note,
                          json_t *answer, int64_t backoff_ms) {
   done_req *dr = calloc(1, sizeof *dr);
-  if (!dr || !(dr->session = strdup(note->session)) ||
-      (kind == MARK_PARK && !park_note_copy(&dr->note, note))) {
+  if (!dr || !(dr->session = strdup(note->session)) || !park_note_copy(&dr->note, note)) {
     if (dr) {
       dr->answer = answer;
       done_req_free(dr);
@@ -1613,7 +1652,7 @@ static bool park_publish(cph_cflow *f, cph_req *r, mark_kind kind, const cph_par
     marks_abandon(dr, parts, n, answer);
     return false;
   }
-  if (!r && kind == MARK_PARK) {
+  if (!r) { /* an expiry's park, or a resend: nobody else waits for it (a stop does) */
     f->parks_loose++;
     unsettled_update(f);
   }
@@ -4428,6 +4467,7 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   }
   int park_unacked = 0; /* not offered for park marks */
   test_fail_env("CPH_TEST_FAIL_PARK_MARKS", &f->test_park_drop, &park_unacked);
+  test_fail_env("CPH_TEST_FAIL_UNPARK_MARKS", &f->test_unpark_drop, &park_unacked);
   cph_clog_hooks hooks = {f,           on_published, on_message,       predecode,
                           predecoded_free, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds

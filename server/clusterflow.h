@@ -120,8 +120,13 @@
  *    session deleted: the delete's mark names its keys) or this node no longer serves the
  *    shard (the next owner rebuilt from what the log held; the fence would refuse it). A park
  *    mark stored but answered late and sent again is harmless: a rebuild parks a key once. An
- *    unpark mark is not sent again (the requeue answered 503: the next owner holds the input
- *    parked, the safe side, until a requeue there). A stop sends what waits at once and waits
+ *    unpark mark the log did not take (the requeue answered 503, saying so) is sent again the
+ *    same way, while every key it names is still in its session's live inbox here (pending,
+ *    staged or carried by a running turn) — once one is consumed (its done mark settles it) or
+ *    parked again by a later turn (whose park mark must stay the last word on it), or the
+ *    session is gone, it is given up: the next owner then holds the input parked, the safe
+ *    side, until a requeue there. Resends go oldest first, so a turn's park mark goes before
+ *    its unpark mark. A stop sends what waits at once and waits
  *    for it (cph_cflow_stop_begin); what is left at the stop's deadline is lost (logged).
  *    Parked keys stay in the pending set (7.). A rebuild reads the marks in log order (8.):
  *    a done mark consumes a key for good, a park mark parks it and a later unpark mark

@@ -49,6 +49,7 @@ static const char EXTRA[] =
 static const char A_TEXT[] = "alpha: requeued before its mark went again";
 static const char B_TEXT[] = "bravo: parked while the log was away";
 static const char C_TEXT[] = "charlie: parked just before its node stopped";
+static const char D_TEXT[] = "delta: requeued while the log was away";
 
 /* POST path body on node n; asserts the status, returns the answer's body (malloc'd). */
 static char *post_expect(cph_test_cluster *c, int n, const char *path, const char *body,
@@ -110,15 +111,16 @@ static char *fail_turn(cph_test_cluster *c, int n, const json_t *turn, int statu
 }
 
 /* Session s (of lane `lane`, or NULL) gets a turn on node n that fails twice (parked after the
- * second, whose answer is 503 here: its mark is not taken); the parked turn's id. */
+ * second, whose answer is `parked`: 503 when its mark is not taken, saying it is sent again);
+ * the parked turn's id. */
 static long long park_one(cph_test_cluster *c, int n, const char *s, long long pos,
-                          const char *lane) {
+                          const char *lane, int parked) {
   long long id = 0;
   for (int attempt = 1; attempt <= 2; attempt++) {
     json_t *turn = lease_of(c, n, s, pos, lane);
     id = json_integer_value(json_object_get(turn, "id"));
-    char *answer = fail_turn(c, n, turn, attempt == 1 ? 200 : 503);
-    if (attempt == 2 && !strstr(answer, "sent again until the log takes it"))
+    char *answer = fail_turn(c, n, turn, attempt == 1 ? 200 : parked);
+    if (attempt == 2 && parked == 503 && !strstr(answer, "sent again until the log takes it"))
       fail_msg("the fail that parked %s's turn on n%d answered %s", s, n, answer);
     free(answer);
     json_decref(turn);
@@ -204,7 +206,7 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
 
   /* B: parked; its mark fails once more (1 s later), then the log takes it (2 s after) */
   long long pos = post_one(c, pb, b, B_TEXT, "bravo-1");
-  park_one(c, pb, b, pos, NULL);
+  park_one(c, pb, b, pos, NULL, 503);
   parks_reach(c, pb, "park_marks", 1, 10000);
   assert_int_equal(parks(c, pb, "retries"), 2);
   assert_int_equal(parks(c, pb, "failures"), 2);
@@ -213,7 +215,7 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
   /* A: parked (its mark not taken), requeued at once (its unpark mark taken) and left
    * staged: its park mark, due again a second later, is given up */
   pos = post_one(c, pa, a, A_TEXT, "alpha-1");
-  long long a_turn = park_one(c, pa, a, pos, NULL);
+  long long a_turn = park_one(c, pa, a, pos, NULL, 503);
   char path[64];
   snprintf(path, sizeof path, "/v1/turns/%lld/requeue", a_turn);
   free(post_expect(c, pa, path, "{}", 200));
@@ -239,7 +241,7 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
     cph_tc_wait_known(c, SESSIONS + i + 1);
   }
   pos = post_one(c, pa, cs, C_TEXT, "charlie-1");
-  park_one(c, pa, cs, pos, "operational");
+  park_one(c, pa, cs, pos, "operational", 503);
   int64_t t0 = cph_test_now_ms();
   int rc = cph_tc_stop_node(c, pa);
   printf("n%d: %s parked, its mark not taken; n%d stopped in %lld ms (exit %d)\n", pa, cs, pa,
@@ -287,9 +289,60 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
   cph_tc_free(c);
 }
 
+/* The nodes start with CPH_TEST_FAIL_UNPARK_MARKS=1: each node's first unpark mark fails
+ * unsent. Session D's turn parks on its node (its park mark taken) and is requeued there: the
+ * requeue answers 503, saying the unpark mark is sent again; the resend, a second later, is
+ * taken. D's node is killed -9: the node that takes D over lists nothing of D parked, and
+ * leases D's text once. Before unpark marks were sent again it held D's input parked (and
+ * leased nothing of D). */
+static void test_cluster_parkretry_an_unpark_mark_not_taken_is_sent_again(void **state) {
+  (void)state;
+  int owner[2];
+  setenv("CPH_TEST_FAIL_UNPARK_MARKS", "1", 1); /* the nodes' environment only */
+  cph_test_cluster *c = cph_tc_up_t(2, SHARDS, TTL_S, EXTRA, 2, owner);
+  unsetenv("CPH_TEST_FAIL_UNPARK_MARKS");
+  const char *d = "t00";
+  int pd = owner[0], other = 1 - pd;
+  long long pos = post_one(c, pd, d, D_TEXT, "delta-1");
+  long long d_turn = park_one(c, pd, d, pos, NULL, 200);
+  char path[64];
+  snprintf(path, sizeof path, "/v1/turns/%lld/requeue", d_turn);
+  char *answer = post_expect(c, pd, path, "{}", 503);
+  if (!strstr(answer, "unpark mark") || !strstr(answer, "sent again until the log takes it"))
+    fail_msg("the requeue whose unpark mark was not taken answered %s", answer);
+  free(answer);
+  parks_reach(c, pd, "unpark_marks", 1, 10000);
+  assert_int_equal(parks(c, pd, "retries"), 1);
+  assert_int_equal(parks(c, pd, "pending"), 0);
+  assert_int_equal(parks(c, pd, "given_up"), 0);
+  printf("n%d: %s's unpark mark taken on its first resend\n", pd, d);
+
+  free(cph_tc_kill_node(c, pd, false));
+  cph_tc_settle(c, SHARDS, "after D's node was killed");
+  int attempts = 0;
+  char error[64], input[512];
+  int n_d = parked_of(c, other, d, &attempts, error, sizeof error, input, sizeof input);
+  if (n_d != 0)
+    fail_msg("after the takeover: n%d lists %d parked turns of %s, requeued before its node "
+             "died; want none",
+             other, n_d, d);
+  json_t *turn = lease_of(c, other, d, 0, NULL);
+  char *staged = json_dumps(json_object_get(turn, "staged"), JSON_COMPACT);
+  if (json_array_size(json_object_get(turn, "staged")) != 1 || !strstr(staged, D_TEXT))
+    fail_msg("after the takeover: %s's turn on n%d carries %s, want its text once", d, other,
+             staged);
+  free(staged);
+  cph_tc_complete(c, other, turn, "delta done");
+  json_decref(turn);
+  printf("n%d killed -9: n%d lists nothing of %s parked and delivers its requeued input once\n",
+         pd, other, d);
+  cph_tc_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cluster_parkretry_a_park_mark_not_taken_is_sent_again),
+      cmocka_unit_test(test_cluster_parkretry_an_unpark_mark_not_taken_is_sent_again),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
