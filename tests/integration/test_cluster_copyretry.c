@@ -102,17 +102,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* GET /v1/cluster on node n: log.<group>.<name> (asserted present). */
-static long long counter(cph_test_cluster *c, int n, const char *group, const char *name) {
-  json_t *v = cph_tc_view(c, n);
-  json_t *x = json_object_get(json_object_get(json_object_get(v, "log"), group), name);
-  if (!json_is_integer(x))
-    fail_msg("GET /v1/cluster on n%d has no log.%s.%s", n, group, name);
-  long long out = json_integer_value(x);
-  json_decref(v);
-  return out;
-}
-
 /* Waits until no copy or item waits to be sent again on any node and the copies the logs took
  * were applied where they went (40 s at most: a copy's last resend comes ~7 s after its
  * completion). */
@@ -122,10 +111,10 @@ static void settle(cph_test_cluster *c, const char *what) {
   while (cph_test_now_ms() - t0 < 40000) {
     pending = sent = applied = 0;
     for (int n = 0; n < NODES; n++) {
-      pending += counter(c, n, "history_copies", "pending") + counter(c, n, "items", "pending");
-      sent += counter(c, n, "history_copies", "sent");
+      pending += cph_tc_log_counter(c, n, "history_copies", "pending") + cph_tc_log_counter(c, n, "items", "pending");
+      sent += cph_tc_log_counter(c, n, "history_copies", "sent");
       applied +=
-          counter(c, n, "history_copies", "stored") + counter(c, n, "history_copies", "held");
+          cph_tc_log_counter(c, n, "history_copies", "stored") + cph_tc_log_counter(c, n, "history_copies", "held");
     }
     if (pending == 0 && applied >= sent)
       break;
@@ -197,8 +186,8 @@ static void test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sen
    * completion, is answered as lost; the fourth comes ~7 s after it). */
   long long early_sent[NODES], early_pending[NODES];
   for (int n = 0; n < NODES; n++) {
-    early_sent[n] = counter(c, n, "history_copies", "sent");
-    early_pending[n] = counter(c, n, "history_copies", "pending");
+    early_sent[n] = cph_tc_log_counter(c, n, "history_copies", "sent");
+    early_pending[n] = cph_tc_log_counter(c, n, "history_copies", "pending");
   }
   settle(c, "round 0");
   /* What a user sees: every agent's next lease shows all six replies once. */
@@ -212,12 +201,12 @@ static void test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sen
    * resend, a duplicate in the log or stored again after the window, was held there. */
   long long sent = 0, stored = 0, held = 0;
   for (int n = 0; n < NODES; n++) {
-    long long failures = counter(c, n, "history_copies", "failures");
-    long long retries = counter(c, n, "history_copies", "retries");
-    long long taken = counter(c, n, "history_copies", "sent");
+    long long failures = cph_tc_log_counter(c, n, "history_copies", "failures");
+    long long retries = cph_tc_log_counter(c, n, "history_copies", "retries");
+    long long taken = cph_tc_log_counter(c, n, "history_copies", "sent");
     sent += taken;
-    stored += counter(c, n, "history_copies", "stored");
-    held += counter(c, n, "history_copies", "held");
+    stored += cph_tc_log_counter(c, n, "history_copies", "stored");
+    held += cph_tc_log_counter(c, n, "history_copies", "held");
     printf("n%d: %d copies: %lld failed, %lld resends, %lld taken (%lld taken and %lld pending "
            "right after round 0)\n",
            n, 2 * copies[n], failures, retries, taken, early_sent[n], early_pending[n]);
@@ -226,8 +215,8 @@ static void test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sen
     assert_int_equal(taken, 2 * copies[n]);
     assert_int_equal(failures, 2 * copies[n]);
     assert_true(retries >= (long long)HIST_RESENDS * 2 * copies[n]);
-    assert_int_equal(counter(c, n, "history_copies", "pending"), 0);
-    assert_int_equal(counter(c, n, "history_copies", "dropped"), 0);
+    assert_int_equal(cph_tc_log_counter(c, n, "history_copies", "pending"), 0);
+    assert_int_equal(cph_tc_log_counter(c, n, "history_copies", "dropped"), 0);
   }
   printf("copies: %lld taken, %lld stored where they went, %lld held there\n", sent, stored,
          held);
@@ -248,15 +237,15 @@ static void test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sen
   cph_tc_lease_each(c, victim, b->owner, SESSIONS, answer, b, "round 2");
   long long put = 0, pending = -1, copies_pending = 0;
   for (int tries = 0; tries < 20; tries++) { /* until the items made by round 2 are all made */
-    long long now = counter(c, victim, "items", "pending");
+    long long now = cph_tc_log_counter(c, victim, "items", "pending");
     if (now == pending && now > 0)
       break;
     pending = now;
     cph_tc_sleep_ms(250);
   }
-  put = counter(c, victim, "items", "put");
-  copies_pending = counter(c, victim, "history_copies", "pending");
-  long long loaded0 = counter(c, survivor, "items", "loaded");
+  put = cph_tc_log_counter(c, victim, "items", "put");
+  copies_pending = cph_tc_log_counter(c, victim, "history_copies", "pending");
+  long long loaded0 = cph_tc_log_counter(c, survivor, "items", "loaded");
   printf("n%d before its stop: %lld copies and %lld items waiting to be sent again, %lld items "
          "taken\n",
          victim, copies_pending, pending, put);
@@ -275,7 +264,7 @@ static void test_cluster_copyretry_copies_and_items_the_log_did_not_take_are_sen
    * taken before, and those its stop sent. */
   long long loaded = 0;
   for (int tries = 0; tries < 100 && loaded < put + pending; tries++) {
-    loaded = counter(c, survivor, "items", "loaded") - loaded0;
+    loaded = cph_tc_log_counter(c, survivor, "items", "loaded") - loaded0;
     if (loaded < put + pending)
       cph_tc_sleep_ms(100);
   }
@@ -333,19 +322,19 @@ static void test_cluster_copyretry_what_the_cap_drops_is_counted(void **state) {
     cph_tc_lease_each(c, n, b.owner, SESSIONS, answer_capped, &b, "capped round 1");
   settle(c, "capped round 1");
   for (int n = 0; n < NODES; n++) {
-    long long failures = counter(c, n, "history_copies", "failures");
-    long long dropped = counter(c, n, "history_copies", "dropped");
+    long long failures = cph_tc_log_counter(c, n, "history_copies", "failures");
+    long long dropped = cph_tc_log_counter(c, n, "history_copies", "dropped");
     printf("n%d, capped: %d copies, %lld failed, %lld dropped; items %lld failed, %lld "
            "dropped\n",
-           n, 2 * copies[n], failures, dropped, counter(c, n, "items", "failures"),
-           counter(c, n, "items", "dropped"));
+           n, 2 * copies[n], failures, dropped, cph_tc_log_counter(c, n, "items", "failures"),
+           cph_tc_log_counter(c, n, "items", "dropped"));
     assert_int_equal(failures, 2 * copies[n]);
     assert_int_equal(dropped, 2 * copies[n]);
-    assert_int_equal(counter(c, n, "history_copies", "sent"), 0);
-    assert_int_equal(counter(c, n, "history_copies", "retries"), 0);
-    assert_int_equal(counter(c, n, "history_copies", "pending"), 0);
-    assert_int_equal(counter(c, n, "items", "dropped"), counter(c, n, "items", "failures"));
-    assert_int_equal(counter(c, n, "items", "pending"), 0);
+    assert_int_equal(cph_tc_log_counter(c, n, "history_copies", "sent"), 0);
+    assert_int_equal(cph_tc_log_counter(c, n, "history_copies", "retries"), 0);
+    assert_int_equal(cph_tc_log_counter(c, n, "history_copies", "pending"), 0);
+    assert_int_equal(cph_tc_log_counter(c, n, "items", "dropped"), cph_tc_log_counter(c, n, "items", "failures"));
+    assert_int_equal(cph_tc_log_counter(c, n, "items", "pending"), 0);
   }
   assert_int_equal(cph_tc_metric_sum(c, "cephalon_cluster_history_copies_dropped_total", -1),
                    2 * SESSIONS);

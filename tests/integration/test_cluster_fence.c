@@ -188,12 +188,8 @@ static int check_log(world *x, bool show) {
 }
 
 /* GET /v1/cluster log.rebuild.rebuilds of node n. */
-static json_int_t rebuilds(cph_test_cluster *c, int n) {
-  json_t *v = cph_tc_view(c, n);
-  json_int_t k = json_integer_value(
-      json_object_get(json_object_get(json_object_get(v, "log"), "rebuild"), "rebuilds"));
-  json_decref(v);
-  return k;
+static long long rebuilds(cph_test_cluster *c, int n) {
+  return cph_tc_log_counter(c, n, "rebuild", "rebuilds");
 }
 
 /* How often needle is in node d's log. */
@@ -226,7 +222,7 @@ static void test_cluster_fence_a_deposed_owners_done_marks_never_land(void **sta
     char path[96], body[160];
     cph_test_completion(turn, path, sizeof path, body, sizeof body);
     json_decref(j);
-    json_int_t rebuilds_b = rebuilds(c, B);
+    long long rebuilds_b = rebuilds(c, B);
     int fd = cph_test_http_send_only(c->port[A], "POST", path, body);
     assert_true(fd >= 0);
     usleep((useconds_t)(round * 700)); /* 0 to 3.5 ms: before, during, after the commit */

@@ -411,13 +411,7 @@ static long long copies_sum(cph_test_cluster *c, const char *name) {
   for (int n = 0; n < NODES; n++) {
     if (!c->up[n])
       continue;
-    json_t *v = cph_tc_view(c, n);
-    json_t *x = json_object_get(json_object_get(json_object_get(v, "log"), "history_copies"),
-                                name);
-    if (!json_is_integer(x))
-      fail_msg("GET /v1/cluster on n%d has no log.history_copies.%s", n, name);
-    sum += json_integer_value(x);
-    json_decref(v);
+    sum += cph_tc_log_counter(c, n, "history_copies", name);
   }
   return sum;
 }

@@ -233,13 +233,7 @@ static void expect_nothing(cph_test_cluster *c, int n, int ms, const char *when)
 
 /* GET /v1/cluster log.parks.<name> on node n. */
 static long long parks_count(cph_test_cluster *c, int n, const char *name) {
-  json_t *v = cph_tc_view(c, n);
-  json_t *parks = json_object_get(json_object_get(v, "log"), "parks");
-  if (!json_is_integer(json_object_get(parks, name)))
-    fail_msg("n%d's GET /v1/cluster has no log.parks.%s", n, name);
-  long long x = json_integer_value(json_object_get(parks, name));
-  json_decref(v);
-  return x;
+  return cph_tc_log_counter(c, n, "parks", name);
 }
 
 /* Waits until the nodes up serve and have bound every shard. */
@@ -409,11 +403,8 @@ static void test_cluster_park_the_node_that_parked_them_settles_its_copies_by_th
   assert_string_equal(got[0].error, "lease expired");
   expect_nothing(c, p, 1500, "after the node that parked them took t00 back");
   post_expect(c, p, path, "{}", 409); /* requeued and consumed elsewhere: not parked here */
-  json_t *v = cph_tc_view(c, p);
-  json_int_t pending = json_integer_value(
-      json_object_get(json_object_get(json_object_get(v, "log"), "rebuild"), "pending"));
-  json_decref(v);
-  assert_int_equal(pending, 1); /* the expired turn's event, held by its park */
+  /* the expired turn's event, held by its park */
+  assert_int_equal(cph_tc_log_counter(c, p, "rebuild", "pending"), 1);
   printf("n%d came back and took t00 again: it lists its turn %lld parked still, not turn "
          "%lld (requeued and consumed on n%d), and delivers nothing\n",
          p, b->expired_turn, b->failed_turn, s);

@@ -130,13 +130,7 @@ static long long park_one(cph_test_cluster *c, int n, const char *s, long long p
 
 /* GET /v1/cluster log.parks.<name> on node n. */
 static long long parks(cph_test_cluster *c, int n, const char *name) {
-  json_t *v = cph_tc_view(c, n);
-  json_t *x = json_object_get(json_object_get(json_object_get(v, "log"), "parks"), name);
-  if (!json_is_integer(x))
-    fail_msg("n%d's GET /v1/cluster has no log.parks.%s", n, name);
-  long long out = json_integer_value(x);
-  json_decref(v);
-  return out;
+  return cph_tc_log_counter(c, n, "parks", name);
 }
 
 /* Waits up to ms for log.parks.<name> on node n to be want. */

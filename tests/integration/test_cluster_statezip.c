@@ -85,11 +85,7 @@ static natsMsg *state_msg(jsCtx *js, int s, char *subject, size_t size) {
 }
 
 static long long states_count(cph_test_cluster *c, int n, const char *name) {
-  json_t *v = cph_tc_view(c, n);
-  long long x = (long long)json_integer_value(
-      json_object_get(json_object_get(json_object_get(v, "log"), "states"), name));
-  json_decref(v);
-  return x;
+  return cph_tc_log_counter(c, n, "states", name);
 }
 
 static int setup(void **state) {

@@ -93,14 +93,7 @@ static char *filled(size_t n, char ch) {
 
 /* GET /v1/cluster on node n: log.history_copies.<name>. */
 static long long copies(cph_test_cluster *c, int n, const char *name) {
-  json_t *v = cph_tc_view(c, n);
-  json_t *x =
-      json_object_get(json_object_get(json_object_get(v, "log"), "history_copies"), name);
-  if (!json_is_integer(x))
-    fail_msg("GET /v1/cluster on n%d has no log.history_copies.%s", n, name);
-  long long out = json_integer_value(x);
-  json_decref(v);
-  return out;
+  return cph_tc_log_counter(c, n, "history_copies", name);
 }
 
 static void test_cluster_toolarge_is_refused_or_given_up_at_once(void **state) {

@@ -346,6 +346,16 @@ json_t *cph_tc_view(cph_test_cluster *c, int i) {
   return j;
 }
 
+long long cph_tc_log_counter(cph_test_cluster *c, int i, const char *group, const char *name) {
+  json_t *v = cph_tc_view(c, i);
+  json_t *x = json_object_get(json_object_get(json_object_get(v, "log"), group), name);
+  if (!json_is_integer(x))
+    fail_msg("n%d's GET /v1/cluster has no log.%s.%s", i, group, name);
+  long long out = json_integer_value(x);
+  json_decref(v);
+  return out;
+}
+
 int cph_tc_node_of_url(const cph_test_cluster *c, const char *url) {
   for (int n = 0; url && n < c->n_nodes; n++)
     if (strcmp(c->url[n], url) == 0)

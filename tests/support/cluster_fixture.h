@@ -68,6 +68,9 @@ void cph_tc_kill_restart_node(cph_test_cluster *c, int i, int shards, int ttl_s,
                               const char *extra);
 /* GET /v1/cluster on node i (JSON, new reference) or NULL. */
 json_t *cph_tc_view(cph_test_cluster *c, int i);
+/* log.<group>.<name> of node i's GET /v1/cluster (e.g. "parks", "retries"); the test fails
+ * when the node does not answer it with an integer. */
+long long cph_tc_log_counter(cph_test_cluster *c, int i, const char *group, const char *name);
 /* The node whose URL is url, or -1. */
 int cph_tc_node_of_url(const cph_test_cluster *c, const char *url);
 /* POST path body on node n, following a 421 to the owner it names (and waiting out a 503),
