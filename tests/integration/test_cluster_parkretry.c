@@ -49,7 +49,8 @@ static const char EXTRA[] =
 static const char A_TEXT[] = "alpha: requeued before its mark went again";
 static const char B_TEXT[] = "bravo: parked while the log was away";
 static const char C_TEXT[] = "charlie: parked just before its node stopped";
-static const char D_TEXT[] = "delta: requeued while the log was away";
+static const char D_TEXT[] = "delta: parked again before its unpark mark went again";
+static const char E_TEXT[] = "echo: requeued while the log was away";
 
 /* POST path body on node n; asserts the status, returns the answer's body (malloc'd). */
 static char *post_expect(cph_test_cluster *c, int n, const char *path, const char *body,
@@ -283,53 +284,82 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
   cph_tc_free(c);
 }
 
-/* The nodes start with CPH_TEST_FAIL_UNPARK_MARKS=1: each node's first unpark mark fails
- * unsent. Session D's turn parks on its node (its park mark taken) and is requeued there: the
- * requeue answers 503, saying the unpark mark is sent again; the resend, a second later, is
- * taken. D's node is killed -9: the node that takes D over lists nothing of D parked, and
- * leases D's text once. Before unpark marks were sent again it held D's input parked (and
- * leased nothing of D). */
-static void test_cluster_parkretry_an_unpark_mark_not_taken_is_sent_again(void **state) {
-  (void)state;
-  int owner[2];
-  setenv("CPH_TEST_FAIL_UNPARK_MARKS", "1", 1); /* the nodes' environment only */
-  cph_test_cluster *c = cph_tc_up_t(2, SHARDS, TTL_S, EXTRA, 2, owner);
-  unsetenv("CPH_TEST_FAIL_UNPARK_MARKS");
-  const char *d = "t00";
-  int pd = owner[0], other = 1 - pd;
-  long long pos = post_one(c, pd, d, D_TEXT, "delta-1");
-  long long d_turn = park_one(c, pd, d, pos, NULL, 200);
+/* Requeues turn `turn` on node n, whose unpark mark the hook fails: 503, saying it is sent
+ * again. */
+static void requeue_unlogged(cph_test_cluster *c, int n, long long turn) {
   char path[64];
-  snprintf(path, sizeof path, "/v1/turns/%lld/requeue", d_turn);
-  char *answer = post_expect(c, pd, path, "{}", 503);
+  snprintf(path, sizeof path, "/v1/turns/%lld/requeue", turn);
+  char *answer = post_expect(c, n, path, "{}", 503);
   if (!strstr(answer, "unpark mark") || !strstr(answer, "sent again until the log takes it"))
     fail_msg("the requeue whose unpark mark was not taken answered %s", answer);
   free(answer);
-  parks_reach(c, pd, "unpark_marks", 1, 10000);
-  assert_int_equal(parks(c, pd, "retries"), 1);
-  assert_int_equal(parks(c, pd, "pending"), 0);
-  assert_int_equal(parks(c, pd, "given_up"), 0);
-  printf("n%d: %s's unpark mark taken on its first resend\n", pd, d);
+}
 
-  free(cph_tc_kill_node(c, pd, false));
-  cph_tc_settle(c, SHARDS, "after D's node was killed");
+/* The nodes start with CPH_TEST_FAIL_UNPARK_MARKS=2: each node's first two unpark mark
+ * attempts fail unsent. On one node, session E's turn (a lane of its own) parks (its park mark
+ * taken) and is requeued: the requeue answers 503, saying the unpark mark is sent again, and
+ * the resend, a second later, is taken. Session D's turn on the same node parks and is
+ * requeued the same way, but before its unpark mark goes again D's next turn takes that input
+ * and parks it again (its own park mark taken): D's unpark mark is given up — landing after
+ * that park mark it would have unparked the input. The node is killed -9: the node that takes
+ * both sessions over lists nothing of E parked and leases E's text once, and lists D's turn
+ * parked with its text. Before unpark marks were sent again it held E's input parked; with
+ * D's resend not given up it listed nothing of D parked (both checked). */
+static void test_cluster_parkretry_an_unpark_mark_not_taken_is_sent_again(void **state) {
+  (void)state;
+  int owner[2];
+  setenv("CPH_TEST_FAIL_UNPARK_MARKS", "2", 1); /* the nodes' environment only */
+  cph_test_cluster *c = cph_tc_up_t(2, SHARDS, TTL_S, EXTRA, 2, owner);
+  unsetenv("CPH_TEST_FAIL_UNPARK_MARKS");
+  const char *d = "t00";
+  int x = owner[0], other = 1 - x;
+  char e[16] = ""; /* in a lane of its own, so that D's leases do not take its input */
+  for (int i = 0; !e[0]; i++) {
+    assert_true(i < 40);
+    char body[96], id[16];
+    snprintf(id, sizeof id, "u%02d", i);
+    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"operational\"}", id);
+    if (cph_tc_post_on_owner(c, x, "/v1/sessions", body) == x)
+      snprintf(e, sizeof e, "%s", id);
+    cph_tc_wait_known(c, 2 + i + 1);
+  }
+  long long pos = post_one(c, x, e, E_TEXT, "echo-1");
+  requeue_unlogged(c, x, park_one(c, x, e, pos, "operational", 200));
+  pos = post_one(c, x, d, D_TEXT, "delta-1");
+  requeue_unlogged(c, x, park_one(c, x, d, pos, "interactive", 200));
+  park_one(c, x, d, 0, "interactive", 200); /* the requeued input, parked again at once */
+  parks_reach(c, x, "unpark_marks", 1, 10000);
+  parks_reach(c, x, "given_up", 1, 10000);
+  assert_int_equal(parks(c, x, "retries"), 1);
+  assert_int_equal(parks(c, x, "pending"), 0);
+  assert_int_equal(parks(c, x, "park_marks"), 3);
+  printf("n%d: %s's unpark mark taken on its first resend, %s's given up (parked again)\n", x,
+         e, d);
+
+  free(cph_tc_kill_node(c, x, false));
+  cph_tc_settle(c, SHARDS, "after their node was killed");
   int attempts = 0;
   char error[64], input[512];
-  int n_d = parked_of(c, other, d, &attempts, error, sizeof error, input, sizeof input);
-  if (n_d != 0)
+  int n_e = parked_of(c, other, e, &attempts, error, sizeof error, input, sizeof input);
+  if (n_e != 0)
     fail_msg("after the takeover: n%d lists %d parked turns of %s, requeued before its node "
              "died; want none",
-             other, n_d, d);
-  json_t *turn = lease_of(c, other, d, 0, NULL);
+             other, n_e, e);
+  int n_d = parked_of(c, other, d, &attempts, error, sizeof error, input, sizeof input);
+  if (n_d != 1 || !strstr(input, D_TEXT))
+    fail_msg("after the takeover: n%d lists %d parked turns of %s (input %s), parked again "
+             "after its requeue; want 1 with its text",
+             other, n_d, d, input);
+  json_t *turn = lease_of(c, other, e, 0, "operational");
   char *staged = json_dumps(json_object_get(turn, "staged"), JSON_COMPACT);
-  if (json_array_size(json_object_get(turn, "staged")) != 1 || !strstr(staged, D_TEXT))
-    fail_msg("after the takeover: %s's turn on n%d carries %s, want its text once", d, other,
+  if (json_array_size(json_object_get(turn, "staged")) != 1 || !strstr(staged, E_TEXT))
+    fail_msg("after the takeover: %s's turn on n%d carries %s, want its text once", e, other,
              staged);
   free(staged);
-  cph_tc_complete(c, other, turn, "delta done");
+  cph_tc_complete(c, other, turn, "echo done");
   json_decref(turn);
-  printf("n%d killed -9: n%d lists nothing of %s parked and delivers its requeued input once\n",
-         pd, other, d);
+  printf("n%d killed -9: n%d leases %s's requeued input once and lists %s's turn parked\n", x,
+         other, e, d);
   cph_tc_free(c);
 }
 
