@@ -129,6 +129,23 @@ static long long park_one(cph_test_cluster *c, int n, const char *s, long long p
   return id;
 }
 
+/* A new operational-lane session u00, u01, ... that lands on node n (the sessions made on
+ * the way stay, on their nodes), its id into id; `known`: how many sessions the nodes knew
+ * before. */
+static void operational_session_on(cph_test_cluster *c, int n, int known, char *id,
+                                   size_t size) {
+  id[0] = '\0';
+  for (int i = 0; !id[0]; i++) {
+    assert_true(i < 40);
+    char body[96], made[16];
+    snprintf(made, sizeof made, "u%02d", i);
+    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"operational\"}", made);
+    if (cph_tc_post_on_owner(c, n, "/v1/sessions", body) == n)
+      snprintf(id, size, "%s", made);
+    cph_tc_wait_known(c, known + i + 1);
+  }
+}
+
 /* GET /v1/cluster log.parks.<name> on node n. */
 static long long parks(cph_test_cluster *c, int n, const char *name) {
   return cph_tc_log_counter(c, n, "parks", name);
@@ -225,16 +242,8 @@ static void test_cluster_parkretry_a_park_mark_not_taken_is_sent_again(void **st
   /* C, another session of A's node: parked there, its mark's first attempt fails (that node's
    * hook has one failure left) and the node is stopped (SIGTERM) at once, before the mark's
    * resend is due: the stop sends it now and waits until the log took it */
-  char cs[16] = ""; /* in a lane of its own: A's requeued turn waits on that node too */
-  for (int i = 0; !cs[0]; i++) { /* sessions of their own until one lands on A's node */
-    assert_true(i < 40);
-    char body[96], id[16];
-    snprintf(id, sizeof id, "u%02d", i);
-    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"operational\"}", id);
-    if (cph_tc_post_on_owner(c, pa, "/v1/sessions", body) == pa)
-      snprintf(cs, sizeof cs, "%s", id);
-    cph_tc_wait_known(c, SESSIONS + i + 1);
-  }
+  char cs[16]; /* in a lane of its own: A's requeued turn waits on that node too */
+  operational_session_on(c, pa, SESSIONS, cs, sizeof cs);
   pos = post_one(c, pa, cs, C_TEXT, "charlie-1");
   park_one(c, pa, cs, pos, "operational", 503);
   int64_t t0 = cph_test_now_ms();
@@ -313,16 +322,8 @@ static void test_cluster_parkretry_an_unpark_mark_not_taken_is_sent_again(void *
   unsetenv("CPH_TEST_FAIL_UNPARK_MARKS");
   const char *d = "t00";
   int x = owner[0], other = 1 - x;
-  char e[16] = ""; /* in a lane of its own, so that D's leases do not take its input */
-  for (int i = 0; !e[0]; i++) {
-    assert_true(i < 40);
-    char body[96], id[16];
-    snprintf(id, sizeof id, "u%02d", i);
-    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"operational\"}", id);
-    if (cph_tc_post_on_owner(c, x, "/v1/sessions", body) == x)
-      snprintf(e, sizeof e, "%s", id);
-    cph_tc_wait_known(c, 2 + i + 1);
-  }
+  char e[16]; /* in a lane of its own, so that D's leases do not take its input */
+  operational_session_on(c, x, 2, e, sizeof e);
   long long pos = post_one(c, x, e, E_TEXT, "echo-1");
   requeue_unlogged(c, x, park_one(c, x, e, pos, "operational", 200));
   pos = post_one(c, x, d, D_TEXT, "delta-1");
