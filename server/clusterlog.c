@@ -2224,11 +2224,16 @@ int cph_clog_forget_items(cph_clog *l, uint32_t shard, const char *session) {
   return CPH_OK;
 }
 
+/* Under mu: cph_clog_max_payload. */
+static int64_t data_room_locked(const cph_clog *l) {
+  return l->max_payload > CPH_CLOG_HEADER_ROOM ? l->max_payload - CPH_CLOG_HEADER_ROOM : 0;
+}
+
 int64_t cph_clog_max_payload(cph_clog *l) {
   pthread_mutex_lock(&l->mu);
-  int64_t max = l->max_payload;
+  int64_t room = data_room_locked(l);
   pthread_mutex_unlock(&l->mu);
-  return max > CPH_CLOG_HEADER_ROOM ? max - CPH_CLOG_HEADER_ROOM : 0;
+  return room;
 }
 
 int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const void *data,
@@ -2236,7 +2241,8 @@ int cph_clog_publish(cph_clog *l, const char *subject, const char *msgid, const 
                      uint64_t expect) {
   pthread_mutex_lock(&l->mu);
   bool ok = l->ready && !l->quiesced && l->in_flight < MAX_IN_FLIGHT;
-  bool too_large = l->max_payload && (int64_t)len > l->max_payload - CPH_CLOG_HEADER_ROOM;
+  int64_t room = data_room_locked(l);
+  bool too_large = room && (int64_t)len > room;
   if (ok && !too_large)
     l->in_flight++;
   pthread_mutex_unlock(&l->mu);

@@ -116,6 +116,19 @@ static int import(cph_fixture *f, const char *s, const uint8_t *data, size_t len
   return import_msg(f, s, data, len, msg, sizeof msg);
 }
 
+/* Completes the turn *lease leased on f, answering reply (borrowed), asserting CPH_OK; the op
+ * is left in *done for the caller to read and clear. */
+static void complete_leased(cph_fixture *f, const cph_op *lease, const char *reply,
+                            cph_op *done) {
+  *done = (cph_op){0};
+  done->kind = CPH_OP_COMPLETE;
+  done->u.turn.turn_id = lease->u.lease.turn.id;
+  memcpy(done->u.turn.lease, lease->u.lease.turn.lease, sizeof done->u.turn.lease);
+  done->u.turn.reply_body = (char *)reply;
+  assert_int_equal(cph_fixture_run(f, done), CPH_OK);
+  done->u.turn.reply_body = NULL;
+}
+
 /* Asks session "a" body and leases its turn into *lease (clear its results). */
 static void next_lease(cph_fixture *f, const char *body, cph_op *lease) {
   cph_event_in ev = {0};
@@ -1069,13 +1082,8 @@ static uint8_t *big_history_state(cph_fixture *f, uint64_t window, size_t *len) 
   cph_op lease;
   cph_fixture_lease(f, "w", &lease);
   assert_int_equal(lease.u.lease.turn.n_staged, BIG);
-  cph_op done = {0};
-  done.kind = CPH_OP_COMPLETE;
-  done.u.turn.turn_id = lease.u.lease.turn.id;
-  memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
-  done.u.turn.reply_body = "the reply";
-  assert_int_equal(cph_fixture_run(f, &done), CPH_OK);
-  done.u.turn.reply_body = NULL;
+  cph_op done;
+  complete_leased(f, &lease, "the reply", &done);
   cph_op_clear_results(&lease);
   return state_of(&done, len);
 }
@@ -1141,13 +1149,8 @@ static void test_session_state_history_carries_what_a_turn_could_show(void **sta
     ev.body = q;
     cph_op lease;
     post_and_lease(f, &ev, &lease);
-    cph_op done = {0};
-    done.kind = CPH_OP_COMPLETE;
-    done.u.turn.turn_id = lease.u.lease.turn.id;
-    memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
-    done.u.turn.reply_body = reply;
-    assert_int_equal(cph_fixture_run(f, &done), CPH_OK);
-    done.u.turn.reply_body = NULL;
+    cph_op done;
+    complete_leased(f, &lease, reply, &done);
     cph_op_clear_results(&lease);
     free(blob);
     blob = state_of(&done, &len);
@@ -1251,13 +1254,8 @@ static void test_session_state_import_keeps_a_running_turn_running(void **state)
   assert_int_equal(running_turns(x), 1);
   assert_int_equal(import(x, "a", theirs, len), CPH_OK);
   assert_int_equal(running_turns(x), 1);
-  cph_op complete = {0};
-  complete.kind = CPH_OP_COMPLETE;
-  complete.u.turn.turn_id = lease.u.lease.turn.id;
-  memcpy(complete.u.turn.lease, lease.u.lease.turn.lease, sizeof complete.u.turn.lease);
-  complete.u.turn.reply_body = "done on x";
-  assert_int_equal(cph_fixture_run(x, &complete), CPH_OK);
-  complete.u.turn.reply_body = NULL;
+  cph_op complete;
+  complete_leased(x, &lease, "done on x", &complete);
   cph_op_clear_results(&complete);
   cph_op_clear_results(&lease);
   assert_int_equal(running_turns(x), 0);
