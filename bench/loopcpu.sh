@@ -3,8 +3,10 @@
 # rate, the whole daemon's CPU µs and the event loop's (its main thread, from
 # /proc/PID/task/PID/stat) per unit, measured over 3 s in the middle of a 5 s run.
 #
-#   bench/loopcpu.sh BIN_DIR cycle [none|always]   per turn completed
-#   bench/loopcpu.sh BIN_DIR ingest                per event ingested
+#   bench/loopcpu.sh BIN_DIR cycle [none|always] [BENCH OPTIONS]   per turn completed
+#   bench/loopcpu.sh BIN_DIR ingest [BENCH OPTIONS]                 per event ingested
+#
+# BENCH OPTIONS go to cephalon-bench as they are (e.g. --keep-turns 0, --window 256).
 #
 # BIN_DIR holds cephalon-bench and cephalond (a build's bin/). Alternate two builds round by
 # round to compare them (bench/PROFILE.md, "The second core").
@@ -16,11 +18,11 @@ trap 'rm -f "$out"' EXIT
 case $mode in
 cycle)
   metric=cephalon_turns_completed_total rate=cycles_per_s
-  CPH_BIN_DIR=$bin "$bin/cephalon-bench" cycle --seconds 5 --sync "${3:-none}" >"$out" 2>&1 &
+  CPH_BIN_DIR=$bin "$bin/cephalon-bench" cycle --seconds 5 --sync "${3:-none}" "${@:4}" >"$out" 2>&1 &
   ;;
 ingest)
   metric=cephalon_events_total rate=events_per_s
-  CPH_BIN_DIR=$bin "$bin/cephalon-bench" ingest --seconds 5 >"$out" 2>&1 &
+  CPH_BIN_DIR=$bin "$bin/cephalon-bench" ingest --seconds 5 "${@:3}" >"$out" 2>&1 &
   ;;
 *)
   echo "bench/loopcpu.sh: mode must be cycle or ingest" >&2
