@@ -1505,14 +1505,13 @@ static int keep_turn(turnlog_scratch *sc, kept_writes *kw, cph_txn *t, turnwarm 
  * for leases and completions (env_write_reserve). The turn is then not kept, and the older
  * ones stay; the map grows when ingest next needs room (engine.c, grow_map), and keeping
  * resumes. */
-static bool room_to_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const char *session) {
+static bool room_to_keep(cph_txn *t, uint64_t turn_id, const char *session) {
   size_t live = 0, map = 0;
   if (cph_txn_space(t, &live, &map) == CPH_OK && live + env_write_reserve(map) > map) {
     cph_log(CPH_LOG_DEBUG, "turn %llu of '%s': its context is not kept: the store is nearly full",
             (unsigned long long)turn_id, session);
     return false;
   }
-  (void)tl;
   return true;
 }
 
@@ -1533,7 +1532,7 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
   if (ti->kind == CPH_KIND_JOB || !ti->session)
     return;
   uint64_t keep = (uint64_t)tl->env->policy->context.keep_turns;
-  if (keep > 0 && !room_to_keep(tl, t, turn_id, ti->session))
+  if (keep > 0 && !room_to_keep(t, turn_id, ti->session))
     return;
   cph_txn c;
   if (cph_txn_begin_child(t, &c) != CPH_OK)
@@ -1657,7 +1656,7 @@ static void keep_end(cph_keep_job *j, bool write) {
   cph_txn t = {0};
   if (write && rc == CPH_OK && !dead) {
     rc = cph_txn_begin(tl->env->store, true, &t);
-    if (rc == CPH_OK && !room_to_keep(tl, &t, j->turn_id, j->session))
+    if (rc == CPH_OK && !room_to_keep(&t, j->turn_id, j->session))
       rc = CPH_EFULL; /* logged by room_to_keep */
     if (rc == CPH_OK)
       rc = kw_apply(&j->kw, &t);
