@@ -1486,8 +1486,16 @@ static int load_tree(ctx *c) {
   return rc;
 }
 
+void context_tree_hold(cph_context *cx, const char *session, context_tree *tr) {
+  tr->held = true;
+  if (tr->ok)
+    tr->hold = trees_hold(cx->trees, session);
+}
+
 void context_tree_release(cph_context *cx, const char *session, context_tree *tr) {
-  if (tr->ok) /* read, never changed: it still matches the store as the lease's parent sees it */
+  if (tr->ok && tr->held) /* held past its pass: back only if the session's tree did not change */
+    trees_keep_held(cx->trees, tr->hold, session, &tr->tree);
+  else if (tr->ok) /* read, never changed: it matches the store as the lease's parent sees it */
     trees_keep(cx->trees, session, &tr->tree);
   if (tr->loaded)
     cph_pact_tree_free(&tr->tree);

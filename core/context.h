@@ -177,6 +177,8 @@ typedef struct context_tree {
   size_t n_live;
   bool loaded; /* tree and order must be freed (context_tree_release) */
   bool ok;     /* the session's tree as the lease's transaction reads it, ordered */
+  bool held;     /* held past the lease's pass (context_tree_hold) */
+  uint64_t hold; /* then the tree store's token for it (0: none, never cached again) */
 } context_tree;
 
 /* Builds ti's sections, channel views and messages. The caller has filled ti->session, lane,
@@ -190,6 +192,10 @@ int context_assemble(cph_context *cx, cph_txn *t, csession *s, const cph_session
 /* Frees tree; a tree that is ok goes back to the tree store's cache, so call it only while
  * the tree still matches what the lease's transaction's parent holds (read, not changed). */
 void context_tree_release(cph_context *cx, const char *session, context_tree *tree);
+/* The tree is held past the lease's pass (turnlog.h, "Deferred keeping"): its release, on the
+ * loop, gives it back to the cache only if nothing changed the session's tree since
+ * (trees_hold). Loop only, like the release. */
+void context_tree_hold(cph_context *cx, const char *session, context_tree *tree);
 /* Frees what context_assemble added to ti (cph_turn_info_free calls it). */
 void context_turn_free(cph_turn_info *ti);
 

@@ -993,6 +993,17 @@ static void answers_settle(cph_engine *e) {
 
 void cph_engine_flushed(cph_engine *e) { answers_release(e); }
 
+void cph_keep_job_compute(struct cph_keep_job *job) { turnlog_keep_compute(job); }
+
+void cph_engine_keep_write(cph_engine *e, cph_op *op) {
+  (void)e; /* the job knows its turnlog */
+  if (op->kind != CPH_OP_LEASE || !op->u.lease.keep)
+    return;
+  cph_keep_job *j = op->u.lease.keep;
+  op->u.lease.keep = NULL;
+  turnlog_keep_write(j);
+}
+
 bool cph_engine_answers_held(const cph_engine *e) { return e->n_held > 0; }
 
 int cph_engine_sync(cph_engine *e) { return cph_store_sync(e->env.store, NULL); }

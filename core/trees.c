@@ -345,10 +345,53 @@ static void cached_clear(struct trees_slot *c) {
   cph_pact_tree_init(&c->tree);
 }
 
+struct trees_hold {
+  uint64_t token;
+  char *session;
+  bool stale;
+};
+
+static void holds_stale(cph_trees *tr, const char *session) {
+  for (size_t i = 0; i < tr->n_holds; i++)
+    if (!session || strcmp(tr->holds[i].session, session) == 0)
+      tr->holds[i].stale = true;
+}
+
+uint64_t trees_hold(cph_trees *tr, const char *session) {
+  if (tr->n_holds == tr->cap_holds) {
+    size_t cap = tr->cap_holds ? 2 * tr->cap_holds : 8;
+    struct trees_hold *h = realloc(tr->holds, cap * sizeof *h);
+    if (!h)
+      return 0;
+    tr->holds = h;
+    tr->cap_holds = cap;
+  }
+  char *copy = strdup(session);
+  if (!copy)
+    return 0;
+  tr->holds[tr->n_holds++] = (struct trees_hold){++tr->next_hold, copy, false};
+  return tr->next_hold;
+}
+
+void trees_keep_held(cph_trees *tr, uint64_t token, const char *session, cph_pact_tree *tree) {
+  for (size_t i = 0; token && i < tr->n_holds; i++) {
+    if (tr->holds[i].token != token)
+      continue;
+    bool stale = tr->holds[i].stale;
+    free(tr->holds[i].session);
+    tr->holds[i] = tr->holds[--tr->n_holds];
+    if (!stale)
+      trees_keep(tr, session, tree);
+    return;
+  }
+}
+
 static void cache_drop(cph_trees *tr, const char *session) {
   struct trees_slot *c = tr->slots ? cache_slot(tr, session) : NULL;
   if (c && c->session && strcmp(c->session, session) == 0)
     cached_clear(c);
+  if (tr->n_holds)
+    holds_stale(tr, session);
 }
 
 void trees_keep(cph_trees *tr, const char *session, cph_pact_tree *tree) {
@@ -368,10 +411,14 @@ void trees_cache_clear(cph_trees *tr) {
   for (size_t i = 0; tr->slots && i < TREES_CACHE_SLOTS; i++)
     if (tr->slots[i].session)
       cached_clear(&tr->slots[i]);
+  holds_stale(tr, NULL);
 }
 
 void trees_init(cph_trees *tr) {
   tr->slots = NULL;
+  tr->holds = NULL;
+  tr->n_holds = tr->cap_holds = 0;
+  tr->next_hold = 0;
   tr->scratch = (cph_buf)CPH_BUF_INIT;
   memset(&tr->written, 0, sizeof tr->written);
 }
@@ -381,6 +428,11 @@ void trees_free(cph_trees *tr) {
   free(tr->slots);
   tr->slots = NULL;
   cph_buf_free(&tr->scratch);
+  for (size_t i = 0; i < tr->n_holds; i++)
+    free(tr->holds[i].session);
+  free(tr->holds);
+  tr->holds = NULL;
+  tr->n_holds = tr->cap_holds = 0;
 }
 
 int trees_load(cph_trees *tr, cph_txn *t, const char *session, cph_pact_tree *out) {

@@ -54,10 +54,15 @@ typedef struct cph_trees_written {
   uint64_t put_bytes; /* value bytes put */
 } cph_trees_written;
 
+struct trees_hold;
+
 typedef struct cph_trees {
   struct trees_slot *slots; /* the decoded-tree cache; allocated on first keep */
   cph_buf scratch;          /* encoding space reused by every save */
   cph_trees_written written;
+  struct trees_hold *holds; /* trees held out past their pass (below) */
+  size_t n_holds, cap_holds;
+  uint64_t next_hold;
 } cph_trees;
 
 void trees_init(cph_trees *tr);
@@ -74,6 +79,17 @@ int trees_delete(cph_trees *tr, cph_txn *t, const char *session);
 /* Moves *tree into the cache (it is left empty, to free or not); see above for when. */
 void trees_keep(cph_trees *tr, const char *session, cph_pact_tree *tree);
 void trees_cache_clear(cph_trees *tr);
+
+/* ---- a tree held out past its pass ----
+ * A lease's tree may be held until its kept context is written, after the lease's pass
+ * committed (turnlog.h, "Deferred keeping"); it may go back to the cache only if nothing
+ * changed the session's tree meanwhile. trees_hold notes such a tree and returns its token
+ * (0 when out of memory); every save, delete and import of the session, and
+ * trees_cache_clear, mark its holds stale; trees_keep_held forgets the hold and moves the tree
+ * into the cache when the hold is not stale (token 0 or stale: the tree stays with the
+ * caller, to free). */
+uint64_t trees_hold(cph_trees *tr, const char *session);
+void trees_keep_held(cph_trees *tr, uint64_t token, const char *session, cph_pact_tree *tree);
 
 /* ---- moving a session's tree to another node (cluster mode: server/clusterflow.h 11.) ----
  * The session's stored records, copied as they are (the layout above): be32 count, then per

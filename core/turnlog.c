@@ -670,6 +670,83 @@ static int newest_kept(cph_txn *t, const char *session, uint64_t *turn) {
   return newest_kepts(t, session, 1, turn, &n);
 }
 
+/* ---- Writes worked out before they are made
+ * Keeping puts into and deletes from "turn_kept" only. It records them first, in order, in
+ * one buffer — per write a tag ('p' a put; 'd' a delete of a key that must be there, 'g' of
+ * one that may be gone already), be32 the key's length, the key, and for a put be32 the
+ * value's length and the value — so that a deferred job (turnlog.h) can work them out on
+ * another thread and the loop make them later; keeping inline makes them at once. */
+typedef struct kept_writes {
+  cph_buf b; /* a failure to grow sticks: kw_apply answers CPH_ENOMEM */
+} kept_writes;
+
+static void kw_head(kept_writes *kw, char tag, const cph_key *k) {
+  uint8_t h[5];
+  h[0] = (uint8_t)tag;
+  cph_be32_put(h + 1, (uint32_t)k->len);
+  cph_buf_append(&kw->b, h, sizeof h);
+  cph_buf_append(&kw->b, k->data, k->len);
+}
+
+static void kw_put(kept_writes *kw, const cph_key *k, const void *v, size_t n) {
+  uint8_t l[4];
+  kw_head(kw, 'p', k);
+  cph_be32_put(l, (uint32_t)n);
+  cph_buf_append(&kw->b, l, sizeof l);
+  cph_buf_append(&kw->b, v, n);
+}
+
+/* A put of rec, encoded as cph_txn_put_record would. */
+static void kw_put_record(kept_writes *kw, const cph_key *k, const cph_record_desc *d,
+                          const void *rec) {
+  uint8_t l[4] = {0};
+  kw_head(kw, 'p', k);
+  cph_buf_append(&kw->b, l, sizeof l); /* the length, once known */
+  if (cph_buf_error(&kw->b) != CPH_OK)
+    return;
+  size_t at = kw->b.len, room = kw->b.cap - at - 1; /* the NUL stays */
+  size_t n = cph_record_encode_to(d, rec, kw->b.data + at, room);
+  if (n > room) { /* encoded again into room enough */
+    if (!cph_buf_grow(&kw->b, n))
+      return;
+    cph_record_encode_to(d, rec, kw->b.data + at, n);
+  }
+  cph_be32_put((uint8_t *)kw->b.data + at - 4, (uint32_t)n);
+  kw->b.len = at + n;
+  kw->b.data[kw->b.len] = '\0';
+}
+
+static void kw_del(kept_writes *kw, const cph_key *k, bool may_be_gone) {
+  kw_head(kw, may_be_gone ? 'g' : 'd', k);
+}
+
+/* Makes kw's writes through t, in order: CPH_OK, or the first failure (t's sticky error, or
+ * CPH_ENOTFOUND for a 'd' whose key was not there). */
+static int kw_apply(const kept_writes *kw, cph_txn *t) {
+  if (cph_buf_error(&kw->b) != CPH_OK)
+    return cph_err_set(&t->err, CPH_ENOMEM, "out of memory keeping a turn's context");
+  const uint8_t *p = (const uint8_t *)kw->b.data, *end = p + kw->b.len;
+  int rc = CPH_OK;
+  while (rc == CPH_OK && p < end) {
+    char tag = (char)p[0];
+    cph_key k;
+    cph_key_reset(&k);
+    k.len = cph_be32_get(p + 1);
+    memcpy(k.data, p + 5, k.len);
+    p += 5 + k.len;
+    if (tag == 'p') {
+      uint32_t n = cph_be32_get(p);
+      rc = cph_txn_put(t, CPH_DB_TURN_KEPT, &k, p + 4, n);
+      p += 4 + n;
+    } else {
+      rc = cph_txn_del(t, CPH_DB_TURN_KEPT, &k);
+      if (rc == CPH_ENOTFOUND && tag == 'g')
+        rc = CPH_OK;
+    }
+  }
+  return rc;
+}
+
 /* ptr reallocated to n elements; ok cleared (and ptr unchanged) without memory. */
 #define REGROW(ptr, n, ok)                                                                     \
   do {                                                                                         \
@@ -680,20 +757,20 @@ static int newest_kept(cph_txn *t, const char *session, uint64_t *turn) {
       (ok) = false;                                                                            \
   } while (0)
 
-/* Room for n rows of the turn being kept in tl's scratch arrays. */
-static int scratch_reserve(cph_turnlog *tl, size_t n) {
-  if (n <= tl->cap)
+/* Room for n rows of the turn being kept in sc's arrays. */
+static int scratch_reserve(turnlog_scratch *sc, size_t n) {
+  if (n <= sc->cap)
     return CPH_OK;
   size_t cap = 2 * n;
   bool ok = true;
-  REGROW(tl->rows, cap, ok);
-  REGROW(tl->dist, cap, ok);
-  REGROW(tl->chash, cap, ok);
-  REGROW(tl->depth, cap, ok);
-  REGROW(tl->code, cap, ok);
+  REGROW(sc->rows, cap, ok);
+  REGROW(sc->dist, cap, ok);
+  REGROW(sc->chash, cap, ok);
+  REGROW(sc->depth, cap, ok);
+  REGROW(sc->code, cap, ok);
   if (!ok)
     return CPH_ENOMEM;
-  tl->cap = cap;
+  sc->cap = cap;
   return CPH_OK;
 }
 
@@ -735,12 +812,12 @@ static int warm_for(cph_turnlog *tl, cph_txn *t, const char *session, turnwarm *
       rc = cph_err_set(&t->err, CPH_ECORRUPT, "database \"turn_kept\": a bad entry of '%s'",
                        session);
     if (rc == CPH_OK)
-      rc = scratch_reserve(tl, n);
+      rc = scratch_reserve(&tl->scratch, n);
     for (size_t i = 0; rc == CPH_OK && i < n; i++)
-      if (!turnwarm_claim(w, tl->dist[i] = refs_row(&v, i), id, &was))
+      if (!turnwarm_claim(w, tl->scratch.dist[i] = refs_row(&v, i), id, &was))
         rc = CPH_ENOMEM;
     if (rc == CPH_OK)
-      rc = turnwarm_advance(w, id, has_rows, tl->dist, n);
+      rc = turnwarm_advance(w, id, has_rows, tl->scratch.dist, n);
     if (rc)
       break;
   }
@@ -792,14 +869,14 @@ static uint64_t row_name(const turnwarm *w, uint64_t h, uint64_t turn) {
  * this turn.
  * r is the version-2 shape fill_rec built (its node arrays unused: the nodes are read from
  * the tree), tx its previews' lengths. */
-static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *session, uint64_t turn,
-                     const cph_turnctx_rec *r, const cph_turn_info *ti, const context_tree *ct,
-                     const texts *tx) {
+static int rows_keep(turnlog_scratch *sc, kept_writes *kw, turnwarm *w, const char *session,
+                     uint64_t turn, const cph_turnctx_rec *r, const cph_turn_info *ti,
+                     const context_tree *ct, const texts *tx) {
   size_t nm = r->n_msg_roles, nn = ct->tree.n, n = nm + nn;
   if (tx->n_pv != nn)
     return CPH_ENOMEM; /* fill_nodes stopped short */
-  int rc = scratch_reserve(tl, n);
-  cph_buf *head = &tl->head;
+  int rc = scratch_reserve(sc, n);
+  cph_buf *head = &sc->head;
   /* each message's and node's row: hashed only when it is not an item of the previous kept
    * turn (a node's key leaves its content hash out: that is hashed then too) */
   size_t pos[2] = {0, 0};
@@ -816,7 +893,7 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       const char *role = nd->role ? nd->role : "";
       k = (tw_key){'n', nd->id, role, fixed, strlen(role), sizeof fixed, nd->content,
                    strlen(nd->content)};
-      tl->depth[i] = nd->at.depth;
+      sc->depth[i] = nd->at.depth;
     } else {
       const cph_message *msg = &ti->messages[i];
       const char *coord = r->msg_coords[i], *content = msg->content ? msg->content : "";
@@ -825,31 +902,31 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       size_t coord_len;
       if (msg->measured) { /* context assembly wrote coord from these numbers (push_message) */
         split = true;
-        tl->depth[i] = msg->depth;
+        sc->depth[i] = msg->depth;
         end = depth_end(msg->depth);
         content_len = msg->content_len;
         coord_len = msg->coord_len;
       } else {
-        split = coord_split(coord, &tl->depth[i], &end);
+        split = coord_split(coord, &sc->depth[i], &end);
         content_len = strlen(content);
         coord_len = strlen(coord);
       }
       assert(!msg->measured || measured_as_written(msg, coord, end, content, content_len));
       if (!split) {
-        tl->depth[i] = 0;
+        sc->depth[i] = 0;
         end = 0;
       }
       k = (tw_key){split ? 'm' : 'M', r->msg_nodes[i], r->msg_roles[i], coord + end,
                    strlen(r->msg_roles[i]), coord_len - end, content, content_len};
     }
     const tw_item *same = turnwarm_find(w, nd != NULL, &pos[nd != NULL], &k);
-    tl->rows[i] = same ? same->row : 0;
-    tl->chash[i] = same ? same->chash : 0;
+    sc->rows[i] = same ? same->row : 0;
+    sc->chash[i] = same ? same->chash : 0;
     if (!same) {
       size_t len = k.n_text;
       cph_buf_reset(head);
       if (nd) { /* the row's text is the preview */
-        node_row_head(head, nd, tl->chash[i] = text_hash(k.text, k.n_text));
+        node_row_head(head, nd, sc->chash[i] = text_hash(k.text, k.n_text));
         len = tx->pv_len[i - nm];
       } else {
         int32_t d;
@@ -858,26 +935,26 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       if ((rc = cph_buf_error(head)) != CPH_OK)
         break;
       uint64_t h = lanes_hash(k.text, len, lanes_hash(head->data, head->len, ROW_SEED));
-      tl->rows[i] = row_name(w, h, turn);
+      sc->rows[i] = row_name(w, h, turn);
     }
-    rc = turnwarm_add_item(w, nd != NULL, &k, same, tl->rows[i], tl->chash[i]);
+    rc = turnwarm_add_item(w, nd != NULL, &k, same, sc->rows[i], sc->chash[i]);
   }
   /* which rows the previous kept turn does not name: those are put, and listed first */
   uint64_t prev = turnwarm_newest(w);
   size_t n_added = 0, n_named = 0;
   for (size_t i = 0; rc == CPH_OK && i < n; i++) {
     uint64_t last;
-    uint32_t *code = turnwarm_claim(w, tl->rows[i], turn, &last);
+    uint32_t *code = turnwarm_claim(w, sc->rows[i], turn, &last);
     if (!code) {
       rc = CPH_ENOMEM;
       break;
     }
     if (last == turn) { /* named twice in this turn */
-      tl->code[i] = *code;
+      sc->code[i] = *code;
       continue;
     }
     bool named = prev && last == prev;
-    tl->code[i] = *code = named ? CODE_NAMED | (uint32_t)n_named++ : (uint32_t)n_added++;
+    sc->code[i] = *code = named ? CODE_NAMED | (uint32_t)n_named++ : (uint32_t)n_added++;
     if (named)
       continue;
     cph_buf_reset(head);
@@ -890,14 +967,14 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
       len = ti->messages[i].measured ? ti->messages[i].content_len : strlen(str);
     } else {
       const cph_pact_node *nd = &ct->tree.nodes[ct->order[i - nm]];
-      node_row_head(head, nd, tl->chash[i]);
+      node_row_head(head, nd, sc->chash[i]);
       str = nd->content;
       len = tx->pv_len[i - nm];
     }
     cph_buf_append(head, str, len);
     if ((rc = cph_buf_error(head)) == CPH_OK) {
-      cph_key rk = row_key(session, tl->rows[i]);
-      rc = cph_txn_put(t, CPH_DB_TURN_KEPT, &rk, head->data, head->len);
+      cph_key rk = row_key(session, sc->rows[i]);
+      kw_put(kw, &rk, head->data, head->len);
     }
   }
   /* the refs entry: its head, the distinct rows (the added ones first), then the turn's rows in
@@ -913,20 +990,20 @@ static int rows_keep(cph_turnlog *tl, cph_txn *t, turnwarm *w, const char *sessi
     cph_be32_put(refs + 28, (uint32_t)nn);
     uint8_t *o = refs + REFS_HEAD + 8 * n_distinct;
     for (size_t i = 0; i < n; i++, o += 8) {
-      uint32_t c = tl->code[i];
+      uint32_t c = sc->code[i];
       size_t ix = c & CODE_NAMED ? n_added + (c & ~CODE_NAMED) : c;
-      cph_be64_put(refs + REFS_HEAD + 8 * ix, tl->rows[i]);
-      tl->dist[ix] = tl->rows[i];
+      cph_be64_put(refs + REFS_HEAD + 8 * ix, sc->rows[i]);
+      sc->dist[ix] = sc->rows[i];
       cph_be32_put(o, (uint32_t)ix);
-      cph_be32_put(o + 4, (uint32_t)tl->depth[i]);
+      cph_be32_put(o + 4, (uint32_t)sc->depth[i]);
     }
     cph_key ak = refs_key(session, turn);
-    rc = cph_txn_put(t, CPH_DB_TURN_KEPT, &ak, refs, len);
+    kw_put(kw, &ak, refs, len);
   } else if (rc == CPH_OK) {
     rc = CPH_ENOMEM;
   }
   if (rc == CPH_OK)
-    rc = turnwarm_advance(w, turn, true, tl->dist, n_distinct);
+    rc = turnwarm_advance(w, turn, true, sc->dist, n_distinct);
   if (rc == CPH_OK)
     turnwarm_items_done(w);
   return rc;
@@ -1092,20 +1169,17 @@ static int rows_resolve(cph_txn *t, const char *session, uint64_t turn, cph_turn
 /* ---------------------------------------------------------------- keeping */
 
 void turnlog_init(cph_turnlog *tl, cph_core_env *env) {
-  *tl = (cph_turnlog){.env = env, .head = CPH_BUF_INIT};
+  *tl = (cph_turnlog){.env = env, .scratch = {.head = CPH_BUF_INIT}};
   turnwarms_init(&tl->warm, TURNLOG_WARM_BYTES);
 }
 
 void turnlog_clear(cph_turnlog *tl) { turnwarms_clear(&tl->warm); }
 
+static void scratch_free(turnlog_scratch *sc);
+
 void turnlog_free(cph_turnlog *tl) {
   turnwarms_free(&tl->warm);
-  cph_buf_free(&tl->head);
-  free(tl->rows);
-  free(tl->dist);
-  free(tl->chash);
-  free(tl->depth);
-  free(tl->code);
+  scratch_free(&tl->scratch);
 }
 
 /* A node that may have rendered a message: its coordinate and its place in render order. */
@@ -1347,7 +1421,7 @@ static int delete_kept(cph_txn *t, const char *session) {
 }
 
 typedef struct row_gone_ctx {
-  cph_txn *t;
+  kept_writes *kw;
   const char *session;
 } row_gone_ctx;
 
@@ -1355,25 +1429,102 @@ typedef struct row_gone_ctx {
 static int row_gone(void *ctx, uint64_t row) {
   row_gone_ctx *g = ctx;
   cph_key rk = row_key(g->session, row);
-  int rc = cph_txn_del(g->t, CPH_DB_TURN_KEPT, &rk);
-  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  kw_del(g->kw, &rk, true);
+  return CPH_OK;
+}
+
+/* Whether keeping one more turn with w and trimming to keep turns would trim a turn without
+ * rows (an older record version), whose texts are trimmed by reading the store (texts_trim). */
+static bool trim_needs_store(const turnwarm *w, uint64_t keep) {
+  for (size_t i = 0; i + keep < w->n_turns + 1; i++)
+    if (!w->turns[i].rows)
+      return true;
+  return false;
 }
 
 /* Deletes the session's oldest kept contexts until at most keep (>= 1) remain, with their
- * refs entries and every row (w's dies lists) and text no remaining turn names. */
-static int trim(cph_txn *t, turnwarm *w, const char *session, uint64_t keep) {
-  row_gone_ctx g = {t, session};
+ * refs entries and every row (w's dies lists) and text no remaining turn names: into kw, and
+ * an older version's texts through t (NULL only when !trim_needs_store). */
+static int trim(cph_txn *t, kept_writes *kw, turnwarm *w, const char *session, uint64_t keep) {
+  row_gone_ctx g = {kw, session};
   int rc = CPH_OK;
   while (rc == CPH_OK && w->n_turns > keep) {
     const tw_turn *o = &w->turns[0];
     cph_key k = kept_key(session, o->id), rk = refs_key(session, o->id);
-    rc = cph_txn_del(t, CPH_DB_TURN_KEPT, &k);
-    if (rc == CPH_OK)
-      rc = o->rows ? cph_txn_del(t, CPH_DB_TURN_KEPT, &rk) : texts_trim(t, session, &o->id, 1);
+    kw_del(kw, &k, false);
+    if (o->rows)
+      kw_del(kw, &rk, false);
+    else
+      rc = t ? texts_trim(t, session, &o->id, 1) : CPH_ESTATE;
     if (rc == CPH_OK)
       rc = turnwarm_trim_oldest(w, row_gone, &g);
   }
   return rc;
+}
+
+/* Keeps ti's context as turn turn_id with w (the session's warm state, as the store holds it or
+ * will once the writes before this one are made), trimming to keep turns: every write into kw,
+ * but a version-2 record's texts (texts_keep, the test mode) and an older version's trim, which
+ * go through t (NULL: there are none, turnlog_keep_begin checked). */
+static int keep_turn(turnlog_scratch *sc, kept_writes *kw, cph_txn *t, turnwarm *w,
+                     uint64_t turn_id, const cph_turn_info *ti, const context_tree *tree,
+                     uint64_t keep) {
+  cph_turnctx_rec r = {0};
+  texts tx = {.no_hash = !write_v2};
+  int rc = fill_rec(&r, turn_id, ti, tree, &tx);
+  cph_turnctx_rec wr = {0}; /* what is written: r (version 2), or r without its messages and
+                             * nodes, which go as rows (version 3) */
+  if (rc == CPH_OK && write_v2) {
+    rc = t ? texts_keep(t, ti->session, turn_id, &tx) : CPH_ESTATE;
+    if (rc == CPH_OK)
+      rc = turnwarm_advance(w, turn_id, false, NULL, 0);
+    wr = r;
+  } else if (rc == CPH_OK) {
+    wr = r;
+    wr.n_msg_roles = wr.n_msg_contents = wr.n_msg_coords = wr.n_msg_nodes = 0;
+    wr.n_node_ids = wr.n_node_at = wr.n_node_roles = wr.n_node_previews = wr.n_node_hashes = 0;
+    wr.n_node_ttl = wr.n_node_cadence = wr.n_node_created = wr.n_node_flags = 0;
+    wr.n_msg_hashes = wr.n_node_preview_hashes = 0;
+    wr.rows = true;
+    wr.row_messages = (uint32_t)ti->n_messages;
+    rc = rows_keep(sc, kw, w, ti->session, turn_id, &r, ti, tree, &tx);
+  }
+  if (rc == CPH_OK) {
+    cph_key k = kept_key(ti->session, turn_id);
+    kw_put_record(kw, &k, write_v2 ? &cph_turnctx_v2_desc : &cph_turnctx_desc, &wr);
+  }
+  rec_unborrow(&r); /* wr shares r's arrays */
+  cph_record_free(&cph_turnctx_desc, &r);
+  texts_free(&tx);
+  if (rc == CPH_OK)
+    rc = trim(t, kw, w, ti->session, keep);
+  return rc;
+}
+
+/* Whether the store has room for a kept context: one never takes the room a full store keeps
+ * for leases and completions (env_write_reserve). The turn is then not kept, and the older
+ * ones stay; the map grows when ingest next needs room (engine.c, grow_map), and keeping
+ * resumes. */
+static bool room_to_keep(cph_txn *t, uint64_t turn_id, const char *session) {
+  size_t live = 0, map = 0;
+  if (cph_txn_space(t, &live, &map) == CPH_OK && live + env_write_reserve(map) > map) {
+    cph_log(CPH_LOG_DEBUG, "turn %llu of '%s': its context is not kept: the store is nearly full",
+            (unsigned long long)turn_id, session);
+    return false;
+  }
+  return true;
+}
+
+static void not_kept(uint64_t turn_id, const char *session, const cph_txn *c, int rc) {
+  cph_log(CPH_LOG_WARN, "turn %llu of '%s': its context is not kept: %s",
+          (unsigned long long)turn_id, session,
+          c && c->err.msg[0] ? c->err.msg : cph_strerror(rc));
+}
+
+/* The warm states' bound, after a keep (tests may set it). */
+static void warm_release(cph_turnlog *tl) {
+  tl->warm.max_bytes = test_warm_bytes >= 0 ? (size_t)test_warm_bytes : TURNLOG_WARM_BYTES;
+  turnwarms_release(&tl->warm);
 }
 
 void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti,
@@ -1381,20 +1532,16 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
   if (ti->kind == CPH_KIND_JOB || !ti->session)
     return;
   uint64_t keep = (uint64_t)tl->env->policy->context.keep_turns;
-  /* A kept context is optional: it never takes the room a full store keeps for leases and
-   * completions (env_write_reserve). The turn is then not kept, and the older ones stay; the
-   * map grows when ingest next needs room (engine.c, grow_map), and keeping resumes. */
-  size_t live = 0, map = 0;
-  if (keep > 0 && cph_txn_space(t, &live, &map) == CPH_OK && live + env_write_reserve(map) > map) {
-    cph_log(CPH_LOG_DEBUG, "turn %llu of '%s': its context is not kept: the store is nearly full",
-            (unsigned long long)turn_id, ti->session);
+  if (keep > 0 && !room_to_keep(t, turn_id, ti->session))
     return;
-  }
   cph_txn c;
   if (cph_txn_begin_child(t, &c) != CPH_OK)
     return;
+  kept_writes kw = {CPH_BUF_INIT};
   int rc = CPH_OK;
-  turnwarm *w = NULL;
+  turnwarm *w = turnwarms_get(&tl->warm, ti->session);
+  if (w && w->pins) /* jobs of the session not written yet keep nothing: this keep goes first */
+    turnwarms_drop(&tl->warm, ti->session);
   if (keep == 0) { /* rows and texts are held only while a record names them */
     uint64_t newest = 0;
     turnwarms_drop(&tl->warm, ti->session);
@@ -1405,49 +1552,139 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
     /* the turn was rendered without its tree (it could not be read): nothing to keep it by */
     rc = cph_err_set(&c.err, CPH_ECORRUPT, "the session's context tree could not be read");
   } else if ((rc = warm_for(tl, &c, ti->session, &w)) == CPH_OK) {
-    cph_turnctx_rec r = {0};
-    texts tx = {.no_hash = !write_v2};
-    rc = fill_rec(&r, turn_id, ti, tree, &tx);
-    cph_turnctx_rec wr = {0}; /* what is written: r (version 2), or r without its messages and
-                               * nodes, which go as rows (version 3) */
-    if (rc == CPH_OK && write_v2) {
-      rc = texts_keep(&c, ti->session, turn_id, &tx);
-      if (rc == CPH_OK)
-        rc = turnwarm_advance(w, turn_id, false, NULL, 0);
-      wr = r;
-    } else if (rc == CPH_OK) {
-      wr = r;
-      wr.n_msg_roles = wr.n_msg_contents = wr.n_msg_coords = wr.n_msg_nodes = 0;
-      wr.n_node_ids = wr.n_node_at = wr.n_node_roles = wr.n_node_previews = wr.n_node_hashes = 0;
-      wr.n_node_ttl = wr.n_node_cadence = wr.n_node_created = wr.n_node_flags = 0;
-      wr.n_msg_hashes = wr.n_node_preview_hashes = 0;
-      wr.rows = true;
-      wr.row_messages = (uint32_t)ti->n_messages;
-      rc = rows_keep(tl, &c, w, ti->session, turn_id, &r, ti, tree, &tx);
-    }
-    if (rc == CPH_OK) {
-      cph_key k = kept_key(ti->session, turn_id);
-      rc = cph_txn_put_record(&c, CPH_DB_TURN_KEPT, &k, write_v2 ? &cph_turnctx_v2_desc
-                                                                      : &cph_turnctx_desc, &wr);
-    }
-    rec_unborrow(&r); /* wr shares r's arrays */
-    cph_record_free(&cph_turnctx_desc, &r);
-    texts_free(&tx);
-    if (rc == CPH_OK)
-      rc = trim(&c, w, ti->session, keep);
+    rc = keep_turn(&tl->scratch, &kw, &c, w, turn_id, ti, tree, keep);
   }
+  if (rc == CPH_OK)
+    rc = kw_apply(&kw, &c);
+  cph_buf_free(&kw.b);
   if (rc == CPH_OK)
     rc = cph_txn_commit(&c);
   else
     cph_txn_abort(&c);
   if (rc) {
     turnwarms_drop(&tl->warm, ti->session); /* it may hold what was not kept */
-    cph_log(CPH_LOG_WARN, "turn %llu of '%s': its context is not kept: %s",
-            (unsigned long long)turn_id, ti->session, c.err.msg[0] ? c.err.msg : cph_strerror(rc));
+    not_kept(turn_id, ti->session, &c, rc);
   }
-  tl->warm.max_bytes = test_warm_bytes >= 0 ? (size_t)test_warm_bytes : TURNLOG_WARM_BYTES;
-  turnwarms_release(&tl->warm);
+  warm_release(tl);
 }
+
+/* ---------------------------------------------------------------- deferred keeping */
+
+struct cph_keep_job {
+  cph_turnlog *tl;
+  cph_context *cx;         /* releases the tree */
+  char *session;
+  uint64_t turn_id, keep;
+  const cph_turn_info *ti; /* the lease's, alive until the job ends */
+  context_tree tree;       /* held (context_tree_hold) */
+  turnwarm *w;             /* pinned */
+  turnlog_scratch sc;
+  kept_writes kw;
+  int rc;        /* turnlog_keep_compute's */
+  bool computed; /* turnlog_keep_compute ran */
+};
+
+cph_keep_job *turnlog_keep_begin(cph_turnlog *tl, cph_context *cx, cph_txn *t, uint64_t turn_id,
+                                 const cph_turn_info *ti, context_tree *tree) {
+  if (ti->kind == CPH_KIND_JOB || !ti->session)
+    return NULL;
+  uint64_t keep = (uint64_t)tl->env->policy->context.keep_turns;
+  if (keep == 0 || write_v2 || !tree->ok) {
+    turnlog_keep(tl, t, turn_id, ti, tree);
+    return NULL;
+  }
+  turnwarm *w = turnwarms_get(&tl->warm, ti->session);
+  if (w && w->pins) { /* a job of the session's last lease is in flight: see turnlog.h */
+    turnlog_keep(tl, t, turn_id, ti, tree);
+    return NULL;
+  }
+  int rc = warm_for(tl, t, ti->session, &w);
+  if (rc) {
+    turnwarms_drop(&tl->warm, ti->session);
+    not_kept(turn_id, ti->session, t, rc);
+    return NULL;
+  }
+  cph_keep_job *j = NULL;
+  if (!trim_needs_store(w, keep))
+    j = calloc(1, sizeof *j);
+  if (j)
+    j->session = strdup(ti->session);
+  if (!j || !j->session) { /* inline: an older version's trim reads the store, or no memory */
+    free(j);
+    turnlog_keep(tl, t, turn_id, ti, tree);
+    return NULL;
+  }
+  j->tl = tl;
+  j->cx = cx;
+  j->turn_id = turn_id;
+  j->keep = keep;
+  j->ti = ti;
+  j->tree = *tree;
+  memset(tree, 0, sizeof *tree); /* the job's now: the caller's release does nothing */
+  context_tree_hold(cx, ti->session, &j->tree);
+  j->w = w;
+  turnwarms_pin(w);
+  j->kw = (kept_writes){CPH_BUF_INIT};
+  j->sc.head = (cph_buf)CPH_BUF_INIT;
+  return j;
+}
+
+void turnlog_keep_compute(cph_keep_job *j) {
+  j->computed = true;
+  if (turnwarm_dead(j->w)) { /* the session's warm state was dropped since its pass */
+    j->rc = CPH_ESTATE;
+    return;
+  }
+  j->rc = keep_turn(&j->sc, &j->kw, NULL, j->w, j->turn_id, j->ti, &j->tree, j->keep);
+}
+
+static void scratch_free(turnlog_scratch *sc) {
+  cph_buf_free(&sc->head);
+  free(sc->rows);
+  free(sc->dist);
+  free(sc->chash);
+  free(sc->depth);
+  free(sc->code);
+}
+
+/* Ends j: written when write (its own write transaction), else not; its warm state dropped when
+ * what the job advanced it to is not what the store holds. */
+static void keep_end(cph_keep_job *j, bool write) {
+  cph_turnlog *tl = j->tl;
+  bool dead = turnwarm_dead(j->w);
+  int rc = !j->computed ? CPH_ESTATE : j->rc;
+  cph_txn t = {0};
+  if (write && rc == CPH_OK && !dead) {
+    rc = cph_txn_begin(tl->env->store, true, &t);
+    if (rc == CPH_OK && !room_to_keep(&t, j->turn_id, j->session))
+      rc = CPH_EFULL; /* logged by room_to_keep */
+    if (rc == CPH_OK)
+      rc = kw_apply(&j->kw, &t);
+    if (rc == CPH_OK) /* durable with the next flush, as the lease itself (DESIGN §4) */
+      rc = cph_txn_commit_deferred(&t);
+    else if (t.mdb)
+      cph_txn_abort(&t);
+  }
+  if ((rc || !write) && !dead && turnwarms_get(&tl->warm, j->session) == j->w)
+    turnwarms_drop(&tl->warm, j->session); /* it holds this turn, which the store does not */
+  if (write && (dead || (rc && rc != CPH_EFULL)))
+    cph_log(dead ? CPH_LOG_DEBUG : CPH_LOG_WARN, "turn %llu of '%s': its context is not kept: %s",
+            (unsigned long long)j->turn_id, j->session,
+            dead ? "the session's kept contexts changed since its lease (deleted, moved, or "
+                   "an earlier turn's could not be kept)"
+                 : t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  turnwarms_unpin(&tl->warm, j->w);
+  context_tree_release(j->cx, j->session, &j->tree);
+  warm_release(tl);
+  scratch_free(&j->sc);
+  cph_buf_free(&j->kw.b);
+  free(j->session);
+  free(j);
+}
+
+void turnlog_keep_write(cph_keep_job *j) { keep_end(j, true); }
+
+void turnlog_keep_abandon(cph_keep_job *j) { keep_end(j, false); }
 
 /* ---------------------------------------------------------------- schema 6 */
 
@@ -2372,10 +2609,14 @@ int turnlog_import(cph_turnlog *tl, cph_txn *t, uint64_t turn, cph_turnctx_rec *
   rc = cph_txn_put_record(t, CPH_DB_TURN_KEPT, &k, &cph_turnctx_desc, r);
   r->turn_id = was;
   turnwarm *w = NULL;
+  kept_writes kw = {CPH_BUF_INIT};
   if (rc == CPH_OK)
     rc = warm_for(tl, t, r->session, &w);
   if (rc == CPH_OK)
-    rc = trim(t, w, r->session, keep);
+    rc = trim(t, &kw, w, r->session, keep);
+  if (rc == CPH_OK)
+    rc = kw_apply(&kw, t);
+  cph_buf_free(&kw.b);
   turnwarms_drop(&tl->warm, r->session);
   return rc;
 }

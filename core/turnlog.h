@@ -72,14 +72,20 @@
  * session's warm state (turnwarm.h), which only makes keeping cheaper: it is checked against
  * the store at every lease and rebuilt from it when missing or stale. The tree a turn is kept
  * with is the one its context was rendered from (context_tree, handed in by the lease). */
-typedef struct cph_turnlog {
-  cph_core_env *env;   /* :context :keep-turns, the store */
-  cph_turnwarms warm;  /* by session */
-  cph_buf head;        /* scratch of turnlog_keep: a row's bytes, the refs entry */
-  uint64_t *rows, *dist, *chash; /* scratch of turnlog_keep, per message and node (cap) */
+/* Keeping's working arrays, per message and node of the turn being kept (cap of each), and a
+ * row's bytes or the refs entry: the loop's in cph_turnlog, a deferred job's its own. */
+typedef struct turnlog_scratch {
+  cph_buf head;
+  uint64_t *rows, *dist, *chash;
   int32_t *depth;
   uint32_t *code;
   size_t cap;
+} turnlog_scratch;
+
+typedef struct cph_turnlog {
+  cph_core_env *env;       /* :context :keep-turns, the store */
+  cph_turnwarms warm;      /* by session */
+  turnlog_scratch scratch; /* turnlog_keep's (the loop's) */
 } cph_turnlog;
 
 void turnlog_init(cph_turnlog *tl, cph_core_env *env);
@@ -93,6 +99,43 @@ void turnlog_free(cph_turnlog *tl);
  * failure (or a tree that could not be read) is logged and nothing is kept. */
 void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_info *ti,
                   const context_tree *tree);
+
+/* ---- Deferred keeping: working a kept context out beside the loop
+ * Keeping is the largest single cost of a lease on the event loop (bench/PROFILE.md), and all
+ * but its writes can run on another thread. A lease asked to (cph_op u.lease.defer_keep) does
+ * at its pass only what needs the store: turnlog_keep_begin checks the session's warm state
+ * against the store (rebuilding it when stale) and returns a job holding the turn's info, its
+ * tree (context_tree_hold) and the warm state, pinned (turnwarm.h). turnlog_keep_compute, on
+ * any one thread, works out every put and delete — the comparisons with the previous kept turn,
+ * the new rows, the refs entry, the record, the trim — and advances the warm state as
+ * turnlog_keep would. turnlog_keep_write, on the loop after the lease's pass committed and
+ * before the lease is answered (so a read that follows the answer sees it), makes those writes
+ * in a write transaction of its own and ends the job; turnlog_keep_abandon ends one that is not
+ * to be written (the lease failed). A session has at most one job at a time, so jobs of
+ * different sessions may be computed on different threads at once (each works on its own
+ * session's warm state, which the loop leaves alone while it is pinned). Between a job's pass
+ * and its end, whatever drops the session's warm state — its delete, a state import, a failed
+ * pass (turnlog_clear), another lease of the session (kept inline: rare, as a session runs one
+ * turn at a time) — marks the pinned one dead, and the job keeps nothing (logged at debug);
+ * the next lease rebuilds the warm state from the store.
+ * Only version-3 keeping is deferred: with keep-turns 0, in the version-2 test mode, with a
+ * tree that could not be read, or when the warm state holds a turn of an older record version
+ * (its trim reads the store), turnlog_keep_begin keeps inline and returns NULL. */
+typedef struct cph_keep_job cph_keep_job;
+
+/* In the lease's transaction t, instead of turnlog_keep: the job (ti and the op it belongs to
+ * must live until the job ends; *tree moves into it), or NULL when the turn was kept inline or
+ * is not kept. cx releases the tree at the end. Never fails the lease. */
+cph_keep_job *turnlog_keep_begin(cph_turnlog *tl, cph_context *cx, cph_txn *t, uint64_t turn_id,
+                                 const cph_turn_info *ti, context_tree *tree);
+/* Any thread, once per job. */
+void turnlog_keep_compute(cph_keep_job *j);
+/* Loop only, between passes, after turnlog_keep_compute returned: writes the job (a write
+ * transaction of its own; a failure, or a job that could not be worked out, is logged and
+ * keeps nothing) and frees it. */
+void turnlog_keep_write(cph_keep_job *j);
+/* Loop only: frees a job that is not to be written (computed or not). */
+void turnlog_keep_abandon(cph_keep_job *j);
 
 /* Tests only: while on, kept contexts are written as version-2 records (texts by hash, no
  * rows), so that a data dir holding both versions can be made and read. Process-wide. */

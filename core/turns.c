@@ -116,6 +116,10 @@ void cph_op_clear_results(cph_op *op) {
     op->u.ingest.park_turn = 0;
     break;
   case CPH_OP_LEASE:
+    if (op->u.lease.keep) { /* before the turn info it reads */
+      turnlog_keep_abandon(op->u.lease.keep);
+      op->u.lease.keep = NULL;
+    }
     cph_turn_info_free(&op->u.lease.turn);
     break;
   case CPH_OP_COMPLETE:
@@ -719,8 +723,11 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     ti->deadline_ms = tr.deadline_ms;
     /* The context explorer's record comes last: the lease's own writes take the room first,
      * so a nearly full map loses the optional record (turnlog_keep's nested txn), not the
-     * lease. */
-    turnlog_keep(tu->turnlog, &t, turn_id, ti, &tree);
+     * lease. Deferred, it is worked out beside the loop and written before the answer. */
+    if (w->u.lease.defer_keep)
+      w->u.lease.keep = turnlog_keep_begin(tu->turnlog, tu->context, &t, turn_id, ti, &tree);
+    else
+      turnlog_keep(tu->turnlog, &t, turn_id, ti, &tree);
   }
   context_tree_release(tu->context, s->id, &tree);
   lease *l = calloc(1, sizeof *l);
@@ -737,6 +744,10 @@ static bool start_turn(cph_turns *tu, cph_op *w, const cph_pick *pick) {
     free(l);
     free(key_copy);
     free(items);
+    if (w->u.lease.keep) { /* before the turn info it reads */
+      turnlog_keep_abandon(w->u.lease.keep);
+      w->u.lease.keep = NULL;
+    }
     cph_turn_info_free(ti);
     cph_job_work_free(work);
     maint_pending_drop(tu->maint);

@@ -29,11 +29,16 @@ void turnwarms_init(cph_turnwarms *tw, size_t max_bytes) {
   *tw = (cph_turnwarms){CPH_HMAP_INIT, {NULL, NULL}, 0, max_bytes};
 }
 
+/* Takes w out of the set: freed, or marked dead while a job pins it (turnwarm.h). */
 static void evict(cph_turnwarms *tw, turnwarm *w) {
   cph_hmap_del(&tw->by_session, w->session);
   cph_lru_unlink(&tw->lru, &w->lru);
   tw->bytes -= w->held;
-  turnwarm_free(w);
+  w->held = 0;
+  if (w->pins)
+    atomic_store(&w->dead, true);
+  else
+    turnwarm_free(w);
 }
 
 void turnwarms_clear(cph_turnwarms *tw) {
@@ -62,6 +67,8 @@ void turnwarms_drop(cph_turnwarms *tw, const char *session) {
 int turnwarms_fresh(cph_turnwarms *tw, const char *session, turnwarm **out) {
   turnwarms_drop(tw, session);
   turnwarm *w = calloc(1, sizeof *w);
+  if (w)
+    atomic_init(&w->dead, false);
   if (!w || !(w->session = strdup(session))) {
     free(w);
     return CPH_ENOMEM;
@@ -86,16 +93,37 @@ static size_t turnwarm_bytes(const turnwarm *w) {
   return b + w->bytes.cap;
 }
 
+/* Measures w again (not while pinned: a job may be changing it; its unpin measures it). */
+static void measure(cph_turnwarms *tw, turnwarm *w) {
+  tw->bytes -= w->held;
+  w->held = turnwarm_bytes(w);
+  tw->bytes += w->held;
+}
+
 void turnwarms_release(cph_turnwarms *tw) {
   turnwarm *w = warm_of(tw->lru.first);
-  if (w) { /* only the most recently used one changed since the last release */
-    tw->bytes -= w->held;
-    w->held = turnwarm_bytes(w);
-    tw->bytes += w->held;
+  if (w && !w->pins) /* only the most recently used one changed since the last release */
+    measure(tw, w);
+  for (cph_lru_link *l = tw->lru.last; l && tw->bytes > tw->max_bytes;) {
+    cph_lru_link *newer = l->prev;
+    if (!warm_of(l)->pins)
+      evict(tw, warm_of(l));
+    l = newer;
   }
-  while (tw->lru.last && tw->bytes > tw->max_bytes)
-    evict(tw, warm_of(tw->lru.last));
 }
+
+void turnwarms_pin(turnwarm *w) { w->pins++; }
+
+void turnwarms_unpin(cph_turnwarms *tw, turnwarm *w) {
+  if (--w->pins)
+    return;
+  if (atomic_load(&w->dead))
+    turnwarm_free(w);
+  else
+    measure(tw, w);
+}
+
+bool turnwarm_dead(const turnwarm *w) { return atomic_load(&w->dead); }
 
 /* ---------------------------------------------------------------- rows and turns */
 

@@ -23,10 +23,19 @@
  * Bound: turnwarms_release keeps the most recently used turnwarms whose memory (copies and
  * tables, turnwarm.held — about twice the newest turn's texts at most) sums to at most
  * max_bytes and frees the others; max_bytes 0 keeps none, so every lease rebuilds from the
- * store. */
+ * store.
+ *
+ * Pins (keeping beside the loop, turnlog.h "Deferred keeping"): a turnwarm a job keeps a turn
+ * with is pinned from its lease's pass until the job was written. While pinned, one job at a
+ * time works on it on another thread, and the loop touches none of it but `pins`, `dead` and
+ * its place in the recency order: turnwarms_release neither frees nor measures it, and
+ * turnwarms_drop, turnwarms_fresh and turnwarms_clear take it out of the set and mark it
+ * dead instead of freeing it — its jobs then see it dead and keep nothing — and the last
+ * unpin frees it. */
 #ifndef CEPHALON_CORE_TURNWARM_H
 #define CEPHALON_CORE_TURNWARM_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -90,6 +99,8 @@ typedef struct turnwarm {
   cph_buf bytes; /* the items' keys: appended, compacted when mostly unused (turnwarm_items_done) */
   size_t held; /* the memory it holds, as of the last turnwarms_release */
   cph_lru_link lru; /* in the warm states' recency order */
+  uint32_t pins;    /* jobs keeping with it that were not written yet (the loop's) */
+  atomic_bool dead; /* out of the set while pinned: its jobs keep nothing; freed at the last unpin */
 } turnwarm;
 
 typedef struct cph_turnwarms {
@@ -107,8 +118,15 @@ turnwarm *turnwarms_get(cph_turnwarms *tw, const char *session);
 /* A new empty turnwarm for the session, replacing any. CPH_OK or CPH_ENOMEM. */
 int turnwarms_fresh(cph_turnwarms *tw, const char *session, turnwarm **out);
 void turnwarms_drop(cph_turnwarms *tw, const char *session);
-/* Frees the least recently used turnwarms until the rest fit in max_bytes. */
+/* Frees the least recently used turnwarms until the rest fit in max_bytes (pinned ones stay). */
 void turnwarms_release(cph_turnwarms *tw);
+/* Pins w for a job (above). Loop only. */
+void turnwarms_pin(turnwarm *w);
+/* A job of w ended (its work is over): unpins it; frees it when it is dead and no job pins it
+ * any more, else measures it again. Loop only. */
+void turnwarms_unpin(cph_turnwarms *tw, turnwarm *w);
+/* Whether w was taken out of the set while pinned (any thread: the loop sets it). */
+bool turnwarm_dead(const turnwarm *w);
 
 /* The newest kept turn it holds (0: none). */
 uint64_t turnwarm_newest(const turnwarm *w);

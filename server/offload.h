@@ -15,7 +15,8 @@ typedef struct cph_req cph_req;
 typedef struct cph_offload_pool cph_offload_pool;
 
 /* What a request's job does: work(r, arg, h) on a pool thread — it may read and write only
- * r's arena, r->op.u.ingest and arg, never the engine or libevent, and h is the thread's
+ * r's arena, r->op.u.ingest, a lease's r->op.u.lease (its turn, read; its keep job, through
+ * cph_keep_job_compute) and arg, never the engine or libevent, and h is the thread's
  * hasher (NULL when it could not have one) —, then done(r, arg) on the loop, which submits,
  * answers or hands r on. */
 typedef struct cph_offload_fns {

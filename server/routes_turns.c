@@ -452,18 +452,32 @@ static void lease_send(cph_req *r, cph_buf *body) {
   cph_reply_emitted(r, 200, body);
 }
 
+/* The lease's kept context, when the engine left it to us (u.lease.defer_keep): worked out and
+ * written here, on the loop, before the lease is answered. */
+static void lease_keep_here(cph_req *r) {
+  if (r->op.u.lease.keep) {
+    cph_keep_job_compute(r->op.u.lease.keep);
+    cph_engine_keep_write(r->srv->engine, &r->op);
+  }
+}
+
 typedef struct lease_job {
   size_t hint;
   cph_buf body;
 } lease_job;
 
+/* On a request thread: the answer, and the kept context's writes worked out beside it. */
 static void lease_job_work(cph_req *r, void *arg, cph_event_hasher *h) {
   (void)h;
   lease_job *j = arg;
   lease_write(r, j->hint, &j->body);
+  if (r->op.u.lease.keep)
+    cph_keep_job_compute(r->op.u.lease.keep);
 }
 
+/* On the loop: the kept context written (a read after the answer sees it), then the answer. */
 static void lease_job_done(cph_req *r, void *arg) {
+  cph_engine_keep_write(r->srv->engine, &r->op);
   lease_send(r, &((lease_job *)arg)->body);
   cph_op_clear_results(&r->op);
   cph_req_end(r);
@@ -489,12 +503,14 @@ static void lease_done(cph_req *r) {
   cph_lp_finish(r->srv->lp, &r->srv->lp->leases, r);
   cph_op *op = &r->op;
   if (op->rc == CPH_OK && lease_misplaced(r)) {
+    lease_keep_here(r);
     cph_reply_empty(r, 204);
   } else if (op->rc == CPH_OK) {
     if (lease_offload(r))
       return;
     cph_buf body = CPH_BUF_INIT;
     lease_write(r, r->srv->lease_bytes_hint, &body);
+    lease_keep_here(r);
     lease_send(r, &body);
   } else if (op->rc == CPH_ETIMEDOUT) {
     cph_reply_empty(r, 204);
@@ -618,6 +634,9 @@ void cph_route_turn_lease(cph_req *r) {
   op->u.lease.worker = (char *)worker; /* an input: the engine reads it only */
   op->u.lease.lanes = mask;
   op->u.lease.omit = omit;
+  /* With request threads, the turn's kept context is worked out on one, beside the answer
+   * (lease_job_work): the loop only writes it. */
+  op->u.lease.defer_keep = s->offload != NULL;
   op->u.lease.deadline_ns = cph_clock_now(&s->clock) + (int64_t)wait_ms * CPH_NS_PER_MS;
   if (!cph_req_submit(r, CPH_OP_LEASE, lease_done)) {
     cph_lp_release(s->lp, r);

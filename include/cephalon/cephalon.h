@@ -674,7 +674,9 @@ struct cph_op {
       unsigned lanes; /* bit per cph_lane; 0 = all (external workers: never maintenance) */
       int64_t deadline_ns; /* give up (rc CPH_ETIMEDOUT) at this monotonic time */
       unsigned omit; /* cph_turn_part bits the worker does not use (0: the whole answer) */
+      bool defer_keep; /* in: the caller finishes keeping the turn's context (cph_keep_job) */
       cph_turn_info turn; /* filled on success; turn.omit = omit */
+      struct cph_keep_job *keep; /* out, with defer_keep: the context to keep, or NULL */
     } lease;
     struct {
       uint64_t turn_id;
@@ -843,8 +845,20 @@ int cph_engine_submit(cph_engine *e, cph_op *op);
  * Returns true if it was withdrawn (done will not be called), false if already served. */
 bool cph_engine_cancel_lease(cph_engine *e, cph_op *op);
 /* Frees what the engine filled into op (results, turn, session out), not op itself nor the
- * caller's inputs. */
+ * caller's inputs. A lease's keep job not written yet is abandoned (loop only, then). */
 void cph_op_clear_results(cph_op *op);
+
+/* A lease's kept context (the context explorer's), finished beside the loop. A lease
+ * submitted with u.lease.defer_keep leaves in u.lease.keep, when its turn's context is to be
+ * kept, what keeping it still needs (core/turnlog.h, "Deferred keeping"): the caller works it
+ * out with cph_keep_job_compute on any thread (jobs of different leases may run at once), then,
+ * on the loop and before it answers the lease — so a read that follows the answer sees the
+ * context —, writes it with cph_engine_keep_write. A job not written is abandoned by
+ * cph_op_clear_results. Never fails the lease: a context that cannot be kept is logged. */
+void cph_keep_job_compute(struct cph_keep_job *job);
+/* Writes op's keep job (computed) in a write transaction of its own and clears
+ * op->u.lease.keep; nothing when there is none. Loop only, between passes. */
+void cph_engine_keep_write(cph_engine *e, cph_op *op);
 
 /* Cluster mode (server/clusterflow.h, the done marks): while on, a completion and a session
  * delete name the events they consumed (cph_op u.turn.consumed, u.session.consumed), which

@@ -3,7 +3,9 @@
  * names the nodes, messages and section items that entered, left or changed, with the reason
  * (a TTL that expired, a cadence, the window budget, a consumed obligation); parts a lease left
  * out are named, not reported as gone; errors name the field; `cephalonctl context diff` prints
- * the same; and GET /v1/sessions?prefix= (the console's search) finds ids by prefix. */
+ * the same; GET /v1/sessions?prefix= (the console's search) finds ids by prefix; and a lease's
+ * kept context can be read as soon as the lease is answered, with clients leasing at once (the
+ * daemon works it out beside the loop: core/turnlog.h, "Deferred keeping"). */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +14,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +44,12 @@ static int setup(void **state) { return start(state, "{:sessions {:janitor? fals
 
 static int setup_keep3(void **state) {
   return start(state, "{:sessions {:janitor? false} :context {:keep-turns 3}}\n");
+}
+
+/* Budgets that never bind: 8 clients x 20 turns within a few seconds. */
+static int setup_busy(void **state) {
+  return start(state, "{:sessions {:janitor? false}\n"
+                      " :scheduler {:lanes {:interactive {:turns 100000 :tool-calls 100000}}}}\n");
 }
 
 static int setup_keep0(void **state) {
@@ -541,6 +550,117 @@ static void test_sessions_list_finds_ids_by_prefix(void **state) {
   json_decref(j);
 }
 
+/* ---- a lease's kept context, read right after its answer, with 8 clients at once ---- */
+
+#define READERS 8
+#define READER_ROUNDS 20
+
+typedef struct reader {
+  int port;
+  char sid[16];
+  char failure[512]; /* the first thing that went wrong ("" when nothing did) */
+  int offload_sized; /* leases answered with 16 KiB or more (written on the request thread) */
+  int checked;       /* leased turns whose kept context was read */
+} reader;
+
+static json_t *reader_call(reader *rd, const char *method, const char *path, const char *body,
+                           int want) {
+  cph_test_response r = cph_test_api(rd->port, method, path, NULL, body);
+  json_t *j = r.status == want ? cph_test_json(&r) : NULL;
+  if (!j && !rd->failure[0])
+    snprintf(rd->failure, sizeof rd->failure, "%s %s: %d %.300s", method, path, r.status,
+             r.body ? r.body : "");
+  cph_test_response_free(&r);
+  return j;
+}
+
+/* Each round: an event of ~1.2 KB (so the lease answers pass 16 KiB after a dozen rounds and
+ * are written on the request thread, and the first ones are not), a lease (of whichever
+ * session's turn is ready: the readers are workers), at once the kept context of the leased
+ * turn — it must be there, with the lease's messages — then the completion. */
+static void *reader_main(void *arg) {
+  reader *rd = arg;
+  char body[1400], json[1700], path[160];
+  for (int round = 0; round < READER_ROUNDS && !rd->failure[0]; round++) {
+    int n = snprintf(body, sizeof body, "%s round %d:", rd->sid, round);
+    while (n < 1200)
+      n += snprintf(body + n, sizeof body - (size_t)n, " word%d", n);
+    snprintf(json, sizeof json,
+             "{\"events\":[{\"channel\":\"%s-chan\",\"sender\":\"ann\",\"body\":\"%s\"}]}",
+             rd->sid, body);
+    json_decref(reader_call(rd, "POST", "/v1/events", json, 200));
+    /* 204: the turns of the sessions with input were taken (a session's events staged
+     * together make one turn, so there are fewer turns than events) */
+    cph_test_response lr = cph_test_api(rd->port, "POST", "/v1/turns/lease", NULL,
+                                        "{\"worker\":\"w\",\"wait_ms\":2000}");
+    json_t *l = lr.status == 200 ? cph_test_json(&lr) : NULL;
+    if (lr.status != 200 && lr.status != 204 && !rd->failure[0])
+      snprintf(rd->failure, sizeof rd->failure, "POST /v1/turns/lease: %d %.300s", lr.status,
+               lr.body ? lr.body : "");
+    cph_test_response_free(&lr);
+    if (!l)
+      continue;
+    rd->checked++;
+    char *dumped = json_dumps(l, JSON_COMPACT);
+    if (dumped && strlen(dumped) >= 16 * 1024)
+      rd->offload_sized++;
+    free(dumped);
+    json_t *t = json_object_get(l, "turn");
+    json_int_t id = json_integer_value(json_object_get(t, "id"));
+    json_t *msgs = json_object_get(t, "messages");
+    snprintf(path, sizeof path, "/v1/sessions/%s/turns/%lld/context",
+             json_string_value(json_object_get(t, "session")), (long long)id);
+    json_t *c = reader_call(rd, "GET", path, NULL, 200);
+    json_t *kept_msgs = c ? json_object_get(c, "messages") : NULL;
+    for (size_t m = 0; c && !rd->failure[0] && m < json_array_size(msgs); m++) {
+      const char *leased = json_string_value(json_object_get(json_array_get(msgs, m), "content"));
+      const char *held = json_string_value(json_object_get(json_array_get(kept_msgs, m), "content"));
+      if (json_array_size(kept_msgs) != json_array_size(msgs))
+        snprintf(rd->failure, sizeof rd->failure, "turn %lld: kept %zu messages, leased %zu",
+                 (long long)id, json_array_size(kept_msgs), json_array_size(msgs));
+      else if (!leased || !held || strcmp(leased, held) != 0)
+        snprintf(rd->failure, sizeof rd->failure, "turn %lld: message %zu kept as \"%.60s\", "
+                 "leased as \"%.60s\"", (long long)id, m, held ? held : "(none)",
+                 leased ? leased : "(none)");
+    }
+    json_decref(c);
+    snprintf(path, sizeof path, "/v1/turns/%lld/complete", (long long)id);
+    snprintf(json, sizeof json,
+             "{\"lease\":\"%s\",\"cost\":{\"tokens\":1,\"tool_calls\":0},"
+             "\"reply\":{\"body\":\"noted %d\"}}",
+             json_string_value(json_object_get(t, "lease")), round);
+    json_decref(reader_call(rd, "POST", path, json, 200));
+    json_decref(l);
+  }
+  return NULL;
+}
+
+static void test_a_leases_kept_context_is_there_when_the_lease_is_answered(void **state) {
+  fixture *f = *state;
+  reader rd[READERS];
+  pthread_t th[READERS];
+  for (int i = 0; i < READERS; i++) {
+    memset(&rd[i], 0, sizeof rd[i]);
+    rd[i].port = f->d.port;
+    snprintf(rd[i].sid, sizeof rd[i].sid, "r%d", i);
+    session(f, rd[i].sid, NULL);
+  }
+  for (int i = 0; i < READERS; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, reader_main, &rd[i]), 0);
+  int offload_sized = 0, checked = 0;
+  for (int i = 0; i < READERS; i++) {
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+    if (rd[i].failure[0])
+      fail_msg("session %s: %s", rd[i].sid, rd[i].failure);
+    offload_sized += rd[i].offload_sized;
+    checked += rd[i].checked;
+  }
+  assert_true(checked >= READERS * READER_ROUNDS / 4);
+  /* both ways a lease is answered were taken: written on the loop, and on the request thread */
+  assert_true(offload_sized > 0);
+  assert_true(offload_sized < READERS * READER_ROUNDS);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_diff_names_what_entered_and_left_with_the_reason, setup,
@@ -558,6 +678,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cephalonctl_context_diff_prints_the_reasons, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_sessions_list_finds_ids_by_prefix, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_a_leases_kept_context_is_there_when_the_lease_is_answered, setup_busy, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,13 +40,23 @@
  *
  * The memories a turn lists come, on the warm engine, from the records kept decoded between
  * turns (core/memcache.h; a bound of a record or two, or the default), on the rebuilt one
- * from the store at every lease; the access counts written back each second rewrite them. */
+ * from the store at every lease; the access counts written back each second rewrite them.
+ *
+ * In half the cases the warm engine's leases defer keeping (cph_op u.lease.defer_keep, as the
+ * daemon's leases do with a request thread: core/turnlog.h, "Deferred keeping"): the test works
+ * each job out — on a thread of its own now and then — and writes it before it reads the turn
+ * back. Now and then, between the lease and the write, a node is inserted into the session's
+ * tree (the job keeps the tree its lease read, and must not hand it back to the tree cache:
+ * the next lease would render it without the node), or the job is abandoned (its turn is not
+ * kept on the warm engine: neither compared nor expected in the explorer, and the next lease of
+ * the session rebuilds its warm state from the store). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +111,8 @@ typedef struct pair {
   long long warm_bytes; /* the warm engine's bound on its kept contexts' warm states */
   long long memory_cache_bytes; /* the warm engine's bound on its decoded memories; cold: 0 */
   int warm_channels, keep; /* the policies' :sessions :warm-channels (warm engine), keep-turns */
+  bool defer;   /* the warm engine's leases defer keeping (turnlog.h, "Deferred keeping") */
+  rng dr;       /* what becomes of each deferred job: a stream of its own */
   kept_read *reads;
   size_t n_reads, cap_reads;
 } pair;
@@ -328,14 +340,18 @@ static void post(pair *p, rng *r) {
   cph_op_clear_results(&ops[1]);
 }
 
-static void insert_node(pair *p, rng *r) {
+static void insert_node_in(pair *p, rng *r, const char *in);
+static void insert_node(pair *p, rng *r) { insert_node_in(p, r, NULL); }
+
+/* A node inserted into session `in` (NULL: one drawn) on both. */
+static void insert_node_in(pair *p, rng *r, const char *in) {
   static const char *const AT[] = {"d-1, 1, 0", "d0, 1, 0", "d1, 1, 0", "d2, 0, 1", "d0, 1, 1"};
   static const char *const CONTENT[] = {"remember: the api deploy is frozen", "tone: short answers",
                                         "open question from alice"};
   cph_op ops[2] = {{0}};
   uint32_t ttl = below(r, 3) ? 1 + below(r, 4) : 0;
   uint32_t cadence = ttl && below(r, 2) ? 2 + below(r, 3) : 0;
-  const char *session = p->ids[below(r, (uint32_t)p->n_sessions)];
+  const char *session = in ? in : p->ids[below(r, (uint32_t)p->n_sessions)];
   const char *at = AT[below(r, 5)];
   const char *content = CONTENT[below(r, 3)];
   for (int k = 0; k < 2; k++) {
@@ -702,6 +718,45 @@ static void recheck_kept(pair *p) {
   }
 }
 
+static void *compute_job(void *job) {
+  cph_keep_job_compute(job);
+  return NULL;
+}
+
+/* What becomes of the warm engine's deferred keep job of lease l (its turn): worked out (on a
+ * thread of its own a third of the time) and written, or — now and then — written after a node
+ * was inserted into the session's tree on both engines (the job holds the tree the lease read:
+ * it must keep that one, and not give it back to the tree cache, whose next lease would
+ * render it without the node), or abandoned. Returns 'k' when the turn is kept, 'a' when not. */
+static char finish_deferred(pair *p, cph_op *l) {
+  if (!l->u.lease.keep)
+    return 'k'; /* kept inline (or not to be kept) */
+  uint32_t what = below(&p->dr, 12);
+  if (what <= 1) { /* abandoned, worked out or not; the turn info stays for the comparisons */
+    knobs(p, true);
+    if (what == 1)
+      cph_keep_job_compute(l->u.lease.keep);
+    turnlog_keep_abandon(l->u.lease.keep);
+    knobs_off();
+    l->u.lease.keep = NULL;
+    return 'a';
+  }
+  if (what <= 4) /* the session's tree changes while the job is in flight */
+    insert_node_in(p, &p->dr, l->u.lease.turn.session);
+  knobs(p, true);
+  if (below(&p->dr, 3) == 0) {
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, compute_job, l->u.lease.keep), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+  } else {
+    cph_keep_job_compute(l->u.lease.keep);
+  }
+  cph_engine_keep_write(p->warm->e, l);
+  knobs_off();
+  assert_null(l->u.lease.keep);
+  return 'k';
+}
+
 /* Leases a turn on both; they must be the same turn. Then completes (with a reply, and a
  * memory now and then), fails, or leaves it to expire — the same on both. */
 static bool turn(pair *p, rng *r) {
@@ -712,11 +767,13 @@ static bool turn(pair *p, rng *r) {
     l[k].u.lease.worker = "w";
     l[k].u.lease.deadline_ns = cph_clock_now(&f[k]->clock);
   }
+  l[0].u.lease.defer_keep = p->defer;
   if (run_both(p, &l[0], &l[1]) != CPH_OK) {
     cph_op_clear_results(&l[0]);
     cph_op_clear_results(&l[1]);
     return false;
   }
+  char kept = finish_deferred(p, &l[0]);
   char *a = canonical(&l[0].u.lease.turn), *b = canonical(&l[1].u.lease.turn);
   if (strcmp(a, b) != 0) {
     fprintf(stderr, "---- warm\n%s---- rebuilt\n%s", a, b);
@@ -725,9 +782,10 @@ static bool turn(pair *p, rng *r) {
   }
   free(a);
   free(b);
-  if (p->keep > 0)
+  if (p->keep > 0 && kept == 'k')
     check_kept(p, &l[0].u.lease.turn, &l[1].u.lease.turn);
-  check_bound(p, l[0].u.lease.turn.session, l[0].u.lease.turn.id);
+  if (kept == 'k') /* an abandoned job trims nothing either (its lease failed, as far as it knows) */
+    check_bound(p, l[0].u.lease.turn.session, l[0].u.lease.turn.id);
   uint32_t how = below(r, 10);
   char reply[96];
   snprintf(reply, sizeof reply, "%s here: %s", l[0].u.lease.turn.session, TEXTS[below(r, N_TEXTS)]);
@@ -841,6 +899,8 @@ static void run_case(uint64_t seed) {
   memory_test_cache_bytes(-1);
   create_sessions(&p, &r);
   p.mixed = below(&r, 2) == 0;
+  p.dr = (rng){seed ^ 0xdefe44eddull};
+  p.defer = below(&p.dr, 2) == 0;
   /* The kept contexts' warm states and keep-turns changes draw from their own stream, so the
    * operations above are the cases they were before. Bounds: none kept (every lease rebuilds),
    * about one session's (evicted all the time), the default. */
