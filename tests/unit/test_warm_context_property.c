@@ -45,9 +45,11 @@
  * In half the cases the warm engine's leases defer keeping (cph_op u.lease.defer_keep, as the
  * daemon's leases do with a request thread: core/turnlog.h, "Deferred keeping"): the test works
  * each job out — on a thread of its own now and then — and writes it before it reads the turn
- * back. Now and then, between the lease and the write, a node is inserted into the session's
- * tree (the job keeps the tree its lease read, and must not hand it back to the tree cache:
- * the next lease would render it without the node), or the job is abandoned (its turn is not
+ * back. Now and then, between the lease and the write, another session's turn runs and is kept
+ * (with the warm states' bound, which must not take a state a job in flight holds), a node is
+ * inserted into the session's tree (the job keeps the tree its lease read, and must not hand it
+ * back to the tree cache: the next lease would render it without the node), or the job is
+ * abandoned (its turn is not
  * kept on the warm engine: neither compared nor expected in the explorer, and the next lease of
  * the session rebuilds its warm state from the store). */
 #include <setjmp.h>
@@ -112,6 +114,7 @@ typedef struct pair {
   long long memory_cache_bytes; /* the warm engine's bound on its decoded memories; cold: 0 */
   int warm_channels, keep; /* the policies' :sessions :warm-channels (warm engine), keep-turns */
   bool defer;   /* the warm engine's leases defer keeping (turnlog.h, "Deferred keeping") */
+  bool nested;  /* a turn runs while another's keep job is in flight */
   rng dr;       /* what becomes of each deferred job: a stream of its own */
   kept_read *reads;
   size_t n_reads, cap_reads;
@@ -728,10 +731,19 @@ static void *compute_job(void *job) {
  * was inserted into the session's tree on both engines (the job holds the tree the lease read:
  * it must keep that one, and not give it back to the tree cache, whose next lease would
  * render it without the node), or abandoned. Returns 'k' when the turn is kept, 'a' when not. */
-static char finish_deferred(pair *p, cph_op *l) {
+static bool turn(pair *p, rng *r);
+
+static char finish_deferred(pair *p, cph_op *l, rng *r) {
   if (!l->u.lease.keep)
     return 'k'; /* kept inline (or not to be kept) */
   uint32_t what = below(&p->dr, 12);
+  if (!p->nested && below(&p->dr, 4) == 0) {
+    /* another session's turn, kept and its warm states bounded, while this job is in flight:
+     * the bound must not take this job's warm state */
+    p->nested = true;
+    turn(p, r);
+    p->nested = false;
+  }
   if (what <= 1) { /* abandoned, worked out or not; the turn info stays for the comparisons */
     knobs(p, true);
     if (what == 1)
@@ -773,7 +785,7 @@ static bool turn(pair *p, rng *r) {
     cph_op_clear_results(&l[1]);
     return false;
   }
-  char kept = finish_deferred(p, &l[0]);
+  char kept = finish_deferred(p, &l[0], r);
   char *a = canonical(&l[0].u.lease.turn), *b = canonical(&l[1].u.lease.turn);
   if (strcmp(a, b) != 0) {
     fprintf(stderr, "---- warm\n%s---- rebuilt\n%s", a, b);
