@@ -725,6 +725,8 @@ static void kw_del(kept_writes *kw, const cph_key *k, bool may_be_gone) {
 static int kw_apply(const kept_writes *kw, cph_txn *t) {
   if (cph_buf_error(&kw->b) != CPH_OK)
     return cph_err_set(&t->err, CPH_ENOMEM, "out of memory keeping a turn's context");
+  if (kw->b.len == 0) /* nothing to write, and maybe no buffer: no arithmetic on NULL */
+    return CPH_OK;
   const uint8_t *p = (const uint8_t *)kw->b.data, *end = p + kw->b.len;
   int rc = CPH_OK;
   while (rc == CPH_OK && p < end) {
