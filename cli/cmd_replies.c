@@ -5,12 +5,14 @@
  * long-polls from there on, one cursor, until SIGINT or SIGTERM (then exit 0).
  *
  * In cluster mode (GET /v1/cluster answers 200; a single node answers 404) each reply has an
- * `origin`, its identity cluster-wide, and a node that takes a dead node's sessions over offers
- * their newest 64 replies again under the same origins (core/replystream.h). So, as the
- * README's "Running a cluster" asks of a connector: every node the cluster lists is read, one
- * cursor each (starting at --after for the nodes listed at start, at 0 for a node that joins
- * later: all of its stream is new to us), and a reply is printed only if its origin was not
- * printed already (seen_* below). With --follow each node has a thread of its own (a
+ * `origin`, its identity cluster-wide, "<node>/<id there>/<16 hex>", and a node that takes a
+ * dead node's sessions over offers every reply of theirs it lacks again under the same origins
+ * (core/replystream.h). So, as the README's "Running a cluster" asks of a connector: every
+ * node the cluster lists is read, one cursor each (starting at --after for the nodes listed at
+ * start, at 0 for a node that joins later: all of its stream is new to us), and a reply is
+ * printed only if it was not delivered already: its origin names a node whose stream we read
+ * past its id there (own_* below: a node's stream is read in order), or it is among the
+ * origins printed (seen_* below). With --follow each node has a thread of its own (a
  * long-poll on one node must not delay another's replies); the list is read again every
  * DISCOVER_EVERY_MS, from --url or, when that fails, from any node listed; a node that
  * leaves the list stops being polled (its cursor is kept, should it come back), a node that
@@ -33,7 +35,10 @@
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 8000
 #define MAX_NODES 64
-#define KEEP_PER_SESSION 64              /* the daemon re-offers a session's newest 64 */
+/* Origins printed that were read from another node than the one they name, remembered per
+ * session (below); those read from the node they name are covered by own_* whatever their
+ * number. */
+#define KEEP_PER_SESSION 64
 
 static void replies_usage(FILE *out) {
   fprintf(out,
@@ -72,14 +77,90 @@ static void nap(unsigned ms) {
   }
 }
 
+/* ---------------------------------------------------------------- read from their node
+ *
+ * A node's own replies carry origins "<its name>/<its id>/..." and its stream is read in
+ * order, one cursor: so once a reply of node N's own with id i was read from N, every own
+ * reply of N up to i was (from the cursor we started N at: --after says the earlier ones are
+ * had). A reply of N offered again by the node that took its session over is then delivered
+ * already when its id there is at most the highest own id read from N — exact, and with one
+ * number per node however many replies moved. */
+
+typedef struct own_read {
+  char *node;
+  uint64_t id; /* the highest id of the node's own replies read from its own stream */
+} own_read;
+
+typedef struct own_set {
+  own_read *v;
+  size_t n, cap;
+} own_set;
+
+/* origin "<node>/<digits>/<hex>": the node name's length and the id; false when not so. */
+static bool origin_parts(const char *origin, size_t *name_len, uint64_t *id) {
+  const char *last = strrchr(origin, '/');
+  const char *mid = last;
+  while (mid && mid > origin && mid[-1] != '/')
+    mid--;
+  if (!last || !mid || mid == origin || mid == last)
+    return false; /* mid: the id's first digit, after the node's '/' */
+  uint64_t v = 0;
+  for (const char *c = mid; c < last; c++) {
+    if (*c < '0' || *c > '9' || v > (UINT64_MAX - 9) / 10)
+      return false;
+    v = v * 10 + (uint64_t)(*c - '0');
+  }
+  *name_len = (size_t)(mid - 1 - origin);
+  *id = v;
+  return *name_len > 0;
+}
+
+static own_read *own_find(own_set *o, const char *node, size_t len) {
+  for (size_t i = 0; i < o->n; i++)
+    if (strlen(o->v[i].node) == len && memcmp(o->v[i].node, node, len) == 0)
+      return &o->v[i];
+  return NULL;
+}
+
+/* Notes that node's own reply id was read from node; -1 out of memory. */
+static int own_note(own_set *o, const char *node, uint64_t id) {
+  own_read *r = own_find(o, node, strlen(node));
+  if (!r) {
+    if (o->n == o->cap) {
+      size_t cap = o->cap ? 2 * o->cap : 8;
+      own_read *v = realloc(o->v, cap * sizeof *v);
+      if (!v)
+        return -1;
+      o->v = v;
+      o->cap = cap;
+    }
+    if (!(o->v[o->n].node = strdup(node)))
+      return -1;
+    o->v[o->n].id = 0;
+    r = &o->v[o->n++];
+  }
+  if (id > r->id)
+    r->id = id;
+  return 0;
+}
+
+static void own_free(own_set *o) {
+  for (size_t i = 0; i < o->n; i++)
+    free(o->v[i].node);
+  free(o->v);
+  memset(o, 0, sizeof *o);
+}
+
 /* ---------------------------------------------------------------- delivered origins
  *
- * Remembered per session: the newest KEEP_PER_SESSION origins printed for each (a ring), which
- * is what the README asks of a connector. Why per session and not one global bounded set: the
- * node taking a session over re-offers that session's newest 64 replies however many replies
- * other sessions made meanwhile, so a global set of any fixed size could be flushed by busy
- * sessions while a quiet session's replies are still offered again. Cost: up to 64 origins
- * per session seen; a lookup compares at most 64 of them. */
+ * The origins printed that were read from another node than the one they name (or whose node
+ * was not known), remembered per session: the newest KEEP_PER_SESSION for each (a ring). Such
+ * a reply is offered again only if its session moves again before the node it came from read
+ * it back from its own stream. Why per session and not one global bounded set: a session's
+ * replies are offered again however many replies other sessions made meanwhile, so a global
+ * set of any fixed size could be flushed by busy sessions while a quiet session's replies are
+ * still offered again. Cost: up to 64 origins per session seen; a lookup compares at most 64
+ * of them. */
 
 typedef struct seen_session {
   char *session;
@@ -117,6 +198,24 @@ static int seen_grow(seen_set *set) {
   set->bucket = b;
   set->nbucket = n;
   return 0;
+}
+
+static seen_session *seen_find(const seen_set *set, const char *session) {
+  if (!set->nbucket)
+    return NULL;
+  seen_session *s = set->bucket[seen_hash(session, set->nbucket)];
+  while (s && strcmp(s->session, session) != 0)
+    s = s->chain;
+  return s;
+}
+
+/* Whether origin is among those remembered for session. */
+static bool seen_has(const seen_set *set, const char *session, const char *origin) {
+  const seen_session *s = seen_find(set, session);
+  for (unsigned i = 0; s && i < KEEP_PER_SESSION && s->origin[i]; i++)
+    if (strcmp(s->origin[i], origin) == 0)
+      return true;
+  return false;
 }
 
 /* 1: origin was not delivered in session and is now remembered; 0: delivered already;
@@ -172,6 +271,7 @@ typedef struct printer {
   cli_table *table;  /* without --follow: rows gathered, printed aligned at the end */
   bool header_done;  /* with --follow: the header line went out */
   seen_set seen;     /* cluster mode only */
+  own_set own;       /* cluster mode only */
   int rc;            /* sticky: CLI_EXIT_FAIL after an allocation or write failed */
 } printer;
 
@@ -192,12 +292,32 @@ static const char *clean_cell(cph_buf *b, const json_t *v) {
   return b->failed || !b->data ? "-" : b->data;
 }
 
-/* Prints (or, in table mode, gathers) one reply the stream gave; caller holds p->mu. */
-static void print_one(printer *p, const json_t *reply) {
+/* 1: print the reply with this origin, read from node `from` (its name; NULL: not known);
+ * 0: delivered already. Caller holds p->mu. */
+static int fresh_origin(printer *p, const char *session, const char *origin, const char *from) {
+  size_t len = 0;
+  uint64_t id = 0;
+  bool parsed = origin_parts(origin, &len, &id);
+  bool own = parsed && from && strlen(from) == len && memcmp(origin, from, len) == 0;
+  if (own) { /* its own stream: every own reply of it up to here is read now */
+    if (own_note(&p->own, from, id) != 0)
+      return -1;
+    /* printed from another node before (its node was down, and is back on its data)? */
+    return seen_has(&p->seen, session, origin) ? 0 : 1;
+  }
+  const own_read *r = parsed ? own_find(&p->own, origin, len) : NULL;
+  if (r && id <= r->id)
+    return 0; /* read from its own node already */
+  return seen_add(&p->seen, session, origin);
+}
+
+/* Prints (or, in table mode, gathers) one reply the stream of node `from` gave (its name;
+ * NULL: not known); caller holds p->mu. */
+static void print_one(printer *p, const json_t *reply, const char *from) {
   const char *origin = cli_json_string(reply, "origin");
   const char *session = cli_json_string(reply, "session");
   if (p->cluster && origin) {
-    int fresh = seen_add(&p->seen, session ? session : "", origin);
+    int fresh = fresh_origin(p, session ? session : "", origin, from);
     if (fresh < 0 && p->rc == CLI_EXIT_OK) {
       fprintf(stderr, "cephalonctl: out of memory\n");
       p->rc = CLI_EXIT_FAIL;
@@ -242,10 +362,10 @@ typedef struct read_opts {
   uint64_t limit; /* 0: the daemon's default */
 } read_opts;
 
-/* One GET /v1/replies on url after *cursor: prints its replies and moves *cursor to its
- * "next". CLI_EXIT_OK, or another code after the problem went to stderr. */
-static int read_page(const cli_ctx *ctx, const char *url, const read_opts *o, uint64_t *cursor,
-                     printer *p) {
+/* One GET /v1/replies on url (node `name`; NULL: not known) after *cursor: prints its replies
+ * and moves *cursor to its "next". CLI_EXIT_OK, or another code after the problem went to stderr. */
+static int read_page(const cli_ctx *ctx, const char *url, const char *name, const read_opts *o,
+                     uint64_t *cursor, printer *p) {
   cli_ctx node = *ctx;
   node.url = url;
   cph_buf path = CPH_BUF_INIT;
@@ -272,7 +392,7 @@ static int read_page(const cli_ctx *ctx, const char *url, const read_opts *o, ui
     size_t i;
     const json_t *reply;
     pthread_mutex_lock(&p->mu);
-    json_array_foreach(list, i, reply) print_one(p, reply);
+    json_array_foreach(list, i, reply) print_one(p, reply, name);
     if (!p->table && cli_finish_output() != CLI_EXIT_OK)
       p->rc = CLI_EXIT_FAIL;
     rc = p->rc;
@@ -290,6 +410,7 @@ static int read_page(const cli_ctx *ctx, const char *url, const read_opts *o, ui
 
 typedef struct node {
   char *url;
+  char *name;         /* as GET /v1/cluster lists it; NULL: not known (never changes once set) */
   uint64_t cursor;    /* this node's stream: the last id read; only its thread moves it */
   atomic_bool listed; /* in the node list last read: polled only while it is */
   pthread_t thread;
@@ -315,7 +436,7 @@ static void *node_thread(void *arg) {
       nap(200);
       continue;
     }
-    int rc = read_page(f->ctx, nd->url, &f->opts, &nd->cursor, f->p);
+    int rc = read_page(f->ctx, nd->url, nd->name, &f->opts, &nd->cursor, f->p);
     if (rc == CLI_EXIT_OK) {
       backoff = 0;
       continue;
@@ -339,9 +460,11 @@ static void *node_thread(void *arg) {
   return NULL;
 }
 
-/* The index of url's node, added (listed, its cursor at `after`; with threads, its reader
- * started) unless known; -1 when it cannot be added (full, or out of memory). */
-static int follower_add(follower *f, const char *url, uint64_t after, bool threads) {
+/* The index of url's node (named name, NULL: not known), added (listed, its cursor at
+ * `after`; with threads, its reader started) unless known; -1 when it cannot be added (full,
+ * or out of memory). */
+static int follower_add(follower *f, const char *url, const char *name, uint64_t after,
+                        bool threads) {
   for (size_t i = 0; i < f->n; i++)
     if (strcmp(f->nodes[i].url, url) == 0)
       return (int)i;
@@ -350,6 +473,10 @@ static int follower_add(follower *f, const char *url, uint64_t after, bool threa
   node *nd = &f->nodes[f->n];
   if (!(nd->url = strdup(url)))
     return -1;
+  if (name && !(nd->name = strdup(name))) {
+    free(nd->url);
+    return -1;
+  }
   nd->cursor = after;
   nd->f = f;
   atomic_store(&nd->listed, true);
@@ -385,7 +512,8 @@ static int discover(follower *f, const char *url, uint64_t after, bool threads) 
     out = 1;
     json_array_foreach(nodes, i, nd) {
       const char *u = cli_json_string(nd, "url");
-      int k = u && u[0] ? follower_add(f, u, after, threads) : -2;
+      const char *name = cli_json_string(nd, "node");
+      int k = u && u[0] ? follower_add(f, u, name, after, threads) : -2;
       if (k >= 0)
         listed[k] = true;
       else if (k == -1)
@@ -414,6 +542,7 @@ static void follower_free(follower *f) {
     if (f->nodes[i].started)
       pthread_join(f->nodes[i].thread, NULL);
     free(f->nodes[i].url);
+    free(f->nodes[i].name);
   }
 }
 
@@ -422,7 +551,7 @@ static void follower_free(follower *f) {
 /* --follow: every node's reader thread until a stop signal (exit 0) or a failure retrying
  * cannot mend (a bad URL, stdout gone). */
 static int follow(follower *f, bool cluster, uint64_t after) {
-  if (!cluster && follower_add(f, f->ctx->url, after, true) < 0) {
+  if (!cluster && follower_add(f, f->ctx->url, NULL, after, true) < 0) {
     fprintf(stderr, "cephalonctl: cannot start reading (out of memory)\n");
     return CLI_EXIT_FAIL;
   }
@@ -508,18 +637,19 @@ int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv) {
     if (p.table)
       cli_table_init(p.table, 4, headers[p.cluster], p.cluster ? 0 : 1);
     /* a node still joining may list no node yet: read the one we were given */
-    if (p.cluster && f->n == 0 && follower_add(f, c.url, after.value, false) < 0) {
+    if (p.cluster && f->n == 0 && follower_add(f, c.url, NULL, after.value, false) < 0) {
       fprintf(stderr, "cephalonctl: out of memory\n");
       rc = CLI_EXIT_FAIL;
     } else if (follow_flag) {
       rc = follow(f, p.cluster, after.value);
     } else if (!p.cluster) {
       uint64_t cursor = after.value;
-      rc = read_page(&c, c.url, &f->opts, &cursor, &p);
+      rc = read_page(&c, c.url, NULL, &f->opts, &cursor, &p);
     } else {
       /* Every node once; a node that fails is reported and the others still printed. */
       for (size_t i = 0; i < f->n; i++) {
-        int r = read_page(&c, f->nodes[i].url, &f->opts, &f->nodes[i].cursor, &p);
+        int r = read_page(&c, f->nodes[i].url, f->nodes[i].name, &f->opts,
+                          &f->nodes[i].cursor, &p);
         if (r != CLI_EXIT_OK)
           rc = r;
       }
@@ -536,6 +666,7 @@ int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv) {
   }
   cli_table_free(&table);
   seen_free(&p.seen);
+  own_free(&p.own);
   pthread_mutex_destroy(&p.mu);
   return rc;
 }

@@ -1257,6 +1257,7 @@ static int state_import_memories(const cph_handover *st, cph_txn *t, const char 
 #define ITEM_SEAL 's'
 #define ITEM_MEMORY 'm' /* its origin in the item's name only: a memory record has none */
 #define ITEM_KEPT 'k' /* named by its slot, not its origin (handover_kept_item) */
+#define ITEM_REPLY 'r' /* a reply of the replies stream (handover_reply_item) */
 
 void cph_state_items_free(cph_state_items *items) {
   for (size_t i = 0; i < items->n; i++) {
@@ -1397,6 +1398,25 @@ int handover_kept_item(const cph_handover *st, const char *session, uint64_t tur
   for (size_t i = 0; i < ks.rs.n; i++)
     cph_buf_free(&ks.rs.v[i]);
   free(ks.rs.v);
+  return rc;
+}
+
+int handover_reply_item(const cph_handover *st, const char *session, uint64_t reply_id,
+                        cph_state_items *items) {
+  if (!st->env->reply_origin_node || !reply_id)
+    return CPH_OK;
+  cph_key k = cph_key_of_u64(reply_id);
+  cph_reply_rec r;
+  int rc = cph_txn_get_record(&st->env->txn, CPH_DB_REPLIES, &k, &cph_reply_desc, &r);
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  if (r.origin && *r.origin && r.session && strcmp(r.session, session) == 0) {
+    /* what is this node's alone (its ids, the inbox entries it answered) stays here, as in
+     * the state's stream replies part */
+    cph_reply_rec out = {0, r.session, r.channel, r.body, NULL, 0, 0, r.ts_ms, r.origin};
+    rc = item_push(items, ITEM_REPLY, r.origin, &cph_reply_desc, &out);
+  }
+  cph_record_free(&cph_reply_desc, &r);
   return rc;
 }
 
@@ -1636,6 +1656,9 @@ typedef struct import_ctx {
   cph_memory *memory; /* the memory items import into */
   const cph_policy *policy; /* a tombstone's outbox item names the embedder and index shard */
   uint64_t outbox_items;    /* the vector deletes the tombstones queued */
+  /* The id of the newest reply the items added to the stream: item_reply of the item being
+   * stored, newest_reply once its child committed. */
+  uint64_t item_reply, newest_reply;
   char **origins;
   uint64_t *ids;
   size_t n, cap;
@@ -1862,6 +1885,34 @@ static int import_kept(void *ctx, const uint8_t *rec, size_t l, char *why, size_
     }
   cph_record_free(&cph_turnctx_desc, &r);
   free(origin);
+  return rc;
+}
+
+/* A reply of the replies stream: added to this node's stream unless it holds the origin
+ * (GET /v1/replies offers it there, a connector drops an origin it delivered already).
+ * CPH_EINVAL, with why, for one that is not the session's reply with an origin, a channel and
+ * a body. */
+static int import_reply(import_ctx *ic, const uint8_t *rec, size_t l, char *why, size_t len) {
+  cph_reply_rec r = {0};
+  cph_err err = {0};
+  int rc = cph_record_decode(&cph_reply_desc, rec, l, &r, &err);
+  const char *bad = record_problem(rc, &err, r.origin, r.session ? r.session : "", ic->session);
+  if (!bad && rc == CPH_OK && (!r.channel || !*r.channel || !r.body))
+    bad = "no channel or no body";
+  bool held = false;
+  if (bad) {
+    snprintf(why, len, "%.160s", bad);
+    rc = CPH_EINVAL;
+  } else if (rc == CPH_OK) {
+    rc = replystream_holds(ic->t, r.origin, &held);
+  }
+  if (rc == CPH_OK && !held) {
+    cph_reply_rec in = {0, r.session, r.channel, r.body, NULL, 0, 0, r.ts_ms, r.origin};
+    rc = replystream_put(ic->t, &in, NULL, NULL);
+    if (rc == CPH_OK)
+      ic->item_reply = in.id;
+  }
+  cph_record_free(&cph_reply_desc, &r);
   return rc;
 }
 
@@ -2138,6 +2189,8 @@ static int import_item(import_ctx *ic, const cph_state_item *it, char *why, size
     return import_memory(ic, it, true, why, len);
   if (p[12] == ITEM_KEPT) /* its turn record's origin, then the record (the state's form) */
     return import_kept(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
+  if (p[12] == ITEM_REPLY)
+    return import_reply(ic, p + ITEM_HEAD, it->len - ITEM_HEAD, why, len);
   snprintf(why, len, "of an unknown kind (%u)", p[12]);
   return CPH_EINVAL;
 }
@@ -2160,7 +2213,8 @@ static int kind_rank(uint8_t kind) {
          : kind == ITEM_SEAL ? 1
          : kind == ITEM_TURN ? 2
          : kind == ITEM_KEPT ? 3
-                             : 4;
+         : kind == ITEM_REPLY ? 4
+                              : 5;
 }
 
 static int item_order_cmp(const void *a, const void *b) {
@@ -2185,6 +2239,7 @@ static void item_order_of(const cph_state_item *it, item_order *o) {
   cph_turn_rec tr = {0};
   cph_seal_rec sr = {0};
   cph_memory_rec mr = {0};
+  cph_reply_rec rr = {0};
   char named[MEMORY_ORIGIN_MAX];
   cph_err err = {0};
   if (o->kind == ITEM_TURN &&
@@ -2202,6 +2257,11 @@ static void item_order_of(const cph_state_item *it, item_order *o) {
     o->created_ms = mr.created_ms;
     origin = named;
     cph_record_free(&cph_memory_desc, &mr);
+  } else if (o->kind == ITEM_REPLY && cph_record_decode(&cph_reply_desc, p + ITEM_HEAD,
+                                                        it->len - ITEM_HEAD, &rr,
+                                                        &err) == CPH_OK) {
+    o->created_ms = rr.ts_ms;
+    origin = rr.origin;
   }
   const char *slash = origin ? strchr(origin, '/') : NULL;
   if (slash) { /* "<node>/<id>/<16 hex>" */
@@ -2212,6 +2272,8 @@ static void item_order_of(const cph_state_item *it, item_order *o) {
     cph_record_free(&cph_turn_desc, &tr);
   else if (o->kind == ITEM_SEAL)
     cph_record_free(&cph_seal_desc, &sr);
+  else if (o->kind == ITEM_REPLY)
+    cph_record_free(&cph_reply_desc, &rr);
 }
 
 /* Which memory items the state's memories part carries too (ic->smem, read by
@@ -2294,11 +2356,14 @@ static void import_items(const cph_handover *st, cph_op *op, const char *id, imp
     ic->t = &t;
     size_t noted = ic->n;
     char why[256] = "";
+    ic->item_reply = 0;
     int rc = import_item(ic, it, why, sizeof why);
     if (rc == CPH_OK)
       rc = cph_txn_commit(&t);
     else
       cph_txn_abort(&t);
+    if (rc == CPH_OK && ic->item_reply > ic->newest_reply)
+      ic->newest_reply = ic->item_reply;
     while (rc && ic->n > noted) /* not stored after all */
       free(ic->origins[--ic->n]);
     if (rc == CPH_EINVAL) {
@@ -2391,6 +2456,8 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
     state_memories_preread(op->u.state.data, op->u.state.len, s->id, &ic);
   import_items(st, op, s->id, &ic);
   *outbox_items = ic.outbox_items;
+  if (ic.newest_reply) /* the state's replies, if it adds any, come after */
+    *newest_reply = ic.newest_reply;
   bool stored = false; /* the state, and with it the memory items it claimed */
   if (op->rc == CPH_OK && op->u.state.data) {
     import_state(st, op, s, &ic, newest_reply);

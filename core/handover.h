@@ -43,8 +43,8 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
 
 /* Items (server/clusterflow.h 13.): a record a state carries, on its own, for the cluster log
  * to keep under a key of its own — "CPHI", be32 version (1), be32 CPH_STORE_SCHEMA_VERSION, a
- * kind byte ('t' a turn record, 's' a seal), then the record as a state's part encodes it (its
- * origin set). Appends to items session's newest ended turn record (newest_only: a failure's
+ * kind byte ('t' a turn record, 's' a seal, 'm' a memory, 'k' a kept turn context, 'r' a
+ * reply of the replies stream), then the record as a state's part encodes it (its origin set). Appends to items session's newest ended turn record (newest_only: a failure's
  * item) or that and those before it back to the previous completed one (the turns that failed
  * since: a completion's items, which gives a failure's again should its put have been lost),
  * each that has an origin. CPH_OK (none: nothing appended), CPH_ENOMEM or the store's error. */
@@ -70,6 +70,15 @@ int handover_memory_items(const cph_handover *st, const char *session, const uin
 int handover_kept_item(const cph_handover *st, const char *session, uint64_t turn_id,
                        const char *slot, cph_state_items *items);
 
+/* The item of reply reply_id of the replies stream (GET /v1/replies) when it is session's and
+ * has an origin: kind 'r', named by its origin; the record without what is this node's alone
+ * (its id, turn id and source inbox ids). A state carries the session's newest 64 replies
+ * only: with the items, every reply a dead node wrote is offered on the node that takes its
+ * session over, however far behind its connectors were. None when reply_id is 0 or not on a
+ * cluster node. CPH_OK, CPH_ENOMEM or the store's error. */
+int handover_reply_item(const cph_handover *st, const char *session, uint64_t reply_id,
+                        cph_state_items *items);
+
 /* The items of what gc group group_id committed in a session's own scope (a channel's
  * memories have no session to go with): its summary and its sources, tombstoned now, each
  * under the key its item was put under (memory_origin_of), into out (its session set). A group
@@ -86,8 +95,8 @@ int handover_gc_items(const cph_handover *st, uint64_t group_id, cph_session_ite
  * The turn records it adds (core/turnrecs.h) are history: none is ever an active turn; the
  * kept turn contexts it carries are stored under the ids those records got (core/turnlog.h,
  * turnlog_import), those of turns it held already are not. The
- * replies it added to the replies stream (those with an origin the stream lacked,
- * core/replystream.h): *newest_reply is set to the last one's id; untouched when none. Then
+ * replies it and the reply items added to the replies stream (those with an origin the stream
+ * lacked, core/replystream.h): *newest_reply is set to the last one's id; untouched when none. Then
  * the op's items, in a child of their own: those of origins this node lacks are stored as the
  * state's records are; a bad one is logged and counted, and the rest taken. *outbox_items:
  * the vector deletes that tombstoned memory items queued on the outbox (for maint's count). */

@@ -1265,11 +1265,13 @@ static const char *kept_slot(const cph_turns *tu, const csession *s, char kind, 
 }
 
 /* Fills op->u.turn.state for session id, and its items: the turn records (handover.h), the
- * memories minted[0..n_minted) the completion minted and turn kept_turn's kept context in slot
- * kept_slot (0 or "": none); a failure leaves the state NULL and is logged (the completion
- * stands; the cluster log then keeps the session's previous state). */
+ * memories minted[0..n_minted) the completion minted, the reply reply_id it wrote to the
+ * replies stream (0: none) and turn kept_turn's kept context in slot kept_slot (0 or "":
+ * none); a failure leaves the state NULL and is logged (the completion stands; the cluster log
+ * then keeps the session's previous state). */
 static void state_to_op(cph_turns *tu, const char *id, const uint64_t *minted, size_t n_minted,
-                        uint64_t kept_turn, const char *kept_slot, cph_op *op) {
+                        uint64_t reply_id, uint64_t kept_turn, const char *kept_slot,
+                        cph_op *op) {
   csession *s = id ? sessions_get(tu->sessions, id) : NULL;
   if (!s)
     return;
@@ -1286,6 +1288,9 @@ static void state_to_op(cph_turns *tu, const char *id, const uint64_t *minted, s
     if ((rc = handover_memory_items(&st, id, minted, n_minted, &op->u.turn.items)) != CPH_OK)
       cph_log(CPH_LOG_WARN, "reading the memories the completion minted in session '%s' for "
               "the cluster log: %s (the state carries the newest)", id, cph_strerror(rc));
+    if ((rc = handover_reply_item(&st, id, reply_id, &op->u.turn.items)) != CPH_OK)
+      cph_log(CPH_LOG_WARN, "reading reply %llu of session '%s' for the cluster log: %s (the "
+              "state carries the newest)", (unsigned long long)reply_id, id, cph_strerror(rc));
     if (kept_turn && kept_slot && *kept_slot &&
         (rc = handover_kept_item(&st, id, kept_turn, kept_slot, &op->u.turn.items)) != CPH_OK)
       cph_log(CPH_LOG_WARN, "reading the kept context of turn %llu of session '%s' for the "
@@ -1322,7 +1327,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
       if (tu->env->report_consumed) {
         already_consumed_keys(tu, op);
         char *id = op->rc == CPH_OK ? turn_session(tu, op->u.turn.turn_id) : NULL;
-        state_to_op(tu, id, NULL, 0, 0, NULL, op);
+        state_to_op(tu, id, NULL, 0, 0, 0, NULL, op);
         free(id);
       }
     }
@@ -1524,7 +1529,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   lease_free(cph_hmap_del(&tu->leases, l->key));
   char slot[24];
   if (tu->env->report_consumed)
-    state_to_op(tu, s->id, minted, n_minted, turn_id,
+    state_to_op(tu, s->id, minted, n_minted, reply_id, turn_id,
                 kept_slot(tu, s, interrupted ? 'i' : 'c', slot), op);
   free(minted);
   if (tu->env->report_consumed && compacted) {

@@ -39,6 +39,7 @@
 #define SESSIONS (SHARDS * PER_SHARD)
 #define MAX_ROUNDS 3
 #define VICTIM 2
+#define LONG_TURNS 70 /* more replies than a session's state carries (its newest 64) */
 
 static const char EXTRA[] =
     ":scheduler {:lanes {:interactive {:turns 1000000 :tool-calls 1000000}}}";
@@ -124,6 +125,35 @@ static void answer_round(bench *b, int round) {
         got++;
       }
     }
+  }
+}
+
+/* Session s (owned by node n) answers LONG_TURNS more questions on n, one at a time, its
+ * replies "long reply <k> of <id>"; each completion answered 200. */
+static void answer_long(bench *b, int s, int n) {
+  cph_test_cluster *c = b->c;
+  for (int k = 0; k < LONG_TURNS; k++) {
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"events\":[{\"session\":\"%s\",\"sender\":\"ann\",\"key\":\"long%d\","
+             "\"body\":\"long question %d\"}]}",
+             b->id[s], k, k);
+    cph_test_response r = cph_test_api(c->port[n], "POST", "/v1/events", NULL, body);
+    if (r.status != 200)
+      fail_msg("posting long question %d: %d %s", k, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+    r = cph_test_api(c->port[n], "POST", "/v1/turns/lease", NULL,
+                     "{\"worker\":\"w\",\"wait_ms\":5000}");
+    if (r.status != 200)
+      fail_msg("lease of long question %d on n%d: %d %s", k, n, r.status, r.body ? r.body : "");
+    json_t *j = cph_test_json(&r);
+    cph_test_response_free(&r);
+    json_t *turn = json_object_get(j, "turn");
+    assert_string_equal(json_string_value(json_object_get(turn, "session")), b->id[s]);
+    char reply[64];
+    snprintf(reply, sizeof reply, "long reply %d of %s", k, b->id[s]);
+    cph_tc_complete(c, n, turn, reply);
+    json_decref(j);
   }
 }
 
@@ -279,11 +309,32 @@ static void test_cluster_replies_a_dead_nodes_answered_replies_reach_connectors_
     ask(b, round % NODES, round);
     answer_round(b, round);
   }
+  /* one of the victim's sessions answers more than its state carries: the older replies move
+   * as items (server/clusterflow.h 13.) */
+  int longest = 0;
+  while (b->owner[longest] != VICTIM)
+    longest++;
+  answer_long(b, longest, VICTIM);
   /* kill -9 right after the last 200s; nobody read any replies stream */
   char *victim_data = cph_tc_kill_node(c, VICTIM, true);
   int64_t t0 = cph_test_now_ms();
   cph_tc_settle(c, SHARDS, "after the kill");
   size_t offered = check_offered(b, 2, "after the kill");
+  seen sn = {0};
+  for (int n = 0; n < NODES; n++)
+    if (c->up[n])
+      read_stream(c, n, &sn);
+  for (int k = 0; k < LONG_TURNS; k++) {
+    char body[64];
+    snprintf(body, sizeof body, "long reply %d of %s", k, b->id[longest]);
+    bool found = false;
+    for (size_t i = 0; i < sn.n && !found; i++)
+      found = strcmp(sn.v[i].body, body) == 0;
+    if (!found)
+      fail_msg("after the kill: \"%s\", answered 200 on n%d, is in no live node's /v1/replies",
+               body, VICTIM);
+  }
+  seen_free(&sn);
   printf("n%d (%d sessions) killed -9: every answered reply offered by the survivors %lld ms "
          "later (%zu offered, %d answered)\n",
          VICTIM, on_victim, (long long)(cph_test_now_ms() - t0), offered, 2 * SESSIONS);
@@ -376,6 +427,25 @@ static void test_cluster_replies_follow_prints_every_answered_reply_once_across_
   ask(b, 0, 0);
   answer_round(b, 0);
   wait_followed(b, out_path, 0, 0, 20000, "round 0");
+  /* one of the victim's sessions answers more replies than the follower remembers of a
+   * session (64) and than a state carries; all read from the victim before the kill, and all
+   * offered again by the survivor that takes the session over (its reply items): the follower
+   * knows it read them from the victim's own stream, and prints none again */
+  int longest = 0;
+  while (b->owner[longest] != VICTIM)
+    longest++;
+  answer_long(b, longest, VICTIM);
+  for (int64_t t0 = cph_test_now_ms();; cph_tc_sleep_ms(100)) {
+    char *out = cph_test_read_file(out_path, NULL), needle[96];
+    snprintf(needle, sizeof needle, "\"body\":\"long reply %d of %s\"", LONG_TURNS - 1,
+             b->id[longest]);
+    bool done = out && strstr(out, needle);
+    free(out);
+    if (done)
+      break;
+    if (cph_test_now_ms() - t0 > 20000)
+      fail_msg("the follower printed no %s within 20 s (its output in %s)", needle, out_path);
+  }
   /* round 1, and the victim killed -9 right after its last 200: some of its round-1 replies
    * may be unread, the survivors offer them (and its round-0 ones) again */
   ask(b, 1, 1);
@@ -434,7 +504,16 @@ static void test_cluster_replies_follow_prints_every_answered_reply_once_across_
       if (copies != 1)
         fail_msg("the follower printed \"%s\" %d times", body, copies);
     }
-  assert_int_equal(sn.n, (size_t)answered);
+  for (int k = 0; k < LONG_TURNS; k++) {
+    char body[64];
+    snprintf(body, sizeof body, "long reply %d of %s", k, b->id[longest]);
+    int copies = 0;
+    for (size_t i = 0; i < sn.n; i++)
+      copies += strcmp(sn.v[i].body, body) == 0;
+    if (copies != 1)
+      fail_msg("the follower printed \"%s\" %d times", body, copies);
+  }
+  assert_int_equal(sn.n, (size_t)answered + LONG_TURNS);
   int by_victim = 0;
   for (int s = 0; s < SESSIONS; s++)
     by_victim += b->by[s][0] == VICTIM;

@@ -1662,14 +1662,15 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
     cph_op done;
     turn(x, "a", i, &done);
     /* this completion's record, and the failed one's before it; the worker's memory; the
-     * turn's kept context */
-    size_t kinds[3] = {0};
+     * turn's kept context; its reply */
+    size_t kinds[4] = {0};
     for (size_t k = 0; k < done.u.turn.items.n; k++)
-      kinds[strchr("tmk", done.u.turn.items.v[k].name[0]) - "tmk"]++;
-    assert_int_equal(done.u.turn.items.n, failed ? 4 : 3);
+      kinds[strchr("tmkr", done.u.turn.items.v[k].name[0]) - "tmkr"]++;
+    assert_int_equal(done.u.turn.items.n, failed ? 5 : 4);
     assert_int_equal(kinds[0], failed ? 2 : 1);
     assert_int_equal(kinds[1], 1);
     assert_int_equal(kinds[2], 1);
+    assert_int_equal(kinds[3], 1);
     cph_fixture_items_take(&items, &done.u.turn.items);
     free(blob);
     blob = state_of(&done, &len);
@@ -1688,11 +1689,13 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
     op.u.context.state = NULL;
     cph_op_clear_results(&op);
   }
-  size_t nx, ny, sx, sy;
+  size_t nx, ny, sx, sy, px, py;
   cph_turn_record *rx = records(x, "a", &nx);
   cph_seal_info *lx = seals(x, "a", &sx);
+  cph_reply_info *px_ = stream(x, &px);
   assert_int_equal(nx, ITEM_ROUNDS + ITEM_ROUNDS / 10);
   assert_int_equal(sx, ITEM_SEALS);
+  assert_int_equal(px, ITEM_ROUNDS);
 
   /* the state alone carries the newest */
   uint32_t refused = 0;
@@ -1704,6 +1707,9 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
   cph_seal_info *ly = seals(w, "a", &sy);
   cph_seals_free(ly, sy);
   assert_int_equal(sy, 16);
+  cph_reply_info *pw = stream(w, &py);
+  replies_free(pw, py);
+  assert_int_equal(py, 64);
   cph_fixture_free(w);
 
   /* with the items, all of it, each once and in the order it was made in, however often */
@@ -1724,6 +1730,17 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
     for (size_t i = 0; i < sx; i++)
       assert_int_equal(seal_origin_count(y, "a", lx[i].origin), 1);
     cph_seals_free(ly, sy);
+    /* every reply, once, in the order x wrote them, offered by GET /v1/replies */
+    cph_reply_info *py_ = stream(y, &py);
+    assert_int_equal(py, px);
+    for (size_t i = 0; i < px; i++) {
+      assert_string_equal(py_[i].origin, px_[i].origin);
+      assert_string_equal(py_[i].body, px_[i].body);
+      assert_string_equal(py_[i].channel, px_[i].channel);
+      assert_int_equal(py_[i].ts_ms, px_[i].ts_ms);
+    }
+    replies_free(py_, py);
+    assert_int_equal(cph_engine_last_reply_id(y->e), px);
   }
 
   /* bad items: refused, counted; the good one among them taken */
@@ -1748,6 +1765,7 @@ static void test_session_state_items_move_what_the_state_leaves_out(void **state
 
   records_free(rx, nx);
   cph_seals_free(lx, sx);
+  replies_free(px_, px);
   cph_fixture_items_free(&items);
   free(blob);
   cph_fixture_free(x);
