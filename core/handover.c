@@ -75,9 +75,10 @@
  * mints each one the scope lacks there, linking a raw one to its event's copy there (which
  * the channel history part brought), so a turn there shows what a turn showed on the old
  * owner. A version-6 blob (memories of the session's scope, without scopes) still imports.
- * Items (handover.h; server/clusterflow.h 13.) carry one turn record or seal each, encoded as
- * the state's parts encode it, so that records beyond the state's bounds move too; an import
- * stores the op's items first, oldest first, then the state. */
+ * Items (handover.h; server/clusterflow.h 13.) carry one turn record, seal, memory, kept turn
+ * context or stream reply each, encoded as the state's parts encode it, so that records beyond
+ * the state's bounds move too; an import stores the op's items first, oldest first, then the
+ * state (whose stream replies part then finds the replies the items added held already). */
 #include "handover.h"
 
 #include <inttypes.h>

@@ -298,8 +298,9 @@
  *    (a 200 completion's reply is in its state: so a kill -9 before any connector read it from
  *    the dead node loses it not). Replies are offered again, not moved: a node cannot know
  *    what a connector read, so every stream reply of the state that the new owner lacks is
- *    offered there, read before elsewhere or not — at least once, within the bound (the
- *    session's newest 64) — and a connector drops an origin it delivered already. Per node a
+ *    offered there, read before elsewhere or not — at least once: the state's newest 64, and
+ *    the older ones as items (13.) — and a connector drops a reply it delivered already (by
+ *    its origin: cli/cmd_replies.c). Per node a
  *    reply is added once (the origin index), so a shard moving back or twice adds nothing it
  *    held. Fencing: a deposed owner's state put in flight may land after the next
  *    owner read the key; the next owner's own put then expects an older revision and is
@@ -323,8 +324,8 @@
  *    items (13.): the part stays in the format, empty (core/handover.c, STATE_KEPT). Not
  *    moved: a failed turn's kept context once a newer turn failed, channel cursors as such (the new
  *    owner's move past the moved entries its turns saw), maintenance jobs, memories beyond
- *    their bound (160 + 64; turn records and seals beyond theirs move as items, 13.), the replies stream's older
- *    replies (beyond the session's newest 64) and its source inbox ids, and a channel's
+ *    their bound (160 + 64; turn records, seals and replies beyond theirs move as items, 13.),
+ *    a stream reply's source inbox ids, and a channel's
  *    entries older than a turn of the session could show (or beyond the 256 KiB).
  *
  * 12. Trimming the log, so it does not grow without bound. Below a shard's watermark W (7.) a
@@ -352,14 +353,17 @@
  *    of a purged one is logged again and applied once (the engine's key), as after the window.
  *
  * 13. Items: a session's records beyond its state's bounds. A state carries a session's newest
- *    64 ended turn records and 16 seals (11.); the older ones would stay on a dead node's disk.
+ *    64 ended turn records, 64 stream replies and 16 seals (11.); the older ones would stay on
+ *    a dead node's disk.
  *    So each record is also put under a key of its own in CEPH_STATE,
- *    "<shard>.<session in hex>.<kind><origin in hex>" (kind 't' a turn record, 's' a seal; the
+ *    "<shard>.<session in hex>.<kind><origin in hex>" (kind 't' a turn record, 's' a seal, 'r' a reply; the
  *    origin is the record's identity cluster-wide), its value the writer's epoch and the record
  *    as a state encodes it (core/handover.h, "Items"): a completion gives the turn record it
  *    ended and those of the session's turns that failed since its previous completion
- *    (cph_op u.turn.items), a failure its turn's record (which no state carries until the next
- *    completion), a seal the seal (u.context.items). They are put right after the
+ *    (cph_op u.turn.items) and the reply it wrote to the replies stream (kind 'r', named by its
+ *    origin: the new owner adds it to its stream unless it holds the origin), a failure its
+ *    turn's record (which no state carries until the next completion), a seal the seal
+ *    (u.context.items). They are put right after the
  *    completion or seal committed, beside its state and marks and not waited for: a record is
  *    in every state put until 64 newer ones (16 seals) followed it, so its item only has to
  *    land before that — a completion's 200 costs nothing more. One that does not land in 10 s
@@ -411,7 +415,7 @@
  *    id its turn record got in the same import (ranked after the turn records). An item of
  *    ITEM_PACK_MIN bytes or more (a kept context, a seal) is packed on the state packer as a
  *    state is (statezip.h), and unpacked by the replay thread.
- *    Cost: a publish per completion, per memory it mints and per seal (the turn record:
+ *    Cost: a publish per completion, per reply, per memory it mints and per seal (the turn record:
  *    ~0.5-1 KB; a memory ~100 bytes plus its text; a seal: the rendered tree, up to ~66 KB),
  *    not on the completion's path; the bucket holds every record of every live session
  *    (history 1), and a takeover reads all of its shard's — a session's whole turn history,
