@@ -16,7 +16,9 @@
  * long-poll on one node must not delay another's replies); the list is read again every
  * DISCOVER_EVERY_MS, from --url or, when that fails, from any node listed; a node that
  * leaves the list stops being polled (its cursor is kept, should it come back), a node that
- * fails is retried with a backoff, its cursor kept. Without --follow every node is read once
+ * fails is retried with a backoff, its cursor kept. A cursor is for one stream: a node whose
+ * answers name another `stream` (started on another data directory, or a copy) is read again
+ * from 0 (read_page), in cluster mode too. Without --follow every node is read once
  * and the union printed, deduplicated. */
 #include <pthread.h>
 #include <signal.h>
@@ -35,6 +37,7 @@
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 8000
 #define MAX_NODES 64
+#define STREAM_ID_MAX 17                 /* a replies stream's identity: 16 hex digits */
 /* Origins printed that were read from another node than the one they name, remembered per
  * session (below); those read from the node they name are covered by own_* whatever their
  * number. */
@@ -142,6 +145,13 @@ static int own_note(own_set *o, const char *node, uint64_t id) {
   if (id > r->id)
     r->id = id;
   return 0;
+}
+
+/* node's stream started over (another data directory): its ids mean new replies now. */
+static void own_forget(own_set *o, const char *node) {
+  own_read *r = own_find(o, node, strlen(node));
+  if (r)
+    r->id = 0;
 }
 
 static void own_free(own_set *o) {
@@ -363,9 +373,13 @@ typedef struct read_opts {
 } read_opts;
 
 /* One GET /v1/replies on url (node `name`; NULL: not known) after *cursor: prints its replies
- * and moves *cursor to its "next". CLI_EXIT_OK, or another code after the problem went to stderr. */
+ * and moves *cursor to its "next". stream (STREAM_ID_MAX bytes, or NULL): the identity of the
+ * stream the cursor is for, "" before the first read; an answer of another stream (the daemon
+ * there started on another data directory, or a copy: its ids start over) prints nothing,
+ * moves the cursor to 0 and takes the new identity, so the next read starts that stream from
+ * its beginning. CLI_EXIT_OK, or another code after the problem went to stderr. */
 static int read_page(const cli_ctx *ctx, const char *url, const char *name, const read_opts *o,
-                     uint64_t *cursor, printer *p) {
+                     uint64_t *cursor, char *stream, printer *p) {
   cli_ctx node = *ctx;
   node.url = url;
   cph_buf path = CPH_BUF_INIT;
@@ -388,6 +402,23 @@ static int read_page(const cli_ctx *ctx, const char *url, const char *name, cons
                     "list or \"next\")\n", url);
     rc = CLI_EXIT_FAIL;
   }
+  const char *id = rc == CLI_EXIT_OK ? cli_json_string(r.json, "stream") : NULL;
+  if (stream && id && stream[0] && strcmp(stream, id) != 0) {
+    fprintf(stderr, "cephalonctl: %s: its replies stream is another one now (%.16s, was %s): "
+                    "reading it from the start\n", url, id, stream);
+    snprintf(stream, STREAM_ID_MAX, "%s", id);
+    *cursor = 0;
+    if (name) {
+      pthread_mutex_lock(&p->mu);
+      own_forget(&p->own, name);
+      pthread_mutex_unlock(&p->mu);
+    }
+    cli_reply_free(&r);
+    cph_buf_free(&path);
+    return CLI_EXIT_OK;
+  }
+  if (stream && id)
+    snprintf(stream, STREAM_ID_MAX, "%s", id);
   if (rc == CLI_EXIT_OK) {
     size_t i;
     const json_t *reply;
@@ -411,6 +442,7 @@ static int read_page(const cli_ctx *ctx, const char *url, const char *name, cons
 typedef struct node {
   char *url;
   char *name;         /* as GET /v1/cluster lists it; NULL: not known (never changes once set) */
+  char stream[STREAM_ID_MAX]; /* the identity of the stream `cursor` is for ("": none yet) */
   uint64_t cursor;    /* this node's stream: the last id read; only its thread moves it */
   atomic_bool listed; /* in the node list last read: polled only while it is */
   pthread_t thread;
@@ -436,7 +468,7 @@ static void *node_thread(void *arg) {
       nap(200);
       continue;
     }
-    int rc = read_page(f->ctx, nd->url, nd->name, &f->opts, &nd->cursor, f->p);
+    int rc = read_page(f->ctx, nd->url, nd->name, &f->opts, &nd->cursor, nd->stream, f->p);
     if (rc == CLI_EXIT_OK) {
       backoff = 0;
       continue;
@@ -644,12 +676,12 @@ int cli_cmd_replies(const cli_ctx *ctx, int argc, char **argv) {
       rc = follow(f, p.cluster, after.value);
     } else if (!p.cluster) {
       uint64_t cursor = after.value;
-      rc = read_page(&c, c.url, NULL, &f->opts, &cursor, &p);
+      rc = read_page(&c, c.url, NULL, &f->opts, &cursor, NULL, &p);
     } else {
       /* Every node once; a node that fails is reported and the others still printed. */
       for (size_t i = 0; i < f->n; i++) {
         int r = read_page(&c, f->nodes[i].url, f->nodes[i].name, &f->opts,
-                          &f->nodes[i].cursor, &p);
+                          &f->nodes[i].cursor, f->nodes[i].stream, &p);
         if (r != CLI_EXIT_OK)
           rc = r;
       }

@@ -1147,6 +1147,8 @@ int cph_engine_session_turn_records(cph_engine *e, const char *session, size_t l
 
 uint64_t cph_engine_last_reply_id(const cph_engine *e) { return e->acked_reply_id; }
 
+const char *cph_engine_replies_stream(const cph_engine *e) { return e->turns.replies_stream; }
+
 int cph_engine_top_sessions(cph_engine *e, size_t n, cph_session_info **out, size_t *n_out,
                             cph_err *err) {
   return top_sessions(&e->sessions, n, out, n_out, err);

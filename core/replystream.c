@@ -2,6 +2,7 @@
 #include "replystream.h"
 
 #include <inttypes.h>
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,6 +29,34 @@ int replystream_put(cph_txn *t, cph_reply_rec *rr, const char *node, const uint8
   if (rc == CPH_OK && stored.origin)
     rc = origins_session_put(t, CPH_DB_REPLY_SESSIONS, stored.session, stored.id);
   return rc;
+}
+
+/* In "meta" under "replies_stream": 8 random bytes, then be64 dev and be64 ino of the data
+ * file they were minted for. */
+int replystream_identity(cph_txn *t, uint64_t dev, uint64_t ino, char *id) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_str(&k, "replies_stream");
+  cph_val v;
+  uint8_t rec[24];
+  int rc = cph_txn_get(t, CPH_DB_META, &k, &v);
+  bool same = rc == CPH_OK && v.len == sizeof rec &&
+              cph_be64_get((const uint8_t *)v.data + 8) == dev &&
+              cph_be64_get((const uint8_t *)v.data + 16) == ino;
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND)
+    return rc;
+  if (same) {
+    memcpy(rec, v.data, 8);
+  } else {
+    if (RAND_bytes(rec, 8) != 1)
+      return CPH_EIO;
+    cph_be64_put(rec + 8, dev);
+    cph_be64_put(rec + 16, ino);
+    if ((rc = cph_txn_put(t, CPH_DB_META, &k, rec, sizeof rec)) != CPH_OK)
+      return rc;
+  }
+  snprintf(id, REPLYSTREAM_ID_LEN + 1, "%016" PRIx64, cph_be64_get(rec));
+  return CPH_OK;
 }
 
 int replystream_holds(cph_txn *t, const char *origin, bool *held) {

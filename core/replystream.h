@@ -26,6 +26,18 @@
 #include "origins.h"
 #include "store/store.h"
 
+/* The stream's identity: 16 hex digits, minted at random when a data directory first holds a
+ * stream and again when the directory is a copy of another (a backup started on, a directory
+ * copied by hand: its ids may go back from what a reader of the original read). A reader keeps
+ * one cursor per stream identity: when it changes, the ids start over for it (GET /v1/replies
+ * "stream"). */
+#define REPLYSTREAM_ID_LEN 16
+
+/* Reads the stream's identity through t (a write transaction) into id (REPLYSTREAM_ID_LEN + 1
+ * bytes), minting and storing a new one when there is none or it was stored for another data
+ * file (dev, ino: cph_store_file_identity). CPH_OK, CPH_EIO (no random bytes) or t's error. */
+int replystream_identity(cph_txn *t, uint64_t dev, uint64_t ino, char *id);
+
 /* The longest node name an origin takes (cph_engine_reply_origins refuses longer). */
 #define REPLYSTREAM_NODE_MAX ORIGINS_NODE_MAX
 #define REPLYSTREAM_ORIGIN_MAX (REPLYSTREAM_NODE_MAX + 48)

@@ -2217,6 +2217,15 @@ int turns_recover(cph_turns *tu, cph_err *err) {
     cph_txn_del(&t, CPH_DB_ACTIVE_TURNS, &tk);
   }
   free(ids);
+  uint64_t dev = 0, ino = 0;
+  rc = cph_store_file_identity(tu->env->store, &dev, &ino);
+  if (rc == CPH_OK)
+    rc = replystream_identity(&t, dev, ino, tu->replies_stream);
+  if (rc) {
+    cph_txn_abort(&t);
+    return cph_err_set(err, rc, "reading the replies stream's identity: %s",
+                       t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  }
   rc = cph_txn_commit(&t);
   if (rc)
     return cph_err_set(err, rc, "recovering leases: %s", t.err.msg);

@@ -21,6 +21,7 @@
 #include "memory.h"
 #include "metrics.h"
 #include "ops.h"
+#include "replystream.h"
 #include "sessions.h"
 #include "trees.h"
 #include "turnlog.h"
@@ -41,6 +42,7 @@ typedef struct cph_turns {
   cph_hmap leases;        /* turn id as decimal string -> lease (key owned by the lease) */
   op_queue waiters;       /* lease requests waiting for a turn, oldest first */
   uint64_t last_reply_id; /* the newest reply stored */
+  char replies_stream[REPLYSTREAM_ID_LEN + 1]; /* the stream's identity (replystream.h) */
   /* Cluster mode (report_consumed): the turns lease expiries parked, for the cluster log's
    * park marks (cph_engine_take_parks); parks[0..parks_committed) are of passes that
    * committed, the rest of the pass under way. */

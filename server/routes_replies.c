@@ -2,7 +2,11 @@
  *
  *   GET /v1/replies?after=&wait_ms=&limit=
  *     -> 200 {"replies": [{"id", "session", "channel", "body", "source_inbox_ids", "ts_ms",
- *             "origin"?}], "next"}
+ *             "origin"?}], "next", "stream"}
+ *
+ * stream: the stream's identity (core/replystream.h): a reader's cursor holds for one; when it
+ * changes (the daemon started on another data directory, or on a copy of this one) the ids
+ * start over, and the reader reads again from 0.
  *
  * origin, in cluster mode only: the reply's identity cluster-wide (core/replystream.h). A reply
  * a dead node wrote is offered again, under the same origin, by the node that took its session
@@ -58,6 +62,7 @@ static void answer_now(cph_req *r) {
   json_t *body = json_object();
   json_object_set_new(body, "replies", arr);
   json_object_set_new(body, "next", cph_json_u64(n ? next : r->lp_after));
+  json_object_set_new(body, "stream", cph_json_str(cph_engine_replies_stream(r->srv->engine)));
   cph_reply_json(r, 200, body);
 }
 

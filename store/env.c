@@ -548,6 +548,16 @@ int cph_store_release_pages(cph_store *s) {
                                                         : cph_store_map_error(errno);
 }
 
+int cph_store_file_identity(cph_store *s, uint64_t *dev, uint64_t *ino) {
+  mdb_filehandle_t fd;
+  struct stat st;
+  if (mdb_env_get_fd(s->env, &fd) != 0 || fstat(fd, &st) != 0)
+    return CPH_EIO;
+  *dev = (uint64_t)st.st_dev;
+  *ino = (uint64_t)st.st_ino;
+  return CPH_OK;
+}
+
 int cph_store_stats_get(cph_store *s, cph_store_stats *out) {
   MDB_envinfo info;
   MDB_stat st;

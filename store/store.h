@@ -139,6 +139,10 @@ int cph_store_copy(cph_store *s, const char *dir, cph_err *err);
  * it holds something, CPH_EINVAL when it cannot be read or is no directory (err says which).
  * Any thread. */
 int cph_store_copy_dir_check(const char *dir, cph_err *err);
+/* The identity of the store's data file (its device and inode): the same for every start on
+ * the same directory (also once moved within its file system), another one for a copy of it
+ * (cph_store_copy, or a data directory copied by hand). CPH_OK or CPH_EIO. */
+int cph_store_file_identity(cph_store *s, uint64_t *dev, uint64_t *ino);
 /* ---- durability: commit numbers, flushes and the background flusher ----
  *
  * Every top-level write commit that changed something gets the next commit number (1, 2, ...).

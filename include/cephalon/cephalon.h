@@ -962,6 +962,11 @@ int cph_engine_replies(cph_engine *e, uint64_t after, size_t limit, cph_reply_in
  * `after`. cph_engine_replies never returns a newer one: under :sync :always a reply whose
  * commit is not yet on disk is not shown. */
 uint64_t cph_engine_last_reply_id(const cph_engine *e);
+/* The replies stream's identity (16 hex digits): the same across restarts on one data
+ * directory, a new one on another directory or a copy (a backup started on), whose reply ids
+ * start over or go back — a reader's cursor is good for one identity (GET /v1/replies
+ * "stream"). */
+const char *cph_engine_replies_stream(const cph_engine *e);
 
 int cph_engine_parked_turns(cph_engine *e, cph_parked_turn **out, size_t *n, cph_err *err);
 

@@ -1098,6 +1098,109 @@ static void test_daemon_replies_follow_prints_each_reply_once_in_order(void **st
   ctl_free(&r);
 }
 
+/* The replies stream's identity (GET /v1/replies "stream"). */
+static char *stream_identity(const daemon_fixture *fx) {
+  cph_test_response h = cph_test_api(fx->d.port, "GET", "/v1/replies?after=0&limit=1", NULL, NULL);
+  assert_int_equal(h.status, 200);
+  json_t *j = cph_test_json(&h);
+  cph_test_response_free(&h);
+  const char *id = json_string_value(json_object_get(j, "stream"));
+  assert_non_null(id);
+  assert_int_equal(strlen(id), 16);
+  char *copy = strdup(id);
+  json_decref(j);
+  return copy;
+}
+
+/* Starts fx's daemon again at the same address, on data_dir (NULL: a new, empty one). */
+static void restart_at_same_address(daemon_fixture *fx, const char *data_dir) {
+  int port = fx->d.port;
+  assert_int_equal(cph_test_daemon_stop(&fx->d), 0);
+  char listen[32];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+  const char *const extra[] = {"--listen", listen, NULL};
+  assert_int_equal(cph_test_daemon_start(&fx->d, fx->policy, data_dir, extra), 0);
+  assert_int_equal(fx->d.port, port);
+  cph_test_response h = cph_test_api(fx->d.port, "POST", "/v1/sessions", NULL,
+                                     "{\"id\":\"rs\",\"class\":\"interactive\"}");
+  if (h.status != 200 && h.status != 201 && !(data_dir && h.status == 409)) /* 409: kept */
+    fail_msg("POST /v1/sessions: %d %s", h.status, h.body ? h.body : "");
+  cph_test_response_free(&h);
+}
+
+/* A daemon started again at the same address on another data directory: its stream starts
+ * over (ids from 1) under another identity, and the follower reads it from its start and
+ * prints every new reply. Without the identity it asked for ids past its old cursor and
+ * printed none of them. On the same data directory the identity stays. */
+static void test_daemon_replies_follow_reads_a_new_stream_from_its_start(void **state) {
+  daemon_fixture *fx = *state;
+  cph_test_response h = cph_test_api(fx->d.port, "POST", "/v1/sessions", NULL,
+                                     "{\"id\":\"rs\",\"class\":\"interactive\"}");
+  if (h.status != 200 && h.status != 201)
+    fail_msg("POST /v1/sessions: %d %s", h.status, h.body ? h.body : "");
+  cph_test_response_free(&h);
+  for (int i = 0; i < 5; i++) {
+    char body[32];
+    snprintf(body, sizeof body, "old %d", i);
+    answer_with(fx, "rs", body);
+  }
+  char *first = stream_identity(fx);
+
+  /* the same data directory: the same stream */
+  char *same_dir = strdup(fx->d.data_dir);
+  fx->d.keep_data = true;
+  restart_at_same_address(fx, same_dir);
+  char *again = stream_identity(fx);
+  assert_string_equal(again, first);
+  free(again);
+
+  char *dir = cph_test_tmpdir("ctl-stream");
+  char out_path[512], err_path[512], bin[512];
+  snprintf(out_path, sizeof out_path, "%s/out", dir);
+  snprintf(err_path, sizeof err_path, "%s/err", dir);
+  snprintf(bin, sizeof bin, "%s/cephalonctl", getenv("CPH_BIN_DIR"));
+  const char *argv[] = {bin,        "--url",     fx->url, "--json", "replies",
+                        "--follow", "--wait-ms", "300",   NULL};
+  pid_t pid = cph_test_spawn(argv, out_path, err_path);
+  assert_true(pid > 0);
+  wait_file_holds(out_path, "\"old 4\"");
+
+  /* a new, empty data directory at the same address: ids 1 and 2 again */
+  restart_at_same_address(fx, NULL);
+  cph_test_rmtree(same_dir);
+  free(same_dir);
+  char *second = stream_identity(fx);
+  assert_string_not_equal(second, first);
+  assert_int_equal(answer_with(fx, "rs", "new 0"), 1);
+  assert_int_equal(answer_with(fx, "rs", "new 1"), 2);
+  wait_file_holds(out_path, "\"new 1\"");
+  int status = cph_test_signal_wait(pid, SIGINT, 5000);
+  char *out = cph_test_read_file(out_path, NULL), *err = cph_test_read_file(err_path, NULL);
+  if (status != 0)
+    fail_msg("replies --follow after SIGINT: exit %d\nstderr: %s", status, err);
+  expect_contains(err, "its replies stream is another one now", "the follower's stderr");
+  /* every reply once, the old stream's then the new one's */
+  const char *want[] = {"old 0", "old 1", "old 2", "old 3", "old 4", "new 0", "new 1"};
+  size_t lines = 0;
+  for (const char *line = out; line && *line; lines++) {
+    size_t len = strcspn(line, "\n");
+    json_t *o = json_loadb(line, len, 0, NULL);
+    const char *body = json_string_value(json_object_get(o, "body"));
+    if (lines >= sizeof want / sizeof *want || !body || strcmp(body, want[lines]) != 0)
+      fail_msg("the follower's line %zu is not \"%s\":\n%s", lines + 1,
+               lines < sizeof want / sizeof *want ? want[lines] : "(none)", out);
+    json_decref(o);
+    line += len + (line[len] == '\n');
+  }
+  assert_int_equal(lines, sizeof want / sizeof *want);
+  free(out);
+  free(err);
+  free(first);
+  free(second);
+  cph_test_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest offline[] = {
       cmocka_unit_test(test_unreachable_daemon_says_cannot_reach_and_exits_1),
@@ -1118,6 +1221,8 @@ int main(void) {
       cmocka_unit_test(test_daemon_unknown_session_is_404_exit_1),
       cmocka_unit_test(test_daemon_policy_reload_moves_the_generation),
       cmocka_unit_test(test_daemon_replies_follow_prints_each_reply_once_in_order),
+      cmocka_unit_test_setup_teardown(test_daemon_replies_follow_reads_a_new_stream_from_its_start,
+                                      daemon_setup, daemon_teardown),
   };
   int failed = cmocka_run_group_tests_name("cephalonctl without a daemon", offline, NULL, NULL);
   failed += cmocka_run_group_tests_name("cephalonctl against cephalond", with_daemon,
