@@ -146,6 +146,23 @@ static void test_backup_under_writes_restores_everything_acknowledged_before(voi
                (long long)w.acked[i], r.status, r.body);
     cph_test_response_free(&r);
   }
+  /* The copy's replies stream is another one (its ids may go back from what a connector of
+   * the original read): GET /v1/replies names another stream there. */
+  char *streams[2];
+  int ports[2] = {d.port, d2.port};
+  for (int k = 0; k < 2; k++) {
+    cph_test_response r = cph_test_api(ports[k], "GET", "/v1/replies?after=0&limit=1", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *j = cph_test_json(&r);
+    cph_test_response_free(&r);
+    const char *id = json_string_value(json_object_get(j, "stream"));
+    assert_non_null(id);
+    streams[k] = strdup(id);
+    json_decref(j);
+  }
+  assert_string_not_equal(streams[0], streams[1]);
+  free(streams[0]);
+  free(streams[1]);
   cph_test_daemon_stop(&d2);
   cph_test_daemon_stop(&d);
   free(out);
