@@ -133,11 +133,20 @@ function explain(err) {
  * and then only asks for what is new. */
 const TAIL_KEEP = 200;
 const TAIL_PAGES = 20;
-const tail = { after: 0, items: [] };
+// after is a cursor in one stream (the answer's `stream`): the daemon started on another data
+// directory, or a copy, starts its ids over, so the tail starts over with it.
+const tail = { after: 0, items: [], stream: null };
 
 async function pollReplies() {
   for (let page = 0; page < TAIL_PAGES; page++) {
     const d = await api('GET', '/v1/replies' + query({ after: tail.after, limit: 1000, wait_ms: 0 }));
+    if (tail.stream !== null && d.stream !== tail.stream) {
+      tail.stream = d.stream;
+      tail.after = 0;
+      tail.items = [];
+      continue;
+    }
+    tail.stream = d.stream;
     tail.items.push(...d.replies);
     if (tail.items.length > TAIL_KEEP) tail.items.splice(0, tail.items.length - TAIL_KEEP);
     tail.after = d.next;
