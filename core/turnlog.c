@@ -1650,7 +1650,8 @@ static void scratch_free(turnlog_scratch *sc) {
 }
 
 /* Ends j: written when write (its own write transaction), else not; its warm state dropped when
- * what the job advanced it to is not what the store holds. */
+ * what the job advanced it to is not what the store holds (a job never computed advanced
+ * nothing: its warm state still is the store's). */
 static void keep_end(cph_keep_job *j, bool write) {
   cph_turnlog *tl = j->tl;
   bool dead = turnwarm_dead(j->w);
@@ -1667,7 +1668,7 @@ static void keep_end(cph_keep_job *j, bool write) {
     else if (t.mdb)
       cph_txn_abort(&t);
   }
-  if ((rc || !write) && !dead && turnwarms_get(&tl->warm, j->session) == j->w)
+  if ((rc || !write) && j->computed && !dead && turnwarms_get(&tl->warm, j->session) == j->w)
     turnwarms_drop(&tl->warm, j->session); /* it holds this turn, which the store does not */
   if (write && (dead || (rc && rc != CPH_EFULL)))
     cph_log(dead ? CPH_LOG_DEBUG : CPH_LOG_WARN, "turn %llu of '%s': its context is not kept: %s",
