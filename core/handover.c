@@ -1414,7 +1414,9 @@ int handover_reply_item(const cph_handover *st, const char *session, uint64_t re
   if (r.origin && *r.origin && r.session && strcmp(r.session, session) == 0) {
     /* what is this node's alone (its ids, the inbox entries it answered) stays here, as in
      * the state's stream replies part */
-    cph_reply_rec out = {0, r.session, r.channel, r.body, NULL, 0, 0, r.ts_ms, r.origin};
+    cph_reply_rec out = {
+        .session = r.session, .channel = r.channel, .body = r.body, .ts_ms = r.ts_ms,
+        .origin = r.origin};
     rc = item_push(items, ITEM_REPLY, r.origin, &cph_reply_desc, &out);
   }
   cph_record_free(&cph_reply_desc, &r);
@@ -1908,7 +1910,9 @@ static int import_reply(import_ctx *ic, const uint8_t *rec, size_t l, char *why,
     rc = replystream_holds(ic->t, r.origin, &held);
   }
   if (rc == CPH_OK && !held) {
-    cph_reply_rec in = {0, r.session, r.channel, r.body, NULL, 0, 0, r.ts_ms, r.origin};
+    cph_reply_rec in = {
+        .session = r.session, .channel = r.channel, .body = r.body, .ts_ms = r.ts_ms,
+        .origin = r.origin};
     rc = replystream_put(ic->t, &in, NULL, NULL);
     if (rc == CPH_OK)
       ic->item_reply = in.id;

@@ -938,6 +938,16 @@ static void test_daemon_policy_reload_moves_the_generation(void **state) {
 
 /* ---------------------------------------------------------------- cephalonctl replies */
 
+/* Creates interactive session id on fx's daemon; may_exist: a 409 (it is there) is fine. */
+static void create_session(const daemon_fixture *fx, const char *id, bool may_exist) {
+  char body[96];
+  snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\"}", id);
+  cph_test_response h = cph_test_api(fx->d.port, "POST", "/v1/sessions", NULL, body);
+  if (h.status != 200 && h.status != 201 && !(may_exist && h.status == 409))
+    fail_msg("POST /v1/sessions: %d %s", h.status, h.body ? h.body : "");
+  cph_test_response_free(&h);
+}
+
 /* One turn of session `session` answered with reply `body`: an event to its direct channel,
  * leased (interactive lane) and completed; the reply's id on the stream. */
 static long long answer_with(const daemon_fixture *fx, const char *session, const char *body) {
@@ -1023,11 +1033,7 @@ static void expect_json_lines(const char *out, const json_t *want, const char *w
 
 static void test_daemon_replies_follow_prints_each_reply_once_in_order(void **state) {
   daemon_fixture *fx = *state;
-  cph_test_response h = cph_test_api(fx->d.port, "POST", "/v1/sessions", NULL,
-                                     "{\"id\":\"rf\",\"class\":\"interactive\"}");
-  if (h.status != 200 && h.status != 201)
-    fail_msg("POST /v1/sessions: %d %s", h.status, h.body ? h.body : "");
-  cph_test_response_free(&h);
+  create_session(fx, "rf", false);
   json_t *before = stream_after(fx, 0); /* earlier tests' replies */
   long long base = 0;
   if (json_array_size(before))
@@ -1121,11 +1127,7 @@ static void restart_at_same_address(daemon_fixture *fx, const char *data_dir) {
   const char *const extra[] = {"--listen", listen, NULL};
   assert_int_equal(cph_test_daemon_start(&fx->d, fx->policy, data_dir, extra), 0);
   assert_int_equal(fx->d.port, port);
-  cph_test_response h = cph_test_api(fx->d.port, "POST", "/v1/sessions", NULL,
-                                     "{\"id\":\"rs\",\"class\":\"interactive\"}");
-  if (h.status != 200 && h.status != 201 && !(data_dir && h.status == 409)) /* 409: kept */
-    fail_msg("POST /v1/sessions: %d %s", h.status, h.body ? h.body : "");
-  cph_test_response_free(&h);
+  create_session(fx, "rs", data_dir != NULL); /* on its data dir: there already */
 }
 
 /* A daemon started again at the same address on another data directory: its stream starts
@@ -1134,11 +1136,7 @@ static void restart_at_same_address(daemon_fixture *fx, const char *data_dir) {
  * printed none of them. On the same data directory the identity stays. */
 static void test_daemon_replies_follow_reads_a_new_stream_from_its_start(void **state) {
   daemon_fixture *fx = *state;
-  cph_test_response h = cph_test_api(fx->d.port, "POST", "/v1/sessions", NULL,
-                                     "{\"id\":\"rs\",\"class\":\"interactive\"}");
-  if (h.status != 200 && h.status != 201)
-    fail_msg("POST /v1/sessions: %d %s", h.status, h.body ? h.body : "");
-  cph_test_response_free(&h);
+  create_session(fx, "rs", false);
   for (int i = 0; i < 5; i++) {
     char body[32];
     snprintf(body, sizeof body, "old %d", i);

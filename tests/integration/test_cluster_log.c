@@ -113,9 +113,12 @@ test_cluster_log_every_acknowledged_event_reaches_each_routed_session_once(void 
         break;
       usleep(100 * 1000);
     }
-    if (lag != 0)
-      fail_msg("node %d: log.lag %lld 10 s after every event was applied, want 0", i,
-               (long long)lag);
+    if (lag != 0) {
+      json_t *v = cph_tc_view(w->c, i);
+      char *log = json_dumps(json_object_get(v, "log"), JSON_COMPACT);
+      fail_msg("node %d: log.lag %lld 10 s after every event was applied, want 0 (log: %s)", i,
+               (long long)lag, log ? log : "?");
+    }
   }
   /* Every event was applied from a message decoded and prepared off the loop (the log's
    * delivery threads, clusterflow.c predecode): its text hashes came prepared. */

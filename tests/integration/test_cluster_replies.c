@@ -142,14 +142,10 @@ static void answer_long(bench *b, int s, int n) {
     if (r.status != 200)
       fail_msg("posting long question %d: %d %s", k, r.status, r.body ? r.body : "");
     cph_test_response_free(&r);
-    r = cph_test_api(c->port[n], "POST", "/v1/turns/lease", NULL,
-                     "{\"worker\":\"w\",\"wait_ms\":5000}");
-    if (r.status != 200)
-      fail_msg("lease of long question %d on n%d: %d %s", k, n, r.status, r.body ? r.body : "");
-    json_t *j = cph_test_json(&r);
-    cph_test_response_free(&r);
+    char what[48];
+    snprintf(what, sizeof what, "the lease of long question %d", k);
+    json_t *j = cph_tc_lease_of(c, n, b->id[s], what);
     json_t *turn = json_object_get(j, "turn");
-    assert_string_equal(json_string_value(json_object_get(turn, "session")), b->id[s]);
     char reply[64];
     snprintf(reply, sizeof reply, "long reply %d of %s", k, b->id[s]);
     cph_tc_complete(c, n, turn, reply);

@@ -675,6 +675,19 @@ int cph_tc_list_on_owner(cph_test_cluster *c, int n, const char *path, const cha
   return owner;
 }
 
+json_t *cph_tc_lease_of(cph_test_cluster *c, int n, const char *session, const char *what) {
+  cph_test_response r = cph_test_api(c->port[n], "POST", "/v1/turns/lease", NULL,
+                                     "{\"worker\":\"w\",\"wait_ms\":5000}");
+  if (r.status != 200)
+    fail_msg("%s on n%d: %d %s", what, n, r.status, r.body ? r.body : "");
+  json_t *j = cph_test_json(&r);
+  cph_test_response_free(&r);
+  const char *got = json_string_value(json_object_get(json_object_get(j, "turn"), "session"));
+  if (!got || strcmp(got, session) != 0)
+    fail_msg("%s on n%d: a turn of '%s', not of '%s'", what, n, got ? got : "(none)", session);
+  return j;
+}
+
 void cph_tc_complete(cph_test_cluster *c, int n, json_t *turn, const char *reply) {
   cph_tc_complete_cost(c, n, turn, reply, 10, 0);
 }

@@ -126,6 +126,10 @@ void cph_tc_ask(cph_test_cluster *c, int via, int sessions, int round);
 void cph_tc_lease_each(cph_test_cluster *c, int n, const int *owner, int sessions,
                        bool (*answer)(void *ctx, int n, json_t *turn, int s), void *ctx,
                        const char *what);
+/* One lease on node n (worker "w", waiting up to 5 s), which must answer 200 with a turn of
+ * session: the lease answer (json_decref it; its "turn" object is the turn). `what` names the
+ * lease in a failure. */
+json_t *cph_tc_lease_of(cph_test_cluster *c, int n, const char *session, const char *what);
 /* Completes turn (a lease answer's "turn" object, leased on node n) with reply, for 10
  * tokens; fails the test unless the answer is 200. */
 void cph_tc_complete(cph_test_cluster *c, int n, json_t *turn, const char *reply);
