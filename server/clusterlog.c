@@ -118,8 +118,12 @@ typedef struct shard_sub {
   struct cph_clog *log;
   uint32_t shard;
   /* Under the log's mu: the shard's messages the log has not delivered to this binding yet —
-   * the consumer's backlog at binding, then NumPending of each delivery. */
+   * the consumer's backlog at binding, then NumPending of each delivery; and when it was last
+   * set (monotonic ns). The backlog read at binding may count a message the previous owner's
+   * binding still took and acknowledged, which never comes here: a count that stands still
+   * is read again from the consumer (refresh_undelivered). */
   uint64_t undelivered;
+  int64_t undelivered_ns;
 } shard_sub;
 
 struct cph_clog {
@@ -382,8 +386,10 @@ static void on_delivery(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
   pthread_mutex_lock(&l->mu);
   l->delivered++;
   l->held++;
-  if (ss->gen == m->bind_gen)
+  if (ss->gen == m->bind_gen) {
     ss->undelivered = undelivered;
+    ss->undelivered_ns = cph_mono_ns();
+  }
   pthread_mutex_unlock(&l->mu);
   push_item(l, it);
 }
@@ -679,6 +685,7 @@ static void bind_shard(cph_clog *l, uint32_t s) {
   pthread_mutex_lock(&l->mu);
   l->subs[s].gen = ++l->bind_gen;
   l->subs[s].undelivered = backlog;
+  l->subs[s].undelivered_ns = cph_mono_ns();
   pthread_mutex_unlock(&l->mu);
   st = js_Subscribe(&l->subs[s].sub, l->js, filter, on_delivery, &l->subs[s], NULL, &so, &jerr);
   if (st != NATS_OK) {
@@ -800,6 +807,38 @@ static void sync_shards(cph_clog *l) {
   for (size_t k = 0; k < started; k++)
     pthread_join(th[k], NULL);
   free(todo);
+}
+
+/* A bound shard's backlog count that has not moved for UNDELIVERED_STALE_NS while above 0 is
+ * read again from its consumer (NumPending): the log's lag then says what is really left.
+ * One consumer info request per such shard, on the log thread. */
+#define UNDELIVERED_STALE_NS (2 * CPH_NS_PER_S)
+static void refresh_undelivered(cph_clog *l) {
+  int64_t now = cph_mono_ns();
+  for (uint32_t s = 0; s < l->shards && !stopping(l); s++) {
+    if (!l->subs[s].sub)
+      continue;
+    pthread_mutex_lock(&l->mu);
+    bool stale = l->subs[s].undelivered > 0 &&
+                 now - l->subs[s].undelivered_ns > UNDELIVERED_STALE_NS;
+    uint64_t gen = l->subs[s].gen;
+    pthread_mutex_unlock(&l->mu);
+    if (!stale)
+      continue;
+    char durable[32];
+    snprintf(durable, sizeof durable, "s%" PRIu32, s);
+    jsConsumerInfo *ci = NULL;
+    jsErrCode jerr = 0;
+    if (js_GetConsumerInfo(&ci, l->js, CPH_CLOG_STREAM, durable, NULL, &jerr) != NATS_OK)
+      continue; /* the next sync tries again */
+    pthread_mutex_lock(&l->mu);
+    if (l->subs[s].gen == gen && l->subs[s].undelivered_ns < now) {
+      l->subs[s].undelivered = ci->NumPending;
+      l->subs[s].undelivered_ns = cph_mono_ns();
+    }
+    pthread_mutex_unlock(&l->mu);
+    jsConsumerInfo_Destroy(ci);
+  }
 }
 
 /* ================================================================ replays */
@@ -1935,8 +1974,10 @@ static void *log_thread(void *arg) {
     pthread_mutex_lock(&l->mu);
     bool quiesced = l->quiesced;
     pthread_mutex_unlock(&l->mu);
-    if (!quiesced)
+    if (!quiesced) {
       sync_shards(l);
+      refresh_undelivered(l);
+    }
     read_watcher(l, SYNC_MS);
   }
   return NULL;
