@@ -1009,24 +1009,18 @@ static int state_import_stream(cph_txn *t, const char *session, const uint8_t *d
     } else {
       bad = true;
     }
-    bool held = false;
-    if (bad || !origin || !chan || !body)
+    uint64_t added = 0;
+    if (bad || !origin || !chan || !body) {
       rc = bad ? CPH_EINVAL : CPH_ENOMEM;
-    else if (!*origin || strlen(origin) >= REPLYSTREAM_ORIGIN_MAX) /* none this build makes */
+    } else if (!*origin || strlen(origin) >= REPLYSTREAM_ORIGIN_MAX) { /* none this build makes */
       rc = CPH_EINVAL;
-    else
-      rc = replystream_holds(t, origin, &held);
-    if (rc == CPH_OK && !held) {
-      cph_reply_rec rr = {0};
-      rr.session = (char *)session;
-      rr.channel = chan;
-      rr.body = body;
-      rr.ts_ms = ts_ms;
-      rr.origin = origin;
-      rc = replystream_put(t, &rr, NULL, NULL);
-      if (rc == CPH_OK)
-        *newest = rr.id;
+    } else {
+      cph_reply_rec rr = {.session = (char *)session, .channel = chan, .body = body,
+                          .ts_ms = ts_ms, .origin = origin};
+      rc = replystream_offer(t, &rr, &added);
     }
+    if (rc == CPH_OK && added)
+      *newest = added;
     if (rc == CPH_OK && in_history) {
       if (!history_list_add(history, chan, body, ts_ms))
         rc = CPH_ENOMEM;
@@ -1902,20 +1896,11 @@ static int import_reply(import_ctx *ic, const uint8_t *rec, size_t l, char *why,
   const char *bad = record_problem(rc, &err, r.origin, r.session ? r.session : "", ic->session);
   if (!bad && rc == CPH_OK && (!r.channel || !*r.channel || !r.body))
     bad = "no channel or no body";
-  bool held = false;
   if (bad) {
     snprintf(why, len, "%.160s", bad);
     rc = CPH_EINVAL;
   } else if (rc == CPH_OK) {
-    rc = replystream_holds(ic->t, r.origin, &held);
-  }
-  if (rc == CPH_OK && !held) {
-    cph_reply_rec in = {
-        .session = r.session, .channel = r.channel, .body = r.body, .ts_ms = r.ts_ms,
-        .origin = r.origin};
-    rc = replystream_put(ic->t, &in, NULL, NULL);
-    if (rc == CPH_OK)
-      ic->item_reply = in.id;
+    rc = replystream_offer(ic->t, &r, &ic->item_reply);
   }
   cph_record_free(&cph_reply_desc, &r);
   return rc;

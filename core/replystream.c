@@ -59,8 +59,21 @@ int replystream_identity(cph_txn *t, uint64_t dev, uint64_t ino, char *id) {
   return CPH_OK;
 }
 
-int replystream_holds(cph_txn *t, const char *origin, bool *held) {
-  return origins_find(t, CPH_DB_REPLY_ORIGINS, origin, held, NULL);
+int replystream_offer(cph_txn *t, const cph_reply_rec *carried, uint64_t *added) {
+  *added = 0;
+  bool held = false;
+  int rc = origins_find(t, CPH_DB_REPLY_ORIGINS, carried->origin, &held, NULL);
+  if (rc != CPH_OK || held)
+    return rc;
+  cph_reply_rec rr = {.session = carried->session,
+                      .channel = carried->channel,
+                      .body = carried->body,
+                      .ts_ms = carried->ts_ms,
+                      .origin = carried->origin};
+  rc = replystream_put(t, &rr, NULL, NULL);
+  if (rc == CPH_OK)
+    *added = rr.id;
+  return rc;
 }
 
 typedef struct newest_walk {

@@ -53,8 +53,11 @@ void replystream_origin(char *buf, const char *node, uint64_t id, const uint8_t 
  * A reply with an origin is indexed (above). CPH_OK or t's sticky error. */
 int replystream_put(cph_txn *t, cph_reply_rec *rr, const char *node, const uint8_t token[8]);
 
-/* *held: this node's stream has a reply of this origin. CPH_OK or the store's error. */
-int replystream_holds(cph_txn *t, const char *origin, bool *held);
+/* A reply carried from another node (a session's state, or its item: core/handover.c), with
+ * its origin: added to this node's stream unless it holds that origin already (a reply is
+ * added once per node). *added: its id here, 0 when it was held. Its source inbox ids and turn
+ * id are the other node's: not taken. CPH_OK or the store's error. */
+int replystream_offer(cph_txn *t, const cph_reply_rec *carried, uint64_t *added);
 
 /* Calls fn(ctx, reply) for session's newest replies that have an origin, newest first, at most
  * max, until fn returns false. CPH_OK or the store's error. */
