@@ -155,6 +155,10 @@ struct cph_clog {
   bool quiesced;
   bool ready; /* connected, stream and bucket in place: js may be used */
   bool connected;
+  /* The connection's closed callback ran: libnats calls its connection callbacks in order on
+   * one thread, so none of ours (on_disconnected, on_reconnected) runs after it — the stop
+   * waits for it before freeing what they touch. */
+  bool nc_closed;
   /* The largest message (headers and data) the NATS server connected to takes, its
    * max_payload; 0 until connected. Read at each (re)connection: servers may differ. */
   int64_t max_payload;
@@ -405,6 +409,15 @@ static void on_disconnected(natsConnection *nc, void *closure) {
     cph_warn("cluster log: disconnected from NATS; reconnecting");
 }
 
+static void on_closed(natsConnection *nc, void *closure) {
+  (void)nc;
+  cph_clog *l = closure;
+  pthread_mutex_lock(&l->mu);
+  l->nc_closed = true;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
 static void on_reconnected(natsConnection *nc, void *closure) {
   cph_clog *l = closure;
   char url[256] = "";
@@ -469,6 +482,8 @@ static bool connect_nats(cph_clog *l) {
     s = natsOptions_SetDisconnectedCB(o, on_disconnected, l);
   if (s == NATS_OK)
     s = natsOptions_SetReconnectedCB(o, on_reconnected, l);
+  if (s == NATS_OK)
+    s = natsOptions_SetClosedCB(o, on_closed, l);
   if (s == NATS_OK)
     s = natsConnection_Connect(&l->nc, o);
   natsOptions_Destroy(o);
@@ -2087,6 +2102,13 @@ void cph_clog_quiesce(cph_clog *l) {
   }
 }
 
+/* How long a stop waits for the connection's closed callback, and for libnats's threads (its
+ * timers, the asynchronous publishes' handler, message delivery) to end. A thread still running at exit races the process's end:
+ * in one clean-clone CI run two sanitized daemons whose stops took ~500 ms longer than usual
+ * (the old wait) exited by abort (134) — likely LeakSanitizer's scan at exit meeting such a
+ * thread (not reproduced since). A normal stop's threads end in a few milliseconds. */
+#define CLOSE_WAIT_MS 5000
+
 void cph_clog_stop(cph_clog *l) {
   if (!l)
     return;
@@ -2128,8 +2150,22 @@ void cph_clog_stop(cph_clog *l) {
   for (size_t i = 0; i < l->n_graveyard; i++)
     natsSubscription_Destroy(l->graveyard[i]);
   free(l->graveyard);
-  if (l->nc)
+  bool callbacks_done = true;
+  if (l->nc) {
     natsConnection_Close(l->nc);
+    /* its disconnected callback may still be under way on libnats's thread: wait for the
+     * closed one, which comes after it (without it, ASan saw on_disconnected write into
+     * the freed log at a stop) */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += CLOSE_WAIT_MS / 1000;
+    pthread_mutex_lock(&l->mu);
+    while (!l->nc_closed &&
+           pthread_cond_timedwait(&l->cv, &l->mu, &until) != ETIMEDOUT) {
+    }
+    callbacks_done = l->nc_closed;
+    pthread_mutex_unlock(&l->mu);
+  }
   jsCtx_Destroy(l->js);
   natsConnection_Destroy(l->nc);
   if (l->ev_queue)
@@ -2156,17 +2192,16 @@ void cph_clog_stop(cph_clog *l) {
     free(j);
   }
   free(l->node);
+  if (!callbacks_done) { /* a callback may still come: the log's struct stays (exiting) */
+    cph_warn("cluster log: NATS did not report the connection closed within %d ms",
+             CLOSE_WAIT_MS);
+    return;
+  }
   pthread_cond_destroy(&l->cv);
   pthread_mutex_destroy(&l->mu);
   free(l);
 }
 
-/* How long a stop waits for libnats's threads (its timers, the asynchronous publishes'
- * handler, message delivery) to end. A thread still running at exit races the process's end:
- * in one clean-clone CI run two sanitized daemons whose stops took ~500 ms longer than usual
- * (the old wait) exited by abort (134) — likely LeakSanitizer's scan at exit meeting such a
- * thread (not reproduced since). A normal stop's threads end in a few milliseconds. */
-#define CLOSE_WAIT_MS 5000
 
 void cph_clog_close_library(void) {
   natsStatus s = nats_CloseAndWait(CLOSE_WAIT_MS);
