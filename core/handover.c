@@ -1378,13 +1378,18 @@ int handover_memory_items(const cph_handover *st, const char *session, const uin
 }
 
 int handover_kept_item(const cph_handover *st, const char *session, uint64_t turn_id,
-                       const char *slot, cph_state_items *items) {
+                       cph_state_items *items) {
+  uint64_t keep = (uint64_t)st->env->policy->context.keep_turns, ordinal = 0;
+  int rc = st->env->reply_origin_node && turn_id && keep
+               ? turnrecs_ordinal(&st->env->txn, session, turn_id, &ordinal)
+               : CPH_OK;
   kept_scan ks = {{st->env->reply_origin_node, NULL, 0, 0, 0, STATE_KEPT_BYTES, false},
                   &st->env->txn, turn_id};
-  int rc = st->env->reply_origin_node && turn_id && slot && *slot
-               ? turnlog_newest(&st->env->txn, session, 1, collect_kept, &ks)
-               : CPH_OK;
+  if (rc == CPH_OK && ordinal)
+    rc = turnlog_newest(&st->env->txn, session, 1, collect_kept, &ks);
   if (rc == CPH_OK && ks.rs.n == 1) { /* the turn's kept context was the newest */
+    char slot[24];
+    snprintf(slot, sizeof slot, "r%llu", (unsigned long long)(ordinal % keep));
     cph_buf b = {0};
     item_head(&b, ITEM_KEPT);
     cph_buf_append(&b, ks.rs.v[0].data, ks.rs.v[0].len);

@@ -61,14 +61,15 @@ int handover_seal_item(const cph_handover *st, const char *session, uint64_t sea
 int handover_memory_items(const cph_handover *st, const char *session, const uint64_t *ids,
                           size_t n, cph_state_items *items);
 /* The item of turn turn_id's kept context (the context explorer's, core/turnlog.h), when it is
- * session's newest: kind 'k', named by `slot` rather than by its origin — the cluster log keeps
- * one item per slot, so a session holds at most as many as its slots there, each put over the
- * one before it (core/turns.c: a completion's slot is its episode modulo :context :keep-turns,
- * a failure's "f", an interrupted turn's "i"). Its value is the state's form: the turn
- * record's origin, then the record, self-contained. None when the turn has no kept context or
- * is not the newest, or slot is "". CPH_OK, CPH_ENOMEM or the store's error. */
+ * session's newest: kind 'k', named by its slot "r<n>", n the turn's ordinal (its place in the
+ * session's ended turns, core/turnrecs.h) modulo :context :keep-turns — a ring, one item per
+ * slot, each put over the one keep-turns turns before it, so the log holds the kept contexts
+ * of the session's newest keep-turns ended turns, completed, interrupted or failed alike, as
+ * the node does. Its value is the state's form: the turn record's origin, then the record,
+ * self-contained. None when the turn has no kept context, is not the newest, has no ordinal,
+ * or contexts are not kept. CPH_OK, CPH_ENOMEM or the store's error. */
 int handover_kept_item(const cph_handover *st, const char *session, uint64_t turn_id,
-                       const char *slot, cph_state_items *items);
+                       cph_state_items *items);
 
 /* The item of reply reply_id of the replies stream (GET /v1/replies) when it is session's and
  * has an origin: kind 'r', named by its origin; the record without what is this node's alone

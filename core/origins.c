@@ -41,6 +41,72 @@ int origins_session_put(cph_txn *t, cph_db db, const char *session, uint64_t id)
   return cph_txn_put(t, db, &sk, "", 0);
 }
 
+int origins_session_put_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t id,
+                                uint64_t ordinal) {
+  cph_key sk;
+  cph_key_reset(&sk);
+  cph_key_str(&sk, session);
+  cph_key_u64(&sk, id);
+  uint8_t v[8];
+  cph_be64_put(v, ordinal);
+  return cph_txn_put(t, db, &sk, v, sizeof v);
+}
+
+int origins_session_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t id,
+                            uint64_t *ordinal) {
+  cph_key sk;
+  cph_key_reset(&sk);
+  cph_key_str(&sk, session);
+  cph_key_u64(&sk, id);
+  *ordinal = 0;
+  if (sk.overflow)
+    return CPH_OK;
+  cph_val v;
+  int rc = cph_txn_get(t, db, &sk, &v);
+  if (rc == CPH_OK && v.len == 8)
+    *ordinal = cph_be64_get(v.data);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
+static int count_row(void *ctx, uint64_t id) {
+  (void)id;
+  ++*(uint64_t *)ctx;
+  return CPH_OK;
+}
+
+int origins_session_next_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t *next) {
+  cph_key from;
+  cph_key_reset(&from);
+  cph_key_str(&from, session);
+  size_t plen = from.len;
+  cph_key_u64(&from, UINT64_MAX);
+  *next = 1;
+  if (from.overflow)
+    return CPH_OK;
+  cph_cursor c;
+  int rc = cph_cursor_open(t, db, &c);
+  if (rc)
+    return rc;
+  cph_val k, v;
+  rc = cph_cursor_seek(&c, &from, &k, NULL);
+  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, &v)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, &v)
+                             : rc;
+  bool row = rc == CPH_OK && k.len == plen + 8 && memcmp(k.data, from.data, plen) == 0;
+  bool counted = row && v.len == 8;
+  if (counted)
+    *next = cph_be64_get(v.data) + 1;
+  cph_cursor_close(&c);
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND)
+    return rc;
+  if (!row || counted)
+    return CPH_OK;
+  uint64_t n = 0; /* rows from before ordinals: counted once, the next row holds the count */
+  rc = origins_session_newest(t, db, session, SIZE_MAX, count_row, &n);
+  *next = n + 1;
+  return rc;
+}
+
 int origins_session_newest(cph_txn *t, cph_db db, const char *session, size_t max,
                            int (*fn)(void *ctx, uint64_t id), void *ctx) {
   cph_key from;

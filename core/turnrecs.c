@@ -7,10 +7,23 @@
 
 #include "origins.h"
 
+/* Indexes tr under its session with the next ordinal. */
+static int index_by_session(cph_txn *t, const cph_turn_rec *tr) {
+  uint64_t ordinal;
+  int rc = origins_session_next_ordinal(t, CPH_DB_TURN_SESSIONS, tr->session, &ordinal);
+  if (rc == CPH_OK)
+    rc = origins_session_put_ordinal(t, CPH_DB_TURN_SESSIONS, tr->session, tr->id, ordinal);
+  return rc;
+}
+
 int turnrecs_ended(cph_txn *t, const cph_turn_rec *tr) {
   if (tr->kind == CPH_TURN_JOB)
     return CPH_OK;
-  return origins_session_put(t, CPH_DB_TURN_SESSIONS, tr->session, tr->id);
+  return index_by_session(t, tr);
+}
+
+int turnrecs_ordinal(cph_txn *t, const char *session, uint64_t turn, uint64_t *ordinal) {
+  return origins_session_ordinal(t, CPH_DB_TURN_SESSIONS, session, turn, ordinal);
 }
 
 void turnrecs_origin(char *buf, const char *node, const cph_turn_rec *tr) {
@@ -55,7 +68,7 @@ int turnrecs_import(cph_txn *t, cph_turn_rec *tr) {
   if (rc == CPH_OK)
     rc = origins_put(t, CPH_DB_TURN_ORIGINS, tr->origin, tr->id);
   if (rc == CPH_OK)
-    rc = origins_session_put(t, CPH_DB_TURN_SESSIONS, tr->session, tr->id);
+    rc = index_by_session(t, tr);
   return rc;
 }
 

@@ -12,9 +12,14 @@
  * never leased, heartbeated, taken or completed here. On a single node no record has an origin.
  *
  * Indexes (core/origins.h), written in the transaction that writes the record:
- *   turn_sessions  session, turn id -> "": every turn that ended completed or failed here
- *                  (job turns not) and every record imported; a session delete drops its rows
- *                  (the records stay, as replies do);
+ *   turn_sessions  session, turn id -> be64 ordinal: every turn that ended completed or
+ *                  failed here (job turns not) and every record imported, each with its place
+ *                  in the session's list (1 for the first: rows written before ordinals
+ *                  hold none, and the next row counts them). Two nodes that hold the same
+ *                  records of a session give its next turn the same ordinal, whatever order
+ *                  they came in: the ring of its kept contexts' items in the cluster log is
+ *                  by ordinal (core/handover.h, handover_kept_item). A session delete drops
+ *                  its rows (the records stay, as replies do);
  *   turn_origins   origin -> turn id here: the records imported.
  *
  * Owns no state of its own: its functions work in the transaction they are handed. */
@@ -33,6 +38,11 @@
 /* Turn tr ended completed or failed here (its record as written): indexed under its session,
  * unless it is a job turn. CPH_OK or t's sticky error. */
 int turnrecs_ended(cph_txn *t, const cph_turn_rec *tr);
+
+/* *ordinal: turn's place in session's list of ended turns (turn_sessions above); 0 when it
+ * is not there (a job turn, one not ended) or was indexed before ordinals were. CPH_OK or the
+ * store's error. */
+int turnrecs_ordinal(cph_txn *t, const char *session, uint64_t turn, uint64_t *ordinal);
 
 /* tr's origin into buf (TURNRECS_ORIGIN_MAX bytes): the one it was imported with, else for a
  * record made here the one node (this node's name) gives it; "" when it has none (node NULL:

@@ -1249,29 +1249,12 @@ static void turn_complete(cph_turns *tu, cph_op *op) {
   op->u.turn.job = NULL;
 }
 
-/* The slot of a kept context's item (handover.h, handover_kept_item) into buf (24 bytes): a
- * completed turn's, its session's episode after it modulo :context :keep-turns, so the log
- * keeps the newest keep-turns; the newest interrupted turn's "i" and failed turn's "f" (their
- * episodes do not move). "" when contexts are not kept. */
-static const char *kept_slot(const cph_turns *tu, const csession *s, char kind, char *buf) {
-  uint64_t keep = (uint64_t)tu->env->policy->context.keep_turns;
-  if (!keep)
-    buf[0] = '\0';
-  else if (kind == 'c')
-    snprintf(buf, 24, "c%llu", (unsigned long long)(s->episode % keep));
-  else
-    snprintf(buf, 24, "%c", kind);
-  return buf;
-}
-
 /* Fills op->u.turn.state for session id, and its items: the turn records (handover.h), the
  * memories minted[0..n_minted) the completion minted, the reply reply_id it wrote to the
- * replies stream (0: none) and turn kept_turn's kept context in slot kept_slot (0 or "":
- * none); a failure leaves the state NULL and is logged (the completion stands; the cluster log
+ * replies stream (0: none) and turn kept_turn's kept context (0: none); a failure leaves the state NULL and is logged (the completion stands; the cluster log
  * then keeps the session's previous state). */
 static void state_to_op(cph_turns *tu, const char *id, const uint64_t *minted, size_t n_minted,
-                        uint64_t reply_id, uint64_t kept_turn, const char *kept_slot,
-                        cph_op *op) {
+                        uint64_t reply_id, uint64_t kept_turn, cph_op *op) {
   csession *s = id ? sessions_get(tu->sessions, id) : NULL;
   if (!s)
     return;
@@ -1291,8 +1274,7 @@ static void state_to_op(cph_turns *tu, const char *id, const uint64_t *minted, s
     if ((rc = handover_reply_item(&st, id, reply_id, &op->u.turn.items)) != CPH_OK)
       cph_log(CPH_LOG_WARN, "reading reply %llu of session '%s' for the cluster log: %s (the "
               "state carries the newest)", (unsigned long long)reply_id, id, cph_strerror(rc));
-    if (kept_turn && kept_slot && *kept_slot &&
-        (rc = handover_kept_item(&st, id, kept_turn, kept_slot, &op->u.turn.items)) != CPH_OK)
+    if (kept_turn && (rc = handover_kept_item(&st, id, kept_turn, &op->u.turn.items)) != CPH_OK)
       cph_log(CPH_LOG_WARN, "reading the kept context of turn %llu of session '%s' for the "
               "cluster log: %s (it does not move with the session)",
               (unsigned long long)kept_turn, id, cph_strerror(rc));
@@ -1327,7 +1309,7 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
       if (tu->env->report_consumed) {
         already_consumed_keys(tu, op);
         char *id = op->rc == CPH_OK ? turn_session(tu, op->u.turn.turn_id) : NULL;
-        state_to_op(tu, id, NULL, 0, 0, 0, NULL, op);
+        state_to_op(tu, id, NULL, 0, 0, 0, op);
         free(id);
       }
     }
@@ -1527,10 +1509,8 @@ static void turn_complete_work(cph_turns *tu, cph_op *op) {
   sessions_update_work(tu->sessions, s);
   uint64_t turn_id = l->turn_id;
   lease_free(cph_hmap_del(&tu->leases, l->key));
-  char slot[24];
   if (tu->env->report_consumed)
-    state_to_op(tu, s->id, minted, n_minted, reply_id, turn_id,
-                kept_slot(tu, s, interrupted ? 'i' : 'c', slot), op);
+    state_to_op(tu, s->id, minted, n_minted, reply_id, turn_id, op);
   free(minted);
   if (tu->env->report_consumed && compacted) {
     cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
@@ -1565,10 +1545,8 @@ static void turn_fail(cph_turns *tu, cph_op *op) {
       cph_log(CPH_LOG_WARN, "reading the failed turn %llu of session '%s' for the cluster log: "
               "%s (the session's next state carries it)",
               (unsigned long long)op->u.turn.turn_id, s->id, cph_strerror(rc ? rc : CPH_ENOMEM));
-    char slot[24];
     if (op->u.turn.consumed_session &&
-        (rc = handover_kept_item(&st, s->id, op->u.turn.turn_id, kept_slot(tu, s, 'f', slot),
-                                 &op->u.turn.items)) != CPH_OK)
+        (rc = handover_kept_item(&st, s->id, op->u.turn.turn_id, &op->u.turn.items)) != CPH_OK)
       cph_log(CPH_LOG_WARN, "reading the kept context of failed turn %llu of session '%s' for "
               "the cluster log: %s (it does not move with the session)",
               (unsigned long long)op->u.turn.turn_id, s->id, cph_strerror(rc));

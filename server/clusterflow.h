@@ -322,7 +322,7 @@
  *    first, the other parts are left out when they would not fit; docs/cluster-scaling.md has
  *    figures). The kept turn contexts (the explorer's) moved in the state until they moved as
  *    items (13.): the part stays in the format, empty (core/handover.c, STATE_KEPT). Not
- *    moved: a failed turn's kept context once a newer turn failed, channel cursors as such (the new
+ *    moved: channel cursors as such (the new
  *    owner's move past the moved entries its turns saw), maintenance jobs, memories beyond
  *    their bound (160 + 64; turn records, seals and replies beyond theirs move as items, 13.),
  *    a stream reply's source inbox ids, and a channel's
@@ -407,10 +407,12 @@
  *    takes the session over then stores the summary and not the sources, and one that holds
  *    copies of them tombstones those (core/gc.h, gc_tombstone).
  *    Kept turn contexts (the explorer's, core/turnlog.h): a completion gives its turn's as an
- *    item of kind 'k' named by a slot, not by an origin — its session's episode after it
- *    modulo :context :keep-turns, "f" for a failure's, "i" for an interrupted turn's
- *    (handover_kept_item) — so a session holds at most keep-turns + 2 of them in the bucket,
- *    each put over the one it replaces (no delete needed); the value is the state's form (the
+ *    item of kind 'k' named by a slot, not by an origin — "r" and its turn's ordinal among
+ *    the session's ended turns (core/turnrecs.h) modulo :context :keep-turns, for a
+ *    completion, an interruption and a failure alike (handover_kept_item) — a ring, so a
+ *    session holds at most keep-turns of them in the bucket (and the "c<n>", "f" and "i"
+ *    slots of builds before the ring until it is deleted), each put over the one keep-turns
+ *    turns older (no delete needed); the value is the state's form (the
  *    turn record's origin, then the record, self-contained), stored on the new owner under the
  *    id its turn record got in the same import (ranked after the turn records). An item of
  *    ITEM_PACK_MIN bytes or more (a kept context, a seal) is packed on the state packer as a

@@ -57,7 +57,7 @@
   X(REPLY_ORIGINS, "reply_origins") /* origin\0 -> u64 reply id (cluster mode, core/replystream.h) */ \
   X(REPLY_SESSIONS, "reply_sessions") /* session\0 u64 reply id -> "" (cluster mode, replystream.h) */ \
   X(TURN_ORIGINS, "turn_origins") /* origin\0 -> u64 turn id: records imported (core/turnrecs.h) */ \
-  X(TURN_SESSIONS, "turn_sessions") /* session\0 u64 turn id -> "": its ended turns (turnrecs.h) */ \
+  X(TURN_SESSIONS, "turn_sessions") /* session\0 u64 turn id -> be64 ordinal (turnrecs.h) */ \
   X(MEMORIES, "memories")     /* u64 memory id -> memory */                              \
   X(MEMORY_SCOPES, "memory_scopes") /* scope\0 class\0 u64 id -> u64 source event (memory.c) */ \
   X(MEMORY_ORIGINS, "memory_origins") /* origin\0 -> u64 memory id: memories imported (handover.c) */ \

@@ -27,6 +27,7 @@
 #include "common/buf.h"
 #include "store/records.h"
 #include "store/keys.h"
+#include "store/store.h"
 #include "tests/support/engine_fixture.h"
 
 #define TURNS 3
@@ -483,8 +484,10 @@ static void test_session_state_offers_the_replies_stream_once_by_origin(void **s
   cph_fixture_free(z);
 }
 
-/* A question to session s, leased and failed with this error. */
-static void failed_turn(cph_fixture *f, const char *s, const char *error) {
+/* A question to session s, leased and failed with this error; the fail's items into items
+ * (NULL: dropped). */
+static void failed_turn_items(cph_fixture *f, const char *s, const char *error,
+                              cph_fixture_items *items) {
   cph_event_in ev = {0};
   ev.session = (char *)s;
   ev.sender = "ann";
@@ -497,8 +500,14 @@ static void failed_turn(cph_fixture *f, const char *s, const char *error) {
   memcpy(fail.u.turn.lease, lease.u.lease.turn.lease, sizeof fail.u.turn.lease);
   fail.u.turn.error = (char *)error;
   assert_int_equal(cph_fixture_run(f, &fail), CPH_OK);
+  if (items)
+    cph_fixture_items_take(items, &fail.u.turn.items);
   cph_op_clear_results(&fail);
   cph_op_clear_results(&lease);
+}
+
+static void failed_turn(cph_fixture *f, const char *s, const char *error) {
+  failed_turn_items(f, s, error, NULL);
 }
 
 /* Session s's ended turns on f, newest first (free with records_free). */
@@ -1497,6 +1506,114 @@ static void test_session_state_kept_contexts_move_as_items(void **state) {
   cph_fixture_free(y);
 }
 
+/* How many of items are kept contexts ('k'), and whether one is named slot (hex of "r<n>"). */
+static size_t kept_items_in(const cph_fixture_items *items, const char *slot, bool *named) {
+  char name[32] = "k";
+  for (size_t i = 0; slot[i] && i < 12; i++)
+    snprintf(name + 1 + 2 * i, 3, "%02x", (unsigned char)slot[i]);
+  size_t n = 0;
+  *named = false;
+  for (size_t i = 0; i < items->n; i++) {
+    n += items->v[i].name[0] == 'k';
+    *named |= strcmp(items->v[i].name, name) == 0;
+  }
+  return n;
+}
+
+/* The kept contexts' items are a ring over the session's ended turns, completed or failed
+ * alike (handover_kept_item): with keep-turns 4, turns completed, failed, failed, completed,
+ * failed leave the log four items — the contexts of the newest four turns, two failures of
+ * one run among them — and a new owner shows exactly the old owner's four. (With a slot per
+ * episode and one for the newest failure, the first failure's would have been put over.) A
+ * data dir whose turn index was written before ordinals counts its rows once: its next turn
+ * takes the slot its count gives. */
+static void test_session_state_kept_items_ring_over_failed_turns_too(void **state) {
+  (void)state;
+  cph_fixture *v = node_with_a("ring_v", "{:context {:keep-turns 4}}", "v");
+  cph_engine_report_consumed(v->e, true);
+  cph_fixture_items items = {0};
+  cph_op done;
+  turn(v, "a", 0, &done);
+  cph_fixture_items_take(&items, &done.u.turn.items);
+  cph_op_clear_results(&done);
+  failed_turn_items(v, "a", "the model timed out", &items);
+  failed_turn_items(v, "a", "the model timed out again", &items);
+  turn(v, "a", 1, &done);
+  cph_fixture_items_take(&items, &done.u.turn.items);
+  size_t len;
+  uint8_t *blob = state_of(&done, &len);
+  failed_turn_items(v, "a", "a tool failed", &items);
+  last_per_name(&items);
+  bool named;
+  assert_int_equal(kept_items_in(&items, "r1", &named), 4); /* 5 turns: slots 1 2 3 0 1 */
+  assert_true(named);
+  size_t nv;
+  cph_kept_turn *kv = kept(v, "a", &nv);
+  assert_int_equal(nv, 4);
+  cph_fixture *u = node_with_a("ring_u", "{}", "u");
+  uint32_t refused = 0;
+  assert_int_equal(import_items(u, "a", blob, len, items.v, items.n, &refused), CPH_OK);
+  assert_int_equal(refused, 0);
+  size_t nu;
+  cph_kept_turn *ku = kept(u, "a", &nu);
+  assert_int_equal(nu, 4);
+  for (size_t i = 0; i < 4; i++) {
+    char *ov = origin_of(v, kv[i].id), *ou = origin_of(u, ku[i].id);
+    assert_string_equal(ov, ou);
+    free(ov);
+    free(ou);
+    assert_same_context(v, kv[i].id, u, ku[i].id);
+  }
+  cph_kept_turns_free(ku, nu);
+  cph_kept_turns_free(kv, nv);
+  cph_fixture_free(u);
+  free(blob);
+  cph_fixture_items_free(&items);
+
+  /* the five rows as a build before ordinals wrote them (empty values): the sixth turn
+   * counts them and takes slot 6 % 4 = 2 */
+  cph_engine_close(v->e);
+  v->e = NULL;
+  struct cph_store *st = cph_fixture_store_open(v->dir);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_TURN_SESSIONS, &c), CPH_OK);
+  cph_key from;
+  cph_key_reset(&from);
+  cph_key_str(&from, "a");
+  cph_val k, val;
+  uint8_t keys[8][64];
+  size_t lens[8], rows = 0;
+  for (int rc = cph_cursor_seek(&c, &from, &k, &val); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &k, &val)) {
+    assert_true(rows < 8 && k.len <= 64);
+    assert_int_equal(val.len, 8); /* written with its ordinal */
+    memcpy(keys[rows], k.data, k.len);
+    lens[rows++] = k.len;
+  }
+  cph_cursor_close(&c);
+  assert_int_equal(rows, 5);
+  for (size_t i = 0; i < rows; i++) {
+    cph_key rk;
+    cph_key_reset(&rk);
+    memcpy(rk.data, keys[i], lens[i]);
+    rk.len = lens[i];
+    assert_int_equal(cph_txn_put(&t, CPH_DB_TURN_SESSIONS, &rk, "", 0), CPH_OK);
+  }
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  cph_store_close(st);
+  cph_fixture_open(v);
+  assert_int_equal(cph_engine_reply_origins(v->e, "v"), CPH_OK);
+  cph_engine_report_consumed(v->e, true);
+  cph_fixture_items more = {0};
+  failed_turn_items(v, "a", "after the upgrade", &more);
+  assert_int_equal(kept_items_in(&more, "r2", &named), 1);
+  assert_true(named);
+  cph_fixture_items_free(&more);
+  cph_fixture_free(v);
+}
+
 /* Session "b" subscribed to channel "c" on f: `rounds` messages to "c" from five users, each
  * leased and answered (the turn's reply joins the history), every tenth turn with a memory
  * of its own ("b remembers round <i>"); the last completion's state (*len bytes). The
@@ -2026,6 +2143,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_an_older_state_of_this_nodes_line_keeps_the_tree),
       cmocka_unit_test(test_session_state_memory_items_stay_when_the_state_is_refused),
       cmocka_unit_test(test_session_state_kept_contexts_move_as_items),
+      cmocka_unit_test(test_session_state_kept_items_ring_over_failed_turns_too),
       cmocka_unit_test(test_session_state_moves_channel_memories),
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
       cmocka_unit_test(test_session_state_items_move_the_workers_memories),
