@@ -323,7 +323,8 @@
  *    figures). The kept turn contexts (the explorer's) moved in the state until they moved as
  *    items (13.): the part stays in the format, empty (core/handover.c, STATE_KEPT). Not
  *    moved: channel cursors as such (the new
- *    owner's move past the moved entries its turns saw), maintenance jobs, memories beyond
+ *    owner's move past the moved entries its turns saw), maintenance jobs (each node's own work
+ *    on what it holds: the new owner embeds and compacts what it imported), memories beyond
  *    their bound (160 + 64; turn records, seals and replies beyond theirs move as items, 13.),
  *    a stream reply's source inbox ids, and a channel's
  *    entries older than a turn of the session could show (or beyond the 256 KiB).

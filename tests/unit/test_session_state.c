@@ -2042,6 +2042,63 @@ static uint64_t memory_find(cph_fixture *f, const char *text, int *summaries) {
   return id;
 }
 
+/* Maintenance jobs do not move, and need not: each is the node's own work on what it holds
+ * (its embeddings, its compaction, its outbox, its retention). x minted "a"'s memories and
+ * had embedded none, nor compacted them, when y took the session over (with x's jobs still
+ * queued there); y's own maintenance embeds what it imported (adopted memories are queued)
+ * and compacts it on its schedule (adopted memories carry no plan lock and their ages), so
+ * y's memory search shows the summary in place of the six. */
+static void test_session_state_the_new_owner_does_the_maintenance_again(void **state) {
+  (void)state;
+  const char *policy = "{:sessions {:janitor? true}"
+                       " :gc {:min-age-hours 0 :max-access 1000000 :plan-interval-s 60}"
+                       " :scheduler {:lanes {:interactive {:turns 10000}}}}";
+  cph_fixture *x = node_with_a("maintmove_x", policy, "x");
+  cph_fixture *y = node_with_a("maintmove_y", policy, "y");
+  cph_engine_report_consumed(x->e, true);
+  cph_engine_report_consumed(y->e, true);
+  cph_fixture_items items = {0};
+  size_t len;
+  uint8_t *blob = NULL;
+  cph_op done;
+  for (int i = 0; i < 6; i++) {
+    turn(x, "a", i, &done);
+    cph_fixture_items_take(&items, &done.u.turn.items);
+    free(blob);
+    blob = state_of(&done, &len);
+  }
+  cph_maint_stats st;
+  cph_engine_maint_stats(x->e, &st);
+  assert_true(st.embed_queue >= 6); /* x's embed jobs, never run: x "died" */
+  uint32_t refused = 0;
+  assert_int_equal(import_items(y, "a", blob, len, items.v, items.n, &refused), CPH_OK);
+  assert_int_equal(refused, 0);
+  int summaries;
+  for (int i = 0; i < 6; i++) {
+    char text[32];
+    snprintf(text, sizeof text, "memory %d of a", i);
+    assert_true(memory_find(y, text, &summaries) > 0);
+  }
+  cph_engine_maint_stats(y->e, &st);
+  assert_true(st.embed_queue >= 6);
+  cph_clock_advance(&y->clock, 61 * CPH_NS_PER_S); /* y's gc_plan is due */
+  cph_fixture_run_maintenance(y, NULL, NULL);
+  cph_engine_maint_stats(y->e, &st);
+  assert_int_equal(st.embed_queue, 0);
+  assert_true(st.groups_committed_total >= 1);
+  for (int i = 0; i < 6; i++) {
+    char text[32];
+    snprintf(text, sizeof text, "memory %d of a", i);
+    if (memory_find(y, text, &summaries) > 0)
+      fail_msg("'%s' was not compacted on the new owner", text);
+  }
+  assert_true(summaries >= 1);
+  cph_fixture_items_free(&items);
+  free(blob);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
 /* Compaction moves too: a gc_commit of a session's own memories gives the session's items — its
  * summary, and its sources tombstoned under the keys their items had. A node that takes the
  * session over from then on holds the summary and not the sources; one that had taken the
@@ -2148,6 +2205,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_items_move_what_the_state_leaves_out),
       cmocka_unit_test(test_session_state_items_move_the_workers_memories),
       cmocka_unit_test(test_session_state_items_carry_what_compaction_did),
+      cmocka_unit_test(test_session_state_the_new_owner_does_the_maintenance_again),
       cmocka_unit_test(test_session_state_import_keeps_a_running_turn_running),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
