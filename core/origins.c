@@ -33,20 +33,23 @@ int origins_find(cph_txn *t, cph_db db, const char *origin, bool *held, uint64_t
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
-int origins_session_put(cph_txn *t, cph_db db, const char *session, uint64_t id) {
+/* (session, id): a row's key in a by-session index. */
+static cph_key session_key(const char *session, uint64_t id) {
   cph_key sk;
   cph_key_reset(&sk);
   cph_key_str(&sk, session);
   cph_key_u64(&sk, id);
+  return sk;
+}
+
+int origins_session_put(cph_txn *t, cph_db db, const char *session, uint64_t id) {
+  cph_key sk = session_key(session, id);
   return cph_txn_put(t, db, &sk, "", 0);
 }
 
 int origins_session_put_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t id,
                                 uint64_t ordinal) {
-  cph_key sk;
-  cph_key_reset(&sk);
-  cph_key_str(&sk, session);
-  cph_key_u64(&sk, id);
+  cph_key sk = session_key(session, id);
   uint8_t v[8];
   cph_be64_put(v, ordinal);
   return cph_txn_put(t, db, &sk, v, sizeof v);
@@ -54,10 +57,7 @@ int origins_session_put_ordinal(cph_txn *t, cph_db db, const char *session, uint
 
 int origins_session_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t id,
                             uint64_t *ordinal) {
-  cph_key sk;
-  cph_key_reset(&sk);
-  cph_key_str(&sk, session);
-  cph_key_u64(&sk, id);
+  cph_key sk = session_key(session, id);
   *ordinal = 0;
   if (sk.overflow)
     return CPH_OK;
@@ -68,74 +68,85 @@ int origins_session_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t
   return rc == CPH_ENOTFOUND ? CPH_OK : rc;
 }
 
-static int count_row(void *ctx, uint64_t id) {
-  (void)id;
-  ++*(uint64_t *)ctx;
-  return CPH_OK;
-}
-
-int origins_session_next_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t *next) {
-  cph_key from;
-  cph_key_reset(&from);
-  cph_key_str(&from, session);
-  size_t plen = from.len;
-  cph_key_u64(&from, UINT64_MAX);
-  *next = 1;
-  if (from.overflow)
-    return CPH_OK;
-  cph_cursor c;
-  int rc = cph_cursor_open(t, db, &c);
-  if (rc)
-    return rc;
-  cph_val k, v;
-  rc = cph_cursor_seek(&c, &from, &k, NULL);
-  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, &v)
-       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, &v)
-                             : rc;
-  bool row = rc == CPH_OK && k.len == plen + 8 && memcmp(k.data, from.data, plen) == 0;
-  bool counted = row && v.len == 8;
-  if (counted)
-    *next = cph_be64_get(v.data) + 1;
-  cph_cursor_close(&c);
-  if (rc != CPH_OK && rc != CPH_ENOTFOUND)
-    return rc;
-  if (!row || counted)
-    return CPH_OK;
-  uint64_t n = 0; /* rows from before ordinals: counted once, the next row holds the count */
-  rc = origins_session_newest(t, db, session, SIZE_MAX, count_row, &n);
-  *next = n + 1;
-  return rc;
-}
-
-int origins_session_newest(cph_txn *t, cph_db db, const char *session, size_t max,
-                           int (*fn)(void *ctx, uint64_t id), void *ctx) {
-  cph_key from;
-  cph_key_reset(&from);
-  cph_key_str(&from, session);
-  size_t plen = from.len;
-  cph_key_u64(&from, UINT64_MAX);
+/* Calls fn(ctx, id, value) for session's rows in db, newest first, at most max, while it
+ * returns CPH_OK (ORIGINS_STOP ends the walk: CPH_OK). */
+static int walk_newest(cph_txn *t, cph_db db, const char *session, size_t max,
+                       int (*fn)(void *ctx, uint64_t id, const cph_val *v), void *ctx) {
+  cph_key from = session_key(session, UINT64_MAX);
+  size_t plen = from.len - 8;
   if (from.overflow)
     return CPH_OK; /* no session of that name was indexed */
   cph_cursor c;
   int rc = cph_cursor_open(t, db, &c);
   if (rc)
     return rc;
-  cph_val k;
+  cph_val k, v;
   /* the session's rows end just below (session, UINT64_MAX): the row before the first at or
    * after it, or the last row of the database */
   rc = cph_cursor_seek(&c, &from, &k, NULL);
-  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, NULL)
-       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, NULL)
+  rc = rc == CPH_OK         ? cph_cursor_prev(&c, &k, &v)
+       : rc == CPH_ENOTFOUND ? cph_cursor_last(&c, &k, &v)
                              : rc;
   for (size_t n = 0; rc == CPH_OK && n < max; n++) {
     if (k.len != plen + 8 || memcmp(k.data, from.data, plen) != 0)
       break;
-    rc = fn(ctx, cph_be64_get((const uint8_t *)k.data + plen));
+    rc = fn(ctx, cph_be64_get((const uint8_t *)k.data + plen), &v);
     if (rc == CPH_OK)
-      rc = cph_cursor_prev(&c, &k, NULL);
+      rc = cph_cursor_prev(&c, &k, &v);
   }
   cph_cursor_close(&c);
   return rc == CPH_ENOTFOUND || rc == ORIGINS_STOP ? CPH_OK : rc;
+}
+
+/* The newest row's ordinal (0: it holds none), or that there is a row at all. */
+typedef struct newest_row {
+  bool any;
+  uint64_t ordinal;
+} newest_row;
+
+static int note_newest(void *ctx, uint64_t id, const cph_val *v) {
+  (void)id;
+  newest_row *r = ctx;
+  r->any = true;
+  r->ordinal = v->len == 8 ? cph_be64_get(v->data) : 0;
+  return ORIGINS_STOP;
+}
+
+static int count_row(void *ctx, uint64_t id, const cph_val *v) {
+  (void)id;
+  (void)v;
+  ++*(uint64_t *)ctx;
+  return CPH_OK;
+}
+
+int origins_session_next_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t *next) {
+  newest_row r = {false, 0};
+  int rc = walk_newest(t, db, session, 1, note_newest, &r);
+  *next = r.ordinal + 1;
+  if (rc || !r.any || r.ordinal)
+    return rc;
+  uint64_t n = 0; /* rows from before ordinals: counted once, the next row holds the count */
+  rc = walk_newest(t, db, session, SIZE_MAX, count_row, &n);
+  *next = n + 1;
+  return rc;
+}
+
+/* origins_session_newest's fn, under walk_newest. */
+typedef struct id_walk {
+  int (*fn)(void *ctx, uint64_t id);
+  void *ctx;
+} id_walk;
+
+static int walk_id(void *ctx, uint64_t id, const cph_val *v) {
+  (void)v;
+  const id_walk *w = ctx;
+  return w->fn(w->ctx, id);
+}
+
+int origins_session_newest(cph_txn *t, cph_db db, const char *session, size_t max,
+                           int (*fn)(void *ctx, uint64_t id), void *ctx) {
+  id_walk w = {fn, ctx};
+  return walk_newest(t, db, session, max, walk_id, &w);
 }
 
 int origins_session_forget(cph_txn *t, cph_db db, const char *session) {

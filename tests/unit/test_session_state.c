@@ -1380,17 +1380,24 @@ static void last_per_name(cph_fixture_items *l) {
   l->n = n;
 }
 
-/* TURNS turns of "a" on f, their items gathered into items; the last state (*len bytes). */
-static uint8_t *answered_items(cph_fixture *f, int first, cph_fixture_items *items, size_t *len) {
+/* n turns of "a" on f (questions first..), their items gathered into items; the last state
+ * (*len bytes). */
+static uint8_t *turns_items(cph_fixture *f, int first, int n, cph_fixture_items *items,
+                            size_t *len) {
   cph_op done;
   uint8_t *blob = NULL;
-  for (int i = first; i < first + TURNS; i++) {
+  for (int i = first; i < first + n; i++) {
     turn(f, "a", i, &done);
     cph_fixture_items_take(items, &done.u.turn.items);
     free(blob);
     blob = state_of(&done, len);
   }
   return blob;
+}
+
+/* TURNS turns of "a" on f: turns_items. */
+static uint8_t *answered_items(cph_fixture *f, int first, cph_fixture_items *items, size_t *len) {
+  return turns_items(f, first, TURNS, items, len);
 }
 
 /* Kept turn contexts move as items (handover.h, handover_kept_item): every completed turn's,
@@ -2059,14 +2066,7 @@ static void test_session_state_the_new_owner_does_the_maintenance_again(void **s
   cph_engine_report_consumed(y->e, true);
   cph_fixture_items items = {0};
   size_t len;
-  uint8_t *blob = NULL;
-  cph_op done;
-  for (int i = 0; i < 6; i++) {
-    turn(x, "a", i, &done);
-    cph_fixture_items_take(&items, &done.u.turn.items);
-    free(blob);
-    blob = state_of(&done, &len);
-  }
+  uint8_t *blob = turns_items(x, 0, 6, &items, &len);
   cph_maint_stats st;
   cph_engine_maint_stats(x->e, &st);
   assert_true(st.embed_queue >= 6); /* x's embed jobs, never run: x "died" */
@@ -2116,14 +2116,8 @@ static void test_session_state_items_carry_what_compaction_did(void **state) {
     cph_engine_report_consumed(nodes[k]->e, true);
   cph_fixture_items items = {0};
   size_t len;
-  uint8_t *blob = NULL;
+  uint8_t *blob = turns_items(x, 0, 6, &items, &len);
   cph_op done;
-  for (int i = 0; i < 6; i++) {
-    turn(x, "a", i, &done);
-    cph_fixture_items_take(&items, &done.u.turn.items);
-    free(blob);
-    blob = state_of(&done, &len);
-  }
   uint32_t refused = 0;
   assert_int_equal(import_items(y, "a", blob, len, items.v, items.n, &refused), CPH_OK);
   int summaries;
