@@ -132,90 +132,137 @@ static int plan_explicit(const cph_gc *gc, cph_txn *t, const char *list) {
   return rc;
 }
 
+/* The automatic plan's groups being built, one per scope (at most SCOPES_PER_PLAN). */
+typedef struct plan_state {
+  const cph_gc *gc;
+  cph_txn *t;
+  int64_t cutoff; /* created at or before it: old enough */
+  builder *bs;
+  size_t nb;
+  int64_t groups;
+} plan_state;
+
+/* Whether m is a candidate of the automatic plan (below). */
+static bool plan_candidate(const plan_state *ps, const cph_memory_rec *m) {
+  const cph_policy_gc *g = &ps->gc->env->policy->gc;
+  uint64_t pending = 0;
+  int64_t last_ms;
+  memaccess_pending(&ps->gc->memory->access, m->id, &pending, &last_ms);
+  return m->kind == CPH_MEMORY_RAW && !m->deleted && !m->gc_group && m->created_ms <= ps->cutoff &&
+         m->access_count + pending <= (uint64_t)g->max_access;
+}
+
+/* Adds candidate m to its scope's group, writing the group first when m would take it past
+ * :group-max-tokens (a group of at least two goes; a lone oversized memory just restarts). */
+static int plan_add(plan_state *ps, const cph_memory_rec *m) {
+  builder *b = NULL;
+  for (size_t i = 0; i < ps->nb; i++)
+    if (strcmp(ps->bs[i].scope, m->session) == 0)
+      b = &ps->bs[i];
+  if (!b && ps->nb < SCOPES_PER_PLAN) {
+    b = &ps->bs[ps->nb++];
+    b->scope = strdup(m->session);
+  }
+  if (!b)
+    return CPH_OK;
+  int rc = CPH_OK;
+  if (b->n && b->tokens + m->tokens_est > (uint64_t)ps->gc->env->policy->gc.group_max_tokens) {
+    if (b->n >= 2) {
+      rc = write_group(ps->gc, ps->t, b->scope, b->ids, b->n, b->newest_ms, b->tokens);
+      ps->groups++;
+    }
+    b->n = 0;
+    b->tokens = 0;
+    b->newest_ms = 0;
+  }
+  if (rc == CPH_OK && b->n == b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 16;
+    uint64_t *p = realloc(b->ids, cap * sizeof *p);
+    if (p) {
+      b->ids = p;
+      b->cap = cap;
+    }
+  }
+  if (rc == CPH_OK && b->n < b->cap) {
+    b->ids[b->n++] = m->id;
+    b->tokens += m->tokens_est;
+    if (m->created_ms > b->newest_ms)
+      b->newest_ms = m->created_ms;
+  }
+  return rc;
+}
+
+/* Collects an adopted memory's id (memory_adopted_from) into a cph_buf of uint64_t. */
+static int note_adopted(void *ctx, uint64_t id) {
+  cph_buf_append(ctx, &id, sizeof id);
+  return cph_buf_error(ctx) ? CPH_ENOMEM : CPH_OK;
+}
+
 /* The automatic plan: raw, undeleted, unlocked memories older than :gc :min-age-hours with
  * access_count <= :gc :max-access (accesses not yet written into the record included:
  * memaccess.h), grouped per scope in creation order, at most
- * :group-max-tokens a group and :max-groups-per-plan groups. */
+ * :group-max-tokens a group and :max-groups-per-plan groups. Memories are read in id order,
+ * which is creation order for those minted here, so the read stops at the first one too
+ * young; then it reads the memories adopted from other nodes (memory_adopted_from: their ids
+ * are new here, their ages what they were) with ids past that one. */
 static int plan_auto(const cph_gc *gc, cph_txn *t) {
   const cph_policy_gc *g = &gc->env->policy->gc;
-  int64_t cutoff = cph_wall_ms() - (int64_t)(g->min_age_hours * 3600000.0);
-  builder *bs = calloc(SCOPES_PER_PLAN, sizeof *bs);
-  size_t nb = 0;
-  int64_t groups = 0;
-  int rc = bs ? CPH_OK : CPH_ENOMEM;
+  plan_state ps = {gc, t, cph_wall_ms() - (int64_t)(g->min_age_hours * 3600000.0),
+                   calloc(SCOPES_PER_PLAN, sizeof(builder)), 0, 0};
+  uint64_t young = 0; /* the first memory minted here too young to plan; 0: none */
+  int rc = ps.bs ? CPH_OK : CPH_ENOMEM;
   cph_cursor c;
   cph_val k, v;
   if (rc == CPH_OK)
     rc = cph_cursor_open(t, CPH_DB_MEMORIES, &c);
-  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, &v); rc == CPH_OK && groups < g->max_groups_per_plan;
-       rc = cph_cursor_next(&c, &k, &v)) {
+  for (rc = rc ? rc : cph_cursor_seek(&c, NULL, &k, &v);
+       rc == CPH_OK && ps.groups < g->max_groups_per_plan; rc = cph_cursor_next(&c, &k, &v)) {
     cph_memory_rec m;
     cph_err derr;
     if (cph_record_decode(&cph_memory_desc, v.data, v.len, &m, &derr))
       continue;
-    uint64_t pending = 0;
-    int64_t last_ms;
-    memaccess_pending(&gc->memory->access, m.id, &pending, &last_ms);
-    bool candidate = m.kind == CPH_MEMORY_RAW && !m.deleted && !m.gc_group &&
-                     m.created_ms <= cutoff &&
-                     m.access_count + pending <= (uint64_t)g->max_access;
-    if (!candidate) {
-      cph_record_free(&cph_memory_desc, &m);
-      if (m.created_ms > cutoff)
-        break; /* ids follow creation time: nothing later is old enough */
-      continue;
-    }
-    builder *b = NULL;
-    for (size_t i = 0; i < nb; i++)
-      if (strcmp(bs[i].scope, m.session) == 0)
-        b = &bs[i];
-    if (!b && nb < SCOPES_PER_PLAN) {
-      b = &bs[nb++];
-      b->scope = strdup(m.session);
-    }
-    if (b && b->n && b->tokens + m.tokens_est > (uint64_t)g->group_max_tokens) {
-      /* full: a group of at least two goes; a lone oversized memory just restarts */
-      if (b->n >= 2) {
-        rc = write_group(gc, t, b->scope, b->ids, b->n, b->newest_ms, b->tokens);
-        groups++;
-      }
-      b->n = 0;
-      b->tokens = 0;
-      b->newest_ms = 0;
-    }
-    if (b && rc == CPH_OK) {
-      if (b->n == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 16;
-        uint64_t *p = realloc(b->ids, cap * sizeof *p);
-        if (p) {
-          b->ids = p;
-          b->cap = cap;
-        }
-      }
-      if (b->n < b->cap) {
-        b->ids[b->n++] = m.id;
-        b->tokens += m.tokens_est;
-        if (m.created_ms > b->newest_ms)
-          b->newest_ms = m.created_ms;
-      }
-    }
+    if (plan_candidate(&ps, &m))
+      rc = plan_add(&ps, &m);
+    else if (m.created_ms > ps.cutoff && !memory_is_adopted(t, m.id))
+      young = m.id; /* ids follow creation time here: nothing later minted here is old enough */
     cph_record_free(&cph_memory_desc, &m);
+    if (young)
+      break;
   }
-  if (bs)
+  if (ps.bs)
     cph_cursor_close(&c);
   if (rc == CPH_ENOTFOUND)
     rc = CPH_OK;
-  for (size_t i = 0; i < nb; i++) {
-    if (rc == CPH_OK && bs[i].n >= 2 && groups < g->max_groups_per_plan) {
-      rc = write_group(gc, t, bs[i].scope, bs[i].ids, bs[i].n, bs[i].newest_ms, bs[i].tokens);
-      groups++;
-    }
-    free(bs[i].scope);
-    free(bs[i].ids);
+  cph_buf adopted = {0};
+  if (rc == CPH_OK && young && ps.groups < g->max_groups_per_plan)
+    rc = memory_adopted_from(t, young, note_adopted, &adopted);
+  for (size_t i = 0; rc == CPH_OK && i < adopted.len / 8 && ps.groups < g->max_groups_per_plan;
+       i++) {
+    uint64_t id;
+    memcpy(&id, adopted.data + 8 * i, 8);
+    cph_key mk = cph_key_of_u64(id);
+    cph_memory_rec m;
+    int grc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
+    if (grc == CPH_OK && plan_candidate(&ps, &m))
+      rc = plan_add(&ps, &m);
+    if (grc == CPH_OK)
+      cph_record_free(&cph_memory_desc, &m);
+    else if (grc != CPH_ENOTFOUND && grc != CPH_EINVAL)
+      rc = grc;
   }
-  free(bs);
-  if (groups)
-    cph_log(CPH_LOG_INFO, "gc_plan: %lld group(s) planned", (long long)groups);
+  cph_buf_free(&adopted);
+  for (size_t i = 0; i < ps.nb; i++) {
+    if (rc == CPH_OK && ps.bs[i].n >= 2 && ps.groups < g->max_groups_per_plan) {
+      rc = write_group(gc, t, ps.bs[i].scope, ps.bs[i].ids, ps.bs[i].n, ps.bs[i].newest_ms,
+                       ps.bs[i].tokens);
+      ps.groups++;
+    }
+    free(ps.bs[i].scope);
+    free(ps.bs[i].ids);
+  }
+  free(ps.bs);
+  if (ps.groups)
+    cph_log(CPH_LOG_INFO, "gc_plan: %lld group(s) planned", (long long)ps.groups);
   return rc;
 }
 

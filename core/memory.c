@@ -417,6 +417,31 @@ static cph_key origin_of_key(uint64_t id) {
   return k;
 }
 
+bool memory_is_adopted(cph_txn *t, uint64_t id) {
+  cph_key k = origin_of_key(id);
+  cph_val v;
+  return cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v) == CPH_OK;
+}
+
+int memory_adopted_from(cph_txn *t, uint64_t from, int (*fn)(void *ctx, uint64_t id), void *ctx) {
+  cph_key k = origin_of_key(from);
+  cph_cursor c;
+  int rc = cph_cursor_open(t, CPH_DB_MEMORY_ORIGINS, &c);
+  if (rc)
+    return rc;
+  cph_val key;
+  for (rc = cph_cursor_seek(&c, &k, &key, NULL); rc == CPH_OK; rc = cph_cursor_next(&c, &key, NULL)) {
+    const uint8_t *p = key.data;
+    if (key.len != 9 || p[0] != 0xFF)
+      break;
+    rc = fn(ctx, cph_be64_get(p + 1));
+    if (rc)
+      break;
+  }
+  cph_cursor_close(&c);
+  return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+}
+
 int memory_origin_of(cph_txn *t, const char *node, const cph_memory_rec *m, char *buf) {
   cph_key k = origin_of_key(m->id);
   cph_val v;

@@ -73,6 +73,13 @@ int memory_mint(cph_memory *m, cph_txn *t, const char *scope, uint8_t kind, cons
  *     embedding queued, and indexes its origin both ways (origin -> id, and 0xFF be64 id ->
  *     origin). The caller checked memory_find_origin. */
 #define MEMORY_ORIGIN_MAX (128 + 48)
+/* Whether memory id was adopted (memory_adopt) rather than minted here. */
+bool memory_is_adopted(cph_txn *t, uint64_t id);
+/* Calls fn(ctx, id) for the memories adopted here with ids from `from` on, in id order, while
+ * it returns CPH_OK (its error ends the walk and is returned). One cursor step each: the
+ * automatic gc plan reads them past the first memory minted here that is too young (their ids
+ * are new here, their ages are not). CPH_OK, fn's error or the store's. */
+int memory_adopted_from(cph_txn *t, uint64_t from, int (*fn)(void *ctx, uint64_t id), void *ctx);
 void memory_origin(char *buf, const char *node, const cph_memory_rec *m);
 int memory_origin_of(cph_txn *t, const char *node, const cph_memory_rec *m, char *buf);
 int memory_find_origin(cph_txn *t, const char *node, const char *origin, uint64_t *id);

@@ -2099,6 +2099,67 @@ static void test_session_state_the_new_owner_does_the_maintenance_again(void **s
   cph_fixture_free(y);
 }
 
+/* The automatic plan reads memories in id order and stops at the first one minted here that
+ * is too young; memories adopted from another node get new ids here but keep their ages, so
+ * it reads those past that point too (memory_adopted_from). y mints memories of its own (young
+ * at :min-age-hours 1), then adopts x's six, two hours old: its plan compacts x's and leaves
+ * its own. Without the second read none of x's would be planned until y's own were an hour
+ * old. */
+static void test_session_state_adopted_memories_are_planned_by_their_age(void **state) {
+  (void)state;
+  const char *policy = "{:sessions {:janitor? true}"
+                       " :gc {:min-age-hours 1 :max-access 1000000 :plan-interval-s 60}"
+                       " :scheduler {:lanes {:interactive {:turns 10000}}}}";
+  cph_fixture *x = node_with_a("agedplan_x", policy, "x");
+  cph_fixture *y = node_with_a("agedplan_y", policy, "y");
+  cph_engine_report_consumed(x->e, true);
+  cph_engine_report_consumed(y->e, true);
+  cph_fixture_items items = {0};
+  size_t len;
+  free(turns_items(x, 0, 6, &items, &len));
+  enum { ITEM_HEAD = 13 }; /* "CPHI", be32 version, be32 store schema, the kind byte */
+  size_t aged = 0;
+  for (size_t i = 0; i < items.n; i++) {
+    cph_state_item *it = &items.v[i];
+    if (it->name[0] != 'm')
+      continue;
+    cph_memory_rec m;
+    cph_err err = {0};
+    assert_int_equal(cph_record_decode(&cph_memory_desc, it->data + ITEM_HEAD,
+                                       it->len - ITEM_HEAD, &m, &err), CPH_OK);
+    m.created_ms -= 2 * 3600 * 1000;
+    cph_buf b = {0};
+    cph_buf_append(&b, it->data, ITEM_HEAD);
+    assert_int_equal(cph_record_encode(&cph_memory_desc, &m, &b), CPH_OK);
+    cph_record_free(&cph_memory_desc, &m);
+    free(it->data);
+    it->len = b.len;
+    it->data = (uint8_t *)cph_buf_steal(&b);
+    aged++;
+  }
+  assert_int_equal(aged, 6);
+  cph_op done;
+  turn(y, "a", 100, &done); /* y's own memories, minted now: lower ids than x's will get */
+  cph_op_clear_results(&done);
+  uint32_t refused = 0;
+  assert_int_equal(import_items(y, "a", NULL, 0, items.v, items.n, &refused), CPH_OK);
+  assert_int_equal(refused, 0);
+  cph_clock_advance(&y->clock, 61 * CPH_NS_PER_S); /* y's gc_plan is due */
+  cph_fixture_run_maintenance(y, NULL, NULL);
+  int summaries;
+  for (int i = 0; i < 6; i++) {
+    char text[32];
+    snprintf(text, sizeof text, "memory %d of a", i);
+    if (memory_find(y, text, &summaries) > 0)
+      fail_msg("'%s', two hours old, was not compacted on the node that adopted it", text);
+  }
+  assert_int_equal(summaries, 1);
+  assert_true(memory_find(y, "memory 100 of a", &summaries) > 0); /* young: stays */
+  cph_fixture_items_free(&items);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+}
+
 /* Compaction moves too: a gc_commit of a session's own memories gives the session's items — its
  * summary, and its sources tombstoned under the keys their items had. A node that takes the
  * session over from then on holds the summary and not the sources; one that had taken the
@@ -2200,6 +2261,7 @@ int main(void) {
       cmocka_unit_test(test_session_state_items_move_the_workers_memories),
       cmocka_unit_test(test_session_state_items_carry_what_compaction_did),
       cmocka_unit_test(test_session_state_the_new_owner_does_the_maintenance_again),
+      cmocka_unit_test(test_session_state_adopted_memories_are_planned_by_their_age),
       cmocka_unit_test(test_session_state_import_keeps_a_running_turn_running),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
