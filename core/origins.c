@@ -73,9 +73,9 @@ int origins_session_ordinal(cph_txn *t, cph_db db, const char *session, uint64_t
 static int walk_newest(cph_txn *t, cph_db db, const char *session, size_t max,
                        int (*fn)(void *ctx, uint64_t id, const cph_val *v), void *ctx) {
   cph_key from = session_key(session, UINT64_MAX);
-  size_t plen = from.len - 8;
   if (from.overflow)
     return CPH_OK; /* no session of that name was indexed */
+  size_t plen = from.len - 8;
   cph_cursor c;
   int rc = cph_cursor_open(t, db, &c);
   if (rc)
