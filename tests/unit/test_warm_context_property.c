@@ -86,8 +86,8 @@ static const char *const TEXTS[] = {
     "can someone look at the failing deploy of the api service",
     "the nightly backup finished without errors",
     "ok",
-    "please summarise what happened in this channel since yesterday, with the open questions "
-    "first and who asked them, then the decisions, then everything else worth knowing",
+    ("please summarise what happened in this channel since yesterday, with the open questions "
+     "first and who asked them, then the decisions, then everything else worth knowing"),
     "restart the worker pool on host alpha",
     "restart the worker pool on host beta",
     "restart the backup pool on host beta", /* the length of the one above, other bytes */
