@@ -6,8 +6,12 @@
  * ("y") takes the session over from the state and the items, handed in a random order with
  * some of them twice — as a takeover reads them from the log. Then y lists exactly x's turn
  * records, seals and the worker's memories: each origin once, in the order x made them, each
- * memory once (twice when x has it twice) with the time it was made. Handed the items again
- * (another order), or the state again, y lists the same.
+ * memory once (twice when x has it twice) with the time it was made — and the kept turn
+ * contexts (the explorer's) of x's newest :context :keep-turns ended turns (1 to 8, drawn per
+ * case), completed or failed alike, each under its turn's origin with its messages: they move
+ * as items in a ring of keep-turns slots (handover_kept_item), of which the log keeps each
+ * slot's last put (as the hand-over below does). Handed the items again (another order), or
+ * the state again, y lists the same.
  *
  * CPH_PROPERTY_SEED=<n> runs from that seed; CPH_PROPERTY_CASES=<n> sets how many cases. A
  * failure prints the case's seed. */
@@ -40,8 +44,8 @@ typedef struct run {
 
 #define CHECK(cond, ...) CPH_PROP_CHECK(R->seed, cond, __VA_ARGS__)
 
-static cph_fixture *node(const char *tag, const char *name) {
-  cph_fixture *f = cph_fixture_new(tag, POLICY);
+static cph_fixture *node(const char *tag, const char *name, const char *policy) {
+  cph_fixture *f = cph_fixture_new(tag, policy);
   cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, NULL, 0);
   cph_engine_report_consumed(f->e, true);
   assert_int_equal(cph_engine_reply_origins(f->e, name), CPH_OK);
@@ -120,7 +124,9 @@ static void seal(run *R, cph_fixture *x, int i) {
 }
 
 /* f's turn records of "a", newest first, then its seals, oldest first: origin per line; then
- * the memories of its own scope, newest first: text and creation time per line. */
+ * its kept turn contexts, oldest first: the turn's origin, kind and messages (count and the
+ * newest one's content) per line; then the memories of its own scope, newest first: text and
+ * creation time per line. */
 static void listing(cph_fixture *f, char *out, size_t cap) {
   cph_turn_record *recs = NULL;
   cph_seal_info *seals = NULL;
@@ -135,6 +141,21 @@ static void listing(cph_fixture *f, char *out, size_t cap) {
   }
   for (size_t i = 0; i < ns; i++)
     at += (size_t)snprintf(out + at, cap - at, "s %s %s\n", seals[i].origin, seals[i].trigger);
+  cph_kept_turn *kept = NULL;
+  size_t nk = 0;
+  assert_int_equal(cph_engine_kept_turns(f->e, "a", &kept, &nk, &err), CPH_OK);
+  for (size_t i = 0; i < nk && at < cap; i++) {
+    cph_turn_record tr;
+    cph_turn_context c;
+    assert_int_equal(cph_engine_turn_record(f->e, kept[i].id, &tr, &err), CPH_OK);
+    assert_int_equal(cph_engine_turn_context(f->e, "a", kept[i].id, &c, &err), CPH_OK);
+    assert_true(c.n_messages > 0);
+    at += (size_t)snprintf(out + at, cap - at, "k %s %s %zu %s\n", tr.origin, tr.state,
+                           c.n_messages, c.messages[c.n_messages - 1].content);
+    cph_turn_record_free(&tr);
+    cph_turn_context_free(&c);
+  }
+  cph_kept_turns_free(kept, nk);
   cph_op op;
   cph_fixture_search(f, "a", "note", 1000, &op);
   for (size_t i = 0; i < op.u.search.n_hits && at < cap; i++)
@@ -145,6 +166,23 @@ static void listing(cph_fixture *f, char *out, size_t cap) {
   assert_true(at < cap);
   free(recs);
   cph_seals_free(seals, ns);
+}
+
+/* The items as the log's bucket keeps them (history 1 per key): the last of each name. */
+static void last_per_name(cph_fixture_items *l) {
+  size_t n = 0;
+  for (size_t i = 0; i < l->n; i++) {
+    bool later = false;
+    for (size_t k = i + 1; k < l->n && !later; k++)
+      later = strcmp(l->v[k].name, l->v[i].name) == 0;
+    if (later) {
+      free(l->v[i].name);
+      free(l->v[i].data);
+    } else {
+      l->v[n++] = l->v[i];
+    }
+  }
+  l->n = n;
 }
 
 /* Imports state (NULL: none) and the items in a random order, some twice, into "a" on y. */
@@ -176,7 +214,13 @@ static void hand_over(run *R, rng *r, cph_fixture *y, const uint8_t *state, size
 static void one_case(run *R, uint64_t seed) {
   rng r = {seed};
   R->seed = seed;
-  cph_fixture *x = node("items_prop_x", "x"), *y = node("items_prop_y", "y");
+  char policy[256];
+  unsigned keep = 1 + below(&r, 8);
+  snprintf(policy, sizeof policy,
+           "{:scheduler {:lanes {:interactive {:turns 100000 :tool-calls 100000"
+           " :tokens 100000000}}} :context {:keep-turns %u}}",
+           keep);
+  cph_fixture *x = node("items_prop_x", "x", policy), *y = node("items_prop_y", "y", POLICY);
   int ops = 5 + (int)below(&r, 110), made = 0;
   for (int i = 0; i < ops; i++) {
     uint32_t what = below(&r, 20);
@@ -195,6 +239,7 @@ static void one_case(run *R, uint64_t seed) {
     turn(R, x, ops, false, 1, false);
   static char want[256 * 1024], got[256 * 1024];
   listing(x, want, sizeof want);
+  last_per_name(&R->items);
   hand_over(R, &r, y, R->state, R->state_len);
   listing(y, got, sizeof got);
   CHECK(strcmp(got, want) == 0, "the new owner lists\n%.600s\nwhere the old one lists\n%.600s",
