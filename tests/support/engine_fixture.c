@@ -212,6 +212,22 @@ void cph_fixture_items_free(cph_fixture_items *l) {
   *l = (cph_fixture_items){0};
 }
 
+void cph_fixture_items_last_per_name(cph_fixture_items *l) {
+  size_t n = 0;
+  for (size_t i = 0; i < l->n; i++) {
+    bool later = false;
+    for (size_t k = i + 1; k < l->n && !later; k++)
+      later = strcmp(l->v[k].name, l->v[i].name) == 0;
+    if (later) {
+      free(l->v[i].name);
+      free(l->v[i].data);
+    } else {
+      l->v[n++] = l->v[i];
+    }
+  }
+  l->n = n;
+}
+
 int cph_fixture_run_maintenance(cph_fixture *f, void (*on_done)(cph_op *done, void *ctx),
                                 void *ctx) {
   int ran = 0, idle = 0;

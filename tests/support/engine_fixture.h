@@ -78,6 +78,9 @@ typedef struct cph_fixture_items {
 } cph_fixture_items;
 void cph_fixture_items_take(cph_fixture_items *l, cph_state_items *from);
 void cph_fixture_items_free(cph_fixture_items *l);
+/* Keeps of l's items what the log's bucket keeps (history 1 per key): the last of each name,
+ * in their order. */
+void cph_fixture_items_last_per_name(cph_fixture_items *l);
 
 /* Opens the store in dir (its engine closed) for a test to read or write directly; fails the
  * running test when it will not open. cph_store_close it. */

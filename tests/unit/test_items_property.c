@@ -168,23 +168,6 @@ static void listing(cph_fixture *f, char *out, size_t cap) {
   cph_seals_free(seals, ns);
 }
 
-/* The items as the log's bucket keeps them (history 1 per key): the last of each name. */
-static void last_per_name(cph_fixture_items *l) {
-  size_t n = 0;
-  for (size_t i = 0; i < l->n; i++) {
-    bool later = false;
-    for (size_t k = i + 1; k < l->n && !later; k++)
-      later = strcmp(l->v[k].name, l->v[i].name) == 0;
-    if (later) {
-      free(l->v[i].name);
-      free(l->v[i].data);
-    } else {
-      l->v[n++] = l->v[i];
-    }
-  }
-  l->n = n;
-}
-
 /* Imports state (NULL: none) and the items in a random order, some twice, into "a" on y. */
 static void hand_over(run *R, rng *r, cph_fixture *y, const uint8_t *state, size_t len) {
   size_t n = R->items.n + below(r, 1 + (uint32_t)R->items.n / 4);
@@ -239,7 +222,7 @@ static void one_case(run *R, uint64_t seed) {
     turn(R, x, ops, false, 1, false);
   static char want[256 * 1024], got[256 * 1024];
   listing(x, want, sizeof want);
-  last_per_name(&R->items);
+  cph_fixture_items_last_per_name(&R->items);
   hand_over(R, &r, y, R->state, R->state_len);
   listing(y, got, sizeof got);
   CHECK(strcmp(got, want) == 0, "the new owner lists\n%.600s\nwhere the old one lists\n%.600s",

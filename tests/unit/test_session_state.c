@@ -1363,23 +1363,6 @@ static int import_items(cph_fixture *f, const char *s, const uint8_t *state, siz
   return rc;
 }
 
-/* The items as the log's bucket keeps them (history 1 per key): the last of each name. */
-static void last_per_name(cph_fixture_items *l) {
-  size_t n = 0;
-  for (size_t i = 0; i < l->n; i++) {
-    bool later = false;
-    for (size_t k = i + 1; k < l->n && !later; k++)
-      later = strcmp(l->v[k].name, l->v[i].name) == 0;
-    if (later) {
-      free(l->v[i].name);
-      free(l->v[i].data);
-    } else {
-      l->v[n++] = l->v[i];
-    }
-  }
-  l->n = n;
-}
-
 /* n turns of "a" on f (questions first..), their items gathered into items; the last state
  * (*len bytes). */
 static uint8_t *turns_items(cph_fixture *f, int first, int n, cph_fixture_items *items,
@@ -1423,7 +1406,7 @@ static void test_session_state_kept_contexts_move_as_items(void **state) {
   assert_int_equal(n, 0); /* the state alone */
   cph_kept_turns_free(k, n);
   cph_fixture_free(w);
-  last_per_name(&items);
+  cph_fixture_items_last_per_name(&items);
   for (int round = 0; round < 2; round++) {
     assert_int_equal(import_items(y, "a", blob, len, items.v, items.n, &refused), CPH_OK);
     assert_int_equal(refused, 0);
@@ -1483,7 +1466,7 @@ static void test_session_state_kept_contexts_move_as_items(void **state) {
   uint8_t *vb = answered_items(v, 0, &slots, &len);
   free(vb);
   vb = answered_items(v, TURNS, &slots, &len);
-  last_per_name(&slots);
+  cph_fixture_items_last_per_name(&slots);
   size_t kept_items = 0;
   for (size_t i = 0; i < slots.n; i++)
     kept_items += slots.v[i].name[0] == 'k';
@@ -1550,7 +1533,7 @@ static void test_session_state_kept_items_ring_over_failed_turns_too(void **stat
   size_t len;
   uint8_t *blob = state_of(&done, &len);
   failed_turn_items(v, "a", "a tool failed", &items);
-  last_per_name(&items);
+  cph_fixture_items_last_per_name(&items);
   bool named;
   assert_int_equal(kept_items_in(&items, "r1", &named), 4); /* 5 turns: slots 1 2 3 0 1 */
   assert_true(named);
@@ -2049,6 +2032,25 @@ static uint64_t memory_find(cph_fixture *f, const char *text, int *summaries) {
   return id;
 }
 
+/* Nodes x and y of a cluster (report_consumed, reply origins), tagged <tag>_x and <tag>_y,
+ * each with session "a" and the janitor, compacting raw memories min_age_hours old (and
+ * however often read) on a gc_plan every minute. */
+static void janitor_nodes(const char *tag, int min_age_hours, cph_fixture **x, cph_fixture **y) {
+  char policy[192];
+  snprintf(policy, sizeof policy,
+           "{:sessions {:janitor? true}"
+           " :gc {:min-age-hours %d :max-access 1000000 :plan-interval-s 60}"
+           " :scheduler {:lanes {:interactive {:turns 10000}}}}",
+           min_age_hours);
+  for (int k = 0; k < 2; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "%s_%s", tag, k ? "y" : "x");
+    cph_fixture *f = node_with_a(name, policy, k ? "y" : "x");
+    cph_engine_report_consumed(f->e, true);
+    *(k ? y : x) = f;
+  }
+}
+
 /* Maintenance jobs do not move, and need not: each is the node's own work on what it holds
  * (its embeddings, its compaction, its outbox, its retention). x minted "a"'s memories and
  * had embedded none, nor compacted them, when y took the session over (with x's jobs still
@@ -2057,13 +2059,8 @@ static uint64_t memory_find(cph_fixture *f, const char *text, int *summaries) {
  * y's memory search shows the summary in place of the six. */
 static void test_session_state_the_new_owner_does_the_maintenance_again(void **state) {
   (void)state;
-  const char *policy = "{:sessions {:janitor? true}"
-                       " :gc {:min-age-hours 0 :max-access 1000000 :plan-interval-s 60}"
-                       " :scheduler {:lanes {:interactive {:turns 10000}}}}";
-  cph_fixture *x = node_with_a("maintmove_x", policy, "x");
-  cph_fixture *y = node_with_a("maintmove_y", policy, "y");
-  cph_engine_report_consumed(x->e, true);
-  cph_engine_report_consumed(y->e, true);
+  cph_fixture *x, *y;
+  janitor_nodes("maintmove", 0, &x, &y);
   cph_fixture_items items = {0};
   size_t len;
   uint8_t *blob = turns_items(x, 0, 6, &items, &len);
@@ -2107,13 +2104,8 @@ static void test_session_state_the_new_owner_does_the_maintenance_again(void **s
  * old. */
 static void test_session_state_adopted_memories_are_planned_by_their_age(void **state) {
   (void)state;
-  const char *policy = "{:sessions {:janitor? true}"
-                       " :gc {:min-age-hours 1 :max-access 1000000 :plan-interval-s 60}"
-                       " :scheduler {:lanes {:interactive {:turns 10000}}}}";
-  cph_fixture *x = node_with_a("agedplan_x", policy, "x");
-  cph_fixture *y = node_with_a("agedplan_y", policy, "y");
-  cph_engine_report_consumed(x->e, true);
-  cph_engine_report_consumed(y->e, true);
+  cph_fixture *x, *y;
+  janitor_nodes("agedplan", 1, &x, &y);
   cph_fixture_items items = {0};
   size_t len;
   free(turns_items(x, 0, 6, &items, &len));
