@@ -1346,6 +1346,19 @@ static void assert_same_context(cph_fixture *a, uint64_t ta, cph_fixture *b, uin
   cph_turn_context_free(&cb);
 }
 
+/* The first n kept turns ka of "a" on a and kb, carried from them, on b: the same turn
+ * records' origins and the same contexts, in order. */
+static void assert_same_kept(cph_fixture *a, const cph_kept_turn *ka, cph_fixture *b,
+                             const cph_kept_turn *kb, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char *oa = origin_of(a, ka[i].id), *ob = origin_of(b, kb[i].id);
+    assert_string_equal(oa, ob);
+    free(oa);
+    free(ob);
+    assert_same_context(a, ka[i].id, b, kb[i].id);
+  }
+}
+
 /* Imports state (NULL: none) and items[0..n) into s on f: the op's answer, *refused its
  * refused items. */
 static int import_items(cph_fixture *f, const char *s, const uint8_t *state, size_t len,
@@ -1413,13 +1426,7 @@ static void test_session_state_kept_contexts_move_as_items(void **state) {
     size_t ny;
     cph_kept_turn *ky = kept(y, "a", &ny);
     assert_int_equal(ny, TURNS); /* all of x's, in their order */
-    for (size_t i = 0; i < TURNS; i++) {
-      char *ox = origin_of(x, kx[i].id), *oy = origin_of(y, ky[i].id);
-      assert_string_equal(ox, oy);
-      free(ox);
-      free(oy);
-      assert_same_context(x, kx[i].id, y, ky[i].id);
-    }
+    assert_same_kept(x, kx, y, ky, TURNS);
     cph_kept_turns_free(ky, ny);
   }
   /* y's own turn keeps its context beside them; x takes the session back and adds only that */
@@ -1438,11 +1445,7 @@ static void test_session_state_kept_contexts_move_as_items(void **state) {
   assert_int_equal(n, TURNS + 1);
   for (size_t i = 0; i < TURNS; i++)
     assert_int_equal(k[i].id, kx[i].id);
-  char *o = origin_of(x, k[TURNS].id), *oy = origin_of(y, ky[TURNS].id);
-  assert_string_equal(o, oy);
-  free(o);
-  free(oy);
-  assert_same_context(y, ky[TURNS].id, x, k[TURNS].id);
+  assert_same_kept(y, ky + TURNS, x, k + TURNS, 1);
   cph_kept_turns_free(k, n);
 
   /* :context :keep-turns 1 on the new owner: only the newest carried one stays */
@@ -1547,13 +1550,7 @@ static void test_session_state_kept_items_ring_over_failed_turns_too(void **stat
   size_t nu;
   cph_kept_turn *ku = kept(u, "a", &nu);
   assert_int_equal(nu, 4);
-  for (size_t i = 0; i < 4; i++) {
-    char *ov = origin_of(v, kv[i].id), *ou = origin_of(u, ku[i].id);
-    assert_string_equal(ov, ou);
-    free(ov);
-    free(ou);
-    assert_same_context(v, kv[i].id, u, ku[i].id);
-  }
+  assert_same_kept(v, kv, u, ku, 4);
   cph_kept_turns_free(ku, nu);
   cph_kept_turns_free(kv, nv);
   cph_fixture_free(u);
