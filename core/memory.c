@@ -430,7 +430,8 @@ int memory_adopted_from(cph_txn *t, uint64_t from, int (*fn)(void *ctx, uint64_t
   if (rc)
     return rc;
   cph_val key;
-  for (rc = cph_cursor_seek(&c, &k, &key, NULL); rc == CPH_OK; rc = cph_cursor_next(&c, &key, NULL)) {
+  for (rc = cph_cursor_seek(&c, &k, &key, NULL); rc == CPH_OK;
+       rc = cph_cursor_next(&c, &key, NULL)) {
     const uint8_t *p = key.data;
     if (key.len != 9 || p[0] != 0xFF)
       break;

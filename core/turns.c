@@ -1251,8 +1251,9 @@ static void turn_complete(cph_turns *tu, cph_op *op) {
 
 /* Fills op->u.turn.state for session id, and its items: the turn records (handover.h), the
  * memories minted[0..n_minted) the completion minted, the reply reply_id it wrote to the
- * replies stream (0: none) and turn kept_turn's kept context (0: none); a failure leaves the state NULL and is logged (the completion stands; the cluster log
- * then keeps the session's previous state). */
+ * replies stream (0: none) and turn kept_turn's kept context (0: none); a failure leaves the
+ * state NULL and is logged (the completion stands; the cluster log then keeps the session's
+ * previous state). */
 static void state_to_op(cph_turns *tu, const char *id, const uint64_t *minted, size_t n_minted,
                         uint64_t reply_id, uint64_t kept_turn, cph_op *op) {
   csession *s = id ? sessions_get(tu->sessions, id) : NULL;
