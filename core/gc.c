@@ -202,9 +202,11 @@ static int note_adopted(void *ctx, uint64_t id) {
  * access_count <= :gc :max-access (accesses not yet written into the record included:
  * memaccess.h), grouped per scope in creation order, at most
  * :group-max-tokens a group and :max-groups-per-plan groups. Memories are read in id order,
- * which is creation order for those minted here, so the read stops at the first one too
- * young; then it reads the memories adopted from other nodes (memory_adopted_from: their ids
- * are new here, their ages what they were) with ids past that one. */
+ * which is creation order for those minted here, so the read stops at the first one minted
+ * here too young; then it reads the memories adopted from other nodes (memory_adopted_from:
+ * their ids are new here, their ages what they were) with ids past that one. Cost: every
+ * memory before that point, as always, plus those adopted after it — at most what the node
+ * adopted in the last :min-age-hours once its own memories keep coming. */
 static int plan_auto(const cph_gc *gc, cph_txn *t) {
   const cph_policy_gc *g = &gc->env->policy->gc;
   plan_state ps = {gc, t, cph_wall_ms() - (int64_t)(g->min_age_hours * 3600000.0),
