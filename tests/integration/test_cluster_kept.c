@@ -2,8 +2,10 @@
  * core/turnlog.h; each completed turn's moves as an item of the cluster log, server/clusterflow.h
  * 13.) — a real etcd, NATS JetStream and two cephalond on 127.0.0.1.
  *
- * Sessions on both nodes complete ROUNDS turns; each lease's messages are noted with the turn's
- * origin (GET /v1/turns/{id} on its node). The node owning some sessions is killed -9 right
+ * Sessions on both nodes complete ROUNDS turns, and in the middle round each session's turn
+ * fails FAILS times before one completes (the kept contexts' items are a ring over ended turns,
+ * failed ones too: core/handover.h); each lease's messages are noted with the turn's origin
+ * (GET /v1/turns/{id} on its node). The node owning some sessions is killed -9 right
  * after its last completion answered 200. On the survivor, which took its shards over, each
  * session's GET /v1/sessions/{id}/turns lists every one of its turns exactly once — under
  * the ids their records have there, matched by origin with GET /v1/turns?session= — and each
@@ -36,7 +38,9 @@
 #define TTL_S 2
 #define SESSIONS 8
 #define ROUNDS 3
-#define MOVED ROUNDS /* the kept turns that move: all (fewer than :context :keep-turns, 8) */
+#define FAILS 2 /* failed turns of each session in round FAIL_ROUND, one after the other */
+#define FAIL_ROUND 1
+#define KEPT (ROUNDS + FAILS) /* the kept turns that move: all (fewer than :keep-turns, 8) */
 #define MAX_KEPT 16
 
 static const char EXTRA[] =
@@ -51,7 +55,9 @@ typedef struct leased {
 typedef struct bench {
   cph_test_cluster *c;
   int owner[SESSIONS];
-  leased want[SESSIONS][ROUNDS];
+  leased want[SESSIONS][KEPT]; /* each session's ended turns in the order they ended */
+  int n_want[SESSIONS];
+  int fails[SESSIONS];
   int round;
 } bench;
 
@@ -71,28 +77,34 @@ static void origin_of(bench *b, int n, long long id, char *out, size_t cap) {
   json_decref(j);
 }
 
-/* Completes turn (of session s, on node n) of round b->round, its lease's messages and its
- * record's origin noted. Each must answer 200. */
+/* Completes turn (of session s, on node n) of round b->round — or, in round FAIL_ROUND, fails
+ * it FAILS times first (its input comes back in the next lease) —, its lease's messages and
+ * its record's origin noted. Each must answer 200. True once the round's turn completed. */
 static bool answer(void *ctx, int n, json_t *turn, int s) {
   bench *b = ctx;
   long long id = json_integer_value(json_object_get(turn, "id"));
   const char *lease = json_string_value(json_object_get(turn, "lease"));
-  leased *w = &b->want[s][b->round];
-  json_decref(w->messages);
+  bool fail = b->round == FAIL_ROUND && b->fails[s] < FAILS;
+  assert_true(b->n_want[s] < KEPT);
+  leased *w = &b->want[s][b->n_want[s]++];
   w->messages = json_incref(json_object_get(turn, "messages"));
   assert_true(json_array_size(w->messages) > 0);
   char path[96], body[256];
-  snprintf(path, sizeof path, "/v1/turns/%lld/complete", id);
-  snprintf(body, sizeof body,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
-           "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
-           lease, b->round, s);
+  snprintf(path, sizeof path, "/v1/turns/%lld/%s", id, fail ? "fail" : "complete");
+  if (fail)
+    snprintf(body, sizeof body, "{\"lease\":\"%s\",\"error\":\"model timed out %d\"}", lease,
+             b->fails[s]++);
+  else
+    snprintf(body, sizeof body,
+             "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
+             "\"reply\":{\"body\":\"reply %d of t%02d\"}}",
+             lease, b->round, s);
   cph_test_response r = cph_test_api(b->c->port[n], "POST", path, NULL, body);
   if (r.status != 200)
     fail_msg("%s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
   cph_test_response_free(&r);
   origin_of(b, n, id, w->origin, sizeof w->origin);
-  return true;
+  return !fail;
 }
 
 /* Kept turn `turn` of session s on node n shows the messages of w's lease. */
@@ -120,9 +132,9 @@ static void check_context(bench *b, int n, int s, long long turn, const leased *
   json_decref(j);
 }
 
-/* Every session's kept turns on its owner (b->owner updated) hold its newest MOVED turns
- * exactly once each (by their records' origins there), with the messages their leases had,
- * and no origin twice. */
+/* Every session's kept turns on its owner (b->owner updated) hold all its ended turns, the
+ * failed ones too, exactly once each (by their records' origins there), with the messages
+ * their leases had, and no origin twice. */
 static void check_kept(void *ctx, const char *when) {
   bench *b = ctx;
   for (int s = 0; s < SESSIONS; s++) {
@@ -140,14 +152,15 @@ static void check_kept(void *ctx, const char *when) {
         if (strcmp(origins[k], origins[i]) == 0)
           fail_msg("%s: t%02d on n%d keeps turn %s twice", when, s, n, origins[i]);
     }
-    for (int round = ROUNDS - MOVED; round < ROUNDS; round++) {
-      const leased *w = &b->want[s][round];
+    assert_int_equal(b->n_want[s], KEPT);
+    for (int k = 0; k < KEPT; k++) {
+      const leased *w = &b->want[s][k];
       size_t i = 0;
       while (i < count && strcmp(origins[i], w->origin) != 0)
         i++;
       if (i == count)
-        fail_msg("%s: t%02d's kept turns on n%d (%zu) lack turn %s of round %d", when, s, n,
-                 count, w->origin, round);
+        fail_msg("%s: t%02d's kept turns on n%d (%zu) lack its turn %s (ended %d of %d)", when,
+                 s, n, count, w->origin, k + 1, KEPT);
       long long id = json_integer_value(json_object_get(json_array_get(turns, i), "id"));
       check_context(b, n, s, id, w, when);
     }
@@ -173,8 +186,8 @@ static int teardown(void **state) {
   if (b) {
     cph_tc_free(b->c);
     for (int s = 0; s < SESSIONS; s++)
-      for (int r = 0; r < ROUNDS; r++)
-        json_decref(b->want[s][r].messages);
+      for (int k = 0; k < b->n_want[s]; k++)
+        json_decref(b->want[s][k].messages);
   }
   free(b);
   return 0;
@@ -211,8 +224,8 @@ static void test_cluster_kept_a_moved_session_keeps_its_newest_kept_contexts(voi
   printf("n%d loaded %lld states: %lld bytes packed, %lld raw\n", survivor, loaded, lbytes, lraw);
   assert_true(loaded >= moved);
   assert_true(lbytes > 0 && lbytes * 2 < lraw);
-  printf("n%d killed -9: %d sessions moved to n%d, each keeping its newest %d contexts\n",
-         victim, moved, survivor, MOVED);
+  printf("n%d killed -9: %d sessions moved to n%d, each keeping its %d contexts (%d failed)\n",
+         victim, moved, survivor, KEPT, FAILS);
   int back = cph_tc_back_and_away(c, victim, SHARDS, TTL_S, EXTRA, victim_dir, b->owner,
                                   SESSIONS, check_kept, b);
   printf("%d sessions moved back to n%d and away again: each kept turn listed once\n", back,
