@@ -434,6 +434,8 @@ struct cph_cflow {
   uint64_t park_retries, park_resends_dropped;
   int test_park_drop; /* CPH_TEST_FAIL_PARK_MARKS: the first N park mark parts fail unsent */
   int test_unpark_drop; /* CPH_TEST_FAIL_UNPARK_MARKS: the same for unpark marks */
+  int test_state_drop;  /* CPH_TEST_FAIL_STATES: the first N session states fail unsent
+                         * (test_cluster_stateretry); 0 in any real use */
   /* What a stop waits for (cph_cflow_stop_begin; mirrored in cph_srv.log_unsettled): copies
    * and items made here that the log has not taken and that are not given up (in flight,
    * packing, retrying or waiting to be sent again), and park marks no request waits for (an
@@ -1373,14 +1375,15 @@ static void done_pump(cph_cflow *f, uint32_t shard) {
       continue;
     }
     tr->done_sending = true;
-    int *drop = p->kind != PUB_DONE           ? NULL
+    int *drop = p->kind == PUB_STATE          ? &f->test_state_drop
+                : p->kind != PUB_DONE         ? NULL
                 : p->dr->kind == MARK_PARK    ? &f->test_park_drop
                 : p->dr->kind == MARK_UNPARK ? &f->test_unpark_drop
                                               : NULL;
     if (drop && *drop > 0) {
-      --*drop; /* a test's fault (cph_cflow.test_park_drop, test_unpark_drop) */
+      --*drop; /* a test's fault (cph_cflow.test_park_drop, test_unpark_drop, test_state_drop) */
       pub_outcome(f, p, false, 0, false,
-                  "not sent (CPH_TEST_FAIL_PARK_MARKS / CPH_TEST_FAIL_UNPARK_MARKS)");
+                  "not sent (CPH_TEST_FAIL_PARK_MARKS / _UNPARK_MARKS / CPH_TEST_FAIL_STATES)");
       return;
     }
     pub_send(f, p); /* may answer at once (then the next one is sent from there) */
@@ -4468,6 +4471,7 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   int park_unacked = 0; /* not offered for park marks */
   test_fail_env("CPH_TEST_FAIL_PARK_MARKS", &f->test_park_drop, &park_unacked);
   test_fail_env("CPH_TEST_FAIL_UNPARK_MARKS", &f->test_unpark_drop, &park_unacked);
+  test_fail_env("CPH_TEST_FAIL_STATES", &f->test_state_drop, &park_unacked);
   cph_clog_hooks hooks = {f,           on_published, on_message,       predecode,
                           predecoded_free, on_session_entry, on_replayed, on_pos};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
