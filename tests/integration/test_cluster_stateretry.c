@@ -82,20 +82,13 @@ static void test_cluster_stateretry_a_completion_sent_again_puts_its_state(void 
   ask(c, 1, session, "question one");
   json_t *lease = cph_tc_lease_of(c, 1, session, "the first lease");
   json_t *turn = json_object_get(lease, "turn");
-  char path[96], body[256];
-  snprintf(path, sizeof path, "/v1/turns/%lld/complete",
-           (long long)json_integer_value(json_object_get(turn, "id")));
-  snprintf(body, sizeof body,
-           "{\"lease\":\"%s\",\"cost\":{\"tokens\":10,\"tool_calls\":0},"
-           "\"reply\":{\"body\":\"the first answer\"}}",
-           json_string_value(json_object_get(turn, "lease")));
-  cph_test_response r = cph_test_api(c->port[1], "POST", path, NULL, body);
+  cph_test_response r = cph_tc_complete_try(c, 1, turn, "the first answer", 10, 0);
   if (r.status != 503)
     fail_msg("the completion whose state failed: %d %s, want 503", r.status,
              r.body ? r.body : "");
   printf("the completion whose state failed answered 503: %s\n", r.body ? r.body : "");
   cph_test_response_free(&r);
-  r = cph_test_api(c->port[1], "POST", path, NULL, body);
+  r = cph_tc_complete_try(c, 1, turn, "the first answer", 10, 0);
   if (r.status != 200)
     fail_msg("the completion sent again: %d %s, want 200", r.status, r.body ? r.body : "");
   json_t *j = cph_test_json(&r);

@@ -692,8 +692,8 @@ void cph_tc_complete(cph_test_cluster *c, int n, json_t *turn, const char *reply
   cph_tc_complete_cost(c, n, turn, reply, 10, 0);
 }
 
-void cph_tc_complete_cost(cph_test_cluster *c, int n, json_t *turn, const char *reply,
-                          int tokens, int tool_calls) {
+cph_test_response cph_tc_complete_try(cph_test_cluster *c, int n, json_t *turn, const char *reply,
+                                      int tokens, int tool_calls) {
   char path[96], body[512];
   snprintf(path, sizeof path, "/v1/turns/%lld/complete",
            (long long)json_integer_value(json_object_get(turn, "id")));
@@ -701,8 +701,15 @@ void cph_tc_complete_cost(cph_test_cluster *c, int n, json_t *turn, const char *
            "{\"lease\":\"%s\",\"cost\":{\"tokens\":%d,\"tool_calls\":%d},"
            "\"reply\":{\"body\":\"%s\"}}",
            json_string_value(json_object_get(turn, "lease")), tokens, tool_calls, reply);
-  cph_test_response r = cph_test_api(c->port[n], "POST", path, NULL, body);
+  return cph_test_api(c->port[n], "POST", path, NULL, body);
+}
+
+void cph_tc_complete_cost(cph_test_cluster *c, int n, json_t *turn, const char *reply,
+                          int tokens, int tool_calls) {
+  cph_test_response r = cph_tc_complete_try(c, n, turn, reply, tokens, tool_calls);
   if (r.status != 200)
-    fail_msg("completing %s on n%d: %d %s", path, n, r.status, r.body ? r.body : "");
+    fail_msg("completing turn %lld on n%d: %d %s",
+             (long long)json_integer_value(json_object_get(turn, "id")), n, r.status,
+             r.body ? r.body : "");
   cph_test_response_free(&r);
 }

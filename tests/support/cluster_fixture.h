@@ -134,6 +134,9 @@ json_t *cph_tc_lease_of(cph_test_cluster *c, int n, const char *session, const c
  * tokens; fails the test unless the answer is 200. */
 void cph_tc_complete(cph_test_cluster *c, int n, json_t *turn, const char *reply);
 /* The same, reporting the turn's cost as tokens and tool_calls. */
+/* The completion's answer, whatever it is (cph_test_response_free it). */
+cph_test_response cph_tc_complete_try(cph_test_cluster *c, int n, json_t *turn, const char *reply,
+                                      int tokens, int tool_calls);
 void cph_tc_complete_cost(cph_test_cluster *c, int n, json_t *turn, const char *reply,
                           int tokens, int tool_calls);
 /* One round: question `round` posted to t00.. t<sessions - 1> through node round % nodes
