@@ -2103,10 +2103,11 @@ void cph_clog_quiesce(cph_clog *l) {
 }
 
 /* How long a stop waits for the connection's closed callback, and for libnats's threads (its
- * timers, the asynchronous publishes' handler, message delivery) to end. A thread still running at exit races the process's end:
- * in one clean-clone CI run two sanitized daemons whose stops took ~500 ms longer than usual
- * (the old wait) exited by abort (134) — likely LeakSanitizer's scan at exit meeting such a
- * thread (not reproduced since). A normal stop's threads end in a few milliseconds. */
+ * timers, the asynchronous publishes' handler, message delivery) to end. A thread still
+ * running at exit races the process's end: in one clean-clone CI run two sanitized daemons
+ * whose stops took ~500 ms longer than usual (the old wait) exited by abort (134) — likely
+ * LeakSanitizer's scan at exit meeting such a thread (not reproduced since). A normal stop's
+ * threads end in a few milliseconds. */
 #define CLOSE_WAIT_MS 5000
 
 void cph_clog_stop(cph_clog *l) {
@@ -2201,7 +2202,6 @@ void cph_clog_stop(cph_clog *l) {
   pthread_mutex_destroy(&l->mu);
   free(l);
 }
-
 
 void cph_clog_close_library(void) {
   natsStatus s = nats_CloseAndWait(CLOSE_WAIT_MS);
