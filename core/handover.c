@@ -134,6 +134,12 @@
  * are more — and the newest others; versions 1 to 6 carried STATE_MEMORIES of each class of
  * its own scope alone. */
 #define STATE_RAW_MEMORIES 160
+/* The most raw memories a state carries: its channel history entries' worth and a turn's more
+ * (what an import looks for its memories among, twice that: a repeated import adds nothing). */
+#define STATE_RAW_MEMORIES_MAX                                                                     \
+  (STATE_HISTORY_SCAN + CONTEXT_RAW_ITEMS_MAX > STATE_RAW_MEMORIES                                \
+       ? STATE_HISTORY_SCAN + CONTEXT_RAW_ITEMS_MAX                                                \
+       : STATE_RAW_MEMORIES)
 #define STATE_MEMORIES 64
 #define STATE_RAW_MEMORY_BYTES (192u * 1024u) /* of the part as written */
 #define STATE_MEMORY_BYTES (256u * 1024u)
@@ -1447,8 +1453,9 @@ int handover_gc_items(const cph_handover *st, uint64_t group_id, cph_session_ite
 /* ---- Importing the memories part of version 7 ---- */
 
 /* The texts of the memories one scope here held of one class before the import (its newest,
- * twice as many as a state carries), each matched by one imported memory at most: two alike
- * in a state stay two, and an import repeated adds nothing. */
+ * twice as many as a state can carry: STATE_RAW_MEMORIES_MAX raw), each matched by one
+ * imported memory at most: two alike in a state stay two, and an import repeated adds
+ * nothing. */
 typedef struct held_class {
   char *scope;
   bool raw;
@@ -1535,7 +1542,7 @@ static int import_held(memory_import *mi, cph_txn *t, const char *scope, bool ra
     if (!(h->scope = strdup(scope)))
       return CPH_ENOMEM;
     mi->n_held++;
-    int rc = memories_tail(t, scope, raw, 2 * (raw ? STATE_RAW_MEMORIES : STATE_MEMORIES),
+    int rc = memories_tail(t, scope, raw, 2 * (raw ? STATE_RAW_MEMORIES_MAX : STATE_MEMORIES),
                            collect_held, h);
     if (rc == CPH_OK && h->nomem)
       rc = CPH_ENOMEM;
