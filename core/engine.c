@@ -42,6 +42,7 @@
 #include "events_read.h"
 #include "gc.h"
 #include "inbox.h"
+#include "handover.h"
 #include "ingest.h"
 #include "lanes/pass.h"
 #include "maint.h"
@@ -132,6 +133,25 @@ typedef struct held_pass {
 } held_pass;
 
 const cph_dedupe *cph__engine_dedupe(const cph_engine *e) { return e->dedupe; }
+
+/* Cluster mode (server/clusterflow.h 16.): the raw memories the ingest op's log events minted
+ * in their channels, as the parts of the log's channel memories items, into their results.
+ * Read through the pass's transaction, which holds them. A part that cannot be made is logged:
+ * the memory stays here, and a takeover of its channel's sessions then lacks it (the newest
+ * move in the sessions' states). */
+static void channel_memory_parts(cph_engine *e, cph_op *op) {
+  for (size_t i = 0; op->u.ingest.results && i < op->u.ingest.n_events; i++) {
+    cph_event_result *res = &op->u.ingest.results[i];
+    const cph_event_in *in = &op->u.ingest.events[i];
+    if (!res->memory_id)
+      continue;
+    int rc = handover_channel_memory_part(&e->env.txn, res->memory_id, in->key, in->ts_ms,
+                                          &res->memory_part, &res->memory_part_len);
+    if (rc)
+      cph_log(CPH_LOG_ERROR, "the memory of event %s is not given to the cluster log: %s",
+              in->key ? in->key : "(no key)", cph_strerror(rc));
+  }
+}
 
 /* True when the channel has at least one history entry. */
 static bool has_history(cph_engine *e, const char *name) {
@@ -696,6 +716,8 @@ static void apply_op(cph_engine *e, cph_op *op) {
     break;
   case CPH_OP_INGEST:
     ingest_apply(&e->ingest, op);
+    if (op->rc == CPH_OK)
+      channel_memory_parts(e, op);
     /* while_running :restart (DESIGN §4): what reached a session whose turn was running
      * revokes that lease now, in the same pass; the session is leased again with all input. */
     for (size_t i = 0; i < e->ingest.n_restart; i++)
@@ -712,6 +734,11 @@ static void apply_op(cph_engine *e, cph_op *op) {
   case CPH_OP_SESSION_STATE:
     turns_apply(&e->turns, op);
     break;
+  case CPH_OP_CHANNEL_MEMORIES: {
+    cph_handover st = {&e->env, &e->sessions, &e->trees, &e->memory, NULL};
+    handover_import_channel(&st, op);
+    break;
+  }
   case CPH_OP_JOB_ENQUEUE:
     job_enqueue_apply(e, op);
     break;

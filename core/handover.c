@@ -82,6 +82,7 @@
 #include "handover.h"
 
 #include <inttypes.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2484,4 +2485,296 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
               ic.deferred[i]->name, s->id, why[0] ? why : cph_strerror(rc));
   }
   import_ctx_free(&ic);
+}
+
+/* ---- A channel's memories (server/clusterflow.h 16.) ----
+ *
+ * Each node keeps its own copy of a channel, and a session's state carries only the newest
+ * memories of its scopes. So the node that applies an event of the log's `in` messages gives
+ * the raw memory it minted in the event's channel as a part (handover_channel_memory_part),
+ * and the cluster log keeps the parts of one message and channel as one item, kind 'c', under
+ * the channel's key: be32 count, then per memory be32 length + its origin, be32 length + the
+ * record (its scope, text, kind, creation time and access count; no id, source event or
+ * embedding: those are the node's). The origin is the event's identity cluster-wide:
+ * "e:" and the SHA-256, in hex, of the scope, the event's key and its time (fixed where the
+ * event was accepted), so the same event applied again, by another node too, gives the same
+ * origin. */
+
+#define ITEM_CHANNEL 'c'
+#define CHANNEL_ORIGIN_LEN (2 + 64)
+
+static void channel_origin(const char *scope, const char *key, int64_t ts_ms,
+                           char out[CHANNEL_ORIGIN_LEN + 1]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  char ts[24];
+  int tl = snprintf(ts, sizeof ts, "%" PRId64, ts_ms);
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
+            EVP_DigestUpdate(ctx, scope, strlen(scope) + 1) &&
+            EVP_DigestUpdate(ctx, key, strlen(key) + 1) && EVP_DigestUpdate(ctx, ts, (size_t)tl) &&
+            EVP_DigestFinal_ex(ctx, md, &len) && len == 32;
+  EVP_MD_CTX_free(ctx);
+  if (!ok)
+    memset(md, 0, 32); /* cannot happen with a working libcrypto; the origin is still one */
+  out[0] = 'e';
+  out[1] = ':';
+  for (unsigned i = 0; i < 32; i++)
+    snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
+}
+
+int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *event_key,
+                                 int64_t event_ts_ms, uint8_t **out, size_t *len) {
+  *out = NULL;
+  *len = 0;
+  cph_memory_rec m;
+  int rc = memory_read(t, memory_id, &m, "the cluster log's channel memories");
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  if (m.session && m.session[0] == CPH_CHANNEL_SCOPE_PREFIX && !m.deleted && m.text &&
+      event_key) {
+    char origin[CHANNEL_ORIGIN_LEN + 1];
+    channel_origin(m.session, event_key, event_ts_ms, origin);
+    cph_memory_rec r = {.session = m.session,
+                        .kind = m.kind,
+                        .text = m.text,
+                        .tokens_est = m.tokens_est,
+                        .created_ms = m.created_ms,
+                        .access_count = m.access_count};
+    cph_buf b = {0};
+    uint8_t l4[4];
+    cph_be32_put(l4, CHANNEL_ORIGIN_LEN);
+    cph_buf_append(&b, l4, 4);
+    cph_buf_append(&b, origin, CHANNEL_ORIGIN_LEN);
+    cph_buf rec = {0};
+    rc = cph_record_encode(&cph_memory_desc, &r, &rec);
+    cph_be32_put(l4, (uint32_t)rec.len);
+    cph_buf_append(&b, l4, 4);
+    cph_buf_append(&b, rec.data, rec.len);
+    cph_buf_free(&rec);
+    if (rc == CPH_OK && cph_buf_error(&b))
+      rc = CPH_ENOMEM;
+    if (rc == CPH_OK) {
+      *len = b.len;
+      *out = (uint8_t *)cph_buf_steal(&b);
+    }
+    cph_buf_free(&b);
+  }
+  cph_record_free(&cph_memory_desc, &m);
+  return rc;
+}
+
+int cph_channel_memories_item(const uint8_t *const *parts, const size_t *lens, size_t n,
+                              uint8_t **data, size_t *len) {
+  cph_buf b = {0};
+  item_head(&b, ITEM_CHANNEL);
+  uint8_t c4[4];
+  cph_be32_put(c4, (uint32_t)n);
+  cph_buf_append(&b, c4, 4);
+  for (size_t i = 0; i < n; i++)
+    cph_buf_append(&b, parts[i], lens[i]);
+  if (cph_buf_error(&b)) {
+    cph_buf_free(&b);
+    return CPH_ENOMEM;
+  }
+  *len = b.len;
+  *data = (uint8_t *)cph_buf_steal(&b);
+  return CPH_OK;
+}
+
+/* A memory read from a channel memories item. */
+typedef struct channel_memory {
+  char *origin;
+  cph_memory_rec rec;
+} channel_memory;
+
+/* The texts of the live raw memories a scope holds that no channel item brought (this node's
+ * own copies, minted from the events it applied, or brought by a session's state), each with
+ * how many memories have it: each copy stands for one memory of an item. */
+typedef struct held_text {
+  char *text;
+  size_t copies;
+} held_text;
+
+typedef struct held_texts {
+  cph_txn *t;
+  cph_hmap map;
+  bool nomem;
+} held_texts;
+
+static bool count_held_text(void *ctx, const cph_memory_rec *m) {
+  held_texts *h = ctx;
+  if (memory_is_adopted(h->t, m->id))
+    return true; /* brought by an item: matched by its origin */
+  held_text *g = cph_hmap_get(&h->map, m->text);
+  if (g) {
+    g->copies++;
+    return true;
+  }
+  g = malloc(sizeof *g);
+  if (g && (g->text = strdup(m->text))) {
+    g->copies = 1;
+    if (cph_hmap_put(&h->map, g->text, g) == CPH_OK)
+      return true;
+    free(g->text);
+  }
+  free(g);
+  h->nomem = true;
+  return false;
+}
+
+static void held_texts_free(held_texts *h) {
+  for (size_t i = 0; i < h->map.cap; i++) {
+    held_text *g = h->map.slots ? h->map.slots[i].value : NULL;
+    if (g) {
+      free(g->text);
+      free(g);
+    }
+  }
+  cph_hmap_free(&h->map);
+}
+
+/* Reads channel memories item it of scope into *v (*n grown); CPH_EINVAL with why for one
+ * that is not such an item, or holds a memory of another scope or kind. */
+static int read_channel_item(const cph_state_item *it, const char *scope, channel_memory **v,
+                             size_t *n, size_t *cap, char *why, size_t len) {
+  const uint8_t *p = it->data;
+  if (!p || it->len < ITEM_HEAD + 4 || memcmp(p, ITEM_MAGIC, 4) != 0 ||
+      cph_be32_get(p + 4) != ITEM_VERSION || cph_be32_get(p + 8) < STATE_SCHEMA_OLDEST ||
+      cph_be32_get(p + 8) > CPH_STORE_SCHEMA_VERSION || p[12] != ITEM_CHANNEL) {
+    snprintf(why, len, "not a version-%u channel memories item of store schema %u to %u",
+             ITEM_VERSION, STATE_SCHEMA_OLDEST, CPH_STORE_SCHEMA_VERSION);
+    return CPH_EINVAL;
+  }
+  uint32_t count = cph_be32_get(p + ITEM_HEAD);
+  size_t at = ITEM_HEAD + 4;
+  for (uint32_t i = 0; i < count; i++) {
+    bool bad = false;
+    char *origin = get_str32(p, it->len, &at, &bad);
+    uint32_t rl = !bad && it->len - at >= 4 ? cph_be32_get(p + at) : 0;
+    if (!bad && (it->len - at < 4 || it->len - at - 4 < rl))
+      bad = true;
+    if (bad || !origin) {
+      free(origin);
+      if (!bad)
+        return CPH_ENOMEM;
+      snprintf(why, len, "its memory %" PRIu32 " is cut short", i + 1);
+      return CPH_EINVAL;
+    }
+    cph_memory_rec m = {0};
+    cph_err err = {0};
+    int rc = cph_record_decode(&cph_memory_desc, p + at + 4, rl, &m, &err);
+    at += 4 + (size_t)rl;
+    const char *problem = rc == CPH_ECORRUPT                         ? err.msg
+                          : rc                                       ? NULL
+                          : strlen(origin) != CHANNEL_ORIGIN_LEN ||
+                                  strncmp(origin, "e:", 2) != 0      ? "an origin of another form"
+                          : !m.session || strcmp(m.session, scope) != 0 ? "of another scope"
+                          : m.kind != CPH_MEMORY_RAW                 ? "not a raw memory"
+                          : !m.text || !*m.text                      ? "no text"
+                                                                     : NULL;
+    if (rc == CPH_OK && !problem) {
+      channel_memory *g = room_for_one(*v, cap, *n, sizeof *g, 64);
+      if (g) {
+        *v = g;
+        (*v)[(*n)++] = (channel_memory){origin, m};
+        continue;
+      }
+      rc = CPH_ENOMEM;
+    }
+    free(origin);
+    cph_record_free(&cph_memory_desc, &m);
+    if (rc && rc != CPH_ECORRUPT)
+      return rc;
+    snprintf(why, len, "its memory %" PRIu32 " is %.160s", i + 1, problem ? problem : "bad");
+    return CPH_EINVAL;
+  }
+  if (at != it->len) {
+    snprintf(why, len, "%zu bytes follow its %" PRIu32 " memories", it->len - at, count);
+    return CPH_EINVAL;
+  }
+  return CPH_OK;
+}
+
+static int channel_memory_cmp(const void *a, const void *b) {
+  const channel_memory *x = a, *y = b;
+  if (x->rec.created_ms != y->rec.created_ms)
+    return x->rec.created_ms < y->rec.created_ms ? -1 : 1;
+  return strcmp(x->origin, y->origin);
+}
+
+/* CPH_OP_CHANNEL_MEMORIES: see include/cephalon/cephalon.h. */
+void handover_import_channel(const cph_handover *st, cph_op *op) {
+  const char *chan = op->u.channel.channel;
+  size_t cl = chan ? strlen(chan) : 0;
+  char *scope = cl ? malloc(cl + 2) : NULL;
+  if (!cl) {
+    op_fail(op, CPH_EINVAL, "channel", "no channel");
+    return;
+  }
+  if (!scope) {
+    op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+    return;
+  }
+  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
+  memcpy(scope + 1, chan, cl + 1);
+  channel_memory *v = NULL;
+  size_t n = 0, cap = 0;
+  int rc = CPH_OK;
+  for (size_t i = 0; rc == CPH_OK && i < op->u.channel.n_items; i++) {
+    const cph_state_item *it = &op->u.channel.items[i];
+    char why[256] = "";
+    size_t before = n;
+    rc = read_channel_item(it, scope, &v, &n, &cap, why, sizeof why);
+    if (rc == CPH_EINVAL) { /* the item is left out whole */
+      while (n > before) {
+        free(v[--n].origin);
+        cph_record_free(&cph_memory_desc, &v[n].rec);
+      }
+      op->u.channel.refused++;
+      cph_log(CPH_LOG_WARN, "the memories item %.80s of channel '%s' is not taken: %s",
+              it->name ? it->name : "(unnamed)", chan, why);
+      rc = CPH_OK;
+    }
+  }
+  if (n > 1)
+    qsort(v, n, sizeof *v, channel_memory_cmp); /* ids here follow the order they were made in */
+  cph_txn t;
+  held_texts held = {.map = CPH_HMAP_INIT};
+  if (rc == CPH_OK && n)
+    rc = cph_txn_begin_child(&st->env->txn, &t);
+  bool open = rc == CPH_OK && n;
+  if (open) {
+    held.t = &t;
+    rc = memories_tail(&t, scope, true, SIZE_MAX, count_held_text, &held);
+    if (rc == CPH_OK && held.nomem)
+      rc = CPH_ENOMEM;
+  }
+  for (size_t i = 0; open && rc == CPH_OK && i < n; i++) {
+    uint64_t here = 0;
+    rc = memory_find_origin(&t, st->env->reply_origin_node, v[i].origin, &here);
+    held_text *copy = rc == CPH_OK && !here ? cph_hmap_get(&held.map, v[i].rec.text) : NULL;
+    if (rc == CPH_OK && (here || (copy && copy->copies))) {
+      if (copy)
+        copy->copies--;
+      op->u.channel.held++;
+    } else if (rc == CPH_OK) {
+      rc = memory_adopt(st->memory, &t, &v[i].rec, v[i].origin, NULL);
+      op->u.channel.added += rc == CPH_OK;
+    }
+  }
+  if (open)
+    rc = rc == CPH_OK ? cph_txn_commit(&t) : (cph_txn_abort(&t), rc);
+  if (rc) {
+    op->u.channel.added = op->u.channel.held = 0;
+    op_fail(op, rc, NULL, "importing the memories of channel '%s': %s", chan,
+            open && t.err.msg[0] ? t.err.msg : cph_strerror(rc));
+  }
+  held_texts_free(&held);
+  for (size_t i = 0; i < n; i++) {
+    free(v[i].origin);
+    cph_record_free(&cph_memory_desc, &v[i].rec);
+  }
+  free(v);
+  free(scope);
 }

@@ -87,6 +87,19 @@ int handover_reply_item(const cph_handover *st, const char *session, uint64_t re
  * of another scope, or not committed, gives none. CPH_OK, CPH_ENOMEM or the store's error. */
 int handover_gc_items(const cph_handover *st, uint64_t group_id, cph_session_items *out);
 
+/* Cluster mode (server/clusterflow.h 16.): memory memory_id, minted in a channel's scope by
+ * applying the log's event of key event_key and time event_ts_ms, as one memory of a channel
+ * memories item (cph_channel_memories_item): its origin (the event's identity cluster-wide, so
+ * the same event applied again, on any node, gives the same one), then its record. *out NULL
+ * (CPH_OK) when the memory is gone, deleted or not of a channel's scope. CPH_ENOMEM or the
+ * store's error. */
+int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *event_key,
+                                 int64_t event_ts_ms, uint8_t **out, size_t *len);
+
+/* CPH_OP_CHANNEL_MEMORIES (include/cephalon/cephalon.h), in a child of the pass's
+ * transaction: every memory is stored, or none (a store error fails op). */
+void handover_import_channel(const cph_handover *st, cph_op *op);
+
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)
  * or a store error fails op and changes nothing; a malformed turn record, seal, channel

@@ -647,7 +647,8 @@ static void idem_put(cph_txn *t, const char *key, uint64_t event_id, int64_t now
  * non-duplicate on a channel that is not aggregate-only; one aggregate memory per family,
  * when the family is created. Embeddings per backpressure_embed_allowed(). */
 static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, int step, bool raw,
-                          const dedupe_verdict *v, const char *body, uint64_t event_id) {
+                          const dedupe_verdict *v, const char *body, uint64_t event_id,
+                          uint64_t *raw_id) {
   char scope[CPH_CHANNEL_MAX + 2];
   size_t n = strnlen(channel_name, CPH_CHANNEL_MAX);
   scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
@@ -655,7 +656,7 @@ static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, 
   scope[1 + n] = '\0';
   if (raw && *body)
     memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, body, event_id,
-                backpressure_embed_allowed(ig->env->policy, step, false), NULL);
+                backpressure_embed_allowed(ig->env->policy, step, false), raw_id);
   if (v->family_created && v->sample) {
     size_t len = strlen(v->sample) + strlen(channel_name) + 48;
     char *text = malloc(len);
@@ -991,7 +992,9 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     history_append(t, channel_name, event_id, NULL);
   if (in->key)
     idem_put(t, in->key, event_id, now_ms);
-  mint_memories(ig, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id);
+  uint64_t raw_memory = 0;
+  mint_memories(ig, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id,
+                &raw_memory);
   if (t->ret) {
     /* Storage full and friends: the request fails with the store's error (507 for a full
      * map) and none of its events is stored. */
@@ -1029,6 +1032,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   after->family = dup ? v.family : 0;
   res->id = event_id;
   res->status = dup ? CPH_EV_AGGREGATED : n ? CPH_EV_QUEUED : CPH_EV_STORED;
+  res->memory_id = in->memory_item ? raw_memory : 0; /* its item: engine.c */
   if (n_busy && !n) {
     /* Every session it was routed to refused it: stored (its id says where), reached none. */
     res->status = CPH_EV_REJECTED;

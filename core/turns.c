@@ -109,6 +109,8 @@ void cph_op_clear_results(cph_op *op) {
     cph_strv_free(&op->u.session.consumed);
     break;
   case CPH_OP_INGEST:
+    for (size_t i = 0; op->u.ingest.results && i < op->u.ingest.n_events; i++)
+      free(op->u.ingest.results[i].memory_part);
     cph_arena_free(&op->u.ingest.strings); /* every string and list of the results */
     free(op->u.ingest.results);
     op->u.ingest.results = NULL;

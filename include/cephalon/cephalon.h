@@ -184,6 +184,11 @@ typedef struct cph_event_in {
    * and nothing else: no session, no dedupe, family or memory, not counted as an event.
    * Status stored, or duplicate (its key, or the same event found; id: that entry's event). */
   bool history_only;
+  /* Cluster mode: an event of a log `in` message, applied by its shard's owner
+   * (server/clusterflow.h 16.): the raw memory it mints in its channel's scope comes back in
+   * its result (memory_part), for the log to keep under the channel's key. key is then its
+   * identity cluster-wide. */
+  bool memory_item;
   const cph_event_prep *prep; /* optional: cph_event_prepare()'s result for this event */
 } cph_event_in;
 
@@ -220,6 +225,12 @@ typedef struct cph_event_result {
    * the accounting rule does not count it for them. The event is stored either way; status
    * is `rejected` only when it reached no session at all. */
   cph_strv busy;
+  /* With in->memory_item: the raw memory the event minted in its channel's scope, encoded as
+   * one memory of a channel memories item (cph_channel_memories_item); NULL when it minted
+   * none. Malloc'd; freed by cph_op_clear_results. */
+  uint8_t *memory_part;
+  size_t memory_part_len;
+  uint64_t memory_id; /* with in->memory_item: that memory's id here (0: none) */
 } cph_event_result;
 
 /* One staged inbox entry of a turn. An entry may stand for several events (DESIGN §5: repeats
@@ -500,7 +511,8 @@ typedef enum cph_op_kind {
   CPH_OP_MEMORY_SEARCH, /* GET /v1/memories/search: a write, since inclusion counts access */
   CPH_OP_TAKE,          /* POST /v1/turns/{id}/take: arrivals into a running turn (:merge) */
   CPH_OP_INBOX_RETAIN,  /* cluster mode's rebuild: drop entries consumed on another node */
-  CPH_OP_SESSION_STATE  /* cluster mode's rebuild: a session's state from its previous node */
+  CPH_OP_SESSION_STATE, /* cluster mode's rebuild: a session's state from its previous node */
+  CPH_OP_CHANNEL_MEMORIES /* cluster mode's rebuild: a channel's memories from the log */
 } cph_op_kind;
 
 /* The most a session's state (u.turn.state, u.context.state, u.state) weighs: under NATS's
@@ -525,6 +537,12 @@ typedef struct cph_state_items {
 } cph_state_items;
 
 void cph_state_items_free(cph_state_items *items);
+
+/* A channel memories item (server/clusterflow.h 16.): the memories parts[0..n) (each a
+ * cph_event_result.memory_part of lens[i] bytes) as one item's data, into *data (malloc'd) and
+ * *len. CPH_OK or CPH_ENOMEM. */
+int cph_channel_memories_item(const uint8_t *const *parts, const size_t *lens, size_t n,
+                              uint8_t **data, size_t *len);
 
 /* Items of one session (a maintenance job's: compaction changed that session's memories). */
 typedef struct cph_session_items {
@@ -833,6 +851,19 @@ struct cph_op {
       size_t n_items;
       uint32_t items_refused;
     } state;
+    /* CPH_OP_CHANNEL_MEMORIES (server/clusterflow.h 16.): the memories of channel memories
+     * items (cph_channel_memories_item; borrowed until done) of `channel` that this node
+     * lacks are stored in the channel's scope, oldest first, each under its origin: one this
+     * node took before (by origin), or holds a copy of (a memory of the scope with the same
+     * text and class, each copy standing for one memory), is not stored again. An item or a
+     * memory that is malformed, of another channel or of another store schema is logged,
+     * counted in refused and left out — the others are taken. Out: added, held. */
+    struct {
+      char *channel;
+      const cph_state_item *items;
+      size_t n_items;
+      uint32_t added, held, refused;
+    } channel;
   } u;
 };
 

@@ -141,8 +141,7 @@ static void test_message_pending_at_pass_start_waits_for_the_next_pass(void **st
   int called = 0;
   lease_op.done = cph_fixture_count_done;
   lease_op.ctx = &called;
-  cph_event_in ev = {"general", "user", "second", NULL, {NULL, 0}, NULL, NULL, 0, false, false,
-                     NULL};
+  cph_event_in ev = {.channel = "general", .sender = "user", .body = "second"};
   ing.kind = CPH_OP_INGEST;
   ing.u.ingest.events = &ev;
   ing.u.ingest.n_events = 1;

@@ -240,8 +240,8 @@ static void test_overlapping_plans_one_commits_the_other_aborts(void **state) {
 
 static void test_retention_drops_payloads_and_keeps_hash_and_metadata(void **state) {
   fixture *f = *state;
-  cph_event_in ev = {"news", "ann", "a payload that retention will remove", NULL, {NULL, 0},
-                     NULL, NULL, 0, false, false, NULL};
+  cph_event_in ev = {.channel = "news", .sender = "ann",
+                     .body = "a payload that retention will remove"};
   cph_op ing = {0};
   ing.kind = CPH_OP_INGEST;
   ing.u.ingest.events = &ev;
@@ -396,8 +396,7 @@ static void test_jobs_need_known_kinds_and_group_args(void **state) {
 /* Retention's redaction reaches turn histories at once: the engine keeps recent events in
  * memory for histories (core/evcache.h), and a redacted payload must leave it with the store. */
 static void post_news(fixture *f, const char *body) {
-  cph_event_in ev = {"news", "ann", (char *)body, NULL, {NULL, 0}, NULL, NULL, 0, false, false,
-                     NULL};
+  cph_event_in ev = {.channel = "news", .sender = "ann", .body = (char *)body};
   cph_op ing = {0};
   ing.kind = CPH_OP_INGEST;
   ing.u.ingest.events = &ev;

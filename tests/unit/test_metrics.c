@@ -197,8 +197,8 @@ static void create_session(fixture *f, const char *id, const char *subscribe) {
 
 static cph_ingest_status post(fixture *f, const char *channel, const char *body,
                               const char *key) {
-  cph_event_in ev = {(char *)channel, "ann", (char *)body, NULL, {NULL, 0}, NULL, (char *)key, 0,
-                     false, false, NULL};
+  cph_event_in ev = {.channel = (char *)channel, .sender = "ann", .body = (char *)body,
+                     .key = (char *)key};
   cph_op op = {0};
   op.kind = CPH_OP_INGEST;
   op.u.ingest.events = &ev;

@@ -1,0 +1,249 @@
+/* A channel's memories through the cluster log (server/clusterflow.h 16.; include/cephalon/
+ * cephalon.h: cph_event_in.memory_item, cph_event_result.memory_part,
+ * cph_channel_memories_item, CPH_OP_CHANNEL_MEMORIES). Node x applies a channel's events as
+ * the log's `in` messages: each raw memory it mints comes back as a part; node y, which held
+ * copies of only the newest events (as a node whose sessions got them forwarded does), imports
+ * the items and then holds every memory of the channel once — by origin for what an import
+ * brought before, or the same event applied by another node, and by text for its own copies.
+ * An item that is malformed or of another channel is refused, named and counted; the others
+ * are taken. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cephalon/cephalon.h"
+#include "store/records.h"
+#include "store/store.h"
+#include "tests/support/engine_fixture.h"
+
+#define EVENTS 300
+#define PER_ITEM 100
+#define Y_SAW 50 /* y applied the newest 50 itself */
+
+static void fact(int i, char *out, size_t cap) {
+  snprintf(out, cap, "fact %03d: the launch of project q%03d moved to day %d", i, i, i + 1);
+}
+
+/* Applies events [from, to) of channel "news" on f as log events (keys k<i>, fixed times),
+ * memory_item set when `log`; the parts, in order, into parts/lens (when not NULL). */
+static void apply(cph_fixture *f, int from, int to, bool log, uint8_t **parts, size_t *lens) {
+  for (int i = from; i < to; i++) {
+    char body[96], key[16];
+    fact(i, body, sizeof body);
+    snprintf(key, sizeof key, "k%d", i);
+    cph_event_in ev = {.channel = "news", .sender = "ann", .body = body, .key = key,
+                       .ts_ms = 1700000000000 + i, .only_session = true, .memory_item = log};
+    cph_op op;
+    cph_fixture_ingest(f, &ev, 1, &op);
+    assert_int_equal(op.rc, CPH_OK);
+    cph_event_result *res = &op.u.ingest.results[0];
+    if (log) {
+      assert_non_null(res->memory_part); /* a raw memory of "#news" */
+      assert_true(res->memory_id > 0);
+    } else {
+      assert_null(res->memory_part);
+    }
+    if (parts && res->memory_part) {
+      parts[i] = res->memory_part;
+      lens[i] = res->memory_part_len;
+      res->memory_part = NULL; /* ours now */
+    }
+    cph_op_clear_results(&op);
+  }
+}
+
+/* The op's answer to importing items[0..n) of channel "news" into f; out: added, held,
+ * refused. */
+static int import(cph_fixture *f, const cph_state_item *items, size_t n, uint32_t out[3]) {
+  cph_op op = {0};
+  op.kind = CPH_OP_CHANNEL_MEMORIES;
+  op.u.channel.channel = "news";
+  op.u.channel.items = items;
+  op.u.channel.n_items = n;
+  int rc = cph_fixture_run(f, &op);
+  out[0] = op.u.channel.added;
+  out[1] = op.u.channel.held;
+  out[2] = op.u.channel.refused;
+  cph_op_clear_results(&op);
+  return rc;
+}
+
+typedef struct scope_count {
+  int by_text[EVENTS];
+  int other; /* live raw memories of "#news" that are none of the facts */
+  int64_t created[EVENTS];
+} scope_count;
+
+static bool count_memory(void *ctx, const void *key, size_t key_len, const void *val,
+                         size_t val_len) {
+  (void)key;
+  (void)key_len;
+  scope_count *sc = ctx;
+  cph_memory_rec m;
+  cph_err err;
+  if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
+    fail_msg("a memory record does not decode: %s", err.msg);
+  if (!m.deleted && m.kind == CPH_MEMORY_RAW && strcmp(m.session, "#news") == 0) {
+    int i = -1;
+    char want[96];
+    if (sscanf(m.text, "fact %d:", &i) == 1 && i >= 0 && i < EVENTS &&
+        (fact(i, want, sizeof want), strcmp(want, m.text) == 0)) {
+      sc->by_text[i]++;
+      sc->created[i] = m.created_ms;
+    } else {
+      sc->other++;
+    }
+  }
+  cph_record_free(&cph_memory_desc, &m);
+  return true;
+}
+
+/* f's raw memories of "#news", counted by fact (the engine closed for the read, then opened). */
+static void count(cph_fixture *f, scope_count *sc) {
+  memset(sc, 0, sizeof *sc);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, count_memory, sc);
+  cph_fixture_open(f);
+}
+
+static cph_fixture *node(const char *tag, const char *name) {
+  static const char *const news[] = {"news"};
+  cph_fixture *f = cph_fixture_new(tag, "{}");
+  cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, news, 1);
+  cph_engine_report_consumed(f->e, true);
+  assert_int_equal(cph_engine_reply_origins(f->e, name), CPH_OK);
+  return f;
+}
+
+static void test_channel_memories_move_whole_and_once(void **state) {
+  (void)state;
+  cph_fixture *x = node("chanmem_items_x", "x"), *y = node("chanmem_items_y", "y");
+  uint8_t *parts[EVENTS] = {0};
+  size_t lens[EVENTS] = {0};
+  apply(x, 0, EVENTS, true, parts, lens);
+  apply(y, EVENTS - Y_SAW, EVENTS, false, NULL, NULL); /* its own copies of the newest */
+
+  /* the parts as the log keeps them: an item per 100 events */
+  cph_state_item items[EVENTS / PER_ITEM + 2] = {{0}};
+  size_t n_items = 0;
+  for (int i = 0; i < EVENTS; i += PER_ITEM, n_items++) {
+    items[n_items].name = "c";
+    assert_int_equal(cph_channel_memories_item((const uint8_t *const *)&parts[i], &lens[i],
+                                               PER_ITEM, &items[n_items].data,
+                                               &items[n_items].len),
+                     CPH_OK);
+  }
+  /* one cut short and one of another channel: refused, the rest taken */
+  uint8_t *cut = malloc(items[0].len);
+  assert_non_null(cut);
+  memcpy(cut, items[0].data, items[0].len);
+  items[n_items++] = (cph_state_item){"cut", cut, items[0].len - 3};
+  cph_fixture *z = node("chanmem_items_z", "z");
+  static const char *const other[] = {"other"};
+  cph_fixture_create_session(z, "b", CPH_LANE_INTERACTIVE, other, 1);
+  char body[] = "a fact of another channel";
+  cph_event_in ev = {.channel = "other", .sender = "ann", .body = body, .key = "o1",
+                     .ts_ms = 5, .only_session = true, .memory_item = true};
+  cph_op op;
+  cph_fixture_ingest(z, &ev, 1, &op);
+  const uint8_t *op_part = op.u.ingest.results[0].memory_part;
+  size_t op_len = op.u.ingest.results[0].memory_part_len;
+  assert_non_null(op_part);
+  uint8_t *foreign = NULL;
+  size_t foreign_len = 0;
+  assert_int_equal(cph_channel_memories_item(&op_part, &op_len, 1, &foreign, &foreign_len), CPH_OK);
+  cph_op_clear_results(&op);
+  items[n_items++] = (cph_state_item){"other", foreign, foreign_len};
+
+  uint32_t out[3];
+  assert_int_equal(import(y, items, n_items, out), CPH_OK);
+  assert_int_equal(out[0], EVENTS - Y_SAW); /* added */
+  assert_int_equal(out[1], Y_SAW);          /* its own copies: held */
+  assert_int_equal(out[2], 2);              /* refused */
+  scope_count was, is;
+  count(x, &was);
+  count(y, &is);
+  for (int i = 0; i < EVENTS; i++) {
+    if (was.by_text[i] != 1 || is.by_text[i] != 1)
+      fail_msg("fact %d: %d on x, %d on y (want 1 and 1)", i, was.by_text[i], is.by_text[i]);
+    if (i < EVENTS - Y_SAW && is.created[i] != was.created[i]) /* its age moves with it */
+      fail_msg("fact %d was made at %lld on x, %lld on y", i, (long long)was.created[i],
+               (long long)is.created[i]);
+  }
+  assert_int_equal(is.other, 0);
+
+  /* again (a shard taken twice), and the same events as another node applied them (same
+   * origins, other creation times): nothing more */
+  assert_int_equal(import(y, items, n_items - 2, out), CPH_OK);
+  assert_int_equal(out[0], 0);
+  assert_int_equal(out[1], EVENTS);
+  apply(z, 0, 10, true, parts, lens); /* z's parts of the first ten replace x's */
+  cph_state_item again = {"z", NULL, 0};
+  assert_int_equal(cph_channel_memories_item((const uint8_t *const *)parts, lens, 10, &again.data,
+                                             &again.len),
+                   CPH_OK);
+  assert_int_equal(import(y, &again, 1, out), CPH_OK);
+  assert_int_equal(out[0], 0);
+  assert_int_equal(out[1], 10);
+  count(y, &is);
+  for (int i = 0; i < EVENTS; i++)
+    assert_int_equal(is.by_text[i], 1);
+
+  /* a node that holds nothing of the channel takes all of it, embeds it (the janitor), and a
+   * search there finds the oldest */
+  cph_fixture *w = node("chanmem_items_w", "w");
+  assert_int_equal(import(w, items, n_items - 2, out), CPH_OK);
+  assert_int_equal(out[0], EVENTS);
+  assert_true(cph_fixture_run_maintenance(w, NULL, NULL) > 0);
+  char lines[4096];
+  cph_fixture_search_lines(w, "a", "q000", lines, sizeof lines);
+  if (!strstr(lines, "fact 000: the launch of project q000 moved to day 1"))
+    fail_msg("a search for the oldest fact finds:\n%s", lines);
+
+  for (size_t i = 0; i < n_items; i++)
+    free(items[i].data);
+  free(again.data);
+  for (int i = 0; i < EVENTS; i++)
+    free(parts[i]);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+  cph_fixture_free(z);
+  cph_fixture_free(w);
+}
+
+/* An event that mints no raw memory (an exact repeat within the dedupe window) gives no part;
+ * nor does one applied without memory_item (a forward, a history copy). */
+static void test_channel_memories_only_what_was_minted(void **state) {
+  (void)state;
+  cph_fixture *x = node("chanmem_minted_x", "x");
+  char body[] = "the same words twice";
+  cph_event_in ev[2] = {
+      {.channel = "news", .sender = "ann", .body = body, .key = "r1", .ts_ms = 1,
+       .only_session = true, .memory_item = true},
+      {.channel = "news", .sender = "ann", .body = body, .key = "r2", .ts_ms = 2,
+       .only_session = true, .memory_item = true}};
+  cph_op op;
+  cph_fixture_ingest(x, ev, 2, &op);
+  assert_int_equal(op.rc, CPH_OK);
+  assert_non_null(op.u.ingest.results[0].memory_part);
+  assert_int_equal(op.u.ingest.results[1].status, CPH_EV_AGGREGATED);
+  assert_null(op.u.ingest.results[1].memory_part);
+  cph_op_clear_results(&op);
+  cph_fixture_free(x);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_channel_memories_move_whole_and_once),
+      cmocka_unit_test(test_channel_memories_only_what_was_minted),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
