@@ -397,6 +397,9 @@ struct cph_cflow {
   /* 13.: items put, their bytes, those the log did not take; loaded by rebuilds, and refused
    * by the engine there. */
   uint64_t items_put, item_bytes, item_failures, items_loaded, items_refused;
+  /* 16.: channel memories items made here; memories a rebuild stored from them, and those this
+   * node held already. */
+  uint64_t channel_items, channel_memories_loaded, channel_memories_held;
   /* 14.: copies of replies sent to other shards, those the log did not take; copies applied
    * here (stored in a channel's history), and those this node held already. */
   uint64_t hist_sent, hist_failures, hist_stored, hist_held;
@@ -1759,16 +1762,21 @@ void cph_cflow_context_changed(cph_cflow *f, cph_req *r, const char *session, co
  * memory (a few hundred bytes) is put as it is. */
 #define ITEM_PACK_MIN 2048
 
-void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *items) {
-  uint32_t shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
-  if (f->quiesced || !f->tracks[shard].live)
-    return; /* the next owner takes the session's records from its state */
+/* The owner of a channel's keys in CEPH_STATE (16.): "#" and the channel, as its memories'
+ * scope is named; no session id has it (sessions.c). */
+#define CHANNEL_OWNER_PREFIX '#'
+
+/* Puts items under owner's keys of shard key_shard ("<key_shard>.<owner in hex>.<name>"),
+ * made while this node serves shard `shard` (what a resend checks, item_skip). */
+static void items_put(cph_cflow *f, uint32_t key_shard, const char *owner, uint32_t shard,
+                      const cph_state_items *items) {
+  bool chan = owner[0] == CHANNEL_OWNER_PREFIX;
   for (size_t i = 0; i < items->n; i++) {
     const cph_state_item *it = &items->v[i];
     char subject[1200], msgid[160];
     uint8_t *value = NULL;
     pub *p = NULL;
-    if (cph_clog_item_subject(subject, sizeof subject, shard, session, it->name) == CPH_OK &&
+    if (cph_clog_item_subject(subject, sizeof subject, key_shard, owner, it->name) == CPH_OK &&
         (value = malloc(CPH_CLOG_EPOCH_BYTES + it->len))) {
       cph_clog_epoch_put(value, f->tracks[shard].epoch);
       memcpy(value + CPH_CLOG_EPOCH_BYTES, it->data, it->len);
@@ -1781,8 +1789,9 @@ void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *i
     }
     if (!p) {
       f->item_dropped++;
-      cph_error("cluster log: item %.40s of session %s is DROPPED, not put (%s)", it->name,
-                session, value ? "out of memory" : "its key is too long");
+      cph_error("cluster log: item %.40s of %s %s is DROPPED, not put (%s)", it->name,
+                chan ? "channel" : "session", owner + chan,
+                value ? "out of memory" : "its key is too long");
       continue;
     }
     p->shard = shard;
@@ -1803,6 +1812,13 @@ void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *i
       pub_attempt(f, p);
     }
   }
+}
+
+void cph_cflow_items(cph_cflow *f, const char *session, const cph_state_items *items) {
+  uint32_t shard = cph_cluster_shard_of(session, cph_cluster_shards(f->s->cluster));
+  if (f->quiesced || !f->tracks[shard].live)
+    return; /* the next owner takes the session's records from its state */
+  items_put(f, shard, session, shard, items);
 }
 
 static char *event_json(const char *channel, const char *sender, const char *body,
@@ -2924,6 +2940,87 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
   pub_free(p);
 }
 
+/* The channel an event of the log is in: its own, or its session's direct channel. */
+static const char *event_channel_name(const cph_event_in *ev, char *buf, size_t size) {
+  if (ev->channel)
+    return ev->channel;
+  snprintf(buf, size, "direct:%s", ev->session ? ev->session : "");
+  return buf;
+}
+
+/* The most bytes of memory parts one channel memories item carries before the next item of
+ * the same message and channel begins: well under the log's message limit (1 MiB). */
+#define CHANNEL_ITEM_BYTES (512 * 1024)
+
+/* 16. The raw memories the events of message ap (evs[0..n), their results) minted in their
+ * channels, as one channel memories item per channel — more when they would not fit one —
+ * put under the channel's key "<shard of the channel>.<'#' channel in hex>.c<SHA-256 of the
+ * message id>[n<k>]": the same message applied again, here or by the shard's next owner,
+ * puts the same keys. Not waited for, as items are not (13.). */
+static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in *evs,
+                                 cph_event_result *res, size_t n) {
+  const char *msgid = ap->batch_id ? ap->batch_id : n ? evs[0].key : NULL;
+  if (!msgid || f->quiesced || !f->tracks[ap->m->shard].live)
+    return;
+  uint32_t shards = cph_cluster_shards(f->s->cluster);
+  char base[67];
+  forward_key(msgid, base);
+  const uint8_t **parts = malloc(n * sizeof *parts);
+  size_t *lens = malloc(n * sizeof *lens);
+  for (size_t i = 0; i < n; i++) {
+    if (!res[i].memory_part)
+      continue;
+    char chan_buf[300], other[300];
+    const char *chan = event_channel_name(&evs[i], chan_buf, sizeof chan_buf);
+    char owner[302];
+    snprintf(owner, sizeof owner, "%c%s", CHANNEL_OWNER_PREFIX, chan);
+    size_t k = 0, bytes = 0, piece = 0;
+    /* every part of this channel in the message, from here on, in order */
+    for (size_t j = i; parts && lens && j <= n; j++) {
+      bool mine = j < n && res[j].memory_part &&
+                  strcmp(event_channel_name(&evs[j], other, sizeof other), chan) == 0;
+      if (k && (j == n || (mine && bytes + res[j].memory_part_len > CHANNEL_ITEM_BYTES))) {
+        char name[96];
+        if (piece)
+          snprintf(name, sizeof name, "c%sn%zu", base + 2, piece);
+        else
+          snprintf(name, sizeof name, "c%s", base + 2);
+        cph_state_item it = {name, NULL, 0};
+        if (cph_channel_memories_item(parts, lens, k, &it.data, &it.len) == CPH_OK) {
+          cph_state_items one = {&it, 1};
+          items_put(f, cph_cluster_shard_of(chan, shards), owner, ap->m->shard, &one);
+          f->channel_items++;
+        } else {
+          f->item_dropped++;
+          cph_error("cluster log: a memories item of channel %s of message %s is DROPPED (out "
+                    "of memory)", chan, msgid);
+        }
+        free(it.data);
+        piece++;
+        k = bytes = 0;
+      }
+      if (mine) {
+        parts[k] = res[j].memory_part;
+        lens[k++] = res[j].memory_part_len;
+        bytes += res[j].memory_part_len;
+      }
+    }
+    if (!parts || !lens) {
+      f->item_dropped++;
+      cph_error("cluster log: the memories item of channel %s of message %s is DROPPED (out of "
+                "memory)", chan, msgid);
+    }
+    for (size_t j = i; j < n; j++) /* taken into this channel's items: not another's */
+      if (res[j].memory_part &&
+          strcmp(event_channel_name(&evs[j], other, sizeof other), chan) == 0) {
+        free(res[j].memory_part);
+        res[j].memory_part = NULL;
+      }
+  }
+  free(parts);
+  free(lens);
+}
+
 static void batch_free(apply_batch *b) {
   free(b->items);
   free(b->events);
@@ -2979,6 +3076,8 @@ static void apply_done(cph_op *op, void *ctx) {
     }
     if (!last)
       continue;
+    if (!ap->m->fwd && op->u.ingest.results)
+      channel_memories_put(f, ap, &b->events[first], &op->u.ingest.results[first], i + 1 - first);
     if (ap->m->fwd)
       applying_finish(f, ap);
     else
@@ -3699,6 +3798,17 @@ static void state_op_free(state_op *so) {
 
 static void state_done(cph_op *op, void *ctx) {
   state_op *so = ctx;
+  if (op->kind == CPH_OP_CHANNEL_MEMORIES) { /* 16. */
+    so->f->items_refused += op->u.channel.refused;
+    so->f->channel_memories_loaded += op->u.channel.added;
+    so->f->channel_memories_held += op->u.channel.held;
+    if (op->rc != CPH_OK)
+      cph_warn("cluster log: the memories of channel %s from the log were not taken: %s",
+               so->session + 1, op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+    cph_op_clear_results(op);
+    state_op_free(so);
+    return;
+  }
   so->f->items_refused += op->u.state.items_refused;
   if (op->rc != CPH_OK)
     cph_warn("cluster log: the %s of session %s from the log %s not taken: %s",
@@ -3767,13 +3877,20 @@ static void items_taken(cph_cflow *f, cph_clog_replay *rp, size_t from, size_t t
  * or out of memory. */
 static bool state_submit(cph_cflow *f, state_op *so) {
   so->f = f;
-  so->op.kind = CPH_OP_SESSION_STATE;
   so->op.done = state_done;
   so->op.ctx = so;
-  so->op.u.state.session = so->session;
-  so->op.u.state.data = so->data;
-  so->op.u.state.items = so->items;
-  so->op.u.state.n_items = so->n_items;
+  if (so->session[0] == CHANNEL_OWNER_PREFIX) { /* a channel's memories (16.) */
+    so->op.kind = CPH_OP_CHANNEL_MEMORIES;
+    so->op.u.channel.channel = so->session + 1;
+    so->op.u.channel.items = so->items;
+    so->op.u.channel.n_items = so->n_items;
+  } else {
+    so->op.kind = CPH_OP_SESSION_STATE;
+    so->op.u.state.session = so->session;
+    so->op.u.state.data = so->data;
+    so->op.u.state.items = so->items;
+    so->op.u.state.n_items = so->n_items;
+  }
   if (cph_engine_submit(f->s->engine, &so->op) == CPH_OK)
     return true;
   state_op_free(so);
@@ -3828,8 +3945,9 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
     for (j = rb->next_item + 1; j < rp->n_items && strcmp(rp->items[j].session, session) == 0;
          j++)
       ;
+    /* a channel's memories (16.), or the items of a session the table knows */
     const cph_ctable_session *known = cph_ctable_get(f->table, session);
-    if (!known || !known->def)
+    if (session[0] != CHANNEL_OWNER_PREFIX && (!known || !known->def))
       continue; /* deleted since: its items are being forgotten */
     state_op *so = calloc(1, sizeof *so);
     size_t to = j;
@@ -4166,6 +4284,8 @@ static void on_message(void *ctx, cph_clog_msg *m) {
   for (size_t i = 0; i < ap->n_evs; i++) {
     b->items[b->n] = ap;
     b->events[b->n] = ap->evs[i];
+    /* 16.: the raw memory an `in` event mints goes to the log under its channel's key */
+    b->events[b->n].memory_item = !m->fwd && !ap->evs[i].history_only;
     b->n++;
   }
   if (b->n >= APPLY_BATCH)
@@ -4934,6 +5054,10 @@ json_t *cph_cflow_json(cph_cflow *f) {
                 (json_int_t)f->item_dropped, "loaded", (json_int_t)f->items_loaded, "refused",
                 (json_int_t)f->items_refused, "forgotten", (json_int_t)st.items_forgotten,
                 "forget_failures", (json_int_t)st.forget_failures));
+  json_object_set_new(o, "channel_memories",
+                      json_pack("{sIsIsI}", "items_put", (json_int_t)f->channel_items,
+                                "loaded", (json_int_t)f->channel_memories_loaded, "held",
+                                (json_int_t)f->channel_memories_held));
   json_object_set_new(
       o, "parks",
       json_pack("{sIsIsIsIsIsIsI}", "park_marks", (json_int_t)f->park_marks, "unpark_marks",

@@ -1,0 +1,198 @@
+/* Cluster mode: a channel's memories move whole with its shard (server/clusterflow.h 16.) — a
+ * real etcd, one NATS server and two cephalond on 127.0.0.1.
+ *
+ * A channel whose shard n1 owns, and the one session subscribed to it, on n1 too. 1,200 notes
+ * are posted to the channel (twelve requests of 100: twelve batch messages in the log) and the
+ * session's turns on n1 consume them all; n1 made a raw memory of each. n0 holds nothing of
+ * the channel. n1 is killed -9: n0 takes both shards over. A session's state carries only the
+ * newest raw memories of its scopes (576 at most); the channel's memories items carry all of
+ * them. So on n0 the session's memory search finds the oldest note, and n0 holds every note's
+ * memory once (log.channel_memories: loaded + held = 1,200). Without the items (checked by
+ * taking their import out) n0 holds only what the state carried and the search does not find
+ * the oldest note. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/api.h"
+#include "tests/support/cluster_fixture.h"
+#include "tests/support/testutil.h"
+
+#define NODES 2
+#define SHARDS 16
+#define TTL_S 2
+#define NOTES 1200
+#define PER_POST 100
+/* The most raw memories a session's state carries (core/handover.c): as many as the channel
+ * history entries it carries (512 at most) and 64 more */
+#define STATE_RAW_MAX (512 + 64)
+
+static const char EXTRA[] = ":scheduler {:lanes {:interactive {:turns 1000000}}}";
+
+/* The first of ids "<prefix>0".."<prefix>15" whose shard node n owns, found by creating a
+ * session of that id (a channel's shard is its id's, as a session's is), into out. */
+static void id_owned_by(cph_test_cluster *c, int n, const char *prefix, char *out, size_t cap,
+                        int *created) {
+  for (int i = 0; i < 16; i++) {
+    snprintf(out, cap, "%s%d", prefix, i);
+    char body[96];
+    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\"}", out);
+    int owner = cph_tc_post_on_owner(c, 0, "/v1/sessions", body);
+    (*created)++;
+    if (owner == n)
+      return;
+  }
+  fail_msg("none of %s0..%s15 is on n%d's shards", prefix, prefix, n);
+}
+
+/* The texts the session's memory search on node n finds for query (a JSON array, owned). */
+static json_t *search(cph_test_cluster *c, int n, const char *session, const char *query) {
+  char path[160];
+  snprintf(path, sizeof path, "/v1/memories/search?session=%s&q=%s&k=20", session, query);
+  cph_test_response r = cph_test_api(c->port[n], "GET", path, NULL, NULL);
+  if (r.status != 200)
+    fail_msg("searching '%s' on n%d: %d %s", query, n, r.status, r.body ? r.body : "");
+  json_t *j = cph_test_json(&r);
+  cph_test_response_free(&r);
+  json_t *texts = json_array();
+  json_t *hits = json_object_get(j, "memories");
+  for (size_t i = 0; i < json_array_size(hits); i++)
+    json_array_append(texts, json_object_get(json_array_get(hits, i), "text"));
+  json_decref(j);
+  return texts;
+}
+
+static int count_text(json_t *texts, const char *text) {
+  int count = 0;
+  for (size_t i = 0; i < json_array_size(texts); i++)
+    count += strcmp(json_string_value(json_array_get(texts, i)), text) == 0;
+  return count;
+}
+
+static void note(int i, char *out, size_t cap) {
+  snprintf(out, cap, "note %03d: project q%03d ships on day %d", i, i, i + 1);
+}
+
+static void test_cluster_chanmem_a_channels_memories_move_whole(void **state) {
+  (void)state;
+  cph_test_cluster *c = cph_tc_new();
+  cph_tc_start_etcd(c);
+  cph_tc_start_nats(c, 1);
+  cph_tc_ports(c, NODES);
+  for (int n = 0; n < NODES; n++)
+    cph_tc_start_node(c, n, SHARDS, TTL_S, EXTRA);
+  cph_tc_settle(c, SHARDS, "start");
+  char chan[32], session[32];
+  int created = 0;
+  id_owned_by(c, 1, "room", chan, sizeof chan, &created);
+  id_owned_by(c, 1, "reader", session, sizeof session, &created);
+  char path[96], body[128];
+  snprintf(path, sizeof path, "/v1/sessions/%s", session);
+  snprintf(body, sizeof body, "{\"subscribe\":[\"%s\"]}", chan);
+  cph_test_response r = cph_test_api(c->port[1], "PUT", path, NULL, body);
+  if (r.status != 200)
+    fail_msg("subscribing %s to %s on n1: %d %s", session, chan, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  cph_tc_wait_known(c, created);
+  cph_tc_sleep_ms(500); /* the subscription, through the session table */
+
+  for (int p = 0; p < NOTES / PER_POST; p++) {
+    json_t *events = json_array();
+    for (int i = p * PER_POST; i < (p + 1) * PER_POST; i++) {
+      char text[96];
+      note(i, text, sizeof text);
+      json_array_append_new(events, json_pack("{ssssss}", "channel", chan, "sender", "ann",
+                                              "body", text));
+    }
+    json_t *req = json_pack("{so}", "events", events);
+    char *dump = json_dumps(req, JSON_COMPACT);
+    r = cph_test_api(c->port[p % NODES], "POST", "/v1/events", NULL, dump);
+    if (r.status != 200)
+      fail_msg("posting notes through n%d: %d %s", p % NODES, r.status, r.body ? r.body : "");
+    cph_test_response_free(&r);
+    free(dump);
+    json_decref(req);
+  }
+  /* the session's turns on n1 consume every note */
+  int consumed = 0, turns = 0;
+  for (; consumed < NOTES && turns < 200; turns++) {
+    json_t *lease = cph_tc_lease_of(c, 1, session, "a lease of the notes");
+    json_t *turn = json_object_get(lease, "turn");
+    json_t *staged = json_object_get(turn, "staged");
+    for (size_t i = 0; i < json_array_size(staged); i++) {
+      json_t *count = json_object_get(json_array_get(staged, i), "count");
+      consumed += json_is_integer(count) ? (int)json_integer_value(count) : 1;
+    }
+    cph_tc_complete(c, 1, turn, "noted");
+    json_decref(lease);
+  }
+  if (consumed != NOTES)
+    fail_msg("n1's turns consumed %d notes in %d turns, want %d", consumed, turns, NOTES);
+  /* n1's memories items are in the log (they are not waited for) */
+  for (int waited = 0; cph_tc_log_counter(c, 1, "channel_memories", "items_put") < NOTES / PER_POST ||
+                       cph_tc_log_counter(c, 1, "items", "pending") > 0;
+       waited += 100) {
+    if (waited > 10000)
+      fail_msg("n1 made %lld channel memories items in 10 s, want %d",
+               cph_tc_log_counter(c, 1, "channel_memories", "items_put"), NOTES / PER_POST);
+    cph_tc_sleep_ms(100);
+  }
+  /* and the shards' watermarks passed the consumed notes (put about once a second, 7.), so
+   * n0's rebuild applies none of them again: what n0 holds of the channel then comes from the
+   * session's state and the memories items alone, as after the log was trimmed */
+  cph_tc_sleep_ms(2500);
+
+  cph_tc_kill_node(c, 1, false);
+  cph_tc_settle(c, SHARDS, "after the kill");
+  long long loaded = 0, held = 0;
+  json_t *oldest = NULL;
+  char first[96];
+  note(0, first, sizeof first);
+  for (int waited = 0;; waited += 200) {
+    loaded = cph_tc_log_counter(c, 0, "channel_memories", "loaded");
+    held = cph_tc_log_counter(c, 0, "channel_memories", "held");
+    json_decref(oldest);
+    oldest = search(c, 0, session, "q000");
+    if ((loaded + held >= NOTES && count_text(oldest, first) > 0) || waited > 15000)
+      break;
+    cph_tc_sleep_ms(200);
+  }
+  printf("n0 took %lld of the channel's memories from the log and held %lld; a search for the "
+         "oldest note finds it %d times\n",
+         loaded, held, count_text(oldest, first));
+  if (loaded + held != NOTES)
+    fail_msg("n0 loaded %lld and held %lld of the channel's %d memories", loaded, held, NOTES);
+  if (loaded < NOTES - STATE_RAW_MAX)
+    fail_msg("n0 loaded only %lld memories from the items: the state carries %d at most",
+             loaded, STATE_RAW_MAX);
+  if (count_text(oldest, first) != 1)
+    fail_msg("the session's search on n0 finds the oldest note %d times, want once",
+             count_text(oldest, first));
+  for (int i = 0; i < NOTES; i += 37) { /* each once, old and new */
+    char q[8], text[96];
+    snprintf(q, sizeof q, "q%03d", i);
+    note(i, text, sizeof text);
+    json_t *hits = search(c, 0, session, q);
+    if (count_text(hits, text) != 1)
+      fail_msg("the search for note %d on n0 finds it %d times, want once", i,
+               count_text(hits, text));
+    json_decref(hits);
+  }
+  json_decref(oldest);
+  cph_tc_free(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cluster_chanmem_a_channels_memories_move_whole),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
