@@ -1462,6 +1462,8 @@ typedef struct held_class {
   bool raw;
   char **texts;
   bool *matched;
+  uint64_t *ids;     /* each text's memory */
+  bool *unlinked;    /* a raw one with no source event (a channel's memories item brought it) */
   size_t n, cap;
   bool nomem;
 } held_class;
@@ -1494,6 +1496,8 @@ static void memory_import_free(memory_import *mi) {
       free(h->texts[k]);
     free(h->texts);
     free(h->matched);
+    free(h->ids);
+    free(h->unlinked);
     free(h->scope);
   }
   free(mi->held);
@@ -1517,18 +1521,27 @@ static bool collect_held(void *ctx, const cph_memory_rec *m) {
   bool *g = t ? realloc(h->matched, h->cap * sizeof *g) : NULL;
   if (g)
     h->matched = g;
-  if (!g || !(h->texts[h->n] = strdup(m->text))) {
+  uint64_t *ids = g ? realloc(h->ids, h->cap * sizeof *ids) : NULL;
+  if (ids)
+    h->ids = ids;
+  bool *u = ids ? realloc(h->unlinked, h->cap * sizeof *u) : NULL;
+  if (u)
+    h->unlinked = u;
+  if (!u || !(h->texts[h->n] = strdup(m->text))) {
     h->nomem = true;
     return false;
   }
+  h->ids[h->n] = m->id;
+  h->unlinked[h->n] = m->kind == CPH_MEMORY_RAW && !m->source_event_id;
   h->matched[h->n++] = false;
   return true;
 }
 
 /* Whether scope here held a memory of raw's class with this text not matched yet (then it is
- * matched now). The scope's list is read at its first memory of the import. */
+ * matched now; *unlinked_id: its id when it is a raw memory with no source event, else 0).
+ * The scope's list is read at its first memory of the import. */
 static int import_held(memory_import *mi, cph_txn *t, const char *scope, bool raw,
-                       const char *text, bool *held) {
+                       const char *text, bool *held, uint64_t *unlinked_id) {
   held_class *h = NULL;
   for (size_t i = 0; i < mi->n_held && !h; i++)
     if (mi->held[i].raw == raw && strcmp(mi->held[i].scope, scope) == 0)
@@ -1551,9 +1564,12 @@ static int import_held(memory_import *mi, cph_txn *t, const char *scope, bool ra
       return rc;
   }
   *held = false;
+  *unlinked_id = 0;
   for (size_t i = 0; i < h->n && !*held; i++)
-    if (!h->matched[i] && strcmp(h->texts[i], text) == 0)
+    if (!h->matched[i] && strcmp(h->texts[i], text) == 0) {
       *held = h->matched[i] = true;
+      *unlinked_id = h->unlinked[i] ? h->ids[i] : 0;
+    }
   return CPH_OK;
 }
 
@@ -1723,11 +1739,16 @@ static int state_import_scoped_memories(const cph_handover *st, cph_txn *t, cons
       continue;
     }
     bool held = false;
+    uint64_t unlinked = 0;
     if (rc == CPH_OK)
-      rc = import_held(&mi, t, m.scope, m.kind == CPH_MEMORY_RAW, m.text, &held);
+      rc = import_held(&mi, t, m.scope, m.kind == CPH_MEMORY_RAW, m.text, &held, &unlinked);
     uint64_t source = 0, id = 0;
-    if (rc == CPH_OK && !held && m.sender)
+    if (rc == CPH_OK && (!held || unlinked) && m.sender)
       rc = import_event(&mi, t, m.scope + 1, m.sender, m.ts_ms, m.text, &source);
+    /* held, as a channel's memories item brought it (16.): linked to its event's moved copy
+     * now, as it would have been minted */
+    if (rc == CPH_OK && held && unlinked && source)
+      rc = memory_link_source(st->memory, t, unlinked, source);
     if (rc == CPH_OK && !held)
       rc = memory_mint(st->memory, t, m.scope, m.kind, m.text, source, true, &id);
     for (uint32_t k = 0; rc == CPH_OK && !held && k < m.n_tags; k++)
@@ -2586,6 +2607,7 @@ int cph_channel_memories_item(const uint8_t *const *parts, const size_t *lens, s
 typedef struct channel_memory {
   char *origin;
   cph_memory_rec rec;
+  size_t order; /* its place among those read: items in order, their memories in order */
 } channel_memory;
 
 /* The texts of the live raw memories a scope holds that no channel item brought (this node's
@@ -2677,7 +2699,8 @@ static int read_channel_item(const cph_state_item *it, const char *scope, channe
       channel_memory *g = room_for_one(*v, cap, *n, sizeof *g, 64);
       if (g) {
         *v = g;
-        (*v)[(*n)++] = (channel_memory){origin, m};
+        (*v)[*n] = (channel_memory){origin, m, *n};
+        (*n)++;
         continue;
       }
       rc = CPH_ENOMEM;
@@ -2700,7 +2723,7 @@ static int channel_memory_cmp(const void *a, const void *b) {
   const channel_memory *x = a, *y = b;
   if (x->rec.created_ms != y->rec.created_ms)
     return x->rec.created_ms < y->rec.created_ms ? -1 : 1;
-  return strcmp(x->origin, y->origin);
+  return x->order < y->order ? -1 : x->order > y->order; /* one message's: in its order */
 }
 
 /* CPH_OP_CHANNEL_MEMORIES: see include/cephalon/cephalon.h. */

@@ -616,6 +616,27 @@ int memory_add_tag(cph_memory *mem, cph_txn *t, uint64_t id, const char *tag) {
   return rc;
 }
 
+int memory_link_source(cph_memory *mem, cph_txn *t, uint64_t id, uint64_t event_id) {
+  cph_key k = cph_key_of_u64(id);
+  cph_memory_rec m;
+  int rc = cph_txn_get_record(t, CPH_DB_MEMORIES, &k, &cph_memory_desc, &m);
+  if (rc)
+    return rc;
+  if (m.kind == CPH_MEMORY_RAW && !m.source_event_id && event_id) {
+    m.source_event_id = event_id;
+    rc = memory_put(mem, t, &m);
+    cph_key sk;
+    memory_scope_prefix(&sk, m.session, true);
+    cph_key_u64(&sk, id);
+    uint8_t source[8];
+    cph_be64_put(source, event_id);
+    if (rc == CPH_OK)
+      rc = cph_txn_put(t, CPH_DB_MEMORY_SCOPES, &sk, source, sizeof source);
+  }
+  cph_record_free(&cph_memory_desc, &m);
+  return rc;
+}
+
 int memory_set_text(cph_memory *mem, cph_txn *t, uint64_t id, const char *text) {
   cph_key k;
   cph_key_reset(&k);

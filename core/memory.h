@@ -114,6 +114,12 @@ void memory_test_cache_bytes(long long bytes); /* tests: the next opens' bound; 
 void memory_pass_end(cph_memory *m);
 /* Replaces a memory's text (and token estimate); an embedded one is queued to embed again. */
 int memory_set_text(cph_memory *m, cph_txn *t, uint64_t id, const char *text);
+/* Links raw memory id, which has no source event (one a channel's memories item brought,
+ * handover.c), to event_id, this node's copy of the event it was minted from: its record and
+ * its scope index row, so a turn that shows the event does not list the memory too. Nothing
+ * for a memory of another class or with a source already. CPH_ENOTFOUND, or the store's
+ * error. */
+int memory_link_source(cph_memory *mem, cph_txn *t, uint64_t id, uint64_t event_id);
 /* The index of memories by scope (database memory_scopes) keeps raw memories apart from the
  * others (summaries, aggregates), so a turn can fill each part of its memory budget without
  * reading through the other: key = scope\0 "raw"|"other"\0 u64 memory id -> be64 source event

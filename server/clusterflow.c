@@ -400,6 +400,7 @@ struct cph_cflow {
   /* 16.: channel memories items made here; memories a rebuild stored from them, and those this
    * node held already. */
   uint64_t channel_items, channel_memories_loaded, channel_memories_held;
+  uint32_t chan_reads; /* channels_ask's reads so far: each one's token */
   /* 14.: copies of replies sent to other shards, those the log did not take; copies applied
    * here (stored in a channel's history), and those this node held already. */
   uint64_t hist_sent, hist_failures, hist_stored, hist_held;
@@ -3323,6 +3324,15 @@ struct rebuild {
   rb_keep **keeps;                      /* one per session of the shard, after the batches */
   size_t n_keeps, next_keep, retaining; /* keeps[next_keep..) not queued; retaining in the engine */
   bool adopted, states_queued, in_engine, waiting, stale;
+  /* 16.: the memories items of the channels of the shard's sessions, read (cph_clog_read_items)
+   * and queued before the states, so a channel's older memories are stored before the state's
+   * newer ones (a turn lists a scope's memories by id, newest first). */
+  bool chans_asked, chans_done;
+  uint32_t chan_token; /* the read in flight (its ref's low 32 bits) */
+  int64_t chan_asked_ns; /* when: an answer that never comes is asked again after a while */
+  int chan_tries;
+  cph_clog_replay *chan_rp; /* the answer, its items sorted by owner */
+  size_t chan_next;         /* chan_rp->items[..chan_next) queued */
   cph_hmap dups;    /* engine key of a duplicate -> its rb_event */
   cph_hmap checks;  /* sessions with duplicates (keys owned by evs' docs) -> themselves */
   uint64_t reached; /* events that reached their session */
@@ -3359,6 +3369,7 @@ static void rebuild_free(rebuild *rb) {
   cph_hmap_free(&rb->dups);
   cph_hmap_free(&rb->checks);
   cph_clog_replay_free(rb->rp);
+  cph_clog_replay_free(rb->chan_rp);
   free(rb);
 }
 
@@ -3897,6 +3908,43 @@ static bool state_submit(cph_cflow *f, state_op *so) {
   return false;
 }
 
+/* Queues, from rp->items[*next..) (sorted by owner), one operation per owner with items:
+ * CPH_OP_CHANNEL_MEMORIES for a channel's ("#", 16.), and — unless channels_only, which stops
+ * at the first session's — CPH_OP_SESSION_STATE with items only for a session the table knows
+ * (its state put failed, or its key was lost; the items of a session deleted since are being
+ * forgotten). *next moves past what was queued; *queued set when something was. False when
+ * the engine is busy or out of memory (the rest on the next try). */
+static bool owner_items_submit(cph_cflow *f, cph_clog_replay *rp, size_t *next,
+                               bool channels_only, bool *queued) {
+  for (size_t j; *next < rp->n_items; *next = j) {
+    const char *owner = rp->items[*next].session;
+    bool chan = owner[0] == CHANNEL_OWNER_PREFIX;
+    if (channels_only && !chan)
+      break;
+    for (j = *next + 1; j < rp->n_items && strcmp(rp->items[j].session, owner) == 0; j++)
+      ;
+    const cph_ctable_session *known = chan ? NULL : cph_ctable_get(f->table, owner);
+    if (!chan && (!known || !known->def))
+      continue; /* deleted since: its items are being forgotten */
+    state_op *so = calloc(1, sizeof *so);
+    size_t to = j;
+    if (!so || !(so->session = strdup(owner)) || !copy_items(rp, *next, owner, so, &to)) {
+      if (so)
+        state_op_free(so);
+      return false;
+    }
+    if (!so->n_items) { /* all went with its state */
+      state_op_free(so);
+      continue;
+    }
+    if (!state_submit(f, so))
+      return false;
+    items_taken(f, rp, *next, to);
+    *queued = true;
+  }
+  return true;
+}
+
 /* Queues one CPH_OP_SESSION_STATE per state of the replay whose session the table places on
  * the shard, with the session's items (13.: the engine stores them first, so the records keep
  * the order they were made in) — after the adoptions: the engine applies operations in order,
@@ -3910,7 +3958,8 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
   if (!rb->items_sorted && rp->n_items > 1)
     qsort(rp->items, rp->n_items, sizeof *rp->items, item_by_session);
   rb->items_sorted = true;
-  bool queued = false, ok = true;
+  /* the shard's channels' memories first (16.): "#" sorts before every session id */
+  bool queued = false, ok = owner_items_submit(f, rp, &rb->next_item, true, &queued);
   for (; ok && rb->next_state < rp->n_states; rb->next_state++) {
     const cph_clog_state *st = &rp->states[rb->next_state];
     const cph_ctable_session *known = cph_ctable_get(f->table, st->session);
@@ -3940,38 +3989,125 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
     f->state_load_bytes += st->stored_len;
     f->state_load_raw_bytes += st->len;
   }
-  for (size_t j; ok && rb->next_item < rp->n_items; rb->next_item = j) {
-    const char *session = rp->items[rb->next_item].session;
-    for (j = rb->next_item + 1; j < rp->n_items && strcmp(rp->items[j].session, session) == 0;
-         j++)
-      ;
-    /* a channel's memories (16.), or the items of a session the table knows */
-    const cph_ctable_session *known = cph_ctable_get(f->table, session);
-    if (session[0] != CHANNEL_OWNER_PREFIX && (!known || !known->def))
-      continue; /* deleted since: its items are being forgotten */
-    state_op *so = calloc(1, sizeof *so);
-    size_t to = j;
-    if (!so || !(so->session = strdup(session)) ||
-        !copy_items(rp, rb->next_item, session, so, &to)) {
-      if (so)
-        state_op_free(so);
-      ok = false;
-      break;
-    }
-    if (!so->n_items) { /* all went with its state */
-      state_op_free(so);
-      continue;
-    }
-    if (!state_submit(f, so)) {
-      ok = false;
-      break;
-    }
-    items_taken(f, rp, rb->next_item, to);
-    queued = true;
-  }
+  if (ok)
+    ok = owner_items_submit(f, rp, &rb->next_item, false, &queued);
   if (queued)
     cph_srv_schedule_pass(f->s);
   return ok;
+}
+
+/* How long a rebuild waits for channels_ask's answer before it asks again. */
+#define CHAN_READ_WAIT_NS (60 * (int64_t)1000000000)
+
+/* 16. Asks for the memories items of the channels of the shard's sessions (their
+ * subscriptions, the channels they are members of, their direct channels), but those whose
+ * items came with the shard itself ("#" owners of rp). None: done at once. False when the log
+ * is not ready or memory ran out (asked again on the next try). */
+static bool channels_ask(cph_cflow *f, rebuild *rb) {
+  if (!rb->items_sorted && rb->rp->n_items > 1)
+    qsort(rb->rp->items, rb->rp->n_items, sizeof *rb->rp->items, item_by_session);
+  rb->items_sorted = true;
+  cph_hmap seen = CPH_HMAP_INIT;
+  char **owners = NULL;
+  size_t n = 0, cap = 0;
+  bool ok = true;
+  for (const cph_ctable_session *x = cph_ctable_shard_first(f->table, rb->rp->shard); ok && x;
+       x = x->shard_next) {
+    size_t total = x->n_subs + x->n_members + 1;
+    for (size_t i = 0; ok && i < total; i++) {
+      char direct[300];
+      const char *chan = i < x->n_subs ? x->subs[i]
+                         : i < x->n_subs + x->n_members
+                             ? x->members[i - x->n_subs]
+                             : (snprintf(direct, sizeof direct, "direct:%s", x->id), direct);
+      char *owner = malloc(strlen(chan) + 2);
+      if (!owner) {
+        ok = false;
+        break;
+      }
+      owner[0] = CHANNEL_OWNER_PREFIX;
+      strcpy(owner + 1, chan);
+      size_t at = items_of(rb->rp, owner); /* rp's items are sorted by owner by now */
+      bool with_shard = at < rb->rp->n_items && strcmp(rb->rp->items[at].session, owner) == 0;
+      if (with_shard || cph_hmap_get(&seen, owner)) {
+        free(owner);
+        continue;
+      }
+      char **g = n == cap ? realloc(owners, (cap = cap ? 2 * cap : 16) * sizeof *g) : owners;
+      if (!g || cph_hmap_put(&seen, owner, owner) != CPH_OK) {
+        free(owner);
+        if (g)
+          owners = g;
+        ok = false;
+        break;
+      }
+      owners = g;
+      owners[n++] = owner;
+    }
+  }
+  if (ok && n)
+    rb->chan_token = ++f->chan_reads;
+  int rc = ok && n ? cph_clog_read_items(f->log, (const char *const *)owners, n,
+                                         (uint64_t)rb->rp->shard << 32 | rb->chan_token)
+                   : CPH_OK;
+  for (size_t i = 0; i < n; i++)
+    free(owners[i]);
+  free(owners);
+  cph_hmap_free(&seen);
+  if (!ok || rc != CPH_OK)
+    return false;
+  rb->chans_asked = true;
+  rb->chans_done = n == 0;
+  rb->chan_asked_ns = cph_mono_ns();
+  return true;
+}
+
+/* 16. Queues the channels' memories of the read's answer (rb->chan_rp), one operation per
+ * channel, before the states. False when the engine is busy (the rest on the next try). */
+static bool chan_items_submit(cph_cflow *f, rebuild *rb) {
+  bool queued = false;
+  bool ok = owner_items_submit(f, rb->chan_rp, &rb->chan_next, true, &queued);
+  if (queued)
+    cph_srv_schedule_pass(f->s);
+  if (!ok)
+    return false;
+  cph_clog_replay_free(rb->chan_rp);
+  rb->chan_rp = NULL;
+  rb->chans_done = true;
+  return true;
+}
+
+/* The answer of channels_ask's read: queued, then the rebuild goes on. A read that failed is
+ * asked again, twice; then the rebuild goes on without it (logged: the sessions have the
+ * newest memories their states carried; the next takeover reads the items again). */
+static void on_items(void *ctx, uint64_t ref, cph_clog_replay *rp, const char *why) {
+  cph_cflow *f = ctx;
+  uint32_t shard = (uint32_t)(ref >> 32);
+  rebuild *rb = shard < cph_cluster_shards(f->s->cluster) ? f->tracks[shard].rb : NULL;
+  if (!rb || rb->chans_done || rb->chan_token != (uint32_t)ref || rb->chan_rp) {
+    cph_clog_replay_free(rp);
+    return; /* of a rebuild that ended, or an earlier read */
+  }
+  if (!rp) {
+    if (++rb->chan_tries < 3) {
+      cph_warn("cluster log: rebuilding shard %" PRIu32 ": reading its channels' memories: %s; "
+               "read again",
+               shard, why ? why : "failed");
+      rb->chans_asked = false;
+    } else {
+      cph_error("cluster log: rebuilding shard %" PRIu32 ": its channels' memories are not "
+                "loaded (%s): its sessions have the newest their states carried",
+                shard, why ? why : "failed");
+      rb->chans_done = true;
+    }
+    rebuild_step(f, rb);
+    return;
+  }
+  if (rp->n_items > 1)
+    qsort(rp->items, rp->n_items, sizeof *rp->items, item_by_session);
+  rb->chan_rp = rp;
+  rb->chan_next = 0;
+  rebuild_step(f, rb);
 }
 
 /* Takes the rebuild as far as it goes now: adopt, the states, the next batch, or the end. */
@@ -3991,6 +4127,31 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
       return;
     }
     rb->adopted = true;
+  }
+  if (!rb->chans_done) {
+    if (!rb->chans_asked && !channels_ask(f, rb)) {
+      rb->waiting = true; /* not ready, or out of memory: again on the next retry tick */
+      arm_retry(f);
+      return;
+    }
+    if (rb->chan_rp && !chan_items_submit(f, rb)) {
+      rb->waiting = true; /* the engine is busy */
+      arm_retry(f);
+      return;
+    }
+    if (!rb->chans_done && cph_mono_ns() - rb->chan_asked_ns > CHAN_READ_WAIT_NS) {
+      cph_warn("cluster log: rebuilding shard %" PRIu32 ": no answer to reading its channels' "
+               "memories in %d s; read again",
+               shard, (int)(CHAN_READ_WAIT_NS / 1000000000));
+      rb->chans_asked = false; /* the late answer, should it come, is of another token */
+      rb->waiting = true;
+      arm_retry(f);
+      return;
+    }
+    if (!rb->chans_done) {
+      rb->waiting = true; /* the read's answer calls rebuild_step (on_items) */
+      return;
+    }
   }
   if (!rb->states_queued) {
     if (!states_import(f, rb)) {
@@ -4593,7 +4754,7 @@ int cph_cflow_start(cph_srv *s, cph_cflow **out, cph_err *err) {
   test_fail_env("CPH_TEST_FAIL_UNPARK_MARKS", &f->test_unpark_drop, &park_unacked);
   test_fail_env("CPH_TEST_FAIL_STATES", &f->test_state_drop, &park_unacked);
   cph_clog_hooks hooks = {f,           on_published, on_message,       predecode,
-                          predecoded_free, on_session_entry, on_replayed, on_pos};
+                          predecoded_free, on_session_entry, on_replayed, on_pos, on_items};
   int64_t window = pol->cluster.log_dedupe_seconds ? pol->cluster.log_dedupe_seconds
                                                    : pol->dedupe.key_window_seconds;
   /* Each reply written from now on carries its origin, and the stream replies of a state this

@@ -49,7 +49,14 @@
 #define TRIM_SAFE_MINOR 9
 #define TRIM_SAFE_PATCH 18
 
-typedef enum item_kind { ITEM_PUB, ITEM_MSG, ITEM_KV, ITEM_REPLAY, ITEM_POS } item_kind;
+typedef enum item_kind {
+  ITEM_PUB,
+  ITEM_MSG,
+  ITEM_KV,
+  ITEM_REPLAY,
+  ITEM_POS,
+  ITEM_ITEMS /* a cph_clog_read_items answer: replay (NULL on failure), ref, why */
+} item_kind;
 
 typedef struct item {
   struct item *next;
@@ -83,7 +90,18 @@ typedef struct replay_req {
   struct replay_req *next;
   uint32_t shard;
   uint64_t gen;
+  /* cph_clog_read_items instead: the owners whose items are read, and the answer's ref */
+  char **owners;
+  size_t n_owners;
+  uint64_t ref;
 } replay_req;
+
+static void replay_req_free(replay_req *rq) {
+  for (size_t i = 0; i < rq->n_owners; i++)
+    free(rq->owners[i]);
+  free(rq->owners);
+  free(rq);
+}
 
 /* A min_pos wait (clusterlog.h, "Waiting for a position"), on the pos thread. */
 typedef enum pos_stage {
@@ -300,6 +318,11 @@ static void on_queue(evutil_socket_t fd, short what, void *arg) {
         cph_clog_replay_free(it->replay);
       else
         l->hooks.replayed(l->hooks.ctx, it->replay);
+    } else if (it->kind == ITEM_ITEMS) {
+      if (quiesced)
+        cph_clog_replay_free(it->replay);
+      else
+        l->hooks.items(l->hooks.ctx, it->ref, it->replay, it->why);
     } else if (!quiesced) {
       l->hooks.session(l->hooks.ctx, it->session, it->value, it->vlen);
     }
@@ -774,7 +797,7 @@ static void phase_leave(cph_clog *l, uint32_t s, shard_phase to) {
 static bool shard_wants_binding(cph_clog *l, uint32_t s, int64_t now) {
   pthread_mutex_lock(&l->mu);
   if (l->phase[s] == PHASE_NONE && now >= l->replay_after_ns[s]) {
-    replay_req *rq = malloc(sizeof *rq);
+    replay_req *rq = calloc(1, sizeof *rq);
     if (rq) {
       l->phase[s] = PHASE_REPLAYING;
       l->replaying++;
@@ -1140,10 +1163,22 @@ static jsStreamInfo *state_keys(cph_clog *l, const char *filter, char *why, size
  * left with each (NumPending), so the read ends with the last one; or at once when the stream
  * has no subject of the shard. False with why set on a NATS error or when none came for
  * REPLAY_IDLE_MS. */
+static bool read_keys(cph_clog *l, cph_clog_replay *rp, const char *filter, int plen, char *why,
+                      size_t size);
+
 static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t size) {
-  char filter[64], stream[64];
+  char filter[64];
   int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, rp->shard);
   snprintf(filter + plen, sizeof filter - (size_t)plen, ">");
+  return read_keys(l, rp, filter, plen, why, size);
+}
+
+/* Appends to rp the newest value of every key of CEPH_STATE under filter (a subject ending in
+ * ">"; its first plen bytes are "$KV.<bucket>.<shard>.", then comes the session's hex id): the
+ * states, and the items. As replay_states. */
+static bool read_keys(cph_clog *l, cph_clog_replay *rp, const char *filter, int plen, char *why,
+                      size_t size) {
+  char stream[64];
   snprintf(stream, sizeof stream, "KV_%s", CPH_CLOG_STATES);
   /* Whether there is any key: an ordered consumer with nothing to deliver never says so. */
   jsStreamInfo *si = state_keys(l, filter, why, size);
@@ -1166,7 +1201,7 @@ static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t si
     return false;
   }
   natsSubscription_SetPendingLimits(sub, 1 << 20, 1 << 30);
-  size_t cap = 0, items_cap = 0;
+  size_t cap = rp->n_states, items_cap = rp->n_items; /* the arrays hold that many */
   bool ok = false;
   while (!ok) {
     uint64_t seq = 0, pending = 0;
@@ -1378,6 +1413,82 @@ fail:
   return NULL;
 }
 
+/* Reads the items of rq's owners (each "<'#' and a channel>": under the channel's shard) into
+ * a replay of no shard and hands it to the loop (ITEM_ITEMS; NULL with why when a read
+ * failed). */
+static void read_items_answer(cph_clog *l, replay_req *rq) {
+  char why[256] = "";
+  cph_clog_replay *rp = calloc(1, sizeof *rp);
+  bool ok = rp != NULL;
+  if (!ok)
+    snprintf(why, sizeof why, "out of memory");
+  for (size_t i = 0; ok && i < rq->n_owners; i++) {
+    const char *owner = rq->owners[i];
+    uint32_t shard = cph_cluster_shard_of(owner + 1, l->shards);
+    char filter[1200];
+    int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, shard);
+    size_t at = (size_t)plen;
+    for (const char *p = owner; *p && at + 4 < sizeof filter; p++, at += 2)
+      snprintf(filter + at, 3, "%02x", (unsigned char)*p);
+    if (at + 4 >= sizeof filter) {
+      snprintf(why, sizeof why, "a channel name too long for a key: %.40s", owner + 1);
+      ok = false;
+      break;
+    }
+    snprintf(filter + at, sizeof filter - at, ".>");
+    ok = read_keys(l, rp, filter, plen, why, sizeof why);
+  }
+  if (ok)
+    ok = unpack_items(rp, why, sizeof why);
+  if (!ok) {
+    cph_clog_replay_free(rp);
+    rp = NULL;
+  }
+  item *it = calloc(1, sizeof *it);
+  if (!it) {
+    cph_clog_replay_free(rp);
+    return; /* the loop's request times out (clusterflow.c) */
+  }
+  it->kind = ITEM_ITEMS;
+  it->ref = rq->ref;
+  it->replay = rp;
+  it->why = rp ? NULL : strdup(why);
+  push_item(l, it);
+}
+
+int cph_clog_read_items(cph_clog *l, const char *const *owners, size_t n, uint64_t ref) {
+  replay_req *rq = calloc(1, sizeof *rq);
+  char **v = rq && n ? calloc(n, sizeof *v) : NULL;
+  if (!rq || !v) {
+    free(rq);
+    free(v);
+    return CPH_ENOMEM;
+  }
+  rq->owners = v;
+  rq->ref = ref;
+  for (; rq->n_owners < n; rq->n_owners++)
+    if (!(v[rq->n_owners] = strdup(owners[rq->n_owners]))) {
+      replay_req_free(rq);
+      return CPH_ENOMEM;
+    }
+  pthread_mutex_lock(&l->mu);
+  bool ok = l->ready && !l->quiesced && !l->stop;
+  if (ok) {
+    if (l->replay_tail)
+      l->replay_tail->next = rq;
+    else
+      l->replay_head = rq;
+    l->replay_tail = rq;
+    pthread_cond_broadcast(&l->cv);
+  }
+  pthread_mutex_unlock(&l->mu);
+  if (!ok) {
+    replay_req_free(rq);
+    return CPH_EBUSY;
+  }
+  return CPH_OK;
+}
+
 /* A replay thread: reads the past of the shards queued by sync_shards, one at a time, and hands
  * each to the loop (ITEM_REPLAY). Waits until the session table is loaded, so the loop holds
  * every session record there was when it rebuilds (the items come in order). */
@@ -1393,6 +1504,13 @@ static void *replay_thread(void *arg) {
     l->replay_head = rq->next;
     if (!l->replay_head)
       l->replay_tail = NULL;
+    if (rq->owners) { /* cph_clog_read_items */
+      pthread_mutex_unlock(&l->mu);
+      read_items_answer(l, rq);
+      replay_req_free(rq);
+      pthread_mutex_lock(&l->mu);
+      continue;
+    }
     uint32_t s = rq->shard;
     bool current = l->phase[s] == PHASE_REPLAYING && l->replay_gen[s] == rq->gen;
     pthread_mutex_unlock(&l->mu);
@@ -2134,7 +2252,7 @@ void cph_clog_stop(cph_clog *l) {
   while (l->replay_head) {
     replay_req *rq = l->replay_head;
     l->replay_head = rq->next;
-    free(rq);
+    replay_req_free(rq);
   }
   if (l->watcher) {
     kvWatcher_Stop(l->watcher);

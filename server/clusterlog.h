@@ -220,6 +220,9 @@ typedef struct cph_clog_hooks {
    * which step it was in); or a fence check's (cph_clog_check_fence): CPH_OK with seq,
    * CPH_ECONFLICT, CPH_ETIMEDOUT. */
   void (*pos)(void *ctx, uint64_t ref, int rc, uint64_t seq, const char *why);
+  /* A cph_clog_read_items answer: rp holds the items read (rp->items; no shard, states or
+   * entries), or is NULL when a read failed (why says what). The hook owns rp. */
+  void (*items)(void *ctx, uint64_t ref, cph_clog_replay *rp, const char *why);
 } cph_clog_hooks;
 
 /* Copies what it needs of cfg and starts the log thread; returns at once (the log connects in
@@ -288,6 +291,12 @@ int cph_clog_check_fence(cph_clog *l, uint32_t shard, const char *mark_prefix, i
  * CPH_EBUSY (not ready: no call), CPH_ENOMEM. */
 int cph_clog_check_state(cph_clog *l, const char *subject, uint64_t epoch, int64_t wait_ms,
                          uint64_t ref);
+
+/* Reads, on a replay thread (in turn with the shards' replays), the newest value of every item
+ * key of each owner in CEPH_STATE — "#<channel>": a channel's memories items (clusterflow.h
+ * 16.), under the channel's shard — and hands them to hooks.items with ref. Never waits.
+ * CPH_EBUSY when the log is not ready (then no hook call comes), CPH_ENOMEM. */
+int cph_clog_read_items(cph_clog *l, const char *const *owners, size_t n, uint64_t ref);
 
 /* The loop rebuilt shard from replay gen: the next sync binds its consumer. Or it could not:
  * the shard's past is read again a second later. A gen that is no longer the shard's current
