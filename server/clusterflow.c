@@ -146,6 +146,7 @@ typedef struct pub {
    * deleted here (never sent again). */
   uint64_t epoch;
   bool key_held, forgotten;
+  bool chan_item; /* PUB_ITEM of a channel's memories (16.): counted apart */
 } pub;
 
 typedef struct ev_result {
@@ -399,7 +400,8 @@ struct cph_cflow {
   uint64_t items_put, item_bytes, item_failures, items_loaded, items_refused;
   /* 16.: channel memories items made here; memories a rebuild stored from them, and those this
    * node held already. */
-  uint64_t channel_items, channel_memories_loaded, channel_memories_held;
+  uint64_t channel_items, channel_item_bytes, channel_items_loaded, channel_memories_loaded,
+      channel_memories_held;
   uint32_t chan_reads; /* channels_ask's reads so far: each one's token */
   /* 14.: copies of replies sent to other shards, those the log did not take; copies applied
    * here (stored in a channel's history), and those this node held already. */
@@ -1797,6 +1799,7 @@ static void items_put(cph_cflow *f, uint32_t key_shard, const char *owner, uint3
     }
     p->shard = shard;
     p->epoch = f->tracks[shard].epoch;
+    p->chan_item = chan;
     item_key_hold(f, p); /* the key's newest put: an older one waiting is not sent again */
     f->loose++;
     unsettled_update(f);
@@ -2885,9 +2888,14 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
     break;
   }
   case PUB_ITEM:
-    if (ok) {
+    if (ok && p->chan_item) {
+      f->channel_items++;
+      f->channel_item_bytes += p->len;
+    } else if (ok) {
       f->items_put++;
       f->item_bytes += p->len;
+    }
+    if (ok) {
       if (p->resending)
         cph_info("cluster log: item %s taken after %d resends", p->subject, p->rounds);
       break;
@@ -2990,7 +2998,6 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
         if (cph_channel_memories_item(parts, lens, k, &it.data, &it.len) == CPH_OK) {
           cph_state_items one = {&it, 1};
           items_put(f, cph_cluster_shard_of(chan, shards), owner, ap->m->shard, &one);
-          f->channel_items++;
         } else {
           f->item_dropped++;
           cph_error("cluster log: a memories item of channel %s of message %s is DROPPED (out "
@@ -3880,7 +3887,10 @@ static void items_taken(cph_cflow *f, cph_clog_replay *rp, size_t from, size_t t
   for (size_t i = from; i < to; i++)
     if (rp->items[i].len >= CPH_CLOG_EPOCH_BYTES) {
       rp->items[i].len = 0;
-      f->items_loaded++;
+      if (rp->items[i].session[0] == CHANNEL_OWNER_PREFIX) /* 16. */
+        f->channel_items_loaded++;
+      else
+        f->items_loaded++;
     }
 }
 
@@ -5216,8 +5226,10 @@ json_t *cph_cflow_json(cph_cflow *f) {
                 (json_int_t)f->items_refused, "forgotten", (json_int_t)st.items_forgotten,
                 "forget_failures", (json_int_t)st.forget_failures));
   json_object_set_new(o, "channel_memories",
-                      json_pack("{sIsIsI}", "items_put", (json_int_t)f->channel_items,
-                                "loaded", (json_int_t)f->channel_memories_loaded, "held",
+                      json_pack("{sIsIsIsIsI}", "items_put", (json_int_t)f->channel_items,
+                                "put_bytes", (json_int_t)f->channel_item_bytes, "items_loaded",
+                                (json_int_t)f->channel_items_loaded, "loaded",
+                                (json_int_t)f->channel_memories_loaded, "held",
                                 (json_int_t)f->channel_memories_held));
   json_object_set_new(
       o, "parks",

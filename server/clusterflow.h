@@ -507,7 +507,44 @@
  *    channel; a node serving no subscriber of the channel when the event was applied does not
  *    get one (a session that subscribes or moves there later sees what its state brings, 11.).
  *    Cost: one log message per other node serving subscribers per `in` message holding such
- *    events, and the `in` message's acknowledgement waits for it. */
+ *    events, and the `in` message's acknowledgement waits for it.
+ *
+ * 16. A channel's memories, whole. Each node keeps its own copy of a channel (3.), and a
+ *    session's state carries only the newest raw memories of its scopes (11.: its channel
+ *    history's worth and 32 more). So a channel's older memories stayed on the node that made
+ *    them: after its death a session's memory search on its new owner did not find them. Now
+ *    the node that applies an `in` message (2.) gives the engine its events with memory_item
+ *    set; each raw memory one mints in its channel comes back as a part (the event's identity
+ *    cluster-wide as its origin — "e:" and the SHA-256 of the scope, the event's key and its
+ *    time —, then the memory's record: core/handover.h), and the parts of one message and
+ *    channel go as one item into CEPH_STATE under the channel's key, "<shard of the channel>.
+ *    <'#' and the channel in hex>.c<SHA-256 of the message id>" (more items, "…n<k>", when
+ *    they would pass 512 KiB): the same message applied again, by this node or the shard's
+ *    next owner, puts the same key, and its memories the same origins. Put as 13.'s items are
+ *    (not waited for; sent again while this node serves the message's shard). A forward (3.),
+ *    a history copy (14., 15.) or a rebuild's replay (8.) gives none: the `in` message's
+ *    applier gave them. A node taking a shard over reads, before it imports the shard's
+ *    states, the items of the channels of the shard's sessions (their subscriptions, the
+ *    channels they are members of, their direct channels; cph_clog_read_items, on a replay
+ *    thread) and of the shard's own channels (they come with the shard's keys), and stores,
+ *    channel by channel and oldest first (CPH_OP_CHANNEL_MEMORIES), each memory it lacks: not
+ *    one whose origin it took before, nor one it holds a copy of (a memory of the scope with
+ *    the same text, each copy standing for one — its own, minted from the events it applied).
+ *    Before the states, so a channel's older memories get lower ids here than the state's
+ *    newer ones and a turn lists the same newest memories it listed on the old owner (a turn
+ *    lists a scope's memories by id); the state's memories then find themselves held, and each
+ *    raw one is linked to its moved event (memory_link_source), as a minted one is, so a turn
+ *    that shows the event does not list it twice. A read that fails is tried twice more, then
+ *    the rebuild goes on without it (logged: the sessions have what their states carried).
+ *    test_cluster_chanmem: 1,200 notes in a channel, the node with the channel and its
+ *    session killed, the survivor finds the oldest note and lists the memory section the dead
+ *    node listed. Not moved this way: aggregates (a family's memory changes as repeats come)
+ *    and summaries of a channel's memories (a node compacts its own copy: the new owner's gc
+ *    compacts what it took), which the states carry as before (their newest 64); nor a
+ *    channel's history entries older than a turn shows (11.). Cost: one item per `in`
+ *    message and channel (the bucket keeps every raw memory of every channel, its text and
+ *    ~200 bytes; a channel's memories compacted away stay there), and at a takeover a read
+ *    and an import of every memory of the sessions' channels before the shard is served. */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 
