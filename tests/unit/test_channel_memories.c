@@ -240,10 +240,205 @@ static void test_channel_memories_only_what_was_minted(void **state) {
   cph_fixture_free(x);
 }
 
+typedef struct text_list {
+  char **v;
+  int *copies;
+  size_t n, cap, total;
+} text_list;
+
+static bool list_news_text(void *ctx, const void *key, size_t key_len, const void *val,
+                           size_t val_len) {
+  (void)key;
+  (void)key_len;
+  text_list *l = ctx;
+  cph_memory_rec m;
+  cph_err err;
+  if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
+    fail_msg("a memory record does not decode: %s", err.msg);
+  if (!m.deleted && m.kind == CPH_MEMORY_RAW && strcmp(m.session, "#news") == 0) {
+    size_t i = 0;
+    while (i < l->n && strcmp(l->v[i], m.text) != 0)
+      i++;
+    if (i == l->n) {
+      if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->v = realloc(l->v, l->cap * sizeof *l->v);
+        l->copies = realloc(l->copies, l->cap * sizeof *l->copies);
+        assert_true(l->v && l->copies);
+      }
+      l->v[l->n] = strdup(m.text);
+      l->copies[l->n++] = 0;
+    }
+    l->copies[i]++;
+    l->total++;
+  }
+  cph_record_free(&cph_memory_desc, &m);
+  return true;
+}
+
+/* f's live raw memories of "#news": how many, and the most copies of one text (the engine
+ * closed for the read, then opened again). */
+static size_t news_memories(cph_fixture *f, int *most) {
+  text_list l = {0};
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, list_news_text, &l);
+  cph_fixture_open(f);
+  *most = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    if (l.copies[i] > *most)
+      *most = l.copies[i];
+    free(l.v[i]);
+  }
+  free(l.v);
+  free(l.copies);
+  return l.total;
+}
+
+/* Leases and completes f's turns of session "a" until they consumed `events` events; the last
+ * completion's state (*len bytes). */
+static uint8_t *consume_all(cph_fixture *f, size_t events, size_t *len) {
+  uint8_t *state = NULL;
+  size_t consumed = 0;
+  for (int turns = 0; consumed < events && turns < 1000; turns++) {
+    cph_op lease;
+    cph_fixture_lease(f, "w", &lease);
+    for (size_t i = 0; i < lease.u.lease.turn.n_staged; i++)
+      consumed += lease.u.lease.turn.staged[i].count;
+    cph_op done = {0};
+    done.kind = CPH_OP_COMPLETE;
+    done.u.turn.turn_id = lease.u.lease.turn.id;
+    memcpy(done.u.turn.lease, lease.u.lease.turn.lease, sizeof done.u.turn.lease);
+    done.u.turn.reply_body = "noted";
+    assert_int_equal(cph_fixture_run(f, &done), CPH_OK);
+    done.u.turn.reply_body = NULL;
+    free(state);
+    state = done.u.turn.state;
+    *len = done.u.turn.state_len;
+    done.u.turn.state = NULL;
+    cph_op_clear_results(&done);
+    cph_op_clear_results(&lease);
+  }
+  assert_int_equal(consumed, events);
+  assert_non_null(state);
+  return state;
+}
+
+/* The raw memories of the next turn of "a" on f (after one more message to "news"), a line
+ * each: "scope text". */
+static void next_raw_memories(cph_fixture *f, char *out, size_t cap) {
+  char body[] = "what ships next?";
+  cph_event_in ev = {.channel = "news", .sender = "bo", .body = body};
+  cph_op in;
+  cph_fixture_ingest(f, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease;
+  cph_fixture_lease(f, "w", &lease);
+  assert_int_equal(lease.rc, CPH_OK);
+  const cph_turn_info *t = &lease.u.lease.turn;
+  size_t at = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < t->n_memories && at < cap; i++)
+    if (strcmp(t->memories[i].kind, "raw") == 0)
+      at += (size_t)snprintf(out + at, cap - at, "%s %s\n", t->memories[i].scope,
+                             t->memories[i].text);
+  assert_true(at < cap);
+  cph_op_clear_results(&lease);
+}
+
+/* What a takeover does (server/clusterflow.h 16.): the channel's items stored before the
+ * session's state. The state carries the newest raw memories (its history's worth and 32
+ * more); the items carry all 1,200. The new node's next turn lists the raw memories the old
+ * node's listed, in order — the items' older memories got lower ids there than the state's, and
+ * the state's, held already, are linked to their moved events (so the turn does not list a
+ * memory whose message its history shows) — and it holds every note once. Imported the other
+ * way round (the state first), the old notes come out newest and the turn lists them instead. */
+static void test_channel_memories_before_the_state_keep_the_turns_memories(void **state) {
+  (void)state;
+  cph_fixture *x = node("chanmem_order_x", "x"), *y = node("chanmem_order_y", "y"),
+              *z = node("chanmem_order_z", "z");
+  enum { NOTES = 1200 };
+  uint8_t **parts = calloc(NOTES, sizeof *parts);
+  size_t *lens = calloc(NOTES, sizeof *lens);
+  assert_non_null(parts);
+  assert_non_null(lens);
+  cph_state_item items[NOTES / PER_ITEM] = {{0}};
+  for (int i = 0; i < NOTES; i += PER_ITEM) {
+    for (int k = i; k < i + PER_ITEM; k++) { /* as the log applies them: staged for "a" */
+      char body[96], key[16];
+      snprintf(body, sizeof body, "note %04d: project q%04d ships on day %d", k, k, k + 1);
+      snprintf(key, sizeof key, "n%d", k);
+      cph_event_in ev = {.channel = "news", .sender = "ann", .body = body, .key = key,
+                         .ts_ms = 1700000000000 + k, .memory_item = true};
+      cph_op op;
+      cph_fixture_ingest(x, &ev, 1, &op);
+      assert_int_equal(op.rc, CPH_OK);
+      parts[k] = op.u.ingest.results[0].memory_part;
+      lens[k] = op.u.ingest.results[0].memory_part_len;
+      assert_non_null(parts[k]);
+      op.u.ingest.results[0].memory_part = NULL;
+      cph_op_clear_results(&op);
+    }
+    items[i / PER_ITEM].name = "c";
+    assert_int_equal(cph_channel_memories_item((const uint8_t *const *)&parts[i], &lens[i],
+                                               PER_ITEM, &items[i / PER_ITEM].data,
+                                               &items[i / PER_ITEM].len),
+                     CPH_OK);
+  }
+  size_t len = 0;
+  uint8_t *blob = consume_all(x, NOTES, &len);
+
+  uint32_t out[3];
+  assert_int_equal(import(y, items, NOTES / PER_ITEM, out), CPH_OK);
+  assert_int_equal(out[0], NOTES);
+  cph_op st = {0};
+  st.kind = CPH_OP_SESSION_STATE;
+  st.u.state.session = "a";
+  st.u.state.data = blob;
+  st.u.state.len = len;
+  assert_int_equal(cph_fixture_run(y, &st), CPH_OK);
+  cph_op_clear_results(&st);
+  static char was[16384], is[16384], other[16384];
+  next_raw_memories(x, was, sizeof was);
+  next_raw_memories(y, is, sizeof is);
+  assert_non_null(strstr(was, "#news note ")); /* older than the history it shows */
+  if (strcmp(is, was) != 0)
+    fail_msg("the new node lists:\n%.1200s\nthe old one:\n%.1200s", is, was);
+  int most = 0;
+  size_t held = news_memories(y, &most);
+  if (held != NOTES + 1 || most != 1) /* and "what ships next?" */
+    fail_msg("the new node holds %zu raw memories of the channel, a text up to %d times; want "
+             "%d, once each", held, most, NOTES + 1);
+
+  /* the state first: the turn lists other memories than the old node's */
+  memset(&st, 0, sizeof st);
+  st.kind = CPH_OP_SESSION_STATE;
+  st.u.state.session = "a";
+  st.u.state.data = blob;
+  st.u.state.len = len;
+  assert_int_equal(cph_fixture_run(z, &st), CPH_OK);
+  cph_op_clear_results(&st);
+  assert_int_equal(import(z, items, NOTES / PER_ITEM, out), CPH_OK);
+  next_raw_memories(z, other, sizeof other);
+  assert_string_not_equal(other, was);
+
+  for (size_t i = 0; i < NOTES / PER_ITEM; i++)
+    free(items[i].data);
+  for (int i = 0; i < NOTES; i++)
+    free(parts[i]);
+  free(parts);
+  free(lens);
+  free(blob);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
+  cph_fixture_free(z);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_channel_memories_move_whole_and_once),
       cmocka_unit_test(test_channel_memories_only_what_was_minted),
+      cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
