@@ -12,14 +12,16 @@
  *   byte 0   what: 0 the state, 1 the turn item, 2 the seal item, 3 the input itself as a
  *            state, 4 the input itself as an item, 5 the state with the four items, 6 the
  *            memory item, 7 the memory item with the edits made to its name instead, 8 the
- *            kept turn context item (the context explorer's; states carry none since);
+ *            kept turn context item (the context explorer's; states carry none since), 9 a
+ *            channel memories item of "c" (CPH_OP_CHANNEL_MEMORIES; clusterflow.h 16.), 10 the
+ *            input itself as a channel memories item;
  *   byte 1   bit 0: cut the blob short by bytes 2-3 (big-endian, modulo its length);
  *   then     edits, 3 bytes each: a big-endian offset (modulo the blob's length) and a byte
  *            XORed into the blob there.
  * Checks beyond the sanitizers: the op answers; a state answers CPH_OK or CPH_EINVAL (a blob
  * that is not one, or a malformed part), an item alone always CPH_OK (a bad one is counted in
- * items_refused, never fatal); the genuine blobs unedited are taken, and their items are not
- * refused. The engine "y" starts afresh every RESET_EVERY inputs. */
+ * items_refused, never fatal), a channel memories item too (a bad one counted in refused); the
+ * genuine blobs unedited are taken, and their items are not refused. The engine "y" starts afresh every RESET_EVERY inputs. */
 #define _XOPEN_SOURCE 700 /* nftw */
 #include <ftw.h>
 #include <stdbool.h>
@@ -49,8 +51,8 @@ typedef struct node {
 } node;
 
 static node X, Y;
-static uint8_t *state_blob, *turn_item, *seal_item, *memory_item, *kept_item;
-static size_t state_len, turn_len, seal_len, memory_len, kept_len;
+static uint8_t *state_blob, *turn_item, *seal_item, *memory_item, *kept_item, *chan_item;
+static size_t state_len, turn_len, seal_len, memory_len, kept_len, chan_len;
 static char *memory_name; /* 'm' and the origin in hex */
 static unsigned long inputs;
 
@@ -207,6 +209,36 @@ static void x_turn(int i, bool fail) {
     cph_clock_advance(&X.clock, 120 * CPH_NS_PER_S); /* past the retry's backoff */
 }
 
+/* Notes to "c" applied on X as the log's `in` events: their memories as one channel item. */
+static void x_channel_item(void) {
+  enum { NOTES = 6 };
+  char bodies[NOTES][64], keys[NOTES][16];
+  cph_event_in evs[NOTES];
+  for (int i = 0; i < NOTES; i++) {
+    snprintf(bodies[i], sizeof bodies[i], "note %d on the channel", i);
+    snprintf(keys[i], sizeof keys[i], "k%d", i);
+    evs[i] = (cph_event_in){.channel = (char *)"c", .sender = (char *)"ann", .body = bodies[i],
+                            .key = keys[i], .ts_ms = 1000 + i, .only_session = true,
+                            .memory_item = true};
+  }
+  cph_op in = {.kind = CPH_OP_INGEST};
+  in.u.ingest.events = evs;
+  in.u.ingest.n_events = NOTES;
+  int rc = run_op(&X, &in);
+  if (rc != CPH_OK)
+    fuzz_fail("channel notes on x", rc, in.err.msg);
+  const uint8_t *parts[NOTES];
+  size_t lens[NOTES], n = 0;
+  for (int i = 0; i < NOTES; i++)
+    if (in.u.ingest.results[i].memory_part) {
+      parts[n] = in.u.ingest.results[i].memory_part;
+      lens[n++] = in.u.ingest.results[i].memory_part_len;
+    }
+  if (n != NOTES || cph_channel_memories_item(parts, lens, n, &chan_item, &chan_len) != CPH_OK)
+    fuzz_fail("x made no channel memories item", (int)n, NULL);
+  cph_op_clear_results(&in);
+}
+
 static void x_seal(int i) {
   char trigger[32];
   snprintf(trigger, sizeof trigger, "seal %d", i);
@@ -229,6 +261,7 @@ static void at_exit(void) {
   free(memory_item);
   free(memory_name);
   free(kept_item);
+  free(chan_item);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -242,6 +275,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     x_turn(i, i == 4);
   }
   x_seal(1);
+  x_channel_item();
   node_down(&X);
   if (!state_blob || !turn_item || !seal_item || !memory_item || !kept_item)
     fuzz_fail("x exported no state or items", 0, NULL);
@@ -264,6 +298,11 @@ static size_t edited(const uint8_t *base, size_t len, const uint8_t *data, size_
   return len;
 }
 
+/* An input that edits nothing and cuts nothing. */
+static bool pristine_input(const uint8_t *data, size_t size) {
+  return size < 5 && !(size >= 2 && (data[1] & 1));
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
@@ -271,8 +310,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     node_down(&Y);
     node_up(&Y, "y");
   }
-  unsigned what = data[0] % 9;
-  bool pristine = size < 5 && !(size >= 2 && (data[1] & 1)); /* no edit, not cut */
+  unsigned what = data[0] % 11;
+  if (what >= 9) { /* a channel's memories */
+    uint8_t *item = NULL;
+    cph_state_item it = {(char *)"c", (uint8_t *)data + 1, size - 1};
+    if (what == 9) {
+      it.len = edited(chan_item, chan_len, data, size, &item);
+      it.data = item;
+    }
+    cph_op op = {.kind = CPH_OP_CHANNEL_MEMORIES};
+    op.u.channel.channel = (char *)"c";
+    op.u.channel.items = &it;
+    op.u.channel.n_items = 1;
+    int rc = run_op(&Y, &op);
+    if (rc != CPH_OK)
+      fuzz_fail("a channel memories item did not answer OK", rc, op.err.msg);
+    if (what == 9 && pristine_input(data, size) && op.u.channel.refused)
+      fuzz_fail("a genuine channel memories item was refused", 0, op.err.msg);
+    cph_op_clear_results(&op);
+    free(item);
+    return 0;
+  }
+  bool pristine = pristine_input(data, size);
   uint8_t *blob = NULL, *extra[2] = {NULL, NULL}, *name = NULL;
   size_t len = 0;
   cph_state_item items[4] = {{0}};

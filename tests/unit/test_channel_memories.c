@@ -51,6 +51,7 @@ static void apply(cph_fixture *f, int from, int to, bool log, uint8_t **parts, s
       assert_null(res->memory_part);
     }
     if (parts && res->memory_part) {
+      free(parts[i]); /* another node's part of the same event, replaced */
       parts[i] = res->memory_part;
       lens[i] = res->memory_part_len;
       res->memory_part = NULL; /* ours now */
