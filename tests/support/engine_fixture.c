@@ -11,6 +11,7 @@
 #include "engine_fixture.h"
 #include "cephalon/policy.h"
 #include "cephalon/providers.h"
+#include "store/records.h"
 #include "store/store.h"
 #include "testutil.h"
 
@@ -155,6 +156,61 @@ size_t cph_fixture_store_each(const char *dir, int db,
   cph_txn_abort(&t);
   cph_store_close(st);
   return n;
+}
+
+/* The distinct texts of a scope's live raw memories, with how many memories have each. */
+typedef struct scope_texts {
+  const char *scope;
+  char **v;
+  int *copies;
+  size_t n, cap, total;
+} scope_texts;
+
+static bool note_scope_text(void *ctx, const void *key, size_t key_len, const void *val,
+                            size_t val_len) {
+  (void)key;
+  (void)key_len;
+  scope_texts *l = ctx;
+  cph_memory_rec m;
+  cph_err err;
+  if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
+    fail_msg("a memory record does not decode: %s", err.msg);
+  if (!m.deleted && m.kind == CPH_MEMORY_RAW && strcmp(m.session, l->scope) == 0) {
+    size_t i = 0;
+    while (i < l->n && strcmp(l->v[i], m.text) != 0)
+      i++;
+    if (i == l->n) {
+      if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->v = realloc(l->v, l->cap * sizeof *l->v);
+        l->copies = realloc(l->copies, l->cap * sizeof *l->copies);
+        assert_true(l->v && l->copies);
+      }
+      assert_non_null(l->v[l->n] = strdup(m.text));
+      l->copies[l->n++] = 0;
+    }
+    l->copies[i]++;
+    l->total++;
+  }
+  cph_record_free(&cph_memory_desc, &m);
+  return true;
+}
+
+size_t cph_fixture_scope_raw_memories(cph_fixture *f, const char *scope, int *most) {
+  scope_texts l = {.scope = scope};
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, note_scope_text, &l);
+  cph_fixture_open(f);
+  *most = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    if (l.copies[i] > *most)
+      *most = l.copies[i];
+    free(l.v[i]);
+  }
+  free(l.v);
+  free(l.copies);
+  return l.total;
 }
 
 void cph_fixture_search(cph_fixture *f, const char *session, const char *query, size_t k,

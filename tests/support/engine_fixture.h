@@ -92,6 +92,10 @@ void cph_fixture_copy_store(const cph_fixture *from, const cph_fixture *to);
  * migrates), naming that version; fails the running test otherwise. */
 void cph_fixture_expect_schema(const char *dir, int version);
 
+/* f's live raw memories of scope ("#channel" or a session): how many, and the most memories
+ * that have one text (*most). Closes f's engine for the read and opens it again. */
+size_t cph_fixture_scope_raw_memories(cph_fixture *f, const char *scope, int *most);
+
 /* Opens the store in dir (the engine closed) and calls fn for every entry of db, in key order;
  * returns how many calls answered true. Fails the running test when the store will not open. */
 size_t cph_fixture_store_each(const char *dir, int db,

@@ -241,61 +241,6 @@ static void test_channel_memories_only_what_was_minted(void **state) {
   cph_fixture_free(x);
 }
 
-typedef struct text_list {
-  char **v;
-  int *copies;
-  size_t n, cap, total;
-} text_list;
-
-static bool list_news_text(void *ctx, const void *key, size_t key_len, const void *val,
-                           size_t val_len) {
-  (void)key;
-  (void)key_len;
-  text_list *l = ctx;
-  cph_memory_rec m;
-  cph_err err;
-  if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
-    fail_msg("a memory record does not decode: %s", err.msg);
-  if (!m.deleted && m.kind == CPH_MEMORY_RAW && strcmp(m.session, "#news") == 0) {
-    size_t i = 0;
-    while (i < l->n && strcmp(l->v[i], m.text) != 0)
-      i++;
-    if (i == l->n) {
-      if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 256;
-        l->v = realloc(l->v, l->cap * sizeof *l->v);
-        l->copies = realloc(l->copies, l->cap * sizeof *l->copies);
-        assert_true(l->v && l->copies);
-      }
-      l->v[l->n] = strdup(m.text);
-      l->copies[l->n++] = 0;
-    }
-    l->copies[i]++;
-    l->total++;
-  }
-  cph_record_free(&cph_memory_desc, &m);
-  return true;
-}
-
-/* f's live raw memories of "#news": how many, and the most copies of one text (the engine
- * closed for the read, then opened again). */
-static size_t news_memories(cph_fixture *f, int *most) {
-  text_list l = {0};
-  cph_engine_close(f->e);
-  f->e = NULL;
-  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, list_news_text, &l);
-  cph_fixture_open(f);
-  *most = 0;
-  for (size_t i = 0; i < l.n; i++) {
-    if (l.copies[i] > *most)
-      *most = l.copies[i];
-    free(l.v[i]);
-  }
-  free(l.v);
-  free(l.copies);
-  return l.total;
-}
-
 /* Leases and completes f's turns of session "a" until they consumed `events` events; the last
  * completion's state (*len bytes). */
 static uint8_t *consume_all(cph_fixture *f, size_t events, size_t *len) {
@@ -406,7 +351,7 @@ static void test_channel_memories_before_the_state_keep_the_turns_memories(void 
   if (strcmp(is, was) != 0)
     fail_msg("the new node lists:\n%.1200s\nthe old one:\n%.1200s", is, was);
   int most = 0;
-  size_t held = news_memories(y, &most);
+  size_t held = cph_fixture_scope_raw_memories(y, "#news", &most);
   if (held != NOTES + 1 || most != 1) /* and "what ships next?" */
     fail_msg("the new node holds %zu raw memories of the channel, a text up to %d times; want "
              "%d, once each", held, most, NOTES + 1);

@@ -1739,63 +1739,6 @@ static void test_session_state_moves_channel_memories(void **state) {
 }
 
 
-typedef struct text_counts {
-  char **texts;
-  int *counts;
-  size_t n, cap;
-  size_t total;
-} text_counts;
-
-static bool count_scope_text(void *ctx, const void *key, size_t key_len, const void *val,
-                             size_t val_len) {
-  (void)key;
-  (void)key_len;
-  text_counts *tc = ctx;
-  cph_memory_rec m;
-  cph_err err;
-  if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
-    fail_msg("a memory record does not decode: %s", err.msg);
-  if (!m.deleted && m.kind == CPH_MEMORY_RAW && strcmp(m.session, "#c") == 0) {
-    size_t i = 0;
-    while (i < tc->n && strcmp(tc->texts[i], m.text) != 0)
-      i++;
-    if (i == tc->n) {
-      if (tc->n == tc->cap) {
-        tc->cap = tc->cap ? 2 * tc->cap : 256;
-        tc->texts = realloc(tc->texts, tc->cap * sizeof *tc->texts);
-        tc->counts = realloc(tc->counts, tc->cap * sizeof *tc->counts);
-        assert_non_null(tc->texts);
-        assert_non_null(tc->counts);
-      }
-      tc->texts[tc->n] = strdup(m.text);
-      tc->counts[tc->n++] = 0;
-    }
-    tc->counts[i]++;
-    tc->total++;
-  }
-  cph_record_free(&cph_memory_desc, &m);
-  return true;
-}
-
-/* f's raw memories of channel "c": how many, and the most copies one text has (the engine
- * closed for the read, then opened again). */
-static size_t channel_memories(cph_fixture *f, int *most) {
-  text_counts tc = {0};
-  cph_engine_close(f->e);
-  f->e = NULL;
-  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, count_scope_text, &tc);
-  cph_fixture_open(f);
-  *most = 0;
-  for (size_t i = 0; i < tc.n; i++) {
-    if (tc.counts[i] > *most)
-      *most = tc.counts[i];
-    free(tc.texts[i]);
-  }
-  free(tc.texts);
-  free(tc.counts);
-  return tc.total;
-}
-
 /* A state carries as many raw memories as the channel history entries it carries and 64 more
  * (up to 576 at the default window): imported again (a shard taken again, or back), it adds
  * nothing — each text it carries is looked for among as many of the scope's newest memories as
@@ -1814,11 +1757,11 @@ static void test_session_state_a_big_state_imported_twice_adds_nothing(void **st
   uint8_t *blob = channel_rounds(f[0], 700, NULL, &len);
   assert_int_equal(import(f[1], "b", blob, len), CPH_OK);
   int most = 0;
-  size_t once = channel_memories(f[1], &most);
+  size_t once = cph_fixture_scope_raw_memories(f[1], "#c", &most);
   assert_true(once > 320); /* more than the old look-up read */
   assert_int_equal(most, 1);
   assert_int_equal(import(f[1], "b", blob, len), CPH_OK);
-  size_t twice = channel_memories(f[1], &most);
+  size_t twice = cph_fixture_scope_raw_memories(f[1], "#c", &most);
   if (twice != once || most != 1)
     fail_msg("imported twice, the state's %zu raw memories of the channel became %zu (a text "
              "%d times)", once, twice, most);
