@@ -2626,7 +2626,7 @@ typedef struct held_texts {
 
 static bool count_held_text(void *ctx, const cph_memory_rec *m) {
   held_texts *h = ctx;
-  if (memory_is_adopted(h->t, m->id))
+  if (m->id && memory_is_adopted(h->t, m->id))
     return true; /* brought by an item: matched by its origin */
   held_text *g = cph_hmap_get(&h->map, m->text);
   if (g) {
@@ -2771,6 +2771,12 @@ void handover_import_channel(const cph_handover *st, cph_op *op) {
     held.t = &t;
     rc = memories_tail(&t, scope, true, SIZE_MAX, count_held_text, &held);
     if (rc == CPH_OK && held.nomem)
+      rc = CPH_ENOMEM;
+  }
+  for (size_t i = 0; open && rc == CPH_OK && i < op->u.channel.n_pending; i++) {
+    /* minted by an operation after this one: as good as held */
+    cph_memory_rec pending = {.id = 0, .text = op->u.channel.pending[i]};
+    if (!count_held_text(&held, &pending))
       rc = CPH_ENOMEM;
   }
   for (size_t i = 0; open && rc == CPH_OK && i < n; i++) {

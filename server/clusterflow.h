@@ -529,7 +529,10 @@
  *    thread) and of the shard's own channels (they come with the shard's keys), and stores,
  *    channel by channel and oldest first (CPH_OP_CHANNEL_MEMORIES), each memory it lacks: not
  *    one whose origin it took before, nor one it holds a copy of (a memory of the scope with
- *    the same text, each copy standing for one — its own, minted from the events it applied).
+ *    the same text, each copy standing for one — its own, minted from the events it applied),
+ *    nor one of an event a rebuild here is still to deliver again (the rebuilds' events not yet
+ *    handed to the engine, counted by channel and text: cph_cflow.pending_mem; that delivery
+ *    mints it, linked to its event, as the old owner's was).
  *    Before the states, so a channel's older memories get lower ids here than the state's
  *    newer ones and a turn lists the same newest memories it listed on the old owner (a turn
  *    lists a scope's memories by id); the state's memories then find themselves held, and each

@@ -857,11 +857,16 @@ struct cph_op {
      * node took before (by origin), or holds a copy of (a memory of the scope with the same
      * text and class, each copy standing for one memory), is not stored again. An item or a
      * memory that is malformed, of another channel or of another store schema is logged,
-     * counted in refused and left out — the others are taken. Out: added, held. */
+     * counted in refused and left out — the others are taken. pending[0..n_pending): the
+     * texts of events that operations after this one apply to the channel (a rebuild's input
+     * delivered again, which mints their memories there): each stands for a copy held, as
+     * the node's own do, so a memory is not stored twice. Out: added, held. */
     struct {
       char *channel;
       const cph_state_item *items;
       size_t n_items;
+      char *const *pending;
+      size_t n_pending;
       uint32_t added, held, refused;
     } channel;
   } u;

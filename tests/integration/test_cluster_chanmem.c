@@ -77,8 +77,10 @@ static int count_text(json_t *texts, const char *text) {
 }
 
 /* The texts of the raw memories of turn's memory section (sections.recent_memory), in order,
- * as one string. (Its aggregates differ: the question's own family is made on the node that
- * applies it.) */
+ * as one string, but the memory of the turn's own question. (That one the old owner lists: it
+ * applied the question twice, as the channel's `in` event and as the session's forward, and the
+ * turn skips only the memory of the event it shows; the new owner applies the forward alone.
+ * Its aggregates differ likewise.) */
 static char *memory_section(json_t *turn) {
   json_t *mem = json_object_get(json_object_get(turn, "sections"), "recent_memory");
   size_t cap = 1, at = 0;
@@ -90,7 +92,8 @@ static char *memory_section(json_t *turn) {
   for (size_t i = 0; i < json_array_size(mem); i++) {
     json_t *m = json_array_get(mem, i);
     const char *kind = json_string_value(json_object_get(m, "kind"));
-    if (kind && strcmp(kind, "raw") == 0)
+    const char *text = json_string_value(json_object_get(m, "text"));
+    if (kind && strcmp(kind, "raw") == 0 && strcmp(text, "what ships next?") != 0)
       at += (size_t)snprintf(out + at, cap - at, "%s\n",
                              json_string_value(json_object_get(m, "text")));
   }
@@ -202,20 +205,35 @@ static void test_cluster_chanmem_a_channels_memories_move_whole(void **state) {
   /* n0 held nothing of the channel: the session's rebuild stores every memory of the items
    * before its state (whose memories it then holds); the channel's shard brings the same items
    * again: held */
-  if (loaded != NOTES + 1) /* and the last question's */
-    fail_msg("n0 loaded %lld of the channel's %d memories", loaded, NOTES + 1);
-  if (held != NOTES + 1)
-    fail_msg("n0 held %lld of the %d memories its second read of the items brought", held,
-             NOTES + 1);
+  /* of the last question's, held: its rebuild delivers it again, which mints it */
+  if (loaded != NOTES)
+    fail_msg("n0 loaded %lld of the channel's %d memories", loaded, NOTES);
+  if (held != NOTES + 2)
+    fail_msg("n0 held %lld of the memories, want %d (the question's, then all %d again when "
+             "the channel's own shard brought its items)", held, NOTES + 2, NOTES + 1);
   /* the question's turn on n0 (its lease expired with n1) lists the memories it listed on n1,
-   * in that order: the older ones came before the state's newer ones */
+   * in that order (then one more): the older ones came before the state's newer ones */
   lease = cph_tc_lease_of(c, 0, session, "the last question's lease on n0");
   char *is = memory_section(json_object_get(lease, "turn"));
   json_decref(lease);
-  if (strcmp(is, was) != 0)
+  if (strncmp(is, was, strlen(was)) != 0) /* n0 lists one more in the question's room */
     fail_msg("the memory section on n0:\n%.1500s\non n1:\n%.1500s", is, was);
   free(was);
   free(is);
+  /* the last question, delivered again by the rebuild (n1's lease of it died with n1), has
+   * its memory once: minted by that delivery, not taken from the items too */
+  json_t *asked = NULL;
+  for (int waited = 0; waited <= 10000; waited += 250) {
+    json_decref(asked);
+    asked = search(c, 0, session, "ships%20next");
+    if (count_text(asked, "what ships next?"))
+      break;
+    cph_tc_sleep_ms(250);
+  }
+  if (count_text(asked, "what ships next?") != 1)
+    fail_msg("the session's search on n0 finds the question delivered again %d times, want once",
+             count_text(asked, "what ships next?"));
+  json_decref(asked);
   if (count_text(oldest, first) != 1)
     fail_msg("the session's search on n0 finds the oldest note %d times, want once",
              count_text(oldest, first));
