@@ -3001,7 +3001,8 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
         cph_state_item it = {name, NULL, 0};
         if (cph_channel_memories_item(parts, lens, k, &it.data, &it.len) == CPH_OK) {
           cph_state_items one = {&it, 1};
-          items_put(f, cph_cluster_shard_of(chan, shards), owner, ap->m->shard, &one);
+          items_put(f, cph_cluster_channel_items_shard(chan, shards), owner, ap->m->shard,
+                    &one);
         } else {
           f->item_dropped++;
           cph_error("cluster log: a memories item of channel %s of message %s is DROPPED (out "
@@ -4123,9 +4124,10 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
 #define CHAN_READ_WAIT_NS (60 * (int64_t)1000000000)
 
 /* 16. Asks for the memories items of the channels of the shard's sessions (their
- * subscriptions, the channels they are members of, their direct channels), but those whose
- * items came with the shard itself ("#" owners of rp). None: done at once. False when the log
- * is not ready or memory ran out (asked again on the next try). */
+ * subscriptions and the channels they are members of; their direct channels' items are under
+ * the shard's own keys, cph_cluster_channel_items_shard), but those whose items came with the
+ * shard itself ("#" owners of rp). None: done at once. False when the log is not ready or
+ * memory ran out (asked again on the next try). */
 static bool channels_ask(cph_cflow *f, rebuild *rb) {
   if (!rb->items_sorted && rb->rp->n_items > 1)
     qsort(rb->rp->items, rb->rp->n_items, sizeof *rb->rp->items, item_by_session);
@@ -4136,13 +4138,10 @@ static bool channels_ask(cph_cflow *f, rebuild *rb) {
   bool ok = true;
   for (const cph_ctable_session *x = cph_ctable_shard_first(f->table, rb->rp->shard); ok && x;
        x = x->shard_next) {
-    size_t total = x->n_subs + x->n_members + 1;
+    /* its direct channel's items are under its own shard's keys: they came with rp */
+    size_t total = x->n_subs + x->n_members;
     for (size_t i = 0; ok && i < total; i++) {
-      char direct[300];
-      const char *chan = i < x->n_subs ? x->subs[i]
-                         : i < x->n_subs + x->n_members
-                             ? x->members[i - x->n_subs]
-                             : (snprintf(direct, sizeof direct, "direct:%s", x->id), direct);
+      const char *chan = i < x->n_subs ? x->subs[i] : x->members[i - x->n_subs];
       char *owner = malloc(strlen(chan) + 2);
       if (!owner) {
         ok = false;
