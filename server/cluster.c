@@ -104,13 +104,6 @@ uint32_t cph_cluster_shard_of(const char *id, uint32_t shards) {
   return shards ? (uint32_t)(v % shards) : 0;
 }
 
-uint32_t cph_cluster_channel_items_shard(const char *channel, uint32_t shards) {
-  static const char DIRECT[] = "direct:";
-  if (strncmp(channel, DIRECT, sizeof DIRECT - 1) == 0 && channel[sizeof DIRECT - 1])
-    return cph_cluster_shard_of(channel + sizeof DIRECT - 1, shards);
-  return cph_cluster_shard_of(channel, shards);
-}
-
 static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;

@@ -49,10 +49,6 @@ void cph_cluster_stop(cph_cluster *c);
 /* The shard of a session or channel id: the first 8 bytes of SHA-256(id), big-endian, mod
  * shards (DESIGN §14). */
 uint32_t cph_cluster_shard_of(const char *id, uint32_t shards);
-/* The shard whose keys hold a channel's memories items (server/clusterflow.h 16.): a session's
- * direct channel "direct:<session>" goes with its session (its shard's takeover reads them with
- * the session's own keys), any other channel with itself. */
-uint32_t cph_cluster_channel_items_shard(const char *channel, uint32_t shards);
 uint32_t cph_cluster_shards(const cph_cluster *c);
 
 /* The shard map for n sorted, distinct node names: owner[s] in [0, n) for each of the shards.

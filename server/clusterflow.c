@@ -3001,8 +3001,7 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
         cph_state_item it = {name, NULL, 0};
         if (cph_channel_memories_item(parts, lens, k, &it.data, &it.len) == CPH_OK) {
           cph_state_items one = {&it, 1};
-          items_put(f, cph_cluster_channel_items_shard(chan, shards), owner, ap->m->shard,
-                    &one);
+          items_put(f, cph_cluster_shard_of(chan, shards), owner, ap->m->shard, &one);
         } else {
           f->item_dropped++;
           cph_error("cluster log: a memories item of channel %s of message %s is DROPPED (out "
@@ -4124,10 +4123,9 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
 #define CHAN_READ_WAIT_NS (60 * (int64_t)1000000000)
 
 /* 16. Asks for the memories items of the channels of the shard's sessions (their
- * subscriptions and the channels they are members of; their direct channels' items are under
- * the shard's own keys, cph_cluster_channel_items_shard), but those whose items came with the
- * shard itself ("#" owners of rp). None: done at once. False when the log is not ready or
- * memory ran out (asked again on the next try). */
+ * subscriptions and the channels they are members of; their direct channels have none), but
+ * those whose items came with the shard itself ("#" owners of rp). None: done at once. False
+ * when the log is not ready or memory ran out (asked again on the next try). */
 static bool channels_ask(cph_cflow *f, rebuild *rb) {
   if (!rb->items_sorted && rb->rp->n_items > 1)
     qsort(rb->rp->items, rb->rp->n_items, sizeof *rb->rp->items, item_by_session);
@@ -4138,7 +4136,6 @@ static bool channels_ask(cph_cflow *f, rebuild *rb) {
   bool ok = true;
   for (const cph_ctable_session *x = cph_ctable_shard_first(f->table, rb->rp->shard); ok && x;
        x = x->shard_next) {
-    /* its direct channel's items are under its own shard's keys: they came with rp */
     size_t total = x->n_subs + x->n_members;
     for (size_t i = 0; ok && i < total; i++) {
       const char *chan = i < x->n_subs ? x->subs[i] : x->members[i - x->n_subs];
@@ -4571,8 +4568,10 @@ static void on_message(void *ctx, cph_clog_msg *m) {
   for (size_t i = 0; i < ap->n_evs; i++) {
     b->items[b->n] = ap;
     b->events[b->n] = ap->evs[i];
-    /* 16.: the raw memory an `in` event mints goes to the log under its channel's key */
-    b->events[b->n].memory_item = !m->fwd && !ap->evs[i].history_only;
+    /* 16.: the raw memory an `in` event mints in its channel goes to the log under the
+     * channel's key — not an event to a session alone (its direct channel): a message to a
+     * thousand sessions would make a thousand items (those move with the states' newest) */
+    b->events[b->n].memory_item = !m->fwd && !ap->evs[i].history_only && ap->evs[i].channel;
     b->n++;
   }
   if (b->n >= APPLY_BATCH)

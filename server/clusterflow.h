@@ -519,16 +519,17 @@
  *    time —, then the memory's record: core/handover.h), and the parts of one message and
  *    channel go as one item into CEPH_STATE under the channel's key, "<shard of the channel>.
  *    <'#' and the channel in hex>.c<SHA-256 of the message id>" (more items, "…n<k>", when
- *    they would pass 512 KiB; a session's direct channel "direct:<S>" under S's shard:
- *    cph_cluster_channel_items_shard): the same message applied again, by this node or the shard's
+ *    they would pass 512 KiB): the same message applied again, by this node or the shard's
  *    next owner, puts the same key, and its memories the same origins. Put as 13.'s items are
  *    (not waited for; sent again while this node serves the message's shard). A forward (3.),
  *    a history copy (14., 15.) or a rebuild's replay (8.) gives none: the `in` message's
- *    applier gave them. A node taking a shard over reads, before it imports the shard's
+ *    applier gave them; nor does an event to a session alone (its session's direct channel: a
+ *    message to a thousand sessions would make a thousand items — the takeover bench's fill
+ *    took 224 s to apply instead of ~35 with them; those memories move with the states' newest,
+ *    as before). A node taking a shard over reads, before it imports the shard's
  *    states, the items of the channels of the shard's sessions (their subscriptions and the
  *    channels they are members of; cph_clog_read_items, on a replay thread, a read per channel)
- *    and of the shard's own channels and its sessions' direct channels (they come with the
- *    shard's keys), and stores,
+ *    and of the shard's own channels (they come with the shard's keys), and stores,
  *    channel by channel and oldest first (CPH_OP_CHANNEL_MEMORIES), each memory it lacks: not
  *    one whose origin it took before, nor one it holds a copy of (a memory of the scope with
  *    the same text, each copy standing for one — its own, minted from the events it applied),

@@ -1424,7 +1424,7 @@ static void read_items_answer(cph_clog *l, replay_req *rq) {
     snprintf(why, sizeof why, "out of memory");
   for (size_t i = 0; ok && i < rq->n_owners; i++) {
     const char *owner = rq->owners[i];
-    uint32_t shard = cph_cluster_channel_items_shard(owner + 1, l->shards);
+    uint32_t shard = cph_cluster_shard_of(owner + 1, l->shards);
     char filter[1200];
     int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, shard);
     size_t at = (size_t)plen;
