@@ -3379,10 +3379,9 @@ typedef struct pending_channel {
 static void rebuild_pending(cph_cflow *f, rebuild *rb, size_t from, size_t to, int delta) {
   for (size_t i = from; i < to && i < rb->n; i++) {
     const cph_event_in *ev = &rb->evs[i].ev;
-    if (!ev->body || !*ev->body || ev->history_only)
-      continue;
-    char direct[300];
-    const char *chan = event_channel_name(ev, direct, sizeof direct);
+    if (!ev->body || !*ev->body || ev->history_only || !ev->channel)
+      continue; /* an event to a session alone: its direct channel has no items */
+    const char *chan = ev->channel;
     pending_channel *pc = cph_hmap_get(&f->pending_mem, chan);
     if (!pc && delta > 0) {
       pc = calloc(1, sizeof *pc);

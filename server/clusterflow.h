@@ -524,9 +524,9 @@
  *    (not waited for; sent again while this node serves the message's shard). A forward (3.),
  *    a history copy (14., 15.) or a rebuild's replay (8.) gives none: the `in` message's
  *    applier gave them; nor does an event to a session alone (its session's direct channel: a
- *    message to a thousand sessions would make a thousand items — the takeover bench's fill
- *    took 224 s to apply instead of ~35 with them; those memories move with the states' newest,
- *    as before). A node taking a shard over reads, before it imports the shard's
+ *    message to a thousand sessions would make a thousand items — with them the takeover
+ *    bench's fill of 1M such events took 224 s to apply, against 27-32 s without; those
+ *    memories move with the states' newest, as before). A node taking a shard over reads, before it imports the shard's
  *    states, the items of the channels of the shard's sessions (their subscriptions and the
  *    channels they are members of; cph_clog_read_items, on a replay thread, a read per channel)
  *    and of the shard's own channels (they come with the shard's keys), and stores,
