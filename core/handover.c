@@ -2624,17 +2624,15 @@ typedef struct held_texts {
   bool nomem;
 } held_texts;
 
-static bool count_held_text(void *ctx, const cph_memory_rec *m) {
-  held_texts *h = ctx;
-  if (m->id && memory_is_adopted(h->t, m->id))
-    return true; /* brought by an item: matched by its origin */
-  held_text *g = cph_hmap_get(&h->map, m->text);
+/* One more copy of text in h. False when out of memory (h->nomem set). */
+static bool held_text_add(held_texts *h, const char *text) {
+  held_text *g = cph_hmap_get(&h->map, text);
   if (g) {
     g->copies++;
     return true;
   }
   g = malloc(sizeof *g);
-  if (g && (g->text = strdup(m->text))) {
+  if (g && (g->text = strdup(text))) {
     g->copies = 1;
     if (cph_hmap_put(&h->map, g->text, g) == CPH_OK)
       return true;
@@ -2643,6 +2641,13 @@ static bool count_held_text(void *ctx, const cph_memory_rec *m) {
   free(g);
   h->nomem = true;
   return false;
+}
+
+static bool count_held_text(void *ctx, const cph_memory_rec *m) {
+  held_texts *h = ctx;
+  if (memory_is_adopted(h->t, m->id))
+    return true; /* brought by an item: matched by its origin */
+  return held_text_add(h, m->text);
 }
 
 static void held_texts_free(held_texts *h) {
@@ -2773,12 +2778,9 @@ void handover_import_channel(const cph_handover *st, cph_op *op) {
     if (rc == CPH_OK && held.nomem)
       rc = CPH_ENOMEM;
   }
-  for (size_t i = 0; open && rc == CPH_OK && i < op->u.channel.n_pending; i++) {
-    /* minted by an operation after this one: as good as held */
-    cph_memory_rec pending = {.id = 0, .text = op->u.channel.pending[i]};
-    if (!count_held_text(&held, &pending))
+  for (size_t i = 0; open && rc == CPH_OK && i < op->u.channel.n_pending; i++)
+    if (!held_text_add(&held, op->u.channel.pending[i])) /* minted by a later operation */
       rc = CPH_ENOMEM;
-  }
   for (size_t i = 0; open && rc == CPH_OK && i < n; i++) {
     uint64_t here = 0;
     rc = memory_find_origin(&t, st->env->reply_origin_node, v[i].origin, &here);

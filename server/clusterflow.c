@@ -2953,14 +2953,6 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
   pub_free(p);
 }
 
-/* The channel an event of the log is in: its own, or its session's direct channel. */
-static const char *event_channel_name(const cph_event_in *ev, char *buf, size_t size) {
-  if (ev->channel)
-    return ev->channel;
-  snprintf(buf, size, "direct:%s", ev->session ? ev->session : "");
-  return buf;
-}
-
 /* The most bytes of memory parts one channel memories item carries before the next item of
  * the same message and channel begins: well under the log's message limit (1 MiB). */
 #define CHANNEL_ITEM_BYTES (512 * 1024)
@@ -2981,17 +2973,16 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
   const uint8_t **parts = malloc(n * sizeof *parts);
   size_t *lens = malloc(n * sizeof *lens);
   for (size_t i = 0; i < n; i++) {
-    if (!res[i].memory_part)
+    const char *chan = evs[i].channel; /* memory_item: an event of a channel */
+    if (!res[i].memory_part || !chan)
       continue;
-    char chan_buf[300], other[300];
-    const char *chan = event_channel_name(&evs[i], chan_buf, sizeof chan_buf);
     char owner[302];
     snprintf(owner, sizeof owner, "%c%s", CHANNEL_OWNER_PREFIX, chan);
     size_t k = 0, bytes = 0, piece = 0;
     /* every part of this channel in the message, from here on, in order */
     for (size_t j = i; parts && lens && j <= n; j++) {
-      bool mine = j < n && res[j].memory_part &&
-                  strcmp(event_channel_name(&evs[j], other, sizeof other), chan) == 0;
+      bool mine = j < n && res[j].memory_part && evs[j].channel &&
+                  strcmp(evs[j].channel, chan) == 0;
       if (k && (j == n || (mine && bytes + res[j].memory_part_len > CHANNEL_ITEM_BYTES))) {
         char name[96];
         if (piece)
@@ -3023,8 +3014,7 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
                 "memory)", chan, msgid);
     }
     for (size_t j = i; j < n; j++) /* taken into this channel's items: not another's */
-      if (res[j].memory_part &&
-          strcmp(event_channel_name(&evs[j], other, sizeof other), chan) == 0) {
+      if (res[j].memory_part && evs[j].channel && strcmp(evs[j].channel, chan) == 0) {
         free(res[j].memory_part);
         res[j].memory_part = NULL;
       }

@@ -1158,21 +1158,6 @@ static jsStreamInfo *state_keys(cph_clog *l, const char *filter, char *why, size
   return si;
 }
 
-/* Appends to rp the newest value of every key of the shard in CEPH_STATE (clusterflow.h 11.),
- * through an ordered consumer delivering the last message per subject: it says how many are
- * left with each (NumPending), so the read ends with the last one; or at once when the stream
- * has no subject of the shard. False with why set on a NATS error or when none came for
- * REPLAY_IDLE_MS. */
-static bool read_keys(cph_clog *l, cph_clog_replay *rp, const char *filter, int plen, char *why,
-                      size_t size);
-
-static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t size) {
-  char filter[64];
-  int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, rp->shard);
-  snprintf(filter + plen, sizeof filter - (size_t)plen, ">");
-  return read_keys(l, rp, filter, plen, why, size);
-}
-
 /* Appends to rp the newest value of every key of CEPH_STATE under filter (a subject ending in
  * ">"; its first plen bytes are "$KV.<bucket>.<shard>.", then comes the session's hex id): the
  * states, and the items. As replay_states. */
@@ -1273,6 +1258,18 @@ static bool read_keys(cph_clog *l, cph_clog_replay *rp, const char *filter, int 
   natsSubscription_Unsubscribe(sub);
   natsSubscription_Destroy(sub);
   return ok;
+}
+
+/* Appends to rp the newest value of every key of the shard in CEPH_STATE (clusterflow.h 11.),
+ * through an ordered consumer delivering the last message per subject: it says how many are
+ * left with each (NumPending), so the read ends with the last one; or at once when the stream
+ * has no subject of the shard. False with why set on a NATS error or when none came for
+ * REPLAY_IDLE_MS. */
+static bool replay_states(cph_clog *l, cph_clog_replay *rp, char *why, size_t size) {
+  char filter[64];
+  int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, rp->shard);
+  snprintf(filter + plen, sizeof filter - (size_t)plen, ">");
+  return read_keys(l, rp, filter, plen, why, size);
 }
 
 /* Unpacks a value as the log stored it, *data[0..*len) (the writer's epoch, then a packed or
@@ -1427,15 +1424,12 @@ static void read_items_answer(cph_clog *l, replay_req *rq) {
     uint32_t shard = cph_cluster_shard_of(owner + 1, l->shards);
     char filter[1200];
     int plen = snprintf(filter, sizeof filter, "$KV.%s.%" PRIu32 ".", CPH_CLOG_STATES, shard);
-    size_t at = (size_t)plen;
-    for (const char *p = owner; *p && at + 4 < sizeof filter; p++, at += 2)
-      snprintf(filter + at, 3, "%02x", (unsigned char)*p);
-    if (at + 4 >= sizeof filter) {
+    if (cph_clog_state_subject(filter, sizeof filter - 2, shard, owner) != CPH_OK) {
       snprintf(why, sizeof why, "a channel name too long for a key: %.40s", owner + 1);
       ok = false;
       break;
     }
-    snprintf(filter + at, sizeof filter - at, ".>");
+    strcat(filter, ".>"); /* room kept above */
     ok = read_keys(l, rp, filter, plen, why, sizeof why);
   }
   if (ok)
