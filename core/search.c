@@ -165,8 +165,8 @@ static float lexical_score(const qterms *q, const char *text) {
 
 /* ---------------------------------------------------------------- scopes */
 
-/* The scopes a session may read: its own and its channels' (at most max). CPH_ENOTFOUND when
- * the session has no record; the names are malloc'd. */
+/* The scopes a session may read: its own, its direct channel's and its channels' (at most
+ * max). CPH_ENOTFOUND when the session has no record; the names are malloc'd. */
 static int session_scopes(cph_txn *t, const char *id, char **out, size_t max, size_t *n_out) {
   size_t n = 0;
   *n_out = 0;
@@ -181,6 +181,12 @@ static int session_scopes(cph_txn *t, const char *id, char **out, size_t max, si
     return rc;
   if (!(out[n++] = strdup(id)))
     rc = CPH_ENOMEM;
+  /* Its direct channel: events sent to the session alone mint their memories there (ingest.c
+   * event_channel), and they are as much its own as the channels' (DESIGN §7). */
+  if (rc == CPH_OK && asprintf(&out[n++], "%cdirect:%s", CPH_CHANNEL_SCOPE_PREFIX, id) < 0) {
+    out[--n] = NULL;
+    rc = CPH_ENOMEM;
+  }
   for (uint32_t i = 0; rc == CPH_OK && i < r.n_subscribe && n < max; i++)
     if (asprintf(&out[n++], "%c%s", CPH_CHANNEL_SCOPE_PREFIX, r.subscribe[i]) < 0) {
       out[--n] = NULL;

@@ -203,6 +203,15 @@ static void create(fixture *f, const char *id, const char *subscribe, const char
   ok(f, "POST", "/v1/sessions", body);
 }
 
+/* An event to session `id` alone (no channel: its direct channel). */
+static void post_direct(fixture *f, const char *id, const char *body) {
+  char json[512];
+  snprintf(json, sizeof json,
+           "{\"events\":[{\"session\":\"%s\",\"sender\":\"ann\",\"body\":\"%s\"}]}", id,
+           body);
+  ok(f, "POST", "/v1/events", json);
+}
+
 static void post_event(fixture *f, const char *channel, const char *body) {
   char json[512];
   snprintf(json, sizeof json,
@@ -429,6 +438,14 @@ static void test_session_sees_its_channels_memories_not_another_sessions(void **
   complete(f, turn, "[{\"text\":\"quasar notes kept by s1\"}]");
   json_decref(turn);
   turn_writing(f, "s2", "dev", "[{\"text\":\"quasar secret of s2\"}]");
+  /* Told to each session alone: its direct channel. Leased and completed so that s1's turn
+   * consumes it (search must find it either way). */
+  post_direct(f, "s1", "quasar told to s1 alone");
+  turn = lease(f);
+  assert_string_equal(cph_hc_str(turn, "session"), "s1");
+  complete(f, turn, "[]");
+  json_decref(turn);
+  post_direct(f, "s2", "quasar told to s2 alone");
 
   json_t *a = search_ok(f, "s1", "quasar");
   assert_non_null(hit(a, "quasar notes kept by s1"));
@@ -436,18 +453,21 @@ static void test_session_sees_its_channels_memories_not_another_sessions(void **
   assert_non_null(hit(a, "quasar sighting over the lounge"));
   assert_null(hit(a, "quasar secret of s2"));
   assert_null(hit(a, "quasar note nobody listens to"));
-  assert_int_equal(json_array_size(json_object_get(a, "memories")), 3);
+  assert_non_null(hit(a, "quasar told to s1 alone"));
+  assert_null(hit(a, "quasar told to s2 alone"));
+  assert_int_equal(json_array_size(json_object_get(a, "memories")), 4);
   json_t *mems = json_object_get(a, "memories");
   for (size_t i = 0; i < json_array_size(mems); i++) {
     const char *scope = cph_hc_str(json_array_get(mems, i), "session");
     assert_true(strcmp(scope, "s1") == 0 || strcmp(scope, "#ops") == 0 ||
-                strcmp(scope, "#lounge") == 0);
+                strcmp(scope, "#lounge") == 0 || strcmp(scope, "#direct:s1") == 0);
   }
   json_decref(a);
 
   a = search_ok(f, "s2", "quasar");
   assert_non_null(hit(a, "quasar secret of s2"));
-  assert_int_equal(json_array_size(json_object_get(a, "memories")), 1);
+  assert_non_null(hit(a, "quasar told to s2 alone"));
+  assert_int_equal(json_array_size(json_object_get(a, "memories")), 2);
   json_decref(a);
 
   int st;
