@@ -751,8 +751,9 @@ static cph_memory_hit *prepared_search(fixture *f, const char *q, cph_search_pre
   cph_strv scopes;
   cph_err err;
   assert_int_equal(cph_engine_memory_scopes(f->e, "s1", &scopes, &err), CPH_OK);
-  assert_int_equal(scopes.count, 1);
+  assert_int_equal(scopes.count, 2); /* its own and its direct channel's */
   assert_string_equal(scopes.items[0], "s1");
+  assert_string_equal(scopes.items[1], "#direct:s1");
   cph_search_prepare(cph_engine_policy(f->e), cph_engine_providers(f->e), q,
                      (const char *const *)scopes.items, scopes.count, 10, prep);
   cph_strv_free(&scopes);
