@@ -541,8 +541,8 @@ static int memory_id_cmp(const void *a, const void *b) {
 }
 
 /* Calls fn(ctx, memory) for the newest `scan` live memories of scope in class raw (or the
- * others), newest first, until fn returns false. */
-static int memories_tail(cph_txn *t, const char *scope, bool raw, size_t scan,
+ * others), newest first, until fn returns false; with tombstones, the deleted ones too. */
+static int memories_tail(cph_txn *t, const char *scope, bool raw, bool tombstones, size_t scan,
                          bool (*fn)(void *ctx, const cph_memory_rec *m), void *ctx) {
   memory_scope_cursor c;
   int rc = memory_scope_open(t, scope, raw, &c);
@@ -554,7 +554,7 @@ static int memories_tail(cph_txn *t, const char *scope, bool raw, size_t scan,
     cph_memory_rec m;
     int grc = cph_txn_get_record(t, CPH_DB_MEMORIES, &mk, &cph_memory_desc, &m);
     if (grc == CPH_OK) {
-      bool more = m.deleted || !m.text || fn(ctx, &m);
+      bool more = (m.deleted && !tombstones) || !m.text || fn(ctx, &m);
       cph_record_free(&cph_memory_desc, &m);
       if (!more)
         break;
@@ -1241,7 +1241,8 @@ static int state_import_memories(const cph_handover *st, cph_txn *t, const char 
       return bad ? CPH_EINVAL : CPH_ENOMEM;
     }
     memory_find mf = {text, false};
-    rc = memories_tail(t, session, kind == CPH_MEMORY_RAW, 2 * STATE_MEMORIES, find_memory, &mf);
+    rc = memories_tail(t, session, kind == CPH_MEMORY_RAW, false, 2 * STATE_MEMORIES,
+                       find_memory, &mf);
     if (rc == CPH_OK && !mf.found)
       rc = memory_mint(st->memory, t, session, kind, text, 0, true, NULL);
     free(text);
@@ -1532,7 +1533,7 @@ static bool collect_held(void *ctx, const cph_memory_rec *m) {
     return false;
   }
   h->ids[h->n] = m->id;
-  h->unlinked[h->n] = m->kind == CPH_MEMORY_RAW && !m->source_event_id;
+  h->unlinked[h->n] = m->kind == CPH_MEMORY_RAW && !m->source_event_id && !m->deleted;
   h->matched[h->n++] = false;
   return true;
 }
@@ -1556,8 +1557,9 @@ static int import_held(memory_import *mi, cph_txn *t, const char *scope, bool ra
     if (!(h->scope = strdup(scope)))
       return CPH_ENOMEM;
     mi->n_held++;
-    int rc = memories_tail(t, scope, raw, 2 * (raw ? STATE_RAW_MEMORIES_MAX : STATE_MEMORIES),
-                           collect_held, h);
+    /* its compacted copies too (tombstones): each is in the summary that replaced it */
+    int rc = memories_tail(t, scope, raw, true,
+                           2 * (raw ? STATE_RAW_MEMORIES_MAX : STATE_MEMORIES), collect_held, h);
     if (rc == CPH_OK && h->nomem)
       rc = CPH_ENOMEM;
     if (rc)
@@ -2774,7 +2776,8 @@ void handover_import_channel(const cph_handover *st, cph_op *op) {
   bool open = rc == CPH_OK && n;
   if (open) {
     held.t = &t;
-    rc = memories_tail(&t, scope, true, SIZE_MAX, count_held_text, &held);
+    /* its copies compacted away too: each is in the summary that replaced it */
+    rc = memories_tail(&t, scope, true, true, SIZE_MAX, count_held_text, &held);
     if (rc == CPH_OK && held.nomem)
       rc = CPH_ENOMEM;
   }

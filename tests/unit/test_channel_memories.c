@@ -32,14 +32,17 @@ static void fact(int i, char *out, size_t cap) {
 }
 
 /* Applies events [from, to) of channel "news" on f as log events (keys k<i>, fixed times),
- * memory_item set when `log`; the parts, in order, into parts/lens (when not NULL). */
-static void apply(cph_fixture *f, int from, int to, bool log, uint8_t **parts, size_t *lens) {
+ * memory_item set when `log`, staged for the channel's subscriber "a" when `staged` (else
+ * applied to no session, as the log's events a node's forwards carry); the parts, in order,
+ * into parts/lens (when not NULL). */
+static void apply_to(cph_fixture *f, int from, int to, bool log, bool staged, uint8_t **parts,
+                     size_t *lens) {
   for (int i = from; i < to; i++) {
     char body[96], key[16];
     fact(i, body, sizeof body);
     snprintf(key, sizeof key, "k%d", i);
     cph_event_in ev = {.channel = "news", .sender = "ann", .body = body, .key = key,
-                       .ts_ms = 1700000000000 + i, .only_session = true, .memory_item = log};
+                       .ts_ms = 1700000000000 + i, .only_session = !staged, .memory_item = log};
     cph_op op;
     cph_fixture_ingest(f, &ev, 1, &op);
     assert_int_equal(op.rc, CPH_OK);
@@ -60,6 +63,10 @@ static void apply(cph_fixture *f, int from, int to, bool log, uint8_t **parts, s
   }
 }
 
+static void apply(cph_fixture *f, int from, int to, bool log, uint8_t **parts, size_t *lens) {
+  apply_to(f, from, to, log, false, parts, lens);
+}
+
 /* The op's answer to importing items[0..n) of channel "news" into f; out: added, held,
  * refused. */
 static int import(cph_fixture *f, const cph_state_item *items, size_t n, uint32_t out[3]) {
@@ -78,7 +85,8 @@ static int import(cph_fixture *f, const cph_state_item *items, size_t n, uint32_
 
 typedef struct scope_count {
   int by_text[EVENTS];
-  int other; /* live raw memories of "#news" that are none of the facts */
+  int other;   /* live raw memories of "#news" that are none of the facts */
+  int deleted; /* raw memories of "#news" compaction replaced (tombstones) */
   int64_t created[EVENTS];
 } scope_count;
 
@@ -91,6 +99,8 @@ static bool count_memory(void *ctx, const void *key, size_t key_len, const void 
   cph_err err;
   if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
     fail_msg("a memory record does not decode: %s", err.msg);
+  if (m.deleted && m.kind == CPH_MEMORY_RAW && strcmp(m.session, "#news") == 0)
+    sc->deleted++;
   if (!m.deleted && m.kind == CPH_MEMORY_RAW && strcmp(m.session, "#news") == 0) {
     int i = -1;
     char want[96];
@@ -115,13 +125,31 @@ static void count(cph_fixture *f, scope_count *sc) {
   cph_fixture_open(f);
 }
 
-static cph_fixture *node(const char *tag, const char *name) {
+static cph_fixture *node_with_policy(const char *tag, const char *name, const char *policy) {
   static const char *const news[] = {"news"};
-  cph_fixture *f = cph_fixture_new(tag, "{}");
+  cph_fixture *f = cph_fixture_new(tag, policy);
   cph_fixture_create_session(f, "a", CPH_LANE_INTERACTIVE, news, 1);
   cph_engine_report_consumed(f->e, true);
   assert_int_equal(cph_engine_reply_origins(f->e, name), CPH_OK);
   return f;
+}
+
+static cph_fixture *node(const char *tag, const char *name) {
+  return node_with_policy(tag, name, "{}");
+}
+
+/* The parts[from..to) as the log keeps them, an item per PER_ITEM, into items; how many. */
+static size_t items_of(uint8_t *const *parts, const size_t *lens, int from, int to,
+                       cph_state_item *items) {
+  size_t n = 0;
+  for (int i = from; i < to; i += PER_ITEM, n++) {
+    items[n].name = "c";
+    assert_int_equal(cph_channel_memories_item((const uint8_t *const *)&parts[i], &lens[i],
+                                               to - i < PER_ITEM ? (size_t)(to - i) : PER_ITEM,
+                                               &items[n].data, &items[n].len),
+                     CPH_OK);
+  }
+  return n;
 }
 
 static void test_channel_memories_move_whole_and_once(void **state) {
@@ -134,14 +162,7 @@ static void test_channel_memories_move_whole_and_once(void **state) {
 
   /* the parts as the log keeps them: an item per 100 events */
   cph_state_item items[EVENTS / PER_ITEM + 2] = {{0}};
-  size_t n_items = 0;
-  for (int i = 0; i < EVENTS; i += PER_ITEM, n_items++) {
-    items[n_items].name = "c";
-    assert_int_equal(cph_channel_memories_item((const uint8_t *const *)&parts[i], &lens[i],
-                                               PER_ITEM, &items[n_items].data,
-                                               &items[n_items].len),
-                     CPH_OK);
-  }
+  size_t n_items = items_of(parts, lens, 0, EVENTS, items);
   /* one cut short and one of another channel: refused, the rest taken */
   uint8_t *cut = malloc(items[0].len);
   assert_non_null(cut);
@@ -242,6 +263,73 @@ static void test_channel_memories_move_whole_and_once(void **state) {
   cph_fixture_free(y);
   cph_fixture_free(z);
   cph_fixture_free(w);
+}
+
+static uint8_t *consume_all(cph_fixture *f, size_t events, size_t *len);
+
+/* A node that compacted its own copy of a channel keeps it compacted. y's copies (the events
+ * applied as forwards are) were replaced by summaries by y's gc; the raw memories it replaced
+ * stay as tombstones, and they are copies y holds: the channel's items, imported at a takeover,
+ * bring none of them back — live again, they would be searched beside their summaries and,
+ * with ids newer than y's newest, listed by the next turn as the channel's recent memory. */
+static void test_channel_memories_compacted_copies_stay_compacted(void **state) {
+  (void)state;
+  cph_fixture *x = node("chanmem_gc_x", "x");
+  cph_fixture *y = node_with_policy("chanmem_gc_y", "y",
+                                    "{:sessions {:janitor? true}"
+                                    " :gc {:min-age-hours 0 :max-access 1000000 :plan-interval-s 60}"
+                                    " :scheduler {:lanes {:maintenance {:turns 100000}}}}");
+  uint8_t *parts[EVENTS] = {0};
+  size_t lens[EVENTS] = {0};
+  apply_to(x, 0, EVENTS, true, true, parts, lens);
+  apply(y, 0, EVENTS, false, NULL, NULL);
+  cph_clock_advance(&y->clock, 61 * CPH_NS_PER_S); /* y's gc_plan is due */
+  cph_fixture_run_maintenance(y, NULL, NULL);
+  scope_count before, after;
+  count(y, &before);
+  int compacted = 0;
+  for (int i = 0; i < EVENTS; i++)
+    compacted += before.by_text[i] == 0;
+  if (compacted < EVENTS / 2 || before.deleted != compacted)
+    fail_msg("y's gc compacted %d of its %d copies (%d tombstones): the test needs most",
+             compacted, EVENTS, before.deleted);
+
+  cph_state_item items[EVENTS / PER_ITEM] = {{0}};
+  size_t n_items = items_of(parts, lens, 0, EVENTS, items);
+  uint32_t out[3];
+  assert_int_equal(import(y, items, n_items, out), CPH_OK);
+  if (out[0] != 0 || out[1] != EVENTS)
+    fail_msg("the import added %u and held %u of the channel's %d memories; want 0 and %d",
+             out[0], out[1], EVENTS, EVENTS);
+  count(y, &after);
+  for (int i = 0; i < EVENTS; i++)
+    if (after.by_text[i] != before.by_text[i])
+      fail_msg("fact %d: %d live raw copies on y before the import, %d after", i,
+               before.by_text[i], after.by_text[i]);
+
+  /* then x's state of "a", which carries the channel's newest raw memories (all 300, live on
+   * x): none comes back either */
+  size_t len = 0;
+  uint8_t *blob = consume_all(x, EVENTS, &len);
+  cph_op st = {0};
+  st.kind = CPH_OP_SESSION_STATE;
+  st.u.state.session = "a";
+  st.u.state.data = blob;
+  st.u.state.len = len;
+  assert_int_equal(cph_fixture_run(y, &st), CPH_OK);
+  cph_op_clear_results(&st);
+  count(y, &after);
+  for (int i = 0; i < EVENTS; i++)
+    if (after.by_text[i] != before.by_text[i])
+      fail_msg("fact %d: %d live raw copies on y before x's state, %d after", i,
+               before.by_text[i], after.by_text[i]);
+  free(blob);
+  for (size_t i = 0; i < n_items; i++)
+    free(items[i].data);
+  for (int i = 0; i < EVENTS; i++)
+    free(parts[i]);
+  cph_fixture_free(x);
+  cph_fixture_free(y);
 }
 
 /* An event that mints no raw memory (an exact repeat within the dedupe window) gives no part;
@@ -408,6 +496,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_channel_memories_move_whole_and_once),
       cmocka_unit_test(test_channel_memories_only_what_was_minted),
+      cmocka_unit_test(test_channel_memories_compacted_copies_stay_compacted),
       cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
