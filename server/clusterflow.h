@@ -532,7 +532,9 @@
  *    and of the shard's own channels (they come with the shard's keys), and stores,
  *    channel by channel and oldest first (CPH_OP_CHANNEL_MEMORIES), each memory it lacks: not
  *    one whose origin it took before, nor one it holds a copy of (a memory of the scope with
- *    the same text, each copy standing for one — its own, minted from the events it applied),
+ *    the same text, each copy standing for one — its own, minted from the events it applied,
+ *    live or replaced by its gc: a tombstone's text is in the summary that replaced it, and a
+ *    moved state's memories are held the same way),
  *    nor one of an event a rebuild here is still to deliver again (the rebuilds' events not yet
  *    handed to the engine, counted by channel and text: cph_cflow.pending_mem; that delivery
  *    mints it, linked to its event, as the old owner's was).
@@ -546,7 +548,8 @@
  *    session killed, the survivor finds the oldest note and lists the memory section the dead
  *    node listed. Not moved this way: aggregates (a family's memory changes as repeats come)
  *    and summaries of a channel's memories (a node compacts its own copy: the new owner's gc
- *    compacts what it took), which the states carry as before (their newest 64); nor a
+ *    compacts what it took; a node with no copy of the channel takes live the raw memories
+ *    the old owner's gc had replaced), which the states carry as before (their newest 64); nor a
  *    channel's history entries older than a turn shows (11.). Cost: one item per `in`
  *    message and channel (the bucket keeps every raw memory of every channel, its text and
  *    ~200 bytes; a channel's memories compacted away stay there), and at a takeover a read
