@@ -950,11 +950,14 @@ static int mcand_newest_first(const void *a, const void *b) {
   return x->m->id > y->m->id ? -1 : x->m->id < y->m->id;
 }
 
-/* The scopes the section reads: the session's own, and its channels' ("#channel"). */
+/* The scopes the section reads: the session's own, and its channels' ("#channel") — an inbox
+ * turn's the channels of its messages (its direct channel when one was sent to it alone), any
+ * other turn's every channel it listens to, its direct channel included (what was said to it
+ * alone is as much its own as the channels'; DESIGN §7). */
 static int memory_scopes(ctx *c, char ***out, size_t *n) {
   const cph_turn_info *ti = c->ti;
   const cph_session_rec *rec = c->rec;
-  size_t cap = 1 + (c->inbox ? ti->n_views : (size_t)rec->n_subscribe + rec->n_member);
+  size_t cap = 1 + (c->inbox ? ti->n_views : 1 + (size_t)rec->n_subscribe + rec->n_member);
   char **sc = calloc(cap, sizeof *sc);
   if (!sc)
     return CPH_ENOMEM;
@@ -965,6 +968,8 @@ static int memory_scopes(ctx *c, char ***out, size_t *n) {
   for (size_t i = 0; c->inbox && i < ti->n_views; i++)
     if (!(sc[(*n)++] = concat3("#", ti->views[i].channel, "")))
       return CPH_ENOMEM;
+  if (!c->inbox && !(sc[(*n)++] = concat3("#direct:", c->s->id, "")))
+    return CPH_ENOMEM;
   for (uint32_t i = 0; !c->inbox && i < rec->n_subscribe; i++)
     if (!(sc[(*n)++] = concat3("#", rec->subscribe[i], "")))
       return CPH_ENOMEM;

@@ -312,6 +312,52 @@ static void test_autonomy_tick_has_no_obligations_and_no_history(void **state) {
   cph_op_clear_results(&l3);
 }
 
+/* A turn that no message triggers (a tick) recalls the memories of every channel its session
+ * listens to — the one of what was said to it alone (its direct channel) too — and no other
+ * session's. */
+static void test_autonomy_tick_recalls_what_was_said_to_it_alone(void **state) {
+  fixture *f = *state;
+  create(f, (session_spec){.id = "auto", .subscribe = "general", .autonomy_s = 1});
+  create(f, (session_spec){.id = "other", .subscribe = "elsewhere"});
+  const char *said[][2] = {{"auto", "the deploy key for auto lives in vault path ops/auto"},
+                           {"other", "the deploy key for other lives in vault path ops/other"}};
+  for (int k = 0; k < 2; k++) {
+    cph_event_in ev = {.session = (char *)said[k][0], .sender = "ann", .body = (char *)said[k][1]};
+    cph_op op = {0};
+    op.kind = CPH_OP_INGEST;
+    op.u.ingest.events = &ev;
+    op.u.ingest.n_events = 1;
+    assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+    assert_int_equal(op.u.ingest.results[0].status, CPH_EV_QUEUED);
+    cph_op_clear_results(&op);
+    cph_engine_run_pass(f->e);
+  }
+  for (int k = 0; k < 3; k++) { /* auto's and other's turns, then auto's of the channel */
+    if (k == 2)
+      post(f, "general", "ann", "standup moved to ten", NULL);
+    cph_op l;
+    cph_turn_info *t = lease(f, &l);
+    complete(f, t, NULL, NULL, 0);
+    cph_op_clear_results(&l);
+  }
+
+  cph_op l;
+  cph_turn_info *t = lease_tick(f, &l);
+  int direct = -1, general = -1;
+  for (size_t i = 0; i < t->n_memories; i++) {
+    const cph_memory_item *m = &t->memories[i];
+    if (strcmp(m->text, said[0][1]) == 0 && strcmp(m->scope, "#direct:auto") == 0)
+      direct = (int)i;
+    if (strcmp(m->text, "standup moved to ten") == 0 && strcmp(m->scope, "#general") == 0)
+      general = (int)i;
+    assert_string_not_equal(m->text, said[1][1]);
+  }
+  if (direct < 0 || general < 0)
+    fail_msg("the tick's recent_memory: what was said to auto alone %s, its channel's %s",
+             direct < 0 ? "missing" : "listed", general < 0 ? "missing" : "listed");
+  cph_op_clear_results(&l);
+}
+
 static void test_small_window_cuts_history_oldest_first(void **state) {
   fixture *f = *state;
   create(f, (session_spec){.id = "s1", .subscribe = "general", .window = 256});
@@ -1050,6 +1096,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(
           test_inbox_turn_lists_obligations_and_only_its_senders_history, setup, teardown),
       cmocka_unit_test_setup_teardown(test_autonomy_tick_has_no_obligations_and_no_history,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_autonomy_tick_recalls_what_was_said_to_it_alone,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_small_window_cuts_history_oldest_first, setup,
                                       teardown),
