@@ -858,6 +858,7 @@ int cph_engine_run_pass(cph_engine *e) {
    * this pass counts any. A failed flush leaves them counted for the next. */
   if (memaccess_flush_due(&e->memory.access, env_now(&e->env)))
     (void)memory_flush_accesses(&e->memory, &e->env.txn);
+  op_queue next_steps = {0}; /* imports with steps left: behind what is queued now */
   for (int n = 0; n < OPS_PER_PASS && e->ops.len; n++) {
     cph_op *op = op_queue_pop(&e->ops);
     if (op->kind == CPH_OP_LEASE) {
@@ -869,6 +870,12 @@ int cph_engine_run_pass(cph_engine *e) {
     }
     e->pass_durable |= op_needs_flush(op->kind);
     apply_op(e, op);
+    if (op->kind == CPH_OP_CHANNEL_MEMORIES && op->u.channel.cont) {
+      if (op_queue_push(&next_steps, op) == CPH_OK)
+        continue;
+      cph_op_clear_results(op); /* its steps so far stay stored */
+      op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+    }
     /* A full map is not the caller's problem while the map can grow (DESIGN §13): the op
      * (whose writes were all undone) waits for the growth after this pass's commit. */
     if (op->rc == CPH_EFULL && cph_store_map_full(e->env.store) &&
@@ -876,6 +883,14 @@ int cph_engine_run_pass(cph_engine *e) {
       continue;
     op_queue_push(&e->done, op);
   }
+
+  for (cph_op *op; (op = op_queue_pop(&next_steps));)
+    if (op_queue_push(&e->ops, op) != CPH_OK) {
+      cph_op_clear_results(op);
+      op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+      op_queue_push(&e->done, op);
+    }
+  op_queue_free(&next_steps);
 
   cph_pass_hooks hooks = {0};
   hooks.ctx = e;
@@ -906,6 +921,15 @@ int cph_engine_run_pass(cph_engine *e) {
       cph_op *op = e->done.items[(e->done.head + i) % e->done.cap];
       cph_op_clear_results(op);
       op_fail(op, rc, NULL, "%s", msg);
+    }
+    /* An import between its steps read the copies held before this pass's step: it starts
+     * again (the steps before stay stored, and are found by their origins). */
+    for (size_t i = 0; i < e->ops.len; i++) {
+      cph_op *op = e->ops.items[(e->ops.head + i) % e->ops.cap];
+      if (op->kind == CPH_OP_CHANNEL_MEMORIES && op->u.channel.cont) {
+        cph_op_clear_results(op);
+        op->u.channel.added = op->u.channel.held = op->u.channel.refused = 0;
+      }
     }
     memory_clear(e);
     cph_err err;

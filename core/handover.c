@@ -2612,9 +2612,10 @@ typedef struct channel_memory {
   size_t order; /* its place among those read: items in order, their memories in order */
 } channel_memory;
 
-/* The texts of the live raw memories a scope holds that no channel item brought (this node's
- * own copies, minted from the events it applied, or brought by a session's state), each with
- * how many memories have it: each copy stands for one memory of an item. */
+/* The texts of the raw memories a scope holds that no channel item brought (this node's own
+ * copies, minted from the events it applied, or brought by a session's state; live, or
+ * compacted away by its gc), each with how many memories have it: each copy stands for one
+ * memory of an item. */
 typedef struct held_text {
   char *text;
   size_t copies;
@@ -2733,67 +2734,110 @@ static int channel_memory_cmp(const void *a, const void *b) {
   return x->order < y->order ? -1 : x->order > y->order; /* one message's: in its order */
 }
 
-/* CPH_OP_CHANNEL_MEMORIES: see include/cephalon/cephalon.h. */
-void handover_import_channel(const cph_handover *st, cph_op *op) {
+/* A channel's import between its steps (CPH_OP_CHANNEL_MEMORIES, u.channel.cont): what its
+ * first step read — the items' memories, oldest first, and the copies the node held then —
+ * and how far the steps came. */
+struct cph_channel_import {
+  char *scope;
+  channel_memory *v;
+  size_t n, next;
+  held_texts held;
+};
+
+void handover_channel_import_free(cph_channel_import *ci) {
+  if (!ci)
+    return;
+  held_texts_free(&ci->held);
+  for (size_t i = 0; i < ci->n; i++) {
+    free(ci->v[i].origin);
+    cph_record_free(&cph_memory_desc, &ci->v[i].rec);
+  }
+  free(ci->v);
+  free(ci->scope);
+  free(ci);
+}
+
+/* The first step's reading: the items' memories into ci (refused ones counted in op), sorted
+ * oldest first. */
+static int channel_import_read(cph_op *op, cph_channel_import *ci) {
   const char *chan = op->u.channel.channel;
-  size_t cl = chan ? strlen(chan) : 0;
-  char *scope = cl ? malloc(cl + 2) : NULL;
-  if (!cl) {
-    op_fail(op, CPH_EINVAL, "channel", "no channel");
-    return;
-  }
-  if (!scope) {
-    op_fail(op, CPH_ENOMEM, NULL, "out of memory");
-    return;
-  }
-  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
-  memcpy(scope + 1, chan, cl + 1);
-  channel_memory *v = NULL;
-  size_t n = 0, cap = 0;
-  int rc = CPH_OK;
-  for (size_t i = 0; rc == CPH_OK && i < op->u.channel.n_items; i++) {
+  size_t cap = 0;
+  for (size_t i = 0; i < op->u.channel.n_items; i++) {
     const cph_state_item *it = &op->u.channel.items[i];
     char why[256] = "";
-    size_t before = n;
-    rc = read_channel_item(it, scope, &v, &n, &cap, why, sizeof why);
+    size_t before = ci->n;
+    int rc = read_channel_item(it, ci->scope, &ci->v, &ci->n, &cap, why, sizeof why);
+    if (rc != CPH_EINVAL && rc != CPH_OK)
+      return rc;
     if (rc == CPH_EINVAL) { /* the item is left out whole */
-      while (n > before) {
-        free(v[--n].origin);
-        cph_record_free(&cph_memory_desc, &v[n].rec);
+      while (ci->n > before) {
+        free(ci->v[--ci->n].origin);
+        cph_record_free(&cph_memory_desc, &ci->v[ci->n].rec);
       }
       op->u.channel.refused++;
       cph_log(CPH_LOG_WARN, "the memories item %.80s of channel '%s' is not taken: %s",
               it->name ? it->name : "(unnamed)", chan, why);
-      rc = CPH_OK;
     }
   }
-  if (n > 1)
-    qsort(v, n, sizeof *v, channel_memory_cmp); /* ids here follow the order they were made in */
-  cph_txn t;
-  held_texts held = {.map = CPH_HMAP_INIT};
-  if (rc == CPH_OK && n)
-    rc = cph_txn_begin_child(&st->env->txn, &t);
-  bool open = rc == CPH_OK && n;
-  if (open) {
-    held.t = &t;
-    /* its copies compacted away too: each is in the summary that replaced it */
-    rc = memories_tail(&t, scope, true, true, SIZE_MAX, count_held_text, &held);
-    if (rc == CPH_OK && held.nomem)
-      rc = CPH_ENOMEM;
+  if (ci->n > 1)
+    qsort(ci->v, ci->n, sizeof *ci->v, channel_memory_cmp); /* ids follow their making */
+  return CPH_OK;
+}
+
+/* CPH_OP_CHANNEL_MEMORIES: see include/cephalon/cephalon.h. One step: the first reads the
+ * items and the copies held, each stores up to `step` memories in a child transaction of the
+ * pass; op->u.channel.cont keeps the rest for the next. */
+void handover_import_channel(const cph_handover *st, cph_op *op) {
+  const char *chan = op->u.channel.channel;
+  cph_channel_import *ci = op->u.channel.cont;
+  op->u.channel.cont = NULL;
+  bool first = !ci;
+  int rc = CPH_OK;
+  if (first) {
+    size_t cl = chan ? strlen(chan) : 0;
+    if (!cl) {
+      op_fail(op, CPH_EINVAL, "channel", "no channel");
+      return;
+    }
+    if (!(ci = calloc(1, sizeof *ci)) || !(ci->scope = malloc(cl + 2))) {
+      free(ci);
+      op_fail(op, CPH_ENOMEM, NULL, "out of memory");
+      return;
+    }
+    ci->held.map = (cph_hmap)CPH_HMAP_INIT;
+    ci->scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
+    memcpy(ci->scope + 1, chan, cl + 1);
+    rc = channel_import_read(op, ci);
   }
-  for (size_t i = 0; open && rc == CPH_OK && i < op->u.channel.n_pending; i++)
-    if (!held_text_add(&held, op->u.channel.pending[i])) /* minted by a later operation */
+  size_t step = op->u.channel.step ? op->u.channel.step : CPH_CHANNEL_IMPORT_STEP;
+  size_t end = ci->n - ci->next < step ? ci->n : ci->next + step;
+  cph_txn t;
+  bool open = rc == CPH_OK && ci->next < ci->n;
+  if (open && (rc = cph_txn_begin_child(&st->env->txn, &t)) != CPH_OK)
+    open = false;
+  if (open && first) {
+    /* the node's copies — its compacted ones too: each is in the summary that replaced it —
+     * counted once, before anything is stored: what the steps store is matched by origin */
+    ci->held.t = &t;
+    rc = memories_tail(&t, ci->scope, true, true, SIZE_MAX, count_held_text, &ci->held);
+    ci->held.t = NULL;
+    if (rc == CPH_OK && ci->held.nomem)
       rc = CPH_ENOMEM;
-  for (size_t i = 0; open && rc == CPH_OK && i < n; i++) {
+    for (size_t i = 0; rc == CPH_OK && i < op->u.channel.n_pending; i++)
+      if (!held_text_add(&ci->held, op->u.channel.pending[i])) /* minted by a later op */
+        rc = CPH_ENOMEM;
+  }
+  for (; open && rc == CPH_OK && ci->next < end; ci->next++) {
+    channel_memory *cm = &ci->v[ci->next];
     uint64_t here = 0;
-    rc = memory_find_origin(&t, st->env->reply_origin_node, v[i].origin, &here);
-    held_text *copy = rc == CPH_OK && !here ? cph_hmap_get(&held.map, v[i].rec.text) : NULL;
+    rc = memory_find_origin(&t, st->env->reply_origin_node, cm->origin, &here);
+    held_text *copy = rc == CPH_OK && !here ? cph_hmap_get(&ci->held.map, cm->rec.text) : NULL;
     if (rc == CPH_OK && (here || (copy && copy->copies))) {
       if (copy)
         copy->copies--;
       op->u.channel.held++;
     } else if (rc == CPH_OK) {
-      rc = memory_adopt(st->memory, &t, &v[i].rec, v[i].origin, NULL);
+      rc = memory_adopt(st->memory, &t, &cm->rec, cm->origin, NULL);
       op->u.channel.added += rc == CPH_OK;
     }
   }
@@ -2804,11 +2848,8 @@ void handover_import_channel(const cph_handover *st, cph_op *op) {
     op_fail(op, rc, NULL, "importing the memories of channel '%s': %s", chan,
             open && t.err.msg[0] ? t.err.msg : cph_strerror(rc));
   }
-  held_texts_free(&held);
-  for (size_t i = 0; i < n; i++) {
-    free(v[i].origin);
-    cph_record_free(&cph_memory_desc, &v[i].rec);
-  }
-  free(v);
-  free(scope);
+  if (rc == CPH_OK && ci->next < ci->n)
+    op->u.channel.cont = ci; /* the next step in a later pass */
+  else
+    handover_channel_import_free(ci);
 }

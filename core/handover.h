@@ -96,9 +96,13 @@ int handover_gc_items(const cph_handover *st, uint64_t group_id, cph_session_ite
 int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *event_key,
                                  int64_t event_ts_ms, uint8_t **out, size_t *len);
 
-/* CPH_OP_CHANNEL_MEMORIES (include/cephalon/cephalon.h), in a child of the pass's
- * transaction: every memory is stored, or none (a store error fails op). */
+/* One step of CPH_OP_CHANNEL_MEMORIES (include/cephalon/cephalon.h), in a child of the
+ * pass's transaction: the step's memories are stored, or none of them (a store error fails
+ * op; the steps before it stay). op->u.channel.cont set: more steps follow. */
 void handover_import_channel(const cph_handover *st, cph_op *op);
+/* Frees what a channel import's first step read (u.channel.cont), for an import that stops
+ * between its steps. NULL is fine. */
+void handover_channel_import_free(cph_channel_import *ci);
 
 /* CPH_OP_SESSION_STATE (include/cephalon/cephalon.h): imports op->u.state into its session in
  * a child of the pass's transaction; a missing session, a malformed or cut blob (CPH_EINVAL)

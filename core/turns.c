@@ -171,6 +171,10 @@ void cph_op_clear_results(cph_op *op) {
     op->u.turn.taken = NULL;
     op->u.turn.n_taken = 0;
     break;
+  case CPH_OP_CHANNEL_MEMORIES: /* an import stopped between its steps */
+    handover_channel_import_free(op->u.channel.cont);
+    op->u.channel.cont = NULL;
+    break;
   case CPH_OP_MEMORY_SEARCH:
     for (size_t i = 0; i < op->u.search.n_hits; i++) {
       free(op->u.search.hits[i].kind);

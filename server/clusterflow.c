@@ -3330,6 +3330,9 @@ struct rebuild {
    * and queued before the states, so a channel's older memories are stored before the state's
    * newer ones (a turn lists a scope's memories by id, newest first). */
   bool chans_asked, chans_done;
+  bool own_chans_queued; /* the shard's own channels' items (they come with its keys) */
+  uint32_t chan_ops;     /* channel imports queued and not done: the states wait for them (an
+                          * import goes in steps, which what is queued after it may pass) */
   uint32_t chan_token; /* the read in flight (its ref's low 32 bits) */
   int64_t chan_asked_ns; /* when: an answer that never comes is asked again after a while */
   int chan_tries;
@@ -3897,6 +3900,8 @@ typedef struct state_op {
   size_t n_items;
   char **pending; /* a channel's (16.): the texts its rebuilds are still to apply */
   size_t n_pending;
+  uint32_t shard; /* a channel's: the rebuild whose states wait for it (rb_of) */
+  uint64_t gen;
 } state_op;
 
 static void state_op_free(state_op *so) {
@@ -3916,14 +3921,20 @@ static void state_op_free(state_op *so) {
 static void state_done(cph_op *op, void *ctx) {
   state_op *so = ctx;
   if (op->kind == CPH_OP_CHANNEL_MEMORIES) { /* 16. */
-    so->f->items_refused += op->u.channel.refused;
-    so->f->channel_memories_loaded += op->u.channel.added;
-    so->f->channel_memories_held += op->u.channel.held;
+    cph_cflow *f = so->f;
+    f->items_refused += op->u.channel.refused;
+    f->channel_memories_loaded += op->u.channel.added;
+    f->channel_memories_held += op->u.channel.held;
     if (op->rc != CPH_OK)
       cph_warn("cluster log: the memories of channel %s from the log were not taken: %s",
                so->session + 1, op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
+    rebuild *rb = so->shard < cph_cluster_shards(f->s->cluster) ? f->tracks[so->shard].rb : NULL;
+    if (rb && rb->rp->gen != so->gen)
+      rb = NULL; /* the rebuild it was queued for ended */
     cph_op_clear_results(op);
     state_op_free(so);
+    if (rb && rb->chan_ops && --rb->chan_ops == 0 && rb->waiting)
+      rebuild_step(f, rb); /* its states were waiting for the channels' imports */
     return;
   }
   so->f->items_refused += op->u.state.items_refused;
@@ -4020,12 +4031,13 @@ static bool state_submit(cph_cflow *f, state_op *so) {
 }
 
 /* Queues, from rp->items[*next..) (sorted by owner), one operation per owner with items:
- * CPH_OP_CHANNEL_MEMORIES for a channel's ("#", 16.), and — unless channels_only, which stops
- * at the first session's — CPH_OP_SESSION_STATE with items only for a session the table knows
- * (its state put failed, or its key was lost; the items of a session deleted since are being
- * forgotten). *next moves past what was queued; *queued set when something was. False when
- * the engine is busy or out of memory (the rest on the next try). */
-static bool owner_items_submit(cph_cflow *f, cph_clog_replay *rp, size_t *next,
+ * CPH_OP_CHANNEL_MEMORIES for a channel's ("#", 16.; counted in rb->chan_ops until done), and
+ * — unless channels_only, which stops at the first session's — CPH_OP_SESSION_STATE with
+ * items only for a session the table knows (its state put failed, or its key was lost; the
+ * items of a session deleted since are being forgotten). *next moves past what was queued;
+ * *queued set when something was. False when the engine is busy or out of memory (the rest
+ * on the next try). */
+static bool owner_items_submit(cph_cflow *f, rebuild *rb, cph_clog_replay *rp, size_t *next,
                                bool channels_only, bool *queued) {
   for (size_t j; *next < rp->n_items; *next = j) {
     const char *owner = rp->items[*next].session;
@@ -4049,8 +4061,11 @@ static bool owner_items_submit(cph_cflow *f, cph_clog_replay *rp, size_t *next,
       state_op_free(so);
       continue;
     }
+    so->shard = rb->rp->shard;
+    so->gen = rb->rp->gen;
     if (!state_submit(f, so))
       return false;
+    rb->chan_ops += chan;
     items_taken(f, rp, *next, to);
     *queued = true;
   }
@@ -4067,11 +4082,8 @@ static bool owner_items_submit(cph_cflow *f, cph_clog_replay *rp, size_t *next,
  * next try). */
 static bool states_import(cph_cflow *f, rebuild *rb) {
   cph_clog_replay *rp = rb->rp;
-  if (!rb->items_sorted && rp->n_items > 1)
-    qsort(rp->items, rp->n_items, sizeof *rp->items, item_by_session);
-  rb->items_sorted = true;
-  /* the shard's channels' memories first (16.): "#" sorts before every session id */
-  bool queued = false, ok = owner_items_submit(f, rp, &rb->next_item, true, &queued);
+  /* the shard's channels' memories went before (own_chans_import, 16.) */
+  bool queued = false, ok = true;
   for (; ok && rb->next_state < rp->n_states; rb->next_state++) {
     const cph_clog_state *st = &rp->states[rb->next_state];
     const cph_ctable_session *known = cph_ctable_get(f->table, st->session);
@@ -4102,7 +4114,21 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
     f->state_load_raw_bytes += st->len;
   }
   if (ok)
-    ok = owner_items_submit(f, rp, &rb->next_item, false, &queued);
+    ok = owner_items_submit(f, rb, rp, &rb->next_item, false, &queued);
+  if (queued)
+    cph_srv_schedule_pass(f->s);
+  return ok;
+}
+
+/* 16. Queues the memories of the shard's own channels (their items came with its keys: "#"
+ * sorts before every session id), one operation per channel. False when the engine is busy
+ * (the rest on the next try). */
+static bool own_chans_import(cph_cflow *f, rebuild *rb) {
+  cph_clog_replay *rp = rb->rp;
+  if (!rb->items_sorted && rp->n_items > 1)
+    qsort(rp->items, rp->n_items, sizeof *rp->items, item_by_session);
+  rb->items_sorted = true;
+  bool queued = false, ok = owner_items_submit(f, rb, rp, &rb->next_item, true, &queued);
   if (queued)
     cph_srv_schedule_pass(f->s);
   return ok;
@@ -4174,7 +4200,7 @@ static bool channels_ask(cph_cflow *f, rebuild *rb) {
  * channel, before the states. False when the engine is busy (the rest on the next try). */
 static bool chan_items_submit(cph_cflow *f, rebuild *rb) {
   bool queued = false;
-  bool ok = owner_items_submit(f, rb->chan_rp, &rb->chan_next, true, &queued);
+  bool ok = owner_items_submit(f, rb, rb->chan_rp, &rb->chan_next, true, &queued);
   if (queued)
     cph_srv_schedule_pass(f->s);
   if (!ok)
@@ -4260,6 +4286,18 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
       rb->waiting = true; /* the read's answer calls rebuild_step (on_items) */
       return;
     }
+  }
+  if (!rb->own_chans_queued) {
+    if (!own_chans_import(f, rb)) {
+      rb->waiting = true; /* the engine is busy: again on the next retry tick */
+      arm_retry(f);
+      return;
+    }
+    rb->own_chans_queued = true;
+  }
+  if (rb->chan_ops) {
+    rb->waiting = true; /* the last import's done calls rebuild_step (state_done) */
+    return;
   }
   if (!rb->states_queued) {
     if (!states_import(f, rb)) {

@@ -531,6 +531,11 @@ typedef struct cph_state_item {
   size_t len;
 } cph_state_item;
 
+/* What a channel memories import read, between its steps (CPH_OP_CHANNEL_MEMORIES). */
+typedef struct cph_channel_import cph_channel_import;
+/* Memories a channel memories import stores per pass, at most: ~2-8 ms of the loop. */
+#define CPH_CHANNEL_IMPORT_STEP 1024u
+
 typedef struct cph_state_items {
   cph_state_item *v;
   size_t n;
@@ -855,18 +860,27 @@ struct cph_op {
      * items (cph_channel_memories_item; borrowed until done) of `channel` that this node
      * lacks are stored in the channel's scope, oldest first, each under its origin: one this
      * node took before (by origin), or holds a copy of (a memory of the scope with the same
-     * text and class, each copy standing for one memory), is not stored again. An item or a
-     * memory that is malformed, of another channel or of another store schema is logged,
-     * counted in refused and left out — the others are taken. pending[0..n_pending): the
-     * texts of events that operations after this one apply to the channel (a rebuild's input
-     * delivered again, which mints their memories there): each stands for a copy held, as
-     * the node's own do, so a memory is not stored twice. Out: added, held. */
+     * text and class — live, or compacted away by its gc —, each copy standing for one
+     * memory), is not stored again. An item or a memory that is malformed, of another
+     * channel or of another store schema is logged, counted in refused and left out — the
+     * others are taken. pending[0..n_pending): the texts of events that operations submitted
+     * after this one apply to the channel (a rebuild's input delivered again, which mints
+     * their memories there): each stands for a copy held, as the node's own do, so a memory
+     * is not stored twice. In steps: each pass stores at most `step` memories (0:
+     * CPH_CHANNEL_IMPORT_STEP) and the operation waits behind what was queued meanwhile for
+     * the next (cont: the engine's, between steps), so a channel of a million memories does
+     * not hold the loop for seconds; done comes after the last step (or the one that failed:
+     * the steps before it stay stored). Operations queued after this one may thus be applied
+     * before it ends: a caller that needs the import first waits for its done. Out: added,
+     * held (over all steps). */
     struct {
       char *channel;
       const cph_state_item *items;
       size_t n_items;
       char *const *pending;
       size_t n_pending;
+      uint32_t step;
+      cph_channel_import *cont;
       uint32_t added, held, refused;
     } channel;
   } u;

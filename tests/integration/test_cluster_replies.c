@@ -53,15 +53,7 @@ typedef struct bench {
   int by[SESSIONS][MAX_ROUNDS];
 } bench;
 
-/* The shard of an id (DESIGN §14: the first 8 bytes of its SHA-256, big-endian, mod shards). */
-static int shard_of(const char *id) {
-  char *hex = cph_test_sha256_hex(id);
-  char first[17];
-  memcpy(first, hex, 16);
-  first[16] = '\0';
-  free(hex);
-  return (int)(strtoull(first, NULL, 16) % SHARDS);
-}
+static int shard_of(const char *id) { return cph_tc_shard_of(id, SHARDS); }
 
 static void reply_body(char *buf, size_t size, int round, const char *session) {
   snprintf(buf, size, "reply %d of %s", round, session);

@@ -13,7 +13,6 @@
 
 #include <fcntl.h>
 #include <jansson.h>
-#include <openssl/sha.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,15 +30,7 @@
 #define TTL_S 2
 #define SESSIONS 9
 
-/* DESIGN §14: the first 8 bytes of SHA-256(id), big-endian, mod the shard count. */
-static int shard_of(const char *id) {
-  unsigned char d[SHA256_DIGEST_LENGTH];
-  SHA256((const unsigned char *)id, strlen(id), d);
-  uint64_t h = 0;
-  for (int i = 0; i < 8; i++)
-    h = h << 8 | d[i];
-  return (int)(h % SHARDS);
-}
+static int shard_of(const char *id) { return cph_tc_shard_of(id, SHARDS); }
 
 /* owner[shard] = the node index owning it, from GET /v1/cluster on node 0. */
 static void shard_owners(cph_test_cluster *c, int owner[SHARDS]) {

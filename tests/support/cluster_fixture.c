@@ -339,6 +339,16 @@ void cph_tc_kill_restart_node(cph_test_cluster *c, int i, int shards, int ttl_s,
   cph_tc_start_node_on(c, i, shards, ttl_s, extra, cph_tc_kill_node(c, i, true));
 }
 
+int cph_tc_shard_of(const char *id, int shards) {
+  char *hex = cph_test_sha256_hex(id);
+  assert_non_null(hex);
+  char first[17];
+  memcpy(first, hex, 16);
+  first[16] = '\0';
+  free(hex);
+  return (int)(strtoull(first, NULL, 16) % (unsigned long long)shards);
+}
+
 json_t *cph_tc_view(cph_test_cluster *c, int i) {
   cph_test_response r = cph_test_api(c->port[i], "GET", "/v1/cluster", NULL, NULL);
   json_t *j = r.status == 200 ? cph_test_json(&r) : NULL;

@@ -68,6 +68,9 @@ void cph_tc_kill_restart_node(cph_test_cluster *c, int i, int shards, int ttl_s,
                               const char *extra);
 /* GET /v1/cluster on node i (JSON, new reference) or NULL. */
 json_t *cph_tc_view(cph_test_cluster *c, int i);
+/* The shard of a session or channel id, as DESIGN §14 says: the first 8 bytes of its SHA-256,
+ * big-endian, mod the shard count. */
+int cph_tc_shard_of(const char *id, int shards);
 /* log.<group>.<name> of node i's GET /v1/cluster (e.g. "parks", "retries"); the test fails
  * when the node does not answer it with an integer. */
 long long cph_tc_log_counter(cph_test_cluster *c, int i, const char *group, const char *name);

@@ -99,6 +99,21 @@ void cph_fixture_lease(cph_fixture *f, const char *worker, cph_op *op) {
     fail_msg("lease: %s", op->err.msg);
 }
 
+int cph_fixture_run_steps(cph_fixture *f, cph_op *op, int *passes) {
+  int called = 0, n = 0;
+  op->done = cph_fixture_count_done;
+  op->ctx = &called;
+  assert_int_equal(cph_engine_submit(f->e, op), CPH_OK);
+  while (!called && n < 100000) {
+    cph_engine_run_pass(f->e);
+    n++;
+  }
+  assert_int_equal(called, 1);
+  if (passes)
+    *passes = n;
+  return op->rc;
+}
+
 int cph_fixture_run(cph_fixture *f, cph_op *op) {
   int called = 0;
   op->done = cph_fixture_count_done;

@@ -35,6 +35,10 @@ uint64_t cph_test_event_family(cph_engine *e, uint64_t id);
 
 /* Submits op, runs one pass, checks op was answered exactly once; returns op->rc. */
 int cph_fixture_run(cph_fixture *f, cph_op *op);
+/* Submits op and runs passes until it is answered (an operation in steps: a channel
+ * memories import), at most 100,000; returns op->rc, the passes it took in *passes (NULL:
+ * not wanted). */
+int cph_fixture_run_steps(cph_fixture *f, cph_op *op, int *passes);
 /* Creates session id in lane, subscribed to subscribe[0..n) (may be NULL with n 0); fails the
  * running test on an error. */
 void cph_fixture_create_session(cph_fixture *f, const char *id, cph_lane lane,

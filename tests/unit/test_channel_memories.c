@@ -75,7 +75,7 @@ static int import(cph_fixture *f, const cph_state_item *items, size_t n, uint32_
   op.u.channel.channel = "news";
   op.u.channel.items = items;
   op.u.channel.n_items = n;
-  int rc = cph_fixture_run(f, &op);
+  int rc = cph_fixture_run_steps(f, &op, NULL);
   out[0] = op.u.channel.added;
   out[1] = op.u.channel.held;
   out[2] = op.u.channel.refused;
@@ -277,7 +277,8 @@ static void test_channel_memories_compacted_copies_stay_compacted(void **state) 
   cph_fixture *x = node("chanmem_gc_x", "x");
   cph_fixture *y = node_with_policy("chanmem_gc_y", "y",
                                     "{:sessions {:janitor? true}"
-                                    " :gc {:min-age-hours 0 :max-access 1000000 :plan-interval-s 60}"
+                                    " :gc {:min-age-hours 0 :max-access 1000000"
+                                    "      :plan-interval-s 60}"
                                     " :scheduler {:lanes {:maintenance {:turns 100000}}}}");
   uint8_t *parts[EVENTS] = {0};
   size_t lens[EVENTS] = {0};
@@ -330,6 +331,143 @@ static void test_channel_memories_compacted_copies_stay_compacted(void **state) 
     free(parts[i]);
   cph_fixture_free(x);
   cph_fixture_free(y);
+}
+
+typedef struct fact_order {
+  int v[EVENTS + 8];
+  int n;
+  int other; /* live raw memories of "#news" that are none of the facts */
+} fact_order;
+
+static bool order_memory(void *ctx, const void *key, size_t key_len, const void *val,
+                         size_t val_len) {
+  (void)key;
+  (void)key_len;
+  fact_order *fo = ctx;
+  cph_memory_rec m;
+  cph_err err;
+  if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
+    fail_msg("a memory record does not decode: %s", err.msg);
+  int i = -1;
+  if (!m.deleted && m.kind == CPH_MEMORY_RAW && strcmp(m.session, "#news") == 0) {
+    if (sscanf(m.text, "fact %d:", &i) == 1 && fo->n < EVENTS + 8)
+      fo->v[fo->n++] = i;
+    else
+      fo->other++;
+  }
+  cph_record_free(&cph_memory_desc, &m);
+  return true;
+}
+
+/* f's live raw memories of "#news" in id order: the facts' numbers, and how many others. */
+static void facts_in_id_order(cph_fixture *f, fact_order *fo) {
+  memset(fo, 0, sizeof *fo);
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, order_memory, fo);
+  cph_fixture_open(f);
+}
+
+typedef struct done_log {
+  const cph_op *order[2];
+  int n;
+} done_log;
+
+static void log_done(cph_op *op, void *ctx) {
+  done_log *dl = ctx;
+  if (dl->n < 2)
+    dl->order[dl->n] = op;
+  dl->n++;
+}
+
+/* A big import goes in steps (CPH_CHANNEL_IMPORT_STEP memories a pass; 64 here), and what is
+ * queued meanwhile is applied between them: an event posted right after the import's
+ * submission is answered before the import ends. Stored in steps, the memories are what one
+ * step stores — every fact once, in the order they were made (ids), the node's own copies
+ * held across the steps (y saw the newest 50: they come in the last steps) —, and the live
+ * event's memory is not an item's: it neither counts nor stops one. */
+static void test_channel_memories_in_steps(void **state) {
+  (void)state;
+  cph_fixture *x = node("chanmem_steps_x", "x"), *one = node("chanmem_steps_one", "one"),
+              *stepped = node("chanmem_steps_64", "stepped");
+  uint8_t *parts[EVENTS] = {0};
+  size_t lens[EVENTS] = {0};
+  apply(x, 0, EVENTS, true, parts, lens);
+  apply(one, EVENTS - Y_SAW, EVENTS, false, NULL, NULL);
+  apply(stepped, EVENTS - Y_SAW, EVENTS, false, NULL, NULL);
+  cph_state_item items[EVENTS / PER_ITEM] = {{0}};
+  size_t n_items = items_of(parts, lens, 0, EVENTS, items);
+
+  cph_op op = {0};
+  op.kind = CPH_OP_CHANNEL_MEMORIES;
+  op.u.channel.channel = "news";
+  op.u.channel.items = items;
+  op.u.channel.n_items = n_items;
+  int passes = 0;
+  assert_int_equal(cph_fixture_run_steps(one, &op, &passes), CPH_OK);
+  assert_int_equal(passes, 1); /* 300 memories: one step */
+  assert_int_equal(op.u.channel.added, EVENTS - Y_SAW);
+  assert_int_equal(op.u.channel.held, Y_SAW);
+  cph_op_clear_results(&op);
+
+  done_log dl = {0};
+  memset(&op, 0, sizeof op);
+  op.kind = CPH_OP_CHANNEL_MEMORIES;
+  op.u.channel.channel = "news";
+  op.u.channel.items = items;
+  op.u.channel.n_items = n_items;
+  op.u.channel.step = 64;
+  op.done = log_done;
+  op.ctx = &dl;
+  assert_int_equal(cph_engine_submit(stepped->e, &op), CPH_OK);
+  char body[] = "breaking: the launch window opens tonight";
+  cph_event_in ev = {.channel = "news", .sender = "bo", .body = body};
+  cph_op in = {0};
+  in.kind = CPH_OP_INGEST;
+  in.u.ingest.events = &ev;
+  in.u.ingest.n_events = 1;
+  in.done = log_done;
+  in.ctx = &dl;
+  assert_int_equal(cph_engine_submit(stepped->e, &in), CPH_OK);
+  passes = 0;
+  while (dl.n < 2 && passes < 100) {
+    cph_engine_run_pass(stepped->e);
+    passes++;
+  }
+  assert_int_equal(dl.n, 2);
+  assert_int_equal(passes, (EVENTS + 63) / 64); /* five steps, a pass each */
+  assert_ptr_equal(dl.order[0], &in);           /* the event did not wait for the import */
+  assert_ptr_equal(dl.order[1], &op);
+  assert_int_equal(in.rc, CPH_OK);
+  assert_int_equal(op.rc, CPH_OK);
+  if (op.u.channel.added != EVENTS - Y_SAW || op.u.channel.held != Y_SAW)
+    fail_msg("in steps the import added %u and held %u; want %d and %d", op.u.channel.added,
+             op.u.channel.held, EVENTS - Y_SAW, Y_SAW);
+  assert_null(op.u.channel.cont);
+  cph_op_clear_results(&op);
+  cph_op_clear_results(&in);
+
+  fact_order a, b;
+  facts_in_id_order(one, &a);
+  facts_in_id_order(stepped, &b);
+  assert_int_equal(a.other, 0);
+  assert_int_equal(b.other, 1); /* the live event's */
+  assert_int_equal(a.n, EVENTS);
+  assert_int_equal(b.n, EVENTS);
+  for (int i = 0; i < EVENTS; i++)
+    if (a.v[i] != b.v[i])
+      fail_msg("memory %d by id: fact %d imported in one step, fact %d in steps", i, a.v[i],
+               b.v[i]);
+  for (int i = 0; i < EVENTS; i++) /* its own copies (the newest 50), then the rest, oldest first */
+    assert_int_equal(b.v[i], i < Y_SAW ? EVENTS - Y_SAW + i : i - Y_SAW);
+
+  for (size_t i = 0; i < n_items; i++)
+    free(items[i].data);
+  for (int i = 0; i < EVENTS; i++)
+    free(parts[i]);
+  cph_fixture_free(x);
+  cph_fixture_free(one);
+  cph_fixture_free(stepped);
 }
 
 /* An event that mints no raw memory (an exact repeat within the dedupe window) gives no part;
@@ -497,6 +635,7 @@ int main(void) {
       cmocka_unit_test(test_channel_memories_move_whole_and_once),
       cmocka_unit_test(test_channel_memories_only_what_was_minted),
       cmocka_unit_test(test_channel_memories_compacted_copies_stay_compacted),
+      cmocka_unit_test(test_channel_memories_in_steps),
       cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
