@@ -145,7 +145,7 @@ static void channel_memory_parts(cph_engine *e, cph_op *op) {
     const cph_event_in *in = &op->u.ingest.events[i];
     if (!res->memory_id)
       continue;
-    int rc = handover_channel_memory_part(&e->env.txn, res->memory_id, in->key, in->ts_ms,
+    int rc = handover_channel_memory_part(&e->env.txn, res->memory_id, in->sender, in->ts_ms,
                                           &res->memory_part, &res->memory_part_len);
     if (rc)
       cph_log(CPH_LOG_ERROR, "the memory of event %s is not given to the cluster log: %s",

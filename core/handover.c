@@ -2518,35 +2518,13 @@ void handover_import(const cph_handover *st, cph_op *op, uint64_t *newest_reply,
  * and the cluster log keeps the parts of one message and channel as one item, kind 'c', under
  * the channel's key: be32 count, then per memory be32 length + its origin, be32 length + the
  * record (its scope, text, kind, creation time and access count; no id, source event or
- * embedding: those are the node's). The origin is the event's identity cluster-wide:
- * "e:" and the SHA-256, in hex, of the scope, the event's key and its time (fixed where the
- * event was accepted), so the same event applied again, by another node too, gives the same
- * origin. */
+ * embedding: those are the node's). The origin is the event's identity cluster-wide
+ * (memory_event_origin: its scope, sender, time and text), which every node that applies the
+ * event mints its memory under (ingest.c), so an import matches this node's copies by it. */
 
 #define ITEM_CHANNEL 'c'
-#define CHANNEL_ORIGIN_LEN (2 + 64)
 
-static void channel_origin(const char *scope, const char *key, int64_t ts_ms,
-                           char out[CHANNEL_ORIGIN_LEN + 1]) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  char ts[24];
-  int tl = snprintf(ts, sizeof ts, "%" PRId64, ts_ms);
-  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-  bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
-            EVP_DigestUpdate(ctx, scope, strlen(scope) + 1) &&
-            EVP_DigestUpdate(ctx, key, strlen(key) + 1) && EVP_DigestUpdate(ctx, ts, (size_t)tl) &&
-            EVP_DigestFinal_ex(ctx, md, &len) && len == 32;
-  EVP_MD_CTX_free(ctx);
-  if (!ok)
-    memset(md, 0, 32); /* cannot happen with a working libcrypto; the origin is still one */
-  out[0] = 'e';
-  out[1] = ':';
-  for (unsigned i = 0; i < 32; i++)
-    snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
-}
-
-int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *event_key,
+int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *event_sender,
                                  int64_t event_ts_ms, uint8_t **out, size_t *len) {
   *out = NULL;
   *len = 0;
@@ -2555,9 +2533,14 @@ int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *eve
   if (rc)
     return rc == CPH_ENOTFOUND ? CPH_OK : rc;
   if (m.session && m.session[0] == CPH_CHANNEL_SCOPE_PREFIX && !m.deleted && m.text &&
-      event_key) {
-    char origin[CHANNEL_ORIGIN_LEN + 1];
-    channel_origin(m.session, event_key, event_ts_ms, origin);
+      event_sender) {
+    /* the origin it was minted (or adopted) under; a memory minted without one (an applier
+     * that did not set memory_origin) gets its event's */
+    char origin[MEMORY_ORIGIN_MAX] = "";
+    if (memory_has_origin(t, memory_id) && memory_origin_of(t, "", &m, origin) != CPH_OK)
+      origin[0] = '\0';
+    if (strlen(origin) != MEMORY_EVENT_ORIGIN_LEN) /* none, or not an event's */
+      memory_event_origin(m.session, event_sender, event_ts_ms, m.text, origin);
     cph_memory_rec r = {.session = m.session,
                         .kind = m.kind,
                         .text = m.text,
@@ -2566,9 +2549,9 @@ int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *eve
                         .access_count = m.access_count};
     cph_buf b = {0};
     uint8_t l4[4];
-    cph_be32_put(l4, CHANNEL_ORIGIN_LEN);
+    cph_be32_put(l4, MEMORY_EVENT_ORIGIN_LEN);
     cph_buf_append(&b, l4, 4);
-    cph_buf_append(&b, origin, CHANNEL_ORIGIN_LEN);
+    cph_buf_append(&b, origin, MEMORY_EVENT_ORIGIN_LEN);
     cph_buf rec = {0};
     rc = cph_record_encode(&cph_memory_desc, &r, &rec);
     cph_be32_put(l4, (uint32_t)rec.len);
@@ -2648,8 +2631,8 @@ static bool held_text_add(held_texts *h, const char *text) {
 
 static bool count_held_text(void *ctx, const cph_memory_rec *m) {
   held_texts *h = ctx;
-  if (memory_is_adopted(h->t, m->id))
-    return true; /* brought by an item: matched by its origin */
+  if (memory_has_origin(h->t, m->id))
+    return true; /* brought by an item, or minted under its event's origin: matched by it */
   return held_text_add(h, m->text);
 }
 
@@ -2697,7 +2680,7 @@ static int read_channel_item(const cph_state_item *it, const char *scope, channe
     at += 4 + (size_t)rl;
     const char *problem = rc == CPH_ECORRUPT                         ? err.msg
                           : rc                                       ? NULL
-                          : strlen(origin) != CHANNEL_ORIGIN_LEN ||
+                          : strlen(origin) != MEMORY_EVENT_ORIGIN_LEN ||
                                   strncmp(origin, "e:", 2) != 0      ? "an origin of another form"
                           : !m.session || strcmp(m.session, scope) != 0 ? "of another scope"
                           : m.kind != CPH_MEMORY_RAW                 ? "not a raw memory"
@@ -2823,9 +2806,6 @@ void handover_import_channel(const cph_handover *st, cph_op *op) {
     ci->held.t = NULL;
     if (rc == CPH_OK && ci->held.nomem)
       rc = CPH_ENOMEM;
-    for (size_t i = 0; rc == CPH_OK && i < op->u.channel.n_pending; i++)
-      if (!held_text_add(&ci->held, op->u.channel.pending[i])) /* minted by a later op */
-        rc = CPH_ENOMEM;
   }
   for (; open && rc == CPH_OK && ci->next < end; ci->next++) {
     channel_memory *cm = &ci->v[ci->next];

@@ -88,12 +88,12 @@ int handover_reply_item(const cph_handover *st, const char *session, uint64_t re
 int handover_gc_items(const cph_handover *st, uint64_t group_id, cph_session_items *out);
 
 /* Cluster mode (server/clusterflow.h 16.): memory memory_id, minted in a channel's scope by
- * applying the log's event of key event_key and time event_ts_ms, as one memory of a channel
- * memories item (cph_channel_memories_item): its origin (the event's identity cluster-wide, so
- * the same event applied again, on any node, gives the same one), then its record. *out NULL
+ * applying the log's event of sender event_sender and time event_ts_ms, as one memory of a
+ * channel memories item (cph_channel_memories_item): its origin (the event's identity
+ * cluster-wide, memory_event_origin: the one it was minted under), then its record. *out NULL
  * (CPH_OK) when the memory is gone, deleted or not of a channel's scope. CPH_ENOMEM or the
  * store's error. */
-int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *event_key,
+int handover_channel_memory_part(cph_txn *t, uint64_t memory_id, const char *event_sender,
                                  int64_t event_ts_ms, uint8_t **out, size_t *len);
 
 /* One step of CPH_OP_CHANNEL_MEMORIES (include/cephalon/cephalon.h), in a child of the

@@ -643,20 +643,44 @@ static void idem_put(cph_txn *t, const char *key, uint64_t event_id, int64_t now
   cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
 }
 
+/* Cluster mode (an event of the log, cph_event_in.memory_origin): the raw memory of event ev
+ * in scope is the event's memory cluster-wide, under its origin (memory_event_origin). One this
+ * node has already — taken from the log's items at a takeover, or minted by another delivery
+ * of the same event (a forward, a rebuild's) — is linked to ev instead of minted again; a new
+ * one is indexed under it. */
+static void mint_raw(cph_ingest *ig, cph_txn *t, const char *scope, const cph_event_rec *ev,
+                     bool embed, uint64_t *raw_id) {
+  char origin[MEMORY_EVENT_ORIGIN_LEN + 1];
+  memory_event_origin(scope, ev->sender, ev->ts_ms, ev->body, origin);
+  uint64_t here = 0;
+  const char *node = ig->env->reply_origin_node ? ig->env->reply_origin_node : "";
+  if (memory_find_origin(t, node, origin, &here) == CPH_OK && here) {
+    if (memory_link_source(ig->memory, t, here, ev->id) == CPH_OK)
+      *raw_id = here;
+    return;
+  }
+  if (memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, ev->body, ev->id, embed, raw_id) ==
+      CPH_OK)
+    memory_note_origin(t, *raw_id, origin);
+}
+
 /* Mints the memories an event gives (DESIGN §7): a raw memory scoped to its channel for a
- * non-duplicate on a channel that is not aggregate-only; one aggregate memory per family,
- * when the family is created. Embeddings per backpressure_embed_allowed(). */
+ * non-duplicate on a channel that is not aggregate-only (under its origin with `origin`:
+ * mint_raw); one aggregate memory per family, when the family is created. Embeddings per
+ * backpressure_embed_allowed(). */
 static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, int step, bool raw,
                           const dedupe_verdict *v, const char *body, uint64_t event_id,
-                          uint64_t *raw_id) {
+                          const cph_event_rec *origin, uint64_t *raw_id) {
   char scope[CPH_CHANNEL_MAX + 2];
   size_t n = strnlen(channel_name, CPH_CHANNEL_MAX);
   scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
   memcpy(scope + 1, channel_name, n);
   scope[1 + n] = '\0';
-  if (raw && *body)
-    memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, body, event_id,
-                backpressure_embed_allowed(ig->env->policy, step, false), raw_id);
+  bool embed = backpressure_embed_allowed(ig->env->policy, step, false);
+  if (raw && *body && origin && origin->sender)
+    mint_raw(ig, t, scope, origin, embed, raw_id);
+  else if (raw && *body)
+    memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, body, event_id, embed, raw_id);
   if (v->family_created && v->sample) {
     size_t len = strlen(v->sample) + strlen(channel_name) + 48;
     char *text = malloc(len);
@@ -993,8 +1017,11 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   if (in->key)
     idem_put(t, in->key, event_id, now_ms);
   uint64_t raw_memory = 0;
+  /* cluster mode: its identity cluster-wide, of the accepted body (server/clusterflow.h 16.) */
+  cph_event_rec origin = ev;
+  origin.body = (char *)in->body;
   mint_memories(ig, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id,
-                &raw_memory);
+                in->memory_origin && in->channel ? &origin : NULL, &raw_memory);
   if (t->ret) {
     /* Storage full and friends: the request fails with the store's error (507 for a full
      * map) and none of its events is stored. */

@@ -1,5 +1,6 @@
 /* Memories (DESIGN §7): minting, and the embed queue they join. Retrieval is in search.c. */
 #include <inttypes.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -417,10 +418,56 @@ static cph_key origin_of_key(uint64_t id) {
   return k;
 }
 
+/* The key of memory id's row in memory_origins that names the origin it was minted under
+ * (memory_note_origin): 0xFE and the id — apart from the adopted ones' (memory_adopted_from
+ * walks those). */
+static cph_key origin_minted_key(uint64_t id) {
+  cph_key k;
+  cph_key_reset(&k);
+  cph_key_byte(&k, 0xFE);
+  cph_key_u64(&k, id);
+  return k;
+}
+
 bool memory_is_adopted(cph_txn *t, uint64_t id) {
   cph_key k = origin_of_key(id);
   cph_val v;
   return cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v) == CPH_OK;
+}
+
+bool memory_has_origin(cph_txn *t, uint64_t id) {
+  cph_key k = origin_minted_key(id);
+  cph_val v;
+  return memory_is_adopted(t, id) || cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v) == CPH_OK;
+}
+
+void memory_event_origin(const char *scope, const char *sender, int64_t ts_ms, const char *text,
+                         char *out) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  char ts[24];
+  int tl = snprintf(ts, sizeof ts, "%" PRId64, ts_ms);
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  /* each part with its terminating NUL, so no two splits of the same bytes meet */
+  bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
+            EVP_DigestUpdate(ctx, scope, strlen(scope) + 1) &&
+            EVP_DigestUpdate(ctx, sender, strlen(sender) + 1) &&
+            EVP_DigestUpdate(ctx, ts, (size_t)tl + 1) &&
+            EVP_DigestUpdate(ctx, text, strlen(text)) && EVP_DigestFinal_ex(ctx, md, &len) &&
+            len == 32;
+  EVP_MD_CTX_free(ctx);
+  if (!ok)
+    memset(md, 0, 32); /* cannot happen with a working libcrypto; the origin is still one */
+  out[0] = 'e';
+  out[1] = ':';
+  for (unsigned i = 0; i < 32; i++)
+    snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
+}
+
+int memory_note_origin(cph_txn *t, uint64_t id, const char *origin) {
+  int rc = origins_put(t, CPH_DB_MEMORY_ORIGINS, origin, id);
+  cph_key k = origin_minted_key(id);
+  return rc ? rc : cph_txn_put(t, CPH_DB_MEMORY_ORIGINS, &k, origin, strlen(origin));
 }
 
 int memory_adopted_from(cph_txn *t, uint64_t from, int (*fn)(void *ctx, uint64_t id), void *ctx) {
@@ -447,6 +494,10 @@ int memory_origin_of(cph_txn *t, const char *node, const cph_memory_rec *m, char
   cph_key k = origin_of_key(m->id);
   cph_val v;
   int rc = cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v);
+  if (rc == CPH_ENOTFOUND) { /* minted here under an event's origin? */
+    k = origin_minted_key(m->id);
+    rc = cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v);
+  }
   if (rc == CPH_ENOTFOUND) {
     memory_origin(buf, node, m);
     return CPH_OK;

@@ -75,6 +75,23 @@ int memory_mint(cph_memory *m, cph_txn *t, const char *scope, uint8_t kind, cons
 #define MEMORY_ORIGIN_MAX (128 + 48)
 /* Whether memory id was adopted (memory_adopt) rather than minted here. */
 bool memory_is_adopted(cph_txn *t, uint64_t id);
+/* Cluster mode (server/clusterflow.h 16.): the raw memory a channel's event mints has the
+ * event's identity cluster-wide as its origin, the same on every node that applies the event
+ * (its `in` message's applier, the nodes its forwards reach, a rebuild delivering it again):
+ * "e:" and the SHA-256, in hex, of its scope, the event's sender, its time (fixed where the
+ * event was accepted) and its text (the event's body) — not its key, which differs per
+ * forward. Two events alike in all four are one: exact repeats, which dedupe folds anyway.
+ *   memory_event_origin: that origin, into out (MEMORY_EVENT_ORIGIN_LEN + 1 bytes).
+ *   memory_note_origin: indexes the origin of memory id, minted here, both ways (origin -> id,
+ *     and 0xFE be64 id -> origin), so memory_find_origin finds it and memory_origin_of gives
+ *     it.
+ *   memory_has_origin: whether memory id was adopted or minted under an origin — a copy that
+ *     an import matches by its origin, not by its text. */
+#define MEMORY_EVENT_ORIGIN_LEN (2 + 64)
+void memory_event_origin(const char *scope, const char *sender, int64_t ts_ms, const char *text,
+                         char *out);
+int memory_note_origin(cph_txn *t, uint64_t id, const char *origin);
+bool memory_has_origin(cph_txn *t, uint64_t id);
 /* Calls fn(ctx, id) for the memories adopted here with ids from `from` on, in id order, while
  * it returns CPH_OK (its error ends the walk and is returned). One cursor step each: the
  * automatic gc plan reads them past the first memory minted here that is too young (their ids

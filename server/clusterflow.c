@@ -403,10 +403,6 @@ struct cph_cflow {
   uint64_t channel_items, channel_item_bytes, channel_items_loaded, channel_memories_loaded,
       channel_memories_held;
   uint32_t chan_reads; /* channels_ask's reads so far: each one's token */
-  /* 16.: the texts of the events this node's rebuilds have not handed to the engine yet, by
-   * channel: channel -> pending_channel. A channel's memories imported before them must not
-   * store their memories too (the rebuild mints them). */
-  cph_hmap pending_mem;
   /* 14.: copies of replies sent to other shards, those the log did not take; copies applied
    * here (stored in a channel's history), and those this node held already. */
   uint64_t hist_sent, hist_failures, hist_stored, hist_held;
@@ -2302,6 +2298,9 @@ static void *arena_alloc(void *arena, size_t n) {
  * applies it to its named session alone (2.). */
 static bool event_ok(cph_event_in *ev) {
   ev->only_session = true; /* the others hear it through the log (forward) */
+  /* 16.: its raw memory in its channel under its identity cluster-wide, however often and
+   * wherever it is applied (as the `in` event, a forward, a rebuild's delivery) */
+  ev->memory_origin = ev->channel && !ev->history_only;
   return ev->key && ev->sender && ev->body && (ev->channel || ev->session);
 }
 
@@ -3308,7 +3307,6 @@ typedef struct rb_park {
 
 struct rebuild {
   cph_op op; /* the batch in the engine, events[next - op_n .. next) */
-  bool pending_counted; /* evs[next..n) are in f->pending_mem (16.) */
   rb_park **parks; /* the parked turns, their events first in evs (in this order) */
   size_t n_parks, next_park;
   size_t parks_end; /* evs[0 .. parks_end): the parked turns' events */
@@ -3355,104 +3353,7 @@ static void rb_park_free(rb_park *g) {
   free(g);
 }
 
-/* 16. A text of a channel's events a rebuild is still to apply, and how many. */
-typedef struct pending_text {
-  char *text;
-  size_t count;
-} pending_text;
-
-typedef struct pending_channel {
-  char *channel;
-  cph_hmap texts; /* text -> pending_text */
-  size_t total;
-} pending_channel;
-
-/* Counts (delta +1) or uncounts (-1) the texts of rb's events [from, to) in f->pending_mem.
- * Out of memory: an event left uncounted (its memory may then be stored twice, logged). */
-static void rebuild_pending(cph_cflow *f, rebuild *rb, size_t from, size_t to, int delta) {
-  for (size_t i = from; i < to && i < rb->n; i++) {
-    const cph_event_in *ev = &rb->evs[i].ev;
-    if (!ev->body || !*ev->body || ev->history_only || !ev->channel)
-      continue; /* an event to a session alone: its direct channel has no items */
-    const char *chan = ev->channel;
-    pending_channel *pc = cph_hmap_get(&f->pending_mem, chan);
-    if (!pc && delta > 0) {
-      pc = calloc(1, sizeof *pc);
-      if (pc && (pc->channel = strdup(chan)) &&
-          cph_hmap_put(&f->pending_mem, pc->channel, pc) == CPH_OK) {
-        pc->texts = (cph_hmap)CPH_HMAP_INIT;
-      } else {
-        if (pc)
-          free(pc->channel);
-        free(pc);
-        pc = NULL;
-      }
-    }
-    pending_text *pt = pc ? cph_hmap_get(&pc->texts, ev->body) : NULL;
-    if (!pt && pc && delta > 0) {
-      pt = calloc(1, sizeof *pt);
-      if (pt && (pt->text = strdup(ev->body)) && cph_hmap_put(&pc->texts, pt->text, pt) == CPH_OK) {
-      } else {
-        if (pt)
-          free(pt->text);
-        free(pt);
-        pt = NULL;
-      }
-    }
-    if (!pt) {
-      if (delta > 0)
-        cph_error("cluster log: out of memory noting an event a rebuild delivers again; its "
-                  "memory may be stored twice");
-      continue;
-    }
-    if (delta > 0) {
-      pt->count++;
-      pc->total++;
-      continue;
-    }
-    pc->total--;
-    if (--pt->count == 0) {
-      cph_hmap_del(&pc->texts, pt->text);
-      free(pt->text);
-      free(pt);
-    }
-    if (pc->total == 0) {
-      cph_hmap_del(&f->pending_mem, pc->channel);
-      cph_hmap_free(&pc->texts);
-      free(pc->channel);
-      free(pc);
-    }
-  }
-}
-
-/* The texts pending for channel (each as often as it is pending), copied into *out. False when
- * out of memory. */
-static bool pending_texts(cph_cflow *f, const char *channel, char ***out, size_t *n) {
-  *out = NULL;
-  *n = 0;
-  pending_channel *pc = cph_hmap_get(&f->pending_mem, channel);
-  if (!pc)
-    return true;
-  char **v = calloc(pc->total ? pc->total : 1, sizeof *v);
-  if (!v)
-    return false;
-  for (size_t i = 0; i < pc->texts.cap; i++) {
-    const pending_text *pt = pc->texts.slots[i].key ? pc->texts.slots[i].value : NULL;
-    for (size_t k = 0; pt && k < pt->count; k++)
-      if (!(v[(*n)++] = strdup(pt->text))) {
-        while (*n)
-          free(v[--*n]);
-        free(v);
-        return false;
-      }
-  }
-  *out = v;
-  return true;
-}
-
 static void rebuild_free(rebuild *rb) {
-  if (rb->pending_counted) /* what it had not handed to the engine: not coming */
-    rebuild_pending(rb->f, rb, rb->next, rb->n, -1);
   for (size_t i = 0; i < rb->n_parks; i++)
     rb_park_free(rb->parks[i]);
   free(rb->parks);
@@ -3700,8 +3601,6 @@ static void rebuild_done(cph_op *op, void *ctx) {
              shard, rb->op_n, op->err.msg[0] ? op->err.msg : cph_strerror(op->rc));
     cph_op_clear_results(op);
     rb->next = first;
-    if (rb->pending_counted)
-      rebuild_pending(f, rb, first, first + rb->op_n, +1);
     if (rb->op_park)
       rb->next_park--;
     rb->waiting = true;
@@ -3898,16 +3797,11 @@ typedef struct state_op {
   uint8_t *data; /* NULL: items only */
   cph_state_item *items;
   size_t n_items;
-  char **pending; /* a channel's (16.): the texts its rebuilds are still to apply */
-  size_t n_pending;
   uint32_t shard; /* a channel's: the rebuild whose states wait for it (rb_of) */
   uint64_t gen;
 } state_op;
 
 static void state_op_free(state_op *so) {
-  for (size_t i = 0; i < so->n_pending; i++)
-    free(so->pending[i]);
-  free(so->pending);
   for (size_t i = 0; i < so->n_items; i++) {
     free(so->items[i].name);
     free(so->items[i].data);
@@ -4015,8 +3909,6 @@ static bool state_submit(cph_cflow *f, state_op *so) {
     so->op.u.channel.channel = so->session + 1;
     so->op.u.channel.items = so->items;
     so->op.u.channel.n_items = so->n_items;
-    so->op.u.channel.pending = so->pending;
-    so->op.u.channel.n_pending = so->n_pending;
   } else {
     so->op.kind = CPH_OP_SESSION_STATE;
     so->op.u.state.session = so->session;
@@ -4051,8 +3943,7 @@ static bool owner_items_submit(cph_cflow *f, rebuild *rb, cph_clog_replay *rp, s
       continue; /* deleted since: its items are being forgotten */
     state_op *so = calloc(1, sizeof *so);
     size_t to = j;
-    if (!so || !(so->session = strdup(owner)) || !copy_items(rp, *next, owner, so, &to) ||
-        (chan && !pending_texts(f, owner + 1, &so->pending, &so->n_pending))) {
+    if (!so || !(so->session = strdup(owner)) || !copy_items(rp, *next, owner, so, &to)) {
       if (so)
         state_op_free(so);
       return false;
@@ -4336,8 +4227,6 @@ static void rebuild_step(cph_cflow *f, rebuild *rb) {
     if (g)
       rb->next_park++;
     rb->op_n = k;
-    if (rb->pending_counted) /* in the engine now: applied before what is queued after */
-      rebuild_pending(f, rb, rb->next, rb->next + k, -1);
     rb->next += k;
     rb->in_engine = true;
     cph_srv_schedule_pass(f->s);
@@ -4521,8 +4410,6 @@ static void on_replayed(void *ctx, cph_clog_replay *rp) {
     return;
   }
   tr->rb = rb;
-  rebuild_pending(f, rb, 0, rb->n, +1); /* 16. */
-  rb->pending_counted = true;
   rebuild_step(f, rb);
 }
 
@@ -5132,22 +5019,6 @@ void cph_cflow_free(cph_cflow *f) {
     free(tr->held.v);
   }
   free(f->tracks);
-  for (size_t i = 0; i < f->pending_mem.cap; i++) { /* left by a rebuild freed elsewhere */
-    pending_channel *pc = f->pending_mem.slots[i].key ? f->pending_mem.slots[i].value : NULL;
-    for (size_t k = 0; pc && k < pc->texts.cap; k++) {
-      pending_text *pt = pc->texts.slots[k].key ? pc->texts.slots[k].value : NULL;
-      if (pt) {
-        free(pt->text);
-        free(pt);
-      }
-    }
-    if (pc) {
-      cph_hmap_free(&pc->texts);
-      free(pc->channel);
-      free(pc);
-    }
-  }
-  cph_hmap_free(&f->pending_mem);
   cph_hmap_free(&f->pending);
   for (size_t i = 0; i < f->state_revs.cap; i++)
     if (f->state_revs.slots[i].key)

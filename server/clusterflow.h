@@ -515,8 +515,9 @@
  *    them: after its death a session's memory search on its new owner did not find them. Now
  *    the node that applies an `in` message (2.) gives the engine its events with memory_item
  *    set; each raw memory one mints in its channel comes back as a part (the event's identity
- *    cluster-wide as its origin — "e:" and the SHA-256 of the scope, the event's key and its
- *    time —, then the memory's record: core/handover.h), and the parts of one message and
+ *    cluster-wide as its origin — "e:" and the SHA-256 of the scope, the event's sender, its
+ *    time and its body, which its forwards share (its key they do not) —, then the memory's
+ *    record: core/handover.h), and the parts of one message and
  *    channel go as one item into CEPH_STATE under the channel's key, "<shard of the channel>.
  *    <'#' and the channel in hex>.c<SHA-256 of the message id>" (more items, "…n<k>", when
  *    they would pass 512 KiB): the same message applied again, by this node or the shard's
@@ -526,18 +527,22 @@
  *    applier gave them; nor does an event to a session alone (its session's direct channel: a
  *    message to a thousand sessions would make a thousand items — with them the takeover
  *    bench's fill of 1M such events took 224 s to apply, against 27-32 s without; those
- *    memories move with the states' newest, as before). A node taking a shard over reads, before it imports the shard's
+ *    memories move with the states' newest, as before). Every log event with a channel is
+ *    applied with memory_origin (cph_event_in): wherever it is applied — the `in` event, a
+ *    forward, a rebuild's delivery — its raw memory is minted under that origin, or, when
+ *    the node has the memory of that origin already (taken from the items, or minted by
+ *    another delivery), that one is linked to the event and none is minted. A node taking a
+ *    shard over reads, before it imports the shard's
  *    states, the items of the channels of the shard's sessions (their subscriptions and the
  *    channels they are members of; cph_clog_read_items, on a replay thread, a read per channel)
  *    and of the shard's own channels (they come with the shard's keys), and stores,
- *    channel by channel and oldest first (CPH_OP_CHANNEL_MEMORIES), each memory it lacks: not
- *    one whose origin it took before, nor one it holds a copy of (a memory of the scope with
- *    the same text, each copy standing for one — its own, minted from the events it applied,
- *    live or replaced by its gc: a tombstone's text is in the summary that replaced it, and a
- *    moved state's memories are held the same way),
- *    nor one of an event a rebuild here is still to deliver again (the rebuilds' events not yet
- *    handed to the engine, counted by channel and text: cph_cflow.pending_mem; that delivery
- *    mints it, linked to its event, as the old owner's was).
+ *    channel by channel and oldest first (CPH_OP_CHANNEL_MEMORIES, 1,024 memories a pass: the
+ *    states wait for the imports' last step), each memory it lacks: not one whose origin it
+ *    has (taken before, or minted from the event), nor — for copies minted before memories
+ *    had origins — one it holds a copy of (a memory of the scope with the same text, each
+ *    copy standing for one, live or replaced by its gc: a tombstone's text is in the summary
+ *    that replaced it; a moved state's memories are held the same way). A rebuild's delivery
+ *    of the event after the import finds the memory by its origin.
  *    Before the states, so a channel's older memories get lower ids here than the state's
  *    newer ones and a turn lists the same newest memories it listed on the old owner (a turn
  *    lists a scope's memories by id); the state's memories then find themselves held, and each

@@ -186,9 +186,14 @@ typedef struct cph_event_in {
   bool history_only;
   /* Cluster mode: an event of a log `in` message, applied by its shard's owner
    * (server/clusterflow.h 16.): the raw memory it mints in its channel's scope comes back in
-   * its result (memory_part), for the log to keep under the channel's key. key is then its
-   * identity cluster-wide. */
+   * its result (memory_part), for the log to keep under the channel's key. */
   bool memory_item;
+  /* Cluster mode: an event of the log (an `in` event, a forward, a rebuild's delivery) with a
+   * channel: its raw memory there is minted under the event's identity cluster-wide (its
+   * channel, sender, ts_ms and body; core/memory.h memory_event_origin) — or, when this node
+   * has the memory of that origin already (taken from the log's items, or minted by another
+   * delivery of the event), that one is linked to the event and none is minted. */
+  bool memory_origin;
   const cph_event_prep *prep; /* optional: cph_event_prepare()'s result for this event */
 } cph_event_in;
 
@@ -858,27 +863,25 @@ struct cph_op {
     } state;
     /* CPH_OP_CHANNEL_MEMORIES (server/clusterflow.h 16.): the memories of channel memories
      * items (cph_channel_memories_item; borrowed until done) of `channel` that this node
-     * lacks are stored in the channel's scope, oldest first, each under its origin: one this
-     * node took before (by origin), or holds a copy of (a memory of the scope with the same
-     * text and class — live, or compacted away by its gc —, each copy standing for one
-     * memory), is not stored again. An item or a memory that is malformed, of another
-     * channel or of another store schema is logged, counted in refused and left out — the
-     * others are taken. pending[0..n_pending): the texts of events that operations submitted
-     * after this one apply to the channel (a rebuild's input delivered again, which mints
-     * their memories there): each stands for a copy held, as the node's own do, so a memory
-     * is not stored twice. In steps: each pass stores at most `step` memories (0:
-     * CPH_CHANNEL_IMPORT_STEP) and the operation waits behind what was queued meanwhile for
-     * the next (cont: the engine's, between steps), so a channel of a million memories does
-     * not hold the loop for seconds; done comes after the last step (or the one that failed:
-     * the steps before it stay stored). Operations queued after this one may thus be applied
-     * before it ends: a caller that needs the import first waits for its done. Out: added,
-     * held (over all steps). */
+     * lacks are stored in the channel's scope, oldest first, each under its origin (its
+     * event's identity cluster-wide): one this node has a memory of that origin of (taken
+     * before, or minted from the event: cph_event_in.memory_origin), or — for memories minted
+     * without one — holds a copy of (a memory of the scope with the same text and class, live
+     * or compacted away by its gc, each copy standing for one memory), is not stored again;
+     * and a delivery of the event after the import (a rebuild's) finds its memory by origin
+     * and mints none. An item or a memory that is malformed, of another channel or of
+     * another store schema is logged, counted in refused and left out — the others are
+     * taken. In steps: each pass stores at most `step` memories (0: CPH_CHANNEL_IMPORT_STEP)
+     * and the operation waits behind what was queued meanwhile for the next (cont: the
+     * engine's, between steps), so a channel of a million memories does not hold the loop
+     * for seconds; done comes after the last step (or the one that failed: the steps before
+     * it stay stored). Operations queued after this one may thus be applied before it ends:
+     * a caller that needs the import first waits for its done. Out: added, held (over all
+     * steps). */
     struct {
       char *channel;
       const cph_state_item *items;
       size_t n_items;
-      char *const *pending;
-      size_t n_pending;
       uint32_t step;
       cph_channel_import *cont;
       uint32_t added, held, refused;
