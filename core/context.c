@@ -251,6 +251,9 @@ typedef struct ctx {
     size_t sender_len;
   } *waiting;
   size_t n_waiting;
+  /* With log_copies: the history entries that are copies of this turn's staged messages
+   * (log_copy): shown, as the staged message is — their memory is not listed too. */
+  idset staged_copies;
   idset shown_events;  /* what the turn shows: staged, history, channel view */
   vstate *vs;
   hentry *entries; /* the scratch's (context_scratch): grown there, kept for the next lease */
@@ -674,6 +677,8 @@ static int scan_channel_store(ctx *c, size_t v, uint64_t messages_budget, int ma
     if (copy == STAGED_COPY) {
       c->vs[v].staged_found = true;
       c->vs[v].oldest_staged_index = index;
+      if (idset_add(&c->staged_copies, event_id))
+        rc = CPH_ENOMEM;
     } else if (copy == WAITING_COPY) {
       /* a later turn's trigger */
     } else if (ev.body) { /* a redacted payload has nothing to show */
@@ -743,6 +748,8 @@ static int scan_channel(ctx *c, size_t v, uint64_t messages_budget, int max_read
     if (copy == STAGED_COPY) {
       c->vs[v].staged_found = true;
       c->vs[v].oldest_staged_index = e->index;
+      if ((rc = idset_add(&c->staged_copies, e->event_id)) != CPH_OK)
+        break;
     }
     if (copy != NOT_A_COPY)
       continue; /* the current message, or a later turn's trigger */
@@ -888,6 +895,9 @@ static void select_view(ctx *c, uint64_t budget) {
 static int note_shown(ctx *c) {
   for (size_t i = 0; i < c->ti->n_staged; i++)
     if (idset_add(&c->shown_events, c->ti->staged[i].event_id))
+      return CPH_ENOMEM;
+  for (size_t i = 0; i < c->staged_copies.n; i++)
+    if (idset_add(&c->shown_events, c->staged_copies.v[i]))
       return CPH_ENOMEM;
   for (size_t i = 0; i < c->n_entries; i++)
     if ((c->entries[i].in_section || c->entries[i].in_messages) &&
@@ -1463,6 +1473,7 @@ static void ctx_free(ctx *c) {
   idset_free(&c->staged_events);
   idset_free(&c->inbox_events);
   idset_free(&c->shown_events);
+  idset_free(&c->staged_copies);
 }
 
 /* Loads the session's tree into c->tr and orders it. A tree that cannot be read (other than

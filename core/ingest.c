@@ -913,6 +913,21 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
       rq->step = step;
     }
   }
+  /* Cluster mode: another copy of a message this node's channel history holds already — the
+   * channel's `in` event applied here, or another session's forward of it (each session gets
+   * its own copy, server/clusterflow.h 3.; every copy carries the time the message was
+   * accepted, so the same channel, sender, time and body is the same message). As on one node
+   * it is one message: not a repeat of itself (no family, no "[aggregate] repeated" memory, no
+   * fold into an entry), not a second history entry, one memory (mint_raw links the one the
+   * first copy minted). The session's view shows the history's entry as its message
+   * (context.c log_copy). Looked for among the channel's newest HISTORY_COPY_MATCH entries: a
+   * copy arriving later than that is taken for a repeat, as before. */
+  uint64_t same = 0;
+  if (in->memory_origin && in->channel) {
+    int crc = copy_held(ig, rq, in, channel_name, &same);
+    if (crc)
+      return cph_err_set(err, crc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(crc));
+  }
   int64_t dd_now = env_wall_ms(ig->env);
   dedupe_verdict v;
   if (dedupe_classify(ig->dedupe, &ig->env->policy->dedupe, t, channel_name, in->sender, in->body,
@@ -921,6 +936,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     dedupe_verdict_free(&v);
     return cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
+  if (same)
+    v.kind = DEDUPE_NONE; /* and dedupe saw it with the first copy: not written again */
   bool dup = v.kind != DEDUPE_NONE;
   bool aggregate_only = step >= BP_STEP_AGGREGATE_ONLY;
 
@@ -985,7 +1002,9 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   uint64_t event_id = 0;
   int64_t now_ms = rq->now_ms;
   cph_txn_next_id(t, "event", &event_id);
-  int rc = dedupe_write(ig->dedupe, t, channel_name, in->body, event_id, dd_now, &v);
+  int rc = CPH_OK;
+  if (!same)
+    rc = dedupe_write(ig->dedupe, t, channel_name, in->body, event_id, dd_now, &v);
   if (rc && !t->ret) { /* out of memory building the family */
     rc = cph_err_set(err, rc, "out of memory");
     goto done;
@@ -1012,7 +1031,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   cph_key_reset(&ek);
   cph_key_u64(&ek, event_id);
   cph_txn_append_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev); /* ids ascend */
-  if (!dup)
+  if (!dup && !same)
     history_append(t, channel_name, event_id, NULL);
   if (in->key)
     idem_put(t, in->key, event_id, now_ms);
@@ -1054,7 +1073,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   }
 
   /* Every write of the event is in: memory follows (put back if the request fails). */
-  dedupe_commit(ig->dedupe, channel_name, event_id, dd_now, &v);
+  if (!same)
+    dedupe_commit(ig->dedupe, channel_name, event_id, dd_now, &v);
   after->chan = after->chan_owned ? after->chan_owned : channel_name;
   after->family = dup ? v.family : 0;
   res->id = event_id;

@@ -475,6 +475,103 @@ static void test_channel_memories_in_steps(void **state) {
   cph_fixture_free(stepped);
 }
 
+/* news's memories on f by kind: raw ones with text `text`, and aggregates. */
+typedef struct kind_count {
+  const char *text;
+  int raw, aggregate;
+} kind_count;
+
+static bool count_kinds(void *ctx, const void *key, size_t key_len, const void *val,
+                        size_t val_len) {
+  (void)key;
+  (void)key_len;
+  kind_count *kc = ctx;
+  cph_memory_rec m;
+  cph_err err;
+  if (cph_record_decode(&cph_memory_desc, val, val_len, &m, &err))
+    fail_msg("a memory record does not decode: %s", err.msg);
+  if (!m.deleted && strcmp(m.session, "#news") == 0) {
+    kc->raw += m.kind == CPH_MEMORY_RAW && strcmp(m.text, kc->text) == 0;
+    kc->aggregate += m.kind == CPH_MEMORY_AGGREGATE;
+  }
+  cph_record_free(&cph_memory_desc, &m);
+  return true;
+}
+
+/* Event key/session/time of one copy of "the build is green again" by ann (as the log gives
+ * them: only_session, memory_origin) on f; its status. */
+static int copy_of(cph_fixture *f, const char *key, const char *session, int64_t ts_ms,
+                   bool item) {
+  char body[] = "the build is green again";
+  cph_event_in ev = {.channel = "news", .sender = "ann", .body = body, .key = (char *)key,
+                     .session = (char *)session, .ts_ms = ts_ms, .only_session = true,
+                     .memory_item = item, .memory_origin = true};
+  cph_op op;
+  cph_fixture_ingest(f, &ev, 1, &op);
+  assert_int_equal(op.rc, CPH_OK);
+  int status = op.u.ingest.results[0].status;
+  cph_op_clear_results(&op);
+  return status;
+}
+
+/* What a turn of session on f shows of the message: in its messages (how often, and whether
+ * in an away block), in recent_memory. */
+static void shown_once(cph_fixture *f, const char *session) {
+  cph_op l;
+  cph_fixture_lease(f, "w", &l);
+  const cph_turn_info *t = &l.u.lease.turn;
+  assert_string_equal(t->session, session);
+  int in_messages = 0;
+  for (size_t i = 0; i < t->n_messages; i++) {
+    if (strstr(t->messages[i].content, "the build is green again"))
+      in_messages++;
+    if (strstr(t->messages[i].content, "MESSAGES WHILE YOU WERE AWAY"))
+      fail_msg("%s's turn shows an away block: %s", session, t->messages[i].content);
+  }
+  if (in_messages != 1)
+    fail_msg("%s's turn shows the message %d times, want once", session, in_messages);
+  for (size_t i = 0; i < t->n_memories; i++)
+    if (strstr(t->memories[i].text, "the build is green again"))
+      fail_msg("%s's turn lists the memory %s '%s' beside the message", session,
+               t->memories[i].kind, t->memories[i].text);
+  cph_op_clear_results(&l);
+}
+
+/* Cluster mode gives each session its own copy of a channel's message (the channel's owner
+ * applies the `in` event, then a forward to each subscriber wherever it lives, this node
+ * included: server/clusterflow.h 3.). Several copies of one message on one node are one
+ * message, as on one node: the channel's history holds it once, no copy is a repeat of
+ * another (no family, no "[aggregate] repeated" memory), one raw memory, and each
+ * subscriber's turn shows it once — not also as a message from while it was away, not also as
+ * a memory. A real repeat (the same words later) still folds. Before: the later copies were
+ * exact repeats of the first, and every subscriber's turn listed "[aggregate] repeated in
+ * #news" and, on the in event's node, showed the message twice. */
+static void test_copies_of_one_message_on_one_node_are_one_message(void **state) {
+  (void)state;
+  static const char *const news[] = {"news"};
+  cph_fixture *f = node_with_policy("chanmem_copies", "x",
+                                    "{:cluster {:node \"x\" :advertise \"http://127.0.0.1:9\""
+                                    " :etcd [\"http://127.0.0.1:9\"]"
+                                    " :nats [\"nats://127.0.0.1:9\"]}}");
+  cph_fixture_create_session(f, "b", CPH_LANE_INTERACTIVE, news, 1);
+  assert_int_equal(copy_of(f, "in1", NULL, 1700000000000, true), CPH_EV_STORED);
+  assert_int_equal(copy_of(f, "f1a", "a", 1700000000000, false), CPH_EV_QUEUED);
+  assert_int_equal(copy_of(f, "f1b", "b", 1700000000000, false), CPH_EV_QUEUED);
+  kind_count kc = {.text = "the build is green again"};
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, count_kinds, &kc);
+  cph_fixture_open(f);
+  if (kc.raw != 1 || kc.aggregate != 0)
+    fail_msg("the three copies made %d raw memories and %d aggregates; want 1 and 0", kc.raw,
+             kc.aggregate);
+  shown_once(f, "a");
+  shown_once(f, "b");
+  /* the same words a minute later: a repeat, folded as before */
+  assert_int_equal(copy_of(f, "f2a", "a", 1700000060000, false), CPH_EV_AGGREGATED);
+  cph_fixture_free(f);
+}
+
 /* An event that mints no raw memory (an exact repeat within the dedupe window) gives no part;
  * nor does one applied without memory_item (a forward, a history copy). */
 static void test_channel_memories_only_what_was_minted(void **state) {
@@ -641,6 +738,7 @@ int main(void) {
       cmocka_unit_test(test_channel_memories_only_what_was_minted),
       cmocka_unit_test(test_channel_memories_compacted_copies_stay_compacted),
       cmocka_unit_test(test_channel_memories_in_steps),
+      cmocka_unit_test(test_copies_of_one_message_on_one_node_are_one_message),
       cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
