@@ -811,6 +811,49 @@ static int copy_held(cph_ingest *ig, ingest_req *rq, const cph_event_in *in, con
   return rc;
 }
 
+/* Whether an earlier copy of in (cluster mode: in->memory_origin) was applied here, found by
+ * the message's identity where the channel's newest HISTORY_COPY_MATCH entries no longer hold
+ * it — a batch of a thousand messages applied before their forwards, a busy channel. The
+ * first copy minted the message's raw memory under its origin (mint_raw), and that memory's
+ * source is an event of this node whose message its history holds: the first copy, a later
+ * copy linked to it, or a moved state's event found in the history (core/handover.c). A
+ * memory taken from the log with no source yet (a takeover's import) is no copy here.
+ * *event_id: that event, 0 none. */
+static int copy_by_origin(cph_ingest *ig, cph_txn *t, const cph_event_in *in, const char *chan,
+                          uint64_t *event_id) {
+  *event_id = 0;
+  char scope[CPH_CHANNEL_MAX + 2];
+  size_t n = strnlen(chan, CPH_CHANNEL_MAX);
+  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
+  memcpy(scope + 1, chan, n);
+  scope[1 + n] = '\0';
+  char origin[MEMORY_EVENT_ORIGIN_LEN + 1];
+  memory_event_origin(scope, in->sender, in->ts_ms, in->body, origin);
+  const char *node = ig->env->reply_origin_node ? ig->env->reply_origin_node : "";
+  uint64_t mem = 0;
+  int rc = memory_find_origin(t, node, origin, &mem);
+  if (rc || !mem)
+    return rc;
+  cph_memory_rec m;
+  if ((rc = memory_read(t, mem, &m, "matching a copy")) != CPH_OK)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  uint64_t source = m.source_event_id;
+  cph_record_free(&cph_memory_desc, &m);
+  if (!source)
+    return CPH_OK;
+  cph_key ek = cph_key_of_u64(source);
+  cph_event_rec ev;
+  rc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc; /* gone with retention: taken for new */
+  if (ev.ts_ms == in->ts_ms && ev.channel && ev.sender && ev.body &&
+      strcmp(ev.channel, chan) == 0 && strcmp(ev.sender, in->sender) == 0 &&
+      strcmp(ev.body, in->body) == 0)
+    *event_id = source;
+  cph_record_free(&cph_event_desc, &ev);
+  return CPH_OK;
+}
+
 /* An event with history_only (cph_event_in): into the channel's history once, nothing else. */
 static int history_copy(cph_ingest *ig, ingest_req *rq, const cph_event_in *in,
                         const char *channel_name, cph_event_result *res, cph_err *err) {
@@ -920,11 +963,13 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
    * it is one message: not a repeat of itself (no family, no "[aggregate] repeated" memory, no
    * fold into an entry), not a second history entry, one memory (mint_raw links the one the
    * first copy minted). The session's view shows the history's entry as its message
-   * (context.c log_copy). Looked for among the channel's newest HISTORY_COPY_MATCH entries: a
-   * copy arriving later than that is taken for a repeat, as before. */
+   * (context.c log_copy). Looked for among the channel's newest HISTORY_COPY_MATCH entries,
+   * then by the raw memory the first copy minted (copy_by_origin). */
   uint64_t same = 0;
   if (in->memory_origin && in->channel) {
     int crc = copy_held(ig, rq, in, channel_name, &same);
+    if (crc == CPH_OK && !same)
+      crc = copy_by_origin(ig, t, in, channel_name, &same);
     if (crc)
       return cph_err_set(err, crc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(crc));
   }

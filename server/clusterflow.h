@@ -50,8 +50,9 @@
  *    context shows. Two copies of one message on one node (the `in` event applied where a
  *    subscriber lives, or forwards to two sessions on one node) are one message there: the
  *    later copy finds the first among the channel's newest 256 history entries (same channel,
- *    sender, accepted time and body; core/ingest.c copy_held) and adds no history entry, no
- *    dedupe family and no memory — it is not a repeat of itself. Cost: a session on the channel owner's own node also gets its copy through
+ *    sender, accepted time and body; core/ingest.c copy_held) or, further back, by the raw
+ *    memory the first minted under the message's origin (16.; copy_by_origin), and adds no
+ *    history entry, no dedupe family and no memory — it is not a repeat of itself. Cost: a session on the channel owner's own node also gets its copy through
  *    the log (one more append and delivery, a few ms on loopback); and as forwards name their
  *    session, near-duplicate folding (DESIGN §5, bulk channels) does not fold them in inboxes.
  *

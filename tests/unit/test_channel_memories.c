@@ -514,9 +514,9 @@ static int copy_of(cph_fixture *f, const char *key, const char *session, int64_t
   return status;
 }
 
-/* What a turn of session on f shows of the message: in its messages (how often, and whether
- * in an away block), in recent_memory. */
-static void shown_once(cph_fixture *f, const char *session) {
+/* What a turn of session on f shows of the message: in its messages (how often, and, unless
+ * away_ok, whether in an away block), in recent_memory. */
+static void shown_once_in(cph_fixture *f, const char *session, bool away_ok) {
   cph_op l;
   cph_fixture_lease(f, "w", &l);
   const cph_turn_info *t = &l.u.lease.turn;
@@ -525,7 +525,7 @@ static void shown_once(cph_fixture *f, const char *session) {
   for (size_t i = 0; i < t->n_messages; i++) {
     if (strstr(t->messages[i].content, "the build is green again"))
       in_messages++;
-    if (strstr(t->messages[i].content, "MESSAGES WHILE YOU WERE AWAY"))
+    if (!away_ok && strstr(t->messages[i].content, "MESSAGES WHILE YOU WERE AWAY"))
       fail_msg("%s's turn shows an away block: %s", session, t->messages[i].content);
   }
   if (in_messages != 1)
@@ -535,6 +535,10 @@ static void shown_once(cph_fixture *f, const char *session) {
       fail_msg("%s's turn lists the memory %s '%s' beside the message", session,
                t->memories[i].kind, t->memories[i].text);
   cph_op_clear_results(&l);
+}
+
+static void shown_once(cph_fixture *f, const char *session) {
+  shown_once_in(f, session, false);
 }
 
 /* Cluster mode gives each session its own copy of a channel's message (the channel's owner
@@ -567,6 +571,58 @@ static void test_copies_of_one_message_on_one_node_are_one_message(void **state)
              kc.aggregate);
   shown_once(f, "a");
   shown_once(f, "b");
+  /* the same words a minute later: a repeat, folded as before */
+  assert_int_equal(copy_of(f, "f2a", "a", 1700000060000, false), CPH_EV_AGGREGATED);
+  cph_fixture_free(f);
+}
+
+/* A copy that comes after many newer messages in its channel — a batch of a thousand applied
+ * before its forwards, a busy channel — is still the same message: found by the raw memory
+ * the first copy minted, not only among the channel's newest 256 entries. Before: a forward
+ * 300 messages late was an exact repeat of its own `in` event (AGGREGATED, an "[aggregate]
+ * repeated in #news" memory). */
+static void test_a_late_copy_is_still_one_message(void **state) {
+  (void)state;
+  static const char *const news[] = {"news"};
+  cph_fixture *f = node_with_policy("chanmem_late_copy", "x",
+                                    "{:cluster {:node \"x\" :advertise \"http://127.0.0.1:9\""
+                                    " :etcd [\"http://127.0.0.1:9\"]"
+                                    " :nats [\"nats://127.0.0.1:9\"]}}");
+  cph_fixture_create_session(f, "b", CPH_LANE_INTERACTIVE, news, 1);
+  assert_int_equal(copy_of(f, "in1", NULL, 1700000000000, true), CPH_EV_STORED);
+  enum { LATER = 300 };
+  static char bodies[LATER][32];
+  static char keys[LATER][16];
+  cph_event_in later[LATER];
+  for (int i = 0; i < LATER; i++) {
+    snprintf(bodies[i], sizeof bodies[i], "status line %d", i);
+    snprintf(keys[i], sizeof keys[i], "n%d", i);
+    later[i] = (cph_event_in){.channel = "news", .sender = "cy", .body = bodies[i],
+                              .key = keys[i], .ts_ms = 1700000000001 + i, .only_session = true,
+                              .memory_item = true, .memory_origin = true};
+  }
+  cph_op op;
+  cph_fixture_ingest(f, later, LATER, &op);
+  assert_int_equal(op.rc, CPH_OK);
+  for (int i = 0; i < LATER; i++)
+    assert_int_equal(op.u.ingest.results[i].status, CPH_EV_STORED);
+  cph_op_clear_results(&op);
+  int a = copy_of(f, "f1a", "a", 1700000000000, false);
+  int b = copy_of(f, "f1b", "b", 1700000000000, false);
+  if (a != CPH_EV_QUEUED || b != CPH_EV_QUEUED)
+    fail_msg("copies %d messages late were %s and %s, want queued", LATER,
+             cph_ingest_status_name(a), cph_ingest_status_name(b));
+  kind_count kc = {.text = "the build is green again"};
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, count_kinds, &kc);
+  cph_fixture_open(f);
+  if (kc.raw != 1 || kc.aggregate != 0)
+    fail_msg("the late copies made %d raw memories and %d aggregates; want 1 and 0", kc.raw,
+             kc.aggregate);
+  /* the 300 later messages, whose copies to a have not come yet, are shown as from while it
+   * was away; the message itself once */
+  shown_once_in(f, "a", true);
   /* the same words a minute later: a repeat, folded as before */
   assert_int_equal(copy_of(f, "f2a", "a", 1700000060000, false), CPH_EV_AGGREGATED);
   cph_fixture_free(f);
@@ -739,6 +795,7 @@ int main(void) {
       cmocka_unit_test(test_channel_memories_compacted_copies_stay_compacted),
       cmocka_unit_test(test_channel_memories_in_steps),
       cmocka_unit_test(test_copies_of_one_message_on_one_node_are_one_message),
+      cmocka_unit_test(test_a_late_copy_is_still_one_message),
       cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
