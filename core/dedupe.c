@@ -513,6 +513,29 @@ static void rings_free_all(cph_dedupe *d) {
   cph_hmap_free(&d->channels);
 }
 
+int dedupe_copy_seen(cph_dedupe *d, cph_txn *t, int64_t ts_ms, const uint8_t *id, size_t id_len,
+                     bool *seen) {
+  *seen = false;
+  cph_key k;
+  k.data[0] = COPY_TAG;
+  cph_be64_put(k.data + 1, (uint64_t)ts_ms);
+  memset(k.data + 9, 0, COPY_ID_LEN);
+  memcpy(k.data + 9, id, id_len < COPY_ID_LEN ? id_len : COPY_ID_LEN);
+  k.len = COPY_KEY_LEN;
+  k.overflow = false;
+  cph_val v;
+  int rc = cph_txn_get(t, CPH_DB_DEDUPE, &k, &v);
+  if (rc == CPH_OK) {
+    *seen = true;
+    return CPH_OK;
+  }
+  if (rc != CPH_ENOTFOUND)
+    return rc;
+  if (d)
+    d->added_since_prune++; /* pruned with the exact entries */
+  return cph_txn_put(t, CPH_DB_DEDUPE, &k, "", 0);
+}
+
 int dedupe_flush(cph_dedupe *d, cph_txn *t) { return d ? dd_entries_flush(d, t) : t->ret; }
 
 void dedupe_rollback(cph_dedupe *d) {
@@ -538,7 +561,8 @@ void dedupe_rollback(cph_dedupe *d) {
 /* ---------------------------------------------------------------- lifecycle */
 
 /* True when the store holds exact entries of the old layout (channel\0 sha256): keys from
- * 0x01 up to the rows and time-ordered ones. O(log n). */
+ * 0x01 up to the copy marks, rows and time-ordered ones (a channel name is UTF-8: it starts
+ * below 0xF5). O(log n). */
 static bool has_old_entries(cph_txn *t) {
   cph_cursor c;
   if (cph_cursor_open(t, CPH_DB_DEDUPE, &c) != CPH_OK)
@@ -546,7 +570,7 @@ static bool has_old_entries(cph_txn *t) {
   cph_key from = {.data = {0x01}, .len = 1};
   cph_val k, v;
   bool old = cph_cursor_seek(&c, &from, &k, &v) == CPH_OK &&
-             ((const uint8_t *)k.data)[0] < ROW_TAG;
+             ((const uint8_t *)k.data)[0] < COPY_TAG;
   cph_cursor_close(&c);
   return old;
 }
@@ -563,7 +587,7 @@ static int migrate_old_entries(cph_txn *w, size_t *moved) {
     cph_key from = {.data = {0x01}, .len = 1};
     cph_val k, v;
     rc = cph_cursor_seek(&c, &from, &k, &v);
-    if (rc == CPH_OK && ((const uint8_t *)k.data)[0] >= ROW_TAG)
+    if (rc == CPH_OK && ((const uint8_t *)k.data)[0] >= COPY_TAG)
       rc = CPH_ENOTFOUND;
     cph_key old;
     dd_entry en;
@@ -684,8 +708,9 @@ void dedupe_close(cph_dedupe *d) {
 }
 
 /* Deletes expired exact entries (and stale copies) from the front of the stored ones — schema
- * 4's time-ordered entries, then the rows (a row when its newest entry has expired) — at most
- * the budget of entries per call, and forgets their filter slots. */
+ * 4's time-ordered entries, then the rows (a row when its newest entry has expired), then the
+ * copy marks whose message's time left the window — at most the budget of entries per call,
+ * and forgets their filter slots. */
 static void prune(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, int64_t now_ms,
                   uint32_t widest) {
   /* keep entries for the widest window a channel may use (backpressure step 3) */
@@ -737,6 +762,17 @@ static void prune(cph_dedupe *d, const cph_policy_dedupe *p, cph_txn *parent, in
     } else {
       seen++; /* not a row: deleted too */
     }
+    if (cph_cursor_del(&c) != CPH_OK)
+      break;
+    rc = cph_cursor_next(&c, &k, &v);
+  }
+  /* the copy marks, in the order of their messages' times */
+  from.data[0] = COPY_TAG;
+  rc = seen < budget ? cph_cursor_seek(&c, &from, &k, &v) : CPH_ENOTFOUND;
+  for (; rc == CPH_OK && seen < budget && ((const uint8_t *)k.data)[0] == COPY_TAG; seen++) {
+    if (k.len == COPY_KEY_LEN &&
+        now_ms - (int64_t)cph_be64_get((const uint8_t *)k.data + 1) <= keep_ms)
+      break; /* the rest is newer */
     if (cph_cursor_del(&c) != CPH_OK)
       break;
     rc = cph_cursor_next(&c, &k, &v);

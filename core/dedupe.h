@@ -140,6 +140,18 @@ int dedupe_flush(cph_dedupe *d, struct cph_txn *t);
 void dedupe_rollback(cph_dedupe *d);
 void dedupe_verdict_free(dedupe_verdict *v);
 
+/* Cluster mode: a repeat's copies are one repeat. A node applies each copy of a message it
+ * gets — the channel's `in` event, a forward to each of its sessions (server/clusterflow.h
+ * 3.) — and a copy of a repeat is a repeat again; its family counts the repeat once: the
+ * later copies fold into their sessions' entries without dedupe_write or dedupe_commit.
+ * *seen: this node applied a copy of the message at ts_ms (the time it was accepted, which
+ * every copy carries) with identity id (its first 16 bytes: a hash of channel, sender, time
+ * and body) already; if not, marks it in t. A mark is a key COPY_TAG be64(ts_ms) id in the
+ * dedupe database, pruned with the exact entries once ts_ms left the widest window. CPH_OK or
+ * the store's error (t's sticky one). */
+int dedupe_copy_seen(cph_dedupe *d, struct cph_txn *t, int64_t ts_ms, const uint8_t *id,
+                     size_t id_len, bool *seen);
+
 /* ---- lifecycle and upkeep ---- */
 
 /* Builds the in-memory state (family count, top list, the exact filter) from the store, read

@@ -21,6 +21,9 @@
 #define XKEY_TAG 0xFF   /* first byte of a time-ordered exact entry's key (up to schema 4) */
 #define XKEY_LEN 41     /* XKEY_TAG, be64 last_ms, sha256 */
 #define ROW_TAG 0xFE    /* first byte of a row of exact entries' key (schema 5) */
+#define COPY_TAG 0xFD   /* first byte of a repeat's copy mark's key (dedupe_copy_seen) */
+#define COPY_ID_LEN 16  /* the message identity's bytes in a copy mark's key */
+#define COPY_KEY_LEN (1 + 8 + COPY_ID_LEN) /* COPY_TAG, be64 the message's time, identity */
 #define ROW_KEY_LEN 9   /* ROW_TAG, be64 row number */
 #define ROW_VERSION 2   /* a row's first byte */
 #define ROW_HEAD 9      /* ROW_VERSION, be64 the newest last_ms of its entries */

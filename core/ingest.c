@@ -811,6 +811,34 @@ static int copy_held(cph_ingest *ig, ingest_req *rq, const cph_event_in *in, con
   return rc;
 }
 
+/* Cluster mode: the identity of in's message in channel chan (memory_event_origin), which all
+ * its copies share. */
+static void message_origin(const char *chan, const cph_event_in *in,
+                           char origin[MEMORY_EVENT_ORIGIN_LEN + 1]) {
+  char scope[CPH_CHANNEL_MAX + 2];
+  size_t n = strnlen(chan, CPH_CHANNEL_MAX);
+  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
+  memcpy(scope + 1, chan, n);
+  scope[1 + n] = '\0';
+  memory_event_origin(scope, in->sender, in->ts_ms, in->body, origin);
+}
+
+/* Whether an earlier copy of a repeat (cluster mode) was applied here: dedupe_copy_seen, under
+ * the message's time and the first 16 bytes of its identity. */
+static int repeat_copy_seen(cph_ingest *ig, cph_txn *t, const cph_event_in *in, const char *chan,
+                            bool *seen) {
+  char origin[MEMORY_EVENT_ORIGIN_LEN + 1];
+  message_origin(chan, in, origin);
+  uint8_t id[16]; /* from the hex digits (lowercase) memory_event_origin wrote */
+  for (size_t i = 0; i < sizeof id; i++) {
+    const char *h = origin + 2 + 2 * i;
+    int hi = h[0] <= '9' ? h[0] - '0' : h[0] - 'a' + 10;
+    int lo = h[1] <= '9' ? h[1] - '0' : h[1] - 'a' + 10;
+    id[i] = (uint8_t)(hi << 4 | lo);
+  }
+  return dedupe_copy_seen(ig->dedupe, t, in->ts_ms, id, sizeof id, seen);
+}
+
 /* Whether an earlier copy of in (cluster mode: in->memory_origin) was applied here, found by
  * the message's identity where the channel's newest HISTORY_COPY_MATCH entries no longer hold
  * it — a batch of a thousand messages applied before their forwards, a busy channel. The
@@ -822,13 +850,8 @@ static int copy_held(cph_ingest *ig, ingest_req *rq, const cph_event_in *in, con
 static int copy_by_origin(cph_ingest *ig, cph_txn *t, const cph_event_in *in, const char *chan,
                           uint64_t *event_id) {
   *event_id = 0;
-  char scope[CPH_CHANNEL_MAX + 2];
-  size_t n = strnlen(chan, CPH_CHANNEL_MAX);
-  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
-  memcpy(scope + 1, chan, n);
-  scope[1 + n] = '\0';
   char origin[MEMORY_EVENT_ORIGIN_LEN + 1];
-  memory_event_origin(scope, in->sender, in->ts_ms, in->body, origin);
+  message_origin(chan, in, origin);
   const char *node = ig->env->reply_origin_node ? ig->env->reply_origin_node : "";
   uint64_t mem = 0;
   int rc = memory_find_origin(t, node, origin, &mem);
@@ -984,6 +1007,17 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   if (same)
     v.kind = DEDUPE_NONE; /* and dedupe saw it with the first copy: not written again */
   bool dup = v.kind != DEDUPE_NONE;
+  /* Cluster mode: a repeat (no history entry, no raw memory for copy_held or copy_by_origin to
+   * find) has copies too; its family counts it once. A later copy still folds into its
+   * session's entry of the family (deliver), and is not written to dedupe again. */
+  bool repeat_copy = false;
+  if (dup && in->memory_origin && in->channel && in->ts_ms) {
+    int crc = repeat_copy_seen(ig, t, in, channel_name, &repeat_copy);
+    if (crc) {
+      dedupe_verdict_free(&v);
+      return cph_err_set(err, crc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(crc));
+    }
+  }
   bool aggregate_only = step >= BP_STEP_AGGREGATE_ONLY;
 
   /* Routing: the explicit session, else the channel's subscribers; plus every mention. cap is
@@ -1048,7 +1082,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   int64_t now_ms = rq->now_ms;
   cph_txn_next_id(t, "event", &event_id);
   int rc = CPH_OK;
-  if (!same)
+  if (!same && !repeat_copy)
     rc = dedupe_write(ig->dedupe, t, channel_name, in->body, event_id, dd_now, &v);
   if (rc && !t->ret) { /* out of memory building the family */
     rc = cph_err_set(err, rc, "out of memory");
@@ -1118,7 +1152,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   }
 
   /* Every write of the event is in: memory follows (put back if the request fails). */
-  if (!same)
+  if (!same && !repeat_copy)
     dedupe_commit(ig->dedupe, channel_name, event_id, dd_now, &v);
   after->chan = after->chan_owned ? after->chan_owned : channel_name;
   after->family = dup ? v.family : 0;

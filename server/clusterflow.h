@@ -52,7 +52,10 @@
  *    later copy finds the first among the channel's newest 256 history entries (same channel,
  *    sender, accepted time and body; core/ingest.c copy_held) or, further back, by the raw
  *    memory the first minted under the message's origin (16.; copy_by_origin), and adds no
- *    history entry, no dedupe family and no memory — it is not a repeat of itself. Cost: a session on the channel owner's own node also gets its copy through
+ *    history entry, no dedupe family and no memory — it is not a repeat of itself. A repeat's
+ *    copies (no history entry, no raw memory) are one repeat: the first marks the message's
+ *    time and identity in the dedupe database, and a later copy that finds the mark folds
+ *    into its session's entry without counting in the family again (dedupe_copy_seen). Cost: a session on the channel owner's own node also gets its copy through
  *    the log (one more append and delivery, a few ms on loopback); and as forwards name their
  *    session, near-duplicate folding (DESIGN §5, bulk channels) does not fold them in inboxes.
  *

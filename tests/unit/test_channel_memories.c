@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cephalon/cephalon.h"
+#include "common/clock.h"
 #include "store/records.h"
 #include "store/store.h"
 #include "tests/support/engine_fixture.h"
@@ -628,6 +629,90 @@ static void test_a_late_copy_is_still_one_message(void **state) {
   cph_fixture_free(f);
 }
 
+static bool family_counts(void *ctx, const void *key, size_t key_len, const void *val,
+                          size_t val_len) {
+  (void)key;
+  (void)key_len;
+  uint64_t *counts = ctx; /* [0]: families, [1]: the last one's count */
+  cph_aggregate_rec a;
+  cph_err err;
+  if (cph_record_decode(&cph_aggregate_desc, val, val_len, &a, &err))
+    fail_msg("a family record does not decode: %s", err.msg);
+  counts[0]++;
+  counts[1] = a.dup_count;
+  cph_record_free(&cph_aggregate_desc, &a);
+  return true;
+}
+
+/* How many events the staged entries of session's turn on f stand for. */
+static uint32_t staged_events(cph_fixture *f, const char *session) {
+  cph_op l;
+  cph_fixture_lease(f, "w", &l);
+  assert_int_equal(l.rc, CPH_OK);
+  assert_string_equal(l.u.lease.turn.session, session);
+  uint32_t n = 0;
+  for (size_t i = 0; i < l.u.lease.turn.n_staged; i++)
+    n += l.u.lease.turn.staged[i].count;
+  cph_op_clear_results(&l);
+  return n;
+}
+
+/* A repeat has copies too (the `in` event and a forward to each subscriber, on the channel
+ * owner's node; or forwards to two sessions on one node), and none of them finds the message
+ * in the history (a repeat adds no entry) or by a raw memory (it mints none). Its family
+ * counts it once — the message and its repeat: 2 — and each subscriber's turn has both.
+ * Before: every copy counted again (the family said 4), and the count grew with the
+ * number of subscribers on the node. */
+static void test_copies_of_a_repeat_count_it_once(void **state) {
+  (void)state;
+  static const char *const news[] = {"news"};
+  cph_fixture *f = node_with_policy("chanmem_repeat_copies", "x",
+                                    "{:cluster {:node \"x\" :advertise \"http://127.0.0.1:9\""
+                                    " :etcd [\"http://127.0.0.1:9\"]"
+                                    " :nats [\"nats://127.0.0.1:9\"]}}");
+  cph_fixture_create_session(f, "b", CPH_LANE_INTERACTIVE, news, 1);
+  /* times of now: a copy mark lasts while its message's time is in the dedupe window */
+  const int64_t t0 = cph_wall_ms() - 20000, t1 = t0 + 5000;
+  assert_int_equal(copy_of(f, "in1", NULL, t0, true), CPH_EV_STORED);
+  assert_int_equal(copy_of(f, "f1a", "a", t0, false), CPH_EV_QUEUED);
+  assert_int_equal(copy_of(f, "f1b", "b", t0, false), CPH_EV_QUEUED);
+  /* the same words five seconds later, by the same sender: a repeat, with its copies */
+  assert_int_equal(copy_of(f, "in2", NULL, t1, true), CPH_EV_AGGREGATED);
+  assert_int_equal(copy_of(f, "f2a", "a", t1, false), CPH_EV_AGGREGATED);
+  assert_int_equal(copy_of(f, "f2b", "b", t1, false), CPH_EV_AGGREGATED);
+  uint64_t fam[2] = {0, 0};
+  kind_count kc = {.text = "the build is green again"};
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_store_each(f->dir, CPH_DB_AGGREGATES, family_counts, fam);
+  cph_fixture_store_each(f->dir, CPH_DB_MEMORIES, count_kinds, &kc);
+  cph_fixture_open(f);
+  if (fam[0] != 1 || fam[1] != 2)
+    fail_msg("a message and its one repeat, three copies each, made %llu families counting "
+             "%llu; want 1 counting 2",
+             (unsigned long long)fam[0], (unsigned long long)fam[1]);
+  if (kc.raw != 1 || kc.aggregate != 1)
+    fail_msg("%d raw memories and %d aggregates; want 1 and 1", kc.raw, kc.aggregate);
+  /* each subscriber's turn has the message and its repeat: the copies that counted nothing
+   * in the family still reached their sessions */
+  assert_int_equal(staged_events(f, "a"), 2);
+  assert_int_equal(staged_events(f, "b"), 2);
+  /* a third time, its copies in the other order: counted once more */
+  const int64_t t2 = t1 + 5000;
+  assert_int_equal(copy_of(f, "f3b", "b", t2, false), CPH_EV_AGGREGATED);
+  assert_int_equal(copy_of(f, "in3", NULL, t2, true), CPH_EV_AGGREGATED);
+  assert_int_equal(copy_of(f, "f3a", "a", t2, false), CPH_EV_AGGREGATED);
+  fam[0] = fam[1] = 0;
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_fixture_store_each(f->dir, CPH_DB_AGGREGATES, family_counts, fam);
+  cph_fixture_open(f);
+  if (fam[0] != 1 || fam[1] != 3)
+    fail_msg("after a second repeat the family counts %llu in %llu families; want 3 in 1",
+             (unsigned long long)fam[1], (unsigned long long)fam[0]);
+  cph_fixture_free(f);
+}
+
 /* An event that mints no raw memory (an exact repeat within the dedupe window) gives no part;
  * nor does one applied without memory_item (a forward, a history copy). */
 static void test_channel_memories_only_what_was_minted(void **state) {
@@ -796,6 +881,7 @@ int main(void) {
       cmocka_unit_test(test_channel_memories_in_steps),
       cmocka_unit_test(test_copies_of_one_message_on_one_node_are_one_message),
       cmocka_unit_test(test_a_late_copy_is_still_one_message),
+      cmocka_unit_test(test_copies_of_a_repeat_count_it_once),
       cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -353,6 +353,59 @@ static void test_expired_exact_entries_are_pruned(void **state) {
   free_aggregates(list, n);
 }
 
+/* Cluster mode's copy marks (dedupe_copy_seen): keys starting 0xFD. */
+static bool is_copy_mark(void *ctx, const void *k, size_t klen, const void *v, size_t vlen) {
+  (void)ctx, (void)klen, (void)v, (void)vlen;
+  return ((const uint8_t *)k)[0] == 0xFD;
+}
+
+/* One copy of a message as the cluster log gives it (a forward to session: the time it was
+ * accepted, its identity shared with every copy); its status. */
+static cph_ingest_status post_copy(fixture *f, const char *session, const char *body,
+                                   int64_t ts_ms) {
+  cph_event_in ev = {.channel = "general", .sender = "alice", .body = (char *)body,
+                     .session = (char *)session, .ts_ms = ts_ms, .only_session = true,
+                     .memory_origin = true};
+  cph_op op = {0};
+  op.kind = CPH_OP_INGEST;
+  op.u.ingest.events = &ev;
+  op.u.ingest.n_events = 1;
+  if (cph_fixture_run(f, &op))
+    fail_msg("ingest: %s", op.err.msg);
+  cph_ingest_status st = op.u.ingest.results[0].status;
+  cph_op_clear_results(&op);
+  return st;
+}
+
+/* A repeat's copies on one node count once in its family; the mark that says so lasts as long
+ * as the exact entries (4 x the window: the widest a channel may use) and is then pruned. */
+static void test_a_repeats_copies_count_once_and_their_mark_is_pruned(void **state) {
+  fixture *f = *state;
+  create_session(f, "s1", "general");
+  create_session(f, "s2", "general");
+  int64_t t0 = cph_wall_ms();
+  assert_int_equal(post_copy(f, "s1", BACKUP, t0), CPH_EV_QUEUED);
+  assert_int_equal(post_copy(f, "s1", BACKUP, t0 + 1000), CPH_EV_AGGREGATED);
+  assert_int_equal(post_copy(f, "s2", BACKUP, t0 + 1000), CPH_EV_AGGREGATED); /* its copy */
+  cph_aggregate_info *list;
+  size_t n;
+  get_aggregates(f, 10, &list, &n);
+  assert_int_equal(n, 1);
+  assert_int_equal(list[0].dup_count, 2);
+  free_aggregates(list, n);
+  assert_int_equal(inbox_size(f, "s2"), 1); /* the copy reached s2 all the same */
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_DEDUPE, is_copy_mark, NULL), 1);
+  cph_fixture_open(f);
+  cph_clock_advance(&f->clock, 242 * CPH_NS_PER_S);
+  cph_engine_run_pass(f->e); /* the once-a-second check prunes */
+  cph_engine_close(f->e);
+  f->e = NULL;
+  assert_int_equal(cph_fixture_store_each(f->dir, CPH_DB_DEDUPE, is_copy_mark, NULL), 0);
+  cph_fixture_open(f);
+}
+
 /* A repeat writes a newer copy of its entry and leaves the older one for pruning: after a
  * restart the newest copy is the entry, so the window slides from the last repeat. */
 static void test_the_newest_copy_of_an_exact_entry_wins_after_a_restart(void **state) {
@@ -800,6 +853,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_duplicate_after_the_window_is_queued_again, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_short_bodies_are_never_deduplicated, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_repeats_copies_count_once_and_their_mark_is_pruned,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_near_dedupe_folds_only_bulk_traffic_and_never_across_numbers, setup, teardown),
       cmocka_unit_test_setup_teardown(
