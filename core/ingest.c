@@ -401,6 +401,43 @@ static int32_t fold_target(const csession *s, const dedupe_verdict *v) {
   return -1;
 }
 
+/* How many of a session's newest un-leased entries a repeat's forward looks at for another
+ * copy of its original (copy_fold_target): the original's entry is usually among the last. */
+#define COPY_FOLD_LOOK 8
+
+/* Cluster mode: the session's un-leased entry, not folding anything yet, whose event is another
+ * copy of orig, the message the repeat repeats — a forward is an event of its own (server/
+ * clusterflow.h 3.), so the entry holds that copy's id, not the original's — among its newest
+ * COPY_FOLD_LOOK such entries: the repeat folds into it as into the original's entry on one
+ * node. -1: none; *rc a store error. */
+static int32_t copy_fold_target(cph_txn *t, const csession *s, const cph_event_rec *orig,
+                                int *rc) {
+  *rc = CPH_OK;
+  size_t looked = 0;
+  for (uint32_t j = s->n_inbox; j-- > 0 && looked < COPY_FOLD_LOOK;) {
+    const inbox_item *it = &s->inbox[j];
+    if (it->turn_id || it->fold != INBOX_FOLD_NONE)
+      continue;
+    looked++;
+    cph_key ek = cph_key_of_u64(it->event_id);
+    cph_event_rec ev;
+    int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
+    if (grc == CPH_ENOTFOUND)
+      continue;
+    if (grc) {
+      *rc = grc;
+      return -1;
+    }
+    bool copy = ev.ts_ms == orig->ts_ms && ev.channel && ev.sender && ev.body &&
+                strcmp(ev.channel, orig->channel) == 0 && strcmp(ev.sender, orig->sender) == 0 &&
+                strcmp(ev.body, orig->body) == 0;
+    cph_record_free(&cph_event_desc, &ev);
+    if (copy)
+      return (int32_t)j;
+  }
+  return -1;
+}
+
 /* Whether step 5 may drop the payload of an event routed to ts[0..n): when it reached nobody,
  * or when it is an exact repeat that every one of those sessions counts in an un-leased entry
  * already there (fold_target), whose first event shows the text. A repeat that starts an entry
@@ -530,10 +567,17 @@ static int overflow_fold(cph_ingest *ig, cph_txn *t, csession *s, delivery_log *
  * follows each write at once (the request's next event must see it) and dl can put it back;
  * fold records (count, last time) are noted in dl and written once at the request's end. */
 static int deliver(cph_ingest *ig, cph_txn *t, csession *s, uint64_t event_id, bool mentioned,
-                   bool direct, const dedupe_verdict *v, int64_t now_ms, delivery_log *dl) {
+                   bool direct, const dedupe_verdict *v, const cph_event_rec *orig,
+                   int64_t now_ms, delivery_log *dl) {
   queued_memos *qm = &dl->queued;
   if (v) {
     int32_t at = fold_target(s, v);
+    if (at < 0 && orig) {
+      int rc;
+      at = copy_fold_target(t, s, orig, &rc);
+      if (rc)
+        return rc;
+    }
     if (at >= 0)
       return fold_into(t, s, at, event_id, mentioned, direct, v, now_ms, dl);
   }
@@ -1011,6 +1055,10 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
    * find) has copies too; its family counts it once. A later copy still folds into its
    * session's entry of the family (deliver), and is not written to dedupe again. */
   bool repeat_copy = false;
+  /* and the message it repeats, as this node holds it: a session's entry of another copy of it
+   * takes the repeat (deliver, copy_fold_target) */
+  cph_event_rec orig = {0};
+  bool have_orig = false;
   if (dup && in->memory_origin && in->channel && in->ts_ms) {
     int crc = repeat_copy_seen(ig, t, in, channel_name, &repeat_copy);
     if (crc) {
@@ -1135,9 +1183,18 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
     goto done;
   }
+  if (dup && n && in->memory_origin && in->channel && v.original_event) {
+    cph_key ok = cph_key_of_u64(v.original_event);
+    int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ok, &cph_event_desc, &orig);
+    have_orig = grc == CPH_OK && orig.channel && orig.sender && orig.body;
+    if (grc && grc != CPH_ENOTFOUND) {
+      rc = cph_err_set(err, grc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(grc));
+      goto done;
+    }
+  }
   for (size_t i = 0; i < n; i++) {
     rc = deliver(ig, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,
-                 now_ms, &rq->dl);
+                 have_orig ? &orig : NULL, now_ms, &rq->dl);
     if (rc == CPH_OK &&
         !(res->sessions.items[res->sessions.count] = result_str(rq->strings, ts[i].session->id)))
       rc = CPH_ENOMEM;
@@ -1170,6 +1227,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
       rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
 done:
+  cph_record_free(&cph_event_desc, &orig);
   dedupe_verdict_free(&v);
   if (ts != local)
     free(ts);

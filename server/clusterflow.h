@@ -55,7 +55,9 @@
  *    history entry, no dedupe family and no memory — it is not a repeat of itself. A repeat's
  *    copies (no history entry, no raw memory) are one repeat: the first marks the message's
  *    time and identity in the dedupe database, and a later copy that finds the mark folds
- *    into its session's entry without counting in the family again (dedupe_copy_seen).
+ *    into its session's entry without counting in the family again (dedupe_copy_seen). A
+ *    repeat folds into the session's entry of its own copy of the message (which holds that
+ *    copy's event, not the original's: core/ingest.c copy_fold_target), as on one node.
  *    Cost: a session on the channel owner's own node also gets its copy through the log
  *    (one more append and delivery, a few ms on loopback); and as forwards name their
  *    session, near-duplicate folding (DESIGN §5, bulk channels) does not fold them in inboxes.
