@@ -663,9 +663,10 @@ static uint32_t staged_events(cph_fixture *f, const char *session, size_t *entri
  * owner's node; or forwards to two sessions on one node), and none of them finds the message
  * in the history (a repeat adds no entry) or by a raw memory (it mints none). Its family
  * counts it once — the message and its repeat: 2 — and each subscriber's turn has both in
- * one entry, the message with its count. Before: every copy counted again (the family said 4), and the count grew with the
- * number of subscribers on the node; and the repeat was an entry of its own beside the
- * message (its forward matched no entry: each holds its own copy's event). */
+ * one entry, the message with its count. Before: every copy counted again (the family said
+ * 4), and the count grew with the number of subscribers on the node; and the repeat was an
+ * entry of its own beside the message (its forward matched no entry: each holds its own
+ * copy's event). */
 static void test_copies_of_a_repeat_count_it_once(void **state) {
   (void)state;
   static const char *const news[] = {"news"};
