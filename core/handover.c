@@ -2647,6 +2647,14 @@ static void held_texts_free(held_texts *h) {
   cph_hmap_free(&h->map);
 }
 
+/* Whether origin is an event's (memory_event_origin): "e:" and the time and hash, or the hash
+ * alone as nodes before the time led wrote it. */
+static bool event_origin_form(const char *origin) {
+  size_t n = strlen(origin);
+  return strncmp(origin, "e:", 2) == 0 &&
+         (n == MEMORY_EVENT_ORIGIN_LEN || n == MEMORY_EVENT_ORIGIN_V1_LEN);
+}
+
 /* Reads channel memories item it of scope into *v (*n grown); CPH_EINVAL with why for one
  * that is not such an item, or holds a memory of another scope or kind. */
 static int read_channel_item(const cph_state_item *it, const char *scope, channel_memory **v,
@@ -2680,8 +2688,7 @@ static int read_channel_item(const cph_state_item *it, const char *scope, channe
     at += 4 + (size_t)rl;
     const char *problem = rc == CPH_ECORRUPT                         ? err.msg
                           : rc                                       ? NULL
-                          : strlen(origin) != MEMORY_EVENT_ORIGIN_LEN ||
-                                  strncmp(origin, "e:", 2) != 0      ? "an origin of another form"
+                          : !event_origin_form(origin)               ? "an origin of another form"
                           : !m.session || strcmp(m.session, scope) != 0 ? "of another scope"
                           : m.kind != CPH_MEMORY_RAW                 ? "not a raw memory"
                           : !m.text || !*m.text                      ? "no text"

@@ -687,42 +687,39 @@ static void idem_put(cph_txn *t, const char *key, uint64_t event_id, int64_t now
   cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
 }
 
-/* Cluster mode (an event of the log, cph_event_in.memory_origin): the raw memory of event ev
- * in scope is the event's memory cluster-wide, under its origin (memory_event_origin). One this
- * node has already — taken from the log's items at a takeover, or minted by another delivery
- * of the same event (a forward, a rebuild's) — is linked to ev instead of minted again; a new
- * one is indexed under it. */
-static void mint_raw(cph_ingest *ig, cph_txn *t, const char *scope, const cph_event_rec *ev,
-                     bool embed, uint64_t *raw_id) {
-  char origin[MEMORY_EVENT_ORIGIN_LEN + 1];
-  memory_event_origin(scope, ev->sender, ev->ts_ms, ev->body, origin);
+/* Cluster mode (an event of the log, cph_event_in.memory_origin): the raw memory of event
+ * event_id in scope is the event's memory cluster-wide, under its origin (message_origin). One
+ * this node has already — taken from the log's items at a takeover, or minted by another
+ * delivery of the same event (a forward, a rebuild's) — is linked to the event instead of
+ * minted again; a new one is indexed under it. */
+static void mint_raw(cph_ingest *ig, cph_txn *t, const char *scope, const char *body,
+                     uint64_t event_id, const char *origin, bool embed, uint64_t *raw_id) {
   uint64_t here = 0;
   const char *node = ig->env->reply_origin_node ? ig->env->reply_origin_node : "";
   if (memory_find_origin(t, node, origin, &here) == CPH_OK && here) {
-    if (memory_link_source(ig->memory, t, here, ev->id) == CPH_OK)
+    if (memory_link_source(ig->memory, t, here, event_id) == CPH_OK)
       *raw_id = here;
     return;
   }
-  if (memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, ev->body, ev->id, embed, raw_id) ==
-      CPH_OK)
+  if (memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, body, event_id, embed, raw_id) == CPH_OK)
     memory_note_origin(t, *raw_id, origin);
 }
 
 /* Mints the memories an event gives (DESIGN §7): a raw memory scoped to its channel for a
- * non-duplicate on a channel that is not aggregate-only (under its origin with `origin`:
+ * non-duplicate on a channel that is not aggregate-only (under origin when there is one:
  * mint_raw); one aggregate memory per family, when the family is created. Embeddings per
  * backpressure_embed_allowed(). */
 static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, int step, bool raw,
                           const dedupe_verdict *v, const char *body, uint64_t event_id,
-                          const cph_event_rec *origin, uint64_t *raw_id) {
+                          const char *origin, uint64_t *raw_id) {
   char scope[CPH_CHANNEL_MAX + 2];
   size_t n = strnlen(channel_name, CPH_CHANNEL_MAX);
   scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
   memcpy(scope + 1, channel_name, n);
   scope[1 + n] = '\0';
   bool embed = backpressure_embed_allowed(ig->env->policy, step, false);
-  if (raw && *body && origin && origin->sender)
-    mint_raw(ig, t, scope, origin, embed, raw_id);
+  if (raw && *body && origin)
+    mint_raw(ig, t, scope, body, event_id, origin, embed, raw_id);
   else if (raw && *body)
     memory_mint(ig->memory, t, scope, CPH_MEMORY_RAW, body, event_id, embed, raw_id);
   if (v->family_created && v->sample) {
@@ -855,27 +852,26 @@ static int copy_held(cph_ingest *ig, ingest_req *rq, const cph_event_in *in, con
   return rc;
 }
 
-/* Cluster mode: the identity of in's message in channel chan (memory_event_origin), which all
- * its copies share. */
-static void message_origin(const char *chan, const cph_event_in *in,
+/* Cluster mode: the identity of in's message in channel chan, accepted at ts_ms (memory_
+ * event_origin of its scope, sender, time and body), which all its copies share. Computed once
+ * an event (ingest_one): it is a SHA-256. */
+static void message_origin(const char *chan, const cph_event_in *in, int64_t ts_ms,
                            char origin[MEMORY_EVENT_ORIGIN_LEN + 1]) {
   char scope[CPH_CHANNEL_MAX + 2];
   size_t n = strnlen(chan, CPH_CHANNEL_MAX);
   scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
   memcpy(scope + 1, chan, n);
   scope[1 + n] = '\0';
-  memory_event_origin(scope, in->sender, in->ts_ms, in->body, origin);
+  memory_event_origin(scope, in->sender, ts_ms, in->body, origin);
 }
 
 /* Whether an earlier copy of a repeat (cluster mode) was applied here: dedupe_copy_seen, under
- * the message's time and the first 16 bytes of its identity. */
-static int repeat_copy_seen(cph_ingest *ig, cph_txn *t, const cph_event_in *in, const char *chan,
+ * the message's time and the first 16 bytes of its identity, origin. */
+static int repeat_copy_seen(cph_ingest *ig, cph_txn *t, const cph_event_in *in, const char *origin,
                             bool *seen) {
-  char origin[MEMORY_EVENT_ORIGIN_LEN + 1];
-  message_origin(chan, in, origin);
-  uint8_t id[16]; /* from the hex digits (lowercase) memory_event_origin wrote */
+  uint8_t id[16]; /* from the hash's hex digits (lowercase) memory_event_origin wrote */
   for (size_t i = 0; i < sizeof id; i++) {
-    const char *h = origin + 2 + 2 * i;
+    const char *h = origin + MEMORY_EVENT_ORIGIN_HASH_AT + 2 * i;
     int hi = h[0] <= '9' ? h[0] - '0' : h[0] - 'a' + 10;
     int lo = h[1] <= '9' ? h[1] - '0' : h[1] - 'a' + 10;
     id[i] = (uint8_t)(hi << 4 | lo);
@@ -892,10 +888,8 @@ static int repeat_copy_seen(cph_ingest *ig, cph_txn *t, const cph_event_in *in, 
  * memory taken from the log with no source yet (a takeover's import) is no copy here.
  * *event_id: that event, 0 none. */
 static int copy_by_origin(cph_ingest *ig, cph_txn *t, const cph_event_in *in, const char *chan,
-                          uint64_t *event_id) {
+                          const char *origin, uint64_t *event_id) {
   *event_id = 0;
-  char origin[MEMORY_EVENT_ORIGIN_LEN + 1];
-  message_origin(chan, in, origin);
   const char *node = ig->env->reply_origin_node ? ig->env->reply_origin_node : "";
   uint64_t mem = 0;
   int rc = memory_find_origin(t, node, origin, &mem);
@@ -1033,10 +1027,14 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
    * (context.c log_copy). Looked for among the channel's newest HISTORY_COPY_MATCH entries,
    * then by the raw memory the first copy minted (copy_by_origin). */
   uint64_t same = 0;
+  char origin_buf[MEMORY_EVENT_ORIGIN_LEN + 1];
+  const char *origin = NULL; /* the message's identity (cluster mode) */
   if (in->memory_origin && in->channel) {
+    message_origin(channel_name, in, in->ts_ms ? in->ts_ms : rq->now_ms, origin_buf);
+    origin = origin_buf;
     int crc = copy_held(ig, rq, in, channel_name, &same);
     if (crc == CPH_OK && !same)
-      crc = copy_by_origin(ig, t, in, channel_name, &same);
+      crc = copy_by_origin(ig, t, in, channel_name, origin, &same);
     if (crc)
       return cph_err_set(err, crc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(crc));
   }
@@ -1059,8 +1057,8 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
    * takes the repeat (deliver, copy_fold_target) */
   cph_event_rec orig = {0};
   bool have_orig = false;
-  if (dup && in->memory_origin && in->channel && in->ts_ms) {
-    int crc = repeat_copy_seen(ig, t, in, channel_name, &repeat_copy);
+  if (dup && origin && in->ts_ms) {
+    int crc = repeat_copy_seen(ig, t, in, origin, &repeat_copy);
     if (crc) {
       dedupe_verdict_free(&v);
       return cph_err_set(err, crc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(crc));
@@ -1163,11 +1161,10 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   if (in->key)
     idem_put(t, in->key, event_id, now_ms);
   uint64_t raw_memory = 0;
-  /* cluster mode: its identity cluster-wide, of the accepted body (server/clusterflow.h 16.) */
-  cph_event_rec origin = ev;
-  origin.body = (char *)in->body;
+  /* cluster mode: under its identity cluster-wide, of the accepted body (server/clusterflow.h
+   * 16.) */
   mint_memories(ig, t, channel_name, step, !dup && !aggregate_only, &v, in->body, event_id,
-                in->memory_origin && in->channel ? &origin : NULL, &raw_memory);
+                origin, &raw_memory);
   if (t->ret) {
     /* Storage full and friends: the request fails with the store's error (507 for a full
      * map) and none of its events is stored. */
@@ -1183,7 +1180,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
     goto done;
   }
-  if (dup && n && in->memory_origin && in->channel && v.original_event) {
+  if (dup && n && origin && v.original_event) {
     cph_key ok = cph_key_of_u64(v.original_event);
     int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ok, &cph_event_desc, &orig);
     have_orig = grc == CPH_OK && orig.channel && orig.sender && orig.body;

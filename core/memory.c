@@ -458,10 +458,18 @@ void memory_event_origin(const char *scope, const char *sender, int64_t ts_ms, c
   EVP_MD_CTX_free(ctx);
   if (!ok)
     memset(md, 0, 32); /* cannot happen with a working libcrypto; the origin is still one */
+  /* by hand, not snprintf: every event of the cluster log computes one (ingest.c) */
+  static const char hex[] = "0123456789abcdef";
   out[0] = 'e';
   out[1] = ':';
-  for (unsigned i = 0; i < 32; i++)
-    snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
+  for (unsigned i = 0; i < 16; i++) /* the time, most significant digit first */
+    out[2 + i] = hex[((uint64_t)ts_ms >> (60 - 4 * i)) & 15];
+  char *h = out + MEMORY_EVENT_ORIGIN_HASH_AT;
+  for (unsigned i = 0; i < 32; i++) {
+    h[2 * i] = hex[md[i] >> 4];
+    h[2 * i + 1] = hex[md[i] & 15];
+  }
+  out[MEMORY_EVENT_ORIGIN_LEN] = '\0';
 }
 
 int memory_note_origin(cph_txn *t, uint64_t id, const char *origin) {

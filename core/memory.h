@@ -78,16 +78,22 @@ bool memory_is_adopted(cph_txn *t, uint64_t id);
 /* Cluster mode (server/clusterflow.h 16.): the raw memory a channel's event mints has the
  * event's identity cluster-wide as its origin, the same on every node that applies the event
  * (its `in` message's applier, the nodes its forwards reach, a rebuild delivering it again):
- * "e:" and the SHA-256, in hex, of its scope, the event's sender, its time (fixed where the
- * event was accepted) and its text (the event's body) — not its key, which differs per
- * forward. Two events alike in all four are one: exact repeats, which dedupe folds anyway.
+ * "e:", its time (fixed where the event was accepted; 16 hex digits) and the SHA-256, in hex,
+ * of its scope, the event's sender, its time and its text (the event's body) — not its key,
+ * which differs per forward. Two events alike in all four are one: exact repeats, which dedupe
+ * folds anyway. The time leads so that the origin index (origin -> id) grows at its end, as
+ * events come in time order: with the hash alone every memory minted dirtied a random page of
+ * it, and a three-node ingest wrote ~1.7x the pages (bench/cluster.sh). An origin of the form
+ * before (MEMORY_EVENT_ORIGIN_V1_LEN, no time) is still taken in an item of an older node.
  *   memory_event_origin: that origin, into out (MEMORY_EVENT_ORIGIN_LEN + 1 bytes).
  *   memory_note_origin: indexes the origin of memory id, minted here, both ways (origin -> id,
  *     and 0xFE be64 id -> origin), so memory_find_origin finds it and memory_origin_of gives
  *     it.
  *   memory_has_origin: whether memory id was adopted or minted under an origin — a copy that
  *     an import matches by its origin, not by its text. */
-#define MEMORY_EVENT_ORIGIN_LEN (2 + 64)
+#define MEMORY_EVENT_ORIGIN_LEN (2 + 16 + 64)
+#define MEMORY_EVENT_ORIGIN_HASH_AT (2 + 16) /* where the hash's hex digits start */
+#define MEMORY_EVENT_ORIGIN_V1_LEN (2 + 64)
 void memory_event_origin(const char *scope, const char *sender, int64_t ts_ms, const char *text,
                          char *out);
 int memory_note_origin(cph_txn *t, uint64_t id, const char *origin);

@@ -526,8 +526,9 @@
  *    them: after its death a session's memory search on its new owner did not find them. Now
  *    the node that applies an `in` message (2.) gives the engine its events with memory_item
  *    set; each raw memory one mints in its channel comes back as a part (the event's identity
- *    cluster-wide as its origin — "e:" and the SHA-256 of the scope, the event's sender, its
- *    time and its body, which its forwards share (its key they do not) —, then the memory's
+ *    cluster-wide as its origin — "e:", its time and the SHA-256 of the scope, the event's
+ *    sender, its time and its body, which its forwards share (its key they do not); the time
+ *    leads, so the origin index grows at its end: core/memory.h —, then the memory's
  *    record: core/handover.h), and the parts of one message and
  *    channel go as one item into CEPH_STATE under the channel's key, "<shard of the channel>.
  *    <'#' and the channel in hex>.c<SHA-256 of the message id>" (more items, "…n<k>", when
