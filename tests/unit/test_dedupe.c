@@ -61,17 +61,11 @@ static void create_session(fixture *f, const char *id, const char *subscribe) {
   cph_op_clear_results(&op);
 }
 
-/* Posts one event; returns its status, *id its id, *routed how many sessions got it. */
-static cph_ingest_status post(fixture *f, const char *channel, const char *sender,
-                              const char *body, const char *key, uint64_t *id, size_t *routed) {
-  cph_event_in ev = {0};
-  ev.channel = (char *)channel;
-  ev.sender = (char *)sender;
-  ev.body = (char *)body;
-  ev.key = (char *)key;
+/* Ingests ev alone; returns its status, *id its id, *routed how many sessions got it. */
+static cph_ingest_status post_event(fixture *f, cph_event_in *ev, uint64_t *id, size_t *routed) {
   cph_op op = {0};
   op.kind = CPH_OP_INGEST;
-  op.u.ingest.events = &ev;
+  op.u.ingest.events = ev;
   op.u.ingest.n_events = 1;
   if (cph_fixture_run(f, &op))
     fail_msg("ingest: %s", op.err.msg);
@@ -82,6 +76,17 @@ static cph_ingest_status post(fixture *f, const char *channel, const char *sende
     *routed = op.u.ingest.results[0].sessions.count;
   cph_op_clear_results(&op);
   return st;
+}
+
+/* Posts one event; returns its status, *id its id, *routed how many sessions got it. */
+static cph_ingest_status post(fixture *f, const char *channel, const char *sender,
+                              const char *body, const char *key, uint64_t *id, size_t *routed) {
+  cph_event_in ev = {0};
+  ev.channel = (char *)channel;
+  ev.sender = (char *)sender;
+  ev.body = (char *)body;
+  ev.key = (char *)key;
+  return post_event(f, &ev, id, routed);
 }
 
 static uint32_t inbox_size(fixture *f, const char *id) {
@@ -366,15 +371,7 @@ static cph_ingest_status post_copy(fixture *f, const char *session, const char *
   cph_event_in ev = {.channel = "general", .sender = "alice", .body = (char *)body,
                      .session = (char *)session, .ts_ms = ts_ms, .only_session = true,
                      .memory_origin = true};
-  cph_op op = {0};
-  op.kind = CPH_OP_INGEST;
-  op.u.ingest.events = &ev;
-  op.u.ingest.n_events = 1;
-  if (cph_fixture_run(f, &op))
-    fail_msg("ingest: %s", op.err.msg);
-  cph_ingest_status st = op.u.ingest.results[0].status;
-  cph_op_clear_results(&op);
-  return st;
+  return post_event(f, &ev, NULL, NULL);
 }
 
 /* A repeat's copies on one node count once in its family; the mark that says so lasts as long
