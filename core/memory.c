@@ -435,10 +435,19 @@ bool memory_is_adopted(cph_txn *t, uint64_t id) {
   return cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v) == CPH_OK;
 }
 
+/* Whether a stored origin is one this build's copies of the memory carry: not an event's of
+ * the form before the time led (MEMORY_EVENT_ORIGIN_V1_LEN), which no copy carries now. */
+static bool origin_current(const cph_val *v) {
+  return !(v->len == MEMORY_EVENT_ORIGIN_V1_LEN && memcmp(v->data, "e:", 2) == 0);
+}
+
 bool memory_has_origin(cph_txn *t, uint64_t id) {
-  cph_key k = origin_minted_key(id);
+  cph_key k = origin_of_key(id);
   cph_val v;
-  return memory_is_adopted(t, id) || cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v) == CPH_OK;
+  if (cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v) == CPH_OK)
+    return origin_current(&v);
+  k = origin_minted_key(id);
+  return cph_txn_get(t, CPH_DB_MEMORY_ORIGINS, &k, &v) == CPH_OK && origin_current(&v);
 }
 
 void memory_event_origin(const char *scope, const char *sender, int64_t ts_ms, const char *text,

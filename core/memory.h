@@ -90,7 +90,9 @@ bool memory_is_adopted(cph_txn *t, uint64_t id);
  *     and 0xFE be64 id -> origin), so memory_find_origin finds it and memory_origin_of gives
  *     it.
  *   memory_has_origin: whether memory id was adopted or minted under an origin — a copy that
- *     an import matches by its origin, not by its text. */
+ *     an import matches by its origin, not by its text. Not under an event's origin of the
+ *     form before (a data directory of an older build): no copy carries that one now, so the
+ *     memory is matched by its text. */
 #define MEMORY_EVENT_ORIGIN_LEN (2 + 16 + 64)
 #define MEMORY_EVENT_ORIGIN_HASH_AT (2 + 16) /* where the hash's hex digits start */
 #define MEMORY_EVENT_ORIGIN_V1_LEN (2 + 64)

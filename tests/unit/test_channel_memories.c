@@ -271,6 +271,87 @@ static void test_channel_memories_move_whole_and_once(void **state) {
   cph_fixture_free(w);
 }
 
+/* Rewrites the event origins f's memories were minted under (CPH_DB_MEMORY_ORIGINS: 0xFE be64
+ * id -> origin, origin\0 -> be64 id) to the form a build before the time led wrote: "e:" and
+ * the hash alone. The engine closed; *n how many. */
+static void to_hash_only_origins(cph_fixture *f, size_t *n) {
+  enum { MAX = 16, NEW_LEN = 2 + 16 + 64 };
+  uint8_t ids[MAX][9];
+  char was[MAX][NEW_LEN + 1];
+  *n = 0;
+  cph_engine_close(f->e);
+  f->e = NULL;
+  cph_store *st = cph_fixture_store_open(f->dir);
+  cph_txn t;
+  assert_int_equal(cph_txn_begin(st, true, &t), CPH_OK);
+  cph_cursor c;
+  assert_int_equal(cph_cursor_open(&t, CPH_DB_MEMORY_ORIGINS, &c), CPH_OK);
+  cph_key from = {.data = {0xFE}, .len = 1};
+  cph_val k, v;
+  for (int rc = cph_cursor_seek(&c, &from, &k, &v); rc == CPH_OK && *n < MAX;
+       rc = cph_cursor_next(&c, &k, &v)) {
+    const uint8_t *kp = k.data;
+    if (k.len != 9 || kp[0] != 0xFE || v.len != NEW_LEN || memcmp(v.data, "e:", 2) != 0)
+      continue;
+    memcpy(ids[*n], kp, 9);
+    memcpy(was[*n], v.data, NEW_LEN);
+    was[*n][NEW_LEN] = '\0';
+    (*n)++;
+  }
+  cph_cursor_close(&c);
+  for (size_t i = 0; i < *n; i++) {
+    char old[2 + 64 + 1] = "e:";
+    memcpy(old + 2, was[i] + 2 + 16, 64 + 1);
+    cph_key mk = {.len = 9};
+    memcpy(mk.data, ids[i], 9);
+    assert_int_equal(cph_txn_put(&t, CPH_DB_MEMORY_ORIGINS, &mk, old, strlen(old)), CPH_OK);
+    cph_key ok;
+    cph_key_reset(&ok);
+    cph_key_str(&ok, was[i]);
+    assert_int_equal(cph_txn_del(&t, CPH_DB_MEMORY_ORIGINS, &ok), CPH_OK);
+    cph_key_reset(&ok);
+    cph_key_str(&ok, old);
+    assert_int_equal(cph_txn_put(&t, CPH_DB_MEMORY_ORIGINS, &ok, ids[i] + 1, 8), CPH_OK);
+  }
+  assert_int_equal(cph_txn_commit(&t), CPH_OK);
+  cph_store_close(st);
+  cph_fixture_open(f);
+}
+
+/* A data directory of a build before the event's identity led with its time: a memory minted
+ * under the hash alone is held by its text when the channel's items come (their origins are
+ * of the new form, which no index here holds) — not stored a second time. */
+static void test_a_memory_under_an_older_origin_is_held_by_its_text(void **state) {
+  (void)state;
+  cph_fixture *x = node("chanmem_v1_x", "x"), *u = node("chanmem_v1_u", "u");
+  uint8_t *parts[10] = {0};
+  size_t lens[10] = {0};
+  apply(x, 0, 10, true, parts, lens);
+  apply_how(u, 7, 8, ORIGIN | FORWARD, NULL, NULL); /* u minted event 7's under its origin */
+  size_t rewritten;
+  to_hash_only_origins(u, &rewritten);
+  assert_int_equal(rewritten, 1);
+  cph_state_item it = {"x", NULL, 0};
+  assert_int_equal(
+      cph_channel_memories_item((const uint8_t *const *)parts, lens, 10, &it.data, &it.len),
+      CPH_OK);
+  uint32_t out[3];
+  assert_int_equal(import(u, &it, 1, out), CPH_OK);
+  if (out[0] != 9 || out[1] != 1 || out[2] != 0)
+    fail_msg("the import added %u, held %u and refused %u; want 9, 1 and 0", out[0], out[1],
+             out[2]);
+  scope_count is;
+  count(u, &is);
+  for (int i = 0; i < 10; i++)
+    if (is.by_text[i] != 1)
+      fail_msg("fact %d: %d raw memories on u, want 1", i, is.by_text[i]);
+  free(it.data);
+  for (int i = 0; i < 10; i++)
+    free(parts[i]);
+  cph_fixture_free(x);
+  cph_fixture_free(u);
+}
+
 static uint8_t *consume_all(cph_fixture *f, size_t events, size_t *len);
 
 /* A node that compacted its own copy of a channel keeps it compacted. y's copies (the events
@@ -892,6 +973,7 @@ int main(void) {
       cmocka_unit_test(test_copies_of_one_message_on_one_node_are_one_message),
       cmocka_unit_test(test_a_late_copy_is_still_one_message),
       cmocka_unit_test(test_copies_of_a_repeat_count_it_once),
+      cmocka_unit_test(test_a_memory_under_an_older_origin_is_held_by_its_text),
       cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
