@@ -401,18 +401,48 @@ static int32_t fold_target(const csession *s, const dedupe_verdict *v) {
   return -1;
 }
 
+/* Whether event record ev holds the message (chan, sender, ts_ms, body): it is a copy of it
+ * (cluster mode: every copy carries the time the message was accepted). */
+static bool event_is_message(const cph_event_rec *ev, const char *chan, const char *sender,
+                             int64_t ts_ms, const char *body) {
+  return ev->ts_ms == ts_ms && ev->channel && ev->sender && ev->body &&
+         strcmp(ev->channel, chan) == 0 && strcmp(ev->sender, sender) == 0 &&
+         strcmp(ev->body, body) == 0;
+}
+
 /* How many of a session's newest un-leased entries a repeat's forward looks at for another
  * copy of its original (copy_fold_target): the original's entry is usually among the last. */
 #define COPY_FOLD_LOOK 8
 
+/* The message a cluster repeat repeats, as this node holds it (the verdict's original_event):
+ * read once, when a session first has no entry of the repeat's family (copy_fold_target). */
+typedef struct repeat_original {
+  uint64_t event_id; /* 0: not a repeat of the cluster log */
+  bool read;         /* rec was looked for */
+  bool held;         /* and found, with its channel, sender and body */
+  cph_event_rec rec;
+} repeat_original;
+
 /* Cluster mode: the session's un-leased entry, not folding anything yet, whose event is another
- * copy of orig, the message the repeat repeats — a forward is an event of its own (server/
+ * copy of the original the repeat repeats — a forward is an event of its own (server/
  * clusterflow.h 3.), so the entry holds that copy's id, not the original's — among its newest
  * COPY_FOLD_LOOK such entries: the repeat folds into it as into the original's entry on one
  * node. -1: none; *rc a store error. */
-static int32_t copy_fold_target(cph_txn *t, const csession *s, const cph_event_rec *orig,
-                                int *rc) {
+static int32_t copy_fold_target(cph_txn *t, const csession *s, repeat_original *orig, int *rc) {
   *rc = CPH_OK;
+  if (!orig->read) {
+    cph_key ok = cph_key_of_u64(orig->event_id);
+    int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ok, &cph_event_desc, &orig->rec);
+    orig->read = true;
+    orig->held = grc == CPH_OK && orig->rec.channel && orig->rec.sender && orig->rec.body;
+    if (grc && grc != CPH_ENOTFOUND) {
+      *rc = grc;
+      return -1;
+    }
+  }
+  if (!orig->held)
+    return -1;
+  const cph_event_rec *o = &orig->rec;
   size_t looked = 0;
   for (uint32_t j = s->n_inbox; j-- > 0 && looked < COPY_FOLD_LOOK;) {
     const inbox_item *it = &s->inbox[j];
@@ -428,9 +458,7 @@ static int32_t copy_fold_target(cph_txn *t, const csession *s, const cph_event_r
       *rc = grc;
       return -1;
     }
-    bool copy = ev.ts_ms == orig->ts_ms && ev.channel && ev.sender && ev.body &&
-                strcmp(ev.channel, orig->channel) == 0 && strcmp(ev.sender, orig->sender) == 0 &&
-                strcmp(ev.body, orig->body) == 0;
+    bool copy = event_is_message(&ev, o->channel, o->sender, o->ts_ms, o->body);
     cph_record_free(&cph_event_desc, &ev);
     if (copy)
       return (int32_t)j;
@@ -567,12 +595,12 @@ static int overflow_fold(cph_ingest *ig, cph_txn *t, csession *s, delivery_log *
  * follows each write at once (the request's next event must see it) and dl can put it back;
  * fold records (count, last time) are noted in dl and written once at the request's end. */
 static int deliver(cph_ingest *ig, cph_txn *t, csession *s, uint64_t event_id, bool mentioned,
-                   bool direct, const dedupe_verdict *v, const cph_event_rec *orig,
+                   bool direct, const dedupe_verdict *v, repeat_original *orig,
                    int64_t now_ms, delivery_log *dl) {
   queued_memos *qm = &dl->queued;
   if (v) {
     int32_t at = fold_target(s, v);
-    if (at < 0 && orig) {
+    if (at < 0 && orig && orig->event_id) {
       int rc;
       at = copy_fold_target(t, s, orig, &rc);
       if (rc)
@@ -687,6 +715,14 @@ static void idem_put(cph_txn *t, const char *key, uint64_t event_id, int64_t now
   cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
 }
 
+/* The memory scope of channel chan: '#' and its name (cut at CPH_CHANNEL_MAX bytes). */
+static void channel_scope(const char *chan, char scope[CPH_CHANNEL_MAX + 2]) {
+  size_t n = strnlen(chan, CPH_CHANNEL_MAX);
+  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
+  memcpy(scope + 1, chan, n);
+  scope[1 + n] = '\0';
+}
+
 /* Cluster mode (an event of the log, cph_event_in.memory_origin): the raw memory of event
  * event_id in scope is the event's memory cluster-wide, under its origin (message_origin). One
  * this node has already — taken from the log's items at a takeover, or minted by another
@@ -713,10 +749,7 @@ static void mint_memories(cph_ingest *ig, cph_txn *t, const char *channel_name, 
                           const dedupe_verdict *v, const char *body, uint64_t event_id,
                           const char *origin, uint64_t *raw_id) {
   char scope[CPH_CHANNEL_MAX + 2];
-  size_t n = strnlen(channel_name, CPH_CHANNEL_MAX);
-  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
-  memcpy(scope + 1, channel_name, n);
-  scope[1 + n] = '\0';
+  channel_scope(channel_name, scope);
   bool embed = backpressure_embed_allowed(ig->env->policy, step, false);
   if (raw && *body && origin)
     mint_raw(ig, t, scope, body, event_id, origin, embed, raw_id);
@@ -858,10 +891,7 @@ static int copy_held(cph_ingest *ig, ingest_req *rq, const cph_event_in *in, con
 static void message_origin(const char *chan, const cph_event_in *in, int64_t ts_ms,
                            char origin[MEMORY_EVENT_ORIGIN_LEN + 1]) {
   char scope[CPH_CHANNEL_MAX + 2];
-  size_t n = strnlen(chan, CPH_CHANNEL_MAX);
-  scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
-  memcpy(scope + 1, chan, n);
-  scope[1 + n] = '\0';
+  channel_scope(chan, scope);
   memory_event_origin(scope, in->sender, ts_ms, in->body, origin);
 }
 
@@ -907,9 +937,7 @@ static int copy_by_origin(cph_ingest *ig, cph_txn *t, const cph_event_in *in, co
   rc = cph_txn_get_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
   if (rc)
     return rc == CPH_ENOTFOUND ? CPH_OK : rc; /* gone with retention: taken for new */
-  if (ev.ts_ms == in->ts_ms && ev.channel && ev.sender && ev.body &&
-      strcmp(ev.channel, chan) == 0 && strcmp(ev.sender, in->sender) == 0 &&
-      strcmp(ev.body, in->body) == 0)
+  if (event_is_message(&ev, chan, in->sender, in->ts_ms, in->body))
     *event_id = source;
   cph_record_free(&cph_event_desc, &ev);
   return CPH_OK;
@@ -1055,8 +1083,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   bool repeat_copy = false;
   /* and the message it repeats, as this node holds it: a session's entry of another copy of it
    * takes the repeat (deliver, copy_fold_target) */
-  cph_event_rec orig = {0};
-  bool have_orig = false;
+  repeat_original orig = {0};
   if (dup && origin && in->ts_ms) {
     int crc = repeat_copy_seen(ig, t, in, origin, &repeat_copy);
     if (crc) {
@@ -1180,18 +1207,11 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
     goto done;
   }
-  if (dup && n && origin && v.original_event) {
-    cph_key ok = cph_key_of_u64(v.original_event);
-    int grc = cph_txn_get_record(t, CPH_DB_EVENTS, &ok, &cph_event_desc, &orig);
-    have_orig = grc == CPH_OK && orig.channel && orig.sender && orig.body;
-    if (grc && grc != CPH_ENOTFOUND) {
-      rc = cph_err_set(err, grc, "%s", t->err.msg[0] ? t->err.msg : cph_strerror(grc));
-      goto done;
-    }
-  }
+  if (dup && origin)
+    orig.event_id = v.original_event;
   for (size_t i = 0; i < n; i++) {
     rc = deliver(ig, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,
-                 have_orig ? &orig : NULL, now_ms, &rq->dl);
+                 &orig, now_ms, &rq->dl);
     if (rc == CPH_OK &&
         !(res->sessions.items[res->sessions.count] = result_str(rq->strings, ts[i].session->id)))
       rc = CPH_ENOMEM;
@@ -1224,7 +1244,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
       rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
   }
 done:
-  cph_record_free(&cph_event_desc, &orig);
+  cph_record_free(&cph_event_desc, &orig.rec);
   dedupe_verdict_free(&v);
   if (ts != local)
     free(ts);

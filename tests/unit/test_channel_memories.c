@@ -623,6 +623,18 @@ static void shown_once(cph_fixture *f, const char *session) {
   shown_once_in(f, session, false);
 }
 
+/* Node "x" in cluster mode (its etcd and NATS never reached: the engine alone), with "a" and
+ * "b" subscribed to "news": where copies of one message meet. */
+static cph_fixture *copies_node(const char *tag) {
+  static const char *const news[] = {"news"};
+  cph_fixture *f = node_with_policy(tag, "x",
+                                    "{:cluster {:node \"x\" :advertise \"http://127.0.0.1:9\""
+                                    " :etcd [\"http://127.0.0.1:9\"]"
+                                    " :nats [\"nats://127.0.0.1:9\"]}}");
+  cph_fixture_create_session(f, "b", CPH_LANE_INTERACTIVE, news, 1);
+  return f;
+}
+
 /* Cluster mode gives each session its own copy of a channel's message (the channel's owner
  * applies the `in` event, then a forward to each subscriber wherever it lives, this node
  * included: server/clusterflow.h 3.). Several copies of one message on one node are one
@@ -634,12 +646,7 @@ static void shown_once(cph_fixture *f, const char *session) {
  * #news" and, on the in event's node, showed the message twice. */
 static void test_copies_of_one_message_on_one_node_are_one_message(void **state) {
   (void)state;
-  static const char *const news[] = {"news"};
-  cph_fixture *f = node_with_policy("chanmem_copies", "x",
-                                    "{:cluster {:node \"x\" :advertise \"http://127.0.0.1:9\""
-                                    " :etcd [\"http://127.0.0.1:9\"]"
-                                    " :nats [\"nats://127.0.0.1:9\"]}}");
-  cph_fixture_create_session(f, "b", CPH_LANE_INTERACTIVE, news, 1);
+  cph_fixture *f = copies_node("chanmem_copies");
   assert_int_equal(copy_of(f, "in1", NULL, 1700000000000, true), CPH_EV_STORED);
   assert_int_equal(copy_of(f, "f1a", "a", 1700000000000, false), CPH_EV_QUEUED);
   assert_int_equal(copy_of(f, "f1b", "b", 1700000000000, false), CPH_EV_QUEUED);
@@ -665,12 +672,7 @@ static void test_copies_of_one_message_on_one_node_are_one_message(void **state)
  * repeated in #news" memory). */
 static void test_a_late_copy_is_still_one_message(void **state) {
   (void)state;
-  static const char *const news[] = {"news"};
-  cph_fixture *f = node_with_policy("chanmem_late_copy", "x",
-                                    "{:cluster {:node \"x\" :advertise \"http://127.0.0.1:9\""
-                                    " :etcd [\"http://127.0.0.1:9\"]"
-                                    " :nats [\"nats://127.0.0.1:9\"]}}");
-  cph_fixture_create_session(f, "b", CPH_LANE_INTERACTIVE, news, 1);
+  cph_fixture *f = copies_node("chanmem_late_copy");
   assert_int_equal(copy_of(f, "in1", NULL, 1700000000000, true), CPH_EV_STORED);
   enum { LATER = 300 };
   static char bodies[LATER][32];
@@ -750,12 +752,7 @@ static uint32_t staged_events(cph_fixture *f, const char *session, size_t *entri
  * copy's event). */
 static void test_copies_of_a_repeat_count_it_once(void **state) {
   (void)state;
-  static const char *const news[] = {"news"};
-  cph_fixture *f = node_with_policy("chanmem_repeat_copies", "x",
-                                    "{:cluster {:node \"x\" :advertise \"http://127.0.0.1:9\""
-                                    " :etcd [\"http://127.0.0.1:9\"]"
-                                    " :nats [\"nats://127.0.0.1:9\"]}}");
-  cph_fixture_create_session(f, "b", CPH_LANE_INTERACTIVE, news, 1);
+  cph_fixture *f = copies_node("chanmem_repeat_copies");
   /* times of now: a copy mark lasts while its message's time is in the dedupe window */
   const int64_t t0 = cph_wall_ms() - 20000, t1 = t0 + 5000;
   assert_int_equal(copy_of(f, "in1", NULL, t0, true), CPH_EV_STORED);
