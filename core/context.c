@@ -777,9 +777,24 @@ static int entry_cmp(const void *a, const void *b) {
   return x->event_id < y->event_id ? -1 : x->event_id > y->event_id;
 }
 
+/* By the time the message was accepted, then in event order (cluster mode: entries_sort). */
+static int entry_time_cmp(const void *a, const void *b) {
+  const hentry *x = a, *y = b;
+  if (x->ts_ms != y->ts_ms)
+    return x->ts_ms < y->ts_ms ? -1 : 1;
+  return entry_cmp(a, b);
+}
+
 /* The entries in event order. A channel is read newest first, so one view's entries come
  * strictly descending: they are reversed rather than sorted (qsort's merge sort moved each
- * entry about nine times, 5% of a lease's instructions); several views' are sorted. */
+ * entry about nine times, 5% of a lease's instructions); several views' are sorted.
+ * Cluster mode (log_copies): in the order their messages were accepted. A node's copy of a
+ * channel gets the other nodes' entries late — a reply another node's session wrote, an event
+ * its channel's owner applied after newer ones (server/clusterflow.h 3., 14.) — at the end of
+ * its log, and every copy carries the time its message was accepted (fixed where it was): so
+ * a turn shows the conversation in the order it happened, the same on every node, not in the
+ * order this node's copy got it. Which entries are seen and which come in the away block
+ * stays by the channel's index (classify): a late copy the session has not seen is away. */
 static void entries_sort(ctx *c) {
   hentry *e = c->entries;
   size_t n = c->n_entries;
@@ -788,17 +803,22 @@ static void entries_sort(ctx *c) {
     asc = asc && e[i - 1].event_id < e[i].event_id;
     desc = desc && e[i - 1].event_id > e[i].event_id;
   }
-  if (asc)
-    return;
-  if (!desc) {
+  if (!asc && !desc) {
     qsort(e, n, sizeof *e, entry_cmp);
+  } else if (!asc) { /* descending */
+    for (size_t i = 0, j = n - 1; i < j; i++, j--) {
+      hentry tmp = e[i];
+      e[i] = e[j];
+      e[j] = tmp;
+    }
+  }
+  if (!c->log_copies)
     return;
-  }
-  for (size_t i = 0, j = n - 1; i < j; i++, j--) {
-    hentry tmp = e[i];
-    e[i] = e[j];
-    e[j] = tmp;
-  }
+  for (size_t i = 1; i < n; i++)
+    if (entry_time_cmp(&e[i - 1], &e[i]) > 0) { /* a late copy: rare, so checked first */
+      qsort(e, n, sizeof *e, entry_time_cmp);
+      return;
+    }
 }
 
 /* Where each view starts (context.h) and which entries are in the away block. */

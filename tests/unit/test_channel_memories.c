@@ -635,6 +635,80 @@ static cph_fixture *copies_node(const char *tag) {
   return f;
 }
 
+/* One message of ann's in #news as a copy of the cluster log carries it (its time fixed where
+ * it was accepted): for session, or for the channel's history alone (session NULL). */
+static int said_at(cph_fixture *f, const char *key, const char *session, int64_t ts_ms,
+                   const char *body) {
+  cph_event_in ev = {.channel = "news", .sender = "ann", .body = (char *)body, .key = (char *)key,
+                     .session = (char *)session, .ts_ms = ts_ms, .only_session = true,
+                     .memory_origin = true};
+  cph_op op;
+  cph_fixture_ingest(f, &ev, 1, &op);
+  assert_int_equal(op.rc, CPH_OK);
+  int status = op.u.ingest.results[0].status;
+  cph_op_clear_results(&op);
+  return status;
+}
+
+/* Where text is among the turn's messages, and among its conversation_history entries. */
+static size_t message_at(const cph_turn_info *t, const char *text) {
+  for (size_t i = 0; i < t->n_messages; i++)
+    if (strstr(t->messages[i].content, text))
+      return i;
+  fail_msg("the turn's messages do not show '%s'", text);
+  return 0;
+}
+
+static size_t history_at(const cph_turn_info *t, const char *text) {
+  for (size_t i = 0; i < t->n_history; i++)
+    if (strstr(t->history[i].body, text))
+      return i;
+  fail_msg("the turn's conversation_history does not list '%s'", text);
+  return 0;
+}
+
+/* A node's copy of a channel gets a message late when another node accepted it — a reply
+ * another node's session wrote, an event its channel's owner applied after newer ones
+ * (server/clusterflow.h 3., 14.) — and appends it to its log then. A turn shows the
+ * conversation in the order it was said (each copy carries the time its message was
+ * accepted), the same on every node: before, "bravo" (said second, arrived third) came after
+ * "charlie" in b's turn on this node and before it on the node that accepted it. The late
+ * copy b has not seen yet still comes in the away block, in its time among the block's. */
+static void test_late_copies_are_shown_in_the_order_they_were_said(void **state) {
+  (void)state;
+  cph_fixture *f = copies_node("chanmem_copy_order");
+  const int64_t T = 1700000000000;
+  assert_int_equal(said_at(f, "h1", NULL, T + 1000, "alpha: the deploy started"), CPH_EV_STORED);
+  assert_int_equal(said_at(f, "h3", NULL, T + 3000, "charlie: the deploy finished"),
+                   CPH_EV_STORED);
+  assert_int_equal(said_at(f, "h2", NULL, T + 2000, "bravo: the tests passed"), CPH_EV_STORED);
+  assert_int_equal(said_at(f, "q4", "b", T + 4000, "delta: is it live?"), CPH_EV_QUEUED);
+  /* after b's trigger: two more, the older of them late */
+  assert_int_equal(said_at(f, "h6", NULL, T + 6000, "foxtrot: traffic moved"), CPH_EV_STORED);
+  assert_int_equal(said_at(f, "h5", NULL, T + 5000, "echo: the cache warmed"), CPH_EV_STORED);
+  cph_op l;
+  cph_fixture_lease(f, "w", &l);
+  const cph_turn_info *t = &l.u.lease.turn;
+  assert_string_equal(t->session, "b");
+  static const char *const said[] = {"alpha:", "bravo:", "charlie:"};
+  for (size_t i = 1; i < 3; i++) {
+    if (message_at(t, said[i - 1]) >= message_at(t, said[i]))
+      fail_msg("b's messages show '%s' (%zu) before '%s' (%zu): not in the order said", said[i],
+               message_at(t, said[i]), said[i - 1], message_at(t, said[i - 1]));
+    if (history_at(t, said[i - 1]) >= history_at(t, said[i]))
+      fail_msg("b's conversation_history lists '%s' before '%s'", said[i], said[i - 1]);
+  }
+  assert_true(message_at(t, "charlie:") < message_at(t, "delta:"));
+  /* the away block: one message, echo's line before foxtrot's */
+  size_t away = message_at(t, "MESSAGES WHILE YOU WERE AWAY");
+  const char *block = t->messages[away].content;
+  const char *echo = strstr(block, "echo:"), *foxtrot = strstr(block, "foxtrot:");
+  if (!echo || !foxtrot || echo > foxtrot)
+    fail_msg("b's away block is not in the order said: %s", block);
+  cph_op_clear_results(&l);
+  cph_fixture_free(f);
+}
+
 /* Cluster mode gives each session its own copy of a channel's message (the channel's owner
  * applies the `in` event, then a forward to each subscriber wherever it lives, this node
  * included: server/clusterflow.h 3.). Several copies of one message on one node are one
@@ -969,6 +1043,7 @@ int main(void) {
       cmocka_unit_test(test_channel_memories_in_steps),
       cmocka_unit_test(test_copies_of_one_message_on_one_node_are_one_message),
       cmocka_unit_test(test_a_late_copy_is_still_one_message),
+      cmocka_unit_test(test_late_copies_are_shown_in_the_order_they_were_said),
       cmocka_unit_test(test_copies_of_a_repeat_count_it_once),
       cmocka_unit_test(test_a_memory_under_an_older_origin_is_held_by_its_text),
       cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
