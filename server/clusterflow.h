@@ -515,8 +515,9 @@
  *    its copies are sent again under the same ids. The receiving node applies them as 14.
  *    says. A rebuild (8.) copies nothing, as it forwards nothing: an acknowledged message had
  *    its copies taken. Limits as 14.'s: a copy lands at the end of each node's copy of the
- *    channel (a turn shows it at its time: core/context.c entries_sort); a node serving no subscriber of the channel when the event was applied does not
- *    get one (a session that subscribes or moves there later sees what its state brings, 11.).
+ *    channel (a turn shows it at its time: core/context.c entries_sort); a node serving no
+ *    subscriber of the channel when the event was applied does not get one (a session that
+ *    subscribes or moves there later sees what its state brings, 11.).
  *    Cost: one log message per other node serving subscribers per `in` message holding such
  *    events, and the `in` message's acknowledgement waits for it.
  *
