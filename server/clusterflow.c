@@ -2468,7 +2468,8 @@ static void add_mention(target *ts, size_t *n, const cph_ctable_session *r) {
   ts[(*n)++] = (target){r->id, r->shard, true};
 }
 
-/* The engine key of a forward: "f:" + hex SHA-256 of its message id (within 256 bytes). */
+/* The name of a message id in a key: the hex SHA-256 of msgid (within 256 bytes), after a
+ * kind letter and ':' (a channel memories item's key, 16.). */
 static void forward_key(const char *msgid, char out[67]) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -2479,8 +2480,35 @@ static void forward_key(const char *msgid, char out[67]) {
     snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
 }
 
+/* The engine key of a copy (3., 15.): kind ('f' a forward, 'h' a history copy), ':', the time
+ * its event was accepted (fixed at 1.) in 16 hex digits, then the hex SHA-256 of the copy's
+ * message id — the same wherever and however often the event is applied. The time leads so
+ * the node's idempotency keys grow at their end as events come in time order: with the hash
+ * alone every applied copy looked up and inserted a key on a random page of that B-tree (a
+ * dirty page per event; three-node ingest ~25% slower, bench/PROFILE.md). Builds before wrote
+ * the hash alone; a copy re-made here of one a node applied under that form is still stored
+ * once, by the log's message id (the same in both), within its deduplication window — as
+ * long as the engine's key counts (:dedupe :key-window-seconds, the default of both). */
+#define COPY_KEY_LEN 82
+static void copy_key(char kind, const char *msgid, int64_t ts_ms, char out[COPY_KEY_LEN + 1]) {
+  static const char HEX[] = "0123456789abcdef";
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(msgid, strlen(msgid), md, &len, EVP_sha256(), NULL);
+  out[0] = kind;
+  out[1] = ':';
+  uint64_t ts = (uint64_t)ts_ms;
+  for (int i = 0; i < 16; i++)
+    out[2 + i] = HEX[(ts >> (60 - 4 * i)) & 15];
+  for (unsigned i = 0; i < 32; i++) {
+    out[18 + 2 * i] = HEX[md[i] >> 4];
+    out[19 + 2 * i] = HEX[md[i] & 15];
+  }
+  out[COPY_KEY_LEN] = 0;
+}
+
 /* The copy of ev forwarded to target t (3.): the event naming t as its session, under the engine
- * key "f:" + SHA-256 of "<event id>/<t>". Malloc'd JSON; NULL when out of memory. */
+ * key of "<event id>/<t>" (copy_key 'f'). Malloc'd JSON; NULL when out of memory. */
 static char *forward_copy(const cph_event_in *ev, const target *t) {
   char direct[300];
   const char *channel = ev->channel;
@@ -2493,8 +2521,8 @@ static char *forward_copy(const cph_event_in *ev, const target *t) {
   if (!id)
     return NULL;
   snprintf(id, idlen, "%s/%s", ev->key, t->id);
-  char key[67];
-  forward_key(id, key);
+  char key[COPY_KEY_LEN + 1];
+  copy_key('f', id, ev->ts_ms, key);
   free(id);
   char *mention = (char *)t->id;
   size_t len;
@@ -2577,7 +2605,7 @@ typedef struct hist_copies {
 } hist_copies;
 
 /* Adds ev's copies (15.) to hc: the event as the history holds it, no session, "history":
- * true, under the engine key "h:" + hex SHA-256 of "<event id>/#" — the same wherever and
+ * true, under the engine key of "<event id>/#" (copy_key 'h') — the same wherever and
  * however often the event is applied, so a node stores it once — for the nodes that get no
  * forward of it (fwd[0..n_fwd), its forwards: the forward is that node's entry, and a copy
  * applied before it would be a second one, which exact deduplication does not see). False
@@ -2601,13 +2629,12 @@ static bool history_copies_add(cph_cflow *f, hist_copies *hc, const cph_event_in
   if (!n)
     return true;
   size_t idlen = strlen(ev->key) + 3;
-  char *id = malloc(idlen), key[67];
+  char *id = malloc(idlen), key[COPY_KEY_LEN + 1];
   if (!id)
     return false;
   snprintf(id, idlen, "%s/#", ev->key);
-  forward_key(id, key);
+  copy_key('h', id, ev->ts_ms, key);
   free(id);
-  key[0] = 'h';
   size_t len;
   char *json = event_json(ev->channel, ev->sender, ev->body, NULL, ev->kind, key, ev->ts_ms, NULL,
                           0, true, &len);

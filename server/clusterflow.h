@@ -40,7 +40,8 @@
  *    window (a batch message's copies to S go together, in order, as one message {"batch":
  *    [copy, ...]} under `<batch message id>/<S>`: each (event, S) pair is in that id only);
  *    the copy names S as its session (and mentions S when S was mentioned) and
- *    carries the engine key "f:" + SHA-256 of that id, so S's owner applies it to S alone,
+ *    carries the engine key "f:" + the event's time in hex + SHA-256 of that id (the time
+ *    first: the node's keys grow in time order), so S's owner applies it to S alone,
  *    once. Every delivery to a session but the named one thus goes through the log, which is
  *    what keeps it single when the `in` event is applied again: redelivered to the same node
  *    (a `duplicate`, its forwards deduplicated) or to the shard's next owner after a death
@@ -506,7 +507,7 @@
  *    but not to a node that gets a forward of it (a mentioned session lives there: the forward
  *    is its entry there, and a copy applied before the forward would make a second one, as a
  *    copy is not seen by exact deduplication), on their fwd subjects, beside its forwards
- *    (3.): under the engine key "h:" + hex SHA-256 of
+ *    (3.): under the engine key "h:" + the event's time in hex + SHA-256 of
  *    "<event id>/#" (the same however often and wherever it is applied, so a node stores it
  *    once) and the message id "<event id>/#<shard>", a batch's copies to one shard together as
  *    {"batch": [...]} under "<batch id>/#<shard>" ('#' is in no session id: no forward has
