@@ -780,6 +780,7 @@ static void hook_reconcile(void *ctx) {
                     &load);
   dedupe_widening widen = {dedupe_window_widened, e, BP_DEDUPE_WIDEN};
   dedupe_tick(e->dedupe, &e->env.policy->dedupe, &e->env.txn, env_wall_ms(&e->env), &widen);
+  ingest_tick(&e->ingest, &e->env.txn);
   reports_env renv = {e->env.policy, e->bp, &e->env.txn, env_now(&e->env)};
   reports_tick(e->reports, &renv, report_due, e);
 }

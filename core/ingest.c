@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/arena.h"
+#include "common/log.h"
 #include "backpressure.h"
 #include "dedupe.h"
 #include "inbox.h"
@@ -687,6 +688,16 @@ void ingest_free(cph_ingest *ig) {
   free(ig->restart);
   ig->restart = NULL;
   ig->n_restart = ig->cap_restart = 0;
+  ig->idem_resuming = false;
+}
+
+/* Whether an idempotency key's value (event id, time received) is past the window at now_ms;
+ * a value of another size is nobody's (idem_seen does not take it). */
+static bool idem_expired(const cph_ingest *ig, const cph_val *v, int64_t now_ms) {
+  if (v->len != 16)
+    return true;
+  int64_t at = (int64_t)cph_be64_get((const uint8_t *)v->data + 8);
+  return now_ms - at > ig->env->policy->dedupe.key_window_seconds * 1000;
 }
 
 /* Looks up an idempotency key: its event id if seen within the window. */
@@ -695,24 +706,79 @@ static bool idem_seen(cph_ingest *ig, cph_txn *t, const char *key, uint64_t *id)
   cph_key_reset(&k);
   cph_key_str(&k, key);
   cph_val v;
-  if (k.overflow || cph_txn_get(t, CPH_DB_IDEM_KEYS, &k, &v) != CPH_OK || v.len != 16)
-    return false;
-  int64_t at = (int64_t)cph_be64_get((const uint8_t *)v.data + 8);
-  if (cph_wall_ms() - at > ig->env->policy->dedupe.key_window_seconds * 1000)
+  if (k.overflow || cph_txn_get(t, CPH_DB_IDEM_KEYS, &k, &v) != CPH_OK ||
+      idem_expired(ig, &v, env_wall_ms(ig->env)))
     return false;
   *id = cph_be64_get(v.data);
   return true;
 }
 
-/* Remembers key as event_id's, received at now_ms (idem_seen). */
-static void idem_put(cph_txn *t, const char *key, uint64_t event_id, int64_t now_ms) {
+/* Remembers key as event_id's, received now (idem_seen; by the engine's wall clock, which the
+ * window is measured on). */
+static void idem_put(cph_ingest *ig, cph_txn *t, const char *key, uint64_t event_id) {
   cph_key kk;
   cph_key_reset(&kk);
   cph_key_str(&kk, key);
   uint8_t kv[16];
   cph_be64_put(kv, event_id);
-  cph_be64_put(kv + 8, (uint64_t)now_ms);
+  cph_be64_put(kv + 8, (uint64_t)env_wall_ms(ig->env));
   cph_txn_put(t, CPH_DB_IDEM_KEYS, &kk, kv, sizeof kv);
+  ig->idem_added++;
+}
+
+#define IDEM_SWEEP_PERIOD_MS 1000
+#define IDEM_SWEEP_BASE 1024
+/* The most keys a step looks at: ~25 ms of the pass at ~100 ns a key, however large the burst
+ * of keyed events since the last step (the sweep still outruns 128k keys written a second). */
+#define IDEM_SWEEP_MAX (1u << 18)
+
+void ingest_tick(cph_ingest *ig, cph_txn *parent) {
+  int64_t now_ms = env_wall_ms(ig->env);
+  if (now_ms < ig->idem_next_ms)
+    return;
+  ig->idem_next_ms = now_ms + IDEM_SWEEP_PERIOD_MS;
+  uint64_t budget = IDEM_SWEEP_BASE + 2 * ig->idem_added;
+  if (budget > IDEM_SWEEP_MAX)
+    budget = IDEM_SWEEP_MAX;
+  cph_txn t;
+  if (cph_txn_begin_child(parent, &t) != CPH_OK)
+    return;
+  cph_cursor c;
+  if (cph_cursor_open(&t, CPH_DB_IDEM_KEYS, &c) != CPH_OK) {
+    cph_txn_abort(&t);
+    return;
+  }
+  cph_val k, v;
+  int rc = cph_cursor_seek(&c, ig->idem_resuming ? &ig->idem_resume : NULL, &k, &v);
+  for (uint64_t seen = 0; rc == CPH_OK && seen < budget; seen++) {
+    if (idem_expired(ig, &v, now_ms)) {
+      if (cph_cursor_del(&c) != CPH_OK) {
+        rc = CPH_EIO;
+        break;
+      }
+    } /* after a delete LMDB's cursor stands on the next key already; MDB_NEXT returns it */
+    rc = cph_cursor_next(&c, &k, &v);
+  }
+  /* where the next step starts: the key the cursor stands on, or the first when it ran out */
+  cph_key resume;
+  cph_key_reset(&resume);
+  bool resuming = rc == CPH_OK && k.len <= CPH_KEY_MAX;
+  if (resuming) {
+    memcpy(resume.data, k.data, k.len);
+    resume.len = k.len;
+  }
+  cph_cursor_close(&c);
+  if (rc != CPH_OK && rc != CPH_ENOTFOUND) {
+    cph_txn_abort(&t);
+    return;
+  }
+  if (cph_txn_commit(&t) != CPH_OK) {
+    cph_warn("forgetting idempotency keys: %s", t.err.msg);
+    return; /* the same step again at the next tick */
+  }
+  ig->idem_added = 0;
+  ig->idem_resume = resume;
+  ig->idem_resuming = resuming;
 }
 
 /* The memory scope of channel chan: '#' and its name (cut at CPH_CHANNEL_MAX bytes). */
@@ -972,7 +1038,7 @@ static int history_copy(cph_ingest *ig, ingest_req *rq, const cph_event_in *in,
   cph_txn_append_record(t, CPH_DB_EVENTS, &ek, &cph_event_desc, &ev);
   history_append(t, channel_name, event_id, NULL);
   if (in->key)
-    idem_put(t, in->key, event_id, rq->now_ms);
+    idem_put(ig, t, in->key, event_id);
   if (t->ret)
     return cph_err_set(err, t->ret, "%s", t->err.msg);
   res->status = CPH_EV_STORED;
@@ -1186,7 +1252,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   if (!dup && !same)
     history_append(t, channel_name, event_id, NULL);
   if (in->key)
-    idem_put(t, in->key, event_id, now_ms);
+    idem_put(ig, t, in->key, event_id);
   uint64_t raw_memory = 0;
   /* cluster mode: under its identity cluster-wide, of the accepted body (server/clusterflow.h
    * 16.) */

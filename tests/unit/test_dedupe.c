@@ -358,6 +358,66 @@ static void test_expired_exact_entries_are_pruned(void **state) {
   free_aggregates(list, n);
 }
 
+static bool any_row(void *ctx, const void *k, size_t klen, const void *v, size_t vlen) {
+  (void)ctx, (void)k, (void)klen, (void)v, (void)vlen;
+  return true;
+}
+
+/* The idempotency keys the closed engine's store holds. The engine is opened again with its
+ * wall clock where it was: an open takes the real time, so the fake clock goes ahead again by
+ * what the test had moved it (ahead_ns). */
+static size_t stored_keys(fixture *f, int64_t ahead_ns) {
+  cph_engine_close(f->e);
+  f->e = NULL;
+  size_t n = cph_fixture_store_each(f->dir, CPH_DB_IDEM_KEYS, any_row, NULL);
+  cph_fixture_open(f);
+  cph_clock_advance(&f->clock, ahead_ns);
+  return n;
+}
+
+/* An idempotency key counts for :dedupe :key-window-seconds (a day); after that it is
+ * forgotten on disk too, in steps of a sweep through the stored keys (1,024 a second when
+ * nothing is written), while the keys inside the window stay and still answer `duplicate`.
+ * Before, every keyed event left its key in the store for good. */
+static void test_idempotency_keys_past_their_window_are_forgotten(void **state) {
+  fixture *f = *state;
+  enum { OLD = 3000, YOUNG = 10 };
+  const int64_t HALF_DAY = 12 * 3600 * CPH_NS_PER_S;
+  char key[32], body[32];
+  for (int i = 0; i < OLD; i++) {
+    snprintf(key, sizeof key, "old-%d", i);
+    snprintf(body, sizeof body, "m%d", i);
+    assert_int_equal(post(f, "general", "alice", body, key, NULL, NULL), CPH_EV_STORED);
+  }
+  cph_clock_advance(&f->clock, HALF_DAY);
+  for (int i = 0; i < YOUNG; i++) {
+    snprintf(key, sizeof key, "young-%d", i);
+    snprintf(body, sizeof body, "y%d", i);
+    assert_int_equal(post(f, "general", "alice", body, key, NULL, NULL), CPH_EV_STORED);
+  }
+  /* the old keys a second past their day, the young ones half way through it */
+  cph_clock_advance(&f->clock, HALF_DAY + CPH_NS_PER_S);
+  /* one step: 1,024 keys looked at and twice those written since the last step (the young
+   * ones after the first: that step ran with the first young post), old names first */
+  cph_engine_run_pass(f->e);
+  int64_t ahead = 2 * HALF_DAY + CPH_NS_PER_S;
+  size_t n = stored_keys(f, ahead);
+  if (n != OLD + YOUNG - (1024 + 2 * (YOUNG - 1)))
+    fail_msg("one step of the sweep left %zu keys; want %d", n,
+             OLD + YOUNG - (1024 + 2 * (YOUNG - 1)));
+  for (int step = 0; step < 3; step++) {
+    cph_clock_advance(&f->clock, CPH_NS_PER_S);
+    ahead += CPH_NS_PER_S;
+    cph_engine_run_pass(f->e);
+  }
+  n = stored_keys(f, ahead);
+  if (n != YOUNG)
+    fail_msg("after the sweep %zu keys are stored; want the %d inside their window", n, YOUNG);
+  /* what a retry is answered is as before: inside the window the original, past it new */
+  assert_int_equal(post(f, "general", "alice", "y3", "young-3", NULL, NULL), CPH_EV_DUPLICATE);
+  assert_int_equal(post(f, "general", "alice", "m5", "old-5", NULL, NULL), CPH_EV_STORED);
+}
+
 /* Cluster mode's copy marks (dedupe_copy_seen): keys starting 0xFD. */
 static bool is_copy_mark(void *ctx, const void *k, size_t klen, const void *v, size_t vlen) {
   (void)ctx, (void)klen, (void)v, (void)vlen;
@@ -866,6 +926,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_families_and_exact_dedupe_survive_a_restart, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_expired_exact_entries_are_pruned, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_idempotency_keys_past_their_window_are_forgotten, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_the_newest_copy_of_an_exact_entry_wins_after_a_restart,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(
