@@ -50,15 +50,16 @@ typedef struct cph_ingest {
  * commit. Memory (inboxes, dedupe, the embed queue) follows only what landed. */
 void ingest_apply(cph_ingest *ig, cph_op *op);
 
-/* Frees what ingest_apply keeps between requests (the restart list, the sweep's key). */
+/* Frees what ingest_apply keeps between requests (the restart list); the sweep starts over. */
 void ingest_free(cph_ingest *ig);
 
 /* Forgets idempotency keys older than :dedupe :key-window-seconds (they no longer count:
  * a retry after the window is a new event), in a child txn of parent: at most once a second,
  * a step of the sweep through every stored key — 1,024 keys and twice as many as were written
  * since the last step (at most 262,144), so the sweep outruns the writes and no key outlives
- * its window by more than a sweep. Before, every keyed event (in cluster mode every event and every copy of it)
- * left its key on disk for good. A step whose commit fails is tried again at the next. */
+ * its window by more than a sweep. Before, every keyed event (in cluster mode every event
+ * and every copy of it) left its key on disk for good. A step whose commit fails is tried
+ * again at the next. */
 void ingest_tick(cph_ingest *ig, struct cph_txn *parent);
 
 /* A channel name's most bytes (an event's channel, a direct channel's included). */
