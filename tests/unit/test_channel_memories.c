@@ -580,12 +580,12 @@ static bool count_kinds(void *ctx, const void *key, size_t key_len, const void *
   return true;
 }
 
-/* Event key/session/time of one copy of "the build is green again" by ann (as the log gives
- * them: only_session, memory_origin) on f; its status. */
-static int copy_of(cph_fixture *f, const char *key, const char *session, int64_t ts_ms,
-                   bool item) {
-  char body[] = "the build is green again";
-  cph_event_in ev = {.channel = "news", .sender = "ann", .body = body, .key = (char *)key,
+/* One message of ann's in #news as a copy of the cluster log carries it (its time fixed where
+ * it was accepted; memory_item as the `in` event's applier gives it): for session, or for the
+ * channel's history alone (session NULL); its status. */
+static int said_at(cph_fixture *f, const char *key, const char *session, int64_t ts_ms,
+                   const char *body, bool item) {
+  cph_event_in ev = {.channel = "news", .sender = "ann", .body = (char *)body, .key = (char *)key,
                      .session = (char *)session, .ts_ms = ts_ms, .only_session = true,
                      .memory_item = item, .memory_origin = true};
   cph_op op;
@@ -594,6 +594,12 @@ static int copy_of(cph_fixture *f, const char *key, const char *session, int64_t
   int status = op.u.ingest.results[0].status;
   cph_op_clear_results(&op);
   return status;
+}
+
+/* One copy of "the build is green again" by ann on f; its status. */
+static int copy_of(cph_fixture *f, const char *key, const char *session, int64_t ts_ms,
+                   bool item) {
+  return said_at(f, key, session, ts_ms, "the build is green again", item);
 }
 
 /* What a turn of session on f shows of the message: in its messages (how often, and, unless
@@ -635,21 +641,6 @@ static cph_fixture *copies_node(const char *tag) {
   return f;
 }
 
-/* One message of ann's in #news as a copy of the cluster log carries it (its time fixed where
- * it was accepted): for session, or for the channel's history alone (session NULL). */
-static int said_at(cph_fixture *f, const char *key, const char *session, int64_t ts_ms,
-                   const char *body) {
-  cph_event_in ev = {.channel = "news", .sender = "ann", .body = (char *)body, .key = (char *)key,
-                     .session = (char *)session, .ts_ms = ts_ms, .only_session = true,
-                     .memory_origin = true};
-  cph_op op;
-  cph_fixture_ingest(f, &ev, 1, &op);
-  assert_int_equal(op.rc, CPH_OK);
-  int status = op.u.ingest.results[0].status;
-  cph_op_clear_results(&op);
-  return status;
-}
-
 /* Where text is among the turn's messages, and among its conversation_history entries. */
 static size_t message_at(const cph_turn_info *t, const char *text) {
   for (size_t i = 0; i < t->n_messages; i++)
@@ -678,14 +669,18 @@ static void test_late_copies_are_shown_in_the_order_they_were_said(void **state)
   (void)state;
   cph_fixture *f = copies_node("chanmem_copy_order");
   const int64_t T = 1700000000000;
-  assert_int_equal(said_at(f, "h1", NULL, T + 1000, "alpha: the deploy started"), CPH_EV_STORED);
-  assert_int_equal(said_at(f, "h3", NULL, T + 3000, "charlie: the deploy finished"),
+  assert_int_equal(said_at(f, "h1", NULL, T + 1000, "alpha: the deploy started", false),
                    CPH_EV_STORED);
-  assert_int_equal(said_at(f, "h2", NULL, T + 2000, "bravo: the tests passed"), CPH_EV_STORED);
-  assert_int_equal(said_at(f, "q4", "b", T + 4000, "delta: is it live?"), CPH_EV_QUEUED);
+  assert_int_equal(said_at(f, "h3", NULL, T + 3000, "charlie: the deploy finished", false),
+                   CPH_EV_STORED);
+  assert_int_equal(said_at(f, "h2", NULL, T + 2000, "bravo: the tests passed", false),
+                   CPH_EV_STORED);
+  assert_int_equal(said_at(f, "q4", "b", T + 4000, "delta: is it live?", false), CPH_EV_QUEUED);
   /* after b's trigger: two more, the older of them late */
-  assert_int_equal(said_at(f, "h6", NULL, T + 6000, "foxtrot: traffic moved"), CPH_EV_STORED);
-  assert_int_equal(said_at(f, "h5", NULL, T + 5000, "echo: the cache warmed"), CPH_EV_STORED);
+  assert_int_equal(said_at(f, "h6", NULL, T + 6000, "foxtrot: traffic moved", false),
+                   CPH_EV_STORED);
+  assert_int_equal(said_at(f, "h5", NULL, T + 5000, "echo: the cache warmed", false),
+                   CPH_EV_STORED);
   cph_op l;
   cph_fixture_lease(f, "w", &l);
   const cph_turn_info *t = &l.u.lease.turn;
