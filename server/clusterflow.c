@@ -2468,16 +2468,18 @@ static void add_mention(target *ts, size_t *n, const cph_ctable_session *r) {
   ts[(*n)++] = (target){r->id, r->shard, true};
 }
 
-/* The name of a message id in a key: the hex SHA-256 of msgid (within 256 bytes), after a
- * kind letter and ':' (a channel memories item's key, 16.). */
-static void forward_key(const char *msgid, char out[67]) {
+/* The hex SHA-256 of a message id (within 256 bytes), lowercase, NUL-terminated: how keys
+ * name a message (copy_key; a channel memories item's key, 16.). */
+static void msgid_sha256_hex(const char *msgid, char out[65]) {
+  static const char HEX[] = "0123456789abcdef";
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(msgid, strlen(msgid), md, &len, EVP_sha256(), NULL);
-  out[0] = 'f';
-  out[1] = ':';
-  for (unsigned i = 0; i < 32; i++)
-    snprintf(out + 2 + 2 * i, 3, "%02x", md[i]);
+  for (unsigned i = 0; i < 32; i++) {
+    out[2 * i] = HEX[md[i] >> 4];
+    out[2 * i + 1] = HEX[md[i] & 15];
+  }
+  out[64] = '\0';
 }
 
 /* The engine key of a copy (3., 15.): kind ('f' a forward, 'h' a history copy), ':', the time
@@ -2492,19 +2494,12 @@ static void forward_key(const char *msgid, char out[67]) {
 #define COPY_KEY_LEN 82
 static void copy_key(char kind, const char *msgid, int64_t ts_ms, char out[COPY_KEY_LEN + 1]) {
   static const char HEX[] = "0123456789abcdef";
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(msgid, strlen(msgid), md, &len, EVP_sha256(), NULL);
   out[0] = kind;
   out[1] = ':';
   uint64_t ts = (uint64_t)ts_ms;
   for (int i = 0; i < 16; i++)
     out[2 + i] = HEX[(ts >> (60 - 4 * i)) & 15];
-  for (unsigned i = 0; i < 32; i++) {
-    out[18 + 2 * i] = HEX[md[i] >> 4];
-    out[19 + 2 * i] = HEX[md[i] & 15];
-  }
-  out[COPY_KEY_LEN] = 0;
+  msgid_sha256_hex(msgid, out + 18);
 }
 
 /* The copy of ev forwarded to target t (3.): the event naming t as its session, under the engine
@@ -2994,8 +2989,8 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
   if (!msgid || f->quiesced || !f->tracks[ap->m->shard].live)
     return;
   uint32_t shards = cph_cluster_shards(f->s->cluster);
-  char base[67];
-  forward_key(msgid, base);
+  char hash[65];
+  msgid_sha256_hex(msgid, hash);
   const uint8_t **parts = malloc(n * sizeof *parts);
   size_t *lens = malloc(n * sizeof *lens);
   for (size_t i = 0; i < n; i++) {
@@ -3012,9 +3007,9 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
       if (k && (j == n || (mine && bytes + res[j].memory_part_len > CHANNEL_ITEM_BYTES))) {
         char name[96];
         if (piece)
-          snprintf(name, sizeof name, "c%sn%zu", base + 2, piece);
+          snprintf(name, sizeof name, "c%sn%zu", hash, piece);
         else
-          snprintf(name, sizeof name, "c%s", base + 2);
+          snprintf(name, sizeof name, "c%s", hash);
         cph_state_item it = {name, NULL, 0};
         if (cph_channel_memories_item(parts, lens, k, &it.data, &it.len) == CPH_OK) {
           cph_state_items one = {&it, 1};
