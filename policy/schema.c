@@ -301,7 +301,7 @@ static const ps_field dedupe_fields[] = {
     INT(cph_policy_dedupe, "window-seconds", window_seconds, 0, 2592000, 300,
         "exact duplicates (same channel, sender, body) are caught within this window"),
     INT(cph_policy_dedupe, "key-window-seconds", key_window_seconds, 0, 31536000, 86400,
-        "how long an idempotency key is remembered"),
+        "how long an idempotency key is remembered (then deleted from the store)"),
     INT(cph_policy_dedupe, "min-length", min_length, 0, 1000000, 12,
         "bodies shorter than this (bytes) are never deduplicated"),
     INT(cph_policy_dedupe, "near-distance", near_distance, 0, 64, 10,
