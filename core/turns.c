@@ -438,6 +438,19 @@ static int staged_order(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* Cluster mode: a node's inbox gets a copy of a message said elsewhere when the log delivers
+ * it, after messages said later may have arrived (server/clusterflow.h 3.), so a turn's staged
+ * messages go by the time each was accepted (every copy carries it), then by event id — as
+ * the channel's history does (core/context.c, entries_sort). Mentions still come first (§4). */
+static int staged_said_order(const void *a, const void *b) {
+  const cph_staged_msg *x = a, *y = b;
+  if (x->mentioned != y->mentioned)
+    return x->mentioned ? -1 : 1;
+  if (x->ts_ms != y->ts_ms)
+    return x->ts_ms < y->ts_ms ? -1 : 1;
+  return x->event_id < y->event_id ? -1 : x->event_id > y->event_id;
+}
+
 #define FOLD_READ_MAX 64  /* events of a folded entry read for its distinct texts */
 #define FOLD_TEXTS_MAX 16 /* distinct texts shown for one folded entry */
 
@@ -612,17 +625,18 @@ static int build_turn(cph_turns *tu, cph_txn *t, csession *s, inbox_item **items
                                                                 : CPH_KIND_AUTONOMY_TICK;
   ti->episode = s->episode;
   ti->staged = calloc(n ? n : 1, sizeof *ti->staged);
+  for (size_t i = 0; i < n && ti->staged && rc == CPH_OK; i++)
+    if ((rc = staged_fill(t, s, items[i], &ti->staged[ti->n_staged])) == CPH_OK)
+      ti->n_staged++;
+  const cph_policy *p = tu->env->policy;
+  if (p->cluster_enabled && p->cluster.nats_count) /* the log's copies arrive late: by time */
+    qsort(ti->staged, ti->n_staged, sizeof *ti->staged, staged_said_order);
   cph_buf input = CPH_BUF_INIT;
   cph_buf_puts(&input, n ? INBOX_INPUT_MARK : "autonomy_tick");
-  for (size_t i = 0; i < n && ti->staged; i++) {
-    cph_staged_msg *m = &ti->staged[ti->n_staged];
-    rc = staged_fill(t, s, items[i], m);
-    if (rc)
-      break;
-    ti->n_staged++;
+  for (size_t i = 0; i < ti->n_staged; i++) {
     if (i)
       cph_buf_putc(&input, '\n');
-    cph_buf_puts(&input, m->body);
+    cph_buf_puts(&input, ti->staged[i].body);
   }
   if (report && rc == CPH_OK) { /* what arrived, per channel and family (reports.h) */
     cph_buf_free(&input);

@@ -704,6 +704,30 @@ static void test_late_copies_are_shown_in_the_order_they_were_said(void **state)
   cph_fixture_free(f);
 }
 
+/* The messages a turn answers (depth 0) come late too: the log delivers b its copy of a
+ * message said elsewhere after one said later here. The turn stages them in the order they
+ * were said, in its messages and in its input; before, in the order they arrived. */
+static void test_late_triggers_are_staged_in_the_order_they_were_said(void **state) {
+  (void)state;
+  cph_fixture *f = copies_node("chanmem_trigger_order");
+  const int64_t T = 1700000000000;
+  assert_int_equal(said_at(f, "q2", "b", T + 2000, "bravo: is it live?", false), CPH_EV_QUEUED);
+  assert_int_equal(said_at(f, "q1", "b", T + 1000, "alpha: the deploy finished", false),
+                   CPH_EV_QUEUED);
+  cph_op l;
+  cph_fixture_lease(f, "w", &l);
+  const cph_turn_info *t = &l.u.lease.turn;
+  assert_string_equal(t->session, "b");
+  assert_int_equal(t->n_staged, 2);
+  if (message_at(t, "alpha:") >= message_at(t, "bravo:"))
+    fail_msg("b's turn shows 'bravo:' (%zu) before 'alpha:' (%zu): not in the order said",
+             message_at(t, "bravo:"), message_at(t, "alpha:"));
+  assert_string_equal(t->staged[0].body, "alpha: the deploy finished");
+  assert_string_equal(t->input, "inbox:alpha: the deploy finished\nbravo: is it live?");
+  cph_op_clear_results(&l);
+  cph_fixture_free(f);
+}
+
 /* Cluster mode gives each session its own copy of a channel's message (the channel's owner
  * applies the `in` event, then a forward to each subscriber wherever it lives, this node
  * included: server/clusterflow.h 3.). Several copies of one message on one node are one
@@ -1039,6 +1063,7 @@ int main(void) {
       cmocka_unit_test(test_copies_of_one_message_on_one_node_are_one_message),
       cmocka_unit_test(test_a_late_copy_is_still_one_message),
       cmocka_unit_test(test_late_copies_are_shown_in_the_order_they_were_said),
+      cmocka_unit_test(test_late_triggers_are_staged_in_the_order_they_were_said),
       cmocka_unit_test(test_copies_of_a_repeat_count_it_once),
       cmocka_unit_test(test_a_memory_under_an_older_origin_is_held_by_its_text),
       cmocka_unit_test(test_channel_memories_before_the_state_keep_the_turns_memories),
