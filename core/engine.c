@@ -134,8 +134,6 @@ typedef struct held_pass {
 
 const cph_dedupe *cph__engine_dedupe(const cph_engine *e) { return e->dedupe; }
 
-bool cph__engine_keeps_waiting(const cph_engine *e) { return turnlog_keeps_waiting(&e->turnlog); }
-
 /* Cluster mode (server/clusterflow.h 16.): the raw memories the ingest op's log events minted
  * in their channels, as the parts of the log's channel memories items, into their results.
  * Read through the pass's transaction, which holds them. A part that cannot be made is logged:
@@ -527,7 +525,6 @@ void cph_engine_close(cph_engine *e) {
   free(e->grow_retry.items);
   free(e->done.items);
   access_flush_at_close(e);
-  turnlog_keeps_flush(&e->turnlog);
   memaccess_free(&e->memory.access);
   memory_clear(e);
   cph_store_close(e->env.store);
@@ -672,8 +669,7 @@ static void span_after_pass(cph_engine *e) {
 }
 
 bool cph_engine_pass_wanted(const cph_engine *e) {
-  return e->ops.len > 0 || e->staged_last_pass || span_due(e) ||
-         turnlog_keeps_waiting(&e->turnlog);
+  return e->ops.len > 0 || e->staged_last_pass || span_due(e);
 }
 
 int64_t cph_engine_next_wakeup_ns(cph_engine *e) {
@@ -855,13 +851,9 @@ int cph_engine_run_pass(cph_engine *e) {
     snprintf(msg, sizeof msg, "%s", e->env.txn.err.msg);
     cph_error("pass: %s", msg);
     fail_queue(&e->ops, rc, msg);
-    turnlog_keeps_flush(&e->turnlog); /* their own try, logged; not left to ask for a pass */
     return rc;
   }
   metrics_pass_begin(e->metrics);
-  /* Kept contexts of leases answered since the last pass (turnlog.h, "Deferred keeping"):
-   * first, so what this pass reads of them (a completion's cluster export) is there. */
-  turnlog_keeps_write(&e->turnlog, &e->env.txn);
   e->pass_durable = false;
   /* Memory accesses counted since the last flush go into their records (memaccess.h), before
    * this pass counts any. A failed flush leaves them counted for the next. */
@@ -1055,13 +1047,13 @@ void cph_engine_flushed(cph_engine *e) { answers_release(e); }
 
 void cph_keep_job_compute(struct cph_keep_job *job) { turnlog_keep_compute(job); }
 
-void cph_engine_keep_ready(cph_engine *e, cph_op *op) {
+void cph_engine_keep_write(cph_engine *e, cph_op *op) {
   (void)e; /* the job knows its turnlog */
   if (op->kind != CPH_OP_LEASE || !op->u.lease.keep)
     return;
   cph_keep_job *j = op->u.lease.keep;
   op->u.lease.keep = NULL;
-  turnlog_keep_ready(j);
+  turnlog_keep_write(j);
 }
 
 bool cph_engine_answers_held(const cph_engine *e) { return e->n_held > 0; }
@@ -1267,7 +1259,6 @@ int cph_engine_kept_turns(cph_engine *e, const char *session, cph_kept_turn **ou
                           cph_err *err) {
   *out = NULL;
   *n = 0;
-  turnlog_keeps_flush(&e->turnlog); /* a read sees what the leases answered kept */
   if (!sessions_get(&e->sessions, session))
     return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
   return turnlog_list(e->env.store, session, out, n, err);
@@ -1276,7 +1267,6 @@ int cph_engine_kept_turns(cph_engine *e, const char *session, cph_kept_turn **ou
 int cph_engine_turn_context(cph_engine *e, const char *session, uint64_t turn,
                             cph_turn_context *out, cph_err *err) {
   memset(out, 0, sizeof *out);
-  turnlog_keeps_flush(&e->turnlog); /* a read sees what the leases answered kept */
   if (!sessions_get(&e->sessions, session))
     return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
   return turnlog_get(e->env.store, session, turn, out, err);
@@ -1285,16 +1275,12 @@ int cph_engine_turn_context(cph_engine *e, const char *session, uint64_t turn,
 int cph_engine_context_diff(cph_engine *e, const char *session, uint64_t from, uint64_t to,
                             cph_context_diff *out, cph_err *err) {
   memset(out, 0, sizeof *out);
-  turnlog_keeps_flush(&e->turnlog); /* a read sees what the leases answered kept */
   if (!sessions_get(&e->sessions, session))
     return cph_err_set(err, CPH_ENOTFOUND, "no such session: %s", session);
   return turnlog_diff(e->env.store, session, from, to, out, err);
 }
 
-void cph_engine_backup_begin(cph_engine *e) {
-  turnlog_keeps_flush(&e->turnlog);
-  span_end(e);
-}
+void cph_engine_backup_begin(cph_engine *e) { span_end(e); }
 
 int cph_engine_backup(cph_engine *e, const char *dir, cph_err *err) {
   return cph_store_copy(e->env.store, dir, err); /* reads only: no engine state touched */

@@ -1178,10 +1178,8 @@ void turnlog_init(cph_turnlog *tl, cph_core_env *env) {
 void turnlog_clear(cph_turnlog *tl) { turnwarms_clear(&tl->warm); }
 
 static void scratch_free(turnlog_scratch *sc);
-static void keeps_end(cph_turnlog *tl, cph_txn *parent);
 
 void turnlog_free(cph_turnlog *tl) {
-  keeps_end(tl, NULL);
   turnwarms_free(&tl->warm);
   scratch_free(&tl->scratch);
 }
@@ -1575,7 +1573,6 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
 /* ---------------------------------------------------------------- deferred keeping */
 
 struct cph_keep_job {
-  cph_keep_job *next; /* cph_turnlog.ready */
   cph_turnlog *tl;
   cph_context *cx;         /* releases the tree */
   char *session;
@@ -1652,22 +1649,22 @@ static void scratch_free(turnlog_scratch *sc) {
   free(sc->code);
 }
 
-/* Ends j: written in a child of parent when given, else not; its warm state dropped when what
- * the job advanced it to is not what the store holds (a job never computed advanced nothing:
- * its warm state still is the store's). */
-static void keep_end(cph_keep_job *j, cph_txn *parent) {
+/* Ends j: written when write (its own write transaction), else not; its warm state dropped when
+ * what the job advanced it to is not what the store holds (a job never computed advanced
+ * nothing: its warm state still is the store's). */
+static void keep_end(cph_keep_job *j, bool write) {
   cph_turnlog *tl = j->tl;
-  bool dead = turnwarm_dead(j->w), write = parent != NULL;
+  bool dead = turnwarm_dead(j->w);
   int rc = !j->computed ? CPH_ESTATE : j->rc;
   cph_txn t = {0};
   if (write && rc == CPH_OK && !dead) {
-    rc = cph_txn_begin_child(parent, &t);
+    rc = cph_txn_begin(tl->env->store, true, &t);
     if (rc == CPH_OK && !room_to_keep(&t, j->turn_id, j->session))
       rc = CPH_EFULL; /* logged by room_to_keep */
     if (rc == CPH_OK)
       rc = kw_apply(&j->kw, &t);
-    if (rc == CPH_OK)
-      rc = cph_txn_commit(&t);
+    if (rc == CPH_OK) /* durable with the next flush, as the lease itself (DESIGN §4) */
+      rc = cph_txn_commit_deferred(&t);
     else if (t.mdb)
       cph_txn_abort(&t);
   }
@@ -1688,56 +1685,9 @@ static void keep_end(cph_keep_job *j, cph_txn *parent) {
   free(j);
 }
 
-void turnlog_keep_ready(cph_keep_job *j) {
-  cph_turnlog *tl = j->tl;
-  j->ti = NULL; /* computed: what it writes is in j->kw */
-  context_tree_release(j->cx, j->session, &j->tree);
-  memset(&j->tree, 0, sizeof j->tree);
-  j->next = NULL;
-  if (!tl->ready_tail)
-    tl->ready_tail = &tl->ready;
-  *tl->ready_tail = j;
-  tl->ready_tail = &j->next;
-}
+void turnlog_keep_write(cph_keep_job *j) { keep_end(j, true); }
 
-bool turnlog_keeps_waiting(const cph_turnlog *tl) { return tl->ready != NULL; }
-
-/* Ends every waiting keep, written in children of parent (NULL: not written), oldest first. */
-static void keeps_end(cph_turnlog *tl, cph_txn *parent) {
-  cph_keep_job *j = tl->ready;
-  tl->ready = NULL;
-  tl->ready_tail = &tl->ready;
-  while (j) {
-    cph_keep_job *next = j->next;
-    keep_end(j, parent);
-    j = next;
-  }
-}
-
-void turnlog_keeps_write(cph_turnlog *tl, cph_txn *t) { keeps_end(tl, t); }
-
-void turnlog_keeps_flush(cph_turnlog *tl) {
-  size_t n = 0;
-  for (const cph_keep_job *j = tl->ready; j; j = j->next)
-    n++;
-  if (!n)
-    return;
-  cph_txn t;
-  int rc = cph_txn_begin(tl->env->store, true, &t);
-  if (rc == CPH_OK) {
-    keeps_end(tl, &t);
-    /* durable with the next flush, as the leases themselves (DESIGN §4) */
-    if ((rc = cph_txn_commit_deferred(&t)) != CPH_OK)
-      turnwarms_clear(&tl->warm); /* they hold turns the store does not */
-  } else {
-    keeps_end(tl, NULL);
-  }
-  if (rc)
-    cph_log(CPH_LOG_WARN, "the contexts of %zu leased turn(s) are not kept: %s", n,
-            t.err.msg[0] ? t.err.msg : cph_strerror(rc));
-}
-
-void turnlog_keep_abandon(cph_keep_job *j) { keep_end(j, NULL); }
+void turnlog_keep_abandon(cph_keep_job *j) { keep_end(j, false); }
 
 /* ---------------------------------------------------------------- schema 6 */
 

@@ -82,22 +82,15 @@ typedef struct turnlog_scratch {
   size_t cap;
 } turnlog_scratch;
 
-typedef struct cph_keep_job cph_keep_job;
-
 typedef struct cph_turnlog {
   cph_core_env *env;       /* :context :keep-turns, the store */
   cph_turnwarms warm;      /* by session */
   turnlog_scratch scratch; /* turnlog_keep's (the loop's) */
-  /* Deferred keeps worked out and waiting for their write (turnlog_keep_ready), oldest first */
-  cph_keep_job *ready, **ready_tail;
 } cph_turnlog;
 
 void turnlog_init(cph_turnlog *tl, cph_core_env *env);
-/* Forgets every warm state (the engine rebuilding its memory from the store); a keep waiting
- * for its write then writes nothing. */
+/* Forgets every warm state (the engine rebuilding its memory from the store). */
 void turnlog_clear(cph_turnlog *tl);
-/* Frees the warm states, and ends the keeps still waiting without writing them
- * (turnlog_keeps_flush first to keep them). */
 void turnlog_free(cph_turnlog *tl);
 
 /* At lease, inside the lease's transaction t, after context assembly filled ti and tree (the
@@ -115,21 +108,21 @@ void turnlog_keep(cph_turnlog *tl, cph_txn *t, uint64_t turn_id, const cph_turn_
  * tree (context_tree_hold) and the warm state, pinned (turnwarm.h). turnlog_keep_compute, on
  * any one thread, works out every put and delete — the comparisons with the previous kept turn,
  * the new rows, the refs entry, the record, the trim — and advances the warm state as
- * turnlog_keep would. turnlog_keep_ready, on the loop after the lease's pass committed, puts
- * the job with those waiting for their write: the next pass makes them first, each in a child
- * of its transaction (turnlog_keeps_write), so no keep costs a commit of its own; a read of
- * kept contexts between passes makes them first too (turnlog_keeps_flush), so a read that
- * follows the lease's answer sees its context. turnlog_keep_abandon ends a job that is not to
- * be written (the lease failed). A session has at most one job at a time, so jobs of
+ * turnlog_keep would. turnlog_keep_write, on the loop after the lease's pass committed and
+ * before the lease is answered (so a read that follows the answer sees it), makes those writes
+ * in a write transaction of its own and ends the job; turnlog_keep_abandon ends one that is not
+ * to be written (the lease failed). A session has at most one job at a time, so jobs of
  * different sessions may be computed on different threads at once (each works on its own
- * session's warm state, which the loop leaves alone while it is pinned: until its write). Between
- * a job's pass and its end, whatever drops the session's warm state — its delete, a state import, a failed
+ * session's warm state, which the loop leaves alone while it is pinned). Between a job's pass
+ * and its end, whatever drops the session's warm state — its delete, a state import, a failed
  * pass (turnlog_clear), another lease of the session (kept inline: rare, as a session runs one
  * turn at a time) — marks the pinned one dead, and the job keeps nothing (logged at debug);
  * the next lease rebuilds the warm state from the store.
  * Only version-3 keeping is deferred: with keep-turns 0, in the version-2 test mode, with a
  * tree that could not be read, or when the warm state holds a turn of an older record version
  * (its trim reads the store), turnlog_keep_begin keeps inline and returns NULL. */
+typedef struct cph_keep_job cph_keep_job;
+
 /* In the lease's transaction t, instead of turnlog_keep: the job (ti and the op it belongs to
  * must live until the job ends; *tree moves into it), or NULL when the turn was kept inline or
  * is not kept. cx releases the tree at the end. Never fails the lease. */
@@ -137,23 +130,13 @@ cph_keep_job *turnlog_keep_begin(cph_turnlog *tl, cph_context *cx, cph_txn *t, u
                                  const cph_turn_info *ti, context_tree *tree);
 /* Any thread, once per job. */
 void turnlog_keep_compute(cph_keep_job *j);
-/* Loop only, after turnlog_keep_compute returned: j waits for its write (it no longer reads
- * the turn info, which may go; it still holds its warm state). */
-void turnlog_keep_ready(cph_keep_job *j);
-/* Whether keeps wait for their write (the engine wants a pass for them). */
-bool turnlog_keeps_waiting(const cph_turnlog *tl);
-/* In transaction t (a pass's, first thing): writes every waiting keep, each in a child of t (a
- * failure, or a job that could not be worked out, is logged and keeps nothing), and ends them.
- * Should t not commit, the caller forgets the warm states (turnlog_clear). */
-void turnlog_keeps_write(cph_turnlog *tl, cph_txn *t);
-/* Loop only, between passes: writes the waiting keeps in a write transaction of their own
- * (before a read of kept contexts, a backup, the close). */
-void turnlog_keeps_flush(cph_turnlog *tl);
+/* Loop only, between passes, after turnlog_keep_compute returned: writes the job (a write
+ * transaction of its own; a failure, or a job that could not be worked out, is logged and
+ * keeps nothing) and frees it. */
+void turnlog_keep_write(cph_keep_job *j);
 /* Loop only: frees a job that is not to be written (computed or not). */
 void turnlog_keep_abandon(cph_keep_job *j);
 
-/* Tests only: whether the engine's keeps wait for their write (turnlog_keeps_waiting). */
-bool cph__engine_keeps_waiting(const cph_engine *e);
 /* Tests only: while on, kept contexts are written as version-2 records (texts by hash, no
  * rows), so that a data dir holding both versions can be made and read. Process-wide. */
 void turnlog_test_write_v2(bool on);

@@ -452,12 +452,12 @@ static void lease_send(cph_req *r, cph_buf *body) {
   cph_reply_emitted(r, 200, body);
 }
 
-/* The lease's kept context, when the engine left it to us (u.lease.defer_keep): worked out
- * here, on the loop, and handed back for the engine's next pass to write. */
+/* The lease's kept context, when the engine left it to us (u.lease.defer_keep): worked out and
+ * written here, on the loop, before the lease is answered. */
 static void lease_keep_here(cph_req *r) {
   if (r->op.u.lease.keep) {
     cph_keep_job_compute(r->op.u.lease.keep);
-    cph_engine_keep_ready(r->srv->engine, &r->op);
+    cph_engine_keep_write(r->srv->engine, &r->op);
   }
 }
 
@@ -475,10 +475,9 @@ static void lease_job_work(cph_req *r, void *arg, cph_event_hasher *h) {
     cph_keep_job_compute(r->op.u.lease.keep);
 }
 
-/* On the loop: the kept context handed back for the next pass to write (a read after the
- * answer writes it first), then the answer. */
+/* On the loop: the kept context written (a read after the answer sees it), then the answer. */
 static void lease_job_done(cph_req *r, void *arg) {
-  cph_engine_keep_ready(r->srv->engine, &r->op);
+  cph_engine_keep_write(r->srv->engine, &r->op);
   lease_send(r, &((lease_job *)arg)->body);
   cph_op_clear_results(&r->op);
   cph_req_end(r);

@@ -905,14 +905,13 @@ void cph_op_clear_results(cph_op *op);
  * submitted with u.lease.defer_keep leaves in u.lease.keep, when its turn's context is to be
  * kept, what keeping it still needs (core/turnlog.h, "Deferred keeping"): the caller works it
  * out with cph_keep_job_compute on any thread (jobs of different leases may run at once), then,
- * on the loop, hands it back with cph_engine_keep_ready. A job not handed back is abandoned by
+ * on the loop and before it answers the lease — so a read that follows the answer sees the
+ * context —, writes it with cph_engine_keep_write. A job not written is abandoned by
  * cph_op_clear_results. Never fails the lease: a context that cannot be kept is logged. */
 void cph_keep_job_compute(struct cph_keep_job *job);
-/* Takes op's keep job (computed) and clears op->u.lease.keep; nothing when there is none. The
- * engine writes it first in its next pass, or before a read of kept contexts comes first (so a
- * read that follows the lease's answer sees it); it wants that pass (cph_engine_pass_wanted).
- * Loop only, between passes; op may be cleared right after. */
-void cph_engine_keep_ready(cph_engine *e, cph_op *op);
+/* Writes op's keep job (computed) in a write transaction of its own and clears
+ * op->u.lease.keep; nothing when there is none. Loop only, between passes. */
+void cph_engine_keep_write(cph_engine *e, cph_op *op);
 
 /* Cluster mode (server/clusterflow.h, the done marks): while on, a completion and a session
  * delete name the events they consumed (cph_op u.turn.consumed, u.session.consumed), which
