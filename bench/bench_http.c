@@ -67,14 +67,17 @@ static int post_expect(int port, const char *path, const char *body, int want) {
 }
 
 /* A cluster: each session is created on the node that owns it — the one that answers 200;
- * the others answer 421. owner[i] (when given) is the port of session i's owner. */
+ * the others answer 421. owner[i] (when given) is the port of session i's owner. window > 0
+ * sets the sessions' context_window_tokens (else the policy default). */
 static int create_sessions_on_owners(const int *ports, int n_ports, int n, const char *prefix,
-                                     int *owner) {
-  char body[320];
+                                     int *owner, uint64_t window) {
+  char body[320], win[48] = "";
+  if (window)
+    snprintf(win, sizeof win, ",\"context_window_tokens\":%" PRIu64, window);
   for (int i = 0; i < n; i++) {
     snprintf(body, sizeof body,
-             "{\"id\":\"%s-%d\",\"class\":\"interactive\",\"subscribe\":[\"%s-chan-%d\"]}", prefix,
-             i, prefix, i);
+             "{\"id\":\"%s-%d\",\"class\":\"interactive\",\"subscribe\":[\"%s-chan-%d\"]%s}",
+             prefix, i, prefix, i, win);
     int created = 0;
     for (int k = 0; k < n_ports && !created; k++) {
       cph_bench_conn c = CPH_BENCH_CONN_INIT;
@@ -349,7 +352,7 @@ int cph_bench_ingest(int argc, char **argv) {
                 .body_bytes = (size_t)body_bytes,
                 .prefix = "ingest",
                 .subscribed = !unrouted};
-  if (n_nodes ? create_sessions_on_owners(nodes, n_nodes, (int)clients, "ingest", NULL)
+  if (n_nodes ? create_sessions_on_owners(nodes, n_nodes, (int)clients, "ingest", NULL, 0)
               : create_sessions(d.port, (int)clients, "ingest", 0))
     goto out;
   cph_bench_load l = {.clients = (int)clients,
@@ -620,10 +623,6 @@ int cph_bench_cycle(int argc, char **argv) {
                     "--sync, --warm-channels and --keep-turns do not apply\n");
     return 2;
   }
-  if (n_nodes && window) {
-    fprintf(stderr, "cephalon-bench cycle: --window is not supported with --nodes\n");
-    return 2;
-  }
   char policy[2048], extra[128] = "";
   if (warm_channels != UINT64_MAX)
     snprintf(extra, sizeof extra, ":sessions {:warm-channels %" PRIu64 "}", warm_channels);
@@ -655,7 +654,8 @@ int cph_bench_cycle(int argc, char **argv) {
                 .cpu_ns = {-1, -1},
                 .passes = {-1, -1},
                 .fsyncs = {-1, -1}};
-  if (n_nodes ? !owner || create_sessions_on_owners(nodes, n_nodes, (int)clients, "cycle", owner)
+  if (n_nodes ? !owner || create_sessions_on_owners(nodes, n_nodes, (int)clients, "cycle", owner,
+                                                    window)
               : create_sessions(d.port, (int)clients, "cycle", window))
     goto out;
   /* A cluster's daemons were started elsewhere: their CPU, passes and flushes are not read. */
