@@ -12,6 +12,10 @@ bench_cluster_start() { # BIN BASE_PORT LOG: scripts/cluster.sh in the backgroun
  :backpressure {:defaults {:max-step 0}}' \
     "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/cluster.sh" "$1" "$2" >"$3" 2>&1 &
   cluster_pid=$!
+  # Stopped however the bench ends — its output cut short by a closed pipe too — so no cluster
+  # is left for the next run to measure in place of its own.
+  trap "bench_cluster_stop '$3'" EXIT
+  trap "exit 1" INT TERM PIPE
 }
 
 bench_cluster_stop() { # LOG: stops what bench_cluster_start started, removes its log
@@ -29,6 +33,11 @@ bench_cluster_num() { echo "$1" | grep -o "\"$2\": *[0-9.]*" | head -1 | grep -o
 bench_cluster_wait_ready() {
   local base=$1 log=$2 who=$3 ok v owned i
   for _ in $(seq 240); do
+    if ! kill -0 "$cluster_pid" 2>/dev/null; then # it did not start (a port in use, say)
+      echo "$who: the cluster did not start; its output:" >&2
+      cat "$log" >&2
+      exit 1
+    fi
     ok=0
     for i in 0 1 2; do
       v=$(curl -sf "http://127.0.0.1:$((base + i))/v1/cluster" 2>/dev/null) || continue

@@ -13,6 +13,15 @@ bin=${1:?usage: cluster.sh BIN_DIR [BASE_PORT]}
 base=${2:-7700}
 command -v etcd >/dev/null || { echo "cluster: etcd is missing: apt-get install etcd-server (scripts/install-deps.sh)" >&2; exit 1; }
 command -v nats-server >/dev/null || { echo "cluster: nats-server is missing: apt-get install nats-server (scripts/install-deps.sh)" >&2; exit 1; }
+# A port something already listens on (another cluster left running, say) would leave a
+# process of this one unstarted while the old one answered in its place: refuse instead.
+for p in $base $((base + 1)) $((base + 2)) $((base + 10)) $((base + 11)) $((base + 20)) \
+  $((base + 21)) $((base + 22)) $((base + 30)) $((base + 31)) $((base + 32)); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "cluster: 127.0.0.1:$p is in use (another cluster on base port $base still running?)" >&2
+    exit 1
+  fi
+done
 dir=$(mktemp -d /tmp/cephalon-cluster.XXXXXX)
 pids=()
 stop() {
