@@ -28,11 +28,39 @@ num() { bench_cluster_num "$@"; }
 bench_cluster_wait_ready "$base" "$log" cluster
 sleep 1 # the budget shares: every node has read the others' demand once
 nodes="$base,$((base + 1)),$((base + 2))"
+# Where the time goes: the CPU of the cluster's processes (scripts/cluster.sh's children) and
+# of the bench, in cores, over the middle of a run (from a fifth of it to four fifths).
+tick=$(getconf CLK_TCK)
+cpu_snap() { # pid comm ticks, for each process
+  for p in $(pgrep -P "$pid") $(pgrep -f "cephalon-bench (cycle|ingest) --seconds $secs --nodes"); do
+    echo "$p $(cat "/proc/$p/comm" 2>/dev/null) $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null)"
+  done
+}
+# Runs cephalon-bench WHAT --nodes, printing its summary line and then the CPU split line.
+three_run() {
+  local out a b
+  out=$(mktemp)
+  "$bin/cephalon-bench" "$1" --seconds "$secs" --nodes "$nodes" >"$out" 2>&1 &
+  local bp=$!
+  sleep "$(echo "$secs / 5" | bc -l)"
+  a=$(cpu_snap)
+  sleep "$(echo "$secs * 3 / 5" | bc -l)"
+  b=$(cpu_snap)
+  wait "$bp"
+  echo "three nodes: $(tail -1 "$out")"
+  rm -f "$out"
+  join <(echo "$a" | sort) <(echo "$b" | sort) | awk -v t="$tick" -v w="$(echo "$secs * 3 / 5" | bc -l)" \
+    -v what="$1" '{ c[$2] += ($5 - $3) / t / w }
+    END { printf "three nodes: %s cpu_cores cephalond=%.2f nats_server=%.2f etcd=%.2f bench=%.2f\n",
+          what, c["cephalond"], c["nats-server"], c["etcd"], c["cephalon-bench"] }'
+}
 # the cycle first: ingest leaves the nodes applying its backlog for a while
-three_c=$("$bin/cephalon-bench" cycle --seconds "$secs" --nodes "$nodes" 2>&1 | tail -1)
-echo "three nodes: $three_c"
-three=$("$bin/cephalon-bench" ingest --seconds "$secs" --nodes "$nodes" 2>&1 | tail -1)
-echo "three nodes: $three"
+three_c_out=$(three_run cycle)
+echo "$three_c_out"
+three_c=$(echo "$three_c_out" | head -1 | sed 's/^three nodes: //')
+three_out=$(three_run ingest)
+echo "$three_out"
+three=$(echo "$three_out" | head -1 | sed 's/^three nodes: //')
 # Takeover (issue #20's figure): the ingest left its events unconsumed (no worker ran). Once the
 # nodes applied the backlog, node c is killed -9; a and b take its shards over when its etcd
 # lease expires, rebuild each from the log (replaying what c's sessions had not consumed) and

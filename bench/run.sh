@@ -363,7 +363,9 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "its channel's owner and forwarded to its session's), all on this machine's cores; then"
   echo "node c is killed -9 and the time until the two others serve every shard, rebuilt from the"
   echo "log and bound, is the takeover (takeover_s: the lease TTL, then the rebuild of what c's"
-  echo "sessions had not consumed):"
+  echo "sessions had not consumed). Where the time goes: each three-node run's cpu_cores line is"
+  echo "the CPU of the three daemons, the three NATS servers, etcd and the bench, in cores of this"
+  echo "machine, over the middle three fifths of the run:"
   echo
   echo '```'
   cat "$work/cluster.out" 2>/dev/null
