@@ -32,25 +32,29 @@ nodes="$base,$((base + 1)),$((base + 2))"
 # of the bench, in cores, over the middle of a run (from a fifth of it to four fifths).
 tick=$(getconf CLK_TCK)
 cpu_snap() { # pid comm ticks, for each process
-  for p in $(pgrep -P "$pid") $(pgrep -f "cephalon-bench (cycle|ingest) --seconds $secs --nodes"); do
-    echo "$p $(cat "/proc/$p/comm" 2>/dev/null) $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null)"
+  local p bench_pids
+  bench_pids=$(pgrep -f "cephalon-bench (cycle|ingest) --seconds $secs --nodes")
+  for p in $(pgrep -P "$pid") $bench_pids; do
+    echo "$p $(cat "/proc/$p/comm" 2>/dev/null) $(awk '{print $14 + $15}' "/proc/$p/stat" \
+      2>/dev/null)"
   done
 }
 # Runs cephalon-bench WHAT --nodes, printing its summary line and then the CPU split line.
 three_run() {
-  local out a b
+  local out a b w
   out=$(mktemp)
+  w=$(echo "$secs * 3 / 5" | bc -l) # the window measured
   "$bin/cephalon-bench" "$1" --seconds "$secs" --nodes "$nodes" >"$out" 2>&1 &
   local bp=$!
   sleep "$(echo "$secs / 5" | bc -l)"
   a=$(cpu_snap)
-  sleep "$(echo "$secs * 3 / 5" | bc -l)"
+  sleep "$w"
   b=$(cpu_snap)
   wait "$bp"
   echo "three nodes: $(tail -1 "$out")"
   rm -f "$out"
-  join <(echo "$a" | sort) <(echo "$b" | sort) | awk -v t="$tick" -v w="$(echo "$secs * 3 / 5" | bc -l)" \
-    -v what="$1" '{ c[$2] += ($5 - $3) / t / w }
+  join <(echo "$a" | sort) <(echo "$b" | sort) | awk -v t="$tick" -v w="$w" -v what="$1" '
+    { c[$2] += ($5 - $3) / t / w }
     END { printf "three nodes: %s cpu_cores cephalond=%.2f nats_server=%.2f etcd=%.2f bench=%.2f\n",
           what, c["cephalond"], c["nats-server"], c["etcd"], c["cephalon-bench"] }'
 }
