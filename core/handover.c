@@ -2657,8 +2657,12 @@ static bool event_origin_form(const char *origin) {
 
 /* Reads channel memories item it of scope into *v (*n grown); CPH_EINVAL with why for one
  * that is not such an item, or holds a memory of another scope or kind. */
-static int read_channel_item(const cph_state_item *it, const char *scope, channel_memory **v,
-                             size_t *n, size_t *cap, char *why, size_t len) {
+/* The memories of item `it` appended to (*v)[0..*n), each of `scope` — with `direct`, of a
+ * scope that begins so (a session's direct channel: CPH_DIRECT_MEMORIES). CPH_EINVAL (why
+ * says what) when the item or one of its memories is not one this build takes. */
+static int read_channel_item(const cph_state_item *it, const char *scope, bool direct,
+                             channel_memory **v, size_t *n, size_t *cap, char *why, size_t len) {
+  size_t scope_len = strlen(scope);
   const uint8_t *p = it->data;
   if (!p || it->len < ITEM_HEAD + 4 || memcmp(p, ITEM_MAGIC, 4) != 0 ||
       cph_be32_get(p + 4) != ITEM_VERSION || cph_be32_get(p + 8) < STATE_SCHEMA_OLDEST ||
@@ -2689,7 +2693,10 @@ static int read_channel_item(const cph_state_item *it, const char *scope, channe
     const char *problem = rc == CPH_ECORRUPT                         ? err.msg
                           : rc                                       ? NULL
                           : !event_origin_form(origin)               ? "an origin of another form"
-                          : !m.session || strcmp(m.session, scope) != 0 ? "of another scope"
+                          : !m.session || (direct ? strncmp(m.session, scope, scope_len) != 0 ||
+                                                        !m.session[scope_len]
+                                                  : strcmp(m.session, scope) != 0)
+                              ? "of another scope"
                           : m.kind != CPH_MEMORY_RAW                 ? "not a raw memory"
                           : !m.text || !*m.text                      ? "no text"
                                                                      : NULL;
@@ -2729,6 +2736,7 @@ static int channel_memory_cmp(const void *a, const void *b) {
  * and how far the steps came. */
 struct cph_channel_import {
   char *scope;
+  bool direct; /* the direct channels' memories (CPH_DIRECT_MEMORIES): scope is their prefix */
   channel_memory *v;
   size_t n, next;
   held_texts held;
@@ -2756,7 +2764,7 @@ static int channel_import_read(cph_op *op, cph_channel_import *ci) {
     const cph_state_item *it = &op->u.channel.items[i];
     char why[256] = "";
     size_t before = ci->n;
-    int rc = read_channel_item(it, ci->scope, &ci->v, &ci->n, &cap, why, sizeof why);
+    int rc = read_channel_item(it, ci->scope, ci->direct, &ci->v, &ci->n, &cap, why, sizeof why);
     if (rc != CPH_EINVAL && rc != CPH_OK)
       return rc;
     if (rc == CPH_EINVAL) { /* the item is left out whole */
@@ -2797,6 +2805,7 @@ void handover_import_channel(const cph_handover *st, cph_op *op) {
     ci->held.map = (cph_hmap)CPH_HMAP_INIT;
     ci->scope[0] = CPH_CHANNEL_SCOPE_PREFIX;
     memcpy(ci->scope + 1, chan, cl + 1);
+    ci->direct = strcmp(chan, CPH_DIRECT_MEMORIES) == 0;
     rc = channel_import_read(op, ci);
   }
   size_t step = op->u.channel.step ? op->u.channel.step : CPH_CHANNEL_IMPORT_STEP;
@@ -2805,9 +2814,11 @@ void handover_import_channel(const cph_handover *st, cph_op *op) {
   bool open = rc == CPH_OK && ci->next < ci->n;
   if (open && (rc = cph_txn_begin_child(&st->env->txn, &t)) != CPH_OK)
     open = false;
-  if (open && first) {
+  if (open && first && !ci->direct) {
     /* the node's copies — its compacted ones too: each is in the summary that replaced it —
-     * counted once, before anything is stored: what the steps store is matched by origin */
+     * counted once, before anything is stored: what the steps store is matched by origin.
+     * Direct channels' memories are matched by origin alone: they had none before the log
+     * kept them, so a copy without one is of no item */
     ci->held.t = &t;
     rc = memories_tail(&t, ci->scope, true, true, SIZE_MAX, count_held_text, &ci->held);
     ci->held.t = NULL;
@@ -2816,6 +2827,11 @@ void handover_import_channel(const cph_handover *st, cph_op *op) {
   }
   for (; open && rc == CPH_OK && ci->next < end; ci->next++) {
     channel_memory *cm = &ci->v[ci->next];
+    /* a direct channel's memory of a session this node does not have — deleted since: the
+     * items outlive it — is not brought back */
+    if (ci->direct && /* its scope: "#direct:<session>" */
+        !sessions_get(st->sessions, cm->rec.session + 1 + strlen(CPH_DIRECT_MEMORIES)))
+      continue;
     uint64_t here = 0;
     rc = memory_find_origin(&t, st->env->reply_origin_node, cm->origin, &here);
     held_text *copy = rc == CPH_OK && !here ? cph_hmap_get(&ci->held.map, cm->rec.text) : NULL;

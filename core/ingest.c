@@ -1127,9 +1127,15 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   uint64_t same = 0;
   char origin_buf[MEMORY_EVENT_ORIGIN_LEN + 1];
   const char *origin = NULL; /* the message's identity (cluster mode) */
-  if (in->memory_origin && in->channel) {
+  /* the copies of a channel's message on its nodes (an event to a session alone, on its
+   * direct channel, has none: its origin names its raw memory, server/clusterflow.h 16.) */
+  const char *copies = NULL;
+  if (in->memory_origin && channel_name) {
     message_origin(channel_name, in, in->ts_ms ? in->ts_ms : rq->now_ms, origin_buf);
     origin = origin_buf;
+    copies = in->channel ? origin : NULL;
+  }
+  if (copies) {
     int crc = copy_held(ig, rq, in, channel_name, &same);
     if (crc == CPH_OK && !same)
       crc = copy_by_origin(ig, t, in, channel_name, origin, &same);
@@ -1154,7 +1160,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   /* and the message it repeats, as this node holds it: a session's entry of another copy of it
    * takes the repeat (deliver, copy_fold_target) */
   repeat_original orig = {0};
-  if (dup && origin && in->ts_ms) {
+  if (dup && copies && in->ts_ms) {
     int crc = repeat_copy_seen(ig, t, in, origin, &repeat_copy);
     if (crc) {
       dedupe_verdict_free(&v);
@@ -1277,7 +1283,7 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
     rc = cph_err_set(err, CPH_ENOMEM, "out of memory");
     goto done;
   }
-  if (dup && origin)
+  if (dup && copies)
     orig.event_id = v.original_event;
   for (size_t i = 0; i < n; i++) {
     rc = deliver(ig, t, ts[i].session, event_id, ts[i].mentioned, ts[i].direct, dup ? &v : NULL,

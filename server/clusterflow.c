@@ -2298,9 +2298,10 @@ static void *arena_alloc(void *arena, size_t n) {
  * applies it to its named session alone (2.). */
 static bool event_ok(cph_event_in *ev) {
   ev->only_session = true; /* the others hear it through the log (forward) */
-  /* 16.: its raw memory in its channel under its identity cluster-wide, however often and
-   * wherever it is applied (as the `in` event, a forward, a rebuild's delivery) */
-  ev->memory_origin = ev->channel && !ev->history_only;
+  /* 16.: its raw memory in its channel (or its session's direct channel) under its identity
+   * cluster-wide, however often and wherever it is applied (as the `in` event, a forward, a
+   * rebuild's delivery) */
+  ev->memory_origin = !ev->history_only;
   return ev->key && ev->sender && ev->body && (ev->channel || ev->session);
 }
 
@@ -2978,11 +2979,26 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
  * the same message and channel begins: well under the log's message limit (1 MiB). */
 #define CHANNEL_ITEM_BYTES (512 * 1024)
 
-/* 16. The raw memories the events of message ap (evs[0..n), their results) minted in their
- * channels, as one channel memories item per channel — more when they would not fit one —
- * put under the channel's key "<shard of the channel>.<'#' channel in hex>.c<SHA-256 of the
- * message id>[n<k>]": the same message applied again, here or by the shard's next owner,
- * puts the same keys. Not waited for, as items are not (13.). */
+/* The group of an event's memory part (16.): its channel, whose items go under the channel's
+ * key; or, for an event to a session alone, CPH_DIRECT_MEMORIES, whose items go under its
+ * session's shard — one item for a message's direct events of one shard, however many
+ * sessions they name (an item per session and message made the takeover bench's fill of 1M
+ * such events 224 s against 27-32 s). *key_shard: the shard its key goes under. */
+static const char *part_group(const cph_event_in *ev, uint32_t shards, uint32_t *key_shard) {
+  const char *group = ev->channel ? ev->channel : CPH_DIRECT_MEMORIES;
+  *key_shard = cph_cluster_shard_of(ev->channel ? ev->channel : ev->session, shards);
+  return group;
+}
+
+/* 16. The raw memories the events of message ap (evs[0..n), their results) minted, as one
+ * memories item per channel — more when they would not fit one — put under the channel's key
+ * "<shard of the channel>.<'#' channel in hex>.c<SHA-256 of the message id>[n<k>]", and those
+ * of its events to a session alone likewise per shard of their sessions, under "<shard>.<'#'
+ * CPH_DIRECT_MEMORIES in hex>.d<the first event's time, 16 hex digits><SHA-256 of the message
+ * id>[n<k>]" (the time leads: a shard's direct items sort in the order they were made, and a
+ * takeover imports them in steps of DIRECT_IMPORT_ITEMS in that order). The same message
+ * applied again, here or by the shard's next owner, puts the same keys. Not waited for, as
+ * items are not (13.). */
 static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in *evs,
                                  cph_event_result *res, size_t n) {
   const char *msgid = ap->batch_id ? ap->batch_id : n ? evs[0].key : NULL;
@@ -2994,30 +3010,35 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
   const uint8_t **parts = malloc(n * sizeof *parts);
   size_t *lens = malloc(n * sizeof *lens);
   for (size_t i = 0; i < n; i++) {
-    const char *chan = evs[i].channel; /* memory_item: an event of a channel */
-    if (!res[i].memory_part || !chan)
+    if (!res[i].memory_part || (!evs[i].channel && !evs[i].session))
       continue;
+    uint32_t key_shard, other_shard;
+    const char *group = part_group(&evs[i], shards, &key_shard);
+    bool direct = !evs[i].channel;
     char owner[302];
-    snprintf(owner, sizeof owner, "%c%s", CHANNEL_OWNER_PREFIX, chan);
+    snprintf(owner, sizeof owner, "%c%s", CHANNEL_OWNER_PREFIX, group);
     size_t k = 0, bytes = 0, piece = 0;
-    /* every part of this channel in the message, from here on, in order */
+    /* every part of this group in the message, from here on, in order */
     for (size_t j = i; parts && lens && j <= n; j++) {
-      bool mine = j < n && res[j].memory_part && evs[j].channel &&
-                  strcmp(evs[j].channel, chan) == 0;
+      bool mine = j < n && res[j].memory_part && (evs[j].channel || evs[j].session) &&
+                  strcmp(part_group(&evs[j], shards, &other_shard), group) == 0 &&
+                  other_shard == key_shard;
       if (k && (j == n || (mine && bytes + res[j].memory_part_len > CHANNEL_ITEM_BYTES))) {
-        char name[96];
+        char name[128];
+        int at = direct ? snprintf(name, sizeof name, "d%016" PRIx64 "%s",
+                                   (uint64_t)evs[i].ts_ms, hash)
+                        : snprintf(name, sizeof name, "c%s", hash);
         if (piece)
-          snprintf(name, sizeof name, "c%sn%zu", hash, piece);
-        else
-          snprintf(name, sizeof name, "c%s", hash);
+          snprintf(name + at, sizeof name - (size_t)at, "n%zu", piece);
         cph_state_item it = {name, NULL, 0};
         if (cph_channel_memories_item(parts, lens, k, &it.data, &it.len) == CPH_OK) {
           cph_state_items one = {&it, 1};
-          items_put(f, cph_cluster_shard_of(chan, shards), owner, ap->m->shard, &one);
+          items_put(f, key_shard, owner, ap->m->shard, &one);
         } else {
           f->item_dropped++;
-          cph_error("cluster log: a memories item of channel %s of message %s is DROPPED (out "
-                    "of memory)", chan, msgid);
+          cph_error("cluster log: a memories item of %s %s of message %s is DROPPED (out of "
+                    "memory)", direct ? "the direct channels of shard" : "channel",
+                    direct ? "" : group, msgid);
         }
         free(it.data);
         piece++;
@@ -3031,11 +3052,13 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
     }
     if (!parts || !lens) {
       f->item_dropped++;
-      cph_error("cluster log: the memories item of channel %s of message %s is DROPPED (out of "
-                "memory)", chan, msgid);
+      cph_error("cluster log: the memories item of %s of message %s is DROPPED (out of memory)",
+                direct ? "its direct events" : group, msgid);
     }
-    for (size_t j = i; j < n; j++) /* taken into this channel's items: not another's */
-      if (res[j].memory_part && evs[j].channel && strcmp(evs[j].channel, chan) == 0) {
+    for (size_t j = i; j < n; j++) /* taken into this group's items: not another's */
+      if (res[j].memory_part && (evs[j].channel || evs[j].session) &&
+          strcmp(part_group(&evs[j], shards, &other_shard), group) == 0 &&
+          other_shard == key_shard) {
         free(res[j].memory_part);
         res[j].memory_part = NULL;
       }
@@ -3863,8 +3886,12 @@ static void state_done(cph_op *op, void *ctx) {
   state_op_free(so);
 }
 
+/* Items by owner, then name: a shard's direct memories items (16.) in the order they were
+ * made (their names begin with the time). */
 static int item_by_session(const void *a, const void *b) {
-  return strcmp(((const cph_clog_item *)a)->session, ((const cph_clog_item *)b)->session);
+  const cph_clog_item *x = a, *y = b;
+  int c = strcmp(x->session, y->session);
+  return c ? c : strcmp(x->name, y->name);
 }
 
 /* The first item of session in rp (sorted by session): its index, or n_items. */
@@ -3880,12 +3907,12 @@ static size_t items_of(const cph_clog_replay *rp, const char *session) {
   return lo;
 }
 
-/* Copies the items of session in rp (from index `from` on) into so: *to is where they end.
- * False out of memory. */
-static bool copy_items(const cph_clog_replay *rp, size_t from, const char *session,
+/* Copies the items of session in rp (from index `from` on, at most max of them) into so: *to
+ * is where they end. False out of memory. */
+static bool copy_items(const cph_clog_replay *rp, size_t from, const char *session, size_t max,
                        state_op *so, size_t *to) {
   *to = from;
-  while (*to < rp->n_items && strcmp(rp->items[*to].session, session) == 0)
+  while (*to < rp->n_items && *to - from < max && strcmp(rp->items[*to].session, session) == 0)
     (*to)++;
   if (*to == from)
     return true;
@@ -3919,6 +3946,9 @@ static void items_taken(cph_cflow *f, cph_clog_replay *rp, size_t from, size_t t
         f->items_loaded++;
     }
 }
+
+/* The most direct memories items (16.; up to CHANNEL_ITEM_BYTES each) one import takes. */
+#define DIRECT_IMPORT_ITEMS 16
 
 /* Submits so (its session's state, items or both), or frees it. False when the engine is busy
  * or out of memory. */
@@ -3958,14 +3988,19 @@ static bool owner_items_submit(cph_cflow *f, rebuild *rb, cph_clog_replay *rp, s
     bool chan = owner[0] == CHANNEL_OWNER_PREFIX;
     if (channels_only && !chan)
       break;
-    for (j = *next + 1; j < rp->n_items && strcmp(rp->items[j].session, owner) == 0; j++)
+    /* a shard's direct memories (16.) in steps of DIRECT_IMPORT_ITEMS items, oldest first:
+     * one operation would hold all of them decoded at once (a million, in the takeover bench) */
+    size_t max = chan && strcmp(owner + 1, CPH_DIRECT_MEMORIES) == 0 ? DIRECT_IMPORT_ITEMS
+                                                                      : SIZE_MAX;
+    for (j = *next + 1;
+         j < rp->n_items && j - *next < max && strcmp(rp->items[j].session, owner) == 0; j++)
       ;
     const cph_ctable_session *known = chan ? NULL : cph_ctable_get(f->table, owner);
     if (!chan && (!known || !known->def))
       continue; /* deleted since: its items are being forgotten */
     state_op *so = calloc(1, sizeof *so);
     size_t to = j;
-    if (!so || !(so->session = strdup(owner)) || !copy_items(rp, *next, owner, so, &to)) {
+    if (!so || !(so->session = strdup(owner)) || !copy_items(rp, *next, owner, max, so, &to)) {
       if (so)
         state_op_free(so);
       return false;
@@ -4008,7 +4043,7 @@ static bool states_import(cph_cflow *f, rebuild *rb) {
     state_op *so = calloc(1, sizeof *so);
     size_t len = st->len - CPH_CLOG_EPOCH_BYTES, to = from;
     if (!so || !(so->session = strdup(st->session)) || !(so->data = malloc(len ? len : 1)) ||
-        !copy_items(rp, from, st->session, so, &to)) {
+        !copy_items(rp, from, st->session, SIZE_MAX, so, &to)) {
       if (so)
         state_op_free(so);
       ok = false;
@@ -4504,10 +4539,9 @@ static void on_message(void *ctx, cph_clog_msg *m) {
   for (size_t i = 0; i < ap->n_evs; i++) {
     b->items[b->n] = ap;
     b->events[b->n] = ap->evs[i];
-    /* 16.: the raw memory an `in` event mints in its channel goes to the log under the
-     * channel's key — not an event to a session alone (its direct channel): a message to a
-     * thousand sessions would make a thousand items (those move with the states' newest) */
-    b->events[b->n].memory_item = !m->fwd && !ap->evs[i].history_only && ap->evs[i].channel;
+    /* 16.: the raw memory an `in` event mints goes to the log: under its channel's key, or
+     * (an event to a session alone, its direct channel) its session's shard's */
+    b->events[b->n].memory_item = !m->fwd && !ap->evs[i].history_only;
     b->n++;
   }
   if (b->n >= APPLY_BATCH)

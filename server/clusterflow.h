@@ -538,10 +538,13 @@
  *    next owner, puts the same key, and its memories the same origins. Put as 13.'s items are
  *    (not waited for; sent again while this node serves the message's shard). A forward (3.),
  *    a history copy (14., 15.) or a rebuild's replay (8.) gives none: the `in` message's
- *    applier gave them; nor does an event to a session alone (its session's direct channel: a
- *    message to a thousand sessions would make a thousand items — with them the takeover
- *    bench's fill of 1M such events took 224 s to apply, against 27-32 s without; those
- *    memories move with the states' newest, as before). Every log event with a channel is
+ *    applier gave them. The raw memories of a message's events to a session alone (their
+ *    direct channels, "#direct:<session>") go likewise, but as one item per shard of their
+ *    sessions, not per session — an item per session and message made the takeover bench's
+ *    fill of 1M such events 224 s against 27-32 s —, under "<shard>.<'#' CPH_DIRECT_MEMORIES
+ *    in hex>.d<the time of the message's first such event, 16 hex digits><SHA-256 of the
+ *    message id>[n<k>]": a shard's direct items sort by the time they were made, and come with
+ *    the shard's keys. Every log event is
  *    applied with memory_origin (cph_event_in): wherever it is applied — the `in` event, a
  *    forward, a rebuild's delivery — its raw memory is minted under that origin, or, when
  *    the node has the memory of that origin already (taken from the items, or minted by
@@ -556,23 +559,29 @@
  *    had origins — one it holds a copy of (a memory of the scope with the same text, each
  *    copy standing for one, live or replaced by its gc: a tombstone's text is in the summary
  *    that replaced it; a moved state's memories are held the same way). A rebuild's delivery
- *    of the event after the import finds the memory by its origin.
+ *    of the event after the import finds the memory by its origin. The shard's direct items
+ *    go the same way, DIRECT_IMPORT_ITEMS (16) items an operation in the order they were
+ *    made, each memory into its own direct channel's scope — held by its origin alone (direct
+ *    memories had none before these items), and not stored for a session the node does not
+ *    have (deleted since: the items outlive it).
  *    Before the states, so a channel's older memories get lower ids here than the state's
  *    newer ones and a turn lists the same newest memories it listed on the old owner (a turn
  *    lists a scope's memories by id); the state's memories then find themselves held, and each
  *    raw one is linked to its moved event (memory_link_source), as a minted one is, so a turn
  *    that shows the event does not list it twice. A read that fails is tried twice more, then
  *    the rebuild goes on without it (logged: the sessions have what their states carried).
- *    test_cluster_chanmem: 1,200 notes in a channel, the node with the channel and its
- *    session killed, the survivor finds the oldest note and lists the memory section the dead
- *    node listed. Not moved this way: aggregates (a family's memory changes as repeats come)
- *    and summaries of a channel's memories (a node compacts its own copy: the new owner's gc
+ *    test_cluster_chanmem: 1,200 notes in a channel and 700 to its session alone, the node
+ *    with the channel and its session killed, the survivor finds the oldest note of each and
+ *    lists the memory section the dead node listed. Not moved this way: aggregates (a
+ *    family's memory changes as repeats come) and summaries of a channel's memories (a node compacts its own copy: the new owner's gc
  *    compacts what it took; a node with no copy of the channel takes live the raw memories
  *    the old owner's gc had replaced), which the states carry as before (their newest 64); nor a
  *    channel's history entries older than a turn shows (11.). Cost: one item per `in`
- *    message and channel (the bucket keeps every raw memory of every channel, its text and
- *    ~200 bytes; a channel's memories compacted away stay there), and at a takeover a read
- *    and an import of every memory of the sessions' channels before the shard is served. */
+ *    message and channel, and one per message and shard for its events to a session alone
+ *    (the bucket keeps every raw memory of every channel, its text and ~200 bytes; a
+ *    channel's memories compacted away stay there), and at a takeover a read and an import
+ *    of every memory of the sessions' channels and direct channels before the shard is
+ *    served. */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
 

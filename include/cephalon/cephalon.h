@@ -536,6 +536,9 @@ typedef struct cph_state_item {
   size_t len;
 } cph_state_item;
 
+/* The channel name of the memories of events to a session alone (their direct channels,
+ * "direct:<session>"), taken as one group at a takeover (CPH_OP_CHANNEL_MEMORIES). */
+#define CPH_DIRECT_MEMORIES "direct:"
 /* What a channel memories import read, between its steps (CPH_OP_CHANNEL_MEMORIES). */
 typedef struct cph_channel_import cph_channel_import;
 /* Memories a channel memories import stores per pass, at most: ~2-8 ms of the loop. */
@@ -877,7 +880,10 @@ struct cph_op {
      * for seconds; done comes after the last step (or the one that failed: the steps before
      * it stay stored). Operations queued after this one may thus be applied before it ends:
      * a caller that needs the import first waits for its done. Out: added, held (over all
-     * steps). */
+     * steps). With `channel` CPH_DIRECT_MEMORIES: the items of a shard's events to a session
+     * alone, whose memories are of many direct channels ("#direct:<session>"): each is
+     * stored in its own scope (one of another form is refused), oldest first, held only by
+     * its origin (direct memories had none before these items: no copy to match). */
     struct {
       char *channel;
       const cph_state_item *items;

@@ -3,16 +3,18 @@
  *
  * A channel whose shard n1 owns, and the one session subscribed to it, on n1 too. 1,200 notes
  * are posted to the channel (twelve requests of 100: twelve batch messages in the log), after
- * 300 to the session itself (its direct channel: no items for those — an event to a session
- * alone moves with the state's newest — so n0 loads none of them), and the session's turns on
- * n1 consume them all; n1 made a raw memory of each; then one more question, leased on n1 and
- * left. n0 holds nothing of the channel. n1 is killed -9: n0 takes both shards over. A
- * session's state carries only the newest raw memories of its scopes (576 at most); the
- * channel's memories items carry all of them. So on n0 the session's memory search finds the
- * oldest note, n0 loads all 1,201 memories (log.channel_memories.loaded), and the question,
- * delivered again by the rebuild after the import, finds its memory by its origin: the search
- * finds it once. Without the items (checked by taking their import out) n0 holds only what the
- * state carried and the search does not find the oldest note.
+ * 700 to the session itself (its direct channel: their memories go as one item a message
+ * under the session's shard), and the session's turns on n1 consume them all; n1 made a raw
+ * memory of each; then one more question, leased on n1 and left. Another session of n1 is
+ * told a note and deleted. n0 holds nothing of the channel. n1 is killed -9: n0 takes both
+ * shards over. A session's state carries only the newest raw memories of its scopes (576 at
+ * most); the memories items carry all of them. So on n0 the session's memory search finds the
+ * oldest note and the oldest direct note, n0 loads all 1,901 memories
+ * (log.channel_memories.loaded; not the deleted session's note), and the question, delivered
+ * again by the rebuild after the import, finds its memory by its origin: the search finds it
+ * once. Without the items (checked by taking their import out) n0 holds only what the state
+ * carried and the search does not find the oldest note; without the direct ones' import, the
+ * oldest direct note; without the check of the session, n0 loads 1,902.
  *
  * Twice: the session on another of n1's shards than the channel (n0 reads the channel's items
  * for the session's rebuild, and the channel's shard brings them again: held), and on the
@@ -40,7 +42,9 @@
 #define SHARDS 16
 #define TTL_S 2
 #define NOTES 1200
-#define DIRECT 300 /* notes to the session itself, before the others: its direct channel */
+/* notes to the session itself, before the others (its direct channel): more than its state
+ * carries of them (the newest 576 at most) */
+#define DIRECT 700
 #define PER_POST 100
 
 /* the maintenance lane's budget too: n0's janitor embeds the 1,200 memories it takes over */
@@ -158,6 +162,10 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
     }
   assert_int_equal(cph_tc_shard_of(session, SHARDS) == cph_tc_shard_of(chan, SHARDS),
                    on_the_channels_shard);
+  /* and one told a note of its own and deleted before the kill: its memory is in the log's
+   * items, and n0 does not bring it back */
+  char gone[32];
+  id_owned_by(c, 1, "gone", gone, sizeof gone, &created);
   char path[96], body[128];
   snprintf(path, sizeof path, "/v1/sessions/%s", session);
   snprintf(body, sizeof body, "{\"subscribe\":[\"%s\"]}", chan);
@@ -193,7 +201,7 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
   }
   /* the session's turns on n1 consume every note */
   int consumed = 0, turns = 0;
-  for (; consumed < NOTES + DIRECT && turns < 300; turns++) {
+  for (; consumed < NOTES + DIRECT && turns < 600; turns++) {
     json_t *lease = cph_tc_lease_of(c, 1, session, "a lease of the notes");
     json_t *turn = json_object_get(lease, "turn");
     json_t *staged = json_object_get(turn, "staged");
@@ -207,15 +215,39 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
   if (consumed != NOTES + DIRECT)
     fail_msg("n1's turns consumed %d notes in %d turns, want %d", consumed, turns,
              NOTES + DIRECT);
+  snprintf(body, sizeof body, "{\"events\":[{\"session\":\"%s\",\"sender\":\"ann\","
+           "\"body\":\"a note for the reader to be deleted\"}]}", gone);
+  r = cph_test_api(c->port[0], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting to %s: %d %s", gone, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
   /* n1's memories items are in the log (they are not waited for) */
   for (int waited = 0; cph_tc_log_counter(c, 1, "channel_memories", "items_put") <
-                           NOTES / PER_POST ||
+                           (NOTES + DIRECT) / PER_POST + 1 ||
                        cph_tc_log_counter(c, 1, "items", "pending") > 0;
        waited += 100) {
     if (waited > 10000)
-      fail_msg("n1 made %lld channel memories items in 10 s, want %d",
-               cph_tc_log_counter(c, 1, "channel_memories", "items_put"), NOTES / PER_POST);
+      fail_msg("n1 made %lld memories items in 10 s, want %d (one a post)",
+               cph_tc_log_counter(c, 1, "channel_memories", "items_put"),
+               (NOTES + DIRECT) / PER_POST + 1);
     cph_tc_sleep_ms(100);
+  }
+  snprintf(path, sizeof path, "/v1/sessions/%s", gone);
+  r = cph_test_api(c->port[1], "DELETE", path, NULL, NULL);
+  if (r.status != 200)
+    fail_msg("deleting %s on n1: %d %s", gone, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  for (int waited = 0;; waited += 50) { /* n0 knows of the deletion (the session table) */
+    json_t *v = cph_tc_view(c, 0);
+    json_int_t known =
+        json_integer_value(json_object_get(json_object_get(v, "log"), "sessions_known"));
+    json_decref(v);
+    if (known == created - 1)
+      break;
+    if (waited > 10000)
+      fail_msg("n0 knows %lld sessions 10 s after %s was deleted, want %d", (long long)known,
+               gone, created - 1);
+    cph_tc_sleep_ms(50);
   }
   /* and the shards' watermarks passed the consumed notes (put about once a second, 7.), so
    * n0's rebuild applies none of them again: what n0 holds of the channel then comes from the
@@ -244,7 +276,7 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
     held = cph_tc_log_counter(c, 0, "channel_memories", "held");
     json_decref(oldest);
     oldest = search(c, 0, session, "q000");
-    if ((loaded >= NOTES + 1 && count_text(oldest, first) > 0) || waited > 15000)
+    if ((loaded >= NOTES + 1 + DIRECT && count_text(oldest, first) > 0) || waited > 15000)
       break;
     cph_tc_sleep_ms(200);
   }
@@ -256,9 +288,9 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
    * holds); the rebuild's delivery of the question, after it, finds the question's memory by
    * its origin and mints none. With the session on another shard, the channel's and the
    * session's rebuilds each import the items: the second holds them all */
-  if (loaded != NOTES + 1)
-    fail_msg("n0 loaded %lld of the channel's %d memories (and none of the direct notes')",
-             loaded, NOTES + 1);
+  if (loaded != NOTES + 1 + DIRECT)
+    fail_msg("n0 loaded %lld memories: want the channel's %d and the direct notes' %d", loaded,
+             NOTES + 1, DIRECT);
   if (held != (on_the_channels_shard ? 0 : NOTES + 1))
     fail_msg("n0 held %lld of the memories, want %d", held, on_the_channels_shard ? 0 : NOTES + 1);
   /* the question's turn on n0 (its lease expired with n1) lists the memories it listed on n1,
@@ -305,6 +337,22 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
       fail_msg("the search for note %d on n0 finds it %d times, want once (GET /v1/top: %.300s)",
                i, found, t.body && strstr(t.body, "\"maintenance\":{") ? strstr(t.body, "\"maintenance\":{") : "");
     }
+  }
+  for (int i = 0; i < DIRECT; i += 53) { /* each direct note once, the oldest ones too */
+    char q[8], text[96];
+    snprintf(q, sizeof q, "r%03d", i);
+    direct_note(i, text, sizeof text);
+    int found = 0;
+    for (int waited = 0; waited <= 20000; waited += 250) { /* embedded by n0's janitor */
+      json_t *hits = search(c, 0, session, q);
+      found = count_text(hits, text);
+      json_decref(hits);
+      if (found)
+        break;
+      cph_tc_sleep_ms(250);
+    }
+    if (found != 1)
+      fail_msg("the search for direct note %d on n0 finds it %d times, want once", i, found);
   }
   json_decref(oldest);
   cph_tc_free(c);
