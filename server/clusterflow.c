@@ -2983,11 +2983,9 @@ static void pub_outcome(cph_cflow *f, pub *p, bool ok, uint64_t seq, bool dup, c
  * key; or, for an event to a session alone, CPH_DIRECT_MEMORIES, whose items go under its
  * session's shard — one item for a message's direct events of one shard, however many
  * sessions they name (an item per session and message made the takeover bench's fill of 1M
- * such events 224 s against 27-32 s). *key_shard: the shard its key goes under. */
-static const char *part_group(const cph_event_in *ev, uint32_t shards, uint32_t *key_shard) {
-  const char *group = ev->channel ? ev->channel : CPH_DIRECT_MEMORIES;
-  *key_shard = cph_cluster_shard_of(ev->channel ? ev->channel : ev->session, shards);
-  return group;
+ * such events 224 s against 27-32 s). */
+static const char *part_group(const cph_event_in *ev) {
+  return ev->channel ? ev->channel : CPH_DIRECT_MEMORIES;
 }
 
 /* 16. The raw memories the events of message ap (evs[0..n), their results) minted, as one
@@ -2995,7 +2993,7 @@ static const char *part_group(const cph_event_in *ev, uint32_t shards, uint32_t 
  * "<shard of the channel>.<'#' channel in hex>.c<SHA-256 of the message id>[n<k>]", and those
  * of its events to a session alone likewise per shard of their sessions, under "<shard>.<'#'
  * CPH_DIRECT_MEMORIES in hex>.d<the first event's time, 16 hex digits><SHA-256 of the message
- * id>[n<k>]" (the time leads: a shard's direct items sort in the order they were made, and a
+ * id>[n<k in 6 digits>]" (the time leads: a shard's direct items sort in the order they were made, and a
  * takeover imports them in steps of DIRECT_IMPORT_ITEMS in that order). The same message
  * applied again, here or by the shard's next owner, puts the same keys. Not waited for, as
  * items are not (13.). */
@@ -3009,36 +3007,42 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
   msgid_sha256_hex(msgid, hash);
   const uint8_t **parts = malloc(n * sizeof *parts);
   size_t *lens = malloc(n * sizeof *lens);
+  uint32_t *key_shard = malloc(n * sizeof *key_shard); /* each part's key's, worked out once */
+  for (size_t i = 0; key_shard && i < n; i++)
+    if (res[i].memory_part && (evs[i].channel || evs[i].session))
+      key_shard[i] = cph_cluster_shard_of(evs[i].channel ? evs[i].channel : evs[i].session,
+                                          shards);
   for (size_t i = 0; i < n; i++) {
     if (!res[i].memory_part || (!evs[i].channel && !evs[i].session))
       continue;
-    uint32_t key_shard, other_shard;
-    const char *group = part_group(&evs[i], shards, &key_shard);
+    const char *group = part_group(&evs[i]);
     bool direct = !evs[i].channel;
     char owner[302];
     snprintf(owner, sizeof owner, "%c%s", CHANNEL_OWNER_PREFIX, group);
     size_t k = 0, bytes = 0, piece = 0;
-    /* every part of this group in the message, from here on, in order */
-    for (size_t j = i; parts && lens && j <= n; j++) {
+    /* every part of this group and key shard in the message, from here on, in order */
+    for (size_t j = i; parts && lens && key_shard && j <= n; j++) {
       bool mine = j < n && res[j].memory_part && (evs[j].channel || evs[j].session) &&
-                  strcmp(part_group(&evs[j], shards, &other_shard), group) == 0 &&
-                  other_shard == key_shard;
+                  key_shard[j] == key_shard[i] && strcmp(part_group(&evs[j]), group) == 0;
       if (k && (j == n || (mine && bytes + res[j].memory_part_len > CHANNEL_ITEM_BYTES))) {
         char name[128];
         int at = direct ? snprintf(name, sizeof name, "d%016" PRIx64 "%s",
                                    (uint64_t)evs[i].ts_ms, hash)
                         : snprintf(name, sizeof name, "c%s", hash);
-        if (piece)
-          snprintf(name + at, sizeof name - (size_t)at, "n%zu", piece);
+        if (piece) /* a direct item's pieces padded, so that they sort in order too */
+          snprintf(name + at, sizeof name - (size_t)at, direct ? "n%06zu" : "n%zu", piece);
         cph_state_item it = {name, NULL, 0};
         if (cph_channel_memories_item(parts, lens, k, &it.data, &it.len) == CPH_OK) {
           cph_state_items one = {&it, 1};
-          items_put(f, key_shard, owner, ap->m->shard, &one);
+          items_put(f, key_shard[i], owner, ap->m->shard, &one);
+        } else if (direct) {
+          f->item_dropped++;
+          cph_error("cluster log: a memories item of the direct channels of shard %" PRIu32
+                    " of message %s is DROPPED (out of memory)", key_shard[i], msgid);
         } else {
           f->item_dropped++;
-          cph_error("cluster log: a memories item of %s %s of message %s is DROPPED (out of "
-                    "memory)", direct ? "the direct channels of shard" : "channel",
-                    direct ? "" : group, msgid);
+          cph_error("cluster log: a memories item of channel %s of message %s is DROPPED (out "
+                    "of memory)", group, msgid);
         }
         free(it.data);
         piece++;
@@ -3050,21 +3054,22 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
         bytes += res[j].memory_part_len;
       }
     }
-    if (!parts || !lens) {
+    if (!parts || !lens || !key_shard) {
       f->item_dropped++;
       cph_error("cluster log: the memories item of %s of message %s is DROPPED (out of memory)",
                 direct ? "its direct events" : group, msgid);
     }
     for (size_t j = i; j < n; j++) /* taken into this group's items: not another's */
       if (res[j].memory_part && (evs[j].channel || evs[j].session) &&
-          strcmp(part_group(&evs[j], shards, &other_shard), group) == 0 &&
-          other_shard == key_shard) {
+          (!key_shard || key_shard[j] == key_shard[i]) &&
+          strcmp(part_group(&evs[j]), group) == 0) {
         free(res[j].memory_part);
         res[j].memory_part = NULL;
       }
   }
   free(parts);
   free(lens);
+  free(key_shard);
 }
 
 static void batch_free(apply_batch *b) {

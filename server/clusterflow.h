@@ -543,9 +543,9 @@
  *    sessions, not per session — an item per session and message made the takeover bench's
  *    fill of 1M such events 224 s against 27-32 s —, under "<shard>.<'#' CPH_DIRECT_MEMORIES
  *    in hex>.d<the time of the message's first such event, 16 hex digits><SHA-256 of the
- *    message id>[n<k>]": a shard's direct items sort by the time they were made, and come with
- *    the shard's keys. Every log event is
- *    applied with memory_origin (cph_event_in): wherever it is applied — the `in` event, a
+ *    message id>[n<k in 6 digits>]": a shard's direct items sort by the time they were
+ *    made, and come with the shard's keys. Every log event is applied with memory_origin
+ *    (cph_event_in): wherever it is applied — the `in` event, a
  *    forward, a rebuild's delivery — its raw memory is minted under that origin, or, when
  *    the node has the memory of that origin already (taken from the items, or minted by
  *    another delivery), that one is linked to the event and none is minted. A node taking a
@@ -570,7 +570,7 @@
  *    raw one is linked to its moved event (memory_link_source), as a minted one is, so a turn
  *    that shows the event does not list it twice. A read that fails is tried twice more, then
  *    the rebuild goes on without it (logged: the sessions have what their states carried).
- *    test_cluster_chanmem: 1,200 notes in a channel and 700 to its session alone, the node
+ *    test_cluster_chanmem: 1,200 notes in a channel and 750 to its session alone, the node
  *    with the channel and its session killed, the survivor finds the oldest note of each and
  *    lists the memory section the dead node listed. Not moved this way: aggregates (a
  *    family's memory changes as repeats come) and summaries of a channel's memories (a node compacts its own copy: the new owner's gc
