@@ -563,7 +563,10 @@
  *    go the same way, DIRECT_IMPORT_ITEMS (16) items an operation in the order they were
  *    made, each memory into its own direct channel's scope — held by its origin alone (direct
  *    memories had none before these items), and not stored for a session the node does not
- *    have (deleted since: the items outlive it).
+ *    have (deleted since: the items outlive it). The items of a message whose every event to
+ *    a session alone the rebuild delivers again (none consumed) are not imported: the
+ *    delivery mints those memories, after the states, as they are the newest
+ *    (log.channel_memories.direct_items_redelivered).
  *    Before the states, so a channel's older memories get lower ids here than the state's
  *    newer ones and a turn lists the same newest memories it listed on the old owner (a turn
  *    lists a scope's memories by id); the state's memories then find themselves held, and each

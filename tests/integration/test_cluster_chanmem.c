@@ -6,7 +6,8 @@
  * 750 to the session itself (its direct channel: their memories go as one item a message
  * under the session's shard; one request carries both kinds), and the session's turns on n1 consume them all; n1 made a raw
  * memory of each; then one more question, leased on n1 and left. Another session of n1 is
- * told a note and deleted. n0 holds nothing of the channel. n1 is killed -9: n0 takes both
+ * told a note and deleted, and a third told 30 notes it has not consumed when n1 dies (their
+ * item is left to the rebuild's delivery of them: each found once). n0 holds nothing of the channel. n1 is killed -9: n0 takes both
  * shards over. A session's state carries only the newest raw memories of its scopes (576 at
  * most); the memories items carry all of them. So on n0 the session's memory search finds the
  * oldest note and the oldest direct note, n0 loads all 1,951 memories
@@ -46,6 +47,7 @@
  * carries of them (the newest 576 at most) */
 #define DIRECT 750 /* the eighth request carries 50 of them and 50 channel notes */
 #define PER_POST 100
+#define PENDING 30 /* to the session alone, not consumed when n1 dies */
 
 /* the maintenance lane's budget too: n0's janitor embeds the 1,200 memories it takes over */
 static const char EXTRA[] = ":scheduler {:lanes {:interactive {:turns 1000000} "
@@ -53,18 +55,23 @@ static const char EXTRA[] = ":scheduler {:lanes {:interactive {:turns 1000000} "
 
 /* The first of ids "<prefix>0".."<prefix>15" whose shard node n owns, found by creating a
  * session of that id (a channel's shard is its id's, as a session's is), into out. */
-static void id_owned_by(cph_test_cluster *c, int n, const char *prefix, char *out, size_t cap,
-                        int *created) {
+static void id_of_class_owned_by(cph_test_cluster *c, int n, const char *prefix,
+                                 const char *class, char *out, size_t cap, int *created) {
   for (int i = 0; i < 16; i++) {
     snprintf(out, cap, "%s%d", prefix, i);
-    char body[96];
-    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"interactive\"}", out);
+    char body[128];
+    snprintf(body, sizeof body, "{\"id\":\"%s\",\"class\":\"%s\"}", out, class);
     int owner = cph_tc_post_on_owner(c, 0, "/v1/sessions", body);
     (*created)++;
     if (owner == n)
       return;
   }
   fail_msg("none of %s0..%s15 is on n%d's shards", prefix, prefix, n);
+}
+
+static void id_owned_by(cph_test_cluster *c, int n, const char *prefix, char *out, size_t cap,
+                        int *created) {
+  id_of_class_owned_by(c, n, prefix, "interactive", out, cap, created);
 }
 
 /* The texts the session's memory search on node n finds for query (a JSON array, owned). */
@@ -119,6 +126,10 @@ static void direct_note(int i, char *out, size_t cap) {
   snprintf(out, cap, "direct %03d: reminder r%03d for the reader", i, i);
 }
 
+static void pending_note(int i, char *out, size_t cap) {
+  snprintf(out, cap, "pending %02d: errand e%02d before the takeover", i, i);
+}
+
 static void note(int i, char *out, size_t cap) {
   snprintf(out, cap, "note %03d: project q%03d ships on day %d", i, i, i + 1);
 }
@@ -166,6 +177,10 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
    * items, and n0 does not bring it back */
   char gone[32];
   id_owned_by(c, 1, "gone", gone, sizeof gone, &created);
+  /* and one told PENDING notes of its own that it has not consumed when n1 dies (in the
+   * operational lane: the leases below are of the interactive one) */
+  char other[32];
+  id_of_class_owned_by(c, 1, "other", "operational", other, sizeof other, &created);
   char path[96], body[128];
   snprintf(path, sizeof path, "/v1/sessions/%s", session);
   snprintf(body, sizeof body, "{\"subscribe\":[\"%s\"]}", chan);
@@ -264,6 +279,31 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
   char *was = memory_section(json_object_get(lease, "turn"));
   json_decref(lease);
   assert_true(strlen(was) > 0); /* the raw memories older than the history it shows */
+  /* PENDING notes to `other` alone, in one request, applied on n1 and not consumed: n0's
+   * rebuild delivers them again, so it leaves their item to the delivery */
+  long long items_before = cph_tc_log_counter(c, 1, "channel_memories", "items_put");
+  json_t *events = json_array();
+  for (int i = 0; i < PENDING; i++) {
+    char text[96];
+    pending_note(i, text, sizeof text);
+    json_array_append_new(events, json_pack("{ssssss}", "session", other, "sender", "ann",
+                                            "body", text));
+  }
+  json_t *req = json_pack("{so}", "events", events);
+  char *dump = json_dumps(req, JSON_COMPACT);
+  r = cph_test_api(c->port[0], "POST", "/v1/events", NULL, dump);
+  if (r.status != 200)
+    fail_msg("posting the pending notes: %d %s", r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  free(dump);
+  json_decref(req);
+  for (int waited = 0; cph_tc_log_counter(c, 1, "channel_memories", "items_put") == items_before ||
+                       cph_tc_log_counter(c, 1, "items", "pending") > 0;
+       waited += 100) {
+    if (waited > 10000)
+      fail_msg("n1 made no item of the pending notes in 10 s");
+    cph_tc_sleep_ms(100);
+  }
 
   cph_tc_kill_node(c, 1, false);
   cph_tc_settle(c, SHARDS, "after the kill");
@@ -291,11 +331,22 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
   if (loaded != NOTES + 1 + DIRECT)
     fail_msg("n0 loaded %lld memories: want the channel's %d and the direct notes' %d", loaded,
              NOTES + 1, DIRECT);
+  if (cph_tc_log_counter(c, 0, "channel_memories", "direct_items_redelivered") < 1)
+    fail_msg("n0 imported the item of the pending notes, which its rebuild delivers again");
   if (held != (on_the_channels_shard ? 0 : NOTES + 1))
     fail_msg("n0 held %lld of the memories, want %d", held, on_the_channels_shard ? 0 : NOTES + 1);
   /* the question's turn on n0 (its lease expired with n1) lists the memories it listed on n1,
    * in that order (then one more): the older ones came before the state's newer ones */
-  lease = cph_tc_lease_of(c, 0, session, "the last question's lease on n0");
+  r = cph_test_api(c->port[0], "POST", "/v1/turns/lease", NULL,
+                   "{\"worker\":\"w\",\"wait_ms\":5000,\"lanes\":[\"interactive\"]}");
+  if (r.status != 200)
+    fail_msg("the last question's lease on n0: %d %s", r.status, r.body ? r.body : "");
+  lease = cph_test_json(&r);
+  cph_test_response_free(&r);
+  const char *leased =
+      json_string_value(json_object_get(json_object_get(lease, "turn"), "session"));
+  if (!leased || strcmp(leased, session) != 0)
+    fail_msg("the last question's lease on n0: a turn of '%s'", leased ? leased : "(none)");
   char *is = memory_section(json_object_get(lease, "turn"));
   json_decref(lease);
   if (strncmp(is, was, strlen(was)) != 0) /* n0 lists one more in the question's room */
@@ -337,6 +388,23 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
       fail_msg("the search for note %d on n0 finds it %d times, want once (GET /v1/top: %.300s)",
                i, found, t.body && strstr(t.body, "\"maintenance\":{") ? strstr(t.body, "\"maintenance\":{") : "");
     }
+  }
+  for (int i = 0; i < PENDING; i += 7) { /* minted by their delivery again, once */
+    char q[8], text[96];
+    snprintf(q, sizeof q, "e%02d", i);
+    pending_note(i, text, sizeof text);
+    int found = 0;
+    for (int waited = 0; waited <= 20000; waited += 250) {
+      json_t *hits = search(c, 0, other, q);
+      found = count_text(hits, text);
+      json_decref(hits);
+      if (found)
+        break;
+      cph_tc_sleep_ms(250);
+    }
+    if (found != 1)
+      fail_msg("the search of %s for pending note %d on n0 finds it %d times, want once", other,
+               i, found);
   }
   for (int i = 0; i < DIRECT; i += 53) { /* each direct note once, the oldest ones too */
     char q[8], text[96];
