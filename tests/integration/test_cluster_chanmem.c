@@ -2,20 +2,21 @@
  * real etcd, one NATS server and two cephalond on 127.0.0.1.
  *
  * A channel whose shard n1 owns, and the one session subscribed to it, on n1 too. 1,200 notes
- * are posted to the channel (requests of 100: a batch message each in the log), after
- * 750 to the session itself (its direct channel: their memories go as one item a message
- * under the session's shard; one request carries both kinds), and the session's turns on n1 consume them all; n1 made a raw
- * memory of each; then one more question, leased on n1 and left. Another session of n1 is
- * told a note and deleted, and a third told 30 notes it has not consumed when n1 dies (their
- * item is left to the rebuild's delivery of them: each found once). n0 holds nothing of the channel. n1 is killed -9: n0 takes both
- * shards over. A session's state carries only the newest raw memories of its scopes (576 at
- * most); the memories items carry all of them. So on n0 the session's memory search finds the
- * oldest note and the oldest direct note, n0 loads all 1,951 memories
- * (log.channel_memories.loaded; not the deleted session's note), and the question, delivered
- * again by the rebuild after the import, finds its memory by its origin: the search finds it
- * once. Without the items (checked by taking their import out) n0 holds only what the state
- * carried and the search does not find the oldest note; without the direct ones' import, the
- * oldest direct note; without the check of the session, n0 loads 1,952.
+ * are posted to the channel (requests of 100: a batch message each in the log), after 750 to
+ * the session itself (its direct channel: their memories go as one item a message under the
+ * session's shard; one request carries both kinds), and the session's turns on n1 consume them
+ * all; n1 made a raw memory of each; then one more question, leased on n1 and left. Another
+ * session of n1 is told a note and deleted, and a third told 30 notes it has not consumed when
+ * n1 dies (their item is left to the rebuild's delivery of them: each found once). n0 holds
+ * nothing of the channel. n1 is killed -9: n0 takes both shards over. A session's state carries
+ * only the newest raw memories of its scopes (576 at most); the memories items carry all of
+ * them. So on n0 the session's memory search finds the oldest note and the oldest direct note,
+ * n0 loads all 1,951 memories (log.channel_memories.loaded; not the deleted session's note),
+ * and the question, delivered again by the rebuild after the import, finds its memory by its
+ * origin: the search finds it once. Without the items (checked by taking their import out) n0
+ * holds only what the state carried and the search does not find the oldest note; without the
+ * direct ones' import, the oldest direct note; without the check of the session, n0 loads
+ * 1,952.
  *
  * Twice: the session on another of n1's shards than the channel (n0 reads the channel's items
  * for the session's rebuild, and the channel's shard brings them again: held), and on the
