@@ -2655,11 +2655,9 @@ static bool event_origin_form(const char *origin) {
          (n == MEMORY_EVENT_ORIGIN_LEN || n == MEMORY_EVENT_ORIGIN_V1_LEN);
 }
 
-/* Reads channel memories item it of scope into *v (*n grown); CPH_EINVAL with why for one
- * that is not such an item, or holds a memory of another scope or kind. */
-/* The memories of item `it` appended to (*v)[0..*n), each of `scope` — with `direct`, of a
- * scope that begins so (a session's direct channel: CPH_DIRECT_MEMORIES). CPH_EINVAL (why
- * says what) when the item or one of its memories is not one this build takes. */
+/* Reads channel memories item it of scope into *v (*n grown) — with `direct`, of any scope
+ * that begins so (the direct channels' items: CPH_DIRECT_MEMORIES); CPH_EINVAL with why for
+ * one that is not such an item, or holds a memory of another scope or kind. */
 static int read_channel_item(const cph_state_item *it, const char *scope, bool direct,
                              channel_memory **v, size_t *n, size_t *cap, char *why, size_t len) {
   size_t scope_len = strlen(scope);

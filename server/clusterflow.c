@@ -400,9 +400,9 @@ struct cph_cflow {
   uint64_t items_put, item_bytes, item_failures, items_loaded, items_refused;
   /* 16.: channel memories items made here; memories a rebuild stored from them, and those this
    * node held already. */
-  uint64_t direct_items_left; /* 16.: direct memories items a rebuild left to its delivery */
   uint64_t channel_items, channel_item_bytes, channel_items_loaded, channel_memories_loaded,
       channel_memories_held;
+  uint64_t direct_items_left; /* 16.: direct memories items a rebuild left to its delivery */
   uint32_t chan_reads; /* channels_ask's reads so far: each one's token */
   /* 14.: copies of replies sent to other shards, those the log did not take; copies applied
    * here (stored in a channel's history), and those this node held already. */
@@ -2994,10 +2994,10 @@ static const char *part_group(const cph_event_in *ev) {
  * "<shard of the channel>.<'#' channel in hex>.c<SHA-256 of the message id>[n<k>]", and those
  * of its events to a session alone likewise per shard of their sessions, under "<shard>.<'#'
  * CPH_DIRECT_MEMORIES in hex>.d<the first event's time, 16 hex digits><SHA-256 of the message
- * id>[n<k in 6 digits>]" (the time leads: a shard's direct items sort in the order they were made, and a
- * takeover imports them in steps of DIRECT_IMPORT_ITEMS in that order). The same message
- * applied again, here or by the shard's next owner, puts the same keys. Not waited for, as
- * items are not (13.). */
+ * id>[n<k in 6 digits>]" (the time leads: a shard's direct items sort in the order they were
+ * made, and a takeover imports them in steps of DIRECT_IMPORT_ITEMS in that order). The same
+ * message applied again, here or by the shard's next owner, puts the same keys. Not waited
+ * for, as items are not (13.). */
 static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in *evs,
                                  cph_event_result *res, size_t n) {
   const char *msgid = ap->batch_id ? ap->batch_id : n ? evs[0].key : NULL;

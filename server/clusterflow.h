@@ -575,15 +575,15 @@
  *    the rebuild goes on without it (logged: the sessions have what their states carried).
  *    test_cluster_chanmem: 1,200 notes in a channel and 750 to its session alone, the node
  *    with the channel and its session killed, the survivor finds the oldest note of each and
- *    lists the memory section the dead node listed. Not moved this way: aggregates (a
- *    family's memory changes as repeats come) and summaries of a channel's memories (a node compacts its own copy: the new owner's gc
- *    compacts what it took; a node with no copy of the channel takes live the raw memories
- *    the old owner's gc had replaced), which the states carry as before (their newest 64); nor a
- *    channel's history entries older than a turn shows (11.). Cost: one item per `in`
- *    message and channel, and one per message and shard for its events to a session alone
- *    (the bucket keeps every raw memory of every channel, its text and ~200 bytes; a
- *    channel's memories compacted away stay there), and at a takeover a read and an import
- *    of every memory of the sessions' channels and direct channels before the shard is
+ *    lists the memory section the dead node listed. Not moved this way: aggregates (a family's
+ *    memory changes as repeats come) and summaries of a channel's memories (a node compacts its
+ *    own copy: the new owner's gc compacts what it took; a node with no copy of the channel
+ *    takes live the raw memories the old owner's gc had replaced), which the states carry as
+ *    before (their newest 64); nor a channel's history entries older than a turn shows (11.).
+ *    Cost: one item per `in` message and channel, and one per message and shard for its events
+ *    to a session alone (the bucket keeps every raw memory of every channel, its text and ~200
+ *    bytes; a channel's memories compacted away stay there), and at a takeover a read and an
+ *    import of every memory of the sessions' channels and direct channels before the shard is
  *    served. */
 #ifndef CEPHALON_SERVER_CLUSTERFLOW_H
 #define CEPHALON_SERVER_CLUSTERFLOW_H
