@@ -99,6 +99,22 @@ static int count_text(json_t *texts, const char *text) {
   return count;
 }
 
+/* How many times session's memory search on n0 for query finds text, once it finds it or
+ * after 20 s (an old memory is found by its vector, once n0's janitor embedded it). */
+static int found_on_n0(cph_test_cluster *c, const char *session, const char *query,
+                       const char *text) {
+  int found = 0;
+  for (int waited = 0; waited <= 20000; waited += 250) {
+    json_t *hits = search(c, 0, session, query);
+    found = count_text(hits, text);
+    json_decref(hits);
+    if (found)
+      break;
+    cph_tc_sleep_ms(250);
+  }
+  return found;
+}
+
 /* The texts of the raw memories of turn's memory section (sections.recent_memory), in order,
  * as one string, but the memory of the turn's own question. (That one the old owner lists: it
  * applied the question twice, as the channel's `in` event and as the session's forward, and the
@@ -375,15 +391,7 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
     char q[8], text[96];
     snprintf(q, sizeof q, "q%03d", i);
     note(i, text, sizeof text);
-    int found = 0;
-    for (int waited = 0; waited <= 20000; waited += 250) {
-      json_t *hits = search(c, 0, session, q);
-      found = count_text(hits, text);
-      json_decref(hits);
-      if (found)
-        break;
-      cph_tc_sleep_ms(250);
-    }
+    int found = found_on_n0(c, session, q, text);
     if (found != 1) {
       cph_test_response t = cph_test_api(c->port[0], "GET", "/v1/top", NULL, NULL);
       fail_msg("the search for note %d on n0 finds it %d times, want once (GET /v1/top: %.300s)",
@@ -394,15 +402,7 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
     char q[8], text[96];
     snprintf(q, sizeof q, "e%02d", i);
     pending_note(i, text, sizeof text);
-    int found = 0;
-    for (int waited = 0; waited <= 20000; waited += 250) {
-      json_t *hits = search(c, 0, other, q);
-      found = count_text(hits, text);
-      json_decref(hits);
-      if (found)
-        break;
-      cph_tc_sleep_ms(250);
-    }
+    int found = found_on_n0(c, other, q, text);
     if (found != 1)
       fail_msg("the search of %s for pending note %d on n0 finds it %d times, want once", other,
                i, found);
@@ -411,15 +411,7 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
     char q[8], text[96];
     snprintf(q, sizeof q, "r%03d", i);
     direct_note(i, text, sizeof text);
-    int found = 0;
-    for (int waited = 0; waited <= 20000; waited += 250) { /* embedded by n0's janitor */
-      json_t *hits = search(c, 0, session, q);
-      found = count_text(hits, text);
-      json_decref(hits);
-      if (found)
-        break;
-      cph_tc_sleep_ms(250);
-    }
+    int found = found_on_n0(c, session, q, text);
     if (found != 1)
       fail_msg("the search for direct note %d on n0 finds it %d times, want once", i, found);
   }
