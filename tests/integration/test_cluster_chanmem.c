@@ -7,16 +7,18 @@
  * session's shard; one request carries both kinds), and the session's turns on n1 consume them
  * all; n1 made a raw memory of each; then one more question, leased on n1 and left. Another
  * session of n1 is told a note and deleted, and a third told 30 notes it has not consumed when
- * n1 dies (their item is left to the rebuild's delivery of them: each found once). n0 holds
- * nothing of the channel. n1 is killed -9: n0 takes both shards over. A session's state carries
- * only the newest raw memories of its scopes (576 at most); the memories items carry all of
- * them. So on n0 the session's memory search finds the oldest note and the oldest direct note,
- * n0 loads all 1,951 memories (log.channel_memories.loaded; not the deleted session's note),
- * and the question, delivered again by the rebuild after the import, finds its memory by its
- * origin: the search finds it once. Without the items (checked by taking their import out) n0
- * holds only what the state carried and the search does not find the oldest note; without the
- * direct ones' import, the oldest direct note; without the check of the session, n0 loads
- * 1,952.
+ * n1 dies (their item is left to the rebuild's delivery of them: each found once), then, in one
+ * request, one more with a note to a fourth on its shard, which consumes it (that item is
+ * imported: mate's note found once, the other's once, 1,953 loaded). n0 holds nothing of the
+ * channel. n1 is killed -9: n0 takes both shards over. A session's state carries only the
+ * newest raw memories of its scopes (576 at most); the memories items carry all of them. So on
+ * n0 the session's memory search finds the oldest note and the oldest direct note, n0 loads all
+ * 1,953 memories (log.channel_memories.loaded; not the deleted session's note), and the
+ * question, delivered again by the rebuild after the import, finds its memory by its origin:
+ * the search finds it once. Without the items (checked by taking their import out) n0 holds
+ * only what the state carried and the search does not find the oldest note; without the direct
+ * ones' import, the oldest direct note; without the check of the session, n0 loads 1,954;
+ * leaving every pending message's item to the delivery, 1,951; importing them all, 1,983.
  *
  * Twice: the session on another of n1's shards than the channel (n0 reads the channel's items
  * for the session's rebuild, and the channel's shard brings them again: held), and on the
@@ -49,6 +51,7 @@
 #define DIRECT 750 /* the eighth request carries 50 of them and 50 channel notes */
 #define PER_POST 100
 #define PENDING 30 /* to the session alone, not consumed when n1 dies */
+#define OTHER_LAST "pending last: errand elast beside the mate's note"
 
 /* the maintenance lane's budget too: n0's janitor embeds the 1,200 memories it takes over */
 static const char EXTRA[] = ":scheduler {:lanes {:interactive {:turns 1000000} "
@@ -151,11 +154,11 @@ static void note(int i, char *out, size_t cap) {
   snprintf(out, cap, "note %03d: project q%03d ships on day %d", i, i, i + 1);
 }
 
-/* A session id on chan's shard ("reader<j>"), created on n0 (the owner answers), into out. */
-static void id_on_shard_of(cph_test_cluster *c, const char *chan, char *out, size_t cap,
-                           int *created) {
+/* A session id on chan's shard ("<prefix><j>"), created on n0 (the owner answers), into out. */
+static void id_on_shard_of(cph_test_cluster *c, const char *chan, const char *prefix, char *out,
+                           size_t cap, int *created) {
   for (int j = 0; j < 1000; j++) {
-    snprintf(out, cap, "reader%d", j);
+    snprintf(out, cap, "%s%d", prefix, j);
     if (cph_tc_shard_of(out, SHARDS) != cph_tc_shard_of(chan, SHARDS))
       continue;
     char body[96];
@@ -164,7 +167,7 @@ static void id_on_shard_of(cph_test_cluster *c, const char *chan, char *out, siz
     (*created)++;
     return;
   }
-  fail_msg("no reader0..reader999 on the shard of %s", chan);
+  fail_msg("no %s0..%s999 on the shard of %s", prefix, prefix, chan);
 }
 
 static void channels_memories_move_whole(bool on_the_channels_shard) {
@@ -179,7 +182,7 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
   int created = 0;
   id_owned_by(c, 1, "room", chan, sizeof chan, &created);
   if (on_the_channels_shard)
-    id_on_shard_of(c, chan, session, sizeof session, &created);
+    id_on_shard_of(c, chan, "reader", session, sizeof session, &created);
   else
     for (int tries = 0; tries < 16; tries++) { /* a reader on another of n1's shards */
       char prefix[16];
@@ -198,7 +201,10 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
    * operational lane: the leases below are of the interactive one) */
   char other[32];
   id_of_class_owned_by(c, 1, "other", "operational", other, sizeof other, &created);
-  char path[96], body[128];
+  /* and one on its shard that consumes its note of a request that also tells `other` one */
+  char mate[32];
+  id_on_shard_of(c, other, "mate", mate, sizeof mate, &created);
+  char path[96], body[320];
   snprintf(path, sizeof path, "/v1/sessions/%s", session);
   snprintf(body, sizeof body, "{\"subscribe\":[\"%s\"]}", chan);
   cph_test_response r = cph_test_api(c->port[1], "PUT", path, NULL, body);
@@ -314,13 +320,33 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
   cph_test_response_free(&r);
   free(dump);
   json_decref(req);
-  for (int waited = 0; cph_tc_log_counter(c, 1, "channel_memories", "items_put") == items_before ||
-                       cph_tc_log_counter(c, 1, "items", "pending") > 0;
+  /* one request with a note to `mate` and one more to `other`, one message of their shard:
+   * mate's turn consumes its note, so n0 imports this item (the delivery of other's note then
+   * finds its memory by origin) */
+  snprintf(body, sizeof body, "{\"events\":[{\"session\":\"%s\",\"sender\":\"ann\","
+           "\"body\":\"mate note: the keys are under the mat\"},{\"session\":\"%s\","
+           "\"sender\":\"ann\",\"body\":\"%s\"}]}", mate, other, OTHER_LAST);
+  r = cph_test_api(c->port[0], "POST", "/v1/events", NULL, body);
+  if (r.status != 200)
+    fail_msg("posting to %s and %s: %d %s", mate, other, r.status, r.body ? r.body : "");
+  cph_test_response_free(&r);
+  for (int waited = 0;
+       cph_tc_log_counter(c, 1, "channel_memories", "items_put") < items_before + 2 ||
+       cph_tc_log_counter(c, 1, "items", "pending") > 0;
        waited += 100) {
     if (waited > 10000)
-      fail_msg("n1 made no item of the pending notes in 10 s");
+      fail_msg("n1 made no items of the pending notes in 10 s");
     cph_tc_sleep_ms(100);
   }
+  r = cph_test_api(c->port[1], "POST", "/v1/turns/lease", NULL,
+                   "{\"worker\":\"w\",\"wait_ms\":5000,\"lanes\":[\"interactive\"]}");
+  json_t *mates = r.status == 200 ? cph_test_json(&r) : NULL;
+  cph_test_response_free(&r);
+  const char *of = json_string_value(json_object_get(json_object_get(mates, "turn"), "session"));
+  if (!of || strcmp(of, mate) != 0)
+    fail_msg("the lease of %s's note on n1: a turn of '%s'", mate, of ? of : "(none)");
+  cph_tc_complete(c, 1, json_object_get(mates, "turn"), "noted");
+  json_decref(mates);
 
   cph_tc_kill_node(c, 1, false);
   cph_tc_settle(c, SHARDS, "after the kill");
@@ -333,7 +359,7 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
     held = cph_tc_log_counter(c, 0, "channel_memories", "held");
     json_decref(oldest);
     oldest = search(c, 0, session, "q000");
-    if ((loaded >= NOTES + 1 + DIRECT && count_text(oldest, first) > 0) || waited > 15000)
+    if ((loaded >= NOTES + 1 + DIRECT + 2 && count_text(oldest, first) > 0) || waited > 15000)
       break;
     cph_tc_sleep_ms(200);
   }
@@ -345,9 +371,9 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
    * holds); the rebuild's delivery of the question, after it, finds the question's memory by
    * its origin and mints none. With the session on another shard, the channel's and the
    * session's rebuilds each import the items: the second holds them all */
-  if (loaded != NOTES + 1 + DIRECT)
-    fail_msg("n0 loaded %lld memories: want the channel's %d and the direct notes' %d", loaded,
-             NOTES + 1, DIRECT);
+  if (loaded != NOTES + 1 + DIRECT + 2)
+    fail_msg("n0 loaded %lld memories: want the channel's %d, the direct notes' %d and the two "
+             "of the request to %s and %s", loaded, NOTES + 1, DIRECT, mate, other);
   if (cph_tc_log_counter(c, 0, "channel_memories", "direct_items_redelivered") < 1)
     fail_msg("n0 imported the item of the pending notes, which its rebuild delivers again");
   if (held != (on_the_channels_shard ? 0 : NOTES + 1))
@@ -398,6 +424,9 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
                i, found, t.body && strstr(t.body, "\"maintenance\":{") ? strstr(t.body, "\"maintenance\":{") : "");
     }
   }
+  if (found_on_n0(c, mate, "mat", "mate note: the keys are under the mat") != 1 ||
+      found_on_n0(c, other, "elast", OTHER_LAST) != 1)
+    fail_msg("the notes of the request to %s and %s are not found once each on n0", mate, other);
   for (int i = 0; i < PENDING; i += 7) { /* minted by their delivery again, once */
     char q[8], text[96];
     snprintf(q, sizeof q, "e%02d", i);
