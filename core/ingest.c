@@ -1129,11 +1129,11 @@ static int ingest_one(cph_ingest *ig, ingest_req *rq, cph_event_in *in, cph_even
   const char *origin = NULL; /* the message's identity (cluster mode) */
   /* the copies of a channel's message on its nodes (an event to a session alone, on its
    * direct channel, has none: its origin names its raw memory, server/clusterflow.h 16.) */
-  const char *copies = NULL;
+  bool copies = false;
   if (in->memory_origin && channel_name) {
     message_origin(channel_name, in, in->ts_ms ? in->ts_ms : rq->now_ms, origin_buf);
     origin = origin_buf;
-    copies = in->channel ? origin : NULL;
+    copies = in->channel;
   }
   if (copies) {
     int crc = copy_held(ig, rq, in, channel_name, &same);

@@ -2989,6 +2989,16 @@ static const char *part_group(const cph_event_in *ev) {
   return ev->channel ? ev->channel : CPH_DIRECT_MEMORIES;
 }
 
+/* Whether event i of a message gave a memory part that goes to the log (16.). */
+static bool has_part(const cph_event_in *evs, const cph_event_result *res, size_t i) {
+  return res[i].memory_part && (evs[i].channel || evs[i].session);
+}
+
+/* A direct memories item's name: 'd', the time in 16 hex digits, then the message id's hash
+ * (64 hex digits), then a piece's suffix. */
+#define DIRECT_ITEM_HASH_AT 17
+#define DIRECT_ITEM_NAME_MIN (DIRECT_ITEM_HASH_AT + 64)
+
 /* 16. The raw memories the events of message ap (evs[0..n), their results) minted, as one
  * memories item per channel — more when they would not fit one — put under the channel's key
  * "<shard of the channel>.<'#' channel in hex>.c<SHA-256 of the message id>[n<k>]", and those
@@ -3010,11 +3020,11 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
   size_t *lens = malloc(n * sizeof *lens);
   uint32_t *key_shard = malloc(n * sizeof *key_shard); /* each part's key's, worked out once */
   for (size_t i = 0; key_shard && i < n; i++)
-    if (res[i].memory_part && (evs[i].channel || evs[i].session))
+    if (has_part(evs, res, i))
       key_shard[i] = cph_cluster_shard_of(evs[i].channel ? evs[i].channel : evs[i].session,
                                           shards);
   for (size_t i = 0; i < n; i++) {
-    if (!res[i].memory_part || (!evs[i].channel && !evs[i].session))
+    if (!has_part(evs, res, i))
       continue;
     const char *group = part_group(&evs[i]);
     bool direct = !evs[i].channel;
@@ -3023,8 +3033,8 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
     size_t k = 0, bytes = 0, piece = 0;
     /* every part of this group and key shard in the message, from here on, in order */
     for (size_t j = i; parts && lens && key_shard && j <= n; j++) {
-      bool mine = j < n && res[j].memory_part && (evs[j].channel || evs[j].session) &&
-                  key_shard[j] == key_shard[i] && strcmp(part_group(&evs[j]), group) == 0;
+      bool mine = j < n && has_part(evs, res, j) && key_shard[j] == key_shard[i] &&
+                  strcmp(part_group(&evs[j]), group) == 0;
       if (k && (j == n || (mine && bytes + res[j].memory_part_len > CHANNEL_ITEM_BYTES))) {
         char name[128];
         int at = direct ? snprintf(name, sizeof name, "d%016" PRIx64 "%s",
@@ -3061,8 +3071,7 @@ static void channel_memories_put(cph_cflow *f, applying *ap, const cph_event_in 
                 direct ? "its direct events" : group, msgid);
     }
     for (size_t j = i; j < n; j++) /* taken into this group's items: not another's */
-      if (res[j].memory_part && (evs[j].channel || evs[j].session) &&
-          (!key_shard || key_shard[j] == key_shard[i]) &&
+      if (has_part(evs, res, j) && (!key_shard || key_shard[j] == key_shard[i]) &&
           strcmp(part_group(&evs[j]), group) == 0) {
         free(res[j].memory_part);
         res[j].memory_part = NULL;
@@ -3990,10 +3999,11 @@ static void direct_items_left(cph_cflow *f, rebuild *rb, cph_clog_replay *rp, si
                               size_t to) {
   char hash[65];
   for (size_t i = from; rb->direct_redelivered.len && i < to; i++) {
-    const char *name = rp->items[i].name; /* "d" + 16 hex digits of time + the hash [+ n<k>] */
-    if (rp->items[i].len < CPH_CLOG_EPOCH_BYTES || name[0] != 'd' || strlen(name) < 81)
+    const char *name = rp->items[i].name;
+    if (rp->items[i].len < CPH_CLOG_EPOCH_BYTES || name[0] != 'd' ||
+        strlen(name) < DIRECT_ITEM_NAME_MIN)
       continue;
-    memcpy(hash, name + 17, 64);
+    memcpy(hash, name + DIRECT_ITEM_HASH_AT, 64);
     hash[64] = '\0';
     if (cph_hmap_get(&rb->direct_redelivered, hash)) {
       rp->items[i].len = 0;
