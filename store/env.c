@@ -11,6 +11,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -90,6 +92,33 @@ static int make_dirs(const char *dir) {
   return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
 }
 
+/* The pid /proc/locks names as holding a flock on the file open as fd, or 0 when it cannot
+ * tell (no /proc, or the lock went away meanwhile). */
+static long flock_holder(int fd) {
+  struct stat st;
+  FILE *f = fstat(fd, &st) == 0 ? fopen("/proc/locks", "r") : NULL;
+  if (!f)
+    return 0;
+  char line[256];
+  long pid = 0;
+  while (!pid && fgets(line, sizeof line, f)) {
+    char kind[16];
+    long holder;
+    unsigned maj, min;
+    unsigned long ino;
+    if (sscanf(line, "%*d: %15s %*s %*s %ld %x:%x:%lu", kind, &holder, &maj, &min, &ino) == 5 &&
+        strcmp(kind, "FLOCK") == 0 && maj == major(st.st_dev) && min == minor(st.st_dev) &&
+        ino == (unsigned long)st.st_ino)
+      pid = holder;
+  }
+  fclose(f);
+  return pid;
+}
+
+/* How long an open waits for a data dir's lock before it refuses: a process that has just
+ * exited, or a copy of the lock's descriptor on its way out, lets go within it. */
+#define LOCK_WAIT_MS 1000
+
 /* One process at a time owns a data dir: LMDB alone would let two daemons share it, and two
  * schedulers over one store would hand the same turn out twice. */
 static int lock_dir(const char *dir, int *fd_out, cph_err *err) {
@@ -99,15 +128,25 @@ static int lock_dir(const char *dir, int *fd_out, cph_err *err) {
   if (fd < 0)
     return cph_err_set(err, CPH_EIO, "data dir '%s': cannot create %s: %s", dir, path,
                        strerror(errno));
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int e = errno;
-    close(fd);
-    if (e == EWOULDBLOCK)
-      return cph_err_set(err, CPH_EBUSY, "data dir '%s' is in use by another process", dir);
-    return cph_err_set(err, CPH_EIO, "data dir '%s': cannot lock: %s", dir, strerror(e));
+  int e = 0;
+  for (int waited_ms = 0;; waited_ms += 10) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      *fd_out = fd;
+      return CPH_OK;
+    }
+    e = errno;
+    if (e != EWOULDBLOCK || waited_ms >= LOCK_WAIT_MS)
+      break;
+    nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
   }
-  *fd_out = fd;
-  return CPH_OK;
+  long holder = e == EWOULDBLOCK ? flock_holder(fd) : 0;
+  close(fd);
+  if (e != EWOULDBLOCK)
+    return cph_err_set(err, CPH_EIO, "data dir '%s': cannot lock: %s", dir, strerror(e));
+  if (holder) /* this process's own pid when it holds the dir elsewhere */
+    return cph_err_set(err, CPH_EBUSY, "data dir '%s' is in use by another process (pid %ld)",
+                       dir, holder);
+  return cph_err_set(err, CPH_EBUSY, "data dir '%s' is in use by another process", dir);
 }
 
 /* Opens every named database and checks (or, on a new environment, writes) the schema

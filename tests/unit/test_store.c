@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "store/store.h"
 #include "tests/support/testutil.h"
@@ -1118,6 +1119,10 @@ static void test_second_open_of_a_data_dir_is_refused(void **state) {
   cph_err err = {0};
   assert_int_equal(cph_store_open(&o, &s2, &err), CPH_EBUSY);
   assert_non_null(strstr(err.msg, "is in use by another process"));
+  char pid[32]; /* it names the holder (this test's process holds the first open) */
+  snprintf(pid, sizeof pid, "(pid %ld)", (long)getpid());
+  if (!strstr(err.msg, pid))
+    fail_msg("\"%s\" does not name the holder, %s", err.msg, pid);
 }
 
 static void test_unopenable_data_dir_says_where_and_why(void **state) {
