@@ -115,8 +115,8 @@ static long flock_holder(int fd) {
   return pid;
 }
 
-/* How long an open waits for a data dir's lock before it refuses: a process that has just
- * exited, or a copy of the lock's descriptor on its way out, lets go within it. */
+/* How long an open waits for a data dir's lock before it refuses: a holder that is closing
+ * the store, or a process on its way out, lets go within it. */
 #define LOCK_WAIT_MS 1000
 
 /* One process at a time owns a data dir: LMDB alone would let two daemons share it, and two
