@@ -6,10 +6,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "tests/support/daemon.h"
@@ -124,12 +128,161 @@ static void test_broken_policy_stops_startup_with_file_line_col(void **state) {
   free(policy);
 }
 
+/* ---------------------------------------------------------------- one connection, many requests */
+
+/* A loopback connection to port whose reads give up after 5 s: a request left unanswered
+ * fails the test instead of hanging it. */
+static int connect_to(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  return fd;
+}
+
+static void send_all(int fd, const char *text) {
+  for (size_t off = 0, len = strlen(text); off < len;) {
+    ssize_t n = send(fd, text + off, len - off, MSG_NOSIGNAL);
+    assert_true(n > 0);
+    off += (size_t)n;
+  }
+}
+
+/* What a connection has sent and not yet been taken as answers. */
+typedef struct inbuf {
+  char data[65536];
+  size_t len;
+} inbuf;
+
+/* The next whole answer on fd (status line, headers, Content-Length body): its status, and
+ * its body copied into body. Fails the test when the answer does not come whole within the
+ * connection's read timeout. */
+static int next_answer(int fd, inbuf *in, char *body, size_t body_size) {
+  for (;;) {
+    in->data[in->len] = '\0';
+    char *end = strstr(in->data, "\r\n\r\n");
+    const char *cl = end ? strcasestr(in->data, "\r\nContent-Length:") : NULL;
+    if (end && cl && cl < end) {
+      size_t head = (size_t)(end + 4 - in->data), blen = strtoul(cl + 17, NULL, 10);
+      if (in->len >= head + blen) {
+        int status = atoi(in->data + 9);
+        assert_true(blen < body_size);
+        memcpy(body, in->data + head, blen);
+        body[blen] = '\0';
+        memmove(in->data, in->data + head + blen, in->len - head - blen);
+        in->len -= head + blen;
+        return status;
+      }
+    }
+    assert_true(in->len < sizeof in->data - 1);
+    ssize_t n = recv(fd, in->data + in->len, sizeof in->data - 1 - in->len, 0);
+    if (n <= 0)
+      fail_msg("the connection ended or stalled with %zu bytes of an answer: '%s'", in->len,
+               in->data);
+    in->len += (size_t)n;
+  }
+}
+
+/* True once the server has closed fd (a read returns 0 within the timeout). */
+static bool closed_by_server(int fd) {
+  char c;
+  return recv(fd, &c, 1, 0) == 0;
+}
+
+/* An answer is written as soon as it is ready, and the connection then takes its next request
+ * (reply.c, write_now): a kept-alive connection carries request after request, answered at
+ * once (GET) or after a commit (POST), one at a time or pipelined in one write, each answer
+ * in order and whole; and a connection the request asks to close is closed after its answer,
+ * for HTTP/1.1's Connection: close and for HTTP/1.0 alike. */
+static void test_one_connection_carries_requests_in_order_and_closes_when_asked(void **state) {
+  (void)state;
+  char *policy = copy_example_policy();
+  cph_test_daemon d;
+  assert_int_equal(cph_test_daemon_start(&d, policy, NULL, NULL), 0);
+  char body[8192], req[1024];
+  inbuf *in = calloc(1, sizeof *in);
+  assert_non_null(in);
+
+  /* one at a time on a kept-alive connection: a session, then events and reads */
+  int fd = connect_to(d.port);
+  const char *create = "{\"id\":\"ka\",\"class\":\"interactive\",\"subscribe\":[\"general\"]}";
+  snprintf(req, sizeof req,
+           "POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           "Content-Length: %zu\r\n\r\n%s",
+           strlen(create), create);
+  send_all(fd, req);
+  assert_int_equal(next_answer(fd, in, body, sizeof body), 200);
+  for (int i = 0; i < 40; i++) {
+    char ev[256];
+    snprintf(ev, sizeof ev,
+             "{\"events\":[{\"channel\":\"general\",\"sender\":\"u\",\"body\":\"m%d\"}]}", i);
+    snprintf(req, sizeof req,
+             "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s",
+             strlen(ev), ev);
+    send_all(fd, req);
+    int status = next_answer(fd, in, body, sizeof body);
+    char id[32];
+    snprintf(id, sizeof id, "{\"id\":%d,", i + 1); /* its own answer, not another's */
+    if (status != 200 || !strstr(body, id) || !strstr(body, "\"status\":\"queued\""))
+      fail_msg("event %d on the kept-alive connection: %d %s", i, status, body);
+    send_all(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    assert_int_equal(next_answer(fd, in, body, sizeof body), 200);
+    assert_string_equal(body, "{\"status\":\"ok\"}\n");
+  }
+
+  /* pipelined: four requests in one write, the last asking to close */
+  const char *ev = "{\"events\":[{\"channel\":\"general\",\"sender\":\"u\",\"body\":\"last\"}]}";
+  snprintf(req, sizeof req,
+           "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+           "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           "Content-Length: %zu\r\n\r\n%s"
+           "GET /v1/sessions/ka HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+           "GET /v1/nothing-here HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+           strlen(ev), ev);
+  send_all(fd, req);
+  assert_int_equal(next_answer(fd, in, body, sizeof body), 200);
+  assert_string_equal(body, "{\"status\":\"ok\"}\n");
+  assert_int_equal(next_answer(fd, in, body, sizeof body), 200);
+  assert_non_null(strstr(body, "{\"id\":41,\"status\":\"queued\""));
+  assert_int_equal(next_answer(fd, in, body, sizeof body), 200);
+  if (!strstr(body, "\"id\":\"ka\"") || !strstr(body, "\"staged\":41"))
+    fail_msg("the session read after 41 events on its connection: %s", body);
+  assert_int_equal(next_answer(fd, in, body, sizeof body), 404);
+  assert_true(closed_by_server(fd));
+  close(fd);
+
+  /* HTTP/1.0 without keep-alive: answered (without a length: the close ends it), then closed */
+  fd = connect_to(d.port);
+  in->len = 0;
+  send_all(fd, "GET /healthz HTTP/1.0\r\n\r\n");
+  ssize_t n = -1;
+  while (in->len < sizeof in->data - 1 &&
+         (n = recv(fd, in->data + in->len, sizeof in->data - 1 - in->len, 0)) > 0)
+    in->len += (size_t)n;
+  assert_int_equal(n, 0); /* closed by the server, not timed out */
+  in->data[in->len] = '\0';
+  if (strncmp(in->data, "HTTP/1.0 200 ", 13) != 0 ||
+      !strstr(in->data, "\r\n\r\n{\"status\":\"ok\"}\n"))
+    fail_msg("the HTTP/1.0 answer: '%s'", in->data);
+  close(fd);
+
+  free(in);
+  assert_int_equal(cph_test_daemon_stop(&d), 0);
+  unlink(policy);
+  free(policy);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_daemon_serves_health_and_json_errors),
       cmocka_unit_test(test_sighup_reloads_and_rejects_a_broken_policy),
       cmocka_unit_test(test_refuses_non_loopback_listen_without_auth),
       cmocka_unit_test(test_broken_policy_stops_startup_with_file_line_col),
+      cmocka_unit_test(test_one_connection_carries_requests_in_order_and_closes_when_asked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
