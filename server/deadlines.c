@@ -340,10 +340,13 @@ struct bufferevent *cph_deadlines_bevcb(struct event_base *base, void *arg) {
     conn_free(c);
     return NULL;
   }
-  /* libevent reads and writes at most 16 KiB per readiness by default: a 70 KB lease answer
-   * went out in five writes, each a wake-up of the client and a trip through the loop with
-   * the write event armed again. A whole answer (or a 1,000-event request) now moves in one
-   * call when the socket takes it. */
+  /* libevent writes at most 16 KiB per readiness by default: a 70 KB lease answer went out
+   * in five writes, each a wake-up of the client and a trip through the loop with the write
+   * event armed again. A whole answer now moves in one call when the socket takes it. Reads
+   * stay 4 KiB a round whatever this says: libevent 2.1's evbuffer_read takes at most
+   * EVBUFFER_MAX_READ (4096) bytes a call (strace of `cephalon-bench ingest`: every readv of
+   * a 1,000-event request of ~115 KB returns 4096), so such a request takes some thirty
+   * reads, one a loop round; the cap here only matters with a libevent that lifts that one. */
   bufferevent_set_max_single_write(c->bev, IO_CHUNK_MAX);
   bufferevent_set_max_single_read(c->bev, IO_CHUNK_MAX);
   bufferevent_incref(c->bev); /* dropped in register_conn */
