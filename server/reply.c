@@ -49,8 +49,8 @@ static void on_reply_written(struct evhttp_request *ev, void *arg) {
  * round. evhttp only arms the write event, so an answer waited for the next epoll_wait and the
  * connection's interest went read -> read+write -> read, an epoll_ctl each way. Written here,
  * the write event is armed and disarmed within one round, which the changelist (main.c) folds
- * to nothing (bench/PROFILE.md: a turn cycle's loop made 6.8 epoll_ctl and 1.5 epoll_wait
- * calls before, 4.5 and 1.1 after). Once the output is empty, bufferevent_trigger runs
+ * to nothing (bench/PROFILE.md: a :sync :none turn cycle's loop made 7.6 epoll_ctl and 1.35
+ * epoll_wait calls before, 4.4 and 0.9 after). Once the output is empty, bufferevent_trigger runs
  * evhttp's write callback now rather than when the armed write event fires a round later: the
  * request is finished and freed and the connection reads the next one, or is freed when it
  * was to close. So nothing may touch the request or the connection after this call. A write
