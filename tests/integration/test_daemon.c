@@ -153,7 +153,7 @@ static void send_all(int fd, const char *text) {
 
 /* What a connection has sent and not yet been taken as answers. */
 typedef struct inbuf {
-  char data[65536];
+  char data[1 << 19];
   size_t len;
 } inbuf;
 
@@ -276,6 +276,59 @@ static void test_one_connection_carries_requests_in_order_and_closes_when_asked(
   free(policy);
 }
 
+/* Answers larger than the socket takes at once (a client that reads late, with a small receive
+ * buffer): what write_now could not write goes out through evhttp's write event, every answer
+ * arrives whole and in order, and the connection then carries the next request. */
+static void test_an_answer_the_socket_takes_in_pieces_arrives_whole(void **state) {
+  (void)state;
+  char *policy = copy_example_policy();
+  cph_test_daemon d;
+  assert_int_equal(cph_test_daemon_start(&d, policy, NULL, NULL), 0);
+  char *spec_path = cph_test_source_path("docs/openapi.json");
+  size_t spec_len = 0;
+  char *spec = cph_test_read_file(spec_path, &spec_len);
+  assert_non_null(spec);
+  assert_true(spec_len > 100000); /* far more than a 4 KiB receive buffer holds */
+  inbuf *in = calloc(1, sizeof *in);
+  char *body = malloc(spec_len + 1);
+  assert_non_null(in);
+  assert_non_null(body);
+
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  int small = 4096; /* before connect: the window the server sees stays small */
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)d.port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  /* 64 answers pipelined, 17 MB: more than the server's socket buffer grows to (4 MiB,
+   * tcp_wmem), so answers go out in pieces through evhttp's write event (strace: writev
+   * calls of 127,188 and 152,428 bytes of an answer's 268,062) */
+  enum { PIPELINED = 64 };
+  for (int i = 0; i < PIPELINED; i++)
+    send_all(fd, "GET /v1/openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  usleep(300 * 1000); /* the server has written what the socket took, and waits */
+  for (int i = 0; i < PIPELINED; i++) {
+    assert_int_equal(next_answer(fd, in, body, spec_len + 1), 200);
+    if (strlen(body) != spec_len || memcmp(body, spec, spec_len) != 0)
+      fail_msg("answer %d: %zu bytes, not docs/openapi.json's %zu", i, strlen(body), spec_len);
+  }
+  send_all(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  assert_int_equal(next_answer(fd, in, body, spec_len + 1), 200);
+  assert_string_equal(body, "{\"status\":\"ok\"}\n");
+  close(fd);
+
+  free(body);
+  free(in);
+  free(spec);
+  free(spec_path);
+  assert_int_equal(cph_test_daemon_stop(&d), 0);
+  unlink(policy);
+  free(policy);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_daemon_serves_health_and_json_errors),
@@ -283,6 +336,7 @@ int main(void) {
       cmocka_unit_test(test_refuses_non_loopback_listen_without_auth),
       cmocka_unit_test(test_broken_policy_stops_startup_with_file_line_col),
       cmocka_unit_test(test_one_connection_carries_requests_in_order_and_closes_when_asked),
+      cmocka_unit_test(test_an_answer_the_socket_takes_in_pieces_arrives_whole),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
