@@ -289,8 +289,25 @@ static void channels_memories_move_whole(bool on_the_channels_shard) {
   }
   /* and the shards' watermarks passed the consumed notes (put about once a second, 7.), so
    * n0's rebuild applies none of them again: what n0 holds of the channel then comes from the
-   * session's state and the memories items alone, as after the log was trimmed */
-  cph_tc_sleep_ms(2500);
+   * session's state and the memories items alone, as after the log was trimmed. Waited for,
+   * not guessed: n1 holds no event pending, and then its watermark puts stop coming (none for
+   * two of its ticks) — a fixed 2.5 s was all this waited before, which a loaded machine can
+   * outrun; at least 2.5 s still */
+  for (int waited = 0; cph_tc_log_counter(c, 1, "rebuild", "pending") > 0; waited += 100) {
+    if (waited > 10000)
+      fail_msg("n1 still holds %lld events pending 10 s after the notes were consumed",
+               cph_tc_log_counter(c, 1, "rebuild", "pending"));
+    cph_tc_sleep_ms(100);
+  }
+  long long puts = cph_tc_log_counter(c, 1, "rebuild", "watermarks_put");
+  for (int waited = 0, still = 0; waited < 2500 || still < 2500; waited += 250) {
+    if (waited > 15000)
+      fail_msg("n1 kept putting watermarks for 15 s (%lld)", puts);
+    cph_tc_sleep_ms(250);
+    long long now = cph_tc_log_counter(c, 1, "rebuild", "watermarks_put");
+    still = now == puts ? still + 250 : 0;
+    puts = now;
+  }
   /* one more question, leased on n1 and not answered: its memory section */
   char ask[160];
   snprintf(ask, sizeof ask, "{\"events\":[{\"channel\":\"%s\",\"sender\":\"bo\",\"body\":"
