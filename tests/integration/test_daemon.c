@@ -131,10 +131,13 @@ static void test_broken_policy_stops_startup_with_file_line_col(void **state) {
 /* ---------------------------------------------------------------- one connection, many requests */
 
 /* A loopback connection to port whose reads give up after 5 s: a request left unanswered
- * fails the test instead of hanging it. */
-static int connect_to(int port) {
+ * fails the test instead of hanging it. rcvbuf: its receive buffer's size (0: the system's),
+ * set before connect so that the window the server sees stays that small. */
+static int connect_to(int port, int rcvbuf) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   assert_true(fd >= 0);
+  if (rcvbuf)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
   struct timeval tv = {5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
@@ -207,7 +210,7 @@ static void test_one_connection_carries_requests_in_order_and_closes_when_asked(
   assert_non_null(in);
 
   /* one at a time on a kept-alive connection: a session, then events and reads */
-  int fd = connect_to(d.port);
+  int fd = connect_to(d.port, 0);
   const char *create = "{\"id\":\"ka\",\"class\":\"interactive\",\"subscribe\":[\"general\"]}";
   snprintf(req, sizeof req,
            "POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -256,7 +259,7 @@ static void test_one_connection_carries_requests_in_order_and_closes_when_asked(
   close(fd);
 
   /* HTTP/1.0 without keep-alive: answered (without a length: the close ends it), then closed */
-  fd = connect_to(d.port);
+  fd = connect_to(d.port, 0);
   in->len = 0;
   send_all(fd, "GET /healthz HTTP/1.0\r\n\r\n");
   ssize_t n = -1;
@@ -294,15 +297,7 @@ static void test_an_answer_the_socket_takes_in_pieces_arrives_whole(void **state
   assert_non_null(in);
   assert_non_null(body);
 
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_true(fd >= 0);
-  int small = 4096; /* before connect: the window the server sees stays small */
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  struct timeval tv = {5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)d.port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  int fd = connect_to(d.port, 4096);
   /* 64 answers pipelined, 17 MB: more than the server's socket buffer grows to (4 MiB,
    * tcp_wmem), so answers go out in pieces through evhttp's write event (strace: writev
    * calls of 127,188 and 152,428 bytes of an answer's 268,062) */
