@@ -938,7 +938,9 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
     tr.error = (char *)error;
     tr.completed_ms = cph_wall_ms();
     cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
-    if (tr.state == CPH_TURN_FAILED) /* history: the session's turn list shows it */
+    /* history: the session's turn list shows it — a parked turn too, which failed its last
+     * attempt (its place in the list is the slot its kept context moves in, handover.h) */
+    if (tr.state == CPH_TURN_FAILED || tr.state == CPH_TURN_PARKED)
       turnrecs_ended(&t, &tr);
     tr.error = old_error;
     cph_record_free(&cph_turn_desc, &tr);
@@ -1589,9 +1591,15 @@ static void turn_requeue(cph_turns *tu, cph_op *op) {
     return;
   }
   csession *s = sessions_get(tu->sessions, tr.session);
-  if (tr.state != CPH_TURN_PARKED || !s) {
+  if (tr.state != CPH_TURN_PARKED || !s || tr.origin) {
+    /* a record with an origin is another node's, history here: the input it parked is held
+     * here, if at all, under a turn of this node's own (turns_park_keys) */
     op_fail(op, CPH_ECONFLICT, "id", "turn %llu is not parked%s", (unsigned long long)tr.id,
-            s ? "" : " (its session was deleted)");
+            !s          ? " (its session was deleted)"
+            : tr.origin ? " here: it is history another node parked (the input it held is "
+                          "parked here under a turn of this node's own, GET /v1/turns?state="
+                          "parked)"
+                        : "");
     cph_record_free(&cph_turn_desc, &tr);
     cph_txn_abort(&t);
     return;

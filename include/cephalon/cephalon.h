@@ -1052,7 +1052,8 @@ typedef struct cph_turn_record {
 void cph_turn_record_free(cph_turn_record *t);
 /* CPH_OK, CPH_ENOTFOUND (no turn `id` on this node) or the store's error. */
 int cph_engine_turn_record(cph_engine *e, uint64_t id, cph_turn_record *out, cph_err *err);
-/* The session's ended turns (completed or failed, those it carried from other nodes included),
+/* The session's ended turns (completed, failed or parked — "requeued" once it was — those it
+ * carried from other nodes included, a parked one there history that cannot be requeued),
  * newest first, at most limit: *out (free each with cph_turn_record_free, then the array).
  * Turns that ended before this build are not listed. CPH_ENOTFOUND: no such session. */
 int cph_engine_session_turn_records(cph_engine *e, const char *session, size_t limit,

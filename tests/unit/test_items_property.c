@@ -1,6 +1,7 @@
 /* A session's records move whole, as a property (server/clusterflow.h 13.; core/handover.c,
  * "Items"): a node ("x", cluster mode) runs a session through a seeded mix of completed turns
- * (each with zero to two memories of its worker, some texts repeated), failed turns and seals,
+ * (each with zero to two memories of its worker, some texts repeated), failed turns (parked
+ * when their input ran out of :leases :max-attempts, 1, 2 or 5 per case) and seals,
  * keeping every item its completions, failures and seals give and the last state they left (a
  * failure puts no state: one after the last completion moves as its item alone). Another node
  * ("y") takes the session over from the state and the items, handed in a random order with
@@ -8,10 +9,11 @@
  * records, seals and the worker's memories: each origin once, in the order x made them, each
  * memory once (twice when x has it twice) with the time it was made — and the kept turn
  * contexts (the explorer's) of x's newest :context :keep-turns ended turns (1 to 8, drawn per
- * case), completed or failed alike, each under its turn's origin with its messages: they move
+ * case), completed, failed or parked alike, each under its turn's origin with its messages: they move
  * as items in a ring of keep-turns slots (handover_kept_item), of which the log keeps each
- * slot's last put (as the hand-over below does). Handed the items again (another order), or
- * the state again, y lists the same.
+ * slot's last put (as the hand-over below does). A turn x parked is history on y: listed with
+ * its state, in no parked list there, and a requeue of it is refused. Handed the items again
+ * (another order), or the state again, y lists the same.
  *
  * CPH_PROPERTY_SEED=<n> runs from that seed; CPH_PROPERTY_CASES=<n> sets how many cases. A
  * failure prints the case's seed. */
@@ -168,6 +170,37 @@ static void listing(cph_fixture *f, char *out, size_t cap) {
   cph_seals_free(seals, ns);
 }
 
+/* On y, the parked turns it took over are history: none is in its parked list (no input is
+ * parked under them here) and a requeue of one is refused, changing nothing. */
+static void parked_history_stays_history(run *R, cph_fixture *y) {
+  cph_parked_turn *p = NULL;
+  size_t np = 0;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_parked_turns(y->e, &p, &np, &err), CPH_OK);
+  CHECK(np == 0, "the new owner lists %zu parked turns of its own", np);
+  free(p);
+  cph_turn_record *recs = NULL;
+  size_t nr = 0;
+  assert_int_equal(cph_engine_session_turn_records(y->e, "a", 1000, &recs, &nr, &err), CPH_OK);
+  for (size_t i = 0; i < nr; i++) {
+    if (strcmp(recs[i].state, "parked") == 0) {
+      cph_op op = {0};
+      op.kind = CPH_OP_REQUEUE;
+      op.u.turn.turn_id = recs[i].id;
+      CHECK(cph_fixture_run(y, &op) == CPH_ECONFLICT, "requeueing turn %llu (%s), history on "
+            "the new owner: %s", (unsigned long long)recs[i].id, recs[i].origin, op.err.msg);
+      cph_op_clear_results(&op);
+      cph_turn_record tr;
+      assert_int_equal(cph_engine_turn_record(y->e, recs[i].id, &tr, &err), CPH_OK);
+      CHECK(strcmp(tr.state, "parked") == 0, "turn %llu is %s after a refused requeue",
+            (unsigned long long)recs[i].id, tr.state);
+      cph_turn_record_free(&tr);
+    }
+    cph_turn_record_free(&recs[i]);
+  }
+  free(recs);
+}
+
 /* Imports state (NULL: none) and the items in a random order, some twice, into "a" on y. */
 static void hand_over(run *R, rng *r, cph_fixture *y, const uint8_t *state, size_t len) {
   size_t n = R->items.n + below(r, 1 + (uint32_t)R->items.n / 4);
@@ -199,10 +232,11 @@ static void one_case(run *R, uint64_t seed) {
   R->seed = seed;
   char policy[256];
   unsigned keep = 1 + below(&r, 8);
+  static const unsigned attempts[] = {1, 2, 5}; /* 1: every failure parks; 5: the default */
   snprintf(policy, sizeof policy,
            "{:scheduler {:lanes {:interactive {:turns 100000 :tool-calls 100000"
-           " :tokens 100000000}}} :context {:keep-turns %u}}",
-           keep);
+           " :tokens 100000000}}} :context {:keep-turns %u} :leases {:max-attempts %u}}",
+           keep, attempts[below(&r, 3)]);
   cph_fixture *x = node("items_prop_x", "x", policy), *y = node("items_prop_y", "y", POLICY);
   int ops = 5 + (int)below(&r, 110), made = 0;
   for (int i = 0; i < ops; i++) {
@@ -227,6 +261,7 @@ static void one_case(run *R, uint64_t seed) {
   listing(y, got, sizeof got);
   CHECK(strcmp(got, want) == 0, "the new owner lists\n%.600s\nwhere the old one lists\n%.600s",
         got, want);
+  parked_history_stays_history(R, y);
   hand_over(R, &r, y, below(&r, 2) ? R->state : NULL, R->state_len);
   listing(y, got, sizeof got);
   CHECK(strcmp(got, want) == 0, "imported again, the new owner lists\n%.600s\nnot\n%.600s", got,
