@@ -20,7 +20,7 @@ static void turns_usage(FILE *out) {
           "  lease     asks for the next turn, waiting up to N ms; prints the turn, or\n"
           "            \"no turn\" and exits 3\n"
           "  complete  completes a leased turn with its cost and an optional reply\n"
-          "  list      a session's ended turns (completed, failed or parked), newest first, with\n"
+          "  list      a session's ended turns (however they ended), newest first, with\n"
           "            their cost\n"
           "  show      one turn's record\n");
 }

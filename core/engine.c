@@ -910,7 +910,7 @@ int cph_engine_run_pass(cph_engine *e) {
      * operations applied) is rebuilt from what the store holds. */
     cph_error("pass commit failed: %s", e->env.txn.err.msg);
     metrics_pass_rollback(e->metrics, rc); /* nothing of this pass is counted either */
-    turns_parks_pass_end(&e->turns, false); /* nothing of it was parked */
+    turns_notes_pass_end(&e->turns, false); /* nothing of it ended or was parked */
     memaccess_pass_end(&e->memory.access, false, env_now(&e->env));
     memory_pass_end(&e->memory);
     char msg[sizeof e->env.txn.err.msg];
@@ -945,7 +945,7 @@ int cph_engine_run_pass(cph_engine *e) {
   }
   memaccess_pass_end(&e->memory.access, true, env_now(&e->env));
   memory_pass_end(&e->memory);
-  turns_parks_pass_end(&e->turns, true);
+  turns_notes_pass_end(&e->turns, true);
   span_after_pass(e);
   if (e->grow_retry.len)
     grow_map(e); /* the store ends the span first */
@@ -1134,6 +1134,10 @@ int cph_engine_reply_origins(cph_engine *e, const char *node) {
 
 int cph_engine_take_parks(cph_engine *e, cph_park_note **out, size_t *n) {
   return turns_take_parks(&e->turns, out, n);
+}
+
+int cph_engine_take_ended_items(cph_engine *e, cph_session_items **out, size_t *n) {
+  return turns_take_ended_items(&e->turns, out, n);
 }
 
 int cph_engine_inbox_keys(cph_engine *e, const char *session, cph_strv *out, cph_err *err) {

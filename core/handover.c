@@ -14,7 +14,7 @@
  * each reply to both the stream and its channel's history, and most channel replies are
  * among the stream's newest). A version-1 blob (a node not upgraded yet) lacks that part and
  * still imports. Version 3 adds, after the memories, the session's newest ended turn records
- * (core/turnrecs.h: completed, failed or parked; STATE_TURNS, STATE_TURN_BYTES of encoded records at
+ * (core/turnrecs.h: however they ended; STATE_TURNS, STATE_TURN_BYTES of encoded records at
  * most) that have an origin: be32 count, and per record be32 length + the record as the store
  * encodes it (store/records.h, its current version) with its origin set, its lease token zero
  * and no inbox entries, oldest first; the node taking the session over stores each one whose
@@ -1271,6 +1271,12 @@ void cph_state_items_free(cph_state_items *items) {
   *items = (cph_state_items){0};
 }
 
+void cph_session_items_free(cph_session_items *si) {
+  free(si->session);
+  si->session = NULL;
+  cph_state_items_free(&si->items);
+}
+
 /* An item's head (ITEM_HEAD bytes) of kind into b. */
 static void item_head(cph_buf *b, char kind) {
   uint8_t head[ITEM_HEAD];
@@ -1843,10 +1849,8 @@ static int import_turn(void *ctx, const uint8_t *rec, size_t l, char *why, size_
   const char *bad = record_problem(rc, &err, tr.origin, tr.session, ic->session);
   if (!bad && rc == CPH_OK)
     bad = tr.kind == CPH_TURN_JOB ? "a job turn"
-          : tr.state != CPH_TURN_COMPLETED && tr.state != CPH_TURN_FAILED &&
-                    tr.state != CPH_TURN_PARKED && tr.state != CPH_TURN_REQUEUED
-              ? "not ended (completed, failed, parked or requeued)"
-              : NULL;
+          : tr.state == CPH_TURN_LEASED ? "not ended (leased)"
+                                        : NULL;
   bool held = false;
   if (bad) {
     snprintf(why, len, "%.160s", bad);

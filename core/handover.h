@@ -64,9 +64,8 @@ int handover_memory_items(const cph_handover *st, const char *session, const uin
  * session's newest: kind 'k', named by its slot "r<n>", n the turn's ordinal (its place in the
  * session's ended turns, core/turnrecs.h) modulo :context :keep-turns — a ring, one item per
  * slot, each put over the one keep-turns turns before it, so the log holds the kept contexts
- * of the session's newest keep-turns ended turns, completed, interrupted, failed or parked
- * alike, as the node does (a turn whose lease expired gives none: its slot keeps the context of the turn
- * keep-turns before it). Its value is the state's form: the turn record's origin, then the record,
+ * of the session's newest keep-turns ended turns — every leased turn ends, however it did —
+ * as the node does. Its value is the state's form: the turn record's origin, then the record,
  * self-contained. None when the turn has no kept context, is not the newest, has no ordinal,
  * or contexts are not kept. CPH_OK, CPH_ENOMEM or the store's error. */
 int handover_kept_item(const cph_handover *st, const char *session, uint64_t turn_id,

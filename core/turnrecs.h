@@ -1,5 +1,6 @@
-/* Turn records as history (DESIGN §4, §14): a session's ended turns — completed, failed or
- * parked (a parked one's record says "requeued" once it was) —
+/* Turn records as history (DESIGN §4, §14): a session's ended turns — every turn leased,
+ * once it ended: completed, failed, expired, superseded or parked (a parked one's record
+ * says "requeued" once it was) —
  * listed by session (GET /v1/turns?session=), and in cluster mode (server/clusterflow.h 11.)
  * their identity cluster-wide and the import of the records another node made, which a
  * session's state carries (core/handover.c).
@@ -13,10 +14,10 @@
  * never leased, heartbeated, taken or completed here. On a single node no record has an origin.
  *
  * Indexes (core/origins.h), written in the transaction that writes the record:
- *   turn_sessions  session, turn id -> be64 ordinal: every turn that ended completed, failed
- *                  or parked here (job turns not; one another node's park mark parked here
- *                  not: that node's record comes as history) and every record imported,
- *                  each with its place
+ *   turn_sessions  session, turn id -> be64 ordinal: every turn that ended here, however
+ *                  (job turns not; one another node's park mark parked here not: it was
+ *                  never leased here, and that node's record comes as history), and every
+ *                  record imported, each with its place
  *                  in the session's list (1 for the first: rows written before ordinals
  *                  hold none, and the next row counts them). Two nodes that hold the same
  *                  records of a session give its next turn the same ordinal, whatever order
@@ -38,7 +39,7 @@
 
 #define TURNRECS_ORIGIN_MAX REPLYSTREAM_ORIGIN_MAX
 
-/* Turn tr ended completed, failed or parked here (its record as written): indexed under its session,
+/* Turn tr ended here, however (its record as written): indexed under its session,
  * unless it is a job turn. CPH_OK or t's sticky error. */
 int turnrecs_ended(cph_txn *t, const cph_turn_rec *tr);
 
@@ -59,9 +60,9 @@ int turnrecs_holds(cph_txn *t, const char *node, const char *origin, bool *held)
 /* Stores tr, a record another node made (tr->origin set, its session this node's), as history
  * here: tr->id becomes a new id of this node, its lease token zero, and it carries no inbox
  * entries and no job; indexed by session and origin. The caller checked it holds no record of
- * that origin (turnrecs_holds) and that tr ended (completed, failed, parked or requeued: a
- * parked one is history here, in no parked list, and turn_requeue refuses a record with an
- * origin). CPH_OK or t's error. */
+ * that origin (turnrecs_holds) and that tr ended (is not leased: a parked one is history
+ * here, in no parked list, and turn_requeue refuses a record with an origin). CPH_OK or t's
+ * error. */
 int turnrecs_import(cph_txn *t, cph_turn_rec *tr);
 
 /* Calls fn(ctx, record) for session's ended turns, newest first, at most max, until fn returns

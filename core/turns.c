@@ -134,9 +134,7 @@ void cph_op_clear_results(cph_op *op) {
     op->u.turn.state = NULL;
     op->u.turn.state_len = 0;
     cph_state_items_free(&op->u.turn.items);
-    free(op->u.turn.job_items.session);
-    op->u.turn.job_items.session = NULL;
-    cph_state_items_free(&op->u.turn.job_items.items);
+    cph_session_items_free(&op->u.turn.job_items);
     break;
   case CPH_OP_FAIL:
     free(op->u.turn.consumed_session);
@@ -207,6 +205,8 @@ void turns_init(cph_turns *tu) {
   tu->last_reply_id = 0;
   tu->parks = NULL;
   tu->n_parks = tu->cap_parks = tu->parks_committed = 0;
+  tu->ended = NULL;
+  tu->n_ended = tu->cap_ended = tu->ended_committed = 0;
   memset(&tu->parked_by_session, 0, sizeof tu->parked_by_session);
   tu->parked_unknown = false;
 }
@@ -324,6 +324,11 @@ void turns_free(cph_turns *tu) {
   free(tu->parks);
   tu->parks = NULL;
   tu->n_parks = tu->cap_parks = tu->parks_committed = 0;
+  for (size_t i = 0; i < tu->n_ended; i++)
+    cph_session_items_free(&tu->ended[i]);
+  free(tu->ended);
+  tu->ended = NULL;
+  tu->n_ended = tu->cap_ended = tu->ended_committed = 0;
   parked_counts_clear(tu);
 }
 
@@ -845,46 +850,104 @@ uint32_t turns_serve_waiters(cph_turns *tu) {
 
 /* ---------------------------------------------------------------- ending a lease */
 
-/* Appends note (taken) to the expiries' park notes (cph_engine_take_parks). */
-static int park_noted(cph_turns *tu, cph_park_note *note) {
-  if (tu->n_parks == tu->cap_parks) {
-    size_t cap = tu->cap_parks ? 2 * tu->cap_parks : 8;
-    cph_park_note *v = realloc(tu->parks, cap * sizeof *v);
+/* The notes a pass leaves for the cluster log (cph_engine_take_parks, _take_ended_items): a
+ * queue of elements of `size` bytes at *v, *n of them, room for *cap, the first *committed of
+ * passes that committed. */
+typedef struct note_queue {
+  void **v;
+  size_t size, *n, *cap, *committed;
+} note_queue;
+
+static note_queue parks_queue(cph_turns *tu) {
+  return (note_queue){(void **)&tu->parks, sizeof *tu->parks, &tu->n_parks, &tu->cap_parks,
+                      &tu->parks_committed};
+}
+
+static note_queue ended_queue(cph_turns *tu) {
+  return (note_queue){(void **)&tu->ended, sizeof *tu->ended, &tu->n_ended, &tu->cap_ended,
+                      &tu->ended_committed};
+}
+
+/* Appends the element at e (its bytes taken: the caller clears it) to q. CPH_ENOMEM leaves
+ * q as it was. */
+static int note_push(note_queue q, const void *e) {
+  if (*q.n == *q.cap) {
+    size_t cap = *q.cap ? 2 * *q.cap : 8;
+    void *v = realloc(*q.v, cap * q.size);
     if (!v)
       return CPH_ENOMEM;
-    tu->parks = v;
-    tu->cap_parks = cap;
+    *q.v = v;
+    *q.cap = cap;
   }
-  tu->parks[tu->n_parks++] = *note;
-  *note = (cph_park_note){0};
+  memcpy((char *)*q.v + *q.n * q.size, e, q.size);
+  ++*q.n;
   return CPH_OK;
 }
 
-void turns_parks_pass_end(cph_turns *tu, bool committed) {
+/* Hands q's committed elements over: into *out (malloc'd), *k of them; the rest move up. */
+static int note_take(note_queue q, void **out, size_t *k) {
+  *out = NULL;
+  *k = *q.committed;
+  if (!*k)
+    return CPH_OK;
+  if (!(*out = malloc(*k * q.size))) {
+    *k = 0;
+    return CPH_ENOMEM;
+  }
+  memcpy(*out, *q.v, *k * q.size);
+  memmove(*q.v, (char *)*q.v + *k * q.size, (*q.n - *k) * q.size);
+  *q.n -= *k;
+  *q.committed = 0;
+  return CPH_OK;
+}
+
+/* Appends note (taken) to the expiries' park notes (cph_engine_take_parks). */
+static int park_noted(cph_turns *tu, cph_park_note *note) {
+  int rc = note_push(parks_queue(tu), note);
+  if (rc == CPH_OK)
+    *note = (cph_park_note){0};
+  return rc;
+}
+
+/* Cluster mode: turn turn_id of s ended with no operation to carry its items (an expiry, a
+ * supersede) — its record and kept context join the ended turns' items
+ * (cph_engine_take_ended_items), read in the pass that ended it. Failing that, logged: the
+ * session's next state carries the record (not the kept context). */
+static void ended_noted(cph_turns *tu, const csession *s, uint64_t turn_id) {
+  cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
+  cph_session_items si = {0};
+  int rc = (si.session = strdup(s->id)) ? CPH_OK : CPH_ENOMEM;
+  if (rc == CPH_OK)
+    rc = handover_turn_items(&st, s->id, true, &si.items);
+  if (rc == CPH_OK)
+    rc = handover_kept_item(&st, s->id, turn_id, &si.items);
+  if (rc == CPH_OK && si.items.n && (rc = note_push(ended_queue(tu), &si)) == CPH_OK)
+    return; /* taken */
+  if (rc)
+    cph_log(CPH_LOG_WARN, "reading the record and kept context of turn %llu of '%s' for the "
+            "cluster log: %s (the session's next state carries the record)",
+            (unsigned long long)turn_id, s->id, cph_strerror(rc));
+  cph_session_items_free(&si);
+}
+
+void turns_notes_pass_end(cph_turns *tu, bool committed) {
   if (committed) {
     tu->parks_committed = tu->n_parks;
+    tu->ended_committed = tu->n_ended;
     return;
   }
   while (tu->n_parks > tu->parks_committed)
     cph_park_note_free(&tu->parks[--tu->n_parks]);
+  while (tu->n_ended > tu->ended_committed)
+    cph_session_items_free(&tu->ended[--tu->n_ended]);
 }
 
 int turns_take_parks(cph_turns *tu, cph_park_note **out, size_t *n) {
-  *out = NULL;
-  *n = 0;
-  size_t k = tu->parks_committed;
-  if (!k)
-    return CPH_OK;
-  cph_park_note *v = malloc(k * sizeof *v);
-  if (!v)
-    return CPH_ENOMEM;
-  memcpy(v, tu->parks, k * sizeof *v);
-  memmove(tu->parks, tu->parks + k, (tu->n_parks - k) * sizeof *v);
-  tu->n_parks -= k;
-  tu->parks_committed = 0;
-  *out = v;
-  *n = k;
-  return CPH_OK;
+  return note_take(parks_queue(tu), (void **)out, n);
+}
+
+int turns_take_ended_items(cph_turns *tu, cph_session_items **out, size_t *n) {
+  return note_take(ended_queue(tu), (void **)out, n);
 }
 
 /* Ends lease l without completing it (worker failure or expiry): the carried messages stay
@@ -938,10 +1001,9 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
     tr.error = (char *)error;
     tr.completed_ms = cph_wall_ms();
     cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
-    /* history: the session's turn list shows it — a parked turn too, which failed its last
-     * attempt (its place in the list is the slot its kept context moves in, handover.h) */
-    if (tr.state == CPH_TURN_FAILED || tr.state == CPH_TURN_PARKED)
-      turnrecs_ended(&t, &tr);
+    /* history: the session's turn list shows it, however it ended — its place there is the
+     * slot its kept context moves in (handover.h), and every leased turn has one */
+    turnrecs_ended(&t, &tr);
     tr.error = old_error;
     cph_record_free(&cph_turn_desc, &tr);
   }
@@ -1000,6 +1062,8 @@ static int end_lease(cph_turns *tu, lease *l, uint8_t state, const char *error, 
   if (park)
     cph_log(CPH_LOG_WARN, "turn %llu of '%s' parked after %u attempts: %s",
             (unsigned long long)l->turn_id, s->id, max_attempts, error);
+  if (!note && tu->env->report_consumed && !l->job_id) /* no op carries its items (a fail's) */
+    ended_noted(tu, s, l->turn_id);
   lease_free(cph_hmap_del(&tu->leases, l->key));
   return CPH_OK;
 }
@@ -2218,6 +2282,7 @@ int turns_recover(cph_turns *tu, cph_err *err) {
       char *old = tr.error;
       tr.error = "lease ended by a restart";
       cph_txn_put_record(&t, CPH_DB_TURNS, &tk, &cph_turn_desc, &tr);
+      turnrecs_ended(&t, &tr); /* history, as any turn that ended (end_lease) */
       tr.error = old;
       cph_record_free(&cph_turn_desc, &tr);
     }

@@ -48,6 +48,11 @@ typedef struct cph_turns {
    * committed, the rest of the pass under way. */
   cph_park_note *parks;
   size_t n_parks, cap_parks, parks_committed;
+  /* Cluster mode: the items (handover.h) of the turns that ended with no operation to carry
+   * them — an expiry, a supersede: each one's record and kept context — for the cluster log
+   * (cph_engine_take_ended_items); committed and not as parks are. */
+  cph_session_items *ended;
+  size_t n_ended, cap_ended, ended_committed;
   /* Session id -> how many of its turns are parked here (sessions with none are absent; read
    * from the store at turns_recover, kept with each park and requeue): a rebuild's retain
    * reads the parked turns of those sessions only (turns_retain_parked). parked_unknown: out of
@@ -96,11 +101,12 @@ void turns_retain_parked(cph_turns *tu, cph_op *op);
  * them, so its shard's watermark moves past them. Its parked turns stay listed, as on a single
  * node (their requeue answers that the session was deleted). */
 void turns_session_deleted(cph_turns *tu, cph_op *op);
-/* The pass ended: its expiries' park notes are handed over from now on (committed), or
- * dropped (the pass was rolled back: nothing of it was parked). */
-void turns_parks_pass_end(cph_turns *tu, bool committed);
-/* cph_engine_take_parks (cephalon.h). */
+/* The pass ended: its expiries' park notes and its ended turns' items are handed over from
+ * now on (committed), or dropped (the pass was rolled back: nothing of it ended or parked). */
+void turns_notes_pass_end(cph_turns *tu, bool committed);
+/* cph_engine_take_parks and cph_engine_take_ended_items (cephalon.h). */
 int turns_take_parks(cph_turns *tu, cph_park_note **out, size_t *n);
+int turns_take_ended_items(cph_turns *tu, cph_session_items **out, size_t *n);
 
 /* ---- reads */
 int turns_replies(cph_turns *tu, uint64_t after, size_t limit, cph_reply_info **out, size_t *n,

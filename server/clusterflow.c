@@ -1706,13 +1706,22 @@ void cph_cflow_passed(cph_cflow *f) {
     return;
   cph_park_note *v = NULL;
   size_t n = 0;
-  if (cph_engine_take_parks(f->s->engine, &v, &n) != CPH_OK)
+  if (cph_engine_take_parks(f->s->engine, &v, &n) == CPH_OK) { /* else they stay for the next */
+    for (size_t i = 0; i < n; i++) {
+      cph_cflow_parked(f, NULL, true, &v[i], NULL);
+      cph_park_note_free(&v[i]);
+    }
+    free(v);
+  }
+  /* the records and kept contexts of turns that ended with no request (13.) */
+  cph_session_items *ended = NULL;
+  if (cph_engine_take_ended_items(f->s->engine, &ended, &n) != CPH_OK)
     return; /* out of memory: they stay for the next pass */
   for (size_t i = 0; i < n; i++) {
-    cph_cflow_parked(f, NULL, true, &v[i], NULL);
-    cph_park_note_free(&v[i]);
+    cph_cflow_items(f, ended[i].session, &ended[i].items);
+    cph_session_items_free(&ended[i]);
   }
-  free(v);
+  free(ended);
 }
 
 void cph_cflow_completed(cph_cflow *f, cph_req *r, const char *session, const cph_strv *keys,

@@ -375,7 +375,10 @@
  *    ended and those of the session's turns that failed since its previous completion
  *    (cph_op u.turn.items) and the reply it wrote to the replies stream (kind 'r', named by its
  *    origin: the new owner adds it to its stream unless it holds the origin), a failure its
- *    turn's record (which no state carries until the next completion), a seal the seal
+ *    turn's record (which no state carries until the next completion), a turn that ended with
+ *    no request — its lease expired (parked or not), or a while_running :restart superseded it
+ *    — its record and kept context, taken after the pass that ended it
+ *    (cph_engine_take_ended_items, cph_cflow_passed), a seal the seal
  *    (u.context.items). They are put right after the
  *    completion or seal committed, beside its state and marks and not waited for: a record is
  *    in every state put until 64 newer ones (16 seals) followed it, so its item only has to
@@ -421,8 +424,9 @@
  *    copies of them tombstones those (core/gc.h, gc_tombstone).
  *    Kept turn contexts (the explorer's, core/turnlog.h): a completion gives its turn's as an
  *    item of kind 'k' named by a slot, not by an origin — "r" and its turn's ordinal among
- *    the session's ended turns (core/turnrecs.h) modulo :context :keep-turns, for a
- *    completion, an interruption and a failure alike (handover_kept_item) — a ring, so a
+ *    the session's ended turns (core/turnrecs.h) modulo :context :keep-turns, for every turn
+ *    however it ended — completed, interrupted, failed, parked, expired, superseded
+ *    (handover_kept_item) — a ring, so a
  *    session holds at most keep-turns of them in the bucket (and the "c<n>", "f" and "i"
  *    slots of builds before the ring until it is deleted), each put over the one keep-turns
  *    turns older (no delete needed); the value is the state's form (the
@@ -665,7 +669,8 @@ void cph_cflow_deleted(cph_cflow *f, const char *session, const cph_strv *keys);
 void cph_cflow_parked(cph_cflow *f, cph_req *r, bool parked, const cph_park_note *note,
                       json_t *answer);
 /* After each engine pass (main.c): the park marks of the turns lease expiries parked
- * (cph_engine_take_parks), not waited for. NULL is fine. */
+ * (cph_engine_take_parks), and the items of the turns that ended with no request
+ * (cph_engine_take_ended_items, 13.), not waited for. NULL is fine. */
 void cph_cflow_passed(cph_cflow *f);
 /* min_pos (see 9. above): r waits, off the loop, until log position pos is applied here for
  * shard (-1: every shard this node serves), then resume(r) runs the route (it answers, or sets

@@ -100,7 +100,7 @@ static void arm_wakeup(cph_srv *s) {
 /* What a loop callback that may have answered operations does after: another pass if one
  * is wanted, the next wakeup, the replies long-polls, a shutdown that may be done. */
 static void after_answers(cph_srv *s) {
-  cph_cflow_passed(s->cflow); /* the park marks of the turns lease expiries parked */
+  cph_cflow_passed(s->cflow); /* park marks, and items of turns that ended unasked */
   if (cph_engine_pass_wanted(s->engine))
     cph_srv_schedule_pass(s);
   arm_wakeup(s);

@@ -21,8 +21,7 @@
  *   POST /v1/turns/{id}/requeue     {}                         -> 200 {"id", "status"}
  *   GET  /v1/turns?state=parked                                -> 200 {"turns": [parked]}
  *   GET  /v1/turns?session=S&limit=N    -> 200 {"session", "turns": [record]}: S's ended turns
- *                                          (completed, failed, parked), newest first; on its
- *                                          owner
+ *                                          (however they ended), newest first; on its owner
  *   GET  /v1/turns/{id}                                        -> 200 record
  *     record: {id, session, lane, kind, state, worker, episode, attempts, input, created_ms,
  *     deadline_ms, completed_ms, cost: {tokens, tool_calls}, error, origin?} — origin in

@@ -562,6 +562,7 @@ typedef struct cph_session_items {
   char *session;
   cph_state_items items;
 } cph_session_items;
+void cph_session_items_free(cph_session_items *si);
 
 /* One tool's counts in a completion's tool_stats.tools: calls made, calls refused for invalid
  * arguments, calls that ran and failed (errors). invalid + errors <= calls is not enforced;
@@ -936,6 +937,12 @@ int cph_engine_reply_origins(cph_engine *e, const char *node);
  * array). Committed when handed over. CPH_OK (*n 0: none) or CPH_ENOMEM (they stay). */
 int cph_engine_take_parks(cph_engine *e, cph_park_note **out, size_t *n);
 
+/* The same protocol for the items (u.turn.items) of the turns that ended with no operation
+ * to carry them — a lease expiry (parked or not), a while_running :restart supersede — each
+ * session's turn record and kept turn context, for the cluster log to keep under their keys
+ * (server/clusterflow.h 13.). Free each with cph_session_items_free, then the array. */
+int cph_engine_take_ended_items(cph_engine *e, cph_session_items **out, size_t *n);
+
 /* ---------------------------------------------------------------- reads */
 
 /* The idempotency keys of the events session's live inbox stands for — entries pending, staged
@@ -1052,8 +1059,9 @@ typedef struct cph_turn_record {
 void cph_turn_record_free(cph_turn_record *t);
 /* CPH_OK, CPH_ENOTFOUND (no turn `id` on this node) or the store's error. */
 int cph_engine_turn_record(cph_engine *e, uint64_t id, cph_turn_record *out, cph_err *err);
-/* The session's ended turns (completed, failed or parked — "requeued" once it was — those it
- * carried from other nodes included, a parked one there history that cannot be requeued),
+/* The session's ended turns (every one leased, once it ended: completed, failed, expired,
+ * superseded or parked — "requeued" once it was — those it carried from other nodes included,
+ * a parked one there history that cannot be requeued),
  * newest first, at most limit: *out (free each with cph_turn_record_free, then the array).
  * Turns that ended before this build are not listed. CPH_ENOTFOUND: no such session. */
 int cph_engine_session_turn_records(cph_engine *e, const char *session, size_t limit,

@@ -8,10 +8,10 @@
  * event arrives after that and is left staged. GET /v1/turns?state=parked lists both there.
  * That node is killed -9. On the survivor, which took t00 over:
  *   - both turns are listed parked, each with its attempts, error and input;
- *   - the failed one is among t00's ended turns (GET /v1/turns?session=), parked, under the
- *     origin it had on the node that parked it, and its kept context shows both its texts
- *     (the record and context moved as the fail's items, as history: the turn listed parked
- *     above is the survivor's own);
+ *   - both are among t00's ended turns (GET /v1/turns?session=), parked, under the origins
+ *     they had on the node that parked them, and their kept contexts show their texts (the
+ *     records and contexts moved as items — the fail's, and the expiry's taken after its
+ *     pass — as history: the turns listed parked above are the survivor's own);
  *   - no lease carries parked input: the next lease of t00 carries the fourth event only, and
  *     nothing more comes;
  *   - the survivor, killed -9 and started again on its data, holds them parked still;
@@ -224,10 +224,11 @@ static void expect_parked(cph_test_cluster *c, int n, const char *when, long lon
 }
 
 /* In t00's ended turns on node n (GET /v1/turns?session=t00): the one turn parked with
- * "model down", with an origin (copied into origin when it is "", else it must be that one);
- * its kept context (GET /v1/sessions/t00/turns/{id}/context) shows both parked texts. */
-static void expect_parked_history(cph_test_cluster *c, int n, char *origin, size_t cap,
-                                  const char *when) {
+ * `error`, with an origin (copied into origin when it is "", else it must be that one); its
+ * kept context (GET /v1/sessions/t00/turns/{id}/context) shows texts[0..n_texts). */
+static void expect_parked_history(cph_test_cluster *c, int n, const char *error_want,
+                                  const char *const *texts, size_t n_texts, char *origin,
+                                  size_t cap, const char *when) {
   cph_test_response r = cph_test_api(c->port[n], "GET", "/v1/turns?session=t00", NULL, NULL);
   if (r.status != 200)
     fail_msg("%s: GET /v1/turns?session=t00 on n%d: %d %s", when, n, r.status,
@@ -240,12 +241,12 @@ static void expect_parked_history(cph_test_cluster *c, int n, char *origin, size
   json_array_foreach(json_object_get(j, "turns"), i, t) {
     const char *state = json_string_value(json_object_get(t, "state"));
     const char *error = json_string_value(json_object_get(t, "error"));
-    if (!state || strcmp(state, "parked") != 0 || !error || strcmp(error, "model down") != 0)
+    if (!state || strcmp(state, "parked") != 0 || !error || strcmp(error, error_want) != 0)
       continue;
     const char *o = json_string_value(json_object_get(t, "origin"));
     if (id || !o)
-      fail_msg("%s: n%d lists %s parked turn of t00 with error \"model down\"%s", when, n,
-               id ? "a second" : "a", id ? "" : " without an origin");
+      fail_msg("%s: n%d lists %s parked turn of t00 with error \"%s\"%s", when, n,
+               id ? "a second" : "a", error_want, id ? "" : " without an origin");
     if (!origin[0])
       snprintf(origin, cap, "%s", o);
     else if (strcmp(origin, o) != 0)
@@ -254,13 +255,15 @@ static void expect_parked_history(cph_test_cluster *c, int n, char *origin, size
   }
   json_decref(j);
   if (!id)
-    fail_msg("%s: n%d lists no parked turn among t00's ended turns", when, n);
+    fail_msg("%s: n%d lists no turn parked with \"%s\" among t00's ended turns", when, n,
+             error_want);
   char path[96];
   snprintf(path, sizeof path, "/v1/sessions/t00/turns/%lld/context", id);
   cph_test_response k = cph_test_api(c->port[n], "GET", path, NULL, NULL);
-  if (k.status != 200 || !strstr(k.body, PARKED_TEXT[0]) || !strstr(k.body, PARKED_TEXT[1]))
-    fail_msg("%s: %s on n%d: %d, %s both parked texts", when, path, n, k.status,
-             k.status == 200 ? "without" : k.body ? k.body : "");
+  for (i = 0; i < n_texts; i++)
+    if (k.status != 200 || !strstr(k.body, texts[i]))
+      fail_msg("%s: %s on n%d: %d, %s \"%s\"", when, path, n, k.status,
+               k.status == 200 ? "without" : k.body ? k.body : "", texts[i]);
   cph_test_response_free(&k);
 }
 
@@ -354,16 +357,24 @@ static void test_cluster_park_a_parked_turn_stays_parked_on_the_new_owner_until_
            "{\"session\":\"t00\",\"sender\":\"dee\",\"body\":\"%s\",\"key\":\"fresh-4\"}",
            FRESH_TEXT);
   post_events(c, p, events); /* staged there, and left so */
-  char origin[128] = "";
-  expect_parked_history(c, p, origin, sizeof origin, "on the node that parked it");
+  static const char *const expired_texts[] = {EXPIRED_TEXT};
+  char origin[128] = "", expired_origin[128] = "";
+  expect_parked_history(c, p, "model down", PARKED_TEXT, 2, origin, sizeof origin,
+                        "on the node that parked it");
+  expect_parked_history(c, p, "lease expired", expired_texts, 1, expired_origin,
+                        sizeof expired_origin, "on the node that parked it");
 
   b->parker_dir = cph_tc_kill_node(c, p, true);
   settle(c, "after the kill of the node that parked them");
   long long failed = 0, expired = 0;
   expect_parked(c, s, "after the takeover", &failed, &expired);
-  /* the failed turn's record and kept context moved with it, as history (the one parked
-   * there is the survivor's own, above) */
-  expect_parked_history(c, s, origin, sizeof origin, "after the takeover");
+  /* the parked turns' records and kept contexts moved with it, as history (the ones parked
+   * there are the survivor's own, above): the failed one's as its fail's items, the expired
+   * one's as the items of a turn that ended with no request */
+  expect_parked_history(c, s, "model down", PARKED_TEXT, 2, origin, sizeof origin,
+                        "after the takeover");
+  expect_parked_history(c, s, "lease expired", expired_texts, 1, expired_origin,
+                        sizeof expired_origin, "after the takeover");
   assert_int_equal(parks_count(c, s, "rebuilt"), 2);
   /* the parked input is not delivered: t00's next turn carries the fresh event alone */
   json_t *turn = lease(c, s, 5000, 0);

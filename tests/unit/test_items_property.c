@@ -1,15 +1,18 @@
 /* A session's records move whole, as a property (server/clusterflow.h 13.; core/handover.c,
  * "Items"): a node ("x", cluster mode) runs a session through a seeded mix of completed turns
- * (each with zero to two memories of its worker, some texts repeated), failed turns (parked
- * when their input ran out of :leases :max-attempts, 1, 2 or 5 per case) and seals,
- * keeping every item its completions, failures and seals give and the last state they left (a
+ * (each with zero to two memories of its worker, some texts repeated), failed turns, turns
+ * whose lease expired (both parked when their input ran out of :leases :max-attempts, 1, 2 or
+ * 5 per case), turns superseded by input arriving while they ran (while_running :restart) and
+ * seals,
+ * keeping every item its completions, failures, seals and the turns that ended with no
+ * operation (cph_engine_take_ended_items) give, and the last state they left (a
  * failure puts no state: one after the last completion moves as its item alone). Another node
  * ("y") takes the session over from the state and the items, handed in a random order with
  * some of them twice — as a takeover reads them from the log. Then y lists exactly x's turn
  * records, seals and the worker's memories: each origin once, in the order x made them, each
  * memory once (twice when x has it twice) with the time it was made — and the kept turn
  * contexts (the explorer's) of x's newest :context :keep-turns ended turns (1 to 8, drawn per
- * case), completed, failed or parked alike, each under its turn's origin with its messages: they move
+ * case), however they ended, each under its turn's origin with its messages: they move
  * as items in a ring of keep-turns slots (handover_kept_item), of which the log keeps each
  * slot's last put (as the hand-over below does). A turn x parked is history on y: listed with
  * its state, in no parked list there, and a requeue of it is refused. Handed the items again
@@ -52,6 +55,56 @@ static cph_fixture *node(const char *tag, const char *name, const char *policy) 
   cph_engine_report_consumed(f->e, true);
   assert_int_equal(cph_engine_reply_origins(f->e, name), CPH_OK);
   return f;
+}
+
+/* The items of the turns that ended on x with no operation (an expiry, a supersede), in the
+ * order they were made among the others. */
+static void take_ended(run *R, cph_fixture *x) {
+  cph_session_items *v = NULL;
+  size_t n = 0;
+  CHECK(cph_engine_take_ended_items(x->e, &v, &n) == CPH_OK, "taking the ended turns' items");
+  for (size_t i = 0; i < n; i++) {
+    CHECK(strcmp(v[i].session, "a") == 0, "items of session %s", v[i].session);
+    cph_fixture_items_take(&R->items, &v[i].items);
+    cph_session_items_free(&v[i]);
+  }
+  free(v);
+}
+
+/* A question to "a" on x, leased, then left: with `supersede` another question arrives while
+ * it runs (while_running :restart revokes it), else its lease runs out (an attempt counted:
+ * parked when its input ran out of them). Either way it ends with no operation of its own,
+ * and its record and kept context come as ended turns' items. */
+static void turn_left(run *R, cph_fixture *x, int i, bool supersede) {
+  char body[48];
+  snprintf(body, sizeof body, "question %d", i);
+  cph_event_in ev = {0};
+  ev.session = "a";
+  ev.sender = "ann";
+  ev.body = body;
+  cph_op in;
+  cph_fixture_ingest(x, &ev, 1, &in);
+  cph_op_clear_results(&in);
+  cph_op lease;
+  cph_fixture_lease(x, "w", &lease);
+  take_ended(R, x);
+  if (supersede) {
+    snprintf(body, sizeof body, "question %d again", i);
+    cph_fixture_ingest(x, &ev, 1, &in);
+    cph_op_clear_results(&in);
+  } else {
+    cph_clock_advance(&x->clock, 31 * CPH_NS_PER_S); /* past :leases :ttl-seconds 30 */
+    cph_engine_run_pass(x->e);
+    cph_clock_advance(&x->clock, 120 * CPH_NS_PER_S); /* past the retry's backoff */
+  }
+  size_t before = R->items.n;
+  take_ended(R, x);
+  size_t records = 0;
+  for (size_t k = before; k < R->items.n; k++)
+    records += R->items.v[k].name[0] == 't';
+  CHECK(records == 1, "turn %d %s gave %zu turn record items", i,
+        supersede ? "superseded" : "expired", records);
+  cph_op_clear_results(&lease);
 }
 
 static void take_state(run *R, uint8_t **state, size_t *len) {
@@ -230,21 +283,24 @@ static void hand_over(run *R, rng *r, cph_fixture *y, const uint8_t *state, size
 static void one_case(run *R, uint64_t seed) {
   rng r = {seed};
   R->seed = seed;
-  char policy[256];
+  char policy[384];
   unsigned keep = 1 + below(&r, 8);
   static const unsigned attempts[] = {1, 2, 5}; /* 1: every failure parks; 5: the default */
   snprintf(policy, sizeof policy,
            "{:scheduler {:lanes {:interactive {:turns 100000 :tool-calls 100000"
-           " :tokens 100000000}}} :context {:keep-turns %u} :leases {:max-attempts %u}}",
+           " :tokens 100000000}}} :context {:keep-turns %u} :leases {:max-attempts %u}"
+           " :sessions {:while-running {:interactive :restart}}}",
            keep, attempts[below(&r, 3)]);
   cph_fixture *x = node("items_prop_x", "x", policy), *y = node("items_prop_y", "y", POLICY);
   int ops = 5 + (int)below(&r, 110), made = 0;
   for (int i = 0; i < ops; i++) {
-    uint32_t what = below(&r, 20);
+    uint32_t what = below(&r, 22);
     if (what < 2) {
       turn(R, x, i, true, 0, false);
     } else if (what < 4) {
       seal(R, x, i);
+    } else if (what < 6) {
+      turn_left(R, x, i, what == 4);
     } else {
       turn(R, x, i, false, (int)below(&r, 3), below(&r, 8) == 0);
       made++;
