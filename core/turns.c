@@ -203,10 +203,7 @@ void turns_init(cph_turns *tu) {
   memset(&tu->leases, 0, sizeof tu->leases);
   tu->waiters = (op_queue){0};
   tu->last_reply_id = 0;
-  tu->parks = NULL;
-  tu->n_parks = tu->cap_parks = tu->parks_committed = 0;
-  tu->ended = NULL;
-  tu->n_ended = tu->cap_ended = tu->ended_committed = 0;
+  tu->parks = tu->ended = (turns_notes){0};
   memset(&tu->parked_by_session, 0, sizeof tu->parked_by_session);
   tu->parked_unknown = false;
 }
@@ -316,19 +313,15 @@ void turns_clear_leases(cph_turns *tu) {
   cph_hmap_free(&tu->leases);
 }
 
+static void notes_drop(cph_turns *tu, size_t keep_parks, size_t keep_ended);
+
 void turns_free(cph_turns *tu) {
   turns_clear_leases(tu);
   op_queue_free(&tu->waiters);
-  for (size_t i = 0; i < tu->n_parks; i++)
-    cph_park_note_free(&tu->parks[i]);
-  free(tu->parks);
-  tu->parks = NULL;
-  tu->n_parks = tu->cap_parks = tu->parks_committed = 0;
-  for (size_t i = 0; i < tu->n_ended; i++)
-    cph_session_items_free(&tu->ended[i]);
-  free(tu->ended);
-  tu->ended = NULL;
-  tu->n_ended = tu->cap_ended = tu->ended_committed = 0;
+  notes_drop(tu, 0, 0);
+  free(tu->parks.v);
+  free(tu->ended.v);
+  tu->parks = tu->ended = (turns_notes){0};
   parked_counts_clear(tu);
 }
 
@@ -850,60 +843,57 @@ uint32_t turns_serve_waiters(cph_turns *tu) {
 
 /* ---------------------------------------------------------------- ending a lease */
 
-/* The notes a pass leaves for the cluster log (cph_engine_take_parks, _take_ended_items): a
- * queue of elements of `size` bytes at *v, *n of them, room for *cap, the first *committed of
- * passes that committed. */
-typedef struct note_queue {
-  void **v;
-  size_t size, *n, *cap, *committed;
-} note_queue;
-
-static note_queue parks_queue(cph_turns *tu) {
-  return (note_queue){(void **)&tu->parks, sizeof *tu->parks, &tu->n_parks, &tu->cap_parks,
-                      &tu->parks_committed};
-}
-
-static note_queue ended_queue(cph_turns *tu) {
-  return (note_queue){(void **)&tu->ended, sizeof *tu->ended, &tu->n_ended, &tu->cap_ended,
-                      &tu->ended_committed};
-}
-
-/* Appends the element at e (its bytes taken: the caller clears it) to q. CPH_ENOMEM leaves
- * q as it was. */
-static int note_push(note_queue q, const void *e) {
-  if (*q.n == *q.cap) {
-    size_t cap = *q.cap ? 2 * *q.cap : 8;
-    void *v = realloc(*q.v, cap * q.size);
+/* Appends the element at e, of `size` bytes (taken: the caller clears it), to q. CPH_ENOMEM
+ * leaves q as it was. */
+static int note_push(turns_notes *q, size_t size, const void *e) {
+  if (q->n == q->cap) {
+    size_t cap = q->cap ? 2 * q->cap : 8;
+    void *v = realloc(q->v, cap * size);
     if (!v)
       return CPH_ENOMEM;
-    *q.v = v;
-    *q.cap = cap;
+    q->v = v;
+    q->cap = cap;
   }
-  memcpy((char *)*q.v + *q.n * q.size, e, q.size);
-  ++*q.n;
+  memcpy((char *)q->v + q->n * size, e, size);
+  q->n++;
   return CPH_OK;
 }
 
-/* Hands q's committed elements over: into *out (malloc'd), *k of them; the rest move up. */
-static int note_take(note_queue q, void **out, size_t *k) {
-  *out = NULL;
-  *k = *q.committed;
-  if (!*k)
-    return CPH_OK;
-  if (!(*out = malloc(*k * q.size))) {
-    *k = 0;
-    return CPH_ENOMEM;
+/* Hands q's committed elements (of `size` bytes) over: a malloc'd copy of them, *k of them
+ * (NULL and 0 when none; NULL and CPH_ENOMEM in *rc when out of memory: they stay); the rest
+ * move up. */
+static void *note_take(turns_notes *q, size_t size, size_t *k, int *rc) {
+  *rc = CPH_OK;
+  *k = 0;
+  if (!q->committed)
+    return NULL;
+  void *out = malloc(q->committed * size);
+  if (!out) {
+    *rc = CPH_ENOMEM;
+    return NULL;
   }
-  memcpy(*out, *q.v, *k * q.size);
-  memmove(*q.v, (char *)*q.v + *k * q.size, (*q.n - *k) * q.size);
-  *q.n -= *k;
-  *q.committed = 0;
-  return CPH_OK;
+  *k = q->committed;
+  memcpy(out, q->v, *k * size);
+  memmove(q->v, (char *)q->v + *k * size, (q->n - *k) * size);
+  q->n -= *k;
+  q->committed = 0;
+  return out;
+}
+
+/* Frees the park notes beyond the first keep_parks and the ended items beyond the first
+ * keep_ended. */
+static void notes_drop(cph_turns *tu, size_t keep_parks, size_t keep_ended) {
+  cph_park_note *parks = tu->parks.v;
+  cph_session_items *ended = tu->ended.v;
+  while (tu->parks.n > keep_parks)
+    cph_park_note_free(&parks[--tu->parks.n]);
+  while (tu->ended.n > keep_ended)
+    cph_session_items_free(&ended[--tu->ended.n]);
 }
 
 /* Appends note (taken) to the expiries' park notes (cph_engine_take_parks). */
 static int park_noted(cph_turns *tu, cph_park_note *note) {
-  int rc = note_push(parks_queue(tu), note);
+  int rc = note_push(&tu->parks, sizeof *note, note);
   if (rc == CPH_OK)
     *note = (cph_park_note){0};
   return rc;
@@ -921,7 +911,7 @@ static void ended_noted(cph_turns *tu, const csession *s, uint64_t turn_id) {
     rc = handover_turn_items(&st, s->id, true, &si.items);
   if (rc == CPH_OK)
     rc = handover_kept_item(&st, s->id, turn_id, &si.items);
-  if (rc == CPH_OK && si.items.n && (rc = note_push(ended_queue(tu), &si)) == CPH_OK)
+  if (rc == CPH_OK && si.items.n && (rc = note_push(&tu->ended, sizeof si, &si)) == CPH_OK)
     return; /* taken */
   if (rc)
     cph_log(CPH_LOG_WARN, "reading the record and kept context of turn %llu of '%s' for the "
@@ -932,22 +922,23 @@ static void ended_noted(cph_turns *tu, const csession *s, uint64_t turn_id) {
 
 void turns_notes_pass_end(cph_turns *tu, bool committed) {
   if (committed) {
-    tu->parks_committed = tu->n_parks;
-    tu->ended_committed = tu->n_ended;
-    return;
+    tu->parks.committed = tu->parks.n;
+    tu->ended.committed = tu->ended.n;
+  } else {
+    notes_drop(tu, tu->parks.committed, tu->ended.committed);
   }
-  while (tu->n_parks > tu->parks_committed)
-    cph_park_note_free(&tu->parks[--tu->n_parks]);
-  while (tu->n_ended > tu->ended_committed)
-    cph_session_items_free(&tu->ended[--tu->n_ended]);
 }
 
 int turns_take_parks(cph_turns *tu, cph_park_note **out, size_t *n) {
-  return note_take(parks_queue(tu), (void **)out, n);
+  int rc;
+  *out = note_take(&tu->parks, sizeof **out, n, &rc);
+  return rc;
 }
 
 int turns_take_ended_items(cph_turns *tu, cph_session_items **out, size_t *n) {
-  return note_take(ended_queue(tu), (void **)out, n);
+  int rc;
+  *out = note_take(&tu->ended, sizeof **out, n, &rc);
+  return rc;
 }
 
 /* Ends lease l without completing it (worker failure or expiry): the carried messages stay

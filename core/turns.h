@@ -28,6 +28,13 @@
 
 struct cph_reports;
 
+/* Notes a pass leaves for the cluster log (turns.c): elements of one type at v, n of them,
+ * room for cap; v[0..committed) are of passes that committed, the rest of the pass under way. */
+typedef struct turns_notes {
+  void *v;
+  size_t n, cap, committed;
+} turns_notes;
+
 typedef struct cph_turns {
   cph_core_env *env;
   cph_sessions *sessions;
@@ -43,16 +50,11 @@ typedef struct cph_turns {
   op_queue waiters;       /* lease requests waiting for a turn, oldest first */
   uint64_t last_reply_id; /* the newest reply stored */
   char replies_stream[REPLYSTREAM_ID_LEN + 1]; /* the stream's identity (replystream.h) */
-  /* Cluster mode (report_consumed): the turns lease expiries parked, for the cluster log's
-   * park marks (cph_engine_take_parks); parks[0..parks_committed) are of passes that
-   * committed, the rest of the pass under way. */
-  cph_park_note *parks;
-  size_t n_parks, cap_parks, parks_committed;
-  /* Cluster mode: the items (handover.h) of the turns that ended with no operation to carry
-   * them — an expiry, a supersede: each one's record and kept context — for the cluster log
-   * (cph_engine_take_ended_items); committed and not as parks are. */
-  cph_session_items *ended;
-  size_t n_ended, cap_ended, ended_committed;
+  /* Cluster mode (report_consumed): the turns lease expiries parked (cph_park_note), for the
+   * cluster log's park marks (cph_engine_take_parks); and the items (handover.h) of the turns
+   * that ended with no operation to carry them — an expiry, a supersede: each one's record
+   * and kept context (cph_session_items, cph_engine_take_ended_items). */
+  turns_notes parks, ended;
   /* Session id -> how many of its turns are parked here (sessions with none are absent; read
    * from the store at turns_recover, kept with each park and requeue): a rebuild's retain
    * reads the parked turns of those sessions only (turns_retain_parked). parked_unknown: out of

@@ -434,7 +434,8 @@
  *    id its turn record got in the same import (ranked after the turn records). An item of
  *    ITEM_PACK_MIN bytes or more (a kept context, a seal) is packed on the state packer as a
  *    state is (statezip.h), and unpacked by the replay thread.
- *    Cost: a publish per completion, per reply, per memory it mints and per seal (the turn record:
+ *    Cost: a publish per completion, per reply, per memory it mints, per seal and two per
+ *    turn that ended otherwise (its record, its kept context) (the turn record:
  *    ~0.5-1 KB; a memory ~100 bytes plus its text; a seal: the rendered tree, up to ~66 KB),
  *    not on the completion's path; the bucket holds every record of every live session
  *    (history 1), and a takeover reads all of its shard's — a session's whole turn history,
