@@ -1352,6 +1352,25 @@ int handover_turn_items(const cph_handover *st, const char *session, bool newest
   return rc ? rc : ti.rc;
 }
 
+int handover_turn_item(const cph_handover *st, const char *session, uint64_t turn_id,
+                       cph_state_items *items) {
+  uint64_t ordinal = 0;
+  int rc = turnrecs_ordinal(&st->env->txn, session, turn_id, &ordinal);
+  if (rc || !ordinal)
+    return rc;
+  cph_key k = cph_key_of_u64(turn_id);
+  cph_turn_rec tr;
+  rc = cph_txn_get_record(&st->env->txn, CPH_DB_TURNS, &k, &cph_turn_desc, &tr);
+  if (rc)
+    return rc == CPH_ENOTFOUND ? CPH_OK : rc;
+  char origin[TURNRECS_ORIGIN_MAX];
+  cph_turn_rec out;
+  if (turn_for_state(st->env->reply_origin_node, &tr, origin, &out))
+    rc = item_push(items, ITEM_TURN, origin, &cph_turn_desc, &out);
+  cph_record_free(&cph_turn_desc, &tr);
+  return rc;
+}
+
 int handover_seal_item(const cph_handover *st, const char *session, uint64_t seal_id,
                        cph_state_items *items) {
   cph_key k = seals_key(session, seal_id);

@@ -50,6 +50,11 @@ int handover_export(const cph_handover *st, const csession *s, cph_buf *out);
  * each that has an origin. CPH_OK (none: nothing appended), CPH_ENOMEM or the store's error. */
 int handover_turn_items(const cph_handover *st, const char *session, bool newest_only,
                         cph_state_items *items);
+/* The same for turn turn_id's record alone, when it is among session's ended turns (indexed
+ * there, core/turnrecs.h: not one parked before this build) and has an origin — a requeue's,
+ * whose record says "requeued" now. */
+int handover_turn_item(const cph_handover *st, const char *session, uint64_t turn_id,
+                       cph_state_items *items);
 /* The same for seal seal_id of session. */
 int handover_seal_item(const cph_handover *st, const char *session, uint64_t seal_id,
                        cph_state_items *items);

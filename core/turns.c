@@ -137,12 +137,10 @@ void cph_op_clear_results(cph_op *op) {
     cph_session_items_free(&op->u.turn.job_items);
     break;
   case CPH_OP_FAIL:
+  case CPH_OP_REQUEUE:
     free(op->u.turn.consumed_session);
     op->u.turn.consumed_session = NULL;
     cph_state_items_free(&op->u.turn.items);
-    cph_park_note_free(&op->u.turn.park);
-    break;
-  case CPH_OP_REQUEUE:
     cph_park_note_free(&op->u.turn.park);
     break;
   case CPH_OP_INBOX_RETAIN:
@@ -1721,6 +1719,15 @@ static void turn_requeue(cph_turns *tu, cph_op *op) {
   free(back);
   parked_count_add(tu, s->id, -1);
   sessions_update_work(tu->sessions, s);
+  if (tu->env->report_consumed) { /* its record, requeued now, as an item again (cluster) */
+    cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
+    if ((op->u.turn.consumed_session = strdup(s->id)) == NULL ||
+        (rc = handover_turn_item(&st, s->id, op->u.turn.turn_id, &op->u.turn.items)) != CPH_OK)
+      cph_log(CPH_LOG_WARN, "reading the requeued turn %llu of session '%s' for the cluster log: "
+              "%s (a node that takes the session over may list it parked)",
+              (unsigned long long)op->u.turn.turn_id, s->id,
+              cph_strerror(rc ? rc : CPH_ENOMEM));
+  }
 }
 
 /* Pushes a copy of key onto v unless it is there already (a handful of keys: linear). */

@@ -375,7 +375,8 @@
  *    ended and those of the session's turns that failed since its previous completion
  *    (cph_op u.turn.items) and the reply it wrote to the replies stream (kind 'r', named by its
  *    origin: the new owner adds it to its stream unless it holds the origin), a failure its
- *    turn's record (which no state carries until the next completion), a turn that ended with
+ *    turn's record (which no state carries until the next completion), a requeue its turn's
+ *    record again (it says "requeued" now, where its put said "parked"), a turn that ended with
  *    no request — its lease expired (parked or not), or a while_running :restart superseded it
  *    — its record and kept context, taken after the pass that ended it
  *    (cph_engine_take_ended_items, cph_cflow_passed), a seal the seal

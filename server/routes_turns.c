@@ -754,10 +754,10 @@ static void status_done(cph_req *r, const char *status) {
                         r->op.u.turn.state, r->op.u.turn.state_len, body);
     return;
   }
-  /* Cluster mode: a failed turn's record goes into the log as an item (clusterflow.h 13.); the
-   * answer does not wait for it. */
-  if (r->op.kind == CPH_OP_FAIL && r->srv->cflow && r->op.u.turn.items.n &&
-      r->op.u.turn.consumed_session)
+  /* Cluster mode: a failed or requeued turn's record goes into the log as an item
+   * (clusterflow.h 13.); the answer does not wait for it. */
+  if ((r->op.kind == CPH_OP_FAIL || r->op.kind == CPH_OP_REQUEUE) && r->srv->cflow &&
+      r->op.u.turn.items.n && r->op.u.turn.consumed_session)
     cph_cflow_items(r->srv->cflow, r->op.u.turn.consumed_session, &r->op.u.turn.items);
   /* Cluster mode: a fail that parked its turn, and a requeue, answer once the log holds their
    * park or unpark mark (clusterflow.h 6.), so a node that takes the session over holds that

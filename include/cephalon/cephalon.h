@@ -766,8 +766,9 @@ struct cph_op {
       /* complete, out, with state: the turn record the completion ended and those of the
        * session's turns that failed since its previous completion, as items (cph_state_item),
        * for the cluster log to keep each under its own key. A repeated completion gives them
-       * again. fail, out, while cph_engine_report_consumed is on: the failed turn's record as
-       * an item, and consumed_session names its session. Freed by cph_op_clear_results. */
+       * again. fail, out, while cph_engine_report_consumed is on: the failed turn's record and
+       * kept context as items, and consumed_session names its session; requeue likewise the
+       * record, "requeued" now. Freed by cph_op_clear_results. */
       cph_state_items items;
       /* complete of a job turn, out, while cph_engine_report_consumed is on: a gc_commit that
        * compacted memories of a session's own scope gives that session's items — the summary

@@ -2,9 +2,9 @@
  * "Items"): a node ("x", cluster mode) runs a session through a seeded mix of completed turns
  * (each with zero to two memories of its worker, some texts repeated), failed turns, turns
  * whose lease expired (both parked when their input ran out of :leases :max-attempts, 1, 2 or
- * 5 per case), turns superseded by input arriving while they ran (while_running :restart) and
- * seals,
- * keeping every item its completions, failures, seals and the turns that ended with no
+ * 5 per case), requeues of parked turns, turns superseded by input arriving while they ran
+ * (while_running :restart) and seals,
+ * keeping every item its completions, failures, requeues, seals and the turns that ended with no
  * operation (cph_engine_take_ended_items) give, and the last state they left (a
  * failure puts no state: one after the last completion moves as its item alone). Another node
  * ("y") takes the session over from the state and the items, handed in a random order with
@@ -105,6 +105,29 @@ static void turn_left(run *R, cph_fixture *x, int i, bool supersede) {
   CHECK(records == 1, "turn %d %s gave %zu turn record items", i,
         supersede ? "superseded" : "expired", records);
   cph_op_clear_results(&lease);
+}
+
+/* Requeues x's oldest parked turn, if it has one: its record, "requeued" now, is its item. */
+static void requeue_one(run *R, cph_fixture *x) {
+  cph_parked_turn *p = NULL;
+  size_t n = 0;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_parked_turns(x->e, &p, &n, &err), CPH_OK);
+  if (n) {
+    cph_op op = {0};
+    op.kind = CPH_OP_REQUEUE;
+    op.u.turn.turn_id = p[0].id;
+    CHECK(cph_fixture_run(x, &op) == CPH_OK, "requeueing turn %llu: %s",
+          (unsigned long long)p[0].id, op.err.msg);
+    CHECK(op.u.turn.items.n == 1 && op.u.turn.items.v[0].name[0] == 't',
+          "the requeue of turn %llu gave %zu items", (unsigned long long)p[0].id,
+          op.u.turn.items.n);
+    cph_fixture_items_take(&R->items, &op.u.turn.items);
+    cph_op_clear_results(&op);
+  }
+  for (size_t i = 0; i < n; i++)
+    cph_parked_turn_free(&p[i]);
+  free(p);
 }
 
 static void take_state(run *R, uint8_t **state, size_t *len) {
@@ -294,13 +317,15 @@ static void one_case(run *R, uint64_t seed) {
   cph_fixture *x = node("items_prop_x", "x", policy), *y = node("items_prop_y", "y", POLICY);
   int ops = 5 + (int)below(&r, 110), made = 0;
   for (int i = 0; i < ops; i++) {
-    uint32_t what = below(&r, 22);
+    uint32_t what = below(&r, 23);
     if (what < 2) {
       turn(R, x, i, true, 0, false);
     } else if (what < 4) {
       seal(R, x, i);
     } else if (what < 6) {
       turn_left(R, x, i, what == 4);
+    } else if (what == 6) {
+      requeue_one(R, x);
     } else {
       turn(R, x, i, false, (int)below(&r, 3), below(&r, 8) == 0);
       made++;
