@@ -384,6 +384,91 @@ static void test_turn_is_parked_after_max_attempts_and_requeue_brings_it_back(vo
   cph_op_clear_results(&again);
 }
 
+/* s1's ended turns (cph_engine_session_turn_records), newest first: "state:error" each,
+ * comma-separated, into out. */
+static void turn_history(fixture *f, char *out, size_t cap) {
+  cph_turn_record *recs = NULL;
+  size_t n = 0, at = 0;
+  cph_err err = {0};
+  assert_int_equal(cph_engine_session_turn_records(f->e, "s1", 100, &recs, &n, &err), CPH_OK);
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    at += (size_t)snprintf(out + at, cap - at, "%s%s:%s", i ? "," : "", recs[i].state,
+                           recs[i].error ? recs[i].error : "");
+    cph_turn_record_free(&recs[i]);
+  }
+  free(recs);
+}
+
+/* GET /v1/turns?session= lists every turn the session leased once it ended, however it ended:
+ * completed, failed, parked (then requeued), expired, superseded by input that arrived while
+ * it ran (while_running :restart), and expired by a restart — before, only completed and
+ * failed turns were listed, and the others had no place among the session's turns. */
+static void test_a_sessions_turn_list_holds_every_turn_however_it_ended(void **state) {
+  fixture *f = *state;
+  cph_op op = {0};
+  op.kind = CPH_OP_SESSION_CREATE;
+  op.u.session.in.id = "s1";
+  op.u.session.in.lane = CPH_LANE_INTERACTIVE;
+  op.u.session.in.while_running = CPH_POLICY_WR_RESTART;
+  op.u.session.set = CPH_SET_WHILE_RUNNING;
+  char *subs[1] = {"general"};
+  op.u.session.in.subscribe.items = subs;
+  op.u.session.in.subscribe.count = 1;
+  assert_int_equal(cph_fixture_run(f, &op), CPH_OK);
+  cph_op_clear_results(&op);
+  cph_op l, done;
+  post(f, "general", "one"); /* completed */
+  assert_int_equal(lease(f, &l, 10), CPH_OK);
+  assert_int_equal(turn_op(f, CPH_OP_COMPLETE, &l.u.lease.turn, NULL, "ok", 0, &done), CPH_OK);
+  cph_op_clear_results(&done);
+  cph_op_clear_results(&l);
+  post(f, "general", "two"); /* failed, then parked (:max-attempts 2) */
+  for (int attempt = 0; attempt < 2; attempt++) {
+    assert_int_equal(lease(f, &l, 10), CPH_OK);
+    cph_op fl = {0};
+    fl.kind = CPH_OP_FAIL;
+    fl.u.turn.turn_id = l.u.lease.turn.id;
+    memcpy(fl.u.turn.lease, l.u.lease.turn.lease, sizeof fl.u.turn.lease);
+    fl.u.turn.error = attempt ? "down again" : "down";
+    assert_int_equal(cph_fixture_run(f, &fl), CPH_OK);
+    cph_op_clear_results(&fl);
+    cph_op_clear_results(&l);
+    cph_clock_advance(&f->clock, 120 * CPH_NS_PER_S); /* past the retry's backoff */
+  }
+  char got[512];
+  turn_history(f, got, sizeof got);
+  assert_string_equal(got, "parked:down again,failed:down,completed:");
+  cph_parked_turn *p;
+  size_t n;
+  cph_err err;
+  assert_int_equal(cph_engine_parked_turns(f->e, &p, &n, &err), CPH_OK);
+  assert_int_equal(n, 1);
+  cph_op rq = {0};
+  rq.kind = CPH_OP_REQUEUE;
+  rq.u.turn.turn_id = p[0].id;
+  cph_parked_turn_free(&p[0]);
+  free(p);
+  assert_int_equal(cph_fixture_run(f, &rq), CPH_OK);
+  cph_op_clear_results(&rq);
+  assert_int_equal(lease(f, &l, 10), CPH_OK); /* expired */
+  cph_clock_advance(&f->clock, 6 * CPH_NS_PER_S); /* past the 5 s ttl */
+  cph_engine_run_pass(f->e);
+  cph_op_clear_results(&l);
+  cph_clock_advance(&f->clock, 120 * CPH_NS_PER_S);
+  assert_int_equal(lease(f, &l, 10), CPH_OK); /* superseded by what arrives now */
+  post(f, "general", "three");
+  cph_op_clear_results(&l);
+  assert_int_equal(lease(f, &l, 10), CPH_OK); /* in flight at a restart */
+  cph_op_clear_results(&l);
+  cph_engine_close(f->e);
+  cph_fixture_open(f);
+  turn_history(f, got, sizeof got);
+  assert_string_equal(got, "expired:lease ended by a restart,"
+                           "superseded:superseded: input arrived (while_running restart),"
+                           "expired:lease expired,requeued:down again,failed:down,completed:");
+}
+
 static void test_restart_keeps_sessions_inbox_credits_and_expires_leases(void **state) {
   fixture *f = *state;
   create_session(f, "s1", CPH_LANE_INTERACTIVE, "general", 0);
@@ -782,6 +867,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_turn_is_parked_after_max_attempts_and_requeue_brings_it_back, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_sessions_turn_list_holds_every_turn_however_it_ended,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(
           test_restart_keeps_sessions_inbox_credits_and_expires_leases, setup, teardown),
       cmocka_unit_test_setup_teardown(
