@@ -57,6 +57,25 @@ static cph_fixture *node(const char *tag, const char *name, const char *policy) 
   return f;
 }
 
+/* Ann asks "a" on x: text. */
+static void ask(cph_fixture *x, char *text) {
+  cph_event_in ev = {0};
+  ev.session = "a";
+  ev.sender = "ann";
+  ev.body = text;
+  cph_op in;
+  cph_fixture_ingest(x, &ev, 1, &in);
+  cph_op_clear_results(&in);
+}
+
+/* Ann asks "a" on x "question <i>", and a worker leases the turn (into lease). */
+static void ask_and_lease(cph_fixture *x, int i, cph_op *lease) {
+  char body[48];
+  snprintf(body, sizeof body, "question %d", i);
+  ask(x, body);
+  cph_fixture_lease(x, "w", lease);
+}
+
 /* The items of the turns that ended on x with no operation (an expiry, a supersede), in the
  * order they were made among the others. */
 static void take_ended(run *R, cph_fixture *x) {
@@ -76,22 +95,13 @@ static void take_ended(run *R, cph_fixture *x) {
  * parked when its input ran out of them). Either way it ends with no operation of its own,
  * and its record and kept context come as ended turns' items. */
 static void turn_left(run *R, cph_fixture *x, int i, bool supersede) {
-  char body[48];
-  snprintf(body, sizeof body, "question %d", i);
-  cph_event_in ev = {0};
-  ev.session = "a";
-  ev.sender = "ann";
-  ev.body = body;
-  cph_op in;
-  cph_fixture_ingest(x, &ev, 1, &in);
-  cph_op_clear_results(&in);
   cph_op lease;
-  cph_fixture_lease(x, "w", &lease);
+  ask_and_lease(x, i, &lease);
   take_ended(R, x);
   if (supersede) {
+    char body[48];
     snprintf(body, sizeof body, "question %d again", i);
-    cph_fixture_ingest(x, &ev, 1, &in);
-    cph_op_clear_results(&in);
+    ask(x, body);
   } else {
     cph_clock_advance(&x->clock, 31 * CPH_NS_PER_S); /* past :leases :ttl-seconds 30 */
     cph_engine_run_pass(x->e);
@@ -142,18 +152,10 @@ static void take_state(run *R, uint8_t **state, size_t *len) {
 /* A question to "a" on x, leased, then completed with a reply and n_memories memories of its
  * worker ("note <i>.<k>", or "note again" when repeat) or failed. */
 static void turn(run *R, cph_fixture *x, int i, bool fail, int n_memories, bool repeat) {
-  char body[48], reply[48];
-  snprintf(body, sizeof body, "question %d", i);
+  char reply[48];
   snprintf(reply, sizeof reply, "answer %d", i);
-  cph_event_in ev = {0};
-  ev.session = "a";
-  ev.sender = "ann";
-  ev.body = body;
-  cph_op in;
-  cph_fixture_ingest(x, &ev, 1, &in);
-  cph_op_clear_results(&in);
   cph_op lease;
-  cph_fixture_lease(x, "w", &lease);
+  ask_and_lease(x, i, &lease);
   cph_op done = {0};
   done.kind = fail ? CPH_OP_FAIL : CPH_OP_COMPLETE;
   done.u.turn.turn_id = lease.u.lease.turn.id;
