@@ -202,6 +202,7 @@ void turns_init(cph_turns *tu) {
   tu->waiters = (op_queue){0};
   tu->last_reply_id = 0;
   tu->parks = tu->ended = (turns_notes){0};
+  tu->ended_bytes = tu->ended_kept_skipped = 0;
   memset(&tu->parked_by_session, 0, sizeof tu->parked_by_session);
   tu->parked_unknown = false;
 }
@@ -320,6 +321,7 @@ void turns_free(cph_turns *tu) {
   free(tu->parks.v);
   free(tu->ended.v);
   tu->parks = tu->ended = (turns_notes){0};
+  tu->ended_bytes = tu->ended_kept_skipped = 0;
   parked_counts_clear(tu);
 }
 
@@ -878,6 +880,14 @@ static void *note_take(turns_notes *q, size_t size, size_t *k, int *rc) {
   return out;
 }
 
+/* The bytes of si's items' data. */
+static size_t items_bytes(const cph_session_items *si) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < si->items.n; i++)
+    bytes += si->items.v[i].len;
+  return bytes;
+}
+
 /* Frees the park notes beyond the first keep_parks and the ended items beyond the first
  * keep_ended. */
 static void notes_drop(cph_turns *tu, size_t keep_parks, size_t keep_ended) {
@@ -885,8 +895,10 @@ static void notes_drop(cph_turns *tu, size_t keep_parks, size_t keep_ended) {
   cph_session_items *ended = tu->ended.v;
   while (tu->parks.n > keep_parks)
     cph_park_note_free(&parks[--tu->parks.n]);
-  while (tu->ended.n > keep_ended)
-    cph_session_items_free(&ended[--tu->ended.n]);
+  while (tu->ended.n > keep_ended) {
+    tu->ended_bytes -= items_bytes(&ended[--tu->ended.n]);
+    cph_session_items_free(&ended[tu->ended.n]);
+  }
 }
 
 /* Appends note (taken) to the expiries' park notes (cph_engine_take_parks). */
@@ -907,10 +919,15 @@ static void ended_noted(cph_turns *tu, const csession *s, uint64_t turn_id) {
   int rc = (si.session = strdup(s->id)) ? CPH_OK : CPH_ENOMEM;
   if (rc == CPH_OK)
     rc = handover_turn_items(&st, s->id, true, &si.items);
-  if (rc == CPH_OK)
+  if (rc == CPH_OK && tu->ended_bytes < TURNS_ENDED_BYTES_MAX)
     rc = handover_kept_item(&st, s->id, turn_id, &si.items);
-  if (rc == CPH_OK && si.items.n && (rc = note_push(&tu->ended, sizeof si, &si)) == CPH_OK)
-    return; /* taken */
+  else if (rc == CPH_OK)
+    tu->ended_kept_skipped++;
+  size_t bytes = items_bytes(&si);
+  if (rc == CPH_OK && si.items.n && (rc = note_push(&tu->ended, sizeof si, &si)) == CPH_OK) {
+    tu->ended_bytes += bytes; /* taken */
+    return;
+  }
   if (rc)
     cph_log(CPH_LOG_WARN, "reading the record and kept context of turn %llu of '%s' for the "
             "cluster log: %s (the session's next state carries the record)",
@@ -925,6 +942,12 @@ void turns_notes_pass_end(cph_turns *tu, bool committed) {
   } else {
     notes_drop(tu, tu->parks.committed, tu->ended.committed);
   }
+  if (tu->ended_kept_skipped && committed)
+    cph_log(CPH_LOG_WARN, "%zu turns ended with no request while over %zu MiB of ended turns' "
+            "items waited for the cluster log: their records go, their kept contexts do not "
+            "(a node that takes their sessions over lacks them in its explorer)",
+            tu->ended_kept_skipped, TURNS_ENDED_BYTES_MAX >> 20);
+  tu->ended_kept_skipped = 0;
 }
 
 int turns_take_parks(cph_turns *tu, cph_park_note **out, size_t *n) {
@@ -936,6 +959,8 @@ int turns_take_parks(cph_turns *tu, cph_park_note **out, size_t *n) {
 int turns_take_ended_items(cph_turns *tu, cph_session_items **out, size_t *n) {
   int rc;
   *out = note_take(&tu->ended, sizeof **out, n, &rc);
+  for (size_t i = 0; i < *n; i++)
+    tu->ended_bytes -= items_bytes(&(*out)[i]);
   return rc;
 }
 

@@ -28,6 +28,10 @@
 
 struct cph_reports;
 
+/* The most bytes of ended turns' items (turns_notes below) waiting before kept contexts are
+ * left out of them: a few hundred kept contexts at the default window. */
+#define TURNS_ENDED_BYTES_MAX ((size_t)32 << 20)
+
 /* Notes a pass leaves for the cluster log (turns.c): elements of one type at v, n of them,
  * room for cap; v[0..committed) are of passes that committed, the rest of the pass under way. */
 typedef struct turns_notes {
@@ -55,6 +59,10 @@ typedef struct cph_turns {
    * that ended with no operation to carry them — an expiry, a supersede: each one's record
    * and kept context (cph_session_items, cph_engine_take_ended_items). */
   turns_notes parks, ended;
+  /* The bytes of the ended items waiting (their data): past TURNS_ENDED_BYTES_MAX a turn's
+   * kept context is left out (its record still goes), counted in ended_kept_skipped until the
+   * pass ends and logs it — a mass expiry must not hold every kept context in memory. */
+  size_t ended_bytes, ended_kept_skipped;
   /* Session id -> how many of its turns are parked here (sessions with none are absent; read
    * from the store at turns_recover, kept with each park and requeue): a rebuild's retain
    * reads the parked turns of those sessions only (turns_retain_parked). parked_unknown: out of

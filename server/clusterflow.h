@@ -379,7 +379,8 @@
  *    record again (it says "requeued" now, where its put said "parked"), a turn that ended with
  *    no request — its lease expired (parked or not), or a while_running :restart superseded it
  *    — its record and kept context, taken after the pass that ended it
- *    (cph_engine_take_ended_items, cph_cflow_passed), a seal the seal
+ *    (cph_engine_take_ended_items, cph_cflow_passed; past 32 MiB of such items waiting, as
+ *    after a mass expiry, kept contexts are left out and logged), a seal the seal
  *    (u.context.items). They are put right after the
  *    completion or seal committed, beside its state and marks and not waited for: a record is
  *    in every state put until 64 newer ones (16 seals) followed it, so its item only has to
