@@ -909,20 +909,27 @@ static int park_noted(cph_turns *tu, cph_park_note *note) {
   return rc;
 }
 
-/* Cluster mode: turn turn_id of s ended with no operation to carry its items (an expiry, a
- * supersede) — its record and kept context join the ended turns' items
- * (cph_engine_take_ended_items), read in the pass that ended it. Failing that, logged: the
- * session's next state carries the record (not the kept context). */
-static void ended_noted(cph_turns *tu, const csession *s, uint64_t turn_id) {
+/* Cluster mode: the items of turn turn_id of s, which has just ended (a fail, an expiry, a
+ * supersede) — its record, the session's newest ended, and with `kept` its kept context —
+ * appended to items, read in the pass that ended it. CPH_OK or the store's error. */
+static int ended_items(cph_turns *tu, const csession *s, uint64_t turn_id, bool kept,
+                       cph_state_items *items) {
   cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
+  int rc = handover_turn_items(&st, s->id, true, items);
+  if (rc == CPH_OK && kept)
+    rc = handover_kept_item(&st, s->id, turn_id, items);
+  return rc;
+}
+
+/* Cluster mode: turn turn_id of s ended with no operation to carry its items (an expiry, a
+ * supersede) — they join the ended turns' items (cph_engine_take_ended_items). Failing that,
+ * logged: the session's next state carries the record (not the kept context). */
+static void ended_noted(cph_turns *tu, const csession *s, uint64_t turn_id) {
   cph_session_items si = {0};
-  int rc = (si.session = strdup(s->id)) ? CPH_OK : CPH_ENOMEM;
-  if (rc == CPH_OK)
-    rc = handover_turn_items(&st, s->id, true, &si.items);
-  if (rc == CPH_OK && tu->ended_bytes < TURNS_ENDED_BYTES_MAX)
-    rc = handover_kept_item(&st, s->id, turn_id, &si.items);
-  else if (rc == CPH_OK)
-    tu->ended_kept_skipped++;
+  bool kept = tu->ended_bytes < TURNS_ENDED_BYTES_MAX;
+  tu->ended_kept_skipped += !kept;
+  int rc = (si.session = strdup(s->id)) ? ended_items(tu, s, turn_id, kept, &si.items)
+                                         : CPH_ENOMEM;
   size_t bytes = items_bytes(&si);
   if (rc == CPH_OK && si.items.n && (rc = note_push(&tu->ended, sizeof si, &si)) == CPH_OK) {
     tu->ended_bytes += bytes; /* taken */
@@ -1639,19 +1646,13 @@ static void turn_fail(cph_turns *tu, cph_op *op) {
     s->away = true;
     sessions_update_work(tu->sessions, s);
   }
-  if (tu->env->report_consumed && !job) { /* the failed turn's record, as an item (cluster) */
-    cph_handover st = {tu->env, tu->sessions, tu->trees, tu->memory, tu->turnlog};
-    if ((op->u.turn.consumed_session = strdup(s->id)) == NULL ||
-        (rc = handover_turn_items(&st, s->id, true, &op->u.turn.items)) != CPH_OK)
-      cph_log(CPH_LOG_WARN, "reading the failed turn %llu of session '%s' for the cluster log: "
-              "%s (the session's next state carries it)",
-              (unsigned long long)op->u.turn.turn_id, s->id, cph_strerror(rc ? rc : CPH_ENOMEM));
-    if (op->u.turn.consumed_session &&
-        (rc = handover_kept_item(&st, s->id, op->u.turn.turn_id, &op->u.turn.items)) != CPH_OK)
-      cph_log(CPH_LOG_WARN, "reading the kept context of failed turn %llu of session '%s' for "
-              "the cluster log: %s (it does not move with the session)",
-              (unsigned long long)op->u.turn.turn_id, s->id, cph_strerror(rc));
-  }
+  /* the failed turn's record and kept context, as items (cluster) */
+  if (tu->env->report_consumed && !job &&
+      ((op->u.turn.consumed_session = strdup(s->id)) == NULL ||
+       (rc = ended_items(tu, s, op->u.turn.turn_id, true, &op->u.turn.items)) != CPH_OK))
+    cph_log(CPH_LOG_WARN, "reading the record and kept context of failed turn %llu of session "
+            "'%s' for the cluster log: %s (the session's next state carries the record)",
+            (unsigned long long)op->u.turn.turn_id, s->id, cph_strerror(rc ? rc : CPH_ENOMEM));
 }
 
 static void turn_requeue(cph_turns *tu, cph_op *op) {

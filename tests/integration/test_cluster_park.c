@@ -65,14 +65,22 @@ typedef struct bench {
 
 /* POSTs events (a JSON array's inside) through node n; asserts 200 and every event accepted.
  * Returns the highest log position of the answer. */
+/* method path (with body) on node n answered 200: its JSON (a new reference), or the test
+ * fails saying what it answered. */
+static json_t *api_ok(cph_test_cluster *c, int n, const char *method, const char *path,
+                      const char *body) {
+  cph_test_response r = cph_test_api(c->port[n], method, path, NULL, body);
+  if (r.status != 200)
+    fail_msg("%s %s on n%d: %d %s", method, path, n, r.status, r.body ? r.body : "");
+  json_t *j = cph_test_json(&r);
+  cph_test_response_free(&r);
+  return j;
+}
+
 static long long post_events(cph_test_cluster *c, int n, const char *events) {
   char body[1024];
   snprintf(body, sizeof body, "{\"events\":[%s]}", events);
-  cph_test_response r = cph_test_api(c->port[n], "POST", "/v1/events", NULL, body);
-  if (r.status != 200)
-    fail_msg("POST /v1/events on n%d: %d %s", n, r.status, r.body ? r.body : "");
-  json_t *j = cph_test_json(&r);
-  cph_test_response_free(&r);
+  json_t *j = api_ok(c, n, "POST", "/v1/events", body);
   long long pos = 0;
   size_t i;
   json_t *e;
@@ -229,12 +237,7 @@ static void expect_parked(cph_test_cluster *c, int n, const char *when, long lon
 static void expect_parked_history(cph_test_cluster *c, int n, const char *error_want,
                                   const char *const *texts, size_t n_texts, char *origin,
                                   size_t cap, const char *when) {
-  cph_test_response r = cph_test_api(c->port[n], "GET", "/v1/turns?session=t00", NULL, NULL);
-  if (r.status != 200)
-    fail_msg("%s: GET /v1/turns?session=t00 on n%d: %d %s", when, n, r.status,
-             r.body ? r.body : "");
-  json_t *j = cph_test_json(&r);
-  cph_test_response_free(&r);
+  json_t *j = api_ok(c, n, "GET", "/v1/turns?session=t00", NULL);
   long long id = 0;
   size_t i;
   json_t *t;
